@@ -1,0 +1,1 @@
+"""CUDA layer: kernel AST, CUDA C printer, NVRTC/nvcc compile, CPU emulator and pycuda runtime."""

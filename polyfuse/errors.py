@@ -1,0 +1,51 @@
+"""The exceptions polyfuse raises.
+
+Every error a user can cause is a :class:`PolyfuseError` whose message is one line naming the
+op or tensor involved and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class PolyfuseError(Exception):
+    """Base class of every error polyfuse raises on purpose."""
+
+
+class ExpressionError(PolyfuseError, ValueError):
+    """A tensor expression is malformed: shape mismatch, non-affine index, bad reduce axis."""
+
+
+class DtypeError(PolyfuseError, TypeError):
+    """A dtype is unknown or not supported."""
+
+
+class UnsupportedOpError(PolyfuseError):
+    """An operator or operator configuration polyfuse cannot compile."""
+
+
+class ScheduleError(PolyfuseError):
+    """isl could not schedule a micrograph even after feedback splitting."""
+
+
+class BudgetExhausted(ScheduleError):
+    """isl ran out of its operation budget (used as the partitioner's feedback signal)."""
+
+
+class CallError(PolyfuseError, ValueError):
+    """A compiled graph was called with missing or mis-shaped arguments."""
+
+
+class CompilerNotFound(PolyfuseError):
+    """Neither NVRTC nor nvcc (or the host C++ compiler for the emulator) is available."""
+
+
+class CudaCompileError(PolyfuseError):
+    """NVRTC/nvcc rejected generated CUDA source (a polyfuse bug: please report it)."""
+
+
+class EmulatorError(PolyfuseError):
+    """The CPU emulator failed: a kernel crashed, deadlocked or diverged at a barrier."""
+
+
+class DeviceError(PolyfuseError):
+    """The requested device (a GPU through pycuda) is not available."""
