@@ -1,0 +1,403 @@
+"""Tensor-expression IR: the language primitive ops are written in.
+
+A :class:`Tensor` is either a placeholder (a graph input) or the result of a compute: a body
+expression evaluated at every point of its iteration domain. Bodies are trees of :class:`Expr`
+nodes; reads of other tensors are :class:`Read` nodes whose subscripts must be affine in the
+iteration variables (this is what lets isl model them). A reduction (:class:`Reduce`) is only
+ever the outermost node of a body: ``polyfuse.te.compute`` splits nested reductions into
+compute tensors of their own, so every primitive is one loop nest.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyfuse.errors import DtypeError, ExpressionError
+
+SUPPORTED_DTYPES = ("float32",)
+KNOWN_DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+
+_ids = itertools.count()
+
+
+def check_dtype(dtype: str, what: str) -> str:
+    """Validate a tensor dtype; float32 is what every back end supports today."""
+    if dtype not in KNOWN_DTYPES:
+        raise DtypeError(f"{what}: unknown dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
+    if dtype not in SUPPORTED_DTYPES:
+        raise DtypeError(f"{what}: dtype '{dtype}' is not supported yet; use float32")
+    return dtype
+
+
+class Expr:
+    """Base of expression nodes; Python operators build bigger expressions."""
+
+    dtype: str = "float32"
+
+    def __add__(self, o: Any) -> Expr:
+        return Binary("add", self, as_expr(o))
+
+    def __radd__(self, o: Any) -> Expr:
+        return Binary("add", as_expr(o), self)
+
+    def __sub__(self, o: Any) -> Expr:
+        return Binary("sub", self, as_expr(o))
+
+    def __rsub__(self, o: Any) -> Expr:
+        return Binary("sub", as_expr(o), self)
+
+    def __mul__(self, o: Any) -> Expr:
+        return Binary("mul", self, as_expr(o))
+
+    def __rmul__(self, o: Any) -> Expr:
+        return Binary("mul", as_expr(o), self)
+
+    def __truediv__(self, o: Any) -> Expr:
+        return Binary("div", self, as_expr(o))
+
+    def __rtruediv__(self, o: Any) -> Expr:
+        return Binary("div", as_expr(o), self)
+
+    def __floordiv__(self, o: Any) -> Expr:
+        return Binary("floordiv", self, as_expr(o))
+
+    def __mod__(self, o: Any) -> Expr:
+        return Binary("mod", self, as_expr(o))
+
+    def __pow__(self, o: Any) -> Expr:
+        return Binary("pow", self, as_expr(o))
+
+    def __neg__(self) -> Expr:
+        return Unary("neg", self)
+
+    def __lt__(self, o: Any) -> Expr:
+        return Compare("lt", self, as_expr(o))
+
+    def __le__(self, o: Any) -> Expr:
+        return Compare("le", self, as_expr(o))
+
+    def __gt__(self, o: Any) -> Expr:
+        return Compare("gt", self, as_expr(o))
+
+    def __ge__(self, o: Any) -> Expr:
+        return Compare("ge", self, as_expr(o))
+
+    def __and__(self, o: Any) -> Expr:
+        return Logical("and", self, as_expr(o))
+
+    def __or__(self, o: Any) -> Expr:
+        return Logical("or", self, as_expr(o))
+
+    def __bool__(self) -> bool:
+        raise ExpressionError(
+            "a tensor expression has no truth value; use te.where(cond, a, b) instead of if/and/or"
+        )
+
+    __hash__ = object.__hash__
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+
+@dataclass(eq=False, repr=False)
+class IterVar(Expr):
+    """A loop variable: a data axis of a compute, or a reduction axis (``te.reduce_axis``)."""
+
+    name: str
+    lo: int
+    hi: int  # exclusive
+    kind: str = "data"  # "data" | "reduce"
+    uid: int = field(default_factory=lambda: next(_ids))
+
+    dtype = "int32"
+
+    @property
+    def extent(self) -> int:
+        return self.hi - self.lo
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(eq=False, repr=False)
+class Const(Expr):
+    value: float | int | bool
+    dtype: str = "float32"
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+@dataclass(eq=False, repr=False)
+class Read(Expr):
+    """``tensor[indices]``: a read access with affine subscripts."""
+
+    tensor: Tensor
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.tensor.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.indices
+
+    def __repr__(self) -> str:
+        return f"{self.tensor.name}[{', '.join(map(repr, self.indices))}]"
+
+
+UNARY_OPS = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "not")
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min", "floordiv", "mod")
+_BIN_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
+
+
+@dataclass(eq=False, repr=False)
+class Unary(Expr):
+    op: str
+    a: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return "bool" if self.op == "not" else self.a.dtype if self.op in ("neg", "abs") else "float32"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a,)
+
+    def __repr__(self) -> str:
+        return f"-({self.a!r})" if self.op == "neg" else f"{self.op}({self.a!r})"
+
+
+def _join_dtype(a: Expr, b: Expr) -> str:
+    if "float32" in (a.dtype, b.dtype):
+        return "float32"
+    return a.dtype
+
+
+@dataclass(eq=False, repr=False)
+class Binary(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return _join_dtype(self.a, self.b)
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
+
+    def __repr__(self) -> str:
+        if self.op in _BIN_SYMBOL:
+            return f"({self.a!r} {_BIN_SYMBOL[self.op]} {self.b!r})"
+        return f"{self.op}({self.a!r}, {self.b!r})"
+
+
+@dataclass(eq=False, repr=False)
+class Compare(Expr):
+    op: str  # lt le gt ge eq ne
+    a: Expr
+    b: Expr
+    dtype = "bool"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
+
+    def __repr__(self) -> str:
+        sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[self.op]
+        return f"({self.a!r} {sym} {self.b!r})"
+
+
+@dataclass(eq=False, repr=False)
+class Logical(Expr):
+    op: str  # and or
+    a: Expr
+    b: Expr
+    dtype = "bool"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
+
+    def __repr__(self) -> str:
+        return f"({self.a!r} {'&' if self.op == 'and' else '|'} {self.b!r})"
+
+
+@dataclass(eq=False, repr=False)
+class Select(Expr):
+    """``where(cond, a, b)``; only the chosen branch is evaluated (guards padded reads)."""
+
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return _join_dtype(self.a, self.b)
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.cond, self.a, self.b)
+
+    def __repr__(self) -> str:
+        return f"where({self.cond!r}, {self.a!r}, {self.b!r})"
+
+
+@dataclass(eq=False, repr=False)
+class Cast(Expr):
+    a: Expr
+    dtype: str = "float32"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a,)
+
+    def __repr__(self) -> str:
+        return f"{self.dtype}({self.a!r})"
+
+
+REDUCE_OPS = ("sum", "max", "min")
+
+
+@dataclass(eq=False, repr=False)
+class Reduce(Expr):
+    """A reduction of ``body`` over ``axes``; only valid as the outermost node of a body."""
+
+    op: str
+    body: Expr
+    axes: tuple[IterVar, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.body.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.body,)
+
+    def __repr__(self) -> str:
+        return f"{self.op}({self.body!r}, axis=[{', '.join(a.name for a in self.axes)}])"
+
+
+def as_expr(v: Any) -> Expr:
+    """Turn a Python number (or an Expr) into an Expr."""
+    if isinstance(v, Expr):
+        return v
+    if isinstance(v, bool):
+        return Const(v, "bool")
+    if isinstance(v, int):
+        return Const(v, "int32")
+    if isinstance(v, float):
+        return Const(v, "float32")
+    if hasattr(v, "dtype") and hasattr(v, "item"):  # numpy scalar
+        return as_expr(v.item())
+    raise ExpressionError(f"cannot use {type(v).__name__} value {v!r} in a tensor expression")
+
+
+def walk(e: Expr):
+    """Pre-order walk over an expression tree."""
+    yield e
+    for c in e.children():
+        yield from walk(c)
+
+
+def rewrite(e: Expr, fn) -> Expr:
+    """Rebuild ``e`` bottom-up; ``fn(node, new_children)`` may return a replacement or None."""
+    kids = tuple(rewrite(c, fn) for c in e.children())
+    new = fn(e, kids)
+    if new is not None:
+        return new
+    if not kids or all(a is b for a, b in zip(kids, e.children(), strict=True)):
+        return e
+    if isinstance(e, Read):
+        return Read(e.tensor, kids)
+    if isinstance(e, Unary):
+        return Unary(e.op, kids[0])
+    if isinstance(e, Binary):
+        return Binary(e.op, *kids)
+    if isinstance(e, Compare):
+        return Compare(e.op, *kids)
+    if isinstance(e, Logical):
+        return Logical(e.op, *kids)
+    if isinstance(e, Select):
+        return Select(*kids)
+    if isinstance(e, Cast):
+        return Cast(kids[0], e.dtype)
+    if isinstance(e, Reduce):
+        return Reduce(e.op, kids[0], e.axes)
+    raise TypeError(type(e))
+
+
+@dataclass(eq=False)
+class ComputeOp:
+    """The loop nest that defines a compute tensor."""
+
+    axes: tuple[IterVar, ...]
+    body: Expr
+    tag: str = ""  # the composite op this primitive came from (softmax, layer_norm, ...)
+
+    @property
+    def reduce(self) -> Reduce | None:
+        return self.body if isinstance(self.body, Reduce) else None
+
+    @property
+    def reduce_axes(self) -> tuple[IterVar, ...]:
+        r = self.reduce
+        return r.axes if r is not None else ()
+
+    def inputs(self) -> list[Tensor]:
+        seen: dict[int, Tensor] = {}
+        for n in walk(self.body):
+            if isinstance(n, Read):
+                seen.setdefault(id(n.tensor), n.tensor)
+        return list(seen.values())
+
+    def reads(self) -> list[Read]:
+        return [n for n in walk(self.body) if isinstance(n, Read)]
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A tensor: a graph input (``op is None``) or the output of one compute."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+    op: ComputeOp | None = None
+    uid: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.op is None
+
+    def __getitem__(self, idx: Any) -> Read:
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        if len(idx) != self.ndim:
+            raise ExpressionError(
+                f"tensor '{self.name}' has {self.ndim} dimensions {self.shape} "
+                f"but was indexed with {len(idx)} subscripts"
+            )
+        subs = []
+        for i in idx:
+            if isinstance(i, slice):
+                raise ExpressionError(
+                    f"tensor '{self.name}': slices are not subscripts; use ops.slice or index "
+                    "with loop variables"
+                )
+            subs.append(as_expr(i))
+        return Read(self, tuple(subs))
+
+    def __repr__(self) -> str:
+        kind = "placeholder" if self.op is None else "compute"
+        return f"Tensor({self.name}, {self.shape}, {self.dtype}, {kind})"
+
+    __hash__ = object.__hash__

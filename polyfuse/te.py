@@ -1,0 +1,301 @@
+"""``polyfuse.te``: write tensor expressions.
+
+Example::
+
+    x = te.placeholder((M, N), name="x")
+    k = te.reduce_axis(N, name="k")
+    m = te.compute((M,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    y = te.compute((M, N), lambda i, j: te.exp(x[i, j] - m[i]), name="y")
+
+Every ``te.compute`` is one primitive op: a loop nest over its shape whose body reads other
+tensors with affine subscripts. A reduction must be the outermost expression of a body; a
+reduction nested inside a bigger expression is split into a compute of its own, so that every
+primitive is a single loop nest isl can model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.expr import (
+    Binary,
+    Cast,
+    Compare,
+    ComputeOp,
+    Const,
+    Expr,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    Tensor,
+    Unary,
+    as_expr,
+    check_dtype,
+    rewrite,
+    walk,
+)
+
+__all__ = [
+    "Expr",
+    "IterVar",
+    "Tensor",
+    "abs",
+    "cast",
+    "compute",
+    "equal",
+    "erf",
+    "exp",
+    "log",
+    "max",
+    "maximum",
+    "min",
+    "minimum",
+    "not_equal",
+    "placeholder",
+    "reduce_axis",
+    "rsqrt",
+    "sigmoid",
+    "sqrt",
+    "sum",
+    "tanh",
+    "where",
+]
+
+_names = itertools.count()
+
+
+def _shape(shape: Any, what: str) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        dims = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ExpressionError(f"{what}: shape {shape!r} must be a tuple of ints") from None
+    if any(d <= 0 for d in dims) or any(int(s) != s for s in shape):
+        raise ExpressionError(f"{what}: shape {shape!r} must hold positive integers")
+    return dims
+
+
+def placeholder(shape: Sequence[int] | int, dtype: str = "float32", name: str | None = None) -> Tensor:
+    """A graph input of the given static shape."""
+    name = name or f"placeholder{next(_names)}"
+    return Tensor(_shape(shape, f"placeholder '{name}'"), check_dtype(dtype, f"placeholder '{name}'"), name)
+
+
+def reduce_axis(dom: int | tuple[int, int], name: str | None = None) -> IterVar:
+    """A reduction axis over ``range(dom)`` or ``range(lo, hi)``."""
+    lo, hi = (0, dom) if isinstance(dom, int) else (int(dom[0]), int(dom[1]))
+    name = name or f"k{next(_names)}"
+    if hi <= lo:
+        raise ExpressionError(f"reduce axis '{name}': empty range [{lo}, {hi})")
+    return IterVar(name, lo, hi, "reduce")
+
+
+def _reduce(op: str, expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:
+    axes = (axis,) if isinstance(axis, IterVar) else tuple(axis)
+    if not axes:
+        raise ExpressionError(f"te.{op}: give at least one reduce axis")
+    for a in axes:
+        if not isinstance(a, IterVar) or a.kind != "reduce":
+            raise ExpressionError(f"te.{op}: axis {a!r} is not a te.reduce_axis")
+    if len({a.uid for a in axes}) != len(axes):
+        raise ExpressionError(f"te.{op}: reduce axis used twice in axis={list(axes)}")
+    return Reduce(op, as_expr(expr), axes)
+
+
+def sum(expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:  # noqa: A001
+    """Sum of ``expr`` over the reduce axes."""
+    return _reduce("sum", expr, axis)
+
+
+def max(expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:  # noqa: A001
+    """Maximum of ``expr`` over the reduce axes."""
+    return _reduce("max", expr, axis)
+
+
+def min(expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:  # noqa: A001
+    """Minimum of ``expr`` over the reduce axes."""
+    return _reduce("min", expr, axis)
+
+
+def _unary(op: str) -> Callable[[Any], Expr]:
+    def f(x: Any) -> Expr:
+        return Unary(op, as_expr(x))
+
+    f.__name__ = op
+    f.__doc__ = f"Elementwise ``{op}``."
+    return f
+
+
+exp = _unary("exp")
+log = _unary("log")
+sqrt = _unary("sqrt")
+rsqrt = _unary("rsqrt")
+tanh = _unary("tanh")
+erf = _unary("erf")
+sigmoid = _unary("sigmoid")
+abs = _unary("abs")  # noqa: A001
+
+
+def maximum(a: Any, b: Any) -> Expr:
+    """Elementwise maximum."""
+    return Binary("max", as_expr(a), as_expr(b))
+
+
+def minimum(a: Any, b: Any) -> Expr:
+    """Elementwise minimum."""
+    return Binary("min", as_expr(a), as_expr(b))
+
+
+def where(cond: Any, a: Any, b: Any) -> Expr:
+    """``a`` where ``cond`` holds, else ``b``; only the chosen side is evaluated."""
+    return Select(as_expr(cond), as_expr(a), as_expr(b))
+
+
+def equal(a: Any, b: Any) -> Expr:
+    """``a == b`` as a boolean expression (``==`` itself stays Python identity)."""
+    return Compare("eq", as_expr(a), as_expr(b))
+
+
+def not_equal(a: Any, b: Any) -> Expr:
+    """``a != b`` as a boolean expression."""
+    return Compare("ne", as_expr(a), as_expr(b))
+
+
+def cast(x: Any, dtype: str) -> Expr:
+    """Convert to ``dtype`` (``float32``, or ``int32``/``bool`` inside expressions)."""
+    if dtype not in ("float32", "int32", "bool"):
+        check_dtype(dtype, "te.cast")
+    return Cast(as_expr(x), dtype)
+
+
+# --------------------------------------------------------------------------- compute
+
+
+def _axis_names(fcompute: Callable[..., Any], n: int, name: str) -> list[str]:
+    try:
+        params = list(inspect.signature(fcompute).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
+        return [f"i{d}" for d in range(n)]
+    if len(params) != n:
+        raise ExpressionError(
+            f"compute '{name}': shape has {n} dimensions but the lambda takes {len(params)} "
+            "loop variables"
+        )
+    return [p.name for p in params]
+
+
+def is_affine(e: Expr, allowed: set[int]) -> bool:
+    """True when ``e`` is an affine function of the IterVars in ``allowed`` (by uid)."""
+    if isinstance(e, IterVar):
+        return e.uid in allowed
+    if isinstance(e, Const):
+        return isinstance(e.value, int) and not isinstance(e.value, bool)
+    if isinstance(e, Unary) and e.op == "neg":
+        return is_affine(e.a, allowed)
+    if isinstance(e, Binary):
+        if e.op in ("add", "sub"):
+            return is_affine(e.a, allowed) and is_affine(e.b, allowed)
+        if e.op == "mul":
+            return (is_affine(e.a, allowed) and _is_int_const(e.b)) or (
+                _is_int_const(e.a) and is_affine(e.b, allowed)
+            )
+        if e.op in ("floordiv", "mod"):
+            return is_affine(e.a, allowed) and _is_int_const(e.b) and e.b.value > 0  # type: ignore[attr-defined]
+    return False
+
+
+def _is_int_const(e: Expr) -> bool:
+    return isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool)
+
+
+def _check_body(name: str, axes: tuple[IterVar, ...], body: Expr) -> None:
+    red = body if isinstance(body, Reduce) else None
+    data_ids = {a.uid for a in axes}
+    red_ids = {a.uid for a in red.axes} if red is not None else set()
+    allowed = data_ids | red_ids
+    for n in walk(red.body if red is not None else body):
+        if isinstance(n, Reduce):
+            raise ExpressionError(f"compute '{name}': reduction nested inside a reduction")
+        if isinstance(n, IterVar) and n.uid not in allowed:
+            if n.kind == "reduce":
+                raise ExpressionError(
+                    f"compute '{name}': reduce axis '{n.name}' is used outside a te.sum/max/min "
+                    "over it"
+                )
+            raise ExpressionError(
+                f"compute '{name}': loop variable '{n.name}' belongs to another compute"
+            )
+        if isinstance(n, Read):
+            for d, sub in enumerate(n.indices):
+                if not is_affine(sub, allowed):
+                    raise ExpressionError(
+                        f"compute '{name}': subscript {d} of tensor '{n.tensor.name}' ({sub!r}) is "
+                        "not affine in the loop variables; use +, -, * or // and % by constants"
+                    )
+        if isinstance(n, Const) and isinstance(n.value, float) and n.value != n.value:
+            raise ExpressionError(f"compute '{name}': NaN constant in the body")
+
+
+def _split_nested_reductions(
+    name: str, shape: tuple[int, ...], axes: tuple[IterVar, ...], body: Expr, tag: str
+) -> Expr:
+    """Give every reduction that is not the outermost node a compute tensor of its own."""
+    if isinstance(body, Reduce):
+        return body
+    counter = itertools.count()
+
+    def lift(node: Expr, kids: tuple[Expr, ...]) -> Expr | None:
+        if not isinstance(node, Reduce):
+            return None
+        used = {n.uid for n in walk(node) if isinstance(n, IterVar)}
+        keep = [a for a in axes if a.uid in used]
+        fresh = [IterVar(a.name, a.lo, a.hi, "data") for a in keep]
+        sub = {a.uid: f for a, f in zip(keep, fresh, strict=True)}
+        inner = rewrite(
+            Reduce(node.op, kids[0], node.axes),
+            lambda n, _k: sub.get(n.uid) if isinstance(n, IterVar) else None,
+        )
+        hidden = Tensor(
+            tuple(shape[axes.index(a)] for a in keep),
+            "float32",
+            f"{name}_{node.op}{next(counter)}",
+        )
+        _check_body(hidden.name, tuple(fresh), inner)
+        hidden.op = ComputeOp(tuple(fresh), inner, tag)
+        return Read(hidden, tuple(keep)) if keep else Read(hidden, ())
+
+    return rewrite(body, lift)
+
+
+def compute(
+    shape: Sequence[int] | int,
+    fcompute: Callable[..., Any],
+    name: str | None = None,
+    tag: str = "",
+) -> Tensor:
+    """A tensor whose element at each point of ``shape`` is ``fcompute(*loop_vars)``.
+
+    ``tag`` names the composite op the primitive belongs to (``ops`` sets it).
+    """
+    name = name or f"compute{next(_names)}"
+    dims = _shape(shape, f"compute '{name}'")
+    names = _axis_names(fcompute, len(dims), name)
+    axes = tuple(IterVar(n, 0, d, "data") for n, d in zip(names, dims, strict=True))
+    body = as_expr(fcompute(*axes))
+    body = _split_nested_reductions(name, dims, axes, body, tag)
+    _check_body(name, axes, body)
+    dtype = "float32" if body.dtype in ("int32", "bool") else body.dtype
+    if body.dtype != dtype:
+        body = Cast(body, dtype)
+    out = Tensor(dims, dtype, name)
+    out.op = ComputeOp(axes, body, tag)
+    return out
+
