@@ -1,0 +1,99 @@
+"""isl relations of one primitive op: its iteration domain, its write and its reads.
+
+A compute ``T[d0..dn-1] = body`` (with reduce axes r0..rm-1 when the body is a reduction) is
+modelled as the isl set ``{ S_T[d0..dn-1, r0..rm-1] : bounds }``, the write
+``{ S_T[d, r] -> T[d] }`` and, for every read ``X[f(d, r)]`` in the body, the read
+``{ S_T[d, r] -> X[f(d, r)] }`` clipped to X's bounds (reads a ``te.where`` guards may reach
+outside; the clipped relation is what actually executes). Loop variables are named by
+position (``d0``, ``r0``) so user names never clash with isl keywords.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.expr import Binary, Const, Expr, IterVar, Read, Tensor, Unary
+
+
+def isl_ident(name: str) -> str:
+    """An isl/C-safe identifier for a user name."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return s if s and not s[0].isdigit() else f"t_{s}"
+
+
+def loop_names(t: Tensor) -> tuple[list[str], list[str]]:
+    """Positional isl names of a compute's data axes and reduce axes."""
+    assert t.op is not None
+    return [f"d{i}" for i in range(len(t.op.axes))], [f"r{i}" for i in range(len(t.op.reduce_axes))]
+
+
+def affine_str(e: Expr, names: dict[int, str]) -> str:
+    """An affine te index expression as isl syntax; ``names`` maps IterVar uid → isl name."""
+    if isinstance(e, IterVar):
+        return names[e.uid]
+    if isinstance(e, Const):
+        return str(int(e.value))
+    if isinstance(e, Unary) and e.op == "neg":
+        return f"(-{affine_str(e.a, names)})"
+    if isinstance(e, Binary):
+        a, b = affine_str(e.a, names), affine_str(e.b, names)
+        if e.op == "add":
+            return f"({a} + {b})"
+        if e.op == "sub":
+            return f"({a} - {b})"
+        if e.op == "mul":
+            return f"({a} * {b})"
+        if e.op == "floordiv":
+            return f"floor(({a}) / {b})"
+        if e.op == "mod":
+            return f"(({a}) mod {b})"
+    raise ExpressionError(f"subscript {e!r} is not affine")
+
+
+@dataclass
+class PrimitiveRelations:
+    """The isl view of one primitive: ``domain``, ``write`` and one ``reads`` entry per read."""
+
+    stmt: str
+    domain: isl.Set
+    write: isl.Map
+    reads: list[tuple[Read, isl.Map]]
+
+
+def bounds_set(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Set:
+    """``{ ident[a0..] : 0 <= ai < shape_i }``."""
+    vs = [f"a{i}" for i in range(len(shape))]
+    cons = " and ".join(f"0 <= {v} < {n}" for v, n in zip(vs, shape, strict=True)) or "true"
+    return isl.Set(f"{{ {ident}[{', '.join(vs)}] : {cons} }}", context=ctx)
+
+
+def primitive_relations(
+    t: Tensor, idents: dict[int, str], ctx: isl.Context
+) -> PrimitiveRelations:
+    """Build the domain, write and read relations of compute tensor ``t``.
+
+    ``idents`` maps tensor uid → isl identifier (unique within the graph).
+    """
+    assert t.op is not None
+    dn, rn = loop_names(t)
+    names = {a.uid: n for a, n in zip(t.op.axes, dn, strict=True)}
+    names.update({a.uid: n for a, n in zip(t.op.reduce_axes, rn, strict=True)})
+    cons = [f"0 <= {n} < {a.extent}" for a, n in zip(t.op.axes, dn, strict=True)]
+    cons += [f"{a.lo} <= {n} < {a.hi}" for a, n in zip(t.op.reduce_axes, rn, strict=True)]
+    stmt = f"S_{idents[t.uid]}"
+    it = ", ".join(dn + rn)
+    domain = isl.Set(f"{{ {stmt}[{it}] : {' and '.join(cons) or 'true'} }}", context=ctx)
+    write = isl.Map(f"{{ {stmt}[{it}] -> {idents[t.uid]}[{', '.join(dn)}] }}", context=ctx)
+    write = write.intersect_domain(domain)
+    reads = []
+    for r in t.op.reads():
+        x = idents[r.tensor.uid]
+        subs = ", ".join(affine_str(s, names) for s in r.indices)
+        m = isl.Map(f"{{ {stmt}[{it}] -> {x}[{subs}] }}", context=ctx).intersect_domain(domain)
+        m = m.intersect_range(bounds_set(x, r.tensor.shape, ctx))
+        reads.append((r, m))
+    return PrimitiveRelations(stmt, domain, write, reads)

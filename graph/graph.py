@@ -1,0 +1,144 @@
+"""The graph of primitive ops, built backwards from the outputs.
+
+Nodes of the networkx DiGraph are primitive names (one per compute tensor); an edge
+``p -> c`` carries the tensor ``p`` produces and ``c`` reads. Each node holds a
+:class:`Primitive`: its tensor, its isl relations, the kind of each read access and the op kind
+derived from them, and the composite op it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+import networkx as nx
+
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.access import PrimitiveRelations, isl_ident, primitive_relations
+from polyfuse.graph.expr import Tensor
+from polyfuse.graph.kinds import AccessKind, OpKind, access_kind, op_kind
+
+
+@dataclass(eq=False)
+class Primitive:
+    """One compute tensor as a graph node."""
+
+    name: str
+    tensor: Tensor
+    relations: PrimitiveRelations
+    access_kinds: list[AccessKind]
+    kind: OpKind
+    composite: str = ""
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.tensor.op is not None and self.tensor.op.reduce is not None
+
+    def __str__(self) -> str:
+        t = self.tensor
+        reads = ", ".join(
+            f"{r.tensor.name}:{k.value}"
+            for (r, _), k in zip(self.relations.reads, self.access_kinds, strict=True)
+        )
+        tag = f" [{self.composite}]" if self.composite else ""
+        return f"{self.name}{list(t.shape)} {self.kind.value}{tag} <- {reads or '-'}"
+
+
+@dataclass(eq=False)
+class Graph:
+    """Primitive ops between graph inputs and outputs."""
+
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    prims: dict[str, Primitive]
+    dag: nx.DiGraph
+    idents: dict[int, str]  # tensor uid -> unique identifier
+    ctx: isl.Context = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def ident(self, t: Tensor) -> str:
+        return self.idents[t.uid]
+
+    def topo_order(self) -> list[str]:
+        return list(nx.lexicographical_topological_sort(self.dag, key=self._order_key))
+
+    def _order_key(self, n: str) -> int:
+        return self.prims[n].tensor.uid
+
+    def consumers(self, name: str) -> list[str]:
+        return list(self.dag.successors(name))
+
+    def is_output(self, t: Tensor) -> bool:
+        return any(o.uid == t.uid for o in self.outputs)
+
+    def __str__(self) -> str:
+        lines = [f"Graph: {len(self.prims)} primitives"]
+        lines += [f"  {self.prims[n]}" for n in self.topo_order()]
+        return "\n".join(lines)
+
+
+def build_graph(
+    inputs: list[Tensor], outputs: list[Tensor], ctx: isl.Context | None = None
+) -> Graph:
+    """Collect the primitives that ``outputs`` depend on and classify each by isl."""
+    ctx = ctx or isl.Context()
+    if not outputs:
+        raise ExpressionError("compile: give at least one output tensor")
+    for t in list(inputs) + list(outputs):
+        if not isinstance(t, Tensor):
+            raise ExpressionError(f"compile: {t!r} is not a te tensor")
+    for t in inputs:
+        if not t.is_placeholder:
+            raise ExpressionError(f"compile: input '{t.name}' is a compute, not a te.placeholder")
+    for t in outputs:
+        if t.is_placeholder:
+            raise ExpressionError(f"compile: output '{t.name}' is a placeholder; nothing computes it")
+    input_ids = {t.uid for t in inputs}
+    if len(input_ids) != len(inputs):
+        raise ExpressionError("compile: an input tensor is listed twice")
+
+    # Walk back from the outputs.
+    computes: dict[int, Tensor] = {}
+    stack = list(outputs)
+    while stack:
+        t = stack.pop()
+        if t.uid in computes:
+            continue
+        computes[t.uid] = t
+        assert t.op is not None
+        for src in t.op.inputs():
+            if src.is_placeholder:
+                if src.uid not in input_ids:
+                    raise ExpressionError(
+                        f"compute '{t.name}' reads placeholder '{src.name}', which is not listed "
+                        "in inputs="
+                    )
+            else:
+                stack.append(src)
+
+    idents: dict[int, str] = {}
+    used: set[str] = set()
+    for t in list(inputs) + sorted(computes.values(), key=lambda t: t.uid):
+        base = isl_ident(t.name)
+        name, n = base, 1
+        while name in used:
+            name, n = f"{base}_{n}", n + 1
+        used.add(name)
+        idents[t.uid] = name
+
+    dag = nx.DiGraph()
+    prims: dict[str, Primitive] = {}
+    for t in sorted(computes.values(), key=lambda t: t.uid):
+        assert t.op is not None
+        rel = primitive_relations(t, idents, ctx)
+        kinds = [
+            access_kind(m, rel.write, r.tensor.shape, t.shape) for r, m in rel.reads
+        ]
+        name = idents[t.uid]
+        prims[name] = Primitive(name, t, rel, kinds, op_kind(kinds), t.op.tag)
+        dag.add_node(name)
+    for name, p in prims.items():
+        assert p.tensor.op is not None
+        for src in p.tensor.op.inputs():
+            if not src.is_placeholder:
+                dag.add_edge(idents[src.uid], name, tensor=idents[src.uid])
+    return Graph(list(inputs), list(outputs), prims, dag, idents, ctx)
