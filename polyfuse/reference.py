@@ -1,0 +1,396 @@
+"""``polyfuse.reference``: a numpy interpreter of tensor-expression graphs.
+
+:func:`evaluate` is the oracle that tells what a graph *means*, independently of the compiler:
+tests and users compare compiled results against it.
+
+How a compute is evaluated
+    Each loop variable becomes a broadcast ``np.arange`` grid (data axes first, then the
+    reduction axes of the body as extra trailing dims); reads are numpy fancy indexing with the
+    evaluated subscripts; a reduction reduces the trailing dims. ``te.where`` evaluates each
+    branch under the mask of the points that select it: a read whose subscript is out of range
+    only where the branch is not selected (a padded read) is clipped and its value discarded,
+    while an out-of-range read at a point that does use it raises
+    :class:`~polyfuse.errors.ExpressionError` (the graph is wrong).
+
+Precision
+    Arithmetic inside one compute body is done in float64; every tensor (inputs and each
+    compute's result) is rounded to float32, the storage type, before it is read by the next
+    compute. Results are returned as float32 arrays. Integer expressions (loop variables,
+    subscripts, ``te.cast(..., "int32")``) follow C: ``/`` on ints truncates toward zero and a
+    cast to int truncates; ``//`` and ``%`` are floor division and its remainder (the affine
+    semantics isl uses). ``te.maximum``/``te.minimum`` propagate NaN like numpy.
+
+Memory
+    A compute whose iteration space (data axes times reduction axes) exceeds
+    :data:`CHUNK_ELEMENTS` points is evaluated in blocks over its outer axes; blocks that split a
+    reduction axis are combined with the reduction's own operator. Intermediate tensors are
+    freed once their last consumer has run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from polyfuse.errors import CallError, ExpressionError
+from polyfuse.graph.expr import (
+    Binary,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    IterVar,
+    Logical,
+    Read,
+    Reduce,
+    Select,
+    Tensor,
+    Unary,
+)
+
+__all__ = ["CHUNK_ELEMENTS", "evaluate"]
+
+#: Largest number of iteration points (data x reduction) evaluated in one vectorised block.
+CHUNK_ELEMENTS = 1 << 22
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def evaluate(
+    outputs: Sequence[Tensor] | Tensor, feeds: Mapping[Tensor | str, Any]
+) -> list[np.ndarray]:
+    """Evaluate ``outputs`` of a te graph with numpy.
+
+    ``feeds`` maps every placeholder the outputs depend on (as the :class:`Tensor` or by its
+    name) to an array of exactly its shape; values are converted to float32. Extra feeds are
+    ignored. Returns one float32 array per output, in order (a single Tensor gives a list of
+    one). Raises :class:`~polyfuse.errors.CallError` for a missing, mis-shaped or non-numeric
+    feed, naming the tensor.
+    """
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    for t in outs:
+        if not isinstance(t, Tensor):
+            raise CallError(f"evaluate: output {t!r} is not a Tensor")
+    order = _topo_order(outs)
+    values: dict[int, np.ndarray] = {}
+    placeholders = [t for t in order if t.op is None]
+    _bind_feeds(placeholders, feeds, values)
+
+    keep = {t.uid for t in outs}
+    uses: dict[int, int] = {}
+    for t in order:
+        if t.op is not None:
+            for s in t.op.inputs():
+                uses[s.uid] = uses.get(s.uid, 0) + 1
+    with np.errstate(all="ignore"):
+        for t in order:
+            if t.op is None:
+                continue
+            values[t.uid] = _eval_compute(t, values)
+            for s in t.op.inputs():
+                uses[s.uid] -= 1
+                if uses[s.uid] == 0 and s.uid not in keep:
+                    del values[s.uid]
+    return [values[t.uid].astype(np.float32) for t in outs]
+
+
+# --------------------------------------------------------------------------- graph
+
+
+def _topo_order(outs: Sequence[Tensor]) -> list[Tensor]:
+    """Producers before consumers, each tensor once."""
+    order: list[Tensor] = []
+    done: set[int] = set()
+    for root in outs:
+        stack: list[tuple[Tensor, bool]] = [(root, False)]
+        while stack:
+            t, expanded = stack.pop()
+            if t.uid in done:
+                continue
+            if expanded or t.op is None:
+                done.add(t.uid)
+                order.append(t)
+                continue
+            stack.append((t, True))
+            stack.extend((s, False) for s in reversed(t.op.inputs()) if s.uid not in done)
+    return order
+
+
+def _bind_feeds(
+    placeholders: Sequence[Tensor], feeds: Mapping[Tensor | str, Any], values: dict[int, Any]
+) -> None:
+    by_uid: dict[int, Any] = {}
+    by_name: dict[str, Any] = {}
+    for k, v in feeds.items():
+        if isinstance(k, Tensor):
+            if k.op is not None:
+                raise CallError(
+                    f"evaluate: '{k.name}' is a compute tensor, not an input; feed placeholders"
+                )
+            by_uid[k.uid] = v
+        elif isinstance(k, str):
+            by_name[k] = v
+        else:
+            raise CallError(f"evaluate: feed key {k!r} must be a Tensor or a tensor name")
+    names: dict[str, int] = {}
+    for p in placeholders:
+        names[p.name] = names.get(p.name, 0) + 1
+    for p in placeholders:
+        if p.uid in by_uid:
+            v = by_uid[p.uid]
+        elif p.name in by_name:
+            if names[p.name] > 1:
+                raise CallError(
+                    f"evaluate: {names[p.name]} inputs are named '{p.name}'; "
+                    "feed them by Tensor, not by name"
+                )
+            v = by_name[p.name]
+        else:
+            raise CallError(
+                f"evaluate: no value fed for input '{p.name}' (shape {p.shape}, {p.dtype})"
+            )
+        arr = np.asarray(v)
+        if arr.dtype.kind not in "biuf":
+            raise CallError(
+                f"evaluate: input '{p.name}' got a {arr.dtype} array; expected numbers ({p.dtype})"
+            )
+        if arr.shape != p.shape:
+            raise CallError(f"evaluate: input '{p.name}' expects shape {p.shape}, got {arr.shape}")
+        values[p.uid] = arr.astype(np.float32).astype(np.float64)
+
+
+# --------------------------------------------------------------------------- computes
+
+
+def _blocks(ext: Sequence[int], limit: int) -> Iterator[list[tuple[int, int]]]:
+    """Split the iteration box ``ext`` into blocks of at most ``limit`` points, outer axes first."""
+    if math.prod(ext) <= limit:
+        yield [(0, e) for e in ext]
+        return
+    p, rest = len(ext) - 1, 1
+    while p >= 0 and rest * ext[p] <= limit:
+        rest *= ext[p]
+        p -= 1
+    chunk = max(1, limit // rest)
+    for prefix in itertools.product(*(range(e) for e in ext[:p])):
+        for s in range(0, ext[p], chunk):
+            yield (
+                [(i, i + 1) for i in prefix]
+                + [(s, min(s + chunk, ext[p]))]
+                + [(0, e) for e in ext[p + 1 :]]
+            )
+
+
+_REDUCERS = {
+    "sum": (np.add, 0.0),
+    "max": (np.maximum, -np.inf),
+    "min": (np.minimum, np.inf),
+}
+
+
+def _eval_compute(t: Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    op = t.op
+    assert op is not None
+    red = op.reduce
+    axes: list[IterVar] = [*op.axes, *(red.axes if red is not None else ())]
+    nd = len(op.axes)
+    ext = [a.extent for a in axes]
+    if red is not None:
+        combine, init = _REDUCERS[red.op]
+        out = np.full(t.shape, init, dtype=np.float64)
+    else:
+        out = np.empty(t.shape, dtype=np.float64)
+    for block in _blocks(ext, CHUNK_ELEMENTS):
+        grids: dict[int, np.ndarray] = {}
+        for pos, (a, (s, e)) in enumerate(zip(axes, block, strict=True)):
+            shape = [1] * len(axes)
+            shape[pos] = e - s
+            grids[a.uid] = np.arange(a.lo + s, a.lo + e, dtype=np.int64).reshape(shape)
+        bshape = tuple(e - s for s, e in block)
+        where = tuple(slice(s, e) for s, e in block[:nd])
+        ev = _Body(t.name, grids, values)
+        if red is not None:
+            v = np.broadcast_to(np.asarray(ev.eval(red.body, None), np.float64), bshape)
+            part = combine.reduce(v, axis=tuple(range(nd, len(axes))))
+            out[where] = combine(out[where], part)
+        else:
+            out[where] = np.broadcast_to(np.asarray(ev.eval(op.body, None), np.float64), bshape)
+    return out.astype(np.float32).astype(np.float64)
+
+
+class _Body:
+    """Evaluates one block of one compute body; ``mask`` marks the points a value is used at."""
+
+    def __init__(
+        self, name: str, grids: Mapping[int, np.ndarray], values: Mapping[int, np.ndarray]
+    ) -> None:
+        self.name = name
+        self.grids = grids
+        self.values = values
+        self.memo: dict[tuple[int, int], Any] = {}
+        self.masks: list[Any] = []  # keeps masks alive so their ids stay unique
+
+    def eval(self, e: Expr, mask: Any) -> Any:
+        key = (id(e), id(mask))
+        if key not in self.memo:
+            self.memo[key] = self._eval(e, mask)
+        return self.memo[key]
+
+    def _narrow(self, mask: Any, cond: Any) -> Any:
+        m = cond if mask is None else np.logical_and(mask, cond)
+        self.masks.append(m)
+        return m
+
+    def _eval(self, e: Expr, mask: Any) -> Any:
+        if isinstance(e, IterVar):
+            if e.uid not in self.grids:
+                raise ExpressionError(
+                    f"reference: compute '{self.name}' uses loop variable '{e.name}' "
+                    "that is not one of its axes"
+                )
+            return self.grids[e.uid]
+        if isinstance(e, Const):
+            return e.value
+        if isinstance(e, Read):
+            return self._read(e, mask)
+        if isinstance(e, Unary):
+            return _unary(e.op, self.eval(e.a, mask))
+        if isinstance(e, Binary):
+            return _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
+        if isinstance(e, Compare):
+            return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
+        if isinstance(e, Logical):
+            fn = np.logical_and if e.op == "and" else np.logical_or
+            return fn(self.eval(e.a, mask), self.eval(e.b, mask))
+        if isinstance(e, Select):
+            c = np.asarray(self.eval(e.cond, mask), dtype=bool)
+            if c.ndim == 0:
+                return self.eval(e.a if c else e.b, mask)
+            a = self.eval(e.a, self._narrow(mask, c))
+            b = self.eval(e.b, self._narrow(mask, ~c))
+            return np.where(c, a, b)
+        if isinstance(e, Cast):
+            return _cast(self.eval(e.a, mask), e.dtype)
+        if isinstance(e, Reduce):
+            raise ExpressionError(
+                f"reference: compute '{self.name}' has a reduction that is not the outermost node"
+            )
+        raise ExpressionError(f"reference: unknown expression node {type(e).__name__}")
+
+    def _read(self, e: Read, mask: Any) -> Any:
+        t = e.tensor
+        arr = self.values.get(t.uid)
+        if arr is None:
+            raise ExpressionError(f"reference: tensor '{t.name}' was read before it was computed")
+        if t.ndim == 0:
+            return arr[()]
+        idx = []
+        for d, (sub, n) in enumerate(zip(e.indices, t.shape, strict=True)):
+            i = np.asarray(self.eval(sub, mask))
+            if i.dtype.kind not in "iu":
+                raise ExpressionError(
+                    f"reference: compute '{self.name}': subscript {d} of '{t.name}' "
+                    "is not an integer"
+                )
+            bad = (i < 0) | (i >= n)
+            if bad.any():
+                hit = bad if mask is None else np.logical_and(bad, mask)
+                if hit.any():
+                    first = int(np.broadcast_to(i, hit.shape)[hit][0])
+                    raise ExpressionError(
+                        f"reference: compute '{self.name}' reads '{t.name}' out of bounds: "
+                        f"subscript {d} is {first}, extent {n}"
+                    )
+                i = np.clip(i, 0, n - 1)
+            idx.append(i)
+        return arr[tuple(idx)]
+
+
+# --------------------------------------------------------------------------- scalar semantics
+
+
+def _sigmoid(x: Any) -> Any:
+    x = np.asarray(x, np.float64)
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _unary(op: str, a: Any) -> Any:
+    if op == "neg":
+        return np.negative(a)
+    if op == "abs":
+        return np.abs(a)
+    if op == "not":
+        return np.logical_not(a)
+    x = np.asarray(a, np.float64)
+    if op == "exp":
+        return np.exp(x)
+    if op == "log":
+        return np.log(x)
+    if op == "sqrt":
+        return np.sqrt(x)
+    if op == "rsqrt":
+        return 1.0 / np.sqrt(x)
+    if op == "tanh":
+        return np.tanh(x)
+    if op == "erf":
+        return _erf(x).astype(np.float64)
+    if op == "sigmoid":
+        return _sigmoid(x)
+    raise ExpressionError(f"reference: unknown unary op '{op}'")
+
+
+def _is_int(v: Any) -> bool:
+    return np.asarray(v).dtype.kind in "iub"
+
+
+def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
+    ints = dtype != "float32" and _is_int(a) and _is_int(b)
+    if op == "add":
+        return np.add(a, b)
+    if op == "sub":
+        return np.subtract(a, b)
+    if op == "mul":
+        return np.multiply(a, b)
+    if op == "div":
+        if ints:  # C integer division truncates toward zero
+            q = np.floor_divide(np.abs(a), np.abs(b))
+            return np.where(np.sign(a) * np.sign(b) < 0, -q, q)
+        return np.true_divide(np.asarray(a, np.float64), b)
+    if op == "pow":
+        if ints:
+            return np.power(a, b)
+        return np.power(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    if op == "max":
+        return np.maximum(a, b)
+    if op == "min":
+        return np.minimum(a, b)
+    if op == "floordiv":
+        return np.floor_divide(a, b)
+    if op == "mod":
+        return np.mod(a, b)
+    raise ExpressionError(f"reference: unknown binary op '{op}'")
+
+
+_COMPARE = {
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
+
+
+def _cast(a: Any, dtype: str) -> Any:
+    x = np.asarray(a)
+    if dtype == "bool":
+        return x != 0
+    if dtype in ("int32", "int64"):
+        return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x.astype(np.int64)
+    if x.dtype.kind == "f":  # float32 (or float16/64): round to the storage precision
+        return x.astype(dtype).astype(np.float64)
+    return x.astype(np.float64)
