@@ -603,6 +603,7 @@ def _error_summary(log: str, source: str, compiler: str, arch: str) -> tuple[str
 def _enclosing_kernel(source: str, lineno: int) -> str | None:
     """The name of the last ``__global__`` function declared at or before ``lineno``."""
     head = "\n".join(source.splitlines()[:lineno])
+    head = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", head)
     names = re.findall(r"__global__[^(;{]*?\b([A-Za-z_]\w*)\s*\(", head)
     return names[-1] if names else None
 

@@ -12,3 +12,9 @@ from polyfuse.errors import PolyfuseError
 __version__ = "0.1.0"
 
 __all__ = ["PolyfuseError", "te", "__version__"]
+
+from polyfuse import ops  # noqa: E402
+from polyfuse.compiled import CompiledGraph  # noqa: E402
+from polyfuse.driver import compile  # noqa: E402,A004
+
+__all__ += ["CompiledGraph", "compile", "ops"]

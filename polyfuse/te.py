@@ -154,6 +154,10 @@ def minimum(a: Any, b: Any) -> Expr:
 
 def where(cond: Any, a: Any, b: Any) -> Expr:
     """``a`` where ``cond`` holds, else ``b``; only the chosen side is evaluated."""
+    if isinstance(cond, bool):
+        raise ExpressionError(
+            "te.where: the condition is a Python bool (did you write `i == 0`? use te.equal(i, 0))"
+        )
     return Select(as_expr(cond), as_expr(a), as_expr(b))
 
 

@@ -1,0 +1,153 @@
+"""Tile the outer permutable band and map it onto CUDA blocks and threads (PPCG style).
+
+Policy. The coincident prefix of the outermost band is the parallelism isl found; we split it
+off, tile it, and bind tile loops to block coordinates ``b_i`` and point loops to thread
+coordinates ``t_i``. The binding is done the way PPCG does it: ``b_i`` and ``t_i`` become isl
+parameters, the domain is filtered to ``tile_i = b_i + offset_i`` and ``point_i = t_i``, and
+both bands are removed, so AST generation emits straight-line code in ``b``/``t`` with exactly
+the guards partial tiles need. Non-coincident members (reductions) stay serial loops inside a
+thread. The kernel linearises ``(b_0..b_n)`` over ``blockIdx.x`` and ``(t_0..t_n)`` over
+``threadIdx.x`` with the innermost member fastest, so neighbouring threads touch neighbouring
+elements of the innermost dimension (coalesced).
+
+Tile sizes (:func:`choose_tile_sizes`) give the innermost members as many threads as their
+extent allows, up to :attr:`MappingConfig.max_threads` per block; outer members get what is
+left. Thresholds live in :class:`MappingConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.poly.schedule import ScheduledMicrograph
+
+
+@dataclass(frozen=True)
+class MappingConfig:
+    """Launch-shape knobs (one declared place)."""
+
+    max_threads: int = 256
+    min_threads: int = 32
+
+
+@dataclass
+class MappedMicrograph:
+    """A scheduled micrograph after tiling and block/thread mapping."""
+
+    scheduled: ScheduledMicrograph
+    schedule: isl.Schedule  # parametric in block_params + thread_params; mapped bands removed
+    context: isl.Set  # ranges of the parameters
+    block_params: list[str]
+    thread_params: list[str]
+    grid_dims: list[int]  # blocks per mapped member
+    tile_sizes: list[int]  # threads per mapped member
+    extents: list[tuple[int, int]]  # [min, max] of each mapped band member
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def grid(self) -> int:
+        n = 1
+        for g in self.grid_dims:
+            n *= g
+        return n
+
+    @property
+    def block(self) -> int:
+        n = 1
+        for t in self.tile_sizes:
+            n *= t
+        return n
+
+    @property
+    def domain(self) -> isl.UnionSet:
+        return self.schedule.get_domain()
+
+    def __str__(self) -> str:
+        lines = [
+            f"MappedMicrograph {self.scheduled.name}: grid {self.grid} {self.grid_dims}, "
+            f"block {self.block} {self.tile_sizes}",
+            f"  schedule: {self.schedule.get_root()}",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def choose_tile_sizes(extents: list[int], cfg: MappingConfig) -> list[int]:
+    """Threads per mapped member, innermost first, within ``cfg.max_threads`` per block."""
+    sizes = [1] * len(extents)
+    budget = cfg.max_threads
+    for i in reversed(range(len(extents))):
+        if budget <= 1:
+            break
+        e = extents[i]
+        if e <= budget:
+            sizes[i] = e
+            budget //= e
+        else:
+            # Split the member evenly across blocks: the smallest tile count whose tile fits.
+            tiles = -(-e // budget)
+            sizes[i] = -(-e // tiles)
+            budget = 1
+    return sizes
+
+
+def _band_ranges(node: isl.ScheduleNode, domain: isl.UnionSet, n: int) -> list[tuple[int, int]]:
+    part = node.band_get_partial_schedule()
+    um = isl.UnionMap.from_multi_union_pw_aff(part).intersect_domain(domain)
+    rng = isl.Set.from_union_set(um.range())
+    return [(rng.dim_min_val(i).to_python(), rng.dim_max_val(i).to_python()) for i in range(n)]
+
+
+def _bind(part: isl.MultiUnionPwAff, values: list[str], params: str) -> isl.UnionSet:
+    """Statement instances whose band values equal ``values`` (isl expressions of params)."""
+    vs = [f"v{i}" for i in range(len(values))]
+    cons = " and ".join(f"{v} = {e}" for v, e in zip(vs, values, strict=True))
+    target = isl.Set(f"[{params}] -> {{ [{', '.join(vs)}] : {cons} }}", context=part.get_ctx())
+    um = isl.UnionMap.from_multi_union_pw_aff(part)
+    return um.intersect_range(isl.UnionSet.from_set(target)).domain()
+
+
+def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> MappedMicrograph:
+    """Tile the coincident prefix of the outer band and bind it to blocks and threads."""
+    cfg = cfg or MappingConfig()
+    ctx = sm.model.ctx
+    sched = sm.schedule
+    domain = sched.get_domain()
+    root = sched.get_root()
+    node = root.child(0) if root.has_children() else None
+    nc = 0
+    if node is not None and node.get_type() == isl.schedule_node_type.band:
+        n = node.band_n_member()
+        while nc < n and node.band_member_get_coincident(nc):
+            nc += 1
+    if nc == 0:
+        note = "no coincident outer band member: the micrograph runs in one thread"
+        return MappedMicrograph(
+            sm, sched, isl.Set("{ : }", context=ctx), [], [], [], [], [], notes=[note]
+        )
+    if nc < node.band_n_member():
+        node = node.band_split(nc)
+    ranges = _band_ranges(node, domain, nc)
+    extents = [hi - lo + 1 for lo, hi in ranges]
+    sizes = choose_tile_sizes(extents, cfg)
+    mv = isl.MultiVal.zero(node.band_get_space())
+    for i, s in enumerate(sizes):
+        mv = mv.set_val(i, isl.Val.int_from_si(ctx, s))
+    node = node.band_tile(mv)
+    tile_part = node.band_get_partial_schedule()
+    point_part = node.child(0).band_get_partial_schedule()
+    bs = [f"b{i}" for i in range(nc)]
+    ts = [f"t{i}" for i in range(nc)]
+    params = ", ".join(bs + ts)
+    offsets = [lo // s for (lo, _), s in zip(ranges, sizes, strict=True)]
+    grid_dims = [hi // s - lo // s + 1 for (lo, hi), s in zip(ranges, sizes, strict=True)]
+    on_block = _bind(tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], params)
+    on_thread = _bind(point_part, ts, params)
+    node = node.delete().delete()
+    mapped = node.get_schedule().intersect_domain(on_block.intersect(on_thread))
+    cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
+    cons += [f"0 <= {t} < {s}" for t, s in zip(ts, sizes, strict=True)]
+    context = isl.Set(f"[{params}] -> {{ : {' and '.join(cons)} }}", context=ctx)
+    return MappedMicrograph(sm, mapped, context, bs, ts, grid_dims, sizes, ranges)

@@ -1,0 +1,133 @@
+"""Where each tensor of a mapped micrograph lives: registers or global memory.
+
+Policy. Inputs and outputs of the micrograph live in global memory. A tensor that never leaves
+the micrograph (an internal intermediate or a reduction accumulator) is kept in one scalar
+register per thread when isl proves that is exact:
+
+(a) *per-thread element*: for fixed block/thread parameters, every access to the tensor touches
+    one single element, and no two threads touch the same element; or
+(b) *per-iteration element*: the writer and every reader sit under the same bands of the
+    schedule tree, each flow dependence has distance zero in those bands, the writer runs once
+    per iteration, and every element a thread reads it wrote itself.
+
+Otherwise the tensor is spilled to a global scratch buffer (correct, but it costs bytes; Layer 2
+stitching improves on this with shared memory). Each decision carries its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyfuse.poly.islutil import maps_of, sets_of
+from polyfuse.poly.mapping import MappedMicrograph
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Memory space of one tensor in one kernel, and why."""
+
+    tensor: str
+    space: str  # "global" | "register"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.tensor}: {self.space} ({self.reason})"
+
+
+def _maps_to(um: isl.UnionMap, tensor: str) -> isl.UnionMap:
+    out = isl.UnionMap.empty(um.get_space())
+    for m in maps_of(um):
+        if m.get_tuple_name(isl.dim_type.out) == tensor:
+            out = out.union(isl.UnionMap.from_map(m))
+    return out
+
+
+def _per_thread_function(fp: isl.Set) -> tuple[bool, bool]:
+    """(single-valued, injective) of the map block/thread parameters → accessed elements."""
+    n = fp.dim(isl.dim_type.param)
+    m = isl.Map.from_range(fp).move_dims(isl.dim_type.in_, 0, isl.dim_type.param, 0, n)
+    return m.is_single_valued(), m.is_injective()
+
+
+def _leaves(node: isl.ScheduleNode, path: tuple[int, ...], bands: tuple[tuple[int, ...], ...], out: list):
+    t = node.get_type()
+    if t == isl.schedule_node_type.leaf:
+        out.append((node, bands))
+        return
+    if t == isl.schedule_node_type.band:
+        bands = bands + (path,)
+    for i in range(node.n_children()):
+        _leaves(node.child(i), path + (i,), bands, out)
+
+
+def _zero_deltas(d: isl.UnionSet) -> bool:
+    for s in sets_of(d):
+        zero = isl.Set.universe(s.get_space())
+        for i in range(s.dim(isl.dim_type.set)):
+            zero = zero.fix_val(isl.dim_type.set, i, isl.Val.zero(s.get_ctx()))
+        if not s.is_subset(zero):
+            return False
+    return True
+
+
+def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
+    """Decide register or global for every tensor the micrograph touches."""
+    model = mm.scheduled.model
+    dom = mm.domain
+    writes = model.writes.intersect_domain(dom)
+    reads = model.reads.intersect_domain(dom)
+    leaves: list = []
+    _leaves(mm.schedule.get_root(), (), (), leaves)
+    stmt_leaf: dict[str, tuple] = {}
+    prefix = isl.UnionMap.empty(dom.get_space())
+    for node, bands in leaves:
+        ldom = node.get_domain()
+        for s in sets_of(ldom):
+            stmt_leaf[s.get_tuple_name()] = (node, bands)
+        if not ldom.is_empty():
+            prefix = prefix.union(node.get_prefix_schedule_union_map().intersect_domain(ldom))
+
+    out: dict[str, Placement] = {}
+    for name, role in model.tensors.items():
+        if role.role in ("input", "output"):
+            out[name] = Placement(name, "global", f"micrograph {role.role}")
+            continue
+        w, r = _maps_to(writes, name), _maps_to(reads, name)
+        fp = w.union(r).range()
+        sets = sets_of(fp)
+        if len(sets) == 1:
+            sv, inj = _per_thread_function(sets[0])
+            if sv and inj:
+                out[name] = Placement(name, "register", "one element per thread (isl footprint)")
+                continue
+        reason = _per_iteration(w, r, prefix, stmt_leaf)
+        if reason is None:
+            out[name] = Placement(name, "register", "one element per loop iteration (zero-distance flow)")
+        else:
+            out[name] = Placement(name, "global", f"scratch buffer: {reason}")
+    return out
+
+
+def _per_iteration(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_leaf) -> str | None:
+    """None when criterion (b) holds, else why not."""
+    wstmts = {m.get_tuple_name(isl.dim_type.in_) for m in maps_of(w)}
+    rstmts = {m.get_tuple_name(isl.dim_type.in_) for m in maps_of(r)}
+    if len(wstmts) != 1:
+        return "written by several statements"
+    (ws,) = wstmts
+    for rs in rstmts:
+        if stmt_leaf[rs][1] != stmt_leaf[ws][1]:
+            return "reader and writer are in different loop nests"
+    if not r.range().is_subset(w.range()):
+        return "threads read elements other threads write"
+    wp = prefix.intersect_domain(w.domain())
+    if not wp.is_injective():
+        return "the writer runs several times per loop iteration"
+    pairs = w.apply_range(r.reverse())
+    if pairs.is_empty():
+        return None
+    if not _zero_deltas(pairs.apply_domain(prefix).apply_range(prefix).deltas()):
+        return "a value is read in a later loop iteration than it is written"
+    return None

@@ -1,0 +1,167 @@
+"""Schedule a micrograph with the isl scheduler under an operation budget.
+
+The scheduler gets validity = all dependences, proximity = flow dependences and coincidence
+= all dependences, with outer coincidence preferred so that parallel loops come first. A
+micrograph must come back as *one fusion group*: a single outermost band over every
+statement. When isl runs out of its operation budget, or returns a schedule whose top level
+is a sequence/set that separates statements, the micrograph did not fuse and
+:class:`Feedback` is raised with the groups to split it into; the driver hands those to the
+partitioner as separations and re-partitions (APOLLO's partition ↔ fusion feedback loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.errors import BudgetExhausted
+from polyfuse.poly.model import PolyModel
+
+DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
+
+
+@dataclass
+class Feedback(Exception):
+    """A micrograph did not schedule as one fusion group; split it into ``groups``."""
+
+    micrograph: str
+    reason: str
+    groups: list[list[str]]  # primitive names per part, in dependence order
+
+    def __str__(self) -> str:
+        parts = " | ".join(", ".join(g) for g in self.groups)
+        return f"{self.micrograph}: {self.reason}; split into [{parts}]"
+
+
+@dataclass
+class ScheduledMicrograph:
+    """A micrograph with the schedule isl computed for it (one fusion group)."""
+
+    model: PolyModel
+    schedule: isl.Schedule
+    budget_used: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.model.micrograph.name
+
+    def __str__(self) -> str:
+        lines = [f"ScheduledMicrograph {self.name}", f"  schedule: {self.schedule.get_root()}"]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def configure(ctx: isl.Context) -> None:
+    """Scheduler and tiling options polyfuse relies on (set once per context)."""
+    ctx.set_schedule_outer_coincidence(1)
+    ctx.set_schedule_serialize_sccs(0)
+    ctx.set_schedule_maximize_band_depth(1)
+    ctx.set_tile_scale_tile_loops(0)
+    ctx.set_tile_shift_point_loops(1)
+    ctx.set_on_error(isl.on_error.CONTINUE)
+
+
+def identity_schedule(model: PolyModel) -> isl.Schedule:
+    """The original loop order of a single primitive (always valid, needs no scheduler).
+
+    Data dimensions form the band's coincident members; a reduction's init runs just before
+    the first update (reduce index ``lo - 1``) and its final just after the last (``hi``).
+    """
+    (prim,) = {s.prim for s in model.statements}
+    t = model.statements[0].tensor
+    assert t.op is not None
+    nd, raxes = len(t.op.axes), t.op.reduce_axes
+    parts = []
+    for s in model.statements:
+        d = [f"i{k}" for k in range(nd)]
+        r = [f"i{nd + k}" for k in range(len(raxes))]
+        if s.role == "init":
+            tail = [str(raxes[0].lo - 1)] + [str(a.lo) for a in raxes[1:]]
+        elif s.role == "final":
+            tail = [str(raxes[0].hi)] + [str(a.lo) for a in raxes[1:]]
+        else:
+            tail = r
+        args = d + (r if s.role == "update" else [])
+        parts.append(f"{s.name}[{', '.join(args)}] -> [{', '.join(d + tail) or '0'}]")
+    um = isl.UnionMap("{ " + "; ".join(parts) + " }", context=model.ctx)
+    mupa = isl.MultiUnionPwAff.from_union_map(um.intersect_domain(model.domain))
+    sched = isl.Schedule.from_domain(model.domain).insert_partial_schedule(mupa)
+    node = sched.get_root().child(0)
+    for i in range(nd):
+        node = node.band_member_set_coincident(i, 1)
+    return node.get_schedule()
+
+
+def _split_groups(model: PolyModel, node: isl.ScheduleNode) -> list[list[str]]:
+    groups: list[list[str]] = []
+    for i in range(node.n_children()):
+        filt = node.child(i).filter_get_filter()
+        names = {s.prim for s in model.statements if not filt.extract_set(s.domain.get_space()).is_empty()}
+        groups.append([p for p in model.micrograph.prims if p in names])
+    seen: set[str] = set()
+    out = []
+    for g in groups:  # a reduction's statements may straddle children: keep first placement
+        g = [p for p in g if p not in seen]
+        seen.update(g)
+        if g:
+            out.append(g)
+    return out if len(out) > 1 else _halves(model)
+
+
+def _halves(model: PolyModel) -> list[list[str]]:
+    prims = model.micrograph.prims
+    h = max(1, len(prims) // 2)
+    return [prims[:h], prims[h:]]
+
+
+def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> ScheduledMicrograph:
+    """Run the isl scheduler on ``model`` within ``budget`` operations.
+
+    Raises :class:`Feedback` when the micrograph does not come back as one fusion group.
+    A single-primitive micrograph that exhausts the budget falls back to its original loop
+    order (always legal), so feedback always makes progress.
+    """
+    ctx = model.ctx
+    configure(ctx)
+    mg = model.micrograph
+    sc = (
+        isl.ScheduleConstraints.on_domain(model.domain)
+        .set_validity(model.validity)
+        .set_proximity(model.flow)
+        .set_coincidence(model.validity)
+    )
+    ctx.set_max_operations(budget)
+    ctx.reset_operations()
+    try:
+        sched = sc.compute_schedule()
+        failed = sched is None
+    except isl.Error:
+        failed = True
+    finally:
+        ctx.set_max_operations(0)
+    if failed:
+        if len(mg.prims) == 1:
+            return ScheduledMicrograph(
+                model,
+                identity_schedule(model),
+                notes=[f"isl budget of {budget} operations exhausted; kept the original loop order"],
+            )
+        raise Feedback(mg.name, f"isl budget of {budget} operations exhausted", _halves(model))
+
+    root = sched.get_root()
+    top = root.child(0) if root.has_children() else None
+    if top is not None and top.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        if len(mg.prims) == 1:  # one primitive needs no fusion: use its own loop order
+            return ScheduledMicrograph(model, identity_schedule(model))
+        groups = _split_groups(model, top)
+        if len(groups) > 1:
+            kind = "sequence" if top.get_type() == isl.schedule_node_type.sequence else "set"
+            raise Feedback(mg.name, f"isl did not fuse the micrograph (top-level {kind})", groups)
+    return ScheduledMicrograph(model, sched)
+
+
+def check_budget_error(e: Exception) -> bool:
+    """Whether an isl exception is the operation-budget error."""
+    return "operations" in str(e) or isinstance(e, BudgetExhausted)

@@ -1,0 +1,186 @@
+"""CompiledGraph: the callable result of ``polyfuse.compile``.
+
+It owns the CUDA translation unit, the ordered launches and the buffers they use (graph
+inputs and outputs, intermediates between kernels, scratch), and runs them on the CPU
+emulator (``device="emulate"``) or a GPU through pycuda (``device="cuda"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.cuda.launch import Launch, LaunchTraffic
+from polyfuse.errors import CallError, CompilerNotFound
+from polyfuse.graph.expr import Tensor
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """A global-memory buffer of the compiled graph."""
+
+    name: str
+    shape: tuple[int, ...]
+    role: str  # "input" | "output" | "intermediate"
+    dtype: str = "float32"
+
+
+def plan_buffers(graph, kernels: list[Kernel], plans) -> tuple[list[BufferSpec], list[Launch]]:
+    """Buffers every kernel parameter refers to, and the launches in order."""
+    ins = {graph.ident(t) for t in graph.inputs}
+    outs = {graph.ident(t) for t in graph.outputs}
+    specs: dict[str, BufferSpec] = {}
+    for t in graph.inputs:
+        specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "input")
+    for t in graph.outputs:
+        specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
+    launches = []
+    for k, kp in zip(kernels, plans, strict=True):
+        roles = {}
+        for mm in kp.parts:
+            roles.update(mm.scheduled.model.tensors)
+        for p in k.params:
+            if p.tensor and p.tensor not in specs:
+                role = "input" if p.tensor in ins else "output" if p.tensor in outs else "intermediate"
+                specs[p.tensor] = BufferSpec(p.tensor, roles[p.tensor].shape, role)
+        launches.append(Launch(k.name, k.grid, k.block, tuple(p.name for p in k.params), k.shared_bytes))
+    return list(specs.values()), launches
+
+
+class CompiledGraph:
+    """A compiled graph: call it on numpy arrays.
+
+    Attributes: ``kernels`` (name, source, grid, block, shared_bytes, micrographs),
+    ``cuda_source`` (one translation unit), ``launches``, ``plan`` (printable decisions),
+    ``last_traffic`` (global bytes per launch of the last emulated call).
+    """
+
+    def __init__(self, name, arch, inputs, outputs, kernels, source, launches, buffers, plan, idents):
+        self.name = name
+        self.arch = arch
+        self.inputs: list[Tensor] = inputs
+        self.outputs: list[Tensor] = outputs
+        self.kernels: list[Kernel] = kernels
+        self.cuda_source: str = source
+        self.launches: list[Launch] = launches
+        self.buffers: list[BufferSpec] = buffers
+        self.plan = plan
+        self._idents = idents
+        self._emulated = None
+        self._gpu = None
+        self.last_traffic: list[LaunchTraffic] = []
+        self.cuda_binaries: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<CompiledGraph {self.name}: {len(self.kernels)} kernels for {self.arch}>"
+
+    # ------------------------------------------------------------------ compile checks
+    def check_cuda(self, arch: str | None = None, required: bool = True):
+        """Compile the CUDA source with NVRTC/nvcc for ``arch``; fill per-kernel resources.
+
+        With ``required=False`` a missing compiler is noted in the plan instead of raised.
+        """
+        from polyfuse.cuda.compiler import compile_cuda
+
+        arch = arch or self.arch
+        try:
+            binary = compile_cuda(self.cuda_source, arch)
+        except CompilerNotFound as e:
+            if required:
+                raise
+            for k in self.kernels:
+                k.notes.append(f"not compiled for {arch}: {e}")
+            return None
+        self.cuda_binaries[arch] = binary
+        if arch == self.arch:
+            for k in self.kernels:
+                r = binary.resources.get(k.name)
+                if r is not None:
+                    k.registers = r.registers
+                    k.static_shared_bytes = r.shared_bytes
+                    k.spill_stores = r.spill_stores
+                    k.spill_loads = r.spill_loads
+        return binary
+
+    # ------------------------------------------------------------------ calling
+    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+        names = [t.name for t in self.inputs]
+        if len(args) > len(self.inputs):
+            raise CallError(
+                f"{self.name}: expected {len(self.inputs)} input arrays ({', '.join(names)}), "
+                f"got {len(args)}"
+            )
+        given: dict[str, Any] = dict(zip(names, args, strict=False))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
+            if k in given:
+                raise CallError(f"{self.name}: input '{k}' given twice")
+            given[k] = v
+        bufs: dict[str, np.ndarray] = {}
+        for t in self.inputs:
+            if t.name not in given:
+                raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
+            a = given[t.name]
+            if not isinstance(a, np.ndarray):
+                raise CallError(f"input '{t.name}': expected a numpy array, got {type(a).__name__}")
+            if a.shape != t.shape:
+                raise CallError(f"input '{t.name}': expected shape {t.shape}, got {a.shape}")
+            if a.dtype != np.float32:
+                raise CallError(
+                    f"input '{t.name}': expected float32, got {a.dtype} (use .astype(np.float32))"
+                )
+            bufs[self._idents[t.uid]] = np.ascontiguousarray(a).copy()
+        for b in self.buffers:
+            if b.role != "input":
+                bufs[b.name] = np.full(b.shape, np.nan, dtype=np.float32)
+        return bufs
+
+    def __call__(self, *args: np.ndarray, device: str = "emulate", race_check: bool | str = False, **kwargs):
+        """Run on numpy arrays; returns one array, or a tuple when there are several outputs.
+
+        ``device``: "emulate" (CPU emulator) or "cuda" (GPU through pycuda).
+        ``race_check``: emulator only; True/"reverse" runs each block's threads in reverse
+        order between barriers, "random" in a shuffled order (a missing barrier shows).
+        """
+        bufs = self._bind(args, kwargs)
+        if device == "emulate":
+            order = {False: "forward", True: "reverse"}.get(race_check, race_check)
+            if order not in ("forward", "reverse", "random"):
+                raise CallError(f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}")
+            if self._emulated is None:
+                from polyfuse.cuda.emulator import Emulator
+
+                self._emulated = Emulator().load(self.cuda_source)
+            self.last_traffic = self._emulated.run(self.launches, bufs, order=order)
+        elif device == "cuda":
+            if race_check:
+                raise CallError("race_check is an emulator mode; use device='emulate'")
+            if self._gpu is None:
+                from polyfuse.cuda.runtime import CudaRuntime
+
+                self._gpu = CudaRuntime().load(self.cuda_source)
+            self._gpu.run(self.launches, bufs)
+        else:
+            raise CallError(f"unknown device '{device}'; use 'emulate' or 'cuda'")
+        res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
+        return res[0] if len(res) == 1 else res
+
+    # ------------------------------------------------------------------ measurements
+    def traffic_bytes(self) -> int:
+        """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""
+        return sum(t.bytes_total for t in self.last_traffic)
+
+    def compulsory_bytes(self) -> int:
+        """Inputs read once plus outputs written once."""
+        n = 0
+        for b in self.buffers:
+            if b.role in ("input", "output"):
+                k = 4
+                for d in b.shape:
+                    k *= d
+                n += k
+        return n

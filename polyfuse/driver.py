@@ -1,0 +1,123 @@
+"""The compiler driver: te graph → micrographs → isl schedules → kernels → CompiledGraph.
+
+Stages, each producing a printable object kept on the :class:`Plan`:
+
+1. ``build_graph``: primitives and their op kinds (graph/);
+2. ``partition``: Algorithm 1 over the rule table (graph/);
+3. ``build_model`` + ``compute_schedule``: isl model and schedule per micrograph under the
+   operation budget (poly/); a :class:`Feedback` sends separations back to step 2;
+4. ``map_to_gpu`` + ``place_tensors``: tiling, block/thread mapping, register/global placement;
+5. ``plan_kernels``: kernel plans (stitch/);
+6. isl AST generation and the CUDA printer (cuda/).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import islpy as isl
+
+from polyfuse.compiled import CompiledGraph, plan_buffers
+from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.printer import PRELUDE, print_kernel
+from polyfuse.errors import ExpressionError, ScheduleError
+from polyfuse.graph.expr import Tensor
+from polyfuse.graph.graph import build_graph
+from polyfuse.graph.partition import PARTITION_RULES, partition
+from polyfuse.plan import FeedbackEvent, Plan
+from polyfuse.poly.mapping import MappingConfig, map_to_gpu
+from polyfuse.poly.model import build_model
+from polyfuse.poly.placement import place_tensors
+from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.stitch.plan import plan_kernels
+
+SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+MAX_FEEDBACK_ROUNDS = 64
+
+
+def compile(  # noqa: A001
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    arch: str = "sm_80",
+    *,
+    budget: int = DEFAULT_BUDGET,
+    mapping: MappingConfig | None = None,
+    check_cuda: bool | str = "auto",
+    name: str = "graph",
+) -> CompiledGraph:
+    """Compile the graph from ``inputs`` to ``outputs`` into CUDA kernels.
+
+    ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
+    knobs; ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers
+    and shared memory per kernel ("auto": when a compiler is installed).
+    """
+    if arch not in SUPPORTED_ARCHS:
+        raise ExpressionError(f"compile: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}")
+    inputs, outputs = list(inputs), list(outputs)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    ctx = isl.Context()
+    graph = build_graph(inputs, outputs, ctx)
+    times["graph"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    separations: set[frozenset[str]] = set()
+    events: list[FeedbackEvent] = []
+    cache: dict[tuple[str, ...], ScheduledMicrograph] = {}
+    for _ in range(MAX_FEEDBACK_ROUNDS):
+        part = partition(graph, PARTITION_RULES, separations)
+        scheduled: list[ScheduledMicrograph] = []
+        try:
+            for mg in part.micrographs:
+                key = tuple(mg.prims)
+                if key not in cache:
+                    cache[key] = compute_schedule(build_model(graph, mg, ctx), budget)
+                sm = cache[key]
+                sm.model.micrograph = mg  # ids are renumbered per partition
+                scheduled.append(sm)
+        except Feedback as fb:
+            events.append(FeedbackEvent(fb.micrograph, fb.reason, fb.groups))
+            for i, g in enumerate(fb.groups):
+                for h in fb.groups[i + 1 :]:
+                    separations.update(frozenset((a, b)) for a in g for b in h)
+            continue
+        break
+    else:
+        raise ScheduleError(f"compile '{name}': feedback did not converge; raise budget= ({budget})")
+    times["partition+schedule"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    cfg = mapping or MappingConfig()
+    mapped = []
+    for sm in scheduled:
+        mm = map_to_gpu(sm, cfg)
+        mapped.append((mm, place_tensors(mm)))
+    plans = plan_kernels(mapped)
+    times["map+place"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    kernels = []
+    asts = {}
+    for kp in plans:
+        (mm,) = kp.parts
+        ast, body = generate_ast(mm)
+        asts[kp.name] = ast
+        kernels.append(
+            print_kernel(
+                kp.name, mm.scheduled.model, body, kp.placements, graph.idents,
+                mm.block_params, mm.grid_dims, mm.thread_params, mm.tile_sizes,
+            )
+        )
+        kernels[-1].notes.extend(mm.notes + mm.scheduled.notes)
+    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    times["codegen"] = time.perf_counter() - t0
+
+    buffers, launches = plan_buffers(graph, kernels, plans)
+    plan = Plan(
+        name, graph, part, events, scheduled, [m for m, _ in mapped], plans, kernels, asts, times
+    )
+    fn = CompiledGraph(name, arch, inputs, outputs, kernels, source, launches, buffers, plan, graph.idents)
+    if check_cuda:
+        fn.check_cuda(arch, required=check_cuda is True)
+    return fn

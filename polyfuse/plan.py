@@ -1,0 +1,76 @@
+"""The compile plan: every stage's result and every decision, printable.
+
+``print(fn.plan)`` is the bug report: primitives with their op kinds, micrographs, each
+producer→consumer decision with its reason, feedback events, schedules, kernels with their
+launch shapes and tensor placements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.graph.graph import Graph
+from polyfuse.graph.partition import Partition
+from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.stitch.plan import KernelPlan
+
+
+@dataclass
+class FeedbackEvent:
+    """isl could not schedule a micrograph as one group; the partitioner split it."""
+
+    micrograph: str
+    reason: str
+    groups: list[list[str]]
+
+    def __str__(self) -> str:
+        parts = " | ".join(", ".join(g) for g in self.groups)
+        return f"{self.micrograph}: {self.reason} -> split into [{parts}]"
+
+
+@dataclass
+class Plan:
+    """Everything the compiler decided for one graph."""
+
+    name: str
+    graph: Graph
+    partition: Partition
+    feedback: list[FeedbackEvent]
+    scheduled: list[ScheduledMicrograph]
+    mapped: list[MappedMicrograph]
+    kernel_plans: list[KernelPlan]
+    kernels: list[Kernel]
+    asts: dict[str, Any] = field(repr=False, default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def micrographs(self):
+        return self.partition.micrographs
+
+    def __str__(self) -> str:
+        g = self.graph
+        out = [f"== polyfuse plan: {self.name} =="]
+        out.append(f"primitives ({len(g.prims)}):")
+        out += [f"  {g.prims[n]}" for n in g.topo_order()]
+        out.append(f"micrographs ({len(self.partition.micrographs)}):")
+        out += [f"  {m}" for m in self.partition.micrographs]
+        out.append("decisions:")
+        out += [f"  {d}" for d in self.partition.decisions] or ["  (no edges)"]
+        out.append(f"feedback events ({len(self.feedback)}):")
+        out += [f"  {e}" for e in self.feedback]
+        out.append(f"kernels ({len(self.kernels)}):")
+        for k, kp, mm in zip(self.kernels, self.kernel_plans, self.mapped, strict=True):
+            res = ""
+            if k.registers is not None:
+                res = f", {k.registers} regs, {k.static_shared_bytes} B smem, {k.spill_stores} B spills"
+            out.append(
+                f"  {k.name}: micrographs {', '.join(k.micrographs)}; grid {k.grid[0]} "
+                f"{mm.grid_dims}, block {k.block[0]} {mm.tile_sizes}{res}"
+            )
+            out += [f"    {p}" for p in kp.placements.values()]
+            out += [f"    note: {n}" for n in k.notes]
+        out.append("compile seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in self.seconds.items()))
+        return "\n".join(out)
