@@ -108,6 +108,8 @@ class Kernel:
     spill_stores: int | None = None
     spill_loads: int | None = None
     static_shared_bytes: int | None = None
+    bytes_read: int = 0  # distinct global bytes (isl footprint)
+    bytes_written: int = 0
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:

@@ -94,6 +94,10 @@ def identity_schedule(model: PolyModel) -> isl.Schedule:
     return node.get_schedule()
 
 
+def _label(mg) -> str:
+    return f"{mg.name} [{', '.join(mg.prims)}]"
+
+
 def _split_groups(model: PolyModel, node: isl.ScheduleNode) -> list[list[str]]:
     groups: list[list[str]] = []
     for i in range(node.n_children()):
@@ -148,7 +152,7 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
                 identity_schedule(model),
                 notes=[f"isl budget of {budget} operations exhausted; kept the original loop order"],
             )
-        raise Feedback(mg.name, f"isl budget of {budget} operations exhausted", _halves(model))
+        raise Feedback(_label(mg), f"isl budget of {budget} operations exhausted", _halves(model))
 
     root = sched.get_root()
     top = root.child(0) if root.has_children() else None
@@ -158,7 +162,7 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
         groups = _split_groups(model, top)
         if len(groups) > 1:
             kind = "sequence" if top.get_type() == isl.schedule_node_type.sequence else "set"
-            raise Feedback(mg.name, f"isl did not fuse the micrograph (top-level {kind})", groups)
+            raise Feedback(_label(mg), f"isl did not fuse the micrograph (top-level {kind})", groups)
     return ScheduledMicrograph(model, sched)
 
 

@@ -174,6 +174,10 @@ class CompiledGraph:
         """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""
         return sum(t.bytes_total for t in self.last_traffic)
 
+    def global_bytes(self) -> int:
+        """Distinct global bytes all kernels move, computed exactly by isl (no emulation)."""
+        return sum(k.bytes_read + k.bytes_written for k in self.kernels)
+
     def compulsory_bytes(self) -> int:
         """Inputs read once plus outputs written once."""
         n = 0

@@ -26,6 +26,7 @@ from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.plan import FeedbackEvent, Plan
+from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import place_tensors
@@ -110,6 +111,9 @@ def compile(  # noqa: A001
             )
         )
         kernels[-1].notes.extend(mm.notes + mm.scheduled.notes)
+        fp = global_footprint(mm.scheduled.model, kp.placements)
+        kernels[-1].bytes_read = sum(fp.reads.values())
+        kernels[-1].bytes_written = sum(fp.writes.values())
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     times["codegen"] = time.perf_counter() - t0
 
