@@ -225,7 +225,9 @@ def _check_body(name: str, axes: tuple[IterVar, ...], body: Expr) -> None:
     data_ids = {a.uid for a in axes}
     red_ids = {a.uid for a in red.axes} if red is not None else set()
     allowed = data_ids | red_ids
-    for n in walk(red.body if red is not None else body):
+    nodes = list(walk(red.body if red is not None else body))
+    nodes.sort(key=lambda n: not isinstance(n, IterVar))  # name stray variables first
+    for n in nodes:
         if isinstance(n, Reduce):
             raise ExpressionError(f"compute '{name}': reduction nested inside a reduction")
         if isinstance(n, IterVar) and n.uid not in allowed:

@@ -1,0 +1,109 @@
+"""Bad input gets a one-line polyfuse error naming the tensor or op."""
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, te
+from polyfuse.errors import CallError, DtypeError, ExpressionError, PolyfuseError
+
+
+def one_line(e: Exception) -> str:
+    msg = str(e)
+    assert "\n" not in msg
+    return msg
+
+
+def test_shape_mismatch_names_op():
+    a, b = te.placeholder((4, 8), name="a"), te.placeholder((3,), name="b")
+    with pytest.raises(ExpressionError) as ei:
+        ops.add(a, b, name="y")
+    assert "'y'" in one_line(ei.value) and "(4, 8)" in str(ei.value)
+
+
+def test_index_arity_mismatch_names_tensor():
+    a = te.placeholder((4, 8), name="a")
+    with pytest.raises(ExpressionError, match="tensor 'a'"):
+        te.compute((4,), lambda i: a[i], name="bad")
+
+
+def test_unknown_dtype():
+    with pytest.raises(DtypeError) as ei:
+        te.placeholder((4,), dtype="float42", name="w")
+    assert "'w'" in one_line(ei.value) and "float42" in str(ei.value)
+
+
+def test_non_affine_index_names_tensor():
+    a = te.placeholder((16,), name="a")
+    with pytest.raises(ExpressionError) as ei:
+        te.compute((4,), lambda i: a[i * i], name="sq")
+    msg = one_line(ei.value)
+    assert "'a'" in msg and "'sq'" in msg and "not affine" in msg
+
+
+def test_data_dependent_index_rejected():
+    a, idx = te.placeholder((16,), name="a"), te.placeholder((4,), name="idx")
+    with pytest.raises(ExpressionError, match="tensor 'a'"):
+        te.compute((4,), lambda i: a[te.cast(idx[i], "int32")], name="gather")
+
+
+def test_reduce_axis_used_twice():
+    x = te.placeholder((4, 8), name="x")
+    k = te.reduce_axis(8, name="k")
+    with pytest.raises(ExpressionError, match="used twice"):
+        te.compute((4,), lambda i: te.sum(x[i, k], axis=[k, k]), name="r")
+    with pytest.raises(ExpressionError, match="reduce axis 'k'"):
+        te.compute((4, 8), lambda i, j: x[i, k] + x[i, j], name="leak")
+
+
+def test_placeholder_not_in_inputs():
+    x, y = te.placeholder((4,), name="x"), te.placeholder((4,), name="y")
+    z = ops.add(x, y, name="z")
+    with pytest.raises(ExpressionError, match="'y'"):
+        polyfuse.compile([x], [z])
+
+
+def test_python_bool_condition_rejected():
+    x = te.placeholder((4,), name="x")
+    with pytest.raises(ExpressionError, match="te.equal"):
+        te.compute((4,), lambda i: te.where(i == 0, x[i], 0.0), name="w")
+
+
+@pytest.fixture(scope="module")
+def add_fn():
+    x, y = te.placeholder((4, 3), name="x"), te.placeholder((4, 3), name="y")
+    return polyfuse.compile([x, y], [ops.add(x, y, name="z")])
+
+
+def test_missing_input_array(add_fn):
+    with pytest.raises(CallError) as ei:
+        add_fn(np.zeros((4, 3), np.float32))
+    assert "'y'" in one_line(ei.value)
+
+
+def test_wrong_array_shape_and_dtype(add_fn):
+    ok = np.zeros((4, 3), np.float32)
+    with pytest.raises(CallError, match="input 'y': expected shape"):
+        add_fn(ok, np.zeros((3, 4), np.float32))
+    with pytest.raises(CallError, match="input 'x': expected float32, got float64"):
+        add_fn(np.zeros((4, 3)), ok)
+
+
+def test_unknown_device_and_arch(add_fn):
+    ok = np.zeros((4, 3), np.float32)
+    with pytest.raises(CallError, match="unknown device"):
+        add_fn(ok, ok, device="tpu")
+    x = te.placeholder((4,), name="x")
+    with pytest.raises(PolyfuseError, match="sm_12"):
+        polyfuse.compile([x], [ops.exp(x)], arch="sm_12")
+
+
+def test_cuda_device_without_gpu_is_clear(add_fn):
+    from polyfuse.cuda.runtime import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    ok = np.zeros((4, 3), np.float32)
+    with pytest.raises(PolyfuseError) as ei:
+        add_fn(ok, ok, device="cuda")
+    assert "GPU" in one_line(ei.value) or "CUDA" in str(ei.value)
