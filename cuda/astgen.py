@@ -10,6 +10,7 @@ parameters; we keep them as :class:`KStmt` and let the printer write statement b
 from __future__ import annotations
 
 import islpy as isl
+
 from polyfuse.cuda.kernel_ast import KDef, KExpr, KFor, KIf, KInt, KNode, KOp, KStmt, KVar
 from polyfuse.poly.mapping import MappedMicrograph
 

@@ -26,9 +26,7 @@ class ScalarArg:
     ctype: str = "int"  # "int" | "long long" | "float"
 
     def as_numpy(self) -> np.generic:
-        return {"int": np.int32, "long long": np.int64, "float": np.float32}[self.ctype](
-            self.value
-        )
+        return {"int": np.int32, "long long": np.int64, "float": np.float32}[self.ctype](self.value)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ import islpy as isl
 
 from polyfuse.cuda.kernel_ast import (
     KDef,
+    Kernel,
     KExpr,
     KFor,
     KIf,
     KInt,
-    Kernel,
     KNode,
     KOp,
     KParam,
@@ -214,10 +214,15 @@ def _emit(nodes: list[KNode], depth: int, emit_stmt) -> list[str]:
     return out
 
 
-def launch_prologue(block_params: list[str], grid_dims: list[int], thread_params: list[str], tile_sizes: list[int]) -> list[str]:
+def launch_prologue(
+    block_params: list[str], grid_dims: list[int], thread_params: list[str], tile_sizes: list[int]
+) -> list[str]:
     """Decompose blockIdx.x / threadIdx.x into the mapped coordinates, innermost fastest."""
     lines: list[str] = []
-    for lin, names, dims in (("blockIdx.x", block_params, grid_dims), ("threadIdx.x", thread_params, tile_sizes)):
+    for lin, names, dims in (
+        ("blockIdx.x", block_params, grid_dims),
+        ("threadIdx.x", thread_params, tile_sizes),
+    ):
         if not names:
             continue
         tmp = f"_{names[0][0]}"

@@ -71,9 +71,7 @@ def bounds_set(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Set:
     return isl.Set(f"{{ {ident}[{', '.join(vs)}] : {cons} }}", context=ctx)
 
 
-def primitive_relations(
-    t: Tensor, idents: dict[int, str], ctx: isl.Context
-) -> PrimitiveRelations:
+def primitive_relations(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> PrimitiveRelations:
     """Build the domain, write and read relations of compute tensor ``t``.
 
     ``idents`` maps tensor uid → isl identifier (unique within the graph).

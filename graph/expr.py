@@ -160,7 +160,9 @@ class Unary(Expr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return "bool" if self.op == "not" else self.a.dtype if self.op in ("neg", "abs") else "float32"
+        return (
+            "bool" if self.op == "not" else self.a.dtype if self.op in ("neg", "abs") else "float32"
+        )
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a,)

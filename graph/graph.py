@@ -91,7 +91,9 @@ def build_graph(
             raise ExpressionError(f"compile: input '{t.name}' is a compute, not a te.placeholder")
     for t in outputs:
         if t.is_placeholder:
-            raise ExpressionError(f"compile: output '{t.name}' is a placeholder; nothing computes it")
+            raise ExpressionError(
+                f"compile: output '{t.name}' is a placeholder; nothing computes it"
+            )
     input_ids = {t.uid for t in inputs}
     if len(input_ids) != len(inputs):
         raise ExpressionError("compile: an input tensor is listed twice")
@@ -130,9 +132,7 @@ def build_graph(
     for t in sorted(computes.values(), key=lambda t: t.uid):
         assert t.op is not None
         rel = primitive_relations(t, idents, ctx)
-        kinds = [
-            access_kind(m, rel.write, r.tensor.shape, t.shape) for r, m in rel.reads
-        ]
+        kinds = [access_kind(m, rel.write, r.tensor.shape, t.shape) for r, m in rel.reads]
         name = idents[t.uid]
         prims[name] = Primitive(name, t, rel, kinds, op_kind(kinds), t.op.tag)
         dag.add_node(name)

@@ -15,12 +15,12 @@ The op kind follows from the kinds of all its accesses; there is no list of op n
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 import islpy as isl
 
 
-class AccessKind(str, Enum):
+class AccessKind(StrEnum):
     ALIGNED = "aligned"
     LAYOUT = "layout"
     INJECTIVE = "injective"
@@ -28,14 +28,11 @@ class AccessKind(str, Enum):
     GENERAL = "general"
 
 
-class OpKind(str, Enum):
+class OpKind(StrEnum):
     ELEMENTWISE = "elementwise"
     BROADCAST = "broadcast"
     REDUCTION = "reduction"
     OPAQUE = "opaque"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _drop_unit_dims(r: isl.Map, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> isl.Map:

@@ -20,7 +20,7 @@ import networkx as nx
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 
-E, B, R, O = OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCTION, OpKind.OPAQUE
+E, B, R, OP = OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCTION, OpKind.OPAQUE
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ PARTITION_RULES: tuple[Rule, ...] = (
     _r(2, {E}, {B}, B),
     _r(3, {B}, {E, B}, B),
     _r(4, {E, B}, {R}, R),
-    _r(5, {O}, {E, B}, O),
+    _r(5, {OP}, {E, B}, OP),
 )
 STITCH_RULES: tuple[Rule, ...] = (
     _r(7, {R}, {E, B}, R, "memory stitching"),
@@ -152,7 +152,11 @@ def partition(
         while changed:
             changed = False
             edges = sorted(
-                q.edges, key=lambda e: (min(rank[x] for x in members[e[0]]), min(rank[x] for x in members[e[1]]))
+                q.edges,
+                key=lambda e: (
+                    min(rank[x] for x in members[e[0]]),
+                    min(rank[x] for x in members[e[1]]),
+                ),
             )
             for p, c in edges:
                 if not rule.matches(kind[p], kind[c]):
@@ -179,7 +183,9 @@ def partition(
                 break
 
     # Renumber micrographs in dependence order.
-    mg_order = list(nx.lexicographical_topological_sort(q, key=lambda m: min(rank[x] for x in members[m])))
+    mg_order = list(
+        nx.lexicographical_topological_sort(q, key=lambda m: min(rank[x] for x in members[m]))
+    )
     new_id = {old: i for i, old in enumerate(mg_order)}
     mgs = [
         Micrograph(new_id[m], sorted(members[m], key=rank.__getitem__), kind[m]) for m in mg_order

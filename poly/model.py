@@ -80,7 +80,6 @@ class PolyModel:
         return "\n".join(lines)
 
 
-
 def _statements_of(graph: Graph, prim: str) -> list[Statement]:
     p = graph.prims[prim]
     t = p.tensor
@@ -106,9 +105,16 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
     upd_reads.append((None, mk(upd_n, it, f"{acc}[{d}]", upd_dom)))
     return [
         Statement(init_n, prim, "init", t, init_dom, mk(init_n, d, f"{acc}[{d}]", init_dom), []),
-        Statement(upd_n, prim, "update", t, upd_dom, mk(upd_n, it, f"{acc}[{d}]", upd_dom), upd_reads),
         Statement(
-            fin_n, prim, "final", t, fin_dom, mk(fin_n, d, f"{graph.ident(t)}[{d}]", fin_dom),
+            upd_n, prim, "update", t, upd_dom, mk(upd_n, it, f"{acc}[{d}]", upd_dom), upd_reads
+        ),
+        Statement(
+            fin_n,
+            prim,
+            "final",
+            t,
+            fin_dom,
+            mk(fin_n, d, f"{graph.ident(t)}[{d}]", fin_dom),
             [(None, mk(fin_n, d, f"{acc}[{d}]", fin_dom))],
         ),
     ]
@@ -169,4 +175,6 @@ def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) ->
         .get_may_dependence()
     )
     validity = flow.union(false_deps).coalesce()
-    return PolyModel(mg, stmts, tensors, domain, writes, reads, order, flow.coalesce(), validity, ctx)
+    return PolyModel(
+        mg, stmts, tensors, domain, writes, reads, order, flow.coalesce(), validity, ctx
+    )

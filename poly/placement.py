@@ -51,7 +51,9 @@ def _per_thread_function(fp: isl.Set) -> tuple[bool, bool]:
     return m.is_single_valued(), m.is_injective()
 
 
-def _leaves(node: isl.ScheduleNode, path: tuple[int, ...], bands: tuple[tuple[int, ...], ...], out: list):
+def _leaves(
+    node: isl.ScheduleNode, path: tuple[int, ...], bands: tuple[tuple[int, ...], ...], out: list
+):
     t = node.get_type()
     if t == isl.schedule_node_type.leaf:
         out.append((node, bands))
@@ -104,7 +106,9 @@ def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
                 continue
         reason = _per_iteration(w, r, prefix, stmt_leaf)
         if reason is None:
-            out[name] = Placement(name, "register", "one element per loop iteration (zero-distance flow)")
+            out[name] = Placement(
+                name, "register", "one element per loop iteration (zero-distance flow)"
+            )
         else:
             out[name] = Placement(name, "global", f"scratch buffer: {reason}")
     return out

@@ -102,7 +102,11 @@ def _split_groups(model: PolyModel, node: isl.ScheduleNode) -> list[list[str]]:
     groups: list[list[str]] = []
     for i in range(node.n_children()):
         filt = node.child(i).filter_get_filter()
-        names = {s.prim for s in model.statements if not filt.extract_set(s.domain.get_space()).is_empty()}
+        names = {
+            s.prim
+            for s in model.statements
+            if not filt.extract_set(s.domain.get_space()).is_empty()
+        }
         groups.append([p for p in model.micrograph.prims if p in names])
     seen: set[str] = set()
     out = []
@@ -150,19 +154,26 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
             return ScheduledMicrograph(
                 model,
                 identity_schedule(model),
-                notes=[f"isl budget of {budget} operations exhausted; kept the original loop order"],
+                notes=[
+                    f"isl budget of {budget} operations exhausted; kept the original loop order"
+                ],
             )
         raise Feedback(_label(mg), f"isl budget of {budget} operations exhausted", _halves(model))
 
     root = sched.get_root()
     top = root.child(0) if root.has_children() else None
-    if top is not None and top.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+    if top is not None and top.get_type() in (
+        isl.schedule_node_type.sequence,
+        isl.schedule_node_type.set,
+    ):
         if len(mg.prims) == 1:  # one primitive needs no fusion: use its own loop order
             return ScheduledMicrograph(model, identity_schedule(model))
         groups = _split_groups(model, top)
         if len(groups) > 1:
             kind = "sequence" if top.get_type() == isl.schedule_node_type.sequence else "set"
-            raise Feedback(_label(mg), f"isl did not fuse the micrograph (top-level {kind})", groups)
+            raise Feedback(
+                _label(mg), f"isl did not fuse the micrograph (top-level {kind})", groups
+            )
     return ScheduledMicrograph(model, sched)
 
 

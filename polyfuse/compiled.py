@@ -44,9 +44,13 @@ def plan_buffers(graph, kernels: list[Kernel], plans) -> tuple[list[BufferSpec],
             roles.update(mm.scheduled.model.tensors)
         for p in k.params:
             if p.tensor and p.tensor not in specs:
-                role = "input" if p.tensor in ins else "output" if p.tensor in outs else "intermediate"
+                role = (
+                    "input" if p.tensor in ins else "output" if p.tensor in outs else "intermediate"
+                )
                 specs[p.tensor] = BufferSpec(p.tensor, roles[p.tensor].shape, role)
-        launches.append(Launch(k.name, k.grid, k.block, tuple(p.name for p in k.params), k.shared_bytes))
+        launches.append(
+            Launch(k.name, k.grid, k.block, tuple(p.name for p in k.params), k.shared_bytes)
+        )
     return list(specs.values()), launches
 
 
@@ -58,7 +62,9 @@ class CompiledGraph:
     ``last_traffic`` (global bytes per launch of the last emulated call).
     """
 
-    def __init__(self, name, arch, inputs, outputs, kernels, source, launches, buffers, plan, idents):
+    def __init__(
+        self, name, arch, inputs, outputs, kernels, source, launches, buffers, plan, idents
+    ):
         self.name = name
         self.arch = arch
         self.inputs: list[Tensor] = inputs
@@ -139,7 +145,9 @@ class CompiledGraph:
                 bufs[b.name] = np.full(b.shape, np.nan, dtype=np.float32)
         return bufs
 
-    def __call__(self, *args: np.ndarray, device: str = "emulate", race_check: bool | str = False, **kwargs):
+    def __call__(
+        self, *args: np.ndarray, device: str = "emulate", race_check: bool | str = False, **kwargs
+    ):
         """Run on numpy arrays; returns one array, or a tuple when there are several outputs.
 
         ``device``: "emulate" (CPU emulator) or "cuda" (GPU through pycuda).
@@ -150,7 +158,9 @@ class CompiledGraph:
         if device == "emulate":
             order = {False: "forward", True: "reverse"}.get(race_check, race_check)
             if order not in ("forward", "reverse", "random"):
-                raise CallError(f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}")
+                raise CallError(
+                    f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}"
+                )
             if self._emulated is None:
                 from polyfuse.cuda.emulator import Emulator
 

@@ -54,7 +54,9 @@ def compile(  # noqa: A001
     and shared memory per kernel ("auto": when a compiler is installed).
     """
     if arch not in SUPPORTED_ARCHS:
-        raise ExpressionError(f"compile: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}")
+        raise ExpressionError(
+            f"compile: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}"
+        )
     inputs, outputs = list(inputs), list(outputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -85,7 +87,9 @@ def compile(  # noqa: A001
             continue
         break
     else:
-        raise ScheduleError(f"compile '{name}': feedback did not converge; raise budget= ({budget})")
+        raise ScheduleError(
+            f"compile '{name}': feedback did not converge; raise budget= ({budget})"
+        )
     times["partition+schedule"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -106,8 +110,15 @@ def compile(  # noqa: A001
         asts[kp.name] = ast
         kernels.append(
             print_kernel(
-                kp.name, mm.scheduled.model, body, kp.placements, graph.idents,
-                mm.block_params, mm.grid_dims, mm.thread_params, mm.tile_sizes,
+                kp.name,
+                mm.scheduled.model,
+                body,
+                kp.placements,
+                graph.idents,
+                mm.block_params,
+                mm.grid_dims,
+                mm.thread_params,
+                mm.tile_sizes,
             )
         )
         kernels[-1].notes.extend(mm.notes + mm.scheduled.notes)
@@ -121,7 +132,9 @@ def compile(  # noqa: A001
     plan = Plan(
         name, graph, part, events, scheduled, [m for m, _ in mapped], plans, kernels, asts, times
     )
-    fn = CompiledGraph(name, arch, inputs, outputs, kernels, source, launches, buffers, plan, graph.idents)
+    fn = CompiledGraph(
+        name, arch, inputs, outputs, kernels, source, launches, buffers, plan, graph.idents
+    )
     if check_cuda:
         fn.check_cuda(arch, required=check_cuda is True)
     return fn

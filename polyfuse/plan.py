@@ -65,7 +65,10 @@ class Plan:
         for k, kp, mm in zip(self.kernels, self.kernel_plans, self.mapped, strict=True):
             res = ""
             if k.registers is not None:
-                res = f", {k.registers} regs, {k.static_shared_bytes} B smem, {k.spill_stores} B spills"
+                res = (
+                    f", {k.registers} regs, {k.static_shared_bytes} B smem, "
+                    f"{k.spill_stores} B spills"
+                )
             out.append(
                 f"  {k.name}: micrographs {', '.join(k.micrographs)}; grid {k.grid[0]} "
                 f"{mm.grid_dims}, block {k.block[0]} {mm.tile_sizes}{res}"

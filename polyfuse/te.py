@@ -81,10 +81,14 @@ def _shape(shape: Any, what: str) -> tuple[int, ...]:
     return dims
 
 
-def placeholder(shape: Sequence[int] | int, dtype: str = "float32", name: str | None = None) -> Tensor:
+def placeholder(
+    shape: Sequence[int] | int, dtype: str = "float32", name: str | None = None
+) -> Tensor:
     """A graph input of the given static shape."""
     name = name or f"placeholder{next(_names)}"
-    return Tensor(_shape(shape, f"placeholder '{name}'"), check_dtype(dtype, f"placeholder '{name}'"), name)
+    return Tensor(
+        _shape(shape, f"placeholder '{name}'"), check_dtype(dtype, f"placeholder '{name}'"), name
+    )
 
 
 def reduce_axis(dom: int | tuple[int, int], name: str | None = None) -> IterVar:
@@ -304,4 +308,3 @@ def compute(
     out = Tensor(dims, dtype, name)
     out.op = ComputeOp(axes, body, tag)
     return out
-

@@ -62,7 +62,9 @@ def np_conv2d(x, w, stride, padding, dilation, groups):
         for a in range(kh):
             for b in range(kw):
                 patch = xs[
-                    :, :, a * dilation : a * dilation + stride * oh : stride,
+                    :,
+                    :,
+                    a * dilation : a * dilation + stride * oh : stride,
                     b * dilation : b * dilation + stride * ow : stride,
                 ]
                 out[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, a, b])
@@ -89,9 +91,7 @@ def build_cases() -> list[Case]:
         "elementwise_chain",
         [x, b],
         [c4],
-        lambda x, b: (
-            np.tanh(np.exp((2 * x + b) * 0.1) - 1) + 1 / (1 + np.exp(-(2 * x + b))),
-        ),
+        lambda x, b: (np.tanh(np.exp((2 * x + b) * 0.1) - 1) + 1 / (1 + np.exp(-(2 * x + b))),),
     )
     x3 = _ph((3, 7, 11), "x3")
     for axis, shape in ((0, (3, 1, 1)), (1, (1, 7, 1)), (2, (11,))):
@@ -143,7 +143,9 @@ def build_cases() -> list[Case]:
         lambda a, w, b: (np_gelu(a.astype(np.float64) @ w + b),),
     )
     ba, bb2 = _ph((3, 9, 7), "ba"), _ph((3, 7, 5), "bb")
-    add("batched_matmul", [ba, bb2], [ops.matmul(ba, bb2)], lambda a, b: (a.astype(np.float64) @ b,))
+    add(
+        "batched_matmul", [ba, bb2], [ops.matmul(ba, bb2)], lambda a, b: (a.astype(np.float64) @ b,)
+    )
     X, W = _ph((2, 4, 9, 9), "X"), _ph((6, 2, 3, 3), "W")
     add(
         "conv2d_stride_pad_groups_relu",

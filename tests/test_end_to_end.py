@@ -5,11 +5,10 @@ import os
 
 import numpy as np
 import pytest
+from cases import build_cases
 
 import polyfuse
 from polyfuse.cuda.compiler import available_compilers
-
-from cases import build_cases
 
 CASES = {c.name: c for c in build_cases()}
 _compiled: dict[str, polyfuse.CompiledGraph] = {}

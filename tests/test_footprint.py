@@ -2,17 +2,17 @@
 
 import numpy as np
 import pytest
+from cases import build_cases
 
 import polyfuse
 from polyfuse import ops, te
-
-from cases import build_cases
 
 CASES = {c.name: c for c in build_cases()}
 
 
 @pytest.mark.parametrize(
-    "name", ["elementwise_chain", "softmax", "layer_norm", "conv2d_dilation", "slice", "two_outputs"]
+    "name",
+    ["elementwise_chain", "softmax", "layer_norm", "conv2d_dilation", "slice", "two_outputs"],
 )
 def test_isl_footprint_equals_emulator_count(name):
     c = CASES[name]

@@ -6,8 +6,8 @@ import numpy as np
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.graph.graph import build_graph
-from polyfuse.graph.partition import PARTITION_RULES, Rule, partition
 from polyfuse.graph.kinds import OpKind
+from polyfuse.graph.partition import PARTITION_RULES, Rule, partition
 from polyfuse.poly.model import build_model
 from polyfuse.poly.schedule import compute_schedule
 
@@ -44,7 +44,11 @@ def test_softmax_partition_and_reasons():
     part = partition(build_graph([x], [y]))
     groups = [m.prims for m in part.micrographs]
     assert groups == [["sm_max"], ["sm_sub", "sm_exp", "sm_sum"], ["sm"]]
-    assert [m.kind for m in part.micrographs] == [OpKind.REDUCTION, OpKind.REDUCTION, OpKind.BROADCAST]
+    assert [m.kind for m in part.micrographs] == [
+        OpKind.REDUCTION,
+        OpKind.REDUCTION,
+        OpKind.BROADCAST,
+    ]
     reasons = {(d.producer, d.consumer): d for d in part.decisions}
     assert reasons[("sm_sub", "sm_exp")].fused and reasons[("sm_sub", "sm_exp")].rule == 3
     assert reasons[("sm_exp", "sm_sum")].rule == 4
