@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -62,15 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {polyfuse.__version__}")
+    parser.epilog = "run 'polyfuse demo --help' for the demo's options and examples"
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
         help="compile the built-in examples and check them on the emulator",
-        description=(
+        description=textwrap.fill(
             "Compile every built-in example (or those named with --only), print its plan, "
             "run it on the CPU emulator with random inputs and compare against numpy, "
             "compile the CUDA with NVRTC/nvcc for --arch when a compiler is installed, and "
-            "write <out>/<example>.cu. Ends with a summary table. Progress goes to stderr."
+            "write <out>/<example>.cu. Ends with a summary table. Progress goes to stderr.",
+            width=79,
         ),
         epilog=_examples_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -408,7 +411,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"CUDA compile: {len(compiled)}/{len(results)} examples compiled for {args.arch}")
     skipped = next((r.cuda for r in results if r.cuda and not r.cuda_compiled), "")
     if skipped:
-        print(f"CUDA compile: skipped, {skipped}")
+        print(f"CUDA compile: {skipped}")
     print()
     print(format_table(results))
 
