@@ -105,8 +105,11 @@ class BodyPrinter:
         self.placements = placements
         self.idents = idents
 
-    def tensor_ref(self, ident: str, shape: tuple[int, ...], idx: list[str]) -> str:
-        if self.placements[ident].space == "register":
+    def tensor_ref(
+        self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
+    ) -> str:
+        p = self.placements[ident]
+        if p.space == "register" or (p.register_copy and not store):
             return f"r_{ident}"
         if not shape:
             return f"{ident}[0]"
@@ -169,16 +172,23 @@ class BodyPrinter:
         assert t.op is not None
         nd = len(t.op.axes)
         env = {a.uid: args[i] for i, a in enumerate(t.op.axes)}
-        out_ref = self.tensor_ref(ident, t.shape, args[:nd])
+        out_ref = self.tensor_ref(ident, t.shape, args[:nd], store=True)
+        copy = self.placements[ident].register_copy
+
+        def store(value: str) -> str:
+            if copy:
+                return f"r_{ident} = {value}; {out_ref} = r_{ident};"
+            return f"{out_ref} = {value};"
+
         if s.role == "compute":
-            return f"{out_ref} = {self.expr(t.op.body, env)};"
+            return store(self.expr(t.op.body, env))
         red = t.op.reduce
         assert red is not None
         acc = self.tensor_ref(f"{ident}_acc", t.shape, args[:nd])
         if s.role == "init":
             return f"{acc} = {_IDENTITY[red.op]};"
         if s.role == "final":
-            return f"{out_ref} = {acc};"
+            return store(acc)
         env.update({a.uid: args[nd + i] for i, a in enumerate(red.axes)})
         v = self.expr(red.body, env)
         if red.op == "sum":
@@ -270,7 +280,7 @@ def print_kernel(
             continue
         const = role.role == "input" and ident not in written
         params.append(KParam(ident, "const float*" if const else "float*", ident))
-    regs = [ident for ident, p in placements.items() if p.space == "register"]
+    regs = [ident for ident, p in placements.items() if p.in_register]
     grid, block = 1, 1
     for g in grid_dims:
         grid *= g

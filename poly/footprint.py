@@ -39,7 +39,7 @@ def global_footprint(model: PolyModel, placements: dict[str, Placement]) -> Foot
     for name, p in placements.items():
         if p.space != "global":
             continue
-        r = _images(model.reads, model.domain, name)
+        r = 0 if p.register_copy else _images(model.reads, model.domain, name)
         w = _images(model.writes, model.domain, name)
         if r:
             reads[name] = r * ITEMSIZE

@@ -5,12 +5,15 @@ the micrograph (an internal intermediate or a reduction accumulator) is kept in 
 register per thread when isl proves that is exact:
 
 (a) *per-thread element*: for fixed block/thread parameters, every access to the tensor touches
-    one single element, and no two threads touch the same element; or
+    one single element, and every element a thread reads it wrote itself (threads that compute
+    the same element redundantly each keep a private copy); or
 (b) *per-iteration element*: the writer and every reader sit under the same bands of the
     schedule tree, each flow dependence has distance zero in those bands, the writer runs once
     per iteration, and every element a thread reads it wrote itself.
 
-Otherwise the tensor is spilled to a global scratch buffer (correct, but it costs bytes; Layer 2
+A micrograph output that is also read inside the kernel is stored to global memory and, when
+the same criteria hold, its in-kernel reads use the register copy instead of reloading it.
+Otherwise an internal tensor is spilled to a global scratch buffer (correct, but it costs bytes; Layer 2
 stitching improves on this with shared memory). Each decision carries its reason.
 """
 
@@ -31,6 +34,12 @@ class Placement:
     tensor: str
     space: str  # "global" | "register"
     reason: str
+    register_copy: bool = False  # a global output whose in-kernel reads use a register
+
+    @property
+    def in_register(self) -> bool:
+        """Whether in-kernel reads use a register."""
+        return self.space == "register" or self.register_copy
 
     def __str__(self) -> str:
         return f"{self.tensor}: {self.space} ({self.reason})"
@@ -93,25 +102,35 @@ def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
 
     out: dict[str, Placement] = {}
     for name, role in model.tensors.items():
-        if role.role in ("input", "output"):
-            out[name] = Placement(name, "global", f"micrograph {role.role}")
-            continue
         w, r = _maps_to(writes, name), _maps_to(reads, name)
-        fp = w.union(r).range()
-        sets = sets_of(fp)
-        if len(sets) == 1:
-            sv, inj = _per_thread_function(sets[0])
-            if sv and inj:
-                out[name] = Placement(name, "register", "one element per thread (isl footprint)")
-                continue
-        reason = _per_iteration(w, r, prefix, stmt_leaf)
-        if reason is None:
-            out[name] = Placement(
-                name, "register", "one element per loop iteration (zero-distance flow)"
-            )
+        if role.role == "input":
+            out[name] = Placement(name, "global", "micrograph input")
+            continue
+        why = _register_reason(w, r, prefix, stmt_leaf)
+        if role.role == "output":
+            if not r.is_empty() and why.startswith("one element"):
+                out[name] = Placement(
+                    name, "global", f"micrograph output; in-kernel reads from a register ({why})",
+                    register_copy=True,
+                )
+            else:
+                out[name] = Placement(name, "global", "micrograph output")
+        elif why.startswith("one element"):
+            out[name] = Placement(name, "register", why)
         else:
-            out[name] = Placement(name, "global", f"scratch buffer: {reason}")
+            out[name] = Placement(name, "global", f"scratch buffer: {why}")
     return out
+
+
+def _register_reason(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_leaf) -> str:
+    """Why a tensor can live in one register per thread ("one element ..."), or why not."""
+    if not r.range().is_subset(w.range()):
+        return "threads read elements other threads write"
+    sets = sets_of(w.union(r).range())
+    if len(sets) == 1 and _per_thread_function(sets[0])[0]:
+        return "one element per thread (isl footprint)"
+    reason = _per_iteration(w, r, prefix, stmt_leaf)
+    return reason or "one element per loop iteration (zero-distance flow)"
 
 
 def _per_iteration(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_leaf) -> str | None:
@@ -124,8 +143,6 @@ def _per_iteration(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_
     for rs in rstmts:
         if stmt_leaf[rs][1] != stmt_leaf[ws][1]:
             return "reader and writer are in different loop nests"
-    if not r.range().is_subset(w.range()):
-        return "threads read elements other threads write"
     wp = prefix.intersect_domain(w.domain())
     if not wp.is_injective():
         return "the writer runs several times per loop iteration"
