@@ -1,0 +1,837 @@
+// pf_emu_rt.cpp -- runtime of the polyfuse CPU emulator of CUDA kernels.
+//
+// Compiled once into a shared library (cached by polyfuse/cuda/emulator.py) and loaded next to
+// the kernel libraries. It provides the pf_api table the kernels call (barriers, warp
+// operations, shared memory slots, cp.async, error reports, launches) and pf_spawn(), which forks
+// a child process that runs a sequence of launches and reports through shared memory.
+//
+// Execution model:
+//   * every CUDA thread is a fiber with its own 256 KiB slot: descriptor page(s), a guard page,
+//     then the stack (>= 240 KiB); the slot is aligned to its size so the device code finds its
+//     fiber from the stack pointer (pf_cur() in pf_emu.h) -- no thread_local;
+//   * the context switch is hand-written for x86-64 (callee-saved registers, mxcsr, x87 control
+//     word); elsewhere (or with -DPF_USE_UCONTEXT) ucontext is used;
+//   * blocks are taken from an atomic counter by std::thread workers, each with its own fibers
+//     and shared-memory arena; a block's fibers run in rounds: every runnable fiber runs (in
+//     forward, reverse or seeded random order) until it exits or blocks at a barrier or warp
+//     operation; then warp operations whose lanes have all arrived are resolved, or, when every
+//     live fiber waits at the same __syncthreads, the barrier is released; otherwise the block
+//     is divergent or deadlocked and the run fails with a message naming the kernel.
+//   * any failure (bad access, divergence, deadlock, crash signal) writes a one-line message to
+//     the shared result block and _exit()s the child.
+
+#define PF_EMU_RUNTIME
+#include "pf_emu.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <new>
+#include <thread>
+#include <vector>
+
+#if !defined(__x86_64__) || defined(PF_USE_UCONTEXT)
+#define PF_UCONTEXT 1
+#endif
+
+// ------------------------------------------------------------------------------------------
+// Run specification (filled by the Python side, read by the child)
+// ------------------------------------------------------------------------------------------
+
+struct pf_run_buf {
+  char* data;
+  uint64_t nbytes;
+  uint32_t itemsize;
+  uint32_t pad;
+  const char* name;
+};
+
+struct pf_run_launch {
+  void* fn;  // the kernel library's pf_launch_NAME
+  const char* name;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared;
+  uint32_t nargs;
+  const int32_t* argbuf;  // buffer index per argument, -1 for scalars
+  void* const* argval;    // scalars: pointer to the value
+};
+
+struct pf_result {
+  int32_t status;   // 0 running, 1 done, 3 error, 4 crash
+  int32_t current;  // launch being executed
+  char msg[2040];
+  int64_t counts[1];  // [launch][buffer][read, write] bytes
+};
+
+struct pf_run_spec {
+  uint32_t abi;
+  uint32_t nbuf;
+  const pf_run_buf* bufs;
+  uint32_t nlaunch;
+  uint32_t order;  // 0 forward, 1 reverse, 2 random
+  const pf_run_launch* launches;
+  uint64_t seed;
+  uint32_t workers;
+  uint32_t pad;
+  pf_result* result;
+};
+
+namespace {
+
+constexpr size_t SLOT = size_t(1) << PF_SLOT_SHIFT;
+constexpr unsigned MAX_THREADS = 1024;
+constexpr uint64_t SHARED_LIMIT = 227 * 1024;  // the most any target GPU gives one block
+constexpr size_t ALTSTACK = 64 * 1024;
+
+enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3 };
+
+struct CpCopy {
+  uint64_t group;
+  char* dst;
+  uint32_t size;
+  unsigned char data[16];
+};
+
+struct Worker;
+
+struct Fiber {
+  pf_fiber_pub pub;  // must be first: pf_cur() returns the slot base
+  void* sp;
+  Worker* w;
+  int state;
+  int line;
+  int bkind, bpred, bres;
+  int wop;
+  unsigned wmask;
+  uint64_t wval;
+  int warg, wwidth;
+  uint64_t wres;
+  uint64_t cp_committed;
+  std::vector<CpCopy> cp;
+#ifdef PF_UCONTEXT
+  ucontext_t uc;
+#endif
+};
+
+struct Worker {
+  char* slots = nullptr;  // MAX_THREADS slots, aligned to SLOT
+  unsigned ninit = 0;     // slots with a guard page and a constructed Fiber
+  void* sched_sp = nullptr;
+#ifdef PF_UCONTEXT
+  ucontext_t sched_uc;
+#endif
+  pf_block_pub* blk = nullptr;
+  char* arena = nullptr;
+  uint64_t bump = 0;
+  uint64_t rng = 0;
+  std::vector<unsigned> order;
+  char* altstack = nullptr;
+};
+
+struct LaunchCtx {
+  const pf_kernel_info* k = nullptr;
+  unsigned grid[3], block[3];
+  unsigned shmem = 0;
+  void** args = nullptr;
+  uint64_t nblocks = 0;
+  unsigned nthreads = 0;
+  std::atomic<uint64_t> next{0};
+};
+
+const pf_run_spec* g_spec = nullptr;
+pf_result* g_res = nullptr;
+std::vector<pf_buf> g_bufs;
+std::vector<Worker*> g_workers;
+LaunchCtx g_L;
+int g_launch = -1;
+size_t g_page = 4096;
+size_t g_desc = 4096;  // bytes of a slot before its guard page
+std::atomic<int> g_failing{0};
+volatile sig_atomic_t g_in_signal = 0;
+
+inline Fiber* cur() { return reinterpret_cast<Fiber*>(pf_cur()); }
+inline Fiber* fiber_at(Worker* w, unsigned i) {
+  return reinterpret_cast<Fiber*>(w->slots + size_t(i) * SLOT);
+}
+const char* kname() { return g_L.k ? g_L.k->name : "?"; }
+
+// ---- failure reports ---------------------------------------------------------------------
+
+[[noreturn]] void die(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+[[noreturn]] void die(int code, const char* fmt, ...) {
+  if (g_failing.exchange(1)) {
+    for (;;) pause();
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_res->msg, sizeof g_res->msg, fmt, ap);
+  va_end(ap);
+  g_res->status = code;
+  if (!g_in_signal) {
+    fflush(stdout);
+    fflush(stderr);
+  }
+  _exit(code);
+}
+
+struct Where {
+  char s[96];
+};
+Where where(const Fiber* f) {
+  Where w;
+  snprintf(w.s, sizeof w.s, "thread (%u,%u,%u) of block (%u,%u,%u)", f->pub.tid.x, f->pub.tid.y,
+           f->pub.tid.z, f->pub.bid.x, f->pub.bid.y, f->pub.bid.z);
+  return w;
+}
+Where block_of(const Fiber* f) {
+  Where w;
+  snprintf(w.s, sizeof w.s, "block (%u,%u,%u)", f->pub.bid.x, f->pub.bid.y, f->pub.bid.z);
+  return w;
+}
+
+const char* warp_op_name(int op) {
+  switch (op) {
+    case PF_W_SYNC: return "__syncwarp";
+    case PF_W_SHFL: return "__shfl_sync";
+    case PF_W_UP: return "__shfl_up_sync";
+    case PF_W_DOWN: return "__shfl_down_sync";
+    case PF_W_XOR: return "__shfl_xor_sync";
+    case PF_W_BALLOT: return "__ballot_sync";
+    case PF_W_ANY: return "__any_sync";
+    case PF_W_ALL: return "__all_sync";
+    case PF_W_MATCH: return "__match_any_sync";
+  }
+  return "warp operation";
+}
+const char* barrier_name(int kind) {
+  static const char* names[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and",
+                                "__syncthreads_or"};
+  return names[kind & 3];
+}
+
+// Fiber whose stack holds address a, or nullptr.
+Fiber* fiber_of_address(uintptr_t a, bool* in_guard) {
+  for (Worker* w : g_workers) {
+    if (!w || !w->slots) continue;
+    uintptr_t lo = (uintptr_t)w->slots, hi = lo + size_t(w->ninit) * SLOT;
+    if (a < lo || a >= hi) continue;
+    uintptr_t base = a & ~(uintptr_t)(SLOT - 1);
+    if (in_guard) *in_guard = a >= base + g_desc && a < base + g_desc + g_page;
+    return reinterpret_cast<Fiber*>(base);
+  }
+  return nullptr;
+}
+
+void on_signal(int sig, siginfo_t* si, void* uctx) {
+  g_in_signal = 1;
+  uintptr_t sp = 0;
+#if defined(__x86_64__)
+  sp = (uintptr_t)((ucontext_t*)uctx)->uc_mcontext.gregs[REG_RSP];
+#elif defined(__aarch64__)
+  sp = (uintptr_t)((ucontext_t*)uctx)->uc_mcontext.sp;
+#else
+  (void)uctx;
+#endif
+  bool guard = false;
+  Fiber* f = sp ? fiber_of_address(sp, nullptr) : nullptr;
+  if (sig == SIGSEGV || sig == SIGBUS) {
+    Fiber* g = fiber_of_address((uintptr_t)si->si_addr, &guard);
+    if (g && guard) f = g;
+  }
+  const char* what = sig == SIGSEGV   ? "segmentation fault"
+                     : sig == SIGBUS  ? "bus error"
+                     : sig == SIGFPE  ? "arithmetic exception (integer division by zero?)"
+                     : sig == SIGILL  ? "illegal instruction (__trap or a compiler trap?)"
+                     : sig == SIGABRT ? "abort (failed assert? see stderr)"
+                                      : "fatal signal";
+  if (guard)
+    die(4, "kernel %s: stack overflow (more than %zu KiB of local memory) in %s", kname(),
+        (SLOT - g_desc - g_page) / 1024, where(f).s);
+  if (f && f->pub.magic == PF_FIBER_MAGIC) {
+    if (sig == SIGSEGV || sig == SIGBUS)
+      die(4, "kernel %s: %s at address %p in %s", kname(), what, si->si_addr, where(f).s);
+    die(4, "kernel %s: %s in %s", kname(), what, where(f).s);
+  }
+  die(4, "kernel %s: %s (outside a CUDA thread)", kname(), what);
+}
+
+void install_altstack(Worker* w) {
+  if (!w->altstack) w->altstack = static_cast<char*>(malloc(ALTSTACK));
+  stack_t ss{};
+  ss.ss_sp = w->altstack;
+  ss.ss_size = ALTSTACK;
+  sigaltstack(&ss, nullptr);
+}
+
+void install_handlers() {
+  struct sigaction sa{};
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}) sigaction(s, &sa, nullptr);
+}
+
+// ---- context switch --------------------------------------------------------------------------
+
+extern "C" void pf_fiber_entry();
+
+#ifndef PF_UCONTEXT
+extern "C" void pf_ctx_switch(void** save_sp, void* new_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl pf_ctx_switch
+  .hidden pf_ctx_switch
+  .type pf_ctx_switch,@function
+pf_ctx_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  stmxcsr 8(%rsp)
+  fnstcw (%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr 8(%rsp)
+  fldcw (%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size pf_ctx_switch, .-pf_ctx_switch
+)");
+#endif
+
+inline void run_fiber(Worker* w, Fiber* f) {
+#ifndef PF_UCONTEXT
+  pf_ctx_switch(&w->sched_sp, f->sp);
+#else
+  swapcontext(&w->sched_uc, &f->uc);
+#endif
+}
+
+inline void yield(Fiber* f) {
+#ifndef PF_UCONTEXT
+  pf_ctx_switch(&f->sp, f->w->sched_sp);
+#else
+  swapcontext(&f->uc, &f->w->sched_uc);
+#endif
+}
+
+extern "C" __attribute__((visibility("hidden"))) void pf_fiber_entry() {
+  Fiber* f = cur();
+  g_L.k->thunk(g_L.args);
+  f->state = DONE;
+  yield(f);
+  __builtin_trap();
+}
+
+void start_fiber(Fiber* f, unsigned i) {
+  // Stagger the stack tops so that the fibers' hot frames do not share cache sets.
+  char* top = reinterpret_cast<char*>(f) + SLOT - 64 * (i % 64) - 64;
+#ifndef PF_UCONTEXT
+  uint64_t* sp = reinterpret_cast<uint64_t*>(top);
+  *--sp = 0;                                   // fake return address of pf_fiber_entry
+  *--sp = (uint64_t)(uintptr_t)&pf_fiber_entry;  // where pf_ctx_switch's ret goes
+  for (int r = 0; r < 6; ++r) *--sp = 0;       // rbp rbx r12 r13 r14 r15
+  sp -= 2;
+  sp[0] = 0x037F;  // x87 control word
+  sp[1] = 0x1F80;  // mxcsr
+  f->sp = sp;
+#else
+  char* lo = reinterpret_cast<char*>(f) + g_desc + g_page;
+  getcontext(&f->uc);
+  f->uc.uc_stack.ss_sp = lo;
+  f->uc.uc_stack.ss_size = size_t(top - lo);
+  f->uc.uc_link = nullptr;
+  makecontext(&f->uc, pf_fiber_entry, 0);
+#endif
+}
+
+// ---- workers -----------------------------------------------------------------------------
+
+void ensure_slots(Worker* w, unsigned n) {
+  if (!w->slots) {
+    size_t bytes = size_t(MAX_THREADS) * SLOT + SLOT;
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) die(3, "kernel %s: cannot reserve fiber stacks (errno %d)", kname(), errno);
+    uintptr_t a = ((uintptr_t)m + SLOT - 1) & ~(uintptr_t)(SLOT - 1);
+    w->slots = reinterpret_cast<char*>(a);
+  }
+  for (; w->ninit < n; ++w->ninit) {
+    char* base = w->slots + size_t(w->ninit) * SLOT;
+    if (mprotect(base + g_desc, g_page, PROT_NONE) != 0)
+      die(3, "kernel %s: cannot protect a stack guard page (errno %d)", kname(), errno);
+    Fiber* f = new (base) Fiber();
+    f->w = w;
+    f->pub.magic = PF_FIBER_MAGIC;
+  }
+}
+
+Worker* get_worker(unsigned i) {
+  while (g_workers.size() <= i) g_workers.push_back(nullptr);
+  if (!g_workers[i]) {
+    Worker* w = new Worker();
+    w->blk = static_cast<pf_block_pub*>(calloc(1, sizeof(pf_block_pub)));
+    w->arena = static_cast<char*>(aligned_alloc(128, SHARED_LIMIT + 128));
+    g_workers[i] = w;
+  }
+  return g_workers[i];
+}
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Resolve every warp operation whose participating lanes have all arrived.
+bool resolve_warps(Worker* w, unsigned n) {
+  bool progress = false;
+  for (unsigned base = 0; base < n; base += 32) {
+    unsigned m = std::min(32u, n - base);
+    uint32_t live = 0, waiting = 0;
+    for (unsigned l = 0; l < m; ++l) {
+      int st = fiber_at(w, base + l)->state;
+      if (st != DONE) live |= 1u << l;
+      if (st == WARP) waiting |= 1u << l;
+    }
+    uint32_t todo = waiting;
+    while (todo) {
+      unsigned l = __builtin_ctz(todo);
+      Fiber* f = fiber_at(w, base + l);
+      uint32_t group = (f->wmask | (1u << l)) & live;
+      todo &= ~(group | (1u << l));
+      if (group & ~waiting) continue;  // some participant has not arrived yet
+      waiting &= ~group;
+      progress = true;
+      uint32_t ballot = 0;
+      for (uint32_t g = group; g; g &= g - 1) {
+        unsigned j = __builtin_ctz(g);
+        if (fiber_at(w, base + j)->wval) ballot |= 1u << j;
+      }
+      for (uint32_t g = group; g; g &= g - 1) {
+        unsigned j = __builtin_ctz(g);
+        Fiber* fj = fiber_at(w, base + j);
+        unsigned width = (unsigned)fj->wwidth, seg = j & ~(width - 1), lane = j & (width - 1);
+        long src = -1;
+        switch (fj->wop) {
+          case PF_W_SHFL: src = seg + ((unsigned)fj->warg & (width - 1)); break;
+          case PF_W_UP: src = lane >= (unsigned)fj->warg ? long(j) - fj->warg : -1; break;
+          case PF_W_DOWN: src = lane + (unsigned)fj->warg < width ? long(j) + fj->warg : -1; break;
+          case PF_W_XOR: {
+            unsigned s = j ^ (unsigned)fj->warg;
+            src = (s <= (seg | (width - 1))) ? long(s) : -1;
+            break;
+          }
+          default: break;
+        }
+        switch (fj->wop) {
+          case PF_W_SYNC: fj->wres = 0; break;
+          case PF_W_BALLOT: fj->wres = ballot; break;
+          case PF_W_ANY: fj->wres = ballot != 0; break;
+          case PF_W_ALL: fj->wres = ballot == group; break;
+          case PF_W_MATCH: {
+            uint32_t eq = 0;
+            for (uint32_t h = group; h; h &= h - 1) {
+              unsigned k = __builtin_ctz(h);
+              if (fiber_at(w, base + k)->wval == fj->wval) eq |= 1u << k;
+            }
+            fj->wres = eq;
+            break;
+          }
+          default:
+            fj->wres = (src >= 0 && src < 32 && ((group >> src) & 1))
+                           ? fiber_at(w, base + unsigned(src))->wval
+                           : fj->wval;
+        }
+      }
+      for (uint32_t g = group; g; g &= g - 1) fiber_at(w, base + __builtin_ctz(g))->state = RUN;
+    }
+  }
+  return progress;
+}
+
+[[noreturn]] void deadlock(Worker* w, unsigned n) {
+  struct Group {
+    int state, op, line;
+    unsigned count;
+    unsigned first;
+  };
+  Group groups[8];
+  int ng = 0;
+  unsigned more = 0;
+  for (unsigned i = 0; i < n; ++i) {
+    Fiber* f = fiber_at(w, i);
+    if (f->state == DONE) continue;
+    int op = f->state == BAR ? f->bkind : f->wop;
+    int k = 0;
+    for (; k < ng; ++k)
+      if (groups[k].state == f->state && groups[k].op == op && groups[k].line == f->line) break;
+    if (k == ng) {
+      if (ng == 8) {
+        ++more;
+        continue;
+      }
+      groups[ng++] = Group{f->state, op, f->line, 0, i};
+    }
+    groups[k].count++;
+  }
+  char buf[1200];
+  int len = 0;
+  for (int k = 0; k < ng && len < 1000; ++k) {
+    const Group& g = groups[k];
+    const char* name = g.state == BAR ? barrier_name(g.op) : warp_op_name(g.op);
+    len += snprintf(buf + len, sizeof buf - len, "%s%u thread(s) wait at %s (line %d", k ? "; " : "",
+                    g.count, name, g.line);
+    if (g.state == WARP)
+      len += snprintf(buf + len, sizeof buf - len, ", mask 0x%08x", fiber_at(w, g.first)->wmask);
+    len += snprintf(buf + len, sizeof buf - len, ")");
+  }
+  die(3, "kernel %s: deadlock in %s: %s%s", kname(), block_of(fiber_at(w, 0)).s, buf,
+      more ? "; ..." : "");
+}
+
+void run_block(Worker* w, uint64_t lin, unsigned order) {
+  const unsigned bx = g_L.block[0], by = g_L.block[1], n = g_L.nthreads;
+  const unsigned gx = g_L.grid[0], gy = g_L.grid[1];
+  uint3 bid{unsigned(lin % gx), unsigned((lin / gx) % gy), unsigned(lin / (uint64_t(gx) * gy))};
+  pf_block_pub* b = w->blk;
+  b->gen++;
+  b->arena = w->arena;
+  b->dyn = w->arena;
+  b->dyn_bytes = g_L.shmem;
+  memset(w->arena, 0xFF, g_L.shmem);
+  w->bump = (g_L.shmem + 15) & ~uint64_t(15);
+  for (unsigned i = 0; i < n; ++i) {
+    Fiber* f = fiber_at(w, i);
+    f->pub.tid = uint3{i % bx, (i / bx) % by, i / (bx * by)};
+    f->pub.bid = bid;
+    f->pub.bdim = dim3(g_L.block[0], g_L.block[1], g_L.block[2]);
+    f->pub.gdim = dim3(g_L.grid[0], g_L.grid[1], g_L.grid[2]);
+    f->pub.blk = b;
+    f->pub.linear = i;
+    f->state = RUN;
+    f->cp.clear();
+    f->cp_committed = 0;
+    start_fiber(f, i);
+  }
+  if (order == 2) w->rng = g_spec->seed * 0x100000001b3ull ^ (uint64_t(g_launch) << 40) ^ lin;
+  unsigned ndone = 0;
+  std::vector<unsigned>& ord = w->order;
+  for (;;) {
+    ord.clear();
+    for (unsigned i = 0; i < n; ++i) {
+      unsigned k = order == 1 ? n - 1 - i : i;
+      if (fiber_at(w, k)->state == RUN) ord.push_back(k);
+    }
+    if (order == 2)
+      for (size_t i = ord.size(); i > 1; --i) std::swap(ord[i - 1], ord[splitmix(w->rng) % i]);
+    for (unsigned k : ord) {
+      Fiber* f = fiber_at(w, k);
+      run_fiber(w, f);
+      if (f->state == DONE) ++ndone;
+    }
+    if (ndone == n) break;
+    if (resolve_warps(w, n)) continue;
+    // Every live fiber is blocked and no warp operation can complete: a block barrier?
+    unsigned nbar = 0;
+    Fiber *first = nullptr, *other = nullptr;
+    for (unsigned i = 0; i < n; ++i) {
+      Fiber* f = fiber_at(w, i);
+      if (f->state != BAR) continue;
+      ++nbar;
+      if (!first) first = f;
+      else if (!other && (f->line != first->line || f->bkind != first->bkind)) other = f;
+    }
+    if (nbar == 0 || nbar + ndone != n) deadlock(w, n);
+    if (other)
+      die(3, "kernel %s: divergent __syncthreads in %s: thread (%u,%u,%u) waits at line %d, "
+          "thread (%u,%u,%u) at line %d", kname(), block_of(first).s, first->pub.tid.x,
+          first->pub.tid.y, first->pub.tid.z, first->line, other->pub.tid.x, other->pub.tid.y,
+          other->pub.tid.z, other->line);
+    if (ndone)
+      die(3, "kernel %s: divergent __syncthreads in %s: %u thread(s) exited while %u wait at "
+          "line %d", kname(), block_of(first).s, ndone, nbar, first->line);
+    int count = 0;
+    for (unsigned i = 0; i < n; ++i) count += fiber_at(w, i)->bpred != 0;
+    int res = first->bkind == 1 ? count : first->bkind == 2 ? count == int(n) : count > 0;
+    for (unsigned i = 0; i < n; ++i) {
+      Fiber* f = fiber_at(w, i);
+      f->bres = res;
+      f->state = RUN;
+    }
+  }
+}
+
+void worker_main(Worker* w, bool own_thread) {
+  if (own_thread) install_altstack(w);
+  ensure_slots(w, g_L.nthreads);
+  const unsigned order = g_spec->order;
+  for (;;) {
+    uint64_t lin = g_L.next.fetch_add(1, std::memory_order_relaxed);
+    if (lin >= g_L.nblocks) break;
+    run_block(w, lin, order);
+  }
+}
+
+// ---- the API kernels call ------------------------------------------------------------------
+
+int api_barrier(int kind, int line, int pred) {
+  Fiber* f = cur();
+  f->state = BAR;
+  f->line = line;
+  f->bkind = kind;
+  f->bpred = pred;
+  yield(f);
+  return f->bres;
+}
+
+uint64_t api_warp(int op, unsigned mask, uint64_t val, int arg, int width, int line) {
+  Fiber* f = cur();
+  if (width < 1 || width > 32 || (width & (width - 1)))
+    die(3, "kernel %s: %s width %d is not a power of two in [1, 32] (line %d, %s)", kname(),
+        warp_op_name(op), width, line, where(f).s);
+  f->state = WARP;
+  f->line = line;
+  f->wop = op;
+  f->wmask = mask;
+  f->wval = val;
+  f->warg = arg;
+  f->wwidth = width;
+  yield(f);
+  return f->wres;
+}
+
+unsigned api_active_mask() {
+  Fiber* f = cur();
+  unsigned base = f->pub.linear & ~31u, m = std::min(32u, g_L.nthreads - base), mask = 0;
+  for (unsigned l = 0; l < m; ++l)
+    if (fiber_at(f->w, base + l)->state != DONE) mask |= 1u << l;
+  return mask;
+}
+
+void* api_shared_alloc(int site, uint64_t size, uint64_t align) {
+  Fiber* f = cur();
+  Worker* w = f->w;
+  pf_block_pub* b = w->blk;
+  if (site < 0 || site >= PF_MAX_SITES)
+    die(3, "kernel %s: too many __shared__ declarations (at most %d)", kname(), PF_MAX_SITES);
+  if (align < 16) align = 16;
+  uint64_t off = (w->bump + align - 1) & ~(align - 1);
+  if (off + size > SHARED_LIMIT)
+    die(3, "kernel %s: shared memory of a block (%llu bytes static + %u dynamic) exceeds the "
+        "%llu bytes any target GPU offers", kname(), (unsigned long long)(off + size - g_L.shmem),
+        g_L.shmem, (unsigned long long)SHARED_LIMIT);
+  memset(b->arena + off, 0xFF, size);
+  b->site_off[site] = uint32_t(off);
+  b->site_gen[site] = b->gen;
+  w->bump = off + size;
+  return b->arena + off;
+}
+
+void api_cp_async(void* dst, const void* src, uint64_t size, uint64_t zfill) {
+  Fiber* f = cur();
+  if (size != 4 && size != 8 && size != 16)
+    die(3, "kernel %s: __pipeline_memcpy_async of %llu bytes (must be 4, 8 or 16) in %s",
+        kname(), (unsigned long long)size, where(f).s);
+  if (zfill > size)
+    die(3, "kernel %s: __pipeline_memcpy_async zero-fill %llu > size %llu in %s", kname(),
+        (unsigned long long)zfill, (unsigned long long)size, where(f).s);
+  if (((uintptr_t)dst | (uintptr_t)src) & (size - 1))
+    die(3, "kernel %s: misaligned %llu-byte __pipeline_memcpy_async in %s", kname(),
+        (unsigned long long)size, where(f).s);
+  CpCopy c;
+  c.group = f->cp_committed;
+  c.dst = static_cast<char*>(dst);
+  c.size = uint32_t(size);
+  memcpy(c.data, src, size - zfill);
+  memset(c.data + (size - zfill), 0, zfill);
+  memset(dst, 0xFF, size);  // poisoned until the matching __pipeline_wait_prior
+  f->cp.push_back(c);
+}
+
+void api_cp_commit() { cur()->cp_committed++; }
+
+void api_cp_wait(uint64_t n) {
+  Fiber* f = cur();
+  size_t keep = 0;
+  for (size_t i = 0; i < f->cp.size(); ++i) {
+    CpCopy& c = f->cp[i];
+    if (c.group + n < f->cp_committed) memcpy(c.dst, c.data, c.size);
+    else f->cp[keep++] = c;
+  }
+  f->cp.resize(keep);
+}
+
+void api_bad_access(const pf_buf* b, const void* p, uint64_t size, int access) {
+  Fiber* f = cur();
+  long long off = (long long)((const char*)p - b->base);
+  long long n = (long long)(b->nbytes / b->itemsize);
+  const char* what = access == PF_WRITE ? "write" : "read";
+  if (off >= 0 && (unsigned long long)off < b->nbytes && b->nbytes - off >= size)
+    die(3, "kernel %s: misaligned %llu-byte %s of buffer '%s' at byte offset %lld in %s",
+        kname(), (unsigned long long)size, what, b->name, off, where(f).s);
+  long long idx = off >= 0 ? off / (long long)b->itemsize
+                           : -((-off + (long long)b->itemsize - 1) / (long long)b->itemsize);
+  die(3, "kernel %s: out-of-bounds %s of buffer '%s' at index %lld (it has %lld elements) in %s",
+      kname(), what, b->name, idx, n, where(f).s);
+}
+
+void api_fail(const char* msg) { die(3, "kernel %s: %s", kname(), msg); }
+
+int api_launch(const pf_kernel_info* k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+               unsigned by, unsigned bz, unsigned shmem, void** args) {
+  g_L.k = k;
+  unsigned long long threads = (unsigned long long)bx * by * bz;
+  if (!gx || !gy || !gz || !bx || !by || !bz || threads > MAX_THREADS || bz > 64 || gy > 65535 ||
+      gz > 65535)
+    die(3, "kernel %s: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u)", k->name,
+        gx, gy, gz, bx, by, bz);
+  if (shmem > SHARED_LIMIT)
+    die(3, "kernel %s: %u bytes of dynamic shared memory exceed %llu", k->name, shmem,
+        (unsigned long long)SHARED_LIMIT);
+  g_L.grid[0] = gx, g_L.grid[1] = gy, g_L.grid[2] = gz;
+  g_L.block[0] = bx, g_L.block[1] = by, g_L.block[2] = bz;
+  g_L.shmem = shmem;
+  g_L.args = args;
+  g_L.nthreads = unsigned(threads);
+  g_L.nblocks = uint64_t(gx) * gy * gz;
+  g_L.next.store(0);
+  unsigned nw = unsigned(std::min<uint64_t>(std::max(1u, g_spec->workers), g_L.nblocks));
+  for (unsigned i = 0; i < nw; ++i) get_worker(i);
+  std::vector<std::thread> threads_;
+  threads_.reserve(nw);
+  for (unsigned i = 1; i < nw; ++i) threads_.emplace_back(worker_main, g_workers[i], true);
+  worker_main(g_workers[0], false);
+  for (auto& t : threads_) t.join();
+  return 0;
+}
+
+const pf_api_t g_api = {
+    PF_ABI_VERSION, api_barrier,  api_warp,    api_active_mask, api_shared_alloc,
+    api_cp_async,   api_cp_commit, api_cp_wait, api_bad_access,  api_fail,
+    api_launch,
+};
+
+uint64_t count_marks(const uint8_t* m, uint64_t n) {
+  uint64_t c = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v;
+    memcpy(&v, m + i, 8);
+    if (v) c += __builtin_popcountll(v);
+  }
+  for (; i < n; ++i) c += m[i];
+  return c;
+}
+
+[[noreturn]] void child_main(const pf_run_spec* spec) {
+  g_spec = spec;
+  g_res = spec->result;
+  g_page = size_t(sysconf(_SC_PAGESIZE));
+  g_desc = (sizeof(Fiber) + g_page - 1) & ~(g_page - 1);
+  install_handlers();
+  install_altstack(get_worker(0));
+  g_bufs.resize(spec->nbuf);
+  std::vector<char> mapped(spec->nbuf, 0);
+  for (uint32_t i = 0; i < spec->nbuf; ++i) {
+    const pf_run_buf& rb = spec->bufs[i];
+    pf_buf& b = g_bufs[i];
+    b.base = rb.data;
+    b.nbytes = rb.nbytes;
+    b.itemsize = rb.itemsize;
+    b.shift = uint32_t(__builtin_ctz(rb.itemsize));
+    b.name = rb.name;
+    b.rmap = b.wmap = nullptr;
+  }
+  std::vector<pf_buf*> bufptr;
+  std::vector<void*> argv;
+  for (uint32_t li = 0; li < spec->nlaunch; ++li) {
+    const pf_run_launch& L = spec->launches[li];
+    g_launch = int(li);
+    g_res->current = int32_t(li);
+    bufptr.assign(L.nargs, nullptr);
+    argv.assign(L.nargs, nullptr);
+    for (uint32_t a = 0; a < L.nargs; ++a) {
+      int32_t bi = L.argbuf[a];
+      if (bi < 0) {
+        argv[a] = L.argval[a];
+        continue;
+      }
+      pf_buf& b = g_bufs[bi];
+      uint64_t nel = b.nbytes >> b.shift;
+      if (!mapped[bi] && nel) {
+        void* m = mmap(nullptr, 2 * nel, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) die(3, "kernel %s: cannot map traffic maps", L.name);
+        b.rmap = static_cast<uint8_t*>(m);
+        b.wmap = b.rmap + nel;
+        mapped[bi] = 1;
+      }
+      bufptr[a] = &b;
+      argv[a] = &bufptr[a];
+    }
+    using launch_fn = int (*)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, void**);
+    reinterpret_cast<launch_fn>(L.fn)(L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
+                                      L.block[2], L.shared, argv.data());
+    for (uint32_t a = 0; a < L.nargs; ++a) {
+      int32_t bi = L.argbuf[a];
+      if (bi < 0) continue;
+      pf_buf& b = g_bufs[bi];
+      int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 2];
+      uint64_t nel = b.nbytes >> b.shift;
+      if (c[0] >= 0) continue;  // already counted (buffer passed twice)
+      if (!b.rmap) {
+        c[0] = c[1] = 0;
+        continue;
+      }
+      c[0] = int64_t(count_marks(b.rmap, nel) * b.itemsize);
+      c[1] = int64_t(count_marks(b.wmap, nel) * b.itemsize);
+      size_t bytes = (2 * nel + g_page - 1) & ~(g_page - 1);
+      madvise(b.rmap, bytes, MADV_DONTNEED);  // private anonymous pages read back as zeros
+    }
+  }
+  g_res->status = 1;
+  fflush(stdout);
+  fflush(stderr);
+  _exit(0);
+}
+
+}  // namespace
+
+// The table every kernel library receives through its pf_module().
+PF_EXPORT const pf_api_t* pf_rt_api() { return &g_api; }
+
+// Fork a child that runs spec's launches; returns its pid (or -errno). The caller waits for it
+// (with a timeout), then reads spec->result: counts[] entries must be preset to -1.
+PF_EXPORT int pf_spawn(const pf_run_spec* spec) {
+  if (spec->abi != PF_ABI_VERSION) return -EINVAL;
+  fflush(nullptr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return -errno;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(9);
+    child_main(spec);
+  }
+  return int(pid);
+}
