@@ -91,6 +91,7 @@ enum pf_warp_op : int {
   PF_W_ANY = 6,
   PF_W_ALL = 7,
   PF_W_MATCH = 8,
+  PF_W_ACTIVE = 9,
 };
 
 enum pf_access : int { PF_READ = 0, PF_WRITE = 1 };
@@ -99,7 +100,6 @@ struct pf_api_t {
   uint32_t abi;
   int (*barrier)(int kind, int line, int pred);  // kind 0 plain, 1 count, 2 and, 3 or
   uint64_t (*warp)(int op, unsigned mask, uint64_t val, int arg, int width, int line);
-  unsigned (*active_mask)();
   void* (*shared_alloc)(int site, uint64_t size, uint64_t align);
   void (*cp_async)(void* dst, const void* src, uint64_t size, uint64_t zfill);
   void (*cp_commit)();
@@ -228,14 +228,14 @@ struct pf_ref {
     pf_touch<PF_READ>(b, p, sizeof(T), alignof(T));
     return *p;
   }
-  __attribute__((always_inline)) void store(const V& v) const
+  __attribute__((always_inline)) void store(V v) const
     requires(!std::is_const_v<T>)
   {
     pf_touch<PF_WRITE>(b, p, sizeof(T), alignof(T));
     *p = v;
   }
   operator V() const { return load(); }
-  const pf_ref& operator=(const V& v) const
+  const pf_ref& operator=(V v) const
     requires(!std::is_const_v<T>)
   {
     store(v);
@@ -394,7 +394,11 @@ inline int __syncthreads_or(int pred, int line = __builtin_LINE()) {
 inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
   pf_api->warp(PF_W_SYNC, mask, 0, 0, 32, line);
 }
-inline unsigned __activemask() { return pf_api->active_mask(); }
+// The lanes of the warp that reach this call site together (the others have exited or wait
+// elsewhere): the emulator's model of a converged group of lanes.
+inline unsigned __activemask(int line = __builtin_LINE()) {
+  return (unsigned)pf_api->warp(PF_W_ACTIVE, 0, 0, 0, 32, line);
+}
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

@@ -129,8 +129,9 @@ struct Worker {
   ucontext_t sched_uc;
 #endif
   pf_block_pub* blk = nullptr;
-  char* arena = nullptr;
-  uint64_t bump = 0;
+  char* arena = nullptr;      // SHARED_LIMIT bytes (rounded to pages), then a guard page
+  char* arena_end = nullptr;  // the guard page: dynamic shared memory ends here
+  uint64_t bump = 0;          // static shared memory grows from arena up to blk->dyn
   uint64_t rng = 0;
   std::vector<unsigned> order;
   char* altstack = nullptr;
@@ -208,6 +209,7 @@ const char* warp_op_name(int op) {
     case PF_W_ANY: return "__any_sync";
     case PF_W_ALL: return "__all_sync";
     case PF_W_MATCH: return "__match_any_sync";
+    case PF_W_ACTIVE: return "__activemask";
   }
   return "warp operation";
 }
@@ -245,6 +247,10 @@ void on_signal(int sig, siginfo_t* si, void* uctx) {
   if (sig == SIGSEGV || sig == SIGBUS) {
     Fiber* g = fiber_of_address((uintptr_t)si->si_addr, &guard);
     if (g && guard) f = g;
+    for (Worker* w : g_workers)
+      if (w && (char*)si->si_addr >= w->arena_end && (char*)si->si_addr < w->arena_end + g_page)
+        die(4, "kernel %s: out-of-bounds dynamic shared memory access (the launch gives %u "
+            "bytes) in %s", kname(), g_L.shmem, f ? where(f).s : "a CUDA thread");
   }
   const char* what = sig == SIGSEGV   ? "segmentation fault"
                      : sig == SIGBUS  ? "bus error"
@@ -389,7 +395,13 @@ Worker* get_worker(unsigned i) {
   if (!g_workers[i]) {
     Worker* w = new Worker();
     w->blk = static_cast<pf_block_pub*>(calloc(1, sizeof(pf_block_pub)));
-    w->arena = static_cast<char*>(aligned_alloc(128, SHARED_LIMIT + 128));
+    size_t bytes = (SHARED_LIMIT + g_page - 1) & ~(g_page - 1);
+    void* m = mmap(nullptr, bytes + g_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (m == MAP_FAILED || mprotect((char*)m + bytes, g_page, PROT_NONE) != 0)
+      die(3, "kernel %s: cannot map shared memory arenas (errno %d)", kname(), errno);
+    w->arena = static_cast<char*>(m);
+    w->arena_end = w->arena + bytes;
     g_workers[i] = w;
   }
   return g_workers[i];
@@ -418,6 +430,13 @@ bool resolve_warps(Worker* w, unsigned n) {
       unsigned l = __builtin_ctz(todo);
       Fiber* f = fiber_at(w, base + l);
       uint32_t group = (f->wmask | (1u << l)) & live;
+      if (f->wop == PF_W_ACTIVE) {  // every lane waiting at this same __activemask
+        group = 0;
+        for (uint32_t g = waiting; g; g &= g - 1) {
+          Fiber* o = fiber_at(w, base + __builtin_ctz(g));
+          if (o->wop == PF_W_ACTIVE && o->line == f->line) group |= g & -g;
+        }
+      }
       todo &= ~(group | (1u << l));
       if (group & ~waiting) continue;  // some participant has not arrived yet
       waiting &= ~group;
@@ -445,6 +464,7 @@ bool resolve_warps(Worker* w, unsigned n) {
         }
         switch (fj->wop) {
           case PF_W_SYNC: fj->wres = 0; break;
+          case PF_W_ACTIVE: fj->wres = group; break;
           case PF_W_BALLOT: fj->wres = ballot; break;
           case PF_W_ANY: fj->wres = ballot != 0; break;
           case PF_W_ALL: fj->wres = ballot == group; break;
@@ -516,10 +536,10 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
   pf_block_pub* b = w->blk;
   b->gen++;
   b->arena = w->arena;
-  b->dyn = w->arena;
+  b->dyn = w->arena_end - ((g_L.shmem + 15) & ~15u);
   b->dyn_bytes = g_L.shmem;
-  memset(w->arena, 0xFF, g_L.shmem);
-  w->bump = (g_L.shmem + 15) & ~uint64_t(15);
+  memset(b->dyn, 0xFF, w->arena_end - b->dyn);
+  w->bump = 0;
   for (unsigned i = 0; i < n; ++i) {
     Fiber* f = fiber_at(w, i);
     f->pub.tid = uint3{i % bx, (i / bx) % by, i / (bx * by)};
@@ -620,14 +640,6 @@ uint64_t api_warp(int op, unsigned mask, uint64_t val, int arg, int width, int l
   return f->wres;
 }
 
-unsigned api_active_mask() {
-  Fiber* f = cur();
-  unsigned base = f->pub.linear & ~31u, m = std::min(32u, g_L.nthreads - base), mask = 0;
-  for (unsigned l = 0; l < m; ++l)
-    if (fiber_at(f->w, base + l)->state != DONE) mask |= 1u << l;
-  return mask;
-}
-
 void* api_shared_alloc(int site, uint64_t size, uint64_t align) {
   Fiber* f = cur();
   Worker* w = f->w;
@@ -636,10 +648,10 @@ void* api_shared_alloc(int site, uint64_t size, uint64_t align) {
     die(3, "kernel %s: too many __shared__ declarations (at most %d)", kname(), PF_MAX_SITES);
   if (align < 16) align = 16;
   uint64_t off = (w->bump + align - 1) & ~(align - 1);
-  if (off + size > SHARED_LIMIT)
+  if (off + size > uint64_t(b->dyn - b->arena) || off + size + g_L.shmem > SHARED_LIMIT)
     die(3, "kernel %s: shared memory of a block (%llu bytes static + %u dynamic) exceeds the "
-        "%llu bytes any target GPU offers", kname(), (unsigned long long)(off + size - g_L.shmem),
-        g_L.shmem, (unsigned long long)SHARED_LIMIT);
+        "%llu bytes any target GPU offers", kname(), (unsigned long long)(off + size), g_L.shmem,
+        (unsigned long long)SHARED_LIMIT);
   memset(b->arena + off, 0xFF, size);
   b->site_off[site] = uint32_t(off);
   b->site_gen[site] = b->gen;
@@ -726,9 +738,8 @@ int api_launch(const pf_kernel_info* k, unsigned gx, unsigned gy, unsigned gz, u
 }
 
 const pf_api_t g_api = {
-    PF_ABI_VERSION, api_barrier,  api_warp,    api_active_mask, api_shared_alloc,
-    api_cp_async,   api_cp_commit, api_cp_wait, api_bad_access,  api_fail,
-    api_launch,
+    PF_ABI_VERSION, api_barrier,   api_warp,    api_shared_alloc, api_cp_async,
+    api_cp_commit,  api_cp_wait,   api_bad_access, api_fail,      api_launch,
 };
 
 uint64_t count_marks(const uint8_t* m, uint64_t n) {
