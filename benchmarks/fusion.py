@@ -41,7 +41,7 @@ PEER_SHORT = {"inductor": "inductor", "xla_cpu": "xla_cpu", "xla_cpu_no_ynnpack"
 DEFAULT_PEERS = REPO.parent / "shared" / "bench" / "peers.json"
 DEFAULT_JSON = HERE / "results" / "fusion.json"
 RTOL = 1e-4
-ATOL = 1e-6
+ATOL = 2e-5  # float32 sums of ~1e4 terms (batch-norm statistics) round at this level
 
 
 def log(msg: str) -> None:
