@@ -33,7 +33,7 @@ dynamic parallelism, texture/surface objects, ``__constant__`` symbols set from 
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
 import hashlib
 import mmap
@@ -42,10 +42,12 @@ import re
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import tempfile
 import threading
-import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,9 +78,10 @@ KERNEL_FLAGS = (
     "-fvisibility-inlines-hidden",
     "-fno-strict-aliasing",
     "-fno-math-errno",
+    "-fstack-clash-protection",
     "-w",
 )
-RUNTIME_FLAGS = ("-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread")
+SERVER_FLAGS = ("-O2", "-std=c++20", "-pthread")
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,88 +485,225 @@ def _hash(*parts: str | bytes) -> str:
     return h.hexdigest()[:24]
 
 
-def _compile(cxx: str, flags: Sequence[str], cpp: Path, out: Path, extra: Sequence[str]) -> None:
+def _compile(
+    cxx: str, flags: Sequence[str], src: Path, out: Path, extra: Sequence[str] = ()
+) -> None:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = [cxx, *flags, *extra, str(cpp), "-o", str(tmp)]
+    cmd = [cxx, *flags, str(src), "-o", str(tmp), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         log = out.with_suffix(".log")
         log.write_text(" ".join(cmd) + "\n" + proc.stderr)
-        first = next(
-            (ln for ln in proc.stderr.splitlines() if "error" in ln),
-            proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else "unknown error",
-        )
-        raise EmulatorError(f"emulator: {Path(cxx).name} rejected {cpp.name}: {first} (log: {log})")
+        lines = proc.stderr.splitlines()
+        first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "failed")
+        raise EmulatorError(f"emulator: {Path(cxx).name} rejected {src.name}: {first} (log: {log})")
     os.replace(tmp, out)
 
 
-_LIB_LOCK = threading.Lock()
-_LIBS: dict[str, ctypes.CDLL] = {}
-
-
-def _load_library(path: Path) -> ctypes.CDLL:
-    with _LIB_LOCK:
-        lib = _LIBS.get(str(path))
-        if lib is None:
-            lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
-            _LIBS[str(path)] = lib
-        return lib
-
-
 # --------------------------------------------------------------------------------------------
-# ctypes mirrors of the run specification (pf_emu_rt.cpp)
+# The server process and the wire format (mirrors pf_emu_rt.cpp)
 # --------------------------------------------------------------------------------------------
 
-
-class _RunBuf(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("nbytes", ctypes.c_uint64),
-        ("itemsize", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("name", ctypes.c_char_p),
+_MSG = struct.Struct("<IIqq")
+_MSG_LOAD, _MSG_MAP, _MSG_RUN, _MSG_DONE = 1, 2, 3, 4
+_SPEC = np.dtype(
+    [
+        ("abi", "<u4"),
+        ("nbuf", "<u4"),
+        ("nlaunch", "<u4"),
+        ("order", "<u4"),
+        ("seed", "<u8"),
+        ("workers", "<u4"),
+        ("module", "<u4"),
+        ("bufs_off", "<u8"),
+        ("launches_off", "<u8"),
+        ("result_off", "<u8"),
     ]
-
-
-class _RunLaunch(ctypes.Structure):
-    _fields_ = [
-        ("fn", ctypes.c_void_p),
-        ("name", ctypes.c_char_p),
-        ("grid", ctypes.c_uint32 * 3),
-        ("block", ctypes.c_uint32 * 3),
-        ("shared", ctypes.c_uint32),
-        ("nargs", ctypes.c_uint32),
-        ("argbuf", ctypes.POINTER(ctypes.c_int32)),
-        ("argval", ctypes.POINTER(ctypes.c_void_p)),
+)
+_BUF = np.dtype(
+    [
+        ("data_off", "<u8"),
+        ("nbytes", "<u8"),
+        ("itemsize", "<u4"),
+        ("pad", "<u4"),
+        ("name_off", "<u8"),
     ]
-
-
-class _RunSpec(ctypes.Structure):
-    _fields_ = [
-        ("abi", ctypes.c_uint32),
-        ("nbuf", ctypes.c_uint32),
-        ("bufs", ctypes.POINTER(_RunBuf)),
-        ("nlaunch", ctypes.c_uint32),
-        ("order", ctypes.c_uint32),
-        ("launches", ctypes.POINTER(_RunLaunch)),
-        ("seed", ctypes.c_uint64),
-        ("workers", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("result", ctypes.c_void_p),
+)
+_LAUNCH = np.dtype(
+    [
+        ("kernel", "<u4"),
+        ("nargs", "<u4"),
+        ("grid", "<u4", 3),
+        ("block", "<u4", 3),
+        ("shared", "<u4"),
+        ("pad", "<u4"),
+        ("args_off", "<u8"),
     ]
+)
+_ARG = np.dtype([("buf", "<i4"), ("pad", "<u4"), ("value", "<u8")])
+assert (_SPEC.itemsize, _BUF.itemsize, _LAUNCH.itemsize, _ARG.itemsize) == (56, 32, 48, 16)
 
 
-class _KernelDesc(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("launch", ctypes.c_void_p), ("sig", ctypes.c_char_p)]
+def _align(n: int, a: int = 64) -> int:
+    return (n + a - 1) // a * a
 
 
-class _ModuleDesc(ctypes.Structure):
-    _fields_ = [
-        ("abi", ctypes.c_uint32),
-        ("nkernels", ctypes.c_uint32),
-        ("kernels", ctypes.POINTER(_KernelDesc)),
-    ]
+class _ServerDied(Exception):
+    pass
+
+
+class _Server:
+    """One emulator server process: loads kernel libraries, forks a child per run."""
+
+    def __init__(self, exe: Path):
+        self.exe = exe
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.libraries: list[Path] = []  # loaded, in module-id order
+        self.shm: mmap.mmap | None = None
+        self.shm_view: np.ndarray | None = None
+        self.shm_fd = -1
+
+    # ---- process management
+    def _start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [str(self.exe), str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
+        self.sock = parent
+        for path in self.libraries:
+            self._load(path)
+        if self.shm is not None:
+            self._map()
+
+    def ensure(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            self._start()
+
+    def stop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self.shm_view = None
+        if self.shm is not None:
+            self.shm.close()
+            self.shm = None
+        if self.shm_fd >= 0:
+            os.close(self.shm_fd)
+            self.shm_fd = -1
+
+    # ---- messages
+    def _send(self, kind: int, a: int = 0, b: int = 0, text: bytes = b"", fds=()) -> None:
+        assert self.sock is not None
+        msg = _MSG.pack(kind, 0, a, b) + text
+        try:
+            if fds:
+                socket.send_fds(self.sock, [msg], list(fds))
+            else:
+                self.sock.sendall(msg)
+        except OSError as e:
+            raise _ServerDied(str(e)) from e
+
+    def _recv(self, timeout: float | None = None) -> tuple[int, int, int, bytes] | None:
+        assert self.sock is not None
+        if timeout is not None:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+            if not ready:
+                return None
+        try:
+            data = self.sock.recv(1 << 20)
+        except OSError as e:
+            raise _ServerDied(str(e)) from e
+        if len(data) < _MSG.size:
+            raise _ServerDied("the emulator server exited")
+        kind, _, a, b = _MSG.unpack_from(data)
+        return kind, a, b, data[_MSG.size :]
+
+    def _load(self, path: Path) -> tuple[int, str]:
+        self._send(_MSG_LOAD, text=str(path).encode())
+        reply = self._recv()
+        assert reply is not None
+        _, a, _, text = reply
+        if a < 0:
+            raise EmulatorError(
+                f"emulator: cannot load {path.name}: {text.decode(errors='replace')}"
+            )
+        return a, text.decode()
+
+    def load(self, path: Path) -> tuple[int, str]:
+        """Load a kernel library; returns its module id and "name signature" lines."""
+        self.ensure()
+        try:
+            mid, text = self._load(path)
+        except _ServerDied:
+            self.stop()
+            self.ensure()
+            mid, text = self._load(path)
+        self.libraries.append(path)
+        return mid, text
+
+    def _map(self) -> None:
+        assert self.shm is not None
+        self._send(_MSG_MAP, len(self.shm), fds=[self.shm_fd])
+        reply = self._recv()
+        if reply is None or reply[1] != 0:
+            raise EmulatorError("emulator: the server cannot map the shared region")
+
+    def region(self, size: int) -> np.ndarray:
+        """The shared region (at least ``size`` bytes), mapped by the server too."""
+        if self.shm is None or len(self.shm) < size:
+            cap = max(1 << 20, 1 << (size - 1).bit_length())
+            self.shm_view = None
+            if self.shm is not None:
+                self.shm.close()
+                os.close(self.shm_fd)
+            self.shm_fd = os.memfd_create("polyfuse-emulator", os.MFD_CLOEXEC)
+            os.ftruncate(self.shm_fd, cap)
+            self.shm = mmap.mmap(self.shm_fd, cap)
+            self.shm_view = np.frombuffer(self.shm, dtype=np.uint8)
+            self.ensure()
+            self._map()
+        return self.shm_view
+
+    def run(self, spec_off: int, timeout: float) -> tuple[int, bool]:
+        """Run the specification at ``spec_off``; returns (wait status, timed out)."""
+        self.ensure()
+        self._send(_MSG_RUN, spec_off)
+        reply = self._recv()
+        assert reply is not None
+        pid = reply[1]
+        if pid < 0:
+            raise EmulatorError(f"emulator: cannot fork a run: {os.strerror(-pid)}")
+        timed_out = False
+        try:
+            done = self._recv(timeout)
+            if done is None:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                done = self._recv(30.0)
+                if done is None:
+                    raise _ServerDied("no answer after killing a hung run")
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.stop()  # its answer is pending or lost: start afresh next time
+            raise
+        return done[1], timed_out
 
 
 # --------------------------------------------------------------------------------------------
@@ -596,28 +736,17 @@ _SCALAR_KIND = {"int": ("i", 4), "long long": ("i", 8), "float": ("f", 4)}
 class EmulatedModule:
     """A CUDA translation unit compiled for the CPU emulator (see :meth:`Emulator.load`)."""
 
-    def __init__(self, emulator: Emulator, lib: ctypes.CDLL, path: Path, from_cache: bool):
+    def __init__(self, emulator: Emulator, path: Path, from_cache: bool, module: int, text: str):
         self.emulator = emulator
+        #: The compiled library.
         self.path = path
         #: True when the library came from the disk cache (no compiler ran).
         self.from_cache = from_cache
-        self._lib = lib
-        fn = lib.pf_module
-        fn.restype = ctypes.POINTER(_ModuleDesc)
-        fn.argtypes = [ctypes.c_void_p]
-        desc = fn(emulator._rt_api).contents
-        if desc.abi != _ABI_VERSION:
-            raise EmulatorError(
-                f"emulator: {path.name} has ABI {desc.abi}, expected {_ABI_VERSION}"
-            )
+        self._module = module
         self._kernels: dict[str, tuple[int, KernelSignature]] = {}
-        for i in range(desc.nkernels):
-            k = desc.kernels[i]
-            self._kernels[k.name.decode()] = (k.launch, KernelSignature.parse(k.sig.decode()))
-        self._lock = threading.Lock()
-        self._shm: mmap.mmap | None = None
-        self._shm_addr = 0
-        self._shm_view: np.ndarray | None = None
+        for i, line in enumerate(text.splitlines()):
+            name, _, sig = line.partition(" ")
+            self._kernels[name] = (i, KernelSignature.parse(sig))
 
     @property
     def kernel_names(self) -> list[str]:
@@ -628,24 +757,13 @@ class EmulatedModule:
         """The parameter signature of ``kernel``."""
         return self._kernels[kernel][1]
 
-    def _shared(self, size: int) -> tuple[np.ndarray, int]:
-        if self._shm is None or len(self._shm) < size:
-            self._shm_view = None
-            if self._shm is not None:
-                self._shm.close()
-            self._shm = mmap.mmap(-1, max(size, 1 << 16))
-            self._shm_view = np.frombuffer(self._shm, dtype=np.uint8)
-            self._shm_addr = self._shm_view.ctypes.data
-        assert self._shm_view is not None
-        return self._shm_view, self._shm_addr
-
-    def _check(self, launch: Launch, values: list) -> tuple[int, KernelSignature]:
+    def _check(self, launch: Launch, values: list) -> int:
         if launch.kernel not in self._kernels:
             raise CallError(
                 f"kernel {launch.kernel}: not defined by this source (it has "
                 f"{', '.join(self._kernels) or 'no kernels'})"
             )
-        fn, sig = self._kernels[launch.kernel]
+        index, sig = self._kernels[launch.kernel]
         if len(values) != len(sig.params):
             raise CallError(
                 f"kernel {launch.kernel}: takes {len(sig.params)} arguments, launch passes "
@@ -676,7 +794,7 @@ class EmulatedModule:
                         f"kernel {launch.kernel}: argument {i} is a {size}-byte '{kind}' "
                         f"scalar, got ScalarArg({arg.value!r}, {arg.ctype!r})"
                     )
-        return fn, sig
+        return index
 
     def run(
         self,
@@ -702,157 +820,113 @@ class EmulatedModule:
         plan = []
         for launch in launches:
             values = marshal(launch, buffers)
-            fn, _ = self._check(launch, values)
+            index = self._check(launch, values)
             for a in launch.args:
                 if isinstance(a, str) and a not in names:
                     names[a] = len(names)
-            plan.append((launch, fn, values))
+            plan.append((index, launch, values))
         arrays = [buffers[n] for n in names]
-        counts_bytes = 16 * len(launches) * max(1, len(names))
-        offsets, pos = [], (_RESULT_HEADER + counts_bytes + 63) // 64 * 64
+        nb, nl = len(arrays), len(launches)
+        nargs = sum(len(lc.args) for lc in launches)
+        name_bytes = [n.encode() + b"\0" for n in names]
+        # Layout: spec | buffer table | launch table | arguments | names | result | data.
+        bufs_off = _align(_SPEC.itemsize)
+        launches_off = _align(bufs_off + _BUF.itemsize * nb)
+        args_off = _align(launches_off + _LAUNCH.itemsize * nl)
+        names_off = _align(args_off + _ARG.itemsize * nargs)
+        result_off = _align(names_off + sum(map(len, name_bytes)))
+        counts_off = result_off + _RESULT_HEADER
+        pos = _align(counts_off + 16 * nl * nb)
+        data_offs = []
         for a in arrays:
-            offsets.append(pos)
-            pos += (a.nbytes + 63) // 64 * 64
-        with self._lock:
-            view, addr = self._shared(pos)
-            view[:_RESULT_HEADER] = 0
-            counts = view[_RESULT_HEADER : _RESULT_HEADER + counts_bytes].view(np.int64)
-            counts[:] = -1
-            for a, off in zip(arrays, offsets, strict=True):
-                view[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
-            keep: list = []
-            bufs = (_RunBuf * max(1, len(arrays)))()
-            for i, (n, a, off) in enumerate(zip(names, arrays, offsets, strict=True)):
-                nm = n.encode()
-                keep.append(nm)
-                bufs[i] = _RunBuf(addr + off, a.nbytes, a.itemsize, 0, nm)
-            runs = (_RunLaunch * max(1, len(plan)))()
-            for i, (launch, fn, values) in enumerate(plan):
-                n = len(values)
-                argbuf = (ctypes.c_int32 * max(1, n))()
-                argval = (ctypes.c_void_p * max(1, n))()
-                for j, (arg, v) in enumerate(zip(launch.args, values, strict=True)):
-                    if isinstance(arg, str):
-                        argbuf[j] = names[arg]
-                    else:
-                        argbuf[j] = -1
-                        cell = np.array([v])
-                        keep.append(cell)
-                        argval[j] = cell.ctypes.data
-                nm = launch.kernel.encode()
-                keep += [argbuf, argval, nm]
-                runs[i] = _RunLaunch(
-                    fn,
-                    nm,
-                    (ctypes.c_uint32 * 3)(*launch.grid),
-                    (ctypes.c_uint32 * 3)(*launch.block),
-                    launch.shared_bytes,
-                    n,
-                    argbuf,
-                    argval,
-                )
-            spec = _RunSpec(
-                _ABI_VERSION,
-                len(arrays),
-                bufs,
-                len(plan),
-                _ORDERS[order],
-                runs,
-                seed & (2**64 - 1),
-                self.emulator.workers,
-                0,
-                addr,
+            data_offs.append(pos)
+            pos = _align(pos + a.nbytes)
+        emu = self.emulator
+        with emu._lock:
+            view = emu._server.region(pos)
+            spec = view[: _SPEC.itemsize].view(_SPEC)[0]
+            spec["abi"], spec["nbuf"], spec["nlaunch"] = _ABI_VERSION, nb, nl
+            spec["order"], spec["seed"] = _ORDERS[order], seed & (2**64 - 1)
+            spec["workers"], spec["module"] = emu.workers, self._module
+            spec["bufs_off"], spec["launches_off"], spec["result_off"] = (
+                bufs_off,
+                launches_off,
+                result_off,
             )
-            status = self._spawn_and_wait(spec, timeout, launches)
-            res_status = int(view[:4].view(np.int32)[0])
-            current = int(view[4:8].view(np.int32)[0])
-            if res_status != 1 or status != 0:
-                name = launches[min(max(current, 0), len(launches) - 1)].kernel if launches else "?"
-                raise EmulatorError(self._failure(view, res_status, status, name))
+            btab = view[bufs_off : bufs_off + _BUF.itemsize * nb].view(_BUF)
+            npos = names_off
+            for i, (a, nm, off) in enumerate(zip(arrays, name_bytes, data_offs, strict=True)):
+                btab[i] = (off, a.nbytes, a.itemsize, 0, npos)
+                view[npos : npos + len(nm)] = np.frombuffer(nm, np.uint8)
+                npos += len(nm)
+                view[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
+            ltab = view[launches_off : launches_off + _LAUNCH.itemsize * nl].view(_LAUNCH)
+            atab = view[args_off : args_off + _ARG.itemsize * nargs].view(_ARG)
+            k = 0
+            for i, (index, launch, values) in enumerate(plan):
+                n = len(values)
+                ltab[i] = (
+                    index,
+                    n,
+                    launch.grid,
+                    launch.block,
+                    launch.shared_bytes,
+                    0,
+                    args_off + 16 * k,
+                )
+                for arg, v in zip(launch.args, values, strict=True):
+                    if isinstance(arg, str):
+                        atab[k] = (names[arg], 0, 0)
+                    else:
+                        atab[k] = (-1, 0, int.from_bytes(v.tobytes().ljust(8, b"\0"), "little"))
+                    k += 1
+            view[result_off:counts_off] = 0
+            counts = view[counts_off : counts_off + 16 * nl * nb].view(np.int64)
+            counts[:] = -1
+            try:
+                status, timed_out = emu._server.run(0, timeout)
+            except _ServerDied as e:
+                raise EmulatorError(f"emulator: the server process died ({e})") from e
+            res = view[result_off:counts_off]
+            res_status, current = (int(x) for x in res[:8].view(np.int32))
+            if timed_out or res_status != 1 or status != 0:
+                name = launches[min(max(current, 0), nl - 1)].kernel if launches else "?"
+                if timed_out:
+                    raise EmulatorError(
+                        f"kernel {name}: timed out after {timeout:g} s (a hung kernel, a "
+                        "spin-wait across blocks, or a launch too large for the emulator)"
+                    )
+                raise EmulatorError(_failure(res, res_status, status, name))
             traffic = []
-            written = [False] * len(arrays)
-            c = counts.reshape(len(launches), max(1, len(names)), 2)
+            written = [False] * nb
+            c = counts.reshape(nl, max(1, nb), 2) if nb else None
             for i, launch in enumerate(launches):
                 t = LaunchTraffic(launch.kernel)
                 for a in launch.args:
                     if isinstance(a, str) and a not in t.reads:
+                        assert c is not None
                         r, w = (max(0, int(x)) for x in c[i, names[a]])
-                        t.reads[a] = r
-                        t.writes[a] = w
+                        t.reads[a], t.writes[a] = r, w
                         written[names[a]] |= w > 0
                 traffic.append(t)
-            for a, off, w in zip(arrays, offsets, written, strict=True):
+            for a, off, w in zip(arrays, data_offs, written, strict=True):
                 if w:
                     a.reshape(-1).view(np.uint8)[:] = view[off : off + a.nbytes]
             return traffic
 
-    def _spawn_and_wait(self, spec: _RunSpec, timeout: float, launches: list[Launch]) -> int:
-        pid = self.emulator._spawn(ctypes.byref(spec))
-        if pid < 0:
-            raise EmulatorError(f"emulator: cannot fork a child process: {os.strerror(-pid)}")
+
+def _failure(res: np.ndarray, res_status: int, status: int, name: str) -> str:
+    if res_status in (3, 4):
+        return bytes(res[8:]).split(b"\0", 1)[0].decode(errors="replace")
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
         try:
-            if not _wait_exit(pid, timeout):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                current = int(np.frombuffer(self._shm, np.int32, 1, 4)[0])  # type: ignore[arg-type]
-                name = launches[min(max(current, 0), len(launches) - 1)].kernel if launches else "?"
-                raise EmulatorError(
-                    f"kernel {name}: timed out after {timeout:g} s (hung kernel, a spin-wait "
-                    "across blocks, or a too large launch for the emulator)"
-                )
-            _, status = os.waitpid(pid, 0)
-        except BaseException:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-            raise
-        return status
-
-    @staticmethod
-    def _failure(view: np.ndarray, res_status: int, status: int, name: str) -> str:
-        if res_status in (3, 4):
-            raw = bytes(view[8:_RESULT_HEADER])
-            return raw.split(b"\0", 1)[0].decode(errors="replace")
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            try:
-                sname = signal.Signals(sig).name
-            except ValueError:
-                sname = str(sig)
-            return f"kernel {name}: emulator process killed by {sname}"
-        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
-        return f"kernel {name}: emulator process exited with status {code} before finishing"
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    """Wait until child ``pid`` exits (without reaping it); False on timeout."""
-    deadline = time.monotonic() + timeout
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = -1
-    try:
-        if fd >= 0:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                ready, _, _ = select.select([fd], [], [], left)
-                if ready:
-                    return True
-        delay = 1e-4
-        while True:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+            sname = signal.Signals(sig).name
+        except ValueError:
+            sname = str(sig)
+        return f"kernel {name}: the emulator's run process was killed by {sname}"
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+    return f"kernel {name}: the emulator's run process exited with status {code} before finishing"
 
 
 class Emulator:
@@ -861,7 +935,9 @@ class Emulator:
     ``cache_dir`` holds compiled libraries (default ``$POLYFUSE_CACHE/emulator`` or
     ``~/.cache/polyfuse/emulator``; ``POLYFUSE_CACHE=off`` uses a temporary directory);
     ``workers`` is the number of OS threads blocks are spread over (default: CPU count).
-    Raises :class:`CompilerNotFound` when no C++20 compiler is available.
+    Raises :class:`CompilerNotFound` when no C++20 compiler is available. Each emulator owns a
+    small server process (started on first use, stopped with :meth:`close` or when the
+    emulator is garbage-collected).
     """
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, workers: int | None = None):
@@ -874,24 +950,19 @@ class Emulator:
         self._cxx_id = _compiler_id(self.cxx)
         self._header = _HEADER.read_text()
         self._modules: dict[str, EmulatedModule] = {}
-        self._lock = threading.Lock()
-        rt = self._runtime()
-        api = rt.pf_rt_api
-        api.restype = ctypes.c_void_p
-        self._rt_api = api()
-        self._spawn = rt.pf_spawn
-        self._spawn.restype = ctypes.c_int
-        self._spawn.argtypes = [ctypes.c_void_p]
+        self._lock = threading.RLock()
+        self._server = _Server(self._build_server())
+        self._finalizer = weakref.finalize(self, self._server.close)
 
-    def _runtime(self) -> ctypes.CDLL:
+    def _build_server(self) -> Path:
         src = _RUNTIME.read_text()
         key = _hash(
-            "rt", str(_ABI_VERSION), self._cxx_id, " ".join(RUNTIME_FLAGS), self._header, src
+            "server", str(_ABI_VERSION), self._cxx_id, " ".join(SERVER_FLAGS), self._header, src
         )
-        out = self.cache_dir / f"rt-{key}.so"
+        out = self.cache_dir / f"server-{key}"
         if not out.exists():
-            _compile(self.cxx, RUNTIME_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR)])
-        return _load_library(out)
+            _compile(self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"])
+        return out
 
     def load(self, source: str) -> EmulatedModule:
         """Compile (or take from the cache) the CUDA translation unit ``source``.
@@ -912,6 +983,12 @@ class Emulator:
                 cpp = self.cache_dir / f"k-{key}.cpp"
                 cpp.write_text(pre.source)
                 _compile(self.cxx, KERNEL_FLAGS, cpp, out, ["-include", str(_HEADER)])
-            mod = EmulatedModule(self, _load_library(out), out, from_cache)
+            module, text = self._server.load(out)
+            mod = EmulatedModule(self, out, from_cache, module, text)
             self._modules[key] = mod
             return mod
+
+    def close(self) -> None:
+        """Stop the server process (it restarts on the next :meth:`load` or run)."""
+        with self._lock:
+            self._server.close()

@@ -1,9 +1,12 @@
 // pf_emu_rt.cpp -- runtime of the polyfuse CPU emulator of CUDA kernels.
 //
-// Compiled once into a shared library (cached by polyfuse/cuda/emulator.py) and loaded next to
-// the kernel libraries. It provides the pf_api table the kernels call (barriers, warp
-// operations, shared memory slots, cp.async, error reports, launches) and pf_spawn(), which forks
-// a child process that runs a sequence of launches and reports through shared memory.
+// Built once (cached by polyfuse/cuda/emulator.py) into a small server executable. The Python
+// side starts one server per Emulator and talks to it over a Unix SOCK_SEQPACKET socket; all
+// bulk data (run specification, buffers, results) lives in a shared memfd the server maps. The
+// server dlopen()s kernel libraries, hands each the pf_api table (barriers, warp operations,
+// shared memory slots, cp.async, error reports, launches) through its pf_module(), and for every
+// run forks a child that executes the launches and exits -- forking this small process is cheap
+// (unlike forking the caller), and a crashing kernel only takes the child down.
 //
 // Execution model:
 //   * every CUDA thread is a fiber with its own 256 KiB slot: descriptor page(s), a guard page,
@@ -23,10 +26,13 @@
 #define PF_EMU_RUNTIME
 #include "pf_emu.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -34,6 +40,7 @@
 #include <atomic>
 #include <cerrno>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -42,47 +49,49 @@
 #endif
 
 // ------------------------------------------------------------------------------------------
-// Run specification (filled by the Python side, read by the child)
+// Wire format: everything is in the shared region, addressed by byte offsets from its start
+// (mirrored by ctypes structures in emulator.py).
 // ------------------------------------------------------------------------------------------
 
-struct pf_run_buf {
-  char* data;
-  uint64_t nbytes;
-  uint32_t itemsize;
-  uint32_t pad;
-  const char* name;
+struct pf_wire_spec {
+  uint32_t abi, nbuf, nlaunch, order;  // order: 0 forward, 1 reverse, 2 random
+  uint64_t seed;
+  uint32_t workers, module;
+  uint64_t bufs_off, launches_off, result_off;
 };
 
-struct pf_run_launch {
-  void* fn;  // the kernel library's pf_launch_NAME
-  const char* name;
-  uint32_t grid[3];
-  uint32_t block[3];
-  uint32_t shared;
-  uint32_t nargs;
-  const int32_t* argbuf;  // buffer index per argument, -1 for scalars
-  void* const* argval;    // scalars: pointer to the value
+struct pf_wire_buf {
+  uint64_t data_off, nbytes;
+  uint32_t itemsize, pad;
+  uint64_t name_off;  // NUL-terminated
+};
+
+struct pf_wire_launch {
+  uint32_t kernel, nargs;
+  uint32_t grid[3], block[3];
+  uint32_t shared, pad;
+  uint64_t args_off;  // nargs x pf_wire_arg
+};
+
+struct pf_wire_arg {
+  int32_t buf;  // buffer index, or -1 for a scalar held in value (little-endian)
+  uint32_t pad;
+  uint64_t value;
 };
 
 struct pf_result {
   int32_t status;   // 0 running, 1 done, 3 error, 4 crash
   int32_t current;  // launch being executed
   char msg[2040];
-  int64_t counts[1];  // [launch][buffer][read, write] bytes
+  int64_t counts[1];  // [launch][buffer][read, write] bytes; preset to -1 by the caller
 };
 
-struct pf_run_spec {
-  uint32_t abi;
-  uint32_t nbuf;
-  const pf_run_buf* bufs;
-  uint32_t nlaunch;
-  uint32_t order;  // 0 forward, 1 reverse, 2 random
-  const pf_run_launch* launches;
-  uint64_t seed;
-  uint32_t workers;
-  uint32_t pad;
-  pf_result* result;
+// Socket messages: this header, then for LOAD the library path / the reply text.
+struct pf_msg {
+  uint32_t type, pad;
+  int64_t a, b;
 };
+enum : uint32_t { MSG_LOAD = 1, MSG_MAP = 2, MSG_RUN = 3, MSG_DONE = 4 };
 
 namespace {
 
@@ -135,6 +144,7 @@ struct Worker {
   uint64_t rng = 0;
   std::vector<unsigned> order;
   char* altstack = nullptr;
+  Fiber* running = nullptr;  // the fiber switched to, for crash reports
 };
 
 struct LaunchCtx {
@@ -147,8 +157,9 @@ struct LaunchCtx {
   std::atomic<uint64_t> next{0};
 };
 
-const pf_run_spec* g_spec = nullptr;
 pf_result* g_res = nullptr;
+uint64_t g_seed = 0;
+unsigned g_order = 0, g_nworkers = 1;
 std::vector<pf_buf> g_bufs;
 std::vector<Worker*> g_workers;
 LaunchCtx g_L;
@@ -157,6 +168,7 @@ size_t g_page = 4096;
 size_t g_desc = 4096;  // bytes of a slot before its guard page
 std::atomic<int> g_failing{0};
 volatile sig_atomic_t g_in_signal = 0;
+thread_local Worker* t_worker = nullptr;  // the worker this OS thread runs (crash reports only)
 
 inline Fiber* cur() { return reinterpret_cast<Fiber*>(pf_cur()); }
 inline Fiber* fiber_at(Worker* w, unsigned i) {
@@ -244,6 +256,11 @@ void on_signal(int sig, siginfo_t* si, void* uctx) {
 #endif
   bool guard = false;
   Fiber* f = sp ? fiber_of_address(sp, nullptr) : nullptr;
+  Fiber* running = t_worker ? t_worker->running : nullptr;
+  if (running && f != running) {  // the stack pointer left the running fiber's slot
+    f = running;
+    guard = true;
+  }
   if (sig == SIGSEGV || sig == SIGBUS) {
     Fiber* g = fiber_of_address((uintptr_t)si->si_addr, &guard);
     if (g && guard) f = g;
@@ -324,11 +341,13 @@ pf_ctx_switch:
 #endif
 
 inline void run_fiber(Worker* w, Fiber* f) {
+  w->running = f;
 #ifndef PF_UCONTEXT
   pf_ctx_switch(&w->sched_sp, f->sp);
 #else
   swapcontext(&w->sched_uc, &f->uc);
 #endif
+  w->running = nullptr;
 }
 
 inline void yield(Fiber* f) {
@@ -553,7 +572,7 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
     f->cp_committed = 0;
     start_fiber(f, i);
   }
-  if (order == 2) w->rng = g_spec->seed * 0x100000001b3ull ^ (uint64_t(g_launch) << 40) ^ lin;
+  if (order == 2) w->rng = g_seed * 0x100000001b3ull ^ (uint64_t(g_launch) << 40) ^ lin;
   unsigned ndone = 0;
   std::vector<unsigned>& ord = w->order;
   for (;;) {
@@ -603,8 +622,9 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
 
 void worker_main(Worker* w, bool own_thread) {
   if (own_thread) install_altstack(w);
+  t_worker = w;
   ensure_slots(w, g_L.nthreads);
-  const unsigned order = g_spec->order;
+  const unsigned order = g_order;
   for (;;) {
     uint64_t lin = g_L.next.fetch_add(1, std::memory_order_relaxed);
     if (lin >= g_L.nblocks) break;
@@ -727,7 +747,7 @@ int api_launch(const pf_kernel_info* k, unsigned gx, unsigned gy, unsigned gz, u
   g_L.nthreads = unsigned(threads);
   g_L.nblocks = uint64_t(gx) * gy * gz;
   g_L.next.store(0);
-  unsigned nw = unsigned(std::min<uint64_t>(std::max(1u, g_spec->workers), g_L.nblocks));
+  unsigned nw = unsigned(std::min<uint64_t>(std::max(1u, g_nworkers), g_L.nblocks));
   for (unsigned i = 0; i < nw; ++i) get_worker(i);
   std::vector<std::thread> threads_;
   threads_.reserve(nw);
@@ -753,45 +773,67 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
   return c;
 }
 
-[[noreturn]] void child_main(const pf_run_spec* spec) {
-  g_spec = spec;
-  g_res = spec->result;
+[[noreturn]] void child_main(char* shm, uint64_t shm_size, uint64_t spec_off,
+                            const std::vector<const pf_module_desc*>& mods) {
+  static pf_result dummy;
+  g_res = &dummy;
+  auto at = [&](uint64_t off, uint64_t bytes) -> char* {
+    if (off > shm_size || shm_size - off < bytes) die(3, "emulator: corrupt run specification");
+    return shm + off;
+  };
+  const pf_wire_spec* spec = reinterpret_cast<const pf_wire_spec*>(at(spec_off, sizeof(pf_wire_spec)));
+  g_res = reinterpret_cast<pf_result*>(
+      at(spec->result_off, sizeof(pf_result) + 16 * uint64_t(spec->nlaunch) * spec->nbuf));
+  if (spec->abi != PF_ABI_VERSION || spec->module >= mods.size())
+    die(3, "emulator: run specification does not match the server");
+  const pf_module_desc* mod = mods[spec->module];
+  g_seed = spec->seed;
+  g_order = spec->order;
+  g_nworkers = spec->workers;
   g_page = size_t(sysconf(_SC_PAGESIZE));
   g_desc = (sizeof(Fiber) + g_page - 1) & ~(g_page - 1);
   install_handlers();
   install_altstack(get_worker(0));
+  const pf_wire_buf* wb =
+      reinterpret_cast<const pf_wire_buf*>(at(spec->bufs_off, sizeof(pf_wire_buf) * spec->nbuf));
   g_bufs.resize(spec->nbuf);
   std::vector<char> mapped(spec->nbuf, 0);
   for (uint32_t i = 0; i < spec->nbuf; ++i) {
-    const pf_run_buf& rb = spec->bufs[i];
     pf_buf& b = g_bufs[i];
-    b.base = rb.data;
-    b.nbytes = rb.nbytes;
-    b.itemsize = rb.itemsize;
-    b.shift = uint32_t(__builtin_ctz(rb.itemsize));
-    b.name = rb.name;
+    b.base = at(wb[i].data_off, wb[i].nbytes);
+    b.nbytes = wb[i].nbytes;
+    b.itemsize = wb[i].itemsize;
+    if (!b.itemsize || (b.itemsize & (b.itemsize - 1))) die(3, "emulator: bad item size");
+    b.shift = uint32_t(__builtin_ctz(b.itemsize));
+    b.name = at(wb[i].name_off, 1);
     b.rmap = b.wmap = nullptr;
   }
+  const pf_wire_launch* wl = reinterpret_cast<const pf_wire_launch*>(
+      at(spec->launches_off, sizeof(pf_wire_launch) * spec->nlaunch));
   std::vector<pf_buf*> bufptr;
   std::vector<void*> argv;
   for (uint32_t li = 0; li < spec->nlaunch; ++li) {
-    const pf_run_launch& L = spec->launches[li];
+    const pf_wire_launch& L = wl[li];
+    if (L.kernel >= mod->nkernels) die(3, "emulator: kernel index out of range");
+    const pf_kernel_desc& kd = mod->kernels[L.kernel];
     g_launch = int(li);
     g_res->current = int32_t(li);
+    pf_wire_arg* wa = reinterpret_cast<pf_wire_arg*>(at(L.args_off, sizeof(pf_wire_arg) * L.nargs));
     bufptr.assign(L.nargs, nullptr);
     argv.assign(L.nargs, nullptr);
     for (uint32_t a = 0; a < L.nargs; ++a) {
-      int32_t bi = L.argbuf[a];
+      int32_t bi = wa[a].buf;
       if (bi < 0) {
-        argv[a] = L.argval[a];
+        argv[a] = &wa[a].value;
         continue;
       }
+      if (uint32_t(bi) >= spec->nbuf) die(3, "emulator: buffer index out of range");
       pf_buf& b = g_bufs[bi];
       uint64_t nel = b.nbytes >> b.shift;
       if (!mapped[bi] && nel) {
         void* m = mmap(nullptr, 2 * nel, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED) die(3, "kernel %s: cannot map traffic maps", L.name);
+        if (m == MAP_FAILED) die(3, "kernel %s: cannot map traffic maps", kd.name);
         b.rmap = static_cast<uint8_t*>(m);
         b.wmap = b.rmap + nel;
         mapped[bi] = 1;
@@ -801,10 +843,10 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
     }
     using launch_fn = int (*)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               unsigned, void**);
-    reinterpret_cast<launch_fn>(L.fn)(L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1],
-                                      L.block[2], L.shared, argv.data());
+    reinterpret_cast<launch_fn>(kd.launch)(L.grid[0], L.grid[1], L.grid[2], L.block[0],
+                                           L.block[1], L.block[2], L.shared, argv.data());
     for (uint32_t a = 0; a < L.nargs; ++a) {
-      int32_t bi = L.argbuf[a];
+      int32_t bi = wa[a].buf;
       if (bi < 0) continue;
       pf_buf& b = g_bufs[bi];
       int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 2];
@@ -826,23 +868,94 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
   _exit(0);
 }
 
+bool send_msg(int sock, uint32_t type, int64_t a, int64_t b, const char* text = nullptr,
+              size_t len = 0) {
+  std::vector<char> buf(sizeof(pf_msg) + len);
+  pf_msg m{type, 0, a, b};
+  memcpy(buf.data(), &m, sizeof m);
+  if (len) memcpy(buf.data() + sizeof m, text, len);
+  return send(sock, buf.data(), buf.size(), MSG_NOSIGNAL) == ssize_t(buf.size());
+}
+
 }  // namespace
 
-// The table every kernel library receives through its pf_module().
-PF_EXPORT const pf_api_t* pf_rt_api() { return &g_api; }
-
-// Fork a child that runs spec's launches; returns its pid (or -errno). The caller waits for it
-// (with a timeout), then reads spec->result: counts[] entries must be preset to -1.
-PF_EXPORT int pf_spawn(const pf_run_spec* spec) {
-  if (spec->abi != PF_ABI_VERSION) return -EINVAL;
-  fflush(nullptr);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return -errno;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(9);
-    child_main(spec);
+// The server: argv[1] is the socket's file descriptor. Requests are served one at a time.
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s SOCKET_FD (started by polyfuse.cuda.emulator)\n", argv[0]);
+    return 2;
   }
-  return int(pid);
+  int sock = atoi(argv[1]);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::vector<const pf_module_desc*> mods;
+  char* shm = nullptr;
+  uint64_t shm_size = 0;
+  std::vector<char> in(sizeof(pf_msg) + 8192);
+  for (;;) {
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    iovec iov{in.data(), in.size() - 1};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < ssize_t(sizeof(pf_msg))) return 0;  // closed (or garbage): the caller is gone
+    pf_msg m;
+    memcpy(&m, in.data(), sizeof m);
+    if (m.type == MSG_LOAD) {
+      in[n] = 0;
+      const char* path = in.data() + sizeof m;
+      void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      auto fn = h ? reinterpret_cast<const pf_module_desc* (*)(const pf_api_t*)>(
+                        dlsym(h, "pf_module"))
+                  : nullptr;
+      const pf_module_desc* d = fn ? fn(&g_api) : nullptr;
+      if (!d || d->abi != PF_ABI_VERSION) {
+        const char* err = h ? (d ? "ABI version mismatch" : "no pf_module in library") : dlerror();
+        send_msg(sock, MSG_LOAD, -1, 0, err, strlen(err));
+        continue;
+      }
+      std::string text;
+      for (uint32_t k = 0; k < d->nkernels; ++k)
+        text += std::string(d->kernels[k].name) + " " + d->kernels[k].sig + "\n";
+      mods.push_back(d);
+      send_msg(sock, MSG_LOAD, int64_t(mods.size() - 1), 0, text.data(), text.size());
+    } else if (m.type == MSG_MAP) {
+      cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      if (!c || c->cmsg_type != SCM_RIGHTS) {
+        send_msg(sock, MSG_MAP, -EINVAL, 0);
+        continue;
+      }
+      int fd;
+      memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      if (shm) munmap(shm, shm_size);
+      void* p = mmap(nullptr, uint64_t(m.a), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      shm = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+      shm_size = shm ? uint64_t(m.a) : 0;
+      send_msg(sock, MSG_MAP, shm ? 0 : -errno, 0);
+    } else if (m.type == MSG_RUN) {
+      if (!shm) {
+        send_msg(sock, MSG_RUN, -EINVAL, 0);
+        continue;
+      }
+      fflush(nullptr);
+      pid_t pid = fork();
+      if (pid == 0) {
+        close(sock);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        child_main(shm, shm_size, uint64_t(m.a), mods);
+      }
+      send_msg(sock, MSG_RUN, pid < 0 ? -errno : pid, 0);
+      int status = 0;
+      if (pid > 0)
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+      send_msg(sock, MSG_DONE, status, 0);
+    } else {
+      return 3;
+    }
+  }
 }
