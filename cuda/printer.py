@@ -170,9 +170,13 @@ class BodyPrinter:
     def statement(self, s: Statement, args: list[str], ident: str) -> str:
         t = s.tensor
         assert t.op is not None
-        nd = len(t.op.axes)
-        env = {a.uid: args[i] for i, a in enumerate(t.op.axes)}
-        out_ref = self.tensor_ref(ident, t.shape, args[:nd], store=True)
+        dims = [a for a in t.op.axes if a.extent > 1] + [
+            a for a in t.op.reduce_axes if a.extent > 1
+        ]
+        env = {a.uid: str(a.lo) for a in t.op.axes + t.op.reduce_axes}
+        env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
+        out_idx = [env[a.uid] for a in t.op.axes]
+        out_ref = self.tensor_ref(ident, t.shape, out_idx, store=True)
         copy = self.placements[ident].register_copy
 
         def store(value: str) -> str:
@@ -184,12 +188,11 @@ class BodyPrinter:
             return store(self.expr(t.op.body, env))
         red = t.op.reduce
         assert red is not None
-        acc = self.tensor_ref(f"{ident}_acc", t.shape, args[:nd])
+        acc = self.tensor_ref(f"{ident}_acc", t.shape, out_idx)
         if s.role == "init":
             return f"{acc} = {_IDENTITY[red.op]};"
         if s.role == "final":
             return store(acc)
-        env.update({a.uid: args[nd + i] for i, a in enumerate(red.axes)})
         v = self.expr(red.body, env)
         if red.op == "sum":
             return f"{acc} = {acc} + {v};"

@@ -26,9 +26,32 @@ def isl_ident(name: str) -> str:
 
 
 def loop_names(t: Tensor) -> tuple[list[str], list[str]]:
-    """Positional isl names of a compute's data axes and reduce axes."""
+    """isl names of a compute's loop dimensions: data axes, then reduce axes.
+
+    Axes of extent 1 are not loop dimensions (they are the constant ``lo``); dropping them
+    keeps keepdims-style reductions and broadcasts aligned with their neighbours for isl.
+    """
     assert t.op is not None
-    return [f"d{i}" for i in range(len(t.op.axes))], [f"r{i}" for i in range(len(t.op.reduce_axes))]
+    data = [f"d{i}" for i, a in enumerate(t.op.axes) if a.extent > 1]
+    red = [f"r{i}" for i, a in enumerate(t.op.reduce_axes) if a.extent > 1]
+    return data, red
+
+
+def axis_names(t: Tensor) -> dict[int, str]:
+    """IterVar uid -> its isl dimension name, or the constant it is fixed to (extent 1)."""
+    assert t.op is not None
+    names = {a.uid: (f"d{i}" if a.extent > 1 else str(a.lo)) for i, a in enumerate(t.op.axes)}
+    names.update(
+        {a.uid: (f"r{i}" if a.extent > 1 else str(a.lo)) for i, a in enumerate(t.op.reduce_axes)}
+    )
+    return names
+
+
+def out_index(t: Tensor) -> list[str]:
+    """The subscripts of the element a statement instance writes (isl syntax)."""
+    assert t.op is not None
+    names = axis_names(t)
+    return [names[a.uid] for a in t.op.axes]
 
 
 def affine_str(e: Expr, names: dict[int, str]) -> str:
@@ -78,14 +101,16 @@ def primitive_relations(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> 
     """
     assert t.op is not None
     dn, rn = loop_names(t)
-    names = {a.uid: n for a, n in zip(t.op.axes, dn, strict=True)}
-    names.update({a.uid: n for a, n in zip(t.op.reduce_axes, rn, strict=True)})
-    cons = [f"0 <= {n} < {a.extent}" for a, n in zip(t.op.axes, dn, strict=True)]
-    cons += [f"{a.lo} <= {n} < {a.hi}" for a, n in zip(t.op.reduce_axes, rn, strict=True)]
+    names = axis_names(t)
+    cons = [
+        f"{a.lo} <= {names[a.uid]} < {a.hi}" for a in t.op.axes + t.op.reduce_axes if a.extent > 1
+    ]
     stmt = f"S_{idents[t.uid]}"
     it = ", ".join(dn + rn)
     domain = isl.Set(f"{{ {stmt}[{it}] : {' and '.join(cons) or 'true'} }}", context=ctx)
-    write = isl.Map(f"{{ {stmt}[{it}] -> {idents[t.uid]}[{', '.join(dn)}] }}", context=ctx)
+    write = isl.Map(
+        f"{{ {stmt}[{it}] -> {idents[t.uid]}[{', '.join(out_index(t))}] }}", context=ctx
+    )
     write = write.intersect_domain(domain)
     reads = []
     for r in t.op.reads():

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.graph.access import loop_names
+from polyfuse.graph.access import loop_names, out_index
 from polyfuse.graph.expr import Read, Tensor
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Micrograph
@@ -65,6 +65,18 @@ class PolyModel:
     validity: isl.UnionMap
     ctx: isl.Context = field(repr=False, default=None)  # type: ignore[assignment]
 
+    def accumulator_deps(self) -> isl.UnionMap:
+        """update -> update dependences through a reduction's own accumulator."""
+        ups = {s.name for s in self.statements if s.role == "update"}
+        out = isl.UnionMap.empty(self.validity.get_space())
+        lst = self.validity.get_map_list()
+        for i in range(lst.n_map()):
+            m = lst.get_at(i)
+            a, b = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+            if a == b and a in ups:
+                out = out.union(isl.UnionMap.from_map(m))
+        return out
+
     def statement(self, name: str) -> Statement:
         return next(s for s in self.statements if s.name == name)
 
@@ -93,6 +105,7 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
     acc = f"{prim}_acc"
     data = rel.domain.project_out(isl.dim_type.set, len(dn), len(rn))
     d = ", ".join(dn)
+    full = ", ".join(out_index(t))
     it = ", ".join(dn + rn)
 
     def mk(name: str, space: str, target: str, dom: isl.Set) -> isl.Map:

@@ -110,7 +110,9 @@ def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
         if role.role == "output":
             if not r.is_empty() and why.startswith("one element"):
                 out[name] = Placement(
-                    name, "global", f"micrograph output; in-kernel reads from a register ({why})",
+                    name,
+                    "global",
+                    f"micrograph output; in-kernel reads from a register ({why})",
                     register_copy=True,
                 )
             else:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from polyfuse.errors import BudgetExhausted
+from polyfuse.graph.access import loop_names
+from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.model import PolyModel
 
 DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
@@ -60,6 +62,7 @@ def configure(ctx: isl.Context) -> None:
     ctx.set_schedule_maximize_band_depth(1)
     ctx.set_tile_scale_tile_loops(0)
     ctx.set_tile_shift_point_loops(1)
+    ctx.set_schedule_whole_component(1)
     ctx.set_on_error(isl.on_error.CONTINUE)
 
 
@@ -72,19 +75,23 @@ def identity_schedule(model: PolyModel) -> isl.Schedule:
     (prim,) = {s.prim for s in model.statements}
     t = model.statements[0].tensor
     assert t.op is not None
-    nd, raxes = len(t.op.axes), t.op.reduce_axes
+    dn, rn = loop_names(t)
+    raxes = [a for a in t.op.reduce_axes if a.extent > 1]
+    nd = len(dn)
+    role_pos = {"init": 0, "update": 1, "final": 2, "compute": 0}
     parts = []
     for s in model.statements:
         d = [f"i{k}" for k in range(nd)]
         r = [f"i{nd + k}" for k in range(len(raxes))]
-        if s.role == "init":
+        if s.role == "init" and raxes:
             tail = [str(raxes[0].lo - 1)] + [str(a.lo) for a in raxes[1:]]
-        elif s.role == "final":
+        elif s.role == "final" and raxes:
             tail = [str(raxes[0].hi)] + [str(a.lo) for a in raxes[1:]]
         else:
-            tail = r
+            tail = r if s.role == "update" else [str(a.lo) for a in raxes]
         args = d + (r if s.role == "update" else [])
-        parts.append(f"{s.name}[{', '.join(args)}] -> [{', '.join(d + tail) or '0'}]")
+        sched = d + tail + [str(role_pos[s.role])]
+        parts.append(f"{s.name}[{', '.join(args)}] -> [{', '.join(sched)}]")
     um = isl.UnionMap("{ " + "; ".join(parts) + " }", context=model.ctx)
     mupa = isl.MultiUnionPwAff.from_union_map(um.intersect_domain(model.domain))
     sched = isl.Schedule.from_domain(model.domain).insert_partial_schedule(mupa)
@@ -134,11 +141,16 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
     ctx = model.ctx
     configure(ctx)
     mg = model.micrograph
+    # A reduction's accumulator order need not make its loops sequential: its combine is
+    # associative and commutative, so those dependences do not constrain coincidence (the
+    # reduced loops can then fuse with their producers). Flags are made strict again below.
+    relax = mg.kind == OpKind.REDUCTION
+    coincidence = model.validity.subtract(model.accumulator_deps()) if relax else model.validity
     sc = (
         isl.ScheduleConstraints.on_domain(model.domain)
         .set_validity(model.validity)
         .set_proximity(model.flow)
-        .set_coincidence(model.validity)
+        .set_coincidence(coincidence)
     )
     ctx.set_max_operations(budget)
     ctx.reset_operations()
@@ -174,7 +186,62 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
             raise Feedback(
                 _label(mg), f"isl did not fuse the micrograph (top-level {kind})", groups
             )
+    if relax:
+        sched = strict_coincidence(sched, model.validity)
+    need, have = _parallelism_needed(model), _coincident_prefix(sched)
+    if have < need:
+        if len(mg.prims) == 1:
+            return ScheduledMicrograph(model, identity_schedule(model))
+        raise Feedback(
+            _label(mg),
+            f"isl fused the micrograph only without parallel outer loops ({have} < {need})",
+            _halves(model),
+        )
     return ScheduledMicrograph(model, sched)
+
+
+def _coincident_prefix(sched: isl.Schedule) -> int:
+    root = sched.get_root()
+    if not root.has_children() or root.child(0).get_type() != isl.schedule_node_type.band:
+        return 0
+    node = root.child(0)
+    n = 0
+    while n < node.band_n_member() and node.band_member_get_coincident(n):
+        n += 1
+    return n
+
+
+def _parallelism_needed(model: PolyModel) -> int:
+    """Parallel outer members a fused schedule must keep: the kept dimensions of the last
+    reduction, or one when every statement has a loop (fusing must not serialise)."""
+    ups = [s for s in model.statements if s.role == "update"]
+    if ups:
+        return len(loop_names(ups[-1].tensor)[0])
+    return 1 if all(s.dims > 0 for s in model.statements) else 0
+
+
+def strict_coincidence(sched: isl.Schedule, deps: isl.UnionMap) -> isl.Schedule:
+    """Mark a top-band member coincident only if every dependence has distance 0 on it and on
+    all members before it (conservative, and exact for the bands isl builds here)."""
+    root = sched.get_root()
+    if not root.has_children() or root.child(0).get_type() != isl.schedule_node_type.band:
+        return sched
+    node = root.child(0)
+    part = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
+    dist = deps.apply_domain(part).apply_range(part).deltas() if not deps.is_empty() else None
+    ok = True
+    for i in range(node.band_n_member()):
+        if dist is not None and ok:
+            lst = dist.get_set_list()
+            for k in range(lst.n_set()):
+                s = lst.get_at(k)
+                zero = isl.Set.universe(s.get_space()).fix_val(
+                    isl.dim_type.set, i, isl.Val.zero(s.get_ctx())
+                )
+                if not s.is_subset(zero):
+                    ok = False
+        node = node.band_member_set_coincident(i, 1 if ok else 0)
+    return node.get_schedule()
 
 
 def check_budget_error(e: Exception) -> bool:

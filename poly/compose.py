@@ -1,0 +1,349 @@
+"""Reduction kernels: compose micrograph schedules under one outer band and map it to the GPU.
+
+A reduction kernel runs one or more micrographs (the *parts*; several after Layer 2
+stitching) that share their kept dimensions. Its schedule tree is built from the parts' own
+isl schedules:
+
+1. every part's top band is split after the ``k`` kept members; those outer partial schedules
+   are united into one outer band over all statements;
+2. below it, a sequence of the parts in dependence order, each marked ``part:<name>`` and itself
+   a sequence of (a) *lane-less* statements that run once per kept point and do not depend on
+   the part's loops (reduction inits, per-row scalars), (b) the part's remaining isl subtree for
+   its loop statements, and (c) lane-less statements after the loops (reduction finals);
+3. isl checks the composed schedule respects every dependence of the union model (reductions
+   are exempt from their own accumulator order, being associative and commutative);
+4. mapping: the outer band is tiled (the innermost kept member by the strategy's kept tile),
+   tiles bound to block parameters and points to the ``r0`` thread parameter; the first band of
+   every part's loops is flattened to one member, strip-mined by the strategy's lane count and
+   its point bound to the ``l0`` lane parameter, so lanes stride the reduced (or inner) space
+   and the tile loop stays serial. isl checks that, apart from accumulators, no dependence
+   crosses lanes inside a loop.
+
+Lane-less statements run redundantly on every lane; a reduction's final first combines the
+lanes' partial accumulators (warp shuffles / shared memory) so every lane holds the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.graph.access import loop_names
+from polyfuse.graph.graph import Graph
+from polyfuse.graph.kinds import OpKind
+from polyfuse.graph.partition import Micrograph
+from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.islutil import maps_of, sets_of
+from polyfuse.poly.mapping import MappedMicrograph, _band_ranges, _bind
+from polyfuse.poly.model import PolyModel, build_model
+from polyfuse.poly.schedule import ScheduledMicrograph
+
+
+class CompositionError(Exception):
+    """The parts cannot share one outer band (the reason says why)."""
+
+
+@dataclass
+class ReductionKernel(MappedMicrograph):
+    """A mapped reduction kernel: parts, strategy, lane parameters, lane-less statements."""
+
+    parts: list[ScheduledMicrograph] = field(default_factory=list)
+    strategy: ReductionStrategy | None = None
+    lane_params: list[str] = field(default_factory=list)
+    laneless: set[str] = field(default_factory=set)
+    thread_order: list[tuple[str, int]] = field(default_factory=list)  # slowest first
+
+    def __str__(self) -> str:
+        return (
+            f"ReductionKernel {'+'.join(p.name for p in self.parts)}: {self.strategy}\n"
+            f"  schedule: {self.schedule.get_root()}"
+        )
+
+
+def _top_band(sm: ScheduledMicrograph) -> isl.ScheduleNode | None:
+    root = sm.schedule.get_root()
+    node = root.child(0) if root.has_children() else None
+    if node is None or node.get_type() != isl.schedule_node_type.band:
+        return None
+    return node
+
+
+def _split_part(sm: ScheduledMicrograph, k: int) -> tuple[isl.MultiUnionPwAff | None, isl.Schedule]:
+    """(outer partial schedule of k members, the schedule below it)."""
+    if k == 0:
+        return None, sm.schedule
+    node = _top_band(sm)
+    if node is None or node.band_n_member() < k:
+        raise CompositionError(f"{sm.name}: no outer band with {k} members")
+    for i in range(k):
+        if not node.band_member_get_coincident(i):
+            raise CompositionError(f"{sm.name}: outer member {i} is not parallel")
+    if node.band_n_member() > k:
+        node = node.band_split(k)
+    outer = node.band_get_partial_schedule()
+    return outer, node.delete().get_schedule()
+
+
+def _laneless(sm: ScheduledMicrograph, outer: isl.MultiUnionPwAff | None) -> set[str]:
+    """Statements that run once per kept point (their instances are identified by it)."""
+    out = set()
+    for s in sm.model.statements:
+        if outer is None:
+            if s.domain.count_val().to_python() == 1:
+                out.add(s.name)
+            continue
+        um = isl.UnionMap.from_multi_union_pw_aff(outer).intersect_domain(
+            isl.UnionSet.from_set(s.domain)
+        )
+        if um.is_injective():
+            out.add(s.name)
+    return out
+
+
+def _depends_on(model: PolyModel, later: str, earlier: set[str]) -> bool:
+    for m in maps_of(model.validity):
+        if (
+            m.get_tuple_name(isl.dim_type.out) == later
+            and m.get_tuple_name(isl.dim_type.in_) in earlier
+        ):
+            return True
+    return False
+
+
+def _domain_of(model: PolyModel, names: list[str]) -> isl.UnionSet:
+    u = isl.UnionSet.empty(model.domain.get_space())
+    for s in model.statements:
+        if s.name in names:
+            u = u.union(isl.UnionSet.from_set(s.domain))
+    return u
+
+
+def _seq(scheds: list[isl.Schedule]) -> isl.Schedule:
+    out = scheds[0]
+    for s in scheds[1:]:
+        out = out.sequence(s)
+    return out
+
+
+def union_model(graph: Graph, parts: list[ScheduledMicrograph]) -> PolyModel:
+    """The isl model of all parts' primitives together (dependences across parts)."""
+    prims = [p for sm in parts for p in sm.model.micrograph.prims]
+    kind = OpKind.REDUCTION
+    mg = Micrograph(parts[0].model.micrograph.id, prims, kind)
+    return build_model(graph, mg, parts[0].model.ctx)
+
+
+def compose(
+    graph: Graph, parts: list[ScheduledMicrograph], k: int
+) -> tuple[PolyModel, isl.Schedule, set[str]]:
+    """Steps 1–3: the composed schedule of ``parts`` over ``k`` shared kept members."""
+    model = union_model(graph, parts)
+    children: list[isl.Schedule] = []
+    outer_all: isl.MultiUnionPwAff | None = None
+    laneless: set[str] = set()
+    ranges = None
+    for sm in parts:
+        outer, inner = _split_part(sm, k)
+        if outer is not None:
+            r = _band_ranges_of(outer, sm.model.domain, k)
+            if ranges is None:
+                ranges = r
+            elif r != ranges:
+                raise CompositionError(f"{sm.name}: kept extents {r} differ from {ranges}")
+            outer_all = outer if outer_all is None else outer_all.union_add(outer)
+        ll = _laneless(sm, outer)
+        laneless |= ll
+        order = [s.name for s in sm.model.statements]
+        loop = [n for n in order if n not in ll]
+        pre = [n for n in order if n in ll and not _depends_on(sm.model, n, set(loop))]
+        # statements that (transitively) follow a loop statement go after the loops
+        post = [n for n in order if n in ll and n not in pre]
+        kids = [isl.Schedule.from_domain(_domain_of(sm.model, [n])) for n in pre]
+        if loop:
+            kids.append(inner.intersect_domain(_domain_of(sm.model, loop)))
+        kids += [isl.Schedule.from_domain(_domain_of(sm.model, [n])) for n in post]
+        part = _seq(kids)
+        part = part.get_root().child(0).insert_mark(isl.Id(f"part:{sm.name}", context=model.ctx))
+        children.append(part.get_schedule())
+    sched = _seq(children)
+    if outer_all is not None:
+        _check_outer_parallel(model, outer_all)
+        node = sched.get_root().child(0).insert_partial_schedule(outer_all)
+        for i in range(k):
+            node = node.band_member_set_coincident(i, 1)
+        sched = node.get_schedule()
+    _check_legal(model, sched)
+    return model, sched, laneless
+
+
+def _band_ranges_of(
+    mupa: isl.MultiUnionPwAff, domain: isl.UnionSet, n: int
+) -> list[tuple[int, int]]:
+    um = isl.UnionMap.from_multi_union_pw_aff(mupa).intersect_domain(domain)
+    rng = isl.Set.from_union_set(um.range())
+    return [(rng.dim_min_val(i).to_python(), rng.dim_max_val(i).to_python()) for i in range(n)]
+
+
+def _zero_distance(deps: isl.UnionMap, sched: isl.UnionMap) -> bool:
+    if deps.is_empty():
+        return True
+    for s in sets_of(deps.apply_domain(sched).apply_range(sched).deltas()):
+        zero = isl.Set.universe(s.get_space())
+        for i in range(s.dim(isl.dim_type.set)):
+            zero = zero.fix_val(isl.dim_type.set, i, isl.Val.zero(s.get_ctx()))
+        if not s.is_subset(zero):
+            return False
+    return True
+
+
+def _check_outer_parallel(model: PolyModel, outer: isl.MultiUnionPwAff) -> None:
+    """Blocks cannot synchronise: every dependence must stay within one kept point."""
+    if not _zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(outer)):
+        raise CompositionError("a dependence crosses kept points (outer dimensions do not match)")
+
+
+def _check_legal(model: PolyModel, sched: isl.Schedule) -> None:
+    smap = sched.get_map()
+    before = smap.lex_lt_union_map(smap)
+    if not model.validity.is_subset(before):
+        bad = model.validity.subtract(before)
+        raise CompositionError(f"composed schedule violates dependences {bad}")
+
+
+def _flatten(node: isl.ScheduleNode, domain: isl.UnionSet) -> isl.ScheduleNode:
+    """Replace a multi-member band by one member f = row-major index over its members."""
+    n = node.band_n_member()
+    ranges = _band_ranges(node, domain, n)
+    if n == 1 and ranges[0][0] == 0:
+        return node
+    ms = [f"m{i}" for i in range(n)]
+    terms, stride = [], 1
+    for i in reversed(range(n)):
+        lo, hi = ranges[i]
+        terms.append(f"{stride} * ({ms[i]} - ({lo}))")
+        stride *= hi - lo + 1
+    lin = isl.Map(f"{{ [{', '.join(ms)}] -> [{' + '.join(terms)}] }}", context=node.get_ctx())
+    um = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
+    um = um.intersect_domain(domain).apply_range(isl.UnionMap.from_map(lin))
+    mupa = isl.MultiUnionPwAff.from_union_map(um)
+    return node.delete().insert_partial_schedule(mupa)
+
+
+def _inner_bands(node: isl.ScheduleNode, out: list[tuple[int, ...]], path: tuple[int, ...]) -> None:
+    """Paths of the first band nodes below the outer band (one per part loop nest)."""
+    if node.get_type() == isl.schedule_node_type.band:
+        out.append(path)
+        return
+    for i in range(node.n_children()):
+        _inner_bands(node.child(i), out, path + (i,))
+
+
+def _node_at(sched: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
+    node = sched.get_root()
+    for i in path:
+        node = node.child(i)
+    return node
+
+
+def map_reduction_kernel(
+    graph: Graph, parts: list[ScheduledMicrograph], strategy: ReductionStrategy
+) -> ReductionKernel:
+    """Compose ``parts`` and map the result with ``strategy`` (steps 1–4)."""
+    k = kept_count(parts[0])
+    model, sched, laneless = compose(graph, parts, k)
+    ctx = model.ctx
+    domain = sched.get_domain()
+    filters: list[isl.UnionSet] = []
+    bs: list[str] = []
+    grid_dims: list[int] = []
+    ranges: list[tuple[int, int]] = []
+    kept_tile = strategy.kept_tile
+    params = []
+    root = sched.get_root()
+    start: tuple[int, ...] = ()
+    if k:
+        node = root.child(0)
+        ranges = _band_ranges(node, domain, k)
+        sizes = [1] * k
+        sizes[-1] = kept_tile
+        mv = isl.MultiVal.zero(node.band_get_space())
+        for i, s in enumerate(sizes):
+            mv = mv.set_val(i, isl.Val.int_from_si(ctx, s))
+        node = node.band_tile(mv)
+        tile_part = node.band_get_partial_schedule()
+        point_part = node.child(0).band_get_partial_schedule()
+        bs = [f"b{i}" for i in range(k)]
+        offsets = [lo // s for (lo, _), s in zip(ranges, sizes, strict=True)]
+        grid_dims = [hi // s - lo // s + 1 for (lo, hi), s in zip(ranges, sizes, strict=True)]
+        params = bs + ["r0", "l0"]
+        pstr = ", ".join(params)
+        filters.append(
+            _bind(tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], pstr)
+        )
+        filters.append(_bind(point_part, ["0"] * (k - 1) + ["r0"], pstr))
+        sched = node.delete().delete().get_schedule()
+    else:
+        params = ["r0", "l0"]
+    pstr = ", ".join(params)
+    # Step 4: flatten and strip-mine the first loop band of every part onto the lanes.
+    paths: list[tuple[int, ...]] = []
+    _inner_bands(sched.get_root(), paths, ())
+    lanes = strategy.lanes
+    checks = []
+    for path in paths:
+        node = _flatten(_node_at(sched, path), domain)
+        checks.append(node.band_get_partial_schedule())
+        mv = isl.MultiVal.zero(node.band_get_space()).set_val(0, isl.Val.int_from_si(ctx, lanes))
+        node = node.band_tile(mv)
+        point = node.child(0).band_get_partial_schedule()
+        covered = isl.UnionMap.from_multi_union_pw_aff(point).domain()
+        others = domain.subtract(covered)
+        filters.append(_bind(point, ["l0"], pstr).union(others))
+        sched = node.child(0).delete().get_schedule()
+    _check_lanes(model, checks)
+    mapped = sched
+    for f in filters:
+        mapped = mapped.intersect_domain(f)
+    cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
+    cons += [f"0 <= r0 < {kept_tile}", f"0 <= l0 < {lanes}"]
+    context = isl.Set(f"[{pstr}] -> {{ : {' and '.join(cons)} }}", context=ctx)
+    union = ScheduledMicrograph(model, mapped)
+    order = (
+        [("r0", kept_tile), ("l0", lanes)]
+        if strategy.lanes_fastest
+        else [("l0", lanes), ("r0", kept_tile)]
+    )
+    return ReductionKernel(
+        union,
+        mapped,
+        context,
+        bs,
+        ["r0"],
+        grid_dims,
+        [kept_tile * lanes],
+        ranges,
+        notes=[f"reduction layout: {strategy}"],
+        parts=parts,
+        strategy=strategy,
+        lane_params=["l0"],
+        laneless=laneless,
+        thread_order=order,
+    )
+
+
+def kept_count(sm: ScheduledMicrograph) -> int:
+    """Kept members = the outer band members that index the main reduction's result."""
+    ups = [s for s in sm.model.statements if s.role == "update"]
+    return len(loop_names(ups[-1].tensor)[0])
+
+
+def _check_lanes(model: PolyModel, bands: list[isl.MultiUnionPwAff]) -> None:
+    """No dependence between loop statements may cross lanes (zero distance in the loop)."""
+    deps = model.validity.subtract(model.accumulator_deps())
+    for mupa in bands:
+        um = isl.UnionMap.from_multi_union_pw_aff(mupa)
+        inside = um.domain()
+        d = deps.intersect_domain(inside).intersect_range(inside)
+        if not _zero_distance(d, um):
+            raise CompositionError("a dependence crosses lanes inside a loop")

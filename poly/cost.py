@@ -1,0 +1,124 @@
+"""The launch-shape cost model for reduction kernels (one place, documented thresholds).
+
+Policy, per canonical form (see :mod:`polyfuse.poly.canonical`):
+
+- **y-reduce** (rows kept, each row reduced). Short rows (at most ``warp_row_max`` elements)
+  get a warp per row and several rows per block, combined with warp shuffles only; longer rows
+  get a block per row whose lanes stride the row (coalesced), combined with warp shuffles and
+  then shared memory across warps. The block size is the power of two that leaves each thread
+  about ``elems_per_thread`` elements, within [64, max threads].
+- **x-reduce** (columns kept, the outer dimension reduced). Threads along the kept dimension
+  (coalesced) and ``x_rows`` thread rows splitting the reduced dimension, combined through a
+  shared-memory tree. The kept tile must divide the kept extent (no partial tiles, so every
+  thread reaches the combine's barriers).
+- **all-reduce**: one block whose lanes stride the whole domain.
+
+A reduction where some thread would still loop over more than ``max_serial`` elements is too
+long for one kernel; the driver splits it into two stages first.
+A rough modelled time (bytes / DRAM bandwidth + launch overhead) is attached for reports; it is
+never presented as a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from polyfuse.poly.canonical import CanonicalForm
+from polyfuse.poly.device import DeviceSpec
+
+
+@dataclass(frozen=True)
+class ReductionConfig:
+    """Thresholds of the reduction cost model."""
+
+    warp_row_max: int = 256
+    elems_per_thread: int = 4
+    min_threads: int = 64
+    max_threads: int = 1024
+    block_threads: int = 256
+    x_rows: int = 8
+    max_serial: int = 256
+
+
+@dataclass(frozen=True)
+class ReductionStrategy:
+    """How a reduction kernel is laid out on the GPU."""
+
+    form: CanonicalForm
+    kept_tile: int  # kept points per block along the innermost kept dimension
+    lanes: int  # threads cooperating on one kept point (across the reduced dimension)
+    reason: str
+
+    @property
+    def threads(self) -> int:
+        return self.kept_tile * self.lanes
+
+    @property
+    def lanes_fastest(self) -> bool:
+        """y/all: lanes are the fast part of threadIdx (contiguous); x: kept points are."""
+        return self.form.kind != "x"
+
+    @property
+    def combine(self) -> str:
+        if self.form.kind == "x":
+            return "shared-memory tree across thread rows"
+        return "warp shuffles" if self.lanes <= 32 else "warp shuffles + shared memory"
+
+    def serial_per_thread(self) -> int:
+        return -(-self.form.reduced // self.lanes)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.form}: {self.kept_tile} kept x {self.lanes} lanes = {self.threads} threads, "
+            f"{self.serial_per_thread()} serial/thread, combine by {self.combine} ({self.reason})"
+        )
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _pow2_at_most(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
+
+
+def choose_reduction_strategy(
+    form: CanonicalForm, device: DeviceSpec, cfg: ReductionConfig | None = None
+) -> ReductionStrategy:
+    """Pick the launch shape of a reduction kernel of canonical form ``form``."""
+    cfg = cfg or ReductionConfig()
+    maxt = min(cfg.max_threads, device.max_threads_per_block)
+    n = form.reduced
+    inner_kept = form.kept[-1] if form.kept else 1
+    if form.kind == "x":
+        if inner_kept <= 32:
+            kt = inner_kept
+        else:
+            kt = next((d for d in range(32, 7, -1) if inner_kept % d == 0), inner_kept)
+            if kt > maxt // 2:
+                kt = 1
+        rows = max(1, min(_pow2_at_most(max(1, cfg.block_threads // kt)), _pow2_at_least(n)))
+        return ReductionStrategy(form, kt, rows, "threads along the kept dimension")
+    if form.kind == "y" and n <= cfg.warp_row_max:
+        rows = min(cfg.block_threads // 32, _pow2_at_most(inner_kept))
+        lanes = min(32, _pow2_at_least(n))
+        return ReductionStrategy(
+            form, rows, lanes, f"short rows (<= {cfg.warp_row_max}): warp per row"
+        )
+    lanes = _pow2_at_least(-(-n // cfg.elems_per_thread))
+    lanes = max(cfg.min_threads, min(maxt, lanes))
+    why = "block per row" if form.kind == "y" else "one block strides the whole domain"
+    return ReductionStrategy(form, 1, lanes, why)
+
+
+def needs_split(form: CanonicalForm, cfg: ReductionConfig | None = None) -> bool:
+    """Whether some thread would loop over more than ``cfg.max_serial`` reduced elements."""
+    cfg = cfg or ReductionConfig()
+    lanes = cfg.max_threads if form.kind != "x" else cfg.x_rows * 4
+    return -(-form.reduced // lanes) > cfg.max_serial
