@@ -33,6 +33,7 @@ dynamic parallelism, texture/surface objects, ``__constant__`` symbols set from 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -47,16 +48,15 @@ import struct
 import subprocess
 import tempfile
 import threading
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from polyfuse.errors import CallError, CompilerNotFound, EmulatorError
 
-from .launch import Launch, LaunchTraffic, ScalarArg, marshal
+from .launch import Launch, LaunchTraffic, marshal
 
 __all__ = ["Emulator", "EmulatedModule", "KernelSignature", "prepass"]
 
@@ -162,10 +162,6 @@ def _split_top(text: str, start: int, end: int, sep: str = ",") -> list[tuple[in
     return spans
 
 
-def _line_of(text: str, pos: int) -> int:
-    return text.count("\n", 0, pos) + 1
-
-
 def _expand_keyword_macros(src: str) -> str:
     """Substitute object-like macros whose bodies hide ``__global__``/``__shared__``/``__device__``."""
     for _ in range(4):
@@ -187,9 +183,11 @@ def _expand_keyword_macros(src: str) -> str:
 
 
 def _statement_start(mask: str, pos: int) -> int:
-    """Start of the declaration/statement containing ``pos``."""
-    k = max(mask.rfind(";", 0, pos), mask.rfind("{", 0, pos), mask.rfind("}", 0, pos))
-    return k + 1
+    """Start of the declaration/statement containing ``pos`` (after its leading blanks)."""
+    k = max(mask.rfind(";", 0, pos), mask.rfind("{", 0, pos), mask.rfind("}", 0, pos)) + 1
+    while k < pos and mask[k].isspace():
+        k += 1
+    return k
 
 
 def _pointer_param(text: str) -> tuple[str, str] | None:
@@ -221,26 +219,71 @@ class _Edit:
     text: str
 
 
-def _rewrite_params(
-    src: str, mask: str, lo: int, hi: int, kernel: bool, edits: list[_Edit]
-) -> bool:
-    """Rewrite the pointer parameters between ``lo`` and ``hi``; True if any was rewritten."""
-    changed = False
-    for a, b in _split_top(mask, lo, hi):
-        seg = src[a:b]
-        if not seg.strip():
-            continue
-        pp = _pointer_param(mask[a:b])
-        if pp is None:
-            continue
-        typ, name = pp
-        lead = seg[: len(seg) - len(seg.lstrip())]
-        trail = seg[len(seg.rstrip()) :]
-        nl = seg.strip().count("\n")
-        new = f"pf_gptr<{typ}> {name}" if kernel else f"auto {name}"
-        edits.append(_Edit(a, b, lead + new.rstrip() + "\n" * nl + trail))
-        changed = True
-    return changed
+class _Source:
+    """The text being rewritten, its mask (code only) and brace depths; collects edits."""
+
+    def __init__(self, src: str):
+        self.src = src
+        self.mask = _mask(src)
+        codes = np.frombuffer(self.mask.encode("utf-32-le"), dtype=np.uint32)
+        self.depth = np.cumsum((codes == ord("{")).astype(np.int32) - (codes == ord("}")))
+        self.edits: list[_Edit] = []
+
+    def line(self, pos: int) -> int:
+        return self.src.count("\n", 0, pos) + 1
+
+    def depth_at(self, pos: int) -> int:
+        return int(self.depth[pos - 1]) if pos > 0 else 0
+
+    def edit(self, start: int, end: int, text: str) -> None:
+        self.edits.append(_Edit(start, end, text))
+
+    def edited(self, pos: int) -> bool:
+        return any(e.start <= pos < e.end for e in self.edits)
+
+    def error(self, what: str, pos: int) -> EmulatorError:
+        return EmulatorError(f"emulator: {what} (line {self.line(pos)})")
+
+    def result(self) -> str:
+        out, pos = [], 0
+        for e in sorted(self.edits, key=lambda e: e.start):
+            if e.start < pos:
+                raise EmulatorError("emulator pre-pass: overlapping rewrites (please report)")
+            out += [self.src[pos : e.start], e.text]
+            pos = e.end
+        out.append(self.src[pos:])
+        return "".join(out)
+
+    def rewrite_params(self, lo: int, hi: int, kernel: bool) -> bool:
+        """Rewrite the pointer parameters in ``[lo, hi)``; True if there was one."""
+        changed = False
+        for a, b in _split_top(self.mask, lo, hi):
+            seg = self.src[a:b]
+            pp = _pointer_param(self.mask[a:b]) if seg.strip() else None
+            if pp is None:
+                continue
+            typ, name = pp
+            lead = seg[: len(seg) - len(seg.lstrip())]
+            trail = seg[len(seg.rstrip()) :]
+            new = f"pf_gptr<{typ}> {name}" if kernel else f"auto {name}"
+            self.edit(a, b, lead + new.rstrip() + "\n" * seg.strip().count("\n") + trail)
+            changed = True
+        return changed
+
+    def function_after(self, pos: int) -> tuple[str, int, int] | None:
+        """``(name, params start, params end)`` of the function declared after ``pos``."""
+        stop = re.compile(r"[;={(]")
+        while True:
+            s = stop.search(self.mask, pos)
+            if s is None or self.mask[s.start()] != "(":
+                return None
+            c = _CALL.search(self.mask, pos)
+            if c is None or c.end() - 1 != s.start():
+                return None
+            close = _match_close(self.mask, s.start())
+            if c.group(1) not in _ATTRIBUTE_LIKE:
+                return c.group(1), s.start() + 1, close
+            pos = close + 1
 
 
 @dataclass(frozen=True)
@@ -252,171 +295,136 @@ class _Prepassed:
 def prepass(source: str) -> _Prepassed:
     """Rewrite CUDA source into C++ for the emulator header; returns the text and kernel names.
 
-    Raises :class:`EmulatorError` for constructs the emulator cannot handle.
+    Line numbers are kept (error messages and ``__syncthreads`` lines refer to the CUDA
+    source). Raises :class:`EmulatorError` for constructs the emulator cannot handle.
     """
     src = _CUDA_INCLUDE.sub(lambda m: "", source)
-    src = _expand_keyword_macros(src)
-    mask = _mask(src)
-    codes = np.frombuffer(mask.encode("utf-32-le"), dtype=np.uint32)
-    depth = np.cumsum((codes == ord("{")).astype(np.int32) - (codes == ord("}")))
-    edits: list[_Edit] = []
+    s = _Source(_expand_keyword_macros(src))
+    kernels = _rewrite_kernels(s)
+    if not kernels:
+        raise EmulatorError("emulator: the source defines no __global__ kernel")
+    _rewrite_device_functions(s)
+    _rewrite_shared(s)
+    _rewrite_local_pointers(s)
+    for m in re.finditer(r"\breinterpret_cast\s*<", s.mask):
+        if not s.edited(m.start()):
+            s.edit(m.start(), m.start() + len("reinterpret_cast"), "pf_reinterpret_cast")
+    return _Prepassed(s.result() + _registration(kernels), tuple(kernels))
+
+
+def _rewrite_kernels(s: _Source) -> list[str]:
+    """Step 1: the pointer parameters of ``__global__`` functions become ``pf_gptr<T>``."""
     kernels: list[str] = []
-
-    def depth_at(pos: int) -> int:
-        return int(depth[pos - 1]) if pos > 0 else 0
-
-    # 1. __global__ kernels: pointer parameters -> pf_gptr<T>.
-    for m in re.finditer(r"\b__global__\b", mask):
-        head = mask[_statement_start(mask, m.start()) : m.start()]
-        if re.search(r"\btemplate\b", head):
-            raise EmulatorError(
-                f"emulator: template kernels are not supported (line {_line_of(src, m.start())})"
-            )
-        pos = m.end()
-        while True:
-            c = _CALL.search(mask, pos)
-            if c is None:
-                raise EmulatorError(
-                    f"emulator: cannot parse the kernel at line {_line_of(src, pos)}"
-                )
-            close = _match_close(mask, c.end() - 1)
-            if c.group(1) in _ATTRIBUTE_LIKE:
-                pos = close + 1
-                continue
-            break
-        name, lo = c.group(1), c.end()
-        _rewrite_params(src, mask, lo, close, True, edits)
-        nxt = mask[close + 1 :].lstrip()[:1]
-        if nxt == "{" and name not in kernels:
+    for m in re.finditer(r"\b__global__\b", s.mask):
+        if re.search(r"\btemplate\b", s.mask[_statement_start(s.mask, m.start()) : m.start()]):
+            raise s.error("template kernels are not supported", m.start())
+        fn = s.function_after(m.end())
+        if fn is None:
+            raise s.error("cannot parse the __global__ declaration", m.start())
+        name, lo, hi = fn
+        s.rewrite_params(lo, hi, kernel=True)
+        if s.mask[hi + 1 :].lstrip()[:1] == "{" and name not in kernels:
             kernels.append(name)
+    return kernels
 
-    # 2. __device__ functions: pointer parameters -> auto (abbreviated templates).
-    for m in re.finditer(r"\b__device__\b", mask):
-        stop = re.compile(r"[;={(]").search(mask, m.end())
-        pos = m.end()
-        while stop is not None and mask[stop.start()] == "(":
-            c = _CALL.search(mask, pos)
-            if c is None or c.end() - 1 != stop.start():
-                stop = None
-                break
-            close = _match_close(mask, stop.start())
-            if c.group(1) in _ATTRIBUTE_LIKE:
-                pos = close + 1
-                stop = re.compile(r"[;={(]").search(mask, pos)
-                continue
-            if _rewrite_params(src, mask, stop.start() + 1, close, False, edits):
-                st = _statement_start(mask, m.start())
-                ext = re.search(r"\bextern\s+\"C\"", src[st : m.start()])
-                if ext:  # templates cannot have C linkage
-                    edits.append(_Edit(st + ext.start(), st + ext.end(), " " * len(ext.group(0))))
-            break
 
-    # 3. __shared__ declarations -> per-block arena slots.
+def _rewrite_device_functions(s: _Source) -> None:
+    """Step 2: pointer parameters of ``__device__`` functions become ``auto`` (templates), so
+    they accept instrumented global pointers and raw shared/local pointers alike."""
+    for m in re.finditer(r"\b__device__\b", s.mask):
+        fn = s.function_after(m.end())
+        if fn is None or not s.rewrite_params(fn[1], fn[2], kernel=False):
+            continue
+        st = _statement_start(s.mask, m.start())
+        ext = re.search(r"\bextern\s+\"C\"", s.src[st : m.start()])
+        if ext:  # a template cannot have C linkage
+            s.edit(st + ext.start(), st + ext.end(), " " * len(ext.group(0)))
+
+
+def _shared_declarators(s: _Source, pos: int, end: int, pre: str) -> tuple[str, list, int]:
+    """Base type, ``(stars, name, dims)`` declarators and alignment of a __shared__ decl."""
+    decl = s.mask[pos:end]
+    align = 16
+    for a in _SHARED_ALIGN.finditer(pre + " " + decl):
+        align = max(align, int(next(g for g in a.groups() if g)))
+    pre, decl = _SHARED_ALIGN.sub(" ", pre), _SHARED_ALIGN.sub(" ", decl)
+    parts = [decl[a:b] for a, b in _split_top(decl, 0, len(decl))]
+    first = re.fullmatch(r"\s*(.*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", parts[0], re.S)
+    if first is None:
+        raise s.error("cannot parse the __shared__ declaration", pos)
+    base = " ".join((pre + " " + first.group(1)).split()).rstrip("*& ")
+    out = [(first.group(1).count("*"), first.group(2), first.group(3).strip())]
+    for p in parts[1:]:
+        d = re.fullmatch(r"\s*(\**)\s*([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", p)
+        if d is None:
+            raise s.error("cannot parse the __shared__ declaration", pos)
+        out.append((len(d.group(1)), d.group(2), d.group(3).strip()))
+    return base, out, align
+
+
+def _rewrite_shared(s: _Source) -> None:
+    """Step 3: ``__shared__`` declarations become per-block arena slots.
+
+    ``__shared__ T a[N][M];`` in a function becomes a reference to slot ``k`` of the block's
+    arena, allocated (and filled with 0xFF) by the first thread that executes the declaration;
+    ``extern __shared__ T d[];`` points at the launch's dynamic shared memory. At file scope
+    the name becomes a macro for the same expression.
+    """
     site = 0
-    for m in re.finditer(r"\b__shared__\b", mask):
-        st = _statement_start(mask, m.start())
-        end = mask.find(";", m.end())
+    for m in re.finditer(r"\b__shared__\b", s.mask):
+        st = _statement_start(s.mask, m.start())
+        end = s.mask.find(";", m.end())
         if end < 0:
-            raise EmulatorError(
-                f"emulator: unterminated __shared__ declaration at line {_line_of(src, m.start())}"
-            )
-        pre = mask[st : m.start()]
-        decl = mask[m.end() : end]
+            raise s.error("unterminated __shared__ declaration", m.start())
+        pre = s.mask[st : m.start()]
         dynamic = bool(re.search(r"\bextern\b", pre))
         pre = re.sub(r"\b(?:extern|static)\b", " ", pre)
-        align = 16
-        for a in _SHARED_ALIGN.finditer(pre + " " + decl):
-            align = max(align, int(next(g for g in a.groups() if g)))
-        pre = _SHARED_ALIGN.sub(" ", pre)
-        decl = _SHARED_ALIGN.sub(" ", decl)
-        parts = [decl[a:b] for a, b in _split_top(decl, 0, len(decl))]
-        d0 = re.fullmatch(r"\s*(.*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", parts[0], re.S)
-        if d0 is None:
-            raise EmulatorError(
-                f"emulator: cannot parse the __shared__ declaration at line {_line_of(src, m.start())}"
-            )
-        base = " ".join((pre + " " + d0.group(1)).split()).rstrip("*& ")
-        stars0 = d0.group(1).count("*")
-        declarators = [(stars0, d0.group(2), d0.group(3).strip())]
-        for p in parts[1:]:
-            d = re.fullmatch(r"\s*(\**)\s*([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", p)
-            if d is None:
-                raise EmulatorError(
-                    f"emulator: cannot parse the __shared__ declaration at line {_line_of(src, m.start())}"
-                )
-            declarators.append((len(d.group(1)), d.group(2), d.group(3).strip()))
-        file_scope = depth_at(st) == 0
+        base, declarators, align = _shared_declarators(s, m.end(), end, pre)
+        file_scope = s.depth_at(st) == 0
         out = []
-        nl = src[st:end].count("\n")
         for stars, name, dims in declarators:
             typ = base + "*" * stars
             if dynamic:
-                if file_scope:
-                    out.append(f"\n#define {name} (pf_dyn_shared<{typ}>())\n")
-                else:
-                    out.append(f"{typ}* const {name} = pf_dyn_shared<{typ}>();")
-                continue
-            full = f"{typ} {dims}" if dims else typ
-            ptr = f"{typ} (*){dims}" if dims else f"{typ}*"
-            expr = f"(*({ptr})pf_shared({site}, sizeof({full}), {align} > alignof({full}) ? {align} : alignof({full})))"
-            if file_scope:
-                out.append(f"\n#define {name} {expr}\n")
+                expr = f"(pf_dyn_shared<{typ}>())"
+                decl = f"{typ}* const {name} = {expr};"
             else:
-                out.append(f"auto& {name} = {expr};")
-            site += 1
-        text = " ".join(out)
+                full = f"{typ} {dims}" if dims else typ
+                ptr = f"{typ} (*){dims}" if dims else f"{typ}*"
+                a = f"({align} > alignof({full}) ? {align} : alignof({full}))"
+                expr = f"(*({ptr})pf_shared({site}, sizeof({full}), {a}))"
+                decl = f"auto& {name} = {expr};"
+                site += 1
+            out.append(f"\n#define {name} {expr}\n" if file_scope else decl)
         if file_scope:
-            edits.append(_Edit(st, end + 1, text + f"#line {_line_of(src, end)}\n"))
+            s.edit(st, end + 1, "".join(out) + f"#line {s.line(end)}\n")
         else:
-            edits.append(_Edit(st, end + 1, text + "\n" * nl))
+            s.edit(st, end + 1, " ".join(out) + "\n" * s.src.count("\n", st, end))
     if site > 512:
         raise EmulatorError("emulator: more than 512 __shared__ declarations in one source")
 
-    # 4. Initialised local pointer/reference declarations -> auto (they may hold pf_gptr).
+
+def _rewrite_local_pointers(s: _Source) -> None:
+    """Step 4: initialised local ``T* p = ...;`` / ``T& r = ...;`` become ``auto``/``auto&&``
+    (the initialiser may be an instrumented global pointer or a reference proxy)."""
+    mask = s.mask
     for m in _LOCAL_PTR_DECL.finditer(mask):
-        if depth_at(m.start()) == 0 or m.group("type").split()[0] in _NOT_TYPES:
-            continue
-        if m.group("type").split()[-1] in _NOT_TYPES:
+        words = m.group("type").split()
+        if s.depth_at(m.start()) == 0 or words[0] in _NOT_TYPES or words[-1] in _NOT_TYPES:
             continue
         k = m.start() - 1
-        while k >= 0 and mask[k] in " \t\n":
+        while k >= 0 and mask[k].isspace():
             k -= 1
         prev = mask[k] if k >= 0 else ";"
         if prev not in ";{}" and not (prev == "(" and re.search(r"\bfor\s*$", mask[:k])):
             continue
         semi = mask.find(";", m.end())
-        init = mask[m.end() : semi].strip()
-        if semi < 0 or init in ("nullptr", "NULL", "0"):
+        if semi < 0 or mask[m.end() : semi].strip() in ("nullptr", "NULL", "0"):
             continue
-        if len(_split_top(mask, m.end(), semi)) > 1 or mask[m.end() : semi].count(")") > mask[
-            m.end() : semi
-        ].count("("):
-            continue
-        if any(e.start <= m.start() < e.end for e in edits):
-            continue
-        auto = "auto&& " if m.group("ref") == "&" else "auto "
-        edits.append(_Edit(m.start(), m.start("name"), auto))
-
-    # 5. reinterpret_cast understands instrumented pointers.
-    for m in re.finditer(r"\breinterpret_cast\s*<", mask):
-        if not any(e.start <= m.start() < e.end for e in edits):
-            edits.append(
-                _Edit(m.start(), m.start() + len("reinterpret_cast"), "pf_reinterpret_cast")
-            )
-
-    edits.sort(key=lambda e: e.start)
-    out, pos = [], 0
-    for e in edits:
-        if e.start < pos:
-            raise EmulatorError("emulator pre-pass: overlapping rewrites (please report)")
-        out.append(src[pos : e.start])
-        out.append(e.text)
-        pos = e.end
-    out.append(src[pos:])
-    text = "".join(out)
-    if not kernels:
-        raise EmulatorError("emulator: the source defines no __global__ kernel")
-    return _Prepassed(text + _registration(kernels), tuple(kernels))
+        init = mask[m.end() : semi]
+        if len(_split_top(mask, m.end(), semi)) > 1 or init.count(")") > init.count("("):
+            continue  # several declarators, or not a declaration statement
+        if not s.edited(m.start()):
+            s.edit(m.start(), m.start("name"), "auto&& " if m.group("ref") == "&" else "auto ")
 
 
 def _registration(kernels: Sequence[str]) -> str:
@@ -554,13 +562,19 @@ class _ServerDied(Exception):
 
 
 class _Server:
-    """One emulator server process: loads kernel libraries, forks a child per run."""
+    """One emulator server process: loads kernel libraries, forks a child per run.
+
+    Shared by every :class:`Emulator` of this process that uses the same server executable;
+    ``lock`` serialises its use (one run at a time, in the shared region).
+    """
 
     def __init__(self, exe: Path):
         self.exe = exe
+        self.lock = threading.RLock()
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.libraries: list[Path] = []  # loaded, in module-id order
+        self.loaded: dict[Path, tuple[int, str]] = {}
         self.shm: mmap.mmap | None = None
         self.shm_view: np.ndarray | None = None
         self.shm_fd = -1
@@ -647,15 +661,19 @@ class _Server:
 
     def load(self, path: Path) -> tuple[int, str]:
         """Load a kernel library; returns its module id and "name signature" lines."""
-        self.ensure()
-        try:
-            mid, text = self._load(path)
-        except _ServerDied:
-            self.stop()
+        with self.lock:
+            if path in self.loaded:
+                return self.loaded[path]
             self.ensure()
-            mid, text = self._load(path)
-        self.libraries.append(path)
-        return mid, text
+            try:
+                mid, text = self._load(path)
+            except _ServerDied:
+                self.stop()
+                self.ensure()
+                mid, text = self._load(path)
+            self.libraries.append(path)
+            self.loaded[path] = (mid, text)
+            return mid, text
 
     def _map(self) -> None:
         assert self.shm is not None
@@ -816,6 +834,8 @@ class EmulatedModule:
         if order not in _ORDERS:
             raise CallError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
         launches = list(launches)
+        if not launches:
+            return []
         names: dict[str, int] = {}
         plan = []
         for launch in launches:
@@ -842,7 +862,7 @@ class EmulatedModule:
             data_offs.append(pos)
             pos = _align(pos + a.nbytes)
         emu = self.emulator
-        with emu._lock:
+        with emu._server.lock:
             view = emu._server.region(pos)
             spec = view[: _SPEC.itemsize].view(_SPEC)[0]
             spec["abi"], spec["nbuf"], spec["nlaunch"] = _ABI_VERSION, nb, nl
@@ -915,6 +935,25 @@ class EmulatedModule:
             return traffic
 
 
+_SERVERS: dict[Path, _Server] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server_for(exe: Path) -> _Server:
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(exe)
+        if server is None:
+            server = _SERVERS[exe] = _Server(exe)
+        return server
+
+
+@atexit.register
+def _stop_servers() -> None:
+    for server in list(_SERVERS.values()):
+        with contextlib.suppress(Exception):
+            server.close()
+
+
 def _failure(res: np.ndarray, res_status: int, status: int, name: str) -> str:
     if res_status in (3, 4):
         return bytes(res[8:]).split(b"\0", 1)[0].decode(errors="replace")
@@ -935,9 +974,9 @@ class Emulator:
     ``cache_dir`` holds compiled libraries (default ``$POLYFUSE_CACHE/emulator`` or
     ``~/.cache/polyfuse/emulator``; ``POLYFUSE_CACHE=off`` uses a temporary directory);
     ``workers`` is the number of OS threads blocks are spread over (default: CPU count).
-    Raises :class:`CompilerNotFound` when no C++20 compiler is available. Each emulator owns a
-    small server process (started on first use, stopped with :meth:`close` or when the
-    emulator is garbage-collected).
+    Raises :class:`CompilerNotFound` when no C++20 compiler is available. Kernels run in a
+    small server process (one per server executable, shared by the emulators of this process,
+    started on first use and stopped at exit).
     """
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, workers: int | None = None):
@@ -951,8 +990,7 @@ class Emulator:
         self._header = _HEADER.read_text()
         self._modules: dict[str, EmulatedModule] = {}
         self._lock = threading.RLock()
-        self._server = _Server(self._build_server())
-        self._finalizer = weakref.finalize(self, self._server.close)
+        self._server = _server_for(self._build_server())
 
     def _build_server(self) -> Path:
         src = _RUNTIME.read_text()
@@ -989,6 +1027,6 @@ class Emulator:
             return mod
 
     def close(self) -> None:
-        """Stop the server process (it restarts on the next :meth:`load` or run)."""
-        with self._lock:
+        """Stop the server process (it restarts, reloading its libraries, when next used)."""
+        with self._server.lock:
             self._server.close()

@@ -113,7 +113,9 @@ def test_generated_kernel_and_partial_last_block(emu):
     n = 1000
     xv, yv = rand(n), rand(n)
     y = yv.copy()
-    launch = Launch("axpy", (8, 1, 1), (128, 1, 1), ("y", "x", ScalarArg(2.5, "float"), ScalarArg(n)))
+    launch = Launch(
+        "axpy", (8, 1, 1), (128, 1, 1), ("y", "x", ScalarArg(2.5, "float"), ScalarArg(n))
+    )
     (t,) = mod.run([launch], {"y": y, "x": xv})
     np.testing.assert_allclose(y, 2.5 * xv + yv, rtol=1e-6)
     assert t.reads == {"y": 4 * n, "x": 4 * n} and t.writes == {"y": 4 * n, "x": 0}
@@ -131,10 +133,20 @@ def test_argument_checks(emu):
     with pytest.raises(CallError, match="takes 4 arguments"):
         mod.run([Launch("axpy", (1, 1, 1), (16, 1, 1), ("y", "x"))], {"y": y, "x": x})
     with pytest.raises(CallError, match="scalar"):
-        mod.run([Launch("axpy", (1, 1, 1), (16, 1, 1), ("y", "x", ScalarArg(2), ScalarArg(16)))], {"y": y, "x": x})
+        mod.run(
+            [Launch("axpy", (1, 1, 1), (16, 1, 1), ("y", "x", ScalarArg(2), ScalarArg(16)))],
+            {"y": y, "x": x},
+        )
     with pytest.raises(CallError, match="dtype float64"):
         mod.run(
-            [Launch("axpy", (1, 1, 1), (16, 1, 1), ("y", "x", ScalarArg(2.0, "float"), ScalarArg(16)))],
+            [
+                Launch(
+                    "axpy",
+                    (1, 1, 1),
+                    (16, 1, 1),
+                    ("y", "x", ScalarArg(2.0, "float"), ScalarArg(16)),
+                )
+            ],
             {"y": y, "x": x.astype(np.float64)},
         )
     with pytest.raises(CallError, match="order"):
@@ -242,12 +254,19 @@ def test_block_reduction_shared_and_shuffles(emu):
     out = np.zeros(6, np.float32)
     for order in ("forward", "reverse", "random"):
         out[:] = 0
-        mod.run([Launch("row_sum", (6, 1, 1), (128, 1, 1), ("x", "o", ScalarArg(1000)))], {"x": x, "o": out}, order=order, seed=3)
+        mod.run(
+            [Launch("row_sum", (6, 1, 1), (128, 1, 1), ("x", "o", ScalarArg(1000)))],
+            {"x": x, "o": out},
+            order=order,
+            seed=3,
+        )
         np.testing.assert_allclose(out, x.sum(axis=1), rtol=1e-4, atol=1e-4)
 
     x = rand(20, 300)
     y = np.zeros_like(x)
-    mod.run([Launch("softmax", (20, 1, 1), (256, 1, 1), ("x", "y", ScalarArg(300)))], {"x": x, "y": y})
+    mod.run(
+        [Launch("softmax", (20, 1, 1), (256, 1, 1), ("x", "y", ScalarArg(300)))], {"x": x, "y": y}
+    )
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
 
@@ -257,13 +276,19 @@ def test_dynamic_shared_memory(emu):
     n = 1000
     x = rand(n)
     out = np.zeros(4, np.float32)
-    launch = Launch("block_sum", (4, 1, 1), (256, 1, 1), ("x", "o", ScalarArg(n)), shared_bytes=256 * 4)
+    launch = Launch(
+        "block_sum", (4, 1, 1), (256, 1, 1), ("x", "o", ScalarArg(n)), shared_bytes=256 * 4
+    )
     mod.run([launch], {"x": x, "o": out})
     ref = np.array([x[i * 256 : (i + 1) * 256].sum() for i in range(4)])
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     # Too little dynamic shared memory: the region ends at a guard page.
-    short = Launch("block_sum", (4, 1, 1), (256, 1, 1), ("x", "o", ScalarArg(n)), shared_bytes=128 * 4)
-    with pytest.raises(EmulatorError, match="kernel block_sum: out-of-bounds dynamic shared memory"):
+    short = Launch(
+        "block_sum", (4, 1, 1), (256, 1, 1), ("x", "o", ScalarArg(n)), shared_bytes=128 * 4
+    )
+    with pytest.raises(
+        EmulatorError, match="kernel block_sum: out-of-bounds dynamic shared memory"
+    ):
         mod.run([short], {"x": x, "o": out})
 
 
@@ -304,7 +329,11 @@ def test_atomics_across_blocks(emu):
     mod = emu.load(ATOMICS)
     n = 3000
     x = rand(n)
-    s, c, hi = np.zeros(1, np.float32), np.zeros(1, np.int32), np.array([-(2**31), 2**31 - 1], np.int32)
+    s, c, hi = (
+        np.zeros(1, np.float32),
+        np.zeros(1, np.int32),
+        np.array([-(2**31), 2**31 - 1], np.int32),
+    )
     (t,) = mod.run(
         [Launch("total", (12, 1, 1), (256, 1, 1), ("x", "s", "c", "hi", ScalarArg(n)))],
         {"x": x, "s": s, "c": c, "hi": hi},
@@ -351,7 +380,14 @@ def test_tiled_matmul_with_shared_tiles(emu):
     grid = ((N + 15) // 16, (M + 15) // 16, 1)
     for order in ("forward", "reverse"):
         (t,) = mod.run(
-            [Launch("matmul", grid, (16, 16, 1), ("a", "b", "c", ScalarArg(M), ScalarArg(N), ScalarArg(K)))],
+            [
+                Launch(
+                    "matmul",
+                    grid,
+                    (16, 16, 1),
+                    ("a", "b", "c", ScalarArg(M), ScalarArg(N), ScalarArg(K)),
+                )
+            ],
             {"a": a, "b": b, "c": c},
             order=order,
         )
@@ -487,10 +523,22 @@ extern "C" __global__ void big_frame(float* __restrict__ y, int n) {
 @pytest.mark.parametrize(
     "kernel, args, pattern",
     [
-        ("divergent", ("y",), r"kernel divergent: divergent __syncthreads in block \(0,0,0\).*line"),
+        (
+            "divergent",
+            ("y",),
+            r"kernel divergent: divergent __syncthreads in block \(0,0,0\).*line",
+        ),
         ("early_exit", ("y",), r"kernel early_exit: divergent __syncthreads.*exited"),
-        ("shuffle_deadlock", ("y",), r"kernel shuffle_deadlock: deadlock .*__shfl_sync.*__syncthreads"),
-        ("off_by_one", ("x", "y", ScalarArg(64)), r"kernel off_by_one: out-of-bounds read of buffer 'x' at index 64 \(it has 64 elements\) in thread \(31,0,0\) of block \(1,0,0\)"),
+        (
+            "shuffle_deadlock",
+            ("y",),
+            r"kernel shuffle_deadlock: deadlock .*__shfl_sync.*__syncthreads",
+        ),
+        (
+            "off_by_one",
+            ("x", "y", ScalarArg(64)),
+            r"kernel off_by_one: out-of-bounds read of buffer 'x' at index 64 \(it has 64 elements\) in thread \(31,0,0\) of block \(1,0,0\)",
+        ),
         ("wild_pointer", ("y",), r"kernel wild_pointer: segmentation fault"),
         ("big_frame", ("y", ScalarArg(100000)), r"kernel big_frame: stack overflow"),
     ],
@@ -557,15 +605,77 @@ def test_traffic_counts_unique_elements(emu):
     np.testing.assert_allclose(z[: n // 2], zz, rtol=1e-6)
 
 
-def test_cache_second_load_does_not_recompile(tmp_path):
-    src = TRAFFIC + "\n// cache probe\n"
-    first = Emulator(cache_dir=tmp_path, workers=1).load(src)
+def test_cache_second_load_does_not_recompile(emu):
+    src = TRAFFIC + f"\n// cache probe {time.time_ns()}\n"
+    first = emu.load(src)
     assert not first.from_cache
+    assert emu.load(src) is first  # in-process: the same module object
     t0 = time.perf_counter()
-    second = Emulator(cache_dir=tmp_path, workers=1).load(src)
+    second = Emulator(cache_dir=emu.cache_dir, workers=1).load(src)  # a fresh emulator
     assert second.from_cache and time.perf_counter() - t0 < 0.5
     assert second.path == first.path
-    assert first.emulator.load(src) is first  # in-process: the same module object
+    x, y = rand(8), np.zeros(8, np.float32)
+    second.run(
+        [Launch("square_plus", (1, 1, 1), (8, 1, 1), ("x", "y", ScalarArg(8)))], {"x": x, "y": y}
+    )
+    np.testing.assert_allclose(y, x * x + x, rtol=1e-6)
+
+
+DIALECT = r"""
+#include <cuda_runtime.h>
+#include <cuda_pipeline_primitives.h>
+#define KERNEL extern "C" __global__
+#define N 64
+/* __shared__ in a comment; "and __global__ in a string" */
+__shared__ float file_scope_tile[N];
+__constant__ float kScale[2] = {2.0f, 3.0f};
+
+extern "C" __device__ float load_sum(const float* __restrict__ p, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) s += __ldg(p + i);
+  return s;
+}
+__device__ __forceinline__ void store_pair(float* out, int i, float a, float b) {
+  out[2 * i] = a;
+  out[2 * i + 1] = b;
+}
+
+KERNEL void __launch_bounds__(64, 2) dialect(const float* __restrict__ x, float* __restrict__ y,
+                                             float4* __restrict__ v, long long n) {
+  __shared__ float a[N], b[N];
+  __shared__ __align__(16) int counter;
+  int t = threadIdx.x;
+  if (t == 0) counter = 0;
+  const float* row = x + t * 4;
+  a[t] = load_sum(row, 4);
+  b[t] = a[t] * kScale[0];
+  file_scope_tile[t] = b[t];
+  __syncthreads();
+  atomicAdd(&counter, 1);
+  float4 q = reinterpret_cast<const float4*>(x)[t];
+  v[t] = make_float4(q.w, q.z, q.y, q.x);
+  __syncthreads();
+  float& out = y[t];
+  out = file_scope_tile[(t + 1) % N] + (float)counter + (float)n;
+  store_pair(y + N, t, a[t], (float)counter);
+}
+"""
+
+
+def test_dialect_constructs(emu):
+    mod = emu.load(DIALECT)
+    x = rand(64 * 4)
+    y = np.zeros(3 * 64, np.float32)
+    v = np.zeros((64, 4), np.float32)
+    args = ("x", "y", "v", ScalarArg(5, "long long"))
+    (t,) = mod.run([Launch("dialect", (1, 1, 1), (64, 1, 1), args)], {"x": x, "y": y, "v": v})
+    sums = x.reshape(64, 4).sum(axis=1)
+    np.testing.assert_allclose(y[:64], 2 * np.roll(sums, -1) + 64 + 5, rtol=1e-5)
+    np.testing.assert_allclose(
+        y[64:].reshape(64, 2), np.stack([sums, np.full(64, 64.0)], 1), rtol=1e-5
+    )
+    np.testing.assert_array_equal(v, x.reshape(64, 4)[:, ::-1])
+    assert t.reads["x"] == x.nbytes and t.writes["v"] == v.nbytes and t.writes["y"] == y.nbytes
 
 
 def test_prepass_keeps_lines_and_rewrites_pointers():

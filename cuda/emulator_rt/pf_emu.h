@@ -3,7 +3,7 @@
 // Force-included (g++ -include) into every kernel translation unit after the text pre-pass of
 // polyfuse/cuda/emulator.py. It maps the CUDA device dialect onto C++: threadIdx & co. come from
 // the current fiber (found from the stack pointer: every fiber stack is a 256 KiB aligned slot
-// whose first page holds the fiber descriptor), global pointers are instrumented wrappers that
+// whose first pages hold the fiber descriptor), global pointers are instrumented wrappers that
 // bounds-check and record unique elements read/written, __shared__ variables live in a per-block
 // arena, and barriers, warp operations and cp.async call into the runtime library
 // (pf_emu_rt.cpp) through the pf_api table installed by pf_module().
@@ -131,7 +131,10 @@ __attribute__((always_inline)) inline pf_fiber_pub* pf_cur() {
 #else
   sp = (uintptr_t)__builtin_frame_address(0);
 #endif
-  return (pf_fiber_pub*)(sp & ~(((uintptr_t)1 << PF_SLOT_SHIFT) - 1));
+  // The descriptor sits at the start of the slot, staggered by 64 bytes per slot (mod 64) so
+  // that the descriptors of a block's fibers do not all fall into one cache set.
+  uintptr_t base = sp & ~(((uintptr_t)1 << PF_SLOT_SHIFT) - 1);
+  return (pf_fiber_pub*)(base + (((base >> PF_SLOT_SHIFT) & 63) << 6));
 }
 
 #ifndef PF_EMU_RUNTIME

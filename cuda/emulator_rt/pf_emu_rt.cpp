@@ -110,19 +110,25 @@ struct CpCopy {
 };
 
 struct Worker;
+struct Fiber;
 
-struct Fiber {
-  pf_fiber_pub pub;  // must be first: pf_cur() returns the slot base
-  void* sp;
-  Worker* w;
-  int state;
-  int line;
-  int bkind, bpred, bres;
-  int wop;
+// Hot scheduling state of one fiber, in a compact per-worker array (the fiber descriptors are
+// 256 KiB apart, which the scheduler's scans would pay for in cache and TLB misses).
+struct Sched {
+  void* sp;  // saved stack pointer
+  Fiber* f;
+  int state, line;
+  int bkind, bpred, bres;  // __syncthreads variant, predicate, result
+  int wop, warg, wwidth;   // warp operation
   unsigned wmask;
-  uint64_t wval;
-  int warg, wwidth;
-  uint64_t wres;
+  uint64_t wval, wres;
+};
+
+// A fiber descriptor: at the start of its slot (staggered, see pf_cur()).
+struct Fiber {
+  pf_fiber_pub pub;  // must be first
+  Worker* w;
+  Sched* s;
   uint64_t cp_committed;
   std::vector<CpCopy> cp;
 #ifdef PF_UCONTEXT
@@ -142,7 +148,10 @@ struct Worker {
   char* arena_end = nullptr;  // the guard page: dynamic shared memory ends here
   uint64_t bump = 0;          // static shared memory grows from arena up to blk->dyn
   uint64_t rng = 0;
-  std::vector<unsigned> order;
+  std::vector<Sched> sched;   // MAX_THREADS entries
+  std::vector<unsigned> ord;  // this round's runnable fibers, in schedule order
+  size_t pos = 0;             // next entry of ord to run
+  unsigned ndone = 0;         // fibers of the block that have exited
   char* altstack = nullptr;
   Fiber* running = nullptr;  // the fiber switched to, for crash reports
 };
@@ -171,8 +180,11 @@ volatile sig_atomic_t g_in_signal = 0;
 thread_local Worker* t_worker = nullptr;  // the worker this OS thread runs (crash reports only)
 
 inline Fiber* cur() { return reinterpret_cast<Fiber*>(pf_cur()); }
+inline Fiber* fiber_in_slot(uintptr_t base) {
+  return reinterpret_cast<Fiber*>(base + (((base >> PF_SLOT_SHIFT) & 63) << 6));
+}
 inline Fiber* fiber_at(Worker* w, unsigned i) {
-  return reinterpret_cast<Fiber*>(w->slots + size_t(i) * SLOT);
+  return fiber_in_slot(uintptr_t(w->slots + size_t(i) * SLOT));
 }
 const char* kname() { return g_L.k ? g_L.k->name : "?"; }
 
@@ -239,7 +251,7 @@ Fiber* fiber_of_address(uintptr_t a, bool* in_guard) {
     if (a < lo || a >= hi) continue;
     uintptr_t base = a & ~(uintptr_t)(SLOT - 1);
     if (in_guard) *in_guard = a >= base + g_desc && a < base + g_desc + g_page;
-    return reinterpret_cast<Fiber*>(base);
+    return fiber_in_slot(base);
   }
   return nullptr;
 }
@@ -321,14 +333,8 @@ pf_ctx_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $16, %rsp
-  stmxcsr 8(%rsp)
-  fnstcw (%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr 8(%rsp)
-  fldcw (%rsp)
-  addq $16, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -340,46 +346,54 @@ pf_ctx_switch:
 )");
 #endif
 
-inline void run_fiber(Worker* w, Fiber* f) {
-  w->running = f;
+// Run this round's fibers (w->ord) from the scheduler; returns when the last one blocks.
+inline void run_round(Worker* w) {
+  w->pos = 0;
+  if (w->ord.empty()) return;
+  Sched* first = &w->sched[w->ord[w->pos++]];
+  w->running = first->f;
 #ifndef PF_UCONTEXT
-  pf_ctx_switch(&w->sched_sp, f->sp);
+  pf_ctx_switch(&w->sched_sp, first->sp);
 #else
-  swapcontext(&w->sched_uc, &f->uc);
+  swapcontext(&w->sched_uc, &first->f->uc);
 #endif
   w->running = nullptr;
 }
 
+// Called on a fiber that has blocked (its state is set) or exited: switch straight to the next
+// fiber of the round, or back to the scheduler after the last one.
 inline void yield(Fiber* f) {
+  Worker* w = f->w;
+  Sched* next = w->pos < w->ord.size() ? &w->sched[w->ord[w->pos++]] : nullptr;
+  w->running = next ? next->f : nullptr;
 #ifndef PF_UCONTEXT
-  pf_ctx_switch(&f->sp, f->w->sched_sp);
+  pf_ctx_switch(&f->s->sp, next ? next->sp : w->sched_sp);
 #else
-  swapcontext(&f->uc, &f->w->sched_uc);
+  swapcontext(&f->uc, next ? &next->f->uc : &w->sched_uc);
 #endif
 }
 
 extern "C" __attribute__((visibility("hidden"))) void pf_fiber_entry() {
   Fiber* f = cur();
   g_L.k->thunk(g_L.args);
-  f->state = DONE;
+  f->s->state = DONE;
+  f->w->ndone++;
   yield(f);
   __builtin_trap();
 }
 
 void start_fiber(Fiber* f, unsigned i) {
   // Stagger the stack tops so that the fibers' hot frames do not share cache sets.
-  char* top = reinterpret_cast<char*>(f) + SLOT - 64 * (i % 64) - 64;
+  char* base = reinterpret_cast<char*>(uintptr_t(f) & ~uintptr_t(SLOT - 1));
+  char* top = base + SLOT - 64 * (i % 64) - 64;
 #ifndef PF_UCONTEXT
   uint64_t* sp = reinterpret_cast<uint64_t*>(top);
-  *--sp = 0;                                   // fake return address of pf_fiber_entry
+  *--sp = 0;                                     // fake return address of pf_fiber_entry
   *--sp = (uint64_t)(uintptr_t)&pf_fiber_entry;  // where pf_ctx_switch's ret goes
-  for (int r = 0; r < 6; ++r) *--sp = 0;       // rbp rbx r12 r13 r14 r15
-  sp -= 2;
-  sp[0] = 0x037F;  // x87 control word
-  sp[1] = 0x1F80;  // mxcsr
-  f->sp = sp;
+  for (int r = 0; r < 6; ++r) *--sp = 0;         // rbp rbx r12 r13 r14 r15
+  f->s->sp = sp;
 #else
-  char* lo = reinterpret_cast<char*>(f) + g_desc + g_page;
+  char* lo = base + g_desc + g_page;
   getcontext(&f->uc);
   f->uc.uc_stack.ss_sp = lo;
   f->uc.uc_stack.ss_size = size_t(top - lo);
@@ -403,7 +417,7 @@ void ensure_slots(Worker* w, unsigned n) {
     char* base = w->slots + size_t(w->ninit) * SLOT;
     if (mprotect(base + g_desc, g_page, PROT_NONE) != 0)
       die(3, "kernel %s: cannot protect a stack guard page (errno %d)", kname(), errno);
-    Fiber* f = new (base) Fiber();
+    Fiber* f = new (fiber_in_slot(uintptr_t(base))) Fiber();
     f->w = w;
     f->pub.magic = PF_FIBER_MAGIC;
   }
@@ -413,6 +427,8 @@ Worker* get_worker(unsigned i) {
   while (g_workers.size() <= i) g_workers.push_back(nullptr);
   if (!g_workers[i]) {
     Worker* w = new Worker();
+    w->sched.resize(MAX_THREADS);
+    w->ord.reserve(MAX_THREADS);
     w->blk = static_cast<pf_block_pub*>(calloc(1, sizeof(pf_block_pub)));
     size_t bytes = (SHARED_LIMIT + g_page - 1) & ~(g_page - 1);
     void* m = mmap(nullptr, bytes + g_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -436,24 +452,24 @@ uint64_t splitmix(uint64_t& s) {
 // Resolve every warp operation whose participating lanes have all arrived.
 bool resolve_warps(Worker* w, unsigned n) {
   bool progress = false;
+  Sched* S = w->sched.data();
   for (unsigned base = 0; base < n; base += 32) {
     unsigned m = std::min(32u, n - base);
+    Sched* L = S + base;
     uint32_t live = 0, waiting = 0;
     for (unsigned l = 0; l < m; ++l) {
-      int st = fiber_at(w, base + l)->state;
-      if (st != DONE) live |= 1u << l;
-      if (st == WARP) waiting |= 1u << l;
+      if (L[l].state != DONE) live |= 1u << l;
+      if (L[l].state == WARP) waiting |= 1u << l;
     }
     uint32_t todo = waiting;
     while (todo) {
       unsigned l = __builtin_ctz(todo);
-      Fiber* f = fiber_at(w, base + l);
-      uint32_t group = (f->wmask | (1u << l)) & live;
-      if (f->wop == PF_W_ACTIVE) {  // every lane waiting at this same __activemask
+      uint32_t group = (L[l].wmask | (1u << l)) & live;
+      if (L[l].wop == PF_W_ACTIVE) {  // every lane waiting at this same __activemask
         group = 0;
         for (uint32_t g = waiting; g; g &= g - 1) {
-          Fiber* o = fiber_at(w, base + __builtin_ctz(g));
-          if (o->wop == PF_W_ACTIVE && o->line == f->line) group |= g & -g;
+          unsigned k = __builtin_ctz(g);
+          if (L[k].wop == PF_W_ACTIVE && L[k].line == L[l].line) group |= 1u << k;
         }
       }
       todo &= ~(group | (1u << l));
@@ -463,46 +479,44 @@ bool resolve_warps(Worker* w, unsigned n) {
       uint32_t ballot = 0;
       for (uint32_t g = group; g; g &= g - 1) {
         unsigned j = __builtin_ctz(g);
-        if (fiber_at(w, base + j)->wval) ballot |= 1u << j;
+        if (L[j].wval) ballot |= 1u << j;
       }
       for (uint32_t g = group; g; g &= g - 1) {
         unsigned j = __builtin_ctz(g);
-        Fiber* fj = fiber_at(w, base + j);
-        unsigned width = (unsigned)fj->wwidth, seg = j & ~(width - 1), lane = j & (width - 1);
+        Sched& sj = L[j];
+        unsigned width = unsigned(sj.wwidth), seg = j & ~(width - 1), lane = j & (width - 1);
         long src = -1;
-        switch (fj->wop) {
-          case PF_W_SHFL: src = seg + ((unsigned)fj->warg & (width - 1)); break;
-          case PF_W_UP: src = lane >= (unsigned)fj->warg ? long(j) - fj->warg : -1; break;
-          case PF_W_DOWN: src = lane + (unsigned)fj->warg < width ? long(j) + fj->warg : -1; break;
+        switch (sj.wop) {
+          case PF_W_SHFL: src = seg + (unsigned(sj.warg) & (width - 1)); break;
+          case PF_W_UP: src = lane >= unsigned(sj.warg) ? long(j) - sj.warg : -1; break;
+          case PF_W_DOWN: src = lane + unsigned(sj.warg) < width ? long(j) + sj.warg : -1; break;
           case PF_W_XOR: {
-            unsigned s = j ^ (unsigned)fj->warg;
-            src = (s <= (seg | (width - 1))) ? long(s) : -1;
+            unsigned x = j ^ unsigned(sj.warg);
+            src = (x <= (seg | (width - 1))) ? long(x) : -1;
             break;
           }
           default: break;
         }
-        switch (fj->wop) {
-          case PF_W_SYNC: fj->wres = 0; break;
-          case PF_W_ACTIVE: fj->wres = group; break;
-          case PF_W_BALLOT: fj->wres = ballot; break;
-          case PF_W_ANY: fj->wres = ballot != 0; break;
-          case PF_W_ALL: fj->wres = ballot == group; break;
+        switch (sj.wop) {
+          case PF_W_SYNC: sj.wres = 0; break;
+          case PF_W_ACTIVE: sj.wres = group; break;
+          case PF_W_BALLOT: sj.wres = ballot; break;
+          case PF_W_ANY: sj.wres = ballot != 0; break;
+          case PF_W_ALL: sj.wres = ballot == group; break;
           case PF_W_MATCH: {
             uint32_t eq = 0;
             for (uint32_t h = group; h; h &= h - 1) {
               unsigned k = __builtin_ctz(h);
-              if (fiber_at(w, base + k)->wval == fj->wval) eq |= 1u << k;
+              if (L[k].wval == sj.wval) eq |= 1u << k;
             }
-            fj->wres = eq;
+            sj.wres = eq;
             break;
           }
           default:
-            fj->wres = (src >= 0 && src < 32 && ((group >> src) & 1))
-                           ? fiber_at(w, base + unsigned(src))->wval
-                           : fj->wval;
+            sj.wres = (src >= 0 && src < 32 && ((group >> src) & 1)) ? L[src].wval : sj.wval;
         }
       }
-      for (uint32_t g = group; g; g &= g - 1) fiber_at(w, base + __builtin_ctz(g))->state = RUN;
+      for (uint32_t g = group; g; g &= g - 1) L[__builtin_ctz(g)].state = RUN;
     }
   }
   return progress;
@@ -518,18 +532,18 @@ bool resolve_warps(Worker* w, unsigned n) {
   int ng = 0;
   unsigned more = 0;
   for (unsigned i = 0; i < n; ++i) {
-    Fiber* f = fiber_at(w, i);
-    if (f->state == DONE) continue;
-    int op = f->state == BAR ? f->bkind : f->wop;
+    const Sched& f = w->sched[i];
+    if (f.state == DONE) continue;
+    int op = f.state == BAR ? f.bkind : f.wop;
     int k = 0;
     for (; k < ng; ++k)
-      if (groups[k].state == f->state && groups[k].op == op && groups[k].line == f->line) break;
+      if (groups[k].state == f.state && groups[k].op == op && groups[k].line == f.line) break;
     if (k == ng) {
       if (ng == 8) {
         ++more;
         continue;
       }
-      groups[ng++] = Group{f->state, op, f->line, 0, i};
+      groups[ng++] = Group{f.state, op, f.line, 0, i};
     }
     groups[k].count++;
   }
@@ -541,7 +555,7 @@ bool resolve_warps(Worker* w, unsigned n) {
     len += snprintf(buf + len, sizeof buf - len, "%s%u thread(s) wait at %s (line %d", k ? "; " : "",
                     g.count, name, g.line);
     if (g.state == WARP)
-      len += snprintf(buf + len, sizeof buf - len, ", mask 0x%08x", fiber_at(w, g.first)->wmask);
+      len += snprintf(buf + len, sizeof buf - len, ", mask 0x%08x", w->sched[g.first].wmask);
     len += snprintf(buf + len, sizeof buf - len, ")");
   }
   die(3, "kernel %s: deadlock in %s: %s%s", kname(), block_of(fiber_at(w, 0)).s, buf,
@@ -559,6 +573,7 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
   b->dyn_bytes = g_L.shmem;
   memset(b->dyn, 0xFF, w->arena_end - b->dyn);
   w->bump = 0;
+  Sched* S = w->sched.data();
   for (unsigned i = 0; i < n; ++i) {
     Fiber* f = fiber_at(w, i);
     f->pub.tid = uint3{i % bx, (i / bx) % by, i / (bx * by)};
@@ -567,55 +582,53 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
     f->pub.gdim = dim3(g_L.grid[0], g_L.grid[1], g_L.grid[2]);
     f->pub.blk = b;
     f->pub.linear = i;
-    f->state = RUN;
+    f->s = &S[i];
     f->cp.clear();
     f->cp_committed = 0;
+    S[i] = Sched{};
+    S[i].f = f;
+    S[i].state = RUN;
     start_fiber(f, i);
   }
   if (order == 2) w->rng = g_seed * 0x100000001b3ull ^ (uint64_t(g_launch) << 40) ^ lin;
-  unsigned ndone = 0;
-  std::vector<unsigned>& ord = w->order;
+  w->ndone = 0;
+  std::vector<unsigned>& ord = w->ord;
   for (;;) {
     ord.clear();
     for (unsigned i = 0; i < n; ++i) {
       unsigned k = order == 1 ? n - 1 - i : i;
-      if (fiber_at(w, k)->state == RUN) ord.push_back(k);
+      if (S[k].state == RUN) ord.push_back(k);
     }
     if (order == 2)
       for (size_t i = ord.size(); i > 1; --i) std::swap(ord[i - 1], ord[splitmix(w->rng) % i]);
-    for (unsigned k : ord) {
-      Fiber* f = fiber_at(w, k);
-      run_fiber(w, f);
-      if (f->state == DONE) ++ndone;
-    }
-    if (ndone == n) break;
+    run_round(w);
+    if (w->ndone == n) break;
     if (resolve_warps(w, n)) continue;
     // Every live fiber is blocked and no warp operation can complete: a block barrier?
-    unsigned nbar = 0;
-    Fiber *first = nullptr, *other = nullptr;
+    unsigned nbar = 0, ndone = w->ndone;
+    const Sched *first = nullptr, *other = nullptr;
     for (unsigned i = 0; i < n; ++i) {
-      Fiber* f = fiber_at(w, i);
-      if (f->state != BAR) continue;
+      if (S[i].state != BAR) continue;
       ++nbar;
-      if (!first) first = f;
-      else if (!other && (f->line != first->line || f->bkind != first->bkind)) other = f;
+      if (!first) first = &S[i];
+      else if (!other && (S[i].line != first->line || S[i].bkind != first->bkind)) other = &S[i];
     }
     if (nbar == 0 || nbar + ndone != n) deadlock(w, n);
-    if (other)
+    if (other) {
+      const uint3 a = first->f->pub.tid, c = other->f->pub.tid;
       die(3, "kernel %s: divergent __syncthreads in %s: thread (%u,%u,%u) waits at line %d, "
-          "thread (%u,%u,%u) at line %d", kname(), block_of(first).s, first->pub.tid.x,
-          first->pub.tid.y, first->pub.tid.z, first->line, other->pub.tid.x, other->pub.tid.y,
-          other->pub.tid.z, other->line);
+          "thread (%u,%u,%u) at line %d", kname(), block_of(first->f).s, a.x, a.y, a.z,
+          first->line, c.x, c.y, c.z, other->line);
+    }
     if (ndone)
       die(3, "kernel %s: divergent __syncthreads in %s: %u thread(s) exited while %u wait at "
-          "line %d", kname(), block_of(first).s, ndone, nbar, first->line);
+          "line %d", kname(), block_of(first->f).s, ndone, nbar, first->line);
     int count = 0;
-    for (unsigned i = 0; i < n; ++i) count += fiber_at(w, i)->bpred != 0;
+    for (unsigned i = 0; i < n; ++i) count += S[i].bpred != 0;
     int res = first->bkind == 1 ? count : first->bkind == 2 ? count == int(n) : count > 0;
     for (unsigned i = 0; i < n; ++i) {
-      Fiber* f = fiber_at(w, i);
-      f->bres = res;
-      f->state = RUN;
+      S[i].bres = res;
+      S[i].state = RUN;
     }
   }
 }
@@ -636,12 +649,13 @@ void worker_main(Worker* w, bool own_thread) {
 
 int api_barrier(int kind, int line, int pred) {
   Fiber* f = cur();
-  f->state = BAR;
-  f->line = line;
-  f->bkind = kind;
-  f->bpred = pred;
+  Sched* s = f->s;
+  s->state = BAR;
+  s->line = line;
+  s->bkind = kind;
+  s->bpred = pred;
   yield(f);
-  return f->bres;
+  return s->bres;
 }
 
 uint64_t api_warp(int op, unsigned mask, uint64_t val, int arg, int width, int line) {
@@ -649,15 +663,16 @@ uint64_t api_warp(int op, unsigned mask, uint64_t val, int arg, int width, int l
   if (width < 1 || width > 32 || (width & (width - 1)))
     die(3, "kernel %s: %s width %d is not a power of two in [1, 32] (line %d, %s)", kname(),
         warp_op_name(op), width, line, where(f).s);
-  f->state = WARP;
-  f->line = line;
-  f->wop = op;
-  f->wmask = mask;
-  f->wval = val;
-  f->warg = arg;
-  f->wwidth = width;
+  Sched* s = f->s;
+  s->state = WARP;
+  s->line = line;
+  s->wop = op;
+  s->wmask = mask;
+  s->wval = val;
+  s->warg = arg;
+  s->wwidth = width;
   yield(f);
-  return f->wres;
+  return s->wres;
 }
 
 void* api_shared_alloc(int site, uint64_t size, uint64_t align) {
@@ -791,7 +806,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
   g_order = spec->order;
   g_nworkers = spec->workers;
   g_page = size_t(sysconf(_SC_PAGESIZE));
-  g_desc = (sizeof(Fiber) + g_page - 1) & ~(g_page - 1);
+  g_desc = (63 * 64 + sizeof(Fiber) + g_page - 1) & ~(g_page - 1);  // staggered descriptor
   install_handlers();
   install_altstack(get_worker(0));
   const pf_wire_buf* wb =
