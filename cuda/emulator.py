@@ -163,7 +163,7 @@ def _split_top(text: str, start: int, end: int, sep: str = ",") -> list[tuple[in
 
 
 def _expand_keyword_macros(src: str) -> str:
-    """Substitute object-like macros whose bodies hide ``__global__``/``__shared__``/``__device__``."""
+    """Expand object-like macros hiding ``__global__``, ``__shared__`` or ``__device__``."""
     for _ in range(4):
         macros = {}
         for m in _DEFINE.finditer(src):

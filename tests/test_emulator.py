@@ -40,7 +40,8 @@ GENERATED = r"""
 #define PF_INLINE __device__ __forceinline__
 PF_INLINE int pf_fdiv(int a, int b) { return (a >= 0) ? (a / b) : -((-a + b - 1) / b); }
 PF_INLINE float pf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-extern "C" __global__ void __launch_bounds__(256) k0_row_max(const float* __restrict__ x, float* __restrict__ row_max) {
+extern "C" __global__ void __launch_bounds__(256) k0_row_max(const float* __restrict__ x,
+                                                        float* __restrict__ row_max) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -187,7 +188,8 @@ extern "C" __global__ void row_sum(const float* __restrict__ x, float* __restric
 }
 
 // Row softmax: max and sum block reductions (shuffles + shared), then the normalised row.
-extern "C" __global__ void __launch_bounds__(256) softmax(const float* __restrict__ x, float* __restrict__ y, int cols) {
+extern "C" __global__ void __launch_bounds__(256)
+softmax(const float* __restrict__ x, float* __restrict__ y, int cols) {
   __shared__ float red[32];
   __shared__ float bcast;
   const float* row = x + (long)blockIdx.x * cols;
@@ -215,7 +217,8 @@ extern "C" __global__ void __launch_bounds__(256) softmax(const float* __restric
   }
   __syncthreads();
   float inv = 1.0f / bcast;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) y[(long)blockIdx.x * cols + c] = expf(row[c] - m) * inv;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    y[(long)blockIdx.x * cols + c] = expf(row[c] - m) * inv;
 }
 
 // Dynamic shared memory: tree reduction of each block's slice.
@@ -313,7 +316,8 @@ def test_warp_votes_and_shuffles(emu):
 # --------------------------------------------------------------------------------------------
 
 ATOMICS = r"""
-extern "C" __global__ void total(const float* __restrict__ x, float* __restrict__ sum, int* __restrict__ count, int* __restrict__ hi, int n) {
+extern "C" __global__ void total(const float* __restrict__ x, float* __restrict__ sum,
+                                  int* __restrict__ count, int* __restrict__ hi, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     atomicAdd(&sum[0], x[i]);
@@ -347,13 +351,15 @@ def test_atomics_across_blocks(emu):
 MATMUL = r"""
 #define TILE 16
 // C[M,N] = A[M,K] @ B[K,N], 2-D grid of 2-D blocks, shared tiles.
-extern "C" __global__ void matmul(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
+extern "C" __global__ void matmul(const float* __restrict__ A, const float* __restrict__ B,
+                                   float* __restrict__ C, int M, int N, int K) {
   __shared__ float As[TILE][TILE], Bs[TILE][TILE + 1];
   int row = blockIdx.y * TILE + threadIdx.y, col = blockIdx.x * TILE + threadIdx.x;
   float acc = 0.0f;
   for (int k0 = 0; k0 < K; k0 += TILE) {
-    As[threadIdx.y][threadIdx.x] = (row < M && k0 + threadIdx.x < K) ? A[row * K + k0 + threadIdx.x] : 0.0f;
-    Bs[threadIdx.y][threadIdx.x] = (col < N && k0 + threadIdx.y < K) ? B[(k0 + threadIdx.y) * N + col] : 0.0f;
+    int ka = k0 + threadIdx.x, kb = k0 + threadIdx.y;
+    As[threadIdx.y][threadIdx.x] = (row < M && ka < K) ? A[row * K + ka] : 0.0f;
+    Bs[threadIdx.y][threadIdx.x] = (col < N && kb < K) ? B[kb * N + col] : 0.0f;
     __syncthreads();
     for (int k = 0; k < TILE; ++k) acc += As[threadIdx.y][k] * Bs[k][threadIdx.x];
     __syncthreads();
@@ -416,14 +422,16 @@ PIPELINE = r"""
 #include <cuda_pipeline.h>
 // Double-buffered copy through shared memory with cp.async: each of 32 threads moves 16 bytes
 // of a 128-float tile per stage; the next stage is in flight while this one is used.
-extern "C" __global__ void pipe_copy(const float* __restrict__ x, float* __restrict__ y, int ntiles) {
+extern "C" __global__ void pipe_copy(const float* __restrict__ x, float* __restrict__ y,
+                                      int ntiles) {
   __shared__ __align__(16) float buf[2][128];
   int t = threadIdx.x;
   const float* src = x + blockIdx.x * ntiles * 128;
   __pipeline_memcpy_async(&buf[0][4 * t], &src[4 * t], 16);
   __pipeline_commit();
   for (int k = 0; k < ntiles; ++k) {
-    if (k + 1 < ntiles) __pipeline_memcpy_async(&buf[(k + 1) & 1][4 * t], src + (k + 1) * 128 + 4 * t, 16);
+    if (k + 1 < ntiles)
+      __pipeline_memcpy_async(&buf[(k + 1) & 1][4 * t], src + (k + 1) * 128 + 4 * t, 16);
     __pipeline_commit();
     __pipeline_wait_prior(WAIT);
     __syncthreads();
@@ -537,7 +545,8 @@ extern "C" __global__ void big_frame(float* __restrict__ y, int n) {
         (
             "off_by_one",
             ("x", "y", ScalarArg(64)),
-            r"kernel off_by_one: out-of-bounds read of buffer 'x' at index 64 \(it has 64 elements\) in thread \(31,0,0\) of block \(1,0,0\)",
+            r"kernel off_by_one: out-of-bounds read of buffer 'x' at index 64 \(it has 64 "
+            r"elements\) in thread \(31,0,0\) of block \(1,0,0\)",
         ),
         ("wild_pointer", ("y",), r"kernel wild_pointer: segmentation fault"),
         ("big_frame", ("y", ScalarArg(100000)), r"kernel big_frame: stack overflow"),
