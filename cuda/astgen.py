@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from polyfuse.cuda.kernel_ast import KDef, KExpr, KFor, KIf, KInt, KNode, KOp, KStmt, KVar
+from polyfuse.cuda.kernel_ast import KDef, KExpr, KFor, KIf, KInt, KMark, KNode, KOp, KStmt, KVar
 from polyfuse.poly.mapping import MappedMicrograph
 
 _OP = isl.ast_expr_op_type
@@ -89,7 +89,7 @@ def convert_node(n: isl.AstNode) -> list[KNode]:
         args = tuple(convert_expr(call.op_get_arg(i)) for i in range(1, call.op_get_n_arg()))
         return [KStmt(name, args)]
     if t == isl.ast_node_type.mark:
-        return convert_node(n.mark_get_node())
+        return [KMark(n.mark_get_id().get_name(), convert_node(n.mark_get_node()))]
     raise NotImplementedError(f"isl AST node type {t}")
 
 

@@ -78,6 +78,14 @@ class KDef(KNode):
 
 
 @dataclass
+class KMark(KNode):
+    """An isl mark (``part:<micrograph>`` separates the parts of a stitched kernel)."""
+
+    name: str
+    body: list[KNode]
+
+
+@dataclass
 class KStmt(KNode):
     """One instance of an isl statement; ``args`` are its domain coordinates."""
 
@@ -136,6 +144,9 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
         elif isinstance(n, KDef):
             out.append(f"{pad}let {n.var} = {n.value}")
             out += _fmt(n.body, depth + 1)
+        elif isinstance(n, KMark):
+            out.append(f"{pad}// {n.name}")
+            out += _fmt(n.body, depth)
         elif isinstance(n, KStmt):
             out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))})")
     return out

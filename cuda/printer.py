@@ -12,6 +12,7 @@ import math
 
 import islpy as isl
 
+from polyfuse.cuda.astgen import convert_expr
 from polyfuse.cuda.kernel_ast import (
     KDef,
     Kernel,
@@ -19,6 +20,7 @@ from polyfuse.cuda.kernel_ast import (
     KFor,
     KIf,
     KInt,
+    KMark,
     KNode,
     KOp,
     KParam,
@@ -38,8 +40,10 @@ from polyfuse.graph.expr import (
     Select,
     Unary,
 )
+from polyfuse.poly.compose import ReductionKernel
 from polyfuse.poly.islutil import maps_of
-from polyfuse.poly.model import PolyModel, Statement
+from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
 PRELUDE = """\
@@ -51,6 +55,41 @@ PRELUDE = """\
 PF_INLINE int pf_fdiv(int a, int b) { return (a >= 0) ? (a / b) : -((-a + b - 1) / b); }
 PF_INLINE int pf_mod(int a, int b) { int r = a % b; return (r < 0) ? r + b : r; }
 PF_INLINE float pf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+struct pf_sum { PF_INLINE float operator()(float a, float b) const { return a + b; } };
+struct pf_max { PF_INLINE float operator()(float a, float b) const { return fmaxf(a, b); } };
+struct pf_min { PF_INLINE float operator()(float a, float b) const { return fminf(a, b); } };
+// Combine the partial results of LANES consecutive threads (a warp or a whole row group);
+// every lane returns the total. Called by every thread of the block, outside divergent code.
+template <typename Op, int LANES>
+PF_INLINE float pf_allreduce_y(float v, float* scratch) {
+  Op op;
+  constexpr int W = LANES < 32 ? LANES : 32;
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if constexpr (LANES > 32) {
+    const int warp = threadIdx.x >> 5;
+    const int first = (warp / (LANES / 32)) * (LANES / 32);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[first];
+    for (int w = 1; w < LANES / 32; ++w) v = op(v, scratch[first + w]);
+  }
+  return v;
+}
+// Combine across LANES thread rows of KEPT threads each (threadIdx.x = lane * KEPT + kept).
+template <typename Op, int LANES, int KEPT>
+PF_INLINE float pf_allreduce_x(float v, float* scratch) {
+  Op op;
+  const int t = threadIdx.x;
+  __syncthreads();
+  scratch[t] = v;
+  __syncthreads();
+  for (int s = LANES / 2; s > 0; s >>= 1) {
+    if (t / KEPT < s) scratch[t] = op(scratch[t], scratch[t + s * KEPT]);
+    __syncthreads();
+  }
+  return scratch[t % KEPT];
+}
 """
 
 _CTYPE = {"float32": "float", "int32": "int", "bool": "bool"}
@@ -101,9 +140,19 @@ def c_index(e: KExpr) -> str:
 class BodyPrinter:
     """Prints te expressions for one statement instance."""
 
-    def __init__(self, placements: dict[str, Placement], idents: dict[int, str]):
+    def __init__(
+        self,
+        placements: dict[str, Placement],
+        idents: dict[int, str],
+        lane_guard: str | None = None,
+        laneless: set[str] | frozenset[str] = frozenset(),
+        combine: str | None = None,
+    ):
         self.placements = placements
         self.idents = idents
+        self.lane_guard = lane_guard  # condition for global stores of lane-less statements
+        self.laneless = laneless
+        self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
 
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
@@ -111,14 +160,18 @@ class BodyPrinter:
         p = self.placements[ident]
         if p.space == "register" or (p.register_copy and not store):
             return f"r_{ident}"
-        if not shape:
-            return f"{ident}[0]"
+        name, dims = ident, list(shape)
+        if p.space == "shared":
+            name, dims = f"s_{ident}", [size for _, size in p.box]
+            idx = [f"({i} - s_{ident}_lo{d})" for d, i in enumerate(idx)]
+        if not dims:
+            return f"{name}[0]"
         terms, stride = [], 1
-        for d in reversed(range(len(shape))):
+        for d in reversed(range(len(dims))):
             i = idx[d]
             terms.append(i if stride == 1 else f"{i} * {stride}")
-            stride *= shape[d]
-        return f"{ident}[{' + '.join(reversed(terms))}]"
+            stride *= dims[d]
+        return f"{name}[{' + '.join(reversed(terms))}]"
 
     def expr(self, e: Expr, env: dict[int, str]) -> str:
         if isinstance(e, IterVar):
@@ -177,12 +230,15 @@ class BodyPrinter:
         env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
         out_idx = [env[a.uid] for a in t.op.axes]
         out_ref = self.tensor_ref(ident, t.shape, out_idx, store=True)
-        copy = self.placements[ident].register_copy
+        place = self.placements[ident]
+        guard = self.lane_guard if s.name in self.laneless and place.space == "global" else None
 
         def store(value: str) -> str:
-            if copy:
-                return f"r_{ident} = {value}; {out_ref} = r_{ident};"
-            return f"{out_ref} = {value};"
+            if place.register_copy:
+                st = f"{out_ref} = r_{ident};"
+                st = f"if ({guard}) {st}" if guard else st
+                return f"r_{ident} = {value}; {st}"
+            return f"if ({guard}) {out_ref} = {value};" if guard else f"{out_ref} = {value};"
 
         if s.role == "compute":
             return store(self.expr(t.op.body, env))
@@ -192,6 +248,9 @@ class BodyPrinter:
         if s.role == "init":
             return f"{acc} = {_IDENTITY[red.op]};"
         if s.role == "final":
+            if self.combine:
+                fn = self.combine.format(op=f"pf_{red.op}")
+                return f"{acc} = {fn}({acc}, pf_scratch); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
         if red.op == "sum":
@@ -199,67 +258,64 @@ class BodyPrinter:
         return f"{acc} = f{red.op}f({acc}, {v});"
 
 
-def _emit(nodes: list[KNode], depth: int, emit_stmt) -> list[str]:
+def _emit(nodes: list[KNode], depth: int, emit_stmt, barrier: str | None = None) -> list[str]:
     pad = "  " * depth
     out: list[str] = []
     for n in nodes:
+        if isinstance(n, KMark):
+            if n.name.startswith("part:") and barrier and _emit.parts_seen:
+                out.append(f"{pad}{barrier};  // {n.name[5:]} reads what earlier parts wrote")
+            _emit.parts_seen += n.name.startswith("part:")
+            out.append(f"{pad}// {n.name}")
+            out += _emit(n.body, depth, emit_stmt, barrier)
+            continue
         if isinstance(n, KFor):
             cond = c_index(n.cond)
             out.append(
                 f"{pad}for (int {n.var} = {c_index(n.init)}; {cond}; {n.var} += {n.step}) {{"
             )
-            out += _emit(n.body, depth + 1, emit_stmt)
+            out += _emit(n.body, depth + 1, emit_stmt, barrier)
             out.append(f"{pad}}}")
         elif isinstance(n, KIf):
             out.append(f"{pad}if ({c_index(n.cond)}) {{")
-            out += _emit(n.then, depth + 1, emit_stmt)
+            out += _emit(n.then, depth + 1, emit_stmt, barrier)
             if n.orelse:
                 out.append(f"{pad}}} else {{")
-                out += _emit(n.orelse, depth + 1, emit_stmt)
+                out += _emit(n.orelse, depth + 1, emit_stmt, barrier)
             out.append(f"{pad}}}")
         elif isinstance(n, KDef):
             out.append(f"{pad}{{")
             out.append(f"{pad}  const int {n.var} = {c_index(n.value)};")
-            out += _emit(n.body, depth + 1, emit_stmt)
+            out += _emit(n.body, depth + 1, emit_stmt, barrier)
             out.append(f"{pad}}}")
         elif isinstance(n, KStmt):
             out.append(pad + emit_stmt(n))
     return out
 
 
-def launch_prologue(
-    block_params: list[str], grid_dims: list[int], thread_params: list[str], tile_sizes: list[int]
-) -> list[str]:
-    """Decompose blockIdx.x / threadIdx.x into the mapped coordinates, innermost fastest."""
-    lines: list[str] = []
-    for lin, names, dims in (
-        ("blockIdx.x", block_params, grid_dims),
-        ("threadIdx.x", thread_params, tile_sizes),
-    ):
-        if not names:
-            continue
-        tmp = f"_{names[0][0]}"
-        lines.append(f"  int {tmp} = {lin};")
-        for i in reversed(range(len(names))):
-            if i == 0:
-                lines.append(f"  const int {names[i]} = {tmp};")
-            else:
-                lines.append(f"  const int {names[i]} = {tmp} % {dims[i]}; {tmp} /= {dims[i]};")
+def _decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
+    """Split a linear index into coordinates (slowest first), the last varying fastest."""
+    if not coords:
+        return []
+    lines = [f"  int {tmp} = {lin};"]
+    for i in reversed(range(len(coords))):
+        name, size = coords[i]
+        if i == 0:
+            lines.append(f"  const int {name} = {tmp};")
+        else:
+            lines.append(f"  const int {name} = {tmp} % {size}; {tmp} /= {size};")
     return lines
 
 
 def print_kernel(
     name: str,
-    model: PolyModel,
+    mm: MappedMicrograph,
     body: list[KNode],
     placements: dict[str, Placement],
     idents: dict[int, str],
-    block_params: list[str],
-    grid_dims: list[int],
-    thread_params: list[str],
-    tile_sizes: list[int],
 ) -> Kernel:
-    """Print one micrograph's kernel AST as a ``__global__`` function."""
+    """Print one mapped kernel's AST as a ``__global__`` function."""
+    model = mm.scheduled.model
     for role in model.tensors.values():
         n = 1
         for d in role.shape:
@@ -268,13 +324,27 @@ def print_kernel(
             raise UnsupportedOpError(
                 f"tensor '{role.ident}' has {n} elements; 64-bit indexing is not supported yet"
             )
-    bp = BodyPrinter(placements, idents)
+    red = mm if isinstance(mm, ReductionKernel) else None
+    combine = None
+    threads: list[tuple[str, int]] = list(zip(mm.thread_params, mm.tile_sizes, strict=True))
+    if red is not None:
+        st = red.strategy
+        threads = red.thread_order
+        if st.lanes > 1:
+            if st.form.kind == "x":
+                combine = f"pf_allreduce_x<{{op}}, {st.lanes}, {st.kept_tile}>"
+            else:
+                combine = f"pf_allreduce_y<{{op}}, {st.lanes}>"
+    block = 1
+    for _, size in threads:
+        block *= size
+    lane_guard = " && ".join(f"{p} == 0" for p in red.lane_params) if red else None
+    bp = BodyPrinter(placements, idents, lane_guard, red.laneless if red else frozenset(), combine)
     stmts = {s.name: s for s in model.statements}
-    prim_of = {s.name: s.prim for s in model.statements}
 
     def emit_stmt(n: KStmt) -> str:
         s = stmts[n.stmt]
-        return bp.statement(s, [c_index(a) for a in n.args], prim_of[n.stmt])
+        return bp.statement(s, [c_index(a) for a in n.args], s.prim)
 
     params: list[KParam] = []
     written = {m.get_tuple_name(isl.dim_type.out) for m in maps_of(model.writes)}
@@ -284,23 +354,41 @@ def print_kernel(
         const = role.role == "input" and ident not in written
         params.append(KParam(ident, "const float*" if const else "float*", ident))
     regs = [ident for ident, p in placements.items() if p.in_register]
-    grid, block = 1, 1
-    for g in grid_dims:
-        grid *= g
-    for t in tile_sizes:
-        block *= t
+    shared = [p for p in placements.values() if p.space == "shared"]
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in params)
     lines = [f'extern "C" __global__ void __launch_bounds__({block}) {name}({sig}) {{']
-    lines += launch_prologue(block_params, grid_dims, thread_params, tile_sizes)
+    lines += _decompose("blockIdx.x", "_b", list(zip(mm.block_params, mm.grid_dims, strict=True)))
+    lines += _decompose("threadIdx.x", "_t", threads)
+    dyn = 0
+    if shared:
+        lines.append("  extern __shared__ float pf_smem[];")
+        build = isl.AstBuild.from_context(mm.context)
+        for p in shared:
+            lines.append(f"  float* s_{p.tensor} = pf_smem + {p.smem_offset};")
+            for d, (lo, _) in enumerate(p.box):
+                lo_c = c_index(convert_expr(build.expr_from_pw_aff(lo)))
+                lines.append(f"  const int s_{p.tensor}_lo{d} = {lo_c};")
+            dyn = max(dyn, (p.smem_offset + p.smem_floats) * 4)
+    if combine:
+        lines.append(f"  __shared__ float pf_scratch[{block}];")
     lines += [f"  float r_{r};" for r in regs]
-    lines += _emit(body, 1, emit_stmt)
+    barrier = None
+    if red is not None and shared:
+        warp_rows = red.strategy.form.kind != "x" and red.strategy.lanes <= 32
+        barrier = "__syncwarp()" if warp_rows else "__syncthreads()"
+    _emit.parts_seen = 0
+    lines += _emit(body, 1, emit_stmt, barrier)
     lines.append("}")
+    grid = 1
+    for g in mm.grid_dims:
+        grid *= g
     return Kernel(
         name,
         params,
         body,
         (grid, 1, 1),
         (block, 1, 1),
-        [model.micrograph.name],
+        [p.name for p in red.parts] if red else [model.micrograph.name],
+        shared_bytes=dyn,
         source="\n".join(lines) + "\n",
     )

@@ -211,6 +211,16 @@ def _check_legal(model: PolyModel, sched: isl.Schedule) -> None:
         raise CompositionError(f"composed schedule violates dependences {bad}")
 
 
+def _merge_nested(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Merge a chain of directly nested bands into one band (the same execution order)."""
+    while node.n_children() == 1 and node.child(0).get_type() == isl.schedule_node_type.band:
+        outer = node.band_get_partial_schedule()
+        inner = node.child(0).band_get_partial_schedule()
+        node = node.child(0).delete().parent().delete()
+        node = node.insert_partial_schedule(outer.flat_range_product(inner))
+    return node
+
+
 def _flatten(node: isl.ScheduleNode, domain: isl.UnionSet) -> isl.ScheduleNode:
     """Replace a multi-member band by one member f = row-major index over its members."""
     n = node.band_n_member()
@@ -261,7 +271,6 @@ def map_reduction_kernel(
     kept_tile = strategy.kept_tile
     params = []
     root = sched.get_root()
-    start: tuple[int, ...] = ()
     if k:
         node = root.child(0)
         ranges = _band_ranges(node, domain, k)
@@ -292,7 +301,7 @@ def map_reduction_kernel(
     lanes = strategy.lanes
     checks = []
     for path in paths:
-        node = _flatten(_node_at(sched, path), domain)
+        node = _flatten(_merge_nested(_node_at(sched, path)), domain)
         checks.append(node.band_get_partial_schedule())
         mv = isl.MultiVal.zero(node.band_get_space()).set_val(0, isl.Val.int_from_si(ctx, lanes))
         node = node.band_tile(mv)

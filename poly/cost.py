@@ -107,10 +107,8 @@ def choose_reduction_strategy(
         return ReductionStrategy(form, kt, rows, "threads along the kept dimension")
     if form.kind == "y" and n <= cfg.warp_row_max:
         rows = min(cfg.block_threads // 32, _pow2_at_most(inner_kept))
-        lanes = min(32, _pow2_at_least(n))
-        return ReductionStrategy(
-            form, rows, lanes, f"short rows (<= {cfg.warp_row_max}): warp per row"
-        )
+        why = f"short rows (<= {cfg.warp_row_max}): warp per row"
+        return ReductionStrategy(form, rows, 32, why)
     lanes = _pow2_at_least(-(-n // cfg.elems_per_thread))
     lanes = max(cfg.min_threads, min(maxt, lanes))
     why = "block per row" if form.kind == "y" else "one block strides the whole domain"

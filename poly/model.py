@@ -115,11 +115,11 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
     init_dom, fin_dom = data.set_tuple_name(init_n), data.set_tuple_name(fin_n)
     upd_dom = rel.domain.set_tuple_name(upd_n)
     upd_reads = [(r, m.set_tuple_name(isl.dim_type.in_, upd_n)) for r, m in reads]
-    upd_reads.append((None, mk(upd_n, it, f"{acc}[{d}]", upd_dom)))
+    upd_reads.append((None, mk(upd_n, it, f"{acc}[{full}]", upd_dom)))
     return [
-        Statement(init_n, prim, "init", t, init_dom, mk(init_n, d, f"{acc}[{d}]", init_dom), []),
+        Statement(init_n, prim, "init", t, init_dom, mk(init_n, d, f"{acc}[{full}]", init_dom), []),
         Statement(
-            upd_n, prim, "update", t, upd_dom, mk(upd_n, it, f"{acc}[{d}]", upd_dom), upd_reads
+            upd_n, prim, "update", t, upd_dom, mk(upd_n, it, f"{acc}[{full}]", upd_dom), upd_reads
         ),
         Statement(
             fin_n,
@@ -127,8 +127,8 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
             "final",
             t,
             fin_dom,
-            mk(fin_n, d, f"{graph.ident(t)}[{d}]", fin_dom),
-            [(None, mk(fin_n, d, f"{acc}[{d}]", fin_dom))],
+            mk(fin_n, d, f"{graph.ident(t)}[{full}]", fin_dom),
+            [(None, mk(fin_n, d, f"{acc}[{full}]", fin_dom))],
         ),
     ]
 

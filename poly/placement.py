@@ -13,8 +13,9 @@ register per thread when isl proves that is exact:
 
 A micrograph output that is also read inside the kernel is stored to global memory and, when
 the same criteria hold, its in-kernel reads use the register copy instead of reloading it.
-Otherwise an internal tensor is spilled to a global scratch buffer (correct, but it costs bytes; Layer 2
-stitching improves on this with shared memory). Each decision carries its reason.
+Otherwise an internal tensor is spilled to a global scratch buffer (correct, but it costs
+bytes; Layer 2 stitching improves on this with shared memory). Each decision carries its
+reason.
 """
 
 from __future__ import annotations
@@ -32,9 +33,18 @@ class Placement:
     """Memory space of one tensor in one kernel, and why."""
 
     tensor: str
-    space: str  # "global" | "register"
+    space: str  # "global" | "register" | "shared"
     reason: str
     register_copy: bool = False  # a global output whose in-kernel reads use a register
+    box: tuple[tuple[isl.PwAff, int], ...] = ()  # shared: per-dim (lower bound in b, size)
+    smem_offset: int = 0  # shared: offset in floats inside the kernel's dynamic shared memory
+
+    @property
+    def smem_floats(self) -> int:
+        n = 1
+        for _, size in self.box:
+            n *= size
+        return n if self.space == "shared" else 0
 
     @property
     def in_register(self) -> bool:
@@ -121,6 +131,81 @@ def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
             out[name] = Placement(name, "register", why)
         else:
             out[name] = Placement(name, "global", f"scratch buffer: {why}")
+    return out
+
+
+def _block_box(
+    acc: isl.UnionMap, dom: isl.UnionSet, context: isl.Set, thread_params: list[str]
+) -> tuple[tuple[isl.PwAff, int], ...] | None:
+    """Bounding box of the elements one block touches: per dim (lower bound in b, size)."""
+    fp_u = acc.intersect_domain(dom).range().intersect_params(context)
+    for p in thread_params:
+        pos = fp_u.get_space().find_dim_by_name(isl.dim_type.param, p)
+        if pos >= 0:
+            fp_u = fp_u.project_out(isl.dim_type.param, pos, 1)
+    sets = sets_of(fp_u)
+    if len(sets) != 1:
+        return None
+    fp = sets[0].coalesce()
+    box = []
+    for i in range(fp.dim(isl.dim_type.set)):
+        lo, hi = fp.dim_min(i), fp.dim_max(i)
+        size = hi.sub(lo).max_val()
+        if not size.is_int():
+            return None
+        box.append((lo, size.to_python() + 1))
+    return tuple(box)
+
+
+def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict[str, Placement]:
+    """Layer 2 placement: move scratch tensors of a reduction kernel into shared memory.
+
+    A tensor qualifies when its per-block footprint (the box isl bounds for one block's
+    instances, every thread included) fits what is left of ``limit_bytes``, and every element
+    a thread reads it either wrote itself or was written in an earlier part (parts are
+    separated by barriers). Candidates are taken smallest first; the rest stay in global
+    memory with the reason.
+    """
+    model = rk.scheduled.model
+    dom = rk.domain
+    part_of = {s.name: i for i, p in enumerate(rk.parts) for s in p.model.statements}
+    writes, reads = model.writes.intersect_domain(dom), model.reads.intersect_domain(dom)
+    out = dict(placements)
+    cands = []
+    for name, p in placements.items():
+        if p.space != "global" or not p.reason.startswith("scratch"):
+            continue
+        w, r = _maps_to(writes, name), _maps_to(reads, name)
+        own = r.range().is_subset(w.range())
+        wparts = {part_of[m.get_tuple_name(isl.dim_type.in_)] for m in maps_of(w)}
+        rparts = {part_of[m.get_tuple_name(isl.dim_type.in_)] for m in maps_of(r)}
+        if not own and not (rparts and min(rparts) > max(wparts)):
+            continue
+        box = _block_box(w.union(r), dom, rk.context, rk.thread_params + rk.lane_params)
+        if box is None:
+            continue
+        n = 1
+        for _, size in box:
+            n *= size
+        cands.append((n, name, box))
+    used = 0
+    for n, name, box in sorted(cands, key=lambda c: c[0]):
+        if (used + n) * 4 > limit_bytes:
+            out[name] = Placement(
+                name,
+                "global",
+                f"scratch buffer: per-block footprint {n * 4} B does not fit the "
+                f"{limit_bytes - used * 4} B of shared memory left",
+            )
+            continue
+        out[name] = Placement(
+            name,
+            "shared",
+            f"per-block footprint {n * 4} B in shared memory",
+            box=box,
+            smem_offset=used,
+        )
+        used += n
     return out
 
 

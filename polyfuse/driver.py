@@ -7,7 +7,8 @@ Stages, each producing a printable object kept on the :class:`Plan`:
 3. ``build_model`` + ``compute_schedule``: isl model and schedule per micrograph under the
    operation budget (poly/); a :class:`Feedback` sends separations back to step 2;
 4. ``map_to_gpu`` + ``place_tensors``: tiling, block/thread mapping, register/global placement;
-5. ``plan_kernels``: kernel plans (stitch/);
+5. ``stitch_memory``: Layer 2 — reduction micrographs stitched with their consumers into one
+   kernel (Algorithm 2), laid out as parallel reductions; ``plan_kernels`` (stitch/);
 6. isl AST generation and the CUDA printer (cuda/).
 """
 
@@ -26,11 +27,13 @@ from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.plan import FeedbackEvent, Plan
+from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
-from polyfuse.poly.placement import place_tensors
+from polyfuse.poly.placement import place_shared, place_tensors
 from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.plan import plan_kernels
 
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
@@ -45,12 +48,13 @@ def compile(  # noqa: A001
     budget: int = DEFAULT_BUDGET,
     mapping: MappingConfig | None = None,
     check_cuda: bool | str = "auto",
+    stitch: bool = True,
     name: str = "graph",
 ) -> CompiledGraph:
     """Compile the graph from ``inputs`` to ``outputs`` into CUDA kernels.
 
     ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
-    knobs; ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers
+    knobs; ``stitch`` enables Layer 2 memory stitching; ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers
     and shared memory per kernel ("auto": when a compiler is installed).
     """
     if arch not in SUPPORTED_ARCHS:
@@ -93,11 +97,23 @@ def compile(  # noqa: A001
     times["partition+schedule"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    device = device_for_arch(arch)
+    groups, stitches = stitch_memory(graph, part, scheduled, device, enabled=stitch)
+    times["stitch"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
     cfg = mapping or MappingConfig()
     mapped = []
-    for sm in scheduled:
-        mm = map_to_gpu(sm, cfg)
-        mapped.append((mm, place_tensors(mm)))
+    for g in groups:
+        if g.layout is not None:
+            mm = g.layout
+            block = mm.strategy.threads
+            pl = place_shared(mm, place_tensors(mm), device.smem_per_block_optin - 4 * block)
+        else:
+            (sm,) = g.parts
+            mm = map_to_gpu(sm, cfg)
+            pl = place_tensors(mm)
+        mapped.append((mm, pl))
     plans = plan_kernels(mapped)
     times["map+place"] = time.perf_counter() - t0
 
@@ -108,20 +124,8 @@ def compile(  # noqa: A001
         (mm,) = kp.parts
         ast, body = generate_ast(mm)
         asts[kp.name] = ast
-        kernels.append(
-            print_kernel(
-                kp.name,
-                mm.scheduled.model,
-                body,
-                kp.placements,
-                graph.idents,
-                mm.block_params,
-                mm.grid_dims,
-                mm.thread_params,
-                mm.tile_sizes,
-            )
-        )
-        kernels[-1].notes.extend(mm.notes + mm.scheduled.notes)
+        kernels.append(print_kernel(kp.name, mm, body, kp.placements, graph.idents))
+        kernels[-1].notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])
         fp = global_footprint(mm.scheduled.model, kp.placements)
         kernels[-1].bytes_read = sum(fp.reads.values())
         kernels[-1].bytes_written = sum(fp.writes.values())
@@ -130,7 +134,17 @@ def compile(  # noqa: A001
 
     buffers, launches = plan_buffers(graph, kernels, plans)
     plan = Plan(
-        name, graph, part, events, scheduled, [m for m, _ in mapped], plans, kernels, asts, times
+        name,
+        graph,
+        part,
+        events,
+        scheduled,
+        [m for m, _ in mapped],
+        plans,
+        kernels,
+        asts,
+        times,
+        stitches,
     )
     fn = CompiledGraph(
         name, arch, inputs, outputs, kernels, source, launches, buffers, plan, graph.idents

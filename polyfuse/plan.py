@@ -45,6 +45,7 @@ class Plan:
     kernels: list[Kernel]
     asts: dict[str, Any] = field(repr=False, default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    stitches: list[Any] = field(default_factory=list)
 
     @property
     def micrographs(self):
@@ -61,6 +62,8 @@ class Plan:
         out += [f"  {d}" for d in self.partition.decisions] or ["  (no edges)"]
         out.append(f"feedback events ({len(self.feedback)}):")
         out += [f"  {e}" for e in self.feedback]
+        out.append(f"memory stitching ({len(self.stitches)} decisions):")
+        out += [f"  {d}" for d in self.stitches]
         out.append(f"kernels ({len(self.kernels)}):")
         for k, kp, mm in zip(self.kernels, self.kernel_plans, self.mapped, strict=True):
             res = ""

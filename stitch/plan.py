@@ -22,8 +22,16 @@ class KernelPlan:
     decisions: list[str] = field(default_factory=list)
 
     @property
+    def micrograph_parts(self):
+        """The scheduled micrographs this kernel runs."""
+        out = []
+        for p in self.parts:
+            out.extend(getattr(p, "parts", None) or [p.scheduled])
+        return out
+
+    @property
     def micrographs(self) -> list[str]:
-        return [p.scheduled.name for p in self.parts]
+        return [p.name for p in self.micrograph_parts]
 
     def __str__(self) -> str:
         lines = [f"KernelPlan {self.name}: {', '.join(self.micrographs)}"]
@@ -36,6 +44,6 @@ def plan_kernels(mapped: list[tuple[MappedMicrograph, dict[str, Placement]]]) ->
     """One kernel per micrograph, named after its first primitive."""
     plans = []
     for i, (mm, pl) in enumerate(mapped):
-        first = mm.scheduled.model.micrograph.prims[0]
+        first = mm.scheduled.model.statements[0].prim
         plans.append(KernelPlan(f"k{i}_{first}", [mm], pl))
     return plans

@@ -1,0 +1,163 @@
+"""Layer 2: memory stitching of reduction micrographs with their consumers (APOLLO Algorithm 2).
+
+Step 1 — the supplementary rules are the stitch rules of the table (7: reduction →
+elementwise/broadcast; 8: reduction → reduction of the identical canonical form).
+Step 2 — for each rule, greedily and until nothing changes, every producer→consumer pair of
+kernel groups that matches the rule is stitched when (a) it creates no cycle among groups,
+(b) for rule 8 the canonical forms are identical, and (c) the two groups' outer (block-level)
+dimensions and launch shapes are consistent — decided by isl: the composed schedule of both
+groups must keep every dependence inside one kept point and respect all dependences, and no
+dependence may cross lanes inside a loop (``consist_dim_and_param``).
+Step 3 — memory allocation happens later, per tensor, by its per-block footprint
+(:func:`polyfuse.poly.placement.place_shared`).
+
+Every stitch made or refused is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from polyfuse.graph.graph import Graph
+from polyfuse.graph.kinds import OpKind
+from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
+from polyfuse.poly.canonical import CanonicalForm, canonical_form
+from polyfuse.poly.compose import CompositionError, ReductionKernel, map_reduction_kernel
+from polyfuse.poly.cost import ReductionStrategy, choose_reduction_strategy
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.schedule import ScheduledMicrograph
+
+
+@dataclass
+class KernelGroup:
+    """Micrographs that will run as one kernel."""
+
+    parts: list[ScheduledMicrograph]
+    kind: OpKind
+    form: CanonicalForm | None = None
+    strategy: ReductionStrategy | None = None
+    layout: ReductionKernel | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.parts]
+
+    def __str__(self) -> str:
+        form = f" {self.form}" if self.form else ""
+        return f"[{' + '.join(self.names)}] {self.kind.value}{form}"
+
+
+@dataclass
+class StitchDecision:
+    """A stitch made or refused between two kernel groups."""
+
+    producer: list[str]
+    consumer: list[str]
+    rule: int | None
+    stitched: bool
+    reason: str
+    tensors: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        verb = "stitched" if self.stitched else "not stitched"
+        r = f" (rule {self.rule})" if self.rule else ""
+        return f"{'+'.join(self.producer)} -> {'+'.join(self.consumer)}: {verb}{r}: {self.reason}"
+
+
+def _group_edges(graph: Graph, owner: dict[str, int]) -> dict[tuple[int, int], list[str]]:
+    edges: dict[tuple[int, int], list[str]] = {}
+    for a, b in graph.dag.edges:
+        ga, gb = owner[a], owner[b]
+        if ga != gb:
+            edges.setdefault((ga, gb), []).append(graph.dag.edges[a, b]["tensor"])
+    return edges
+
+
+def stitch_memory(
+    graph: Graph,
+    part: Partition,
+    scheduled: list[ScheduledMicrograph],
+    device: DeviceSpec,
+    rules: tuple[Rule, ...] = STITCH_RULES,
+    enabled: bool = True,
+) -> tuple[list[KernelGroup], list[StitchDecision]]:
+    """Algorithm 2 over the scheduled micrographs (in dependence order)."""
+    groups: dict[int, KernelGroup] = {}
+    for i, (mg, sm) in enumerate(zip(part.micrographs, scheduled, strict=True)):
+        form = canonical_form(sm) if mg.kind == OpKind.REDUCTION else None
+        g = KernelGroup([sm], mg.kind, form)
+        if form is not None:
+            g.strategy = choose_reduction_strategy(form, device)
+            try:
+                g.layout = map_reduction_kernel(graph, g.parts, g.strategy)
+            except CompositionError as e:
+                g.layout = None
+                sm.notes.append(f"no parallel reduction layout ({e}); reduction loops stay serial")
+        groups[i] = g
+    owner = {p: part.owner[p] for p in graph.prims}
+    decisions: list[StitchDecision] = []
+    if not enabled:
+        return [groups[i] for i in sorted(groups)], decisions
+    refused: set[tuple[int, int]] = set()
+    for rule in rules:
+        changed = True
+        while changed:
+            changed = False
+            edges = _group_edges(graph, owner)
+            q = nx.DiGraph(list(edges))
+            q.add_nodes_from(groups)
+            for (p, c), tensors in sorted(edges.items()):
+                gp, gc = groups[p], groups[c]
+                if not rule.matches(gp.kind, gc.kind) or (p, c, rule.number) in refused:
+                    continue
+                d, layout = _try_stitch(graph, q, p, c, gp, gc, rule, tensors)
+                decisions.append(d)
+                if layout is None:
+                    refused.add((p, c, rule.number))
+                    continue
+                parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
+                groups[p] = KernelGroup(parts, rule.result, gp.form, gp.strategy, layout)
+                del groups[c]
+                for prim, o in owner.items():
+                    if o == c:
+                        owner[prim] = p
+                changed = True
+                break
+    return [groups[i] for i in sorted(groups)], decisions
+
+
+def _try_stitch(
+    graph: Graph,
+    q: nx.DiGraph,
+    p: int,
+    c: int,
+    gp: KernelGroup,
+    gc: KernelGroup,
+    rule: Rule,
+    tensors: list[str],
+) -> tuple[StitchDecision, ReductionKernel | None]:
+    """Check the conditions of Algorithm 2 step 2; the stitched layout when they hold."""
+
+    def refuse(reason: str) -> tuple[StitchDecision, None]:
+        return StitchDecision(gp.names, gc.names, rule.number, False, reason, tensors), None
+
+    for s in q.successors(p):
+        if s != c and nx.has_path(q, s, c):
+            return refuse("stitching would create a cycle")
+    if gp.layout is None or gp.strategy is None:
+        return refuse("the producer has no parallel reduction layout")
+    if rule.number == 8:
+        if gc.form is None or not gp.form.same_as(gc.form):
+            return refuse(f"canonical forms differ ({gp.form} vs {gc.form})")
+        if gc.strategy != gp.strategy:
+            return refuse("launch shapes differ")
+    try:
+        parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
+        layout = map_reduction_kernel(graph, parts, gp.strategy)
+    except CompositionError as e:
+        return refuse(f"outer dimensions or tiles do not match: {e}")
+    shape = f"{gp.strategy.kept_tile}x{gp.strategy.lanes}"
+    why = f"same outer dimensions and launch shape ({shape} threads)"
+    return StitchDecision(gp.names, gc.names, rule.number, True, why, tensors), layout
