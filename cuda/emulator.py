@@ -614,9 +614,7 @@ class _Server:
     def close(self) -> None:
         self.stop()
         self.shm_view = None
-        if self.shm is not None:
-            self.shm.close()
-            self.shm = None
+        self.shm = None
         if self.shm_fd >= 0:
             os.close(self.shm_fd)
             self.shm_fd = -1
@@ -686,9 +684,11 @@ class _Server:
         """The shared region (at least ``size`` bytes), mapped by the server too."""
         if self.shm is None or len(self.shm) < size:
             cap = max(1 << 20, 1 << (size - 1).bit_length())
+            # Views of the old mapping may still be alive (e.g. in a traceback): let it be
+            # unmapped when they go, rather than closing it here.
             self.shm_view = None
-            if self.shm is not None:
-                self.shm.close()
+            self.shm = None
+            if self.shm_fd >= 0:
                 os.close(self.shm_fd)
             self.shm_fd = os.memfd_create("polyfuse-emulator", os.MFD_CLOEXEC)
             os.ftruncate(self.shm_fd, cap)

@@ -565,6 +565,30 @@ def test_failures_raise_and_caller_survives(emu, kernel, args, pattern):
     assert os.getpid() > 0  # still here
 
 
+def test_shared_region_grows_while_a_failure_is_held(emu):
+    mod = emu.load(GENERATED)
+    with pytest.raises(EmulatorError) as info:  # keeps the failing frame (and its views) alive
+        mod.run(
+            [
+                Launch(
+                    "axpy",
+                    (1, 1, 1),
+                    (64, 1, 1),
+                    ("y", "x", ScalarArg(1.0, "float"), ScalarArg(64)),
+                )
+            ],
+            {"y": np.zeros(8, np.float32), "x": np.zeros(8, np.float32)},
+        )
+    assert "out-of-bounds" in str(info.value)
+    n = 3 << 20  # needs a larger shared region than any test before
+    x, y = rand(n), np.ones(n, np.float32)
+    launch = Launch(
+        "axpy", (n // 256, 1, 1), (256, 1, 1), ("y", "x", ScalarArg(2.0, "float"), ScalarArg(n))
+    )
+    mod.run([launch], {"y": y, "x": x})
+    np.testing.assert_allclose(y, 2 * x + 1, rtol=1e-6)
+
+
 def test_hung_kernel_times_out(emu):
     mod = emu.load(FAILURES)
     flag = np.zeros(1, np.int32)
