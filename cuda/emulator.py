@@ -12,22 +12,35 @@
    launch entry per kernel (cuLaunchKernel-like ABI) plus a module descriptor are appended.
 2. ``g++ -O2 -std=c++20 -shared -fPIC -include pf_emu.h -fvisibility=hidden`` compiles it. The
    header (``emulator_rt/pf_emu.h``) maps ``threadIdx``, barriers, warp operations, cp.async,
-   atomics and device math onto the runtime; the runtime itself (fibers, scheduler, workers,
-   ``emulator_rt/pf_emu_rt.cpp``) is a separately compiled library, so a kernel library costs
-   about a second to build. Both are cached on disk by a hash of their inputs and the compiler.
-3. :meth:`EmulatedModule.run` copies the buffers into shared memory and forks a child process
-   (from C, so the child never runs Python) that executes the launches in order and exits; the
-   parent waits with a timeout, copies results back and reads the per-launch traffic. A crash,
-   bad access, divergent barrier or deadlock in a kernel becomes an :class:`EmulatorError` naming
-   the kernel; the caller's process is unaffected.
+   atomics and device math onto the runtime; the runtime (fibers, scheduler, workers:
+   ``emulator_rt/pf_emu_rt.cpp``) is compiled separately, once, into a small server program, so a
+   kernel library builds in well under a second. Both are cached on disk by a hash of their
+   inputs, the flags and the compiler.
+3. :meth:`EmulatedModule.run` writes the launches and buffers into a shared memfd and asks the
+   server, which has loaded the library, to run them: it forks a child that executes the
+   launches in order (each CUDA thread a fiber, blocks spread over worker threads) and exits.
+   The parent waits with a timeout, copies results back and reads the per-launch traffic. A
+   crash, bad access, divergent barrier or deadlock in a kernel becomes an
+   :class:`EmulatorError` naming the kernel; the caller's process is unaffected.
+
+Semantics worth knowing: a ``__syncthreads`` completes when every thread of the block waits at
+the same source line; threads waiting at different lines, or some threads having exited while
+others wait, is reported as divergence (stricter than some hardware tolerates). Warp operations
+complete when every live lane of their mask has arrived; exited lanes leave the mask.
+``__activemask()`` returns the lanes that reach the same call site together. ``cp.async``
+copies capture their source at issue, poison the destination (0xFF) and land at the
+``__pipeline_wait_prior`` that covers their group. Static shared memory overflow is not
+checked; dynamic shared memory ends at a guard page.
 
 Unsupported source constructs (they fail to compile or are reported): template kernels and
 kernels in namespaces, ``__global__``/``__shared__``/``__device__`` hidden in function-like
-macros, pointer-returning ``__device__`` functions taking global pointers, member access through
-a global pointer to a struct/vector type (``p[i].x``; load the element first), C-style casts of
+macros, local pointers declared without an initialiser and later assigned a global pointer,
+pointer-returning ``__device__`` functions taking global pointers, member access through a
+global pointer to a struct/vector type (``p[i].x``; load the element first), C-style casts of
 global pointers (use ``reinterpret_cast``), pointer-to-pointer kernel parameters, ``__half`` and
 other fp16/bf16 types, cooperative groups, ``cuda::pipeline``/``cuda::barrier``, inline PTX,
-dynamic parallelism, texture/surface objects, ``__constant__`` symbols set from the host.
+dynamic parallelism, texture/surface objects, ``__constant__`` symbols set from the host,
+spin-waits on other blocks (blocks run to completion one after another per worker).
 ``auto v = p[i];`` binds a lazy reference to global memory rather than a value.
 """
 
@@ -477,10 +490,17 @@ def _compiler_id(cxx: str) -> str:
     return f"{cxx}|{out.stdout.splitlines()[0] if out.stdout else ''}"
 
 
+@functools.lru_cache(maxsize=1)
+def _process_temp_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="polyfuse-emulator-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def _default_cache_dir() -> Path:
     root = os.environ.get("POLYFUSE_CACHE")
-    if root and root.lower() == "off":
-        return Path(tempfile.mkdtemp(prefix="polyfuse-emulator-"))
+    if root and root.lower() == "off":  # one temporary directory for this process
+        return _process_temp_dir()
     base = Path(root) if root else Path.home() / ".cache" / "polyfuse"
     return base / "emulator"
 
