@@ -241,6 +241,7 @@ class _Source:
         codes = np.frombuffer(self.mask.encode("utf-32-le"), dtype=np.uint32)
         self.depth = np.cumsum((codes == ord("{")).astype(np.int32) - (codes == ord("}")))
         self.edits: list[_Edit] = []
+        self.pointer_names: set[str] = set()  # names that may hold instrumented pointers
 
     def line(self, pos: int) -> int:
         return self.src.count("\n", 0, pos) + 1
@@ -276,6 +277,7 @@ class _Source:
             if pp is None:
                 continue
             typ, name = pp
+            self.pointer_names.add(name)
             lead = seg[: len(seg) - len(seg.lstrip())]
             trail = seg[len(seg.rstrip()) :]
             new = f"pf_gptr<{typ}> {name}" if kernel else f"auto {name}"
@@ -319,6 +321,7 @@ def prepass(source: str) -> _Prepassed:
     _rewrite_device_functions(s)
     _rewrite_shared(s)
     _rewrite_local_pointers(s)
+    _rewrite_sizeof(s)
     for m in re.finditer(r"\breinterpret_cast\s*<", s.mask):
         if not s.edited(m.start()):
             s.edit(m.start(), m.start() + len("reinterpret_cast"), "pf_reinterpret_cast")
@@ -438,6 +441,25 @@ def _rewrite_local_pointers(s: _Source) -> None:
             continue  # several declarators, or not a declaration statement
         if not s.edited(m.start()):
             s.edit(m.start(), m.start("name"), "auto&& " if m.group("ref") == "&" else "auto ")
+            s.pointer_names.add(m.group("name"))
+
+
+def _rewrite_sizeof(s: _Source) -> None:
+    """Step 5: ``sizeof(*p)`` / ``sizeof(p[i])`` / ``sizeof *p`` of a (possibly) instrumented
+    pointer measure the element, not the reference proxy."""
+
+    def wanted(expr: str) -> bool:
+        head = re.match(r"\*|([A-Za-z_]\w*)\s*\[", expr.strip())
+        return bool(head) and (head.group(1) is None or head.group(1) in s.pointer_names)
+
+    for m in re.finditer(r"\bsizeof\s*\(", s.mask):
+        close = _match_close(s.mask, m.end() - 1)
+        if wanted(s.mask[m.end() : close]) and not s.edited(m.start()):
+            s.edit(m.end(), close, f"pf_value_t<decltype({s.src[m.end() : close]})>")
+    unparenthesised = r"\bsizeof\s+(\*\s*[A-Za-z_]\w*|[A-Za-z_]\w*\s*\[[^\]\[;]*\])"
+    for m in re.finditer(unparenthesised, s.mask):
+        if wanted(m.group(1)) and not s.edited(m.start()):
+            s.edit(m.start(), m.end(), f"sizeof(pf_value_t<decltype({m.group(1)})>)")
 
 
 def _registration(kernels: Sequence[str]) -> str:

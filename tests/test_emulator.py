@@ -691,6 +691,7 @@ KERNEL void __launch_bounds__(64, 2) dialect(const float* __restrict__ x, float*
   float& out = y[t];
   out = file_scope_tile[(t + 1) % N] + (float)counter + (float)n;
   store_pair(y + N, t, a[t], (float)counter);
+  if (t == 0) y[3 * N] = sizeof(x[0]) + sizeof(*v) + sizeof *x + sizeof(a[0]);
 }
 """
 
@@ -698,16 +699,17 @@ KERNEL void __launch_bounds__(64, 2) dialect(const float* __restrict__ x, float*
 def test_dialect_constructs(emu):
     mod = emu.load(DIALECT)
     x = rand(64 * 4)
-    y = np.zeros(3 * 64, np.float32)
+    y = np.zeros(3 * 64 + 1, np.float32)
     v = np.zeros((64, 4), np.float32)
     args = ("x", "y", "v", ScalarArg(5, "long long"))
     (t,) = mod.run([Launch("dialect", (1, 1, 1), (64, 1, 1), args)], {"x": x, "y": y, "v": v})
     sums = x.reshape(64, 4).sum(axis=1)
     np.testing.assert_allclose(y[:64], 2 * np.roll(sums, -1) + 64 + 5, rtol=1e-5)
     np.testing.assert_allclose(
-        y[64:].reshape(64, 2), np.stack([sums, np.full(64, 64.0)], 1), rtol=1e-5
+        y[64:-1].reshape(64, 2), np.stack([sums, np.full(64, 64.0)], 1), rtol=1e-5
     )
     np.testing.assert_array_equal(v, x.reshape(64, 4)[:, ::-1])
+    assert y[-1] == 4 + 16 + 4 + 4
     assert t.reads["x"] == x.nbytes and t.writes["v"] == v.nbytes and t.writes["y"] == y.nbytes
 
 
