@@ -62,7 +62,7 @@ def configure(ctx: isl.Context) -> None:
     ctx.set_schedule_maximize_band_depth(1)
     ctx.set_tile_scale_tile_loops(0)
     ctx.set_tile_shift_point_loops(1)
-    ctx.set_schedule_whole_component(1)
+    ctx.set_schedule_whole_component(0)
     ctx.set_on_error(isl.on_error.CONTINUE)
 
 
@@ -131,6 +131,27 @@ def _halves(model: PolyModel) -> list[list[str]]:
     return [prims[:h], prims[h:]]
 
 
+def _run_scheduler(
+    sc: isl.ScheduleConstraints, ctx: isl.Context, budget: int, whole_component: bool
+) -> tuple[isl.Schedule | None, bool]:
+    ctx.set_schedule_whole_component(1 if whole_component else 0)
+    ctx.set_max_operations(budget)
+    ctx.reset_operations()
+    try:
+        sched = sc.compute_schedule()
+        return sched, sched is None
+    except isl.Error:
+        return None, True
+    finally:
+        ctx.set_max_operations(0)
+        ctx.set_schedule_whole_component(0)
+
+
+def _single_band(sched: isl.Schedule) -> bool:
+    root = sched.get_root()
+    return root.has_children() and root.child(0).get_type() == isl.schedule_node_type.band
+
+
 def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> ScheduledMicrograph:
     """Run the isl scheduler on ``model`` within ``budget`` operations.
 
@@ -152,15 +173,13 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
         .set_proximity(model.flow)
         .set_coincidence(coincidence)
     )
-    ctx.set_max_operations(budget)
-    ctx.reset_operations()
-    try:
-        sched = sc.compute_schedule()
-        failed = sched is None
-    except isl.Error:
-        failed = True
-    finally:
-        ctx.set_max_operations(0)
+    sched, failed = _run_scheduler(sc, ctx, budget, whole_component=False)
+    if relax and not failed and not _single_band(sched):
+        # isl's clustering fused the producers first along their own outer loop; the
+        # whole-component scheduler considers the reduction too (small problems only).
+        retry, retry_failed = _run_scheduler(sc, ctx, budget, whole_component=True)
+        if not retry_failed and _single_band(retry):
+            sched = retry
     if failed:
         if len(mg.prims) == 1:
             return ScheduledMicrograph(
