@@ -25,6 +25,7 @@ lanes' partial accumulators (warp shuffles / shared memory) so every lane holds 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -69,20 +70,86 @@ def _top_band(sm: ScheduledMicrograph) -> isl.ScheduleNode | None:
     return node
 
 
-def _split_part(sm: ScheduledMicrograph, k: int) -> tuple[isl.MultiUnionPwAff | None, isl.Schedule]:
-    """(outer partial schedule of k members, the schedule below it)."""
+def _reordered(node: isl.ScheduleNode, order: tuple[int, ...]) -> isl.ScheduleNode:
+    """The band with its members permuted (legal: only done to permutable bands)."""
+    n = node.band_n_member()
+    if order == tuple(range(n)):
+        return node
+    part = node.band_get_partial_schedule()
+    coinc = [node.band_member_get_coincident(i) for i in range(n)]
+    lst = [part.get_at(i) for i in order]
+    new = part
+    for i, upa in enumerate(lst):
+        new = new.set_at(i, upa)
+    node = node.delete().insert_partial_schedule(new)
+    node = node.band_set_permutable(1)
+    for i, j in enumerate(order):
+        node = node.band_member_set_coincident(i, 1 if coinc[j] else 0)
+    return node
+
+
+def _keeps_update_dims(sm: ScheduledMicrograph, outer: isl.MultiUnionPwAff) -> bool:
+    """On a reduction's update, the outer members must be a bijection of its kept dims."""
+    ups = [s for s in sm.model.statements if s.role == "update"]
+    if not ups:
+        return True
+    upd = ups[-1]
+    nd = len(loop_names(upd.tensor)[0])
+    um = isl.UnionMap.from_multi_union_pw_aff(outer).intersect_domain(
+        isl.UnionSet.from_set(upd.domain)
+    )
+    (m,) = maps_of(um)
+    kept = m.reverse().project_out(isl.dim_type.out, nd, upd.dims - nd)  # [v] -> [d]
+    return kept.is_single_valued() and kept.is_injective() and kept.reverse().is_single_valued()
+
+
+def _split_part(
+    sm: ScheduledMicrograph,
+    k: int,
+    model: PolyModel,
+    outer_so_far: isl.MultiUnionPwAff | None,
+    ranges: list[tuple[int, int]] | None,
+) -> tuple[isl.MultiUnionPwAff | None, isl.Schedule]:
+    """Choose the part's ``k`` outer members and return (outer, the schedule below it).
+
+    The first ``k`` members are tried first; when the band is permutable, other ordered
+    choices are tried too. A choice must cover a reduction's kept dimensions one-to-one,
+    span the same kept extents as the other parts, and keep every dependence with the parts
+    chosen so far inside one kept point (isl checks each condition).
+    """
     if k == 0:
         return None, sm.schedule
     node = _top_band(sm)
     if node is None or node.band_n_member() < k:
         raise CompositionError(f"{sm.name}: no outer band with {k} members")
-    for i in range(k):
-        if not node.band_member_get_coincident(i):
-            raise CompositionError(f"{sm.name}: outer member {i} is not parallel")
-    if node.band_n_member() > k:
-        node = node.band_split(k)
-    outer = node.band_get_partial_schedule()
-    return outer, node.delete().get_schedule()
+    n = node.band_n_member()
+    orders = [tuple(range(n))]
+    if node.band_get_permutable():
+        for sel in itertools.permutations(range(n), k):
+            rest = tuple(i for i in range(n) if i not in sel)
+            if sel + rest not in orders:
+                orders.append(sel + rest)
+    why = "no choice of outer members matches"
+    for order in orders:
+        cand = _reordered(node, order)
+        if not all(cand.band_member_get_coincident(i) for i in range(k)):
+            why = "outer members are not parallel"
+            continue
+        if n > k:
+            cand = cand.band_split(k)
+        outer = cand.band_get_partial_schedule()
+        if not _keeps_update_dims(sm, outer):
+            why = "outer members do not index the reduction's kept dimensions"
+            continue
+        if ranges is not None and _band_ranges_of(outer, sm.model.domain, k) != ranges:
+            why = f"kept extents differ from {ranges}"
+            continue
+        joint = outer if outer_so_far is None else outer_so_far.union_add(outer)
+        if not _zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(joint)):
+            why = "a dependence crosses kept points (outer dimensions do not match)"
+            continue
+        return outer, cand.delete().get_schedule()
+    raise CompositionError(f"{sm.name}: {why}")
 
 
 def _laneless(sm: ScheduledMicrograph, outer: isl.MultiUnionPwAff | None) -> set[str]:
@@ -144,21 +211,25 @@ def compose(
     laneless: set[str] = set()
     ranges = None
     for sm in parts:
-        outer, inner = _split_part(sm, k)
+        outer, inner = _split_part(sm, k, model, outer_all, ranges)
         if outer is not None:
-            r = _band_ranges_of(outer, sm.model.domain, k)
-            if ranges is None:
-                ranges = r
-            elif r != ranges:
-                raise CompositionError(f"{sm.name}: kept extents {r} differ from {ranges}")
+            ranges = ranges or _band_ranges_of(outer, sm.model.domain, k)
             outer_all = outer if outer_all is None else outer_all.union_add(outer)
         ll = _laneless(sm, outer)
         laneless |= ll
         order = [s.name for s in sm.model.statements]
         loop = [n for n in order if n not in ll]
-        pre = [n for n in order if n in ll and not _depends_on(sm.model, n, set(loop))]
-        # statements that (transitively) follow a loop statement go after the loops
-        post = [n for n in order if n in ll and n not in pre]
+        # lane-less statements that (transitively) follow a loop statement go after the loops
+        after = set(loop)
+        grew = True
+        while grew:
+            grew = False
+            for n in order:
+                if n in ll and n not in after and _depends_on(sm.model, n, after):
+                    after.add(n)
+                    grew = True
+        pre = [n for n in order if n in ll and n not in after]
+        post = [n for n in order if n in ll and n in after]
         kids = [isl.Schedule.from_domain(_domain_of(sm.model, [n])) for n in pre]
         if loop:
             kids.append(inner.intersect_domain(_domain_of(sm.model, loop)))
