@@ -70,10 +70,28 @@ class Graph:
     def is_output(self, t: Tensor) -> bool:
         return any(o.uid == t.uid for o in self.outputs)
 
+    def replace(self, name: str, tensor: Tensor) -> None:
+        """Swap primitive ``name`` for ``tensor`` (same uid/identifier, e.g. after inlining);
+        its relations, kinds and incoming edges are rebuilt."""
+        self.prims[name] = _primitive(tensor, self.idents, self.ctx)
+        for src in list(self.dag.predecessors(name)):
+            self.dag.remove_edge(src, name)
+        assert tensor.op is not None
+        for src in tensor.op.inputs():
+            if not src.is_placeholder:
+                self.dag.add_edge(self.idents[src.uid], name, tensor=self.idents[src.uid])
+
     def __str__(self) -> str:
         lines = [f"Graph: {len(self.prims)} primitives"]
         lines += [f"  {self.prims[n]}" for n in self.topo_order()]
         return "\n".join(lines)
+
+
+def _primitive(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> Primitive:
+    assert t.op is not None
+    rel = primitive_relations(t, idents, ctx)
+    kinds = [access_kind(m, rel.write, r.tensor.shape, t.shape) for r, m in rel.reads]
+    return Primitive(idents[t.uid], t, rel, kinds, op_kind(kinds), t.op.tag)
 
 
 def build_graph(
@@ -130,12 +148,8 @@ def build_graph(
     dag = nx.DiGraph()
     prims: dict[str, Primitive] = {}
     for t in sorted(computes.values(), key=lambda t: t.uid):
-        assert t.op is not None
-        rel = primitive_relations(t, idents, ctx)
-        kinds = [access_kind(m, rel.write, r.tensor.shape, t.shape) for r, m in rel.reads]
-        name = idents[t.uid]
-        prims[name] = Primitive(name, t, rel, kinds, op_kind(kinds), t.op.tag)
-        dag.add_node(name)
+        prims[idents[t.uid]] = _primitive(t, idents, ctx)
+        dag.add_node(idents[t.uid])
     for name, p in prims.items():
         assert p.tensor.op is not None
         for src in p.tensor.op.inputs():

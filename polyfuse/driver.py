@@ -27,6 +27,7 @@ from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.plan import FeedbackEvent, Plan
+from polyfuse.poly.compose import map_reduction_kernel
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappingConfig, map_to_gpu
@@ -35,6 +36,7 @@ from polyfuse.poly.placement import place_shared, place_tensors
 from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.plan import plan_kernels
+from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
 
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
@@ -107,8 +109,19 @@ def compile(  # noqa: A001
     for g in groups:
         if g.layout is not None:
             mm = g.layout
-            block = mm.strategy.threads
-            pl = place_shared(mm, place_tensors(mm), device.smem_per_block_optin - 4 * block)
+            smem = device.smem_per_block_optin - 4 * mm.strategy.threads
+            pl = place_shared(mm, place_tensors(mm), smem)
+            notes: list[str] = []
+            for _ in range(len(graph.prims)):  # inlining may expose the next spill
+                spilled = recompute_candidates(mm, pl)
+                if not spilled:
+                    break
+                for t in spilled:
+                    readers = apply_recompute(graph, mm, t)
+                    notes.append(f"{t}: recomputed in {', '.join(readers)} (spill avoided)")
+                mm = map_reduction_kernel(graph, g.parts, g.strategy)
+                pl = place_shared(mm, place_tensors(mm), smem)
+            mm.notes.extend(notes)
         else:
             (sm,) = g.parts
             mm = map_to_gpu(sm, cfg)
