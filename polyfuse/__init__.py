@@ -6,15 +6,23 @@ lets isl fuse and tile each one, and emits CUDA C that runs on a GPU through pyc
 CPU emulator (``device="emulate"``).
 """
 
-from polyfuse import te
-from polyfuse.errors import PolyfuseError
+import os as _os
+
+# In a source checkout the layer folders (graph/, poly/, stitch/, cuda/) sit beside this
+# package and pyproject.toml maps them to polyfuse.graph etc. on install; make the same names
+# importable when the checkout itself is on sys.path (e.g. `python -m pytest` from the root).
+_here = _os.path.dirname(_os.path.abspath(__file__))
+_root = _os.path.dirname(_here)
+if not _os.path.isdir(_os.path.join(_here, "graph")) and _os.path.isfile(
+    _os.path.join(_root, "graph", "__init__.py")
+):
+    __path__.append(_root)  # noqa: F821
+
+from polyfuse import ops, te  # noqa: E402
+from polyfuse.compiled import CompiledGraph  # noqa: E402
+from polyfuse.driver import compile  # noqa: E402,A004
+from polyfuse.errors import PolyfuseError  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["PolyfuseError", "te", "__version__"]
-
-from polyfuse import ops  # noqa: E402
-from polyfuse.compiled import CompiledGraph  # noqa: E402
-from polyfuse.driver import compile  # noqa: E402,A004
-
-__all__ += ["CompiledGraph", "compile", "ops"]
+__all__ = ["CompiledGraph", "PolyfuseError", "__version__", "compile", "ops", "te"]
