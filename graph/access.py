@@ -16,7 +16,18 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.errors import ExpressionError
-from polyfuse.graph.expr import Binary, Const, Expr, IterVar, Read, Tensor, Unary
+from polyfuse.graph.expr import (
+    Binary,
+    Compare,
+    Const,
+    Expr,
+    IterVar,
+    Logical,
+    Read,
+    Select,
+    Tensor,
+    Unary,
+)
 
 
 def isl_ident(name: str) -> str:
@@ -113,10 +124,57 @@ def primitive_relations(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> 
     )
     write = write.intersect_domain(domain)
     reads = []
-    for r in t.op.reads():
+    for r, guard in guarded_reads(t.op.body, names):
         x = idents[r.tensor.uid]
         subs = ", ".join(affine_str(s, names) for s in r.indices)
-        m = isl.Map(f"{{ {stmt}[{it}] -> {x}[{subs}] }}", context=ctx).intersect_domain(domain)
-        m = m.intersect_range(bounds_set(x, r.tensor.shape, ctx))
+        cond = f" : {guard}" if guard else ""
+        m = isl.Map(f"{{ {stmt}[{it}] -> {x}[{subs}]{cond} }}", context=ctx)
+        m = m.intersect_domain(domain).intersect_range(bounds_set(x, r.tensor.shape, ctx))
         reads.append((r, m))
     return PrimitiveRelations(stmt, domain, write, reads)
+
+
+def affine_condition(e: Expr, names: dict[int, str]) -> str | None:
+    """An affine te condition as isl syntax, or None when it is not affine."""
+    try:
+        if isinstance(e, Compare):
+            op = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}[e.op]
+            return f"({affine_str(e.a, names)} {op} {affine_str(e.b, names)})"
+    except ExpressionError:
+        return None
+    if isinstance(e, Logical):
+        a, b = affine_condition(e.a, names), affine_condition(e.b, names)
+        if a is None or b is None:
+            return None
+        return f"({a} {'and' if e.op == 'and' else 'or'} {b})"
+    if isinstance(e, Unary) and e.op == "not":
+        a = affine_condition(e.a, names)
+        return None if a is None else f"(not {a})"
+    return None
+
+
+def guarded_reads(body: Expr, names: dict[int, str]) -> list[tuple[Read, str | None]]:
+    """Every read of ``body`` with the affine condition under which it executes (None: always).
+
+    ``te.where(c, a, b)`` evaluates only one side, so reads in ``a`` happen only where ``c``
+    holds and reads in ``b`` only where it does not; isl then sees exactly the elements read.
+    """
+    out: list[tuple[Read, str | None]] = []
+
+    def both(a: str | None, b: str | None) -> str | None:
+        return b if a is None else a if b is None else f"({a} and {b})"
+
+    def visit(e: Expr, guard: str | None) -> None:
+        if isinstance(e, Read):
+            out.append((e, guard))
+        if isinstance(e, Select):
+            c = affine_condition(e.cond, names)
+            visit(e.cond, guard)
+            visit(e.a, both(guard, c))
+            visit(e.b, both(guard, None if c is None else f"(not {c})"))
+            return
+        for k in e.children():
+            visit(k, guard)
+
+    visit(body, None)
+    return out

@@ -70,11 +70,22 @@ class Graph:
     def is_output(self, t: Tensor) -> bool:
         return any(o.uid == t.uid for o in self.outputs)
 
+    def add(self, tensor: Tensor) -> str:
+        """Add a new compute primitive (its inputs must be in the graph); returns its name."""
+        base = isl_ident(tensor.name)
+        name, n = base, 1
+        while name in set(self.idents.values()):
+            name, n = f"{base}_{n}", n + 1
+        self.idents[tensor.uid] = name
+        self.dag.add_node(name)
+        self.replace(name, tensor)
+        return name
+
     def replace(self, name: str, tensor: Tensor) -> None:
         """Swap primitive ``name`` for ``tensor`` (same uid/identifier, e.g. after inlining);
         its relations, kinds and incoming edges are rebuilt."""
         self.prims[name] = _primitive(tensor, self.idents, self.ctx)
-        for src in list(self.dag.predecessors(name)):
+        for src in list(self.dag.predecessors(name)) if name in self.dag else []:
             self.dag.remove_edge(src, name)
         assert tensor.op is not None
         for src in tensor.op.inputs():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.graph.expr import IterVar, Read, walk
+from polyfuse.graph.expr import IterVar, Read, Tensor, walk
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 
@@ -73,11 +73,13 @@ def outer_coincident(sm: ScheduledMicrograph) -> int:
 
 
 def canonical_form(sm: ScheduledMicrograph) -> CanonicalForm | None:
-    """The canonical form of a reduction micrograph, or None when it has no reduction."""
+    """The canonical form of a reduction micrograph (its last reduction), or None."""
     upd = _main_update(sm)
-    if upd is None:
-        return None
-    t = upd.tensor
+    return None if upd is None else form_of(upd.tensor)
+
+
+def form_of(t: Tensor) -> CanonicalForm:
+    """The canonical form of reduction primitive ``t`` (from its axes and its largest read)."""
     assert t.op is not None and t.op.reduce is not None
     kept = tuple(a.extent for a in t.op.axes if a.extent > 1)
     red = 1

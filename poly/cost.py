@@ -13,8 +13,9 @@ Policy, per canonical form (see :mod:`polyfuse.poly.canonical`):
   thread reaches the combine's barriers).
 - **all-reduce**: one block whose lanes stride the whole domain.
 
-A reduction where some thread would still loop over more than ``max_serial`` elements is too
-long for one kernel; the driver splits it into two stages first.
+A reduction where some thread would still loop over more than ``max_serial`` elements, or an
+all-reduce over more than ``all_single_block`` elements, is split into two stages first
+(:mod:`polyfuse.poly.split`).
 A rough modelled time (bytes / DRAM bandwidth + launch overhead) is attached for reports; it is
 never presented as a measurement.
 """
@@ -38,6 +39,8 @@ class ReductionConfig:
     block_threads: int = 256
     x_rows: int = 8
     max_serial: int = 256
+    all_single_block: int = 65536  # larger all-reduces use many blocks (two stages)
+    chunk: int = 16384  # elements per partial reduction of a split all-reduce
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,3 @@ def choose_reduction_strategy(
     lanes = max(cfg.min_threads, min(maxt, lanes))
     why = "block per row" if form.kind == "y" else "one block strides the whole domain"
     return ReductionStrategy(form, 1, lanes, why)
-
-
-def needs_split(form: CanonicalForm, cfg: ReductionConfig | None = None) -> bool:
-    """Whether some thread would loop over more than ``cfg.max_serial`` reduced elements."""
-    cfg = cfg or ReductionConfig()
-    lanes = cfg.max_threads if form.kind != "x" else cfg.x_rows * 4
-    return -(-form.reduced // lanes) > cfg.max_serial

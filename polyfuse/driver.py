@@ -28,12 +28,14 @@ from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.plan import FeedbackEvent, Plan
 from polyfuse.poly.compose import map_reduction_kernel
+from polyfuse.poly.cost import ReductionConfig
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import place_shared, place_tensors
 from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.poly.split import split_long_reductions
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.plan import plan_kernels
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
@@ -56,8 +58,9 @@ def compile(  # noqa: A001
     """Compile the graph from ``inputs`` to ``outputs`` into CUDA kernels.
 
     ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
-    knobs; ``stitch`` enables Layer 2 memory stitching; ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers
-    and shared memory per kernel ("auto": when a compiler is installed).
+    knobs; ``stitch`` enables Layer 2 memory stitching and two-stage long reductions;
+    ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers and
+    shared memory per kernel ("auto": when a compiler is installed).
     """
     if arch not in SUPPORTED_ARCHS:
         raise ExpressionError(
@@ -68,6 +71,8 @@ def compile(  # noqa: A001
     t0 = time.perf_counter()
     ctx = isl.Context()
     graph = build_graph(inputs, outputs, ctx)
+    device = device_for_arch(arch)
+    graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
     times["graph"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -99,7 +104,6 @@ def compile(  # noqa: A001
     times["partition+schedule"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    device = device_for_arch(arch)
     groups, stitches = stitch_memory(graph, part, scheduled, device, enabled=stitch)
     times["stitch"] = time.perf_counter() - t0
 
@@ -158,6 +162,7 @@ def compile(  # noqa: A001
         asts,
         times,
         stitches,
+        graph_notes,
     )
     fn = CompiledGraph(
         name, arch, inputs, outputs, kernels, source, launches, buffers, plan, graph.idents

@@ -46,6 +46,7 @@ class Plan:
     asts: dict[str, Any] = field(repr=False, default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     stitches: list[Any] = field(default_factory=list)
+    rewrites: list[str] = field(default_factory=list)
 
     @property
     def micrographs(self):
@@ -56,6 +57,7 @@ class Plan:
         out = [f"== polyfuse plan: {self.name} =="]
         out.append(f"primitives ({len(g.prims)}):")
         out += [f"  {g.prims[n]}" for n in g.topo_order()]
+        out += [f"  rewrite: {r}" for r in self.rewrites]
         out.append(f"micrographs ({len(self.partition.micrographs)}):")
         out += [f"  {m}" for m in self.partition.micrographs]
         out.append("decisions:")
