@@ -10,6 +10,7 @@ import os
 import time
 
 import pytest
+
 from polyfuse.cuda import compiler as cc
 from polyfuse.cuda.compiler import (
     COMPILERS,
@@ -20,7 +21,6 @@ from polyfuse.cuda.compiler import (
     compile_cuda,
     parse_ptxas_report,
 )
-
 from polyfuse.errors import CompilerNotFound, CudaCompileError
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from polyfuse.graph.expr import Reduce, Tensor, walk
 
 from polyfuse import ops, te
 from polyfuse.errors import CallError, ExpressionError
+from polyfuse.graph.expr import Reduce, Tensor, walk
 from polyfuse.reference import evaluate
 
 RTOL = 1e-5

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from polyfuse.cuda.compiler import CudaBinary, available_compilers
 from polyfuse.cuda.launch import Launch, ScalarArg
 from polyfuse.cuda.runtime import CudaRuntime, device_arguments, gpu_available
-
 from polyfuse.errors import CallError, DeviceError
 
 HAS_GPU = gpu_available()
