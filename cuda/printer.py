@@ -105,6 +105,7 @@ _UNARY = {
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 INT_LIMIT = 2**31 - 1
+STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
 
 
 def c_float(v: float) -> str:
@@ -361,14 +362,22 @@ def print_kernel(
     lines += _decompose("threadIdx.x", "_t", threads)
     dyn = 0
     if shared:
-        lines.append("  extern __shared__ float pf_smem[];")
+        # Static arrays while everything fits the default 48 KB (ptxas then reports them);
+        # beyond that one dynamic buffer, for which the launch opts in.
+        total = sum(p.smem_floats for p in shared) + (block if combine else 0)
+        static = total * 4 <= STATIC_SMEM_LIMIT
+        if not static:
+            lines.append("  extern __shared__ float pf_smem[];")
         build = isl.AstBuild.from_context(mm.context)
         for p in shared:
-            lines.append(f"  float* s_{p.tensor} = pf_smem + {p.smem_offset};")
+            if static:
+                lines.append(f"  __shared__ float s_{p.tensor}[{p.smem_floats}];")
+            else:
+                lines.append(f"  float* s_{p.tensor} = pf_smem + {p.smem_offset};")
+                dyn = max(dyn, (p.smem_offset + p.smem_floats) * 4)
             for d, (lo, _) in enumerate(p.box):
                 lo_c = c_index(convert_expr(build.expr_from_pw_aff(lo)))
                 lines.append(f"  const int s_{p.tensor}_lo{d} = {lo_c};")
-            dyn = max(dyn, (p.smem_offset + p.smem_floats) * 4)
     if combine:
         lines.append(f"  __shared__ float pf_scratch[{block}];")
     lines += [f"  float r_{r};" for r in regs]

@@ -1,7 +1,8 @@
 """Recompute instead of spilling: the costed alternative to a global scratch buffer.
 
 Policy. When an intermediate of a stitched kernel fits neither registers nor shared memory,
-keeping it means writing it to global memory and reading it back (2 × its bytes). If the
+keeping it means writing it to global memory and reading it back (2 × its bytes); a kernel
+output that later parts read back costs the reload the same way. If the
 intermediate is elementwise/broadcast (no reduction) and every tensor its expression reads
 is already available inside the kernel — a kernel input read anyway, or a value the kernel
 keeps in registers or shared memory — then the later parts can recompute it from those
@@ -27,7 +28,9 @@ def recompute_candidates(rk: ReductionKernel, placements: dict[str, Placement]) 
     out = []
     for name, p in placements.items():
         role = model.tensors[name]
-        if p.space != "global" or role.role != "internal" or role.tensor is None:
+        if p.space != "global" or role.tensor is None:
+            continue
+        if role.role not in ("internal", "output") or p.register_copy:
             continue
         t = role.tensor
         if t.op is None or t.op.reduce is not None:
