@@ -259,39 +259,46 @@ class BodyPrinter:
         return f"{acc} = f{red.op}f({acc}, {v});"
 
 
-def _emit(nodes: list[KNode], depth: int, emit_stmt, barrier: str | None = None) -> list[str]:
-    pad = "  " * depth
-    out: list[str] = []
-    for n in nodes:
-        if isinstance(n, KMark):
-            if n.name.startswith("part:") and barrier and _emit.parts_seen:
-                out.append(f"{pad}{barrier};  // {n.name[5:]} reads what earlier parts wrote")
-            _emit.parts_seen += n.name.startswith("part:")
-            out.append(f"{pad}// {n.name}")
-            out += _emit(n.body, depth, emit_stmt, barrier)
-            continue
-        if isinstance(n, KFor):
-            cond = c_index(n.cond)
-            out.append(
-                f"{pad}for (int {n.var} = {c_index(n.init)}; {cond}; {n.var} += {n.step}) {{"
-            )
-            out += _emit(n.body, depth + 1, emit_stmt, barrier)
-            out.append(f"{pad}}}")
-        elif isinstance(n, KIf):
-            out.append(f"{pad}if ({c_index(n.cond)}) {{")
-            out += _emit(n.then, depth + 1, emit_stmt, barrier)
-            if n.orelse:
-                out.append(f"{pad}}} else {{")
-                out += _emit(n.orelse, depth + 1, emit_stmt, barrier)
-            out.append(f"{pad}}}")
-        elif isinstance(n, KDef):
-            out.append(f"{pad}{{")
-            out.append(f"{pad}  const int {n.var} = {c_index(n.value)};")
-            out += _emit(n.body, depth + 1, emit_stmt, barrier)
-            out.append(f"{pad}}}")
-        elif isinstance(n, KStmt):
-            out.append(pad + emit_stmt(n))
-    return out
+class _Emitter:
+    """Writes kernel AST nodes as C, with a barrier before every stitched part but the first."""
+
+    def __init__(self, emit_stmt, barrier: str | None):
+        self.emit_stmt = emit_stmt
+        self.barrier = barrier
+        self.parts_seen = 0
+
+    def __call__(self, nodes: list[KNode], depth: int) -> list[str]:
+        pad = "  " * depth
+        out: list[str] = []
+        for n in nodes:
+            if isinstance(n, KMark):
+                part = n.name.startswith("part:")
+                if part and self.barrier and self.parts_seen:
+                    note = f"{n.name[5:]} reads what earlier parts wrote"
+                    out.append(f"{pad}{self.barrier};  // {note}")
+                self.parts_seen += part
+                out.append(f"{pad}// {n.name}")
+                out += self(n.body, depth)
+            elif isinstance(n, KFor):
+                init, cond = c_index(n.init), c_index(n.cond)
+                out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
+                out += self(n.body, depth + 1)
+                out.append(f"{pad}}}")
+            elif isinstance(n, KIf):
+                out.append(f"{pad}if ({c_index(n.cond)}) {{")
+                out += self(n.then, depth + 1)
+                if n.orelse:
+                    out.append(f"{pad}}} else {{")
+                    out += self(n.orelse, depth + 1)
+                out.append(f"{pad}}}")
+            elif isinstance(n, KDef):
+                out.append(f"{pad}{{")
+                out.append(f"{pad}  const int {n.var} = {c_index(n.value)};")
+                out += self(n.body, depth + 1)
+                out.append(f"{pad}}}")
+            elif isinstance(n, KStmt):
+                out.append(pad + self.emit_stmt(n))
+        return out
 
 
 def _decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
@@ -385,8 +392,7 @@ def print_kernel(
     if red is not None and shared:
         warp_rows = red.strategy.form.kind != "x" and red.strategy.lanes <= 32
         barrier = "__syncwarp()" if warp_rows else "__syncthreads()"
-    _emit.parts_seen = 0
-    lines += _emit(body, 1, emit_stmt, barrier)
+    lines += _Emitter(emit_stmt, barrier)(body, 1)
     lines.append("}")
     grid = 1
     for g in mm.grid_dims:

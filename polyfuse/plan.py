@@ -13,6 +13,7 @@ from typing import Any
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
+from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.stitch.plan import KernelPlan
@@ -59,7 +60,9 @@ class Plan:
         out += [f"  {g.prims[n]}" for n in g.topo_order()]
         out += [f"  rewrite: {r}" for r in self.rewrites]
         out.append(f"micrographs ({len(self.partition.micrographs)}):")
-        out += [f"  {m}" for m in self.partition.micrographs]
+        for m, sm in zip(self.partition.micrographs, self.scheduled, strict=True):
+            form = canonical_form(sm) if m.kind.value == "reduction" else None
+            out.append(f"  {m}" + (f"  [canonical form: {form}]" if form else ""))
         out.append("decisions:")
         out += [f"  {d}" for d in self.partition.decisions] or ["  (no edges)"]
         out.append(f"feedback events ({len(self.feedback)}):")

@@ -125,6 +125,11 @@ def stitch_memory(
                         owner[prim] = p
                 changed = True
                 break
+    for (p, c), tensors in sorted(_group_edges(graph, owner).items()):
+        gp, gc = groups[p], groups[c]
+        if not any(r.matches(gp.kind, gc.kind) for r in rules):
+            why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
+            decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
     return [groups[i] for i in sorted(groups)], decisions
 
 
