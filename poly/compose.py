@@ -35,8 +35,8 @@ from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import Micrograph
 from polyfuse.poly.cost import ReductionStrategy
-from polyfuse.poly.islutil import maps_of, sets_of
-from polyfuse.poly.mapping import MappedMicrograph, _band_ranges, _bind
+from polyfuse.poly.islutil import maps_of, zero_distance
+from polyfuse.poly.mapping import MappedMicrograph, _band_ranges, _bind, tile_band
 from polyfuse.poly.model import PolyModel, build_model
 from polyfuse.poly.schedule import ScheduledMicrograph
 
@@ -145,7 +145,7 @@ def _split_part(
             why = f"kept extents differ from {ranges}"
             continue
         joint = outer if outer_so_far is None else outer_so_far.union_add(outer)
-        if not _zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(joint)):
+        if not zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(joint)):
             why = "a dependence crosses kept points (outer dimensions do not match)"
             continue
         return outer, cand.delete().get_schedule()
@@ -256,21 +256,9 @@ def _band_ranges_of(
     return [(rng.dim_min_val(i).to_python(), rng.dim_max_val(i).to_python()) for i in range(n)]
 
 
-def _zero_distance(deps: isl.UnionMap, sched: isl.UnionMap) -> bool:
-    if deps.is_empty():
-        return True
-    for s in sets_of(deps.apply_domain(sched).apply_range(sched).deltas()):
-        zero = isl.Set.universe(s.get_space())
-        for i in range(s.dim(isl.dim_type.set)):
-            zero = zero.fix_val(isl.dim_type.set, i, isl.Val.zero(s.get_ctx()))
-        if not s.is_subset(zero):
-            return False
-    return True
-
-
 def _check_outer_parallel(model: PolyModel, outer: isl.MultiUnionPwAff) -> None:
     """Blocks cannot synchronise: every dependence must stay within one kept point."""
-    if not _zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(outer)):
+    if not zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(outer)):
         raise CompositionError("a dependence crosses kept points (outer dimensions do not match)")
 
 
@@ -347,15 +335,8 @@ def map_reduction_kernel(
         ranges = _band_ranges(node, domain, k)
         sizes = [1] * k
         sizes[-1] = kept_tile
-        mv = isl.MultiVal.zero(node.band_get_space())
-        for i, s in enumerate(sizes):
-            mv = mv.set_val(i, isl.Val.int_from_si(ctx, s))
-        node = node.band_tile(mv)
-        tile_part = node.band_get_partial_schedule()
-        point_part = node.child(0).band_get_partial_schedule()
+        node, tile_part, point_part, offsets, grid_dims = tile_band(node, sizes, ranges)
         bs = [f"b{i}" for i in range(k)]
-        offsets = [lo // s for (lo, _), s in zip(ranges, sizes, strict=True)]
-        grid_dims = [hi // s - lo // s + 1 for (lo, hi), s in zip(ranges, sizes, strict=True)]
         params = bs + ["r0", "l0"]
         pstr = ", ".join(params)
         filters.append(
@@ -425,5 +406,5 @@ def _check_lanes(model: PolyModel, bands: list[isl.MultiUnionPwAff]) -> None:
         um = isl.UnionMap.from_multi_union_pw_aff(mupa)
         inside = um.domain()
         d = deps.intersect_domain(inside).intersect_range(inside)
-        if not _zero_distance(d, um):
+        if not zero_distance(d, um):
             raise CompositionError("a dependence crosses lanes inside a loop")

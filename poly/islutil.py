@@ -15,3 +15,21 @@ def maps_of(u: isl.UnionMap) -> list[isl.Map]:
     """The per-space maps of a union map."""
     lst = u.get_map_list()
     return [lst.get_at(i) for i in range(lst.n_map())]
+
+
+def zero_deltas(d: isl.UnionSet) -> bool:
+    """Whether every vector in ``d`` (a deltas set) is zero."""
+    for s in sets_of(d):
+        zero = isl.Set.universe(s.get_space())
+        for i in range(s.dim(isl.dim_type.set)):
+            zero = zero.fix_val(isl.dim_type.set, i, isl.Val.zero(s.get_ctx()))
+        if not s.is_subset(zero):
+            return False
+    return True
+
+
+def zero_distance(deps: isl.UnionMap, sched: isl.UnionMap) -> bool:
+    """Whether every dependence in ``deps`` has distance zero under schedule ``sched``."""
+    if deps.is_empty():
+        return True
+    return zero_deltas(deps.apply_domain(sched).apply_range(sched).deltas())

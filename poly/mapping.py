@@ -100,6 +100,21 @@ def _band_ranges(node: isl.ScheduleNode, domain: isl.UnionSet, n: int) -> list[t
     return [(rng.dim_min_val(i).to_python(), rng.dim_max_val(i).to_python()) for i in range(n)]
 
 
+def tile_band(
+    node: isl.ScheduleNode, sizes: list[int], ranges: list[tuple[int, int]]
+) -> tuple[isl.ScheduleNode, isl.MultiUnionPwAff, isl.MultiUnionPwAff, list[int], list[int]]:
+    """Tile a band: (tile node, tile and point partial schedules, tile offsets, tile counts)."""
+    mv = isl.MultiVal.zero(node.band_get_space())
+    for i, s in enumerate(sizes):
+        mv = mv.set_val(i, isl.Val.int_from_si(node.get_ctx(), s))
+    node = node.band_tile(mv)
+    tile_part = node.band_get_partial_schedule()
+    point_part = node.child(0).band_get_partial_schedule()
+    offsets = [lo // s for (lo, _), s in zip(ranges, sizes, strict=True)]
+    counts = [hi // s - lo // s + 1 for (lo, hi), s in zip(ranges, sizes, strict=True)]
+    return node, tile_part, point_part, offsets, counts
+
+
 def _bind(part: isl.MultiUnionPwAff, values: list[str], params: str) -> isl.UnionSet:
     """Statement instances whose band values equal ``values`` (isl expressions of params)."""
     vs = [f"v{i}" for i in range(len(values))]
@@ -132,17 +147,10 @@ def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> Map
     ranges = _band_ranges(node, domain, nc)
     extents = [hi - lo + 1 for lo, hi in ranges]
     sizes = choose_tile_sizes(extents, cfg)
-    mv = isl.MultiVal.zero(node.band_get_space())
-    for i, s in enumerate(sizes):
-        mv = mv.set_val(i, isl.Val.int_from_si(ctx, s))
-    node = node.band_tile(mv)
-    tile_part = node.band_get_partial_schedule()
-    point_part = node.child(0).band_get_partial_schedule()
+    node, tile_part, point_part, offsets, grid_dims = tile_band(node, sizes, ranges)
     bs = [f"b{i}" for i in range(nc)]
     ts = [f"t{i}" for i in range(nc)]
     params = ", ".join(bs + ts)
-    offsets = [lo // s for (lo, _), s in zip(ranges, sizes, strict=True)]
-    grid_dims = [hi // s - lo // s + 1 for (lo, hi), s in zip(ranges, sizes, strict=True)]
     on_block = _bind(tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], params)
     on_thread = _bind(point_part, ts, params)
     node = node.delete().delete()

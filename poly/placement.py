@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.poly.islutil import maps_of, sets_of
+from polyfuse.poly.islutil import maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedMicrograph
 
 
@@ -81,16 +81,6 @@ def _leaves(
         bands = bands + (path,)
     for i in range(node.n_children()):
         _leaves(node.child(i), path + (i,), bands, out)
-
-
-def _zero_deltas(d: isl.UnionSet) -> bool:
-    for s in sets_of(d):
-        zero = isl.Set.universe(s.get_space())
-        for i in range(s.dim(isl.dim_type.set)):
-            zero = zero.fix_val(isl.dim_type.set, i, isl.Val.zero(s.get_ctx()))
-        if not s.is_subset(zero):
-            return False
-    return True
 
 
 def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
@@ -236,6 +226,6 @@ def _per_iteration(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_
     pairs = w.apply_range(r.reverse())
     if pairs.is_empty():
         return None
-    if not _zero_deltas(pairs.apply_domain(prefix).apply_range(prefix).deltas()):
+    if not zero_deltas(pairs.apply_domain(prefix).apply_range(prefix).deltas()):
         return "a value is read in a later loop iteration than it is written"
     return None

@@ -26,7 +26,7 @@ from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
-from polyfuse.plan import FeedbackEvent, Plan
+from polyfuse.plan import Plan
 from polyfuse.poly.compose import map_reduction_kernel
 from polyfuse.poly.cost import ReductionConfig
 from polyfuse.poly.device import device_for_arch
@@ -77,7 +77,7 @@ def compile(  # noqa: A001
 
     t0 = time.perf_counter()
     separations: set[frozenset[str]] = set()
-    events: list[FeedbackEvent] = []
+    events: list[Feedback] = []
     cache: dict[tuple[str, ...], ScheduledMicrograph] = {}
     for _ in range(MAX_FEEDBACK_ROUNDS):
         part = partition(graph, PARTITION_RULES, separations)
@@ -91,7 +91,7 @@ def compile(  # noqa: A001
                 sm.model.micrograph = mg  # ids are renumbered per partition
                 scheduled.append(sm)
         except Feedback as fb:
-            events.append(FeedbackEvent(fb.micrograph, fb.reason, fb.groups))
+            events.append(fb)
             for i, g in enumerate(fb.groups):
                 for h in fb.groups[i + 1 :]:
                     separations.update(frozenset((a, b)) for a in g for b in h)

@@ -15,21 +15,8 @@ from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.mapping import MappedMicrograph
-from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.schedule import Feedback, ScheduledMicrograph
 from polyfuse.stitch.plan import KernelPlan
-
-
-@dataclass
-class FeedbackEvent:
-    """isl could not schedule a micrograph as one group; the partitioner split it."""
-
-    micrograph: str
-    reason: str
-    groups: list[list[str]]
-
-    def __str__(self) -> str:
-        parts = " | ".join(", ".join(g) for g in self.groups)
-        return f"{self.micrograph}: {self.reason} -> split into [{parts}]"
 
 
 @dataclass
@@ -39,7 +26,7 @@ class Plan:
     name: str
     graph: Graph
     partition: Partition
-    feedback: list[FeedbackEvent]
+    feedback: list[Feedback]
     scheduled: list[ScheduledMicrograph]
     mapped: list[MappedMicrograph]
     kernel_plans: list[KernelPlan]
