@@ -371,7 +371,7 @@ def print_kernel(
     if shared:
         # Static arrays while everything fits the default 48 KB (ptxas then reports them);
         # beyond that one dynamic buffer, for which the launch opts in.
-        total = sum(p.smem_floats for p in shared) + (block if combine else 0)
+        total = sum(p.smem_floats for p in shared) + block
         static = total * 4 <= STATIC_SMEM_LIMIT
         if not static:
             lines.append("  extern __shared__ float pf_smem[];")
@@ -385,8 +385,9 @@ def print_kernel(
             for d, (lo, _) in enumerate(p.box):
                 lo_c = c_index(convert_expr(build.expr_from_pw_aff(lo)))
                 lines.append(f"  const int s_{p.tensor}_lo{d} = {lo_c};")
-    if combine:
-        lines.append(f"  __shared__ float pf_scratch[{block}];")
+    if combine:  # warp shuffles alone need no shared scratch
+        size = block if red.strategy.lanes > 32 or red.strategy.form.kind == "x" else 1
+        lines.append(f"  __shared__ float pf_scratch[{size}];")
     lines += [f"  float r_{r};" for r in regs]
     barrier = None
     if red is not None and shared:

@@ -67,8 +67,10 @@ def test_kernels_compile_for_arch(name, arch):
 def test_resources_exposed_on_kernels():
     _need_compiler()
     fn = compiled("softmax")
-    for k in fn.kernels:
+    for k, kp in zip(fn.kernels, fn.plan.kernel_plans, strict=True):
         assert k.registers is not None and k.registers > 0
-        assert k.static_shared_bytes == 0
+        tensors = sum(p.smem_floats for p in kp.placements.values()) * 4
+        scratch = 4 * k.block[0] if f"pf_scratch[{k.block[0]}]" in k.source else 0
+        assert k.static_shared_bytes == tensors + scratch
         assert "__global__" in k.source and k.name in fn.cuda_source
     assert all(k.grid[0] >= 1 and k.block[0] >= 1 for k in fn.kernels)
