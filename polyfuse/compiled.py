@@ -33,7 +33,7 @@ def plan_buffers(graph, kernels: list[Kernel], plans) -> tuple[list[BufferSpec],
     ins = {graph.ident(t) for t in graph.inputs}
     outs = {graph.ident(t) for t in graph.outputs}
     specs: dict[str, BufferSpec] = {}
-    for t in graph.inputs:
+    for t in graph.inputs:  # graph inputs include constants (weights)
         specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "input")
     for t in graph.outputs:
         specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
@@ -63,7 +63,18 @@ class CompiledGraph:
     """
 
     def __init__(
-        self, name, arch, inputs, outputs, kernels, source, launches, buffers, plan, idents
+        self,
+        name,
+        arch,
+        inputs,
+        outputs,
+        kernels,
+        source,
+        launches,
+        buffers,
+        plan,
+        idents,
+        constants: dict[str, np.ndarray] | None = None,
     ):
         self.name = name
         self.arch = arch
@@ -73,6 +84,7 @@ class CompiledGraph:
         self.cuda_source: str = source
         self.launches: list[Launch] = launches
         self.buffers: list[BufferSpec] = buffers
+        self.constants: dict[str, np.ndarray] = constants or {}
         self.plan = plan
         self._idents = idents
         self._emulated = None
@@ -140,6 +152,8 @@ class CompiledGraph:
                     f"input '{t.name}': expected float32, got {a.dtype} (use .astype(np.float32))"
                 )
             bufs[self._idents[t.uid]] = np.ascontiguousarray(a).copy()
+        for ident, a in self.constants.items():
+            bufs[ident] = a.copy()
         for b in self.buffers:
             if b.role != "input":
                 bufs[b.name] = np.full(b.shape, np.nan, dtype=np.float32)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 
 import islpy as isl
+import numpy as np
 
 from polyfuse.compiled import CompiledGraph, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
@@ -44,6 +45,25 @@ SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
 
 
+def _check_constants(
+    constants: dict[Tensor, np.ndarray], inputs: list[Tensor]
+) -> dict[Tensor, np.ndarray]:
+    out = {}
+    ids = {t.uid for t in inputs}
+    for t, a in constants.items():
+        if not isinstance(t, Tensor) or not t.is_placeholder:
+            raise ExpressionError(f"compile: constant {t!r} must be a te.placeholder")
+        if t.uid in ids:
+            raise ExpressionError(f"compile: '{t.name}' is both an input and a constant")
+        a = np.asarray(a)
+        if a.shape != t.shape:
+            raise ExpressionError(
+                f"compile: constant '{t.name}' has shape {a.shape}, the placeholder {t.shape}"
+            )
+        out[t] = np.ascontiguousarray(a, dtype=np.float32)
+    return out
+
+
 def compile(  # noqa: A001
     inputs: Sequence[Tensor],
     outputs: Sequence[Tensor],
@@ -53,6 +73,7 @@ def compile(  # noqa: A001
     mapping: MappingConfig | None = None,
     check_cuda: bool | str = "auto",
     stitch: bool = True,
+    constants: dict[Tensor, np.ndarray] | None = None,
     name: str = "graph",
 ) -> CompiledGraph:
     """Compile the graph from ``inputs`` to ``outputs`` into CUDA kernels.
@@ -60,17 +81,19 @@ def compile(  # noqa: A001
     ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
     knobs; ``stitch`` enables Layer 2 memory stitching and two-stage long reductions;
     ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers and
-    shared memory per kernel ("auto": when a compiler is installed).
+    shared memory per kernel ("auto": when a compiler is installed). ``constants`` binds
+    placeholders to fixed arrays (weights): they are not call arguments.
     """
     if arch not in SUPPORTED_ARCHS:
         raise ExpressionError(
             f"compile: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}"
         )
     inputs, outputs = list(inputs), list(outputs)
+    consts = _check_constants(constants or {}, inputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     ctx = isl.Context()
-    graph = build_graph(inputs, outputs, ctx)
+    graph = build_graph(inputs + list(consts), outputs, ctx)
     device = device_for_arch(arch)
     graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
     times["graph"] = time.perf_counter() - t0
@@ -165,7 +188,17 @@ def compile(  # noqa: A001
         graph_notes,
     )
     fn = CompiledGraph(
-        name, arch, inputs, outputs, kernels, source, launches, buffers, plan, graph.idents
+        name,
+        arch,
+        inputs,
+        outputs,
+        kernels,
+        source,
+        launches,
+        buffers,
+        plan,
+        graph.idents,
+        {graph.ident(t): a for t, a in consts.items()},
     )
     if check_cuda:
         fn.check_cuda(arch, required=check_cuda is True)

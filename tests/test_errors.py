@@ -107,3 +107,13 @@ def test_cuda_device_without_gpu_is_clear(add_fn):
     with pytest.raises(PolyfuseError) as ei:
         add_fn(ok, ok, device="cuda")
     assert "GPU" in one_line(ei.value) or "CUDA" in str(ei.value)
+
+
+def test_constants_are_bound_at_compile_time():
+    x, w = te.placeholder((4, 3), name="x"), te.placeholder((3,), name="w")
+    wv = np.arange(3, dtype=np.float32)
+    fn = polyfuse.compile([x], [ops.mul(x, w)], constants={w: wv})
+    xv = np.ones((4, 3), np.float32)
+    np.testing.assert_array_equal(fn(xv, device="emulate"), xv * wv)
+    with pytest.raises(ExpressionError, match="constant 'w' has shape"):
+        polyfuse.compile([x], [ops.mul(x, w)], constants={w: np.zeros(4)})
