@@ -33,6 +33,7 @@ from polyfuse.graph.expr import (
     Cast,
     Compare,
     Const,
+    DataIndex,
     Expr,
     IterVar,
     Logical,
@@ -219,6 +220,8 @@ class BodyPrinter:
             return f"({self.expr(e.cond, env)} ? {self.expr(e.a, env)} : {self.expr(e.b, env)})"
         if isinstance(e, Cast):
             return f"(({_CTYPE[e.dtype]}){self.expr(e.a, env)})"
+        if isinstance(e, DataIndex):
+            return f"((int){self.expr(e.a, env)})"
         raise UnsupportedOpError(f"cannot print expression {e!r}")
 
     def statement(self, s: Statement, args: list[str], ident: str) -> str:

@@ -20,6 +20,7 @@ from polyfuse.graph.expr import (
     Binary,
     Compare,
     Const,
+    DataIndex,
     Expr,
     IterVar,
     Logical,
@@ -126,7 +127,11 @@ def primitive_relations(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> 
     reads = []
     for r, guard in guarded_reads(t.op.body, names):
         x = idents[r.tensor.uid]
-        subs = ", ".join(affine_str(s, names) for s in r.indices)
+        # a data-dependent subscript may select any element along its dimension
+        subs = ", ".join(
+            f"z{d}" if isinstance(s, DataIndex) else affine_str(s, names)
+            for d, s in enumerate(r.indices)
+        )
         cond = f" : {guard}" if guard else ""
         m = isl.Map(f"{{ {stmt}[{it}] -> {x}[{subs}]{cond} }}", context=ctx)
         m = m.intersect_domain(domain).intersect_range(bounds_set(x, r.tensor.shape, ctx))

@@ -256,6 +256,24 @@ class Cast(Expr):
         return f"{self.dtype}({self.a!r})"
 
 
+@dataclass(eq=False, repr=False)
+class DataIndex(Expr):
+    """A subscript read from data at run time (a gather): ``x[te.data_index(idx[i]), j]``.
+
+    isl cannot see which element it selects, so the access is modelled as touching the whole
+    extent of that dimension (an opaque, general access).
+    """
+
+    a: Expr
+    dtype = "int32"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a,)
+
+    def __repr__(self) -> str:
+        return f"data_index({self.a!r})"
+
+
 REDUCE_OPS = ("sum", "max", "min")
 
 
@@ -324,6 +342,8 @@ def rewrite(e: Expr, fn) -> Expr:
         return Cast(kids[0], e.dtype)
     if isinstance(e, Reduce):
         return Reduce(e.op, kids[0], e.axes)
+    if isinstance(e, DataIndex):
+        return DataIndex(kids[0])
     raise TypeError(type(e))
 
 

@@ -42,6 +42,7 @@ from polyfuse.graph.expr import (
     Cast,
     Compare,
     Const,
+    DataIndex,
     Expr,
     IterVar,
     Logical,
@@ -275,6 +276,8 @@ class _Body:
             return np.where(c, a, b)
         if isinstance(e, Cast):
             return _cast(self.eval(e.a, mask), e.dtype)
+        if isinstance(e, DataIndex):
+            return np.asarray(self.eval(e.a, mask)).astype(np.int64)
         if isinstance(e, Reduce):
             raise ExpressionError(
                 f"reference: compute '{self.name}' has a reduction that is not the outermost node"

@@ -27,6 +27,7 @@ from polyfuse.graph.expr import (
     Compare,
     ComputeOp,
     Const,
+    DataIndex,
     Expr,
     IterVar,
     Read,
@@ -47,6 +48,7 @@ __all__ = [
     "abs",
     "cast",
     "compute",
+    "data_index",
     "equal",
     "erf",
     "exp",
@@ -175,6 +177,16 @@ def not_equal(a: Any, b: Any) -> Expr:
     return Compare("ne", as_expr(a), as_expr(b))
 
 
+def data_index(x: Any) -> Expr:
+    """A subscript computed from tensor data at run time (gather), e.g.
+    ``te.compute((n, d), lambda i, j: table[te.data_index(ids[i]), j])``.
+
+    Every other subscript must be affine; a data index makes the read opaque to isl (it may
+    touch any element along that dimension). Values outside the dimension are undefined.
+    """
+    return DataIndex(Cast(as_expr(x), "int32"))
+
+
 def cast(x: Any, dtype: str) -> Expr:
     """Convert to ``dtype`` (``float32``, or ``int32``/``bool`` inside expressions)."""
     if dtype not in ("float32", "int32", "bool"):
@@ -245,6 +257,8 @@ def _check_body(name: str, axes: tuple[IterVar, ...], body: Expr) -> None:
             )
         if isinstance(n, Read):
             for d, sub in enumerate(n.indices):
+                if isinstance(sub, DataIndex):
+                    continue
                 if not is_affine(sub, allowed):
                     raise ExpressionError(
                         f"compute '{name}': subscript {d} of tensor '{n.tensor.name}' ({sub!r}) is "

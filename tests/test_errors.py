@@ -117,3 +117,17 @@ def test_constants_are_bound_at_compile_time():
     np.testing.assert_array_equal(fn(xv, device="emulate"), xv * wv)
     with pytest.raises(ExpressionError, match="constant 'w' has shape"):
         polyfuse.compile([x], [ops.mul(x, w)], constants={w: np.zeros(4)})
+
+
+def test_gather_with_data_index():
+    # Data-dependent subscripts are explicit (te.data_index); isl treats the read as opaque.
+    table, ids = te.placeholder((10, 4), name="table"), te.placeholder((6,), name="ids")
+    out = te.compute((6, 4), lambda i, j: table[te.data_index(ids[i]), j] * 2.0, name="emb")
+    fn = polyfuse.compile([table, ids], [out])
+    assert str(fn.plan.graph.prims["emb"].kind) == "opaque"
+    tv = np.arange(40, dtype=np.float32).reshape(10, 4)
+    iv = np.array([3, 0, 9, 3, 5, 1], np.float32)
+    got = fn(tv, iv, device="emulate", race_check=True)
+    np.testing.assert_array_equal(got, tv[iv.astype(int)] * 2)
+    with pytest.raises(ExpressionError, match="not affine"):
+        te.compute((6,), lambda i: table[ids[i], 0], name="implicit")
