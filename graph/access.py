@@ -31,10 +31,19 @@ from polyfuse.graph.expr import (
 )
 
 
+# Names generated code uses for itself (loop iterators c0.., block/thread/lane parameters b0..,
+# t0.., r0.., l0.., isl's own, helpers pf_*, CUDA and C words): tensors never take them.
+_RESERVED = re.compile(
+    r"^([bctrldz]\d+|_[bt]|pf_\w*|[rs]_\w*|int|float|bool|const|for|if|else|return|void|"
+    r"min|max|floor|mod|and|or|not|exists|true|false|blockIdx|threadIdx|blockDim|gridDim)$"
+)
+
+
 def isl_ident(name: str) -> str:
-    """An isl/C-safe identifier for a user name."""
+    """An isl/C-safe identifier for a user name, never one generated code uses itself."""
     s = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return s if s and not s[0].isdigit() else f"t_{s}"
+    s = s if s and not s[0].isdigit() else f"t_{s}"
+    return f"{s}_" if _RESERVED.match(s) else s
 
 
 def loop_names(t: Tensor) -> tuple[list[str], list[str]]:

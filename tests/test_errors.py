@@ -131,3 +131,16 @@ def test_gather_with_data_index():
     np.testing.assert_array_equal(got, tv[iv.astype(int)] * 2)
     with pytest.raises(ExpressionError, match="not affine"):
         te.compute((6,), lambda i: table[ids[i], 0], name="implicit")
+
+
+def test_tensor_names_never_clash_with_generated_names():
+    # c0 / b0 / t0 / r_x are names the generated code uses for loops, blocks and registers.
+    a, b = te.placeholder((5, 40), name="c0"), te.placeholder((5, 40), name="b0")
+    r = ops.add(ops.exp(a), b, name="r_x")
+    fn = polyfuse.compile([a, b], [ops.softmax(r, name="t0")])
+    av, bv = np.ones((5, 40), np.float32), np.zeros((5, 40), np.float32)
+    e = np.exp(av) + bv
+    want = np.exp(e - e.max(1, keepdims=True))
+    np.testing.assert_allclose(
+        fn(av, bv, device="emulate"), want / want.sum(1, keepdims=True), rtol=1e-5
+    )
