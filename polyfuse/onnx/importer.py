@@ -1,0 +1,1126 @@
+"""ONNX → polyfuse importer: an ONNX graph becomes a te graph built from :mod:`polyfuse.ops`.
+
+Every ONNX value is either a *host constant* (a numpy array: initializers, ``Constant``,
+``Shape`` of a static tensor, and anything computed only from constants, folded on the host
+with the ONNX reference implementation) or a :class:`~polyfuse.graph.expr.Tensor` of the te
+graph. A host constant becomes a placeholder bound through ``compile(constants=...)`` only when
+a runtime op reads it as data; shape arguments (``Reshape`` shapes, ``Slice`` starts, axes
+inputs, ...) stay on the host and become static attributes.
+
+All runtime tensors are float32: comparisons produce 0/1 floats, and ``Cast`` to an integer or
+boolean type truncates in float32. The backend converts outputs back to the ONNX output types.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import polyfuse
+from polyfuse import ops, te
+from polyfuse.compiled import CompiledGraph
+from polyfuse.errors import ExpressionError, PolyfuseError, UnsupportedOpError
+from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+
+Value = Tensor | np.ndarray
+
+__all__ = ["OnnxImportError", "OnnxModel", "SUPPORTED_OPS", "load", "unsupported_ops"]
+
+
+class OnnxImportError(PolyfuseError, ValueError):
+    """An ONNX file cannot be read or its graph cannot be imported (bad file, dynamic shape)."""
+
+
+@dataclass
+class OnnxModel:
+    """An imported ONNX model: a te graph plus the weights bound as constants.
+
+    ``inputs``: placeholders for the graph inputs that are not initializers, in ONNX order
+    (``input_names``); ``outputs``: the te tensors of the graph outputs that are computed at run
+    time (``output_names`` lists all graph outputs; the ones that fold to host constants are in
+    ``constant_outputs``); ``constants``: placeholder → array for every initializer or folded
+    constant that the graph reads at run time.
+    """
+
+    name: str
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    constants: dict[Tensor, np.ndarray]
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+    output_dtypes: list[np.dtype] = field(default_factory=list)
+    #: graph outputs that fold to host constants (name → array); not compiled
+    constant_outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def compile(self, **kw: Any) -> CompiledGraph:
+        """``polyfuse.compile(self.inputs, self.outputs, constants=self.constants, **kw)``."""
+        kw.setdefault("name", _ident(self.name) or "onnx_model")
+        return polyfuse.compile(self.inputs, self.outputs, constants=self.constants, **kw)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _ident(s: str) -> str:
+    s = re.sub(r"[^0-9A-Za-z_]", "_", s)
+    return ("t_" + s) if not s or s[0].isdigit() else s
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _ints(v: Any) -> list[int]:
+    return [int(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _bshape(*shapes: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ExpressionError(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _bidx(shape: Sequence[int], idx: Sequence[Expr]) -> tuple[Expr, ...]:
+    off = len(idx) - len(shape)
+    return tuple(as_expr(0) if s == 1 else idx[off + d] for d, s in enumerate(shape))
+
+
+class _Ctx:
+    """Conversion state: values by ONNX name, constant placeholders, fresh names."""
+
+    def __init__(self, model_name: str, opset: int) -> None:
+        self.model_name = model_name
+        self.opset = opset
+        self.values: dict[str, Value] = {}
+        self.constants: dict[Tensor, np.ndarray] = {}
+        self._const_tensors: dict[int, Tensor] = {}
+        self._n = 0
+        self.node_name = "node"
+
+    def fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{_ident(self.node_name)}_{hint}{self._n}"
+
+    def tensor(self, v: Value) -> Tensor:
+        """A runtime tensor for ``v`` (a host constant becomes a bound placeholder)."""
+        if isinstance(v, Tensor):
+            return v
+        key = id(v)
+        if key not in self._const_tensors:
+            arr = np.ascontiguousarray(np.asarray(v, dtype=np.float32))
+            if arr.size == 0:
+                raise UnsupportedOpError(
+                    f"{self.node_name}: empty (zero-size) tensors are not supported"
+                )
+            t = te.placeholder(arr.shape, "float32", self.fresh("const"))
+            self.constants[t] = arr
+            self._const_tensors[key] = t
+            self._keep = getattr(self, "_keep", [])
+            self._keep.append(v)  # keep id() stable
+        return self._const_tensors[key]
+
+    def compute(self, shape: Sequence[int], f: Callable[..., Any], hint: str) -> Tensor:
+        return te.compute(tuple(int(s) for s in shape), f, name=self.fresh(hint), tag="onnx")
+
+
+def _scalar(v: Value) -> float | None:
+    if isinstance(v, np.ndarray) and v.size == 1:
+        return float(v.reshape(-1)[0])
+    return None
+
+
+def _map(ctx: _Ctx, vals: Sequence[Value], f: Callable[..., Expr], hint: str) -> Tensor:
+    """Broadcasting elementwise map of runtime tensors and (scalar-inlined) constants."""
+    shapes = [tuple(v.shape) for v in vals]
+    shape = _bshape(*shapes)
+    ops_: list[Any] = []
+    for v in vals:
+        s = _scalar(v)
+        if s is not None and v.ndim <= len(shape):
+            ops_.append(s)
+        else:
+            ops_.append(ctx.tensor(v))
+
+    def body(*idx: IterVar) -> Expr:
+        args = [o[_bidx(o.shape, idx)] if isinstance(o, Tensor) else as_expr(o) for o in ops_]
+        return as_expr(f(*args))
+
+    if not shape:
+        shape = ()
+    return ctx.compute(shape, body, hint)
+
+
+def _as_bool(e: Expr) -> Expr:
+    return te.not_equal(e, 0.0)
+
+
+def _norm_axes(axes: Sequence[int], ndim: int) -> list[int]:
+    return sorted({int(a) % ndim if ndim else 0 for a in axes})
+
+
+# --------------------------------------------------------------------------- op handlers
+
+Handler = Callable[[_Ctx, onnx.NodeProto, list[Any], dict[str, Any]], list[Value]]
+HANDLERS: dict[str, Handler] = {}
+
+
+def _reg(*names: str) -> Callable[[Handler], Handler]:
+    def deco(f: Handler) -> Handler:
+        for n in names:
+            HANDLERS[n] = f
+        return f
+
+    return deco
+
+
+_BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b,
+    "Div": lambda a, b: a / b,
+    "Pow": lambda a, b: a**b,
+    "Equal": lambda a, b: te.equal(a, b),
+    "Less": lambda a, b: a < b,
+    "Greater": lambda a, b: a > b,
+    "LessOrEqual": lambda a, b: a <= b,
+    "GreaterOrEqual": lambda a, b: a >= b,
+    "And": lambda a, b: _as_bool(a) & _as_bool(b),
+    "Or": lambda a, b: _as_bool(a) | _as_bool(b),
+    "Xor": lambda a, b: te.not_equal(_as_bool(a), _as_bool(b)),
+    "PRelu": lambda x, s: te.where(x < 0.0, x * s, x),
+}
+
+
+@_reg(*_BINARY)
+def _binary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [_map(ctx, ins[:2], _BINARY[node.op_type], node.op_type.lower())]
+
+
+def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
+    alpha = float(at.get("alpha", 0.01))
+    return {
+        "Neg": lambda x: -x,
+        "Abs": te.abs,
+        "Sqrt": te.sqrt,
+        "Reciprocal": lambda x: 1.0 / x,
+        "Exp": te.exp,
+        "Log": te.log,
+        "Tanh": te.tanh,
+        "Sigmoid": te.sigmoid,
+        "Erf": te.erf,
+        "Relu": lambda x: te.maximum(x, 0.0),
+        "LeakyRelu": lambda x: te.where(x < 0.0, x * alpha, x),
+        "Elu": lambda x: te.where(x < 0.0, float(at.get("alpha", 1.0)) * (te.exp(x) - 1.0), x),
+        "Selu": lambda x: (
+            float(at.get("gamma", 1.0507009873554805))
+            * te.where(x <= 0.0, float(at.get("alpha", 1.6732632423543772)) * (te.exp(x) - 1.0), x)
+        ),
+        "Softplus": lambda x: te.log(te.exp(x) + 1.0),
+        "Softsign": lambda x: x / (te.abs(x) + 1.0),
+        "HardSigmoid": lambda x: te.maximum(
+            te.minimum(x * float(at.get("alpha", 0.2)) + float(at.get("beta", 0.5)), 1.0), 0.0
+        ),
+        "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
+        "Not": lambda x: te.equal(x, 0.0),
+        "Identity": lambda x: x,
+        "Gelu": (
+            (lambda x: 0.5 * x * (1.0 + te.erf(x * (1.0 / math.sqrt(2.0)))))
+            if at.get("approximate", b"none") in (b"none", "none")
+            else (
+                lambda x: (
+                    0.5
+                    * x
+                    * (1.0 + te.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
+                )
+            )
+        ),
+    }
+
+
+_UNARY_NAMES = list(_unary_table({}))
+
+
+@_reg(*_UNARY_NAMES)
+def _unary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if node.op_type == "Identity":
+        return [ins[0]]
+    return [_map(ctx, ins[:1], _unary_table(at)[node.op_type], node.op_type.lower())]
+
+
+@_reg("Clip")
+def _clip(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    lo = at.get("min") if len(ins) < 2 or ins[1] is None else _host(node, ins[1], "min")
+    hi = at.get("max") if len(ins) < 3 or ins[2] is None else _host(node, ins[2], "max")
+    lo = None if lo is None else float(np.asarray(lo).reshape(-1)[0])
+    hi = None if hi is None else float(np.asarray(hi).reshape(-1)[0])
+
+    def f(x: Expr) -> Expr:
+        if lo is not None:
+            x = te.maximum(x, lo)
+        if hi is not None:
+            x = te.minimum(x, hi)
+        return x
+
+    return [_map(ctx, ins[:1], f, "clip")]
+
+
+@_reg("Cast", "CastLike")
+def _cast(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if node.op_type == "CastLike":
+        to = ins[1].dtype if isinstance(ins[1], np.ndarray) else np.dtype(np.float32)
+    else:
+        to = helper.tensor_dtype_to_np_dtype(at["to"])
+    if np.issubdtype(to, np.floating):
+        return [ins[0]]
+    if to == np.bool_:
+        return [_map(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
+    if np.issubdtype(to, np.integer):
+        return [_map(ctx, ins[:1], lambda x: te.cast(te.cast(x, "int32"), "float32"), "cast")]
+    raise UnsupportedOpError(f"{ctx.node_name}: Cast to {to} is not supported (float only)")
+
+
+@_reg("Where")
+def _where(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [_map(ctx, ins[:3], lambda c, a, b: te.where(_as_bool(c), a, b), "where")]
+
+
+@_reg("Sum", "Mean", "Max", "Min")
+def _variadic(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    vals = [v for v in ins if v is not None]
+    op = node.op_type
+
+    def f(*xs: Expr) -> Expr:
+        acc = xs[0]
+        for x in xs[1:]:
+            if op in ("Sum", "Mean"):
+                acc = acc + x
+            elif op == "Max":
+                acc = te.maximum(acc, x)
+            else:
+                acc = te.minimum(acc, x)
+        return acc * (1.0 / len(xs)) if op == "Mean" else acc
+
+    if len(vals) == 1:
+        return [vals[0]]
+    return [_map(ctx, vals, f, op.lower())]
+
+
+def _host(node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
+    if isinstance(v, Tensor):
+        raise UnsupportedOpError(
+            f"{node.op_type} '{node.name or node.output[0]}': input '{what}' is computed at run "
+            "time; polyfuse needs it to be a constant (static shapes/attributes)"
+        )
+    return np.asarray(v)
+
+
+# ---- reductions, softmax, normalisations
+
+
+def _reduce_axes(
+    node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ndim: int
+) -> list[int] | None:
+    if len(ins) > 1 and ins[1] is not None:
+        axes = _ints(_host(node, ins[1], "axes"))
+    else:
+        axes = at.get("axes")
+        axes = None if axes is None else list(axes)
+    if not axes:
+        return [] if at.get("noop_with_empty_axes", 0) else list(range(ndim))
+    return _norm_axes(axes, ndim)
+
+
+def _reduce(
+    ctx: _Ctx,
+    x: Tensor,
+    axes: list[int],
+    keep: bool,
+    kind: str,
+    pre: Callable[[Expr], Expr] | None = None,
+    post: Callable[[Expr], Expr] | None = None,
+) -> Tensor:
+    if not axes:
+        return _map(ctx, [x], lambda v: post(pre(v) if pre else v) if post else v, "reduce")
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keep or d not in axes)
+    ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+    red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]
+
+    def body(*idx: IterVar) -> Expr:
+        it = iter(idx)
+        subs = []
+        for d in range(x.ndim):
+            if d in ks:
+                subs.append(ks[d])
+                if keep:
+                    next(it)
+            else:
+                subs.append(next(it))
+        v: Expr = x[tuple(subs)]
+        return red(pre(v) if pre else v, axis=list(ks.values()))
+
+    r = ctx.compute(shape, body, "reduce")
+    return _map(ctx, [r], post, "reduce_post") if post else r
+
+
+@_reg(
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+)
+def _reduce_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    axes = _reduce_axes(node, ins, at, x.ndim)
+    keep = bool(at.get("keepdims", 1))
+    n = math.prod(x.shape[d] for d in axes) if axes else 1
+    op = node.op_type
+    if op == "ReduceSum":
+        return [_reduce(ctx, x, axes, keep, "sum")]
+    if op == "ReduceMean":
+        return [_reduce(ctx, x, axes, keep, "sum", pre=lambda v: v * (1.0 / n))]
+    if op == "ReduceMax":
+        return [_reduce(ctx, x, axes, keep, "max")]
+    if op == "ReduceMin":
+        return [_reduce(ctx, x, axes, keep, "min")]
+    if op == "ReduceSumSquare":
+        return [_reduce(ctx, x, axes, keep, "sum", pre=lambda v: v * v)]
+    if op == "ReduceL1":
+        return [_reduce(ctx, x, axes, keep, "sum", pre=te.abs)]
+    if op == "ReduceL2":
+        return [_reduce(ctx, x, axes, keep, "sum", pre=lambda v: v * v, post=te.sqrt)]
+    if op == "ReduceLogSum":
+        return [_reduce(ctx, x, axes, keep, "sum", post=te.log)]
+    # ReduceLogSumExp: max-shifted
+    m = _reduce(ctx, x, axes, True, "max")
+    sh = _map(ctx, [x, m], lambda a, b: te.exp(a - b), "lse_exp")
+    s = _reduce(ctx, sh, axes, True, "sum")
+    out = _map(ctx, [s, m], lambda a, b: te.log(a) + b, "lse")
+    if not keep:
+        out = ops.reshape(out, [d for i, d in enumerate(x.shape) if i not in axes] or [1])
+        if all(i in axes for i in range(x.ndim)):
+            out = _reduce(ctx, out, [0], False, "sum")
+    return [out]
+
+
+@_reg("Softmax", "LogSoftmax")
+def _softmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    fn = ops.softmax if node.op_type == "Softmax" else ops.log_softmax
+    if ctx.opset >= 13:
+        return [fn(x, axis=int(at.get("axis", -1)), name=ctx.fresh("softmax"))]
+    ax = int(at.get("axis", 1)) % x.ndim
+    if ax == x.ndim - 1:
+        return [fn(x, axis=-1, name=ctx.fresh("softmax"))]
+    flat = ops.reshape(x, (math.prod(x.shape[:ax]), math.prod(x.shape[ax:])), ctx.fresh("flat"))
+    y = fn(flat, axis=-1, name=ctx.fresh("softmax"))
+    return [ops.reshape(y, x.shape, ctx.fresh("unflat"))]
+
+
+@_reg("BatchNormalization")
+def _bn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if at.get("training_mode", 0):
+        raise UnsupportedOpError(f"{ctx.node_name}: BatchNormalization training_mode=1")
+    x, scale, bias, mean, var = (ctx.tensor(v) for v in ins[:5])
+    y = ops.batch_norm(
+        x, mean, var, scale, bias, eps=float(at.get("epsilon", 1e-5)), name=ctx.fresh("bn")
+    )
+    return [y]
+
+
+@_reg("LayerNormalization")
+def _ln(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    gamma = ctx.tensor(ins[1])
+    beta = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    if len([o for o in node.output if o]) > 1:
+        raise UnsupportedOpError(f"{ctx.node_name}: LayerNormalization Mean/InvStdDev outputs")
+    y = ops.layer_norm(
+        x,
+        gamma,
+        beta,
+        axis=int(at.get("axis", -1)),
+        eps=float(at.get("epsilon", 1e-5)),
+        name=ctx.fresh("ln"),
+    )
+    return [y]
+
+
+@_reg("LRN")
+def _lrn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    size = int(at["size"])
+    alpha, beta, bias = (
+        float(at.get("alpha", 1e-4)),
+        float(at.get("beta", 0.75)),
+        float(at.get("bias", 1.0)),
+    )
+    c = x.shape[1]
+    lo = (size - 1) // 2
+    r = te.reduce_axis(size, name="rl")
+
+    def sq(*i: IterVar) -> Expr:
+        ch = i[1] + r - lo
+        sub = (i[0], ch, *i[2:])
+        v = te.where((ch >= 0) & (ch < c), x[sub], 0.0)
+        return te.sum(v * v, axis=r)
+
+    s = ctx.compute(x.shape, sq, "lrn_sq")
+    return [
+        _map(ctx, [x, s], lambda a, q: a / (bias + (alpha / size) * q) ** beta, "lrn"),
+    ]
+
+
+@_reg("InstanceNormalization")
+def _instnorm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    axes = list(range(2, x.ndim))
+    n = math.prod(x.shape[2:])
+    eps = float(at.get("epsilon", 1e-5))
+    mean = _reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
+    cen = _map(ctx, [x, mean], lambda a, m: a - m, "in_cen")
+    var = _reduce(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
+    cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
+    sc = np.asarray(ins[1]).reshape(cshape) if isinstance(ins[1], np.ndarray) else ins[1]
+    bi = np.asarray(ins[2]).reshape(cshape) if isinstance(ins[2], np.ndarray) else ins[2]
+    if isinstance(sc, Tensor):
+        sc = ops.reshape(sc, cshape, ctx.fresh("sc"))
+    if isinstance(bi, Tensor):
+        bi = ops.reshape(bi, cshape, ctx.fresh("bi"))
+    return [
+        _map(ctx, [cen, var, sc, bi], lambda c_, v, s, b: c_ * te.rsqrt(v + eps) * s + b, "inorm")
+    ]
+
+
+# ---- matmul family
+
+
+@_reg("MatMul")
+def _matmul(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [ops.matmul(ctx.tensor(ins[0]), ctx.tensor(ins[1]), name=ctx.fresh("matmul"))]
+
+
+@_reg("Gemm")
+def _gemm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    a, b = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    m, k = (a.shape[1], a.shape[0]) if ta else a.shape
+    n = b.shape[0] if tb else b.shape[1]
+    kk = te.reduce_axis(k, name="k")
+
+    def body(i: IterVar, j: IterVar) -> Expr:
+        av = a[kk, i] if ta else a[i, kk]
+        bv = b[j, kk] if tb else b[kk, j]
+        return te.sum(av * bv, axis=kk)
+
+    y = ctx.compute((m, n), body, "gemm")
+    c = ins[2] if len(ins) > 2 else None
+    if c is None or beta == 0.0:
+        return [y if alpha == 1.0 else _map(ctx, [y], lambda v: v * alpha, "gemm_a")]
+    return [_map(ctx, [y, c], lambda v, cv: v * alpha + cv * beta, "gemm_c")]
+
+
+# ---- convolution and pooling
+
+
+def _conv_pads(
+    at: dict[str, Any], spatial: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    nd = len(spatial)
+    ap = at.get("auto_pad", b"NOTSET")
+    ap = ap.decode() if isinstance(ap, bytes) else ap
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        lo, hi = [], []
+        for n, kk, ss, dd in zip(spatial, k, s, d, strict=True):
+            out = -(-n // ss)
+            total = max((out - 1) * ss + (kk - 1) * dd + 1 - n, 0)
+            small, big = total // 2, total - total // 2
+            lo.append(small if ap == "SAME_UPPER" else big)
+            hi.append(big if ap == "SAME_UPPER" else small)
+        return lo, hi
+    if ap == "VALID":
+        return [0] * nd, [0] * nd
+    pads = list(at.get("pads", [0] * (2 * nd)))
+    return [int(p) for p in pads[:nd]], [int(p) for p in pads[nd:]]
+
+
+@_reg("Conv")
+def _conv(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    nd = x.ndim - 2
+    k = list(at.get("kernel_shape", w.shape[2:]))
+    s = list(at.get("strides", [1] * nd))
+    d = list(at.get("dilations", [1] * nd))
+    lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
+    g = int(at.get("group", 1))
+    if nd == 1:  # as 2-D with a unit height
+        x = ops.reshape(x, (*x.shape[:2], 1, x.shape[2]), ctx.fresh("c1d"))
+        w = ops.reshape(w, (*w.shape[:2], 1, w.shape[2]), ctx.fresh("w1d"))
+        k, s, d, lo, hi = [1, *k], [1, *s], [1, *d], [0, *lo], [0, *hi]
+    elif nd != 2:
+        raise UnsupportedOpError(f"{ctx.node_name}: Conv with {nd} spatial dims (1-D/2-D only)")
+    if lo != hi:
+        x = ops.pad(x, [(0, 0), (0, 0), *zip(lo, hi, strict=True)], name=ctx.fresh("cpad"))
+        lo = [0, 0]
+    y = ops.conv2d(x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv"))
+    if nd == 1:
+        y = ops.reshape(y, (y.shape[0], y.shape[1], y.shape[3]), ctx.fresh("c1d_out"))
+    return [y]
+
+
+def _pool(ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: str) -> Tensor:
+    nd = x.ndim - 2
+    k = [int(v) for v in at["kernel_shape"]]
+    s = [int(v) for v in at.get("strides", [1] * nd)]
+    d = [int(v) for v in at.get("dilations", [1] * nd)]
+    lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
+    ceil = int(at.get("ceil_mode", 0))
+    out = []
+    for n, kk, ss, dd, pl, ph in zip(x.shape[2:], k, s, d, lo, hi, strict=True):
+        span = n + pl + ph - dd * (kk - 1) - 1
+        o = (-(-span // ss) if ceil else span // ss) + 1
+        if ceil and (o - 1) * ss >= n + pl:
+            o -= 1
+        out.append(o)
+    shape = (*x.shape[:2], *out)
+    rs = [te.reduce_axis(kk, name=f"r{i}") for i, kk in enumerate(k)]
+    fill = -math.inf if kind == "max" else 0.0
+
+    def body(*idx: IterVar) -> Expr:
+        subs: list[Expr] = list(idx[:2])
+        conds: list[Expr] = []
+        for i in range(nd):
+            e = (
+                idx[2 + i] * s[i] + rs[i] * d[i] - lo[i]
+                if lo[i]
+                else idx[2 + i] * s[i] + rs[i] * d[i]
+            )
+            subs.append(e)
+            if lo[i]:
+                conds.append(e >= 0)
+            if (out[i] - 1) * s[i] + (k[i] - 1) * d[i] - lo[i] >= x.shape[2 + i]:
+                conds.append(e < x.shape[2 + i])
+        v: Expr = x[tuple(subs)]
+        if conds:
+            c = conds[0]
+            for cc in conds[1:]:
+                c = c & cc
+            v = te.where(c, v, fill)
+        return te.max(v, axis=rs) if kind == "max" else te.sum(v, axis=rs)
+
+    y = ctx.compute(shape, body, f"{kind}pool")
+    if kind == "max":
+        return y
+    include = int(at.get("count_include_pad", 0))
+    # divisor per output position (host): in-bounds window elements (or incl. padding)
+    cnt = np.ones(out, dtype=np.float64)
+    for i in range(nd):
+        o = np.arange(out[i])[:, None] * s[i] + np.arange(k[i])[None, :] * d[i] - lo[i]
+        lim = x.shape[2 + i] + (hi[i] if include else 0)
+        lo_lim = -lo[i] if include else 0
+        c1 = ((o >= lo_lim) & (o < lim)).sum(axis=1).astype(np.float64)
+        cnt = cnt * c1.reshape([-1 if j == i else 1 for j in range(nd)])
+    inv = (1.0 / cnt).astype(np.float32)
+    if np.all(inv == inv.reshape(-1)[0]):
+        return _map(ctx, [y], lambda v: v * float(inv.reshape(-1)[0]), "avgpool_div")
+    return _map(ctx, [y, inv], lambda v, c: v * c, "avgpool_div")
+
+
+@_reg("MaxPool", "AveragePool")
+def _pool_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if len([o for o in node.output if o]) > 1:
+        raise UnsupportedOpError(f"{ctx.node_name}: MaxPool Indices output")
+    if int(at.get("storage_order", 0)):
+        raise UnsupportedOpError(f"{ctx.node_name}: MaxPool storage_order=1")
+    kind = "max" if node.op_type == "MaxPool" else "avg"
+    return [_pool(ctx, node, ctx.tensor(ins[0]), at, kind)]
+
+
+@_reg("GlobalAveragePool", "GlobalMaxPool")
+def _gpool(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    axes = list(range(2, x.ndim))
+    if node.op_type == "GlobalMaxPool":
+        return [_reduce(ctx, x, axes, True, "max")]
+    n = math.prod(x.shape[2:])
+    return [_reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))]
+
+
+# ---- layout
+
+
+def _reshape_to(ctx: _Ctx, v: Value, shape: Sequence[int]) -> Value:
+    shape = tuple(int(s) for s in shape)
+    if isinstance(v, np.ndarray):
+        return v.reshape(shape)
+    if tuple(v.shape) == shape:
+        return v
+    if not shape:  # to 0-d
+        return _reduce(ctx, v, list(range(v.ndim)), False, "sum")
+    if not v.shape:
+        return ctx.compute(shape, lambda *i: v[()], "reshape")
+    return ops.reshape(v, shape, ctx.fresh("reshape"))
+
+
+@_reg("Reshape")
+def _reshape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ins[0]
+    shape = _ints(_host(node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
+    allowzero = int(at.get("allowzero", 0))
+    dims = [x.shape[i] if (s == 0 and not allowzero) else s for i, s in enumerate(shape)]
+    if -1 in dims:
+        known = math.prod(v for v in dims if v != -1)
+        dims[dims.index(-1)] = math.prod(x.shape) // known
+    return [_reshape_to(ctx, x, dims)]
+
+
+@_reg("Flatten")
+def _flatten(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ins[0]
+    ax = int(at.get("axis", 1)) % (len(x.shape) + 1) if len(x.shape) else 0
+    return [_reshape_to(ctx, x, (math.prod(x.shape[:ax]), math.prod(x.shape[ax:])))]
+
+
+def _axes_arg(node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[int] | None:
+    if len(ins) > 1 and ins[1] is not None:
+        return _ints(_host(node, ins[1], "axes"))
+    return None if "axes" not in at else list(at["axes"])
+
+
+@_reg("Squeeze")
+def _squeeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ins[0]
+    axes = _axes_arg(node, ins, at)
+    nd = len(x.shape)
+    if axes is None:
+        axes = [i for i, s in enumerate(x.shape) if s == 1]
+    axes = _norm_axes(axes, nd)
+    return [_reshape_to(ctx, x, [s for i, s in enumerate(x.shape) if i not in axes])]
+
+
+@_reg("Unsqueeze")
+def _unsqueeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ins[0]
+    axes = _axes_arg(node, ins, at) or []
+    nd = len(x.shape) + len(axes)
+    axes = _norm_axes(axes, nd)
+    it = iter(x.shape)
+    return [_reshape_to(ctx, x, [1 if i in axes else next(it) for i in range(nd)])]
+
+
+@_reg("Transpose")
+def _transpose(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    perm = at.get("perm")
+    return [ops.transpose(x, None if perm is None else list(perm), name=ctx.fresh("transpose"))]
+
+
+@_reg("Concat")
+def _concat(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    vals = [ctx.tensor(v) for v in ins if v is not None and math.prod(v.shape) > 0]
+    if len(vals) == 1:
+        return [vals[0]]
+    return [ops.concat(vals, axis=int(at["axis"]), name=ctx.fresh("concat"))]
+
+
+def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: ANN001
+    begin = [0] * x.ndim
+    step = [1] * x.ndim
+    shape = list(x.shape)
+    for a, st, en, sp in zip(axes, starts, ends, steps, strict=True):
+        a = a % x.ndim
+        n = x.shape[a]
+        if sp == 0:
+            raise ExpressionError(f"{ctx.node_name}: Slice step 0")
+        st = st + n if st < 0 else st
+        en = en + n if en < 0 else en
+        if sp > 0:
+            st, en = min(max(st, 0), n), min(max(en, 0), n)
+            length = max(0, -(-(en - st) // sp))
+        else:
+            st, en = min(max(st, 0), n - 1), min(max(en, -1), n - 1)
+            length = max(0, -(-(st - en) // -sp))
+        if length <= 0:
+            raise UnsupportedOpError(f"{ctx.node_name}: Slice producing an empty tensor")
+        begin[a], step[a], shape[a] = st, sp, length
+
+    def body(*idx: IterVar) -> Expr:
+        subs = []
+        for i, k, b in zip(idx, step, begin, strict=True):
+            e: Expr = i if k == 1 else i * k
+            subs.append(e + b if b else e)
+        return x[tuple(subs)]
+
+    return ctx.compute(shape, body, "slice")
+
+
+@_reg("Slice")
+def _slice_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    if len(ins) > 1:
+        starts = _ints(_host(node, ins[1], "starts"))
+        ends = _ints(_host(node, ins[2], "ends"))
+        axes = (
+            _ints(_host(node, ins[3], "axes"))
+            if len(ins) > 3 and ins[3] is not None
+            else list(range(len(starts)))
+        )
+        steps = (
+            _ints(_host(node, ins[4], "steps"))
+            if len(ins) > 4 and ins[4] is not None
+            else [1] * len(starts)
+        )
+    else:
+        starts, ends = list(at["starts"]), list(at["ends"])
+        axes = list(at.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    big = 2**62
+    starts = [max(min(s, big), -big) for s in starts]
+    ends = [max(min(e, big), -big) for e in ends]
+    return [_slice(ctx, x, starts, ends, axes, steps)]
+
+
+@_reg("Split")
+def _split(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    ax = int(at.get("axis", 0)) % x.ndim
+    nout = len(node.output)
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = _ints(_host(node, ins[1], "split"))
+    elif "split" in at:
+        sizes = list(at["split"])
+    else:
+        n = x.shape[ax]
+        nparts = int(at.get("num_outputs", nout))
+        chunk = -(-n // nparts)
+        sizes = [min(chunk, n - i * chunk) for i in range(nparts)]
+    outs: list[Value] = []
+    off = 0
+    for sz in sizes:
+        outs.append(_slice(ctx, x, [off], [off + sz], [ax], [1]))
+        off += sz
+    return outs
+
+
+@_reg("Pad")
+def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    mode = at.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        raise UnsupportedOpError(f"{ctx.node_name}: Pad mode '{mode}' (constant only)")
+    if len(ins) > 1:
+        pads = _ints(_host(node, ins[1], "pads"))
+        value = (
+            float(_host(node, ins[2], "constant_value").reshape(-1)[0])
+            if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size
+            else 0.0
+        )
+        axes = (
+            _norm_axes(_ints(_host(node, ins[3], "axes")), x.ndim)
+            if len(ins) > 3 and ins[3] is not None
+            else list(range(x.ndim))
+        )
+    else:
+        pads = list(at["pads"])
+        value = float(at.get("value", 0.0))
+        axes = list(range(x.ndim))
+    na = len(axes)
+    pw = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes):
+        pw[a] = (pads[i], pads[na + i])
+    if any(b < 0 or e < 0 for b, e in pw):  # negative pads crop
+        x = _slice(
+            ctx,
+            x,
+            [max(-b, 0) for b, _ in pw],
+            [x.shape[d] - max(-e, 0) for d, (_, e) in enumerate(pw)],
+            list(range(x.ndim)),
+            [1] * x.ndim,
+        )
+        pw = [(max(b, 0), max(e, 0)) for b, e in pw]
+    if all(b == 0 and e == 0 for b, e in pw):
+        return [x]
+    return [ops.pad(x, pw, value=value, name=ctx.fresh("pad"))]
+
+
+@_reg("Expand")
+def _expand(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    shape = _bshape(x.shape, _ints(_host(node, ins[1], "shape")))
+    return [ctx.compute(shape, lambda *i: x[_bidx(x.shape, i)], "expand")]
+
+
+@_reg("Dropout")
+def _dropout(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if len(ins) > 2 and ins[2] is not None and bool(np.asarray(_host(node, ins[2], "mode"))):
+        raise UnsupportedOpError(f"{ctx.node_name}: Dropout training_mode=true")
+    return [ins[0], np.ones(ins[0].shape, dtype=np.bool_)]
+
+
+@_reg("Gather")
+def _gather(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    data, idx = ins[0], ins[1]
+    if isinstance(idx, Tensor):
+        raise UnsupportedOpError(
+            f"{ctx.node_name}: Gather with run-time indices (data-dependent subscripts are not "
+            "supported yet)"
+        )
+    x = ctx.tensor(data)
+    ax = int(at.get("axis", 0)) % x.ndim
+    ind = np.asarray(idx).astype(np.int64)
+    ind = np.where(ind < 0, ind + x.shape[ax], ind)
+    flat = ind.reshape(-1)
+    if flat.size > 1:
+        st = int(flat[1] - flat[0])
+        if st == 0 or np.any(np.diff(flat) != st):
+            raise UnsupportedOpError(
+                f"{ctx.node_name}: Gather with constant indices that are not an arithmetic "
+                "progression"
+            )
+    else:
+        st = 1
+    start = int(flat[0])
+    n = flat.size
+    shape = (*x.shape[:ax], n, *x.shape[ax + 1 :])
+
+    def body(*i: IterVar) -> Expr:
+        e: Expr = i[ax] if st == 1 else i[ax] * st
+        return x[(*i[:ax], e + start if start else e, *i[ax + 1 :])]
+
+    y = ctx.compute(shape, body, "gather")
+    out_shape = (*x.shape[:ax], *ind.shape, *x.shape[ax + 1 :])
+    return [_reshape_to(ctx, y, out_shape)]
+
+
+@_reg("Shape")
+def _shape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    s = np.asarray(ins[0].shape, dtype=np.int64)
+    start, end = at.get("start", 0), at.get("end")
+    return [s[start:end]]
+
+
+@_reg("Size")
+def _size(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [np.asarray(math.prod(ins[0].shape), dtype=np.int64)]
+
+
+# Ops that fold on the host when all inputs are constants but have no runtime form.
+HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero", "Floor", "Ceil", "Round", "Sign"}
+HOST_ONLY_ALWAYS = {"Constant", "ConstantOfShape", "Range"}
+SUPPORTED_OPS = frozenset(HANDLERS) | HOST_ONLY_ALWAYS
+
+
+def _fold(node: onnx.NodeProto, ins: list[Any], opset: int) -> list[np.ndarray]:
+    """Evaluate one node on host constants with the ONNX reference implementation."""
+    from onnx.reference import ReferenceEvaluator
+
+    if node.op_type == "Constant":
+        at = _attrs(node)
+        if "value" in at:
+            return [numpy_helper.to_array(at["value"])]
+        for k, dt in (
+            ("value_float", np.float32),
+            ("value_floats", np.float32),
+            ("value_int", np.int64),
+            ("value_ints", np.int64),
+        ):
+            if k in at:
+                return [np.asarray(at[k], dtype=dt)]
+        raise UnsupportedOpError(f"Constant '{node.name}': unsupported value attribute")
+    names = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
+    outs = [f"out{i}" for i in range(len(node.output))]
+    n2 = helper.make_node(node.op_type, names, outs, domain=node.domain)
+    n2.attribute.extend(node.attribute)
+    feeds = {nm: np.asarray(v) for nm, v in zip(names, ins, strict=True) if nm}
+    g = helper.make_graph(
+        [n2],
+        "fold",
+        [
+            helper.make_tensor_value_info(
+                nm, helper.np_dtype_to_tensor_dtype(feeds[nm].dtype), feeds[nm].shape
+            )
+            for nm in names
+            if nm
+        ],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    return [np.asarray(r) for r in ReferenceEvaluator(m).run(None, feeds)]
+
+
+def unsupported_ops(model: onnx.ModelProto) -> Counter[str]:
+    """Op types in ``model`` (subgraph-free main graph) that polyfuse cannot import, with counts."""
+    c: Counter[str] = Counter()
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED_OPS | HOST_ONLY:
+            c[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"] += 1
+    return c
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _read(model: str | os.PathLike[str] | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, str]:
+    if isinstance(model, onnx.ModelProto):
+        return model, model.graph.name or "model"
+    if isinstance(model, bytes):
+        try:
+            return onnx.load_from_string(model), "model"
+        except Exception as e:  # noqa: BLE001
+            raise OnnxImportError(f"cannot parse ONNX model bytes: {e}") from None
+    path = os.fspath(model)
+    if not os.path.exists(path):
+        raise OnnxImportError(f"ONNX file '{path}' does not exist")
+    try:
+        m = onnx.load(path)
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise OnnxImportError(f"cannot read ONNX file '{path}': {msg}") from None
+    if not m.graph.node and not m.graph.output:
+        raise OnnxImportError(f"cannot read ONNX file '{path}': not an ONNX model (empty graph)")
+    return m, m.graph.name or os.path.splitext(os.path.basename(path))[0]
+
+
+def load(
+    model: str | os.PathLike[str] | onnx.ModelProto | bytes,
+    shapes: dict[str, Sequence[int]] | None = None,
+) -> OnnxModel:
+    """Import an ONNX model (path, bytes or ``ModelProto``) as a te graph.
+
+    ``shapes`` fixes symbolic or dynamic input dims: ``{"input_name": (1, 3, 224, 224)}``.
+    Raises :class:`UnsupportedOpError` listing every unsupported op type (with counts) before any
+    conversion, and :class:`OnnxImportError` for unreadable files or unresolved dynamic shapes.
+    """
+    m, name = _read(model)
+    shapes = dict(shapes or {})
+    bad = unsupported_ops(m)
+    if bad:
+        listing = ", ".join(f"{k} x{v}" for k, v in sorted(bad.items(), key=lambda kv: -kv[1]))
+        raise UnsupportedOpError(f"model '{name}' uses unsupported ONNX operators: {listing}")
+    opset = next(
+        (o.version for o in m.opset_import if o.domain in ("", "ai.onnx")),
+        onnx.defs.onnx_opset_version(),
+    )
+    ctx = _Ctx(name, opset)
+    inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    for k, v in inits.items():
+        ctx.values[k] = np.asarray(v)
+    inputs: list[Tensor] = []
+    input_names: list[str] = []
+    unknown = set(shapes) - {i.name for i in m.graph.input}
+    if unknown:
+        raise OnnxImportError(
+            f"model '{name}': shapes= names unknown inputs {sorted(unknown)}; inputs are "
+            f"{[i.name for i in m.graph.input if i.name not in inits]}"
+        )
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if vi.name in shapes:
+            shape = tuple(int(s) for s in shapes[vi.name])
+        else:
+            dims = list(tt.shape.dim) if tt.HasField("shape") else None
+            if dims is None or any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
+                desc = (
+                    "has no shape"
+                    if dims is None
+                    else "has dynamic shape ("
+                    + ", ".join(
+                        d.dim_param or "?" if not d.dim_value else str(d.dim_value) for d in dims
+                    )
+                    + ")"
+                )
+                raise OnnxImportError(
+                    f"model '{name}': input '{vi.name}' {desc}; pass shapes={{'{vi.name}': (...)}} "
+                    "to polyfuse.onnx.load"
+                )
+            shape = tuple(d.dim_value for d in dims)
+        np_dt = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
+        if not np.issubdtype(np_dt, np.floating):
+            raise UnsupportedOpError(
+                f"model '{name}': input '{vi.name}' has dtype {np.dtype(np_dt).name}; polyfuse "
+                "compiles float inputs only"
+            )
+        t = te.placeholder(shape, "float32", _ident(vi.name))
+        ctx.values[vi.name] = t
+        inputs.append(t)
+        input_names.append(vi.name)
+
+    for node in m.graph.node:
+        ctx.node_name = node.name or f"{node.op_type}_{node.output[0]}"
+        ins = [ctx.values[i] if i else None for i in node.input]
+        for i in node.input:
+            if i and i not in ctx.values:
+                raise OnnxImportError(f"model '{name}': node '{ctx.node_name}' reads unknown '{i}'")
+        host = all(v is None or isinstance(v, np.ndarray) for v in ins)
+        at = _attrs(node)
+        try:
+            if node.op_type in HOST_ONLY_ALWAYS or (
+                host and node.op_type not in ("Shape", "Size", "Dropout", "Identity")
+            ):
+                if node.op_type not in HOST_ONLY_ALWAYS and any(
+                    v is not None and v.size > 1 << 22 for v in ins
+                ):
+                    outs = HANDLERS[node.op_type](ctx, node, ins, at)
+                else:
+                    outs = _fold(node, ins, opset)
+            elif node.op_type in HANDLERS:
+                outs = HANDLERS[node.op_type](ctx, node, ins, at)
+            else:
+                raise UnsupportedOpError(
+                    f"{ctx.node_name}: {node.op_type} needs constant inputs (run-time input given)"
+                )
+        except PolyfuseError as e:
+            if isinstance(e, UnsupportedOpError):
+                raise UnsupportedOpError(f"model '{name}': {e}") from None
+            raise type(e)(f"model '{name}', node '{ctx.node_name}' ({node.op_type}): {e}") from None
+        for o, v in zip(node.output, outs, strict=False):
+            if o:
+                ctx.values[o] = v
+
+    outputs: list[Tensor] = []
+    out_names: list[str] = []
+    out_dtypes: list[np.dtype] = []
+    const_outs: dict[str, np.ndarray] = {}
+    for vi in m.graph.output:
+        v = ctx.values[vi.name]
+        et = vi.type.tensor_type.elem_type
+        out_dtypes.append(
+            np.dtype(helper.tensor_dtype_to_np_dtype(et)) if et else np.dtype("float32")
+        )
+        out_names.append(vi.name)
+        if isinstance(v, np.ndarray):
+            const_outs[vi.name] = v
+            continue
+        if v.is_placeholder or any(v is o for o in outputs):
+            src = v
+            v = ctx.compute(v.shape, lambda *i, s=src: s[i], "out")
+        outputs.append(v)
+    return OnnxModel(
+        name,
+        inputs,
+        outputs,
+        ctx.constants,
+        input_names,
+        out_names,
+        out_dtypes,
+        const_outs,
+    )
