@@ -193,6 +193,14 @@ class CompiledGraph:
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
         return res[0] if len(res) == 1 else res
 
+    # ------------------------------------------------------------------ report
+    def visualize(self, path, json_path=None):
+        """Write the scheduling debug report (self-contained HTML) to ``path``; the same
+        data as JSON to ``json_path``. Returns the report data (:mod:`polyfuse.viz`)."""
+        from polyfuse.viz import visualize
+
+        return visualize(self, path, json_path)
+
     # ------------------------------------------------------------------ measurements
     def traffic_bytes(self) -> int:
         """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""

@@ -1,0 +1,471 @@
+"""Everything the visualizer shows, as one JSON-able dict (the single source of truth).
+
+The HTML report, ``--json`` and ``polyfuse explain`` all read :func:`extract`'s result. Every
+decision text comes verbatim from the plan (partition decisions, stitch decisions, placements,
+kernel notes, feedback events); this module only joins them per producer→consumer edge and
+labels each with its *kinds* (see :data:`REASON_KINDS`). Times are modelled, never measured.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from polyfuse.poly.canonical import canonical_form
+from polyfuse.poly.device import device_for_arch
+from polyfuse.viz.layout import layout
+
+#: Every kind of reason an edge can carry.
+REASON_KINDS = (
+    "fused",  # same micrograph, by a partition rule
+    "stitched",  # same kernel, by a Layer 2 stitch rule
+    "no rule",  # no partition / stitch rule for the kinds
+    "cycle",  # merging or stitching would create a cycle
+    "isl feedback",  # isl could not schedule them together within budget
+    "form mismatch",  # canonical forms or launch shapes differ
+    "tile mismatch",  # outer dimensions or tiles do not match / no parallel layout
+    "footprint",  # per-block footprint too large for shared memory
+    "cost model",  # decided by the reduction cost model (recompute instead of spill)
+)
+
+
+def classify(text: str) -> list[str]:
+    """The reason kinds a decision text names (plan wording → kind)."""
+    t = text.lower()
+    out = []
+    if "no partition rule" in t or "no stitch rule" in t:
+        out.append("no rule")
+    if "cycle" in t:
+        out.append("cycle")
+    if "isl feedback" in t or "budget" in t:
+        out.append("isl feedback")
+    if "forms differ" in t or "launch shapes differ" in t:
+        out.append("form mismatch")
+    if "do not match" in t or "no parallel reduction layout" in t:
+        out.append("tile mismatch")
+    if "does not fit" in t:
+        out.append("footprint")
+    if "recomputed" in t:
+        out.append("cost model")
+    return out
+
+
+def _shape(t) -> list[int]:
+    return [int(d) for d in t.shape]
+
+
+def _nbytes(shape) -> int:
+    n = 4
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _s(obj) -> str:
+    try:
+        return str(obj)
+    except Exception as e:  # pragma: no cover - printing isl objects should not fail
+        return f"<unprintable: {e}>"
+
+
+def _ast_c(ast) -> str:
+    try:
+        return ast.to_C_str()
+    except Exception:
+        return _s(ast)
+
+
+def _parts_of_source(source: str, mgs: list[str]) -> list[dict[str, Any]]:
+    """Line ranges (0-based, inclusive) of each micrograph's part in a kernel's source."""
+    lines = source.splitlines()
+    marks = [
+        (i, m.group(1)) for i, ln in enumerate(lines) if (m := re.search(r"// part:(\S+)", ln))
+    ]
+    if not marks:
+        return [{"mg": mgs[0], "start": 0, "end": max(0, len(lines) - 1)}] if mgs else []
+    out = []
+    for j, (i, mg) in enumerate(marks):
+        end = marks[j + 1][0] - 1 if j + 1 < len(marks) else len(lines) - 2
+        out.append({"mg": mg, "start": i, "end": max(i, end)})
+    return out
+
+
+def _points(domain) -> int:
+    """Statement instances of an isl set (0 when isl cannot count it)."""
+    try:
+        return int(domain.count_val().to_python())
+    except Exception:
+        return 0
+
+
+def _modelled(kernel, sms, device) -> dict[str, Any]:
+    """Modelled time: bytes / DRAM bandwidth vs instances / FP32 rate vs launch overhead."""
+    moved = kernel.bytes_read + kernel.bytes_written
+    points = sum(_points(s.domain) for sm in sms for s in sm.model.statements)
+    mem_s = moved / (device.dram_gbps * 1e9)
+    comp_s = points / (device.fp32_tflops * 1e12)
+    launch_s = device.launch_us * 1e-6
+    bound = max(("memory", mem_s), ("compute", comp_s), ("launch", launch_s), key=lambda x: x[1])
+    return {
+        "label": "modelled",
+        "device": device.name,
+        "memory_s": mem_s,
+        "compute_s": comp_s,
+        "launch_s": launch_s,
+        "instances": points,
+        "total_s": max(mem_s, comp_s) + launch_s,
+        "bound": bound[0],
+    }
+
+
+def _composites(graph) -> list[dict[str, Any]]:
+    """Composite-op instances: connected components of primitives with the same tag."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in graph.topo_order():
+        tag = graph.prims[n].composite
+        if not tag or n in seen:
+            continue
+        cid = len(out)
+        members, stack = [], [n]
+        seen[n] = cid
+        while stack:
+            x = stack.pop()
+            members.append(x)
+            for y in list(graph.dag.successors(x)) + list(graph.dag.predecessors(x)):
+                if y not in seen and y in graph.prims and graph.prims[y].composite == tag:
+                    seen[y] = cid
+                    stack.append(y)
+        out.append({"id": f"c{cid}", "tag": tag, "prims": members})
+    return out
+
+
+def extract(fn) -> dict[str, Any]:
+    """The report data of a :class:`~polyfuse.CompiledGraph`."""
+    plan = fn.plan
+    graph = plan.graph
+    part = plan.partition
+    device = device_for_arch(fn.arch)
+    order = graph.topo_order()
+    mg_name = {p: f"mg{i}" for p, i in part.owner.items()}
+    kernel_of_mg: dict[str, str] = {}
+    for kp in plan.kernel_plans:
+        for m in kp.micrographs:
+            kernel_of_mg[m] = kp.name
+    kernel_of = {p: kernel_of_mg.get(mg_name[p], "") for p in graph.prims}
+    outputs = {graph.ident(t) for t in graph.outputs}
+    const_ids = set(fn.constants)
+
+    composites = _composites(graph)
+    comp_of = {p: c["id"] for c in composites for p in c["prims"]}
+
+    # ---- primitives and the graph inputs they read
+    prims = []
+    input_edges = []
+    input_ids = {graph.ident(t): t for t in graph.inputs}
+    for n in order:
+        pr = graph.prims[n]
+        reads = []
+        for (r, _), k in zip(pr.relations.reads, pr.access_kinds, strict=True):
+            ident = graph.idents.get(r.tensor.uid, r.tensor.name)
+            reads.append({"tensor": ident, "access": k.value})
+            if ident in input_ids and not any(
+                e["src"] == ident and e["dst"] == n for e in input_edges
+            ):
+                input_edges.append(
+                    {"src": ident, "dst": n, "tensor": ident, "shape": _shape(r.tensor)}
+                )
+        prims.append(
+            {
+                "id": n,
+                "kind": pr.kind.value,
+                "composite": pr.composite,
+                "comp": comp_of.get(n, ""),
+                "shape": _shape(pr.tensor),
+                "mg": mg_name[n],
+                "kernel": kernel_of[n],
+                "reads": reads,
+                "output": n in outputs,
+                "text": _s(pr),
+            }
+        )
+    inputs = [
+        {"id": i, "shape": _shape(t), "constant": i in const_ids} for i, t in input_ids.items()
+    ]
+
+    # ---- stitch decisions, and which one joined each pair of micrographs
+    stitches = []
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    joined_by: dict[frozenset[str], int] = {}
+    for i, d in enumerate(plan.stitches):
+        stitches.append(
+            {
+                "id": i,
+                "producer": list(d.producer),
+                "consumer": list(d.consumer),
+                "rule": d.rule,
+                "stitched": bool(d.stitched),
+                "reason": d.reason,
+                "tensors": list(d.tensors),
+                "kinds": (["stitched"] if d.stitched else []) + classify(d.reason),
+                "text": _s(d),
+            }
+        )
+        if d.stitched:
+            before = {m: find(m) for m in kernel_of_mg}
+            root = find(d.producer[0])
+            for m in list(d.producer) + list(d.consumer):
+                parent[find(m)] = root
+            for a in kernel_of_mg:
+                for b in kernel_of_mg:
+                    if a < b and before[a] != before[b] and find(a) == find(b):
+                        joined_by.setdefault(frozenset((a, b)), i)
+
+    placements: dict[tuple[str, str], Any] = {}
+    recomputed: dict[str, str] = {}
+    for kp, k in zip(plan.kernel_plans, plan.kernels, strict=True):
+        for t, p in kp.placements.items():
+            placements[(kp.name, t)] = p
+        for note in k.notes:
+            m = re.match(r"(\S+): recomputed in (.*)", note)
+            if m:
+                recomputed[m.group(1)] = note
+
+    smem_limit = device.smem_per_block_optin
+
+    # ---- one decision per producer→consumer primitive edge
+    decisions = []
+    for i, d in enumerate(part.decisions):
+        mp, mc = mg_name[d.producer], mg_name[d.consumer]
+        kp_, kc = kernel_of[d.producer], kernel_of[d.consumer]
+        shape = _shape(graph.prims[d.producer].tensor)
+        rec: dict[str, Any] = {
+            "id": i,
+            "producer": d.producer,
+            "consumer": d.consumer,
+            "tensor": d.tensor,
+            "shape": shape,
+            "mg_producer": mp,
+            "mg_consumer": mc,
+            "kernel_producer": kp_,
+            "kernel_consumer": kc,
+            "partition": {"fused": d.fused, "rule": d.rule, "reason": d.reason},
+            "stitch": None,
+            "refusals": [],
+            "placement": None,
+            "notes": [],
+        }
+        kinds: list[str] = []
+        if d.fused:
+            outcome = "fused"
+            kinds.append("fused")
+            summary = f"fused in {mc}: {d.reason}"
+        else:
+            kinds += classify(d.reason)
+            if kp_ == kc:
+                outcome = "stitched"
+                kinds.append("stitched")
+                j = joined_by.get(frozenset((mp, mc)))
+                st = stitches[j] if j is not None else None
+                rec["stitch"] = st
+                why = f"rule {st['rule']}: {st['reason']}" if st else "same kernel"
+                summary = f"stitched into {kc} ({why})"
+            else:
+                outcome = "separate"
+                refs = [
+                    s
+                    for s in stitches
+                    if not s["stitched"] and mp in s["producer"] and mc in s["consumer"]
+                ]
+                rec["refusals"] = refs
+                for s in refs:
+                    kinds += [k for k in s["kinds"] if k not in kinds]
+                summary = f"not fused: {d.reason}"
+                if refs:
+                    summary += "; not stitched: " + "; ".join(s["reason"] for s in refs)
+        # where the intermediate lives in the consumer's kernel
+        p = placements.get((kc, d.tensor)) if outcome != "separate" else None
+        if outcome == "separate":
+            rec["placement"] = {
+                "space": "global",
+                "reason": f"written by {kp_}, read by {kc} (between kernels)",
+                "bytes": _nbytes(shape),
+            }
+        elif p is not None:
+            nb = (
+                p.smem_floats * 4
+                if p.space == "shared"
+                else (_nbytes(shape) if p.space == "global" else 0)
+            )
+            rec["placement"] = {"space": p.space, "reason": p.reason, "bytes": nb}
+            kinds += [k for k in classify(p.reason) if k not in kinds]
+        if d.tensor in recomputed and outcome != "separate":
+            k = next(x for x in plan.kernels if x.name == kc)
+            per_block = _nbytes(shape) // max(1, k.grid[0] * k.grid[1] * k.grid[2])
+            note = (
+                f"{recomputed[d.tensor]}: its per-block footprint (~{per_block} B) fits neither "
+                f"registers nor the {smem_limit} B of shared memory ({device.name}); the cost "
+                "model recomputes it from values the kernel holds instead of a global round trip"
+            )
+            rec["notes"].append(note)
+            rec["placement"] = {
+                "space": "recomputed",
+                "reason": recomputed[d.tensor],
+                "bytes": per_block,
+            }
+            for k2 in ("footprint", "cost model"):
+                if k2 not in kinds:
+                    kinds.append(k2)
+        if not d.fused and outcome == "fused":  # pragma: no cover
+            outcome = "separate"
+        rec["outcome"] = outcome
+        rec["kinds"] = kinds
+        rec["summary"] = summary
+        decisions.append(rec)
+
+    # ---- micrographs
+    mapped_of: dict[str, Any] = {}
+    for kp, mm in zip(plan.kernel_plans, plan.mapped, strict=True):
+        for m in kp.micrographs:
+            mapped_of.setdefault(m, (kp.name, mm))
+    sched_of = {sm.name: sm for sm in plan.scheduled}
+    micrographs = []
+    for mg, sm in zip(part.micrographs, plan.scheduled, strict=True):
+        model = sm.model
+        form = canonical_form(sm) if mg.kind.value == "reduction" else None
+        kname, mm = mapped_of.get(mg.name, ("", None))
+        fbs = [_s(e) for e in plan.feedback if any(p in mg.prims for g in e.groups for p in g)]
+        micrographs.append(
+            {
+                "id": mg.name,
+                "kind": mg.kind.value,
+                "prims": list(mg.prims),
+                "kernel": kname,
+                "canonical": _s(form) if form else "",
+                "domain": _s(model.domain),
+                "writes": _s(model.writes),
+                "reads": _s(model.reads),
+                "flow": _s(model.flow),
+                "validity": _s(model.validity),
+                "tensors": {t.ident: t.role for t in model.tensors.values()},
+                "statements": [
+                    {"name": s.name, "prim": s.prim, "role": s.role, "domain": _s(s.domain)}
+                    for s in model.statements
+                ],
+                "schedule": _s(sm.schedule.get_root()),
+                "mapped_schedule": _s(mm.schedule.get_root()) if mm is not None else "",
+                "budget_used": sm.budget_used,
+                "notes": list(sm.notes),
+                "feedback": fbs,
+            }
+        )
+
+    # ---- kernels
+    bufsize = {b.name: _nbytes(b.shape) for b in fn.buffers}
+    kernels = []
+    for k, kp, mm in zip(plan.kernels, plan.kernel_plans, plan.mapped, strict=True):
+        params = [p.tensor for p in k.params if p.tensor]
+        compulsory = sum(bufsize.get(t, 0) for t in params)
+        ast = plan.asts.get(k.name)
+        kernels.append(
+            {
+                "id": k.name,
+                "cached": bool(getattr(kp, "cached", False)),
+                "micrographs": list(k.micrographs),
+                "grid": list(k.grid),
+                "block": list(k.block),
+                "grid_dims": list(getattr(mm, "grid_dims", [])),
+                "tile_sizes": list(getattr(mm, "tile_sizes", [])),
+                "shared_bytes": k.shared_bytes,
+                "registers": k.registers,
+                "static_shared_bytes": k.static_shared_bytes,
+                "spill_stores": k.spill_stores,
+                "bytes_read": k.bytes_read,
+                "bytes_written": k.bytes_written,
+                "compulsory_bytes": compulsory,
+                "modelled": _modelled(
+                    k, [sched_of[m] for m in k.micrographs if m in sched_of], device
+                ),
+                "source": k.source,
+                "parts": _parts_of_source(k.source, list(k.micrographs)),
+                "ast": _ast_c(ast) if ast is not None else "",
+                "schedule": _s(mm.schedule.get_root()) if mm is not None else "",
+                "strategy": _s(getattr(mm, "strategy", "") or ""),
+                "placements": [
+                    {
+                        "tensor": p.tensor,
+                        "space": p.space,
+                        "reason": p.reason,
+                        "bytes": p.smem_floats * 4,
+                    }
+                    for p in kp.placements.values()
+                ],
+                "notes": list(k.notes),
+                "params": params,
+            }
+        )
+
+    cost = [
+        {"kernel": k.name, "note": n}
+        for k in plan.kernels
+        for n in k.notes
+        if n.startswith("reduction layout") or "recomputed" in n
+    ] + [{"kernel": "", "note": r} for r in plan.rewrites]
+
+    data: dict[str, Any] = {
+        "version": 1,
+        "name": plan.name,
+        "arch": fn.arch,
+        "device": {
+            "name": device.name,
+            "dram_gbps": device.dram_gbps,
+            "fp32_tflops": device.fp32_tflops,
+            "launch_us": device.launch_us,
+            "smem_per_block_optin": device.smem_per_block_optin,
+        },
+        "counts": {
+            "primitives": len(graph.prims),
+            "micrographs": len(part.micrographs),
+            "kernels": len(plan.kernels),
+            "decisions": len(decisions),
+            "stitches": len(stitches),
+            "feedback": len(plan.feedback),
+        },
+        "reason_kinds": list(REASON_KINDS),
+        "inputs": inputs,
+        "outputs": sorted(outputs),
+        "prims": prims,
+        "input_edges": input_edges,
+        "composites": composites,
+        "decisions": decisions,
+        "stitches": stitches,
+        "micrographs": micrographs,
+        "kernels": kernels,
+        "feedback": [
+            {"micrograph": e.micrograph, "reason": e.reason, "groups": e.groups, "text": _s(e)}
+            for e in plan.feedback
+        ],
+        "rewrites": list(plan.rewrites),
+        "cost_model": cost,
+        "bytes": {"global": fn.global_bytes(), "compulsory": fn.compulsory_bytes()},
+        "profile": {
+            "stages": dict(plan.seconds),
+            "total": sum(plan.seconds.values()),
+            "per_micrograph_budget": {
+                m["id"]: m["budget_used"] for m in micrographs if m["budget_used"] is not None
+            },
+        },
+    }
+    data["layout"] = layout(data)
+    return data
+
+
+def kinds_present(data: dict[str, Any]) -> set[str]:
+    """Every reason kind some edge of the report carries."""
+    return {k for d in data["decisions"] for k in d["kinds"]}
