@@ -144,8 +144,8 @@ def load_model(spec: str, size: str | None = None, arch: str = "sm_80", budget=N
                     f"viz: unknown model '{spec}'; give an .onnx or .py file or one of "
                     f"{', '.join(EXAMPLES)}"
                 )
-            args = (spec, size) if size else (spec,)
-            inputs, outputs, constants, _ = zoo.build(*args)
+            m = zoo.build(spec, size or "full", weights="zeros")  # compiling needs shapes only
+            inputs, outputs, constants = m.inputs, m.outputs, m.constants
     if constants:
         kw["constants"] = constants
     return polyfuse.compile(inputs=list(inputs), outputs=list(outputs), name=name, **kw)
