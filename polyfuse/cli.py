@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"absolute tolerance vs numpy (default: {DEFAULT_ATOL:g})",
     )
     demo.set_defaults(func=run_demo)
+    from polyfuse.batch import add_zoo_parser
+
+    add_zoo_parser(sub)
     from polyfuse.viz import add_subcommands  # viz, explain
 
     add_subcommands(sub)
