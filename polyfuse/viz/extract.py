@@ -162,6 +162,7 @@ def extract(fn) -> dict[str, Any]:
     # ---- primitives and the graph inputs they read
     prims = []
     input_edges = []
+    seen_in: set[tuple[str, str]] = set()
     input_ids = {graph.ident(t): t for t in graph.inputs}
     for n in order:
         pr = graph.prims[n]
@@ -169,9 +170,8 @@ def extract(fn) -> dict[str, Any]:
         for (r, _), k in zip(pr.relations.reads, pr.access_kinds, strict=True):
             ident = graph.idents.get(r.tensor.uid, r.tensor.name)
             reads.append({"tensor": ident, "access": k.value})
-            if ident in input_ids and not any(
-                e["src"] == ident and e["dst"] == n for e in input_edges
-            ):
+            if ident in input_ids and (ident, n) not in seen_in:
+                seen_in.add((ident, n))
                 input_edges.append(
                     {"src": ident, "dst": n, "tensor": ident, "shape": _shape(r.tensor)}
                 )
@@ -195,13 +195,7 @@ def extract(fn) -> dict[str, Any]:
 
     # ---- stitch decisions, and which one joined each pair of micrographs
     stitches = []
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent.get(x, x) != x:
-            x = parent[x]
-        return x
-
+    comp: dict[str, set[str]] = {m: {m} for m in kernel_of_mg}
     joined_by: dict[frozenset[str], int] = {}
     for i, d in enumerate(plan.stitches):
         stitches.append(
@@ -217,15 +211,17 @@ def extract(fn) -> dict[str, Any]:
                 "text": _s(d),
             }
         )
-        if d.stitched:
-            before = {m: find(m) for m in kernel_of_mg}
-            root = find(d.producer[0])
+        if d.stitched:  # union the groups; record which decision joined each pair
             for m in list(d.producer) + list(d.consumer):
-                parent[find(m)] = root
-            for a in kernel_of_mg:
-                for b in kernel_of_mg:
-                    if a < b and before[a] != before[b] and find(a) == find(b):
-                        joined_by.setdefault(frozenset((a, b)), i)
+                a, b = comp.setdefault(d.producer[0], {d.producer[0]}), comp.setdefault(m, {m})
+                if a is b:
+                    continue
+                for x in a:
+                    for y in b:
+                        joined_by.setdefault(frozenset((x, y)), i)
+                a |= b
+                for y in b:
+                    comp[y] = a
 
     placements: dict[tuple[str, str], Any] = {}
     recomputed: dict[str, str] = {}

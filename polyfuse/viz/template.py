@@ -159,7 +159,7 @@ D.composites.forEach((c) => {
   const g = el("g", {"class":"comp", "data-id":c.id}, gC);
   el("rect", {x:b[0], y:b[1], width:b[2], height:b[3], rx:5}, g);
   const t = el("text", {x:b[0]+b[2]-4, y:b[1]-2, "text-anchor":"end"}, g);
-  t.textContent = "⧉ " + c.tag;
+  t.textContent = c.tag;
   t.addEventListener("click", (ev) => { ev.stopPropagation(); toggleComp(c.id); });
   compG[c.id] = g;
 });
