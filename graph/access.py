@@ -30,11 +30,12 @@ from polyfuse.graph.expr import (
     Unary,
 )
 
-
 # Names generated code uses for itself (loop iterators c0.., block/thread/lane parameters b0..,
-# t0.., r0.., l0.., isl's own, helpers pf_*, CUDA and C words): tensors never take them.
+# t0.., r0.., l0.., helpers pf*, registers r_*, shared s_*, statements S_*, derived suffixes
+# _init/_update/_final/_acc/_lo0, CUDA and C words): tensors never take them.
 _RESERVED = re.compile(
-    r"^([bctrldz]\d+|_[bt]|pf_\w*|[rs]_\w*|int|float|bool|const|for|if|else|return|void|"
+    r"^([bctrldz]\d+|_[bt]|pf\w*|[rsS]_\w*|\w*_(init|update|final|acc|lo\d+)|"
+    r"int|float|bool|const|for|if|else|return|void|"
     r"min|max|floor|mod|and|or|not|exists|true|false|blockIdx|threadIdx|blockDim|gridDim)$"
 )
 

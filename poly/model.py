@@ -61,9 +61,24 @@ class PolyModel:
     writes: isl.UnionMap
     reads: isl.UnionMap
     original_order: isl.UnionMap
-    flow: isl.UnionMap
-    validity: isl.UnionMap
     ctx: isl.Context = field(repr=False, default=None)  # type: ignore[assignment]
+    _deps: tuple[isl.UnionMap, isl.UnionMap] | None = field(repr=False, default=None)
+
+    def _dependences(self) -> tuple[isl.UnionMap, isl.UnionMap]:
+        """(flow, validity) from isl's flow analysis, computed on first use."""
+        if self._deps is None:
+            self._deps = dependences(self.reads, self.writes, self.original_order)
+        return self._deps
+
+    @property
+    def flow(self) -> isl.UnionMap:
+        """Read-after-write dependences."""
+        return self._dependences()[0]
+
+    @property
+    def validity(self) -> isl.UnionMap:
+        """Flow, anti and output dependences."""
+        return self._dependences()[1]
 
     def accumulator_deps(self) -> isl.UnionMap:
         """update -> update dependences through a reduction's own accumulator."""
@@ -172,6 +187,13 @@ def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) ->
         )
         order = order.union(isl.UnionMap.from_map(sched.intersect_domain(s.domain)))
 
+    return PolyModel(mg, stmts, tensors, domain, writes, reads, order, ctx)
+
+
+def dependences(
+    reads: isl.UnionMap, writes: isl.UnionMap, order: isl.UnionMap
+) -> tuple[isl.UnionMap, isl.UnionMap]:
+    """(flow, validity) of accesses executed in ``order``, by isl's flow analysis."""
     flow = (
         isl.UnionAccessInfo.from_sink(reads)
         .set_must_source(writes)
@@ -187,7 +209,4 @@ def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) ->
         .compute_flow()
         .get_may_dependence()
     )
-    validity = flow.union(false_deps).coalesce()
-    return PolyModel(
-        mg, stmts, tensors, domain, writes, reads, order, flow.coalesce(), validity, ctx
-    )
+    return flow.coalesce(), flow.union(false_deps).coalesce()

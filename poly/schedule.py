@@ -41,9 +41,15 @@ class ScheduledMicrograph:
     """A micrograph with the schedule isl computed for it (one fusion group)."""
 
     model: PolyModel
-    schedule: isl.Schedule
+    _schedule: isl.Schedule | str  # isl text (from the compile cache) is parsed on first use
     budget_used: int | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def schedule(self) -> isl.Schedule:
+        if isinstance(self._schedule, str):
+            self._schedule = isl.Schedule(self._schedule, context=self.model.ctx)
+        return self._schedule
 
     @property
     def name(self) -> str:

@@ -22,7 +22,6 @@ from polyfuse import ops, te  # noqa: E402
 from polyfuse.compiled import CompiledGraph  # noqa: E402
 from polyfuse.driver import compile  # noqa: E402,A004
 from polyfuse.errors import PolyfuseError  # noqa: E402
-
-__version__ = "0.1.0"
+from polyfuse.version import __version__  # noqa: E402
 
 __all__ = ["CompiledGraph", "PolyfuseError", "__version__", "compile", "ops", "te"]

@@ -28,7 +28,16 @@ class BufferSpec:
     dtype: str = "float32"
 
 
-def plan_buffers(graph, kernels: list[Kernel], plans) -> tuple[list[BufferSpec], list[Launch]]:
+def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
+    """Shape of the tensor behind a kernel parameter (a primitive or its accumulator)."""
+    if ident in graph.prims:
+        return graph.prims[ident].tensor.shape
+    if ident.endswith("_acc") and ident[:-4] in graph.prims:
+        return graph.prims[ident[:-4]].tensor.shape
+    raise KeyError(ident)
+
+
+def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:
     """Buffers every kernel parameter refers to, and the launches in order."""
     ins = {graph.ident(t) for t in graph.inputs}
     outs = {graph.ident(t) for t in graph.outputs}
@@ -38,16 +47,12 @@ def plan_buffers(graph, kernels: list[Kernel], plans) -> tuple[list[BufferSpec],
     for t in graph.outputs:
         specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
     launches = []
-    for k, kp in zip(kernels, plans, strict=True):
-        roles = {}
-        for mm in kp.parts:
-            roles.update(mm.scheduled.model.tensors)
+    for k in kernels:
         for p in k.params:
             if p.tensor and p.tensor not in specs:
-                role = (
-                    "input" if p.tensor in ins else "output" if p.tensor in outs else "intermediate"
-                )
-                specs[p.tensor] = BufferSpec(p.tensor, roles[p.tensor].shape, role)
+                role = "output" if p.tensor in outs else "intermediate"
+                role = "input" if p.tensor in ins else role
+                specs[p.tensor] = BufferSpec(p.tensor, _buffer_shape(graph, p.tensor), role)
         launches.append(
             Launch(k.name, k.grid, k.block, tuple(p.name for p in k.params), k.shared_bytes)
         )
@@ -91,6 +96,7 @@ class CompiledGraph:
         self._gpu = None
         self.last_traffic: list[LaunchTraffic] = []
         self.cuda_binaries: dict[str, Any] = {}
+        self.cache_stats: dict[str, int] = {"hits": 0, "misses": 0}
 
     def __repr__(self) -> str:
         return f"<CompiledGraph {self.name}: {len(self.kernels)} kernels for {self.arch}>"

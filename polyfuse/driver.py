@@ -20,26 +20,30 @@ from collections.abc import Sequence
 import islpy as isl
 import numpy as np
 
+from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
 from polyfuse.compiled import CompiledGraph, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
+from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
 from polyfuse.poly.compose import map_reduction_kernel
 from polyfuse.poly.cost import ReductionConfig
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
-from polyfuse.poly.mapping import MappingConfig, map_to_gpu
+from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import place_shared, place_tensors
 from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
 from polyfuse.poly.split import split_long_reductions
-from polyfuse.stitch.memory import stitch_memory
-from polyfuse.stitch.plan import plan_kernels
+from polyfuse.stitch.memory import ensure_layout, stitch_memory
+from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
+from polyfuse.version import __version__
 
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
@@ -74,6 +78,7 @@ def compile(  # noqa: A001
     check_cuda: bool | str = "auto",
     stitch: bool = True,
     constants: dict[Tensor, np.ndarray] | None = None,
+    cache: CompileCache | None = None,
     name: str = "graph",
 ) -> CompiledGraph:
     """Compile the graph from ``inputs`` to ``outputs`` into CUDA kernels.
@@ -82,7 +87,10 @@ def compile(  # noqa: A001
     knobs; ``stitch`` enables Layer 2 memory stitching and two-stage long reductions;
     ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers and
     shared memory per kernel ("auto": when a compiler is installed). ``constants`` binds
-    placeholders to fixed arrays (weights): they are not call arguments.
+    placeholders to fixed arrays (weights): they are not call arguments. ``cache`` (a
+    :class:`polyfuse.cache.CompileCache`, e.g. ``CompileCache.default()``) keeps schedules,
+    stitch decisions and kernels by structural key across compiles; without one, identical
+    layers are still scheduled and generated once per compile. ``fn.cache_stats`` has the hits.
     """
     if arch not in SUPPORTED_ARCHS:
         raise ExpressionError(
@@ -98,19 +106,24 @@ def compile(  # noqa: A001
     graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
     times["graph"] = time.perf_counter() - t0
 
+    cache = cache if cache is not None else CompileCache()
+    hits0, misses0 = cache.hits, cache.misses
+    cfg = mapping or MappingConfig()
+    salt = f"polyfuse {__version__}|{arch}|budget {budget}|{cfg}|stitch {stitch}"
+
     t0 = time.perf_counter()
     separations: set[frozenset[str]] = set()
     events: list[Feedback] = []
-    cache: dict[tuple[str, ...], ScheduledMicrograph] = {}
+    memo: dict[tuple[str, ...], ScheduledMicrograph] = {}
     for _ in range(MAX_FEEDBACK_ROUNDS):
         part = partition(graph, PARTITION_RULES, separations)
         scheduled: list[ScheduledMicrograph] = []
         try:
             for mg in part.micrographs:
                 key = tuple(mg.prims)
-                if key not in cache:
-                    cache[key] = compute_schedule(build_model(graph, mg, ctx), budget)
-                sm = cache[key]
+                if key not in memo:
+                    memo[key] = _schedule(graph, mg, ctx, budget, cache, salt)
+                sm = memo[key]
                 sm.model.micrograph = mg  # ids are renumbered per partition
                 scheduled.append(sm)
         except Feedback as fb:
@@ -127,59 +140,42 @@ def compile(  # noqa: A001
     times["partition+schedule"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    groups, stitches = stitch_memory(graph, part, scheduled, device, enabled=stitch)
+    groups, stitches = stitch_memory(
+        graph, part, scheduled, device, enabled=stitch, cache=cache, salt=salt
+    )
     times["stitch"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    cfg = mapping or MappingConfig()
-    mapped = []
-    for g in groups:
-        if g.layout is not None:
-            mm = g.layout
-            smem = device.smem_per_block_optin - 4 * mm.strategy.threads
-            pl = place_shared(mm, place_tensors(mm), smem)
-            notes: list[str] = []
-            for _ in range(len(graph.prims)):  # inlining may expose the next spill
-                spilled = recompute_candidates(mm, pl)
-                if not spilled:
-                    break
-                for t in spilled:
-                    readers = apply_recompute(graph, mm, t)
-                    notes.append(f"{t}: recomputed in {', '.join(readers)} (spill avoided)")
-                mm = map_reduction_kernel(graph, g.parts, g.strategy)
-                pl = place_shared(mm, place_tensors(mm), smem)
-            mm.notes.extend(notes)
-        else:
-            (sm,) = g.parts
-            mm = map_to_gpu(sm, cfg)
-            pl = place_tensors(mm)
-        mapped.append((mm, pl))
-    plans = plan_kernels(mapped)
-    times["map+place"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    kernels = []
+    kernels: list[Kernel] = []
+    plans: list[KernelPlan] = []
+    mapped: list[MappedMicrograph | None] = []
     asts = {}
-    for kp in plans:
-        (mm,) = kp.parts
-        ast, body = generate_ast(mm)
-        asts[kp.name] = ast
-        kernels.append(print_kernel(kp.name, mm, body, kp.placements, graph.idents))
-        kernels[-1].notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])
-        fp = global_footprint(mm.scheduled.model, kp.placements)
-        kernels[-1].bytes_read = sum(fp.reads.values())
-        kernels[-1].bytes_written = sum(fp.writes.values())
+    for i, g in enumerate(groups):
+        prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
+        key = structural_key(graph, prims, f"{salt}|kernel")
+        kname = f"k{i}_{prims[0]}"
+        entry = cache.get(key.digest)
+        if entry is None:
+            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
+            cache.put(key.digest, kernel_entry(kernel, kp, key))
+            asts[kname] = ast
+        else:
+            kernel, kp = kernel_from_entry(entry, key, kname, g.names)
+            mm = None
+        kernels.append(kernel)
+        plans.append(kp)
+        mapped.append(mm)
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
-    times["codegen"] = time.perf_counter() - t0
+    times["map+place+codegen"] = time.perf_counter() - t0
 
-    buffers, launches = plan_buffers(graph, kernels, plans)
+    buffers, launches = plan_buffers(graph, kernels)
     plan = Plan(
         name,
         graph,
         part,
         events,
         scheduled,
-        [m for m, _ in mapped],
+        mapped,
         plans,
         kernels,
         asts,
@@ -200,6 +196,60 @@ def compile(  # noqa: A001
         graph.idents,
         {graph.ident(t): a for t, a in consts.items()},
     )
+    fn.cache_stats = {"hits": cache.hits - hits0, "misses": cache.misses - misses0}
     if check_cuda:
         fn.check_cuda(arch, required=check_cuda is True)
     return fn
+
+
+def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> ScheduledMicrograph:
+    """The micrograph's schedule, from the cache (by structural key) or from isl."""
+    key = structural_key(graph, mg.prims, f"{salt}|schedule")
+    model = build_model(graph, mg, ctx)
+    entry = cache.get(key.digest)
+    back = {c: a for a, c in key.canonical().items()}
+    if entry is not None:
+        if "feedback" in entry:
+            groups = [[back[p] for p in grp] for grp in entry["feedback"]]
+            raise Feedback(f"{mg.name} [{', '.join(mg.prims)}]", entry["reason"], groups)
+        return ScheduledMicrograph(model, rename(entry["schedule"], back), notes=entry["notes"])
+    canon = key.canonical()
+    try:
+        sm = compute_schedule(model, budget)
+    except Feedback as fb:
+        groups = [[canon[p] for p in grp] for grp in fb.groups]
+        cache.put(key.digest, {"feedback": groups, "reason": fb.reason})
+        raise
+    cache.put(key.digest, {"schedule": rename(str(sm.schedule), canon), "notes": list(sm.notes)})
+    return sm
+
+
+def _generate(graph, g, kname: str, device, cfg: MappingConfig):
+    """Lay out, place, generate and print one kernel group (a cache miss)."""
+    mm = ensure_layout(graph, g)
+    if mm is not None:
+        smem = device.smem_per_block_optin - 4 * mm.strategy.threads
+        pl = place_shared(mm, place_tensors(mm), smem)
+        notes: list[str] = []
+        for _ in range(len(graph.prims)):  # inlining may expose the next spill
+            spilled = recompute_candidates(mm, pl)
+            if not spilled:
+                break
+            for t in spilled:
+                readers = apply_recompute(graph, mm, t)
+                notes.append(f"{t}: recomputed in {', '.join(readers)} (spill avoided)")
+            mm = map_reduction_kernel(graph, g.parts, g.strategy)
+            pl = place_shared(mm, place_tensors(mm), smem)
+        mm.notes.extend(notes)
+    else:
+        (sm,) = g.parts
+        mm = map_to_gpu(sm, cfg)
+        pl = place_tensors(mm)
+    kp = KernelPlan(kname, [mm], pl)
+    ast, body = generate_ast(mm)
+    kernel = print_kernel(kname, mm, body, pl, graph.idents)
+    kernel.notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])
+    fp = global_footprint(mm.scheduled.model, pl)
+    kernel.bytes_read = sum(fp.reads.values())
+    kernel.bytes_written = sum(fp.writes.values())
+    return kernel, kp, mm, ast

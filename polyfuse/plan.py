@@ -28,7 +28,7 @@ class Plan:
     partition: Partition
     feedback: list[Feedback]
     scheduled: list[ScheduledMicrograph]
-    mapped: list[MappedMicrograph]
+    mapped: list[MappedMicrograph | None]  # None: kernel taken from the compile cache
     kernel_plans: list[KernelPlan]
     kernels: list[Kernel]
     asts: dict[str, Any] = field(repr=False, default_factory=dict)
@@ -64,9 +64,10 @@ class Plan:
                     f", {k.registers} regs, {k.static_shared_bytes} B smem, "
                     f"{k.spill_stores} B spills"
                 )
+            shape = f" {mm.grid_dims}, block {k.block[0]} {mm.tile_sizes}" if mm else ""
+            shape = shape or f", block {k.block[0]}"
             out.append(
-                f"  {k.name}: micrographs {', '.join(k.micrographs)}; grid {k.grid[0]} "
-                f"{mm.grid_dims}, block {k.block[0]} {mm.tile_sizes}{res}"
+                f"  {k.name}: micrographs {', '.join(k.micrographs)}; grid {k.grid[0]}{shape}{res}"
             )
             out += [f"    {p}" for p in kp.placements.values()]
             out += [f"    note: {n}" for n in k.notes]

@@ -17,17 +17,38 @@ Every stitch made or refused is recorded with its reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import networkx as nx
 
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
+from polyfuse.graph.structure import structural_key
 from polyfuse.poly.canonical import CanonicalForm, canonical_form
 from polyfuse.poly.compose import CompositionError, ReductionKernel, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy, choose_reduction_strategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.schedule import ScheduledMicrograph
+
+
+class Memo(Protocol):
+    """Where decisions are remembered by structural key (polyfuse.cache.CompileCache)."""
+
+    def get(self, key: str) -> Any: ...
+
+    def put(self, key: str, value: Any) -> None: ...
+
+
+class _Memory:
+    def __init__(self) -> None:
+        self.d: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        return self.d.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.d[key] = value
 
 
 @dataclass
@@ -38,7 +59,8 @@ class KernelGroup:
     kind: OpKind
     form: CanonicalForm | None = None
     strategy: ReductionStrategy | None = None
-    layout: ReductionKernel | None = None
+    layout: ReductionKernel | None = None  # computed on demand (see ensure_layout)
+    layout_error: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -66,6 +88,19 @@ class StitchDecision:
         return f"{'+'.join(self.producer)} -> {'+'.join(self.consumer)}: {verb}{r}: {self.reason}"
 
 
+def ensure_layout(graph: Graph, g: KernelGroup) -> ReductionKernel | None:
+    """The group's parallel reduction layout (composed and mapped now if not yet), or None
+    when it has no reduction or the parts cannot share a layout (the reason is kept)."""
+    if g.layout is None and g.strategy is not None and g.layout_error is None:
+        try:
+            g.layout = map_reduction_kernel(graph, g.parts, g.strategy)
+        except CompositionError as e:
+            g.layout_error = str(e)
+            for sm in g.parts:
+                sm.notes.append(f"no parallel reduction layout ({e}); reduction loops stay serial")
+    return g.layout
+
+
 def _group_edges(graph: Graph, owner: dict[str, int]) -> dict[tuple[int, int], list[str]]:
     edges: dict[tuple[int, int], list[str]] = {}
     for a, b in graph.dag.edges:
@@ -82,19 +117,22 @@ def stitch_memory(
     device: DeviceSpec,
     rules: tuple[Rule, ...] = STITCH_RULES,
     enabled: bool = True,
+    cache: Memo | None = None,
+    salt: str = "",
 ) -> tuple[list[KernelGroup], list[StitchDecision]]:
-    """Algorithm 2 over the scheduled micrographs (in dependence order)."""
+    """Algorithm 2 over the scheduled micrographs (in dependence order).
+
+    Outcomes of the isl checks are kept in ``cache`` by the structural key of the pair, so
+    identical layers are checked once; layouts are composed later, only for kernels that
+    have to be generated.
+    """
+    cache = cache if cache is not None else _Memory()
     groups: dict[int, KernelGroup] = {}
     for i, (mg, sm) in enumerate(zip(part.micrographs, scheduled, strict=True)):
         form = canonical_form(sm) if mg.kind == OpKind.REDUCTION else None
         g = KernelGroup([sm], mg.kind, form)
         if form is not None:
             g.strategy = choose_reduction_strategy(form, device)
-            try:
-                g.layout = map_reduction_kernel(graph, g.parts, g.strategy)
-            except CompositionError as e:
-                g.layout = None
-                sm.notes.append(f"no parallel reduction layout ({e}); reduction loops stay serial")
         groups[i] = g
     owner = {p: part.owner[p] for p in graph.prims}
     decisions: list[StitchDecision] = []
@@ -112,13 +150,13 @@ def stitch_memory(
                 gp, gc = groups[p], groups[c]
                 if not rule.matches(gp.kind, gc.kind) or (p, c, rule.number) in refused:
                     continue
-                d, layout = _try_stitch(graph, q, p, c, gp, gc, rule, tensors)
+                d = _try_stitch(graph, q, p, c, gp, gc, rule, tensors, cache, salt)
                 decisions.append(d)
-                if layout is None:
+                if not d.stitched:
                     refused.add((p, c, rule.number))
                     continue
                 parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
-                groups[p] = KernelGroup(parts, rule.result, gp.form, gp.strategy, layout)
+                groups[p] = KernelGroup(parts, rule.result, gp.form, gp.strategy)
                 del groups[c]
                 for prim, o in owner.items():
                     if o == c:
@@ -142,27 +180,35 @@ def _try_stitch(
     gc: KernelGroup,
     rule: Rule,
     tensors: list[str],
-) -> tuple[StitchDecision, ReductionKernel | None]:
-    """Check the conditions of Algorithm 2 step 2; the stitched layout when they hold."""
+    cache: Memo,
+    salt: str,
+) -> StitchDecision:
+    """Check the conditions of Algorithm 2 step 2 for stitching ``gp`` with ``gc``."""
 
-    def refuse(reason: str) -> tuple[StitchDecision, None]:
-        return StitchDecision(gp.names, gc.names, rule.number, False, reason, tensors), None
+    def decide(ok: bool, reason: str) -> StitchDecision:
+        return StitchDecision(gp.names, gc.names, rule.number, ok, reason, tensors)
 
     for s in q.successors(p):
         if s != c and nx.has_path(q, s, c):
-            return refuse("stitching would create a cycle")
-    if gp.layout is None or gp.strategy is None:
-        return refuse("the producer has no parallel reduction layout")
+            return decide(False, "stitching would create a cycle")
+    if gp.strategy is None:
+        return decide(False, "the producer has no reduction layout")
     if rule.number == 8:
         if gc.form is None or not gp.form.same_as(gc.form):
-            return refuse(f"canonical forms differ ({gp.form} vs {gc.form})")
+            return decide(False, f"canonical forms differ ({gp.form} vs {gc.form})")
         if gc.strategy != gp.strategy:
-            return refuse("launch shapes differ")
-    try:
-        parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
-        layout = map_reduction_kernel(graph, parts, gp.strategy)
-    except CompositionError as e:
-        return refuse(f"outer dimensions or tiles do not match: {e}")
-    shape = f"{gp.strategy.kept_tile}x{gp.strategy.lanes}"
-    why = f"same outer dimensions and launch shape ({shape} threads)"
-    return StitchDecision(gp.names, gc.names, rule.number, True, why, tensors), layout
+            return decide(False, "launch shapes differ")
+    parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
+    prims = [x for sm in parts for x in sm.model.micrograph.prims]
+    key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
+    known = cache.get(key)
+    if known is None:
+        try:
+            map_reduction_kernel(graph, parts, gp.strategy)
+            shape = f"{gp.strategy.kept_tile}x{gp.strategy.lanes}"
+            why = f"same outer dimensions and launch shape ({shape} threads)"
+            known = {"ok": True, "reason": why}
+        except CompositionError as e:
+            known = {"ok": False, "reason": f"outer dimensions or tiles do not match: {e}"}
+        cache.put(key, known)
+    return decide(known["ok"], known["reason"])

@@ -1,8 +1,4 @@
-"""Kernel plans: which mapped micrographs become which kernel.
-
-Today every micrograph is its own kernel; Layer 2 (memory stitching of a reduction with its
-consumers) and Layer 3 (packing independent branches) will merge plans here.
-"""
+"""Kernel plans: which micrographs one kernel runs and where each of their tensors lives."""
 
 from __future__ import annotations
 
@@ -14,16 +10,21 @@ from polyfuse.poly.placement import Placement
 
 @dataclass
 class KernelPlan:
-    """The micrographs one kernel runs, with where each of their tensors lives."""
+    """The micrographs one kernel runs, with where each of their tensors lives.
+
+    ``parts`` holds the mapped layout when the kernel was generated in this compile; a kernel
+    taken from the compile cache has none and keeps only the micrograph ``names``.
+    """
 
     name: str
     parts: list[MappedMicrograph]
     placements: dict[str, Placement]
-    decisions: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    cached: bool = False
 
     @property
     def micrograph_parts(self):
-        """The scheduled micrographs this kernel runs."""
+        """The scheduled micrographs this kernel runs (empty for a cached kernel)."""
         out = []
         for p in self.parts:
             out.extend(getattr(p, "parts", None) or [p.scheduled])
@@ -31,19 +32,10 @@ class KernelPlan:
 
     @property
     def micrographs(self) -> list[str]:
-        return [p.name for p in self.micrograph_parts]
+        return [p.name for p in self.micrograph_parts] or list(self.names)
 
     def __str__(self) -> str:
-        lines = [f"KernelPlan {self.name}: {', '.join(self.micrographs)}"]
+        src = " (from the compile cache)" if self.cached else ""
+        lines = [f"KernelPlan {self.name}: {', '.join(self.micrographs)}{src}"]
         lines += [f"  {p}" for p in self.placements.values()]
-        lines += [f"  decision: {d}" for d in self.decisions]
         return "\n".join(lines)
-
-
-def plan_kernels(mapped: list[tuple[MappedMicrograph, dict[str, Placement]]]) -> list[KernelPlan]:
-    """One kernel per micrograph, named after its first primitive."""
-    plans = []
-    for i, (mm, pl) in enumerate(mapped):
-        first = mm.scheduled.model.statements[0].prim
-        plans.append(KernelPlan(f"k{i}_{first}", [mm], pl))
-    return plans

@@ -1,0 +1,157 @@
+"""The compile cache: schedules, stitch decisions and kernels by structural key.
+
+Entries are keyed by :func:`polyfuse.graph.structure.structural_key` (the computation, shapes
+and boundary of a group of primitives, salted with the target architecture, the compiler
+version and the options), so identical layers — within one model or across models — are
+scheduled and generated once. Names are stored in canonical form (``pfT0``, ``pfT1``…) and
+mapped back to each use. With a directory the cache persists across processes (one JSON file
+per entry, written atomically); without one it still deduplicates within a compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from polyfuse.cuda.kernel_ast import Kernel, KParam
+from polyfuse.graph.structure import StructuralKey
+from polyfuse.poly.placement import Placement
+from polyfuse.stitch.plan import KernelPlan
+
+# identifiers, but not members (blockIdx.x) or the tails of numbers (1e-05f)
+_TOKEN = re.compile(r"(?<![\w.])[A-Za-z_][A-Za-z0-9_]*")
+_PREFIXES = ("S_", "r_", "s_", "")
+_SUFFIX = re.compile(r"^(.*?)((?:_init|_update|_final)?(?:_acc)?(?:_lo\d+)?)$")
+
+
+def rename(text: str, mapping: dict[str, str]) -> str:
+    """Rename tensor identifiers in generated text, including the names derived from them
+    (``r_x``, ``s_x``, ``s_x_lo0``, ``x_acc``, statement names ``S_x_update``)."""
+
+    def one(m: re.Match) -> str:
+        tok = m.group(0)
+        for pre in _PREFIXES:
+            if pre and not tok.startswith(pre):
+                continue
+            base, suf = _SUFFIX.match(tok[len(pre) :]).groups()  # type: ignore[union-attr]
+            if base in mapping:
+                return pre + mapping[base] + suf
+        return tok
+
+    return _TOKEN.sub(one, text)
+
+
+def default_dir() -> Path | None:
+    """``$POLYFUSE_CACHE/compile`` or ``~/.cache/polyfuse/compile``; None when disabled."""
+    root = os.environ.get("POLYFUSE_CACHE")
+    if root == "off":
+        return None
+    return Path(root or Path.home() / ".cache" / "polyfuse") / "compile"
+
+
+class CompileCache:
+    """Structural-key store for schedules, stitch decisions and kernels (see module doc)."""
+
+    def __init__(self, directory: str | Path | None = None):
+        self.directory = Path(directory) if directory else None
+        self.memory: dict[str, Any] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def default(cls) -> CompileCache:
+        """A cache persisted under :func:`default_dir` (in memory only when disabled)."""
+        return cls(default_dir())
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    def _path(self, key: str) -> Path | None:
+        return self.directory / key[:2] / f"{key}.json" if self.directory else None
+
+    def get(self, key: str) -> Any:
+        """The entry for ``key`` or None (counted as a hit or a miss)."""
+        if key in self.memory:
+            self.hits += 1
+            return self.memory[key]
+        path = self._path(key)
+        if path is not None and path.exists():
+            try:
+                value = json.loads(path.read_text())
+            except (OSError, ValueError):
+                value = None
+            if value is not None:
+                self.memory[key] = value
+                self.hits += 1
+                return value
+        self.misses += 1
+        return None
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``value`` (JSON-serialisable) under ``key``."""
+        self.memory[key] = value
+        path = self._path(key)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+
+    def __repr__(self) -> str:
+        where = self.directory or "memory"
+        return f"<CompileCache {where}: {self.hits} hits, {self.misses} misses>"
+
+
+def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str, Any]:
+    """What the cache keeps of a generated kernel, in canonical names."""
+    canon = dict(key.canonical())
+    canon[kernel.name] = "pfKERNEL"
+    return {
+        "source": rename(kernel.source, canon),
+        "params": [[rename(p.name, canon), p.ctype] for p in kernel.params],
+        "grid": list(kernel.grid),
+        "block": list(kernel.block),
+        "shared_bytes": kernel.shared_bytes,
+        "bytes_read": kernel.bytes_read,
+        "bytes_written": kernel.bytes_written,
+        "notes": [rename(n, canon) for n in kernel.notes],
+        "placements": [
+            [rename(p.tensor, canon), p.space, rename(p.reason, canon), p.register_copy]
+            for p in kp.placements.values()
+        ],
+    }
+
+
+def kernel_from_entry(
+    entry: dict[str, Any], key: StructuralKey, name: str, micrographs: list[str]
+) -> tuple[Kernel, KernelPlan]:
+    """A cached kernel under the current names (kernel ``name``, this group's tensors)."""
+    back = {c: a for a, c in key.canonical().items()}
+    back["pfKERNEL"] = name
+    params = [KParam(rename(n, back), ctype, rename(n, back)) for n, ctype in entry["params"]]
+    kernel = Kernel(
+        name,
+        params,
+        [],
+        tuple(entry["grid"]),
+        tuple(entry["block"]),
+        micrographs,
+        shared_bytes=entry["shared_bytes"],
+        source=rename(entry["source"], back),
+        bytes_read=entry["bytes_read"],
+        bytes_written=entry["bytes_written"],
+        notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
+    )
+    placements = {}
+    for tensor, space, reason, copy in entry["placements"]:
+        t = rename(tensor, back)
+        placements[t] = Placement(t, space, rename(reason, back), register_copy=copy)
+    return kernel, KernelPlan(name, [], placements, names=micrographs, cached=True)
