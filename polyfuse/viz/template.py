@@ -113,7 +113,7 @@ const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s == null ? "" : s).replace(/[&<>"]/g, (c) => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"}[c]));
 const el = (tag, attrs, parent) => { const e = document.createElementNS(NS, tag); for (const k in attrs) e.setAttribute(k, attrs[k]); if (parent) parent.appendChild(e); return e; };
 const fmtB = (n) => n == null ? "?" : n >= 1048576 ? (n/1048576).toFixed(2)+" MiB" : n >= 1024 ? (n/1024).toFixed(1)+" KiB" : n+" B";
-const fmtS = (s) => s >= 1e-3 ? (s*1e3).toFixed(3)+" ms" : (s*1e6).toFixed(2)+" µs";
+const fmtS = (s) => s >= 1e-3 ? (s*1e3).toFixed(3)+" ms" : s >= 1e-6 ? (s*1e6).toFixed(2)+" µs" : (s*1e9).toFixed(1)+" ns";
 const kindPills = (ks) => ks.map((k) => `<span class="pill k-${k.replace(/ /g,"-")}">${esc(k)}</span>`).join("");
 const primById = {}; D.prims.forEach((p) => primById[p.id] = p);
 const mgById = {}; D.micrographs.forEach((m) => mgById[m.id] = m);
@@ -414,6 +414,15 @@ renderDecisions("");
 renderProfile();
 apply();
 fit();
+// deep links: report.html#kernel=NAME, #edge=N, #mg=mgN, #op=NAME
+const h = decodeURIComponent(location.hash.slice(1)), eq = h.indexOf("=");
+if (eq > 0) {
+  const key = h.slice(0, eq), val = h.slice(eq + 1);
+  if (key === "kernel" && kById[val]) showKernel(val);
+  else if (key === "edge" && D.decisions[+val]) selectDecision(+val, false);
+  else if (key === "mg" && mgById[val]) showMicrograph(val);
+  else if (key === "op" && primById[val]) selectPrim(val);
+}
 window.__polyfuseReady = true;
 })();
 </script></body></html>
