@@ -203,6 +203,13 @@ _BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
 
 @_reg(*_BINARY)
 def _binary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x, s = ins[0], ins[1]
+    if node.op_type == "PRelu" and len(s.shape) == 1 and len(x.shape) > 2:
+        try:
+            _bshape(x.shape, s.shape)
+        except ExpressionError:  # legacy per-channel slope (C,)
+            shape = (s.shape[0],) + (1,) * (len(x.shape) - 2)
+            ins = [x, _reshape_to(ctx, s, shape)]
     return [_map(ctx, ins[:2], _BINARY[node.op_type], node.op_type.lower())]
 
 
@@ -232,6 +239,9 @@ def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         ),
         "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
         "Not": lambda x: te.equal(x, 0.0),
+        "Sign": lambda x: te.where(x > 0.0, 1.0, te.where(x < 0.0, -1.0, 0.0)),
+        "Floor": lambda x: _floor(x),
+        "Ceil": lambda x: -_floor(-x),
         "Identity": lambda x: x,
         "Gelu": (
             (lambda x: 0.5 * x * (1.0 + te.erf(x * (1.0 / math.sqrt(2.0)))))
@@ -245,6 +255,11 @@ def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
             )
         ),
     }
+
+
+def _floor(x: Expr) -> Expr:
+    t = te.cast(te.cast(x, "int32"), "float32")  # truncation toward zero
+    return te.where(t > x, t - 1.0, t)
 
 
 _UNARY_NAMES = list(_unary_table({}))
@@ -823,8 +838,8 @@ def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     x = ctx.tensor(ins[0])
     mode = at.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if mode != "constant":
-        raise UnsupportedOpError(f"{ctx.node_name}: Pad mode '{mode}' (constant only)")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise UnsupportedOpError(f"{ctx.node_name}: Pad mode '{mode}'")
     if len(ins) > 1:
         pads = _ints(_host(node, ins[1], "pads"))
         value = (
@@ -857,7 +872,43 @@ def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
         pw = [(max(b, 0), max(e, 0)) for b, e in pw]
     if all(b == 0 and e == 0 for b, e in pw):
         return [x]
-    return [ops.pad(x, pw, value=value, name=ctx.fresh("pad"))]
+    if mode == "constant":
+        return [ops.pad(x, pw, value=value, name=ctx.fresh("pad"))]
+    for d, (b, e) in enumerate(pw):  # one axis at a time: every read stays affine
+        if b or e:
+            x = _pad_axis(ctx, x, d, b, e, mode)
+    return [x]
+
+
+def _pad_axis(ctx: _Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor:
+    n = x.shape[d]
+    if mode == "reflect" and (b >= n or e >= n):
+        raise UnsupportedOpError(f"{ctx.node_name}: reflect Pad wider than the input")
+    if mode == "wrap" and (b > n or e > n):
+        raise UnsupportedOpError(f"{ctx.node_name}: wrap Pad wider than the input")
+    shape = list(x.shape)
+    shape[d] = n + b + e
+
+    def at(i: tuple[IterVar, ...], sub: Expr) -> Expr:
+        return x[(*i[:d], sub, *i[d + 1 :])]
+
+    def body(*i: IterVar) -> Expr:
+        k = i[d]
+        mid = at(i, k - b if b else k)
+        if mode == "edge":
+            lo, hi = at(i, as_expr(0)), at(i, as_expr(n - 1))
+        elif mode == "reflect":
+            lo, hi = at(i, b - k), at(i, (2 * (n - 1) + b) - k)
+        else:
+            lo, hi = at(i, k + (n - b)), at(i, k - (b + n))
+        v = mid
+        if e:
+            v = te.where(k < b + n, v, hi)
+        if b:
+            v = te.where(k >= b, v, lo)
+        return v
+
+    return ctx.compute(shape, body, "pad")
 
 
 @_reg("Expand")
@@ -865,6 +916,18 @@ def _expand(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
     x = ctx.tensor(ins[0])
     shape = _bshape(x.shape, _ints(_host(node, ins[1], "shape")))
     return [ctx.compute(shape, lambda *i: x[_bidx(x.shape, i)], "expand")]
+
+
+@_reg("Tile")
+def _tile(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    reps = _ints(_host(node, ins[1], "repeats"))
+    shape = [s * r for s, r in zip(x.shape, reps, strict=True)]
+
+    def body(*i: IterVar) -> Expr:
+        return x[tuple(k % s if r > 1 else k for k, s, r in zip(i, x.shape, reps, strict=True))]
+
+    return [ctx.compute(shape, body, "tile")]
 
 
 @_reg("Dropout")
@@ -878,10 +941,7 @@ def _dropout(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 def _gather(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     data, idx = ins[0], ins[1]
     if isinstance(idx, Tensor):
-        raise UnsupportedOpError(
-            f"{ctx.node_name}: Gather with run-time indices (data-dependent subscripts are not "
-            "supported yet)"
-        )
+        return [_gather_runtime(ctx, ctx.tensor(data), idx, int(at.get("axis", 0)))]
     x = ctx.tensor(data)
     ax = int(at.get("axis", 0)) % x.ndim
     ind = np.asarray(idx).astype(np.int64)
@@ -889,11 +949,8 @@ def _gather(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
     flat = ind.reshape(-1)
     if flat.size > 1:
         st = int(flat[1] - flat[0])
-        if st == 0 or np.any(np.diff(flat) != st):
-            raise UnsupportedOpError(
-                f"{ctx.node_name}: Gather with constant indices that are not an arithmetic "
-                "progression"
-            )
+        if st == 0 or np.any(np.diff(flat) != st):  # arbitrary constant indices
+            return [_gather_runtime(ctx, x, ctx.tensor(ind.astype(np.float32)), ax)]
     else:
         st = 1
     start = int(flat[0])
@@ -909,6 +966,21 @@ def _gather(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
     return [_reshape_to(ctx, y, out_shape)]
 
 
+def _gather_runtime(ctx: _Ctx, x: Tensor, idx: Tensor, axis: int) -> Tensor:
+    """``x`` gathered along ``axis`` by run-time indices (``te.data_index``)."""
+    ax = axis % x.ndim
+    n = x.shape[ax]
+    shape = (*x.shape[:ax], *idx.shape, *x.shape[ax + 1 :])
+    q = idx.ndim
+
+    def body(*i: IterVar) -> Expr:
+        v = idx[tuple(i[ax : ax + q])]
+        sub = te.data_index(te.where(v < 0.0, v + float(n), v))
+        return x[(*i[:ax], sub, *i[ax + q :])]
+
+    return ctx.compute(shape, body, "gather")
+
+
 @_reg("Shape")
 def _shape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     s = np.asarray(ins[0].shape, dtype=np.int64)
@@ -922,7 +994,7 @@ def _size(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
 
 
 # Ops that fold on the host when all inputs are constants but have no runtime form.
-HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero", "Floor", "Ceil", "Round", "Sign"}
+HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero", "Round"}
 HOST_ONLY_ALWAYS = {"Constant", "ConstantOfShape", "Range"}
 SUPPORTED_OPS = frozenset(HANDLERS) | HOST_ONLY_ALWAYS
 
@@ -1053,11 +1125,11 @@ def load(
                     "to polyfuse.onnx.load"
                 )
             shape = tuple(d.dim_value for d in dims)
-        np_dt = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
-        if not np.issubdtype(np_dt, np.floating):
+        np_dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else "f4")
+        if np_dt.kind not in "fiub":
             raise UnsupportedOpError(
-                f"model '{name}': input '{vi.name}' has dtype {np.dtype(np_dt).name}; polyfuse "
-                "compiles float inputs only"
+                f"model '{name}': input '{vi.name}' has dtype {np_dt.name}; polyfuse compiles "
+                "float, integer and boolean inputs (as float32) only"
             )
         t = te.placeholder(shape, "float32", _ident(vi.name))
         ctx.values[vi.name] = t
