@@ -135,9 +135,10 @@ def graph_hash(inputs: Sequence[Any], outputs: Sequence[Any], constants: Sequenc
     """A structural hash of a te graph.
 
     Tensors are numbered in first-visit order and loop variables by their first appearance
-    in each compute, so two separately built copies of the same model hash equal; names,
-    shapes, dtypes, tags, constants and the input/output order are part of the hash, weight
-    values are not. Expression nodes are hashed generically from their dataclass fields.
+    in each compute, so two separately built copies of the same model hash equal; placeholder
+    names, shapes, dtypes, tags, constants and the input/output order are part of the hash;
+    compute names (often generated, ``add17``) and weight values are not. Expression nodes
+    are hashed generically from their dataclass fields.
     """
     from polyfuse.graph.expr import IterVar, Tensor
 
@@ -179,7 +180,9 @@ def graph_hash(inputs: Sequence[Any], outputs: Sequence[Any], constants: Sequenc
 
     for t in order:
         kind = "C" if id(t) in const_ids else "P" if t.op is None else "F"
-        head = f"{kind}|{t.name}|{t.shape}|{t.dtype}|"
+        # computes are numbered, not named: ops' generated names (``add17``) depend on what
+        # was built before in the process; placeholder names are the call interface
+        head = f"{kind}|{t.name if t.op is None else ''}|{t.shape}|{t.dtype}|"
         body = ""
         if t.op is not None:
             vars_: dict[int, int] = {}

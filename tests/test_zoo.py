@@ -1,0 +1,160 @@
+"""The built-in model zoo and ``polyfuse zoo`` batch compilation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import zoo
+from polyfuse.batch import graph_hash
+from polyfuse.cli import main
+
+TINY_TIME_LIMITED = ["bert_base", "gpt2_small", "vit_b16", "resnet50", "mobilenet_v2", "lstm"]
+
+#: Expected output shapes at full size (built without weights; no compile).
+FULL_OUTPUTS = {
+    "bert_base": [(8, 128, 768)],
+    "gpt2_small": [(8, 128, 768)],
+    "vit_b16": [(8, 1000)],
+    "resnet50": [(8, 1000)],
+    "mobilenet_v2": [(8, 1000)],
+    "lstm": [(32, 512), (32, 512)],
+    "wide_deep": [(512, 1)],
+    "deepfm": [(512, 1)],
+}
+
+
+def broken_model():
+    """A builder that fails mid-batch (used through ``module:function``)."""
+    raise RuntimeError("this model is broken on purpose")
+
+
+def test_registry_lists_the_eight_models():
+    assert set(zoo.MODELS) == set(FULL_OUTPUTS)
+
+
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_full_size_builds_by_shape_only(name):
+    inputs, outputs, constants, reference = zoo.build(name, "full", weights="zeros")
+    assert reference is None
+    assert [o.shape for o in outputs] == FULL_OUTPUTS[name]
+    assert inputs and all(t.is_placeholder for t in inputs)
+    assert all(a.shape == t.shape for t, a in constants.items())
+
+
+def test_bert_base_full_config():
+    m = zoo.build("bert_base", "full", weights="zeros")
+    assert m.config == dict(batch=8, seq=128, hidden=768, heads=12, ffn=3072, layers=12)
+    assert [t.shape for t in m.inputs] == [(8, 128, 768)]
+    n_weights = sum(a.size for a in m.constants.values())
+    assert 84_000_000 < n_weights < 86_000_000  # BERT-base encoder weights
+
+
+@pytest.mark.parametrize("name", list(zoo.MODELS))
+def test_tiny_model_compiles_and_matches_numpy(name):
+    m = zoo.build(name, "tiny")
+    inputs, outputs, constants, reference = m
+    fn = polyfuse.compile(inputs, outputs, constants=constants, check_cuda=False, name=name)
+    assert fn.kernels
+    arrays = m.sample_inputs(seed=1)
+    got = fn(*arrays, device="emulate")
+    got = got if isinstance(got, tuple) else (got,)
+    want = reference(*arrays)
+    assert len(got) == len(want) == len(outputs)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-4)
+
+
+def test_graph_hash_is_structural():
+    a = zoo.build("deepfm", "tiny", weights="zeros")
+    b = zoo.build("deepfm", "tiny", seed=5)  # other weight values, same structure
+    c = zoo.build("wide_deep", "tiny", weights="zeros")
+    ha = graph_hash(a.inputs, a.outputs, list(a.constants))
+    assert ha == graph_hash(b.inputs, b.outputs, list(b.constants))
+    assert ha != graph_hash(c.inputs, c.outputs, list(c.constants))
+
+
+def _zoo(tmp_path: Path, *args: str, cache: str = "cache") -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    argv = ["zoo", *args, "--tiny", "--cache-dir", str(tmp_path / cache), "--json", str(out)]
+    rc = main([*argv, "--no-cuda-check", "--quiet"])
+    return rc, json.loads(out.read_text())
+
+
+def test_zoo_command_two_models_two_jobs(tmp_path, capsys):
+    rc, doc = _zoo(tmp_path, "wide_deep", "deepfm", "--jobs", "2")
+    assert rc == 0
+    assert [r["name"] for r in doc["models"]] == ["wide_deep", "deepfm"]
+    for r in doc["models"]:
+        assert r["status"] == "ok" and r["kernels"] >= 1 and r["primitives"] >= r["kernels"]
+        assert r["model_cache"] == "miss"
+        assert "partition+schedule" in r["compile_seconds"]
+    table = capsys.readouterr().out
+    assert "wide_deep" in table and "deepfm" in table and "total" in table
+
+
+def test_zoo_warm_run_hits_the_cache(tmp_path):
+    rc, cold = _zoo(tmp_path, "wide_deep", "deepfm", "--jobs", "2")
+    assert rc == 0 and cold["cache"]["model_hits"] == 0
+    rc, warm = _zoo(tmp_path, "wide_deep", "deepfm", "--jobs", "2")
+    assert rc == 0 and warm["cache"]["model_hits"] == 2
+    for c, w in zip(cold["models"], warm["models"], strict=True):
+        assert w["model_cache"] == "hit"
+        assert w["kernels"] == c["kernels"] and w["compile_seconds"] == c["compile_seconds"]
+        assert "partition+schedule" not in w["seconds"]  # nothing was compiled
+    rc, nocache = _zoo(tmp_path, "deepfm", "--no-cache")
+    assert rc == 0 and nocache["models"][0]["model_cache"] == "off"
+
+
+def test_zoo_error_isolation(tmp_path, capsys):
+    rc, doc = _zoo(tmp_path, "wide_deep", f"{__name__}:broken_model", "deepfm", "--jobs", "2")
+    assert rc == 1
+    by = {r["name"]: r for r in doc["models"]}
+    assert by["wide_deep"]["status"] == by["deepfm"]["status"] == "ok"
+    assert by["broken_model"]["status"] == "error"
+    assert "broken on purpose" in by["broken_model"]["reason"]
+    assert doc["failed"] == ["broken_model"]
+    err = capsys.readouterr().err
+    assert "broken_model" in err and "broken on purpose" in err
+
+
+def test_zoo_unknown_argument_is_a_failed_model(tmp_path):
+    rc, doc = _zoo(tmp_path, "deepfm", "no_such_model")
+    assert rc == 1
+    assert doc["failed"] == ["no_such_model"]
+    assert "not a zoo model" in doc["models"][1]["reason"]
+
+
+def test_zoo_onnx_corrupt_file_is_isolated(tmp_path):
+    models = tmp_path / "onnx_models"
+    models.mkdir()
+    (models / "corrupt.onnx").write_bytes(b"\x00 this is not a protobuf \xff" * 7)
+    rc, doc = _zoo(tmp_path, str(models), "deepfm")
+    assert rc == 1
+    by = {r["name"]: r for r in doc["models"]}
+    assert by["deepfm"]["status"] == "ok"
+    bad = by["onnx_models/corrupt"]
+    assert bad["status"] == "error" and bad["reason"]
+
+
+def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    rc = main(["zoo", "deepfm", "--tiny", "--executor", "ray", "--cache-dir", str(tmp_path)])
+    assert rc == 2
+    assert "pip install 'polyfuse[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_zoo_with_local_ray(tmp_path):
+    rc, doc = _zoo(tmp_path, "wide_deep", "deepfm", "--executor", "ray", "--jobs", "2")
+    assert rc == 0
+    assert [r["status"] for r in doc["models"]] == ["ok", "ok"]
+    assert doc["executor"] == "ray"
