@@ -239,6 +239,11 @@ def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         ),
         "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
         "Not": lambda x: te.equal(x, 0.0),
+        "Shrink": lambda x: te.where(
+            x < -float(at.get("lambd", 0.5)),
+            x + float(at.get("bias", 0.0)),
+            te.where(x > float(at.get("lambd", 0.5)), x - float(at.get("bias", 0.0)), 0.0),
+        ),
         "Sign": lambda x: te.where(x > 0.0, 1.0, te.where(x < 0.0, -1.0, 0.0)),
         "Floor": lambda x: _floor(x),
         "Ceil": lambda x: -_floor(-x),
