@@ -182,9 +182,8 @@ def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) ->
             reads = reads.union(isl.UnionMap.from_map(m))
         its = [f"i{k}" for k in range(s.dims)]
         pad = its + ["0"] * (width - s.dims)
-        sched = isl.Map(
-            f"{{ {s.name}[{', '.join(its)}] -> [{pos}, {', '.join(pad)}] }}", context=ctx
-        )
+        target = ", ".join([str(pos)] + pad)
+        sched = isl.Map(f"{{ {s.name}[{', '.join(its)}] -> [{target}] }}", context=ctx)
         order = order.union(isl.UnionMap.from_map(sched.intersect_domain(s.domain)))
 
     return PolyModel(mg, stmts, tensors, domain, writes, reads, order, ctx)

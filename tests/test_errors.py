@@ -144,3 +144,13 @@ def test_tensor_names_never_clash_with_generated_names():
     np.testing.assert_allclose(
         fn(av, bv, device="emulate"), want / want.sum(1, keepdims=True), rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (1, 5)])
+def test_tensors_with_unit_dimensions(shape):
+    x = te.placeholder(shape, name="x")
+    fn = polyfuse.compile([x], [ops.relu(x), ops.reduce_sum(x)])
+    xv = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    r, s = fn(xv, device="emulate")
+    np.testing.assert_array_equal(r, np.maximum(xv, 0))
+    np.testing.assert_allclose(s, xv.sum(), atol=1e-6)
