@@ -21,7 +21,6 @@ from polyfuse.onnx.backend import PolyfuseBackend  # noqa: E402
 
 _F64 = "float64 test data holds uninitialised values far outside the float32 range; polyfuse "
 _F64 += "computes in float32"
-_UNIT = "size-1 (all-unit-dim) tensor: the core compiler's isl model builder rejects it (reported)"
 
 #: test-name regex -> why polyfuse does not run it
 EXCLUDED: dict[str, str] = {
@@ -35,12 +34,6 @@ EXCLUDED: dict[str, str] = {
     r"test_operator_add_size1_right_broadcast": _F64,
     r"test_operator_add_size1_singleton_broadcast": _F64,
     r"test_operator_addconstant": _F64,
-    r"test_operator_basic": _UNIT,
-    r"test_operator_chunk": _UNIT,
-    r"test_operator_index": _UNIT,
-    r"test_operator_permute2": _UNIT,
-    r"test_operator_symbolic_override_nested": _UNIT,
-    r"test_operator_view": _UNIT,
     r"test_operator_convtranspose|test_ConvTranspose2d": "ConvTranspose is not mapped",
     # pytorch-converted
     r"test_Conv3d": "3-D convolution (ops.conv2d is 2-D; 1-D runs as 2-D)",
