@@ -37,6 +37,11 @@ EXCLUDED: dict[str, str] = {
     r"test_operator_convtranspose|test_ConvTranspose2d": "ConvTranspose is not mapped",
     # pytorch-converted
     r"test_Conv3d": "3-D convolution (ops.conv2d is 2-D; 1-D runs as 2-D)",
+    # light zoo models: the CPU emulator runs every CUDA thread as a fiber; these need far
+    # longer than CI allows on 2 cores (densenet121 ran > 8 min without finishing)
+    r"test_(densenet121|inception_v1|inception_v2|resnet50|shufflenet|vgg19|zfnet512)_": (
+        "emulating this 224x224 model takes longer than CI allows on 2 cores"
+    ),
     # every group: devices
     r"_cuda$": "no GPU in CI (device CUDA needs pycuda and a driver)",
 }
@@ -94,4 +99,4 @@ def test_run_node_wraps_node():
 
 @pytest.mark.parametrize("model", LIGHT)
 def test_light_models_are_in_the_slow_runner(model):
-    assert f"test_{model}_cpu" in dir(_real)
+    assert f"test_{model}_cpu" in dir(_real)  # present; seven are excluded above for time
