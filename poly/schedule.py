@@ -21,6 +21,7 @@ from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.model import PolyModel
 
 DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
+WHOLE_COMPONENT_MAX_STATEMENTS = 5
 
 
 @dataclass
@@ -180,9 +181,11 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
         .set_coincidence(coincidence)
     )
     sched, failed = _run_scheduler(sc, ctx, budget, whole_component=False)
-    if relax and not failed and not _single_band(sched):
+    small = len(model.statements) <= WHOLE_COMPONENT_MAX_STATEMENTS
+    if relax and small and not failed and not _single_band(sched):
         # isl's clustering fused the producers first along their own outer loop; the
-        # whole-component scheduler considers the reduction too (small problems only).
+        # whole-component scheduler considers the reduction too. Its LP search is not bounded
+        # by the operation budget, so it is only tried on small micrographs.
         retry, retry_failed = _run_scheduler(sc, ctx, budget, whole_component=True)
         if not retry_failed and _single_band(retry):
             sched = retry
