@@ -237,7 +237,8 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
                 break
             for t in spilled:
                 readers = apply_recompute(graph, mm, t)
-                notes.append(f"{t}: recomputed in {', '.join(readers)} (spill avoided)")
+                why = pl[t].reason.removeprefix("scratch buffer: ")
+                notes.append(f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})")
             mm = map_reduction_kernel(graph, g.parts, g.strategy)
             pl = place_shared(mm, place_tensors(mm), smem)
         mm.notes.extend(notes)

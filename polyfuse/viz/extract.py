@@ -251,8 +251,6 @@ def extract(fn) -> dict[str, Any]:
             if m:
                 recomputed[m.group(1)] = note
 
-    smem_limit = device.smem_per_block_optin
-
     # ---- one decision per producer→consumer primitive edge
     decisions = []
     for i, d in enumerate(part.decisions):
@@ -320,22 +318,10 @@ def extract(fn) -> dict[str, Any]:
             rec["placement"] = {"space": p.space, "reason": p.reason, "bytes": nb}
             kinds += [k for k in classify(p.reason) if k not in kinds]
         if d.tensor in recomputed and outcome != "separate":
-            k = next(x for x in plan.kernels if x.name == kc)
-            per_block = _nbytes(shape) // max(1, k.grid[0] * k.grid[1] * k.grid[2])
-            note = (
-                f"{recomputed[d.tensor]}: its per-block footprint (~{per_block} B) fits neither "
-                f"registers nor the {smem_limit} B of shared memory ({device.name}); the cost "
-                "model recomputes it from values the kernel holds instead of a global round trip"
-            )
-            rec["notes"].append(note)
-            rec["placement"] = {
-                "space": "recomputed",
-                "reason": recomputed[d.tensor],
-                "bytes": per_block,
-            }
-            for k2 in ("footprint", "cost model"):
-                if k2 not in kinds:
-                    kinds.append(k2)
+            # the plan's note carries the exact per-block footprint that did not fit
+            rec["notes"].append(f"{recomputed[d.tensor]}; the cost model recomputes it")
+            rec["placement"] = {"space": "recomputed", "reason": recomputed[d.tensor], "bytes": 0}
+            kinds += [k for k in classify(recomputed[d.tensor]) if k not in kinds]
         if not d.fused and outcome == "fused":  # pragma: no cover
             outcome = "separate"
         rec["outcome"] = outcome
