@@ -303,6 +303,23 @@ def gelu(x: Tensor, approximate: str = "none", name: str | None = None) -> Tenso
 # --------------------------------------------------------------------------- reductions
 
 
+def reduce_subscripts(
+    ndim: int, ks: dict[int, IterVar], keepdims: bool, idx: tuple[IterVar, ...]
+) -> tuple[Expr, ...]:
+    """Subscripts of the reduced input: reduce axes where reduced, output loop variables
+    elsewhere (skipping the size-1 output dims ``keepdims`` leaves)."""
+    it = iter(idx)
+    subs: list[Expr] = []
+    for d in range(ndim):
+        if d in ks:
+            subs.append(ks[d])
+            if keepdims:
+                next(it)
+        else:
+            subs.append(next(it))
+    return tuple(subs)
+
+
 def _reduce(
     op: str,
     kind: str,
@@ -325,16 +342,7 @@ def _reduce(
     reducer = {"sum": te.sum, "max": te.max}[kind]
 
     def body(*idx: IterVar) -> Expr:
-        it = iter(idx)
-        subs = []
-        for d in range(x.ndim):
-            if d in ks:
-                subs.append(ks[d])
-                if keepdims:
-                    next(it)
-            else:
-                subs.append(next(it))
-        v = x[tuple(subs)]
+        v = x[reduce_subscripts(x.ndim, ks, keepdims, idx)]
         return reducer(v if scale is None else v * scale, axis=list(ks.values()))
 
     return _compute(shape, body, name, op)

@@ -376,16 +376,7 @@ def _reduce(
     red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]
 
     def body(*idx: IterVar) -> Expr:
-        it = iter(idx)
-        subs = []
-        for d in range(x.ndim):
-            if d in ks:
-                subs.append(ks[d])
-                if keep:
-                    next(it)
-            else:
-                subs.append(next(it))
-        v: Expr = x[tuple(subs)]
+        v: Expr = x[ops.reduce_subscripts(x.ndim, ks, keep, idx)]
         return red(pre(v) if pre else v, axis=list(ks.values()))
 
     r = ctx.compute(shape, body, "reduce")
