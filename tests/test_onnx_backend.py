@@ -37,10 +37,11 @@ EXCLUDED: dict[str, str] = {
     r"test_operator_convtranspose|test_ConvTranspose2d": "ConvTranspose is not mapped",
     # pytorch-converted
     r"test_Conv3d": "3-D convolution (ops.conv2d is 2-D; 1-D runs as 2-D)",
-    # light zoo models: the CPU emulator runs every CUDA thread as a fiber; these need far
-    # longer than CI allows on 2 cores (densenet121 ran > 8 min without finishing)
-    r"test_(densenet121|inception_v1|inception_v2|resnet50|shufflenet|vgg19|zfnet512)_": (
-        "emulating this 224x224 model takes longer than CI allows on 2 cores"
+    # light zoo models not run in CI: compiling densenet121 stalls in isl's flow analysis of
+    # its concatenation micrographs (> 8 min); the others were not yet measured within the
+    # CI budget. AlexNet, SqueezeNet and ResNet-50 run (about 30, 20 and 130 s).
+    r"test_(densenet121|inception_v1|inception_v2|shufflenet|vgg19|zfnet512)_": (
+        "not yet measured to finish within the CI budget on 2 cores (densenet121 stalls)"
     ),
     # every group: devices
     r"_cuda$": "no GPU in CI (device CUDA needs pycuda and a driver)",
