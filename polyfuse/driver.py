@@ -118,21 +118,25 @@ def compile(  # noqa: A001
     for _ in range(MAX_FEEDBACK_ROUNDS):
         part = partition(graph, PARTITION_RULES, separations)
         scheduled: list[ScheduledMicrograph] = []
-        try:
-            for mg in part.micrographs:
-                key = tuple(mg.prims)
+        round_events: list[Feedback] = []
+        for mg in part.micrographs:  # every micrograph that fails splits in the same round
+            key = tuple(mg.prims)
+            try:
                 if key not in memo:
                     memo[key] = _schedule(graph, mg, ctx, budget, cache, salt)
-                sm = memo[key]
-                sm.model.micrograph = mg  # ids are renumbered per partition
-                scheduled.append(sm)
-        except Feedback as fb:
-            events.append(fb)
+            except Feedback as fb:
+                round_events.append(fb)
+                continue
+            sm = memo[key]
+            sm.model.micrograph = mg  # ids are renumbered per partition
+            scheduled.append(sm)
+        if not round_events:
+            break
+        events.extend(round_events)
+        for fb in round_events:
             for i, g in enumerate(fb.groups):
                 for h in fb.groups[i + 1 :]:
                     separations.update(frozenset((a, b)) for a in g for b in h)
-            continue
-        break
     else:
         raise ScheduleError(
             f"compile '{name}': feedback did not converge; raise budget= ({budget})"
