@@ -4,7 +4,7 @@ Prints a table (models, kernels, stitched kernels, kernel-cache hits of the cold
 hits of the warm run, cold and warm seconds), the BERT-base per-stage breakdown of its cold
 compile, and the warm-over-cold speedup; writes everything to ``benchmarks/results/zoo.json``.
 
-    python benchmarks/zoo.py                 # full sizes, all CPUs
+    python benchmarks/zoo.py                 # full sizes + the nine light ONNX models
     python benchmarks/zoo.py --tiny -j 2     # quick check
 """
 
@@ -34,15 +34,42 @@ def run_zoo(args: list[str], cache_dir: str, json_path: str) -> tuple[dict, floa
     return json.loads(Path(json_path).read_text()), wall, proc.returncode
 
 
+LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+         "shufflenet", "squeezenet", "vgg19", "zfnet512")  # fmt: skip
+
+
+def default_models(tiny: bool) -> list[str]:
+    """The built-in zoo, plus the nine light ONNX models shipped with the onnx package (full
+    size only, when onnx is installed)."""
+    from polyfuse.zoo import MODELS
+
+    names = list(MODELS)
+    if tiny:
+        return names
+    try:
+        import onnx
+    except ImportError:
+        return names
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    return names + [
+        str(light / f"light_{m}.onnx") for m in LIGHT if (light / f"light_{m}.onnx").exists()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Cold then warm run; print and save the comparison."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", help="zoo names / .onnx paths (default: built-in zoo)")
+    ap.add_argument(
+        "models",
+        nargs="*",
+        help="zoo names / .onnx paths (default: built-in zoo + onnx's light models)",
+    )
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count())
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", default=str(RESULTS))
     ns = ap.parse_args(argv)
-    extra = [*ns.models, "--jobs", str(ns.jobs)] + (["--tiny"] if ns.tiny else [])
+    models = ns.models or default_models(ns.tiny)
+    extra = [*models, "--jobs", str(ns.jobs)] + (["--tiny"] if ns.tiny else [])
 
     with tempfile.TemporaryDirectory(prefix="polyfuse-zoo-bench-") as d:
         cold, cold_proc, rc_cold = run_zoo(extra, f"{d}/cache", f"{d}/cold.json")

@@ -37,10 +37,6 @@ EXCLUDED: dict[str, str] = {
     r"test_operator_convtranspose|test_ConvTranspose2d": "ConvTranspose is not mapped",
     # pytorch-converted
     r"test_Conv3d": "3-D convolution (ops.conv2d is 2-D; 1-D runs as 2-D)",
-    # light zoo models not run in CI (the other seven run in the slow tier, 10-130 s each)
-    r"test_densenet121_": "compiling stalls in isl's flow analysis of its concatenation "
-    "micrographs (> 8 min; to be fixed)",
-    r"test_vgg19_": "19.6 GFLOP of naive-conv emulation takes longer than CI allows on 2 cores",
     # every group: devices
     r"_cuda$": "no GPU in CI (device CUDA needs pycuda and a driver)",
 }
