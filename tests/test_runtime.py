@@ -361,6 +361,24 @@ def test_dlpack_capsules_read_in_place():
     assert len(arrays_mod._exports) == len(held), "an unconsumed capsule runs its deleter"
 
 
+def test_array_that_requires_grad_is_read_through_detach():
+    """torch refuses __cuda_array_interface__ on a tensor that requires grad (RuntimeError);
+    the runtime reads its detached view, at the same address."""
+    gpu = FakeGPU()
+    inner = FakeDeviceArray(gpu, rand(8))
+
+    class RequiresGrad:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+        def detach(self):
+            return inner
+
+    info = describe(RequiresGrad())
+    assert info.ptr == inner.ptr and info.shape == (8,)
+
+
 def test_dlpack_export_keeps_memory_until_the_consumer_is_done():
     dev, gpu = fake_device()
     a = DeviceArray(dev, (4,))

@@ -148,6 +148,9 @@ def test_cuda_tensors_without_a_gpu_are_refused():
     class FakeCuda:  # what forward sees of a CUDA tensor: its device
         device = torch.device("cuda", 0)
 
+        def detach(self):
+            return self
+
         def contiguous(self):
             return self
 

@@ -265,7 +265,10 @@ def describe(obj: Any, consumer_stream: int = 0) -> ArrayInfo | None:
             strides=None if obj.flags.c_contiguous else tuple(obj.strides),
             device=None,
         )
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except RuntimeError:  # a torch.Tensor that requires grad: read its detached view
+        cai = obj.detach().__cuda_array_interface__ if hasattr(obj, "detach") else None
     if cai is not None:
         return _from_cai(obj, cai)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

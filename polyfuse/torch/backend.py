@@ -103,7 +103,7 @@ class PolyfuseRegion(torch.nn.Module):
         )
 
     def forward(self, *args: torch.Tensor) -> Any:
-        tensors = [a.contiguous() for a in args]
+        tensors = [a.detach().contiguous() for a in args]
         devices = {t.device for t in tensors}
         if len(devices) > 1:
             raise DeviceError(
