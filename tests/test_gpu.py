@@ -159,6 +159,9 @@ def test_framework_stream_and_errors():
 
 def test_torch_compile_backend_on_the_gpu():
     torch = pytest.importorskip("torch")
+    from polyfuse.torch import polyfuse_backend  # the object: works without an installed
+    # entry point (a source checkout on PYTHONPATH); installed, backend="polyfuse" does too
+
     torch._dynamo.reset()
     model = torch.nn.Sequential(
         torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
@@ -166,6 +169,6 @@ def test_torch_compile_backend_on_the_gpu():
     x = torch.randn(16, 32, device="cuda")
     with torch.no_grad():
         want = model(x)
-        got = torch.compile(model, backend="polyfuse")(x)
+        got = torch.compile(model, backend=polyfuse_backend)(x)
     assert got.is_cuda
     assert rel(got.cpu().numpy(), want.cpu().numpy()) < 1e-4  # eager may use TF32
