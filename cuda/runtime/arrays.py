@@ -22,7 +22,7 @@ import ctypes
 import itertools
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +38,7 @@ __all__ = [
     "describe",
     "empty_like_framework",
     "framework_of",
-    "framework_stream",
+    "default_stream",
     "stream_handle",
 ]
 
@@ -109,7 +109,7 @@ _raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class ArrayInfo:
     """One call argument as the runtime sees it.
 
@@ -124,22 +124,27 @@ class ArrayInfo:
     framework: str
     ptr: int
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: np.dtype | str  # a str for dtypes numpy lacks (torch.bfloat16: "bfloat16")
     strides: tuple[int, ...] | None
     device: int | None
     stream: int | None = None
     readonly: bool = False
-    keep: list[Any] = field(default_factory=list)
+    keep: Any = None
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+        itemsize = self.dtype.itemsize if isinstance(self.dtype, np.dtype) else 2
+        return math.prod(self.shape) * itemsize
+
+    @property
+    def dtype_name(self) -> str:
+        return self.dtype.name if isinstance(self.dtype, np.dtype) else str(self.dtype)
 
     @property
     def c_contiguous(self) -> bool:
         if self.strides is None:
             return True
-        expect = self.dtype.itemsize
+        expect = self.dtype.itemsize if isinstance(self.dtype, np.dtype) else 2
         for n, s in zip(reversed(self.shape), reversed(self.strides), strict=True):
             if n != 1 and s != expect:
                 return False
@@ -181,9 +186,15 @@ def _cai_stream(value: Any) -> int | None:
     return value
 
 
+_TYPESTRS: dict[str, np.dtype] = {}
+
+
 def _from_cai(obj: Any, cai: dict) -> ArrayInfo:
-    shape = tuple(int(n) for n in cai["shape"])
-    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    typestr = cai["typestr"]
+    dtype = _TYPESTRS.get(typestr)
+    if dtype is None:
+        dtype = _TYPESTRS[typestr] = np.dtype(typestr)
     strides = cai.get("strides")
     ptr, readonly = cai["data"]
     device = -1
@@ -244,8 +255,59 @@ def _from_dlpack(obj: Any, consumer_stream: int) -> ArrayInfo:
         dtype=dtype,
         strides=strides,
         device=ident if kind == KDL_CUDA else None,
-        keep=[keep],
+        keep=keep,
     )
+
+
+_TORCH_DTYPES: dict[Any, np.dtype | str] = {}
+
+
+def _torch_dtype(dtype: Any) -> np.dtype | str:
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        name = str(dtype).rpartition(".")[2]
+        try:
+            found = np.dtype(name)
+        except TypeError:
+            found = name
+        _TORCH_DTYPES[dtype] = found
+    return found
+
+
+def _from_torch(t: Any) -> ArrayInfo | None:
+    """A ``torch.Tensor`` read through its own accessors (its ``__cuda_array_interface__``
+    builds a dict in Python, refuses tensors that require grad, and omits the device).
+    Positional construction and ``get_device()``: this runs on every call's hot path."""
+    index = t.get_device()  # -1 on the CPU
+    if index < 0 and not t.is_cpu:
+        return None  # meta, mps, ...: not polyfuse's
+    strides = None if t.is_contiguous() else tuple(s * t.element_size() for s in t.stride())
+    device = index if index >= 0 else None
+    return ArrayInfo(t, "torch", t.data_ptr(), t.shape, _torch_dtype(t.dtype), strides, device)
+
+
+#: Fast describers by exact class (filled on first sight of a class).
+_FAST: dict[type, Any] = {}
+
+
+def default_stream(obj: Any) -> int:
+    """The stream ``obj``'s framework is currently issuing work on: for a CUDA
+    ``torch.Tensor`` its device's current stream, for CuPy the current stream, else the
+    legacy default stream (0)."""
+    root = type(obj).__module__.partition(".")[0]
+    if root == "torch" and getattr(obj, "is_cuda", False):
+        import torch
+
+        index = obj.device.index or 0
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(index))
+        return int(torch.cuda.current_stream(obj.device).cuda_stream)
+    if root == "cupy":
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
 
 
 def describe(obj: Any, consumer_stream: int = 0) -> ArrayInfo | None:
@@ -255,6 +317,15 @@ def describe(obj: Any, consumer_stream: int = 0) -> ArrayInfo | None:
     capsule to build); a DLPack producer on CUDA is asked to make its data ready on
     ``consumer_stream``. A CPU DLPack producer (a CPU ``torch.Tensor``) counts as host memory.
     """
+    cls = type(obj)
+    fast = _FAST.get(cls)
+    if fast is None:
+        torch_like = cls.__module__.startswith("torch") and hasattr(obj, "get_device")
+        fast = _FAST[cls] = _from_torch if torch_like else False
+    if fast:
+        info = fast(obj)
+        if info is not None:
+            return info
     if isinstance(obj, np.ndarray):
         return ArrayInfo(
             obj=obj,
@@ -301,20 +372,6 @@ def stream_handle(stream: Any) -> int:
         f"stream={type(stream).__name__}: not a CUDA stream (pass an int handle, a "
         "torch.cuda.Stream, a CuPy stream or an object with __cuda_stream__)"
     )
-
-
-def framework_stream(info: ArrayInfo) -> int:
-    """The stream the caller's framework is currently issuing work on for ``info``'s device:
-    ``torch.cuda.current_stream``, CuPy's current stream, else the legacy default stream."""
-    if info.framework == "torch":
-        import torch
-
-        return int(torch.cuda.current_stream(info.obj.device).cuda_stream)
-    if info.framework == "cupy":
-        import cupy
-
-        return int(cupy.cuda.get_current_stream().ptr)
-    return 0
 
 
 # --------------------------------------------------------------------------------------------

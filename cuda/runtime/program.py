@@ -25,7 +25,6 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,12 +35,12 @@ from ..launch import Launch, ScalarArg
 from .arrays import (
     ArrayInfo,
     DeviceArray,
+    default_stream,
     describe,
     empty_like_framework,
     finish_output,
     stream_handle,
 )
-from .arrays import framework_stream as _framework_stream
 from .device import Device, Module
 
 __all__ = ["Buffer", "DeviceProgram", "check_launch_shape"]
@@ -59,15 +58,6 @@ class Buffer(Protocol):
     shape: tuple[int, ...]
     role: str  # "input" | "output" | "intermediate"
     dtype: str
-
-
-@dataclass
-class _Binding:
-    """Where one buffer lives for one call."""
-
-    ptr: int
-    info: ArrayInfo | None = None  # the caller's array (None: a buffer of the program)
-    result: Any = None  # what the caller gets back (outputs)
 
 
 def check_launch_shape(launch: Launch) -> None:
@@ -111,8 +101,13 @@ class DeviceProgram:
         self.launches = list(launches)
         self.name = name
         self.specs = {b.name: b for b in buffers}
+        self._shapes = {b.name: tuple(b.shape) for b in buffers}
+        self._dtypes = {
+            b.name: np.dtype(getattr(b, "dtype", "float32") or "float32") for b in buffers
+        }
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self._io = [*self.inputs, *self.outputs]
         self.labels = dict(labels or {})
         self.graphs = graphs and device.driver.graphs and len(self.launches) >= 2
         self.graph_note = ""
@@ -163,10 +158,10 @@ class DeviceProgram:
         return self.labels.get(name, name)
 
     def _dtype(self, name: str) -> np.dtype:
-        return np.dtype(getattr(self.specs[name], "dtype", "float32") or "float32")
+        return self._dtypes[name]
 
     def _nbytes(self, name: str) -> int:
-        return math.prod(self.specs[name].shape) * self._dtype(name).itemsize
+        return math.prod(self._shapes[name]) * self._dtypes[name].itemsize
 
     def __repr__(self) -> str:
         return (
@@ -198,34 +193,37 @@ class DeviceProgram:
 
     # -- argument checks -------------------------------------------------------------------
     def _check(self, name: str, info: ArrayInfo | None, obj: Any, what: str) -> ArrayInfo:
-        label = f"{what} '{self._label(name)}'"
         if info is None:
             raise CallError(
-                f"{label}: expected a numpy array or a CUDA array (torch.Tensor, cupy.ndarray, "
-                f"JAX array), got {type(obj).__name__}"
+                f"{what} '{self._label(name)}': expected a numpy array or a CUDA array "
+                f"(torch.Tensor, cupy.ndarray, JAX array), got {type(obj).__name__}"
             )
-        shape = tuple(self.specs[name].shape)
+        shape = self._shapes[name]
         if info.shape != shape:
-            raise CallError(f"{label}: expected shape {shape}, got {info.shape}")
-        dtype = self._dtype(name)
-        if info.dtype != dtype:
-            hint = " (use .astype(np.float32))" if info.framework == "numpy" else ""
-            raise CallError(f"{label}: expected {dtype}, got {info.dtype}{hint}")
-        host_input = what == "input" and info.framework == "numpy"  # copied anyway
-        if not info.c_contiguous and not host_input:
             raise CallError(
-                f"{label}: not C-contiguous (strides {info.strides}); pass a contiguous copy "
-                "(.contiguous() / np.ascontiguousarray)"
+                f"{what} '{self._label(name)}': expected shape {shape}, got {tuple(info.shape)}"
+            )
+        dtype = self._dtypes[name]
+        if isinstance(info.dtype, str) or info.dtype != dtype:
+            hint = " (use .astype(np.float32))" if info.framework == "numpy" else ""
+            raise CallError(
+                f"{what} '{self._label(name)}': expected {dtype}, got {info.dtype_name}{hint}"
+            )
+        host_input = what == "input" and info.framework == "numpy"  # copied anyway
+        if info.strides is not None and not host_input and not info.c_contiguous:
+            raise CallError(
+                f"{what} '{self._label(name)}': not C-contiguous (strides {info.strides}); "
+                "pass a contiguous copy (.contiguous() / np.ascontiguousarray)"
             )
         if what == "out" and info.readonly:
-            raise CallError(f"{label}: the array is read-only")
+            raise CallError(f"out '{self._label(name)}': the array is read-only")
         if info.device == -1:  # the producer did not say: ask the driver
             if self.device.driver.knows_pointers:
                 owner = self.device.driver.pointer_device(info.ptr)
                 if owner is None:
                     raise CallError(
-                        f"{label}: its __cuda_array_interface__ pointer {info.ptr:#x} is not "
-                        "CUDA device memory"
+                        f"{what} '{self._label(name)}': its __cuda_array_interface__ pointer "
+                        f"{info.ptr:#x} is not CUDA device memory"
                     )
                 info.device = owner
             else:
@@ -249,11 +247,7 @@ class DeviceProgram:
         handle = None if stream is None else stream_handle(stream)
         if handle is None:  # default: the caller's framework's current stream
             first = next((o for _, _, o in objs if not isinstance(o, np.ndarray)), None)
-            handle = 0
-            if first is not None:
-                info = describe(first, 0)
-                if info is not None and info.device is not None:
-                    handle = _framework_stream(info)
+            handle = 0 if first is None else default_stream(first)
         infos: dict[str, ArrayInfo] = {}
         outs: dict[str, ArrayInfo] = {}
         reference: tuple[str, str, ArrayInfo] | None = None
@@ -283,17 +277,13 @@ class DeviceProgram:
             )
         return host, handle, infos, outs
 
-    def _check_aliasing(self, bindings: dict[str, _Binding]) -> None:
-        """An output must not overlap an input or another output (kernels read inputs after
-        writing outputs)."""
-        ranges = []
-        for name in [*self.inputs, *self.outputs]:
-            b = bindings[name]
-            if b.info is not None and b.info.nbytes:
-                ranges.append((b.ptr, b.ptr + b.info.nbytes, name))
-        for i, (s0, e0, n0) in enumerate(ranges):
-            for s1, e1, n1 in ranges[i + 1 :]:
-                if s0 < e1 and s1 < e0 and (n0 in self.outputs or n1 in self.outputs):
+    def _check_aliasing(self, infos: dict[str, ArrayInfo], outs: dict[str, ArrayInfo]) -> None:
+        """An ``out=`` array must not overlap an input or another output (kernels read inputs
+        after writing outputs)."""
+        ranges = [(i.ptr, i.ptr + i.nbytes, n) for n, i in [*infos.items(), *outs.items()]]
+        for k, (s0, e0, n0) in enumerate(ranges):
+            for s1, e1, n1 in ranges[k + 1 :]:
+                if s0 < e1 and s1 < e0 and e0 > s0 and e1 > s1 and (n0 in outs or n1 in outs):
                     raise CallError(
                         f"'{self._label(n0)}' and '{self._label(n1)}' overlap in memory; "
                         "outputs must not alias inputs or each other"
@@ -310,7 +300,7 @@ class DeviceProgram:
         """
         if self._closed:
             raise DeviceError(f"{self.name}: the device program was closed")
-        out = dict(out or {})
+        out = out or {}
         host, handle, infos, outs = self._classify(args, out, stream)
         dev, drv = self.device, self.device.driver
         if handle != 0 and not drv.foreign_streams and not drv.owns_stream(handle):
@@ -320,41 +310,42 @@ class DeviceProgram:
             )
         with dev.lock:
             dev.activate()
-            bindings: dict[str, _Binding] = {}
+            ptrs = dict(self._owned)  # intermediates, constants, host-mode staging
+            results: list[Any] = []
             if host:
-                for name in [*self.inputs, *self.outputs]:
-                    if name not in self._owned:
-                        self._owned[name] = dev.alloc(self._nbytes(name))
-                for name in self.inputs:
-                    bindings[name] = _Binding(self._owned[name])
+                for name in self._io:
+                    if name not in ptrs:
+                        ptrs[name] = self._owned[name] = dev.alloc(self._nbytes(name))
                 for name in self.outputs:
                     info = outs.get(name)
-                    result = (
+                    results.append(
                         info.obj
                         if info is not None
-                        else np.empty(self.specs[name].shape, self._dtype(name))
+                        else np.empty(self._shapes[name], self._dtypes[name])
                     )
-                    bindings[name] = _Binding(self._owned[name], None, result)
             else:
                 like = next(iter(infos.values()), None) or next(iter(outs.values()))
                 for name, info in infos.items():
-                    bindings[name] = _Binding(info.ptr, info)
+                    ptrs[name] = info.ptr
                 for name in self.outputs:
                     info = outs.get(name)
                     if info is None:
-                        obj, ptr = empty_like_framework(
-                            like, tuple(self.specs[name].shape), self._dtype(name), dev
+                        obj, ptrs[name] = empty_like_framework(
+                            like, self._shapes[name], self._dtypes[name], dev
                         )
-                        bindings[name] = _Binding(ptr, None, obj)
+                        results.append(obj)
                     else:
-                        bindings[name] = _Binding(info.ptr, info, info.obj)
-                self._check_aliasing(bindings)
-            for name, ptr in self._owned.items():
-                bindings.setdefault(name, _Binding(ptr))
+                        ptrs[name] = info.ptr
+                        results.append(info.obj)
+                if outs:
+                    self._check_aliasing(infos, outs)
 
-            # Order: after this program's previous call, and after the inputs' producers.
+            # Order: after this program's previous call (on another stream), and after the
+            # inputs' producers.
             if self._last_stream is not None and self._last_stream != handle:
+                drv.event_record(self._done, self._last_stream)
                 drv.stream_wait_event(handle, self._done)
+            self._last_stream = handle
             for info in infos.values():
                 if info.stream is not None and info.stream != handle:
                     drv.event_record(self._sync_event, info.stream)
@@ -364,32 +355,27 @@ class DeviceProgram:
                 for name in self.inputs:
                     a = args[name]
                     if a.nbytes:
-                        drv.memcpy_htod(bindings[name].ptr, np.ascontiguousarray(a), handle)
+                        drv.memcpy_htod(ptrs[name], np.ascontiguousarray(a), handle)
                         dev.stats.copies_htod += 1
-            self._launch_all(tuple(bindings[n].ptr for n in self._order), handle)
-            drv.event_record(self._done, handle)
-            self._last_stream = handle
+            self._launch_all(tuple([ptrs[n] for n in self._order]), handle)
 
-            results = []
             if host:
-                for name in self.outputs:
-                    b = bindings[name]
-                    if b.result.nbytes:
-                        drv.memcpy_dtoh(b.result, b.ptr, handle)
+                for name, result in zip(self.outputs, results, strict=True):
+                    if result.nbytes:
+                        drv.memcpy_dtoh(result, ptrs[name], handle)
                         dev.stats.copies_dtoh += 1
                 self._synchronize(handle)
-                results = [bindings[n].result for n in self.outputs]
-            else:
-                like = next(iter(infos.values()), None) or next(iter(outs.values()))
-                for name in self.outputs:
-                    obj = bindings[name].result
-                    if isinstance(obj, DeviceArray) and obj.ready is None and name not in outs:
-                        obj.stream = handle
-                        obj.ready = drv.event_create()
-                        drv.event_record(obj.ready, handle)
-                    results.append(obj if name in outs else finish_output(like, obj))
-                if self.sync_each:
-                    self._synchronize(handle)
+                return results
+            for i, (name, obj) in enumerate(zip(self.outputs, results, strict=True)):
+                if name in outs:
+                    continue
+                if isinstance(obj, DeviceArray) and obj.ready is None:
+                    obj.stream = handle
+                    obj.ready = drv.event_create()
+                    drv.event_record(obj.ready, handle)
+                results[i] = finish_output(like, obj)
+            if self.sync_each:
+                self._synchronize(handle)
             return results
 
     def _pack(self, key: tuple[int, ...]) -> list[Any]:
