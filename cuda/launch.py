@@ -1,4 +1,4 @@
-"""Kernel launches and argument marshalling, shared by the CPU emulator and the pycuda runtime.
+"""Kernel launches and argument marshalling, shared by the CPU emulator and the GPU runtime.
 
 A compiled graph is a CUDA translation unit plus an ordered list of :class:`Launch` records.
 Each launch names a ``__global__`` function, its grid and block, the dynamic shared memory it

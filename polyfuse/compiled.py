@@ -2,7 +2,10 @@
 
 It owns the CUDA translation unit, the ordered launches and the buffers they use (graph
 inputs and outputs, intermediates between kernels, scratch), and runs them on the CPU
-emulator (``device="emulate"``) or a GPU through pycuda (``device="cuda"``).
+emulator (``device="emulate"``) or a GPU (``device="cuda"`` / ``"cuda:N"``) through
+:mod:`polyfuse.cuda.runtime`: there the module, the functions and every intermediate buffer are
+made once per device, numpy arrays are copied in and out, and device arrays (PyTorch, CuPy, JAX,
+anything with ``__cuda_array_interface__`` or DLPack) are used in place.
 """
 
 from __future__ import annotations
@@ -35,6 +38,25 @@ def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
     if ident.endswith("_acc") and ident[:-4] in graph.prims:
         return graph.prims[ident[:-4]].tensor.shape
     raise KeyError(ident)
+
+
+def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
+    """The message for a non-numpy argument of the emulator (a device array, or junk)."""
+    device = None
+    try:
+        if hasattr(obj, "__cuda_array_interface__"):
+            device = "a CUDA array"
+        elif hasattr(obj, "__dlpack_device__") and int(obj.__dlpack_device__()[0]) == 2:
+            device = "a CUDA array"
+    except Exception:
+        device = None
+    kind = f"{type(obj).__module__.split('.')[0]}.{type(obj).__name__}"
+    if device:
+        return (
+            f"{what} '{name}' is {device} ({kind}); the emulator runs on host numpy arrays: "
+            "use device='cuda', or copy it to the host"
+        )
+    return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
 
 
 def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:
@@ -93,7 +115,7 @@ class CompiledGraph:
         self.plan = plan
         self._idents = idents
         self._emulated = None
-        self._gpu = None
+        self._programs: dict[int, Any] = {}
         self.last_traffic: list[LaunchTraffic] = []
         self.cuda_binaries: dict[str, Any] = {}
         self.cache_stats: dict[str, int] = {"hits": 0, "misses": 0}
@@ -150,7 +172,7 @@ class CompiledGraph:
                 raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
             a = given[t.name]
             if not isinstance(a, np.ndarray):
-                raise CallError(f"input '{t.name}': expected a numpy array, got {type(a).__name__}")
+                raise CallError(_not_host_array(t.name, a))
             if a.shape != t.shape:
                 raise CallError(f"input '{t.name}': expected shape {t.shape}, got {a.shape}")
             if a.dtype != np.float32:
@@ -166,38 +188,137 @@ class CompiledGraph:
         return bufs
 
     def __call__(
-        self, *args: np.ndarray, device: str = "emulate", race_check: bool | str = False, **kwargs
+        self,
+        *args: Any,
+        device: str = "emulate",
+        race_check: bool | str = False,
+        out: Any = None,
+        stream: Any = None,
+        **kwargs: Any,
     ):
-        """Run on numpy arrays; returns one array, or a tuple when there are several outputs.
+        """Run the graph; returns one array, or a tuple when there are several outputs.
 
-        ``device``: "emulate" (CPU emulator) or "cuda" (GPU through pycuda).
-        ``race_check``: emulator only; True/"reverse" runs each block's threads in reverse
-        order between barriers, "random" in a shuffled order (a missing barrier shows).
+        ``device``: "emulate" (the CPU emulator, numpy arrays) or "cuda" / "cuda:N" (a GPU,
+        see :mod:`polyfuse.cuda.runtime`): numpy arrays in → numpy arrays out; device arrays
+        (``torch.Tensor``, ``cupy.ndarray``, JAX arrays, any ``__cuda_array_interface__`` or
+        DLPack producer) in → outputs in the same framework on the same GPU, without copies.
+        ``out``: array(s) to write the outputs into — one array, a sequence in output order,
+        or a dict by output name. ``stream`` (GPU): a stream handle or framework stream to run
+        on (default: the inputs' framework's current stream). ``race_check``: emulator only;
+        True/"reverse" runs each block's threads in reverse order between barriers, "random"
+        in a shuffled order (a missing barrier shows). Inputs named ``device``, ``out``,
+        ``stream`` or ``race_check`` must be passed positionally.
         """
-        bufs = self._bind(args, kwargs)
-        if device == "emulate":
-            order = {False: "forward", True: "reverse"}.get(race_check, race_check)
-            if order not in ("forward", "reverse", "random"):
-                raise CallError(
-                    f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}"
-                )
-            if self._emulated is None:
-                from polyfuse.cuda.emulator import Emulator
-
-                self._emulated = Emulator().load(self.cuda_source)
-            self.last_traffic = self._emulated.run(self.launches, bufs, order=order)
-        elif device == "cuda":
+        if isinstance(device, str) and device.startswith("cuda"):
             if race_check:
                 raise CallError("race_check is an emulator mode; use device='emulate'")
-            if self._gpu is None:
-                from polyfuse.cuda.runtime import CudaRuntime
+            return self._run_cuda(device, args, kwargs, out, stream)
+        if device != "emulate":
+            raise CallError(f"unknown device '{device}'; use 'emulate', 'cuda' or 'cuda:N'")
+        if stream is not None:
+            raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
+        bufs = self._bind(args, kwargs)
+        order = {False: "forward", True: "reverse"}.get(race_check, race_check)
+        if order not in ("forward", "reverse", "random"):
+            raise CallError(
+                f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}"
+            )
+        if self._emulated is None:
+            from polyfuse.cuda.emulator import Emulator
 
-                self._gpu = CudaRuntime().load(self.cuda_source)
-            self._gpu.run(self.launches, bufs)
-        else:
-            raise CallError(f"unknown device '{device}'; use 'emulate' or 'cuda'")
+            self._emulated = Emulator().load(self.cuda_source)
+        self.last_traffic = self._emulated.run(self.launches, bufs, order=order)
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
+        if out is not None:
+            for t, target, value in zip(self.outputs, self._outs(out), res, strict=True):
+                if target is None:
+                    continue
+                if not isinstance(target, np.ndarray):
+                    raise CallError(_not_host_array(t.name, target, what="out"))
+                if target.shape != value.shape or target.dtype != value.dtype:
+                    raise CallError(
+                        f"out '{t.name}': expected a {value.dtype} array of shape {value.shape}, "
+                        f"got {target.dtype} {target.shape}"
+                    )
+                target[...] = value
+            res = tuple(v if o is None else o for v, o in zip(res, self._outs(out), strict=True))
         return res[0] if len(res) == 1 else res
+
+    def _outs(self, out: Any) -> list[Any]:
+        """``out=`` as one entry (array or None) per output."""
+        names = [t.name for t in self.outputs]
+        if isinstance(out, dict):
+            unknown = set(out) - set(names)
+            if unknown:
+                raise CallError(
+                    f"out: unknown output '{sorted(unknown)[0]}'; outputs are {', '.join(names)}"
+                )
+            return [out.get(n) for n in names]
+        if isinstance(out, (list, tuple)):
+            if len(out) != len(names):
+                raise CallError(f"out: expected {len(names)} arrays ({', '.join(names)})")
+            return list(out)
+        if len(names) != 1:
+            raise CallError(
+                f"out: the graph has {len(names)} outputs ({', '.join(names)}); pass a "
+                "sequence or a dict"
+            )
+        return [out]
+
+    def device_program(self, device: str = "cuda", *, graphs: bool = True):
+        """The :class:`~polyfuse.cuda.runtime.DeviceProgram` that runs this graph on
+        ``device`` ("cuda" or "cuda:N"): made on first use (module loaded, constants
+        uploaded, intermediates allocated), then reused by every call."""
+        from polyfuse.cuda.runtime import DeviceProgram, open_device, parse_device
+
+        ordinal = parse_device(device)
+        prog = self._programs.get(ordinal)
+        if prog is None:
+            dev = open_device(ordinal)
+            module = dev.load(self.cuda_source)
+            idents = self._idents
+            prog = DeviceProgram(
+                dev,
+                module,
+                self.launches,
+                self.buffers,
+                inputs=[idents[t.uid] for t in self.inputs],
+                outputs=[idents[t.uid] for t in self.outputs],
+                constants=self.constants,
+                labels={idents[t.uid]: t.name for t in [*self.inputs, *self.outputs]},
+                graphs=graphs,
+                name=self.name,
+            )
+            self._programs[ordinal] = prog
+        return prog
+
+    def _run_cuda(self, device: str, args: tuple, kwargs: dict, out: Any, stream: Any):
+        names = [t.name for t in self.inputs]
+        if len(args) > len(names):
+            raise CallError(
+                f"{self.name}: expected {len(names)} input arrays ({', '.join(names)}), "
+                f"got {len(args)}"
+            )
+        given: dict[str, Any] = dict(zip(names, args, strict=False))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
+            if k in given:
+                raise CallError(f"{self.name}: input '{k}' given twice")
+            given[k] = v
+        for t in self.inputs:
+            if t.name not in given:
+                raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
+        prog = self.device_program(device)
+        idents = self._idents
+        argmap = {idents[t.uid]: given[t.name] for t in self.inputs}
+        outmap = {}
+        if out is not None:
+            for t, o in zip(self.outputs, self._outs(out), strict=True):
+                if o is not None:
+                    outmap[idents[t.uid]] = o
+        res = prog(argmap, outmap, stream)
+        return res[0] if len(res) == 1 else tuple(res)
 
     # ------------------------------------------------------------------ report
     def visualize(self, path, json_path=None):

@@ -48,4 +48,4 @@ class EmulatorError(PolyfuseError):
 
 
 class DeviceError(PolyfuseError):
-    """The requested device (a GPU through pycuda) is not available."""
+    """The GPU (through cuda-bindings or pycuda) is unavailable, or a driver call failed."""

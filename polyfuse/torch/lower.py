@@ -1,0 +1,379 @@
+"""Core ATen operators → polyfuse ops: which FX nodes polyfuse can take, and how.
+
+The torch.compile backend sees FX graphs after AOT autograd has decomposed them to core ATen
+(``aten.addmm``, ``aten.native_layer_norm``, ``aten.convolution``, ...). :data:`LOWERINGS`
+maps each supported overload to a function building the same computation from
+:mod:`polyfuse.ops`; :func:`unsupported_reason` says why a node must stay in PyTorch (an
+operator not in the table, a dtype other than float32, an argument polyfuse does not
+implement — transposed convolution, ``ceil_mode`` pooling, ...). :func:`lower_graph` turns a
+whole FX graph of supported nodes into polyfuse tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from polyfuse import ops, te
+from polyfuse.errors import UnsupportedOpError
+from polyfuse.graph.expr import Tensor
+
+__all__ = ["LOWERINGS", "LoweredGraph", "lower_graph", "op_name", "unsupported_reason"]
+
+aten = torch.ops.aten
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """``aten.addmm.default``-style name of a call_function node's target."""
+    t = node.target
+    if t is operator.getitem:
+        return "getitem"
+    return str(t)
+
+
+# --------------------------------------------------------------------------------------------
+# Lowerings: (converted args, converted kwargs) -> polyfuse Tensor (or tuple)
+# --------------------------------------------------------------------------------------------
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """numpy ``broadcast_to`` as one te.compute (unit dims read at index 0)."""
+    shape = tuple(int(s) for s in shape)
+    if tuple(x.shape) == shape:
+        return x
+    off = len(shape) - len(x.shape)
+
+    def body(*i: Any) -> Any:
+        return x[tuple(0 if s == 1 else i[off + d] for d, s in enumerate(x.shape))]
+
+    return te.compute(shape, body, name=f"{x.name}_expand")
+
+
+def _reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    shape = list(shape)
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = math.prod(x.shape) // max(known, 1)
+    if tuple(shape) == tuple(x.shape):
+        return x
+    return ops.reshape(x, shape)
+
+
+def _axes(x: Tensor, dims: Any) -> list[int] | None:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return None
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return [d % len(x.shape) for d in dims]
+
+
+def _binary(fn: Callable) -> Callable:
+    def lower(a: Any, b: Any, *, alpha: Any = 1) -> Tensor:
+        if alpha != 1:
+            b = ops.mul(b, float(alpha))
+        return fn(a, b)
+
+    return lower
+
+
+def _addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    y = ops.matmul(a, b)
+    if alpha != 1:
+        y = ops.mul(y, float(alpha))
+    if beta != 1:
+        bias = ops.mul(bias, float(beta))
+    return ops.add(y, bias)
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return (ops.layer_norm(x, weight, bias, axis=-len(normalized_shape), eps=eps), None, None)
+
+
+def _batch_norm(x, weight, bias, mean, var, momentum, eps):
+    return (ops.batch_norm(x, mean, var, weight, bias, eps=eps), None, None)
+
+
+def _convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return ops.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def _max_pool(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return (ops.max_pool2d(x, kernel, list(stride) or None, padding), None)
+
+
+def _avg_pool(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, div=None):
+    return ops.avg_pool2d(x, kernel, list(stride) or None, padding, count_include_pad)
+
+
+def _slice(x, dim=0, start=None, end=None, step=1):
+    n = x.shape[dim]
+    start = 0 if start is None else start
+    end = n if end is None else min(end, n)
+    if start == 0 and end >= n and step == 1:
+        return x
+    return ops.slice(x, [start], [end], [dim % len(x.shape)], [step])
+
+
+def _split_with_sizes(x, sizes, dim=0):
+    out, at = [], 0
+    for s in sizes:
+        out.append(_slice(x, dim, at, at + s))
+        at += s
+    return tuple(out)
+
+
+def _split(x, size, dim=0):
+    n = x.shape[dim]
+    return _split_with_sizes(x, [min(size, n - i) for i in range(0, n, size)], dim)
+
+
+def _squeeze(x, dims=None):
+    dims = range(len(x.shape)) if dims is None else ([dims] if isinstance(dims, int) else dims)
+    drop = {d % len(x.shape) for d in dims if x.shape[d % len(x.shape)] == 1}
+    return _reshape(x, [s for i, s in enumerate(x.shape) if i not in drop])
+
+
+def _unsqueeze(x, dim):
+    shape = list(x.shape)
+    shape.insert(dim % (len(shape) + 1), 1)
+    return _reshape(x, shape)
+
+
+def _transpose(x, d0, d1):
+    perm = list(range(len(x.shape)))
+    d0, d1 = d0 % len(perm), d1 % len(perm)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return ops.transpose(x, perm)
+
+
+def _clamp(x, lo=None, hi=None):
+    if lo is not None:
+        x = ops.maximum(x, float(lo))
+    if hi is not None:
+        x = ops.minimum(x, float(hi))
+    return x
+
+
+def _identity(x, *args, **kwargs):
+    return x
+
+
+def _reduce(fn: Callable) -> Callable:
+    def lower(x, dims=None, keepdim=False, *, dtype=None):
+        return fn(x, axis=_axes(x, dims), keepdims=bool(keepdim))
+
+    return lower
+
+
+#: Supported core ATen overloads and how each becomes polyfuse ops.
+LOWERINGS: dict[Any, Callable[..., Any]] = {
+    aten.add.Tensor: _binary(ops.add),
+    aten.add.Scalar: _binary(ops.add),
+    aten.sub.Tensor: _binary(ops.sub),
+    aten.sub.Scalar: _binary(ops.sub),
+    aten.rsub.Scalar: lambda a, b, alpha=1: ops.sub(
+        b, ops.mul(a, float(alpha)) if alpha != 1 else a
+    ),
+    aten.mul.Tensor: ops.mul,
+    aten.mul.Scalar: ops.mul,
+    aten.div.Tensor: ops.div,
+    aten.div.Scalar: ops.div,
+    aten.pow.Tensor_Scalar: ops.pow,
+    aten.maximum.default: ops.maximum,
+    aten.minimum.default: ops.minimum,
+    aten.neg.default: ops.neg,
+    aten.exp.default: ops.exp,
+    aten.log.default: ops.log,
+    aten.sqrt.default: ops.sqrt,
+    aten.rsqrt.default: ops.rsqrt,
+    aten.tanh.default: ops.tanh,
+    aten.sigmoid.default: ops.sigmoid,
+    aten.relu.default: ops.relu,
+    aten.abs.default: ops.abs,
+    aten.gelu.default: lambda x, approximate="none": ops.gelu(x, approximate=approximate),
+    aten.clamp.default: _clamp,
+    aten.clamp_min.default: lambda x, lo: _clamp(x, lo, None),
+    aten.clamp_max.default: lambda x, hi: _clamp(x, None, hi),
+    aten.hardtanh.default: lambda x, lo=-1.0, hi=1.0: _clamp(x, lo, hi),
+    aten.mm.default: ops.matmul,
+    aten.bmm.default: ops.matmul,
+    aten.addmm.default: _addmm,
+    aten.permute.default: lambda x, dims: ops.transpose(x, [d % len(x.shape) for d in dims]),
+    aten.t.default: lambda x: ops.transpose(x, [1, 0]) if len(x.shape) == 2 else x,
+    aten.transpose.int: _transpose,
+    aten.view.default: _reshape,
+    aten._unsafe_view.default: _reshape,
+    aten.reshape.default: _reshape,
+    aten.expand.default: lambda x, shape, implicit=False: _broadcast_to(
+        x, [x.shape[i - (len(shape) - len(x.shape))] if s == -1 else s for i, s in enumerate(shape)]
+    ),
+    aten.unsqueeze.default: _unsqueeze,
+    aten.squeeze.dim: _squeeze,
+    aten.squeeze.dims: _squeeze,
+    aten.squeeze.default: _squeeze,
+    aten.clone.default: _identity,
+    aten.alias.default: _identity,
+    aten.detach.default: _identity,
+    aten._to_copy.default: _identity,
+    aten.sum.dim_IntList: _reduce(ops.reduce_sum),
+    aten.mean.dim: _reduce(ops.reduce_mean),
+    aten.amax.default: _reduce(ops.reduce_max),
+    aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(x, axis=dim),
+    aten._log_softmax.default: lambda x, dim, half_to_float=False: ops.log_softmax(x, axis=dim),
+    aten.native_layer_norm.default: _layer_norm,
+    aten._native_batch_norm_legit_no_training.default: _batch_norm,
+    aten.convolution.default: _convolution,
+    aten.max_pool2d_with_indices.default: _max_pool,
+    aten.avg_pool2d.default: _avg_pool,
+    aten.cat.default: lambda xs, dim=0: ops.concat(list(xs), axis=dim % len(xs[0].shape)),
+    aten.slice.Tensor: _slice,
+    aten.split_with_sizes.default: _split_with_sizes,
+    aten.split.Tensor: _split,
+    operator.getitem: lambda xs, i: xs[i],
+}
+
+#: Multi-output operators of which only output 0 is computed (the others are statistics or
+#: indices a forward pass in inference does not use).
+_FIRST_OUTPUT_ONLY = {
+    aten.native_layer_norm.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten.max_pool2d_with_indices.default,
+}
+
+
+def _vals(node: torch.fx.Node) -> list[Any]:
+    val = node.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        return list(val)
+    return [val]
+
+
+def unsupported_reason(node: torch.fx.Node) -> str | None:
+    """None when polyfuse can compute ``node`` (a call_function), else why it cannot."""
+    if node.op != "call_function":
+        return f"{node.op} node"
+    target = node.target
+    if target not in LOWERINGS:
+        return "operator not supported by polyfuse"
+    if target is operator.getitem:
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and src.target in _FIRST_OUTPUT_ONLY:
+            if node.args[1] != 0:
+                return f"output {node.args[1]} of {op_name(src)} is not computed"
+        return unsupported_reason(src) if isinstance(src, torch.fx.Node) else None
+    vals = _vals(node)
+    if target in _FIRST_OUTPUT_ONLY:
+        vals = vals[:1]
+        for user in node.users:
+            if user.target is not operator.getitem or user.args[1] != 0:
+                return f"an output other than the first of {op_name(node)} is used"
+    for v in vals:
+        if not isinstance(v, torch.Tensor):
+            return "no static tensor metadata"
+        if v.dtype != torch.float32:
+            return f"dtype {v.dtype} (polyfuse computes float32)"
+        if any(not isinstance(s, int) for s in v.shape):
+            return "dynamic shape"
+    for a in node.all_input_nodes:
+        for v in _vals(a):
+            if isinstance(v, torch.Tensor) and v.dtype != torch.float32:
+                return f"input {a.name} has dtype {v.dtype}"
+    args, kwargs = node.args, node.kwargs
+    if target is aten.convolution.default:
+        if args[6] or len(_vals(node)[0].shape) != 4:
+            return "only 2-D, non-transposed convolution"
+    if target is aten.max_pool2d_with_indices.default:
+        dilation = args[4] if len(args) > 4 else 1
+        if (len(args) > 5 and args[5]) or any(
+            d != 1 for d in (dilation if isinstance(dilation, (list, tuple)) else [dilation])
+        ):
+            return "max_pool2d with ceil_mode or dilation"
+    if target is aten.avg_pool2d.default:
+        if (len(args) > 4 and args[4]) or (len(args) > 6 and args[6] is not None):
+            return "avg_pool2d with ceil_mode or divisor_override"
+    if target in (aten.div.Tensor, aten.div.Scalar) and kwargs.get("rounding_mode"):
+        return "div with rounding_mode"
+    if target is aten._to_copy.default:
+        if kwargs.get("dtype") not in (None, torch.float32) or kwargs.get("device") is not None:
+            return "a dtype or device conversion"
+    if target in (aten.sum.dim_IntList, aten.mean.dim) and kwargs.get("dtype") is not None:
+        return "reduction with a dtype"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Whole graphs
+# --------------------------------------------------------------------------------------------
+
+
+class LoweredGraph:
+    """A lowered FX graph: ``inputs`` (one te placeholder per FX placeholder, in order),
+    ``outputs`` (distinct polyfuse tensors), and ``structure``: how to rebuild the FX
+    graph's output value (a flat list, each entry an index into ``outputs`` or ``("input",
+    i)`` for a placeholder returned as is)."""
+
+    def __init__(
+        self, inputs: list[Tensor], outputs: list[Tensor], structure: list[Any], single: bool
+    ) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.structure = structure
+        self.single = single
+
+
+def lower_graph(gm: torch.fx.GraphModule, input_shapes: Sequence[Any] = ()) -> LoweredGraph:
+    """Build polyfuse tensors for every node of ``gm`` (all nodes must be supported).
+
+    ``input_shapes`` gives the placeholders' shapes where their nodes carry no metadata.
+    """
+    env: dict[torch.fx.Node, Any] = {}
+    inputs: list[Tensor] = []
+    placeholders: dict[int, int] = {}
+    result: Any = None
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if val is None and len(inputs) < len(input_shapes):
+                shape = tuple(int(s) for s in input_shapes[len(inputs)])
+            else:
+                shape = tuple(int(s) for s in val.shape) if val is not None else None
+            if shape is None:
+                raise UnsupportedOpError(f"placeholder {node.name}: no shape metadata")
+            t = te.placeholder(shape, dtype="float32", name=f"in_{len(inputs)}_{node.name}")
+            placeholders[id(t)] = len(inputs)
+            inputs.append(t)
+            env[node] = t
+        elif node.op == "call_function":
+            reason = unsupported_reason(node)
+            if reason is not None:
+                raise UnsupportedOpError(f"{op_name(node)} ({node.name}): {reason}")
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            env[node] = LOWERINGS[node.target](*args, **kwargs)
+        elif node.op == "output":
+            result = node.args[0]
+        else:
+            raise UnsupportedOpError(f"{node.op} node {node.name} in a polyfuse region")
+    single = not isinstance(result, (list, tuple))
+    flat = [result] if single else list(result)
+    outputs: list[Tensor] = []
+    index: dict[int, int] = {}
+    structure: list[Any] = []
+    for n in flat:
+        t = env[n]
+        if id(t) in placeholders:
+            structure.append(("input", placeholders[id(t)]))
+            continue
+        if id(t) not in index:
+            index[id(t)] = len(outputs)
+            outputs.append(t)
+        structure.append(index[id(t)])
+    return LoweredGraph(inputs, outputs, structure, single)
