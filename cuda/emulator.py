@@ -818,12 +818,12 @@ class EmulatedModule:
         return self._kernels[kernel][1]
 
     def _check(self, launch: Launch, values: list) -> int:
-        if launch.kernel not in self._kernels:
+        if launch.entry not in self._kernels:
             raise CallError(
-                f"kernel {launch.kernel}: not defined by this source (it has "
+                f"kernel {launch.entry}: not defined by this source (it has "
                 f"{', '.join(self._kernels) or 'no kernels'})"
             )
-        index, sig = self._kernels[launch.kernel]
+        index, sig = self._kernels[launch.entry]
         if len(values) != len(sig.params):
             raise CallError(
                 f"kernel {launch.kernel}: takes {len(sig.params)} arguments, launch passes "

@@ -34,6 +34,9 @@ class Launch:
     """One kernel launch: ``kernel<<<grid, block, shared_bytes>>>(args...)``.
 
     ``args`` holds buffer names (str) or :class:`ScalarArg`, in the kernel's parameter order.
+    ``kernel`` is the logical kernel (one per fused group, named in messages and traffic);
+    ``function`` the ``__global__`` function it runs, when that differs: structurally
+    identical kernels share one function and differ only in their arguments.
     """
 
     kernel: str
@@ -41,6 +44,12 @@ class Launch:
     block: Dim3
     args: tuple[str | ScalarArg, ...]
     shared_bytes: int = 0
+    function: str = ""
+
+    @property
+    def entry(self) -> str:
+        """The name of the ``__global__`` function to launch."""
+        return self.function or self.kernel
 
     def __str__(self) -> str:
         args = ", ".join(a if isinstance(a, str) else str(a.value) for a in self.args)

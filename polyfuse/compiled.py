@@ -76,7 +76,14 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
                 role = "input" if p.tensor in ins else role
                 specs[p.tensor] = BufferSpec(p.tensor, _buffer_shape(graph, p.tensor), role)
         launches.append(
-            Launch(k.name, k.grid, k.block, tuple(p.name for p in k.params), k.shared_bytes)
+            Launch(
+                k.name,
+                k.grid,
+                k.block,
+                tuple(p.name for p in k.params),
+                k.shared_bytes,
+                k.function,
+            )
         )
     return list(specs.values()), launches
 
@@ -143,7 +150,7 @@ class CompiledGraph:
         self.cuda_binaries[arch] = binary
         if arch == self.arch:
             for k in self.kernels:
-                r = binary.resources.get(k.name)
+                r = binary.resources.get(k.function or k.name)
                 if r is not None:
                     k.registers = r.registers
                     k.static_shared_bytes = r.shared_bytes

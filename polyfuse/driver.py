@@ -23,6 +23,7 @@ import numpy as np
 from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
 from polyfuse.compiled import CompiledGraph, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
 from polyfuse.errors import ExpressionError, ScheduleError
@@ -154,6 +155,7 @@ def compile(  # noqa: A001
     plans: list[KernelPlan] = []
     mapped: list[MappedMicrograph | None] = []
     asts = {}
+    functions = FunctionTable()
     for i, g in enumerate(groups):
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         key = structural_key(graph, prims, f"{salt}|kernel")
@@ -161,15 +163,17 @@ def compile(  # noqa: A001
         entry = cache.get(key.digest)
         if entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
-            cache.put(key.digest, kernel_entry(kernel, kp, key))
+            entry = kernel_entry(kernel, kp, key)
+            cache.put(key.digest, entry)
             asts[kname] = ast
         else:
             kernel, kp = kernel_from_entry(entry, key, kname, g.names)
             mm = None
+        functions.bind(kernel, entry["source"])  # identical bodies share one function
         kernels.append(kernel)
         plans.append(kp)
         mapped.append(mm)
-    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    source = PRELUDE + "\n" + functions.source()
     times["map+place+codegen"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)

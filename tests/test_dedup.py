@@ -1,0 +1,65 @@
+"""Structurally identical kernels share one ``__global__`` function (cuda/dedup.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse.cache import CompileCache
+from polyfuse.cuda.emulator import Emulator
+from polyfuse.cuda.printer import PRELUDE
+from polyfuse.zoo import build
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    m = build("gpt2_small", "tiny")
+    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    return m, fn
+
+
+def test_source_has_one_body_per_distinct_kernel(gpt2):
+    _, fn = gpt2
+    functions = {k.function for k in fn.kernels}
+    defined = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", fn.cuda_source)
+    assert sorted(defined) == sorted(functions)  # each distinct body exactly once
+    assert len(functions) < len(fn.kernels)  # the two layers share their kernels
+    bodies = {}
+    for k in fn.kernels:
+        assert k.function.startswith("pf_") and k.source in fn.cuda_source
+        bodies.setdefault(k.function, k.source)
+        assert bodies[k.function] == k.source
+    assert len(set(bodies.values())) == len(bodies)  # different names, different bodies
+    entry = {launch.kernel: launch.entry for launch in fn.launches}
+    assert all(entry[k.name] == k.function for k in fn.kernels)
+
+
+def test_shared_functions_give_identical_results(gpt2):
+    m, fn = gpt2
+    args = m.sample_inputs(3)
+    shared = fn(*args, device="emulate")
+    # The same launches against one private copy of the function per kernel (no sharing).
+    private = PRELUDE + "\n".join(k.source.replace(k.function, k.name) for k in fn.kernels)
+    module = Emulator().load(private)
+    bufs = fn._bind(tuple(args), {})
+    module.run([dataclasses.replace(lc, function="") for lc in fn.launches], bufs)
+    alone = tuple(bufs[fn._idents[t.uid]] for t in fn.outputs)
+    shared = shared if isinstance(shared, tuple) else (shared,)
+    for a, b in zip(shared, alone, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, r in zip(shared, m.reference(*args), strict=True):
+        np.testing.assert_allclose(a, r, rtol=2e-3, atol=2e-3)
+
+
+def test_warm_compile_shares_the_same_functions(tmp_path, gpt2):
+    m, fn = gpt2
+    cache = CompileCache(tmp_path)
+    a = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, cache=cache, check_cuda=False)
+    b = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, cache=cache, check_cuda=False)
+    assert b.cache_stats["misses"] == 0
+    assert [k.function for k in a.kernels] == [k.function for k in b.kernels]
+    assert a.cuda_source == b.cuda_source == fn.cuda_source
