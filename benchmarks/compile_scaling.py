@@ -109,8 +109,13 @@ def table(rows: list[dict]) -> str:
             lines.append(
                 [r["model"], str(r["layers"]), str(x["kernels"]), str(x["functions"]), run]
                 + [_f(x["stages"].get(s)) for s in STAGES]
-                + [_f(x["compile_seconds"]), _f(x["compile_cpu_seconds"]),
-                   _f(x["compile_seconds"] / r["layers"], 3), _f(cuda), _f(total)]  # fmt: skip
+                + [
+                    _f(x["compile_seconds"]),
+                    _f(x["compile_cpu_seconds"]),
+                    _f(x["compile_seconds"] / r["layers"], 3),
+                    _f(cuda),
+                    _f(total),
+                ]  # fmt: skip
             )
     widths = [max(len(v[c]) for v in [head, *lines]) for c in range(len(head))]
     fmt = lambda v: "  ".join(s.rjust(w) for s, w in zip(v, widths, strict=True))  # noqa: E731
