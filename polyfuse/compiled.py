@@ -148,6 +148,9 @@ class CompiledGraph:
                 k.notes.append(f"not compiled for {arch}: {e}")
             return None
         self.cuda_binaries[arch] = binary
+        for k in self.kernels:  # also by kernel name: identical kernels share one function
+            if k.function and k.function in binary.resources:
+                binary.resources.setdefault(k.name, binary.resources[k.function])
         if arch == self.arch:
             for k in self.kernels:
                 r = binary.resources.get(k.function or k.name)
