@@ -489,20 +489,6 @@ def _run_nvcc(
 # --------------------------------------------------------------------------------------------
 
 
-def _split_compile(lib: _Nvrtc, source: str) -> list[str]:
-    """``-split-compile=N``: NVRTC optimizes the translation unit's functions on N threads
-    (one per usable core, at most one per ``__global__`` function; NVRTC 12.4 or later).
-    It changes how the compile runs, not what it means, so it is not part of the cache key."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    jobs = min(cores, source.count("__global__"), 16)
-    if jobs < 2 or (lib.major, lib.minor) < (12, 4):
-        return []
-    return [f"-split-compile={jobs}"]
-
-
 def available_compilers() -> list[str]:
     """The compilers that can run here, a subset of ``["nvrtc", "nvcc"]`` in preference order."""
     out = []
@@ -738,7 +724,6 @@ def compile_cuda(
         target = arch if output == "cubin" else arch.replace("sm_", "compute_")
         argv = [f"-arch={target}", "-std=c++17"]
         argv += [f"-I{d}" for d in lib.include_dirs]
-        argv += _split_compile(lib, source)
         if output == "cubin":
             argv.append("-Xptxas=-v")
         argv += options

@@ -63,16 +63,3 @@ def test_warm_compile_shares_the_same_functions(tmp_path, gpt2):
     assert b.cache_stats["misses"] == 0
     assert [k.function for k in a.kernels] == [k.function for k in b.kernels]
     assert a.cuda_source == b.cuda_source == fn.cuda_source
-
-
-def test_nvrtc_optimizes_distinct_functions_in_parallel(monkeypatch):
-    from types import SimpleNamespace
-
-    from polyfuse.cuda import compiler
-
-    monkeypatch.setattr(compiler.os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
-    three = "__global__ void a() {}\n__global__ void b() {}\n__global__ void c() {}"
-    new, old = SimpleNamespace(major=13, minor=0), SimpleNamespace(major=12, minor=0)
-    assert compiler._split_compile(new, three) == ["-split-compile=3"]
-    assert compiler._split_compile(new, "__global__ void a() {}") == []
-    assert compiler._split_compile(old, three) == []  # before NVRTC 12.4: one thread
