@@ -63,3 +63,21 @@ def test_warm_compile_shares_the_same_functions(tmp_path, gpt2):
     assert b.cache_stats["misses"] == 0
     assert [k.function for k in a.kernels] == [k.function for k in b.kernels]
     assert a.cuda_source == b.cuda_source == fn.cuda_source
+
+
+def test_only_identical_bodies_share_a_function():
+    from polyfuse import te
+
+    x, y = te.placeholder((8, 16), name="x"), te.placeholder((8, 16), name="y")
+    a = te.compute((8, 16), lambda i, j: x[i, j] * 2.0, name="a")
+    b = te.compute((8, 16), lambda i, j: y[i, j] * 2.0, name="b")  # same body as a
+    c = te.compute((8, 16), lambda i, j: y[i, j] * 3.0, name="c")  # another constant
+    fn = polyfuse.compile([x, y], [a, b, c], check_cuda=False)
+    by_name = {k.name.split("_", 1)[1]: k.function for k in fn.kernels}
+    assert by_name["a"] == by_name["b"] != by_name["c"]
+    xs = np.arange(128, dtype=np.float32).reshape(8, 16)
+    ys = xs[::-1].copy()
+    ra, rb, rc = fn(xs, ys, device="emulate")
+    np.testing.assert_array_equal(ra, xs * 2)
+    np.testing.assert_array_equal(rb, ys * 2)
+    np.testing.assert_array_equal(rc, ys * 3)

@@ -75,6 +75,11 @@ def test_random_graphs_match_reference(seed):
 def te_random_graph(rng: random.Random, n: int):
     """A random te program over (4, 8) and (4,) tensors: elementwise, broadcast, row
     reductions and opaque (reversed) reads, so every rule and refusal occurs."""
+    return build_graph(*te_random_program(rng, n))
+
+
+def te_random_program(rng: random.Random, n: int):
+    """(inputs, outputs) of the random te program of :func:`te_random_graph`."""
     x = te.placeholder((4, 8), name="x")
     full, rows = [x], []
     for k in range(n):
@@ -82,7 +87,7 @@ def te_random_graph(rng: random.Random, n: int):
         t = _te_op(rng, op, k, rng.choice(full), full, rows)
         (rows if op in ("red", "rowew") else full).append(t)
     outs = [full[-1]] + ([rows[-1]] if rows else [])
-    return build_graph([x], outs)
+    return [x], outs
 
 
 def _te_op(rng: random.Random, op: str, k: int, a, full: list, rows: list):

@@ -3,8 +3,11 @@ original rescanning loop (:mod:`stitch_reference`, test-only)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from stitch_reference import reference_stitch_memory
+from test_partition_engine import te_random_program
 
 import polyfuse
 from polyfuse.poly.device import device_for_arch
@@ -14,7 +17,10 @@ from polyfuse.zoo import MODELS, build
 
 def assert_same_stitching(name: str, size: str) -> None:
     m = build(name, size, weights="zeros")
-    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    assert_same_plan(polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False))
+
+
+def assert_same_plan(fn) -> None:
     plan, device = fn.plan, device_for_arch("sm_80")
     new_groups, new_dec = stitch_memory(plan.graph, plan.partition, plan.scheduled, device)
     old_groups, old_dec = reference_stitch_memory(
@@ -34,3 +40,10 @@ def test_zoo_tiny_stitching_matches_reference(name):
 @pytest.mark.parametrize("name", ["bert_base", "gpt2_small", "resnet50"])
 def test_zoo_full_stitching_matches_reference(name):
     assert_same_stitching(name, "full")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs_stitch_like_reference(seed):
+    rng = random.Random(2000 + seed)
+    inputs, outputs = te_random_program(rng, rng.randint(4, 14))
+    assert_same_plan(polyfuse.compile(inputs, outputs, check_cuda=False))
