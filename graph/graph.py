@@ -54,6 +54,8 @@ class Graph:
     dag: nx.DiGraph
     idents: dict[int, str]  # tensor uid -> unique identifier
     ctx: isl.Context = field(repr=False, default=None)  # type: ignore[assignment]
+    #: Parsed isl templates shared by the stages of one compile (identical layers parse once).
+    isl_memo: dict = field(repr=False, default_factory=dict)
 
     def ident(self, t: Tensor) -> str:
         return self.idents[t.uid]

@@ -125,7 +125,7 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
 
     def mk(name: str, space: str, target: str, dom: isl.Set) -> isl.Map:
         tensor, _, index = target.partition("[")
-        m = _parsed(ctx, f"{{ S[{space}] -> X[{index} }}")
+        m = _parsed(graph, ctx, f"{{ S[{space}] -> X[{index} }}")
         m = m.set_tuple_name(isl.dim_type.in_, name).set_tuple_name(isl.dim_type.out, tensor)
         return m.intersect_domain(dom)
 
@@ -151,18 +151,13 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
     ]
 
 
-_PARSED: dict[tuple[int, str], tuple[isl.Context, isl.Map]] = {}
-
-
-def _parsed(ctx: isl.Context, text: str) -> isl.Map:
-    """``isl.Map(text)`` parsed once per context: models of identical layers differ only in
-    tuple names, which the callers set on the copy."""
-    key = (id(ctx), text)
-    hit = _PARSED.get(key)
+def _parsed(graph: Graph, ctx: isl.Context, text: str) -> isl.Map:
+    """``isl.Map(text)`` parsed once per graph and context: models of identical layers
+    differ only in tuple names, which the callers set on the copy."""
+    key = ("model", id(ctx), text)
+    hit = graph.isl_memo.get(key)
     if hit is None or hit[0] is not ctx:
-        if len(_PARSED) > 1024:
-            _PARSED.clear()
-        hit = _PARSED[key] = (ctx, isl.Map(text, context=ctx))
+        hit = graph.isl_memo[key] = (ctx, isl.Map(text, context=ctx))
     return hit[1]
 
 
@@ -201,7 +196,7 @@ def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) ->
         its = [f"i{k}" for k in range(s.dims)]
         pad = its + ["0"] * (width - s.dims)
         target = ", ".join([str(pos)] + pad)
-        sched = _parsed(ctx, f"{{ S[{', '.join(its)}] -> [{target}] }}")
+        sched = _parsed(graph, ctx, f"{{ S[{', '.join(its)}] -> [{target}] }}")
         sched = sched.set_tuple_name(isl.dim_type.in_, s.name)
         order = order.union(isl.UnionMap.from_map(sched.intersect_domain(s.domain)))
 
