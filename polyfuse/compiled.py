@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.launch import Launch, LaunchTraffic
+from polyfuse.cuda.launch import Launch, LaunchTraffic, dependence_order
 from polyfuse.errors import CallError, CompilerNotFound
 from polyfuse.graph.expr import Tensor
 
@@ -59,8 +59,21 @@ def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
     return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
 
 
+def kernel_order(kernels: list[Kernel]) -> list[int]:
+    """Indices of ``kernels`` in a launch order that follows the dependences between them,
+    computed from the buffers each kernel reads (``const`` pointers) and writes."""
+    accesses = []
+    for k in kernels:
+        bufs = [p for p in k.params if p.tensor]
+        reads = {p.tensor for p in bufs if p.ctype.startswith("const")}
+        writes = {p.tensor for p in bufs if not p.ctype.startswith("const")}
+        accesses.append((reads, writes))
+    return dependence_order(accesses, [k.name for k in kernels])
+
+
 def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:
-    """Buffers every kernel parameter refers to, and the launches in order."""
+    """Buffers every kernel parameter refers to, and the launches in dependence order
+    (:func:`kernel_order`)."""
     ins = {graph.ident(t) for t in graph.inputs}
     outs = {graph.ident(t) for t in graph.outputs}
     specs: dict[str, BufferSpec] = {}
@@ -69,7 +82,7 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
     for t in graph.outputs:
         specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
     launches = []
-    for k in kernels:
+    for k in (kernels[i] for i in kernel_order(kernels)):
         for p in k.params:
             if p.tensor and p.tensor not in specs:
                 role = "output" if p.tensor in outs else "intermediate"

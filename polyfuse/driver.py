@@ -21,7 +21,7 @@ import islpy as isl
 import numpy as np
 
 from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
-from polyfuse.compiled import CompiledGraph, plan_buffers
+from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
@@ -169,6 +169,10 @@ def compile(  # noqa: A001
         kernels.append(kernel)
         plans.append(kp)
         mapped.append(mm)
+    order = kernel_order(kernels)  # launches follow the buffers' dependences
+    kernels = [kernels[i] for i in order]
+    plans = [plans[i] for i in order]
+    mapped = [mapped[i] for i in order]
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     times["map+place+codegen"] = time.perf_counter() - t0
 

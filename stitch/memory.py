@@ -168,7 +168,17 @@ def stitch_memory(
         if not any(r.matches(gp.kind, gc.kind) for r in rules):
             why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
             decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
-    return [groups[i] for i in sorted(groups)], decisions
+    return _in_dependence_order(groups, _group_edges(graph, owner)), decisions
+
+
+def _in_dependence_order(
+    groups: dict[int, KernelGroup], edges: dict[tuple[int, int], list[str]]
+) -> list[KernelGroup]:
+    """The groups in a topological order of the group DAG (a group absorbing a consumer may
+    now need a group created after it), ties broken by creation order."""
+    q = nx.DiGraph(list(edges))
+    q.add_nodes_from(groups)
+    return [groups[i] for i in nx.lexicographical_topological_sort(q)]
 
 
 def _try_stitch(
