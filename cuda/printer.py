@@ -149,12 +149,14 @@ class BodyPrinter:
         lane_guard: str | None = None,
         laneless: set[str] | frozenset[str] = frozenset(),
         combine: str | None = None,
+        combined: set[str] | frozenset[str] = frozenset(),
     ):
         self.placements = placements
         self.idents = idents
         self.lane_guard = lane_guard  # condition for global stores of lane-less statements
         self.laneless = laneless
         self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
+        self.combined = combined  # reductions whose lanes hold partials (combine at final)
 
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
@@ -252,7 +254,7 @@ class BodyPrinter:
         if s.role == "init":
             return f"{acc} = {_IDENTITY[red.op]};"
         if s.role == "final":
-            if self.combine:
+            if self.combine and s.prim in self.combined:
                 fn = self.combine.format(op=f"pf_{red.op}")
                 return f"{acc} = {fn}({acc}, pf_scratch); " + store(acc)
             return store(acc)
@@ -350,7 +352,14 @@ def print_kernel(
     for _, size in threads:
         block *= size
     lane_guard = " && ".join(f"{p} == 0" for p in red.lane_params) if red else None
-    bp = BodyPrinter(placements, idents, lane_guard, red.laneless if red else frozenset(), combine)
+    bp = BodyPrinter(
+        placements,
+        idents,
+        lane_guard,
+        red.laneless if red else frozenset(),
+        combine,
+        red.combined if red else frozenset(),
+    )
     stmts = {s.name: s for s in model.statements}
 
     def emit_stmt(n: KStmt) -> str:

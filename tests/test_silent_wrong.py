@@ -65,3 +65,95 @@ def test_launch_order_follows_buffers_not_creation():
     assert order == [1, 2, 0]
     with pytest.raises(CallError, match="cycle"):
         launch.dependence_order([({"b"}, {"a"}), ({"a"}, {"b"})], ["k0", "k1"])
+
+
+# --------------------------------------------------------------------------- 2. size-1 axes
+
+SHAPES = [(1, 1), (1, 8), (8, 1), (3, 1), (1, 3), (2, 1), (1, 33), (33, 1)]
+
+
+def _row_total_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    j = te.reduce_axis(n, name="j")
+    q = te.reduce_axis(m, name="q")
+    s = te.compute((m,), lambda i: te.sum(x[i, j], axis=j), name="s")
+    t = te.compute((1,), lambda z: te.sum(s[q], axis=q), name="t")
+    y = te.compute((m, n), lambda i, jj: x[i, jj] * s[i] / (t[0] + 1), name="y")
+
+    def ref(a):
+        s_ = a.sum(1)
+        return a * s_[:, None] / (s_.sum() + 1)
+
+    return x, [y], ref
+
+
+def _softmax_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    k2 = te.reduce_axis(n, name="k2")
+    mx = te.compute((m,), lambda i: te.max(x[i, k], axis=k), name="mx")
+    e = te.compute((m, n), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    s = te.compute((m,), lambda i: te.sum(e[i, k2], axis=k2), name="s")
+    y = te.compute((m, n), lambda i, j: e[i, j] / s[i], name="y")
+
+    def ref(a):
+        z = np.exp(a - a.max(1, keepdims=True))
+        return z / z.sum(1, keepdims=True)
+
+    return x, [y], ref
+
+
+def _layer_norm_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    k2 = te.reduce_axis(n, name="k2")
+    mean = te.compute((m,), lambda i: te.sum(x[i, k], axis=k) / n, name="mean")
+    d = te.compute((m, n), lambda i, j: x[i, j] - mean[i], name="d")
+    var = te.compute((m,), lambda i: te.sum(d[i, k2] * d[i, k2], axis=k2) / n, name="var")
+    y = te.compute((m, n), lambda i, j: d[i, j] * te.rsqrt(var[i] + 1e-5), name="y")
+
+    def ref(a):
+        a = a.astype(np.float64)
+        c = a - a.mean(1, keepdims=True)
+        return c / np.sqrt((c * c).mean(1, keepdims=True) + 1e-5)
+
+    return x, [y], ref
+
+
+def _col_total_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    q = te.reduce_axis(m, name="q")
+    k = te.reduce_axis(n, name="k")
+    c = te.compute((n,), lambda j: te.sum(x[q, j], axis=q), name="c")
+    t = te.compute((1,), lambda z: te.max(c[k], axis=k), name="t")
+    y = te.compute((m, n), lambda i, j: x[i, j] * c[j] - t[0], name="y")
+
+    def ref(a):
+        c_ = a.sum(0)
+        return a * c_[None, :] - c_.max()
+
+    return x, [y], ref
+
+
+_COMPILED: dict = {}
+GRAPHS = {
+    "row_total": _row_total_graph,
+    "softmax": _softmax_graph,
+    "layer_norm": _layer_norm_graph,
+    "col_total": _col_total_graph,
+}
+
+
+@pytest.mark.parametrize("race_check", RACE_MODES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_size_one_axes(graph, shape, race_check):
+    key = (graph, shape)
+    if key not in _COMPILED:
+        x, outs, ref = GRAPHS[graph](*shape)
+        _COMPILED[key] = polyfuse.compile([x], outs, name=f"{graph}_{shape[0]}x{shape[1]}"), ref
+    fn, ref = _COMPILED[key]
+    a = _rand(*shape, seed=shape[0] * 100 + shape[1])
+    got = fn(a, race_check=race_check)
+    rtol = 1e-4 if graph == "layer_norm" else 1e-5
+    np.testing.assert_allclose(got, ref(a), rtol=rtol, atol=1e-4)
