@@ -57,8 +57,11 @@ PF_INLINE int pf_fdiv(int a, int b) { return (a >= 0) ? (a / b) : -((-a + b - 1)
 PF_INLINE int pf_mod(int a, int b) { int r = a % b; return (r < 0) ? r + b : r; }
 PF_INLINE float pf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 struct pf_sum { PF_INLINE float operator()(float a, float b) const { return a + b; } };
-struct pf_max { PF_INLINE float operator()(float a, float b) const { return fmaxf(a, b); } };
-struct pf_min { PF_INLINE float operator()(float a, float b) const { return fminf(a, b); } };
+// max/min that propagate NaN like numpy, PyTorch and ONNX (fmaxf/fminf drop it).
+PF_INLINE float pf_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
+PF_INLINE float pf_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
+struct pf_max { PF_INLINE float operator()(float a, float b) const { return pf_fmaxf(a, b); } };
+struct pf_min { PF_INLINE float operator()(float a, float b) const { return pf_fminf(a, b); } };
 // Combine the partial results of LANES consecutive threads (a warp or a whole row group);
 // every lane returns the total. Called by every thread of the block, outside divergent code.
 template <typename Op, int LANES>
@@ -208,7 +211,7 @@ class BodyPrinter:
             if e.op == "pow":
                 return f"powf({a}, {b})"
             if e.op in ("max", "min"):
-                return f"f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
+                return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
             if e.op == "floordiv":
                 return f"floorf({a} / {b})" if fl else f"pf_fdiv({a}, {b})"
             if e.op == "mod":
@@ -261,7 +264,7 @@ class BodyPrinter:
         v = self.expr(red.body, env)
         if red.op == "sum":
             return f"{acc} = {acc} + {v};"
-        return f"{acc} = f{red.op}f({acc}, {v});"
+        return f"{acc} = pf_f{red.op}f({acc}, {v});"
 
 
 class _Emitter:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import polyfuse
-from polyfuse import te
+from polyfuse import reference, te
 from polyfuse.cuda import launch
 from polyfuse.errors import CallError
 
@@ -157,3 +157,60 @@ def test_size_one_axes(graph, shape, race_check):
     got = fn(a, race_check=race_check)
     rtol = 1e-4 if graph == "layer_norm" else 1e-5
     np.testing.assert_allclose(got, ref(a), rtol=rtol, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- 4. NaN and ±inf
+
+
+def _special(m: int, n: int) -> np.ndarray:
+    a = _rand(m, n, seed=4)
+    a[1, 3] = np.nan
+    a[2, 0] = np.inf
+    a[3, n - 1] = -np.inf
+    a[4, :] = np.nan
+    a[5, 2], a[5, 4] = np.inf, -np.inf
+    a[6, :] = -np.inf
+    a[7, :] = np.inf
+    a[8, 5] = np.nan
+    a[8, 6] = np.inf
+    return a
+
+
+@pytest.mark.parametrize("race_check", [False, "reverse"])
+@pytest.mark.parametrize("n", [8, 47, 300])  # warp per row, block per row
+def test_max_min_propagate_nan_and_inf(n, race_check):
+    m = 9
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    k2 = te.reduce_axis(n, name="k2")
+    mx = te.compute((m,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    mn = te.compute((m,), lambda i: te.min(x[i, k2], axis=k2), name="row_min")
+    relu = te.compute((m, n), lambda i, j: te.maximum(x[i, j], 0.0), name="relu")
+    lo = te.compute((m, n), lambda i, j: te.minimum(0.0, x[i, j]), name="lo")
+    fn = polyfuse.compile([x], [mx, mn, relu, lo])
+    a = _special(m, n)
+    got = fn(a, race_check=race_check)
+    want = (a.max(1), a.min(1), np.maximum(a, 0.0), np.minimum(0.0, a))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)  # NaN where numpy has NaN, ±inf kept
+    ref = reference.evaluate([mx, mn, relu, lo], {x: a})
+    for r, w in zip(ref, want, strict=True):
+        np.testing.assert_array_equal(r, w)
+
+
+@pytest.mark.parametrize("race_check", [False, "reverse"])
+def test_column_and_total_max_propagate_nan(race_check):
+    m, n = 40, 9
+    x = te.placeholder((m, n), name="x")
+    q = te.reduce_axis(m, name="q")
+    r = te.reduce_axis(m, name="r")
+    c = te.reduce_axis(n, name="c")
+    col = te.compute((n,), lambda j: te.max(x[q, j], axis=q), name="col_max")
+    tot = te.compute((1,), lambda z: te.min(x[r, c], axis=[r, c]), name="total_min")
+    fn = polyfuse.compile([x], [col, tot])
+    a = _rand(m, n, seed=5)
+    a[7, 2] = np.nan
+    a[30, 4] = np.inf
+    got_col, got_tot = fn(a, race_check=race_check)
+    np.testing.assert_array_equal(got_col, a.max(0))
+    np.testing.assert_array_equal(got_tot, [np.nan])
