@@ -31,6 +31,9 @@ class BufferSpec:
     dtype: str = "float32"
 
 
+_MISSING = object()  # an input no argument was given for
+
+
 def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
     """Shape of the tensor behind a kernel parameter (a primitive or its accumulator)."""
     if ident in graph.prims:
@@ -165,25 +168,35 @@ class CompiledGraph:
         return binary
 
     # ------------------------------------------------------------------ calling
-    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+    def _given(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The argument for each input, in input order: positional arguments by position,
+        keyword arguments by input name (refused for a name several inputs share)."""
         names = [t.name for t in self.inputs]
         if len(args) > len(self.inputs):
             raise CallError(
                 f"{self.name}: expected {len(self.inputs)} input arrays ({', '.join(names)}), "
                 f"got {len(args)}"
             )
-        given: dict[str, Any] = dict(zip(names, args, strict=False))
+        given: list[Any] = [*args] + [_MISSING] * (len(names) - len(args))
         for k, v in kwargs.items():
             if k not in names:
                 raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if k in given:
+            if names.count(k) > 1:
+                raise CallError(
+                    f"{self.name}: {names.count(k)} inputs are named '{k}'; pass them by position"
+                )
+            i = names.index(k)
+            if given[i] is not _MISSING:
                 raise CallError(f"{self.name}: input '{k}' given twice")
-            given[k] = v
-        bufs: dict[str, np.ndarray] = {}
-        for t in self.inputs:
-            if t.name not in given:
+            given[i] = v
+        for t, a in zip(self.inputs, given, strict=True):
+            if a is _MISSING:
                 raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
-            a = given[t.name]
+        return given
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+        bufs: dict[str, np.ndarray] = {}
+        for t, a in zip(self.inputs, self._given(args, kwargs), strict=True):
             if not isinstance(a, np.ndarray):
                 raise CallError(_not_host_array(t.name, a))
             if a.shape != t.shape:
@@ -306,25 +319,10 @@ class CompiledGraph:
         return prog
 
     def _run_cuda(self, device: str, args: tuple, kwargs: dict, out: Any, stream: Any):
-        names = [t.name for t in self.inputs]
-        if len(args) > len(names):
-            raise CallError(
-                f"{self.name}: expected {len(names)} input arrays ({', '.join(names)}), "
-                f"got {len(args)}"
-            )
-        given: dict[str, Any] = dict(zip(names, args, strict=False))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if k in given:
-                raise CallError(f"{self.name}: input '{k}' given twice")
-            given[k] = v
-        for t in self.inputs:
-            if t.name not in given:
-                raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
+        given = self._given(args, kwargs)
         prog = self.device_program(device)
         idents = self._idents
-        argmap = {idents[t.uid]: given[t.name] for t in self.inputs}
+        argmap = {idents[t.uid]: a for t, a in zip(self.inputs, given, strict=True)}
         outmap = {}
         if out is not None:
             for t, o in zip(self.outputs, self._outs(out), strict=True):

@@ -13,7 +13,7 @@ import pytest
 import polyfuse
 from polyfuse import reference, te
 from polyfuse.cuda import launch
-from polyfuse.errors import CallError
+from polyfuse.errors import CallError, PolyfuseError
 
 RACE_MODES = (False, "reverse", "random")
 
@@ -214,3 +214,68 @@ def test_column_and_total_max_propagate_nan(race_check):
     got_col, got_tot = fn(a, race_check=race_check)
     np.testing.assert_array_equal(got_col, a.max(0))
     np.testing.assert_array_equal(got_tot, [np.nan])
+
+
+# --------------------------------------------------------------------------- 5. names, closures
+
+
+def _same_named():
+    a = te.placeholder((4, 5), name="x")
+    b = te.placeholder((4, 5), name="x")
+    y = te.compute((4, 5), lambda i, j: a[i, j] - 2.0 * b[i, j], name="y")
+    return a, b, y
+
+
+def test_same_named_placeholders_bind_by_position():
+    a, b, y = _same_named()
+    fn = polyfuse.compile([a, b], [y])
+    u, v = _rand(4, 5, seed=1), _rand(4, 5, seed=2)
+    np.testing.assert_allclose(fn(u, v), u - 2 * v, rtol=1e-6)
+    np.testing.assert_allclose(fn(v, u), v - 2 * u, rtol=1e-6)
+    # generated code: two distinct parameters
+    (k,) = fn.kernels
+    params = [p.name for p in k.params if p.tensor]
+    assert len(params) == len(set(params)) == 3
+    with pytest.raises(CallError, match="2 inputs are named 'x'; pass them by position"):
+        fn(u, x=v)
+    with pytest.raises(CallError, match="2 inputs are named 'x'"):
+        fn(x=u)
+
+
+def test_same_named_placeholders_on_the_gpu_path(monkeypatch):
+    """The GPU path binds same-named inputs by position too (program call intercepted)."""
+    a, b, y = _same_named()
+    fn = polyfuse.compile([a, b], [y])
+    seen = {}
+
+    class Prog:
+        def __call__(self, argmap, outmap, stream):
+            seen.update(argmap)
+            return [np.zeros((4, 5), np.float32)]
+
+    monkeypatch.setattr(fn, "device_program", lambda device: Prog())
+    u, v = _rand(4, 5, seed=1), _rand(4, 5, seed=2)
+    fn(u, v, device="cuda")
+    idents = [fn._idents[t.uid] for t in fn.inputs]
+    assert len(set(idents)) == 2
+    assert seen[idents[0]] is u and seen[idents[1]] is v
+    with pytest.raises(CallError, match="pass them by position"):
+        fn(u, x=v, device="cuda")
+
+
+def test_lambda_default_arguments_are_not_loop_variables():
+    x = te.placeholder((3, 4), name="x")
+    outs = []
+    for c in (2.0, 3.0):
+        outs.append(te.compute((3, 4), lambda i, j, c=c: x[i, j] * c, name=f"scale{int(c)}"))
+    star = te.compute((3, 4), lambda i, *rest: x[i, rest[0]] + 1.0, name="star")
+    kw = te.compute((3, 4), lambda i, j, **kw: x[i, j] - 1.0, name="kw")
+    fn = polyfuse.compile([x], [*outs, star, kw])
+    a = _rand(3, 4)
+    got = fn(a)
+    for g, w in zip(got, (a * 2, a * 3, a + 1, a - 1), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    with pytest.raises(PolyfuseError, match="takes 3 loop variables"):
+        te.compute((3, 4), lambda i, j, k: x[i, j], name="bad")
+    with pytest.raises(PolyfuseError, match="keyword-only parameter 'c'"):
+        te.compute((3, 4), lambda i, j, *, c: x[i, j] * c, name="bad2")
