@@ -47,6 +47,9 @@ from polyfuse.version import __version__
 
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
+# Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
+# max/min, lane combines decided by isl), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 2
 
 
 def _check_constants(
@@ -109,7 +112,8 @@ def compile(  # noqa: A001
     cache = cache if cache is not None else CompileCache()
     hits0, misses0 = cache.hits, cache.misses
     cfg = mapping or MappingConfig()
-    salt = f"polyfuse {__version__}|{arch}|budget {budget}|{cfg}|stitch {stitch}"
+    salt = f"polyfuse {__version__}|codegen {CODEGEN_REVISION}|{arch}"
+    salt += f"|budget {budget}|{cfg}|stitch {stitch}"
 
     t0 = time.perf_counter()
     separations: set[frozenset[str]] = set()
