@@ -224,6 +224,9 @@ class CompiledGraph:
     ):
         """Run the graph; returns one array, or a tuple when there are several outputs.
 
+        Arrays bind to ``inputs`` by position; a keyword argument names an input (refused
+        when several inputs share that name: placeholders are distinct by identity).
+
         ``device``: "emulate" (the CPU emulator, numpy arrays) or "cuda" / "cuda:N" (a GPU,
         see :mod:`polyfuse.cuda.runtime`): numpy arrays in → numpy arrays out; device arrays
         (``torch.Tensor``, ``cupy.ndarray``, JAX arrays, any ``__cuda_array_interface__`` or
