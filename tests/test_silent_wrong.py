@@ -279,3 +279,19 @@ def test_lambda_default_arguments_are_not_loop_variables():
         te.compute((3, 4), lambda i, j, k: x[i, j], name="bad")
     with pytest.raises(PolyfuseError, match="keyword-only parameter 'c'"):
         te.compute((3, 4), lambda i, j, *, c: x[i, j] * c, name="bad2")
+
+
+def test_fixed_kernels_compile_with_nvrtc():
+    """The NaN helpers and the size-1 layouts are valid CUDA (skipped without a compiler)."""
+    from polyfuse.cuda.compiler import available_compilers
+
+    if not available_compilers():
+        pytest.skip("no CUDA compiler installed")
+    for graph, shape in (("row_total", (8, 1)), ("row_total", (1, 8)), ("col_total", (1, 3))):
+        x, outs, _ = GRAPHS[graph](*shape)
+        kk = te.reduce_axis(shape[1], name="kk")
+        mx = te.compute((shape[0],), lambda i, x=x, kk=kk: te.max(x[i, kk], axis=kk), name="mx")
+        outs.append(mx)
+        fn = polyfuse.compile([x], outs, check_cuda=False)
+        binary = fn.check_cuda("sm_80")
+        assert all(binary.resources[k.name].registers > 0 for k in fn.kernels)
