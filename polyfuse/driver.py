@@ -38,7 +38,13 @@ from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import place_shared, place_tensors
-from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.poly.schedule import (
+    DEFAULT_BUDGET,
+    Feedback,
+    ScheduledMicrograph,
+    compute_schedule,
+    configure,
+)
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
 from polyfuse.stitch.plan import KernelPlan
@@ -100,7 +106,7 @@ def compile(  # noqa: A001
     consts = _check_constants(constants or {}, inputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    ctx = isl.Context()
+    ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx)
     device = device_for_arch(arch)
     graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
