@@ -20,7 +20,14 @@ from collections.abc import Sequence
 import islpy as isl
 import numpy as np
 
-from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
+from polyfuse.cache import (
+    KERNEL_FIELDS,
+    SCHEDULE_FIELDS,
+    CompileCache,
+    kernel_entry,
+    kernel_from_entry,
+    rename,
+)
 from polyfuse.compiled import CompiledGraph, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.kernel_ast import Kernel
@@ -164,7 +171,7 @@ def compile(  # noqa: A001
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         key = structural_key(graph, prims, f"{salt}|kernel")
         kname = f"k{i}_{prims[0]}"
-        entry = cache.get(key.digest)
+        entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
             cache.put(key.digest, kernel_entry(kernel, kp, key))
@@ -216,7 +223,7 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     """The micrograph's schedule, from the cache (by structural key) or from isl."""
     key = structural_key(graph, mg.prims, f"{salt}|schedule")
     model = build_model(graph, mg, ctx)
-    entry = cache.get(key.digest)
+    entry = cache.get(key.digest, SCHEDULE_FIELDS)
     back = {c: a for a, c in key.canonical().items()}
     if entry is not None:
         if "feedback" in entry:
