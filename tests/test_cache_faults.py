@@ -175,3 +175,47 @@ def test_store_artifacts_check_their_sidecar(tmp_path):
     assert s.read_artifact("k-1.so") == path
     path.write_bytes(b"\x7fELF librar")  # truncated afterwards
     assert s.read_artifact("k-1.so") is None
+
+
+# ------------------------------------------------------------------ the emulator's build cache
+
+SQUARE = r"""
+extern "C" __global__ void square_plus(const float* __restrict__ x, float* __restrict__ y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] * x[i] + x[i];
+}
+"""
+
+
+@pytest.mark.parametrize("fault", ["truncated", "no checksum"])
+def test_emulator_rebuilds_a_corrupt_library(tmp_path, fault):
+    """A half-written library (a crash mid-build, or before its checksum was recorded) is
+    rebuilt, not loaded."""
+    import shutil
+
+    import numpy as np
+
+    from polyfuse.cuda.emulator import Emulator
+    from polyfuse.cuda.launch import Launch, ScalarArg
+    from polyfuse.store import write_atomic
+
+    shared = Emulator(workers=1).cache_dir  # the server is built once, in the usual cache
+    for f in shared.glob("server-*"):
+        if not f.name.endswith(".lock"):
+            shutil.copy(f, tmp_path / f.name)
+    src = SQUARE + f"// {fault} {os.getpid()}\n"
+    first = Emulator(cache_dir=tmp_path, workers=1).load(src)
+    assert not first.from_cache
+    lib = first.path
+    if fault == "truncated":  # replaced, not overwritten: the server still maps the old file
+        write_atomic(lib, lib.read_bytes()[: lib.stat().st_size // 2])
+    else:
+        lib.with_name(lib.name + ".sum").unlink()
+    again = Emulator(cache_dir=tmp_path, workers=1).load(src)
+    assert not again.from_cache  # rebuilt
+    x, y = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    again.run(
+        [Launch("square_plus", (1, 1, 1), (8, 1, 1), ("x", "y", ScalarArg(8)))], {"x": x, "y": y}
+    )
+    np.testing.assert_allclose(y, x * x + x)
+    assert Emulator(cache_dir=tmp_path, workers=1).load(src).from_cache  # healed
