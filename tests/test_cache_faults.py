@@ -82,6 +82,9 @@ def test_schedules_without_kernels_regenerate_the_fresh_kernels(tmp_path, fresh)
     assert cache.misses >= 1
     assert [k.source for k in fn.kernels] == fresh[0]
     _assert_healed(tmp_path, fresh[1])
+    ins, _, reference = examples.layer_norm()
+    arrays = examples.random_inputs(ins)
+    assert examples.max_error(fn(*arrays, device="emulate"), reference(*arrays)) < 1e-4  # not NaN
 
 
 CORRUPTIONS = {
