@@ -20,7 +20,14 @@ from collections.abc import Sequence
 import islpy as isl
 import numpy as np
 
-from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
+from polyfuse.cache import (
+    KERNEL_FIELDS,
+    SCHEDULE_FIELDS,
+    CompileCache,
+    kernel_entry,
+    kernel_from_entry,
+    rename,
+)
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.kernel_ast import Kernel
@@ -38,7 +45,13 @@ from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import place_shared, place_tensors
-from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.poly.schedule import (
+    DEFAULT_BUDGET,
+    Feedback,
+    ScheduledMicrograph,
+    compute_schedule,
+    configure,
+)
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
 from polyfuse.stitch.plan import KernelPlan
@@ -103,7 +116,7 @@ def compile(  # noqa: A001
     consts = _check_constants(constants or {}, inputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    ctx = isl.Context()
+    ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx)
     device = device_for_arch(arch)
     graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
@@ -162,7 +175,7 @@ def compile(  # noqa: A001
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         key = structural_key(graph, prims, f"{salt}|kernel")
         kname = f"k{i}_{prims[0]}"
-        entry = cache.get(key.digest)
+        entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
             cache.put(key.digest, kernel_entry(kernel, kp, key))
@@ -218,7 +231,7 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     """The micrograph's schedule, from the cache (by structural key) or from isl."""
     key = structural_key(graph, mg.prims, f"{salt}|schedule")
     model = build_model(graph, mg, ctx)
-    entry = cache.get(key.digest)
+    entry = cache.get(key.digest, SCHEDULE_FIELDS)
     back = {c: a for a, c in key.canonical().items()}
     if entry is not None:
         if "feedback" in entry:

@@ -35,7 +35,7 @@ from polyfuse.poly.schedule import ScheduledMicrograph
 class Memo(Protocol):
     """Where decisions are remembered by structural key (polyfuse.cache.CompileCache)."""
 
-    def get(self, key: str) -> Any: ...
+    def get(self, key: str, fields: Any = None) -> Any: ...
 
     def put(self, key: str, value: Any) -> None: ...
 
@@ -44,7 +44,7 @@ class _Memory:
     def __init__(self) -> None:
         self.d: dict[str, Any] = {}
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str, fields: Any = None) -> Any:
         return self.d.get(key)
 
     def put(self, key: str, value: Any) -> None:
@@ -211,7 +211,7 @@ def _try_stitch(
     parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
     prims = [x for sm in parts for x in sm.model.micrograph.prims]
     key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
-    known = cache.get(key)
+    known = cache.get(key, (("ok", "reason"),))
     if known is None:
         try:
             map_reduction_kernel(graph, parts, gp.strategy)
