@@ -35,7 +35,7 @@ from polyfuse.poly.schedule import ScheduledMicrograph
 class Memo(Protocol):
     """Where decisions are remembered by structural key (polyfuse.cache.CompileCache)."""
 
-    def get(self, key: str) -> Any: ...
+    def get(self, key: str, fields: Any = None) -> Any: ...
 
     def put(self, key: str, value: Any) -> None: ...
 
@@ -44,7 +44,7 @@ class _Memory:
     def __init__(self) -> None:
         self.d: dict[str, Any] = {}
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str, fields: Any = None) -> Any:
         return self.d.get(key)
 
     def put(self, key: str, value: Any) -> None:
@@ -165,7 +165,9 @@ def stitch_memory(
             why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
             tensors = _tensors(q, p, c)
             decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
-    return [groups[i] for i in sorted(groups)], decisions
+    # A group that absorbed a consumer may now need a group created after it: return the
+    # groups in a topological order of the group DAG, ties broken by creation order.
+    return [groups[i] for i in q.lexicographic_order(by_first=False)], decisions
 
 
 def _tensors(q: QuotientDag, p: int, c: int) -> list[str]:
@@ -206,7 +208,7 @@ def _try_stitch(
     parts = _merge_parts(gp.parts, gc.parts)
     prims = [x for sm in parts for x in sm.model.micrograph.prims]
     key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
-    known = cache.get(key)
+    known = cache.get(key, (("ok", "reason"),))
     if known is None:
         try:
             map_reduction_kernel(graph, parts, gp.strategy)
