@@ -9,6 +9,7 @@ contiguity checks are the same whether the kernel runs on a GPU or in the emulat
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,26 +86,40 @@ def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]
     Raises :class:`CallError` when the dependences form a cycle (no order exists).
     """
     n = len(accesses)
-    preds: list[set[int]] = [set() for _ in range(n)]
-    for j in range(n):
-        rj, wj = accesses[j]
-        for i in range(n):
-            if i == j:
-                continue
-            wi = accesses[i][1]
-            if wi & (rj - wj):  # i produces what j only reads: i first
-                preds[j].add(i)
-            elif i < j and wi & wj:  # two writers of one buffer: keep the given order
-                preds[j].add(i)
+    writers: dict[str, list[int]] = {}  # buffer -> kernels writing it, in index order
+    for i, (_, w) in enumerate(accesses):
+        for buf in w:
+            writers.setdefault(buf, []).append(i)
+    succs: list[set[int]] = [set() for _ in range(n)]
+    for j, (rj, wj) in enumerate(accesses):
+        for buf in rj - wj:  # its producers (writers that do not read it) first
+            for i in writers.get(buf, ()):
+                if i != j:
+                    succs[i].add(j)
+        for buf in wj:  # two writers of one buffer: keep the given order
+            for i in writers[buf]:
+                if i >= j:
+                    break
+                succs[i].add(j)
+    # Kahn's algorithm taking the lowest ready index first: the order the given one keeps.
+    indeg = [0] * n
+    for out in succs:
+        for j in out:
+            indeg[j] += 1
+    ready = [k for k in range(n) if indeg[k] == 0]
+    heapq.heapify(ready)
     order: list[int] = []
-    done: set[int] = set()
-    while len(order) < n:
-        ready = [k for k in range(n) if k not in done and preds[k] <= done]
-        if not ready:
-            stuck = [names[k] for k in range(n) if k not in done]
-            raise CallError(f"kernels {', '.join(stuck)} depend on each other in a cycle")
-        order.append(ready[0])
-        done.add(ready[0])
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for j in succs[k]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) < n:
+        done = set(order)
+        stuck = [names[k] for k in range(n) if k not in done]
+        raise CallError(f"kernels {', '.join(stuck)} depend on each other in a cycle")
     return order
 
 
