@@ -714,7 +714,9 @@ void coords(uint32_t block, uint32_t thread, uint32_t out[6]) {
 
 uint64_t pc_offset(const void* pc) {
   Dl_info info;
-  if (pc && dladdr(pc, &info) && info.dli_fbase) return uint64_t((const char*)pc - (const char*)info.dli_fbase);
+  // pc is a return address: pc - 1 lies in the call instruction, on the access's line.
+  if (pc && dladdr(pc, &info) && info.dli_fbase)
+    return uint64_t((const char*)pc - (const char*)info.dli_fbase) - 1;
   return 0;
 }
 
