@@ -21,7 +21,24 @@
    launches in order (each CUDA thread a fiber, blocks spread over worker threads) and exits.
    The parent waits with a timeout, copies results back and reads the per-launch traffic. A
    crash, bad access, divergent barrier or deadlock in a kernel becomes an
-   :class:`EmulatorError` naming the kernel; the caller's process is unaffected.
+   :class:`EmulatorError` naming the kernel; the caller's process is unaffected. If the server
+   itself dies (killed, out of memory), the call raises a one-line :class:`EmulatorError` and
+   the next call starts a new server, which reloads the libraries.
+
+Race check (``Emulator.load(source, racecheck=True)``, ``race_check="shadow"`` on a compiled
+graph): a separate build of the library with GCC's ThreadSanitizer instrumentation
+(``-fsanitize=thread``, linked without libtsan: ``pf_emu.h`` defines the ``__tsan_*`` hooks),
+so every plain load and store reaches the runtime's shadow memory, like compute-sanitizer's
+racecheck. Shared memory: per byte, the last writer and two readers with their barrier epoch
+and ``__syncwarp`` epoch; a read of a byte another thread wrote, or a write of one another
+thread read or wrote, with no ``__syncthreads`` (or, within a warp, ``__syncwarp``) between is a
+race. Global memory: per element and launch, the last writer and reader; two threads of one
+block conflict as in shared memory, two blocks always. Atomics never race. The first race
+raises :class:`RaceError` with the kernel, the memory (``__shared__`` variable or buffer and
+element), both threads and both source lines (``addr2line`` on the library's ``-g`` info).
+Not seen: conflicts through raw pointers the pre-pass does not instrument (global memory
+reached other than through kernel parameters), and a race hidden because an earlier
+reader of the same byte was overwritten in the shadow (two readers are kept).
 
 Semantics worth knowing: a ``__syncthreads`` completes when every thread of the block waits at
 the same source line; threads waiting at different lines, or some threads having exited while
@@ -785,10 +802,10 @@ class _Server:
                 self._map()
         return self.shm_view
 
-    def run(self, spec_off: int, timeout: float) -> tuple[int, bool]:
+    def run(self, spec_off: int, timeout: float, what: str = "kernels") -> tuple[int, bool]:
         """Run the specification at ``spec_off``; returns (wait status, timed out)."""
         self.ensure()
-        with self._guard("running kernels"):
+        with self._guard(f"running {what}"):
             return self._run(spec_off, timeout)
 
     def _run(self, spec_off: int, timeout: float) -> tuple[int, bool]:
@@ -1009,11 +1026,17 @@ class EmulatedModule:
             view[result_off:counts_off] = 0
             counts = view[counts_off : counts_off + 16 * nl * nb].view(np.int64)
             counts[:] = -1
-            status, timed_out = emu._server.run(0, timeout)
+            kernels = list(dict.fromkeys(lc.kernel for lc in launches))
+            what = f"kernel{'s' if len(kernels) > 1 else ''} {', '.join(kernels[:4])}" + (
+                ", ..." if len(kernels) > 4 else ""
+            )
+            status, timed_out = emu._server.run(0, timeout, what)
             res = view[result_off:counts_off]
             res_status, current = (int(x) for x in res[:8].view(np.int32))
             if res_status == 5:
-                raise self._race(bytes(res[8:]), [(n, a.itemsize) for n, a in zip(names, arrays)])
+                raise self._race(
+                    bytes(res[8:]), [(n, a.itemsize) for n, a in zip(names, arrays, strict=True)]
+                )
             if timed_out or res_status != 1 or status != 0:
                 name = launches[min(max(current, 0), nl - 1)].kernel if launches else "?"
                 if timed_out:
@@ -1038,7 +1061,6 @@ class EmulatedModule:
                 if w:
                     a.reshape(-1).view(np.uint8)[:] = view[off : off + a.nbytes]
             return traffic
-
 
     def _race(self, raw: bytes, buffers: list[tuple[str, int]]) -> RaceError:
         """The :class:`RaceError` for the pf_race_report ``raw`` (see pf_emu.h)."""
@@ -1218,9 +1240,7 @@ class Emulator:
         """
         pre = prepass(source)
         flags = RACECHECK_FLAGS if racecheck else KERNEL_FLAGS
-        key = _hash(
-            "k", str(_ABI_VERSION), self._cxx_id, " ".join(flags), self._header, pre.source
-        )
+        key = _hash("k", str(_ABI_VERSION), self._cxx_id, " ".join(flags), self._header, pre.source)
         with self._lock:
             mod = self._modules.get(key)
             if mod is not None:

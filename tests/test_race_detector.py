@@ -9,7 +9,6 @@ atomic and cp.async kernels, and the code polyfuse generates for its examples) m
 from __future__ import annotations
 
 import os
-import re
 import signal
 import threading
 import time
@@ -17,6 +16,7 @@ import time
 import numpy as np
 import pytest
 from test_emulator import ATOMICS, MATMUL, NEIGHBOUR, PIPELINE, REDUCTIONS
+from test_end_to_end import CASES, run_case
 
 import polyfuse
 from polyfuse import examples
@@ -243,15 +243,23 @@ def test_clean_kernels_report_nothing(emu):
         )
         np.testing.assert_allclose(out, x.sum(axis=1), rtol=1e-4, atol=1e-4)
     y = np.zeros_like(x)
-    red.run([Launch("softmax", (6, 1, 1), (256, 1, 1), ("x", "y", ScalarArg(1000)))], {"x": x, "y": y})
+    red.run(
+        [Launch("softmax", (6, 1, 1), (256, 1, 1), ("x", "y", ScalarArg(1000)))], {"x": x, "y": y}
+    )
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
     v, o4 = rand(1000), np.zeros(4, np.float32)
     red.run(
-        [Launch("block_sum", (4, 1, 1), (256, 1, 1), ("x", "o", ScalarArg(1000)), shared_bytes=1024)],
+        [
+            Launch(
+                "block_sum", (4, 1, 1), (256, 1, 1), ("x", "o", ScalarArg(1000)), shared_bytes=1024
+            )
+        ],
         {"x": v, "o": o4},
     )
-    np.testing.assert_allclose(o4, [v[i * 256 : (i + 1) * 256].sum() for i in range(4)], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        o4, [v[i * 256 : (i + 1) * 256].sum() for i in range(4)], rtol=1e-5, atol=1e-5
+    )
 
     M, N, K = 40, 36, 50
     a, b = rand(M, K), rand(K, N)
@@ -299,7 +307,7 @@ def test_generated_examples_are_race_free(name):
 
 def test_generated_kernel_without_its_barrier_is_reported(emu):
     """A row reduction over more lanes than a warp combines warp partials in shared memory;
-    deleting the barrier before they are read back is caught, at that line."""
+    deleting the barrier between writing them and reading them back is caught, at those lines."""
     from polyfuse import te
 
     x = te.placeholder((37, 300), name="x")
@@ -309,16 +317,15 @@ def test_generated_kernel_without_its_barrier_is_reported(emu):
     arrays = examples.random_inputs([x])
     np.testing.assert_allclose(fn(*arrays, race_check="shadow"), arrays[0].sum(1), rtol=1e-4)
     src = fn.cuda_source
-    found = 0
-    for m in re.finditer(r"__syncthreads\(\);", src):
-        mutant = src[: m.start()] + " " * len(m.group(0)) + src[m.end() :]
-        bufs = fn._bind(arrays, {})
-        try:
-            emu.load(mutant, racecheck=True).run(fn.launches, bufs)
-        except RaceError as e:
-            found += 1
-            assert e.kernel == fn.launches[0].kernel and all(e.lines)
-    assert found >= 1
+    write = "if ((threadIdx.x & 31) == 0) scratch[warp] = v;"
+    barrier = src.index("__syncthreads();", src.index(write))
+    mutant = src[:barrier] + " " * len("__syncthreads();") + src[barrier + 16 :]
+    with pytest.raises(RaceError) as info:
+        emu.load(mutant, racecheck=True).run(fn.launches, fn._bind(arrays, {}))
+    e = info.value
+    assert e.kernel == fn.launches[0].kernel and e.memory == "pf_scratch"
+    assert e.kind == "read-after-write" and e.space == "shared"
+    assert e.lines == (line_of(src, write), line_of(src, "v = scratch[first];"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,8 +340,8 @@ extern "C" __global__ void twice(const float* __restrict__ x, float* __restrict_
 """
 
 
-def test_server_killed_mid_run_raises_polyfuse_error_and_restarts(tmp_path):
-    emu = Emulator(cache_dir=tmp_path, workers=1)
+def test_server_killed_mid_run_raises_polyfuse_error_and_restarts(emu):
+    emu = Emulator(cache_dir=emu.cache_dir, workers=1)
     mod = emu.load(SPIN)
     server = emu._server
     flag = np.zeros(1, np.int32)
@@ -368,8 +375,8 @@ def test_server_killed_mid_run_raises_polyfuse_error_and_restarts(tmp_path):
     assert server.proc.pid != pid
 
 
-def test_server_killed_while_idle_is_restarted(tmp_path):
-    emu = Emulator(cache_dir=tmp_path, workers=1)
+def test_server_killed_while_idle_is_restarted(emu):
+    emu = Emulator(cache_dir=emu.cache_dir, workers=1)
     mod = emu.load(SPIN)
     x, y = rand(8), np.zeros(8, np.float32)
     launch = Launch("twice", (1, 1, 1), (8, 1, 1), ("x", "y"))
@@ -385,3 +392,9 @@ def test_server_killed_while_idle_is_restarted(tmp_path):
     other = emu.load(SPIN.replace("2.0f", "3.0f"))
     other.run([launch], {"x": x, "y": y})
     np.testing.assert_array_equal(y, 3 * x)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_test_graphs_are_race_free(name):
+    """Every end-to-end test graph, under the race detector, also matches numpy."""
+    run_case(name, race_check="shadow")
