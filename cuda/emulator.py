@@ -333,8 +333,10 @@ class _Source:
 class _Prepassed:
     source: str
     kernels: tuple[str, ...]
-    #: ``(name, element type)`` of each static ``__shared__`` variable, by site number.
+    #: ``(name, element type)`` of each static ``__shared__`` variable, by site number, then
+    #: of each ``extern __shared__`` (dynamic) one.
     shared: tuple[tuple[str, str], ...] = ()
+    dynamic: tuple[tuple[str, str], ...] = ()
 
 
 def prepass(source: str) -> _Prepassed:
@@ -349,13 +351,15 @@ def prepass(source: str) -> _Prepassed:
     if not kernels:
         raise EmulatorError("emulator: the source defines no __global__ kernel")
     _rewrite_device_functions(s)
-    shared = _rewrite_shared(s)
+    shared, dynamic = _rewrite_shared(s)
     _rewrite_local_pointers(s)
     _rewrite_sizeof(s)
     for m in re.finditer(r"\breinterpret_cast\s*<", s.mask):
         if not s.edited(m.start()):
             s.edit(m.start(), m.start() + len("reinterpret_cast"), "pf_reinterpret_cast")
-    return _Prepassed(s.result() + _registration(kernels), tuple(kernels), tuple(shared))
+    return _Prepassed(
+        s.result() + _registration(kernels), tuple(kernels), tuple(shared), tuple(dynamic)
+    )
 
 
 def _rewrite_kernels(s: _Source) -> list[str]:
@@ -408,16 +412,18 @@ def _shared_declarators(s: _Source, pos: int, end: int, pre: str) -> tuple[str, 
     return base, out, align
 
 
-def _rewrite_shared(s: _Source) -> list[tuple[str, str]]:
+def _rewrite_shared(s: _Source) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Step 3: ``__shared__`` declarations become per-block arena slots.
 
     ``__shared__ T a[N][M];`` in a function becomes a reference to slot ``k`` of the block's
     arena, allocated (and filled with 0xFF) by the first thread that executes the declaration;
     ``extern __shared__ T d[];`` points at the launch's dynamic shared memory. At file scope
-    the name becomes a macro for the same expression. Returns ``(name, type)`` per site.
+    the name becomes a macro for the same expression. Returns ``(name, type)`` per site and
+    per dynamic declaration.
     """
     site = 0
     sites: list[tuple[str, str]] = []
+    dynamic_decls: list[tuple[str, str]] = []
     for m in re.finditer(r"\b__shared__\b", s.mask):
         st = _statement_start(s.mask, m.start())
         end = s.mask.find(";", m.end())
@@ -434,6 +440,7 @@ def _rewrite_shared(s: _Source) -> list[tuple[str, str]]:
             if dynamic:
                 expr = f"(pf_dyn_shared<{typ}>())"
                 decl = f"{typ}* const {name} = {expr};"
+                dynamic_decls.append((name, typ))
             else:
                 full = f"{typ} {dims}" if dims else typ
                 ptr = f"{typ} (*){dims}" if dims else f"{typ}*"
@@ -449,7 +456,7 @@ def _rewrite_shared(s: _Source) -> list[tuple[str, str]]:
             s.edit(st, end + 1, " ".join(out) + "\n" * s.src.count("\n", st, end))
     if site > 512:
         raise EmulatorError("emulator: more than 512 __shared__ declarations in one source")
-    return sites
+    return sites, dynamic_decls
 
 
 def _rewrite_local_pointers(s: _Source) -> None:
@@ -871,7 +878,7 @@ class EmulatedModule:
         module: int,
         text: str,
         racecheck: bool = False,
-        shared: Sequence[tuple[str, str]] = (),
+        shared: tuple[Sequence[tuple[str, str]], Sequence[tuple[str, str]]] = ((), ()),
     ):
         self.emulator = emulator
         #: The compiled library.
@@ -880,7 +887,8 @@ class EmulatedModule:
         self.from_cache = from_cache
         #: True for a race-check build: every run also checks for data races (RaceError).
         self.racecheck = racecheck
-        self._shared = tuple(shared)
+        #: (name, type) of the static __shared__ sites and of the extern __shared__ arrays.
+        self._shared, self._dynamic = tuple(shared[0]), tuple(shared[1])
         self._module = module
         self._kernels: dict[str, tuple[int, KernelSignature]] = {}
         for i, line in enumerate(text.splitlines()):
@@ -1075,6 +1083,9 @@ class EmulatedModule:
             if index >= 0 and index < len(self._shared):
                 memory, typ = self._shared[index]
                 item = _CTYPE_SIZES.get(" ".join(typ.replace("const", "").split()), 0)
+            elif index == -1 and len(set(self._dynamic)) == 1:  # one extern __shared__ array
+                memory, typ = self._dynamic[0]
+                item = _CTYPE_SIZES.get(" ".join(typ.replace("const", "").split()), 0)
             else:
                 memory, item = ("dynamic shared memory" if index == -1 else "shared memory"), 0
         else:
@@ -1258,7 +1269,8 @@ class Emulator:
                 else:
                     _compile(self.cxx, KERNEL_FLAGS, cpp, out, ["-include", str(_HEADER)])
             module, text = self._server.load(out)
-            mod = EmulatedModule(self, out, from_cache, module, text, racecheck, pre.shared)
+            shared = (pre.shared, pre.dynamic)
+            mod = EmulatedModule(self, out, from_cache, module, text, racecheck, shared)
             self._modules[key] = mod
             return mod
 

@@ -124,6 +124,38 @@ def test_shared_write_write(emu):
     np.testing.assert_array_equal(y, np.full(32, 2 * x[0], np.float32))
 
 
+# Tree reduction in dynamic shared memory, missing the barrier between its steps.
+TREE = r"""
+extern "C" __global__ void tree(const float* __restrict__ x, float* __restrict__ out) {
+  extern __shared__ float part[];
+  int t = threadIdx.x;
+  part[t] = x[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) part[t] += part[t + s];
+    STEP;
+  }
+  if (t == 0) out[blockIdx.x] = part[0];
+}
+"""
+
+
+def test_dynamic_shared_memory_race(emu):
+    x, out = rand(2 * 64), np.zeros(2, np.float32)
+    launch = Launch("tree", (2, 1, 1), (64, 1, 1), ("x", "o"), shared_bytes=64 * 4)
+    racy = emu.load("#define STEP (void)0\n" + TREE, racecheck=True)
+    with pytest.raises(RaceError) as info:
+        racy.run([launch], {"x": x, "o": out})
+    e = info.value
+    assert (e.kernel, e.memory, e.space) == ("tree", "part", "shared")
+    line = line_of("#define STEP (void)0\n" + TREE, "part[t] += part[t + s]")
+    assert e.lines == (line, line) and "extern __shared__" not in str(e)
+    assert f"__shared__ 'part' element {e.element}" in str(e)
+    fixed = emu.load("#define STEP __syncthreads()\n" + TREE, racecheck=True)
+    fixed.run([launch], {"x": x, "o": out})
+    np.testing.assert_allclose(out, x.reshape(2, 64).sum(1), rtol=1e-5, atol=1e-5)
+
+
 GLOBAL = r"""
 // Every thread of every block stores its block's flag: threads of one block collide.
 extern "C" __global__ void flag(float* __restrict__ y) {
