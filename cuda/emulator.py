@@ -78,13 +78,14 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from polyfuse.errors import CallError, CompilerNotFound, EmulatorError, RaceError
+from polyfuse.store import Store, write_atomic
 
 from .launch import Launch, LaunchTraffic, marshal
 
@@ -589,6 +590,20 @@ def _compile(
         first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "failed")
         raise EmulatorError(f"emulator: {Path(cxx).name} rejected {src.name}: {first} (log: {log})")
     os.replace(tmp, out)
+
+
+def _cached_build(directory: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """``(path, from_cache)`` of the library ``name``, built by ``build(path)`` unless the
+    cache holds a copy that matches its checksum (a corrupt or half-written one is rebuilt);
+    one process builds a name at a time (see :mod:`polyfuse.store`)."""
+    store = Store(directory, "emulator", _ABI_VERSION, fan_out=False)
+    if (hit := store.read_artifact(name)) is not None:
+        return hit, True
+    with store.lock(name):
+        if (hit := store.read_artifact(name)) is not None:  # another process built it
+            return hit, True
+        build(store.path(name))
+        return store.commit_artifact(name), False
 
 
 # --------------------------------------------------------------------------------------------
@@ -1162,14 +1177,14 @@ def _source_lines(library: Path, pcs: Sequence[int]) -> tuple[int | None, int | 
     except (OSError, subprocess.TimeoutExpired):
         return out[0], out[1]
     k = -1
-    src = library.with_suffix(".cpp").name
     for line in proc.stdout.splitlines():
         if line.startswith("0x"):
             k += 1
             continue
         file, _, num = line.rpartition(":")
         num = num.split()[0] if num else ""
-        if 0 <= k < 2 and out[k] is None and Path(file).name == src and num.isdigit():
+        # The kernel source is the one .cpp file (the header and system headers are not).
+        if 0 <= k < 2 and out[k] is None and Path(file).suffix == ".cpp" and num.isdigit():
             out[k] = int(num)
     return out[0], out[1]
 
@@ -1236,10 +1251,13 @@ class Emulator:
         key = _hash(
             "server", str(_ABI_VERSION), self._cxx_id, " ".join(SERVER_FLAGS), self._header, src
         )
-        out = self.cache_dir / f"server-{key}"
-        if not out.exists():
-            _compile(self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"])
-        return out
+        return _cached_build(
+            self.cache_dir,
+            f"server-{key}",
+            lambda out: _compile(
+                self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"]
+            ),
+        )[0]
 
     def load(self, source: str, racecheck: bool = False) -> EmulatedModule:
         """Compile (or take from the cache) the CUDA translation unit ``source``.
@@ -1256,11 +1274,10 @@ class Emulator:
             mod = self._modules.get(key)
             if mod is not None:
                 return mod
-            out = self.cache_dir / f"k-{key}.so"
-            from_cache = out.exists()
-            if not from_cache:
-                cpp = self.cache_dir / f"k-{key}.cpp"
-                cpp.write_text(pre.source)
+
+            def build(out: Path) -> None:
+                cpp = out.with_suffix(".cpp")
+                write_atomic(cpp, pre.source.encode())
                 if racecheck:  # compile, then link without libtsan (pf_emu.h has the hooks)
                     obj = out.with_suffix(".o")
                     _compile(self.cxx, RACECHECK_FLAGS, cpp, obj, ["-include", str(_HEADER)])
@@ -1268,6 +1285,8 @@ class Emulator:
                     obj.unlink(missing_ok=True)
                 else:
                     _compile(self.cxx, KERNEL_FLAGS, cpp, out, ["-include", str(_HEADER)])
+
+            out, from_cache = _cached_build(self.cache_dir, f"k-{key}.so", build)
             module, text = self._server.load(out)
             shared = (pre.shared, pre.dynamic)
             mod = EmulatedModule(self, out, from_cache, module, text, racecheck, shared)
