@@ -677,7 +677,7 @@ struct ShadowByte {
 };
 
 struct GlobalShadow {
-  Access w, r;
+  Access w, r1, r2;  // last writer; two distinct readers, replaced only once ordered before now
 };
 
 struct GlobalShadows {
@@ -787,6 +787,18 @@ void race_shared(Worker* w, const Fiber* f, const void* p, uint64_t size, int ac
   }
 }
 
+inline bool same_thread(const Access& a, const Access& c) {
+  return a.block == c.block && a.thread == c.thread;
+}
+// Whether reader record a still matters to accesses from now on: it exists and no barrier of
+// its own block has passed since (a reader of another block stays relevant all launch).
+inline bool live(const Access& a, const Access& c) {
+  return a.block && !(a.block == c.block && a.epoch != c.epoch);
+}
+inline bool needs_reader(const GlobalShadow& g, const Access& c) {
+  return !live(g.r1, c) || (!same_thread(g.r1, c) && !live(g.r2, c));
+}
+
 void api_race_global(const pf_buf* b, uint64_t off, uint64_t size, int access, const void* pc) {
   Worker* w = t_worker;
   if (!w || !w->running) return;
@@ -810,16 +822,26 @@ void api_race_global(const pf_buf* b, uint64_t off, uint64_t size, int access, c
   GlobalShadow* sh = __atomic_load_n(&gs.s, __ATOMIC_ACQUIRE);
   const Access c = access_now(w, w->running, pc);
   for (uint64_t e = off >> b->shift, last = (off + size - 1) >> b->shift; e <= last && e < nel; ++e) {
+    GlobalShadow& g = sh[e];
+    // Reads of elements whose reader slots are taken and that no other thread wrote take no
+    // lock and store nothing (many blocks reading one input would otherwise contend).
+    if (access == PF_READ && !conflict(g.w, c, false) && !needs_reader(g, c)) continue;
     std::atomic<uint32_t>& l = g_glocks[e % 1024];
     while (l.exchange(1, std::memory_order_acquire)) {
     }
-    GlobalShadow& g = sh[e];
     int kind = -1;
     Access other{};
     if (conflict(g.w, c, false)) kind = access == PF_WRITE ? 2 : 0, other = g.w;
-    else if (access == PF_WRITE && conflict(g.r, c, false)) kind = 1, other = g.r;
-    if (access == PF_WRITE) g.w = c;
-    else g.r = c;
+    else if (access == PF_WRITE && conflict(g.r1, c, false)) kind = 1, other = g.r1;
+    else if (access == PF_WRITE && conflict(g.r2, c, false)) kind = 1, other = g.r2;
+    if (access == PF_WRITE) {
+      g.w = c;
+    } else if (!live(g.r1, c)) {
+      g.r1 = c;
+      if (!live(g.r2, c)) g.r2 = Access{};
+    } else if (!same_thread(g.r1, c) && !live(g.r2, c)) {
+      g.r2 = c;
+    }
     l.store(0, std::memory_order_release);
     if (kind >= 0) race(kind, 1, int(bi), e << b->shift, size, other, c);
   }
