@@ -23,6 +23,7 @@ import numpy as np
 from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
 from polyfuse.compiled import CompiledGraph, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
 from polyfuse.errors import ExpressionError, ScheduleError
@@ -37,9 +38,11 @@ from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
-from polyfuse.poly.placement import place_shared, place_tensors
+from polyfuse.poly.placement import Placement, place_shared, place_tensors
+from polyfuse.poly.promote import build_gemm_kernel, gemm_placements
 from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.tiling import choose_gemm_tiles, detect_gemm
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
@@ -228,6 +231,28 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     return sm
 
 
+def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: MappingConfig):
+    """The register/shared-tiled kernel of a GEMM-like micrograph, or None (not GEMM-like)."""
+    shape = detect_gemm(sm)
+    if isinstance(shape, str):
+        return None
+    gk = build_gemm_kernel(sm, shape, choose_gemm_tiles(shape, device, cfg.gemm_tile))
+    if isinstance(gk, str):
+        return None
+    pl = gemm_placements(gk)
+    kp = KernelPlan(kname, [gk], pl)
+    ast, body = generate_gemm_ast(gk)
+    kernel = print_gemm_kernel(kname, gk, body, pl, graph.idents)
+    kernel.notes.extend(gk.notes)
+    as_global = {
+        k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
+    }
+    fp = global_footprint(gk.scheduled.model, as_global)
+    kernel.bytes_read = sum(fp.reads.values())
+    kernel.bytes_written = sum(fp.writes.values())
+    return kernel, kp, gk, ast
+
+
 def _generate(graph, g, kname: str, device, cfg: MappingConfig):
     """Lay out, place, generate and print one kernel group (a cache miss)."""
     mm = ensure_layout(graph, g)
@@ -248,6 +273,9 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         mm.notes.extend(notes)
     else:
         (sm,) = g.parts
+        gemm = _generate_gemm(sm, kname, device, graph, cfg)
+        if gemm is not None:
+            return gemm
         mm = map_to_gpu(sm, cfg)
         pl = place_tensors(mm)
     kp = KernelPlan(kname, [mm], pl)
