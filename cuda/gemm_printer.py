@@ -54,7 +54,7 @@ class _GemmBody(BodyPrinter):
 
 
 def _unrollable(n: KFor) -> bool:
-    return isinstance(n.init, KInt) and n.var.startswith(("kk", "ii"))
+    return isinstance(n.init, KInt) and n.var.startswith("ii")
 
 
 def print_gemm_kernel(

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
@@ -160,8 +159,11 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         fp = hull.intersect_domain(tile).range().intersect_params(ranges).coalesce()
         lo_t, lo_c, size = [], [], []
         for i in range(fp.dim(isl.dim_type.set)):
-            lo, hi = fp.dim_min(i), fp.dim_max(i)
-            span = hi.sub(lo).max_val()
+            try:
+                lo, hi = fp.dim_min(i), fp.dim_max(i)
+                span = hi.sub(lo).max_val()
+            except isl.Error:  # e.g. grouped conv: the subscript's hull is not bounded
+                return f"the footprint of {name} is not bounded per tile"
             txt = _aff_text(lo)
             if not span.is_int() or txt is None:
                 return f"the footprint of {name} has no fixed-size box"
@@ -234,59 +236,41 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     def tailv(vals: list[str]) -> str:
         return ", ".join(vals + ["0"] * (tail_n - len(vals)))
 
-    root = sm.schedule.get_root()
-    part = isl.UnionMap.from_multi_union_pw_aff(root.child(0).band_get_partial_schedule())
-
     def tiled(stmt: Statement, out: str, cons: list[str], pad: list[str]) -> isl.UnionMap:
-        stmt_part = None
-        for m in maps_of(part):
-            if m.get_tuple_name(isl.dim_type.in_) == stmt.name:
-                stmt_part = m
-        assert stmt_part is not None
-        nv = stmt_part.dim(isl.dim_type.out)
-        # isl's band is in the update's loop order (checked by detect_gemm): its members are
-        # the data dims, then the reduction dims, then possibly constant members.
-        vs = (ds + rs + [f"v{i}" for i in range(nv)])[:nv]
+        # detect_gemm checked that isl's band runs the data dims of every statement in this
+        # order (reduction dims after them): the tiling map applies to the loop vector.
+        dims = ds + (rs if stmt.role == "update" else [])
         tmap = isl.Map(
-            f"[{P}] -> {{ [{_ints(vs)}] -> [{out}] : {' and '.join(cons) or 'true'} }}",
+            f"[{P}] -> {{ {stmt.name}[{_ints(dims)}] -> [{out}] : "
+            f"{' and '.join(cons)} and {' and '.join(pad)} }}",
             context=ctx,
         )
-        dims = ds + (rs if stmt.role == "update" else [])
-        pdom = isl.Set(f"{{ {stmt.name}[{_ints(dims)}] : {' and '.join(pad)} }}", context=ctx)
-        sp = stmt_part.reset_tuple_id(isl.dim_type.out)
-        if not pdom.is_subset(sp.domain()):
-            raise ValueError("band not defined on the padded domain")
-        got = sp.intersect_domain(pdom).apply_range(tmap)
-        return isl.UnionMap.from_map(got)
+        return isl.UnionMap.from_map(tmap)
 
-    umap = None
-    try:
-        up = tiled(
-            shape.update,
-            f"{_ints(kts)}, 2, 0, {tailv(kks + iis)}",
-            on_thread + on_ktile,
-            dpad + rpad,
+    up = tiled(
+        shape.update,
+        f"{_ints(kts)}, 2, 0, {tailv(kks + iis)}",
+        on_thread + on_ktile,
+        dpad + rpad,
+    )
+    umap = up
+    umap = umap.union(
+        tiled(
+            shape.init,
+            f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + iis)}",
+            on_thread,
+            dpad,
         )
-        umap = up
+    )
+    for pos, s in enumerate(shape.epilogue):
         umap = umap.union(
             tiled(
-                shape.init,
-                f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + iis)}",
+                s,
+                f"{_ints([str(k) for k in KT])}, 0, 0, {tailv(['0'] * nr + iis + [str(pos)])}",
                 on_thread,
                 dpad,
             )
         )
-        for pos, s in enumerate(shape.epilogue):
-            umap = umap.union(
-                tiled(
-                    s,
-                    f"{_ints([str(k) for k in KT])}, 0, 0, {tailv(['0'] * nr + iis + [str(pos)])}",
-                    on_thread,
-                    dpad,
-                )
-            )
-    except ValueError as e:
-        return str(e)
     for sub, (cstmt, cdom, n) in enumerate(copy_doms):
         es = [f"e{i}" for i in range(n)]
         cm = isl.Map(

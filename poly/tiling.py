@@ -188,24 +188,29 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     band = root.child(0) if root.has_children() else None
     if band is None or band.get_type() != isl.schedule_node_type.band:
         return "no outer band"
-    if not band.band_get_permutable() or band.band_n_member() < nd + nr:
-        return "the outer band is not permutable over all loops"
+    # The data members must lead isl's permutable band, coincident and in the update's loop
+    # order; the reduction members may follow in this band or in nested ones (a sum may be
+    # reassociated, so the k-tiled order of its terms is legal too).
+    nb = band.band_n_member()
+    if not band.band_get_permutable() or nb < nd:
+        return "the outer band is not permutable over the data dims"
     if not all(band.band_member_get_coincident(i) for i in range(nd)):
         return "data members are not coincident"
     part = isl.UnionMap.from_multi_union_pw_aff(band.band_get_partial_schedule())
-    ud = isl.UnionSet.from_set(up.domain)
-    ident = isl.Map.identity(isl.Space.map_from_set(up.domain.get_space())).intersect_domain(
-        up.domain
-    )
-    got = part.intersect_domain(ud)
-    lst = got.get_map_list()
-    if lst.n_map() != 1:
-        return "unexpected band"
-    gm = lst.get_at(0)
-    if gm.dim(isl.dim_type.out) < nd + nr or not gm.project_out(
-        isl.dim_type.out, nd + nr, gm.dim(isl.dim_type.out) - nd - nr
-    ).reset_tuple_id(isl.dim_type.out).is_equal(ident.reset_tuple_id(isl.dim_type.out)):
-        return "isl's band is not in the loop order of the update"
+    for s in [init, up, *epilogue]:
+        got = part.intersect_domain(isl.UnionSet.from_set(s.domain))
+        lst = got.get_map_list()
+        if lst.n_map() != 1:
+            return "unexpected band"
+        gm = lst.get_at(0).reset_tuple_id(isl.dim_type.out)
+        gm = gm.project_out(isl.dim_type.out, nd, gm.dim(isl.dim_type.out) - nd)
+        dims = ", ".join(f"i{k}" for k in range(s.dims))
+        data_ids = ", ".join(f"i{k}" for k in range(nd))
+        want = isl.Map(
+            f"{{ {s.name}[{dims}] -> [{data_ids}] }}", context=s.domain.get_ctx()
+        ).intersect_domain(s.domain)
+        if not gm.is_equal(want):
+            return f"isl's band is not the data loops of {s.name}"
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
@@ -223,8 +228,12 @@ def choose_gemm_tiles(
     # The two innermost data dims that some operand reuses form the matrix (m, n) plane;
     # other data dims (batch, heads, conv's n/oh) get block tiles of 1.
     reused = sorted({d for r in shape.reuse for d in r})
+    # Columns: the innermost data dim (coalesced stores). Rows: a dim along which the operand
+    # that depends on the columns is reused (matmul: A's rows; conv: output channels).
     n_dim = nd - 1
-    m_dim = next((d for d in reversed(range(nd - 1)) if ext[d] > 1), nd - 2)
+    col_ops = [r for r in shape.reuse if n_dim not in r and r]
+    rows = sorted({d for r in col_ops for d in r if d != n_dim and ext[d] > 1})
+    m_dim = rows[-1] if rows else next((d for d in reversed(range(nd - 1)) if ext[d] > 1), nd - 2)
     reasons = [
         f"matrix plane: data dims {m_dim} (rows, extent {ext[m_dim]}) x {n_dim} "
         f"(columns, extent {ext[n_dim]}); reused dims {reused}"
