@@ -279,16 +279,19 @@ def choose_gemm_tiles(
         waves = -(-blocks // (device.sms * occ_blocks))
         kpad = -(-rext[kin] // kt) * kt * k_other
         flops_block = 2.0 * bm * bn * kpad
-        # per-SM FP32 rate, shared by the resident blocks; the micro-tile's
-        # shared loads per FMA ((tm + tn) / (tm * tn)) cost issue slots.
+        # Per SM: its share of blocks (wave quantisation), at the SM's FP32 rate. The
+        # micro-tile issues (tm + tn) / (tm * tn) shared loads per FMA, and the shared-load
+        # pipe runs at 1/4 of the FMA pipe; latency shows unless resident warps times the
+        # independent FMAs per thread (the micro-tile, up to 8) reach 64.
         rate = device.fp32_tflops * 1e12 / device.sms
         lds = (tm + tn) / (tm * tn)
-        occ_thr = occ_blocks * thr
-        lat = max(1.0, 512.0 / occ_thr)  # too few warps to hide latency
-        t_block = flops_block * (1.0 + 2.0 * lds) * lat / rate
+        per_sm = -(-blocks // device.sms)
+        resident = min(occ_blocks, per_sm) * thr
+        lat = max(1.0, 64.0 / (resident / 32 * min(tm * tn, 8)))
+        t_compute = per_sm * flops_block * max(1.0, 4.0 * lds) * lat / rate
         bytes_total = 4.0 * blocks * (bm + bn) * kpad
         t_mem = bytes_total / (device.dram_gbps * 1e9)
-        t = max(waves * occ_blocks * t_block, t_mem) + device.launch_us * 1e-6
+        t = max(t_compute, t_mem) + device.launch_us * 1e-6
         cand = (t, -thr, bm, bn, tm, tn, kt, regs, smem, occ_blocks, waves, blocks)
         if best is None or cand < best:
             best = cand
@@ -305,6 +308,7 @@ def choose_gemm_tiles(
         f"({tm * tn} accumulators), k-tile {kt}: modelled {t * 1e6:.1f} us on {device.name}",
         f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
         f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
-        f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA",
+        f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "
+        f"(shared-load pipe at 1/4 of the FMA rate)",
     ]
     return GemmTiling(block, threads, tk, reasons, t * 1e6)

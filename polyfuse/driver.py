@@ -273,7 +273,7 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         mm.notes.extend(notes)
     else:
         (sm,) = g.parts
-        gemm = _generate_gemm(sm, kname, device, graph, cfg)
+        gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
         if gemm is not None:
             return gemm
         mm = map_to_gpu(sm, cfg)
