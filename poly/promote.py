@@ -92,7 +92,13 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     B, T, R, TK = tiling.block, tiling.threads, tiling.regs, tiling.tk
     G = [-(-(hi - lo + 1) // b) for (lo, hi), b in zip(shape.data, B, strict=True)]
     KT = [-(-(hi - lo + 1) // k) for (lo, hi), k in zip(shape.red, TK, strict=True)]
-    bs, ts = [f"b{i}" for i in range(nd)], [f"t{i}" for i in range(nd)]
+    # Block/thread coordinates of extent 1 are the constant 0, not isl parameters (every
+    # parameter costs isl's AST generator time).
+    bs = [f"b{i}" if g > 1 else "0" for i, g in enumerate(G)]
+    ts = [f"t{i}" if t > 1 else "0" for i, t in enumerate(T)]
+    bused = [(b, g) for b, g in zip(bs, G, strict=True) if g > 1]
+    tused = [(t, n) for t, n in zip(ts, T, strict=True) if n > 1]
+    bnames = [b for b, _ in bused]
     kts = [f"kt{j}" for j in range(nr)]
     kks = [f"kk{j}" for j in range(nr)]
     iis = [f"ii{i}" for i in range(nd)]
@@ -108,8 +114,11 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         f"{lo} <= {r} < {lo + k * t}"
         for r, (lo, _), k, t in zip(rs, shape.red, KT, TK, strict=True)
     ]
+    # (terms of size-1 thread or register extents are left out: fewer isl variables)
     on_thread = [
-        f"{d} = {lo} + {b} * {bb} + {t} + {tt} * {ii} and 0 <= {ii} < {rr}"
+        f"{d} = {lo} + {b} * {bb}"
+        + (f" + {t}" if tt > 1 else "")
+        + (f" + {tt} * {ii} and 0 <= {ii} < {rr}" if rr > 1 else "")
         for d, (lo, _), b, bb, t, tt, ii, rr in zip(
             ds, shape.data, B, bs, ts, T, iis, R, strict=True
         )
@@ -120,7 +129,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     ]
 
     # Shared-memory promotions: footprint of the padded block tile per k-tile.
-    ppar = ", ".join(bs + kts)
+    ppar = ", ".join(bnames + kts)
     tile = isl.Set(
         f"[{ppar}] -> {{ {shape.update.name}[{_ints(ds + rs)}] : "
         + " and ".join(
@@ -139,8 +148,9 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     ranges = isl.Set(
         f"[{ppar}] -> {{ : "
         + " and ".join(
-            [f"0 <= {b} < {g}" for b, g in zip(bs, G, strict=True)]
+            [f"0 <= {b} < {g}" for b, g in bused]
             + [f"0 <= {k} < {n}" for k, n in zip(kts, KT, strict=True)]
+            + ["0 = 0"]
         )
         + " }",
         context=ctx,
@@ -195,9 +205,15 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         if len(size) >= 2:
             dist.append(f"exists (q{k}r: {es[-2]} = {lo_t[-2]} + {pr} + {rows} * q{k}r)")
         cstmt = f"C_{name}"
-        fpk = fp.move_dims(isl.dim_type.set, 0, isl.dim_type.param, nd, nr)
+        fpk = fp
+        for j, kt in enumerate(kts):  # the k-tile parameters become the copy's outer dims
+            pos = fpk.get_space().find_dim_by_name(isl.dim_type.param, kt)
+            if pos < 0:
+                fpk = fpk.insert_dims(isl.dim_type.set, j, 1).set_dim_name(isl.dim_type.set, j, kt)
+            else:
+                fpk = fpk.move_dims(isl.dim_type.set, j, isl.dim_type.param, pos, 1)
         fpk = fpk.set_tuple_name(cstmt)
-        par2 = ", ".join(bs + [pr, pc])
+        par2 = ", ".join(bnames + [pr, pc])
         distset = isl.Set(
             f"[{par2}] -> {{ {cstmt}[{_ints(kts + es)}] : {' and '.join(dist)} }}", context=ctx
         )
@@ -227,10 +243,12 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         )
 
     # Tiled schedule: isl's band composed with the tiling map (fixed width W).
-    tail_n = max([nr + nd + 1] + [n for _, _, n in copy_doms])
-    tail_names = kks + iis + ["pos"] + [f"x{i}" for i in range(tail_n - nr - nd - 1)]
+    # Only register dims (R > 1) get a micro-tile loop in the schedule.
+    regs = [ii for ii, r in zip(iis, R, strict=True) if r > 1]
+    tail_n = max([nr + len(regs) + 1] + [n for _, _, n in copy_doms])
+    tail_names = kks + regs + ["pos"] + [f"x{i}" for i in range(tail_n - nr - len(regs) - 1)]
     iterators = kts + ["ph", "sub"] + tail_names
-    params = bs + ts + [p for pr in promotions for p in pr.params]
+    params = bnames + [t for t, _ in tused] + [p for pr in promotions for p in pr.params]
     P = ", ".join(params)
 
     def tailv(vals: list[str]) -> str:
@@ -249,7 +267,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
 
     up = tiled(
         shape.update,
-        f"{_ints(kts)}, 2, 0, {tailv(kks + iis)}",
+        f"{_ints(kts)}, 2, 0, {tailv(kks + regs)}",
         on_thread + on_ktile,
         dpad + rpad,
     )
@@ -257,7 +275,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     umap = umap.union(
         tiled(
             shape.init,
-            f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + iis)}",
+            f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
             on_thread,
             dpad,
         )
@@ -266,7 +284,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         umap = umap.union(
             tiled(
                 s,
-                f"{_ints([str(k) for k in KT])}, 0, 0, {tailv(['0'] * nr + iis + [str(pos)])}",
+                f"{_ints([str(k) for k in KT])}, 0, 0, {tailv(['0'] * nr + regs + [str(pos)])}",
                 on_thread,
                 dpad,
             )
@@ -286,13 +304,13 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 context=ctx,
             )
         )
-    cons = [f"0 <= {b} < {g}" for b, g in zip(bs, G, strict=True)]
-    cons += [f"0 <= {t} < {n}" for t, n in zip(ts, T, strict=True)]
+    cons = [f"0 <= {b} < {g}" for b, g in bused]
+    cons += [f"0 <= {t} < {n}" for t, n in tused]
     for pr in promotions:
         cons += [f"0 <= {pr.params[0]} < {pr.thread_grid[0]}"]
         cons += [f"0 <= {pr.params[1]} < {pr.thread_grid[1]}"]
     context = isl.Set(f"[{P}] -> {{ : {' and '.join(cons)} }}", context=ctx)
-    umap = umap.intersect_params(context).coalesce()
+    umap = umap.coalesce()  # the context (parameter ranges) goes to the AST build
     guards = {
         s.name: [
             (lo, hi) if lo + g * b - 1 > hi else (lo, None)  # type: ignore[misc]
@@ -300,7 +318,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         ]
         for s in shape.epilogue
     }
-    reg_iters = [ii for ii, r in zip(iis, R, strict=True) if r > 1]
+    reg_iters = regs
     notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
     notes.append(
         f"epilogue on the register tile before the single store: "
@@ -310,10 +328,10 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         sm,
         isl.Schedule.from_domain(umap.domain()),
         context,
-        bs,
-        ts,
-        G,
-        T,
+        bnames,
+        [t for t, _ in tused],
+        [g for _, g in bused],
+        [n for _, n in tused],
         shape.data,
         notes=notes,
         shape=shape,
