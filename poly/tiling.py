@@ -160,14 +160,21 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
         if not _is_box(s.domain):
             return f"{s.name}'s domain is not a box"
         for _r, m in s.reads:
+            # Values computed inside the micrograph are read at the statement's own element
+            # (they live in one register per micro-tile iteration).
             name = m.get_tuple_name(isl.dim_type.out)
-            if model.tensors[name].role != "input" and not m.is_equal(
-                isl.Map.identity(m.get_space())
-                .intersect_domain(s.domain)
-                .set_tuple_name(isl.dim_type.out, name)
+            if model.tensors[name].role == "input":
+                continue
+            writer = next(
+                w
+                for w in model.statements
+                if w.write.get_tuple_name(isl.dim_type.out) == name and w.dims == nd
+            )
+            wrote = writer.write.set_tuple_name(isl.dim_type.in_, s.name)
+            if not m.reset_tuple_id(isl.dim_type.out).is_equal(
+                wrote.reset_tuple_id(isl.dim_type.out)
             ):
-                if _box(m.range()) != data or not m.is_bijective():
-                    return f"{s.name} reads {name} at another element"
+                return f"{s.name} reads {name} at another element"
     factors = _factors(red.body)
     if not all(_zero_padded_read(f) for f in factors):
         return "the update is not a product of reads"

@@ -249,3 +249,14 @@ def test_memory_bound_suite_kernels_unchanged():
             fn = polyfuse.compile(inputs=ins, outputs=outs, check_cuda=False, mapping=cfg)
             srcs.append([k.source for k in fn.kernels])
         assert srcs[0] == srcs[1], name
+
+
+def test_batched_matmul_with_unit_batch_dim_and_epilogue():
+    # Regression: size-1 dims are not loop dims, so the accumulator's subscript has more
+    # dims than the statement; detection used to crash in isl (identity of unequal spaces).
+    a = te.placeholder((1, 2, 33, 16), name="a")
+    b = te.placeholder((1, 2, 16, 40), name="b")
+    fn = polyfuse.compile(inputs=[a, b], outputs=[ops.mul(ops.matmul(a, b), 0.5)], check_cuda=False)
+    assert len(_gemm_kernels(fn)) == 1
+    arrays = _rng_arrays((1, 2, 33, 16), (1, 2, 16, 40))
+    _check_all_orders(fn, arrays, 0.5 * (arrays[0].astype(np.float64) @ arrays[1]))
