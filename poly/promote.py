@@ -80,6 +80,17 @@ def _aff_text(pa: isl.PwAff) -> str | None:
     return s[i + 2 : j] if i >= 0 and j > i else None
 
 
+def _access_function(acc: isl.Map) -> isl.Map:
+    """The read's subscripts without the domain's bounds, valid on the padded tiles.
+
+    Its affine hull when that is a function (affine subscripts; conv's padding guard is
+    dropped, so out-of-array elements are copied as zeros); otherwise (grouped conv's channel,
+    a floor division) the access gisted by its own domain.
+    """
+    hull = isl.Map.from_basic_map(acc.affine_hull())
+    return hull if hull.is_single_valued() else acc.gist_domain(acc.domain())
+
+
 def _pow2_ceil(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
@@ -165,7 +176,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         seen.add(name)
         if not reuse:
             return f"{name} is not reused across threads: not promoted"
-        hull = isl.Map.from_basic_map(acc.affine_hull())
+        hull = _access_function(acc)
         fp = hull.intersect_domain(tile).range().intersect_params(ranges).coalesce()
         lo_t, lo_c, size = [], [], []
         for i in range(fp.dim(isl.dim_type.set)):

@@ -152,14 +152,26 @@ def test_conv_implicit_gemm(stride, padding, dilation, groups):
         )
     )
     fn = polyfuse.compile(inputs=[x, w, b], outputs=[y], check_cuda=False)
-    # Grouped conv indexes channels through a floor division: its footprint has no fixed
-    # box per tile, so it keeps the one-element-per-thread kernel (still correct).
-    assert len(_gemm_kernels(fn)) == (1 if groups == 1 else 0)
+    # (grouped conv indexes input channels through a floor division of the output channel)
+    assert len(_gemm_kernels(fn)) == 1
     arrays = _rng_arrays((n, c, h, wd), (o, c // groups, 3, 3), (o, 1, 1))
     want = np.maximum(
         _conv_ref(arrays[0], arrays[1], stride, padding, dilation, groups) + arrays[2], 0
     )
     _check_all_orders(fn, arrays, want)
+
+
+def test_depthwise_conv_is_not_gemm_like():
+    # Each output channel reads its own input channel: only the weights are reused across
+    # threads, so the micrograph is memory-bound and keeps its kernel.
+    x = te.placeholder((2, 8, 11, 13), name="x")
+    w = te.placeholder((8, 1, 3, 3), name="w")
+    fn = polyfuse.compile(
+        inputs=[x, w], outputs=[ops.conv2d(x, w, padding=1, groups=8)], check_cuda=False
+    )
+    assert not _gemm_kernels(fn)
+    arrays = _rng_arrays((2, 8, 11, 13), (8, 1, 3, 3))
+    _check_all_orders(fn, arrays, _conv_ref(arrays[0], arrays[1], 1, 1, 1, 8))
 
 
 def test_attention_products():
