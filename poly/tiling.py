@@ -225,10 +225,14 @@ def _pow2_at_most(n: int) -> int:
     return 1 << max(0, (max(1, n)).bit_length() - 1)
 
 
-def choose_gemm_tiles(
-    shape: GemmShape, device: DeviceSpec, forced: tuple[int, int, int, int, int] | None = None
-) -> GemmTiling:
-    """Tile sizes from the cost model (or ``forced``); the reasons name every choice."""
+def rank_gemm_tiles(
+    shape: GemmShape,
+    device: DeviceSpec,
+    forced: tuple[int, int, int, int, int] | None = None,
+    limit: int = 8,
+) -> list[GemmTiling]:
+    """The ``limit`` best tile sizes by the cost model (or ``forced``), best first, each with
+    the reasons for its choice."""
     nd = len(shape.data)
     ext = [hi - lo + 1 for lo, hi in shape.data]
     rext = [hi - lo + 1 for lo, hi in shape.red]
@@ -248,7 +252,7 @@ def choose_gemm_tiles(
     # Reduction tiles: the innermost reduction dim by TK, outer ones whole if short.
     kin = max(range(len(rext)), key=lambda j: rext[j])  # the longest reduction dim is tiled
     k_other = math.prod(rext) // rext[kin]  # the others stay whole inside a k-tile
-    best = None
+    cands: list[tuple] = []
     other = math.prod(ext[d] for d in range(nd) if d not in (m_dim, n_dim))
     space = [
         (bm, bn, tm, tn, tk)
@@ -299,23 +303,33 @@ def choose_gemm_tiles(
         bytes_total = 4.0 * blocks * (bm + bn) * kpad
         t_mem = bytes_total / (device.dram_gbps * 1e9)
         t = max(t_compute, t_mem) + device.launch_us * 1e-6
-        cand = (t, -thr, bm, bn, tm, tn, kt, regs, smem, occ_blocks, waves, blocks)
-        if best is None or cand < best:
-            best = cand
-    assert best is not None
-    t, _, bm, bn, tm, tn, kt, regs, smem, occ, waves, blocks = best
-    block = [1] * nd
-    threads = [1] * nd
-    block[m_dim], block[n_dim] = bm, bn
-    threads[m_dim], threads[n_dim] = bm // tm, bn // tn
-    tk = list(rext)
-    tk[kin] = kt
-    reasons += [
-        f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
-        f"({tm * tn} accumulators), k-tile {kt}: modelled {t * 1e6:.1f} us on {device.name}",
-        f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
-        f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
-        f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "
-        f"(shared-load pipe at 1/4 of the FMA rate)",
-    ]
-    return GemmTiling(block, threads, tk, reasons, t * 1e6)
+        cands.append((t, -thr, bm, bn, tm, tn, kt, regs, smem, occ_blocks, waves, blocks))
+    out = []
+    for rank, cand in enumerate(sorted(cands)[:limit]):
+        t, _, bm, bn, tm, tn, kt, regs, smem, occ, waves, blocks = cand
+        block = [1] * nd
+        threads = [1] * nd
+        block[m_dim], block[n_dim] = bm, bn
+        threads[m_dim], threads[n_dim] = bm // tm, bn // tn
+        tk = list(rext)
+        tk[kin] = kt
+        why = list(reasons)
+        if rank:
+            why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
+        why += [
+            f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
+            f"({tm * tn} accumulators), k-tile {kt}: modelled {t * 1e6:.1f} us on {device.name}",
+            f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
+            f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
+            f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "
+            f"(shared-load pipe at 1/4 of the FMA rate)",
+        ]
+        out.append(GemmTiling(block, threads, tk, why, t * 1e6))
+    return out
+
+
+def choose_gemm_tiles(
+    shape: GemmShape, device: DeviceSpec, forced: tuple[int, int, int, int, int] | None = None
+) -> GemmTiling:
+    """The cost model's best tile sizes (or ``forced``); the reasons name every choice."""
+    return rank_gemm_tiles(shape, device, forced, limit=1)[0]

@@ -55,7 +55,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
-from polyfuse.poly.tiling import choose_gemm_tiles, detect_gemm
+from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
@@ -258,9 +258,21 @@ def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: Mapp
     shape = detect_gemm(sm)
     if isinstance(shape, str):
         return None
-    gk = build_gemm_kernel(sm, shape, choose_gemm_tiles(shape, device, cfg.gemm_tile))
-    if isinstance(gk, str):
+    rejected: list[str] = []
+    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
+        gk = build_gemm_kernel(sm, shape, tiling)
+        if isinstance(gk, str):
+            return None
+        smem = 4 * sum(p.floats for p in gk.promotions)
+        if smem <= device.smem_per_block:
+            break
+        tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
+        rejected.append(
+            f"rejected {tile}: its shared tiles take {smem} B > {device.smem_per_block} B per block"
+        )
+    else:
         return None
+    gk.notes.extend(rejected)
     pl = gemm_placements(gk)
     kp = KernelPlan(kname, [gk], pl)
     ast, body = generate_gemm_ast(gk)
