@@ -172,6 +172,11 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     seen: set[str] = set()
     for k, ((name, acc), reuse) in enumerate(zip(shape.operands, shape.reuse, strict=True)):
         if name in seen:
+            first = next(m for n, m in shape.operands if n == name)
+            if not _access_function(first).is_equal(_access_function(acc)):
+                # One shared tile per tensor: a tensor read at two places (matmul(a, a))
+                # would need the union of two footprints.
+                return f"{name} is read through two different accesses: not promoted"
             continue
         seen.add(name)
         if not reuse:

@@ -140,6 +140,8 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     red = t.op.reduce if t.op is not None else None
     if red is None or red.op != "sum":
         return "the reduction is not a sum"
+    if any(r.tensor.dtype != "float32" for r, _ in up.reads if r is not None):
+        return "the operands are not float32"
     init = next(s for s in model.statements if s.prim == prim and s.role == "init")
     final = next(s for s in model.statements if s.prim == prim and s.role == "final")
     order = model.micrograph.prims

@@ -277,3 +277,12 @@ def test_batched_matmul_with_unit_batch_dim_and_epilogue():
     assert len(_gemm_kernels(fn)) == 1
     arrays = _rng_arrays((1, 2, 33, 16), (1, 2, 16, 40))
     _check_all_orders(fn, arrays, 0.5 * (arrays[0].astype(np.float64) @ arrays[1]))
+
+
+def test_operand_read_twice_keeps_correct_kernel():
+    # Regression: matmul(a, a) reads a through two accesses; promoting one footprint for both
+    # indexed the shared tile out of range (the emulator crashed).
+    a = te.placeholder((40, 40), name="a")
+    fn = polyfuse.compile(inputs=[a], outputs=[ops.matmul(a, a)], check_cuda=False)
+    (arr,) = _rng_arrays((40, 40))
+    _check_all_orders(fn, [arr], arr.astype(np.float64) @ arr)
