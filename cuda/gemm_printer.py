@@ -35,15 +35,21 @@ class _GemmBody(BodyPrinter):
     """Reads of promoted operands go to their shared tile; the accumulator to registers."""
 
     def __init__(self, gk: GemmKernel, placements: dict[str, Placement], idents: dict[int, str]):
-        super().__init__(placements, idents)
         self.prom = {p.tensor: p for p in gk.promotions}
+        # Outside the update (the epilogue) a promoted tensor is read from global memory.
+        as_global = {
+            k: Placement(k, "global", p.reason) if k in self.prom else p
+            for k, p in placements.items()
+        }
+        super().__init__(as_global, idents)
         self.acc = f"{gk.shape.update.prim}_acc"
         self.reg_index = "".join(f"[{v}]" for v in gk.reg_iters) or "[0]"
+        self.in_update = False  # only the update's reads are rewritten to the shared tiles
 
     def tensor_ref(self, ident, shape, idx, store=False):
         if ident == self.acc:
             return f"r_{ident}{self.reg_index}"
-        p = self.prom.get(ident)
+        p = self.prom.get(ident) if self.in_update else None
         if p is not None and not store:
             terms = [
                 f"({i} - {lo})" + (f" * {st}" if st != 1 else "")
@@ -96,6 +102,7 @@ def print_gemm_kernel(
             return copy(n)
         s = stmts[n.stmt]
         args = [c_index(a) for a in n.args]
+        bp.in_update = s.role == "update"
         text = bp.statement(s, args, s.prim)
         bounds = gk.guards.get(n.stmt, [])
         conds = [f"{a} <= {hi}" for a, (_, hi) in zip(args, bounds, strict=False) if hi is not None]

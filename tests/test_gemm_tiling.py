@@ -286,3 +286,13 @@ def test_operand_read_twice_keeps_correct_kernel():
     fn = polyfuse.compile(inputs=[a], outputs=[ops.matmul(a, a)], check_cuda=False)
     (arr,) = _rng_arrays((40, 40))
     _check_all_orders(fn, [arr], arr.astype(np.float64) @ arr)
+
+
+def test_epilogue_reads_promoted_operand_from_global():
+    # Regression: the epilogue's read of a (a residual that is also the left operand) was
+    # rewritten to a's shared k-tile (the CUDA did not even compile).
+    a, w = te.placeholder((40, 40), name="a"), te.placeholder((40, 40), name="w")
+    fn = polyfuse.compile(inputs=[a, w], outputs=[ops.add(ops.matmul(a, w), a)], check_cuda=False)
+    assert len(_gemm_kernels(fn)) == 1
+    arrays = _rng_arrays((40, 40), (40, 40))
+    _check_all_orders(fn, arrays, arrays[0].astype(np.float64) @ arrays[1] + arrays[0])
