@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from polyfuse.cuda.astgen import convert_node
+from polyfuse.cuda.astgen import convert_expr, convert_node
 from polyfuse.cuda.kernel_ast import KDef, Kernel, KFor, KIf, KInt, KMark, KNode, KParam, KStmt
 from polyfuse.cuda.printer import BodyPrinter, _decompose, c_index
 from polyfuse.poly.placement import Placement
@@ -36,6 +36,12 @@ class _GemmBody(BodyPrinter):
 
     def __init__(self, gk: GemmKernel, placements: dict[str, Placement], idents: dict[int, str]):
         self.prom = {p.tensor: p for p in gk.promotions}
+        # The boxes' lower bounds as C (the k-tile loops are named kt*, like isl's params).
+        build = isl.AstBuild.from_context(gk.tile_context)
+        self.lo = {
+            p.tensor: [c_index(convert_expr(build.expr_from_pw_aff(lo))) for lo in p.lo]
+            for p in gk.promotions
+        }
         # Outside the update (the epilogue) a promoted tensor is read from global memory.
         as_global = {
             k: Placement(k, "global", p.reason) if k in self.prom else p
@@ -53,7 +59,7 @@ class _GemmBody(BodyPrinter):
         if p is not None and not store:
             terms = [
                 f"({i} - {lo})" + (f" * {st}" if st != 1 else "")
-                for i, lo, st in zip(idx, p.lo, p.stride, strict=True)
+                for i, lo, st in zip(idx, self.lo[ident], p.stride, strict=True)
             ]
             return f"s_{ident}[{' + '.join(terms)}]"
         return super().tensor_ref(ident, shape, idx, store)
@@ -80,7 +86,7 @@ def print_gemm_kernel(
         es = [c_index(a) for a in n.args[nk:]]
         dst = " + ".join(
             f"({e} - {lo})" + (f" * {st}" if st != 1 else "")
-            for e, lo, st in zip(es, p.lo, p.stride, strict=True)
+            for e, lo, st in zip(es, bp.lo[p.tensor], p.stride, strict=True)
         )
         lin, stride = [], 1
         for d in reversed(range(len(es))):

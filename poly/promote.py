@@ -17,7 +17,6 @@ copies, barriers and the unrolled micro-tile, epilogue).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -38,7 +37,7 @@ class Promotion:
 
     tensor: str
     copy_stmt: str
-    lo: list[str]  # C expressions of the box's lower bounds (params b*, loop vars kt*)
+    lo: list[isl.PwAff]  # the box's lower bounds, in the block params b* and k-tiles kt*
     size: list[int]
     stride: list[int]  # of the shared buffer (last dim padded)
     shape: tuple[int, ...]  # of the global tensor
@@ -63,6 +62,7 @@ class GemmKernel(MappedMicrograph):
     promotions: list[Promotion] = field(default_factory=list)
     reg_iters: list[str] = field(default_factory=list)  # loop vars indexing the micro-tile
     guards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # epilogue bounds
+    tile_context: isl.Set | None = None  # ranges of b* and kt* (for the boxes' lower bounds)
 
 
 def _ints(names: list[str]) -> str:
@@ -166,7 +166,6 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         + " }",
         context=ctx,
     )
-    build = isl.AstBuild.from_context(ranges)
     promotions: list[Promotion] = []
     copy_doms: list[tuple[str, isl.Set, int]] = []
     seen: set[str] = set()
@@ -195,10 +194,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 return f"the footprint of {name} has no fixed-size box"
             lo_t.append(txt)
             size.append(span.to_python() + 1)
-            from polyfuse.cuda.astgen import convert_expr  # noqa: PLC0415 (cuda sits above poly)
-            from polyfuse.cuda.printer import c_index  # noqa: PLC0415
-
-            lo_c.append(c_index(convert_expr(build.expr_from_pw_aff(lo))))
+            lo_c.append(lo)
         tshape = model.tensors[name].shape
         pad = 1 if len(size) >= 2 and size[-1] % 32 == 0 else 0
         stride = [1] * len(size)
@@ -357,6 +353,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         promotions=promotions,
         reg_iters=reg_iters,
         guards=guards,
+        tile_context=ranges,
     )
 
 
@@ -393,16 +390,3 @@ def gemm_placements(gk: GemmKernel) -> dict[str, Placement]:
                 name, "register", "one element per micro-tile iteration (epilogue)"
             )
     return out
-
-
-def smem_floats(gk: GemmKernel) -> int:
-    return sum(p.floats for p in gk.promotions)
-
-
-def modelled(gk: GemmKernel) -> str:
-    t = gk.tiling
-    assert t is not None
-    return f"{t.modelled_us:.1f} us modelled"
-
-
-__all__ = ["GemmKernel", "Promotion", "build_gemm_kernel", "gemm_placements", "math"]

@@ -223,10 +223,6 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
-def _pow2_at_most(n: int) -> int:
-    return 1 << max(0, (max(1, n)).bit_length() - 1)
-
-
 def rank_gemm_tiles(
     shape: GemmShape,
     device: DeviceSpec,
