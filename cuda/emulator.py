@@ -973,7 +973,8 @@ class EmulatedModule:
         ``seed``). The launches run in a child process; a crash, out-of-bounds access, divergent
         barrier or deadlock raises :class:`EmulatorError` naming the kernel, as does exceeding
         ``timeout`` seconds; ``buffers`` are then left unchanged. The traffic of each launch
-        lists, for every buffer argument, the unique elements read and written × item size.
+        lists, for every buffer argument, the unique elements read and written × item size, and
+        the bytes requested (every load and store, repeats included).
         A race-check module (``Emulator.load(..., racecheck=True)``) raises :class:`RaceError`
         at the first pair of conflicting accesses (see :func:`_race_message`).
         """
@@ -1002,7 +1003,7 @@ class EmulatedModule:
         names_off = _align(args_off + _ARG.itemsize * nargs)
         result_off = _align(names_off + sum(map(len, name_bytes)))
         counts_off = result_off + _RESULT_HEADER
-        pos = _align(counts_off + 16 * nl * nb)
+        pos = _align(counts_off + 32 * nl * nb)
         data_offs = []
         for a in arrays:
             data_offs.append(pos)
@@ -1047,7 +1048,7 @@ class EmulatedModule:
                         atab[k] = (-1, 0, int.from_bytes(v.tobytes().ljust(8, b"\0"), "little"))
                     k += 1
             view[result_off:counts_off] = 0
-            counts = view[counts_off : counts_off + 16 * nl * nb].view(np.int64)
+            counts = view[counts_off : counts_off + 32 * nl * nb].view(np.int64)
             counts[:] = -1
             kernels = list(dict.fromkeys(lc.kernel for lc in launches))
             what = f"kernel{'s' if len(kernels) > 1 else ''} {', '.join(kernels[:4])}" + (
@@ -1070,14 +1071,15 @@ class EmulatedModule:
                 raise EmulatorError(_failure(res, res_status, status, name))
             traffic = []
             written = [False] * nb
-            c = counts.reshape(nl, max(1, nb), 2) if nb else None
+            c = counts.reshape(nl, max(1, nb), 4) if nb else None
             for i, launch in enumerate(launches):
                 t = LaunchTraffic(launch.kernel)
                 for a in launch.args:
                     if isinstance(a, str) and a not in t.reads:
                         assert c is not None
-                        r, w = (max(0, int(x)) for x in c[i, names[a]])
+                        r, w, rq, wq = (max(0, int(x)) for x in c[i, names[a]])
                         t.reads[a], t.writes[a] = r, w
+                        t.requested_reads[a], t.requested_writes[a] = rq, wq
                         written[names[a]] |= w > 0
                 traffic.append(t)
             for a, off, w in zip(arrays, data_offs, written, strict=True):

@@ -358,6 +358,11 @@ class CompiledGraph:
         """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""
         return sum(t.bytes_total for t in self.last_traffic)
 
+    def requested_bytes(self) -> int:
+        """Global bytes requested by the last emulated call: every load and store, repeats
+        included (a naive matrix product reads 8 bytes per multiply-add)."""
+        return sum(t.bytes_requested for t in self.last_traffic)
+
     def global_bytes(self) -> int:
         """Distinct global bytes all kernels move, computed exactly by isl (no emulation)."""
         return sum(k.bytes_read + k.bytes_written for k in self.kernels)

@@ -54,6 +54,7 @@ struct pf_buf {
   uint8_t* rmap;   // one byte per element: read during this launch
   uint8_t* wmap;   // one byte per element: written during this launch
   const char* name;
+  uint64_t req[2];  // requested bytes during this launch (every access, repeats included)
 };
 
 struct pf_block_pub {
@@ -237,6 +238,7 @@ PF_TOUCH_ATTR inline void pf_touch(const pf_buf* b, const void* p, uint64_t size
   uint64_t off = (uint64_t)((const char*)p - b->base);
   if (__builtin_expect(off >= b->nbytes || b->nbytes - off < size || (off & (align - 1)), 0))
     pf_bad(b, p, size, W);
+  __atomic_fetch_add(&const_cast<pf_buf*>(b)->req[W], size, __ATOMIC_RELAXED);
   uint8_t* m = W ? b->wmap : b->rmap;
   uint64_t e = off >> b->shift, last = (off + size - 1) >> b->shift;
   for (; e <= last; ++e)

@@ -83,7 +83,9 @@ struct pf_result {
   int32_t status;   // 0 running, 1 done, 3 error, 4 crash
   int32_t current;  // launch being executed
   char msg[2040];
-  int64_t counts[1];  // [launch][buffer][read, write] bytes; preset to -1 by the caller
+  // [launch][buffer][distinct read, distinct write, requested read, requested write] bytes;
+  // preset to -1 by the caller
+  int64_t counts[1];
 };
 
 // Socket messages: this header, then for LOAD the library path / the reply text.
@@ -1038,6 +1040,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
     b.shift = uint32_t(__builtin_ctz(b.itemsize));
     b.name = at(wb[i].name_off, 1);
     b.rmap = b.wmap = nullptr;
+    b.req[0] = b.req[1] = 0;
   }
   const pf_wire_launch* wl = reinterpret_cast<const pf_wire_launch*>(
       at(spec->launches_off, sizeof(pf_wire_launch) * spec->nlaunch));
@@ -1080,9 +1083,12 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
       int32_t bi = wa[a].buf;
       if (bi < 0) continue;
       pf_buf& b = g_bufs[bi];
-      int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 2];
+      int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 4];
       uint64_t nel = b.nbytes >> b.shift;
       if (c[0] >= 0) continue;  // already counted (buffer passed twice)
+      c[2] = int64_t(b.req[0]);
+      c[3] = int64_t(b.req[1]);
+      b.req[0] = b.req[1] = 0;
       if (!b.rmap) {
         c[0] = c[1] = 0;
         continue;
