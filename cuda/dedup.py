@@ -14,9 +14,6 @@ import hashlib
 from polyfuse.cache import rename
 from polyfuse.cuda.kernel_ast import Kernel
 
-#: The kernel name in a canonical kernel source (see :func:`polyfuse.cache.kernel_entry`).
-PLACEHOLDER = "pfKERNEL"
-
 
 def function_name(canonical_source: str) -> str:
     """The shared function's name: a digest of the canonical body."""
@@ -31,11 +28,13 @@ class FunctionTable:
         self.users: dict[str, list[str]] = {}
 
     def bind(self, kernel: Kernel, canonical_source: str) -> None:
-        """Make ``kernel`` run the function of its canonical body (adding it if new):
-        sets ``kernel.function`` and ``kernel.source`` to the shared function."""
+        """Make ``kernel`` run the function of its canonical body (adding it if new, as
+        ``kernel``'s own source renamed): sets ``kernel.function`` and ``kernel.source`` to
+        the shared function. Structurally identical kernels differ only in their buffers,
+        which are parameters, so any user's text computes every user's result."""
         name = function_name(canonical_source)
-        if name not in self.sources:
-            self.sources[name] = rename(canonical_source, {PLACEHOLDER: name})
+        if name not in self.sources:  # its first user's names keep the text readable
+            self.sources[name] = rename(kernel.source, {kernel.name: name})
             self.users[name] = []
         self.users[name].append(kernel.name)
         kernel.function = name
