@@ -293,3 +293,43 @@ def test_dynamic_shape_needs_shapes():
     assert om.inputs[0].shape == (3, 8)
     x = _x(3, 8)
     np.testing.assert_allclose(om.compile(check_cuda=False)(x), np.maximum(x, 0))
+
+
+def test_folding_runs_before_the_unsupported_op_scan():
+    # Mod has no runtime form here, but Mod(Constant, Constant) folds at import time
+    c = helper.make_node("Constant", [], ["a"], value=numpy_helper.from_array(np.int64(7)))
+    d = helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.int64(4)))
+    nodes = [
+        c,
+        d,
+        helper.make_node("Mod", ["a", "b"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=F),
+        helper.make_node("Mul", ["x", "rf"], ["y"]),
+    ]
+    assert not po.unsupported_ops(_model(nodes, [("x", F, [5])], ["y"]))
+    _check(_model(nodes, [("x", F, [5])], ["y"]), {"x": _x(5)})
+
+
+def test_attribute_inputs_from_graph_inputs_need_values():
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["y"])]
+    m = _model(nodes, [("x", F, [3, 4]), ("axes", TensorProto.INT64, [2])], ["y"], opset=13)
+    with pytest.raises(po.InputValueNeeded, match=r"node #0 'Unsqueeze_y'.*'axes'") as e:
+        po.load(m)
+    assert e.value.input_name == "axes"
+    om = po.load(m, values={"axes": np.array([0, 3])})
+    assert om.input_names == ["x"] and om.outputs[0].shape == (1, 3, 4, 1)
+
+
+def test_errors_name_the_file_node_and_position(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="first"),
+        helper.make_node("Conv", ["r", "w"], ["y"], name="conv7", group=5),
+    ]
+    m = _model(nodes, [("x", F, [1, 4, 6, 6])], ["y"], inits={"w": _x(4, 4, 3, 3)})
+    m.graph.name = "main_graph"
+    p = tmp_path / "net.onnx"
+    onnx.save(m, str(p))
+    with pytest.raises(PolyfuseError) as e:
+        po.load(str(p))
+    msg = str(e.value)
+    assert msg.startswith("model 'net.onnx', node #1 'conv7' (Conv): ") and "main_graph" not in msg

@@ -40,6 +40,18 @@ class OnnxImportError(PolyfuseError, ValueError):
     """An ONNX file cannot be read or its graph cannot be imported (bad file, dynamic shape)."""
 
 
+class InputValueNeeded(OnnxImportError):
+    """A graph input feeds an attribute-like input (axes, shape, pads, ...): its value is needed.
+
+    ``input_name`` names it; :func:`load` with ``values={input_name: array}`` specializes the
+    graph on that value (the ONNX backend does so at call time, one compile per value).
+    """
+
+    def __init__(self, message: str, input_name: str) -> None:
+        super().__init__(message)
+        self.input_name = input_name
+
+
 @dataclass
 class OnnxModel:
     """An imported ONNX model: a te graph plus the weights bound as constants.
@@ -106,6 +118,8 @@ class _Ctx:
         self._const_tensors: dict[int, Tensor] = {}
         self._n = 0
         self.node_name = "node"
+        #: id(placeholder) -> ONNX graph input name (to ask for its value when needed)
+        self.graph_inputs: dict[int, str] = {}
 
     def fresh(self, hint: str) -> str:
         self._n += 1
@@ -119,9 +133,7 @@ class _Ctx:
         if key not in self._const_tensors:
             arr = np.ascontiguousarray(np.asarray(v, dtype=np.float32))
             if arr.size == 0:
-                raise UnsupportedOpError(
-                    f"{self.node_name}: empty (zero-size) tensors are not supported"
-                )
+                raise UnsupportedOpError("empty (zero-size) tensors are not supported")
             t = te.placeholder(arr.shape, "float32", self.fresh("const"))
             self.constants[t] = arr
             self._const_tensors[key] = t
@@ -279,8 +291,8 @@ def _unary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
 
 @_reg("Clip")
 def _clip(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    lo = at.get("min") if len(ins) < 2 or ins[1] is None else _host(node, ins[1], "min")
-    hi = at.get("max") if len(ins) < 3 or ins[2] is None else _host(node, ins[2], "max")
+    lo = at.get("min") if len(ins) < 2 or ins[1] is None else _host(ctx, node, ins[1], "min")
+    hi = at.get("max") if len(ins) < 3 or ins[2] is None else _host(ctx, node, ins[2], "max")
     lo = None if lo is None else float(np.asarray(lo).reshape(-1)[0])
     hi = None if hi is None else float(np.asarray(hi).reshape(-1)[0])
 
@@ -306,7 +318,7 @@ def _cast(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
         return [_map(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
     if np.issubdtype(to, np.integer):
         return [_map(ctx, ins[:1], lambda x: te.cast(te.cast(x, "int32"), "float32"), "cast")]
-    raise UnsupportedOpError(f"{ctx.node_name}: Cast to {to} is not supported (float only)")
+    raise UnsupportedOpError(f"Cast to {to} is not supported (float only)")
 
 
 @_reg("Where")
@@ -335,8 +347,17 @@ def _variadic(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     return [_map(ctx, vals, f, op.lower())]
 
 
-def _host(node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
+def _host(ctx: _Ctx, node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
+    """``v`` as a host array: an attribute-like input (axes, shape, pads, ...) must be known."""
     if isinstance(v, Tensor):
+        name = ctx.graph_inputs.get(id(v))
+        if name is not None:
+            raise InputValueNeeded(
+                f"{node.op_type} '{node.name or node.output[0]}': input '{what}' is the graph "
+                f"input '{name}'; its value is needed at import time (pass values={{'{name}': "
+                "...}} to polyfuse.onnx.load; the ONNX backend does this per call)",
+                name,
+            )
         raise UnsupportedOpError(
             f"{node.op_type} '{node.name or node.output[0]}': input '{what}' is computed at run "
             "time; polyfuse needs it to be a constant (static shapes/attributes)"
@@ -348,10 +369,10 @@ def _host(node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
 
 
 def _reduce_axes(
-    node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ndim: int
+    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ndim: int
 ) -> list[int] | None:
     if len(ins) > 1 and ins[1] is not None:
-        axes = _ints(_host(node, ins[1], "axes"))
+        axes = _ints(_host(ctx, node, ins[1], "axes"))
     else:
         axes = at.get("axes")
         axes = None if axes is None else list(axes)
@@ -396,7 +417,7 @@ def _reduce(
 )
 def _reduce_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    axes = _reduce_axes(node, ins, at, x.ndim)
+    axes = _reduce_axes(ctx, node, ins, at, x.ndim)
     keep = bool(at.get("keepdims", 1))
     n = math.prod(x.shape[d] for d in axes) if axes else 1
     op = node.op_type
@@ -445,7 +466,7 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 @_reg("BatchNormalization")
 def _bn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     if at.get("training_mode", 0):
-        raise UnsupportedOpError(f"{ctx.node_name}: BatchNormalization training_mode=1")
+        raise UnsupportedOpError("BatchNormalization training_mode=1")
     x, scale, bias, mean, var = (ctx.tensor(v) for v in ins[:5])
     y = ops.batch_norm(
         x, mean, var, scale, bias, eps=float(at.get("epsilon", 1e-5)), name=ctx.fresh("bn")
@@ -459,7 +480,7 @@ def _ln(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     gamma = ctx.tensor(ins[1])
     beta = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
     if len([o for o in node.output if o]) > 1:
-        raise UnsupportedOpError(f"{ctx.node_name}: LayerNormalization Mean/InvStdDev outputs")
+        raise UnsupportedOpError("LayerNormalization Mean/InvStdDev outputs")
     y = ops.layer_norm(
         x,
         gamma,
@@ -585,7 +606,7 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
         w = ops.reshape(w, (*w.shape[:2], 1, w.shape[2]), ctx.fresh("w1d"))
         k, s, d, lo, hi = [1, *k], [1, *s], [1, *d], [0, *lo], [0, *hi]
     elif nd != 2:
-        raise UnsupportedOpError(f"{ctx.node_name}: Conv with {nd} spatial dims (1-D/2-D only)")
+        raise UnsupportedOpError(f"Conv with {nd} spatial dims (1-D/2-D only)")
     if lo != hi:
         x = ops.pad(x, [(0, 0), (0, 0), *zip(lo, hi, strict=True)], name=ctx.fresh("cpad"))
         lo = [0, 0]
@@ -656,9 +677,9 @@ def _pool(ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: 
 @_reg("MaxPool", "AveragePool")
 def _pool_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     if len([o for o in node.output if o]) > 1:
-        raise UnsupportedOpError(f"{ctx.node_name}: MaxPool Indices output")
+        raise UnsupportedOpError("MaxPool Indices output")
     if int(at.get("storage_order", 0)):
-        raise UnsupportedOpError(f"{ctx.node_name}: MaxPool storage_order=1")
+        raise UnsupportedOpError("MaxPool storage_order=1")
     kind = "max" if node.op_type == "MaxPool" else "avg"
     return [_pool(ctx, node, ctx.tensor(ins[0]), at, kind)]
 
@@ -692,7 +713,7 @@ def _reshape_to(ctx: _Ctx, v: Value, shape: Sequence[int]) -> Value:
 @_reg("Reshape")
 def _reshape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
-    shape = _ints(_host(node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
+    shape = _ints(_host(ctx, node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
     allowzero = int(at.get("allowzero", 0))
     dims = [x.shape[i] if (s == 0 and not allowzero) else s for i, s in enumerate(shape)]
     if -1 in dims:
@@ -708,16 +729,18 @@ def _flatten(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     return [_reshape_to(ctx, x, (math.prod(x.shape[:ax]), math.prod(x.shape[ax:])))]
 
 
-def _axes_arg(node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[int] | None:
+def _axes_arg(
+    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[int] | None:
     if len(ins) > 1 and ins[1] is not None:
-        return _ints(_host(node, ins[1], "axes"))
+        return _ints(_host(ctx, node, ins[1], "axes"))
     return None if "axes" not in at else list(at["axes"])
 
 
 @_reg("Squeeze")
 def _squeeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
-    axes = _axes_arg(node, ins, at)
+    axes = _axes_arg(ctx, node, ins, at)
     nd = len(x.shape)
     if axes is None:
         axes = [i for i, s in enumerate(x.shape) if s == 1]
@@ -728,7 +751,7 @@ def _squeeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 @_reg("Unsqueeze")
 def _unsqueeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
-    axes = _axes_arg(node, ins, at) or []
+    axes = _axes_arg(ctx, node, ins, at) or []
     nd = len(x.shape) + len(axes)
     axes = _norm_axes(axes, nd)
     it = iter(x.shape)
@@ -758,7 +781,7 @@ def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: 
         a = a % x.ndim
         n = x.shape[a]
         if sp == 0:
-            raise ExpressionError(f"{ctx.node_name}: Slice step 0")
+            raise ExpressionError("Slice step 0")
         st = st + n if st < 0 else st
         en = en + n if en < 0 else en
         if sp > 0:
@@ -768,7 +791,7 @@ def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: 
             st, en = min(max(st, 0), n - 1), min(max(en, -1), n - 1)
             length = max(0, -(-(st - en) // -sp))
         if length <= 0:
-            raise UnsupportedOpError(f"{ctx.node_name}: Slice producing an empty tensor")
+            raise UnsupportedOpError("Slice producing an empty tensor")
         begin[a], step[a], shape[a] = st, sp, length
 
     def body(*idx: IterVar) -> Expr:
@@ -785,15 +808,15 @@ def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: 
 def _slice_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     if len(ins) > 1:
-        starts = _ints(_host(node, ins[1], "starts"))
-        ends = _ints(_host(node, ins[2], "ends"))
+        starts = _ints(_host(ctx, node, ins[1], "starts"))
+        ends = _ints(_host(ctx, node, ins[2], "ends"))
         axes = (
-            _ints(_host(node, ins[3], "axes"))
+            _ints(_host(ctx, node, ins[3], "axes"))
             if len(ins) > 3 and ins[3] is not None
             else list(range(len(starts)))
         )
         steps = (
-            _ints(_host(node, ins[4], "steps"))
+            _ints(_host(ctx, node, ins[4], "steps"))
             if len(ins) > 4 and ins[4] is not None
             else [1] * len(starts)
         )
@@ -813,7 +836,7 @@ def _split(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     ax = int(at.get("axis", 0)) % x.ndim
     nout = len(node.output)
     if len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(_host(node, ins[1], "split"))
+        sizes = _ints(_host(ctx, node, ins[1], "split"))
     elif "split" in at:
         sizes = list(at["split"])
     else:
@@ -835,16 +858,16 @@ def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     mode = at.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if mode not in ("constant", "edge", "reflect", "wrap"):
-        raise UnsupportedOpError(f"{ctx.node_name}: Pad mode '{mode}'")
+        raise UnsupportedOpError(f"Pad mode '{mode}'")
     if len(ins) > 1:
-        pads = _ints(_host(node, ins[1], "pads"))
+        pads = _ints(_host(ctx, node, ins[1], "pads"))
         value = (
-            float(_host(node, ins[2], "constant_value").reshape(-1)[0])
+            float(_host(ctx, node, ins[2], "constant_value").reshape(-1)[0])
             if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size
             else 0.0
         )
         axes = (
-            _norm_axes(_ints(_host(node, ins[3], "axes")), x.ndim)
+            _norm_axes(_ints(_host(ctx, node, ins[3], "axes")), x.ndim)
             if len(ins) > 3 and ins[3] is not None
             else list(range(x.ndim))
         )
@@ -879,9 +902,9 @@ def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
 def _pad_axis(ctx: _Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor:
     n = x.shape[d]
     if mode == "reflect" and (b >= n or e >= n):
-        raise UnsupportedOpError(f"{ctx.node_name}: reflect Pad wider than the input")
+        raise UnsupportedOpError("reflect Pad wider than the input")
     if mode == "wrap" and (b > n or e > n):
-        raise UnsupportedOpError(f"{ctx.node_name}: wrap Pad wider than the input")
+        raise UnsupportedOpError("wrap Pad wider than the input")
     shape = list(x.shape)
     shape[d] = n + b + e
 
@@ -910,14 +933,14 @@ def _pad_axis(ctx: _Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor
 @_reg("Expand")
 def _expand(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    shape = _bshape(x.shape, _ints(_host(node, ins[1], "shape")))
+    shape = _bshape(x.shape, _ints(_host(ctx, node, ins[1], "shape")))
     return [ctx.compute(shape, lambda *i: x[_bidx(x.shape, i)], "expand")]
 
 
 @_reg("Tile")
 def _tile(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    reps = _ints(_host(node, ins[1], "repeats"))
+    reps = _ints(_host(ctx, node, ins[1], "repeats"))
     shape = [s * r for s, r in zip(x.shape, reps, strict=True)]
 
     def body(*i: IterVar) -> Expr:
@@ -928,8 +951,8 @@ def _tile(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
 
 @_reg("Dropout")
 def _dropout(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    if len(ins) > 2 and ins[2] is not None and bool(np.asarray(_host(node, ins[2], "mode"))):
-        raise UnsupportedOpError(f"{ctx.node_name}: Dropout training_mode=true")
+    if len(ins) > 2 and ins[2] is not None and bool(np.asarray(_host(ctx, node, ins[2], "mode"))):
+        raise UnsupportedOpError("Dropout training_mode=true")
     return [ins[0], np.ones(ins[0].shape, dtype=np.bool_)]
 
 
@@ -1033,12 +1056,39 @@ def _fold(node: onnx.NodeProto, ins: list[Any], opset: int) -> list[np.ndarray]:
     return [np.asarray(r) for r in ReferenceEvaluator(m).run(None, feeds)]
 
 
-def unsupported_ops(model: onnx.ModelProto) -> Counter[str]:
-    """Op types in ``model`` (subgraph-free main graph) that polyfuse cannot import, with counts."""
+def foldable_values(model: onnx.ModelProto, known: Sequence[str] = ()) -> set[str]:
+    """Names of the values of ``model`` known at import time (static analysis).
+
+    Initializers, the graph inputs named in ``known``, ``Constant``-like nodes, ``Shape``/``Size``
+    (shapes are static) and every node whose inputs are all known: such a node is evaluated on the
+    host by the ONNX reference implementation whatever its operator, so it needs no handler.
+    """
+    vals = {t.name for t in model.graph.initializer} | set(known) | {""}
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        if (
+            n.op_type in HOST_ONLY_ALWAYS
+            or n.op_type in ("Shape", "Size")
+            or (n.input and all(i in vals for i in n.input))
+        ):
+            vals.update(o for o in n.output if o)
+    return vals
+
+
+def unsupported_ops(model: onnx.ModelProto, known: Sequence[str] = ()) -> Counter[str]:
+    """Op types in ``model`` (main graph) that polyfuse cannot import, with counts.
+
+    Nodes that fold at import time (all inputs known, see :func:`foldable_values`) never count.
+    """
+    vals = foldable_values(model, known)
     c: Counter[str] = Counter()
     for n in model.graph.node:
-        if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED_OPS | HOST_ONLY:
-            c[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"] += 1
+        std = n.domain in ("", "ai.onnx")
+        if std and n.output and all(o in vals for o in n.output if o) and n.input:
+            continue
+        if not std or n.op_type not in SUPPORTED_OPS:
+            c[n.op_type if std else f"{n.domain}.{n.op_type}"] += 1
     return c
 
 
@@ -1046,6 +1096,7 @@ def unsupported_ops(model: onnx.ModelProto) -> Counter[str]:
 
 
 def _read(model: str | os.PathLike[str] | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, str]:
+    """The model and the name errors use for it: the file name, else the graph name."""
     if isinstance(model, onnx.ModelProto):
         return model, model.graph.name or "model"
     if isinstance(model, bytes):
@@ -1063,22 +1114,49 @@ def _read(model: str | os.PathLike[str] | onnx.ModelProto | bytes) -> tuple[onnx
         raise OnnxImportError(f"cannot read ONNX file '{path}': {msg}") from None
     if not m.graph.node and not m.graph.output:
         raise OnnxImportError(f"cannot read ONNX file '{path}': not an ONNX model (empty graph)")
-    return m, m.graph.name or os.path.splitext(os.path.basename(path))[0]
+    return m, os.path.basename(path)
+
+
+def _input_shape(name: str, vi: onnx.ValueInfoProto, shapes: dict[str, Sequence[int]]) -> tuple:
+    tt = vi.type.tensor_type
+    if vi.name in shapes:
+        return tuple(int(s) for s in shapes[vi.name])
+    dims = list(tt.shape.dim) if tt.HasField("shape") else None
+    if dims is None or any(not d.HasField("dim_value") or d.dim_value < 0 for d in dims):
+        desc = (
+            "has no shape"
+            if dims is None
+            else "has dynamic shape ("
+            + ", ".join(d.dim_param or "?" if not d.dim_value else str(d.dim_value) for d in dims)
+            + ")"
+        )
+        raise OnnxImportError(
+            f"model '{name}': input '{vi.name}' {desc}; pass shapes={{'{vi.name}': (...)}} to "
+            f"polyfuse.onnx.load (on the command line: --shapes {vi.name}=D0,D1,...)"
+        )
+    return tuple(d.dim_value for d in dims)
 
 
 def load(
     model: str | os.PathLike[str] | onnx.ModelProto | bytes,
     shapes: dict[str, Sequence[int]] | None = None,
+    values: dict[str, np.ndarray] | None = None,
 ) -> OnnxModel:
     """Import an ONNX model (path, bytes or ``ModelProto``) as a te graph.
 
     ``shapes`` fixes symbolic or dynamic input dims: ``{"input_name": (1, 3, 224, 224)}``.
-    Raises :class:`UnsupportedOpError` listing every unsupported op type (with counts) before any
-    conversion, and :class:`OnnxImportError` for unreadable files or unresolved dynamic shapes.
+    ``values`` specializes the graph on the values of some graph inputs (they become constants
+    and leave ``inputs``): needed when a graph input feeds an attribute-like input (axes, shape,
+    starts/ends, pads, split, min/max), which :class:`InputValueNeeded` reports.
+    Nodes whose inputs are all known at import time are evaluated then, whatever their operator.
+    Raises :class:`UnsupportedOpError` listing every unsupported op type (with counts) that
+    folding does not remove, before any conversion, and :class:`OnnxImportError` for unreadable
+    files or unresolved dynamic shapes.
     """
     m, name = _read(model)
     shapes = dict(shapes or {})
-    bad = unsupported_ops(m)
+    values = {k: np.asarray(v) for k, v in (values or {}).items()}
+    bad = unsupported_ops(m, list(values))
     if bad:
         listing = ", ".join(f"{k} x{v}" for k, v in sorted(bad.items(), key=lambda kv: -kv[1]))
         raise UnsupportedOpError(f"model '{name}' uses unsupported ONNX operators: {listing}")
@@ -1092,35 +1170,22 @@ def load(
         ctx.values[k] = np.asarray(v)
     inputs: list[Tensor] = []
     input_names: list[str] = []
-    unknown = set(shapes) - {i.name for i in m.graph.input}
-    if unknown:
-        raise OnnxImportError(
-            f"model '{name}': shapes= names unknown inputs {sorted(unknown)}; inputs are "
-            f"{[i.name for i in m.graph.input if i.name not in inits]}"
-        )
+    all_inputs = {i.name for i in m.graph.input}
+    for what, given in (("shapes", shapes), ("values", values)):
+        unknown = set(given) - all_inputs
+        if unknown:
+            raise OnnxImportError(
+                f"model '{name}': {what}= names unknown inputs {sorted(unknown)}; inputs are "
+                f"{[i.name for i in m.graph.input if i.name not in inits]}"
+            )
     for vi in m.graph.input:
+        if vi.name in values:
+            ctx.values[vi.name] = values[vi.name]
+            continue
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        if vi.name in shapes:
-            shape = tuple(int(s) for s in shapes[vi.name])
-        else:
-            dims = list(tt.shape.dim) if tt.HasField("shape") else None
-            if dims is None or any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
-                desc = (
-                    "has no shape"
-                    if dims is None
-                    else "has dynamic shape ("
-                    + ", ".join(
-                        d.dim_param or "?" if not d.dim_value else str(d.dim_value) for d in dims
-                    )
-                    + ")"
-                )
-                raise OnnxImportError(
-                    f"model '{name}': input '{vi.name}' {desc}; pass shapes={{'{vi.name}': (...)}} "
-                    "to polyfuse.onnx.load"
-                )
-            shape = tuple(d.dim_value for d in dims)
+        shape = _input_shape(name, vi, shapes)
         np_dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else "f4")
         if np_dt.kind not in "fiub":
             raise UnsupportedOpError(
@@ -1129,24 +1194,25 @@ def load(
             )
         t = te.placeholder(shape, "float32", _ident(vi.name))
         ctx.values[vi.name] = t
+        ctx.graph_inputs[id(t)] = vi.name
         inputs.append(t)
         input_names.append(vi.name)
 
-    for node in m.graph.node:
+    for pos, node in enumerate(m.graph.node):
         ctx.node_name = node.name or f"{node.op_type}_{node.output[0]}"
+        where = f"model '{name}', node #{pos} '{ctx.node_name}' ({node.op_type})"
         ins = [ctx.values[i] if i else None for i in node.input]
         for i in node.input:
             if i and i not in ctx.values:
-                raise OnnxImportError(f"model '{name}': node '{ctx.node_name}' reads unknown '{i}'")
-        host = all(v is None or isinstance(v, np.ndarray) for v in ins)
+                raise OnnxImportError(f"{where} reads unknown value '{i}'")
+        host = bool(node.input) and all(v is None or isinstance(v, np.ndarray) for v in ins)
         at = _attrs(node)
         try:
             if node.op_type in HOST_ONLY_ALWAYS or (
                 host and node.op_type not in ("Shape", "Size", "Dropout", "Identity")
             ):
-                if node.op_type not in HOST_ONLY_ALWAYS and any(
-                    v is not None and v.size > 1 << 22 for v in ins
-                ):
+                big = any(v is not None and v.size > 1 << 22 for v in ins)
+                if node.op_type not in HOST_ONLY_ALWAYS and big and node.op_type in HANDLERS:
                     outs = HANDLERS[node.op_type](ctx, node, ins, at)
                 else:
                     outs = _fold(node, ins, opset)
@@ -1154,12 +1220,15 @@ def load(
                 outs = HANDLERS[node.op_type](ctx, node, ins, at)
             else:
                 raise UnsupportedOpError(
-                    f"{ctx.node_name}: {node.op_type} needs constant inputs (run-time input given)"
+                    f"{node.op_type} needs constant inputs (a run-time input is given)"
                 )
+        except InputValueNeeded as e:
+            raise InputValueNeeded(f"{where}: {e}", e.input_name) from None
         except PolyfuseError as e:
-            if isinstance(e, UnsupportedOpError):
-                raise UnsupportedOpError(f"model '{name}': {e}") from None
-            raise type(e)(f"model '{name}', node '{ctx.node_name}' ({node.op_type}): {e}") from None
+            raise type(e)(f"{where}: {e}") from None
+        except Exception as e:  # noqa: BLE001  (the reference evaluator while folding)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise OnnxImportError(f"{where}: cannot evaluate at import time: {msg}") from None
         for o, v in zip(node.output, outs, strict=False):
             if o:
                 ctx.values[o] = v
