@@ -467,6 +467,21 @@ def layer_norm(
     ``x.shape[axis:]``. Variance is the population (biased) variance. Five primitives: ``mean``,
     ``centered`` (x - mean), ``var``, ``rstd`` (``rsqrt(var + eps)``), and the scale/shift.
     """
+    return layer_norm_parts(x, gamma, beta, axis, eps, name)[0]
+
+
+def layer_norm_parts(
+    x: Tensor,
+    gamma: Tensor | None = None,
+    beta: Tensor | None = None,
+    axis: int = -1,
+    eps: float = 1e-5,
+    name: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`layer_norm` plus its ``mean`` and ``rstd`` (1/sqrt(var+eps)) over ``x.shape[:axis]``.
+
+    ONNX ``LayerNormalization`` has these as its optional outputs ``Mean`` and ``InvStdDev``.
+    """
     name = _name("layer_norm", name)
     op = "layer_norm"
     x, ax, norm, ks, inv_n = _norm_head(op, x, axis, name)
@@ -492,7 +507,7 @@ def layer_norm(
             y = y + beta[_bcast(beta.shape, i)]
         return y
 
-    return _compute(x.shape, out_body, name, op)
+    return _compute(x.shape, out_body, name, op), mean, rstd
 
 
 def rms_norm(

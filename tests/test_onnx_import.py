@@ -333,3 +333,47 @@ def test_errors_name_the_file_node_and_position(tmp_path):
         po.load(str(p))
     msg = str(e.value)
     assert msg.startswith("model 'net.onnx', node #1 'conv7' (Conv): ") and "main_graph" not in msg
+
+
+def test_flatten_negative_axis():
+    x = _x(2, 3, 4, 5)
+    for ax in (-1, -3):
+        nodes = [helper.make_node("Flatten", ["x"], ["y"], axis=ax)]
+        om = _check(_model(nodes, [("x", F, [2, 3, 4, 5])], ["y"]), {"x": x})
+        assert om.outputs[0].shape == x.reshape(int(np.prod(x.shape[: 4 + ax])), -1).shape
+
+
+def test_zero_d_tensors_stay_zero_d():
+    nodes = [helper.make_node("Pow", ["x", "e"], ["y"])]
+    m = _model(nodes, [("x", F, [3]), ("e", F, [])], ["y"])
+    om = po.load(m)
+    assert om.inputs[1].shape == ()
+    from polyfuse.onnx.backend import PolyfuseBackend
+
+    (y,) = PolyfuseBackend.prepare(m).run([np.array([1, 2, 3], np.float32), np.float32(2.0)])
+    np.testing.assert_allclose(y, [1, 4, 9])
+
+
+def test_layer_norm_mean_and_inv_std_dev_outputs():
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "m", "r"], axis=-2)]
+    m = _model(nodes, [("x", F, [2, 3, 4])], ["y", "m", "r"], inits={"g": _x(3, 4), "b": _x(3, 4)})
+    om = _check(m, {"x": _x(2, 3, 4)})
+    assert [o.shape for o in om.outputs] == [(2, 3, 4), (2, 1, 1), (2, 1, 1)]
+
+
+def test_empty_inputs_and_slices_are_host_constants():
+    nodes = [
+        helper.make_node("Slice", ["x", "s", "e"], ["y"]),
+        helper.make_node("ReduceSum", ["z"], ["r"], keepdims=1),
+    ]
+    m = _model(
+        nodes,
+        [("x", F, [4]), ("z", F, [2, 0])],
+        ["y", "r"],
+        inits={"s": np.array([5]), "e": np.array([9])},
+        opset=13,
+    )
+    om = po.load(m)
+    assert om.input_names == ["x"]
+    assert om.constant_outputs["y"].shape == (0,)
+    np.testing.assert_array_equal(om.constant_outputs["r"], np.zeros((1, 1)))

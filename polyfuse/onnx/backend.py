@@ -128,11 +128,11 @@ class PolyfuseRep(BackendRep):
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run on a list (graph-input order), a dict by input name, or a single array."""
         named = self._named(inputs)
-        if self._proto is not None:
+        if self.specialized:
             m, fn = self._variant(named)
         else:
             m, fn = self.model, self.fn  # type: ignore[assignment]
-        arrays = [np.ascontiguousarray(named[n], dtype=np.float32) for n in m.input_names]
+        arrays = [np.asarray(named[n], dtype=np.float32, order="C") for n in m.input_names]
         res: tuple[np.ndarray, ...] = ()
         if fn is not None:
             out = fn(*arrays, device=self.device)
@@ -168,10 +168,10 @@ class PolyfuseBackend(Backend):
             if k in ("arch", "budget", "mapping", "check_cuda", "stitch", "name")
         }
         compile_kw.setdefault("check_cuda", False)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
         try:
-            m = load(model, shapes=shapes)
+            m = load(proto, shapes=shapes)
         except InputValueNeeded as e:  # specialize on that input's value at call time
-            proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
             return PolyfuseRep(
                 None,
                 None,
@@ -182,7 +182,7 @@ class PolyfuseBackend(Backend):
                 specialized=[e.input_name],
             )
         fn = m.compile(**compile_kw) if m.outputs else None
-        return PolyfuseRep(m, fn, dev)
+        return PolyfuseRep(m, fn, dev, proto=proto, shapes=shapes, compile_kw=compile_kw)
 
     @classmethod
     def run_model(

@@ -106,7 +106,14 @@ def _load_case(suite: str, name: str):  # noqa: ANN202
                 for c in node.collect_testcases(None):
                     _NODE_CACHE[c.name] = c
         c = _NODE_CACHE[name]
-        sets = [(list(i), list(o)) for i, o in c.data_sets]  # type: ignore[attr-defined]
+
+        def arr(v: object) -> np.ndarray:
+            return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+
+        sets = [
+            ([arr(v) for v in i], [arr(v) for v in o])
+            for i, o in c.data_sets  # type: ignore[attr-defined]
+        ]
         return c.model, sets, c.rtol, c.atol  # type: ignore[attr-defined]
     d = os.path.join(_data_root(), suite, name)
     model = onnx.load(os.path.join(d, "model.onnx"))

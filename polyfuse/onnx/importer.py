@@ -131,7 +131,7 @@ class _Ctx:
             return v
         key = id(v)
         if key not in self._const_tensors:
-            arr = np.ascontiguousarray(np.asarray(v, dtype=np.float32))
+            arr = np.asarray(v, dtype=np.float32, order="C")  # 0-d stays 0-d
             if arr.size == 0:
                 raise UnsupportedOpError("empty (zero-size) tensors are not supported")
             t = te.placeholder(arr.shape, "float32", self.fresh("const"))
@@ -479,17 +479,13 @@ def _ln(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     x = ctx.tensor(ins[0])
     gamma = ctx.tensor(ins[1])
     beta = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
-    if len([o for o in node.output if o]) > 1:
-        raise UnsupportedOpError("LayerNormalization Mean/InvStdDev outputs")
-    y = ops.layer_norm(
-        x,
-        gamma,
-        beta,
-        axis=int(at.get("axis", -1)),
-        eps=float(at.get("epsilon", 1e-5)),
-        name=ctx.fresh("ln"),
+    ax = int(at.get("axis", -1))
+    ax = ax + x.ndim if ax < 0 else ax
+    y, mean, rstd = ops.layer_norm_parts(
+        x, gamma, beta, axis=ax, eps=float(at.get("epsilon", 1e-5)), name=ctx.fresh("ln")
     )
-    return [y]
+    stat = (*x.shape[:ax], *([1] * (x.ndim - ax)))  # Mean / InvStdDev keep the normalized dims
+    return [y, _reshape_to(ctx, mean, stat), _reshape_to(ctx, rstd, stat)]
 
 
 @_reg("LRN")
@@ -725,7 +721,8 @@ def _reshape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 @_reg("Flatten")
 def _flatten(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
-    ax = int(at.get("axis", 1)) % (len(x.shape) + 1) if len(x.shape) else 0
+    ax = int(at.get("axis", 1))
+    ax = ax + len(x.shape) if ax < 0 else ax  # -1 is the last axis (not ndim)
     return [_reshape_to(ctx, x, (math.prod(x.shape[:ax]), math.prod(x.shape[ax:])))]
 
 
@@ -790,9 +787,12 @@ def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: 
         else:
             st, en = min(max(st, 0), n - 1), min(max(en, -1), n - 1)
             length = max(0, -(-(st - en) // -sp))
-        if length <= 0:
-            raise UnsupportedOpError("Slice producing an empty tensor")
+        if length <= 0:  # an empty result has no data: a host constant
+            shape[a] = 0
+            continue
         begin[a], step[a], shape[a] = st, sp, length
+    if 0 in shape:
+        return np.zeros(shape, dtype=np.float32)  # type: ignore[return-value]
 
     def body(*idx: IterVar) -> Expr:
         subs = []
@@ -1187,6 +1187,9 @@ def load(
         tt = vi.type.tensor_type
         shape = _input_shape(name, vi, shapes)
         np_dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else "f4")
+        if 0 in shape:  # a zero-size input has one possible value: a host constant
+            ctx.values[vi.name] = np.zeros(shape, dtype=np_dt)
+            continue
         if np_dt.kind not in "fiub":
             raise UnsupportedOpError(
                 f"model '{name}': input '{vi.name}' has dtype {np_dt.name}; polyfuse compiles "
@@ -1208,6 +1211,19 @@ def load(
         host = bool(node.input) and all(v is None or isinstance(v, np.ndarray) for v in ins)
         at = _attrs(node)
         try:
+            if not host and (
+                node.op_type not in HANDLERS
+                or node.op_type in HOST_ONLY_ALWAYS
+                or any(isinstance(v, np.ndarray) and v.size == 0 for v in ins)
+            ):  # no run-time form (or empty data): fold, specialized on graph-input values
+                for v in ins:
+                    if isinstance(v, Tensor) and id(v) in ctx.graph_inputs:
+                        gi = ctx.graph_inputs[id(v)]
+                        raise InputValueNeeded(
+                            f"{node.op_type} is evaluated at import time here; the value of "
+                            f"graph input '{gi}' is needed (values={{'{gi}': ...}})",
+                            gi,
+                        )
             if node.op_type in HOST_ONLY_ALWAYS or (
                 host and node.op_type not in ("Shape", "Size", "Dropout", "Identity")
             ):
