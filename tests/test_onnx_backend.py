@@ -33,9 +33,6 @@ EXCLUDED: dict[str, str] = {
     r"test_operator_add_size1_right_broadcast": _F64,
     r"test_operator_add_size1_singleton_broadcast": _F64,
     r"test_operator_addconstant": _F64,
-    r"test_operator_convtranspose|test_ConvTranspose2d": "ConvTranspose is not mapped",
-    # pytorch-converted
-    r"test_Conv3d": "3-D convolution (ops.conv2d is 2-D; 1-D runs as 2-D)",
     # every group: devices
     r"_cuda$": "no GPU in CI (device CUDA needs pycuda and a driver)",
 }

@@ -34,9 +34,11 @@ def _check(model, feeds, rtol=1e-4, atol=1e-5, expect=None):
     fn = om.compile(check_cuda=False)
     out = fn(*[feeds[n].astype(np.float32) for n in om.input_names], device="emulate")
     out = out if isinstance(out, tuple) else (out,)
-    ref = ReferenceEvaluator(model).run(None, feeds)
     names = [n for n in om.output_names if n not in om.constant_outputs]
-    refs = dict(zip([o.name for o in model.graph.output], ref, strict=True))
+    refs = {}
+    if not set(names) <= set(expect or {}):
+        ref = ReferenceEvaluator(model).run(None, feeds)
+        refs = dict(zip([o.name for o in model.graph.output], ref, strict=True))
     refs.update(expect or {})  # numpy where onnx.reference disagrees with the spec
     for n, got in zip(names, out, strict=True):
         np.testing.assert_allclose(
@@ -377,3 +379,57 @@ def test_empty_inputs_and_slices_are_host_constants():
     assert om.input_names == ["x"]
     assert om.constant_outputs["y"].shape == (0,)
     np.testing.assert_array_equal(om.constant_outputs["r"], np.zeros((1, 1)))
+
+
+@pytest.mark.parametrize(
+    "xs,ws,at",
+    [
+        ([1, 4, 9], [6, 2, 3], dict(group=2, strides=[2], pads=[2, 1], dilations=[2])),
+        ([1, 2, 5, 4, 6], [3, 2, 2, 3, 2], dict(pads=[1, 0, 1, 0, 2, 1], strides=[1, 2, 2])),
+        ([1, 2, 7], [4, 2, 3], dict(auto_pad="SAME_LOWER", strides=[2])),
+    ],
+)
+def test_conv_n_d(xs, ws, at):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], **at)]
+    m = _model(nodes, [("x", F, xs)], ["y"], inits={"w": _x(*ws), "b": _x(ws[0])})
+    _check(m, {"x": _x(*xs)})
+
+
+@pytest.mark.parametrize(
+    "xs,ws,at",
+    [
+        ([1, 4, 3, 4], [4, 3, 3, 2], dict(group=2, strides=[2, 3], pads=[1, 0, 0, 1])),
+        ([1, 2, 5], [2, 3, 3], dict(strides=[3], output_padding=[1], dilations=[2])),
+        ([1, 1, 3, 2, 3], [1, 2, 2, 2, 2], dict(strides=[2, 1, 2], auto_pad="SAME_UPPER")),
+        ([1, 1, 3, 3], [1, 2, 3, 3], dict(strides=[3, 2], output_shape=[10, 8])),
+    ],
+)
+def test_conv_transpose(xs, ws, at):
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], **at)]
+    m = _model(nodes, [("x", F, xs)], ["y"], inits={"w": _x(*ws)})
+    x = _x(*xs)
+    # onnx.reference's ConvTranspose mishandles group > 1: compare with torch-free numpy
+    _check(m, {"x": x}, expect={"y": _conv_transpose_ref(x, m)} if "group" in at else None)
+
+
+def _conv_transpose_ref(x, m):
+    """Scatter form of ConvTranspose (explicit pads, dilation 1) in numpy."""
+    import itertools
+
+    at = {a.name: helper.get_attribute_value(a) for a in m.graph.node[0].attribute}
+    w = numpy_helper.to_array(m.graph.initializer[0])
+    (n, c, *sp), (_, og, *k) = x.shape, w.shape
+    nd, g = len(sp), at.get("group", 1)
+    s, pads = list(at["strides"]), list(at["pads"])
+    full = [s[i] * (sp[i] - 1) + k[i] for i in range(nd)]
+    y = np.zeros((n, og * g, *full))
+    for ic, oc in itertools.product(range(c), range(og)):
+        for pos in itertools.product(*map(range, sp)):
+            for r in itertools.product(*map(range, k)):
+                o = tuple(pos[i] * s[i] + r[i] for i in range(nd))
+                y[(slice(None), ic // (c // g) * og + oc, *o)] += (
+                    x[(slice(None), ic, *pos)] * w[(ic, oc, *r)]
+                )
+    return y[
+        (slice(None), slice(None), *[slice(pads[i], full[i] - pads[nd + i]) for i in range(nd)])
+    ]

@@ -597,18 +597,43 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     d = list(at.get("dilations", [1] * nd))
     lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
     g = int(at.get("group", 1))
-    if nd == 1:  # as 2-D with a unit height
-        x = ops.reshape(x, (*x.shape[:2], 1, x.shape[2]), ctx.fresh("c1d"))
-        w = ops.reshape(w, (*w.shape[:2], 1, w.shape[2]), ctx.fresh("w1d"))
-        k, s, d, lo, hi = [1, *k], [1, *s], [1, *d], [0, *lo], [0, *hi]
-    elif nd != 2:
-        raise UnsupportedOpError(f"Conv with {nd} spatial dims (1-D/2-D only)")
+    if nd != 2:  # N-D (1-D, 3-D, ...): asymmetric pads are guards of the affine window
+        y = ops.conv(x, w, bias, s, [*lo, *hi], d, g, name=ctx.fresh("conv"))
+        return [y]
     if lo != hi:
         x = ops.pad(x, [(0, 0), (0, 0), *zip(lo, hi, strict=True)], name=ctx.fresh("cpad"))
         lo = [0, 0]
     y = ops.conv2d(x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv"))
-    if nd == 1:
-        y = ops.reshape(y, (y.shape[0], y.shape[1], y.shape[3]), ctx.fresh("c1d_out"))
+    return [y]
+
+
+@_reg("ConvTranspose")
+def _conv_transpose(
+    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    nd = x.ndim - 2
+    k = [int(v) for v in at.get("kernel_shape", w.shape[2:])]
+    s = [int(v) for v in at.get("strides", [1] * nd)]
+    d = [int(v) for v in at.get("dilations", [1] * nd)]
+    op_ = [int(v) for v in at.get("output_padding", [0] * nd)]
+    out = at.get("output_shape")
+    out = None if out is None else [int(v) for v in out][-nd:]
+    ap = at.get("auto_pad", b"NOTSET")
+    ap = ap.decode() if isinstance(ap, bytes) else ap
+    full = [s[i] * (x.shape[2 + i] - 1) + op_[i] + (k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        target = out or [x.shape[2 + i] * s[i] for i in range(nd)]
+        tot = [full[i] - target[i] for i in range(nd)]
+        small = [t // 2 for t in tot]
+        lo = small if ap == "SAME_UPPER" else [t - h for t, h in zip(tot, small, strict=True)]
+        pads = lo + [t - v for t, v in zip(tot, lo, strict=True)]
+    else:
+        pads = [int(v) for v in at.get("pads", [0] * (2 * nd))]
+    y = ops.conv_transpose(
+        x, w, bias, s, pads, d, int(at.get("group", 1)), op_, out, name=ctx.fresh("convt")
+    )
     return [y]
 
 
