@@ -433,3 +433,20 @@ def _conv_transpose_ref(x, m):
     return y[
         (slice(None), slice(None), *[slice(pads[i], full[i] - pads[nd + i]) for i in range(nd)])
     ]
+
+
+def test_shapes_option_on_every_model_verb(tmp_path, capsys):
+    from polyfuse.cli import main
+    from polyfuse.shapes_arg import parse_shapes
+
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, ["batch", 8])], ["y"])
+    p = tmp_path / "dyn.onnx"
+    onnx.save(m, str(p))
+    zoo = ["zoo", str(p), "--no-cuda-check", "--quiet", "--cache-dir", str(tmp_path / "c")]
+    assert main(zoo) == 1
+    assert "--shapes x=" in capsys.readouterr().err
+    assert main([*zoo, "--shapes", "x=3,8"]) == 0
+    assert main(["explain", str(p), "--shapes", "x=3x8"]) == 0
+    assert parse_shapes(["a=1,2", "b=4x5x6"]) == {"a": (1, 2), "b": (4, 5, 6)}
+    with pytest.raises(PolyfuseError, match="NAME=D0,D1"):
+        parse_shapes(["a:1,2"])
