@@ -450,3 +450,56 @@ def test_shapes_option_on_every_model_verb(tmp_path, capsys):
     assert parse_shapes(["a=1,2", "b=4x5x6"]) == {"a": (1, 2), "b": (4, 5, 6)}
     with pytest.raises(PolyfuseError, match="NAME=D0,D1"):
         parse_shapes(["a:1,2"])
+
+
+I64 = TensorProto.INT64
+
+
+@pytest.mark.parametrize(
+    "node,inputs,inits",
+    [
+        (helper.make_node("Mod", ["x", "y"], ["z"], fmod=0), [("x", F, [6]), ("y", F, [6])], {}),
+        (helper.make_node("Mod", ["x", "y"], ["z"], fmod=1), [("x", F, [6]), ("y", F, [6])], {}),
+        (
+            helper.make_node("ArgMax", ["x"], ["z"], axis=1, keepdims=0, select_last_index=1),
+            [("x", F, [3, 4, 2])],
+            {},
+        ),
+        (helper.make_node("ArgMin", ["x"], ["z"], axis=-1), [("x", F, [3, 5])], {}),
+        (
+            helper.make_node("CumSum", ["x", "a"], ["z"], exclusive=1, reverse=1),
+            [("x", F, [3, 5])],
+            {"a": np.array(1)},
+        ),
+        (
+            helper.make_node("Einsum", ["x", "y"], ["z"], equation="bij,bjk->bik"),
+            [("x", F, [2, 3, 4]), ("y", F, [2, 4, 5])],
+            {},
+        ),
+        (
+            helper.make_node("Einsum", ["x"], ["z"], equation="...ii->...i"),
+            [("x", F, [2, 3, 3])],
+            {},
+        ),
+        (
+            helper.make_node("DepthToSpace", ["x"], ["z"], blocksize=2, mode="CRD"),
+            [("x", F, [1, 8, 2, 3])],
+            {},
+        ),
+        (helper.make_node("SpaceToDepth", ["x"], ["z"], blocksize=2), [("x", F, [1, 2, 4, 6])], {}),
+    ],
+)
+def test_index_scan_and_layout_ops(node, inputs, inits):
+    feeds = {n: _x(*s) * 4 for n, _, s in inputs}
+    if node.op_type == "Mod":
+        feeds["y"] = np.array([2.1, -3.4, 8.0, -2.1, np.inf, -np.inf], np.float32)
+        feeds["x"] = np.array([-4.3, 7.2, 5.0, 4.3, -7.2, 8.0], np.float32)
+    _check(_model([node], inputs, ["z"], inits=inits, opset=13), feeds)
+
+
+def test_topk_values_and_indices():
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=1)
+    m = _model([node], [("x", F, [3, 6])], ["v", "i"], inits={"k": np.array([3])}, opset=13)
+    x = _x(3, 6)
+    x[0, 2] = x[0, 4] = 5.0  # a tie: the lower index first
+    _check(m, {"x": x})

@@ -1037,6 +1037,233 @@ def _size(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     return [np.asarray(math.prod(ins[0].shape), dtype=np.int64)]
 
 
+# ---- index-valued and scan operators
+
+
+@_reg("Mod")
+def _mod(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``fmod=1``: C ``fmod`` (sign of the dividend); else numpy ``mod`` (sign of the divisor).
+    An infinite divisor keeps a finite dividend (numpy: or gives the divisor on a sign flip)."""
+    fmod = bool(int(at.get("fmod", 0)))
+
+    def f(a: Expr, b: Expr) -> Expr:
+        q = a / b
+        fl = q // 1.0  # floorf: exact for every float
+        if fmod:
+            r = a - b * te.where(q < 0.0, -((-q) // 1.0), fl)
+            inf_b = a
+        else:
+            r = a - b * fl
+            same_sign = te.equal(te.cast(a < 0.0, "float32"), te.cast(b < 0.0, "float32"))
+            inf_b = te.where(te.equal(a, 0.0) | same_sign, a, b)
+        big = te.equal(te.abs(b), math.inf) & te.not_equal(te.abs(a), math.inf)
+        return te.where(big, inf_b, r)
+
+    return [_map(ctx, ins[:2], f, "mod")]
+
+
+def _iota(k: Expr) -> Expr:
+    return te.cast(k, "float32")
+
+
+def _arg_reduce(
+    ctx: _Ctx, x: Tensor, ax: int, largest: bool, last: bool, keep: bool, hint: str
+) -> Tensor:
+    """Index of the max (min) along ``ax``: the extreme value, then the first (last) position
+    holding it; NaN counts as the extreme (as numpy's argmax)."""
+    n = x.shape[ax]
+    ext = _reduce(ctx, x, [ax], True, "max" if largest else "min")
+    shape = tuple(1 if d == ax else s for d, s in enumerate(x.shape) if keep or d != ax)
+    k = te.reduce_axis(n, name="ka")
+
+    def body(*i: IterVar) -> Expr:
+        full = list(i) if keep else [*i[:ax], as_expr(0), *i[ax:]]
+        at_k = list(full)
+        at_k[ax] = k
+        v, m = x[tuple(at_k)], ext[tuple(as_expr(0) if d == ax else e for d, e in enumerate(full))]
+        hit = te.equal(v, m) | (te.not_equal(v, v) & te.not_equal(m, m))
+        if last:
+            return te.max(te.where(hit, _iota(k), -1.0), axis=k)
+        return te.min(te.where(hit, _iota(k), float(n)), axis=k)
+
+    return ctx.compute(shape, body, hint)
+
+
+@_reg("ArgMax", "ArgMin")
+def _argmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    ax = int(at.get("axis", 0))
+    ax = ax + x.ndim if ax < 0 else ax
+    return [
+        _arg_reduce(
+            ctx,
+            x,
+            ax,
+            node.op_type == "ArgMax",
+            bool(at.get("select_last_index", 0)),
+            bool(at.get("keepdims", 1)),
+            node.op_type.lower(),
+        )
+    ]
+
+
+@_reg("CumSum")
+def _cumsum(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    ax = int(_host(ctx, node, ins[1], "axis").reshape(-1)[0])
+    ax = ax + x.ndim if ax < 0 else ax
+    excl, rev = bool(at.get("exclusive", 0)), bool(at.get("reverse", 0))
+    k = te.reduce_axis(x.shape[ax], name="kc")
+
+    def body(*i: IterVar) -> Expr:
+        j = i[ax]
+        inside = (k > j if excl else k >= j) if rev else (k < j if excl else k <= j)
+        return te.sum(te.where(inside, x[(*i[:ax], k, *i[ax + 1 :])], 0.0), axis=k)
+
+    return [ctx.compute(x.shape, body, "cumsum")]
+
+
+@_reg("TopK")
+def _topk(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """k rounds of (extreme value, first index holding it) over the not-yet-chosen positions."""
+    x = ctx.tensor(ins[0])
+    kk = int(_host(ctx, node, ins[1], "K").reshape(-1)[0])
+    ax = int(at.get("axis", -1))
+    ax = ax + x.ndim if ax < 0 else ax
+    largest = bool(at.get("largest", 1))
+    n = x.shape[ax]
+    if kk > n or kk < 1:
+        raise ExpressionError(f"TopK k={kk} out of range for axis of size {n}")
+    fill = -math.inf if largest else math.inf
+    rshape = tuple(1 if d == ax else s for d, s in enumerate(x.shape))
+    vals: list[Tensor] = []
+    idxs: list[Tensor] = []
+    for _ in range(kk):
+        prev = list(idxs)
+
+        def chosen(i: Sequence[Expr], j: Expr, prev: list[Tensor] = prev) -> Expr | None:
+            c: Expr | None = None
+            for p in prev:
+                e = te.equal(
+                    _iota(j), p[tuple(as_expr(0) if d == ax else v for d, v in enumerate(i))]
+                )
+                c = e if c is None else (c | e)
+            return c
+
+        def val_body(*i: IterVar, chosen: Callable[..., Any] = chosen) -> Expr:
+            k = te.reduce_axis(n, name="kt")
+            v = x[(*i[:ax], k, *i[ax + 1 :])]
+            c = chosen(i, k)
+            v = v if c is None else te.where(c, fill, v)
+            return te.max(v, axis=k) if largest else te.min(v, axis=k)
+
+        v = ctx.compute(rshape, val_body, "topk_val")
+
+        def idx_body(*i: IterVar, chosen: Callable[..., Any] = chosen, v: Tensor = v) -> Expr:
+            k = te.reduce_axis(n, name="ki")
+            hit = te.equal(x[(*i[:ax], k, *i[ax + 1 :])], v[i])
+            c = chosen(i, k)
+            if c is not None:
+                hit = hit & te.equal(c, 0.0)
+            return te.min(te.where(hit, _iota(k), float(n)), axis=k)
+
+        idxs.append(ctx.compute(rshape, idx_body, "topk_idx"))
+        vals.append(v)
+    if kk == 1:
+        return [vals[0], idxs[0]]
+    return [
+        ops.concat(vals, axis=ax, name=ctx.fresh("topk_values")),
+        ops.concat(idxs, axis=ax, name=ctx.fresh("topk_indices")),
+    ]
+
+
+# ---- layout: depth/space, einsum
+
+
+@_reg("DepthToSpace", "SpaceToDepth")
+def _depth_space(
+    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    bs = int(at["blocksize"])
+    b, c, h, w = x.shape
+    mode = at.get("mode", b"DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if node.op_type == "SpaceToDepth":
+        y = ops.reshape(x, (b, c, h // bs, bs, w // bs, bs), ctx.fresh("s2d"))
+        perm = (0, 1, 3, 5, 2, 4) if mode == "CRD" else (0, 3, 5, 1, 2, 4)
+        y = ops.transpose(y, perm, ctx.fresh("s2d"))
+        return [ops.reshape(y, (b, c * bs * bs, h // bs, w // bs), ctx.fresh("s2d"))]
+    co = c // (bs * bs)
+    if mode == "DCR":
+        y = ops.reshape(x, (b, bs, bs, co, h, w), ctx.fresh("d2s"))
+        y = ops.transpose(y, (0, 3, 4, 1, 5, 2), ctx.fresh("d2s"))
+    else:
+        y = ops.reshape(x, (b, co, bs, bs, h, w), ctx.fresh("d2s"))
+        y = ops.transpose(y, (0, 1, 4, 2, 5, 3), ctx.fresh("d2s"))
+    return [ops.reshape(y, (b, co, h * bs, w * bs), ctx.fresh("d2s"))]
+
+
+@_reg("Einsum")
+def _einsum(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """One te reduction: output letters are loop variables, the others reduce axes; a repeated
+    letter in one operand (a diagonal) reuses its variable. Covers matmul, batched matmul,
+    transposes, traces and sums."""
+    xs = [ctx.tensor(v) for v in ins]
+    eq = at["equation"]
+    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(xs):
+        raise ExpressionError(
+            f"Einsum '{eq}': {len(terms)} operands in the equation, {len(xs)} given"
+        )
+    free = [ch for ch in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if ch not in eq]
+    ell_rank = max(
+        (x.ndim - (len(t) - 3) for t, x in zip(terms, xs, strict=True) if "..." in t), default=0
+    )
+    ell = "".join(free[:ell_rank])
+    subs = []
+    for t, x in zip(terms, xs, strict=True):
+        if "..." in t:
+            r = x.ndim - (len(t) - 3)
+            t = t.replace("...", ell[ell_rank - r :])
+        if len(t) != x.ndim:
+            raise ExpressionError(f"Einsum '{eq}': term '{t}' for an operand of rank {x.ndim}")
+        subs.append(t)
+    sizes: dict[str, int] = {}
+    for t, x in zip(subs, xs, strict=True):
+        for ch, s in zip(t, x.shape, strict=True):
+            if sizes.get(ch, 1) != 1 and s != 1 and sizes[ch] != s:
+                raise ExpressionError(f"Einsum '{eq}': '{ch}' has sizes {sizes[ch]} and {s}")
+            sizes[ch] = max(sizes.get(ch, 1), s)
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        letters = sorted(
+            ch for ch in set("".join(subs)) if "".join(subs).count(ch) == 1 and ch not in ell
+        )
+        out = ell + "".join(letters)
+    red = [ch for ch in dict.fromkeys("".join(subs)) if ch not in out]
+    raxes = {ch: te.reduce_axis(sizes[ch], name=f"e{ch}") for ch in red}
+
+    def body(*i: IterVar) -> Expr:
+        var: dict[str, Expr] = {**dict(zip(out, i, strict=True)), **raxes}
+        prod: Expr | None = None
+        for t, x in zip(subs, xs, strict=True):
+            v = x[
+                tuple(
+                    as_expr(0) if s == 1 and sizes[ch] != 1 else var[ch]
+                    for ch, s in zip(t, x.shape, strict=True)
+                )
+            ]
+            prod = v if prod is None else prod * v
+        assert prod is not None
+        return te.sum(prod, axis=list(raxes.values())) if raxes else prod
+
+    return [ctx.compute(tuple(sizes[ch] for ch in out), body, "einsum")]
+
+
 # Ops that fold on the host when all inputs are constants but have no runtime form.
 HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero", "Round"}
 HOST_ONLY_ALWAYS = {"Constant", "ConstantOfShape", "Range"}
