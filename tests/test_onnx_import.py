@@ -503,3 +503,59 @@ def test_topk_values_and_indices():
     x = _x(3, 6)
     x[0, 2] = x[0, 4] = 5.0  # a tie: the lower index first
     _check(m, {"x": x})
+
+
+@pytest.mark.parametrize(
+    "at,scales,sizes",
+    [
+        (dict(mode="nearest", nearest_mode="round_prefer_ceil"), [1, 1, 1.7, 2.3], None),
+        (dict(mode="linear", coordinate_transformation_mode="align_corners"), None, [1, 2, 7, 3]),
+        (dict(mode="cubic", exclude_outside=1), [1, 1, 0.6, 1.5], None),
+        (
+            dict(
+                mode="linear",
+                coordinate_transformation_mode="tf_crop_and_resize",
+                extrapolation_value=7.0,
+            ),
+            None,
+            [1, 2, 5, 6],
+        ),
+    ],
+)
+def test_resize_modes(at, scales, sizes):
+    inits = {"roi": np.array([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], np.float32)}
+    names = ["x", "roi", "scales" if scales else "", "sizes" if sizes else ""]
+    if scales:
+        inits["scales"] = np.array(scales, np.float32)
+    if sizes:
+        inits["sizes"] = np.array(sizes, np.int64)
+    node = helper.make_node(
+        "Resize", [n for n in names if n] if sizes is None else names, ["y"], **at
+    )
+    if sizes is not None:
+        node.input[2] = ""
+    _check(
+        _model([node], [("x", F, [1, 2, 4, 5])], ["y"], inits=inits, opset=19),
+        {"x": _x(1, 2, 4, 5)},
+    )
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_recurrent_layers_unrolled(op, direction):
+    g, hid, nd = {"LSTM": 4, "GRU": 3}[op], 3, 2 if direction == "bidirectional" else 1
+    inits = {
+        "w": _x(nd, g * hid, 4),
+        "r": _x(nd, g * hid, hid),
+        "b": _x(nd, 2 * g * hid),
+        "h0": _x(nd, 2, hid),
+    }
+    ins = ["x", "w", "r", "b", "", "h0"]
+    outs = ["y", "yh"]
+    kw = {"linear_before_reset": 1} if op == "GRU" and nd == 2 else {}
+    if op == "LSTM":
+        inits["c0"], inits["p"] = _x(nd, 2, hid), _x(nd, 3 * hid)
+        ins += ["c0", "p"]
+        outs.append("yc")
+    node = helper.make_node(op, ins, outs, hidden_size=hid, direction=direction, **kw)
+    _check(_model([node], [("x", F, [5, 2, 4])], outs, inits=inits, opset=14), {"x": _x(5, 2, 4)})
