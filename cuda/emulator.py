@@ -61,13 +61,14 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from polyfuse.errors import CallError, CompilerNotFound, EmulatorError
+from polyfuse.store import Store, write_atomic
 
 from .launch import Launch, LaunchTraffic, marshal
 
@@ -549,6 +550,20 @@ def _compile(
         first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "failed")
         raise EmulatorError(f"emulator: {Path(cxx).name} rejected {src.name}: {first} (log: {log})")
     os.replace(tmp, out)
+
+
+def _cached_build(directory: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """``(path, from_cache)`` of the library ``name``, built by ``build(path)`` unless the
+    cache holds a copy that matches its checksum (a corrupt or half-written one is rebuilt);
+    one process builds a name at a time (see :mod:`polyfuse.store`)."""
+    store = Store(directory, "emulator", _ABI_VERSION, fan_out=False)
+    if (hit := store.read_artifact(name)) is not None:
+        return hit, True
+    with store.lock(name):
+        if (hit := store.read_artifact(name)) is not None:  # another process built it
+            return hit, True
+        build(store.path(name))
+        return store.commit_artifact(name), False
 
 
 # --------------------------------------------------------------------------------------------
@@ -1039,10 +1054,13 @@ class Emulator:
         key = _hash(
             "server", str(_ABI_VERSION), self._cxx_id, " ".join(SERVER_FLAGS), self._header, src
         )
-        out = self.cache_dir / f"server-{key}"
-        if not out.exists():
-            _compile(self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"])
-        return out
+        return _cached_build(
+            self.cache_dir,
+            f"server-{key}",
+            lambda out: _compile(
+                self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"]
+            ),
+        )[0]
 
     def load(self, source: str) -> EmulatedModule:
         """Compile (or take from the cache) the CUDA translation unit ``source``.
@@ -1057,12 +1075,13 @@ class Emulator:
             mod = self._modules.get(key)
             if mod is not None:
                 return mod
-            out = self.cache_dir / f"k-{key}.so"
-            from_cache = out.exists()
-            if not from_cache:
-                cpp = self.cache_dir / f"k-{key}.cpp"
-                cpp.write_text(pre.source)
+
+            def build(out: Path) -> None:
+                cpp = out.with_suffix(".cpp")
+                write_atomic(cpp, pre.source.encode())
                 _compile(self.cxx, KERNEL_FLAGS, cpp, out, ["-include", str(_HEADER)])
+
+            out, from_cache = _cached_build(self.cache_dir, f"k-{key}.so", build)
             module, text = self._server.load(out)
             mod = EmulatedModule(self, out, from_cache, module, text)
             self._modules[key] = mod

@@ -68,6 +68,37 @@ class LaunchTraffic:
         return self.bytes_read + self.bytes_written
 
 
+def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]) -> list[int]:
+    """A launch order that respects every dependence through a buffer: ``accesses[i]`` is
+    (buffers kernel ``i`` reads, buffers it writes). A kernel that reads or writes a buffer
+    runs after every kernel that writes it without reading it (its producer); kernels that
+    write the same buffer keep their given order, and so do independent kernels.
+    Raises :class:`CallError` when the dependences form a cycle (no order exists).
+    """
+    n = len(accesses)
+    preds: list[set[int]] = [set() for _ in range(n)]
+    for j in range(n):
+        rj, wj = accesses[j]
+        for i in range(n):
+            if i == j:
+                continue
+            wi = accesses[i][1]
+            if wi & (rj - wj):  # i produces what j only reads: i first
+                preds[j].add(i)
+            elif i < j and wi & wj:  # two writers of one buffer: keep the given order
+                preds[j].add(i)
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < n:
+        ready = [k for k in range(n) if k not in done and preds[k] <= done]
+        if not ready:
+            stuck = [names[k] for k in range(n) if k not in done]
+            raise CallError(f"kernels {', '.join(stuck)} depend on each other in a cycle")
+        order.append(ready[0])
+        done.add(ready[0])
+    return order
+
+
 def marshal(launch: Launch, buffers: dict[str, np.ndarray]) -> list[np.ndarray | np.generic]:
     """Resolve a launch's arguments against ``buffers``, in parameter order.
 

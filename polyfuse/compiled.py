@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.launch import Launch, LaunchTraffic
+from polyfuse.cuda.launch import Launch, LaunchTraffic, dependence_order
 from polyfuse.errors import CallError, CompilerNotFound
 from polyfuse.graph.expr import Tensor
 
@@ -29,6 +29,9 @@ class BufferSpec:
     shape: tuple[int, ...]
     role: str  # "input" | "output" | "intermediate"
     dtype: str = "float32"
+
+
+_MISSING = object()  # an input no argument was given for
 
 
 def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
@@ -59,8 +62,21 @@ def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
     return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
 
 
+def kernel_order(kernels: list[Kernel]) -> list[int]:
+    """Indices of ``kernels`` in a launch order that follows the dependences between them,
+    computed from the buffers each kernel reads (``const`` pointers) and writes."""
+    accesses = []
+    for k in kernels:
+        bufs = [p for p in k.params if p.tensor]
+        reads = {p.tensor for p in bufs if p.ctype.startswith("const")}
+        writes = {p.tensor for p in bufs if not p.ctype.startswith("const")}
+        accesses.append((reads, writes))
+    return dependence_order(accesses, [k.name for k in kernels])
+
+
 def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:
-    """Buffers every kernel parameter refers to, and the launches in order."""
+    """Buffers every kernel parameter refers to, and the launches in dependence order
+    (:func:`kernel_order`)."""
     ins = {graph.ident(t) for t in graph.inputs}
     outs = {graph.ident(t) for t in graph.outputs}
     specs: dict[str, BufferSpec] = {}
@@ -69,7 +85,7 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
     for t in graph.outputs:
         specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
     launches = []
-    for k in kernels:
+    for k in (kernels[i] for i in kernel_order(kernels)):
         for p in k.params:
             if p.tensor and p.tensor not in specs:
                 role = "output" if p.tensor in outs else "intermediate"
@@ -152,25 +168,35 @@ class CompiledGraph:
         return binary
 
     # ------------------------------------------------------------------ calling
-    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+    def _given(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The argument for each input, in input order: positional arguments by position,
+        keyword arguments by input name (refused for a name several inputs share)."""
         names = [t.name for t in self.inputs]
         if len(args) > len(self.inputs):
             raise CallError(
                 f"{self.name}: expected {len(self.inputs)} input arrays ({', '.join(names)}), "
                 f"got {len(args)}"
             )
-        given: dict[str, Any] = dict(zip(names, args, strict=False))
+        given: list[Any] = [*args] + [_MISSING] * (len(names) - len(args))
         for k, v in kwargs.items():
             if k not in names:
                 raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if k in given:
+            if names.count(k) > 1:
+                raise CallError(
+                    f"{self.name}: {names.count(k)} inputs are named '{k}'; pass them by position"
+                )
+            i = names.index(k)
+            if given[i] is not _MISSING:
                 raise CallError(f"{self.name}: input '{k}' given twice")
-            given[k] = v
-        bufs: dict[str, np.ndarray] = {}
-        for t in self.inputs:
-            if t.name not in given:
+            given[i] = v
+        for t, a in zip(self.inputs, given, strict=True):
+            if a is _MISSING:
                 raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
-            a = given[t.name]
+        return given
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+        bufs: dict[str, np.ndarray] = {}
+        for t, a in zip(self.inputs, self._given(args, kwargs), strict=True):
             if not isinstance(a, np.ndarray):
                 raise CallError(_not_host_array(t.name, a))
             if a.shape != t.shape:
@@ -197,6 +223,9 @@ class CompiledGraph:
         **kwargs: Any,
     ):
         """Run the graph; returns one array, or a tuple when there are several outputs.
+
+        Arrays bind to ``inputs`` by position; a keyword argument names an input (refused
+        when several inputs share that name: placeholders are distinct by identity).
 
         ``device``: "emulate" (the CPU emulator, numpy arrays) or "cuda" / "cuda:N" (a GPU,
         see :mod:`polyfuse.cuda.runtime`): numpy arrays in → numpy arrays out; device arrays
@@ -293,25 +322,10 @@ class CompiledGraph:
         return prog
 
     def _run_cuda(self, device: str, args: tuple, kwargs: dict, out: Any, stream: Any):
-        names = [t.name for t in self.inputs]
-        if len(args) > len(names):
-            raise CallError(
-                f"{self.name}: expected {len(names)} input arrays ({', '.join(names)}), "
-                f"got {len(args)}"
-            )
-        given: dict[str, Any] = dict(zip(names, args, strict=False))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if k in given:
-                raise CallError(f"{self.name}: input '{k}' given twice")
-            given[k] = v
-        for t in self.inputs:
-            if t.name not in given:
-                raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
+        given = self._given(args, kwargs)
         prog = self.device_program(device)
         idents = self._idents
-        argmap = {idents[t.uid]: given[t.name] for t in self.inputs}
+        argmap = {idents[t.uid]: a for t, a in zip(self.inputs, given, strict=True)}
         outmap = {}
         if out is not None:
             for t, o in zip(self.outputs, self._outs(out), strict=True):

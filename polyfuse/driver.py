@@ -20,8 +20,15 @@ from collections.abc import Sequence
 import islpy as isl
 import numpy as np
 
-from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
-from polyfuse.compiled import CompiledGraph, plan_buffers
+from polyfuse.cache import (
+    KERNEL_FIELDS,
+    SCHEDULE_FIELDS,
+    CompileCache,
+    kernel_entry,
+    kernel_from_entry,
+    rename,
+)
+from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
@@ -38,7 +45,13 @@ from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import place_shared, place_tensors
-from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.poly.schedule import (
+    DEFAULT_BUDGET,
+    Feedback,
+    ScheduledMicrograph,
+    compute_schedule,
+    configure,
+)
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
 from polyfuse.stitch.plan import KernelPlan
@@ -47,6 +60,9 @@ from polyfuse.version import __version__
 
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
+# Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
+# max/min, lane combines decided by isl), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 2
 
 
 def _check_constants(
@@ -100,7 +116,7 @@ def compile(  # noqa: A001
     consts = _check_constants(constants or {}, inputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    ctx = isl.Context()
+    ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx)
     device = device_for_arch(arch)
     graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
@@ -109,7 +125,8 @@ def compile(  # noqa: A001
     cache = cache if cache is not None else CompileCache()
     hits0, misses0 = cache.hits, cache.misses
     cfg = mapping or MappingConfig()
-    salt = f"polyfuse {__version__}|{arch}|budget {budget}|{cfg}|stitch {stitch}"
+    salt = f"polyfuse {__version__}|codegen {CODEGEN_REVISION}|{arch}"
+    salt += f"|budget {budget}|{cfg}|stitch {stitch}"
 
     t0 = time.perf_counter()
     separations: set[frozenset[str]] = set()
@@ -158,7 +175,7 @@ def compile(  # noqa: A001
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         key = structural_key(graph, prims, f"{salt}|kernel")
         kname = f"k{i}_{prims[0]}"
-        entry = cache.get(key.digest)
+        entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
             cache.put(key.digest, kernel_entry(kernel, kp, key))
@@ -169,6 +186,10 @@ def compile(  # noqa: A001
         kernels.append(kernel)
         plans.append(kp)
         mapped.append(mm)
+    order = kernel_order(kernels)  # launches follow the buffers' dependences
+    kernels = [kernels[i] for i in order]
+    plans = [plans[i] for i in order]
+    mapped = [mapped[i] for i in order]
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     times["map+place+codegen"] = time.perf_counter() - t0
 
@@ -210,7 +231,7 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     """The micrograph's schedule, from the cache (by structural key) or from isl."""
     key = structural_key(graph, mg.prims, f"{salt}|schedule")
     model = build_model(graph, mg, ctx)
-    entry = cache.get(key.digest)
+    entry = cache.get(key.digest, SCHEDULE_FIELDS)
     back = {c: a for a, c in key.canonical().items()}
     if entry is not None:
         if "feedback" in entry:
