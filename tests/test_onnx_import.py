@@ -580,3 +580,28 @@ def test_four_reduce_axes_compile_correctly():
     fn = __import__("polyfuse").compile([x], [y], check_cuda=False)
     got = fn(xv, device="emulate")
     np.testing.assert_allclose(got, reference.evaluate([y], {x: xv})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_training_mode_outputs():
+    node = helper.make_node(
+        "BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1
+    )
+    inits = {"s": _x(3), "b": _x(3), "m": _x(3), "v": _x(3, lo=0.5, hi=1.0)}
+    _check(
+        _model([node], [("x", F, [2, 3, 4, 5])], ["y", "rm", "rv"], inits=inits, opset=15),
+        {"x": _x(2, 3, 4, 5)},
+    )
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_max_pool_indices(order):
+    node = helper.make_node(
+        "MaxPool",
+        ["x"],
+        ["y", "i"],
+        kernel_shape=[3, 2],
+        strides=[2, 1],
+        pads=[1, 0, 1, 1],
+        storage_order=order,
+    )
+    _check(_model([node], [("x", F, [2, 2, 5, 4])], ["y", "i"]), {"x": _x(2, 2, 5, 4)})

@@ -466,12 +466,35 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 @_reg("BatchNormalization")
 def _bn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     if at.get("training_mode", 0):
-        raise UnsupportedOpError("BatchNormalization training_mode=1")
+        return _bn_training(ctx, ins, at)
     x, scale, bias, mean, var = (ctx.tensor(v) for v in ins[:5])
     y = ops.batch_norm(
         x, mean, var, scale, bias, eps=float(at.get("epsilon", 1e-5)), name=ctx.fresh("bn")
     )
     return [y]
+
+
+def _bn_training(ctx: _Ctx, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """training_mode=1: normalize with the batch statistics (over every axis but 1); the
+    running mean/var outputs are ``running * momentum + batch * (1 - momentum)``."""
+    x = ctx.tensor(ins[0])
+    eps, mom = float(at.get("epsilon", 1e-5)), float(at.get("momentum", 0.9))
+    axes = [d for d in range(x.ndim) if d != 1]
+    n = math.prod(x.shape[d] for d in axes)
+    mean = _reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
+    cen = _map(ctx, [x, mean], lambda a, m: a - m, "bn_cen")
+    var = _reduce(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
+    cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
+    sc, bi = (_reshape_to(ctx, v, cshape) for v in ins[1:3])
+    y = _map(ctx, [cen, var, sc, bi], lambda c, v, s_, b: c * te.rsqrt(v + eps) * s_ + b, "bn")
+    c = x.shape[1]
+    m1 = _map(
+        ctx, [_reshape_to(ctx, mean, (c,)), ins[3]], lambda m, r: r * mom + m * (1 - mom), "bn_rm"
+    )
+    v1 = _map(
+        ctx, [_reshape_to(ctx, var, (c,)), ins[4]], lambda v, r: r * mom + v * (1 - mom), "bn_rv"
+    )
+    return [y, m1, v1]
 
 
 @_reg("LayerNormalization")
@@ -637,7 +660,9 @@ def _conv_transpose(
     return [y]
 
 
-def _pool(ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: str) -> Tensor:
+def _pool(
+    ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: str, indices: bool = False
+) -> Tensor:
     nd = x.ndim - 2
     k = [int(v) for v in at["kernel_shape"]]
     s = [int(v) for v in at.get("strides", [1] * nd)]
@@ -655,7 +680,7 @@ def _pool(ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: 
     rs = [te.reduce_axis(kk, name=f"r{i}") for i, kk in enumerate(k)]
     fill = -math.inf if kind == "max" else 0.0
 
-    def body(*idx: IterVar) -> Expr:
+    def window(idx: Sequence[IterVar], rs: Sequence[IterVar]) -> tuple[list[Expr], Expr | None]:
         subs: list[Expr] = list(idx[:2])
         conds: list[Expr] = []
         for i in range(nd):
@@ -669,15 +694,35 @@ def _pool(ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: 
                 conds.append(e >= 0)
             if (out[i] - 1) * s[i] + (k[i] - 1) * d[i] - lo[i] >= x.shape[2 + i]:
                 conds.append(e < x.shape[2 + i])
+        c = conds[0] if conds else None
+        for cc in conds[1:]:
+            c = c & cc
+        return subs, c
+
+    def body(*idx: IterVar) -> Expr:
+        subs, c = window(idx, rs)
         v: Expr = x[tuple(subs)]
-        if conds:
-            c = conds[0]
-            for cc in conds[1:]:
-                c = c & cc
+        if c is not None:
             v = te.where(c, v, fill)
         return te.max(v, axis=rs) if kind == "max" else te.sum(v, axis=rs)
 
     y = ctx.compute(shape, body, f"{kind}pool")
+    if kind == "max" and indices:  # the first flat (NC...-major) position holding the max
+        rs2 = [te.reduce_axis(kk, name=f"q{i}") for i, kk in enumerate(k)]
+        strides = [math.prod(x.shape[j + 1 :]) for j in range(x.ndim)]
+        if int(at.get("storage_order", 0)):  # column-major spatial dims
+            sp = x.shape[2:]
+            strides[2:] = [math.prod(sp[:j]) for j in range(nd)]
+        big = float(math.prod(x.shape))
+
+        def ibody(*idx: IterVar) -> Expr:
+            subs, c = window(idx, rs2)
+            hit = te.equal(x[tuple(subs)], y[idx])
+            hit = hit if c is None else (c & hit)
+            flat = _iota(sum((e * st for e, st in zip(subs, strides, strict=True)), as_expr(0)))
+            return te.min(te.where(hit, flat, big), axis=rs2)
+
+        return y, ctx.compute(shape, ibody, "maxpool_idx")  # type: ignore[return-value]
     if kind == "max":
         return y
     include = int(at.get("count_include_pad", 0))
@@ -697,11 +742,10 @@ def _pool(ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: 
 
 @_reg("MaxPool", "AveragePool")
 def _pool_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    if len([o for o in node.output if o]) > 1:
-        raise UnsupportedOpError("MaxPool Indices output")
-    if int(at.get("storage_order", 0)):
-        raise UnsupportedOpError("MaxPool storage_order=1")
     kind = "max" if node.op_type == "MaxPool" else "avg"
+    if kind == "max" and len([o for o in node.output if o]) > 1:
+        y, idx = _pool(ctx, node, ctx.tensor(ins[0]), at, kind, indices=True)  # type: ignore[misc]
+        return [y, idx]
     return [_pool(ctx, node, ctx.tensor(ins[0]), at, kind)]
 
 
