@@ -605,3 +605,13 @@ def test_max_pool_indices(order):
         storage_order=order,
     )
     _check(_model([node], [("x", F, [2, 2, 5, 4])], ["y", "i"]), {"x": _x(2, 2, 5, 4)})
+
+
+def test_cast_to_narrow_float_types_is_refused():
+    # float32 -> float8 -> float32 mid-graph would silently skip the float8 rounding
+    nodes = [
+        helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT8E4M3FN),
+        helper.make_node("Cast", ["c"], ["y"], to=F),
+    ]
+    with pytest.raises(UnsupportedOpError, match="node #0 .*float8"):
+        po.load(_model(nodes, [("x", F, [4])], ["y"]))

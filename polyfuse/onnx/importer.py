@@ -312,8 +312,11 @@ def _cast(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
         to = ins[1].dtype if isinstance(ins[1], np.ndarray) else np.dtype(np.float32)
     else:
         to = helper.tensor_dtype_to_np_dtype(at["to"])
-    if np.issubdtype(to, np.floating):
-        return [ins[0]]
+    to = np.dtype(to)
+    if to.kind == "f" and to.itemsize >= 2 and to.name in ("float16", "float32", "float64"):
+        return [ins[0]]  # the output is converted to the declared type after the run
+    if to.kind not in "iub":  # float8/float4/bfloat16: saturation and rounding rules differ
+        raise UnsupportedOpError(f"{node.op_type} to {to.name} is not supported (float32 only)")
     if to == np.bool_:
         return [_map(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
     if np.issubdtype(to, np.integer):
