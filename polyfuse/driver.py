@@ -9,6 +9,7 @@ Stages, each producing a printable object kept on the :class:`Plan`:
 4. ``map_to_gpu`` + ``place_tensors``: tiling, block/thread mapping, register/global placement;
 5. ``stitch_memory``: Layer 2 — reduction micrographs stitched with their consumers into one
    kernel (Algorithm 2), laid out as parallel reductions; ``plan_kernels`` (stitch/);
+5b. ``stitch_parallel``: Layer 3 — independent kernels share one launch (Algorithm 3);
 6. isl AST generation and the CUDA printer (cuda/).
 """
 
@@ -54,6 +55,7 @@ from polyfuse.poly.schedule import (
 )
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
+from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
 from polyfuse.version import __version__
@@ -93,6 +95,7 @@ def compile(  # noqa: A001
     mapping: MappingConfig | None = None,
     check_cuda: bool | str = "auto",
     stitch: bool = True,
+    pack: bool = True,
     constants: dict[Tensor, np.ndarray] | None = None,
     cache: CompileCache | None = None,
     name: str = "graph",
@@ -101,6 +104,7 @@ def compile(  # noqa: A001
 
     ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
     knobs; ``stitch`` enables Layer 2 memory stitching and two-stage long reductions;
+    ``pack`` enables Layer 3 parallel stitching (independent kernels share one launch);
     ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers and
     shared memory per kernel ("auto": when a compiler is installed). ``constants`` binds
     placeholders to fixed arrays (weights): they are not call arguments. ``cache`` (a
@@ -190,6 +194,9 @@ def compile(  # noqa: A001
     kernels = [kernels[i] for i in order]
     plans = [plans[i] for i in order]
     mapped = [mapped[i] for i in order]
+    packs: list[PackDecision] = []
+    if pack:  # Layer 3: independent kernels share one launch
+        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, device)
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     times["map+place+codegen"] = time.perf_counter() - t0
 
@@ -207,6 +214,7 @@ def compile(  # noqa: A001
         times,
         stitches,
         graph_notes,
+        packs,
     )
     fn = CompiledGraph(
         name,
