@@ -166,7 +166,9 @@ def modelled_us(
     useful = sum(p.grid * p.threads for p in parts) / max(1, blocks)  # per padded block
     resident = min(blocks, per_sm * device.sms)
     waves = -(-blocks // resident)
-    rate = device.dram_gbps * 1e3 * min(1.0, resident * useful / device.sms / cfg.saturating_threads)
+    rate = (
+        device.dram_gbps * 1e3 * min(1.0, resident * useful / device.sms / cfg.saturating_threads)
+    )
     wave_bytes = sum(p.bytes for p in parts) / blocks * resident
     return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)
 
@@ -251,7 +253,9 @@ def plan_packs(
                 continue
             group.append(b)
         if dependent:
-            shown = ", ".join(dependent[:6]) + (f" +{len(dependent) - 6} more" if dependent[6:] else "")
+            shown = ", ".join(dependent[:6]) + (
+                f" +{len(dependent) - 6} more" if dependent[6:] else ""
+            )
             decisions.append(
                 PackDecision(
                     [parts[a].name],
