@@ -194,11 +194,13 @@ def compile(  # noqa: A001
     kernels = [kernels[i] for i in order]
     plans = [plans[i] for i in order]
     mapped = [mapped[i] for i in order]
+    times["map+place+codegen"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     packs: list[PackDecision] = []
     if pack:  # Layer 3: independent kernels share one launch
         kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, device)
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
-    times["map+place+codegen"] = time.perf_counter() - t0
+    times["pack"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)
     plan = Plan(

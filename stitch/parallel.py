@@ -267,13 +267,9 @@ def plan_packs(
         while len(group) - m >= 2:
             k = len(group) - m
             while k >= 2:
+                # members are pairwise independent, and contracting some of them cannot join
+                # two others (that path would need a member reaching a contracted one)
                 sub = group[m : m + k]
-                r = reach()
-                if any(path(r, x, y) for x in sub for y in sub if x < y):
-                    why = "dependence path after earlier packs (packing would form a cycle)"
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, why))
-                    k -= 1
-                    continue
                 lay = pack_layout([parts[i] for i in sub])
                 if isinstance(lay, str):
                     decisions.append(PackDecision([parts[i].name for i in sub], False, lay))
