@@ -129,8 +129,7 @@ def _check(groups, acc, n):
             assert pos[i] < pos[j], (groups, acc)  # the launch order is topological
     # the driver re-derives the order from the packs' buffers: it must agree
     merged = [
-        (set().union(*(acc[i][0] for i in g)), set().union(*(acc[i][1] for i in g)))
-        for g in groups
+        (set().union(*(acc[i][0] for i in g)), set().union(*(acc[i][1] for i in g))) for g in groups
     ]
     order = dependence_order(merged, [str(g) for g in groups])
     rank = {i: order.index(pos[i]) for i in range(n)}
