@@ -174,3 +174,17 @@ def test_random_kernel_dags_never_pack_dependent_kernels(eager):
         assert sorted(map(sorted, made)) == sorted(map(sorted, multi))
         packs += len(multi)
     assert packs > 50  # the test exercised packing, not just refusals
+
+
+def test_packed_launches_compile_with_nvrtc():
+    """The dispatch kernels are valid CUDA; ptxas reports them (skipped without a compiler)."""
+    from polyfuse.cuda.compiler import available_compilers
+
+    if not available_compilers():
+        pytest.skip("no CUDA compiler installed")
+    for name in sorted(PACKED):
+        inputs, outputs, _ = suite.build(name, SCALE)
+        fn = polyfuse.compile(inputs, outputs, check_cuda=False, name=name)
+        binary = fn.check_cuda("sm_80")
+        assert binary.resources[fn.kernels[0].name].spill_stores == 0
+        assert fn.kernels[0].registers > 0
