@@ -26,11 +26,13 @@ launch (the gain) is positive, otherwise ``k`` shrinks by one.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
+from polyfuse.cuda.printer import STATIC_SMEM_LIMIT
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.stitch.plan import KernelPlan
 
@@ -173,6 +175,17 @@ def modelled_us(
     return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)
 
 
+def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
+    """Why the parts' shared memory does not fit one block (static arrays add up), or None."""
+    static = sum(p.static_smem for p in parts)
+    total = static + max(p.dynamic_smem for p in parts)
+    if static > STATIC_SMEM_LIMIT:
+        return f"static shared memory of the parts ({static} B) does not fit 48 KB"
+    if total > device.smem_per_block_optin:
+        return f"shared memory of the parts ({total} B) does not fit one block of {device.name}"
+    return None
+
+
 def _conflict(parts: list[PartShape], accesses, b: int, group: list[int]) -> str | None:
     rb, wb = accesses[b]
     for a in group:
@@ -275,10 +288,15 @@ def plan_packs(
                     decisions.append(PackDecision([parts[i].name for i in sub], False, lay))
                     k -= 1
                     continue
+                why = _fits([parts[i] for i in sub], device)
+                if why:
+                    decisions.append(PackDecision([parts[i].name for i in sub], False, why))
+                    k -= 1
+                    continue
                 sep = sum(alone[i] for i in sub)
                 packed = modelled_us([parts[i] for i in sub], device, cfg, lay)
                 gain = sep - packed
-                if gain <= cfg.min_gain_us:
+                if not math.isfinite(packed) or gain <= cfg.min_gain_us:
                     why = (
                         f"cost model: no gain (separate {sep:.2f} us, packed {packed:.2f} us, "
                         f"block {lay.block}, modelled)"

@@ -101,6 +101,17 @@ def test_packing_never_closes_a_path():
     _check(groups, acc, 4)
 
 
+def test_parts_whose_shared_memory_does_not_fit_are_not_packed():
+    big = [PartShape(f"r{i}", 64, 256, 1 << 20, True, 32 * 1024, 0, None) for i in range(2)]
+    acc = [({"x"}, {"a"}), ({"y"}, {"b"})]
+    groups, decisions = plan_packs(big, acc, DEVICE, PackConfig(min_gain_us=-1e9))
+    assert groups == [[0], [1]]
+    assert any("does not fit 48 KB" in d.reason for d in decisions)
+    huge = [PartShape(f"d{i}", 64, 256, 1 << 20, True, 0, 200 * 1024, None) for i in range(2)]
+    groups, decisions = plan_packs(huge, acc, DEVICE)
+    assert groups == [[0], [1]] and not any(d.packed for d in decisions)
+
+
 def _closure(preds: list[set[int]], n: int) -> list[set[int]]:
     """Ancestors of every kernel (plain DFS, independent of the code under test)."""
     anc: list[set[int]] = []
