@@ -56,7 +56,8 @@ def pack_kernels(
             call = [f"    {fn}({args}, pf_b - {first}, (int)threadIdx.x);"]
         kw = "if" if not calls else "} else if"
         calls += [f"  {kw} ({cond}) {{  // {k.name}: {k.grid[0]} blocks of {threads}"] + call
-        params += [KParam(p.name, p.ctype, p.tensor) for p in k.params]
+        seen = {p.name for p in params}  # a buffer several parts read is passed once
+        params += [KParam(p.name, p.ctype, p.tensor) for p in k.params if p.name not in seen]
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in params)
     lines = [f'extern "C" __global__ void __launch_bounds__({block}) {name}({sig}) {{']
     lines += ["  const int pf_b = blockIdx.x;"] + calls + ["  }", "}"]

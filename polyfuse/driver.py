@@ -198,7 +198,8 @@ def compile(  # noqa: A001
     t0 = time.perf_counter()
     packs: list[PackDecision] = []
     if pack:  # Layer 3: independent kernels share one launch
-        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, device)
+        models = [[sm.model for sm in groups[i].parts] for i in order]
+        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     times["pack"] = time.perf_counter() - t0
 

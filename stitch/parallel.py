@@ -12,8 +12,9 @@ to the largest part:
   padded block (``block`` must be a multiple of its threads), so no thread idles.
 
 Packing never creates a cycle: a group is packed only when no member reaches another on the
-DAG with every earlier pack contracted (a path A→C→B forbids packing A and B). Parts touching
-a common buffer are not packed (their union footprint is not tracked per buffer yet).
+DAG with every earlier pack contracted (a path A→C→B forbids packing A and B). Parts may
+share buffers they only read (the branches of a multi-head op); the pack's distinct bytes then
+count each shared element once (isl, :func:`polyfuse.poly.footprint.read_overlap`).
 
 The cost model (:func:`modelled_us`, all figures *modelled*, never measured): one launch costs
 ``launch_us`` plus, per wave of resident blocks, the wave's bytes at the DRAM rate scaled by how
@@ -34,6 +35,8 @@ from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
 from polyfuse.cuda.printer import STATIC_SMEM_LIMIT
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.footprint import read_overlap
+from polyfuse.poly.model import PolyModel
 from polyfuse.stitch.plan import KernelPlan
 
 _COLLECTIVE = re.compile(r"__syncthreads|__syncwarp|__shfl|pf_allreduce|__shared__|__pipeline")
@@ -186,15 +189,25 @@ def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
     return None
 
 
-def _conflict(parts: list[PartShape], accesses, b: int, group: list[int]) -> str | None:
+def _conflict(
+    parts: list[PartShape], accesses, known: list[bool], b: int, group: list[int]
+) -> str | None:
+    """Why ``b`` cannot join ``group`` through a common buffer: one that some part writes, or
+    one read by a part whose per-buffer footprint is unknown (a kernel from the compile cache:
+    the pack's distinct bytes could not be counted)."""
     rb, wb = accesses[b]
     for a in group:
         ra, wa = accesses[a]
         common = (ra | wa) & (rb | wb)
-        if common:
+        if not common:
+            continue
+        names = ", ".join(sorted(common))
+        if (wa | wb) & common:
+            return f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
+        if not (known[a] and known[b]):
             return (
-                f"{parts[b].name} and {parts[a].name} both access {', '.join(sorted(common))}: "
-                "shared buffers are not packed (union footprint not tracked)"
+                f"{parts[b].name} and {parts[a].name} both read {names}: shared buffers are "
+                "not packed with a kernel from the compile cache (per-buffer footprint unknown)"
             )
     return None
 
@@ -204,11 +217,15 @@ def plan_packs(
     accesses: list[tuple[set[str], set[str]]],
     device: DeviceSpec,
     cfg: PackConfig | None = None,
+    known: list[bool] | None = None,
 ) -> tuple[list[list[int]], list[PackDecision]]:
     """Algorithm 3 over the kernel DAG: the launches as groups of kernel indices (in a
-    topological order of the contracted DAG; singletons stay alone) and every decision."""
+    topological order of the contracted DAG; singletons stay alone) and every decision.
+    ``known[i]``: kernel ``i``'s per-buffer footprints are known, so it may share read-only
+    buffers with other parts (default: all known)."""
     cfg = cfg or PackConfig()
     n = len(parts)
+    known = known if known is not None else [True] * n
     preds = dependence_preds(accesses)
     cluster = list(range(n))  # representative of each kernel's pack
     members = {i: [i] for i in range(n)}
@@ -260,7 +277,7 @@ def plan_packs(
             if any(path(r, b, g) for g in group):
                 dependent.append(parts[b].name)
                 continue
-            why = _conflict(parts, accesses, b, group)
+            why = _conflict(parts, accesses, known, b, group)
             if why:
                 decisions.append(PackDecision([parts[a].name, parts[b].name], False, why))
                 continue
@@ -343,18 +360,31 @@ def stitch_parallel(
     kernels: list[Kernel],
     plans: list[KernelPlan],
     mapped: list,
+    micrograph_models: list[list[PolyModel]],
     device: DeviceSpec,
     cfg: PackConfig | None = None,
 ) -> tuple[list[Kernel], list[KernelPlan], list, list[PackDecision]]:
     """Layer 3 over the kernels of one graph: the launched kernels (packs emitted by
     :func:`polyfuse.cuda.pack.pack_kernels`), their plans, layouts (None for a pack) and
-    every decision. ``kernels`` come in launch order; the result is in a launch order too."""
+    every decision. ``kernels`` come in launch order; the result is in a launch order too.
+    ``micrograph_models[i]``: the isl models of kernel ``i``'s micrographs, whose reads give
+    the footprint of a kernel from the compile cache that runs one micrograph."""
     from polyfuse.compiled import kernel_accesses
     from polyfuse.cuda.pack import pack_kernels
 
     cfg = cfg or PackConfig()
     shapes = [part_shape(k) for k in kernels]
-    groups, decisions = plan_packs(shapes, kernel_accesses(kernels), device, cfg)
+    models: list[tuple[PolyModel, dict] | None] = []
+    for kp, mgs in zip(plans, micrograph_models, strict=True):
+        if len(kp.parts) == 1:  # generated now: the kernel's own model
+            models.append((kp.parts[0].scheduled.model, kp.placements))
+        elif kp.cached and len(mgs) == 1:  # one micrograph, its accesses unchanged
+            models.append((mgs[0], kp.placements))
+        else:
+            models.append(None)
+    accesses = kernel_accesses(kernels)
+    known = [m is not None for m in models]
+    groups, decisions = plan_packs(shapes, accesses, device, cfg, known)
     out_k, out_p, out_m = [], [], []
     names = {tuple(d.kernels): d for d in decisions if d.packed}
     for j, g in enumerate(groups):
@@ -370,7 +400,12 @@ def stitch_parallel(
         assert not isinstance(lay, str)
         name = f"pk{j}_{kernels[g[0]].name}"
         d.name = name
-        out_k.append(pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges))
+        packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
+        reads = [t for i in g for t in accesses[i][0]]
+        for t in sorted({t for t in reads if reads.count(t) > 1}):
+            sharing = [models[i] for i in g if t in accesses[i][0]]
+            packed.bytes_read -= read_overlap(sharing, t)  # each element counted once
+        out_k.append(packed)
         placements = {t: p for i in g for t, p in plans[i].placements.items()}
         cached = any(plans[i].cached for i in g)  # a cached part has no layouts to list
         out_p.append(

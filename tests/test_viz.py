@@ -111,7 +111,7 @@ def test_every_reason_kind_is_covered_by_these_reports(layer_norm):
     c1 = te.compute((6, 40), lambda i, j: te.tanh(c0[i, j]), name="c1")
     c = extract(polyfuse.compile([z, w], [c1], budget=10, check_cuda=False))
     u, v = te.placeholder((64, 48), name="u"), te.placeholder((64, 48), name="v")
-    branches = [ops.relu(u), ops.reduce_sum(ops.exp(u), axis=0), ops.tanh(v)]  # Layer 3
+    branches = [ops.relu(v), ops.tanh(v), ops.softmax(u), ops.softmax(u)]  # Layer 3
     d = extract(polyfuse.compile([u, v], branches, check_cuda=False))
     seen = (
         kinds_present(a) | kinds_present(b) | kinds_present(c) | kinds_present(extract(layer_norm))
