@@ -39,8 +39,14 @@ from polyfuse.poly.footprint import read_overlap
 from polyfuse.poly.model import PolyModel
 from polyfuse.stitch.plan import KernelPlan
 
-_COLLECTIVE = re.compile(r"__syncthreads|__syncwarp|__shfl|pf_allreduce|__shared__|__pipeline")
-_OTHER_AXES = re.compile(r"\b(?:blockIdx|threadIdx|gridDim|blockDim)\.[yz]\b|\bgridDim\.x\b")
+# barriers, warp-collective intrinsics (``*_sync(``), shared memory, async copies, inline PTX
+_COLLECTIVE = re.compile(
+    r"__syncthreads|__syncwarp|_sync\(|pf_allreduce|__shared__|__pipeline|\basm\b"
+)
+# what block-range dispatch does not rewrite (a folded part's blockDim differs from the launch's)
+_OTHER_AXES = re.compile(
+    r"\b(?:blockIdx|threadIdx|gridDim|blockDim)\.[yz]\b|\b(?:gridDim|blockDim)\.x\b"
+)
 _STATIC_SMEM = re.compile(r"__shared__\s+float\s+\w+\[(\d+)\]")
 _HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
 
@@ -105,7 +111,9 @@ def part_shape(k: Kernel) -> PartShape:
     why = None
     if k.grid[1:] != (1, 1) or k.block[1:] != (1, 1):
         why = f"{k.name}: 2-D launch shape {k.grid}x{k.block}"
-    elif _OTHER_AXES.search(k.source) or not _HEAD.search(k.source):
+    elif not _HEAD.search(k.source):
+        why = f'{k.name}: its source is not one extern "C" __global__ function'
+    elif _OTHER_AXES.search(k.source):
         why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
     elif "__global__" in k.source[_HEAD.search(k.source).end() :]:
         why = f"{k.name}: already a packed launch"

@@ -9,9 +9,10 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.cuda.launch import dependence_order, dependence_preds
 from polyfuse.poly.device import device_for_arch
-from polyfuse.stitch.parallel import PackConfig, PartShape, pack_layout, plan_packs
+from polyfuse.stitch.parallel import PackConfig, PartShape, pack_layout, part_shape, plan_packs
 from polyfuse.viz import extract
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -135,6 +136,27 @@ def test_packing_never_closes_a_path():
     acc = [({"x"}, {"a"}), ({"c"}, {"b"}), ({"y"}, {"c"}), ({"a"}, {"d"})]
     groups, _ = plan_packs(parts, acc, DEVICE, PackConfig(min_gain_us=-1e9))
     _check(groups, acc, 4)
+
+
+def test_what_a_part_may_contain():
+    def kernel(body: str) -> Kernel:
+        src = 'extern "C" __global__ void __launch_bounds__(64) k(float* __restrict__ y) {\n'
+        return Kernel(
+            "k",
+            [KParam("y", "float*", "y")],
+            [],
+            (4, 1, 1),
+            (64, 1, 1),
+            ["m"],
+            source=src + body + "\n}\n",
+        )
+
+    plain = part_shape(kernel("  y[blockIdx.x * 64 + threadIdx.x] = 1.0f;"))
+    assert plain.ineligible is None and not plain.collective
+    shfl = part_shape(kernel("  float v = __shfl_xor_sync(0xffffffffu, 1.0f, 1); y[0] = v;"))
+    assert shfl.ineligible is None and shfl.collective  # lanes must stay real lanes
+    assert part_shape(kernel("  y[threadIdx.x] = blockDim.x;")).ineligible  # folding changes it
+    assert part_shape(kernel("  y[threadIdx.y] = 0.0f;")).ineligible
 
 
 def test_parts_whose_shared_memory_does_not_fit_are_not_packed():
