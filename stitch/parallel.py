@@ -85,6 +85,7 @@ class PackDecision:
     reason: str
     gain_us: float | None = None
     name: str | None = None  # the packed kernel
+    micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
 
     def __str__(self) -> str:
@@ -408,6 +409,7 @@ def stitch_parallel(
         assert not isinstance(lay, str)
         name = f"pk{j}_{kernels[g[0]].name}"
         d.name = name
+        d.micrographs = [list(kernels[i].micrographs) for i in g]
         packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
         reads = [t for i in g for t in accesses[i][0]]
         for t in sorted({t for t in reads if reads.count(t) > 1}):

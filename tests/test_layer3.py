@@ -33,6 +33,7 @@ def test_independent_kernels_share_one_launch(name):
     (made,) = [d for d in fn.plan.packs if d.packed]
     assert len(made.kernels) == PACKED[name] and made.name == fn.kernels[0].name
     assert "modelled" in made.reason and made.gain_us > 0
+    assert [m for ms in made.micrographs for m in ms] == fn.kernels[0].micrographs
     arrays = suite.random_inputs(name, inputs)
     want = ref(*arrays)
     for order in (False, "reverse", "random"):
