@@ -49,11 +49,19 @@ class Launch:
 
 @dataclass
 class LaunchTraffic:
-    """Global-memory traffic of one launch: unique elements touched × element size, per buffer."""
+    """Global-memory traffic of one launch, per buffer: distinct bytes (unique elements touched ×
+    element size) and requested bytes (every load and store, repeats included)."""
 
     kernel: str
     reads: dict[str, int] = field(default_factory=dict)
     writes: dict[str, int] = field(default_factory=dict)
+    requested_reads: dict[str, int] = field(default_factory=dict)
+    requested_writes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes_requested(self) -> int:
+        """Bytes of every global load and store of the launch (repeats included)."""
+        return sum(self.requested_reads.values()) + sum(self.requested_writes.values())
 
     @property
     def bytes_read(self) -> int:

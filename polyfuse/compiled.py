@@ -136,6 +136,7 @@ class CompiledGraph:
         self.plan = plan
         self._idents = idents
         self._emulated = None
+        self._emulated_racecheck = None
         self._programs: dict[int, Any] = {}
         self.last_traffic: list[LaunchTraffic] = []
         self.cuda_binaries: dict[str, Any] = {}
@@ -240,7 +241,10 @@ class CompiledGraph:
         or a dict by output name. ``stream`` (GPU): a stream handle or framework stream to run
         on (default: the inputs' framework's current stream). ``race_check``: emulator only;
         True/"reverse" runs each block's threads in reverse order between barriers, "random"
-        in a shuffled order (a missing barrier shows). Inputs named ``device``, ``out``,
+        in a shuffled order (a missing barrier shows as a wrong result); "shadow" runs a
+        race-check build that tracks every shared and global access and raises
+        :class:`~polyfuse.errors.RaceError` naming the kernel, lines and threads of the first
+        data race. Inputs named ``device``, ``out``,
         ``stream`` or ``race_check`` must be passed positionally.
         """
         if isinstance(device, str) and device.startswith("cuda"):
@@ -252,16 +256,23 @@ class CompiledGraph:
         if stream is not None:
             raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
         bufs = self._bind(args, kwargs)
-        order = {False: "forward", True: "reverse"}.get(race_check, race_check)
+        order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
         if order not in ("forward", "reverse", "random"):
             raise CallError(
-                f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}"
+                "race_check must be False, True, 'reverse', 'random' or 'shadow', not "
+                f"{race_check!r}"
             )
-        if self._emulated is None:
-            from polyfuse.cuda.emulator import Emulator
+        from polyfuse.cuda.emulator import Emulator
 
-            self._emulated = Emulator().load(self.cuda_source)
-        self.last_traffic = self._emulated.run(self.launches, bufs, order=order)
+        if race_check == "shadow":
+            if self._emulated_racecheck is None:
+                self._emulated_racecheck = Emulator().load(self.cuda_source, racecheck=True)
+            module = self._emulated_racecheck
+        else:
+            if self._emulated is None:
+                self._emulated = Emulator().load(self.cuda_source)
+            module = self._emulated
+        self.last_traffic = module.run(self.launches, bufs, order=order)
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
         if out is not None:
             for t, target, value in zip(self.outputs, self._outs(out), res, strict=True):
@@ -351,6 +362,11 @@ class CompiledGraph:
     def traffic_bytes(self) -> int:
         """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""
         return sum(t.bytes_total for t in self.last_traffic)
+
+    def requested_bytes(self) -> int:
+        """Global bytes requested by the last emulated call: every load and store, repeats
+        included (a naive matrix product reads 8 bytes per multiply-add)."""
+        return sum(t.bytes_requested for t in self.last_traffic)
 
     def global_bytes(self) -> int:
         """Distinct global bytes all kernels move, computed exactly by isl (no emulation)."""

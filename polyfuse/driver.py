@@ -31,6 +31,7 @@ from polyfuse.cache import (
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
 from polyfuse.errors import ExpressionError, ScheduleError
@@ -45,7 +46,8 @@ from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
-from polyfuse.poly.placement import place_shared, place_tensors
+from polyfuse.poly.placement import Placement, place_shared, place_tensors
+from polyfuse.poly.promote import build_gemm_kernel, gemm_placements
 from polyfuse.poly.schedule import (
     DEFAULT_BUDGET,
     Feedback,
@@ -54,6 +56,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
 from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan
@@ -63,8 +66,9 @@ from polyfuse.version import __version__
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
-# max/min, lane combines decided by isl), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 2
+# max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
+# shared memory), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 3
 
 
 def _check_constants(
@@ -260,6 +264,40 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     return sm
 
 
+def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: MappingConfig):
+    """The register/shared-tiled kernel of a GEMM-like micrograph, or None (not GEMM-like)."""
+    shape = detect_gemm(sm)
+    if isinstance(shape, str):
+        return None
+    rejected: list[str] = []
+    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
+        gk = build_gemm_kernel(sm, shape, tiling)
+        if isinstance(gk, str):
+            return None
+        smem = 4 * sum(p.floats for p in gk.promotions)
+        if smem <= device.smem_per_block:
+            break
+        tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
+        rejected.append(
+            f"rejected {tile}: its shared tiles take {smem} B > {device.smem_per_block} B per block"
+        )
+    else:
+        return None
+    gk.notes.extend(rejected)
+    pl = gemm_placements(gk)
+    kp = KernelPlan(kname, [gk], pl)
+    ast, body = generate_gemm_ast(gk)
+    kernel = print_gemm_kernel(kname, gk, body, pl, graph.idents)
+    kernel.notes.extend(gk.notes)
+    as_global = {
+        k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
+    }
+    fp = global_footprint(gk.scheduled.model, as_global)
+    kernel.bytes_read = sum(fp.reads.values())
+    kernel.bytes_written = sum(fp.writes.values())
+    return kernel, kp, gk, ast
+
+
 def _generate(graph, g, kname: str, device, cfg: MappingConfig):
     """Lay out, place, generate and print one kernel group (a cache miss)."""
     mm = ensure_layout(graph, g)
@@ -280,6 +318,9 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         mm.notes.extend(notes)
     else:
         (sm,) = g.parts
+        gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
+        if gemm is not None:
+            return gemm
         mm = map_to_gpu(sm, cfg)
         pl = place_tensors(mm)
     kp = KernelPlan(kname, [mm], pl)
