@@ -36,7 +36,7 @@ def test_independent_kernels_share_one_launch(name):
     assert [m for ms in made.micrographs for m in ms] == fn.kernels[0].micrographs
     arrays = suite.random_inputs(name, inputs)
     want = ref(*arrays)
-    for order in (False, "reverse", "random"):
+    for order in (False, "reverse", "random", "shadow"):
         got = fn(*arrays, race_check=order)
         got = got if isinstance(got, tuple) else (got,)
         for g, w in zip(got, want, strict=True):
@@ -92,7 +92,7 @@ def test_branches_of_one_input_share_one_launch_and_read_it_once():
     assert fn.global_bytes() == off.global_bytes() - 3 * 64 * 64 * 4
     X = np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32)
     Xd = X.astype(np.float64)
-    for order in (False, "reverse", "random"):
+    for order in (False, "reverse", "random", "shadow"):
         a, d, e, a2 = fn(X, race_check=order)
         np.testing.assert_array_equal(a, np.maximum(X, 0))
         np.testing.assert_array_equal(a2, np.maximum(X, 0))
