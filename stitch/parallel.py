@@ -121,6 +121,9 @@ def part_shape(k: Kernel) -> PartShape:
     elif any(p.ctype not in ("const float*", "float*") for p in k.params):
         why = f"{k.name}: scalar parameters"
     smem = sum(4 * int(n) for n in _STATIC_SMEM.findall(k.source))
+    regs = k.registers  # ptxas's count, else the tiler's estimate (GEMM kernels), else unknown
+    est = (re.search(r"estimated (\d+) registers/thread", n) for n in k.notes)
+    regs = regs or next((int(m.group(1)) for m in est if m), None)
     return PartShape(
         k.name,
         k.grid[0],
@@ -129,7 +132,7 @@ def part_shape(k: Kernel) -> PartShape:
         bool(_COLLECTIVE.search(k.source)),
         smem,
         k.shared_bytes,
-        k.registers,
+        regs,
         why,
     )
 
@@ -199,11 +202,10 @@ def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
 
 
 def _conflict(
-    parts: list[PartShape], accesses, known: list[bool], b: int, group: list[int]
+    parts: list[PartShape], accesses, shareable: list[set[str]], b: int, group: list[int]
 ) -> str | None:
     """Why ``b`` cannot join ``group`` through a common buffer: one that some part writes, or
-    one read by a part whose per-buffer footprint is unknown (a kernel from the compile cache:
-    the pack's distinct bytes could not be counted)."""
+    one whose overlap cannot be counted (not in both parts' ``shareable`` reads)."""
     rb, wb = accesses[b]
     for a in group:
         ra, wa = accesses[a]
@@ -213,10 +215,11 @@ def _conflict(
         names = ", ".join(sorted(common))
         if (wa | wb) & common:
             return f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
-        if not (known[a] and known[b]):
+        if not common <= shareable[a] & shareable[b]:
             return (
                 f"{parts[b].name} and {parts[a].name} both read {names}: shared buffers are "
-                "not packed with a kernel from the compile cache (per-buffer footprint unknown)"
+                "not packed when a part comes from the compile cache or stages them in shared "
+                "memory (the pack's distinct bytes could not be counted)"
             )
     return None
 
@@ -226,15 +229,15 @@ def plan_packs(
     accesses: list[tuple[set[str], set[str]]],
     device: DeviceSpec,
     cfg: PackConfig | None = None,
-    known: list[bool] | None = None,
+    shareable: list[set[str]] | None = None,
 ) -> tuple[list[list[int]], list[PackDecision]]:
     """Algorithm 3 over the kernel DAG: the launches as groups of kernel indices (in a
     topological order of the contracted DAG; singletons stay alone) and every decision.
-    ``known[i]``: kernel ``i``'s per-buffer footprints are known, so it may share read-only
-    buffers with other parts (default: all known)."""
+    ``shareable[i]``: the buffers kernel ``i`` may read together with other parts (default:
+    all it reads)."""
     cfg = cfg or PackConfig()
     n = len(parts)
-    known = known if known is not None else [True] * n
+    shareable = shareable if shareable is not None else [set(r) for r, _ in accesses]
     preds = dependence_preds(accesses)
     cluster = list(range(n))  # representative of each kernel's pack
     members = {i: [i] for i in range(n)}
@@ -286,7 +289,7 @@ def plan_packs(
             if any(path(r, b, g) for g in group):
                 dependent.append(parts[b].name)
                 continue
-            why = _conflict(parts, accesses, known, b, group)
+            why = _conflict(parts, accesses, shareable, b, group)
             if why:
                 decisions.append(PackDecision([parts[a].name, parts[b].name], False, why))
                 continue
@@ -392,8 +395,18 @@ def stitch_parallel(
         else:
             models.append(None)
     accesses = kernel_accesses(kernels)
-    known = [m is not None for m in models]
-    groups, decisions = plan_packs(shapes, accesses, device, cfg, known)
+    shareable = [  # read from global memory, with a footprint isl can intersect
+        {
+            t
+            for t in accesses[i][0]
+            if m is not None
+            and t in m[1]
+            and m[1][t].space == "global"
+            and not m[1][t].register_copy
+        }
+        for i, m in enumerate(models)
+    ]
+    groups, decisions = plan_packs(shapes, accesses, device, cfg, shareable)
     out_k, out_p, out_m = [], [], []
     names = {tuple(d.kernels): d for d in decisions if d.packed}
     for j, g in enumerate(groups):

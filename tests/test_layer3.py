@@ -113,6 +113,28 @@ def test_cached_stitched_kernels_sharing_an_input_stay_apart():
     assert "shared buffer" in {k for p in extract(fn)["packs"] for k in p["kinds"]}
 
 
+def test_gemm_parts_keep_their_block_and_staged_inputs_are_not_shared():
+    """A GEMM (tiles of a staged in shared memory) packs with an elementwise kernel folded into
+    its block; two GEMMs reading the same staged input stay apart (overlap not countable)."""
+    a = te.placeholder((64, 96), name="a")
+    w1, w2 = te.placeholder((96, 128), name="w1"), te.placeholder((96, 128), name="w2")
+    z = te.placeholder((64, 128), name="z")
+    outs = [ops.matmul(a, w1, name="y1"), ops.matmul(a, w2, name="y2"), ops.tanh(z, name="t")]
+    fn = polyfuse.compile([a, w1, w2, z], outs, check_cuda=False)
+    assert len(fn.kernels) == 2, str(fn.plan)
+    assert any("both read a" in d.reason and not d.packed for d in fn.plan.packs)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(t.shape, dtype=np.float32) for t in (a, w1, w2, z)]
+    A, W1, W2, Z = (x.astype(np.float64) for x in arrays)
+    for order in ("reverse", "shadow"):
+        g1, g2, gt = fn(*arrays, race_check=order)
+        np.testing.assert_allclose(g1, A @ W1, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(g2, A @ W2, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(gt, np.tanh(Z), rtol=1e-5, atol=1e-6)
+    for t, k in zip(fn.last_traffic, fn.kernels, strict=True):
+        assert (t.bytes_read, t.bytes_written) == (k.bytes_read, k.bytes_written), k.name
+
+
 def _part(name, threads, collective=False, grid=64, nbytes=1 << 20):
     return PartShape(name, grid, threads, nbytes, collective, 0, 0, None)
 
