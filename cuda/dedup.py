@@ -40,6 +40,11 @@ class FunctionTable:
         kernel.function = name
         kernel.source = self.sources[name]
 
+    def own(self, kernel: Kernel) -> None:
+        """Add ``kernel``'s source as a function of its own (e.g. a packed launch)."""
+        self.sources[kernel.name] = kernel.source
+        self.users[kernel.name] = [kernel.name]
+
     def source(self) -> str:
         """Every distinct function once."""
         return "\n".join(self.sources.values())

@@ -86,6 +86,27 @@ class LaunchTraffic:
         return self.bytes_read + self.bytes_written
 
 
+def dependence_preds(accesses: list[tuple[set[str], set[str]]]) -> list[set[int]]:
+    """The kernel DAG's edges as predecessor sets: ``preds[j]`` holds every ``i`` that must run
+    before ``j`` (``accesses`` as for :func:`dependence_order`, whose rules these are).
+    Linear in the accesses: each buffer's writers are listed once."""
+    n = len(accesses)
+    writers: dict[str, list[int]] = {}  # buffer -> kernels writing it, in index order
+    for i, (_, w) in enumerate(accesses):
+        for buf in w:
+            writers.setdefault(buf, []).append(i)
+    preds: list[set[int]] = [set() for _ in range(n)]
+    for j, (rj, wj) in enumerate(accesses):
+        for buf in rj - wj:  # i produces what j only reads: i first
+            preds[j].update(i for i in writers.get(buf, ()) if i != j)
+        for buf in wj:  # two writers of one buffer: keep the given order
+            for i in writers[buf]:
+                if i >= j:
+                    break
+                preds[j].add(i)
+    return preds
+
+
 def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]) -> list[int]:
     """A launch order that respects every dependence through a buffer: ``accesses[i]`` is
     (buffers kernel ``i`` reads, buffers it writes). A kernel that reads or writes a buffer
@@ -94,26 +115,13 @@ def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]
     Raises :class:`CallError` when the dependences form a cycle (no order exists).
     """
     n = len(accesses)
-    writers: dict[str, list[int]] = {}  # buffer -> kernels writing it, in index order
-    for i, (_, w) in enumerate(accesses):
-        for buf in w:
-            writers.setdefault(buf, []).append(i)
-    succs: list[set[int]] = [set() for _ in range(n)]
-    for j, (rj, wj) in enumerate(accesses):
-        for buf in rj - wj:  # its producers (writers that do not read it) first
-            for i in writers.get(buf, ()):
-                if i != j:
-                    succs[i].add(j)
-        for buf in wj:  # two writers of one buffer: keep the given order
-            for i in writers[buf]:
-                if i >= j:
-                    break
-                succs[i].add(j)
-    # Kahn's algorithm taking the lowest ready index first: the order the given one keeps.
-    indeg = [0] * n
-    for out in succs:
-        for j in out:
-            indeg[j] += 1
+    preds = dependence_preds(accesses)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for j, ps in enumerate(preds):
+        for i in ps:
+            succs[i].append(j)
+    # Kahn's algorithm taking the lowest ready index first: the given order where it can.
+    indeg = [len(ps) for ps in preds]
     ready = [k for k in range(n) if indeg[k] == 0]
     heapq.heapify(ready)
     order: list[int] = []
