@@ -24,18 +24,22 @@ def gpt2():
 
 def test_source_has_one_body_per_distinct_kernel(gpt2):
     _, fn = gpt2
-    functions = {k.function for k in fn.kernels}
+    functions = {k.function or k.name for k in fn.kernels}  # packed launches: their own
     defined = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", fn.cuda_source)
     assert sorted(defined) == sorted(functions)  # each distinct body exactly once
     assert len(functions) < len(fn.kernels)  # the two layers share their kernels
     bodies = {}
     for k in fn.kernels:
-        assert k.function.startswith("pf_") and k.source in fn.cuda_source
+        assert k.source in fn.cuda_source
+        if not k.function:
+            assert k.name.startswith("pk")  # a Layer 3 packed launch runs its own function
+            continue
+        assert k.function.startswith("pf_")
         bodies.setdefault(k.function, k.source)
         assert bodies[k.function] == k.source
     assert len(set(bodies.values())) == len(bodies)  # different names, different bodies
     entry = {launch.kernel: launch.entry for launch in fn.launches}
-    assert all(entry[k.name] == k.function for k in fn.kernels)
+    assert all(entry[k.name] == (k.function or k.name) for k in fn.kernels)
 
 
 def test_shared_functions_give_identical_results(gpt2):
@@ -43,7 +47,9 @@ def test_shared_functions_give_identical_results(gpt2):
     args = m.sample_inputs(3)
     shared = fn(*args, device="emulate")
     # The same launches against one private copy of the function per kernel (no sharing).
-    private = PRELUDE + "\n".join(k.source.replace(k.function, k.name) for k in fn.kernels)
+    private = PRELUDE + "\n".join(
+        k.source.replace(k.function, k.name) if k.function else k.source for k in fn.kernels
+    )
     module = Emulator().load(private)
     bufs = fn._bind(tuple(args), {})
     module.run([dataclasses.replace(lc, function="") for lc in fn.launches], bufs)
@@ -72,7 +78,7 @@ def test_only_identical_bodies_share_a_function():
     a = te.compute((8, 16), lambda i, j: x[i, j] * 2.0, name="a")
     b = te.compute((8, 16), lambda i, j: y[i, j] * 2.0, name="b")  # same body as a
     c = te.compute((8, 16), lambda i, j: y[i, j] * 3.0, name="c")  # another constant
-    fn = polyfuse.compile([x, y], [a, b, c], check_cuda=False)
+    fn = polyfuse.compile([x, y], [a, b, c], check_cuda=False, pack=False)  # three launches
     by_name = {k.name.split("_", 1)[1]: k.function for k in fn.kernels}
     assert by_name["a"] == by_name["b"] != by_name["c"]
     xs = np.arange(128, dtype=np.float32).reshape(8, 16)
