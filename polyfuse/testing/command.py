@@ -89,7 +89,7 @@ def run_fuzz(args: argparse.Namespace) -> int:
         spec = o.spec
         if not args.no_shrink:
             print(f"shrinking failure {k + 1} (seed {spec.seed}) ...", file=sys.stderr)
-            spec = shrink(spec)
+            spec = shrink(spec, filter_known=not args.no_known_bugs_filter)
         title = f"polyfuse fuzz failure ({o.status}): {o.detail.splitlines()[0][:200]}"
         text = to_script(spec, race_check="reverse order" in o.detail, title=title)
         print(f"# ---- failure {k + 1}: {o.status}: {o.detail}")

@@ -108,16 +108,18 @@ def shrink(
     fails: Callable[[GraphSpec], bool] | None = None,
     *,
     max_checks: int = 400,
+    filter_known: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> GraphSpec:
-    """A minimal spec that still ``fails`` (default: fails like ``check_spec(spec)`` does)."""
+    """A minimal spec that still ``fails`` (default: fails like ``check_spec(spec)`` does, with
+    the known-bugs filter on or off as ``filter_known`` says)."""
     if fails is None:
-        first = check_spec(spec)
+        first = check_spec(spec, filter_known=filter_known)
         if not first.failed:
             return spec.pruned()
 
         def fails(s: GraphSpec) -> bool:
-            return same_failure(first, check_spec(s))
+            return same_failure(first, check_spec(s, filter_known=filter_known))
 
     def safe(s: GraphSpec) -> bool:
         try:
