@@ -61,7 +61,7 @@ class Outcome:
     status: str
     detail: str = ""
     kernels: int = 0
-    bad_outputs: list[str] = field(default_factory=list)  # of a mismatch
+    wrong: dict[str, str] = field(default_factory=dict)  # of a mismatch: output -> why
 
     @property
     def failed(self) -> bool:
@@ -235,7 +235,7 @@ def check_spec(spec: GraphSpec, *, race_check: bool = True, filter_known: bool =
     else:
         bad = "; ".join(w for w in why.values() if w)
         out = Outcome(spec, "mismatch" if bad else "pass", bad, kernels)
-        out.bad_outputs = [o for o, w in why.items() if w]
+        out.wrong = {o: w for o, w in why.items() if w}
     if out.failed and filter_known:
         try:
             known = known_bug(spec)
@@ -259,15 +259,21 @@ def run_batch(
     if whole.status == "pass":
         per = max(1, whole.kernels // len(specs))
         return [Outcome(s, "pass", "", per) for s in specs]
-    # Run alone only the graphs that may be guilty: on a mismatch, those with a wrong output.
-    bad = set(whole.bad_outputs)
-    suspects = [whole.status != "mismatch" or any(o in bad for o in s.outputs) for s in specs]
-    outs = [
-        check_spec(s, race_check=race_check, filter_known=filter_known)
-        if suspect
-        else Outcome(s, "pass")
-        for s, suspect in zip(specs, suspects, strict=True)
-    ]
+    # Run alone only the graphs that may be guilty: on a mismatch, those with a wrong output
+    # (a wrong output of a graph with a known bug's pattern is put down to that bug at once).
+    outs: list[Outcome] = []
+    suspects: list[bool] = []
+    for s in specs:
+        wrong = [whole.wrong[o] for o in s.outputs if o in whole.wrong]
+        suspect = whole.status != "mismatch" or bool(wrong)
+        suspects.append(suspect)
+        known = known_bug(s) if suspect and wrong and filter_known else ""
+        if not suspect:
+            outs.append(Outcome(s, "pass"))
+        elif known:
+            outs.append(Outcome(s, "known", f"{known}: " + "; ".join(wrong)))
+        else:
+            outs.append(check_spec(s, race_check=race_check, filter_known=filter_known))
     if not any(o.status != "pass" for o, sus in zip(outs, suspects, strict=True) if sus):
         whole.detail = "only when compiled together: " + whole.detail
         if filter_known and known_bug(merged):
