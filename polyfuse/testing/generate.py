@@ -41,6 +41,7 @@ __all__ = [
     "build",
     "generate",
     "input_values",
+    "reduce_layout",
 ]
 
 #: Elementwise ops of te (``Unary`` node ops; "neg" and "square" are spelled with operators).
@@ -361,7 +362,9 @@ class _Generator:
         if not self.ok((lo, hi)):
             return None
         shape = tuple(d for i, d in enumerate(a.shape) if i not in axes)
-        if not shape and self.rng.random() < 0.5:
+        if self.rng.random() < 0.5:  # keepdims: reduced axes stay as size-1 (broadcast) axes
+            shape = tuple(ONE if i in axes else d for i, d in enumerate(a.shape))
+        elif not shape and self.rng.random() < 0.5:
             shape = (ONE,)  # a total of shape (1,) instead of 0-d
         node = Node(self.name("r"), "reduce", shape, (a.name,), op, axes=axes, pre=pre)
         return self.add(node, lo, hi, self.depth(a))
@@ -552,6 +555,22 @@ def _apply_binary(op: str, a: Any, b: Any) -> Any:
     return getattr(te, op)(a, b)
 
 
+def reduce_layout(n: Node, src_rank: int) -> list[tuple[str, int]]:
+    """How a reduce node reads its source: per source dimension ("k", d) for the reduce axis
+    of dimension d, or ("i", p) for the node's own loop variable p. The node's shape is the
+    source's without the reduced axes, or with them as size-1 axes (keepdims), or (1,) for a
+    total."""
+    kept = [d for d in range(src_rank) if d not in n.axes]
+    keepdims = len(n.shape) == src_rank and src_rank > len(kept)
+    out: list[tuple[str, int]] = []
+    for d in range(src_rank):
+        if d in n.axes:
+            out.append(("k", d))
+        else:
+            out.append(("i", d if keepdims else kept.index(d)))
+    return out
+
+
 def _compare(op: str, a: Any, b: Any) -> Any:
     if op == "gt":
         return a > b
@@ -616,11 +635,10 @@ def _build_compute(
         src_shape = spec.size(shapes[0])
         rks = {d: te.reduce_axis(src_shape[d], name=f"{n.name}_k{d}") for d in n.axes}
         count = math.prod(src_shape[d] for d in n.axes)
-        kept = [d for d in range(len(src_shape)) if d not in n.axes]
+        layout = reduce_layout(n, len(src_shape))
 
         def f(*i: Any) -> Any:
-            data = list(i[-len(kept) :]) if kept else []
-            sub = [rks[d] if d in rks else data[kept.index(d)] for d in range(len(src_shape))]
+            sub = [rks[d] if kind == "k" else i[d] for kind, d in layout]
             v = srcs[0][tuple(sub)] if sub else srcs[0][()]
             if n.pre:
                 v = _apply_unary(n.pre, v)
@@ -629,9 +647,6 @@ def _build_compute(
                 return te.sum(v, axis=axis) / float(count)
             return getattr(te, n.op)(v, axis=axis)
 
-        if len(shape) > len(kept):  # a (1,) total: the data axis is the size-1 one
-            g = f
-            f = lambda i: g()  # noqa: E731
     else:
         raise ValueError(f"unknown node kind {n.kind}")
     return te.compute(shape, f, name=n.name)

@@ -82,7 +82,8 @@ def _two_reductions_one_consumer(spec: GraphSpec, values: dict[str, np.ndarray])
 
 
 def _size1_axis_reduction(spec: GraphSpec, values: dict[str, np.ndarray]) -> bool:
-    """issue 9 item 2: a reduction (or matmul) whose source or result has an axis of size 1."""
+    """issue 9 item 2: a reduction (or matmul) whose source or result has an axis of size 1
+    (keepdims results included)."""
     for n in spec.nodes:
         if n.name in _reductions(spec):
             shapes = [n.shape, *(spec.node(a).shape for a in n.args)]

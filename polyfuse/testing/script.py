@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .generate import ONE, GraphSpec, Node, input_values
+from .generate import ONE, GraphSpec, Node, input_values, reduce_layout
 
 __all__ = ["to_script"]
 
@@ -73,11 +73,10 @@ def _node(spec: GraphSpec, n: Node) -> list[str]:
         body = f"te.sum({n.args[0]}[i0, {n.name}_k] * {b}, axis={n.name}_k)"
     elif n.kind == "reduce":
         src = spec.size(shapes[0])
-        kept = [d for d in range(len(src)) if d not in n.axes]
         for d in n.axes:
             lines.append(f'{n.name}_k{d} = te.reduce_axis({src[d]}, name="{n.name}_k{d}")')
-        data = idx[len(idx) - len(kept) :] if kept else []
-        subs = [f"{n.name}_k{d}" if d in n.axes else data[kept.index(d)] for d in range(len(src))]
+        layout = reduce_layout(n, len(src))
+        subs = [f"{n.name}_k{d}" if kind == "k" else idx[d] for kind, d in layout]
         v = f"{n.args[0]}[{', '.join(subs)}]" if subs else f"{n.args[0]}[()]"
         if n.pre:
             v = _unary(n.pre, v)
