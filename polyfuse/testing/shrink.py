@@ -1,13 +1,13 @@
 """Shrink a failing graph to a minimal one that still fails the same way.
 
 Greedy delta debugging over :class:`~polyfuse.testing.generate.GraphSpec` edits, biggest first:
-keep one output, drop an output, cut a compute off its producers (it becomes an input of the
-same shape), bypass a compute (its consumers read one of its same-shaped operands instead),
-make a dimension smaller (1, 2, 3, half, one less), and simplify an op (plain inputs instead of
-NaN/inf ones, ``sum`` for other reductions, ``add`` for other binary ops, no function inside a
-reduction). The first edit after which the graph still fails is kept and the search restarts;
-it stops when no edit keeps the failure (a local minimum: every single edit fixes it) or after
-``max_checks`` compiles.
+keep one output, drop an output, output a producer instead of its consumer, cut a compute off
+its producers (it becomes an input of the same shape), bypass a compute (its consumers read one
+of its same-shaped operands instead), make a dimension smaller (1, 2, 3, half, one less), and
+simplify an op (plain inputs instead of NaN/inf ones, ``sum`` for other reductions, ``add`` for
+other binary ops, no function inside a reduction). The first edit after which the graph still
+fails is kept and the search restarts; it stops when no edit keeps the failure (a local
+minimum: every single edit fixes it) or after ``max_checks`` compiles.
 
 "Fails the same way" is decided by :func:`same_failure`: the same outcome status and, for
 exceptions, the same exception type — so a shrink cannot wander from the bug it was given onto
@@ -63,6 +63,10 @@ def candidates(spec: GraphSpec) -> Iterator[GraphSpec]:
         for o in outs:
             yield spec.copy(outputs=[x for x in outs if x != o])
     computes = [n for n in spec.nodes if n.kind != "input"]
+    for o in outs:  # an output's producer becomes the output instead
+        for a in dict.fromkeys(spec.node(o).args):
+            if spec.node(a).kind != "input":
+                yield spec.copy(outputs=list(dict.fromkeys(a if x == o else x for x in outs)))
     for n in computes:  # cut: the compute becomes an input
         if any(spec.node(a).kind != "input" for a in n.args):
             cut = Node(n.name, "input", n.shape, fill="normal", seed=zlib.crc32(n.name.encode()))
