@@ -150,6 +150,7 @@ def measure_emulated(name: str, scale: int, arch: str, seed: int) -> dict[str, A
                 "isl_written": k.bytes_written,
                 "emulator_read": tr.bytes_read,
                 "emulator_written": tr.bytes_written,
+                "emulator_requested": tr.bytes_requested,
                 "match": (k.bytes_read, k.bytes_written) == (tr.bytes_read, tr.bytes_written),
             }
         )
@@ -167,6 +168,7 @@ def measure_emulated(name: str, scale: int, arch: str, seed: int) -> dict[str, A
         "outputs": outputs,
         "isl_bytes": isl_bytes,
         "emulator_bytes": emu_bytes,
+        "requested_bytes": fn.requested_bytes(),
         "compulsory_bytes": fn.compulsory_bytes(),
         "bytes_match": bytes_match,
         "per_kernel": per_kernel,
@@ -237,7 +239,8 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
         out.append(
             f"Emulator check ran at 1/{scale} scale (non-reduced dims divided by {scale}): "
             f"outputs vs numpy (rtol {RTOL:g}, atol {ATOL:g}), emulator-counted bytes vs isl "
-            "bytes at that scale."
+            "bytes at that scale (distinct; requested = every load and store, repeats "
+            "included)."
         )
     else:
         out.append(f"Emulator check: not run ({meta['emulate_skipped']}).")
@@ -379,9 +382,10 @@ def _emu_cell(e: dict[str, Any] | None, meta: dict[str, Any]) -> str:
     if e.get("error"):
         return f"ERROR: {e['error'][:60]}"
     res = "ok" if e["outputs_ok"] else "WRONG"
+    req = f", requested {e['requested_bytes']}" if "requested_bytes" in e else ""
     if e["bytes_match"]:
-        return f"{res}; bytes isl = emu = {e['isl_bytes']}"
-    return f"{res}; MISMATCH isl {e['isl_bytes']} != emu {e['emulator_bytes']}"
+        return f"{res}; bytes isl = emu = {e['isl_bytes']} distinct{req}"
+    return f"{res}; MISMATCH isl {e['isl_bytes']} != emu {e['emulator_bytes']} distinct{req}"
 
 
 # --------------------------------------------------------------------------- main

@@ -23,7 +23,6 @@ output kind and options; ``POLYFUSE_CACHE=off`` disables the cache.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -43,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from polyfuse.errors import CompilerNotFound, CudaCompileError
+from polyfuse.store import Store, write_atomic
 
 __all__ = [
     "SUPPORTED_ARCHS",
@@ -64,7 +64,7 @@ SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 COMPILERS = ("nvrtc", "nvcc")
 
 #: Bump when the cache entry format changes.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 
 #: Name under which the translation unit is compiled (appears in compiler messages).
 _TU_NAME = "polyfuse.cu"
@@ -626,14 +626,17 @@ def _cache_key(
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _store(directory: Path) -> Store:
+    return Store(directory, "cuda", _CACHE_FORMAT, fan_out=False)
+
+
 def _cache_load(directory: Path, key: str) -> CudaBinary | None:
-    meta_path, image_path = directory / f"{key}.json", directory / f"{key}.bin"
+    meta = _store(directory).read_json(f"{key}.json")  # versioned and checksummed
     try:
-        meta = json.loads(meta_path.read_text())
-        image = image_path.read_bytes()
-    except (OSError, ValueError):
+        image = (directory / f"{key}.bin").read_bytes()
+    except OSError:
         return None
-    if hashlib.sha256(image).hexdigest() != meta.get("image_sha256"):
+    if not isinstance(meta, dict) or hashlib.sha256(image).hexdigest() != meta.get("image_sha256"):
         return None
     try:
         return CudaBinary(
@@ -668,17 +671,8 @@ def _cache_store(directory: Path, key: str, binary: CudaBinary) -> None:
         "compile_seconds": binary.seconds,
     }
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        for suffix, data in ((".bin", binary.image), (".json", json.dumps(meta).encode())):
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}", suffix=suffix)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, directory / f"{key}{suffix}")
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        write_atomic(directory / f"{key}.bin", binary.image)
+        _store(directory).write_json(f"{key}.json", meta)  # names the image's checksum
     except OSError:
         pass  # a read-only or full cache directory must not break compilation
 

@@ -21,7 +21,24 @@
    launches in order (each CUDA thread a fiber, blocks spread over worker threads) and exits.
    The parent waits with a timeout, copies results back and reads the per-launch traffic. A
    crash, bad access, divergent barrier or deadlock in a kernel becomes an
-   :class:`EmulatorError` naming the kernel; the caller's process is unaffected.
+   :class:`EmulatorError` naming the kernel; the caller's process is unaffected. If the server
+   itself dies (killed, out of memory), the call raises a one-line :class:`EmulatorError` and
+   the next call starts a new server, which reloads the libraries.
+
+Race check (``Emulator.load(source, racecheck=True)``, ``race_check="shadow"`` on a compiled
+graph): a separate build of the library with GCC's ThreadSanitizer instrumentation
+(``-fsanitize=thread``, linked without libtsan: ``pf_emu.h`` defines the ``__tsan_*`` hooks),
+so every plain load and store reaches the runtime's shadow memory, like compute-sanitizer's
+racecheck. Shared memory: per byte, the last writer and two readers with their barrier epoch
+and ``__syncwarp`` epoch; a read of a byte another thread wrote, or a write of one another
+thread read or wrote, with no ``__syncthreads`` (or, within a warp, ``__syncwarp``) between is a
+race. Global memory: per element and launch, the last writer and reader; two threads of one
+block conflict as in shared memory, two blocks always. Atomics never race. The first race
+raises :class:`RaceError` with the kernel, the memory (``__shared__`` variable or buffer and
+element), both threads and both source lines (``addr2line`` on the library's ``-g`` info).
+Not seen: conflicts through raw pointers the pre-pass does not instrument (global memory
+reached other than through kernel parameters), and a race hidden because an earlier
+reader of the same byte was overwritten in the shadow (two readers are kept).
 
 Semantics worth knowing: a ``__syncthreads`` completes when every thread of the block waits at
 the same source line; threads waiting at different lines, or some threads having exited while
@@ -61,13 +78,14 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from polyfuse.errors import CallError, CompilerNotFound, EmulatorError
+from polyfuse.errors import CallError, CompilerNotFound, EmulatorError, RaceError
+from polyfuse.store import Store, write_atomic
 
 from .launch import Launch, LaunchTraffic, marshal
 
@@ -95,6 +113,17 @@ KERNEL_FLAGS = (
     "-w",
 )
 SERVER_FLAGS = ("-O2", "-std=c++20", "-pthread")
+#: Flags of a race-check kernel library (compiled to an object, then linked without libtsan):
+#: GCC's ThreadSanitizer instrumentation calls the hooks pf_emu.h defines under PF_RACECHECK,
+#: and -g lets a race report name source lines.
+RACECHECK_FLAGS = (
+    *(f for f in KERNEL_FLAGS if f != "-shared"),
+    "-c",
+    "-g",
+    "-fsanitize=thread",
+    "--param=tsan-instrument-func-entry-exit=0",
+    "-DPF_RACECHECK",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,6 +334,10 @@ class _Source:
 class _Prepassed:
     source: str
     kernels: tuple[str, ...]
+    #: ``(name, element type)`` of each static ``__shared__`` variable, by site number, then
+    #: of each ``extern __shared__`` (dynamic) one.
+    shared: tuple[tuple[str, str], ...] = ()
+    dynamic: tuple[tuple[str, str], ...] = ()
 
 
 def prepass(source: str) -> _Prepassed:
@@ -319,13 +352,15 @@ def prepass(source: str) -> _Prepassed:
     if not kernels:
         raise EmulatorError("emulator: the source defines no __global__ kernel")
     _rewrite_device_functions(s)
-    _rewrite_shared(s)
+    shared, dynamic = _rewrite_shared(s)
     _rewrite_local_pointers(s)
     _rewrite_sizeof(s)
     for m in re.finditer(r"\breinterpret_cast\s*<", s.mask):
         if not s.edited(m.start()):
             s.edit(m.start(), m.start() + len("reinterpret_cast"), "pf_reinterpret_cast")
-    return _Prepassed(s.result() + _registration(kernels), tuple(kernels))
+    return _Prepassed(
+        s.result() + _registration(kernels), tuple(kernels), tuple(shared), tuple(dynamic)
+    )
 
 
 def _rewrite_kernels(s: _Source) -> list[str]:
@@ -378,15 +413,18 @@ def _shared_declarators(s: _Source, pos: int, end: int, pre: str) -> tuple[str, 
     return base, out, align
 
 
-def _rewrite_shared(s: _Source) -> None:
+def _rewrite_shared(s: _Source) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Step 3: ``__shared__`` declarations become per-block arena slots.
 
     ``__shared__ T a[N][M];`` in a function becomes a reference to slot ``k`` of the block's
     arena, allocated (and filled with 0xFF) by the first thread that executes the declaration;
     ``extern __shared__ T d[];`` points at the launch's dynamic shared memory. At file scope
-    the name becomes a macro for the same expression.
+    the name becomes a macro for the same expression. Returns ``(name, type)`` per site and
+    per dynamic declaration.
     """
     site = 0
+    sites: list[tuple[str, str]] = []
+    dynamic_decls: list[tuple[str, str]] = []
     for m in re.finditer(r"\b__shared__\b", s.mask):
         st = _statement_start(s.mask, m.start())
         end = s.mask.find(";", m.end())
@@ -403,12 +441,14 @@ def _rewrite_shared(s: _Source) -> None:
             if dynamic:
                 expr = f"(pf_dyn_shared<{typ}>())"
                 decl = f"{typ}* const {name} = {expr};"
+                dynamic_decls.append((name, typ))
             else:
                 full = f"{typ} {dims}" if dims else typ
                 ptr = f"{typ} (*){dims}" if dims else f"{typ}*"
                 a = f"({align} > alignof({full}) ? {align} : alignof({full}))"
                 expr = f"(*({ptr})pf_shared({site}, sizeof({full}), {a}))"
                 decl = f"auto& {name} = {expr};"
+                sites.append((name, typ))
                 site += 1
             out.append(f"\n#define {name} {expr}\n" if file_scope else decl)
         if file_scope:
@@ -417,6 +457,7 @@ def _rewrite_shared(s: _Source) -> None:
             s.edit(st, end + 1, " ".join(out) + "\n" * s.src.count("\n", st, end))
     if site > 512:
         raise EmulatorError("emulator: more than 512 __shared__ declarations in one source")
+    return sites, dynamic_decls
 
 
 def _rewrite_local_pointers(s: _Source) -> None:
@@ -551,6 +592,20 @@ def _compile(
     os.replace(tmp, out)
 
 
+def _cached_build(directory: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """``(path, from_cache)`` of the library ``name``, built by ``build(path)`` unless the
+    cache holds a copy that matches its checksum (a corrupt or half-written one is rebuilt);
+    one process builds a name at a time (see :mod:`polyfuse.store`)."""
+    store = Store(directory, "emulator", _ABI_VERSION, fan_out=False)
+    if (hit := store.read_artifact(name)) is not None:
+        return hit, True
+    with store.lock(name):
+        if (hit := store.read_artifact(name)) is not None:  # another process built it
+            return hit, True
+        build(store.path(name))
+        return store.commit_artifact(name), False
+
+
 # --------------------------------------------------------------------------------------------
 # The server process and the wire format (mirrors pf_emu_rt.cpp)
 # --------------------------------------------------------------------------------------------
@@ -600,7 +655,7 @@ def _align(n: int, a: int = 64) -> int:
 
 
 class _ServerDied(Exception):
-    pass
+    """The server's socket closed or failed (internal: turned into EmulatorError by _guard)."""
 
 
 class _Server:
@@ -622,6 +677,32 @@ class _Server:
         self.shm_fd = -1
 
     # ---- process management
+    @contextlib.contextmanager
+    def _guard(self, doing: str):
+        """Turn a dead server into a one-line :class:`EmulatorError`; the next call restarts it."""
+        try:
+            yield
+        except _ServerDied:
+            proc = self.proc
+            how = "stopped answering"
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2.0)
+                code = proc.returncode
+                if code is not None and code < 0:
+                    try:
+                        how = f"was killed by {signal.Signals(-code).name}"
+                    except ValueError:
+                        how = f"was killed by signal {-code}"
+                elif code is not None:
+                    how = f"exited with status {code}"
+            pid = f" (pid {proc.pid})" if proc is not None else ""
+            self.stop()
+            raise EmulatorError(
+                f"emulator: the emulator server process{pid} {how} while {doing}; the next call "
+                "starts a new one (if it keeps dying, check memory limits and stderr)"
+            ) from None
+
     def _start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -641,7 +722,8 @@ class _Server:
     def ensure(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             self.stop()
-            self._start()
+            with self._guard("starting (reloading its kernel libraries)"):
+                self._start()
 
     def stop(self) -> None:
         if self.sock is not None:
@@ -710,7 +792,8 @@ class _Server:
             except _ServerDied:
                 self.stop()
                 self.ensure()
-                mid, text = self._load(path)
+                with self._guard(f"loading {path.name}"):
+                    mid, text = self._load(path)
             self.libraries.append(path)
             self.loaded[path] = (mid, text)
             return mid, text
@@ -737,12 +820,17 @@ class _Server:
             self.shm = mmap.mmap(self.shm_fd, cap)
             self.shm_view = np.frombuffer(self.shm, dtype=np.uint8)
             self.ensure()
-            self._map()
+            with self._guard("mapping the shared region"):
+                self._map()
         return self.shm_view
 
-    def run(self, spec_off: int, timeout: float) -> tuple[int, bool]:
+    def run(self, spec_off: int, timeout: float, what: str = "kernels") -> tuple[int, bool]:
         """Run the specification at ``spec_off``; returns (wait status, timed out)."""
         self.ensure()
+        with self._guard(f"running {what}"):
+            return self._run(spec_off, timeout)
+
+    def _run(self, spec_off: int, timeout: float) -> tuple[int, bool]:
         self._send(_MSG_RUN, spec_off)
         reply = self._recv()
         assert reply is not None
@@ -758,10 +846,11 @@ class _Server:
                 done = self._recv(30.0)
                 if done is None:
                     raise _ServerDied("no answer after killing a hung run")
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            self.stop()  # its answer is pending or lost: start afresh next time
+            if not isinstance(e, _ServerDied):
+                self.stop()  # its answer is pending or lost: start afresh next time
             raise
         return done[1], timed_out
 
@@ -796,12 +885,25 @@ _SCALAR_KIND = {"int": ("i", 4), "long long": ("i", 8), "float": ("f", 4)}
 class EmulatedModule:
     """A CUDA translation unit compiled for the CPU emulator (see :meth:`Emulator.load`)."""
 
-    def __init__(self, emulator: Emulator, path: Path, from_cache: bool, module: int, text: str):
+    def __init__(
+        self,
+        emulator: Emulator,
+        path: Path,
+        from_cache: bool,
+        module: int,
+        text: str,
+        racecheck: bool = False,
+        shared: tuple[Sequence[tuple[str, str]], Sequence[tuple[str, str]]] = ((), ()),
+    ):
         self.emulator = emulator
         #: The compiled library.
         self.path = path
         #: True when the library came from the disk cache (no compiler ran).
         self.from_cache = from_cache
+        #: True for a race-check build: every run also checks for data races (RaceError).
+        self.racecheck = racecheck
+        #: (name, type) of the static __shared__ sites and of the extern __shared__ arrays.
+        self._shared, self._dynamic = tuple(shared[0]), tuple(shared[1])
         self._module = module
         self._kernels: dict[str, tuple[int, KernelSignature]] = {}
         for i, line in enumerate(text.splitlines()):
@@ -871,7 +973,10 @@ class EmulatedModule:
         ``seed``). The launches run in a child process; a crash, out-of-bounds access, divergent
         barrier or deadlock raises :class:`EmulatorError` naming the kernel, as does exceeding
         ``timeout`` seconds; ``buffers`` are then left unchanged. The traffic of each launch
-        lists, for every buffer argument, the unique elements read and written × item size.
+        lists, for every buffer argument, the unique elements read and written × item size, and
+        the bytes requested (every load and store, repeats included).
+        A race-check module (``Emulator.load(..., racecheck=True)``) raises :class:`RaceError`
+        at the first pair of conflicting accesses (see :func:`_race_message`).
         """
         if order not in _ORDERS:
             raise CallError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
@@ -898,7 +1003,7 @@ class EmulatedModule:
         names_off = _align(args_off + _ARG.itemsize * nargs)
         result_off = _align(names_off + sum(map(len, name_bytes)))
         counts_off = result_off + _RESULT_HEADER
-        pos = _align(counts_off + 16 * nl * nb)
+        pos = _align(counts_off + 32 * nl * nb)
         data_offs = []
         for a in arrays:
             data_offs.append(pos)
@@ -943,14 +1048,19 @@ class EmulatedModule:
                         atab[k] = (-1, 0, int.from_bytes(v.tobytes().ljust(8, b"\0"), "little"))
                     k += 1
             view[result_off:counts_off] = 0
-            counts = view[counts_off : counts_off + 16 * nl * nb].view(np.int64)
+            counts = view[counts_off : counts_off + 32 * nl * nb].view(np.int64)
             counts[:] = -1
-            try:
-                status, timed_out = emu._server.run(0, timeout)
-            except _ServerDied as e:
-                raise EmulatorError(f"emulator: the server process died ({e})") from e
+            kernels = list(dict.fromkeys(lc.kernel for lc in launches))
+            what = f"kernel{'s' if len(kernels) > 1 else ''} {', '.join(kernels[:4])}" + (
+                ", ..." if len(kernels) > 4 else ""
+            )
+            status, timed_out = emu._server.run(0, timeout, what)
             res = view[result_off:counts_off]
             res_status, current = (int(x) for x in res[:8].view(np.int32))
+            if res_status == 5:
+                raise self._race(
+                    bytes(res[8:]), [(n, a.itemsize) for n, a in zip(names, arrays, strict=True)]
+                )
             if timed_out or res_status != 1 or status != 0:
                 name = launches[min(max(current, 0), nl - 1)].kernel if launches else "?"
                 if timed_out:
@@ -961,20 +1071,124 @@ class EmulatedModule:
                 raise EmulatorError(_failure(res, res_status, status, name))
             traffic = []
             written = [False] * nb
-            c = counts.reshape(nl, max(1, nb), 2) if nb else None
+            c = counts.reshape(nl, max(1, nb), 4) if nb else None
             for i, launch in enumerate(launches):
                 t = LaunchTraffic(launch.kernel)
                 for a in launch.args:
                     if isinstance(a, str) and a not in t.reads:
                         assert c is not None
-                        r, w = (max(0, int(x)) for x in c[i, names[a]])
+                        r, w, rq, wq = (max(0, int(x)) for x in c[i, names[a]])
                         t.reads[a], t.writes[a] = r, w
+                        t.requested_reads[a], t.requested_writes[a] = rq, wq
                         written[names[a]] |= w > 0
                 traffic.append(t)
             for a, off, w in zip(arrays, data_offs, written, strict=True):
                 if w:
                     a.reshape(-1).view(np.uint8)[:] = view[off : off + a.nbytes]
             return traffic
+
+    def _race(self, raw: bytes, buffers: list[tuple[str, int]]) -> RaceError:
+        """The :class:`RaceError` for the pf_race_report ``raw`` (see pf_emu.h)."""
+        kind, space, index, size, offset = struct.unpack_from("<iiiIQ", raw)
+        first = struct.unpack_from("<6I", raw, 24)
+        second = struct.unpack_from("<6I", raw, 48)
+        pcs = struct.unpack_from("<2Q", raw, 72)
+        kernel = raw[88 : 88 + 256].split(b"\0", 1)[0].decode(errors="replace")
+        lines = _source_lines(self.path, pcs)
+        kinds = ("read-after-write", "write-after-read", "write-after-write")
+        if space == 0:
+            if index >= 0 and index < len(self._shared):
+                memory, typ = self._shared[index]
+                item = _CTYPE_SIZES.get(" ".join(typ.replace("const", "").split()), 0)
+            elif index == -1 and len(set(self._dynamic)) == 1:  # one extern __shared__ array
+                memory, typ = self._dynamic[0]
+                item = _CTYPE_SIZES.get(" ".join(typ.replace("const", "").split()), 0)
+            else:
+                memory, item = ("dynamic shared memory" if index == -1 else "shared memory"), 0
+        else:
+            memory, item = buffers[index] if 0 <= index < len(buffers) else (f"#{index}", 0)
+        element = offset // item if item else None
+        err = RaceError(
+            _race_message(kernel, kinds[kind], space, memory, element, offset, first, second, lines)
+        )
+        err.kernel, err.kind = kernel, kinds[kind]
+        err.space, err.memory, err.element = ("shared", "global")[space], memory, element
+        err.threads = tuple((tuple(t[:3]), tuple(t[3:])) for t in (first, second))
+        err.lines = lines
+        return err
+
+
+_CTYPE_SIZES = {
+    "float": 4, "int": 4, "unsigned": 4, "unsigned int": 4, "double": 8, "long long": 8,
+    "unsigned long long": 8, "char": 1, "unsigned char": 1, "bool": 1, "short": 2,
+    "float2": 8, "float4": 16, "int2": 8, "int4": 16,
+}  # fmt: skip
+
+
+def _race_message(
+    kernel: str,
+    kind: str,
+    space: int,
+    memory: str,
+    element: int | None,
+    offset: int,
+    first: Sequence[int],
+    second: Sequence[int],
+    lines: tuple[int | None, int | None],
+) -> str:
+    """One line: the kernel, what raced, where, the two threads and their source lines."""
+    where = f"element {element}" if element is not None else f"byte offset {offset}"
+    what = (
+        f"__shared__ '{memory}' {where}" if space == 0 and not memory.endswith("memory")
+        else f"{memory} {where}" if space == 0 else f"global buffer '{memory}' {where}"
+    )  # fmt: skip
+    verbs = {
+        "read-after-write": ("wrote", "reads"),
+        "write-after-read": ("read", "writes"),
+        "write-after-write": ("wrote", "writes"),
+    }[kind]
+
+    def who(t: Sequence[int], verb: str, line: int | None) -> str:
+        at = f"line {line}" if line else "an unknown line"
+        return f"thread ({t[0]},{t[1]},{t[2]}) of block ({t[3]},{t[4]},{t[5]}) {verb} it at {at}"
+
+    if tuple(first[3:]) == tuple(second[3:]):
+        fix = "with no __syncthreads() between (add one, or give each thread its own element)"
+    else:
+        fix = "in the same launch (blocks are not ordered: split the kernel or use atomics)"
+    return (
+        f"kernel {kernel}: {kind} race on {what}: {who(first, verbs[0], lines[0])}, "
+        f"{who(second, verbs[1], lines[1])} {fix}"
+    )
+
+
+def _source_lines(library: Path, pcs: Sequence[int]) -> tuple[int | None, int | None]:
+    """Source lines of two code addresses of a race-check library (addr2line on its -g info):
+    for each, the innermost inlined frame that lies in the kernel source, not the header."""
+    out: list[int | None] = [None, None]
+    tool = shutil.which("addr2line")
+    if tool is None or not any(pcs):
+        return out[0], out[1]
+    try:
+        proc = subprocess.run(
+            [tool, "-i", "-a", "-e", str(library), *(hex(p) for p in pcs)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return out[0], out[1]
+    k = -1
+    for line in proc.stdout.splitlines():
+        if line.startswith("0x"):
+            k += 1
+            continue
+        file, _, num = line.rpartition(":")
+        num = num.split()[0] if num else ""
+        # The kernel source is the one .cpp file (the header and system headers are not).
+        if 0 <= k < 2 and out[k] is None and Path(file).suffix == ".cpp" and num.isdigit():
+            out[k] = int(num)
+    return out[0], out[1]
 
 
 _SERVERS: dict[Path, _Server] = {}
@@ -1039,32 +1253,45 @@ class Emulator:
         key = _hash(
             "server", str(_ABI_VERSION), self._cxx_id, " ".join(SERVER_FLAGS), self._header, src
         )
-        out = self.cache_dir / f"server-{key}"
-        if not out.exists():
-            _compile(self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"])
-        return out
+        return _cached_build(
+            self.cache_dir,
+            f"server-{key}",
+            lambda out: _compile(
+                self.cxx, SERVER_FLAGS, _RUNTIME, out, ["-I", str(_RT_DIR), "-ldl"]
+            ),
+        )[0]
 
-    def load(self, source: str) -> EmulatedModule:
+    def load(self, source: str, racecheck: bool = False) -> EmulatedModule:
         """Compile (or take from the cache) the CUDA translation unit ``source``.
 
-        Raises :class:`EmulatorError` if the pre-pass or the C++ compiler rejects it.
+        ``racecheck`` builds the race-check variant (a separate library, slower to build and
+        run): its runs also track every plain shared- and global-memory access in shadow memory
+        and raise :class:`RaceError` at the first data race. Raises :class:`EmulatorError` if
+        the pre-pass or the C++ compiler rejects the source.
         """
         pre = prepass(source)
-        key = _hash(
-            "k", str(_ABI_VERSION), self._cxx_id, " ".join(KERNEL_FLAGS), self._header, pre.source
-        )
+        flags = RACECHECK_FLAGS if racecheck else KERNEL_FLAGS
+        key = _hash("k", str(_ABI_VERSION), self._cxx_id, " ".join(flags), self._header, pre.source)
         with self._lock:
             mod = self._modules.get(key)
             if mod is not None:
                 return mod
-            out = self.cache_dir / f"k-{key}.so"
-            from_cache = out.exists()
-            if not from_cache:
-                cpp = self.cache_dir / f"k-{key}.cpp"
-                cpp.write_text(pre.source)
-                _compile(self.cxx, KERNEL_FLAGS, cpp, out, ["-include", str(_HEADER)])
+
+            def build(out: Path) -> None:
+                cpp = out.with_suffix(".cpp")
+                write_atomic(cpp, pre.source.encode())
+                if racecheck:  # compile, then link without libtsan (pf_emu.h has the hooks)
+                    obj = out.with_suffix(".o")
+                    _compile(self.cxx, RACECHECK_FLAGS, cpp, obj, ["-include", str(_HEADER)])
+                    _compile(self.cxx, ("-shared",), obj, out)
+                    obj.unlink(missing_ok=True)
+                else:
+                    _compile(self.cxx, KERNEL_FLAGS, cpp, out, ["-include", str(_HEADER)])
+
+            out, from_cache = _cached_build(self.cache_dir, f"k-{key}.so", build)
             module, text = self._server.load(out)
-            mod = EmulatedModule(self, out, from_cache, module, text)
+            shared = (pre.shared, pre.dynamic)
+            mod = EmulatedModule(self, out, from_cache, module, text, racecheck, shared)
             self._modules[key] = mod
             return mod
 

@@ -49,11 +49,19 @@ class Launch:
 
 @dataclass
 class LaunchTraffic:
-    """Global-memory traffic of one launch: unique elements touched × element size, per buffer."""
+    """Global-memory traffic of one launch, per buffer: distinct bytes (unique elements touched ×
+    element size) and requested bytes (every load and store, repeats included)."""
 
     kernel: str
     reads: dict[str, int] = field(default_factory=dict)
     writes: dict[str, int] = field(default_factory=dict)
+    requested_reads: dict[str, int] = field(default_factory=dict)
+    requested_writes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes_requested(self) -> int:
+        """Bytes of every global load and store of the launch (repeats included)."""
+        return sum(self.requested_reads.values()) + sum(self.requested_writes.values())
 
     @property
     def bytes_read(self) -> int:
@@ -66,6 +74,45 @@ class LaunchTraffic:
     @property
     def bytes_total(self) -> int:
         return self.bytes_read + self.bytes_written
+
+
+def dependence_preds(accesses: list[tuple[set[str], set[str]]]) -> list[set[int]]:
+    """The kernel DAG's edges as predecessor sets: ``preds[j]`` holds every ``i`` that must run
+    before ``j`` (``accesses`` as for :func:`dependence_order`, whose rules these are)."""
+    n = len(accesses)
+    preds: list[set[int]] = [set() for _ in range(n)]
+    for j in range(n):
+        rj, wj = accesses[j]
+        for i in range(n):
+            if i == j:
+                continue
+            wi = accesses[i][1]
+            if wi & (rj - wj):  # i produces what j only reads: i first
+                preds[j].add(i)
+            elif i < j and wi & wj:  # two writers of one buffer: keep the given order
+                preds[j].add(i)
+    return preds
+
+
+def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]) -> list[int]:
+    """A launch order that respects every dependence through a buffer: ``accesses[i]`` is
+    (buffers kernel ``i`` reads, buffers it writes). A kernel that reads or writes a buffer
+    runs after every kernel that writes it without reading it (its producer); kernels that
+    write the same buffer keep their given order, and so do independent kernels.
+    Raises :class:`CallError` when the dependences form a cycle (no order exists).
+    """
+    n = len(accesses)
+    preds = dependence_preds(accesses)
+    order: list[int] = []
+    done: set[int] = set()
+    while len(order) < n:
+        ready = [k for k in range(n) if k not in done and preds[k] <= done]
+        if not ready:
+            stuck = [names[k] for k in range(n) if k not in done]
+            raise CallError(f"kernels {', '.join(stuck)} depend on each other in a cycle")
+        order.append(ready[0])
+        done.add(ready[0])
+    return order
 
 
 def marshal(launch: Launch, buffers: dict[str, np.ndarray]) -> list[np.ndarray | np.generic]:

@@ -57,8 +57,11 @@ PF_INLINE int pf_fdiv(int a, int b) { return (a >= 0) ? (a / b) : -((-a + b - 1)
 PF_INLINE int pf_mod(int a, int b) { int r = a % b; return (r < 0) ? r + b : r; }
 PF_INLINE float pf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 struct pf_sum { PF_INLINE float operator()(float a, float b) const { return a + b; } };
-struct pf_max { PF_INLINE float operator()(float a, float b) const { return fmaxf(a, b); } };
-struct pf_min { PF_INLINE float operator()(float a, float b) const { return fminf(a, b); } };
+// max/min that propagate NaN like numpy, PyTorch and ONNX (fmaxf/fminf drop it).
+PF_INLINE float pf_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
+PF_INLINE float pf_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
+struct pf_max { PF_INLINE float operator()(float a, float b) const { return pf_fmaxf(a, b); } };
+struct pf_min { PF_INLINE float operator()(float a, float b) const { return pf_fminf(a, b); } };
 // Combine the partial results of LANES consecutive threads (a warp or a whole row group);
 // every lane returns the total. Called by every thread of the block, outside divergent code.
 template <typename Op, int LANES>
@@ -149,12 +152,14 @@ class BodyPrinter:
         lane_guard: str | None = None,
         laneless: set[str] | frozenset[str] = frozenset(),
         combine: str | None = None,
+        combined: set[str] | frozenset[str] = frozenset(),
     ):
         self.placements = placements
         self.idents = idents
         self.lane_guard = lane_guard  # condition for global stores of lane-less statements
         self.laneless = laneless
         self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
+        self.combined = combined  # reductions whose lanes hold partials (combine at final)
 
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
@@ -206,7 +211,7 @@ class BodyPrinter:
             if e.op == "pow":
                 return f"powf({a}, {b})"
             if e.op in ("max", "min"):
-                return f"f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
+                return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
             if e.op == "floordiv":
                 return f"floorf({a} / {b})" if fl else f"pf_fdiv({a}, {b})"
             if e.op == "mod":
@@ -252,14 +257,14 @@ class BodyPrinter:
         if s.role == "init":
             return f"{acc} = {_IDENTITY[red.op]};"
         if s.role == "final":
-            if self.combine:
+            if self.combine and s.prim in self.combined:
                 fn = self.combine.format(op=f"pf_{red.op}")
                 return f"{acc} = {fn}({acc}, pf_scratch); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
         if red.op == "sum":
             return f"{acc} = {acc} + {v};"
-        return f"{acc} = f{red.op}f({acc}, {v});"
+        return f"{acc} = pf_f{red.op}f({acc}, {v});"
 
 
 class _Emitter:
@@ -350,7 +355,14 @@ def print_kernel(
     for _, size in threads:
         block *= size
     lane_guard = " && ".join(f"{p} == 0" for p in red.lane_params) if red else None
-    bp = BodyPrinter(placements, idents, lane_guard, red.laneless if red else frozenset(), combine)
+    bp = BodyPrinter(
+        placements,
+        idents,
+        lane_guard,
+        red.laneless if red else frozenset(),
+        combine,
+        red.combined if red else frozenset(),
+    )
     stmts = {s.name: s for s in model.statements}
 
     def emit_stmt(n: KStmt) -> str:

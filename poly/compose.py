@@ -53,6 +53,7 @@ class ReductionKernel(MappedMicrograph):
     strategy: ReductionStrategy | None = None
     lane_params: list[str] = field(default_factory=list)
     laneless: set[str] = field(default_factory=set)
+    combined: set[str] = field(default_factory=set)  # reductions whose lanes hold partials
     thread_order: list[tuple[str, int]] = field(default_factory=list)  # slowest first
 
     def __str__(self) -> str:
@@ -369,6 +370,7 @@ def map_reduction_kernel(
     cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
     cons += [f"0 <= r0 < {kept_tile}", f"0 <= l0 < {lanes}"]
     context = isl.Set(f"[{pstr}] -> {{ : {' and '.join(cons)} }}", context=ctx)
+    combined = _lane_combines(model, mapped.get_domain(), context, laneless)
     union = ScheduledMicrograph(model, mapped)
     order = (
         [("r0", kept_tile), ("l0", lanes)]
@@ -389,8 +391,53 @@ def map_reduction_kernel(
         strategy=strategy,
         lane_params=["l0"],
         laneless=laneless,
+        combined=combined,
         thread_order=order,
     )
+
+
+def _lane_combines(
+    model: PolyModel, domain: isl.UnionSet, context: isl.Set, laneless: set[str]
+) -> set[str]:
+    """The reductions whose lanes hold partial accumulators of one result element, so the
+    final must combine them across lanes; decided by isl on the mapped domain.
+
+    Per reduction, with ``d`` the result element of an update instance and ``l0`` its lane:
+    an instance run by every lane (a lane-less update, e.g. a reduced extent of 1) is a
+    redundant copy — no combine; instances split over lanes with each ``d`` on one lane (the
+    lanes stride the kept dimensions, e.g. rows of width 1) — no combine; several lanes
+    sharing a ``d`` — combine, which needs the final to run on every lane (lane-less), else
+    the kernel has no valid layout.
+    """
+    out: set[str] = set()
+    for s in model.statements:
+        if s.role != "update":
+            continue
+        fin = next(f for f in model.statements if f.prim == s.prim and f.role == "final")
+        if s.name in laneless:
+            continue
+        dom = domain.extract_set(s.domain.get_space()).intersect_params(context)
+        if dom.is_empty():
+            continue
+        pos = dom.find_dim_by_name(isl.dim_type.param, "l0")
+        n = dom.dim(isl.dim_type.set)
+        inst = isl.Map.from_domain(dom.move_dims(isl.dim_type.set, n, isl.dim_type.param, pos, 1))
+        inst = inst.move_dims(isl.dim_type.out, 0, isl.dim_type.in_, n, 1)  # instance -> lane
+        nd = fin.dims
+        kept = inst.project_out(isl.dim_type.in_, nd, n - nd)  # result element -> lane
+        if not inst.is_single_valued():
+            every = isl.Map.from_domain_and_range(inst.domain(), inst.range())
+            if not every.is_subset(inst):
+                raise CompositionError(f"{s.prim}: reduction runs on some lanes redundantly")
+            continue
+        if kept.is_single_valued():
+            continue
+        if fin.name not in laneless:
+            raise CompositionError(
+                f"{s.prim}: lanes share result elements but the final runs per lane"
+            )
+        out.add(s.prim)
+    return out
 
 
 def kept_count(sm: ScheduledMicrograph) -> int:

@@ -30,6 +30,10 @@ class MappingConfig:
 
     max_threads: int = 256
     min_threads: int = 32
+    # GEMM-like micrographs: force (block rows, block cols, micro-tile rows, cols, k-tile)
+    # instead of the cost model's choice (poly/tiling.py); None = the model decides.
+    gemm_tile: tuple[int, int, int, int, int] | None = None
+    gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
 
 
 @dataclass

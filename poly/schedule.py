@@ -49,6 +49,9 @@ class ScheduledMicrograph:
     @property
     def schedule(self) -> isl.Schedule:
         if isinstance(self._schedule, str):
+            # the tiling and AST options live in the context: a schedule read from the cache
+            # must be mapped under the same options as one the scheduler just computed
+            configure(self.model.ctx)
             self._schedule = isl.Schedule(self._schedule, context=self.model.ctx)
         return self._schedule
 
@@ -62,8 +65,13 @@ class ScheduledMicrograph:
         return "\n".join(lines)
 
 
-def configure(ctx: isl.Context) -> None:
-    """Scheduler and tiling options polyfuse relies on (set once per context)."""
+def configure(ctx: isl.Context) -> isl.Context:
+    """Scheduler and tiling options polyfuse relies on (set once per context).
+
+    Every later stage (tiling in the mapping, AST generation) depends on these options, so
+    they are set when the context is created, not only when the scheduler first runs: a
+    compile whose schedules all come from the cache must tile exactly as a fresh one.
+    """
     ctx.set_schedule_outer_coincidence(1)
     ctx.set_schedule_serialize_sccs(0)
     ctx.set_schedule_maximize_band_depth(1)
@@ -71,6 +79,7 @@ def configure(ctx: isl.Context) -> None:
     ctx.set_tile_shift_point_loops(1)
     ctx.set_schedule_whole_component(0)
     ctx.set_on_error(isl.on_error.CONTINUE)
+    return ctx
 
 
 def identity_schedule(model: PolyModel) -> isl.Schedule:

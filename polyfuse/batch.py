@@ -6,10 +6,11 @@ as a terminal table and (``--json``) as JSON. Arguments are built-in zoo names
 (:data:`polyfuse.zoo.MODELS`; none = the whole zoo), ``.onnx`` files, directories of ``.onnx``
 files, or ``module:function`` builders returning ``(inputs, outputs[, constants])``.
 
-Executors: a process pool (``--executor process``, ``--jobs N``, default the CPU count) or Ray
-(``--executor ray``, imported lazily; ``pip install 'polyfuse[ray]'``). Every model compiles in
-its own task; a model that fails is reported with a one-line reason and the others finish
-(exit status 1 when any failed, 0 otherwise, 2 on bad arguments).
+Executors: one process per model, ``--jobs N`` at a time (``--executor process``, default the
+CPU count), or Ray (``--executor ray``, imported lazily; ``pip install 'polyfuse[ray]'``). Every
+model compiles in its own task; a model that fails — or whose worker dies (killed, out of
+memory) — is reported with a one-line reason and the others finish (exit status 1 when any
+failed, 0 otherwise, 2 on bad arguments).
 
 Caching, two levels, both under ``--cache-dir`` (default ``$POLYFUSE_CACHE`` or
 ``~/.cache/polyfuse``; ``--no-cache`` disables both):
@@ -21,13 +22,13 @@ Caching, two levels, both under ``--cache-dir`` (default ``$POLYFUSE_CACHE`` or
   compute's loop nest, shapes, dtypes, names and the inputs/constants/outputs boundary; weight
   *values* are not part of it), the arch, the CUDA-check flag, the polyfuse version and a digest
   of the compiler's own source files. An entry holds the compile summary and the CUDA source,
-  so a warm run only builds each graph and hashes it.
+  so a warm run only builds each graph and hashes it. Entries are :class:`polyfuse.store.Store`
+  entries (versioned, checksummed, replaced atomically): a corrupt one is recompiled and healed.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import dataclasses
 import functools
 import hashlib
@@ -35,9 +36,11 @@ import importlib
 import inspect
 import json
 import multiprocessing
+import multiprocessing.connection as mp_connection
 import os
+import pickle
+import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -47,6 +50,7 @@ from typing import Any, TextIO
 
 import polyfuse
 from polyfuse.errors import PolyfuseError
+from polyfuse.store import Store, write_atomic
 
 __all__ = [
     "ModelReport",
@@ -222,19 +226,22 @@ def _load(task: Task) -> tuple[list, list, dict]:
     raise PolyfuseError(task.reason or f"cannot compile '{task.spec}'")
 
 
-def _cache_paths(task: Task, key: str) -> tuple[Path, Path] | None:
-    if not task.cache_dir:
+#: Bump when what a model-cache entry holds changes.
+ZOO_ENTRY_VERSION = 1
+_SUMMARY = ("primitives", "micrographs", "kernels", "stitched_kernels", "cuda")
+
+
+def _model_store(task: Task) -> Store | None:
+    """The model-level cache (``<cache_dir>/zoo``), None when caching is off."""
+    return Store(Path(task.cache_dir) / "zoo", "zoo", ZOO_ENTRY_VERSION) if task.cache_dir else None
+
+
+def _model_entry(store: Store, key: str) -> dict[str, Any] | None:
+    """The cached summary of model ``key``; None when missing, corrupt or incomplete."""
+    entry = store.read_json(f"{key}.json")
+    if not isinstance(entry, dict) or not all(k in entry for k in (*_SUMMARY, "compile_seconds")):
         return None
-    d = Path(task.cache_dir) / "zoo" / key[:2]
-    return d / f"{key}.json", d / f"{key}.cu"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    return entry
 
 
 def _one_line(e: BaseException) -> str:
@@ -262,20 +269,20 @@ def compile_task(task: Task) -> dict[str, Any]:
             (graph_hash(inputs, outputs, list(constants)) + salt).encode()
         ).hexdigest()[:32]
         rep.seconds["hash"] = time.perf_counter() - t0
-        paths = _cache_paths(task, rep.key)
+        store = _model_store(task)
+        stage = "reading the cache"
+        t0 = time.perf_counter()
+        entry = _model_entry(store, rep.key) if store is not None else None
 
-        if paths is not None and paths[0].exists():
-            stage = "reading the cache"
-            t0 = time.perf_counter()
-            entry = json.loads(paths[0].read_text(encoding="utf-8"))
-            for k in ("primitives", "micrographs", "kernels", "stitched_kernels", "cuda"):
+        if entry is not None:
+            for k in _SUMMARY:
                 setattr(rep, k, entry[k])
             rep.compile_seconds = entry["compile_seconds"]
             rep.model_cache = "hit"
             rep.seconds["cache"] = time.perf_counter() - t0
         else:
             stage = "compiling"
-            rep.model_cache = "miss" if paths is not None else "off"
+            rep.model_cache = "miss" if store is not None else "off"
             kwargs: dict[str, Any] = {}
             kcache = None
             if "cache" in inspect.signature(polyfuse.compile).parameters:
@@ -300,7 +307,12 @@ def compile_task(task: Task) -> dict[str, Any]:
             rep.primitives = len(fn.plan.graph.prims)
             rep.micrographs = len(fn.plan.micrographs)
             rep.kernels = len(fn.kernels)
-            rep.stitched_kernels = sum(len(k.micrographs) > 1 for k in fn.kernels)
+            # Layer 2 kernels of several micrographs, also inside a Layer 3 pack
+            packs = [d for d in getattr(fn.plan, "packs", []) if d.packed]
+            inside = {d.name for d in packs}
+            rep.stitched_kernels = sum(
+                len(k.micrographs) > 1 for k in fn.kernels if k.name not in inside
+            ) + sum(len(m) > 1 for d in packs for m in d.micrographs)
             if task.check_cuda:
                 stage = "compiling CUDA"
                 t0 = time.perf_counter()
@@ -312,20 +324,17 @@ def compile_task(task: Task) -> dict[str, Any]:
                     else "no NVRTC/nvcc: not compiled"
                 )
             rep.compile_seconds = {k: v for k, v in rep.seconds.items() if k != "hash"}
-            if paths is not None:
+            if store is not None:
                 stage = "writing the cache"
-                _write_atomic(paths[1], fn.cuda_source)
-                entry = {
-                    k: getattr(rep, k)
-                    for k in ("primitives", "micrographs", "kernels", "stitched_kernels", "cuda")
-                }
+                write_atomic(store.path(f"{rep.key}.cu"), fn.cuda_source.encode())
+                entry = {k: getattr(rep, k) for k in _SUMMARY}
                 entry.update(
                     name=task.label,
                     arch=task.arch,
                     polyfuse=polyfuse.__version__,
                     compile_seconds=rep.compile_seconds,
                 )
-                _write_atomic(paths[0], json.dumps(entry, indent=1))
+                store.write_json(f"{rep.key}.json", entry)  # last: it marks the entry complete
         rep.status = "ok"
     except Exception as e:  # error isolation: one line, the batch goes on
         rep.status = "error"
@@ -430,21 +439,59 @@ class Progress:
             print(f"{self._bar()} {line}", file=self.stream, flush=True)
 
 
+def _task_main(task: Task, conn: Any) -> None:
+    """A worker process: compile one task and send its report to the parent."""
+    conn.send(compile_task(task))
+    conn.close()
+
+
+def _died(task: Task, exitcode: int | None) -> dict[str, Any]:
+    """The report of a task whose worker process ended without sending one."""
+    if exitcode is not None and exitcode < 0:
+        how = f"was killed by {signal.Signals(-exitcode).name}"
+        if -exitcode == signal.SIGKILL:
+            how += " (out of memory, or killed by hand)"
+    else:
+        how = f"exited with status {exitcode} without a report"
+    reason = f"worker died: the process compiling '{task.label}' {how}; the other models went on"
+    return dataclasses.asdict(ModelReport(task.label, task.spec, reason=reason))
+
+
 def _run_process(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], None]) -> None:
+    """One process per task, at most ``jobs`` at a time.
+
+    A pool would not do: when one of its workers dies (SIGKILL, the OOM killer), a process
+    pool breaks and fails every pending task with it. A process of its own per task ties a
+    death to exactly one model, which is reported as failed while the others go on.
+    """
     # fork: workers start with polyfuse already imported (the parent is single-threaded)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(compile_task, t): i for i, t in enumerate(tasks)}
-        for fut in cf.as_completed(futures):
-            i = futures[fut]
-            try:
-                rep = fut.result()
-            except Exception as e:  # the worker died (crash, out of memory)
-                rep = dataclasses.asdict(
-                    ModelReport(tasks[i].label, tasks[i].spec, reason=f"worker died: {e}")
-                )
-            on_done(i, rep)
+    queue = list(range(len(tasks)))[::-1]
+    running: dict[Any, tuple[int, Any]] = {}  # receiving end of the pipe -> (task, process)
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                i = queue.pop()
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_task_main, args=(tasks[i], send), name=tasks[i].label)
+                proc.start()
+                send.close()  # the parent keeps no write end: a dead worker reads as EOF
+                running[recv] = (i, proc)
+            for recv in mp_connection.wait(list(running)):
+                i, proc = running.pop(recv)
+                try:
+                    rep = recv.recv()
+                except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+                    rep = None  # died before (or while) sending its report
+                recv.close()
+                proc.join()
+                on_done(i, rep if isinstance(rep, dict) else _died(tasks[i], proc.exitcode))
+    finally:
+        for recv, (_, proc) in running.items():  # interrupted: stop the workers still running
+            proc.kill()
+            proc.join()
+            recv.close()
 
 
 def _run_ray(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], None]) -> None:
@@ -623,7 +670,7 @@ def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:
         "zoo",
         help="batch-compile the built-in model zoo, .onnx files or directories",
         description=(
-            "Compile many models in parallel (process pool or Ray) and report kernels, "
+            "Compile many models in parallel (a process per model, or Ray) and report kernels, "
             "cache hits and compile seconds per stage. No argument: the built-in zoo. A model "
             "that fails is reported and the others finish; exit status 1 if any failed."
         ),

@@ -4,16 +4,19 @@ Entries are keyed by :func:`polyfuse.graph.structure.structural_key` (the comput
 and boundary of a group of primitives, salted with the target architecture, the compiler
 version and the options), so identical layers — within one model or across models — are
 scheduled and generated once. Names are stored in canonical form (``pfT0``, ``pfT1``…) and
-mapped back to each use. With a directory the cache persists across processes (one JSON file
-per entry, written atomically); without one it still deduplicates within a compile.
+mapped back to each use. With a directory the cache persists across processes (one
+:class:`polyfuse.store.Store` entry per key: versioned, checksummed, written atomically);
+without one it still deduplicates within a compile.
+
+An entry that is unreadable, fails its checksum, comes from another version or lacks the
+fields its use needs is a miss: the caller rebuilds it and the rewrite heals the file.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,26 @@ from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.graph.structure import StructuralKey
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.plan import KernelPlan
+from polyfuse.store import Store
+
+#: Bump when what an entry holds changes (older entries then read as misses).
+ENTRY_VERSION = 2
+#: The fields of each kind of entry: a stored value must hold all fields of one of them.
+SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
+STITCH_FIELDS = (("ok", "reason"),)
+KERNEL_FIELDS = (
+    (
+        "source",
+        "params",
+        "grid",
+        "block",
+        "shared_bytes",
+        "bytes_read",
+        "bytes_written",
+        "notes",
+        "placements",
+    ),
+)
 
 # identifiers, but not members (blockIdx.x) or the tails of numbers (1e-05f)
 _TOKEN = re.compile(r"(?<![\w.])[A-Za-z_][A-Za-z0-9_]*")
@@ -58,6 +81,7 @@ class CompileCache:
 
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory) if directory else None
+        self.store = Store(self.directory, "compile", ENTRY_VERSION) if self.directory else None
         self.memory: dict[str, Any] = {}
         self.hits = 0
         self.misses = 0
@@ -72,38 +96,30 @@ class CompileCache:
         n = self.hits + self.misses
         return self.hits / n if n else 0.0
 
-    def _path(self, key: str) -> Path | None:
-        return self.directory / key[:2] / f"{key}.json" if self.directory else None
+    def get(self, key: str, fields: Sequence[Sequence[str]] | None = None) -> Any:
+        """The entry for ``key`` or None (counted as a hit or a miss).
 
-    def get(self, key: str) -> Any:
-        """The entry for ``key`` or None (counted as a hit or a miss)."""
-        if key in self.memory:
-            self.hits += 1
-            return self.memory[key]
-        path = self._path(key)
-        if path is not None and path.exists():
-            try:
-                value = json.loads(path.read_text())
-            except (OSError, ValueError):
-                value = None
-            if value is not None:
-                self.memory[key] = value
-                self.hits += 1
-                return value
-        self.misses += 1
-        return None
+        With ``fields`` (alternatives, e.g. :data:`SCHEDULE_FIELDS`), an entry that is not a
+        dict holding every field of one alternative is a miss too.
+        """
+        value = self.memory.get(key)
+        if value is None and self.store is not None:
+            value = self.store.read_json(f"{key}.json")
+        if value is not None and fields is not None:
+            ok = isinstance(value, dict) and any(all(f in value for f in alt) for alt in fields)
+            value = value if ok else None
+        if value is None:
+            self.misses += 1
+            return None
+        self.memory[key] = value
+        self.hits += 1
+        return value
 
     def put(self, key: str, value: Any) -> None:
-        """Store ``value`` (JSON-serialisable) under ``key``."""
+        """Store ``value`` (JSON-serialisable) under ``key`` (atomically replacing the file)."""
         self.memory[key] = value
-        path = self._path(key)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
+        if self.store is not None:
+            self.store.write_json(f"{key}.json", value)
 
     def __repr__(self) -> str:
         where = self.directory or "memory"

@@ -25,7 +25,7 @@ import numpy as np
 
 import polyfuse
 from polyfuse.driver import SUPPORTED_ARCHS
-from polyfuse.errors import CompilerNotFound, PolyfuseError
+from polyfuse.errors import CompilerNotFound, PolyfuseError, RaceError
 from polyfuse.examples import EXAMPLES, Example, max_error, random_inputs
 
 __all__ = ["DemoResult", "build_parser", "main", "run_demo"]
@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--race-check",
         action="store_true",
         help="also run each kernel with every block's threads in reverse order between "
-        "barriers (a missing __syncthreads() then shows as a wrong result)",
+        "barriers (a missing __syncthreads() then shows as a wrong result) and under the "
+        "shadow-memory race detector (reports the first data race by kernel, line and threads)",
     )
     demo.add_argument(
         "--quiet",
@@ -312,13 +313,22 @@ def run_example(
         stage = "emulating"
         arrays = random_inputs(inputs, seed)
         want = reference(*arrays)
-        orders = [False, True] if race_check else [False]
+        orders = [False, True, "shadow"] if race_check else [False]
         worst, reason = 0.0, ""
         for order in orders:
-            mode = "threads in reverse order" if order else "threads in order"
+            mode = {
+                False: "threads in order",
+                True: "threads in reverse order",
+                "shadow": "race detector",
+            }[order]
             p.progress(f"{tag}{example.name}: running on the emulator ({mode})")
             t0 = time.perf_counter()
-            got = fn(*arrays, device="emulate", race_check=order)
+            try:
+                got = fn(*arrays, device="emulate", race_check=order)
+            except RaceError as e:
+                p.report(f"emulator ({mode}): {e}: FAIL")
+                reason = reason or str(e)
+                continue
             err, why = _compare(outputs, got, want, rtol, atol)
             worst = max(worst, err)
             verdict = "PASS" if not why else "FAIL"
@@ -327,7 +337,7 @@ def run_example(
                 f"{err:.3g} (rtol {rtol:g}, atol {atol:g}): {verdict}"
             )
             if why and not reason:
-                reason = why + (" [race check: reverse thread order]" if order else "")
+                reason = why + (f" [race check: {mode}]" if order else "")
         result.max_error = worst
         result.status = "FAIL" if reason else "PASS"
         result.reason = reason

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.launch import Launch, LaunchTraffic
+from polyfuse.cuda.launch import Launch, LaunchTraffic, dependence_order
 from polyfuse.errors import CallError, CompilerNotFound
 from polyfuse.graph.expr import Tensor
 
@@ -29,6 +29,9 @@ class BufferSpec:
     shape: tuple[int, ...]
     role: str  # "input" | "output" | "intermediate"
     dtype: str = "float32"
+
+
+_MISSING = object()  # an input no argument was given for
 
 
 def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
@@ -59,8 +62,26 @@ def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
     return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
 
 
+def kernel_order(kernels: list[Kernel]) -> list[int]:
+    """Indices of ``kernels`` in a launch order that follows the dependences between them,
+    computed from the buffers each kernel reads (``const`` pointers) and writes."""
+    return dependence_order(kernel_accesses(kernels), [k.name for k in kernels])
+
+
+def kernel_accesses(kernels: list[Kernel]) -> list[tuple[set[str], set[str]]]:
+    """(buffers read, buffers written) per kernel: ``const`` pointers are read only."""
+    accesses = []
+    for k in kernels:
+        bufs = [p for p in k.params if p.tensor]
+        reads = {p.tensor for p in bufs if p.ctype.startswith("const")}
+        writes = {p.tensor for p in bufs if not p.ctype.startswith("const")}
+        accesses.append((reads, writes))
+    return accesses
+
+
 def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:
-    """Buffers every kernel parameter refers to, and the launches in order."""
+    """Buffers every kernel parameter refers to, and the launches in dependence order
+    (:func:`kernel_order`)."""
     ins = {graph.ident(t) for t in graph.inputs}
     outs = {graph.ident(t) for t in graph.outputs}
     specs: dict[str, BufferSpec] = {}
@@ -69,7 +90,7 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
     for t in graph.outputs:
         specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
     launches = []
-    for k in kernels:
+    for k in (kernels[i] for i in kernel_order(kernels)):
         for p in k.params:
             if p.tensor and p.tensor not in specs:
                 role = "output" if p.tensor in outs else "intermediate"
@@ -115,6 +136,7 @@ class CompiledGraph:
         self.plan = plan
         self._idents = idents
         self._emulated = None
+        self._emulated_racecheck = None
         self._programs: dict[int, Any] = {}
         self.last_traffic: list[LaunchTraffic] = []
         self.cuda_binaries: dict[str, Any] = {}
@@ -152,25 +174,35 @@ class CompiledGraph:
         return binary
 
     # ------------------------------------------------------------------ calling
-    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+    def _given(self, args: tuple, kwargs: dict) -> list[Any]:
+        """The argument for each input, in input order: positional arguments by position,
+        keyword arguments by input name (refused for a name several inputs share)."""
         names = [t.name for t in self.inputs]
         if len(args) > len(self.inputs):
             raise CallError(
                 f"{self.name}: expected {len(self.inputs)} input arrays ({', '.join(names)}), "
                 f"got {len(args)}"
             )
-        given: dict[str, Any] = dict(zip(names, args, strict=False))
+        given: list[Any] = [*args] + [_MISSING] * (len(names) - len(args))
         for k, v in kwargs.items():
             if k not in names:
                 raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if k in given:
+            if names.count(k) > 1:
+                raise CallError(
+                    f"{self.name}: {names.count(k)} inputs are named '{k}'; pass them by position"
+                )
+            i = names.index(k)
+            if given[i] is not _MISSING:
                 raise CallError(f"{self.name}: input '{k}' given twice")
-            given[k] = v
-        bufs: dict[str, np.ndarray] = {}
-        for t in self.inputs:
-            if t.name not in given:
+            given[i] = v
+        for t, a in zip(self.inputs, given, strict=True):
+            if a is _MISSING:
                 raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
-            a = given[t.name]
+        return given
+
+    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+        bufs: dict[str, np.ndarray] = {}
+        for t, a in zip(self.inputs, self._given(args, kwargs), strict=True):
             if not isinstance(a, np.ndarray):
                 raise CallError(_not_host_array(t.name, a))
             if a.shape != t.shape:
@@ -198,6 +230,9 @@ class CompiledGraph:
     ):
         """Run the graph; returns one array, or a tuple when there are several outputs.
 
+        Arrays bind to ``inputs`` by position; a keyword argument names an input (refused
+        when several inputs share that name: placeholders are distinct by identity).
+
         ``device``: "emulate" (the CPU emulator, numpy arrays) or "cuda" / "cuda:N" (a GPU,
         see :mod:`polyfuse.cuda.runtime`): numpy arrays in → numpy arrays out; device arrays
         (``torch.Tensor``, ``cupy.ndarray``, JAX arrays, any ``__cuda_array_interface__`` or
@@ -206,7 +241,10 @@ class CompiledGraph:
         or a dict by output name. ``stream`` (GPU): a stream handle or framework stream to run
         on (default: the inputs' framework's current stream). ``race_check``: emulator only;
         True/"reverse" runs each block's threads in reverse order between barriers, "random"
-        in a shuffled order (a missing barrier shows). Inputs named ``device``, ``out``,
+        in a shuffled order (a missing barrier shows as a wrong result); "shadow" runs a
+        race-check build that tracks every shared and global access and raises
+        :class:`~polyfuse.errors.RaceError` naming the kernel, lines and threads of the first
+        data race. Inputs named ``device``, ``out``,
         ``stream`` or ``race_check`` must be passed positionally.
         """
         if isinstance(device, str) and device.startswith("cuda"):
@@ -218,16 +256,23 @@ class CompiledGraph:
         if stream is not None:
             raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
         bufs = self._bind(args, kwargs)
-        order = {False: "forward", True: "reverse"}.get(race_check, race_check)
+        order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
         if order not in ("forward", "reverse", "random"):
             raise CallError(
-                f"race_check must be False, True, 'reverse' or 'random', not {race_check!r}"
+                "race_check must be False, True, 'reverse', 'random' or 'shadow', not "
+                f"{race_check!r}"
             )
-        if self._emulated is None:
-            from polyfuse.cuda.emulator import Emulator
+        from polyfuse.cuda.emulator import Emulator
 
-            self._emulated = Emulator().load(self.cuda_source)
-        self.last_traffic = self._emulated.run(self.launches, bufs, order=order)
+        if race_check == "shadow":
+            if self._emulated_racecheck is None:
+                self._emulated_racecheck = Emulator().load(self.cuda_source, racecheck=True)
+            module = self._emulated_racecheck
+        else:
+            if self._emulated is None:
+                self._emulated = Emulator().load(self.cuda_source)
+            module = self._emulated
+        self.last_traffic = module.run(self.launches, bufs, order=order)
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
         if out is not None:
             for t, target, value in zip(self.outputs, self._outs(out), res, strict=True):
@@ -293,25 +338,10 @@ class CompiledGraph:
         return prog
 
     def _run_cuda(self, device: str, args: tuple, kwargs: dict, out: Any, stream: Any):
-        names = [t.name for t in self.inputs]
-        if len(args) > len(names):
-            raise CallError(
-                f"{self.name}: expected {len(names)} input arrays ({', '.join(names)}), "
-                f"got {len(args)}"
-            )
-        given: dict[str, Any] = dict(zip(names, args, strict=False))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if k in given:
-                raise CallError(f"{self.name}: input '{k}' given twice")
-            given[k] = v
-        for t in self.inputs:
-            if t.name not in given:
-                raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
+        given = self._given(args, kwargs)
         prog = self.device_program(device)
         idents = self._idents
-        argmap = {idents[t.uid]: given[t.name] for t in self.inputs}
+        argmap = {idents[t.uid]: a for t, a in zip(self.inputs, given, strict=True)}
         outmap = {}
         if out is not None:
             for t, o in zip(self.outputs, self._outs(out), strict=True):
@@ -332,6 +362,11 @@ class CompiledGraph:
     def traffic_bytes(self) -> int:
         """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""
         return sum(t.bytes_total for t in self.last_traffic)
+
+    def requested_bytes(self) -> int:
+        """Global bytes requested by the last emulated call: every load and store, repeats
+        included (a naive matrix product reads 8 bytes per multiply-add)."""
+        return sum(t.bytes_requested for t in self.last_traffic)
 
     def global_bytes(self) -> int:
         """Distinct global bytes all kernels move, computed exactly by isl (no emulation)."""

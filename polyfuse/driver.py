@@ -9,6 +9,7 @@ Stages, each producing a printable object kept on the :class:`Plan`:
 4. ``map_to_gpu`` + ``place_tensors``: tiling, block/thread mapping, register/global placement;
 5. ``stitch_memory``: Layer 2 — reduction micrographs stitched with their consumers into one
    kernel (Algorithm 2), laid out as parallel reductions; ``plan_kernels`` (stitch/);
+5b. ``stitch_parallel``: Layer 3 — independent kernels share one launch (Algorithm 3);
 6. isl AST generation and the CUDA printer (cuda/).
 """
 
@@ -20,9 +21,17 @@ from collections.abc import Sequence
 import islpy as isl
 import numpy as np
 
-from polyfuse.cache import CompileCache, kernel_entry, kernel_from_entry, rename
-from polyfuse.compiled import CompiledGraph, plan_buffers
+from polyfuse.cache import (
+    KERNEL_FIELDS,
+    SCHEDULE_FIELDS,
+    CompileCache,
+    kernel_entry,
+    kernel_from_entry,
+    rename,
+)
+from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
 from polyfuse.errors import ExpressionError, ScheduleError
@@ -37,16 +46,29 @@ from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
-from polyfuse.poly.placement import place_shared, place_tensors
-from polyfuse.poly.schedule import DEFAULT_BUDGET, Feedback, ScheduledMicrograph, compute_schedule
+from polyfuse.poly.placement import Placement, place_shared, place_tensors
+from polyfuse.poly.promote import build_gemm_kernel, gemm_placements
+from polyfuse.poly.schedule import (
+    DEFAULT_BUDGET,
+    Feedback,
+    ScheduledMicrograph,
+    compute_schedule,
+    configure,
+)
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
+from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
 from polyfuse.version import __version__
 
 SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
+# Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
+# max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
+# shared memory), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 3
 
 
 def _check_constants(
@@ -77,6 +99,7 @@ def compile(  # noqa: A001
     mapping: MappingConfig | None = None,
     check_cuda: bool | str = "auto",
     stitch: bool = True,
+    pack: bool = True,
     constants: dict[Tensor, np.ndarray] | None = None,
     cache: CompileCache | None = None,
     name: str = "graph",
@@ -85,6 +108,7 @@ def compile(  # noqa: A001
 
     ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
     knobs; ``stitch`` enables Layer 2 memory stitching and two-stage long reductions;
+    ``pack`` enables Layer 3 parallel stitching (independent kernels share one launch);
     ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers and
     shared memory per kernel ("auto": when a compiler is installed). ``constants`` binds
     placeholders to fixed arrays (weights): they are not call arguments. ``cache`` (a
@@ -100,7 +124,7 @@ def compile(  # noqa: A001
     consts = _check_constants(constants or {}, inputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    ctx = isl.Context()
+    ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx)
     device = device_for_arch(arch)
     graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
@@ -109,7 +133,8 @@ def compile(  # noqa: A001
     cache = cache if cache is not None else CompileCache()
     hits0, misses0 = cache.hits, cache.misses
     cfg = mapping or MappingConfig()
-    salt = f"polyfuse {__version__}|{arch}|budget {budget}|{cfg}|stitch {stitch}"
+    salt = f"polyfuse {__version__}|codegen {CODEGEN_REVISION}|{arch}"
+    salt += f"|budget {budget}|{cfg}|stitch {stitch}"
 
     t0 = time.perf_counter()
     separations: set[frozenset[str]] = set()
@@ -158,7 +183,7 @@ def compile(  # noqa: A001
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         key = structural_key(graph, prims, f"{salt}|kernel")
         kname = f"k{i}_{prims[0]}"
-        entry = cache.get(key.digest)
+        entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
             cache.put(key.digest, kernel_entry(kernel, kp, key))
@@ -169,8 +194,18 @@ def compile(  # noqa: A001
         kernels.append(kernel)
         plans.append(kp)
         mapped.append(mm)
-    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    order = kernel_order(kernels)  # launches follow the buffers' dependences
+    kernels = [kernels[i] for i in order]
+    plans = [plans[i] for i in order]
+    mapped = [mapped[i] for i in order]
     times["map+place+codegen"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    packs: list[PackDecision] = []
+    if pack:  # Layer 3: independent kernels share one launch
+        models = [[sm.model for sm in groups[i].parts] for i in order]
+        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
+    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    times["pack"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)
     plan = Plan(
@@ -186,6 +221,7 @@ def compile(  # noqa: A001
         times,
         stitches,
         graph_notes,
+        packs,
     )
     fn = CompiledGraph(
         name,
@@ -210,7 +246,7 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     """The micrograph's schedule, from the cache (by structural key) or from isl."""
     key = structural_key(graph, mg.prims, f"{salt}|schedule")
     model = build_model(graph, mg, ctx)
-    entry = cache.get(key.digest)
+    entry = cache.get(key.digest, SCHEDULE_FIELDS)
     back = {c: a for a, c in key.canonical().items()}
     if entry is not None:
         if "feedback" in entry:
@@ -226,6 +262,40 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
         raise
     cache.put(key.digest, {"schedule": rename(str(sm.schedule), canon), "notes": list(sm.notes)})
     return sm
+
+
+def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: MappingConfig):
+    """The register/shared-tiled kernel of a GEMM-like micrograph, or None (not GEMM-like)."""
+    shape = detect_gemm(sm)
+    if isinstance(shape, str):
+        return None
+    rejected: list[str] = []
+    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
+        gk = build_gemm_kernel(sm, shape, tiling)
+        if isinstance(gk, str):
+            return None
+        smem = 4 * sum(p.floats for p in gk.promotions)
+        if smem <= device.smem_per_block:
+            break
+        tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
+        rejected.append(
+            f"rejected {tile}: its shared tiles take {smem} B > {device.smem_per_block} B per block"
+        )
+    else:
+        return None
+    gk.notes.extend(rejected)
+    pl = gemm_placements(gk)
+    kp = KernelPlan(kname, [gk], pl)
+    ast, body = generate_gemm_ast(gk)
+    kernel = print_gemm_kernel(kname, gk, body, pl, graph.idents)
+    kernel.notes.extend(gk.notes)
+    as_global = {
+        k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
+    }
+    fp = global_footprint(gk.scheduled.model, as_global)
+    kernel.bytes_read = sum(fp.reads.values())
+    kernel.bytes_written = sum(fp.writes.values())
+    return kernel, kp, gk, ast
 
 
 def _generate(graph, g, kname: str, device, cfg: MappingConfig):
@@ -248,6 +318,9 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         mm.notes.extend(notes)
     else:
         (sm,) = g.parts
+        gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
+        if gemm is not None:
+            return gemm
         mm = map_to_gpu(sm, cfg)
         pl = place_tensors(mm)
     kp = KernelPlan(kname, [mm], pl)

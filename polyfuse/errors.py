@@ -47,5 +47,17 @@ class EmulatorError(PolyfuseError):
     """The CPU emulator failed: a kernel crashed, deadlocked or diverged at a barrier."""
 
 
+class RaceError(EmulatorError):
+    """The emulator's race detector (``race_check="shadow"``) found two conflicting accesses.
+
+    Two threads of one launch touched the same shared or global memory, at least one writing,
+    with nothing ordering them (no ``__syncthreads()`` between, or different blocks). The
+    message names the kernel, the memory, both threads and both source lines; the same facts
+    are attributes: ``kernel``, ``kind`` ("read-after-write", "write-after-read" or
+    "write-after-write"), ``space`` ("shared" or "global"), ``memory`` (variable or buffer
+    name), ``element``, ``threads`` (two ``((tx, ty, tz), (bx, by, bz))``) and ``lines``.
+    """
+
+
 class DeviceError(PolyfuseError):
     """The GPU (through cuda-bindings or pycuda) is unavailable, or a driver call failed."""

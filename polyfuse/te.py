@@ -198,18 +198,31 @@ def cast(x: Any, dtype: str) -> Expr:
 
 
 def _axis_names(fcompute: Callable[..., Any], n: int, name: str) -> list[str]:
+    """Names of the ``n`` loop variables, bound to the lambda's positional parameters the way
+    Python binds ``fcompute(*axes)``: parameters with defaults (``lambda i, j, c=c: ...``, the
+    usual closure capture), ``*args`` and ``**kwargs`` take what is left or keep defaults."""
     try:
         params = list(inspect.signature(fcompute).parameters.values())
     except (TypeError, ValueError):
-        params = []
-    if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
         return [f"i{d}" for d in range(n)]
-    if len(params) != n:
+    P = inspect.Parameter
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is P.empty]
+    star = any(p.kind == P.VAR_POSITIONAL for p in params)
+    kw_required = [p.name for p in params if p.kind == P.KEYWORD_ONLY and p.default is P.empty]
+    if kw_required:
         raise ExpressionError(
-            f"compute '{name}': shape has {n} dimensions but the lambda takes {len(params)} "
-            "loop variables"
+            f"compute '{name}': the lambda's keyword-only parameter '{kw_required[0]}' has no "
+            "default; loop variables are passed by position"
         )
-    return [p.name for p in params]
+    if len(required) <= n and (n <= len(positional) or star):
+        return [p.name for p in positional[:n]] + [f"i{d}" for d in range(len(positional), n)]
+    takes = str(len(required))
+    if len(positional) > len(required):
+        takes = f"{len(required)} to {len(positional)}"
+    raise ExpressionError(
+        f"compute '{name}': shape has {n} dimensions but the lambda takes {takes} loop variables"
+    )
 
 
 def is_affine(e: Expr, allowed: set[int]) -> bool:

@@ -35,7 +35,7 @@ from polyfuse.poly.schedule import ScheduledMicrograph
 class Memo(Protocol):
     """Where decisions are remembered by structural key (polyfuse.cache.CompileCache)."""
 
-    def get(self, key: str) -> Any: ...
+    def get(self, key: str, fields: Any = None) -> Any: ...
 
     def put(self, key: str, value: Any) -> None: ...
 
@@ -44,7 +44,7 @@ class _Memory:
     def __init__(self) -> None:
         self.d: dict[str, Any] = {}
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str, fields: Any = None) -> Any:
         return self.d.get(key)
 
     def put(self, key: str, value: Any) -> None:
@@ -168,7 +168,17 @@ def stitch_memory(
         if not any(r.matches(gp.kind, gc.kind) for r in rules):
             why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
             decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
-    return [groups[i] for i in sorted(groups)], decisions
+    return _in_dependence_order(groups, _group_edges(graph, owner)), decisions
+
+
+def _in_dependence_order(
+    groups: dict[int, KernelGroup], edges: dict[tuple[int, int], list[str]]
+) -> list[KernelGroup]:
+    """The groups in a topological order of the group DAG (a group absorbing a consumer may
+    now need a group created after it), ties broken by creation order."""
+    q = nx.DiGraph(list(edges))
+    q.add_nodes_from(groups)
+    return [groups[i] for i in nx.lexicographical_topological_sort(q)]
 
 
 def _try_stitch(
@@ -201,7 +211,7 @@ def _try_stitch(
     parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
     prims = [x for sm in parts for x in sm.model.micrograph.prims]
     key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
-    known = cache.get(key)
+    known = cache.get(key, (("ok", "reason"),))
     if known is None:
         try:
             map_reduction_kernel(graph, parts, gp.strategy)

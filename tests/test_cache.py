@@ -72,3 +72,42 @@ def test_persistent_cache_warm_compile(tmp_path):
     rng = np.random.default_rng(1)
     args = [rng.standard_normal(t.shape).astype(np.float32) for t in [x] + ws]
     np.testing.assert_allclose(warm(*args, device="emulate"), cold(*args, device="emulate"))
+
+
+# ------------------------------------------------------------------ cached schedules = fresh ones
+
+
+def _graphs():
+    """Every built-in example, benchmark-suite subgraph (compile scale) and end-to-end case."""
+    import sys
+    from pathlib import Path
+
+    from polyfuse import examples
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import suite  # noqa: PLC0415
+    from cases import build_cases  # noqa: PLC0415
+
+    out = [(f"example:{n}", *ex.build()[:2]) for n, ex in examples.EXAMPLES.items()]
+    out += [(f"suite:{n}", *suite.build(n, 16)[:2]) for n in suite.NAMES]
+    out += [(f"case:{c.name}", c.inputs, c.outputs) for c in build_cases()]
+    return out
+
+
+def test_kernels_from_cached_schedules_are_byte_identical_to_fresh_ones():
+    """A crash between the schedule and the kernel writes leaves schedules without kernels:
+    regenerating from them must give the very kernels a fresh compile gives (the isl options
+    tiling depends on were once set only by the scheduler, so cached schedules tiled
+    differently and the layer norm came out NaN)."""
+    bad = []
+    for label, ins, outs in _graphs():
+        fresh = polyfuse.compile(ins, outs, check_cuda=False, cache=CompileCache())
+        warm = CompileCache()
+        polyfuse.compile(ins, outs, check_cuda=False, cache=warm)
+        warm.memory = {k: v for k, v in warm.memory.items() if "source" not in v}
+        again = polyfuse.compile(ins, outs, check_cuda=False, cache=warm)
+        cached = [kp.cached for kp in again.plan.kernel_plans]
+        assert cached == [kp.cached for kp in fresh.plan.kernel_plans]  # regenerated
+        if [k.source for k in again.kernels] != [k.source for k in fresh.kernels]:
+            bad.append(label)
+    assert not bad, f"kernels from cached schedules differ: {bad}"

@@ -276,6 +276,13 @@ def test_cache_hit_is_fast_and_identical(private_cache):
         f.write_bytes(b"garbage")
     again = compile_cuda(SOURCE, "sm_80", compiler=compiler)
     assert not again.cached and again.image == cold.image
+    # So is damaged metadata (an empty dict, a truncated file), and the entry is healed.
+    for bad in (b"{}", b""):
+        for f in private_cache.glob("*.json"):
+            f.write_bytes(bad)
+        again = compile_cuda(SOURCE, "sm_80", compiler=compiler)
+        assert not again.cached and again.image == cold.image
+        assert compile_cuda(SOURCE, "sm_80", compiler=compiler).cached
 
 
 def test_cache_can_be_disabled(monkeypatch, tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -33,6 +35,16 @@ FULL_OUTPUTS = {
 def broken_model():
     """A builder that fails mid-batch (used through ``module:function``)."""
     raise RuntimeError("this model is broken on purpose")
+
+
+def killed_model():
+    """A builder whose worker dies by SIGKILL (what the out-of-memory killer does)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def exiting_model():
+    """A builder whose worker exits abruptly without a report."""
+    os._exit(3)
 
 
 def test_registry_lists_the_eight_models():
@@ -123,6 +135,32 @@ def test_zoo_error_isolation(tmp_path, capsys):
     assert doc["failed"] == ["broken_model"]
     err = capsys.readouterr().err
     assert "broken_model" in err and "broken on purpose" in err
+
+
+def test_zoo_worker_death_fails_that_model_only(tmp_path):
+    """A worker killed (SIGKILL, out of memory) or exiting abruptly fails its model only."""
+    models = ["wide_deep", f"{__name__}:killed_model", f"{__name__}:exiting_model", "deepfm"]
+    rc, doc = _zoo(tmp_path, *models, "--jobs", "2")
+    assert rc == 1
+    by = {r["name"]: r for r in doc["models"]}
+    assert by["wide_deep"]["status"] == by["deepfm"]["status"] == "ok"
+    assert sorted(doc["failed"]) == ["exiting_model", "killed_model"]
+    assert "worker died" in by["killed_model"]["reason"]
+    assert "killed by SIGKILL" in by["killed_model"]["reason"]
+    assert "exited with status 3" in by["exiting_model"]["reason"]
+
+
+def test_zoo_corrupt_model_cache_entries_are_recompiled_and_healed(tmp_path):
+    rc, cold = _zoo(tmp_path, "deepfm")
+    assert rc == 0
+    (entry,) = (tmp_path / "cache" / "zoo").glob("*/*.json")
+    for bad in (b"", b"{}", entry.read_bytes()[:-5]):
+        entry.write_bytes(bad)
+        rc, doc = _zoo(tmp_path, "deepfm")
+        assert rc == 0 and doc["models"][0]["model_cache"] == "miss"
+        assert doc["models"][0]["kernels"] == cold["models"][0]["kernels"]
+        rc, warm = _zoo(tmp_path, "deepfm")  # healed
+        assert rc == 0 and warm["models"][0]["model_cache"] == "hit"
 
 
 def test_zoo_unknown_argument_is_a_failed_model(tmp_path):

@@ -54,6 +54,7 @@ struct pf_buf {
   uint8_t* rmap;   // one byte per element: read during this launch
   uint8_t* wmap;   // one byte per element: written during this launch
   const char* name;
+  uint64_t req[2];  // requested bytes during this launch (every access, repeats included)
 };
 
 struct pf_block_pub {
@@ -108,6 +109,24 @@ struct pf_api_t {
   void (*fail)(const char* msg);
   int (*launch)(const pf_kernel_info* k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                 unsigned by, unsigned bz, unsigned shmem, void** args);
+  // Race detector (libraries built with PF_RACECHECK): a plain access of [p, p + size) by
+  // the running CUDA thread (shared memory; other addresses are ignored), and a plain access
+  // of element(s) of a global buffer; pc is the address of the access in the kernel library.
+  void (*race_mem)(const void* p, uint64_t size, int access, const void* pc);
+  void (*race_global)(const pf_buf* b, uint64_t off, uint64_t size, int access, const void* pc);
+};
+
+// What a race report holds (pf_result.msg when its status is 5, written by the runtime).
+struct pf_race_report {
+  int32_t kind;      // 0 read after write, 1 write after read, 2 write after write
+  int32_t space;     // 0 shared memory, 1 global memory
+  int32_t index;     // shared: __shared__ site (-1 dynamic shared memory); global: buffer
+  uint32_t size;     // bytes of the second access
+  uint64_t offset;   // byte offset in the site / dynamic shared memory / buffer
+  uint32_t first[6];   // thread x y z, block x y z of the earlier access
+  uint32_t second[6];  // ... of the access that conflicts with it
+  uint64_t pc[2];      // their addresses, relative to the kernel library's load address
+  char kernel[256];
 };
 
 struct pf_kernel_desc {
@@ -204,17 +223,29 @@ inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y,
   __builtin_unreachable();
 }
 
-// Bounds/alignment check and mark the elements [p, p + size) in the read or write map.
-template <int W>
-__attribute__((always_inline)) inline void pf_touch(const pf_buf* b, const void* p,
-                                                    uint64_t size, uint64_t align) {
+#ifdef PF_RACECHECK
+// Out of line (its caller's return address is the access) and not instrumented itself.
+#define PF_TOUCH_ATTR __attribute__((noinline, no_sanitize_thread))
+#else
+#define PF_TOUCH_ATTR __attribute__((always_inline))
+#endif
+
+// Bounds/alignment check and mark the elements [p, p + size) in the read or write map (and,
+// in a race-check build, tell the race detector; atomics are never races).
+template <int W, bool Atomic = false>
+PF_TOUCH_ATTR inline void pf_touch(const pf_buf* b, const void* p, uint64_t size,
+                                   uint64_t align) {
   uint64_t off = (uint64_t)((const char*)p - b->base);
   if (__builtin_expect(off >= b->nbytes || b->nbytes - off < size || (off & (align - 1)), 0))
     pf_bad(b, p, size, W);
+  __atomic_fetch_add(&const_cast<pf_buf*>(b)->req[W], size, __ATOMIC_RELAXED);
   uint8_t* m = W ? b->wmap : b->rmap;
   uint64_t e = off >> b->shift, last = (off + size - 1) >> b->shift;
   for (; e <= last; ++e)
     if (!__atomic_load_n(m + e, __ATOMIC_RELAXED)) __atomic_store_n(m + e, 1, __ATOMIC_RELAXED);
+#ifdef PF_RACECHECK
+  if (!Atomic) pf_api->race_global(b, off, size, W, __builtin_return_address(0));
+#endif
 }
 
 template <class T>
@@ -237,14 +268,14 @@ struct pf_ref {
     pf_touch<PF_WRITE>(b, p, sizeof(T), alignof(T));
     *p = v;
   }
-  operator V() const { return load(); }
-  const pf_ref& operator=(V v) const
+  __attribute__((always_inline)) operator V() const { return load(); }
+  __attribute__((always_inline)) const pf_ref& operator=(V v) const
     requires(!std::is_const_v<T>)
   {
     store(v);
     return *this;
   }
-  const pf_ref& operator=(const pf_ref& o) const
+  __attribute__((always_inline)) const pf_ref& operator=(const pf_ref& o) const
     requires(!std::is_const_v<T>)
   {
     store(o.load());
@@ -259,7 +290,7 @@ struct pf_ref {
   }
 #define PF_COMPOUND(OP)                          \
   template <class U>                             \
-  const pf_ref& operator OP##=(U&& v) const      \
+  __attribute__((always_inline)) const pf_ref& operator OP##=(U&& v) const \
     requires(!std::is_const_v<T>)                \
   {                                              \
     V t = load();                                \
@@ -535,8 +566,8 @@ inline unsigned atomicDec(unsigned* a, unsigned lim) {
 #define PF_GATOMIC(NAME)                                                            \
   template <class T, class... A>                                                    \
   inline auto NAME(pf_gptr<T> g, A... a) -> decltype(NAME(g.p, a...)) {            \
-    pf_touch<PF_READ>(g.b, g.p, sizeof(T), alignof(T));                             \
-    pf_touch<PF_WRITE>(g.b, g.p, sizeof(T), alignof(T));                            \
+    pf_touch<PF_READ, true>(g.b, g.p, sizeof(T), alignof(T));                       \
+    pf_touch<PF_WRITE, true>(g.b, g.p, sizeof(T), alignof(T));                      \
     return NAME(g.p, a...);                                                         \
   }
 PF_GATOMIC(atomicAdd)
@@ -692,4 +723,96 @@ inline const char* pf_sig(void (*)(P...), char* buf) {
   if (s != buf) s[-1] = 0;
   return buf;
 }
+
+#ifdef PF_RACECHECK
+// ---- race-check build: the compiler's ThreadSanitizer instrumentation, our own hooks ---------
+//
+// A race-check library is compiled with -fsanitize=thread but not linked with libtsan: GCC
+// calls __tsan_readN/__tsan_writeN before every load and store that may touch memory other
+// threads see, and these definitions forward each plain access to the runtime's shadow memory
+// (which keeps only shared-memory accesses; global ones arrive through pf_touch, which knows
+// the buffer). Atomics are performed as such and are never races.
+#define PF_HOOK extern "C" __attribute__((no_sanitize_thread, noinline, used))
+__attribute__((no_sanitize_thread, always_inline)) inline void pf_race(const void* p,
+                                                                       uint64_t n, int w,
+                                                                       const void* pc) {
+  if (pf_api) pf_api->race_mem(p, n, w, pc);
+}
+PF_HOOK void __tsan_init() {}
+PF_HOOK void __tsan_func_entry(void*) {}
+PF_HOOK void __tsan_func_exit() {}
+PF_HOOK void __tsan_vptr_update(void**, void*) {}
+PF_HOOK void __tsan_vptr_read(void**) {}
+#define PF_TSAN_ACCESS(N)                                                                       \
+  PF_HOOK void __tsan_read##N(const void* p) { pf_race(p, N, PF_READ, __builtin_return_address(0)); } \
+  PF_HOOK void __tsan_write##N(void* p) { pf_race(p, N, PF_WRITE, __builtin_return_address(0)); } \
+  PF_HOOK void __tsan_unaligned_read##N(const void* p) {                                        \
+    pf_race(p, N, PF_READ, __builtin_return_address(0));                                        \
+  }                                                                                             \
+  PF_HOOK void __tsan_unaligned_write##N(void* p) {                                             \
+    pf_race(p, N, PF_WRITE, __builtin_return_address(0));                                       \
+  }                                                                                             \
+  PF_HOOK void __tsan_volatile_read##N(const void* p) {                                         \
+    pf_race(p, N, PF_READ, __builtin_return_address(0));                                        \
+  }                                                                                             \
+  PF_HOOK void __tsan_volatile_write##N(void* p) {                                              \
+    pf_race(p, N, PF_WRITE, __builtin_return_address(0));                                       \
+  }
+PF_TSAN_ACCESS(1)
+PF_TSAN_ACCESS(2)
+PF_TSAN_ACCESS(4)
+PF_TSAN_ACCESS(8)
+PF_TSAN_ACCESS(16)
+#undef PF_TSAN_ACCESS
+PF_HOOK void __tsan_read_range(const void* p, unsigned long n) {
+  pf_race(p, n, PF_READ, __builtin_return_address(0));
+}
+PF_HOOK void __tsan_write_range(void* p, unsigned long n) {
+  pf_race(p, n, PF_WRITE, __builtin_return_address(0));
+}
+#define PF_SEQ __ATOMIC_SEQ_CST
+#define PF_TSAN_ATOMIC(N, T)                                                                    \
+  PF_HOOK T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, PF_SEQ); } \
+  PF_HOOK void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, PF_SEQ); } \
+  PF_HOOK T __tsan_atomic##N##_exchange(volatile T* a, T v, int) {                              \
+    return __atomic_exchange_n(a, v, PF_SEQ);                                                   \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) {                             \
+    return __atomic_fetch_add(a, v, PF_SEQ);                                                    \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) {                             \
+    return __atomic_fetch_sub(a, v, PF_SEQ);                                                    \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) {                             \
+    return __atomic_fetch_and(a, v, PF_SEQ);                                                    \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) {                              \
+    return __atomic_fetch_or(a, v, PF_SEQ);                                                     \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) {                             \
+    return __atomic_fetch_xor(a, v, PF_SEQ);                                                    \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) {                            \
+    return __atomic_fetch_nand(a, v, PF_SEQ);                                                   \
+  }                                                                                             \
+  PF_HOOK int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {  \
+    return __atomic_compare_exchange_n(a, c, v, false, PF_SEQ, PF_SEQ);                         \
+  }                                                                                             \
+  PF_HOOK int __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {    \
+    return __atomic_compare_exchange_n(a, c, v, true, PF_SEQ, PF_SEQ);                          \
+  }                                                                                             \
+  PF_HOOK T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T c, T v, int, int) {        \
+    __atomic_compare_exchange_n(a, &c, v, false, PF_SEQ, PF_SEQ);                               \
+    return c;                                                                                   \
+  }
+PF_TSAN_ATOMIC(8, uint8_t)
+PF_TSAN_ATOMIC(16, uint16_t)
+PF_TSAN_ATOMIC(32, uint32_t)
+PF_TSAN_ATOMIC(64, uint64_t)
+#undef PF_TSAN_ATOMIC
+#undef PF_SEQ
+PF_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+PF_HOOK void __tsan_atomic_signal_fence(int) {}
+#undef PF_HOOK
+#endif  // PF_RACECHECK
 #endif  // PF_EMU_RUNTIME

@@ -83,7 +83,9 @@ struct pf_result {
   int32_t status;   // 0 running, 1 done, 3 error, 4 crash
   int32_t current;  // launch being executed
   char msg[2040];
-  int64_t counts[1];  // [launch][buffer][read, write] bytes; preset to -1 by the caller
+  // [launch][buffer][distinct read, distinct write, requested read, requested write] bytes;
+  // preset to -1 by the caller
+  int64_t counts[1];
 };
 
 // Socket messages: this header, then for LOAD the library path / the reply text.
@@ -154,6 +156,13 @@ struct Worker {
   unsigned ndone = 0;         // fibers of the block that have exited
   char* altstack = nullptr;
   Fiber* running = nullptr;  // the fiber switched to, for crash reports
+  // Race detector: the barrier epoch (bumped at each block start and __syncthreads release;
+  // never reset, so shadow entries of earlier blocks are stale), per-warp __syncwarp epochs,
+  // the shared-memory shadow (one entry per byte of the arena) and the static sites' sizes.
+  uint32_t epoch = 0;
+  uint32_t wsync[MAX_THREADS / 32] = {};
+  struct ShadowByte* shadow = nullptr;
+  uint64_t site_size[PF_MAX_SITES] = {};
 };
 
 struct LaunchCtx {
@@ -517,6 +526,7 @@ bool resolve_warps(Worker* w, unsigned n) {
         }
       }
       for (uint32_t g = group; g; g &= g - 1) L[__builtin_ctz(g)].state = RUN;
+      if (L[l].wop == PF_W_SYNC) w->wsync[base / 32]++;
     }
   }
   return progress;
@@ -573,6 +583,7 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
   b->dyn_bytes = g_L.shmem;
   memset(b->dyn, 0xFF, w->arena_end - b->dyn);
   w->bump = 0;
+  w->epoch++;
   Sched* S = w->sched.data();
   for (unsigned i = 0; i < n; ++i) {
     Fiber* f = fiber_at(w, i);
@@ -626,6 +637,7 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
     int count = 0;
     for (unsigned i = 0; i < n; ++i) count += S[i].bpred != 0;
     int res = first->bkind == 1 ? count : first->bkind == 2 ? count == int(n) : count > 0;
+    w->epoch++;
     for (unsigned i = 0; i < n; ++i) {
       S[i].bres = res;
       S[i].state = RUN;
@@ -643,6 +655,203 @@ void worker_main(Worker* w, bool own_thread) {
     if (lin >= g_L.nblocks) break;
     run_block(w, lin, order);
   }
+}
+
+// ---- race detector (libraries built with PF_RACECHECK) ---------------------------------------
+//
+// Shared memory: one ShadowByte per byte of a worker's arena holds the last writer and up to
+// two readers, each with the barrier epoch and its warp's __syncwarp epoch at the access. Two
+// accesses by different threads conflict when at least one writes and no barrier separates
+// them: same block epoch, and not (same warp with a __syncwarp in between). Global memory: one
+// GlobalShadow per element of a buffer, reset after each launch, with the block too; accesses
+// from different blocks of one launch always conflict. The first conflict ends the run with a
+// pf_race_report (status 5); the Python side turns its addresses into source lines.
+
+struct Access {
+  uint32_t block;  // linear block index + 1 (0: none)
+  uint32_t thread;
+  uint32_t epoch, wsync;
+  const void* pc;
+};
+
+struct ShadowByte {
+  Access w, r1, r2;
+};
+
+struct GlobalShadow {
+  Access w, r1, r2;  // last writer; two distinct readers, replaced only once ordered before now
+};
+
+struct GlobalShadows {
+  GlobalShadow* s = nullptr;
+  uint64_t bytes = 0;
+};
+std::vector<GlobalShadows> g_gshadow;
+std::atomic<uint32_t> g_glocks[1024];  // striped locks over global shadow entries
+
+inline Access access_now(Worker* w, const Fiber* f, const void* pc) {
+  uint32_t t = f->pub.linear;
+  uint64_t lin = f->pub.bid.x + uint64_t(g_L.grid[0]) * (f->pub.bid.y + uint64_t(g_L.grid[1]) * f->pub.bid.z);
+  return Access{uint32_t(lin + 1), t, w->epoch, w->wsync[t / 32], pc};
+}
+
+// Whether an earlier access a and the current access c (of another or the same thread) race.
+// Shared memory belongs to one block: an entry of an earlier block (older epoch) is stale.
+inline bool conflict(const Access& a, const Access& c, bool shared) {
+  if (!a.block || (a.thread == c.thread && a.block == c.block)) return false;
+  if (a.block != c.block) return !shared;
+  if (a.epoch != c.epoch) return false;
+  return !(a.thread / 32 == c.thread / 32 && a.wsync != c.wsync);
+}
+
+void coords(uint32_t block, uint32_t thread, uint32_t out[6]) {
+  uint64_t b = block - 1;
+  out[0] = thread % g_L.block[0];
+  out[1] = (thread / g_L.block[0]) % g_L.block[1];
+  out[2] = thread / (g_L.block[0] * g_L.block[1]);
+  out[3] = uint32_t(b % g_L.grid[0]);
+  out[4] = uint32_t((b / g_L.grid[0]) % g_L.grid[1]);
+  out[5] = uint32_t(b / (uint64_t(g_L.grid[0]) * g_L.grid[1]));
+}
+
+uint64_t pc_offset(const void* pc) {
+  Dl_info info;
+  // pc is a return address: pc - 1 lies in the call instruction, on the access's line.
+  if (pc && dladdr(pc, &info) && info.dli_fbase)
+    return uint64_t((const char*)pc - (const char*)info.dli_fbase) - 1;
+  return 0;
+}
+
+[[noreturn]] void race(int kind, int space, int index, uint64_t offset, uint64_t size,
+                       const Access& first, const Access& second) {
+  if (g_failing.exchange(1)) {
+    for (;;) pause();
+  }
+  pf_race_report r{};
+  r.kind = kind;
+  r.space = space;
+  r.index = index;
+  r.offset = offset;
+  r.size = uint32_t(size);
+  coords(first.block, first.thread, r.first);
+  coords(second.block, second.thread, r.second);
+  r.pc[0] = pc_offset(first.pc);
+  r.pc[1] = pc_offset(second.pc);
+  snprintf(r.kernel, sizeof r.kernel, "%s", kname());
+  static_assert(sizeof(pf_race_report) <= sizeof(g_res->msg), "race report too large");
+  memcpy(g_res->msg, &r, sizeof r);
+  g_res->status = 5;
+  _exit(5);
+}
+
+void race_shared(Worker* w, const Fiber* f, const void* p, uint64_t size, int access,
+                 const void* pc) {
+  uint64_t off = uint64_t((const char*)p - w->arena), limit = uint64_t(w->arena_end - w->arena);
+  if (off >= limit) return;
+  if (size > limit - off) size = limit - off;
+  if (!w->shadow) {
+    void* m = mmap(nullptr, limit * sizeof(ShadowByte), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) die(3, "kernel %s: cannot map the race detector's shadow memory", kname());
+    w->shadow = static_cast<ShadowByte*>(m);
+  }
+  const Access c = access_now(w, f, pc);
+  for (uint64_t i = off; i < off + size; ++i) {
+    ShadowByte& e = w->shadow[i];
+    int kind = -1;
+    const Access* other = nullptr;
+    if (conflict(e.w, c, true)) kind = access == PF_WRITE ? 2 : 0, other = &e.w;
+    else if (access == PF_WRITE && conflict(e.r1, c, true)) kind = 1, other = &e.r1;
+    else if (access == PF_WRITE && conflict(e.r2, c, true)) kind = 1, other = &e.r2;
+    if (other) {
+      const pf_block_pub* b = w->blk;
+      int site = -1;
+      uint64_t rel = uint64_t(w->arena + i - b->dyn);
+      if (w->arena + i < b->dyn) {
+        for (int s = 0; s < PF_MAX_SITES; ++s)
+          if (b->site_gen[s] == b->gen && i >= b->site_off[s] && i < b->site_off[s] + w->site_size[s]) {
+            site = s;
+            rel = i - b->site_off[s];
+            break;
+          }
+        if (site < 0) site = -2;  // not inside a live __shared__ variable
+      }
+      race(kind, 0, site, rel, size, *other, c);
+    }
+    if (access == PF_WRITE) {
+      e.w = c;
+    } else if (!e.r1.block || e.r1.epoch != c.epoch || e.r1.thread == c.thread) {
+      if (e.r1.thread != c.thread || e.r1.epoch != c.epoch) e.r2 = Access{};
+      e.r1 = c;
+    } else {
+      e.r2 = c;
+    }
+  }
+}
+
+inline bool same_thread(const Access& a, const Access& c) {
+  return a.block == c.block && a.thread == c.thread;
+}
+// Whether reader record a still matters to accesses from now on: it exists and no barrier of
+// its own block has passed since (a reader of another block stays relevant all launch).
+inline bool live(const Access& a, const Access& c) {
+  return a.block && !(a.block == c.block && a.epoch != c.epoch);
+}
+inline bool needs_reader(const GlobalShadow& g, const Access& c) {
+  return !live(g.r1, c) || (!same_thread(g.r1, c) && !live(g.r2, c));
+}
+
+void api_race_global(const pf_buf* b, uint64_t off, uint64_t size, int access, const void* pc) {
+  Worker* w = t_worker;
+  if (!w || !w->running) return;
+  size_t bi = size_t(b - g_bufs.data());
+  if (bi >= g_gshadow.size()) return;
+  GlobalShadows& gs = g_gshadow[bi];
+  uint64_t nel = b->nbytes >> b->shift;
+  if (!gs.s) {
+    static std::atomic<int> lock{0};
+    while (lock.exchange(1, std::memory_order_acquire)) {
+    }
+    if (!gs.s) {
+      gs.bytes = (nel * sizeof(GlobalShadow) + g_page - 1) & ~(g_page - 1);
+      void* m = mmap(nullptr, gs.bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) die(3, "kernel %s: cannot map the race detector's shadow memory", kname());
+      __atomic_store_n(&gs.s, static_cast<GlobalShadow*>(m), __ATOMIC_RELEASE);
+    }
+    lock.store(0, std::memory_order_release);
+  }
+  GlobalShadow* sh = __atomic_load_n(&gs.s, __ATOMIC_ACQUIRE);
+  const Access c = access_now(w, w->running, pc);
+  for (uint64_t e = off >> b->shift, last = (off + size - 1) >> b->shift; e <= last && e < nel; ++e) {
+    GlobalShadow& g = sh[e];
+    // Reads of elements whose reader slots are taken and that no other thread wrote take no
+    // lock and store nothing (many blocks reading one input would otherwise contend).
+    if (access == PF_READ && !conflict(g.w, c, false) && !needs_reader(g, c)) continue;
+    std::atomic<uint32_t>& l = g_glocks[e % 1024];
+    while (l.exchange(1, std::memory_order_acquire)) {
+    }
+    int kind = -1;
+    Access other{};
+    if (conflict(g.w, c, false)) kind = access == PF_WRITE ? 2 : 0, other = g.w;
+    else if (access == PF_WRITE && conflict(g.r1, c, false)) kind = 1, other = g.r1;
+    else if (access == PF_WRITE && conflict(g.r2, c, false)) kind = 1, other = g.r2;
+    if (access == PF_WRITE) {
+      g.w = c;
+    } else if (!live(g.r1, c)) {
+      g.r1 = c;
+      if (!live(g.r2, c)) g.r2 = Access{};
+    } else if (!same_thread(g.r1, c) && !live(g.r2, c)) {
+      g.r2 = c;
+    }
+    l.store(0, std::memory_order_release);
+    if (kind >= 0) race(kind, 1, int(bi), e << b->shift, size, other, c);
+  }
+}
+
+void race_reset(int32_t bi) {
+  if (size_t(bi) < g_gshadow.size() && g_gshadow[bi].s)
+    madvise(g_gshadow[bi].s, g_gshadow[bi].bytes, MADV_DONTNEED);
 }
 
 // ---- the API kernels call ------------------------------------------------------------------
@@ -688,6 +897,7 @@ void* api_shared_alloc(int site, uint64_t size, uint64_t align) {
         "%llu bytes any target GPU offers", kname(), (unsigned long long)(off + size), g_L.shmem,
         (unsigned long long)SHARED_LIMIT);
   memset(b->arena + off, 0xFF, size);
+  w->site_size[site] = size;
   b->site_off[site] = uint32_t(off);
   b->site_gen[site] = b->gen;
   w->bump = off + size;
@@ -712,6 +922,7 @@ void api_cp_async(void* dst, const void* src, uint64_t size, uint64_t zfill) {
   memcpy(c.data, src, size - zfill);
   memset(c.data + (size - zfill), 0, zfill);
   memset(dst, 0xFF, size);  // poisoned until the matching __pipeline_wait_prior
+  race_shared(f->w, f, dst, size, PF_WRITE, __builtin_return_address(0));
   f->cp.push_back(c);
 }
 
@@ -772,9 +983,15 @@ int api_launch(const pf_kernel_info* k, unsigned gx, unsigned gy, unsigned gz, u
   return 0;
 }
 
+void api_race_mem(const void* p, uint64_t size, int access, const void* pc) {
+  Worker* w = t_worker;
+  if (w && w->running) race_shared(w, w->running, p, size, access, pc);
+}
+
 const pf_api_t g_api = {
     PF_ABI_VERSION, api_barrier,   api_warp,    api_shared_alloc, api_cp_async,
     api_cp_commit,  api_cp_wait,   api_bad_access, api_fail,      api_launch,
+    api_race_mem,   api_race_global,
 };
 
 uint64_t count_marks(const uint8_t* m, uint64_t n) {
@@ -812,6 +1029,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
   const pf_wire_buf* wb =
       reinterpret_cast<const pf_wire_buf*>(at(spec->bufs_off, sizeof(pf_wire_buf) * spec->nbuf));
   g_bufs.resize(spec->nbuf);
+  g_gshadow.assign(spec->nbuf, GlobalShadows{});
   std::vector<char> mapped(spec->nbuf, 0);
   for (uint32_t i = 0; i < spec->nbuf; ++i) {
     pf_buf& b = g_bufs[i];
@@ -822,6 +1040,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
     b.shift = uint32_t(__builtin_ctz(b.itemsize));
     b.name = at(wb[i].name_off, 1);
     b.rmap = b.wmap = nullptr;
+    b.req[0] = b.req[1] = 0;
   }
   const pf_wire_launch* wl = reinterpret_cast<const pf_wire_launch*>(
       at(spec->launches_off, sizeof(pf_wire_launch) * spec->nlaunch));
@@ -864,9 +1083,12 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
       int32_t bi = wa[a].buf;
       if (bi < 0) continue;
       pf_buf& b = g_bufs[bi];
-      int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 2];
+      int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 4];
       uint64_t nel = b.nbytes >> b.shift;
       if (c[0] >= 0) continue;  // already counted (buffer passed twice)
+      c[2] = int64_t(b.req[0]);
+      c[3] = int64_t(b.req[1]);
+      b.req[0] = b.req[1] = 0;
       if (!b.rmap) {
         c[0] = c[1] = 0;
         continue;
@@ -875,6 +1097,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
       c[1] = int64_t(count_marks(b.wmap, nel) * b.itemsize);
       size_t bytes = (2 * nel + g_page - 1) & ~(g_page - 1);
       madvise(b.rmap, bytes, MADV_DONTNEED);  // private anonymous pages read back as zeros
+      race_reset(bi);
     }
   }
   g_res->status = 1;

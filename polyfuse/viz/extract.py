@@ -27,6 +27,9 @@ REASON_KINDS = (
     "tile mismatch",  # outer dimensions or tiles do not match / no parallel layout
     "footprint",  # per-block footprint too large for shared memory
     "cost model",  # decided by the reduction cost model (recompute instead of spill)
+    "parallel stitch",  # a Layer 3 decision: independent kernels in one launch, or not
+    "packed",  # Layer 3 packed the kernels into one launch
+    "shared buffer",  # Layer 3 kept kernels apart that touch a common buffer
 )
 
 
@@ -46,8 +49,10 @@ def classify(text: str) -> list[str]:
         out.append("tile mismatch")
     if "does not fit" in t:
         out.append("footprint")
-    if "recomputed" in t:
+    if "recomputed" in t or "cost model" in t:
         out.append("cost model")
+    if "shared buffers" in t:
+        out.append("shared buffer")
     return out
 
 
@@ -240,6 +245,21 @@ def extract(fn) -> dict[str, Any]:
                 a |= b
                 for y in b:
                     comp[y] = a
+
+    # ---- Layer 3 pack decisions (made and refused)
+    packs = [
+        {
+            "id": i,
+            "kernels": list(d.kernels),
+            "packed": bool(d.packed),
+            "name": d.name,
+            "gain_us": d.gain_us,
+            "reason": d.reason,
+            "kinds": ["parallel stitch"] + (["packed"] if d.packed else []) + classify(d.reason),
+            "text": _s(d),
+        }
+        for i, d in enumerate(getattr(plan, "packs", []))
+    ]
 
     placements: dict[tuple[str, str], Any] = {}
     recomputed: dict[str, str] = {}
@@ -436,6 +456,7 @@ def extract(fn) -> dict[str, Any]:
             "kernels": len(plan.kernels),
             "decisions": len(decisions),
             "stitches": len(stitches),
+            "packs": len(packs),
             "feedback": len(plan.feedback),
         },
         "reason_kinds": list(REASON_KINDS),
@@ -446,6 +467,7 @@ def extract(fn) -> dict[str, Any]:
         "composites": composites,
         "decisions": decisions,
         "stitches": stitches,
+        "packs": packs,
         "micrographs": micrographs,
         "kernels": kernels,
         "feedback": [
@@ -468,5 +490,5 @@ def extract(fn) -> dict[str, Any]:
 
 
 def kinds_present(data: dict[str, Any]) -> set[str]:
-    """Every reason kind some edge of the report carries."""
-    return {k for d in data["decisions"] for k in d["kinds"]}
+    """Every reason kind some edge or Layer 3 decision of the report carries."""
+    return {k for d in data["decisions"] + data.get("packs", []) for k in d["kinds"]}

@@ -1,0 +1,392 @@
+"""Shared-memory promotion of GEMM operands and the tiled kernel's isl schedule (PPCG style).
+
+For each operand the update reads (:class:`polyfuse.poly.tiling.GemmShape`), isl computes
+the footprint of one block tile for one k-tile: the image of the padded tile of update
+instances (parameters ``b`` = block, ``kt`` = k-tile) under the read's access function. Its
+bounding box (lower bound an affine function of ``b`` and ``kt``, constant size) becomes a
+``__shared__`` buffer when the operand is reused across the block's threads; its last
+dimension is padded by one word when its row stride is a multiple of the 32 banks. A copy
+statement ``C_x[kt, e]`` whose domain is that footprint is added to the schedule before the
+update of each k-tile, between barrier statements; its elements are distributed over the
+block's threads with the innermost array dimension fastest (coalesced). Elements outside the
+array (partial tiles, conv padding) are copied as zeros, so the padded update terms add 0.
+
+isl then generates the whole kernel's loop AST from the schedule map (init, k-tile loop with
+copies, barriers and the unrolled micro-tile, epilogue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.model import Statement
+from polyfuse.poly.placement import Placement
+from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tiling import GemmShape, GemmTiling
+
+SYNC_BEFORE = "Sync_load"  # barrier statement: copies done before the micro-tile reads them
+SYNC_AFTER = "Sync_use"  # barrier statement: reads done before the next k-tile's copies
+
+
+@dataclass
+class Promotion:
+    """One operand in shared memory: box lower bounds (C text over b, kt), sizes, copy layout."""
+
+    tensor: str
+    copy_stmt: str
+    lo: list[isl.PwAff]  # the box's lower bounds, in the block params b* and k-tiles kt*
+    size: list[int]
+    stride: list[int]  # of the shared buffer (last dim padded)
+    shape: tuple[int, ...]  # of the global tensor
+    bounds_check: list[bool]  # per dim: may the footprint leave the array?
+    thread_grid: tuple[int, int]  # (rows, columns) of threads that copy
+    params: tuple[str, str]  # their C names (row, column)
+    reason: str
+
+    @property
+    def floats(self) -> int:
+        return self.size[0] * self.stride[0] if self.size else 1
+
+
+@dataclass
+class GemmKernel(MappedMicrograph):
+    """A GEMM-like micrograph tiled for blocks, threads, registers and shared memory."""
+
+    shape: GemmShape | None = None
+    tiling: GemmTiling | None = None
+    schedule_map: isl.UnionMap | None = None
+    iterators: list[str] = field(default_factory=list)
+    promotions: list[Promotion] = field(default_factory=list)
+    reg_iters: list[str] = field(default_factory=list)  # loop vars indexing the micro-tile
+    guards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # epilogue bounds
+    tile_context: isl.Set | None = None  # ranges of b* and kt* (for the boxes' lower bounds)
+
+
+def _ints(names: list[str]) -> str:
+    return ", ".join(names)
+
+
+def _aff_text(pa: isl.PwAff) -> str | None:
+    """The isl text of a single-piece affine function (for building constraints)."""
+    pieces = pa.get_pieces()
+    if len(pieces) != 1:
+        return None
+    _, aff = pieces[0]
+    s = str(aff)
+    i, j = s.find("[("), s.rfind(")]")
+    return s[i + 2 : j] if i >= 0 and j > i else None
+
+
+def _access_function(acc: isl.Map) -> isl.Map:
+    """The read's subscripts without the domain's bounds, valid on the padded tiles.
+
+    Its affine hull when that is a function (affine subscripts; conv's padding guard is
+    dropped, so out-of-array elements are copied as zeros); otherwise (grouped conv's channel,
+    a floor division) the access gisted by its own domain.
+    """
+    hull = isl.Map.from_basic_map(acc.affine_hull())
+    return hull if hull.is_single_valued() else acc.gist_domain(acc.domain())
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling):
+    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string)."""
+    model = sm.model
+    ctx = model.ctx
+    nd, nr = len(shape.data), len(shape.red)
+    B, T, R, TK = tiling.block, tiling.threads, tiling.regs, tiling.tk
+    G = [-(-(hi - lo + 1) // b) for (lo, hi), b in zip(shape.data, B, strict=True)]
+    KT = [-(-(hi - lo + 1) // k) for (lo, hi), k in zip(shape.red, TK, strict=True)]
+    # Block/thread coordinates of extent 1 are the constant 0, not isl parameters (every
+    # parameter costs isl's AST generator time).
+    bs = [f"b{i}" if g > 1 else "0" for i, g in enumerate(G)]
+    ts = [f"t{i}" if t > 1 else "0" for i, t in enumerate(T)]
+    bused = [(b, g) for b, g in zip(bs, G, strict=True) if g > 1]
+    tused = [(t, n) for t, n in zip(ts, T, strict=True) if n > 1]
+    bnames = [b for b, _ in bused]
+    kts = [f"kt{j}" for j in range(nr)]
+    kks = [f"kk{j}" for j in range(nr)]
+    iis = [f"ii{i}" for i in range(nd)]
+    ds = [f"d{i}" for i in range(nd)]
+    rs = [f"r{j}" for j in range(nr)]
+    nthreads = tiling.nthreads
+
+    # Padded domains (whole tiles) and the thread/register decomposition of data dims.
+    dpad = [
+        f"{lo} <= {d} < {lo + g * b}" for d, (lo, _), g, b in zip(ds, shape.data, G, B, strict=True)
+    ]
+    rpad = [
+        f"{lo} <= {r} < {lo + k * t}"
+        for r, (lo, _), k, t in zip(rs, shape.red, KT, TK, strict=True)
+    ]
+    # (terms of size-1 thread or register extents are left out: fewer isl variables)
+    on_thread = [
+        f"{d} = {lo} + {b} * {bb}"
+        + (f" + {t}" if tt > 1 else "")
+        + (f" + {tt} * {ii} and 0 <= {ii} < {rr}" if rr > 1 else "")
+        for d, (lo, _), b, bb, t, tt, ii, rr in zip(
+            ds, shape.data, B, bs, ts, T, iis, R, strict=True
+        )
+    ]
+    on_ktile = [
+        f"{r} = {lo} + {k} * {kt} + {kk} and 0 <= {kk} < {k}"
+        for r, (lo, _), k, kt, kk in zip(rs, shape.red, TK, kts, kks, strict=True)
+    ]
+
+    # Shared-memory promotions: footprint of the padded block tile per k-tile.
+    ppar = ", ".join(bnames + kts)
+    tile = isl.Set(
+        f"[{ppar}] -> {{ {shape.update.name}[{_ints(ds + rs)}] : "
+        + " and ".join(
+            [
+                f"{lo} + {b} * {bb} <= {d} < {lo} + {b} * {bb} + {b}"
+                for d, (lo, _), b, bb in zip(ds, shape.data, B, bs, strict=True)
+            ]
+            + [
+                f"{lo} + {k} * {kt} <= {r} < {lo} + {k} * {kt} + {k}"
+                for r, (lo, _), k, kt in zip(rs, shape.red, TK, kts, strict=True)
+            ]
+        )
+        + " }",
+        context=ctx,
+    )
+    ranges = isl.Set(
+        f"[{ppar}] -> {{ : "
+        + " and ".join(
+            [f"0 <= {b} < {g}" for b, g in bused]
+            + [f"0 <= {k} < {n}" for k, n in zip(kts, KT, strict=True)]
+            + ["0 = 0"]
+        )
+        + " }",
+        context=ctx,
+    )
+    promotions: list[Promotion] = []
+    copy_doms: list[tuple[str, isl.Set, int]] = []
+    seen: set[str] = set()
+    for k, ((name, acc), reuse) in enumerate(zip(shape.operands, shape.reuse, strict=True)):
+        if name in seen:
+            first = next(m for n, m in shape.operands if n == name)
+            if not _access_function(first).is_equal(_access_function(acc)):
+                # One shared tile per tensor: a tensor read at two places (matmul(a, a))
+                # would need the union of two footprints.
+                return f"{name} is read through two different accesses: not promoted"
+            continue
+        seen.add(name)
+        if not reuse:
+            return f"{name} is not reused across threads: not promoted"
+        hull = _access_function(acc)
+        fp = hull.intersect_domain(tile).range().intersect_params(ranges).coalesce()
+        lo_t, lo_c, size = [], [], []
+        for i in range(fp.dim(isl.dim_type.set)):
+            try:
+                lo, hi = fp.dim_min(i), fp.dim_max(i)
+                span = hi.sub(lo).max_val()
+            except isl.Error:  # e.g. grouped conv: the subscript's hull is not bounded
+                return f"the footprint of {name} is not bounded per tile"
+            txt = _aff_text(lo)
+            if not span.is_int() or txt is None:
+                return f"the footprint of {name} has no fixed-size box"
+            lo_t.append(txt)
+            size.append(span.to_python() + 1)
+            lo_c.append(lo)
+        tshape = model.tensors[name].shape
+        pad = 1 if len(size) >= 2 and size[-1] % 32 == 0 else 0
+        stride = [1] * len(size)
+        acc_stride = size[-1] + pad if size else 1
+        for i in reversed(range(len(size) - 1)):
+            stride[i] = acc_stride
+            acc_stride *= size[i]
+        stride = [s if i < len(size) - 1 else 1 for i, s in enumerate(stride)]
+        whole = fp.project_out(isl.dim_type.param, 0, fp.dim(isl.dim_type.param))
+        check = [
+            whole.dim_min_val(i).to_python() < 0 or whole.dim_max_val(i).to_python() >= tshape[i]
+            for i in range(len(size))
+        ]
+        cols = min(nthreads, _pow2_ceil(size[-1]))
+        rows = nthreads // cols
+        pr, pc = f"p{k}r", f"p{k}c"
+        # Copy domain: the footprint with kt as loop dims, split over the thread grid.
+        es = [f"e{i}" for i in range(len(size))]
+        dist = [f"exists (q{k}c: {es[-1]} = {lo_t[-1]} + {pc} + {cols} * q{k}c)"]
+        if len(size) >= 2:
+            dist.append(f"exists (q{k}r: {es[-2]} = {lo_t[-2]} + {pr} + {rows} * q{k}r)")
+        cstmt = f"C_{name}"
+        fpk = fp
+        for j, kt in enumerate(kts):  # the k-tile parameters become the copy's outer dims
+            pos = fpk.get_space().find_dim_by_name(isl.dim_type.param, kt)
+            if pos < 0:
+                fpk = fpk.insert_dims(isl.dim_type.set, j, 1).set_dim_name(isl.dim_type.set, j, kt)
+            else:
+                fpk = fpk.move_dims(isl.dim_type.set, j, isl.dim_type.param, pos, 1)
+        fpk = fpk.set_tuple_name(cstmt)
+        par2 = ", ".join(bnames + [pr, pc])
+        distset = isl.Set(
+            f"[{par2}] -> {{ {cstmt}[{_ints(kts + es)}] : {' and '.join(dist)} }}", context=ctx
+        )
+        cdom = fpk.align_params(distset.get_space()).intersect(
+            distset.align_params(fpk.get_space())
+        )
+        copy_doms.append((cstmt, cdom, len(size)))
+        bank = (
+            f"; last dim padded {size[-1]}->{size[-1] + pad} against bank conflicts" if pad else ""
+        )
+        other = sorted(reuse)
+        promotions.append(
+            Promotion(
+                name,
+                cstmt,
+                lo_c,
+                size,
+                stride,
+                tshape,
+                check,
+                (rows, cols),
+                (pr, pc),
+                f"reused across threads along data dims {other}; per-block k-tile footprint "
+                f"box {'x'.join(map(str, size))} ({4 * size[0] * stride[0]} B), copied by "
+                f"{rows}x{cols} threads, innermost dim fastest{bank}",
+            )
+        )
+
+    # Tiled schedule: isl's band composed with the tiling map (fixed width W).
+    # Only register dims (R > 1) get a micro-tile loop in the schedule.
+    regs = [ii for ii, r in zip(iis, R, strict=True) if r > 1]
+    tail_n = max([nr + len(regs) + 1] + [n for _, _, n in copy_doms])
+    tail_names = kks + regs + ["pos"] + [f"x{i}" for i in range(tail_n - nr - len(regs) - 1)]
+    iterators = kts + ["ph", "sub"] + tail_names
+    params = bnames + [t for t, _ in tused] + [p for pr in promotions for p in pr.params]
+    P = ", ".join(params)
+
+    def tailv(vals: list[str]) -> str:
+        return ", ".join(vals + ["0"] * (tail_n - len(vals)))
+
+    def tiled(stmt: Statement, out: str, cons: list[str], pad: list[str]) -> isl.UnionMap:
+        # detect_gemm checked that isl's band runs the data dims of every statement in this
+        # order (reduction dims after them): the tiling map applies to the loop vector.
+        dims = ds + (rs if stmt.role == "update" else [])
+        tmap = isl.Map(
+            f"[{P}] -> {{ {stmt.name}[{_ints(dims)}] -> [{out}] : "
+            f"{' and '.join(cons)} and {' and '.join(pad)} }}",
+            context=ctx,
+        )
+        return isl.UnionMap.from_map(tmap)
+
+    up = tiled(
+        shape.update,
+        f"{_ints(kts)}, 2, 0, {tailv(kks + regs)}",
+        on_thread + on_ktile,
+        dpad + rpad,
+    )
+    umap = up
+    umap = umap.union(
+        tiled(
+            shape.init,
+            f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
+            on_thread,
+            dpad,
+        )
+    )
+    for pos, s in enumerate(shape.epilogue):
+        umap = umap.union(
+            tiled(
+                s,
+                f"{_ints([str(k) for k in KT])}, 0, 0, {tailv(['0'] * nr + regs + [str(pos)])}",
+                on_thread,
+                dpad,
+            )
+        )
+    for sub, (cstmt, cdom, n) in enumerate(copy_doms):
+        es = [f"e{i}" for i in range(n)]
+        cm = isl.Map(
+            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(kts)}, 0, {sub}, {tailv(es)}] }}",
+            context=ctx,
+        ).intersect_domain(cdom)
+        umap = umap.union(isl.UnionMap.from_map(cm))
+    for ph, sname in ((1, SYNC_BEFORE), (3, SYNC_AFTER)):
+        kdom = " and ".join(f"0 <= {k} < {n}" for k, n in zip(kts, KT, strict=True))
+        umap = umap.union(
+            isl.UnionMap(
+                f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, {ph}, 0, {tailv([])}] : {kdom} }}",
+                context=ctx,
+            )
+        )
+    cons = [f"0 <= {b} < {g}" for b, g in bused]
+    cons += [f"0 <= {t} < {n}" for t, n in tused]
+    for pr in promotions:
+        cons += [f"0 <= {pr.params[0]} < {pr.thread_grid[0]}"]
+        cons += [f"0 <= {pr.params[1]} < {pr.thread_grid[1]}"]
+    context = isl.Set(f"[{P}] -> {{ : {' and '.join(cons)} }}", context=ctx)
+    umap = umap.coalesce()  # the context (parameter ranges) goes to the AST build
+    guards = {
+        s.name: [
+            (lo, hi) if lo + g * b - 1 > hi else (lo, None)  # type: ignore[misc]
+            for (lo, hi), g, b in zip(shape.data, G, B, strict=True)
+        ]
+        for s in shape.epilogue
+    }
+    reg_iters = regs
+    notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
+    notes.append(
+        f"epilogue on the register tile before the single store: "
+        f"{', '.join(s.prim for s in shape.epilogue)}"
+    )
+    return GemmKernel(
+        sm,
+        isl.Schedule.from_domain(umap.domain()),
+        context,
+        bnames,
+        [t for t, _ in tused],
+        [g for _, g in bused],
+        [n for _, n in tused],
+        shape.data,
+        notes=notes,
+        shape=shape,
+        tiling=tiling,
+        schedule_map=umap,
+        iterators=iterators,
+        promotions=promotions,
+        reg_iters=reg_iters,
+        guards=guards,
+        tile_context=ranges,
+    )
+
+
+def gemm_placements(gk: GemmKernel) -> dict[str, Placement]:
+    """Where each tensor of a GEMM kernel lives, with the reason."""
+    model = gk.scheduled.model
+    shape, tiling = gk.shape, gk.tiling
+    assert shape is not None and tiling is not None
+    promoted = {p.tensor: p for p in gk.promotions}
+    acc = f"{shape.update.prim}_acc"
+    out: dict[str, Placement] = {}
+    read_inside = {m.get_tuple_name(isl.dim_type.out) for s in shape.epilogue for _, m in s.reads}
+    for name, role in model.tensors.items():
+        if name in promoted:
+            out[name] = Placement(name, "shared", promoted[name].reason)
+        elif role.role == "input":
+            out[name] = Placement(name, "global", "micrograph input (epilogue operand)")
+        elif name == acc:
+            tile = "x".join(str(r) for r in tiling.regs if r > 1) or "1"
+            out[name] = Placement(
+                name,
+                "register",
+                f"register micro-tile {tile} per thread ({tiling.accumulators} accumulators)",
+            )
+        elif role.role == "output":
+            out[name] = Placement(
+                name,
+                "global",
+                "micrograph output",
+                register_copy=name in read_inside,
+            )
+        else:
+            out[name] = Placement(
+                name, "register", "one element per micro-tile iteration (epilogue)"
+            )
+    return out

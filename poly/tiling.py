@@ -1,0 +1,333 @@
+"""Two-level tiling of GEMM-like micrographs: block tile → per-thread register micro-tile.
+
+A micrograph is *GEMM-like* (:func:`detect_gemm`) when isl's model shows one sum reduction
+whose update multiplies reads of micrograph inputs, at least two of them reused across
+threads (each read ignores some data dimension of extent > 1, so neighbouring threads read
+the same element: matmul, batched matmul, attention's products, conv as implicit GEMM), and
+every other statement is an elementwise consumer of the reduction's result on the same data
+domain (bias, GELU, residual, scale: the *epilogue*). Everything else keeps the one-element-
+per-thread mapping of :mod:`polyfuse.poly.mapping`.
+
+Tiling. The band isl computed for the micrograph is permutable; its data members are tiled
+twice (block tile ``B``, then ``T`` threads × ``R = B / T`` registers, cyclic so that
+neighbouring threads touch neighbouring elements) and its reduction members by ``TK`` (the
+k-tile loop). The tiled schedule is an affine map of isl's band (:func:`tiled_schedule`)::
+
+    update   S[d, r] -> [kt, 2, 0, kk, ii, 0]   d = B*b + t + T*ii, r = TK*kt + kk
+    init     S[d]    -> [-1, 0, 0, 0, ii, 0]
+    epilogue S[d]    -> [KT, 0, 0, 0, ii, pos]
+
+Data and reduction ranges are rounded up to whole tiles (*padded*), so every loop of the
+micro-tile has a constant trip count and unrolls into registers; padded reduction terms
+read zeros from the shared tiles (see :mod:`polyfuse.poly.promote`) and padded outputs are
+never stored (the printer guards the epilogue with the original domain).
+
+Tile sizes come from :func:`choose_gemm_tiles`, a cost model over the device table:
+registers and shared memory per block, occupancy, wave quantisation over the SMs and the
+shared-memory loads per FMA of the micro-tile. Every choice is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.graph.expr import Binary, Const, Read, Select
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.model import Statement
+from polyfuse.poly.schedule import ScheduledMicrograph
+
+#: register budget per thread the cost model aims for (accumulators + operands + indices)
+REG_BUDGET = 168
+#: registers a thread needs besides its accumulators and operand fragments (estimate)
+REG_OVERHEAD = 40
+
+
+@dataclass
+class GemmShape:
+    """What :func:`detect_gemm` found in a micrograph's isl model."""
+
+    init: Statement
+    update: Statement
+    epilogue: list[Statement]  # final + elementwise consumers, in micrograph order
+    data: list[tuple[int, int]]  # [lo, hi] per data dimension of the update
+    red: list[tuple[int, int]]  # [lo, hi] per reduction dimension
+    operands: list[tuple[str, isl.Map]]  # (tensor, access of the update) read from inputs
+    reuse: list[set[int]]  # per operand: data dims it does not depend on
+
+
+@dataclass
+class GemmTiling:
+    """Tile sizes per data dim (block, threads) and per reduction dim, with reasons."""
+
+    block: list[int]
+    threads: list[int]
+    tk: list[int]
+    reasons: list[str] = field(default_factory=list)
+    modelled_us: float = 0.0
+
+    @property
+    def regs(self) -> list[int]:
+        return [b // t for b, t in zip(self.block, self.threads, strict=True)]
+
+    @property
+    def nthreads(self) -> int:
+        return math.prod(self.threads)
+
+    @property
+    def accumulators(self) -> int:
+        return math.prod(self.regs)
+
+
+def _box(s: isl.Set) -> list[tuple[int, int]]:
+    return [
+        (s.dim_min_val(i).to_python(), s.dim_max_val(i).to_python())
+        for i in range(s.dim(isl.dim_type.set))
+    ]
+
+
+def _is_box(s: isl.Set) -> bool:
+    b = _box(s)
+    cons = " and ".join(f"{lo} <= x{i} <= {hi}" for i, (lo, hi) in enumerate(b))
+    names = ", ".join(f"x{i}" for i in range(len(b)))
+    full = isl.Set(f"{{ [{names}] : {cons} }}", context=s.get_ctx())
+    return s.reset_tuple_id().is_equal(full)
+
+
+def _factors(e) -> list:
+    if isinstance(e, Binary) and e.op == "mul":
+        return _factors(e.a) + _factors(e.b)
+    return [e]
+
+
+def _zero_padded_read(e) -> bool:
+    """A factor that is a read, or ``where(cond, read, 0)`` (conv's padding)."""
+    if isinstance(e, Read):
+        return True
+    return (
+        isinstance(e, Select)
+        and isinstance(e.a, Read)
+        and isinstance(e.b, Const)
+        and float(e.b.value) == 0.0
+    )
+
+
+def _independent_dims(m: isl.Map, ndata: int) -> set[int]:
+    """Data dims of the update the access function (its affine hull) does not depend on."""
+    h = isl.Map.from_basic_map(m.affine_hull()).reset_tuple_id(isl.dim_type.in_)
+    n = h.dim(isl.dim_type.in_)
+    ins = ", ".join(f"i{k}" for k in range(n))
+    out = set()
+    for d in range(ndata):
+        moved = ", ".join(f"i{k} + 1" if k == d else f"i{k}" for k in range(n))
+        shift = isl.Map(f"{{ [{ins}] -> [{moved}] }}", context=h.get_ctx())
+        if shift.apply_range(h).is_equal(h):
+            out.add(d)
+    return out
+
+
+def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
+    """The micrograph's GEMM structure, or why it is not GEMM-like (a string)."""
+    model = sm.model
+    ups = [s for s in model.statements if s.role == "update"]
+    if len(ups) != 1:
+        return "not exactly one reduction"
+    up = ups[0]
+    prim = up.prim
+    t = up.tensor
+    red = t.op.reduce if t.op is not None else None
+    if red is None or red.op != "sum":
+        return "the reduction is not a sum"
+    if any(r.tensor.dtype != "float32" for r, _ in up.reads if r is not None):
+        return "the operands are not float32"
+    init = next(s for s in model.statements if s.prim == prim and s.role == "init")
+    final = next(s for s in model.statements if s.prim == prim and s.role == "final")
+    order = model.micrograph.prims
+    if order[0] != prim:
+        return "statements run before the reduction (producers in the micrograph)"
+    nd = init.dims
+    nr = up.dims - nd
+    if nd < 2 or nr < 1:
+        return "fewer than two data dimensions"
+    if not _is_box(up.domain) or not _is_box(init.domain):
+        return "the domain is not a box"
+    data = _box(init.domain)
+    redb = _box(up.domain)[nd:]
+    epilogue = [final] + [s for s in model.statements if s.prim != prim]
+    for s in epilogue:
+        if s.role not in ("compute", "final") or s.dims != nd or _box(s.domain) != data:
+            return f"{s.name} is not elementwise on the reduction's domain"
+        if not _is_box(s.domain):
+            return f"{s.name}'s domain is not a box"
+        for _r, m in s.reads:
+            # Values computed inside the micrograph are read at the statement's own element
+            # (they live in one register per micro-tile iteration).
+            name = m.get_tuple_name(isl.dim_type.out)
+            if model.tensors[name].role == "input":
+                continue
+            writer = next(
+                w
+                for w in model.statements
+                if w.write.get_tuple_name(isl.dim_type.out) == name and w.dims == nd
+            )
+            wrote = writer.write.set_tuple_name(isl.dim_type.in_, s.name)
+            if not m.reset_tuple_id(isl.dim_type.out).is_equal(
+                wrote.reset_tuple_id(isl.dim_type.out)
+            ):
+                return f"{s.name} reads {name} at another element"
+    factors = _factors(red.body)
+    if not all(_zero_padded_read(f) for f in factors):
+        return "the update is not a product of reads"
+    operands = []
+    reuse = []
+    for r, m in up.reads:
+        if r is None:
+            continue
+        name = m.get_tuple_name(isl.dim_type.out)
+        if model.tensors[name].role != "input":
+            return f"the update reads {name}, which the micrograph computes"
+        operands.append((name, m))
+        reuse.append({d for d in _independent_dims(m, nd) if data[d][1] > data[d][0]})
+    if sum(1 for r in reuse if r) < 2:
+        return "fewer than two operands are reused across threads (memory-bound)"
+    # isl's band must be permutable with the data members coincident (tiling is then legal).
+    root = sm.schedule.get_root()
+    band = root.child(0) if root.has_children() else None
+    if band is None or band.get_type() != isl.schedule_node_type.band:
+        return "no outer band"
+    # The data members must lead isl's permutable band, coincident and in the update's loop
+    # order; the reduction members may follow in this band or in nested ones (a sum may be
+    # reassociated, so the k-tiled order of its terms is legal too).
+    nb = band.band_n_member()
+    if not band.band_get_permutable() or nb < nd:
+        return "the outer band is not permutable over the data dims"
+    if not all(band.band_member_get_coincident(i) for i in range(nd)):
+        return "data members are not coincident"
+    part = isl.UnionMap.from_multi_union_pw_aff(band.band_get_partial_schedule())
+    for s in [init, up, *epilogue]:
+        got = part.intersect_domain(isl.UnionSet.from_set(s.domain))
+        lst = got.get_map_list()
+        if lst.n_map() != 1:
+            return "unexpected band"
+        gm = lst.get_at(0).reset_tuple_id(isl.dim_type.out)
+        gm = gm.project_out(isl.dim_type.out, nd, gm.dim(isl.dim_type.out) - nd)
+        dims = ", ".join(f"i{k}" for k in range(s.dims))
+        data_ids = ", ".join(f"i{k}" for k in range(nd))
+        want = isl.Map(
+            f"{{ {s.name}[{dims}] -> [{data_ids}] }}", context=s.domain.get_ctx()
+        ).intersect_domain(s.domain)
+        if not gm.is_equal(want):
+            return f"isl's band is not the data loops of {s.name}"
+    return GemmShape(init, up, epilogue, data, redb, operands, reuse)
+
+
+def rank_gemm_tiles(
+    shape: GemmShape,
+    device: DeviceSpec,
+    forced: tuple[int, int, int, int, int] | None = None,
+    limit: int = 8,
+) -> list[GemmTiling]:
+    """The ``limit`` best tile sizes by the cost model (or ``forced``), best first, each with
+    the reasons for its choice."""
+    nd = len(shape.data)
+    ext = [hi - lo + 1 for lo, hi in shape.data]
+    rext = [hi - lo + 1 for lo, hi in shape.red]
+    # The two innermost data dims that some operand reuses form the matrix (m, n) plane;
+    # other data dims (batch, heads, conv's n/oh) get block tiles of 1.
+    reused = sorted({d for r in shape.reuse for d in r})
+    # Columns: the innermost data dim (coalesced stores). Rows: a dim along which the operand
+    # that depends on the columns is reused (matmul: A's rows; conv: output channels).
+    n_dim = nd - 1
+    col_ops = [r for r in shape.reuse if n_dim not in r and r]
+    rows = sorted({d for r in col_ops for d in r if d != n_dim and ext[d] > 1})
+    m_dim = rows[-1] if rows else next((d for d in reversed(range(nd - 1)) if ext[d] > 1), nd - 2)
+    reasons = [
+        f"matrix plane: data dims {m_dim} (rows, extent {ext[m_dim]}) x {n_dim} "
+        f"(columns, extent {ext[n_dim]}); reused dims {reused}"
+    ]
+    # Reduction tiles: the innermost reduction dim by TK, outer ones whole if short.
+    kin = max(range(len(rext)), key=lambda j: rext[j])  # the longest reduction dim is tiled
+    k_other = math.prod(rext) // rext[kin]  # the others stay whole inside a k-tile
+    cands: list[tuple] = []
+    other = math.prod(ext[d] for d in range(nd) if d not in (m_dim, n_dim))
+    space = [
+        (bm, bn, tm, tn, tk)
+        for bm in (16, 32, 64, 128)
+        for bn in (16, 32, 64, 128)
+        for tm in (1, 2, 4, 8)
+        for tn in (1, 2, 4, 8)
+        for tk in (8, 16, 32)
+    ]
+    if forced is not None:
+        space = [tuple(forced)]
+        reasons.append(f"tile sizes forced by MappingConfig.gemm_tile={tuple(forced)}")
+    for bm, bn, tm, tn, tk in space:
+        thr = (bm // tm) * (bn // tn)
+        if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
+            continue
+        regs = tm * tn + tm + tn + REG_OVERHEAD
+        if regs > REG_BUDGET and forced is None:
+            continue
+        kt = min(tk, rext[kin])
+        smem = 4 * (bm * kt * k_other + kt * k_other * (bn + 1))
+        if smem > device.smem_per_block and forced is None:
+            continue
+        occ_blocks = min(
+            device.max_threads_per_sm // thr,
+            device.regs_per_sm // (max(regs, 32) * thr),
+            device.smem_per_sm // max(smem, 1),
+            32,
+        )
+        if occ_blocks < 1 and forced is None:
+            continue
+        occ_blocks = max(occ_blocks, 1)
+        gm, gn = -(-ext[m_dim] // bm), -(-ext[n_dim] // bn)
+        blocks = gm * gn * other
+        waves = -(-blocks // (device.sms * occ_blocks))
+        kpad = -(-rext[kin] // kt) * kt * k_other
+        flops_block = 2.0 * bm * bn * kpad
+        # Per SM: its share of blocks (wave quantisation), at the SM's FP32 rate. The
+        # micro-tile issues (tm + tn) / (tm * tn) shared loads per FMA, and the shared-load
+        # pipe runs at 1/4 of the FMA pipe; latency shows unless resident warps times the
+        # independent FMAs per thread (the micro-tile, up to 8) reach 64.
+        rate = device.fp32_tflops * 1e12 / device.sms
+        lds = (tm + tn) / (tm * tn)
+        per_sm = -(-blocks // device.sms)
+        resident = min(occ_blocks, per_sm) * thr
+        lat = max(1.0, 64.0 / (resident / 32 * min(tm * tn, 8)))
+        t_compute = per_sm * flops_block * max(1.0, 4.0 * lds) * lat / rate
+        bytes_total = 4.0 * blocks * (bm + bn) * kpad
+        t_mem = bytes_total / (device.dram_gbps * 1e9)
+        t = max(t_compute, t_mem) + device.launch_us * 1e-6
+        cands.append((t, -thr, bm, bn, tm, tn, kt, regs, smem, occ_blocks, waves, blocks))
+    out = []
+    for rank, cand in enumerate(sorted(cands)[:limit]):
+        t, _, bm, bn, tm, tn, kt, regs, smem, occ, waves, blocks = cand
+        block = [1] * nd
+        threads = [1] * nd
+        block[m_dim], block[n_dim] = bm, bn
+        threads[m_dim], threads[n_dim] = bm // tm, bn // tn
+        tk = list(rext)
+        tk[kin] = kt
+        why = list(reasons)
+        if rank:
+            why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
+        why += [
+            f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
+            f"({tm * tn} accumulators), k-tile {kt}: modelled {t * 1e6:.1f} us on {device.name}",
+            f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
+            f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
+            f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "
+            f"(shared-load pipe at 1/4 of the FMA rate)",
+        ]
+        out.append(GemmTiling(block, threads, tk, why, t * 1e6))
+    return out
+
+
+def choose_gemm_tiles(
+    shape: GemmShape, device: DeviceSpec, forced: tuple[int, int, int, int, int] | None = None
+) -> GemmTiling:
+    """The cost model's best tile sizes (or ``forced``); the reasons name every choice."""
+    return rank_gemm_tiles(shape, device, forced, limit=1)[0]

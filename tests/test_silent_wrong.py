@@ -1,0 +1,297 @@
+"""Regression tests for silent wrong answers of the core compiler (issue 9, items 1, 2, 4, 5).
+
+Each test compiles a small graph, runs it on the emulator and compares with numpy: kernel
+launch order, size-1 axes, NaN/±inf propagation of max/min, same-named placeholders and
+lambdas with default arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import reference, te
+from polyfuse.cuda import launch
+from polyfuse.errors import CallError, PolyfuseError
+
+RACE_MODES = (False, "reverse", "random")
+
+
+def _rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- 1. launch order
+
+
+def _row_col_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    q = te.reduce_axis(m, name="q")
+    rs = te.compute((m,), lambda i: te.sum(x[i, k], axis=k), name="rowsum")
+    cs = te.compute((n,), lambda j: te.sum(x[q, j], axis=q), name="colsum")
+    y = te.compute((m, n), lambda i, j: x[i, j] / (rs[i] + cs[j]), name="y")
+    return x, y
+
+
+def _launches_read_only_written_buffers(fn: polyfuse.CompiledGraph) -> None:
+    """Every launch reads only graph inputs or buffers an earlier launch wrote."""
+    ready = {b.name for b in fn.buffers if b.role == "input"}
+    kernels = {k.name: k for k in fn.kernels}
+    assert [k.name for k in fn.kernels] == [la.kernel for la in fn.launches]
+    for la in fn.launches:
+        k = kernels[la.kernel]
+        for p in k.params:
+            if p.tensor and p.ctype.startswith("const"):
+                assert p.tensor in ready, f"{la.kernel} reads {p.tensor} before it is written"
+        ready |= {p.tensor for p in k.params if p.tensor and not p.ctype.startswith("const")}
+
+
+@pytest.mark.parametrize("race_check", RACE_MODES)
+def test_two_reductions_feeding_one_consumer(race_check):
+    x, y = _row_col_graph(33, 47)
+    fn = polyfuse.compile([x], [y])
+    _launches_read_only_written_buffers(fn)
+    a = np.abs(_rand(33, 47)) + 0.5
+    want = a / (a.sum(1)[:, None] + a.sum(0)[None, :])
+    np.testing.assert_allclose(fn(a, race_check=race_check), want, rtol=1e-5)
+
+
+def test_launch_order_follows_buffers_not_creation():
+    # kernel 0 reads what kernel 2 writes; kernel 1 is independent
+    acc = [({"c"}, {"y"}), ({"x"}, {"a"}), ({"x"}, {"c"})]
+    order = launch.dependence_order(acc, ["k0", "k1", "k2"])
+    assert order == [1, 2, 0]
+    with pytest.raises(CallError, match="cycle"):
+        launch.dependence_order([({"b"}, {"a"}), ({"a"}, {"b"})], ["k0", "k1"])
+
+
+# --------------------------------------------------------------------------- 2. size-1 axes
+
+SHAPES = [(1, 1), (1, 8), (8, 1), (3, 1), (1, 3), (2, 1), (1, 33), (33, 1)]
+
+
+def _row_total_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    j = te.reduce_axis(n, name="j")
+    q = te.reduce_axis(m, name="q")
+    s = te.compute((m,), lambda i: te.sum(x[i, j], axis=j), name="s")
+    t = te.compute((1,), lambda z: te.sum(s[q], axis=q), name="t")
+    y = te.compute((m, n), lambda i, jj: x[i, jj] * s[i] / (t[0] + 1), name="y")
+
+    def ref(a):
+        s_ = a.sum(1)
+        return a * s_[:, None] / (s_.sum() + 1)
+
+    return x, [y], ref
+
+
+def _softmax_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    k2 = te.reduce_axis(n, name="k2")
+    mx = te.compute((m,), lambda i: te.max(x[i, k], axis=k), name="mx")
+    e = te.compute((m, n), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    s = te.compute((m,), lambda i: te.sum(e[i, k2], axis=k2), name="s")
+    y = te.compute((m, n), lambda i, j: e[i, j] / s[i], name="y")
+
+    def ref(a):
+        z = np.exp(a - a.max(1, keepdims=True))
+        return z / z.sum(1, keepdims=True)
+
+    return x, [y], ref
+
+
+def _layer_norm_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    k2 = te.reduce_axis(n, name="k2")
+    mean = te.compute((m,), lambda i: te.sum(x[i, k], axis=k) / n, name="mean")
+    d = te.compute((m, n), lambda i, j: x[i, j] - mean[i], name="d")
+    var = te.compute((m,), lambda i: te.sum(d[i, k2] * d[i, k2], axis=k2) / n, name="var")
+    y = te.compute((m, n), lambda i, j: d[i, j] * te.rsqrt(var[i] + 1e-5), name="y")
+
+    def ref(a):
+        a = a.astype(np.float64)
+        c = a - a.mean(1, keepdims=True)
+        return c / np.sqrt((c * c).mean(1, keepdims=True) + 1e-5)
+
+    return x, [y], ref
+
+
+def _col_total_graph(m: int, n: int):
+    x = te.placeholder((m, n), name="x")
+    q = te.reduce_axis(m, name="q")
+    k = te.reduce_axis(n, name="k")
+    c = te.compute((n,), lambda j: te.sum(x[q, j], axis=q), name="c")
+    t = te.compute((1,), lambda z: te.max(c[k], axis=k), name="t")
+    y = te.compute((m, n), lambda i, j: x[i, j] * c[j] - t[0], name="y")
+
+    def ref(a):
+        c_ = a.sum(0)
+        return a * c_[None, :] - c_.max()
+
+    return x, [y], ref
+
+
+_COMPILED: dict = {}
+GRAPHS = {
+    "row_total": _row_total_graph,
+    "softmax": _softmax_graph,
+    "layer_norm": _layer_norm_graph,
+    "col_total": _col_total_graph,
+}
+
+
+@pytest.mark.parametrize("race_check", RACE_MODES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_size_one_axes(graph, shape, race_check):
+    key = (graph, shape)
+    if key not in _COMPILED:
+        x, outs, ref = GRAPHS[graph](*shape)
+        _COMPILED[key] = polyfuse.compile([x], outs, name=f"{graph}_{shape[0]}x{shape[1]}"), ref
+    fn, ref = _COMPILED[key]
+    a = _rand(*shape, seed=shape[0] * 100 + shape[1])
+    got = fn(a, race_check=race_check)
+    rtol = 1e-4 if graph == "layer_norm" else 1e-5
+    np.testing.assert_allclose(got, ref(a), rtol=rtol, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- 4. NaN and ±inf
+
+
+def _special(m: int, n: int) -> np.ndarray:
+    a = _rand(m, n, seed=4)
+    a[1, 3] = np.nan
+    a[2, 0] = np.inf
+    a[3, n - 1] = -np.inf
+    a[4, :] = np.nan
+    a[5, 2], a[5, 4] = np.inf, -np.inf
+    a[6, :] = -np.inf
+    a[7, :] = np.inf
+    a[8, 5] = np.nan
+    a[8, 6] = np.inf
+    return a
+
+
+@pytest.mark.parametrize("race_check", [False, "reverse"])
+@pytest.mark.parametrize("n", [8, 47, 300])  # warp per row, block per row
+def test_max_min_propagate_nan_and_inf(n, race_check):
+    m = 9
+    x = te.placeholder((m, n), name="x")
+    k = te.reduce_axis(n, name="k")
+    k2 = te.reduce_axis(n, name="k2")
+    mx = te.compute((m,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    mn = te.compute((m,), lambda i: te.min(x[i, k2], axis=k2), name="row_min")
+    relu = te.compute((m, n), lambda i, j: te.maximum(x[i, j], 0.0), name="relu")
+    lo = te.compute((m, n), lambda i, j: te.minimum(0.0, x[i, j]), name="lo")
+    fn = polyfuse.compile([x], [mx, mn, relu, lo])
+    a = _special(m, n)
+    got = fn(a, race_check=race_check)
+    want = (a.max(1), a.min(1), np.maximum(a, 0.0), np.minimum(0.0, a))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)  # NaN where numpy has NaN, ±inf kept
+    ref = reference.evaluate([mx, mn, relu, lo], {x: a})
+    for r, w in zip(ref, want, strict=True):
+        np.testing.assert_array_equal(r, w)
+
+
+@pytest.mark.parametrize("race_check", [False, "reverse"])
+def test_column_and_total_max_propagate_nan(race_check):
+    m, n = 40, 9
+    x = te.placeholder((m, n), name="x")
+    q = te.reduce_axis(m, name="q")
+    r = te.reduce_axis(m, name="r")
+    c = te.reduce_axis(n, name="c")
+    col = te.compute((n,), lambda j: te.max(x[q, j], axis=q), name="col_max")
+    tot = te.compute((1,), lambda z: te.min(x[r, c], axis=[r, c]), name="total_min")
+    fn = polyfuse.compile([x], [col, tot])
+    a = _rand(m, n, seed=5)
+    a[7, 2] = np.nan
+    a[30, 4] = np.inf
+    got_col, got_tot = fn(a, race_check=race_check)
+    np.testing.assert_array_equal(got_col, a.max(0))
+    np.testing.assert_array_equal(got_tot, [np.nan])
+
+
+# --------------------------------------------------------------------------- 5. names, closures
+
+
+def _same_named():
+    a = te.placeholder((4, 5), name="x")
+    b = te.placeholder((4, 5), name="x")
+    y = te.compute((4, 5), lambda i, j: a[i, j] - 2.0 * b[i, j], name="y")
+    return a, b, y
+
+
+def test_same_named_placeholders_bind_by_position():
+    a, b, y = _same_named()
+    fn = polyfuse.compile([a, b], [y])
+    u, v = _rand(4, 5, seed=1), _rand(4, 5, seed=2)
+    np.testing.assert_allclose(fn(u, v), u - 2 * v, rtol=1e-6)
+    np.testing.assert_allclose(fn(v, u), v - 2 * u, rtol=1e-6)
+    # generated code: two distinct parameters
+    (k,) = fn.kernels
+    params = [p.name for p in k.params if p.tensor]
+    assert len(params) == len(set(params)) == 3
+    with pytest.raises(CallError, match="2 inputs are named 'x'; pass them by position"):
+        fn(u, x=v)
+    with pytest.raises(CallError, match="2 inputs are named 'x'"):
+        fn(x=u)
+
+
+def test_same_named_placeholders_on_the_gpu_path(monkeypatch):
+    """The GPU path binds same-named inputs by position too (program call intercepted)."""
+    a, b, y = _same_named()
+    fn = polyfuse.compile([a, b], [y])
+    seen = {}
+
+    class Prog:
+        def __call__(self, argmap, outmap, stream):
+            seen.update(argmap)
+            return [np.zeros((4, 5), np.float32)]
+
+    monkeypatch.setattr(fn, "device_program", lambda device: Prog())
+    u, v = _rand(4, 5, seed=1), _rand(4, 5, seed=2)
+    fn(u, v, device="cuda")
+    idents = [fn._idents[t.uid] for t in fn.inputs]
+    assert len(set(idents)) == 2
+    assert seen[idents[0]] is u and seen[idents[1]] is v
+    with pytest.raises(CallError, match="pass them by position"):
+        fn(u, x=v, device="cuda")
+
+
+def test_lambda_default_arguments_are_not_loop_variables():
+    x = te.placeholder((3, 4), name="x")
+    outs = []
+    for c in (2.0, 3.0):
+        outs.append(te.compute((3, 4), lambda i, j, c=c: x[i, j] * c, name=f"scale{int(c)}"))
+    star = te.compute((3, 4), lambda i, *rest: x[i, rest[0]] + 1.0, name="star")
+    kw = te.compute((3, 4), lambda i, j, **kw: x[i, j] - 1.0, name="kw")
+    fn = polyfuse.compile([x], [*outs, star, kw])
+    a = _rand(3, 4)
+    got = fn(a)
+    for g, w in zip(got, (a * 2, a * 3, a + 1, a - 1), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    with pytest.raises(PolyfuseError, match="takes 3 loop variables"):
+        te.compute((3, 4), lambda i, j, k: x[i, j], name="bad")
+    with pytest.raises(PolyfuseError, match="keyword-only parameter 'c'"):
+        te.compute((3, 4), lambda i, j, *, c: x[i, j] * c, name="bad2")
+
+
+def test_fixed_kernels_compile_with_nvrtc():
+    """The NaN helpers and the size-1 layouts are valid CUDA (skipped without a compiler)."""
+    from polyfuse.cuda.compiler import available_compilers
+
+    if not available_compilers():
+        pytest.skip("no CUDA compiler installed")
+    for graph, shape in (("row_total", (8, 1)), ("row_total", (1, 8)), ("col_total", (1, 3))):
+        x, outs, _ = GRAPHS[graph](*shape)
+        kk = te.reduce_axis(shape[1], name="kk")
+        mx = te.compute((shape[0],), lambda i, x=x, kk=kk: te.max(x[i, kk], axis=kk), name="mx")
+        outs.append(mx)
+        fn = polyfuse.compile([x], outs, check_cuda=False)
+        binary = fn.check_cuda("sm_80")
+        assert all(binary.resources[k.name].registers > 0 for k in fn.kernels)
