@@ -50,6 +50,7 @@ from typing import Any, TextIO
 
 import polyfuse
 from polyfuse.errors import PolyfuseError
+from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
 from polyfuse.store import Store, write_atomic
 
 __all__ = [
@@ -83,6 +84,8 @@ class Task:
     cache_dir: str | None = None
     check_cuda: bool = True
     reason: str = ""  # for kind == "invalid"
+    #: ONNX input name -> dims (``--shapes``), for models with dynamic input dims
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass
@@ -215,7 +218,7 @@ def _load(task: Task) -> tuple[list, list, dict]:
             load = pf_onnx.load
         except ImportError as e:
             raise PolyfuseError(f"ONNX import not available ({e})") from None
-        m = load(task.spec)
+        m = load(task.spec, shapes=dict(task.shapes) or None)
         return list(m.inputs), list(m.outputs), dict(m.constants or {})
     if task.kind == "python":
         mod, _, fn_name = task.spec.partition(":")
@@ -355,6 +358,7 @@ def resolve_tasks(
     arch: str = "sm_80",
     cache_dir: str | None = None,
     check_cuda: bool = True,
+    shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> list[Task]:
     """Turn command-line arguments into tasks (no argument: the whole built-in zoo).
 
@@ -362,7 +366,13 @@ def resolve_tasks(
     """
     from polyfuse import zoo
 
-    common = dict(size=size, arch=arch, cache_dir=cache_dir, check_cuda=check_cuda)
+    common = dict(
+        size=size,
+        arch=arch,
+        cache_dir=cache_dir,
+        check_cuda=check_cuda,
+        shapes=tuple((shapes or {}).items()),
+    )
     tasks: list[Task] = []
     for s in specs or list(zoo.MODELS):
         p = Path(s)
@@ -695,6 +705,7 @@ def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="no model or kernel cache")
     p.add_argument("--no-cuda-check", action="store_true", help="skip the NVRTC/nvcc compile")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    add_shapes_argument(p)
     p.set_defaults(func=run_zoo)
     return p
 
@@ -711,6 +722,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         arch=args.arch,
         cache_dir=cache_dir,
         check_cuda=not args.no_cuda_check,
+        shapes=parse_shapes(args.shapes),
     )
     t0 = time.perf_counter()
     reports = run_batch(

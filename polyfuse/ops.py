@@ -467,6 +467,21 @@ def layer_norm(
     ``x.shape[axis:]``. Variance is the population (biased) variance. Five primitives: ``mean``,
     ``centered`` (x - mean), ``var``, ``rstd`` (``rsqrt(var + eps)``), and the scale/shift.
     """
+    return layer_norm_parts(x, gamma, beta, axis, eps, name)[0]
+
+
+def layer_norm_parts(
+    x: Tensor,
+    gamma: Tensor | None = None,
+    beta: Tensor | None = None,
+    axis: int = -1,
+    eps: float = 1e-5,
+    name: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`layer_norm` plus its ``mean`` and ``rstd`` (1/sqrt(var+eps)) over ``x.shape[:axis]``.
+
+    ONNX ``LayerNormalization`` has these as its optional outputs ``Mean`` and ``InvStdDev``.
+    """
     name = _name("layer_norm", name)
     op = "layer_norm"
     x, ax, norm, ks, inv_n = _norm_head(op, x, axis, name)
@@ -492,7 +507,7 @@ def layer_norm(
             y = y + beta[_bcast(beta.shape, i)]
         return y
 
-    return _compute(x.shape, out_body, name, op)
+    return _compute(x.shape, out_body, name, op), mean, rstd
 
 
 def rms_norm(
@@ -937,6 +952,160 @@ def conv2d(
         return _compute(shape, body, name, op)
     conv = _compute(shape, body, f"{name}_conv", op)
     return _compute(shape, lambda b, oc, y, xx: conv[b, oc, y, xx] + bias[oc], name, op)
+
+
+def _ints_n(op: str, name: str, what: str, v: int | Sequence[int], nd: int, lo: int) -> list[int]:
+    p = [v] * nd if isinstance(v, int) else list(v)
+    if len(p) != nd or not all(isinstance(e, int) and e >= lo for e in p):
+        raise ExpressionError(f"{op} '{name}': {what} {v!r} must be {nd} ints >= {lo}")
+    return [int(e) for e in p]
+
+
+def conv(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    pads: Sequence[int] | int = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    name: str | None = None,
+) -> Tensor:
+    """N-D convolution (cross-correlation), ONNX ``Conv`` semantics, any number of spatial dims.
+
+    ``x``: ``(N, C, *S)``, ``w``: ``(O, C // groups, *K)``, ``bias``: ``(O,)``. ``pads`` is an
+    int or ONNX-style ``[lo_0, .., lo_{d-1}, hi_0, .., hi_{d-1}]`` (negative pads crop). Output
+    size per dim: ``(S + lo + hi - dil*(K-1) - 1) // stride + 1``. The input subscript
+    ``o*stride + r*dil - lo`` is affine; padding is a ``te.where`` guard.
+    """
+    op = "conv"
+    name = _name(op, name)
+    x = _tensor(op, name, "input", x)
+    w = _tensor(op, name, "weight", w)
+    nd = x.ndim - 2
+    if nd < 1 or w.ndim != x.ndim:
+        raise ExpressionError(
+            f"{op} '{name}': input {_desc(x)} must be (N, C, *spatial) and weight {_desc(w)} "
+            "(O, C/groups, *kernel) of the same rank"
+        )
+    st = _ints_n(op, name, "stride", stride, nd, 1)
+    dl = _ints_n(op, name, "dilation", dilation, nd, 1)
+    pp = [pads] * (2 * nd) if isinstance(pads, int) else [int(v) for v in pads]
+    if len(pp) != 2 * nd:
+        raise ExpressionError(f"{op} '{name}': pads {pads!r} must hold {2 * nd} ints")
+    lo, hi = pp[:nd], pp[nd:]
+    n, c, *sp = x.shape
+    o, cg, *k = w.shape
+    if not isinstance(groups, int) or groups < 1 or c % groups or o % groups or cg * groups != c:
+        raise ExpressionError(
+            f"{op} '{name}': groups={groups!r} must divide the channels of input {_desc(x)} and "
+            f"weight {_desc(w)} with weight.shape[1] * groups == {c}"
+        )
+    if bias is not None:
+        _tensor(op, name, "bias", bias)
+        if bias.shape != (o,):
+            raise ExpressionError(f"{op} '{name}': bias {_desc(bias)} must have shape ({o},)")
+    out = [(sp[i] + lo[i] + hi[i] - dl[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
+    if any(v <= 0 for v in out):
+        raise ExpressionError(
+            f"{op} '{name}': kernel {_desc(w)} does not fit input {_desc(x)} with pads {pp} and "
+            f"dilation {dl}"
+        )
+    og = o // groups
+    rc = te.reduce_axis(cg, name="rc")
+    rs = [te.reduce_axis(kk, name=f"rk{i}") for i, kk in enumerate(k)]
+
+    def body(*idx: IterVar) -> Expr:
+        b, oc, ys = idx[0], idx[1], idx[2:]
+        subs: list[Expr] = []
+        conds: list[Expr] = []
+        for i in range(nd):
+            e, cs = _window(ys[i], rs[i], st[i], dl[i], lo[i], out[i], k[i], sp[i])
+            subs.append(e)
+            conds += cs
+        chan: Expr = rc if groups == 1 else _affine(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
+        v: Expr = x[(b, chan, *subs)]
+        cond = _all(conds)
+        if cond is not None:
+            v = te.where(cond, v, 0.0)
+        return te.sum(v * w[(oc, rc, *rs)], axis=[rc, *rs])
+
+    shape = (n, o, *out)
+    if bias is None:
+        return _compute(shape, body, name, op)
+    cv = _compute(shape, body, f"{name}_conv", op)
+    return _compute(shape, lambda *i: cv[i] + bias[i[1]], name, op)
+
+
+def conv_transpose(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    pads: Sequence[int] | int = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    output_padding: int | Sequence[int] = 0,
+    output_shape: Sequence[int] | None = None,
+    name: str | None = None,
+) -> Tensor:
+    """N-D transposed convolution, ONNX ``ConvTranspose`` semantics (``w``: ``(C, O/groups, *K)``).
+
+    Built from affine pieces: the input with ``stride - 1`` zeros inserted between elements
+    (``j % s == 0`` guard, ``j // s`` subscript: quasi-affine), the kernel flipped and its in/out
+    channels swapped per group, and a stride-1 :func:`conv` with dilation ``dil`` and padding
+    ``dil*(K-1) - lo`` before and ``dil*(K-1) - hi + output_padding`` after. Output size per dim:
+    ``stride*(S-1) + output_padding + dil*(K-1) + 1 - lo - hi`` (or ``output_shape``).
+    """
+    op = "conv_transpose"
+    name = _name(op, name)
+    x = _tensor(op, name, "input", x)
+    w = _tensor(op, name, "weight", w)
+    nd = x.ndim - 2
+    if nd < 1 or w.ndim != x.ndim:
+        raise ExpressionError(
+            f"{op} '{name}': input {_desc(x)} must be (N, C, *spatial) and weight {_desc(w)} "
+            "(C, O/groups, *kernel) of the same rank"
+        )
+    st = _ints_n(op, name, "stride", stride, nd, 1)
+    dl = _ints_n(op, name, "dilation", dilation, nd, 1)
+    opad = _ints_n(op, name, "output_padding", output_padding, nd, 0)
+    pp = [pads] * (2 * nd) if isinstance(pads, int) else [int(v) for v in pads]
+    lo, hi = pp[:nd], pp[nd:]
+    n, c, *sp = x.shape
+    cw, og, *k = w.shape
+    if cw != c or not isinstance(groups, int) or groups < 1 or c % groups:
+        raise ExpressionError(
+            f"{op} '{name}': weight {_desc(w)} must have {c} input channels (input {_desc(x)}) "
+            f"divisible by groups={groups!r}"
+        )
+    full = [st[i] * (sp[i] - 1) + opad[i] + dl[i] * (k[i] - 1) + 1 for i in range(nd)]
+    if output_shape is not None:
+        hi = [full[i] - lo[i] - int(output_shape[i]) for i in range(nd)]
+    cg = c // groups
+    if any(s_ > 1 for s_ in st):
+        size = [(sp[i] - 1) * st[i] + 1 for i in range(nd)]
+
+        def dilate(*idx: IterVar) -> Expr:
+            b, ch, j = idx[0], idx[1], idx[2:]
+            subs = [j[i] if st[i] == 1 else j[i] // st[i] for i in range(nd)]
+            conds = [te.equal(j[i] % st[i], 0) for i in range(nd) if st[i] > 1]
+            v: Expr = x[(b, ch, *subs)]
+            cond = _all(conds)
+            return v if cond is None else te.where(cond, v, 0.0)
+
+        x = _compute((n, c, *size), dilate, f"{name}_zero_insert", op)
+
+    def flip(*idx: IterVar) -> Expr:
+        oc, ic, r = idx[0], idx[1], idx[2:]
+        g_in: Expr = ic if groups == 1 else _affine(oc // og, cg, [(ic, 1)], 0)
+        g_out: Expr = oc if groups == 1 else oc % og
+        return w[(g_in, g_out, *[(k[i] - 1) - r[i] for i in range(nd)])]
+
+    wf = _compute((og * groups, cg, *k), flip, f"{name}_flipped", op)
+    cpads = [dl[i] * (k[i] - 1) - lo[i] for i in range(nd)]
+    cpads += [dl[i] * (k[i] - 1) - hi[i] + opad[i] for i in range(nd)]
+    return conv(x, wf, bias, 1, cpads, dl, groups, name=name)
 
 
 def _pool_setup(

@@ -163,9 +163,13 @@ def test_torch_compile_backend_on_the_gpu():
     # entry point (a source checkout on PYTHONPATH); installed, backend="polyfuse" does too
 
     torch._dynamo.reset()
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
-    ).cuda().eval()
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
+        )
+        .cuda()
+        .eval()
+    )
     x = torch.randn(16, 32, device="cuda")
     with torch.no_grad():
         want = model(x)

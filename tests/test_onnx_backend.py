@@ -25,7 +25,6 @@ _F64 += "computes in float32"
 #: test-name regex -> why polyfuse does not run it
 EXCLUDED: dict[str, str] = {
     # simple
-    r"test_expand_shape_model": "Expand's target shape is a run-time graph input (static only)",
     r"test_gradient_of_add": "ai.onnx.preview.training.Gradient is a training operator",
     r"test_sequence_model": "sequence values (SequenceConstruct/At/Insert...) are not tensors",
     r"test_strnorm_model": "string tensors (StringNormalizer)",
@@ -34,9 +33,6 @@ EXCLUDED: dict[str, str] = {
     r"test_operator_add_size1_right_broadcast": _F64,
     r"test_operator_add_size1_singleton_broadcast": _F64,
     r"test_operator_addconstant": _F64,
-    r"test_operator_convtranspose|test_ConvTranspose2d": "ConvTranspose is not mapped",
-    # pytorch-converted
-    r"test_Conv3d": "3-D convolution (ops.conv2d is 2-D; 1-D runs as 2-D)",
     # every group: devices
     r"_cuda$": "no GPU in CI (device CUDA needs pycuda and a driver)",
 }
@@ -93,3 +89,24 @@ def test_run_node_wraps_node():
 @pytest.mark.parametrize("model", LIGHT)
 def test_light_models_are_in_the_slow_runner(model):
     assert f"test_{model}_cpu" in dir(OnnxBackendRealModelTest)  # two are excluded above
+
+
+def test_backend_specializes_on_attribute_like_graph_inputs():
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    g = helper.make_graph(
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4]),
+            helper.make_tensor_value_info("axes", onnx.TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    rep = PolyfuseBackend.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    for ax in (1, 2, 1):
+        (y,) = rep.run([x, np.array([ax], dtype=np.int64)])
+        np.testing.assert_allclose(y, x.sum(axis=ax))
+    assert rep.specialized == ["axes"] and len(rep.variants) == 2  # one compile per value
+    _, fn = next(iter(rep.variants.values()))
+    assert "specialized on the values of graph inputs axes=[1]" in str(fn.plan)

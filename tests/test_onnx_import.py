@@ -34,9 +34,11 @@ def _check(model, feeds, rtol=1e-4, atol=1e-5, expect=None):
     fn = om.compile(check_cuda=False)
     out = fn(*[feeds[n].astype(np.float32) for n in om.input_names], device="emulate")
     out = out if isinstance(out, tuple) else (out,)
-    ref = ReferenceEvaluator(model).run(None, feeds)
     names = [n for n in om.output_names if n not in om.constant_outputs]
-    refs = dict(zip([o.name for o in model.graph.output], ref, strict=True))
+    refs = {}
+    if not set(names) <= set(expect or {}):
+        ref = ReferenceEvaluator(model).run(None, feeds)
+        refs = dict(zip([o.name for o in model.graph.output], ref, strict=True))
     refs.update(expect or {})  # numpy where onnx.reference disagrees with the spec
     for n, got in zip(names, out, strict=True):
         np.testing.assert_allclose(
@@ -270,7 +272,7 @@ def test_corrupt_file_names_path(tmp_path):
 
 def test_unsupported_ops_listed_with_counts():
     nodes = [
-        helper.make_node("TopK", ["x", "k"], ["v", "i"]),
+        helper.make_node("Unique", ["x"], ["v"]),
         helper.make_node("NonMaxSuppression", ["b", "s"], ["n1"]),
         helper.make_node("NonMaxSuppression", ["b", "s"], ["n2"]),
         helper.make_node("Relu", ["x"], ["y"]),
@@ -280,7 +282,7 @@ def test_unsupported_ops_listed_with_counts():
     with pytest.raises(UnsupportedOpError) as e:
         po.load(m)
     msg = str(e.value)
-    assert msg == "model 'm' uses unsupported ONNX operators: NonMaxSuppression x2, TopK x1"
+    assert msg == "model 'm' uses unsupported ONNX operators: NonMaxSuppression x2, Unique x1"
 
 
 def test_dynamic_shape_needs_shapes():
@@ -293,3 +295,323 @@ def test_dynamic_shape_needs_shapes():
     assert om.inputs[0].shape == (3, 8)
     x = _x(3, 8)
     np.testing.assert_allclose(om.compile(check_cuda=False)(x), np.maximum(x, 0))
+
+
+def test_folding_runs_before_the_unsupported_op_scan():
+    # Mod has no runtime form here, but Mod(Constant, Constant) folds at import time
+    c = helper.make_node("Constant", [], ["a"], value=numpy_helper.from_array(np.int64(7)))
+    d = helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(np.int64(4)))
+    nodes = [
+        c,
+        d,
+        helper.make_node("Mod", ["a", "b"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=F),
+        helper.make_node("Mul", ["x", "rf"], ["y"]),
+    ]
+    assert not po.unsupported_ops(_model(nodes, [("x", F, [5])], ["y"]))
+    _check(_model(nodes, [("x", F, [5])], ["y"]), {"x": _x(5)})
+
+
+def test_attribute_inputs_from_graph_inputs_need_values():
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["y"])]
+    m = _model(nodes, [("x", F, [3, 4]), ("axes", TensorProto.INT64, [2])], ["y"], opset=13)
+    with pytest.raises(po.InputValueNeeded, match=r"node #0 'Unsqueeze_y'.*'axes'") as e:
+        po.load(m)
+    assert e.value.input_name == "axes"
+    om = po.load(m, values={"axes": np.array([0, 3])})
+    assert om.input_names == ["x"] and om.outputs[0].shape == (1, 3, 4, 1)
+
+
+def test_errors_name_the_file_node_and_position(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="first"),
+        helper.make_node("Conv", ["r", "w"], ["y"], name="conv7", group=5),
+    ]
+    m = _model(nodes, [("x", F, [1, 4, 6, 6])], ["y"], inits={"w": _x(4, 4, 3, 3)})
+    m.graph.name = "main_graph"
+    p = tmp_path / "net.onnx"
+    onnx.save(m, str(p))
+    with pytest.raises(PolyfuseError) as e:
+        po.load(str(p))
+    msg = str(e.value)
+    assert msg.startswith("model 'net.onnx', node #1 'conv7' (Conv): ") and "main_graph" not in msg
+
+
+def test_flatten_negative_axis():
+    x = _x(2, 3, 4, 5)
+    for ax in (-1, -3):
+        nodes = [helper.make_node("Flatten", ["x"], ["y"], axis=ax)]
+        om = _check(_model(nodes, [("x", F, [2, 3, 4, 5])], ["y"]), {"x": x})
+        assert om.outputs[0].shape == x.reshape(int(np.prod(x.shape[: 4 + ax])), -1).shape
+
+
+def test_zero_d_tensors_stay_zero_d():
+    nodes = [helper.make_node("Pow", ["x", "e"], ["y"])]
+    m = _model(nodes, [("x", F, [3]), ("e", F, [])], ["y"])
+    om = po.load(m)
+    assert om.inputs[1].shape == ()
+    from polyfuse.onnx.backend import PolyfuseBackend
+
+    (y,) = PolyfuseBackend.prepare(m).run([np.array([1, 2, 3], np.float32), np.float32(2.0)])
+    np.testing.assert_allclose(y, [1, 4, 9])
+
+
+def test_layer_norm_mean_and_inv_std_dev_outputs():
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "m", "r"], axis=-2)]
+    m = _model(nodes, [("x", F, [2, 3, 4])], ["y", "m", "r"], inits={"g": _x(3, 4), "b": _x(3, 4)})
+    om = _check(m, {"x": _x(2, 3, 4)})
+    assert [o.shape for o in om.outputs] == [(2, 3, 4), (2, 1, 1), (2, 1, 1)]
+
+
+def test_empty_inputs_and_slices_are_host_constants():
+    nodes = [
+        helper.make_node("Slice", ["x", "s", "e"], ["y"]),
+        helper.make_node("ReduceSum", ["z"], ["r"], keepdims=1),
+    ]
+    m = _model(
+        nodes,
+        [("x", F, [4]), ("z", F, [2, 0])],
+        ["y", "r"],
+        inits={"s": np.array([5]), "e": np.array([9])},
+        opset=13,
+    )
+    om = po.load(m)
+    assert om.input_names == ["x"]
+    assert om.constant_outputs["y"].shape == (0,)
+    np.testing.assert_array_equal(om.constant_outputs["r"], np.zeros((1, 1)))
+
+
+@pytest.mark.parametrize(
+    "xs,ws,at",
+    [
+        ([1, 4, 9], [6, 2, 3], dict(group=2, strides=[2], pads=[2, 1], dilations=[2])),
+        ([1, 2, 5, 4, 6], [3, 2, 2, 3, 2], dict(pads=[1, 0, 1, 0, 2, 1], strides=[1, 2, 2])),
+        ([1, 2, 7], [4, 2, 3], dict(auto_pad="SAME_LOWER", strides=[2])),
+    ],
+)
+def test_conv_n_d(xs, ws, at):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], **at)]
+    m = _model(nodes, [("x", F, xs)], ["y"], inits={"w": _x(*ws), "b": _x(ws[0])})
+    _check(m, {"x": _x(*xs)})
+
+
+@pytest.mark.parametrize(
+    "xs,ws,at",
+    [
+        ([1, 4, 3, 4], [4, 3, 3, 2], dict(group=2, strides=[2, 3], pads=[1, 0, 0, 1])),
+        ([1, 2, 5], [2, 3, 3], dict(strides=[3], output_padding=[1], dilations=[2])),
+        ([1, 1, 3, 2, 3], [1, 2, 2, 2, 2], dict(strides=[2, 1, 2], auto_pad="SAME_UPPER")),
+        ([1, 1, 3, 3], [1, 2, 3, 3], dict(strides=[3, 2], output_shape=[10, 8])),
+    ],
+)
+def test_conv_transpose(xs, ws, at):
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], **at)]
+    m = _model(nodes, [("x", F, xs)], ["y"], inits={"w": _x(*ws)})
+    x = _x(*xs)
+    # onnx.reference's ConvTranspose mishandles group > 1: compare with torch-free numpy
+    _check(m, {"x": x}, expect={"y": _conv_transpose_ref(x, m)} if "group" in at else None)
+
+
+def _conv_transpose_ref(x, m):
+    """Scatter form of ConvTranspose (explicit pads, dilation 1) in numpy."""
+    import itertools
+
+    at = {a.name: helper.get_attribute_value(a) for a in m.graph.node[0].attribute}
+    w = numpy_helper.to_array(m.graph.initializer[0])
+    (n, c, *sp), (_, og, *k) = x.shape, w.shape
+    nd, g = len(sp), at.get("group", 1)
+    s, pads = list(at["strides"]), list(at["pads"])
+    full = [s[i] * (sp[i] - 1) + k[i] for i in range(nd)]
+    y = np.zeros((n, og * g, *full))
+    for ic, oc in itertools.product(range(c), range(og)):
+        for pos in itertools.product(*map(range, sp)):
+            for r in itertools.product(*map(range, k)):
+                o = tuple(pos[i] * s[i] + r[i] for i in range(nd))
+                y[(slice(None), ic // (c // g) * og + oc, *o)] += (
+                    x[(slice(None), ic, *pos)] * w[(ic, oc, *r)]
+                )
+    return y[
+        (slice(None), slice(None), *[slice(pads[i], full[i] - pads[nd + i]) for i in range(nd)])
+    ]
+
+
+def test_shapes_option_on_every_model_verb(tmp_path, capsys):
+    from polyfuse.cli import main
+    from polyfuse.shapes_arg import parse_shapes
+
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, ["batch", 8])], ["y"])
+    p = tmp_path / "dyn.onnx"
+    onnx.save(m, str(p))
+    zoo = ["zoo", str(p), "--no-cuda-check", "--quiet", "--cache-dir", str(tmp_path / "c")]
+    assert main(zoo) == 1
+    assert "--shapes x=" in capsys.readouterr().err
+    assert main([*zoo, "--shapes", "x=3,8"]) == 0
+    assert main(["explain", str(p), "--shapes", "x=3x8"]) == 0
+    assert parse_shapes(["a=1,2", "b=4x5x6"]) == {"a": (1, 2), "b": (4, 5, 6)}
+    with pytest.raises(PolyfuseError, match="NAME=D0,D1"):
+        parse_shapes(["a:1,2"])
+
+
+I64 = TensorProto.INT64
+
+
+@pytest.mark.parametrize(
+    "node,inputs,inits",
+    [
+        (helper.make_node("Mod", ["x", "y"], ["z"], fmod=0), [("x", F, [6]), ("y", F, [6])], {}),
+        (helper.make_node("Mod", ["x", "y"], ["z"], fmod=1), [("x", F, [6]), ("y", F, [6])], {}),
+        (
+            helper.make_node("ArgMax", ["x"], ["z"], axis=1, keepdims=0, select_last_index=1),
+            [("x", F, [3, 4, 2])],
+            {},
+        ),
+        (helper.make_node("ArgMin", ["x"], ["z"], axis=-1), [("x", F, [3, 5])], {}),
+        (
+            helper.make_node("CumSum", ["x", "a"], ["z"], exclusive=1, reverse=1),
+            [("x", F, [3, 5])],
+            {"a": np.array(1)},
+        ),
+        (
+            helper.make_node("Einsum", ["x", "y"], ["z"], equation="bij,bjk->bik"),
+            [("x", F, [2, 3, 4]), ("y", F, [2, 4, 5])],
+            {},
+        ),
+        (
+            helper.make_node("Einsum", ["x"], ["z"], equation="...ii->...i"),
+            [("x", F, [2, 3, 3])],
+            {},
+        ),
+        (
+            helper.make_node("DepthToSpace", ["x"], ["z"], blocksize=2, mode="CRD"),
+            [("x", F, [1, 8, 2, 3])],
+            {},
+        ),
+        (helper.make_node("SpaceToDepth", ["x"], ["z"], blocksize=2), [("x", F, [1, 2, 4, 6])], {}),
+    ],
+)
+def test_index_scan_and_layout_ops(node, inputs, inits):
+    feeds = {n: _x(*s) * 4 for n, _, s in inputs}
+    if node.op_type == "Mod":
+        feeds["y"] = np.array([2.1, -3.4, 8.0, -2.1, np.inf, -np.inf], np.float32)
+        feeds["x"] = np.array([-4.3, 7.2, 5.0, 4.3, -7.2, 8.0], np.float32)
+    _check(_model([node], inputs, ["z"], inits=inits, opset=13), feeds)
+
+
+def test_topk_values_and_indices():
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=1)
+    m = _model([node], [("x", F, [3, 6])], ["v", "i"], inits={"k": np.array([3])}, opset=13)
+    x = _x(3, 6)
+    x[0, 2] = x[0, 4] = 5.0  # a tie: the lower index first
+    _check(m, {"x": x})
+
+
+@pytest.mark.parametrize(
+    "at,scales,sizes",
+    [
+        (dict(mode="nearest", nearest_mode="round_prefer_ceil"), [1, 1, 1.7, 2.3], None),
+        (dict(mode="linear", coordinate_transformation_mode="align_corners"), None, [1, 2, 7, 3]),
+        (dict(mode="cubic", exclude_outside=1), [1, 1, 0.6, 1.5], None),
+        (
+            dict(
+                mode="linear",
+                coordinate_transformation_mode="tf_crop_and_resize",
+                extrapolation_value=7.0,
+            ),
+            None,
+            [1, 2, 5, 6],
+        ),
+    ],
+)
+def test_resize_modes(at, scales, sizes):
+    inits = {"roi": np.array([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], np.float32)}
+    names = ["x", "roi", "scales" if scales else "", "sizes" if sizes else ""]
+    if scales:
+        inits["scales"] = np.array(scales, np.float32)
+    if sizes:
+        inits["sizes"] = np.array(sizes, np.int64)
+    node = helper.make_node(
+        "Resize", [n for n in names if n] if sizes is None else names, ["y"], **at
+    )
+    if sizes is not None:
+        node.input[2] = ""
+    _check(
+        _model([node], [("x", F, [1, 2, 4, 5])], ["y"], inits=inits, opset=19),
+        {"x": _x(1, 2, 4, 5)},
+    )
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_recurrent_layers_unrolled(op, direction):
+    g, hid, nd = {"LSTM": 4, "GRU": 3}[op], 3, 2 if direction == "bidirectional" else 1
+    inits = {
+        "w": _x(nd, g * hid, 4),
+        "r": _x(nd, g * hid, hid),
+        "b": _x(nd, 2 * g * hid),
+        "h0": _x(nd, 2, hid),
+    }
+    ins = ["x", "w", "r", "b", "", "h0"]
+    outs = ["y", "yh"]
+    kw = {"linear_before_reset": 1} if op == "GRU" and nd == 2 else {}
+    if op == "LSTM":
+        inits["c0"], inits["p"] = _x(nd, 2, hid), _x(nd, 3 * hid)
+        ins += ["c0", "p"]
+        outs.append("yc")
+    node = helper.make_node(op, ins, outs, hidden_size=hid, direction=direction, **kw)
+    _check(_model([node], [("x", F, [5, 2, 4])], outs, inits=inits, opset=14), {"x": _x(5, 2, 4)})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="compiler bug (not ONNX): a reduction over four reduce axes of these extents gives "
+    "wrong values on the emulator; it makes 3-D Conv/ConvTranspose with 2+ input channels wrong",
+)
+def test_four_reduce_axes_compile_correctly():
+    from polyfuse import reference, te
+
+    x = te.placeholder((2, 3, 2, 3), name="x")
+    a, b, c, d = (te.reduce_axis(2, name=f"k{i}") for i in range(4))
+    y = te.compute(
+        (2, 2, 1, 2),
+        lambda o, i, j, q: te.sum(x[a, i + b, j + c, q + d], axis=[a, b, c, d]),
+        name="y",
+    )
+    xv = _x(2, 3, 2, 3)
+    fn = __import__("polyfuse").compile([x], [y], check_cuda=False)
+    got = fn(xv, device="emulate")
+    np.testing.assert_allclose(got, reference.evaluate([y], {x: xv})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_training_mode_outputs():
+    node = helper.make_node(
+        "BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1
+    )
+    inits = {"s": _x(3), "b": _x(3), "m": _x(3), "v": _x(3, lo=0.5, hi=1.0)}
+    _check(
+        _model([node], [("x", F, [2, 3, 4, 5])], ["y", "rm", "rv"], inits=inits, opset=15),
+        {"x": _x(2, 3, 4, 5)},
+    )
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_max_pool_indices(order):
+    node = helper.make_node(
+        "MaxPool",
+        ["x"],
+        ["y", "i"],
+        kernel_shape=[3, 2],
+        strides=[2, 1],
+        pads=[1, 0, 1, 1],
+        storage_order=order,
+    )
+    _check(_model([node], [("x", F, [2, 2, 5, 4])], ["y", "i"]), {"x": _x(2, 2, 5, 4)})
+
+
+def test_cast_to_narrow_float_types_is_refused():
+    # float32 -> float8 -> float32 mid-graph would silently skip the float8 rounding
+    nodes = [
+        helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT8E4M3FN),
+        helper.make_node("Cast", ["c"], ["y"], to=F),
+    ]
+    with pytest.raises(UnsupportedOpError, match="node #0 .*float8"):
+        po.load(_model(nodes, [("x", F, [4])], ["y"]))

@@ -12,10 +12,18 @@ Needs the ``onnx`` package (``pip install 'polyfuse[onnx]'``).
 
 from polyfuse.onnx.importer import (
     SUPPORTED_OPS,
+    InputValueNeeded,
     OnnxImportError,
     OnnxModel,
     load,
     unsupported_ops,
 )
 
-__all__ = ["SUPPORTED_OPS", "OnnxImportError", "OnnxModel", "load", "unsupported_ops"]
+__all__ = [
+    "SUPPORTED_OPS",
+    "InputValueNeeded",
+    "OnnxImportError",
+    "OnnxModel",
+    "load",
+    "unsupported_ops",
+]

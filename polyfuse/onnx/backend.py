@@ -28,7 +28,7 @@ from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from polyfuse.compiled import CompiledGraph
 from polyfuse.errors import CallError, DeviceError
-from polyfuse.onnx.importer import OnnxModel, load
+from polyfuse.onnx.importer import InputValueNeeded, OnnxModel, load
 
 __all__ = ["PolyfuseBackend", "PolyfuseRep", "prepare", "run_model", "run_node", "supports_device"]
 
@@ -43,35 +43,99 @@ def _device(device: str) -> str:
 
 
 class PolyfuseRep(BackendRep):
-    """A compiled ONNX model: ``run(inputs)`` → outputs in graph-output order."""
+    """A compiled ONNX model: ``run(inputs)`` → outputs in graph-output order.
 
-    def __init__(self, model: OnnxModel, fn: CompiledGraph | None, device: str) -> None:
+    When graph inputs feed attribute-like inputs (axes, shape, pads, ...), the model is
+    *specialized* on their values at call time: one import and compile per distinct value,
+    cached in ``variants``; the plan of each variant says which inputs it was specialized on.
+    """
+
+    def __init__(
+        self,
+        model: OnnxModel | None,
+        fn: CompiledGraph | None,
+        device: str,
+        *,
+        proto: onnx.ModelProto | None = None,
+        shapes: dict[str, Any] | None = None,
+        compile_kw: dict[str, Any] | None = None,
+        specialized: Sequence[str] = (),
+    ) -> None:
         self.model = model
         self.fn = fn
         self.device = device
+        self._proto = proto
+        self._shapes = shapes
+        self._compile_kw = dict(compile_kw or {})
+        #: graph inputs whose values the model is specialized on (empty: compiled once)
+        self.specialized: list[str] = list(specialized)
+        #: value key -> (imported model, compiled graph) per distinct specialized value
+        self.variants: dict[tuple[Any, ...], tuple[OnnxModel, CompiledGraph | None]] = {}
+        self.input_names: list[str] = (
+            [
+                i.name
+                for i in proto.graph.input
+                if i.name not in {t.name for t in proto.graph.initializer}
+            ]
+            if proto is not None
+            else list(model.input_names if model else [])
+        )
+
+    def _named(self, inputs: Any) -> dict[str, np.ndarray]:
+        names = self.input_names
+        if isinstance(inputs, dict):
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise CallError(f"model '{self._name()}': missing inputs {missing}")
+            return {n: np.asarray(inputs[n]) for n in names}
+        arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
+        if len(arrays) != len(names):
+            raise CallError(
+                f"model '{self._name()}': expected {len(names)} inputs "
+                f"({', '.join(names)}), got {len(arrays)}"
+            )
+        return {n: np.asarray(a) for n, a in zip(names, arrays, strict=True)}
+
+    def _name(self) -> str:
+        if self.model is not None:
+            return self.model.name
+        return self._proto.graph.name if self._proto is not None else "model"
+
+    def _variant(self, named: dict[str, np.ndarray]) -> tuple[OnnxModel, CompiledGraph | None]:
+        """The model specialized on the values of ``self.specialized`` (imported once each)."""
+        while True:
+            vals = {n: named[n] for n in self.specialized}
+            key = tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in vals.items())
+            if key in self.variants:
+                return self.variants[key]
+            try:
+                m = load(self._proto, shapes=self._shapes, values=vals)  # type: ignore[arg-type]
+            except InputValueNeeded as e:
+                if e.input_name in self.specialized:
+                    raise
+                self.specialized.append(e.input_name)
+                continue
+            fn = m.compile(**self._compile_kw) if m.outputs else None
+            if fn is not None:
+                desc = ", ".join(f"{n}={np.asarray(v).tolist()}" for n, v in vals.items())
+                fn.plan.rewrites.append(
+                    f"specialized on the values of graph inputs {desc} (they feed "
+                    "attribute-like inputs; one compile per distinct value)"
+                )
+            self.variants[key] = (m, fn)
+            return m, fn
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Run on a list (graph-input order), a dict by input name, or a single array."""
-        m = self.model
-        if isinstance(inputs, dict):
-            missing = [n for n in m.input_names if n not in inputs]
-            if missing:
-                raise CallError(f"model '{m.name}': missing inputs {missing}")
-            arrays = [inputs[n] for n in m.input_names]
-        elif isinstance(inputs, np.ndarray):
-            arrays = [inputs]
+        named = self._named(inputs)
+        if self.specialized:
+            m, fn = self._variant(named)
         else:
-            arrays = list(inputs)
-            # initializers that are also graph inputs may be passed too; keep the real inputs
-            if len(arrays) != len(m.input_names):
-                raise CallError(
-                    f"model '{m.name}': expected {len(m.input_names)} inputs "
-                    f"({', '.join(m.input_names)}), got {len(arrays)}"
-                )
-        arrays = [np.ascontiguousarray(np.asarray(a), dtype=np.float32) for a in arrays]
+            m, fn = self.model, self.fn  # type: ignore[assignment]
+        arrays = [np.asarray(named[n], dtype=np.float32, order="C") for n in m.input_names]
         res: tuple[np.ndarray, ...] = ()
-        if self.fn is not None:
-            out = self.fn(*arrays, device=self.device)
+        if fn is not None:
+            out = fn(*arrays, device=self.device)
             res = out if isinstance(out, tuple) else (out,)
         it = iter(res)
         values = []
@@ -104,9 +168,21 @@ class PolyfuseBackend(Backend):
             if k in ("arch", "budget", "mapping", "check_cuda", "stitch", "pack", "name")
         }
         compile_kw.setdefault("check_cuda", False)
-        m = load(model, shapes=shapes)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+        try:
+            m = load(proto, shapes=shapes)
+        except InputValueNeeded as e:  # specialize on that input's value at call time
+            return PolyfuseRep(
+                None,
+                None,
+                dev,
+                proto=proto,
+                shapes=shapes,
+                compile_kw=compile_kw,
+                specialized=[e.input_name],
+            )
         fn = m.compile(**compile_kw) if m.outputs else None
-        return PolyfuseRep(m, fn, dev)
+        return PolyfuseRep(m, fn, dev, proto=proto, shapes=shapes, compile_kw=compile_kw)
 
     @classmethod
     def run_model(

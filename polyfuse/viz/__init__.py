@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
 from polyfuse.viz.extract import REASON_KINDS, classify, extract, kinds_present
 from polyfuse.viz.template import TEMPLATE
 
@@ -104,9 +105,10 @@ def explain(data: dict[str, Any], op: str | None = None) -> str:
 # --------------------------------------------------------------------------- models
 
 
-def load_model(spec: str, size: str | None = None, arch: str = "sm_80", budget=None):
+def load_model(spec: str, size: str | None = None, arch: str = "sm_80", budget=None, shapes=None):
     """Compile MODEL: an ONNX file, a ``.py`` file exposing ``inputs``/``outputs`` (and
-    optional ``constants``), a built-in example name, or a zoo model name."""
+    optional ``constants``), a built-in example name, or a zoo model name. ``shapes`` fixes
+    an ONNX model's dynamic input dims (``--shapes``)."""
     import polyfuse
     from polyfuse.errors import PolyfuseError
 
@@ -120,7 +122,7 @@ def load_model(spec: str, size: str | None = None, arch: str = "sm_80", budget=N
             from polyfuse import onnx as ponnx  # type: ignore[attr-defined]
         except ImportError as e:
             raise PolyfuseError(f"viz: ONNX import is not available ({e})") from e
-        m = ponnx.load(spec)
+        m = ponnx.load(spec, shapes=shapes or None)
         inputs, outputs, constants = m.inputs, m.outputs, getattr(m, "constants", None)
     elif spec.endswith(".py"):
         if not os.path.isfile(spec):
@@ -174,6 +176,7 @@ def add_subcommands(sub) -> None:
     v.add_argument("--size", help="zoo model size")
     v.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
     v.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
+    add_shapes_argument(v)
     v.set_defaults(func=run_viz)
     e = sub.add_parser(
         "explain",
@@ -186,11 +189,12 @@ def add_subcommands(sub) -> None:
     e.add_argument("--size", help="zoo model size")
     e.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
     e.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
+    add_shapes_argument(e)
     e.set_defaults(func=run_explain)
 
 
 def run_viz(args: argparse.Namespace) -> int:
-    fn = load_model(args.model, args.size, args.arch, args.budget)
+    fn = load_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
     data = visualize(fn, args.out, args.json)
     c = data["counts"]
     print(
@@ -203,6 +207,6 @@ def run_viz(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    fn = load_model(args.model, args.size, args.arch, args.budget)
+    fn = load_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
     print(explain(extract(fn), args.op))
     return 0

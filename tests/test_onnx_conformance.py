@@ -1,0 +1,63 @@
+"""ONNX operator conformance (polyfuse.onnx.conformance): the onnx package's own node test
+cases for the operators polyfuse claims. Fast tier: a sample across operator families; slow
+tier: every case of every suite, with the targets of issue 9."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("onnx")
+
+from polyfuse.onnx.conformance import SUITES, model_cases, node_cases, run_case  # noqa: E402
+
+SAMPLE = [
+    "test_reduce_sum_do_not_keepdims_example",  # axes as a graph input: specialized
+    "test_reduce_mean_default_axes_keepdims_example",  # empty axes input
+    "test_slice_neg_steps",
+    "test_squeeze_negative_axes",
+    "test_unsqueeze_three_axes",
+    "test_expand_dim_changed",
+    "test_constant_pad_negative_axes",
+    "test_split_variable_parts_1d_opset18",
+    "test_clip_default_inbounds",
+    "test_layer_normalization_4d_axis_negative_2",  # Mean / InvStdDev outputs
+    "test_flatten_negative_axis1",
+    "test_pow_bcast_scalar",  # 0-d input
+    "test_reduce_sum_empty_set",  # zero-size input
+    "test_conv_with_autopad_same",
+    "test_convtranspose_3d",
+    "test_convtranspose_autopad_same",
+    "test_mod_mixed_sign_float32",
+    "test_argmax_negative_axis_keepdims_random_select_last_index",
+    "test_cumsum_2d_negative_axis",
+    "test_top_k_smallest",
+    "test_einsum_batch_diagonal",
+    "test_depthtospace_crd_mode_example",
+    "test_resize_downsample_scales_linear_align_corners",
+    "test_resize_upsample_sizes_nearest_floor_align_corners",
+    "test_lstm_with_peepholes",
+    "test_gru_seq_length",
+    "test_range_float_type_positive_delta",
+    "test_constantofshape_int_zeros",
+]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_node_case_sample(name):
+    r = run_case("node", name)
+    assert r.passed, r.reason
+
+
+@pytest.mark.slow
+def test_full_conformance_meets_the_targets():
+    results = [run_case(s, n) for s, n in node_cases()]
+    node = [r for r in results if r.float32]
+    passed = sum(r.passed for r in node)
+    assert passed >= 0.9 * len(node), f"node float32: {passed}/{len(node)}"
+    torch_cases = model_cases("pytorch-converted") + model_cases("pytorch-operator")
+    torch_results = [run_case(s, n) for s, n in torch_cases]
+    ok = sum(r.passed for r in torch_results)
+    assert len(torch_results) == 117 and ok >= 113, [
+        r.reason for r in torch_results if not r.passed
+    ]
+    assert set(SUITES) >= {"node", "pytorch-converted", "pytorch-operator", "simple"}
