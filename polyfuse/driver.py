@@ -32,7 +32,8 @@ from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.printer import PRELUDE, print_kernel
+from polyfuse.cuda.lower import lower_kernel
+from polyfuse.cuda.printer import PRELUDE
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
@@ -314,7 +315,7 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         pl = place_tensors(mm)
     kp = KernelPlan(kname, [mm], pl)
     ast, body = generate_ast(mm)
-    kernel = print_kernel(kname, mm, body, pl, graph.idents)
+    kernel = lower_kernel(kname, mm, body, pl, graph.idents)
     kernel.notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])
     fp = global_footprint(mm.scheduled.model, pl)
     kernel.bytes_read = sum(fp.reads.values())
