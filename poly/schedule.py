@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.errors import BudgetExhausted
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.model import PolyModel
@@ -279,8 +278,3 @@ def strict_coincidence(sched: isl.Schedule, deps: isl.UnionMap) -> isl.Schedule:
                     ok = False
         node = node.band_member_set_coincident(i, 1 if ok else 0)
     return node.get_schedule()
-
-
-def check_budget_error(e: Exception) -> bool:
-    """Whether an isl exception is the operation-budget error."""
-    return "operations" in str(e) or isinstance(e, BudgetExhausted)
