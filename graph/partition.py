@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from polyfuse.decision import DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 
@@ -86,6 +87,7 @@ class Decision:
     fused: bool
     rule: int | None
     reason: str
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
 
     def __str__(self) -> str:
         verb = "fused" if self.fused else "not fused"
@@ -130,12 +132,13 @@ def partition(
     for a, b in graph.dag.edges:
         q.add_edge(owner[a], owner[b])
     merged_by: dict[frozenset[int], int] = {}
-    refusals: dict[tuple[str, str], str] = {}  # primitive edge -> why its merge was refused
+    # primitive edge -> why its merge was refused
+    refusals: dict[tuple[str, str], tuple[str, DecisionKind]] = {}
 
-    def refuse(p: int, c: int, reason: str) -> None:
+    def refuse(p: int, c: int, reason: str, kind: DecisionKind) -> None:
         for a, b in graph.dag.edges:
             if a in members[p] and b in members[c]:
-                refusals[(a, b)] = reason
+                refusals[(a, b)] = (reason, kind)
 
     def separated(a: int, b: int) -> bool:
         return any(frozenset((x, y)) in separations for x in members[a] for y in members[b])
@@ -162,11 +165,13 @@ def partition(
                 if not rule.matches(kind[p], kind[c]):
                     continue
                 if separated(p, c):
-                    refuse(p, c, "isl feedback separated these primitives")
+                    refuse(
+                        p, c, "isl feedback separated these primitives", DecisionKind.ISL_FEEDBACK
+                    )
                     continue
                 via = creates_cycle(p, c)
                 if via is not None:
-                    refuse(p, c, f"merging would create a cycle through {via}")
+                    refuse(p, c, f"merging would create a cycle through {via}", DecisionKind.CYCLE)
                     continue
                 # aggregate(Gp, Gc): the consumer's id survives.
                 members[c] |= members.pop(p)
@@ -202,16 +207,28 @@ def _decisions(graph, owner, kind, new_id, merged_by, refusals, separations) -> 
         t = graph.dag.edges[a, b]["tensor"]
         if owner[a] == owner[b]:
             rule = merged_by.get(frozenset((a, b)))
-            out.append(Decision(a, b, t, True, rule, f"same micrograph mg{owner[a]} (rule {rule})"))
+            out.append(
+                Decision(
+                    a,
+                    b,
+                    t,
+                    True,
+                    rule,
+                    f"same micrograph mg{owner[a]} (rule {rule})",
+                    (DecisionKind.FUSED,),
+                )
+            )
             continue
         pk, ck = kind[old_of[owner[a]]], kind[old_of[owner[b]]]
         if frozenset((a, b)) in separations:
             reason = "isl feedback: split after scheduling failed (see feedback events)"
+            why = DecisionKind.ISL_FEEDBACK
         elif (a, b) in refusals:
-            reason = refusals[(a, b)]
+            reason, why = refusals[(a, b)]
         else:
             reason = f"no partition rule for {pk.value} -> {ck.value}"
+            why = DecisionKind.NO_RULE
             if pk == R:
                 reason += " (a reduction joins its consumers in Layer 2 memory stitching)"
-        out.append(Decision(a, b, t, False, None, reason))
+        out.append(Decision(a, b, t, False, None, reason, (why,)))
     return out

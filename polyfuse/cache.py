@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.cuda.kernel_ast import Kernel, KParam
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.plan import KernelPlan
@@ -140,8 +141,23 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "bytes_written": kernel.bytes_written,
         "notes": [rename(n, canon) for n in kernel.notes],
         "placements": [
-            [rename(p.tensor, canon), p.space, rename(p.reason, canon), p.register_copy]
+            [
+                rename(p.tensor, canon),
+                p.space,
+                rename(p.reason, canon),
+                p.register_copy,
+                [k.value for k in p.kinds],
+            ]
             for p in kp.placements.values()
+        ],
+        "recomputes": [
+            [
+                [k.value for k in d.kinds],
+                rename(d.reason, canon),
+                rename(d.data["tensor"], canon),
+                [rename(r, canon) for r in d.data["readers"]],
+            ]
+            for d in kp.recomputes
         ],
     }
 
@@ -167,7 +183,18 @@ def kernel_from_entry(
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
     )
     placements = {}
-    for tensor, space, reason, copy in entry["placements"]:
+    for tensor, space, reason, copy, *kinds in entry["placements"]:
         t = rename(tensor, back)
-        placements[t] = Placement(t, space, rename(reason, back), register_copy=copy)
-    return kernel, KernelPlan(name, [], placements, names=micrographs, cached=True)
+        typed = tuple(DecisionKind(k) for k in (kinds[0] if kinds else ()))
+        placements[t] = Placement(t, space, rename(reason, back), register_copy=copy, kinds=typed)
+    recomputes = [
+        Decided(
+            tuple(DecisionKind(k) for k in kinds),
+            rename(reason, back),
+            {"tensor": rename(t, back), "readers": [rename(r, back) for r in readers]},
+        )
+        for kinds, reason, t, readers in entry.get("recomputes", [])
+    ]
+    return kernel, KernelPlan(
+        name, [], placements, names=micrographs, cached=True, recomputes=recomputes
+    )

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import networkx as nx
 
+from polyfuse.decision import DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
@@ -81,6 +82,7 @@ class StitchDecision:
     stitched: bool
     reason: str
     tensors: list[str] = field(default_factory=list)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
 
     def __str__(self) -> str:
         verb = "stitched" if self.stitched else "not stitched"
@@ -167,7 +169,11 @@ def stitch_memory(
         gp, gc = groups[p], groups[c]
         if not any(r.matches(gp.kind, gc.kind) for r in rules):
             why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
-            decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
+            decisions.append(
+                StitchDecision(
+                    gp.names, gc.names, None, False, why, tensors, (DecisionKind.NO_RULE,)
+                )
+            )
     return _in_dependence_order(groups, _group_edges(graph, owner)), decisions
 
 
@@ -195,19 +201,25 @@ def _try_stitch(
 ) -> StitchDecision:
     """Check the conditions of Algorithm 2 step 2 for stitching ``gp`` with ``gc``."""
 
-    def decide(ok: bool, reason: str) -> StitchDecision:
-        return StitchDecision(gp.names, gc.names, rule.number, ok, reason, tensors)
+    def decide(ok: bool, reason: str, *kinds: DecisionKind) -> StitchDecision:
+        if ok:
+            kinds = (DecisionKind.STITCHED, *kinds)
+        return StitchDecision(gp.names, gc.names, rule.number, ok, reason, tensors, kinds)
 
     for s in q.successors(p):
         if s != c and nx.has_path(q, s, c):
-            return decide(False, "stitching would create a cycle")
+            return decide(False, "stitching would create a cycle", DecisionKind.CYCLE)
     if gp.strategy is None:
         return decide(False, "the producer has no reduction layout")
     if rule.number == 8:
         if gc.form is None or not gp.form.same_as(gc.form):
-            return decide(False, f"canonical forms differ ({gp.form} vs {gc.form})")
+            return decide(
+                False,
+                f"canonical forms differ ({gp.form} vs {gc.form})",
+                DecisionKind.FORM_MISMATCH,
+            )
         if gc.strategy != gp.strategy:
-            return decide(False, "launch shapes differ")
+            return decide(False, "launch shapes differ", DecisionKind.FORM_MISMATCH)
     parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
     prims = [x for sm in parts for x in sm.model.micrograph.prims]
     key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
@@ -221,4 +233,6 @@ def _try_stitch(
         except CompositionError as e:
             known = {"ok": False, "reason": f"outer dimensions or tiles do not match: {e}"}
         cache.put(key, known)
-    return decide(known["ok"], known["reason"])
+    # a cached refusal is always the composition's (the checks above are not cached)
+    mismatch = () if known["ok"] else (DecisionKind.TILE_MISMATCH,)
+    return decide(known["ok"], known["reason"], *mismatch)
