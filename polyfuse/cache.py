@@ -28,7 +28,7 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 2
+ENTRY_VERSION = 3  # 3: placements and recomputes carry their decision kinds
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 STITCH_FIELDS = (("ok", "reason"),)
@@ -43,6 +43,7 @@ KERNEL_FIELDS = (
         "bytes_written",
         "notes",
         "placements",
+        "recomputes",
     ),
 )
 
@@ -183,9 +184,9 @@ def kernel_from_entry(
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
     )
     placements = {}
-    for tensor, space, reason, copy, *kinds in entry["placements"]:
+    for tensor, space, reason, copy, kinds in entry["placements"]:
         t = rename(tensor, back)
-        typed = tuple(DecisionKind(k) for k in (kinds[0] if kinds else ()))
+        typed = tuple(DecisionKind(k) for k in kinds)
         placements[t] = Placement(t, space, rename(reason, back), register_copy=copy, kinds=typed)
     recomputes = [
         Decided(
@@ -193,7 +194,7 @@ def kernel_from_entry(
             rename(reason, back),
             {"tensor": rename(t, back), "readers": [rename(r, back) for r in readers]},
         )
-        for kinds, reason, t, readers in entry.get("recomputes", [])
+        for kinds, reason, t, readers in entry["recomputes"]
     ]
     return kernel, KernelPlan(
         name, [], placements, names=micrographs, cached=True, recomputes=recomputes
