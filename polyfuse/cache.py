@@ -14,7 +14,6 @@ fields its use needs is a miss: the caller rebuilds it and the rewrite heals the
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey
 from polyfuse.poly.placement import Placement
+from polyfuse.settings import cache_root
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
@@ -72,10 +72,8 @@ def rename(text: str, mapping: dict[str, str]) -> str:
 
 def default_dir() -> Path | None:
     """``$POLYFUSE_CACHE/compile`` or ``~/.cache/polyfuse/compile``; None when disabled."""
-    root = os.environ.get("POLYFUSE_CACHE")
-    if root == "off":
-        return None
-    return Path(root or Path.home() / ".cache" / "polyfuse") / "compile"
+    root = cache_root()
+    return None if root is None else root / "compile"
 
 
 class CompileCache:
