@@ -5,6 +5,9 @@ tiles: a later part reads what an earlier part wrote, from other threads. So whe
 kernel has shared tiles, every part but the first starts with a barrier. Its scope is a warp
 when each result's lanes are consecutive threads of one warp (form "y", at most 32 lanes: the
 threads sharing a tile are that warp), else the block.
+
+Schedules that order shared-tile copies themselves (the GEMM tiling of ``poly/promote.py``)
+carry barrier *statements*; :func:`lower_sync_statements` turns their instances into barriers.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from polyfuse.cuda.kernel_ast import (
     KIf,
     KMark,
     KNode,
+    KStmt,
     MemSpace,
     Scope,
 )
@@ -60,3 +64,28 @@ def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
         return out
 
     return ir.with_(body=tuple(walk(ir.body)))
+
+
+def lower_sync_statements(
+    body: list[KNode], names: frozenset[str], scope: Scope = Scope.BLOCK
+) -> list[KNode]:
+    """A new body in which every instance of a statement in ``names`` is a barrier."""
+
+    def walk(nodes: list[KNode]) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KStmt) and n.stmt in names:
+                out.append(KBarrier(scope))
+            elif isinstance(n, KMark):
+                out.append(KMark(n.name, walk(n.body)))
+            elif isinstance(n, KFor):
+                out.append(KFor(n.var, n.init, n.cond, n.step, walk(n.body)))
+            elif isinstance(n, KIf):
+                out.append(KIf(n.cond, walk(n.then), walk(n.orelse)))
+            elif isinstance(n, KDef):
+                out.append(KDef(n.var, n.value, walk(n.body)))
+            else:
+                out.append(n)
+        return out
+
+    return walk(body)
