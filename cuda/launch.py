@@ -76,13 +76,9 @@ class LaunchTraffic:
         return self.bytes_read + self.bytes_written
 
 
-def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]) -> list[int]:
-    """A launch order that respects every dependence through a buffer: ``accesses[i]`` is
-    (buffers kernel ``i`` reads, buffers it writes). A kernel that reads or writes a buffer
-    runs after every kernel that writes it without reading it (its producer); kernels that
-    write the same buffer keep their given order, and so do independent kernels.
-    Raises :class:`CallError` when the dependences form a cycle (no order exists).
-    """
+def dependence_preds(accesses: list[tuple[set[str], set[str]]]) -> list[set[int]]:
+    """The kernel DAG's edges as predecessor sets: ``preds[j]`` holds every ``i`` that must run
+    before ``j`` (``accesses`` as for :func:`dependence_order`, whose rules these are)."""
     n = len(accesses)
     preds: list[set[int]] = [set() for _ in range(n)]
     for j in range(n):
@@ -95,6 +91,18 @@ def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]
                 preds[j].add(i)
             elif i < j and wi & wj:  # two writers of one buffer: keep the given order
                 preds[j].add(i)
+    return preds
+
+
+def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]) -> list[int]:
+    """A launch order that respects every dependence through a buffer: ``accesses[i]`` is
+    (buffers kernel ``i`` reads, buffers it writes). A kernel that reads or writes a buffer
+    runs after every kernel that writes it without reading it (its producer); kernels that
+    write the same buffer keep their given order, and so do independent kernels.
+    Raises :class:`CallError` when the dependences form a cycle (no order exists).
+    """
+    n = len(accesses)
+    preds = dependence_preds(accesses)
     order: list[int] = []
     done: set[int] = set()
     while len(order) < n:

@@ -48,9 +48,35 @@ def global_footprint(model: PolyModel, placements: dict[str, Placement]) -> Foot
     return Footprint(reads, writes)
 
 
-def _images(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> int:
+def read_overlap(parts: list[tuple[PolyModel, dict[str, Placement]]], tensor: str) -> int:
+    """Bytes of global ``tensor`` that several kernels in ``parts`` read: the sum of their
+    distinct reads minus the distinct reads of all of them together (one launch running them
+    all reads each element once in the count)."""
+    sets = []
+    for model, placements in parts:
+        p = placements.get(tensor)
+        if p is None or p.space != "global" or p.register_copy:
+            continue
+        img = _image(model.reads, model.domain, tensor)
+        if img is not None:
+            sets.append(img)
+    if len(sets) < 2:
+        return 0
+    union = sets[0]
+    for s in sets[1:]:
+        union = union.union(s)
+    each = sum(s.count_val().to_python() for s in sets)
+    return (each - union.coalesce().count_val().to_python()) * ITEMSIZE
+
+
+def _image(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> isl.Set | None:
     img = None
     for m in maps_of(um.intersect_domain(domain)):
         if m.get_tuple_name(isl.dim_type.out) == tensor:
             img = m.range() if img is None else img.union(m.range())
-    return 0 if img is None else img.coalesce().count_val().to_python()
+    return None if img is None else img.coalesce()
+
+
+def _images(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> int:
+    img = _image(um, domain, tensor)
+    return 0 if img is None else img.count_val().to_python()

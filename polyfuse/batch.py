@@ -308,7 +308,12 @@ def compile_task(task: Task) -> dict[str, Any]:
             rep.primitives = len(fn.plan.graph.prims)
             rep.micrographs = len(fn.plan.micrographs)
             rep.kernels = len(fn.kernels)
-            rep.stitched_kernels = sum(len(k.micrographs) > 1 for k in fn.kernels)
+            # Layer 2 kernels of several micrographs, also inside a Layer 3 pack
+            packs = [d for d in getattr(fn.plan, "packs", []) if d.packed]
+            inside = {d.name for d in packs}
+            rep.stitched_kernels = sum(
+                len(k.micrographs) > 1 for k in fn.kernels if k.name not in inside
+            ) + sum(len(m) > 1 for d in packs for m in d.micrographs)
             if task.check_cuda:
                 stage = "compiling CUDA"
                 t0 = time.perf_counter()

@@ -65,13 +65,18 @@ def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
 def kernel_order(kernels: list[Kernel]) -> list[int]:
     """Indices of ``kernels`` in a launch order that follows the dependences between them,
     computed from the buffers each kernel reads (``const`` pointers) and writes."""
+    return dependence_order(kernel_accesses(kernels), [k.name for k in kernels])
+
+
+def kernel_accesses(kernels: list[Kernel]) -> list[tuple[set[str], set[str]]]:
+    """(buffers read, buffers written) per kernel: ``const`` pointers are read only."""
     accesses = []
     for k in kernels:
         bufs = [p for p in k.params if p.tensor]
         reads = {p.tensor for p in bufs if p.ctype.startswith("const")}
         writes = {p.tensor for p in bufs if not p.ctype.startswith("const")}
         accesses.append((reads, writes))
-    return dependence_order(accesses, [k.name for k in kernels])
+    return accesses
 
 
 def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:

@@ -23,7 +23,10 @@ class DecisionKind(StrEnum):
     FORM_MISMATCH = "form mismatch"  # canonical forms or launch shapes differ
     TILE_MISMATCH = "tile mismatch"  # outer dimensions or tiles do not match / no layout
     FOOTPRINT = "footprint"  # per-block footprint too large for shared memory
-    COST_MODEL = "cost model"  # decided by the reduction cost model (recompute, not spill)
+    COST_MODEL = "cost model"  # decided by a cost model (recompute, not spill; pack or not)
+    PARALLEL_STITCH = "parallel stitch"  # a Layer 3 decision: independent kernels in one launch
+    PACKED = "packed"  # Layer 3 packed the kernels into one launch
+    SHARED_BUFFER = "shared buffer"  # Layer 3 kept kernels apart that touch a common buffer
 
 
 @dataclass(frozen=True)

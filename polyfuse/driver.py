@@ -9,6 +9,7 @@ Stages, each producing a printable object kept on the :class:`Plan`:
 4. ``map_to_gpu`` + ``place_tensors``: tiling, block/thread mapping, register/global placement;
 5. ``stitch_memory``: Layer 2 — reduction micrographs stitched with their consumers into one
    kernel (Algorithm 2), laid out as parallel reductions; ``plan_kernels`` (stitch/);
+5b. ``stitch_parallel``: Layer 3 — independent kernels share one launch (Algorithm 3);
 6. isl AST generation and the CUDA printer (cuda/).
 """
 
@@ -60,6 +61,7 @@ from polyfuse.poly.schedule import (
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 from polyfuse.stitch.memory import ensure_layout, stitch_memory
+from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
 from polyfuse.version import __version__
@@ -99,6 +101,7 @@ def compile(  # noqa: A001
     mapping: MappingConfig | None = None,
     check_cuda: bool | str = "auto",
     stitch: bool = True,
+    pack: bool = True,
     constants: dict[Tensor, np.ndarray] | None = None,
     cache: CompileCache | None = None,
     name: str = "graph",
@@ -107,6 +110,7 @@ def compile(  # noqa: A001
 
     ``budget`` bounds every isl scheduler call (operations); ``mapping`` sets launch-shape
     knobs; ``stitch`` enables Layer 2 memory stitching and two-stage long reductions;
+    ``pack`` enables Layer 3 parallel stitching (independent kernels share one launch);
     ``check_cuda`` compiles the CUDA with NVRTC/nvcc for ``arch`` to fill in registers and
     shared memory per kernel ("auto": when a compiler is installed). ``constants`` binds
     placeholders to fixed arrays (weights): they are not call arguments. ``cache`` (a
@@ -196,8 +200,14 @@ def compile(  # noqa: A001
     kernels = [kernels[i] for i in order]
     plans = [plans[i] for i in order]
     mapped = [mapped[i] for i in order]
-    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     times["map+place+codegen"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    packs: list[PackDecision] = []
+    if pack:  # Layer 3: independent kernels share one launch
+        models = [[sm.model for sm in groups[i].parts] for i in order]
+        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
+    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    times["pack"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)
     plan = Plan(
@@ -213,6 +223,7 @@ def compile(  # noqa: A001
         times,
         stitches,
         graph_notes,
+        packs,
     )
     fn = CompiledGraph(
         name,

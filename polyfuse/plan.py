@@ -36,6 +36,7 @@ class Plan:
     seconds: dict[str, float] = field(default_factory=dict)
     stitches: list[Any] = field(default_factory=list)
     rewrites: list[str] = field(default_factory=list)
+    packs: list[Any] = field(default_factory=list)  # Layer 3 PackDecisions
 
     @property
     def micrographs(self):
@@ -58,6 +59,10 @@ class Plan:
                 for p in kp.placements.values()
             ]
             out += kp.recomputes
+        out += [
+            Decided(d.decision_kinds, d.reason, {"stage": "pack", "decision": d})
+            for d in self.packs
+        ]
         return out
 
     def __str__(self) -> str:
@@ -76,6 +81,8 @@ class Plan:
         out += [f"  {e}" for e in self.feedback]
         out.append(f"memory stitching ({len(self.stitches)} decisions):")
         out += [f"  {d}" for d in self.stitches]
+        out.append(f"parallel stitching ({len(self.packs)} decisions):")
+        out += [f"  {d}" for d in self.packs]
         out.append(f"kernels ({len(self.kernels)}):")
         for k, kp, mm in zip(self.kernels, self.kernel_plans, self.mapped, strict=True):
             res = ""

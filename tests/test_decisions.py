@@ -37,17 +37,21 @@ def _reword(plan) -> None:
         for t, p in kp.placements.items():
             kp.placements[t] = dataclasses.replace(p, reason="reworded placement")
         kp.recomputes[:] = [dataclasses.replace(r, reason="reworded") for r in kp.recomputes]
+    plan.packs[:] = [dataclasses.replace(d, reason="reworded pack") for d in plan.packs]
 
 
 @pytest.mark.parametrize("case", range(3))
 def test_visualizer_kinds_survive_rewording(case):
     ins, outs, kw = list(_graphs())[case]
     fn = polyfuse.compile(ins, outs, check_cuda=False, **kw)
-    before = [d["kinds"] for d in extract(fn)["decisions"]]
+    data = extract(fn)
+    before = [d["kinds"] for d in data["decisions"]]
+    packs = [d["kinds"] for d in data["packs"]]
     assert any(before)
     _reword(fn.plan)
     after = extract(fn)
     assert [d["kinds"] for d in after["decisions"]] == before
+    assert [d["kinds"] for d in after["packs"]] == packs
     assert all("reworded" in d["summary"] for d in after["decisions"])
 
 

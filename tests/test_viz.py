@@ -100,7 +100,7 @@ def test_footprint_too_large_and_cost_model():
 
 
 def test_every_reason_kind_is_covered_by_these_reports(layer_norm):
-    """Union over the reports above: all nine kinds."""
+    """Union over the reports above: every kind."""
     x = te.placeholder((4, 65536), name="x")
     a = extract(polyfuse.compile([x], [ops.softmax(x)], check_cuda=False))
     y = te.placeholder((64, 48), name="y")
@@ -110,9 +110,13 @@ def test_every_reason_kind_is_covered_by_these_reports(layer_norm):
     c0 = te.compute((6, 40), lambda i, j: z[i, j] * 2.0 + w[j], name="c0")
     c1 = te.compute((6, 40), lambda i, j: te.tanh(c0[i, j]), name="c1")
     c = extract(polyfuse.compile([z, w], [c1], budget=10, check_cuda=False))
+    u, v = te.placeholder((64, 48), name="u"), te.placeholder((64, 48), name="v")
+    branches = [ops.relu(v), ops.tanh(v), ops.softmax(u), ops.softmax(u)]  # Layer 3
+    d = extract(polyfuse.compile([u, v], branches, check_cuda=False))
     seen = (
         kinds_present(a) | kinds_present(b) | kinds_present(c) | kinds_present(extract(layer_norm))
     )
+    seen |= kinds_present(d)
     seen |= {"form mismatch"} if "tile mismatch" in seen else set()  # either names the refusal
     seen |= {"tile mismatch"} if "form mismatch" in seen else set()
     assert seen == set(REASON_KINDS), set(REASON_KINDS) - seen

@@ -101,7 +101,7 @@ class PolyfuseBackend(Backend):
         compile_kw = {
             k: v
             for k, v in kwargs.items()
-            if k in ("arch", "budget", "mapping", "check_cuda", "stitch", "name")
+            if k in ("arch", "budget", "mapping", "check_cuda", "stitch", "pack", "name")
         }
         compile_kw.setdefault("check_cuda", False)
         m = load(model, shapes=shapes)

@@ -216,6 +216,21 @@ def extract(fn) -> dict[str, Any]:
                 for y in b:
                     comp[y] = a
 
+    # ---- Layer 3 pack decisions (made and refused)
+    packs = [
+        {
+            "id": i,
+            "kernels": list(d.kernels),
+            "packed": bool(d.packed),
+            "name": d.name,
+            "gain_us": d.gain_us,
+            "reason": d.reason,
+            "kinds": _kinds(d.decision_kinds),
+            "text": _s(d),
+        }
+        for i, d in enumerate(getattr(plan, "packs", []))
+    ]
+
     placements: dict[tuple[str, str], Any] = {}
     recomputed: dict[str, Decided] = {}
     for kp in plan.kernel_plans:
@@ -410,6 +425,7 @@ def extract(fn) -> dict[str, Any]:
             "kernels": len(plan.kernels),
             "decisions": len(decisions),
             "stitches": len(stitches),
+            "packs": len(packs),
             "feedback": len(plan.feedback),
         },
         "reason_kinds": list(REASON_KINDS),
@@ -420,6 +436,7 @@ def extract(fn) -> dict[str, Any]:
         "composites": composites,
         "decisions": decisions,
         "stitches": stitches,
+        "packs": packs,
         "micrographs": micrographs,
         "kernels": kernels,
         "feedback": [
@@ -442,5 +459,5 @@ def extract(fn) -> dict[str, Any]:
 
 
 def kinds_present(data: dict[str, Any]) -> set[str]:
-    """Every reason kind some edge of the report carries."""
-    return {k for d in data["decisions"] for k in d["kinds"]}
+    """Every reason kind some edge or Layer 3 decision of the report carries."""
+    return {k for d in data["decisions"] + data.get("packs", []) for k in d["kinds"]}

@@ -45,8 +45,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_b1m0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k0_b1m0_k0_b1m0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -81,8 +81,8 @@ extern "C" __global__ void __launch_bounds__(256) k0_b1m0(float* __restrict__ m2
   p2_0[b0 * 1024 + ((256 * b1) + t1)] = (p0[b0 * 1024 + ((256 * b1) + t1)] - r_step0);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_b1m1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k0_b1m0_k1_b1m1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -117,8 +117,8 @@ extern "C" __global__ void __launch_bounds__(256) k1_b1m1(float* __restrict__ m2
   p2_1[b0 * 1024 + ((256 * b1) + t1)] = (p1[b0 * 1024 + ((256 * b1) + t1)] - r_step1);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_b1m2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k0_b1m0_k2_b1m2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -151,4 +151,15 @@ extern "C" __global__ void __launch_bounds__(256) k2_b1m2(float* __restrict__ m2
   r_ratio2 = (r_mhat2 / r_den2);
   r_step2 = (r_ratio2 * 0.001f);
   p2_2[b0 * 1024 + ((256 * b1) + t1)] = (p2[b0 * 1024 + ((256 * b1) + t1)] - r_step2);
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk0_k0_b1m0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1024) {  // k0_b1m0: 1024 blocks of 256
+    pk0_k0_b1m0_k0_b1m0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2048) {  // k1_b1m1: 1024 blocks of 256
+    pk0_k0_b1m0_k1_b1m1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 1024, (int)threadIdx.x);
+  } else if (pf_b < 3072) {  // k2_b1m2: 1024 blocks of 256
+    pk0_k0_b1m0_k2_b1m2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 2048, (int)threadIdx.x);
+  }
 }

@@ -45,8 +45,22 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(1024) k0_xsq(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k1_sig_a_k1_sig_a(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 43; _b /= 43;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t1 = _t % 256; _t /= 256;
+  const int t0 = _t;
+  float r_sig_a;
+  float r_silu;
+  r_sig_a = pf_sigmoid(a[b0 * 11008 + ((256 * b1) + t1)]);
+  r_silu = (a[b0 * 11008 + ((256 * b1) + t1)] * r_sig_a);
+  s[b0 * 11008 + ((256 * b1) + t1)] = (r_silu * b[b0 * 11008 + ((256 * b1) + t1)]);
+}
+
+__device__ __forceinline__ void pk0_k1_sig_a_k0_xsq(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 1024; _t /= 1024;
@@ -74,16 +88,12 @@ extern "C" __global__ void __launch_bounds__(1024) k0_xsq(float* __restrict__ y,
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_sig_a(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 43; _b /= 43;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 256; _t /= 256;
-  const int t0 = _t;
-  float r_sig_a;
-  float r_silu;
-  r_sig_a = pf_sigmoid(a[b0 * 11008 + ((256 * b1) + t1)]);
-  r_silu = (a[b0 * 11008 + ((256 * b1) + t1)] * r_sig_a);
-  s[b0 * 11008 + ((256 * b1) + t1)] = (r_silu * b[b0 * 11008 + ((256 * b1) + t1)]);
+extern "C" __global__ void __launch_bounds__(1024) pk0_k1_sig_a(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2752) {  // k1_sig_a: 11008 blocks of 256
+    const int pf_v = (pf_b - 0) * 4 + (int)threadIdx.x / 256;
+    if (pf_v < 11008) pk0_k1_sig_a_k1_sig_a(s, a, b, pf_v, (int)threadIdx.x % 256);
+  } else if (pf_b < 3008) {  // k0_xsq: 256 blocks of 1024
+    pk0_k1_sig_a_k0_xsq(y, x, w, pf_b - 2752, (int)threadIdx.x);
+  }
 }

@@ -45,84 +45,6 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_matmul40(float* __restrict__ add41, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_embeddings[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_attn_q_w[1032];
-  float r_matmul40_acc[2][4];
-  float r_matmul40;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul40_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? embeddings[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul40_acc[ii1][ii2] = r_matmul40_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul40 = r_matmul40_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add41[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul40 + layer0_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k1_reshape42(float* __restrict__ reshape42, const float* __restrict__ add41) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape42[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add41[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k2_transpose43(float* __restrict__ transpose43, const float* __restrict__ reshape42) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose43[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape42[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
 extern "C" __global__ void __launch_bounds__(256) k3_matmul44(float* __restrict__ add45, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
@@ -171,34 +93,6 @@ extern "C" __global__ void __launch_bounds__(256) k3_matmul44(float* __restrict_
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add45[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul44 + layer0_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k4_reshape46(float* __restrict__ reshape46, const float* __restrict__ add45) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape46[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add45[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k5_transpose47(float* __restrict__ transpose47, const float* __restrict__ reshape46) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose47[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape46[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k6_matmul48(float* __restrict__ add49, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_v_w, const float* __restrict__ layer0_attn_v_bias) {
@@ -251,8 +145,72 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul48(float* __restrict_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k7_reshape50(float* __restrict__ reshape50, const float* __restrict__ add49) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk2_k0_matmul40_k0_matmul40(float* __restrict__ add41, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_embeddings[128];
+  const int p1r = threadIdx.x / 128;
+  const int p1c = threadIdx.x % 128;
+  __shared__ float s_layer0_attn_q_w[1032];
+  float r_matmul40_acc[2][4];
+  float r_matmul40;
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_matmul40_acc[ii1][ii2] = 0.0f;
+    }
+  }
+  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
+    if ((p0r <= 15)) {
+      s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? embeddings[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+    }
+    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
+      s_layer0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
+    }
+    __syncthreads();
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_matmul40_acc[ii1][ii2] = r_matmul40_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul40 = r_matmul40_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add41[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul40 + layer0_attn_q_bias[(t2 + (32 * ii2))]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pk2_k0_matmul40_k4_reshape46(float* __restrict__ reshape46, const float* __restrict__ add45, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape46[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add45[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk2_k0_matmul40_k7_reshape50(float* __restrict__ reshape50, const float* __restrict__ add49, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -265,8 +223,47 @@ extern "C" __global__ void __launch_bounds__(256) k7_reshape50(float* __restrict
   reshape50[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add49[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k8_transpose51(float* __restrict__ transpose51, const float* __restrict__ reshape50) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(256) pk2_k0_matmul40(float* __restrict__ add41, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape46, const float* __restrict__ add45, float* __restrict__ reshape50, const float* __restrict__ add49) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k0_matmul40: 2 blocks of 256
+    pk2_k0_matmul40_k0_matmul40(add41, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k4_reshape46: 2 blocks of 256
+    pk2_k0_matmul40_k4_reshape46(reshape46, add45, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k7_reshape50: 2 blocks of 256
+    pk2_k0_matmul40_k7_reshape50(reshape50, add49, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk3_k1_reshape42_k1_reshape42(float* __restrict__ reshape42, const float* __restrict__ add41, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape42[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add41[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk3_k1_reshape42_k5_transpose47(float* __restrict__ transpose47, const float* __restrict__ reshape46, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 8; _t /= 8;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose47[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape46[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+}
+
+__device__ __forceinline__ void pk3_k1_reshape42_k8_transpose51(float* __restrict__ transpose51, const float* __restrict__ reshape50, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -277,6 +274,31 @@ extern "C" __global__ void __launch_bounds__(256) k8_transpose51(float* __restri
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
   transpose51[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape50[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk3_k1_reshape42(float* __restrict__ reshape42, const float* __restrict__ add41, float* __restrict__ transpose47, const float* __restrict__ reshape46, float* __restrict__ transpose51, const float* __restrict__ reshape50) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k1_reshape42: 2 blocks of 256
+    pk3_k1_reshape42_k1_reshape42(reshape42, add41, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k5_transpose47: 2 blocks of 256
+    pk3_k1_reshape42_k5_transpose47(transpose47, reshape46, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k8_transpose51: 2 blocks of 256
+    pk3_k1_reshape42_k8_transpose51(transpose51, reshape50, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) k2_transpose43(float* __restrict__ transpose43, const float* __restrict__ reshape42) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose43[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape42[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k9_matmul52(float* __restrict__ matmul52, const float* __restrict__ transpose43, const float* __restrict__ transpose47) {
@@ -650,84 +672,6 @@ extern "C" __global__ void __launch_bounds__(256) k18_add66(float* __restrict__ 
   layer_norm68[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm68_centered * r_layer_norm68_rstd) * layer0_ln2_gamma[l0]) + layer0_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k19_matmul69(float* __restrict__ add70, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm68[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_attn_q_w[1032];
-  float r_matmul69_acc[2][4];
-  float r_matmul69;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul69_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm68[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm68[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul69_acc[ii1][ii2] = r_matmul69_acc[ii1][ii2] + (s_layer_norm68[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul69 = r_matmul69_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add70[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul69 + layer1_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k20_reshape71(float* __restrict__ reshape71, const float* __restrict__ add70) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape71[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add70[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k21_transpose72(float* __restrict__ transpose72, const float* __restrict__ reshape71) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose72[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape71[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
 extern "C" __global__ void __launch_bounds__(256) k22_matmul73(float* __restrict__ add74, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_k_w, const float* __restrict__ layer1_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
@@ -776,34 +720,6 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul73(float* __restrict
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add74[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul73 + layer1_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k23_reshape75(float* __restrict__ reshape75, const float* __restrict__ add74) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape75[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add74[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k24_transpose76(float* __restrict__ transpose76, const float* __restrict__ reshape75) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose76[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape75[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k25_matmul77(float* __restrict__ add78, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_v_w, const float* __restrict__ layer1_attn_v_bias) {
@@ -856,8 +772,72 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul77(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k26_reshape79(float* __restrict__ reshape79, const float* __restrict__ add78) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk17_k19_matmul69_k19_matmul69(float* __restrict__ add70, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_layer_norm68[128];
+  const int p1r = threadIdx.x / 128;
+  const int p1c = threadIdx.x % 128;
+  __shared__ float s_layer1_attn_q_w[1032];
+  float r_matmul69_acc[2][4];
+  float r_matmul69;
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_matmul69_acc[ii1][ii2] = 0.0f;
+    }
+  }
+  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
+    if ((p0r <= 15)) {
+      s_layer_norm68[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm68[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+    }
+    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
+      s_layer1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
+    }
+    __syncthreads();
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_matmul69_acc[ii1][ii2] = r_matmul69_acc[ii1][ii2] + (s_layer_norm68[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul69 = r_matmul69_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add70[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul69 + layer1_attn_q_bias[(t2 + (32 * ii2))]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pk17_k19_matmul69_k23_reshape75(float* __restrict__ reshape75, const float* __restrict__ add74, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape75[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add74[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk17_k19_matmul69_k26_reshape79(float* __restrict__ reshape79, const float* __restrict__ add78, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -870,8 +850,47 @@ extern "C" __global__ void __launch_bounds__(256) k26_reshape79(float* __restric
   reshape79[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add78[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k27_transpose80(float* __restrict__ transpose80, const float* __restrict__ reshape79) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(256) pk17_k19_matmul69(float* __restrict__ add70, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, float* __restrict__ reshape75, const float* __restrict__ add74, float* __restrict__ reshape79, const float* __restrict__ add78) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k19_matmul69: 2 blocks of 256
+    pk17_k19_matmul69_k19_matmul69(add70, layer_norm68, layer1_attn_q_w, layer1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k23_reshape75: 2 blocks of 256
+    pk17_k19_matmul69_k23_reshape75(reshape75, add74, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k26_reshape79: 2 blocks of 256
+    pk17_k19_matmul69_k26_reshape79(reshape79, add78, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk18_k20_reshape71_k20_reshape71(float* __restrict__ reshape71, const float* __restrict__ add70, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape71[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add70[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk18_k20_reshape71_k24_transpose76(float* __restrict__ transpose76, const float* __restrict__ reshape75, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 8; _t /= 8;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose76[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape75[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+}
+
+__device__ __forceinline__ void pk18_k20_reshape71_k27_transpose80(float* __restrict__ transpose80, const float* __restrict__ reshape79, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -882,6 +901,31 @@ extern "C" __global__ void __launch_bounds__(256) k27_transpose80(float* __restr
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
   transpose80[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape79[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk18_k20_reshape71(float* __restrict__ reshape71, const float* __restrict__ add70, float* __restrict__ transpose76, const float* __restrict__ reshape75, float* __restrict__ transpose80, const float* __restrict__ reshape79) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k20_reshape71: 2 blocks of 256
+    pk18_k20_reshape71_k20_reshape71(reshape71, add70, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k24_transpose76: 2 blocks of 256
+    pk18_k20_reshape71_k24_transpose76(transpose76, reshape75, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k27_transpose80: 2 blocks of 256
+    pk18_k20_reshape71_k27_transpose80(transpose80, reshape79, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) k21_transpose72(float* __restrict__ transpose72, const float* __restrict__ reshape71) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose72[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape71[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k28_matmul81(float* __restrict__ matmul81, const float* __restrict__ transpose72, const float* __restrict__ transpose76) {

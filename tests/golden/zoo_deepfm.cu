@@ -45,24 +45,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) k0_reduce_sum382(float* __restrict__ reduce_sum382, const float* __restrict__ first_order) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_reduce_sum382_acc;
-  // part:mg0
-  r_reduce_sum382_acc = 0.0f;
-  if ((l0 <= 2)) {
-    r_reduce_sum382_acc = r_reduce_sum382_acc + first_order[r0 * 3 + l0];
-  }
-  r_reduce_sum382_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum382_acc, pf_scratch); if (l0 == 0) reduce_sum382[r0 + 0] = r_reduce_sum382_acc;
-}
-
-extern "C" __global__ void __launch_bounds__(16) k1_reduce_sum383(float* __restrict__ reduce_sum383, const float* __restrict__ embeddings) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k1_reduce_sum383_k1_reduce_sum383(float* __restrict__ reduce_sum383, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -78,8 +62,8 @@ extern "C" __global__ void __launch_bounds__(16) k1_reduce_sum383(float* __restr
   r_reduce_sum383_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum383_acc, pf_scratch); if (l0 == 0) reduce_sum383[b0 * 4 + r0] = r_reduce_sum383_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) k2_mul384(float* __restrict__ reduce_sum385, const float* __restrict__ embeddings) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k1_reduce_sum383_k2_mul384(float* __restrict__ reduce_sum385, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -97,8 +81,17 @@ extern "C" __global__ void __launch_bounds__(16) k2_mul384(float* __restrict__ r
   r_reduce_sum385_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum385_acc, pf_scratch); if (l0 == 0) reduce_sum385[b0 * 4 + r0] = r_reduce_sum385_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) k3_mul386(float* __restrict__ reduce_sum388, const float* __restrict__ reduce_sum383, const float* __restrict__ reduce_sum385) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(16) pk0_k1_reduce_sum383(float* __restrict__ reduce_sum383, const float* __restrict__ embeddings, float* __restrict__ reduce_sum385) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 4) {  // k1_reduce_sum383: 4 blocks of 16
+    pk0_k1_reduce_sum383_k1_reduce_sum383(reduce_sum383, embeddings, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 8) {  // k2_mul384: 4 blocks of 16
+    pk0_k1_reduce_sum383_k2_mul384(reduce_sum385, embeddings, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk1_k3_mul386_k3_mul386(float* __restrict__ reduce_sum388, const float* __restrict__ reduce_sum383, const float* __restrict__ reduce_sum385, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
@@ -115,6 +108,31 @@ extern "C" __global__ void __launch_bounds__(128) k3_mul386(float* __restrict__ 
     r_reduce_sum388_acc = r_reduce_sum388_acc + r_sub387;
   }
   r_reduce_sum388_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum388_acc, pf_scratch); if (l0 == 0) reduce_sum388[r0 + 0] = r_reduce_sum388_acc;
+}
+
+__device__ __forceinline__ void pk1_k3_mul386_k0_reduce_sum382(float* __restrict__ reduce_sum382, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int l0 = _t % 32; _t /= 32;
+  const int r0 = _t;
+  __shared__ float pf_scratch[1];
+  float r_reduce_sum382_acc;
+  // part:mg0
+  r_reduce_sum382_acc = 0.0f;
+  if ((l0 <= 2)) {
+    r_reduce_sum382_acc = r_reduce_sum382_acc + first_order[r0 * 3 + l0];
+  }
+  r_reduce_sum382_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum382_acc, pf_scratch); if (l0 == 0) reduce_sum382[r0 + 0] = r_reduce_sum382_acc;
+}
+
+extern "C" __global__ void __launch_bounds__(128) pk1_k3_mul386(float* __restrict__ reduce_sum388, const float* __restrict__ reduce_sum383, const float* __restrict__ reduce_sum385, float* __restrict__ reduce_sum382, const float* __restrict__ first_order) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k3_mul386: 1 blocks of 128
+    pk1_k3_mul386_k3_mul386(reduce_sum388, reduce_sum383, reduce_sum385, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k0_reduce_sum382: 1 blocks of 128
+    pk1_k3_mul386_k0_reduce_sum382(reduce_sum382, first_order, pf_b - 1, (int)threadIdx.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(48) k4_reshape390(float* __restrict__ reshape390, const float* __restrict__ embeddings) {

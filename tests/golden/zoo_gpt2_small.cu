@@ -73,84 +73,6 @@ extern "C" __global__ void __launch_bounds__(256) k0_layer_norm98_mean(float* __
   layer_norm98[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm98_centered * r_layer_norm98_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_matmul99(float* __restrict__ add100, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm98[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_q_w[1032];
-  float r_matmul99_acc[2][4];
-  float r_matmul99;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul99_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm98[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm98[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul99_acc[ii1][ii2] = r_matmul99_acc[ii1][ii2] + (s_layer_norm98[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul99 = r_matmul99_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add100[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul99 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k2_reshape101(float* __restrict__ reshape101, const float* __restrict__ add100) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape101[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add100[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k3_transpose102(float* __restrict__ transpose102, const float* __restrict__ reshape101) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose102[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape101[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
 extern "C" __global__ void __launch_bounds__(256) k4_matmul103(float* __restrict__ add104, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
@@ -199,34 +121,6 @@ extern "C" __global__ void __launch_bounds__(256) k4_matmul103(float* __restrict
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add104[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul103 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k5_reshape105(float* __restrict__ reshape105, const float* __restrict__ add104) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape105[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add104[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k6_transpose106(float* __restrict__ transpose106, const float* __restrict__ reshape105) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose106[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape105[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k7_matmul107(float* __restrict__ add108, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
@@ -279,8 +173,72 @@ extern "C" __global__ void __launch_bounds__(256) k7_matmul107(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k8_reshape109(float* __restrict__ reshape109, const float* __restrict__ add108) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk3_k1_matmul99_k1_matmul99(float* __restrict__ add100, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_layer_norm98[128];
+  const int p1r = threadIdx.x / 128;
+  const int p1c = threadIdx.x % 128;
+  __shared__ float s_block0_attn_q_w[1032];
+  float r_matmul99_acc[2][4];
+  float r_matmul99;
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_matmul99_acc[ii1][ii2] = 0.0f;
+    }
+  }
+  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
+    if ((p0r <= 15)) {
+      s_layer_norm98[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm98[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+    }
+    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
+      s_block0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
+    }
+    __syncthreads();
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_matmul99_acc[ii1][ii2] = r_matmul99_acc[ii1][ii2] + (s_layer_norm98[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul99 = r_matmul99_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add100[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul99 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pk3_k1_matmul99_k5_reshape105(float* __restrict__ reshape105, const float* __restrict__ add104, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape105[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add104[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk3_k1_matmul99_k8_reshape109(float* __restrict__ reshape109, const float* __restrict__ add108, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -293,8 +251,47 @@ extern "C" __global__ void __launch_bounds__(256) k8_reshape109(float* __restric
   reshape109[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add108[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_transpose110(float* __restrict__ transpose110, const float* __restrict__ reshape109) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(256) pk3_k1_matmul99(float* __restrict__ add100, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape105, const float* __restrict__ add104, float* __restrict__ reshape109, const float* __restrict__ add108) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k1_matmul99: 2 blocks of 256
+    pk3_k1_matmul99_k1_matmul99(add100, layer_norm98, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k5_reshape105: 2 blocks of 256
+    pk3_k1_matmul99_k5_reshape105(reshape105, add104, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k8_reshape109: 2 blocks of 256
+    pk3_k1_matmul99_k8_reshape109(reshape109, add108, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk4_k2_reshape101_k2_reshape101(float* __restrict__ reshape101, const float* __restrict__ add100, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape101[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add100[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk4_k2_reshape101_k6_transpose106(float* __restrict__ transpose106, const float* __restrict__ reshape105, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 8; _t /= 8;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose106[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape105[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+}
+
+__device__ __forceinline__ void pk4_k2_reshape101_k9_transpose110(float* __restrict__ transpose110, const float* __restrict__ reshape109, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -305,6 +302,31 @@ extern "C" __global__ void __launch_bounds__(256) k9_transpose110(float* __restr
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
   transpose110[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape109[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk4_k2_reshape101(float* __restrict__ reshape101, const float* __restrict__ add100, float* __restrict__ transpose106, const float* __restrict__ reshape105, float* __restrict__ transpose110, const float* __restrict__ reshape109) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k2_reshape101: 2 blocks of 256
+    pk4_k2_reshape101_k2_reshape101(reshape101, add100, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k6_transpose106: 2 blocks of 256
+    pk4_k2_reshape101_k6_transpose106(transpose106, reshape105, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k9_transpose110: 2 blocks of 256
+    pk4_k2_reshape101_k9_transpose110(transpose110, reshape109, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) k3_transpose102(float* __restrict__ transpose102, const float* __restrict__ reshape101) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose102[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape101[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k10_matmul111(float* __restrict__ matmul111, const float* __restrict__ transpose102, const float* __restrict__ transpose106) {
@@ -680,84 +702,6 @@ extern "C" __global__ void __launch_bounds__(256) k19_add126(float* __restrict__
   layer_norm128[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm128_centered * r_layer_norm128_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k20_matmul129(float* __restrict__ add130, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm128[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_q_w[1032];
-  float r_matmul129_acc[2][4];
-  float r_matmul129;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul129_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm128[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm128[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul129_acc[ii1][ii2] = r_matmul129_acc[ii1][ii2] + (s_layer_norm128[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul129 = r_matmul129_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add130[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul129 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k21_reshape131(float* __restrict__ reshape131, const float* __restrict__ add130) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape131[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add130[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k22_transpose132(float* __restrict__ transpose132, const float* __restrict__ reshape131) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose132[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape131[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
 extern "C" __global__ void __launch_bounds__(256) k23_matmul133(float* __restrict__ add134, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
@@ -806,34 +750,6 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul133(float* __restric
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add134[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul133 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k24_reshape135(float* __restrict__ reshape135, const float* __restrict__ add134) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape135[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add134[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k25_transpose136(float* __restrict__ transpose136, const float* __restrict__ reshape135) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose136[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape135[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k26_matmul137(float* __restrict__ add138, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
@@ -886,8 +802,72 @@ extern "C" __global__ void __launch_bounds__(256) k26_matmul137(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k27_reshape139(float* __restrict__ reshape139, const float* __restrict__ add138) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk18_k20_matmul129_k20_matmul129(float* __restrict__ add130, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_layer_norm128[128];
+  const int p1r = threadIdx.x / 128;
+  const int p1c = threadIdx.x % 128;
+  __shared__ float s_block1_attn_q_w[1032];
+  float r_matmul129_acc[2][4];
+  float r_matmul129;
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_matmul129_acc[ii1][ii2] = 0.0f;
+    }
+  }
+  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
+    if ((p0r <= 15)) {
+      s_layer_norm128[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm128[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+    }
+    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
+      s_block1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
+    }
+    __syncthreads();
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_matmul129_acc[ii1][ii2] = r_matmul129_acc[ii1][ii2] + (s_layer_norm128[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul129 = r_matmul129_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add130[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul129 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pk18_k20_matmul129_k24_reshape135(float* __restrict__ reshape135, const float* __restrict__ add134, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape135[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add134[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk18_k20_matmul129_k27_reshape139(float* __restrict__ reshape139, const float* __restrict__ add138, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -900,8 +880,47 @@ extern "C" __global__ void __launch_bounds__(256) k27_reshape139(float* __restri
   reshape139[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add138[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k28_transpose140(float* __restrict__ transpose140, const float* __restrict__ reshape139) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(256) pk18_k20_matmul129(float* __restrict__ add130, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, float* __restrict__ reshape135, const float* __restrict__ add134, float* __restrict__ reshape139, const float* __restrict__ add138) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k20_matmul129: 2 blocks of 256
+    pk18_k20_matmul129_k20_matmul129(add130, layer_norm128, block1_attn_q_w, block1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k24_reshape135: 2 blocks of 256
+    pk18_k20_matmul129_k24_reshape135(reshape135, add134, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k27_reshape139: 2 blocks of 256
+    pk18_k20_matmul129_k27_reshape139(reshape139, add138, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk19_k21_reshape131_k21_reshape131(float* __restrict__ reshape131, const float* __restrict__ add130, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape131[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add130[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk19_k21_reshape131_k25_transpose136(float* __restrict__ transpose136, const float* __restrict__ reshape135, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 8; _t /= 8;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose136[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape135[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+}
+
+__device__ __forceinline__ void pk19_k21_reshape131_k28_transpose140(float* __restrict__ transpose140, const float* __restrict__ reshape139, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -912,6 +931,31 @@ extern "C" __global__ void __launch_bounds__(256) k28_transpose140(float* __rest
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
   transpose140[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape139[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk19_k21_reshape131(float* __restrict__ reshape131, const float* __restrict__ add130, float* __restrict__ transpose136, const float* __restrict__ reshape135, float* __restrict__ transpose140, const float* __restrict__ reshape139) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k21_reshape131: 2 blocks of 256
+    pk19_k21_reshape131_k21_reshape131(reshape131, add130, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k25_transpose136: 2 blocks of 256
+    pk19_k21_reshape131_k25_transpose136(transpose136, reshape135, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k28_transpose140: 2 blocks of 256
+    pk19_k21_reshape131_k28_transpose140(transpose140, reshape139, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) k22_transpose132(float* __restrict__ transpose132, const float* __restrict__ reshape131) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose132[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape131[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k29_matmul141(float* __restrict__ matmul141, const float* __restrict__ transpose132, const float* __restrict__ transpose136) {

@@ -57,8 +57,8 @@ extern "C" __global__ void __launch_bounds__(16) k0_slice297(float* __restrict__
   reshape298[t0 * 8 + t1] = r_slice297;
 }
 
-extern "C" __global__ void __launch_bounds__(64) k1_matmul299(float* __restrict__ add300, float* __restrict__ slice301, const float* __restrict__ reshape298, const float* __restrict__ w_x, const float* __restrict__ bias) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk1_k1_matmul299_k1_matmul299(float* __restrict__ add300, float* __restrict__ slice301, const float* __restrict__ reshape298, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -75,6 +75,28 @@ extern "C" __global__ void __launch_bounds__(64) k1_matmul299(float* __restrict_
   r_add300 = (r_matmul299 + bias[t1]); add300[t0 * 32 + t1] = r_add300;
   if ((t1 <= 7)) {
     slice301[t0 * 8 + t1] = r_add300;
+  }
+}
+
+__device__ __forceinline__ void pk1_k1_matmul299_k4_slice311(float* __restrict__ reshape312, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice311;
+  r_slice311 = x[(0 + 1) * 16 + t0 * 8 + t1];
+  reshape312[t0 * 8 + t1] = r_slice311;
+}
+
+extern "C" __global__ void __launch_bounds__(64) pk1_k1_matmul299(float* __restrict__ add300, float* __restrict__ slice301, const float* __restrict__ reshape298, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape312, const float* __restrict__ x) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k1_matmul299: 1 blocks of 64
+    pk1_k1_matmul299_k1_matmul299(add300, slice301, reshape298, w_x, bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k4_slice311: 1 blocks of 16
+    const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk1_k1_matmul299_k4_slice311(reshape312, x, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -108,18 +130,6 @@ extern "C" __global__ void __launch_bounds__(16) k3_slice304(float* __restrict__
   r_slice304 = add300[t0 * 32 + (t1 + 24)];
   r_sigmoid308 = pf_sigmoid(r_slice304);
   mul310[t0 * 8 + t1] = (r_sigmoid308 * r_tanh309);
-}
-
-extern "C" __global__ void __launch_bounds__(16) k4_slice311(float* __restrict__ reshape312, const float* __restrict__ x) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice311;
-  r_slice311 = x[(0 + 1) * 16 + t0 * 8 + t1];
-  reshape312[t0 * 8 + t1] = r_slice311;
 }
 
 extern "C" __global__ void __launch_bounds__(256) k5_matmul315(float* __restrict__ matmul315, const float* __restrict__ mul310, const float* __restrict__ w_h) {
@@ -166,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(256) k5_matmul315(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) k6_matmul313(float* __restrict__ add316, float* __restrict__ slice317, float* __restrict__ slice318, float* __restrict__ slice319, const float* __restrict__ reshape312, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul315) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk5_k6_matmul313_k6_matmul313(float* __restrict__ add316, float* __restrict__ slice317, float* __restrict__ slice318, float* __restrict__ slice319, const float* __restrict__ reshape312, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul315, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -194,6 +204,43 @@ extern "C" __global__ void __launch_bounds__(64) k6_matmul313(float* __restrict_
         slice318[t0 * 8 + (t1 - 8)] = r_add316;
       }
     }
+  }
+}
+
+__device__ __forceinline__ void pk5_k6_matmul313_k9_slice330(float* __restrict__ reshape331, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice330;
+  r_slice330 = x[(0 + 2) * 16 + t0 * 8 + t1];
+  reshape331[t0 * 8 + t1] = r_slice330;
+}
+
+__device__ __forceinline__ void pk5_k6_matmul313_k14_slice349(float* __restrict__ reshape350, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice349;
+  r_slice349 = x[(0 + 3) * 16 + t0 * 8 + t1];
+  reshape350[t0 * 8 + t1] = r_slice349;
+}
+
+extern "C" __global__ void __launch_bounds__(64) pk5_k6_matmul313(float* __restrict__ add316, float* __restrict__ slice317, float* __restrict__ slice318, float* __restrict__ slice319, const float* __restrict__ reshape312, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul315, float* __restrict__ reshape331, const float* __restrict__ x, float* __restrict__ reshape350) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k6_matmul313: 1 blocks of 64
+    pk5_k6_matmul313_k6_matmul313(add316, slice317, slice318, slice319, reshape312, w_x, bias, matmul315, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k9_slice330: 1 blocks of 16
+    const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk5_k6_matmul313_k9_slice330(reshape331, x, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 3) {  // k14_slice349: 1 blocks of 16
+    const int pf_v = (pf_b - 2) * 4 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk5_k6_matmul313_k14_slice349(reshape350, x, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -231,18 +278,6 @@ extern "C" __global__ void __launch_bounds__(16) k8_slice320(float* __restrict__
   r_slice320 = add316[t0 * 32 + (t1 + 24)];
   r_sigmoid327 = pf_sigmoid(r_slice320);
   mul329[t0 * 8 + t1] = (r_sigmoid327 * tanh328[t0 * 8 + t1]);
-}
-
-extern "C" __global__ void __launch_bounds__(16) k9_slice330(float* __restrict__ reshape331, const float* __restrict__ x) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice330;
-  r_slice330 = x[(0 + 2) * 16 + t0 * 8 + t1];
-  reshape331[t0 * 8 + t1] = r_slice330;
 }
 
 extern "C" __global__ void __launch_bounds__(256) k10_matmul334(float* __restrict__ matmul334, const float* __restrict__ mul329, const float* __restrict__ w_h) {
@@ -354,18 +389,6 @@ extern "C" __global__ void __launch_bounds__(16) k13_slice339(float* __restrict_
   r_slice339 = add335[t0 * 32 + (t1 + 24)];
   r_sigmoid346 = pf_sigmoid(r_slice339);
   mul348[t0 * 8 + t1] = (r_sigmoid346 * tanh347[t0 * 8 + t1]);
-}
-
-extern "C" __global__ void __launch_bounds__(16) k14_slice349(float* __restrict__ reshape350, const float* __restrict__ x) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice349;
-  r_slice349 = x[(0 + 3) * 16 + t0 * 8 + t1];
-  reshape350[t0 * 8 + t1] = r_slice349;
 }
 
 extern "C" __global__ void __launch_bounds__(256) k15_matmul353(float* __restrict__ matmul353, const float* __restrict__ mul348, const float* __restrict__ w_h) {

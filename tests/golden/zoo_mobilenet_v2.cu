@@ -45,8 +45,32 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_conv2d258(float* __restrict__ conv2d258, const float* __restrict__ image, const float* __restrict__ stem_w) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k1_batch_norm259_scale(float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm259_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k4_batch_norm263_scale(float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm263_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k7_batch_norm267_scale(float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm267_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k0_conv2d258(float* __restrict__ conv2d258, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
@@ -103,12 +127,20 @@ extern "C" __global__ void __launch_bounds__(256) k0_conv2d258(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(8) k1_batch_norm259_scale(float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm259_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm259_scale(float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d258, const float* __restrict__ image, const float* __restrict__ stem_w) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k1_batch_norm259_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pk0_k1_batch_norm259_scale_k1_batch_norm259_scale(batch_norm259_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 2) {  // k4_batch_norm263_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pk0_k1_batch_norm259_scale_k4_batch_norm263_scale(batch_norm263_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 3) {  // k7_batch_norm267_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pk0_k1_batch_norm259_scale_k7_batch_norm267_scale(batch_norm267_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 11) {  // k0_conv2d258: 8 blocks of 256
+    pk0_k1_batch_norm259_scale_k0_conv2d258(conv2d258, image, stem_w, pf_b - 3, (int)threadIdx.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k2_batch_norm259(float* __restrict__ minimum261, const float* __restrict__ conv2d258, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_beta) {
@@ -144,14 +176,6 @@ extern "C" __global__ void __launch_bounds__(256) k3_conv2d262(float* __restrict
     }
   }
   conv2d262[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d262_acc;
-}
-
-extern "C" __global__ void __launch_bounds__(8) k4_batch_norm263_scale(float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm263_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
 extern "C" __global__ void __launch_bounds__(256) k5_batch_norm263(float* __restrict__ minimum265, const float* __restrict__ conv2d262, const float* __restrict__ stage1_block0_dw_bn_mean, const float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_beta) {
@@ -224,16 +248,8 @@ extern "C" __global__ void __launch_bounds__(256) k6_conv2d266(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(8) k7_batch_norm267_scale(float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm267_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(256) k8_batch_norm267(float* __restrict__ add268, const float* __restrict__ conv2d266, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum261) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk5_k8_batch_norm267_k8_batch_norm267(float* __restrict__ add268, const float* __restrict__ conv2d266, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum261, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -244,6 +260,24 @@ extern "C" __global__ void __launch_bounds__(256) k8_batch_norm267(float* __rest
   float r_batch_norm267;
   r_batch_norm267 = (((conv2d266[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_project_bn_mean[((4 * b0) + t0)]) * batch_norm267_scale[((4 * b0) + t0)]) + stage1_block0_project_bn_beta[((4 * b0) + t0)]);
   add268[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = (minimum261[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm267);
+}
+
+__device__ __forceinline__ void pk5_k8_batch_norm267_k10_batch_norm270_scale(float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm270_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk5_k8_batch_norm267(float* __restrict__ add268, const float* __restrict__ conv2d266, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum261, float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k8_batch_norm267: 2 blocks of 256
+    pk5_k8_batch_norm267_k8_batch_norm267(add268, conv2d266, stage1_block0_project_bn_mean, batch_norm267_scale, stage1_block0_project_bn_beta, minimum261, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k10_batch_norm270_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk5_k8_batch_norm267_k10_batch_norm270_scale(batch_norm270_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k9_conv2d269(float* __restrict__ conv2d269, const float* __restrict__ add268, const float* __restrict__ stage2_block0_expand_w) {
@@ -300,14 +334,6 @@ extern "C" __global__ void __launch_bounds__(256) k9_conv2d269(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k10_batch_norm270_scale(float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm270_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
-}
-
 extern "C" __global__ void __launch_bounds__(256) k11_batch_norm270(float* __restrict__ minimum272, const float* __restrict__ conv2d269, const float* __restrict__ stage2_block0_expand_bn_mean, const float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
@@ -324,8 +350,8 @@ extern "C" __global__ void __launch_bounds__(256) k11_batch_norm270(float* __res
   minimum272[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu271, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_conv2d273(float* __restrict__ conv2d273, const float* __restrict__ minimum272, const float* __restrict__ stage2_block0_dw_w) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk8_k12_conv2d273_k12_conv2d273(float* __restrict__ conv2d273, const float* __restrict__ minimum272, const float* __restrict__ stage2_block0_dw_w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -343,12 +369,33 @@ extern "C" __global__ void __launch_bounds__(256) k12_conv2d273(float* __restric
   conv2d273[0 * 256 + t0 * 16 + t1 * 4 + t2] = r_conv2d273_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) k13_batch_norm274_scale(float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk8_k12_conv2d273_k13_batch_norm274_scale(float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
-  int _t = threadIdx.x;
+  int _t = pf_thread;
   const int t0 = _t;
   batch_norm274_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk8_k12_conv2d273_k27_batch_norm291_scale(float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm291_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk8_k12_conv2d273(float* __restrict__ conv2d273, const float* __restrict__ minimum272, const float* __restrict__ stage2_block0_dw_w, float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k12_conv2d273: 1 blocks of 256
+    pk8_k12_conv2d273_k12_conv2d273(conv2d273, minimum272, stage2_block0_dw_w, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k13_batch_norm274_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk8_k12_conv2d273_k13_batch_norm274_scale(batch_norm274_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 3) {  // k27_batch_norm291_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk8_k12_conv2d273_k27_batch_norm291_scale(batch_norm291_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k14_batch_norm274(float* __restrict__ minimum276, const float* __restrict__ conv2d273, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
@@ -421,10 +468,10 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d277(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(12) k16_batch_norm278_scale(float* __restrict__ batch_norm278, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d277, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k16_batch_norm278_scale(float* __restrict__ batch_norm278, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d277, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
-  int _t = threadIdx.x;
+  int _t = pf_thread;
   const int t0 = _t;
   float r_batch_norm278_scale;
   r_batch_norm278_scale = (stage2_block0_project_bn_gamma[t0] * rsqrtf((stage2_block0_project_bn_var[t0] + 1e-05f)));
@@ -432,6 +479,45 @@ extern "C" __global__ void __launch_bounds__(12) k16_batch_norm278_scale(float* 
     for (int c1 = 0; (c1 <= 3); c1 += 1) {
       batch_norm278[0 * 192 + t0 * 16 + c0 * 4 + c1] = (((conv2d277[0 * 192 + t0 * 16 + c0 * 4 + c1] - stage2_block0_project_bn_mean[t0]) * r_batch_norm278_scale) + stage2_block0_project_bn_beta[t0]);
     }
+  }
+}
+
+__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k18_batch_norm280_scale(float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t0 = _t;
+  batch_norm280_scale[t0] = (stage2_block1_expand_bn_gamma[t0] * rsqrtf((stage2_block1_expand_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k21_batch_norm284_scale(float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t0 = _t;
+  batch_norm284_scale[t0] = (stage2_block1_dw_bn_gamma[t0] * rsqrtf((stage2_block1_dw_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k24_batch_norm288_scale(float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm288_scale[t0] = (stage2_block1_project_bn_gamma[t0] * rsqrtf((stage2_block1_project_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(24) pk11_k16_batch_norm278_scale(float* __restrict__ batch_norm278, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d277, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k16_batch_norm278_scale: 1 blocks of 12
+    const int pf_v = (pf_b - 0) * 2 + (int)threadIdx.x / 12;
+    if (pf_v < 1) pk11_k16_batch_norm278_scale_k16_batch_norm278_scale(batch_norm278, stage2_block0_project_bn_gamma, stage2_block0_project_bn_var, conv2d277, stage2_block0_project_bn_mean, stage2_block0_project_bn_beta, pf_v, (int)threadIdx.x % 12);
+  } else if (pf_b < 2) {  // k18_batch_norm280_scale: 1 blocks of 24
+    pk11_k16_batch_norm278_scale_k18_batch_norm280_scale(batch_norm280_scale, stage2_block1_expand_bn_gamma, stage2_block1_expand_bn_var, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k21_batch_norm284_scale: 1 blocks of 24
+    pk11_k16_batch_norm278_scale_k21_batch_norm284_scale(batch_norm284_scale, stage2_block1_dw_bn_gamma, stage2_block1_dw_bn_var, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k24_batch_norm288_scale: 1 blocks of 12
+    const int pf_v = (pf_b - 3) * 2 + (int)threadIdx.x / 12;
+    if (pf_v < 1) pk11_k16_batch_norm278_scale_k24_batch_norm288_scale(batch_norm288_scale, stage2_block1_project_bn_gamma, stage2_block1_project_bn_var, pf_v, (int)threadIdx.x % 12);
   }
 }
 
@@ -490,14 +576,6 @@ extern "C" __global__ void __launch_bounds__(256) k17_conv2d279(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(24) k18_batch_norm280_scale(float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm280_scale[t0] = (stage2_block1_expand_bn_gamma[t0] * rsqrtf((stage2_block1_expand_bn_var[t0] + 1e-05f)));
-}
-
 extern "C" __global__ void __launch_bounds__(192) k19_batch_norm280(float* __restrict__ minimum282, const float* __restrict__ conv2d279, const float* __restrict__ stage2_block1_expand_bn_mean, const float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
@@ -531,14 +609,6 @@ extern "C" __global__ void __launch_bounds__(192) k20_conv2d283(float* __restric
     }
   }
   conv2d283[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d283_acc;
-}
-
-extern "C" __global__ void __launch_bounds__(24) k21_batch_norm284_scale(float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm284_scale[t0] = (stage2_block1_dw_bn_gamma[t0] * rsqrtf((stage2_block1_dw_bn_var[t0] + 1e-05f)));
 }
 
 extern "C" __global__ void __launch_bounds__(192) k22_batch_norm284(float* __restrict__ minimum286, const float* __restrict__ conv2d283, const float* __restrict__ stage2_block1_dw_bn_mean, const float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_beta) {
@@ -611,14 +681,6 @@ extern "C" __global__ void __launch_bounds__(256) k23_conv2d287(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(12) k24_batch_norm288_scale(float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm288_scale[t0] = (stage2_block1_project_bn_gamma[t0] * rsqrtf((stage2_block1_project_bn_var[t0] + 1e-05f)));
-}
-
 extern "C" __global__ void __launch_bounds__(192) k25_batch_norm288(float* __restrict__ add289, const float* __restrict__ conv2d287, const float* __restrict__ stage2_block1_project_bn_mean, const float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_beta, const float* __restrict__ batch_norm278) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
@@ -685,14 +747,6 @@ extern "C" __global__ void __launch_bounds__(256) k26_conv2d290(float* __restric
       if ((t2 + (32 * ii2)) <= 3) { conv2d290[0 * 256 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d290_acc[ii0][ii2]; }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(16) k27_batch_norm291_scale(float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm291_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
 }
 
 extern "C" __global__ void __launch_bounds__(256) k28_batch_norm291(float* __restrict__ minimum293, const float* __restrict__ conv2d290, const float* __restrict__ last_bn_mean, const float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_beta) {

@@ -45,8 +45,16 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_conv2d227(float* __restrict__ conv2d227, const float* __restrict__ image, const float* __restrict__ stem_w) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k1_batch_norm228_scale_k1_batch_norm228_scale(float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm228_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk0_k1_batch_norm228_scale_k0_conv2d227(float* __restrict__ conv2d227, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
@@ -103,12 +111,14 @@ extern "C" __global__ void __launch_bounds__(256) k0_conv2d227(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(8) k1_batch_norm228_scale(float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm228_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm228_scale(float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d227, const float* __restrict__ image, const float* __restrict__ stem_w) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k1_batch_norm228_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pk0_k1_batch_norm228_scale_k1_batch_norm228_scale(batch_norm228_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 17) {  // k0_conv2d227: 16 blocks of 256
+    pk0_k1_batch_norm228_scale_k0_conv2d227(conv2d227, image, stem_w, pf_b - 1, (int)threadIdx.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k2_batch_norm228(float* __restrict__ relu229, const float* __restrict__ conv2d227, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_beta) {
@@ -125,8 +135,8 @@ extern "C" __global__ void __launch_bounds__(256) k2_batch_norm228(float* __rest
   relu229[0 * 2048 + b0 * 256 + t1 * 16 + t2] = pf_fmaxf(r_batch_norm228, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_max_pool2d230(float* __restrict__ max_pool2d230, const float* __restrict__ relu229) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk2_k3_max_pool2d230_k3_max_pool2d230(float* __restrict__ max_pool2d230, const float* __restrict__ relu229, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -142,6 +152,35 @@ extern "C" __global__ void __launch_bounds__(256) k3_max_pool2d230(float* __rest
     }
   }
   max_pool2d230[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d230_acc;
+}
+
+__device__ __forceinline__ void pk2_k3_max_pool2d230_k5_batch_norm232_scale(float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm232_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk2_k3_max_pool2d230_k8_batch_norm235_scale(float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm235_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pk2_k3_max_pool2d230(float* __restrict__ max_pool2d230, const float* __restrict__ relu229, float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k3_max_pool2d230: 2 blocks of 256
+    pk2_k3_max_pool2d230_k3_max_pool2d230(max_pool2d230, relu229, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k5_batch_norm232_scale: 1 blocks of 4
+    const int pf_v = (pf_b - 2) * 64 + (int)threadIdx.x / 4;
+    if (pf_v < 1) pk2_k3_max_pool2d230_k5_batch_norm232_scale(batch_norm232_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
+  } else if (pf_b < 4) {  // k8_batch_norm235_scale: 1 blocks of 4
+    const int pf_v = (pf_b - 3) * 64 + (int)threadIdx.x / 4;
+    if (pf_v < 1) pk2_k3_max_pool2d230_k8_batch_norm235_scale(batch_norm235_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k4_conv2d231(float* __restrict__ conv2d231, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_a_w) {
@@ -196,14 +235,6 @@ extern "C" __global__ void __launch_bounds__(256) k4_conv2d231(float* __restrict
       if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d231[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d231_acc[ii0][ii2]; }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(4) k5_batch_norm232_scale(float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm232_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
 }
 
 extern "C" __global__ void __launch_bounds__(256) k6_batch_norm232(float* __restrict__ relu233, const float* __restrict__ conv2d231, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
@@ -278,14 +309,6 @@ extern "C" __global__ void __launch_bounds__(256) k7_conv2d234(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) k8_batch_norm235_scale(float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm235_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
-}
-
 extern "C" __global__ void __launch_bounds__(256) k9_batch_norm235(float* __restrict__ relu236, const float* __restrict__ conv2d234, const float* __restrict__ stage1_block0_b_bn_mean, const float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
@@ -354,10 +377,10 @@ extern "C" __global__ void __launch_bounds__(256) k10_conv2d237(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k11_batch_norm238_scale(float* __restrict__ batch_norm238, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d237, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k11_batch_norm238_scale(float* __restrict__ batch_norm238, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d237, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
-  int _t = threadIdx.x;
+  int _t = pf_thread;
   const int t0 = _t;
   float r_batch_norm238_scale;
   r_batch_norm238_scale = (stage1_block0_c_bn_gamma[t0] * rsqrtf((stage1_block0_c_bn_var[t0] + 1e-05f)));
@@ -368,8 +391,40 @@ extern "C" __global__ void __launch_bounds__(16) k11_batch_norm238_scale(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_conv2d239(float* __restrict__ conv2d239, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_proj_w) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k13_batch_norm240_scale(float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm240_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k16_batch_norm244_scale(float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm244_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k19_batch_norm247_scale(float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm247_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k24_batch_norm252_scale(float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm252_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k12_conv2d239(float* __restrict__ conv2d239, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
@@ -422,12 +477,26 @@ extern "C" __global__ void __launch_bounds__(256) k12_conv2d239(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k13_batch_norm240_scale(float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm240_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
+extern "C" __global__ void __launch_bounds__(256) pk8_k11_batch_norm238_scale(float* __restrict__ batch_norm238, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d237, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d239, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_proj_w) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k11_batch_norm238_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk8_k11_batch_norm238_scale_k11_batch_norm238_scale(batch_norm238, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d237, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 2) {  // k13_batch_norm240_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pk8_k11_batch_norm238_scale_k13_batch_norm240_scale(batch_norm240_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 3) {  // k16_batch_norm244_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pk8_k11_batch_norm238_scale_k16_batch_norm244_scale(batch_norm244_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 4) {  // k19_batch_norm247_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pk8_k11_batch_norm238_scale_k19_batch_norm247_scale(batch_norm247_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 5) {  // k24_batch_norm252_scale: 1 blocks of 32
+    const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
+    if (pf_v < 1) pk8_k11_batch_norm238_scale_k24_batch_norm252_scale(batch_norm252_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
+  } else if (pf_b < 13) {  // k12_conv2d239: 8 blocks of 256
+    pk8_k11_batch_norm238_scale_k12_conv2d239(conv2d239, max_pool2d230, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k14_batch_norm240(float* __restrict__ relu242, const float* __restrict__ conv2d239, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm238) {
@@ -498,14 +567,6 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d243(float* __restric
       if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d243[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d243_acc[ii0][ii2]; }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(8) k16_batch_norm244_scale(float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm244_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
 }
 
 extern "C" __global__ void __launch_bounds__(256) k17_batch_norm244(float* __restrict__ relu245, const float* __restrict__ conv2d243, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
@@ -580,14 +641,6 @@ extern "C" __global__ void __launch_bounds__(256) k18_conv2d246(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(8) k19_batch_norm247_scale(float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm247_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
-}
-
 extern "C" __global__ void __launch_bounds__(128) k20_batch_norm247(float* __restrict__ relu248, const float* __restrict__ conv2d246, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
@@ -657,10 +710,10 @@ extern "C" __global__ void __launch_bounds__(256) k21_conv2d249(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) k22_batch_norm250_scale(float* __restrict__ batch_norm250, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d249, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk15_k22_batch_norm250_scale_k22_batch_norm250_scale(float* __restrict__ batch_norm250, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d249, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
-  int _t = threadIdx.x;
+  int _t = pf_thread;
   const int t0 = _t;
   float r_batch_norm250_scale;
   r_batch_norm250_scale = (stage2_block0_c_bn_gamma[t0] * rsqrtf((stage2_block0_c_bn_var[t0] + 1e-05f)));
@@ -671,8 +724,8 @@ extern "C" __global__ void __launch_bounds__(32) k22_batch_norm250_scale(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k23_conv2d251(float* __restrict__ conv2d251, const float* __restrict__ relu242, const float* __restrict__ stage2_block0_proj_w) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk15_k22_batch_norm250_scale_k23_conv2d251(float* __restrict__ conv2d251, const float* __restrict__ relu242, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -726,12 +779,14 @@ extern "C" __global__ void __launch_bounds__(256) k23_conv2d251(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32) k24_batch_norm252_scale(float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm252_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
+extern "C" __global__ void __launch_bounds__(256) pk15_k22_batch_norm250_scale(float* __restrict__ batch_norm250, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d249, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d251, const float* __restrict__ relu242, const float* __restrict__ stage2_block0_proj_w) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k22_batch_norm250_scale: 1 blocks of 32
+    const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
+    if (pf_v < 1) pk15_k22_batch_norm250_scale_k22_batch_norm250_scale(batch_norm250, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d249, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
+  } else if (pf_b < 9) {  // k23_conv2d251: 8 blocks of 256
+    pk15_k22_batch_norm250_scale_k23_conv2d251(conv2d251, relu242, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k25_batch_norm252(float* __restrict__ relu254, const float* __restrict__ conv2d251, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm250) {

@@ -45,8 +45,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64) k0_conv2d159_conv(float* __restrict__ conv2d159, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k0_conv2d159_conv_k0_conv2d159_conv(float* __restrict__ conv2d159, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -105,6 +105,25 @@ extern "C" __global__ void __launch_bounds__(64) k0_conv2d159_conv(float* __rest
   }
 }
 
+__device__ __forceinline__ void pk0_k0_conv2d159_conv_k3_cls_token_bcast(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 32; _t /= 32;
+  const int t0 = _t;
+  cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
+}
+
+extern "C" __global__ void __launch_bounds__(64) pk0_k0_conv2d159_conv(float* __restrict__ conv2d159, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 8) {  // k0_conv2d159_conv: 8 blocks of 64
+    pk0_k0_conv2d159_conv_k0_conv2d159_conv(conv2d159, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
+    pk0_k0_conv2d159_conv_k3_cls_token_bcast(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(256) k1_reshape160(float* __restrict__ reshape160, const float* __restrict__ conv2d159) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
@@ -127,16 +146,6 @@ extern "C" __global__ void __launch_bounds__(256) k2_transpose161(float* __restr
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
   transpose161[t0 * 128 + t1 * 32 + t2] = reshape160[t0 * 128 + t2 * 4 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(64) k3_cls_token_bcast(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
 extern "C" __global__ void __launch_bounds__(160) k4_concat162(float* __restrict__ concat162, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose161) {
@@ -233,34 +242,6 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul165(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k7_reshape167(float* __restrict__ reshape167, const float* __restrict__ add166) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape167[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add166[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) k8_transpose168(float* __restrict__ transpose168, const float* __restrict__ reshape167) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose168[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape167[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
 extern "C" __global__ void __launch_bounds__(256) k9_matmul169(float* __restrict__ add170, const float* __restrict__ layer_norm164, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
@@ -309,34 +290,6 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul169(float* __restrict
       if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add170[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul169 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(160) k10_reshape171(float* __restrict__ reshape171, const float* __restrict__ add170) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape171[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add170[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) k11_transpose172(float* __restrict__ transpose172, const float* __restrict__ reshape171) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 5; _t /= 5;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose172[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape171[b0 * 160 + t3 * 32 + t1 * 16 + t2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k12_matmul173(float* __restrict__ add174, const float* __restrict__ layer_norm164, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
@@ -389,8 +342,22 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul173(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k13_reshape175(float* __restrict__ reshape175, const float* __restrict__ add174) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk8_k10_reshape171_k10_reshape171(float* __restrict__ reshape171, const float* __restrict__ add170, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 5; _t /= 5;
+  const int t0 = _t;
+  reshape171[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add170[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk8_k10_reshape171_k13_reshape175(float* __restrict__ reshape175, const float* __restrict__ add174, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -403,8 +370,45 @@ extern "C" __global__ void __launch_bounds__(160) k13_reshape175(float* __restri
   reshape175[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add174[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k14_transpose176(float* __restrict__ transpose176, const float* __restrict__ reshape175) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(160) pk8_k10_reshape171(float* __restrict__ reshape171, const float* __restrict__ add170, float* __restrict__ reshape175, const float* __restrict__ add174) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k10_reshape171: 2 blocks of 160
+    pk8_k10_reshape171_k10_reshape171(reshape171, add170, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k13_reshape175: 2 blocks of 160
+    pk8_k10_reshape171_k13_reshape175(reshape175, add174, pf_b - 2, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk9_k7_reshape167_k7_reshape167(float* __restrict__ reshape167, const float* __restrict__ add166, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 5; _t /= 5;
+  const int t0 = _t;
+  reshape167[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add166[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk9_k7_reshape167_k11_transpose172(float* __restrict__ transpose172, const float* __restrict__ reshape171, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 5; _t /= 5;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose172[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape171[b0 * 160 + t3 * 32 + t1 * 16 + t2];
+}
+
+__device__ __forceinline__ void pk9_k7_reshape167_k14_transpose176(float* __restrict__ transpose176, const float* __restrict__ reshape175, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -415,6 +419,31 @@ extern "C" __global__ void __launch_bounds__(160) k14_transpose176(float* __rest
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
   transpose176[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape175[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+}
+
+extern "C" __global__ void __launch_bounds__(160) pk9_k7_reshape167(float* __restrict__ reshape167, const float* __restrict__ add166, float* __restrict__ transpose172, const float* __restrict__ reshape171, float* __restrict__ transpose176, const float* __restrict__ reshape175) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k7_reshape167: 2 blocks of 160
+    pk9_k7_reshape167_k7_reshape167(reshape167, add166, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k11_transpose172: 2 blocks of 160
+    pk9_k7_reshape167_k11_transpose172(transpose172, reshape171, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k14_transpose176: 2 blocks of 160
+    pk9_k7_reshape167_k14_transpose176(transpose176, reshape175, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(160) k8_transpose168(float* __restrict__ transpose168, const float* __restrict__ reshape167) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 5; _t /= 5;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose168[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape167[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k15_matmul177(float* __restrict__ matmul177, const float* __restrict__ transpose168, const float* __restrict__ transpose172) {
@@ -844,34 +873,6 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul194(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k26_reshape196(float* __restrict__ reshape196, const float* __restrict__ add195) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape196[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add195[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) k27_transpose197(float* __restrict__ transpose197, const float* __restrict__ reshape196) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose197[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape196[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
 extern "C" __global__ void __launch_bounds__(256) k28_matmul198(float* __restrict__ add199, const float* __restrict__ layer_norm193, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
@@ -920,34 +921,6 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul198(float* __restric
       if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add199[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul198 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(160) k29_reshape200(float* __restrict__ reshape200, const float* __restrict__ add199) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape200[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add199[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) k30_transpose201(float* __restrict__ transpose201, const float* __restrict__ reshape200) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 5; _t /= 5;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose201[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape200[b0 * 160 + t3 * 32 + t1 * 16 + t2];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k31_matmul202(float* __restrict__ add203, const float* __restrict__ layer_norm193, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
@@ -1000,8 +973,22 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul202(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k32_reshape204(float* __restrict__ reshape204, const float* __restrict__ add203) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk24_k29_reshape200_k29_reshape200(float* __restrict__ reshape200, const float* __restrict__ add199, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 5; _t /= 5;
+  const int t0 = _t;
+  reshape200[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add199[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk24_k29_reshape200_k32_reshape204(float* __restrict__ reshape204, const float* __restrict__ add203, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -1014,8 +1001,45 @@ extern "C" __global__ void __launch_bounds__(160) k32_reshape204(float* __restri
   reshape204[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add203[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k33_transpose205(float* __restrict__ transpose205, const float* __restrict__ reshape204) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(160) pk24_k29_reshape200(float* __restrict__ reshape200, const float* __restrict__ add199, float* __restrict__ reshape204, const float* __restrict__ add203) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k29_reshape200: 2 blocks of 160
+    pk24_k29_reshape200_k29_reshape200(reshape200, add199, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k32_reshape204: 2 blocks of 160
+    pk24_k29_reshape200_k32_reshape204(reshape204, add203, pf_b - 2, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pk25_k26_reshape196_k26_reshape196(float* __restrict__ reshape196, const float* __restrict__ add195, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 5; _t /= 5;
+  const int t0 = _t;
+  reshape196[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add195[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pk25_k26_reshape196_k30_transpose201(float* __restrict__ transpose201, const float* __restrict__ reshape200, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 5; _t /= 5;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose201[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape200[b0 * 160 + t3 * 32 + t1 * 16 + t2];
+}
+
+__device__ __forceinline__ void pk25_k26_reshape196_k33_transpose205(float* __restrict__ transpose205, const float* __restrict__ reshape204, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -1026,6 +1050,31 @@ extern "C" __global__ void __launch_bounds__(160) k33_transpose205(float* __rest
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
   transpose205[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape204[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+}
+
+extern "C" __global__ void __launch_bounds__(160) pk25_k26_reshape196(float* __restrict__ reshape196, const float* __restrict__ add195, float* __restrict__ transpose201, const float* __restrict__ reshape200, float* __restrict__ transpose205, const float* __restrict__ reshape204) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k26_reshape196: 2 blocks of 160
+    pk25_k26_reshape196_k26_reshape196(reshape196, add195, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k30_transpose201: 2 blocks of 160
+    pk25_k26_reshape196_k30_transpose201(transpose201, reshape200, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k33_transpose205: 2 blocks of 160
+    pk25_k26_reshape196_k33_transpose205(transpose205, reshape204, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(160) k27_transpose197(float* __restrict__ transpose197, const float* __restrict__ reshape196) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 5; _t /= 5;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose197[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape196[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(256) k34_matmul206(float* __restrict__ matmul206, const float* __restrict__ transpose197, const float* __restrict__ transpose201) {

@@ -45,8 +45,21 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(68) k0_reshape368(float* __restrict__ concat369, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pk0_k3_matmul378_k3_matmul378(float* __restrict__ matmul378, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  float r_matmul378_acc;
+  r_matmul378_acc = 0.0f;
+  for (int c0 = 0; (c0 <= 5); c0 += 1) {
+    r_matmul378_acc = r_matmul378_acc + (wide_features[t0 * 6 + c0] * wide_w[c0 + 0]);
+  }
+  matmul378[t0 + 0] = r_matmul378_acc;
+}
+
+__device__ __forceinline__ void pk0_k3_matmul378_k0_reshape368(float* __restrict__ concat369, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -57,6 +70,16 @@ extern "C" __global__ void __launch_bounds__(68) k0_reshape368(float* __restrict
     r_reshape368 = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
   }
   concat369[t0 * 17 + t1] = ((t1 < 12) ? r_reshape368 : dense_features[t0 * 5 + (t1 - 12)]);
+}
+
+extern "C" __global__ void __launch_bounds__(68) pk0_k3_matmul378(float* __restrict__ matmul378, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat369, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k3_matmul378: 1 blocks of 4
+    const int pf_v = (pf_b - 0) * 17 + (int)threadIdx.x / 4;
+    if (pf_v < 1) pk0_k3_matmul378_k3_matmul378(matmul378, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
+  } else if (pf_b < 2) {  // k0_reshape368: 1 blocks of 68
+    pk0_k3_matmul378_k0_reshape368(concat369, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) k1_matmul370(float* __restrict__ relu372, const float* __restrict__ concat369, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
@@ -155,19 +178,6 @@ extern "C" __global__ void __launch_bounds__(256) k2_matmul373(float* __restrict
       if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu375[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add374, 0.0f); }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(4) k3_matmul378(float* __restrict__ matmul378, const float* __restrict__ wide_features, const float* __restrict__ wide_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  float r_matmul378_acc;
-  r_matmul378_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 5); c0 += 1) {
-    r_matmul378_acc = r_matmul378_acc + (wide_features[t0 * 6 + c0] * wide_w[c0 + 0]);
-  }
-  matmul378[t0 + 0] = r_matmul378_acc;
 }
 
 extern "C" __global__ void __launch_bounds__(4) k4_matmul376(float* __restrict__ sigmoid381, const float* __restrict__ relu375, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ matmul378, const float* __restrict__ wide_bias) {

@@ -1,0 +1,84 @@
+"""Block-range dispatch: several independent kernels printed as one ``__global__`` (Layer 3).
+
+Each part's ``__global__`` becomes a ``__device__`` function taking its local block index
+(``pf_block``, replacing ``blockIdx.x``) and, for a part without barriers, its local thread
+index (``pf_thread``, replacing ``threadIdx.x``). The dispatch kernel gives part ``i`` the
+``blockIdx.x`` range ``[first, first + blocks)``; the branch condition is uniform per block,
+so a part's barriers are reached by every thread of its blocks. A barrier-free part whose
+block is smaller than the padded one runs ``fold`` of its blocks side by side in one padded
+block; threads past its last block do nothing. Which parts and which layout come from
+:mod:`polyfuse.stitch.parallel`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
+
+_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+
+
+def _device_function(k: Kernel, fn: str, free: bool) -> str:
+    """``k``'s source as ``__device__ void fn(params..., pf_block, pf_thread)``."""
+    m = _HEAD.search(k.source)
+    assert m is not None, k.name
+    close = k.source.index(") {", m.end())
+    head = f"__device__ __forceinline__ void {fn}({k.source[m.end() : close]}, "
+    head += "const int pf_block, const int pf_thread) {"
+    body = k.source[close + 3 :].replace("blockIdx.x", "pf_block")
+    if free:
+        body = body.replace("threadIdx.x", "pf_thread")
+    return k.source[: m.start()] + head + body
+
+
+def pack_kernels(
+    name: str, parts: list[Kernel], block: int, ranges: list[tuple[int, int, int]]
+) -> Kernel:
+    """One kernel running ``parts``: part ``i`` owns blocks ``[first, first + blocks)`` of
+    ``ranges[i] = (first, blocks, fold)``; ``fold > 1`` packs that many of its blocks
+    (``block // fold`` threads each) into one; ``fold == 1`` with fewer threads than ``block``
+    guards the extra threads off (only for parts without barriers)."""
+    funcs, calls, params = [], [], []
+    for k, (first, blocks, fold) in zip(parts, ranges, strict=True):
+        threads = k.block[0]
+        free = threads != block or fold > 1
+        fn = f"{name}_{k.name}"
+        funcs.append(_device_function(k, fn, free))
+        args = ", ".join(p.name for p in k.params)
+        cond = f"pf_b < {first + blocks}"
+        if free:
+            call = [
+                f"    const int pf_v = (pf_b - {first}) * {fold} + (int)threadIdx.x / {threads};",
+                f"    if (pf_v < {k.grid[0]}) {fn}({args}, pf_v, (int)threadIdx.x % {threads});",
+            ]
+        else:
+            call = [f"    {fn}({args}, pf_b - {first}, (int)threadIdx.x);"]
+        kw = "if" if not calls else "} else if"
+        calls += [f"  {kw} ({cond}) {{  // {k.name}: {k.grid[0]} blocks of {threads}"] + call
+        seen = {p.name for p in params}  # a buffer several parts read is passed once
+        params += [KParam(p.name, p.ctype, p.tensor) for p in k.params if p.name not in seen]
+    sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in params)
+    lines = [f'extern "C" __global__ void __launch_bounds__({block}) {name}({sig}) {{']
+    lines += ["  const int pf_b = blockIdx.x;"] + calls + ["  }", "}"]
+    source = "\n".join(funcs) + "\n" + "\n".join(lines) + "\n"
+    grid = sum(n for _, n, _ in ranges)
+    notes = [
+        f"parallel stitch: blocks [{f}, {f + n}) run {k.name}"
+        + (f" ({fold} of its {k.block[0]}-thread blocks per block)" if fold > 1 else "")
+        for k, (f, n, fold) in zip(parts, ranges, strict=True)
+    ]
+    notes += [f"{k.name}: {n}" for k in parts for n in k.notes]
+    return Kernel(
+        name,
+        params,
+        [KMark(f"pack:{k.name}", k.body) for k in parts],
+        (grid, 1, 1),
+        (block, 1, 1),
+        [m for k in parts for m in k.micrographs],
+        shared_bytes=max(k.shared_bytes for k in parts),
+        source=source,
+        bytes_read=sum(k.bytes_read for k in parts),
+        bytes_written=sum(k.bytes_written for k in parts),
+        notes=notes,
+    )

@@ -1,0 +1,467 @@
+"""Layer 3: parallel stitching — independent kernels share one launch (APOLLO Algorithm 3).
+
+After Layer 2, kernels with no dependence path between them on the kernel DAG (edges from the
+buffers each kernel reads and writes, :func:`polyfuse.cuda.launch.dependence_preds`) may run
+in one launch by *block-range dispatch*: each part owns a range of ``blockIdx.x`` and runs its
+own body with a local block index (emitted by :mod:`polyfuse.cuda.pack`). The block is padded
+to the largest part:
+
+- a *collective* part (barriers, warp shuffles or shared memory) must use the whole padded
+  block, since every thread of its block has to reach its barriers; it is refused otherwise;
+- a *free* part (none of those) is folded: ``block / its threads`` of its blocks share one
+  padded block (``block`` must be a multiple of its threads), so no thread idles.
+
+Packing never creates a cycle: a group is packed only when no member reaches another on the
+DAG with every earlier pack contracted (a path A→C→B forbids packing A and B). Parts may
+share buffers they only read (the branches of a multi-head op); the pack's distinct bytes then
+count each shared element once (isl, :func:`polyfuse.poly.footprint.read_overlap`).
+
+The cost model (:func:`modelled_us`, all figures *modelled*, never measured): one launch costs
+``launch_us`` plus, per wave of resident blocks, the wave's bytes at the DRAM rate scaled by how
+many useful threads are resident per SM (``saturating_threads`` reach the full rate). Resident
+blocks per SM follow the padded block, the summed static shared memory of the parts, the
+largest dynamic shared memory and the largest register count. Algorithm 3: candidates sorted by
+modelled cost (descending); a group of ``k`` is packed when separate launches minus the packed
+launch (the gain) is positive, otherwise ``k`` shrinks by one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.cuda.launch import dependence_preds
+from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT
+from polyfuse.decision import DecisionKind
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.footprint import read_overlap
+from polyfuse.poly.model import PolyModel
+from polyfuse.stitch.plan import KernelPlan
+
+# barriers, warp-collective intrinsics (``*_sync(``), shared memory, async copies, inline PTX
+_COLLECTIVE = re.compile(
+    r"__syncthreads|__syncwarp|_sync\(|pf_allreduce|__shared__|__pipeline|\basm\b"
+)
+# what block-range dispatch does not rewrite (a folded part's blockDim differs from the launch's)
+_OTHER_AXES = re.compile(
+    r"\b(?:blockIdx|threadIdx|gridDim|blockDim)\.[yz]\b|\b(?:gridDim|blockDim)\.x\b"
+)
+_STATIC_SMEM = re.compile(r"__shared__\s+float\s+\w+\[(\d+)\]")
+_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Thresholds of the parallel-stitching cost model (modelled, documented assumptions)."""
+
+    saturating_threads: int = 1024  # useful resident threads per SM that reach full DRAM rate
+    max_blocks_per_sm: int = 32  # sm_70..sm_90
+    default_registers: int = 32  # per thread, when ptxas has not reported (compile before check)
+    min_gain_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class PartShape:
+    """What legality and the cost model need of one kernel."""
+
+    name: str
+    grid: int
+    threads: int
+    bytes: int
+    collective: bool
+    static_smem: int
+    dynamic_smem: int
+    registers: int | None
+    ineligible: str | None = None  # why this kernel cannot be a part at all
+
+
+@dataclass
+class PackDecision:
+    """A pack made or refused by Layer 3, with its reason and modelled gain."""
+
+    kernels: list[str]
+    packed: bool
+    reason: str
+    gain_us: float | None = None
+    name: str | None = None  # the packed kernel
+    micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
+    kind: str = field(default="parallel stitch", init=False)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+
+    @property
+    def decision_kinds(self) -> tuple[DecisionKind, ...]:
+        """Every kind of this decision: Layer 3, packed or not, and the reason's kinds."""
+        packed = (DecisionKind.PACKED,) if self.packed else ()
+        return (DecisionKind.PARALLEL_STITCH, *packed, *self.kinds)
+
+    def __str__(self) -> str:
+        verb = f"packed into {self.name}" if self.packed else "not packed"
+        gain = f" (modelled gain {self.gain_us:.2f} us)" if self.gain_us is not None else ""
+        return f"{' + '.join(self.kernels)}: {verb}{gain}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class PackLayout:
+    """Block-range dispatch of a pack: padded block, and per part (first block, blocks,
+    part blocks folded into one padded block)."""
+
+    block: int
+    ranges: list[tuple[int, int, int]]
+
+    @property
+    def grid(self) -> int:
+        return sum(n for _, n, _ in self.ranges)
+
+
+def part_shape(k: Kernel) -> PartShape:
+    """The kernel as a candidate part (``ineligible`` says why it cannot be one)."""
+    why = None
+    if k.grid[1:] != (1, 1) or k.block[1:] != (1, 1):
+        why = f"{k.name}: 2-D launch shape {k.grid}x{k.block}"
+    elif not _HEAD.search(k.source):
+        why = f'{k.name}: its source is not one extern "C" __global__ function'
+    elif _OTHER_AXES.search(k.source):
+        why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
+    elif "__global__" in k.source[_HEAD.search(k.source).end() :]:
+        why = f"{k.name}: already a packed launch"
+    elif any(p.ctype not in ("const float*", "float*") for p in k.params):
+        why = f"{k.name}: scalar parameters"
+    smem = sum(4 * int(n) for n in _STATIC_SMEM.findall(k.source))
+    regs = k.registers  # ptxas's count, else the tiler's estimate (GEMM kernels), else unknown
+    est = (re.search(r"estimated (\d+) registers/thread", n) for n in k.notes)
+    regs = regs or next((int(m.group(1)) for m in est if m), None)
+    return PartShape(
+        k.name,
+        k.grid[0],
+        k.block[0],
+        k.bytes_read + k.bytes_written,
+        bool(_COLLECTIVE.search(k.source)),
+        smem,
+        k.shared_bytes,
+        regs,
+        why,
+    )
+
+
+def pack_layout(parts: list[PartShape]) -> PackLayout | str:
+    """The dispatch layout of ``parts`` (in this order), or why they cannot share a block."""
+    coll = {p.threads for p in parts if p.collective}
+    if len(coll) > 1:
+        names = ", ".join(f"{p.name} ({p.threads})" for p in parts if p.collective)
+        return f"launch shapes differ: parts with barriers need their own block size: {names}"
+    block = coll.pop() if coll else max(p.threads for p in parts)
+    ranges, first = [], 0
+    for p in parts:
+        if p.collective:
+            ranges.append((first, p.grid, 1))
+        else:
+            if p.threads > block or block % p.threads:
+                return (
+                    f"launch shapes differ: {p.name}'s {p.threads} threads do not divide the "
+                    f"{block}-thread block of a part with barriers"
+                )
+            fold = block // p.threads
+            ranges.append((first, -(-p.grid // fold), fold))
+        first += ranges[-1][1]
+    return PackLayout(block, ranges)
+
+
+def _blocks_per_sm(block: int, smem: int, regs: int, device: DeviceSpec, cfg: PackConfig) -> int:
+    by_threads = device.max_threads_per_sm // block
+    by_smem = device.smem_per_sm // smem if smem else cfg.max_blocks_per_sm
+    by_regs = device.regs_per_sm // max(1, regs * block)
+    return max(0, min(by_threads, by_smem, by_regs, cfg.max_blocks_per_sm))
+
+
+def modelled_us(
+    parts: list[PartShape], device: DeviceSpec, cfg: PackConfig, layout: PackLayout | None = None
+) -> float:
+    """Modelled time (µs) of one launch running ``parts`` (one part: the kernel alone)."""
+    if layout is None:
+        (p,) = parts
+        layout = PackLayout(p.threads, [(0, p.grid, 1)])
+    smem = sum(p.static_smem for p in parts) + max(p.dynamic_smem for p in parts)
+    regs = max(p.registers or cfg.default_registers for p in parts)
+    per_sm = _blocks_per_sm(layout.block, smem, regs, device, cfg)
+    if per_sm == 0:
+        return float("inf")
+    blocks = layout.grid
+    useful = sum(p.grid * p.threads for p in parts) / max(1, blocks)  # per padded block
+    resident = min(blocks, per_sm * device.sms)
+    waves = -(-blocks // resident)
+    rate = (
+        device.dram_gbps * 1e3 * min(1.0, resident * useful / device.sms / cfg.saturating_threads)
+    )
+    wave_bytes = sum(p.bytes for p in parts) / blocks * resident
+    return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)
+
+
+def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
+    """Why the parts' shared memory does not fit one block (static arrays add up), or None."""
+    static = sum(p.static_smem for p in parts)
+    total = static + max(p.dynamic_smem for p in parts)
+    if static > STATIC_SMEM_LIMIT:
+        return f"static shared memory of the parts ({static} B) does not fit 48 KB"
+    if total > device.smem_per_block_optin:
+        return f"shared memory of the parts ({total} B) does not fit one block of {device.name}"
+    return None
+
+
+def _conflict(
+    parts: list[PartShape], accesses, shareable: list[set[str]], b: int, group: list[int]
+) -> tuple[str, tuple[DecisionKind, ...]] | None:
+    """Why ``b`` cannot join ``group`` through a common buffer: one that some part writes, or
+    one whose overlap cannot be counted (not in both parts' ``shareable`` reads)."""
+    rb, wb = accesses[b]
+    for a in group:
+        ra, wa = accesses[a]
+        common = (ra | wa) & (rb | wb)
+        if not common:
+            continue
+        names = ", ".join(sorted(common))
+        if (wa | wb) & common:
+            why = f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
+            return why, ()
+        if not common <= shareable[a] & shareable[b]:
+            why = (
+                f"{parts[b].name} and {parts[a].name} both read {names}: shared buffers are "
+                "not packed when a part comes from the compile cache or stages them in shared "
+                "memory (the pack's distinct bytes could not be counted)"
+            )
+            return why, (DecisionKind.SHARED_BUFFER,)
+    return None
+
+
+def plan_packs(
+    parts: list[PartShape],
+    accesses: list[tuple[set[str], set[str]]],
+    device: DeviceSpec,
+    cfg: PackConfig | None = None,
+    shareable: list[set[str]] | None = None,
+) -> tuple[list[list[int]], list[PackDecision]]:
+    """Algorithm 3 over the kernel DAG: the launches as groups of kernel indices (in a
+    topological order of the contracted DAG; singletons stay alone) and every decision.
+    ``shareable[i]``: the buffers kernel ``i`` may read together with other parts (default:
+    all it reads)."""
+    cfg = cfg or PackConfig()
+    n = len(parts)
+    shareable = shareable if shareable is not None else [set(r) for r, _ in accesses]
+    preds = dependence_preds(accesses)
+    cluster = list(range(n))  # representative of each kernel's pack
+    members = {i: [i] for i in range(n)}
+    decisions: list[PackDecision] = []
+    if n < 2:
+        return [[i] for i in range(n)], decisions
+
+    def reach() -> dict[int, int]:
+        """Bitmask of the clusters each cluster reaches, on the contracted DAG."""
+        succ: dict[int, set[int]] = {c: set() for c in members}
+        for j in range(n):
+            for i in preds[j]:
+                if cluster[i] != cluster[j]:
+                    succ[cluster[i]].add(cluster[j])
+        memo: dict[int, int] = {}
+
+        def go(c: int) -> int:
+            if c not in memo:
+                memo[c] = 0
+                m = 0
+                for s in succ[c]:
+                    m |= (1 << s) | go(s)
+                memo[c] = m
+            return memo[c]
+
+        for c in members:
+            go(c)
+        return memo
+
+    def path(r: dict[int, int], a: int, b: int) -> bool:
+        ca, cb = cluster[a], cluster[b]
+        return bool(r[ca] >> cb & 1 or r[cb] >> ca & 1)
+
+    for p in parts:
+        if p.ineligible:
+            decisions.append(PackDecision([p.name], False, f"not a candidate: {p.ineligible}"))
+    cand = [i for i in range(n) if not parts[i].ineligible]
+    alone = {i: modelled_us([parts[i]], device, cfg) for i in cand}
+    cand.sort(key=lambda i: (-alone[i], i))
+    visited: set[int] = set()
+    for a in cand:
+        if a in visited:
+            continue
+        r = reach()
+        group, dependent = [a], []
+        for b in cand:
+            if b == a or b in visited:
+                continue
+            if any(path(r, b, g) for g in group):
+                dependent.append(parts[b].name)
+                continue
+            conflict = _conflict(parts, accesses, shareable, b, group)
+            if conflict:
+                why, kinds = conflict
+                pair = [parts[a].name, parts[b].name]
+                decisions.append(PackDecision(pair, False, why, kinds=kinds))
+                continue
+            group.append(b)
+        if dependent:
+            shown = ", ".join(dependent[:6]) + (
+                f" +{len(dependent) - 6} more" if dependent[6:] else ""
+            )
+            decisions.append(
+                PackDecision(
+                    [parts[a].name],
+                    False,
+                    f"dependence path on the kernel DAG (packing would form a cycle) to {shown}",
+                    kinds=(DecisionKind.CYCLE,),
+                )
+            )
+        m = 0
+        while len(group) - m >= 2:
+            k = len(group) - m
+            while k >= 2:
+                # members are pairwise independent, and contracting some of them cannot join
+                # two others (that path would need a member reaching a contracted one)
+                sub = group[m : m + k]
+                lay = pack_layout([parts[i] for i in sub])
+                if isinstance(lay, str):  # the only refusal: launch shapes differ
+                    kinds = (DecisionKind.FORM_MISMATCH,)
+                    decisions.append(
+                        PackDecision([parts[i].name for i in sub], False, lay, kinds=kinds)
+                    )
+                    k -= 1
+                    continue
+                why = _fits([parts[i] for i in sub], device)
+                if why:
+                    kinds = (DecisionKind.FOOTPRINT,)
+                    decisions.append(
+                        PackDecision([parts[i].name for i in sub], False, why, kinds=kinds)
+                    )
+                    k -= 1
+                    continue
+                sep = sum(alone[i] for i in sub)
+                packed = modelled_us([parts[i] for i in sub], device, cfg, lay)
+                gain = sep - packed
+                if not math.isfinite(packed) or gain <= cfg.min_gain_us:
+                    why = (
+                        f"cost model: no gain (separate {sep:.2f} us, packed {packed:.2f} us, "
+                        f"block {lay.block}, modelled)"
+                    )
+                    names = [parts[i].name for i in sub]
+                    cost = (DecisionKind.COST_MODEL,)
+                    decisions.append(PackDecision(names, False, why, gain, kinds=cost))
+                    k -= 1
+                    continue
+                rep = min(sub)  # every member is still a kernel alone (not yet visited)
+                for i in sub:
+                    del members[i]
+                    cluster[i] = rep
+                members[rep] = sorted(sub)
+                why = (
+                    f"cost model: separate {sep:.2f} us, packed {packed:.2f} us "
+                    f"({lay.grid} blocks of {lay.block} threads, modelled)"
+                )
+                names = [parts[i].name for i in sub]
+                cost = (DecisionKind.COST_MODEL,)
+                decisions.append(PackDecision(names, True, why, gain, kinds=cost))
+                visited.update(sub)
+                break
+            m += max(k, 1)
+        visited.add(a)
+    return _topological_groups(preds, cluster, members), decisions
+
+
+def _topological_groups(preds, cluster: list[int], members: dict[int, list[int]]):
+    """The packs in a topological order of the contracted DAG (ties: smallest kernel first)."""
+    cpreds: dict[int, set[int]] = {c: set() for c in members}
+    for j, ps in enumerate(preds):
+        for i in ps:
+            if cluster[i] != cluster[j]:
+                cpreds[cluster[j]].add(cluster[i])
+    out, done = [], set()
+    while len(out) < len(members):
+        ready = [c for c in members if c not in done and cpreds[c] <= done]
+        if not ready:  # cannot happen: every pack was checked for paths first
+            raise AssertionError("parallel stitching formed a cycle")
+        c = min(ready, key=lambda c: min(members[c]))
+        out.append(list(members[c]))
+        done.add(c)
+    return out
+
+
+def stitch_parallel(
+    kernels: list[Kernel],
+    plans: list[KernelPlan],
+    mapped: list,
+    micrograph_models: list[list[PolyModel]],
+    device: DeviceSpec,
+    cfg: PackConfig | None = None,
+) -> tuple[list[Kernel], list[KernelPlan], list, list[PackDecision]]:
+    """Layer 3 over the kernels of one graph: the launched kernels (packs emitted by
+    :func:`polyfuse.cuda.pack.pack_kernels`), their plans, layouts (None for a pack) and
+    every decision. ``kernels`` come in launch order; the result is in a launch order too.
+    ``micrograph_models[i]``: the isl models of kernel ``i``'s micrographs, whose reads give
+    the footprint of a kernel from the compile cache that runs one micrograph."""
+    from polyfuse.compiled import kernel_accesses
+    from polyfuse.cuda.pack import pack_kernels
+
+    cfg = cfg or PackConfig()
+    shapes = [part_shape(k) for k in kernels]
+    models: list[tuple[PolyModel, dict] | None] = []
+    for kp, mgs in zip(plans, micrograph_models, strict=True):
+        if len(kp.parts) == 1:  # generated now: the kernel's own model
+            models.append((kp.parts[0].scheduled.model, kp.placements))
+        elif kp.cached and len(mgs) == 1:  # one micrograph, its accesses unchanged
+            models.append((mgs[0], kp.placements))
+        else:
+            models.append(None)
+    accesses = kernel_accesses(kernels)
+    shareable = [  # read from global memory, with a footprint isl can intersect
+        {
+            t
+            for t in accesses[i][0]
+            if m is not None
+            and t in m[1]
+            and m[1][t].space == "global"
+            and not m[1][t].register_copy
+        }
+        for i, m in enumerate(models)
+    ]
+    groups, decisions = plan_packs(shapes, accesses, device, cfg, shareable)
+    out_k, out_p, out_m = [], [], []
+    names = {tuple(d.kernels): d for d in decisions if d.packed}
+    for j, g in enumerate(groups):
+        if len(g) == 1:
+            (i,) = g
+            out_k.append(kernels[i])
+            out_p.append(plans[i])
+            out_m.append(mapped[i])
+            continue
+        d = next(d for key, d in names.items() if set(key) == {kernels[i].name for i in g})
+        g = [i for name in d.kernels for i in g if kernels[i].name == name]  # decision order
+        lay = pack_layout([shapes[i] for i in g])
+        assert not isinstance(lay, str)
+        name = f"pk{j}_{kernels[g[0]].name}"
+        d.name = name
+        d.micrographs = [list(kernels[i].micrographs) for i in g]
+        packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
+        reads = [t for i in g for t in accesses[i][0]]
+        for t in sorted({t for t in reads if reads.count(t) > 1}):
+            sharing = [models[i] for i in g if t in accesses[i][0]]
+            packed.bytes_read -= read_overlap(sharing, t)  # each element counted once
+        out_k.append(packed)
+        placements = {t: p for i in g for t, p in plans[i].placements.items()}
+        cached = any(plans[i].cached for i in g)  # a cached part has no layouts to list
+        out_p.append(
+            KernelPlan(
+                name,
+                [] if cached else [p for i in g for p in plans[i].parts],
+                placements,
+                names=[m for i in g for m in kernels[i].micrographs],
+                cached=cached,
+            )
+        )
+        out_m.append(None)
+    return out_k, out_p, out_m, decisions
