@@ -39,11 +39,18 @@ def graphs(tiny_zoo: bool = True) -> Iterator[tuple[str, Graph]]:
         yield f"example_{name}", lambda ex=ex: (*ex.build()[:2], {})
     for name in suite.NAMES:
         yield f"suite_{name}", lambda name=name: (*suite.build(name, SUITE_SCALE)[:2], {})
-    for case in build_cases():
-        yield f"case_{case.name}", lambda case=case: (case.inputs, case.outputs, {})
+    for case in build_cases():  # rebuilt per graph: names then do not depend on the order
+        yield f"case_{case.name}", lambda name=case.name: _case(name)
     if tiny_zoo:
         for name in zoo.MODELS:
             yield f"zoo_{name}", lambda name=name: _zoo(name)
+
+
+def _case(name: str) -> tuple[list, list, dict]:
+    from cases import build_cases
+
+    (case,) = [c for c in build_cases() if c.name == name]
+    return case.inputs, case.outputs, {}
 
 
 def _zoo(name: str) -> tuple[list, list, dict]:
@@ -53,10 +60,22 @@ def _zoo(name: str) -> tuple[list, list, dict]:
     return m.inputs, m.outputs, m.constants
 
 
+def fresh_names() -> None:
+    """Restart the default-name counters of ``ops`` and ``te`` (``mul0``, ``k0``, ...), so a
+    graph's generated names do not depend on what the process built before it."""
+    import itertools
+
+    from polyfuse import ops, te
+
+    ops._counter = itertools.count()
+    te._names = itertools.count()
+
+
 def cuda_of(name: str, graph: Graph) -> str:
     """The CUDA translation unit the compiler generates for ``graph``."""
     import polyfuse
 
+    fresh_names()
     inputs, outputs, constants = graph()
     fn = polyfuse.compile(
         inputs, outputs, constants=constants, check_cuda=False, cache=None, name=name

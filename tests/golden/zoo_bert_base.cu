@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_matmul44(float* __restrict__ add45, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) k3_matmul4(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -57,13 +57,13 @@ extern "C" __global__ void __launch_bounds__(256) k3_matmul44(float* __restrict_
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer0_attn_k_w[1032];
-  float r_matmul44_acc[2][4];
-  float r_matmul44;
+  float r_matmul4_acc[2][4];
+  float r_matmul4;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul44_acc[ii1][ii2] = 0.0f;
+      r_matmul4_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -79,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(256) k3_matmul44(float* __restrict_
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul44_acc[ii1][ii2] = r_matmul44_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul4_acc[ii1][ii2] = r_matmul4_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -89,13 +89,13 @@ extern "C" __global__ void __launch_bounds__(256) k3_matmul44(float* __restrict_
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul44 = r_matmul44_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add45[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul44 + layer0_attn_k_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul4 = r_matmul4_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul4 + layer0_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_matmul48(float* __restrict__ add49, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_v_w, const float* __restrict__ layer0_attn_v_bias) {
+extern "C" __global__ void __launch_bounds__(256) k6_matmul8(float* __restrict__ add9, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_v_w, const float* __restrict__ layer0_attn_v_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -107,13 +107,13 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul48(float* __restrict_
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer0_attn_v_w[1032];
-  float r_matmul48_acc[2][4];
-  float r_matmul48;
+  float r_matmul8_acc[2][4];
+  float r_matmul8;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul48_acc[ii1][ii2] = 0.0f;
+      r_matmul8_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul48(float* __restrict_
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul48_acc[ii1][ii2] = r_matmul48_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul8_acc[ii1][ii2] = r_matmul8_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -139,13 +139,13 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul48(float* __restrict_
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul48 = r_matmul48_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add49[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul48 + layer0_attn_v_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul8 = r_matmul8_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add9[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul8 + layer0_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk2_k0_matmul40_k0_matmul40(float* __restrict__ add41, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk2_k0_matmul0_k0_matmul0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -157,13 +157,13 @@ __device__ __forceinline__ void pk2_k0_matmul40_k0_matmul40(float* __restrict__ 
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer0_attn_q_w[1032];
-  float r_matmul40_acc[2][4];
-  float r_matmul40;
+  float r_matmul0_acc[2][4];
+  float r_matmul0;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul40_acc[ii1][ii2] = 0.0f;
+      r_matmul0_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -179,7 +179,7 @@ __device__ __forceinline__ void pk2_k0_matmul40_k0_matmul40(float* __restrict__ 
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul40_acc[ii1][ii2] = r_matmul40_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul0_acc[ii1][ii2] = r_matmul0_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -189,13 +189,13 @@ __device__ __forceinline__ void pk2_k0_matmul40_k0_matmul40(float* __restrict__ 
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul40 = r_matmul40_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add41[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul40 + layer0_attn_q_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul0 = r_matmul0_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add1[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul0 + layer0_attn_q_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk2_k0_matmul40_k4_reshape46(float* __restrict__ reshape46, const float* __restrict__ add45, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk2_k0_matmul0_k4_reshape6(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -206,10 +206,10 @@ __device__ __forceinline__ void pk2_k0_matmul40_k4_reshape46(float* __restrict__
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape46[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add45[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk2_k0_matmul40_k7_reshape50(float* __restrict__ reshape50, const float* __restrict__ add49, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk2_k0_matmul0_k7_reshape10(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -220,21 +220,21 @@ __device__ __forceinline__ void pk2_k0_matmul40_k7_reshape50(float* __restrict__
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape50[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add49[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk2_k0_matmul40(float* __restrict__ add41, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape46, const float* __restrict__ add45, float* __restrict__ reshape50, const float* __restrict__ add49) {
+extern "C" __global__ void __launch_bounds__(256) pk2_k0_matmul0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k0_matmul40: 2 blocks of 256
-    pk2_k0_matmul40_k0_matmul40(add41, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k4_reshape46: 2 blocks of 256
-    pk2_k0_matmul40_k4_reshape46(reshape46, add45, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k7_reshape50: 2 blocks of 256
-    pk2_k0_matmul40_k7_reshape50(reshape50, add49, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
+    pk2_k0_matmul0_k0_matmul0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
+    pk2_k0_matmul0_k4_reshape6(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
+    pk2_k0_matmul0_k7_reshape10(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk3_k1_reshape42_k1_reshape42(float* __restrict__ reshape42, const float* __restrict__ add41, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk3_k1_reshape2_k1_reshape2(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -245,10 +245,10 @@ __device__ __forceinline__ void pk3_k1_reshape42_k1_reshape42(float* __restrict_
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape42[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add41[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape2[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add1[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk3_k1_reshape42_k5_transpose47(float* __restrict__ transpose47, const float* __restrict__ reshape46, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk3_k1_reshape2_k5_transpose7(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -259,10 +259,10 @@ __device__ __forceinline__ void pk3_k1_reshape42_k5_transpose47(float* __restric
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose47[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape46[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+  transpose7[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape6[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk3_k1_reshape42_k8_transpose51(float* __restrict__ transpose51, const float* __restrict__ reshape50, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk3_k1_reshape2_k8_transpose11(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -273,21 +273,21 @@ __device__ __forceinline__ void pk3_k1_reshape42_k8_transpose51(float* __restric
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose51[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape50[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose11[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape10[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk3_k1_reshape42(float* __restrict__ reshape42, const float* __restrict__ add41, float* __restrict__ transpose47, const float* __restrict__ reshape46, float* __restrict__ transpose51, const float* __restrict__ reshape50) {
+extern "C" __global__ void __launch_bounds__(256) pk3_k1_reshape2(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_reshape42: 2 blocks of 256
-    pk3_k1_reshape42_k1_reshape42(reshape42, add41, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k5_transpose47: 2 blocks of 256
-    pk3_k1_reshape42_k5_transpose47(transpose47, reshape46, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k8_transpose51: 2 blocks of 256
-    pk3_k1_reshape42_k8_transpose51(transpose51, reshape50, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
+    pk3_k1_reshape2_k1_reshape2(reshape2, add1, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k5_transpose7: 2 blocks of 256
+    pk3_k1_reshape2_k5_transpose7(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k8_transpose11: 2 blocks of 256
+    pk3_k1_reshape2_k8_transpose11(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_transpose43(float* __restrict__ transpose43, const float* __restrict__ reshape42) {
+extern "C" __global__ void __launch_bounds__(256) k2_transpose3(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -298,10 +298,10 @@ extern "C" __global__ void __launch_bounds__(256) k2_transpose43(float* __restri
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose43[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape42[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_matmul52(float* __restrict__ matmul52, const float* __restrict__ transpose43, const float* __restrict__ transpose47) {
+extern "C" __global__ void __launch_bounds__(256) k9_matmul12(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -310,24 +310,24 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul52(float* __restrict_
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose43[128];
+  __shared__ float s_transpose3[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose47[1032];
-  float r_matmul52_acc[2][4];
+  __shared__ float s_transpose7[1032];
+  float r_matmul12_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul52_acc[ii2][ii3] = 0.0f;
+      r_matmul12_acc[ii2][ii3] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose43[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose43[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose3[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose47[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose47[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
+      s_transpose7[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose7[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
     }
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -335,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul52(float* __restrict_
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul52_acc[ii2][ii3] = r_matmul52_acc[ii2][ii3] + (s_transpose43[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose47[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul12_acc[ii2][ii3] = r_matmul12_acc[ii2][ii3] + (s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose7[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -345,12 +345,12 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul52(float* __restrict_
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul52[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul52_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul12[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul12_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k10_mul53(float* __restrict__ softmax54, const float* __restrict__ matmul52) {
+extern "C" __global__ void __launch_bounds__(256) k10_mul13(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -359,35 +359,35 @@ extern "C" __global__ void __launch_bounds__(256) k10_mul53(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul53;
-  float r_softmax54_max;
-  float r_softmax54_max_acc;
-  float r_softmax54_sub;
-  float r_softmax54_exp;
-  float r_softmax54_sum;
-  float r_softmax54_sum_acc;
+  float r_mul13;
+  float r_softmax14_max;
+  float r_softmax14_max_acc;
+  float r_softmax14_sub;
+  float r_softmax14_exp;
+  float r_softmax14_sum;
+  float r_softmax14_sum_acc;
   // part:mg10
-  r_softmax54_max_acc = -INFINITY;
+  r_softmax14_max_acc = -INFINITY;
   if ((l0 <= 7)) {
-    r_mul53 = (matmul52[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_softmax54_max_acc = pf_fmaxf(r_softmax54_max_acc, r_mul53);
+    r_mul13 = (matmul12[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
+    r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, r_mul13);
   }
-  r_softmax54_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax54_max_acc, pf_scratch); r_softmax54_max = r_softmax54_max_acc;
+  r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
   // part:mg11
-  r_softmax54_sum_acc = 0.0f;
+  r_softmax14_sum_acc = 0.0f;
   if ((l0 <= 7)) {
-    r_softmax54_sub = (r_mul53 - r_softmax54_max);
-    r_softmax54_exp = expf(r_softmax54_sub);
-    r_softmax54_sum_acc = r_softmax54_sum_acc + r_softmax54_exp;
+    r_softmax14_sub = (r_mul13 - r_softmax14_max);
+    r_softmax14_exp = expf(r_softmax14_sub);
+    r_softmax14_sum_acc = r_softmax14_sum_acc + r_softmax14_exp;
   }
-  r_softmax54_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax54_sum_acc, pf_scratch); r_softmax54_sum = r_softmax54_sum_acc;
+  r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
   if ((l0 <= 7)) {
     // part:mg12
-    softmax54[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax54_exp / r_softmax54_sum);
+    softmax14[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax14_exp / r_softmax14_sum);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k11_matmul55(float* __restrict__ matmul55, const float* __restrict__ softmax54, const float* __restrict__ transpose51) {
+extern "C" __global__ void __launch_bounds__(256) k11_matmul15(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -396,23 +396,23 @@ extern "C" __global__ void __launch_bounds__(256) k11_matmul55(float* __restrict
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax54[128];
+  __shared__ float s_softmax14[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose51[1032];
-  float r_matmul55_acc[2][4];
+  __shared__ float s_transpose11[1032];
+  float r_matmul15_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul55_acc[ii2][ii3] = 0.0f;
+      r_matmul15_acc[ii2][ii3] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_softmax54[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax54[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
+    s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax14[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
   }
   for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose51[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose51[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
+    s_transpose11[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose11[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -420,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(256) k11_matmul55(float* __restrict
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul55_acc[ii2][ii3] = r_matmul55_acc[ii2][ii3] + (s_softmax54[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose51[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul15_acc[ii2][ii3] = r_matmul15_acc[ii2][ii3] + (s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose11[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -429,12 +429,12 @@ extern "C" __global__ void __launch_bounds__(256) k11_matmul55(float* __restrict
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul55[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul55_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul15[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul15_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_transpose56(float* __restrict__ transpose56, const float* __restrict__ matmul55) {
+extern "C" __global__ void __launch_bounds__(256) k12_transpose16(float* __restrict__ transpose16, const float* __restrict__ matmul15) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -445,10 +445,10 @@ extern "C" __global__ void __launch_bounds__(256) k12_transpose56(float* __restr
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  transpose56[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul55[b0 * 256 + t2 * 128 + t1 * 16 + t3];
+  transpose16[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul15[b0 * 256 + t2 * 128 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k13_reshape57(float* __restrict__ reshape57, const float* __restrict__ transpose56) {
+extern "C" __global__ void __launch_bounds__(256) k13_reshape17(float* __restrict__ reshape17, const float* __restrict__ transpose16) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -457,10 +457,10 @@ extern "C" __global__ void __launch_bounds__(256) k13_reshape57(float* __restric
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape57[b0 * 256 + t1 * 32 + t2] = transpose56[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
+  reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_matmul58(float* __restrict__ matmul58, const float* __restrict__ reshape57, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) k14_matmul18(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -468,21 +468,21 @@ extern "C" __global__ void __launch_bounds__(256) k14_matmul58(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape57[128];
+  __shared__ float s_reshape17[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer0_attn_o_w[1032];
-  float r_matmul58_acc[2][4];
+  float r_matmul18_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul58_acc[ii1][ii2] = 0.0f;
+      r_matmul18_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape57[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape57[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape17[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape17[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer0_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_o_w[kk0 * 32 + p1c] : 0.0f;
@@ -493,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(256) k14_matmul58(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul58_acc[ii1][ii2] = r_matmul58_acc[ii1][ii2] + (s_reshape57[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul18_acc[ii1][ii2] = r_matmul18_acc[ii1][ii2] + (s_reshape17[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -503,12 +503,12 @@ extern "C" __global__ void __launch_bounds__(256) k14_matmul58(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul58[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul58_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul18[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul18_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_add59(float* __restrict__ layer_norm61, const float* __restrict__ matmul58, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) k15_add19(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -516,31 +516,31 @@ extern "C" __global__ void __launch_bounds__(256) k15_add59(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add59;
-  float r_add60;
-  float r_layer_norm61_mean;
-  float r_layer_norm61_mean_acc;
-  float r_layer_norm61_centered;
-  float r_layer_norm61_var;
-  float r_layer_norm61_var_acc;
-  float r_layer_norm61_rstd;
+  float r_add19;
+  float r_add20;
+  float r_layer_norm21_mean;
+  float r_layer_norm21_mean_acc;
+  float r_layer_norm21_centered;
+  float r_layer_norm21_var;
+  float r_layer_norm21_var_acc;
+  float r_layer_norm21_rstd;
   // part:mg17
-  r_layer_norm61_mean_acc = 0.0f;
-  r_add59 = (matmul58[b0 * 256 + r0 * 32 + l0] + layer0_attn_o_bias[l0]);
-  r_add60 = (embeddings[b0 * 256 + r0 * 32 + l0] + r_add59);
-  r_layer_norm61_mean_acc = r_layer_norm61_mean_acc + (r_add60 * 0.03125f);
-  r_layer_norm61_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm61_mean_acc, pf_scratch); r_layer_norm61_mean = r_layer_norm61_mean_acc;
+  r_layer_norm21_mean_acc = 0.0f;
+  r_add19 = (matmul18[b0 * 256 + r0 * 32 + l0] + layer0_attn_o_bias[l0]);
+  r_add20 = (embeddings[b0 * 256 + r0 * 32 + l0] + r_add19);
+  r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (r_add20 * 0.03125f);
+  r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
   // part:mg18
-  r_layer_norm61_var_acc = 0.0f;
-  r_layer_norm61_centered = (r_add60 - r_layer_norm61_mean);
-  r_layer_norm61_var_acc = r_layer_norm61_var_acc + ((r_layer_norm61_centered * r_layer_norm61_centered) * 0.03125f);
-  r_layer_norm61_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm61_var_acc, pf_scratch); r_layer_norm61_var = r_layer_norm61_var_acc;
+  r_layer_norm21_var_acc = 0.0f;
+  r_layer_norm21_centered = (r_add20 - r_layer_norm21_mean);
+  r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((r_layer_norm21_centered * r_layer_norm21_centered) * 0.03125f);
+  r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
   // part:mg19
-  r_layer_norm61_rstd = rsqrtf((r_layer_norm61_var + 1e-05f));
-  layer_norm61[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm61_centered * r_layer_norm61_rstd) * layer0_ln1_gamma[l0]) + layer0_ln1_beta[l0]);
+  r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
+  layer_norm21[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm21_centered * r_layer_norm21_rstd) * layer0_ln1_gamma[l0]) + layer0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k16_matmul62(float* __restrict__ gelu64, const float* __restrict__ layer_norm61, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k16_matmul22(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -548,23 +548,23 @@ extern "C" __global__ void __launch_bounds__(256) k16_matmul62(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm61[128];
+  __shared__ float s_layer_norm21[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer0_ffn_fc1_w[1032];
-  float r_matmul62_acc[2][4];
-  float r_matmul62;
-  float r_add63;
+  float r_matmul22_acc[2][4];
+  float r_matmul22;
+  float r_add23;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul62_acc[ii1][ii2] = 0.0f;
+      r_matmul22_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm61[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm61[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm21[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm21[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer0_ffn_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? layer0_ffn_fc1_w[kk0 * 64 + p1c] : 0.0f;
@@ -575,7 +575,7 @@ extern "C" __global__ void __launch_bounds__(256) k16_matmul62(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul62_acc[ii1][ii2] = r_matmul62_acc[ii1][ii2] + (s_layer_norm61[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul22_acc[ii1][ii2] = r_matmul22_acc[ii1][ii2] + (s_layer_norm21[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -585,14 +585,14 @@ extern "C" __global__ void __launch_bounds__(256) k16_matmul62(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul62 = r_matmul62_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add63 = (r_matmul62 + layer0_ffn_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu64[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add63) * (1.0f + erff((r_add63 * 0.7071067811865475f)))); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul22 = r_matmul22_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu24[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.7071067811865475f)))); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_matmul65(float* __restrict__ matmul65, const float* __restrict__ gelu64, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) k17_matmul25(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -600,21 +600,21 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul65(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu64[128];
+  __shared__ float s_gelu24[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer0_ffn_fc2_w[1032];
-  float r_matmul65_acc[2][4];
+  float r_matmul25_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul65_acc[ii1][ii2] = 0.0f;
+      r_matmul25_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu64[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu64[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      s_gelu24[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu24[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer0_ffn_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_ffn_fc2_w[kk0 * 32 + p1c] : 0.0f;
@@ -625,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul65(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul65_acc[ii1][ii2] = r_matmul65_acc[ii1][ii2] + (s_gelu64[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul25_acc[ii1][ii2] = r_matmul25_acc[ii1][ii2] + (s_gelu24[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -635,12 +635,12 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul65(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul65[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul65_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul25[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul25_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k18_add66(float* __restrict__ layer_norm68, const float* __restrict__ matmul65, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm61, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) k18_add26(float* __restrict__ layer_norm28, const float* __restrict__ matmul25, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -648,31 +648,31 @@ extern "C" __global__ void __launch_bounds__(256) k18_add66(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add66;
-  float r_add67;
-  float r_layer_norm68_mean;
-  float r_layer_norm68_mean_acc;
-  float r_layer_norm68_centered;
-  float r_layer_norm68_var;
-  float r_layer_norm68_var_acc;
-  float r_layer_norm68_rstd;
+  float r_add26;
+  float r_add27;
+  float r_layer_norm28_mean;
+  float r_layer_norm28_mean_acc;
+  float r_layer_norm28_centered;
+  float r_layer_norm28_var;
+  float r_layer_norm28_var_acc;
+  float r_layer_norm28_rstd;
   // part:mg17
-  r_layer_norm68_mean_acc = 0.0f;
-  r_add66 = (matmul65[b0 * 256 + r0 * 32 + l0] + layer0_ffn_fc2_bias[l0]);
-  r_add67 = (layer_norm61[b0 * 256 + r0 * 32 + l0] + r_add66);
-  r_layer_norm68_mean_acc = r_layer_norm68_mean_acc + (r_add67 * 0.03125f);
-  r_layer_norm68_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm68_mean_acc, pf_scratch); r_layer_norm68_mean = r_layer_norm68_mean_acc;
+  r_layer_norm28_mean_acc = 0.0f;
+  r_add26 = (matmul25[b0 * 256 + r0 * 32 + l0] + layer0_ffn_fc2_bias[l0]);
+  r_add27 = (layer_norm21[b0 * 256 + r0 * 32 + l0] + r_add26);
+  r_layer_norm28_mean_acc = r_layer_norm28_mean_acc + (r_add27 * 0.03125f);
+  r_layer_norm28_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_mean_acc, pf_scratch); r_layer_norm28_mean = r_layer_norm28_mean_acc;
   // part:mg18
-  r_layer_norm68_var_acc = 0.0f;
-  r_layer_norm68_centered = (r_add67 - r_layer_norm68_mean);
-  r_layer_norm68_var_acc = r_layer_norm68_var_acc + ((r_layer_norm68_centered * r_layer_norm68_centered) * 0.03125f);
-  r_layer_norm68_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm68_var_acc, pf_scratch); r_layer_norm68_var = r_layer_norm68_var_acc;
+  r_layer_norm28_var_acc = 0.0f;
+  r_layer_norm28_centered = (r_add27 - r_layer_norm28_mean);
+  r_layer_norm28_var_acc = r_layer_norm28_var_acc + ((r_layer_norm28_centered * r_layer_norm28_centered) * 0.03125f);
+  r_layer_norm28_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_var_acc, pf_scratch); r_layer_norm28_var = r_layer_norm28_var_acc;
   // part:mg19
-  r_layer_norm68_rstd = rsqrtf((r_layer_norm68_var + 1e-05f));
-  layer_norm68[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm68_centered * r_layer_norm68_rstd) * layer0_ln2_gamma[l0]) + layer0_ln2_beta[l0]);
+  r_layer_norm28_rstd = rsqrtf((r_layer_norm28_var + 1e-05f));
+  layer_norm28[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm28_centered * r_layer_norm28_rstd) * layer0_ln2_gamma[l0]) + layer0_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k22_matmul73(float* __restrict__ add74, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_k_w, const float* __restrict__ layer1_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) k22_matmul33(float* __restrict__ add34, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_k_w, const float* __restrict__ layer1_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -680,22 +680,22 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul73(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm68[128];
+  __shared__ float s_layer_norm28[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer1_attn_k_w[1032];
-  float r_matmul73_acc[2][4];
-  float r_matmul73;
+  float r_matmul33_acc[2][4];
+  float r_matmul33;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul73_acc[ii1][ii2] = 0.0f;
+      r_matmul33_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm68[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm68[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm28[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm28[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer1_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_k_w[kk0 * 32 + p1c] : 0.0f;
@@ -706,7 +706,7 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul73(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul73_acc[ii1][ii2] = r_matmul73_acc[ii1][ii2] + (s_layer_norm68[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul33_acc[ii1][ii2] = r_matmul33_acc[ii1][ii2] + (s_layer_norm28[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -716,13 +716,13 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul73(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul73 = r_matmul73_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add74[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul73 + layer1_attn_k_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul33 = r_matmul33_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add34[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul33 + layer1_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k25_matmul77(float* __restrict__ add78, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_v_w, const float* __restrict__ layer1_attn_v_bias) {
+extern "C" __global__ void __launch_bounds__(256) k25_matmul37(float* __restrict__ add38, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_v_w, const float* __restrict__ layer1_attn_v_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -730,22 +730,22 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul77(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm68[128];
+  __shared__ float s_layer_norm28[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer1_attn_v_w[1032];
-  float r_matmul77_acc[2][4];
-  float r_matmul77;
+  float r_matmul37_acc[2][4];
+  float r_matmul37;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul77_acc[ii1][ii2] = 0.0f;
+      r_matmul37_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm68[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm68[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm28[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm28[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer1_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_v_w[kk0 * 32 + p1c] : 0.0f;
@@ -756,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul77(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul77_acc[ii1][ii2] = r_matmul77_acc[ii1][ii2] + (s_layer_norm68[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul37_acc[ii1][ii2] = r_matmul37_acc[ii1][ii2] + (s_layer_norm28[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -766,13 +766,13 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul77(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul77 = r_matmul77_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add78[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul77 + layer1_attn_v_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul37 = r_matmul37_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add38[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul37 + layer1_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk17_k19_matmul69_k19_matmul69(float* __restrict__ add70, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk17_k19_matmul29_k19_matmul29(float* __restrict__ add30, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -780,22 +780,22 @@ __device__ __forceinline__ void pk17_k19_matmul69_k19_matmul69(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm68[128];
+  __shared__ float s_layer_norm28[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer1_attn_q_w[1032];
-  float r_matmul69_acc[2][4];
-  float r_matmul69;
+  float r_matmul29_acc[2][4];
+  float r_matmul29;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul69_acc[ii1][ii2] = 0.0f;
+      r_matmul29_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm68[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm68[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm28[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm28[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
@@ -806,7 +806,7 @@ __device__ __forceinline__ void pk17_k19_matmul69_k19_matmul69(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul69_acc[ii1][ii2] = r_matmul69_acc[ii1][ii2] + (s_layer_norm68[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul29_acc[ii1][ii2] = r_matmul29_acc[ii1][ii2] + (s_layer_norm28[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -816,13 +816,13 @@ __device__ __forceinline__ void pk17_k19_matmul69_k19_matmul69(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul69 = r_matmul69_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add70[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul69 + layer1_attn_q_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul29 = r_matmul29_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add30[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul29 + layer1_attn_q_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk17_k19_matmul69_k23_reshape75(float* __restrict__ reshape75, const float* __restrict__ add74, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk17_k19_matmul29_k23_reshape35(float* __restrict__ reshape35, const float* __restrict__ add34, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -833,10 +833,10 @@ __device__ __forceinline__ void pk17_k19_matmul69_k23_reshape75(float* __restric
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape75[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add74[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape35[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add34[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk17_k19_matmul69_k26_reshape79(float* __restrict__ reshape79, const float* __restrict__ add78, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk17_k19_matmul29_k26_reshape39(float* __restrict__ reshape39, const float* __restrict__ add38, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -847,21 +847,21 @@ __device__ __forceinline__ void pk17_k19_matmul69_k26_reshape79(float* __restric
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape79[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add78[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape39[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add38[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk17_k19_matmul69(float* __restrict__ add70, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, float* __restrict__ reshape75, const float* __restrict__ add74, float* __restrict__ reshape79, const float* __restrict__ add78) {
+extern "C" __global__ void __launch_bounds__(256) pk17_k19_matmul29(float* __restrict__ add30, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, float* __restrict__ reshape35, const float* __restrict__ add34, float* __restrict__ reshape39, const float* __restrict__ add38) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k19_matmul69: 2 blocks of 256
-    pk17_k19_matmul69_k19_matmul69(add70, layer_norm68, layer1_attn_q_w, layer1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k23_reshape75: 2 blocks of 256
-    pk17_k19_matmul69_k23_reshape75(reshape75, add74, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k26_reshape79: 2 blocks of 256
-    pk17_k19_matmul69_k26_reshape79(reshape79, add78, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k19_matmul29: 2 blocks of 256
+    pk17_k19_matmul29_k19_matmul29(add30, layer_norm28, layer1_attn_q_w, layer1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k23_reshape35: 2 blocks of 256
+    pk17_k19_matmul29_k23_reshape35(reshape35, add34, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k26_reshape39: 2 blocks of 256
+    pk17_k19_matmul29_k26_reshape39(reshape39, add38, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk18_k20_reshape71_k20_reshape71(float* __restrict__ reshape71, const float* __restrict__ add70, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk18_k20_reshape31_k20_reshape31(float* __restrict__ reshape31, const float* __restrict__ add30, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -872,10 +872,10 @@ __device__ __forceinline__ void pk18_k20_reshape71_k20_reshape71(float* __restri
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape71[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add70[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape31[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add30[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk18_k20_reshape71_k24_transpose76(float* __restrict__ transpose76, const float* __restrict__ reshape75, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk18_k20_reshape31_k24_transpose36(float* __restrict__ transpose36, const float* __restrict__ reshape35, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -886,10 +886,10 @@ __device__ __forceinline__ void pk18_k20_reshape71_k24_transpose76(float* __rest
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose76[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape75[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+  transpose36[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape35[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk18_k20_reshape71_k27_transpose80(float* __restrict__ transpose80, const float* __restrict__ reshape79, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk18_k20_reshape31_k27_transpose40(float* __restrict__ transpose40, const float* __restrict__ reshape39, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -900,21 +900,21 @@ __device__ __forceinline__ void pk18_k20_reshape71_k27_transpose80(float* __rest
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose80[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape79[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose40[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape39[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk18_k20_reshape71(float* __restrict__ reshape71, const float* __restrict__ add70, float* __restrict__ transpose76, const float* __restrict__ reshape75, float* __restrict__ transpose80, const float* __restrict__ reshape79) {
+extern "C" __global__ void __launch_bounds__(256) pk18_k20_reshape31(float* __restrict__ reshape31, const float* __restrict__ add30, float* __restrict__ transpose36, const float* __restrict__ reshape35, float* __restrict__ transpose40, const float* __restrict__ reshape39) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k20_reshape71: 2 blocks of 256
-    pk18_k20_reshape71_k20_reshape71(reshape71, add70, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k24_transpose76: 2 blocks of 256
-    pk18_k20_reshape71_k24_transpose76(transpose76, reshape75, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k27_transpose80: 2 blocks of 256
-    pk18_k20_reshape71_k27_transpose80(transpose80, reshape79, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k20_reshape31: 2 blocks of 256
+    pk18_k20_reshape31_k20_reshape31(reshape31, add30, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k24_transpose36: 2 blocks of 256
+    pk18_k20_reshape31_k24_transpose36(transpose36, reshape35, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k27_transpose40: 2 blocks of 256
+    pk18_k20_reshape31_k27_transpose40(transpose40, reshape39, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k21_transpose72(float* __restrict__ transpose72, const float* __restrict__ reshape71) {
+extern "C" __global__ void __launch_bounds__(256) k21_transpose32(float* __restrict__ transpose32, const float* __restrict__ reshape31) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -925,10 +925,10 @@ extern "C" __global__ void __launch_bounds__(256) k21_transpose72(float* __restr
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose72[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape71[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose32[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape31[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k28_matmul81(float* __restrict__ matmul81, const float* __restrict__ transpose72, const float* __restrict__ transpose76) {
+extern "C" __global__ void __launch_bounds__(256) k28_matmul41(float* __restrict__ matmul41, const float* __restrict__ transpose32, const float* __restrict__ transpose36) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -937,24 +937,24 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul81(float* __restrict
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose72[128];
+  __shared__ float s_transpose32[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose76[1032];
-  float r_matmul81_acc[2][4];
+  __shared__ float s_transpose36[1032];
+  float r_matmul41_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul81_acc[ii2][ii3] = 0.0f;
+      r_matmul41_acc[ii2][ii3] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose72[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose72[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      s_transpose32[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose32[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose76[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose76[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
+      s_transpose36[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose36[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
     }
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -962,7 +962,7 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul81(float* __restrict
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul81_acc[ii2][ii3] = r_matmul81_acc[ii2][ii3] + (s_transpose72[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose76[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul41_acc[ii2][ii3] = r_matmul41_acc[ii2][ii3] + (s_transpose32[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose36[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -972,12 +972,12 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul81(float* __restrict
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul81[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul81_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul41[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul41_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k29_mul82(float* __restrict__ softmax83, const float* __restrict__ matmul81) {
+extern "C" __global__ void __launch_bounds__(256) k29_mul42(float* __restrict__ softmax43, const float* __restrict__ matmul41) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -986,35 +986,35 @@ extern "C" __global__ void __launch_bounds__(256) k29_mul82(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul82;
-  float r_softmax83_max;
-  float r_softmax83_max_acc;
-  float r_softmax83_sub;
-  float r_softmax83_exp;
-  float r_softmax83_sum;
-  float r_softmax83_sum_acc;
+  float r_mul42;
+  float r_softmax43_max;
+  float r_softmax43_max_acc;
+  float r_softmax43_sub;
+  float r_softmax43_exp;
+  float r_softmax43_sum;
+  float r_softmax43_sum_acc;
   // part:mg10
-  r_softmax83_max_acc = -INFINITY;
+  r_softmax43_max_acc = -INFINITY;
   if ((l0 <= 7)) {
-    r_mul82 = (matmul81[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_softmax83_max_acc = pf_fmaxf(r_softmax83_max_acc, r_mul82);
+    r_mul42 = (matmul41[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
+    r_softmax43_max_acc = pf_fmaxf(r_softmax43_max_acc, r_mul42);
   }
-  r_softmax83_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax83_max_acc, pf_scratch); r_softmax83_max = r_softmax83_max_acc;
+  r_softmax43_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax43_max_acc, pf_scratch); r_softmax43_max = r_softmax43_max_acc;
   // part:mg11
-  r_softmax83_sum_acc = 0.0f;
+  r_softmax43_sum_acc = 0.0f;
   if ((l0 <= 7)) {
-    r_softmax83_sub = (r_mul82 - r_softmax83_max);
-    r_softmax83_exp = expf(r_softmax83_sub);
-    r_softmax83_sum_acc = r_softmax83_sum_acc + r_softmax83_exp;
+    r_softmax43_sub = (r_mul42 - r_softmax43_max);
+    r_softmax43_exp = expf(r_softmax43_sub);
+    r_softmax43_sum_acc = r_softmax43_sum_acc + r_softmax43_exp;
   }
-  r_softmax83_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax83_sum_acc, pf_scratch); r_softmax83_sum = r_softmax83_sum_acc;
+  r_softmax43_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax43_sum_acc, pf_scratch); r_softmax43_sum = r_softmax43_sum_acc;
   if ((l0 <= 7)) {
     // part:mg12
-    softmax83[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax83_exp / r_softmax83_sum);
+    softmax43[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax43_exp / r_softmax43_sum);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k30_matmul84(float* __restrict__ matmul84, const float* __restrict__ softmax83, const float* __restrict__ transpose80) {
+extern "C" __global__ void __launch_bounds__(256) k30_matmul44(float* __restrict__ matmul44, const float* __restrict__ softmax43, const float* __restrict__ transpose40) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1023,23 +1023,23 @@ extern "C" __global__ void __launch_bounds__(256) k30_matmul84(float* __restrict
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax83[128];
+  __shared__ float s_softmax43[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose80[1032];
-  float r_matmul84_acc[2][4];
+  __shared__ float s_transpose40[1032];
+  float r_matmul44_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul84_acc[ii2][ii3] = 0.0f;
+      r_matmul44_acc[ii2][ii3] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_softmax83[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax83[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
+    s_softmax43[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax43[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
   }
   for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose80[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose80[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
+    s_transpose40[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose40[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -1047,7 +1047,7 @@ extern "C" __global__ void __launch_bounds__(256) k30_matmul84(float* __restrict
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul84_acc[ii2][ii3] = r_matmul84_acc[ii2][ii3] + (s_softmax83[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose80[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul44_acc[ii2][ii3] = r_matmul44_acc[ii2][ii3] + (s_softmax43[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose40[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -1056,12 +1056,12 @@ extern "C" __global__ void __launch_bounds__(256) k30_matmul84(float* __restrict
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul84[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul84_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul44[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul44_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k31_transpose85(float* __restrict__ transpose85, const float* __restrict__ matmul84) {
+extern "C" __global__ void __launch_bounds__(256) k31_transpose45(float* __restrict__ transpose45, const float* __restrict__ matmul44) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1072,10 +1072,10 @@ extern "C" __global__ void __launch_bounds__(256) k31_transpose85(float* __restr
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  transpose85[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul84[b0 * 256 + t2 * 128 + t1 * 16 + t3];
+  transpose45[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul44[b0 * 256 + t2 * 128 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k32_reshape86(float* __restrict__ reshape86, const float* __restrict__ transpose85) {
+extern "C" __global__ void __launch_bounds__(256) k32_reshape46(float* __restrict__ reshape46, const float* __restrict__ transpose45) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -1084,10 +1084,10 @@ extern "C" __global__ void __launch_bounds__(256) k32_reshape86(float* __restric
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape86[b0 * 256 + t1 * 32 + t2] = transpose85[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
+  reshape46[b0 * 256 + t1 * 32 + t2] = transpose45[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k33_matmul87(float* __restrict__ matmul87, const float* __restrict__ reshape86, const float* __restrict__ layer1_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) k33_matmul47(float* __restrict__ matmul47, const float* __restrict__ reshape46, const float* __restrict__ layer1_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1095,21 +1095,21 @@ extern "C" __global__ void __launch_bounds__(256) k33_matmul87(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape86[128];
+  __shared__ float s_reshape46[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer1_attn_o_w[1032];
-  float r_matmul87_acc[2][4];
+  float r_matmul47_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul87_acc[ii1][ii2] = 0.0f;
+      r_matmul47_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape86[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape86[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape46[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape46[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer1_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_o_w[kk0 * 32 + p1c] : 0.0f;
@@ -1120,7 +1120,7 @@ extern "C" __global__ void __launch_bounds__(256) k33_matmul87(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul87_acc[ii1][ii2] = r_matmul87_acc[ii1][ii2] + (s_reshape86[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul47_acc[ii1][ii2] = r_matmul47_acc[ii1][ii2] + (s_reshape46[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1130,12 +1130,12 @@ extern "C" __global__ void __launch_bounds__(256) k33_matmul87(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul87[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul87_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul47[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul47_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k34_add88(float* __restrict__ layer_norm90, const float* __restrict__ matmul87, const float* __restrict__ layer1_attn_o_bias, const float* __restrict__ layer_norm68, const float* __restrict__ layer1_ln1_gamma, const float* __restrict__ layer1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) k34_add48(float* __restrict__ layer_norm50, const float* __restrict__ matmul47, const float* __restrict__ layer1_attn_o_bias, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_ln1_gamma, const float* __restrict__ layer1_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1143,31 +1143,31 @@ extern "C" __global__ void __launch_bounds__(256) k34_add88(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add88;
-  float r_add89;
-  float r_layer_norm90_mean;
-  float r_layer_norm90_mean_acc;
-  float r_layer_norm90_centered;
-  float r_layer_norm90_var;
-  float r_layer_norm90_var_acc;
-  float r_layer_norm90_rstd;
+  float r_add48;
+  float r_add49;
+  float r_layer_norm50_mean;
+  float r_layer_norm50_mean_acc;
+  float r_layer_norm50_centered;
+  float r_layer_norm50_var;
+  float r_layer_norm50_var_acc;
+  float r_layer_norm50_rstd;
   // part:mg17
-  r_layer_norm90_mean_acc = 0.0f;
-  r_add88 = (matmul87[b0 * 256 + r0 * 32 + l0] + layer1_attn_o_bias[l0]);
-  r_add89 = (layer_norm68[b0 * 256 + r0 * 32 + l0] + r_add88);
-  r_layer_norm90_mean_acc = r_layer_norm90_mean_acc + (r_add89 * 0.03125f);
-  r_layer_norm90_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm90_mean_acc, pf_scratch); r_layer_norm90_mean = r_layer_norm90_mean_acc;
+  r_layer_norm50_mean_acc = 0.0f;
+  r_add48 = (matmul47[b0 * 256 + r0 * 32 + l0] + layer1_attn_o_bias[l0]);
+  r_add49 = (layer_norm28[b0 * 256 + r0 * 32 + l0] + r_add48);
+  r_layer_norm50_mean_acc = r_layer_norm50_mean_acc + (r_add49 * 0.03125f);
+  r_layer_norm50_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm50_mean_acc, pf_scratch); r_layer_norm50_mean = r_layer_norm50_mean_acc;
   // part:mg18
-  r_layer_norm90_var_acc = 0.0f;
-  r_layer_norm90_centered = (r_add89 - r_layer_norm90_mean);
-  r_layer_norm90_var_acc = r_layer_norm90_var_acc + ((r_layer_norm90_centered * r_layer_norm90_centered) * 0.03125f);
-  r_layer_norm90_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm90_var_acc, pf_scratch); r_layer_norm90_var = r_layer_norm90_var_acc;
+  r_layer_norm50_var_acc = 0.0f;
+  r_layer_norm50_centered = (r_add49 - r_layer_norm50_mean);
+  r_layer_norm50_var_acc = r_layer_norm50_var_acc + ((r_layer_norm50_centered * r_layer_norm50_centered) * 0.03125f);
+  r_layer_norm50_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm50_var_acc, pf_scratch); r_layer_norm50_var = r_layer_norm50_var_acc;
   // part:mg19
-  r_layer_norm90_rstd = rsqrtf((r_layer_norm90_var + 1e-05f));
-  layer_norm90[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm90_centered * r_layer_norm90_rstd) * layer1_ln1_gamma[l0]) + layer1_ln1_beta[l0]);
+  r_layer_norm50_rstd = rsqrtf((r_layer_norm50_var + 1e-05f));
+  layer_norm50[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm50_centered * r_layer_norm50_rstd) * layer1_ln1_gamma[l0]) + layer1_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k35_matmul91(float* __restrict__ gelu93, const float* __restrict__ layer_norm90, const float* __restrict__ layer1_ffn_fc1_w, const float* __restrict__ layer1_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k35_matmul51(float* __restrict__ gelu53, const float* __restrict__ layer_norm50, const float* __restrict__ layer1_ffn_fc1_w, const float* __restrict__ layer1_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1175,23 +1175,23 @@ extern "C" __global__ void __launch_bounds__(256) k35_matmul91(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm90[128];
+  __shared__ float s_layer_norm50[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer1_ffn_fc1_w[1032];
-  float r_matmul91_acc[2][4];
-  float r_matmul91;
-  float r_add92;
+  float r_matmul51_acc[2][4];
+  float r_matmul51;
+  float r_add52;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul91_acc[ii1][ii2] = 0.0f;
+      r_matmul51_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm90[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm90[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm50[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm50[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer1_ffn_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? layer1_ffn_fc1_w[kk0 * 64 + p1c] : 0.0f;
@@ -1202,7 +1202,7 @@ extern "C" __global__ void __launch_bounds__(256) k35_matmul91(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul91_acc[ii1][ii2] = r_matmul91_acc[ii1][ii2] + (s_layer_norm90[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul51_acc[ii1][ii2] = r_matmul51_acc[ii1][ii2] + (s_layer_norm50[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1212,14 +1212,14 @@ extern "C" __global__ void __launch_bounds__(256) k35_matmul91(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul91 = r_matmul91_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add92 = (r_matmul91 + layer1_ffn_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu93[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add92) * (1.0f + erff((r_add92 * 0.7071067811865475f)))); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul51 = r_matmul51_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add52 = (r_matmul51 + layer1_ffn_fc1_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu53[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add52) * (1.0f + erff((r_add52 * 0.7071067811865475f)))); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k36_matmul94(float* __restrict__ matmul94, const float* __restrict__ gelu93, const float* __restrict__ layer1_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) k36_matmul54(float* __restrict__ matmul54, const float* __restrict__ gelu53, const float* __restrict__ layer1_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1227,21 +1227,21 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul94(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu93[128];
+  __shared__ float s_gelu53[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_layer1_ffn_fc2_w[1032];
-  float r_matmul94_acc[2][4];
+  float r_matmul54_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul94_acc[ii1][ii2] = 0.0f;
+      r_matmul54_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu93[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu93[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      s_gelu53[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu53[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_layer1_ffn_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_ffn_fc2_w[kk0 * 32 + p1c] : 0.0f;
@@ -1252,7 +1252,7 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul94(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul94_acc[ii1][ii2] = r_matmul94_acc[ii1][ii2] + (s_gelu93[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul54_acc[ii1][ii2] = r_matmul54_acc[ii1][ii2] + (s_gelu53[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1262,12 +1262,12 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul94(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul94[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul94_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul54[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul54_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k37_add95(float* __restrict__ layer_norm97, const float* __restrict__ matmul94, const float* __restrict__ layer1_ffn_fc2_bias, const float* __restrict__ layer_norm90, const float* __restrict__ layer1_ln2_gamma, const float* __restrict__ layer1_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) k37_add55(float* __restrict__ layer_norm57, const float* __restrict__ matmul54, const float* __restrict__ layer1_ffn_fc2_bias, const float* __restrict__ layer_norm50, const float* __restrict__ layer1_ln2_gamma, const float* __restrict__ layer1_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1275,26 +1275,26 @@ extern "C" __global__ void __launch_bounds__(256) k37_add95(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add95;
-  float r_add96;
-  float r_layer_norm97_mean;
-  float r_layer_norm97_mean_acc;
-  float r_layer_norm97_centered;
-  float r_layer_norm97_var;
-  float r_layer_norm97_var_acc;
-  float r_layer_norm97_rstd;
+  float r_add55;
+  float r_add56;
+  float r_layer_norm57_mean;
+  float r_layer_norm57_mean_acc;
+  float r_layer_norm57_centered;
+  float r_layer_norm57_var;
+  float r_layer_norm57_var_acc;
+  float r_layer_norm57_rstd;
   // part:mg17
-  r_layer_norm97_mean_acc = 0.0f;
-  r_add95 = (matmul94[b0 * 256 + r0 * 32 + l0] + layer1_ffn_fc2_bias[l0]);
-  r_add96 = (layer_norm90[b0 * 256 + r0 * 32 + l0] + r_add95);
-  r_layer_norm97_mean_acc = r_layer_norm97_mean_acc + (r_add96 * 0.03125f);
-  r_layer_norm97_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm97_mean_acc, pf_scratch); r_layer_norm97_mean = r_layer_norm97_mean_acc;
+  r_layer_norm57_mean_acc = 0.0f;
+  r_add55 = (matmul54[b0 * 256 + r0 * 32 + l0] + layer1_ffn_fc2_bias[l0]);
+  r_add56 = (layer_norm50[b0 * 256 + r0 * 32 + l0] + r_add55);
+  r_layer_norm57_mean_acc = r_layer_norm57_mean_acc + (r_add56 * 0.03125f);
+  r_layer_norm57_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm57_mean_acc, pf_scratch); r_layer_norm57_mean = r_layer_norm57_mean_acc;
   // part:mg18
-  r_layer_norm97_var_acc = 0.0f;
-  r_layer_norm97_centered = (r_add96 - r_layer_norm97_mean);
-  r_layer_norm97_var_acc = r_layer_norm97_var_acc + ((r_layer_norm97_centered * r_layer_norm97_centered) * 0.03125f);
-  r_layer_norm97_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm97_var_acc, pf_scratch); r_layer_norm97_var = r_layer_norm97_var_acc;
+  r_layer_norm57_var_acc = 0.0f;
+  r_layer_norm57_centered = (r_add56 - r_layer_norm57_mean);
+  r_layer_norm57_var_acc = r_layer_norm57_var_acc + ((r_layer_norm57_centered * r_layer_norm57_centered) * 0.03125f);
+  r_layer_norm57_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm57_var_acc, pf_scratch); r_layer_norm57_var = r_layer_norm57_var_acc;
   // part:mg19
-  r_layer_norm97_rstd = rsqrtf((r_layer_norm97_var + 1e-05f));
-  layer_norm97[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm97_centered * r_layer_norm97_rstd) * layer1_ln2_gamma[l0]) + layer1_ln2_beta[l0]);
+  r_layer_norm57_rstd = rsqrtf((r_layer_norm57_var + 1e-05f));
+  layer_norm57[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm57_centered * r_layer_norm57_rstd) * layer1_ln2_gamma[l0]) + layer1_ln2_beta[l0]);
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k1_reduce_sum383_k1_reduce_sum383(float* __restrict__ reduce_sum383, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_reduce_sum1_k1_reduce_sum1(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -53,16 +53,16 @@ __device__ __forceinline__ void pk0_k1_reduce_sum383_k1_reduce_sum383(float* __r
   const int r0 = _t % 4; _t /= 4;
   const int l0 = _t;
   __shared__ float pf_scratch[16];
-  float r_reduce_sum383_acc;
+  float r_reduce_sum1_acc;
   // part:mg1
-  r_reduce_sum383_acc = 0.0f;
+  r_reduce_sum1_acc = 0.0f;
   if ((l0 <= 2)) {
-    r_reduce_sum383_acc = r_reduce_sum383_acc + embeddings[b0 * 12 + l0 * 4 + r0];
+    r_reduce_sum1_acc = r_reduce_sum1_acc + embeddings[b0 * 12 + l0 * 4 + r0];
   }
-  r_reduce_sum383_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum383_acc, pf_scratch); if (l0 == 0) reduce_sum383[b0 * 4 + r0] = r_reduce_sum383_acc;
+  r_reduce_sum1_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum1_acc, pf_scratch); if (l0 == 0) reduce_sum1[b0 * 4 + r0] = r_reduce_sum1_acc;
 }
 
-__device__ __forceinline__ void pk0_k1_reduce_sum383_k2_mul384(float* __restrict__ reduce_sum385, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_reduce_sum1_k2_mul2(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -70,103 +70,103 @@ __device__ __forceinline__ void pk0_k1_reduce_sum383_k2_mul384(float* __restrict
   const int r0 = _t % 4; _t /= 4;
   const int l0 = _t;
   __shared__ float pf_scratch[16];
-  float r_mul384;
-  float r_reduce_sum385_acc;
+  float r_mul2;
+  float r_reduce_sum3_acc;
   // part:mg2
-  r_reduce_sum385_acc = 0.0f;
+  r_reduce_sum3_acc = 0.0f;
   if ((l0 <= 2)) {
-    r_mul384 = (embeddings[b0 * 12 + l0 * 4 + r0] * embeddings[b0 * 12 + l0 * 4 + r0]);
-    r_reduce_sum385_acc = r_reduce_sum385_acc + r_mul384;
+    r_mul2 = (embeddings[b0 * 12 + l0 * 4 + r0] * embeddings[b0 * 12 + l0 * 4 + r0]);
+    r_reduce_sum3_acc = r_reduce_sum3_acc + r_mul2;
   }
-  r_reduce_sum385_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum385_acc, pf_scratch); if (l0 == 0) reduce_sum385[b0 * 4 + r0] = r_reduce_sum385_acc;
+  r_reduce_sum3_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum3_acc, pf_scratch); if (l0 == 0) reduce_sum3[b0 * 4 + r0] = r_reduce_sum3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pk0_k1_reduce_sum383(float* __restrict__ reduce_sum383, const float* __restrict__ embeddings, float* __restrict__ reduce_sum385) {
+extern "C" __global__ void __launch_bounds__(16) pk0_k1_reduce_sum1(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 4) {  // k1_reduce_sum383: 4 blocks of 16
-    pk0_k1_reduce_sum383_k1_reduce_sum383(reduce_sum383, embeddings, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 8) {  // k2_mul384: 4 blocks of 16
-    pk0_k1_reduce_sum383_k2_mul384(reduce_sum385, embeddings, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 4) {  // k1_reduce_sum1: 4 blocks of 16
+    pk0_k1_reduce_sum1_k1_reduce_sum1(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 8) {  // k2_mul2: 4 blocks of 16
+    pk0_k1_reduce_sum1_k2_mul2(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk1_k3_mul386_k3_mul386(float* __restrict__ reduce_sum388, const float* __restrict__ reduce_sum383, const float* __restrict__ reduce_sum385, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk1_k3_mul4_k3_mul4(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul386;
-  float r_sub387;
-  float r_reduce_sum388_acc;
+  float r_mul4;
+  float r_sub5;
+  float r_reduce_sum6_acc;
   // part:mg3
-  r_reduce_sum388_acc = 0.0f;
+  r_reduce_sum6_acc = 0.0f;
   if ((l0 <= 3)) {
-    r_mul386 = (reduce_sum383[r0 * 4 + l0] * reduce_sum383[r0 * 4 + l0]);
-    r_sub387 = (r_mul386 - reduce_sum385[r0 * 4 + l0]);
-    r_reduce_sum388_acc = r_reduce_sum388_acc + r_sub387;
+    r_mul4 = (reduce_sum1[r0 * 4 + l0] * reduce_sum1[r0 * 4 + l0]);
+    r_sub5 = (r_mul4 - reduce_sum3[r0 * 4 + l0]);
+    r_reduce_sum6_acc = r_reduce_sum6_acc + r_sub5;
   }
-  r_reduce_sum388_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum388_acc, pf_scratch); if (l0 == 0) reduce_sum388[r0 + 0] = r_reduce_sum388_acc;
+  r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-__device__ __forceinline__ void pk1_k3_mul386_k0_reduce_sum382(float* __restrict__ reduce_sum382, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk1_k3_mul4_k0_reduce_sum0(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_reduce_sum382_acc;
+  float r_reduce_sum0_acc;
   // part:mg0
-  r_reduce_sum382_acc = 0.0f;
+  r_reduce_sum0_acc = 0.0f;
   if ((l0 <= 2)) {
-    r_reduce_sum382_acc = r_reduce_sum382_acc + first_order[r0 * 3 + l0];
+    r_reduce_sum0_acc = r_reduce_sum0_acc + first_order[r0 * 3 + l0];
   }
-  r_reduce_sum382_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum382_acc, pf_scratch); if (l0 == 0) reduce_sum382[r0 + 0] = r_reduce_sum382_acc;
+  r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) pk1_k3_mul386(float* __restrict__ reduce_sum388, const float* __restrict__ reduce_sum383, const float* __restrict__ reduce_sum385, float* __restrict__ reduce_sum382, const float* __restrict__ first_order) {
+extern "C" __global__ void __launch_bounds__(128) pk1_k3_mul4(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k3_mul386: 1 blocks of 128
-    pk1_k3_mul386_k3_mul386(reduce_sum388, reduce_sum383, reduce_sum385, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k0_reduce_sum382: 1 blocks of 128
-    pk1_k3_mul386_k0_reduce_sum382(reduce_sum382, first_order, pf_b - 1, (int)threadIdx.x);
+  if (pf_b < 1) {  // k3_mul4: 1 blocks of 128
+    pk1_k3_mul4_k3_mul4(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
+    pk1_k3_mul4_k0_reduce_sum0(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(48) k4_reshape390(float* __restrict__ reshape390, const float* __restrict__ embeddings) {
+extern "C" __global__ void __launch_bounds__(48) k4_reshape8(float* __restrict__ reshape8, const float* __restrict__ embeddings) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 12; _t /= 12;
   const int t0 = _t;
-  reshape390[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
+  reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k5_matmul391(float* __restrict__ relu393, const float* __restrict__ reshape390, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) k5_matmul9(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 16;
   const int p0c = threadIdx.x % 16;
-  __shared__ float s_reshape390[192];
+  __shared__ float s_reshape8[192];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_deep0_w[1548];
-  float r_matmul391_acc[2][4];
-  float r_matmul391;
-  float r_add392;
+  float r_matmul9_acc[2][4];
+  float r_matmul9;
+  float r_add10;
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul391_acc[ii0][ii1] = 0.0f;
+      r_matmul9_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0c <= 11)) {
-    s_reshape390[(p0r - 0) * 12 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? reshape390[p0r * 12 + p0c] : 0.0f;
+    s_reshape8[(p0r - 0) * 12 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? reshape8[p0r * 12 + p0c] : 0.0f;
   }
   for (int kk0 = p1r; (kk0 <= 11); kk0 += 2) {
     s_deep0_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? deep0_w[kk0 * 8 + p1c] : 0.0f;
@@ -177,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(256) k5_matmul391(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul391_acc[ii0][ii1] = r_matmul391_acc[ii0][ii1] + (s_reshape390[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul9_acc[ii0][ii1] = r_matmul9_acc[ii0][ii1] + (s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -186,35 +186,35 @@ extern "C" __global__ void __launch_bounds__(256) k5_matmul391(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul391 = r_matmul391_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add392 = (r_matmul391 + deep0_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu393[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add392, 0.0f); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul9 = r_matmul9_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add10 = (r_matmul9 + deep0_bias[(t1 + (32 * ii1))]); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu11[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add10, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_matmul394(float* __restrict__ relu396, const float* __restrict__ relu393, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k6_matmul12(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_relu393[128];
+  __shared__ float s_relu11[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_deep1_w[1032];
-  float r_matmul394_acc[2][4];
-  float r_matmul394;
-  float r_add395;
+  float r_matmul12_acc[2][4];
+  float r_matmul12;
+  float r_add13;
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul394_acc[ii0][ii1] = 0.0f;
+      r_matmul12_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_relu393[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? relu393[p0r * 8 + p0c] : 0.0f;
+    s_relu11[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? relu11[p0r * 8 + p0c] : 0.0f;
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_deep1_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[kk0 * 6 + p1c] : 0.0f;
@@ -225,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul394(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul394_acc[ii0][ii1] = r_matmul394_acc[ii0][ii1] + (s_relu393[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul12_acc[ii0][ii1] = r_matmul12_acc[ii0][ii1] + (s_relu11[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -234,36 +234,34 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul394(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_matmul394 = r_matmul394_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_add395 = (r_matmul394 + deep1_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu396[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add395, 0.0f); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_matmul12 = r_matmul12_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_add13 = (r_matmul12 + deep1_bias[(t1 + (32 * ii1))]); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu14[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add13, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) k7_mul389(float* __restrict__ sigmoid402, const float* __restrict__ reduce_sum388, const float* __restrict__ relu396, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum382, const float* __restrict__ global_bias) {
+extern "C" __global__ void __launch_bounds__(4) k7_mul7(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t0 = _t;
-  float r_mul389;
-  float r_matmul397;
-  float r_matmul397_acc;
-  float r_add398;
-  float r_add399;
-  float r_add400;
-  float r_add401;
-  r_matmul397_acc = 0.0f;
+  float r_mul7;
+  float r_matmul15;
+  float r_matmul15_acc;
+  float r_add16;
+  float r_add17;
+  float r_add18;
+  float r_add19;
+  r_matmul15_acc = 0.0f;
   for (int c0 = 0; (c0 <= 5); c0 += 1) {
-    r_matmul397_acc = r_matmul397_acc + (relu396[t0 * 6 + c0] * deep2_w[c0 + 0]);
-    if ((c0 == 4)) {
-      r_mul389 = (reduce_sum388[t0 + 0] * 0.5f);
-      r_add399 = (reduce_sum382[t0 + 0] + r_mul389);
-    }
+    r_matmul15_acc = r_matmul15_acc + (relu14[t0 * 6 + c0] * deep2_w[c0 + 0]);
   }
-  r_matmul397 = r_matmul397_acc;
-  r_add398 = (r_matmul397 + deep2_bias[0]);
-  r_add400 = (r_add399 + r_add398);
-  r_add401 = (r_add400 + global_bias[0]);
-  sigmoid402[t0 + 0] = pf_sigmoid(r_add401);
+  r_matmul15 = r_matmul15_acc;
+  r_add16 = (r_matmul15 + deep2_bias[0]);
+  r_mul7 = (reduce_sum6[t0 + 0] * 0.5f);
+  r_add17 = (reduce_sum0[t0 + 0] + r_mul7);
+  r_add18 = (r_add17 + r_add16);
+  r_add19 = (r_add18 + global_bias[0]);
+  sigmoid20[t0 + 0] = pf_sigmoid(r_add19);
 }

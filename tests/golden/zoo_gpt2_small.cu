@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_layer_norm98_mean(float* __restrict__ layer_norm98, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) k0_layer_norm0_mean(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -53,27 +53,27 @@ extern "C" __global__ void __launch_bounds__(256) k0_layer_norm98_mean(float* __
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_layer_norm98_mean;
-  float r_layer_norm98_mean_acc;
-  float r_layer_norm98_centered;
-  float r_layer_norm98_var;
-  float r_layer_norm98_var_acc;
-  float r_layer_norm98_rstd;
+  float r_layer_norm0_mean;
+  float r_layer_norm0_mean_acc;
+  float r_layer_norm0_centered;
+  float r_layer_norm0_var;
+  float r_layer_norm0_var_acc;
+  float r_layer_norm0_rstd;
   // part:mg0
-  r_layer_norm98_mean_acc = 0.0f;
-  r_layer_norm98_mean_acc = r_layer_norm98_mean_acc + (embeddings[b0 * 256 + r0 * 32 + l0] * 0.03125f);
-  r_layer_norm98_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm98_mean_acc, pf_scratch); r_layer_norm98_mean = r_layer_norm98_mean_acc;
+  r_layer_norm0_mean_acc = 0.0f;
+  r_layer_norm0_mean_acc = r_layer_norm0_mean_acc + (embeddings[b0 * 256 + r0 * 32 + l0] * 0.03125f);
+  r_layer_norm0_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm0_mean_acc, pf_scratch); r_layer_norm0_mean = r_layer_norm0_mean_acc;
   // part:mg1
-  r_layer_norm98_var_acc = 0.0f;
-  r_layer_norm98_centered = (embeddings[b0 * 256 + r0 * 32 + l0] - r_layer_norm98_mean);
-  r_layer_norm98_var_acc = r_layer_norm98_var_acc + ((r_layer_norm98_centered * r_layer_norm98_centered) * 0.03125f);
-  r_layer_norm98_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm98_var_acc, pf_scratch); r_layer_norm98_var = r_layer_norm98_var_acc;
+  r_layer_norm0_var_acc = 0.0f;
+  r_layer_norm0_centered = (embeddings[b0 * 256 + r0 * 32 + l0] - r_layer_norm0_mean);
+  r_layer_norm0_var_acc = r_layer_norm0_var_acc + ((r_layer_norm0_centered * r_layer_norm0_centered) * 0.03125f);
+  r_layer_norm0_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm0_var_acc, pf_scratch); r_layer_norm0_var = r_layer_norm0_var_acc;
   // part:mg2
-  r_layer_norm98_rstd = rsqrtf((r_layer_norm98_var + 1e-05f));
-  layer_norm98[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm98_centered * r_layer_norm98_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
+  r_layer_norm0_rstd = rsqrtf((r_layer_norm0_var + 1e-05f));
+  layer_norm0[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm0_centered * r_layer_norm0_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k4_matmul103(float* __restrict__ add104, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) k4_matmul5(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -81,22 +81,22 @@ extern "C" __global__ void __launch_bounds__(256) k4_matmul103(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm98[128];
+  __shared__ float s_layer_norm0[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_k_w[1032];
-  float r_matmul103_acc[2][4];
-  float r_matmul103;
+  float r_matmul5_acc[2][4];
+  float r_matmul5;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul103_acc[ii1][ii2] = 0.0f;
+      r_matmul5_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm98[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm98[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm0[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_k_w[kk0 * 32 + p1c] : 0.0f;
@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(256) k4_matmul103(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul103_acc[ii1][ii2] = r_matmul103_acc[ii1][ii2] + (s_layer_norm98[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul5_acc[ii1][ii2] = r_matmul5_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -117,13 +117,13 @@ extern "C" __global__ void __launch_bounds__(256) k4_matmul103(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul103 = r_matmul103_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add104[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul103 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul5 = r_matmul5_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul5 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k7_matmul107(float* __restrict__ add108, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
+extern "C" __global__ void __launch_bounds__(256) k7_matmul9(float* __restrict__ add10, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -131,22 +131,22 @@ extern "C" __global__ void __launch_bounds__(256) k7_matmul107(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm98[128];
+  __shared__ float s_layer_norm0[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_v_w[1032];
-  float r_matmul107_acc[2][4];
-  float r_matmul107;
+  float r_matmul9_acc[2][4];
+  float r_matmul9;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul107_acc[ii1][ii2] = 0.0f;
+      r_matmul9_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm98[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm98[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm0[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_v_w[kk0 * 32 + p1c] : 0.0f;
@@ -157,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(256) k7_matmul107(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul107_acc[ii1][ii2] = r_matmul107_acc[ii1][ii2] + (s_layer_norm98[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul9_acc[ii1][ii2] = r_matmul9_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -167,13 +167,13 @@ extern "C" __global__ void __launch_bounds__(256) k7_matmul107(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul107 = r_matmul107_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add108[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul107 + block0_attn_v_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul9 = r_matmul9_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add10[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul9 + block0_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk3_k1_matmul99_k1_matmul99(float* __restrict__ add100, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk3_k1_matmul1_k1_matmul1(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -181,22 +181,22 @@ __device__ __forceinline__ void pk3_k1_matmul99_k1_matmul99(float* __restrict__ 
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm98[128];
+  __shared__ float s_layer_norm0[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_q_w[1032];
-  float r_matmul99_acc[2][4];
-  float r_matmul99;
+  float r_matmul1_acc[2][4];
+  float r_matmul1;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul99_acc[ii1][ii2] = 0.0f;
+      r_matmul1_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm98[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm98[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm0[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
@@ -207,7 +207,7 @@ __device__ __forceinline__ void pk3_k1_matmul99_k1_matmul99(float* __restrict__ 
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul99_acc[ii1][ii2] = r_matmul99_acc[ii1][ii2] + (s_layer_norm98[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul1_acc[ii1][ii2] = r_matmul1_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -217,13 +217,13 @@ __device__ __forceinline__ void pk3_k1_matmul99_k1_matmul99(float* __restrict__ 
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul99 = r_matmul99_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add100[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul99 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul1 = r_matmul1_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add2[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul1 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk3_k1_matmul99_k5_reshape105(float* __restrict__ reshape105, const float* __restrict__ add104, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk3_k1_matmul1_k5_reshape7(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -234,10 +234,10 @@ __device__ __forceinline__ void pk3_k1_matmul99_k5_reshape105(float* __restrict_
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape105[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add104[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk3_k1_matmul99_k8_reshape109(float* __restrict__ reshape109, const float* __restrict__ add108, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk3_k1_matmul1_k8_reshape11(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -248,21 +248,21 @@ __device__ __forceinline__ void pk3_k1_matmul99_k8_reshape109(float* __restrict_
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape109[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add108[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk3_k1_matmul99(float* __restrict__ add100, const float* __restrict__ layer_norm98, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape105, const float* __restrict__ add104, float* __restrict__ reshape109, const float* __restrict__ add108) {
+extern "C" __global__ void __launch_bounds__(256) pk3_k1_matmul1(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_matmul99: 2 blocks of 256
-    pk3_k1_matmul99_k1_matmul99(add100, layer_norm98, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k5_reshape105: 2 blocks of 256
-    pk3_k1_matmul99_k5_reshape105(reshape105, add104, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k8_reshape109: 2 blocks of 256
-    pk3_k1_matmul99_k8_reshape109(reshape109, add108, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
+    pk3_k1_matmul1_k1_matmul1(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
+    pk3_k1_matmul1_k5_reshape7(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
+    pk3_k1_matmul1_k8_reshape11(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk4_k2_reshape101_k2_reshape101(float* __restrict__ reshape101, const float* __restrict__ add100, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk4_k2_reshape3_k2_reshape3(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -273,10 +273,10 @@ __device__ __forceinline__ void pk4_k2_reshape101_k2_reshape101(float* __restric
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape101[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add100[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape3[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add2[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk4_k2_reshape101_k6_transpose106(float* __restrict__ transpose106, const float* __restrict__ reshape105, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk4_k2_reshape3_k6_transpose8(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -287,10 +287,10 @@ __device__ __forceinline__ void pk4_k2_reshape101_k6_transpose106(float* __restr
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose106[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape105[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+  transpose8[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape7[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk4_k2_reshape101_k9_transpose110(float* __restrict__ transpose110, const float* __restrict__ reshape109, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk4_k2_reshape3_k9_transpose12(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -301,21 +301,21 @@ __device__ __forceinline__ void pk4_k2_reshape101_k9_transpose110(float* __restr
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose110[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape109[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose12[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape11[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk4_k2_reshape101(float* __restrict__ reshape101, const float* __restrict__ add100, float* __restrict__ transpose106, const float* __restrict__ reshape105, float* __restrict__ transpose110, const float* __restrict__ reshape109) {
+extern "C" __global__ void __launch_bounds__(256) pk4_k2_reshape3(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k2_reshape101: 2 blocks of 256
-    pk4_k2_reshape101_k2_reshape101(reshape101, add100, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k6_transpose106: 2 blocks of 256
-    pk4_k2_reshape101_k6_transpose106(transpose106, reshape105, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k9_transpose110: 2 blocks of 256
-    pk4_k2_reshape101_k9_transpose110(transpose110, reshape109, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k2_reshape3: 2 blocks of 256
+    pk4_k2_reshape3_k2_reshape3(reshape3, add2, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k6_transpose8: 2 blocks of 256
+    pk4_k2_reshape3_k6_transpose8(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k9_transpose12: 2 blocks of 256
+    pk4_k2_reshape3_k9_transpose12(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_transpose102(float* __restrict__ transpose102, const float* __restrict__ reshape101) {
+extern "C" __global__ void __launch_bounds__(256) k3_transpose4(float* __restrict__ transpose4, const float* __restrict__ reshape3) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -326,10 +326,10 @@ extern "C" __global__ void __launch_bounds__(256) k3_transpose102(float* __restr
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose102[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape101[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k10_matmul111(float* __restrict__ matmul111, const float* __restrict__ transpose102, const float* __restrict__ transpose106) {
+extern "C" __global__ void __launch_bounds__(256) k10_matmul13(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -338,24 +338,24 @@ extern "C" __global__ void __launch_bounds__(256) k10_matmul111(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose102[128];
+  __shared__ float s_transpose4[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose106[1032];
-  float r_matmul111_acc[2][4];
+  __shared__ float s_transpose8[1032];
+  float r_matmul13_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul111_acc[ii2][ii3] = 0.0f;
+      r_matmul13_acc[ii2][ii3] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose102[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose102[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose4[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose106[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose106[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
+      s_transpose8[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose8[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
     }
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -363,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) k10_matmul111(float* __restric
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul111_acc[ii2][ii3] = r_matmul111_acc[ii2][ii3] + (s_transpose102[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose106[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul13_acc[ii2][ii3] = r_matmul13_acc[ii2][ii3] + (s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose8[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -373,12 +373,12 @@ extern "C" __global__ void __launch_bounds__(256) k10_matmul111(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul111[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul111_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul13[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul13_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k11_mul112(float* __restrict__ softmax114, const float* __restrict__ matmul111, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) k11_mul14(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -387,37 +387,37 @@ extern "C" __global__ void __launch_bounds__(256) k11_mul112(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul112;
-  float r_add113;
-  float r_softmax114_max;
-  float r_softmax114_max_acc;
-  float r_softmax114_sub;
-  float r_softmax114_exp;
-  float r_softmax114_sum;
-  float r_softmax114_sum_acc;
+  float r_mul14;
+  float r_add15;
+  float r_softmax16_max;
+  float r_softmax16_max_acc;
+  float r_softmax16_sub;
+  float r_softmax16_exp;
+  float r_softmax16_sum;
+  float r_softmax16_sum_acc;
   // part:mg13
-  r_softmax114_max_acc = -INFINITY;
+  r_softmax16_max_acc = -INFINITY;
   if ((l0 <= 7)) {
-    r_mul112 = (matmul111[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_add113 = (r_mul112 + causal_mask[r0 * 8 + l0]);
-    r_softmax114_max_acc = pf_fmaxf(r_softmax114_max_acc, r_add113);
+    r_mul14 = (matmul13[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
+    r_add15 = (r_mul14 + causal_mask[r0 * 8 + l0]);
+    r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, r_add15);
   }
-  r_softmax114_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax114_max_acc, pf_scratch); r_softmax114_max = r_softmax114_max_acc;
+  r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
   // part:mg14
-  r_softmax114_sum_acc = 0.0f;
+  r_softmax16_sum_acc = 0.0f;
   if ((l0 <= 7)) {
-    r_softmax114_sub = (r_add113 - r_softmax114_max);
-    r_softmax114_exp = expf(r_softmax114_sub);
-    r_softmax114_sum_acc = r_softmax114_sum_acc + r_softmax114_exp;
+    r_softmax16_sub = (r_add15 - r_softmax16_max);
+    r_softmax16_exp = expf(r_softmax16_sub);
+    r_softmax16_sum_acc = r_softmax16_sum_acc + r_softmax16_exp;
   }
-  r_softmax114_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax114_sum_acc, pf_scratch); r_softmax114_sum = r_softmax114_sum_acc;
+  r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
   if ((l0 <= 7)) {
     // part:mg15
-    softmax114[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax114_exp / r_softmax114_sum);
+    softmax16[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax16_exp / r_softmax16_sum);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_matmul115(float* __restrict__ matmul115, const float* __restrict__ softmax114, const float* __restrict__ transpose110) {
+extern "C" __global__ void __launch_bounds__(256) k12_matmul17(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -426,23 +426,23 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul115(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax114[128];
+  __shared__ float s_softmax16[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose110[1032];
-  float r_matmul115_acc[2][4];
+  __shared__ float s_transpose12[1032];
+  float r_matmul17_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul115_acc[ii2][ii3] = 0.0f;
+      r_matmul17_acc[ii2][ii3] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_softmax114[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax114[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
+    s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax16[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
   }
   for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose110[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose110[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
+    s_transpose12[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose12[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -450,7 +450,7 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul115(float* __restric
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul115_acc[ii2][ii3] = r_matmul115_acc[ii2][ii3] + (s_softmax114[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose110[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul17_acc[ii2][ii3] = r_matmul17_acc[ii2][ii3] + (s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose12[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -459,12 +459,12 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul115(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul115[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul115_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul17[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul17_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k13_transpose116(float* __restrict__ transpose116, const float* __restrict__ matmul115) {
+extern "C" __global__ void __launch_bounds__(256) k13_transpose18(float* __restrict__ transpose18, const float* __restrict__ matmul17) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -475,10 +475,10 @@ extern "C" __global__ void __launch_bounds__(256) k13_transpose116(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  transpose116[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul115[b0 * 256 + t2 * 128 + t1 * 16 + t3];
+  transpose18[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul17[b0 * 256 + t2 * 128 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_reshape117(float* __restrict__ reshape117, const float* __restrict__ transpose116) {
+extern "C" __global__ void __launch_bounds__(256) k14_reshape19(float* __restrict__ reshape19, const float* __restrict__ transpose18) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -487,10 +487,10 @@ extern "C" __global__ void __launch_bounds__(256) k14_reshape117(float* __restri
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape117[b0 * 256 + t1 * 32 + t2] = transpose116[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
+  reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_matmul118(float* __restrict__ matmul118, const float* __restrict__ reshape117, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) k15_matmul20(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -498,21 +498,21 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul118(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape117[128];
+  __shared__ float s_reshape19[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_o_w[1032];
-  float r_matmul118_acc[2][4];
+  float r_matmul20_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul118_acc[ii1][ii2] = 0.0f;
+      r_matmul20_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape117[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape117[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape19[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape19[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_o_w[kk0 * 32 + p1c] : 0.0f;
@@ -523,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul118(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul118_acc[ii1][ii2] = r_matmul118_acc[ii1][ii2] + (s_reshape117[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul20_acc[ii1][ii2] = r_matmul20_acc[ii1][ii2] + (s_reshape19[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -533,12 +533,12 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul118(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul118[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul118_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul20[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul20_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k16_add119(float* __restrict__ add120, float* __restrict__ layer_norm121, const float* __restrict__ matmul118, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) k16_add21(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -546,31 +546,31 @@ extern "C" __global__ void __launch_bounds__(256) k16_add119(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add119;
-  float r_add120;
-  float r_layer_norm121_mean;
-  float r_layer_norm121_mean_acc;
-  float r_layer_norm121_centered;
-  float r_layer_norm121_var;
-  float r_layer_norm121_var_acc;
-  float r_layer_norm121_rstd;
+  float r_add21;
+  float r_add22;
+  float r_layer_norm23_mean;
+  float r_layer_norm23_mean_acc;
+  float r_layer_norm23_centered;
+  float r_layer_norm23_var;
+  float r_layer_norm23_var_acc;
+  float r_layer_norm23_rstd;
   // part:mg20
-  r_layer_norm121_mean_acc = 0.0f;
-  r_add119 = (matmul118[b0 * 256 + r0 * 32 + l0] + block0_attn_o_bias[l0]);
-  r_add120 = (embeddings[b0 * 256 + r0 * 32 + l0] + r_add119); add120[b0 * 256 + r0 * 32 + l0] = r_add120;
-  r_layer_norm121_mean_acc = r_layer_norm121_mean_acc + (r_add120 * 0.03125f);
-  r_layer_norm121_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm121_mean_acc, pf_scratch); r_layer_norm121_mean = r_layer_norm121_mean_acc;
+  r_layer_norm23_mean_acc = 0.0f;
+  r_add21 = (matmul20[b0 * 256 + r0 * 32 + l0] + block0_attn_o_bias[l0]);
+  r_add22 = (embeddings[b0 * 256 + r0 * 32 + l0] + r_add21); add22[b0 * 256 + r0 * 32 + l0] = r_add22;
+  r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
+  r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
   // part:mg21
-  r_layer_norm121_var_acc = 0.0f;
-  r_layer_norm121_centered = (r_add120 - r_layer_norm121_mean);
-  r_layer_norm121_var_acc = r_layer_norm121_var_acc + ((r_layer_norm121_centered * r_layer_norm121_centered) * 0.03125f);
-  r_layer_norm121_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm121_var_acc, pf_scratch); r_layer_norm121_var = r_layer_norm121_var_acc;
+  r_layer_norm23_var_acc = 0.0f;
+  r_layer_norm23_centered = (r_add22 - r_layer_norm23_mean);
+  r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((r_layer_norm23_centered * r_layer_norm23_centered) * 0.03125f);
+  r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
   // part:mg22
-  r_layer_norm121_rstd = rsqrtf((r_layer_norm121_var + 1e-05f));
-  layer_norm121[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm121_centered * r_layer_norm121_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
+  r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
+  layer_norm23[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm23_centered * r_layer_norm23_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_matmul122(float* __restrict__ gelu124, const float* __restrict__ layer_norm121, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k17_matmul24(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -578,23 +578,23 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul122(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm121[128];
+  __shared__ float s_layer_norm23[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_mlp_fc1_w[1032];
-  float r_matmul122_acc[2][4];
-  float r_matmul122;
-  float r_add123;
+  float r_matmul24_acc[2][4];
+  float r_matmul24;
+  float r_add25;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul122_acc[ii1][ii2] = 0.0f;
+      r_matmul24_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm121[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm121[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm23[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm23[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block0_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
@@ -605,7 +605,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul122(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul122_acc[ii1][ii2] = r_matmul122_acc[ii1][ii2] + (s_layer_norm121[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_layer_norm23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -615,14 +615,14 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul122(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul122 = r_matmul122_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add123 = (r_matmul122 + block0_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu124[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add123) * (1.0f + tanhf((0.7978845608028654f * (r_add123 + (0.044715f * ((r_add123 * r_add123) * r_add123))))))); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul24 = r_matmul24_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu26[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978845608028654f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k18_matmul125(float* __restrict__ matmul125, const float* __restrict__ gelu124, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) k18_matmul27(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -630,21 +630,21 @@ extern "C" __global__ void __launch_bounds__(256) k18_matmul125(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu124[128];
+  __shared__ float s_gelu26[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_mlp_fc2_w[1032];
-  float r_matmul125_acc[2][4];
+  float r_matmul27_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul125_acc[ii1][ii2] = 0.0f;
+      r_matmul27_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu124[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu124[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      s_gelu26[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu26[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
@@ -655,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(256) k18_matmul125(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul125_acc[ii1][ii2] = r_matmul125_acc[ii1][ii2] + (s_gelu124[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul27_acc[ii1][ii2] = r_matmul27_acc[ii1][ii2] + (s_gelu26[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -665,12 +665,12 @@ extern "C" __global__ void __launch_bounds__(256) k18_matmul125(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul125[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul125_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul27[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul27_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k19_add126(float* __restrict__ add127, float* __restrict__ layer_norm128, const float* __restrict__ matmul125, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add120, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) k19_add28(float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ matmul27, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -678,31 +678,31 @@ extern "C" __global__ void __launch_bounds__(256) k19_add126(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add126;
-  float r_add127;
-  float r_layer_norm128_mean;
-  float r_layer_norm128_mean_acc;
-  float r_layer_norm128_centered;
-  float r_layer_norm128_var;
-  float r_layer_norm128_var_acc;
-  float r_layer_norm128_rstd;
+  float r_add28;
+  float r_add29;
+  float r_layer_norm30_mean;
+  float r_layer_norm30_mean_acc;
+  float r_layer_norm30_centered;
+  float r_layer_norm30_var;
+  float r_layer_norm30_var_acc;
+  float r_layer_norm30_rstd;
   // part:mg20
-  r_layer_norm128_mean_acc = 0.0f;
-  r_add126 = (matmul125[b0 * 256 + r0 * 32 + l0] + block0_mlp_fc2_bias[l0]);
-  r_add127 = (add120[b0 * 256 + r0 * 32 + l0] + r_add126); add127[b0 * 256 + r0 * 32 + l0] = r_add127;
-  r_layer_norm128_mean_acc = r_layer_norm128_mean_acc + (r_add127 * 0.03125f);
-  r_layer_norm128_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm128_mean_acc, pf_scratch); r_layer_norm128_mean = r_layer_norm128_mean_acc;
+  r_layer_norm30_mean_acc = 0.0f;
+  r_add28 = (matmul27[b0 * 256 + r0 * 32 + l0] + block0_mlp_fc2_bias[l0]);
+  r_add29 = (add22[b0 * 256 + r0 * 32 + l0] + r_add28); add29[b0 * 256 + r0 * 32 + l0] = r_add29;
+  r_layer_norm30_mean_acc = r_layer_norm30_mean_acc + (r_add29 * 0.03125f);
+  r_layer_norm30_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_mean_acc, pf_scratch); r_layer_norm30_mean = r_layer_norm30_mean_acc;
   // part:mg21
-  r_layer_norm128_var_acc = 0.0f;
-  r_layer_norm128_centered = (r_add127 - r_layer_norm128_mean);
-  r_layer_norm128_var_acc = r_layer_norm128_var_acc + ((r_layer_norm128_centered * r_layer_norm128_centered) * 0.03125f);
-  r_layer_norm128_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm128_var_acc, pf_scratch); r_layer_norm128_var = r_layer_norm128_var_acc;
+  r_layer_norm30_var_acc = 0.0f;
+  r_layer_norm30_centered = (r_add29 - r_layer_norm30_mean);
+  r_layer_norm30_var_acc = r_layer_norm30_var_acc + ((r_layer_norm30_centered * r_layer_norm30_centered) * 0.03125f);
+  r_layer_norm30_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_var_acc, pf_scratch); r_layer_norm30_var = r_layer_norm30_var_acc;
   // part:mg22
-  r_layer_norm128_rstd = rsqrtf((r_layer_norm128_var + 1e-05f));
-  layer_norm128[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm128_centered * r_layer_norm128_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
+  r_layer_norm30_rstd = rsqrtf((r_layer_norm30_var + 1e-05f));
+  layer_norm30[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm30_centered * r_layer_norm30_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k23_matmul133(float* __restrict__ add134, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) k23_matmul35(float* __restrict__ add36, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -710,22 +710,22 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul133(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm128[128];
+  __shared__ float s_layer_norm30[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_k_w[1032];
-  float r_matmul133_acc[2][4];
-  float r_matmul133;
+  float r_matmul35_acc[2][4];
+  float r_matmul35;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul133_acc[ii1][ii2] = 0.0f;
+      r_matmul35_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm128[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm128[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm30[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_k_w[kk0 * 32 + p1c] : 0.0f;
@@ -736,7 +736,7 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul133(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul133_acc[ii1][ii2] = r_matmul133_acc[ii1][ii2] + (s_layer_norm128[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul35_acc[ii1][ii2] = r_matmul35_acc[ii1][ii2] + (s_layer_norm30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -746,13 +746,13 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul133(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul133 = r_matmul133_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add134[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul133 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul35 = r_matmul35_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add36[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul35 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k26_matmul137(float* __restrict__ add138, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
+extern "C" __global__ void __launch_bounds__(256) k26_matmul39(float* __restrict__ add40, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -760,22 +760,22 @@ extern "C" __global__ void __launch_bounds__(256) k26_matmul137(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm128[128];
+  __shared__ float s_layer_norm30[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_v_w[1032];
-  float r_matmul137_acc[2][4];
-  float r_matmul137;
+  float r_matmul39_acc[2][4];
+  float r_matmul39;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul137_acc[ii1][ii2] = 0.0f;
+      r_matmul39_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm128[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm128[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm30[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_v_w[kk0 * 32 + p1c] : 0.0f;
@@ -786,7 +786,7 @@ extern "C" __global__ void __launch_bounds__(256) k26_matmul137(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul137_acc[ii1][ii2] = r_matmul137_acc[ii1][ii2] + (s_layer_norm128[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul39_acc[ii1][ii2] = r_matmul39_acc[ii1][ii2] + (s_layer_norm30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -796,13 +796,13 @@ extern "C" __global__ void __launch_bounds__(256) k26_matmul137(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul137 = r_matmul137_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add138[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul137 + block1_attn_v_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul39 = r_matmul39_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add40[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul39 + block1_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk18_k20_matmul129_k20_matmul129(float* __restrict__ add130, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk18_k20_matmul31_k20_matmul31(float* __restrict__ add32, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -810,22 +810,22 @@ __device__ __forceinline__ void pk18_k20_matmul129_k20_matmul129(float* __restri
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm128[128];
+  __shared__ float s_layer_norm30[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_q_w[1032];
-  float r_matmul129_acc[2][4];
-  float r_matmul129;
+  float r_matmul31_acc[2][4];
+  float r_matmul31;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul129_acc[ii1][ii2] = 0.0f;
+      r_matmul31_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm128[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm128[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm30[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
@@ -836,7 +836,7 @@ __device__ __forceinline__ void pk18_k20_matmul129_k20_matmul129(float* __restri
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul129_acc[ii1][ii2] = r_matmul129_acc[ii1][ii2] + (s_layer_norm128[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul31_acc[ii1][ii2] = r_matmul31_acc[ii1][ii2] + (s_layer_norm30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -846,13 +846,13 @@ __device__ __forceinline__ void pk18_k20_matmul129_k20_matmul129(float* __restri
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul129 = r_matmul129_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add130[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul129 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul31 = r_matmul31_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add32[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul31 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk18_k20_matmul129_k24_reshape135(float* __restrict__ reshape135, const float* __restrict__ add134, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk18_k20_matmul31_k24_reshape37(float* __restrict__ reshape37, const float* __restrict__ add36, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -863,10 +863,10 @@ __device__ __forceinline__ void pk18_k20_matmul129_k24_reshape135(float* __restr
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape135[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add134[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape37[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add36[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk18_k20_matmul129_k27_reshape139(float* __restrict__ reshape139, const float* __restrict__ add138, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk18_k20_matmul31_k27_reshape41(float* __restrict__ reshape41, const float* __restrict__ add40, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -877,21 +877,21 @@ __device__ __forceinline__ void pk18_k20_matmul129_k27_reshape139(float* __restr
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape139[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add138[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape41[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add40[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk18_k20_matmul129(float* __restrict__ add130, const float* __restrict__ layer_norm128, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, float* __restrict__ reshape135, const float* __restrict__ add134, float* __restrict__ reshape139, const float* __restrict__ add138) {
+extern "C" __global__ void __launch_bounds__(256) pk18_k20_matmul31(float* __restrict__ add32, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, float* __restrict__ reshape37, const float* __restrict__ add36, float* __restrict__ reshape41, const float* __restrict__ add40) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k20_matmul129: 2 blocks of 256
-    pk18_k20_matmul129_k20_matmul129(add130, layer_norm128, block1_attn_q_w, block1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k24_reshape135: 2 blocks of 256
-    pk18_k20_matmul129_k24_reshape135(reshape135, add134, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k27_reshape139: 2 blocks of 256
-    pk18_k20_matmul129_k27_reshape139(reshape139, add138, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k20_matmul31: 2 blocks of 256
+    pk18_k20_matmul31_k20_matmul31(add32, layer_norm30, block1_attn_q_w, block1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k24_reshape37: 2 blocks of 256
+    pk18_k20_matmul31_k24_reshape37(reshape37, add36, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k27_reshape41: 2 blocks of 256
+    pk18_k20_matmul31_k27_reshape41(reshape41, add40, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk19_k21_reshape131_k21_reshape131(float* __restrict__ reshape131, const float* __restrict__ add130, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk19_k21_reshape33_k21_reshape33(float* __restrict__ reshape33, const float* __restrict__ add32, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -902,10 +902,10 @@ __device__ __forceinline__ void pk19_k21_reshape131_k21_reshape131(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape131[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add130[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape33[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add32[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk19_k21_reshape131_k25_transpose136(float* __restrict__ transpose136, const float* __restrict__ reshape135, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk19_k21_reshape33_k25_transpose38(float* __restrict__ transpose38, const float* __restrict__ reshape37, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -916,10 +916,10 @@ __device__ __forceinline__ void pk19_k21_reshape131_k25_transpose136(float* __re
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose136[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape135[b0 * 256 + t3 * 32 + t1 * 16 + t2];
+  transpose38[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape37[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk19_k21_reshape131_k28_transpose140(float* __restrict__ transpose140, const float* __restrict__ reshape139, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk19_k21_reshape33_k28_transpose42(float* __restrict__ transpose42, const float* __restrict__ reshape41, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -930,21 +930,21 @@ __device__ __forceinline__ void pk19_k21_reshape131_k28_transpose140(float* __re
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose140[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape139[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose42[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape41[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk19_k21_reshape131(float* __restrict__ reshape131, const float* __restrict__ add130, float* __restrict__ transpose136, const float* __restrict__ reshape135, float* __restrict__ transpose140, const float* __restrict__ reshape139) {
+extern "C" __global__ void __launch_bounds__(256) pk19_k21_reshape33(float* __restrict__ reshape33, const float* __restrict__ add32, float* __restrict__ transpose38, const float* __restrict__ reshape37, float* __restrict__ transpose42, const float* __restrict__ reshape41) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k21_reshape131: 2 blocks of 256
-    pk19_k21_reshape131_k21_reshape131(reshape131, add130, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k25_transpose136: 2 blocks of 256
-    pk19_k21_reshape131_k25_transpose136(transpose136, reshape135, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k28_transpose140: 2 blocks of 256
-    pk19_k21_reshape131_k28_transpose140(transpose140, reshape139, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k21_reshape33: 2 blocks of 256
+    pk19_k21_reshape33_k21_reshape33(reshape33, add32, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k25_transpose38: 2 blocks of 256
+    pk19_k21_reshape33_k25_transpose38(transpose38, reshape37, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k28_transpose42: 2 blocks of 256
+    pk19_k21_reshape33_k28_transpose42(transpose42, reshape41, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k22_transpose132(float* __restrict__ transpose132, const float* __restrict__ reshape131) {
+extern "C" __global__ void __launch_bounds__(256) k22_transpose34(float* __restrict__ transpose34, const float* __restrict__ reshape33) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -955,10 +955,10 @@ extern "C" __global__ void __launch_bounds__(256) k22_transpose132(float* __rest
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose132[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape131[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+  transpose34[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape33[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k29_matmul141(float* __restrict__ matmul141, const float* __restrict__ transpose132, const float* __restrict__ transpose136) {
+extern "C" __global__ void __launch_bounds__(256) k29_matmul43(float* __restrict__ matmul43, const float* __restrict__ transpose34, const float* __restrict__ transpose38) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -967,24 +967,24 @@ extern "C" __global__ void __launch_bounds__(256) k29_matmul141(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose132[128];
+  __shared__ float s_transpose34[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose136[1032];
-  float r_matmul141_acc[2][4];
+  __shared__ float s_transpose38[1032];
+  float r_matmul43_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul141_acc[ii2][ii3] = 0.0f;
+      r_matmul43_acc[ii2][ii3] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose132[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose132[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      s_transpose34[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose34[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose136[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose136[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
+      s_transpose38[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose38[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
     }
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -992,7 +992,7 @@ extern "C" __global__ void __launch_bounds__(256) k29_matmul141(float* __restric
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul141_acc[ii2][ii3] = r_matmul141_acc[ii2][ii3] + (s_transpose132[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose136[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul43_acc[ii2][ii3] = r_matmul43_acc[ii2][ii3] + (s_transpose34[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose38[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -1002,12 +1002,12 @@ extern "C" __global__ void __launch_bounds__(256) k29_matmul141(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul141[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul141_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul43[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul43_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k30_mul142(float* __restrict__ softmax144, const float* __restrict__ matmul141, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) k30_mul44(float* __restrict__ softmax46, const float* __restrict__ matmul43, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -1016,37 +1016,37 @@ extern "C" __global__ void __launch_bounds__(256) k30_mul142(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul142;
-  float r_add143;
-  float r_softmax144_max;
-  float r_softmax144_max_acc;
-  float r_softmax144_sub;
-  float r_softmax144_exp;
-  float r_softmax144_sum;
-  float r_softmax144_sum_acc;
+  float r_mul44;
+  float r_add45;
+  float r_softmax46_max;
+  float r_softmax46_max_acc;
+  float r_softmax46_sub;
+  float r_softmax46_exp;
+  float r_softmax46_sum;
+  float r_softmax46_sum_acc;
   // part:mg13
-  r_softmax144_max_acc = -INFINITY;
+  r_softmax46_max_acc = -INFINITY;
   if ((l0 <= 7)) {
-    r_mul142 = (matmul141[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_add143 = (r_mul142 + causal_mask[r0 * 8 + l0]);
-    r_softmax144_max_acc = pf_fmaxf(r_softmax144_max_acc, r_add143);
+    r_mul44 = (matmul43[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
+    r_add45 = (r_mul44 + causal_mask[r0 * 8 + l0]);
+    r_softmax46_max_acc = pf_fmaxf(r_softmax46_max_acc, r_add45);
   }
-  r_softmax144_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax144_max_acc, pf_scratch); r_softmax144_max = r_softmax144_max_acc;
+  r_softmax46_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax46_max_acc, pf_scratch); r_softmax46_max = r_softmax46_max_acc;
   // part:mg14
-  r_softmax144_sum_acc = 0.0f;
+  r_softmax46_sum_acc = 0.0f;
   if ((l0 <= 7)) {
-    r_softmax144_sub = (r_add143 - r_softmax144_max);
-    r_softmax144_exp = expf(r_softmax144_sub);
-    r_softmax144_sum_acc = r_softmax144_sum_acc + r_softmax144_exp;
+    r_softmax46_sub = (r_add45 - r_softmax46_max);
+    r_softmax46_exp = expf(r_softmax46_sub);
+    r_softmax46_sum_acc = r_softmax46_sum_acc + r_softmax46_exp;
   }
-  r_softmax144_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax144_sum_acc, pf_scratch); r_softmax144_sum = r_softmax144_sum_acc;
+  r_softmax46_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax46_sum_acc, pf_scratch); r_softmax46_sum = r_softmax46_sum_acc;
   if ((l0 <= 7)) {
     // part:mg15
-    softmax144[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax144_exp / r_softmax144_sum);
+    softmax46[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax46_exp / r_softmax46_sum);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k31_matmul145(float* __restrict__ matmul145, const float* __restrict__ softmax144, const float* __restrict__ transpose140) {
+extern "C" __global__ void __launch_bounds__(256) k31_matmul47(float* __restrict__ matmul47, const float* __restrict__ softmax46, const float* __restrict__ transpose42) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1055,23 +1055,23 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul145(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax144[128];
+  __shared__ float s_softmax46[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose140[1032];
-  float r_matmul145_acc[2][4];
+  __shared__ float s_transpose42[1032];
+  float r_matmul47_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul145_acc[ii2][ii3] = 0.0f;
+      r_matmul47_acc[ii2][ii3] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_softmax144[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax144[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
+    s_softmax46[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax46[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
   }
   for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose140[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose140[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
+    s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose42[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -1079,7 +1079,7 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul145(float* __restric
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul145_acc[ii2][ii3] = r_matmul145_acc[ii2][ii3] + (s_softmax144[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose140[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul47_acc[ii2][ii3] = r_matmul47_acc[ii2][ii3] + (s_softmax46[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -1088,12 +1088,12 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul145(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul145[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul145_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul47[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul47_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k32_transpose146(float* __restrict__ transpose146, const float* __restrict__ matmul145) {
+extern "C" __global__ void __launch_bounds__(256) k32_transpose48(float* __restrict__ transpose48, const float* __restrict__ matmul47) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1104,10 +1104,10 @@ extern "C" __global__ void __launch_bounds__(256) k32_transpose146(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  transpose146[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul145[b0 * 256 + t2 * 128 + t1 * 16 + t3];
+  transpose48[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul47[b0 * 256 + t2 * 128 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k33_reshape147(float* __restrict__ reshape147, const float* __restrict__ transpose146) {
+extern "C" __global__ void __launch_bounds__(256) k33_reshape49(float* __restrict__ reshape49, const float* __restrict__ transpose48) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -1116,10 +1116,10 @@ extern "C" __global__ void __launch_bounds__(256) k33_reshape147(float* __restri
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  reshape147[b0 * 256 + t1 * 32 + t2] = transpose146[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
+  reshape49[b0 * 256 + t1 * 32 + t2] = transpose48[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k34_matmul148(float* __restrict__ matmul148, const float* __restrict__ reshape147, const float* __restrict__ block1_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) k34_matmul50(float* __restrict__ matmul50, const float* __restrict__ reshape49, const float* __restrict__ block1_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1127,21 +1127,21 @@ extern "C" __global__ void __launch_bounds__(256) k34_matmul148(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape147[128];
+  __shared__ float s_reshape49[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_o_w[1032];
-  float r_matmul148_acc[2][4];
+  float r_matmul50_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul148_acc[ii1][ii2] = 0.0f;
+      r_matmul50_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape147[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape147[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape49[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape49[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_o_w[kk0 * 32 + p1c] : 0.0f;
@@ -1152,7 +1152,7 @@ extern "C" __global__ void __launch_bounds__(256) k34_matmul148(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul148_acc[ii1][ii2] = r_matmul148_acc[ii1][ii2] + (s_reshape147[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul50_acc[ii1][ii2] = r_matmul50_acc[ii1][ii2] + (s_reshape49[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1162,12 +1162,12 @@ extern "C" __global__ void __launch_bounds__(256) k34_matmul148(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul148[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul148_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul50[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul50_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k35_add149(float* __restrict__ add150, float* __restrict__ layer_norm151, const float* __restrict__ matmul148, const float* __restrict__ block1_attn_o_bias, const float* __restrict__ add127, const float* __restrict__ block1_ln2_gamma, const float* __restrict__ block1_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) k35_add51(float* __restrict__ add52, float* __restrict__ layer_norm53, const float* __restrict__ matmul50, const float* __restrict__ block1_attn_o_bias, const float* __restrict__ add29, const float* __restrict__ block1_ln2_gamma, const float* __restrict__ block1_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1175,31 +1175,31 @@ extern "C" __global__ void __launch_bounds__(256) k35_add149(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add149;
-  float r_add150;
-  float r_layer_norm151_mean;
-  float r_layer_norm151_mean_acc;
-  float r_layer_norm151_centered;
-  float r_layer_norm151_var;
-  float r_layer_norm151_var_acc;
-  float r_layer_norm151_rstd;
+  float r_add51;
+  float r_add52;
+  float r_layer_norm53_mean;
+  float r_layer_norm53_mean_acc;
+  float r_layer_norm53_centered;
+  float r_layer_norm53_var;
+  float r_layer_norm53_var_acc;
+  float r_layer_norm53_rstd;
   // part:mg20
-  r_layer_norm151_mean_acc = 0.0f;
-  r_add149 = (matmul148[b0 * 256 + r0 * 32 + l0] + block1_attn_o_bias[l0]);
-  r_add150 = (add127[b0 * 256 + r0 * 32 + l0] + r_add149); add150[b0 * 256 + r0 * 32 + l0] = r_add150;
-  r_layer_norm151_mean_acc = r_layer_norm151_mean_acc + (r_add150 * 0.03125f);
-  r_layer_norm151_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm151_mean_acc, pf_scratch); r_layer_norm151_mean = r_layer_norm151_mean_acc;
+  r_layer_norm53_mean_acc = 0.0f;
+  r_add51 = (matmul50[b0 * 256 + r0 * 32 + l0] + block1_attn_o_bias[l0]);
+  r_add52 = (add29[b0 * 256 + r0 * 32 + l0] + r_add51); add52[b0 * 256 + r0 * 32 + l0] = r_add52;
+  r_layer_norm53_mean_acc = r_layer_norm53_mean_acc + (r_add52 * 0.03125f);
+  r_layer_norm53_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm53_mean_acc, pf_scratch); r_layer_norm53_mean = r_layer_norm53_mean_acc;
   // part:mg21
-  r_layer_norm151_var_acc = 0.0f;
-  r_layer_norm151_centered = (r_add150 - r_layer_norm151_mean);
-  r_layer_norm151_var_acc = r_layer_norm151_var_acc + ((r_layer_norm151_centered * r_layer_norm151_centered) * 0.03125f);
-  r_layer_norm151_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm151_var_acc, pf_scratch); r_layer_norm151_var = r_layer_norm151_var_acc;
+  r_layer_norm53_var_acc = 0.0f;
+  r_layer_norm53_centered = (r_add52 - r_layer_norm53_mean);
+  r_layer_norm53_var_acc = r_layer_norm53_var_acc + ((r_layer_norm53_centered * r_layer_norm53_centered) * 0.03125f);
+  r_layer_norm53_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm53_var_acc, pf_scratch); r_layer_norm53_var = r_layer_norm53_var_acc;
   // part:mg22
-  r_layer_norm151_rstd = rsqrtf((r_layer_norm151_var + 1e-05f));
-  layer_norm151[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm151_centered * r_layer_norm151_rstd) * block1_ln2_gamma[l0]) + block1_ln2_beta[l0]);
+  r_layer_norm53_rstd = rsqrtf((r_layer_norm53_var + 1e-05f));
+  layer_norm53[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm53_centered * r_layer_norm53_rstd) * block1_ln2_gamma[l0]) + block1_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k36_matmul152(float* __restrict__ gelu154, const float* __restrict__ layer_norm151, const float* __restrict__ block1_mlp_fc1_w, const float* __restrict__ block1_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k36_matmul54(float* __restrict__ gelu56, const float* __restrict__ layer_norm53, const float* __restrict__ block1_mlp_fc1_w, const float* __restrict__ block1_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1207,23 +1207,23 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul152(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm151[128];
+  __shared__ float s_layer_norm53[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_mlp_fc1_w[1032];
-  float r_matmul152_acc[2][4];
-  float r_matmul152;
-  float r_add153;
+  float r_matmul54_acc[2][4];
+  float r_matmul54;
+  float r_add55;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul152_acc[ii1][ii2] = 0.0f;
+      r_matmul54_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm151[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm151[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm53[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm53[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block1_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
@@ -1234,7 +1234,7 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul152(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul152_acc[ii1][ii2] = r_matmul152_acc[ii1][ii2] + (s_layer_norm151[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul54_acc[ii1][ii2] = r_matmul54_acc[ii1][ii2] + (s_layer_norm53[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1244,14 +1244,14 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul152(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul152 = r_matmul152_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add153 = (r_matmul152 + block1_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu154[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add153) * (1.0f + tanhf((0.7978845608028654f * (r_add153 + (0.044715f * ((r_add153 * r_add153) * r_add153))))))); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul54 = r_matmul54_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add55 = (r_matmul54 + block1_mlp_fc1_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu56[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add55) * (1.0f + tanhf((0.7978845608028654f * (r_add55 + (0.044715f * ((r_add55 * r_add55) * r_add55))))))); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k37_matmul155(float* __restrict__ matmul155, const float* __restrict__ gelu154, const float* __restrict__ block1_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) k37_matmul57(float* __restrict__ matmul57, const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1259,21 +1259,21 @@ extern "C" __global__ void __launch_bounds__(256) k37_matmul155(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu154[128];
+  __shared__ float s_gelu56[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_mlp_fc2_w[1032];
-  float r_matmul155_acc[2][4];
+  float r_matmul57_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul155_acc[ii1][ii2] = 0.0f;
+      r_matmul57_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu154[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu154[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      s_gelu56[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu56[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
@@ -1284,7 +1284,7 @@ extern "C" __global__ void __launch_bounds__(256) k37_matmul155(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul155_acc[ii1][ii2] = r_matmul155_acc[ii1][ii2] + (s_gelu154[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul57_acc[ii1][ii2] = r_matmul57_acc[ii1][ii2] + (s_gelu56[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1294,12 +1294,12 @@ extern "C" __global__ void __launch_bounds__(256) k37_matmul155(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul155[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul155_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul57[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul57_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k38_add156(float* __restrict__ layer_norm158, const float* __restrict__ matmul155, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add150, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) k38_add58(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1307,26 +1307,26 @@ extern "C" __global__ void __launch_bounds__(256) k38_add156(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add156;
-  float r_add157;
-  float r_layer_norm158_mean;
-  float r_layer_norm158_mean_acc;
-  float r_layer_norm158_centered;
-  float r_layer_norm158_var;
-  float r_layer_norm158_var_acc;
-  float r_layer_norm158_rstd;
+  float r_add58;
+  float r_add59;
+  float r_layer_norm60_mean;
+  float r_layer_norm60_mean_acc;
+  float r_layer_norm60_centered;
+  float r_layer_norm60_var;
+  float r_layer_norm60_var_acc;
+  float r_layer_norm60_rstd;
   // part:mg50
-  r_layer_norm158_mean_acc = 0.0f;
-  r_add156 = (matmul155[b0 * 256 + r0 * 32 + l0] + block1_mlp_fc2_bias[l0]);
-  r_add157 = (add150[b0 * 256 + r0 * 32 + l0] + r_add156);
-  r_layer_norm158_mean_acc = r_layer_norm158_mean_acc + (r_add157 * 0.03125f);
-  r_layer_norm158_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm158_mean_acc, pf_scratch); r_layer_norm158_mean = r_layer_norm158_mean_acc;
+  r_layer_norm60_mean_acc = 0.0f;
+  r_add58 = (matmul57[b0 * 256 + r0 * 32 + l0] + block1_mlp_fc2_bias[l0]);
+  r_add59 = (add52[b0 * 256 + r0 * 32 + l0] + r_add58);
+  r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (r_add59 * 0.03125f);
+  r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
   // part:mg51
-  r_layer_norm158_var_acc = 0.0f;
-  r_layer_norm158_centered = (r_add157 - r_layer_norm158_mean);
-  r_layer_norm158_var_acc = r_layer_norm158_var_acc + ((r_layer_norm158_centered * r_layer_norm158_centered) * 0.03125f);
-  r_layer_norm158_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm158_var_acc, pf_scratch); r_layer_norm158_var = r_layer_norm158_var_acc;
+  r_layer_norm60_var_acc = 0.0f;
+  r_layer_norm60_centered = (r_add59 - r_layer_norm60_mean);
+  r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((r_layer_norm60_centered * r_layer_norm60_centered) * 0.03125f);
+  r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
   // part:mg52
-  r_layer_norm158_rstd = rsqrtf((r_layer_norm158_var + 1e-05f));
-  layer_norm158[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm158_centered * r_layer_norm158_rstd) * ln_f_gamma[l0]) + ln_f_beta[l0]);
+  r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
+  layer_norm60[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm60_centered * r_layer_norm60_rstd) * ln_f_gamma[l0]) + ln_f_beta[l0]);
 }

@@ -45,113 +45,109 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(16) k0_slice297(float* __restrict__ reshape298, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(16) k0_slice0(float* __restrict__ reshape1, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_slice297;
-  r_slice297 = x[0 * 16 + t0 * 8 + t1];
-  reshape298[t0 * 8 + t1] = r_slice297;
+  float r_slice0;
+  r_slice0 = x[0 * 16 + t0 * 8 + t1];
+  reshape1[t0 * 8 + t1] = r_slice0;
 }
 
-__device__ __forceinline__ void pk1_k1_matmul299_k1_matmul299(float* __restrict__ add300, float* __restrict__ slice301, const float* __restrict__ reshape298, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk1_k1_matmul2_k1_matmul2(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  float r_matmul299;
-  float r_matmul299_acc;
-  float r_add300;
-  r_matmul299_acc = 0.0f;
+  float r_matmul2;
+  float r_matmul2_acc;
+  float r_add3;
+  r_matmul2_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul299_acc = r_matmul299_acc + (reshape298[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+    r_matmul2_acc = r_matmul2_acc + (reshape1[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
-  r_matmul299 = r_matmul299_acc;
-  r_add300 = (r_matmul299 + bias[t1]); add300[t0 * 32 + t1] = r_add300;
-  if ((t1 <= 7)) {
-    slice301[t0 * 8 + t1] = r_add300;
+  r_matmul2 = r_matmul2_acc;
+  r_add3 = (r_matmul2 + bias[t1]);
+  if ((t1 >= 24)) {
+    slice7[t0 * 8 + (t1 - 24)] = r_add3;
+  } else {
+    if ((t1 <= 7)) {
+      slice4[t0 * 8 + t1] = r_add3;
+    } else {
+      if ((t1 >= 16)) {
+        slice6[t0 * 8 + (t1 - 16)] = r_add3;
+      }
+    }
   }
 }
 
-__device__ __forceinline__ void pk1_k1_matmul299_k4_slice311(float* __restrict__ reshape312, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk1_k1_matmul2_k3_slice14(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = pf_thread;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_slice311;
-  r_slice311 = x[(0 + 1) * 16 + t0 * 8 + t1];
-  reshape312[t0 * 8 + t1] = r_slice311;
+  float r_slice14;
+  r_slice14 = x[(0 + 1) * 16 + t0 * 8 + t1];
+  reshape15[t0 * 8 + t1] = r_slice14;
 }
 
-extern "C" __global__ void __launch_bounds__(64) pk1_k1_matmul299(float* __restrict__ add300, float* __restrict__ slice301, const float* __restrict__ reshape298, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape312, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(64) pk1_k1_matmul2(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape15, const float* __restrict__ x) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_matmul299: 1 blocks of 64
-    pk1_k1_matmul299_k1_matmul299(add300, slice301, reshape298, w_x, bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k4_slice311: 1 blocks of 16
+  if (pf_b < 1) {  // k1_matmul2: 1 blocks of 64
+    pk1_k1_matmul2_k1_matmul2(slice4, slice6, slice7, reshape1, w_x, bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k3_slice14: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk1_k1_matmul299_k4_slice311(reshape312, x, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pk1_k1_matmul2_k3_slice14(reshape15, x, pf_v, (int)threadIdx.x % 16);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k2_slice303(float* __restrict__ mul307, const float* __restrict__ add300, const float* __restrict__ slice301) {
+extern "C" __global__ void __launch_bounds__(16) k2_sigmoid8(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_slice303;
-  float r_sigmoid305;
-  float r_tanh306;
-  r_sigmoid305 = pf_sigmoid(slice301[t0 * 8 + t1]);
-  r_slice303 = add300[t0 * 32 + (t1 + 16)];
-  r_tanh306 = tanhf(r_slice303);
-  mul307[t0 * 8 + t1] = (r_sigmoid305 * r_tanh306);
+  float r_sigmoid8;
+  float r_tanh9;
+  float r_mul10;
+  float r_sigmoid11;
+  float r_tanh12;
+  r_sigmoid8 = pf_sigmoid(slice4[t0 * 8 + t1]);
+  r_tanh9 = tanhf(slice6[t0 * 8 + t1]);
+  r_mul10 = (r_sigmoid8 * r_tanh9); mul10[t0 * 8 + t1] = r_mul10;
+  r_tanh12 = tanhf(r_mul10);
+  r_sigmoid11 = pf_sigmoid(slice7[t0 * 8 + t1]);
+  mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(16) k3_slice304(float* __restrict__ mul310, const float* __restrict__ add300, const float* __restrict__ mul307) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice304;
-  float r_sigmoid308;
-  float r_tanh309;
-  r_tanh309 = tanhf(mul307[t0 * 8 + t1]);
-  r_slice304 = add300[t0 * 32 + (t1 + 24)];
-  r_sigmoid308 = pf_sigmoid(r_slice304);
-  mul310[t0 * 8 + t1] = (r_sigmoid308 * r_tanh309);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k5_matmul315(float* __restrict__ matmul315, const float* __restrict__ mul310, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) k4_matmul18(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_mul310[128];
+  __shared__ float s_mul13[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_w_h[1032];
-  float r_matmul315_acc[2][4];
+  float r_matmul18_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul315_acc[ii0][ii1] = 0.0f;
+      r_matmul18_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_mul310[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul310[p0r * 8 + p0c] : 0.0f;
+    s_mul13[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul13[p0r * 8 + p0c] : 0.0f;
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_w_h[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? w_h[kk0 * 32 + p1c] : 0.0f;
@@ -162,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(256) k5_matmul315(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul315_acc[ii0][ii1] = r_matmul315_acc[ii0][ii1] + (s_mul310[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul18_acc[ii0][ii1] = r_matmul18_acc[ii0][ii1] + (s_mul13[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -171,135 +167,125 @@ extern "C" __global__ void __launch_bounds__(256) k5_matmul315(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul315[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul315_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul18[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul18_acc[ii0][ii1]; }
     }
   }
 }
 
-__device__ __forceinline__ void pk5_k6_matmul313_k6_matmul313(float* __restrict__ add316, float* __restrict__ slice317, float* __restrict__ slice318, float* __restrict__ slice319, const float* __restrict__ reshape312, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul315, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(64) k5_matmul16(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ reshape15, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+  int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  float r_matmul313;
-  float r_matmul313_acc;
-  float r_add314;
-  float r_add316;
-  r_matmul313_acc = 0.0f;
+  float r_matmul16;
+  float r_matmul16_acc;
+  float r_add17;
+  float r_add19;
+  float r_slice20;
+  r_matmul16_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul313_acc = r_matmul313_acc + (reshape312[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+    r_matmul16_acc = r_matmul16_acc + (reshape15[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
-  r_matmul313 = r_matmul313_acc;
-  r_add314 = (r_matmul313 + bias[t1]);
-  r_add316 = (r_add314 + matmul315[t0 * 32 + t1]); add316[t0 * 32 + t1] = r_add316;
-  if ((t1 <= 7)) {
-    slice317[t0 * 8 + t1] = r_add316;
+  r_matmul16 = r_matmul16_acc;
+  r_add17 = (r_matmul16 + bias[t1]);
+  r_add19 = (r_add17 + matmul18[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice23[t0 * 8 + (t1 - 24)] = r_add19;
   } else {
-    if (((t1 >= 16) && (t1 <= 23))) {
-      slice319[t0 * 8 + (t1 - 16)] = r_add316;
+    if ((t1 <= 7)) {
+      r_slice20 = r_add19;
+      sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_slice20);
     } else {
-      if ((t1 <= 15)) {
-        slice318[t0 * 8 + (t1 - 8)] = r_add316;
+      if ((t1 >= 16)) {
+        slice22[t0 * 8 + (t1 - 16)] = r_add19;
+      } else {
+        slice21[t0 * 8 + (t1 - 8)] = r_add19;
       }
     }
   }
 }
 
-__device__ __forceinline__ void pk5_k6_matmul313_k9_slice330(float* __restrict__ reshape331, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk5_k6_tanh25_k6_tanh25(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
-  int _t = pf_thread;
+  int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_slice330;
-  r_slice330 = x[(0 + 2) * 16 + t0 * 8 + t1];
-  reshape331[t0 * 8 + t1] = r_slice330;
+  float r_tanh25;
+  float r_mul26;
+  float r_sigmoid27;
+  float r_mul28;
+  float r_add29;
+  float r_sigmoid30;
+  float r_tanh31;
+  r_tanh25 = tanhf(slice22[t0 * 8 + t1]);
+  r_mul26 = (sigmoid24[t0 * 8 + t1] * r_tanh25);
+  r_sigmoid27 = pf_sigmoid(slice21[t0 * 8 + t1]);
+  r_mul28 = (r_sigmoid27 * mul10[t0 * 8 + t1]);
+  r_add29 = (r_mul28 + r_mul26); add29[t0 * 8 + t1] = r_add29;
+  r_tanh31 = tanhf(r_add29);
+  r_sigmoid30 = pf_sigmoid(slice23[t0 * 8 + t1]);
+  mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-__device__ __forceinline__ void pk5_k6_matmul313_k14_slice349(float* __restrict__ reshape350, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk5_k6_tanh25_k7_slice33(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
-  int _t = pf_thread;
+  int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_slice349;
-  r_slice349 = x[(0 + 3) * 16 + t0 * 8 + t1];
-  reshape350[t0 * 8 + t1] = r_slice349;
+  float r_slice33;
+  r_slice33 = x[(0 + 2) * 16 + t0 * 8 + t1];
+  reshape34[t0 * 8 + t1] = r_slice33;
 }
 
-extern "C" __global__ void __launch_bounds__(64) pk5_k6_matmul313(float* __restrict__ add316, float* __restrict__ slice317, float* __restrict__ slice318, float* __restrict__ slice319, const float* __restrict__ reshape312, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul315, float* __restrict__ reshape331, const float* __restrict__ x, float* __restrict__ reshape350) {
+__device__ __forceinline__ void pk5_k6_tanh25_k11_slice52(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice52;
+  r_slice52 = x[(0 + 3) * 16 + t0 * 8 + t1];
+  reshape53[t0 * 8 + t1] = r_slice52;
+}
+
+extern "C" __global__ void __launch_bounds__(16) pk5_k6_tanh25(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k6_matmul313: 1 blocks of 64
-    pk5_k6_matmul313_k6_matmul313(add316, slice317, slice318, slice319, reshape312, w_x, bias, matmul315, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k9_slice330: 1 blocks of 16
-    const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk5_k6_matmul313_k9_slice330(reshape331, x, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 3) {  // k14_slice349: 1 blocks of 16
-    const int pf_v = (pf_b - 2) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk5_k6_matmul313_k14_slice349(reshape350, x, pf_v, (int)threadIdx.x % 16);
+  if (pf_b < 1) {  // k6_tanh25: 1 blocks of 16
+    pk5_k6_tanh25_k6_tanh25(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k7_slice33: 1 blocks of 16
+    pk5_k6_tanh25_k7_slice33(reshape34, x, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k11_slice52: 1 blocks of 16
+    pk5_k6_tanh25_k11_slice52(reshape53, x, pf_b - 2, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k7_sigmoid321(float* __restrict__ add326, float* __restrict__ tanh328, const float* __restrict__ slice317, const float* __restrict__ slice319, const float* __restrict__ slice318, const float* __restrict__ mul307) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_sigmoid321;
-  float r_tanh322;
-  float r_mul323;
-  float r_sigmoid324;
-  float r_mul325;
-  float r_add326;
-  r_sigmoid324 = pf_sigmoid(slice318[t0 * 8 + t1]);
-  r_mul325 = (r_sigmoid324 * mul307[t0 * 8 + t1]);
-  r_tanh322 = tanhf(slice319[t0 * 8 + t1]);
-  r_sigmoid321 = pf_sigmoid(slice317[t0 * 8 + t1]);
-  r_mul323 = (r_sigmoid321 * r_tanh322);
-  r_add326 = (r_mul325 + r_mul323); add326[t0 * 8 + t1] = r_add326;
-  tanh328[t0 * 8 + t1] = tanhf(r_add326);
-}
-
-extern "C" __global__ void __launch_bounds__(16) k8_slice320(float* __restrict__ mul329, const float* __restrict__ add316, const float* __restrict__ tanh328) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice320;
-  float r_sigmoid327;
-  r_slice320 = add316[t0 * 32 + (t1 + 24)];
-  r_sigmoid327 = pf_sigmoid(r_slice320);
-  mul329[t0 * 8 + t1] = (r_sigmoid327 * tanh328[t0 * 8 + t1]);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k10_matmul334(float* __restrict__ matmul334, const float* __restrict__ mul329, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) k8_matmul37(float* __restrict__ matmul37, const float* __restrict__ mul32, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_mul329[128];
+  __shared__ float s_mul32[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_w_h[1032];
-  float r_matmul334_acc[2][4];
+  float r_matmul37_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul334_acc[ii0][ii1] = 0.0f;
+      r_matmul37_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_mul329[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul329[p0r * 8 + p0c] : 0.0f;
+    s_mul32[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul32[p0r * 8 + p0c] : 0.0f;
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_w_h[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? w_h[kk0 * 32 + p1c] : 0.0f;
@@ -310,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(256) k10_matmul334(float* __restric
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul334_acc[ii0][ii1] = r_matmul334_acc[ii0][ii1] + (s_mul329[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul37_acc[ii0][ii1] = r_matmul37_acc[ii0][ii1] + (s_mul32[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -319,98 +305,90 @@ extern "C" __global__ void __launch_bounds__(256) k10_matmul334(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul334[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul334_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul37[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul37_acc[ii0][ii1]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) k11_matmul332(float* __restrict__ add335, float* __restrict__ slice336, float* __restrict__ slice337, float* __restrict__ slice338, const float* __restrict__ reshape331, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul334) {
+extern "C" __global__ void __launch_bounds__(64) k9_matmul35(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ reshape34, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  float r_matmul332;
-  float r_matmul332_acc;
-  float r_add333;
-  float r_add335;
-  r_matmul332_acc = 0.0f;
+  float r_matmul35;
+  float r_matmul35_acc;
+  float r_add36;
+  float r_add38;
+  float r_slice39;
+  r_matmul35_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul332_acc = r_matmul332_acc + (reshape331[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+    r_matmul35_acc = r_matmul35_acc + (reshape34[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
-  r_matmul332 = r_matmul332_acc;
-  r_add333 = (r_matmul332 + bias[t1]);
-  r_add335 = (r_add333 + matmul334[t0 * 32 + t1]); add335[t0 * 32 + t1] = r_add335;
-  if ((t1 <= 7)) {
-    slice336[t0 * 8 + t1] = r_add335;
+  r_matmul35 = r_matmul35_acc;
+  r_add36 = (r_matmul35 + bias[t1]);
+  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice42[t0 * 8 + (t1 - 24)] = r_add38;
   } else {
-    if (((t1 >= 16) && (t1 <= 23))) {
-      slice338[t0 * 8 + (t1 - 16)] = r_add335;
+    if ((t1 <= 7)) {
+      r_slice39 = r_add38;
+      sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_slice39);
     } else {
-      if ((t1 <= 15)) {
-        slice337[t0 * 8 + (t1 - 8)] = r_add335;
+      if ((t1 >= 16)) {
+        slice41[t0 * 8 + (t1 - 16)] = r_add38;
+      } else {
+        slice40[t0 * 8 + (t1 - 8)] = r_add38;
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k12_sigmoid340(float* __restrict__ add345, float* __restrict__ tanh347, const float* __restrict__ slice336, const float* __restrict__ slice338, const float* __restrict__ slice337, const float* __restrict__ add326) {
+extern "C" __global__ void __launch_bounds__(16) k10_tanh44(float* __restrict__ add48, float* __restrict__ mul51, const float* __restrict__ slice41, const float* __restrict__ sigmoid43, const float* __restrict__ slice40, const float* __restrict__ add29, const float* __restrict__ slice42) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_sigmoid340;
-  float r_tanh341;
-  float r_mul342;
-  float r_sigmoid343;
-  float r_mul344;
-  float r_add345;
-  r_sigmoid343 = pf_sigmoid(slice337[t0 * 8 + t1]);
-  r_mul344 = (r_sigmoid343 * add326[t0 * 8 + t1]);
-  r_tanh341 = tanhf(slice338[t0 * 8 + t1]);
-  r_sigmoid340 = pf_sigmoid(slice336[t0 * 8 + t1]);
-  r_mul342 = (r_sigmoid340 * r_tanh341);
-  r_add345 = (r_mul344 + r_mul342); add345[t0 * 8 + t1] = r_add345;
-  tanh347[t0 * 8 + t1] = tanhf(r_add345);
+  float r_tanh44;
+  float r_mul45;
+  float r_sigmoid46;
+  float r_mul47;
+  float r_add48;
+  float r_sigmoid49;
+  float r_tanh50;
+  r_tanh44 = tanhf(slice41[t0 * 8 + t1]);
+  r_mul45 = (sigmoid43[t0 * 8 + t1] * r_tanh44);
+  r_sigmoid46 = pf_sigmoid(slice40[t0 * 8 + t1]);
+  r_mul47 = (r_sigmoid46 * add29[t0 * 8 + t1]);
+  r_add48 = (r_mul47 + r_mul45); add48[t0 * 8 + t1] = r_add48;
+  r_tanh50 = tanhf(r_add48);
+  r_sigmoid49 = pf_sigmoid(slice42[t0 * 8 + t1]);
+  mul51[t0 * 8 + t1] = (r_sigmoid49 * r_tanh50);
 }
 
-extern "C" __global__ void __launch_bounds__(16) k13_slice339(float* __restrict__ mul348, const float* __restrict__ add335, const float* __restrict__ tanh347) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice339;
-  float r_sigmoid346;
-  r_slice339 = add335[t0 * 32 + (t1 + 24)];
-  r_sigmoid346 = pf_sigmoid(r_slice339);
-  mul348[t0 * 8 + t1] = (r_sigmoid346 * tanh347[t0 * 8 + t1]);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k15_matmul353(float* __restrict__ matmul353, const float* __restrict__ mul348, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) k12_matmul56(float* __restrict__ matmul56, const float* __restrict__ mul51, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_mul348[128];
+  __shared__ float s_mul51[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_w_h[1032];
-  float r_matmul353_acc[2][4];
+  float r_matmul56_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul353_acc[ii0][ii1] = 0.0f;
+      r_matmul56_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_mul348[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul348[p0r * 8 + p0c] : 0.0f;
+    s_mul51[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul51[p0r * 8 + p0c] : 0.0f;
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_w_h[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? w_h[kk0 * 32 + p1c] : 0.0f;
@@ -421,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul353(float* __restric
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul353_acc[ii0][ii1] = r_matmul353_acc[ii0][ii1] + (s_mul348[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul56_acc[ii0][ii1] = r_matmul56_acc[ii0][ii1] + (s_mul51[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -430,74 +408,66 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul353(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul353[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul353_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul56[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul56_acc[ii0][ii1]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) k16_matmul351(float* __restrict__ add354, float* __restrict__ slice355, float* __restrict__ slice356, float* __restrict__ slice357, const float* __restrict__ reshape350, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul353) {
+extern "C" __global__ void __launch_bounds__(64) k13_matmul54(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ reshape53, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  float r_matmul351;
-  float r_matmul351_acc;
-  float r_add352;
-  float r_add354;
-  r_matmul351_acc = 0.0f;
+  float r_matmul54;
+  float r_matmul54_acc;
+  float r_add55;
+  float r_add57;
+  float r_slice58;
+  r_matmul54_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul351_acc = r_matmul351_acc + (reshape350[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+    r_matmul54_acc = r_matmul54_acc + (reshape53[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
-  r_matmul351 = r_matmul351_acc;
-  r_add352 = (r_matmul351 + bias[t1]);
-  r_add354 = (r_add352 + matmul353[t0 * 32 + t1]); add354[t0 * 32 + t1] = r_add354;
-  if ((t1 <= 7)) {
-    slice355[t0 * 8 + t1] = r_add354;
+  r_matmul54 = r_matmul54_acc;
+  r_add55 = (r_matmul54 + bias[t1]);
+  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice61[t0 * 8 + (t1 - 24)] = r_add57;
   } else {
-    if (((t1 >= 16) && (t1 <= 23))) {
-      slice357[t0 * 8 + (t1 - 16)] = r_add354;
+    if ((t1 <= 7)) {
+      r_slice58 = r_add57;
+      sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_slice58);
     } else {
-      if ((t1 <= 15)) {
-        slice356[t0 * 8 + (t1 - 8)] = r_add354;
+      if ((t1 >= 16)) {
+        slice60[t0 * 8 + (t1 - 16)] = r_add57;
+      } else {
+        slice59[t0 * 8 + (t1 - 8)] = r_add57;
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k17_sigmoid359(float* __restrict__ add364, float* __restrict__ tanh366, const float* __restrict__ slice355, const float* __restrict__ slice357, const float* __restrict__ slice356, const float* __restrict__ add345) {
+extern "C" __global__ void __launch_bounds__(16) k14_tanh63(float* __restrict__ add67, float* __restrict__ mul70, const float* __restrict__ slice60, const float* __restrict__ sigmoid62, const float* __restrict__ slice59, const float* __restrict__ add48, const float* __restrict__ slice61) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_sigmoid359;
-  float r_tanh360;
-  float r_mul361;
-  float r_sigmoid362;
-  float r_mul363;
-  float r_add364;
-  r_sigmoid362 = pf_sigmoid(slice356[t0 * 8 + t1]);
-  r_mul363 = (r_sigmoid362 * add345[t0 * 8 + t1]);
-  r_tanh360 = tanhf(slice357[t0 * 8 + t1]);
-  r_sigmoid359 = pf_sigmoid(slice355[t0 * 8 + t1]);
-  r_mul361 = (r_sigmoid359 * r_tanh360);
-  r_add364 = (r_mul363 + r_mul361); add364[t0 * 8 + t1] = r_add364;
-  tanh366[t0 * 8 + t1] = tanhf(r_add364);
-}
-
-extern "C" __global__ void __launch_bounds__(16) k18_slice358(float* __restrict__ mul367, const float* __restrict__ add354, const float* __restrict__ tanh366) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice358;
-  float r_sigmoid365;
-  r_slice358 = add354[t0 * 32 + (t1 + 24)];
-  r_sigmoid365 = pf_sigmoid(r_slice358);
-  mul367[t0 * 8 + t1] = (r_sigmoid365 * tanh366[t0 * 8 + t1]);
+  float r_tanh63;
+  float r_mul64;
+  float r_sigmoid65;
+  float r_mul66;
+  float r_add67;
+  float r_sigmoid68;
+  float r_tanh69;
+  r_tanh63 = tanhf(slice60[t0 * 8 + t1]);
+  r_mul64 = (sigmoid62[t0 * 8 + t1] * r_tanh63);
+  r_sigmoid65 = pf_sigmoid(slice59[t0 * 8 + t1]);
+  r_mul66 = (r_sigmoid65 * add48[t0 * 8 + t1]);
+  r_add67 = (r_mul66 + r_mul64); add67[t0 * 8 + t1] = r_add67;
+  r_tanh69 = tanhf(r_add67);
+  r_sigmoid68 = pf_sigmoid(slice61[t0 * 8 + t1]);
+  mul70[t0 * 8 + t1] = (r_sigmoid68 * r_tanh69);
 }

@@ -45,31 +45,31 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k1_batch_norm259_scale(float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm259_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k4_batch_norm263_scale(float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k4_batch_norm5_scale(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm263_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
+  batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k7_batch_norm267_scale(float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k7_batch_norm9_scale(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm267_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
+  batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm259_scale_k0_conv2d258(float* __restrict__ conv2d258, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k0_conv2d0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -81,12 +81,12 @@ __device__ __forceinline__ void pk0_k1_batch_norm259_scale_k0_conv2d258(float* _
   const int p1r = threadIdx.x / 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stem_w[432];
-  float r_conv2d258_acc[2][4];
+  float r_conv2d0_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d258_acc[ii0][ii2] = 0.0f;
+      r_conv2d0_acc[ii0][ii2] = 0.0f;
     }
   }
   for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
@@ -111,7 +111,7 @@ __device__ __forceinline__ void pk0_k1_batch_norm259_scale_k0_conv2d258(float* _
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d258_acc[ii0][ii2] = r_conv2d258_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? s_image[(0 - 0) * 2313 + (kk0 - 0) * 771 + ((((b1 * 2) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((t2 + (32 * ii2)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? s_image[(0 - 0) * 2313 + (kk0 - 0) * 771 + ((((b1 * 2) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((t2 + (32 * ii2)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
           }
         }
       }
@@ -122,28 +122,28 @@ __device__ __forceinline__ void pk0_k1_batch_norm259_scale_k0_conv2d258(float* _
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d258[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d258_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d0[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm259_scale(float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d258, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm1_scale(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_batch_norm259_scale: 1 blocks of 8
+  if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm259_scale_k1_batch_norm259_scale(batch_norm259_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 2) {  // k4_batch_norm263_scale: 1 blocks of 8
+    if (pf_v < 1) pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
     const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm259_scale_k4_batch_norm263_scale(batch_norm263_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 3) {  // k7_batch_norm267_scale: 1 blocks of 8
+    if (pf_v < 1) pk0_k1_batch_norm1_scale_k4_batch_norm5_scale(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm259_scale_k7_batch_norm267_scale(batch_norm267_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 11) {  // k0_conv2d258: 8 blocks of 256
-    pk0_k1_batch_norm259_scale_k0_conv2d258(conv2d258, image, stem_w, pf_b - 3, (int)threadIdx.x);
+    if (pf_v < 1) pk0_k1_batch_norm1_scale_k7_batch_norm9_scale(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 11) {  // k0_conv2d0: 8 blocks of 256
+    pk0_k1_batch_norm1_scale_k0_conv2d0(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_batch_norm259(float* __restrict__ minimum261, const float* __restrict__ conv2d258, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm259_scale, const float* __restrict__ stem_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k2_batch_norm1(float* __restrict__ minimum3, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -152,14 +152,14 @@ extern "C" __global__ void __launch_bounds__(256) k2_batch_norm259(float* __rest
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm259;
-  float r_relu260;
-  r_batch_norm259 = (((conv2d258[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stem_bn_mean[((4 * b0) + t0)]) * batch_norm259_scale[((4 * b0) + t0)]) + stem_bn_beta[((4 * b0) + t0)]);
-  r_relu260 = pf_fmaxf(r_batch_norm259, 0.0f);
-  minimum261[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu260, 6.0f);
+  float r_batch_norm1;
+  float r_relu2;
+  r_batch_norm1 = (((conv2d0[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stem_bn_mean[((4 * b0) + t0)]) * batch_norm1_scale[((4 * b0) + t0)]) + stem_bn_beta[((4 * b0) + t0)]);
+  r_relu2 = pf_fmaxf(r_batch_norm1, 0.0f);
+  minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu2, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_conv2d262(float* __restrict__ conv2d262, const float* __restrict__ minimum261, const float* __restrict__ stage1_block0_dw_w) {
+extern "C" __global__ void __launch_bounds__(256) k3_conv2d4(float* __restrict__ conv2d4, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -168,17 +168,17 @@ extern "C" __global__ void __launch_bounds__(256) k3_conv2d262(float* __restrict
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_conv2d262_acc;
-  r_conv2d262_acc = 0.0f;
+  float r_conv2d4_acc;
+  r_conv2d4_acc = 0.0f;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_conv2d262_acc = r_conv2d262_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 8)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 8)) ? minimum261[0 * 512 + (((4 * b0) + t0) + 0) * 64 + ((t1 + c0) - 1) * 8 + ((t2 + c1) - 1)] : 0.0f) * stage1_block0_dw_w[((4 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
+      r_conv2d4_acc = r_conv2d4_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 8)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 8)) ? minimum3[0 * 512 + (((4 * b0) + t0) + 0) * 64 + ((t1 + c0) - 1) * 8 + ((t2 + c1) - 1)] : 0.0f) * stage1_block0_dw_w[((4 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
     }
   }
-  conv2d262[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d262_acc;
+  conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) k5_batch_norm263(float* __restrict__ minimum265, const float* __restrict__ conv2d262, const float* __restrict__ stage1_block0_dw_bn_mean, const float* __restrict__ batch_norm263_scale, const float* __restrict__ stage1_block0_dw_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k5_batch_norm5(float* __restrict__ minimum7, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_dw_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -187,14 +187,14 @@ extern "C" __global__ void __launch_bounds__(256) k5_batch_norm263(float* __rest
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm263;
-  float r_relu264;
-  r_batch_norm263 = (((conv2d262[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_dw_bn_mean[((4 * b0) + t0)]) * batch_norm263_scale[((4 * b0) + t0)]) + stage1_block0_dw_bn_beta[((4 * b0) + t0)]);
-  r_relu264 = pf_fmaxf(r_batch_norm263, 0.0f);
-  minimum265[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu264, 6.0f);
+  float r_batch_norm5;
+  float r_relu6;
+  r_batch_norm5 = (((conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_dw_bn_mean[((4 * b0) + t0)]) * batch_norm5_scale[((4 * b0) + t0)]) + stage1_block0_dw_bn_beta[((4 * b0) + t0)]);
+  r_relu6 = pf_fmaxf(r_batch_norm5, 0.0f);
+  minimum7[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu6, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_conv2d266(float* __restrict__ conv2d266, const float* __restrict__ minimum265, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) k6_conv2d8(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -202,22 +202,22 @@ extern "C" __global__ void __launch_bounds__(256) k6_conv2d266(float* __restrict
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_minimum265[1032];
+  __shared__ float s_minimum7[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_project_w[128];
-  float r_conv2d266_acc[2][4];
+  float r_conv2d8_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d266_acc[ii0][ii2] = 0.0f;
+      r_conv2d8_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_minimum265[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? minimum265[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      s_minimum7[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? minimum7[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -234,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(256) k6_conv2d266(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d266_acc[ii0][ii2] = r_conv2d266_acc[ii0][ii2] + (s_minimum265[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d8_acc[ii0][ii2] = r_conv2d8_acc[ii0][ii2] + (s_minimum7[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -243,12 +243,12 @@ extern "C" __global__ void __launch_bounds__(256) k6_conv2d266(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d266[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d266_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d8[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d8_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pk5_k8_batch_norm267_k8_batch_norm267(float* __restrict__ add268, const float* __restrict__ conv2d266, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum261, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk5_k8_batch_norm9_k8_batch_norm9(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -257,30 +257,30 @@ __device__ __forceinline__ void pk5_k8_batch_norm267_k8_batch_norm267(float* __r
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm267;
-  r_batch_norm267 = (((conv2d266[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_project_bn_mean[((4 * b0) + t0)]) * batch_norm267_scale[((4 * b0) + t0)]) + stage1_block0_project_bn_beta[((4 * b0) + t0)]);
-  add268[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = (minimum261[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm267);
+  float r_batch_norm9;
+  r_batch_norm9 = (((conv2d8[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_project_bn_mean[((4 * b0) + t0)]) * batch_norm9_scale[((4 * b0) + t0)]) + stage1_block0_project_bn_beta[((4 * b0) + t0)]);
+  add10[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = (minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm9);
 }
 
-__device__ __forceinline__ void pk5_k8_batch_norm267_k10_batch_norm270_scale(float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk5_k8_batch_norm9_k10_batch_norm12_scale(float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm270_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
+  batch_norm12_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk5_k8_batch_norm267(float* __restrict__ add268, const float* __restrict__ conv2d266, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm267_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum261, float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
+extern "C" __global__ void __launch_bounds__(256) pk5_k8_batch_norm9(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k8_batch_norm267: 2 blocks of 256
-    pk5_k8_batch_norm267_k8_batch_norm267(add268, conv2d266, stage1_block0_project_bn_mean, batch_norm267_scale, stage1_block0_project_bn_beta, minimum261, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k10_batch_norm270_scale: 1 blocks of 16
+  if (pf_b < 2) {  // k8_batch_norm9: 2 blocks of 256
+    pk5_k8_batch_norm9_k8_batch_norm9(add10, conv2d8, stage1_block0_project_bn_mean, batch_norm9_scale, stage1_block0_project_bn_beta, minimum3, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k10_batch_norm12_scale: 1 blocks of 16
     const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk5_k8_batch_norm267_k10_batch_norm270_scale(batch_norm270_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pk5_k8_batch_norm9_k10_batch_norm12_scale(batch_norm12_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_conv2d269(float* __restrict__ conv2d269, const float* __restrict__ add268, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) k9_conv2d11(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -288,22 +288,22 @@ extern "C" __global__ void __launch_bounds__(256) k9_conv2d269(float* __restrict
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_add268[1032];
+  __shared__ float s_add10[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_expand_w[128];
-  float r_conv2d269_acc[2][4];
+  float r_conv2d11_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d269_acc[ii0][ii2] = 0.0f;
+      r_conv2d11_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_add268[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? add268[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      s_add10[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? add10[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -320,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(256) k9_conv2d269(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d269_acc[ii0][ii2] = r_conv2d269_acc[ii0][ii2] + (s_add268[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d11_acc[ii0][ii2] = r_conv2d11_acc[ii0][ii2] + (s_add10[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -329,12 +329,12 @@ extern "C" __global__ void __launch_bounds__(256) k9_conv2d269(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 7) { conv2d269[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d269_acc[ii0][ii2]; }
+      if ((t2 + (32 * ii2)) <= 7) { conv2d11[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d11_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k11_batch_norm270(float* __restrict__ minimum272, const float* __restrict__ conv2d269, const float* __restrict__ stage2_block0_expand_bn_mean, const float* __restrict__ batch_norm270_scale, const float* __restrict__ stage2_block0_expand_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k11_batch_norm12(float* __restrict__ minimum14, const float* __restrict__ conv2d11, const float* __restrict__ stage2_block0_expand_bn_mean, const float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -343,14 +343,14 @@ extern "C" __global__ void __launch_bounds__(256) k11_batch_norm270(float* __res
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm270;
-  float r_relu271;
-  r_batch_norm270 = (((conv2d269[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_expand_bn_mean[((4 * b0) + t0)]) * batch_norm270_scale[((4 * b0) + t0)]) + stage2_block0_expand_bn_beta[((4 * b0) + t0)]);
-  r_relu271 = pf_fmaxf(r_batch_norm270, 0.0f);
-  minimum272[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu271, 6.0f);
+  float r_batch_norm12;
+  float r_relu13;
+  r_batch_norm12 = (((conv2d11[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_expand_bn_mean[((4 * b0) + t0)]) * batch_norm12_scale[((4 * b0) + t0)]) + stage2_block0_expand_bn_beta[((4 * b0) + t0)]);
+  r_relu13 = pf_fmaxf(r_batch_norm12, 0.0f);
+  minimum14[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu13, 6.0f);
 }
 
-__device__ __forceinline__ void pk8_k12_conv2d273_k12_conv2d273(float* __restrict__ conv2d273, const float* __restrict__ minimum272, const float* __restrict__ stage2_block0_dw_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k12_conv2d15_k12_conv2d15(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -359,46 +359,46 @@ __device__ __forceinline__ void pk8_k12_conv2d273_k12_conv2d273(float* __restric
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_conv2d273_acc;
-  r_conv2d273_acc = 0.0f;
+  float r_conv2d15_acc;
+  r_conv2d15_acc = 0.0f;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_conv2d273_acc = r_conv2d273_acc + (((((((t1 * 2) + c0) - 1) >= 0) && ((((t2 * 2) + c1) - 1) >= 0)) ? minimum272[0 * 1024 + (t0 + 0) * 64 + (((t1 * 2) + c0) - 1) * 8 + (((t2 * 2) + c1) - 1)] : 0.0f) * stage2_block0_dw_w[t0 * 9 + 0 * 9 + c0 * 3 + c1]);
+      r_conv2d15_acc = r_conv2d15_acc + (((((((t1 * 2) + c0) - 1) >= 0) && ((((t2 * 2) + c1) - 1) >= 0)) ? minimum14[0 * 1024 + (t0 + 0) * 64 + (((t1 * 2) + c0) - 1) * 8 + (((t2 * 2) + c1) - 1)] : 0.0f) * stage2_block0_dw_w[t0 * 9 + 0 * 9 + c0 * 3 + c1]);
     }
   }
-  conv2d273[0 * 256 + t0 * 16 + t1 * 4 + t2] = r_conv2d273_acc;
+  conv2d15[0 * 256 + t0 * 16 + t1 * 4 + t2] = r_conv2d15_acc;
 }
 
-__device__ __forceinline__ void pk8_k12_conv2d273_k13_batch_norm274_scale(float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k12_conv2d15_k13_batch_norm16_scale(float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm274_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
+  batch_norm16_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk8_k12_conv2d273_k27_batch_norm291_scale(float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k12_conv2d15_k27_batch_norm33_scale(float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm291_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
+  batch_norm33_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk8_k12_conv2d273(float* __restrict__ conv2d273, const float* __restrict__ minimum272, const float* __restrict__ stage2_block0_dw_w, float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
+extern "C" __global__ void __launch_bounds__(256) pk8_k12_conv2d15(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k12_conv2d273: 1 blocks of 256
-    pk8_k12_conv2d273_k12_conv2d273(conv2d273, minimum272, stage2_block0_dw_w, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k13_batch_norm274_scale: 1 blocks of 16
+  if (pf_b < 1) {  // k12_conv2d15: 1 blocks of 256
+    pk8_k12_conv2d15_k12_conv2d15(conv2d15, minimum14, stage2_block0_dw_w, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k13_batch_norm16_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk8_k12_conv2d273_k13_batch_norm274_scale(batch_norm274_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 3) {  // k27_batch_norm291_scale: 1 blocks of 16
+    if (pf_v < 1) pk8_k12_conv2d15_k13_batch_norm16_scale(batch_norm16_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 3) {  // k27_batch_norm33_scale: 1 blocks of 16
     const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk8_k12_conv2d273_k27_batch_norm291_scale(batch_norm291_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pk8_k12_conv2d15_k27_batch_norm33_scale(batch_norm33_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_batch_norm274(float* __restrict__ minimum276, const float* __restrict__ conv2d273, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm274_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k14_batch_norm16(float* __restrict__ minimum18, const float* __restrict__ conv2d15, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -407,14 +407,14 @@ extern "C" __global__ void __launch_bounds__(256) k14_batch_norm274(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm274;
-  float r_relu275;
-  r_batch_norm274 = (((conv2d273[0 * 256 + t0 * 16 + t1 * 4 + t2] - stage2_block0_dw_bn_mean[t0]) * batch_norm274_scale[t0]) + stage2_block0_dw_bn_beta[t0]);
-  r_relu275 = pf_fmaxf(r_batch_norm274, 0.0f);
-  minimum276[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu275, 6.0f);
+  float r_batch_norm16;
+  float r_relu17;
+  r_batch_norm16 = (((conv2d15[0 * 256 + t0 * 16 + t1 * 4 + t2] - stage2_block0_dw_bn_mean[t0]) * batch_norm16_scale[t0]) + stage2_block0_dw_bn_beta[t0]);
+  r_relu17 = pf_fmaxf(r_batch_norm16, 0.0f);
+  minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_conv2d277(float* __restrict__ conv2d277, const float* __restrict__ minimum276, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) k15_conv2d19(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -422,22 +422,22 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d277(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_minimum276[1032];
+  __shared__ float s_minimum18[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_project_w[128];
-  float r_conv2d277_acc[2][4];
+  float r_conv2d19_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d277_acc[ii0][ii2] = 0.0f;
+      r_conv2d19_acc[ii0][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_minimum276[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? minimum276[0 * 256 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+        s_minimum18[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? minimum18[0 * 256 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
       }
     }
     if ((p1r == 0)) {
@@ -453,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d277(float* __restric
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d277_acc[ii0][ii2] = r_conv2d277_acc[ii0][ii2] + (s_minimum276[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (s_minimum18[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -463,65 +463,65 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d277(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 11 && (t2 + (32 * ii2)) <= 3) { conv2d277[0 * 192 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d277_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 11 && (t2 + (32 * ii2)) <= 3) { conv2d19[0 * 192 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k16_batch_norm278_scale(float* __restrict__ batch_norm278, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d277, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k16_batch_norm20_scale(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  float r_batch_norm278_scale;
-  r_batch_norm278_scale = (stage2_block0_project_bn_gamma[t0] * rsqrtf((stage2_block0_project_bn_var[t0] + 1e-05f)));
+  float r_batch_norm20_scale;
+  r_batch_norm20_scale = (stage2_block0_project_bn_gamma[t0] * rsqrtf((stage2_block0_project_bn_var[t0] + 1e-05f)));
   for (int c0 = 0; (c0 <= 3); c0 += 1) {
     for (int c1 = 0; (c1 <= 3); c1 += 1) {
-      batch_norm278[0 * 192 + t0 * 16 + c0 * 4 + c1] = (((conv2d277[0 * 192 + t0 * 16 + c0 * 4 + c1] - stage2_block0_project_bn_mean[t0]) * r_batch_norm278_scale) + stage2_block0_project_bn_beta[t0]);
+      batch_norm20[0 * 192 + t0 * 16 + c0 * 4 + c1] = (((conv2d19[0 * 192 + t0 * 16 + c0 * 4 + c1] - stage2_block0_project_bn_mean[t0]) * r_batch_norm20_scale) + stage2_block0_project_bn_beta[t0]);
     }
   }
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k18_batch_norm280_scale(float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k18_batch_norm22_scale(float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t0 = _t;
-  batch_norm280_scale[t0] = (stage2_block1_expand_bn_gamma[t0] * rsqrtf((stage2_block1_expand_bn_var[t0] + 1e-05f)));
+  batch_norm22_scale[t0] = (stage2_block1_expand_bn_gamma[t0] * rsqrtf((stage2_block1_expand_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k21_batch_norm284_scale(float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k21_batch_norm26_scale(float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t0 = _t;
-  batch_norm284_scale[t0] = (stage2_block1_dw_bn_gamma[t0] * rsqrtf((stage2_block1_dw_bn_var[t0] + 1e-05f)));
+  batch_norm26_scale[t0] = (stage2_block1_dw_bn_gamma[t0] * rsqrtf((stage2_block1_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm278_scale_k24_batch_norm288_scale(float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k24_batch_norm30_scale(float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm288_scale[t0] = (stage2_block1_project_bn_gamma[t0] * rsqrtf((stage2_block1_project_bn_var[t0] + 1e-05f)));
+  batch_norm30_scale[t0] = (stage2_block1_project_bn_gamma[t0] * rsqrtf((stage2_block1_project_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(24) pk11_k16_batch_norm278_scale(float* __restrict__ batch_norm278, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d277, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var) {
+extern "C" __global__ void __launch_bounds__(24) pk11_k16_batch_norm20_scale(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k16_batch_norm278_scale: 1 blocks of 12
+  if (pf_b < 1) {  // k16_batch_norm20_scale: 1 blocks of 12
     const int pf_v = (pf_b - 0) * 2 + (int)threadIdx.x / 12;
-    if (pf_v < 1) pk11_k16_batch_norm278_scale_k16_batch_norm278_scale(batch_norm278, stage2_block0_project_bn_gamma, stage2_block0_project_bn_var, conv2d277, stage2_block0_project_bn_mean, stage2_block0_project_bn_beta, pf_v, (int)threadIdx.x % 12);
-  } else if (pf_b < 2) {  // k18_batch_norm280_scale: 1 blocks of 24
-    pk11_k16_batch_norm278_scale_k18_batch_norm280_scale(batch_norm280_scale, stage2_block1_expand_bn_gamma, stage2_block1_expand_bn_var, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k21_batch_norm284_scale: 1 blocks of 24
-    pk11_k16_batch_norm278_scale_k21_batch_norm284_scale(batch_norm284_scale, stage2_block1_dw_bn_gamma, stage2_block1_dw_bn_var, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k24_batch_norm288_scale: 1 blocks of 12
+    if (pf_v < 1) pk11_k16_batch_norm20_scale_k16_batch_norm20_scale(batch_norm20, stage2_block0_project_bn_gamma, stage2_block0_project_bn_var, conv2d19, stage2_block0_project_bn_mean, stage2_block0_project_bn_beta, pf_v, (int)threadIdx.x % 12);
+  } else if (pf_b < 2) {  // k18_batch_norm22_scale: 1 blocks of 24
+    pk11_k16_batch_norm20_scale_k18_batch_norm22_scale(batch_norm22_scale, stage2_block1_expand_bn_gamma, stage2_block1_expand_bn_var, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k21_batch_norm26_scale: 1 blocks of 24
+    pk11_k16_batch_norm20_scale_k21_batch_norm26_scale(batch_norm26_scale, stage2_block1_dw_bn_gamma, stage2_block1_dw_bn_var, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k24_batch_norm30_scale: 1 blocks of 12
     const int pf_v = (pf_b - 3) * 2 + (int)threadIdx.x / 12;
-    if (pf_v < 1) pk11_k16_batch_norm278_scale_k24_batch_norm288_scale(batch_norm288_scale, stage2_block1_project_bn_gamma, stage2_block1_project_bn_var, pf_v, (int)threadIdx.x % 12);
+    if (pf_v < 1) pk11_k16_batch_norm20_scale_k24_batch_norm30_scale(batch_norm30_scale, stage2_block1_project_bn_gamma, stage2_block1_project_bn_var, pf_v, (int)threadIdx.x % 12);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_conv2d279(float* __restrict__ conv2d279, const float* __restrict__ batch_norm278, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) k17_conv2d21(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -530,22 +530,22 @@ extern "C" __global__ void __launch_bounds__(256) k17_conv2d279(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_batch_norm278[1548];
+  __shared__ float s_batch_norm20[1548];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block1_expand_w[192];
-  float r_conv2d279_acc[2][4];
+  float r_conv2d21_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d279_acc[ii0][ii2] = 0.0f;
+      r_conv2d21_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-      s_batch_norm278[(0 - 0) * 1548 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? batch_norm278[0 * 192 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+      s_batch_norm20[(0 - 0) * 1548 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? batch_norm20[0 * 192 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -562,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_conv2d279(float* __restric
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d279_acc[ii0][ii2] = r_conv2d279_acc[ii0][ii2] + (s_batch_norm278[(0 - 0) * 1548 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d21_acc[ii0][ii2] = r_conv2d21_acc[ii0][ii2] + (s_batch_norm20[(0 - 0) * 1548 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -571,12 +571,12 @@ extern "C" __global__ void __launch_bounds__(256) k17_conv2d279(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 23 && (t2 + (32 * ii2)) <= 3) { conv2d279[0 * 384 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d279_acc[ii0][ii2]; }
+      if ((((16 * b0) + t0) + (8 * ii0)) <= 23 && (t2 + (32 * ii2)) <= 3) { conv2d21[0 * 384 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d21_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(192) k19_batch_norm280(float* __restrict__ minimum282, const float* __restrict__ conv2d279, const float* __restrict__ stage2_block1_expand_bn_mean, const float* __restrict__ batch_norm280_scale, const float* __restrict__ stage2_block1_expand_bn_beta) {
+extern "C" __global__ void __launch_bounds__(192) k19_batch_norm22(float* __restrict__ minimum24, const float* __restrict__ conv2d21, const float* __restrict__ stage2_block1_expand_bn_mean, const float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -585,14 +585,14 @@ extern "C" __global__ void __launch_bounds__(192) k19_batch_norm280(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm280;
-  float r_relu281;
-  r_batch_norm280 = (((conv2d279[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block1_expand_bn_mean[((12 * b0) + t0)]) * batch_norm280_scale[((12 * b0) + t0)]) + stage2_block1_expand_bn_beta[((12 * b0) + t0)]);
-  r_relu281 = pf_fmaxf(r_batch_norm280, 0.0f);
-  minimum282[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu281, 6.0f);
+  float r_batch_norm22;
+  float r_relu23;
+  r_batch_norm22 = (((conv2d21[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block1_expand_bn_mean[((12 * b0) + t0)]) * batch_norm22_scale[((12 * b0) + t0)]) + stage2_block1_expand_bn_beta[((12 * b0) + t0)]);
+  r_relu23 = pf_fmaxf(r_batch_norm22, 0.0f);
+  minimum24[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu23, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(192) k20_conv2d283(float* __restrict__ conv2d283, const float* __restrict__ minimum282, const float* __restrict__ stage2_block1_dw_w) {
+extern "C" __global__ void __launch_bounds__(192) k20_conv2d25(float* __restrict__ conv2d25, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -601,17 +601,17 @@ extern "C" __global__ void __launch_bounds__(192) k20_conv2d283(float* __restric
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_conv2d283_acc;
-  r_conv2d283_acc = 0.0f;
+  float r_conv2d25_acc;
+  r_conv2d25_acc = 0.0f;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_conv2d283_acc = r_conv2d283_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 4)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 4)) ? minimum282[0 * 384 + (((12 * b0) + t0) + 0) * 16 + ((t1 + c0) - 1) * 4 + ((t2 + c1) - 1)] : 0.0f) * stage2_block1_dw_w[((12 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
+      r_conv2d25_acc = r_conv2d25_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 4)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 4)) ? minimum24[0 * 384 + (((12 * b0) + t0) + 0) * 16 + ((t1 + c0) - 1) * 4 + ((t2 + c1) - 1)] : 0.0f) * stage2_block1_dw_w[((12 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
     }
   }
-  conv2d283[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d283_acc;
+  conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(192) k22_batch_norm284(float* __restrict__ minimum286, const float* __restrict__ conv2d283, const float* __restrict__ stage2_block1_dw_bn_mean, const float* __restrict__ batch_norm284_scale, const float* __restrict__ stage2_block1_dw_bn_beta) {
+extern "C" __global__ void __launch_bounds__(192) k22_batch_norm26(float* __restrict__ minimum28, const float* __restrict__ conv2d25, const float* __restrict__ stage2_block1_dw_bn_mean, const float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -620,14 +620,14 @@ extern "C" __global__ void __launch_bounds__(192) k22_batch_norm284(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm284;
-  float r_relu285;
-  r_batch_norm284 = (((conv2d283[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block1_dw_bn_mean[((12 * b0) + t0)]) * batch_norm284_scale[((12 * b0) + t0)]) + stage2_block1_dw_bn_beta[((12 * b0) + t0)]);
-  r_relu285 = pf_fmaxf(r_batch_norm284, 0.0f);
-  minimum286[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu285, 6.0f);
+  float r_batch_norm26;
+  float r_relu27;
+  r_batch_norm26 = (((conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block1_dw_bn_mean[((12 * b0) + t0)]) * batch_norm26_scale[((12 * b0) + t0)]) + stage2_block1_dw_bn_beta[((12 * b0) + t0)]);
+  r_relu27 = pf_fmaxf(r_batch_norm26, 0.0f);
+  minimum28[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu27, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k23_conv2d287(float* __restrict__ conv2d287, const float* __restrict__ minimum286, const float* __restrict__ stage2_block1_project_w) {
+extern "C" __global__ void __launch_bounds__(256) k23_conv2d29(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -635,22 +635,22 @@ extern "C" __global__ void __launch_bounds__(256) k23_conv2d287(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_minimum286[1032];
+  __shared__ float s_minimum28[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block1_project_w[128];
-  float r_conv2d287_acc[2][4];
+  float r_conv2d29_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d287_acc[ii0][ii2] = 0.0f;
+      r_conv2d29_acc[ii0][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
     if ((p0r == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_minimum286[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? minimum286[0 * 384 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+        s_minimum28[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? minimum28[0 * 384 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
       }
     }
     if ((p1r == 0)) {
@@ -666,7 +666,7 @@ extern "C" __global__ void __launch_bounds__(256) k23_conv2d287(float* __restric
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d287_acc[ii0][ii2] = r_conv2d287_acc[ii0][ii2] + (s_minimum286[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (s_minimum28[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -676,12 +676,12 @@ extern "C" __global__ void __launch_bounds__(256) k23_conv2d287(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 11 && (t2 + (32 * ii2)) <= 3) { conv2d287[0 * 192 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d287_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 11 && (t2 + (32 * ii2)) <= 3) { conv2d29[0 * 192 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d29_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(192) k25_batch_norm288(float* __restrict__ add289, const float* __restrict__ conv2d287, const float* __restrict__ stage2_block1_project_bn_mean, const float* __restrict__ batch_norm288_scale, const float* __restrict__ stage2_block1_project_bn_beta, const float* __restrict__ batch_norm278) {
+extern "C" __global__ void __launch_bounds__(192) k25_batch_norm30(float* __restrict__ add31, const float* __restrict__ conv2d29, const float* __restrict__ stage2_block1_project_bn_mean, const float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_beta, const float* __restrict__ batch_norm20) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -690,12 +690,12 @@ extern "C" __global__ void __launch_bounds__(192) k25_batch_norm288(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm288;
-  r_batch_norm288 = (((conv2d287[0 * 192 + t0 * 16 + t1 * 4 + t2] - stage2_block1_project_bn_mean[t0]) * batch_norm288_scale[t0]) + stage2_block1_project_bn_beta[t0]);
-  add289[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm278[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm288);
+  float r_batch_norm30;
+  r_batch_norm30 = (((conv2d29[0 * 192 + t0 * 16 + t1 * 4 + t2] - stage2_block1_project_bn_mean[t0]) * batch_norm30_scale[t0]) + stage2_block1_project_bn_beta[t0]);
+  add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k26_conv2d290(float* __restrict__ conv2d290, const float* __restrict__ add289, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(256) k26_conv2d32(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -703,22 +703,22 @@ extern "C" __global__ void __launch_bounds__(256) k26_conv2d290(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_add289[1548];
+  __shared__ float s_add31[1548];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_last_w[192];
-  float r_conv2d290_acc[2][4];
+  float r_conv2d32_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d290_acc[ii0][ii2] = 0.0f;
+      r_conv2d32_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-      s_add289[(0 - 0) * 1548 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? add289[0 * 192 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+      s_add31[(0 - 0) * 1548 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? add31[0 * 192 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -735,7 +735,7 @@ extern "C" __global__ void __launch_bounds__(256) k26_conv2d290(float* __restric
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d290_acc[ii0][ii2] = r_conv2d290_acc[ii0][ii2] + (s_add289[(0 - 0) * 1548 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d32_acc[ii0][ii2] = r_conv2d32_acc[ii0][ii2] + (s_add31[(0 - 0) * 1548 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -744,12 +744,12 @@ extern "C" __global__ void __launch_bounds__(256) k26_conv2d290(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 3) { conv2d290[0 * 256 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d290_acc[ii0][ii2]; }
+      if ((t2 + (32 * ii2)) <= 3) { conv2d32[0 * 256 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d32_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k28_batch_norm291(float* __restrict__ minimum293, const float* __restrict__ conv2d290, const float* __restrict__ last_bn_mean, const float* __restrict__ batch_norm291_scale, const float* __restrict__ last_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k28_batch_norm33(float* __restrict__ minimum35, const float* __restrict__ conv2d32, const float* __restrict__ last_bn_mean, const float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -758,40 +758,40 @@ extern "C" __global__ void __launch_bounds__(256) k28_batch_norm291(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm291;
-  float r_relu292;
-  r_batch_norm291 = (((conv2d290[0 * 256 + t0 * 16 + t1 * 4 + t2] - last_bn_mean[t0]) * batch_norm291_scale[t0]) + last_bn_beta[t0]);
-  r_relu292 = pf_fmaxf(r_batch_norm291, 0.0f);
-  minimum293[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu292, 6.0f);
+  float r_batch_norm33;
+  float r_relu34;
+  r_batch_norm33 = (((conv2d32[0 * 256 + t0 * 16 + t1 * 4 + t2] - last_bn_mean[t0]) * batch_norm33_scale[t0]) + last_bn_beta[t0]);
+  r_relu34 = pf_fmaxf(r_batch_norm33, 0.0f);
+  minimum35[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu34, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k29_reduce_mean294(float* __restrict__ reduce_mean294, const float* __restrict__ minimum293) {
+extern "C" __global__ void __launch_bounds__(256) k29_reduce_mean36(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_reduce_mean294_acc;
+  float r_reduce_mean36_acc;
   // part:mg29
-  r_reduce_mean294_acc = 0.0f;
+  r_reduce_mean36_acc = 0.0f;
   if ((l0 <= 15)) {
-    r_reduce_mean294_acc = r_reduce_mean294_acc + (minimum293[0 * 256 + ((8 * b0) + r0) * 16 + (l0 / 4) * 4 + (l0 % 4)] * 0.0625f);
+    r_reduce_mean36_acc = r_reduce_mean36_acc + (minimum35[0 * 256 + ((8 * b0) + r0) * 16 + (l0 / 4) * 4 + (l0 % 4)] * 0.0625f);
   }
-  r_reduce_mean294_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean294_acc, pf_scratch); if (l0 == 0) reduce_mean294[0 * 16 + ((8 * b0) + r0)] = r_reduce_mean294_acc;
+  r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((8 * b0) + r0)] = r_reduce_mean36_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) k30_matmul295(float* __restrict__ add296, const float* __restrict__ reduce_mean294, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) k30_matmul37(float* __restrict__ add38, const float* __restrict__ reduce_mean36, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t0 = _t;
-  float r_matmul295;
-  float r_matmul295_acc;
-  r_matmul295_acc = 0.0f;
+  float r_matmul37;
+  float r_matmul37_acc;
+  r_matmul37_acc = 0.0f;
   for (int c0 = 0; (c0 <= 15); c0 += 1) {
-    r_matmul295_acc = r_matmul295_acc + (reduce_mean294[0 * 16 + c0] * fc_w[c0 * 10 + t0]);
+    r_matmul37_acc = r_matmul37_acc + (reduce_mean36[0 * 16 + c0] * fc_w[c0 * 10 + t0]);
   }
-  r_matmul295 = r_matmul295_acc;
-  add296[0 * 10 + t0] = (r_matmul295 + fc_bias[t0]);
+  r_matmul37 = r_matmul37_acc;
+  add38[0 * 10 + t0] = (r_matmul37 + fc_bias[t0]);
 }

@@ -45,15 +45,15 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm228_scale_k1_batch_norm228_scale(float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm228_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm228_scale_k0_conv2d227(float* __restrict__ conv2d227, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k0_conv2d0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -65,12 +65,12 @@ __device__ __forceinline__ void pk0_k1_batch_norm228_scale_k0_conv2d227(float* _
   const int p1r = threadIdx.x / 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stem_w[432];
-  float r_conv2d227_acc[2][4];
+  float r_conv2d0_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d227_acc[ii0][ii2] = 0.0f;
+      r_conv2d0_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0c <= 129)) {
@@ -95,7 +95,7 @@ __device__ __forceinline__ void pk0_k1_batch_norm228_scale_k0_conv2d227(float* _
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d227_acc[ii0][ii2] = r_conv2d227_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 16)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 16)) ? s_image[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 16)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 16)) ? s_image[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
           }
         }
       }
@@ -106,22 +106,22 @@ __device__ __forceinline__ void pk0_k1_batch_norm228_scale_k0_conv2d227(float* _
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 15) { conv2d227[0 * 2048 + (t0 + (8 * ii0)) * 256 + b1 * 16 + (t2 + (32 * ii2))] = r_conv2d227_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 15) { conv2d0[0 * 2048 + (t0 + (8 * ii0)) * 256 + b1 * 16 + (t2 + (32 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm228_scale(float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d227, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm1_scale(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_batch_norm228_scale: 1 blocks of 8
+  if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm228_scale_k1_batch_norm228_scale(batch_norm228_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 17) {  // k0_conv2d227: 16 blocks of 256
-    pk0_k1_batch_norm228_scale_k0_conv2d227(conv2d227, image, stem_w, pf_b - 1, (int)threadIdx.x);
+    if (pf_v < 1) pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 17) {  // k0_conv2d0: 16 blocks of 256
+    pk0_k1_batch_norm1_scale_k0_conv2d0(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_batch_norm228(float* __restrict__ relu229, const float* __restrict__ conv2d227, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm228_scale, const float* __restrict__ stem_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k2_batch_norm1(float* __restrict__ relu2, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -130,12 +130,12 @@ extern "C" __global__ void __launch_bounds__(256) k2_batch_norm228(float* __rest
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
-  float r_batch_norm228;
-  r_batch_norm228 = (((conv2d227[0 * 2048 + b0 * 256 + t1 * 16 + t2] - stem_bn_mean[b0]) * batch_norm228_scale[b0]) + stem_bn_beta[b0]);
-  relu229[0 * 2048 + b0 * 256 + t1 * 16 + t2] = pf_fmaxf(r_batch_norm228, 0.0f);
+  float r_batch_norm1;
+  r_batch_norm1 = (((conv2d0[0 * 2048 + b0 * 256 + t1 * 16 + t2] - stem_bn_mean[b0]) * batch_norm1_scale[b0]) + stem_bn_beta[b0]);
+  relu2[0 * 2048 + b0 * 256 + t1 * 16 + t2] = pf_fmaxf(r_batch_norm1, 0.0f);
 }
 
-__device__ __forceinline__ void pk2_k3_max_pool2d230_k3_max_pool2d230(float* __restrict__ max_pool2d230, const float* __restrict__ relu229, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk2_k3_max_pool2d3_k3_max_pool2d3(float* __restrict__ max_pool2d3, const float* __restrict__ relu2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -144,46 +144,46 @@ __device__ __forceinline__ void pk2_k3_max_pool2d230_k3_max_pool2d230(float* __r
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_max_pool2d230_acc;
-  r_max_pool2d230_acc = -INFINITY;
+  float r_max_pool2d3_acc;
+  r_max_pool2d3_acc = -INFINITY;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_max_pool2d230_acc = pf_fmaxf(r_max_pool2d230_acc, ((((((t1 * 2) + c0) - 1) >= 0) && ((((t2 * 2) + c1) - 1) >= 0)) ? relu229[0 * 2048 + ((4 * b0) + t0) * 256 + (((t1 * 2) + c0) - 1) * 16 + (((t2 * 2) + c1) - 1)] : (-INFINITY)));
+      r_max_pool2d3_acc = pf_fmaxf(r_max_pool2d3_acc, ((((((t1 * 2) + c0) - 1) >= 0) && ((((t2 * 2) + c1) - 1) >= 0)) ? relu2[0 * 2048 + ((4 * b0) + t0) * 256 + (((t1 * 2) + c0) - 1) * 16 + (((t2 * 2) + c1) - 1)] : (-INFINITY)));
     }
   }
-  max_pool2d230[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d230_acc;
+  max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-__device__ __forceinline__ void pk2_k3_max_pool2d230_k5_batch_norm232_scale(float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk2_k3_max_pool2d3_k5_batch_norm5_scale(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm232_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
+  batch_norm5_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk2_k3_max_pool2d230_k8_batch_norm235_scale(float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk2_k3_max_pool2d3_k8_batch_norm8_scale(float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm235_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
+  batch_norm8_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk2_k3_max_pool2d230(float* __restrict__ max_pool2d230, const float* __restrict__ relu229, float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
+extern "C" __global__ void __launch_bounds__(256) pk2_k3_max_pool2d3(float* __restrict__ max_pool2d3, const float* __restrict__ relu2, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k3_max_pool2d230: 2 blocks of 256
-    pk2_k3_max_pool2d230_k3_max_pool2d230(max_pool2d230, relu229, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k5_batch_norm232_scale: 1 blocks of 4
+  if (pf_b < 2) {  // k3_max_pool2d3: 2 blocks of 256
+    pk2_k3_max_pool2d3_k3_max_pool2d3(max_pool2d3, relu2, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k5_batch_norm5_scale: 1 blocks of 4
     const int pf_v = (pf_b - 2) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pk2_k3_max_pool2d230_k5_batch_norm232_scale(batch_norm232_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 4) {  // k8_batch_norm235_scale: 1 blocks of 4
+    if (pf_v < 1) pk2_k3_max_pool2d3_k5_batch_norm5_scale(batch_norm5_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
+  } else if (pf_b < 4) {  // k8_batch_norm8_scale: 1 blocks of 4
     const int pf_v = (pf_b - 3) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pk2_k3_max_pool2d230_k8_batch_norm235_scale(batch_norm235_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
+    if (pf_v < 1) pk2_k3_max_pool2d3_k8_batch_norm8_scale(batch_norm8_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k4_conv2d231(float* __restrict__ conv2d231, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) k4_conv2d4(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -191,22 +191,22 @@ extern "C" __global__ void __launch_bounds__(256) k4_conv2d231(float* __restrict
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_max_pool2d230[1032];
+  __shared__ float s_max_pool2d3[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_a_w[128];
-  float r_conv2d231_acc[2][4];
+  float r_conv2d4_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d231_acc[ii0][ii2] = 0.0f;
+      r_conv2d4_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_max_pool2d230[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? max_pool2d230[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      s_max_pool2d3[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -223,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(256) k4_conv2d231(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d231_acc[ii0][ii2] = r_conv2d231_acc[ii0][ii2] + (s_max_pool2d230[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -232,12 +232,12 @@ extern "C" __global__ void __launch_bounds__(256) k4_conv2d231(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d231[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d231_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d4[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d4_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_batch_norm232(float* __restrict__ relu233, const float* __restrict__ conv2d231, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm232_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k6_batch_norm5(float* __restrict__ relu6, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -246,12 +246,12 @@ extern "C" __global__ void __launch_bounds__(256) k6_batch_norm232(float* __rest
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm232;
-  r_batch_norm232 = (((conv2d231[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_a_bn_mean[t0]) * batch_norm232_scale[t0]) + stage1_block0_a_bn_beta[t0]);
-  relu233[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm232, 0.0f);
+  float r_batch_norm5;
+  r_batch_norm5 = (((conv2d4[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_a_bn_mean[t0]) * batch_norm5_scale[t0]) + stage1_block0_a_bn_beta[t0]);
+  relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k7_conv2d234(float* __restrict__ conv2d234, const float* __restrict__ relu233, const float* __restrict__ stage1_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) k7_conv2d7(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -259,22 +259,22 @@ extern "C" __global__ void __launch_bounds__(256) k7_conv2d234(float* __restrict
   const int t0 = _t;
   const int p0r = threadIdx.x / 256;
   const int p0c = threadIdx.x % 256;
-  __shared__ float s_relu233[1560];
+  __shared__ float s_relu6[1560];
   const int p1r = threadIdx.x / 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stage1_block0_b_w[576];
-  float r_conv2d234_acc[2][4];
+  float r_conv2d7_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d234_acc[ii0][ii2] = 0.0f;
+      r_conv2d7_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0c <= 129)) {
     for (int kk1 = 0; (kk1 <= 3); kk1 += 1) {
       for (int kk2 = (b1 - 1); (kk2 <= (b1 + 1)); kk2 += 1) {
-        s_relu233[(0 - 0) * 1560 + (kk1 - 0) * 390 + (kk2 - (b1 - 1)) * 130 + ((p0c - 1) - (-1))] = (kk2 >= 0 && kk2 < 8 && (p0c - 1) >= 0 && (p0c - 1) < 8) ? relu233[0 * 256 + kk1 * 64 + kk2 * 8 + (p0c - 1)] : 0.0f;
+        s_relu6[(0 - 0) * 1560 + (kk1 - 0) * 390 + (kk2 - (b1 - 1)) * 130 + ((p0c - 1) - (-1))] = (kk2 >= 0 && kk2 < 8 && (p0c - 1) >= 0 && (p0c - 1) < 8) ? relu6[0 * 256 + kk1 * 64 + kk2 * 8 + (p0c - 1)] : 0.0f;
       }
     }
   }
@@ -293,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(256) k7_conv2d234(float* __restrict
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d234_acc[ii0][ii2] = r_conv2d234_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 8)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 8)) ? s_relu233[(0 - 0) * 1560 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_stage1_block0_b_w[((t0 + (8 * ii0)) - 0) * 36 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 8)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 8)) ? s_relu6[(0 - 0) * 1560 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_stage1_block0_b_w[((t0 + (8 * ii0)) - 0) * 36 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
           }
         }
       }
@@ -304,12 +304,12 @@ extern "C" __global__ void __launch_bounds__(256) k7_conv2d234(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d234[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d234_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d7[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d7_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_batch_norm235(float* __restrict__ relu236, const float* __restrict__ conv2d234, const float* __restrict__ stage1_block0_b_bn_mean, const float* __restrict__ batch_norm235_scale, const float* __restrict__ stage1_block0_b_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k9_batch_norm8(float* __restrict__ relu9, const float* __restrict__ conv2d7, const float* __restrict__ stage1_block0_b_bn_mean, const float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -318,12 +318,12 @@ extern "C" __global__ void __launch_bounds__(256) k9_batch_norm235(float* __rest
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm235;
-  r_batch_norm235 = (((conv2d234[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_b_bn_mean[t0]) * batch_norm235_scale[t0]) + stage1_block0_b_bn_beta[t0]);
-  relu236[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm235, 0.0f);
+  float r_batch_norm8;
+  r_batch_norm8 = (((conv2d7[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_b_bn_mean[t0]) * batch_norm8_scale[t0]) + stage1_block0_b_bn_beta[t0]);
+  relu9[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm8, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k10_conv2d237(float* __restrict__ conv2d237, const float* __restrict__ relu236, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) k10_conv2d10(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -331,22 +331,22 @@ extern "C" __global__ void __launch_bounds__(256) k10_conv2d237(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_relu236[516];
+  __shared__ float s_relu9[516];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_c_w[64];
-  float r_conv2d237_acc[2][4];
+  float r_conv2d10_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d237_acc[ii0][ii2] = 0.0f;
+      r_conv2d10_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      s_relu236[(0 - 0) * 516 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu236[0 * 256 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      s_relu9[(0 - 0) * 516 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu9[0 * 256 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -363,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) k10_conv2d237(float* __restric
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d237_acc[ii0][ii2] = r_conv2d237_acc[ii0][ii2] + (s_relu236[(0 - 0) * 516 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (s_relu9[(0 - 0) * 516 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -372,58 +372,58 @@ extern "C" __global__ void __launch_bounds__(256) k10_conv2d237(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 7) { conv2d237[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d237_acc[ii0][ii2]; }
+      if ((t2 + (32 * ii2)) <= 7) { conv2d10[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d10_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k11_batch_norm238_scale(float* __restrict__ batch_norm238, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d237, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k11_batch_norm11_scale_k11_batch_norm11_scale(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  float r_batch_norm238_scale;
-  r_batch_norm238_scale = (stage1_block0_c_bn_gamma[t0] * rsqrtf((stage1_block0_c_bn_var[t0] + 1e-05f)));
+  float r_batch_norm11_scale;
+  r_batch_norm11_scale = (stage1_block0_c_bn_gamma[t0] * rsqrtf((stage1_block0_c_bn_var[t0] + 1e-05f)));
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
     for (int c1 = 0; (c1 <= 7); c1 += 1) {
-      batch_norm238[0 * 1024 + t0 * 64 + c0 * 8 + c1] = (((conv2d237[0 * 1024 + t0 * 64 + c0 * 8 + c1] - stage1_block0_c_bn_mean[t0]) * r_batch_norm238_scale) + stage1_block0_c_bn_beta[t0]);
+      batch_norm11[0 * 1024 + t0 * 64 + c0 * 8 + c1] = (((conv2d10[0 * 1024 + t0 * 64 + c0 * 8 + c1] - stage1_block0_c_bn_mean[t0]) * r_batch_norm11_scale) + stage1_block0_c_bn_beta[t0]);
     }
   }
 }
 
-__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k13_batch_norm240_scale(float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k11_batch_norm11_scale_k13_batch_norm13_scale(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm240_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
+  batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k16_batch_norm244_scale(float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k11_batch_norm11_scale_k16_batch_norm17_scale(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm244_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
+  batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k19_batch_norm247_scale(float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k11_batch_norm11_scale_k19_batch_norm20_scale(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm247_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
+  batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k24_batch_norm252_scale(float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k11_batch_norm11_scale_k24_batch_norm25_scale(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  batch_norm252_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
+  batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk8_k11_batch_norm238_scale_k12_conv2d239(float* __restrict__ conv2d239, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k11_batch_norm11_scale_k12_conv2d12(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -431,22 +431,22 @@ __device__ __forceinline__ void pk8_k11_batch_norm238_scale_k12_conv2d239(float*
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_max_pool2d230[1032];
+  __shared__ float s_max_pool2d3[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_proj_w[128];
-  float r_conv2d239_acc[2][4];
+  float r_conv2d12_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d239_acc[ii0][ii2] = 0.0f;
+      r_conv2d12_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_max_pool2d230[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? max_pool2d230[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      s_max_pool2d3[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -463,7 +463,7 @@ __device__ __forceinline__ void pk8_k11_batch_norm238_scale_k12_conv2d239(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d239_acc[ii0][ii2] = r_conv2d239_acc[ii0][ii2] + (s_max_pool2d230[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -472,34 +472,34 @@ __device__ __forceinline__ void pk8_k11_batch_norm238_scale_k12_conv2d239(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 7) { conv2d239[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d239_acc[ii0][ii2]; }
+      if ((t2 + (32 * ii2)) <= 7) { conv2d12[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d12_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk8_k11_batch_norm238_scale(float* __restrict__ batch_norm238, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d237, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d239, const float* __restrict__ max_pool2d230, const float* __restrict__ stage1_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pk8_k11_batch_norm11_scale(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k11_batch_norm238_scale: 1 blocks of 16
+  if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
     const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk8_k11_batch_norm238_scale_k11_batch_norm238_scale(batch_norm238, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d237, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 2) {  // k13_batch_norm240_scale: 1 blocks of 16
+    if (pf_v < 1) pk8_k11_batch_norm11_scale_k11_batch_norm11_scale(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 2) {  // k13_batch_norm13_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk8_k11_batch_norm238_scale_k13_batch_norm240_scale(batch_norm240_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 3) {  // k16_batch_norm244_scale: 1 blocks of 8
+    if (pf_v < 1) pk8_k11_batch_norm11_scale_k13_batch_norm13_scale(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 3) {  // k16_batch_norm17_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk8_k11_batch_norm238_scale_k16_batch_norm244_scale(batch_norm244_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 4) {  // k19_batch_norm247_scale: 1 blocks of 8
+    if (pf_v < 1) pk8_k11_batch_norm11_scale_k16_batch_norm17_scale(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 4) {  // k19_batch_norm20_scale: 1 blocks of 8
     const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk8_k11_batch_norm238_scale_k19_batch_norm247_scale(batch_norm247_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 5) {  // k24_batch_norm252_scale: 1 blocks of 32
+    if (pf_v < 1) pk8_k11_batch_norm11_scale_k19_batch_norm20_scale(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 5) {  // k24_batch_norm25_scale: 1 blocks of 32
     const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pk8_k11_batch_norm238_scale_k24_batch_norm252_scale(batch_norm252_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 13) {  // k12_conv2d239: 8 blocks of 256
-    pk8_k11_batch_norm238_scale_k12_conv2d239(conv2d239, max_pool2d230, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+    if (pf_v < 1) pk8_k11_batch_norm11_scale_k24_batch_norm25_scale(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
+  } else if (pf_b < 13) {  // k12_conv2d12: 8 blocks of 256
+    pk8_k11_batch_norm11_scale_k12_conv2d12(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_batch_norm240(float* __restrict__ relu242, const float* __restrict__ conv2d239, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm240_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm238) {
+extern "C" __global__ void __launch_bounds__(256) k14_batch_norm13(float* __restrict__ relu15, const float* __restrict__ conv2d12, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm11) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -508,14 +508,14 @@ extern "C" __global__ void __launch_bounds__(256) k14_batch_norm240(float* __res
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm240;
-  float r_add241;
-  r_batch_norm240 = (((conv2d239[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_proj_bn_mean[((4 * b0) + t0)]) * batch_norm240_scale[((4 * b0) + t0)]) + stage1_block0_proj_bn_beta[((4 * b0) + t0)]);
-  r_add241 = (batch_norm238[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm240);
-  relu242[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add241, 0.0f);
+  float r_batch_norm13;
+  float r_add14;
+  r_batch_norm13 = (((conv2d12[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_proj_bn_mean[((4 * b0) + t0)]) * batch_norm13_scale[((4 * b0) + t0)]) + stage1_block0_proj_bn_beta[((4 * b0) + t0)]);
+  r_add14 = (batch_norm11[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm13);
+  relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_conv2d243(float* __restrict__ conv2d243, const float* __restrict__ relu242, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) k15_conv2d16(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -523,22 +523,22 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d243(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_relu242[1032];
+  __shared__ float s_relu15[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_a_w[128];
-  float r_conv2d243_acc[2][4];
+  float r_conv2d16_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d243_acc[ii0][ii2] = 0.0f;
+      r_conv2d16_acc[ii0][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_relu242[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu242[0 * 1024 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+        s_relu15[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu15[0 * 1024 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
       }
     }
     if ((p1r == 0)) {
@@ -554,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d243(float* __restric
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d243_acc[ii0][ii2] = r_conv2d243_acc[ii0][ii2] + (s_relu242[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (s_relu15[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -564,12 +564,12 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d243(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d243[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d243_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d16[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d16_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_batch_norm244(float* __restrict__ relu245, const float* __restrict__ conv2d243, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm244_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) k17_batch_norm17(float* __restrict__ relu18, const float* __restrict__ conv2d16, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -578,12 +578,12 @@ extern "C" __global__ void __launch_bounds__(256) k17_batch_norm244(float* __res
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm244;
-  r_batch_norm244 = (((conv2d243[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_a_bn_mean[((4 * b0) + t0)]) * batch_norm244_scale[((4 * b0) + t0)]) + stage2_block0_a_bn_beta[((4 * b0) + t0)]);
-  relu245[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm244, 0.0f);
+  float r_batch_norm17;
+  r_batch_norm17 = (((conv2d16[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_a_bn_mean[((4 * b0) + t0)]) * batch_norm17_scale[((4 * b0) + t0)]) + stage2_block0_a_bn_beta[((4 * b0) + t0)]);
+  relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k18_conv2d246(float* __restrict__ conv2d246, const float* __restrict__ relu245, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) k18_conv2d19(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -591,22 +591,22 @@ extern "C" __global__ void __launch_bounds__(256) k18_conv2d246(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 256;
   const int p0c = threadIdx.x % 256;
-  __shared__ float s_relu245[6168];
+  __shared__ float s_relu18[6168];
   const int p1r = threadIdx.x / 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stage2_block0_b_w[1152];
-  float r_conv2d246_acc[2][4];
+  float r_conv2d19_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d246_acc[ii0][ii2] = 0.0f;
+      r_conv2d19_acc[ii0][ii2] = 0.0f;
     }
   }
   for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
     for (int kk2 = ((2 * b1) - 1); (kk2 <= ((2 * b1) + 1)); kk2 += 1) {
       for (int ii0 = (p0c - 1); (ii0 <= 255); ii0 += 256) {
-        s_relu245[(0 - 0) * 6168 + (kk1 - 0) * 771 + (kk2 - ((2 * b1) - 1)) * 257 + (ii0 - (-1))] = (kk2 >= 0 && kk2 < 8 && ii0 >= 0 && ii0 < 8) ? relu245[0 * 512 + kk1 * 64 + kk2 * 8 + ii0] : 0.0f;
+        s_relu18[(0 - 0) * 6168 + (kk1 - 0) * 771 + (kk2 - ((2 * b1) - 1)) * 257 + (ii0 - (-1))] = (kk2 >= 0 && kk2 < 8 && ii0 >= 0 && ii0 < 8) ? relu18[0 * 512 + kk1 * 64 + kk2 * 8 + ii0] : 0.0f;
       }
     }
   }
@@ -625,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(256) k18_conv2d246(float* __restric
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d246_acc[ii0][ii2] = r_conv2d246_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? s_relu245[(0 - 0) * 6168 + (kk0 - 0) * 771 + ((((b1 * 2) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((t2 + (32 * ii2)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_stage2_block0_b_w[((t0 + (8 * ii0)) - 0) * 72 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? s_relu18[(0 - 0) * 6168 + (kk0 - 0) * 771 + ((((b1 * 2) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((t2 + (32 * ii2)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_stage2_block0_b_w[((t0 + (8 * ii0)) - 0) * 72 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
           }
         }
       }
@@ -636,12 +636,12 @@ extern "C" __global__ void __launch_bounds__(256) k18_conv2d246(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 3) { conv2d246[0 * 128 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d246_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 3) { conv2d19[0 * 128 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k20_batch_norm247(float* __restrict__ relu248, const float* __restrict__ conv2d246, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm247_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
+extern "C" __global__ void __launch_bounds__(128) k20_batch_norm20(float* __restrict__ relu21, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -650,12 +650,12 @@ extern "C" __global__ void __launch_bounds__(128) k20_batch_norm247(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm247;
-  r_batch_norm247 = (((conv2d246[0 * 128 + t0 * 16 + t1 * 4 + t2] - stage2_block0_b_bn_mean[t0]) * batch_norm247_scale[t0]) + stage2_block0_b_bn_beta[t0]);
-  relu248[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm247, 0.0f);
+  float r_batch_norm20;
+  r_batch_norm20 = (((conv2d19[0 * 128 + t0 * 16 + t1 * 4 + t2] - stage2_block0_b_bn_mean[t0]) * batch_norm20_scale[t0]) + stage2_block0_b_bn_beta[t0]);
+  relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k21_conv2d249(float* __restrict__ conv2d249, const float* __restrict__ relu248, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) k21_conv2d22(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -664,22 +664,22 @@ extern "C" __global__ void __launch_bounds__(256) k21_conv2d249(float* __restric
   const int t0 = _t;
   const int p0r = threadIdx.x / 128;
   const int p0c = threadIdx.x % 128;
-  __shared__ float s_relu248[1032];
+  __shared__ float s_relu21[1032];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_c_w[128];
-  float r_conv2d249_acc[2][4];
+  float r_conv2d22_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d249_acc[ii0][ii2] = 0.0f;
+      r_conv2d22_acc[ii0][ii2] = 0.0f;
     }
   }
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_relu248[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? relu248[0 * 128 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+      s_relu21[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? relu21[0 * 128 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
     }
   }
   if ((p1r == 0)) {
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(256) k21_conv2d249(float* __restric
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d249_acc[ii0][ii2] = r_conv2d249_acc[ii0][ii2] + (s_relu248[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (s_relu21[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -705,26 +705,26 @@ extern "C" __global__ void __launch_bounds__(256) k21_conv2d249(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 3) { conv2d249[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d249_acc[ii0][ii2]; }
+      if ((t2 + (32 * ii2)) <= 3) { conv2d22[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d22_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pk15_k22_batch_norm250_scale_k22_batch_norm250_scale(float* __restrict__ batch_norm250, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d249, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk15_k22_batch_norm23_scale_k22_batch_norm23_scale(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  float r_batch_norm250_scale;
-  r_batch_norm250_scale = (stage2_block0_c_bn_gamma[t0] * rsqrtf((stage2_block0_c_bn_var[t0] + 1e-05f)));
+  float r_batch_norm23_scale;
+  r_batch_norm23_scale = (stage2_block0_c_bn_gamma[t0] * rsqrtf((stage2_block0_c_bn_var[t0] + 1e-05f)));
   for (int c0 = 0; (c0 <= 3); c0 += 1) {
     for (int c1 = 0; (c1 <= 3); c1 += 1) {
-      batch_norm250[0 * 512 + t0 * 16 + c0 * 4 + c1] = (((conv2d249[0 * 512 + t0 * 16 + c0 * 4 + c1] - stage2_block0_c_bn_mean[t0]) * r_batch_norm250_scale) + stage2_block0_c_bn_beta[t0]);
+      batch_norm23[0 * 512 + t0 * 16 + c0 * 4 + c1] = (((conv2d22[0 * 512 + t0 * 16 + c0 * 4 + c1] - stage2_block0_c_bn_mean[t0]) * r_batch_norm23_scale) + stage2_block0_c_bn_beta[t0]);
     }
   }
 }
 
-__device__ __forceinline__ void pk15_k22_batch_norm250_scale_k23_conv2d251(float* __restrict__ conv2d251, const float* __restrict__ relu242, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk15_k22_batch_norm23_scale_k23_conv2d24(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -733,22 +733,22 @@ __device__ __forceinline__ void pk15_k22_batch_norm250_scale_k23_conv2d251(float
   const int t0 = _t;
   const int p0r = threadIdx.x / 256;
   const int p0c = threadIdx.x % 256;
-  __shared__ float s_relu242[2040];
+  __shared__ float s_relu15[2040];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_proj_w[128];
-  float r_conv2d251_acc[2][4];
+  float r_conv2d24_acc[2][4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d251_acc[ii0][ii2] = 0.0f;
+      r_conv2d24_acc[ii0][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if (((p0c % 2) == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_relu242[(0 - 0) * 2040 + (ii0 - (8 * kt0)) * 255 + ((2 * b1) - (2 * b1)) * 255 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu242[0 * 1024 + ii0 * 64 + (2 * b1) * 8 + p0c] : 0.0f;
+        s_relu15[(0 - 0) * 2040 + (ii0 - (8 * kt0)) * 255 + ((2 * b1) - (2 * b1)) * 255 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu15[0 * 1024 + ii0 * 64 + (2 * b1) * 8 + p0c] : 0.0f;
       }
     }
     if ((p1r == 0)) {
@@ -764,7 +764,7 @@ __device__ __forceinline__ void pk15_k22_batch_norm250_scale_k23_conv2d251(float
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d251_acc[ii0][ii2] = r_conv2d251_acc[ii0][ii2] + (s_relu242[(0 - 0) * 2040 + (((8 * kt0) + kk0) - (8 * kt0)) * 255 + (((b1 * 2) + 0) - (2 * b1)) * 255 + ((((t2 + (32 * ii2)) * 2) + 0) - 0)] * s_stage2_block0_proj_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (s_relu15[(0 - 0) * 2040 + (((8 * kt0) + kk0) - (8 * kt0)) * 255 + (((b1 * 2) + 0) - (2 * b1)) * 255 + ((((t2 + (32 * ii2)) * 2) + 0) - 0)] * s_stage2_block0_proj_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -774,22 +774,22 @@ __device__ __forceinline__ void pk15_k22_batch_norm250_scale_k23_conv2d251(float
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 3) { conv2d251[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d251_acc[ii0][ii2]; }
+      if ((t2 + (32 * ii2)) <= 3) { conv2d24[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d24_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk15_k22_batch_norm250_scale(float* __restrict__ batch_norm250, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d249, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d251, const float* __restrict__ relu242, const float* __restrict__ stage2_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pk15_k22_batch_norm23_scale(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k22_batch_norm250_scale: 1 blocks of 32
+  if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
     const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pk15_k22_batch_norm250_scale_k22_batch_norm250_scale(batch_norm250, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d249, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 9) {  // k23_conv2d251: 8 blocks of 256
-    pk15_k22_batch_norm250_scale_k23_conv2d251(conv2d251, relu242, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+    if (pf_v < 1) pk15_k22_batch_norm23_scale_k22_batch_norm23_scale(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
+  } else if (pf_b < 9) {  // k23_conv2d24: 8 blocks of 256
+    pk15_k22_batch_norm23_scale_k23_conv2d24(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k25_batch_norm252(float* __restrict__ relu254, const float* __restrict__ conv2d251, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm252_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm250) {
+extern "C" __global__ void __launch_bounds__(256) k25_batch_norm25(float* __restrict__ relu27, const float* __restrict__ conv2d24, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm23) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -798,40 +798,40 @@ extern "C" __global__ void __launch_bounds__(256) k25_batch_norm252(float* __res
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm252;
-  float r_add253;
-  r_batch_norm252 = (((conv2d251[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block0_proj_bn_mean[((16 * b0) + t0)]) * batch_norm252_scale[((16 * b0) + t0)]) + stage2_block0_proj_bn_beta[((16 * b0) + t0)]);
-  r_add253 = (batch_norm250[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] + r_batch_norm252);
-  relu254[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add253, 0.0f);
+  float r_batch_norm25;
+  float r_add26;
+  r_batch_norm25 = (((conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block0_proj_bn_mean[((16 * b0) + t0)]) * batch_norm25_scale[((16 * b0) + t0)]) + stage2_block0_proj_bn_beta[((16 * b0) + t0)]);
+  r_add26 = (batch_norm23[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] + r_batch_norm25);
+  relu27[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add26, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k26_reduce_mean255(float* __restrict__ reduce_mean255, const float* __restrict__ relu254) {
+extern "C" __global__ void __launch_bounds__(256) k26_reduce_mean28(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_reduce_mean255_acc;
+  float r_reduce_mean28_acc;
   // part:mg26
-  r_reduce_mean255_acc = 0.0f;
+  r_reduce_mean28_acc = 0.0f;
   if ((l0 <= 15)) {
-    r_reduce_mean255_acc = r_reduce_mean255_acc + (relu254[0 * 512 + ((8 * b0) + r0) * 16 + (l0 / 4) * 4 + (l0 % 4)] * 0.0625f);
+    r_reduce_mean28_acc = r_reduce_mean28_acc + (relu27[0 * 512 + ((8 * b0) + r0) * 16 + (l0 / 4) * 4 + (l0 % 4)] * 0.0625f);
   }
-  r_reduce_mean255_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean255_acc, pf_scratch); if (l0 == 0) reduce_mean255[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean255_acc;
+  r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean28_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) k27_matmul256(float* __restrict__ add257, const float* __restrict__ reduce_mean255, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) k27_matmul29(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t0 = _t;
-  float r_matmul256;
-  float r_matmul256_acc;
-  r_matmul256_acc = 0.0f;
+  float r_matmul29;
+  float r_matmul29_acc;
+  r_matmul29_acc = 0.0f;
   for (int c0 = 0; (c0 <= 31); c0 += 1) {
-    r_matmul256_acc = r_matmul256_acc + (reduce_mean255[0 * 32 + c0] * fc_w[c0 * 10 + t0]);
+    r_matmul29_acc = r_matmul29_acc + (reduce_mean28[0 * 32 + c0] * fc_w[c0 * 10 + t0]);
   }
-  r_matmul256 = r_matmul256_acc;
-  add257[0 * 10 + t0] = (r_matmul256 + fc_bias[t0]);
+  r_matmul29 = r_matmul29_acc;
+  add30[0 * 10 + t0] = (r_matmul29 + fc_bias[t0]);
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k0_conv2d159_conv_k0_conv2d159_conv(float* __restrict__ conv2d159, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k0_conv2d0_conv_k0_conv2d0_conv(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -59,13 +59,13 @@ __device__ __forceinline__ void pk0_k0_conv2d159_conv_k0_conv2d159_conv(float* _
   const int p1r = threadIdx.x / 8;
   const int p1c = threadIdx.x % 8;
   __shared__ float s_patch_embed_w[3072];
-  float r_conv2d159_conv_acc[2][4];
-  float r_conv2d159_conv;
+  float r_conv2d0_conv_acc[2][4];
+  float r_conv2d0_conv;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_conv2d159_conv_acc[ii1][ii3] = 0.0f;
+      r_conv2d0_conv_acc[ii1][ii3] = 0.0f;
     }
   }
   for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
@@ -88,7 +88,7 @@ __device__ __forceinline__ void pk0_k0_conv2d159_conv_k0_conv2d159_conv(float* _
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d159_conv_acc[ii1][ii3] = r_conv2d159_conv_acc[ii1][ii3] + (s_image[(b0 - b0) * 6168 + (kk0 - 0) * 2056 + (((b2 * 8) + kk1) - (8 * b2)) * 257 + ((((t3 + (8 * ii3)) * 8) + kk2) - 0)] * s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)]);
+            r_conv2d0_conv_acc[ii1][ii3] = r_conv2d0_conv_acc[ii1][ii3] + (s_image[(b0 - b0) * 6168 + (kk0 - 0) * 2056 + (((b2 * 8) + kk1) - (8 * b2)) * 257 + ((((t3 + (8 * ii3)) * 8) + kk2) - 0)] * s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)]);
           }
         }
       }
@@ -99,13 +99,13 @@ __device__ __forceinline__ void pk0_k0_conv2d159_conv_k0_conv2d159_conv(float* _
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t3 + (8 * ii3)) <= 1) { r_conv2d159_conv = r_conv2d159_conv_acc[ii1][ii3]; }
-      if ((t3 + (8 * ii3)) <= 1) { conv2d159[b0 * 128 + (((16 * b1) + t1) + (8 * ii1)) * 4 + b2 * 2 + (t3 + (8 * ii3))] = (r_conv2d159_conv + patch_embed_bias[(((16 * b1) + t1) + (8 * ii1))]); }
+      if ((t3 + (8 * ii3)) <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii1][ii3]; }
+      if ((t3 + (8 * ii3)) <= 1) { conv2d0[b0 * 128 + (((16 * b1) + t1) + (8 * ii1)) * 4 + b2 * 2 + (t3 + (8 * ii3))] = (r_conv2d0_conv + patch_embed_bias[(((16 * b1) + t1) + (8 * ii1))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk0_k0_conv2d159_conv_k3_cls_token_bcast(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k0_conv2d0_conv_k3_cls_token_bcast(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -115,16 +115,16 @@ __device__ __forceinline__ void pk0_k0_conv2d159_conv_k3_cls_token_bcast(float* 
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pk0_k0_conv2d159_conv(float* __restrict__ conv2d159, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(64) pk0_k0_conv2d0_conv(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 8) {  // k0_conv2d159_conv: 8 blocks of 64
-    pk0_k0_conv2d159_conv_k0_conv2d159_conv(conv2d159, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+  if (pf_b < 8) {  // k0_conv2d0_conv: 8 blocks of 64
+    pk0_k0_conv2d0_conv_k0_conv2d0_conv(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
-    pk0_k0_conv2d159_conv_k3_cls_token_bcast(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+    pk0_k0_conv2d0_conv_k3_cls_token_bcast(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_reshape160(float* __restrict__ reshape160, const float* __restrict__ conv2d159) {
+extern "C" __global__ void __launch_bounds__(256) k1_reshape1(float* __restrict__ reshape1, const float* __restrict__ conv2d0) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -133,10 +133,10 @@ extern "C" __global__ void __launch_bounds__(256) k1_reshape160(float* __restric
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  reshape160[t0 * 128 + t1 * 4 + t2] = conv2d159[t0 * 128 + t1 * 4 + pf_fdiv(t2, 2) * 2 + pf_mod(t2, 2)];
+  reshape1[t0 * 128 + t1 * 4 + t2] = conv2d0[t0 * 128 + t1 * 4 + pf_fdiv(t2, 2) * 2 + pf_mod(t2, 2)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_transpose161(float* __restrict__ transpose161, const float* __restrict__ reshape160) {
+extern "C" __global__ void __launch_bounds__(256) k2_transpose2(float* __restrict__ transpose2, const float* __restrict__ reshape1) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -145,10 +145,10 @@ extern "C" __global__ void __launch_bounds__(256) k2_transpose161(float* __restr
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  transpose161[t0 * 128 + t1 * 32 + t2] = reshape160[t0 * 128 + t2 * 4 + t1];
+  transpose2[t0 * 128 + t1 * 32 + t2] = reshape1[t0 * 128 + t2 * 4 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k4_concat162(float* __restrict__ concat162, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose161) {
+extern "C" __global__ void __launch_bounds__(160) k4_concat3(float* __restrict__ concat3, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose2) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -157,10 +157,10 @@ extern "C" __global__ void __launch_bounds__(160) k4_concat162(float* __restrict
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  concat162[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose161[b0 * 128 + (t1 - 1) * 32 + t2]);
+  concat3[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose2[b0 * 128 + (t1 - 1) * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) k5_add163(float* __restrict__ add163, float* __restrict__ layer_norm164, const float* __restrict__ concat162, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) k5_add4(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -168,31 +168,31 @@ extern "C" __global__ void __launch_bounds__(128) k5_add163(float* __restrict__ 
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add163;
-  float r_layer_norm164_mean;
-  float r_layer_norm164_mean_acc;
-  float r_layer_norm164_centered;
-  float r_layer_norm164_var;
-  float r_layer_norm164_var_acc;
-  float r_layer_norm164_rstd;
+  float r_add4;
+  float r_layer_norm5_mean;
+  float r_layer_norm5_mean_acc;
+  float r_layer_norm5_centered;
+  float r_layer_norm5_var;
+  float r_layer_norm5_var_acc;
+  float r_layer_norm5_rstd;
   if ((((4 * b1) + r0) <= 4)) {
     // part:mg5
-    r_layer_norm164_mean_acc = 0.0f;
-    r_add163 = (concat162[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + l0]); add163[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add163;
-    r_layer_norm164_mean_acc = r_layer_norm164_mean_acc + (r_add163 * 0.03125f);
-    r_layer_norm164_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm164_mean_acc, pf_scratch); r_layer_norm164_mean = r_layer_norm164_mean_acc;
+    r_layer_norm5_mean_acc = 0.0f;
+    r_add4 = (concat3[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + l0]); add4[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add4;
+    r_layer_norm5_mean_acc = r_layer_norm5_mean_acc + (r_add4 * 0.03125f);
+    r_layer_norm5_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_mean_acc, pf_scratch); r_layer_norm5_mean = r_layer_norm5_mean_acc;
     // part:mg6
-    r_layer_norm164_var_acc = 0.0f;
-    r_layer_norm164_centered = (r_add163 - r_layer_norm164_mean);
-    r_layer_norm164_var_acc = r_layer_norm164_var_acc + ((r_layer_norm164_centered * r_layer_norm164_centered) * 0.03125f);
-    r_layer_norm164_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm164_var_acc, pf_scratch); r_layer_norm164_var = r_layer_norm164_var_acc;
+    r_layer_norm5_var_acc = 0.0f;
+    r_layer_norm5_centered = (r_add4 - r_layer_norm5_mean);
+    r_layer_norm5_var_acc = r_layer_norm5_var_acc + ((r_layer_norm5_centered * r_layer_norm5_centered) * 0.03125f);
+    r_layer_norm5_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_var_acc, pf_scratch); r_layer_norm5_var = r_layer_norm5_var_acc;
     // part:mg7
-    r_layer_norm164_rstd = rsqrtf((r_layer_norm164_var + 1e-05f));
-    layer_norm164[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm164_centered * r_layer_norm164_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
+    r_layer_norm5_rstd = rsqrtf((r_layer_norm5_var + 1e-05f));
+    layer_norm5[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm5_centered * r_layer_norm5_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_matmul165(float* __restrict__ add166, const float* __restrict__ layer_norm164, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256) k6_matmul6(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -200,22 +200,22 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul165(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm164[128];
+  __shared__ float s_layer_norm5[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_q_w[1032];
-  float r_matmul165_acc[2][4];
-  float r_matmul165;
+  float r_matmul6_acc[2][4];
+  float r_matmul6;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul165_acc[ii1][ii2] = 0.0f;
+      r_matmul6_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm164[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm164[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm5[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
@@ -226,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul165(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul165_acc[ii1][ii2] = r_matmul165_acc[ii1][ii2] + (s_layer_norm164[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul6_acc[ii1][ii2] = r_matmul6_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -236,13 +236,13 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul165(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul165 = r_matmul165_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add166[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul165 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul6 = r_matmul6_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add7[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul6 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_matmul169(float* __restrict__ add170, const float* __restrict__ layer_norm164, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) k9_matmul10(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -250,22 +250,22 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul169(float* __restrict
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm164[128];
+  __shared__ float s_layer_norm5[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_k_w[1032];
-  float r_matmul169_acc[2][4];
-  float r_matmul169;
+  float r_matmul10_acc[2][4];
+  float r_matmul10;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul169_acc[ii1][ii2] = 0.0f;
+      r_matmul10_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm164[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm164[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm5[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_k_w[kk0 * 32 + p1c] : 0.0f;
@@ -276,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul169(float* __restrict
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul169_acc[ii1][ii2] = r_matmul169_acc[ii1][ii2] + (s_layer_norm164[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul10_acc[ii1][ii2] = r_matmul10_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -286,13 +286,13 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul169(float* __restrict
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul169 = r_matmul169_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add170[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul169 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul10 = r_matmul10_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add11[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul10 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_matmul173(float* __restrict__ add174, const float* __restrict__ layer_norm164, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
+extern "C" __global__ void __launch_bounds__(256) k12_matmul14(float* __restrict__ add15, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -300,22 +300,22 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul173(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm164[128];
+  __shared__ float s_layer_norm5[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_v_w[1032];
-  float r_matmul173_acc[2][4];
-  float r_matmul173;
+  float r_matmul14_acc[2][4];
+  float r_matmul14;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul173_acc[ii1][ii2] = 0.0f;
+      r_matmul14_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm164[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm164[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm5[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_v_w[kk0 * 32 + p1c] : 0.0f;
@@ -326,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul173(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul173_acc[ii1][ii2] = r_matmul173_acc[ii1][ii2] + (s_layer_norm164[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul14_acc[ii1][ii2] = r_matmul14_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -336,13 +336,13 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul173(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul173 = r_matmul173_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add174[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul173 + block0_attn_v_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul14 = r_matmul14_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add15[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul14 + block0_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk8_k10_reshape171_k10_reshape171(float* __restrict__ reshape171, const float* __restrict__ add170, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k10_reshape12_k10_reshape12(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -353,10 +353,10 @@ __device__ __forceinline__ void pk8_k10_reshape171_k10_reshape171(float* __restr
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape171[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add170[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape12[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add11[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk8_k10_reshape171_k13_reshape175(float* __restrict__ reshape175, const float* __restrict__ add174, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk8_k10_reshape12_k13_reshape16(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -367,19 +367,19 @@ __device__ __forceinline__ void pk8_k10_reshape171_k13_reshape175(float* __restr
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape175[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add174[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape16[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add15[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pk8_k10_reshape171(float* __restrict__ reshape171, const float* __restrict__ add170, float* __restrict__ reshape175, const float* __restrict__ add174) {
+extern "C" __global__ void __launch_bounds__(160) pk8_k10_reshape12(float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k10_reshape171: 2 blocks of 160
-    pk8_k10_reshape171_k10_reshape171(reshape171, add170, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k13_reshape175: 2 blocks of 160
-    pk8_k10_reshape171_k13_reshape175(reshape175, add174, pf_b - 2, (int)threadIdx.x);
+  if (pf_b < 2) {  // k10_reshape12: 2 blocks of 160
+    pk8_k10_reshape12_k10_reshape12(reshape12, add11, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k13_reshape16: 2 blocks of 160
+    pk8_k10_reshape12_k13_reshape16(reshape16, add15, pf_b - 2, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk9_k7_reshape167_k7_reshape167(float* __restrict__ reshape167, const float* __restrict__ add166, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk9_k7_reshape8_k7_reshape8(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -390,10 +390,10 @@ __device__ __forceinline__ void pk9_k7_reshape167_k7_reshape167(float* __restric
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape167[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add166[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape8[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add7[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk9_k7_reshape167_k11_transpose172(float* __restrict__ transpose172, const float* __restrict__ reshape171, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk9_k7_reshape8_k11_transpose13(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -404,10 +404,10 @@ __device__ __forceinline__ void pk9_k7_reshape167_k11_transpose172(float* __rest
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose172[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape171[b0 * 160 + t3 * 32 + t1 * 16 + t2];
+  transpose13[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape12[b0 * 160 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk9_k7_reshape167_k14_transpose176(float* __restrict__ transpose176, const float* __restrict__ reshape175, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk9_k7_reshape8_k14_transpose17(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -418,21 +418,21 @@ __device__ __forceinline__ void pk9_k7_reshape167_k14_transpose176(float* __rest
   const int t2 = _t % 5; _t /= 5;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose176[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape175[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+  transpose17[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape16[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pk9_k7_reshape167(float* __restrict__ reshape167, const float* __restrict__ add166, float* __restrict__ transpose172, const float* __restrict__ reshape171, float* __restrict__ transpose176, const float* __restrict__ reshape175) {
+extern "C" __global__ void __launch_bounds__(160) pk9_k7_reshape8(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k7_reshape167: 2 blocks of 160
-    pk9_k7_reshape167_k7_reshape167(reshape167, add166, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k11_transpose172: 2 blocks of 160
-    pk9_k7_reshape167_k11_transpose172(transpose172, reshape171, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k14_transpose176: 2 blocks of 160
-    pk9_k7_reshape167_k14_transpose176(transpose176, reshape175, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k7_reshape8: 2 blocks of 160
+    pk9_k7_reshape8_k7_reshape8(reshape8, add7, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k11_transpose13: 2 blocks of 160
+    pk9_k7_reshape8_k11_transpose13(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k14_transpose17: 2 blocks of 160
+    pk9_k7_reshape8_k14_transpose17(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k8_transpose168(float* __restrict__ transpose168, const float* __restrict__ reshape167) {
+extern "C" __global__ void __launch_bounds__(160) k8_transpose9(float* __restrict__ transpose9, const float* __restrict__ reshape8) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -443,10 +443,10 @@ extern "C" __global__ void __launch_bounds__(160) k8_transpose168(float* __restr
   const int t2 = _t % 5; _t /= 5;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose168[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape167[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+  transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_matmul177(float* __restrict__ matmul177, const float* __restrict__ transpose168, const float* __restrict__ transpose172) {
+extern "C" __global__ void __launch_bounds__(256) k15_matmul18(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -455,24 +455,24 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul177(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose168[128];
+  __shared__ float s_transpose9[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose172[1032];
-  float r_matmul177_acc[2][4];
+  __shared__ float s_transpose13[1032];
+  float r_matmul18_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul177_acc[ii2][ii3] = 0.0f;
+      r_matmul18_acc[ii2][ii3] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose168[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? transpose168[b0 * 160 + b1 * 80 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      s_transpose9[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? transpose9[b0 * 160 + b1 * 80 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose172[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose172[b0 * 160 + b1 * 80 + ii3 * 5 + p1c] : 0.0f;
+      s_transpose13[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose13[b0 * 160 + b1 * 80 + ii3 * 5 + p1c] : 0.0f;
     }
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -480,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul177(float* __restric
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul177_acc[ii2][ii3] = r_matmul177_acc[ii2][ii3] + (s_transpose168[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose172[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (s_transpose9[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose13[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -490,12 +490,12 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul177(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 4) { matmul177[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + (t3 + (32 * ii3))] = r_matmul177_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 4) { matmul18[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + (t3 + (32 * ii3))] = r_matmul18_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k16_mul178(float* __restrict__ softmax179, const float* __restrict__ matmul177) {
+extern "C" __global__ void __launch_bounds__(128) k16_mul19(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -504,37 +504,37 @@ extern "C" __global__ void __launch_bounds__(128) k16_mul178(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul178;
-  float r_softmax179_max;
-  float r_softmax179_max_acc;
-  float r_softmax179_sub;
-  float r_softmax179_exp;
-  float r_softmax179_sum;
-  float r_softmax179_sum_acc;
+  float r_mul19;
+  float r_softmax20_max;
+  float r_softmax20_max_acc;
+  float r_softmax20_sub;
+  float r_softmax20_exp;
+  float r_softmax20_sum;
+  float r_softmax20_sum_acc;
   if ((((4 * b2) + r0) <= 4)) {
     // part:mg18
-    r_softmax179_max_acc = -INFINITY;
+    r_softmax20_max_acc = -INFINITY;
     if ((l0 <= 4)) {
-      r_mul178 = (matmul177[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
-      r_softmax179_max_acc = pf_fmaxf(r_softmax179_max_acc, r_mul178);
+      r_mul19 = (matmul18[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
+      r_softmax20_max_acc = pf_fmaxf(r_softmax20_max_acc, r_mul19);
     }
-    r_softmax179_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax179_max_acc, pf_scratch); r_softmax179_max = r_softmax179_max_acc;
+    r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
     // part:mg19
-    r_softmax179_sum_acc = 0.0f;
+    r_softmax20_sum_acc = 0.0f;
     if ((l0 <= 4)) {
-      r_softmax179_sub = (r_mul178 - r_softmax179_max);
-      r_softmax179_exp = expf(r_softmax179_sub);
-      r_softmax179_sum_acc = r_softmax179_sum_acc + r_softmax179_exp;
+      r_softmax20_sub = (r_mul19 - r_softmax20_max);
+      r_softmax20_exp = expf(r_softmax20_sub);
+      r_softmax20_sum_acc = r_softmax20_sum_acc + r_softmax20_exp;
     }
-    r_softmax179_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax179_sum_acc, pf_scratch); r_softmax179_sum = r_softmax179_sum_acc;
+    r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
     if ((l0 <= 4)) {
       // part:mg20
-      softmax179[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax179_exp / r_softmax179_sum);
+      softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_matmul180(float* __restrict__ matmul180, const float* __restrict__ softmax179, const float* __restrict__ transpose176) {
+extern "C" __global__ void __launch_bounds__(256) k17_matmul21(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -543,23 +543,23 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul180(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax179[80];
+  __shared__ float s_softmax20[80];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose176[645];
-  float r_matmul180_acc[2][4];
+  __shared__ float s_transpose17[645];
+  float r_matmul21_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul180_acc[ii2][ii3] = 0.0f;
+      r_matmul21_acc[ii2][ii3] = 0.0f;
     }
   }
   if (((p0r <= 15) && (p0c <= 4))) {
-    s_softmax179[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax179[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
+    s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax20[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
   }
   for (int ii3 = p1r; (ii3 <= 4); ii3 += 2) {
-    s_transpose176[(b0 - b0) * 645 + (b1 - b1) * 645 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose176[b0 * 160 + b1 * 80 + ii3 * 16 + p1c] : 0.0f;
+    s_transpose17[(b0 - b0) * 645 + (b1 - b1) * 645 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose17[b0 * 160 + b1 * 80 + ii3 * 16 + p1c] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
@@ -567,7 +567,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul180(float* __restric
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul180_acc[ii2][ii3] = r_matmul180_acc[ii2][ii3] + (s_softmax179[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose176[(b0 - b0) * 645 + (b1 - b1) * 645 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul21_acc[ii2][ii3] = r_matmul21_acc[ii2][ii3] + (s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose17[(b0 - b0) * 645 + (b1 - b1) * 645 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -576,12 +576,12 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul180(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 15) { matmul180[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul180_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 15) { matmul21[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul21_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k18_transpose181(float* __restrict__ transpose181, const float* __restrict__ matmul180) {
+extern "C" __global__ void __launch_bounds__(160) k18_transpose22(float* __restrict__ transpose22, const float* __restrict__ matmul21) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -592,10 +592,10 @@ extern "C" __global__ void __launch_bounds__(160) k18_transpose181(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  transpose181[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul180[b0 * 160 + t2 * 80 + t1 * 16 + t3];
+  transpose22[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul21[b0 * 160 + t2 * 80 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k19_reshape182(float* __restrict__ reshape182, const float* __restrict__ transpose181) {
+extern "C" __global__ void __launch_bounds__(160) k19_reshape23(float* __restrict__ reshape23, const float* __restrict__ transpose22) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -604,10 +604,10 @@ extern "C" __global__ void __launch_bounds__(160) k19_reshape182(float* __restri
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape182[b0 * 160 + t1 * 32 + t2] = transpose181[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
+  reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k20_matmul183(float* __restrict__ matmul183, const float* __restrict__ reshape182, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) k20_matmul24(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -615,21 +615,21 @@ extern "C" __global__ void __launch_bounds__(256) k20_matmul183(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape182[128];
+  __shared__ float s_reshape23[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_attn_o_w[1032];
-  float r_matmul183_acc[2][4];
+  float r_matmul24_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul183_acc[ii1][ii2] = 0.0f;
+      r_matmul24_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape182[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? reshape182[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape23[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? reshape23[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_o_w[kk0 * 32 + p1c] : 0.0f;
@@ -640,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(256) k20_matmul183(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul183_acc[ii1][ii2] = r_matmul183_acc[ii1][ii2] + (s_reshape182[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_reshape23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -650,12 +650,12 @@ extern "C" __global__ void __launch_bounds__(256) k20_matmul183(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul183[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul183_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul24[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul24_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k21_add184(float* __restrict__ add185, float* __restrict__ layer_norm186, const float* __restrict__ matmul183, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add163, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) k21_add25(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -663,33 +663,33 @@ extern "C" __global__ void __launch_bounds__(128) k21_add184(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add184;
-  float r_add185;
-  float r_layer_norm186_mean;
-  float r_layer_norm186_mean_acc;
-  float r_layer_norm186_centered;
-  float r_layer_norm186_var;
-  float r_layer_norm186_var_acc;
-  float r_layer_norm186_rstd;
+  float r_add25;
+  float r_add26;
+  float r_layer_norm27_mean;
+  float r_layer_norm27_mean_acc;
+  float r_layer_norm27_centered;
+  float r_layer_norm27_var;
+  float r_layer_norm27_var_acc;
+  float r_layer_norm27_rstd;
   if ((((4 * b1) + r0) <= 4)) {
     // part:mg25
-    r_layer_norm186_mean_acc = 0.0f;
-    r_add184 = (matmul183[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block0_attn_o_bias[l0]);
-    r_add185 = (add163[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add184); add185[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add185;
-    r_layer_norm186_mean_acc = r_layer_norm186_mean_acc + (r_add185 * 0.03125f);
-    r_layer_norm186_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm186_mean_acc, pf_scratch); r_layer_norm186_mean = r_layer_norm186_mean_acc;
+    r_layer_norm27_mean_acc = 0.0f;
+    r_add25 = (matmul24[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block0_attn_o_bias[l0]);
+    r_add26 = (add4[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add25); add26[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add26;
+    r_layer_norm27_mean_acc = r_layer_norm27_mean_acc + (r_add26 * 0.03125f);
+    r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
     // part:mg26
-    r_layer_norm186_var_acc = 0.0f;
-    r_layer_norm186_centered = (r_add185 - r_layer_norm186_mean);
-    r_layer_norm186_var_acc = r_layer_norm186_var_acc + ((r_layer_norm186_centered * r_layer_norm186_centered) * 0.03125f);
-    r_layer_norm186_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm186_var_acc, pf_scratch); r_layer_norm186_var = r_layer_norm186_var_acc;
+    r_layer_norm27_var_acc = 0.0f;
+    r_layer_norm27_centered = (r_add26 - r_layer_norm27_mean);
+    r_layer_norm27_var_acc = r_layer_norm27_var_acc + ((r_layer_norm27_centered * r_layer_norm27_centered) * 0.03125f);
+    r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
     // part:mg27
-    r_layer_norm186_rstd = rsqrtf((r_layer_norm186_var + 1e-05f));
-    layer_norm186[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm186_centered * r_layer_norm186_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
+    r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
+    layer_norm27[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm27_centered * r_layer_norm27_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k22_matmul187(float* __restrict__ gelu189, const float* __restrict__ layer_norm186, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k22_matmul28(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -697,23 +697,23 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul187(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm186[128];
+  __shared__ float s_layer_norm27[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_mlp_fc1_w[1032];
-  float r_matmul187_acc[2][4];
-  float r_matmul187;
-  float r_add188;
+  float r_matmul28_acc[2][4];
+  float r_matmul28;
+  float r_add29;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul187_acc[ii1][ii2] = 0.0f;
+      r_matmul28_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm186[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm186[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm27[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm27[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block0_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
@@ -724,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul187(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul187_acc[ii1][ii2] = r_matmul187_acc[ii1][ii2] + (s_layer_norm186[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul28_acc[ii1][ii2] = r_matmul28_acc[ii1][ii2] + (s_layer_norm27[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -734,14 +734,14 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul187(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_matmul187 = r_matmul187_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_add188 = (r_matmul187 + block0_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { gelu189[b0 * 320 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add188) * (1.0f + erff((r_add188 * 0.7071067811865475f)))); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_matmul28 = r_matmul28_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { gelu30[b0 * 320 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.7071067811865475f)))); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k23_matmul190(float* __restrict__ matmul190, const float* __restrict__ gelu189, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) k23_matmul31(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -749,21 +749,21 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul190(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu189[128];
+  __shared__ float s_gelu30[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block0_mlp_fc2_w[1032];
-  float r_matmul190_acc[2][4];
+  float r_matmul31_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul190_acc[ii1][ii2] = 0.0f;
+      r_matmul31_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu189[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? gelu189[b0 * 320 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      s_gelu30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? gelu30[b0 * 320 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block0_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
@@ -774,7 +774,7 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul190(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul190_acc[ii1][ii2] = r_matmul190_acc[ii1][ii2] + (s_gelu189[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul31_acc[ii1][ii2] = r_matmul31_acc[ii1][ii2] + (s_gelu30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -784,12 +784,12 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul190(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul190[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul190_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul31[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul31_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k24_add191(float* __restrict__ add192, float* __restrict__ layer_norm193, const float* __restrict__ matmul190, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add185, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) k24_add32(float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ matmul31, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -797,33 +797,33 @@ extern "C" __global__ void __launch_bounds__(128) k24_add191(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add191;
-  float r_add192;
-  float r_layer_norm193_mean;
-  float r_layer_norm193_mean_acc;
-  float r_layer_norm193_centered;
-  float r_layer_norm193_var;
-  float r_layer_norm193_var_acc;
-  float r_layer_norm193_rstd;
+  float r_add32;
+  float r_add33;
+  float r_layer_norm34_mean;
+  float r_layer_norm34_mean_acc;
+  float r_layer_norm34_centered;
+  float r_layer_norm34_var;
+  float r_layer_norm34_var_acc;
+  float r_layer_norm34_rstd;
   if ((((4 * b1) + r0) <= 4)) {
     // part:mg25
-    r_layer_norm193_mean_acc = 0.0f;
-    r_add191 = (matmul190[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block0_mlp_fc2_bias[l0]);
-    r_add192 = (add185[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add191); add192[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add192;
-    r_layer_norm193_mean_acc = r_layer_norm193_mean_acc + (r_add192 * 0.03125f);
-    r_layer_norm193_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm193_mean_acc, pf_scratch); r_layer_norm193_mean = r_layer_norm193_mean_acc;
+    r_layer_norm34_mean_acc = 0.0f;
+    r_add32 = (matmul31[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block0_mlp_fc2_bias[l0]);
+    r_add33 = (add26[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add32); add33[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add33;
+    r_layer_norm34_mean_acc = r_layer_norm34_mean_acc + (r_add33 * 0.03125f);
+    r_layer_norm34_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_mean_acc, pf_scratch); r_layer_norm34_mean = r_layer_norm34_mean_acc;
     // part:mg26
-    r_layer_norm193_var_acc = 0.0f;
-    r_layer_norm193_centered = (r_add192 - r_layer_norm193_mean);
-    r_layer_norm193_var_acc = r_layer_norm193_var_acc + ((r_layer_norm193_centered * r_layer_norm193_centered) * 0.03125f);
-    r_layer_norm193_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm193_var_acc, pf_scratch); r_layer_norm193_var = r_layer_norm193_var_acc;
+    r_layer_norm34_var_acc = 0.0f;
+    r_layer_norm34_centered = (r_add33 - r_layer_norm34_mean);
+    r_layer_norm34_var_acc = r_layer_norm34_var_acc + ((r_layer_norm34_centered * r_layer_norm34_centered) * 0.03125f);
+    r_layer_norm34_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_var_acc, pf_scratch); r_layer_norm34_var = r_layer_norm34_var_acc;
     // part:mg27
-    r_layer_norm193_rstd = rsqrtf((r_layer_norm193_var + 1e-05f));
-    layer_norm193[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm193_centered * r_layer_norm193_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
+    r_layer_norm34_rstd = rsqrtf((r_layer_norm34_var + 1e-05f));
+    layer_norm34[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm34_centered * r_layer_norm34_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k25_matmul194(float* __restrict__ add195, const float* __restrict__ layer_norm193, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256) k25_matmul35(float* __restrict__ add36, const float* __restrict__ layer_norm34, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -831,22 +831,22 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul194(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm193[128];
+  __shared__ float s_layer_norm34[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_q_w[1032];
-  float r_matmul194_acc[2][4];
-  float r_matmul194;
+  float r_matmul35_acc[2][4];
+  float r_matmul35;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul194_acc[ii1][ii2] = 0.0f;
+      r_matmul35_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm193[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm193[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm34[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm34[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
@@ -857,7 +857,7 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul194(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul194_acc[ii1][ii2] = r_matmul194_acc[ii1][ii2] + (s_layer_norm193[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul35_acc[ii1][ii2] = r_matmul35_acc[ii1][ii2] + (s_layer_norm34[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -867,13 +867,13 @@ extern "C" __global__ void __launch_bounds__(256) k25_matmul194(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul194 = r_matmul194_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add195[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul194 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul35 = r_matmul35_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add36[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul35 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k28_matmul198(float* __restrict__ add199, const float* __restrict__ layer_norm193, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) k28_matmul39(float* __restrict__ add40, const float* __restrict__ layer_norm34, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -881,22 +881,22 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul198(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm193[128];
+  __shared__ float s_layer_norm34[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_k_w[1032];
-  float r_matmul198_acc[2][4];
-  float r_matmul198;
+  float r_matmul39_acc[2][4];
+  float r_matmul39;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul198_acc[ii1][ii2] = 0.0f;
+      r_matmul39_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm193[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm193[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm34[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm34[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_k_w[kk0 * 32 + p1c] : 0.0f;
@@ -907,7 +907,7 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul198(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul198_acc[ii1][ii2] = r_matmul198_acc[ii1][ii2] + (s_layer_norm193[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul39_acc[ii1][ii2] = r_matmul39_acc[ii1][ii2] + (s_layer_norm34[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -917,13 +917,13 @@ extern "C" __global__ void __launch_bounds__(256) k28_matmul198(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul198 = r_matmul198_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add199[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul198 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul39 = r_matmul39_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add40[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul39 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k31_matmul202(float* __restrict__ add203, const float* __restrict__ layer_norm193, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
+extern "C" __global__ void __launch_bounds__(256) k31_matmul43(float* __restrict__ add44, const float* __restrict__ layer_norm34, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -931,22 +931,22 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul202(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm193[128];
+  __shared__ float s_layer_norm34[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_v_w[1032];
-  float r_matmul202_acc[2][4];
-  float r_matmul202;
+  float r_matmul43_acc[2][4];
+  float r_matmul43;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul202_acc[ii1][ii2] = 0.0f;
+      r_matmul43_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm193[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm193[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm34[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm34[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_v_w[kk0 * 32 + p1c] : 0.0f;
@@ -957,7 +957,7 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul202(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul202_acc[ii1][ii2] = r_matmul202_acc[ii1][ii2] + (s_layer_norm193[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul43_acc[ii1][ii2] = r_matmul43_acc[ii1][ii2] + (s_layer_norm34[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -967,13 +967,13 @@ extern "C" __global__ void __launch_bounds__(256) k31_matmul202(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul202 = r_matmul202_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add203[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul202 + block1_attn_v_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul43 = r_matmul43_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add44[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul43 + block1_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pk24_k29_reshape200_k29_reshape200(float* __restrict__ reshape200, const float* __restrict__ add199, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk24_k29_reshape41_k29_reshape41(float* __restrict__ reshape41, const float* __restrict__ add40, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -984,10 +984,10 @@ __device__ __forceinline__ void pk24_k29_reshape200_k29_reshape200(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape200[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add199[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape41[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add40[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk24_k29_reshape200_k32_reshape204(float* __restrict__ reshape204, const float* __restrict__ add203, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk24_k29_reshape41_k32_reshape45(float* __restrict__ reshape45, const float* __restrict__ add44, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -998,19 +998,19 @@ __device__ __forceinline__ void pk24_k29_reshape200_k32_reshape204(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape204[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add203[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape45[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add44[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pk24_k29_reshape200(float* __restrict__ reshape200, const float* __restrict__ add199, float* __restrict__ reshape204, const float* __restrict__ add203) {
+extern "C" __global__ void __launch_bounds__(160) pk24_k29_reshape41(float* __restrict__ reshape41, const float* __restrict__ add40, float* __restrict__ reshape45, const float* __restrict__ add44) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k29_reshape200: 2 blocks of 160
-    pk24_k29_reshape200_k29_reshape200(reshape200, add199, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k32_reshape204: 2 blocks of 160
-    pk24_k29_reshape200_k32_reshape204(reshape204, add203, pf_b - 2, (int)threadIdx.x);
+  if (pf_b < 2) {  // k29_reshape41: 2 blocks of 160
+    pk24_k29_reshape41_k29_reshape41(reshape41, add40, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k32_reshape45: 2 blocks of 160
+    pk24_k29_reshape41_k32_reshape45(reshape45, add44, pf_b - 2, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk25_k26_reshape196_k26_reshape196(float* __restrict__ reshape196, const float* __restrict__ add195, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk25_k26_reshape37_k26_reshape37(float* __restrict__ reshape37, const float* __restrict__ add36, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1021,10 +1021,10 @@ __device__ __forceinline__ void pk25_k26_reshape196_k26_reshape196(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape196[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add195[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+  reshape37[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add36[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk25_k26_reshape196_k30_transpose201(float* __restrict__ transpose201, const float* __restrict__ reshape200, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk25_k26_reshape37_k30_transpose42(float* __restrict__ transpose42, const float* __restrict__ reshape41, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1035,10 +1035,10 @@ __device__ __forceinline__ void pk25_k26_reshape196_k30_transpose201(float* __re
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose201[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape200[b0 * 160 + t3 * 32 + t1 * 16 + t2];
+  transpose42[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape41[b0 * 160 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk25_k26_reshape196_k33_transpose205(float* __restrict__ transpose205, const float* __restrict__ reshape204, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk25_k26_reshape37_k33_transpose46(float* __restrict__ transpose46, const float* __restrict__ reshape45, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1049,21 +1049,21 @@ __device__ __forceinline__ void pk25_k26_reshape196_k33_transpose205(float* __re
   const int t2 = _t % 5; _t /= 5;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose205[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape204[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+  transpose46[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape45[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pk25_k26_reshape196(float* __restrict__ reshape196, const float* __restrict__ add195, float* __restrict__ transpose201, const float* __restrict__ reshape200, float* __restrict__ transpose205, const float* __restrict__ reshape204) {
+extern "C" __global__ void __launch_bounds__(160) pk25_k26_reshape37(float* __restrict__ reshape37, const float* __restrict__ add36, float* __restrict__ transpose42, const float* __restrict__ reshape41, float* __restrict__ transpose46, const float* __restrict__ reshape45) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k26_reshape196: 2 blocks of 160
-    pk25_k26_reshape196_k26_reshape196(reshape196, add195, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k30_transpose201: 2 blocks of 160
-    pk25_k26_reshape196_k30_transpose201(transpose201, reshape200, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k33_transpose205: 2 blocks of 160
-    pk25_k26_reshape196_k33_transpose205(transpose205, reshape204, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 2) {  // k26_reshape37: 2 blocks of 160
+    pk25_k26_reshape37_k26_reshape37(reshape37, add36, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k30_transpose42: 2 blocks of 160
+    pk25_k26_reshape37_k30_transpose42(transpose42, reshape41, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k33_transpose46: 2 blocks of 160
+    pk25_k26_reshape37_k33_transpose46(transpose46, reshape45, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k27_transpose197(float* __restrict__ transpose197, const float* __restrict__ reshape196) {
+extern "C" __global__ void __launch_bounds__(160) k27_transpose38(float* __restrict__ transpose38, const float* __restrict__ reshape37) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1074,10 +1074,10 @@ extern "C" __global__ void __launch_bounds__(160) k27_transpose197(float* __rest
   const int t2 = _t % 5; _t /= 5;
   const int t1 = _t % 2; _t /= 2;
   const int t0 = _t;
-  transpose197[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape196[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+  transpose38[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape37[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k34_matmul206(float* __restrict__ matmul206, const float* __restrict__ transpose197, const float* __restrict__ transpose201) {
+extern "C" __global__ void __launch_bounds__(256) k34_matmul47(float* __restrict__ matmul47, const float* __restrict__ transpose38, const float* __restrict__ transpose42) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1086,24 +1086,24 @@ extern "C" __global__ void __launch_bounds__(256) k34_matmul206(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose197[128];
+  __shared__ float s_transpose38[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose201[1032];
-  float r_matmul206_acc[2][4];
+  __shared__ float s_transpose42[1032];
+  float r_matmul47_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul206_acc[ii2][ii3] = 0.0f;
+      r_matmul47_acc[ii2][ii3] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose197[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? transpose197[b0 * 160 + b1 * 80 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      s_transpose38[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? transpose38[b0 * 160 + b1 * 80 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose201[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose201[b0 * 160 + b1 * 80 + ii3 * 5 + p1c] : 0.0f;
+      s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose42[b0 * 160 + b1 * 80 + ii3 * 5 + p1c] : 0.0f;
     }
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -1111,7 +1111,7 @@ extern "C" __global__ void __launch_bounds__(256) k34_matmul206(float* __restric
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul206_acc[ii2][ii3] = r_matmul206_acc[ii2][ii3] + (s_transpose197[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose201[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul47_acc[ii2][ii3] = r_matmul47_acc[ii2][ii3] + (s_transpose38[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -1121,12 +1121,12 @@ extern "C" __global__ void __launch_bounds__(256) k34_matmul206(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 4) { matmul206[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + (t3 + (32 * ii3))] = r_matmul206_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 4) { matmul47[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + (t3 + (32 * ii3))] = r_matmul47_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k35_mul207(float* __restrict__ softmax208, const float* __restrict__ matmul206) {
+extern "C" __global__ void __launch_bounds__(128) k35_mul48(float* __restrict__ softmax49, const float* __restrict__ matmul47) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -1135,37 +1135,37 @@ extern "C" __global__ void __launch_bounds__(128) k35_mul207(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_mul207;
-  float r_softmax208_max;
-  float r_softmax208_max_acc;
-  float r_softmax208_sub;
-  float r_softmax208_exp;
-  float r_softmax208_sum;
-  float r_softmax208_sum_acc;
+  float r_mul48;
+  float r_softmax49_max;
+  float r_softmax49_max_acc;
+  float r_softmax49_sub;
+  float r_softmax49_exp;
+  float r_softmax49_sum;
+  float r_softmax49_sum_acc;
   if ((((4 * b2) + r0) <= 4)) {
     // part:mg18
-    r_softmax208_max_acc = -INFINITY;
+    r_softmax49_max_acc = -INFINITY;
     if ((l0 <= 4)) {
-      r_mul207 = (matmul206[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
-      r_softmax208_max_acc = pf_fmaxf(r_softmax208_max_acc, r_mul207);
+      r_mul48 = (matmul47[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
+      r_softmax49_max_acc = pf_fmaxf(r_softmax49_max_acc, r_mul48);
     }
-    r_softmax208_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax208_max_acc, pf_scratch); r_softmax208_max = r_softmax208_max_acc;
+    r_softmax49_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax49_max_acc, pf_scratch); r_softmax49_max = r_softmax49_max_acc;
     // part:mg19
-    r_softmax208_sum_acc = 0.0f;
+    r_softmax49_sum_acc = 0.0f;
     if ((l0 <= 4)) {
-      r_softmax208_sub = (r_mul207 - r_softmax208_max);
-      r_softmax208_exp = expf(r_softmax208_sub);
-      r_softmax208_sum_acc = r_softmax208_sum_acc + r_softmax208_exp;
+      r_softmax49_sub = (r_mul48 - r_softmax49_max);
+      r_softmax49_exp = expf(r_softmax49_sub);
+      r_softmax49_sum_acc = r_softmax49_sum_acc + r_softmax49_exp;
     }
-    r_softmax208_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax208_sum_acc, pf_scratch); r_softmax208_sum = r_softmax208_sum_acc;
+    r_softmax49_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax49_sum_acc, pf_scratch); r_softmax49_sum = r_softmax49_sum_acc;
     if ((l0 <= 4)) {
       // part:mg20
-      softmax208[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax208_exp / r_softmax208_sum);
+      softmax49[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax49_exp / r_softmax49_sum);
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k36_matmul209(float* __restrict__ matmul209, const float* __restrict__ softmax208, const float* __restrict__ transpose205) {
+extern "C" __global__ void __launch_bounds__(256) k36_matmul50(float* __restrict__ matmul50, const float* __restrict__ softmax49, const float* __restrict__ transpose46) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1174,23 +1174,23 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul209(float* __restric
   const int t2 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax208[80];
+  __shared__ float s_softmax49[80];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose205[645];
-  float r_matmul209_acc[2][4];
+  __shared__ float s_transpose46[645];
+  float r_matmul50_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul209_acc[ii2][ii3] = 0.0f;
+      r_matmul50_acc[ii2][ii3] = 0.0f;
     }
   }
   if (((p0r <= 15) && (p0c <= 4))) {
-    s_softmax208[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax208[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
+    s_softmax49[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax49[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
   }
   for (int ii3 = p1r; (ii3 <= 4); ii3 += 2) {
-    s_transpose205[(b0 - b0) * 645 + (b1 - b1) * 645 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose205[b0 * 160 + b1 * 80 + ii3 * 16 + p1c] : 0.0f;
+    s_transpose46[(b0 - b0) * 645 + (b1 - b1) * 645 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose46[b0 * 160 + b1 * 80 + ii3 * 16 + p1c] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
@@ -1198,7 +1198,7 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul209(float* __restric
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul209_acc[ii2][ii3] = r_matmul209_acc[ii2][ii3] + (s_softmax208[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose205[(b0 - b0) * 645 + (b1 - b1) * 645 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul50_acc[ii2][ii3] = r_matmul50_acc[ii2][ii3] + (s_softmax49[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose46[(b0 - b0) * 645 + (b1 - b1) * 645 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -1207,12 +1207,12 @@ extern "C" __global__ void __launch_bounds__(256) k36_matmul209(float* __restric
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 15) { matmul209[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul209_acc[ii2][ii3]; }
+      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 15) { matmul50[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul50_acc[ii2][ii3]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k37_transpose210(float* __restrict__ transpose210, const float* __restrict__ matmul209) {
+extern "C" __global__ void __launch_bounds__(160) k37_transpose51(float* __restrict__ transpose51, const float* __restrict__ matmul50) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -1223,10 +1223,10 @@ extern "C" __global__ void __launch_bounds__(160) k37_transpose210(float* __rest
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  transpose210[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul209[b0 * 160 + t2 * 80 + t1 * 16 + t3];
+  transpose51[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul50[b0 * 160 + t2 * 80 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k38_reshape211(float* __restrict__ reshape211, const float* __restrict__ transpose210) {
+extern "C" __global__ void __launch_bounds__(160) k38_reshape52(float* __restrict__ reshape52, const float* __restrict__ transpose51) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -1235,10 +1235,10 @@ extern "C" __global__ void __launch_bounds__(160) k38_reshape211(float* __restri
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  reshape211[b0 * 160 + t1 * 32 + t2] = transpose210[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
+  reshape52[b0 * 160 + t1 * 32 + t2] = transpose51[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k39_matmul212(float* __restrict__ matmul212, const float* __restrict__ reshape211, const float* __restrict__ block1_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) k39_matmul53(float* __restrict__ matmul53, const float* __restrict__ reshape52, const float* __restrict__ block1_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1246,21 +1246,21 @@ extern "C" __global__ void __launch_bounds__(256) k39_matmul212(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape211[128];
+  __shared__ float s_reshape52[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_attn_o_w[1032];
-  float r_matmul212_acc[2][4];
+  float r_matmul53_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul212_acc[ii1][ii2] = 0.0f;
+      r_matmul53_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape211[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? reshape211[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape52[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? reshape52[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_o_w[kk0 * 32 + p1c] : 0.0f;
@@ -1271,7 +1271,7 @@ extern "C" __global__ void __launch_bounds__(256) k39_matmul212(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul212_acc[ii1][ii2] = r_matmul212_acc[ii1][ii2] + (s_reshape211[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul53_acc[ii1][ii2] = r_matmul53_acc[ii1][ii2] + (s_reshape52[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1281,12 +1281,12 @@ extern "C" __global__ void __launch_bounds__(256) k39_matmul212(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul212[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul212_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul53[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul53_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k40_add213(float* __restrict__ add214, float* __restrict__ layer_norm215, const float* __restrict__ matmul212, const float* __restrict__ block1_attn_o_bias, const float* __restrict__ add192, const float* __restrict__ block1_ln2_gamma, const float* __restrict__ block1_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) k40_add54(float* __restrict__ add55, float* __restrict__ layer_norm56, const float* __restrict__ matmul53, const float* __restrict__ block1_attn_o_bias, const float* __restrict__ add33, const float* __restrict__ block1_ln2_gamma, const float* __restrict__ block1_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1294,33 +1294,33 @@ extern "C" __global__ void __launch_bounds__(128) k40_add213(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add213;
-  float r_add214;
-  float r_layer_norm215_mean;
-  float r_layer_norm215_mean_acc;
-  float r_layer_norm215_centered;
-  float r_layer_norm215_var;
-  float r_layer_norm215_var_acc;
-  float r_layer_norm215_rstd;
+  float r_add54;
+  float r_add55;
+  float r_layer_norm56_mean;
+  float r_layer_norm56_mean_acc;
+  float r_layer_norm56_centered;
+  float r_layer_norm56_var;
+  float r_layer_norm56_var_acc;
+  float r_layer_norm56_rstd;
   if ((((4 * b1) + r0) <= 4)) {
     // part:mg25
-    r_layer_norm215_mean_acc = 0.0f;
-    r_add213 = (matmul212[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block1_attn_o_bias[l0]);
-    r_add214 = (add192[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add213); add214[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add214;
-    r_layer_norm215_mean_acc = r_layer_norm215_mean_acc + (r_add214 * 0.03125f);
-    r_layer_norm215_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm215_mean_acc, pf_scratch); r_layer_norm215_mean = r_layer_norm215_mean_acc;
+    r_layer_norm56_mean_acc = 0.0f;
+    r_add54 = (matmul53[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block1_attn_o_bias[l0]);
+    r_add55 = (add33[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add54); add55[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add55;
+    r_layer_norm56_mean_acc = r_layer_norm56_mean_acc + (r_add55 * 0.03125f);
+    r_layer_norm56_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm56_mean_acc, pf_scratch); r_layer_norm56_mean = r_layer_norm56_mean_acc;
     // part:mg26
-    r_layer_norm215_var_acc = 0.0f;
-    r_layer_norm215_centered = (r_add214 - r_layer_norm215_mean);
-    r_layer_norm215_var_acc = r_layer_norm215_var_acc + ((r_layer_norm215_centered * r_layer_norm215_centered) * 0.03125f);
-    r_layer_norm215_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm215_var_acc, pf_scratch); r_layer_norm215_var = r_layer_norm215_var_acc;
+    r_layer_norm56_var_acc = 0.0f;
+    r_layer_norm56_centered = (r_add55 - r_layer_norm56_mean);
+    r_layer_norm56_var_acc = r_layer_norm56_var_acc + ((r_layer_norm56_centered * r_layer_norm56_centered) * 0.03125f);
+    r_layer_norm56_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm56_var_acc, pf_scratch); r_layer_norm56_var = r_layer_norm56_var_acc;
     // part:mg27
-    r_layer_norm215_rstd = rsqrtf((r_layer_norm215_var + 1e-05f));
-    layer_norm215[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm215_centered * r_layer_norm215_rstd) * block1_ln2_gamma[l0]) + block1_ln2_beta[l0]);
+    r_layer_norm56_rstd = rsqrtf((r_layer_norm56_var + 1e-05f));
+    layer_norm56[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm56_centered * r_layer_norm56_rstd) * block1_ln2_gamma[l0]) + block1_ln2_beta[l0]);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k41_matmul216(float* __restrict__ gelu218, const float* __restrict__ layer_norm215, const float* __restrict__ block1_mlp_fc1_w, const float* __restrict__ block1_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k41_matmul57(float* __restrict__ gelu59, const float* __restrict__ layer_norm56, const float* __restrict__ block1_mlp_fc1_w, const float* __restrict__ block1_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1328,23 +1328,23 @@ extern "C" __global__ void __launch_bounds__(256) k41_matmul216(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm215[128];
+  __shared__ float s_layer_norm56[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_mlp_fc1_w[1032];
-  float r_matmul216_acc[2][4];
-  float r_matmul216;
-  float r_add217;
+  float r_matmul57_acc[2][4];
+  float r_matmul57;
+  float r_add58;
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul216_acc[ii1][ii2] = 0.0f;
+      r_matmul57_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm215[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm215[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_layer_norm56[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm56[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block1_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
@@ -1355,7 +1355,7 @@ extern "C" __global__ void __launch_bounds__(256) k41_matmul216(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul216_acc[ii1][ii2] = r_matmul216_acc[ii1][ii2] + (s_layer_norm215[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul57_acc[ii1][ii2] = r_matmul57_acc[ii1][ii2] + (s_layer_norm56[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1365,14 +1365,14 @@ extern "C" __global__ void __launch_bounds__(256) k41_matmul216(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_matmul216 = r_matmul216_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_add217 = (r_matmul216 + block1_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { gelu218[b0 * 320 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add217) * (1.0f + erff((r_add217 * 0.7071067811865475f)))); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_matmul57 = r_matmul57_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_add58 = (r_matmul57 + block1_mlp_fc1_bias[(t2 + (32 * ii2))]); }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { gelu59[b0 * 320 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add58) * (1.0f + erff((r_add58 * 0.7071067811865475f)))); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k42_matmul219(float* __restrict__ matmul219, const float* __restrict__ gelu218, const float* __restrict__ block1_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) k42_matmul60(float* __restrict__ matmul60, const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -1380,21 +1380,21 @@ extern "C" __global__ void __launch_bounds__(256) k42_matmul219(float* __restric
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu218[128];
+  __shared__ float s_gelu59[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_block1_mlp_fc2_w[1032];
-  float r_matmul219_acc[2][4];
+  float r_matmul60_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul219_acc[ii1][ii2] = 0.0f;
+      r_matmul60_acc[ii1][ii2] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu218[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? gelu218[b0 * 320 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      s_gelu59[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? gelu59[b0 * 320 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_block1_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
@@ -1405,7 +1405,7 @@ extern "C" __global__ void __launch_bounds__(256) k42_matmul219(float* __restric
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul219_acc[ii1][ii2] = r_matmul219_acc[ii1][ii2] + (s_gelu218[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul60_acc[ii1][ii2] = r_matmul60_acc[ii1][ii2] + (s_gelu59[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -1415,12 +1415,12 @@ extern "C" __global__ void __launch_bounds__(256) k42_matmul219(float* __restric
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul219[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul219_acc[ii1][ii2]; }
+      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul60[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul60_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k43_add220(float* __restrict__ layer_norm222, const float* __restrict__ matmul219, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add214, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) k43_add61(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1428,66 +1428,66 @@ extern "C" __global__ void __launch_bounds__(128) k43_add220(float* __restrict__
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
   __shared__ float pf_scratch[1];
-  float r_add220;
-  float r_add221;
-  float r_layer_norm222_mean;
-  float r_layer_norm222_mean_acc;
-  float r_layer_norm222_centered;
-  float r_layer_norm222_var;
-  float r_layer_norm222_var_acc;
-  float r_layer_norm222_rstd;
+  float r_add61;
+  float r_add62;
+  float r_layer_norm63_mean;
+  float r_layer_norm63_mean_acc;
+  float r_layer_norm63_centered;
+  float r_layer_norm63_var;
+  float r_layer_norm63_var_acc;
+  float r_layer_norm63_rstd;
   if ((((4 * b1) + r0) <= 4)) {
     // part:mg55
-    r_layer_norm222_mean_acc = 0.0f;
-    r_add220 = (matmul219[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block1_mlp_fc2_bias[l0]);
-    r_add221 = (add214[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add220);
-    r_layer_norm222_mean_acc = r_layer_norm222_mean_acc + (r_add221 * 0.03125f);
-    r_layer_norm222_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm222_mean_acc, pf_scratch); r_layer_norm222_mean = r_layer_norm222_mean_acc;
+    r_layer_norm63_mean_acc = 0.0f;
+    r_add61 = (matmul60[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block1_mlp_fc2_bias[l0]);
+    r_add62 = (add55[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add61);
+    r_layer_norm63_mean_acc = r_layer_norm63_mean_acc + (r_add62 * 0.03125f);
+    r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
     // part:mg56
-    r_layer_norm222_var_acc = 0.0f;
-    r_layer_norm222_centered = (r_add221 - r_layer_norm222_mean);
-    r_layer_norm222_var_acc = r_layer_norm222_var_acc + ((r_layer_norm222_centered * r_layer_norm222_centered) * 0.03125f);
-    r_layer_norm222_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm222_var_acc, pf_scratch); r_layer_norm222_var = r_layer_norm222_var_acc;
+    r_layer_norm63_var_acc = 0.0f;
+    r_layer_norm63_centered = (r_add62 - r_layer_norm63_mean);
+    r_layer_norm63_var_acc = r_layer_norm63_var_acc + ((r_layer_norm63_centered * r_layer_norm63_centered) * 0.03125f);
+    r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
     // part:mg57
-    r_layer_norm222_rstd = rsqrtf((r_layer_norm222_var + 1e-05f));
-    layer_norm222[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm222_centered * r_layer_norm222_rstd) * ln_f_gamma[l0]) + ln_f_beta[l0]);
+    r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
+    layer_norm63[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm63_centered * r_layer_norm63_rstd) * ln_f_gamma[l0]) + ln_f_beta[l0]);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) k44_slice223(float* __restrict__ reshape224, const float* __restrict__ layer_norm222) {
+extern "C" __global__ void __launch_bounds__(64) k44_slice64(float* __restrict__ reshape65, const float* __restrict__ layer_norm63) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  float r_slice223;
-  r_slice223 = layer_norm222[t0 * 160 + 0 * 32 + t1];
-  reshape224[t0 * 32 + t1] = r_slice223;
+  float r_slice64;
+  r_slice64 = layer_norm63[t0 * 160 + 0 * 32 + t1];
+  reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256) k45_matmul225(float* __restrict__ add226, const float* __restrict__ reshape224, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256) k45_matmul66(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape224[128];
+  __shared__ float s_reshape65[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_head_w[1032];
-  float r_matmul225_acc[2][4];
-  float r_matmul225;
+  float r_matmul66_acc[2][4];
+  float r_matmul66;
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul225_acc[ii0][ii1] = 0.0f;
+      r_matmul66_acc[ii0][ii1] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape224[(p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 2) ? reshape224[p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      s_reshape65[(p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 2) ? reshape65[p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_head_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 10) ? head_w[kk0 * 10 + p1c] : 0.0f;
@@ -1498,7 +1498,7 @@ extern "C" __global__ void __launch_bounds__(256) k45_matmul225(float* __restric
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul225_acc[ii0][ii1] = r_matmul225_acc[ii0][ii1] + (s_reshape224[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_head_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)]);
+          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (s_reshape65[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_head_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)]);
         }
       }
     }
@@ -1508,8 +1508,8 @@ extern "C" __global__ void __launch_bounds__(256) k45_matmul225(float* __restric
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 9) { r_matmul225 = r_matmul225_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 9) { add226[(t0 + (8 * ii0)) * 10 + (t1 + (32 * ii1))] = (r_matmul225 + head_bias[(t1 + (32 * ii1))]); }
+      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 9) { r_matmul66 = r_matmul66_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 9) { add67[(t0 + (8 * ii0)) * 10 + (t1 + (32 * ii1))] = (r_matmul66 + head_bias[(t1 + (32 * ii1))]); }
     }
   }
 }

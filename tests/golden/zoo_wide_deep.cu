@@ -45,66 +45,66 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k3_matmul378_k3_matmul378(float* __restrict__ matmul378, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k3_matmul10_k3_matmul10(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
   const int t0 = _t;
-  float r_matmul378_acc;
-  r_matmul378_acc = 0.0f;
+  float r_matmul10_acc;
+  r_matmul10_acc = 0.0f;
   for (int c0 = 0; (c0 <= 5); c0 += 1) {
-    r_matmul378_acc = r_matmul378_acc + (wide_features[t0 * 6 + c0] * wide_w[c0 + 0]);
+    r_matmul10_acc = r_matmul10_acc + (wide_features[t0 * 6 + c0] * wide_w[c0 + 0]);
   }
-  matmul378[t0 + 0] = r_matmul378_acc;
+  matmul10[t0 + 0] = r_matmul10_acc;
 }
 
-__device__ __forceinline__ void pk0_k3_matmul378_k0_reshape368(float* __restrict__ concat369, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pk0_k3_matmul10_k0_reshape0(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 17; _t /= 17;
   const int t0 = _t;
-  float r_reshape368;
+  float r_reshape0;
   if ((t1 <= 11)) {
-    r_reshape368 = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
+    r_reshape0 = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
   }
-  concat369[t0 * 17 + t1] = ((t1 < 12) ? r_reshape368 : dense_features[t0 * 5 + (t1 - 12)]);
+  concat1[t0 * 17 + t1] = ((t1 < 12) ? r_reshape0 : dense_features[t0 * 5 + (t1 - 12)]);
 }
 
-extern "C" __global__ void __launch_bounds__(68) pk0_k3_matmul378(float* __restrict__ matmul378, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat369, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
+extern "C" __global__ void __launch_bounds__(68) pk0_k3_matmul10(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k3_matmul378: 1 blocks of 4
+  if (pf_b < 1) {  // k3_matmul10: 1 blocks of 4
     const int pf_v = (pf_b - 0) * 17 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pk0_k3_matmul378_k3_matmul378(matmul378, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 2) {  // k0_reshape368: 1 blocks of 68
-    pk0_k3_matmul378_k0_reshape368(concat369, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
+    if (pf_v < 1) pk0_k3_matmul10_k3_matmul10(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
+  } else if (pf_b < 2) {  // k0_reshape0: 1 blocks of 68
+    pk0_k3_matmul10_k0_reshape0(concat1, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_matmul370(float* __restrict__ relu372, const float* __restrict__ concat369, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) k1_matmul2(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
-  __shared__ float s_concat369[272];
+  __shared__ float s_concat1[272];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_deep0_w[2193];
-  float r_matmul370_acc[2][4];
-  float r_matmul370;
-  float r_add371;
+  float r_matmul2_acc[2][4];
+  float r_matmul2;
+  float r_add3;
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul370_acc[ii0][ii1] = 0.0f;
+      r_matmul2_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0c <= 16)) {
     for (int kk0 = p0r; (kk0 <= 15); kk0 += 8) {
-      s_concat369[(kk0 - 0) * 17 + (p0c - 0)] = (kk0 >= 0 && kk0 < 4) ? concat369[kk0 * 17 + p0c] : 0.0f;
+      s_concat1[(kk0 - 0) * 17 + (p0c - 0)] = (kk0 >= 0 && kk0 < 4) ? concat1[kk0 * 17 + p0c] : 0.0f;
     }
   }
   for (int kk0 = p1r; (kk0 <= 16); kk0 += 2) {
@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(256) k1_matmul370(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul370_acc[ii0][ii1] = r_matmul370_acc[ii0][ii1] + (s_concat369[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul2_acc[ii0][ii1] = r_matmul2_acc[ii0][ii1] + (s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -125,35 +125,35 @@ extern "C" __global__ void __launch_bounds__(256) k1_matmul370(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul370 = r_matmul370_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add371 = (r_matmul370 + deep0_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu372[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add371, 0.0f); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul2 = r_matmul2_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add3 = (r_matmul2 + deep0_bias[(t1 + (32 * ii1))]); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu4[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add3, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_matmul373(float* __restrict__ relu375, const float* __restrict__ relu372, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) k2_matmul5(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_relu372[128];
+  __shared__ float s_relu4[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_deep1_w[1032];
-  float r_matmul373_acc[2][4];
-  float r_matmul373;
-  float r_add374;
+  float r_matmul5_acc[2][4];
+  float r_matmul5;
+  float r_add6;
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul373_acc[ii0][ii1] = 0.0f;
+      r_matmul5_acc[ii0][ii1] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_relu372[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? relu372[p0r * 8 + p0c] : 0.0f;
+    s_relu4[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? relu4[p0r * 8 + p0c] : 0.0f;
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_deep1_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[kk0 * 6 + p1c] : 0.0f;
@@ -164,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(256) k2_matmul373(float* __restrict
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul373_acc[ii0][ii1] = r_matmul373_acc[ii0][ii1] + (s_relu372[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul5_acc[ii0][ii1] = r_matmul5_acc[ii0][ii1] + (s_relu4[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
       }
     }
   }
@@ -173,30 +173,30 @@ extern "C" __global__ void __launch_bounds__(256) k2_matmul373(float* __restrict
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_matmul373 = r_matmul373_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_add374 = (r_matmul373 + deep1_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu375[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add374, 0.0f); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_matmul5 = r_matmul5_acc[ii0][ii1]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_add6 = (r_matmul5 + deep1_bias[(t1 + (32 * ii1))]); }
+      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu7[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add6, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) k4_matmul376(float* __restrict__ sigmoid381, const float* __restrict__ relu375, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ matmul378, const float* __restrict__ wide_bias) {
+extern "C" __global__ void __launch_bounds__(4) k4_matmul8(float* __restrict__ sigmoid13, const float* __restrict__ relu7, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ matmul10, const float* __restrict__ wide_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t0 = _t;
-  float r_matmul376;
-  float r_matmul376_acc;
-  float r_add377;
-  float r_add379;
-  float r_add380;
-  r_matmul376_acc = 0.0f;
+  float r_matmul8;
+  float r_matmul8_acc;
+  float r_add9;
+  float r_add11;
+  float r_add12;
+  r_matmul8_acc = 0.0f;
   for (int c0 = 0; (c0 <= 5); c0 += 1) {
-    r_matmul376_acc = r_matmul376_acc + (relu375[t0 * 6 + c0] * deep2_w[c0 + 0]);
+    r_matmul8_acc = r_matmul8_acc + (relu7[t0 * 6 + c0] * deep2_w[c0 + 0]);
   }
-  r_add379 = (matmul378[t0 + 0] + wide_bias[0]);
-  r_matmul376 = r_matmul376_acc;
-  r_add377 = (r_matmul376 + deep2_bias[0]);
-  r_add380 = (r_add379 + r_add377);
-  sigmoid381[t0 + 0] = pf_sigmoid(r_add380);
+  r_add11 = (matmul10[t0 + 0] + wide_bias[0]);
+  r_matmul8 = r_matmul8_acc;
+  r_add9 = (r_matmul8 + deep2_bias[0]);
+  r_add12 = (r_add11 + r_add9);
+  sigmoid13[t0 + 0] = pf_sigmoid(r_add12);
 }
