@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
-from polyfuse.cuda.printer import STATIC_SMEM_LIMIT
+from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT
+from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import read_overlap
 from polyfuse.poly.model import PolyModel
@@ -87,6 +88,13 @@ class PackDecision:
     name: str | None = None  # the packed kernel
     micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+
+    @property
+    def decision_kinds(self) -> tuple[DecisionKind, ...]:
+        """Every kind of this decision: Layer 3, packed or not, and the reason's kinds."""
+        packed = (DecisionKind.PACKED,) if self.packed else ()
+        return (DecisionKind.PARALLEL_STITCH, *packed, *self.kinds)
 
     def __str__(self) -> str:
         verb = f"packed into {self.name}" if self.packed else "not packed"
@@ -203,7 +211,7 @@ def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
 
 def _conflict(
     parts: list[PartShape], accesses, shareable: list[set[str]], b: int, group: list[int]
-) -> str | None:
+) -> tuple[str, tuple[DecisionKind, ...]] | None:
     """Why ``b`` cannot join ``group`` through a common buffer: one that some part writes, or
     one whose overlap cannot be counted (not in both parts' ``shareable`` reads)."""
     rb, wb = accesses[b]
@@ -214,13 +222,15 @@ def _conflict(
             continue
         names = ", ".join(sorted(common))
         if (wa | wb) & common:
-            return f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
+            why = f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
+            return why, ()
         if not common <= shareable[a] & shareable[b]:
-            return (
+            why = (
                 f"{parts[b].name} and {parts[a].name} both read {names}: shared buffers are "
                 "not packed when a part comes from the compile cache or stages them in shared "
                 "memory (the pack's distinct bytes could not be counted)"
             )
+            return why, (DecisionKind.SHARED_BUFFER,)
     return None
 
 
@@ -289,9 +299,11 @@ def plan_packs(
             if any(path(r, b, g) for g in group):
                 dependent.append(parts[b].name)
                 continue
-            why = _conflict(parts, accesses, shareable, b, group)
-            if why:
-                decisions.append(PackDecision([parts[a].name, parts[b].name], False, why))
+            conflict = _conflict(parts, accesses, shareable, b, group)
+            if conflict:
+                why, kinds = conflict
+                pair = [parts[a].name, parts[b].name]
+                decisions.append(PackDecision(pair, False, why, kinds=kinds))
                 continue
             group.append(b)
         if dependent:
@@ -303,6 +315,7 @@ def plan_packs(
                     [parts[a].name],
                     False,
                     f"dependence path on the kernel DAG (packing would form a cycle) to {shown}",
+                    kinds=(DecisionKind.CYCLE,),
                 )
             )
         m = 0
@@ -313,13 +326,19 @@ def plan_packs(
                 # two others (that path would need a member reaching a contracted one)
                 sub = group[m : m + k]
                 lay = pack_layout([parts[i] for i in sub])
-                if isinstance(lay, str):
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, lay))
+                if isinstance(lay, str):  # the only refusal: launch shapes differ
+                    kinds = (DecisionKind.FORM_MISMATCH,)
+                    decisions.append(
+                        PackDecision([parts[i].name for i in sub], False, lay, kinds=kinds)
+                    )
                     k -= 1
                     continue
                 why = _fits([parts[i] for i in sub], device)
                 if why:
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, why))
+                    kinds = (DecisionKind.FOOTPRINT,)
+                    decisions.append(
+                        PackDecision([parts[i].name for i in sub], False, why, kinds=kinds)
+                    )
                     k -= 1
                     continue
                 sep = sum(alone[i] for i in sub)
@@ -330,7 +349,9 @@ def plan_packs(
                         f"cost model: no gain (separate {sep:.2f} us, packed {packed:.2f} us, "
                         f"block {lay.block}, modelled)"
                     )
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, why, gain))
+                    names = [parts[i].name for i in sub]
+                    cost = (DecisionKind.COST_MODEL,)
+                    decisions.append(PackDecision(names, False, why, gain, kinds=cost))
                     k -= 1
                     continue
                 rep = min(sub)  # every member is still a kernel alone (not yet visited)
@@ -342,7 +363,9 @@ def plan_packs(
                     f"cost model: separate {sep:.2f} us, packed {packed:.2f} us "
                     f"({lay.grid} blocks of {lay.block} threads, modelled)"
                 )
-                decisions.append(PackDecision([parts[i].name for i in sub], True, why, gain))
+                names = [parts[i].name for i in sub]
+                cost = (DecisionKind.COST_MODEL,)
+                decisions.append(PackDecision(names, True, why, gain, kinds=cost))
                 visited.update(sub)
                 break
             m += max(k, 1)
