@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) k0_log_softmax17_max(float* __restrict__ log_softmax17, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(128) pf_8168c278a5c427aafd38(float* __restrict__ log_softmax17, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

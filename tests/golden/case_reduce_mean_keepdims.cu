@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) k0_reduce_mean14(float* __restrict__ reduce_mean14, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(128) pf_b03166d7f14d8770e95a(float* __restrict__ reduce_mean14, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

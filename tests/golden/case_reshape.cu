@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) k0_exp31(float* __restrict__ exp31, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(231) pf_02da715a7b40d971d5e0(float* __restrict__ exp31, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(231) k0_exp31(float* __restrict__ e
   exp31[t0 * 77 + t1 * 11 + t2] = expf(x3[t0 * 77 + t1 * 11 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(231) k1_reshape32(float* __restrict__ reshape32, const float* __restrict__ exp31) {
+extern "C" __global__ void __launch_bounds__(231) pf_93df658ba429c7697806(float* __restrict__ reshape32, const float* __restrict__ exp31) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

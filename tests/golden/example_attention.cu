@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_k_t(float* __restrict__ k_t, const float* __restrict__ k) {
+extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float* __restrict__ k_t, const float* __restrict__ k) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(256) k0_k_t(float* __restrict__ k_t
   k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_qk(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
+extern "C" __global__ void __launch_bounds__(256) pf_497a5d1aaf46f9bd0973(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(256) k1_qk(float* __restrict__ qk, 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_scores(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_94843faee1de6c8faafe(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -139,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(256) k2_scores(float* __restrict__ 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_attn(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(256) pf_574b66f2549eaa270862(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_u(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
+extern "C" __global__ void __launch_bounds__(256) pf_b1fb9a4d16082420688d(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
   int _b = blockIdx.x;
   const int b1 = _b % 12; _b /= 12;
   const int b0 = _b;

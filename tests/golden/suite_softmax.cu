@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_sm_max(float* __restrict__ sm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_1d971601e94369934b7c(float* __restrict__ sm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_matmul4(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -91,56 +91,6 @@ extern "C" __global__ void __launch_bounds__(256) k3_matmul4(float* __restrict__
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul4 = r_matmul4_acc[ii1][ii2]; }
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul4 + layer0_attn_k_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k6_matmul8(float* __restrict__ add9, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_v_w, const float* __restrict__ layer0_attn_v_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_embeddings[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_attn_v_w[1032];
-  float r_matmul8_acc[2][4];
-  float r_matmul8;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul8_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? embeddings[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_v_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul8_acc[ii1][ii2] = r_matmul8_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul8 = r_matmul8_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add9[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul8 + layer0_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
@@ -287,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(256) pk3_k1_reshape2(float* __restr
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_transpose3(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
+extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -301,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(256) k2_transpose3(float* __restric
   transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_matmul12(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256) pf_45873e0636f488f84241(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -350,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(256) k9_matmul12(float* __restrict_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k10_mul13(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_e22e7d57d39040f2c31f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -387,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256) k10_mul13(float* __restrict__ 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k11_matmul15(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256) pf_680855ea4ee90661330d(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -434,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256) k11_matmul15(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_transpose16(float* __restrict__ transpose16, const float* __restrict__ matmul15) {
+extern "C" __global__ void __launch_bounds__(256) pf_a6f12d50befb07afd6b8(float* __restrict__ transpose16, const float* __restrict__ matmul15) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -448,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(256) k12_transpose16(float* __restr
   transpose16[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul15[b0 * 256 + t2 * 128 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k13_reshape17(float* __restrict__ reshape17, const float* __restrict__ transpose16) {
+extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float* __restrict__ reshape17, const float* __restrict__ transpose16) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -460,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(256) k13_reshape17(float* __restric
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_matmul18(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_8abbc401e300b36c1f6b(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -508,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(256) k14_matmul18(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_add19(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_9f1951ba172864235fb1(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -540,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_add19(float* __restrict__ 
   layer_norm21[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm21_centered * r_layer_norm21_rstd) * layer0_ln1_gamma[l0]) + layer0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k16_matmul22(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_273dc86f25abd87d98e6(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -592,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(256) k16_matmul22(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_matmul25(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -636,138 +586,6 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul25(float* __restrict
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul25[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul25_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k18_add26(float* __restrict__ layer_norm28, const float* __restrict__ matmul25, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add26;
-  float r_add27;
-  float r_layer_norm28_mean;
-  float r_layer_norm28_mean_acc;
-  float r_layer_norm28_centered;
-  float r_layer_norm28_var;
-  float r_layer_norm28_var_acc;
-  float r_layer_norm28_rstd;
-  // part:mg17
-  r_layer_norm28_mean_acc = 0.0f;
-  r_add26 = (matmul25[b0 * 256 + r0 * 32 + l0] + layer0_ffn_fc2_bias[l0]);
-  r_add27 = (layer_norm21[b0 * 256 + r0 * 32 + l0] + r_add26);
-  r_layer_norm28_mean_acc = r_layer_norm28_mean_acc + (r_add27 * 0.03125f);
-  r_layer_norm28_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_mean_acc, pf_scratch); r_layer_norm28_mean = r_layer_norm28_mean_acc;
-  // part:mg18
-  r_layer_norm28_var_acc = 0.0f;
-  r_layer_norm28_centered = (r_add27 - r_layer_norm28_mean);
-  r_layer_norm28_var_acc = r_layer_norm28_var_acc + ((r_layer_norm28_centered * r_layer_norm28_centered) * 0.03125f);
-  r_layer_norm28_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_var_acc, pf_scratch); r_layer_norm28_var = r_layer_norm28_var_acc;
-  // part:mg19
-  r_layer_norm28_rstd = rsqrtf((r_layer_norm28_var + 1e-05f));
-  layer_norm28[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm28_centered * r_layer_norm28_rstd) * layer0_ln2_gamma[l0]) + layer0_ln2_beta[l0]);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k22_matmul33(float* __restrict__ add34, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_k_w, const float* __restrict__ layer1_attn_k_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm28[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_attn_k_w[1032];
-  float r_matmul33_acc[2][4];
-  float r_matmul33;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul33_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm28[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm28[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_k_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul33_acc[ii1][ii2] = r_matmul33_acc[ii1][ii2] + (s_layer_norm28[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul33 = r_matmul33_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add34[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul33 + layer1_attn_k_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k25_matmul37(float* __restrict__ add38, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_v_w, const float* __restrict__ layer1_attn_v_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm28[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_attn_v_w[1032];
-  float r_matmul37_acc[2][4];
-  float r_matmul37;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul37_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm28[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm28[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_v_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul37_acc[ii1][ii2] = r_matmul37_acc[ii1][ii2] + (s_layer_norm28[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul37 = r_matmul37_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add38[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul37 + layer1_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
@@ -912,389 +730,4 @@ extern "C" __global__ void __launch_bounds__(256) pk18_k20_reshape31(float* __re
   } else if (pf_b < 6) {  // k27_transpose40: 2 blocks of 256
     pk18_k20_reshape31_k27_transpose40(transpose40, reshape39, pf_b - 4, (int)threadIdx.x);
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k21_transpose32(float* __restrict__ transpose32, const float* __restrict__ reshape31) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose32[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape31[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k28_matmul41(float* __restrict__ matmul41, const float* __restrict__ transpose32, const float* __restrict__ transpose36) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose32[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose36[1032];
-  float r_matmul41_acc[2][4];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul41_acc[ii2][ii3] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_transpose32[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose32[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose36[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose36[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul41_acc[ii2][ii3] = r_matmul41_acc[ii2][ii3] + (s_transpose32[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose36[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul41[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul41_acc[ii2][ii3]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k29_mul42(float* __restrict__ softmax43, const float* __restrict__ matmul41) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_mul42;
-  float r_softmax43_max;
-  float r_softmax43_max_acc;
-  float r_softmax43_sub;
-  float r_softmax43_exp;
-  float r_softmax43_sum;
-  float r_softmax43_sum_acc;
-  // part:mg10
-  r_softmax43_max_acc = -INFINITY;
-  if ((l0 <= 7)) {
-    r_mul42 = (matmul41[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_softmax43_max_acc = pf_fmaxf(r_softmax43_max_acc, r_mul42);
-  }
-  r_softmax43_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax43_max_acc, pf_scratch); r_softmax43_max = r_softmax43_max_acc;
-  // part:mg11
-  r_softmax43_sum_acc = 0.0f;
-  if ((l0 <= 7)) {
-    r_softmax43_sub = (r_mul42 - r_softmax43_max);
-    r_softmax43_exp = expf(r_softmax43_sub);
-    r_softmax43_sum_acc = r_softmax43_sum_acc + r_softmax43_exp;
-  }
-  r_softmax43_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax43_sum_acc, pf_scratch); r_softmax43_sum = r_softmax43_sum_acc;
-  if ((l0 <= 7)) {
-    // part:mg12
-    softmax43[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax43_exp / r_softmax43_sum);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k30_matmul44(float* __restrict__ matmul44, const float* __restrict__ softmax43, const float* __restrict__ transpose40) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax43[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose40[1032];
-  float r_matmul44_acc[2][4];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul44_acc[ii2][ii3] = 0.0f;
-    }
-  }
-  if ((p0r <= 15)) {
-    s_softmax43[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax43[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
-  }
-  for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose40[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose40[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
-  }
-  __syncthreads();
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul44_acc[ii2][ii3] = r_matmul44_acc[ii2][ii3] + (s_softmax43[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose40[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul44[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul44_acc[ii2][ii3]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k31_transpose45(float* __restrict__ transpose45, const float* __restrict__ matmul44) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  transpose45[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul44[b0 * 256 + t2 * 128 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k32_reshape46(float* __restrict__ reshape46, const float* __restrict__ transpose45) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape46[b0 * 256 + t1 * 32 + t2] = transpose45[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k33_matmul47(float* __restrict__ matmul47, const float* __restrict__ reshape46, const float* __restrict__ layer1_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape46[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_attn_o_w[1032];
-  float r_matmul47_acc[2][4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul47_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_reshape46[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape46[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_o_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul47_acc[ii1][ii2] = r_matmul47_acc[ii1][ii2] + (s_reshape46[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul47[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul47_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k34_add48(float* __restrict__ layer_norm50, const float* __restrict__ matmul47, const float* __restrict__ layer1_attn_o_bias, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_ln1_gamma, const float* __restrict__ layer1_ln1_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add48;
-  float r_add49;
-  float r_layer_norm50_mean;
-  float r_layer_norm50_mean_acc;
-  float r_layer_norm50_centered;
-  float r_layer_norm50_var;
-  float r_layer_norm50_var_acc;
-  float r_layer_norm50_rstd;
-  // part:mg17
-  r_layer_norm50_mean_acc = 0.0f;
-  r_add48 = (matmul47[b0 * 256 + r0 * 32 + l0] + layer1_attn_o_bias[l0]);
-  r_add49 = (layer_norm28[b0 * 256 + r0 * 32 + l0] + r_add48);
-  r_layer_norm50_mean_acc = r_layer_norm50_mean_acc + (r_add49 * 0.03125f);
-  r_layer_norm50_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm50_mean_acc, pf_scratch); r_layer_norm50_mean = r_layer_norm50_mean_acc;
-  // part:mg18
-  r_layer_norm50_var_acc = 0.0f;
-  r_layer_norm50_centered = (r_add49 - r_layer_norm50_mean);
-  r_layer_norm50_var_acc = r_layer_norm50_var_acc + ((r_layer_norm50_centered * r_layer_norm50_centered) * 0.03125f);
-  r_layer_norm50_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm50_var_acc, pf_scratch); r_layer_norm50_var = r_layer_norm50_var_acc;
-  // part:mg19
-  r_layer_norm50_rstd = rsqrtf((r_layer_norm50_var + 1e-05f));
-  layer_norm50[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm50_centered * r_layer_norm50_rstd) * layer1_ln1_gamma[l0]) + layer1_ln1_beta[l0]);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k35_matmul51(float* __restrict__ gelu53, const float* __restrict__ layer_norm50, const float* __restrict__ layer1_ffn_fc1_w, const float* __restrict__ layer1_ffn_fc1_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm50[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_ffn_fc1_w[1032];
-  float r_matmul51_acc[2][4];
-  float r_matmul51;
-  float r_add52;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul51_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm50[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm50[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_ffn_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? layer1_ffn_fc1_w[kk0 * 64 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul51_acc[ii1][ii2] = r_matmul51_acc[ii1][ii2] + (s_layer_norm50[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul51 = r_matmul51_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add52 = (r_matmul51 + layer1_ffn_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu53[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add52) * (1.0f + erff((r_add52 * 0.7071067811865475f)))); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k36_matmul54(float* __restrict__ matmul54, const float* __restrict__ gelu53, const float* __restrict__ layer1_ffn_fc2_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu53[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_ffn_fc2_w[1032];
-  float r_matmul54_acc[2][4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul54_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_gelu53[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu53[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_ffn_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_ffn_fc2_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul54_acc[ii1][ii2] = r_matmul54_acc[ii1][ii2] + (s_gelu53[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul54[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul54_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k37_add55(float* __restrict__ layer_norm57, const float* __restrict__ matmul54, const float* __restrict__ layer1_ffn_fc2_bias, const float* __restrict__ layer_norm50, const float* __restrict__ layer1_ln2_gamma, const float* __restrict__ layer1_ln2_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add55;
-  float r_add56;
-  float r_layer_norm57_mean;
-  float r_layer_norm57_mean_acc;
-  float r_layer_norm57_centered;
-  float r_layer_norm57_var;
-  float r_layer_norm57_var_acc;
-  float r_layer_norm57_rstd;
-  // part:mg17
-  r_layer_norm57_mean_acc = 0.0f;
-  r_add55 = (matmul54[b0 * 256 + r0 * 32 + l0] + layer1_ffn_fc2_bias[l0]);
-  r_add56 = (layer_norm50[b0 * 256 + r0 * 32 + l0] + r_add55);
-  r_layer_norm57_mean_acc = r_layer_norm57_mean_acc + (r_add56 * 0.03125f);
-  r_layer_norm57_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm57_mean_acc, pf_scratch); r_layer_norm57_mean = r_layer_norm57_mean_acc;
-  // part:mg18
-  r_layer_norm57_var_acc = 0.0f;
-  r_layer_norm57_centered = (r_add56 - r_layer_norm57_mean);
-  r_layer_norm57_var_acc = r_layer_norm57_var_acc + ((r_layer_norm57_centered * r_layer_norm57_centered) * 0.03125f);
-  r_layer_norm57_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm57_var_acc, pf_scratch); r_layer_norm57_var = r_layer_norm57_var_acc;
-  // part:mg19
-  r_layer_norm57_rstd = rsqrtf((r_layer_norm57_var + 1e-05f));
-  layer_norm57[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm57_centered * r_layer_norm57_rstd) * layer1_ln2_gamma[l0]) + layer1_ln2_beta[l0]);
 }

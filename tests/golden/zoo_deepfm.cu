@@ -135,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(128) pk1_k3_mul4(float* __restrict_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(48) k4_reshape8(float* __restrict__ reshape8, const float* __restrict__ embeddings) {
+extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* __restrict__ reshape8, const float* __restrict__ embeddings) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(48) k4_reshape8(float* __restrict__
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k5_matmul9(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_605a1893f1120e1355f7(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(256) k5_matmul9(float* __restrict__
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_matmul12(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_b7af0da633eef185a08c(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -241,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul12(float* __restrict_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) k7_mul7(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
+extern "C" __global__ void __launch_bounds__(4) pf_61be412f02cc5c755d1c(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

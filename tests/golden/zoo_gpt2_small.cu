@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k0_layer_norm0_mean(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_c932b582c037985a499c(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) k0_layer_norm0_mean(float* __r
   layer_norm0[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm0_centered * r_layer_norm0_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k4_matmul5(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -119,56 +119,6 @@ extern "C" __global__ void __launch_bounds__(256) k4_matmul5(float* __restrict__
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul5 = r_matmul5_acc[ii1][ii2]; }
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul5 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k7_matmul9(float* __restrict__ add10, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm0[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_v_w[1032];
-  float r_matmul9_acc[2][4];
-  float r_matmul9;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul9_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm0[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_v_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul9_acc[ii1][ii2] = r_matmul9_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul9 = r_matmul9_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add10[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul9 + block0_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
@@ -315,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(256) pk4_k2_reshape3(float* __restr
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_transpose4(float* __restrict__ transpose4, const float* __restrict__ reshape3) {
+extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose4, const float* __restrict__ reshape3) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -329,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(256) k3_transpose4(float* __restric
   transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k10_matmul13(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256) pf_45873e0636f488f84241(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -378,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) k10_matmul13(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k11_mul14(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_139497e17d5021753770(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -417,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(256) k11_mul14(float* __restrict__ 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k12_matmul17(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256) pf_680855ea4ee90661330d(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -464,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(256) k12_matmul17(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k13_transpose18(float* __restrict__ transpose18, const float* __restrict__ matmul17) {
+extern "C" __global__ void __launch_bounds__(256) pf_a6f12d50befb07afd6b8(float* __restrict__ transpose18, const float* __restrict__ matmul17) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -478,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(256) k13_transpose18(float* __restr
   transpose18[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul17[b0 * 256 + t2 * 128 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_reshape19(float* __restrict__ reshape19, const float* __restrict__ transpose18) {
+extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float* __restrict__ reshape19, const float* __restrict__ transpose18) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -490,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(256) k14_reshape19(float* __restric
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_matmul20(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_8abbc401e300b36c1f6b(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -538,7 +488,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul20(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k16_add21(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_350c33f401f6e7f0bba1(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -570,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(256) k16_add21(float* __restrict__ 
   layer_norm23[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm23_centered * r_layer_norm23_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_matmul24(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_4a526c05c7a5537eb800(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -622,7 +572,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul24(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k18_matmul27(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -666,138 +616,6 @@ extern "C" __global__ void __launch_bounds__(256) k18_matmul27(float* __restrict
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul27[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul27_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k19_add28(float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ matmul27, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add28;
-  float r_add29;
-  float r_layer_norm30_mean;
-  float r_layer_norm30_mean_acc;
-  float r_layer_norm30_centered;
-  float r_layer_norm30_var;
-  float r_layer_norm30_var_acc;
-  float r_layer_norm30_rstd;
-  // part:mg20
-  r_layer_norm30_mean_acc = 0.0f;
-  r_add28 = (matmul27[b0 * 256 + r0 * 32 + l0] + block0_mlp_fc2_bias[l0]);
-  r_add29 = (add22[b0 * 256 + r0 * 32 + l0] + r_add28); add29[b0 * 256 + r0 * 32 + l0] = r_add29;
-  r_layer_norm30_mean_acc = r_layer_norm30_mean_acc + (r_add29 * 0.03125f);
-  r_layer_norm30_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_mean_acc, pf_scratch); r_layer_norm30_mean = r_layer_norm30_mean_acc;
-  // part:mg21
-  r_layer_norm30_var_acc = 0.0f;
-  r_layer_norm30_centered = (r_add29 - r_layer_norm30_mean);
-  r_layer_norm30_var_acc = r_layer_norm30_var_acc + ((r_layer_norm30_centered * r_layer_norm30_centered) * 0.03125f);
-  r_layer_norm30_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_var_acc, pf_scratch); r_layer_norm30_var = r_layer_norm30_var_acc;
-  // part:mg22
-  r_layer_norm30_rstd = rsqrtf((r_layer_norm30_var + 1e-05f));
-  layer_norm30[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm30_centered * r_layer_norm30_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k23_matmul35(float* __restrict__ add36, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm30[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_k_w[1032];
-  float r_matmul35_acc[2][4];
-  float r_matmul35;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul35_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm30[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_k_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul35_acc[ii1][ii2] = r_matmul35_acc[ii1][ii2] + (s_layer_norm30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul35 = r_matmul35_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add36[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul35 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k26_matmul39(float* __restrict__ add40, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm30[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_v_w[1032];
-  float r_matmul39_acc[2][4];
-  float r_matmul39;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul39_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm30[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_v_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul39_acc[ii1][ii2] = r_matmul39_acc[ii1][ii2] + (s_layer_norm30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul39 = r_matmul39_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add40[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul39 + block1_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
@@ -944,362 +762,7 @@ extern "C" __global__ void __launch_bounds__(256) pk19_k21_reshape33(float* __re
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k22_transpose34(float* __restrict__ transpose34, const float* __restrict__ reshape33) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose34[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape33[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k29_matmul43(float* __restrict__ matmul43, const float* __restrict__ transpose34, const float* __restrict__ transpose38) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose34[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose38[1032];
-  float r_matmul43_acc[2][4];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul43_acc[ii2][ii3] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_transpose34[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose34[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose38[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose38[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul43_acc[ii2][ii3] = r_matmul43_acc[ii2][ii3] + (s_transpose34[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose38[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul43[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul43_acc[ii2][ii3]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k30_mul44(float* __restrict__ softmax46, const float* __restrict__ matmul43, const float* __restrict__ causal_mask) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_mul44;
-  float r_add45;
-  float r_softmax46_max;
-  float r_softmax46_max_acc;
-  float r_softmax46_sub;
-  float r_softmax46_exp;
-  float r_softmax46_sum;
-  float r_softmax46_sum_acc;
-  // part:mg13
-  r_softmax46_max_acc = -INFINITY;
-  if ((l0 <= 7)) {
-    r_mul44 = (matmul43[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_add45 = (r_mul44 + causal_mask[r0 * 8 + l0]);
-    r_softmax46_max_acc = pf_fmaxf(r_softmax46_max_acc, r_add45);
-  }
-  r_softmax46_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax46_max_acc, pf_scratch); r_softmax46_max = r_softmax46_max_acc;
-  // part:mg14
-  r_softmax46_sum_acc = 0.0f;
-  if ((l0 <= 7)) {
-    r_softmax46_sub = (r_add45 - r_softmax46_max);
-    r_softmax46_exp = expf(r_softmax46_sub);
-    r_softmax46_sum_acc = r_softmax46_sum_acc + r_softmax46_exp;
-  }
-  r_softmax46_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax46_sum_acc, pf_scratch); r_softmax46_sum = r_softmax46_sum_acc;
-  if ((l0 <= 7)) {
-    // part:mg15
-    softmax46[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax46_exp / r_softmax46_sum);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k31_matmul47(float* __restrict__ matmul47, const float* __restrict__ softmax46, const float* __restrict__ transpose42) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax46[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose42[1032];
-  float r_matmul47_acc[2][4];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul47_acc[ii2][ii3] = 0.0f;
-    }
-  }
-  if ((p0r <= 15)) {
-    s_softmax46[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax46[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
-  }
-  for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose42[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
-  }
-  __syncthreads();
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul47_acc[ii2][ii3] = r_matmul47_acc[ii2][ii3] + (s_softmax46[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul47[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul47_acc[ii2][ii3]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k32_transpose48(float* __restrict__ transpose48, const float* __restrict__ matmul47) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  transpose48[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul47[b0 * 256 + t2 * 128 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k33_reshape49(float* __restrict__ reshape49, const float* __restrict__ transpose48) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape49[b0 * 256 + t1 * 32 + t2] = transpose48[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k34_matmul50(float* __restrict__ matmul50, const float* __restrict__ reshape49, const float* __restrict__ block1_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape49[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_o_w[1032];
-  float r_matmul50_acc[2][4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul50_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_reshape49[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape49[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_o_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul50_acc[ii1][ii2] = r_matmul50_acc[ii1][ii2] + (s_reshape49[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul50[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul50_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k35_add51(float* __restrict__ add52, float* __restrict__ layer_norm53, const float* __restrict__ matmul50, const float* __restrict__ block1_attn_o_bias, const float* __restrict__ add29, const float* __restrict__ block1_ln2_gamma, const float* __restrict__ block1_ln2_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add51;
-  float r_add52;
-  float r_layer_norm53_mean;
-  float r_layer_norm53_mean_acc;
-  float r_layer_norm53_centered;
-  float r_layer_norm53_var;
-  float r_layer_norm53_var_acc;
-  float r_layer_norm53_rstd;
-  // part:mg20
-  r_layer_norm53_mean_acc = 0.0f;
-  r_add51 = (matmul50[b0 * 256 + r0 * 32 + l0] + block1_attn_o_bias[l0]);
-  r_add52 = (add29[b0 * 256 + r0 * 32 + l0] + r_add51); add52[b0 * 256 + r0 * 32 + l0] = r_add52;
-  r_layer_norm53_mean_acc = r_layer_norm53_mean_acc + (r_add52 * 0.03125f);
-  r_layer_norm53_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm53_mean_acc, pf_scratch); r_layer_norm53_mean = r_layer_norm53_mean_acc;
-  // part:mg21
-  r_layer_norm53_var_acc = 0.0f;
-  r_layer_norm53_centered = (r_add52 - r_layer_norm53_mean);
-  r_layer_norm53_var_acc = r_layer_norm53_var_acc + ((r_layer_norm53_centered * r_layer_norm53_centered) * 0.03125f);
-  r_layer_norm53_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm53_var_acc, pf_scratch); r_layer_norm53_var = r_layer_norm53_var_acc;
-  // part:mg22
-  r_layer_norm53_rstd = rsqrtf((r_layer_norm53_var + 1e-05f));
-  layer_norm53[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm53_centered * r_layer_norm53_rstd) * block1_ln2_gamma[l0]) + block1_ln2_beta[l0]);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k36_matmul54(float* __restrict__ gelu56, const float* __restrict__ layer_norm53, const float* __restrict__ block1_mlp_fc1_w, const float* __restrict__ block1_mlp_fc1_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm53[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_mlp_fc1_w[1032];
-  float r_matmul54_acc[2][4];
-  float r_matmul54;
-  float r_add55;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul54_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm53[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm53[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block1_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul54_acc[ii1][ii2] = r_matmul54_acc[ii1][ii2] + (s_layer_norm53[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul54 = r_matmul54_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add55 = (r_matmul54 + block1_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu56[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add55) * (1.0f + tanhf((0.7978845608028654f * (r_add55 + (0.044715f * ((r_add55 * r_add55) * r_add55))))))); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k37_matmul57(float* __restrict__ matmul57, const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu56[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_mlp_fc2_w[1032];
-  float r_matmul57_acc[2][4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul57_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_gelu56[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu56[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul57_acc[ii1][ii2] = r_matmul57_acc[ii1][ii2] + (s_gelu56[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul57[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul57_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k38_add58(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_311b237d37c736f4f92e(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

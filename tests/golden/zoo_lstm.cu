@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(16) k0_slice0(float* __restrict__ reshape1, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(16) pf_d742a21e2da0cf0683ee(float* __restrict__ reshape1, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -108,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(64) pk1_k1_matmul2(float* __restric
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) k2_sigmoid8(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
+extern "C" __global__ void __launch_bounds__(16) pf_7854ae9abcbc64cfc951(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(16) k2_sigmoid8(float* __restrict__
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k4_matmul18(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) pf_031d6de1ef95c645e8e8(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(256) k4_matmul18(float* __restrict_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) k5_matmul16(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ reshape15, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ reshape15, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -266,86 +266,7 @@ extern "C" __global__ void __launch_bounds__(16) pk5_k6_tanh25(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k8_matmul37(float* __restrict__ matmul37, const float* __restrict__ mul32, const float* __restrict__ w_h) {
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_mul32[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_w_h[1032];
-  float r_matmul37_acc[2][4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul37_acc[ii0][ii1] = 0.0f;
-    }
-  }
-  if ((p0r <= 15)) {
-    s_mul32[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul32[p0r * 8 + p0c] : 0.0f;
-  }
-  for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
-    s_w_h[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? w_h[kk0 * 32 + p1c] : 0.0f;
-  }
-  __syncthreads();
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul37_acc[ii0][ii1] = r_matmul37_acc[ii0][ii1] + (s_mul32[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul37[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul37_acc[ii0][ii1]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(64) k9_matmul35(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ reshape34, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  float r_matmul35;
-  float r_matmul35_acc;
-  float r_add36;
-  float r_add38;
-  float r_slice39;
-  r_matmul35_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul35_acc = r_matmul35_acc + (reshape34[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
-  }
-  r_matmul35 = r_matmul35_acc;
-  r_add36 = (r_matmul35 + bias[t1]);
-  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]);
-  if ((t1 >= 24)) {
-    slice42[t0 * 8 + (t1 - 24)] = r_add38;
-  } else {
-    if ((t1 <= 7)) {
-      r_slice39 = r_add38;
-      sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_slice39);
-    } else {
-      if ((t1 >= 16)) {
-        slice41[t0 * 8 + (t1 - 16)] = r_add38;
-      } else {
-        slice40[t0 * 8 + (t1 - 8)] = r_add38;
-      }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(16) k10_tanh44(float* __restrict__ add48, float* __restrict__ mul51, const float* __restrict__ slice41, const float* __restrict__ sigmoid43, const float* __restrict__ slice40, const float* __restrict__ add29, const float* __restrict__ slice42) {
+extern "C" __global__ void __launch_bounds__(16) pf_1620c72d267a3bf50c44(float* __restrict__ add48, float* __restrict__ mul51, const float* __restrict__ slice41, const float* __restrict__ sigmoid43, const float* __restrict__ slice40, const float* __restrict__ add29, const float* __restrict__ slice42) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -367,107 +288,4 @@ extern "C" __global__ void __launch_bounds__(16) k10_tanh44(float* __restrict__ 
   r_tanh50 = tanhf(r_add48);
   r_sigmoid49 = pf_sigmoid(slice42[t0 * 8 + t1]);
   mul51[t0 * 8 + t1] = (r_sigmoid49 * r_tanh50);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k12_matmul56(float* __restrict__ matmul56, const float* __restrict__ mul51, const float* __restrict__ w_h) {
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_mul51[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_w_h[1032];
-  float r_matmul56_acc[2][4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul56_acc[ii0][ii1] = 0.0f;
-    }
-  }
-  if ((p0r <= 15)) {
-    s_mul51[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul51[p0r * 8 + p0c] : 0.0f;
-  }
-  for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
-    s_w_h[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? w_h[kk0 * 32 + p1c] : 0.0f;
-  }
-  __syncthreads();
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul56_acc[ii0][ii1] = r_matmul56_acc[ii0][ii1] + (s_mul51[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul56[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul56_acc[ii0][ii1]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(64) k13_matmul54(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ reshape53, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  float r_matmul54;
-  float r_matmul54_acc;
-  float r_add55;
-  float r_add57;
-  float r_slice58;
-  r_matmul54_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul54_acc = r_matmul54_acc + (reshape53[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
-  }
-  r_matmul54 = r_matmul54_acc;
-  r_add55 = (r_matmul54 + bias[t1]);
-  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]);
-  if ((t1 >= 24)) {
-    slice61[t0 * 8 + (t1 - 24)] = r_add57;
-  } else {
-    if ((t1 <= 7)) {
-      r_slice58 = r_add57;
-      sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_slice58);
-    } else {
-      if ((t1 >= 16)) {
-        slice60[t0 * 8 + (t1 - 16)] = r_add57;
-      } else {
-        slice59[t0 * 8 + (t1 - 8)] = r_add57;
-      }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(16) k14_tanh63(float* __restrict__ add67, float* __restrict__ mul70, const float* __restrict__ slice60, const float* __restrict__ sigmoid62, const float* __restrict__ slice59, const float* __restrict__ add48, const float* __restrict__ slice61) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_tanh63;
-  float r_mul64;
-  float r_sigmoid65;
-  float r_mul66;
-  float r_add67;
-  float r_sigmoid68;
-  float r_tanh69;
-  r_tanh63 = tanhf(slice60[t0 * 8 + t1]);
-  r_mul64 = (sigmoid62[t0 * 8 + t1] * r_tanh63);
-  r_sigmoid65 = pf_sigmoid(slice59[t0 * 8 + t1]);
-  r_mul66 = (r_sigmoid65 * add48[t0 * 8 + t1]);
-  r_add67 = (r_mul66 + r_mul64); add67[t0 * 8 + t1] = r_add67;
-  r_tanh69 = tanhf(r_add67);
-  r_sigmoid68 = pf_sigmoid(slice61[t0 * 8 + t1]);
-  mul70[t0 * 8 + t1] = (r_sigmoid68 * r_tanh69);
 }

@@ -143,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm1_scale(float
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_batch_norm1(float* __restrict__ minimum3, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_eaa45c7c213cbf2f6cd7(float* __restrict__ minimum3, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(256) k2_batch_norm1(float* __restri
   minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu2, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k3_conv2d4(float* __restrict__ conv2d4, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float* __restrict__ conv2d4, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -178,23 +178,7 @@ extern "C" __global__ void __launch_bounds__(256) k3_conv2d4(float* __restrict__
   conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) k5_batch_norm5(float* __restrict__ minimum7, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_dw_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm5;
-  float r_relu6;
-  r_batch_norm5 = (((conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_dw_bn_mean[((4 * b0) + t0)]) * batch_norm5_scale[((4 * b0) + t0)]) + stage1_block0_dw_bn_beta[((4 * b0) + t0)]);
-  r_relu6 = pf_fmaxf(r_batch_norm5, 0.0f);
-  minimum7[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu6, 6.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k6_conv2d8(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_7abc6d322cf3cbbfc450(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -280,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(256) pk5_k8_batch_norm9(float* __re
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_conv2d11(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_bdc7850be218b1c5a2fa(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -334,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(256) k9_conv2d11(float* __restrict_
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k11_batch_norm12(float* __restrict__ minimum14, const float* __restrict__ conv2d11, const float* __restrict__ stage2_block0_expand_bn_mean, const float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_190f7be0d6a8dbcccb71(float* __restrict__ minimum14, const float* __restrict__ conv2d11, const float* __restrict__ stage2_block0_expand_bn_mean, const float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -398,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256) pk8_k12_conv2d15(float* __rest
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_batch_norm16(float* __restrict__ minimum18, const float* __restrict__ conv2d15, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float* __restrict__ minimum18, const float* __restrict__ conv2d15, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -414,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(256) k14_batch_norm16(float* __rest
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_conv2d19(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_58f6a457e5a2f8a7d99a(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -521,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(24) pk11_k16_batch_norm20_scale(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_conv2d21(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_f6c5c7a8e5d631aaf9f5(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -576,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_conv2d21(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(192) k19_batch_norm22(float* __restrict__ minimum24, const float* __restrict__ conv2d21, const float* __restrict__ stage2_block1_expand_bn_mean, const float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_beta) {
+extern "C" __global__ void __launch_bounds__(192) pf_da3edcb3a29d59dcd2ae(float* __restrict__ minimum24, const float* __restrict__ conv2d21, const float* __restrict__ stage2_block1_expand_bn_mean, const float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -592,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(192) k19_batch_norm22(float* __rest
   minimum24[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu23, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(192) k20_conv2d25(float* __restrict__ conv2d25, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w) {
+extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float* __restrict__ conv2d25, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -611,23 +595,7 @@ extern "C" __global__ void __launch_bounds__(192) k20_conv2d25(float* __restrict
   conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(192) k22_batch_norm26(float* __restrict__ minimum28, const float* __restrict__ conv2d25, const float* __restrict__ stage2_block1_dw_bn_mean, const float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm26;
-  float r_relu27;
-  r_batch_norm26 = (((conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block1_dw_bn_mean[((12 * b0) + t0)]) * batch_norm26_scale[((12 * b0) + t0)]) + stage2_block1_dw_bn_beta[((12 * b0) + t0)]);
-  r_relu27 = pf_fmaxf(r_batch_norm26, 0.0f);
-  minimum28[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu27, 6.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k23_conv2d29(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_56fc009942ba4752377a(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -681,7 +649,7 @@ extern "C" __global__ void __launch_bounds__(256) k23_conv2d29(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(192) k25_batch_norm30(float* __restrict__ add31, const float* __restrict__ conv2d29, const float* __restrict__ stage2_block1_project_bn_mean, const float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_beta, const float* __restrict__ batch_norm20) {
+extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float* __restrict__ add31, const float* __restrict__ conv2d29, const float* __restrict__ stage2_block1_project_bn_mean, const float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_beta, const float* __restrict__ batch_norm20) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -695,7 +663,7 @@ extern "C" __global__ void __launch_bounds__(192) k25_batch_norm30(float* __rest
   add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k26_conv2d32(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_076ce63b3a733d802322(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -749,23 +717,7 @@ extern "C" __global__ void __launch_bounds__(256) k26_conv2d32(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k28_batch_norm33(float* __restrict__ minimum35, const float* __restrict__ conv2d32, const float* __restrict__ last_bn_mean, const float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm33;
-  float r_relu34;
-  r_batch_norm33 = (((conv2d32[0 * 256 + t0 * 16 + t1 * 4 + t2] - last_bn_mean[t0]) * batch_norm33_scale[t0]) + last_bn_beta[t0]);
-  r_relu34 = pf_fmaxf(r_batch_norm33, 0.0f);
-  minimum35[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu34, 6.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k29_reduce_mean36(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
+extern "C" __global__ void __launch_bounds__(256) pf_67dc0f07b76e7f714655(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -781,7 +733,7 @@ extern "C" __global__ void __launch_bounds__(256) k29_reduce_mean36(float* __res
   r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((8 * b0) + r0)] = r_reduce_mean36_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) k30_matmul37(float* __restrict__ add38, const float* __restrict__ reduce_mean36, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) pf_9149c498af3094a145e5(float* __restrict__ add38, const float* __restrict__ reduce_mean36, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -121,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm1_scale(float
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_batch_norm1(float* __restrict__ relu2, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_5ef710861e926a295848(float* __restrict__ relu2, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256) pk2_k3_max_pool2d3(float* __re
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k4_conv2d4(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_910f48feac1ed8a7e8c0(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -237,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(256) k4_conv2d4(float* __restrict__
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_batch_norm5(float* __restrict__ relu6, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float* __restrict__ relu6, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -251,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(256) k6_batch_norm5(float* __restri
   relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k7_conv2d7(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_71b7e533b5c209b659b9(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -309,21 +309,7 @@ extern "C" __global__ void __launch_bounds__(256) k7_conv2d7(float* __restrict__
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k9_batch_norm8(float* __restrict__ relu9, const float* __restrict__ conv2d7, const float* __restrict__ stage1_block0_b_bn_mean, const float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm8;
-  r_batch_norm8 = (((conv2d7[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_b_bn_mean[t0]) * batch_norm8_scale[t0]) + stage1_block0_b_bn_beta[t0]);
-  relu9[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm8, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) k10_conv2d10(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_4ceaafdbd23ab3cb5eca(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -499,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(256) pk8_k11_batch_norm11_scale(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k14_batch_norm13(float* __restrict__ relu15, const float* __restrict__ conv2d12, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm11) {
+extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float* __restrict__ relu15, const float* __restrict__ conv2d12, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm11) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -515,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(256) k14_batch_norm13(float* __rest
   relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_conv2d16(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_883c33c9b350d9275308(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -569,7 +555,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_conv2d16(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_batch_norm17(float* __restrict__ relu18, const float* __restrict__ conv2d16, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float* __restrict__ relu18, const float* __restrict__ conv2d16, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -583,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_batch_norm17(float* __rest
   relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k18_conv2d19(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_f45b24b01e24ed8f214c(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -641,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(256) k18_conv2d19(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k20_batch_norm20(float* __restrict__ relu21, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float* __restrict__ relu21, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -655,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(128) k20_batch_norm20(float* __rest
   relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k21_conv2d22(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_606c2e5cca2d3a69a9b1(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -789,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(256) pk15_k22_batch_norm23_scale(fl
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k25_batch_norm25(float* __restrict__ relu27, const float* __restrict__ conv2d24, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm23) {
+extern "C" __global__ void __launch_bounds__(256) pf_bf0f364857623b4a8818(float* __restrict__ relu27, const float* __restrict__ conv2d24, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm23) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -805,7 +791,7 @@ extern "C" __global__ void __launch_bounds__(256) k25_batch_norm25(float* __rest
   relu27[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add26, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k26_reduce_mean28(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_5cff94290138822cfcbf(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -821,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(256) k26_reduce_mean28(float* __res
   r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean28_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) k27_matmul29(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) pf_072668ca3bee09931e68(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -124,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(64) pk0_k0_conv2d0_conv(float* __re
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_reshape1(float* __restrict__ reshape1, const float* __restrict__ conv2d0) {
+extern "C" __global__ void __launch_bounds__(256) pf_c373ff81afaedaec77d5(float* __restrict__ reshape1, const float* __restrict__ conv2d0) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -136,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(256) k1_reshape1(float* __restrict_
   reshape1[t0 * 128 + t1 * 4 + t2] = conv2d0[t0 * 128 + t1 * 4 + pf_fdiv(t2, 2) * 2 + pf_mod(t2, 2)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_transpose2(float* __restrict__ transpose2, const float* __restrict__ reshape1) {
+extern "C" __global__ void __launch_bounds__(256) pf_3a4fd62d31143649328d(float* __restrict__ transpose2, const float* __restrict__ reshape1) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -148,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(256) k2_transpose2(float* __restric
   transpose2[t0 * 128 + t1 * 32 + t2] = reshape1[t0 * 128 + t2 * 4 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k4_concat3(float* __restrict__ concat3, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose2) {
+extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float* __restrict__ concat3, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose2) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -160,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(160) k4_concat3(float* __restrict__
   concat3[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose2[b0 * 128 + (t1 - 1) * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) k5_add4(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_76dfb8f07c228d6cc28b(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -192,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(128) k5_add4(float* __restrict__ ad
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k6_matmul6(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_fdc378856d0d94e1166d(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -238,106 +238,6 @@ extern "C" __global__ void __launch_bounds__(256) k6_matmul6(float* __restrict__
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul6 = r_matmul6_acc[ii1][ii2]; }
       if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add7[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul6 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k9_matmul10(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm5[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_k_w[1032];
-  float r_matmul10_acc[2][4];
-  float r_matmul10;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul10_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm5[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_k_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul10_acc[ii1][ii2] = r_matmul10_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul10 = r_matmul10_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add11[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul10 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k12_matmul14(float* __restrict__ add15, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm5[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_v_w[1032];
-  float r_matmul14_acc[2][4];
-  float r_matmul14;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul14_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm5[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_v_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul14_acc[ii1][ii2] = r_matmul14_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul14 = r_matmul14_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add15[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul14 + block0_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
@@ -432,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(160) pk9_k7_reshape8(float* __restr
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k8_transpose9(float* __restrict__ transpose9, const float* __restrict__ reshape8) {
+extern "C" __global__ void __launch_bounds__(160) pf_5915842c76f5dd2b2d92(float* __restrict__ transpose9, const float* __restrict__ reshape8) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -446,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(160) k8_transpose9(float* __restric
   transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k15_matmul18(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(256) pf_ac98171425a3b507d465(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -495,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(256) k15_matmul18(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k16_mul19(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -534,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(128) k16_mul19(float* __restrict__ 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k17_matmul21(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256) pf_ef3e8ed005f6a761b073(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -581,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(256) k17_matmul21(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k18_transpose22(float* __restrict__ transpose22, const float* __restrict__ matmul21) {
+extern "C" __global__ void __launch_bounds__(160) pf_077fa7471baa10db876d(float* __restrict__ transpose22, const float* __restrict__ matmul21) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -595,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(160) k18_transpose22(float* __restr
   transpose22[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul21[b0 * 160 + t2 * 80 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) k19_reshape23(float* __restrict__ reshape23, const float* __restrict__ transpose22) {
+extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float* __restrict__ reshape23, const float* __restrict__ transpose22) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -607,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(160) k19_reshape23(float* __restric
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) k20_matmul24(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_2791aa6c651b1db3f55a(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -655,7 +555,7 @@ extern "C" __global__ void __launch_bounds__(256) k20_matmul24(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) k21_add25(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_e1ef57d9b3d08d8031e6(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -689,7 +589,7 @@ extern "C" __global__ void __launch_bounds__(128) k21_add25(float* __restrict__ 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k22_matmul28(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_20b460e5ac8e6da9db3f(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -741,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(256) k22_matmul28(float* __restrict
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k23_matmul31(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_db854838757106ca16bd(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -785,190 +685,6 @@ extern "C" __global__ void __launch_bounds__(256) k23_matmul31(float* __restrict
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul31[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul31_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128) k24_add32(float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ matmul31, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add32;
-  float r_add33;
-  float r_layer_norm34_mean;
-  float r_layer_norm34_mean_acc;
-  float r_layer_norm34_centered;
-  float r_layer_norm34_var;
-  float r_layer_norm34_var_acc;
-  float r_layer_norm34_rstd;
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg25
-    r_layer_norm34_mean_acc = 0.0f;
-    r_add32 = (matmul31[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block0_mlp_fc2_bias[l0]);
-    r_add33 = (add26[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add32); add33[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add33;
-    r_layer_norm34_mean_acc = r_layer_norm34_mean_acc + (r_add33 * 0.03125f);
-    r_layer_norm34_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_mean_acc, pf_scratch); r_layer_norm34_mean = r_layer_norm34_mean_acc;
-    // part:mg26
-    r_layer_norm34_var_acc = 0.0f;
-    r_layer_norm34_centered = (r_add33 - r_layer_norm34_mean);
-    r_layer_norm34_var_acc = r_layer_norm34_var_acc + ((r_layer_norm34_centered * r_layer_norm34_centered) * 0.03125f);
-    r_layer_norm34_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_var_acc, pf_scratch); r_layer_norm34_var = r_layer_norm34_var_acc;
-    // part:mg27
-    r_layer_norm34_rstd = rsqrtf((r_layer_norm34_var + 1e-05f));
-    layer_norm34[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm34_centered * r_layer_norm34_rstd) * block1_ln1_gamma[l0]) + block1_ln1_beta[l0]);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k25_matmul35(float* __restrict__ add36, const float* __restrict__ layer_norm34, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm34[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_q_w[1032];
-  float r_matmul35_acc[2][4];
-  float r_matmul35;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul35_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm34[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm34[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul35_acc[ii1][ii2] = r_matmul35_acc[ii1][ii2] + (s_layer_norm34[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul35 = r_matmul35_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add36[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul35 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k28_matmul39(float* __restrict__ add40, const float* __restrict__ layer_norm34, const float* __restrict__ block1_attn_k_w, const float* __restrict__ block1_attn_k_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm34[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_k_w[1032];
-  float r_matmul39_acc[2][4];
-  float r_matmul39;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul39_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm34[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm34[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_k_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul39_acc[ii1][ii2] = r_matmul39_acc[ii1][ii2] + (s_layer_norm34[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul39 = r_matmul39_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add40[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul39 + block1_attn_k_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k31_matmul43(float* __restrict__ add44, const float* __restrict__ layer_norm34, const float* __restrict__ block1_attn_v_w, const float* __restrict__ block1_attn_v_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm34[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_v_w[1032];
-  float r_matmul43_acc[2][4];
-  float r_matmul43;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul43_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm34[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm34[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_v_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_v_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul43_acc[ii1][ii2] = r_matmul43_acc[ii1][ii2] + (s_layer_norm34[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_v_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul43 = r_matmul43_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add44[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul43 + block1_attn_v_bias[(t2 + (32 * ii2))]); }
     }
   }
 }
@@ -1063,364 +779,7 @@ extern "C" __global__ void __launch_bounds__(160) pk25_k26_reshape37(float* __re
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) k27_transpose38(float* __restrict__ transpose38, const float* __restrict__ reshape37) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose38[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape37[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k34_matmul47(float* __restrict__ matmul47, const float* __restrict__ transpose38, const float* __restrict__ transpose42) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose38[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose42[1032];
-  float r_matmul47_acc[2][4];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul47_acc[ii2][ii3] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_transpose38[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? transpose38[b0 * 160 + b1 * 80 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose42[b0 * 160 + b1 * 80 + ii3 * 5 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul47_acc[ii2][ii3] = r_matmul47_acc[ii2][ii3] + (s_transpose38[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose42[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 4) { matmul47[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + (t3 + (32 * ii3))] = r_matmul47_acc[ii2][ii3]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128) k35_mul48(float* __restrict__ softmax49, const float* __restrict__ matmul47) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_mul48;
-  float r_softmax49_max;
-  float r_softmax49_max_acc;
-  float r_softmax49_sub;
-  float r_softmax49_exp;
-  float r_softmax49_sum;
-  float r_softmax49_sum_acc;
-  if ((((4 * b2) + r0) <= 4)) {
-    // part:mg18
-    r_softmax49_max_acc = -INFINITY;
-    if ((l0 <= 4)) {
-      r_mul48 = (matmul47[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
-      r_softmax49_max_acc = pf_fmaxf(r_softmax49_max_acc, r_mul48);
-    }
-    r_softmax49_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax49_max_acc, pf_scratch); r_softmax49_max = r_softmax49_max_acc;
-    // part:mg19
-    r_softmax49_sum_acc = 0.0f;
-    if ((l0 <= 4)) {
-      r_softmax49_sub = (r_mul48 - r_softmax49_max);
-      r_softmax49_exp = expf(r_softmax49_sub);
-      r_softmax49_sum_acc = r_softmax49_sum_acc + r_softmax49_exp;
-    }
-    r_softmax49_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax49_sum_acc, pf_scratch); r_softmax49_sum = r_softmax49_sum_acc;
-    if ((l0 <= 4)) {
-      // part:mg20
-      softmax49[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax49_exp / r_softmax49_sum);
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k36_matmul50(float* __restrict__ matmul50, const float* __restrict__ softmax49, const float* __restrict__ transpose46) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax49[80];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose46[645];
-  float r_matmul50_acc[2][4];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul50_acc[ii2][ii3] = 0.0f;
-    }
-  }
-  if (((p0r <= 15) && (p0c <= 4))) {
-    s_softmax49[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax49[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
-  }
-  for (int ii3 = p1r; (ii3 <= 4); ii3 += 2) {
-    s_transpose46[(b0 - b0) * 645 + (b1 - b1) * 645 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose46[b0 * 160 + b1 * 80 + ii3 * 16 + p1c] : 0.0f;
-  }
-  __syncthreads();
-  for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul50_acc[ii2][ii3] = r_matmul50_acc[ii2][ii3] + (s_softmax49[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose46[(b0 - b0) * 645 + (b1 - b1) * 645 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 15) { matmul50[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul50_acc[ii2][ii3]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(160) k37_transpose51(float* __restrict__ transpose51, const float* __restrict__ matmul50) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  transpose51[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul50[b0 * 160 + t2 * 80 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(160) k38_reshape52(float* __restrict__ reshape52, const float* __restrict__ transpose51) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape52[b0 * 160 + t1 * 32 + t2] = transpose51[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) k39_matmul53(float* __restrict__ matmul53, const float* __restrict__ reshape52, const float* __restrict__ block1_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape52[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_o_w[1032];
-  float r_matmul53_acc[2][4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul53_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_reshape52[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? reshape52[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_o_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul53_acc[ii1][ii2] = r_matmul53_acc[ii1][ii2] + (s_reshape52[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul53[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul53_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128) k40_add54(float* __restrict__ add55, float* __restrict__ layer_norm56, const float* __restrict__ matmul53, const float* __restrict__ block1_attn_o_bias, const float* __restrict__ add33, const float* __restrict__ block1_ln2_gamma, const float* __restrict__ block1_ln2_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_add54;
-  float r_add55;
-  float r_layer_norm56_mean;
-  float r_layer_norm56_mean_acc;
-  float r_layer_norm56_centered;
-  float r_layer_norm56_var;
-  float r_layer_norm56_var_acc;
-  float r_layer_norm56_rstd;
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg25
-    r_layer_norm56_mean_acc = 0.0f;
-    r_add54 = (matmul53[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + block1_attn_o_bias[l0]);
-    r_add55 = (add33[b0 * 160 + ((4 * b1) + r0) * 32 + l0] + r_add54); add55[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = r_add55;
-    r_layer_norm56_mean_acc = r_layer_norm56_mean_acc + (r_add55 * 0.03125f);
-    r_layer_norm56_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm56_mean_acc, pf_scratch); r_layer_norm56_mean = r_layer_norm56_mean_acc;
-    // part:mg26
-    r_layer_norm56_var_acc = 0.0f;
-    r_layer_norm56_centered = (r_add55 - r_layer_norm56_mean);
-    r_layer_norm56_var_acc = r_layer_norm56_var_acc + ((r_layer_norm56_centered * r_layer_norm56_centered) * 0.03125f);
-    r_layer_norm56_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm56_var_acc, pf_scratch); r_layer_norm56_var = r_layer_norm56_var_acc;
-    // part:mg27
-    r_layer_norm56_rstd = rsqrtf((r_layer_norm56_var + 1e-05f));
-    layer_norm56[b0 * 160 + ((4 * b1) + r0) * 32 + l0] = (((r_layer_norm56_centered * r_layer_norm56_rstd) * block1_ln2_gamma[l0]) + block1_ln2_beta[l0]);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k41_matmul57(float* __restrict__ gelu59, const float* __restrict__ layer_norm56, const float* __restrict__ block1_mlp_fc1_w, const float* __restrict__ block1_mlp_fc1_bias) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm56[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_mlp_fc1_w[1032];
-  float r_matmul57_acc[2][4];
-  float r_matmul57;
-  float r_add58;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul57_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm56[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm56[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block1_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul57_acc[ii1][ii2] = r_matmul57_acc[ii1][ii2] + (s_layer_norm56[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_matmul57 = r_matmul57_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_add58 = (r_matmul57 + block1_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { gelu59[b0 * 320 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add58) * (1.0f + erff((r_add58 * 0.7071067811865475f)))); }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) k42_matmul60(float* __restrict__ matmul60, const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu59[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_mlp_fc2_w[1032];
-  float r_matmul60_acc[2][4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul60_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_gelu59[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? gelu59[b0 * 320 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul60_acc[ii1][ii2] = r_matmul60_acc[ii1][ii2] + (s_gelu59[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul60[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul60_acc[ii1][ii2]; }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128) k43_add61(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_c13c2719363449fb7a61(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1454,7 +813,7 @@ extern "C" __global__ void __launch_bounds__(128) k43_add61(float* __restrict__ 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) k44_slice64(float* __restrict__ reshape65, const float* __restrict__ layer_norm63) {
+extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* __restrict__ reshape65, const float* __restrict__ layer_norm63) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1466,7 +825,7 @@ extern "C" __global__ void __launch_bounds__(64) k44_slice64(float* __restrict__
   reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256) k45_matmul66(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_900adee768ad5344a1b0(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;

@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(68) pk0_k3_matmul10(float* __restri
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k1_matmul2(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_d1771a41f7e92c1d12d7(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -132,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(256) k1_matmul2(float* __restrict__
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) k2_matmul5(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_b7af0da633eef185a08c(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(256) k2_matmul5(float* __restrict__
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) k4_matmul8(float* __restrict__ sigmoid13, const float* __restrict__ relu7, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ matmul10, const float* __restrict__ wide_bias) {
+extern "C" __global__ void __launch_bounds__(4) pf_1afd59b73439ee4f5e6e(float* __restrict__ sigmoid13, const float* __restrict__ relu7, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ matmul10, const float* __restrict__ wide_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
