@@ -475,20 +475,24 @@ def _conv3d_numpy(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.nda
 
 
 @pytest.mark.parametrize(
-    "xs,ws,stride,pad",
+    "xs,ws,stride,pad,gemm",
     [
-        ((1, 2, 3, 2, 3), (1, 2, 2, 2, 2), 1, 0),  # the ONNX conformance case
-        ((2, 3, 4, 3, 4), (2, 3, 2, 2, 3), 1, 1),
-        ((1, 2, 5, 4, 5), (3, 2, 3, 2, 3), 2, 1),
+        ((1, 2, 3, 2, 3), (1, 2, 2, 2, 2), 1, 0, True),  # the ONNX conformance case
+        ((2, 3, 4, 3, 4), (2, 3, 2, 2, 3), 1, 1, True),
+        ((1, 2, 5, 4, 5), (3, 2, 3, 2, 3), 2, 1, True),
+        ((1, 8, 6, 6, 6), (32, 8, 3, 3, 3), 1, 1, True),  # large enough for the GEMM path
+        ((1, 8, 6, 6, 6), (32, 8, 3, 3, 3), 1, 1, False),
+        ((2, 4, 6, 5, 6), (64, 4, 2, 2, 2), 1, 0, True),
     ],
 )
-def test_conv3d_matches_numpy(xs, ws, stride, pad):
+def test_conv3d_matches_numpy(xs, ws, stride, pad, gemm):
     from polyfuse import ops
+    from polyfuse.poly.mapping import MappingConfig
 
     x = te.placeholder(xs, name="x")
     w = te.placeholder(ws, name="w")
     y = ops.conv(x, w, stride=stride, pads=pad)
-    fn = polyfuse.compile([x, w], [y], check_cuda=False)
+    fn = polyfuse.compile([x, w], [y], check_cuda=False, mapping=MappingConfig(gemm=gemm))
     xv, wv = _rand(*xs, seed=1), _rand(*ws, seed=2)
     want = _conv3d_numpy(xv.astype(np.float64), wv.astype(np.float64), stride, pad)
     np.testing.assert_allclose(fn(xv, wv), want, rtol=1e-4, atol=1e-4)
