@@ -344,7 +344,7 @@ def compile_case(
     idents = fn._idents
     kernels = []
     for k in fn.kernels:
-        r = binary.resources.get(k.name)
+        r = binary.resources.get(k.function or k.name)
         spill = (r.spill_stores + r.spill_loads) if r else None
         kind = kernel_kind(fn, k)
         regs = r.registers if r else None

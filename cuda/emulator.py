@@ -920,12 +920,12 @@ class EmulatedModule:
         return self._kernels[kernel][1]
 
     def _check(self, launch: Launch, values: list) -> int:
-        if launch.kernel not in self._kernels:
+        if launch.entry not in self._kernels:
             raise CallError(
-                f"kernel {launch.kernel}: not defined by this source (it has "
+                f"kernel {launch.entry}: not defined by this source (it has "
                 f"{', '.join(self._kernels) or 'no kernels'})"
             )
-        index, sig = self._kernels[launch.kernel]
+        index, sig = self._kernels[launch.entry]
         if len(values) != len(sig.params):
             raise CallError(
                 f"kernel {launch.kernel}: takes {len(sig.params)} arguments, launch passes "
@@ -1059,7 +1059,9 @@ class EmulatedModule:
             res_status, current = (int(x) for x in res[:8].view(np.int32))
             if res_status == 5:
                 raise self._race(
-                    bytes(res[8:]), [(n, a.itemsize) for n, a in zip(names, arrays, strict=True)]
+                    bytes(res[8:]),
+                    [(n, a.itemsize) for n, a in zip(names, arrays, strict=True)],
+                    launches[current] if 0 <= current < nl else None,
                 )
             if timed_out or res_status != 1 or status != 0:
                 name = launches[min(max(current, 0), nl - 1)].kernel if launches else "?"
@@ -1087,13 +1089,18 @@ class EmulatedModule:
                     a.reshape(-1).view(np.uint8)[:] = view[off : off + a.nbytes]
             return traffic
 
-    def _race(self, raw: bytes, buffers: list[tuple[str, int]]) -> RaceError:
-        """The :class:`RaceError` for the pf_race_report ``raw`` (see pf_emu.h)."""
+    def _race(
+        self, raw: bytes, buffers: list[tuple[str, int]], launch: Launch | None = None
+    ) -> RaceError:
+        """The :class:`RaceError` for the pf_race_report ``raw`` (see pf_emu.h); named after
+        the racing ``launch``'s kernel when it runs a shared function."""
         kind, space, index, size, offset = struct.unpack_from("<iiiIQ", raw)
         first = struct.unpack_from("<6I", raw, 24)
         second = struct.unpack_from("<6I", raw, 48)
         pcs = struct.unpack_from("<2Q", raw, 72)
         kernel = raw[88 : 88 + 256].split(b"\0", 1)[0].decode(errors="replace")
+        if launch is not None and launch.entry == kernel:
+            kernel = launch.kernel
         lines = _source_lines(self.path, pcs)
         kinds = ("read-after-write", "write-after-read", "write-after-write")
         if space == 0:

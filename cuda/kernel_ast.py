@@ -119,6 +119,9 @@ class Kernel:
     bytes_read: int = 0  # distinct global bytes (isl footprint)
     bytes_written: int = 0
     notes: list[str] = field(default_factory=list)
+    #: The ``__global__`` function that runs this kernel (shared by structurally identical
+    #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
+    function: str = ""
 
     def __str__(self) -> str:
         head = (

@@ -9,6 +9,7 @@ contiguity checks are the same whether the kernel runs on a GPU or in the emulat
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,9 @@ class Launch:
     """One kernel launch: ``kernel<<<grid, block, shared_bytes>>>(args...)``.
 
     ``args`` holds buffer names (str) or :class:`ScalarArg`, in the kernel's parameter order.
+    ``kernel`` is the logical kernel (one per fused group, named in messages and traffic);
+    ``function`` the ``__global__`` function it runs, when that differs: structurally
+    identical kernels share one function and differ only in their arguments.
     """
 
     kernel: str
@@ -41,6 +45,12 @@ class Launch:
     block: Dim3
     args: tuple[str | ScalarArg, ...]
     shared_bytes: int = 0
+    function: str = ""
+
+    @property
+    def entry(self) -> str:
+        """The name of the ``__global__`` function to launch."""
+        return self.function or self.kernel
 
     def __str__(self) -> str:
         args = ", ".join(a if isinstance(a, str) else str(a.value) for a in self.args)
@@ -78,18 +88,21 @@ class LaunchTraffic:
 
 def dependence_preds(accesses: list[tuple[set[str], set[str]]]) -> list[set[int]]:
     """The kernel DAG's edges as predecessor sets: ``preds[j]`` holds every ``i`` that must run
-    before ``j`` (``accesses`` as for :func:`dependence_order`, whose rules these are)."""
+    before ``j`` (``accesses`` as for :func:`dependence_order`, whose rules these are).
+    Linear in the accesses: each buffer's writers are listed once."""
     n = len(accesses)
+    writers: dict[str, list[int]] = {}  # buffer -> kernels writing it, in index order
+    for i, (_, w) in enumerate(accesses):
+        for buf in w:
+            writers.setdefault(buf, []).append(i)
     preds: list[set[int]] = [set() for _ in range(n)]
-    for j in range(n):
-        rj, wj = accesses[j]
-        for i in range(n):
-            if i == j:
-                continue
-            wi = accesses[i][1]
-            if wi & (rj - wj):  # i produces what j only reads: i first
-                preds[j].add(i)
-            elif i < j and wi & wj:  # two writers of one buffer: keep the given order
+    for j, (rj, wj) in enumerate(accesses):
+        for buf in rj - wj:  # i produces what j only reads: i first
+            preds[j].update(i for i in writers.get(buf, ()) if i != j)
+        for buf in wj:  # two writers of one buffer: keep the given order
+            for i in writers[buf]:
+                if i >= j:
+                    break
                 preds[j].add(i)
     return preds
 
@@ -103,15 +116,26 @@ def dependence_order(accesses: list[tuple[set[str], set[str]]], names: list[str]
     """
     n = len(accesses)
     preds = dependence_preds(accesses)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for j, ps in enumerate(preds):
+        for i in ps:
+            succs[i].append(j)
+    # Kahn's algorithm taking the lowest ready index first: the given order where it can.
+    indeg = [len(ps) for ps in preds]
+    ready = [k for k in range(n) if indeg[k] == 0]
+    heapq.heapify(ready)
     order: list[int] = []
-    done: set[int] = set()
-    while len(order) < n:
-        ready = [k for k in range(n) if k not in done and preds[k] <= done]
-        if not ready:
-            stuck = [names[k] for k in range(n) if k not in done]
-            raise CallError(f"kernels {', '.join(stuck)} depend on each other in a cycle")
-        order.append(ready[0])
-        done.add(ready[0])
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for j in succs[k]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) < n:
+        done = set(order)
+        stuck = [names[k] for k in range(n) if k not in done]
+        raise CallError(f"kernels {', '.join(stuck)} depend on each other in a cycle")
     return order
 
 

@@ -116,10 +116,15 @@ def bounds_set(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Set:
     return isl.Set(f"{{ {ident}[{', '.join(vs)}] : {cons} }}", context=ctx)
 
 
-def primitive_relations(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> PrimitiveRelations:
+def primitive_relations(
+    t: Tensor, idents: dict[int, str], ctx: isl.Context, memo: dict | None = None
+) -> PrimitiveRelations:
     """Build the domain, write and read relations of compute tensor ``t``.
 
-    ``idents`` maps tensor uid → isl identifier (unique within the graph).
+    ``idents`` maps tensor uid → isl identifier (unique within the graph). With ``memo`` (a
+    dict shared across one graph build) a primitive whose relations differ from an earlier
+    one's only in tuple names (the same op in another layer) reuses the parsed relations,
+    renamed, instead of parsing isl text again.
     """
     assert t.op is not None
     dn, rn = loop_names(t)
@@ -129,23 +134,38 @@ def primitive_relations(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> 
     ]
     stmt = f"S_{idents[t.uid]}"
     it = ", ".join(dn + rn)
-    domain = isl.Set(f"{{ {stmt}[{it}] : {' and '.join(cons) or 'true'} }}", context=ctx)
-    write = isl.Map(
-        f"{{ {stmt}[{it}] -> {idents[t.uid]}[{', '.join(out_index(t))}] }}", context=ctx
-    )
-    write = write.intersect_domain(domain)
-    reads = []
-    for r, guard in guarded_reads(t.op.body, names):
-        x = idents[r.tensor.uid]
+    domain_s = f"{{ S[{it}] : {' and '.join(cons) or 'true'} }}"
+    write_s = f"{{ S[{it}] -> T[{', '.join(out_index(t))}] }}"
+    reads_s = []
+    guarded = guarded_reads(t.op.body, names)
+    for r, guard in guarded:
         # a data-dependent subscript may select any element along its dimension
         subs = ", ".join(
             f"z{d}" if isinstance(s, DataIndex) else affine_str(s, names)
             for d, s in enumerate(r.indices)
         )
         cond = f" : {guard}" if guard else ""
-        m = isl.Map(f"{{ {stmt}[{it}] -> {x}[{subs}]{cond} }}", context=ctx)
-        m = m.intersect_domain(domain).intersect_range(bounds_set(x, r.tensor.shape, ctx))
-        reads.append((r, m))
+        reads_s.append((f"{{ S[{it}] -> X[{subs}]{cond} }}", r.tensor.shape))
+    key = (domain_s, write_s, tuple(reads_s))
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        domain = isl.Set(domain_s, context=ctx)
+        write = isl.Map(write_s, context=ctx).intersect_domain(domain)
+        reads_t = []
+        for m_s, shape in reads_s:
+            m = isl.Map(m_s, context=ctx)
+            reads_t.append(m.intersect_domain(domain).intersect_range(bounds_set("X", shape, ctx)))
+        hit = (domain, write, reads_t)
+        if memo is not None:
+            memo[key] = hit
+    domain, write, reads_t = hit
+    ins, outs = isl.dim_type.in_, isl.dim_type.out
+    domain = domain.set_tuple_name(stmt)
+    write = write.set_tuple_name(ins, stmt).set_tuple_name(outs, idents[t.uid])
+    reads = [
+        (r, m.set_tuple_name(ins, stmt).set_tuple_name(outs, idents[r.tensor.uid]))
+        for (r, _), m in zip(guarded, reads_t, strict=True)
+    ]
     return PrimitiveRelations(stmt, domain, write, reads)
 
 

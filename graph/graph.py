@@ -54,6 +54,8 @@ class Graph:
     dag: nx.DiGraph
     idents: dict[int, str]  # tensor uid -> unique identifier
     ctx: isl.Context = field(repr=False, default=None)  # type: ignore[assignment]
+    #: Parsed isl templates shared by the stages of one compile (identical layers parse once).
+    isl_memo: dict = field(repr=False, default_factory=dict)
 
     def ident(self, t: Tensor) -> str:
         return self.idents[t.uid]
@@ -98,11 +100,28 @@ class Graph:
         return "\n".join(lines)
 
 
-def _primitive(t: Tensor, idents: dict[int, str], ctx: isl.Context) -> Primitive:
+def _primitive(
+    t: Tensor, idents: dict[int, str], ctx: isl.Context, memo: dict | None = None
+) -> Primitive:
+    """The primitive computing ``t``. ``memo`` (one per graph build) lets the repeated ops of
+    identical layers reuse parsed relations and access kinds, which depend only on the
+    relations up to tuple names and on the shapes."""
     assert t.op is not None
-    rel = primitive_relations(t, idents, ctx)
-    kinds = [access_kind(m, rel.write, r.tensor.shape, t.shape) for r, m in rel.reads]
+    rel = primitive_relations(t, idents, ctx, memo)
+    kinds = []
+    for r, m in rel.reads:
+        key = ("kind", _anonymous(m), _anonymous(rel.write), r.tensor.shape, t.shape)
+        kind = memo.get(key) if memo is not None else None
+        if kind is None:
+            kind = access_kind(m, rel.write, r.tensor.shape, t.shape)
+            if memo is not None:
+                memo[key] = kind
+        kinds.append(kind)
     return Primitive(idents[t.uid], t, rel, kinds, op_kind(kinds), t.op.tag)
+
+
+def _anonymous(m: isl.Map) -> str:
+    return str(m.set_tuple_name(isl.dim_type.in_, "S").set_tuple_name(isl.dim_type.out, "X"))
 
 
 def build_graph(
@@ -148,18 +167,23 @@ def build_graph(
 
     idents: dict[int, str] = {}
     used: set[str] = set()
+    tried: dict[str, int] = {}  # base -> next suffix to try (names only get used, never freed)
     for t in list(inputs) + sorted(computes.values(), key=lambda t: t.uid):
         base = isl_ident(t.name)
-        name, n = base, 1
+        n = tried.get(base, 0)
+        name = base if n == 0 else f"{base}_{n}"
+        n = max(n, 1)
         while name in used:
             name, n = f"{base}_{n}", n + 1
+        tried[base] = n
         used.add(name)
         idents[t.uid] = name
 
     dag = nx.DiGraph()
     prims: dict[str, Primitive] = {}
+    memo: dict = {}
     for t in sorted(computes.values(), key=lambda t: t.uid):
-        prims[idents[t.uid]] = _primitive(t, idents, ctx)
+        prims[idents[t.uid]] = _primitive(t, idents, ctx, memo)
         dag.add_node(idents[t.uid])
     for name, p in prims.items():
         assert p.tensor.op is not None

@@ -6,6 +6,13 @@ of the rule's result kind, as long as the merge creates no cycle among micrograp
 feedback separation forbids it; the scan repeats until the rule changes nothing. The table is
 data (:data:`PARTITION_RULES`) so feedback and experiments can edit it.
 
+The scan runs on :class:`polyfuse.graph.quotient.QuotientDag`, a merge engine that contracts
+micrographs in place and answers cycle checks from a maintained topological order, so a
+whole partition costs near-linear time in the graph size (deep models compile in time
+proportional to their depth). The result is the one the plain rescanning loop gives: within a
+rule, the pair merged next is always the first mergeable pair in (producer, consumer) order of
+first primitives, because a refused pair whose micrographs do not change stays refused.
+
 Feedback from the polyhedral layer arrives as *separations*: pairs of primitives that must not
 share a micrograph because isl could not schedule them together within budget. The
 partitioner is re-run with them, and every decision (merge, refusal and its reason) is kept.
@@ -13,12 +20,12 @@ partitioner is re-run with them, and every decision (merge, refusal and its reas
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-
-import networkx as nx
 
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
+from polyfuse.graph.quotient import QuotientDag
 
 E, B, R, OP = OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.REDUCTION, OpKind.OPAQUE
 
@@ -102,7 +109,12 @@ class Partition:
     separations: set[frozenset[str]] = field(default_factory=set)
 
     def micrograph_of(self, prim: str) -> Micrograph:
-        return next(m for m in self.micrographs if m.id == self.owner[prim])
+        mg = self.micrographs[self.owner[prim]]  # ids are positions (dependence order)
+        return (
+            mg
+            if mg.id == self.owner[prim]
+            else next(m for m in self.micrographs if m.id == self.owner[prim])
+        )
 
     def __str__(self) -> str:
         return "\n".join(
@@ -120,91 +132,64 @@ def partition(
     separations = set(separations or ())
     order = graph.topo_order()
     rank = {p: i for i, p in enumerate(order)}
-    # Step 1: one micrograph per primitive, typed by the primitive's kind.
-    members: dict[int, set[str]] = {i: {p} for i, p in enumerate(order)}
-    kind: dict[int, OpKind] = {i: graph.prims[p].kind for i, p in enumerate(order)}
-    owner = {p: i for i, p in enumerate(order)}
-    # Step 2: the quotient DAG over micrographs.
-    q = nx.DiGraph()
-    q.add_nodes_from(members)
+    # Steps 1-2: one micrograph per primitive, typed by its kind; the quotient DAG over them.
+    q = QuotientDag(len(order), [graph.prims[p].kind for p in order])
     for a, b in graph.dag.edges:
-        q.add_edge(owner[a], owner[b])
-    merged_by: dict[frozenset[int], int] = {}
+        q.add_edge(rank[a], rank[b], (a, b))
+    for pair in separations:
+        if len(pair) == 2 and all(x in rank for x in pair):
+            x, y = pair
+            q.separate(rank[x], rank[y])
+    merged_by: dict[tuple[str, str], int] = {}  # fused primitive edge -> rule that fused it
     refusals: dict[tuple[str, str], str] = {}  # primitive edge -> why its merge was refused
 
-    def refuse(p: int, c: int, reason: str) -> None:
-        for a, b in graph.dag.edges:
-            if a in members[p] and b in members[c]:
-                refusals[(a, b)] = reason
-
-    def separated(a: int, b: int) -> bool:
-        return any(frozenset((x, y)) in separations for x in members[a] for y in members[b])
-
-    def creates_cycle(p: int, c: int) -> str | None:
-        for s in q.successors(p):
-            if s != c and nx.has_path(q, s, c):
-                return next(iter(sorted(members[s], key=rank.__getitem__)))
-        return None
-
-    # Steps 3-4: rules in priority order; rescan until a rule changes nothing.
+    # Steps 3-4: rules in priority order; each merges the first mergeable pair until none is.
     for rule in rules:
-        changed = True
-        while changed:
-            changed = False
-            edges = sorted(
-                q.edges,
-                key=lambda e: (
-                    min(rank[x] for x in members[e[0]]),
-                    min(rank[x] for x in members[e[1]]),
-                ),
-            )
-            for p, c in edges:
-                if not rule.matches(kind[p], kind[c]):
-                    continue
-                if separated(p, c):
-                    refuse(p, c, "isl feedback separated these primitives")
-                    continue
-                via = creates_cycle(p, c)
-                if via is not None:
-                    refuse(p, c, f"merging would create a cycle through {via}")
-                    continue
-                # aggregate(Gp, Gc): the consumer's id survives.
-                members[c] |= members.pop(p)
-                kind[c] = rule.result
-                del kind[p]
-                for x in members[c]:
-                    owner[x] = c
-                for x in members[c]:
-                    for y in members[c]:
-                        if x != y:
-                            merged_by.setdefault(frozenset((x, y)), rule.number)  # type: ignore[arg-type]
-                q = nx.contracted_nodes(q, c, p, self_loops=False)
-                changed = True
-                break
+        heap = [q.edge_key(p, c) for p, c in q.edges()]
+        heapq.heapify(heap)
+        while heap:
+            entry = heapq.heappop(heap)
+            p, c = entry[2], entry[3]
+            if not q.current(entry) or not rule.matches(q.kind[p], q.kind[c]):
+                continue
+            if q.separated(p, c):
+                for e in q.payloads(p, c):
+                    refusals[e] = "isl feedback separated these primitives"
+                continue
+            via = q.cycle_via(p, c)
+            if via is not None:
+                first = order[q.first[via]]
+                for e in q.payloads(p, c):
+                    refusals[e] = f"merging would create a cycle through {first}"
+                continue
+            # aggregate(Gp, Gc): the consumer's id survives.
+            for e in q.payloads(p, c):
+                merged_by[e] = rule.number
+            q.merge(p, c, rule.result)
+            for u, v in q.incident_edges(c):
+                heapq.heappush(heap, q.edge_key(u, v))
 
-    # Renumber micrographs in dependence order.
-    mg_order = list(
-        nx.lexicographical_topological_sort(q, key=lambda m: min(rank[x] for x in members[m]))
-    )
+    # Renumber micrographs in dependence order (ties: first primitive first).
+    mg_order = q.lexicographic_order()
     new_id = {old: i for i, old in enumerate(mg_order)}
     mgs = [
-        Micrograph(new_id[m], sorted(members[m], key=rank.__getitem__), kind[m]) for m in mg_order
+        Micrograph(new_id[m], [order[i] for i in sorted(q.members[m])], q.kind[m]) for m in mg_order
     ]
-    owner = {p: new_id[m] for p, m in owner.items()}
-    decisions = _decisions(graph, owner, kind, new_id, merged_by, refusals, separations)
+    owner = {p: new_id[q.owner_of(rank[p])] for p in order}
+    kinds = {new_id[m]: q.kind[m] for m in mg_order}
+    decisions = _decisions(graph, owner, kinds, merged_by, refusals, separations)
     return Partition(mgs, decisions, owner, separations)
 
 
-def _decisions(graph, owner, kind, new_id, merged_by, refusals, separations) -> list[Decision]:
-    old_of = {v: k for k, v in new_id.items()}
+def _decisions(graph, owner, kinds, merged_by, refusals, separations) -> list[Decision]:
     out = []
     for a, b in graph.dag.edges:
         t = graph.dag.edges[a, b]["tensor"]
         if owner[a] == owner[b]:
-            rule = merged_by.get(frozenset((a, b)))
+            rule = merged_by.get((a, b))
             out.append(Decision(a, b, t, True, rule, f"same micrograph mg{owner[a]} (rule {rule})"))
             continue
-        pk, ck = kind[old_of[owner[a]]], kind[old_of[owner[b]]]
+        pk, ck = kinds[owner[a]], kinds[owner[b]]
         if frozenset((a, b)) in separations:
             reason = "isl feedback: split after scheduling failed (see feedback events)"
         elif (a, b) in refusals:

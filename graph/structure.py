@@ -46,12 +46,14 @@ def structural_key(graph: Graph, prims: list[str], salt: str = "") -> Structural
     """The key of the primitives ``prims`` (in order) of ``graph``; ``salt`` adds context
     such as the target architecture and compiler version."""
     order: dict[int, int] = {}
+    seen: dict[int, Tensor] = {}
     idents: list[str] = []
     inside = set(prims)
 
     def tid(t: Tensor) -> int:
         if t.uid not in order:
             order[t.uid] = len(order)
+            seen[t.uid] = t
             idents.append(graph.ident(t))
         return order[t.uid]
 
@@ -67,21 +69,11 @@ def structural_key(graph: Graph, prims: list[str], salt: str = "") -> Structural
         body = _expr(t.op.body, loops, tid)
         parts.append(f"T{me}{t.shape}{t.dtype}{'out' if external else ''}{ranges}={body}")
     for uid, i in order.items():  # shapes of tensors read from outside the group
-        t = _tensor_by_uid(graph, uid)
-        if t is not None and graph.ident(t) not in inside:
+        t = seen[uid]
+        if graph.ident(t) not in inside:
             parts.append(f"in T{i}{t.shape}{t.dtype}")
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
     return StructuralKey(digest, tuple(idents))
-
-
-def _tensor_by_uid(graph: Graph, uid: int) -> Tensor | None:
-    for t in graph.inputs:
-        if t.uid == uid:
-            return t
-    for p in graph.prims.values():
-        if p.tensor.uid == uid:
-            return p.tensor
-    return None
 
 
 def _expr(e: Expr, loops: dict[int, str], tid) -> str:

@@ -124,7 +124,10 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
     it = ", ".join(dn + rn)
 
     def mk(name: str, space: str, target: str, dom: isl.Set) -> isl.Map:
-        return isl.Map(f"{{ {name}[{space}] -> {target} }}", context=ctx).intersect_domain(dom)
+        tensor, _, index = target.partition("[")
+        m = _parsed(graph, ctx, f"{{ S[{space}] -> X[{index} }}")
+        m = m.set_tuple_name(isl.dim_type.in_, name).set_tuple_name(isl.dim_type.out, tensor)
+        return m.intersect_domain(dom)
 
     init_n, upd_n, fin_n = f"{rel.stmt}_init", f"{rel.stmt}_update", f"{rel.stmt}_final"
     init_dom, fin_dom = data.set_tuple_name(init_n), data.set_tuple_name(fin_n)
@@ -146,6 +149,16 @@ def _statements_of(graph: Graph, prim: str) -> list[Statement]:
             [(None, mk(fin_n, d, f"{acc}[{full}]", fin_dom))],
         ),
     ]
+
+
+def _parsed(graph: Graph, ctx: isl.Context, text: str) -> isl.Map:
+    """``isl.Map(text)`` parsed once per graph and context: models of identical layers
+    differ only in tuple names, which the callers set on the copy."""
+    key = ("model", id(ctx), text)
+    hit = graph.isl_memo.get(key)
+    if hit is None or hit[0] is not ctx:
+        hit = graph.isl_memo[key] = (ctx, isl.Map(text, context=ctx))
+    return hit[1]
 
 
 def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) -> PolyModel:
@@ -183,7 +196,8 @@ def build_model(graph: Graph, mg: Micrograph, ctx: isl.Context | None = None) ->
         its = [f"i{k}" for k in range(s.dims)]
         pad = its + ["0"] * (width - s.dims)
         target = ", ".join([str(pos)] + pad)
-        sched = isl.Map(f"{{ {s.name}[{', '.join(its)}] -> [{target}] }}", context=ctx)
+        sched = _parsed(graph, ctx, f"{{ S[{', '.join(its)}] -> [{target}] }}")
+        sched = sched.set_tuple_name(isl.dim_type.in_, s.name)
         order = order.union(isl.UnionMap.from_map(sched.intersect_domain(s.domain)))
 
     return PolyModel(mg, stmts, tensors, domain, writes, reads, order, ctx)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +55,40 @@ _SUFFIX = re.compile(r"^(.*?)((?:_init|_update|_final)?(?:_acc)?(?:_lo\d+)?)$")
 def rename(text: str, mapping: dict[str, str]) -> str:
     """Rename tensor identifiers in generated text, including the names derived from them
     (``r_x``, ``s_x``, ``s_x_lo0``, ``x_acc``, statement names ``S_x_update``)."""
+    parts, slots = _template(text)
+    out = list(parts)
+    get = mapping.get
+    for i, cands in slots:
+        for pre, base, suf in cands:
+            new = get(base)
+            if new is not None:
+                out[i] = pre + new + suf
+                break
+    return "".join(out)
 
-    def one(m: re.Match) -> str:
+
+@lru_cache(maxsize=8192)
+def _template(text: str) -> tuple[tuple[str, ...], tuple[tuple[int, tuple], ...]]:
+    """``text`` split once into literal pieces and identifier slots; each slot lists its
+    readings (prefix, base name, suffix) in the order :func:`rename` tries them. Identical
+    layers rename the same cached text many times, so the tokenizing is done once."""
+    parts: list[str] = []
+    slots: list[tuple[int, tuple]] = []
+    last = 0
+    for m in _TOKEN.finditer(text):
         tok = m.group(0)
+        cands = []
         for pre in _PREFIXES:
             if pre and not tok.startswith(pre):
                 continue
             base, suf = _SUFFIX.match(tok[len(pre) :]).groups()  # type: ignore[union-attr]
-            if base in mapping:
-                return pre + mapping[base] + suf
-        return tok
-
-    return _TOKEN.sub(one, text)
+            cands.append((pre, base, suf))
+        parts.append(text[last : m.start()])
+        slots.append((len(parts), tuple(cands)))
+        parts.append(tok)
+        last = m.end()
+    parts.append(text[last:])
+    return tuple(parts), tuple(slots)
 
 
 def default_dir() -> Path | None:

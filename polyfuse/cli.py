@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     from polyfuse.viz import add_subcommands  # viz, explain
 
     add_subcommands(sub)
+    from polyfuse.testing.command import add_fuzz_parser
+
+    add_fuzz_parser(sub)
     return parser
 
 

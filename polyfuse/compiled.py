@@ -97,7 +97,14 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
                 role = "input" if p.tensor in ins else role
                 specs[p.tensor] = BufferSpec(p.tensor, _buffer_shape(graph, p.tensor), role)
         launches.append(
-            Launch(k.name, k.grid, k.block, tuple(p.name for p in k.params), k.shared_bytes)
+            Launch(
+                k.name,
+                k.grid,
+                k.block,
+                tuple(p.name for p in k.params),
+                k.shared_bytes,
+                k.function,
+            )
         )
     return list(specs.values()), launches
 
@@ -163,9 +170,12 @@ class CompiledGraph:
                 k.notes.append(f"not compiled for {arch}: {e}")
             return None
         self.cuda_binaries[arch] = binary
+        for k in self.kernels:  # also by kernel name: identical kernels share one function
+            if k.function and k.function in binary.resources:
+                binary.resources.setdefault(k.name, binary.resources[k.function])
         if arch == self.arch:
             for k in self.kernels:
-                r = binary.resources.get(k.name)
+                r = binary.resources.get(k.function or k.name)
                 if r is not None:
                     k.registers = r.registers
                     k.static_shared_bytes = r.shared_bytes

@@ -31,6 +31,7 @@ from polyfuse.cache import (
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.printer import PRELUDE, print_kernel
@@ -179,6 +180,7 @@ def compile(  # noqa: A001
     plans: list[KernelPlan] = []
     mapped: list[MappedMicrograph | None] = []
     asts = {}
+    canonical: dict[str, str] = {}
     for i, g in enumerate(groups):
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         key = structural_key(graph, prims, f"{salt}|kernel")
@@ -186,11 +188,13 @@ def compile(  # noqa: A001
         entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
-            cache.put(key.digest, kernel_entry(kernel, kp, key))
+            entry = kernel_entry(kernel, kp, key)
+            cache.put(key.digest, entry)
             asts[kname] = ast
         else:
             kernel, kp = kernel_from_entry(entry, key, kname, g.names)
             mm = None
+        canonical[kname] = entry["source"]  # its body with canonical names
         kernels.append(kernel)
         plans.append(kp)
         mapped.append(mm)
@@ -204,7 +208,13 @@ def compile(  # noqa: A001
     if pack:  # Layer 3: independent kernels share one launch
         models = [[sm.model for sm in groups[i].parts] for i in order]
         kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
-    source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
+    functions = FunctionTable()  # identical bodies share one function; packs keep their own
+    for k in kernels:
+        if k.name in canonical:
+            functions.bind(k, canonical[k.name])
+        else:
+            functions.own(k)
+    source = PRELUDE + "\n" + functions.source()
     times["pack"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)

@@ -59,7 +59,8 @@ class Plan:
         out += [f"  {d}" for d in self.stitches]
         out.append(f"parallel stitching ({len(self.packs)} decisions):")
         out += [f"  {d}" for d in self.packs]
-        out.append(f"kernels ({len(self.kernels)}):")
+        functions = len({k.function or k.name for k in self.kernels})
+        out.append(f"kernels ({len(self.kernels)}, {functions} distinct functions):")
         for k, kp, mm in zip(self.kernels, self.kernel_plans, self.mapped, strict=True):
             res = ""
             if k.registers is not None:
@@ -69,8 +70,10 @@ class Plan:
                 )
             shape = f" {mm.grid_dims}, block {k.block[0]} {mm.tile_sizes}" if mm else ""
             shape = shape or f", block {k.block[0]}"
+            fn = f"; runs {k.function}" if k.function else ""
             out.append(
                 f"  {k.name}: micrographs {', '.join(k.micrographs)}; grid {k.grid[0]}{shape}{res}"
+                + fn
             )
             out += [f"    {p}" for p in kp.placements.values()]
             out += [f"    note: {n}" for n in k.notes]

@@ -340,7 +340,7 @@ def _unary(op: str, a: Any) -> Any:
     if op == "tanh":
         return np.tanh(x)
     if op == "erf":
-        return _erf(x).astype(np.float64)
+        return np.asarray(_erf(x), dtype=np.float64)
     if op == "sigmoid":
         return _sigmoid(x)
     raise ExpressionError(f"reference: unknown unary op '{op}'")

@@ -16,14 +16,14 @@ Every stitch made or refused is recorded with its reason.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import networkx as nx
 
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
+from polyfuse.graph.quotient import QuotientDag
 from polyfuse.graph.structure import structural_key
 from polyfuse.poly.canonical import CanonicalForm, canonical_form
 from polyfuse.poly.compose import CompositionError, ReductionKernel, map_reduction_kernel
@@ -101,15 +101,6 @@ def ensure_layout(graph: Graph, g: KernelGroup) -> ReductionKernel | None:
     return g.layout
 
 
-def _group_edges(graph: Graph, owner: dict[str, int]) -> dict[tuple[int, int], list[str]]:
-    edges: dict[tuple[int, int], list[str]] = {}
-    for a, b in graph.dag.edges:
-        ga, gb = owner[a], owner[b]
-        if ga != gb:
-            edges.setdefault((ga, gb), []).append(graph.dag.edges[a, b]["tensor"])
-    return edges
-
-
 def stitch_memory(
     graph: Graph,
     part: Partition,
@@ -124,7 +115,10 @@ def stitch_memory(
 
     Outcomes of the isl checks are kept in ``cache`` by the structural key of the pair, so
     identical layers are checked once; layouts are composed later, only for kernels that
-    have to be generated.
+    have to be generated. Groups are contracted in place on a
+    :class:`polyfuse.graph.quotient.QuotientDag` (the producer's id survives); within a rule
+    the pair tried next is the first untried matching pair in (producer, consumer) id order,
+    as in a plain rescan, without rescanning.
     """
     cache = cache if cache is not None else _Memory()
     groups: dict[int, KernelGroup] = {}
@@ -134,56 +128,60 @@ def stitch_memory(
         if form is not None:
             g.strategy = choose_reduction_strategy(form, device)
         groups[i] = g
-    owner = {p: part.owner[p] for p in graph.prims}
     decisions: list[StitchDecision] = []
     if not enabled:
         return [groups[i] for i in sorted(groups)], decisions
-    refused: set[tuple[int, int]] = set()
+    q = QuotientDag(len(groups), [g.kind for g in groups.values()])
+    for n, (a, b) in enumerate(graph.dag.edges):
+        ga, gb = part.owner[a], part.owner[b]
+        if ga != gb:
+            q.add_edge(ga, gb, (n, graph.dag.edges[a, b]["tensor"]))
+    refused: set[tuple[int, int, int]] = set()
     for rule in rules:
-        changed = True
-        while changed:
-            changed = False
-            edges = _group_edges(graph, owner)
-            q = nx.DiGraph(list(edges))
-            q.add_nodes_from(groups)
-            for (p, c), tensors in sorted(edges.items()):
-                gp, gc = groups[p], groups[c]
-                if not rule.matches(gp.kind, gc.kind) or (p, c, rule.number) in refused:
-                    continue
-                d = _try_stitch(graph, q, p, c, gp, gc, rule, tensors, cache, salt)
-                decisions.append(d)
-                if not d.stitched:
-                    refused.add((p, c, rule.number))
-                    continue
-                parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
-                groups[p] = KernelGroup(parts, rule.result, gp.form, gp.strategy)
-                del groups[c]
-                for prim, o in owner.items():
-                    if o == c:
-                        owner[prim] = p
-                changed = True
-                break
-    for (p, c), tensors in sorted(_group_edges(graph, owner).items()):
+        heap = [q.edge_key(p, c, by_first=False) for p, c in q.edges()]
+        heapq.heapify(heap)
+        while heap:
+            entry = heapq.heappop(heap)
+            if not q.current(entry):
+                continue
+            p, c = entry[2], entry[3]
+            gp, gc = groups[p], groups[c]
+            if not rule.matches(gp.kind, gc.kind) or (p, c, rule.number) in refused:
+                continue
+            d = _try_stitch(graph, q, p, c, gp, gc, rule, _tensors(q, p, c), cache, salt)
+            decisions.append(d)
+            if not d.stitched:
+                refused.add((p, c, rule.number))
+                continue
+            parts = _merge_parts(gp.parts, gc.parts)
+            groups[p] = KernelGroup(parts, rule.result, gp.form, gp.strategy)
+            del groups[c]
+            q.merge(p, c, rule.result, keep=p)
+            for u, v in q.incident_edges(p):
+                heapq.heappush(heap, q.edge_key(u, v, by_first=False))
+    for p, c in sorted(q.edges()):
         gp, gc = groups[p], groups[c]
         if not any(r.matches(gp.kind, gc.kind) for r in rules):
             why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
+            tensors = _tensors(q, p, c)
             decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
-    return _in_dependence_order(groups, _group_edges(graph, owner)), decisions
+    # A group that absorbed a consumer may now need a group created after it: return the
+    # groups in a topological order of the group DAG, ties broken by creation order.
+    return [groups[i] for i in q.lexicographic_order(by_first=False)], decisions
 
 
-def _in_dependence_order(
-    groups: dict[int, KernelGroup], edges: dict[tuple[int, int], list[str]]
-) -> list[KernelGroup]:
-    """The groups in a topological order of the group DAG (a group absorbing a consumer may
-    now need a group created after it), ties broken by creation order."""
-    q = nx.DiGraph(list(edges))
-    q.add_nodes_from(groups)
-    return [groups[i] for i in nx.lexicographical_topological_sort(q)]
+def _tensors(q: QuotientDag, p: int, c: int) -> list[str]:
+    """Tensors flowing from group ``p`` to group ``c``, in graph edge order."""
+    return [t for _, t in sorted(q.payloads(p, c))]  # type: ignore[misc]
+
+
+def _merge_parts(a: list[ScheduledMicrograph], b: list[ScheduledMicrograph]):
+    return sorted(a + b, key=lambda sm: sm.model.micrograph.id)
 
 
 def _try_stitch(
     graph: Graph,
-    q: nx.DiGraph,
+    q: QuotientDag,
     p: int,
     c: int,
     gp: KernelGroup,
@@ -198,9 +196,8 @@ def _try_stitch(
     def decide(ok: bool, reason: str) -> StitchDecision:
         return StitchDecision(gp.names, gc.names, rule.number, ok, reason, tensors)
 
-    for s in q.successors(p):
-        if s != c and nx.has_path(q, s, c):
-            return decide(False, "stitching would create a cycle")
+    if q.cycle_via(p, c) is not None:
+        return decide(False, "stitching would create a cycle")
     if gp.strategy is None:
         return decide(False, "the producer has no reduction layout")
     if rule.number == 8:
@@ -208,7 +205,7 @@ def _try_stitch(
             return decide(False, f"canonical forms differ ({gp.form} vs {gc.form})")
         if gc.strategy != gp.strategy:
             return decide(False, "launch shapes differ")
-    parts = sorted(gp.parts + gc.parts, key=lambda sm: sm.model.micrograph.id)
+    parts = _merge_parts(gp.parts, gc.parts)
     prims = [x for sm in parts for x in sm.model.micrograph.prims]
     key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
     known = cache.get(key, (("ok", "reason"),))

@@ -119,9 +119,12 @@ class DeviceProgram:
                 if isinstance(a, str) and a not in self.specs:
                     raise CallError(f"kernel {launch.kernel}: no buffer named '{a}'")
         # Everything that can fail without touching device memory comes first.
-        self._functions = [module.function(launch.kernel) for launch in self.launches]
+        self._functions = [module.function(launch.entry) for launch in self.launches]
+        smem: dict[str, int] = {}  # one function may serve several launches
         for launch in self.launches:
-            module.allow_dynamic_shared(launch.kernel, launch.shared_bytes)
+            smem[launch.entry] = max(smem.get(launch.entry, 0), launch.shared_bytes)
+        for function, nbytes in smem.items():
+            module.allow_dynamic_shared(function, nbytes)
         device.activate()
         #: Buffers the program owns: intermediates, constants, and the host-mode staging of
         #: inputs and outputs (allocated on first host-mode call).
