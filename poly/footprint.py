@@ -65,8 +65,8 @@ def read_overlap(parts: list[tuple[PolyModel, dict[str, Placement]]], tensor: st
     union = sets[0]
     for s in sets[1:]:
         union = union.union(s)
-    each = sum(s.count_val().to_python() for s in sets)
-    return (each - union.coalesce().count_val().to_python()) * ITEMSIZE
+    each = sum(count_points(s) for s in sets)
+    return (each - count_points(union.coalesce())) * ITEMSIZE
 
 
 def _image(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> isl.Set | None:
@@ -79,4 +79,31 @@ def _image(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> isl.Set | Non
 
 def _images(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> int:
     img = _image(um, domain, tensor)
-    return 0 if img is None else img.count_val().to_python()
+    return 0 if img is None else count_points(img)
+
+
+def count_points(s: isl.Set) -> int:
+    """The number of points of the parameter-free set ``s``.
+
+    Most footprints are boxes (a whole tensor or a slice of it): their count is the product of
+    the extents, checked by isl (the box is a subset of ``s``) instead of ``isl_set_count_val``,
+    which enumerates millions of points at full size. Anything else is counted by isl.
+    """
+    box = _box_count(s)
+    return box if box is not None else s.count_val().to_python()
+
+
+def _box_count(s: isl.Set) -> int | None:
+    if s.dim(isl.dim_type.param) or s.n_basic_set() != 1:
+        return None
+    ctx = s.get_ctx()
+    box, count = isl.Set.universe(s.get_space()), 1
+    for i in range(s.dim(isl.dim_type.set)):
+        lo, hi = s.dim_min_val(i), s.dim_max_val(i)
+        if not (lo.is_int() and hi.is_int()):
+            return None
+        a, b = lo.to_python(), hi.to_python()
+        box = box.lower_bound_val(isl.dim_type.set, i, isl.Val.int_from_si(ctx, a))
+        box = box.upper_bound_val(isl.dim_type.set, i, isl.Val.int_from_si(ctx, b))
+        count *= max(0, b - a + 1)
+    return count if box.is_subset(s) else None
