@@ -162,10 +162,10 @@ def test_packing_never_closes_a_path():
 
 
 def test_deep_kernel_chains_need_no_recursion():
-    """A 3000-kernel chain with a side branch per link (a deep model's shape): reachability is
+    """A 2200-kernel chain with a side branch per link (a deep model's shape): reachability is
     folded iteratively (it recursed once per kernel and hit Python's limit at ~1000)."""
     acc = []
-    for i in range(1500):
+    for i in range(1100):
         acc.append(({f"t{i}"}, {f"t{i + 1}"}))  # the chain
         acc.append(({f"t{i}"}, {f"s{i}"}))  # a branch off it, independent of the next link
     parts = [_part(f"k{i}", 256) for i in range(len(acc))]
