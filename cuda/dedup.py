@@ -10,6 +10,7 @@ named ``pf_<digest of the body>``, and NVRTC/nvcc compile ~20 functions instead 
 from __future__ import annotations
 
 import hashlib
+import re
 
 from polyfuse.cache import rename
 from polyfuse.cuda.kernel_ast import Kernel
@@ -34,7 +35,10 @@ class FunctionTable:
         which are parameters, so any user's text computes every user's result."""
         name = function_name(canonical_source)
         if name not in self.sources:  # its first user's names keep the text readable
-            self.sources[name] = rename(kernel.source, {kernel.name: name})
+            text = rename(kernel.source, {kernel.name: name})
+            # a pack's part functions are named <kernel>_p<i> (polyfuse.cuda.pack)
+            text = re.sub(rf"\b{re.escape(kernel.name)}_p(\d+)\b", rf"{name}_p\1", text)
+            self.sources[name] = text
             self.users[name] = []
         self.users[name].append(kernel.name)
         kernel.function = name

@@ -40,10 +40,10 @@ def pack_kernels(
     (``block // fold`` threads each) into one; ``fold == 1`` with fewer threads than ``block``
     guards the extra threads off (only for parts without barriers)."""
     funcs, calls, params = [], [], []
-    for k, (first, blocks, fold) in zip(parts, ranges, strict=True):
+    for i, (k, (first, blocks, fold)) in enumerate(zip(parts, ranges, strict=True)):
         threads = k.block[0]
         free = threads != block or fold > 1
-        fn = f"{name}_{k.name}"
+        fn = f"{name}_p{i}"  # derived from the kernel's name: renaming it renames these
         funcs.append(_device_function(k, fn, free))
         args = ", ".join(p.name for p in k.params)
         cond = f"pf_b < {first + blocks}"
@@ -82,3 +82,24 @@ def pack_kernels(
         bytes_written=sum(k.bytes_written for k in parts),
         notes=notes,
     )
+
+
+def pack_parts(packed: Kernel) -> list[str]:
+    """The names of the kernels ``packed`` runs, in dispatch order ([] for a plain kernel)."""
+    return [m.name[5:] for m in packed.body if isinstance(m, KMark) and m.name.startswith("pack:")]
+
+
+def canonical_pack(packed: Kernel, parts: list[Kernel], part_canonical: list[str]) -> str:
+    """``packed``'s body in canonical form, for :mod:`polyfuse.cuda.dedup`: the dispatcher
+    with its kernel, part and buffer names replaced by positions, which parameter each part
+    reads, and each part's own canonical body. Two packs with equal forms compute the same
+    thing on different buffers (the twelve layers of a transformer pack alike)."""
+    names = {packed.name: "pfKERNEL"}
+    for i, k in enumerate(parts):
+        names[f"{packed.name}_p{i}"] = names[k.name] = f"pfPART{i}"
+    index = {p.name: j for j, p in enumerate(packed.params)}
+    names.update({name: f"pfT{j}" for name, j in index.items()})
+    dispatcher = packed.source[packed.source.rindex('extern "C" __global__') :]
+    canon = re.sub(r"\b\w+\b", lambda m: names.get(m.group(0), m.group(0)), dispatcher)
+    sharing = [[index[p.name] for p in k.params] for k in parts]
+    return "\n".join([canon, repr(sharing), *part_canonical])

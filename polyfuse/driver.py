@@ -36,6 +36,7 @@ from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_kernel
+from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import PRELUDE
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.errors import ExpressionError, ScheduleError
@@ -207,13 +208,17 @@ def compile(  # noqa: A001
     times["map+place+codegen"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     packs: list[PackDecision] = []
+    unpacked = {k.name: k for k in kernels}
     if pack:  # Layer 3: independent kernels share one launch
         models = [[sm.model for sm in groups[i].parts] for i in order]
         kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
-    functions = FunctionTable()  # identical bodies share one function; packs keep their own
+    functions = FunctionTable()  # identical bodies (and identical packs) share one function
     for k in kernels:
         if k.name in canonical:
             functions.bind(k, canonical[k.name])
+        elif (names := pack_parts(k)) and all(n in canonical for n in names):
+            parts = [unpacked[n] for n in names]
+            functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
         else:
             functions.own(k)
     source = PRELUDE + "\n" + functions.source()

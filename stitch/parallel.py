@@ -255,31 +255,34 @@ def plan_packs(
     if n < 2:
         return [[i] for i in range(n)], decisions
 
-    def reach() -> dict[int, int]:
-        """Bitmask of the clusters each cluster reaches, on the contracted DAG."""
+    def reach() -> tuple[dict[int, int], dict[int, int]]:
+        """Bitmasks of the clusters each cluster reaches and is reached from, on the contracted
+        DAG (iterative: folded along a topological order, so deep models need no recursion)."""
         succ: dict[int, set[int]] = {c: set() for c in members}
+        indeg = dict.fromkeys(members, 0)
         for j in range(n):
             for i in preds[j]:
-                if cluster[i] != cluster[j]:
-                    succ[cluster[i]].add(cluster[j])
-        memo: dict[int, int] = {}
-
-        def go(c: int) -> int:
-            if c not in memo:
-                memo[c] = 0
-                m = 0
-                for s in succ[c]:
-                    m |= (1 << s) | go(s)
-                memo[c] = m
-            return memo[c]
-
-        for c in members:
-            go(c)
-        return memo
-
-    def path(r: dict[int, int], a: int, b: int) -> bool:
-        ca, cb = cluster[a], cluster[b]
-        return bool(r[ca] >> cb & 1 or r[cb] >> ca & 1)
+                ci, cj = cluster[i], cluster[j]
+                if ci != cj and cj not in succ[ci]:
+                    succ[ci].add(cj)
+                    indeg[cj] += 1
+        order = [c for c in members if indeg[c] == 0]
+        for c in order:  # Kahn: the list grows while it is walked
+            for s in succ[c]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    order.append(s)
+        down = dict.fromkeys(members, 0)
+        up = dict.fromkeys(members, 0)
+        for c in reversed(order):
+            m = 0
+            for s in succ[c]:
+                m |= (1 << s) | down[s]
+            down[c] = m
+        for c in order:
+            for s in succ[c]:
+                up[s] |= (1 << c) | up[c]
+        return down, up
 
     for p in parts:
         if p.ineligible:
@@ -288,15 +291,21 @@ def plan_packs(
     alone = {i: modelled_us([parts[i]], device, cfg) for i in cand}
     cand.sort(key=lambda i: (-alone[i], i))
     visited: set[int] = set()
+    down: dict[int, int] = {}
+    up: dict[int, int] = {}
+    stale = True  # reachability changes only when a pack contracts clusters
     for a in cand:
         if a in visited:
             continue
-        r = reach()
+        if stale:
+            down, up = reach()
+            stale = False
         group, dependent = [a], []
+        related = down[cluster[a]] | up[cluster[a]]  # clusters with a path to or from the group
         for b in cand:
             if b == a or b in visited:
                 continue
-            if any(path(r, b, g) for g in group):
+            if related >> cluster[b] & 1:
                 dependent.append(parts[b].name)
                 continue
             conflict = _conflict(parts, accesses, shareable, b, group)
@@ -306,6 +315,7 @@ def plan_packs(
                 decisions.append(PackDecision(pair, False, why, kinds=kinds))
                 continue
             group.append(b)
+            related |= down[cluster[b]] | up[cluster[b]]
         if dependent:
             shown = ", ".join(dependent[:6]) + (
                 f" +{len(dependent) - 6} more" if dependent[6:] else ""
@@ -359,6 +369,7 @@ def plan_packs(
                     del members[i]
                     cluster[i] = rep
                 members[rep] = sorted(sub)
+                stale = True
                 why = (
                     f"cost model: separate {sep:.2f} us, packed {packed:.2f} us "
                     f"({lay.grid} blocks of {lay.block} threads, modelled)"

@@ -11,6 +11,7 @@ import pytest
 import polyfuse
 from polyfuse.cache import CompileCache
 from polyfuse.cuda.emulator import Emulator
+from polyfuse.cuda.pack import pack_parts
 from polyfuse.cuda.printer import PRELUDE
 from polyfuse.zoo import build
 
@@ -31,8 +32,8 @@ def test_source_has_one_body_per_distinct_kernel(gpt2):
     bodies = {}
     for k in fn.kernels:
         assert k.source in fn.cuda_source
-        if not k.function:
-            assert k.name.startswith("pk")  # a Layer 3 packed launch runs its own function
+        if not k.function:  # a pack with a part from outside the structural cache
+            assert k.name.startswith("pk")
             continue
         assert k.function.startswith("pf_")
         bodies.setdefault(k.function, k.source)
@@ -59,6 +60,15 @@ def test_shared_functions_give_identical_results(gpt2):
         np.testing.assert_array_equal(a, b)
     for a, r in zip(shared, m.reference(*args), strict=True):
         np.testing.assert_allclose(a, r, rtol=2e-3, atol=2e-3)
+
+
+def test_identical_packs_share_a_function(gpt2):
+    """The layers' Layer 3 packs are alike, so they run one function (they ran one each)."""
+    _, fn = gpt2
+    packs = [k for k in fn.kernels if pack_parts(k)]
+    assert len(packs) >= 2
+    assert all(k.function.startswith("pf_") for k in packs)
+    assert len({k.function for k in packs}) < len(packs)
 
 
 def test_warm_compile_shares_the_same_functions(tmp_path, gpt2):

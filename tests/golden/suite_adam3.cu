@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k0_b1m0_k0_b1m0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_441731d5b8e55f3b1981_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void pk0_k0_b1m0_k0_b1m0(float* __restrict__ m2_0, fl
   p2_0[b0 * 1024 + ((256 * b1) + t1)] = (p0[b0 * 1024 + ((256 * b1) + t1)] - r_step0);
 }
 
-__device__ __forceinline__ void pk0_k0_b1m0_k1_b1m1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_441731d5b8e55f3b1981_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -117,7 +117,7 @@ __device__ __forceinline__ void pk0_k0_b1m0_k1_b1m1(float* __restrict__ m2_1, fl
   p2_1[b0 * 1024 + ((256 * b1) + t1)] = (p1[b0 * 1024 + ((256 * b1) + t1)] - r_step1);
 }
 
-__device__ __forceinline__ void pk0_k0_b1m0_k2_b1m2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_441731d5b8e55f3b1981_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -153,13 +153,13 @@ __device__ __forceinline__ void pk0_k0_b1m0_k2_b1m2(float* __restrict__ m2_2, fl
   p2_2[b0 * 1024 + ((256 * b1) + t1)] = (p2[b0 * 1024 + ((256 * b1) + t1)] - r_step2);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk0_k0_b1m0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(256) pf_441731d5b8e55f3b1981(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1024) {  // k0_b1m0: 1024 blocks of 256
-    pk0_k0_b1m0_k0_b1m0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
+    pf_441731d5b8e55f3b1981_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2048) {  // k1_b1m1: 1024 blocks of 256
-    pk0_k0_b1m0_k1_b1m1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 1024, (int)threadIdx.x);
+    pf_441731d5b8e55f3b1981_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 1024, (int)threadIdx.x);
   } else if (pf_b < 3072) {  // k2_b1m2: 1024 blocks of 256
-    pk0_k0_b1m0_k2_b1m2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 2048, (int)threadIdx.x);
+    pf_441731d5b8e55f3b1981_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 2048, (int)threadIdx.x);
   }
 }

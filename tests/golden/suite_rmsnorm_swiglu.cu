@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k1_sig_a_k1_sig_a(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_0668dcca46d898e0bea3_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 43; _b /= 43;
   const int b0 = _b;
@@ -59,7 +59,7 @@ __device__ __forceinline__ void pk0_k1_sig_a_k1_sig_a(float* __restrict__ s, con
   s[b0 * 11008 + ((256 * b1) + t1)] = (r_silu * b[b0 * 11008 + ((256 * b1) + t1)]);
 }
 
-__device__ __forceinline__ void pk0_k1_sig_a_k0_xsq(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_0668dcca46d898e0bea3_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -88,12 +88,12 @@ __device__ __forceinline__ void pk0_k1_sig_a_k0_xsq(float* __restrict__ y, const
   }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pk0_k1_sig_a(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
+extern "C" __global__ void __launch_bounds__(1024) pf_0668dcca46d898e0bea3(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2752) {  // k1_sig_a: 11008 blocks of 256
     const int pf_v = (pf_b - 0) * 4 + (int)threadIdx.x / 256;
-    if (pf_v < 11008) pk0_k1_sig_a_k1_sig_a(s, a, b, pf_v, (int)threadIdx.x % 256);
+    if (pf_v < 11008) pf_0668dcca46d898e0bea3_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
   } else if (pf_b < 3008) {  // k0_xsq: 256 blocks of 1024
-    pk0_k1_sig_a_k0_xsq(y, x, w, pf_b - 2752, (int)threadIdx.x);
+    pf_0668dcca46d898e0bea3_p1(y, x, w, pf_b - 2752, (int)threadIdx.x);
   }
 }

@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float*
   }
 }
 
-__device__ __forceinline__ void pk2_k0_matmul0_k0_matmul0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -145,7 +145,7 @@ __device__ __forceinline__ void pk2_k0_matmul0_k0_matmul0(float* __restrict__ ad
   }
 }
 
-__device__ __forceinline__ void pk2_k0_matmul0_k4_reshape6(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -159,7 +159,7 @@ __device__ __forceinline__ void pk2_k0_matmul0_k4_reshape6(float* __restrict__ r
   reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk2_k0_matmul0_k7_reshape10(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -173,18 +173,18 @@ __device__ __forceinline__ void pk2_k0_matmul0_k7_reshape10(float* __restrict__ 
   reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk2_k0_matmul0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(256) pf_27a4fcb58858adb7a306(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pk2_k0_matmul0_k0_matmul0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_27a4fcb58858adb7a306_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pk2_k0_matmul0_k4_reshape6(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+    pf_27a4fcb58858adb7a306_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pk2_k0_matmul0_k7_reshape10(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+    pf_27a4fcb58858adb7a306_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk3_k1_reshape2_k1_reshape2(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -198,7 +198,7 @@ __device__ __forceinline__ void pk3_k1_reshape2_k1_reshape2(float* __restrict__ 
   reshape2[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add1[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk3_k1_reshape2_k5_transpose7(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -212,7 +212,7 @@ __device__ __forceinline__ void pk3_k1_reshape2_k5_transpose7(float* __restrict_
   transpose7[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape6[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk3_k1_reshape2_k8_transpose11(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -226,14 +226,14 @@ __device__ __forceinline__ void pk3_k1_reshape2_k8_transpose11(float* __restrict
   transpose11[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape10[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk3_k1_reshape2(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
+extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
-    pk3_k1_reshape2_k1_reshape2(reshape2, add1, pf_b - 0, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_transpose7: 2 blocks of 256
-    pk3_k1_reshape2_k5_transpose7(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_transpose11: 2 blocks of 256
-    pk3_k1_reshape2_k8_transpose11(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -587,147 +587,5 @@ extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float*
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul25[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul25_acc[ii1][ii2]; }
     }
-  }
-}
-
-__device__ __forceinline__ void pk17_k19_matmul29_k19_matmul29(float* __restrict__ add30, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm28[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer1_attn_q_w[1032];
-  float r_matmul29_acc[2][4];
-  float r_matmul29;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul29_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm28[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm28[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul29_acc[ii1][ii2] = r_matmul29_acc[ii1][ii2] + (s_layer_norm28[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul29 = r_matmul29_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add30[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul29 + layer1_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-__device__ __forceinline__ void pk17_k19_matmul29_k23_reshape35(float* __restrict__ reshape35, const float* __restrict__ add34, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape35[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add34[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pk17_k19_matmul29_k26_reshape39(float* __restrict__ reshape39, const float* __restrict__ add38, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape39[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add38[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pk17_k19_matmul29(float* __restrict__ add30, const float* __restrict__ layer_norm28, const float* __restrict__ layer1_attn_q_w, const float* __restrict__ layer1_attn_q_bias, float* __restrict__ reshape35, const float* __restrict__ add34, float* __restrict__ reshape39, const float* __restrict__ add38) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k19_matmul29: 2 blocks of 256
-    pk17_k19_matmul29_k19_matmul29(add30, layer_norm28, layer1_attn_q_w, layer1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k23_reshape35: 2 blocks of 256
-    pk17_k19_matmul29_k23_reshape35(reshape35, add34, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k26_reshape39: 2 blocks of 256
-    pk17_k19_matmul29_k26_reshape39(reshape39, add38, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pk18_k20_reshape31_k20_reshape31(float* __restrict__ reshape31, const float* __restrict__ add30, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape31[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add30[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pk18_k20_reshape31_k24_transpose36(float* __restrict__ transpose36, const float* __restrict__ reshape35, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose36[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape35[b0 * 256 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pk18_k20_reshape31_k27_transpose40(float* __restrict__ transpose40, const float* __restrict__ reshape39, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose40[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape39[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pk18_k20_reshape31(float* __restrict__ reshape31, const float* __restrict__ add30, float* __restrict__ transpose36, const float* __restrict__ reshape35, float* __restrict__ transpose40, const float* __restrict__ reshape39) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k20_reshape31: 2 blocks of 256
-    pk18_k20_reshape31_k20_reshape31(reshape31, add30, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k24_transpose36: 2 blocks of 256
-    pk18_k20_reshape31_k24_transpose36(transpose36, reshape35, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k27_transpose40: 2 blocks of 256
-    pk18_k20_reshape31_k27_transpose40(transpose40, reshape39, pf_b - 4, (int)threadIdx.x);
   }
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k1_reduce_sum1_k1_reduce_sum1(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p0(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -62,7 +62,7 @@ __device__ __forceinline__ void pk0_k1_reduce_sum1_k1_reduce_sum1(float* __restr
   r_reduce_sum1_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum1_acc, pf_scratch); if (l0 == 0) reduce_sum1[b0 * 4 + r0] = r_reduce_sum1_acc;
 }
 
-__device__ __forceinline__ void pk0_k1_reduce_sum1_k2_mul2(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p1(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -81,16 +81,16 @@ __device__ __forceinline__ void pk0_k1_reduce_sum1_k2_mul2(float* __restrict__ r
   r_reduce_sum3_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum3_acc, pf_scratch); if (l0 == 0) reduce_sum3[b0 * 4 + r0] = r_reduce_sum3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pk0_k1_reduce_sum1(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
+extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
   if (pf_b < 4) {  // k1_reduce_sum1: 4 blocks of 16
-    pk0_k1_reduce_sum1_k1_reduce_sum1(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
+    pf_8ccd18300f06f21ea62d_p0(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 8) {  // k2_mul2: 4 blocks of 16
-    pk0_k1_reduce_sum1_k2_mul2(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
+    pf_8ccd18300f06f21ea62d_p1(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk1_k3_mul4_k3_mul4(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_1f4d9f651bbe3a89ebad_p0(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -110,7 +110,7 @@ __device__ __forceinline__ void pk1_k3_mul4_k3_mul4(float* __restrict__ reduce_s
   r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-__device__ __forceinline__ void pk1_k3_mul4_k0_reduce_sum0(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_1f4d9f651bbe3a89ebad_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -126,12 +126,12 @@ __device__ __forceinline__ void pk1_k3_mul4_k0_reduce_sum0(float* __restrict__ r
   r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) pk1_k3_mul4(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
+extern "C" __global__ void __launch_bounds__(128) pf_1f4d9f651bbe3a89ebad(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k3_mul4: 1 blocks of 128
-    pk1_k3_mul4_k3_mul4(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
+    pf_1f4d9f651bbe3a89ebad_p0(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pk1_k3_mul4_k0_reduce_sum0(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+    pf_1f4d9f651bbe3a89ebad_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
   }
 }
 

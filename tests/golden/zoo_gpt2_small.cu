@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float*
   }
 }
 
-__device__ __forceinline__ void pk3_k1_matmul1_k1_matmul1(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -173,7 +173,7 @@ __device__ __forceinline__ void pk3_k1_matmul1_k1_matmul1(float* __restrict__ ad
   }
 }
 
-__device__ __forceinline__ void pk3_k1_matmul1_k5_reshape7(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -187,7 +187,7 @@ __device__ __forceinline__ void pk3_k1_matmul1_k5_reshape7(float* __restrict__ r
   reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk3_k1_matmul1_k8_reshape11(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -201,18 +201,18 @@ __device__ __forceinline__ void pk3_k1_matmul1_k8_reshape11(float* __restrict__ 
   reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk3_k1_matmul1(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(256) pf_27a4fcb58858adb7a306(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pk3_k1_matmul1_k1_matmul1(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_27a4fcb58858adb7a306_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pk3_k1_matmul1_k5_reshape7(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+    pf_27a4fcb58858adb7a306_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pk3_k1_matmul1_k8_reshape11(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+    pf_27a4fcb58858adb7a306_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk4_k2_reshape3_k2_reshape3(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -226,7 +226,7 @@ __device__ __forceinline__ void pk4_k2_reshape3_k2_reshape3(float* __restrict__ 
   reshape3[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add2[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk4_k2_reshape3_k6_transpose8(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -240,7 +240,7 @@ __device__ __forceinline__ void pk4_k2_reshape3_k6_transpose8(float* __restrict_
   transpose8[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape7[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk4_k2_reshape3_k9_transpose12(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -254,14 +254,14 @@ __device__ __forceinline__ void pk4_k2_reshape3_k9_transpose12(float* __restrict
   transpose12[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape11[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk4_k2_reshape3(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
+extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k2_reshape3: 2 blocks of 256
-    pk4_k2_reshape3_k2_reshape3(reshape3, add2, pf_b - 0, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p0(reshape3, add2, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k6_transpose8: 2 blocks of 256
-    pk4_k2_reshape3_k6_transpose8(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p1(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k9_transpose12: 2 blocks of 256
-    pk4_k2_reshape3_k9_transpose12(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p2(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -617,148 +617,6 @@ extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float*
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul27[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul27_acc[ii1][ii2]; }
     }
-  }
-}
-
-__device__ __forceinline__ void pk18_k20_matmul31_k20_matmul31(float* __restrict__ add32, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm30[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block1_attn_q_w[1032];
-  float r_matmul31_acc[2][4];
-  float r_matmul31;
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul31_acc[ii1][ii2] = 0.0f;
-    }
-  }
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if ((p0r <= 15)) {
-      s_layer_norm30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm30[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
-    }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block1_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block1_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
-    __syncthreads();
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul31_acc[ii1][ii2] = r_matmul31_acc[ii1][ii2] + (s_layer_norm30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block1_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul31 = r_matmul31_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add32[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul31 + block1_attn_q_bias[(t2 + (32 * ii2))]); }
-    }
-  }
-}
-
-__device__ __forceinline__ void pk18_k20_matmul31_k24_reshape37(float* __restrict__ reshape37, const float* __restrict__ add36, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape37[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add36[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pk18_k20_matmul31_k27_reshape41(float* __restrict__ reshape41, const float* __restrict__ add40, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape41[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add40[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pk18_k20_matmul31(float* __restrict__ add32, const float* __restrict__ layer_norm30, const float* __restrict__ block1_attn_q_w, const float* __restrict__ block1_attn_q_bias, float* __restrict__ reshape37, const float* __restrict__ add36, float* __restrict__ reshape41, const float* __restrict__ add40) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k20_matmul31: 2 blocks of 256
-    pk18_k20_matmul31_k20_matmul31(add32, layer_norm30, block1_attn_q_w, block1_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k24_reshape37: 2 blocks of 256
-    pk18_k20_matmul31_k24_reshape37(reshape37, add36, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k27_reshape41: 2 blocks of 256
-    pk18_k20_matmul31_k27_reshape41(reshape41, add40, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pk19_k21_reshape33_k21_reshape33(float* __restrict__ reshape33, const float* __restrict__ add32, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape33[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add32[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pk19_k21_reshape33_k25_transpose38(float* __restrict__ transpose38, const float* __restrict__ reshape37, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose38[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape37[b0 * 256 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pk19_k21_reshape33_k28_transpose42(float* __restrict__ transpose42, const float* __restrict__ reshape41, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose42[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape41[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pk19_k21_reshape33(float* __restrict__ reshape33, const float* __restrict__ add32, float* __restrict__ transpose38, const float* __restrict__ reshape37, float* __restrict__ transpose42, const float* __restrict__ reshape41) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k21_reshape33: 2 blocks of 256
-    pk19_k21_reshape33_k21_reshape33(reshape33, add32, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k25_transpose38: 2 blocks of 256
-    pk19_k21_reshape33_k25_transpose38(transpose38, reshape37, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k28_transpose42: 2 blocks of 256
-    pk19_k21_reshape33_k28_transpose42(transpose42, reshape41, pf_b - 4, (int)threadIdx.x);
   }
 }
 

@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_d742a21e2da0cf0683ee(float* 
   reshape1[t0 * 8 + t1] = r_slice0;
 }
 
-__device__ __forceinline__ void pk1_k1_matmul2_k1_matmul2(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_99c99f6d793fd0a9c03a_p0(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -86,7 +86,7 @@ __device__ __forceinline__ void pk1_k1_matmul2_k1_matmul2(float* __restrict__ sl
   }
 }
 
-__device__ __forceinline__ void pk1_k1_matmul2_k3_slice14(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_99c99f6d793fd0a9c03a_p1(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -98,13 +98,13 @@ __device__ __forceinline__ void pk1_k1_matmul2_k3_slice14(float* __restrict__ re
   reshape15[t0 * 8 + t1] = r_slice14;
 }
 
-extern "C" __global__ void __launch_bounds__(64) pk1_k1_matmul2(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape15, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(64) pf_99c99f6d793fd0a9c03a(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape15, const float* __restrict__ x) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_matmul2: 1 blocks of 64
-    pk1_k1_matmul2_k1_matmul2(slice4, slice6, slice7, reshape1, w_x, bias, pf_b - 0, (int)threadIdx.x);
+    pf_99c99f6d793fd0a9c03a_p0(slice4, slice6, slice7, reshape1, w_x, bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k3_slice14: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk1_k1_matmul2_k3_slice14(reshape15, x, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_99c99f6d793fd0a9c03a_p1(reshape15, x, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -207,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* 
   }
 }
 
-__device__ __forceinline__ void pk5_k6_tanh25_k6_tanh25(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_232dacedf12f04cba12c_p0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -231,7 +231,7 @@ __device__ __forceinline__ void pk5_k6_tanh25_k6_tanh25(float* __restrict__ add2
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-__device__ __forceinline__ void pk5_k6_tanh25_k7_slice33(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_232dacedf12f04cba12c_p1(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -243,7 +243,7 @@ __device__ __forceinline__ void pk5_k6_tanh25_k7_slice33(float* __restrict__ res
   reshape34[t0 * 8 + t1] = r_slice33;
 }
 
-__device__ __forceinline__ void pk5_k6_tanh25_k11_slice52(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_232dacedf12f04cba12c_p2(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -255,14 +255,14 @@ __device__ __forceinline__ void pk5_k6_tanh25_k11_slice52(float* __restrict__ re
   reshape53[t0 * 8 + t1] = r_slice52;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pk5_k6_tanh25(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
+extern "C" __global__ void __launch_bounds__(16) pf_232dacedf12f04cba12c(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k6_tanh25: 1 blocks of 16
-    pk5_k6_tanh25_k6_tanh25(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
+    pf_232dacedf12f04cba12c_p0(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k7_slice33: 1 blocks of 16
-    pk5_k6_tanh25_k7_slice33(reshape34, x, pf_b - 1, (int)threadIdx.x);
+    pf_232dacedf12f04cba12c_p1(reshape34, x, pf_b - 1, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k11_slice52: 1 blocks of 16
-    pk5_k6_tanh25_k11_slice52(reshape53, x, pf_b - 2, (int)threadIdx.x);
+    pf_232dacedf12f04cba12c_p2(reshape53, x, pf_b - 2, (int)threadIdx.x);
   }
 }
 

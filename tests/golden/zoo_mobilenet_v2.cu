@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -53,7 +53,7 @@ __device__ __forceinline__ void pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(fl
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k4_batch_norm5_scale(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -61,7 +61,7 @@ __device__ __forceinline__ void pk0_k1_batch_norm1_scale_k4_batch_norm5_scale(fl
   batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k7_batch_norm9_scale(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -69,7 +69,7 @@ __device__ __forceinline__ void pk0_k1_batch_norm1_scale_k7_batch_norm9_scale(fl
   batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk0_k1_batch_norm1_scale_k0_conv2d0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -127,19 +127,19 @@ __device__ __forceinline__ void pk0_k1_batch_norm1_scale_k0_conv2d0(float* __res
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk0_k1_batch_norm1_scale(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_cae76bf93416d78f38f2(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm1_scale_k1_batch_norm1_scale(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_cae76bf93416d78f38f2_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
     const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm1_scale_k4_batch_norm5_scale(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_cae76bf93416d78f38f2_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pk0_k1_batch_norm1_scale_k7_batch_norm9_scale(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_cae76bf93416d78f38f2_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 11) {  // k0_conv2d0: 8 blocks of 256
-    pk0_k1_batch_norm1_scale_k0_conv2d0(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
+    pf_cae76bf93416d78f38f2_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
   }
 }
 
@@ -232,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_7abc6d322cf3cbbfc450(float*
   }
 }
 
-__device__ __forceinline__ void pk5_k8_batch_norm9_k8_batch_norm9(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_6222dcc8e5f5a6d9dd92_p0(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -246,7 +246,7 @@ __device__ __forceinline__ void pk5_k8_batch_norm9_k8_batch_norm9(float* __restr
   add10[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = (minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm9);
 }
 
-__device__ __forceinline__ void pk5_k8_batch_norm9_k10_batch_norm12_scale(float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_6222dcc8e5f5a6d9dd92_p1(float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -254,13 +254,13 @@ __device__ __forceinline__ void pk5_k8_batch_norm9_k10_batch_norm12_scale(float*
   batch_norm12_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk5_k8_batch_norm9(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
+extern "C" __global__ void __launch_bounds__(256) pf_6222dcc8e5f5a6d9dd92(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k8_batch_norm9: 2 blocks of 256
-    pk5_k8_batch_norm9_k8_batch_norm9(add10, conv2d8, stage1_block0_project_bn_mean, batch_norm9_scale, stage1_block0_project_bn_beta, minimum3, pf_b - 0, (int)threadIdx.x);
+    pf_6222dcc8e5f5a6d9dd92_p0(add10, conv2d8, stage1_block0_project_bn_mean, batch_norm9_scale, stage1_block0_project_bn_beta, minimum3, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k10_batch_norm12_scale: 1 blocks of 16
     const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk5_k8_batch_norm9_k10_batch_norm12_scale(batch_norm12_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_6222dcc8e5f5a6d9dd92_p1(batch_norm12_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -334,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_190f7be0d6a8dbcccb71(float*
   minimum14[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu13, 6.0f);
 }
 
-__device__ __forceinline__ void pk8_k12_conv2d15_k12_conv2d15(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c02b38d310448a333f16_p0(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -353,7 +353,7 @@ __device__ __forceinline__ void pk8_k12_conv2d15_k12_conv2d15(float* __restrict_
   conv2d15[0 * 256 + t0 * 16 + t1 * 4 + t2] = r_conv2d15_acc;
 }
 
-__device__ __forceinline__ void pk8_k12_conv2d15_k13_batch_norm16_scale(float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c02b38d310448a333f16_p1(float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -361,7 +361,7 @@ __device__ __forceinline__ void pk8_k12_conv2d15_k13_batch_norm16_scale(float* _
   batch_norm16_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk8_k12_conv2d15_k27_batch_norm33_scale(float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c02b38d310448a333f16_p2(float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -369,16 +369,16 @@ __device__ __forceinline__ void pk8_k12_conv2d15_k27_batch_norm33_scale(float* _
   batch_norm33_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(256) pk8_k12_conv2d15(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
+extern "C" __global__ void __launch_bounds__(256) pf_c02b38d310448a333f16(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k12_conv2d15: 1 blocks of 256
-    pk8_k12_conv2d15_k12_conv2d15(conv2d15, minimum14, stage2_block0_dw_w, pf_b - 0, (int)threadIdx.x);
+    pf_c02b38d310448a333f16_p0(conv2d15, minimum14, stage2_block0_dw_w, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k13_batch_norm16_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk8_k12_conv2d15_k13_batch_norm16_scale(batch_norm16_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_c02b38d310448a333f16_p1(batch_norm16_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 3) {  // k27_batch_norm33_scale: 1 blocks of 16
     const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pk8_k12_conv2d15_k27_batch_norm33_scale(batch_norm33_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_c02b38d310448a333f16_p2(batch_norm33_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -452,7 +452,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_58f6a457e5a2f8a7d99a(float*
   }
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k16_batch_norm20_scale(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a63ab2e6b57ebcafa0bd_p0(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -466,7 +466,7 @@ __device__ __forceinline__ void pk11_k16_batch_norm20_scale_k16_batch_norm20_sca
   }
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k18_batch_norm22_scale(float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a63ab2e6b57ebcafa0bd_p1(float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -474,7 +474,7 @@ __device__ __forceinline__ void pk11_k16_batch_norm20_scale_k18_batch_norm22_sca
   batch_norm22_scale[t0] = (stage2_block1_expand_bn_gamma[t0] * rsqrtf((stage2_block1_expand_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k21_batch_norm26_scale(float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a63ab2e6b57ebcafa0bd_p2(float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -482,7 +482,7 @@ __device__ __forceinline__ void pk11_k16_batch_norm20_scale_k21_batch_norm26_sca
   batch_norm26_scale[t0] = (stage2_block1_dw_bn_gamma[t0] * rsqrtf((stage2_block1_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pk11_k16_batch_norm20_scale_k24_batch_norm30_scale(float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a63ab2e6b57ebcafa0bd_p3(float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -490,18 +490,18 @@ __device__ __forceinline__ void pk11_k16_batch_norm20_scale_k24_batch_norm30_sca
   batch_norm30_scale[t0] = (stage2_block1_project_bn_gamma[t0] * rsqrtf((stage2_block1_project_bn_var[t0] + 1e-05f)));
 }
 
-extern "C" __global__ void __launch_bounds__(24) pk11_k16_batch_norm20_scale(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var) {
+extern "C" __global__ void __launch_bounds__(24) pf_a63ab2e6b57ebcafa0bd(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k16_batch_norm20_scale: 1 blocks of 12
     const int pf_v = (pf_b - 0) * 2 + (int)threadIdx.x / 12;
-    if (pf_v < 1) pk11_k16_batch_norm20_scale_k16_batch_norm20_scale(batch_norm20, stage2_block0_project_bn_gamma, stage2_block0_project_bn_var, conv2d19, stage2_block0_project_bn_mean, stage2_block0_project_bn_beta, pf_v, (int)threadIdx.x % 12);
+    if (pf_v < 1) pf_a63ab2e6b57ebcafa0bd_p0(batch_norm20, stage2_block0_project_bn_gamma, stage2_block0_project_bn_var, conv2d19, stage2_block0_project_bn_mean, stage2_block0_project_bn_beta, pf_v, (int)threadIdx.x % 12);
   } else if (pf_b < 2) {  // k18_batch_norm22_scale: 1 blocks of 24
-    pk11_k16_batch_norm20_scale_k18_batch_norm22_scale(batch_norm22_scale, stage2_block1_expand_bn_gamma, stage2_block1_expand_bn_var, pf_b - 1, (int)threadIdx.x);
+    pf_a63ab2e6b57ebcafa0bd_p1(batch_norm22_scale, stage2_block1_expand_bn_gamma, stage2_block1_expand_bn_var, pf_b - 1, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k21_batch_norm26_scale: 1 blocks of 24
-    pk11_k16_batch_norm20_scale_k21_batch_norm26_scale(batch_norm26_scale, stage2_block1_dw_bn_gamma, stage2_block1_dw_bn_var, pf_b - 2, (int)threadIdx.x);
+    pf_a63ab2e6b57ebcafa0bd_p2(batch_norm26_scale, stage2_block1_dw_bn_gamma, stage2_block1_dw_bn_var, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k24_batch_norm30_scale: 1 blocks of 12
     const int pf_v = (pf_b - 3) * 2 + (int)threadIdx.x / 12;
-    if (pf_v < 1) pk11_k16_batch_norm20_scale_k24_batch_norm30_scale(batch_norm30_scale, stage2_block1_project_bn_gamma, stage2_block1_project_bn_var, pf_v, (int)threadIdx.x % 12);
+    if (pf_v < 1) pf_a63ab2e6b57ebcafa0bd_p3(batch_norm30_scale, stage2_block1_project_bn_gamma, stage2_block1_project_bn_var, pf_v, (int)threadIdx.x % 12);
   }
 }
 

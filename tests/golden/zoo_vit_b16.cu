@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k0_conv2d0_conv_k0_conv2d0_conv(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -105,7 +105,7 @@ __device__ __forceinline__ void pk0_k0_conv2d0_conv_k0_conv2d0_conv(float* __res
   }
 }
 
-__device__ __forceinline__ void pk0_k0_conv2d0_conv_k3_cls_token_bcast(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -115,12 +115,12 @@ __device__ __forceinline__ void pk0_k0_conv2d0_conv_k3_cls_token_bcast(float* __
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pk0_k0_conv2d0_conv(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(64) pf_b5060a9828c04f8ffa64(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
   if (pf_b < 8) {  // k0_conv2d0_conv: 8 blocks of 64
-    pk0_k0_conv2d0_conv_k0_conv2d0_conv(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+    pf_b5060a9828c04f8ffa64_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
-    pk0_k0_conv2d0_conv_k3_cls_token_bcast(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+    pf_b5060a9828c04f8ffa64_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
   }
 }
 
@@ -242,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_fdc378856d0d94e1166d(float*
   }
 }
 
-__device__ __forceinline__ void pk8_k10_reshape12_k10_reshape12(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d8b6ef80438e28f4dd50_p0(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -256,7 +256,7 @@ __device__ __forceinline__ void pk8_k10_reshape12_k10_reshape12(float* __restric
   reshape12[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add11[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk8_k10_reshape12_k13_reshape16(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d8b6ef80438e28f4dd50_p1(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -270,16 +270,16 @@ __device__ __forceinline__ void pk8_k10_reshape12_k13_reshape16(float* __restric
   reshape16[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add15[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pk8_k10_reshape12(float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
+extern "C" __global__ void __launch_bounds__(160) pf_d8b6ef80438e28f4dd50(float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k10_reshape12: 2 blocks of 160
-    pk8_k10_reshape12_k10_reshape12(reshape12, add11, pf_b - 0, (int)threadIdx.x);
+    pf_d8b6ef80438e28f4dd50_p0(reshape12, add11, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k13_reshape16: 2 blocks of 160
-    pk8_k10_reshape12_k13_reshape16(reshape16, add15, pf_b - 2, (int)threadIdx.x);
+    pf_d8b6ef80438e28f4dd50_p1(reshape16, add15, pf_b - 2, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pk9_k7_reshape8_k7_reshape8(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p0(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -293,7 +293,7 @@ __device__ __forceinline__ void pk9_k7_reshape8_k7_reshape8(float* __restrict__ 
   reshape8[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add7[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pk9_k7_reshape8_k11_transpose13(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p1(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -307,7 +307,7 @@ __device__ __forceinline__ void pk9_k7_reshape8_k11_transpose13(float* __restric
   transpose13[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape12[b0 * 160 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pk9_k7_reshape8_k14_transpose17(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p2(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -321,14 +321,14 @@ __device__ __forceinline__ void pk9_k7_reshape8_k14_transpose17(float* __restric
   transpose17[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape16[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pk9_k7_reshape8(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
+extern "C" __global__ void __launch_bounds__(160) pf_3e32ad54a3c2f0ccba72(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k7_reshape8: 2 blocks of 160
-    pk9_k7_reshape8_k7_reshape8(reshape8, add7, pf_b - 0, (int)threadIdx.x);
+    pf_3e32ad54a3c2f0ccba72_p0(reshape8, add7, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k11_transpose13: 2 blocks of 160
-    pk9_k7_reshape8_k11_transpose13(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
+    pf_3e32ad54a3c2f0ccba72_p1(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k14_transpose17: 2 blocks of 160
-    pk9_k7_reshape8_k14_transpose17(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
+    pf_3e32ad54a3c2f0ccba72_p2(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -686,96 +686,6 @@ extern "C" __global__ void __launch_bounds__(256) pf_db854838757106ca16bd(float*
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul31[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul31_acc[ii1][ii2]; }
     }
-  }
-}
-
-__device__ __forceinline__ void pk24_k29_reshape41_k29_reshape41(float* __restrict__ reshape41, const float* __restrict__ add40, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape41[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add40[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pk24_k29_reshape41_k32_reshape45(float* __restrict__ reshape45, const float* __restrict__ add44, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape45[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add44[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pk24_k29_reshape41(float* __restrict__ reshape41, const float* __restrict__ add40, float* __restrict__ reshape45, const float* __restrict__ add44) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k29_reshape41: 2 blocks of 160
-    pk24_k29_reshape41_k29_reshape41(reshape41, add40, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k32_reshape45: 2 blocks of 160
-    pk24_k29_reshape41_k32_reshape45(reshape45, add44, pf_b - 2, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pk25_k26_reshape37_k26_reshape37(float* __restrict__ reshape37, const float* __restrict__ add36, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape37[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add36[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pk25_k26_reshape37_k30_transpose42(float* __restrict__ transpose42, const float* __restrict__ reshape41, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 5; _t /= 5;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose42[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape41[b0 * 160 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pk25_k26_reshape37_k33_transpose46(float* __restrict__ transpose46, const float* __restrict__ reshape45, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose46[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape45[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pk25_k26_reshape37(float* __restrict__ reshape37, const float* __restrict__ add36, float* __restrict__ transpose42, const float* __restrict__ reshape41, float* __restrict__ transpose46, const float* __restrict__ reshape45) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k26_reshape37: 2 blocks of 160
-    pk25_k26_reshape37_k26_reshape37(reshape37, add36, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k30_transpose42: 2 blocks of 160
-    pk25_k26_reshape37_k30_transpose42(transpose42, reshape41, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k33_transpose46: 2 blocks of 160
-    pk25_k26_reshape37_k33_transpose46(transpose46, reshape45, pf_b - 4, (int)threadIdx.x);
   }
 }
 

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pk0_k3_matmul10_k3_matmul10(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_049630550a28d624e0f8_p0(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -58,7 +58,7 @@ __device__ __forceinline__ void pk0_k3_matmul10_k3_matmul10(float* __restrict__ 
   matmul10[t0 + 0] = r_matmul10_acc;
 }
 
-__device__ __forceinline__ void pk0_k3_matmul10_k0_reshape0(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_049630550a28d624e0f8_p1(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -72,13 +72,13 @@ __device__ __forceinline__ void pk0_k3_matmul10_k0_reshape0(float* __restrict__ 
   concat1[t0 * 17 + t1] = ((t1 < 12) ? r_reshape0 : dense_features[t0 * 5 + (t1 - 12)]);
 }
 
-extern "C" __global__ void __launch_bounds__(68) pk0_k3_matmul10(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
+extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k3_matmul10: 1 blocks of 4
     const int pf_v = (pf_b - 0) * 17 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pk0_k3_matmul10_k3_matmul10(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
+    if (pf_v < 1) pf_049630550a28d624e0f8_p0(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
   } else if (pf_b < 2) {  // k0_reshape0: 1 blocks of 68
-    pk0_k3_matmul10_k0_reshape0(concat1, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
+    pf_049630550a28d624e0f8_p1(concat1, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
   }
 }
 
