@@ -21,6 +21,13 @@ from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.model import PolyModel
 
 DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
+# Bound on every schedule coefficient isl may choose. isl's search for a non-trivial band row
+# (isl_tab_basic_set_non_trivial_lexmin, reached from compute_wcc_band) does not count
+# against the operation budget, and by default (schedule_treat_coalescing) its coefficients
+# are bounded only by each loop's extent: on a few small graphs it enumerated for minutes.
+# Fused DL schedules use coefficients 0/±1 (a stride at most a few), so a small bound keeps
+# every schedule and makes the search short and deterministic.
+MAX_COEFFICIENT = 4
 WHOLE_COMPONENT_MAX_STATEMENTS = 5
 
 
@@ -151,6 +158,7 @@ def _run_scheduler(
     sc: isl.ScheduleConstraints, ctx: isl.Context, budget: int, whole_component: bool
 ) -> tuple[isl.Schedule | None, bool]:
     ctx.set_schedule_whole_component(1 if whole_component else 0)
+    ctx.set_schedule_max_coefficient(MAX_COEFFICIENT)
     ctx.set_max_operations(budget)
     ctx.reset_operations()
     try:
@@ -160,6 +168,7 @@ def _run_scheduler(
         return None, True
     finally:
         ctx.set_max_operations(0)
+        ctx.set_schedule_max_coefficient(-1)
         ctx.set_schedule_whole_component(0)
 
 
