@@ -17,8 +17,10 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import polyfuse
+import polyfuse.poly.schedule as schedule
 from polyfuse import te
 from polyfuse.reference import evaluate
 
@@ -28,30 +30,31 @@ GRAPH = '''
 from polyfuse import te
 
 
-def build():
-    """x0, x2 (7x257); t1 = x0^T; b3 = min(x0, x2); b4 = min(b3, x0); r5 = max of b3."""
-    x0 = te.placeholder((7, 257), name="g2_x0")
-    t1 = te.compute((257, 7), lambda i0, i1: x0[i1, i0], name="g2_t1")
-    x2 = te.placeholder((7, 257), name="g2_x2")
-    b3 = te.compute((7, 257), lambda i0, i1: te.minimum(x0[i0, i1], x2[i0, i1]), name="g2_b3")
-    b4 = te.compute((7, 257), lambda i0, i1: te.minimum(b3[i0, i1], x0[i0, i1]), name="g2_b4")
-    k0 = te.reduce_axis(7, name="g2_r5_k0")
-    k1 = te.reduce_axis(257, name="g2_r5_k1")
+def build(m=7, n=257):
+    """x0, x2 (m x n); t1 = x0^T; b3 = min(x0, x2); b4 = min(b3, x0); r5 = max of b3."""
+    x0 = te.placeholder((m, n), name="g2_x0")
+    t1 = te.compute((n, m), lambda i0, i1: x0[i1, i0], name="g2_t1")
+    x2 = te.placeholder((m, n), name="g2_x2")
+    b3 = te.compute((m, n), lambda i0, i1: te.minimum(x0[i0, i1], x2[i0, i1]), name="g2_b3")
+    b4 = te.compute((m, n), lambda i0, i1: te.minimum(b3[i0, i1], x0[i0, i1]), name="g2_b4")
+    k0 = te.reduce_axis(m, name="g2_r5_k0")
+    k1 = te.reduce_axis(n, name="g2_r5_k1")
     r5 = te.compute((1, 1), lambda i0, i1: te.max(b3[k0, k1], axis=[k0, k1]), name="g2_r5")
     return [x0, x2], [t1, b4, r5]
 '''
 
 
-def _build() -> tuple[list[te.Tensor], list[te.Tensor]]:
+def _build(m: int = 7, n: int = 257) -> tuple[list[te.Tensor], list[te.Tensor]]:
     scope: dict = {}
     exec(GRAPH, scope)  # noqa: S102 - the same source the subprocess compiles
-    return scope["build"]()
+    return scope["build"](m, n)
 
 
-def test_whole_component_schedule_of_fuzz_graph_finishes_and_is_correct():
+def _compile_in_subprocess(m: int, n: int) -> None:
+    """Compile the graph in a child process; fail if it takes over COMPILE_LIMIT_S."""
     script = GRAPH + (
         "\nimport polyfuse\n"
-        "ins, outs = build()\n"
+        f"ins, outs = build({m}, {n})\n"
         "polyfuse.compile(ins, outs, check_cuda=False, name='fuzz')\n"
     )
     t0 = time.perf_counter()
@@ -69,6 +72,9 @@ def test_whole_component_schedule_of_fuzz_graph_finishes_and_is_correct():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.perf_counter() - t0 < COMPILE_LIMIT_S
 
+
+def test_whole_component_schedule_of_fuzz_graph_finishes_and_is_correct():
+    _compile_in_subprocess(7, 257)
     inputs, outputs = _build()
     fn = polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz")
     rng = np.random.default_rng(3)
@@ -80,3 +86,26 @@ def test_whole_component_schedule_of_fuzz_graph_finishes_and_is_correct():
     want = evaluate(outputs, dict(zip(inputs, feeds, strict=True)))
     for t, g, w in zip(outputs, got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=t.name)
+
+
+def test_whole_component_retry_runs_under_its_own_small_budget(monkeypatch):
+    """The retry's pivots grow expensive with the loop extents: it gets a budget of its own."""
+    calls: list[tuple[int, bool]] = []
+    run = schedule._run_scheduler
+
+    def spy(sc, ctx, budget, whole_component):
+        calls.append((budget, whole_component))
+        return run(sc, ctx, budget, whole_component)
+
+    monkeypatch.setattr(schedule, "_run_scheduler", spy)
+    inputs, outputs = _build()
+    polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz")
+    retries = [b for b, whole in calls if whole]
+    assert retries and all(b <= schedule.WHOLE_COMPONENT_BUDGET for b in retries)
+    assert any(b == schedule.DEFAULT_BUDGET for b, whole in calls if not whole)
+
+
+@pytest.mark.slow
+def test_whole_component_retry_with_wide_loops_finishes():
+    """With 4099-wide loops even the coefficient bound leaves the retry slow: its budget ends it."""
+    _compile_in_subprocess(7, 4099)
