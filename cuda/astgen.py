@@ -93,8 +93,72 @@ def convert_node(n: isl.AstNode) -> list[KNode]:
     raise NotImplementedError(f"isl AST node type {t}")
 
 
+def _implied(prefix: isl.UnionMap, member: isl.UnionMap, domain: isl.UnionSet) -> bool:
+    """Whether ``member`` is a function of ``prefix`` on ``domain`` (it orders nothing)."""
+    member = member.intersect_domain(domain)
+    return prefix.intersect_domain(domain).reverse().apply_range(member).is_single_valued()
+
+
+def _trim_band(node: isl.ScheduleNode) -> tuple[isl.ScheduleNode, bool]:
+    """Drop the band members that the schedule before them determines.
+
+    Returns the node at the same position and whether the whole band went (the node is then
+    the band's child).
+    """
+    domain = node.get_domain()
+    acc = node.get_prefix_schedule_union_map()
+    part = node.band_get_partial_schedule()
+    n = node.band_n_member()
+    keep = []
+    for j in range(n):
+        member = isl.UnionMap.from_union_pw_aff(part.get_at(j))
+        if not _implied(acc, member, domain):
+            keep.append(j)
+            acc = acc.flat_range_product(member)
+    if len(keep) == n:
+        return node, False
+    if not keep:
+        return node.delete(), True
+    flags = [node.band_member_get_coincident(j) for j in keep]
+    permutable = node.band_get_permutable()
+    for j in reversed(range(n)):
+        if j not in keep:
+            part = part.drop_dims(isl.dim_type.set, j, 1)
+    node = node.delete().insert_partial_schedule(part).band_set_permutable(permutable)
+    for i, c in enumerate(flags):
+        node = node.band_member_set_coincident(i, c)
+    return node, False
+
+
+def _visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Trim every band at or below ``node``; returns the node at the same position."""
+    if node.get_type() == isl.schedule_node_type.band:
+        node, gone = _trim_band(node)
+        if gone:
+            return _visit(node)  # trim what took the band's place
+    return _visit_children(node)
+
+
+def _visit_children(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    for i in range(node.n_children()):
+        node = _visit(node.child(i)).parent()
+    return node
+
+
+def drop_implied_members(sched: isl.Schedule) -> isl.Schedule:
+    """The same execution order without band members the enclosing schedule determines.
+
+    Such members order nothing (every instance already has its own outer schedule value),
+    but isl's AST generator mishandles some of them: after isl's scheduler put
+    ``[8r0 + 4r1 + 2r2 + r3]`` above ``[r0, r1, r2]`` (four reduce axes of extent 2), it
+    emitted a loop that ran half of the instances (r2 = 0 only) — a silently wrong
+    reduction. Removing them gives isl the schedule it generates correctly.
+    """
+    return _visit(sched.get_root()).get_schedule()
+
+
 def generate_ast(mm: MappedMicrograph) -> tuple[isl.AstNode, list[KNode]]:
     """Run isl AST generation on the mapped schedule; return isl's AST and ours."""
     build = isl.AstBuild.from_context(mm.context)
-    ast = build.node_from_schedule(mm.schedule)
+    ast = build.node_from_schedule(drop_implied_members(mm.schedule))
     return ast, convert_node(ast)

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from polyfuse.errors import CompilerNotFound, CudaCompileError
+from polyfuse.settings import cache_root
 from polyfuse.store import Store, write_atomic
 
 __all__ = [
@@ -517,13 +518,10 @@ def compiler_version(compiler: str) -> str:
 def cache_dir() -> Path | None:
     """Where compiled binaries are cached: ``$POLYFUSE_CACHE/cuda`` or ``~/.cache/polyfuse/cuda``.
 
-    ``POLYFUSE_CACHE=off`` (or ``0``, ``none``) disables the cache and returns None.
+    ``POLYFUSE_CACHE=off`` (or ``0``, ``none``, ``false``) disables the cache and returns None.
     """
-    env = os.environ.get("POLYFUSE_CACHE")
-    if env is not None and env.strip().lower() in ("", "0", "off", "none", "false"):
-        return None
-    base = Path(env).expanduser() if env else Path.home() / ".cache" / "polyfuse"
-    return base / "cuda"
+    root = cache_root()
+    return None if root is None else root / "cuda"
 
 
 def _arch_number(arch: str) -> int:

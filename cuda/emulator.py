@@ -85,6 +85,7 @@ from pathlib import Path
 import numpy as np
 
 from polyfuse.errors import CallError, CompilerNotFound, EmulatorError, RaceError
+from polyfuse.settings import cache_root
 from polyfuse.store import Store, write_atomic
 
 from .launch import Launch, LaunchTraffic, marshal
@@ -561,11 +562,10 @@ def _process_temp_dir() -> Path:
 
 
 def _default_cache_dir() -> Path:
-    root = os.environ.get("POLYFUSE_CACHE")
-    if root and root.lower() == "off":  # one temporary directory for this process
+    root = cache_root()
+    if root is None:  # one temporary directory for this process
         return _process_temp_dir()
-    base = Path(root) if root else Path.home() / ".cache" / "polyfuse"
-    return base / "emulator"
+    return root / "emulator"
 
 
 def _hash(*parts: str | bytes) -> str:

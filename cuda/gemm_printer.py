@@ -2,10 +2,12 @@
 
 isl generates the loop AST from the tiled schedule map (:func:`generate_gemm_ast`); this module
 prints it: copy statements ``C_x`` fill the ``__shared__`` tiles (zeros outside the array),
-barrier statements become ``__syncthreads()``, the accumulator is a register array indexed by
-the micro-tile loop variables (loops with constant trip counts get ``#pragma unroll`` so the
-array lives in registers), promoted reads index the shared tile, and epilogue statements are
-guarded by the original domain (the schedule runs on whole tiles).
+barrier statements become IR barriers (``lower_barriers.lower_sync_statements``), the
+accumulator is a register array indexed by the micro-tile loop variables (loops with constant
+trip counts get ``#pragma unroll`` so the array lives in registers), promoted reads index the
+shared tile, and epilogue statements are guarded by the original domain (the schedule runs on
+whole tiles). Not yet a pure function of the kernel IR: parameters, tiles and copies are still
+decided here (issue 11).
 """
 
 from __future__ import annotations
@@ -13,8 +15,20 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse.cuda.astgen import convert_expr, convert_node
-from polyfuse.cuda.kernel_ast import KDef, Kernel, KFor, KIf, KInt, KMark, KNode, KParam, KStmt
-from polyfuse.cuda.printer import BodyPrinter, _decompose, c_index
+from polyfuse.cuda.kernel_ast import (
+    KBarrier,
+    KDef,
+    Kernel,
+    KFor,
+    KIf,
+    KInt,
+    KMark,
+    KNode,
+    KParam,
+    KStmt,
+)
+from polyfuse.cuda.lower_barriers import lower_sync_statements
+from polyfuse.cuda.printer import _BARRIER, BodyPrinter, _decompose, c_index
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.promote import SYNC_AFTER, SYNC_BEFORE, GemmKernel
 
@@ -102,8 +116,6 @@ def print_gemm_kernel(
         return f"s_{p.tensor}[{dst}] = {value};"
 
     def emit_stmt(n: KStmt) -> str:
-        if n.stmt in (SYNC_BEFORE, SYNC_AFTER):
-            return "__syncthreads();"
         if n.stmt in prom:
             return copy(n)
         s = stmts[n.stmt]
@@ -141,6 +153,10 @@ def print_gemm_kernel(
                 out.append(f"{pad}}}")
             elif isinstance(n, KStmt):
                 out.append(pad + emit_stmt(n))
+            elif isinstance(n, KBarrier):
+                out.append(f"{pad}{_BARRIER[n.scope]};")
+            else:
+                raise TypeError(f"the GEMM printer has no rule for {type(n).__name__}")
         return out
 
     params: list[KParam] = []
@@ -167,7 +183,7 @@ def print_gemm_kernel(
     for ident, p in placements.items():
         if ident != bp.acc and p.in_register:
             lines.append(f"  float r_{ident};")
-    lines += emit(body, 1)
+    lines += emit(lower_sync_statements(body, frozenset((SYNC_BEFORE, SYNC_AFTER))), 1)
     lines.append("}")
     grid = 1
     for g in gk.grid_dims:

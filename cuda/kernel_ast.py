@@ -1,13 +1,15 @@
 """A small kernel AST of our own, between isl's AST and CUDA C text.
 
 isl's AST (for/if/block/user nodes over isl expressions) is converted into these dataclasses so
-later passes (parallel reductions, pipelining) can rewrite plain Python objects, and so the
-printer never touches isl. ``print(kernel)`` shows the pseudo-code.
+the printer never touches isl. Lowering passes (``cuda/lower_*.py``) turn one :class:`KernelIR`
+into a new one — allocations, barriers, combines, element types become explicit nodes — and the
+CUDA printer only writes what the IR says. ``print(ir)`` shows the pseudo-code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 
 class KExpr:
@@ -100,6 +102,161 @@ class KParam:
     tensor: str | None = None  # buffer name for pointers
 
 
+class MemSpace(StrEnum):
+    """Where a buffer lives."""
+
+    GLOBAL = "global"
+    SHARED = "shared"
+    REGISTER = "register"
+
+
+class Scope(StrEnum):
+    """Which threads a barrier or a combine spans."""
+
+    WARP = "warp"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True)
+class KAlloc(KNode):
+    """A buffer declared in the kernel.
+
+    ``offset`` (elements) places a shared buffer in the kernel's dynamic shared memory; None
+    declares it statically. ``lo`` are the per-dimension lower bounds of a shared tile (the
+    tile holds ``name[i - lo]``).
+    """
+
+    name: str
+    space: MemSpace
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int | None = None
+    lo: tuple[KExpr, ...] = ()
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class KBarrier(KNode):
+    """All threads of ``scope`` wait here; ``note`` says which dependence it orders."""
+
+    scope: Scope
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KCombine:
+    """The lanes of a parallel reduction combined at its final statement.
+
+    ``form`` "y": lanes are consecutive threads (warp shuffles, then ``scratch`` across warps);
+    "x": ``lanes`` thread rows of ``kept`` threads each, combined in ``scratch``.
+    ``reductions`` are the primitives whose lanes hold partial results.
+    """
+
+    form: str
+    lanes: int
+    kept: int
+    scope: Scope
+    scratch: str
+    reductions: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KCopy(KNode):
+    """``dst[dst_index] = src[src_index]`` (a promotion copy; ``fill`` outside ``guard``)."""
+
+    dst: str
+    dst_index: tuple[KExpr, ...]
+    src: str
+    src_index: tuple[KExpr, ...]
+    guard: KExpr | None = None
+    fill: float = 0.0
+
+
+@dataclass(frozen=True)
+class KAsyncCopy(KCopy):
+    """A :class:`KCopy` issued asynchronously (``cp.async``) into commit group ``group``."""
+
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class KWait(KNode):
+    """Wait until at most ``pending`` asynchronous copy groups are in flight."""
+
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class KMma(KNode):
+    """``acc += a @ b`` on an ``m x n x k`` tensor-core tile (fragments by buffer name)."""
+
+    acc: str
+    a: str
+    b: str
+    shape: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class KernelIR:
+    """One kernel between the schedule and the CUDA text; passes return new instances.
+
+    ``grid_dims`` / ``thread_dims`` decompose ``blockIdx.x`` / ``threadIdx.x`` into named
+    coordinates (slowest first). ``lane_params`` are the reduction lanes: statements in
+    ``laneless`` store to global memory from lane 0 only.
+    """
+
+    name: str
+    grid_dims: tuple[tuple[str, int], ...]
+    thread_dims: tuple[tuple[str, int], ...]
+    body: tuple[KNode, ...]
+    micrographs: tuple[str, ...]
+    params: tuple[KParam, ...] = ()
+    allocs: tuple[KAlloc, ...] = ()
+    combine: KCombine | None = None
+    lane_params: tuple[str, ...] = ()
+    laneless: frozenset[str] = frozenset()
+    reduction: bool = False  # a stitched reduction kernel (parts marked ``part:<name>``)
+    dynamic_smem_bytes: int = 0
+
+    @property
+    def threads(self) -> int:
+        n = 1
+        for _, size in self.thread_dims:
+            n *= size
+        return n
+
+    @property
+    def blocks(self) -> int:
+        n = 1
+        for _, size in self.grid_dims:
+            n *= size
+        return n
+
+    def with_(self, **changes) -> KernelIR:
+        return replace(self, **changes)
+
+    def __str__(self) -> str:
+        head = [
+            f"kernel {self.name} grid={self.blocks} block={self.threads} "
+            f"micrographs={list(self.micrographs)}",
+        ]
+        head += [f"  param {p.ctype} {p.name}" for p in self.params]
+        head += _fmt(list(self.allocs), 1)
+        if self.combine:
+            c = self.combine
+            head.append(
+                f"  combine {c.form} lanes={c.lanes} kept={c.kept} {c.scope.value} "
+                f"scratch={c.scratch} of {sorted(c.reductions)}"
+            )
+        return "\n".join(head + _fmt(list(self.body), 1))
+
+
 @dataclass
 class Kernel:
     """One ``__global__`` function with its launch shape."""
@@ -152,4 +309,25 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
             out += _fmt(n.body, depth)
         elif isinstance(n, KStmt):
             out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))})")
+        elif isinstance(n, KAlloc):
+            where = "static" if n.offset is None else f"dynamic+{n.offset}"
+            lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
+            dims = "x".join(map(str, n.shape)) or "scalar"
+            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}")
+        elif isinstance(n, KBarrier):
+            out.append(f"{pad}barrier {n.scope.value}" + (f"  // {n.note}" if n.note else ""))
+        elif isinstance(n, KAsyncCopy):
+            out.append(f"{pad}async_copy[{n.group}] {_copy(n)}")
+        elif isinstance(n, KCopy):
+            out.append(f"{pad}copy {_copy(n)}")
+        elif isinstance(n, KWait):
+            out.append(f"{pad}wait pending<={n.pending}")
+        elif isinstance(n, KMma):
+            out.append(f"{pad}mma{n.shape} {n.acc} += {n.a} @ {n.b}")
     return out
+
+
+def _copy(n: KCopy) -> str:
+    dst = f"{n.dst}[{', '.join(map(str, n.dst_index))}]"
+    src = f"{n.src}[{', '.join(map(str, n.src_index))}]"
+    return f"{dst} = {src}" + (f" if {n.guard} else {n.fill}" if n.guard is not None else "")

@@ -1,4 +1,7 @@
-"""CUDA C printer: kernel AST + statement bodies (from the te expressions) → CUDA source.
+"""CUDA C printer: lowered kernel IR + statement bodies (from the te expressions) → CUDA source.
+
+A pure function of the IR (:func:`emit_kernel`): parameters, allocations, barriers, combines
+and element types are decided by the lowering passes (``cuda/lower*.py``) and only written here.
 
 Every statement instance ``S(args)`` of the kernel AST is printed from the primitive's te body
 with its loop variables replaced by ``args``. Tensors print according to their placement:
@@ -10,23 +13,24 @@ from __future__ import annotations
 
 import math
 
-import islpy as isl
-
-from polyfuse.cuda.astgen import convert_expr
 from polyfuse.cuda.kernel_ast import (
+    KAlloc,
+    KBarrier,
     KDef,
     Kernel,
+    KernelIR,
     KExpr,
     KFor,
     KIf,
     KInt,
     KMark,
-    KNode,
     KOp,
-    KParam,
     KStmt,
     KVar,
+    MemSpace,
+    Scope,
 )
+from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph.expr import (
     Binary,
@@ -41,9 +45,6 @@ from polyfuse.graph.expr import (
     Select,
     Unary,
 )
-from polyfuse.poly.compose import ReductionKernel
-from polyfuse.poly.islutil import maps_of
-from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -96,7 +97,6 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
 }
 """
 
-_CTYPE = {"float32": "float", "int32": "int", "bool": "bool"}
 _UNARY = {
     "exp": "expf",
     "log": "logf",
@@ -108,8 +108,8 @@ _UNARY = {
 }
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
-INT_LIMIT = 2**31 - 1
-STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
+_BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
+DYNAMIC_POOL = "pf_smem"  # the dynamic shared memory that allocations with an offset slice
 
 
 def c_float(v: float) -> str:
@@ -153,6 +153,7 @@ class BodyPrinter:
         laneless: set[str] | frozenset[str] = frozenset(),
         combine: str | None = None,
         combined: set[str] | frozenset[str] = frozenset(),
+        scratch: str = "",
     ):
         self.placements = placements
         self.idents = idents
@@ -160,6 +161,7 @@ class BodyPrinter:
         self.laneless = laneless
         self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
         self.combined = combined  # reductions whose lanes hold partials (combine at final)
+        self.scratch = scratch  # shared scratch of the combine
 
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
@@ -224,7 +226,7 @@ class BodyPrinter:
         if isinstance(e, Select):
             return f"({self.expr(e.cond, env)} ? {self.expr(e.a, env)} : {self.expr(e.b, env)})"
         if isinstance(e, Cast):
-            return f"(({_CTYPE[e.dtype]}){self.expr(e.a, env)})"
+            return f"(({C_TYPES[e.dtype]}){self.expr(e.a, env)})"
         if isinstance(e, DataIndex):
             return f"((int){self.expr(e.a, env)})"
         raise UnsupportedOpError(f"cannot print expression {e!r}")
@@ -259,7 +261,7 @@ class BodyPrinter:
         if s.role == "final":
             if self.combine and s.prim in self.combined:
                 fn = self.combine.format(op=f"pf_{red.op}")
-                return f"{acc} = {fn}({acc}, pf_scratch); " + store(acc)
+                return f"{acc} = {fn}({acc}, {self.scratch}); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
         if red.op == "sum":
@@ -268,25 +270,21 @@ class BodyPrinter:
 
 
 class _Emitter:
-    """Writes kernel AST nodes as C, with a barrier before every stitched part but the first."""
+    """Writes kernel IR nodes as C."""
 
-    def __init__(self, emit_stmt, barrier: str | None):
+    def __init__(self, emit_stmt):
         self.emit_stmt = emit_stmt
-        self.barrier = barrier
-        self.parts_seen = 0
 
-    def __call__(self, nodes: list[KNode], depth: int) -> list[str]:
+    def __call__(self, nodes, depth: int) -> list[str]:
         pad = "  " * depth
         out: list[str] = []
         for n in nodes:
             if isinstance(n, KMark):
-                part = n.name.startswith("part:")
-                if part and self.barrier and self.parts_seen:
-                    note = f"{n.name[5:]} reads what earlier parts wrote"
-                    out.append(f"{pad}{self.barrier};  // {note}")
-                self.parts_seen += part
                 out.append(f"{pad}// {n.name}")
                 out += self(n.body, depth)
+            elif isinstance(n, KBarrier):
+                call = _BARRIER[n.scope]
+                out.append(f"{pad}{call};" + (f"  // {n.note}" if n.note else ""))
             elif isinstance(n, KFor):
                 init, cond = c_index(n.init), c_index(n.cond)
                 out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
@@ -306,6 +304,8 @@ class _Emitter:
                 out.append(f"{pad}}}")
             elif isinstance(n, KStmt):
                 out.append(pad + self.emit_stmt(n))
+            else:
+                raise TypeError(f"the CUDA printer has no rule for {type(n).__name__}")
         return out
 
 
@@ -323,103 +323,75 @@ def _decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
     return lines
 
 
-def print_kernel(
-    name: str,
-    mm: MappedMicrograph,
-    body: list[KNode],
+def _allocs(allocs: tuple[KAlloc, ...]) -> list[str]:
+    """Declarations of the IR's allocations, in order."""
+    lines = []
+    if any(a.offset is not None for a in allocs):
+        lines.append(f"  extern __shared__ {C_TYPES[_dynamic_dtype(allocs)]} {DYNAMIC_POOL}[];")
+    for a in allocs:
+        ctype = C_TYPES[a.dtype]
+        if a.space is MemSpace.REGISTER:
+            dims = "".join(f"[{d}]" for d in a.shape)
+            lines.append(f"  {ctype} {a.name}{dims};")
+            continue
+        if a.offset is None:
+            lines.append(f"  __shared__ {ctype} {a.name}[{a.elements}];")
+        else:
+            lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
+        lines += [f"  const int {a.name}_lo{d} = {c_index(lo)};" for d, lo in enumerate(a.lo)]
+    return lines
+
+
+def _dynamic_dtype(allocs: tuple[KAlloc, ...]) -> str:
+    (dtype,) = {a.dtype for a in allocs if a.offset is not None}
+    return dtype
+
+
+def emit_kernel(
+    ir: KernelIR,
+    statements: list[Statement],
     placements: dict[str, Placement],
     idents: dict[int, str],
 ) -> Kernel:
-    """Print one mapped kernel's AST as a ``__global__`` function."""
-    model = mm.scheduled.model
-    for role in model.tensors.values():
-        n = 1
-        for d in role.shape:
-            n *= d
-        if n > INT_LIMIT:
-            raise UnsupportedOpError(
-                f"tensor '{role.ident}' has {n} elements; 64-bit indexing is not supported yet"
-            )
-    red = mm if isinstance(mm, ReductionKernel) else None
+    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them)."""
+    c = ir.combine
     combine = None
-    threads: list[tuple[str, int]] = list(zip(mm.thread_params, mm.tile_sizes, strict=True))
-    if red is not None:
-        st = red.strategy
-        threads = red.thread_order
-        if st.lanes > 1:
-            if st.form.kind == "x":
-                combine = f"pf_allreduce_x<{{op}}, {st.lanes}, {st.kept_tile}>"
-            else:
-                combine = f"pf_allreduce_y<{{op}}, {st.lanes}>"
-    block = 1
-    for _, size in threads:
-        block *= size
-    lane_guard = " && ".join(f"{p} == 0" for p in red.lane_params) if red else None
+    if c is not None:
+        combine = (
+            f"pf_allreduce_x<{{op}}, {c.lanes}, {c.kept}>"
+            if c.form == "x"
+            else f"pf_allreduce_y<{{op}}, {c.lanes}>"
+        )
+    lane_guard = " && ".join(f"{p} == 0" for p in ir.lane_params) if ir.reduction else None
     bp = BodyPrinter(
         placements,
         idents,
         lane_guard,
-        red.laneless if red else frozenset(),
+        ir.laneless,
         combine,
-        red.combined if red else frozenset(),
+        c.reductions if c else frozenset(),
+        c.scratch if c else "",
     )
-    stmts = {s.name: s for s in model.statements}
+    stmts = {s.name: s for s in statements}
 
     def emit_stmt(n: KStmt) -> str:
         s = stmts[n.stmt]
         return bp.statement(s, [c_index(a) for a in n.args], s.prim)
 
-    params: list[KParam] = []
-    written = {m.get_tuple_name(isl.dim_type.out) for m in maps_of(model.writes)}
-    for ident, role in model.tensors.items():
-        if placements[ident].space != "global":
-            continue
-        const = role.role == "input" and ident not in written
-        params.append(KParam(ident, "const float*" if const else "float*", ident))
-    regs = [ident for ident, p in placements.items() if p.in_register]
-    shared = [p for p in placements.values() if p.space == "shared"]
-    sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in params)
-    lines = [f'extern "C" __global__ void __launch_bounds__({block}) {name}({sig}) {{']
-    lines += _decompose("blockIdx.x", "_b", list(zip(mm.block_params, mm.grid_dims, strict=True)))
-    lines += _decompose("threadIdx.x", "_t", threads)
-    dyn = 0
-    if shared:
-        # Static arrays while everything fits the default 48 KB (ptxas then reports them);
-        # beyond that one dynamic buffer, for which the launch opts in.
-        total = sum(p.smem_floats for p in shared) + block
-        static = total * 4 <= STATIC_SMEM_LIMIT
-        if not static:
-            lines.append("  extern __shared__ float pf_smem[];")
-        build = isl.AstBuild.from_context(mm.context)
-        for p in shared:
-            if static:
-                lines.append(f"  __shared__ float s_{p.tensor}[{p.smem_floats}];")
-            else:
-                lines.append(f"  float* s_{p.tensor} = pf_smem + {p.smem_offset};")
-                dyn = max(dyn, (p.smem_offset + p.smem_floats) * 4)
-            for d, (lo, _) in enumerate(p.box):
-                lo_c = c_index(convert_expr(build.expr_from_pw_aff(lo)))
-                lines.append(f"  const int s_{p.tensor}_lo{d} = {lo_c};")
-    if combine:  # warp shuffles alone need no shared scratch
-        size = block if red.strategy.lanes > 32 or red.strategy.form.kind == "x" else 1
-        lines.append(f"  __shared__ float pf_scratch[{size}];")
-    lines += [f"  float r_{r};" for r in regs]
-    barrier = None
-    if red is not None and shared:
-        warp_rows = red.strategy.form.kind != "x" and red.strategy.lanes <= 32
-        barrier = "__syncwarp()" if warp_rows else "__syncthreads()"
-    lines += _Emitter(emit_stmt, barrier)(body, 1)
+    sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
+    lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
+    lines += _decompose("blockIdx.x", "_b", list(ir.grid_dims))
+    lines += _decompose("threadIdx.x", "_t", list(ir.thread_dims))
+    lines += _allocs(ir.allocs)
+    lines += _Emitter(emit_stmt)(ir.body, 1)
     lines.append("}")
-    grid = 1
-    for g in mm.grid_dims:
-        grid *= g
     return Kernel(
-        name,
-        params,
-        body,
-        (grid, 1, 1),
-        (block, 1, 1),
-        [p.name for p in red.parts] if red else [model.micrograph.name],
-        shared_bytes=dyn,
+        ir.name,
+        list(ir.params),
+        list(ir.body),
+        (ir.blocks, 1, 1),
+        (ir.threads, 1, 1),
+        list(ir.micrographs),
+        shared_bytes=ir.dynamic_smem_bytes,
         source="\n".join(lines) + "\n",
     )

@@ -148,7 +148,6 @@ class Read(Expr):
         return f"{self.tensor.name}[{', '.join(map(repr, self.indices))}]"
 
 
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "not")
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min", "floordiv", "mod")
 _BIN_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
 

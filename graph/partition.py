@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from polyfuse.decision import DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.quotient import QuotientDag
@@ -93,6 +94,7 @@ class Decision:
     fused: bool
     rule: int | None
     reason: str
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
 
     def __str__(self) -> str:
         verb = "fused" if self.fused else "not fused"
@@ -141,7 +143,8 @@ def partition(
             x, y = pair
             q.separate(rank[x], rank[y])
     merged_by: dict[tuple[str, str], int] = {}  # fused primitive edge -> rule that fused it
-    refusals: dict[tuple[str, str], str] = {}  # primitive edge -> why its merge was refused
+    # primitive edge -> why its merge was refused
+    refusals: dict[tuple[str, str], tuple[str, DecisionKind]] = {}
 
     # Steps 3-4: rules in priority order; each merges the first mergeable pair until none is.
     for rule in rules:
@@ -154,13 +157,19 @@ def partition(
                 continue
             if q.separated(p, c):
                 for e in q.payloads(p, c):
-                    refusals[e] = "isl feedback separated these primitives"
+                    refusals[e] = (
+                        "isl feedback separated these primitives",
+                        DecisionKind.ISL_FEEDBACK,
+                    )
                 continue
             via = q.cycle_via(p, c)
             if via is not None:
                 first = order[q.first[via]]
                 for e in q.payloads(p, c):
-                    refusals[e] = f"merging would create a cycle through {first}"
+                    refusals[e] = (
+                        f"merging would create a cycle through {first}",
+                        DecisionKind.CYCLE,
+                    )
                 continue
             # aggregate(Gp, Gc): the consumer's id survives.
             for e in q.payloads(p, c):
@@ -187,16 +196,28 @@ def _decisions(graph, owner, kinds, merged_by, refusals, separations) -> list[De
         t = graph.dag.edges[a, b]["tensor"]
         if owner[a] == owner[b]:
             rule = merged_by.get((a, b))
-            out.append(Decision(a, b, t, True, rule, f"same micrograph mg{owner[a]} (rule {rule})"))
+            out.append(
+                Decision(
+                    a,
+                    b,
+                    t,
+                    True,
+                    rule,
+                    f"same micrograph mg{owner[a]} (rule {rule})",
+                    (DecisionKind.FUSED,),
+                )
+            )
             continue
         pk, ck = kinds[owner[a]], kinds[owner[b]]
         if frozenset((a, b)) in separations:
             reason = "isl feedback: split after scheduling failed (see feedback events)"
+            why = DecisionKind.ISL_FEEDBACK
         elif (a, b) in refusals:
-            reason = refusals[(a, b)]
+            reason, why = refusals[(a, b)]
         else:
             reason = f"no partition rule for {pk.value} -> {ck.value}"
+            why = DecisionKind.NO_RULE
             if pk == R:
                 reason += " (a reduction joins its consumers in Layer 2 memory stitching)"
-        out.append(Decision(a, b, t, False, None, reason))
+        out.append(Decision(a, b, t, False, None, reason, (why,)))
     return out

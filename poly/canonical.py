@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import islpy as isl
-
 from polyfuse.graph.expr import IterVar, Read, Tensor, walk
 from polyfuse.poly.schedule import ScheduledMicrograph
 
@@ -56,20 +54,6 @@ class CanonicalForm:
 def _main_update(sm: ScheduledMicrograph):
     ups = [s for s in sm.model.statements if s.role == "update"]
     return ups[-1] if ups else None
-
-
-def outer_coincident(sm: ScheduledMicrograph) -> int:
-    """Number of leading coincident members of the schedule's top band."""
-    root = sm.schedule.get_root()
-    if not root.has_children():
-        return 0
-    node = root.child(0)
-    if node.get_type() != isl.schedule_node_type.band:
-        return 0
-    n = 0
-    while n < node.band_n_member() and node.band_member_get_coincident(n):
-        n += 1
-    return n
 
 
 def canonical_form(sm: ScheduledMicrograph) -> CanonicalForm | None:

@@ -33,3 +33,20 @@ def zero_distance(deps: isl.UnionMap, sched: isl.UnionMap) -> bool:
     if deps.is_empty():
         return True
     return zero_deltas(deps.apply_domain(sched).apply_range(sched).deltas())
+
+
+def top_band(sched: isl.Schedule) -> isl.ScheduleNode | None:
+    """The schedule's outermost node when it is a band (the one mapped to blocks and threads)."""
+    root = sched.get_root()
+    if not root.has_children() or root.child(0).get_type() != isl.schedule_node_type.band:
+        return None
+    return root.child(0)
+
+
+def parallel_depth(sched: isl.Schedule) -> int:
+    """Leading coincident (parallel) members of the top band; 0 without one."""
+    node = top_band(sched)
+    n = 0
+    while node is not None and n < node.band_n_member() and node.band_member_get_coincident(n):
+        n += 1
+    return n

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.poly.islutil import parallel_depth, top_band
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 
@@ -134,13 +135,8 @@ def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> Map
     ctx = sm.model.ctx
     sched = sm.schedule
     domain = sched.get_domain()
-    root = sched.get_root()
-    node = root.child(0) if root.has_children() else None
-    nc = 0
-    if node is not None and node.get_type() == isl.schedule_node_type.band:
-        n = node.band_n_member()
-        while nc < n and node.band_member_get_coincident(nc):
-            nc += 1
+    node = top_band(sched)
+    nc = parallel_depth(sched)
     if nc == 0:
         note = "no coincident outer band member: the micrograph runs in one thread"
         return MappedMicrograph(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from polyfuse.decision import DecisionKind
 from polyfuse.poly.islutil import maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedMicrograph
 
@@ -38,6 +39,7 @@ class Placement:
     register_copy: bool = False  # a global output whose in-kernel reads use a register
     box: tuple[tuple[isl.PwAff, int], ...] = ()  # shared: per-dim (lower bound in b, size)
     smem_offset: int = 0  # shared: offset in floats inside the kernel's dynamic shared memory
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
 
     @property
     def smem_floats(self) -> int:
@@ -186,6 +188,7 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
                 "global",
                 f"scratch buffer: per-block footprint {n * 4} B does not fit the "
                 f"{limit_bytes - used * 4} B of shared memory left",
+                kinds=(DecisionKind.FOOTPRINT,),
             )
             continue
         out[name] = Placement(

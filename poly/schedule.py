@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.errors import BudgetExhausted
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
+from polyfuse.poly.islutil import parallel_depth
 from polyfuse.poly.model import PolyModel
 
 DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
@@ -241,7 +241,7 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
             )
     if relax:
         sched = strict_coincidence(sched, model.validity)
-    need, have = _parallelism_needed(model), _coincident_prefix(sched)
+    need, have = _parallelism_needed(model), parallel_depth(sched)
     if have < need:
         if len(mg.prims) == 1:
             return ScheduledMicrograph(model, identity_schedule(model))
@@ -251,17 +251,6 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
             _halves(model),
         )
     return ScheduledMicrograph(model, sched)
-
-
-def _coincident_prefix(sched: isl.Schedule) -> int:
-    root = sched.get_root()
-    if not root.has_children() or root.child(0).get_type() != isl.schedule_node_type.band:
-        return 0
-    node = root.child(0)
-    n = 0
-    while n < node.band_n_member() and node.band_member_get_coincident(n):
-        n += 1
-    return n
 
 
 def _parallelism_needed(model: PolyModel) -> int:
@@ -295,8 +284,3 @@ def strict_coincidence(sched: isl.Schedule, deps: isl.UnionMap) -> isl.Schedule:
                     ok = False
         node = node.band_member_set_coincident(i, 1 if ok else 0)
     return node.get_schedule()
-
-
-def check_budget_error(e: Exception) -> bool:
-    """Whether an isl exception is the operation-budget error."""
-    return "operations" in str(e) or isinstance(e, BudgetExhausted)

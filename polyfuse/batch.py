@@ -50,6 +50,7 @@ from typing import Any, TextIO
 
 import polyfuse
 from polyfuse.errors import PolyfuseError
+from polyfuse.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
 from polyfuse.store import Store, write_atomic
 
@@ -665,10 +666,7 @@ def summary(reports: Sequence[dict[str, Any]], **meta: Any) -> dict[str, Any]:
 
 def default_cache_dir() -> str:
     """``$POLYFUSE_CACHE`` or ``~/.cache/polyfuse``."""
-    root = os.environ.get("POLYFUSE_CACHE")
-    if root and root != "off":
-        return root
-    return str(Path.home() / ".cache" / "polyfuse")
+    return str(cache_root() or DEFAULT_CACHE_ROOT)
 
 
 def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:

@@ -14,7 +14,6 @@ fields its use needs is a miss: the caller rebuilds it and the rewrite heals the
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from functools import lru_cache
@@ -22,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.cuda.kernel_ast import Kernel, KParam
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey
 from polyfuse.poly.placement import Placement
+from polyfuse.settings import cache_root
 from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 2
+ENTRY_VERSION = 3  # 3: placements and recomputes carry their decision kinds
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 STITCH_FIELDS = (("ok", "reason"),)
@@ -43,6 +44,7 @@ KERNEL_FIELDS = (
         "bytes_written",
         "notes",
         "placements",
+        "recomputes",
     ),
 )
 
@@ -93,10 +95,8 @@ def _template(text: str) -> tuple[tuple[str, ...], tuple[tuple[int, tuple], ...]
 
 def default_dir() -> Path | None:
     """``$POLYFUSE_CACHE/compile`` or ``~/.cache/polyfuse/compile``; None when disabled."""
-    root = os.environ.get("POLYFUSE_CACHE")
-    if root == "off":
-        return None
-    return Path(root or Path.home() / ".cache" / "polyfuse") / "compile"
+    root = cache_root()
+    return None if root is None else root / "compile"
 
 
 class CompileCache:
@@ -163,8 +163,23 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "bytes_written": kernel.bytes_written,
         "notes": [rename(n, canon) for n in kernel.notes],
         "placements": [
-            [rename(p.tensor, canon), p.space, rename(p.reason, canon), p.register_copy]
+            [
+                rename(p.tensor, canon),
+                p.space,
+                rename(p.reason, canon),
+                p.register_copy,
+                [k.value for k in p.kinds],
+            ]
             for p in kp.placements.values()
+        ],
+        "recomputes": [
+            [
+                [k.value for k in d.kinds],
+                rename(d.reason, canon),
+                rename(d.data["tensor"], canon),
+                [rename(r, canon) for r in d.data["readers"]],
+            ]
+            for d in kp.recomputes
         ],
     }
 
@@ -190,7 +205,18 @@ def kernel_from_entry(
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
     )
     placements = {}
-    for tensor, space, reason, copy in entry["placements"]:
+    for tensor, space, reason, copy, kinds in entry["placements"]:
         t = rename(tensor, back)
-        placements[t] = Placement(t, space, rename(reason, back), register_copy=copy)
-    return kernel, KernelPlan(name, [], placements, names=micrographs, cached=True)
+        typed = tuple(DecisionKind(k) for k in kinds)
+        placements[t] = Placement(t, space, rename(reason, back), register_copy=copy, kinds=typed)
+    recomputes = [
+        Decided(
+            tuple(DecisionKind(k) for k in kinds),
+            rename(reason, back),
+            {"tensor": rename(t, back), "readers": [rename(r, back) for r in readers]},
+        )
+        for kinds, reason, t, readers in entry["recomputes"]
+    ]
+    return kernel, KernelPlan(
+        name, [], placements, names=micrographs, cached=True, recomputes=recomputes
+    )

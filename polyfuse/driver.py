@@ -31,10 +31,13 @@ from polyfuse.cache import (
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.printer import PRELUDE, print_kernel
+from polyfuse.cuda.lower import lower_kernel
+from polyfuse.cuda.printer import PRELUDE
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
@@ -64,7 +67,6 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
 from polyfuse.version import __version__
 
-SUPPORTED_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 MAX_FEEDBACK_ROUNDS = 64
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
 # max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
@@ -315,6 +317,7 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         smem = device.smem_per_block_optin - 4 * mm.strategy.threads
         pl = place_shared(mm, place_tensors(mm), smem)
         notes: list[str] = []
+        recomputes: list[Decided] = []
         for _ in range(len(graph.prims)):  # inlining may expose the next spill
             spilled = recompute_candidates(mm, pl)
             if not spilled:
@@ -322,20 +325,24 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
             for t in spilled:
                 readers = apply_recompute(graph, mm, t)
                 why = pl[t].reason.removeprefix("scratch buffer: ")
-                notes.append(f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})")
+                note = f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})"
+                notes.append(note)
+                kinds = (*pl[t].kinds, DecisionKind.COST_MODEL)
+                recomputes.append(Decided(kinds, note, {"tensor": t, "readers": list(readers)}))
             mm = map_reduction_kernel(graph, g.parts, g.strategy)
             pl = place_shared(mm, place_tensors(mm), smem)
         mm.notes.extend(notes)
     else:
+        recomputes = []
         (sm,) = g.parts
         gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
         if gemm is not None:
             return gemm
         mm = map_to_gpu(sm, cfg)
         pl = place_tensors(mm)
-    kp = KernelPlan(kname, [mm], pl)
+    kp = KernelPlan(kname, [mm], pl, recomputes=recomputes)
     ast, body = generate_ast(mm)
-    kernel = print_kernel(kname, mm, body, pl, graph.idents)
+    kernel = lower_kernel(kname, mm, body, pl, graph.idents)
     kernel.notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])
     fp = global_footprint(mm.scheduled.model, pl)
     kernel.bytes_read = sum(fp.reads.values())

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.decision import Decided
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
 from polyfuse.poly.canonical import canonical_form
@@ -40,6 +41,29 @@ class Plan:
     @property
     def micrographs(self):
         return self.partition.micrographs
+
+    def records(self) -> list[Decided]:
+        """Every decision as a typed record (kinds, reason, data), in plan order."""
+        out = [
+            Decided(d.kinds, d.reason, {"stage": "partition", "decision": d})
+            for d in self.partition.decisions
+        ]
+        out += [
+            Decided(d.kinds, d.reason, {"stage": "stitch", "decision": d}) for d in self.stitches
+        ]
+        for kp in self.kernel_plans:
+            out += [
+                Decided(
+                    p.kinds, p.reason, {"stage": "placement", "kernel": kp.name, "placement": p}
+                )
+                for p in kp.placements.values()
+            ]
+            out += kp.recomputes
+        out += [
+            Decided(d.decision_kinds, d.reason, {"stage": "pack", "decision": d})
+            for d in self.packs
+        ]
+        return out
 
     def __str__(self) -> str:
         g = self.graph

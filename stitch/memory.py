@@ -20,6 +20,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from polyfuse.decision import DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
@@ -81,6 +82,7 @@ class StitchDecision:
     stitched: bool
     reason: str
     tensors: list[str] = field(default_factory=list)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
 
     def __str__(self) -> str:
         verb = "stitched" if self.stitched else "not stitched"
@@ -164,7 +166,11 @@ def stitch_memory(
         if not any(r.matches(gp.kind, gc.kind) for r in rules):
             why = f"no stitch rule for {gp.kind.value} -> {gc.kind.value}"
             tensors = _tensors(q, p, c)
-            decisions.append(StitchDecision(gp.names, gc.names, None, False, why, tensors))
+            decisions.append(
+                StitchDecision(
+                    gp.names, gc.names, None, False, why, tensors, (DecisionKind.NO_RULE,)
+                )
+            )
     # A group that absorbed a consumer may now need a group created after it: return the
     # groups in a topological order of the group DAG, ties broken by creation order.
     return [groups[i] for i in q.lexicographic_order(by_first=False)], decisions
@@ -193,18 +199,24 @@ def _try_stitch(
 ) -> StitchDecision:
     """Check the conditions of Algorithm 2 step 2 for stitching ``gp`` with ``gc``."""
 
-    def decide(ok: bool, reason: str) -> StitchDecision:
-        return StitchDecision(gp.names, gc.names, rule.number, ok, reason, tensors)
+    def decide(ok: bool, reason: str, *kinds: DecisionKind) -> StitchDecision:
+        if ok:
+            kinds = (DecisionKind.STITCHED, *kinds)
+        return StitchDecision(gp.names, gc.names, rule.number, ok, reason, tensors, kinds)
 
     if q.cycle_via(p, c) is not None:
-        return decide(False, "stitching would create a cycle")
+        return decide(False, "stitching would create a cycle", DecisionKind.CYCLE)
     if gp.strategy is None:
         return decide(False, "the producer has no reduction layout")
     if rule.number == 8:
         if gc.form is None or not gp.form.same_as(gc.form):
-            return decide(False, f"canonical forms differ ({gp.form} vs {gc.form})")
+            return decide(
+                False,
+                f"canonical forms differ ({gp.form} vs {gc.form})",
+                DecisionKind.FORM_MISMATCH,
+            )
         if gc.strategy != gp.strategy:
-            return decide(False, "launch shapes differ")
+            return decide(False, "launch shapes differ", DecisionKind.FORM_MISMATCH)
     parts = _merge_parts(gp.parts, gc.parts)
     prims = [x for sm in parts for x in sm.model.micrograph.prims]
     key = structural_key(graph, prims, f"{salt}|stitch{rule.number}|{gp.strategy}").digest
@@ -218,4 +230,6 @@ def _try_stitch(
         except CompositionError as e:
             known = {"ok": False, "reason": f"outer dimensions or tiles do not match: {e}"}
         cache.put(key, known)
-    return decide(known["ok"], known["reason"])
+    # a cached refusal is always the composition's (the checks above are not cached)
+    mismatch = () if known["ok"] else (DecisionKind.TILE_MISMATCH,)
+    return decide(known["ok"], known["reason"], *mismatch)

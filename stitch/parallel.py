@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
-from polyfuse.cuda.printer import STATIC_SMEM_LIMIT
+from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT
+from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import read_overlap
 from polyfuse.poly.model import PolyModel
@@ -87,6 +88,13 @@ class PackDecision:
     name: str | None = None  # the packed kernel
     micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+
+    @property
+    def decision_kinds(self) -> tuple[DecisionKind, ...]:
+        """Every kind of this decision: Layer 3, packed or not, and the reason's kinds."""
+        packed = (DecisionKind.PACKED,) if self.packed else ()
+        return (DecisionKind.PARALLEL_STITCH, *packed, *self.kinds)
 
     def __str__(self) -> str:
         verb = f"packed into {self.name}" if self.packed else "not packed"
@@ -203,7 +211,7 @@ def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
 
 def _conflict(
     parts: list[PartShape], accesses, shareable: list[set[str]], b: int, group: list[int]
-) -> str | None:
+) -> tuple[str, tuple[DecisionKind, ...]] | None:
     """Why ``b`` cannot join ``group`` through a common buffer: one that some part writes, or
     one whose overlap cannot be counted (not in both parts' ``shareable`` reads)."""
     rb, wb = accesses[b]
@@ -214,13 +222,15 @@ def _conflict(
             continue
         names = ", ".join(sorted(common))
         if (wa | wb) & common:
-            return f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
+            why = f"{parts[b].name} and {parts[a].name} both access {names}, written by one"
+            return why, ()
         if not common <= shareable[a] & shareable[b]:
-            return (
+            why = (
                 f"{parts[b].name} and {parts[a].name} both read {names}: shared buffers are "
                 "not packed when a part comes from the compile cache or stages them in shared "
                 "memory (the pack's distinct bytes could not be counted)"
             )
+            return why, (DecisionKind.SHARED_BUFFER,)
     return None
 
 
@@ -245,31 +255,34 @@ def plan_packs(
     if n < 2:
         return [[i] for i in range(n)], decisions
 
-    def reach() -> dict[int, int]:
-        """Bitmask of the clusters each cluster reaches, on the contracted DAG."""
+    def reach() -> tuple[dict[int, int], dict[int, int]]:
+        """Bitmasks of the clusters each cluster reaches and is reached from, on the contracted
+        DAG (iterative: folded along a topological order, so deep models need no recursion)."""
         succ: dict[int, set[int]] = {c: set() for c in members}
+        indeg = dict.fromkeys(members, 0)
         for j in range(n):
             for i in preds[j]:
-                if cluster[i] != cluster[j]:
-                    succ[cluster[i]].add(cluster[j])
-        memo: dict[int, int] = {}
-
-        def go(c: int) -> int:
-            if c not in memo:
-                memo[c] = 0
-                m = 0
-                for s in succ[c]:
-                    m |= (1 << s) | go(s)
-                memo[c] = m
-            return memo[c]
-
-        for c in members:
-            go(c)
-        return memo
-
-    def path(r: dict[int, int], a: int, b: int) -> bool:
-        ca, cb = cluster[a], cluster[b]
-        return bool(r[ca] >> cb & 1 or r[cb] >> ca & 1)
+                ci, cj = cluster[i], cluster[j]
+                if ci != cj and cj not in succ[ci]:
+                    succ[ci].add(cj)
+                    indeg[cj] += 1
+        order = [c for c in members if indeg[c] == 0]
+        for c in order:  # Kahn: the list grows while it is walked
+            for s in succ[c]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    order.append(s)
+        down = dict.fromkeys(members, 0)
+        up = dict.fromkeys(members, 0)
+        for c in reversed(order):
+            m = 0
+            for s in succ[c]:
+                m |= (1 << s) | down[s]
+            down[c] = m
+        for c in order:
+            for s in succ[c]:
+                up[s] |= (1 << c) | up[c]
+        return down, up
 
     for p in parts:
         if p.ineligible:
@@ -278,22 +291,31 @@ def plan_packs(
     alone = {i: modelled_us([parts[i]], device, cfg) for i in cand}
     cand.sort(key=lambda i: (-alone[i], i))
     visited: set[int] = set()
+    down: dict[int, int] = {}
+    up: dict[int, int] = {}
+    stale = True  # reachability changes only when a pack contracts clusters
     for a in cand:
         if a in visited:
             continue
-        r = reach()
+        if stale:
+            down, up = reach()
+            stale = False
         group, dependent = [a], []
+        related = down[cluster[a]] | up[cluster[a]]  # clusters with a path to or from the group
         for b in cand:
             if b == a or b in visited:
                 continue
-            if any(path(r, b, g) for g in group):
+            if related >> cluster[b] & 1:
                 dependent.append(parts[b].name)
                 continue
-            why = _conflict(parts, accesses, shareable, b, group)
-            if why:
-                decisions.append(PackDecision([parts[a].name, parts[b].name], False, why))
+            conflict = _conflict(parts, accesses, shareable, b, group)
+            if conflict:
+                why, kinds = conflict
+                pair = [parts[a].name, parts[b].name]
+                decisions.append(PackDecision(pair, False, why, kinds=kinds))
                 continue
             group.append(b)
+            related |= down[cluster[b]] | up[cluster[b]]
         if dependent:
             shown = ", ".join(dependent[:6]) + (
                 f" +{len(dependent) - 6} more" if dependent[6:] else ""
@@ -303,6 +325,7 @@ def plan_packs(
                     [parts[a].name],
                     False,
                     f"dependence path on the kernel DAG (packing would form a cycle) to {shown}",
+                    kinds=(DecisionKind.CYCLE,),
                 )
             )
         m = 0
@@ -313,13 +336,19 @@ def plan_packs(
                 # two others (that path would need a member reaching a contracted one)
                 sub = group[m : m + k]
                 lay = pack_layout([parts[i] for i in sub])
-                if isinstance(lay, str):
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, lay))
+                if isinstance(lay, str):  # the only refusal: launch shapes differ
+                    kinds = (DecisionKind.FORM_MISMATCH,)
+                    decisions.append(
+                        PackDecision([parts[i].name for i in sub], False, lay, kinds=kinds)
+                    )
                     k -= 1
                     continue
                 why = _fits([parts[i] for i in sub], device)
                 if why:
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, why))
+                    kinds = (DecisionKind.FOOTPRINT,)
+                    decisions.append(
+                        PackDecision([parts[i].name for i in sub], False, why, kinds=kinds)
+                    )
                     k -= 1
                     continue
                 sep = sum(alone[i] for i in sub)
@@ -330,7 +359,9 @@ def plan_packs(
                         f"cost model: no gain (separate {sep:.2f} us, packed {packed:.2f} us, "
                         f"block {lay.block}, modelled)"
                     )
-                    decisions.append(PackDecision([parts[i].name for i in sub], False, why, gain))
+                    names = [parts[i].name for i in sub]
+                    cost = (DecisionKind.COST_MODEL,)
+                    decisions.append(PackDecision(names, False, why, gain, kinds=cost))
                     k -= 1
                     continue
                 rep = min(sub)  # every member is still a kernel alone (not yet visited)
@@ -338,11 +369,14 @@ def plan_packs(
                     del members[i]
                     cluster[i] = rep
                 members[rep] = sorted(sub)
+                stale = True
                 why = (
                     f"cost model: separate {sep:.2f} us, packed {packed:.2f} us "
                     f"({lay.grid} blocks of {lay.block} threads, modelled)"
                 )
-                decisions.append(PackDecision([parts[i].name for i in sub], True, why, gain))
+                names = [parts[i].name for i in sub]
+                cost = (DecisionKind.COST_MODEL,)
+                decisions.append(PackDecision(names, True, why, gain, kinds=cost))
                 visited.update(sub)
                 break
             m += max(k, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from polyfuse.decision import Decided
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.placement import Placement
 
@@ -21,6 +22,8 @@ class KernelPlan:
     placements: dict[str, Placement]
     names: list[str] = field(default_factory=list)
     cached: bool = False
+    # recomputes decided for this kernel: data {"tensor", "readers"} (polyfuse.decision)
+    recomputes: list[Decided] = field(default_factory=list)
 
     @property
     def micrograph_parts(self):

@@ -20,7 +20,7 @@ from polyfuse.testing.generate import (
     generate,
     input_values,
 )
-from polyfuse.testing.run import check_spec, compare, fuzz, known_bug, reference_values
+from polyfuse.testing.run import check_spec, compare, fuzz, reference_values
 from polyfuse.testing.script import to_script
 from polyfuse.testing.shrink import shrink
 
@@ -139,33 +139,13 @@ def test_fuzz_fast_tier():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [100_000, 200_000, 300_000])
+@pytest.mark.parametrize("seed", [100_000, 200_000])
 def test_fuzz_slow_tier(seed):
-    rep = fuzz(1500, seed, batch=16)
-    assert rep.graphs == 1500
+    rep = fuzz(1000, seed, batch=16)
+    assert rep.graphs == 1000
     assert not rep.failures, "\n\n".join(
         f"{o.status}: {o.detail}\n{to_script(o.spec)}" for o in rep.failures[:3]
     )
-
-
-def test_known_bugs_patterns():
-    """What KNOWN_BUGS matches (remove with it when issue 9 items 1, 2 and 4 land)."""
-    d = {"m": 33, "n": 47, "one": 1}
-    x = Node("x", "input", ("m", "n"), fill="normal", seed=1)
-    rs = Node("rs", "reduce", ("m", ONE), ("x",), "sum", axes=(1,))
-    cs = Node("cs", "reduce", ("n",), ("x",), "sum", axes=(0,))
-    y = Node("y", "binary", ("m", "n"), ("rs", "cs"), "add")
-    assert "9.1" in known_bug(GraphSpec(d, [x, rs, cs, y], ["y"]))
-    x1 = Node("x", "input", ("m", "one"), fill="normal", seed=1)
-    r1 = Node("r", "reduce", ("m",), ("x",), "sum", axes=(1,))
-    assert "9.2" in known_bug(GraphSpec(d, [x1, r1], ["r"]))
-    xs = Node("x", "input", ("m", "n"), fill="special", seed=1)
-    mx = Node("r", "reduce", ("m",), ("x",), "max", axes=(1,))
-    assert "9.4" in known_bug(GraphSpec(d, [xs, mx], ["r"]))
-    assert known_bug(GraphSpec(d, [x, cs], ["cs"])) == ""
-
-
-# --------------------------------------------------------------------------- shrinker
 
 
 def _tanh_graph() -> GraphSpec:
@@ -190,12 +170,12 @@ def test_shrinker_shrinks_a_planted_bug_to_a_tiny_graph_and_the_script_reproduce
     from polyfuse.cuda import printer
 
     spec = _tanh_graph()
-    assert check_spec(spec, filter_known=False).status == "pass"
+    assert check_spec(spec).status == "pass"
     monkeypatch.setitem(printer._UNARY, "tanh", "sinhf")  # the planted bug: tanh printed as sinh
-    first = check_spec(spec, filter_known=False)
+    first = check_spec(spec)
     assert first.status == "mismatch"
-    small = shrink(spec, filter_known=False)
-    assert check_spec(small, filter_known=False).status == "mismatch"
+    small = shrink(spec)
+    assert check_spec(small).status == "mismatch"
     computes = [n for n in small.nodes if n.kind != "input"]
     assert [n.op for n in computes] == ["tanh"], str(small)
     assert len(small.nodes) == 2 and all(v <= 2 for v in small.dims.values()), str(small)

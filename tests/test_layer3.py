@@ -161,6 +161,19 @@ def test_packing_never_closes_a_path():
     _check(groups, acc, 4)
 
 
+def test_deep_kernel_chains_need_no_recursion():
+    """A 2200-kernel chain with a side branch per link (a deep model's shape): reachability is
+    folded iteratively (it recursed once per kernel and hit Python's limit at ~1000)."""
+    acc = []
+    for i in range(1100):
+        acc.append(({f"t{i}"}, {f"t{i + 1}"}))  # the chain
+        acc.append(({f"t{i}"}, {f"s{i}"}))  # a branch off it, independent of the next link
+    parts = [_part(f"k{i}", 256) for i in range(len(acc))]
+    groups, _ = plan_packs(parts, acc, DEVICE, PackConfig(min_gain_us=-1e9))
+    _check(groups, acc, len(acc))
+    assert any(len(g) > 1 for g in groups)
+
+
 def test_what_a_part_may_contain():
     def kernel(body: str) -> Kernel:
         src = 'extern "C" __global__ void __launch_bounds__(64) k(float* __restrict__ y) {\n'

@@ -561,11 +561,6 @@ def test_recurrent_layers_unrolled(op, direction):
     _check(_model([node], [("x", F, [5, 2, 4])], outs, inits=inits, opset=14), {"x": _x(5, 2, 4)})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiler bug (not ONNX): a reduction over four reduce axes of these extents gives "
-    "wrong values on the emulator; it makes 3-D Conv/ConvTranspose with 2+ input channels wrong",
-)
 def test_four_reduce_axes_compile_correctly():
     from polyfuse import reference, te
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .run import KNOWN_BUGS, FuzzReport, Outcome, fuzz
+from .run import FuzzReport, Outcome, fuzz
 from .script import to_script
 from .shrink import shrink
 
@@ -47,21 +47,15 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="run threads only in order (default: also in reverse order between barriers)",
     )
-    p.add_argument(
-        "--no-known-bugs-filter",
-        action="store_true",
-        help="count failures that match a known, open bug as failures too",
-    )
     p.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     p.add_argument("--out", metavar="DIR", default=None, help="write each failure's script to DIR")
-    p.add_argument("--verbose", action="store_true", help="print every known-bug failure too")
     p.set_defaults(func=run_fuzz)
     return p
 
 
-def _progress(verbose: bool) -> Any:
+def _progress() -> Any:
     def show(done: int, o: Outcome) -> None:
-        if o.failed or (verbose and o.status == "known"):
+        if o.failed:
             print(f"{o.status.upper()} seed {o.spec.seed}: {o.detail}", file=sys.stderr)
 
     return show
@@ -78,9 +72,8 @@ def run_fuzz(args: argparse.Namespace) -> int:
         args.seed,
         batch=args.batch,
         race_check=not args.no_race_check,
-        filter_known=not args.no_known_bugs_filter,
         max_elements=args.max_elements,
-        progress=_progress(args.verbose),
+        progress=_progress(),
     )
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
@@ -89,7 +82,7 @@ def run_fuzz(args: argparse.Namespace) -> int:
         spec = o.spec
         if not args.no_shrink:
             print(f"shrinking failure {k + 1} (seed {spec.seed}) ...", file=sys.stderr)
-            spec = shrink(spec, filter_known=not args.no_known_bugs_filter)
+            spec = shrink(spec)
         title = f"polyfuse fuzz failure ({o.status}): {o.detail.splitlines()[0][:200]}"
         text = to_script(spec, race_check="reverse order" in o.detail, title=title)
         print(f"# ---- failure {k + 1}: {o.status}: {o.detail}")
@@ -103,8 +96,4 @@ def run_fuzz(args: argparse.Namespace) -> int:
         f"polyfuse fuzz: {rep.graphs} graphs (seeds {args.seed}..{args.seed + args.n - 1}) in "
         f"{rep.compiles} compiles, {time.perf_counter() - t0:.1f} s: {counts or 'nothing run'}"
     )
-    for name, count in rep.known.items():
-        print(f"  known bug, filtered: {name}: {count}")
-    if rep.known:
-        print(f"  ({len(KNOWN_BUGS)} known-bug patterns are filtered; --no-known-bugs-filter)")
     return 1 if rep.failures else 0

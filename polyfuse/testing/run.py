@@ -12,10 +12,6 @@ positions must match and infinities must match exactly; finite values must agree
 perturbed by a relative ``PERTURB`` (three trials). A graph that amplifies rounding — a sum that
 cancels, a comparison on a computed value that sits on its threshold — thereby gets the slack it
 needs at exactly the elements that need it, and no slack anywhere else.
-
-:data:`KNOWN_BUGS` classifies failures of compiler bugs that are known and being fixed
-elsewhere, so that the fuzz tests can pass meanwhile; it is applied only to failures, never to
-passing graphs.
 """
 
 from __future__ import annotations
@@ -31,14 +27,12 @@ from polyfuse.errors import PolyfuseError
 from polyfuse.graph.expr import Tensor
 from polyfuse.reference import evaluate
 
-from .generate import ONE, GraphSpec, build, generate, input_values, merge
+from .generate import GraphSpec, build, generate, input_values, merge
 
 __all__ = [
-    "KNOWN_BUGS",
     "Outcome",
     "check_spec",
     "compare",
-    "known_bug",
     "perturbed_references",
     "reference_values",
     "run_batch",
@@ -54,8 +48,7 @@ TRIALS = 3
 @dataclass
 class Outcome:
     """What happened to one graph: status "pass", "mismatch", "crash" (an exception that is not
-    a PolyfuseError: a polyfuse bug), "error" (a PolyfuseError on a valid graph) or "known"
-    (a failure that :data:`KNOWN_BUGS` explains; ``detail`` names it)."""
+    a PolyfuseError: a polyfuse bug) or "error" (a PolyfuseError on a valid graph)."""
 
     spec: GraphSpec
     status: str
@@ -66,61 +59,6 @@ class Outcome:
     @property
     def failed(self) -> bool:
         return self.status in ("mismatch", "crash", "error")
-
-
-# --------------------------------------------------------------------------- known bugs
-
-
-def _reductions(spec: GraphSpec) -> set[str]:
-    return {n.name for n in spec.nodes if n.kind in ("reduce", "matmul")}
-
-
-def _two_reductions_one_consumer(spec: GraphSpec, values: dict[str, np.ndarray]) -> bool:
-    """issue 9 item 1: a node reading two different reduction results."""
-    red = _reductions(spec)
-    return any(len(red & set(n.args)) >= 2 for n in spec.nodes)
-
-
-def _size1_axis_reduction(spec: GraphSpec, values: dict[str, np.ndarray]) -> bool:
-    """issue 9 item 2: a reduction (or matmul) whose source or result has an axis of size 1
-    (keepdims results included)."""
-    for n in spec.nodes:
-        if n.name in _reductions(spec):
-            shapes = [n.shape, *(spec.node(a).shape for a in n.args)]
-            if any(d == ONE or spec.dims[d] == 1 for s in shapes for d in s):
-                return True
-    return False
-
-
-def _nan_into_max_min(spec: GraphSpec, values: dict[str, np.ndarray]) -> bool:
-    """issue 9 item 4: NaN reaching te.maximum/te.minimum or a max/min reduction."""
-    for n in spec.nodes:
-        if (n.kind == "binary" and n.op in ("maximum", "minimum")) or (
-            n.kind == "reduce" and n.op in ("max", "min")
-        ):
-            if any(np.isnan(values[a]).any() for a in n.args):
-                return True
-    return False
-
-
-#: Known compiler bugs (issue 9 items 1, 2 and 4) being fixed on another branch: a failing
-#: graph that matches one of these predicates is counted as "known", not as a failure.
-#: REMOVE when issue 9 items 1, 2 and 4 land (the fuzz tests must then pass without it).
-KNOWN_BUGS: dict[str, Callable[[GraphSpec, dict[str, np.ndarray]], bool]] = {
-    "issue 9.1 launch order (two reductions feed one consumer)": _two_reductions_one_consumer,
-    "issue 9.2 size-1 axis in a reduction": _size1_axis_reduction,
-    "issue 9.4 NaN dropped by maximum/minimum/max/min": _nan_into_max_min,
-}
-
-
-def known_bug(spec: GraphSpec, values: dict[str, np.ndarray] | None = None) -> str:
-    """The name of the known bug whose pattern ``spec`` has, or ""."""
-    if values is None:
-        values = reference_values(spec)
-    for name, pred in KNOWN_BUGS.items():
-        if pred(spec, values):
-            return name
-    return ""
 
 
 # --------------------------------------------------------------------------- reference
@@ -222,7 +160,7 @@ def _run_compiled(spec: GraphSpec, race_check: bool) -> tuple[dict[str, str], in
     return why, len(fn.kernels)
 
 
-def check_spec(spec: GraphSpec, *, race_check: bool = True, filter_known: bool = True) -> Outcome:
+def check_spec(spec: GraphSpec, *, race_check: bool = True) -> Outcome:
     """Compile, run and compare one spec."""
     spec = spec.pruned()
     try:
@@ -237,48 +175,32 @@ def check_spec(spec: GraphSpec, *, race_check: bool = True, filter_known: bool =
         bad = "; ".join(w for w in why.values() if w)
         out = Outcome(spec, "mismatch" if bad else "pass", bad, kernels)
         out.wrong = {o: w for o, w in why.items() if w}
-    if out.failed and filter_known:
-        try:
-            known = known_bug(spec)
-        except Exception:  # the reference itself failed: not a known bug
-            known = ""
-        if known:
-            out.detail = f"{known}: {out.detail}"
-            out.status = "known"
     return out
 
 
-def run_batch(
-    specs: Sequence[GraphSpec], *, race_check: bool = True, filter_known: bool = True
-) -> list[Outcome]:
+def run_batch(specs: Sequence[GraphSpec], *, race_check: bool = True) -> list[Outcome]:
     """Check ``specs`` (disjointly named) with one compile; return one outcome per spec, plus
     one for the merged spec when it fails while every spec passes alone."""
     if len(specs) == 1:
-        return [check_spec(specs[0], race_check=race_check, filter_known=filter_known)]
+        return [check_spec(specs[0], race_check=race_check)]
     merged = merge(list(specs))
-    whole = check_spec(merged, race_check=race_check, filter_known=False)
+    whole = check_spec(merged, race_check=race_check)
     if whole.status == "pass":
         per = max(1, whole.kernels // len(specs))
         return [Outcome(s, "pass", "", per) for s in specs]
-    # Run alone only the graphs that may be guilty: on a mismatch, those with a wrong output
-    # (a wrong output of a graph with a known bug's pattern is put down to that bug at once).
+    # Run alone only the graphs that may be guilty: on a mismatch, those with a wrong output.
     outs: list[Outcome] = []
     suspects: list[bool] = []
     for s in specs:
         wrong = [whole.wrong[o] for o in s.outputs if o in whole.wrong]
         suspect = whole.status != "mismatch" or bool(wrong)
         suspects.append(suspect)
-        known = known_bug(s) if suspect and wrong and filter_known else ""
         if not suspect:
             outs.append(Outcome(s, "pass"))
-        elif known:
-            outs.append(Outcome(s, "known", f"{known}: " + "; ".join(wrong)))
         else:
-            outs.append(check_spec(s, race_check=race_check, filter_known=filter_known))
+            outs.append(check_spec(s, race_check=race_check))
     if not any(o.status != "pass" for o, sus in zip(outs, suspects, strict=True) if sus):
         whole.detail = "only when compiled together: " + whole.detail
-        if filter_known and known_bug(merged):
-            whole.status = "known"
         outs.append(whole)
     return outs
 
@@ -290,14 +212,10 @@ class FuzzReport:
     graphs: int = 0
     compiles: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-    known: dict[str, int] = field(default_factory=dict)
     failures: list[Outcome] = field(default_factory=list)
 
     def add(self, o: Outcome) -> None:
         self.counts[o.status] = self.counts.get(o.status, 0) + 1
-        if o.status == "known":
-            key = o.detail.split(":", 1)[0]
-            self.known[key] = self.known.get(key, 0) + 1
         if o.failed:
             self.failures.append(o)
 
@@ -308,7 +226,6 @@ def fuzz(
     *,
     batch: int = 4,
     race_check: bool = True,
-    filter_known: bool = True,
     max_elements: int = 4096,
     progress: Callable[[int, Outcome], None] | None = None,
 ) -> FuzzReport:
@@ -320,7 +237,7 @@ def fuzz(
             for i in range(start, min(n, start + batch))
         ]
         rep.compiles += 1
-        for o in run_batch(specs, race_check=race_check, filter_known=filter_known):
+        for o in run_batch(specs, race_check=race_check):
             rep.add(o)
             if progress is not None:
                 progress(rep.graphs, o)

@@ -11,7 +11,7 @@ minimum: every single edit fixes it) or after ``max_checks`` compiles.
 
 "Fails the same way" is decided by :func:`same_failure`: the same outcome status and, for
 exceptions, the same exception type — so a shrink cannot wander from the bug it was given onto
-another one (or onto one of :data:`~polyfuse.testing.run.KNOWN_BUGS`).
+another one.
 """
 
 from __future__ import annotations
@@ -112,18 +112,16 @@ def shrink(
     fails: Callable[[GraphSpec], bool] | None = None,
     *,
     max_checks: int = 400,
-    filter_known: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> GraphSpec:
-    """A minimal spec that still ``fails`` (default: fails like ``check_spec(spec)`` does, with
-    the known-bugs filter on or off as ``filter_known`` says)."""
+    """A minimal spec that still ``fails`` (default: fails like ``check_spec(spec)`` does)."""
     if fails is None:
-        first = check_spec(spec, filter_known=filter_known)
+        first = check_spec(spec)
         if not first.failed:
             return spec.pruned()
 
         def fails(s: GraphSpec) -> bool:
-            return same_failure(first, check_spec(s, filter_known=filter_known))
+            return same_failure(first, check_spec(s))
 
     def safe(s: GraphSpec) -> bool:
         try:

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
-from polyfuse.viz.extract import REASON_KINDS, classify, extract, kinds_present
+from polyfuse.viz.extract import REASON_KINDS, extract, kinds_present
 from polyfuse.viz.template import TEMPLATE
 
 __all__ = [
     "REASON_KINDS",
-    "classify",
     "explain",
     "extract",
     "kinds_present",

@@ -12,48 +12,18 @@ import re
 import time
 from typing import Any
 
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.device import device_for_arch
 from polyfuse.viz.layout import layout
 
 #: Every kind of reason an edge can carry.
-REASON_KINDS = (
-    "fused",  # same micrograph, by a partition rule
-    "stitched",  # same kernel, by a Layer 2 stitch rule
-    "no rule",  # no partition / stitch rule for the kinds
-    "cycle",  # merging or stitching would create a cycle
-    "isl feedback",  # isl could not schedule them together within budget
-    "form mismatch",  # canonical forms or launch shapes differ
-    "tile mismatch",  # outer dimensions or tiles do not match / no parallel layout
-    "footprint",  # per-block footprint too large for shared memory
-    "cost model",  # decided by the reduction cost model (recompute instead of spill)
-    "parallel stitch",  # a Layer 3 decision: independent kernels in one launch, or not
-    "packed",  # Layer 3 packed the kernels into one launch
-    "shared buffer",  # Layer 3 kept kernels apart that touch a common buffer
-)
+REASON_KINDS = tuple(k.value for k in DecisionKind)  # see polyfuse.decision
 
 
-def classify(text: str) -> list[str]:
-    """The reason kinds a decision text names (plan wording → kind)."""
-    t = text.lower()
-    out = []
-    if "no partition rule" in t or "no stitch rule" in t:
-        out.append("no rule")
-    if "cycle" in t:
-        out.append("cycle")
-    if "isl feedback" in t or "budget" in t:
-        out.append("isl feedback")
-    if "forms differ" in t or "launch shapes differ" in t:
-        out.append("form mismatch")
-    if "do not match" in t or "no parallel reduction layout" in t:
-        out.append("tile mismatch")
-    if "does not fit" in t:
-        out.append("footprint")
-    if "recomputed" in t or "cost model" in t:
-        out.append("cost model")
-    if "shared buffers" in t:
-        out.append("shared buffer")
-    return out
+def _kinds(kinds) -> list[str]:
+    """A decision's typed kinds as the page's filter names (:data:`REASON_KINDS`)."""
+    return [k.value for k in kinds]
 
 
 def _shape(t) -> list[int]:
@@ -230,7 +200,7 @@ def extract(fn) -> dict[str, Any]:
                 "stitched": bool(d.stitched),
                 "reason": d.reason,
                 "tensors": list(d.tensors),
-                "kinds": (["stitched"] if d.stitched else []) + classify(d.reason),
+                "kinds": _kinds(d.kinds),
                 "text": _s(d),
             }
         )
@@ -255,21 +225,19 @@ def extract(fn) -> dict[str, Any]:
             "name": d.name,
             "gain_us": d.gain_us,
             "reason": d.reason,
-            "kinds": ["parallel stitch"] + (["packed"] if d.packed else []) + classify(d.reason),
+            "kinds": _kinds(d.decision_kinds),
             "text": _s(d),
         }
         for i, d in enumerate(getattr(plan, "packs", []))
     ]
 
     placements: dict[tuple[str, str], Any] = {}
-    recomputed: dict[str, str] = {}
-    for kp, k in zip(plan.kernel_plans, plan.kernels, strict=True):
+    recomputed: dict[str, Decided] = {}
+    for kp in plan.kernel_plans:
         for t, p in kp.placements.items():
             placements[(kp.name, t)] = p
-        for note in k.notes:
-            m = re.match(r"(\S+): recomputed in (.*)", note)
-            if m:
-                recomputed[m.group(1)] = note
+        for r in kp.recomputes:
+            recomputed[r.data["tensor"]] = r
 
     # ---- one decision per producer→consumer primitive edge
     decisions = []
@@ -296,10 +264,10 @@ def extract(fn) -> dict[str, Any]:
         kinds: list[str] = []
         if d.fused:
             outcome = "fused"
-            kinds.append("fused")
+            kinds += _kinds(d.kinds)
             summary = f"fused in {mc}: {d.reason}"
         else:
-            kinds += classify(d.reason)
+            kinds += _kinds(d.kinds)
             if kp_ == kc:
                 outcome = "stitched"
                 kinds.append("stitched")
@@ -336,12 +304,13 @@ def extract(fn) -> dict[str, Any]:
                 else (_nbytes(shape) if p.space == "global" else 0)
             )
             rec["placement"] = {"space": p.space, "reason": p.reason, "bytes": nb}
-            kinds += [k for k in classify(p.reason) if k not in kinds]
+            kinds += [k for k in _kinds(p.kinds) if k not in kinds]
         if d.tensor in recomputed and outcome != "separate":
             # the plan's note carries the exact per-block footprint that did not fit
-            rec["notes"].append(f"{recomputed[d.tensor]}; the cost model recomputes it")
-            rec["placement"] = {"space": "recomputed", "reason": recomputed[d.tensor], "bytes": 0}
-            kinds += [k for k in classify(recomputed[d.tensor]) if k not in kinds]
+            r = recomputed[d.tensor]
+            rec["notes"].append(f"{r.reason}; the cost model recomputes it")
+            rec["placement"] = {"space": "recomputed", "reason": r.reason, "bytes": 0}
+            kinds += [k for k in _kinds(r.kinds) if k not in kinds]
         if not d.fused and outcome == "fused":  # pragma: no cover
             outcome = "separate"
         rec["outcome"] = outcome

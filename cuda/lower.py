@@ -1,0 +1,95 @@
+"""Lowering of one mapped kernel: kernel AST → :class:`KernelIR` through the passes → CUDA.
+
+The passes, in order: buffers from placements (:mod:`polyfuse.cuda.lower_buffers`), the lane
+combine (:mod:`polyfuse.cuda.lower_combines`), barriers between stitched parts
+(:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`).
+This module only translates the poly stage's objects into the passes' plain inputs (isl
+bounds become kernel-AST expressions here); :func:`polyfuse.cuda.printer.emit_kernel` then
+writes the final IR as text.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from polyfuse.cuda.astgen import convert_expr
+from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, MemSpace
+from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers
+from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
+from polyfuse.cuda.lower_combines import lower_combines
+from polyfuse.cuda.lower_dtypes import assign_dtypes
+from polyfuse.cuda.printer import emit_kernel
+from polyfuse.errors import UnsupportedOpError
+from polyfuse.poly.compose import ReductionKernel
+from polyfuse.poly.islutil import maps_of
+from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.placement import Placement
+
+INT_LIMIT = 2**31 - 1
+
+
+def kernel_ir(name: str, mm: MappedMicrograph, body: list[KNode]) -> KernelIR:
+    """The IR of a mapped kernel before lowering: launch shape, loops, statements."""
+    model = mm.scheduled.model
+    for role in model.tensors.values():
+        n = 1
+        for d in role.shape:
+            n *= d
+        if n > INT_LIMIT:
+            raise UnsupportedOpError(
+                f"tensor '{role.ident}' has {n} elements; 64-bit indexing is not supported yet"
+            )
+    grid = tuple(zip(mm.block_params, mm.grid_dims, strict=True))
+    if isinstance(mm, ReductionKernel):
+        return KernelIR(
+            name,
+            grid,
+            tuple(mm.thread_order),
+            tuple(body),
+            tuple(p.name for p in mm.parts),
+            lane_params=tuple(mm.lane_params),
+            laneless=frozenset(mm.laneless),
+            reduction=True,
+        )
+    threads = tuple(zip(mm.thread_params, mm.tile_sizes, strict=True))
+    return KernelIR(name, grid, threads, tuple(body), (model.micrograph.name,))
+
+
+def buffer_placements(
+    mm: MappedMicrograph, placements: dict[str, Placement]
+) -> list[BufferPlacement]:
+    """The placements as the buffer pass reads them (box bounds as kernel-AST expressions)."""
+    model = mm.scheduled.model
+    written = {m.get_tuple_name(isl.dim_type.out) for m in maps_of(model.writes)}
+    build = (
+        isl.AstBuild.from_context(mm.context) if any(p.box for p in placements.values()) else None
+    )
+    out = []
+    for ident, p in placements.items():
+        role = model.tensors.get(ident)
+        box = tuple((convert_expr(build.expr_from_pw_aff(lo)), size) for lo, size in p.box)
+        read_only = role is not None and role.role == "input" and ident not in written
+        out.append(
+            BufferPlacement(
+                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only
+            )
+        )
+    return out
+
+
+def lower_kernel(
+    name: str,
+    mm: MappedMicrograph,
+    body: list[KNode],
+    placements: dict[str, Placement],
+    idents: dict[int, str],
+) -> Kernel:
+    """Lower one mapped kernel's AST through the passes and print it."""
+    ir = kernel_ir(name, mm, body)
+    ir = alloc_buffers(ir, buffer_placements(mm, placements), list(mm.scheduled.model.tensors))
+    if isinstance(mm, ReductionKernel):
+        st = mm.strategy
+        ir = lower_combines(ir, st.form.kind, st.lanes, st.kept_tile, frozenset(mm.combined))
+        ir = insert_barriers(ir, barrier_scope(st.form.kind, st.lanes))
+    ir = assign_dtypes(ir)
+    return emit_kernel(ir, mm.scheduled.model.statements, placements, idents)

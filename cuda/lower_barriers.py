@@ -1,0 +1,91 @@
+"""Lowering pass: barriers between the stitched parts of a reduction kernel.
+
+The parts of a stitched kernel (marks ``part:<micrograph>``) exchange data through shared
+tiles: a later part reads what an earlier part wrote, from other threads. So when a reduction
+kernel has shared tiles, every part but the first starts with a barrier. Its scope is a warp
+when each result's lanes are consecutive threads of one warp (form "y", at most 32 lanes: the
+threads sharing a tile are that warp), else the block.
+
+Schedules that order shared-tile copies themselves (the GEMM tiling of ``poly/promote.py``)
+carry barrier *statements*; :func:`lower_sync_statements` turns their instances into barriers.
+"""
+
+from __future__ import annotations
+
+from polyfuse.cuda.kernel_ast import (
+    KBarrier,
+    KDef,
+    KernelIR,
+    KFor,
+    KIf,
+    KMark,
+    KNode,
+    KStmt,
+    MemSpace,
+    Scope,
+)
+from polyfuse.cuda.lower_combines import WARP_SIZE
+
+PART = "part:"
+
+
+def barrier_scope(form: str, lanes: int) -> Scope:
+    """The threads that share a stitched kernel's tiles, for a reduction of ``form``."""
+    return Scope.WARP if form != "x" and lanes <= WARP_SIZE else Scope.BLOCK
+
+
+def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
+    """A new IR with a barrier before every part but the first, where parts share tiles."""
+    scratch = ir.combine.scratch if ir.combine else None
+    tiles = [a for a in ir.allocs if a.space is MemSpace.SHARED and a.name != scratch]
+    if not ir.reduction or not tiles:
+        return ir
+    seen = 0
+
+    def walk(nodes: tuple[KNode, ...] | list[KNode]) -> list[KNode]:
+        nonlocal seen
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KMark):
+                part = n.name.startswith(PART)
+                if part and seen:
+                    note = f"{n.name[len(PART) :]} reads what earlier parts wrote"
+                    out.append(KBarrier(scope, note))
+                seen += part
+                out.append(KMark(n.name, walk(n.body)))
+            elif isinstance(n, KFor):
+                out.append(KFor(n.var, n.init, n.cond, n.step, walk(n.body)))
+            elif isinstance(n, KIf):
+                out.append(KIf(n.cond, walk(n.then), walk(n.orelse)))
+            elif isinstance(n, KDef):
+                out.append(KDef(n.var, n.value, walk(n.body)))
+            else:
+                out.append(n)
+        return out
+
+    return ir.with_(body=tuple(walk(ir.body)))
+
+
+def lower_sync_statements(
+    body: list[KNode], names: frozenset[str], scope: Scope = Scope.BLOCK
+) -> list[KNode]:
+    """A new body in which every instance of a statement in ``names`` is a barrier."""
+
+    def walk(nodes: list[KNode]) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KStmt) and n.stmt in names:
+                out.append(KBarrier(scope))
+            elif isinstance(n, KMark):
+                out.append(KMark(n.name, walk(n.body)))
+            elif isinstance(n, KFor):
+                out.append(KFor(n.var, n.init, n.cond, n.step, walk(n.body)))
+            elif isinstance(n, KIf):
+                out.append(KIf(n.cond, walk(n.then), walk(n.orelse)))
+            elif isinstance(n, KDef):
+                out.append(KDef(n.var, n.value, walk(n.body)))
+            else:
+                out.append(n)
+        return out
+
+    return walk(body)

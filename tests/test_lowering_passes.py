@@ -1,0 +1,144 @@
+"""Before/after tests of the lowering passes on small hand-built kernel IRs (issue 11)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from polyfuse.cuda.kernel_ast import (
+    KAlloc,
+    KBarrier,
+    KernelIR,
+    KFor,
+    KInt,
+    KMark,
+    KOp,
+    KParam,
+    KStmt,
+    KVar,
+    MemSpace,
+    Scope,
+)
+from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers
+from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT, BufferPlacement, alloc_buffers
+from polyfuse.cuda.lower_combines import lower_combines
+from polyfuse.cuda.lower_dtypes import assign_dtypes
+from polyfuse.cuda.printer import emit_kernel
+
+
+def _ir(threads: int = 64, reduction: bool = False, body=None) -> KernelIR:
+    body = body or (KStmt("S0", (KVar("t0"),)),)
+    return KernelIR(
+        "k", (("b0", 4),), (("t0", threads),), tuple(body), ("mg",), reduction=reduction
+    )
+
+
+def _two_parts() -> tuple:
+    loop = KFor("c0", KInt(0), KOp("<", (KVar("c0"), KInt(8))), 1, [KStmt("S1", (KVar("c0"),))])
+    return (
+        KMark("part:red", [KStmt("S0", (KVar("t0"),))]),
+        KMark("part:use", [loop]),
+    )
+
+
+def test_alloc_buffers_params_tiles_registers():
+    before = _ir()
+    places = [
+        BufferPlacement("x", MemSpace.GLOBAL, read_only=True),
+        BufferPlacement("t", MemSpace.SHARED, box=((KVar("b0"), 16),)),
+        BufferPlacement("y", MemSpace.GLOBAL, register_copy=True),
+        BufferPlacement("a_acc", MemSpace.REGISTER),
+    ]
+    after = alloc_buffers(before, places, ["x", "y", "t"])
+    assert before.params == () and before.allocs == ()  # a new IR, the old one untouched
+    assert [(p.name, p.ctype) for p in after.params] == [("x", "const"), ("y", "")]
+    assert after.allocs == (
+        KAlloc("s_t", MemSpace.SHARED, "", (16,), None, (KVar("b0"),)),
+        KAlloc("r_y", MemSpace.REGISTER, "", ()),
+        KAlloc("r_a_acc", MemSpace.REGISTER, "", ()),
+    )
+    assert after.dynamic_smem_bytes == 0
+
+
+def test_alloc_buffers_goes_dynamic_beyond_the_static_limit():
+    big = STATIC_SMEM_LIMIT // 4  # floats: with the scratch per thread it no longer fits
+    places = [
+        BufferPlacement("t", MemSpace.SHARED, box=((KInt(0), big),)),
+        BufferPlacement("u", MemSpace.SHARED, box=((KInt(0), 8),), smem_offset=big),
+    ]
+    after = alloc_buffers(_ir(body=(KMark("empty", []),)), places, ["t", "u"])
+    assert [a.offset for a in after.allocs] == [0, big]
+    assert after.dynamic_smem_bytes == (big + 8) * 4
+    src = emit_kernel(assign_dtypes(after), [], {}, {}).source
+    assert "extern __shared__ float pf_smem[];" in src
+    assert f"float* s_u = pf_smem + {big};" in src
+
+
+def test_lower_combines_warp_and_block():
+    base = alloc_buffers(_ir(), [BufferPlacement("r", MemSpace.REGISTER)], [])
+    assert lower_combines(base, "y", 1, 1, frozenset({"s"})) is base  # one lane: nothing
+    warp = lower_combines(base, "y", 32, 1, frozenset({"s"}))
+    assert warp.combine.scope is Scope.WARP
+    assert [a.name for a in warp.allocs] == ["pf_scratch", "r_r"]  # before the registers
+    assert warp.allocs[0].shape == (1,)
+    block = lower_combines(base, "x", 4, 16, frozenset({"s"}))
+    assert block.combine.scope is Scope.BLOCK and block.allocs[0].shape == (64,)
+    assert base.combine is None and len(base.allocs) == 1
+
+
+def test_insert_barriers_before_every_part_but_the_first():
+    tiles = [BufferPlacement("t", MemSpace.SHARED, box=((KInt(0), 8),))]
+    before = alloc_buffers(_ir(reduction=True, body=_two_parts()), tiles, [])
+    after = insert_barriers(before, barrier_scope("y", 8))
+    assert not isinstance(before.body[1], KBarrier)
+    assert [type(n).__name__ for n in after.body] == ["KMark", "KBarrier", "KMark"]
+    assert after.body[1] == KBarrier(Scope.WARP, "use reads what earlier parts wrote")
+    assert insert_barriers(before, barrier_scope("x", 8)).body[1].scope is Scope.BLOCK
+    assert "barrier warp  // use reads" in str(after)
+
+
+def test_no_barrier_without_shared_tiles_or_outside_reductions():
+    two = _two_parts()
+    plain = alloc_buffers(_ir(body=two), [BufferPlacement("t", MemSpace.SHARED)], [])
+    assert insert_barriers(plain, Scope.BLOCK) is plain
+    red = lower_combines(_ir(reduction=True, body=two), "x", 4, 16, frozenset())
+    assert insert_barriers(red, Scope.BLOCK) is red  # the combine scratch is no tile
+
+
+def test_assign_dtypes_fills_undecided_types_only():
+    before = _ir().with_(
+        params=(KParam("x", "const", "x"), KParam("y", "", "y"), KParam("n", "int")),
+        allocs=(
+            KAlloc("r_a", MemSpace.REGISTER, "", ()),
+            KAlloc("r_i", MemSpace.REGISTER, "int32", ()),
+        ),
+    )
+    after = assign_dtypes(before)
+    assert [p.ctype for p in after.params] == ["const float*", "float*", "int"]
+    assert [a.dtype for a in after.allocs] == ["float32", "int32"]
+    assert before.allocs[0].dtype == ""
+
+
+def test_printer_writes_barriers_from_the_ir():
+    ir = _ir(body=(KBarrier(Scope.BLOCK, "why"), KBarrier(Scope.WARP)))
+    src = emit_kernel(ir, [], {}, {}).source
+    assert "  __syncthreads();  // why\n  __syncwarp();\n" in src
+
+
+def test_printer_module_makes_no_lowering_decision():
+    text = (Path(__file__).resolve().parents[1] / "cuda" / "printer.py").read_text()
+    code = re.sub(r'"""(.|\n)*?"""', "", text)  # docstrings and the prelude
+    for decision in (
+        "STATIC_SMEM_LIMIT",  # static or dynamic shared memory: lower_buffers
+        "smem_floats",
+        "parts_seen",  # barriers between parts: lower_barriers
+        "warp_rows",
+        ".strategy",  # the combine: lower_combines
+        "ReductionKernel",
+        "maps_of",  # const parameters: lower_buffers
+        '"const float*"',  # element types: lower_dtypes
+        '"float*"',
+        "_CTYPE = {",
+        "import islpy",
+    ):
+        assert decision not in code, decision
