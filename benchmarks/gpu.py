@@ -354,6 +354,7 @@ def compile_case(
     launches = [
         {
             "kernel": lc.kernel,
+            "function": lc.function,  # the shared __global__ it runs (kernel dedup)
             "grid": list(lc.grid),
             "block": list(lc.block),
             "shared_bytes": lc.shared_bytes,
@@ -490,6 +491,7 @@ def case_program(
                 a if isinstance(a, str) else ScalarArg(a["value"], a["ctype"]) for a in lc["args"]
             ),
             lc["shared_bytes"],
+            lc.get("function", ""),
         )
         for lc in case["launches"]
     ]

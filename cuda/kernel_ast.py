@@ -8,6 +8,7 @@ CUDA printer only writes what the IR says. ``print(ir)`` shows the pseudo-code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -286,6 +287,20 @@ class Kernel:
             f"smem={self.shared_bytes} micrographs={self.micrographs}"
         )
         return head + "\n" + "\n".join(_fmt(self.body, 1))
+
+
+def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
+    """A copy of ``n`` whose child lists went through ``walk`` (a node without children as is):
+    the one place a pass's tree walk needs to know which nodes nest."""
+    if isinstance(n, KMark):
+        return KMark(n.name, walk(n.body))
+    if isinstance(n, KFor):
+        return KFor(n.var, n.init, n.cond, n.step, walk(n.body))
+    if isinstance(n, KIf):
+        return KIf(n.cond, walk(n.then), walk(n.orelse))
+    if isinstance(n, KDef):
+        return KDef(n.var, n.value, walk(n.body))
+    return n
 
 
 def _fmt(nodes: list[KNode], depth: int) -> list[str]:

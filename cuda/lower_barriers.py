@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from polyfuse.cuda.kernel_ast import (
     KBarrier,
-    KDef,
     KernelIR,
-    KFor,
-    KIf,
     KMark,
     KNode,
     KStmt,
     MemSpace,
     Scope,
+    map_children,
 )
 from polyfuse.cuda.lower_combines import WARP_SIZE
 
@@ -53,14 +51,8 @@ def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
                     out.append(KBarrier(scope, note))
                 seen += part
                 out.append(KMark(n.name, walk(n.body)))
-            elif isinstance(n, KFor):
-                out.append(KFor(n.var, n.init, n.cond, n.step, walk(n.body)))
-            elif isinstance(n, KIf):
-                out.append(KIf(n.cond, walk(n.then), walk(n.orelse)))
-            elif isinstance(n, KDef):
-                out.append(KDef(n.var, n.value, walk(n.body)))
             else:
-                out.append(n)
+                out.append(map_children(n, walk))
         return out
 
     return ir.with_(body=tuple(walk(ir.body)))
@@ -76,16 +68,8 @@ def lower_sync_statements(
         for n in nodes:
             if isinstance(n, KStmt) and n.stmt in names:
                 out.append(KBarrier(scope))
-            elif isinstance(n, KMark):
-                out.append(KMark(n.name, walk(n.body)))
-            elif isinstance(n, KFor):
-                out.append(KFor(n.var, n.init, n.cond, n.step, walk(n.body)))
-            elif isinstance(n, KIf):
-                out.append(KIf(n.cond, walk(n.then), walk(n.orelse)))
-            elif isinstance(n, KDef):
-                out.append(KDef(n.var, n.value, walk(n.body)))
             else:
-                out.append(n)
+                out.append(map_children(n, walk))
         return out
 
     return walk(body)

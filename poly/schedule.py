@@ -21,7 +21,20 @@ from polyfuse.poly.islutil import parallel_depth
 from polyfuse.poly.model import PolyModel
 
 DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
+# Bound on every schedule coefficient isl may choose. By default (schedule_treat_coalescing)
+# a coefficient is bounded only by its loop's extent, and isl's search for a non-trivial band
+# row (isl_tab_basic_set_non_trivial_lexmin in compute_wcc_band) then pivots on integers that
+# grow so large that a few thousand operations of the budget took minutes (a fuzz graph with
+# 257-wide loops: ~420 s). Fused DL schedules use coefficients 0/±1 (a stride at most a
+# few), so a small bound keeps every schedule the same and the search short.
+MAX_COEFFICIENT = 4
 WHOLE_COMPONENT_MAX_STATEMENTS = 5
+# Operation budget of the optional whole-component retry (the clustering schedule is kept
+# when it runs out). isl counts tableau pivots, but a pivot's cost grows with the size of its
+# integers, which grow with the loop extents: under the full budget the retry could run for
+# minutes. The retries of the examples, the suite and the tests need at most 40k operations
+# (batch_norm_train_relu of test_stitching).
+WHOLE_COMPONENT_BUDGET = 60_000
 
 
 @dataclass
@@ -151,6 +164,7 @@ def _run_scheduler(
     sc: isl.ScheduleConstraints, ctx: isl.Context, budget: int, whole_component: bool
 ) -> tuple[isl.Schedule | None, bool]:
     ctx.set_schedule_whole_component(1 if whole_component else 0)
+    ctx.set_schedule_max_coefficient(MAX_COEFFICIENT)
     ctx.set_max_operations(budget)
     ctx.reset_operations()
     try:
@@ -160,6 +174,7 @@ def _run_scheduler(
         return None, True
     finally:
         ctx.set_max_operations(0)
+        ctx.set_schedule_max_coefficient(-1)
         ctx.set_schedule_whole_component(0)
 
 
@@ -193,9 +208,10 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
     small = len(model.statements) <= WHOLE_COMPONENT_MAX_STATEMENTS
     if relax and small and not failed and not _single_band(sched):
         # isl's clustering fused the producers first along their own outer loop; the
-        # whole-component scheduler considers the reduction too. Its LP search is not bounded
-        # by the operation budget, so it is only tried on small micrographs.
-        retry, retry_failed = _run_scheduler(sc, ctx, budget, whole_component=True)
+        # whole-component scheduler considers the reduction too. Its pivots get expensive (large
+        # integers), so it is only tried on small micrographs and under its own small budget.
+        retry_budget = min(budget, WHOLE_COMPONENT_BUDGET)
+        retry, retry_failed = _run_scheduler(sc, ctx, retry_budget, whole_component=True)
         if not retry_failed and _single_band(retry):
             sched = retry
     if failed:
