@@ -46,6 +46,8 @@ struct dim3 {
 };
 
 // One global buffer as a kernel sees it (args[i] of a launch points to a pf_buf*).
+#define PF_REQ_SLOTS 64  // host-thread slots of pf_buf::req
+
 struct pf_buf {
   char* base;
   uint64_t nbytes;
@@ -54,7 +56,9 @@ struct pf_buf {
   uint8_t* rmap;   // one byte per element: read during this launch
   uint8_t* wmap;   // one byte per element: written during this launch
   const char* name;
-  uint64_t req[2];  // requested bytes during this launch (every access, repeats included)
+  // Requested bytes during this launch (every access, repeats included): [slot][read, write],
+  // one 64-byte line per host-thread slot, so counting never contends between threads.
+  uint64_t (*req)[8];
 };
 
 struct pf_block_pub {
@@ -223,6 +227,16 @@ inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y,
   __builtin_unreachable();
 }
 
+inline int pf_req_next_slot = 0;
+inline thread_local int pf_req_slot_id = -1;
+
+// This host thread's slot in pf_buf::req (assigned on first use).
+inline int pf_req_slot() {
+  if (__builtin_expect(pf_req_slot_id < 0, 0))
+    pf_req_slot_id = __atomic_fetch_add(&pf_req_next_slot, 1, __ATOMIC_RELAXED) % PF_REQ_SLOTS;
+  return pf_req_slot_id;
+}
+
 #ifdef PF_RACECHECK
 // Out of line (its caller's return address is the access) and not instrumented itself.
 #define PF_TOUCH_ATTR __attribute__((noinline, no_sanitize_thread))
@@ -238,7 +252,7 @@ PF_TOUCH_ATTR inline void pf_touch(const pf_buf* b, const void* p, uint64_t size
   uint64_t off = (uint64_t)((const char*)p - b->base);
   if (__builtin_expect(off >= b->nbytes || b->nbytes - off < size || (off & (align - 1)), 0))
     pf_bad(b, p, size, W);
-  __atomic_fetch_add(&const_cast<pf_buf*>(b)->req[W], size, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&b->req[pf_req_slot()][W], size, __ATOMIC_RELAXED);  // own line: no contention
   uint8_t* m = W ? b->wmap : b->rmap;
   uint64_t e = off >> b->shift, last = (off + size - 1) >> b->shift;
   for (; e <= last; ++e)

@@ -179,6 +179,10 @@ pf_result* g_res = nullptr;
 uint64_t g_seed = 0;
 unsigned g_order = 0, g_nworkers = 1;
 std::vector<pf_buf> g_bufs;
+struct alignas(64) ReqLine {
+  uint64_t v[8];
+};
+std::vector<ReqLine> g_req;  // [buffer][slot]: pf_buf::req of every buffer
 std::vector<Worker*> g_workers;
 LaunchCtx g_L;
 int g_launch = -1;
@@ -1029,6 +1033,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
   const pf_wire_buf* wb =
       reinterpret_cast<const pf_wire_buf*>(at(spec->bufs_off, sizeof(pf_wire_buf) * spec->nbuf));
   g_bufs.resize(spec->nbuf);
+  g_req.assign(size_t(spec->nbuf) * PF_REQ_SLOTS, ReqLine{});
   g_gshadow.assign(spec->nbuf, GlobalShadows{});
   std::vector<char> mapped(spec->nbuf, 0);
   for (uint32_t i = 0; i < spec->nbuf; ++i) {
@@ -1040,7 +1045,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
     b.shift = uint32_t(__builtin_ctz(b.itemsize));
     b.name = at(wb[i].name_off, 1);
     b.rmap = b.wmap = nullptr;
-    b.req[0] = b.req[1] = 0;
+    b.req = reinterpret_cast<uint64_t(*)[8]>(g_req[size_t(i) * PF_REQ_SLOTS].v);
   }
   const pf_wire_launch* wl = reinterpret_cast<const pf_wire_launch*>(
       at(spec->launches_off, sizeof(pf_wire_launch) * spec->nlaunch));
@@ -1086,9 +1091,14 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
       int64_t* c = &g_res->counts[(size_t(li) * spec->nbuf + bi) * 4];
       uint64_t nel = b.nbytes >> b.shift;
       if (c[0] >= 0) continue;  // already counted (buffer passed twice)
-      c[2] = int64_t(b.req[0]);
-      c[3] = int64_t(b.req[1]);
-      b.req[0] = b.req[1] = 0;
+      uint64_t req[2] = {0, 0};
+      for (int slot = 0; slot < PF_REQ_SLOTS; ++slot) {
+        req[0] += b.req[slot][0];
+        req[1] += b.req[slot][1];
+        b.req[slot][0] = b.req[slot][1] = 0;
+      }
+      c[2] = int64_t(req[0]);
+      c[3] = int64_t(req[1]);
       if (!b.rmap) {
         c[0] = c[1] = 0;
         continue;
