@@ -192,7 +192,7 @@ def modelled_us(
     resident = min(blocks, per_sm * device.sms)
     waves = -(-blocks // resident)
     rate = (
-        device.dram_gbps * 1e3 * min(1.0, resident * useful / device.sms / cfg.saturating_threads)
+        device.bandwidth_gbps * 1e3 * min(1.0, resident * useful / device.sms / cfg.saturating_threads)
     )
     wave_bytes = sum(p.bytes for p in parts) / blocks * resident
     return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)

@@ -82,3 +82,13 @@ def test_typed_kinds_survive_the_compile_cache(tmp_path):
         d["kinds"] for d in extract(first)["decisions"]
     ]
     assert [r.kinds for r in again.plan.records()] == [r.kinds for r in first.plan.records()]
+
+
+def test_device_table_measured_h100_beside_datasheet():
+    from polyfuse.poly.device import A100, H100
+
+    assert H100.dram_gbps == 3350.0 and H100.measured is not None
+    assert H100.bandwidth_gbps == 3010.0 and H100.throughput_tflops == 51.7
+    assert "measured 2026-11-22" in H100.figures and "datasheet 3350" in H100.figures
+    assert A100.measured is None and A100.bandwidth_gbps == A100.dram_gbps
+    assert A100.figures.startswith("datasheet")

@@ -95,8 +95,8 @@ def _modelled(kernel, sms, device) -> dict[str, Any]:
     """Modelled time: bytes / DRAM bandwidth vs instances / FP32 rate vs launch overhead."""
     moved = kernel.bytes_read + kernel.bytes_written
     points = sum(_points(s) for sm in sms for s in sm.model.statements)
-    mem_s = moved / (device.dram_gbps * 1e9)
-    comp_s = points / (device.fp32_tflops * 1e12)
+    mem_s = moved / (device.bandwidth_gbps * 1e9)
+    comp_s = points / (device.throughput_tflops * 1e12)
     launch_s = device.launch_us * 1e-6
     bound = max(("memory", mem_s), ("compute", comp_s), ("launch", launch_s), key=lambda x: x[1])
     return {
@@ -416,6 +416,9 @@ def extract(fn) -> dict[str, Any]:
             "name": device.name,
             "dram_gbps": device.dram_gbps,
             "fp32_tflops": device.fp32_tflops,
+            "model_gbps": device.bandwidth_gbps,
+            "model_tflops": device.throughput_tflops,
+            "figures": device.figures,
             "launch_us": device.launch_us,
             "smem_per_block_optin": device.smem_per_block_optin,
         },
