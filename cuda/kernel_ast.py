@@ -88,6 +88,29 @@ class KMark(KNode):
     body: list[KNode]
 
 
+@dataclass(frozen=True)
+class KLaneAccess:
+    """One statement's access to ``tensor`` at lane 0 of a vector group (``args`` of the
+    statement instance with the lane variable 0): where the group's float4 accesses start."""
+
+    tensor: str
+    stmt: str
+    args: tuple[KExpr, ...]
+
+
+@dataclass
+class KVector(KNode):
+    """A loop ``for var in [0, width)`` whose global accesses to ``loads`` / ``stores`` are
+    whole 128-bit groups: loaded into per-lane registers before the loop body, stored after.
+    (isl proved contiguity and alignment; see :mod:`polyfuse.cuda.lower_vectorize`.)"""
+
+    var: str
+    width: int
+    body: list[KNode]
+    loads: tuple[KLaneAccess, ...]
+    stores: tuple[KLaneAccess, ...]
+
+
 @dataclass
 class KStmt(KNode):
     """One instance of an isl statement; ``args`` are its domain coordinates."""
@@ -300,6 +323,8 @@ def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
         return KIf(n.cond, walk(n.then), walk(n.orelse))
     if isinstance(n, KDef):
         return KDef(n.var, n.value, walk(n.body))
+    if isinstance(n, KVector):
+        return KVector(n.var, n.width, walk(n.body), n.loads, n.stores)
     return n
 
 
@@ -322,6 +347,11 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
         elif isinstance(n, KMark):
             out.append(f"{pad}// {n.name}")
             out += _fmt(n.body, depth)
+        elif isinstance(n, KVector):
+            ld = ", ".join(a.tensor for a in n.loads)
+            st = ", ".join(a.tensor for a in n.stores)
+            out.append(f"{pad}vector {n.var} < {n.width} load [{ld}] store [{st}]")
+            out += _fmt(n.body, depth + 1)
         elif isinstance(n, KStmt):
             out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))})")
         elif isinstance(n, KAlloc):

@@ -18,6 +18,7 @@ from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
+from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.poly.compose import ReductionKernel
@@ -77,6 +78,31 @@ def buffer_placements(
     return out
 
 
+def vector_plan(mm: MappedMicrograph, placements: dict[str, Placement]) -> VectorPlan | None:
+    """The vectorisation pass's input: float4 loads for proven tensors the kernel only reads,
+    float4 stores for proven global outputs it reads back (if at all) from a register copy."""
+    c = mm.coarsening
+    if c is None or c.factor <= 1:
+        return None
+    stmts = mm.scheduled.model.statements
+    writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
+    written = set(writes.values())
+    reads: dict[str, frozenset[str]] = {}
+    read_any: set[str] = set()
+    for s in stmts:
+        names = {m.get_tuple_name(isl.dim_type.out) for _, m in s.reads}
+        read_any |= names
+        reads[s.name] = frozenset(
+            t for t in names if placements[t].space == "global" and not placements[t].register_copy
+        )
+    proven = {t for t, ok in c.vector.items() if ok and placements[t].space == "global"}
+    loads = frozenset(t for t in proven if t not in written)
+    stores = frozenset(
+        t for t in proven & written if t not in read_any or placements[t].register_copy
+    )
+    return VectorPlan(c.factor, loads, stores, writes, reads)
+
+
 def lower_kernel(
     name: str,
     mm: MappedMicrograph,
@@ -91,5 +117,7 @@ def lower_kernel(
         st = mm.strategy
         ir = lower_combines(ir, st.form.kind, st.lanes, st.kept_tile, frozenset(mm.combined))
         ir = insert_barriers(ir, barrier_scope(st.form.kind, st.lanes))
+    else:
+        ir = vectorize(ir, vector_plan(mm, placements))
     ir = assign_dtypes(ir)
     return emit_kernel(ir, mm.scheduled.model.statements, placements, idents)

@@ -23,10 +23,12 @@ from polyfuse.cuda.kernel_ast import (
     KFor,
     KIf,
     KInt,
+    KLaneAccess,
     KMark,
     KOp,
     KStmt,
     KVar,
+    KVector,
     MemSpace,
     Scope,
 )
@@ -162,10 +164,14 @@ class BodyPrinter:
         self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
         self.combined = combined  # reductions whose lanes hold partials (combine at final)
         self.scratch = scratch  # shared scratch of the combine
+        self.lanes: dict[str, str] = {}  # inside a KVector: tensor -> its lane register
+
 
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
     ) -> str:
+        if ident in self.lanes:
+            return self.lanes[ident]
         p = self.placements[ident]
         if p.space == "register" or (p.register_copy and not store):
             return f"r_{ident}"
@@ -272,8 +278,9 @@ class BodyPrinter:
 class _Emitter:
     """Writes kernel IR nodes as C."""
 
-    def __init__(self, emit_stmt):
+    def __init__(self, emit_stmt, emit_vector=None):
         self.emit_stmt = emit_stmt
+        self.emit_vector = emit_vector
 
     def __call__(self, nodes, depth: int) -> list[str]:
         pad = "  " * depth
@@ -304,9 +311,58 @@ class _Emitter:
                 out.append(f"{pad}}}")
             elif isinstance(n, KStmt):
                 out.append(pad + self.emit_stmt(n))
+            elif isinstance(n, KVector) and self.emit_vector is not None:
+                out += self.emit_vector(n, depth, self)
             else:
                 raise TypeError(f"the CUDA printer has no rule for {type(n).__name__}")
         return out
+
+
+def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -> str:
+    """The global element statement ``s`` touches in ``access.tensor`` at lane 0 of a group."""
+    t = s.tensor
+    assert t.op is not None
+    args = [c_index(a) for a in access.args]
+    dims = [a for a in t.op.axes if a.extent > 1]
+    env = {a.uid: str(a.lo) for a in t.op.axes}
+    env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
+    if store:
+        return bp.tensor_ref(access.tensor, t.shape, [env[a.uid] for a in t.op.axes], store=True)
+    reads = [r for r in t.op.reads() if bp.idents[r.tensor.uid] == access.tensor]
+    return bp.expr(reads[0], env)
+
+
+def _vector_lines(
+    n: KVector, depth: int, emit: _Emitter, bp: BodyPrinter, stmts: dict[str, Statement]
+) -> list[str]:
+    """A group of ``n.width`` lanes: float4 loads, the lanes on registers, float4 stores."""
+    pad = "  " * depth
+    out = [f"{pad}{{"]
+    quads = range(n.width // 4)
+    for a in n.loads:
+        ref = _lane_ref(bp, stmts[a.stmt], a, store=False)
+        for j in quads:
+            off = f" + {4 * j}" if j else ""
+            out.append(
+                f"{pad}  const float4 q_{a.tensor}{j} = "
+                f"*reinterpret_cast<const float4*>(&{ref}{off});"
+            )
+        lanes = ", ".join(f"q_{a.tensor}{j}.{c}" for j in quads for c in "xyzw")
+        out.append(f"{pad}  float v_{a.tensor}[{n.width}] = {{{lanes}}};")
+    out += [f"{pad}  float v_{a.tensor}[{n.width}];" for a in n.stores]
+    bp.lanes = {a.tensor: f"v_{a.tensor}[{n.var}]" for a in n.loads + n.stores}
+    out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
+    out += emit(n.body, depth + 2)
+    out.append(f"{pad}  }}")
+    bp.lanes = {}
+    for a in n.stores:
+        ref = _lane_ref(bp, stmts[a.stmt], a, store=True)
+        for j in quads:
+            off = f" + {4 * j}" if j else ""
+            vals = ", ".join(f"v_{a.tensor}[{4 * j + k}]" for k in range(4))
+            out.append(f"{pad}  *reinterpret_cast<float4*>(&{ref}{off}) = make_float4({vals});")
+    out.append(f"{pad}}}")
+    return out
 
 
 def _decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
@@ -378,12 +434,15 @@ def emit_kernel(
         s = stmts[n.stmt]
         return bp.statement(s, [c_index(a) for a in n.args], s.prim)
 
+    def emit_vector(n: KVector, depth: int, emit: _Emitter) -> list[str]:
+        return _vector_lines(n, depth, emit, bp, stmts)
+
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
     lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
     lines += _decompose("blockIdx.x", "_b", list(ir.grid_dims))
     lines += _decompose("threadIdx.x", "_t", list(ir.thread_dims))
     lines += _allocs(ir.allocs)
-    lines += _Emitter(emit_stmt)(ir.body, 1)
+    lines += _Emitter(emit_stmt, emit_vector)(ir.body, 1)
     lines.append("}")
     return Kernel(
         ir.name,

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine
+from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import parallel_depth, top_band
 from polyfuse.poly.schedule import ScheduledMicrograph
 
@@ -35,6 +37,9 @@ class MappingConfig:
     # instead of the cost model's choice (poly/tiling.py); None = the model decides.
     gemm_tile: tuple[int, int, int, int, int] | None = None
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
+    # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,
+    # 1 = one element per thread, 4/8 = forced (float4 only where isl proves it)
+    elements_per_thread: int | None = None
 
 
 @dataclass
@@ -50,6 +55,7 @@ class MappedMicrograph:
     tile_sizes: list[int]  # threads per mapped member
     extents: list[tuple[int, int]]  # [min, max] of each mapped band member
     notes: list[str] = field(default_factory=list)
+    coarsening: Coarsening | None = None  # elements per thread (poly/coarsen.py)
 
     @property
     def grid(self) -> int:
@@ -129,8 +135,13 @@ def _bind(part: isl.MultiUnionPwAff, values: list[str], params: str) -> isl.Unio
     return um.intersect_range(isl.UnionSet.from_set(target)).domain()
 
 
-def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> MappedMicrograph:
-    """Tile the coincident prefix of the outer band and bind it to blocks and threads."""
+def map_to_gpu(
+    sm: ScheduledMicrograph, cfg: MappingConfig | None = None, device: DeviceSpec | None = None
+) -> MappedMicrograph:
+    """Tile the coincident prefix of the outer band and bind it to blocks and threads.
+
+    With a ``device``, a plain kernel may first get several elements per thread
+    (:mod:`polyfuse.poly.coarsen`): the band that is mapped is then the strip-mined one."""
     cfg = cfg or MappingConfig()
     ctx = sm.model.ctx
     sched = sm.schedule
@@ -144,6 +155,11 @@ def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> Map
         )
     if nc < node.band_n_member():
         node = node.band_split(nc)
+    coarsening = None
+    if device is not None and cfg.elements_per_thread != 1:  # hook: poly/coarsen.py
+        coarsening = choose_coarsening(sm, node, device, cfg.elements_per_thread)
+        if coarsening.factor > 1:
+            node = strip_mine(node, coarsening.factor)
     ranges = _band_ranges(node, domain, nc)
     extents = [hi - lo + 1 for lo, hi in ranges]
     sizes = choose_tile_sizes(extents, cfg)
@@ -158,4 +174,7 @@ def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> Map
     cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
     cons += [f"0 <= {t} < {s}" for t, s in zip(ts, sizes, strict=True)]
     context = isl.Set(f"[{params}] -> {{ : {' and '.join(cons)} }}", context=ctx)
-    return MappedMicrograph(sm, mapped, context, bs, ts, grid_dims, sizes, ranges)
+    notes = [str(coarsening)] if coarsening is not None else []
+    return MappedMicrograph(
+        sm, mapped, context, bs, ts, grid_dims, sizes, ranges, notes, coarsening
+    )

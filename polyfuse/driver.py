@@ -343,7 +343,7 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
         gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
         if gemm is not None:
             return gemm
-        mm = map_to_gpu(sm, cfg)
+        mm = map_to_gpu(sm, cfg, device)
         pl = place_tensors(mm)
     kp = KernelPlan(kname, [mm], pl, recomputes=recomputes)
     ast, body = generate_ast(mm)

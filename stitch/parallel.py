@@ -191,9 +191,8 @@ def modelled_us(
     useful = sum(p.grid * p.threads for p in parts) / max(1, blocks)  # per padded block
     resident = min(blocks, per_sm * device.sms)
     waves = -(-blocks // resident)
-    rate = (
-        device.bandwidth_gbps * 1e3 * min(1.0, resident * useful / device.sms / cfg.saturating_threads)
-    )
+    busy = min(1.0, resident * useful / device.sms / cfg.saturating_threads)
+    rate = device.bandwidth_gbps * 1e3 * busy
     wave_bytes = sum(p.bytes for p in parts) / blocks * resident
     return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)
 

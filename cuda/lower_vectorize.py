@@ -1,0 +1,118 @@
+"""Lowering pass: 128-bit global accesses for the element groups of a coarsened kernel.
+
+:mod:`polyfuse.poly.coarsen` strip-mined the innermost parallel band member and marked the
+point loop ``coarsen:<E>``; it also proved, per tensor, that the ``E`` lanes of a group touch
+``E`` consecutive elements starting at a multiple of 4. This pass turns that loop into a
+:class:`KVector`: the proven tensors the kernel only reads are loaded as ``E/4`` ``float4``
+before the lanes run, the proven tensors it writes (and reads back only from registers) are
+stored as ``float4`` after them; every other access stays scalar inside the lanes.
+
+When the loop's bound is not the constant ``E`` (the band's end cuts a group short), the
+vector form runs under the bound evaluated at lane ``E - 1`` (the group is whole) and the
+original scalar loop runs otherwise — the scalar tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from polyfuse.cuda.kernel_ast import (
+    KernelIR,
+    KExpr,
+    KFor,
+    KIf,
+    KInt,
+    KLaneAccess,
+    KMark,
+    KNode,
+    KOp,
+    KStmt,
+    KVar,
+    KVector,
+    map_children,
+)
+
+MARK = "coarsen:"
+
+
+@dataclass(frozen=True)
+class VectorPlan:
+    """What the pass needs: elements per thread, which tensors get float4 loads and stores,
+    and per statement the tensor it writes and those it reads (global accesses only)."""
+
+    factor: int
+    loads: frozenset[str]
+    stores: frozenset[str]
+    writes: Mapping[str, str]  # statement -> tensor written
+    reads: Mapping[str, frozenset[str]]  # statement -> tensors read from global memory
+
+
+def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
+    """``e`` with ``var`` replaced by ``value``."""
+    if isinstance(e, KVar):
+        return value if e.name == var else e
+    if isinstance(e, KOp):
+        args = tuple(substitute(a, var, value) for a in e.args)
+        if e.op == "+" and KInt(0) in args and len(args) == 2:
+            return args[0] if args[1] == KInt(0) else args[1]
+        return KOp(e.op, args)
+    return e
+
+
+def _full_bound(loop: KFor, width: int) -> KExpr | None:
+    """None when the loop runs exactly ``[0, width)``; else the condition that it does."""
+    c = loop.cond
+    if c == KOp("<=", (KVar(loop.var), KInt(width - 1))) or c == KOp(
+        "<", (KVar(loop.var), KInt(width))
+    ):
+        return None
+    return substitute(c, loop.var, KInt(width - 1))
+
+
+def _vectorize(loop: KFor, width: int, plan: VectorPlan) -> list[KNode]:
+    """The vector form of one group loop (with its scalar tail), or the loop as it was."""
+    if loop.init != KInt(0) or loop.step != 1 or width % 4:
+        return [loop]
+    if not all(isinstance(n, KStmt) for n in loop.body):
+        return [loop]
+    zero = KInt(0)
+    loads: dict[str, KLaneAccess] = {}
+    stores: dict[str, KLaneAccess] = {}
+    for n in loop.body:
+        assert isinstance(n, KStmt)
+        args = tuple(substitute(a, loop.var, zero) for a in n.args)
+        for t in sorted(plan.reads.get(n.stmt, ())):
+            if t in plan.loads:
+                loads.setdefault(t, KLaneAccess(t, n.stmt, args))
+        w = plan.writes.get(n.stmt)
+        if w in plan.stores:
+            stores[w] = KLaneAccess(w, n.stmt, args)
+    if not loads and not stores:
+        return [loop]
+    vec = KVector(loop.var, width, list(loop.body), tuple(loads.values()), tuple(stores.values()))
+    full = _full_bound(loop, width)
+    if full is None:
+        return [vec]
+    return [KIf(full, [vec], [loop])]
+
+
+def vectorize(ir: KernelIR, plan: VectorPlan | None) -> KernelIR:
+    """A new IR whose ``coarsen:<E>`` group loops use float4 accesses where ``plan`` allows."""
+    if plan is None or plan.factor <= 1 or not (plan.loads or plan.stores):
+        return ir
+
+    def walk(nodes: list[KNode]) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KMark) and n.name.startswith(MARK):
+                width = int(n.name.removeprefix(MARK))
+                body: list[KNode] = []
+                for m in n.body:
+                    body += _vectorize(m, width, plan) if isinstance(m, KFor) else [m]
+                out.append(KMark(n.name, body))
+            else:
+                out.append(map_children(n, walk))
+        return out
+
+    return ir.with_(body=tuple(walk(list(ir.body))))

@@ -1,0 +1,252 @@
+"""Several elements per thread for plain (reduction-free) kernels, with 128-bit accesses.
+
+Policy. A memory-bound elementwise kernel with one element per thread issues one 4-byte load
+per tensor per thread; the GPU reaches about 70 % of its copy bandwidth that way. Giving each
+thread ``E`` consecutive elements of the innermost parallel band member — a strip-mine of that
+member (``band_tile`` with sizes ``[1, ..., 1, E]``), the tile band mapped to blocks and threads
+as before and the point band (``0 <= c < E``) left as a loop inside the thread — lets a thread
+load ``E`` elements of a tensor as ``E/4`` 128-bit ``float4`` accesses, when isl proves that
+this is exact.
+
+The proof (:func:`vector_access`), per tensor, over every band point the kernel runs (so over
+every block and thread the mapping will bind): with ``v`` the innermost band member and ``a``
+the tensor's linear element offset that a statement at band point ``(.., v)`` touches,
+
+- the band → offset relation is single-valued (one element per band point, whichever
+  statement touches it);
+- alignment: ``a - v ≡ 0 (mod 4)`` — lane ``c = v mod E`` of a group touches ``base + c``
+  with ``base`` a multiple of 4 (16 bytes);
+- contiguity: for ``v`` and ``v + 1`` in the same group, the offsets are ``a`` and ``a + 1``.
+
+A tensor that fails (a broadcast along the innermost member, a row stride that is not a
+multiple of 4, a transpose) keeps scalar accesses inside the loop. Groups cut short by the
+band's end (an inner extent that is not a multiple of ``E``) run the scalar loop; the lowering
+(:mod:`polyfuse.cuda.lower_vectorize`) guards the vector form with the loop's own bound.
+
+The cost model (:func:`choose_coarsening`) coarsens only when some input or output tensor
+vectorises and enough threads are left to fill the device: at least ``min_wave_fraction`` of
+one full-occupancy wave (``sms × max_threads_per_sm``) after dividing the threads by ``E``.
+Between ``E = 4`` and ``E = 8`` it takes the one whose last wave of blocks is fuller (whole
+waves), preferring 4 on a tie (more parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.decision import Decided, DecisionKind
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.islutil import maps_of, sets_of
+from polyfuse.poly.schedule import ScheduledMicrograph
+
+VECTOR = 4  # floats per 128-bit access
+MARK = "coarsen"  # the isl mark above the point band: "coarsen:<E>"
+
+
+@dataclass(frozen=True)
+class CoarsenConfig:
+    """Thresholds of the elements-per-thread cost model (one declared place)."""
+
+    factors: tuple[int, ...] = (4, 8)
+    min_wave_fraction: float = 0.5  # threads left after coarsening, in full-occupancy waves
+    block_threads: int = 256  # the mapping's block size, for the wave count
+
+
+@dataclass
+class Coarsening:
+    """The elements-per-thread decision for one kernel, with the isl proof per tensor."""
+
+    factor: int  # E (1: not coarsened)
+    vector: dict[str, bool] = field(default_factory=dict)  # tensor -> float4 accesses proven
+    why_scalar: dict[str, str] = field(default_factory=dict)  # tensor -> why not
+    tail: bool = False  # some group is cut short by the band's end (scalar loop there)
+    reason: str = ""
+
+    @property
+    def decision(self) -> Decided:
+        kinds = (DecisionKind.COST_MODEL, DecisionKind.COARSENED)
+        data = {
+            "factor": self.factor,
+            "vector": sorted(t for t, ok in self.vector.items() if ok),
+            "scalar": dict(self.why_scalar),
+            "tail": self.tail,
+        }
+        return Decided(kinds, self.reason, data)
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _linear(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Map:
+    """``T[i..] -> [a]``: the row-major element offset of tensor ``T``."""
+    idx = [f"i{d}" for d in range(len(shape))]
+    terms, stride = [], 1
+    for d in reversed(range(len(shape))):
+        terms.append(f"{stride}*{idx[d]}")
+        stride *= shape[d]
+    expr = " + ".join(terms) or "0"
+    return isl.Map(f"{{ {ident}[{', '.join(idx)}] -> [{expr}] }}", context=ctx)
+
+
+def _band_to_offsets(
+    sm: ScheduledMicrograph, band: isl.UnionMap
+) -> dict[str, isl.Map | str]:
+    """Per tensor: band point -> linear offset touched (a Map), or why it cannot be built."""
+    model = sm.model
+    ctx = model.ctx
+    out: dict[str, isl.Map | str] = {}
+    accesses = model.reads.union(model.writes)
+    inverse = band.reverse()
+    for ident, role in model.tensors.items():
+        acc = [m for m in maps_of(accesses) if m.get_tuple_name(isl.dim_type.out) == ident]
+        if not acc:
+            continue
+        lin = isl.UnionMap.from_map(_linear(ident, tuple(role.shape), ctx))
+        rel = isl.UnionMap.empty(inverse.get_space())
+        for m in acc:
+            rel = rel.union(inverse.apply_range(isl.UnionMap.from_map(m)).apply_range(lin))
+        maps = maps_of(rel.coalesce())
+        out[ident] = maps[0] if len(maps) == 1 else "accessed through several spaces"
+    return out
+
+
+def vector_access(rel: isl.Map, n: int, factor: int) -> str:
+    """'' when band → offset ``rel`` admits float4 accesses for groups of ``factor`` along the
+    innermost of ``n`` band members; otherwise why not."""
+    if not rel.is_single_valued():
+        return "several elements per band point"
+    ctx = rel.get_ctx()
+    vs = [f"v{i}" for i in range(n)]
+    last = vs[-1]
+    sig = f"[{', '.join(vs)}]"
+    misaligned = isl.Map(f"{{ {sig} -> [a] : (a - {last}) mod {VECTOR} != 0 }}", context=ctx)
+    if not rel.intersect(misaligned).is_empty():
+        return f"start offset not a multiple of {VECTOR} for some thread"
+    nxt = [*vs[:-1], f"{last} + 1"]
+    step = isl.Map(
+        f"{{ {sig} -> [{', '.join(nxt)}] : {last} mod {factor} != {factor - 1} }}", context=ctx
+    )
+    dom = rel.domain()
+    step = step.intersect_domain(dom).intersect_range(dom)
+    ahead = step.apply_range(rel)
+    plus_one = rel.apply_range(isl.Map("{ [a] -> [a + 1] }", context=ctx))
+    if not ahead.is_equal(plus_one.intersect_domain(step.domain())):
+        return "not contiguous along the innermost parallel dimension"
+    return ""
+
+
+def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> Coarsening:
+    """The per-tensor float4 proof for groups of ``factor`` along the band's last member."""
+    c = Coarsening(factor)
+    points = isl.Set.from_union_set(band.range())
+    for ident, rel in _band_to_offsets(sm, band).items():
+        if isinstance(rel, str):
+            why = rel
+        elif not rel.domain().is_equal(points):
+            why = "not touched at every band point (a guarded access)"
+        else:
+            why = vector_access(rel, n, factor)
+        c.vector[ident] = not why
+        if why:
+            c.why_scalar[ident] = why
+    last = points.dim_max_val(n - 1).to_python()
+    lo = points.dim_min_val(n - 1).to_python()
+    c.tail = (last + 1) % factor != 0 or lo % factor != 0
+    return c
+
+
+def _plain_band(sm: ScheduledMicrograph, node: isl.ScheduleNode) -> isl.UnionMap | str:
+    """The band's statement → band point map when the kernel is a plain elementwise one."""
+    if any(s.role != "compute" for s in sm.model.statements):
+        return "has a reduction"
+    n = node.band_n_member()
+    if not all(node.band_member_get_coincident(i) for i in range(n)):
+        return "not every band member is parallel"
+    domain = sm.schedule.get_domain()
+    band = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
+    band = band.intersect_domain(domain)
+    points = band.range()
+    for s in sets_of(domain):
+        part = band.intersect_domain(isl.UnionSet.from_set(s))
+        if not part.is_injective():
+            return f"{s.get_tuple_name()} runs several instances per band point"
+        if not part.range().is_equal(points):
+            return "statements cover different band points"
+    if len(sets_of(points)) != 1:
+        return "band points in several spaces"
+    return band
+
+
+def _wave_fill(threads: int, device: DeviceSpec, block: int) -> tuple[float, float]:
+    """(waves, fill of the last wave) of ``threads`` in blocks of ``block`` at full occupancy."""
+    blocks = -(-threads // block)
+    per_wave = device.sms * max(1, device.max_threads_per_sm // block)
+    waves = blocks / per_wave
+    whole = -(-blocks // per_wave)
+    return waves, waves / whole
+
+
+def choose_coarsening(
+    sm: ScheduledMicrograph,
+    node: isl.ScheduleNode,
+    device: DeviceSpec,
+    forced: int | None = None,
+    cfg: CoarsenConfig | None = None,
+) -> Coarsening:
+    """Elements per thread for the kernel whose outer band is ``node`` (1 = keep one)."""
+    cfg = cfg or CoarsenConfig()
+    band = _plain_band(sm, node)
+    if isinstance(band, str):
+        return Coarsening(1, reason=f"one element per thread: {band}")
+    n = node.band_n_member()
+    elements = isl.Set.from_union_set(band.range()).count_val().to_python()
+    roles = sm.model.tensors
+    candidates = [forced] if forced else list(cfg.factors)
+    best: tuple[float, Coarsening] | None = None
+    for e in candidates:
+        c = prove(sm, band, n, e)
+        io = [t for t, ok in c.vector.items() if ok and roles[t].role in ("input", "output")]
+        if not io:
+            why = "; ".join(f"{t}: {w}" for t, w in sorted(c.why_scalar.items()))
+            return Coarsening(1, reason=f"one element per thread: no float4 access ({why})")
+        waves, fill = _wave_fill(-(-elements // e), device, cfg.block_threads)
+        if not forced and waves < cfg.min_wave_fraction:
+            continue
+        scalar = "; ".join(f"{t} ({c.why_scalar[t]})" for t in sorted(c.why_scalar))
+        c.reason = (
+            f"{e} elements per thread along the innermost parallel dimension: "
+            f"{waves:.2f} waves of {cfg.block_threads}-thread blocks on {device.name} "
+            f"(last wave {fill:.0%} full); float4 proven for {', '.join(sorted(io))}"
+            + (f"; scalar: {scalar}" if scalar else "")
+            + ("; scalar tail where the extent is not a multiple" if c.tail else "")
+            + (" (forced by MappingConfig.elements_per_thread)" if forced else "")
+        )
+        if best is None or fill > best[0] + 1e-9:
+            best = (fill, c)
+    if best is None:
+        threads = elements
+        return Coarsening(
+            1,
+            reason=(
+                f"one element per thread: {threads} threads; with {min(cfg.factors)} per thread "
+                f"they would fill less than {cfg.min_wave_fraction} of a wave on {device.name}"
+            ),
+        )
+    return best[1]
+
+
+def strip_mine(node: isl.ScheduleNode, factor: int) -> isl.ScheduleNode:
+    """Split the band's innermost member into groups of ``factor``: returns the outer (tile)
+    band, above a ``coarsen:<factor>`` mark and a one-member point band ``0 <= c < factor``."""
+    n = node.band_n_member()
+    mv = isl.MultiVal.zero(node.band_get_space())
+    for i in range(n):
+        mv = mv.set_val(i, isl.Val.int_from_si(node.get_ctx(), factor if i == n - 1 else 1))
+    node = node.band_tile(mv)
+    point = node.child(0)
+    if n > 1:
+        point = point.band_split(n - 1).delete()  # the size-1 members are always 0
+    mark = isl.Id(f"{MARK}:{factor}", context=node.get_ctx())
+    return point.insert_mark(mark).parent()
