@@ -166,7 +166,6 @@ class BodyPrinter:
         self.scratch = scratch  # shared scratch of the combine
         self.lanes: dict[str, str] = {}  # inside a KVector: tensor -> its lane register
 
-
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
     ) -> str:

@@ -90,9 +90,7 @@ def _linear(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Map:
     return isl.Map(f"{{ {ident}[{', '.join(idx)}] -> [{expr}] }}", context=ctx)
 
 
-def _band_to_offsets(
-    sm: ScheduledMicrograph, band: isl.UnionMap
-) -> dict[str, isl.Map | str]:
+def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, isl.Map | str]:
     """Per tensor: band point -> linear offset touched (a Map), or why it cannot be built."""
     model = sm.model
     ctx = model.ctx
