@@ -345,7 +345,8 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
             return gemm
         mm = map_to_gpu(sm, cfg, device)
         pl = place_tensors(mm)
-    kp = KernelPlan(kname, [mm], pl, recomputes=recomputes)
+    layout = [mm.coarsening.decision] if mm.coarsening is not None else []
+    kp = KernelPlan(kname, [mm], pl, recomputes=recomputes, layout=layout)
     ast, body = generate_ast(mm)
     kernel = lower_kernel(kname, mm, body, pl, graph.idents)
     kernel.notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])

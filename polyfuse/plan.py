@@ -59,6 +59,7 @@ class Plan:
                 for p in kp.placements.values()
             ]
             out += kp.recomputes
+            out += kp.layout
         out += [
             Decided(d.decision_kinds, d.reason, {"stage": "pack", "decision": d})
             for d in self.packs

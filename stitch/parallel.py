@@ -471,6 +471,8 @@ def stitch_parallel(
                 placements,
                 names=[m for i in g for m in kernels[i].micrographs],
                 cached=cached,
+                recomputes=[d for i in g for d in plans[i].recomputes],
+                layout=[d for i in g for d in plans[i].layout],
             )
         )
         out_m.append(None)

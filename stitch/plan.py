@@ -24,6 +24,8 @@ class KernelPlan:
     cached: bool = False
     # recomputes decided for this kernel: data {"tensor", "readers"} (polyfuse.decision)
     recomputes: list[Decided] = field(default_factory=list)
+    # launch-layout decisions: elements per thread / float4 (poly/coarsen.py)
+    layout: list[Decided] = field(default_factory=list)
 
     @property
     def micrograph_parts(self):
