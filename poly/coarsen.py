@@ -248,3 +248,19 @@ def strip_mine(node: isl.ScheduleNode, factor: int) -> isl.ScheduleNode:
         point = point.band_split(n - 1).delete()  # the size-1 members are always 0
     mark = isl.Id(f"{MARK}:{factor}", context=node.get_ctx())
     return point.insert_mark(mark).parent()
+
+
+def whole_warps(sizes: list[int], max_threads: int) -> list[int]:
+    """Thread tile sizes with the innermost rounded up to whole warps (partial tiles guarded):
+    a coarsened kernel's groups then start at 16-byte steps across whole warps, and its block
+    divides the power-of-two blocks of the kernels Layer 3 may pack it with."""
+    inner = sizes[-1]
+    if inner <= 32 or inner % 32 == 0:
+        return sizes
+    block = 1
+    for s in sizes[:-1]:
+        block *= s
+    rounded = -(-inner // 32) * 32
+    if rounded * block > max_threads:
+        return sizes
+    return [*sizes[:-1], rounded]

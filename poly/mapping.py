@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine
+from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine, whole_warps
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import parallel_depth, top_band
 from polyfuse.poly.schedule import ScheduledMicrograph
@@ -163,6 +163,8 @@ def map_to_gpu(
     ranges = _band_ranges(node, domain, nc)
     extents = [hi - lo + 1 for lo, hi in ranges]
     sizes = choose_tile_sizes(extents, cfg)
+    if coarsening is not None and coarsening.factor > 1:
+        sizes = whole_warps(sizes, cfg.max_threads)
     node, tile_part, point_part, offsets, grid_dims = tile_band(node, sizes, ranges)
     bs = [f"b{i}" for i in range(nc)]
     ts = [f"t{i}" for i in range(nc)]

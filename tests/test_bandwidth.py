@@ -54,7 +54,9 @@ def test_full_size_elementwise_kernels_use_float4_in_ptx(name):
     assert "waves" in str(fn.plan)
 
 
-@pytest.mark.parametrize("name", ["bias_gelu_tanh", "two_branches", "adam3", "lstm_cell"])
+@pytest.mark.parametrize(
+    "name", ["bias_gelu_tanh", "two_branches", "adam3", "lstm_cell", "rmsnorm_swiglu"]
+)
 def test_coarsened_suite_kernels_correct_in_race_modes(name):
     ins, outs, ref = suite.build(name, 64)
     fn = polyfuse.compile(ins, outs, mapping=FOUR, check_cuda=False)
