@@ -45,14 +45,25 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b1fb9a4d16082420688d(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
+extern "C" __global__ void __launch_bounds__(256) pf_061107381e48158c82d5(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
   int _b = blockIdx.x;
-  const int b1 = _b % 12; _b /= 12;
+  const int b1 = _b % 3; _b /= 3;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 256; _t /= 256;
   const int t0 = _t;
   float r_u;
-  r_u = (x[b0 * 3072 + ((256 * b1) + t1)] + b[((256 * b1) + t1)]);
-  gelu[b0 * 3072 + ((256 * b1) + t1)] = ((0.5f * r_u) * (1.0f + tanhf((0.7978845608028654f * (r_u + (0.044715f * ((r_u * r_u) * r_u)))))));
+  // coarsen:4
+  {
+    const float4 q_b0 = *reinterpret_cast<const float4*>(&b[((1024 * b1) + (4 * t1))]);
+    float v_b[4] = {q_b0.x, q_b0.y, q_b0.z, q_b0.w};
+    const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 3072 + ((1024 * b1) + (4 * t1))]);
+    float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    float v_gelu[4];
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      r_u = (v_x[c0] + v_b[c0]);
+      v_gelu[c0] = ((0.5f * r_u) * (1.0f + tanhf((0.7978845608028654f * (r_u + (0.044715f * ((r_u * r_u) * r_u)))))));
+    }
+    *reinterpret_cast<float4*>(&gelu[b0 * 3072 + ((1024 * b1) + (4 * t1))]) = make_float4(v_gelu[0], v_gelu[1], v_gelu[2], v_gelu[3]);
+  }
 }

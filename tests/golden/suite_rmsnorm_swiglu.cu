@@ -45,21 +45,34 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_0668dcca46d898e0bea3_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_884b7286b3dce776d4ed_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b1 = _b % 43; _b /= 43;
+  const int b1 = _b % 11; _b /= 11;
   const int b0 = _b;
   int _t = pf_thread;
   const int t1 = _t % 256; _t /= 256;
   const int t0 = _t;
   float r_sig_a;
   float r_silu;
-  r_sig_a = pf_sigmoid(a[b0 * 11008 + ((256 * b1) + t1)]);
-  r_silu = (a[b0 * 11008 + ((256 * b1) + t1)] * r_sig_a);
-  s[b0 * 11008 + ((256 * b1) + t1)] = (r_silu * b[b0 * 11008 + ((256 * b1) + t1)]);
+  if ((((256 * b1) + t1) <= 2751)) {
+    // coarsen:4
+    {
+      const float4 q_a0 = *reinterpret_cast<const float4*>(&a[b0 * 11008 + ((1024 * b1) + (4 * t1))]);
+      float v_a[4] = {q_a0.x, q_a0.y, q_a0.z, q_a0.w};
+      const float4 q_b0 = *reinterpret_cast<const float4*>(&b[b0 * 11008 + ((1024 * b1) + (4 * t1))]);
+      float v_b[4] = {q_b0.x, q_b0.y, q_b0.z, q_b0.w};
+      float v_s[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_sig_a = pf_sigmoid(v_a[c0]);
+        r_silu = (v_a[c0] * r_sig_a);
+        v_s[c0] = (r_silu * v_b[c0]);
+      }
+      *reinterpret_cast<float4*>(&s[b0 * 11008 + ((1024 * b1) + (4 * t1))]) = make_float4(v_s[0], v_s[1], v_s[2], v_s[3]);
+    }
+  }
 }
 
-__device__ __forceinline__ void pf_0668dcca46d898e0bea3_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_884b7286b3dce776d4ed_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -88,12 +101,12 @@ __device__ __forceinline__ void pf_0668dcca46d898e0bea3_p1(float* __restrict__ y
   }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pf_0668dcca46d898e0bea3(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
+extern "C" __global__ void __launch_bounds__(1024) pf_884b7286b3dce776d4ed(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2752) {  // k1_sig_a: 11008 blocks of 256
+  if (pf_b < 704) {  // k1_sig_a: 2816 blocks of 256
     const int pf_v = (pf_b - 0) * 4 + (int)threadIdx.x / 256;
-    if (pf_v < 11008) pf_0668dcca46d898e0bea3_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
-  } else if (pf_b < 3008) {  // k0_xsq: 256 blocks of 1024
-    pf_0668dcca46d898e0bea3_p1(y, x, w, pf_b - 2752, (int)threadIdx.x);
+    if (pf_v < 2816) pf_884b7286b3dce776d4ed_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
+  } else if (pf_b < 960) {  // k0_xsq: 256 blocks of 1024
+    pf_884b7286b3dce776d4ed_p1(y, x, w, pf_b - 704, (int)threadIdx.x);
   }
 }
