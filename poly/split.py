@@ -8,10 +8,23 @@ index ``q`` and cut into ``P`` chunks of ``C``: a *partial* reduction over
 ``[p, kept...]`` (``q = p*C + c``, guarded by ``q < R``) runs across many blocks, and the
 original tensor becomes a small reduction over ``p``. Both stages are ordinary primitives,
 so partitioning, scheduling and stitching treat them like any other.
+
+A second reason to split (:func:`choose_split`): the outer parallelism cannot fill the SMs —
+a few long rows or columns give fewer blocks than ``fill × SMs``. Then the cost model compares
+the one-stage kernel (only its blocks' SMs stream the input, each at most ``sm_boost`` times
+its share of the DRAM bandwidth) with the split (the whole device streams it, plus the
+partials written and read back and one more launch), using the device's measured bandwidth
+where there is one. It never splits a reduction whose input another primitive also reads (the
+one-stage kernel may keep the input on chip for those readers: layer/batch norm, softmax);
+that refusal is recorded too. Every decision is a typed record
+(:class:`polyfuse.decision.DecisionKind` ``SPLIT_REDUCTION``) with its reason.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.expr import (
     Binary,
     Compare,
@@ -31,6 +44,109 @@ from polyfuse.poly.cost import ReductionConfig, choose_reduction_strategy
 from polyfuse.poly.device import DeviceSpec
 
 _IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    """Thresholds of the split-across-blocks cost model (one declared place)."""
+
+    fill: float = 0.5  # candidates: fewer blocks than fill x SMs
+    sm_boost: float = 4.0  # one SM streams at most this many times its share of DRAM bandwidth
+    min_elements: int = 1 << 20  # smaller reductions stay one stage (launch overhead dominates)
+    min_chunk: int = 4096  # elements per partial reduction, at least
+    target_waves: int = 2  # partial-reduction blocks, in multiples of the SM count
+    gain: float = 0.9  # split only when modelled at most this fraction of one stage
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """Whether one reduction is split into partials across blocks, and why."""
+
+    tensor: str
+    form: str
+    chunks: int  # 1: one stage
+    reason: str
+    modelled_us: tuple[float, float] | None = None  # (one stage, split), modelled
+
+    @property
+    def decision(self) -> Decided:
+        kinds = (DecisionKind.COST_MODEL, DecisionKind.SPLIT_REDUCTION)
+        data = {"tensor": self.tensor, "form": self.form, "chunks": self.chunks}
+        if self.modelled_us is not None:
+            data["modelled_us"] = self.modelled_us
+        return Decided(kinds, self.reason, data)
+
+
+def _readers_of_input(graph: Graph, name: str, t: Tensor) -> list[str]:
+    """Other primitives reading the largest tensor ``t`` reduces."""
+    assert t.op is not None
+    big = max(t.op.inputs(), key=lambda s: s.size, default=None)
+    if big is None:
+        return []
+    return [
+        n
+        for n, p in graph.prims.items()
+        if n != name
+        and p.tensor.op is not None
+        and any(s.uid == big.uid for s in p.tensor.op.inputs())
+    ]
+
+
+def choose_split(
+    graph: Graph,
+    name: str,
+    device: DeviceSpec,
+    cfg: ReductionConfig,
+    model: SplitModel | None = None,
+) -> SplitDecision:
+    """How many partial reductions reduction ``name`` becomes (1: one stage), with the reason."""
+    model = model or SplitModel()
+    t = graph.prims[name].tensor
+    form = form_of(t)
+    chunks = needs_two_stages(t, device, cfg)
+    if chunks > 1:
+        why = (
+            f"all-reduce over {form.reduced} > {cfg.all_single_block} elements"
+            if form.kind == "all" and form.reduced > cfg.all_single_block
+            else f"a thread would combine more than {cfg.max_serial} elements"
+        )
+        return SplitDecision(name, str(form), chunks, f"{name}: {form}: split, {why}")
+    st = choose_reduction_strategy(form, device, cfg)
+    blocks = max(1, form.kept_extent // max(1, st.kept_tile))
+    if blocks >= model.fill * device.sms:
+        why = f"one stage: {blocks} blocks fill {device.sms} SMs ({blocks / device.sms:.1f} waves)"
+        return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")
+    readers = _readers_of_input(graph, name, t)
+    if readers:
+        why = (
+            f"one stage although {blocks} blocks leave SMs of {device.sms} idle: its input is "
+            f"also read by {', '.join(sorted(readers))}, which a split would read again"
+        )
+        return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")
+    total = form.kept_extent * form.reduced
+    if total < model.min_elements:
+        why = f"one stage: {total} elements < {model.min_elements}, a second launch would dominate"
+        return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")
+    chunks = min(
+        -(-model.target_waves * device.sms // blocks), max(1, form.reduced // model.min_chunk)
+    )
+    if chunks <= 1:
+        why = f"one stage: {form.reduced} reduced elements are too few to cut into chunks"
+        return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")
+    bw = device.bandwidth_gbps * 1e3  # bytes per microsecond
+    busy = min(1.0, blocks * model.sm_boost / device.sms)
+    one = 4 * total / (bw * busy) + device.launch_us
+    partials = 4 * form.kept_extent * chunks
+    two = (4 * total + 2 * partials) / bw + 2 * device.launch_us
+    us = (round(one, 3), round(two, 3))
+    src = "measured" if device.measured else "datasheet"
+    head = (
+        f"{blocks} blocks for {device.sms} SMs: modelled {one:.2f} us in one stage, "
+        f"{two:.2f} us as {chunks} partial reductions + a final one ({src} bandwidth)"
+    )
+    if two <= model.gain * one:
+        return SplitDecision(name, str(form), chunks, f"{name}: {form}: split, {head}", us)
+    return SplitDecision(name, str(form), 1, f"{name}: {form}: one stage, {head}", us)
 
 
 def needs_two_stages(t: Tensor, device: DeviceSpec, cfg: ReductionConfig) -> int:
@@ -80,14 +196,23 @@ def two_stage(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
     return partial, final
 
 
-def split_long_reductions(graph: Graph, device: DeviceSpec, cfg: ReductionConfig) -> list[str]:
-    """Rewrite every too-long reduction of ``graph`` into two stages; returns plan notes."""
+def split_long_reductions(
+    graph: Graph,
+    device: DeviceSpec,
+    cfg: ReductionConfig,
+    decisions: list[Decided] | None = None,
+) -> list[str]:
+    """Rewrite every reduction of ``graph`` that :func:`choose_split` splits into two stages;
+    returns plan notes (and appends every decision, split or not, to ``decisions``)."""
     notes = []
     for name in graph.topo_order():
         t = graph.prims[name].tensor
         if t.op is None or t.op.reduce is None:
             continue
-        chunks = needs_two_stages(t, device, cfg)
+        choice = choose_split(graph, name, device, cfg)
+        if decisions is not None:
+            decisions.append(choice.decision)
+        chunks = choice.chunks
         if chunks <= 1:
             continue
         partial, final = two_stage(t, chunks)

@@ -131,7 +131,8 @@ def compile(  # noqa: A001
     ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx)
     device = device_for_arch(arch)
-    graph_notes = split_long_reductions(graph, device, ReductionConfig()) if stitch else []
+    splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)
+    graph_notes = split_long_reductions(graph, device, ReductionConfig(), splits) if stitch else []
     times["graph"] = time.perf_counter() - t0
 
     cache = cache if cache is not None else CompileCache()
@@ -239,6 +240,7 @@ def compile(  # noqa: A001
         stitches,
         graph_notes,
         packs,
+        splits,
     )
     fn = CompiledGraph(
         name,

@@ -37,6 +37,7 @@ class Plan:
     stitches: list[Any] = field(default_factory=list)
     rewrites: list[str] = field(default_factory=list)
     packs: list[Any] = field(default_factory=list)  # Layer 3 PackDecisions
+    splits: list[Decided] = field(default_factory=list)  # reductions split across blocks or not
 
     @property
     def micrographs(self):
@@ -64,6 +65,7 @@ class Plan:
             Decided(d.decision_kinds, d.reason, {"stage": "pack", "decision": d})
             for d in self.packs
         ]
+        out += self.splits
         return out
 
     def __str__(self) -> str:
@@ -72,6 +74,7 @@ class Plan:
         out.append(f"primitives ({len(g.prims)}):")
         out += [f"  {g.prims[n]}" for n in g.topo_order()]
         out += [f"  rewrite: {r}" for r in self.rewrites]
+        out += [f"  reduction split: {d.reason}" for d in self.splits]
         out.append(f"micrographs ({len(self.partition.micrographs)}):")
         for m, sm in zip(self.partition.micrographs, self.scheduled, strict=True):
             form = canonical_form(sm) if m.kind.value == "reduction" else None

@@ -143,3 +143,44 @@ def test_small_kernels_keep_one_element_per_thread():
 def test_isl_proof_of_contiguity_and_alignment(rel, why):
     got = vector_access(isl.Map(rel), 2, 4)
     assert (got == "") if not why else why in got
+
+
+def _split_records(fn):
+    return [r for r in fn.plan.records() if DecisionKind.SPLIT_REDUCTION in r.kinds]
+
+
+def test_few_long_rows_are_split_across_blocks_by_the_cost_model():
+    x = te.placeholder((4, 1 << 18), name="x")
+    s = ops.reduce_sum(x, axis=1, name="rowsum")
+    fn = polyfuse.compile([x], [s], check_cuda=False)
+    (rec,) = _split_records(fn)
+    assert rec.data["chunks"] > 1 and "split" in rec.reason and "modelled" in rec.reason
+    one, two = rec.data["modelled_us"]
+    assert two < one
+    assert len(fn.kernels) == 2  # partials across many blocks, then the final reduction
+    X = np.random.default_rng(2).standard_normal((4, 1 << 18)).astype(np.float32)
+    for order in ORDERS:
+        np.testing.assert_allclose(
+            fn(X, race_check=order), X.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-2
+        )
+    unsplit = polyfuse.compile([x], [s], check_cuda=False, stitch=False)
+    assert len(unsplit.kernels) == 1
+
+
+def test_split_refused_when_the_input_is_read_again_and_recorded():
+    x = te.placeholder((4, 1 << 18), name="x")
+    m = ops.reduce_max(x, axis=1, keepdims=True, name="rowmax")
+    y = ops.sub(x, m, name="y")
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    (rec,) = _split_records(fn)
+    assert rec.data["chunks"] == 1 and "also read by y" in rec.reason
+    assert "reduction split: rowmax" in str(fn.plan)
+
+
+def test_batchnorm_stays_one_kernel_with_its_split_decision_recorded():
+    ins, outs, _ = suite.build("batchnorm_train_relu", 1)
+    fn = polyfuse.compile(ins, outs, arch="sm_90", check_cuda=False)
+    recs = _split_records(fn)
+    assert {r.data["tensor"] for r in recs} == {"mu", "var"}
+    assert all(r.data["chunks"] == 1 and "132 SMs" in r.reason for r in recs)
+    assert len(fn.kernels) == 1
