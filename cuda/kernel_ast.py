@@ -300,6 +300,7 @@ class Kernel:
     bytes_read: int = 0  # distinct global bytes (isl footprint)
     bytes_written: int = 0
     notes: list[str] = field(default_factory=list)
+    vector_bytes: int = 0  # of those bytes, moved by 128-bit accesses (isl footprints)
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
     function: str = ""

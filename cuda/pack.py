@@ -81,6 +81,7 @@ def pack_kernels(
         bytes_read=sum(k.bytes_read for k in parts),
         bytes_written=sum(k.bytes_written for k in parts),
         notes=notes,
+        vector_bytes=sum(k.vector_bytes for k in parts),
     )
 
 

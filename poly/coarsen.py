@@ -50,7 +50,7 @@ class CoarsenConfig:
     """Thresholds of the elements-per-thread cost model (one declared place)."""
 
     factors: tuple[int, ...] = (4, 8)
-    min_wave_fraction: float = 0.5  # threads left after coarsening, in full-occupancy waves
+    min_wave_fraction: float = 0.25  # threads left after coarsening, in full-occupancy waves
     block_threads: int = 256  # the mapping's block size, for the wave count
 
 

@@ -161,6 +161,7 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "shared_bytes": kernel.shared_bytes,
         "bytes_read": kernel.bytes_read,
         "bytes_written": kernel.bytes_written,
+        "vector_bytes": kernel.vector_bytes,
         "notes": [rename(n, canon) for n in kernel.notes],
         "placements": [
             [
@@ -202,6 +203,7 @@ def kernel_from_entry(
         source=rename(entry["source"], back),
         bytes_read=entry["bytes_read"],
         bytes_written=entry["bytes_written"],
+        vector_bytes=entry.get("vector_bytes", 0),
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
     )
     placements = {}

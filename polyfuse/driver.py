@@ -35,7 +35,7 @@ from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.lower import lower_kernel
+from polyfuse.cuda.lower import lower_kernel, vector_plan
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import PRELUDE
 from polyfuse.decision import Decided, DecisionKind
@@ -355,4 +355,8 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
     fp = global_footprint(mm.scheduled.model, pl)
     kernel.bytes_read = sum(fp.reads.values())
     kernel.bytes_written = sum(fp.writes.values())
+    if (vp := vector_plan(mm, pl)) is not None:  # float4 traffic, for the kernel time model
+        kernel.vector_bytes = sum(fp.reads.get(t, 0) for t in vp.loads) + sum(
+            fp.writes.get(t, 0) for t in vp.stores
+        )
     return kernel, kp, mm, ast
