@@ -241,6 +241,7 @@ def compile(  # noqa: A001
         graph_notes,
         packs,
         splits,
+        f"{device}; figures: {device.figures}",
     )
     fn = CompiledGraph(
         name,

@@ -38,6 +38,7 @@ class Plan:
     rewrites: list[str] = field(default_factory=list)
     packs: list[Any] = field(default_factory=list)  # Layer 3 PackDecisions
     splits: list[Decided] = field(default_factory=list)  # reductions split across blocks or not
+    device: str = ""  # the cost models' device table entry and which figures they used
 
     @property
     def micrographs(self):
@@ -71,6 +72,8 @@ class Plan:
     def __str__(self) -> str:
         g = self.graph
         out = [f"== polyfuse plan: {self.name} =="]
+        if self.device:
+            out.append(f"cost-model device: {self.device}")
         out.append(f"primitives ({len(g.prims)}):")
         out += [f"  {g.prims[n]}" for n in g.topo_order()]
         out += [f"  rewrite: {r}" for r in self.rewrites]

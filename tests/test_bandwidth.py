@@ -184,3 +184,31 @@ def test_batchnorm_stays_one_kernel_with_its_split_decision_recorded():
     assert {r.data["tensor"] for r in recs} == {"mu", "var"}
     assert all(r.data["chunks"] == 1 and "132 SMs" in r.reason for r in recs)
     assert len(fn.kernels) == 1
+
+
+def test_plan_names_the_device_figures_the_cost_models_used():
+    ins, outs = _gelu_rows(1024)
+    assert "figures: measured 2026-11-22" in str(polyfuse.compile(ins, outs, arch="sm_90").plan)
+    assert "figures: datasheet" in str(polyfuse.compile(ins, outs, arch="sm_80").plan)
+
+
+def test_modelled_time_rewards_float4_and_stays_above_the_floor():
+    from polyfuse.poly.device import H100
+    from polyfuse.poly.kernel_time import kernel_us
+
+    ins, outs, _ = suite.build("bias_gelu_tanh", 1)
+    before = polyfuse.compile(ins, outs, arch="sm_90", mapping=MappingConfig(elements_per_thread=1))
+    after = polyfuse.compile(ins, outs, arch="sm_90")
+    (kb,), (ka,) = before.kernels, after.kernels
+    assert kb.vector_bytes == 0 and ka.vector_bytes == ka.bytes_read + ka.bytes_written
+    floor = after.compulsory_bytes() / (H100.bandwidth_gbps * 1e3)
+    assert floor < kernel_us(ka, H100) < kernel_us(kb, H100)
+
+
+def test_coarsened_blocks_are_whole_warps_so_layer3_still_packs():
+    # 11008 columns / 4 per thread once gave 251-thread blocks, which Layer 3 refused to pack
+    # with the 1024-thread rmsnorm block (two kernels instead of one).
+    ins, outs, _ = suite.build("rmsnorm_swiglu", 1)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    assert len(fn.kernels) == 1, str(fn.plan)
+    assert any(c["factor"] == 4 for c in _coarsening(fn))
