@@ -615,3 +615,14 @@ def test_compiled_graph_errors(fake_cuda):
     assert got[0] is y and np.array_equal(y, fn(x)[0])
     with pytest.raises(CallError, match="out: unknown output 'nope'"):
         fn(x, device="emulate", out={"nope": y})
+
+
+def test_misaligned_device_arrays_are_refused():
+    """Kernels may use float4 accesses: a view 4 bytes into an allocation would fault."""
+    dev, gpu = fake_device()
+    prog = program(dev, graphs=False)
+    x = FakeDeviceArray(gpu, np.concatenate([rand(), np.zeros(4, np.float32)]))
+    x.shape = (N,)
+    x.ptr += 4
+    with pytest.raises(CallError, match="16-byte aligned"):
+        prog({"x": x}, {})

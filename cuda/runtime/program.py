@@ -43,6 +43,11 @@ from .arrays import (
 )
 from .device import Device, Module
 
+#: Byte alignment every device array must have: the generated kernels may access global
+#: memory with 128-bit (float4) loads and stores (polyfuse.cuda.lower_vectorize), which
+#: isl proved aligned relative to the buffer's start.
+VECTOR_ALIGN = 16
+
 __all__ = ["Buffer", "DeviceProgram", "check_launch_shape"]
 
 #: Distinct buffer-address sets whose packed parameters / CUDA graphs are kept.
@@ -217,6 +222,12 @@ class DeviceProgram:
             raise CallError(
                 f"{what} '{self._label(name)}': not C-contiguous (strides {info.strides}); "
                 "pass a contiguous copy (.contiguous() / np.ascontiguousarray)"
+            )
+        if not host_input and info.ptr % VECTOR_ALIGN:
+            raise CallError(
+                f"{what} '{self._label(name)}': device pointer {info.ptr:#x} is not "
+                f"{VECTOR_ALIGN}-byte aligned (kernels use 128-bit accesses); pass an aligned "
+                "copy (.clone() / .copy())"
             )
         if what == "out" and info.readonly:
             raise CallError(f"out '{self._label(name)}': the array is read-only")
