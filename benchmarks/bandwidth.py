@@ -82,7 +82,7 @@ def _row(name: str, arch: str, measured: dict) -> dict:
                 r.data["factor"]
                 for kp in fn.plan.kernel_plans
                 for r in kp.layout
-                if DecisionKind.COARSENED in r.kinds
+                if DecisionKind.ELEMENTS_PER_THREAD in r.kinds
             ],
         }
         out["compulsory_bytes"] = fn.compulsory_bytes()

@@ -4,8 +4,9 @@
 point loop ``coarsen:<E>``; it also proved, per tensor, that the ``E`` lanes of a group touch
 ``E`` consecutive elements starting at a multiple of 4. This pass turns that loop into a
 :class:`KVector`: the proven tensors the kernel only reads are loaded as ``E/4`` ``float4``
-before the lanes run, the proven tensors it writes (and reads back only from registers) are
-stored as ``float4`` after them; every other access stays scalar inside the lanes.
+per statement reading them (the printer loads identical addresses once) before the lanes
+run, the proven tensors it writes (and reads back only from registers) are stored as
+``float4`` after them; every other access stays scalar inside the lanes.
 
 When the loop's bound is not the constant ``E`` (the band's end cuts a group short), the
 vector form runs under the bound evaluated at lane ``E - 1`` (the group is whole) and the
@@ -77,20 +78,22 @@ def _vectorize(loop: KFor, width: int, plan: VectorPlan) -> list[KNode]:
     if not all(isinstance(n, KStmt) for n in loop.body):
         return [loop]
     zero = KInt(0)
-    loads: dict[str, KLaneAccess] = {}
-    stores: dict[str, KLaneAccess] = {}
+    loads: list[KLaneAccess] = []  # one per statement reading a proven tensor
+    stores: list[KLaneAccess] = []
     for n in loop.body:
         assert isinstance(n, KStmt)
         args = tuple(substitute(a, loop.var, zero) for a in n.args)
-        for t in sorted(plan.reads.get(n.stmt, ())):
-            if t in plan.loads:
-                loads.setdefault(t, KLaneAccess(t, n.stmt, args))
+        loads += [
+            KLaneAccess(t, n.stmt, args)
+            for t in sorted(plan.reads.get(n.stmt, ()))
+            if t in plan.loads
+        ]
         w = plan.writes.get(n.stmt)
         if w in plan.stores:
-            stores[w] = KLaneAccess(w, n.stmt, args)
+            stores.append(KLaneAccess(w, n.stmt, args))
     if not loads and not stores:
         return [loop]
-    vec = KVector(loop.var, width, list(loop.body), tuple(loads.values()), tuple(stores.values()))
+    vec = KVector(loop.var, width, list(loop.body), tuple(loads), tuple(stores))
     full = _full_bound(loop, width)
     if full is None:
         return [vec]

@@ -165,6 +165,7 @@ class BodyPrinter:
         self.combined = combined  # reductions whose lanes hold partials (combine at final)
         self.scratch = scratch  # shared scratch of the combine
         self.lanes: dict[str, str] = {}  # inside a KVector: tensor -> its lane register
+        self.stmt_lanes: dict[str, dict[str, str]] = {}  # per statement, while in a KVector
 
     def tensor_ref(
         self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
@@ -338,22 +339,33 @@ def _vector_lines(
     pad = "  " * depth
     out = [f"{pad}{{"]
     quads = range(n.width // 4)
+    names: dict[str, str] = {}  # lane-0 address -> its lane registers (loaded once)
+    streams: dict[str, int] = {}  # tensor -> distinct addresses loaded so far
+    lanes: dict[str, dict[str, str]] = {}
     for a in n.loads:
         ref = _lane_ref(bp, stmts[a.stmt], a, store=False)
-        for j in quads:
-            off = f" + {4 * j}" if j else ""
-            out.append(
-                f"{pad}  const float4 q_{a.tensor}{j} = "
-                f"*reinterpret_cast<const float4*>(&{ref}{off});"
-            )
-        lanes = ", ".join(f"q_{a.tensor}{j}.{c}" for j in quads for c in "xyzw")
-        out.append(f"{pad}  float v_{a.tensor}[{n.width}] = {{{lanes}}};")
-    out += [f"{pad}  float v_{a.tensor}[{n.width}];" for a in n.stores]
-    bp.lanes = {a.tensor: f"v_{a.tensor}[{n.var}]" for a in n.loads + n.stores}
+        if ref not in names:
+            k = streams.get(a.tensor, 0)
+            streams[a.tensor] = k + 1
+            base = f"{a.tensor}_{k}" if k else a.tensor
+            names[ref] = f"v_{base}"
+            for j in quads:
+                off = f" + {4 * j}" if j else ""
+                out.append(
+                    f"{pad}  const float4 q_{base}{j} = "
+                    f"*reinterpret_cast<const float4*>(&{ref}{off});"
+                )
+            vals = ", ".join(f"q_{base}{j}.{c}" for j in quads for c in "xyzw")
+            out.append(f"{pad}  float v_{base}[{n.width}] = {{{vals}}};")
+        lanes.setdefault(a.stmt, {})[a.tensor] = f"{names[ref]}[{n.var}]"
+    for a in n.stores:
+        out.append(f"{pad}  float v_{a.tensor}[{n.width}];")
+        lanes.setdefault(a.stmt, {})[a.tensor] = f"v_{a.tensor}[{n.var}]"
+    bp.stmt_lanes = lanes
     out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
     out += emit(n.body, depth + 2)
     out.append(f"{pad}  }}")
-    bp.lanes = {}
+    bp.stmt_lanes, bp.lanes = {}, {}
     for a in n.stores:
         ref = _lane_ref(bp, stmts[a.stmt], a, store=True)
         for j in quads:
@@ -431,6 +443,7 @@ def emit_kernel(
 
     def emit_stmt(n: KStmt) -> str:
         s = stmts[n.stmt]
+        bp.lanes = bp.stmt_lanes.get(n.stmt, {})
         return bp.statement(s, [c_index(a) for a in n.args], s.prim)
 
     def emit_vector(n: KVector, depth: int, emit: _Emitter) -> list[str]:

@@ -8,12 +8,12 @@ as before and the point band (``0 <= c < E``) left as a loop inside the thread �
 load ``E`` elements of a tensor as ``E/4`` 128-bit ``float4`` accesses, when isl proves that
 this is exact.
 
-The proof (:func:`vector_access`), per tensor, over every band point the kernel runs (so over
-every block and thread the mapping will bind): with ``v`` the innermost band member and ``a``
-the tensor's linear element offset that a statement at band point ``(.., v)`` touches,
+The proof (:func:`vector_access`), per tensor and per statement touching it, over every band
+point the kernel runs (so over every block and thread the mapping will bind): with ``v`` the
+innermost band member and ``a`` the tensor's linear element offset that the statement at band
+point ``(.., v)`` touches,
 
-- the band → offset relation is single-valued (one element per band point, whichever
-  statement touches it);
+- the band → offset relation is single-valued (one element per band point);
 - alignment: ``a - v ≡ 0 (mod 4)`` — lane ``c = v mod E`` of a group touches ``base + c``
   with ``base`` a multiple of 4 (16 bytes);
 - contiguity: for ``v`` and ``v + 1`` in the same group, the offsets are ``a`` and ``a + 1``.
@@ -66,7 +66,7 @@ class Coarsening:
 
     @property
     def decision(self) -> Decided:
-        kinds = (DecisionKind.COST_MODEL, DecisionKind.COARSENED)
+        kinds = (DecisionKind.COST_MODEL, DecisionKind.ELEMENTS_PER_THREAD)
         data = {
             "factor": self.factor,
             "vector": sorted(t for t, ok in self.vector.items() if ok),
@@ -90,11 +90,13 @@ def _linear(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Map:
     return isl.Map(f"{{ {ident}[{', '.join(idx)}] -> [{expr}] }}", context=ctx)
 
 
-def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, isl.Map | str]:
-    """Per tensor: band point -> linear offset touched (a Map), or why it cannot be built."""
+def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, list[isl.Map] | str]:
+    """Per tensor, one map per statement touching it: band point -> linear offset touched
+    (statements may touch different parts, e.g. the four gate slices of an LSTM cell, each
+    its own float4 stream), or why such a map cannot be built."""
     model = sm.model
     ctx = model.ctx
-    out: dict[str, isl.Map | str] = {}
+    out: dict[str, list[isl.Map] | str] = {}
     accesses = model.reads.union(model.writes)
     inverse = band.reverse()
     for ident, role in model.tensors.items():
@@ -102,11 +104,15 @@ def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, i
         if not acc:
             continue
         lin = isl.UnionMap.from_map(_linear(ident, tuple(role.shape), ctx))
-        rel = isl.UnionMap.empty(inverse.get_space())
-        for m in acc:
-            rel = rel.union(inverse.apply_range(isl.UnionMap.from_map(m)).apply_range(lin))
-        maps = maps_of(rel.coalesce())
-        out[ident] = maps[0] if len(maps) == 1 else "accessed through several spaces"
+        rels: list[isl.Map] | str = []
+        for m in acc:  # one map per statement (reads and the write of one statement apart)
+            rel = inverse.apply_range(isl.UnionMap.from_map(m)).apply_range(lin).coalesce()
+            maps = maps_of(rel)
+            if len(maps) != 1:
+                rels = "accessed through several spaces"
+                break
+            rels.append(maps[0])
+        out[ident] = rels
     return out
 
 
@@ -139,13 +145,15 @@ def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> C
     """The per-tensor float4 proof for groups of ``factor`` along the band's last member."""
     c = Coarsening(factor)
     points = isl.Set.from_union_set(band.range())
-    for ident, rel in _band_to_offsets(sm, band).items():
-        if isinstance(rel, str):
-            why = rel
-        elif not rel.domain().is_equal(points):
-            why = "not touched at every band point (a guarded access)"
-        else:
-            why = vector_access(rel, n, factor)
+    for ident, rels in _band_to_offsets(sm, band).items():
+        why = rels if isinstance(rels, str) else ""
+        for rel in rels if not why else []:
+            if not rel.domain().is_equal(points):
+                why = "not touched at every band point (a guarded access)"
+            else:
+                why = vector_access(rel, n, factor)
+            if why:
+                break
         c.vector[ident] = not why
         if why:
             c.why_scalar[ident] = why

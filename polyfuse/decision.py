@@ -27,7 +27,7 @@ class DecisionKind(StrEnum):
     PARALLEL_STITCH = "parallel stitch"  # a Layer 3 decision: independent kernels in one launch
     PACKED = "packed"  # Layer 3 packed the kernels into one launch
     SHARED_BUFFER = "shared buffer"  # Layer 3 kept kernels apart that touch a common buffer
-    COARSENED = "coarsened"  # elements per thread and float4 accesses (poly/coarsen.py)
+    ELEMENTS_PER_THREAD = "elements per thread"  # and float4 accesses (poly/coarsen.py)
     SPLIT_REDUCTION = "split reduction"  # a reduction split across blocks (poly/split.py)
 
 

@@ -37,7 +37,7 @@ def _coarsening(fn):
         r.data
         for kp in fn.plan.kernel_plans
         for r in kp.layout
-        if DecisionKind.COARSENED in r.kinds
+        if DecisionKind.ELEMENTS_PER_THREAD in r.kinds
     ]
 
 

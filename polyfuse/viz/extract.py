@@ -231,6 +231,16 @@ def extract(fn) -> dict[str, Any]:
         for i, d in enumerate(getattr(plan, "packs", []))
     ]
 
+    # ---- launch layouts: elements per thread / float4, reductions split across blocks
+    layouts = [
+        {"kernel": kp.name, "kinds": _kinds(r.kinds), "text": r.reason}
+        for kp in plan.kernel_plans
+        for r in getattr(kp, "layout", [])
+    ] + [
+        {"kernel": "", "kinds": _kinds(r.kinds), "text": r.reason}
+        for r in getattr(plan, "splits", [])
+    ]
+
     placements: dict[tuple[str, str], Any] = {}
     recomputed: dict[str, Decided] = {}
     for kp in plan.kernel_plans:
@@ -440,6 +450,7 @@ def extract(fn) -> dict[str, Any]:
         "decisions": decisions,
         "stitches": stitches,
         "packs": packs,
+        "launch_layouts": layouts,
         "micrographs": micrographs,
         "kernels": kernels,
         "feedback": [
@@ -462,5 +473,6 @@ def extract(fn) -> dict[str, Any]:
 
 
 def kinds_present(data: dict[str, Any]) -> set[str]:
-    """Every reason kind some edge or Layer 3 decision of the report carries."""
-    return {k for d in data["decisions"] + data.get("packs", []) for k in d["kinds"]}
+    """Every reason kind some edge, Layer 3 or launch-layout decision of the report carries."""
+    more = data.get("packs", []) + data.get("launch_layouts", [])
+    return {k for d in data["decisions"] + more for k in d["kinds"]}

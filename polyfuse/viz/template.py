@@ -292,7 +292,7 @@ function decisionDetail(d){
 }
 function renderDecisions(filter){
   const v = $("v-decisions");
-  const counts = {}; D.decisions.concat(D.packs || []).forEach((d) => d.kinds.forEach((k) => counts[k] = (counts[k]||0)+1));
+  const counts = {}; D.decisions.concat(D.packs || [], D.launch_layouts || []).forEach((d) => d.kinds.forEach((k) => counts[k] = (counts[k]||0)+1));
   let h = `<div id="detail-slot"></div><div>filter: <select id="kind-filter"><option value="">all (${D.decisions.length})</option>` +
     D.reason_kinds.map((k) => `<option value="${k}"${filter===k?" selected":""}>${k} (${counts[k]||0})</option>`).join("") + "</select></div>";
   const list = filter ? D.decisions.filter((d) => d.kinds.includes(filter)) : D.decisions;
@@ -302,6 +302,8 @@ function renderDecisions(filter){
   h += "<h3>memory stitching (Layer 2)</h3>" + (D.stitches.map((s) => `<div>${kindPills(s.kinds)} ${esc(s.text)}</div>`).join("") || '<span class="mut">none</span>');
   const packs = (D.packs || []).filter((p) => !filter || p.kinds.includes(filter));
   h += '<h3>parallel stitching (Layer 3)</h3><div id="packs">' + (packs.map((p) => `<div class="pack">${kindPills(p.kinds)} ${esc(p.text)}</div>`).join("") || '<span class="mut">none</span>') + "</div>";
+  const lays = (D.launch_layouts || []).filter((p) => !filter || p.kinds.includes(filter));
+  h += '<h3>launch layouts (elements per thread, reduction splits)</h3><div id="layouts">' + (lays.map((p) => `<div class="pack">${kindPills(p.kinds)} ${esc(p.kernel ? p.kernel + ": " : "")}${esc(p.text)}</div>`).join("") || '<span class="mut">none</span>') + "</div>";
   v.innerHTML = h;
   $("kind-filter").addEventListener("change", (ev) => renderDecisions(ev.target.value));
   v.querySelectorAll("tr.dec").forEach((tr) => tr.addEventListener("click", () => selectDecision(+tr.dataset.dec, false)));
