@@ -11,7 +11,8 @@ across blocks where the outer parallelism cannot fill the SMs). It prints per su
 kernels, the modelled time of each compile (:mod:`polyfuse.poly.kernel_time`, summed over
 kernels), the floor (compulsory bytes / the device's bandwidth, measured where measured),
 their ratios, the H100 time measured for the "before" code on 2026-11-22 where that run has
-it, the elements per thread chosen, and the cold compile time of "after".
+it, the elements per thread chosen, and the compile time of "after" (best of three cold
+compiles in one process, each with an empty compile cache; without the NVRTC step).
 
 Every time in the table except "measured" and "compile" is MODELLED, not measured: no GPU
 ran here. Registers come from NVRTC when it is installed (occupancy), else a default.
@@ -69,6 +70,8 @@ def _row(name: str, arch: str, measured: dict) -> dict:
     out: dict = {"name": name}
     for tag in ("before", "after"):
         fn, seconds = _compile(name, arch, tag == "before")
+        if tag == "after":  # the machine is shared: the best of three cold compiles
+            seconds = min(seconds, *(_compile(name, arch, False)[1] for _ in range(2)))
         us = [kernel_us(k, device) for k in fn.kernels]
         out[tag] = {
             "kernels": len(fn.kernels),
