@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
-from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT
 from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import read_overlap
 from polyfuse.poly.model import PolyModel
+from polyfuse.poly.policy import pack_smem_refusal
 from polyfuse.stitch.plan import KernelPlan
 
 # barriers, warp-collective intrinsics (``*_sync(``), shared memory, async copies, inline PTX
@@ -201,12 +201,7 @@ def modelled_us(
 def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
     """Why the parts' shared memory does not fit one block (static arrays add up), or None."""
     static = sum(p.static_smem for p in parts)
-    total = static + max(p.dynamic_smem for p in parts)
-    if static > STATIC_SMEM_LIMIT:
-        return f"static shared memory of the parts ({static} B) does not fit 48 KB"
-    if total > device.smem_per_block_optin:
-        return f"shared memory of the parts ({total} B) does not fit one block of {device.name}"
-    return None
+    return pack_smem_refusal(static, max(p.dynamic_smem for p in parts), device)
 
 
 def _conflict(
