@@ -50,9 +50,7 @@ def kernel_ir(name: str, mm: MappedKernel, body: list[KNode]) -> KernelIR:
     )
 
 
-def buffer_placements(
-    mm: MappedKernel, placements: dict[str, Placement]
-) -> list[BufferPlacement]:
+def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> list[BufferPlacement]:
     """The placements as the buffer pass reads them (box bounds as kernel-AST expressions)."""
     model = mm.scheduled.model
     written = {m.get_tuple_name(isl.dim_type.out) for m in maps_of(model.writes)}
