@@ -211,14 +211,17 @@ def compile(  # noqa: A001
         models = [[sm.model for sm in groups[i].parts] for i in order]
         kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
     functions = FunctionTable()  # identical bodies (and identical packs) share one function
+    bound: list[Kernel] = []
     for k in kernels:
         if k.name in canonical:
-            functions.bind(k, canonical[k.name])
+            k = functions.bind(k, canonical[k.name])
         elif (names := pack_parts(k)) and all(n in canonical for n in names):
             parts = [unpacked[n] for n in names]
-            functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
+            k = functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
         else:
             functions.own(k)
+        bound.append(k)
+    kernels = bound
     source = PRELUDE + "\n" + functions.source()
     times["pack"] = time.perf_counter() - t0
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
@@ -450,13 +450,15 @@ def stitch_parallel(
         lay = pack_layout([shapes[i] for i in g])
         assert not isinstance(lay, str)
         name = f"pk{j}_{kernels[g[0]].name}"
-        d.name = name
-        d.micrographs = [list(kernels[i].micrographs) for i in g]
+        at = next(n for n, x in enumerate(decisions) if x is d)
+        decisions[at] = replace(d, name=name, micrographs=[list(kernels[i].micrographs) for i in g])
         packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
         reads = [t for i in g for t in accesses[i][0]]
-        for t in sorted({t for t in reads if reads.count(t) > 1}):
-            sharing = [models[i] for i in g if t in accesses[i][0]]
-            packed.bytes_read -= read_overlap(sharing, t)  # each element counted once
+        overlap = sum(  # each element counted once
+            read_overlap([models[i] for i in g if t in accesses[i][0]], t)
+            for t in sorted({t for t in reads if reads.count(t) > 1})
+        )
+        packed = replace(packed, bytes_read=packed.bytes_read - overlap)
         out_k.append(packed)
         placements = {t: p for i in g for t, p in plans[i].placements.items()}
         cached = any(plans[i].cached for i in g)  # a cached part has no layouts to list
