@@ -155,7 +155,7 @@ def compile(  # noqa: A001
             except Feedback as fb:
                 round_events.append(fb)
                 continue
-            sm = memo[key]  # ids are renumbered per partition: a copy with this round's
+            sm = memo[key]  # ids are renumbered per partition: a copy names this round's
             scheduled.append(replace(sm, model=replace(sm.model, micrograph=mg)))
         if not round_events:
             break
