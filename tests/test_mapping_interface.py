@@ -31,6 +31,7 @@ from polyfuse.poly.model import build_model
 from polyfuse.poly.policy import reduction_tile_budget
 from polyfuse.poly.schedule import DEFAULT_BUDGET, compute_schedule, configure
 from polyfuse.stitch.memory import stitch_memory
+from polyfuse.stitch.recompute import recompute_spills
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ["polyfuse", "graph", "poly", "stitch", "cuda"]  # pyproject's package-dir
@@ -130,6 +131,30 @@ def test_a_reduction_without_layout_falls_back_to_serial_loops_without_mutation(
     assert sm.notes == notes  # the scheduled micrograph itself is unchanged
     with pytest.raises(CompositionError):  # a stitched group always composes: no fallback
         map_kernel(graph, [sm, sm], g.strategy, A100)
+
+
+def test_recompute_pass_inlines_into_a_view_before_lowering():
+    # Rows of 65536 floats do not fit shared memory next to the combine scratch: the divide
+    # recomputes exp(x - max) from x instead of reading a spilled row back.
+    x = te.placeholder((2, 65536), name="x")
+    graph, (g,) = _groups([x], [ops.softmax(x, name="sm")])
+    before = _snapshot(graph)
+    first = map_kernel(graph, g.parts, g.strategy, A100)
+    spilled = [t for t, p in place_kernel(first, A100).items() if p.reason.startswith("scratch")]
+    assert spilled  # before: a scratch buffer in global memory
+
+    r = recompute_spills(graph, g.parts, g.strategy, A100)
+    assert _snapshot(graph) == before  # the compile's graph is untouched
+    # exp is inlined into the divide first, which exposes the subtraction's spill next
+    assert [(d.data["tensor"], d.data["readers"]) for d in r.decisions] == [
+        ("sm_exp", ["sm"]),
+        ("sm_sub", ["sm"]),
+    ]
+    assert r.mapped.notes[-2:] == [d.reason for d in r.decisions]
+    assert sorted(graph.dag.predecessors("sm")) == ["sm_exp", "sm_sum"]
+    assert sorted(r.graph.dag.predecessors("sm")) == ["sm_max", "sm_sum"]  # reads x again
+    assert {r.placements[t].space for t in ("sm_exp", "sm_sub")} == {"register"}
+    assert r.mapped.parts == g.parts and r.mapped.strategy == g.strategy
 
 
 def _imports_of_private_names(path: Path) -> list[str]:
