@@ -41,7 +41,9 @@ class Memo(Protocol):
     def put(self, key: str, value: Any) -> None: ...
 
 
-class _Memory:
+class DictMemo:
+    """A :class:`Memo` in a dict (one compile; no persistence)."""
+
     def __init__(self) -> None:
         self.d: dict[str, Any] = {}
 
@@ -107,7 +109,7 @@ def stitch_memory(
     the pair tried next is the first untried matching pair in (producer, consumer) id order,
     as in a plain rescan, without rescanning.
     """
-    cache = cache if cache is not None else _Memory()
+    cache = cache if cache is not None else DictMemo()
     groups: dict[int, KernelGroup] = {}
     for i, (mg, sm) in enumerate(zip(part.micrographs, scheduled, strict=True)):
         form = canonical_form(sm) if mg.kind == OpKind.REDUCTION else None
