@@ -29,6 +29,7 @@ from polyfuse.poly.kernel_map import map_kernel, place_kernel
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.model import build_model
 from polyfuse.poly.policy import reduction_tile_budget
+from polyfuse.poly.promote import GemmKernel
 from polyfuse.poly.schedule import DEFAULT_BUDGET, compute_schedule, configure
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.recompute import recompute_spills
@@ -108,6 +109,22 @@ def test_reduction_kernel_maps_lanes_through_the_same_interface():
     assert sum(p.smem_floats for p in shared) * 4 <= reduction_tile_budget(A100, mm.block)
     ir = kernel_ir("k", mm, generate_ast(mm)[1])
     assert ir.reduction and ir.lane_params == ("l0",) and ir.micrographs == tuple(g.names)
+
+
+def test_gemm_like_micrograph_maps_through_the_same_interface():
+    a, w = te.placeholder((64, 96), name="a"), te.placeholder((96, 128), name="w")
+    graph, (g,) = _groups([a, w], [ops.matmul(a, w)])
+    (sm,) = g.parts
+    gk = map_kernel(graph, g.parts, g.strategy, A100)
+    assert isinstance(gk, GemmKernel) and isinstance(gk, MappedKernel)
+    assert gk.parts == [sm] and gk.strategy is None and gk.lanes == 1
+    assert gk.thread_order == list(zip(gk.thread_params, gk.tile_sizes, strict=True))
+    assert any(n.startswith("block tile") for n in gk.notes)
+    shared = {t for t, p in place_kernel(gk, A100).items() if p.space == "shared"}
+    assert shared == {p.tensor for p in gk.promotions} and shared <= {"a", "w"}
+
+    plain = map_kernel(graph, g.parts, g.strategy, A100, MappingConfig(gemm=False))
+    assert not isinstance(plain, GemmKernel) and plain.parts == [sm]
 
 
 def test_a_reduction_without_layout_falls_back_to_serial_loops_without_mutation(monkeypatch):
