@@ -154,6 +154,9 @@ def test_cuda_tensors_without_a_gpu_are_refused():
         def contiguous(self):
             return self
 
+        def data_ptr(self):
+            return 0
+
     with pytest.raises(DeviceError) as info:
         region(FakeCuda(), FakeCuda(), FakeCuda())
     msg = str(info.value)
@@ -168,3 +171,19 @@ def test_training_runs_eagerly_with_a_warning():
         y = torch.compile(model, backend="polyfuse")(x)
     y.sum().backward()
     assert model.weight.grad is not None
+
+
+def test_misaligned_views_are_realigned_not_refused():
+    from polyfuse.torch.backend import region_input
+
+    base = torch.arange(12, dtype=torch.float32)
+    view = base[1:]  # 4 bytes past a 16-byte aligned start
+    assert view.data_ptr() % 16 == 4
+    got = region_input(view)
+    assert got.data_ptr() % 16 == 0 and torch.equal(got, view)
+    assert region_input(base).data_ptr() == base.data_ptr(), "aligned inputs are not copied"
+
+    model = nn.Sequential(nn.Linear(11, 5), nn.ReLU()).eval()
+    x = torch.randn(4, 12)[:, 1:]  # non-contiguous, then contiguous-but-offset after slicing
+    got, want = run_both(model, x)
+    close(got, want)

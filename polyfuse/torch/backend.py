@@ -34,6 +34,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 import polyfuse
+from polyfuse.cuda.runtime.program import VECTOR_ALIGN
 from polyfuse.errors import DeviceError
 
 from .lower import lower_graph, op_name, unsupported_reason
@@ -103,7 +104,7 @@ class PolyfuseRegion(torch.nn.Module):
         )
 
     def forward(self, *args: torch.Tensor) -> Any:
-        tensors = [a.detach().contiguous() for a in args]
+        tensors = [region_input(a) for a in args]
         devices = {t.device for t in tensors}
         if len(devices) > 1:
             raise DeviceError(
@@ -144,6 +145,17 @@ class PolyfuseRegion(torch.nn.Module):
         index = device.index if device.index is not None else torch.cuda.current_device()
         res = self.compiled(*tensors, device=f"cuda:{index}")
         return list(res) if isinstance(res, tuple) else [res]
+
+
+def region_input(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the compiled region takes it: detached, C-contiguous and 16-byte aligned.
+
+    The runtime refuses misaligned device arrays (kernels may use 128-bit accesses); a view
+    into the middle of a tensor (``x[1:]``) is misaligned, so it is copied here instead of
+    failing inside torch.compile.
+    """
+    t = t.detach().contiguous()
+    return t.clone() if t.data_ptr() % VECTOR_ALIGN else t
 
 
 def _partitions(gm: torch.fx.GraphModule) -> list[Any]:
