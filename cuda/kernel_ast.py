@@ -57,11 +57,15 @@ class KNode:
 
 @dataclass
 class KFor(KNode):
+    """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
+    register micro-tile, whose array then lives in registers)."""
+
     var: str
     init: KExpr
     cond: KExpr
     step: int
     body: list[KNode]
+    unroll: bool = False
 
 
 @dataclass
@@ -90,10 +94,12 @@ class KMark(KNode):
 
 @dataclass
 class KStmt(KNode):
-    """One instance of an isl statement; ``args`` are its domain coordinates."""
+    """One instance of an isl statement; ``args`` are its domain coordinates. ``guard``: the
+    instance runs only where it holds (a schedule over whole tiles guarded by the domain)."""
 
     stmt: str
     args: tuple[KExpr, ...]
+    guard: KExpr | None = None
 
 
 @dataclass
@@ -133,6 +139,9 @@ class KAlloc(KNode):
     shape: tuple[int, ...]
     offset: int | None = None
     lo: tuple[KExpr, ...] = ()
+    #: a register array indexed by these loop variables (the micro-tile), whatever the
+    #: statement's own indices
+    index_vars: tuple[str, ...] = ()
 
     @property
     def elements(self) -> int:
@@ -140,6 +149,29 @@ class KAlloc(KNode):
         for d in self.shape:
             n *= d
         return n
+
+
+@dataclass(frozen=True)
+class KTile:
+    """Reads of ``tensor`` by the statements ``stmts`` are served by the shared ``buffer``:
+    its element ``[i]`` holds ``tensor[i + lo]``, where ``lo`` may depend on loop variables
+    (the k-tile) and block coordinates (a promoted GEMM operand)."""
+
+    tensor: str
+    buffer: str
+    lo: tuple[KExpr, ...]
+    stmts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KThreadGrid:
+    """The block's threads as ``rows x cols`` for the copies into ``buffer``:
+    ``row = threadIdx.x / cols``, ``col = threadIdx.x % cols``."""
+
+    buffer: str
+    row: str
+    col: str
+    cols: int
 
 
 @dataclass(frozen=True)
@@ -169,7 +201,11 @@ class KCombine:
 
 @dataclass(frozen=True)
 class KCopy(KNode):
-    """``dst[dst_index] = src[src_index]`` (a promotion copy; ``fill`` outside ``guard``)."""
+    """``dst[dst_index] = src[src_index]`` (a promotion copy; ``fill`` outside ``guard``).
+
+    ``src_shape``: the global array's shape (row-major) for its linear index; the destination's
+    shape is its allocation's.
+    """
 
     dst: str
     dst_index: tuple[KExpr, ...]
@@ -177,6 +213,7 @@ class KCopy(KNode):
     src_index: tuple[KExpr, ...]
     guard: KExpr | None = None
     fill: float = 0.0
+    src_shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,6 +261,8 @@ class KernelIR:
     laneless: frozenset[str] = frozenset()
     reduction: bool = False  # a stitched reduction kernel (parts marked ``part:<name>``)
     dynamic_smem_bytes: int = 0
+    tiles: tuple[KTile, ...] = ()  # promoted reads (shared tiles of global operands)
+    thread_grids: tuple[KThreadGrid, ...] = ()  # copy distributions, by buffer
 
     @property
     def threads(self) -> int:
@@ -248,7 +287,16 @@ class KernelIR:
             f"micrographs={list(self.micrographs)}",
         ]
         head += [f"  param {p.ctype} {p.name}" for p in self.params]
+        head += [
+            f"  grid {g.row} x {g.col} = threadIdx / {g.cols}, % {g.cols} (copies to {g.buffer})"
+            for g in self.thread_grids
+        ]
         head += _fmt(list(self.allocs), 1)
+        head += [
+            f"  tile {t.buffer}[i] = {t.tensor}[i + ({', '.join(map(str, t.lo))})] "
+            f"for {sorted(t.stmts)}"
+            for t in self.tiles
+        ]
         if self.combine:
             c = self.combine
             head.append(
@@ -295,7 +343,7 @@ def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
     if isinstance(n, KMark):
         return KMark(n.name, walk(n.body))
     if isinstance(n, KFor):
-        return KFor(n.var, n.init, n.cond, n.step, walk(n.body))
+        return KFor(n.var, n.init, n.cond, n.step, walk(n.body), n.unroll)
     if isinstance(n, KIf):
         return KIf(n.cond, walk(n.then), walk(n.orelse))
     if isinstance(n, KDef):
@@ -308,7 +356,8 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
     out: list[str] = []
     for n in nodes:
         if isinstance(n, KFor):
-            out.append(f"{pad}for {n.var} = {n.init}; {n.cond}; += {n.step}")
+            unroll = "  // unrolled" if n.unroll else ""
+            out.append(f"{pad}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}")
             out += _fmt(n.body, depth + 1)
         elif isinstance(n, KIf):
             out.append(f"{pad}if {n.cond}")
@@ -323,12 +372,14 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
             out.append(f"{pad}// {n.name}")
             out += _fmt(n.body, depth)
         elif isinstance(n, KStmt):
-            out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))})")
+            guard = f" if {n.guard}" if n.guard is not None else ""
+            out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))}){guard}")
         elif isinstance(n, KAlloc):
             where = "static" if n.offset is None else f"dynamic+{n.offset}"
             lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
             dims = "x".join(map(str, n.shape)) or "scalar"
-            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}")
+            by = f" indexed by ({', '.join(n.index_vars)})" if n.index_vars else ""
+            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}{by}")
         elif isinstance(n, KBarrier):
             out.append(f"{pad}barrier {n.scope.value}" + (f"  // {n.note}" if n.note else ""))
         elif isinstance(n, KAsyncCopy):

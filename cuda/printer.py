@@ -16,6 +16,7 @@ import math
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
     KBarrier,
+    KCopy,
     KDef,
     Kernel,
     KernelIR,
@@ -26,6 +27,7 @@ from polyfuse.cuda.kernel_ast import (
     KMark,
     KOp,
     KStmt,
+    KThreadGrid,
     KVar,
     MemSpace,
     Scope,
@@ -142,6 +144,27 @@ def c_index(e: KExpr) -> str:
     return "(" + f" {e.op} ".join(a) + ")"
 
 
+def c_cond(e: KExpr) -> str:
+    """A guard: a conjunction of comparisons written flat (``a >= 0 && a < n``)."""
+    if isinstance(e, KOp) and e.op == "&&":
+        return " && ".join(c_cond(a) for a in e.args)
+    if isinstance(e, KOp) and e.op in ("<", "<=", ">", ">=", "==", "!="):
+        return f"{c_index(e.args[0])} {e.op} {c_index(e.args[1])}"
+    return c_index(e)
+
+
+def c_linear(name: str, idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
+    """``name[i0 * s0 + ... + in]``: a row-major element of an array of shape ``dims``."""
+    if not dims:
+        return f"{name}[0]"
+    terms, stride = [], 1
+    for d in reversed(range(len(dims))):
+        i = idx[d]
+        terms.append(i if stride == 1 else f"{i} * {stride}")
+        stride *= dims[d]
+    return f"{name}[{' + '.join(reversed(terms))}]"
+
+
 class BodyPrinter:
     """Prints te expressions for one statement instance."""
 
@@ -173,14 +196,7 @@ class BodyPrinter:
         if p.space == "shared":
             name, dims = f"s_{ident}", [size for _, size in p.box]
             idx = [f"({i} - s_{ident}_lo{d})" for d, i in enumerate(idx)]
-        if not dims:
-            return f"{name}[0]"
-        terms, stride = [], 1
-        for d in reversed(range(len(dims))):
-            i = idx[d]
-            terms.append(i if stride == 1 else f"{i} * {stride}")
-            stride *= dims[d]
-        return f"{name}[{' + '.join(reversed(terms))}]"
+        return c_linear(name, idx, dims)
 
     def expr(self, e: Expr, env: dict[int, str]) -> str:
         if isinstance(e, IterVar):
@@ -270,10 +286,18 @@ class BodyPrinter:
 
 
 class _Emitter:
-    """Writes kernel IR nodes as C."""
+    """Writes kernel IR nodes as C (``buffers``: the shapes of the allocations, for copies)."""
 
-    def __init__(self, emit_stmt):
+    def __init__(self, emit_stmt, buffers: dict[str, tuple[int, ...]]):
         self.emit_stmt = emit_stmt
+        self.buffers = buffers
+
+    def copy(self, n: KCopy) -> str:
+        dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
+        src = c_linear(n.src, [c_index(i) for i in n.src_index], n.src_shape)
+        if n.guard is not None:
+            src = f"({c_cond(n.guard)}) ? {src} : {c_float(n.fill)}"
+        return f"{dst} = {src};"
 
     def __call__(self, nodes, depth: int) -> list[str]:
         pad = "  " * depth
@@ -287,6 +311,8 @@ class _Emitter:
                 out.append(f"{pad}{call};" + (f"  // {n.note}" if n.note else ""))
             elif isinstance(n, KFor):
                 init, cond = c_index(n.init), c_index(n.cond)
+                if n.unroll:
+                    out.append(f"{pad}#pragma unroll")
                 out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
                 out += self(n.body, depth + 1)
                 out.append(f"{pad}}}")
@@ -303,7 +329,12 @@ class _Emitter:
                 out += self(n.body, depth + 1)
                 out.append(f"{pad}}}")
             elif isinstance(n, KStmt):
-                out.append(pad + self.emit_stmt(n))
+                text = self.emit_stmt(n)
+                if n.guard is not None:
+                    text = f"if ({c_cond(n.guard)}) {{ {text} }}"
+                out.append(pad + text)
+            elif isinstance(n, KCopy):
+                out.append(pad + self.copy(n))
             else:
                 raise TypeError(f"the CUDA printer has no rule for {type(n).__name__}")
         return out
@@ -323,12 +354,16 @@ def _decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
     return lines
 
 
-def _allocs(allocs: tuple[KAlloc, ...]) -> list[str]:
-    """Declarations of the IR's allocations, in order."""
+def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> list[str]:
+    """Declarations of the IR's allocations, in order (a buffer's copy thread grid first)."""
     lines = []
     if any(a.offset is not None for a in allocs):
         lines.append(f"  extern __shared__ {C_TYPES[_dynamic_dtype(allocs)]} {DYNAMIC_POOL}[];")
     for a in allocs:
+        for g in grids:
+            if g.buffer == a.name:
+                lines.append(f"  const int {g.row} = threadIdx.x / {g.cols};")
+                lines.append(f"  const int {g.col} = threadIdx.x % {g.cols};")
         ctype = C_TYPES[a.dtype]
         if a.space is MemSpace.REGISTER:
             dims = "".join(f"[{d}]" for d in a.shape)
@@ -352,8 +387,13 @@ def emit_kernel(
     statements: list[Statement],
     placements: dict[str, Placement],
     idents: dict[int, str],
+    body_printer: BodyPrinter | None = None,
 ) -> Kernel:
-    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them)."""
+    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them).
+
+    ``body_printer`` prints the statements (default: :class:`BodyPrinter` over ``placements``
+    with the IR's combine and lane guard).
+    """
     c = ir.combine
     combine = None
     if c is not None:
@@ -363,7 +403,7 @@ def emit_kernel(
             else f"pf_allreduce_y<{{op}}, {c.lanes}>"
         )
     lane_guard = " && ".join(f"{p} == 0" for p in ir.lane_params) if ir.reduction else None
-    bp = BodyPrinter(
+    bp = body_printer or BodyPrinter(
         placements,
         idents,
         lane_guard,
@@ -382,8 +422,9 @@ def emit_kernel(
     lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
     lines += _decompose("blockIdx.x", "_b", list(ir.grid_dims))
     lines += _decompose("threadIdx.x", "_t", list(ir.thread_dims))
-    lines += _allocs(ir.allocs)
-    lines += _Emitter(emit_stmt)(ir.body, 1)
+    lines += _allocs(ir.allocs, ir.thread_grids)
+    buffers = {a.name: a.shape for a in ir.allocs}
+    lines += _Emitter(emit_stmt, buffers)(ir.body, 1)
     lines.append("}")
     return Kernel(
         ir.name,

@@ -39,12 +39,13 @@ class Promotion:
     copy_stmt: str
     lo: list[isl.PwAff]  # the box's lower bounds, in the block params b* and k-tiles kt*
     size: list[int]
-    stride: list[int]  # of the shared buffer (last dim padded)
+    stride: list[int]  # of the shared buffer (last dim padded by ``pad``)
     shape: tuple[int, ...]  # of the global tensor
     bounds_check: list[bool]  # per dim: may the footprint leave the array?
     thread_grid: tuple[int, int]  # (rows, columns) of threads that copy
     params: tuple[str, str]  # their C names (row, column)
     reason: str
+    pad: int = 0  # words added to the buffer's rows (bank conflicts)
 
     @property
     def floats(self) -> int:
@@ -251,6 +252,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 f"reused across threads along data dims {other}; per-block k-tile footprint "
                 f"box {'x'.join(map(str, size))} ({4 * size[0] * stride[0]} B), copied by "
                 f"{rows}x{cols} threads, innermost dim fastest{bank}",
+                pad,
             )
         )
 

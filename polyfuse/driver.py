@@ -33,9 +33,9 @@ from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
-from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
+from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.lower import lower_kernel
+from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import PRELUDE
 from polyfuse.decision import Decided, DecisionKind
@@ -304,7 +304,7 @@ def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: Mapp
     pl = gemm_placements(gk)
     kp = KernelPlan(kname, [gk], pl)
     ast, body = generate_gemm_ast(gk)
-    kernel = print_gemm_kernel(kname, gk, body, pl, graph.idents)
+    kernel = lower_gemm_kernel(kname, gk, body, pl, graph.idents)
     kernel.notes.extend(gk.notes)
     as_global = {
         k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()

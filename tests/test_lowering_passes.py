@@ -142,3 +142,67 @@ def test_printer_module_makes_no_lowering_decision():
         "import islpy",
     ):
         assert decision not in code, decision
+
+
+def _gemm_ir() -> KernelIR:
+    """A k-tile loop with one copy statement, a barrier statement and a micro-tile loop."""
+    kt = KVar("kt0")
+    copy = KStmt("C_a", (kt, KVar("p0r"), KOp("+", (KVar("p0c"), KOp("*", (KInt(8), kt))))))
+    micro = KFor("ii0", KInt(0), KOp("<=", (KVar("ii0"), KInt(3))), 1, [KStmt("U", (KVar("ii0"),))])
+    ktile = KFor(
+        "kt0", KInt(0), KOp("<=", (kt, KInt(4))), 1, [copy, KStmt("Sync_load", (kt,)), micro]
+    )
+    epi = KFor("ii0", KInt(0), KOp("<=", (KVar("ii0"), KInt(3))), 1, [KStmt("E", (KVar("ii0"),))])
+    ir = KernelIR("k", (("b0", 4),), (("t0", 64),), (ktile, epi), ("mg",))
+    return alloc_buffers(
+        ir,
+        [
+            BufferPlacement("a", MemSpace.GLOBAL, read_only=True),
+            BufferPlacement("y", MemSpace.GLOBAL),
+            BufferPlacement("x", MemSpace.REGISTER),
+            BufferPlacement("m_acc", MemSpace.REGISTER),
+        ],
+        ["a", "y"],
+    )
+
+
+def test_lower_promotions_allocates_tile_and_rewrites_copies():
+    from polyfuse.cuda.kernel_ast import KCopy, KThreadGrid, KTile
+    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+
+    before = _gemm_ir()
+    lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (33, 40), (True, False), ("p0r", "p0c", 8), frozenset({"U"})
+    )
+    after = lower_promotions(before, [tile])
+    assert not before.tiles and not before.thread_grids
+    assert after.allocs[0] == KAlloc("s_a", MemSpace.SHARED, "", (16, 8))  # before registers
+    assert after.thread_grids == (KThreadGrid("s_a", "p0r", "p0c", 8),)
+    assert after.tiles == (KTile("a", "s_a", lo, frozenset({"U"})),)
+    copy = after.body[0].body[0]
+    assert isinstance(copy, KCopy) and copy.dst == "s_a" and copy.src == "a"
+    assert copy.src_shape == (33, 40) and copy.dst_index[0] == KOp("-", (KVar("p0r"), lo[0]))
+    assert copy.guard == KOp(
+        "&&", (KOp(">=", (KVar("p0r"), KInt(0))), KOp("<", (KVar("p0r"), KInt(33))))
+    )
+    printed = assign_dtypes(after.with_(body=(copy,)))
+    src = emit_kernel(printed, [], {}, {}).source
+    assert "const int p0r = threadIdx.x / 8;\n  const int p0c = threadIdx.x % 8;\n" in src
+    assert "__shared__ float s_a[128];" in src
+    dst = "s_a[(p0r - b0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))]"
+    assert f"{dst} = (p0r >= 0 && p0r < 33) ? a[p0r * 40 + (p0c + (8 * kt0))] : 0.0f;" in src
+
+
+def test_lower_register_tile_array_unroll_and_guards():
+    from polyfuse.cuda.lower_register_tile import lower_register_tile
+
+    before = _gemm_ir()
+    after = lower_register_tile(before, "r_m_acc", [4], ["ii0"], {"E": [10]})
+    regs = [a for a in after.allocs if a.space is MemSpace.REGISTER]
+    assert regs[0] == KAlloc("r_m_acc", MemSpace.REGISTER, "", (4,), None, (), ("ii0",))
+    assert [a.name for a in regs] == ["r_m_acc", "r_x"]
+    micro, epi = after.body[0].body[2], after.body[1]
+    assert micro.unroll and epi.unroll and not after.body[0].unroll  # k-tile loop stays
+    assert epi.body[0].guard == KOp("<=", (KVar("ii0"), KInt(10)))
+    assert micro.body[0].guard is None and before.body[1].body[0].guard is None

@@ -1,0 +1,84 @@
+"""Lowering pass: shared tiles of promoted operands — allocation, copy statements, reads.
+
+A GEMM operand promoted to shared memory (:mod:`polyfuse.poly.promote`) arrives as a
+:class:`PromotedTile`: its box per k-tile (lower bounds as kernel-AST expressions, sizes), the
+padded row of the buffer, the global array's shape, which dimensions may leave the array, and
+the thread grid that copies it. The pass declares the buffer ``s_<tensor>`` (with its copy
+thread grid), turns every instance of the copy statement into a :class:`KCopy` (zeros outside
+the array) and records a :class:`KTile` so that the update's reads index the buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from polyfuse.cuda.kernel_ast import (
+    KAlloc,
+    KCopy,
+    KernelIR,
+    KExpr,
+    KInt,
+    KNode,
+    KOp,
+    KStmt,
+    KThreadGrid,
+    KTile,
+    MemSpace,
+    map_children,
+)
+
+
+@dataclass(frozen=True)
+class PromotedTile:
+    """One operand's shared tile as the pass needs it."""
+
+    tensor: str
+    copy_stmt: str  # isl statement ``C_<tensor>[kt..., e...]``: one copied element
+    lo: tuple[KExpr, ...]  # box lower bounds (over block coordinates and k-tiles)
+    shape: tuple[int, ...]  # buffer shape (the box, last dimension padded)
+    global_shape: tuple[int, ...]
+    bounds_check: tuple[bool, ...]  # per dimension: may the box leave the array?
+    grid: tuple[str, str, int]  # copying threads: row name, column name, columns
+    readers: frozenset[str]  # statements whose reads of ``tensor`` use the tile
+
+
+def shared_name(tensor: str) -> str:
+    return f"s_{tensor}"
+
+
+def lower_promotions(ir: KernelIR, tiles: Sequence[PromotedTile]) -> KernelIR:
+    """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`."""
+    allocs = list(ir.allocs)
+    first_reg = next((i for i, a in enumerate(allocs) if a.space is MemSpace.REGISTER), len(allocs))
+    new = [KAlloc(shared_name(t.tensor), MemSpace.SHARED, "", t.shape) for t in tiles]
+    allocs[first_reg:first_reg] = new
+    grids = tuple(KThreadGrid(shared_name(t.tensor), *t.grid) for t in tiles)
+    records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers) for t in tiles)
+    by_stmt = {t.copy_stmt: t for t in tiles}
+
+    def copy(n: KStmt, t: PromotedTile) -> KCopy:
+        es = n.args[len(n.args) - len(t.shape) :]  # the k-tiles lead the copy's coordinates
+        conds: list[KExpr] = []
+        for e, size, chk in zip(es, t.global_shape, t.bounds_check, strict=True):
+            if chk:
+                conds += [KOp(">=", (e, KInt(0))), KOp("<", (e, KInt(size)))]
+        guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
+        dst = tuple(KOp("-", (e, lo)) for e, lo in zip(es, t.lo, strict=True))
+        return KCopy(shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape)
+
+    def walk(nodes) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KStmt) and n.stmt in by_stmt:
+                out.append(copy(n, by_stmt[n.stmt]))
+            else:
+                out.append(map_children(n, walk))
+        return out
+
+    return ir.with_(
+        allocs=tuple(allocs),
+        thread_grids=ir.thread_grids + grids,
+        tiles=ir.tiles + records,
+        body=tuple(walk(ir.body)),
+    )
