@@ -142,6 +142,7 @@ class KAlloc(KNode):
     #: a register array indexed by these loop variables (the micro-tile), whatever the
     #: statement's own indices
     index_vars: tuple[str, ...] = ()
+    align: int = 0  # bytes a shared buffer is aligned to (0: its element's); vector access
 
     @property
     def elements(self) -> int:
@@ -214,6 +215,7 @@ class KCopy(KNode):
     guard: KExpr | None = None
     fill: float = 0.0
     src_shape: tuple[int, ...] = ()
+    width: int = 1  # consecutive elements moved at once (4: one 128-bit vector)
 
 
 @dataclass(frozen=True)
@@ -379,7 +381,8 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
             lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
             dims = "x".join(map(str, n.shape)) or "scalar"
             by = f" indexed by ({', '.join(n.index_vars)})" if n.index_vars else ""
-            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}{by}")
+            al = f" align {n.align}" if n.align else ""
+            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}{by}{al}")
         elif isinstance(n, KBarrier):
             out.append(f"{pad}barrier {n.scope.value}" + (f"  // {n.note}" if n.note else ""))
         elif isinstance(n, KAsyncCopy):
@@ -394,6 +397,7 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
 
 
 def _copy(n: KCopy) -> str:
-    dst = f"{n.dst}[{', '.join(map(str, n.dst_index))}]"
+    vec = f"x{n.width}" if n.width > 1 else ""
+    dst = f"{n.dst}[{', '.join(map(str, n.dst_index))}]{vec}"
     src = f"{n.src}[{', '.join(map(str, n.src_index))}]"
     return f"{dst} = {src}" + (f" if {n.guard} else {n.fill}" if n.guard is not None else "")

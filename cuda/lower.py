@@ -122,6 +122,7 @@ def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
                 tuple(p.bounds_check),
                 (p.params[0], p.params[1], p.thread_grid[1]),
                 readers,
+                p.width,
             )
         )
     return out

@@ -5,7 +5,8 @@ A GEMM operand promoted to shared memory (:mod:`polyfuse.poly.promote`) arrives 
 padded row of the buffer, the global array's shape, which dimensions may leave the array, and
 the thread grid that copies it. The pass declares the buffer ``s_<tensor>`` (with its copy
 thread grid), turns every instance of the copy statement into a :class:`KCopy` (zeros outside
-the array) and records a :class:`KTile` so that the update's reads index the buffer.
+the array; ``width`` 4: one 128-bit vector per instance) and records a :class:`KTile` so that
+the update's reads index the buffer.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from polyfuse.cuda.kernel_ast import (
     map_children,
 )
 
+VECTOR_BYTES = 16  # a vector-copied tile is aligned to one 128-bit vector
+
 
 @dataclass(frozen=True)
 class PromotedTile:
@@ -41,6 +44,7 @@ class PromotedTile:
     bounds_check: tuple[bool, ...]  # per dimension: may the box leave the array?
     grid: tuple[str, str, int]  # copying threads: row name, column name, columns
     readers: frozenset[str]  # statements whose reads of ``tensor`` use the tile
+    width: int = 1  # elements per copy instance (4: a 128-bit vector, aligned)
 
 
 def shared_name(tensor: str) -> str:
@@ -51,7 +55,16 @@ def lower_promotions(ir: KernelIR, tiles: Sequence[PromotedTile]) -> KernelIR:
     """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`."""
     allocs = list(ir.allocs)
     first_reg = next((i for i, a in enumerate(allocs) if a.space is MemSpace.REGISTER), len(allocs))
-    new = [KAlloc(shared_name(t.tensor), MemSpace.SHARED, "", t.shape) for t in tiles]
+    new = [
+        KAlloc(
+            shared_name(t.tensor),
+            MemSpace.SHARED,
+            "",
+            t.shape,
+            align=VECTOR_BYTES if t.width > 1 else 0,
+        )
+        for t in tiles
+    ]
     allocs[first_reg:first_reg] = new
     grids = tuple(KThreadGrid(shared_name(t.tensor), *t.grid) for t in tiles)
     records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers) for t in tiles)
@@ -65,7 +78,9 @@ def lower_promotions(ir: KernelIR, tiles: Sequence[PromotedTile]) -> KernelIR:
                 conds += [KOp(">=", (e, KInt(0))), KOp("<", (e, KInt(size)))]
         guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
         dst = tuple(KOp("-", (e, lo)) for e, lo in zip(es, t.lo, strict=True))
-        return KCopy(shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape)
+        return KCopy(
+            shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape, t.width
+        )
 
     def walk(nodes) -> list[KNode]:
         out: list[KNode] = []

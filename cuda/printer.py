@@ -295,8 +295,14 @@ class _Emitter:
     def copy(self, n: KCopy) -> str:
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
         src = c_linear(n.src, [c_index(i) for i in n.src_index], n.src_shape)
+        fill = c_float(n.fill)
+        if n.width > 1:  # one vector: its type has the width, the addresses are aligned
+            vt = f"float{n.width}"
+            dst = f"*reinterpret_cast<{vt}*>(&{dst})"
+            src = f"*reinterpret_cast<const {vt}*>(&{src})"
+            fill = f"make_{vt}({', '.join([fill] * n.width)})"
         if n.guard is not None:
-            src = f"({c_cond(n.guard)}) ? {src} : {c_float(n.fill)}"
+            src = f"({c_cond(n.guard)}) ? {src} : {fill}"
         return f"{dst} = {src};"
 
     def __call__(self, nodes, depth: int) -> list[str]:
@@ -370,7 +376,8 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
             lines.append(f"  {ctype} {a.name}{dims};")
             continue
         if a.offset is None:
-            lines.append(f"  __shared__ {ctype} {a.name}[{a.elements}];")
+            align = f"__align__({a.align}) " if a.align else ""
+            lines.append(f"  __shared__ {align}{ctype} {a.name}[{a.elements}];")
         else:
             lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
         lines += [f"  const int {a.name}_lo{d} = {c_index(lo)};" for d, lo in enumerate(a.lo)]

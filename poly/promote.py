@@ -26,6 +26,7 @@ from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import GemmShape, GemmTiling
+from polyfuse.poly.vectorize import prove_vector_copy
 
 SYNC_BEFORE = "Sync_load"  # barrier statement: copies done before the micro-tile reads them
 SYNC_AFTER = "Sync_use"  # barrier statement: reads done before the next k-tile's copies
@@ -46,6 +47,7 @@ class Promotion:
     params: tuple[str, str]  # their C names (row, column)
     reason: str
     pad: int = 0  # words added to the buffer's rows (bank conflicts)
+    width: int = 1  # elements per copy instance (4: 128-bit vector copies, proven by isl)
 
     @property
     def floats(self) -> int:
@@ -197,7 +199,10 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
             size.append(span.to_python() + 1)
             lo_c.append(lo)
         tshape = model.tensors[name].shape
-        pad = 1 if len(size) >= 2 and size[-1] % 32 == 0 else 0
+        proof = prove_vector_copy(fp, lo_t, size, tshape)
+        width = proof.width
+        # Padding against bank conflicts keeps vector rows 16-byte aligned (a whole vector).
+        pad = width if len(size) >= 2 and size[-1] % 32 == 0 else 0
         stride = [1] * len(size)
         acc_stride = size[-1] + pad if size else 1
         for i in reversed(range(len(size) - 1)):
@@ -209,12 +214,13 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
             whole.dim_min_val(i).to_python() < 0 or whole.dim_max_val(i).to_python() >= tshape[i]
             for i in range(len(size))
         ]
-        cols = min(nthreads, _pow2_ceil(size[-1]))
+        cols = min(nthreads, _pow2_ceil(size[-1] // width))
         rows = nthreads // cols
         pr, pc = f"p{k}r", f"p{k}c"
-        # Copy domain: the footprint with kt as loop dims, split over the thread grid.
+        # Copy domain: the footprint with kt as loop dims, split over the thread grid (one
+        # instance per vector: its first element).
         es = [f"e{i}" for i in range(len(size))]
-        dist = [f"exists (q{k}c: {es[-1]} = {lo_t[-1]} + {pc} + {cols} * q{k}c)"]
+        dist = [f"exists (q{k}c: {es[-1]} = {lo_t[-1]} + {width} * {pc} + {width * cols} * q{k}c)"]
         if len(size) >= 2:
             dist.append(f"exists (q{k}r: {es[-2]} = {lo_t[-2]} + {pr} + {rows} * q{k}r)")
         cstmt = f"C_{name}"
@@ -251,8 +257,9 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 (pr, pc),
                 f"reused across threads along data dims {other}; per-block k-tile footprint "
                 f"box {'x'.join(map(str, size))} ({4 * size[0] * stride[0]} B), copied by "
-                f"{rows}x{cols} threads, innermost dim fastest{bank}",
+                f"{rows}x{cols} threads, innermost dim fastest{bank}; {proof.reason}",
                 pad,
+                width,
             )
         )
 

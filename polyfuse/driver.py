@@ -71,8 +71,9 @@ from polyfuse.version import __version__
 MAX_FEEDBACK_ROUNDS = 64
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
 # max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
-# shared memory), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 3
+# shared memory; 4: 128-bit vector copies into the shared tiles), so kernels cached by an older
+# compiler miss.
+CODEGEN_REVISION = 4
 
 
 def _check_constants(

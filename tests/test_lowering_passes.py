@@ -206,3 +206,21 @@ def test_lower_register_tile_array_unroll_and_guards():
     assert micro.unroll and epi.unroll and not after.body[0].unroll  # k-tile loop stays
     assert epi.body[0].guard == KOp("<=", (KVar("ii0"), KInt(10)))
     assert micro.body[0].guard is None and before.body[1].body[0].guard is None
+
+
+def test_lower_promotions_vector_copy_aligned_and_printed_as_float4():
+    from polyfuse.cuda.kernel_ast import KCopy
+    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+
+    lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (32, 40), (False, False), ("p0r", "p0c", 2), frozenset(), 4
+    )
+    after = lower_promotions(_gemm_ir(), [tile])
+    assert after.allocs[0].align == 16
+    copy = after.body[0].body[0]
+    assert isinstance(copy, KCopy) and copy.width == 4 and copy.guard is None
+    src = emit_kernel(assign_dtypes(after.with_(body=(copy,))), [], {}, {}).source
+    assert "__shared__ __align__(16) float s_a[128];" in src
+    assert "*reinterpret_cast<float4*>(&s_a[" in src
+    assert "= *reinterpret_cast<const float4*>(&a[p0r * 40 + (p0c + (8 * kt0))]);" in src
