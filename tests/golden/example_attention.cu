@@ -57,18 +57,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float*
   k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_497a5d1aaf46f9bd0973(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
+extern "C" __global__ void __launch_bounds__(256) pf_3abe8911d5fae5f323e0(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_q[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_k_t[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_q[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_k_t[1056];
   float r_qk_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -78,18 +78,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_497a5d1aaf46f9bd0973(float*
     }
   }
   if ((p0r <= 15)) {
-    s_q[(0 - 0) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (p0c - 0)] = q[0 * 256 + b0 * 128 + p0r * 8 + p0c];
+    *reinterpret_cast<float4*>(&s_q[(0 - 0) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&q[0 * 256 + b0 * 128 + p0r * 8 + (4 * p0c)]);
   }
-  for (int ii2 = p1r; (ii2 <= 7); ii2 += 2) {
-    s_k_t[(0 - 0) * 1032 + (b0 - b0) * 1032 + (ii2 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? k_t[0 * 256 + b0 * 128 + ii2 * 16 + p1c] : 0.0f;
-  }
+  *reinterpret_cast<float4*>(&s_k_t[(0 - 0) * 1056 + (b0 - b0) * 1056 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&k_t[0 * 256 + b0 * 128 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (s_q[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (kk0 - 0)] * s_k_t[(0 - 0) * 1032 + (b0 - b0) * 1032 + (kk0 - 0) * 129 + ((t2 + (32 * ii2)) - 0)]);
+        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (s_q[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (kk0 - 0)] * s_k_t[(0 - 0) * 1056 + (b0 - b0) * 1056 + (kk0 - 0) * 132 + ((t2 + (32 * ii2)) - 0)]);
       }
     }
   }
@@ -139,18 +137,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_94843faee1de6c8faafe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_574b66f2549eaa270862(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(256) pf_e7acda40b3a7850d8752(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_probs[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_v[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_probs[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_v[1056];
   float r_attn_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -161,18 +159,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_574b66f2549eaa270862(float*
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_probs[(0 - 0) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = probs[0 * 512 + b0 * 256 + p0r * 16 + (p0c + (8 * kt0))];
+      *reinterpret_cast<float4*>(&s_probs[(0 - 0) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = *reinterpret_cast<const float4*>(&probs[0 * 512 + b0 * 256 + p0r * 16 + ((4 * p0c) + (8 * kt0))]);
     }
-    for (int ii2 = (p1r + (8 * kt0)); (ii2 <= ((8 * kt0) + 7)); ii2 += 2) {
-      s_v[(0 - 0) * 1032 + (b0 - b0) * 1032 + (ii2 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? v[0 * 256 + b0 * 128 + ii2 * 8 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_v[(0 - 0) * 1056 + (b0 - b0) * 1056 + ((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&v[0 * 256 + b0 * 128 + (p1r + (8 * kt0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (s_probs[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_v[(0 - 0) * 1032 + (b0 - b0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (s_probs[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_v[(0 - 0) * 1056 + (b0 - b0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }

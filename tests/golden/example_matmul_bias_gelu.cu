@@ -45,15 +45,15 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3f0ae10018e1ad8c5169(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_4be33d1be0e789ae4012(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_a[128];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_a[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_w[1032];
@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_3f0ae10018e1ad8c5169(float*
   }
   for (int kt0 = 0; (kt0 <= 4); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_a[(((16 * b0) + p0r) - (16 * b0)) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? a[((16 * b0) + p0r) * 40 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_a[(((16 * b0) + p0r) - (16 * b0)) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? *reinterpret_cast<const float4*>(&a[((16 * b0) + p0r) * 40 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 50) ? w[kk0 * 50 + p1c] : 0.0f;

@@ -45,18 +45,18 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_embeddings[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_attn_k_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_embeddings[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_layer0_attn_k_w[1056];
   float r_matmul4_acc[2][4];
   float r_matmul4;
   #pragma unroll
@@ -68,18 +68,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? embeddings[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_k_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_layer0_attn_k_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&layer0_attn_k_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul4_acc[ii1][ii2] = r_matmul4_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul4_acc[ii1][ii2] = r_matmul4_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -95,18 +93,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float*
   }
 }
 
-__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_embeddings[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_attn_q_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_embeddings[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_layer0_attn_q_w[1056];
   float r_matmul0_acc[2][4];
   float r_matmul0;
   #pragma unroll
@@ -118,18 +116,16 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ a
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? embeddings[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_embeddings[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_layer0_attn_q_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&layer0_attn_q_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul0_acc[ii1][ii2] = r_matmul0_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul0_acc[ii1][ii2] = r_matmul0_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -145,7 +141,7 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -159,7 +155,7 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p1(float* __restrict__ r
   reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -173,14 +169,14 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p2(float* __restrict__ r
   reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_27a4fcb58858adb7a306(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(256) pf_fd1fe4a7c133665ac78e(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_27a4fcb58858adb7a306_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_fd1fe4a7c133665ac78e_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_27a4fcb58858adb7a306_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+    pf_fd1fe4a7c133665ac78e_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_27a4fcb58858adb7a306_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+    pf_fd1fe4a7c133665ac78e_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -251,19 +247,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_45873e0636f488f84241(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose3[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose7[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_transpose3[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_transpose7[1056];
   float r_matmul12_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -274,18 +270,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_45873e0636f488f84241(float*
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose3[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&transpose3[b0 * 256 + b1 * 128 + p0r * 16 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose7[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose7[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_transpose7[(b0 - b0) * 1056 + (b1 - b1) * 1056 + ((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&transpose7[b0 * 256 + b1 * 128 + (p1r + (8 * kt0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul12_acc[ii2][ii3] = r_matmul12_acc[ii2][ii3] + (s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose7[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul12_acc[ii2][ii3] = r_matmul12_acc[ii2][ii3] + (s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose7[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -337,19 +331,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_e22e7d57d39040f2c31f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_680855ea4ee90661330d(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax14[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose11[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_softmax14[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_transpose11[1056];
   float r_matmul15_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -359,18 +353,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_680855ea4ee90661330d(float*
     }
   }
   if ((p0r <= 15)) {
-    s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax14[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
+    *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose11[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose11[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
-  }
+  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + b1 * 128 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul15_acc[ii2][ii3] = r_matmul15_acc[ii2][ii3] + (s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose11[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul15_acc[ii2][ii3] = r_matmul15_acc[ii2][ii3] + (s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -410,18 +402,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8abbc401e300b36c1f6b(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape17[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_attn_o_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_reshape17[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_layer0_attn_o_w[1056];
   float r_matmul18_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -432,18 +424,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_8abbc401e300b36c1f6b(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape17[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape17[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_reshape17[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&reshape17[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_attn_o_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_layer0_attn_o_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&layer0_attn_o_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul18_acc[ii1][ii2] = r_matmul18_acc[ii1][ii2] + (s_reshape17[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul18_acc[ii1][ii2] = r_matmul18_acc[ii1][ii2] + (s_reshape17[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -490,18 +480,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_9f1951ba172864235fb1(float*
   layer_norm21[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm21_centered * r_layer_norm21_rstd) * layer0_ln1_gamma[l0]) + layer0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_273dc86f25abd87d98e6(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_4a5e08a6fb2648a8724a(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm21[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_ffn_fc1_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm21[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_layer0_ffn_fc1_w[1056];
   float r_matmul22_acc[2][4];
   float r_matmul22;
   float r_add23;
@@ -514,18 +504,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_273dc86f25abd87d98e6(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm21[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm21[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_layer_norm21[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&layer_norm21[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_ffn_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? layer0_ffn_fc1_w[kk0 * 64 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_layer0_ffn_fc1_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&layer0_ffn_fc1_w[(p1r + (8 * kt0)) * 64 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul22_acc[ii1][ii2] = r_matmul22_acc[ii1][ii2] + (s_layer_norm21[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul22_acc[ii1][ii2] = r_matmul22_acc[ii1][ii2] + (s_layer_norm21[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -542,18 +530,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_273dc86f25abd87d98e6(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu24[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_layer0_ffn_fc2_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_gelu24[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_layer0_ffn_fc2_w[1056];
   float r_matmul25_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -564,18 +552,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float*
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu24[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu24[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_gelu24[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&gelu24[b0 * 512 + p0r * 64 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_layer0_ffn_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? layer0_ffn_fc2_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_layer0_ffn_fc2_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&layer0_ffn_fc2_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul25_acc[ii1][ii2] = r_matmul25_acc[ii1][ii2] + (s_gelu24[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul25_acc[ii1][ii2] = r_matmul25_acc[ii1][ii2] + (s_gelu24[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }

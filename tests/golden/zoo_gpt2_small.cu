@@ -73,18 +73,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_c932b582c037985a499c(float*
   layer_norm0[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm0_centered * r_layer_norm0_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm0[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_k_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm0[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_k_w[1056];
   float r_matmul5_acc[2][4];
   float r_matmul5;
   #pragma unroll
@@ -96,18 +96,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm0[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&layer_norm0[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_k_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_k_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_attn_k_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_attn_k_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul5_acc[ii1][ii2] = r_matmul5_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul5_acc[ii1][ii2] = r_matmul5_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -123,18 +121,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_9d437e9534ab6abc5e93(float*
   }
 }
 
-__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm0[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_q_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm0[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_q_w[1056];
   float r_matmul1_acc[2][4];
   float r_matmul1;
   #pragma unroll
@@ -146,18 +144,16 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ a
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm0[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_layer_norm0[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&layer_norm0[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_attn_q_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_attn_q_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul1_acc[ii1][ii2] = r_matmul1_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul1_acc[ii1][ii2] = r_matmul1_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -173,7 +169,7 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -187,7 +183,7 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p1(float* __restrict__ r
   reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_27a4fcb58858adb7a306_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -201,14 +197,14 @@ __device__ __forceinline__ void pf_27a4fcb58858adb7a306_p2(float* __restrict__ r
   reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_27a4fcb58858adb7a306(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(256) pf_fd1fe4a7c133665ac78e(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_27a4fcb58858adb7a306_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_fd1fe4a7c133665ac78e_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_27a4fcb58858adb7a306_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+    pf_fd1fe4a7c133665ac78e_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_27a4fcb58858adb7a306_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+    pf_fd1fe4a7c133665ac78e_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -279,19 +275,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_45873e0636f488f84241(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose4[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose8[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_transpose4[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_transpose8[1056];
   float r_matmul13_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -302,18 +298,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_45873e0636f488f84241(float*
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? transpose4[b0 * 256 + b1 * 128 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&transpose4[b0 * 256 + b1 * 128 + p0r * 16 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
-      s_transpose8[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? transpose8[b0 * 256 + b1 * 128 + ii3 * 8 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_transpose8[(b0 - b0) * 1056 + (b1 - b1) * 1056 + ((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&transpose8[b0 * 256 + b1 * 128 + (p1r + (8 * kt0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul13_acc[ii2][ii3] = r_matmul13_acc[ii2][ii3] + (s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose8[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+          r_matmul13_acc[ii2][ii3] = r_matmul13_acc[ii2][ii3] + (s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose8[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t3 + (32 * ii3)) - 0)]);
         }
       }
     }
@@ -367,19 +361,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_139497e17d5021753770(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_680855ea4ee90661330d(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_softmax16[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose12[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_softmax16[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_transpose12[1056];
   float r_matmul17_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -389,18 +383,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_680855ea4ee90661330d(float*
     }
   }
   if ((p0r <= 15)) {
-    s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 8) ? softmax16[b0 * 128 + b1 * 64 + p0r * 8 + p0c] : 0.0f;
+    *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int ii3 = p1r; (ii3 <= 7); ii3 += 2) {
-    s_transpose12[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose12[b0 * 256 + b1 * 128 + ii3 * 16 + p1c] : 0.0f;
-  }
+  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + b1 * 128 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul17_acc[ii2][ii3] = r_matmul17_acc[ii2][ii3] + (s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose12[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul17_acc[ii2][ii3] = r_matmul17_acc[ii2][ii3] + (s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -440,18 +432,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8abbc401e300b36c1f6b(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape19[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_o_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_reshape19[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_o_w[1056];
   float r_matmul20_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -462,18 +454,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_8abbc401e300b36c1f6b(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape19[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? reshape19[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_reshape19[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&reshape19[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_o_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_attn_o_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_attn_o_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul20_acc[ii1][ii2] = r_matmul20_acc[ii1][ii2] + (s_reshape19[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul20_acc[ii1][ii2] = r_matmul20_acc[ii1][ii2] + (s_reshape19[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -520,18 +510,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_350c33f401f6e7f0bba1(float*
   layer_norm23[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm23_centered * r_layer_norm23_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4a526c05c7a5537eb800(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_5571fc3e2c95cadf8392(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm23[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_mlp_fc1_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm23[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_mlp_fc1_w[1056];
   float r_matmul24_acc[2][4];
   float r_matmul24;
   float r_add25;
@@ -544,18 +534,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_4a526c05c7a5537eb800(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm23[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? layer_norm23[b0 * 256 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_layer_norm23[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&layer_norm23[b0 * 256 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block0_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[(p1r + (8 * kt0)) * 64 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_layer_norm23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_layer_norm23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -572,18 +560,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_4a526c05c7a5537eb800(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu26[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_mlp_fc2_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_gelu26[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_mlp_fc2_w[1056];
   float r_matmul27_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -594,18 +582,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_1130e5011f6946d9248d(float*
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu26[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 8) ? gelu26[b0 * 512 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_gelu26[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&gelu26[b0 * 512 + p0r * 64 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc2_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_mlp_fc2_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul27_acc[ii1][ii2] = r_matmul27_acc[ii1][ii2] + (s_gelu26[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul27_acc[ii1][ii2] = r_matmul27_acc[ii1][ii2] + (s_gelu26[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }

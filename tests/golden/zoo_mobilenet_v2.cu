@@ -178,15 +178,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float*
   conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7abc6d322cf3cbbfc450(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_59fa2e8f3447ffa8f108(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_minimum7[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_minimum7[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_project_w[128];
@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_7abc6d322cf3cbbfc450(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_minimum7[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? minimum7[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_minimum7[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&minimum7[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -218,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_7abc6d322cf3cbbfc450(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d8_acc[ii0][ii2] = r_conv2d8_acc[ii0][ii2] + (s_minimum7[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d8_acc[ii0][ii2] = r_conv2d8_acc[ii0][ii2] + (s_minimum7[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -264,15 +264,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_6222dcc8e5f5a6d9dd92(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bdc7850be218b1c5a2fa(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_3d7b981a96bb4bf385be(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_add10[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_add10[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_expand_w[128];
@@ -287,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_bdc7850be218b1c5a2fa(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_add10[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? add10[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_add10[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&add10[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -304,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_bdc7850be218b1c5a2fa(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d11_acc[ii0][ii2] = r_conv2d11_acc[ii0][ii2] + (s_add10[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d11_acc[ii0][ii2] = r_conv2d11_acc[ii0][ii2] + (s_add10[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -398,15 +398,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_58f6a457e5a2f8a7d99a(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_a2976e43962b771a72c3(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_minimum18[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_minimum18[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_project_w[128];
@@ -421,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_58f6a457e5a2f8a7d99a(float*
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_minimum18[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? minimum18[0 * 256 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+        *reinterpret_cast<float4*>(&s_minimum18[(0 - 0) * 1056 + (ii0 - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&minimum18[0 * 256 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
     if ((p1r == 0)) {
@@ -437,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_58f6a457e5a2f8a7d99a(float*
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (s_minimum18[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (s_minimum18[(0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -505,16 +505,16 @@ extern "C" __global__ void __launch_bounds__(24) pf_a63ab2e6b57ebcafa0bd(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f6c5c7a8e5d631aaf9f5(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_96553171f61a4c27fb7f(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_batch_norm20[1548];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_batch_norm20[1584];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block1_expand_w[192];
@@ -529,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f6c5c7a8e5d631aaf9f5(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-      s_batch_norm20[(0 - 0) * 1548 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? batch_norm20[0 * 192 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_batch_norm20[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&batch_norm20[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -546,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f6c5c7a8e5d631aaf9f5(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d21_acc[ii0][ii2] = r_conv2d21_acc[ii0][ii2] + (s_batch_norm20[(0 - 0) * 1548 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d21_acc[ii0][ii2] = r_conv2d21_acc[ii0][ii2] + (s_batch_norm20[(0 - 0) * 1584 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -595,15 +595,15 @@ extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float*
   conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_56fc009942ba4752377a(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_0dc84b0eb7c5c6d6ab27(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_minimum28[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_minimum28[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block1_project_w[128];
@@ -618,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_56fc009942ba4752377a(float*
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
     if ((p0r == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_minimum28[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? minimum28[0 * 384 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+        *reinterpret_cast<float4*>(&s_minimum28[(0 - 0) * 1056 + (ii0 - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&minimum28[0 * 384 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
     if ((p1r == 0)) {
@@ -634,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_56fc009942ba4752377a(float*
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (s_minimum28[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (s_minimum28[(0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_project_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -663,15 +663,15 @@ extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float*
   add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_076ce63b3a733d802322(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_45246f0a555cb0a08209(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_add31[1548];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_add31[1584];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_last_w[192];
@@ -686,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_076ce63b3a733d802322(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-      s_add31[(0 - 0) * 1548 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? add31[0 * 192 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_add31[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&add31[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -703,7 +703,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_076ce63b3a733d802322(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d32_acc[ii0][ii2] = r_conv2d32_acc[ii0][ii2] + (s_add31[(0 - 0) * 1548 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d32_acc[ii0][ii2] = r_conv2d32_acc[ii0][ii2] + (s_add31[(0 - 0) * 1584 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }

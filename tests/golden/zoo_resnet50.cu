@@ -183,15 +183,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_9dbe401d1bd69fce66fe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_910f48feac1ed8a7e8c0(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_43252563aefdd11f398a(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_max_pool2d3[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_max_pool2d3[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_a_w[128];
@@ -206,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_910f48feac1ed8a7e8c0(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_max_pool2d3[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -223,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_910f48feac1ed8a7e8c0(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -309,15 +309,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_71b7e533b5c209b659b9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4ceaafdbd23ab3cb5eca(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_8eed4fb1b280eeef786a(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_relu9[516];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_relu9[528];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_c_w[64];
@@ -332,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4ceaafdbd23ab3cb5eca(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      s_relu9[(0 - 0) * 516 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu9[0 * 256 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_relu9[(0 - 0) * 528 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu9[0 * 256 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -349,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4ceaafdbd23ab3cb5eca(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (s_relu9[(0 - 0) * 516 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (s_relu9[(0 - 0) * 528 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -363,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4ceaafdbd23ab3cb5eca(float*
   }
 }
 
-__device__ __forceinline__ void pf_21c26a41453f714dddcb_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -377,7 +377,7 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_21c26a41453f714dddcb_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -385,7 +385,7 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p1(float* __restrict__ b
   batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_21c26a41453f714dddcb_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -393,7 +393,7 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p2(float* __restrict__ b
   batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_21c26a41453f714dddcb_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -401,7 +401,7 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p3(float* __restrict__ b
   batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_21c26a41453f714dddcb_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -409,15 +409,15 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p4(float* __restrict__ b
   batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_21c26a41453f714dddcb_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_max_pool2d3[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_max_pool2d3[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_proj_w[128];
@@ -432,7 +432,7 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p5(float* __restrict__ c
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_max_pool2d3[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -449,7 +449,7 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p5(float* __restrict__ c
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }
@@ -463,25 +463,25 @@ __device__ __forceinline__ void pf_21c26a41453f714dddcb_p5(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_21c26a41453f714dddcb(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_07461120f94d92dc6c8e(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
     const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_21c26a41453f714dddcb_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_07461120f94d92dc6c8e_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 2) {  // k13_batch_norm13_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_21c26a41453f714dddcb_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_07461120f94d92dc6c8e_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 3) {  // k16_batch_norm17_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_21c26a41453f714dddcb_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_07461120f94d92dc6c8e_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 4) {  // k19_batch_norm20_scale: 1 blocks of 8
     const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_21c26a41453f714dddcb_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_07461120f94d92dc6c8e_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 5) {  // k24_batch_norm25_scale: 1 blocks of 32
     const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_21c26a41453f714dddcb_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_07461120f94d92dc6c8e_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 13) {  // k12_conv2d12: 8 blocks of 256
-    pf_21c26a41453f714dddcb_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+    pf_07461120f94d92dc6c8e_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
   }
 }
 
@@ -501,15 +501,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float*
   relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_883c33c9b350d9275308(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_9eb77a4cc1c88dcc0350(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_relu15[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_relu15[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_a_w[128];
@@ -524,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_883c33c9b350d9275308(float*
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r == 0)) {
       for (int ii0 = (8 * kt0); (ii0 <= ((8 * kt0) + 7)); ii0 += 1) {
-        s_relu15[(0 - 0) * 1032 + (ii0 - (8 * kt0)) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 8) ? relu15[0 * 1024 + ii0 * 64 + b1 * 8 + p0c] : 0.0f;
+        *reinterpret_cast<float4*>(&s_relu15[(0 - 0) * 1056 + (ii0 - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu15[0 * 1024 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
     if ((p1r == 0)) {
@@ -540,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_883c33c9b350d9275308(float*
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (s_relu15[(0 - 0) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (s_relu15[(0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
         }
       }
     }
@@ -641,16 +641,16 @@ extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float*
   relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_606c2e5cca2d3a69a9b1(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_cf38ef519df31fc856ce(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 128;
-  const int p0c = threadIdx.x % 128;
-  __shared__ float s_relu21[1032];
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_relu21[1056];
   const int p1r = threadIdx.x / 1;
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_c_w[128];
@@ -665,7 +665,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_606c2e5cca2d3a69a9b1(float*
   if ((p0r == 0)) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      s_relu21[(0 - 0) * 1032 + (ii0 - 0) * 129 + (b1 - b1) * 129 + (p0c - 0)] = (p0c >= 0 && p0c < 4) ? relu21[0 * 128 + ii0 * 16 + b1 * 4 + p0c] : 0.0f;
+      *reinterpret_cast<float4*>(&s_relu21[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[0 * 128 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   if ((p1r == 0)) {
@@ -682,7 +682,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_606c2e5cca2d3a69a9b1(float*
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (s_relu21[(0 - 0) * 1032 + (kk0 - 0) * 129 + ((b1 + 0) - b1) * 129 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (s_relu21[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
       }
     }
   }

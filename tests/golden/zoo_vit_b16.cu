@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -55,10 +55,10 @@ __device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p0(float* __restrict__ c
   const int t1 = _t;
   const int p0r = threadIdx.x / 64;
   const int p0c = threadIdx.x % 64;
-  __shared__ float s_image[6168];
-  const int p1r = threadIdx.x / 8;
-  const int p1c = threadIdx.x % 8;
-  __shared__ float s_patch_embed_w[3072];
+  __shared__ __align__(16) float s_image[6240];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_patch_embed_w[3072];
   float r_conv2d0_conv_acc[2][4];
   float r_conv2d0_conv;
   #pragma unroll
@@ -70,14 +70,14 @@ __device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p0(float* __restrict__ c
   }
   for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
     for (int kk2 = (8 * b2); (kk2 <= ((8 * b2) + 7)); kk2 += 1) {
-      for (int ii1 = p0c; (ii1 <= 255); ii1 += 64) {
-        s_image[(b0 - b0) * 6168 + (kk1 - 0) * 2056 + (kk2 - (8 * b2)) * 257 + (ii1 - 0)] = (ii1 >= 0 && ii1 < 16) ? image[b0 * 768 + kk1 * 256 + kk2 * 16 + ii1] : 0.0f;
-      }
+      *reinterpret_cast<float4*>(&s_image[(b0 - b0) * 6240 + (kk1 - 0) * 2080 + (kk2 - (8 * b2)) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&image[b0 * 768 + kk1 * 256 + kk2 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  for (int kk0 = (16 * b1); (kk0 <= ((16 * b1) + 15)); kk0 += 1) {
-    for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-      s_patch_embed_w[(kk0 - (16 * b1)) * 192 + (kk1 - 0) * 64 + (p1r - 0) * 8 + (p1c - 0)] = patch_embed_w[kk0 * 192 + kk1 * 64 + p1r * 8 + p1c];
+  if ((p1r <= 7)) {
+    for (int kk0 = (16 * b1); (kk0 <= ((16 * b1) + 15)); kk0 += 1) {
+      for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+        *reinterpret_cast<float4*>(&s_patch_embed_w[(kk0 - (16 * b1)) * 192 + (kk1 - 0) * 64 + (p1r - 0) * 8 + ((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&patch_embed_w[kk0 * 192 + kk1 * 64 + p1r * 8 + (4 * p1c)]);
+      }
     }
   }
   __syncthreads();
@@ -88,7 +88,7 @@ __device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p0(float* __restrict__ c
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d0_conv_acc[ii1][ii3] = r_conv2d0_conv_acc[ii1][ii3] + (s_image[(b0 - b0) * 6168 + (kk0 - 0) * 2056 + (((b2 * 8) + kk1) - (8 * b2)) * 257 + ((((t3 + (8 * ii3)) * 8) + kk2) - 0)] * s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)]);
+            r_conv2d0_conv_acc[ii1][ii3] = r_conv2d0_conv_acc[ii1][ii3] + (s_image[(b0 - b0) * 6240 + (kk0 - 0) * 2080 + (((b2 * 8) + kk1) - (8 * b2)) * 260 + ((((t3 + (8 * ii3)) * 8) + kk2) - 0)] * s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)]);
           }
         }
       }
@@ -105,7 +105,7 @@ __device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p0(float* __restrict__ c
   }
 }
 
-__device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -115,12 +115,12 @@ __device__ __forceinline__ void pf_b5060a9828c04f8ffa64_p1(float* __restrict__ c
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_b5060a9828c04f8ffa64(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(64) pf_6940e2f579f3171ce7c5(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
   if (pf_b < 8) {  // k0_conv2d0_conv: 8 blocks of 64
-    pf_b5060a9828c04f8ffa64_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+    pf_6940e2f579f3171ce7c5_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
-    pf_b5060a9828c04f8ffa64_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+    pf_6940e2f579f3171ce7c5_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
   }
 }
 
@@ -192,18 +192,18 @@ extern "C" __global__ void __launch_bounds__(128) pf_76dfb8f07c228d6cc28b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fdc378856d0d94e1166d(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_f73724497642ebd394a3(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm5[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_q_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm5[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_q_w[1056];
   float r_matmul6_acc[2][4];
   float r_matmul6;
   #pragma unroll
@@ -215,18 +215,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_fdc378856d0d94e1166d(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm5[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_layer_norm5[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 5) ? *reinterpret_cast<const float4*>(&layer_norm5[b0 * 160 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_q_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_q_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_attn_q_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_attn_q_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul6_acc[ii1][ii2] = r_matmul6_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul6_acc[ii1][ii2] = r_matmul6_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -346,16 +344,16 @@ extern "C" __global__ void __launch_bounds__(160) pf_5915842c76f5dd2b2d92(float*
   transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ac98171425a3b507d465(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(256) pf_af47fdc34161a0b3d3b5(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_transpose9[128];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_transpose9[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_transpose13[1032];
@@ -369,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ac98171425a3b507d465(float*
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_transpose9[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? transpose9[b0 * 160 + b1 * 80 + p0r * 16 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_transpose9[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 5) ? *reinterpret_cast<const float4*>(&transpose9[b0 * 160 + b1 * 80 + p0r * 16 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     for (int ii3 = (p1r + (8 * kt0)); (ii3 <= ((8 * kt0) + 7)); ii3 += 2) {
       s_transpose13[(b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose13[b0 * 160 + b1 * 80 + ii3 * 5 + p1c] : 0.0f;
@@ -434,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ef3e8ed005f6a761b073(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256) pf_bb0c926c7f7f74fd057b(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -444,9 +442,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_ef3e8ed005f6a761b073(float*
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
   __shared__ float s_softmax20[80];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose17[645];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_transpose17[660];
   float r_matmul21_acc[2][4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -458,8 +456,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_ef3e8ed005f6a761b073(float*
   if (((p0r <= 15) && (p0c <= 4))) {
     s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax20[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
   }
-  for (int ii3 = p1r; (ii3 <= 4); ii3 += 2) {
-    s_transpose17[(b0 - b0) * 645 + (b1 - b1) * 645 + (ii3 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 16) ? transpose17[b0 * 160 + b1 * 80 + ii3 * 16 + p1c] : 0.0f;
+  if ((p1r <= 4)) {
+    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + b1 * 80 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
@@ -467,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ef3e8ed005f6a761b073(float*
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul21_acc[ii2][ii3] = r_matmul21_acc[ii2][ii3] + (s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose17[(b0 - b0) * 645 + (b1 - b1) * 645 + (kk0 - 0) * 129 + ((t3 + (32 * ii3)) - 0)]);
+        r_matmul21_acc[ii2][ii3] = r_matmul21_acc[ii2][ii3] + (s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (kk0 - 0) * 132 + ((t3 + (32 * ii3)) - 0)]);
       }
     }
   }
@@ -507,18 +505,18 @@ extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float*
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2791aa6c651b1db3f55a(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_e56c2a5b134fb89bd534(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape23[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_attn_o_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_reshape23[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_o_w[1056];
   float r_matmul24_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -529,18 +527,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_2791aa6c651b1db3f55a(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape23[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? reshape23[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_reshape23[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 5) ? *reinterpret_cast<const float4*>(&reshape23[b0 * 160 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_attn_o_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_attn_o_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_attn_o_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_attn_o_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_reshape23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_reshape23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -589,18 +585,18 @@ extern "C" __global__ void __launch_bounds__(128) pf_e1ef57d9b3d08d8031e6(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_20b460e5ac8e6da9db3f(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_109efdc1026d8af7d1b2(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_layer_norm27[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_mlp_fc1_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm27[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_mlp_fc1_w[1056];
   float r_matmul28_acc[2][4];
   float r_matmul28;
   float r_add29;
@@ -613,18 +609,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_20b460e5ac8e6da9db3f(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_layer_norm27[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? layer_norm27[b0 * 160 + p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_layer_norm27[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 5) ? *reinterpret_cast<const float4*>(&layer_norm27[b0 * 160 + p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_mlp_fc1_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 64) ? block0_mlp_fc1_w[kk0 * 64 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[(p1r + (8 * kt0)) * 64 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul28_acc[ii1][ii2] = r_matmul28_acc[ii1][ii2] + (s_layer_norm27[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul28_acc[ii1][ii2] = r_matmul28_acc[ii1][ii2] + (s_layer_norm27[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -641,18 +635,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_20b460e5ac8e6da9db3f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_db854838757106ca16bd(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_09153113d92d4b7e7f83(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_gelu30[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_block0_mlp_fc2_w[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_gelu30[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_mlp_fc2_w[1056];
   float r_matmul31_acc[2][4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -663,18 +657,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_db854838757106ca16bd(float*
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_gelu30[(b0 - b0) * 128 + (p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 5) ? gelu30[b0 * 320 + p0r * 64 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_gelu30[(b0 - b0) * 128 + (p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 5) ? *reinterpret_cast<const float4*>(&gelu30[b0 * 320 + p0r * 64 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
-      s_block0_mlp_fc2_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? block0_mlp_fc2_w[kk0 * 32 + p1c] : 0.0f;
-    }
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc2_w[((p1r + (8 * kt0)) - (8 * kt0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&block0_mlp_fc2_w[(p1r + (8 * kt0)) * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul31_acc[ii1][ii2] = r_matmul31_acc[ii1][ii2] + (s_gelu30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t2 + (32 * ii2)) - 0)]);
+          r_matmul31_acc[ii1][ii2] = r_matmul31_acc[ii1][ii2] + (s_gelu30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
         }
       }
     }
@@ -735,13 +727,13 @@ extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* 
   reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_900adee768ad5344a1b0(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_ddd6515bd0931f56fe80(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_reshape65[128];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_reshape65[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_head_w[1032];
@@ -756,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_900adee768ad5344a1b0(float*
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
     if ((p0r <= 15)) {
-      s_reshape65[(p0r - 0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))] = (p0r >= 0 && p0r < 2) ? reshape65[p0r * 32 + (p0c + (8 * kt0))] : 0.0f;
+      *reinterpret_cast<float4*>(&s_reshape65[(p0r - 0) * 8 + (((4 * p0c) + (8 * kt0)) - (8 * kt0))]) = (p0r >= 0 && p0r < 2) ? *reinterpret_cast<const float4*>(&reshape65[p0r * 32 + ((4 * p0c) + (8 * kt0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     for (int kk0 = (p1r + (8 * kt0)); (kk0 <= ((8 * kt0) + 7)); kk0 += 2) {
       s_head_w[(kk0 - (8 * kt0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 10) ? head_w[kk0 * 10 + p1c] : 0.0f;
