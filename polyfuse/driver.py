@@ -24,10 +24,12 @@ import numpy as np
 from polyfuse.cache import (
     KERNEL_FIELDS,
     SCHEDULE_FIELDS,
+    TUNE_FIELDS,
     CompileCache,
     kernel_entry,
     kernel_from_entry,
     rename,
+    tune_key,
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
@@ -187,11 +189,13 @@ def compile(  # noqa: A001
     canonical: dict[str, str] = {}
     for i, g in enumerate(groups):
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
-        key = structural_key(graph, prims, f"{salt}|kernel")
+        tuned = _tuned(cache, graph, g, prims, arch)
+        ksalt = f"{salt}|kernel" + (f"|tuned {tuned['tile']}" if tuned else "")
+        key = structural_key(graph, prims, ksalt)
         kname = f"k{i}_{prims[0]}"
         entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
-            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
+            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned)
             entry = kernel_entry(kernel, kp, key)
             cache.put(key.digest, entry)
             asts[kname] = ast
@@ -282,13 +286,34 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     return sm
 
 
-def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: MappingConfig):
-    """The register/shared-tiled kernel of a GEMM-like micrograph, or None (not GEMM-like)."""
+def _tuned(cache: CompileCache, graph, g, prims: list[str], arch: str) -> dict | None:
+    """The tiling ``polyfuse tune`` stored for this kernel group's micrograph, if any (only
+    single micrographs with a reduction can be GEMM-like)."""
+    if len(g.parts) != 1 or not any(s.role == "update" for s in g.parts[0].model.statements):
+        return None
+    return cache.peek(tune_key(graph, prims, arch, CODEGEN_REVISION), TUNE_FIELDS)
+
+
+def _generate_gemm(
+    sm: ScheduledMicrograph, kname: str, device, graph, cfg: MappingConfig, tuned=None
+):
+    """The register/shared-tiled kernel of a GEMM-like micrograph, or None (not GEMM-like).
+
+    ``tuned``: the winner ``polyfuse tune`` measured (a cache entry), used instead of the
+    cost model's ranking (``MappingConfig.gemm_tile`` still wins over it).
+    """
     shape = detect_gemm(sm)
     if isinstance(shape, str):
         return None
     rejected: list[str] = []
-    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
+    forced, why = cfg.gemm_tile, "tile sizes forced by MappingConfig.gemm_tile"
+    if forced is None and tuned is not None:
+        forced = tuple(tuned["tile"])
+        why = (
+            f"tuned on {tuned['device']}: {tuned['measured_us']:.1f} us vs modelled best "
+            f"{tuned['modelled_best_us']:.1f} us (polyfuse tune); tile sizes"
+        )
+    for tiling in rank_gemm_tiles(shape, device, forced, forced_reason=why):
         gk = build_gemm_kernel(sm, shape, tiling)
         if isinstance(gk, str):
             return None
@@ -316,7 +341,7 @@ def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: Mapp
     return kernel, kp, gk, ast
 
 
-def _generate(graph, g, kname: str, device, cfg: MappingConfig):
+def _generate(graph, g, kname: str, device, cfg: MappingConfig, tuned=None):
     """Lay out, place, generate and print one kernel group (a cache miss)."""
     mm = ensure_layout(graph, g)
     if mm is not None:
@@ -341,7 +366,7 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig):
     else:
         recomputes = []
         (sm,) = g.parts
-        gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
+        gemm = _generate_gemm(sm, kname, device, graph, cfg, tuned) if cfg.gemm else None
         if gemm is not None:
             return gemm
         mm = map_to_gpu(sm, cfg)
