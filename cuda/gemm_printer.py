@@ -4,8 +4,8 @@ isl generates the loop AST from the tiled schedule map (:func:`generate_gemm_ast
 lowering passes (:func:`polyfuse.cuda.lower.lower_gemm_kernel`) make its shared tiles, copies,
 barriers and register micro-tile explicit in the kernel IR, and
 :func:`polyfuse.cuda.printer.emit_kernel` prints it. :class:`GemmBodyPrinter` only reads the IR:
-reads listed in a :class:`KTile` index the shared buffer, register arrays are indexed by their
-micro-tile loop variables.
+reads listed in a :class:`KTile` index the shared buffer, stores listed in a :class:`KStage`
+go to their register run, register arrays are indexed by their micro-tile loop variables.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class GemmBodyPrinter(BodyPrinter):
             for a in ir.allocs
             if a.space is MemSpace.REGISTER and a.shape
         }
+        self.staged = {t.tensor: t for t in ir.staged}
         self.current = ""  # the statement being printed
 
     def statement(self, s: Statement, args: list[str], ident: str) -> str:
@@ -59,6 +60,9 @@ class GemmBodyPrinter(BodyPrinter):
         return super().statement(s, args, ident)
 
     def tensor_ref(self, ident, shape, idx, store=False):
+        st = self.staged.get(ident)
+        if store and st is not None and self.current in st.stmts:
+            return f"{st.buffer}[{st.var}]"
         if f"r_{ident}" in self.arrays:
             return f"r_{ident}{self.arrays[f'r_{ident}']}"
         t = self.tiles.get(ident)

@@ -165,6 +165,30 @@ class KTile:
 
 
 @dataclass(frozen=True)
+class KStage:
+    """Stores of ``tensor`` by the statements ``stmts`` go to the register array ``buffer``
+    at index ``var`` (one vector's elements); a :class:`KVectorStore` writes it out."""
+
+    tensor: str
+    buffer: str
+    var: str
+    stmts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KVectorStore(KNode):
+    """``dst[dst_index .. + width) = src[0 .. width)`` as one aligned vector store (``src`` a
+    register array), where ``guard`` holds; ``dst_shape``: the global array's shape."""
+
+    dst: str
+    dst_index: tuple[KExpr, ...]
+    dst_shape: tuple[int, ...]
+    src: str
+    width: int
+    guard: KExpr | None = None
+
+
+@dataclass(frozen=True)
 class KThreadGrid:
     """The block's threads as ``rows x cols`` for the copies into ``buffer``:
     ``row = threadIdx.x / cols``, ``col = threadIdx.x % cols``."""
@@ -264,6 +288,7 @@ class KernelIR:
     reduction: bool = False  # a stitched reduction kernel (parts marked ``part:<name>``)
     dynamic_smem_bytes: int = 0
     tiles: tuple[KTile, ...] = ()  # promoted reads (shared tiles of global operands)
+    staged: tuple[KStage, ...] = ()  # stores staged in registers for vector stores
     thread_grids: tuple[KThreadGrid, ...] = ()  # copy distributions, by buffer
 
     @property
@@ -339,6 +364,15 @@ class Kernel:
         return head + "\n" + "\n".join(_fmt(self.body, 1))
 
 
+def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
+    """``e`` with variable ``var`` replaced by ``value``."""
+    if isinstance(e, KVar):
+        return value if e.name == var else e
+    if isinstance(e, KOp):
+        return KOp(e.op, tuple(substitute(a, var, value) for a in e.args))
+    return e
+
+
 def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
     """A copy of ``n`` whose child lists went through ``walk`` (a node without children as is):
     the one place a pass's tree walk needs to know which nodes nest."""
@@ -389,6 +423,10 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
             out.append(f"{pad}async_copy[{n.group}] {_copy(n)}")
         elif isinstance(n, KCopy):
             out.append(f"{pad}copy {_copy(n)}")
+        elif isinstance(n, KVectorStore):
+            guard = f" if {n.guard}" if n.guard is not None else ""
+            idx = ", ".join(map(str, n.dst_index))
+            out.append(f"{pad}vector_store {n.dst}[{idx}]x{n.width} = {n.src}{guard}")
         elif isinstance(n, KWait):
             out.append(f"{pad}wait pending<={n.pending}")
         elif isinstance(n, KMma):

@@ -5,7 +5,8 @@ combine (:mod:`polyfuse.cuda.lower_combines`), barriers between stitched parts
 (:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`).
 GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
 (:mod:`polyfuse.cuda.lower_promotions`), barrier statements, the register micro-tile
-(:mod:`polyfuse.cuda.lower_register_tile`), element types.
+(:mod:`polyfuse.cuda.lower_register_tile`), vector stores of the epilogue
+(:mod:`polyfuse.cuda.lower_vector_stores`), element types.
 This module only translates the poly stage's objects into the passes' plain inputs (isl
 bounds become kernel-AST expressions here); :func:`polyfuse.cuda.printer.emit_kernel` then
 writes the final IR as text.
@@ -24,13 +25,15 @@ from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
 from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
 from polyfuse.cuda.lower_register_tile import lower_register_tile
+from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.poly.compose import ReductionKernel
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.promote import SYNC_AFTER, SYNC_BEFORE, GemmKernel
+from polyfuse.poly.promote import SYNC_AFTER, SYNC_BEFORE, VECTOR_VAR, GemmKernel
+from polyfuse.poly.vectorize import VECTOR_WIDTH
 
 INT_LIMIT = 2**31 - 1
 
@@ -152,9 +155,10 @@ def lower_gemm_kernel(
         body=tuple(lower_sync_statements(list(ir.body), frozenset((SYNC_BEFORE, SYNC_AFTER))))
     )
     acc = f"r_{gk.shape.update.prim}_acc"
-    regs = [r for r in gk.tiling.regs if r > 1]
     bounds = {s: [hi for _, hi in b] for s, b in gk.guards.items()}
-    ir = lower_register_tile(ir, acc, regs, gk.reg_iters, bounds)
+    ir = lower_register_tile(ir, acc, gk.reg_shape, gk.reg_iters, bounds)
+    shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
+    ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
     ir = assign_dtypes(ir)
     return emit_kernel(
         ir, model.statements, as_global, idents, GemmBodyPrinter(ir, as_global, idents)

@@ -29,6 +29,7 @@ from polyfuse.cuda.kernel_ast import (
     KStmt,
     KThreadGrid,
     KVar,
+    KVectorStore,
     MemSpace,
     Scope,
 )
@@ -341,6 +342,13 @@ class _Emitter:
                 out.append(pad + text)
             elif isinstance(n, KCopy):
                 out.append(pad + self.copy(n))
+            elif isinstance(n, KVectorStore):
+                dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
+                vals = ", ".join(f"{n.src}[{i}]" for i in range(n.width))
+                text = f"*reinterpret_cast<float{n.width}*>(&{dst}) = make_float{n.width}({vals});"
+                if n.guard is not None:
+                    text = f"if ({c_cond(n.guard)}) {{ {text} }}"
+                out.append(pad + text)
             else:
                 raise TypeError(f"the CUDA printer has no rule for {type(n).__name__}")
         return out

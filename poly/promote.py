@@ -26,10 +26,11 @@ from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import GemmShape, GemmTiling
-from polyfuse.poly.vectorize import prove_vector_copy
+from polyfuse.poly.vectorize import VECTOR_WIDTH, prove_vector_copy
 
 SYNC_BEFORE = "Sync_load"  # barrier statement: copies done before the micro-tile reads them
 SYNC_AFTER = "Sync_use"  # barrier statement: reads done before the next k-tile's copies
+VECTOR_VAR = "iv"  # the micro-tile loop over one vector's elements (vectorised stores)
 
 
 @dataclass
@@ -66,6 +67,9 @@ class GemmKernel(MappedMicrograph):
     reg_iters: list[str] = field(default_factory=list)  # loop vars indexing the micro-tile
     guards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # epilogue bounds
     tile_context: isl.Set | None = None  # ranges of b* and kt* (for the boxes' lower bounds)
+    reg_shape: list[int] = field(default_factory=list)  # the accumulator array's shape
+    #: epilogue statements whose global stores are whole vectors (loop ``VECTOR_VAR``)
+    vector_stores: dict[str, str] = field(default_factory=dict)  # statement -> tensor
 
 
 def _ints(names: list[str]) -> str:
@@ -128,6 +132,12 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         f"{lo} <= {r} < {lo + k * t}"
         for r, (lo, _), k, t in zip(rs, shape.red, KT, TK, strict=True)
     ]
+    # Vector stores: each thread's columns in runs of VECTOR_WIDTH (blocked, not cyclic) when
+    # isl proves every run of every output the epilogue stores aligned and within or wholly
+    # outside the array.
+    vector_stores, store_why = _vector_stores(shape, model, B, R[-1], bs, bused)
+    vw = VECTOR_WIDTH if vector_stores else 1
+    Rv = [r // vw if i == nd - 1 else r for i, r in enumerate(R)]
     # (terms of size-1 thread or register extents are left out: fewer isl variables)
     on_thread = [
         f"{d} = {lo} + {b} * {bb}"
@@ -137,6 +147,17 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
             ds, shape.data, B, bs, ts, T, iis, R, strict=True
         )
     ]
+    if vw > 1:  # d = lo + B b + vw t + iv + vw T ii: a thread's runs of vw columns
+        d, (lo, _), b, bb = ds[-1], shape.data[-1], B[-1], bs[-1]
+        t, tt, ii, rr = ts[-1], T[-1], iis[-1], Rv[-1]
+        on_thread[-1] = (
+            f"{d} = {lo} + {b} * {bb}"
+            + (f" + {vw} * {t}" if tt > 1 else "")
+            + f" + {VECTOR_VAR}"
+            + (f" + {vw * tt} * {ii}" if rr > 1 else "")
+            + f" and 0 <= {VECTOR_VAR} < {vw}"
+            + (f" and 0 <= {ii} < {rr}" if rr > 1 else "")
+        )
     on_ktile = [
         f"{r} = {lo} + {k} * {kt} + {kk} and 0 <= {kk} < {k}"
         for r, (lo, _), k, kt, kk in zip(rs, shape.red, TK, kts, kks, strict=True)
@@ -265,7 +286,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
 
     # Tiled schedule: isl's band composed with the tiling map (fixed width W).
     # Only register dims (R > 1) get a micro-tile loop in the schedule.
-    regs = [ii for ii, r in zip(iis, R, strict=True) if r > 1]
+    regs = [ii for ii, r in zip(iis, Rv, strict=True) if r > 1] + ([VECTOR_VAR] * (vw > 1))
     tail_n = max([nr + len(regs) + 1] + [n for _, _, n in copy_doms])
     tail_names = kks + regs + ["pos"] + [f"x{i}" for i in range(tail_n - nr - len(regs) - 1)]
     iterators = kts + ["ph", "sub"] + tail_names
@@ -340,7 +361,9 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         for s in shape.epilogue
     }
     reg_iters = regs
+    reg_shape = [r for r in Rv if r > 1] + ([vw] * (vw > 1))
     notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
+    notes.append(store_why)
     notes.append(
         f"epilogue on the register tile before the single store: "
         f"{', '.join(s.prim for s in shape.epilogue)}"
@@ -363,6 +386,56 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         reg_iters=reg_iters,
         guards=guards,
         tile_context=ranges,
+        reg_shape=reg_shape,
+        vector_stores=vector_stores,
+    )
+
+
+def _vector_stores(
+    shape: GemmShape, model, B, regs_n: int, bs, bused
+) -> tuple[dict[str, str], str]:
+    """The epilogue statements whose stores may be whole vectors (all or none), and why:
+    ``regs_n`` (each thread's columns) must be a multiple of the vector width."""
+    ctx = model.ctx
+    nd = len(shape.data)
+    if regs_n % VECTOR_WIDTH:
+        return {}, f"epilogue stores scalar: {regs_n} columns per thread"
+    storing = [
+        s
+        for s in shape.epilogue
+        if model.tensors[s.write.get_tuple_name(isl.dim_type.out)].role == "output"
+    ]
+    if not storing:
+        return {}, "epilogue stores: none to global memory"
+    out: dict[str, str] = {}
+    ds = [f"d{i}" for i in range(nd)]
+    bnames = [b for b, _ in bused]
+    for s in storing:
+        name = s.write.get_tuple_name(isl.dim_type.out)
+        tshape = tuple(model.tensors[name].shape)
+        ident = isl.Map(
+            f"{{ {s.name}[{_ints(ds)}] -> {name}[{_ints(ds)}] }}", context=ctx
+        ).intersect_domain(s.domain)
+        if len(tshape) != nd or not s.write.is_equal(ident):
+            return {}, f"epilogue stores scalar: {name} is not stored at the data coordinates"
+        lo = [f"{lo} + {b} * {bb}" for (lo, _), b, bb in zip(shape.data, B, bs, strict=True)]
+        ranges = " and ".join([f"0 <= {b} < {g}" for b, g in bused] + ["0 = 0"])
+        cons = " and ".join(
+            f"{lo_i} <= {d} < {lo_i} + {b}" for d, lo_i, b in zip(ds, lo, B, strict=True)
+        )
+        box = isl.Set(
+            f"[{_ints(bnames)}] -> {{ {name}[{_ints(ds)}] : {cons} and {ranges} }}", context=ctx
+        )
+        # Each thread's runs start VECTOR_WIDTH apart from the tile's first column.
+        proof = prove_vector_copy(box, lo, list(B), tshape)
+        if proof.width == 1:
+            why = proof.reason.removeprefix("scalar copy: ")
+            return {}, f"epilogue stores scalar: {name}: {why}"
+        out[s.name] = name
+    return out, (
+        f"epilogue stores {', '.join(sorted(set(out.values())))} as {VECTOR_WIDTH * 32}-bit "
+        f"vectors: each thread owns runs of {VECTOR_WIDTH} columns; isl proves every run "
+        f"16-byte aligned and never straddling the array's edge"
     )
 
 

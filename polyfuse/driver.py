@@ -73,9 +73,9 @@ from polyfuse.version import __version__
 MAX_FEEDBACK_ROUNDS = 64
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
 # max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
-# shared memory; 4: 128-bit vector copies into the shared tiles), so kernels cached by an older
-# compiler miss.
-CODEGEN_REVISION = 4
+# shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores),
+# so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 5
 
 
 def _check_constants(

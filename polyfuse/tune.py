@@ -236,7 +236,7 @@ def _open_gpu(runtime: str | None, say: Callable[[str], None]):
 
 
 def _format(t: Tuned, arch: str) -> str:
-    head = f"{t.micrograph} ({arch})"  # the micrograph name, e.g. mg0
+    head = f"{t.micrograph} ({arch})"
     if t.device:
         head += f": tuned on {t.device}, winner candidate {t.winner + 1} stored"
     else:

@@ -7,6 +7,7 @@ and on the emulator at sizes that are not tile multiples, in order and in the ra
 
 from __future__ import annotations
 
+import math
 import re
 
 import islpy as isl
@@ -20,6 +21,8 @@ from polyfuse.poly.vectorize import prove_vector_copy
 
 ORDERS = (False, "reverse", "random")
 V4_LOAD = re.compile(r"ld\.global(?:\.nc)?\.v4\.\w+")
+V4_STORE = re.compile(r"st\.global\.v4\.\w+")
+VECTOR_STORE = "*reinterpret_cast<float4*>(&matmul"
 
 
 def _fp(text: str) -> isl.Set:
@@ -88,6 +91,7 @@ def test_4096_matmul_copies_both_operands_as_float4():
     assert _vector_copied(src, "a") and _vector_copied(src, "w")
     assert "__shared__ __align__(16) float s_a[" in src
     assert "__shared__ __align__(16) float s_w[" in src
+    assert VECTOR_STORE in src  # the register tile's runs of 4 columns
     assert any("isl proves every start 16-byte aligned" in n for n in fn.kernels[0].notes)
 
 
@@ -97,6 +101,7 @@ def test_4096_matmul_ptx_has_vector_loads_for_both_operands():
     ptx = compile_cuda(fn.cuda_source, "sm_80", output="ptx").ptx
     assert len(V4_LOAD.findall(ptx)) >= 2, sorted(set(re.findall(r"ld\.global\S*", ptx)))
     assert not re.search(r"ld\.global(?:\.nc)?\.f32", ptx)  # no scalar global load left
+    assert V4_STORE.search(ptx) and not re.search(r"st\.global\.f32", ptx)  # epilogue
     for arch in ("sm_80", "sm_90"):
         for res in fn.check_cuda(arch).resources.values():
             assert res.spill_stores == 0 and res.spill_loads == 0, res
@@ -124,10 +129,51 @@ def test_vector_copies_correct_at_partial_tiles(shape):
     fn, src = _matmul(m, k, n)
     assert _vector_copied(src, "a") and _vector_copied(src, "w")
     assert "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" in src  # whole vectors outside: zeros
+    assert VECTOR_STORE in src  # N a multiple of 4: runs never straddle the edge
     rng = np.random.default_rng(2)
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32)
     want = a.astype(np.float64) @ w
     for order in ORDERS:
         got = fn(a, w, device="emulate", race_check=order)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"order {order}")
+
+
+def test_epilogue_scalar_where_rows_misaligned_and_correct():
+    # N = 66: output rows are not 16-byte aligned; bias + GELU epilogue stores stay scalar.
+    m, k, n = 40, 64, 66
+    a, w, b = (
+        te.placeholder((m, k), name="a"),
+        te.placeholder((k, n), name="w"),
+        te.placeholder((n,), name="b"),
+    )
+    fn = polyfuse.compile([a, w, b], [ops.gelu(ops.add(ops.matmul(a, w), b))], check_cuda=False)
+    (kern,) = fn.kernels
+    assert "*reinterpret_cast<float4*>(&gelu" not in kern.source
+    assert any(n.startswith("epilogue stores scalar") for n in kern.notes)
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (n,))]
+    x = arrays[0].astype(np.float64) @ arrays[1] + arrays[2]
+    want = 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    for order in ORDERS:
+        got = fn(*arrays, device="emulate", race_check=order)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"order {order}")
+
+
+def test_epilogue_vector_store_with_bias_gelu_partial_tiles():
+    m, k, n = 37, 24, 72
+    a, w, b = (
+        te.placeholder((m, k), name="a"),
+        te.placeholder((k, n), name="w"),
+        te.placeholder((n,), name="b"),
+    )
+    fn = polyfuse.compile([a, w, b], [ops.gelu(ops.add(ops.matmul(a, w), b))], check_cuda=False)
+    (kern,) = fn.kernels
+    assert "*reinterpret_cast<float4*>(&gelu" in kern.source
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n), (n,))]
+    x = arrays[0].astype(np.float64) @ arrays[1] + arrays[2]
+    want = 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    for order in ORDERS:
+        got = fn(*arrays, device="emulate", race_check=order)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"order {order}")

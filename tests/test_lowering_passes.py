@@ -224,3 +224,32 @@ def test_lower_promotions_vector_copy_aligned_and_printed_as_float4():
     assert "__shared__ __align__(16) float s_a[128];" in src
     assert "*reinterpret_cast<float4*>(&s_a[" in src
     assert "= *reinterpret_cast<const float4*>(&a[p0r * 40 + (p0c + (8 * kt0))]);" in src
+
+
+def test_lower_vector_stores_stage_runs_then_one_vector_store():
+    from polyfuse.cuda.kernel_ast import KStage, KVectorStore
+    from polyfuse.cuda.lower_vector_stores import lower_vector_stores
+
+    col = KOp("+", (KOp("*", (KInt(4), KVar("t0"))), KVar("iv")))
+    guard = KOp("<=", (col, KInt(9)))
+    run = KFor(
+        "iv", KInt(0), KOp("<=", (KVar("iv"), KInt(3))), 1, [KStmt("E", (KVar("r"), col), guard)]
+    )
+    other = KFor("iv", KVar("p0"), KOp("<=", (KVar("iv"), KInt(9))), 2, [KStmt("C", ())])
+    before = KernelIR("k", (), (("t0", 4),), (other, run), ("mg",))
+    after = lower_vector_stores(before, "iv", 4, {"E": "y"}, {"y": (3, 12)})
+    assert before.staged == () and len(before.body) == 2
+    assert after.staged == (KStage("y", "r_y_v", "iv", frozenset({"E"})),)
+    assert after.allocs[-1] == KAlloc("r_y_v", MemSpace.REGISTER, "", (4,))
+    first = KOp("+", (KOp("*", (KInt(4), KVar("t0"))), KInt(0)))
+    assert after.body[2] == KVectorStore(
+        "y", (KVar("r"), first), (3, 12), "r_y_v", 4, KOp("<=", (first, KInt(9)))
+    )
+    assert len(after.body) == 3  # the other loop named iv (a copy) gets no store
+    src = _printed(after.with_(body=(after.body[2],)))
+    want = "if (((4 * t0) + 0) <= 9) { *reinterpret_cast<float4*>(&y[r * 12 + ((4 * t0) + 0)])"
+    assert want in src and "make_float4(r_y_v[0], r_y_v[1], r_y_v[2], r_y_v[3]);" in src
+
+
+def _printed(ir: KernelIR) -> str:
+    return emit_kernel(assign_dtypes(ir), [], {}, {}).source
