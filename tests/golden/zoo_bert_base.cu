@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_b0057a57e1a9e9417ab5(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -59,11 +59,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float*
   __shared__ __align__(16) float s_layer0_attn_k_w[1056];
   float r_matmul4_acc[2][4];
   float r_matmul4;
+  float r_add1_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul4_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul4_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -76,8 +77,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul4_acc[ii1][ii2] = r_matmul4_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -86,14 +87,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul4 = r_matmul4_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul4 + layer0_attn_k_bias[(t2 + (32 * ii2))]); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul4 = r_matmul4_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add1_v[iv] = (r_matmul4 + layer0_attn_k_bias[((4 * t2) + iv)]); }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add1_v[0], r_add1_v[1], r_add1_v[2], r_add1_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f2ce42e22da7aeb8d818_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -107,11 +109,12 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ a
   __shared__ __align__(16) float s_layer0_attn_q_w[1056];
   float r_matmul0_acc[2][4];
   float r_matmul0;
+  float r_add1_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul0_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul0_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -124,8 +127,8 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ a
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul0_acc[ii1][ii2] = r_matmul0_acc[ii1][ii2] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (s_embeddings[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -134,14 +137,15 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ a
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul0 = r_matmul0_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add1[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul0 + layer0_attn_q_bias[(t2 + (32 * ii2))]); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul0 = r_matmul0_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add1_v[iv] = (r_matmul0 + layer0_attn_q_bias[((4 * t2) + iv)]); }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add1[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add1_v[0], r_add1_v[1], r_add1_v[2], r_add1_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f2ce42e22da7aeb8d818_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -155,7 +159,7 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p1(float* __restrict__ r
   reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f2ce42e22da7aeb8d818_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -169,14 +173,14 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p2(float* __restrict__ r
   reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fd1fe4a7c133665ac78e(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(256) pf_f2ce42e22da7aeb8d818(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_fd1fe4a7c133665ac78e_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_f2ce42e22da7aeb8d818_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_fd1fe4a7c133665ac78e_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+    pf_f2ce42e22da7aeb8d818_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_fd1fe4a7c133665ac78e_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+    pf_f2ce42e22da7aeb8d818_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -247,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256) pf_e69514ecacb7a2bf56d0(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -261,11 +265,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose7[1056];
   float r_matmul12_acc[2][4];
+  float r_matmul12_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul12_acc[ii2][ii3] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul12_acc[ii2][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
@@ -278,8 +283,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float*
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul12_acc[ii2][ii3] = r_matmul12_acc[ii2][ii3] + (s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose7[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t3 + (32 * ii3)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (s_transpose3[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose7[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)]);
         }
       }
     }
@@ -288,9 +293,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float*
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul12[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul12_acc[ii2][ii3]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 7) { r_matmul12_v[iv] = r_matmul12_acc[ii2][iv]; }
     }
+    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul12[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul12_v[0], r_matmul12_v[1], r_matmul12_v[2], r_matmul12_v[3]); }
   }
 }
 
@@ -331,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_e22e7d57d39040f2c31f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256) pf_cd160953bc90769f3f69(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -345,11 +351,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose11[1056];
   float r_matmul15_acc[2][4];
+  float r_matmul15_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul15_acc[ii2][ii3] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul15_acc[ii2][iv] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
@@ -361,8 +368,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float*
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul15_acc[ii2][ii3] = r_matmul15_acc[ii2][ii3] + (s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + ((t3 + (32 * ii3)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul15_acc[ii2][iv] = r_matmul15_acc[ii2][iv] + (s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)]);
       }
     }
   }
@@ -370,9 +377,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float*
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul15[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul15_acc[ii2][ii3]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 15) { r_matmul15_v[iv] = r_matmul15_acc[ii2][iv]; }
     }
+    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul15[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + ((4 * t3) + 0)]) = make_float4(r_matmul15_v[0], r_matmul15_v[1], r_matmul15_v[2], r_matmul15_v[3]); }
   }
 }
 
@@ -402,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_7e1fc12afb0782307365(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -415,11 +423,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_layer0_attn_o_w[1056];
   float r_matmul18_acc[2][4];
+  float r_matmul18_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul18_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul18_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -432,8 +441,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul18_acc[ii1][ii2] = r_matmul18_acc[ii1][ii2] + (s_reshape17[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (s_reshape17[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -442,9 +451,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul18[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul18_acc[ii1][ii2]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul18_v[iv] = r_matmul18_acc[ii1][iv]; }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul18[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
   }
 }
 
@@ -480,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9f1951ba172864235fb1(float*
   layer_norm21[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm21_centered * r_layer_norm21_rstd) * layer0_ln1_gamma[l0]) + layer0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4a5e08a6fb2648a8724a(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_27eb22a39d219e3de28c(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -495,11 +505,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_4a5e08a6fb2648a8724a(float*
   float r_matmul22_acc[2][4];
   float r_matmul22;
   float r_add23;
+  float r_gelu24_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul22_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul22_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -512,8 +523,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_4a5e08a6fb2648a8724a(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul22_acc[ii1][ii2] = r_matmul22_acc[ii1][ii2] + (s_layer_norm21[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (s_layer_norm21[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -522,15 +533,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_4a5e08a6fb2648a8724a(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul22 = r_matmul22_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu24[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.7071067811865475f)))); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_matmul22 = r_matmul22_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu24_v[iv] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.7071067811865475f)))); }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu24[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu24_v[0], r_gelu24_v[1], r_gelu24_v[2], r_gelu24_v[3]); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_0064cb5a2c614cf782f9(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -543,11 +555,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_layer0_ffn_fc2_w[1056];
   float r_matmul25_acc[2][4];
+  float r_matmul25_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul25_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul25_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
@@ -560,8 +573,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul25_acc[ii1][ii2] = r_matmul25_acc[ii1][ii2] + (s_gelu24[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (s_gelu24[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -570,8 +583,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul25[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul25_acc[ii1][ii2]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul25_v[iv] = r_matmul25_acc[ii1][iv]; }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul25[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul25_v[0], r_matmul25_v[1], r_matmul25_v[2], r_matmul25_v[3]); }
   }
 }

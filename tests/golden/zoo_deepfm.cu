@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* 
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e45dac44cfb74e235da5(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_694ffca15a79aa4497b4(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -158,11 +158,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_e45dac44cfb74e235da5(float*
   float r_matmul9_acc[2][4];
   float r_matmul9;
   float r_add10;
+  float r_relu11_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul9_acc[ii0][ii1] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul9_acc[ii0][iv] = 0.0f;
     }
   }
   if (((p0r <= 15) && (p0c <= 2))) {
@@ -176,8 +177,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_e45dac44cfb74e235da5(float*
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul9_acc[ii0][ii1] = r_matmul9_acc[ii0][ii1] + (s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + ((t1 + (32 * ii1)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
       }
     }
   }
@@ -185,11 +186,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_e45dac44cfb74e235da5(float*
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul9 = r_matmul9_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add10 = (r_matmul9 + deep0_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu11[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add10, 0.0f); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_matmul9 = r_matmul9_acc[ii0][iv]; }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_add10 = (r_matmul9 + deep0_bias[((4 * t1) + iv)]); }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_relu11_v[iv] = pf_fmaxf(r_add10, 0.0f); }
     }
+    if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu11[(t0 + (8 * ii0)) * 8 + ((4 * t1) + 0)]) = make_float4(r_relu11_v[0], r_relu11_v[1], r_relu11_v[2], r_relu11_v[3]); }
   }
 }
 

@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c932b582c037985a499c(float*
   layer_norm0[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm0_centered * r_layer_norm0_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_fd3d6c4d2b0dd8c52289(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -87,11 +87,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float*
   __shared__ __align__(16) float s_block0_attn_k_w[1056];
   float r_matmul5_acc[2][4];
   float r_matmul5;
+  float r_add2_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul5_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul5_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -104,8 +105,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul5_acc[ii1][ii2] = r_matmul5_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -114,14 +115,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c3a6f4b18b454de6ff5(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul5 = r_matmul5_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul5 + block0_attn_k_bias[(t2 + (32 * ii2))]); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul5 = r_matmul5_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add2_v[iv] = (r_matmul5 + block0_attn_k_bias[((4 * t2) + iv)]); }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add2_v[0], r_add2_v[1], r_add2_v[2], r_add2_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4fac32e6d50c5c09c3f3_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -135,11 +137,12 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ a
   __shared__ __align__(16) float s_block0_attn_q_w[1056];
   float r_matmul1_acc[2][4];
   float r_matmul1;
+  float r_add2_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul1_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul1_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -152,8 +155,8 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ a
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul1_acc[ii1][ii2] = r_matmul1_acc[ii1][ii2] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (s_layer_norm0[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -162,14 +165,15 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p0(float* __restrict__ a
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { r_matmul1 = r_matmul1_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { add2[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul1 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul1 = r_matmul1_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add2_v[iv] = (r_matmul1 + block0_attn_q_bias[((4 * t2) + iv)]); }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add2[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add2_v[0], r_add2_v[1], r_add2_v[2], r_add2_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4fac32e6d50c5c09c3f3_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -183,7 +187,7 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p1(float* __restrict__ r
   reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4fac32e6d50c5c09c3f3_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -197,14 +201,14 @@ __device__ __forceinline__ void pf_fd1fe4a7c133665ac78e_p2(float* __restrict__ r
   reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fd1fe4a7c133665ac78e(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(256) pf_4fac32e6d50c5c09c3f3(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_fd1fe4a7c133665ac78e_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_4fac32e6d50c5c09c3f3_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_fd1fe4a7c133665ac78e_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+    pf_4fac32e6d50c5c09c3f3_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_fd1fe4a7c133665ac78e_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+    pf_4fac32e6d50c5c09c3f3_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -275,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256) pf_3fe5ef122eefa3bb0784(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -289,11 +293,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose8[1056];
   float r_matmul13_acc[2][4];
+  float r_matmul13_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul13_acc[ii2][ii3] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul13_acc[ii2][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
@@ -306,8 +311,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float*
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul13_acc[ii2][ii3] = r_matmul13_acc[ii2][ii3] + (s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose8[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t3 + (32 * ii3)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (s_transpose4[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose8[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)]);
         }
       }
     }
@@ -316,9 +321,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_987c70e78591e120fc2f(float*
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 7) { matmul13[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + (t3 + (32 * ii3))] = r_matmul13_acc[ii2][ii3]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 7) { r_matmul13_v[iv] = r_matmul13_acc[ii2][iv]; }
     }
+    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul13[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul13_v[0], r_matmul13_v[1], r_matmul13_v[2], r_matmul13_v[3]); }
   }
 }
 
@@ -361,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_139497e17d5021753770(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256) pf_51f024362103d68cae45(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -375,11 +381,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose12[1056];
   float r_matmul17_acc[2][4];
+  float r_matmul17_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul17_acc[ii2][ii3] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul17_acc[ii2][iv] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
@@ -391,8 +398,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float*
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul17_acc[ii2][ii3] = r_matmul17_acc[ii2][ii3] + (s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + ((t3 + (32 * ii3)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul17_acc[ii2][iv] = r_matmul17_acc[ii2][iv] + (s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)]);
       }
     }
   }
@@ -400,9 +407,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_06afe260b33bb1e3eb91(float*
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && (t3 + (32 * ii3)) <= 15) { matmul17[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul17_acc[ii2][ii3]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 15) { r_matmul17_v[iv] = r_matmul17_acc[ii2][iv]; }
     }
+    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul17[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + ((4 * t3) + 0)]) = make_float4(r_matmul17_v[0], r_matmul17_v[1], r_matmul17_v[2], r_matmul17_v[3]); }
   }
 }
 
@@ -432,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_00579dc9374cb919243d(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -445,11 +453,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_attn_o_w[1056];
   float r_matmul20_acc[2][4];
+  float r_matmul20_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul20_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul20_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -462,8 +471,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul20_acc[ii1][ii2] = r_matmul20_acc[ii1][ii2] + (s_reshape19[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (s_reshape19[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -472,9 +481,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_c61e640dd9914fd06509(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul20[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul20_acc[ii1][ii2]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul20_v[iv] = r_matmul20_acc[ii1][iv]; }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul20[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul20_v[0], r_matmul20_v[1], r_matmul20_v[2], r_matmul20_v[3]); }
   }
 }
 
@@ -510,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_350c33f401f6e7f0bba1(float*
   layer_norm23[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm23_centered * r_layer_norm23_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5571fc3e2c95cadf8392(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_87ec6b2e65b1f9578eb1(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -525,11 +535,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_5571fc3e2c95cadf8392(float*
   float r_matmul24_acc[2][4];
   float r_matmul24;
   float r_add25;
+  float r_gelu26_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul24_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul24_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -542,8 +553,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_5571fc3e2c95cadf8392(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_layer_norm23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (s_layer_norm23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -552,15 +563,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_5571fc3e2c95cadf8392(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_matmul24 = r_matmul24_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 63) { gelu26[b0 * 512 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978845608028654f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_matmul24 = r_matmul24_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu26_v[iv] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978845608028654f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu26[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu26_v[0], r_gelu26_v[1], r_gelu26_v[2], r_gelu26_v[3]); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_e37492e695633ce542ba(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -573,11 +585,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_mlp_fc2_w[1056];
   float r_matmul27_acc[2][4];
+  float r_matmul27_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul27_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul27_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
@@ -590,8 +603,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul27_acc[ii1][ii2] = r_matmul27_acc[ii1][ii2] + (s_gelu26[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (s_gelu26[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -600,9 +613,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3ee2012086fd5d6765f(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && (t2 + (32 * ii2)) <= 31) { matmul27[b0 * 256 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul27_acc[ii1][ii2]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul27_v[iv] = r_matmul27_acc[ii1][iv]; }
     }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul27[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul27_v[0], r_matmul27_v[1], r_matmul27_v[2], r_matmul27_v[3]); }
   }
 }
 

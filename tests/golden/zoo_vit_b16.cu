@@ -192,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_76dfb8f07c228d6cc28b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f73724497642ebd394a3(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_43d8a8092a8e1ecd6674(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -206,11 +206,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_f73724497642ebd394a3(float*
   __shared__ __align__(16) float s_block0_attn_q_w[1056];
   float r_matmul6_acc[2][4];
   float r_matmul6;
+  float r_add7_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul6_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul6_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -223,8 +224,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_f73724497642ebd394a3(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul6_acc[ii1][ii2] = r_matmul6_acc[ii1][ii2] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (s_layer_norm5[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -233,10 +234,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_f73724497642ebd394a3(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { r_matmul6 = r_matmul6_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { add7[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = (r_matmul6 + block0_attn_q_bias[(t2 + (32 * ii2))]); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul6 = r_matmul6_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_add7_v[iv] = (r_matmul6 + block0_attn_q_bias[((4 * t2) + iv)]); }
     }
+    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add7[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add7_v[0], r_add7_v[1], r_add7_v[2], r_add7_v[3]); }
   }
 }
 
@@ -432,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bb0c926c7f7f74fd057b(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256) pf_865cf7994b4134e1ddde(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -446,11 +448,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_bb0c926c7f7f74fd057b(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose17[660];
   float r_matmul21_acc[2][4];
+  float r_matmul21_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul21_acc[ii2][ii3] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul21_acc[ii2][iv] = 0.0f;
     }
   }
   if (((p0r <= 15) && (p0c <= 4))) {
@@ -464,8 +467,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_bb0c926c7f7f74fd057b(float*
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_matmul21_acc[ii2][ii3] = r_matmul21_acc[ii2][ii3] + (s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (kk0 - 0) * 132 + ((t3 + (32 * ii3)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul21_acc[ii2][iv] = r_matmul21_acc[ii2][iv] + (s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)]);
       }
     }
   }
@@ -473,9 +476,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_bb0c926c7f7f74fd057b(float*
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 15) { matmul21[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + (t3 + (32 * ii3))] = r_matmul21_acc[ii2][ii3]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t2 + (8 * ii2)) <= 4 && ((4 * t3) + iv) <= 15) { r_matmul21_v[iv] = r_matmul21_acc[ii2][iv]; }
     }
+    if ((t2 + (8 * ii2)) <= 4 && ((4 * t3) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul21[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + ((4 * t3) + 0)]) = make_float4(r_matmul21_v[0], r_matmul21_v[1], r_matmul21_v[2], r_matmul21_v[3]); }
   }
 }
 
@@ -505,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float*
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e56c2a5b134fb89bd534(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_77b081d2dd02f9d899f8(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -518,11 +522,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_e56c2a5b134fb89bd534(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_attn_o_w[1056];
   float r_matmul24_acc[2][4];
+  float r_matmul24_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul24_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul24_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -535,8 +540,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_e56c2a5b134fb89bd534(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_reshape23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (s_reshape23[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -545,9 +550,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_e56c2a5b134fb89bd534(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul24[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul24_acc[ii1][ii2]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul24_v[iv] = r_matmul24_acc[ii1][iv]; }
     }
+    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul24[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul24_v[0], r_matmul24_v[1], r_matmul24_v[2], r_matmul24_v[3]); }
   }
 }
 
@@ -585,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_e1ef57d9b3d08d8031e6(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_109efdc1026d8af7d1b2(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_3dcaa34165376c9eddd2(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -600,11 +606,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_109efdc1026d8af7d1b2(float*
   float r_matmul28_acc[2][4];
   float r_matmul28;
   float r_add29;
+  float r_gelu30_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul28_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul28_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
@@ -617,8 +624,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_109efdc1026d8af7d1b2(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul28_acc[ii1][ii2] = r_matmul28_acc[ii1][ii2] + (s_layer_norm27[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (s_layer_norm27[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -627,15 +634,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_109efdc1026d8af7d1b2(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_matmul28 = r_matmul28_acc[ii1][ii2]; }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[(t2 + (32 * ii2))]); }
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 63) { gelu30[b0 * 320 + (t1 + (8 * ii1)) * 64 + (t2 + (32 * ii2))] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.7071067811865475f)))); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_matmul28 = r_matmul28_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_gelu30_v[iv] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.7071067811865475f)))); }
     }
+    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu30[b0 * 320 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu30_v[0], r_gelu30_v[1], r_gelu30_v[2], r_gelu30_v[3]); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_09153113d92d4b7e7f83(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_54f3ec406a8852d7dedc(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -648,11 +656,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_09153113d92d4b7e7f83(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_mlp_fc2_w[1056];
   float r_matmul31_acc[2][4];
+  float r_matmul31_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul31_acc[ii1][ii2] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul31_acc[ii1][iv] = 0.0f;
     }
   }
   for (int kt0 = 0; (kt0 <= 7); kt0 += 1) {
@@ -665,8 +674,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_09153113d92d4b7e7f83(float*
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_matmul31_acc[ii1][ii2] = r_matmul31_acc[ii1][ii2] + (s_gelu30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (s_gelu30[(b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
         }
       }
     }
@@ -675,9 +684,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_09153113d92d4b7e7f83(float*
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && (t2 + (32 * ii2)) <= 31) { matmul31[b0 * 160 + (t1 + (8 * ii1)) * 32 + (t2 + (32 * ii2))] = r_matmul31_acc[ii1][ii2]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul31_v[iv] = r_matmul31_acc[ii1][iv]; }
     }
+    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul31[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul31_v[0], r_matmul31_v[1], r_matmul31_v[2], r_matmul31_v[3]); }
   }
 }
 

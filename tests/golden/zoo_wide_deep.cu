@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6e4c1c72c32a5f490b45(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_0dec0dd08613981d1a99(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -95,11 +95,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_6e4c1c72c32a5f490b45(float*
   float r_matmul2_acc[2][4];
   float r_matmul2;
   float r_add3;
+  float r_relu4_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul2_acc[ii0][ii1] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul2_acc[ii0][iv] = 0.0f;
     }
   }
   if ((p0c <= 16)) {
@@ -115,8 +116,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_6e4c1c72c32a5f490b45(float*
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul2_acc[ii0][ii1] = r_matmul2_acc[ii0][ii1] + (s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + ((t1 + (32 * ii1)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul2_acc[ii0][iv] = r_matmul2_acc[ii0][iv] + (s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
       }
     }
   }
@@ -124,11 +125,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_6e4c1c72c32a5f490b45(float*
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul2 = r_matmul2_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add3 = (r_matmul2 + deep0_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu4[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add3, 0.0f); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_matmul2 = r_matmul2_acc[ii0][iv]; }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_add3 = (r_matmul2 + deep0_bias[((4 * t1) + iv)]); }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_relu4_v[iv] = pf_fmaxf(r_add3, 0.0f); }
     }
+    if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu4[(t0 + (8 * ii0)) * 8 + ((4 * t1) + 0)]) = make_float4(r_relu4_v[0], r_relu4_v[1], r_relu4_v[2], r_relu4_v[3]); }
   }
 }
 
