@@ -67,9 +67,14 @@ class GemmBodyPrinter(BodyPrinter):
             return f"r_{ident}{self.arrays[f'r_{ident}']}"
         t = self.tiles.get(ident)
         if t is not None and not store and self.current in t.stmts:
-            terms = [
+            strides = self.strides[ident]
+            stage = []
+            if t.stage is not None:  # a multi-stage buffer: the stage is its first dim
+                stage = [f"{c_index(t.stage)} * {strides[0]}"]
+                strides = strides[1:]
+            terms = stage + [
                 f"({i} - {lo})" + (f" * {st}" if st != 1 else "")
-                for i, lo, st in zip(idx, self.lo[ident], self.strides[ident], strict=True)
+                for i, lo, st in zip(idx, self.lo[ident], strides, strict=True)
             ]
             return f"{t.buffer}[{' + '.join(terms)}]"
         return super().tensor_ref(ident, shape, idx, store)

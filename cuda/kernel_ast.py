@@ -162,6 +162,7 @@ class KTile:
     buffer: str
     lo: tuple[KExpr, ...]
     stmts: frozenset[str]
+    stage: KExpr | None = None  # multi-stage buffer: the stage these reads use (first dim)
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,11 @@ class KAsyncCopy(KCopy):
     """A :class:`KCopy` issued asynchronously (``cp.async``) into commit group ``group``."""
 
     group: int = 0
+
+
+@dataclass(frozen=True)
+class KCommit(KNode):
+    """The asynchronous copies issued since the last commit form one group."""
 
 
 @dataclass(frozen=True)
@@ -427,6 +433,8 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
             guard = f" if {n.guard}" if n.guard is not None else ""
             idx = ", ".join(map(str, n.dst_index))
             out.append(f"{pad}vector_store {n.dst}[{idx}]x{n.width} = {n.src}{guard}")
+        elif isinstance(n, KCommit):
+            out.append(f"{pad}commit")
         elif isinstance(n, KWait):
             out.append(f"{pad}wait pending<={n.pending}")
         elif isinstance(n, KMma):

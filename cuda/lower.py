@@ -23,7 +23,7 @@ from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_s
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
-from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.printer import emit_kernel
@@ -32,7 +32,14 @@ from polyfuse.poly.compose import ReductionKernel
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.promote import SYNC_AFTER, SYNC_BEFORE, VECTOR_VAR, GemmKernel
+from polyfuse.poly.promote import (
+    COMMIT,
+    SYNC_AFTER,
+    SYNC_BEFORE,
+    VECTOR_VAR,
+    WAIT,
+    GemmKernel,
+)
 from polyfuse.poly.vectorize import VECTOR_WIDTH
 
 INT_LIMIT = 2**31 - 1
@@ -150,7 +157,11 @@ def lower_gemm_kernel(
     }
     ir = kernel_ir(name, gk, body)
     ir = alloc_buffers(ir, buffer_placements(gk, as_global), list(model.tensors))
-    ir = lower_promotions(ir, promoted_tiles(gk))
+    pipeline = None
+    if gk.stages > 1:
+        ktiles = tuple(v for v in gk.iterators if v.startswith("kt"))
+        pipeline = Pipeline(gk.stages, gk.pipelined, ktiles, COMMIT, WAIT)
+    ir = lower_promotions(ir, promoted_tiles(gk), pipeline)
     ir = ir.with_(
         body=tuple(lower_sync_statements(list(ir.body), frozenset((SYNC_BEFORE, SYNC_AFTER))))
     )

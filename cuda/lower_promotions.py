@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
+    KAsyncCopy,
+    KCommit,
     KCopy,
     KernelIR,
     KExpr,
@@ -25,8 +27,11 @@ from polyfuse.cuda.kernel_ast import (
     KStmt,
     KThreadGrid,
     KTile,
+    KVar,
+    KWait,
     MemSpace,
     map_children,
+    substitute,
 )
 
 VECTOR_BYTES = 16  # a vector-copied tile is aligned to one 128-bit vector
@@ -51,8 +56,25 @@ def shared_name(tensor: str) -> str:
     return f"s_{tensor}"
 
 
-def lower_promotions(ir: KernelIR, tiles: Sequence[PromotedTile]) -> KernelIR:
-    """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`."""
+@dataclass(frozen=True)
+class Pipeline:
+    """Multi-stage tiles: ``stages`` buffers alternate over k-tile loop ``loop`` (``ktiles``:
+    all k-tile loop variables, leading each copy's coordinates); instances of ``commit`` and
+    ``wait`` become :class:`KCommit` and :class:`KWait` (all but the newest group landed)."""
+
+    stages: int
+    loop: str
+    ktiles: tuple[str, ...]
+    commit: str
+    wait: str
+
+
+def lower_promotions(
+    ir: KernelIR, tiles: Sequence[PromotedTile], pipeline: Pipeline | None = None
+) -> KernelIR:
+    """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`
+    (with ``pipeline``: ``stages`` buffers per tile, filled by :class:`KAsyncCopy`)."""
+    stages = pipeline.stages if pipeline else 1
     allocs = list(ir.allocs)
     first_reg = next((i for i, a in enumerate(allocs) if a.space is MemSpace.REGISTER), len(allocs))
     new = [
@@ -60,33 +82,46 @@ def lower_promotions(ir: KernelIR, tiles: Sequence[PromotedTile]) -> KernelIR:
             shared_name(t.tensor),
             MemSpace.SHARED,
             "",
-            t.shape,
+            ((stages,) if stages > 1 else ()) + t.shape,
             align=VECTOR_BYTES if t.width > 1 else 0,
         )
         for t in tiles
     ]
     allocs[first_reg:first_reg] = new
     grids = tuple(KThreadGrid(shared_name(t.tensor), *t.grid) for t in tiles)
-    records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers) for t in tiles)
+    stage = KOp("%", (KVar(pipeline.loop), KInt(stages))) if pipeline else None
+    records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, stage) for t in tiles)
     by_stmt = {t.copy_stmt: t for t in tiles}
 
     def copy(n: KStmt, t: PromotedTile) -> KCopy:
-        es = n.args[len(n.args) - len(t.shape) :]  # the k-tiles lead the copy's coordinates
+        nk = len(n.args) - len(t.shape)  # the k-tiles lead the copy's coordinates
+        es = n.args[nk:]
+        lo = t.lo
+        if pipeline:  # the copied k-tile is the copy's own, not the loop's (one ahead)
+            for kt, arg in zip(pipeline.ktiles, n.args[:nk], strict=True):
+                lo = tuple(substitute(x, kt, arg) for x in lo)
         conds: list[KExpr] = []
         for e, size, chk in zip(es, t.global_shape, t.bounds_check, strict=True):
             if chk:
                 conds += [KOp(">=", (e, KInt(0))), KOp("<", (e, KInt(size)))]
         guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
-        dst = tuple(KOp("-", (e, lo)) for e, lo in zip(es, t.lo, strict=True))
-        return KCopy(
-            shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape, t.width
-        )
+        dst = tuple(KOp("-", (e, b)) for e, b in zip(es, lo, strict=True))
+        args = (shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape)
+        if not pipeline:
+            return KCopy(*args, t.width)
+        kt = n.args[pipeline.ktiles.index(pipeline.loop)]
+        dst = (KOp("%", (kt, KInt(stages))),) + dst
+        return KAsyncCopy(args[0], dst, *args[2:], t.width)
 
     def walk(nodes) -> list[KNode]:
         out: list[KNode] = []
         for n in nodes:
             if isinstance(n, KStmt) and n.stmt in by_stmt:
                 out.append(copy(n, by_stmt[n.stmt]))
+            elif pipeline and isinstance(n, KStmt) and n.stmt == pipeline.commit:
+                out.append(KCommit())
+            elif pipeline and isinstance(n, KStmt) and n.stmt == pipeline.wait:
+                out.append(KWait(1))
             else:
                 out.append(map_children(n, walk))
         return out

@@ -15,7 +15,9 @@ import math
 
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
+    KAsyncCopy,
     KBarrier,
+    KCommit,
     KCopy,
     KDef,
     Kernel,
@@ -30,6 +32,7 @@ from polyfuse.cuda.kernel_ast import (
     KThreadGrid,
     KVar,
     KVectorStore,
+    KWait,
     MemSpace,
     Scope,
 )
@@ -113,6 +116,13 @@ _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 _BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
 DYNAMIC_POOL = "pf_smem"  # the dynamic shared memory that allocations with an offset slice
+PIPELINE_HEADER = "#include <cuda_pipeline.h>\n"  # __pipeline_memcpy_async (cp.async)
+
+
+def prelude_for(body: str) -> str:
+    """The prelude a translation unit with kernels ``body`` needs (the cp.async primitives'
+    header only where a kernel copies asynchronously)."""
+    return (PIPELINE_HEADER if "__pipeline_memcpy_async" in body else "") + PRELUDE
 
 
 def c_float(v: float) -> str:
@@ -156,14 +166,19 @@ def c_cond(e: KExpr) -> str:
 
 def c_linear(name: str, idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
     """``name[i0 * s0 + ... + in]``: a row-major element of an array of shape ``dims``."""
+    return f"{name}[{c_offset(idx, dims)}]"
+
+
+def c_offset(idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
+    """``i0 * s0 + ... + in``: the row-major offset of an element of an array ``dims``."""
     if not dims:
-        return f"{name}[0]"
+        return "0"
     terms, stride = [], 1
     for d in reversed(range(len(dims))):
         i = idx[d]
         terms.append(i if stride == 1 else f"{i} * {stride}")
         stride *= dims[d]
-    return f"{name}[{' + '.join(reversed(terms))}]"
+    return " + ".join(reversed(terms))
 
 
 class BodyPrinter:
@@ -293,6 +308,20 @@ class _Emitter:
         self.emit_stmt = emit_stmt
         self.buffers = buffers
 
+    def async_copy(self, n: KAsyncCopy) -> str:
+        """``cp.async`` of ``4 * width`` bytes; outside the guard nothing is read (the source
+        address stays in the array) and the bytes are zero-filled."""
+        dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
+        off = c_offset([c_index(i) for i in n.src_index], n.src_shape)
+        size = 4 * n.width
+        if n.guard is None:
+            return f"__pipeline_memcpy_async(&{dst}, &{n.src}[{off}], {size});"
+        cond = c_cond(n.guard)
+        return (
+            f"__pipeline_memcpy_async(&{dst}, &{n.src}[({cond}) ? {off} : 0], {size}, "
+            f"({cond}) ? 0 : {size});"
+        )
+
     def copy(self, n: KCopy) -> str:
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
         src = c_linear(n.src, [c_index(i) for i in n.src_index], n.src_shape)
@@ -340,8 +369,14 @@ class _Emitter:
                 if n.guard is not None:
                     text = f"if ({c_cond(n.guard)}) {{ {text} }}"
                 out.append(pad + text)
+            elif isinstance(n, KAsyncCopy):
+                out.append(pad + self.async_copy(n))
             elif isinstance(n, KCopy):
                 out.append(pad + self.copy(n))
+            elif isinstance(n, KCommit):
+                out.append(f"{pad}__pipeline_commit();")
+            elif isinstance(n, KWait):
+                out.append(f"{pad}__pipeline_wait_prior({n.pending});")
             elif isinstance(n, KVectorStore):
                 dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
                 vals = ", ".join(f"{n.src}[{i}]" for i in range(n.width))

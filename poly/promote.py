@@ -30,6 +30,18 @@ from polyfuse.poly.vectorize import VECTOR_WIDTH, prove_vector_copy
 
 SYNC_BEFORE = "Sync_load"  # barrier statement: copies done before the micro-tile reads them
 SYNC_AFTER = "Sync_use"  # barrier statement: reads done before the next k-tile's copies
+COMMIT = "Cp_commit"  # pipelined: the copies issued for one k-tile form one async group
+WAIT = "Cp_wait"  # pipelined: all groups but the newest (the next k-tile's) have landed
+#: shared-tile stages when pipelined: k-tile kt+1 is copied (cp.async) while kt is used
+PIPELINE_STAGES = 2
+CP_ASYNC_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")  # cp.async exists from sm_80 on
+
+
+def pipeline_stages(arch: str) -> int:
+    """Shared-tile stages on ``arch``: double buffering where cp.async exists."""
+    return PIPELINE_STAGES if arch in CP_ASYNC_ARCHS else 1
+
+
 VECTOR_VAR = "iv"  # the micro-tile loop over one vector's elements (vectorised stores)
 
 
@@ -68,6 +80,8 @@ class GemmKernel(MappedMicrograph):
     guards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # epilogue bounds
     tile_context: isl.Set | None = None  # ranges of b* and kt* (for the boxes' lower bounds)
     reg_shape: list[int] = field(default_factory=list)  # the accumulator array's shape
+    stages: int = 1  # shared-tile stages (2: double-buffered, cp.async)
+    pipelined: str = ""  # the k-tile loop the stages alternate over
     #: epilogue statements whose global stores are whole vectors (loop ``VECTOR_VAR``)
     vector_stores: dict[str, str] = field(default_factory=dict)  # statement -> tensor
 
@@ -102,8 +116,14 @@ def _pow2_ceil(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
-def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling):
-    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string)."""
+def build_gemm_kernel(
+    sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling, stages: int = 1
+):
+    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string).
+
+    ``stages`` 2 double-buffers the shared tiles when exactly one k-tile loop has more than
+    one iteration: the copies of k-tile kt+1 are issued asynchronously during k-tile kt.
+    """
     model = sm.model
     ctx = model.ctx
     nd, nr = len(shape.data), len(shape.red)
@@ -307,6 +327,11 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         )
         return isl.UnionMap.from_map(tmap)
 
+    multi = [j for j, n in enumerate(KT) if n > 1]
+    if stages > 1 and (len(multi) != 1 or not copy_doms):
+        stages = 1  # nothing to overlap, or k-tiles over several loops
+    # Pipelined, the first k-tile's copies run at k-tile -1: the init runs before them.
+    first = "-2" if stages > 1 else "-1"
     up = tiled(
         shape.update,
         f"{_ints(kts)}, 2, 0, {tailv(kks + regs)}",
@@ -317,7 +342,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     umap = umap.union(
         tiled(
             shape.init,
-            f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
+            f"{_ints([first] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
             on_thread,
             dpad,
         )
@@ -331,13 +356,30 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 dpad,
             )
         )
+    at = list(kts)  # where the copies of k-tile kts run: one k-tile early when pipelined
+    if stages > 1:
+        at[multi[0]] = f"{kts[multi[0]]} - 1"
     for sub, (cstmt, cdom, n) in enumerate(copy_doms):
         es = [f"e{i}" for i in range(n)]
         cm = isl.Map(
-            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(kts)}, 0, {sub}, {tailv(es)}] }}",
+            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(at)}, 0, {sub}, {tailv(es)}] }}",
             context=ctx,
         ).intersect_domain(cdom)
         umap = umap.union(isl.UnionMap.from_map(cm))
+    if stages > 1:  # one async group per k-tile (the last one empty), then wait for kt's
+        j = multi[0]
+        for sub, sname, first in ((len(copy_doms), COMMIT, -1), (len(copy_doms) + 1, WAIT, 0)):
+            kdom = " and ".join(
+                f"{first if i == j else 0} <= {k} < {n}"
+                for i, (k, n) in enumerate(zip(kts, KT, strict=True))
+            )
+            umap = umap.union(
+                isl.UnionMap(
+                    f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, 0, {sub}, {tailv([])}] : "
+                    f"{kdom} }}",
+                    context=ctx,
+                )
+            )
     for ph, sname in ((1, SYNC_BEFORE), (3, SYNC_AFTER)):
         kdom = " and ".join(f"0 <= {k} < {n}" for k, n in zip(kts, KT, strict=True))
         umap = umap.union(
@@ -364,6 +406,12 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     reg_shape = [r for r in Rv if r > 1] + ([vw] * (vw > 1))
     notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
     notes.append(store_why)
+    if stages > 1:
+        notes.append(
+            f"shared tiles double-buffered over k-tile loop {kts[multi[0]]}: k-tile kt+1 is "
+            f"copied with cp.async while kt is used (2 stages, "
+            f"{2 * 4 * sum(p.floats for p in promotions)} B)"
+        )
     notes.append(
         f"epilogue on the register tile before the single store: "
         f"{', '.join(s.prim for s in shape.epilogue)}"
@@ -388,6 +436,8 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         tile_context=ranges,
         reg_shape=reg_shape,
         vector_stores=vector_stores,
+        stages=stages,
+        pipelined=kts[multi[0]] if stages > 1 else "",
     )
 
 

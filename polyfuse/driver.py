@@ -39,7 +39,7 @@ from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel
 from polyfuse.cuda.pack import canonical_pack, pack_parts
-from polyfuse.cuda.printer import PRELUDE
+from polyfuse.cuda.printer import prelude_for
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
@@ -54,7 +54,7 @@ from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
 from polyfuse.poly.model import build_model
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
-from polyfuse.poly.promote import build_gemm_kernel, gemm_placements
+from polyfuse.poly.promote import build_gemm_kernel, gemm_placements, pipeline_stages
 from polyfuse.poly.schedule import (
     DEFAULT_BUDGET,
     Feedback,
@@ -73,9 +73,10 @@ from polyfuse.version import __version__
 MAX_FEEDBACK_ROUNDS = 64
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
 # max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
-# shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores),
+# shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores;
+# 6: double-buffered shared tiles with cp.async on sm_80+),
 # so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 5
+CODEGEN_REVISION = 6
 
 
 def _check_constants(
@@ -226,7 +227,8 @@ def compile(  # noqa: A001
             functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
         else:
             functions.own(k)
-    source = PRELUDE + "\n" + functions.source()
+    body = functions.source()
+    source = prelude_for(body) + "\n" + body
     times["pack"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)
@@ -314,10 +316,10 @@ def _generate_gemm(
             f"{tuned['modelled_best_us']:.1f} us (polyfuse tune); tile sizes"
         )
     for tiling in rank_gemm_tiles(shape, device, forced, forced_reason=why):
-        gk = build_gemm_kernel(sm, shape, tiling)
+        gk = gemm_kernel_fitting(sm, shape, tiling, device)
         if isinstance(gk, str):
             return None
-        smem = 4 * sum(p.floats for p in gk.promotions)
+        smem = 4 * sum(p.floats for p in gk.promotions) * gk.stages
         if smem <= device.smem_per_block:
             break
         tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
@@ -339,6 +341,18 @@ def _generate_gemm(
     kernel.bytes_read = sum(fp.reads.values())
     kernel.bytes_written = sum(fp.writes.values())
     return kernel, kp, gk, ast
+
+
+def gemm_kernel_fitting(sm, shape, tiling, device):
+    """The GEMM kernel of ``tiling``, double-buffered where cp.async exists and both stages
+    fit the static shared memory, else single-buffered (or why not GEMM-like, a string)."""
+    stages = pipeline_stages(device.arch)
+    gk = build_gemm_kernel(sm, shape, tiling, stages)
+    if isinstance(gk, str) or gk.stages == 1:
+        return gk
+    if 4 * sum(p.floats for p in gk.promotions) * gk.stages <= device.smem_per_block:
+        return gk
+    return build_gemm_kernel(sm, shape, tiling, 1)
 
 
 def _generate(graph, g, kname: str, device, cfg: MappingConfig, tuned=None):

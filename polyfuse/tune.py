@@ -24,11 +24,11 @@ import polyfuse
 from polyfuse.cache import CompileCache, tune_key
 from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel
-from polyfuse.cuda.printer import PRELUDE
-from polyfuse.driver import CODEGEN_REVISION, SUPPORTED_ARCHS
+from polyfuse.cuda.printer import prelude_for
+from polyfuse.driver import CODEGEN_REVISION, SUPPORTED_ARCHS, gemm_kernel_fitting
 from polyfuse.errors import DeviceError, PolyfuseError
 from polyfuse.poly.device import device_for_arch
-from polyfuse.poly.promote import build_gemm_kernel, gemm_placements
+from polyfuse.poly.promote import gemm_placements
 from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 
 DEFAULT_TOP = 4
@@ -108,8 +108,8 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
         seen.add(key)
         tuned = Tuned(sm.model.micrograph.name, key)
         for tiling in rank_gemm_tiles(shape, device, limit=top):
-            gk = build_gemm_kernel(sm, shape, tiling)
-            if isinstance(gk, str) or 4 * sum(p.floats for p in gk.promotions) > (
+            gk = gemm_kernel_fitting(sm, shape, tiling, device)
+            if isinstance(gk, str) or 4 * sum(p.floats for p in gk.promotions) * gk.stages > (
                 device.smem_per_block
             ):
                 continue
@@ -121,7 +121,7 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
                 Candidate(
                     tiling.choice,
                     tiling.modelled_us,
-                    PRELUDE + "\n" + kernel.source,
+                    prelude_for(kernel.source) + "\n" + kernel.source,
                     name,
                     kernel,
                 )

@@ -74,16 +74,19 @@ def test_proof_rejects_a_vector_straddling_the_edge():
     assert "straddle" in prove_vector_copy(wide, ["4kt0"], [4], (10,)).reason
 
 
-def _matmul(m: int, k: int, n: int):
+def _matmul(m: int, k: int, n: int, arch: str = "sm_75"):
+    """sm_75: synchronous copies (no cp.async); sm_80 and later pipeline them."""
     a = te.placeholder((m, k), name="a")
     w = te.placeholder((k, n), name="w")
-    fn = polyfuse.compile(inputs=[a, w], outputs=[ops.matmul(a, w)], check_cuda=False)
+    fn = polyfuse.compile(inputs=[a, w], outputs=[ops.matmul(a, w)], arch=arch, check_cuda=False)
     (kern,) = fn.kernels
     return fn, kern.source
 
 
 def _vector_copied(src: str, tensor: str) -> bool:
-    return f"*reinterpret_cast<const float4*>(&{tensor}[" in src
+    """A 128-bit copy of ``tensor``: a float4 load, or a 16-byte cp.async."""
+    sync = f"*reinterpret_cast<const float4*>(&{tensor}[" in src
+    return sync or bool(re.search(rf"__pipeline_memcpy_async\(&s_{tensor}\[[^;]*, 16[,)]", src))
 
 
 def test_4096_matmul_copies_both_operands_as_float4():
@@ -98,7 +101,7 @@ def test_4096_matmul_copies_both_operands_as_float4():
 @pytest.mark.skipif(not available_compilers(), reason="no NVRTC/nvcc installed")
 def test_4096_matmul_ptx_has_vector_loads_for_both_operands():
     fn, _ = _matmul(4096, 4096, 4096)
-    ptx = compile_cuda(fn.cuda_source, "sm_80", output="ptx").ptx
+    ptx = compile_cuda(fn.cuda_source, "sm_75", output="ptx").ptx
     assert len(V4_LOAD.findall(ptx)) >= 2, sorted(set(re.findall(r"ld\.global\S*", ptx)))
     assert not re.search(r"ld\.global(?:\.nc)?\.f32", ptx)  # no scalar global load left
     assert V4_STORE.search(ptx) and not re.search(r"st\.global\.f32", ptx)  # epilogue
@@ -119,16 +122,18 @@ def test_misaligned_rows_copy_scalar_and_stay_correct():
         got = fn(a, w, device="emulate", race_check=order)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3, err_msg=f"order {order}")
     if available_compilers():
-        ptx = compile_cuda(fn.cuda_source, "sm_80", output="ptx").ptx
+        ptx = compile_cuda(fn.cuda_source, "sm_75", output="ptx").ptx
         assert V4_LOAD.search(ptx) and re.search(r"ld\.global(?:\.nc)?\.f32", ptx)
 
 
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80"])
 @pytest.mark.parametrize("shape", [(33, 76, 52), (67, 72, 132)])
-def test_vector_copies_correct_at_partial_tiles(shape):
+def test_vector_copies_correct_at_partial_tiles(shape, arch):
     m, k, n = shape
-    fn, src = _matmul(m, k, n)
+    fn, src = _matmul(m, k, n, arch)
     assert _vector_copied(src, "a") and _vector_copied(src, "w")
-    assert "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" in src  # whole vectors outside: zeros
+    zero = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" if arch == "sm_75" else ") ? 0 : 16);"
+    assert zero in src  # whole vectors outside the array: zeros
     assert VECTOR_STORE in src  # N a multiple of 4: runs never straddle the edge
     rng = np.random.default_rng(2)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -177,3 +182,12 @@ def test_epilogue_vector_store_with_bias_gelu_partial_tiles():
     for order in ORDERS:
         got = fn(*arrays, device="emulate", race_check=order)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"order {order}")
+
+
+@pytest.mark.skipif(not available_compilers(), reason="no NVRTC/nvcc installed")
+def test_4096_matmul_sm80_copies_with_16_byte_cp_async():
+    fn, src = _matmul(4096, 4096, 4096, "sm_80")
+    assert _vector_copied(src, "a") and _vector_copied(src, "w")
+    ptx = compile_cuda(fn.cuda_source, "sm_80", output="ptx").ptx
+    assert len(re.findall(r"cp\.async\.\w+\.shared\.global \[[^\]]*\], \[[^\]]*\], 16", ptx)) >= 2
+    assert V4_STORE.search(ptx)

@@ -253,3 +253,38 @@ def test_lower_vector_stores_stage_runs_then_one_vector_store():
 
 def _printed(ir: KernelIR) -> str:
     return emit_kernel(assign_dtypes(ir), [], {}, {}).source
+
+
+def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
+    from polyfuse.cuda.kernel_ast import KAsyncCopy, KCommit, KWait
+    from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
+
+    kt = KVar("kt0")
+    ahead = KOp("+", (kt, KInt(1)))  # the copy of k-tile kt0 + 1 runs in iteration kt0
+    col = KOp("+", (KVar("p0c"), KOp("*", (KInt(8), ahead))))
+    body = (
+        KFor(
+            "kt0",
+            KInt(-1),
+            KOp("<=", (kt, KInt(4))),
+            1,
+            [KStmt("C_a", (ahead, KVar("p0r"), col)), KStmt("Commit", (kt,)), KStmt("Wait", (kt,))],
+        ),
+    )
+    ir = KernelIR("k", (), (("t0", 64),), body, ("mg",))
+    lo = (KInt(0), KOp("*", (KInt(8), kt)))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (16, 48), (False, False), ("p0r", "p0c", 8), frozenset({"U"})
+    )
+    pipe = Pipeline(2, "kt0", ("kt0",), "Commit", "Wait")
+    after = lower_promotions(ir, [tile], pipe)
+    assert after.allocs[0].shape == (2, 16, 8)
+    assert after.tiles[0].stage == KOp("%", (kt, KInt(2)))
+    copy, commit, wait = after.body[0].body
+    assert isinstance(copy, KAsyncCopy) and commit == KCommit() and wait == KWait(1)
+    assert copy.dst_index[0] == KOp("%", (ahead, KInt(2)))  # the stage of k-tile kt0 + 1
+    assert copy.dst_index[2] == KOp("-", (col, KOp("*", (KInt(8), ahead))))  # its own box
+    src = _printed(after.with_(body=after.body[0].body))
+    assert "__pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + " in src
+    assert "], &a[p0r * 48 + (p0c + (8 * (kt0 + 1)))], 4);" in src
+    assert "__pipeline_commit();\n  __pipeline_wait_prior(1);" in src
