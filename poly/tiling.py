@@ -39,6 +39,8 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
 from polyfuse.poly.schedule import ScheduledMicrograph
 
+#: why a tiling was not ranked but given (``MappingConfig.gemm_tile``)
+FORCED_TILE_REASON = "tile sizes forced by MappingConfig.gemm_tile"
 #: register budget per thread the cost model aims for (accumulators + operands + indices)
 REG_BUDGET = 168
 #: registers a thread needs besides its accumulators and operand fragments (estimate)
@@ -230,7 +232,7 @@ def rank_gemm_tiles(
     device: DeviceSpec,
     forced: tuple[int, int, int, int, int] | None = None,
     limit: int = 8,
-    forced_reason: str = "tile sizes forced by MappingConfig.gemm_tile",
+    forced_reason: str = FORCED_TILE_REASON,
 ) -> list[GemmTiling]:
     """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``),
     best first, each with the reasons for its choice."""

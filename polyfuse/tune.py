@@ -25,9 +25,11 @@ from polyfuse.cache import CompileCache, tune_key
 from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel
 from polyfuse.cuda.printer import prelude_for
-from polyfuse.driver import CODEGEN_REVISION, SUPPORTED_ARCHS, gemm_kernel_fitting
+from polyfuse.driver import CODEGEN_REVISION, SUPPORTED_ARCHS
 from polyfuse.errors import DeviceError, PolyfuseError
 from polyfuse.poly.device import device_for_arch
+from polyfuse.poly.kernel_map import gemm_kernel_fitting
+from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget
 from polyfuse.poly.promote import gemm_placements
 from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 
@@ -109,8 +111,10 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
         tuned = Tuned(sm.model.micrograph.name, key)
         for tiling in rank_gemm_tiles(shape, device, limit=top):
             gk = gemm_kernel_fitting(sm, shape, tiling, device)
-            if isinstance(gk, str) or 4 * sum(p.floats for p in gk.promotions) * gk.stages > (
-                device.smem_per_block
+            if isinstance(gk, str):
+                continue
+            if FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages > gemm_tile_budget(
+                device
             ):
                 continue
             name = f"pf_tune_{prims[0]}_c{len(tuned.candidates)}"
