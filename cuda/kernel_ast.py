@@ -57,11 +57,15 @@ class KNode:
 
 @dataclass
 class KFor(KNode):
+    """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
+    register micro-tile, whose array then lives in registers)."""
+
     var: str
     init: KExpr
     cond: KExpr
     step: int
     body: list[KNode]
+    unroll: bool = False
 
 
 @dataclass
@@ -113,10 +117,12 @@ class KVector(KNode):
 
 @dataclass
 class KStmt(KNode):
-    """One instance of an isl statement; ``args`` are its domain coordinates."""
+    """One instance of an isl statement; ``args`` are its domain coordinates. ``guard``: the
+    instance runs only where it holds (a schedule over whole tiles guarded by the domain)."""
 
     stmt: str
     args: tuple[KExpr, ...]
+    guard: KExpr | None = None
 
 
 @dataclass
@@ -156,6 +162,10 @@ class KAlloc(KNode):
     shape: tuple[int, ...]
     offset: int | None = None
     lo: tuple[KExpr, ...] = ()
+    #: a register array indexed by these loop variables (the micro-tile), whatever the
+    #: statement's own indices
+    index_vars: tuple[str, ...] = ()
+    align: int = 0  # bytes a shared buffer is aligned to (0: its element's); vector access
 
     @property
     def elements(self) -> int:
@@ -163,6 +173,54 @@ class KAlloc(KNode):
         for d in self.shape:
             n *= d
         return n
+
+
+@dataclass(frozen=True)
+class KTile:
+    """Reads of ``tensor`` by the statements ``stmts`` are served by the shared ``buffer``:
+    its element ``[i]`` holds ``tensor[i + lo]``, where ``lo`` may depend on loop variables
+    (the k-tile) and block coordinates (a promoted GEMM operand)."""
+
+    tensor: str
+    buffer: str
+    lo: tuple[KExpr, ...]
+    stmts: frozenset[str]
+    stage: KExpr | None = None  # multi-stage buffer: the stage these reads use (first dim)
+
+
+@dataclass(frozen=True)
+class KStage:
+    """Stores of ``tensor`` by the statements ``stmts`` go to the register array ``buffer``
+    at index ``var`` (one vector's elements); a :class:`KVectorStore` writes it out."""
+
+    tensor: str
+    buffer: str
+    var: str
+    stmts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KVectorStore(KNode):
+    """``dst[dst_index .. + width) = src[0 .. width)`` as one aligned vector store (``src`` a
+    register array), where ``guard`` holds; ``dst_shape``: the global array's shape."""
+
+    dst: str
+    dst_index: tuple[KExpr, ...]
+    dst_shape: tuple[int, ...]
+    src: str
+    width: int
+    guard: KExpr | None = None
+
+
+@dataclass(frozen=True)
+class KThreadGrid:
+    """The block's threads as ``rows x cols`` for the copies into ``buffer``:
+    ``row = threadIdx.x / cols``, ``col = threadIdx.x % cols``."""
+
+    buffer: str
+    row: str
+    col: str
+    cols: int
 
 
 @dataclass(frozen=True)
@@ -192,7 +250,11 @@ class KCombine:
 
 @dataclass(frozen=True)
 class KCopy(KNode):
-    """``dst[dst_index] = src[src_index]`` (a promotion copy; ``fill`` outside ``guard``)."""
+    """``dst[dst_index] = src[src_index]`` (a promotion copy; ``fill`` outside ``guard``).
+
+    ``src_shape``: the global array's shape (row-major) for its linear index; the destination's
+    shape is its allocation's.
+    """
 
     dst: str
     dst_index: tuple[KExpr, ...]
@@ -200,6 +262,8 @@ class KCopy(KNode):
     src_index: tuple[KExpr, ...]
     guard: KExpr | None = None
     fill: float = 0.0
+    src_shape: tuple[int, ...] = ()
+    width: int = 1  # consecutive elements moved at once (4: one 128-bit vector)
 
 
 @dataclass(frozen=True)
@@ -207,6 +271,11 @@ class KAsyncCopy(KCopy):
     """A :class:`KCopy` issued asynchronously (``cp.async``) into commit group ``group``."""
 
     group: int = 0
+
+
+@dataclass(frozen=True)
+class KCommit(KNode):
+    """The asynchronous copies issued since the last commit form one group."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +316,9 @@ class KernelIR:
     laneless: frozenset[str] = frozenset()
     reduction: bool = False  # a stitched reduction kernel (parts marked ``part:<name>``)
     dynamic_smem_bytes: int = 0
+    tiles: tuple[KTile, ...] = ()  # promoted reads (shared tiles of global operands)
+    staged: tuple[KStage, ...] = ()  # stores staged in registers for vector stores
+    thread_grids: tuple[KThreadGrid, ...] = ()  # copy distributions, by buffer
 
     @property
     def threads(self) -> int:
@@ -271,7 +343,16 @@ class KernelIR:
             f"micrographs={list(self.micrographs)}",
         ]
         head += [f"  param {p.ctype} {p.name}" for p in self.params]
+        head += [
+            f"  grid {g.row} x {g.col} = threadIdx / {g.cols}, % {g.cols} (copies to {g.buffer})"
+            for g in self.thread_grids
+        ]
         head += _fmt(list(self.allocs), 1)
+        head += [
+            f"  tile {t.buffer}[i] = {t.tensor}[i + ({', '.join(map(str, t.lo))})] "
+            f"for {sorted(t.stmts)}"
+            for t in self.tiles
+        ]
         if self.combine:
             c = self.combine
             head.append(
@@ -313,13 +394,22 @@ class Kernel:
         return head + "\n" + "\n".join(_fmt(self.body, 1))
 
 
+def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
+    """``e`` with variable ``var`` replaced by ``value``."""
+    if isinstance(e, KVar):
+        return value if e.name == var else e
+    if isinstance(e, KOp):
+        return KOp(e.op, tuple(substitute(a, var, value) for a in e.args))
+    return e
+
+
 def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
     """A copy of ``n`` whose child lists went through ``walk`` (a node without children as is):
     the one place a pass's tree walk needs to know which nodes nest."""
     if isinstance(n, KMark):
         return KMark(n.name, walk(n.body))
     if isinstance(n, KFor):
-        return KFor(n.var, n.init, n.cond, n.step, walk(n.body))
+        return KFor(n.var, n.init, n.cond, n.step, walk(n.body), n.unroll)
     if isinstance(n, KIf):
         return KIf(n.cond, walk(n.then), walk(n.orelse))
     if isinstance(n, KDef):
@@ -334,7 +424,8 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
     out: list[str] = []
     for n in nodes:
         if isinstance(n, KFor):
-            out.append(f"{pad}for {n.var} = {n.init}; {n.cond}; += {n.step}")
+            unroll = "  // unrolled" if n.unroll else ""
+            out.append(f"{pad}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}")
             out += _fmt(n.body, depth + 1)
         elif isinstance(n, KIf):
             out.append(f"{pad}if {n.cond}")
@@ -354,18 +445,27 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
             out.append(f"{pad}vector {n.var} < {n.width} load [{ld}] store [{st}]")
             out += _fmt(n.body, depth + 1)
         elif isinstance(n, KStmt):
-            out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))})")
+            guard = f" if {n.guard}" if n.guard is not None else ""
+            out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))}){guard}")
         elif isinstance(n, KAlloc):
             where = "static" if n.offset is None else f"dynamic+{n.offset}"
             lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
             dims = "x".join(map(str, n.shape)) or "scalar"
-            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}")
+            by = f" indexed by ({', '.join(n.index_vars)})" if n.index_vars else ""
+            al = f" align {n.align}" if n.align else ""
+            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}{by}{al}")
         elif isinstance(n, KBarrier):
             out.append(f"{pad}barrier {n.scope.value}" + (f"  // {n.note}" if n.note else ""))
         elif isinstance(n, KAsyncCopy):
             out.append(f"{pad}async_copy[{n.group}] {_copy(n)}")
         elif isinstance(n, KCopy):
             out.append(f"{pad}copy {_copy(n)}")
+        elif isinstance(n, KVectorStore):
+            guard = f" if {n.guard}" if n.guard is not None else ""
+            idx = ", ".join(map(str, n.dst_index))
+            out.append(f"{pad}vector_store {n.dst}[{idx}]x{n.width} = {n.src}{guard}")
+        elif isinstance(n, KCommit):
+            out.append(f"{pad}commit")
         elif isinstance(n, KWait):
             out.append(f"{pad}wait pending<={n.pending}")
         elif isinstance(n, KMma):
@@ -374,6 +474,7 @@ def _fmt(nodes: list[KNode], depth: int) -> list[str]:
 
 
 def _copy(n: KCopy) -> str:
-    dst = f"{n.dst}[{', '.join(map(str, n.dst_index))}]"
+    vec = f"x{n.width}" if n.width > 1 else ""
+    dst = f"{n.dst}[{', '.join(map(str, n.dst_index))}]{vec}"
     src = f"{n.src}[{', '.join(map(str, n.src_index))}]"
     return f"{dst} = {src}" + (f" if {n.guard} else {n.fill}" if n.guard is not None else "")

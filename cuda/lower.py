@@ -3,6 +3,10 @@
 The passes, in order: buffers from placements (:mod:`polyfuse.cuda.lower_buffers`), the lane
 combine (:mod:`polyfuse.cuda.lower_combines`), barriers between stitched parts
 (:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`).
+GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
+(:mod:`polyfuse.cuda.lower_promotions`), barrier statements, the register micro-tile
+(:mod:`polyfuse.cuda.lower_register_tile`), vector stores of the epilogue
+(:mod:`polyfuse.cuda.lower_vector_stores`), element types.
 This module only translates the poly stage's objects into the passes' plain inputs (isl
 bounds become kernel-AST expressions here); :func:`polyfuse.cuda.printer.emit_kernel` then
 writes the final IR as text.
@@ -13,17 +17,30 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse.cuda.astgen import convert_expr
+from polyfuse.cuda.gemm_printer import GemmBodyPrinter
 from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, MemSpace
-from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers
+from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
+from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
+from polyfuse.cuda.lower_register_tile import lower_register_tile
+from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.promote import (
+    COMMIT,
+    SYNC_AFTER,
+    SYNC_BEFORE,
+    VECTOR_VAR,
+    WAIT,
+    GemmKernel,
+)
+from polyfuse.poly.vectorize import VECTOR_WIDTH
 
 INT_LIMIT = 2**31 - 1
 
@@ -112,3 +129,67 @@ def lower_kernel(
     ir = vectorize(ir, vector_plan(mm, placements))  # only coarsened (plain) kernels change
     ir = assign_dtypes(ir)
     return emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
+
+
+def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
+    """The GEMM kernel's promotions as the promotion pass reads them (isl bounds as
+    kernel-AST expressions)."""
+    build = isl.AstBuild.from_context(gk.tile_context)
+    assert gk.shape is not None
+    readers = frozenset({gk.shape.update.name})
+    out = []
+    for p in gk.promotions:
+        lo = tuple(convert_expr(build.expr_from_pw_aff(x)) for x in p.lo)
+        shape = tuple(p.size[:-1]) + (p.size[-1] + p.pad,) if p.size else (1,)
+        out.append(
+            PromotedTile(
+                p.tensor,
+                p.copy_stmt,
+                lo,
+                shape,
+                tuple(p.shape),
+                tuple(p.bounds_check),
+                (p.params[0], p.params[1], p.thread_grid[1]),
+                readers,
+                p.width,
+            )
+        )
+    return out
+
+
+def lower_gemm_kernel(
+    name: str,
+    gk: GemmKernel,
+    body: list[KNode],
+    placements: dict[str, Placement],
+    idents: dict[int, str],
+) -> Kernel:
+    """Lower a GEMM kernel's AST through the passes (buffers, shared tiles and copies,
+    barriers, register micro-tile, element types) and print it."""
+    model = gk.scheduled.model
+    assert gk.shape is not None and gk.tiling is not None
+    # A promoted operand is a global array (a parameter); its shared tile comes from the
+    # promotion pass, and reads outside the update go to global memory.
+    as_global = {
+        k: Placement(k, "global", p.reason) if p.space == "shared" else p
+        for k, p in placements.items()
+    }
+    ir = kernel_ir(name, gk, body)
+    ir = alloc_buffers(ir, buffer_placements(gk, as_global), list(model.tensors))
+    pipeline = None
+    if gk.stages > 1:
+        ktiles = tuple(v for v in gk.iterators if v.startswith("kt"))
+        pipeline = Pipeline(gk.stages, gk.pipelined, ktiles, COMMIT, WAIT)
+    ir = lower_promotions(ir, promoted_tiles(gk), pipeline)
+    ir = ir.with_(
+        body=tuple(lower_sync_statements(list(ir.body), frozenset((SYNC_BEFORE, SYNC_AFTER))))
+    )
+    acc = f"r_{gk.shape.update.prim}_acc"
+    bounds = {s: [hi for _, hi in b] for s, b in gk.guards.items()}
+    ir = lower_register_tile(ir, acc, gk.reg_shape, gk.reg_iters, bounds)
+    shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
+    ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
+    ir = assign_dtypes(ir)
+    return emit_kernel(
+        ir, model.statements, as_global, idents, GemmBodyPrinter(ir, as_global, idents)
+    )

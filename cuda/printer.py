@@ -15,7 +15,10 @@ import math
 
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
+    KAsyncCopy,
     KBarrier,
+    KCommit,
+    KCopy,
     KDef,
     Kernel,
     KernelIR,
@@ -27,8 +30,11 @@ from polyfuse.cuda.kernel_ast import (
     KMark,
     KOp,
     KStmt,
+    KThreadGrid,
     KVar,
     KVector,
+    KVectorStore,
+    KWait,
     MemSpace,
     Scope,
 )
@@ -112,6 +118,13 @@ _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
 DYNAMIC_POOL = "pf_smem"  # the dynamic shared memory that allocations with an offset slice
+PIPELINE_HEADER = "#include <cuda_pipeline.h>\n"  # __pipeline_memcpy_async (cp.async)
+
+
+def prelude_for(body: str) -> str:
+    """The prelude a translation unit with kernels ``body`` needs (the cp.async primitives'
+    header only where a kernel copies asynchronously)."""
+    return (PIPELINE_HEADER if "__pipeline_memcpy_async" in body else "") + PRELUDE
 
 
 def c_float(v: float) -> str:
@@ -142,6 +155,32 @@ def c_index(e: KExpr) -> str:
     if e.op == "fdiv":
         return f"pf_fdiv({a[0]}, {a[1]})"
     return "(" + f" {e.op} ".join(a) + ")"
+
+
+def c_cond(e: KExpr) -> str:
+    """A guard: a conjunction of comparisons written flat (``a >= 0 && a < n``)."""
+    if isinstance(e, KOp) and e.op == "&&":
+        return " && ".join(c_cond(a) for a in e.args)
+    if isinstance(e, KOp) and e.op in ("<", "<=", ">", ">=", "==", "!="):
+        return f"{c_index(e.args[0])} {e.op} {c_index(e.args[1])}"
+    return c_index(e)
+
+
+def c_linear(name: str, idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
+    """``name[i0 * s0 + ... + in]``: a row-major element of an array of shape ``dims``."""
+    return f"{name}[{c_offset(idx, dims)}]"
+
+
+def c_offset(idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
+    """``i0 * s0 + ... + in``: the row-major offset of an element of an array ``dims``."""
+    if not dims:
+        return "0"
+    terms, stride = [], 1
+    for d in reversed(range(len(dims))):
+        i = idx[d]
+        terms.append(i if stride == 1 else f"{i} * {stride}")
+        stride *= dims[d]
+    return " + ".join(reversed(terms))
 
 
 class BodyPrinter:
@@ -179,14 +218,7 @@ class BodyPrinter:
         if p.space == "shared":
             name, dims = f"s_{ident}", [size for _, size in p.box]
             idx = [f"({i} - s_{ident}_lo{d})" for d, i in enumerate(idx)]
-        if not dims:
-            return f"{name}[0]"
-        terms, stride = [], 1
-        for d in reversed(range(len(dims))):
-            i = idx[d]
-            terms.append(i if stride == 1 else f"{i} * {stride}")
-            stride *= dims[d]
-        return f"{name}[{' + '.join(reversed(terms))}]"
+        return c_linear(name, idx, dims)
 
     def expr(self, e: Expr, env: dict[int, str]) -> str:
         if isinstance(e, IterVar):
@@ -276,11 +308,39 @@ class BodyPrinter:
 
 
 class _Emitter:
-    """Writes kernel IR nodes as C."""
+    """Writes kernel IR nodes as C (``buffers``: the shapes of the allocations, for copies)."""
 
-    def __init__(self, emit_stmt, emit_vector=None):
+    def __init__(self, emit_stmt, buffers: dict[str, tuple[int, ...]], emit_vector=None):
         self.emit_stmt = emit_stmt
+        self.buffers = buffers
         self.emit_vector = emit_vector
+
+    def async_copy(self, n: KAsyncCopy) -> str:
+        """``cp.async`` of ``4 * width`` bytes; outside the guard nothing is read (the source
+        address stays in the array) and the bytes are zero-filled."""
+        dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
+        off = c_offset([c_index(i) for i in n.src_index], n.src_shape)
+        size = 4 * n.width
+        if n.guard is None:
+            return f"__pipeline_memcpy_async(&{dst}, &{n.src}[{off}], {size});"
+        cond = c_cond(n.guard)
+        return (
+            f"__pipeline_memcpy_async(&{dst}, &{n.src}[({cond}) ? {off} : 0], {size}, "
+            f"({cond}) ? 0 : {size});"
+        )
+
+    def copy(self, n: KCopy) -> str:
+        dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
+        src = c_linear(n.src, [c_index(i) for i in n.src_index], n.src_shape)
+        fill = c_float(n.fill)
+        if n.width > 1:  # one vector: its type has the width, the addresses are aligned
+            vt = f"float{n.width}"
+            dst = f"*reinterpret_cast<{vt}*>(&{dst})"
+            src = f"*reinterpret_cast<const {vt}*>(&{src})"
+            fill = f"make_{vt}({', '.join([fill] * n.width)})"
+        if n.guard is not None:
+            src = f"({c_cond(n.guard)}) ? {src} : {fill}"
+        return f"{dst} = {src};"
 
     def __call__(self, nodes, depth: int) -> list[str]:
         pad = "  " * depth
@@ -294,6 +354,8 @@ class _Emitter:
                 out.append(f"{pad}{call};" + (f"  // {n.note}" if n.note else ""))
             elif isinstance(n, KFor):
                 init, cond = c_index(n.init), c_index(n.cond)
+                if n.unroll:
+                    out.append(f"{pad}#pragma unroll")
                 out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
                 out += self(n.body, depth + 1)
                 out.append(f"{pad}}}")
@@ -310,7 +372,25 @@ class _Emitter:
                 out += self(n.body, depth + 1)
                 out.append(f"{pad}}}")
             elif isinstance(n, KStmt):
-                out.append(pad + self.emit_stmt(n))
+                text = self.emit_stmt(n)
+                if n.guard is not None:
+                    text = f"if ({c_cond(n.guard)}) {{ {text} }}"
+                out.append(pad + text)
+            elif isinstance(n, KAsyncCopy):
+                out.append(pad + self.async_copy(n))
+            elif isinstance(n, KCopy):
+                out.append(pad + self.copy(n))
+            elif isinstance(n, KCommit):
+                out.append(f"{pad}__pipeline_commit();")
+            elif isinstance(n, KWait):
+                out.append(f"{pad}__pipeline_wait_prior({n.pending});")
+            elif isinstance(n, KVectorStore):
+                dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
+                vals = ", ".join(f"{n.src}[{i}]" for i in range(n.width))
+                text = f"*reinterpret_cast<float{n.width}*>(&{dst}) = make_float{n.width}({vals});"
+                if n.guard is not None:
+                    text = f"if ({c_cond(n.guard)}) {{ {text} }}"
+                out.append(pad + text)
             elif isinstance(n, KVector) and self.emit_vector is not None:
                 out += self.emit_vector(n, depth, self)
             else:
@@ -390,19 +470,24 @@ def decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
     return lines
 
 
-def _allocs(allocs: tuple[KAlloc, ...]) -> list[str]:
-    """Declarations of the IR's allocations, in order."""
+def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> list[str]:
+    """Declarations of the IR's allocations, in order (a buffer's copy thread grid first)."""
     lines = []
     if any(a.offset is not None for a in allocs):
         lines.append(f"  extern __shared__ {C_TYPES[_dynamic_dtype(allocs)]} {DYNAMIC_POOL}[];")
     for a in allocs:
+        for g in grids:
+            if g.buffer == a.name:
+                lines.append(f"  const int {g.row} = threadIdx.x / {g.cols};")
+                lines.append(f"  const int {g.col} = threadIdx.x % {g.cols};")
         ctype = C_TYPES[a.dtype]
         if a.space is MemSpace.REGISTER:
             dims = "".join(f"[{d}]" for d in a.shape)
             lines.append(f"  {ctype} {a.name}{dims};")
             continue
         if a.offset is None:
-            lines.append(f"  __shared__ {ctype} {a.name}[{a.elements}];")
+            align = f"__align__({a.align}) " if a.align else ""
+            lines.append(f"  __shared__ {align}{ctype} {a.name}[{a.elements}];")
         else:
             lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
         lines += [f"  const int {a.name}_lo{d} = {c_index(lo)};" for d, lo in enumerate(a.lo)]
@@ -419,8 +504,13 @@ def emit_kernel(
     statements: list[Statement],
     placements: dict[str, Placement],
     idents: dict[int, str],
+    body_printer: BodyPrinter | None = None,
 ) -> Kernel:
-    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them)."""
+    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them).
+
+    ``body_printer`` prints the statements (default: :class:`BodyPrinter` over ``placements``
+    with the IR's combine and lane guard).
+    """
     c = ir.combine
     combine = None
     if c is not None:
@@ -430,7 +520,7 @@ def emit_kernel(
             else f"pf_allreduce_y<{{op}}, {c.lanes}>"
         )
     lane_guard = " && ".join(f"{p} == 0" for p in ir.lane_params) if ir.reduction else None
-    bp = BodyPrinter(
+    bp = body_printer or BodyPrinter(
         placements,
         idents,
         lane_guard,
@@ -453,8 +543,9 @@ def emit_kernel(
     lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
     lines += decompose("blockIdx.x", "_b", list(ir.grid_dims))
     lines += decompose("threadIdx.x", "_t", list(ir.thread_dims))
-    lines += _allocs(ir.allocs)
-    lines += _Emitter(emit_stmt, emit_vector)(ir.body, 1)
+    lines += _allocs(ir.allocs, ir.thread_grids)
+    buffers = {a.name: a.shape for a in ir.allocs}
+    lines += _Emitter(emit_stmt, buffers, emit_vector)(ir.body, 1)
     lines.append("}")
     return Kernel(
         ir.name,

@@ -9,7 +9,8 @@ passing over the others is kept in the notes):
    reduction loops stay serial;
 2. a GEMM-like micrograph (``MappingConfig.gemm``) is tiled for registers and shared memory
    (:mod:`polyfuse.poly.tiling`, :mod:`polyfuse.poly.promote`) with the best-ranked tiling whose
-   promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget`;
+   promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget` (double-buffered on
+   sm_80+ where both stages fit);
 3. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
 
 :func:`place_kernel` then decides every tensor's memory space for whichever mapping came out.
@@ -27,9 +28,14 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
 from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget, reduction_tile_budget
-from polyfuse.poly.promote import GemmKernel, build_gemm_kernel, gemm_placements
+from polyfuse.poly.promote import (
+    GemmKernel,
+    build_gemm_kernel,
+    gemm_placements,
+    pipeline_stages,
+)
 from polyfuse.poly.schedule import ScheduledMicrograph
-from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
+from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
 
 def map_kernel(
@@ -63,10 +69,10 @@ def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) ->
     budget = gemm_tile_budget(device)
     rejected: list[str] = []
     for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
-        gk = build_gemm_kernel(sm, shape, tiling)
+        gk = gemm_kernel_fitting(sm, shape, tiling, device)
         if isinstance(gk, str):
             return None
-        smem = FLOAT_BYTES * sum(p.floats for p in gk.promotions)
+        smem = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
         if smem <= budget:
             break
         tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
@@ -74,6 +80,19 @@ def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) ->
     else:
         return None
     return replace(gk, notes=[*gk.notes, *rejected]) if rejected else gk
+
+
+def gemm_kernel_fitting(
+    sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling, device: DeviceSpec
+) -> GemmKernel | str:
+    """The GEMM kernel of ``tiling``, double-buffered where cp.async exists and both stages
+    fit :func:`gemm_tile_budget`, else single-buffered (or why not GEMM-like, a string)."""
+    gk = build_gemm_kernel(sm, shape, tiling, pipeline_stages(device.arch))
+    if isinstance(gk, str) or gk.stages == 1:
+        return gk
+    if FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages <= gemm_tile_budget(device):
+        return gk
+    return build_gemm_kernel(sm, shape, tiling, 1)
 
 
 def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:

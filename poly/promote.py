@@ -26,9 +26,23 @@ from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import GemmShape, GemmTiling
+from polyfuse.poly.vectorize import VECTOR_WIDTH, prove_vector_copy
 
 SYNC_BEFORE = "Sync_load"  # barrier statement: copies done before the micro-tile reads them
 SYNC_AFTER = "Sync_use"  # barrier statement: reads done before the next k-tile's copies
+COMMIT = "Cp_commit"  # pipelined: the copies issued for one k-tile form one async group
+WAIT = "Cp_wait"  # pipelined: all groups but the newest (the next k-tile's) have landed
+#: shared-tile stages when pipelined: k-tile kt+1 is copied (cp.async) while kt is used
+PIPELINE_STAGES = 2
+CP_ASYNC_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")  # cp.async exists from sm_80 on
+
+
+def pipeline_stages(arch: str) -> int:
+    """Shared-tile stages on ``arch``: double buffering where cp.async exists."""
+    return PIPELINE_STAGES if arch in CP_ASYNC_ARCHS else 1
+
+
+VECTOR_VAR = "iv"  # the micro-tile loop over one vector's elements (vectorised stores)
 
 
 @dataclass
@@ -39,12 +53,14 @@ class Promotion:
     copy_stmt: str
     lo: list[isl.PwAff]  # the box's lower bounds, in the block params b* and k-tiles kt*
     size: list[int]
-    stride: list[int]  # of the shared buffer (last dim padded)
+    stride: list[int]  # of the shared buffer (last dim padded by ``pad``)
     shape: tuple[int, ...]  # of the global tensor
     bounds_check: list[bool]  # per dim: may the footprint leave the array?
     thread_grid: tuple[int, int]  # (rows, columns) of threads that copy
     params: tuple[str, str]  # their C names (row, column)
     reason: str
+    pad: int = 0  # words added to the buffer's rows (bank conflicts)
+    width: int = 1  # elements per copy instance (4: 128-bit vector copies, proven by isl)
 
     @property
     def floats(self) -> int:
@@ -63,6 +79,11 @@ class GemmKernel(MappedMicrograph):
     reg_iters: list[str] = field(default_factory=list)  # loop vars indexing the micro-tile
     guards: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # epilogue bounds
     tile_context: isl.Set | None = None  # ranges of b* and kt* (for the boxes' lower bounds)
+    reg_shape: list[int] = field(default_factory=list)  # the accumulator array's shape
+    stages: int = 1  # shared-tile stages (2: double-buffered, cp.async)
+    pipelined: str = ""  # the k-tile loop the stages alternate over
+    #: epilogue statements whose global stores are whole vectors (loop ``VECTOR_VAR``)
+    vector_stores: dict[str, str] = field(default_factory=dict)  # statement -> tensor
 
 
 def _ints(names: list[str]) -> str:
@@ -95,8 +116,14 @@ def _pow2_ceil(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
-def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling):
-    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string)."""
+def build_gemm_kernel(
+    sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling, stages: int = 1
+):
+    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string).
+
+    ``stages`` 2 double-buffers the shared tiles when exactly one k-tile loop has more than
+    one iteration: the copies of k-tile kt+1 are issued asynchronously during k-tile kt.
+    """
     model = sm.model
     ctx = model.ctx
     nd, nr = len(shape.data), len(shape.red)
@@ -125,6 +152,12 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         f"{lo} <= {r} < {lo + k * t}"
         for r, (lo, _), k, t in zip(rs, shape.red, KT, TK, strict=True)
     ]
+    # Vector stores: each thread's columns in runs of VECTOR_WIDTH (blocked, not cyclic) when
+    # isl proves every run of every output the epilogue stores aligned and within or wholly
+    # outside the array.
+    vector_stores, store_why = _vector_stores(shape, model, B, R[-1], bs, bused)
+    vw = VECTOR_WIDTH if vector_stores else 1
+    Rv = [r // vw if i == nd - 1 else r for i, r in enumerate(R)]
     # (terms of size-1 thread or register extents are left out: fewer isl variables)
     on_thread = [
         f"{d} = {lo} + {b} * {bb}"
@@ -134,6 +167,17 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
             ds, shape.data, B, bs, ts, T, iis, R, strict=True
         )
     ]
+    if vw > 1:  # d = lo + B b + vw t + iv + vw T ii: a thread's runs of vw columns
+        d, (lo, _), b, bb = ds[-1], shape.data[-1], B[-1], bs[-1]
+        t, tt, ii, rr = ts[-1], T[-1], iis[-1], Rv[-1]
+        on_thread[-1] = (
+            f"{d} = {lo} + {b} * {bb}"
+            + (f" + {vw} * {t}" if tt > 1 else "")
+            + f" + {VECTOR_VAR}"
+            + (f" + {vw * tt} * {ii}" if rr > 1 else "")
+            + f" and 0 <= {VECTOR_VAR} < {vw}"
+            + (f" and 0 <= {ii} < {rr}" if rr > 1 else "")
+        )
     on_ktile = [
         f"{r} = {lo} + {k} * {kt} + {kk} and 0 <= {kk} < {k}"
         for r, (lo, _), k, kt, kk in zip(rs, shape.red, TK, kts, kks, strict=True)
@@ -196,7 +240,10 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
             size.append(span.to_python() + 1)
             lo_c.append(lo)
         tshape = model.tensors[name].shape
-        pad = 1 if len(size) >= 2 and size[-1] % 32 == 0 else 0
+        proof = prove_vector_copy(fp, lo_t, size, tshape)
+        width = proof.width
+        # Padding against bank conflicts keeps vector rows 16-byte aligned (a whole vector).
+        pad = width if len(size) >= 2 and size[-1] % 32 == 0 else 0
         stride = [1] * len(size)
         acc_stride = size[-1] + pad if size else 1
         for i in reversed(range(len(size) - 1)):
@@ -208,12 +255,13 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
             whole.dim_min_val(i).to_python() < 0 or whole.dim_max_val(i).to_python() >= tshape[i]
             for i in range(len(size))
         ]
-        cols = min(nthreads, _pow2_ceil(size[-1]))
+        cols = min(nthreads, _pow2_ceil(size[-1] // width))
         rows = nthreads // cols
         pr, pc = f"p{k}r", f"p{k}c"
-        # Copy domain: the footprint with kt as loop dims, split over the thread grid.
+        # Copy domain: the footprint with kt as loop dims, split over the thread grid (one
+        # instance per vector: its first element).
         es = [f"e{i}" for i in range(len(size))]
-        dist = [f"exists (q{k}c: {es[-1]} = {lo_t[-1]} + {pc} + {cols} * q{k}c)"]
+        dist = [f"exists (q{k}c: {es[-1]} = {lo_t[-1]} + {width} * {pc} + {width * cols} * q{k}c)"]
         if len(size) >= 2:
             dist.append(f"exists (q{k}r: {es[-2]} = {lo_t[-2]} + {pr} + {rows} * q{k}r)")
         cstmt = f"C_{name}"
@@ -250,13 +298,15 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 (pr, pc),
                 f"reused across threads along data dims {other}; per-block k-tile footprint "
                 f"box {'x'.join(map(str, size))} ({4 * size[0] * stride[0]} B), copied by "
-                f"{rows}x{cols} threads, innermost dim fastest{bank}",
+                f"{rows}x{cols} threads, innermost dim fastest{bank}; {proof.reason}",
+                pad,
+                width,
             )
         )
 
     # Tiled schedule: isl's band composed with the tiling map (fixed width W).
     # Only register dims (R > 1) get a micro-tile loop in the schedule.
-    regs = [ii for ii, r in zip(iis, R, strict=True) if r > 1]
+    regs = [ii for ii, r in zip(iis, Rv, strict=True) if r > 1] + ([VECTOR_VAR] * (vw > 1))
     tail_n = max([nr + len(regs) + 1] + [n for _, _, n in copy_doms])
     tail_names = kks + regs + ["pos"] + [f"x{i}" for i in range(tail_n - nr - len(regs) - 1)]
     iterators = kts + ["ph", "sub"] + tail_names
@@ -277,6 +327,11 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         )
         return isl.UnionMap.from_map(tmap)
 
+    multi = [j for j, n in enumerate(KT) if n > 1]
+    if stages > 1 and (len(multi) != 1 or not copy_doms):
+        stages = 1  # nothing to overlap, or k-tiles over several loops
+    # Pipelined, the first k-tile's copies run at k-tile -1: the init runs before them.
+    first = "-2" if stages > 1 else "-1"
     up = tiled(
         shape.update,
         f"{_ints(kts)}, 2, 0, {tailv(kks + regs)}",
@@ -287,7 +342,7 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
     umap = umap.union(
         tiled(
             shape.init,
-            f"{_ints(['-1'] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
+            f"{_ints([first] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
             on_thread,
             dpad,
         )
@@ -301,13 +356,30 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
                 dpad,
             )
         )
+    at = list(kts)  # where the copies of k-tile kts run: one k-tile early when pipelined
+    if stages > 1:
+        at[multi[0]] = f"{kts[multi[0]]} - 1"
     for sub, (cstmt, cdom, n) in enumerate(copy_doms):
         es = [f"e{i}" for i in range(n)]
         cm = isl.Map(
-            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(kts)}, 0, {sub}, {tailv(es)}] }}",
+            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(at)}, 0, {sub}, {tailv(es)}] }}",
             context=ctx,
         ).intersect_domain(cdom)
         umap = umap.union(isl.UnionMap.from_map(cm))
+    if stages > 1:  # one async group per k-tile (the last one empty), then wait for kt's
+        j = multi[0]
+        for sub, sname, first in ((len(copy_doms), COMMIT, -1), (len(copy_doms) + 1, WAIT, 0)):
+            kdom = " and ".join(
+                f"{first if i == j else 0} <= {k} < {n}"
+                for i, (k, n) in enumerate(zip(kts, KT, strict=True))
+            )
+            umap = umap.union(
+                isl.UnionMap(
+                    f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, 0, {sub}, {tailv([])}] : "
+                    f"{kdom} }}",
+                    context=ctx,
+                )
+            )
     for ph, sname in ((1, SYNC_BEFORE), (3, SYNC_AFTER)):
         kdom = " and ".join(f"0 <= {k} < {n}" for k, n in zip(kts, KT, strict=True))
         umap = umap.union(
@@ -331,7 +403,15 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         for s in shape.epilogue
     }
     reg_iters = regs
+    reg_shape = [r for r in Rv if r > 1] + ([vw] * (vw > 1))
     notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
+    notes.append(store_why)
+    if stages > 1:
+        notes.append(
+            f"shared tiles double-buffered over k-tile loop {kts[multi[0]]}: k-tile kt+1 is "
+            f"copied with cp.async while kt is used (2 stages, "
+            f"{2 * 4 * sum(p.floats for p in promotions)} B)"
+        )
     notes.append(
         f"epilogue on the register tile before the single store: "
         f"{', '.join(s.prim for s in shape.epilogue)}"
@@ -354,6 +434,58 @@ def build_gemm_kernel(sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTil
         reg_iters=reg_iters,
         guards=guards,
         tile_context=ranges,
+        reg_shape=reg_shape,
+        vector_stores=vector_stores,
+        stages=stages,
+        pipelined=kts[multi[0]] if stages > 1 else "",
+    )
+
+
+def _vector_stores(
+    shape: GemmShape, model, B, regs_n: int, bs, bused
+) -> tuple[dict[str, str], str]:
+    """The epilogue statements whose stores may be whole vectors (all or none), and why:
+    ``regs_n`` (each thread's columns) must be a multiple of the vector width."""
+    ctx = model.ctx
+    nd = len(shape.data)
+    if regs_n % VECTOR_WIDTH:
+        return {}, f"epilogue stores scalar: {regs_n} columns per thread"
+    storing = [
+        s
+        for s in shape.epilogue
+        if model.tensors[s.write.get_tuple_name(isl.dim_type.out)].role == "output"
+    ]
+    if not storing:
+        return {}, "epilogue stores: none to global memory"
+    out: dict[str, str] = {}
+    ds = [f"d{i}" for i in range(nd)]
+    bnames = [b for b, _ in bused]
+    for s in storing:
+        name = s.write.get_tuple_name(isl.dim_type.out)
+        tshape = tuple(model.tensors[name].shape)
+        ident = isl.Map(
+            f"{{ {s.name}[{_ints(ds)}] -> {name}[{_ints(ds)}] }}", context=ctx
+        ).intersect_domain(s.domain)
+        if len(tshape) != nd or not s.write.is_equal(ident):
+            return {}, f"epilogue stores scalar: {name} is not stored at the data coordinates"
+        lo = [f"{lo} + {b} * {bb}" for (lo, _), b, bb in zip(shape.data, B, bs, strict=True)]
+        ranges = " and ".join([f"0 <= {b} < {g}" for b, g in bused] + ["0 = 0"])
+        cons = " and ".join(
+            f"{lo_i} <= {d} < {lo_i} + {b}" for d, lo_i, b in zip(ds, lo, B, strict=True)
+        )
+        box = isl.Set(
+            f"[{_ints(bnames)}] -> {{ {name}[{_ints(ds)}] : {cons} and {ranges} }}", context=ctx
+        )
+        # Each thread's runs start VECTOR_WIDTH apart from the tile's first column.
+        proof = prove_vector_copy(box, lo, list(B), tshape)
+        if proof.width == 1:
+            why = proof.reason.removeprefix("scalar copy: ")
+            return {}, f"epilogue stores scalar: {name}: {why}"
+        out[s.name] = name
+    return out, (
+        f"epilogue stores {', '.join(sorted(set(out.values())))} as {VECTOR_WIDTH * 32}-bit "
+        f"vectors: each thread owns runs of {VECTOR_WIDTH} columns; isl proves every run "
+        f"16-byte aligned and never straddling the array's edge"
     )
 
 

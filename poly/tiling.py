@@ -39,6 +39,8 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
 from polyfuse.poly.schedule import ScheduledMicrograph
 
+#: why a tiling was not ranked but given (``MappingConfig.gemm_tile``)
+FORCED_TILE_REASON = "tile sizes forced by MappingConfig.gemm_tile"
 #: register budget per thread the cost model aims for (accumulators + operands + indices)
 REG_BUDGET = 168
 #: registers a thread needs besides its accumulators and operand fragments (estimate)
@@ -67,6 +69,8 @@ class GemmTiling:
     tk: list[int]
     reasons: list[str] = field(default_factory=list)
     modelled_us: float = 0.0
+    #: (BM, BN, TM, TN, TK): the candidate in the form ``MappingConfig.gemm_tile`` takes
+    choice: tuple[int, int, int, int, int] | None = None
 
     @property
     def regs(self) -> list[int]:
@@ -228,9 +232,10 @@ def rank_gemm_tiles(
     device: DeviceSpec,
     forced: tuple[int, int, int, int, int] | None = None,
     limit: int = 8,
+    forced_reason: str = FORCED_TILE_REASON,
 ) -> list[GemmTiling]:
-    """The ``limit`` best tile sizes by the cost model (or ``forced``), best first, each with
-    the reasons for its choice."""
+    """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``),
+    best first, each with the reasons for its choice."""
     nd = len(shape.data)
     ext = [hi - lo + 1 for lo, hi in shape.data]
     rext = [hi - lo + 1 for lo, hi in shape.red]
@@ -262,7 +267,7 @@ def rank_gemm_tiles(
     ]
     if forced is not None:
         space = [tuple(forced)]
-        reasons.append(f"tile sizes forced by MappingConfig.gemm_tile={tuple(forced)}")
+        reasons.append(f"{forced_reason}={tuple(forced)}")
     for bm, bn, tm, tn, tk in space:
         thr = (bm // tm) * (bn // tn)
         if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
@@ -322,7 +327,7 @@ def rank_gemm_tiles(
             f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "
             f"(shared-load pipe at 1/4 of the FMA rate)",
         ]
-        out.append(GemmTiling(block, threads, tk, why, t * 1e6))
+        out.append(GemmTiling(block, threads, tk, why, t * 1e6, (bm, bn, tm, tn, kt)))
     return out
 
 

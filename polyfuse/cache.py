@@ -22,7 +22,7 @@ from typing import Any
 
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.decision import Decided, DecisionKind
-from polyfuse.graph.structure import StructuralKey
+from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
 from polyfuse.settings import cache_root
 from polyfuse.stitch.plan import KernelPlan
@@ -47,6 +47,16 @@ KERNEL_FIELDS = (
         "recomputes",
     ),
 )
+
+#: A tuned GEMM tiling (``polyfuse tune``): the winner and what it was measured against.
+TUNE_FIELDS = (("tile", "device", "measured_us", "modelled_us", "modelled_best_us"),)
+
+
+def tune_key(graph, prims: list[str], arch: str, revision: int) -> str:
+    """The key of a micrograph's tuned tiling: its structure, the arch and the code revision
+    (a kernel generated differently must be timed again)."""
+    return structural_key(graph, prims, f"tune|codegen {revision}|{arch}").digest
+
 
 # identifiers, but not members (blockIdx.x) or the tails of numbers (1e-05f)
 _TOKEN = re.compile(r"(?<![\w.])[A-Za-z_][A-Za-z0-9_]*")
@@ -136,6 +146,14 @@ class CompileCache:
             return None
         self.memory[key] = value
         self.hits += 1
+        return value
+
+    def peek(self, key: str, fields: Sequence[Sequence[str]]) -> Any:
+        """Like :meth:`get` but not counted as a hit or miss (optional lookups such as tuned
+        tilings, which most compiles do not have)."""
+        hits, misses = self.hits, self.misses
+        value = self.get(key, fields)
+        self.hits, self.misses = hits, misses
         return value
 
     def put(self, key: str, value: Any) -> None:

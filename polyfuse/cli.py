@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     from polyfuse.testing.command import add_fuzz_parser
 
     add_fuzz_parser(sub)
+    from polyfuse.tune import add_tune_parser
+
+    add_tune_parser(sub)
     return parser
 
 

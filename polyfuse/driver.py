@@ -27,20 +27,22 @@ import numpy as np
 from polyfuse.cache import (
     KERNEL_FIELDS,
     SCHEDULE_FIELDS,
+    TUNE_FIELDS,
     CompileCache,
     kernel_entry,
     kernel_from_entry,
     rename,
+    tune_key,
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
-from polyfuse.cuda.gemm_printer import generate_gemm_ast, print_gemm_kernel
+from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.lower import lower_kernel, vector_plan
+from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.pack import canonical_pack, pack_parts
-from polyfuse.cuda.printer import PRELUDE
+from polyfuse.cuda.printer import prelude_for
 from polyfuse.decision import Decided
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
@@ -63,6 +65,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.tiling import FORCED_TILE_REASON
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
@@ -71,8 +74,10 @@ from polyfuse.version import __version__
 MAX_FEEDBACK_ROUNDS = 64
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
 # max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
-# shared memory), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 3
+# shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores;
+# 6: double-buffered shared tiles with cp.async on sm_80+),
+# so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 6
 
 
 def _check_constants(
@@ -186,11 +191,13 @@ def compile(  # noqa: A001
     canonical: dict[str, str] = {}
     for i, g in enumerate(groups):
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
-        key = structural_key(graph, prims, f"{salt}|kernel")
+        tuned = _tuned(cache, graph, g, prims, arch)
+        ksalt = f"{salt}|kernel" + (f"|tuned {tuned['tile']}" if tuned else "")
+        key = structural_key(graph, prims, ksalt)
         kname = f"k{i}_{prims[0]}"
         entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
-            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg)
+            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned)
             entry = kernel_entry(kernel, kp, key)
             cache.put(key.digest, entry)
             asts[kname] = ast
@@ -224,7 +231,8 @@ def compile(  # noqa: A001
             functions.own(k)
         bound.append(k)
     kernels = bound
-    source = PRELUDE + "\n" + functions.source()
+    body = functions.source()
+    source = prelude_for(body) + "\n" + body
     times["pack"] = time.perf_counter() - t0
 
     buffers, launches = plan_buffers(graph, kernels)
@@ -286,11 +294,33 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     return sm
 
 
-def _generate(graph, g, kname: str, device, cfg: MappingConfig):
+def _tuned(cache: CompileCache, graph, g, prims: list[str], arch: str) -> dict | None:
+    """The tiling ``polyfuse tune`` stored for this kernel group's micrograph, if any (only
+    single micrographs with a reduction can be GEMM-like)."""
+    if len(g.parts) != 1 or not any(s.role == "update" for s in g.parts[0].model.statements):
+        return None
+    return cache.peek(tune_key(graph, prims, arch, CODEGEN_REVISION), TUNE_FIELDS)
+
+
+def _generate(graph, g, kname: str, device, cfg: MappingConfig, tuned: dict | None = None):
     """Plan (stitch stage: mapping, placement, recompute), then generate one kernel group
-    (a cache miss). Code generation reads the plan only."""
+    (a cache miss). Code generation reads the plan only.
+
+    ``tuned``: the winner ``polyfuse tune`` measured for this micrograph (a cache entry); it
+    replaces the cost model's ranking unless ``MappingConfig.gemm_tile`` forces a tiling.
+    """
+    use_tuned = tuned is not None and cfg.gemm_tile is None
+    if use_tuned:
+        cfg = replace(cfg, gemm_tile=tuple(tuned["tile"]))
     kp = plan_kernel(graph, g, kname, device, cfg)
     kernel, ast = _lower(kp, graph.idents)
+    if use_tuned and isinstance(kp.parts[0], GemmKernel):
+        why = (
+            f"tuned on {tuned['device']}: {tuned['measured_us']:.1f} us vs modelled best "
+            f"{tuned['modelled_best_us']:.1f} us (polyfuse tune); tile sizes={tuple(tuned['tile'])}"
+        )
+        notes = [why if n.startswith(FORCED_TILE_REASON) else n for n in kernel.notes]
+        kernel = replace(kernel, notes=notes)
     return kernel, kp, kp.parts[0], ast
 
 
@@ -298,9 +328,9 @@ def _lower(kp: KernelPlan, idents: dict[int, str]) -> tuple[Kernel, isl.AstNode]
     """The CUDA kernel of a planned kernel, with its notes and isl global footprint."""
     (mm,) = kp.parts
     pl = kp.placements
-    if isinstance(mm, GemmKernel):  # its own AST generator and printer (promoted tiles)
+    if isinstance(mm, GemmKernel):  # its own AST generator and lowering (promoted tiles)
         ast, body = generate_gemm_ast(mm)
-        kernel = print_gemm_kernel(kp.name, mm, body, pl, idents)
+        kernel = lower_gemm_kernel(kp.name, mm, body, pl, idents)
         notes = list(mm.notes)
         # the footprint counts the promoted operands' global reads
         pl = {

@@ -39,6 +39,7 @@ _ERRORS = {
 CUresult = SimpleNamespace(**_ERRORS)
 _NAMES = {v: k for k, v in _ERRORS.items()}
 OK = CUresult.CUDA_SUCCESS
+DEFAULT_MS = 0.25  # what a fake event pair measures unless FakeGPU.kernel_ms says otherwise
 
 
 class _Handle(int):
@@ -125,6 +126,9 @@ class FakeGPU:
         self.streams: set[int] = set()
         self.next_handle = 0x1000
         self.fail_launch: dict[str, str] = {}  # kernel -> error name
+        #: fake event timings: kernel name -> milliseconds of its launches (deterministic);
+        #: an event pair around launches of other kernels measures DEFAULT_MS
+        self.kernel_ms: dict[str, float] = {}
         self.emulator = Emulator()
 
     def handle(self) -> _Handle:
@@ -355,7 +359,8 @@ class FakeBindings:
         return (OK,)
 
     def cuEventElapsedTime(self, start: Any, end: Any):
-        return OK, 0.25
+        launched = [c[1] for c in self.gpu.calls if c[0] == "cuLaunchKernel"]
+        return OK, self.gpu.kernel_ms.get(launched[-1], DEFAULT_MS) if launched else DEFAULT_MS
 
     def cuStreamWaitEvent(self, stream: int, event: Any, flags: int):
         self.gpu.calls.append(("cuStreamWaitEvent", int(stream), event.stream))

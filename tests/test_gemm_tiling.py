@@ -54,8 +54,8 @@ def test_4096_matmul_has_shared_tiles_and_register_micro_tile():
     fn = polyfuse.compile(inputs=[a, w], outputs=[y], arch="sm_80", check_cuda=False)
     (k,) = _gemm_kernels(fn)
     src = k.source
-    assert re.search(r"__shared__ float s_a\[\d+\];", src)
-    assert re.search(r"__shared__ float s_w\[\d+\];", src)
+    assert re.search(r"__shared__ (?:__align__\(16\) )?float s_a\[\d+\];", src)
+    assert re.search(r"__shared__ (?:__align__\(16\) )?float s_w\[\d+\];", src)
     assert src.count("__syncthreads();") >= 2
     dims = re.search(r"float r_\w+_acc((?:\[\d+\])+);", src).group(1)
     accumulators = math.prod(int(x) for x in re.findall(r"\d+", dims))

@@ -142,3 +142,149 @@ def test_printer_module_makes_no_lowering_decision():
         "import islpy",
     ):
         assert decision not in code, decision
+
+
+def _gemm_ir() -> KernelIR:
+    """A k-tile loop with one copy statement, a barrier statement and a micro-tile loop."""
+    kt = KVar("kt0")
+    copy = KStmt("C_a", (kt, KVar("p0r"), KOp("+", (KVar("p0c"), KOp("*", (KInt(8), kt))))))
+    micro = KFor("ii0", KInt(0), KOp("<=", (KVar("ii0"), KInt(3))), 1, [KStmt("U", (KVar("ii0"),))])
+    ktile = KFor(
+        "kt0", KInt(0), KOp("<=", (kt, KInt(4))), 1, [copy, KStmt("Sync_load", (kt,)), micro]
+    )
+    epi = KFor("ii0", KInt(0), KOp("<=", (KVar("ii0"), KInt(3))), 1, [KStmt("E", (KVar("ii0"),))])
+    ir = KernelIR("k", (("b0", 4),), (("t0", 64),), (ktile, epi), ("mg",))
+    return alloc_buffers(
+        ir,
+        [
+            BufferPlacement("a", MemSpace.GLOBAL, read_only=True),
+            BufferPlacement("y", MemSpace.GLOBAL),
+            BufferPlacement("x", MemSpace.REGISTER),
+            BufferPlacement("m_acc", MemSpace.REGISTER),
+        ],
+        ["a", "y"],
+    )
+
+
+def test_lower_promotions_allocates_tile_and_rewrites_copies():
+    from polyfuse.cuda.kernel_ast import KCopy, KThreadGrid, KTile
+    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+
+    before = _gemm_ir()
+    lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (33, 40), (True, False), ("p0r", "p0c", 8), frozenset({"U"})
+    )
+    after = lower_promotions(before, [tile])
+    assert not before.tiles and not before.thread_grids
+    assert after.allocs[0] == KAlloc("s_a", MemSpace.SHARED, "", (16, 8))  # before registers
+    assert after.thread_grids == (KThreadGrid("s_a", "p0r", "p0c", 8),)
+    assert after.tiles == (KTile("a", "s_a", lo, frozenset({"U"})),)
+    copy = after.body[0].body[0]
+    assert isinstance(copy, KCopy) and copy.dst == "s_a" and copy.src == "a"
+    assert copy.src_shape == (33, 40) and copy.dst_index[0] == KOp("-", (KVar("p0r"), lo[0]))
+    assert copy.guard == KOp(
+        "&&", (KOp(">=", (KVar("p0r"), KInt(0))), KOp("<", (KVar("p0r"), KInt(33))))
+    )
+    printed = assign_dtypes(after.with_(body=(copy,)))
+    src = emit_kernel(printed, [], {}, {}).source
+    assert "const int p0r = threadIdx.x / 8;\n  const int p0c = threadIdx.x % 8;\n" in src
+    assert "__shared__ float s_a[128];" in src
+    dst = "s_a[(p0r - b0) * 8 + ((p0c + (8 * kt0)) - (8 * kt0))]"
+    assert f"{dst} = (p0r >= 0 && p0r < 33) ? a[p0r * 40 + (p0c + (8 * kt0))] : 0.0f;" in src
+
+
+def test_lower_register_tile_array_unroll_and_guards():
+    from polyfuse.cuda.lower_register_tile import lower_register_tile
+
+    before = _gemm_ir()
+    after = lower_register_tile(before, "r_m_acc", [4], ["ii0"], {"E": [10]})
+    regs = [a for a in after.allocs if a.space is MemSpace.REGISTER]
+    assert regs[0] == KAlloc("r_m_acc", MemSpace.REGISTER, "", (4,), None, (), ("ii0",))
+    assert [a.name for a in regs] == ["r_m_acc", "r_x"]
+    micro, epi = after.body[0].body[2], after.body[1]
+    assert micro.unroll and epi.unroll and not after.body[0].unroll  # k-tile loop stays
+    assert epi.body[0].guard == KOp("<=", (KVar("ii0"), KInt(10)))
+    assert micro.body[0].guard is None and before.body[1].body[0].guard is None
+
+
+def test_lower_promotions_vector_copy_aligned_and_printed_as_float4():
+    from polyfuse.cuda.kernel_ast import KCopy
+    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+
+    lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (32, 40), (False, False), ("p0r", "p0c", 2), frozenset(), 4
+    )
+    after = lower_promotions(_gemm_ir(), [tile])
+    assert after.allocs[0].align == 16
+    copy = after.body[0].body[0]
+    assert isinstance(copy, KCopy) and copy.width == 4 and copy.guard is None
+    src = emit_kernel(assign_dtypes(after.with_(body=(copy,))), [], {}, {}).source
+    assert "__shared__ __align__(16) float s_a[128];" in src
+    assert "*reinterpret_cast<float4*>(&s_a[" in src
+    assert "= *reinterpret_cast<const float4*>(&a[p0r * 40 + (p0c + (8 * kt0))]);" in src
+
+
+def test_lower_vector_stores_stage_runs_then_one_vector_store():
+    from polyfuse.cuda.kernel_ast import KStage, KVectorStore
+    from polyfuse.cuda.lower_vector_stores import lower_vector_stores
+
+    col = KOp("+", (KOp("*", (KInt(4), KVar("t0"))), KVar("iv")))
+    guard = KOp("<=", (col, KInt(9)))
+    run = KFor(
+        "iv", KInt(0), KOp("<=", (KVar("iv"), KInt(3))), 1, [KStmt("E", (KVar("r"), col), guard)]
+    )
+    other = KFor("iv", KVar("p0"), KOp("<=", (KVar("iv"), KInt(9))), 2, [KStmt("C", ())])
+    before = KernelIR("k", (), (("t0", 4),), (other, run), ("mg",))
+    after = lower_vector_stores(before, "iv", 4, {"E": "y"}, {"y": (3, 12)})
+    assert before.staged == () and len(before.body) == 2
+    assert after.staged == (KStage("y", "r_y_v", "iv", frozenset({"E"})),)
+    assert after.allocs[-1] == KAlloc("r_y_v", MemSpace.REGISTER, "", (4,))
+    first = KOp("+", (KOp("*", (KInt(4), KVar("t0"))), KInt(0)))
+    assert after.body[2] == KVectorStore(
+        "y", (KVar("r"), first), (3, 12), "r_y_v", 4, KOp("<=", (first, KInt(9)))
+    )
+    assert len(after.body) == 3  # the other loop named iv (a copy) gets no store
+    src = _printed(after.with_(body=(after.body[2],)))
+    want = "if (((4 * t0) + 0) <= 9) { *reinterpret_cast<float4*>(&y[r * 12 + ((4 * t0) + 0)])"
+    assert want in src and "make_float4(r_y_v[0], r_y_v[1], r_y_v[2], r_y_v[3]);" in src
+
+
+def _printed(ir: KernelIR) -> str:
+    return emit_kernel(assign_dtypes(ir), [], {}, {}).source
+
+
+def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
+    from polyfuse.cuda.kernel_ast import KAsyncCopy, KCommit, KWait
+    from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
+
+    kt = KVar("kt0")
+    ahead = KOp("+", (kt, KInt(1)))  # the copy of k-tile kt0 + 1 runs in iteration kt0
+    col = KOp("+", (KVar("p0c"), KOp("*", (KInt(8), ahead))))
+    body = (
+        KFor(
+            "kt0",
+            KInt(-1),
+            KOp("<=", (kt, KInt(4))),
+            1,
+            [KStmt("C_a", (ahead, KVar("p0r"), col)), KStmt("Commit", (kt,)), KStmt("Wait", (kt,))],
+        ),
+    )
+    ir = KernelIR("k", (), (("t0", 64),), body, ("mg",))
+    lo = (KInt(0), KOp("*", (KInt(8), kt)))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (16, 48), (False, False), ("p0r", "p0c", 8), frozenset({"U"})
+    )
+    pipe = Pipeline(2, "kt0", ("kt0",), "Commit", "Wait")
+    after = lower_promotions(ir, [tile], pipe)
+    assert after.allocs[0].shape == (2, 16, 8)
+    assert after.tiles[0].stage == KOp("%", (kt, KInt(2)))
+    copy, commit, wait = after.body[0].body
+    assert isinstance(copy, KAsyncCopy) and commit == KCommit() and wait == KWait(1)
+    assert copy.dst_index[0] == KOp("%", (ahead, KInt(2)))  # the stage of k-tile kt0 + 1
+    assert copy.dst_index[2] == KOp("-", (col, KOp("*", (KInt(8), ahead))))  # its own box
+    src = _printed(after.with_(body=after.body[0].body))
+    assert "__pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + " in src
+    assert "], &a[p0r * 48 + (p0c + (8 * (kt0 + 1)))], 4);" in src
+    assert "__pipeline_commit();\n  __pipeline_wait_prior(1);" in src

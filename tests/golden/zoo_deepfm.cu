@@ -145,39 +145,40 @@ extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* 
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_605a1893f1120e1355f7(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_694ffca15a79aa4497b4(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 16;
-  const int p0c = threadIdx.x % 16;
-  __shared__ float s_reshape8[192];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_deep0_w[1548];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_reshape8[192];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_deep0_w[1584];
   float r_matmul9_acc[2][4];
   float r_matmul9;
   float r_add10;
+  float r_relu11_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul9_acc[ii0][ii1] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul9_acc[ii0][iv] = 0.0f;
     }
   }
-  if ((p0c <= 11)) {
-    s_reshape8[(p0r - 0) * 12 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? reshape8[p0r * 12 + p0c] : 0.0f;
+  if (((p0r <= 15) && (p0c <= 2))) {
+    *reinterpret_cast<float4*>(&s_reshape8[(p0r - 0) * 12 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 4) ? *reinterpret_cast<const float4*>(&reshape8[p0r * 12 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int kk0 = p1r; (kk0 <= 11); kk0 += 2) {
-    s_deep0_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? deep0_w[kk0 * 8 + p1c] : 0.0f;
+  for (int kk0 = p1r; (kk0 <= 11); kk0 += 8) {
+    *reinterpret_cast<float4*>(&s_deep0_w[(kk0 - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[kk0 * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul9_acc[ii0][ii1] = r_matmul9_acc[ii0][ii1] + (s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
       }
     }
   }
@@ -185,21 +186,22 @@ extern "C" __global__ void __launch_bounds__(256) pf_605a1893f1120e1355f7(float*
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul9 = r_matmul9_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add10 = (r_matmul9 + deep0_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu11[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add10, 0.0f); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_matmul9 = r_matmul9_acc[ii0][iv]; }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_add10 = (r_matmul9 + deep0_bias[((4 * t1) + iv)]); }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_relu11_v[iv] = pf_fmaxf(r_add10, 0.0f); }
     }
+    if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu11[(t0 + (8 * ii0)) * 8 + ((4 * t1) + 0)]) = make_float4(r_relu11_v[0], r_relu11_v[1], r_relu11_v[2], r_relu11_v[3]); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b7af0da633eef185a08c(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_relu11[128];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_relu11[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_deep1_w[1032];
@@ -214,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b7af0da633eef185a08c(float*
     }
   }
   if ((p0r <= 15)) {
-    s_relu11[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? relu11[p0r * 8 + p0c] : 0.0f;
+    *reinterpret_cast<float4*>(&s_relu11[(p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 4) ? *reinterpret_cast<const float4*>(&relu11[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_deep1_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[kk0 * 6 + p1c] : 0.0f;

@@ -128,37 +128,36 @@ extern "C" __global__ void __launch_bounds__(16) pf_7854ae9abcbc64cfc951(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_031d6de1ef95c645e8e8(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) pf_a558da965eaf18e9842d(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_mul13[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_w_h[1032];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_mul13[128];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_w_h[1056];
   float r_matmul18_acc[2][4];
+  float r_matmul18_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul18_acc[ii0][ii1] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul18_acc[ii0][iv] = 0.0f;
     }
   }
   if ((p0r <= 15)) {
-    s_mul13[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 2) ? mul13[p0r * 8 + p0c] : 0.0f;
+    *reinterpret_cast<float4*>(&s_mul13[(p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 2) ? *reinterpret_cast<const float4*>(&mul13[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
-    s_w_h[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 32) ? w_h[kk0 * 32 + p1c] : 0.0f;
-  }
+  *reinterpret_cast<float4*>(&s_w_h[(p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_h[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul18_acc[ii0][ii1] = r_matmul18_acc[ii0][ii1] + (s_mul13[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul18_acc[ii0][iv] = r_matmul18_acc[ii0][iv] + (s_mul13[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
       }
     }
   }
@@ -166,9 +165,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_031d6de1ef95c645e8e8(float*
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 31) { matmul18[(t0 + (8 * ii0)) * 32 + (t1 + (32 * ii1))] = r_matmul18_acc[ii0][ii1]; }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + iv) <= 31) { r_matmul18_v[iv] = r_matmul18_acc[ii0][iv]; }
     }
+    if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul18[(t0 + (8 * ii0)) * 32 + ((4 * t1) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
   }
 }
 

@@ -82,24 +82,25 @@ extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d1771a41f7e92c1d12d7(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_0dec0dd08613981d1a99(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0r = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ float s_concat1[272];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_deep0_w[2193];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_deep0_w[2244];
   float r_matmul2_acc[2][4];
   float r_matmul2;
   float r_add3;
+  float r_relu4_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul2_acc[ii0][ii1] = 0.0f;
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul2_acc[ii0][iv] = 0.0f;
     }
   }
   if ((p0c <= 16)) {
@@ -107,16 +108,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_d1771a41f7e92c1d12d7(float*
       s_concat1[(kk0 - 0) * 17 + (p0c - 0)] = (kk0 >= 0 && kk0 < 4) ? concat1[kk0 * 17 + p0c] : 0.0f;
     }
   }
-  for (int kk0 = p1r; (kk0 <= 16); kk0 += 2) {
-    s_deep0_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 8) ? deep0_w[kk0 * 8 + p1c] : 0.0f;
+  for (int kk0 = p1r; (kk0 <= 16); kk0 += 8) {
+    *reinterpret_cast<float4*>(&s_deep0_w[(kk0 - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[kk0 * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul2_acc[ii0][ii1] = r_matmul2_acc[ii0][ii1] + (s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul2_acc[ii0][iv] = r_matmul2_acc[ii0][iv] + (s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
       }
     }
   }
@@ -124,21 +125,22 @@ extern "C" __global__ void __launch_bounds__(256) pf_d1771a41f7e92c1d12d7(float*
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_matmul2 = r_matmul2_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { r_add3 = (r_matmul2 + deep0_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 7) { relu4[(t0 + (8 * ii0)) * 8 + (t1 + (32 * ii1))] = pf_fmaxf(r_add3, 0.0f); }
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_matmul2 = r_matmul2_acc[ii0][iv]; }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_add3 = (r_matmul2 + deep0_bias[((4 * t1) + iv)]); }
+      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_relu4_v[iv] = pf_fmaxf(r_add3, 0.0f); }
     }
+    if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu4[(t0 + (8 * ii0)) * 8 + ((4 * t1) + 0)]) = make_float4(r_relu4_v[0], r_relu4_v[1], r_relu4_v[2], r_relu4_v[3]); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b7af0da633eef185a08c(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_relu4[128];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_relu4[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_deep1_w[1032];
@@ -153,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b7af0da633eef185a08c(float*
     }
   }
   if ((p0r <= 15)) {
-    s_relu4[(p0r - 0) * 8 + (p0c - 0)] = (p0r >= 0 && p0r < 4) ? relu4[p0r * 8 + p0c] : 0.0f;
+    *reinterpret_cast<float4*>(&s_relu4[(p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 4) ? *reinterpret_cast<const float4*>(&relu4[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
     s_deep1_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[kk0 * 6 + p1c] : 0.0f;

@@ -1,0 +1,134 @@
+"""Lowering pass: shared tiles of promoted operands — allocation, copy statements, reads.
+
+A GEMM operand promoted to shared memory (:mod:`polyfuse.poly.promote`) arrives as a
+:class:`PromotedTile`: its box per k-tile (lower bounds as kernel-AST expressions, sizes), the
+padded row of the buffer, the global array's shape, which dimensions may leave the array, and
+the thread grid that copies it. The pass declares the buffer ``s_<tensor>`` (with its copy
+thread grid), turns every instance of the copy statement into a :class:`KCopy` (zeros outside
+the array; ``width`` 4: one 128-bit vector per instance) and records a :class:`KTile` so that
+the update's reads index the buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from polyfuse.cuda.kernel_ast import (
+    KAlloc,
+    KAsyncCopy,
+    KCommit,
+    KCopy,
+    KernelIR,
+    KExpr,
+    KInt,
+    KNode,
+    KOp,
+    KStmt,
+    KThreadGrid,
+    KTile,
+    KVar,
+    KWait,
+    MemSpace,
+    map_children,
+    substitute,
+)
+
+VECTOR_BYTES = 16  # a vector-copied tile is aligned to one 128-bit vector
+
+
+@dataclass(frozen=True)
+class PromotedTile:
+    """One operand's shared tile as the pass needs it."""
+
+    tensor: str
+    copy_stmt: str  # isl statement ``C_<tensor>[kt..., e...]``: one copied element
+    lo: tuple[KExpr, ...]  # box lower bounds (over block coordinates and k-tiles)
+    shape: tuple[int, ...]  # buffer shape (the box, last dimension padded)
+    global_shape: tuple[int, ...]
+    bounds_check: tuple[bool, ...]  # per dimension: may the box leave the array?
+    grid: tuple[str, str, int]  # copying threads: row name, column name, columns
+    readers: frozenset[str]  # statements whose reads of ``tensor`` use the tile
+    width: int = 1  # elements per copy instance (4: a 128-bit vector, aligned)
+
+
+def shared_name(tensor: str) -> str:
+    return f"s_{tensor}"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Multi-stage tiles: ``stages`` buffers alternate over k-tile loop ``loop`` (``ktiles``:
+    all k-tile loop variables, leading each copy's coordinates); instances of ``commit`` and
+    ``wait`` become :class:`KCommit` and :class:`KWait` (all but the newest group landed)."""
+
+    stages: int
+    loop: str
+    ktiles: tuple[str, ...]
+    commit: str
+    wait: str
+
+
+def lower_promotions(
+    ir: KernelIR, tiles: Sequence[PromotedTile], pipeline: Pipeline | None = None
+) -> KernelIR:
+    """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`
+    (with ``pipeline``: ``stages`` buffers per tile, filled by :class:`KAsyncCopy`)."""
+    stages = pipeline.stages if pipeline else 1
+    allocs = list(ir.allocs)
+    first_reg = next((i for i, a in enumerate(allocs) if a.space is MemSpace.REGISTER), len(allocs))
+    new = [
+        KAlloc(
+            shared_name(t.tensor),
+            MemSpace.SHARED,
+            "",
+            ((stages,) if stages > 1 else ()) + t.shape,
+            align=VECTOR_BYTES if t.width > 1 else 0,
+        )
+        for t in tiles
+    ]
+    allocs[first_reg:first_reg] = new
+    grids = tuple(KThreadGrid(shared_name(t.tensor), *t.grid) for t in tiles)
+    stage = KOp("%", (KVar(pipeline.loop), KInt(stages))) if pipeline else None
+    records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, stage) for t in tiles)
+    by_stmt = {t.copy_stmt: t for t in tiles}
+
+    def copy(n: KStmt, t: PromotedTile) -> KCopy:
+        nk = len(n.args) - len(t.shape)  # the k-tiles lead the copy's coordinates
+        es = n.args[nk:]
+        lo = t.lo
+        if pipeline:  # the copied k-tile is the copy's own, not the loop's (one ahead)
+            for kt, arg in zip(pipeline.ktiles, n.args[:nk], strict=True):
+                lo = tuple(substitute(x, kt, arg) for x in lo)
+        conds: list[KExpr] = []
+        for e, size, chk in zip(es, t.global_shape, t.bounds_check, strict=True):
+            if chk:
+                conds += [KOp(">=", (e, KInt(0))), KOp("<", (e, KInt(size)))]
+        guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
+        dst = tuple(KOp("-", (e, b)) for e, b in zip(es, lo, strict=True))
+        args = (shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape)
+        if not pipeline:
+            return KCopy(*args, t.width)
+        kt = n.args[pipeline.ktiles.index(pipeline.loop)]
+        dst = (KOp("%", (kt, KInt(stages))),) + dst
+        return KAsyncCopy(args[0], dst, *args[2:], t.width)
+
+    def walk(nodes) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KStmt) and n.stmt in by_stmt:
+                out.append(copy(n, by_stmt[n.stmt]))
+            elif pipeline and isinstance(n, KStmt) and n.stmt == pipeline.commit:
+                out.append(KCommit())
+            elif pipeline and isinstance(n, KStmt) and n.stmt == pipeline.wait:
+                out.append(KWait(1))
+            else:
+                out.append(map_children(n, walk))
+        return out
+
+    return ir.with_(
+        allocs=tuple(allocs),
+        thread_grids=ir.thread_grids + grids,
+        tiles=ir.tiles + records,
+        body=tuple(walk(ir.body)),
+    )
