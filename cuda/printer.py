@@ -403,8 +403,9 @@ def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -
     t = s.tensor
     assert t.op is not None
     args = [c_index(a) for a in access.args]
-    dims = [a for a in t.op.axes if a.extent > 1]
-    env = {a.uid: str(a.lo) for a in t.op.axes}
+    # the statement's domain: data axes, then (a reduction's update) reduced axes
+    dims = [a for a in t.op.axes if a.extent > 1] + [a for a in t.op.reduce_axes if a.extent > 1]
+    env = {a.uid: str(a.lo) for a in t.op.axes + t.op.reduce_axes}
     env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
     if store:
         return bp.tensor_ref(access.tensor, t.shape, [env[a.uid] for a in t.op.axes], store=True)

@@ -107,12 +107,15 @@ def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, l
         rels: list[isl.Map] | str = []
         for m in acc:  # one map per statement (reads and the write of one statement apart)
             rel = inverse.apply_range(isl.UnionMap.from_map(m)).apply_range(lin).coalesce()
+            if rel.is_empty():  # a statement outside the band (a reduction kernel's lane-less)
+                continue
             maps = maps_of(rel)
             if len(maps) != 1:
                 rels = "accessed through several spaces"
                 break
             rels.append(maps[0])
-        out[ident] = rels
+        if rels:  # touched inside the band
+            out[ident] = rels
     return out
 
 

@@ -33,8 +33,11 @@ from polyfuse.graph.access import loop_names
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import Micrograph
+from polyfuse.poly.coarsen import MARK as COARSEN_MARK
 from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of, zero_distance
+from polyfuse.poly.lane_vector import choose_lane_vectors, part_band
 from polyfuse.poly.mapping import (
     MappedKernel,
     band_ranges,
@@ -296,9 +299,17 @@ def _node_at(sched: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
 
 
 def map_reduction_kernel(
-    graph: Graph, parts: list[ScheduledMicrograph], strategy: ReductionStrategy
+    graph: Graph,
+    parts: list[ScheduledMicrograph],
+    strategy: ReductionStrategy,
+    device: DeviceSpec | None = None,
+    elements_per_thread: int | None = 1,
 ) -> MappedKernel:
-    """Compose ``parts`` and map the result with ``strategy`` (steps 1–4)."""
+    """Compose ``parts`` and map the result with ``strategy`` (steps 1–4).
+
+    With a ``device`` and ``elements_per_thread`` other than 1, lanes may take runs of 4
+    consecutive elements with float4 accesses where isl proves them
+    (:mod:`polyfuse.poly.lane_vector`); the strategy's lanes are then sized over runs."""
     k = kept_count(parts[0])
     model, sched, laneless = compose(graph, parts, k)
     ctx = model.ctx
@@ -310,6 +321,7 @@ def map_reduction_kernel(
     kept_tile = strategy.kept_tile
     params = []
     root = sched.get_root()
+    outer = root.child(0).band_get_partial_schedule() if k else None
     if k:
         node = root.child(0)
         ranges = band_ranges(node, domain, k)
@@ -327,25 +339,40 @@ def map_reduction_kernel(
     else:
         params = ["r0", "l0"]
     pstr = ", ".join(params)
-    # Step 4: flatten and strip-mine the first loop band of every part onto the lanes.
+    # Step 4: flatten the first loop band of every part, then strip-mine it onto the lanes.
     paths: list[tuple[int, ...]] = []
     _inner_bands(sched.get_root(), paths, ())
-    lanes = strategy.lanes
     checks = []
     for path in paths:
         node = _flatten(_merge_nested(_node_at(sched, path)), domain)
         checks.append(node.band_get_partial_schedule())
-        mv = isl.MultiVal.zero(node.band_get_space()).set_val(0, isl.Val.int_from_si(ctx, lanes))
-        node = node.band_tile(mv)
-        point = node.child(0).band_get_partial_schedule()
-        covered = isl.UnionMap.from_multi_union_pw_aff(point).domain()
-        others = domain.subtract(covered)
-        filters.append(bind_band(point, ["l0"], pstr).union(others))
-        sched = node.child(0).delete().get_schedule()
+        sched = node.get_schedule()
     _check_lanes(model, checks)
+    vectors = None
+    if device is not None and elements_per_thread != 1 and checks:
+        bands = [part_band(outer, f, domain) for f in checks]
+        vectors = choose_lane_vectors(model, sched, bands, strategy, device)
+        strategy = vectors.strategy
+    lanes = strategy.lanes
+    run = vectors.coarsening.factor if vectors is not None else 1
+    for path, f in zip(paths, checks, strict=True):
+        node = _node_at(sched, path)
+        if run > 1:
+            node, lane = _lane_runs(node, f, domain, lanes, run)
+        else:
+            mv = isl.MultiVal.zero(node.band_get_space()).set_val(
+                0, isl.Val.int_from_si(ctx, lanes)
+            )
+            node = node.band_tile(mv)
+            lane = node.child(0).band_get_partial_schedule()
+            node = node.child(0).delete()
+        covered = isl.UnionMap.from_multi_union_pw_aff(lane).domain()
+        others = domain.subtract(covered)
+        filters.append(bind_band(lane, ["l0"], pstr).union(others))
+        sched = node.get_schedule()
     mapped = sched
-    for f in filters:
-        mapped = mapped.intersect_domain(f)
+    for flt in filters:
+        mapped = mapped.intersect_domain(flt)
     cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
     cons += [f"0 <= r0 < {kept_tile}", f"0 <= l0 < {lanes}"]
     context = isl.Set(f"[{pstr}] -> {{ : {' and '.join(cons)} }}", context=ctx)
@@ -356,6 +383,9 @@ def map_reduction_kernel(
         if strategy.lanes_fastest
         else [("l0", lanes), ("r0", kept_tile)]
     )
+    notes = [f"reduction layout: {strategy}"]
+    if vectors is not None:
+        notes.append(vectors.coarsening.reason)
     return MappedKernel(
         union,
         mapped,
@@ -365,14 +395,41 @@ def map_reduction_kernel(
         grid_dims,
         [kept_tile * lanes],
         ranges,
-        notes=[f"reduction layout: {strategy}"],
+        notes=notes,
         parts=parts,
         strategy=strategy,
         lane_params=["l0"],
         laneless=laneless,
         combined=combined,
         thread_order=order,
+        coarsening=vectors.coarsening if vectors is not None else None,
     )
+
+
+def _lane_runs(
+    node: isl.ScheduleNode,
+    band: isl.MultiUnionPwAff,
+    domain: isl.UnionSet,
+    lanes: int,
+    run: int,
+) -> tuple[isl.ScheduleNode, isl.MultiUnionPwAff]:
+    """Replace the flattened loop band ``f`` by ``f = run * (l0 + lanes * c0) + j``: the serial
+    band ``c0``, below it a ``coarsen:<run>`` mark over the point band ``0 <= j < run``; returns
+    the node and the lane schedule ``floor(f / run) mod lanes`` (to bind to ``l0``)."""
+    ctx = node.get_ctx()
+    f = isl.UnionMap.from_multi_union_pw_aff(band).intersect_domain(domain)
+
+    def part(expr: str) -> isl.MultiUnionPwAff:
+        m = isl.UnionMap.from_map(isl.Map(f"{{ [f] -> [{expr}] }}", context=ctx))
+        return isl.MultiUnionPwAff.from_union_map(f.apply_range(m))
+
+    serial = part(f"floor(f / {run * lanes})")
+    lane = part(f"floor(f / {run}) mod {lanes}")
+    point = part(f"f mod {run}")
+    node = node.delete().insert_partial_schedule(serial)
+    mark = isl.Id(f"{COARSEN_MARK}:{run}", context=ctx)
+    node = node.child(0).insert_partial_schedule(point).insert_mark(mark)
+    return node.parent(), lane
 
 
 def _lane_combines(

@@ -22,7 +22,7 @@ never presented as a measurement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polyfuse.poly.canonical import CanonicalForm
 from polyfuse.poly.device import DeviceSpec
@@ -116,3 +116,20 @@ def choose_reduction_strategy(
     lanes = max(cfg.min_threads, min(maxt, lanes))
     why = "block per row" if form.kind == "y" else "one block strides the whole domain"
     return ReductionStrategy(form, 1, lanes, why)
+
+
+def lanes_over_runs(
+    st: ReductionStrategy, run: int, device: DeviceSpec, cfg: ReductionConfig | None = None
+) -> ReductionStrategy:
+    """The strategy when every lane takes runs of ``run`` consecutive elements
+    (:mod:`polyfuse.poly.lane_vector`): a block-per-row layout sizes its lanes over runs the way
+    it sized them over elements (about ``elems_per_thread`` runs each, within [min, max]
+    threads); a warp per row keeps its 32 lanes (the combine is by shuffles only)."""
+    cfg = cfg or ReductionConfig()
+    if st.form.kind == "x" or st.lanes <= 32:
+        return st
+    maxt = min(cfg.max_threads, device.max_threads_per_block)
+    runs = -(-st.form.reduced // run)
+    lanes = max(cfg.min_threads, min(maxt, _pow2_at_least(-(-runs // cfg.elems_per_thread))))
+    lanes = min(lanes, st.lanes)
+    return replace(st, lanes=lanes, reason=f"{st.reason}, {run}-element runs per lane")

@@ -1,0 +1,104 @@
+"""Runs of 4 consecutive elements per lane in reduction kernels, with 128-bit accesses.
+
+Policy. A reduction kernel's lanes stride the flattened loop index ``f`` of every part
+(:mod:`polyfuse.poly.compose`): lane ``l0`` runs ``f = l0 + lanes * c0`` and loads one 4-byte
+element per step. Where isl proves it exact, each lane instead takes runs of
+:data:`~polyfuse.poly.coarsen.VECTOR` consecutive ``f``: ``f = 4 * (l0 + lanes * c0) + j`` with
+``0 <= j < 4`` an inner loop (marked ``coarsen:4``), so a run's global accesses become one
+``float4`` each (:mod:`polyfuse.cuda.lower_vectorize`). The combine of the lanes' partial
+accumulators is unchanged (a sum, max or min does not depend on which lane saw which element).
+
+The proof reuses :func:`polyfuse.poly.coarsen.prove` per part, over the map from a loop
+statement instance to the band point ``(kept..., f)`` — every kept point (so every block and
+thread row) and every ``f`` (so every lane and run): the offset touched is single-valued,
+``offset - f`` is a multiple of 4 (each run starts 16-byte aligned; fails for a row length that
+is not a multiple of 4, e.g. 47 or 1001, in every row but the first) and consecutive ``f`` of a
+run touch consecutive elements. A tensor is loaded (or stored) as float4 only when every part
+that touches it inside its loops proves it; the rest stay scalar inside the run. A run cut
+short by the loop's end takes the scalar loop (the lowering guards the vector form).
+
+The cost model (:func:`choose_lane_vectors`) takes runs when some input or output tensor is
+proven in a part with at least one whole run, and the lanes stride a contiguous space (y- and
+all-reductions; an x-reduction's lanes stride the outer, reduced dimension). The lanes are then
+re-sized over runs instead of elements (:func:`polyfuse.poly.cost.lanes_over_runs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyfuse.poly.coarsen import VECTOR, Coarsening, prove
+from polyfuse.poly.cost import ReductionStrategy, lanes_over_runs
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.model import PolyModel
+from polyfuse.poly.schedule import ScheduledMicrograph
+
+
+@dataclass
+class LaneVectors:
+    """The decision for one reduction kernel: its record and the strategy to map with."""
+
+    coarsening: Coarsening  # factor 1: lanes stride single elements as before
+    strategy: ReductionStrategy
+
+
+def part_band(
+    outer: isl.MultiUnionPwAff | None, loop: isl.MultiUnionPwAff, domain: isl.UnionSet
+) -> isl.UnionMap:
+    """Loop statement instance -> band point ``(kept..., f)`` of one part."""
+    f = isl.UnionMap.from_multi_union_pw_aff(loop).intersect_domain(domain)
+    if outer is None:
+        return f
+    kept = isl.UnionMap.from_multi_union_pw_aff(outer).intersect_domain(f.domain())
+    return kept.flat_range_product(f)
+
+
+def choose_lane_vectors(
+    model: PolyModel,
+    schedule: isl.Schedule,
+    bands: list[isl.UnionMap],
+    strategy: ReductionStrategy,
+    device: DeviceSpec,
+) -> LaneVectors:
+    """Runs of 4 per lane, or not, for the reduction kernel whose parts' loops have ``bands``
+    (each from :func:`part_band`), with the reason."""
+    if strategy.form.kind == "x":
+        why = "lanes stride the outer (reduced) dimension of an x-reduction, not a contiguous one"
+        return LaneVectors(Coarsening(1, reason=f"one element per lane step: {why}"), strategy)
+    sm = ScheduledMicrograph(model, schedule)
+    roles = model.tensors
+    vector: dict[str, bool] = {}
+    why_scalar: dict[str, str] = {}
+    whole = False  # some part has a proven input/output and at least one whole run
+    tail = False
+    for band in bands:
+        if band.is_empty():
+            continue
+        n = isl.Set.from_union_set(band.range()).dim(isl.dim_type.set)
+        c = prove(sm, band, n, VECTOR)
+        tail |= c.tail
+        points = isl.Set.from_union_set(band.range())
+        extent = points.dim_max_val(n - 1).to_python() + 1
+        for t, ok in c.vector.items():
+            vector[t] = vector.get(t, True) and ok
+            if not ok:
+                why_scalar.setdefault(t, c.why_scalar[t])
+            elif roles[t].role in ("input", "output") and extent >= VECTOR:
+                whole = True
+    io = sorted(t for t, ok in vector.items() if ok and roles[t].role in ("input", "output"))
+    if not io or not whole:
+        why = "; ".join(f"{t}: {w}" for t, w in sorted(why_scalar.items())) or "runs too short"
+        reason = f"one element per lane step: no float4 access ({why})"
+        return LaneVectors(Coarsening(1, reason=reason), strategy)
+    lanes = lanes_over_runs(strategy, VECTOR, device)
+    scalar = "; ".join(f"{t} ({why_scalar[t]})" for t in sorted(why_scalar))
+    reason = (
+        f"{VECTOR}-element runs per lane along the reduced/row axis (lanes {strategy.lanes} -> "
+        f"{lanes.lanes}, combine unchanged) on {device.name}; float4 proven for {', '.join(io)}"
+        + (f"; scalar: {scalar}" if scalar else "")
+        + ("; scalar tail where a loop's extent is not a multiple of 4" if tail else "")
+    )
+    c = Coarsening(VECTOR, vector, why_scalar, tail, reason)
+    return LaneVectors(c, lanes)
