@@ -15,6 +15,7 @@ from __future__ import annotations
 from polyfuse.cuda.kernel_ast import (
     KBarrier,
     KernelIR,
+    KIf,
     KMark,
     KNode,
     KStmt,
@@ -39,23 +40,43 @@ def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
     if not ir.reduction or not tiles:
         return ir
     seen = 0
+    hoisted = False  # the next part's barrier already stands before its guard
 
     def walk(nodes: tuple[KNode, ...] | list[KNode]) -> list[KNode]:
-        nonlocal seen
+        nonlocal seen, hoisted
         out: list[KNode] = []
         for n in nodes:
             if isinstance(n, KMark):
                 part = n.name.startswith(PART)
-                if part and seen:
-                    note = f"{n.name[len(PART) :]} reads what earlier parts wrote"
-                    out.append(KBarrier(scope, note))
+                if part and seen and not hoisted:
+                    out.append(KBarrier(scope, _note(n)))
+                hoisted = False
                 seen += part
                 out.append(KMark(n.name, walk(n.body)))
             else:
+                lead = _leading_part(n)
+                if seen and lead is not None:
+                    # every thread must reach the barrier: put it before the part's lane guard
+                    out.append(KBarrier(scope, _note(lead)))
+                    hoisted = True
                 out.append(map_children(n, walk))
         return out
 
     return ir.with_(body=tuple(walk(ir.body)))
+
+
+def _note(mark: KMark) -> str:
+    return f"{mark.name[len(PART) :]} reads what earlier parts wrote"
+
+
+def _leading_part(n: KNode) -> KMark | None:
+    """The part mark a guard without else begins with (isl hoisted a lane guard over the whole
+    part, e.g. when only some lanes have work in it), else None."""
+    while isinstance(n, KIf) and not n.orelse and n.then:
+        n = n.then[0]
+        if isinstance(n, KMark) and n.name.startswith(PART):
+            return n
+    return None
 
 
 def lower_sync_statements(

@@ -49,9 +49,7 @@ def map_kernel(
     cfg = cfg or MappingConfig()
     if strategy is not None:
         try:
-            return map_reduction_kernel(
-                graph, parts, strategy, device, cfg.elements_per_thread
-            )
+            return map_reduction_kernel(graph, parts, strategy, device, cfg.elements_per_thread)
         except CompositionError as e:
             if len(parts) > 1:  # stitching checked this composition: it cannot fail here
                 raise
