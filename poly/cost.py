@@ -119,17 +119,18 @@ def choose_reduction_strategy(
 
 
 def lanes_over_runs(
-    st: ReductionStrategy, run: int, device: DeviceSpec, cfg: ReductionConfig | None = None
+    st: ReductionStrategy, run: int, cfg: ReductionConfig | None = None
 ) -> ReductionStrategy:
     """The strategy when every lane takes runs of ``run`` consecutive elements
-    (:mod:`polyfuse.poly.lane_vector`): a block-per-row layout sizes its lanes over runs the way
-    it sized them over elements (about ``elems_per_thread`` runs each, within [min, max]
-    threads); a warp per row keeps its 32 lanes (the combine is by shuffles only)."""
+    (:mod:`polyfuse.poly.lane_vector`): a block-per-row layout keeps its lanes (so its block
+    size, occupancy and waves) unless the row has fewer runs than lanes, then the power of two
+    covering the runs (at least ``min_threads``); a warp per row keeps its 32 lanes (the
+    combine is by shuffles only). Fewer, longer-running lanes were tried: the time model's
+    last wave then runs nearly empty (e.g. softmax 4096 rows of 64 threads: 1.03 waves)."""
     cfg = cfg or ReductionConfig()
     if st.form.kind == "x" or st.lanes <= 32:
         return st
-    maxt = min(cfg.max_threads, device.max_threads_per_block)
     runs = -(-st.form.reduced // run)
-    lanes = max(cfg.min_threads, min(maxt, _pow2_at_least(-(-runs // cfg.elems_per_thread))))
-    lanes = min(lanes, st.lanes)
-    return replace(st, lanes=lanes, reason=f"{st.reason}, {run}-element runs per lane")
+    lanes = max(cfg.min_threads, min(st.lanes, _pow2_at_least(runs)))
+    why = f"{st.reason}, {run}-element runs per lane"
+    return replace(st, lanes=lanes, reason=why)

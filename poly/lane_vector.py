@@ -92,7 +92,7 @@ def choose_lane_vectors(
         why = "; ".join(f"{t}: {w}" for t, w in sorted(why_scalar.items())) or "runs too short"
         reason = f"one element per lane step: no float4 access ({why})"
         return LaneVectors(Coarsening(1, reason=reason), strategy)
-    lanes = lanes_over_runs(strategy, VECTOR, device)
+    lanes = lanes_over_runs(strategy, VECTOR)
     scalar = "; ".join(f"{t} ({why_scalar[t]})" for t in sorted(why_scalar))
     reason = (
         f"{VECTOR}-element runs per lane along the reduced/row axis (lanes {strategy.lanes} -> "
