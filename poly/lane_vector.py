@@ -91,7 +91,7 @@ def choose_lane_vectors(
     if not io or not whole:
         why = "; ".join(f"{t}: {w}" for t, w in sorted(why_scalar.items())) or "runs too short"
         reason = f"one element per lane step: no float4 access ({why})"
-        return LaneVectors(Coarsening(1, reason=reason), strategy)
+        return LaneVectors(Coarsening(1, vector, why_scalar, tail, reason), strategy)
     lanes = lanes_over_runs(strategy, VECTOR)
     scalar = "; ".join(f"{t} ({why_scalar[t]})" for t in sorted(why_scalar))
     reason = (

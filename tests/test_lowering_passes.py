@@ -10,6 +10,7 @@ from polyfuse.cuda.kernel_ast import (
     KBarrier,
     KernelIR,
     KFor,
+    KIf,
     KInt,
     KMark,
     KOp,
@@ -95,6 +96,20 @@ def test_insert_barriers_before_every_part_but_the_first():
     assert after.body[1] == KBarrier(Scope.WARP, "use reads what earlier parts wrote")
     assert insert_barriers(before, barrier_scope("x", 8)).body[1].scope is Scope.BLOCK
     assert "barrier warp  // use reads" in str(after)
+
+
+def test_barrier_of_a_lane_guarded_part_stands_before_the_guard():
+    # isl hoists a lane guard over a whole part when only some lanes have work in it (a 1x8
+    # column total with runs of 4: `if (l0 <= 1) { part:mg1 ... }`); a barrier inside the
+    # guard would leave the other lanes out (a divergent __syncthreads)
+    red, use = _two_parts()
+    guarded = KIf(KOp("<=", (KVar("t0"), KInt(1))), [use])
+    tiles = [BufferPlacement("t", MemSpace.SHARED, box=((KInt(0), 8),))]
+    before = alloc_buffers(_ir(reduction=True, body=(red, guarded)), tiles, [])
+    after = insert_barriers(before, Scope.BLOCK)
+    assert [type(n).__name__ for n in after.body] == ["KMark", "KBarrier", "KIf"]
+    assert after.body[1].note == "use reads what earlier parts wrote"
+    assert not any(isinstance(n, KBarrier) for n in after.body[2].then)
 
 
 def test_no_barrier_without_shared_tiles_or_outside_reductions():

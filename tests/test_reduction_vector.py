@@ -1,0 +1,152 @@
+"""Runs of 4 elements per lane with float4 accesses in reduction kernels (poly/lane_vector.py)."""
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, te
+from polyfuse.cuda.compiler import compile_cuda
+from polyfuse.decision import DecisionKind
+from polyfuse.poly.mapping import MappingConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import suite  # noqa: E402
+
+V4_LOAD = re.compile(r"ld\.global(\.nc)?\.v4\.f32")
+V4_STORE = re.compile(r"st\.global\.v4\.f32")
+ORDERS = (False, "reverse", "random", "shadow")
+
+
+def _nvrtc():
+    from polyfuse.cuda.compiler import available_compilers
+
+    if "nvrtc" not in available_compilers():
+        pytest.skip("NVRTC not installed")
+
+
+def _runs(fn):
+    """The elements-per-thread records of the plan's kernels."""
+    return [
+        r.data
+        for kp in fn.plan.kernel_plans
+        for r in kp.layout
+        if DecisionKind.ELEMENTS_PER_THREAD in r.kinds
+    ]
+
+
+def _check(fn, arrays, want, tol=2e-5):
+    for order in ORDERS:
+        got = fn(*arrays, race_check=order)
+        got = got if isinstance(got, (list, tuple)) else [got]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=str(order))
+    fn(*arrays, device="emulate")
+    for k, t in zip(fn.kernels, fn.last_traffic, strict=True):
+        assert (t.bytes_read, t.bytes_written) == (k.bytes_read, k.bytes_written), k.name
+
+
+@pytest.mark.parametrize(
+    "name, store",
+    [
+        ("layernorm", "ln"),
+        ("softmax", "sm"),
+        ("attn_softmax", "probs"),
+        ("residual_layernorm", "ln"),
+    ],
+)
+def test_suite_reductions_use_float4_in_ptx_without_spills(name, store):
+    _nvrtc()
+    ins, outs, _ = suite.build(name, 1)
+    fn = polyfuse.compile(ins, outs, arch="sm_90", check_cuda=False)
+    (c,) = _runs(fn)
+    assert c["factor"] == 4 and store in c["vector"]
+    assert f"reinterpret_cast<float4*>(&{store}[" in fn.cuda_source  # the output row, float4
+    ptx = compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc", output="ptx").ptx
+    assert V4_LOAD.search(ptx) and V4_STORE.search(ptx), name
+    for arch in ("sm_80", "sm_90"):
+        for res in fn.check_cuda(arch).resources.values():
+            assert res.spill_stores == 0 and res.spill_loads == 0, (arch, res)
+
+
+def _layer_norm(rows: int, cols: int):
+    x = te.placeholder((rows, cols), name="x")
+    g = te.placeholder((cols,), name="g")
+    b = te.placeholder((cols,), name="b")
+    y = ops.layer_norm(x, g, b, axis=-1, eps=1e-5, name="ln")
+
+    def ref(a, gg, bb):
+        a = a.astype(np.float64)
+        m = a.mean(-1, keepdims=True)
+        v = ((a - m) ** 2).mean(-1, keepdims=True)
+        return [(a - m) / np.sqrt(v + 1e-5) * gg + bb]
+
+    return [x, g, b], [y], ref
+
+
+def _softmax(rows: int, cols: int):
+    x = te.placeholder((rows, cols), name="x")
+    y = ops.softmax(x, axis=-1, name="sm")
+
+    def ref(a):
+        e = np.exp(a - a.max(-1, keepdims=True))
+        return [e / e.sum(-1, keepdims=True)]
+
+    return [x], [y], ref
+
+
+GRAPHS = {"layer_norm": _layer_norm, "softmax": _softmax}
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+@pytest.mark.parametrize("shape", [(8, 128), (3, 1024), (2, 768), (1, 47), (1, 8), (5, 2000)])
+def test_runs_correct_in_race_modes(graph, shape):
+    ins, outs, ref = GRAPHS[graph](*shape)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    (c,) = _runs(fn)
+    assert c["factor"] == 4 and "x" in c["vector"]
+    assert c["tail"] == (shape[1] % 4 != 0)  # one row of 47: aligned, a scalar tail
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in ins]
+    _check(fn, arrays, ref(*arrays), 2e-5 if graph == "softmax" else 1e-4)
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+@pytest.mark.parametrize("shape", [(3, 47), (4, 1001)])
+def test_row_length_not_a_multiple_of_four_falls_back(graph, shape):
+    ins, outs, ref = GRAPHS[graph](*shape)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    (c,) = _runs(fn)
+    assert "x" not in c["vector"] and "multiple of 4" in c["scalar"]["x"]
+    assert "float4*>(&x[" not in fn.cuda_source
+    rng = np.random.default_rng(shape[1])
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in ins]
+    _check(fn, arrays, ref(*arrays), 2e-5 if graph == "softmax" else 1e-4)
+
+
+@pytest.mark.parametrize("name", ["layernorm", "softmax", "attn_softmax", "batchnorm_train_relu"])
+def test_suite_reductions_with_runs_correct_in_race_modes(name):
+    ins, outs, ref = suite.build(name, 64)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    assert any(c["factor"] == 4 for c in _runs(fn))
+    arrays = suite.random_inputs(name, ins)
+    _check(fn, arrays, ref(*arrays), 2e-4)
+
+
+def test_runs_off_keeps_one_element_per_lane_step():
+    ins, outs, _ = _softmax(4, 1024)
+    fn = polyfuse.compile(ins, outs, mapping=MappingConfig(elements_per_thread=1))
+    assert not _runs(fn) and "float4" not in fn.cuda_source
+
+
+def test_x_reduction_lanes_stay_scalar():
+    x = te.placeholder((64, 256), name="x")
+    k = te.reduce_axis(64, name="k")
+    y = te.compute((256,), lambda j: te.sum(x[k, j], axis=k), name="y")
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    assert all(c["factor"] == 1 for c in _runs(fn))
+    a = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    np.testing.assert_allclose(fn(a), a.sum(0), rtol=1e-4, atol=1e-4)
