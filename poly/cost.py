@@ -132,5 +132,7 @@ def lanes_over_runs(
         return st
     runs = -(-st.form.reduced // run)
     lanes = max(cfg.min_threads, min(st.lanes, _pow2_at_least(runs)))
+    if lanes == st.lanes:
+        return st
     why = f"{st.reason}, {run}-element runs per lane"
     return replace(st, lanes=lanes, reason=why)

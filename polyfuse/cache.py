@@ -29,7 +29,7 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 3  # 3: placements and recomputes carry their decision kinds
+ENTRY_VERSION = 4  # 3: placements and recomputes carry their decision kinds; 4: layout
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 STITCH_FIELDS = (("ok", "reason"),)
@@ -45,6 +45,7 @@ KERNEL_FIELDS = (
         "notes",
         "placements",
         "recomputes",
+        "layout",
     ),
 )
 
@@ -200,7 +201,22 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
             ]
             for d in kp.recomputes
         ],
+        "layout": [
+            [[k.value for k in d.kinds], rename(d.reason, canon), _renamed(d.data, canon)]
+            for d in kp.layout
+        ],
     }
+
+
+def _renamed(data: Any, mapping: dict[str, str]) -> Any:
+    """A decision's data with tensor names renamed (strings, list items and dict keys)."""
+    if isinstance(data, str):
+        return rename(data, mapping)
+    if isinstance(data, dict):
+        return {_renamed(k, mapping): _renamed(v, mapping) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_renamed(v, mapping) for v in data]
+    return data
 
 
 def kernel_from_entry(
@@ -237,6 +253,16 @@ def kernel_from_entry(
         )
         for kinds, reason, t, readers in entry["recomputes"]
     ]
+    layout = [
+        Decided(tuple(DecisionKind(k) for k in kinds), rename(reason, back), _renamed(data, back))
+        for kinds, reason, data in entry["layout"]
+    ]
     return kernel, KernelPlan(
-        name, [], placements, names=micrographs, cached=True, recomputes=recomputes
+        name,
+        [],
+        placements,
+        names=micrographs,
+        cached=True,
+        recomputes=recomputes,
+        layout=layout,
     )

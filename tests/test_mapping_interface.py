@@ -98,7 +98,8 @@ def test_reduction_kernel_maps_lanes_through_the_same_interface():
     assert mm.block == g.strategy.threads == mm.kept_tile * mm.lanes
     assert [p for p, _ in mm.thread_order] == ["r0", "l0"]  # lanes fastest (y-reduce)
     assert mm.grid == 32 // mm.kept_tile
-    assert mm.notes == [f"reduction layout: {g.strategy}"]
+    assert mm.notes == [f"reduction layout: {g.strategy}", mm.coarsening.reason]
+    assert mm.coarsening.factor == 4  # runs of 4 per lane (poly/lane_vector.py)
     assert mm.combined  # the lanes' partial max and sum are combined
     # the union model runs every part's statements
     names = {s.name for sm in g.parts for s in sm.model.statements}
@@ -133,7 +134,7 @@ def test_a_reduction_without_layout_falls_back_to_serial_loops_without_mutation(
     (sm,) = g.parts
     notes = list(sm.notes)
 
-    def refuse(graph, parts, strategy):
+    def refuse(graph, parts, strategy, *rest):
         raise CompositionError("probe: no shared outer band")
 
     monkeypatch.setattr(kernel_map, "map_reduction_kernel", refuse)
