@@ -22,6 +22,7 @@ from polyfuse.graph.expr import (
     Const,
     DataIndex,
     Expr,
+    ExprVisitor,
     IterVar,
     Logical,
     Read,
@@ -78,25 +79,70 @@ def out_index(t: Tensor) -> list[str]:
 
 def affine_str(e: Expr, names: dict[int, str]) -> str:
     """An affine te index expression as isl syntax; ``names`` maps IterVar uid → isl name."""
-    if isinstance(e, IterVar):
-        return names[e.uid]
-    if isinstance(e, Const):
+    return _AffineText(names).visit(e)
+
+
+_AFFINE_BINARY = {
+    "add": "({a} + {b})",
+    "sub": "({a} - {b})",
+    "mul": "({a} * {b})",
+    "floordiv": "floor(({a}) / {b})",
+    "mod": "(({a}) mod {b})",
+}
+_ISL_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
+
+
+class _AffineText(ExprVisitor[str]):
+    """isl text of an affine subscript; anything else raises :class:`ExpressionError`."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def visit_IterVar(self, e: IterVar) -> str:
+        return self.names[e.uid]
+
+    def visit_Const(self, e: Const) -> str:
         return str(int(e.value))
-    if isinstance(e, Unary) and e.op == "neg":
-        return f"(-{affine_str(e.a, names)})"
-    if isinstance(e, Binary):
-        a, b = affine_str(e.a, names), affine_str(e.b, names)
-        if e.op == "add":
-            return f"({a} + {b})"
-        if e.op == "sub":
-            return f"({a} - {b})"
-        if e.op == "mul":
-            return f"({a} * {b})"
-        if e.op == "floordiv":
-            return f"floor(({a}) / {b})"
-        if e.op == "mod":
-            return f"(({a}) mod {b})"
-    raise ExpressionError(f"subscript {e!r} is not affine")
+
+    def visit_Unary(self, e: Unary) -> str:
+        if e.op != "neg":
+            return self.visit_default(e)
+        return f"(-{self.visit(e.a)})"
+
+    def visit_Binary(self, e: Binary) -> str:
+        if e.op not in _AFFINE_BINARY:
+            return self.visit_default(e)
+        return _AFFINE_BINARY[e.op].format(a=self.visit(e.a), b=self.visit(e.b))
+
+    def visit_default(self, e: Expr, *args: object) -> str:
+        raise ExpressionError(f"subscript {e!r} is not affine")
+
+
+class _AffineCondition(ExprVisitor["str | None"]):
+    """isl text of an affine condition, or None when it is not affine."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def visit_Compare(self, e: Compare) -> str | None:
+        try:
+            a, b = affine_str(e.a, self.names), affine_str(e.b, self.names)
+        except ExpressionError:
+            return None
+        return f"({a} {_ISL_COMPARE[e.op]} {b})"
+
+    def visit_Logical(self, e: Logical) -> str | None:
+        a, b = self.visit(e.a), self.visit(e.b)
+        if a is None or b is None:
+            return None
+        return f"({a} {'and' if e.op == 'and' else 'or'} {b})"
+
+    def visit_Unary(self, e: Unary) -> str | None:
+        a = self.visit(e.a) if e.op == "not" else None
+        return None if a is None else f"(not {a})"
+
+    def visit_default(self, e: Expr, *args: object) -> None:
+        return None
 
 
 @dataclass
@@ -171,21 +217,7 @@ def primitive_relations(
 
 def affine_condition(e: Expr, names: dict[int, str]) -> str | None:
     """An affine te condition as isl syntax, or None when it is not affine."""
-    try:
-        if isinstance(e, Compare):
-            op = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}[e.op]
-            return f"({affine_str(e.a, names)} {op} {affine_str(e.b, names)})"
-    except ExpressionError:
-        return None
-    if isinstance(e, Logical):
-        a, b = affine_condition(e.a, names), affine_condition(e.b, names)
-        if a is None or b is None:
-            return None
-        return f"({a} {'and' if e.op == 'and' else 'or'} {b})"
-    if isinstance(e, Unary) and e.op == "not":
-        a = affine_condition(e.a, names)
-        return None if a is None else f"(not {a})"
-    return None
+    return _AffineCondition(names).visit(e)
 
 
 def guarded_reads(body: Expr, names: dict[int, str]) -> list[tuple[Read, str | None]]:
@@ -194,22 +226,32 @@ def guarded_reads(body: Expr, names: dict[int, str]) -> list[tuple[Read, str | N
     ``te.where(c, a, b)`` evaluates only one side, so reads in ``a`` happen only where ``c``
     holds and reads in ``b`` only where it does not; isl then sees exactly the elements read.
     """
-    out: list[tuple[Read, str | None]] = []
+    walker = _GuardedReads(names)
+    walker.visit(body, None)
+    return walker.out
 
-    def both(a: str | None, b: str | None) -> str | None:
-        return b if a is None else a if b is None else f"({a} and {b})"
 
-    def visit(e: Expr, guard: str | None) -> None:
-        if isinstance(e, Read):
-            out.append((e, guard))
-        if isinstance(e, Select):
-            c = affine_condition(e.cond, names)
-            visit(e.cond, guard)
-            visit(e.a, both(guard, c))
-            visit(e.b, both(guard, None if c is None else f"(not {c})"))
-            return
+def _both(a: str | None, b: str | None) -> str | None:
+    return b if a is None else a if b is None else f"({a} and {b})"
+
+
+class _GuardedReads(ExprVisitor[None]):
+    """Collects (read, guard) pairs; ``visit(e, guard)``."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.out: list[tuple[Read, str | None]] = []
+
+    def visit_default(self, e: Expr, *args: object) -> None:
         for k in e.children():
-            visit(k, guard)
+            self.visit(k, *args)
 
-    visit(body, None)
-    return out
+    def visit_Read(self, e: Read, guard: str | None) -> None:
+        self.out.append((e, guard))
+        self.visit_default(e, guard)
+
+    def visit_Select(self, e: Select, guard: str | None) -> None:
+        c = affine_condition(e.cond, self.names)
+        self.visit(e.cond, guard)
+        self.visit(e.a, _both(guard, c))
+        self.visit(e.b, _both(guard, None if c is None else f"(not {c})"))

@@ -44,6 +44,7 @@ from polyfuse.graph.expr import (
     Const,
     DataIndex,
     Expr,
+    ExprVisitor,
     IterVar,
     Logical,
     Read,
@@ -223,7 +224,7 @@ def _eval_compute(t: Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
     return out.astype(np.float32).astype(np.float64)
 
 
-class _Body:
+class _Body(ExprVisitor[Any]):
     """Evaluates one block of one compute body; ``mask`` marks the points a value is used at."""
 
     def __init__(
@@ -238,7 +239,7 @@ class _Body:
     def eval(self, e: Expr, mask: Any) -> Any:
         key = (id(e), id(mask))
         if key not in self.memo:
-            self.memo[key] = self._eval(e, mask)
+            self.memo[key] = self.visit(e, mask)
         return self.memo[key]
 
     def _narrow(self, mask: Any, cond: Any) -> Any:
@@ -246,42 +247,53 @@ class _Body:
         self.masks.append(m)
         return m
 
-    def _eval(self, e: Expr, mask: Any) -> Any:
-        if isinstance(e, IterVar):
-            if e.uid not in self.grids:
-                raise ExpressionError(
-                    f"reference: compute '{self.name}' uses loop variable '{e.name}' "
-                    "that is not one of its axes"
-                )
-            return self.grids[e.uid]
-        if isinstance(e, Const):
-            return e.value
-        if isinstance(e, Read):
-            return self._read(e, mask)
-        if isinstance(e, Unary):
-            return _unary(e.op, self.eval(e.a, mask))
-        if isinstance(e, Binary):
-            return _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
-        if isinstance(e, Compare):
-            return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
-        if isinstance(e, Logical):
-            fn = np.logical_and if e.op == "and" else np.logical_or
-            return fn(self.eval(e.a, mask), self.eval(e.b, mask))
-        if isinstance(e, Select):
-            c = np.asarray(self.eval(e.cond, mask), dtype=bool)
-            if c.ndim == 0:
-                return self.eval(e.a if c else e.b, mask)
-            a = self.eval(e.a, self._narrow(mask, c))
-            b = self.eval(e.b, self._narrow(mask, ~c))
-            return np.where(c, a, b)
-        if isinstance(e, Cast):
-            return _cast(self.eval(e.a, mask), e.dtype)
-        if isinstance(e, DataIndex):
-            return np.asarray(self.eval(e.a, mask)).astype(np.int64)
-        if isinstance(e, Reduce):
+    def visit_IterVar(self, e: IterVar, mask: Any) -> Any:
+        if e.uid not in self.grids:
             raise ExpressionError(
-                f"reference: compute '{self.name}' has a reduction that is not the outermost node"
+                f"reference: compute '{self.name}' uses loop variable '{e.name}' "
+                "that is not one of its axes"
             )
+        return self.grids[e.uid]
+
+    def visit_Const(self, e: Const, mask: Any) -> Any:
+        return e.value
+
+    def visit_Read(self, e: Read, mask: Any) -> Any:
+        return self._read(e, mask)
+
+    def visit_Unary(self, e: Unary, mask: Any) -> Any:
+        return _unary(e.op, self.eval(e.a, mask))
+
+    def visit_Binary(self, e: Binary, mask: Any) -> Any:
+        return _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
+
+    def visit_Compare(self, e: Compare, mask: Any) -> Any:
+        return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
+
+    def visit_Logical(self, e: Logical, mask: Any) -> Any:
+        fn = np.logical_and if e.op == "and" else np.logical_or
+        return fn(self.eval(e.a, mask), self.eval(e.b, mask))
+
+    def visit_Select(self, e: Select, mask: Any) -> Any:
+        c = np.asarray(self.eval(e.cond, mask), dtype=bool)
+        if c.ndim == 0:
+            return self.eval(e.a if c else e.b, mask)
+        a = self.eval(e.a, self._narrow(mask, c))
+        b = self.eval(e.b, self._narrow(mask, ~c))
+        return np.where(c, a, b)
+
+    def visit_Cast(self, e: Cast, mask: Any) -> Any:
+        return _cast(self.eval(e.a, mask), e.dtype)
+
+    def visit_DataIndex(self, e: DataIndex, mask: Any) -> Any:
+        return np.asarray(self.eval(e.a, mask)).astype(np.int64)
+
+    def visit_Reduce(self, e: Reduce, mask: Any) -> Any:
+        raise ExpressionError(
+            f"reference: compute '{self.name}' has a reduction that is not the outermost node"
+        )
+
+    def visit_default(self, e: Expr, *args: Any) -> Any:
         raise ExpressionError(f"reference: unknown expression node {type(e).__name__}")
 
     def _read(self, e: Read, mask: Any) -> Any:
