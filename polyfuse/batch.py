@@ -2,9 +2,9 @@
 
 ``polyfuse zoo [MODELS or DIRS...]`` compiles many models in parallel and reports, per model,
 the primitives, micrographs, kernels, stitched kernels, cache hits and compile seconds per stage,
-as a terminal table and (``--json``) as JSON. Arguments are built-in zoo names
-(:data:`polyfuse.zoo.MODELS`; none = the whole zoo), ``.onnx`` files, directories of ``.onnx``
-files, or ``module:function`` builders returning ``(inputs, outputs[, constants])``.
+as a terminal table and (``--json``) as JSON. Arguments are model arguments as
+:mod:`polyfuse.models` reads them: zoo names (none = the whole zoo), example names, ``.onnx``
+files, directories of ``.onnx`` files, ``.py`` files, or ``module:function`` builders.
 
 Executors: one process per model, ``--jobs N`` at a time (``--executor process``, default the
 CPU count), or Ray (``--executor ray``, imported lazily; ``pip install 'polyfuse[ray]'``). Every
@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import multiprocessing
@@ -50,6 +49,7 @@ from typing import Any, TextIO
 
 import polyfuse
 from polyfuse.errors import PolyfuseError
+from polyfuse.models import LoadedModel, ModelSource, load_model, resolve_models
 from polyfuse.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
 from polyfuse.store import Store, write_atomic
@@ -75,10 +75,10 @@ RAY_HINT = "pip install 'polyfuse[ray]'"
 
 @dataclass
 class Task:
-    """One model to compile: a zoo name, an ONNX file or a ``module:function`` builder."""
+    """One model to compile (a resolved :class:`polyfuse.models.ModelSource` and options)."""
 
     label: str
-    kind: str  # "zoo" | "onnx" | "python" | "invalid"
+    kind: str  # polyfuse.models.KINDS: "zoo" | "example" | "onnx" | "pyfile" | "python" | "invalid"
     spec: str
     size: str = "full"
     arch: str = "sm_80"
@@ -205,29 +205,10 @@ def graph_hash(inputs: Sequence[Any], outputs: Sequence[Any], constants: Sequenc
 # --------------------------------------------------------------------------- one model (worker)
 
 
-def _load(task: Task) -> tuple[list, list, dict]:
-    """Build or import the model of ``task``: ``(inputs, outputs, constants)``."""
-    if task.kind == "zoo":
-        from polyfuse import zoo
-
-        m = zoo.build(task.spec, task.size, weights="zeros")
-        return m.inputs, m.outputs, m.constants
-    if task.kind == "onnx":
-        try:
-            import polyfuse.onnx as pf_onnx
-
-            load = pf_onnx.load
-        except ImportError as e:
-            raise PolyfuseError(f"ONNX import not available ({e})") from None
-        m = load(task.spec, shapes=dict(task.shapes) or None)
-        return list(m.inputs), list(m.outputs), dict(m.constants or {})
-    if task.kind == "python":
-        mod, _, fn_name = task.spec.partition(":")
-        builder = getattr(importlib.import_module(mod), fn_name)
-        built = builder()
-        inputs, outputs, *rest = built
-        return list(inputs), list(outputs), dict(rest[0] or {}) if rest else {}
-    raise PolyfuseError(task.reason or f"cannot compile '{task.spec}'")
+def _load(task: Task) -> LoadedModel:
+    """Build or import the model of ``task``."""
+    source = ModelSource(task.label, task.kind, task.spec, task.reason)
+    return load_model(source, task.size, dict(task.shapes))
 
 
 #: Bump when what a model-cache entry holds changes.
@@ -263,7 +244,8 @@ def compile_task(task: Task) -> dict[str, Any]:
             str(Path(task.cache_dir).resolve()) if task.cache_dir else "off"
         )
         t0 = time.perf_counter()
-        inputs, outputs, constants = _load(task)
+        model = _load(task)
+        inputs, outputs, constants = model.inputs, model.outputs, model.constants
         rep.seconds["build"] = time.perf_counter() - t0
 
         stage = "hashing"
@@ -361,12 +343,10 @@ def resolve_tasks(
     check_cuda: bool = True,
     shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> list[Task]:
-    """Turn command-line arguments into tasks (no argument: the whole built-in zoo).
-
-    Unknown names become ``kind="invalid"`` tasks, reported as failed models.
+    """Turn command-line arguments into tasks (no argument: the whole built-in zoo); see
+    :func:`polyfuse.models.resolve_models`. Unknown names become ``kind="invalid"`` tasks,
+    reported as failed models.
     """
-    from polyfuse import zoo
-
     common = dict(
         size=size,
         arch=arch,
@@ -374,31 +354,7 @@ def resolve_tasks(
         check_cuda=check_cuda,
         shapes=tuple((shapes or {}).items()),
     )
-    tasks: list[Task] = []
-    for s in specs or list(zoo.MODELS):
-        p = Path(s)
-        if s in zoo.MODELS:
-            tasks.append(Task(s, "zoo", s, **common))
-        elif p.is_dir():
-            files = sorted(p.rglob("*.onnx"))
-            if not files:
-                tasks.append(Task(s, "invalid", s, reason=f"no .onnx files in {s}", **common))
-            for f in files:
-                label = str(f.relative_to(p).with_suffix("")) if f.parent != p else f.stem
-                tasks.append(Task(f"{p.name}/{label}", "onnx", str(f), **common))
-        elif s.endswith(".onnx"):
-            if p.is_file():
-                tasks.append(Task(p.stem, "onnx", str(p), **common))
-            else:
-                tasks.append(Task(p.stem, "invalid", s, reason=f"no such file: {s}", **common))
-        elif ":" in s and not p.exists():
-            tasks.append(Task(s.rpartition(":")[2], "python", s, **common))
-        else:
-            why = (
-                f"'{s}' is not a zoo model ({', '.join(zoo.MODELS)}), an .onnx file or a directory"
-            )
-            tasks.append(Task(s, "invalid", s, reason=why, **common))
-    return tasks
+    return [Task(m.label, m.kind, m.spec, reason=m.reason, **common) for m in resolve_models(specs)]
 
 
 # --------------------------------------------------------------------------- executors, progress

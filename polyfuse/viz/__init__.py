@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import runpy
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from polyfuse.viz.template import TEMPLATE
 
 __all__ = [
     "REASON_KINDS",
+    "compile_model",
     "explain",
     "extract",
     "kinds_present",
@@ -104,52 +104,30 @@ def explain(data: dict[str, Any], op: str | None = None) -> str:
 # --------------------------------------------------------------------------- models
 
 
-def load_model(spec: str, size: str | None = None, arch: str = "sm_80", budget=None, shapes=None):
-    """Compile MODEL: an ONNX file, a ``.py`` file exposing ``inputs``/``outputs`` (and
-    optional ``constants``), a built-in example name, or a zoo model name. ``shapes`` fixes
-    an ONNX model's dynamic input dims (``--shapes``)."""
+def compile_model(
+    spec: str, size: str | None = None, arch: str = "sm_80", budget=None, shapes=None
+):
+    """Compile MODEL, a model argument (:func:`polyfuse.models.resolve_model`: an ONNX file,
+    a ``.py`` file exposing ``inputs``/``outputs`` (and optional ``constants``), a built-in
+    example name, a zoo model name or ``module:function``). ``shapes`` fixes an ONNX model's
+    dynamic input dims (``--shapes``)."""
     import polyfuse
     from polyfuse.errors import PolyfuseError
+    from polyfuse.models import load_model as build
 
+    try:
+        m = build(spec, size or "full", shapes)
+    except PolyfuseError as e:
+        raise PolyfuseError(f"viz: {e}") from None
     kw: dict[str, Any] = {"arch": arch, "check_cuda": "auto"}
     if budget is not None:
         kw["budget"] = budget
-    name = os.path.splitext(os.path.basename(spec))[0]
-    constants = None
-    if spec.endswith(".onnx"):
-        try:
-            from polyfuse import onnx as ponnx  # type: ignore[attr-defined]
-        except ImportError as e:
-            raise PolyfuseError(f"viz: ONNX import is not available ({e})") from e
-        m = ponnx.load(spec, shapes=shapes or None)
-        inputs, outputs, constants = m.inputs, m.outputs, getattr(m, "constants", None)
-    elif spec.endswith(".py"):
-        if not os.path.isfile(spec):
-            raise PolyfuseError(f"viz: no such file '{spec}'")
-        ns = runpy.run_path(spec)
-        if "inputs" not in ns or "outputs" not in ns:
-            raise PolyfuseError(f"viz: '{spec}' must define 'inputs' and 'outputs'")
-        inputs, outputs, constants = ns["inputs"], ns["outputs"], ns.get("constants")
-    else:
-        from polyfuse.examples import EXAMPLES
+    if m.constants:
+        kw["constants"] = m.constants
+    return polyfuse.compile(inputs=m.inputs, outputs=m.outputs, name=m.name, **kw)
 
-        if spec in EXAMPLES:
-            inputs, outputs, _ = EXAMPLES[spec].build()
-        else:
-            try:
-                from polyfuse import zoo  # type: ignore[attr-defined]
-            except ImportError:
-                zoo = None
-            if zoo is None:
-                raise PolyfuseError(
-                    f"viz: unknown model '{spec}'; give an .onnx or .py file or one of "
-                    f"{', '.join(EXAMPLES)}"
-                )
-            m = zoo.build(spec, size or "full", weights="zeros")  # compiling needs shapes only
-            inputs, outputs, constants = m.inputs, m.outputs, m.constants
-    if constants:
-        kw["constants"] = constants
-    return polyfuse.compile(inputs=list(inputs), outputs=list(outputs), name=name, **kw)
+
+load_model = compile_model  # the name this had before polyfuse.models
 
 
 # --------------------------------------------------------------------------- command line
@@ -161,7 +139,7 @@ def add_subcommands(sub) -> None:
 
     model_help = (
         "an .onnx file, a .py file defining inputs/outputs (and optional constants), "
-        "a built-in example name or a zoo model name"
+        "a built-in example name, a zoo model name or module:function"
     )
     v = sub.add_parser(
         "viz",
@@ -193,7 +171,7 @@ def add_subcommands(sub) -> None:
 
 
 def run_viz(args: argparse.Namespace) -> int:
-    fn = load_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
+    fn = compile_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
     data = visualize(fn, args.out, args.json)
     c = data["counts"]
     print(
@@ -206,6 +184,6 @@ def run_viz(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    fn = load_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
+    fn = compile_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
     print(explain(extract(fn), args.op))
     return 0
