@@ -127,7 +127,6 @@ class Read(Expr):
         return f"{self.tensor.name}[{', '.join(map(repr, self.indices))}]"
 
 
-BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min", "floordiv", "mod")
 _BIN_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
 
 
@@ -250,9 +249,6 @@ class DataIndex(Expr):
 
     def __repr__(self) -> str:
         return f"data_index({self.a!r})"
-
-
-REDUCE_OPS = ("sum", "max", "min")
 
 
 @dataclass(eq=False, repr=False)

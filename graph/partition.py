@@ -109,14 +109,6 @@ class Partition:
     owner: dict[str, int]  # primitive -> micrograph id
     separations: set[frozenset[str]] = field(default_factory=set)
 
-    def micrograph_of(self, prim: str) -> Micrograph:
-        mg = self.micrographs[self.owner[prim]]  # ids are positions (dependence order)
-        return (
-            mg
-            if mg.id == self.owner[prim]
-            else next(m for m in self.micrographs if m.id == self.owner[prim])
-        )
-
     def __str__(self) -> str:
         return "\n".join(
             [f"Partition: {len(self.micrographs)} micrographs"]
