@@ -32,20 +32,7 @@ from polyfuse.cuda.kernel_ast import (
 )
 from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.errors import UnsupportedOpError
-from polyfuse.graph.expr import (
-    Binary,
-    Cast,
-    Compare,
-    Const,
-    DataIndex,
-    Expr,
-    ExprVisitor,
-    IterVar,
-    Logical,
-    Read,
-    Select,
-    Unary,
-)
+from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -143,7 +130,7 @@ def c_index(e: KExpr) -> str:
     return "(" + f" {e.op} ".join(a) + ")"
 
 
-class BodyPrinter(ExprVisitor[str]):
+class BodyPrinter(ex.ExprVisitor[str]):
     """Prints te expressions for one statement instance."""
 
     def __init__(
@@ -183,25 +170,25 @@ class BodyPrinter(ExprVisitor[str]):
             stride *= dims[d]
         return f"{name}[{' + '.join(reversed(terms))}]"
 
-    def expr(self, e: Expr, env: dict[int, str]) -> str:
+    def expr(self, e: ex.Expr, env: dict[int, str]) -> str:
         """C text of ``e``; ``env`` maps loop variable uid → C expression."""
         return self.visit(e, env)
 
-    def visit_IterVar(self, e: IterVar, env: dict[int, str]) -> str:
+    def visit_IterVar(self, e: ex.IterVar, env: dict[int, str]) -> str:
         return env[e.uid]
 
-    def visit_Const(self, e: Const, env: dict[int, str]) -> str:
+    def visit_Const(self, e: ex.Const, env: dict[int, str]) -> str:
         if e.dtype == "bool":
             return "true" if e.value else "false"
         if e.dtype == "int32":
             return str(int(e.value)) if e.value >= 0 else f"({int(e.value)})"
         return c_float(e.value)
 
-    def visit_Read(self, e: Read, env: dict[int, str]) -> str:
+    def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
         idx = [self.visit(i, env) for i in e.indices]
         return self.tensor_ref(self.idents[e.tensor.uid], e.tensor.shape, idx)
 
-    def visit_Unary(self, e: Unary, env: dict[int, str]) -> str:
+    def visit_Unary(self, e: ex.Unary, env: dict[int, str]) -> str:
         a = self.visit(e.a, env)
         if e.op == "neg":
             return f"(-{a})"
@@ -211,7 +198,7 @@ class BodyPrinter(ExprVisitor[str]):
             return f"fabsf({a})" if e.dtype == "float32" else f"abs({a})"
         return f"{_UNARY[e.op]}({a})"
 
-    def visit_Binary(self, e: Binary, env: dict[int, str]) -> str:
+    def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
         a, b = self.visit(e.a, env), self.visit(e.b, env)
         fl = e.dtype == "float32"
         if e.op in ("add", "sub", "mul"):
@@ -228,24 +215,24 @@ class BodyPrinter(ExprVisitor[str]):
             return f"({a} - {b} * floorf({a} / {b}))" if fl else f"pf_mod({a}, {b})"
         return self.visit_default(e)
 
-    def visit_Compare(self, e: Compare, env: dict[int, str]) -> str:
+    def visit_Compare(self, e: ex.Compare, env: dict[int, str]) -> str:
         return f"({self.visit(e.a, env)} {_CMP[e.op]} {self.visit(e.b, env)})"
 
-    def visit_Logical(self, e: Logical, env: dict[int, str]) -> str:
+    def visit_Logical(self, e: ex.Logical, env: dict[int, str]) -> str:
         op = "&&" if e.op == "and" else "||"
         return f"({self.visit(e.a, env)} {op} {self.visit(e.b, env)})"
 
-    def visit_Select(self, e: Select, env: dict[int, str]) -> str:
+    def visit_Select(self, e: ex.Select, env: dict[int, str]) -> str:
         cond, a, b = (self.visit(c, env) for c in e.children())
         return f"({cond} ? {a} : {b})"
 
-    def visit_Cast(self, e: Cast, env: dict[int, str]) -> str:
+    def visit_Cast(self, e: ex.Cast, env: dict[int, str]) -> str:
         return f"(({C_TYPES[e.dtype]}){self.visit(e.a, env)})"
 
-    def visit_DataIndex(self, e: DataIndex, env: dict[int, str]) -> str:
+    def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:
         return f"((int){self.visit(e.a, env)})"
 
-    def visit_default(self, e: Expr, *args: object) -> str:
+    def visit_default(self, e: ex.Expr, *args: object) -> str:
         raise UnsupportedOpError(f"cannot print expression {e!r}")
 
     def statement(self, s: Statement, args: list[str], ident: str) -> str:

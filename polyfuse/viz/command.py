@@ -46,38 +46,44 @@ def compile_model(
 # --------------------------------------------------------------------------- command line
 
 
+_MODEL_HELP = (
+    "an .onnx file, a .py file defining inputs/outputs (and optional constants), "
+    "a built-in example name, a zoo model name or module:function"
+)
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """MODEL and the options that say how to compile it (shared by viz and explain)."""
+    p.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
+    p.add_argument("--size", help="zoo model size")
+    p.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
+    p.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
+    add_shapes_argument(p)
+    return p
+
+
 def add_subcommands(sub) -> None:
     """Register ``viz`` and ``explain`` on the ``polyfuse`` subparsers."""
-    model_help = (
-        "an .onnx file, a .py file defining inputs/outputs (and optional constants), "
-        "a built-in example name, a zoo model name or module:function"
+    v = _model_arguments(
+        sub.add_parser(
+            "viz",
+            help="write the scheduling debug report (one self-contained HTML file)",
+            description="Compile MODEL and write an HTML report of every partition, schedule, "
+            "stitch and kernel, and why.",
+        )
     )
-    v = sub.add_parser(
-        "viz",
-        help="write the scheduling debug report (one self-contained HTML file)",
-        description="Compile MODEL and write an HTML report of every partition, schedule, "
-        "stitch and kernel, and why.",
-    )
-    v.add_argument("model", metavar="MODEL", help=model_help)
     v.add_argument("-o", "--out", default="report.html", help="HTML file (default report.html)")
     v.add_argument("--json", metavar="PATH", help="also write the report data as JSON")
-    v.add_argument("--size", help="zoo model size")
-    v.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
-    v.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
-    add_shapes_argument(v)
     v.set_defaults(func=run_viz)
-    e = sub.add_parser(
-        "explain",
-        help="print the fusion decisions for one op's edges",
-        description="Compile MODEL and print what happened to each producer->consumer edge "
-        "of --op (every edge without it).",
+    e = _model_arguments(
+        sub.add_parser(
+            "explain",
+            help="print the fusion decisions for one op's edges",
+            description="Compile MODEL and print what happened to each producer->consumer edge "
+            "of --op (every edge without it).",
+        )
     )
-    e.add_argument("model", metavar="MODEL", help=model_help)
     e.add_argument("--op", metavar="NAME", help="primitive (or composite) name")
-    e.add_argument("--size", help="zoo model size")
-    e.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
-    e.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
-    add_shapes_argument(e)
     e.set_defaults(func=run_explain)
 
 
