@@ -12,7 +12,7 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse.cuda.kernel_ast import KDef, KExpr, KFor, KIf, KInt, KMark, KNode, KOp, KStmt, KVar
-from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.mapping import MappedKernel
 
 _OP = isl.ast_expr_op_type
 _BIN = {
@@ -157,7 +157,7 @@ def drop_implied_members(sched: isl.Schedule) -> isl.Schedule:
     return _visit(sched.get_root()).get_schedule()
 
 
-def generate_ast(mm: MappedMicrograph) -> tuple[isl.AstNode, list[KNode]]:
+def generate_ast(mm: MappedKernel) -> tuple[isl.AstNode, list[KNode]]:
     """Run isl AST generation on the mapped schedule; return isl's AST and ours."""
     build = isl.AstBuild.from_context(mm.context)
     ast = build.node_from_schedule(drop_implied_members(mm.schedule))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 
 from polyfuse.cache import rename
 from polyfuse.cuda.kernel_ast import Kernel
@@ -28,10 +29,10 @@ class FunctionTable:
         self.sources: dict[str, str] = {}
         self.users: dict[str, list[str]] = {}
 
-    def bind(self, kernel: Kernel, canonical_source: str) -> None:
-        """Make ``kernel`` run the function of its canonical body (adding it if new, as
-        ``kernel``'s own source renamed): sets ``kernel.function`` and ``kernel.source`` to
-        the shared function. Structurally identical kernels differ only in their buffers,
+    def bind(self, kernel: Kernel, canonical_source: str) -> Kernel:
+        """``kernel`` running the function of its canonical body (added if new, as
+        ``kernel``'s own source renamed): a copy whose ``function`` and ``source`` are the
+        shared function's. Structurally identical kernels differ only in their buffers,
         which are parameters, so any user's text computes every user's result."""
         name = function_name(canonical_source)
         if name not in self.sources:  # its first user's names keep the text readable
@@ -41,8 +42,7 @@ class FunctionTable:
             self.sources[name] = text
             self.users[name] = []
         self.users[name].append(kernel.name)
-        kernel.function = name
-        kernel.source = self.sources[name]
+        return replace(kernel, function=name, source=self.sources[name])
 
     def own(self, kernel: Kernel) -> None:
         """Add ``kernel``'s source as a function of its own (e.g. a packed launch)."""

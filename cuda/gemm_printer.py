@@ -28,7 +28,9 @@ from polyfuse.cuda.kernel_ast import (
     KStmt,
 )
 from polyfuse.cuda.lower_barriers import lower_sync_statements
-from polyfuse.cuda.printer import _BARRIER, BodyPrinter, _decompose, c_index
+from polyfuse.cuda.printer import BARRIER as _BARRIER
+from polyfuse.cuda.printer import BodyPrinter, c_index
+from polyfuse.cuda.printer import decompose as _decompose
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.promote import SYNC_AFTER, SYNC_BEFORE, GemmKernel
 

@@ -20,15 +20,14 @@ from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
-from polyfuse.poly.compose import ReductionKernel
 from polyfuse.poly.islutil import maps_of
-from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
 
 INT_LIMIT = 2**31 - 1
 
 
-def kernel_ir(name: str, mm: MappedMicrograph, body: list[KNode]) -> KernelIR:
+def kernel_ir(name: str, mm: MappedKernel, body: list[KNode]) -> KernelIR:
     """The IR of a mapped kernel before lowering: launch shape, loops, statements."""
     model = mm.scheduled.model
     for role in model.tensors.values():
@@ -39,25 +38,19 @@ def kernel_ir(name: str, mm: MappedMicrograph, body: list[KNode]) -> KernelIR:
             raise UnsupportedOpError(
                 f"tensor '{role.ident}' has {n} elements; 64-bit indexing is not supported yet"
             )
-    grid = tuple(zip(mm.block_params, mm.grid_dims, strict=True))
-    if isinstance(mm, ReductionKernel):
-        return KernelIR(
-            name,
-            grid,
-            tuple(mm.thread_order),
-            tuple(body),
-            tuple(p.name for p in mm.parts),
-            lane_params=tuple(mm.lane_params),
-            laneless=frozenset(mm.laneless),
-            reduction=True,
-        )
-    threads = tuple(zip(mm.thread_params, mm.tile_sizes, strict=True))
-    return KernelIR(name, grid, threads, tuple(body), (model.micrograph.name,))
+    return KernelIR(
+        name,
+        tuple(zip(mm.block_params, mm.grid_dims, strict=True)),
+        tuple(mm.thread_order),
+        tuple(body),
+        tuple(p.name for p in mm.parts),
+        lane_params=tuple(mm.lane_params),
+        laneless=frozenset(mm.laneless),
+        reduction=mm.strategy is not None,
+    )
 
 
-def buffer_placements(
-    mm: MappedMicrograph, placements: dict[str, Placement]
-) -> list[BufferPlacement]:
+def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> list[BufferPlacement]:
     """The placements as the buffer pass reads them (box bounds as kernel-AST expressions)."""
     model = mm.scheduled.model
     written = {m.get_tuple_name(isl.dim_type.out) for m in maps_of(model.writes)}
@@ -79,7 +72,7 @@ def buffer_placements(
 
 def lower_kernel(
     name: str,
-    mm: MappedMicrograph,
+    mm: MappedKernel,
     body: list[KNode],
     placements: dict[str, Placement],
     idents: dict[int, str],
@@ -87,9 +80,8 @@ def lower_kernel(
     """Lower one mapped kernel's AST through the passes and print it."""
     ir = kernel_ir(name, mm, body)
     ir = alloc_buffers(ir, buffer_placements(mm, placements), list(mm.scheduled.model.tensors))
-    if isinstance(mm, ReductionKernel):
-        st = mm.strategy
-        ir = lower_combines(ir, st.form.kind, st.lanes, st.kept_tile, frozenset(mm.combined))
-        ir = insert_barriers(ir, barrier_scope(st.form.kind, st.lanes))
+    # both passes leave a kernel without lanes (no reduction layout) as it is
+    ir = lower_combines(ir, mm.combine_form, mm.lanes, mm.kept_tile, frozenset(mm.combined))
+    ir = insert_barriers(ir, barrier_scope(mm.combine_form, mm.lanes))
     ir = assign_dtypes(ir)
     return emit_kernel(ir, mm.scheduled.model.statements, placements, idents)

@@ -4,8 +4,9 @@ Global tensors become parameters (read-only ones ``const``); shared tiles become
 allocations with their boxes' lower bounds; register-resident tensors (and register copies of
 global outputs) become scalars ``r_<tensor>``. Policy: shared tiles are static ``__shared__``
 arrays while the kernel's shared memory (tiles plus one float per thread of combine scratch)
-fits the default :data:`STATIC_SMEM_LIMIT`, so ptxas reports them; beyond that they are slices
-of one dynamic buffer at their placement's offset, and the launch opts in to the size.
+fits the default :data:`polyfuse.poly.policy.STATIC_SMEM_LIMIT`, so ptxas reports them;
+beyond that they are slices of one dynamic buffer at their placement's offset, and the launch
+opts in to the size.
 Element types are left undecided (``""``) for :mod:`polyfuse.cuda.lower_dtypes`.
 """
 
@@ -15,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from polyfuse.cuda.kernel_ast import KAlloc, KernelIR, KExpr, KParam, MemSpace
+from polyfuse.poly.policy import FLOAT_BYTES as SMEM_ELEMENT_BYTES
+from polyfuse.poly.policy import STATIC_SMEM_LIMIT, fits_static
 
-STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
-SMEM_ELEMENT_BYTES = 4  # every buffer is float32 today
+__all__ = ["STATIC_SMEM_LIMIT", "BufferPlacement", "alloc_buffers"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def alloc_buffers(
     )
     shared = [p for p in placements if p.space is MemSpace.SHARED]
     elements = [_product(size for _, size in p.box) for p in shared]
-    static = (sum(elements) + ir.threads) * SMEM_ELEMENT_BYTES <= STATIC_SMEM_LIMIT
+    static = fits_static(sum(elements), ir.threads)
     allocs: list[KAlloc] = []
     dynamic = 0
     for p, n in zip(shared, elements, strict=True):

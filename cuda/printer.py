@@ -96,7 +96,7 @@ _UNARY = {
 }
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
-_BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
+BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
 DYNAMIC_POOL = "pf_smem"  # the dynamic shared memory that allocations with an offset slice
 
 
@@ -287,7 +287,7 @@ class _Emitter:
                 out.append(f"{pad}// {n.name}")
                 out += self(n.body, depth)
             elif isinstance(n, KBarrier):
-                call = _BARRIER[n.scope]
+                call = BARRIER[n.scope]
                 out.append(f"{pad}{call};" + (f"  // {n.note}" if n.note else ""))
             elif isinstance(n, KFor):
                 init, cond = c_index(n.init), c_index(n.cond)
@@ -313,7 +313,7 @@ class _Emitter:
         return out
 
 
-def _decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
+def decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
     """Split a linear index into coordinates (slowest first), the last varying fastest."""
     if not coords:
         return []
@@ -384,8 +384,8 @@ def emit_kernel(
 
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
     lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
-    lines += _decompose("blockIdx.x", "_b", list(ir.grid_dims))
-    lines += _decompose("threadIdx.x", "_t", list(ir.thread_dims))
+    lines += decompose("blockIdx.x", "_b", list(ir.grid_dims))
+    lines += decompose("threadIdx.x", "_t", list(ir.thread_dims))
     lines += _allocs(ir.allocs)
     lines += _Emitter(emit_stmt)(ir.body, 1)
     lines.append("}")

@@ -8,6 +8,7 @@ derived from them, and the composite op it came from.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -93,6 +94,15 @@ class Graph:
         for src in tensor.op.inputs():
             if not src.is_placeholder:
                 self.dag.add_edge(self.idents[src.uid], name, tensor=self.idents[src.uid])
+
+    def replaced(self, changes: dict[str, Tensor]) -> Graph:
+        """A new graph in which the primitives named in ``changes`` are swapped for their
+        tensors (as :meth:`replace` does); this graph is left unchanged. Identifiers, inputs,
+        outputs and the isl context are shared."""
+        out = dataclasses.replace(self, prims=dict(self.prims), dag=self.dag.copy())
+        for name, tensor in changes.items():
+            out.replace(name, tensor)
+        return out
 
     def __str__(self) -> str:
         lines = [f"Graph: {len(self.prims)} primitives"]

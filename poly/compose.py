@@ -26,7 +26,6 @@ lanes' partial accumulators (warp shuffles / shared memory) so every lane holds 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import islpy as isl
 
@@ -36,31 +35,19 @@ from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import Micrograph
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.islutil import maps_of, zero_distance
-from polyfuse.poly.mapping import MappedMicrograph, _band_ranges, _bind, tile_band
+from polyfuse.poly.mapping import (
+    MappedKernel,
+    band_ranges,
+    bind_band,
+    schedule_ranges,
+    tile_band,
+)
 from polyfuse.poly.model import PolyModel, build_model
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 
 class CompositionError(Exception):
     """The parts cannot share one outer band (the reason says why)."""
-
-
-@dataclass
-class ReductionKernel(MappedMicrograph):
-    """A mapped reduction kernel: parts, strategy, lane parameters, lane-less statements."""
-
-    parts: list[ScheduledMicrograph] = field(default_factory=list)
-    strategy: ReductionStrategy | None = None
-    lane_params: list[str] = field(default_factory=list)
-    laneless: set[str] = field(default_factory=set)
-    combined: set[str] = field(default_factory=set)  # reductions whose lanes hold partials
-    thread_order: list[tuple[str, int]] = field(default_factory=list)  # slowest first
-
-    def __str__(self) -> str:
-        return (
-            f"ReductionKernel {'+'.join(p.name for p in self.parts)}: {self.strategy}\n"
-            f"  schedule: {self.schedule.get_root()}"
-        )
 
 
 def _top_band(sm: ScheduledMicrograph) -> isl.ScheduleNode | None:
@@ -142,7 +129,7 @@ def _split_part(
         if not _keeps_update_dims(sm, outer):
             why = "outer members do not index the reduction's kept dimensions"
             continue
-        if ranges is not None and _band_ranges_of(outer, sm.model.domain, k) != ranges:
+        if ranges is not None and schedule_ranges(outer, sm.model.domain, k) != ranges:
             why = f"kept extents differ from {ranges}"
             continue
         joint = outer if outer_so_far is None else outer_so_far.union_add(outer)
@@ -214,7 +201,7 @@ def compose(
     for sm in parts:
         outer, inner = _split_part(sm, k, model, outer_all, ranges)
         if outer is not None:
-            ranges = ranges or _band_ranges_of(outer, sm.model.domain, k)
+            ranges = ranges or schedule_ranges(outer, sm.model.domain, k)
             outer_all = outer if outer_all is None else outer_all.union_add(outer)
         ll = _laneless(sm, outer)
         laneless |= ll
@@ -249,14 +236,6 @@ def compose(
     return model, sched, laneless
 
 
-def _band_ranges_of(
-    mupa: isl.MultiUnionPwAff, domain: isl.UnionSet, n: int
-) -> list[tuple[int, int]]:
-    um = isl.UnionMap.from_multi_union_pw_aff(mupa).intersect_domain(domain)
-    rng = isl.Set.from_union_set(um.range())
-    return [(rng.dim_min_val(i).to_python(), rng.dim_max_val(i).to_python()) for i in range(n)]
-
-
 def _check_outer_parallel(model: PolyModel, outer: isl.MultiUnionPwAff) -> None:
     """Blocks cannot synchronise: every dependence must stay within one kept point."""
     if not zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(outer)):
@@ -284,7 +263,7 @@ def _merge_nested(node: isl.ScheduleNode) -> isl.ScheduleNode:
 def _flatten(node: isl.ScheduleNode, domain: isl.UnionSet) -> isl.ScheduleNode:
     """Replace a multi-member band by one member f = row-major index over its members."""
     n = node.band_n_member()
-    ranges = _band_ranges(node, domain, n)
+    ranges = band_ranges(node, domain, n)
     if n == 1 and ranges[0][0] == 0:
         return node
     ms = [f"m{i}" for i in range(n)]
@@ -318,7 +297,7 @@ def _node_at(sched: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
 
 def map_reduction_kernel(
     graph: Graph, parts: list[ScheduledMicrograph], strategy: ReductionStrategy
-) -> ReductionKernel:
+) -> MappedKernel:
     """Compose ``parts`` and map the result with ``strategy`` (steps 1–4)."""
     k = kept_count(parts[0])
     model, sched, laneless = compose(graph, parts, k)
@@ -333,7 +312,7 @@ def map_reduction_kernel(
     root = sched.get_root()
     if k:
         node = root.child(0)
-        ranges = _band_ranges(node, domain, k)
+        ranges = band_ranges(node, domain, k)
         sizes = [1] * k
         sizes[-1] = kept_tile
         node, tile_part, point_part, offsets, grid_dims = tile_band(node, sizes, ranges)
@@ -341,9 +320,9 @@ def map_reduction_kernel(
         params = bs + ["r0", "l0"]
         pstr = ", ".join(params)
         filters.append(
-            _bind(tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], pstr)
+            bind_band(tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], pstr)
         )
-        filters.append(_bind(point_part, ["0"] * (k - 1) + ["r0"], pstr))
+        filters.append(bind_band(point_part, ["0"] * (k - 1) + ["r0"], pstr))
         sched = node.delete().delete().get_schedule()
     else:
         params = ["r0", "l0"]
@@ -361,7 +340,7 @@ def map_reduction_kernel(
         point = node.child(0).band_get_partial_schedule()
         covered = isl.UnionMap.from_multi_union_pw_aff(point).domain()
         others = domain.subtract(covered)
-        filters.append(_bind(point, ["l0"], pstr).union(others))
+        filters.append(bind_band(point, ["l0"], pstr).union(others))
         sched = node.child(0).delete().get_schedule()
     _check_lanes(model, checks)
     mapped = sched
@@ -377,7 +356,7 @@ def map_reduction_kernel(
         if strategy.lanes_fastest
         else [("l0", lanes), ("r0", kept_tile)]
     )
-    return ReductionKernel(
+    return MappedKernel(
         union,
         mapped,
         context,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.islutil import parallel_depth, top_band
 from polyfuse.poly.schedule import ScheduledMicrograph
 
@@ -38,10 +39,21 @@ class MappingConfig:
 
 
 @dataclass
-class MappedMicrograph:
-    """A scheduled micrograph after tiling and block/thread mapping."""
+class MappedKernel:
+    """A kernel's micrographs after tiling and block/thread mapping: the one record every
+    mapping returns (plain :func:`map_to_gpu`, reduction
+    :func:`polyfuse.poly.compose.map_reduction_kernel`, GEMM
+    :class:`polyfuse.poly.promote.GemmKernel`), so later stages read the same fields whatever
+    the kernel's kind.
 
-    scheduled: ScheduledMicrograph
+    ``parts`` are the scheduled micrographs the kernel runs (one for a plain kernel);
+    ``thread_order`` names the coordinates ``threadIdx.x`` decomposes into, slowest first;
+    ``strategy`` is the parallel reduction layout (None: no lanes), whose ``lane_params``
+    stride the reduced space, ``laneless`` statements run once per kept point and the
+    reductions in ``combined`` hold per-lane partials to combine.
+    """
+
+    scheduled: ScheduledMicrograph  # the kernel's own model and schedule (all parts united)
     schedule: isl.Schedule  # parametric in block_params + thread_params; mapped bands removed
     context: isl.Set  # ranges of the parameters
     block_params: list[str]
@@ -50,6 +62,17 @@ class MappedMicrograph:
     tile_sizes: list[int]  # threads per mapped member
     extents: list[tuple[int, int]]  # [min, max] of each mapped band member
     notes: list[str] = field(default_factory=list)
+    parts: list[ScheduledMicrograph] = field(default_factory=list)  # empty: [scheduled]
+    strategy: ReductionStrategy | None = None
+    lane_params: list[str] = field(default_factory=list)
+    laneless: set[str] = field(default_factory=set)
+    combined: set[str] = field(default_factory=set)  # reductions whose lanes hold partials
+    thread_order: list[tuple[str, int]] = field(default_factory=list)  # empty: thread params
+
+    def __post_init__(self) -> None:
+        self.parts = list(self.parts) or [self.scheduled]
+        if not self.thread_order:
+            self.thread_order = list(zip(self.thread_params, self.tile_sizes, strict=True))
 
     @property
     def grid(self) -> int:
@@ -69,7 +92,26 @@ class MappedMicrograph:
     def domain(self) -> isl.UnionSet:
         return self.schedule.get_domain()
 
+    @property
+    def lanes(self) -> int:
+        """Threads cooperating on one result (1: no parallel reduction)."""
+        return self.strategy.lanes if self.strategy is not None else 1
+
+    @property
+    def kept_tile(self) -> int:
+        return self.strategy.kept_tile if self.strategy is not None else 1
+
+    @property
+    def combine_form(self) -> str:
+        """The canonical form the lanes combine by ("" without lanes)."""
+        return self.strategy.form.kind if self.strategy is not None else ""
+
     def __str__(self) -> str:
+        if self.strategy is not None:
+            return (
+                f"ReductionKernel {'+'.join(p.name for p in self.parts)}: {self.strategy}\n"
+                f"  schedule: {self.schedule.get_root()}"
+            )
         lines = [
             f"MappedMicrograph {self.scheduled.name}: grid {self.grid} {self.grid_dims}, "
             f"block {self.block} {self.tile_sizes}",
@@ -77,6 +119,10 @@ class MappedMicrograph:
         ]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+#: The record's former name (``polyfuse.poly.promote.GemmKernel`` still extends it by it).
+MappedMicrograph = MappedKernel
 
 
 def choose_tile_sizes(extents: list[int], cfg: MappingConfig) -> list[int]:
@@ -98,11 +144,18 @@ def choose_tile_sizes(extents: list[int], cfg: MappingConfig) -> list[int]:
     return sizes
 
 
-def _band_ranges(node: isl.ScheduleNode, domain: isl.UnionSet, n: int) -> list[tuple[int, int]]:
-    part = node.band_get_partial_schedule()
-    um = isl.UnionMap.from_multi_union_pw_aff(part).intersect_domain(domain)
+def schedule_ranges(
+    mupa: isl.MultiUnionPwAff, domain: isl.UnionSet, n: int
+) -> list[tuple[int, int]]:
+    """[min, max] of the first ``n`` members of a partial schedule over ``domain``."""
+    um = isl.UnionMap.from_multi_union_pw_aff(mupa).intersect_domain(domain)
     rng = isl.Set.from_union_set(um.range())
     return [(rng.dim_min_val(i).to_python(), rng.dim_max_val(i).to_python()) for i in range(n)]
+
+
+def band_ranges(node: isl.ScheduleNode, domain: isl.UnionSet, n: int) -> list[tuple[int, int]]:
+    """[min, max] of the first ``n`` members of band ``node`` over ``domain``."""
+    return schedule_ranges(node.band_get_partial_schedule(), domain, n)
 
 
 def tile_band(
@@ -120,7 +173,7 @@ def tile_band(
     return node, tile_part, point_part, offsets, counts
 
 
-def _bind(part: isl.MultiUnionPwAff, values: list[str], params: str) -> isl.UnionSet:
+def bind_band(part: isl.MultiUnionPwAff, values: list[str], params: str) -> isl.UnionSet:
     """Statement instances whose band values equal ``values`` (isl expressions of params)."""
     vs = [f"v{i}" for i in range(len(values))]
     cons = " and ".join(f"{v} = {e}" for v, e in zip(vs, values, strict=True))
@@ -129,7 +182,7 @@ def _bind(part: isl.MultiUnionPwAff, values: list[str], params: str) -> isl.Unio
     return um.intersect_range(isl.UnionSet.from_set(target)).domain()
 
 
-def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> MappedMicrograph:
+def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> MappedKernel:
     """Tile the coincident prefix of the outer band and bind it to blocks and threads."""
     cfg = cfg or MappingConfig()
     ctx = sm.model.ctx
@@ -139,23 +192,25 @@ def map_to_gpu(sm: ScheduledMicrograph, cfg: MappingConfig | None = None) -> Map
     nc = parallel_depth(sched)
     if nc == 0:
         note = "no coincident outer band member: the micrograph runs in one thread"
-        return MappedMicrograph(
+        return MappedKernel(
             sm, sched, isl.Set("{ : }", context=ctx), [], [], [], [], [], notes=[note]
         )
     if nc < node.band_n_member():
         node = node.band_split(nc)
-    ranges = _band_ranges(node, domain, nc)
+    ranges = band_ranges(node, domain, nc)
     extents = [hi - lo + 1 for lo, hi in ranges]
     sizes = choose_tile_sizes(extents, cfg)
     node, tile_part, point_part, offsets, grid_dims = tile_band(node, sizes, ranges)
     bs = [f"b{i}" for i in range(nc)]
     ts = [f"t{i}" for i in range(nc)]
     params = ", ".join(bs + ts)
-    on_block = _bind(tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], params)
-    on_thread = _bind(point_part, ts, params)
+    on_block = bind_band(
+        tile_part, [f"{b} + {o}" for b, o in zip(bs, offsets, strict=True)], params
+    )
+    on_thread = bind_band(point_part, ts, params)
     node = node.delete().delete()
     mapped = node.get_schedule().intersect_domain(on_block.intersect(on_thread))
     cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
     cons += [f"0 <= {t} < {s}" for t, s in zip(ts, sizes, strict=True)]
     context = isl.Set(f"[{params}] -> {{ : {' and '.join(cons)} }}", context=ctx)
-    return MappedMicrograph(sm, mapped, context, bs, ts, grid_dims, sizes, ranges)
+    return MappedKernel(sm, mapped, context, bs, ts, grid_dims, sizes, ranges)

@@ -26,7 +26,7 @@ import islpy as isl
 
 from polyfuse.decision import DecisionKind
 from polyfuse.poly.islutil import maps_of, sets_of, zero_deltas
-from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.mapping import MappedKernel
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _leaves(
         _leaves(node.child(i), path + (i,), bands, out)
 
 
-def place_tensors(mm: MappedMicrograph) -> dict[str, Placement]:
+def place_tensors(mm: MappedKernel) -> dict[str, Placement]:
     """Decide register or global for every tensor the micrograph touches."""
     model = mm.scheduled.model
     dom = mm.domain

@@ -6,9 +6,11 @@ Stages, each producing a printable object kept on the :class:`Plan`:
 2. ``partition``: Algorithm 1 over the rule table (graph/);
 3. ``build_model`` + ``compute_schedule``: isl model and schedule per micrograph under the
    operation budget (poly/); a :class:`Feedback` sends separations back to step 2;
-4. ``map_to_gpu`` + ``place_tensors``: tiling, block/thread mapping, register/global placement;
-5. ``stitch_memory``: Layer 2 — reduction micrographs stitched with their consumers into one
-   kernel (Algorithm 2), laid out as parallel reductions; ``plan_kernels`` (stitch/);
+4. ``stitch_memory``: Layer 2 — reduction micrographs stitched with their consumers into one
+   kernel (Algorithm 2) (stitch/);
+5. ``plan_kernel`` per kernel (stitch/): ``map_kernel`` (poly/, one interface for plain,
+   reduction and GEMM kernels: tiling, block/thread mapping), ``place_kernel`` (registers,
+   shared or global memory) and recompute instead of spilling — decided before lowering;
 5b. ``stitch_parallel``: Layer 3 — independent kernels share one launch (Algorithm 3);
 6. isl AST generation and the CUDA printer (cuda/).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import islpy as isl
 import numpy as np
@@ -38,21 +41,19 @@ from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_kernel
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import PRELUDE
-from polyfuse.decision import Decided, DecisionKind
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
-from polyfuse.poly.compose import map_reduction_kernel
 from polyfuse.poly.cost import ReductionConfig
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
-from polyfuse.poly.mapping import MappedMicrograph, MappingConfig, map_to_gpu
+from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.model import build_model
-from polyfuse.poly.placement import Placement, place_shared, place_tensors
-from polyfuse.poly.promote import build_gemm_kernel, gemm_placements
+from polyfuse.poly.placement import Placement
+from polyfuse.poly.promote import GemmKernel
 from polyfuse.poly.schedule import (
     DEFAULT_BUDGET,
     Feedback,
@@ -61,11 +62,9 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
-from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
-from polyfuse.stitch.memory import ensure_layout, stitch_memory
+from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.parallel import PackDecision, stitch_parallel
-from polyfuse.stitch.plan import KernelPlan
-from polyfuse.stitch.recompute import apply_recompute, recompute_candidates
+from polyfuse.stitch.plan import KernelPlan, plan_kernel
 from polyfuse.version import __version__
 
 MAX_FEEDBACK_ROUNDS = 64
@@ -156,9 +155,8 @@ def compile(  # noqa: A001
             except Feedback as fb:
                 round_events.append(fb)
                 continue
-            sm = memo[key]
-            sm.model.micrograph = mg  # ids are renumbered per partition
-            scheduled.append(sm)
+            sm = memo[key]  # ids are renumbered per partition: a copy names this round's
+            scheduled.append(replace(sm, model=replace(sm.model, micrograph=mg)))
         if not round_events:
             break
         events.extend(round_events)
@@ -181,7 +179,7 @@ def compile(  # noqa: A001
     t0 = time.perf_counter()
     kernels: list[Kernel] = []
     plans: list[KernelPlan] = []
-    mapped: list[MappedMicrograph | None] = []
+    mapped: list[MappedKernel | None] = []
     asts = {}
     canonical: dict[str, str] = {}
     for i, g in enumerate(groups):
@@ -213,14 +211,17 @@ def compile(  # noqa: A001
         models = [[sm.model for sm in groups[i].parts] for i in order]
         kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
     functions = FunctionTable()  # identical bodies (and identical packs) share one function
+    bound: list[Kernel] = []
     for k in kernels:
         if k.name in canonical:
-            functions.bind(k, canonical[k.name])
+            k = functions.bind(k, canonical[k.name])
         elif (names := pack_parts(k)) and all(n in canonical for n in names):
             parts = [unpacked[n] for n in names]
-            functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
+            k = functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
         else:
             functions.own(k)
+        bound.append(k)
+    kernels = bound
     source = PRELUDE + "\n" + functions.source()
     times["pack"] = time.perf_counter() - t0
 
@@ -281,75 +282,35 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     return sm
 
 
-def _generate_gemm(sm: ScheduledMicrograph, kname: str, device, graph, cfg: MappingConfig):
-    """The register/shared-tiled kernel of a GEMM-like micrograph, or None (not GEMM-like)."""
-    shape = detect_gemm(sm)
-    if isinstance(shape, str):
-        return None
-    rejected: list[str] = []
-    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
-        gk = build_gemm_kernel(sm, shape, tiling)
-        if isinstance(gk, str):
-            return None
-        smem = 4 * sum(p.floats for p in gk.promotions)
-        if smem <= device.smem_per_block:
-            break
-        tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
-        rejected.append(
-            f"rejected {tile}: its shared tiles take {smem} B > {device.smem_per_block} B per block"
-        )
-    else:
-        return None
-    gk.notes.extend(rejected)
-    pl = gemm_placements(gk)
-    kp = KernelPlan(kname, [gk], pl)
-    ast, body = generate_gemm_ast(gk)
-    kernel = print_gemm_kernel(kname, gk, body, pl, graph.idents)
-    kernel.notes.extend(gk.notes)
-    as_global = {
-        k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
-    }
-    fp = global_footprint(gk.scheduled.model, as_global)
-    kernel.bytes_read = sum(fp.reads.values())
-    kernel.bytes_written = sum(fp.writes.values())
-    return kernel, kp, gk, ast
-
-
 def _generate(graph, g, kname: str, device, cfg: MappingConfig):
-    """Lay out, place, generate and print one kernel group (a cache miss)."""
-    mm = ensure_layout(graph, g)
-    if mm is not None:
-        smem = device.smem_per_block_optin - 4 * mm.strategy.threads
-        pl = place_shared(mm, place_tensors(mm), smem)
-        notes: list[str] = []
-        recomputes: list[Decided] = []
-        for _ in range(len(graph.prims)):  # inlining may expose the next spill
-            spilled = recompute_candidates(mm, pl)
-            if not spilled:
-                break
-            for t in spilled:
-                readers = apply_recompute(graph, mm, t)
-                why = pl[t].reason.removeprefix("scratch buffer: ")
-                note = f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})"
-                notes.append(note)
-                kinds = (*pl[t].kinds, DecisionKind.COST_MODEL)
-                recomputes.append(Decided(kinds, note, {"tensor": t, "readers": list(readers)}))
-            mm = map_reduction_kernel(graph, g.parts, g.strategy)
-            pl = place_shared(mm, place_tensors(mm), smem)
-        mm.notes.extend(notes)
+    """Plan (stitch stage: mapping, placement, recompute), then generate one kernel group
+    (a cache miss). Code generation reads the plan only."""
+    kp = plan_kernel(graph, g, kname, device, cfg)
+    kernel, ast = _lower(kp, graph.idents)
+    return kernel, kp, kp.parts[0], ast
+
+
+def _lower(kp: KernelPlan, idents: dict[int, str]) -> tuple[Kernel, isl.AstNode]:
+    """The CUDA kernel of a planned kernel, with its notes and isl global footprint."""
+    (mm,) = kp.parts
+    pl = kp.placements
+    if isinstance(mm, GemmKernel):  # its own AST generator and printer (promoted tiles)
+        ast, body = generate_gemm_ast(mm)
+        kernel = print_gemm_kernel(kp.name, mm, body, pl, idents)
+        notes = list(mm.notes)
+        # the footprint counts the promoted operands' global reads
+        pl = {
+            k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
+        }
     else:
-        recomputes = []
-        (sm,) = g.parts
-        gemm = _generate_gemm(sm, kname, device, graph, cfg) if cfg.gemm else None
-        if gemm is not None:
-            return gemm
-        mm = map_to_gpu(sm, cfg)
-        pl = place_tensors(mm)
-    kp = KernelPlan(kname, [mm], pl, recomputes=recomputes)
-    ast, body = generate_ast(mm)
-    kernel = lower_kernel(kname, mm, body, pl, graph.idents)
-    kernel.notes.extend(mm.notes + [n for p in kp.micrograph_parts for n in p.notes])
+        ast, body = generate_ast(mm)
+        kernel = lower_kernel(kp.name, mm, body, pl, idents)
+        notes = mm.notes + [n for p in kp.micrograph_parts for n in p.notes]
     fp = global_footprint(mm.scheduled.model, pl)
-    kernel.bytes_read = sum(fp.reads.values())
-    kernel.bytes_written = sum(fp.writes.values())
-    return kernel, kp, mm, ast
+    kernel = replace(
+        kernel,
+        notes=[*kernel.notes, *notes],
+        bytes_read=sum(fp.reads.values()),
+        bytes_written=sum(fp.writes.values()),
+    )
+    return kernel, ast

@@ -15,7 +15,7 @@ from polyfuse.decision import Decided
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
 from polyfuse.poly.canonical import canonical_form
-from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.schedule import Feedback, ScheduledMicrograph
 from polyfuse.stitch.plan import KernelPlan
 
@@ -29,7 +29,7 @@ class Plan:
     partition: Partition
     feedback: list[Feedback]
     scheduled: list[ScheduledMicrograph]
-    mapped: list[MappedMicrograph | None]  # None: kernel taken from the compile cache
+    mapped: list[MappedKernel | None]  # None: kernel taken from the compile cache
     kernel_plans: list[KernelPlan]
     kernels: list[Kernel]
     asts: dict[str, Any] = field(repr=False, default_factory=dict)

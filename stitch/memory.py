@@ -26,7 +26,7 @@ from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
 from polyfuse.graph.quotient import QuotientDag
 from polyfuse.graph.structure import structural_key
 from polyfuse.poly.canonical import CanonicalForm, canonical_form
-from polyfuse.poly.compose import CompositionError, ReductionKernel, map_reduction_kernel
+from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy, choose_reduction_strategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.schedule import ScheduledMicrograph
@@ -40,7 +40,9 @@ class Memo(Protocol):
     def put(self, key: str, value: Any) -> None: ...
 
 
-class _Memory:
+class DictMemo:
+    """A :class:`Memo` in a dict (one compile; no persistence)."""
+
     def __init__(self) -> None:
         self.d: dict[str, Any] = {}
 
@@ -59,8 +61,6 @@ class KernelGroup:
     kind: OpKind
     form: CanonicalForm | None = None
     strategy: ReductionStrategy | None = None
-    layout: ReductionKernel | None = None  # computed on demand (see ensure_layout)
-    layout_error: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -89,19 +89,6 @@ class StitchDecision:
         return f"{'+'.join(self.producer)} -> {'+'.join(self.consumer)}: {verb}{r}: {self.reason}"
 
 
-def ensure_layout(graph: Graph, g: KernelGroup) -> ReductionKernel | None:
-    """The group's parallel reduction layout (composed and mapped now if not yet), or None
-    when it has no reduction or the parts cannot share a layout (the reason is kept)."""
-    if g.layout is None and g.strategy is not None and g.layout_error is None:
-        try:
-            g.layout = map_reduction_kernel(graph, g.parts, g.strategy)
-        except CompositionError as e:
-            g.layout_error = str(e)
-            for sm in g.parts:
-                sm.notes.append(f"no parallel reduction layout ({e}); reduction loops stay serial")
-    return g.layout
-
-
 def stitch_memory(
     graph: Graph,
     part: Partition,
@@ -121,14 +108,12 @@ def stitch_memory(
     the pair tried next is the first untried matching pair in (producer, consumer) id order,
     as in a plain rescan, without rescanning.
     """
-    cache = cache if cache is not None else _Memory()
+    cache = cache if cache is not None else DictMemo()
     groups: dict[int, KernelGroup] = {}
     for i, (mg, sm) in enumerate(zip(part.micrographs, scheduled, strict=True)):
         form = canonical_form(sm) if mg.kind == OpKind.REDUCTION else None
-        g = KernelGroup([sm], mg.kind, form)
-        if form is not None:
-            g.strategy = choose_reduction_strategy(form, device)
-        groups[i] = g
+        strategy = choose_reduction_strategy(form, device) if form is not None else None
+        groups[i] = KernelGroup([sm], mg.kind, form, strategy)
     decisions: list[StitchDecision] = []
     if not enabled:
         return [groups[i] for i in sorted(groups)], decisions

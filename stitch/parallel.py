@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
-from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT
 from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import read_overlap
 from polyfuse.poly.model import PolyModel
+from polyfuse.poly.policy import pack_smem_refusal
 from polyfuse.stitch.plan import KernelPlan
 
 # barriers, warp-collective intrinsics (``*_sync(``), shared memory, async copies, inline PTX
@@ -201,12 +201,7 @@ def modelled_us(
 def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
     """Why the parts' shared memory does not fit one block (static arrays add up), or None."""
     static = sum(p.static_smem for p in parts)
-    total = static + max(p.dynamic_smem for p in parts)
-    if static > STATIC_SMEM_LIMIT:
-        return f"static shared memory of the parts ({static} B) does not fit 48 KB"
-    if total > device.smem_per_block_optin:
-        return f"shared memory of the parts ({total} B) does not fit one block of {device.name}"
-    return None
+    return pack_smem_refusal(static, max(p.dynamic_smem for p in parts), device)
 
 
 def _conflict(
@@ -455,13 +450,15 @@ def stitch_parallel(
         lay = pack_layout([shapes[i] for i in g])
         assert not isinstance(lay, str)
         name = f"pk{j}_{kernels[g[0]].name}"
-        d.name = name
-        d.micrographs = [list(kernels[i].micrographs) for i in g]
+        at = next(n for n, x in enumerate(decisions) if x is d)
+        decisions[at] = replace(d, name=name, micrographs=[list(kernels[i].micrographs) for i in g])
         packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
         reads = [t for i in g for t in accesses[i][0]]
-        for t in sorted({t for t in reads if reads.count(t) > 1}):
-            sharing = [models[i] for i in g if t in accesses[i][0]]
-            packed.bytes_read -= read_overlap(sharing, t)  # each element counted once
+        overlap = sum(  # each element counted once
+            read_overlap([models[i] for i in g if t in accesses[i][0]], t)
+            for t in sorted({t for t in reads if reads.count(t) > 1})
+        )
+        packed = replace(packed, bytes_read=packed.bytes_read - overlap)
         out_k.append(packed)
         placements = {t: p for i in g for t, p in plans[i].placements.items()}
         cached = any(plans[i].cached for i in g)  # a cached part has no layouts to list

@@ -1,12 +1,21 @@
-"""Kernel plans: which micrographs one kernel runs and where each of their tensors lives."""
+"""Kernel plans: which micrographs one kernel runs and where each of their tensors lives.
+
+:func:`plan_kernel` is the last stitch-stage decision per kernel: the one mapping interface
+(:func:`polyfuse.poly.kernel_map.map_kernel`), placement, and recompute instead of spilling
+(:mod:`polyfuse.stitch.recompute`). Code generation is a function of the plan it returns.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from polyfuse.decision import Decided
-from polyfuse.poly.mapping import MappedMicrograph
+from polyfuse.graph.graph import Graph
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.placement import Placement
+from polyfuse.stitch.memory import KernelGroup
+from polyfuse.stitch.recompute import recompute_spills
 
 
 @dataclass
@@ -18,7 +27,7 @@ class KernelPlan:
     """
 
     name: str
-    parts: list[MappedMicrograph]
+    parts: list[MappedKernel]
     placements: dict[str, Placement]
     names: list[str] = field(default_factory=list)
     cached: bool = False
@@ -28,10 +37,7 @@ class KernelPlan:
     @property
     def micrograph_parts(self):
         """The scheduled micrographs this kernel runs (empty for a cached kernel)."""
-        out = []
-        for p in self.parts:
-            out.extend(getattr(p, "parts", None) or [p.scheduled])
-        return out
+        return [sm for p in self.parts for sm in p.parts]
 
     @property
     def micrographs(self) -> list[str]:
@@ -42,3 +48,11 @@ class KernelPlan:
         lines = [f"KernelPlan {self.name}: {', '.join(self.micrographs)}{src}"]
         lines += [f"  {p}" for p in self.placements.values()]
         return "\n".join(lines)
+
+
+def plan_kernel(
+    graph: Graph, group: KernelGroup, name: str, device: DeviceSpec, cfg: MappingConfig
+) -> KernelPlan:
+    """Map and place kernel ``name`` of ``group``, recomputes decided (a compile-cache miss)."""
+    r = recompute_spills(graph, group.parts, group.strategy, device, cfg)
+    return KernelPlan(name, [r.mapped], r.placements, recomputes=r.decisions)

@@ -8,21 +8,78 @@ is already available inside the kernel — a kernel input read anyway, or a valu
 keeps in registers or shared memory — then the later parts can recompute it from those
 inputs at no extra global traffic. Those readers get the expression inlined
 (:func:`polyfuse.graph.inline.inline`); readers in the producer's own part keep using it.
+
+The decision is a stitch-stage pass (:func:`recompute_spills`) that runs before lowering: it
+maps and places the kernel, inlines what it decides into a *view* of the graph
+(:meth:`polyfuse.graph.graph.Graph.replaced`; the compile's graph is never rewritten), maps
+and places again on the view until nothing more can be recomputed, and returns the result
+with one typed decision per recomputed tensor. Code generation then only reads it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import islpy as isl
 
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.inline import inline
-from polyfuse.poly.compose import ReductionKernel
+from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of
+from polyfuse.poly.kernel_map import map_kernel, place_kernel
+from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.schedule import ScheduledMicrograph
 
 
-def recompute_candidates(rk: ReductionKernel, placements: dict[str, Placement]) -> list[str]:
+@dataclass(frozen=True)
+class Recomputed:
+    """A kernel mapped and placed after the recompute decisions (none: as first mapped)."""
+
+    graph: Graph  # the view the kernel computes (the compile's graph when nothing changed)
+    mapped: MappedKernel
+    placements: dict[str, Placement]
+    decisions: list[Decided]  # data {"tensor", "readers"} per recomputed tensor
+
+
+def recompute_spills(
+    graph: Graph,
+    parts: list[ScheduledMicrograph],
+    strategy: ReductionStrategy | None,
+    device: DeviceSpec,
+    cfg: MappingConfig | None = None,
+) -> Recomputed:
+    """Map and place the kernel of ``parts``, recomputing spilled intermediates in later
+    parts while any qualifies (inlining may expose the next spill)."""
+    mm = map_kernel(graph, parts, strategy, device, cfg)
+    pl = place_kernel(mm, device)
+    view = graph
+    notes: list[str] = []
+    decisions: list[Decided] = []
+    for _ in range(len(graph.prims)):
+        spilled = recompute_candidates(mm, pl)
+        if not spilled:
+            break
+        for t in spilled:
+            view, readers = inline_into_later_parts(view, mm, t)
+            why = pl[t].reason.removeprefix("scratch buffer: ")
+            note = f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})"
+            notes.append(note)
+            kinds = (*pl[t].kinds, DecisionKind.COST_MODEL)
+            decisions.append(Decided(kinds, note, {"tensor": t, "readers": list(readers)}))
+        mm = map_kernel(view, parts, strategy, device, cfg)
+        pl = place_kernel(mm, device)
+    if notes:
+        mm = replace(mm, notes=[*mm.notes, *notes])
+    return Recomputed(view, mm, pl, decisions)
+
+
+def recompute_candidates(rk: MappedKernel, placements: dict[str, Placement]) -> list[str]:
     """Spilled intermediates of ``rk`` that later parts can recompute for free."""
+    if len(rk.parts) < 2:  # no later part to recompute in
+        return []
     model = rk.scheduled.model
     part_of = {s.name: i for i, p in enumerate(rk.parts) for s in p.model.statements}
     out = []
@@ -58,13 +115,14 @@ def _available(model, placements: dict[str, Placement], t) -> bool:
     return False
 
 
-def apply_recompute(graph: Graph, rk: ReductionKernel, name: str) -> list[str]:
-    """Inline intermediate ``name`` into its readers in later parts; returns those readers."""
+def inline_into_later_parts(graph: Graph, rk: MappedKernel, name: str) -> tuple[Graph, list[str]]:
+    """A view of ``graph`` with intermediate ``name`` inlined into its readers in later parts,
+    and those readers (``graph`` itself is unchanged)."""
     part_of = {s.prim: i for i, p in enumerate(rk.parts) for s in p.model.statements}
     producer = graph.prims[name].tensor
-    done = []
-    for consumer in sorted(graph.consumers(name)):
-        if consumer in part_of and part_of[consumer] > part_of[name]:
-            graph.replace(consumer, inline(graph.prims[consumer].tensor, producer))
-            done.append(consumer)
-    return done
+    changes = {
+        consumer: inline(graph.prims[consumer].tensor, producer)
+        for consumer in sorted(graph.consumers(name))
+        if consumer in part_of and part_of[consumer] > part_of[name]
+    }
+    return (graph.replaced(changes) if changes else graph), list(changes)

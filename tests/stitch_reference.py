@@ -17,7 +17,7 @@ from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import choose_reduction_strategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.schedule import ScheduledMicrograph
-from polyfuse.stitch.memory import KernelGroup, Memo, StitchDecision, _Memory
+from polyfuse.stitch.memory import DictMemo, KernelGroup, Memo, StitchDecision
 
 
 def _group_edges(graph: Graph, owner: dict[str, int]) -> dict[tuple[int, int], list[str]]:
@@ -45,7 +45,7 @@ def reference_stitch_memory(
     identical layers are checked once; layouts are composed later, only for kernels that
     have to be generated.
     """
-    cache = cache if cache is not None else _Memory()
+    cache = cache if cache is not None else DictMemo()
     groups: dict[int, KernelGroup] = {}
     for i, (mg, sm) in enumerate(zip(part.micrographs, scheduled, strict=True)):
         form = canonical_form(sm) if mg.kind == OpKind.REDUCTION else None

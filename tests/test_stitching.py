@@ -11,7 +11,6 @@ import pytest
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import available_compilers
-from polyfuse.poly.compose import ReductionKernel
 
 RNG = np.random.default_rng(7)
 
@@ -123,7 +122,7 @@ def test_pattern_is_one_parallel_kernel(name):
     fn, arrs, want = compiled(name)
     assert len(fn.kernels) == 1, str(fn.plan)
     (mm,) = fn.plan.mapped
-    assert isinstance(mm, ReductionKernel)
+    assert mm.strategy is not None  # a parallel reduction layout
     assert mm.strategy.serial_per_thread() <= 1024
     assert any(d.stitched for d in fn.plan.stitches)
 
@@ -181,7 +180,7 @@ def test_reductions_on_every_axis_are_parallel(shape, axis):
     x = te.placeholder(shape, name="x")
     fn = polyfuse.compile([x], [ops.reduce_sum(x, axis=axis), ops.reduce_max(x, axis=axis)])
     for mm in [mm for kp in fn.plan.kernel_plans for mm in kp.parts]:  # Layer 3 packs too
-        assert isinstance(mm, ReductionKernel), str(fn.plan)
+        assert mm.strategy is not None, str(fn.plan)
         assert mm.strategy.serial_per_thread() <= 1024
     X = rand(*shape)
     s, m = fn(X, device="emulate", race_check=True)

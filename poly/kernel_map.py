@@ -1,0 +1,91 @@
+"""The one mapping entry: a kernel's scheduled micrographs → :class:`MappedKernel` + placements.
+
+Policy, tried in order (PPCG-style: the first mapping that applies wins, and the reason for
+passing over the others is kept in the notes):
+
+1. a kernel with a reduction strategy (a reduction micrograph, possibly stitched with its
+   consumers) gets the parallel reduction layout of :mod:`polyfuse.poly.compose`; when its one
+   micrograph cannot take that layout (isl refuses the composition) the reason is noted and its
+   reduction loops stay serial;
+2. a GEMM-like micrograph (``MappingConfig.gemm``) is tiled for registers and shared memory
+   (:mod:`polyfuse.poly.tiling`, :mod:`polyfuse.poly.promote`) with the best-ranked tiling whose
+   promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget`;
+3. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
+
+:func:`place_kernel` then decides every tensor's memory space for whichever mapping came out.
+Callers see one record and never ask which path produced it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polyfuse.graph.graph import Graph
+from polyfuse.poly.compose import CompositionError, map_reduction_kernel
+from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
+from polyfuse.poly.placement import Placement, place_shared, place_tensors
+from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget, reduction_tile_budget
+from polyfuse.poly.promote import GemmKernel, build_gemm_kernel, gemm_placements
+from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
+
+
+def map_kernel(
+    graph: Graph,
+    parts: list[ScheduledMicrograph],
+    strategy: ReductionStrategy | None,
+    device: DeviceSpec,
+    cfg: MappingConfig | None = None,
+) -> MappedKernel:
+    """Map the kernel that runs ``parts`` (in dependence order) onto blocks and threads."""
+    cfg = cfg or MappingConfig()
+    if strategy is not None:
+        try:
+            return map_reduction_kernel(graph, parts, strategy)
+        except CompositionError as e:
+            if len(parts) > 1:  # stitching checked this composition: it cannot fail here
+                raise
+            note = f"no parallel reduction layout ({e}); reduction loops stay serial"
+            parts = [replace(parts[0], notes=[*parts[0].notes, note])]
+    (sm,) = parts
+    gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
+    return gemm if gemm is not None else map_to_gpu(sm, cfg)
+
+
+def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) -> GemmKernel | None:
+    """The register/shared-tiled mapping of a GEMM-like micrograph, or None (not GEMM-like,
+    or no ranked tiling fits the shared-memory budget)."""
+    shape = detect_gemm(sm)
+    if isinstance(shape, str):
+        return None
+    budget = gemm_tile_budget(device)
+    rejected: list[str] = []
+    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
+        gk = build_gemm_kernel(sm, shape, tiling)
+        if isinstance(gk, str):
+            return None
+        smem = FLOAT_BYTES * sum(p.floats for p in gk.promotions)
+        if smem <= budget:
+            break
+        tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
+        rejected.append(f"rejected {tile}: its shared tiles take {smem} B > {budget} B per block")
+    else:
+        return None
+    return replace(gk, notes=[*gk.notes, *rejected]) if rejected else gk
+
+
+def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
+    """Where every tensor of the mapped kernel lives, with the reason.
+
+    Registers or global memory (:func:`place_tensors`); a parallel reduction layout then moves
+    scratch tensors into shared memory within :func:`reduction_tile_budget` (Layer 2); a GEMM
+    kernel's promoted operands are its shared tiles.
+    """
+    if isinstance(mm, GemmKernel):
+        return gemm_placements(mm)
+    placements = place_tensors(mm)
+    if mm.strategy is None:
+        return placements
+    return place_shared(mm, placements, reduction_tile_budget(device, mm.strategy.threads))

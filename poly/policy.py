@@ -1,0 +1,60 @@
+"""Budget and placement policies: the memory thresholds every stage decides against, in one place.
+
+Policy. A kernel's shared memory holds two things: the tiles placement moves into it (Layer 2
+stitching, GEMM operand promotion) and, for a parallel reduction, the combine's scratch of one
+float per thread. So
+
+- a **reduction kernel's tiles** may take what the device lets one block opt in to
+  (``smem_per_block_optin``) minus that scratch (:func:`reduction_tile_budget`);
+- a **GEMM kernel's promoted tiles** must fit the default per-block limit
+  (``smem_per_block``, no opt-in), so the tiled kernel launches on every device of its arch
+  (:func:`gemm_tile_budget`);
+- **static** ``__shared__`` arrays are used while the kernel's shared memory fits
+  :data:`STATIC_SMEM_LIMIT` (so ptxas reports them); beyond it they are slices of one dynamic
+  buffer and the launch opts in to the size;
+- a **pack** of independent kernels (Layer 3) must fit both: its static arrays add up within
+  :data:`STATIC_SMEM_LIMIT`, and static plus the largest dynamic part within the opt-in
+  limit (:func:`pack_smem_refusal`).
+
+The launch-shape thresholds stay with their models as declared config dataclasses:
+:class:`polyfuse.poly.mapping.MappingConfig` (threads per block of plain kernels),
+:class:`polyfuse.poly.cost.ReductionConfig` (lanes, serial elements per thread) and the
+register budget of GEMM micro-tiles in :mod:`polyfuse.poly.tiling`.
+"""
+
+from __future__ import annotations
+
+from polyfuse.poly.device import DeviceSpec
+
+FLOAT_BYTES = 4  # every buffer is float32 today
+STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
+COMBINE_SCRATCH_FLOATS_PER_THREAD = 1  # a reduction's cross-lane combine scratch
+
+
+def reduction_tile_budget(device: DeviceSpec, threads: int) -> int:
+    """Bytes of shared memory a reduction kernel of ``threads`` threads may give to tiles."""
+    return device.smem_per_block_optin - FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+
+
+def gemm_tile_budget(device: DeviceSpec) -> int:
+    """Bytes of shared memory a GEMM kernel's promoted operand tiles may take per block."""
+    return device.smem_per_block
+
+
+def fits_static(tile_floats: int, threads: int) -> bool:
+    """Whether a kernel's tiles plus its combine scratch fit static ``__shared__`` memory."""
+    scratch = COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+    return (tile_floats + scratch) * FLOAT_BYTES <= STATIC_SMEM_LIMIT
+
+
+def pack_smem_refusal(static: int, dynamic: int, device: DeviceSpec) -> str | None:
+    """Why packed parts with ``static`` bytes of static and ``dynamic`` bytes of the largest
+    dynamic shared memory do not fit one block, or None when they do."""
+    if static > STATIC_SMEM_LIMIT:
+        return f"static shared memory of the parts ({static} B) does not fit 48 KB"
+    if static + dynamic > device.smem_per_block_optin:
+        return (
+            f"shared memory of the parts ({static + dynamic} B) does not fit one block of "
+            f"{device.name}"
+        )
+    return None
