@@ -40,19 +40,7 @@ from polyfuse.cuda.kernel_ast import (
 )
 from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.errors import UnsupportedOpError
-from polyfuse.graph.expr import (
-    Binary,
-    Cast,
-    Compare,
-    Const,
-    DataIndex,
-    Expr,
-    IterVar,
-    Logical,
-    Read,
-    Select,
-    Unary,
-)
+from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -183,7 +171,7 @@ def c_offset(idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
     return " + ".join(reversed(terms))
 
 
-class BodyPrinter:
+class BodyPrinter(ex.ExprVisitor[str]):
     """Prints te expressions for one statement instance."""
 
     def __init__(
@@ -220,53 +208,69 @@ class BodyPrinter:
             idx = [f"({i} - s_{ident}_lo{d})" for d, i in enumerate(idx)]
         return c_linear(name, idx, dims)
 
-    def expr(self, e: Expr, env: dict[int, str]) -> str:
-        if isinstance(e, IterVar):
-            return env[e.uid]
-        if isinstance(e, Const):
-            if e.dtype == "bool":
-                return "true" if e.value else "false"
-            if e.dtype == "int32":
-                return str(int(e.value)) if e.value >= 0 else f"({int(e.value)})"
-            return c_float(e.value)
-        if isinstance(e, Read):
-            idx = [self.expr(i, env) for i in e.indices]
-            return self.tensor_ref(self.idents[e.tensor.uid], e.tensor.shape, idx)
-        if isinstance(e, Unary):
-            a = self.expr(e.a, env)
-            if e.op == "neg":
-                return f"(-{a})"
-            if e.op == "not":
-                return f"(!{a})"
-            if e.op == "abs":
-                return f"fabsf({a})" if e.dtype == "float32" else f"abs({a})"
-            return f"{_UNARY[e.op]}({a})"
-        if isinstance(e, Binary):
-            a, b = self.expr(e.a, env), self.expr(e.b, env)
-            fl = e.dtype == "float32"
-            if e.op in ("add", "sub", "mul"):
-                return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
-            if e.op == "div":
-                return f"({a} / {b})" if fl else f"((float){a} / (float){b})"
-            if e.op == "pow":
-                return f"powf({a}, {b})"
-            if e.op in ("max", "min"):
-                return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
-            if e.op == "floordiv":
-                return f"floorf({a} / {b})" if fl else f"pf_fdiv({a}, {b})"
-            if e.op == "mod":
-                return f"({a} - {b} * floorf({a} / {b}))" if fl else f"pf_mod({a}, {b})"
-        if isinstance(e, Compare):
-            return f"({self.expr(e.a, env)} {_CMP[e.op]} {self.expr(e.b, env)})"
-        if isinstance(e, Logical):
-            op = "&&" if e.op == "and" else "||"
-            return f"({self.expr(e.a, env)} {op} {self.expr(e.b, env)})"
-        if isinstance(e, Select):
-            return f"({self.expr(e.cond, env)} ? {self.expr(e.a, env)} : {self.expr(e.b, env)})"
-        if isinstance(e, Cast):
-            return f"(({C_TYPES[e.dtype]}){self.expr(e.a, env)})"
-        if isinstance(e, DataIndex):
-            return f"((int){self.expr(e.a, env)})"
+    def expr(self, e: ex.Expr, env: dict[int, str]) -> str:
+        """C text of ``e``; ``env`` maps loop variable uid → C expression."""
+        return self.visit(e, env)
+
+    def visit_IterVar(self, e: ex.IterVar, env: dict[int, str]) -> str:
+        return env[e.uid]
+
+    def visit_Const(self, e: ex.Const, env: dict[int, str]) -> str:
+        if e.dtype == "bool":
+            return "true" if e.value else "false"
+        if e.dtype == "int32":
+            return str(int(e.value)) if e.value >= 0 else f"({int(e.value)})"
+        return c_float(e.value)
+
+    def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
+        idx = [self.visit(i, env) for i in e.indices]
+        return self.tensor_ref(self.idents[e.tensor.uid], e.tensor.shape, idx)
+
+    def visit_Unary(self, e: ex.Unary, env: dict[int, str]) -> str:
+        a = self.visit(e.a, env)
+        if e.op == "neg":
+            return f"(-{a})"
+        if e.op == "not":
+            return f"(!{a})"
+        if e.op == "abs":
+            return f"fabsf({a})" if e.dtype == "float32" else f"abs({a})"
+        return f"{_UNARY[e.op]}({a})"
+
+    def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
+        a, b = self.visit(e.a, env), self.visit(e.b, env)
+        fl = e.dtype == "float32"
+        if e.op in ("add", "sub", "mul"):
+            return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
+        if e.op == "div":
+            return f"({a} / {b})" if fl else f"((float){a} / (float){b})"
+        if e.op == "pow":
+            return f"powf({a}, {b})"
+        if e.op in ("max", "min"):
+            return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
+        if e.op == "floordiv":
+            return f"floorf({a} / {b})" if fl else f"pf_fdiv({a}, {b})"
+        if e.op == "mod":
+            return f"({a} - {b} * floorf({a} / {b}))" if fl else f"pf_mod({a}, {b})"
+        return self.visit_default(e)
+
+    def visit_Compare(self, e: ex.Compare, env: dict[int, str]) -> str:
+        return f"({self.visit(e.a, env)} {_CMP[e.op]} {self.visit(e.b, env)})"
+
+    def visit_Logical(self, e: ex.Logical, env: dict[int, str]) -> str:
+        op = "&&" if e.op == "and" else "||"
+        return f"({self.visit(e.a, env)} {op} {self.visit(e.b, env)})"
+
+    def visit_Select(self, e: ex.Select, env: dict[int, str]) -> str:
+        cond, a, b = (self.visit(c, env) for c in e.children())
+        return f"({cond} ? {a} : {b})"
+
+    def visit_Cast(self, e: ex.Cast, env: dict[int, str]) -> str:
+        return f"(({C_TYPES[e.dtype]}){self.visit(e.a, env)})"
+
+    def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:
+        return f"((int){self.visit(e.a, env)})"
+
+    def visit_default(self, e: ex.Expr, *args: object) -> str:
         raise UnsupportedOpError(f"cannot print expression {e!r}")
 
     def statement(self, s: Statement, args: list[str], ident: str) -> str:

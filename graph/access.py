@@ -16,19 +16,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.errors import ExpressionError
-from polyfuse.graph.expr import (
-    Binary,
-    Compare,
-    Const,
-    DataIndex,
-    Expr,
-    IterVar,
-    Logical,
-    Read,
-    Select,
-    Tensor,
-    Unary,
-)
+from polyfuse.graph import expr as ex
 
 # Names generated code uses for itself (loop iterators c0.., block/thread/lane parameters b0..,
 # t0.., r0.., l0.., helpers pf*, registers r_*, shared s_*, statements S_*, derived suffixes
@@ -47,7 +35,7 @@ def isl_ident(name: str) -> str:
     return f"{s}_" if _RESERVED.match(s) else s
 
 
-def loop_names(t: Tensor) -> tuple[list[str], list[str]]:
+def loop_names(t: ex.Tensor) -> tuple[list[str], list[str]]:
     """isl names of a compute's loop dimensions: data axes, then reduce axes.
 
     Axes of extent 1 are not loop dimensions (they are the constant ``lo``); dropping them
@@ -59,7 +47,7 @@ def loop_names(t: Tensor) -> tuple[list[str], list[str]]:
     return data, red
 
 
-def axis_names(t: Tensor) -> dict[int, str]:
+def axis_names(t: ex.Tensor) -> dict[int, str]:
     """IterVar uid -> its isl dimension name, or the constant it is fixed to (extent 1)."""
     assert t.op is not None
     names = {a.uid: (f"d{i}" if a.extent > 1 else str(a.lo)) for i, a in enumerate(t.op.axes)}
@@ -69,34 +57,79 @@ def axis_names(t: Tensor) -> dict[int, str]:
     return names
 
 
-def out_index(t: Tensor) -> list[str]:
+def out_index(t: ex.Tensor) -> list[str]:
     """The subscripts of the element a statement instance writes (isl syntax)."""
     assert t.op is not None
     names = axis_names(t)
     return [names[a.uid] for a in t.op.axes]
 
 
-def affine_str(e: Expr, names: dict[int, str]) -> str:
+def affine_str(e: ex.Expr, names: dict[int, str]) -> str:
     """An affine te index expression as isl syntax; ``names`` maps IterVar uid → isl name."""
-    if isinstance(e, IterVar):
-        return names[e.uid]
-    if isinstance(e, Const):
+    return _AffineText(names).visit(e)
+
+
+_AFFINE_BINARY = {
+    "add": "({a} + {b})",
+    "sub": "({a} - {b})",
+    "mul": "({a} * {b})",
+    "floordiv": "floor(({a}) / {b})",
+    "mod": "(({a}) mod {b})",
+}
+_ISL_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
+
+
+class _AffineText(ex.ExprVisitor[str]):
+    """isl text of an affine subscript; anything else raises :class:`ExpressionError`."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def visit_IterVar(self, e: ex.IterVar) -> str:
+        return self.names[e.uid]
+
+    def visit_Const(self, e: ex.Const) -> str:
         return str(int(e.value))
-    if isinstance(e, Unary) and e.op == "neg":
-        return f"(-{affine_str(e.a, names)})"
-    if isinstance(e, Binary):
-        a, b = affine_str(e.a, names), affine_str(e.b, names)
-        if e.op == "add":
-            return f"({a} + {b})"
-        if e.op == "sub":
-            return f"({a} - {b})"
-        if e.op == "mul":
-            return f"({a} * {b})"
-        if e.op == "floordiv":
-            return f"floor(({a}) / {b})"
-        if e.op == "mod":
-            return f"(({a}) mod {b})"
-    raise ExpressionError(f"subscript {e!r} is not affine")
+
+    def visit_Unary(self, e: ex.Unary) -> str:
+        if e.op != "neg":
+            return self.visit_default(e)
+        return f"(-{self.visit(e.a)})"
+
+    def visit_Binary(self, e: ex.Binary) -> str:
+        if e.op not in _AFFINE_BINARY:
+            return self.visit_default(e)
+        return _AFFINE_BINARY[e.op].format(a=self.visit(e.a), b=self.visit(e.b))
+
+    def visit_default(self, e: ex.Expr, *args: object) -> str:
+        raise ExpressionError(f"subscript {e!r} is not affine")
+
+
+class _AffineCondition(ex.ExprVisitor["str | None"]):
+    """isl text of an affine condition, or None when it is not affine."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def visit_Compare(self, e: ex.Compare) -> str | None:
+        try:
+            a, b = affine_str(e.a, self.names), affine_str(e.b, self.names)
+        except ExpressionError:
+            return None
+        return f"({a} {_ISL_COMPARE[e.op]} {b})"
+
+    def visit_Logical(self, e: ex.Logical) -> str | None:
+        a, b = self.visit(e.a), self.visit(e.b)
+        if a is None or b is None:
+            return None
+        return f"({a} {'and' if e.op == 'and' else 'or'} {b})"
+
+    def visit_Unary(self, e: ex.Unary) -> str | None:
+        a = self.visit(e.a) if e.op == "not" else None
+        return None if a is None else f"(not {a})"
+
+    def visit_default(self, e: ex.Expr, *args: object) -> None:
+        return None
 
 
 @dataclass
@@ -106,7 +139,7 @@ class PrimitiveRelations:
     stmt: str
     domain: isl.Set
     write: isl.Map
-    reads: list[tuple[Read, isl.Map]]
+    reads: list[tuple[ex.Read, isl.Map]]
 
 
 def bounds_set(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Set:
@@ -117,7 +150,7 @@ def bounds_set(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Set:
 
 
 def primitive_relations(
-    t: Tensor, idents: dict[int, str], ctx: isl.Context, memo: dict | None = None
+    t: ex.Tensor, idents: dict[int, str], ctx: isl.Context, memo: dict | None = None
 ) -> PrimitiveRelations:
     """Build the domain, write and read relations of compute tensor ``t``.
 
@@ -141,7 +174,7 @@ def primitive_relations(
     for r, guard in guarded:
         # a data-dependent subscript may select any element along its dimension
         subs = ", ".join(
-            f"z{d}" if isinstance(s, DataIndex) else affine_str(s, names)
+            f"z{d}" if isinstance(s, ex.DataIndex) else affine_str(s, names)
             for d, s in enumerate(r.indices)
         )
         cond = f" : {guard}" if guard else ""
@@ -169,47 +202,43 @@ def primitive_relations(
     return PrimitiveRelations(stmt, domain, write, reads)
 
 
-def affine_condition(e: Expr, names: dict[int, str]) -> str | None:
+def affine_condition(e: ex.Expr, names: dict[int, str]) -> str | None:
     """An affine te condition as isl syntax, or None when it is not affine."""
-    try:
-        if isinstance(e, Compare):
-            op = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}[e.op]
-            return f"({affine_str(e.a, names)} {op} {affine_str(e.b, names)})"
-    except ExpressionError:
-        return None
-    if isinstance(e, Logical):
-        a, b = affine_condition(e.a, names), affine_condition(e.b, names)
-        if a is None or b is None:
-            return None
-        return f"({a} {'and' if e.op == 'and' else 'or'} {b})"
-    if isinstance(e, Unary) and e.op == "not":
-        a = affine_condition(e.a, names)
-        return None if a is None else f"(not {a})"
-    return None
+    return _AffineCondition(names).visit(e)
 
 
-def guarded_reads(body: Expr, names: dict[int, str]) -> list[tuple[Read, str | None]]:
+def guarded_reads(body: ex.Expr, names: dict[int, str]) -> list[tuple[ex.Read, str | None]]:
     """Every read of ``body`` with the affine condition under which it executes (None: always).
 
     ``te.where(c, a, b)`` evaluates only one side, so reads in ``a`` happen only where ``c``
     holds and reads in ``b`` only where it does not; isl then sees exactly the elements read.
     """
-    out: list[tuple[Read, str | None]] = []
+    walker = _GuardedReads(names)
+    walker.visit(body, None)
+    return walker.out
 
-    def both(a: str | None, b: str | None) -> str | None:
-        return b if a is None else a if b is None else f"({a} and {b})"
 
-    def visit(e: Expr, guard: str | None) -> None:
-        if isinstance(e, Read):
-            out.append((e, guard))
-        if isinstance(e, Select):
-            c = affine_condition(e.cond, names)
-            visit(e.cond, guard)
-            visit(e.a, both(guard, c))
-            visit(e.b, both(guard, None if c is None else f"(not {c})"))
-            return
+def _both(a: str | None, b: str | None) -> str | None:
+    return b if a is None else a if b is None else f"({a} and {b})"
+
+
+class _GuardedReads(ex.ExprVisitor[None]):
+    """Collects (read, guard) pairs; ``visit(e, guard)``."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.out: list[tuple[ex.Read, str | None]] = []
+
+    def visit_default(self, e: ex.Expr, *args: object) -> None:
         for k in e.children():
-            visit(k, guard)
+            self.visit(k, *args)
 
-    visit(body, None)
-    return out
+    def visit_Read(self, e: ex.Read, guard: str | None) -> None:
+        self.out.append((e, guard))
+        self.visit_default(e, guard)
+
+    def visit_Select(self, e: ex.Select, guard: str | None) -> None:
+        c = affine_condition(e.cond, self.names)
+        self.visit(e.cond, guard)
+        self.visit(e.a, _both(guard, c))
+        self.visit(e.b, _both(guard, None if c is None else f"(not {c})"))

@@ -11,8 +11,9 @@ compute tensors of their own, so every primitive is one loop nest.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from polyfuse.errors import DtypeError, ExpressionError
 
@@ -31,64 +32,42 @@ def check_dtype(dtype: str, what: str) -> str:
     return dtype
 
 
+def _operator(node: str, op: str, reflected: bool = False) -> Callable[[Expr, Any], Expr]:
+    """The method behind a Python operator: ``node(op, self, other)``, operands swapped for the
+    reflected form (``2 * x``). The node class is looked up when called (defined below)."""
+
+    def method(self: Expr, o: Any) -> Expr:
+        a, b = (as_expr(o), self) if reflected else (self, as_expr(o))
+        return globals()[node](op, a, b)
+
+    return method
+
+
 class Expr:
     """Base of expression nodes; Python operators build bigger expressions."""
 
     dtype: str = "float32"
 
-    def __add__(self, o: Any) -> Expr:
-        return Binary("add", self, as_expr(o))
-
-    def __radd__(self, o: Any) -> Expr:
-        return Binary("add", as_expr(o), self)
-
-    def __sub__(self, o: Any) -> Expr:
-        return Binary("sub", self, as_expr(o))
-
-    def __rsub__(self, o: Any) -> Expr:
-        return Binary("sub", as_expr(o), self)
-
-    def __mul__(self, o: Any) -> Expr:
-        return Binary("mul", self, as_expr(o))
-
-    def __rmul__(self, o: Any) -> Expr:
-        return Binary("mul", as_expr(o), self)
-
-    def __truediv__(self, o: Any) -> Expr:
-        return Binary("div", self, as_expr(o))
-
-    def __rtruediv__(self, o: Any) -> Expr:
-        return Binary("div", as_expr(o), self)
-
-    def __floordiv__(self, o: Any) -> Expr:
-        return Binary("floordiv", self, as_expr(o))
-
-    def __mod__(self, o: Any) -> Expr:
-        return Binary("mod", self, as_expr(o))
-
-    def __pow__(self, o: Any) -> Expr:
-        return Binary("pow", self, as_expr(o))
+    __add__ = _operator("Binary", "add")
+    __radd__ = _operator("Binary", "add", reflected=True)
+    __sub__ = _operator("Binary", "sub")
+    __rsub__ = _operator("Binary", "sub", reflected=True)
+    __mul__ = _operator("Binary", "mul")
+    __rmul__ = _operator("Binary", "mul", reflected=True)
+    __truediv__ = _operator("Binary", "div")
+    __rtruediv__ = _operator("Binary", "div", reflected=True)
+    __floordiv__ = _operator("Binary", "floordiv")
+    __mod__ = _operator("Binary", "mod")
+    __pow__ = _operator("Binary", "pow")
+    __lt__ = _operator("Compare", "lt")
+    __le__ = _operator("Compare", "le")
+    __gt__ = _operator("Compare", "gt")
+    __ge__ = _operator("Compare", "ge")
+    __and__ = _operator("Logical", "and")
+    __or__ = _operator("Logical", "or")
 
     def __neg__(self) -> Expr:
         return Unary("neg", self)
-
-    def __lt__(self, o: Any) -> Expr:
-        return Compare("lt", self, as_expr(o))
-
-    def __le__(self, o: Any) -> Expr:
-        return Compare("le", self, as_expr(o))
-
-    def __gt__(self, o: Any) -> Expr:
-        return Compare("gt", self, as_expr(o))
-
-    def __ge__(self, o: Any) -> Expr:
-        return Compare("ge", self, as_expr(o))
-
-    def __and__(self, o: Any) -> Expr:
-        return Logical("and", self, as_expr(o))
-
-    def __or__(self, o: Any) -> Expr:
-        return Logical("or", self, as_expr(o))
 
     def __bool__(self) -> bool:
         raise ExpressionError(
@@ -148,7 +127,6 @@ class Read(Expr):
         return f"{self.tensor.name}[{', '.join(map(repr, self.indices))}]"
 
 
-BINARY_OPS = ("add", "sub", "mul", "div", "pow", "max", "min", "floordiv", "mod")
 _BIN_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%"}
 
 
@@ -273,9 +251,6 @@ class DataIndex(Expr):
         return f"data_index({self.a!r})"
 
 
-REDUCE_OPS = ("sum", "max", "min")
-
-
 @dataclass(eq=False, repr=False)
 class Reduce(Expr):
     """A reduction of ``body`` over ``axes``; only valid as the outermost node of a body."""
@@ -310,6 +285,103 @@ def as_expr(v: Any) -> Expr:
     raise ExpressionError(f"cannot use {type(v).__name__} value {v!r} in a tensor expression")
 
 
+# ---- visitors --------------------------------------------------------------------------
+#: Every expression node class, in the order visitors document them.
+NODE_CLASSES: tuple[type[Expr], ...] = (
+    IterVar,
+    Const,
+    Read,
+    Unary,
+    Binary,
+    Compare,
+    Logical,
+    Select,
+    Cast,
+    DataIndex,
+    Reduce,
+)
+
+R = TypeVar("R")
+
+
+class ExprVisitor(Generic[R]):
+    """Base of every walker of expressions: ``visit(e, *args)`` calls ``visit_<Node>(e, *args)``.
+
+    The class → method table is built once per subclass, so dispatch is one dict lookup per
+    node; a node class without a ``visit_<Node>`` method goes to :meth:`visit_default`, which
+    raises. Walkers (printers, evaluators, checks) override only the nodes they handle.
+    """
+
+    _dispatch: ClassVar[dict[type, Callable[..., Any]]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls._dispatch = {
+            node: getattr(cls, f"visit_{node.__name__}")
+            for node in NODE_CLASSES
+            if hasattr(cls, f"visit_{node.__name__}")
+        }
+
+    def visit(self, e: Expr, *args: Any) -> R:
+        fn = self._dispatch.get(type(e))
+        if fn is None:
+            return self.visit_default(e, *args)
+        return fn(self, e, *args)
+
+    def visit_default(self, e: Expr, *args: Any) -> R:
+        raise TypeError(f"{type(self).__name__} has no rule for {type(e).__name__} ({e!r})")
+
+
+#: Node class → constructor from (old node, new children).
+_REBUILD: dict[type, Callable[[Any, tuple[Expr, ...]], Expr]] = {
+    Read: lambda e, k: Read(e.tensor, k),
+    Unary: lambda e, k: Unary(e.op, k[0]),
+    Binary: lambda e, k: Binary(e.op, *k),
+    Compare: lambda e, k: Compare(e.op, *k),
+    Logical: lambda e, k: Logical(e.op, *k),
+    Select: lambda e, k: Select(*k),
+    Cast: lambda e, k: Cast(k[0], e.dtype),
+    DataIndex: lambda e, k: DataIndex(k[0]),
+    Reduce: lambda e, k: Reduce(e.op, k[0], e.axes),
+}
+
+
+class ExprMutator(ExprVisitor[Expr]):
+    """A visitor that rebuilds: by default each node is rebuilt from its visited children,
+    and a node whose children are all unchanged is returned as is (subtrees stay shared).
+    Subclasses override ``visit_<Node>`` for the nodes they replace."""
+
+    def visit_default(self, e: Expr, *args: Any) -> Expr:
+        return self.rebuild(e, tuple(self.visit(c, *args) for c in e.children()))
+
+    @staticmethod
+    def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
+        """``e`` with children ``kids`` (``e`` itself when they are the same objects)."""
+        if not kids or all(a is b for a, b in zip(kids, e.children(), strict=True)):
+            return e
+        return _REBUILD[type(e)](e, kids)
+
+
+class _Rewrite(ExprMutator):
+    """Bottom-up rebuild where ``fn(node, new_children)`` may replace a node."""
+
+    def __init__(self, fn: Callable[[Expr, tuple[Expr, ...]], Expr | None]) -> None:
+        self.fn = fn
+
+    def visit(self, e: Expr, *args: Any) -> Expr:
+        kids = tuple(self.visit(c) for c in e.children())
+        new = self.fn(e, kids)
+        return new if new is not None else self.rebuild(e, kids)
+
+
+class _Substitute(ExprMutator):
+    def __init__(self, env: dict[int, Expr]) -> None:
+        self.env = env
+
+    def visit_IterVar(self, e: IterVar) -> Expr:
+        return self.env.get(e.uid, e)
+
+
 def walk(e: Expr):
     """Pre-order walk over an expression tree."""
     yield e
@@ -317,33 +389,14 @@ def walk(e: Expr):
         yield from walk(c)
 
 
-def rewrite(e: Expr, fn) -> Expr:
+def rewrite(e: Expr, fn: Callable[[Expr, tuple[Expr, ...]], Expr | None]) -> Expr:
     """Rebuild ``e`` bottom-up; ``fn(node, new_children)`` may return a replacement or None."""
-    kids = tuple(rewrite(c, fn) for c in e.children())
-    new = fn(e, kids)
-    if new is not None:
-        return new
-    if not kids or all(a is b for a, b in zip(kids, e.children(), strict=True)):
-        return e
-    if isinstance(e, Read):
-        return Read(e.tensor, kids)
-    if isinstance(e, Unary):
-        return Unary(e.op, kids[0])
-    if isinstance(e, Binary):
-        return Binary(e.op, *kids)
-    if isinstance(e, Compare):
-        return Compare(e.op, *kids)
-    if isinstance(e, Logical):
-        return Logical(e.op, *kids)
-    if isinstance(e, Select):
-        return Select(*kids)
-    if isinstance(e, Cast):
-        return Cast(kids[0], e.dtype)
-    if isinstance(e, Reduce):
-        return Reduce(e.op, kids[0], e.axes)
-    if isinstance(e, DataIndex):
-        return DataIndex(kids[0])
-    raise TypeError(type(e))
+    return _Rewrite(fn).visit(e)
+
+
+def substitute(e: Expr, env: dict[int, Expr]) -> Expr:
+    """Replace IterVars (by uid) in ``e``."""
+    return _Substitute(env).visit(e)
 
 
 @dataclass(eq=False)

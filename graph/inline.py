@@ -9,12 +9,25 @@ from the producer's inputs instead of reading it back from global memory.
 
 from __future__ import annotations
 
-from polyfuse.graph.expr import ComputeOp, Expr, IterVar, Read, Tensor, rewrite
+from polyfuse.graph.expr import ComputeOp, Expr, ExprMutator, Read, Tensor, substitute
+
+__all__ = ["inline", "substitute"]
 
 
-def substitute(e: Expr, env: dict[int, Expr]) -> Expr:
-    """Replace IterVars (by uid) in ``e``."""
-    return rewrite(e, lambda n, _k: env.get(n.uid) if isinstance(n, IterVar) else None)
+class _Inline(ExprMutator):
+    """Replaces reads of ``producer`` by its body at the (rebuilt) subscripts."""
+
+    def __init__(self, producer: Tensor) -> None:
+        assert producer.op is not None
+        self.producer = producer
+        self.axes = producer.op.axes
+        self.body = producer.op.body
+
+    def visit_Read(self, e: Read) -> Expr:
+        kids = tuple(self.visit(i) for i in e.indices)
+        if e.tensor.uid != self.producer.uid:
+            return self.rebuild(e, kids)
+        return substitute(self.body, {a.uid: i for a, i in zip(self.axes, kids, strict=True)})
 
 
 def inline(consumer: Tensor, producer: Tensor) -> Tensor:
@@ -22,15 +35,7 @@ def inline(consumer: Tensor, producer: Tensor) -> Tensor:
     assert consumer.op is not None and producer.op is not None
     if producer.op.reduce is not None:
         raise ValueError(f"cannot inline reduction '{producer.name}'")
-    pbody = producer.op.body
-
-    def repl(n: Expr, kids: tuple[Expr, ...]) -> Expr | None:
-        if isinstance(n, Read) and n.tensor.uid == producer.uid:
-            env = {a.uid: i for a, i in zip(producer.op.axes, kids, strict=True)}
-            return substitute(pbody, env)
-        return None
-
-    body = rewrite(consumer.op.body, repl)
+    body = _Inline(producer).visit(consumer.op.body)
     out = Tensor(consumer.shape, consumer.dtype, consumer.name, uid=consumer.uid)
     out.op = ComputeOp(consumer.op.axes, body, consumer.op.tag)
     return out

@@ -20,7 +20,6 @@ partitioner is re-run with them, and every decision (merge, refusal and its reas
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 from polyfuse.decision import DecisionKind
@@ -110,14 +109,6 @@ class Partition:
     owner: dict[str, int]  # primitive -> micrograph id
     separations: set[frozenset[str]] = field(default_factory=set)
 
-    def micrograph_of(self, prim: str) -> Micrograph:
-        mg = self.micrographs[self.owner[prim]]  # ids are positions (dependence order)
-        return (
-            mg
-            if mg.id == self.owner[prim]
-            else next(m for m in self.micrographs if m.id == self.owner[prim])
-        )
-
     def __str__(self) -> str:
         return "\n".join(
             [f"Partition: {len(self.micrographs)} micrographs"]
@@ -147,36 +138,23 @@ def partition(
     refusals: dict[tuple[str, str], tuple[str, DecisionKind]] = {}
 
     # Steps 3-4: rules in priority order; each merges the first mergeable pair until none is.
-    for rule in rules:
-        heap = [q.edge_key(p, c) for p, c in q.edges()]
-        heapq.heapify(heap)
-        while heap:
-            entry = heapq.heappop(heap)
-            p, c = entry[2], entry[3]
-            if not q.current(entry) or not rule.matches(q.kind[p], q.kind[c]):
-                continue
-            if q.separated(p, c):
-                for e in q.payloads(p, c):
-                    refusals[e] = (
-                        "isl feedback separated these primitives",
-                        DecisionKind.ISL_FEEDBACK,
-                    )
-                continue
-            via = q.cycle_via(p, c)
-            if via is not None:
-                first = order[q.first[via]]
-                for e in q.payloads(p, c):
-                    refusals[e] = (
-                        f"merging would create a cycle through {first}",
-                        DecisionKind.CYCLE,
-                    )
-                continue
-            # aggregate(Gp, Gc): the consumer's id survives.
+    def accept(rule: Rule, p: int, c: int) -> bool:
+        if q.separated(p, c):
             for e in q.payloads(p, c):
-                merged_by[e] = rule.number
-            q.merge(p, c, rule.result)
-            for u, v in q.incident_edges(c):
-                heapq.heappush(heap, q.edge_key(u, v))
+                refusals[e] = ("isl feedback separated these primitives", DecisionKind.ISL_FEEDBACK)
+            return False
+        via = q.cycle_via(p, c)
+        if via is not None:
+            first = order[q.first[via]]
+            for e in q.payloads(p, c):
+                refusals[e] = (f"merging would create a cycle through {first}", DecisionKind.CYCLE)
+            return False
+        # aggregate(Gp, Gc): the consumer's id survives.
+        for e in q.payloads(p, c):
+            merged_by[e] = rule.number
+        return True
+
+    q.contract_by_rules(rules, accept)
 
     # Renumber micrographs in dependence order (ties: first primitive first).
     mg_order = q.lexicographic_order()

@@ -19,8 +19,16 @@ Nodes are integers ``0..n-1`` given in a topological order of the initial graph.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, Protocol
+
+
+class MergeRule(Protocol):
+    """What the merge loop needs of a rule: which kinds it fuses and the kind it yields."""
+
+    result: Any
+
+    def matches(self, p: Any, c: Any) -> bool: ...
 
 
 class QuotientDag:
@@ -58,6 +66,33 @@ class QuotientDag:
             self._sep = [set() for _ in self.kind]
         self._sep[self.owner_of(a)].add(b)
         self._sep[self.owner_of(b)].add(a)
+
+    # ---- the merge loop ----------------------------------------------------------------
+    def contract_by_rules(
+        self,
+        rules: Sequence[MergeRule],
+        accept: Callable[[Any, int, int], bool],
+        by_first: bool = True,
+        keep_producer: bool = False,
+    ) -> None:
+        """The loop both algorithms run: rules in priority order; under each, the first
+        matching pair (by :meth:`edge_key`) that ``accept(rule, p, c)`` agrees to is
+        contracted into one node of kind ``rule.result`` (the consumer survives, or the
+        producer with ``keep_producer``), until no pair is left. ``accept`` checks legality
+        (e.g. :meth:`cycle_via`) and records the decision either way."""
+        for rule in rules:
+            heap = [self.edge_key(p, c, by_first) for p, c in self.edges()]
+            heapq.heapify(heap)
+            while heap:
+                entry = heapq.heappop(heap)
+                if not self.current(entry):
+                    continue
+                p, c = entry[2], entry[3]
+                if not rule.matches(self.kind[p], self.kind[c]) or not accept(rule, p, c):
+                    continue
+                keep = self.merge(p, c, rule.result, keep=p if keep_producer else c)
+                for u, v in self.incident_edges(keep):
+                    heapq.heappush(heap, self.edge_key(u, v, by_first))
 
     # ---- queries ----------------------------------------------------------------------
     def owner_of(self, member: int) -> int:

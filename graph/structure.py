@@ -10,23 +10,10 @@ uses keys to schedule and generate each distinct kernel once, in memory and on d
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from polyfuse.graph.expr import (
-    Binary,
-    Cast,
-    Compare,
-    Const,
-    DataIndex,
-    Expr,
-    IterVar,
-    Logical,
-    Read,
-    Reduce,
-    Select,
-    Tensor,
-    Unary,
-)
+from polyfuse.graph import expr as ex
 from polyfuse.graph.graph import Graph
 
 
@@ -46,11 +33,11 @@ def structural_key(graph: Graph, prims: list[str], salt: str = "") -> Structural
     """The key of the primitives ``prims`` (in order) of ``graph``; ``salt`` adds context
     such as the target architecture and compiler version."""
     order: dict[int, int] = {}
-    seen: dict[int, Tensor] = {}
+    seen: dict[int, ex.Tensor] = {}
     idents: list[str] = []
     inside = set(prims)
 
-    def tid(t: Tensor) -> int:
+    def tid(t: ex.Tensor) -> int:
         if t.uid not in order:
             order[t.uid] = len(order)
             seen[t.uid] = t
@@ -76,24 +63,43 @@ def structural_key(graph: Graph, prims: list[str], salt: str = "") -> Structural
     return StructuralKey(digest, tuple(idents))
 
 
-def _expr(e: Expr, loops: dict[int, str], tid) -> str:
-    def rec(x: Expr) -> str:
-        if isinstance(x, IterVar):
-            return loops.get(x.uid, "?")
-        if isinstance(x, Const):
-            return f"{x.dtype}:{x.value!r}"
-        if isinstance(x, Read):
-            return f"T{tid(x.tensor)}[{','.join(rec(i) for i in x.indices)}]"
-        if isinstance(x, Unary | Binary | Compare | Logical):
-            return f"{x.op}({','.join(rec(c) for c in x.children())})"
-        if isinstance(x, Select):
-            return f"where({','.join(rec(c) for c in x.children())})"
-        if isinstance(x, Cast):
-            return f"cast<{x.dtype}>({rec(x.a)})"
-        if isinstance(x, DataIndex):
-            return f"data({rec(x.a)})"
-        if isinstance(x, Reduce):
-            return f"{x.op}<{','.join(loops[a.uid] for a in x.axes)}>({rec(x.body)})"
-        raise TypeError(type(x))
+def _expr(e: ex.Expr, loops: dict[int, str], tid: Callable[[ex.Tensor], int]) -> str:
+    return _KeyText(loops, tid).visit(e)
 
-    return rec(e)
+
+class _KeyText(ex.ExprVisitor[str]):
+    """An expression as key text: loop variables by position, tensors by first appearance."""
+
+    def __init__(self, loops: dict[int, str], tid: Callable[[ex.Tensor], int]) -> None:
+        self.loops = loops
+        self.tid = tid
+
+    def _args(self, e: ex.Expr) -> str:
+        return ",".join(self.visit(c) for c in e.children())
+
+    def visit_IterVar(self, e: ex.IterVar) -> str:
+        return self.loops.get(e.uid, "?")
+
+    def visit_Const(self, e: ex.Const) -> str:
+        return f"{e.dtype}:{e.value!r}"
+
+    def visit_Read(self, e: ex.Read) -> str:
+        return f"T{self.tid(e.tensor)}[{self._args(e)}]"
+
+    def visit_Unary(self, e: ex.Expr) -> str:  # also Binary, Compare, Logical
+        return f"{e.op}({self._args(e)})"  # type: ignore[attr-defined]
+
+    visit_Binary = visit_Compare = visit_Logical = visit_Unary
+
+    def visit_Select(self, e: ex.Select) -> str:
+        return f"where({self._args(e)})"
+
+    def visit_Cast(self, e: ex.Cast) -> str:
+        return f"cast<{e.dtype}>({self.visit(e.a)})"
+
+    def visit_DataIndex(self, e: ex.DataIndex) -> str:
+        return f"data({self.visit(e.a)})"
+
+    def visit_Reduce(self, e: ex.Reduce) -> str:
+        axes = ",".join(self.loops[a.uid] for a in e.axes)
+        return f"{e.op}<{axes}>({self.visit(e.body)})"

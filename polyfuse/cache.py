@@ -32,7 +32,6 @@ from polyfuse.store import Store
 ENTRY_VERSION = 4  # 3: placements and recomputes carry their decision kinds; 4: layout
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
-STITCH_FIELDS = (("ok", "reason"),)
 KERNEL_FIELDS = (
     (
         "source",

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     from polyfuse.batch import add_zoo_parser
 
     add_zoo_parser(sub)
-    from polyfuse.viz import add_subcommands  # viz, explain
+    from polyfuse.viz.command import add_subcommands  # viz, explain
 
     add_subcommands(sub)
     from polyfuse.testing.command import add_fuzz_parser

@@ -27,10 +27,6 @@ class ScheduleError(PolyfuseError):
     """isl could not schedule a micrograph even after feedback splitting."""
 
 
-class BudgetExhausted(ScheduleError):
-    """isl ran out of its operation budget (used as the partitioner's feedback signal)."""
-
-
 class CallError(PolyfuseError, ValueError):
     """A compiled graph was called with missing or mis-shaped arguments."""
 

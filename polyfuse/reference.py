@@ -37,21 +37,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.errors import CallError, ExpressionError
-from polyfuse.graph.expr import (
-    Binary,
-    Cast,
-    Compare,
-    Const,
-    DataIndex,
-    Expr,
-    IterVar,
-    Logical,
-    Read,
-    Reduce,
-    Select,
-    Tensor,
-    Unary,
-)
+from polyfuse.graph import expr as ex
 
 __all__ = ["CHUNK_ELEMENTS", "evaluate"]
 
@@ -62,7 +48,7 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def evaluate(
-    outputs: Sequence[Tensor] | Tensor, feeds: Mapping[Tensor | str, Any]
+    outputs: Sequence[ex.Tensor] | ex.Tensor, feeds: Mapping[ex.Tensor | str, Any]
 ) -> list[np.ndarray]:
     """Evaluate ``outputs`` of a te graph with numpy.
 
@@ -72,9 +58,9 @@ def evaluate(
     one). Raises :class:`~polyfuse.errors.CallError` for a missing, mis-shaped or non-numeric
     feed, naming the tensor.
     """
-    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    outs = [outputs] if isinstance(outputs, ex.Tensor) else list(outputs)
     for t in outs:
-        if not isinstance(t, Tensor):
+        if not isinstance(t, ex.Tensor):
             raise CallError(f"evaluate: output {t!r} is not a Tensor")
     order = _topo_order(outs)
     values: dict[int, np.ndarray] = {}
@@ -102,12 +88,12 @@ def evaluate(
 # --------------------------------------------------------------------------- graph
 
 
-def _topo_order(outs: Sequence[Tensor]) -> list[Tensor]:
+def _topo_order(outs: Sequence[ex.Tensor]) -> list[ex.Tensor]:
     """Producers before consumers, each tensor once."""
-    order: list[Tensor] = []
+    order: list[ex.Tensor] = []
     done: set[int] = set()
     for root in outs:
-        stack: list[tuple[Tensor, bool]] = [(root, False)]
+        stack: list[tuple[ex.Tensor, bool]] = [(root, False)]
         while stack:
             t, expanded = stack.pop()
             if t.uid in done:
@@ -122,12 +108,12 @@ def _topo_order(outs: Sequence[Tensor]) -> list[Tensor]:
 
 
 def _bind_feeds(
-    placeholders: Sequence[Tensor], feeds: Mapping[Tensor | str, Any], values: dict[int, Any]
+    placeholders: Sequence[ex.Tensor], feeds: Mapping[ex.Tensor | str, Any], values: dict[int, Any]
 ) -> None:
     by_uid: dict[int, Any] = {}
     by_name: dict[str, Any] = {}
     for k, v in feeds.items():
-        if isinstance(k, Tensor):
+        if isinstance(k, ex.Tensor):
             if k.op is not None:
                 raise CallError(
                     f"evaluate: '{k.name}' is a compute tensor, not an input; feed placeholders"
@@ -193,11 +179,11 @@ _REDUCERS = {
 }
 
 
-def _eval_compute(t: Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
+def _eval_compute(t: ex.Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
     op = t.op
     assert op is not None
     red = op.reduce
-    axes: list[IterVar] = [*op.axes, *(red.axes if red is not None else ())]
+    axes: list[ex.IterVar] = [*op.axes, *(red.axes if red is not None else ())]
     nd = len(op.axes)
     ext = [a.extent for a in axes]
     if red is not None:
@@ -223,7 +209,7 @@ def _eval_compute(t: Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
     return out.astype(np.float32).astype(np.float64)
 
 
-class _Body:
+class _Body(ex.ExprVisitor[Any]):
     """Evaluates one block of one compute body; ``mask`` marks the points a value is used at."""
 
     def __init__(
@@ -235,10 +221,10 @@ class _Body:
         self.memo: dict[tuple[int, int], Any] = {}
         self.masks: list[Any] = []  # keeps masks alive so their ids stay unique
 
-    def eval(self, e: Expr, mask: Any) -> Any:
+    def eval(self, e: ex.Expr, mask: Any) -> Any:
         key = (id(e), id(mask))
         if key not in self.memo:
-            self.memo[key] = self._eval(e, mask)
+            self.memo[key] = self.visit(e, mask)
         return self.memo[key]
 
     def _narrow(self, mask: Any, cond: Any) -> Any:
@@ -246,45 +232,56 @@ class _Body:
         self.masks.append(m)
         return m
 
-    def _eval(self, e: Expr, mask: Any) -> Any:
-        if isinstance(e, IterVar):
-            if e.uid not in self.grids:
-                raise ExpressionError(
-                    f"reference: compute '{self.name}' uses loop variable '{e.name}' "
-                    "that is not one of its axes"
-                )
-            return self.grids[e.uid]
-        if isinstance(e, Const):
-            return e.value
-        if isinstance(e, Read):
-            return self._read(e, mask)
-        if isinstance(e, Unary):
-            return _unary(e.op, self.eval(e.a, mask))
-        if isinstance(e, Binary):
-            return _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
-        if isinstance(e, Compare):
-            return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
-        if isinstance(e, Logical):
-            fn = np.logical_and if e.op == "and" else np.logical_or
-            return fn(self.eval(e.a, mask), self.eval(e.b, mask))
-        if isinstance(e, Select):
-            c = np.asarray(self.eval(e.cond, mask), dtype=bool)
-            if c.ndim == 0:
-                return self.eval(e.a if c else e.b, mask)
-            a = self.eval(e.a, self._narrow(mask, c))
-            b = self.eval(e.b, self._narrow(mask, ~c))
-            return np.where(c, a, b)
-        if isinstance(e, Cast):
-            return _cast(self.eval(e.a, mask), e.dtype)
-        if isinstance(e, DataIndex):
-            return np.asarray(self.eval(e.a, mask)).astype(np.int64)
-        if isinstance(e, Reduce):
+    def visit_IterVar(self, e: ex.IterVar, mask: Any) -> Any:
+        if e.uid not in self.grids:
             raise ExpressionError(
-                f"reference: compute '{self.name}' has a reduction that is not the outermost node"
+                f"reference: compute '{self.name}' uses loop variable '{e.name}' "
+                "that is not one of its axes"
             )
+        return self.grids[e.uid]
+
+    def visit_Const(self, e: ex.Const, mask: Any) -> Any:
+        return e.value
+
+    def visit_Read(self, e: ex.Read, mask: Any) -> Any:
+        return self._read(e, mask)
+
+    def visit_Unary(self, e: ex.Unary, mask: Any) -> Any:
+        return _unary(e.op, self.eval(e.a, mask))
+
+    def visit_Binary(self, e: ex.Binary, mask: Any) -> Any:
+        return _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
+
+    def visit_Compare(self, e: ex.Compare, mask: Any) -> Any:
+        return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
+
+    def visit_Logical(self, e: ex.Logical, mask: Any) -> Any:
+        fn = np.logical_and if e.op == "and" else np.logical_or
+        return fn(self.eval(e.a, mask), self.eval(e.b, mask))
+
+    def visit_Select(self, e: ex.Select, mask: Any) -> Any:
+        c = np.asarray(self.eval(e.cond, mask), dtype=bool)
+        if c.ndim == 0:
+            return self.eval(e.a if c else e.b, mask)
+        a = self.eval(e.a, self._narrow(mask, c))
+        b = self.eval(e.b, self._narrow(mask, ~c))
+        return np.where(c, a, b)
+
+    def visit_Cast(self, e: ex.Cast, mask: Any) -> Any:
+        return _cast(self.eval(e.a, mask), e.dtype)
+
+    def visit_DataIndex(self, e: ex.DataIndex, mask: Any) -> Any:
+        return np.asarray(self.eval(e.a, mask)).astype(np.int64)
+
+    def visit_Reduce(self, e: ex.Reduce, mask: Any) -> Any:
+        raise ExpressionError(
+            f"reference: compute '{self.name}' has a reduction that is not the outermost node"
+        )
+
+    def visit_default(self, e: ex.Expr, *args: Any) -> Any:
         raise ExpressionError(f"reference: unknown expression node {type(e).__name__}")
 
-    def _read(self, e: Read, mask: Any) -> Any:
+    def _read(self, e: ex.Read, mask: Any) -> Any:
         t = e.tensor
         arr = self.values.get(t.uid)
         if arr is None:
@@ -350,14 +347,22 @@ def _is_int(v: Any) -> bool:
     return np.asarray(v).dtype.kind in "iub"
 
 
+#: Binary ops that are one numpy ufunc whatever the operand types (div and pow are not).
+_BINARY_UFUNC = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+    "floordiv": np.floor_divide,
+    "mod": np.mod,
+}
+
+
 def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
+    if op in _BINARY_UFUNC:
+        return _BINARY_UFUNC[op](a, b)
     ints = dtype != "float32" and _is_int(a) and _is_int(b)
-    if op == "add":
-        return np.add(a, b)
-    if op == "sub":
-        return np.subtract(a, b)
-    if op == "mul":
-        return np.multiply(a, b)
     if op == "div":
         if ints:  # C integer division truncates toward zero
             q = np.floor_divide(np.abs(a), np.abs(b))
@@ -367,14 +372,6 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         if ints:
             return np.power(a, b)
         return np.power(np.asarray(a, np.float64), np.asarray(b, np.float64))
-    if op == "max":
-        return np.maximum(a, b)
-    if op == "min":
-        return np.minimum(a, b)
-    if op == "floordiv":
-        return np.floor_divide(a, b)
-    if op == "mod":
-        return np.mod(a, b)
     raise ExpressionError(f"reference: unknown binary op '{op}'")
 
 

@@ -29,6 +29,8 @@ from polyfuse.graph.expr import (
     Const,
     DataIndex,
     Expr,
+    ExprMutator,
+    ExprVisitor,
     IterVar,
     Read,
     Reduce,
@@ -37,7 +39,7 @@ from polyfuse.graph.expr import (
     Unary,
     as_expr,
     check_dtype,
-    rewrite,
+    substitute,
     walk,
 )
 
@@ -227,58 +229,115 @@ def _axis_names(fcompute: Callable[..., Any], n: int, name: str) -> list[str]:
 
 def is_affine(e: Expr, allowed: set[int]) -> bool:
     """True when ``e`` is an affine function of the IterVars in ``allowed`` (by uid)."""
-    if isinstance(e, IterVar):
-        return e.uid in allowed
-    if isinstance(e, Const):
-        return isinstance(e.value, int) and not isinstance(e.value, bool)
-    if isinstance(e, Unary) and e.op == "neg":
-        return is_affine(e.a, allowed)
-    if isinstance(e, Binary):
-        if e.op in ("add", "sub"):
-            return is_affine(e.a, allowed) and is_affine(e.b, allowed)
-        if e.op == "mul":
-            return (is_affine(e.a, allowed) and _is_int_const(e.b)) or (
-                _is_int_const(e.a) and is_affine(e.b, allowed)
-            )
-        if e.op in ("floordiv", "mod"):
-            return is_affine(e.a, allowed) and _is_int_const(e.b) and e.b.value > 0  # type: ignore[attr-defined]
-    return False
+    return _Affine(allowed).visit(e)
 
 
 def _is_int_const(e: Expr) -> bool:
     return isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool)
 
 
+class _Affine(ExprVisitor[bool]):
+    """Is an expression affine in the allowed IterVars (the subset isl can model)?"""
+
+    def __init__(self, allowed: set[int]) -> None:
+        self.allowed = allowed
+
+    def visit_IterVar(self, e: IterVar) -> bool:
+        return e.uid in self.allowed
+
+    def visit_Const(self, e: Const) -> bool:
+        return _is_int_const(e)
+
+    def visit_Unary(self, e: Unary) -> bool:
+        return e.op == "neg" and self.visit(e.a)
+
+    def visit_Binary(self, e: Binary) -> bool:
+        if e.op in ("add", "sub"):
+            return self.visit(e.a) and self.visit(e.b)
+        if e.op == "mul":
+            return (self.visit(e.a) and _is_int_const(e.b)) or (
+                _is_int_const(e.a) and self.visit(e.b)
+            )
+        if e.op in ("floordiv", "mod"):
+            return self.visit(e.a) and _is_int_const(e.b) and e.b.value > 0  # type: ignore[attr-defined]
+        return False
+
+    def visit_default(self, e: Expr, *args: object) -> bool:
+        return False
+
+
+class _BodyCheck(ExprVisitor[None]):
+    """Checks one node of a compute body (loop variables, subscripts, constants)."""
+
+    def __init__(self, name: str, allowed: set[int]) -> None:
+        self.name = name
+        self.allowed = allowed
+
+    def visit_Reduce(self, e: Reduce) -> None:
+        raise ExpressionError(f"compute '{self.name}': reduction nested inside a reduction")
+
+    def visit_IterVar(self, e: IterVar) -> None:
+        if e.uid in self.allowed:
+            return
+        if e.kind == "reduce":
+            raise ExpressionError(
+                f"compute '{self.name}': reduce axis '{e.name}' is used outside a te.sum/max/min "
+                "over it"
+            )
+        raise ExpressionError(
+            f"compute '{self.name}': loop variable '{e.name}' belongs to another compute"
+        )
+
+    def visit_Read(self, e: Read) -> None:
+        for d, sub in enumerate(e.indices):
+            if not isinstance(sub, DataIndex) and not is_affine(sub, self.allowed):
+                raise ExpressionError(
+                    f"compute '{self.name}': subscript {d} of tensor '{e.tensor.name}' ({sub!r}) "
+                    "is not affine in the loop variables; use +, -, * or // and % by constants"
+                )
+
+    def visit_Const(self, e: Const) -> None:
+        if isinstance(e.value, float) and e.value != e.value:
+            raise ExpressionError(f"compute '{self.name}': NaN constant in the body")
+
+    def visit_default(self, e: Expr, *args: object) -> None:
+        return None
+
+
 def _check_body(name: str, axes: tuple[IterVar, ...], body: Expr) -> None:
     red = body if isinstance(body, Reduce) else None
     data_ids = {a.uid for a in axes}
     red_ids = {a.uid for a in red.axes} if red is not None else set()
-    allowed = data_ids | red_ids
+    check = _BodyCheck(name, data_ids | red_ids)
     nodes = list(walk(red.body if red is not None else body))
     nodes.sort(key=lambda n: not isinstance(n, IterVar))  # name stray variables first
     for n in nodes:
-        if isinstance(n, Reduce):
-            raise ExpressionError(f"compute '{name}': reduction nested inside a reduction")
-        if isinstance(n, IterVar) and n.uid not in allowed:
-            if n.kind == "reduce":
-                raise ExpressionError(
-                    f"compute '{name}': reduce axis '{n.name}' is used outside a te.sum/max/min "
-                    "over it"
-                )
-            raise ExpressionError(
-                f"compute '{name}': loop variable '{n.name}' belongs to another compute"
-            )
-        if isinstance(n, Read):
-            for d, sub in enumerate(n.indices):
-                if isinstance(sub, DataIndex):
-                    continue
-                if not is_affine(sub, allowed):
-                    raise ExpressionError(
-                        f"compute '{name}': subscript {d} of tensor '{n.tensor.name}' ({sub!r}) is "
-                        "not affine in the loop variables; use +, -, * or // and % by constants"
-                    )
-        if isinstance(n, Const) and isinstance(n.value, float) and n.value != n.value:
-            raise ExpressionError(f"compute '{name}': NaN constant in the body")
+        check.visit(n)
+
+
+class _LiftReductions(ExprMutator):
+    """Gives every reduction that is not the outermost node a compute tensor of its own."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], axes: tuple[IterVar, ...], tag: str):
+        self.name, self.shape, self.axes, self.tag = name, shape, axes, tag
+        self.counter = itertools.count()
+
+    def visit_Reduce(self, node: Reduce) -> Expr:
+        body = self.visit(node.body)
+        used = {n.uid for n in walk(node) if isinstance(n, IterVar)}
+        keep = [a for a in self.axes if a.uid in used]
+        fresh = [IterVar(a.name, a.lo, a.hi, "data") for a in keep]
+        inner = substitute(
+            Reduce(node.op, body, node.axes), {a.uid: f for a, f in zip(keep, fresh, strict=True)}
+        )
+        hidden = Tensor(
+            tuple(self.shape[self.axes.index(a)] for a in keep),
+            "float32",
+            f"{self.name}_{node.op}{next(self.counter)}",
+        )
+        _check_body(hidden.name, tuple(fresh), inner)
+        hidden.op = ComputeOp(tuple(fresh), inner, self.tag)
+        return Read(hidden, tuple(keep)) if keep else Read(hidden, ())
 
 
 def _split_nested_reductions(
@@ -287,29 +346,7 @@ def _split_nested_reductions(
     """Give every reduction that is not the outermost node a compute tensor of its own."""
     if isinstance(body, Reduce):
         return body
-    counter = itertools.count()
-
-    def lift(node: Expr, kids: tuple[Expr, ...]) -> Expr | None:
-        if not isinstance(node, Reduce):
-            return None
-        used = {n.uid for n in walk(node) if isinstance(n, IterVar)}
-        keep = [a for a in axes if a.uid in used]
-        fresh = [IterVar(a.name, a.lo, a.hi, "data") for a in keep]
-        sub = {a.uid: f for a, f in zip(keep, fresh, strict=True)}
-        inner = rewrite(
-            Reduce(node.op, kids[0], node.axes),
-            lambda n, _k: sub.get(n.uid) if isinstance(n, IterVar) else None,
-        )
-        hidden = Tensor(
-            tuple(shape[axes.index(a)] for a in keep),
-            "float32",
-            f"{name}_{node.op}{next(counter)}",
-        )
-        _check_body(hidden.name, tuple(fresh), inner)
-        hidden.op = ComputeOp(tuple(fresh), inner, tag)
-        return Read(hidden, tuple(keep)) if keep else Read(hidden, ())
-
-    return rewrite(body, lift)
+    return _LiftReductions(name, shape, axes, tag).visit(body)
 
 
 def compute(

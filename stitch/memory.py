@@ -16,7 +16,6 @@ Every stitch made or refused is recorded with its reason.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,28 +123,21 @@ def stitch_memory(
         if ga != gb:
             q.add_edge(ga, gb, (n, graph.dag.edges[a, b]["tensor"]))
     refused: set[tuple[int, int, int]] = set()
-    for rule in rules:
-        heap = [q.edge_key(p, c, by_first=False) for p, c in q.edges()]
-        heapq.heapify(heap)
-        while heap:
-            entry = heapq.heappop(heap)
-            if not q.current(entry):
-                continue
-            p, c = entry[2], entry[3]
-            gp, gc = groups[p], groups[c]
-            if not rule.matches(gp.kind, gc.kind) or (p, c, rule.number) in refused:
-                continue
-            d = _try_stitch(graph, q, p, c, gp, gc, rule, _tensors(q, p, c), cache, salt)
-            decisions.append(d)
-            if not d.stitched:
-                refused.add((p, c, rule.number))
-                continue
-            parts = _merge_parts(gp.parts, gc.parts)
-            groups[p] = KernelGroup(parts, rule.result, gp.form, gp.strategy)
-            del groups[c]
-            q.merge(p, c, rule.result, keep=p)
-            for u, v in q.incident_edges(p):
-                heapq.heappush(heap, q.edge_key(u, v, by_first=False))
+
+    def accept(rule: Rule, p: int, c: int) -> bool:
+        gp, gc = groups[p], groups[c]
+        if (p, c, rule.number) in refused:
+            return False
+        d = _try_stitch(graph, q, p, c, gp, gc, rule, _tensors(q, p, c), cache, salt)
+        decisions.append(d)
+        if not d.stitched:
+            refused.add((p, c, rule.number))
+            return False
+        groups[p] = KernelGroup(_merge_parts(gp.parts, gc.parts), rule.result, gp.form, gp.strategy)
+        del groups[c]
+        return True
+
+    q.contract_by_rules(rules, accept, by_first=False, keep_producer=True)
     for p, c in sorted(q.edges()):
         gp, gc = groups[p], groups[c]
         if not any(r.matches(gp.kind, gc.kind) for r in rules):

@@ -36,7 +36,7 @@ from polyfuse.cuda.runtime import (
 )
 from polyfuse.cuda.runtime import arrays as arrays_mod
 from polyfuse.cuda.runtime import device as device_mod
-from polyfuse.cuda.runtime import driver as driver_mod
+from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 from polyfuse.cuda.runtime.pycuda_driver import PycudaDriver
 from polyfuse.errors import CallError, DeviceError
@@ -139,7 +139,7 @@ def test_no_gpu_here():
 
 
 def test_backend_not_installed(monkeypatch):
-    monkeypatch.setattr(driver_mod, "_LOADED", {})
+    monkeypatch.setattr(select_mod, "_LOADED", {})
     monkeypatch.setitem(sys.modules, "pycuda", None)
     monkeypatch.setitem(sys.modules, "pycuda.driver", None)
     with pytest.raises(DeviceError) as info:
@@ -555,7 +555,7 @@ def test_load_compiles_for_the_device_arch(tmp_path, monkeypatch):
 def fake_cuda(monkeypatch):
     """Route device="cuda" to a fake GPU; the module image is the CUDA source."""
     gpu = FakeGPU()
-    monkeypatch.setattr(driver_mod, "_LOADED", {"cuda-bindings": BindingsDriver(FakeBindings(gpu))})
+    monkeypatch.setattr(select_mod, "_LOADED", {"cuda-bindings": BindingsDriver(FakeBindings(gpu))})
     monkeypatch.setattr(device_mod, "_DEVICES", {})
     monkeypatch.setenv("POLYFUSE_CUDA_RUNTIME", "cuda-bindings")
     monkeypatch.setattr(

@@ -15,7 +15,7 @@ from polyfuse.cache import CompileCache
 from polyfuse.cli import main
 from polyfuse.cuda.compiler import CudaBinary
 from polyfuse.cuda.runtime import device as device_mod
-from polyfuse.cuda.runtime import driver as driver_mod
+from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 from polyfuse.errors import DeviceError
 from polyfuse.examples import EXAMPLES
@@ -26,7 +26,7 @@ from polyfuse.tune import TuneError, tune
 def fake_gpu(monkeypatch):
     """Route the runtime to a fake GPU whose module image is the CUDA source."""
     gpu = FakeGPU()
-    monkeypatch.setattr(driver_mod, "_LOADED", {"cuda-bindings": BindingsDriver(FakeBindings(gpu))})
+    monkeypatch.setattr(select_mod, "_LOADED", {"cuda-bindings": BindingsDriver(FakeBindings(gpu))})
     monkeypatch.setattr(device_mod, "_DEVICES", {})
     monkeypatch.setenv("POLYFUSE_CUDA_RUNTIME", "cuda-bindings")
     monkeypatch.setattr(

@@ -2,7 +2,7 @@
 
 Layers, each its own module:
 
-* :mod:`.driver` — the :class:`Driver` interface and :func:`select_driver`, with two backends:
+* :mod:`.driver` — the :class:`Driver` interface (:mod:`.select` picks one), backends:
   :mod:`.bindings_driver` (NVIDIA's ``cuda-bindings``; foreign streams, CUDA graphs) and
   :mod:`.pycuda_driver` (``pycuda``). ``POLYFUSE_CUDA_RUNTIME=cuda-bindings|pycuda`` chooses;
   otherwise the first available, in that order.
@@ -19,8 +19,9 @@ fails, and :func:`gpu_available` answers without raising.
 
 from .arrays import ArrayInfo, DeviceArray, describe, stream_handle
 from .device import Device, DeviceStats, Module, gpu_available, open_device, parse_device
-from .driver import DRIVERS, ENV_VAR, Driver, select_driver
+from .driver import DRIVERS, ENV_VAR, Driver
 from .program import DeviceProgram, check_launch_shape
+from .select import select_driver
 
 __all__ = [
     "DRIVERS",

@@ -84,7 +84,6 @@ class DLManagedTensor(ctypes.Structure):
 
 _DL_CODES = {0: "i", 1: "u", 2: "f", 6: "b"}
 _CAPSULE_NAME = b"dltensor"
-_USED_CAPSULE_NAME = b"used_dltensor"
 
 _capi = ctypes.pythonapi
 _capi.PyCapsule_GetPointer.restype = ctypes.c_void_p

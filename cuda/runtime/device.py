@@ -16,7 +16,8 @@ from typing import Any
 from polyfuse.errors import CallError, DeviceError
 
 from ..compiler import CudaBinary, compile_cuda
-from .driver import Driver, one_line, select_driver
+from .driver import Driver, one_line
+from .select import select_driver
 
 __all__ = ["Device", "DeviceStats", "Module", "gpu_available", "open_device", "parse_device"]
 

@@ -19,7 +19,6 @@ Every failure is a :class:`~polyfuse.errors.DeviceError` with a one-line reason.
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +27,7 @@ import numpy as np
 
 from polyfuse.errors import DeviceError
 
-__all__ = ["DRIVERS", "ENV_VAR", "Driver", "ParamKind", "one_line", "select_driver"]
+__all__ = ["DRIVERS", "ENV_VAR", "Driver", "ParamKind", "one_line"]
 
 #: The environment variable that names the driver library.
 ENV_VAR = "POLYFUSE_CUDA_RUNTIME"
@@ -197,48 +196,3 @@ class Driver(ABC):
 
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None:  # noqa: B027 (optional)
         """Release a captured graph and its executable (either may be None)."""
-
-
-def _load(name: str, module: Any = None) -> Driver:
-    """Instantiate backend ``name``; ``module`` replaces the driver library (tests)."""
-    if name == "cuda-bindings":
-        from .bindings_driver import BindingsDriver
-
-        return BindingsDriver(module)
-    from .pycuda_driver import PycudaDriver
-
-    return PycudaDriver(module)
-
-
-#: Backends that loaded, one instance per library for the process.
-_LOADED: dict[str, Driver] = {}
-
-
-def select_driver(runtime: str | None = None, *, module: Any = None) -> Driver:
-    """The driver backend to use: ``runtime`` or ``$POLYFUSE_CUDA_RUNTIME`` when set, else the
-    first of cuda-bindings, pycuda that imports and initialises.
-
-    ``module`` replaces the driver library itself (``cuda.bindings.driver`` or
-    ``pycuda.driver``; tests pass fakes). Raises :class:`DeviceError` naming each backend
-    tried and why it is unusable.
-    """
-    wanted = runtime or os.environ.get(ENV_VAR) or None
-    if wanted is not None and wanted not in DRIVERS:
-        raise DeviceError(
-            f"unknown CUDA runtime '{wanted}' ({ENV_VAR}); use one of {', '.join(DRIVERS)}"
-        )
-    names = [wanted] if wanted else list(DRIVERS)
-    reasons = []
-    for name in names:
-        if module is None and name in _LOADED:
-            return _LOADED[name]
-        try:
-            driver = _load(name, module)
-            if module is None:
-                _LOADED[name] = driver
-            return driver
-        except DeviceError as e:
-            if len(names) == 1:
-                raise
-            reasons.append(f"{name}: {e}")
-    raise DeviceError("no GPU: " + "; ".join(reasons))

@@ -3,19 +3,17 @@
 ``fn.visualize("report.html")`` / ``polyfuse viz MODEL -o report.html [--json out.json]`` write
 one self-contained HTML page (no network); ``polyfuse explain MODEL [--op NAME]`` prints the
 decisions of one op's edges. All three read the same data, :func:`extract`.
+
+This package only reads a compiled graph (the compiler calls it from ``fn.visualize``); the
+command line that compiles a model first is :mod:`polyfuse.viz.command`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import runpy
-import sys
 from pathlib import Path
 from typing import Any
 
-from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
 from polyfuse.viz.extract import REASON_KINDS, extract, kinds_present
 from polyfuse.viz.template import TEMPLATE
 
@@ -24,7 +22,6 @@ __all__ = [
     "explain",
     "extract",
     "kinds_present",
-    "load_model",
     "render_html",
     "visualize",
 ]
@@ -99,113 +96,3 @@ def explain(data: dict[str, Any], op: str | None = None) -> str:
         for n in d["notes"]:
             out.append(f"    note: {n}")
     return "\n".join(out)
-
-
-# --------------------------------------------------------------------------- models
-
-
-def load_model(spec: str, size: str | None = None, arch: str = "sm_80", budget=None, shapes=None):
-    """Compile MODEL: an ONNX file, a ``.py`` file exposing ``inputs``/``outputs`` (and
-    optional ``constants``), a built-in example name, or a zoo model name. ``shapes`` fixes
-    an ONNX model's dynamic input dims (``--shapes``)."""
-    import polyfuse
-    from polyfuse.errors import PolyfuseError
-
-    kw: dict[str, Any] = {"arch": arch, "check_cuda": "auto"}
-    if budget is not None:
-        kw["budget"] = budget
-    name = os.path.splitext(os.path.basename(spec))[0]
-    constants = None
-    if spec.endswith(".onnx"):
-        try:
-            from polyfuse import onnx as ponnx  # type: ignore[attr-defined]
-        except ImportError as e:
-            raise PolyfuseError(f"viz: ONNX import is not available ({e})") from e
-        m = ponnx.load(spec, shapes=shapes or None)
-        inputs, outputs, constants = m.inputs, m.outputs, getattr(m, "constants", None)
-    elif spec.endswith(".py"):
-        if not os.path.isfile(spec):
-            raise PolyfuseError(f"viz: no such file '{spec}'")
-        ns = runpy.run_path(spec)
-        if "inputs" not in ns or "outputs" not in ns:
-            raise PolyfuseError(f"viz: '{spec}' must define 'inputs' and 'outputs'")
-        inputs, outputs, constants = ns["inputs"], ns["outputs"], ns.get("constants")
-    else:
-        from polyfuse.examples import EXAMPLES
-
-        if spec in EXAMPLES:
-            inputs, outputs, _ = EXAMPLES[spec].build()
-        else:
-            try:
-                from polyfuse import zoo  # type: ignore[attr-defined]
-            except ImportError:
-                zoo = None
-            if zoo is None:
-                raise PolyfuseError(
-                    f"viz: unknown model '{spec}'; give an .onnx or .py file or one of "
-                    f"{', '.join(EXAMPLES)}"
-                )
-            m = zoo.build(spec, size or "full", weights="zeros")  # compiling needs shapes only
-            inputs, outputs, constants = m.inputs, m.outputs, m.constants
-    if constants:
-        kw["constants"] = constants
-    return polyfuse.compile(inputs=list(inputs), outputs=list(outputs), name=name, **kw)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_subcommands(sub) -> None:
-    """Register ``viz`` and ``explain`` on the ``polyfuse`` subparsers."""
-    from polyfuse.driver import SUPPORTED_ARCHS
-
-    model_help = (
-        "an .onnx file, a .py file defining inputs/outputs (and optional constants), "
-        "a built-in example name or a zoo model name"
-    )
-    v = sub.add_parser(
-        "viz",
-        help="write the scheduling debug report (one self-contained HTML file)",
-        description="Compile MODEL and write an HTML report of every partition, schedule, "
-        "stitch and kernel, and why.",
-    )
-    v.add_argument("model", metavar="MODEL", help=model_help)
-    v.add_argument("-o", "--out", default="report.html", help="HTML file (default report.html)")
-    v.add_argument("--json", metavar="PATH", help="also write the report data as JSON")
-    v.add_argument("--size", help="zoo model size")
-    v.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
-    v.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
-    add_shapes_argument(v)
-    v.set_defaults(func=run_viz)
-    e = sub.add_parser(
-        "explain",
-        help="print the fusion decisions for one op's edges",
-        description="Compile MODEL and print what happened to each producer->consumer edge "
-        "of --op (every edge without it).",
-    )
-    e.add_argument("model", metavar="MODEL", help=model_help)
-    e.add_argument("--op", metavar="NAME", help="primitive (or composite) name")
-    e.add_argument("--size", help="zoo model size")
-    e.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
-    e.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
-    add_shapes_argument(e)
-    e.set_defaults(func=run_explain)
-
-
-def run_viz(args: argparse.Namespace) -> int:
-    fn = load_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
-    data = visualize(fn, args.out, args.json)
-    c = data["counts"]
-    print(
-        f"wrote {args.out}: {c['primitives']} primitives, {c['micrographs']} micrographs, "
-        f"{c['kernels']} kernels, {os.path.getsize(args.out)} bytes"
-        + (f"; JSON {args.json}" if args.json else ""),
-        file=sys.stderr,
-    )
-    return 0
-
-
-def run_explain(args: argparse.Namespace) -> int:
-    fn = load_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
-    print(explain(extract(fn), args.op))
-    return 0

@@ -1,0 +1,130 @@
+"""Compiling the emulator's kernel libraries and server with the host C++ compiler, cached.
+
+Libraries and the server are cached on disk by a hash of their inputs, the flags and the
+compiler (:func:`cached_build`), under ``$POLYFUSE_CACHE/emulator`` by default."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from polyfuse.errors import CompilerNotFound, EmulatorError
+from polyfuse.settings import cache_root
+from polyfuse.store import Store
+
+from .emulator_wire import ABI_VERSION
+
+RT_DIR = Path(__file__).resolve().parent / "emulator_rt"
+HEADER = RT_DIR / "pf_emu.h"
+RUNTIME_SOURCE = RT_DIR / "pf_emu_rt.cpp"
+
+
+#: Flags of a kernel library. -fno-strict-aliasing: CUDA code type-puns through
+#: reinterpret_cast; -fno-math-errno: device math has no errno (lets sqrtf inline).
+KERNEL_FLAGS = (
+    "-O2",
+    "-std=c++20",
+    "-shared",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-fvisibility-inlines-hidden",
+    "-fno-strict-aliasing",
+    "-fno-math-errno",
+    "-fstack-clash-protection",
+    "-w",
+)
+SERVER_FLAGS = ("-O2", "-std=c++20", "-pthread")
+#: Flags of a race-check kernel library (compiled to an object, then linked without libtsan):
+#: GCC's ThreadSanitizer instrumentation calls the hooks pf_emu.h defines under PF_RACECHECK,
+#: and -g lets a race report name source lines.
+RACECHECK_FLAGS = (
+    *(f for f in KERNEL_FLAGS if f != "-shared"),
+    "-c",
+    "-g",
+    "-fsanitize=thread",
+    "--param=tsan-instrument-func-entry-exit=0",
+    "-DPF_RACECHECK",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiling and caching
+# --------------------------------------------------------------------------------------------
+
+
+def find_compiler() -> str:
+    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)  # type: ignore[return-value]
+    raise CompilerNotFound(
+        "the CPU emulator needs a C++20 compiler: install g++ (or set CXX to one)"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def compiler_id(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise CompilerNotFound(f"cannot run the C++ compiler {cxx}: {e}") from e
+    return f"{cxx}|{out.stdout.splitlines()[0] if out.stdout else ''}"
+
+
+@functools.lru_cache(maxsize=1)
+def _process_temp_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="polyfuse-emulator-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def default_cache_dir() -> Path:
+    root = cache_root()
+    if root is None:  # one temporary directory for this process
+        return _process_temp_dir()
+    return root / "emulator"
+
+
+def build_key(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def compile_cxx(
+    cxx: str, flags: Sequence[str], src: Path, out: Path, extra: Sequence[str] = ()
+) -> None:
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    cmd = [cxx, *flags, str(src), "-o", str(tmp), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        log = out.with_suffix(".log")
+        log.write_text(" ".join(cmd) + "\n" + proc.stderr)
+        lines = proc.stderr.splitlines()
+        first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "failed")
+        raise EmulatorError(f"emulator: {Path(cxx).name} rejected {src.name}: {first} (log: {log})")
+    os.replace(tmp, out)
+
+
+def cached_build(directory: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """``(path, from_cache)`` of the library ``name``, built by ``build(path)`` unless the
+    cache holds a copy that matches its checksum (a corrupt or half-written one is rebuilt);
+    one process builds a name at a time (see :mod:`polyfuse.store`)."""
+    store = Store(directory, "emulator", ABI_VERSION, fan_out=False)
+    if (hit := store.read_artifact(name)) is not None:
+        return hit, True
+    with store.lock(name):
+        if (hit := store.read_artifact(name)) is not None:  # another process built it
+            return hit, True
+        build(store.path(name))
+        return store.commit_artifact(name), False

@@ -1,0 +1,144 @@
+"""Model arguments: what a user names on the command line, resolved and loaded in one place.
+
+``polyfuse zoo``, ``polyfuse viz`` and ``polyfuse explain`` all take model arguments. A model
+argument is one of
+
+* a built-in zoo model name (:data:`polyfuse.zoo.MODELS`), built at a size (``full``/``tiny``);
+* a built-in example name (:data:`polyfuse.examples.EXAMPLES`);
+* an ``.onnx`` file, or a directory searched recursively for ``.onnx`` files;
+* a ``.py`` file defining ``inputs`` and ``outputs`` (and optional ``constants``);
+* ``module:function``, a builder returning ``(inputs, outputs[, constants])``.
+
+:func:`resolve_models` turns arguments into :class:`ModelSource` records (an argument that
+names nothing becomes an ``invalid`` source with the reason, so a batch can report it as a
+failed model); :func:`load_model` builds the graph of one source.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import runpy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polyfuse.errors import PolyfuseError
+
+__all__ = ["LoadedModel", "ModelSource", "load_model", "resolve_model", "resolve_models"]
+
+#: ModelSource.kind values.
+KINDS = ("zoo", "example", "onnx", "pyfile", "python", "invalid")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One resolved model argument: ``label`` names it in reports, ``spec`` is what loads it."""
+
+    label: str
+    kind: str  # one of KINDS
+    spec: str
+    reason: str = ""  # why an ``invalid`` source names nothing
+
+
+@dataclass
+class LoadedModel:
+    """A model's graph: its input and output tensors and the constants bound to inputs."""
+
+    name: str
+    inputs: list[Any]
+    outputs: list[Any]
+    constants: dict[Any, Any] = field(default_factory=dict)
+
+
+def _known() -> str:
+    from polyfuse import zoo
+    from polyfuse.examples import EXAMPLES
+
+    return (
+        f"a zoo model ({', '.join(zoo.MODELS)}), an example ({', '.join(EXAMPLES)}), an .onnx "
+        "file or a directory of them, a .py file defining inputs/outputs, or module:function"
+    )
+
+
+def resolve_models(args: Sequence[str]) -> list[ModelSource]:
+    """Model arguments → sources (no argument: the whole built-in zoo); a directory expands
+    to its ``.onnx`` files; an argument that names nothing becomes an ``invalid`` source."""
+    from polyfuse import zoo
+    from polyfuse.examples import EXAMPLES
+
+    out: list[ModelSource] = []
+    for s in args or list(zoo.MODELS):
+        p = Path(s)
+        if p.is_dir() and s not in zoo.MODELS and s not in EXAMPLES:
+            files = sorted(p.rglob("*.onnx"))
+            if not files:
+                out.append(ModelSource(s, "invalid", s, f"no .onnx files in {s}"))
+            for f in files:
+                label = str(f.relative_to(p).with_suffix("")) if f.parent != p else f.stem
+                out.append(ModelSource(f"{p.name}/{label}", "onnx", str(f)))
+        else:
+            out.append(resolve_model(s))
+    return out
+
+
+def resolve_model(s: str) -> ModelSource:
+    """One model argument (not a directory) → its source; ``invalid`` when it names nothing."""
+    from polyfuse import zoo
+    from polyfuse.examples import EXAMPLES
+
+    p = Path(s)
+    if s in zoo.MODELS:
+        return ModelSource(s, "zoo", s)
+    if s in EXAMPLES:
+        return ModelSource(s, "example", s)
+    if s.endswith((".onnx", ".py")):
+        kind = "onnx" if s.endswith(".onnx") else "pyfile"
+        if p.is_file():
+            return ModelSource(p.stem, kind, str(p))
+        return ModelSource(p.stem, "invalid", s, f"no such file: {s}")
+    if ":" in s and not p.exists():
+        return ModelSource(s.rpartition(":")[2], "python", s)
+    return ModelSource(s, "invalid", s, f"'{s}' is not {_known()}")
+
+
+def load_model(
+    source: ModelSource | str,
+    size: str = "full",
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> LoadedModel:
+    """Build the graph of ``source`` (a :class:`ModelSource` or a model argument). Zoo models
+    get zero weights (compiling needs shapes only); ``shapes`` fixes an ONNX model's dynamic
+    input dims. Raises :class:`PolyfuseError` for an invalid source or a bad file."""
+    src = resolve_model(source) if isinstance(source, str) else source
+    name = os.path.splitext(os.path.basename(src.spec))[0]
+    if src.kind == "zoo":
+        from polyfuse import zoo
+
+        m = zoo.build(src.spec, size, weights="zeros")
+        return LoadedModel(name, list(m.inputs), list(m.outputs), dict(m.constants or {}))
+    if src.kind == "example":
+        from polyfuse.examples import EXAMPLES
+
+        inputs, outputs, _ = EXAMPLES[src.spec].build()
+        return LoadedModel(name, list(inputs), list(outputs))
+    if src.kind == "onnx":
+        try:
+            import polyfuse.onnx as pf_onnx
+        except ImportError as e:
+            raise PolyfuseError(f"ONNX import not available ({e})") from None
+        m = pf_onnx.load(src.spec, shapes=shapes or None)
+        return LoadedModel(name, list(m.inputs), list(m.outputs), dict(m.constants or {}))
+    if src.kind == "pyfile":
+        ns = runpy.run_path(src.spec)
+        if "inputs" not in ns or "outputs" not in ns:
+            raise PolyfuseError(f"'{src.spec}' must define 'inputs' and 'outputs'")
+        consts = ns.get("constants")
+        return LoadedModel(name, list(ns["inputs"]), list(ns["outputs"]), dict(consts or {}))
+    if src.kind == "python":
+        mod, _, fn_name = src.spec.partition(":")
+        inputs, outputs, *rest = getattr(importlib.import_module(mod), fn_name)()
+        consts = rest[0] if rest else None
+        return LoadedModel(src.label, list(inputs), list(outputs), dict(consts or {}))
+    raise PolyfuseError(src.reason or f"cannot load model '{src.spec}'")
