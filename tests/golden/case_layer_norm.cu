@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_0be4c0a67155ac206a3f(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_d78201cc90653f313464(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -63,23 +63,38 @@ extern "C" __global__ void __launch_bounds__(128) pf_0be4c0a67155ac206a3f(float*
   if ((((4 * b0) + r0) <= 5)) {
     // part:mg0
     r_layer_norm18_mean_acc = 0.0f;
-    for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {
-      r_layer_norm18_mean_acc = r_layer_norm18_mean_acc + (xs[((4 * b0) + r0) * 45 + (l0 + (32 * c0))] * 0.022222222222222223f);
+    // coarsen:4
+    for (int c0 = 0; (c0 <= min(3, (((-4) * l0) + 44))); c0 += 1) {
+      r_layer_norm18_mean_acc = r_layer_norm18_mean_acc + (xs[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] * 0.022222222222222223f);
     }
     r_layer_norm18_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm18_mean_acc, pf_scratch); r_layer_norm18_mean = r_layer_norm18_mean_acc;
     __syncwarp();  // mg1 reads what earlier parts wrote
     // part:mg1
     r_layer_norm18_var_acc = 0.0f;
-    for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {
-      s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + ((l0 + (32 * c0)) - s_layer_norm18_centered_lo1)] = (xs[((4 * b0) + r0) * 45 + (l0 + (32 * c0))] - r_layer_norm18_mean);
-      r_layer_norm18_var_acc = r_layer_norm18_var_acc + ((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + ((l0 + (32 * c0)) - s_layer_norm18_centered_lo1)] * s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + ((l0 + (32 * c0)) - s_layer_norm18_centered_lo1)]) * 0.022222222222222223f);
+    // coarsen:4
+    for (int c0 = 0; (c0 <= min(3, (((-4) * l0) + 44))); c0 += 1) {
+      s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] = (xs[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] - r_layer_norm18_mean);
+      r_layer_norm18_var_acc = r_layer_norm18_var_acc + ((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] * s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)]) * 0.022222222222222223f);
     }
     r_layer_norm18_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm18_var_acc, pf_scratch); r_layer_norm18_var = r_layer_norm18_var_acc;
     __syncwarp();  // mg2 reads what earlier parts wrote
     // part:mg2
     r_layer_norm18_rstd = rsqrtf((r_layer_norm18_var + 1e-05f));
-    for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {
-      layer_norm18[((4 * b0) + r0) * 45 + (l0 + (32 * c0))] = (((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + ((l0 + (32 * c0)) - s_layer_norm18_centered_lo1)] * r_layer_norm18_rstd) * gamma[(l0 + (32 * c0))]) + beta[(l0 + (32 * c0))]);
+    // coarsen:4
+    if ((3 <= min(3, (((-4) * l0) + 44)))) {
+      {
+        const float4 q_beta0 = *reinterpret_cast<const float4*>(&beta[(4 * l0)]);
+        float v_beta[4] = {q_beta0.x, q_beta0.y, q_beta0.z, q_beta0.w};
+        const float4 q_gamma0 = *reinterpret_cast<const float4*>(&gamma[(4 * l0)]);
+        float v_gamma[4] = {q_gamma0.x, q_gamma0.y, q_gamma0.z, q_gamma0.w};
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          layer_norm18[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] = (((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] * r_layer_norm18_rstd) * v_gamma[c0]) + v_beta[c0]);
+        }
+      }
+    } else {
+      for (int c0 = 0; (c0 <= min(3, (((-4) * l0) + 44))); c0 += 1) {
+        layer_norm18[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] = (((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] * r_layer_norm18_rstd) * gamma[((4 * l0) + c0)]) + beta[((4 * l0) + c0)]);
+      }
     }
   }
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_eb591ca5f8d013592a19(float* __restrict__ reduce_sum12, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(64) pf_6e51e69a8e22cf72714b(float* __restrict__ reduce_sum12, const float* __restrict__ x3) {
   int _t = threadIdx.x;
   const int l0 = _t % 64; _t /= 64;
   const int r0 = _t;
@@ -53,8 +53,19 @@ extern "C" __global__ void __launch_bounds__(64) pf_eb591ca5f8d013592a19(float* 
   float r_reduce_sum12_acc;
   // part:mg0
   r_reduce_sum12_acc = 0.0f;
-  for (int c0 = 0; (c0 <= ((-((l0 + 89) / 64)) + 4)); c0 += 1) {
-    r_reduce_sum12_acc = r_reduce_sum12_acc + x3[((l0 + c0) - ((((76 * l0) + (13 * c0)) + 76) / 77)) * 77 + (((((-6) * l0) - c0) - ((((10 * l0) + (2 * c0)) + 10) / 11)) + (7 * ((((76 * l0) + (13 * c0)) + 76) / 77))) * 11 + ((-((((10 * l0) + (2 * c0)) + 10) % 11)) + 10)];
+  // coarsen:4
+  if ((3 <= min(3, (((-4) * l0) + 230)))) {
+    {
+      const float4 q_x30 = *reinterpret_cast<const float4*>(&x3[(l0 - ((((73 * l0) + (76 * 0)) + 76) / 77)) * 77 + (((((-6) * l0) - (6 * 0)) - ((((7 * l0) + (10 * 0)) + 10) / 11)) + (7 * ((((73 * l0) + (76 * 0)) + 76) / 77))) * 11 + ((-((((7 * l0) + (10 * 0)) + 10) % 11)) + 10)]);
+      float v_x3[4] = {q_x30.x, q_x30.y, q_x30.z, q_x30.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_reduce_sum12_acc = r_reduce_sum12_acc + v_x3[c0];
+      }
+    }
+  } else {
+    for (int c0 = 0; (c0 <= min(3, (((-4) * l0) + 230))); c0 += 1) {
+      r_reduce_sum12_acc = r_reduce_sum12_acc + x3[((l0 + c0) - ((((73 * l0) + (76 * c0)) + 76) / 77)) * 77 + (((((-6) * l0) - (6 * c0)) - ((((7 * l0) + (10 * c0)) + 10) / 11)) + (7 * ((((73 * l0) + (76 * c0)) + 76) / 77))) * 11 + ((-((((7 * l0) + (10 * c0)) + 10) % 11)) + 10)];
+    }
   }
   r_reduce_sum12_acc = pf_allreduce_y<pf_sum, 64>(r_reduce_sum12_acc, pf_scratch); if (l0 == 0) reduce_sum12[0] = r_reduce_sum12_acc;
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_45d293acab4f5d9ba3cf(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_4f158204db788ab3180d(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -63,23 +63,48 @@ extern "C" __global__ void __launch_bounds__(256) pf_45d293acab4f5d9ba3cf(float*
   if ((((8 * b0) + r0) <= 11)) {
     // part:mg0
     r_layer_norm_mean_acc = 0.0f;
-    for (int c0 = 0; (c0 <= ((-((l0 + 24) / 32)) + 2)); c0 += 1) {
-      r_layer_norm_mean_acc = r_layer_norm_mean_acc + (x[((8 * b0) + r0) * 72 + (l0 + (32 * c0))] * 0.013888888888888888f);
+    if ((l0 <= 17)) {
+      // coarsen:4
+      {
+        const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 72 + (4 * l0)]);
+        float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          r_layer_norm_mean_acc = r_layer_norm_mean_acc + (v_x[c0] * 0.013888888888888888f);
+        }
+      }
     }
     r_layer_norm_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm_mean_acc, pf_scratch); r_layer_norm_mean = r_layer_norm_mean_acc;
     __syncwarp();  // mg1 reads what earlier parts wrote
     // part:mg1
     r_layer_norm_var_acc = 0.0f;
-    for (int c0 = 0; (c0 <= ((-((l0 + 24) / 32)) + 2)); c0 += 1) {
-      s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((l0 + (32 * c0)) - s_layer_norm_centered_lo1)] = (x[((8 * b0) + r0) * 72 + (l0 + (32 * c0))] - r_layer_norm_mean);
-      r_layer_norm_var_acc = r_layer_norm_var_acc + ((s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((l0 + (32 * c0)) - s_layer_norm_centered_lo1)] * s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((l0 + (32 * c0)) - s_layer_norm_centered_lo1)]) * 0.013888888888888888f);
+    if ((l0 <= 17)) {
+      // coarsen:4
+      {
+        const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 72 + (4 * l0)]);
+        float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)] = (v_x[c0] - r_layer_norm_mean);
+          r_layer_norm_var_acc = r_layer_norm_var_acc + ((s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)] * s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)]) * 0.013888888888888888f);
+        }
+      }
     }
     r_layer_norm_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm_var_acc, pf_scratch); r_layer_norm_var = r_layer_norm_var_acc;
     __syncwarp();  // mg2 reads what earlier parts wrote
     // part:mg2
     r_layer_norm_rstd = rsqrtf((r_layer_norm_var + 1e-05f));
-    for (int c0 = 0; (c0 <= ((-((l0 + 24) / 32)) + 2)); c0 += 1) {
-      layer_norm[((8 * b0) + r0) * 72 + (l0 + (32 * c0))] = (((s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((l0 + (32 * c0)) - s_layer_norm_centered_lo1)] * r_layer_norm_rstd) * gamma[(l0 + (32 * c0))]) + beta[(l0 + (32 * c0))]);
+    if ((l0 <= 17)) {
+      // coarsen:4
+      {
+        const float4 q_beta0 = *reinterpret_cast<const float4*>(&beta[(4 * l0)]);
+        float v_beta[4] = {q_beta0.x, q_beta0.y, q_beta0.z, q_beta0.w};
+        const float4 q_gamma0 = *reinterpret_cast<const float4*>(&gamma[(4 * l0)]);
+        float v_gamma[4] = {q_gamma0.x, q_gamma0.y, q_gamma0.z, q_gamma0.w};
+        float v_layer_norm[4];
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          v_layer_norm[c0] = (((s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)] * r_layer_norm_rstd) * v_gamma[c0]) + v_beta[c0]);
+        }
+        *reinterpret_cast<float4*>(&layer_norm[((8 * b0) + r0) * 72 + (4 * l0)]) = make_float4(v_layer_norm[0], v_layer_norm[1], v_layer_norm[2], v_layer_norm[3]);
+      }
     }
   }
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_478754bd30ecb28acc49(float* __restrict__ softmax, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_dd4f960a4065b4ad3bcc(float* __restrict__ softmax, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -63,23 +63,44 @@ extern "C" __global__ void __launch_bounds__(256) pf_478754bd30ecb28acc49(float*
   if ((((8 * b0) + r0) <= 9)) {
     // part:mg0
     r_softmax_max_acc = -INFINITY;
-    for (int c0 = 0; (c0 <= ((-((l0 + 28) / 32)) + 3)); c0 += 1) {
-      r_softmax_max_acc = pf_fmaxf(r_softmax_max_acc, x[((8 * b0) + r0) * 100 + (l0 + (32 * c0))]);
+    if ((l0 <= 24)) {
+      // coarsen:4
+      {
+        const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 100 + (4 * l0)]);
+        float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          r_softmax_max_acc = pf_fmaxf(r_softmax_max_acc, v_x[c0]);
+        }
+      }
     }
     r_softmax_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax_max_acc, pf_scratch); r_softmax_max = r_softmax_max_acc;
     __syncwarp();  // mg1 reads what earlier parts wrote
     // part:mg1
     r_softmax_sum_acc = 0.0f;
-    for (int c0 = 0; (c0 <= ((-((l0 + 28) / 32)) + 3)); c0 += 1) {
-      r_softmax_sub = (x[((8 * b0) + r0) * 100 + (l0 + (32 * c0))] - r_softmax_max);
-      s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + ((l0 + (32 * c0)) - s_softmax_exp_lo1)] = expf(r_softmax_sub);
-      r_softmax_sum_acc = r_softmax_sum_acc + s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + ((l0 + (32 * c0)) - s_softmax_exp_lo1)];
+    if ((l0 <= 24)) {
+      // coarsen:4
+      {
+        const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 100 + (4 * l0)]);
+        float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          r_softmax_sub = (v_x[c0] - r_softmax_max);
+          s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + (((4 * l0) + c0) - s_softmax_exp_lo1)] = expf(r_softmax_sub);
+          r_softmax_sum_acc = r_softmax_sum_acc + s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + (((4 * l0) + c0) - s_softmax_exp_lo1)];
+        }
+      }
     }
     r_softmax_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax_sum_acc, pf_scratch); r_softmax_sum = r_softmax_sum_acc;
     __syncwarp();  // mg2 reads what earlier parts wrote
-    // part:mg2
-    for (int c0 = 0; (c0 <= ((-((l0 + 28) / 32)) + 3)); c0 += 1) {
-      softmax[((8 * b0) + r0) * 100 + (l0 + (32 * c0))] = (s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + ((l0 + (32 * c0)) - s_softmax_exp_lo1)] / r_softmax_sum);
+    if ((l0 <= 24)) {
+      // part:mg2
+      // coarsen:4
+      {
+        float v_softmax[4];
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          v_softmax[c0] = (s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + (((4 * l0) + c0) - s_softmax_exp_lo1)] / r_softmax_sum);
+        }
+        *reinterpret_cast<float4*>(&softmax[((8 * b0) + r0) * 100 + (4 * l0)]) = make_float4(v_softmax[0], v_softmax[1], v_softmax[2], v_softmax[3]);
+      }
     }
   }
 }

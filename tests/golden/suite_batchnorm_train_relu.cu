@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pf_b4b05bebf6d105b29c50(float* __restrict__ mu, float* __restrict__ var, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(1024) pf_9b09596834b4a6a5a655(float* __restrict__ mu, float* __restrict__ var, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -64,24 +64,47 @@ extern "C" __global__ void __launch_bounds__(1024) pf_b4b05bebf6d105b29c50(float
   float r_xb;
   // part:mg0
   r_mu_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 48); c0 += 1) {
-    r_mu_acc = r_mu_acc + (x[((l0 + (2 * c0)) - ((((783 * l0) + (544 * c0)) + 783) / 784)) * 12544 + b0 * 784 + (((((-27) * l0) - (19 * c0)) - ((((27 * l0) + (12 * c0)) + 27) / 28)) + (28 * ((((783 * l0) + (544 * c0)) + 783) / 784))) * 28 + ((-((((27 * l0) + (12 * c0)) + 27) % 28)) + 27)] * 1.992984693877551e-05f);
+  for (int c0 = 0; (c0 <= ((-((l0 + 768) / 1024)) + 12)); c0 += 1) {
+    // coarsen:4
+    {
+      const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((l0 + (6 * c0)) - ((((195 * l0) + (152 * c0)) + 195) / 196)) * 12544 + b0 * 784 + (((((-27) * l0) - (21 * c0)) - ((((6 * l0) + (5 * c0)) + 6) / 7)) + (28 * ((((195 * l0) + (152 * c0)) + 195) / 196))) * 28 + ((-(4 * ((((6 * l0) + (5 * c0)) + 6) % 7))) + 24)]);
+      float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      for (int c1 = 0; c1 < 4; c1 += 1) {
+        r_mu_acc = r_mu_acc + (v_x[c1] * 1.992984693877551e-05f);
+      }
+    }
   }
   r_mu_acc = pf_allreduce_y<pf_sum, 1024>(r_mu_acc, pf_scratch); r_mu = r_mu_acc; if (l0 == 0) mu[0 * 16 + b0 + 0 + 0] = r_mu;
   // part:mg1
   r_var_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 48); c0 += 1) {
-    r_d = (x[((l0 + (2 * c0)) - ((((783 * l0) + (544 * c0)) + 783) / 784)) * 12544 + b0 * 784 + (((((-27) * l0) - (19 * c0)) - ((((27 * l0) + (12 * c0)) + 27) / 28)) + (28 * ((((783 * l0) + (544 * c0)) + 783) / 784))) * 28 + ((-((((27 * l0) + (12 * c0)) + 27) % 28)) + 27)] - r_mu);
-    r_var_acc = r_var_acc + ((r_d * r_d) * 1.992984693877551e-05f);
+  for (int c0 = 0; (c0 <= ((-((l0 + 768) / 1024)) + 12)); c0 += 1) {
+    // coarsen:4
+    {
+      const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((l0 + (6 * c0)) - ((((195 * l0) + (152 * c0)) + 195) / 196)) * 12544 + b0 * 784 + (((((-27) * l0) - (21 * c0)) - ((((6 * l0) + (5 * c0)) + 6) / 7)) + (28 * ((((195 * l0) + (152 * c0)) + 195) / 196))) * 28 + ((-(4 * ((((6 * l0) + (5 * c0)) + 6) % 7))) + 24)]);
+      float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      for (int c1 = 0; c1 < 4; c1 += 1) {
+        r_d = (v_x[c1] - r_mu);
+        r_var_acc = r_var_acc + ((r_d * r_d) * 1.992984693877551e-05f);
+      }
+    }
   }
   r_var_acc = pf_allreduce_y<pf_sum, 1024>(r_var_acc, pf_scratch); r_var = r_var_acc; if (l0 == 0) var[0 * 16 + b0 + 0 + 0] = r_var;
   // part:mg2
   r_var_eps = (r_var + 1e-05f);
   r_rstd = rsqrtf(r_var_eps);
-  for (int c0 = 0; (c0 <= 48); c0 += 1) {
-    r_xn = ((x[((l0 + (2 * c0)) - ((((783 * l0) + (544 * c0)) + 783) / 784)) * 12544 + b0 * 784 + (((((-27) * l0) - (19 * c0)) - ((((27 * l0) + (12 * c0)) + 27) / 28)) + (28 * ((((783 * l0) + (544 * c0)) + 783) / 784))) * 28 + ((-((((27 * l0) + (12 * c0)) + 27) % 28)) + 27)] - r_mu) * r_rstd);
-    r_xg = (r_xn * gamma[b0 + 0 + 0]);
-    r_xb = (r_xg + beta[b0 + 0 + 0]);
-    y[((l0 + (2 * c0)) - ((((783 * l0) + (544 * c0)) + 783) / 784)) * 12544 + b0 * 784 + (((((-27) * l0) - (19 * c0)) - ((((27 * l0) + (12 * c0)) + 27) / 28)) + (28 * ((((783 * l0) + (544 * c0)) + 783) / 784))) * 28 + ((-((((27 * l0) + (12 * c0)) + 27) % 28)) + 27)] = pf_fmaxf(r_xb, 0.0f);
+  for (int c0 = 0; (c0 <= ((-((l0 + 768) / 1024)) + 12)); c0 += 1) {
+    // coarsen:4
+    {
+      const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((l0 + (6 * c0)) - ((((195 * l0) + (152 * c0)) + 195) / 196)) * 12544 + b0 * 784 + (((((-27) * l0) - (21 * c0)) - ((((6 * l0) + (5 * c0)) + 6) / 7)) + (28 * ((((195 * l0) + (152 * c0)) + 195) / 196))) * 28 + ((-(4 * ((((6 * l0) + (5 * c0)) + 6) % 7))) + 24)]);
+      float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      float v_y[4];
+      for (int c1 = 0; c1 < 4; c1 += 1) {
+        r_xn = ((v_x[c1] - r_mu) * r_rstd);
+        r_xg = (r_xn * gamma[b0 + 0 + 0]);
+        r_xb = (r_xg + beta[b0 + 0 + 0]);
+        v_y[c1] = pf_fmaxf(r_xb, 0.0f);
+      }
+      *reinterpret_cast<float4*>(&y[((l0 + (6 * c0)) - ((((195 * l0) + (152 * c0)) + 195) / 196)) * 12544 + b0 * 784 + (((((-27) * l0) - (21 * c0)) - ((((6 * l0) + (5 * c0)) + 6) / 7)) + (28 * ((((195 * l0) + (152 * c0)) + 195) / 196))) * 28 + ((-(4 * ((((6 * l0) + (5 * c0)) + 6) % 7))) + 24)]) = make_float4(v_y[0], v_y[1], v_y[2], v_y[3]);
+    }
   }
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c6f8c561f84dce4c7fc1(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_d160b5152dde2f21f192(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -62,22 +62,47 @@ extern "C" __global__ void __launch_bounds__(256) pf_c6f8c561f84dce4c7fc1(float*
   float r_ln_rstd;
   // part:mg0
   r_ln_mean_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 2); c0 += 1) {
-    r_ln_mean_acc = r_ln_mean_acc + (x[b0 * 768 + (l0 + (256 * c0))] * 0.0013020833333333333f);
+  if ((l0 <= 191)) {
+    // coarsen:4
+    {
+      const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 768 + (4 * l0)]);
+      float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_ln_mean_acc = r_ln_mean_acc + (v_x[c0] * 0.0013020833333333333f);
+      }
+    }
   }
   r_ln_mean_acc = pf_allreduce_y<pf_sum, 256>(r_ln_mean_acc, pf_scratch); r_ln_mean = r_ln_mean_acc;
   __syncthreads();  // mg1 reads what earlier parts wrote
   // part:mg1
   r_ln_var_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 2); c0 += 1) {
-    s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((l0 + (256 * c0)) - s_ln_centered_lo1)] = (x[b0 * 768 + (l0 + (256 * c0))] - r_ln_mean);
-    r_ln_var_acc = r_ln_var_acc + ((s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((l0 + (256 * c0)) - s_ln_centered_lo1)] * s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((l0 + (256 * c0)) - s_ln_centered_lo1)]) * 0.0013020833333333333f);
+  if ((l0 <= 191)) {
+    // coarsen:4
+    {
+      const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 768 + (4 * l0)]);
+      float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)] = (v_x[c0] - r_ln_mean);
+        r_ln_var_acc = r_ln_var_acc + ((s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)] * s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)]) * 0.0013020833333333333f);
+      }
+    }
   }
   r_ln_var_acc = pf_allreduce_y<pf_sum, 256>(r_ln_var_acc, pf_scratch); r_ln_var = r_ln_var_acc;
   __syncthreads();  // mg2 reads what earlier parts wrote
   // part:mg2
   r_ln_rstd = rsqrtf((r_ln_var + 1e-05f));
-  for (int c0 = 0; (c0 <= 2); c0 += 1) {
-    ln[b0 * 768 + (l0 + (256 * c0))] = (((s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((l0 + (256 * c0)) - s_ln_centered_lo1)] * r_ln_rstd) * gamma[(l0 + (256 * c0))]) + beta[(l0 + (256 * c0))]);
+  if ((l0 <= 191)) {
+    // coarsen:4
+    {
+      const float4 q_beta0 = *reinterpret_cast<const float4*>(&beta[(4 * l0)]);
+      float v_beta[4] = {q_beta0.x, q_beta0.y, q_beta0.z, q_beta0.w};
+      const float4 q_gamma0 = *reinterpret_cast<const float4*>(&gamma[(4 * l0)]);
+      float v_gamma[4] = {q_gamma0.x, q_gamma0.y, q_gamma0.z, q_gamma0.w};
+      float v_ln[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_ln[c0] = (((s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)] * r_ln_rstd) * v_gamma[c0]) + v_beta[c0]);
+      }
+      *reinterpret_cast<float4*>(&ln[b0 * 768 + (4 * l0)]) = make_float4(v_ln[0], v_ln[1], v_ln[2], v_ln[3]);
+    }
   }
 }

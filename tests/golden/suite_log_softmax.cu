@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e161b82f652be1045253(float* __restrict__ lsm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_f6633526af19e0d97f8f(float* __restrict__ lsm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -63,23 +63,38 @@ extern "C" __global__ void __launch_bounds__(256) pf_e161b82f652be1045253(float*
   float r_lsm_log;
   // part:mg0
   r_lsm_max_acc = -INFINITY;
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    r_lsm_max_acc = pf_fmaxf(r_lsm_max_acc, x[b0 * 1024 + (l0 + (256 * c0))]);
+  // coarsen:4
+  {
+    const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 1024 + (4 * l0)]);
+    float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      r_lsm_max_acc = pf_fmaxf(r_lsm_max_acc, v_x[c0]);
+    }
   }
   r_lsm_max_acc = pf_allreduce_y<pf_max, 256>(r_lsm_max_acc, pf_scratch); r_lsm_max = r_lsm_max_acc;
   __syncthreads();  // mg1 reads what earlier parts wrote
   // part:mg1
   r_lsm_sum_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + ((l0 + (256 * c0)) - s_lsm_sub_lo1)] = (x[b0 * 1024 + (l0 + (256 * c0))] - r_lsm_max);
-    r_lsm_exp = expf(s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + ((l0 + (256 * c0)) - s_lsm_sub_lo1)]);
-    r_lsm_sum_acc = r_lsm_sum_acc + r_lsm_exp;
+  // coarsen:4
+  {
+    const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 1024 + (4 * l0)]);
+    float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + (((4 * l0) + c0) - s_lsm_sub_lo1)] = (v_x[c0] - r_lsm_max);
+      r_lsm_exp = expf(s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + (((4 * l0) + c0) - s_lsm_sub_lo1)]);
+      r_lsm_sum_acc = r_lsm_sum_acc + r_lsm_exp;
+    }
   }
   r_lsm_sum_acc = pf_allreduce_y<pf_sum, 256>(r_lsm_sum_acc, pf_scratch); r_lsm_sum = r_lsm_sum_acc;
   __syncthreads();  // mg2 reads what earlier parts wrote
   // part:mg2
   r_lsm_log = logf(r_lsm_sum);
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    lsm[b0 * 1024 + (l0 + (256 * c0))] = (s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + ((l0 + (256 * c0)) - s_lsm_sub_lo1)] - r_lsm_log);
+  // coarsen:4
+  {
+    float v_lsm[4];
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      v_lsm[c0] = (s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + (((4 * l0) + c0) - s_lsm_sub_lo1)] - r_lsm_log);
+    }
+    *reinterpret_cast<float4*>(&lsm[b0 * 1024 + (4 * l0)]) = make_float4(v_lsm[0], v_lsm[1], v_lsm[2], v_lsm[3]);
   }
 }

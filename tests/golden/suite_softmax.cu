@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1d971601e94369934b7c(float* __restrict__ sm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_4f2fe83cec6f7453b7fe(float* __restrict__ sm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -62,22 +62,37 @@ extern "C" __global__ void __launch_bounds__(256) pf_1d971601e94369934b7c(float*
   float r_sm_sum_acc;
   // part:mg0
   r_sm_max_acc = -INFINITY;
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    r_sm_max_acc = pf_fmaxf(r_sm_max_acc, x[b0 * 1024 + (l0 + (256 * c0))]);
+  // coarsen:4
+  {
+    const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 1024 + (4 * l0)]);
+    float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      r_sm_max_acc = pf_fmaxf(r_sm_max_acc, v_x[c0]);
+    }
   }
   r_sm_max_acc = pf_allreduce_y<pf_max, 256>(r_sm_max_acc, pf_scratch); r_sm_max = r_sm_max_acc;
   __syncthreads();  // mg1 reads what earlier parts wrote
   // part:mg1
   r_sm_sum_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    r_sm_sub = (x[b0 * 1024 + (l0 + (256 * c0))] - r_sm_max);
-    s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + ((l0 + (256 * c0)) - s_sm_exp_lo1)] = expf(r_sm_sub);
-    r_sm_sum_acc = r_sm_sum_acc + s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + ((l0 + (256 * c0)) - s_sm_exp_lo1)];
+  // coarsen:4
+  {
+    const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 1024 + (4 * l0)]);
+    float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      r_sm_sub = (v_x[c0] - r_sm_max);
+      s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + (((4 * l0) + c0) - s_sm_exp_lo1)] = expf(r_sm_sub);
+      r_sm_sum_acc = r_sm_sum_acc + s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + (((4 * l0) + c0) - s_sm_exp_lo1)];
+    }
   }
   r_sm_sum_acc = pf_allreduce_y<pf_sum, 256>(r_sm_sum_acc, pf_scratch); r_sm_sum = r_sm_sum_acc;
   __syncthreads();  // mg2 reads what earlier parts wrote
   // part:mg2
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    sm[b0 * 1024 + (l0 + (256 * c0))] = (s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + ((l0 + (256 * c0)) - s_sm_exp_lo1)] / r_sm_sum);
+  // coarsen:4
+  {
+    float v_sm[4];
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      v_sm[c0] = (s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + (((4 * l0) + c0) - s_sm_exp_lo1)] / r_sm_sum);
+    }
+    *reinterpret_cast<float4*>(&sm[b0 * 1024 + (4 * l0)]) = make_float4(v_sm[0], v_sm[1], v_sm[2], v_sm[3]);
   }
 }

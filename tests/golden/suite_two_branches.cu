@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_3a487b17949b47ce4e2f_p0(float* __restrict__ b, const float* __restrict__ x2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_63e8825028feb7df8a8e_p0(float* __restrict__ b, const float* __restrict__ x2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -56,14 +56,19 @@ __device__ __forceinline__ void pf_3a487b17949b47ce4e2f_p0(float* __restrict__ b
   float r_b_acc;
   // part:mg1
   r_b_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    r_x2sq = (x2[b0 * 1024 + (l0 + (256 * c0))] * x2[b0 * 1024 + (l0 + (256 * c0))]);
-    r_b_acc = r_b_acc + r_x2sq;
+  // coarsen:4
+  {
+    const float4 q_x20 = *reinterpret_cast<const float4*>(&x2[b0 * 1024 + (4 * l0)]);
+    float v_x2[4] = {q_x20.x, q_x20.y, q_x20.z, q_x20.w};
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      r_x2sq = (v_x2[c0] * v_x2[c0]);
+      r_b_acc = r_b_acc + r_x2sq;
+    }
   }
   r_b_acc = pf_allreduce_y<pf_sum, 256>(r_b_acc, pf_scratch); if (l0 == 0) b[b0] = r_b_acc;
 }
 
-__device__ __forceinline__ void pf_3a487b17949b47ce4e2f_p1(float* __restrict__ a, const float* __restrict__ x1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_63e8825028feb7df8a8e_p1(float* __restrict__ a, const float* __restrict__ x1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -75,11 +80,11 @@ __device__ __forceinline__ void pf_3a487b17949b47ce4e2f_p1(float* __restrict__ a
   a[((256 * b0) + t0)] = pf_fmaxf(r_x1_2p1, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3a487b17949b47ce4e2f(float* __restrict__ b, const float* __restrict__ x2, float* __restrict__ a, const float* __restrict__ x1) {
+extern "C" __global__ void __launch_bounds__(256) pf_63e8825028feb7df8a8e(float* __restrict__ b, const float* __restrict__ x2, float* __restrict__ a, const float* __restrict__ x1) {
   const int pf_b = blockIdx.x;
   if (pf_b < 64) {  // k1_x2sq: 64 blocks of 256
-    pf_3a487b17949b47ce4e2f_p0(b, x2, pf_b - 0, (int)threadIdx.x);
+    pf_63e8825028feb7df8a8e_p0(b, x2, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 320) {  // k0_x1_2: 256 blocks of 256
-    pf_3a487b17949b47ce4e2f_p1(a, x1, pf_b - 64, (int)threadIdx.x);
+    pf_63e8825028feb7df8a8e_p1(a, x1, pf_b - 64, (int)threadIdx.x);
   }
 }

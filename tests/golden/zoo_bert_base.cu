@@ -319,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_79eda088acef63a2a7aa(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e22e7d57d39040f2c31f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -327,32 +327,59 @@ extern "C" __global__ void __launch_bounds__(256) pf_e22e7d57d39040f2c31f(float*
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
+  __shared__ float s_mul13[64];
+  const int s_mul13_lo0 = b0;
+  const int s_mul13_lo1 = b1;
+  const int s_mul13_lo2 = 0;
+  const int s_mul13_lo3 = 0;
+  __shared__ float s_softmax14_exp[64];
+  const int s_softmax14_exp_lo0 = b0;
+  const int s_softmax14_exp_lo1 = b1;
+  const int s_softmax14_exp_lo2 = 0;
+  const int s_softmax14_exp_lo3 = 0;
   __shared__ float pf_scratch[1];
-  float r_mul13;
   float r_softmax14_max;
   float r_softmax14_max_acc;
   float r_softmax14_sub;
-  float r_softmax14_exp;
   float r_softmax14_sum;
   float r_softmax14_sum_acc;
   // part:mg10
   r_softmax14_max_acc = -INFINITY;
-  if ((l0 <= 7)) {
-    r_mul13 = (matmul12[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, r_mul13);
+  if ((l0 <= 1)) {
+    // coarsen:4
+    {
+      const float4 q_matmul120 = *reinterpret_cast<const float4*>(&matmul12[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]);
+      float v_matmul12[4] = {q_matmul120.x, q_matmul120.y, q_matmul120.z, q_matmul120.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + (((4 * l0) + c0) - s_mul13_lo3)] = (v_matmul12[c0] * 0.25f);
+        r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + (((4 * l0) + c0) - s_mul13_lo3)]);
+      }
+    }
   }
   r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
+  __syncwarp();  // mg11 reads what earlier parts wrote
   // part:mg11
   r_softmax14_sum_acc = 0.0f;
-  if ((l0 <= 7)) {
-    r_softmax14_sub = (r_mul13 - r_softmax14_max);
-    r_softmax14_exp = expf(r_softmax14_sub);
-    r_softmax14_sum_acc = r_softmax14_sum_acc + r_softmax14_exp;
+  if ((l0 <= 1)) {
+    // coarsen:4
+    for (int c0 = 0; (c0 <= 3); c0 += 1) {
+      r_softmax14_sub = (s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + (((4 * l0) + c0) - s_mul13_lo3)] - r_softmax14_max);
+      s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax14_exp_lo3)] = expf(r_softmax14_sub);
+      r_softmax14_sum_acc = r_softmax14_sum_acc + s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax14_exp_lo3)];
+    }
   }
   r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
-  if ((l0 <= 7)) {
+  __syncwarp();  // mg12 reads what earlier parts wrote
+  if ((l0 <= 1)) {
     // part:mg12
-    softmax14[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax14_exp / r_softmax14_sum);
+    // coarsen:4
+    {
+      float v_softmax14[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_softmax14[c0] = (s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax14_exp_lo3)] / r_softmax14_sum);
+      }
+      *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
+    }
   }
 }
 
@@ -483,36 +510,75 @@ extern "C" __global__ void __launch_bounds__(256) pf_10db56b53b90294778ec(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9f1951ba172864235fb1(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_ecf1d4eb2e846f7288ba(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
+  __shared__ float s_add20[256];
+  const int s_add20_lo0 = b0;
+  const int s_add20_lo1 = 0;
+  const int s_add20_lo2 = 0;
+  __shared__ float s_layer_norm21_centered[256];
+  const int s_layer_norm21_centered_lo0 = b0;
+  const int s_layer_norm21_centered_lo1 = 0;
+  const int s_layer_norm21_centered_lo2 = 0;
   __shared__ float pf_scratch[1];
   float r_add19;
-  float r_add20;
   float r_layer_norm21_mean;
   float r_layer_norm21_mean_acc;
-  float r_layer_norm21_centered;
   float r_layer_norm21_var;
   float r_layer_norm21_var_acc;
   float r_layer_norm21_rstd;
   // part:mg17
   r_layer_norm21_mean_acc = 0.0f;
-  r_add19 = (matmul18[b0 * 256 + r0 * 32 + l0] + layer0_attn_o_bias[l0]);
-  r_add20 = (embeddings[b0 * 256 + r0 * 32 + l0] + r_add19);
-  r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (r_add20 * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_layer0_attn_o_bias0 = *reinterpret_cast<const float4*>(&layer0_attn_o_bias[(4 * l0)]);
+      float v_layer0_attn_o_bias[4] = {q_layer0_attn_o_bias0.x, q_layer0_attn_o_bias0.y, q_layer0_attn_o_bias0.z, q_layer0_attn_o_bias0.w};
+      const float4 q_matmul180 = *reinterpret_cast<const float4*>(&matmul18[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_matmul18[4] = {q_matmul180.x, q_matmul180.y, q_matmul180.z, q_matmul180.w};
+      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_add19 = (v_matmul18[c0] + v_layer0_attn_o_bias[c0]);
+        s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + (((4 * l0) + c0) - s_add20_lo2)] = (v_embeddings[c0] + r_add19);
+        r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + (((4 * l0) + c0) - s_add20_lo2)] * 0.03125f);
+      }
+    }
+  }
   r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
+  __syncwarp();  // mg18 reads what earlier parts wrote
   // part:mg18
   r_layer_norm21_var_acc = 0.0f;
-  r_layer_norm21_centered = (r_add20 - r_layer_norm21_mean);
-  r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((r_layer_norm21_centered * r_layer_norm21_centered) * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    for (int c0 = 0; (c0 <= 3); c0 += 1) {
+      s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)] = (s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + (((4 * l0) + c0) - s_add20_lo2)] - r_layer_norm21_mean);
+      r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)] * s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)]) * 0.03125f);
+    }
+  }
   r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
+  __syncwarp();  // mg19 reads what earlier parts wrote
   // part:mg19
   r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
-  layer_norm21[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm21_centered * r_layer_norm21_rstd) * layer0_ln1_gamma[l0]) + layer0_ln1_beta[l0]);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_layer0_ln1_beta0 = *reinterpret_cast<const float4*>(&layer0_ln1_beta[(4 * l0)]);
+      float v_layer0_ln1_beta[4] = {q_layer0_ln1_beta0.x, q_layer0_ln1_beta0.y, q_layer0_ln1_beta0.z, q_layer0_ln1_beta0.w};
+      const float4 q_layer0_ln1_gamma0 = *reinterpret_cast<const float4*>(&layer0_ln1_gamma[(4 * l0)]);
+      float v_layer0_ln1_gamma[4] = {q_layer0_ln1_gamma0.x, q_layer0_ln1_gamma0.y, q_layer0_ln1_gamma0.z, q_layer0_ln1_gamma0.w};
+      float v_layer_norm21[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_layer_norm21[c0] = (((s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)] * r_layer_norm21_rstd) * v_layer0_ln1_gamma[c0]) + v_layer0_ln1_beta[c0]);
+      }
+      *reinterpret_cast<float4*>(&layer_norm21[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm21[0], v_layer_norm21[1], v_layer_norm21[2], v_layer_norm21[3]);
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_07bbb2eb89707bfe4961(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {

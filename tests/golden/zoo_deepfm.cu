@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* 
   }
 }
 
-__device__ __forceinline__ void pf_1f4d9f651bbe3a89ebad_p0(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_2203aacd986d86a60d77_p0(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -102,15 +102,24 @@ __device__ __forceinline__ void pf_1f4d9f651bbe3a89ebad_p0(float* __restrict__ r
   float r_reduce_sum6_acc;
   // part:mg3
   r_reduce_sum6_acc = 0.0f;
-  if ((l0 <= 3)) {
-    r_mul4 = (reduce_sum1[r0 * 4 + l0] * reduce_sum1[r0 * 4 + l0]);
-    r_sub5 = (r_mul4 - reduce_sum3[r0 * 4 + l0]);
-    r_reduce_sum6_acc = r_reduce_sum6_acc + r_sub5;
+  if ((l0 == 0)) {
+    // coarsen:4
+    {
+      const float4 q_reduce_sum10 = *reinterpret_cast<const float4*>(&reduce_sum1[r0 * 4 + 0]);
+      float v_reduce_sum1[4] = {q_reduce_sum10.x, q_reduce_sum10.y, q_reduce_sum10.z, q_reduce_sum10.w};
+      const float4 q_reduce_sum30 = *reinterpret_cast<const float4*>(&reduce_sum3[r0 * 4 + 0]);
+      float v_reduce_sum3[4] = {q_reduce_sum30.x, q_reduce_sum30.y, q_reduce_sum30.z, q_reduce_sum30.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_mul4 = (v_reduce_sum1[c0] * v_reduce_sum1[c0]);
+        r_sub5 = (r_mul4 - v_reduce_sum3[c0]);
+        r_reduce_sum6_acc = r_reduce_sum6_acc + r_sub5;
+      }
+    }
   }
-  r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
+  if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-__device__ __forceinline__ void pf_1f4d9f651bbe3a89ebad_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_2203aacd986d86a60d77_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -126,12 +135,12 @@ __device__ __forceinline__ void pf_1f4d9f651bbe3a89ebad_p1(float* __restrict__ r
   r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_1f4d9f651bbe3a89ebad(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
+extern "C" __global__ void __launch_bounds__(128) pf_2203aacd986d86a60d77(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k3_mul4: 1 blocks of 128
-    pf_1f4d9f651bbe3a89ebad_p0(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
+    pf_2203aacd986d86a60d77_p0(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pf_1f4d9f651bbe3a89ebad_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+    pf_2203aacd986d86a60d77_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
   }
 }
 

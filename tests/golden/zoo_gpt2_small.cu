@@ -46,32 +46,68 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c932b582c037985a499c(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_8af29371604b92593be3(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
+  __shared__ float s_layer_norm0_centered[256];
+  const int s_layer_norm0_centered_lo0 = b0;
+  const int s_layer_norm0_centered_lo1 = 0;
+  const int s_layer_norm0_centered_lo2 = 0;
   __shared__ float pf_scratch[1];
   float r_layer_norm0_mean;
   float r_layer_norm0_mean_acc;
-  float r_layer_norm0_centered;
   float r_layer_norm0_var;
   float r_layer_norm0_var_acc;
   float r_layer_norm0_rstd;
   // part:mg0
   r_layer_norm0_mean_acc = 0.0f;
-  r_layer_norm0_mean_acc = r_layer_norm0_mean_acc + (embeddings[b0 * 256 + r0 * 32 + l0] * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_layer_norm0_mean_acc = r_layer_norm0_mean_acc + (v_embeddings[c0] * 0.03125f);
+      }
+    }
+  }
   r_layer_norm0_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm0_mean_acc, pf_scratch); r_layer_norm0_mean = r_layer_norm0_mean_acc;
+  __syncwarp();  // mg1 reads what earlier parts wrote
   // part:mg1
   r_layer_norm0_var_acc = 0.0f;
-  r_layer_norm0_centered = (embeddings[b0 * 256 + r0 * 32 + l0] - r_layer_norm0_mean);
-  r_layer_norm0_var_acc = r_layer_norm0_var_acc + ((r_layer_norm0_centered * r_layer_norm0_centered) * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)] = (v_embeddings[c0] - r_layer_norm0_mean);
+        r_layer_norm0_var_acc = r_layer_norm0_var_acc + ((s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)] * s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)]) * 0.03125f);
+      }
+    }
+  }
   r_layer_norm0_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm0_var_acc, pf_scratch); r_layer_norm0_var = r_layer_norm0_var_acc;
+  __syncwarp();  // mg2 reads what earlier parts wrote
   // part:mg2
   r_layer_norm0_rstd = rsqrtf((r_layer_norm0_var + 1e-05f));
-  layer_norm0[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm0_centered * r_layer_norm0_rstd) * block0_ln1_gamma[l0]) + block0_ln1_beta[l0]);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_block0_ln1_beta0 = *reinterpret_cast<const float4*>(&block0_ln1_beta[(4 * l0)]);
+      float v_block0_ln1_beta[4] = {q_block0_ln1_beta0.x, q_block0_ln1_beta0.y, q_block0_ln1_beta0.z, q_block0_ln1_beta0.w};
+      const float4 q_block0_ln1_gamma0 = *reinterpret_cast<const float4*>(&block0_ln1_gamma[(4 * l0)]);
+      float v_block0_ln1_gamma[4] = {q_block0_ln1_gamma0.x, q_block0_ln1_gamma0.y, q_block0_ln1_gamma0.z, q_block0_ln1_gamma0.w};
+      float v_layer_norm0[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_layer_norm0[c0] = (((s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)] * r_layer_norm0_rstd) * v_block0_ln1_gamma[c0]) + v_block0_ln1_beta[c0]);
+      }
+      *reinterpret_cast<float4*>(&layer_norm0[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm0[0], v_layer_norm0[1], v_layer_norm0[2], v_layer_norm0[3]);
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_5cd7665bc6e9c3f03333(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
@@ -347,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c993cf038e1e87282d9a(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_139497e17d5021753770(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -355,34 +391,63 @@ extern "C" __global__ void __launch_bounds__(256) pf_139497e17d5021753770(float*
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
+  __shared__ float s_add15[64];
+  const int s_add15_lo0 = b0;
+  const int s_add15_lo1 = b1;
+  const int s_add15_lo2 = 0;
+  const int s_add15_lo3 = 0;
+  __shared__ float s_softmax16_exp[64];
+  const int s_softmax16_exp_lo0 = b0;
+  const int s_softmax16_exp_lo1 = b1;
+  const int s_softmax16_exp_lo2 = 0;
+  const int s_softmax16_exp_lo3 = 0;
   __shared__ float pf_scratch[1];
   float r_mul14;
-  float r_add15;
   float r_softmax16_max;
   float r_softmax16_max_acc;
   float r_softmax16_sub;
-  float r_softmax16_exp;
   float r_softmax16_sum;
   float r_softmax16_sum_acc;
   // part:mg13
   r_softmax16_max_acc = -INFINITY;
-  if ((l0 <= 7)) {
-    r_mul14 = (matmul13[b0 * 128 + b1 * 64 + r0 * 8 + l0] * 0.25f);
-    r_add15 = (r_mul14 + causal_mask[r0 * 8 + l0]);
-    r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, r_add15);
+  if ((l0 <= 1)) {
+    // coarsen:4
+    {
+      const float4 q_matmul130 = *reinterpret_cast<const float4*>(&matmul13[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]);
+      float v_matmul13[4] = {q_matmul130.x, q_matmul130.y, q_matmul130.z, q_matmul130.w};
+      const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[r0 * 8 + (4 * l0)]);
+      float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_mul14 = (v_matmul13[c0] * 0.25f);
+        s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + (((4 * l0) + c0) - s_add15_lo3)] = (r_mul14 + v_causal_mask[c0]);
+        r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + (((4 * l0) + c0) - s_add15_lo3)]);
+      }
+    }
   }
   r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
+  __syncwarp();  // mg14 reads what earlier parts wrote
   // part:mg14
   r_softmax16_sum_acc = 0.0f;
-  if ((l0 <= 7)) {
-    r_softmax16_sub = (r_add15 - r_softmax16_max);
-    r_softmax16_exp = expf(r_softmax16_sub);
-    r_softmax16_sum_acc = r_softmax16_sum_acc + r_softmax16_exp;
+  if ((l0 <= 1)) {
+    // coarsen:4
+    for (int c0 = 0; (c0 <= 3); c0 += 1) {
+      r_softmax16_sub = (s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + (((4 * l0) + c0) - s_add15_lo3)] - r_softmax16_max);
+      s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax16_exp_lo3)] = expf(r_softmax16_sub);
+      r_softmax16_sum_acc = r_softmax16_sum_acc + s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax16_exp_lo3)];
+    }
   }
   r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
-  if ((l0 <= 7)) {
+  __syncwarp();  // mg15 reads what earlier parts wrote
+  if ((l0 <= 1)) {
     // part:mg15
-    softmax16[b0 * 128 + b1 * 64 + r0 * 8 + l0] = (r_softmax16_exp / r_softmax16_sum);
+    // coarsen:4
+    {
+      float v_softmax16[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_softmax16[c0] = (s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax16_exp_lo3)] / r_softmax16_sum);
+      }
+      *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
+    }
   }
 }
 
@@ -513,36 +578,81 @@ extern "C" __global__ void __launch_bounds__(256) pf_3fca33d314c8dfce37f7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_350c33f401f6e7f0bba1(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_3147fdcd8ba2a61fac07(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
+  __shared__ float s_add21[256];
+  const int s_add21_lo0 = b0;
+  const int s_add21_lo1 = 0;
+  const int s_add21_lo2 = 0;
+  __shared__ float s_layer_norm23_centered[256];
+  const int s_layer_norm23_centered_lo0 = b0;
+  const int s_layer_norm23_centered_lo1 = 0;
+  const int s_layer_norm23_centered_lo2 = 0;
   __shared__ float pf_scratch[1];
-  float r_add21;
   float r_add22;
   float r_layer_norm23_mean;
   float r_layer_norm23_mean_acc;
-  float r_layer_norm23_centered;
   float r_layer_norm23_var;
   float r_layer_norm23_var_acc;
   float r_layer_norm23_rstd;
   // part:mg20
   r_layer_norm23_mean_acc = 0.0f;
-  r_add21 = (matmul20[b0 * 256 + r0 * 32 + l0] + block0_attn_o_bias[l0]);
-  r_add22 = (embeddings[b0 * 256 + r0 * 32 + l0] + r_add21); add22[b0 * 256 + r0 * 32 + l0] = r_add22;
-  r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
+      float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
+      const float4 q_matmul200 = *reinterpret_cast<const float4*>(&matmul20[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_matmul20[4] = {q_matmul200.x, q_matmul200.y, q_matmul200.z, q_matmul200.w};
+      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      float v_add22[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + (((4 * l0) + c0) - s_add21_lo2)] = (v_matmul20[c0] + v_block0_attn_o_bias[c0]);
+        r_add22 = (v_embeddings[c0] + s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + (((4 * l0) + c0) - s_add21_lo2)]); v_add22[c0] = r_add22;
+        r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
+      }
+      *reinterpret_cast<float4*>(&add22[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_add22[0], v_add22[1], v_add22[2], v_add22[3]);
+    }
+  }
   r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
+  __syncwarp();  // mg21 reads what earlier parts wrote
   // part:mg21
   r_layer_norm23_var_acc = 0.0f;
-  r_layer_norm23_centered = (r_add22 - r_layer_norm23_mean);
-  r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((r_layer_norm23_centered * r_layer_norm23_centered) * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)] = ((v_embeddings[c0] + s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + (((4 * l0) + c0) - s_add21_lo2)]) - r_layer_norm23_mean);
+        r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)] * s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)]) * 0.03125f);
+      }
+    }
+  }
   r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
+  __syncwarp();  // mg22 reads what earlier parts wrote
   // part:mg22
   r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
-  layer_norm23[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm23_centered * r_layer_norm23_rstd) * block0_ln2_gamma[l0]) + block0_ln2_beta[l0]);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_block0_ln2_beta0 = *reinterpret_cast<const float4*>(&block0_ln2_beta[(4 * l0)]);
+      float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
+      const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
+      float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
+      float v_layer_norm23[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_layer_norm23[c0] = (((s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)] * r_layer_norm23_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
+      }
+      *reinterpret_cast<float4*>(&layer_norm23[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm23[0], v_layer_norm23[1], v_layer_norm23[2], v_layer_norm23[3]);
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_a7a261485a21bd4c016a(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
@@ -657,34 +767,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff9074a94d5567926f81(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_311b237d37c736f4f92e(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_247835f59d584699a2a7(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
+  __shared__ float s_add59[256];
+  const int s_add59_lo0 = b0;
+  const int s_add59_lo1 = 0;
+  const int s_add59_lo2 = 0;
+  __shared__ float s_layer_norm60_centered[256];
+  const int s_layer_norm60_centered_lo0 = b0;
+  const int s_layer_norm60_centered_lo1 = 0;
+  const int s_layer_norm60_centered_lo2 = 0;
   __shared__ float pf_scratch[1];
   float r_add58;
-  float r_add59;
   float r_layer_norm60_mean;
   float r_layer_norm60_mean_acc;
-  float r_layer_norm60_centered;
   float r_layer_norm60_var;
   float r_layer_norm60_var_acc;
   float r_layer_norm60_rstd;
   // part:mg50
   r_layer_norm60_mean_acc = 0.0f;
-  r_add58 = (matmul57[b0 * 256 + r0 * 32 + l0] + block1_mlp_fc2_bias[l0]);
-  r_add59 = (add52[b0 * 256 + r0 * 32 + l0] + r_add58);
-  r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (r_add59 * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
+      float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
+      const float4 q_matmul570 = *reinterpret_cast<const float4*>(&matmul57[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_matmul57[4] = {q_matmul570.x, q_matmul570.y, q_matmul570.z, q_matmul570.w};
+      const float4 q_add520 = *reinterpret_cast<const float4*>(&add52[b0 * 256 + r0 * 32 + (4 * l0)]);
+      float v_add52[4] = {q_add520.x, q_add520.y, q_add520.z, q_add520.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_add58 = (v_matmul57[c0] + v_block1_mlp_fc2_bias[c0]);
+        s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + (((4 * l0) + c0) - s_add59_lo2)] = (v_add52[c0] + r_add58);
+        r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + (((4 * l0) + c0) - s_add59_lo2)] * 0.03125f);
+      }
+    }
+  }
   r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
+  __syncwarp();  // mg51 reads what earlier parts wrote
   // part:mg51
   r_layer_norm60_var_acc = 0.0f;
-  r_layer_norm60_centered = (r_add59 - r_layer_norm60_mean);
-  r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((r_layer_norm60_centered * r_layer_norm60_centered) * 0.03125f);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    for (int c0 = 0; (c0 <= 3); c0 += 1) {
+      s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)] = (s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + (((4 * l0) + c0) - s_add59_lo2)] - r_layer_norm60_mean);
+      r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)] * s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)]) * 0.03125f);
+    }
+  }
   r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
+  __syncwarp();  // mg52 reads what earlier parts wrote
   // part:mg52
   r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
-  layer_norm60[b0 * 256 + r0 * 32 + l0] = (((r_layer_norm60_centered * r_layer_norm60_rstd) * ln_f_gamma[l0]) + ln_f_beta[l0]);
+  if ((l0 <= 7)) {
+    // coarsen:4
+    {
+      const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
+      float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
+      const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
+      float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
+      float v_layer_norm60[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_layer_norm60[c0] = (((s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)] * r_layer_norm60_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
+      }
+      *reinterpret_cast<float4*>(&layer_norm60[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm60[0], v_layer_norm60[1], v_layer_norm60[2], v_layer_norm60[3]);
+    }
+  }
 }

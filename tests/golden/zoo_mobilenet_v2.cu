@@ -726,7 +726,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_45246f0a555cb0a08209(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_67dc0f07b76e7f714655(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
+extern "C" __global__ void __launch_bounds__(256) pf_59aa620e46cccd7aad8b(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -736,8 +736,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_67dc0f07b76e7f714655(float*
   float r_reduce_mean36_acc;
   // part:mg29
   r_reduce_mean36_acc = 0.0f;
-  if ((l0 <= 15)) {
-    r_reduce_mean36_acc = r_reduce_mean36_acc + (minimum35[0 * 256 + ((8 * b0) + r0) * 16 + (l0 / 4) * 4 + (l0 % 4)] * 0.0625f);
+  if ((l0 <= 3)) {
+    // coarsen:4
+    {
+      const float4 q_minimum350 = *reinterpret_cast<const float4*>(&minimum35[0 * 256 + ((8 * b0) + r0) * 16 + l0 * 4 + 0]);
+      float v_minimum35[4] = {q_minimum350.x, q_minimum350.y, q_minimum350.z, q_minimum350.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_reduce_mean36_acc = r_reduce_mean36_acc + (v_minimum35[c0] * 0.0625f);
+      }
+    }
   }
   r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((8 * b0) + r0)] = r_reduce_mean36_acc;
 }

@@ -800,7 +800,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_bf0f364857623b4a8818(float*
   relu27[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add26, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5cff94290138822cfcbf(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_04f5a9f4080ce0757b9a(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -810,8 +810,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cff94290138822cfcbf(float*
   float r_reduce_mean28_acc;
   // part:mg26
   r_reduce_mean28_acc = 0.0f;
-  if ((l0 <= 15)) {
-    r_reduce_mean28_acc = r_reduce_mean28_acc + (relu27[0 * 512 + ((8 * b0) + r0) * 16 + (l0 / 4) * 4 + (l0 % 4)] * 0.0625f);
+  if ((l0 <= 3)) {
+    // coarsen:4
+    {
+      const float4 q_relu270 = *reinterpret_cast<const float4*>(&relu27[0 * 512 + ((8 * b0) + r0) * 16 + l0 * 4 + 0]);
+      float v_relu27[4] = {q_relu270.x, q_relu270.y, q_relu270.z, q_relu270.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_reduce_mean28_acc = r_reduce_mean28_acc + (v_relu27[c0] * 0.0625f);
+      }
+    }
   }
   r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean28_acc;
 }
