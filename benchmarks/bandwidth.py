@@ -6,8 +6,9 @@ Usage::
 
 For every subgraph of :mod:`suite` at full size it compiles twice: "before", one element
 per thread (``MappingConfig(elements_per_thread=1)``); "after", the cost models decide
-(several elements per thread with float4 accesses where isl proves them, reductions split
-across blocks where the outer parallelism cannot fill the SMs). It prints per subgraph:
+(several elements per thread with float4 accesses where isl proves them, runs of 4 per lane
+with float4 accesses in reduction kernels, reductions split across blocks where the outer
+parallelism cannot fill the SMs). It prints per subgraph:
 kernels, the modelled time of each compile (:mod:`polyfuse.poly.kernel_time`, summed over
 kernels), the floor (compulsory bytes / the device's bandwidth, measured where measured),
 their ratios, the H100 time measured for the "before" code on 2026-11-22 where that run has

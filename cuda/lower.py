@@ -126,7 +126,7 @@ def lower_kernel(
     # both passes leave a kernel without lanes (no reduction layout) as it is
     ir = lower_combines(ir, mm.combine_form, mm.lanes, mm.kept_tile, frozenset(mm.combined))
     ir = insert_barriers(ir, barrier_scope(mm.combine_form, mm.lanes))
-    ir = vectorize(ir, vector_plan(mm, placements))  # only coarsened (plain) kernels change
+    ir = vectorize(ir, vector_plan(mm, placements))  # coarsened kernels and reduction runs
     ir = assign_dtypes(ir)
     return emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
 

@@ -2,10 +2,14 @@
 
 :mod:`polyfuse.poly.coarsen` strip-mined the innermost parallel band member and marked the
 point loop ``coarsen:<E>``; it also proved, per tensor, that the ``E`` lanes of a group touch
-``E`` consecutive elements starting at a multiple of 4. This pass turns that loop into a
-:class:`KVector`: the proven tensors the kernel only reads are loaded as ``E/4`` ``float4``
-per statement reading them (the printer loads identical addresses once) before the lanes
-run, the proven tensors it writes (and reads back only from registers) are stored as
+``E`` consecutive elements starting at a multiple of 4. A reduction kernel's runs
+(:mod:`polyfuse.poly.lane_vector`: each lane takes 4 consecutive elements of the reduced or
+row axis) carry the same mark and proof; inside them the pass works alike — a reduction's
+update reads the float4 registers, its accumulator and the combine after the loop unchanged.
+
+This pass turns that loop into a :class:`KVector`: the proven tensors the kernel only reads
+are loaded as ``E/4`` ``float4`` per statement reading them (the printer loads identical
+addresses once) before the lanes run, the proven tensors it writes (and reads back only from registers) are stored as
 ``float4`` after them; every other access stays scalar inside the lanes.
 
 When the loop's bound is not the constant ``E`` (the band's end cuts a group short), the

@@ -57,6 +57,6 @@ def plan_kernel(
 ) -> KernelPlan:
     """Map and place kernel ``name`` of ``group``, recomputes decided (a compile-cache miss)."""
     r = recompute_spills(graph, group.parts, group.strategy, device, cfg)
-    c = r.mapped.coarsening  # elements per thread (poly/coarsen.py), a plain kernel's only
+    c = r.mapped.coarsening  # elements per thread / runs per lane (coarsen.py, lane_vector.py)
     layout = [c.decision] if c is not None else []
     return KernelPlan(name, [r.mapped], r.placements, recomputes=r.decisions, layout=layout)
