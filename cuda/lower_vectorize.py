@@ -9,8 +9,9 @@ update reads the float4 registers, its accumulator and the combine after the loo
 
 This pass turns that loop into a :class:`KVector`: the proven tensors the kernel only reads
 are loaded as ``E/4`` ``float4`` per statement reading them (the printer loads identical
-addresses once) before the lanes run, the proven tensors it writes (and reads back only from registers) are stored as
-``float4`` after them; every other access stays scalar inside the lanes.
+addresses once) before the lanes run, the proven tensors it writes (and reads back only from
+registers) are stored as ``float4`` after them; every other access stays scalar inside the
+lanes.
 
 When the loop's bound is not the constant ``E`` (the band's end cuts a group short), the
 vector form runs under the bound evaluated at lane ``E - 1`` (the group is whole) and the
