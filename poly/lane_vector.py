@@ -19,8 +19,9 @@ short by the loop's end takes the scalar loop (the lowering guards the vector fo
 
 The cost model (:func:`choose_lane_vectors`) takes runs when some input or output tensor is
 proven in a part with at least one whole run, and the lanes stride a contiguous space (y- and
-all-reductions; an x-reduction's lanes stride the outer, reduced dimension). The lanes are then
-re-sized over runs instead of elements (:func:`polyfuse.poly.cost.lanes_over_runs`).
+all-reductions; an x-reduction's lanes stride the outer, reduced dimension). The lanes keep
+their count (block size, occupancy and waves as before) unless a row has fewer runs than lanes
+(:func:`polyfuse.poly.cost.lanes_over_runs`).
 """
 
 from __future__ import annotations
