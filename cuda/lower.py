@@ -168,9 +168,7 @@ def operand_fragments(gk: GemmKernel) -> list[OperandFragment]:
     for f in gk.fragments:
         build = isl.AstBuild.from_context(f.context)
         element = tuple(convert_expr(build.expr_from_pw_aff(e)) for e in f.element)
-        out.append(
-            OperandFragment(f.tensor, tuple(f.index_vars), tuple(f.shape), element, readers)
-        )
+        out.append(OperandFragment(f.tensor, tuple(f.index_vars), tuple(f.shape), element, readers))
     return out
 
 

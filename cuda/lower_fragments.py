@@ -86,7 +86,9 @@ def lower_fragments(
         if t.stage is not None:  # a multi-stage tile: the stage is its first dimension
             src = (t.stage,) + src
         dst = (_linear(f.index_vars, f.shape),)
-        node: KNode = KCopy(fragment_name(f.tensor), dst, t.buffer, src, None, 0.0, shapes[t.buffer])
+        node: KNode = KCopy(
+            fragment_name(f.tensor), dst, t.buffer, src, None, 0.0, shapes[t.buffer]
+        )
         for v, n in reversed(list(zip(f.index_vars, f.shape, strict=True))):
             cond = KOp("<=", (KVar(v), KInt(n - 1)))
             node = KFor(v, KInt(0), cond, 1, [node], unroll=True)
@@ -110,9 +112,7 @@ def lower_fragments(
         for f in fragments
     )
     records = tuple(
-        KFragment(
-            f.tensor, fragment_name(f.tensor), _linear(f.index_vars, f.shape), f.readers
-        )
+        KFragment(f.tensor, fragment_name(f.tensor), _linear(f.index_vars, f.shape), f.readers)
         for f in fragments
     )
     return ir.with_(

@@ -108,8 +108,9 @@ def register_fragments(
             if pos >= 0 and name not in reg_iters:
                 f = f.project_out(isl.dim_type.in_, pos, 1)
         if not f.is_single_valued():
-            notes.append(f"{tensor}: no register fragment (the read is not a function of the "
-                         "micro-tile)")
+            notes.append(
+                f"{tensor}: no register fragment (the read is not a function of the micro-tile)"
+            )
             continue
         dep = [k for k in range(len(reg_iters)) if _depends_on(f, k)]
         g = f
@@ -117,15 +118,19 @@ def register_fragments(
             if k not in dep:
                 g = g.project_out(isl.dim_type.in_, k, 1)
         if not g.is_injective():
-            notes.append(f"{tensor}: no register fragment (distinct micro-tile iterations read "
-                         "the same element)")
+            notes.append(
+                f"{tensor}: no register fragment (distinct micro-tile iterations read "
+                "the same element)"
+            )
             continue
         index_vars = [reg_iters[k] for k in dep]
         shape = [reg_shape[k] for k in dep]
         size = math.prod(shape)
         if size >= reads:
-            notes.append(f"{tensor}: no register fragment (each of its {size} elements per kk "
-                         "step is read once by the micro-tile: no reuse)")
+            notes.append(
+                f"{tensor}: no register fragment (each of its {size} elements per kk "
+                "step is read once by the micro-tile: no reuse)"
+            )
             continue
         if not fits_register_fragments(accumulators, used + size):
             notes.append(
