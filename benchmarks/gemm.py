@@ -5,7 +5,8 @@
 For each compute case of issue 12 (matmul 4096³ + bias + GELU, FFN up, conv 3×3, attention at
 two sizes, matmul 512³) at full size: polyfuse.compile wall time, the tile sizes the cost model
 chose, its modelled time (a model, not a measurement; no GPU is used here), and ptxas's
-registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed. Unless
+registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed, with the
+``ld.shared`` and ``fma`` instructions of each GEMM kernel's kk loop in the PTX. Unless
 ``--no-emulate``, a reduced size of each case runs on the CPU emulator twice, with the GEMM path
 and with it off (``MappingConfig(gemm=False)``, the one-element-per-thread kernel), and prints
 the emulator-counted global bytes: *requested* (every load and store, repeats included) beside
@@ -80,6 +81,21 @@ def _gemm_notes(fn) -> list[str]:
     return out
 
 
+def kk_loop_counts(ptx: str) -> dict[str, dict[str, int]]:
+    """Per entry function of ``ptx``: the ``ld.shared`` and ``fma.rn.f32`` instructions between
+    its first two ``bar.sync`` (a GEMM kernel's compute phase of one k-tile: the kk loop; the
+    copies before it use ``cp.async`` / ``st.shared``)."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in ptx.split(".entry ")[1:]:
+        name = entry.split("(", 1)[0].strip()
+        parts = entry.split("bar.sync")
+        if len(parts) < 3:
+            continue
+        body = parts[1]
+        out[name] = {"ld_shared": body.count("ld.shared"), "fma": body.count("fma.rn.f32")}
+    return out
+
+
 def full_size(name: str, arch: str) -> dict[str, Any]:
     build, args, _ = CASES[name]
     ins, outs = build(*args)
@@ -96,6 +112,7 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
         for a in ("sm_80", "sm_90"):
             fa = polyfuse.compile(inputs=ins, outputs=outs, arch=a, check_cuda=False, name=name)
             binary = fa.check_cuda(a)
+            loops = kk_loop_counts(binary.ptx or "")
             res[a] = [
                 {
                     "kernel": r.kernel,
@@ -103,8 +120,10 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
                     "spill_stores": r.spill_stores,
                     "spill_loads": r.spill_loads,
                     "smem": r.shared_bytes,
+                    **({"kk_loop": loops[r.kernel]} if r.kernel in loops else {}),
                 }
-                for r in binary.resources.values()
+                for k, r in binary.resources.items()
+                if k == r.kernel  # (also listed under the plan's kernel names)
             ]
         row["ptxas"] = res
     return row
@@ -151,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             cells = ", ".join(
                 f"{x['kernel']} {x['registers']} regs {x['smem']} B smem "
                 f"{x['spill_stores']}/{x['spill_loads']} B spills"
+                + (
+                    f", kk loop {x['kk_loop']['ld_shared']} ld.shared / {x['kk_loop']['fma']} fma"
+                    if "kk_loop" in x
+                    else ""
+                )
                 for x in lst
             )
             print(f"  ptxas {a}: {cells}")
