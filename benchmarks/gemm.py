@@ -82,16 +82,16 @@ def _gemm_notes(fn) -> list[str]:
 
 
 def kk_loop_counts(ptx: str) -> dict[str, dict[str, int]]:
-    """Per entry function of ``ptx``: the ``ld.shared`` and ``fma.rn.f32`` instructions between
-    its first two ``bar.sync`` (a GEMM kernel's compute phase of one k-tile: the kk loop; the
-    copies before it use ``cp.async`` / ``st.shared``)."""
+    """Per entry function of ``ptx``: the ``ld.shared`` and ``fma.rn.f32`` instructions of the
+    stretch between two ``bar.sync`` with the most FMAs (a GEMM kernel's compute phase of one
+    k-tile: the kk loop; the copies before it use ``cp.async`` / ``st.shared``)."""
     out: dict[str, dict[str, int]] = {}
     for entry in ptx.split(".entry ")[1:]:
         name = entry.split("(", 1)[0].strip()
-        parts = entry.split("bar.sync")
-        if len(parts) < 3:
+        parts = entry.split("bar.sync")[1:-1]
+        if not parts:
             continue
-        body = parts[1]
+        body = max(parts, key=lambda p: p.count("fma.rn.f32"))
         out[name] = {"ld_shared": body.count("ld.shared"), "fma": body.count("fma.rn.f32")}
     return out
 
