@@ -82,17 +82,22 @@ def _gemm_notes(fn) -> list[str]:
 
 
 def kk_loop_counts(ptx: str) -> dict[str, dict[str, int]]:
-    """Per entry function of ``ptx``: the ``ld.shared`` and ``fma.rn.f32`` instructions of the
-    stretch between two ``bar.sync`` with the most FMAs (a GEMM kernel's compute phase of one
-    k-tile: the kk loop; the copies before it use ``cp.async`` / ``st.shared``)."""
+    """Per entry function of ``ptx``: the ``ld.shared`` and the FP32 multiplies (``fma.rn.f32``
+    or ``mul.f32``: one per multiply-add) of the stretch between two ``bar.sync`` with the most
+    multiplies (a GEMM kernel's compute phase of one k-tile: the kk loop; the copies before it
+    use ``cp.async`` / ``st.shared``)."""
     out: dict[str, dict[str, int]] = {}
     for entry in ptx.split(".entry ")[1:]:
         name = entry.split("(", 1)[0].strip()
         parts = entry.split("bar.sync")[1:-1]
         if not parts:
             continue
-        body = max(parts, key=lambda p: p.count("fma.rn.f32"))
-        out[name] = {"ld_shared": body.count("ld.shared"), "fma": body.count("fma.rn.f32")}
+
+        def muls(p: str) -> int:
+            return p.count("fma.rn.f32") + p.count("mul.f32")
+
+        body = max(parts, key=muls)
+        out[name] = {"ld_shared": body.count("ld.shared"), "mul": muls(body)}
     return out
 
 
