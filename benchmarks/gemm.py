@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{x['kernel']} {x['registers']} regs {x['smem']} B smem "
                 f"{x['spill_stores']}/{x['spill_loads']} B spills"
                 + (
-                    f", kk loop {x['kk_loop']['ld_shared']} ld.shared / {x['kk_loop']['fma']} fma"
+                    f", kk loop {x['kk_loop']['ld_shared']} ld.shared / "
+                    f"{x['kk_loop']['mul']} mul/fma"
                     if "kk_loop" in x
                     else ""
                 )
