@@ -117,7 +117,10 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
         for a in ("sm_80", "sm_90"):
             fa = polyfuse.compile(inputs=ins, outputs=outs, arch=a, check_cuda=False, name=name)
             binary = fa.check_cuda(a)
-            loops = kk_loop_counts(binary.ptx or "")
+            gemm = {
+                k.function or k.name for k in fa.kernels if any("micro-tile" in n for n in k.notes)
+            }
+            loops = {f: c for f, c in kk_loop_counts(binary.ptx or "").items() if f in gemm}
             res[a] = [
                 {
                     "kernel": r.kernel,
