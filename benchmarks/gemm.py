@@ -5,7 +5,8 @@
 For each compute case of issue 12 (matmul 4096³ + bias + GELU, FFN up, conv 3×3, attention at
 two sizes, matmul 512³) at full size: polyfuse.compile wall time, the tile sizes the cost model
 chose, its modelled time (a model, not a measurement; no GPU is used here), and ptxas's
-registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed. Unless
+registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed, with the
+``ld.shared`` and ``fma`` instructions of each GEMM kernel's kk loop in the PTX. Unless
 ``--no-emulate``, a reduced size of each case runs on the CPU emulator twice, with the GEMM path
 and with it off (``MappingConfig(gemm=False)``, the one-element-per-thread kernel), and prints
 the emulator-counted global bytes: *requested* (every load and store, repeats included) beside
@@ -80,6 +81,26 @@ def _gemm_notes(fn) -> list[str]:
     return out
 
 
+def kk_loop_counts(ptx: str) -> dict[str, dict[str, int]]:
+    """Per entry function of ``ptx``: the ``ld.shared`` and the FP32 multiplies (``fma.rn.f32``
+    or ``mul.f32``: one per multiply-add) of the stretch between two ``bar.sync`` with the most
+    multiplies (a GEMM kernel's compute phase of one k-tile: the kk loop; the copies before it
+    use ``cp.async`` / ``st.shared``)."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in ptx.split(".entry ")[1:]:
+        name = entry.split("(", 1)[0].strip()
+        parts = entry.split("bar.sync")[1:-1]
+        if not parts:
+            continue
+
+        def muls(p: str) -> int:
+            return p.count("fma.rn.f32") + p.count("mul.f32")
+
+        body = max(parts, key=muls)
+        out[name] = {"ld_shared": body.count("ld.shared"), "mul": muls(body)}
+    return out
+
+
 def full_size(name: str, arch: str) -> dict[str, Any]:
     build, args, _ = CASES[name]
     ins, outs = build(*args)
@@ -96,6 +117,10 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
         for a in ("sm_80", "sm_90"):
             fa = polyfuse.compile(inputs=ins, outputs=outs, arch=a, check_cuda=False, name=name)
             binary = fa.check_cuda(a)
+            gemm = {
+                k.function or k.name for k in fa.kernels if any("micro-tile" in n for n in k.notes)
+            }
+            loops = {f: c for f, c in kk_loop_counts(binary.ptx or "").items() if f in gemm}
             res[a] = [
                 {
                     "kernel": r.kernel,
@@ -103,8 +128,10 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
                     "spill_stores": r.spill_stores,
                     "spill_loads": r.spill_loads,
                     "smem": r.shared_bytes,
+                    **({"kk_loop": loops[r.kernel]} if r.kernel in loops else {}),
                 }
-                for r in binary.resources.values()
+                for k, r in binary.resources.items()
+                if k == r.kernel  # (also listed under the plan's kernel names)
             ]
         row["ptxas"] = res
     return row
@@ -151,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             cells = ", ".join(
                 f"{x['kernel']} {x['registers']} regs {x['smem']} B smem "
                 f"{x['spill_stores']}/{x['spill_loads']} B spills"
+                + (
+                    f", kk loop {x['kk_loop']['ld_shared']} ld.shared / "
+                    f"{x['kk_loop']['mul']} mul/fma"
+                    if "kk_loop" in x
+                    else ""
+                )
                 for x in lst
             )
             print(f"  ptxas {a}: {cells}")

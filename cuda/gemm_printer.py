@@ -5,7 +5,8 @@ lowering passes (:func:`polyfuse.cuda.lower.lower_gemm_kernel`) make its shared 
 barriers and register micro-tile explicit in the kernel IR, and
 :func:`polyfuse.cuda.printer.emit_kernel` prints it. :class:`GemmBodyPrinter` only reads the IR:
 reads listed in a :class:`KTile` index the shared buffer, stores listed in a :class:`KStage`
-go to their register run, register arrays are indexed by their micro-tile loop variables.
+go to their register run, reads listed in a :class:`KFragment` read its register array, register
+arrays are indexed by their micro-tile loop variables.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class GemmBodyPrinter(BodyPrinter):
             if a.space is MemSpace.REGISTER and a.shape
         }
         self.staged = {t.tensor: t for t in ir.staged}
+        self.fragments = {f.tensor: f for f in ir.fragments}
         self.current = ""  # the statement being printed
 
     def statement(self, s: Statement, args: list[str], ident: str) -> str:
@@ -65,6 +67,9 @@ class GemmBodyPrinter(BodyPrinter):
             return f"{st.buffer}[{st.var}]"
         if f"r_{ident}" in self.arrays:
             return f"r_{ident}{self.arrays[f'r_{ident}']}"
+        f = self.fragments.get(ident)
+        if f is not None and not store and self.current in f.stmts:
+            return f"{f.buffer}[{c_index(f.index)}]"
         t = self.tiles.get(ident)
         if t is not None and not store and self.current in t.stmts:
             strides = self.strides[ident]

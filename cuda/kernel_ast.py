@@ -200,6 +200,18 @@ class KStage:
 
 
 @dataclass(frozen=True)
+class KFragment:
+    """Reads of ``tensor`` by the statements ``stmts`` are served by the register array
+    ``buffer`` at ``index`` (over the micro-tile loop variables): an operand fragment loaded
+    from its shared tile once per reduction step."""
+
+    tensor: str
+    buffer: str
+    index: KExpr
+    stmts: frozenset[str]
+
+
+@dataclass(frozen=True)
 class KVectorStore(KNode):
     """``dst[dst_index .. + width) = src[0 .. width)`` as one aligned vector store (``src`` a
     register array), where ``guard`` holds; ``dst_shape``: the global array's shape."""
@@ -319,6 +331,7 @@ class KernelIR:
     tiles: tuple[KTile, ...] = ()  # promoted reads (shared tiles of global operands)
     staged: tuple[KStage, ...] = ()  # stores staged in registers for vector stores
     thread_grids: tuple[KThreadGrid, ...] = ()  # copy distributions, by buffer
+    fragments: tuple[KFragment, ...] = ()  # promoted reads served by register fragments
 
     @property
     def threads(self) -> int:
@@ -352,6 +365,10 @@ class KernelIR:
             f"  tile {t.buffer}[i] = {t.tensor}[i + ({', '.join(map(str, t.lo))})] "
             f"for {sorted(t.stmts)}"
             for t in self.tiles
+        ]
+        head += [
+            f"  fragment {f.buffer}[{f.index}] = {f.tensor} for {sorted(f.stmts)}"
+            for f in self.fragments
         ]
         if self.combine:
             c = self.combine

@@ -5,7 +5,8 @@ combine (:mod:`polyfuse.cuda.lower_combines`), barriers between stitched parts
 (:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`).
 GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
 (:mod:`polyfuse.cuda.lower_promotions`), barrier statements, the register micro-tile
-(:mod:`polyfuse.cuda.lower_register_tile`), vector stores of the epilogue
+(:mod:`polyfuse.cuda.lower_register_tile`), register fragments of the operands
+(:mod:`polyfuse.cuda.lower_fragments`), vector stores of the epilogue
 (:mod:`polyfuse.cuda.lower_vector_stores`), element types.
 This module only translates the poly stage's objects into the passes' plain inputs (isl
 bounds become kernel-AST expressions here); :func:`polyfuse.cuda.printer.emit_kernel` then
@@ -23,6 +24,7 @@ from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_s
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
+from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
 from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
@@ -157,6 +159,19 @@ def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
     return out
 
 
+def operand_fragments(gk: GemmKernel) -> list[OperandFragment]:
+    """The GEMM kernel's register fragments as the fragment pass reads them (isl elements as
+    kernel-AST expressions over the loop variables)."""
+    assert gk.shape is not None
+    readers = frozenset({gk.shape.update.name})
+    out = []
+    for f in gk.fragments:
+        build = isl.AstBuild.from_context(f.context)
+        element = tuple(convert_expr(build.expr_from_pw_aff(e)) for e in f.element)
+        out.append(OperandFragment(f.tensor, tuple(f.index_vars), tuple(f.shape), element, readers))
+    return out
+
+
 def lower_gemm_kernel(
     name: str,
     gk: GemmKernel,
@@ -165,7 +180,7 @@ def lower_gemm_kernel(
     idents: dict[int, str],
 ) -> Kernel:
     """Lower a GEMM kernel's AST through the passes (buffers, shared tiles and copies,
-    barriers, register micro-tile, element types) and print it."""
+    barriers, register micro-tile, operand fragments, element types) and print it."""
     model = gk.scheduled.model
     assert gk.shape is not None and gk.tiling is not None
     # A promoted operand is a global array (a parameter); its shared tile comes from the
@@ -187,6 +202,7 @@ def lower_gemm_kernel(
     acc = f"r_{gk.shape.update.prim}_acc"
     bounds = {s: [hi for _, hi in b] for s, b in gk.guards.items()}
     ir = lower_register_tile(ir, acc, gk.reg_shape, gk.reg_iters, bounds)
+    ir = lower_fragments(ir, operand_fragments(gk), gk.reg_iters)
     shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
     ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
     ir = assign_dtypes(ir)

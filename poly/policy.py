@@ -58,3 +58,14 @@ def pack_smem_refusal(static: int, dynamic: int, device: DeviceSpec) -> str | No
             f"{device.name}"
         )
     return None
+
+
+#: floats of register arrays one GEMM thread may hold (accumulators + operand fragments): the
+#: tile ranking's register budget less its per-thread overhead estimate
+#: (:mod:`polyfuse.poly.tiling`, 168 - 40), so that ptxas keeps every array in registers
+GEMM_REGISTER_ARRAY_FLOATS = 128
+
+
+def fits_register_fragments(accumulators: int, fragment_floats: int) -> bool:
+    """Whether a GEMM thread's operand fragments fit in registers beside its accumulators."""
+    return accumulators + fragment_floats <= GEMM_REGISTER_ARRAY_FLOATS

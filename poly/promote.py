@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.poly.fragments import Fragment, register_fragments
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
@@ -84,6 +85,8 @@ class GemmKernel(MappedMicrograph):
     pipelined: str = ""  # the k-tile loop the stages alternate over
     #: epilogue statements whose global stores are whole vectors (loop ``VECTOR_VAR``)
     vector_stores: dict[str, str] = field(default_factory=dict)  # statement -> tensor
+    #: promoted operands whose per-kk fragment each thread keeps in registers
+    fragments: list[Fragment] = field(default_factory=list)
 
 
 def _ints(names: list[str]) -> str:
@@ -416,6 +419,17 @@ def build_gemm_kernel(
         f"epilogue on the register tile before the single store: "
         f"{', '.join(s.prim for s in shape.epilogue)}"
     )
+    promoted = {p.tensor for p in promotions}
+    fragments, fragment_notes = register_fragments(
+        shape.update,
+        umap,
+        iterators,
+        reg_iters,
+        reg_shape,
+        [(n, _access_function(m)) for n, m in shape.operands if n in promoted],
+        tiling.accumulators,
+    )
+    notes += fragment_notes
     return GemmKernel(
         sm,
         isl.Schedule.from_domain(umap.domain()),
@@ -438,6 +452,7 @@ def build_gemm_kernel(
         vector_stores=vector_stores,
         stages=stages,
         pipelined=kts[multi[0]] if stages > 1 else "",
+        fragments=fragments,
     )
 
 

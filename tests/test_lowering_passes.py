@@ -303,3 +303,67 @@ def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
     assert "__pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + " in src
     assert "], &a[p0r * 48 + (p0c + (8 * (kt0 + 1)))], 4);" in src
     assert "__pipeline_commit();\n  __pipeline_wait_prior(1);" in src
+
+
+def test_lower_fragments_loads_registers_before_the_micro_tile():
+    from polyfuse.cuda.gemm_printer import GemmBodyPrinter
+    from polyfuse.cuda.kernel_ast import KCopy, KFragment
+    from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
+    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+
+    lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
+    tile = PromotedTile(
+        "a", "C_a", lo, (16, 8), (33, 40), (True, False), ("p0r", "p0c", 8), frozenset({"U"})
+    )
+    before = lower_promotions(_gemm_ir(), [tile])
+    row = KOp("+", (KVar("b0"), KOp("*", (KInt(4), KVar("ii0")))))
+    element = (row, KOp("*", (KInt(8), KVar("kt0"))))
+    frag = OperandFragment("a", ("ii0",), (4,), element, frozenset({"U"}))
+    after = lower_fragments(before, [frag], ["ii0"])
+    assert not before.fragments and lower_fragments(before, [], ["ii0"]) is before
+    assert after.fragments == (KFragment("a", "r_a_frag", KVar("ii0"), frozenset({"U"})),)
+    assert after.allocs[-1] == KAlloc("r_a_frag", MemSpace.REGISTER, "", (4,))
+    ktile = after.body[0]
+    load, micro = ktile.body[2], ktile.body[3]  # the load right before the micro-tile loop
+    assert micro == before.body[0].body[2]
+    assert isinstance(load, KFor) and load.var == "ii0" and load.unroll
+    copy = load.body[0]
+    assert isinstance(copy, KCopy) and copy.dst == "r_a_frag" and copy.src == "s_a"
+    assert copy.dst_index == (KVar("ii0"),) and copy.src_shape == (16, 8)
+    assert copy.src_index == tuple(KOp("-", (e, b)) for e, b in zip(element, lo, strict=True))
+    assert after.body[1] == before.body[1]  # the epilogue's loop reads no fragment
+    src = _printed(after.with_(body=(load,)))
+    assert "float r_a_frag[4];" in src
+    want = "r_a_frag[ii0] = s_a[((b0 + (4 * ii0)) - b0) * 8 + ((8 * kt0) - (8 * kt0))];"
+    assert want in src
+    # The update's reads of ``a`` print as the register; other statements' as before.
+    from polyfuse.poly.placement import Placement
+
+    bp = GemmBodyPrinter(after, {"a": Placement("a", "global", "input")}, {})
+    bp.current = "U"
+    assert bp.tensor_ref("a", (33, 40), ["r", "k"]) == "r_a_frag[ii0]"
+    bp.current = "E"
+    assert bp.tensor_ref("a", (33, 40), ["r", "k"]) == "a[r * 40 + k]"
+
+
+def test_lower_fragments_two_variables_and_a_pipelined_tile():
+    from polyfuse.cuda.kernel_ast import KTile
+    from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
+
+    stage = KOp("%", (KVar("kt0"), KInt(2)))
+    inner = KFor("iv", KInt(0), KOp("<=", (KVar("iv"), KInt(3))), 1, [KStmt("U", ())])
+    micro = KFor("ii1", KInt(0), KOp("<=", (KVar("ii1"), KInt(1))), 1, [inner])
+    ir = KernelIR("k", (), (("t0", 4),), (micro,), ("mg",)).with_(
+        allocs=(KAlloc("s_w", MemSpace.SHARED, "float", (2, 8, 64)),),
+        tiles=(KTile("w", "s_w", (KInt(0), KInt(0)), frozenset({"U"}), stage),),
+    )
+    col = KOp("+", (KVar("iv"), KOp("*", (KInt(4), KVar("ii1")))))
+    frag = OperandFragment("w", ("ii1", "iv"), (2, 4), (KVar("kk0"), col), frozenset({"U"}))
+    after = lower_fragments(ir, [frag], ["ii1", "iv"])
+    index = KOp("+", (KOp("*", (KVar("ii1"), KInt(4))), KVar("iv")))
+    assert after.fragments[0].index == index
+    load = after.body[0]
+    assert [load.var, load.body[0].var] == ["ii1", "iv"] and load.body[0].unroll
+    copy = load.body[0].body[0]
+    assert copy.src_index[0] == stage and copy.dst_index == (index,)
+    assert after.body[1] == micro

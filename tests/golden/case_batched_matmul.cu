@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3eb0bd6938d8e101ca2d(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
+extern "C" __global__ void __launch_bounds__(256) pf_b85b5b0ece2638a09532(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -58,6 +58,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_3eb0bd6938d8e101ca2d(float*
   const int p1c = threadIdx.x % 128;
   __shared__ float s_bb[903];
   float r_matmul24_acc[2][4];
+  float r_ba_frag[2];
+  float r_bb_frag[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -75,9 +77,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_3eb0bd6938d8e101ca2d(float*
   for (int kk0 = 0; (kk0 <= 6); kk0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      r_ba_frag[ii1] = s_ba[(b0 - b0) * 112 + ((t1 + (8 * ii1)) - 0) * 7 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_bb_frag[ii2] = s_bb[(b0 - b0) * 903 + (kk0 - 0) * 129 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (s_ba[(b0 - b0) * 112 + ((t1 + (8 * ii1)) - 0) * 7 + (kk0 - 0)] * s_bb[(b0 - b0) * 903 + (kk0 - 0) * 129 + ((t2 + (32 * ii2)) - 0)]);
+        r_matmul24_acc[ii1][ii2] = r_matmul24_acc[ii1][ii2] + (r_ba_frag[ii1] * r_bb_frag[ii2]);
       }
     }
   }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_59cc70a804f37202fc0a(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256) pf_4fc525e7ee211567b3d4(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 9; _b /= 9;
   const int b0 = _b;
@@ -59,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_59cc70a804f37202fc0a(float*
   const int p1c = threadIdx.x % 4;
   __shared__ float s_W[288];
   float r_conv2d27_acc[2][4];
+  float r_W_frag[2];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -86,9 +87,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_59cc70a804f37202fc0a(float*
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_W_frag[ii1] = s_W[((t1 + (8 * ii1)) - 0) * 18 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d27_acc[ii1][ii3] = r_conv2d27_acc[ii1][ii3] + ((((((((b2 + (kk1 * 2)) - 2) >= 0) && (((b2 + (kk1 * 2)) - 2) < 9)) && ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) >= 0)) && ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) < 9)) ? s_X[(b0 - b0) * 7920 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 660 + (((b2 + (kk1 * 2)) - 2) - (b2 - 2)) * 132 + ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) - (-2))] : 0.0f) * s_W[((t1 + (8 * ii1)) - 0) * 18 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d27_acc[ii1][ii3] = r_conv2d27_acc[ii1][ii3] + ((((((((b2 + (kk1 * 2)) - 2) >= 0) && (((b2 + (kk1 * 2)) - 2) < 9)) && ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) >= 0)) && ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) < 9)) ? s_X[(b0 - b0) * 7920 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 660 + (((b2 + (kk1 * 2)) - 2) - (b2 - 2)) * 132 + ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) - (-2))] : 0.0f) * r_W_frag[ii1]);
           }
         }
       }

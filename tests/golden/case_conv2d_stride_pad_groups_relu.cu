@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fe7831a5aad84fe371df(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256) pf_d0aea6118f6d3c6c9138(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 5; _b /= 5;
   const int b0 = _b;
@@ -60,6 +60,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_fe7831a5aad84fe371df(float*
   __shared__ float s_W[288];
   float r_conv2d25_acc[2][4];
   float r_conv2d25;
+  float r_W_frag[2];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -87,9 +88,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_fe7831a5aad84fe371df(float*
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_W_frag[ii1] = s_W[((t1 + (8 * ii1)) - 0) * 18 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d25_acc[ii1][ii3] = r_conv2d25_acc[ii1][ii3] + (((((((((b2 * 2) + kk1) - 1) >= 0) && ((((b2 * 2) + kk1) - 1) < 9)) && (((((t3 + (32 * ii3)) * 2) + kk2) - 1) >= 0)) && (((((t3 + (32 * ii3)) * 2) + kk2) - 1) < 9)) ? s_X[(b0 - b0) * 9252 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 771 + ((((b2 * 2) + kk1) - 1) - ((2 * b2) - 1)) * 257 + (((((t3 + (32 * ii3)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_W[((t1 + (8 * ii1)) - 0) * 18 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d25_acc[ii1][ii3] = r_conv2d25_acc[ii1][ii3] + (((((((((b2 * 2) + kk1) - 1) >= 0) && ((((b2 * 2) + kk1) - 1) < 9)) && (((((t3 + (32 * ii3)) * 2) + kk2) - 1) >= 0)) && (((((t3 + (32 * ii3)) * 2) + kk2) - 1) < 9)) ? s_X[(b0 - b0) * 9252 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 771 + ((((b2 * 2) + kk1) - 1) - ((2 * b2) - 1)) * 257 + (((((t3 + (32 * ii3)) * 2) + kk2) - 1) - (-1))] : 0.0f) * r_W_frag[ii1]);
           }
         }
       }

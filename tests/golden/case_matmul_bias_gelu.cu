@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_62babb62a3516f82c84f(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_bb6166ca5aef1d5645f0(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -60,6 +60,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_62babb62a3516f82c84f(float*
   float r_matmul21_acc[2][4];
   float r_matmul21;
   float r_add22;
+  float r_a_frag[2];
+  float r_w_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -79,9 +81,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_62babb62a3516f82c84f(float*
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_a_frag[ii0] = s_a[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 17 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_w_frag[ii1] = s_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul21_acc[ii0][ii1] = r_matmul21_acc[ii0][ii1] + (s_a[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 17 + (kk0 - 0)] * s_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul21_acc[ii0][ii1] = r_matmul21_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
       }
     }
   }

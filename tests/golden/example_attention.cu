@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float*
   k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3abe8911d5fae5f323e0(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
+extern "C" __global__ void __launch_bounds__(256) pf_2ceb0e24ee508f192b0c(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -71,6 +71,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_3abe8911d5fae5f323e0(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_k_t[1056];
   float r_qk_acc[2][4];
+  float r_q_frag[2];
+  float r_k_t_frag[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -86,9 +88,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_3abe8911d5fae5f323e0(float*
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      r_q_frag[ii1] = s_q[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_k_t_frag[ii2] = s_k_t[(0 - 0) * 1056 + (b0 - b0) * 1056 + (kk0 - 0) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (s_q[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (kk0 - 0)] * s_k_t[(0 - 0) * 1056 + (b0 - b0) * 1056 + (kk0 - 0) * 132 + ((t2 + (32 * ii2)) - 0)]);
+        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (r_q_frag[ii1] * r_k_t_frag[ii2]);
       }
     }
   }
@@ -165,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b4a53c8270a26a12f48c(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2af88726b73840456fc2(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(256) pf_8b5d0b15f462c81d883e(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -178,6 +188,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_2af88726b73840456fc2(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_v[2112];
   float r_attn_acc[2][4];
+  float r_probs_frag[2];
+  float r_v_frag[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -199,9 +211,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_2af88726b73840456fc2(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_probs_frag[ii1] = s_probs[(kt0 % 2) * 128 + (0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_v_frag[ii2] = s_v[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (s_probs[(kt0 % 2) * 128 + (0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_v[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)]);
+            r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (r_probs_frag[ii1] * r_v_frag[ii2]);
           }
         }
       }

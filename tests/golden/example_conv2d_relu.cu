@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6d4b2cb97bdd188ce88f(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_f40eef53048c782fe4cb(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -60,6 +60,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_6d4b2cb97bdd188ce88f(float*
   float r_conv2d_conv_acc[2][4];
   float r_conv2d_conv;
   float r_conv2d;
+  float r_x_frag[4];
+  float r_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -86,10 +88,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_6d4b2cb97bdd188ce88f(float*
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_x_frag[ii2] = s_x[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + kk2) + (32 * ii2)) - 1) - (-1))];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_w_frag[ii0] = s_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d_conv_acc[ii0][ii2] = r_conv2d_conv_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 14)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 14)) ? s_x[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d_conv_acc[ii0][ii2] = r_conv2d_conv_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 14)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 14)) ? r_x_frag[ii2] : 0.0f) * r_w_frag[ii0]);
           }
         }
       }

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_89487b2775824a119d79(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_c78cdda2c9926f0af94d(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -61,6 +61,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_89487b2775824a119d79(float*
   float r_matmul_acc[2][4];
   float r_matmul;
   float r_bias_add;
+  float r_a_frag[2];
+  float r_w_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -84,9 +86,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_89487b2775824a119d79(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_a_frag[ii0] = s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+          r_w_frag[ii1] = s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-            r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)]);
+            r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
           }
         }
       }

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_97e1ed94f383e8cb6da8(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_940ba33e4bfea91975b3(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -60,6 +60,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_97e1ed94f383e8cb6da8(float*
   __shared__ __align__(16) float s_layer0_attn_k_w[2112];
   float r_matmul4_acc[2][4];
   float r_matmul4;
+  float r_embeddings_frag[2];
+  float r_layer0_attn_q_w_frag[4];
   float r_add1_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -82,9 +84,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_97e1ed94f383e8cb6da8(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_q_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
           }
         }
       }
@@ -102,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_97e1ed94f383e8cb6da8(float*
   }
 }
 
-__device__ __forceinline__ void pf_d4a95e037fe3082195ac_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_31773b304b9153cd18b3_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -116,6 +126,8 @@ __device__ __forceinline__ void pf_d4a95e037fe3082195ac_p0(float* __restrict__ a
   __shared__ __align__(16) float s_layer0_attn_q_w[2112];
   float r_matmul0_acc[2][4];
   float r_matmul0;
+  float r_embeddings_frag[2];
+  float r_layer0_attn_q_w_frag[4];
   float r_add1_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -138,9 +150,17 @@ __device__ __forceinline__ void pf_d4a95e037fe3082195ac_p0(float* __restrict__ a
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_q_w_frag[iv] = s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
           }
         }
       }
@@ -158,7 +178,7 @@ __device__ __forceinline__ void pf_d4a95e037fe3082195ac_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_d4a95e037fe3082195ac_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_31773b304b9153cd18b3_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -172,7 +192,7 @@ __device__ __forceinline__ void pf_d4a95e037fe3082195ac_p1(float* __restrict__ r
   reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_d4a95e037fe3082195ac_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_31773b304b9153cd18b3_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -186,14 +206,14 @@ __device__ __forceinline__ void pf_d4a95e037fe3082195ac_p2(float* __restrict__ r
   reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d4a95e037fe3082195ac(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(256) pf_31773b304b9153cd18b3(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_d4a95e037fe3082195ac_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_31773b304b9153cd18b3_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_d4a95e037fe3082195ac_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+    pf_31773b304b9153cd18b3_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_d4a95e037fe3082195ac_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+    pf_31773b304b9153cd18b3_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -264,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_79eda088acef63a2a7aa(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256) pf_1e10e773c428d2009b90(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -278,6 +298,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_79eda088acef63a2a7aa(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose7[2112];
   float r_matmul12_acc[2][4];
+  float r_transpose3_frag[2];
+  float r_transpose7_frag[4];
   float r_matmul12_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -300,9 +322,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_79eda088acef63a2a7aa(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)]);
+            r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
           }
         }
       }
@@ -383,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_cd160953bc90769f3f69(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256) pf_03b7654c18dfdde5ef31(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -397,6 +427,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_cd160953bc90769f3f69(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose11[1056];
   float r_matmul15_acc[2][4];
+  float r_softmax14_frag[2];
+  float r_transpose11_frag[4];
   float r_matmul15_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -413,9 +445,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_cd160953bc90769f3f69(float*
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      r_softmax14_frag[ii2] = s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_transpose11_frag[iv] = s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)];
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul15_acc[ii2][iv] = r_matmul15_acc[ii2][iv] + (s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)]);
+        r_matmul15_acc[ii2][iv] = r_matmul15_acc[ii2][iv] + (r_softmax14_frag[ii2] * r_transpose11_frag[iv]);
       }
     }
   }
@@ -456,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_10db56b53b90294778ec(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_e646c707689a045549e4(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -469,6 +509,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_10db56b53b90294778ec(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_layer0_attn_o_w[2112];
   float r_matmul18_acc[2][4];
+  float r_reshape17_frag[2];
+  float r_layer0_attn_o_w_frag[4];
   float r_matmul18_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -491,9 +533,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_10db56b53b90294778ec(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_o_w_frag[iv] = s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
           }
         }
       }
@@ -581,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ecf1d4eb2e846f7288ba(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_07bbb2eb89707bfe4961(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_2616277c203d6fba0bf9(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -596,6 +646,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_07bbb2eb89707bfe4961(float*
   float r_matmul22_acc[2][4];
   float r_matmul22;
   float r_add23;
+  float r_layer_norm21_frag[2];
+  float r_layer0_ffn_fc1_w_frag[4];
   float r_gelu24_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -618,9 +670,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_07bbb2eb89707bfe4961(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_layer_norm21_frag[ii1] = s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
           }
         }
       }
@@ -639,7 +699,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_07bbb2eb89707bfe4961(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_12c9820b703a5e3d9e99(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_098760640543d93b62b0(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -652,6 +712,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_12c9820b703a5e3d9e99(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_layer0_ffn_fc2_w[2112];
   float r_matmul25_acc[2][4];
+  float r_gelu24_frag[2];
+  float r_layer0_ffn_fc2_w_frag[4];
   float r_matmul25_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -674,9 +736,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_12c9820b703a5e3d9e99(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
           }
         }
       }

@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* 
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_694ffca15a79aa4497b4(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_f7f47ffc7161e074dcb7(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -167,6 +167,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_694ffca15a79aa4497b4(float*
   float r_matmul9_acc[2][4];
   float r_matmul9;
   float r_add10;
+  float r_reshape8_frag[2];
+  float r_deep0_w_frag[4];
   float r_relu11_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -185,9 +187,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_694ffca15a79aa4497b4(float*
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_reshape8_frag[ii0] = s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_deep0_w_frag[iv] = s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
+        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (r_reshape8_frag[ii0] * r_deep0_w_frag[iv]);
       }
     }
   }
@@ -204,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_694ffca15a79aa4497b4(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_76fbf2960ab3bb1014e0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -217,6 +227,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float*
   float r_matmul12_acc[2][4];
   float r_matmul12;
   float r_add13;
+  float r_relu11_frag[2];
+  float r_deep1_w_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -234,9 +246,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float*
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_relu11_frag[ii0] = s_relu11[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_deep1_w_frag[ii1] = s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul12_acc[ii0][ii1] = r_matmul12_acc[ii0][ii1] + (s_relu11[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul12_acc[ii0][ii1] = r_matmul12_acc[ii0][ii1] + (r_relu11_frag[ii0] * r_deep1_w_frag[ii1]);
       }
     }
   }

@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8af29371604b92593be3(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5cd7665bc6e9c3f03333(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_b22b60636e25ca1adf0f(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -124,6 +124,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cd7665bc6e9c3f03333(float*
   __shared__ __align__(16) float s_block0_attn_k_w[2112];
   float r_matmul5_acc[2][4];
   float r_matmul5;
+  float r_layer_norm0_frag[2];
+  float r_block0_attn_q_w_frag[4];
   float r_add2_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -146,9 +148,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cd7665bc6e9c3f03333(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
           }
         }
       }
@@ -166,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cd7665bc6e9c3f03333(float*
   }
 }
 
-__device__ __forceinline__ void pf_b90c133327cfbf915a2e_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a9c10acbb7afefb44603_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -180,6 +190,8 @@ __device__ __forceinline__ void pf_b90c133327cfbf915a2e_p0(float* __restrict__ a
   __shared__ __align__(16) float s_block0_attn_q_w[2112];
   float r_matmul1_acc[2][4];
   float r_matmul1;
+  float r_layer_norm0_frag[2];
+  float r_block0_attn_q_w_frag[4];
   float r_add2_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -202,9 +214,17 @@ __device__ __forceinline__ void pf_b90c133327cfbf915a2e_p0(float* __restrict__ a
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
           }
         }
       }
@@ -222,7 +242,7 @@ __device__ __forceinline__ void pf_b90c133327cfbf915a2e_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_b90c133327cfbf915a2e_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a9c10acbb7afefb44603_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -236,7 +256,7 @@ __device__ __forceinline__ void pf_b90c133327cfbf915a2e_p1(float* __restrict__ r
   reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_b90c133327cfbf915a2e_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a9c10acbb7afefb44603_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -250,14 +270,14 @@ __device__ __forceinline__ void pf_b90c133327cfbf915a2e_p2(float* __restrict__ r
   reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b90c133327cfbf915a2e(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(256) pf_a9c10acbb7afefb44603(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_b90c133327cfbf915a2e_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_a9c10acbb7afefb44603_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_b90c133327cfbf915a2e_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+    pf_a9c10acbb7afefb44603_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_b90c133327cfbf915a2e_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+    pf_a9c10acbb7afefb44603_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -328,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c993cf038e1e87282d9a(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256) pf_ce9a07439a0c074fe252(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -342,6 +362,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c993cf038e1e87282d9a(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose8[2112];
   float r_matmul13_acc[2][4];
+  float r_transpose4_frag[2];
+  float r_transpose8_frag[4];
   float r_matmul13_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -364,9 +386,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_c993cf038e1e87282d9a(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)]);
+            r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
           }
         }
       }
@@ -451,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_51f024362103d68cae45(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256) pf_3935108cd98881034933(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -465,6 +495,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_51f024362103d68cae45(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose12[1056];
   float r_matmul17_acc[2][4];
+  float r_softmax16_frag[2];
+  float r_transpose12_frag[4];
   float r_matmul17_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -481,9 +513,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_51f024362103d68cae45(float*
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      r_softmax16_frag[ii2] = s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_transpose12_frag[iv] = s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)];
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul17_acc[ii2][iv] = r_matmul17_acc[ii2][iv] + (s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)] * s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)]);
+        r_matmul17_acc[ii2][iv] = r_matmul17_acc[ii2][iv] + (r_softmax16_frag[ii2] * r_transpose12_frag[iv]);
       }
     }
   }
@@ -524,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3fca33d314c8dfce37f7(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_f717e9daddf4315fa4bc(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -537,6 +577,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_3fca33d314c8dfce37f7(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_attn_o_w[2112];
   float r_matmul20_acc[2][4];
+  float r_reshape19_frag[2];
+  float r_block0_attn_o_w_frag[4];
   float r_matmul20_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -559,9 +601,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_3fca33d314c8dfce37f7(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
           }
         }
       }
@@ -655,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_3147fdcd8ba2a61fac07(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a7a261485a21bd4c016a(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_33c192de3858f374b763(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -670,6 +720,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a7a261485a21bd4c016a(float*
   float r_matmul24_acc[2][4];
   float r_matmul24;
   float r_add25;
+  float r_layer_norm23_frag[2];
+  float r_block0_mlp_fc1_w_frag[4];
   float r_gelu26_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -692,9 +744,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_a7a261485a21bd4c016a(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_layer_norm23_frag[ii1] = s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
           }
         }
       }
@@ -713,7 +773,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_a7a261485a21bd4c016a(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ff9074a94d5567926f81(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_aa07a34d195487a03379(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -726,6 +786,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff9074a94d5567926f81(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_mlp_fc2_w[2112];
   float r_matmul27_acc[2][4];
+  float r_gelu26_frag[2];
+  float r_block0_mlp_fc2_w_frag[4];
   float r_matmul27_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -748,9 +810,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff9074a94d5567926f81(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
           }
         }
       }

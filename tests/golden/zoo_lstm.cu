@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_7854ae9abcbc64cfc951(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a558da965eaf18e9842d(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) pf_bbfeb1e91cdf3456c643(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -139,6 +139,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a558da965eaf18e9842d(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_w_h[1056];
   float r_matmul18_acc[2][4];
+  float r_mul13_frag[2];
+  float r_w_h_frag[4];
   float r_matmul18_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -155,9 +157,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_a558da965eaf18e9842d(float*
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_mul13_frag[ii0] = s_mul13[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_w_h_frag[iv] = s_w_h[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul18_acc[ii0][iv] = r_matmul18_acc[ii0][iv] + (s_mul13[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_w_h[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
+        r_matmul18_acc[ii0][iv] = r_matmul18_acc[ii0][iv] + (r_mul13_frag[ii0] * r_w_h_frag[iv]);
       }
     }
   }

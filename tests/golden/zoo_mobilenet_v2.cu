@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void pf_cae76bf93416d78f38f2_p0(float* __restrict__ b
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -62,7 +62,7 @@ __device__ __forceinline__ void pf_cae76bf93416d78f38f2_p1(float* __restrict__ b
   batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -70,7 +70,7 @@ __device__ __forceinline__ void pf_cae76bf93416d78f38f2_p2(float* __restrict__ b
   batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_cae76bf93416d78f38f2_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -83,6 +83,8 @@ __device__ __forceinline__ void pf_cae76bf93416d78f38f2_p3(float* __restrict__ c
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stem_w[432];
   float r_conv2d0_acc[2][4];
+  float r_image_frag[4];
+  float r_stem_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -109,10 +111,18 @@ __device__ __forceinline__ void pf_cae76bf93416d78f38f2_p3(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_image_frag[ii2] = s_image[(0 - 0) * 2313 + (kk0 - 0) * 771 + ((((2 * b1) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((2 * t2) + kk2) + (64 * ii2)) - 1) - (-1))];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stem_w_frag[ii0] = s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? s_image[(0 - 0) * 2313 + (kk0 - 0) * 771 + ((((b1 * 2) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((t2 + (32 * ii2)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? r_image_frag[ii2] : 0.0f) * r_stem_w_frag[ii0]);
           }
         }
       }
@@ -128,19 +138,19 @@ __device__ __forceinline__ void pf_cae76bf93416d78f38f2_p3(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_cae76bf93416d78f38f2(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_2cefad7cecbbf983a7fa(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_cae76bf93416d78f38f2_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
     const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_cae76bf93416d78f38f2_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_cae76bf93416d78f38f2_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 11) {  // k0_conv2d0: 8 blocks of 256
-    pf_cae76bf93416d78f38f2_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
+    pf_2cefad7cecbbf983a7fa_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
   }
 }
 
@@ -179,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float*
   conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_59fa2e8f3447ffa8f108(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_b7e0f694266e031735f7(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -192,6 +202,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_59fa2e8f3447ffa8f108(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_project_w[128];
   float r_conv2d8_acc[2][4];
+  float r_minimum7_frag[4];
+  float r_stage1_block0_project_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -216,10 +228,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_59fa2e8f3447ffa8f108(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_minimum7_frag[ii2] = s_minimum7[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage1_block0_project_w_frag[ii0] = s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d8_acc[ii0][ii2] = r_conv2d8_acc[ii0][ii2] + (s_minimum7[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d8_acc[ii0][ii2] = r_conv2d8_acc[ii0][ii2] + (r_minimum7_frag[ii2] * r_stage1_block0_project_w_frag[ii0]);
       }
     }
   }
@@ -265,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_6222dcc8e5f5a6d9dd92(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3d7b981a96bb4bf385be(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_86d58f39a1547521d4a3(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -278,6 +298,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_3d7b981a96bb4bf385be(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_expand_w[128];
   float r_conv2d11_acc[2][4];
+  float r_add10_frag[4];
+  float r_stage2_block0_expand_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -302,10 +324,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_3d7b981a96bb4bf385be(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_add10_frag[ii2] = s_add10[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage2_block0_expand_w_frag[ii0] = s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d11_acc[ii0][ii2] = r_conv2d11_acc[ii0][ii2] + (s_add10[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d11_acc[ii0][ii2] = r_conv2d11_acc[ii0][ii2] + (r_add10_frag[ii2] * r_stage2_block0_expand_w_frag[ii0]);
       }
     }
   }
@@ -399,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ac2861d073f8fd862916(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_e9e29691881ce490ecc3(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -412,6 +442,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_ac2861d073f8fd862916(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_project_w[256];
   float r_conv2d19_acc[2][4];
+  float r_minimum18_frag[4];
+  float r_stage2_block0_project_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -438,10 +470,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_ac2861d073f8fd862916(float*
       __syncthreads();
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_minimum18_frag[ii2] = s_minimum18[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stage2_block0_project_w_frag[ii0] = s_stage2_block0_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (s_minimum18[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_minimum18_frag[ii2] * r_stage2_block0_project_w_frag[ii0]);
           }
         }
       }
@@ -510,7 +550,7 @@ extern "C" __global__ void __launch_bounds__(24) pf_a63ab2e6b57ebcafa0bd(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_96553171f61a4c27fb7f(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_579ee584a1287dfa22bc(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -524,6 +564,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_96553171f61a4c27fb7f(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block1_expand_w[192];
   float r_conv2d21_acc[2][4];
+  float r_batch_norm20_frag[4];
+  float r_stage2_block1_expand_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -548,10 +590,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_96553171f61a4c27fb7f(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_batch_norm20_frag[ii2] = s_batch_norm20[(0 - 0) * 1584 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage2_block1_expand_w_frag[ii0] = s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d21_acc[ii0][ii2] = r_conv2d21_acc[ii0][ii2] + (s_batch_norm20[(0 - 0) * 1584 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d21_acc[ii0][ii2] = r_conv2d21_acc[ii0][ii2] + (r_batch_norm20_frag[ii2] * r_stage2_block1_expand_w_frag[ii0]);
       }
     }
   }
@@ -600,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float*
   conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_105d96e8ffdc17ed83cf(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_b9197653e76cbfb0bdd1(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -613,6 +663,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_105d96e8ffdc17ed83cf(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block1_project_w[256];
   float r_conv2d29_acc[2][4];
+  float r_minimum28_frag[4];
+  float r_stage2_block1_project_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -639,10 +691,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_105d96e8ffdc17ed83cf(float*
       __syncthreads();
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_minimum28_frag[ii2] = s_minimum28[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stage2_block1_project_w_frag[ii0] = s_stage2_block1_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (s_minimum28[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block1_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+            r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (r_minimum28_frag[ii2] * r_stage2_block1_project_w_frag[ii0]);
           }
         }
       }
@@ -672,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float*
   add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_45246f0a555cb0a08209(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_7d3f4063aa8ddd433e83(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -685,6 +745,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_45246f0a555cb0a08209(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_last_w[192];
   float r_conv2d32_acc[2][4];
+  float r_add31_frag[4];
+  float r_last_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -709,10 +771,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_45246f0a555cb0a08209(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_add31_frag[ii2] = s_add31[(0 - 0) * 1584 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_last_w_frag[ii0] = s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d32_acc[ii0][ii2] = r_conv2d32_acc[ii0][ii2] + (s_add31[(0 - 0) * 1584 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d32_acc[ii0][ii2] = r_conv2d32_acc[ii0][ii2] + (r_add31_frag[ii2] * r_last_w_frag[ii0]);
       }
     }
   }

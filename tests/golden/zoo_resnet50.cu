@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_2b0845876ec6a94c6ebb_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_140648431b09779d0185_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void pf_2b0845876ec6a94c6ebb_p0(float* __restrict__ b
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2b0845876ec6a94c6ebb_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_140648431b09779d0185_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -67,6 +67,8 @@ __device__ __forceinline__ void pf_2b0845876ec6a94c6ebb_p1(float* __restrict__ c
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stem_w[432];
   float r_conv2d0_acc[2][4];
+  float r_image_frag[4];
+  float r_stem_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -93,10 +95,18 @@ __device__ __forceinline__ void pf_2b0845876ec6a94c6ebb_p1(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_image_frag[ii2] = s_image[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + kk2) + (32 * ii2)) - 1) - (-1))];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stem_w_frag[ii0] = s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 16)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 16)) ? s_image[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 16)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 16)) ? r_image_frag[ii2] : 0.0f) * r_stem_w_frag[ii0]);
           }
         }
       }
@@ -112,13 +122,13 @@ __device__ __forceinline__ void pf_2b0845876ec6a94c6ebb_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2b0845876ec6a94c6ebb(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_140648431b09779d0185(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2b0845876ec6a94c6ebb_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_140648431b09779d0185_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 17) {  // k0_conv2d0: 16 blocks of 256
-    pf_2b0845876ec6a94c6ebb_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
+    pf_140648431b09779d0185_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 
@@ -184,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9dbe401d1bd69fce66fe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_43252563aefdd11f398a(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_e64ca0c8a398e2264145(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -197,6 +207,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_43252563aefdd11f398a(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_a_w[128];
   float r_conv2d4_acc[2][4];
+  float r_max_pool2d3_frag[4];
+  float r_stage1_block0_a_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -221,10 +233,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_43252563aefdd11f398a(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage1_block0_a_w_frag[ii0] = s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (r_max_pool2d3_frag[ii2] * r_stage1_block0_a_w_frag[ii0]);
       }
     }
   }
@@ -252,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float*
   relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_71b7e533b5c209b659b9(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_4db6c23f4d094a06e5d7(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -265,6 +285,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_71b7e533b5c209b659b9(float*
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stage1_block0_b_w[576];
   float r_conv2d7_acc[2][4];
+  float r_relu6_frag[4];
+  float r_stage1_block0_b_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -291,10 +313,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_71b7e533b5c209b659b9(float*
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_relu6_frag[ii2] = s_relu6[(0 - 0) * 1560 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + kk2) + (32 * ii2)) - 1) - (-1))];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stage1_block0_b_w_frag[ii0] = s_stage1_block0_b_w[((t0 + (8 * ii0)) - 0) * 36 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 8)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 8)) ? s_relu6[(0 - 0) * 1560 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + (32 * ii2)) + kk2) - 1) - (-1))] : 0.0f) * s_stage1_block0_b_w[((t0 + (8 * ii0)) - 0) * 36 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 8)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 8)) ? r_relu6_frag[ii2] : 0.0f) * r_stage1_block0_b_w_frag[ii0]);
           }
         }
       }
@@ -310,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_71b7e533b5c209b659b9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8eed4fb1b280eeef786a(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_dd72ef0fd2e36861e97b(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -323,6 +353,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_8eed4fb1b280eeef786a(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_c_w[64];
   float r_conv2d10_acc[2][4];
+  float r_relu9_frag[4];
+  float r_stage1_block0_c_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -347,10 +379,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_8eed4fb1b280eeef786a(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_relu9_frag[ii2] = s_relu9[(0 - 0) * 528 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage1_block0_c_w_frag[ii0] = s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (s_relu9[(0 - 0) * 528 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (r_relu9_frag[ii2] * r_stage1_block0_c_w_frag[ii0]);
       }
     }
   }
@@ -364,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8eed4fb1b280eeef786a(float*
   }
 }
 
-__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -378,7 +418,7 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -386,7 +426,7 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p1(float* __restrict__ b
   batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -394,7 +434,7 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p2(float* __restrict__ b
   batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -402,7 +442,7 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p3(float* __restrict__ b
   batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -410,7 +450,7 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p4(float* __restrict__ b
   batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_07461120f94d92dc6c8e_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -423,6 +463,8 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p5(float* __restrict__ c
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage1_block0_proj_w[128];
   float r_conv2d12_acc[2][4];
+  float r_max_pool2d3_frag[4];
+  float r_stage1_block0_proj_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -447,10 +489,18 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p5(float* __restrict__ c
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage1_block0_proj_w_frag[ii0] = s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (r_max_pool2d3_frag[ii2] * r_stage1_block0_proj_w_frag[ii0]);
       }
     }
   }
@@ -464,25 +514,25 @@ __device__ __forceinline__ void pf_07461120f94d92dc6c8e_p5(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_07461120f94d92dc6c8e(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_7ed6a3a956ae07efd387(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
     const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_07461120f94d92dc6c8e_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 2) {  // k13_batch_norm13_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_07461120f94d92dc6c8e_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 3) {  // k16_batch_norm17_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_07461120f94d92dc6c8e_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 4) {  // k19_batch_norm20_scale: 1 blocks of 8
     const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_07461120f94d92dc6c8e_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 5) {  // k24_batch_norm25_scale: 1 blocks of 32
     const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_07461120f94d92dc6c8e_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 13) {  // k12_conv2d12: 8 blocks of 256
-    pf_07461120f94d92dc6c8e_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+    pf_7ed6a3a956ae07efd387_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
   }
 }
 
@@ -502,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float*
   relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3a091105f32502dd227a(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_32f7ccef8aa37c264c45(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -515,6 +565,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_3a091105f32502dd227a(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_a_w[256];
   float r_conv2d16_acc[2][4];
+  float r_relu15_frag[4];
+  float r_stage2_block0_a_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -541,10 +593,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_3a091105f32502dd227a(float*
       __syncthreads();
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (s_relu15[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+            r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_frag[ii0]);
           }
         }
       }
@@ -574,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float*
   relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f45b24b01e24ed8f214c(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_a43bd5aba6d9058ccfda(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -587,6 +647,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_f45b24b01e24ed8f214c(float*
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stage2_block0_b_w[1152];
   float r_conv2d19_acc[2][4];
+  float r_relu18_frag[4];
+  float r_stage2_block0_b_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -613,10 +675,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_f45b24b01e24ed8f214c(float*
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_relu18_frag[ii2] = s_relu18[(0 - 0) * 6168 + (kk0 - 0) * 771 + ((((2 * b1) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((2 * t2) + kk2) + (64 * ii2)) - 1) - (-1))];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stage2_block0_b_w_frag[ii0] = s_stage2_block0_b_w[((t0 + (8 * ii0)) - 0) * 72 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? s_relu18[(0 - 0) * 6168 + (kk0 - 0) * 771 + ((((b1 * 2) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((t2 + (32 * ii2)) * 2) + kk2) - 1) - (-1))] : 0.0f) * s_stage2_block0_b_w[((t0 + (8 * ii0)) - 0) * 72 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)]);
+            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? r_relu18_frag[ii2] : 0.0f) * r_stage2_block0_b_w_frag[ii0]);
           }
         }
       }
@@ -646,7 +716,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float*
   relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_cf38ef519df31fc856ce(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_2eb0475624115f318daf(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -660,6 +730,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_cf38ef519df31fc856ce(float*
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_c_w[128];
   float r_conv2d22_acc[2][4];
+  float r_relu21_frag[4];
+  float r_stage2_block0_c_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -684,10 +756,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_cf38ef519df31fc856ce(float*
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_relu21_frag[ii2] = s_relu21[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage2_block0_c_w_frag[ii0] = s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+    }
+    #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (s_relu21[(0 - 0) * 1056 + (kk0 - 0) * 132 + ((b1 + 0) - b1) * 132 + (((t2 + (32 * ii2)) + 0) - 0)] * s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)]);
+        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (r_relu21_frag[ii2] * r_stage2_block0_c_w_frag[ii0]);
       }
     }
   }
@@ -701,7 +781,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_cf38ef519df31fc856ce(float*
   }
 }
 
-__device__ __forceinline__ void pf_486871e354247f011149_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -715,7 +795,7 @@ __device__ __forceinline__ void pf_486871e354247f011149_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_486871e354247f011149_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -729,6 +809,8 @@ __device__ __forceinline__ void pf_486871e354247f011149_p1(float* __restrict__ c
   const int p1c = threadIdx.x % 1;
   __shared__ float s_stage2_block0_proj_w[256];
   float r_conv2d24_acc[2][4];
+  float r_relu15_frag[4];
+  float r_stage2_block0_proj_w_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -755,10 +837,18 @@ __device__ __forceinline__ void pf_486871e354247f011149_p1(float* __restrict__ c
       __syncthreads();
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 2040 + (0 - 0) * 2040 + (((8 * kt0) + kk0) - (8 * kt0)) * 255 + ((2 * b1) - (2 * b1)) * 255 + (((2 * t2) + (64 * ii2)) - 0)];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_stage2_block0_proj_w_frag[ii0] = s_stage2_block0_proj_w[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
+        }
+        #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (s_relu15[(kt0 % 2) * 2040 + (0 - 0) * 2040 + (((8 * kt0) + kk0) - (8 * kt0)) * 255 + (((b1 * 2) + 0) - (2 * b1)) * 255 + ((((t2 + (32 * ii2)) * 2) + 0) - 0)] * s_stage2_block0_proj_w[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)]);
+            r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_proj_w_frag[ii0]);
           }
         }
       }
@@ -774,13 +864,13 @@ __device__ __forceinline__ void pf_486871e354247f011149_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_486871e354247f011149(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_0d1f6656d3fdd114151e(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
     const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_486871e354247f011149_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_0d1f6656d3fdd114151e_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 9) {  // k23_conv2d24: 8 blocks of 256
-    pf_486871e354247f011149_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+    pf_0d1f6656d3fdd114151e_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 

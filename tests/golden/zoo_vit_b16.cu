@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b72f3572578d455cd408_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -62,6 +62,8 @@ __device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p0(float* __restrict__ c
   __shared__ __align__(16) float s_patch_embed_w[3072];
   float r_conv2d0_conv_acc[2][4];
   float r_conv2d0_conv;
+  float r_image_frag[4];
+  float r_patch_embed_w_frag[2];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -86,10 +88,18 @@ __device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p0(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
       for (int kk2 = 0; (kk2 <= 7); kk2 += 1) {
         #pragma unroll
+        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+          r_image_frag[ii3] = s_image[(b0 - b0) * 6240 + (kk0 - 0) * 2080 + (((8 * b2) + kk1) - (8 * b2)) * 260 + ((((8 * t3) + kk2) + (64 * ii3)) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_patch_embed_w_frag[ii1] = s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)];
+        }
+        #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d0_conv_acc[ii1][ii3] = r_conv2d0_conv_acc[ii1][ii3] + (s_image[(b0 - b0) * 6240 + (kk0 - 0) * 2080 + (((b2 * 8) + kk1) - (8 * b2)) * 260 + ((((t3 + (8 * ii3)) * 8) + kk2) - 0)] * s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)]);
+            r_conv2d0_conv_acc[ii1][ii3] = r_conv2d0_conv_acc[ii1][ii3] + (r_image_frag[ii3] * r_patch_embed_w_frag[ii1]);
           }
         }
       }
@@ -106,7 +116,7 @@ __device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p0(float* __restrict__ c
   }
 }
 
-__device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b72f3572578d455cd408_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -116,12 +126,12 @@ __device__ __forceinline__ void pf_6940e2f579f3171ce7c5_p1(float* __restrict__ c
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_6940e2f579f3171ce7c5(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(64) pf_b72f3572578d455cd408(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
   if (pf_b < 8) {  // k0_conv2d0_conv: 8 blocks of 64
-    pf_6940e2f579f3171ce7c5_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+    pf_b72f3572578d455cd408_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
-    pf_6940e2f579f3171ce7c5_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+    pf_b72f3572578d455cd408_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
   }
 }
 
@@ -235,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_83c724db1367b8aeb2e1(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4f0c7d8d09e5ffc6cd01(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_e2609052721076a28827(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -249,6 +259,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f0c7d8d09e5ffc6cd01(float*
   __shared__ __align__(16) float s_block0_attn_q_w[2112];
   float r_matmul6_acc[2][4];
   float r_matmul6;
+  float r_layer_norm5_frag[2];
+  float r_block0_attn_q_w_frag[4];
   float r_add7_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -271,9 +283,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f0c7d8d09e5ffc6cd01(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[iv]);
           }
         }
       }
@@ -395,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_5915842c76f5dd2b2d92(float*
   transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3ca49c8d77c0eac416dc(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(256) pf_b90e2c451d4a701cbd64(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -409,6 +429,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_3ca49c8d77c0eac416dc(float*
   const int p1c = threadIdx.x % 128;
   __shared__ float s_transpose13[2064];
   float r_matmul18_acc[2][4];
+  float r_transpose9_frag[2];
+  float r_transpose13_frag[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
@@ -432,9 +454,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_3ca49c8d77c0eac416dc(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+          r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
+        }
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)]);
+            r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
           }
         }
       }
@@ -489,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_865cf7994b4134e1ddde(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256) pf_ca6d899175ac18db3054(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -503,6 +533,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_865cf7994b4134e1ddde(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose17[660];
   float r_matmul21_acc[2][4];
+  float r_softmax20_frag[2];
+  float r_transpose17_frag[4];
   float r_matmul21_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -521,9 +553,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_865cf7994b4134e1ddde(float*
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      r_softmax20_frag[ii2] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_transpose17_frag[iv] = s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)];
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul21_acc[ii2][iv] = r_matmul21_acc[ii2][iv] + (s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)] * s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)]);
+        r_matmul21_acc[ii2][iv] = r_matmul21_acc[ii2][iv] + (r_softmax20_frag[ii2] * r_transpose17_frag[iv]);
       }
     }
   }
@@ -564,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float*
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7fa316f13c6ddbdc01d2(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_643d99255a9a39a4a0bd(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -577,6 +617,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_7fa316f13c6ddbdc01d2(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_attn_o_w[2112];
   float r_matmul24_acc[2][4];
+  float r_reshape23_frag[2];
+  float r_block0_attn_o_w_frag[4];
   float r_matmul24_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -599,9 +641,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_7fa316f13c6ddbdc01d2(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
           }
         }
       }
@@ -697,7 +747,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_a92ac61db63c9f0d452e(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b655b02a6ee8e59345cd(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_4ad5abfb1577ec79a522(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -712,6 +762,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_b655b02a6ee8e59345cd(float*
   float r_matmul28_acc[2][4];
   float r_matmul28;
   float r_add29;
+  float r_layer_norm27_frag[2];
+  float r_block0_mlp_fc1_w_frag[4];
   float r_gelu30_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -734,9 +786,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_b655b02a6ee8e59345cd(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_layer_norm27_frag[ii1] = s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
           }
         }
       }
@@ -755,7 +815,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b655b02a6ee8e59345cd(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d2e89c7623144c68fcfc(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_90e8edb447214978ca38(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -768,6 +828,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_d2e89c7623144c68fcfc(float*
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_mlp_fc2_w[2112];
   float r_matmul31_acc[2][4];
+  float r_gelu30_frag[2];
+  float r_block0_mlp_fc2_w_frag[4];
   float r_matmul31_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -790,9 +852,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_d2e89c7623144c68fcfc(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)]);
+            r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
           }
         }
       }
@@ -894,7 +964,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* 
   reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d96285d0ec8399093aa6(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_65b97e4c7e5c1135c6a8(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -906,6 +976,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_d96285d0ec8399093aa6(float*
   __shared__ float s_head_w[2064];
   float r_matmul66_acc[2][4];
   float r_matmul66;
+  float r_reshape65_frag[2];
+  float r_head_w_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -929,9 +1001,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_d96285d0ec8399093aa6(float*
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+          r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        }
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+          r_head_w_frag[ii1] = s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
+        }
+        #pragma unroll
+        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-            r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)]);
+            r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
           }
         }
       }

@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0dec0dd08613981d1a99(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_fd04292b9c1853f50f5e(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -95,6 +95,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_0dec0dd08613981d1a99(float*
   float r_matmul2_acc[2][4];
   float r_matmul2;
   float r_add3;
+  float r_concat1_frag[2];
+  float r_deep0_w_frag[4];
   float r_relu4_v[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -115,9 +117,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_0dec0dd08613981d1a99(float*
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_concat1_frag[ii0] = s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_deep0_w_frag[iv] = s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul2_acc[ii0][iv] = r_matmul2_acc[ii0][iv] + (s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)] * s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)]);
+        r_matmul2_acc[ii0][iv] = r_matmul2_acc[ii0][iv] + (r_concat1_frag[ii0] * r_deep0_w_frag[iv]);
       }
     }
   }
@@ -134,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0dec0dd08613981d1a99(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_ed0fe3bb274b2b86a22b(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -147,6 +157,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float*
   float r_matmul5_acc[2][4];
   float r_matmul5;
   float r_add6;
+  float r_relu4_frag[2];
+  float r_deep1_w_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -164,9 +176,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_d54c356b7504f5d3b7c0(float*
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_relu4_frag[ii0] = s_relu4[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_deep1_w_frag[ii1] = s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul5_acc[ii0][ii1] = r_matmul5_acc[ii0][ii1] + (s_relu4[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)] * s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)]);
+        r_matmul5_acc[ii0][ii1] = r_matmul5_acc[ii0][ii1] + (r_relu4_frag[ii0] * r_deep1_w_frag[ii1]);
       }
     }
   }

@@ -1,0 +1,120 @@
+"""Lowering pass: register fragments of promoted GEMM operands (PPCG's register promotion).
+
+An operand fragment (:mod:`polyfuse.poly.fragments`) arrives as an :class:`OperandFragment`:
+the micro-tile loop variables indexing it, their extents and the global element the read
+touches at each of them (kernel-AST expressions over loop variables and block/thread
+coordinates). The pass declares the register array ``r_<tensor>_frag`` (one dimension,
+indexed row-major by those variables), loads it from the operand's shared tile
+(:class:`KTile`: buffer, lower bounds, pipeline stage) right before every micro-tile loop nest
+that reads the operand — one unrolled :class:`KCopy` per element — and records a
+:class:`KFragment` so that those reads print as the register.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from polyfuse.cuda.kernel_ast import (
+    KAlloc,
+    KCopy,
+    KernelIR,
+    KExpr,
+    KFor,
+    KFragment,
+    KInt,
+    KNode,
+    KOp,
+    KStmt,
+    KTile,
+    KVar,
+    MemSpace,
+    map_children,
+)
+
+
+@dataclass(frozen=True)
+class OperandFragment:
+    """One operand's register fragment as the pass needs it."""
+
+    tensor: str
+    index_vars: tuple[str, ...]  # micro-tile loop variables indexing the fragment
+    shape: tuple[int, ...]  # their extents (constant trip counts, loops from 0)
+    element: tuple[KExpr, ...]  # global coordinates read, over loop variables
+    readers: frozenset[str]  # statements whose reads of ``tensor`` use the fragment
+
+
+def fragment_name(tensor: str) -> str:
+    return f"r_{tensor}_frag"
+
+
+def _linear(index_vars: Sequence[str], shape: Sequence[int]) -> KExpr:
+    """Row-major index of ``index_vars`` in an array of ``shape`` (0 without variables)."""
+    out: KExpr | None = None
+    for v, n in zip(index_vars, shape, strict=True):
+        out = KVar(v) if out is None else KOp("+", (KOp("*", (out, KInt(n))), KVar(v)))
+    return out if out is not None else KInt(0)
+
+
+def _reads(nodes: Sequence[KNode], stmts: frozenset[str]) -> bool:
+    for n in nodes:
+        if isinstance(n, KStmt) and n.stmt in stmts:
+            return True
+        if any(_reads(getattr(n, c, []), stmts) for c in ("body", "then", "orelse")):
+            return True
+    return False
+
+
+def lower_fragments(
+    ir: KernelIR, fragments: Sequence[OperandFragment], micro_tile: Sequence[str]
+) -> KernelIR:
+    """A new IR in which each fragment is a register array loaded from its shared tile before
+    the outermost loop over a ``micro_tile`` variable that contains one of its readers."""
+    if not fragments:
+        return ir
+    tiles: dict[str, KTile] = {t.tensor: t for t in ir.tiles}
+    shapes = {a.name: a.shape for a in ir.allocs}
+    missing = [f.tensor for f in fragments if f.tensor not in tiles]
+    assert not missing, f"register fragments of operands without a shared tile: {missing}"
+    micro = frozenset(micro_tile)
+    readers = frozenset().union(*(f.readers for f in fragments))
+
+    def load(f: OperandFragment) -> KNode:
+        t = tiles[f.tensor]
+        src = tuple(KOp("-", (e, lo)) for e, lo in zip(f.element, t.lo, strict=True))
+        if t.stage is not None:  # a multi-stage tile: the stage is its first dimension
+            src = (t.stage,) + src
+        dst = (_linear(f.index_vars, f.shape),)
+        node: KNode = KCopy(
+            fragment_name(f.tensor), dst, t.buffer, src, None, 0.0, shapes[t.buffer]
+        )
+        for v, n in reversed(list(zip(f.index_vars, f.shape, strict=True))):
+            cond = KOp("<=", (KVar(v), KInt(n - 1)))
+            node = KFor(v, KInt(0), cond, 1, [node], unroll=True)
+        return node
+
+    def walk(nodes) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, KFor) and n.var in micro and _reads([n], readers):
+                out += [load(f) for f in fragments if _reads([n], f.readers)]
+                out.append(n)
+            else:
+                # a reader outside every micro-tile loop would read an unloaded fragment
+                assert not (isinstance(n, KStmt) and n.stmt in readers), f"{n} not in a micro-tile"
+
+                out.append(map_children(n, walk))
+        return out
+
+    regs = tuple(
+        KAlloc(fragment_name(f.tensor), MemSpace.REGISTER, "", (math.prod(f.shape),))
+        for f in fragments
+    )
+    records = tuple(
+        KFragment(f.tensor, fragment_name(f.tensor), _linear(f.index_vars, f.shape), f.readers)
+        for f in fragments
+    )
+    return ir.with_(
+        allocs=ir.allocs + regs, fragments=ir.fragments + records, body=tuple(walk(ir.body))
+    )
