@@ -16,11 +16,11 @@ from polyfuse.cuda.kernel_ast import (
     KBarrier,
     KernelIR,
     KMark,
+    KMutator,
     KNode,
     KStmt,
     MemSpace,
     Scope,
-    map_children,
 )
 from polyfuse.cuda.lower_combines import WARP_SIZE
 
@@ -38,38 +38,36 @@ def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
     tiles = [a for a in ir.allocs if a.space is MemSpace.SHARED and a.name != scratch]
     if not ir.reduction or not tiles:
         return ir
-    seen = 0
+    return ir.with_(body=tuple(_PartBarriers(scope).body(ir.body)))
 
-    def walk(nodes: tuple[KNode, ...] | list[KNode]) -> list[KNode]:
-        nonlocal seen
+
+class _PartBarriers(KMutator):
+    """A barrier of ``scope`` before every ``part:`` mark but the first."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.seen = 0
+
+    def visit_KMark(self, n: KMark) -> list[KNode]:
+        part = n.name.startswith(PART)
         out: list[KNode] = []
-        for n in nodes:
-            if isinstance(n, KMark):
-                part = n.name.startswith(PART)
-                if part and seen:
-                    note = f"{n.name[len(PART) :]} reads what earlier parts wrote"
-                    out.append(KBarrier(scope, note))
-                seen += part
-                out.append(KMark(n.name, walk(n.body)))
-            else:
-                out.append(map_children(n, walk))
-        return out
-
-    return ir.with_(body=tuple(walk(ir.body)))
+        if part and self.seen:
+            note = f"{n.name[len(PART) :]} reads what earlier parts wrote"
+            out.append(KBarrier(self.scope, note))
+        self.seen += part
+        return out + [KMark(n.name, self.body(n.body))]
 
 
 def lower_sync_statements(
     body: list[KNode], names: frozenset[str], scope: Scope = Scope.BLOCK
 ) -> list[KNode]:
     """A new body in which every instance of a statement in ``names`` is a barrier."""
+    return _SyncStatements(names, scope).body(body)
 
-    def walk(nodes: list[KNode]) -> list[KNode]:
-        out: list[KNode] = []
-        for n in nodes:
-            if isinstance(n, KStmt) and n.stmt in names:
-                out.append(KBarrier(scope))
-            else:
-                out.append(map_children(n, walk))
-        return out
 
-    return walk(body)
+class _SyncStatements(KMutator):
+    def __init__(self, names: frozenset[str], scope: Scope) -> None:
+        self.names, self.scope = names, scope
+
+    def visit_KStmt(self, n: KStmt) -> KNode:
+        return KBarrier(self.scope) if n.stmt in self.names else n
