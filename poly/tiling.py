@@ -37,14 +37,17 @@ import islpy as isl
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
+from polyfuse.poly.policy import (
+    ASSUMED_REGISTERS,
+    GEMM_REG_BUDGET,
+    blocks_per_sm,
+    gemm_tile_budget,
+    gemm_tile_registers,
+)
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 #: why a tiling was not ranked but given (``MappingConfig.gemm_tile``)
 FORCED_TILE_REASON = "tile sizes forced by MappingConfig.gemm_tile"
-#: register budget per thread the cost model aims for (accumulators + operands + indices)
-REG_BUDGET = 168
-#: registers a thread needs besides its accumulators and operand fragments (estimate)
-REG_OVERHEAD = 40
 
 
 @dataclass
@@ -272,19 +275,14 @@ def rank_gemm_tiles(
         thr = (bm // tm) * (bn // tn)
         if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
             continue
-        regs = tm * tn + tm + tn + REG_OVERHEAD
-        if regs > REG_BUDGET and forced is None:
+        regs = gemm_tile_registers(tm, tn)
+        if regs > GEMM_REG_BUDGET and forced is None:
             continue
         kt = min(tk, rext[kin])
         smem = 4 * (bm * kt * k_other + kt * k_other * (bn + 1))
-        if smem > device.smem_per_block and forced is None:
+        if smem > gemm_tile_budget(device) and forced is None:
             continue
-        occ_blocks = min(
-            device.max_threads_per_sm // thr,
-            device.regs_per_sm // (max(regs, 32) * thr),
-            device.smem_per_sm // max(smem, 1),
-            32,
-        )
+        occ_blocks = blocks_per_sm(thr, max(regs, ASSUMED_REGISTERS), smem, device)
         if occ_blocks < 1 and forced is None:
             continue
         occ_blocks = max(occ_blocks, 1)
