@@ -43,7 +43,7 @@ class MappingConfig:
     elements_per_thread: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class MappedKernel:
     """A kernel's micrographs after tiling and block/thread mapping: the one record every
     mapping returns (plain :func:`map_to_gpu`, reduction
@@ -76,9 +76,11 @@ class MappedKernel:
     coarsening: Coarsening | None = None  # elements per thread (poly/coarsen.py)
 
     def __post_init__(self) -> None:
-        self.parts = list(self.parts) or [self.scheduled]
+        # defaults derived from the other fields, set once at construction (frozen after)
+        object.__setattr__(self, "parts", list(self.parts) or [self.scheduled])
         if not self.thread_order:
-            self.thread_order = list(zip(self.thread_params, self.tile_sizes, strict=True))
+            order = list(zip(self.thread_params, self.tile_sizes, strict=True))
+            object.__setattr__(self, "thread_order", order)
 
     @property
     def grid(self) -> int:

@@ -257,3 +257,44 @@ def test_feedback_rounds_do_not_rewrite_scheduled_micrographs(monkeypatch):
 @pytest.mark.parametrize("threads", [32, 1024])
 def test_reduction_tile_budget_leaves_the_combine_scratch(threads):
     assert reduction_tile_budget(A100, threads) == A100.smem_per_block_optin - 4 * threads
+
+
+def test_mapped_kernels_are_frozen_records():
+    """Mapping results are not edited after construction: trying two tilings from one schedule
+    needs no deep copy."""
+    import dataclasses
+
+    a, w = te.placeholder((64, 96), name="a"), te.placeholder((96, 128), name="w")
+    graph, (g,) = _groups([a, w], [ops.matmul(a, w)])
+    gk = map_kernel(graph, g.parts, g.strategy, A100)
+    plain = map_kernel(graph, g.parts, g.strategy, A100, MappingConfig(gemm=False))
+    for mk in (gk, plain):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            mk.tile_sizes = [1]  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gk.tiling = None  # type: ignore[misc]
+    wider = dataclasses.replace(plain, grid_dims=[1])
+    assert wider.grid == 1 and plain.grid != 1 and wider.thread_order == plain.thread_order
+
+
+def test_check_cuda_builds_new_kernel_records(monkeypatch):
+    """Compiler-reported resources go into new Kernel objects (the plan's too); the kernels the
+    code generator returned keep their fields."""
+    import polyfuse.cuda.compiler as compiler
+    from polyfuse.cuda.compiler import CudaBinary, KernelResources
+
+    x = te.placeholder((64, 300), name="x")
+    y = te.compute((64, 300), lambda i, j: x[i, j] * 2.0 + 1.0, name="y")
+    fn = polyfuse.compile([x], [y], "sm_80", check_cuda=False)
+    (old,) = fn.kernels
+    name = old.function or old.name
+
+    def fake(source: str, arch: str) -> CudaBinary:
+        res = {name: KernelResources(name, registers=21)}
+        return CudaBinary(arch, "fake", "cubin", b"", None, res, "", 0.0)
+
+    monkeypatch.setattr(compiler, "compile_cuda", fake)
+    fn.check_cuda("sm_80")
+    (new,) = fn.kernels
+    assert new is not old and new.registers == 21 and old.registers is None
+    assert fn.plan.kernels == [new]
