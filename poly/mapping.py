@@ -26,6 +26,7 @@ from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import parallel_depth, top_band
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tiling import FORCED_TILE_REASON
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class MappingConfig:
     # GEMM-like micrographs: force (block rows, block cols, micro-tile rows, cols, k-tile)
     # instead of the cost model's choice (poly/tiling.py); None = the model decides.
     gemm_tile: tuple[int, int, int, int, int] | None = None
+    # why ``gemm_tile`` is given (the tiling's first note): data, never matched as text
+    gemm_tile_reason: str = FORCED_TILE_REASON
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,
     # 1 = one element per thread, 4/8 = forced (float4 only where isl proves it)

@@ -46,7 +46,8 @@ from polyfuse.poly.policy import (
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
 
-#: why a tiling was not ranked but given (``MappingConfig.gemm_tile``)
+#: why a tiling was not ranked but given (``MappingConfig.gemm_tile``), unless the config
+#: carries its own reason (``MappingConfig.gemm_tile_reason``: a tuned tiling)
 FORCED_TILE_REASON = "tile sizes forced by MappingConfig.gemm_tile"
 
 
@@ -74,6 +75,13 @@ class GemmTiling:
     modelled_us: float = 0.0
     #: (BM, BN, TM, TN, TK): the candidate in the form ``MappingConfig.gemm_tile`` takes
     choice: tuple[int, int, int, int, int] | None = None
+
+    @property
+    def label(self) -> str:
+        """The tile sizes in words (``block tile 64x64, 16x16 threads, ...``), from
+        :attr:`choice`: what reasons and rejections name the tiling by."""
+        assert self.choice is not None
+        return tile_label(*self.choice)
 
     @property
     def regs(self) -> list[int]:
@@ -230,15 +238,25 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
+def tile_label(bm: int, bn: int, tm: int, tn: int, kt: int) -> str:
+    """A GEMM tiling (BM, BN, TM, TN, TK) in words."""
+    return (
+        f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
+        f"({tm * tn} accumulators), k-tile {kt}"
+    )
+
+
 def rank_gemm_tiles(
     shape: GemmShape,
     device: DeviceSpec,
     forced: tuple[int, int, int, int, int] | None = None,
     limit: int = 8,
-    forced_reason: str = FORCED_TILE_REASON,
+    forced_reason: str = "",
 ) -> list[GemmTiling]:
-    """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``),
-    best first, each with the reasons for its choice."""
+    """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``:
+    default :data:`FORCED_TILE_REASON`), best first, each with the
+    reasons for its choice."""
+    forced_reason = forced_reason or FORCED_TILE_REASON
     nd = len(shape.data)
     ext = [hi - lo + 1 for lo, hi in shape.data]
     rext = [hi - lo + 1 for lo, hi in shape.red]
@@ -318,8 +336,7 @@ def rank_gemm_tiles(
         if rank:
             why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
         why += [
-            f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
-            f"({tm * tn} accumulators), k-tile {kt}: modelled {t * 1e6:.1f} us on {device.name}",
+            f"{tile_label(bm, bn, tm, tn, kt)}: modelled {t * 1e6:.1f} us on {device.name}",
             f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
             f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
             f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "

@@ -157,7 +157,7 @@ def test_recompute_pass_inlines_into_a_view_before_lowering():
     graph, (g,) = _groups([x], [ops.softmax(x, name="sm")])
     before = _snapshot(graph)
     first = map_kernel(graph, g.parts, g.strategy, A100)
-    spilled = [t for t, p in place_kernel(first, A100).items() if p.reason.startswith("scratch")]
+    spilled = [t for t, p in place_kernel(first, A100).items() if p.spill_why]
     assert spilled  # before: a scratch buffer in global memory
 
     r = recompute_spills(graph, g.parts, g.strategy, A100)
@@ -298,3 +298,29 @@ def test_check_cuda_builds_new_kernel_records(monkeypatch):
     (new,) = fn.kernels
     assert new is not old and new.registers == 21 and old.registers is None
     assert fn.plan.kernels == [new]
+
+
+def test_a_given_gemm_tiling_carries_its_reason_as_data():
+    """The reason of a given tiling (forced, or tuned by ``polyfuse tune``) travels in the
+    config to the tiling's notes: nothing downstream matches note text to replace it."""
+    a, w = te.placeholder((64, 96), name="a"), te.placeholder((96, 128), name="w")
+    graph, (g,) = _groups([a, w], [ops.matmul(a, w)])
+    tile = (32, 32, 2, 2, 8)
+    forced = map_kernel(graph, g.parts, g.strategy, A100, MappingConfig(gemm_tile=tile))
+    assert any(n == f"tile sizes forced by MappingConfig.gemm_tile={tile}" for n in forced.notes)
+    cfg = MappingConfig(gemm_tile=tile, gemm_tile_reason="measured fastest; tile sizes")
+    tuned = map_kernel(graph, g.parts, g.strategy, A100, cfg)
+    assert f"measured fastest; tile sizes={tile}" in tuned.notes
+    assert not any("forced" in n for n in tuned.notes)
+
+
+def test_spilled_tensors_say_why_as_data():
+    """A scratch placement carries why it is spilled (recompute reads it, not the prose)."""
+    x = te.placeholder((2, 65536), name="x")  # rows too long for shared memory: spills
+    graph, (g,) = _groups([x], [ops.softmax(x, name="sm")])
+    pl = place_kernel(map_kernel(graph, g.parts, g.strategy, A100), A100)
+    assert any(p.spill_why for p in pl.values())
+    for p in pl.values():
+        assert bool(p.spill_why) == p.reason.startswith("scratch buffer"), p
+        if p.spill_why:
+            assert p.reason == f"scratch buffer: {p.spill_why}"
