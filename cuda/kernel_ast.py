@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any
+
+from polyfuse.visitor import R, Visitor
 
 
 class KExpr:
@@ -442,35 +444,12 @@ def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
     return n if rebuild is None else rebuild(n, walk)
 
 
-R = TypeVar("R")
+class KVisitor(Visitor[R]):
+    """Base of every walker of kernel IR: ``visit(n, *args)`` calls ``visit_<Node>(n, *args)``
+    (:class:`polyfuse.visitor.Visitor` over :data:`NODE_CLASSES`; exact-class dispatch, so
+    :class:`KAsyncCopy` needs its own rule apart from :class:`KCopy`)."""
 
-
-class KVisitor(Generic[R]):
-    """Base of every walker of kernel IR: ``visit(n, *args)`` calls ``visit_<Node>(n, *args)``.
-
-    Like :class:`polyfuse.graph.expr.ExprVisitor`: the class → method table is built once per
-    subclass (dispatch on the exact class, so :class:`KAsyncCopy` needs its own rule apart from
-    :class:`KCopy`); a node class without a rule goes to :meth:`visit_default`, which raises.
-    """
-
-    _dispatch: ClassVar[dict[type, Callable[..., Any]]] = {}
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        cls._dispatch = {
-            node: getattr(cls, f"visit_{node.__name__}")
-            for node in NODE_CLASSES
-            if hasattr(cls, f"visit_{node.__name__}")
-        }
-
-    def visit(self, n: Any, *args: Any) -> R:
-        fn = self._dispatch.get(type(n))
-        if fn is None:
-            return self.visit_default(n, *args)
-        return fn(self, n, *args)
-
-    def visit_default(self, n: Any, *args: Any) -> R:
-        raise TypeError(f"{type(self).__name__} has no rule for {type(n).__name__}")
+    node_classes = NODE_CLASSES
 
 
 class KMutator(KVisitor["KNode | list[KNode]"]):
