@@ -35,10 +35,9 @@ from polyfuse.cache import (
     tune_key,
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
-from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.astgen import generate_ast, generate_gemm_ast
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
-from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.pack import canonical_pack, pack_parts
