@@ -324,3 +324,26 @@ def test_spilled_tensors_say_why_as_data():
         assert bool(p.spill_why) == p.reason.startswith("scratch buffer"), p
         if p.spill_why:
             assert p.reason == f"scratch buffer: {p.spill_why}"
+
+
+def test_thresholds_are_declared_in_policy():
+    """The shared-memory, thread and occupancy limits are stated once, in poly/policy.py (device
+    specs aside): no module repeats them as bare numbers."""
+    import re
+
+    from polyfuse.poly.policy import blocks_per_sm
+
+    bare = re.compile(r"48 \* 1024|\b49152\b|REG_BUDGET =|REG_OVERHEAD =|threads > 1024\b")
+    offenders = []
+    for pkg in ("poly", "stitch", "cuda", "polyfuse"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path.name in ("policy.py", "device.py") and path.parent.name == "poly":
+                continue
+            code = re.sub(r'"""(.|\n)*?"""', "", path.read_text())
+            offenders += [f"{path.relative_to(ROOT)}: {m}" for m in bare.findall(code)]
+    assert offenders == []
+    # A100: 2048 threads, 64K registers, 164 KB shared per SM; 32 blocks at most
+    assert blocks_per_sm(256, 32, 0, A100) == 8
+    assert blocks_per_sm(64, 16, 0, A100) == 32
+    assert blocks_per_sm(256, 32, 100 * 1024, A100) == 1
+    assert blocks_per_sm(256, 32, 200 * 1024, A100) == 0
