@@ -13,6 +13,7 @@ import islpy as isl
 
 from polyfuse.cuda.kernel_ast import KDef, KExpr, KFor, KIf, KInt, KMark, KNode, KOp, KStmt, KVar
 from polyfuse.poly.mapping import MappedKernel
+from polyfuse.poly.promote import GemmKernel
 
 _OP = isl.ast_expr_op_type
 _BIN = {
@@ -161,4 +162,16 @@ def generate_ast(mm: MappedKernel) -> tuple[isl.AstNode, list[KNode]]:
     """Run isl AST generation on the mapped schedule; return isl's AST and ours."""
     build = isl.AstBuild.from_context(mm.context)
     ast = build.node_from_schedule(drop_implied_members(mm.schedule))
+    return ast, convert_node(ast)
+
+
+def generate_gemm_ast(gk: GemmKernel) -> tuple[isl.AstNode, list[KNode]]:
+    """isl AST generation from the tiled schedule map, loop variables named by role."""
+    ctx = gk.context.get_ctx()
+    build = isl.AstBuild.from_context(gk.context)
+    ids = isl.IdList.alloc(ctx, len(gk.iterators))
+    for name in gk.iterators:
+        ids = ids.add(isl.Id(name, context=ctx))
+    build = build.set_iterators(ids)
+    ast = build.node_from_schedule_map(gk.schedule_map)
     return ast, convert_node(ast)

@@ -1,6 +1,7 @@
-"""Loop AST and statement bodies of GEMM-like kernels (:class:`polyfuse.poly.promote.GemmKernel`).
+"""Statement bodies of GEMM-like kernels (:class:`polyfuse.poly.promote.GemmKernel`).
 
-isl generates the loop AST from the tiled schedule map (:func:`generate_gemm_ast`); the
+isl generates the loop AST from the tiled schedule map
+(:func:`polyfuse.cuda.astgen.generate_gemm_ast`); the
 lowering passes (:func:`polyfuse.cuda.lower.lower_gemm_kernel`) make its shared tiles, copies,
 barriers and register micro-tile explicit in the kernel IR, and
 :func:`polyfuse.cuda.printer.emit_kernel` prints it. :class:`GemmBodyPrinter` only reads the IR:
@@ -11,26 +12,10 @@ arrays are indexed by their micro-tile loop variables.
 
 from __future__ import annotations
 
-import islpy as isl
-
-from polyfuse.cuda.astgen import convert_node
-from polyfuse.cuda.kernel_ast import KernelIR, KNode, MemSpace
+from polyfuse.cuda.kernel_ast import KernelIR, MemSpace
 from polyfuse.cuda.printer import BodyPrinter, c_index
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.promote import GemmKernel
-
-
-def generate_gemm_ast(gk: GemmKernel) -> tuple[isl.AstNode, list[KNode]]:
-    """isl AST generation from the tiled schedule map, loop variables named by role."""
-    ctx = gk.context.get_ctx()
-    build = isl.AstBuild.from_context(gk.context)
-    ids = isl.IdList.alloc(ctx, len(gk.iterators))
-    for name in gk.iterators:
-        ids = ids.add(isl.Id(name, context=ctx))
-    build = build.set_iterators(ids)
-    ast = build.node_from_schedule_map(gk.schedule_map)
-    return ast, convert_node(ast)
 
 
 class GemmBodyPrinter(BodyPrinter):

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
+
+from polyfuse.visitor import R, Visitor
 
 
 class KExpr:
@@ -420,74 +423,144 @@ def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
     return e
 
 
+#: Every kernel-IR node class (statements and integer expressions), for visitor dispatch.
+NODE_CLASSES: tuple[type, ...] = (
+    KInt,
+    KVar,
+    KOp,
+    KFor,
+    KIf,
+    KDef,
+    KMark,
+    KVector,
+    KStmt,
+    KAlloc,
+    KVectorStore,
+    KBarrier,
+    KCopy,
+    KAsyncCopy,
+    KCommit,
+    KWait,
+    KMma,
+)
+
+#: Node class with child lists → constructor from (old node, child-list walk).
+_REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode]] = {
+    KMark: lambda n, walk: KMark(n.name, walk(n.body)),
+    KFor: lambda n, walk: KFor(n.var, n.init, n.cond, n.step, walk(n.body), n.unroll),
+    KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
+    KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
+    KVector: lambda n, walk: KVector(n.var, n.width, walk(n.body), n.loads, n.stores),
+}
+
+
 def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
     """A copy of ``n`` whose child lists went through ``walk`` (a node without children as is):
     the one place a pass's tree walk needs to know which nodes nest."""
-    if isinstance(n, KMark):
-        return KMark(n.name, walk(n.body))
-    if isinstance(n, KFor):
-        return KFor(n.var, n.init, n.cond, n.step, walk(n.body), n.unroll)
-    if isinstance(n, KIf):
-        return KIf(n.cond, walk(n.then), walk(n.orelse))
-    if isinstance(n, KDef):
-        return KDef(n.var, n.value, walk(n.body))
-    if isinstance(n, KVector):
-        return KVector(n.var, n.width, walk(n.body), n.loads, n.stores)
-    return n
+    rebuild = _REBUILD.get(type(n))
+    return n if rebuild is None else rebuild(n, walk)
+
+
+class KVisitor(Visitor[R]):
+    """Base of every walker of kernel IR: ``visit(n, *args)`` calls ``visit_<Node>(n, *args)``
+    (:class:`polyfuse.visitor.Visitor` over :data:`NODE_CLASSES`; exact-class dispatch, so
+    :class:`KAsyncCopy` needs its own rule apart from :class:`KCopy`)."""
+
+    node_classes = NODE_CLASSES
+
+
+class KMutator(KVisitor["KNode | list[KNode]"]):
+    """A pass's tree rewrite: ``visit_<Node>`` returns a node or a list of nodes (several or
+    none in its place); by default a node is rebuilt with its child lists rewritten
+    (:func:`map_children`). :meth:`body` rewrites a list of nodes."""
+
+    def visit_default(self, n: Any, *args: Any) -> KNode | list[KNode]:
+        return map_children(n, lambda nodes: self.body(nodes, *args))
+
+    def body(self, nodes: list[KNode] | tuple[KNode, ...], *args: Any) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            r = self.visit(n, *args)
+            if isinstance(r, list):
+                out += r
+            else:
+                out.append(r)
+        return out
+
+
+class _Format(KVisitor[list[str]]):
+    """The pseudo-code lines of ``print(ir)``, one visit per node at indentation ``depth``."""
+
+    def lines(self, nodes: list[KNode], depth: int) -> list[str]:
+        return [line for n in nodes for line in self.visit(n, depth)]
+
+    def visit_default(self, n: Any, depth: int) -> list[str]:
+        return []
+
+    def visit_KFor(self, n: KFor, depth: int) -> list[str]:
+        unroll = "  // unrolled" if n.unroll else ""
+        head = f"{'  ' * depth}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}"
+        return [head] + self.lines(n.body, depth + 1)
+
+    def visit_KIf(self, n: KIf, depth: int) -> list[str]:
+        pad = "  " * depth
+        out = [f"{pad}if {n.cond}"] + self.lines(n.then, depth + 1)
+        if n.orelse:
+            out += [f"{pad}else"] + self.lines(n.orelse, depth + 1)
+        return out
+
+    def visit_KDef(self, n: KDef, depth: int) -> list[str]:
+        return [f"{'  ' * depth}let {n.var} = {n.value}"] + self.lines(n.body, depth + 1)
+
+    def visit_KMark(self, n: KMark, depth: int) -> list[str]:
+        return [f"{'  ' * depth}// {n.name}"] + self.lines(n.body, depth)
+
+    def visit_KVector(self, n: KVector, depth: int) -> list[str]:
+        ld = ", ".join(a.tensor for a in n.loads)
+        st = ", ".join(a.tensor for a in n.stores)
+        head = f"{'  ' * depth}vector {n.var} < {n.width} load [{ld}] store [{st}]"
+        return [head] + self.lines(n.body, depth + 1)
+
+    def visit_KStmt(self, n: KStmt, depth: int) -> list[str]:
+        guard = f" if {n.guard}" if n.guard is not None else ""
+        return [f"{'  ' * depth}{n.stmt}({', '.join(map(str, n.args))}){guard}"]
+
+    def visit_KAlloc(self, n: KAlloc, depth: int) -> list[str]:
+        where = "static" if n.offset is None else f"dynamic+{n.offset}"
+        lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
+        dims = "x".join(map(str, n.shape)) or "scalar"
+        by = f" indexed by ({', '.join(n.index_vars)})" if n.index_vars else ""
+        al = f" align {n.align}" if n.align else ""
+        pad = "  " * depth
+        return [f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}{by}{al}"]
+
+    def visit_KBarrier(self, n: KBarrier, depth: int) -> list[str]:
+        note = f"  // {n.note}" if n.note else ""
+        return [f"{'  ' * depth}barrier {n.scope.value}{note}"]
+
+    def visit_KAsyncCopy(self, n: KAsyncCopy, depth: int) -> list[str]:
+        return [f"{'  ' * depth}async_copy[{n.group}] {_copy(n)}"]
+
+    def visit_KCopy(self, n: KCopy, depth: int) -> list[str]:
+        return [f"{'  ' * depth}copy {_copy(n)}"]
+
+    def visit_KVectorStore(self, n: KVectorStore, depth: int) -> list[str]:
+        guard = f" if {n.guard}" if n.guard is not None else ""
+        idx = ", ".join(map(str, n.dst_index))
+        return [f"{'  ' * depth}vector_store {n.dst}[{idx}]x{n.width} = {n.src}{guard}"]
+
+    def visit_KCommit(self, n: KCommit, depth: int) -> list[str]:
+        return [f"{'  ' * depth}commit"]
+
+    def visit_KWait(self, n: KWait, depth: int) -> list[str]:
+        return [f"{'  ' * depth}wait pending<={n.pending}"]
+
+    def visit_KMma(self, n: KMma, depth: int) -> list[str]:
+        return [f"{'  ' * depth}mma{n.shape} {n.acc} += {n.a} @ {n.b}"]
 
 
 def _fmt(nodes: list[KNode], depth: int) -> list[str]:
-    pad = "  " * depth
-    out: list[str] = []
-    for n in nodes:
-        if isinstance(n, KFor):
-            unroll = "  // unrolled" if n.unroll else ""
-            out.append(f"{pad}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}")
-            out += _fmt(n.body, depth + 1)
-        elif isinstance(n, KIf):
-            out.append(f"{pad}if {n.cond}")
-            out += _fmt(n.then, depth + 1)
-            if n.orelse:
-                out.append(f"{pad}else")
-                out += _fmt(n.orelse, depth + 1)
-        elif isinstance(n, KDef):
-            out.append(f"{pad}let {n.var} = {n.value}")
-            out += _fmt(n.body, depth + 1)
-        elif isinstance(n, KMark):
-            out.append(f"{pad}// {n.name}")
-            out += _fmt(n.body, depth)
-        elif isinstance(n, KVector):
-            ld = ", ".join(a.tensor for a in n.loads)
-            st = ", ".join(a.tensor for a in n.stores)
-            out.append(f"{pad}vector {n.var} < {n.width} load [{ld}] store [{st}]")
-            out += _fmt(n.body, depth + 1)
-        elif isinstance(n, KStmt):
-            guard = f" if {n.guard}" if n.guard is not None else ""
-            out.append(f"{pad}{n.stmt}({', '.join(map(str, n.args))}){guard}")
-        elif isinstance(n, KAlloc):
-            where = "static" if n.offset is None else f"dynamic+{n.offset}"
-            lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
-            dims = "x".join(map(str, n.shape)) or "scalar"
-            by = f" indexed by ({', '.join(n.index_vars)})" if n.index_vars else ""
-            al = f" align {n.align}" if n.align else ""
-            out.append(f"{pad}alloc {n.space.value} {n.dtype} {n.name}[{dims}] {where}{lo}{by}{al}")
-        elif isinstance(n, KBarrier):
-            out.append(f"{pad}barrier {n.scope.value}" + (f"  // {n.note}" if n.note else ""))
-        elif isinstance(n, KAsyncCopy):
-            out.append(f"{pad}async_copy[{n.group}] {_copy(n)}")
-        elif isinstance(n, KCopy):
-            out.append(f"{pad}copy {_copy(n)}")
-        elif isinstance(n, KVectorStore):
-            guard = f" if {n.guard}" if n.guard is not None else ""
-            idx = ", ".join(map(str, n.dst_index))
-            out.append(f"{pad}vector_store {n.dst}[{idx}]x{n.width} = {n.src}{guard}")
-        elif isinstance(n, KCommit):
-            out.append(f"{pad}commit")
-        elif isinstance(n, KWait):
-            out.append(f"{pad}wait pending<={n.pending}")
-        elif isinstance(n, KMma):
-            out.append(f"{pad}mma{n.shape} {n.acc} += {n.a} @ {n.b}")
-    return out
+    return _Format().lines(nodes, depth)
 
 
 def _copy(n: KCopy) -> str:

@@ -17,11 +17,11 @@ from polyfuse.cuda.kernel_ast import (
     KernelIR,
     KIf,
     KMark,
+    KMutator,
     KNode,
     KStmt,
     MemSpace,
     Scope,
-    map_children,
 )
 from polyfuse.cuda.lower_combines import WARP_SIZE
 
@@ -39,30 +39,36 @@ def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
     tiles = [a for a in ir.allocs if a.space is MemSpace.SHARED and a.name != scratch]
     if not ir.reduction or not tiles:
         return ir
-    seen = 0
-    hoisted = False  # the next part's barrier already stands before its guard
+    return ir.with_(body=tuple(_PartBarriers(scope).body(ir.body)))
 
-    def walk(nodes: tuple[KNode, ...] | list[KNode]) -> list[KNode]:
-        nonlocal seen, hoisted
+
+class _PartBarriers(KMutator):
+    """A barrier of ``scope`` before every ``part:`` mark but the first; where isl hoisted a
+    lane guard over a whole part, the barrier stands before the guard (every thread must
+    reach it)."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.seen = 0
+        self.hoisted = False  # the next part's barrier already stands before its guard
+
+    def visit_KMark(self, n: KMark) -> list[KNode]:
+        part = n.name.startswith(PART)
         out: list[KNode] = []
-        for n in nodes:
-            if isinstance(n, KMark):
-                part = n.name.startswith(PART)
-                if part and seen and not hoisted:
-                    out.append(KBarrier(scope, _note(n)))
-                hoisted = False
-                seen += part
-                out.append(KMark(n.name, walk(n.body)))
-            else:
-                lead = _leading_part(n)
-                if seen and lead is not None:
-                    # every thread must reach the barrier: put it before the part's lane guard
-                    out.append(KBarrier(scope, _note(lead)))
-                    hoisted = True
-                out.append(map_children(n, walk))
-        return out
+        if part and self.seen and not self.hoisted:
+            out.append(KBarrier(self.scope, _note(n)))
+        self.hoisted = False
+        self.seen += part
+        return out + [KMark(n.name, self.body(n.body))]
 
-    return ir.with_(body=tuple(walk(ir.body)))
+    def visit_default(self, n: KNode) -> list[KNode]:
+        out: list[KNode] = []
+        lead = _leading_part(n)
+        if self.seen and lead is not None:
+            out.append(KBarrier(self.scope, _note(lead)))
+            self.hoisted = True
+        r = super().visit_default(n)
+        return out + (r if isinstance(r, list) else [r])
 
 
 def _note(mark: KMark) -> str:
@@ -83,14 +89,12 @@ def lower_sync_statements(
     body: list[KNode], names: frozenset[str], scope: Scope = Scope.BLOCK
 ) -> list[KNode]:
     """A new body in which every instance of a statement in ``names`` is a barrier."""
+    return _SyncStatements(names, scope).body(body)
 
-    def walk(nodes: list[KNode]) -> list[KNode]:
-        out: list[KNode] = []
-        for n in nodes:
-            if isinstance(n, KStmt) and n.stmt in names:
-                out.append(KBarrier(scope))
-            else:
-                out.append(map_children(n, walk))
-        return out
 
-    return walk(body)
+class _SyncStatements(KMutator):
+    def __init__(self, names: frozenset[str], scope: Scope) -> None:
+        self.names, self.scope = names, scope
+
+    def visit_KStmt(self, n: KStmt) -> KNode:
+        return KBarrier(self.scope) if n.stmt in self.names else n

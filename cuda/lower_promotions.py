@@ -22,6 +22,7 @@ from polyfuse.cuda.kernel_ast import (
     KernelIR,
     KExpr,
     KInt,
+    KMutator,
     KNode,
     KOp,
     KStmt,
@@ -30,7 +31,6 @@ from polyfuse.cuda.kernel_ast import (
     KVar,
     KWait,
     MemSpace,
-    map_children,
     substitute,
 )
 
@@ -113,22 +113,19 @@ def lower_promotions(
         dst = (KOp("%", (kt, KInt(stages))),) + dst
         return KAsyncCopy(args[0], dst, *args[2:], t.width)
 
-    def walk(nodes) -> list[KNode]:
-        out: list[KNode] = []
-        for n in nodes:
-            if isinstance(n, KStmt) and n.stmt in by_stmt:
-                out.append(copy(n, by_stmt[n.stmt]))
-            elif pipeline and isinstance(n, KStmt) and n.stmt == pipeline.commit:
-                out.append(KCommit())
-            elif pipeline and isinstance(n, KStmt) and n.stmt == pipeline.wait:
-                out.append(KWait(1))
-            else:
-                out.append(map_children(n, walk))
-        return out
+    class Walk(KMutator):
+        def visit_KStmt(self, n: KStmt) -> KNode:
+            if n.stmt in by_stmt:
+                return copy(n, by_stmt[n.stmt])
+            if pipeline and n.stmt == pipeline.commit:
+                return KCommit()
+            if pipeline and n.stmt == pipeline.wait:
+                return KWait(1)
+            return n
 
     return ir.with_(
         allocs=tuple(allocs),
         thread_grids=ir.thread_grids + grids,
         tiles=ir.tiles + records,
-        body=tuple(walk(ir.body)),
+        body=tuple(Walk().body(ir.body)),
     )

@@ -17,11 +17,11 @@ from polyfuse.cuda.kernel_ast import (
     KExpr,
     KFor,
     KInt,
+    KMutator,
     KNode,
     KOp,
     KStmt,
     MemSpace,
-    map_children,
 )
 
 
@@ -48,15 +48,13 @@ def lower_register_tile(
         ]
         return None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
 
-    def walk(nodes) -> list[KNode]:
-        out: list[KNode] = []
-        for n in nodes:
-            if isinstance(n, KFor) and n.var in unrolled and isinstance(n.init, KInt):
-                out.append(replace(n, body=walk(n.body), unroll=True))
-            elif isinstance(n, KStmt) and n.stmt in bounds:
-                out.append(replace(n, guard=guard(n)))
-            else:
-                out.append(map_children(n, walk))
-        return out
+    class Walk(KMutator):
+        def visit_KFor(self, n: KFor) -> KNode:
+            if n.var in unrolled and isinstance(n.init, KInt):
+                return replace(n, body=self.body(n.body), unroll=True)
+            return self.visit_default(n)
 
-    return ir.with_(allocs=tuple(others + regs), body=tuple(walk(ir.body)))
+        def visit_KStmt(self, n: KStmt) -> KNode:
+            return replace(n, guard=guard(n)) if n.stmt in bounds else n
+
+    return ir.with_(allocs=tuple(others + regs), body=tuple(Walk().body(ir.body)))

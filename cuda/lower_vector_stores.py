@@ -16,6 +16,7 @@ from polyfuse.cuda.kernel_ast import (
     KernelIR,
     KFor,
     KInt,
+    KMutator,
     KNode,
     KOp,
     KStage,
@@ -23,7 +24,6 @@ from polyfuse.cuda.kernel_ast import (
     KVar,
     KVectorStore,
     MemSpace,
-    map_children,
     substitute,
 )
 
@@ -61,11 +61,10 @@ def lower_vector_stores(
                 out += found(getattr(n, child, []))
         return out
 
-    def walk(nodes) -> list[KNode]:
-        out: list[KNode] = []
-        for n in nodes:
-            out.append(map_children(n, walk))
-            runs = found(n.body) if isinstance(n, KFor) and n.var == var else []
+    class Walk(KMutator):
+        def visit_KFor(self, n: KFor) -> list[KNode]:
+            out: list[KNode] = [self.visit_default(n)]
+            runs = found(n.body) if n.var == var else []
             if runs:  # (isl may name other loops at this schedule depth ``var`` too)
                 full = KOp("<=", (KVar(var), KInt(width - 1)))
                 assert n.init == KInt(0) and n.cond == full, f"partial vector loop {n}"
@@ -75,6 +74,6 @@ def lower_vector_stores(
                     guard = None if st.guard is None else substitute(st.guard, var, zero)
                     t = stores[st.stmt]
                     out.append(KVectorStore(t, idx, shapes[t], staged_name(t), width, guard))
-        return out
+            return out
 
-    return ir.with_(allocs=allocs, staged=ir.staged + staged, body=tuple(walk(ir.body)))
+    return ir.with_(allocs=allocs, staged=ir.staged + staged, body=tuple(Walk().body(ir.body)))

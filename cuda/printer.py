@@ -34,6 +34,7 @@ from polyfuse.cuda.kernel_ast import (
     KVar,
     KVector,
     KVectorStore,
+    KVisitor,
     KWait,
     MemSpace,
     Scope,
@@ -126,23 +127,34 @@ def c_float(v: float) -> str:
     return f"{s}f" if v >= 0 else f"({s}f)"
 
 
+class _CIndex(KVisitor[str]):
+    """C text of an integer expression of the kernel IR."""
+
+    def visit_KInt(self, e: KInt) -> str:
+        return str(e.value) if e.value >= 0 else f"({e.value})"
+
+    def visit_KVar(self, e: KVar) -> str:
+        return e.name
+
+    def visit_KOp(self, e: KOp) -> str:
+        a = [self.visit(x) for x in e.args]
+        if e.op == "neg":
+            return f"(-{a[0]})"
+        if e.op == "?:":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if e.op in ("min", "max"):
+            return f"{e.op}({a[0]}, {a[1]})"
+        if e.op == "fdiv":
+            return f"pf_fdiv({a[0]}, {a[1]})"
+        return "(" + f" {e.op} ".join(a) + ")"
+
+
+_C_INDEX = _CIndex()
+
+
 def c_index(e: KExpr) -> str:
     """Integer expression from the kernel AST."""
-    if isinstance(e, KInt):
-        return str(e.value) if e.value >= 0 else f"({e.value})"
-    if isinstance(e, KVar):
-        return e.name
-    assert isinstance(e, KOp)
-    a = [c_index(x) for x in e.args]
-    if e.op == "neg":
-        return f"(-{a[0]})"
-    if e.op == "?:":
-        return f"({a[0]} ? {a[1]} : {a[2]})"
-    if e.op in ("min", "max"):
-        return f"{e.op}({a[0]}, {a[1]})"
-    if e.op == "fdiv":
-        return f"pf_fdiv({a[0]}, {a[1]})"
-    return "(" + f" {e.op} ".join(a) + ")"
+    return _C_INDEX.visit(e)
 
 
 def c_cond(e: KExpr) -> str:
@@ -311,7 +323,7 @@ class BodyPrinter(ex.ExprVisitor[str]):
         return f"{acc} = pf_f{red.op}f({acc}, {v});"
 
 
-class _Emitter:
+class _Emitter(KVisitor[list[str]]):
     """Writes kernel IR nodes as C (``buffers``: the shapes of the allocations, for copies)."""
 
     def __init__(self, emit_stmt, buffers: dict[str, tuple[int, ...]], emit_vector=None):
@@ -347,59 +359,71 @@ class _Emitter:
         return f"{dst} = {src};"
 
     def __call__(self, nodes, depth: int) -> list[str]:
-        pad = "  " * depth
-        out: list[str] = []
-        for n in nodes:
-            if isinstance(n, KMark):
-                out.append(f"{pad}// {n.name}")
-                out += self(n.body, depth)
-            elif isinstance(n, KBarrier):
-                call = BARRIER[n.scope]
-                out.append(f"{pad}{call};" + (f"  // {n.note}" if n.note else ""))
-            elif isinstance(n, KFor):
-                init, cond = c_index(n.init), c_index(n.cond)
-                if n.unroll:
-                    out.append(f"{pad}#pragma unroll")
-                out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
-                out += self(n.body, depth + 1)
-                out.append(f"{pad}}}")
-            elif isinstance(n, KIf):
-                out.append(f"{pad}if ({c_index(n.cond)}) {{")
-                out += self(n.then, depth + 1)
-                if n.orelse:
-                    out.append(f"{pad}}} else {{")
-                    out += self(n.orelse, depth + 1)
-                out.append(f"{pad}}}")
-            elif isinstance(n, KDef):
-                out.append(f"{pad}{{")
-                out.append(f"{pad}  const int {n.var} = {c_index(n.value)};")
-                out += self(n.body, depth + 1)
-                out.append(f"{pad}}}")
-            elif isinstance(n, KStmt):
-                text = self.emit_stmt(n)
-                if n.guard is not None:
-                    text = f"if ({c_cond(n.guard)}) {{ {text} }}"
-                out.append(pad + text)
-            elif isinstance(n, KAsyncCopy):
-                out.append(pad + self.async_copy(n))
-            elif isinstance(n, KCopy):
-                out.append(pad + self.copy(n))
-            elif isinstance(n, KCommit):
-                out.append(f"{pad}__pipeline_commit();")
-            elif isinstance(n, KWait):
-                out.append(f"{pad}__pipeline_wait_prior({n.pending});")
-            elif isinstance(n, KVectorStore):
-                dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
-                vals = ", ".join(f"{n.src}[{i}]" for i in range(n.width))
-                text = f"*reinterpret_cast<float{n.width}*>(&{dst}) = make_float{n.width}({vals});"
-                if n.guard is not None:
-                    text = f"if ({c_cond(n.guard)}) {{ {text} }}"
-                out.append(pad + text)
-            elif isinstance(n, KVector) and self.emit_vector is not None:
-                out += self.emit_vector(n, depth, self)
-            else:
-                raise TypeError(f"the CUDA printer has no rule for {type(n).__name__}")
+        return [line for n in nodes for line in self.visit(n, "  " * depth, depth)]
+
+    def visit_default(self, n, pad: str, depth: int) -> list[str]:
+        raise TypeError(f"the CUDA printer has no rule for {type(n).__name__}")
+
+    def visit_KMark(self, n: KMark, pad: str, depth: int) -> list[str]:
+        return [f"{pad}// {n.name}"] + self(n.body, depth)
+
+    def visit_KBarrier(self, n: KBarrier, pad: str, depth: int) -> list[str]:
+        call = BARRIER[n.scope]
+        return [f"{pad}{call};" + (f"  // {n.note}" if n.note else "")]
+
+    def visit_KFor(self, n: KFor, pad: str, depth: int) -> list[str]:
+        init, cond = c_index(n.init), c_index(n.cond)
+        out = [f"{pad}#pragma unroll"] if n.unroll else []
+        out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
+        out += self(n.body, depth + 1)
+        out.append(f"{pad}}}")
         return out
+
+    def visit_KIf(self, n: KIf, pad: str, depth: int) -> list[str]:
+        out = [f"{pad}if ({c_index(n.cond)}) {{"]
+        out += self(n.then, depth + 1)
+        if n.orelse:
+            out.append(f"{pad}}} else {{")
+            out += self(n.orelse, depth + 1)
+        out.append(f"{pad}}}")
+        return out
+
+    def visit_KDef(self, n: KDef, pad: str, depth: int) -> list[str]:
+        out = [f"{pad}{{", f"{pad}  const int {n.var} = {c_index(n.value)};"]
+        out += self(n.body, depth + 1)
+        out.append(f"{pad}}}")
+        return out
+
+    def visit_KStmt(self, n: KStmt, pad: str, depth: int) -> list[str]:
+        text = self.emit_stmt(n)
+        if n.guard is not None:
+            text = f"if ({c_cond(n.guard)}) {{ {text} }}"
+        return [pad + text]
+
+    def visit_KAsyncCopy(self, n: KAsyncCopy, pad: str, depth: int) -> list[str]:
+        return [pad + self.async_copy(n)]
+
+    def visit_KCopy(self, n: KCopy, pad: str, depth: int) -> list[str]:
+        return [pad + self.copy(n)]
+
+    def visit_KCommit(self, n: KCommit, pad: str, depth: int) -> list[str]:
+        return [f"{pad}__pipeline_commit();"]
+
+    def visit_KWait(self, n: KWait, pad: str, depth: int) -> list[str]:
+        return [f"{pad}__pipeline_wait_prior({n.pending});"]
+
+    def visit_KVectorStore(self, n: KVectorStore, pad: str, depth: int) -> list[str]:
+        dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
+        vals = ", ".join(f"{n.src}[{i}]" for i in range(n.width))
+        text = f"*reinterpret_cast<float{n.width}*>(&{dst}) = make_float{n.width}({vals});"
+        if n.guard is not None:
+            text = f"if ({c_cond(n.guard)}) {{ {text} }}"
+        return [pad + text]
+
+    def visit_KVector(self, n: KVector, pad: str, depth: int) -> list[str]:
+        if self.emit_vector is None:
+            return self.visit_default(n, pad, depth)
+        return self.emit_vector(n, depth, self)
 
 
 def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -> str:

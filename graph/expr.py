@@ -13,9 +13,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any
 
 from polyfuse.errors import DtypeError, ExpressionError
+from polyfuse.visitor import R, Visitor
 
 SUPPORTED_DTYPES = ("float32",)
 KNOWN_DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
@@ -301,35 +302,13 @@ NODE_CLASSES: tuple[type[Expr], ...] = (
     Reduce,
 )
 
-R = TypeVar("R")
 
+class ExprVisitor(Visitor[R]):
+    """Base of every walker of expressions: ``visit(e, *args)`` calls ``visit_<Node>(e, *args)``
+    (:class:`polyfuse.visitor.Visitor` over :data:`NODE_CLASSES`). Walkers (printers,
+    evaluators, checks) override only the nodes they handle."""
 
-class ExprVisitor(Generic[R]):
-    """Base of every walker of expressions: ``visit(e, *args)`` calls ``visit_<Node>(e, *args)``.
-
-    The class → method table is built once per subclass, so dispatch is one dict lookup per
-    node; a node class without a ``visit_<Node>`` method goes to :meth:`visit_default`, which
-    raises. Walkers (printers, evaluators, checks) override only the nodes they handle.
-    """
-
-    _dispatch: ClassVar[dict[type, Callable[..., Any]]] = {}
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        cls._dispatch = {
-            node: getattr(cls, f"visit_{node.__name__}")
-            for node in NODE_CLASSES
-            if hasattr(cls, f"visit_{node.__name__}")
-        }
-
-    def visit(self, e: Expr, *args: Any) -> R:
-        fn = self._dispatch.get(type(e))
-        if fn is None:
-            return self.visit_default(e, *args)
-        return fn(self, e, *args)
-
-    def visit_default(self, e: Expr, *args: Any) -> R:
-        raise TypeError(f"{type(self).__name__} has no rule for {type(e).__name__} ({e!r})")
+    node_classes = NODE_CLASSES
 
 
 #: Node class → constructor from (old node, new children).

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.poly.canonical import CanonicalForm
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class ReductionConfig:
     warp_row_max: int = 256
     elems_per_thread: int = 4
     min_threads: int = 64
-    max_threads: int = 1024
+    max_threads: int = MAX_THREADS_PER_BLOCK
     block_threads: int = 256
     x_rows: int = 8
     max_serial: int = 256

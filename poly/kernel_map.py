@@ -68,15 +68,16 @@ def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) ->
         return None
     budget = gemm_tile_budget(device)
     rejected: list[str] = []
-    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile):
+    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile, forced_reason=cfg.gemm_tile_reason):
         gk = gemm_kernel_fitting(sm, shape, tiling, device)
         if isinstance(gk, str):
             return None
         smem = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
         if smem <= budget:
             break
-        tile = next(r for r in tiling.reasons if r.startswith("block tile")).split(":")[0]
-        rejected.append(f"rejected {tile}: its shared tiles take {smem} B > {budget} B per block")
+        rejected.append(
+            f"rejected {tiling.label}: its shared tiles take {smem} B > {budget} B per block"
+        )
     else:
         return None
     return replace(gk, notes=[*gk.notes, *rejected]) if rejected else gk

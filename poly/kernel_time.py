@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.policy import ASSUMED_REGISTERS, blocks_per_sm
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,7 @@ class TimeModel:
     latency_us: float = 0.5  # DRAM load latency under load
     scalar_efficiency: float = 0.72  # 4-byte accesses: 2.16 of 3.01 TB/s (H100, 2026-11-22)
     max_inflight: int = 64  # bytes one thread keeps in flight, at most
-    max_blocks_per_sm: int = 32
-    default_registers: int = 32  # when NVRTC did not report the kernel's registers
+    default_registers: int = ASSUMED_REGISTERS  # when NVRTC did not report the kernel's
 
 
 def resident_blocks(k: Kernel, device: DeviceSpec, model: TimeModel) -> int:
@@ -41,10 +41,7 @@ def resident_blocks(k: Kernel, device: DeviceSpec, model: TimeModel) -> int:
     block = k.block[0]
     smem = (k.static_shared_bytes or 0) + k.shared_bytes
     regs = k.registers or model.default_registers
-    by_threads = device.max_threads_per_sm // block
-    by_regs = device.regs_per_sm // max(1, regs * block)
-    by_smem = device.smem_per_sm // smem if smem else model.max_blocks_per_sm
-    return max(1, min(by_threads, by_regs, by_smem, model.max_blocks_per_sm))
+    return max(1, blocks_per_sm(block, regs, smem, device))
 
 
 def kernel_us(k: Kernel, device: DeviceSpec, model: TimeModel | None = None) -> float:

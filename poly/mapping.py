@@ -26,6 +26,7 @@ from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import parallel_depth, top_band
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tiling import FORCED_TILE_REASON
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,15 @@ class MappingConfig:
     # GEMM-like micrographs: force (block rows, block cols, micro-tile rows, cols, k-tile)
     # instead of the cost model's choice (poly/tiling.py); None = the model decides.
     gemm_tile: tuple[int, int, int, int, int] | None = None
+    # why ``gemm_tile`` is given (the tiling's first note): data, never matched as text
+    gemm_tile_reason: str = FORCED_TILE_REASON
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,
     # 1 = one element per thread, 4/8 = forced (float4 only where isl proves it)
     elements_per_thread: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class MappedKernel:
     """A kernel's micrographs after tiling and block/thread mapping: the one record every
     mapping returns (plain :func:`map_to_gpu`, reduction
@@ -76,9 +79,11 @@ class MappedKernel:
     coarsening: Coarsening | None = None  # elements per thread (poly/coarsen.py)
 
     def __post_init__(self) -> None:
-        self.parts = list(self.parts) or [self.scheduled]
+        # defaults derived from the other fields, set once at construction (frozen after)
+        object.__setattr__(self, "parts", list(self.parts) or [self.scheduled])
         if not self.thread_order:
-            self.thread_order = list(zip(self.thread_params, self.tile_sizes, strict=True))
+            order = list(zip(self.thread_params, self.tile_sizes, strict=True))
+            object.__setattr__(self, "thread_order", order)
 
     @property
     def grid(self) -> int:

@@ -40,6 +40,9 @@ class Placement:
     box: tuple[tuple[isl.PwAff, int], ...] = ()  # shared: per-dim (lower bound in b, size)
     smem_offset: int = 0  # shared: offset in floats inside the kernel's dynamic shared memory
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    #: a global scratch buffer (an internal tensor spilled): why it is not kept on chip;
+    #: empty for inputs, outputs and on-chip tensors
+    spill_why: str = ""
 
     @property
     def smem_floats(self) -> int:
@@ -108,9 +111,9 @@ def place_tensors(mm: MappedKernel) -> dict[str, Placement]:
         if role.role == "input":
             out[name] = Placement(name, "global", "micrograph input")
             continue
-        why = _register_reason(w, r, prefix, stmt_leaf)
+        fits, why = _register_fit(w, r, prefix, stmt_leaf)
         if role.role == "output":
-            if not r.is_empty() and why.startswith("one element"):
+            if not r.is_empty() and fits:
                 out[name] = Placement(
                     name,
                     "global",
@@ -119,10 +122,10 @@ def place_tensors(mm: MappedKernel) -> dict[str, Placement]:
                 )
             else:
                 out[name] = Placement(name, "global", "micrograph output")
-        elif why.startswith("one element"):
+        elif fits:
             out[name] = Placement(name, "register", why)
         else:
-            out[name] = Placement(name, "global", f"scratch buffer: {why}")
+            out[name] = Placement(name, "global", f"scratch buffer: {why}", spill_why=why)
     return out
 
 
@@ -165,7 +168,7 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
     out = dict(placements)
     cands = []
     for name, p in placements.items():
-        if p.space != "global" or not p.reason.startswith("scratch"):
+        if p.space != "global" or not p.spill_why:
             continue
         w, r = _maps_to(writes, name), _maps_to(reads, name)
         own = r.range().is_subset(w.range())
@@ -183,12 +186,16 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
     used = 0
     for n, name, box in sorted(cands, key=lambda c: c[0]):
         if (used + n) * 4 > limit_bytes:
+            why = (
+                f"per-block footprint {n * 4} B does not fit the "
+                f"{limit_bytes - used * 4} B of shared memory left"
+            )
             out[name] = Placement(
                 name,
                 "global",
-                f"scratch buffer: per-block footprint {n * 4} B does not fit the "
-                f"{limit_bytes - used * 4} B of shared memory left",
+                f"scratch buffer: {why}",
                 kinds=(DecisionKind.FOOTPRINT,),
+                spill_why=why,
             )
             continue
         out[name] = Placement(
@@ -202,15 +209,19 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
     return out
 
 
-def _register_reason(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_leaf) -> str:
-    """Why a tensor can live in one register per thread ("one element ..."), or why not."""
+def _register_fit(
+    w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_leaf
+) -> tuple[bool, str]:
+    """Whether a tensor can live in one register per thread, and why (or why not)."""
     if not r.range().is_subset(w.range()):
-        return "threads read elements other threads write"
+        return False, "threads read elements other threads write"
     sets = sets_of(w.union(r).range())
     if len(sets) == 1 and _per_thread_function(sets[0])[0]:
-        return "one element per thread (isl footprint)"
+        return True, "one element per thread (isl footprint)"
     reason = _per_iteration(w, r, prefix, stmt_leaf)
-    return reason or "one element per loop iteration (zero-distance flow)"
+    if reason is not None:
+        return False, reason
+    return True, "one element per loop iteration (zero-distance flow)"
 
 
 def _per_iteration(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_leaf) -> str | None:

@@ -18,8 +18,10 @@ float per thread. So
 
 The launch-shape thresholds stay with their models as declared config dataclasses:
 :class:`polyfuse.poly.mapping.MappingConfig` (threads per block of plain kernels),
-:class:`polyfuse.poly.cost.ReductionConfig` (lanes, serial elements per thread) and the
-register budget of GEMM micro-tiles in :mod:`polyfuse.poly.tiling`.
+:class:`polyfuse.poly.cost.ReductionConfig` (lanes, serial elements per thread). The hardware
+limits every occupancy estimate shares (threads per block, resident blocks per SM) and the
+register budget of GEMM micro-tiles are declared here; :func:`blocks_per_sm` is the one
+occupancy formula (kernel time model, parallel stitching, GEMM tile ranking).
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from polyfuse.poly.device import DeviceSpec
 FLOAT_BYTES = 4  # every buffer is float32 today
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
 COMBINE_SCRATCH_FLOATS_PER_THREAD = 1  # a reduction's cross-lane combine scratch
+#: Threads per block no CUDA device exceeds (sm_70..sm_90): launches above it are refused.
+MAX_THREADS_PER_BLOCK = 1024
+#: Resident blocks per SM the hardware allows at most (sm_70..sm_90).
+MAX_BLOCKS_PER_SM = 32
+#: Registers per thread assumed for occupancy before ptxas reported the kernel's own.
+ASSUMED_REGISTERS = 32
+#: Registers per thread a GEMM micro-tile may plan for (accumulators + operands + indices):
+#: above it ptxas spills or occupancy drops, so such tilings are not ranked.
+GEMM_REG_BUDGET = 168
+#: Registers a GEMM thread needs besides its accumulators and operand fragments (estimate).
+GEMM_REG_OVERHEAD = 40
 
 
 def reduction_tile_budget(device: DeviceSpec, threads: int) -> int:
@@ -41,6 +54,20 @@ def gemm_tile_budget(device: DeviceSpec) -> int:
     return device.smem_per_block
 
 
+def blocks_per_sm(threads: int, registers: int, smem: int, device: DeviceSpec) -> int:
+    """Blocks of ``threads`` threads using ``registers`` per thread and ``smem`` bytes of shared
+    memory that one SM of ``device`` holds at once (0 when one does not fit)."""
+    by_threads = device.max_threads_per_sm // threads
+    by_regs = device.regs_per_sm // max(1, registers * threads)
+    by_smem = device.smem_per_sm // smem if smem else MAX_BLOCKS_PER_SM
+    return max(0, min(by_threads, by_regs, by_smem, MAX_BLOCKS_PER_SM))
+
+
+def gemm_tile_registers(tm: int, tn: int) -> int:
+    """Registers per thread a GEMM micro-tile ``tm x tn`` is estimated to need."""
+    return tm * tn + tm + tn + GEMM_REG_OVERHEAD
+
+
 def fits_static(tile_floats: int, threads: int) -> bool:
     """Whether a kernel's tiles plus its combine scratch fit static ``__shared__`` memory."""
     scratch = COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
@@ -51,7 +78,8 @@ def pack_smem_refusal(static: int, dynamic: int, device: DeviceSpec) -> str | No
     """Why packed parts with ``static`` bytes of static and ``dynamic`` bytes of the largest
     dynamic shared memory do not fit one block, or None when they do."""
     if static > STATIC_SMEM_LIMIT:
-        return f"static shared memory of the parts ({static} B) does not fit 48 KB"
+        limit = STATIC_SMEM_LIMIT // 1024
+        return f"static shared memory of the parts ({static} B) does not fit {limit} KB"
     if static + dynamic > device.smem_per_block_optin:
         return (
             f"shared memory of the parts ({static + dynamic} B) does not fit one block of "

@@ -68,7 +68,7 @@ class Promotion:
         return self.size[0] * self.stride[0] if self.size else 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class GemmKernel(MappedMicrograph):
     """A GEMM-like micrograph tiled for blocks, threads, registers and shared memory."""
 

@@ -37,14 +37,18 @@ import islpy as isl
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
+from polyfuse.poly.policy import (
+    ASSUMED_REGISTERS,
+    GEMM_REG_BUDGET,
+    blocks_per_sm,
+    gemm_tile_budget,
+    gemm_tile_registers,
+)
 from polyfuse.poly.schedule import ScheduledMicrograph
 
-#: why a tiling was not ranked but given (``MappingConfig.gemm_tile``)
+#: why a tiling was not ranked but given (``MappingConfig.gemm_tile``), unless the config
+#: carries its own reason (``MappingConfig.gemm_tile_reason``: a tuned tiling)
 FORCED_TILE_REASON = "tile sizes forced by MappingConfig.gemm_tile"
-#: register budget per thread the cost model aims for (accumulators + operands + indices)
-REG_BUDGET = 168
-#: registers a thread needs besides its accumulators and operand fragments (estimate)
-REG_OVERHEAD = 40
 
 
 @dataclass
@@ -71,6 +75,13 @@ class GemmTiling:
     modelled_us: float = 0.0
     #: (BM, BN, TM, TN, TK): the candidate in the form ``MappingConfig.gemm_tile`` takes
     choice: tuple[int, int, int, int, int] | None = None
+
+    @property
+    def label(self) -> str:
+        """The tile sizes in words (``block tile 64x64, 16x16 threads, ...``), from
+        :attr:`choice`: what reasons and rejections name the tiling by."""
+        assert self.choice is not None
+        return tile_label(*self.choice)
 
     @property
     def regs(self) -> list[int]:
@@ -227,15 +238,25 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
+def tile_label(bm: int, bn: int, tm: int, tn: int, kt: int) -> str:
+    """A GEMM tiling (BM, BN, TM, TN, TK) in words."""
+    return (
+        f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
+        f"({tm * tn} accumulators), k-tile {kt}"
+    )
+
+
 def rank_gemm_tiles(
     shape: GemmShape,
     device: DeviceSpec,
     forced: tuple[int, int, int, int, int] | None = None,
     limit: int = 8,
-    forced_reason: str = FORCED_TILE_REASON,
+    forced_reason: str = "",
 ) -> list[GemmTiling]:
-    """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``),
-    best first, each with the reasons for its choice."""
+    """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``:
+    default :data:`FORCED_TILE_REASON`), best first, each with the
+    reasons for its choice."""
+    forced_reason = forced_reason or FORCED_TILE_REASON
     nd = len(shape.data)
     ext = [hi - lo + 1 for lo, hi in shape.data]
     rext = [hi - lo + 1 for lo, hi in shape.red]
@@ -272,19 +293,14 @@ def rank_gemm_tiles(
         thr = (bm // tm) * (bn // tn)
         if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
             continue
-        regs = tm * tn + tm + tn + REG_OVERHEAD
-        if regs > REG_BUDGET and forced is None:
+        regs = gemm_tile_registers(tm, tn)
+        if regs > GEMM_REG_BUDGET and forced is None:
             continue
         kt = min(tk, rext[kin])
         smem = 4 * (bm * kt * k_other + kt * k_other * (bn + 1))
-        if smem > device.smem_per_block and forced is None:
+        if smem > gemm_tile_budget(device) and forced is None:
             continue
-        occ_blocks = min(
-            device.max_threads_per_sm // thr,
-            device.regs_per_sm // (max(regs, 32) * thr),
-            device.smem_per_sm // max(smem, 1),
-            32,
-        )
+        occ_blocks = blocks_per_sm(thr, max(regs, ASSUMED_REGISTERS), smem, device)
         if occ_blocks < 1 and forced is None:
             continue
         occ_blocks = max(occ_blocks, 1)
@@ -320,8 +336,7 @@ def rank_gemm_tiles(
         if rank:
             why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
         why += [
-            f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
-            f"({tm * tn} accumulators), k-tile {kt}: modelled {t * 1e6:.1f} us on {device.name}",
+            f"{tile_label(bm, bn, tm, tn, kt)}: modelled {t * 1e6:.1f} us on {device.name}",
             f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
             f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
             f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "

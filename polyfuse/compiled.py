@@ -10,7 +10,7 @@ anything with ``__cuda_array_interface__`` or DLPack) are used in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -109,6 +109,21 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
     return list(specs.values()), launches
 
 
+def _with_resources(k: Kernel, binary: Any) -> Kernel:
+    """``k`` with the registers, static shared memory and spills the CUDA compiler reported
+    for its function (``k`` itself when it reported none)."""
+    r = binary.resources.get(k.function or k.name)
+    if r is None:
+        return k
+    return replace(
+        k,
+        registers=r.registers,
+        static_shared_bytes=r.shared_bytes,
+        spill_stores=r.spill_stores,
+        spill_loads=r.spill_loads,
+    )
+
+
 class CompiledGraph:
     """A compiled graph: call it on numpy arrays.
 
@@ -166,22 +181,22 @@ class CompiledGraph:
         except CompilerNotFound as e:
             if required:
                 raise
-            for k in self.kernels:
-                k.notes.append(f"not compiled for {arch}: {e}")
+            note = f"not compiled for {arch}: {e}"
+            self._set_kernels([replace(k, notes=[*k.notes, note]) for k in self.kernels])
             return None
         self.cuda_binaries[arch] = binary
         for k in self.kernels:  # also by kernel name: identical kernels share one function
             if k.function and k.function in binary.resources:
                 binary.resources.setdefault(k.name, binary.resources[k.function])
         if arch == self.arch:
-            for k in self.kernels:
-                r = binary.resources.get(k.function or k.name)
-                if r is not None:
-                    k.registers = r.registers
-                    k.static_shared_bytes = r.shared_bytes
-                    k.spill_stores = r.spill_stores
-                    k.spill_loads = r.spill_loads
+            self._set_kernels([_with_resources(k, binary) for k in self.kernels])
         return binary
+
+    def _set_kernels(self, kernels: list[Kernel]) -> None:
+        """Use new kernel records (the compiled graph and its plan), never edit the old ones."""
+        self.kernels = kernels
+        if self.plan is not None:
+            self.plan = replace(self.plan, kernels=kernels)
 
     # ------------------------------------------------------------------ calling
     def _given(self, args: tuple, kwargs: dict) -> list[Any]:

@@ -35,10 +35,9 @@ from polyfuse.cache import (
     tune_key,
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
-from polyfuse.cuda.astgen import generate_ast
+from polyfuse.cuda.astgen import generate_ast, generate_gemm_ast
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
-from polyfuse.cuda.gemm_printer import generate_gemm_ast
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.pack import canonical_pack, pack_parts
@@ -65,7 +64,6 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
-from polyfuse.poly.tiling import FORCED_TILE_REASON
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
@@ -309,18 +307,14 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig, tuned: dict | No
     ``tuned``: the winner ``polyfuse tune`` measured for this micrograph (a cache entry); it
     replaces the cost model's ranking unless ``MappingConfig.gemm_tile`` forces a tiling.
     """
-    use_tuned = tuned is not None and cfg.gemm_tile is None
-    if use_tuned:
-        cfg = replace(cfg, gemm_tile=tuple(tuned["tile"]))
-    kp = plan_kernel(graph, g, kname, device, cfg)
-    kernel, ast = _lower(kp, graph.idents)
-    if use_tuned and isinstance(kp.parts[0], GemmKernel):
+    if tuned is not None and cfg.gemm_tile is None:
         why = (
             f"tuned on {tuned['device']}: {tuned['measured_us']:.1f} us vs modelled best "
-            f"{tuned['modelled_best_us']:.1f} us (polyfuse tune); tile sizes={tuple(tuned['tile'])}"
+            f"{tuned['modelled_best_us']:.1f} us (polyfuse tune); tile sizes"
         )
-        notes = [why if n.startswith(FORCED_TILE_REASON) else n for n in kernel.notes]
-        kernel = replace(kernel, notes=notes)
+        cfg = replace(cfg, gemm_tile=tuple(tuned["tile"]), gemm_tile_reason=why)
+    kp = plan_kernel(graph, g, kname, device, cfg)
+    kernel, ast = _lower(kp, graph.idents)
     return kernel, kp, kp.parts[0], ast
 
 

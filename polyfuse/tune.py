@@ -22,7 +22,7 @@ import numpy as np
 
 import polyfuse
 from polyfuse.cache import CompileCache, tune_key
-from polyfuse.cuda.gemm_printer import generate_gemm_ast
+from polyfuse.cuda.astgen import generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.driver import CODEGEN_REVISION, SUPPORTED_ARCHS

@@ -37,7 +37,7 @@ from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import read_overlap
 from polyfuse.poly.model import PolyModel
-from polyfuse.poly.policy import pack_smem_refusal
+from polyfuse.poly.policy import ASSUMED_REGISTERS, blocks_per_sm, pack_smem_refusal
 from polyfuse.stitch.plan import KernelPlan
 
 # barriers, warp-collective intrinsics (``*_sync(``), shared memory, async copies, inline PTX
@@ -57,8 +57,7 @@ class PackConfig:
     """Thresholds of the parallel-stitching cost model (modelled, documented assumptions)."""
 
     saturating_threads: int = 1024  # useful resident threads per SM that reach full DRAM rate
-    max_blocks_per_sm: int = 32  # sm_70..sm_90
-    default_registers: int = 32  # per thread, when ptxas has not reported (compile before check)
+    default_registers: int = ASSUMED_REGISTERS  # per thread, before ptxas reported
     min_gain_us: float = 0.0
 
 
@@ -168,13 +167,6 @@ def pack_layout(parts: list[PartShape]) -> PackLayout | str:
     return PackLayout(block, ranges)
 
 
-def _blocks_per_sm(block: int, smem: int, regs: int, device: DeviceSpec, cfg: PackConfig) -> int:
-    by_threads = device.max_threads_per_sm // block
-    by_smem = device.smem_per_sm // smem if smem else cfg.max_blocks_per_sm
-    by_regs = device.regs_per_sm // max(1, regs * block)
-    return max(0, min(by_threads, by_smem, by_regs, cfg.max_blocks_per_sm))
-
-
 def modelled_us(
     parts: list[PartShape], device: DeviceSpec, cfg: PackConfig, layout: PackLayout | None = None
 ) -> float:
@@ -184,7 +176,7 @@ def modelled_us(
         layout = PackLayout(p.threads, [(0, p.grid, 1)])
     smem = sum(p.static_smem for p in parts) + max(p.dynamic_smem for p in parts)
     regs = max(p.registers or cfg.default_registers for p in parts)
-    per_sm = _blocks_per_sm(layout.block, smem, regs, device, cfg)
+    per_sm = blocks_per_sm(layout.block, regs, smem, device)
     if per_sm == 0:
         return float("inf")
     blocks = layout.grid

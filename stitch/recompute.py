@@ -64,7 +64,7 @@ def recompute_spills(
             break
         for t in spilled:
             view, readers = inline_into_later_parts(view, mm, t)
-            why = pl[t].reason.removeprefix("scratch buffer: ")
+            why = pl[t].spill_why
             note = f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})"
             notes.append(note)
             kinds = (*pl[t].kinds, DecisionKind.COST_MODEL)

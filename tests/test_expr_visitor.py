@@ -1,4 +1,5 @@
-"""The expression visitor/mutator base (graph/expr.py) and that every walker uses it."""
+"""The expression visitor/mutator bases (graph/expr.py, cuda/kernel_ast.py) and that every
+walker uses them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from polyfuse.cuda import kernel_ast as k
 from polyfuse.graph.expr import (
     NODE_CLASSES,
     Binary,
@@ -115,10 +117,12 @@ def test_every_node_class_has_a_rebuild_rule():
         assert type(out) is cls and "zz" not in repr(out), cls.__name__
 
 
-def _node_isinstance_chains(tree: ast.AST) -> list[tuple[str, int]]:
-    """Functions that test one value against three or more expression node classes (a
-    dispatch chain); matching a fixed pattern (``e`` a Select whose ``e.a`` is a Read) is fine."""
-    names = {c.__name__ for c in NODE_CLASSES}
+def _node_isinstance_chains(
+    tree: ast.AST, classes: tuple[type, ...] = NODE_CLASSES
+) -> list[tuple[str, int]]:
+    """Functions that test one value against three or more node ``classes`` (a dispatch
+    chain); matching a fixed pattern (``e`` a Select whose ``e.a`` is a Read) is fine."""
+    names = {c.__name__ for c in classes}
     found = []
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -138,11 +142,60 @@ def _node_isinstance_chains(tree: ast.AST) -> list[tuple[str, int]]:
     return found
 
 
-def test_no_walker_dispatches_on_node_classes_by_isinstance():
-    """Expression walkers subclass ExprVisitor/ExprMutator instead of isinstance chains."""
+@pytest.mark.parametrize("classes", [NODE_CLASSES, k.NODE_CLASSES], ids=["expression", "kernel-IR"])
+def test_no_walker_dispatches_on_node_classes_by_isinstance(classes):
+    """Expression and kernel-IR walkers subclass ExprVisitor/ExprMutator or KVisitor/KMutator
+    instead of isinstance chains."""
     offenders = []
     for pkg in ("polyfuse", "graph", "poly", "stitch", "cuda"):
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            for name, line in _node_isinstance_chains(ast.parse(path.read_text())):
+            for name, line in _node_isinstance_chains(ast.parse(path.read_text()), classes):
                 offenders.append(f"{path.relative_to(ROOT)}:{line} {name}")
     assert offenders == []
+
+
+def test_chain_check_sees_a_kernel_ir_isinstance_chain():
+    src = (
+        "def emit(n):\n"
+        "    if isinstance(n, KFor): pass\n"
+        "    elif isinstance(n, KIf): pass\n"
+        "    elif isinstance(n, (KStmt, KCopy)): pass\n"
+    )
+    assert _node_isinstance_chains(ast.parse(src), k.NODE_CLASSES) == [("emit", 1)]
+
+
+def test_every_kernel_ir_class_is_dispatched():
+    """NODE_CLASSES lists every statement and integer-expression class of the kernel IR."""
+    defined = {
+        v
+        for v in vars(k).values()
+        if isinstance(v, type) and issubclass(v, k.KNode | k.KExpr) and v not in (k.KNode, k.KExpr)
+    }
+    assert defined == set(k.NODE_CLASSES)
+
+
+def test_kernel_visitor_dispatch_and_mutator_rebuild():
+    body = [
+        k.KMark("part:a", [k.KFor("i", k.KInt(0), k.KInt(3), 1, [k.KStmt("S", (k.KVar("i"),))])]),
+        k.KAsyncCopy("d", (), "s", ()),
+        k.KCopy("d", (), "s", ()),
+    ]
+
+    class Kinds(k.KVisitor[str]):
+        def visit_KCopy(self, n):
+            return "copy"
+
+    assert Kinds().visit(body[2]) == "copy"
+    with pytest.raises(TypeError, match="Kinds has no rule for KAsyncCopy"):
+        Kinds().visit(body[1])  # exact-class dispatch: a subclass needs its own rule
+
+    class StmtToBarrierPair(k.KMutator):
+        def visit_KStmt(self, n):
+            return [k.KBarrier(k.Scope.BLOCK), n]
+
+    out = StmtToBarrierPair().body(body)
+    assert out[1:] == body[1:]  # leaves returned as they are
+    loop = out[0].body[0]
+    assert out[0] is not body[0] and isinstance(loop, k.KFor)
+    assert [type(n).__name__ for n in loop.body] == ["KBarrier", "KStmt"]
+    assert [type(n).__name__ for n in body[0].body[0].body] == ["KStmt"]  # input unchanged

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
     KBarrier,
@@ -140,23 +142,52 @@ def test_printer_writes_barriers_from_the_ir():
     assert "  __syncthreads();  // why\n  __syncwarp();\n" in src
 
 
-def test_printer_module_makes_no_lowering_decision():
+#: What a printer module must not contain (regular expressions): each is a lowering decision,
+#: made by a pass.
+PRINTER_DECISIONS = (
+    "STATIC_SMEM_LIMIT",  # static or dynamic shared memory: lower_buffers
+    "smem_floats",
+    "gemm_tile_budget",
+    r"polyfuse\.poly\.policy",  # budgets and thresholds
+    "parts_seen",  # barriers between parts: lower_barriers
+    r"\bKBarrier\(",  # a barrier node made while printing
+    r"\bKAlloc\(",  # a buffer allocated while printing
+    "insert_barriers",
+    "warp_rows",
+    r"\.strategy",  # the combine: lower_combines
+    "ReductionKernel",
+    "GemmKernel",  # a GEMM printer reads the lowered IR, not the mapping
+    r"\.promotions",
+    "maps_of",  # const parameters: lower_buffers
+    r'"const float\*"',  # element types: lower_dtypes
+    r'"float\*"',
+    "_CTYPE = {",
+    "import islpy",
+)
+
+
+def printer_decisions(text: str) -> list[str]:
+    """The decisions a printer module's code (docstrings and the prelude left out) makes."""
+    code = re.sub(r'"""(.|\n)*?"""', "", text)
+    return [d for d in PRINTER_DECISIONS if re.search(d, code)]
+
+
+@pytest.mark.parametrize("module", ["printer.py", "gemm_printer.py"])
+def test_printer_module_makes_no_lowering_decision(module):
+    text = (Path(__file__).resolve().parents[1] / "cuda" / module).read_text()
+    assert printer_decisions(text) == []
+
+
+def test_printer_decision_check_can_fail():
+    """A decision brought back into a printer is caught (barrier, buffer, dtype, budget)."""
     text = (Path(__file__).resolve().parents[1] / "cuda" / "printer.py").read_text()
-    code = re.sub(r'"""(.|\n)*?"""', "", text)  # docstrings and the prelude
-    for decision in (
-        "STATIC_SMEM_LIMIT",  # static or dynamic shared memory: lower_buffers
-        "smem_floats",
-        "parts_seen",  # barriers between parts: lower_barriers
-        "warp_rows",
-        ".strategy",  # the combine: lower_combines
-        "ReductionKernel",
-        "maps_of",  # const parameters: lower_buffers
-        '"const float*"',  # element types: lower_dtypes
-        '"float*"',
-        "_CTYPE = {",
-        "import islpy",
+    for line, found in (
+        ("        out.append(KBarrier(Scope.BLOCK))\n", r"\bKBarrier\("),
+        ("    shared = KAlloc(name, MemSpace.SHARED, 'float32', (n,))\n", r"\bKAlloc\("),
+        ('    ctype = "const float*" if read_only else "float*"\n', r'"const float\*"'),
+        ("from polyfuse.poly.policy import STATIC_SMEM_LIMIT\n", "STATIC_SMEM_LIMIT"),
     ):
-        assert decision not in code, decision
+        assert found in printer_decisions(text + line), line
 
 
 def _gemm_ir() -> KernelIR:

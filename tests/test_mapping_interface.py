@@ -158,7 +158,7 @@ def test_recompute_pass_inlines_into_a_view_before_lowering():
     graph, (g,) = _groups([x], [ops.softmax(x, name="sm")])
     before = _snapshot(graph)
     first = map_kernel(graph, g.parts, g.strategy, A100)
-    spilled = [t for t, p in place_kernel(first, A100).items() if p.reason.startswith("scratch")]
+    spilled = [t for t, p in place_kernel(first, A100).items() if p.spill_why]
     assert spilled  # before: a scratch buffer in global memory
 
     r = recompute_spills(graph, g.parts, g.strategy, A100)
@@ -258,3 +258,93 @@ def test_feedback_rounds_do_not_rewrite_scheduled_micrographs(monkeypatch):
 @pytest.mark.parametrize("threads", [32, 1024])
 def test_reduction_tile_budget_leaves_the_combine_scratch(threads):
     assert reduction_tile_budget(A100, threads) == A100.smem_per_block_optin - 4 * threads
+
+
+def test_mapped_kernels_are_frozen_records():
+    """Mapping results are not edited after construction: trying two tilings from one schedule
+    needs no deep copy."""
+    import dataclasses
+
+    a, w = te.placeholder((64, 96), name="a"), te.placeholder((96, 128), name="w")
+    graph, (g,) = _groups([a, w], [ops.matmul(a, w)])
+    gk = map_kernel(graph, g.parts, g.strategy, A100)
+    plain = map_kernel(graph, g.parts, g.strategy, A100, MappingConfig(gemm=False))
+    for mk in (gk, plain):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            mk.tile_sizes = [1]  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gk.tiling = None  # type: ignore[misc]
+    wider = dataclasses.replace(plain, grid_dims=[1])
+    assert wider.grid == 1 and plain.grid != 1 and wider.thread_order == plain.thread_order
+
+
+def test_check_cuda_builds_new_kernel_records(monkeypatch):
+    """Compiler-reported resources go into new Kernel objects (the plan's too); the kernels the
+    code generator returned keep their fields."""
+    import polyfuse.cuda.compiler as compiler
+    from polyfuse.cuda.compiler import CudaBinary, KernelResources
+
+    x = te.placeholder((64, 300), name="x")
+    y = te.compute((64, 300), lambda i, j: x[i, j] * 2.0 + 1.0, name="y")
+    fn = polyfuse.compile([x], [y], "sm_80", check_cuda=False)
+    (old,) = fn.kernels
+    name = old.function or old.name
+
+    def fake(source: str, arch: str) -> CudaBinary:
+        res = {name: KernelResources(name, registers=21)}
+        return CudaBinary(arch, "fake", "cubin", b"", None, res, "", 0.0)
+
+    monkeypatch.setattr(compiler, "compile_cuda", fake)
+    fn.check_cuda("sm_80")
+    (new,) = fn.kernels
+    assert new is not old and new.registers == 21 and old.registers is None
+    assert fn.plan.kernels == [new]
+
+
+def test_a_given_gemm_tiling_carries_its_reason_as_data():
+    """The reason of a given tiling (forced, or tuned by ``polyfuse tune``) travels in the
+    config to the tiling's notes: nothing downstream matches note text to replace it."""
+    a, w = te.placeholder((64, 96), name="a"), te.placeholder((96, 128), name="w")
+    graph, (g,) = _groups([a, w], [ops.matmul(a, w)])
+    tile = (32, 32, 2, 2, 8)
+    forced = map_kernel(graph, g.parts, g.strategy, A100, MappingConfig(gemm_tile=tile))
+    assert any(n == f"tile sizes forced by MappingConfig.gemm_tile={tile}" for n in forced.notes)
+    cfg = MappingConfig(gemm_tile=tile, gemm_tile_reason="measured fastest; tile sizes")
+    tuned = map_kernel(graph, g.parts, g.strategy, A100, cfg)
+    assert f"measured fastest; tile sizes={tile}" in tuned.notes
+    assert not any("forced" in n for n in tuned.notes)
+
+
+def test_spilled_tensors_say_why_as_data():
+    """A scratch placement carries why it is spilled (recompute reads it, not the prose)."""
+    x = te.placeholder((2, 65536), name="x")  # rows too long for shared memory: spills
+    graph, (g,) = _groups([x], [ops.softmax(x, name="sm")])
+    pl = place_kernel(map_kernel(graph, g.parts, g.strategy, A100), A100)
+    assert any(p.spill_why for p in pl.values())
+    for p in pl.values():
+        assert bool(p.spill_why) == p.reason.startswith("scratch buffer"), p
+        if p.spill_why:
+            assert p.reason == f"scratch buffer: {p.spill_why}"
+
+
+def test_thresholds_are_declared_in_policy():
+    """The shared-memory, thread and occupancy limits are stated once, in poly/policy.py (device
+    specs aside): no module repeats them as bare numbers."""
+    import re
+
+    from polyfuse.poly.policy import blocks_per_sm
+
+    bare = re.compile(r"48 \* 1024|\b49152\b|REG_BUDGET =|REG_OVERHEAD =|threads > 1024\b")
+    offenders = []
+    for pkg in ("poly", "stitch", "cuda", "polyfuse"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if path.name in ("policy.py", "device.py") and path.parent.name == "poly":
+                continue
+            code = re.sub(r'"""(.|\n)*?"""', "", path.read_text())
+            offenders += [f"{path.relative_to(ROOT)}: {m}" for m in bare.findall(code)]
+    assert offenders == []
+    # A100: 2048 threads, 64K registers, 164 KB shared per SM; 32 blocks at most
+    assert blocks_per_sm(256, 32, 0, A100) == 8
+    assert blocks_per_sm(64, 16, 0, A100) == 32
+    assert blocks_per_sm(256, 32, 100 * 1024, A100) == 1
+    assert blocks_per_sm(256, 32, 200 * 1024, A100) == 0

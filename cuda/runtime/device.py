@@ -14,15 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyfuse.errors import CallError, DeviceError
+from polyfuse.poly.policy import STATIC_SMEM_LIMIT
 
 from ..compiler import CudaBinary, compile_cuda
 from .driver import Driver, one_line
 from .select import select_driver
 
 __all__ = ["Device", "DeviceStats", "Module", "gpu_available", "open_device", "parse_device"]
-
-#: Dynamic shared memory above this needs an opt-in function attribute.
-DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 
 
 @dataclass
@@ -66,8 +64,10 @@ class Module:
         return fn
 
     def allow_dynamic_shared(self, name: str, nbytes: int) -> None:
-        """Opt kernel ``name`` in to ``nbytes`` of dynamic shared memory when over 48 KB."""
-        if nbytes <= max(DEFAULT_DYNAMIC_SMEM_LIMIT, self._smem_allowed.get(name, 0)):
+        """Opt kernel ``name`` in to ``nbytes`` of dynamic shared memory when over the default
+        limit (:data:`~polyfuse.poly.policy.STATIC_SMEM_LIMIT`, 48 KB), which needs an opt-in
+        function attribute."""
+        if nbytes <= max(STATIC_SMEM_LIMIT, self._smem_allowed.get(name, 0)):
             return
         try:
             self.device.driver.set_max_dynamic_shared(self.function(name), nbytes)

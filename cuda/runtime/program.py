@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from polyfuse.errors import CallError, DeviceError
+from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK
 
 from ..launch import Launch, ScalarArg
 from .arrays import (
@@ -70,9 +71,10 @@ def check_launch_shape(launch: Launch) -> None:
     threads = launch.block[0] * launch.block[1] * launch.block[2]
     if min(launch.block) < 1 or min(launch.grid) < 1:
         raise CallError(f"kernel {launch.kernel}: grid {launch.grid} / block {launch.block} empty")
-    if threads > 1024:
+    if threads > MAX_THREADS_PER_BLOCK:
         raise CallError(
-            f"kernel {launch.kernel}: block {launch.block} has {threads} threads (max 1024)"
+            f"kernel {launch.kernel}: block {launch.block} has {threads} threads "
+            f"(max {MAX_THREADS_PER_BLOCK})"
         )
     if launch.shared_bytes < 0:
         raise CallError(f"kernel {launch.kernel}: negative dynamic shared memory")
