@@ -116,6 +116,8 @@ class KVector(KNode):
     body: list[KNode]
     loads: tuple[KLaneAccess, ...]
     stores: tuple[KLaneAccess, ...]
+    #: reads inside the loop of a tensor the group stores: they read its lane registers
+    local: tuple[KLaneAccess, ...] = ()
 
 
 @dataclass
@@ -450,7 +452,7 @@ _REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode
     KFor: lambda n, walk: KFor(n.var, n.init, n.cond, n.step, walk(n.body), n.unroll),
     KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
     KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
-    KVector: lambda n, walk: KVector(n.var, n.width, walk(n.body), n.loads, n.stores),
+    KVector: lambda n, walk: KVector(n.var, n.width, walk(n.body), n.loads, n.stores, n.local),
 }
 
 
@@ -519,6 +521,8 @@ class _Format(KVisitor[list[str]]):
         ld = ", ".join(a.tensor for a in n.loads)
         st = ", ".join(a.tensor for a in n.stores)
         head = f"{'  ' * depth}vector {n.var} < {n.width} load [{ld}] store [{st}]"
+        if n.local:
+            head += f" local [{', '.join(a.tensor for a in n.local)}]"
         return [head] + self.lines(n.body, depth + 1)
 
     def visit_KStmt(self, n: KStmt, depth: int) -> list[str]:

@@ -31,6 +31,7 @@ from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
+from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
@@ -90,29 +91,55 @@ def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> lis
     return out
 
 
+def _aligned_rows(role_shape: tuple[int, ...], p: Placement, context: isl.Set) -> bool:
+    """Whether a shared box keeps every 16-byte aligned run of the tensor's rows 16-byte
+    aligned and contiguous: the tensor's rows and the box's rows are multiples of 4 elements
+    (a run never crosses a row; the outer box strides keep the alignment) and isl proves the
+    box's lower bound along the rows a multiple of 4 for every block."""
+    if not p.box or not role_shape or role_shape[-1] % VECTOR or p.box[-1][1] % VECTOR:
+        return False
+    lo = p.box[-1][0]
+    off = lo.mod_val(isl.Val.int_from_si(lo.get_ctx(), VECTOR)).non_zero_set()
+    return off.intersect_params(context).is_empty()
+
+
 def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPlan | None:
     """The vectorisation pass's input: float4 loads for proven tensors the kernel only reads,
-    float4 stores for proven global outputs it reads back (if at all) from a register copy."""
+    float4 stores for proven global outputs it reads back (if at all) from a register copy,
+    and the shared rows whose runs may move as float4 (proven, aligned, and touched at the
+    same element by every statement of a run)."""
     c = mm.coarsening
     if c is None or c.factor <= 1:
         return None
-    stmts = mm.scheduled.model.statements
+    model = mm.scheduled.model
+    stmts = model.statements
     writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
     written = set(writes.values())
+    proven = {t for t, ok in c.vector.items() if ok}
+    shared = frozenset(
+        t
+        for t in proven
+        if placements[t].space == "shared"
+        and c.uniform.get(t, False)
+        and _aligned_rows(tuple(model.tensors[t].shape), placements[t], mm.context)
+    )
     reads: dict[str, frozenset[str]] = {}
     read_any: set[str] = set()
     for s in stmts:
         names = {m.get_tuple_name(isl.dim_type.out) for _, m in s.reads}
         read_any |= names
         reads[s.name] = frozenset(
-            t for t in names if placements[t].space == "global" and not placements[t].register_copy
+            t
+            for t in names
+            if (placements[t].space == "global" and not placements[t].register_copy)
+            or t in shared
         )
-    proven = {t for t, ok in c.vector.items() if ok and placements[t].space == "global"}
+    proven = {t for t in proven if placements[t].space == "global"}
     loads = frozenset(t for t in proven if t not in written)
     stores = frozenset(
         t for t in proven & written if t not in read_any or placements[t].register_copy
     )
-    return VectorPlan(c.factor, loads, stores, writes, reads)
+    return VectorPlan(c.factor, loads, stores, writes, reads, shared)
 
 
 def lower_kernel(

@@ -16,14 +16,25 @@ lanes.
 When the loop's bound is not the constant ``E`` (the band's end cuts a group short), the
 vector form runs under the bound evaluated at lane ``E - 1`` (the group is whole) and the
 original scalar loop runs otherwise — the scalar tail.
+
+Shared rows (a tensor kept in shared memory, e.g. layer norm's centred row) proven alike
+(``VectorPlan.shared``: isl proved the run 16-byte aligned in the buffer and every statement
+of a run touching the same element) move as ``float4`` too: a run that only reads the row
+loads it before the lanes; a run that writes it keeps the lanes' elements in registers (its
+readers in the run read them there) and stores them after. Lane ``l`` then moves bytes
+``[16 l, 16 l + 16)`` of the row in one access: a warp's 512 bytes in four conflict-free
+phases, where scalar accesses at element ``4 l + j`` hit each bank from four lanes. The pass
+declares such a buffer ``__align__(16)``, or keeps it scalar when it sits in the dynamic pool
+at an offset that is not a multiple of 4 elements.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from polyfuse.cuda.kernel_ast import (
+    KAlloc,
     KernelIR,
     KExpr,
     KFor,
@@ -52,6 +63,11 @@ class VectorPlan:
     stores: frozenset[str]
     writes: Mapping[str, str]  # statement -> tensor written
     reads: Mapping[str, frozenset[str]]  # statement -> tensors read from global memory
+    #: shared tensors whose runs are proven aligned, contiguous and uniform (also in ``reads``)
+    shared: frozenset[str] = field(default_factory=frozenset)
+
+
+SHARED_ALIGN = 16  # bytes: a float4 shared access needs its address 16-byte aligned
 
 
 def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
@@ -83,22 +99,24 @@ def _vectorize(loop: KFor, width: int, plan: VectorPlan) -> list[KNode]:
     if not all(isinstance(n, KStmt) for n in loop.body):
         return [loop]
     zero = KInt(0)
+    in_run = {plan.writes.get(n.stmt) for n in loop.body if isinstance(n, KStmt)}
     loads: list[KLaneAccess] = []  # one per statement reading a proven tensor
     stores: list[KLaneAccess] = []
+    local: list[KLaneAccess] = []  # reads of a shared row this run writes: its registers
     for n in loop.body:
         assert isinstance(n, KStmt)
         args = tuple(substitute(a, loop.var, zero) for a in n.args)
-        loads += [
-            KLaneAccess(t, n.stmt, args)
-            for t in sorted(plan.reads.get(n.stmt, ()))
-            if t in plan.loads
-        ]
+        for t in sorted(plan.reads.get(n.stmt, ())):
+            if t in plan.shared and t in in_run:
+                local.append(KLaneAccess(t, n.stmt, args))
+            elif t in plan.loads or t in plan.shared:
+                loads.append(KLaneAccess(t, n.stmt, args))
         w = plan.writes.get(n.stmt)
-        if w in plan.stores:
+        if w in plan.stores or w in plan.shared:
             stores.append(KLaneAccess(w, n.stmt, args))
     if not loads and not stores:
         return [loop]
-    vec = KVector(loop.var, width, list(loop.body), tuple(loads), tuple(stores))
+    vec = KVector(loop.var, width, list(loop.body), tuple(loads), tuple(stores), tuple(local))
     full = _full_bound(loop, width)
     if full is None:
         return [vec]
@@ -107,7 +125,11 @@ def _vectorize(loop: KFor, width: int, plan: VectorPlan) -> list[KNode]:
 
 def vectorize(ir: KernelIR, plan: VectorPlan | None) -> KernelIR:
     """A new IR whose ``coarsen:<E>`` group loops use float4 accesses where ``plan`` allows."""
-    if plan is None or plan.factor <= 1 or not (plan.loads or plan.stores):
+    if plan is None or plan.factor <= 1:
+        return ir
+    usable = _aligned_buffers(ir.allocs, plan.shared)
+    plan = replace(plan, shared=usable)
+    if not (plan.loads or plan.stores or plan.shared):
         return ir
 
     def walk(nodes: list[KNode]) -> list[KNode]:
@@ -123,4 +145,21 @@ def vectorize(ir: KernelIR, plan: VectorPlan | None) -> KernelIR:
                 out.append(map_children(n, walk))
         return out
 
-    return ir.with_(body=tuple(walk(list(ir.body))))
+    allocs = tuple(
+        replace(a, align=max(a.align, SHARED_ALIGN))
+        if a.offset is None and a.name.removeprefix("s_") in usable
+        else a
+        for a in ir.allocs
+    )
+    return ir.with_(body=tuple(walk(list(ir.body))), allocs=allocs)
+
+
+def _aligned_buffers(allocs: tuple[KAlloc, ...], shared: frozenset[str]) -> frozenset[str]:
+    """The tensors of ``shared`` whose buffer can start 16-byte aligned: a static array
+    (declared aligned) or a slice of the dynamic pool at a multiple of 4 elements."""
+    per = SHARED_ALIGN // 4
+    return frozenset(
+        a.name.removeprefix("s_")
+        for a in allocs
+        if a.name.removeprefix("s_") in shared and (a.offset is None or a.offset % per == 0)
+    )

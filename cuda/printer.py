@@ -470,6 +470,8 @@ def _vector_lines(
     for a in n.stores:
         out.append(f"{pad}  float v_{a.tensor}[{n.width}];")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"v_{a.tensor}[{n.var}]"
+    for a in n.local:
+        lanes.setdefault(a.stmt, {})[a.tensor] = f"v_{a.tensor}[{n.var}]"
     bp.stmt_lanes = lanes
     out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
     out += emit(n.body, depth + 2)

@@ -63,6 +63,9 @@ class Coarsening:
     why_scalar: dict[str, str] = field(default_factory=dict)  # tensor -> why not
     tail: bool = False  # some group is cut short by the band's end (scalar loop there)
     reason: str = ""
+    #: tensor -> every statement touching it at a band point touches the same element (so a
+    #: run may keep the tensor's elements in registers between its writer and its readers)
+    uniform: dict[str, bool] = field(default_factory=dict)
 
     @property
     def decision(self) -> Decided:
@@ -157,6 +160,8 @@ def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> C
                 why = vector_access(rel, n, factor)
             if why:
                 break
+        if not why:
+            c.uniform[ident] = all(r.is_equal(rels[0]) for r in rels[1:])
         c.vector[ident] = not why
         if why:
             c.why_scalar[ident] = why

@@ -72,6 +72,7 @@ def choose_lane_vectors(
     roles = model.tensors
     vector: dict[str, bool] = {}
     why_scalar: dict[str, str] = {}
+    uniform: dict[str, bool] = {}
     whole = False  # some part has a proven input/output and at least one whole run
     tail = False
     for band in bands:
@@ -84,6 +85,7 @@ def choose_lane_vectors(
         extent = points.dim_max_val(n - 1).to_python() + 1
         for t, ok in c.vector.items():
             vector[t] = vector.get(t, True) and ok
+            uniform[t] = uniform.get(t, True) and c.uniform.get(t, False)
             if not ok:
                 why_scalar.setdefault(t, c.why_scalar[t])
             elif roles[t].role in ("input", "output") and extent >= VECTOR:
@@ -101,5 +103,5 @@ def choose_lane_vectors(
         + (f"; scalar: {scalar}" if scalar else "")
         + ("; scalar tail where a loop's extent is not a multiple of 4" if tail else "")
     )
-    c = Coarsening(VECTOR, vector, why_scalar, tail, reason)
+    c = Coarsening(VECTOR, vector, why_scalar, tail, reason, uniform)
     return LaneVectors(c, lanes)
