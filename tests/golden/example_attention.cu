@@ -112,19 +112,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_2ceb0e24ee508f192b0c(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b4a53c8270a26a12f48c(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_860f17476373d7f56dbe(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_scores[128];
+  __shared__ __align__(16) float s_scores[128];
   const int s_scores_lo0 = 0;
   const int s_scores_lo1 = b0;
   const int s_scores_lo2 = (8 * b1);
   const int s_scores_lo3 = 0;
-  __shared__ float s_probs_exp[128];
+  __shared__ __align__(16) float s_probs_exp[128];
   const int s_probs_exp_lo0 = 0;
   const int s_probs_exp_lo1 = b0;
   const int s_probs_exp_lo2 = (8 * b1);
@@ -142,10 +142,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_b4a53c8270a26a12f48c(float*
     {
       const float4 q_qk0 = *reinterpret_cast<const float4*>(&qk[0 * 512 + b0 * 256 + ((8 * b1) + r0) * 16 + (4 * l0)]);
       float v_qk[4] = {q_qk0.x, q_qk0.y, q_qk0.z, q_qk0.w};
+      float v_scores[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + (((4 * l0) + c0) - s_scores_lo3)] = (v_qk[c0] * 0.35355339059327373f);
-        r_probs_max_acc = pf_fmaxf(r_probs_max_acc, s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + (((4 * l0) + c0) - s_scores_lo3)]);
+        v_scores[c0] = (v_qk[c0] * 0.35355339059327373f);
+        r_probs_max_acc = pf_fmaxf(r_probs_max_acc, v_scores[c0]);
       }
+      *reinterpret_cast<float4*>(&s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]) = make_float4(v_scores[0], v_scores[1], v_scores[2], v_scores[3]);
     }
   }
   r_probs_max_acc = pf_allreduce_y<pf_max, 32>(r_probs_max_acc, pf_scratch); r_probs_max = r_probs_max_acc;
@@ -154,10 +156,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_b4a53c8270a26a12f48c(float*
   r_probs_sum_acc = 0.0f;
   if ((l0 <= 3)) {
     // coarsen:4
-    for (int c0 = 0; (c0 <= 3); c0 += 1) {
-      r_probs_sub = (s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + (((4 * l0) + c0) - s_scores_lo3)] - r_probs_max);
-      s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + (((4 * l0) + c0) - s_probs_exp_lo3)] = expf(r_probs_sub);
-      r_probs_sum_acc = r_probs_sum_acc + s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + (((4 * l0) + c0) - s_probs_exp_lo3)];
+    {
+      const float4 q_scores0 = *reinterpret_cast<const float4*>(&s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]);
+      float v_scores[4] = {q_scores0.x, q_scores0.y, q_scores0.z, q_scores0.w};
+      float v_probs_exp[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_probs_sub = (v_scores[c0] - r_probs_max);
+        v_probs_exp[c0] = expf(r_probs_sub);
+        r_probs_sum_acc = r_probs_sum_acc + v_probs_exp[c0];
+      }
+      *reinterpret_cast<float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]) = make_float4(v_probs_exp[0], v_probs_exp[1], v_probs_exp[2], v_probs_exp[3]);
     }
   }
   r_probs_sum_acc = pf_allreduce_y<pf_sum, 32>(r_probs_sum_acc, pf_scratch); r_probs_sum = r_probs_sum_acc;
@@ -166,9 +174,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_b4a53c8270a26a12f48c(float*
     // part:mg4
     // coarsen:4
     {
+      const float4 q_probs_exp0 = *reinterpret_cast<const float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]);
+      float v_probs_exp[4] = {q_probs_exp0.x, q_probs_exp0.y, q_probs_exp0.z, q_probs_exp0.w};
       float v_probs[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_probs[c0] = (s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + (((4 * l0) + c0) - s_probs_exp_lo3)] / r_probs_sum);
+        v_probs[c0] = (v_probs_exp[c0] / r_probs_sum);
       }
       *reinterpret_cast<float4*>(&probs[0 * 512 + b0 * 256 + ((8 * b1) + r0) * 16 + (4 * l0)]) = make_float4(v_probs[0], v_probs[1], v_probs[2], v_probs[3]);
     }

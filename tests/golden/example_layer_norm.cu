@@ -45,13 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4f158204db788ab3180d(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_273ec13c1576e6a8ff48(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_layer_norm_centered[576];
+  __shared__ __align__(16) float s_layer_norm_centered[576];
   const int s_layer_norm_centered_lo0 = (8 * b0);
   const int s_layer_norm_centered_lo1 = 0;
   __shared__ float pf_scratch[1];
@@ -82,10 +82,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f158204db788ab3180d(float*
       {
         const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 72 + (4 * l0)]);
         float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+        float v_layer_norm_centered[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)] = (v_x[c0] - r_layer_norm_mean);
-          r_layer_norm_var_acc = r_layer_norm_var_acc + ((s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)] * s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)]) * 0.013888888888888888f);
+          v_layer_norm_centered[c0] = (v_x[c0] - r_layer_norm_mean);
+          r_layer_norm_var_acc = r_layer_norm_var_acc + ((v_layer_norm_centered[c0] * v_layer_norm_centered[c0]) * 0.013888888888888888f);
         }
+        *reinterpret_cast<float4*>(&s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((4 * l0) - s_layer_norm_centered_lo1)]) = make_float4(v_layer_norm_centered[0], v_layer_norm_centered[1], v_layer_norm_centered[2], v_layer_norm_centered[3]);
       }
     }
     r_layer_norm_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm_var_acc, pf_scratch); r_layer_norm_var = r_layer_norm_var_acc;
@@ -99,9 +101,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f158204db788ab3180d(float*
         float v_beta[4] = {q_beta0.x, q_beta0.y, q_beta0.z, q_beta0.w};
         const float4 q_gamma0 = *reinterpret_cast<const float4*>(&gamma[(4 * l0)]);
         float v_gamma[4] = {q_gamma0.x, q_gamma0.y, q_gamma0.z, q_gamma0.w};
+        const float4 q_layer_norm_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((4 * l0) - s_layer_norm_centered_lo1)]);
+        float v_layer_norm_centered[4] = {q_layer_norm_centered0.x, q_layer_norm_centered0.y, q_layer_norm_centered0.z, q_layer_norm_centered0.w};
         float v_layer_norm[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm[c0] = (((s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + (((4 * l0) + c0) - s_layer_norm_centered_lo1)] * r_layer_norm_rstd) * v_gamma[c0]) + v_beta[c0]);
+          v_layer_norm[c0] = (((v_layer_norm_centered[c0] * r_layer_norm_rstd) * v_gamma[c0]) + v_beta[c0]);
         }
         *reinterpret_cast<float4*>(&layer_norm[((8 * b0) + r0) * 72 + (4 * l0)]) = make_float4(v_layer_norm[0], v_layer_norm[1], v_layer_norm[2], v_layer_norm[3]);
       }

@@ -45,13 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_dd4f960a4065b4ad3bcc(float* __restrict__ softmax, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_b3b087676462af23a8f0(float* __restrict__ softmax, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_softmax_exp[800];
+  __shared__ __align__(16) float s_softmax_exp[800];
   const int s_softmax_exp_lo0 = (8 * b0);
   const int s_softmax_exp_lo1 = 0;
   __shared__ float pf_scratch[1];
@@ -82,11 +82,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_dd4f960a4065b4ad3bcc(float*
       {
         const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 100 + (4 * l0)]);
         float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+        float v_softmax_exp[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
           r_softmax_sub = (v_x[c0] - r_softmax_max);
-          s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + (((4 * l0) + c0) - s_softmax_exp_lo1)] = expf(r_softmax_sub);
-          r_softmax_sum_acc = r_softmax_sum_acc + s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + (((4 * l0) + c0) - s_softmax_exp_lo1)];
+          v_softmax_exp[c0] = expf(r_softmax_sub);
+          r_softmax_sum_acc = r_softmax_sum_acc + v_softmax_exp[c0];
         }
+        *reinterpret_cast<float4*>(&s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + ((4 * l0) - s_softmax_exp_lo1)]) = make_float4(v_softmax_exp[0], v_softmax_exp[1], v_softmax_exp[2], v_softmax_exp[3]);
       }
     }
     r_softmax_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax_sum_acc, pf_scratch); r_softmax_sum = r_softmax_sum_acc;
@@ -95,9 +97,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_dd4f960a4065b4ad3bcc(float*
       // part:mg2
       // coarsen:4
       {
+        const float4 q_softmax_exp0 = *reinterpret_cast<const float4*>(&s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + ((4 * l0) - s_softmax_exp_lo1)]);
+        float v_softmax_exp[4] = {q_softmax_exp0.x, q_softmax_exp0.y, q_softmax_exp0.z, q_softmax_exp0.w};
         float v_softmax[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_softmax[c0] = (s_softmax_exp[(((8 * b0) + r0) - s_softmax_exp_lo0) * 100 + (((4 * l0) + c0) - s_softmax_exp_lo1)] / r_softmax_sum);
+          v_softmax[c0] = (v_softmax_exp[c0] / r_softmax_sum);
         }
         *reinterpret_cast<float4*>(&softmax[((8 * b0) + r0) * 100 + (4 * l0)]) = make_float4(v_softmax[0], v_softmax[1], v_softmax[2], v_softmax[3]);
       }

@@ -45,19 +45,19 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_17f52c1069e087473b2b(float* __restrict__ probs, const float* __restrict__ s, const float* __restrict__ mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_38d90ccdb9684f1bb620(float* __restrict__ probs, const float* __restrict__ s, const float* __restrict__ mask) {
   int _b = blockIdx.x;
   const int b1 = _b % 16; _b /= 16;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_masked[1024];
+  __shared__ __align__(16) float s_masked[1024];
   const int s_masked_lo0 = 0;
   const int s_masked_lo1 = b0;
   const int s_masked_lo2 = (8 * b1);
   const int s_masked_lo3 = 0;
-  __shared__ float s_probs_exp[1024];
+  __shared__ __align__(16) float s_probs_exp[1024];
   const int s_probs_exp_lo0 = 0;
   const int s_probs_exp_lo1 = b0;
   const int s_probs_exp_lo2 = (8 * b1);
@@ -77,30 +77,40 @@ extern "C" __global__ void __launch_bounds__(256) pf_17f52c1069e087473b2b(float*
     float v_s[4] = {q_s0.x, q_s0.y, q_s0.z, q_s0.w};
     const float4 q_mask0 = *reinterpret_cast<const float4*>(&mask[0 * 128 + 0 * 128 + 0 * 128 + (4 * l0)]);
     float v_mask[4] = {q_mask0.x, q_mask0.y, q_mask0.z, q_mask0.w};
+    float v_masked[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
       r_scaled = (v_s[c0] * 0.125f);
-      s_masked[(0 - s_masked_lo0) * 1024 + (b0 - s_masked_lo1) * 1024 + (((8 * b1) + r0) - s_masked_lo2) * 128 + (((4 * l0) + c0) - s_masked_lo3)] = (r_scaled + v_mask[c0]);
-      r_probs_max_acc = pf_fmaxf(r_probs_max_acc, s_masked[(0 - s_masked_lo0) * 1024 + (b0 - s_masked_lo1) * 1024 + (((8 * b1) + r0) - s_masked_lo2) * 128 + (((4 * l0) + c0) - s_masked_lo3)]);
+      v_masked[c0] = (r_scaled + v_mask[c0]);
+      r_probs_max_acc = pf_fmaxf(r_probs_max_acc, v_masked[c0]);
     }
+    *reinterpret_cast<float4*>(&s_masked[(0 - s_masked_lo0) * 1024 + (b0 - s_masked_lo1) * 1024 + (((8 * b1) + r0) - s_masked_lo2) * 128 + ((4 * l0) - s_masked_lo3)]) = make_float4(v_masked[0], v_masked[1], v_masked[2], v_masked[3]);
   }
   r_probs_max_acc = pf_allreduce_y<pf_max, 32>(r_probs_max_acc, pf_scratch); r_probs_max = r_probs_max_acc;
   __syncwarp();  // mg1 reads what earlier parts wrote
   // part:mg1
   r_probs_sum_acc = 0.0f;
   // coarsen:4
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    r_probs_sub = (s_masked[(0 - s_masked_lo0) * 1024 + (b0 - s_masked_lo1) * 1024 + (((8 * b1) + r0) - s_masked_lo2) * 128 + (((4 * l0) + c0) - s_masked_lo3)] - r_probs_max);
-    s_probs_exp[(0 - s_probs_exp_lo0) * 1024 + (b0 - s_probs_exp_lo1) * 1024 + (((8 * b1) + r0) - s_probs_exp_lo2) * 128 + (((4 * l0) + c0) - s_probs_exp_lo3)] = expf(r_probs_sub);
-    r_probs_sum_acc = r_probs_sum_acc + s_probs_exp[(0 - s_probs_exp_lo0) * 1024 + (b0 - s_probs_exp_lo1) * 1024 + (((8 * b1) + r0) - s_probs_exp_lo2) * 128 + (((4 * l0) + c0) - s_probs_exp_lo3)];
+  {
+    const float4 q_masked0 = *reinterpret_cast<const float4*>(&s_masked[(0 - s_masked_lo0) * 1024 + (b0 - s_masked_lo1) * 1024 + (((8 * b1) + r0) - s_masked_lo2) * 128 + ((4 * l0) - s_masked_lo3)]);
+    float v_masked[4] = {q_masked0.x, q_masked0.y, q_masked0.z, q_masked0.w};
+    float v_probs_exp[4];
+    for (int c0 = 0; c0 < 4; c0 += 1) {
+      r_probs_sub = (v_masked[c0] - r_probs_max);
+      v_probs_exp[c0] = expf(r_probs_sub);
+      r_probs_sum_acc = r_probs_sum_acc + v_probs_exp[c0];
+    }
+    *reinterpret_cast<float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 1024 + (b0 - s_probs_exp_lo1) * 1024 + (((8 * b1) + r0) - s_probs_exp_lo2) * 128 + ((4 * l0) - s_probs_exp_lo3)]) = make_float4(v_probs_exp[0], v_probs_exp[1], v_probs_exp[2], v_probs_exp[3]);
   }
   r_probs_sum_acc = pf_allreduce_y<pf_sum, 32>(r_probs_sum_acc, pf_scratch); r_probs_sum = r_probs_sum_acc;
   __syncwarp();  // mg2 reads what earlier parts wrote
   // part:mg2
   // coarsen:4
   {
+    const float4 q_probs_exp0 = *reinterpret_cast<const float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 1024 + (b0 - s_probs_exp_lo1) * 1024 + (((8 * b1) + r0) - s_probs_exp_lo2) * 128 + ((4 * l0) - s_probs_exp_lo3)]);
+    float v_probs_exp[4] = {q_probs_exp0.x, q_probs_exp0.y, q_probs_exp0.z, q_probs_exp0.w};
     float v_probs[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      v_probs[c0] = (s_probs_exp[(0 - s_probs_exp_lo0) * 1024 + (b0 - s_probs_exp_lo1) * 1024 + (((8 * b1) + r0) - s_probs_exp_lo2) * 128 + (((4 * l0) + c0) - s_probs_exp_lo3)] / r_probs_sum);
+      v_probs[c0] = (v_probs_exp[c0] / r_probs_sum);
     }
     *reinterpret_cast<float4*>(&probs[0 * 196608 + b0 * 16384 + ((8 * b1) + r0) * 128 + (4 * l0)]) = make_float4(v_probs[0], v_probs[1], v_probs[2], v_probs[3]);
   }

@@ -45,13 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_737ec18964e4078d59fc(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_690aa074a2da340746c3(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 256; _t /= 256;
   const int r0 = _t;
-  __shared__ float s_ln_d[768];
+  __shared__ __align__(16) float s_ln_d[768];
   const int s_ln_d_lo0 = b0;
   const int s_ln_d_lo1 = 0;
   __shared__ float pf_scratch[256];
@@ -84,10 +84,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_737ec18964e4078d59fc(float*
     {
       const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 768 + (4 * l0)]);
       float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      float v_ln_d[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_ln_d[(b0 - s_ln_d_lo0) * 768 + (((4 * l0) + c0) - s_ln_d_lo1)] = (v_x[c0] - r_ln_mean);
-        r_ln_var_acc = r_ln_var_acc + ((s_ln_d[(b0 - s_ln_d_lo0) * 768 + (((4 * l0) + c0) - s_ln_d_lo1)] * s_ln_d[(b0 - s_ln_d_lo0) * 768 + (((4 * l0) + c0) - s_ln_d_lo1)]) * 0.0013020833333333333f);
+        v_ln_d[c0] = (v_x[c0] - r_ln_mean);
+        r_ln_var_acc = r_ln_var_acc + ((v_ln_d[c0] * v_ln_d[c0]) * 0.0013020833333333333f);
       }
+      *reinterpret_cast<float4*>(&s_ln_d[(b0 - s_ln_d_lo0) * 768 + ((4 * l0) - s_ln_d_lo1)]) = make_float4(v_ln_d[0], v_ln_d[1], v_ln_d[2], v_ln_d[3]);
     }
   }
   r_ln_var_acc = pf_allreduce_y<pf_sum, 256>(r_ln_var_acc, pf_scratch); r_ln_var = r_ln_var_acc;
@@ -98,13 +100,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_737ec18964e4078d59fc(float*
   if ((l0 <= 191)) {
     // coarsen:4
     {
+      const float4 q_ln_d0 = *reinterpret_cast<const float4*>(&s_ln_d[(b0 - s_ln_d_lo0) * 768 + ((4 * l0) - s_ln_d_lo1)]);
+      float v_ln_d[4] = {q_ln_d0.x, q_ln_d0.y, q_ln_d0.z, q_ln_d0.w};
       const float4 q_gamma0 = *reinterpret_cast<const float4*>(&gamma[(4 * l0)]);
       float v_gamma[4] = {q_gamma0.x, q_gamma0.y, q_gamma0.z, q_gamma0.w};
       const float4 q_beta0 = *reinterpret_cast<const float4*>(&beta[(4 * l0)]);
       float v_beta[4] = {q_beta0.x, q_beta0.y, q_beta0.z, q_beta0.w};
       float v_ln[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_ln_xn = (s_ln_d[(b0 - s_ln_d_lo0) * 768 + (((4 * l0) + c0) - s_ln_d_lo1)] * r_ln_rstd);
+        r_ln_xn = (v_ln_d[c0] * r_ln_rstd);
         r_ln_scale = (r_ln_xn * v_gamma[c0]);
         v_ln[c0] = (r_ln_scale + v_beta[c0]);
       }

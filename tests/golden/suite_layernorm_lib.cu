@@ -45,13 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d160b5152dde2f21f192(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_b4155957786ff7b457e7(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 256; _t /= 256;
   const int r0 = _t;
-  __shared__ float s_ln_centered[768];
+  __shared__ __align__(16) float s_ln_centered[768];
   const int s_ln_centered_lo0 = b0;
   const int s_ln_centered_lo1 = 0;
   __shared__ float pf_scratch[256];
@@ -81,10 +81,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_d160b5152dde2f21f192(float*
     {
       const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 768 + (4 * l0)]);
       float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+      float v_ln_centered[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)] = (v_x[c0] - r_ln_mean);
-        r_ln_var_acc = r_ln_var_acc + ((s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)] * s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)]) * 0.0013020833333333333f);
+        v_ln_centered[c0] = (v_x[c0] - r_ln_mean);
+        r_ln_var_acc = r_ln_var_acc + ((v_ln_centered[c0] * v_ln_centered[c0]) * 0.0013020833333333333f);
       }
+      *reinterpret_cast<float4*>(&s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((4 * l0) - s_ln_centered_lo1)]) = make_float4(v_ln_centered[0], v_ln_centered[1], v_ln_centered[2], v_ln_centered[3]);
     }
   }
   r_ln_var_acc = pf_allreduce_y<pf_sum, 256>(r_ln_var_acc, pf_scratch); r_ln_var = r_ln_var_acc;
@@ -98,9 +100,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_d160b5152dde2f21f192(float*
       float v_beta[4] = {q_beta0.x, q_beta0.y, q_beta0.z, q_beta0.w};
       const float4 q_gamma0 = *reinterpret_cast<const float4*>(&gamma[(4 * l0)]);
       float v_gamma[4] = {q_gamma0.x, q_gamma0.y, q_gamma0.z, q_gamma0.w};
+      const float4 q_ln_centered0 = *reinterpret_cast<const float4*>(&s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((4 * l0) - s_ln_centered_lo1)]);
+      float v_ln_centered[4] = {q_ln_centered0.x, q_ln_centered0.y, q_ln_centered0.z, q_ln_centered0.w};
       float v_ln[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_ln[c0] = (((s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + (((4 * l0) + c0) - s_ln_centered_lo1)] * r_ln_rstd) * v_gamma[c0]) + v_beta[c0]);
+        v_ln[c0] = (((v_ln_centered[c0] * r_ln_rstd) * v_gamma[c0]) + v_beta[c0]);
       }
       *reinterpret_cast<float4*>(&ln[b0 * 768 + (4 * l0)]) = make_float4(v_ln[0], v_ln[1], v_ln[2], v_ln[3]);
     }

@@ -45,13 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f6633526af19e0d97f8f(float* __restrict__ lsm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_ace7cb92b6453f50e8a4(float* __restrict__ lsm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 256; _t /= 256;
   const int r0 = _t;
-  __shared__ float s_lsm_sub[1024];
+  __shared__ __align__(16) float s_lsm_sub[1024];
   const int s_lsm_sub_lo0 = b0;
   const int s_lsm_sub_lo1 = 0;
   __shared__ float pf_scratch[256];
@@ -79,11 +79,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_f6633526af19e0d97f8f(float*
   {
     const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 1024 + (4 * l0)]);
     float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    float v_lsm_sub[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + (((4 * l0) + c0) - s_lsm_sub_lo1)] = (v_x[c0] - r_lsm_max);
-      r_lsm_exp = expf(s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + (((4 * l0) + c0) - s_lsm_sub_lo1)]);
+      v_lsm_sub[c0] = (v_x[c0] - r_lsm_max);
+      r_lsm_exp = expf(v_lsm_sub[c0]);
       r_lsm_sum_acc = r_lsm_sum_acc + r_lsm_exp;
     }
+    *reinterpret_cast<float4*>(&s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + ((4 * l0) - s_lsm_sub_lo1)]) = make_float4(v_lsm_sub[0], v_lsm_sub[1], v_lsm_sub[2], v_lsm_sub[3]);
   }
   r_lsm_sum_acc = pf_allreduce_y<pf_sum, 256>(r_lsm_sum_acc, pf_scratch); r_lsm_sum = r_lsm_sum_acc;
   __syncthreads();  // mg2 reads what earlier parts wrote
@@ -91,9 +93,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_f6633526af19e0d97f8f(float*
   r_lsm_log = logf(r_lsm_sum);
   // coarsen:4
   {
+    const float4 q_lsm_sub0 = *reinterpret_cast<const float4*>(&s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + ((4 * l0) - s_lsm_sub_lo1)]);
+    float v_lsm_sub[4] = {q_lsm_sub0.x, q_lsm_sub0.y, q_lsm_sub0.z, q_lsm_sub0.w};
     float v_lsm[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      v_lsm[c0] = (s_lsm_sub[(b0 - s_lsm_sub_lo0) * 1024 + (((4 * l0) + c0) - s_lsm_sub_lo1)] - r_lsm_log);
+      v_lsm[c0] = (v_lsm_sub[c0] - r_lsm_log);
     }
     *reinterpret_cast<float4*>(&lsm[b0 * 1024 + (4 * l0)]) = make_float4(v_lsm[0], v_lsm[1], v_lsm[2], v_lsm[3]);
   }

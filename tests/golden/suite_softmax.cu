@@ -45,13 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4f2fe83cec6f7453b7fe(float* __restrict__ sm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_91b369c315f85969c842(float* __restrict__ sm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 256; _t /= 256;
   const int r0 = _t;
-  __shared__ float s_sm_exp[1024];
+  __shared__ __align__(16) float s_sm_exp[1024];
   const int s_sm_exp_lo0 = b0;
   const int s_sm_exp_lo1 = 0;
   __shared__ float pf_scratch[256];
@@ -78,20 +78,24 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f2fe83cec6f7453b7fe(float*
   {
     const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 1024 + (4 * l0)]);
     float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
+    float v_sm_exp[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
       r_sm_sub = (v_x[c0] - r_sm_max);
-      s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + (((4 * l0) + c0) - s_sm_exp_lo1)] = expf(r_sm_sub);
-      r_sm_sum_acc = r_sm_sum_acc + s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + (((4 * l0) + c0) - s_sm_exp_lo1)];
+      v_sm_exp[c0] = expf(r_sm_sub);
+      r_sm_sum_acc = r_sm_sum_acc + v_sm_exp[c0];
     }
+    *reinterpret_cast<float4*>(&s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + ((4 * l0) - s_sm_exp_lo1)]) = make_float4(v_sm_exp[0], v_sm_exp[1], v_sm_exp[2], v_sm_exp[3]);
   }
   r_sm_sum_acc = pf_allreduce_y<pf_sum, 256>(r_sm_sum_acc, pf_scratch); r_sm_sum = r_sm_sum_acc;
   __syncthreads();  // mg2 reads what earlier parts wrote
   // part:mg2
   // coarsen:4
   {
+    const float4 q_sm_exp0 = *reinterpret_cast<const float4*>(&s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + ((4 * l0) - s_sm_exp_lo1)]);
+    float v_sm_exp[4] = {q_sm_exp0.x, q_sm_exp0.y, q_sm_exp0.z, q_sm_exp0.w};
     float v_sm[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      v_sm[c0] = (s_sm_exp[(b0 - s_sm_exp_lo0) * 1024 + (((4 * l0) + c0) - s_sm_exp_lo1)] / r_sm_sum);
+      v_sm[c0] = (v_sm_exp[c0] / r_sm_sum);
     }
     *reinterpret_cast<float4*>(&sm[b0 * 1024 + (4 * l0)]) = make_float4(v_sm[0], v_sm[1], v_sm[2], v_sm[3]);
   }

@@ -349,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_1e10e773c428d2009b90(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_e64aad81880d270fe937(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -357,12 +357,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float*
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_mul13[64];
+  __shared__ __align__(16) float s_mul13[64];
   const int s_mul13_lo0 = b0;
   const int s_mul13_lo1 = b1;
   const int s_mul13_lo2 = 0;
   const int s_mul13_lo3 = 0;
-  __shared__ float s_softmax14_exp[64];
+  __shared__ __align__(16) float s_softmax14_exp[64];
   const int s_softmax14_exp_lo0 = b0;
   const int s_softmax14_exp_lo1 = b1;
   const int s_softmax14_exp_lo2 = 0;
@@ -380,10 +380,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float*
     {
       const float4 q_matmul120 = *reinterpret_cast<const float4*>(&matmul12[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]);
       float v_matmul12[4] = {q_matmul120.x, q_matmul120.y, q_matmul120.z, q_matmul120.w};
+      float v_mul13[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + (((4 * l0) + c0) - s_mul13_lo3)] = (v_matmul12[c0] * 0.25f);
-        r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + (((4 * l0) + c0) - s_mul13_lo3)]);
+        v_mul13[c0] = (v_matmul12[c0] * 0.25f);
+        r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, v_mul13[c0]);
       }
+      *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
     }
   }
   r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
@@ -392,10 +394,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float*
   r_softmax14_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
-    for (int c0 = 0; (c0 <= 3); c0 += 1) {
-      r_softmax14_sub = (s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + (((4 * l0) + c0) - s_mul13_lo3)] - r_softmax14_max);
-      s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax14_exp_lo3)] = expf(r_softmax14_sub);
-      r_softmax14_sum_acc = r_softmax14_sum_acc + s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax14_exp_lo3)];
+    {
+      const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
+      float v_mul13[4] = {q_mul130.x, q_mul130.y, q_mul130.z, q_mul130.w};
+      float v_softmax14_exp[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_softmax14_sub = (v_mul13[c0] - r_softmax14_max);
+        v_softmax14_exp[c0] = expf(r_softmax14_sub);
+        r_softmax14_sum_acc = r_softmax14_sum_acc + v_softmax14_exp[c0];
+      }
+      *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
     }
   }
   r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
@@ -404,9 +412,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_71613738f2718b0c962f(float*
     // part:mg12
     // coarsen:4
     {
+      const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
+      float v_softmax14_exp[4] = {q_softmax14_exp0.x, q_softmax14_exp0.y, q_softmax14_exp0.z, q_softmax14_exp0.w};
       float v_softmax14[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_softmax14[c0] = (s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax14_exp_lo3)] / r_softmax14_sum);
+        v_softmax14[c0] = (v_softmax14_exp[c0] / r_softmax14_sum);
       }
       *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
     }
@@ -560,18 +570,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_e646c707689a045549e4(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ecf1d4eb2e846f7288ba(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_d9a776607bee43f81ec7(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_add20[256];
+  __shared__ __align__(16) float s_add20[256];
   const int s_add20_lo0 = b0;
   const int s_add20_lo1 = 0;
   const int s_add20_lo2 = 0;
-  __shared__ float s_layer_norm21_centered[256];
+  __shared__ __align__(16) float s_layer_norm21_centered[256];
   const int s_layer_norm21_centered_lo0 = b0;
   const int s_layer_norm21_centered_lo1 = 0;
   const int s_layer_norm21_centered_lo2 = 0;
@@ -593,11 +603,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_ecf1d4eb2e846f7288ba(float*
       float v_matmul18[4] = {q_matmul180.x, q_matmul180.y, q_matmul180.z, q_matmul180.w};
       const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
       float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      float v_add20[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
         r_add19 = (v_matmul18[c0] + v_layer0_attn_o_bias[c0]);
-        s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + (((4 * l0) + c0) - s_add20_lo2)] = (v_embeddings[c0] + r_add19);
-        r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + (((4 * l0) + c0) - s_add20_lo2)] * 0.03125f);
+        v_add20[c0] = (v_embeddings[c0] + r_add19);
+        r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (v_add20[c0] * 0.03125f);
       }
+      *reinterpret_cast<float4*>(&s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + ((4 * l0) - s_add20_lo2)]) = make_float4(v_add20[0], v_add20[1], v_add20[2], v_add20[3]);
     }
   }
   r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
@@ -606,9 +618,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_ecf1d4eb2e846f7288ba(float*
   r_layer_norm21_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
-    for (int c0 = 0; (c0 <= 3); c0 += 1) {
-      s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)] = (s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + (((4 * l0) + c0) - s_add20_lo2)] - r_layer_norm21_mean);
-      r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)] * s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)]) * 0.03125f);
+    {
+      const float4 q_add200 = *reinterpret_cast<const float4*>(&s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + ((4 * l0) - s_add20_lo2)]);
+      float v_add20[4] = {q_add200.x, q_add200.y, q_add200.z, q_add200.w};
+      float v_layer_norm21_centered[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_layer_norm21_centered[c0] = (v_add20[c0] - r_layer_norm21_mean);
+        r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((v_layer_norm21_centered[c0] * v_layer_norm21_centered[c0]) * 0.03125f);
+      }
+      *reinterpret_cast<float4*>(&s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + ((4 * l0) - s_layer_norm21_centered_lo2)]) = make_float4(v_layer_norm21_centered[0], v_layer_norm21_centered[1], v_layer_norm21_centered[2], v_layer_norm21_centered[3]);
     }
   }
   r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
@@ -622,9 +640,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_ecf1d4eb2e846f7288ba(float*
       float v_layer0_ln1_beta[4] = {q_layer0_ln1_beta0.x, q_layer0_ln1_beta0.y, q_layer0_ln1_beta0.z, q_layer0_ln1_beta0.w};
       const float4 q_layer0_ln1_gamma0 = *reinterpret_cast<const float4*>(&layer0_ln1_gamma[(4 * l0)]);
       float v_layer0_ln1_gamma[4] = {q_layer0_ln1_gamma0.x, q_layer0_ln1_gamma0.y, q_layer0_ln1_gamma0.z, q_layer0_ln1_gamma0.w};
+      const float4 q_layer_norm21_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + ((4 * l0) - s_layer_norm21_centered_lo2)]);
+      float v_layer_norm21_centered[4] = {q_layer_norm21_centered0.x, q_layer_norm21_centered0.y, q_layer_norm21_centered0.z, q_layer_norm21_centered0.w};
       float v_layer_norm21[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm21[c0] = (((s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm21_centered_lo2)] * r_layer_norm21_rstd) * v_layer0_ln1_gamma[c0]) + v_layer0_ln1_beta[c0]);
+        v_layer_norm21[c0] = (((v_layer_norm21_centered[c0] * r_layer_norm21_rstd) * v_layer0_ln1_gamma[c0]) + v_layer0_ln1_beta[c0]);
       }
       *reinterpret_cast<float4*>(&layer_norm21[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm21[0], v_layer_norm21[1], v_layer_norm21[2], v_layer_norm21[3]);
     }

@@ -46,14 +46,14 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8af29371604b92593be3(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_1c8d3bd717794d15b28e(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_layer_norm0_centered[256];
+  __shared__ __align__(16) float s_layer_norm0_centered[256];
   const int s_layer_norm0_centered_lo0 = b0;
   const int s_layer_norm0_centered_lo1 = 0;
   const int s_layer_norm0_centered_lo2 = 0;
@@ -84,10 +84,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_8af29371604b92593be3(float*
     {
       const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
       float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      float v_layer_norm0_centered[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)] = (v_embeddings[c0] - r_layer_norm0_mean);
-        r_layer_norm0_var_acc = r_layer_norm0_var_acc + ((s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)] * s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)]) * 0.03125f);
+        v_layer_norm0_centered[c0] = (v_embeddings[c0] - r_layer_norm0_mean);
+        r_layer_norm0_var_acc = r_layer_norm0_var_acc + ((v_layer_norm0_centered[c0] * v_layer_norm0_centered[c0]) * 0.03125f);
       }
+      *reinterpret_cast<float4*>(&s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + ((4 * l0) - s_layer_norm0_centered_lo2)]) = make_float4(v_layer_norm0_centered[0], v_layer_norm0_centered[1], v_layer_norm0_centered[2], v_layer_norm0_centered[3]);
     }
   }
   r_layer_norm0_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm0_var_acc, pf_scratch); r_layer_norm0_var = r_layer_norm0_var_acc;
@@ -101,9 +103,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_8af29371604b92593be3(float*
       float v_block0_ln1_beta[4] = {q_block0_ln1_beta0.x, q_block0_ln1_beta0.y, q_block0_ln1_beta0.z, q_block0_ln1_beta0.w};
       const float4 q_block0_ln1_gamma0 = *reinterpret_cast<const float4*>(&block0_ln1_gamma[(4 * l0)]);
       float v_block0_ln1_gamma[4] = {q_block0_ln1_gamma0.x, q_block0_ln1_gamma0.y, q_block0_ln1_gamma0.z, q_block0_ln1_gamma0.w};
+      const float4 q_layer_norm0_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + ((4 * l0) - s_layer_norm0_centered_lo2)]);
+      float v_layer_norm0_centered[4] = {q_layer_norm0_centered0.x, q_layer_norm0_centered0.y, q_layer_norm0_centered0.z, q_layer_norm0_centered0.w};
       float v_layer_norm0[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm0[c0] = (((s_layer_norm0_centered[(b0 - s_layer_norm0_centered_lo0) * 256 + (r0 - s_layer_norm0_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm0_centered_lo2)] * r_layer_norm0_rstd) * v_block0_ln1_gamma[c0]) + v_block0_ln1_beta[c0]);
+        v_layer_norm0[c0] = (((v_layer_norm0_centered[c0] * r_layer_norm0_rstd) * v_block0_ln1_gamma[c0]) + v_block0_ln1_beta[c0]);
       }
       *reinterpret_cast<float4*>(&layer_norm0[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm0[0], v_layer_norm0[1], v_layer_norm0[2], v_layer_norm0[3]);
     }
@@ -413,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ce9a07439a0c074fe252(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_d5d411e87504812d48dd(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -421,12 +425,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float*
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_add15[64];
+  __shared__ __align__(16) float s_add15[64];
   const int s_add15_lo0 = b0;
   const int s_add15_lo1 = b1;
   const int s_add15_lo2 = 0;
   const int s_add15_lo3 = 0;
-  __shared__ float s_softmax16_exp[64];
+  __shared__ __align__(16) float s_softmax16_exp[64];
   const int s_softmax16_exp_lo0 = b0;
   const int s_softmax16_exp_lo1 = b1;
   const int s_softmax16_exp_lo2 = 0;
@@ -447,11 +451,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float*
       float v_matmul13[4] = {q_matmul130.x, q_matmul130.y, q_matmul130.z, q_matmul130.w};
       const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[r0 * 8 + (4 * l0)]);
       float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
+      float v_add15[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
         r_mul14 = (v_matmul13[c0] * 0.25f);
-        s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + (((4 * l0) + c0) - s_add15_lo3)] = (r_mul14 + v_causal_mask[c0]);
-        r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + (((4 * l0) + c0) - s_add15_lo3)]);
+        v_add15[c0] = (r_mul14 + v_causal_mask[c0]);
+        r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, v_add15[c0]);
       }
+      *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
     }
   }
   r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
@@ -460,10 +466,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float*
   r_softmax16_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
-    for (int c0 = 0; (c0 <= 3); c0 += 1) {
-      r_softmax16_sub = (s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + (((4 * l0) + c0) - s_add15_lo3)] - r_softmax16_max);
-      s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax16_exp_lo3)] = expf(r_softmax16_sub);
-      r_softmax16_sum_acc = r_softmax16_sum_acc + s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax16_exp_lo3)];
+    {
+      const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
+      float v_add15[4] = {q_add150.x, q_add150.y, q_add150.z, q_add150.w};
+      float v_softmax16_exp[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_softmax16_sub = (v_add15[c0] - r_softmax16_max);
+        v_softmax16_exp[c0] = expf(r_softmax16_sub);
+        r_softmax16_sum_acc = r_softmax16_sum_acc + v_softmax16_exp[c0];
+      }
+      *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
     }
   }
   r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
@@ -472,9 +484,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_67391837b66bb544ef7d(float*
     // part:mg15
     // coarsen:4
     {
+      const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
+      float v_softmax16_exp[4] = {q_softmax16_exp0.x, q_softmax16_exp0.y, q_softmax16_exp0.z, q_softmax16_exp0.w};
       float v_softmax16[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_softmax16[c0] = (s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + (((4 * l0) + c0) - s_softmax16_exp_lo3)] / r_softmax16_sum);
+        v_softmax16[c0] = (v_softmax16_exp[c0] / r_softmax16_sum);
       }
       *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
     }
@@ -628,18 +642,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_f717e9daddf4315fa4bc(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3147fdcd8ba2a61fac07(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_be2175a53d15eb29abde(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_add21[256];
+  __shared__ __align__(16) float s_add21[256];
   const int s_add21_lo0 = b0;
   const int s_add21_lo1 = 0;
   const int s_add21_lo2 = 0;
-  __shared__ float s_layer_norm23_centered[256];
+  __shared__ __align__(16) float s_layer_norm23_centered[256];
   const int s_layer_norm23_centered_lo0 = b0;
   const int s_layer_norm23_centered_lo1 = 0;
   const int s_layer_norm23_centered_lo2 = 0;
@@ -661,12 +675,14 @@ extern "C" __global__ void __launch_bounds__(256) pf_3147fdcd8ba2a61fac07(float*
       float v_matmul20[4] = {q_matmul200.x, q_matmul200.y, q_matmul200.z, q_matmul200.w};
       const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
       float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      float v_add21[4];
       float v_add22[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + (((4 * l0) + c0) - s_add21_lo2)] = (v_matmul20[c0] + v_block0_attn_o_bias[c0]);
-        r_add22 = (v_embeddings[c0] + s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + (((4 * l0) + c0) - s_add21_lo2)]); v_add22[c0] = r_add22;
+        v_add21[c0] = (v_matmul20[c0] + v_block0_attn_o_bias[c0]);
+        r_add22 = (v_embeddings[c0] + v_add21[c0]); v_add22[c0] = r_add22;
         r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
       }
+      *reinterpret_cast<float4*>(&s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]) = make_float4(v_add21[0], v_add21[1], v_add21[2], v_add21[3]);
       *reinterpret_cast<float4*>(&add22[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_add22[0], v_add22[1], v_add22[2], v_add22[3]);
     }
   }
@@ -677,12 +693,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_3147fdcd8ba2a61fac07(float*
   if ((l0 <= 7)) {
     // coarsen:4
     {
+      const float4 q_add210 = *reinterpret_cast<const float4*>(&s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]);
+      float v_add21[4] = {q_add210.x, q_add210.y, q_add210.z, q_add210.w};
       const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
       float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+      float v_layer_norm23_centered[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)] = ((v_embeddings[c0] + s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + (((4 * l0) + c0) - s_add21_lo2)]) - r_layer_norm23_mean);
-        r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)] * s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)]) * 0.03125f);
+        v_layer_norm23_centered[c0] = ((v_embeddings[c0] + v_add21[c0]) - r_layer_norm23_mean);
+        r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((v_layer_norm23_centered[c0] * v_layer_norm23_centered[c0]) * 0.03125f);
       }
+      *reinterpret_cast<float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]) = make_float4(v_layer_norm23_centered[0], v_layer_norm23_centered[1], v_layer_norm23_centered[2], v_layer_norm23_centered[3]);
     }
   }
   r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
@@ -696,9 +716,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_3147fdcd8ba2a61fac07(float*
       float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
       const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
       float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
+      const float4 q_layer_norm23_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]);
+      float v_layer_norm23_centered[4] = {q_layer_norm23_centered0.x, q_layer_norm23_centered0.y, q_layer_norm23_centered0.z, q_layer_norm23_centered0.w};
       float v_layer_norm23[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm23[c0] = (((s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm23_centered_lo2)] * r_layer_norm23_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
+        v_layer_norm23[c0] = (((v_layer_norm23_centered[c0] * r_layer_norm23_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
       }
       *reinterpret_cast<float4*>(&layer_norm23[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm23[0], v_layer_norm23[1], v_layer_norm23[2], v_layer_norm23[3]);
     }
@@ -837,18 +859,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_aa07a34d195487a03379(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_247835f59d584699a2a7(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_b3608761801aec8ee80e(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_add59[256];
+  __shared__ __align__(16) float s_add59[256];
   const int s_add59_lo0 = b0;
   const int s_add59_lo1 = 0;
   const int s_add59_lo2 = 0;
-  __shared__ float s_layer_norm60_centered[256];
+  __shared__ __align__(16) float s_layer_norm60_centered[256];
   const int s_layer_norm60_centered_lo0 = b0;
   const int s_layer_norm60_centered_lo1 = 0;
   const int s_layer_norm60_centered_lo2 = 0;
@@ -870,11 +892,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_247835f59d584699a2a7(float*
       float v_matmul57[4] = {q_matmul570.x, q_matmul570.y, q_matmul570.z, q_matmul570.w};
       const float4 q_add520 = *reinterpret_cast<const float4*>(&add52[b0 * 256 + r0 * 32 + (4 * l0)]);
       float v_add52[4] = {q_add520.x, q_add520.y, q_add520.z, q_add520.w};
+      float v_add59[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
         r_add58 = (v_matmul57[c0] + v_block1_mlp_fc2_bias[c0]);
-        s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + (((4 * l0) + c0) - s_add59_lo2)] = (v_add52[c0] + r_add58);
-        r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + (((4 * l0) + c0) - s_add59_lo2)] * 0.03125f);
+        v_add59[c0] = (v_add52[c0] + r_add58);
+        r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (v_add59[c0] * 0.03125f);
       }
+      *reinterpret_cast<float4*>(&s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + ((4 * l0) - s_add59_lo2)]) = make_float4(v_add59[0], v_add59[1], v_add59[2], v_add59[3]);
     }
   }
   r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
@@ -883,9 +907,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_247835f59d584699a2a7(float*
   r_layer_norm60_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
-    for (int c0 = 0; (c0 <= 3); c0 += 1) {
-      s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)] = (s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + (((4 * l0) + c0) - s_add59_lo2)] - r_layer_norm60_mean);
-      r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)] * s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)]) * 0.03125f);
+    {
+      const float4 q_add590 = *reinterpret_cast<const float4*>(&s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + ((4 * l0) - s_add59_lo2)]);
+      float v_add59[4] = {q_add590.x, q_add590.y, q_add590.z, q_add590.w};
+      float v_layer_norm60_centered[4];
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        v_layer_norm60_centered[c0] = (v_add59[c0] - r_layer_norm60_mean);
+        r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((v_layer_norm60_centered[c0] * v_layer_norm60_centered[c0]) * 0.03125f);
+      }
+      *reinterpret_cast<float4*>(&s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + ((4 * l0) - s_layer_norm60_centered_lo2)]) = make_float4(v_layer_norm60_centered[0], v_layer_norm60_centered[1], v_layer_norm60_centered[2], v_layer_norm60_centered[3]);
     }
   }
   r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
@@ -895,13 +925,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_247835f59d584699a2a7(float*
   if ((l0 <= 7)) {
     // coarsen:4
     {
+      const float4 q_layer_norm60_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + ((4 * l0) - s_layer_norm60_centered_lo2)]);
+      float v_layer_norm60_centered[4] = {q_layer_norm60_centered0.x, q_layer_norm60_centered0.y, q_layer_norm60_centered0.z, q_layer_norm60_centered0.w};
       const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
       float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
       const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
       float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
       float v_layer_norm60[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm60[c0] = (((s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm60_centered_lo2)] * r_layer_norm60_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
+        v_layer_norm60[c0] = (((v_layer_norm60_centered[c0] * r_layer_norm60_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
       }
       *reinterpret_cast<float4*>(&layer_norm60[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm60[0], v_layer_norm60[1], v_layer_norm60[2], v_layer_norm60[3]);
     }

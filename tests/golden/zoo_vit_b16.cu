@@ -171,14 +171,14 @@ extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float*
   concat3[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose2[b0 * 128 + (t1 - 1) * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_83c724db1367b8aeb2e1(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_831b57528bb01b2c253c(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_layer_norm5_centered[128];
+  __shared__ __align__(16) float s_layer_norm5_centered[128];
   const int s_layer_norm5_centered_lo0 = b0;
   const int s_layer_norm5_centered_lo1 = (4 * b1);
   const int s_layer_norm5_centered_lo2 = 0;
@@ -218,10 +218,12 @@ extern "C" __global__ void __launch_bounds__(128) pf_83c724db1367b8aeb2e1(float*
         float v_concat3[4] = {q_concat30.x, q_concat30.y, q_concat30.z, q_concat30.w};
         const float4 q_pos_embed0 = *reinterpret_cast<const float4*>(&pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
         float v_pos_embed[4] = {q_pos_embed0.x, q_pos_embed0.y, q_pos_embed0.z, q_pos_embed0.w};
+        float v_layer_norm5_centered[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm5_centered_lo2)] = ((v_concat3[c0] + v_pos_embed[c0]) - r_layer_norm5_mean);
-          r_layer_norm5_var_acc = r_layer_norm5_var_acc + ((s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm5_centered_lo2)] * s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm5_centered_lo2)]) * 0.03125f);
+          v_layer_norm5_centered[c0] = ((v_concat3[c0] + v_pos_embed[c0]) - r_layer_norm5_mean);
+          r_layer_norm5_var_acc = r_layer_norm5_var_acc + ((v_layer_norm5_centered[c0] * v_layer_norm5_centered[c0]) * 0.03125f);
         }
+        *reinterpret_cast<float4*>(&s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + ((4 * l0) - s_layer_norm5_centered_lo2)]) = make_float4(v_layer_norm5_centered[0], v_layer_norm5_centered[1], v_layer_norm5_centered[2], v_layer_norm5_centered[3]);
       }
     }
     r_layer_norm5_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_var_acc, pf_scratch); r_layer_norm5_var = r_layer_norm5_var_acc;
@@ -235,9 +237,11 @@ extern "C" __global__ void __launch_bounds__(128) pf_83c724db1367b8aeb2e1(float*
         float v_block0_ln1_beta[4] = {q_block0_ln1_beta0.x, q_block0_ln1_beta0.y, q_block0_ln1_beta0.z, q_block0_ln1_beta0.w};
         const float4 q_block0_ln1_gamma0 = *reinterpret_cast<const float4*>(&block0_ln1_gamma[(4 * l0)]);
         float v_block0_ln1_gamma[4] = {q_block0_ln1_gamma0.x, q_block0_ln1_gamma0.y, q_block0_ln1_gamma0.z, q_block0_ln1_gamma0.w};
+        const float4 q_layer_norm5_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + ((4 * l0) - s_layer_norm5_centered_lo2)]);
+        float v_layer_norm5_centered[4] = {q_layer_norm5_centered0.x, q_layer_norm5_centered0.y, q_layer_norm5_centered0.z, q_layer_norm5_centered0.w};
         float v_layer_norm5[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm5[c0] = (((s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm5_centered_lo2)] * r_layer_norm5_rstd) * v_block0_ln1_gamma[c0]) + v_block0_ln1_beta[c0]);
+          v_layer_norm5[c0] = (((v_layer_norm5_centered[c0] * r_layer_norm5_rstd) * v_block0_ln1_gamma[c0]) + v_block0_ln1_beta[c0]);
         }
         *reinterpret_cast<float4*>(&layer_norm5[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm5[0], v_layer_norm5[1], v_layer_norm5[2], v_layer_norm5[3]);
       }
@@ -668,18 +672,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_643d99255a9a39a4a0bd(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_a92ac61db63c9f0d452e(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_994aaddd9cf2addb2e81(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_add25[128];
+  __shared__ __align__(16) float s_add25[128];
   const int s_add25_lo0 = b0;
   const int s_add25_lo1 = (4 * b1);
   const int s_add25_lo2 = 0;
-  __shared__ float s_layer_norm27_centered[128];
+  __shared__ __align__(16) float s_layer_norm27_centered[128];
   const int s_layer_norm27_centered_lo0 = b0;
   const int s_layer_norm27_centered_lo1 = (4 * b1);
   const int s_layer_norm27_centered_lo2 = 0;
@@ -702,12 +706,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_a92ac61db63c9f0d452e(float*
         float v_matmul24[4] = {q_matmul240.x, q_matmul240.y, q_matmul240.z, q_matmul240.w};
         const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
         float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
+        float v_add25[4];
         float v_add26[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + (((4 * l0) + c0) - s_add25_lo2)] = (v_matmul24[c0] + v_block0_attn_o_bias[c0]);
-          r_add26 = (v_add4[c0] + s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + (((4 * l0) + c0) - s_add25_lo2)]); v_add26[c0] = r_add26;
+          v_add25[c0] = (v_matmul24[c0] + v_block0_attn_o_bias[c0]);
+          r_add26 = (v_add4[c0] + v_add25[c0]); v_add26[c0] = r_add26;
           r_layer_norm27_mean_acc = r_layer_norm27_mean_acc + (r_add26 * 0.03125f);
         }
+        *reinterpret_cast<float4*>(&s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]) = make_float4(v_add25[0], v_add25[1], v_add25[2], v_add25[3]);
         *reinterpret_cast<float4*>(&add26[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add26[0], v_add26[1], v_add26[2], v_add26[3]);
       }
     }
@@ -718,12 +724,16 @@ extern "C" __global__ void __launch_bounds__(128) pf_a92ac61db63c9f0d452e(float*
     if ((l0 <= 7)) {
       // coarsen:4
       {
+        const float4 q_add250 = *reinterpret_cast<const float4*>(&s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]);
+        float v_add25[4] = {q_add250.x, q_add250.y, q_add250.z, q_add250.w};
         const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
         float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
+        float v_layer_norm27_centered[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm27_centered_lo2)] = ((v_add4[c0] + s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + (((4 * l0) + c0) - s_add25_lo2)]) - r_layer_norm27_mean);
-          r_layer_norm27_var_acc = r_layer_norm27_var_acc + ((s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm27_centered_lo2)] * s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm27_centered_lo2)]) * 0.03125f);
+          v_layer_norm27_centered[c0] = ((v_add4[c0] + v_add25[c0]) - r_layer_norm27_mean);
+          r_layer_norm27_var_acc = r_layer_norm27_var_acc + ((v_layer_norm27_centered[c0] * v_layer_norm27_centered[c0]) * 0.03125f);
         }
+        *reinterpret_cast<float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]) = make_float4(v_layer_norm27_centered[0], v_layer_norm27_centered[1], v_layer_norm27_centered[2], v_layer_norm27_centered[3]);
       }
     }
     r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
@@ -737,9 +747,11 @@ extern "C" __global__ void __launch_bounds__(128) pf_a92ac61db63c9f0d452e(float*
         float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
         const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
         float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
+        const float4 q_layer_norm27_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]);
+        float v_layer_norm27_centered[4] = {q_layer_norm27_centered0.x, q_layer_norm27_centered0.y, q_layer_norm27_centered0.z, q_layer_norm27_centered0.w};
         float v_layer_norm27[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm27[c0] = (((s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm27_centered_lo2)] * r_layer_norm27_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
+          v_layer_norm27[c0] = (((v_layer_norm27_centered[c0] * r_layer_norm27_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
         }
         *reinterpret_cast<float4*>(&layer_norm27[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm27[0], v_layer_norm27[1], v_layer_norm27[2], v_layer_norm27[3]);
       }
@@ -879,18 +891,18 @@ extern "C" __global__ void __launch_bounds__(256) pf_90e8edb447214978ca38(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_285e374c301e48ad3adc(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_96e12b445af34d54c1ed(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int l0 = _t % 32; _t /= 32;
   const int r0 = _t;
-  __shared__ float s_add62[128];
+  __shared__ __align__(16) float s_add62[128];
   const int s_add62_lo0 = b0;
   const int s_add62_lo1 = (4 * b1);
   const int s_add62_lo2 = 0;
-  __shared__ float s_layer_norm63_centered[128];
+  __shared__ __align__(16) float s_layer_norm63_centered[128];
   const int s_layer_norm63_centered_lo0 = b0;
   const int s_layer_norm63_centered_lo1 = (4 * b1);
   const int s_layer_norm63_centered_lo2 = 0;
@@ -913,11 +925,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_285e374c301e48ad3adc(float*
         float v_matmul60[4] = {q_matmul600.x, q_matmul600.y, q_matmul600.z, q_matmul600.w};
         const float4 q_add550 = *reinterpret_cast<const float4*>(&add55[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
         float v_add55[4] = {q_add550.x, q_add550.y, q_add550.z, q_add550.w};
+        float v_add62[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
           r_add61 = (v_matmul60[c0] + v_block1_mlp_fc2_bias[c0]);
-          s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + (((4 * l0) + c0) - s_add62_lo2)] = (v_add55[c0] + r_add61);
-          r_layer_norm63_mean_acc = r_layer_norm63_mean_acc + (s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + (((4 * l0) + c0) - s_add62_lo2)] * 0.03125f);
+          v_add62[c0] = (v_add55[c0] + r_add61);
+          r_layer_norm63_mean_acc = r_layer_norm63_mean_acc + (v_add62[c0] * 0.03125f);
         }
+        *reinterpret_cast<float4*>(&s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + ((4 * l0) - s_add62_lo2)]) = make_float4(v_add62[0], v_add62[1], v_add62[2], v_add62[3]);
       }
     }
     r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
@@ -926,9 +940,15 @@ extern "C" __global__ void __launch_bounds__(128) pf_285e374c301e48ad3adc(float*
     r_layer_norm63_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
-      for (int c0 = 0; (c0 <= 3); c0 += 1) {
-        s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm63_centered_lo2)] = (s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + (((4 * l0) + c0) - s_add62_lo2)] - r_layer_norm63_mean);
-        r_layer_norm63_var_acc = r_layer_norm63_var_acc + ((s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm63_centered_lo2)] * s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm63_centered_lo2)]) * 0.03125f);
+      {
+        const float4 q_add620 = *reinterpret_cast<const float4*>(&s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + ((4 * l0) - s_add62_lo2)]);
+        float v_add62[4] = {q_add620.x, q_add620.y, q_add620.z, q_add620.w};
+        float v_layer_norm63_centered[4];
+        for (int c0 = 0; c0 < 4; c0 += 1) {
+          v_layer_norm63_centered[c0] = (v_add62[c0] - r_layer_norm63_mean);
+          r_layer_norm63_var_acc = r_layer_norm63_var_acc + ((v_layer_norm63_centered[c0] * v_layer_norm63_centered[c0]) * 0.03125f);
+        }
+        *reinterpret_cast<float4*>(&s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + ((4 * l0) - s_layer_norm63_centered_lo2)]) = make_float4(v_layer_norm63_centered[0], v_layer_norm63_centered[1], v_layer_norm63_centered[2], v_layer_norm63_centered[3]);
       }
     }
     r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
@@ -938,13 +958,15 @@ extern "C" __global__ void __launch_bounds__(128) pf_285e374c301e48ad3adc(float*
     if ((l0 <= 7)) {
       // coarsen:4
       {
+        const float4 q_layer_norm63_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + ((4 * l0) - s_layer_norm63_centered_lo2)]);
+        float v_layer_norm63_centered[4] = {q_layer_norm63_centered0.x, q_layer_norm63_centered0.y, q_layer_norm63_centered0.z, q_layer_norm63_centered0.w};
         const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
         float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
         const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
         float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
         float v_layer_norm63[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm63[c0] = (((s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + (((4 * l0) + c0) - s_layer_norm63_centered_lo2)] * r_layer_norm63_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
+          v_layer_norm63[c0] = (((v_layer_norm63_centered[c0] * r_layer_norm63_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
         }
         *reinterpret_cast<float4*>(&layer_norm63[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm63[0], v_layer_norm63[1], v_layer_norm63[2], v_layer_norm63[3]);
       }
