@@ -116,10 +116,15 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
     written = set(writes.values())
     proven = {t for t, ok in c.vector.items() if ok}
+    # one plain writer (no accumulator: init, update and final all touch those)
+    writers: dict[str, list[str]] = {}
+    for s in stmts:
+        writers.setdefault(writes[s.name], []).append(s.role)
     shared = frozenset(
         t
         for t in proven
         if placements[t].space == "shared"
+        and writers.get(t) == ["compute"]
         and c.uniform.get(t, False)
         and _aligned_rows(tuple(model.tensors[t].shape), placements[t], mm.context)
     )
@@ -131,8 +136,7 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
         reads[s.name] = frozenset(
             t
             for t in names
-            if (placements[t].space == "global" and not placements[t].register_copy)
-            or t in shared
+            if (placements[t].space == "global" and not placements[t].register_copy) or t in shared
         )
     proven = {t for t in proven if placements[t].space == "global"}
     loads = frozenset(t for t in proven if t not in written)

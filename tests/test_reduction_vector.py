@@ -18,6 +18,8 @@ import suite  # noqa: E402
 
 V4_LOAD = re.compile(r"ld\.global(\.nc)?\.v4\.f32")
 V4_STORE = re.compile(r"st\.global\.v4\.f32")
+V4_SHARED_LOAD = re.compile(r"ld\.shared\.v4\.f32")
+V4_SHARED_STORE = re.compile(r"st\.shared\.v4\.f32")
 ORDERS = (False, "reverse", "random", "shadow")
 
 
@@ -67,6 +69,8 @@ def test_suite_reductions_use_float4_in_ptx_without_spills(name, store):
     assert f"reinterpret_cast<float4*>(&{store}[" in fn.cuda_source  # the output row, float4
     ptx = compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc", output="ptx").ptx
     assert V4_LOAD.search(ptx) and V4_STORE.search(ptx), name
+    # the row tile in shared memory moves as float4 runs: lane l touches bytes [16 l, 16 l + 16)
+    assert V4_SHARED_LOAD.search(ptx) and V4_SHARED_STORE.search(ptx), name
     for arch in ("sm_80", "sm_90"):
         for res in fn.check_cuda(arch).resources.values():
             assert res.spill_stores == 0 and res.spill_loads == 0, (arch, res)
@@ -134,6 +138,31 @@ def test_suite_reductions_with_runs_correct_in_race_modes(name):
     assert any(c["factor"] == 4 for c in _runs(fn))
     arrays = suite.random_inputs(name, ins)
     _check(fn, arrays, ref(*arrays), 2e-4)
+
+
+def test_shared_row_tile_scalar_where_runs_cannot_align():
+    """A row of 45 (not a multiple of 4): the shared centred row keeps scalar accesses."""
+    ins, outs, ref = _layer_norm(4, 45)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    assert "__shared__ float s_" in fn.cuda_source and "__align__(16)" not in fn.cuda_source
+    assert "float4*>(&s_" not in fn.cuda_source
+    rng = np.random.default_rng(45)
+    arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in ins]
+    _check(fn, arrays, ref(*arrays), 1e-4)
+
+
+def test_dynamic_pool_slice_at_unaligned_offset_stays_scalar():
+    """A shared row in the dynamic pool at an offset that is not a multiple of 4 elements
+    cannot start 16-byte aligned: the pass leaves it scalar; a static one is declared aligned."""
+    from polyfuse.cuda.kernel_ast import KAlloc, MemSpace
+    from polyfuse.cuda.lower_vectorize import _aligned_buffers
+
+    allocs = (
+        KAlloc("s_a", MemSpace.SHARED, "float32", (768,), offset=6),
+        KAlloc("s_b", MemSpace.SHARED, "float32", (768,), offset=8),
+        KAlloc("s_c", MemSpace.SHARED, "float32", (768,)),
+    )
+    assert _aligned_buffers(allocs, frozenset({"a", "b", "c"})) == {"b", "c"}
 
 
 def test_runs_off_keeps_one_element_per_lane_step():
