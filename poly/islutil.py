@@ -50,3 +50,21 @@ def parallel_depth(sched: isl.Schedule) -> int:
     while node is not None and n < node.band_n_member() and node.band_member_get_coincident(n):
         n += 1
     return n
+
+
+def injective(u: isl.UnionMap) -> bool:
+    """``u.is_injective()``, decided faster for one map with parameters (a mapped kernel's
+    block and thread ids): ``[p] -> { D -> R }`` is injective for every ``p`` exactly when
+    ``{ [D, p] -> [R, p] }`` is injective, and isl decides the latter without carrying the
+    parameters through its existentials (batch norm's register checks: 5x faster)."""
+    maps = maps_of(u)
+    if len(maps) != 1 or maps[0].dim(isl.dim_type.param) == 0:
+        return u.is_injective()
+    m = maps[0]
+    n = m.dim(isl.dim_type.param)
+    out = m.dim(isl.dim_type.out)
+    m = m.add_dims(isl.dim_type.out, n)
+    for i in range(n):
+        m = m.equate(isl.dim_type.param, i, isl.dim_type.out, out + i)
+    m = m.move_dims(isl.dim_type.in_, m.dim(isl.dim_type.in_), isl.dim_type.param, 0, n)
+    return m.is_injective()

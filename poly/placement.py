@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.decision import DecisionKind
-from polyfuse.poly.islutil import maps_of, sets_of, zero_deltas
+from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
 
 
@@ -235,7 +235,7 @@ def _per_iteration(w: isl.UnionMap, r: isl.UnionMap, prefix: isl.UnionMap, stmt_
         if stmt_leaf[rs][1] != stmt_leaf[ws][1]:
             return "reader and writer are in different loop nests"
     wp = prefix.intersect_domain(w.domain())
-    if not wp.is_injective():
+    if not injective(wp):
         return "the writer runs several times per loop iteration"
     pairs = w.apply_range(r.reverse())
     if pairs.is_empty():
