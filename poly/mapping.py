@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.decision import Decided
 from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine, whole_warps
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
@@ -77,6 +78,7 @@ class MappedKernel:
     combined: set[str] = field(default_factory=set)  # reductions whose lanes hold partials
     thread_order: list[tuple[str, int]] = field(default_factory=list)  # empty: thread params
     coarsening: Coarsening | None = None  # elements per thread (poly/coarsen.py)
+    layout: Decided | None = None  # the reduction layout's typed record (poly/cost.py)
 
     def __post_init__(self) -> None:
         # defaults derived from the other fields, set once at construction (frozen after)
