@@ -494,8 +494,7 @@ def _vector_stores(
         # Each thread's runs start VECTOR_WIDTH apart from the tile's first column.
         proof = prove_vector_copy(box, lo, list(B), tshape)
         if proof.width == 1:
-            why = proof.reason.removeprefix("scalar copy: ")
-            return {}, f"epilogue stores scalar: {name}: {why}"
+            return {}, f"epilogue stores scalar: {name}: {proof.why}"
         out[s.name] = name
     return out, (
         f"epilogue stores {', '.join(sorted(set(out.values())))} as {VECTOR_WIDTH * 32}-bit "
