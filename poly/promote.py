@@ -17,6 +17,7 @@ copies, barriers and the unrolled micro-tile, epilogue).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -453,6 +454,7 @@ def build_gemm_kernel(
         stages=stages,
         pipelined=kts[multi[0]] if stages > 1 else "",
         fragments=fragments,
+        layout=tiling.decision(math.prod(g for _, g in bused), stages),
     )
 
 

@@ -33,8 +33,8 @@ class KernelPlan:
     cached: bool = False
     # recomputes decided for this kernel: data {"tensor", "readers"} (polyfuse.decision)
     recomputes: list[Decided] = field(default_factory=list)
-    # launch-layout decisions: the reduction layout (poly/cost.py), elements per thread /
-    # float4 (poly/coarsen.py)
+    # launch-layout decisions: the reduction layout (poly/cost.py) or GEMM tiles
+    # (poly/tiling.py), elements per thread / float4 (poly/coarsen.py)
     layout: list[Decided] = field(default_factory=list)
 
     @property

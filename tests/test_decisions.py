@@ -140,6 +140,23 @@ def test_reduction_layout_record_data():
         assert d["form"] == str(mm.strategy.form) and d["reason"] == mm.strategy.reason
 
 
+def test_gemm_tile_record_data(tmp_path):
+    from polyfuse.cache import CompileCache
+
+    a, w = te.placeholder((96, 112), name="a"), te.placeholder((112, 80), name="w")
+    fn = polyfuse.compile([a, w], [ops.matmul(a, w)], cache=CompileCache(tmp_path))
+    (kp,) = [kp for kp in fn.plan.kernel_plans if kp.parts and kp.parts[0].tiling is not None]
+    (r,) = [r for r in kp.layout if DecisionKind.GEMM_TILE in r.kinds]
+    mm = kp.parts[0]
+    assert r.reason == mm.tiling.label
+    assert any(n.startswith(r.reason) for n in fn.plan.kernels[0].notes)  # as printed
+    assert r.data["threads_per_block"] == mm.block and r.data["blocks"] == mm.grid
+    assert r.data["stages"] == mm.stages and tuple(r.data["block_tile"]) == mm.tiling.choice[:2]
+    again = polyfuse.compile([a, w], [ops.matmul(a, w)], cache=CompileCache(tmp_path))
+    assert again.cache_stats["hits"] > 0
+    assert [r for kp in again.plan.kernel_plans for r in kp.layout] == kp.layout
+
+
 #: Prefix tests: how a classifier reads a kind from prose (never needed on typed records).
 _PREFIX_METHODS = {"startswith", "endswith", "removeprefix", "removesuffix"}
 #: Splits, when applied to a decision's prose.
