@@ -27,6 +27,7 @@ import numpy as np
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import available_compilers
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.mapping import MappingConfig
 
 HERE = Path(__file__).resolve().parent
@@ -72,13 +73,20 @@ CASES: dict[str, tuple[Any, tuple[int, ...], tuple[int, ...]]] = {
 }
 
 
+def _gemm_tiles(fn) -> list[tuple[Any, Decided]]:
+    """(kernel, GEMM tiling record) of every register/shared-tiled kernel (typed records)."""
+    return [
+        (k, r)
+        for k, kp in zip(fn.kernels, fn.plan.kernel_plans, strict=True)
+        for r in kp.layout
+        if DecisionKind.GEMM_TILE in r.kinds
+    ]
+
+
 def _gemm_notes(fn) -> list[str]:
-    out = []
-    for k in fn.kernels:
-        tile = next((n for n in k.notes if n.startswith("block tile")), None)
-        if tile:
-            out.append(f"{k.name}: {tile}")
-    return out
+    return [
+        f"{k.name}: {r.reason}: modelled {r.data['modelled_us']:.1f} us" for k, r in _gemm_tiles(fn)
+    ]
 
 
 def kk_loop_counts(ptx: str) -> dict[str, dict[str, int]]:
@@ -117,9 +125,7 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
         for a in ("sm_80", "sm_90"):
             fa = polyfuse.compile(inputs=ins, outputs=outs, arch=a, check_cuda=False, name=name)
             binary = fa.check_cuda(a)
-            gemm = {
-                k.function or k.name for k in fa.kernels if any("micro-tile" in n for n in k.notes)
-            }
+            gemm = {k.function or k.name for k, _ in _gemm_tiles(fa)}
             loops = {f: c for f, c in kk_loop_counts(binary.ptx or "").items() if f in gemm}
             res[a] = [
                 {

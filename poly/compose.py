@@ -386,7 +386,11 @@ def map_reduction_kernel(
         if strategy.lanes_fastest
         else [("l0", lanes), ("r0", kept_tile)]
     )
-    notes = [f"reduction layout: {strategy}"]
+    blocks = 1
+    for g in grid_dims:
+        blocks *= g
+    decision = strategy.decision(blocks)
+    notes = [decision.reason]
     if vectors is not None:
         notes.append(vectors.coarsening.reason)
     return MappedKernel(
@@ -406,6 +410,7 @@ def map_reduction_kernel(
         combined=combined,
         thread_order=order,
         coarsening=vectors.coarsening if vectors is not None else None,
+        layout=decision,
     )
 
 

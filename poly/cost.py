@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.canonical import CanonicalForm
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK
@@ -70,6 +71,24 @@ class ReductionStrategy:
 
     def serial_per_thread(self) -> int:
         return -(-self.form.reduced // self.lanes)
+
+    @property
+    def note(self) -> str:
+        """The plan's note for this layout (prose for people; programs read :meth:`decision`)."""
+        return f"reduction layout: {self}"
+
+    def decision(self, blocks: int) -> Decided:
+        """This layout as a typed record, for a kernel of ``blocks`` blocks; its reason is
+        :attr:`note`, its data the numbers behind it."""
+        data = {
+            "form": str(self.form),
+            "kept_tile": self.kept_tile,
+            "lanes": self.lanes,
+            "threads_per_block": self.threads,
+            "blocks": blocks,
+            "reason": self.reason,
+        }
+        return Decided((DecisionKind.COST_MODEL, DecisionKind.REDUCTION_LAYOUT), self.note, data)
 
     def __str__(self) -> str:
         return (

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.decision import Decided
 from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine, whole_warps
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
@@ -77,6 +78,9 @@ class MappedKernel:
     combined: set[str] = field(default_factory=set)  # reductions whose lanes hold partials
     thread_order: list[tuple[str, int]] = field(default_factory=list)  # empty: thread params
     coarsening: Coarsening | None = None  # elements per thread (poly/coarsen.py)
+    # the mapping's launch-layout record: a reduction layout (poly/cost.py) or GEMM tiles
+    # (poly/tiling.py); elements per thread are ``coarsening``'s
+    layout: Decided | None = None
 
     def __post_init__(self) -> None:
         # defaults derived from the other fields, set once at construction (frozen after)

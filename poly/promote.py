@@ -17,6 +17,7 @@ copies, barriers and the unrolled micro-tile, epilogue).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -453,6 +454,7 @@ def build_gemm_kernel(
         stages=stages,
         pipelined=kts[multi[0]] if stages > 1 else "",
         fragments=fragments,
+        layout=tiling.decision(math.prod(g for _, g in bused), stages),
     )
 
 
@@ -494,8 +496,7 @@ def _vector_stores(
         # Each thread's runs start VECTOR_WIDTH apart from the tile's first column.
         proof = prove_vector_copy(box, lo, list(B), tshape)
         if proof.width == 1:
-            why = proof.reason.removeprefix("scalar copy: ")
-            return {}, f"epilogue stores scalar: {name}: {why}"
+            return {}, f"epilogue stores scalar: {name}: {proof.why}"
         out[s.name] = name
     return out, (
         f"epilogue stores {', '.join(sorted(set(out.values())))} as {VECTOR_WIDTH * 32}-bit "

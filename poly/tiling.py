@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
@@ -82,6 +83,22 @@ class GemmTiling:
         :attr:`choice`: what reasons and rejections name the tiling by."""
         assert self.choice is not None
         return tile_label(*self.choice)
+
+    def decision(self, blocks: int, stages: int) -> Decided:
+        """This tiling as a typed record for a kernel of ``blocks`` blocks whose shared tiles
+        have ``stages`` stages; its reason is :attr:`label`."""
+        assert self.choice is not None
+        bm, bn, tm, tn, kt = self.choice
+        data = {
+            "block_tile": [bm, bn],
+            "micro_tile": [tm, tn],
+            "k_tile": kt,
+            "threads_per_block": (bm // tm) * (bn // tn),
+            "blocks": blocks,
+            "stages": stages,
+            "modelled_us": self.modelled_us,
+        }
+        return Decided((DecisionKind.COST_MODEL, DecisionKind.GEMM_TILE), self.label, data)
 
     @property
     def regs(self) -> list[int]:

@@ -30,10 +30,20 @@ VECTOR_WIDTH = 4  # float32 elements in 128 bits
 
 @dataclass(frozen=True)
 class VectorProof:
-    """The vector width a copy may use (1: scalar) and why."""
+    """The vector width a copy may use (1: scalar) and why.
+
+    ``why`` is the cause alone (for callers that state it in their own words, e.g. an epilogue
+    that stores scalars); :attr:`reason` is the copy's full reason as the plan prints it.
+    """
 
     width: int
-    reason: str
+    why: str
+
+    @property
+    def reason(self) -> str:
+        if self.width == 1:
+            return f"scalar copy: {self.why}"
+        return f"{self.width * 32}-bit vector copy: {self.why}"
 
 
 def _set(fp: isl.Set, es: list[str], cons: str) -> isl.Set:
@@ -54,9 +64,9 @@ def prove_vector_copy(
     """Whether the copy of footprint ``fp`` (params: block and k-tile coordinates, restricted to
     their ranges) as its box ``lo``/``size`` may move ``width`` elements at once."""
     if not size or len(size) != len(shape):
-        return VectorProof(1, "scalar copy: the footprint is not a box of the array")
+        return VectorProof(1, "the footprint is not a box of the array")
     if size[-1] % width:
-        return VectorProof(1, f"scalar copy: row extent {size[-1]} is not a multiple of {width}")
+        return VectorProof(1, f"row extent {size[-1]} is not a multiple of {width}")
     ctx = fp.get_ctx()
     es = [f"e{i}" for i in range(len(size))]
     box = _set(
@@ -65,7 +75,7 @@ def prove_vector_copy(
         " and ".join(f"{b} <= {e} < {b} + {s}" for e, b, s in zip(es, lo, size, strict=True)),
     ).intersect_params(fp.params())
     if not fp.is_equal(box):
-        return VectorProof(1, "scalar copy: the footprint has holes inside its box")
+        return VectorProof(1, "the footprint has holes inside its box")
     starts = box.intersect(_set(fp, es, f"({es[-1]} - ({lo[-1]})) mod {width} = 0"))
     strides, acc = [], 1
     for d in reversed(shape):
@@ -80,7 +90,7 @@ def prove_vector_copy(
     if not residues.is_equal(isl.Set("{ [0] }", context=ctx)):
         return VectorProof(
             1,
-            f"scalar copy: vector starts are not {4 * width}-byte aligned "
+            f"vector starts are not {4 * width}-byte aligned "
             f"(row length {shape[-1]}; start offsets mod {width} take more than 0)",
         )
     last = es[-1]
@@ -94,9 +104,9 @@ def prove_vector_copy(
         )
     )
     if not straddle.is_empty():
-        return VectorProof(1, "scalar copy: a vector would straddle the array's edge")
+        return VectorProof(1, "a vector would straddle the array's edge")
     return VectorProof(
         width,
-        f"{width * 32}-bit vector copy: rows contiguous, extent {size[-1]} a multiple of "
+        f"rows contiguous, extent {size[-1]} a multiple of "
         f"{width}, isl proves every start {4 * width}-byte aligned",
     )

@@ -29,7 +29,8 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 4  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 5  # 3: placements and recomputes carry their decision kinds; 4: layout
+# 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (

@@ -29,6 +29,8 @@ class DecisionKind(StrEnum):
     SHARED_BUFFER = "shared buffer"  # Layer 3 kept kernels apart that touch a common buffer
     ELEMENTS_PER_THREAD = "elements per thread"  # and float4 accesses (poly/coarsen.py)
     SPLIT_REDUCTION = "split reduction"  # a reduction split across blocks (poly/split.py)
+    REDUCTION_LAYOUT = "reduction layout"  # a reduction kernel's launch shape (poly/cost.py)
+    GEMM_TILE = "gemm tile"  # a GEMM's block / register / k tiles (poly/tiling.py)
 
 
 @dataclass(frozen=True)

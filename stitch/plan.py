@@ -33,7 +33,8 @@ class KernelPlan:
     cached: bool = False
     # recomputes decided for this kernel: data {"tensor", "readers"} (polyfuse.decision)
     recomputes: list[Decided] = field(default_factory=list)
-    # launch-layout decisions: elements per thread / float4 (poly/coarsen.py)
+    # launch-layout decisions: the reduction layout (poly/cost.py) or GEMM tiles
+    # (poly/tiling.py), elements per thread / float4 (poly/coarsen.py)
     layout: list[Decided] = field(default_factory=list)
 
     @property
@@ -58,5 +59,6 @@ def plan_kernel(
     """Map and place kernel ``name`` of ``group``, recomputes decided (a compile-cache miss)."""
     r = recompute_spills(graph, group.parts, group.strategy, device, cfg)
     c = r.mapped.coarsening  # elements per thread / runs per lane (coarsen.py, lane_vector.py)
-    layout = [c.decision] if c is not None else []
+    layout = [r.mapped.layout] if r.mapped.layout is not None else []
+    layout += [c.decision] if c is not None else []
     return KernelPlan(name, [r.mapped], r.placements, recomputes=r.decisions, layout=layout)

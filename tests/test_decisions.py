@@ -92,3 +92,109 @@ def test_device_table_measured_h100_beside_datasheet():
     assert "measured 2026-11-22" in H100.figures and "datasheet 3350" in H100.figures
     assert A100.measured is None and A100.bandwidth_gbps == A100.dram_gbps
     assert A100.figures.startswith("datasheet")
+
+
+def _reword_layout_note(monkeypatch) -> None:
+    """The reduction-layout note reworded to text that names no kind."""
+    from polyfuse.poly.cost import ReductionStrategy
+
+    monkeypatch.setattr(ReductionStrategy, "note", property(lambda s: f"launch shape: {s}"))
+
+
+def _cost_layouts(data) -> list[dict]:
+    return [c for c in data["cost_model"] if "reduction layout" in c["kinds"]]
+
+
+def test_cost_filter_survives_a_reworded_reduction_layout_note(monkeypatch, tmp_path):
+    """The visualizer's cost-model list picks reduction layouts by kind, fresh or cached."""
+    from polyfuse.cache import CompileCache
+
+    _reword_layout_note(monkeypatch)
+    ins, outs, kw = next(_graphs())  # softmax: reduction kernels and a recompute
+    fresh = polyfuse.compile(ins, outs, check_cuda=False, cache=CompileCache(tmp_path), **kw)
+    cached = polyfuse.compile(ins, outs, check_cuda=False, cache=CompileCache(tmp_path), **kw)
+    assert cached.cache_stats["hits"] > 0 and all(kp.cached for kp in cached.plan.kernel_plans)
+    for fn in (fresh, cached):
+        data = extract(fn)
+        layouts = _cost_layouts(data)
+        assert layouts and all(c["note"].startswith("launch shape: ") for c in layouts)
+        assert not any("reduction layout" in c["note"] for c in data["cost_model"])
+        recomputes = [c for c in data["cost_model"] if c not in layouts]
+        assert recomputes and all("cost model" in c["kinds"] for c in recomputes)
+        # the note the plan prints is the record's reason: one text, never two
+        notes = {n for k in fn.kernels for n in k.notes}
+        assert all(c["note"] in notes for c in layouts)
+    assert _cost_layouts(extract(cached)) == _cost_layouts(extract(fresh))
+
+
+def test_reduction_layout_record_data():
+    ins, outs, kw = next(_graphs())
+    fn = polyfuse.compile(ins, outs, check_cuda=False, **kw)
+    recs = [r for r in fn.plan.records() if DecisionKind.REDUCTION_LAYOUT in r.kinds]
+    assert recs
+    for r in recs:
+        (mm,) = next(kp.parts for kp in fn.plan.kernel_plans if r in kp.layout)
+        d = r.data
+        assert d["lanes"] == mm.strategy.lanes and d["kept_tile"] == mm.strategy.kept_tile
+        assert d["threads_per_block"] == mm.block and d["blocks"] == mm.grid
+        assert d["form"] == str(mm.strategy.form) and d["reason"] == mm.strategy.reason
+
+
+def test_gemm_tile_record_data(tmp_path):
+    from polyfuse.cache import CompileCache
+
+    a, w = te.placeholder((96, 112), name="a"), te.placeholder((112, 80), name="w")
+    fn = polyfuse.compile([a, w], [ops.matmul(a, w)], cache=CompileCache(tmp_path))
+    (kp,) = [kp for kp in fn.plan.kernel_plans if kp.parts and kp.parts[0].tiling is not None]
+    (r,) = [r for r in kp.layout if DecisionKind.GEMM_TILE in r.kinds]
+    mm = kp.parts[0]
+    assert r.reason == mm.tiling.label
+    assert any(n.startswith(r.reason) for n in fn.plan.kernels[0].notes)  # as printed
+    assert r.data["threads_per_block"] == mm.block and r.data["blocks"] == mm.grid
+    assert r.data["stages"] == mm.stages and tuple(r.data["block_tile"]) == mm.tiling.choice[:2]
+    again = polyfuse.compile([a, w], [ops.matmul(a, w)], cache=CompileCache(tmp_path))
+    assert again.cache_stats["hits"] > 0
+    assert [r for kp in again.plan.kernel_plans for r in kp.layout] == kp.layout
+
+
+#: Prefix tests: how a classifier reads a kind from prose (never needed on typed records).
+_PREFIX_METHODS = {"startswith", "endswith", "removeprefix", "removesuffix"}
+#: Splits, when applied to a decision's prose.
+_SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}
+_PROSE = ("note", "reason", "text", "summary", "why")
+
+
+def _prose_matches(source: str) -> list[str]:
+    """Places in ``source`` that classify decision prose: any prefix test, a split or ``re``
+    call on an expression naming a note/reason/text, or a string literal tested with ``in``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            target = ast.unparse(f.value)
+            prose = any(w in target for w in _PROSE)
+            if f.attr in _PREFIX_METHODS or (f.attr in _SPLIT_METHODS and prose):
+                found.append(ast.unparse(node))
+            args = " ".join(ast.unparse(a) for a in node.args)
+            if target == "re" and any(w in args for w in _PROSE):
+                found.append(ast.unparse(node))
+        if isinstance(node, ast.Compare) and any(
+            isinstance(op, (ast.In, ast.NotIn)) for op in node.ops
+        ):
+            if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_the_visualizer_never_matches_decision_prose():
+    from pathlib import Path
+
+    import polyfuse.viz
+
+    old = 'cost = [n for n in k.notes if n.startswith("reduction layout") or "recomputed" in n]'
+    assert len(_prose_matches(old)) == 2  # the check sees the classifier this replaced
+    assert _prose_matches('kind = r.reason.split(":")[0]')
+    for path in sorted(Path(polyfuse.viz.__file__).parent.glob("*.py")):
+        assert not _prose_matches(path.read_text()), path.name

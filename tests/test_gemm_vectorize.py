@@ -65,6 +65,18 @@ def test_proof_rejects_unaligned_start_extent_and_holes():
     assert "holes" in prove_vector_copy(fp, ["0", "8kt0"], [4, 8], (4, 64)).reason
 
 
+def test_proof_keeps_the_cause_apart_from_the_printed_reason():
+    """Callers reword a proof's cause (``why``) without stripping the printed reason."""
+    fp = _fp("[kt0] -> { a[e0, e1] : 0 <= kt0 < 4 and 0 <= e0 < 4 and 8kt0 <= e1 < 8kt0 + 6 }")
+    scalar = prove_vector_copy(fp, ["0", "8kt0"], [4, 6], (4, 64))
+    assert scalar.why == "row extent 6 is not a multiple of 4"
+    assert scalar.reason == f"scalar copy: {scalar.why}"
+    fp = _fp("[kt0] -> { a[e0, e1] : 0 <= kt0 < 4 and 0 <= e0 < 4 and 8kt0 <= e1 < 8kt0 + 8 }")
+    vector = prove_vector_copy(fp, ["0", "8kt0"], [4, 8], (4, 64))
+    assert vector.reason == f"128-bit vector copy: {vector.why}"
+    assert not vector.why.startswith("128-bit")
+
+
 def test_proof_rejects_a_vector_straddling_the_edge():
     # Row length 8 at column offset 0, box 8 wide starting at 4*kt0: the last box runs past
     # the edge at 8, but the vector [4, 8) never straddles; with 10 columns [8, 12) would.

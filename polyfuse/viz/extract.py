@@ -231,7 +231,7 @@ def extract(fn) -> dict[str, Any]:
         for i, d in enumerate(getattr(plan, "packs", []))
     ]
 
-    # ---- launch layouts: elements per thread / float4, reductions split across blocks
+    # ---- launch layouts: reduction layouts, elements per thread / float4, reduction splits
     layouts = [
         {"kernel": kp.name, "kinds": _kinds(r.kinds), "text": r.reason}
         for kp in plan.kernel_plans
@@ -411,12 +411,15 @@ def extract(fn) -> dict[str, Any]:
             }
         )
 
+    # cost-model decisions: reduction layouts and recomputes, picked by their typed kinds
     cost = [
-        {"kernel": k.name, "note": n}
-        for k in plan.kernels
-        for n in k.notes
-        if n.startswith("reduction layout") or "recomputed" in n
-    ] + [{"kernel": "", "note": r} for r in plan.rewrites]
+        {"kernel": kp.name, "kinds": _kinds(r.kinds), "note": r.reason}
+        for kp in plan.kernel_plans
+        for r in [
+            *(d for d in kp.layout if DecisionKind.REDUCTION_LAYOUT in d.kinds),
+            *kp.recomputes,
+        ]
+    ] + [{"kernel": "", "kinds": [], "note": r} for r in plan.rewrites]
 
     data: dict[str, Any] = {
         "version": 1,

@@ -303,7 +303,7 @@ function renderDecisions(filter){
   const packs = (D.packs || []).filter((p) => !filter || p.kinds.includes(filter));
   h += '<h3>parallel stitching (Layer 3)</h3><div id="packs">' + (packs.map((p) => `<div class="pack">${kindPills(p.kinds)} ${esc(p.text)}</div>`).join("") || '<span class="mut">none</span>') + "</div>";
   const lays = (D.launch_layouts || []).filter((p) => !filter || p.kinds.includes(filter));
-  h += '<h3>launch layouts (elements per thread, reduction splits)</h3><div id="layouts">' + (lays.map((p) => `<div class="pack">${kindPills(p.kinds)} ${esc(p.kernel ? p.kernel + ": " : "")}${esc(p.text)}</div>`).join("") || '<span class="mut">none</span>') + "</div>";
+  h += '<h3>launch layouts (reduction layouts, elements per thread, reduction splits)</h3><div id="layouts">' + (lays.map((p) => `<div class="pack">${kindPills(p.kinds)} ${esc(p.kernel ? p.kernel + ": " : "")}${esc(p.text)}</div>`).join("") || '<span class="mut">none</span>') + "</div>";
   v.innerHTML = h;
   $("kind-filter").addEventListener("change", (ev) => renderDecisions(ev.target.value));
   v.querySelectorAll("tr.dec").forEach((tr) => tr.addEventListener("click", () => selectDecision(+tr.dataset.dec, false)));
