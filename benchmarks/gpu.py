@@ -460,7 +460,14 @@ def import_runtime() -> types.ModuleType:
         return runtime
     except ImportError:
         pass
-    for name, path in (("polyfuse", ROOT / "polyfuse"), ("polyfuse.cuda", ROOT / "cuda")):
+    # package shells without their __init__ (which would import the compiler); the runtime
+    # reads only isl-free modules of them (cuda/runtime, cuda/compiler, poly/policy, poly/device)
+    shells = (
+        ("polyfuse", ROOT / "polyfuse"),
+        ("polyfuse.cuda", ROOT / "cuda"),
+        ("polyfuse.poly", ROOT / "poly"),
+    )
+    for name, path in shells:
         if name not in sys.modules:
             module = types.ModuleType(name)
             module.__path__ = [str(path)]  # type: ignore[attr-defined]
