@@ -1,6 +1,5 @@
 """Several elements per thread and 128-bit global accesses (poly/coarsen.py, lower_vectorize)."""
 
-import re
 import sys
 from pathlib import Path
 
@@ -17,39 +16,21 @@ from polyfuse.poly.mapping import MappingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import suite  # noqa: E402
+from vector_checks import V4_LOAD, V4_STORE, elements_per_thread, require_nvrtc  # noqa: E402
 
-V4_LOAD = re.compile(r"ld\.global(\.nc)?\.v4\.f32")
-V4_STORE = re.compile(r"st\.global\.v4\.f32")
 FOUR = MappingConfig(elements_per_thread=4)
 ORDERS = (False, "reverse", "random")
 
 
-def _nvrtc():
-    from polyfuse.cuda.compiler import available_compilers
-
-    if "nvrtc" not in available_compilers():
-        pytest.skip("NVRTC not installed")
-
-
-def _coarsening(fn):
-    """The elements-per-thread decisions of the plan (typed records, packed kernels too)."""
-    return [
-        r.data
-        for kp in fn.plan.kernel_plans
-        for r in kp.layout
-        if DecisionKind.ELEMENTS_PER_THREAD in r.kinds
-    ]
-
-
 @pytest.mark.parametrize("name", ["bias_gelu_tanh", "two_branches", "adam3"])
 def test_full_size_elementwise_kernels_use_float4_in_ptx(name):
-    _nvrtc()
+    require_nvrtc()
     ins, outs, _ = suite.build(name, 1)
     fn = polyfuse.compile(ins, outs, arch="sm_90", check_cuda=False)
     ptx = compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc", output="ptx").ptx
     assert V4_LOAD.search(ptx) and V4_STORE.search(ptx), name
     assert ".local" not in ptx  # the lane registers stay registers
-    chosen = [c for c in _coarsening(fn) if c["factor"] > 1]
+    chosen = [c for c in elements_per_thread(fn) if c["factor"] > 1]
     assert chosen and all(c["vector"] for c in chosen)
     assert "waves" in str(fn.plan)
 
@@ -60,7 +41,7 @@ def test_full_size_elementwise_kernels_use_float4_in_ptx(name):
 def test_coarsened_suite_kernels_correct_in_race_modes(name):
     ins, outs, ref = suite.build(name, 64)
     fn = polyfuse.compile(ins, outs, mapping=FOUR, check_cuda=False)
-    assert any(c["factor"] == 4 for c in _coarsening(fn))
+    assert any(c["factor"] == 4 for c in elements_per_thread(fn))
     arrays = suite.random_inputs(name, ins)
     want = ref(*arrays)
     for order in ORDERS:
@@ -82,7 +63,7 @@ def _gelu_rows(cols: int):
 def test_row_stride_not_a_multiple_of_four_falls_back_to_scalar():
     ins, outs = _gelu_rows(1001)
     fn = polyfuse.compile(ins, outs, mapping=FOUR, check_cuda=False)
-    (c,) = _coarsening(fn)
+    (c,) = elements_per_thread(fn)
     assert "multiple of 4" in c["scalar"]["x"] and "gelu" in c["scalar"]
     assert c["vector"] == ["b"] and c["tail"]  # the bias row is aligned; 1001 leaves a tail
     src = fn.cuda_source
@@ -106,7 +87,7 @@ def test_one_dimensional_tail_runs_scalar_and_is_correct(n):
     x = te.placeholder((n,), name="x")
     y = ops.tanh(ops.mul(x, 2.0), name="y")
     fn = polyfuse.compile([x], [y], mapping=MappingConfig(elements_per_thread=8), check_cuda=False)
-    (c,) = _coarsening(fn)
+    (c,) = elements_per_thread(fn)
     assert c["factor"] == 8 and {"x", "y"} <= set(c["vector"])
     assert c["tail"] == (n % 8 != 0)
     assert ("} else {" in fn.cuda_source) == c["tail"]  # the scalar tail beside the vector form
@@ -121,10 +102,10 @@ def test_one_dimensional_tail_runs_scalar_and_is_correct(n):
 def test_small_kernels_keep_one_element_per_thread():
     ins, outs = _gelu_rows(1024)
     fn = polyfuse.compile(ins, outs, check_cuda=False)
-    (c,) = _coarsening(fn)
+    (c,) = elements_per_thread(fn)
     assert c["factor"] == 1 and "of a wave" in str(fn.plan)
     off = polyfuse.compile(ins, outs, mapping=MappingConfig(elements_per_thread=1))
-    assert not _coarsening(off)
+    assert not elements_per_thread(off)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +192,7 @@ def test_coarsened_blocks_are_whole_warps_so_layer3_still_packs():
     ins, outs, _ = suite.build("rmsnorm_swiglu", 1)
     fn = polyfuse.compile(ins, outs, check_cuda=False)
     assert len(fn.kernels) == 1, str(fn.plan)
-    assert any(c["factor"] == 4 for c in _coarsening(fn))
+    assert any(c["factor"] == 4 for c in elements_per_thread(fn))
 
 
 def test_each_statement_access_is_its_own_float4_stream():
@@ -219,6 +200,6 @@ def test_each_statement_access_is_its_own_float4_stream():
     # each slice is proven contiguous and aligned on its own.
     ins, outs, _ = suite.build("lstm_cell", 16)
     fn = polyfuse.compile(ins, outs, mapping=FOUR, check_cuda=False)
-    (c,) = _coarsening(fn)
+    (c,) = elements_per_thread(fn)
     assert "gates" in c["vector"]
     assert fn.cuda_source.count("reinterpret_cast<const float4*>(&gates[") == 4

@@ -10,34 +10,15 @@ import pytest
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import compile_cuda
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.mapping import MappingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import suite  # noqa: E402
+from vector_checks import V4_LOAD, V4_STORE, elements_per_thread, require_nvrtc  # noqa: E402
 
-V4_LOAD = re.compile(r"ld\.global(\.nc)?\.v4\.f32")
-V4_STORE = re.compile(r"st\.global\.v4\.f32")
 V4_SHARED_LOAD = re.compile(r"ld\.shared\.v4\.f32")
 V4_SHARED_STORE = re.compile(r"st\.shared\.v4\.f32")
 ORDERS = (False, "reverse", "random", "shadow")
-
-
-def _nvrtc():
-    from polyfuse.cuda.compiler import available_compilers
-
-    if "nvrtc" not in available_compilers():
-        pytest.skip("NVRTC not installed")
-
-
-def _runs(fn):
-    """The elements-per-thread records of the plan's kernels."""
-    return [
-        r.data
-        for kp in fn.plan.kernel_plans
-        for r in kp.layout
-        if DecisionKind.ELEMENTS_PER_THREAD in r.kinds
-    ]
 
 
 def _check(fn, arrays, want, tol=2e-5):
@@ -61,10 +42,10 @@ def _check(fn, arrays, want, tol=2e-5):
     ],
 )
 def test_suite_reductions_use_float4_in_ptx_without_spills(name, store):
-    _nvrtc()
+    require_nvrtc()
     ins, outs, _ = suite.build(name, 1)
     fn = polyfuse.compile(ins, outs, arch="sm_90", check_cuda=False)
-    (c,) = _runs(fn)
+    (c,) = elements_per_thread(fn)
     assert c["factor"] == 4 and store in c["vector"]
     assert f"reinterpret_cast<float4*>(&{store}[" in fn.cuda_source  # the output row, float4
     ptx = compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc", output="ptx").ptx
@@ -110,7 +91,7 @@ GRAPHS = {"layer_norm": _layer_norm, "softmax": _softmax}
 def test_runs_correct_in_race_modes(graph, shape):
     ins, outs, ref = GRAPHS[graph](*shape)
     fn = polyfuse.compile(ins, outs, check_cuda=False)
-    (c,) = _runs(fn)
+    (c,) = elements_per_thread(fn)
     assert c["factor"] == 4 and "x" in c["vector"]
     assert c["tail"] == (shape[1] % 4 != 0)  # one row of 47: aligned, a scalar tail
     rng = np.random.default_rng(shape[0] * 1000 + shape[1])
@@ -123,7 +104,7 @@ def test_runs_correct_in_race_modes(graph, shape):
 def test_row_length_not_a_multiple_of_four_falls_back(graph, shape):
     ins, outs, ref = GRAPHS[graph](*shape)
     fn = polyfuse.compile(ins, outs, check_cuda=False)
-    (c,) = _runs(fn)
+    (c,) = elements_per_thread(fn)
     assert "x" not in c["vector"] and "multiple of 4" in c["scalar"]["x"]
     assert "float4*>(&x[" not in fn.cuda_source
     rng = np.random.default_rng(shape[1])
@@ -135,7 +116,7 @@ def test_row_length_not_a_multiple_of_four_falls_back(graph, shape):
 def test_suite_reductions_with_runs_correct_in_race_modes(name):
     ins, outs, ref = suite.build(name, 64)
     fn = polyfuse.compile(ins, outs, check_cuda=False)
-    assert any(c["factor"] == 4 for c in _runs(fn))
+    assert any(c["factor"] == 4 for c in elements_per_thread(fn))
     arrays = suite.random_inputs(name, ins)
     _check(fn, arrays, ref(*arrays), 2e-4)
 
@@ -168,7 +149,7 @@ def test_dynamic_pool_slice_at_unaligned_offset_stays_scalar():
 def test_runs_off_keeps_one_element_per_lane_step():
     ins, outs, _ = _softmax(4, 1024)
     fn = polyfuse.compile(ins, outs, mapping=MappingConfig(elements_per_thread=1))
-    assert not _runs(fn) and "float4" not in fn.cuda_source
+    assert not elements_per_thread(fn) and "float4" not in fn.cuda_source
 
 
 def test_x_reduction_lanes_stay_scalar():
@@ -176,6 +157,6 @@ def test_x_reduction_lanes_stay_scalar():
     k = te.reduce_axis(64, name="k")
     y = te.compute((256,), lambda j: te.sum(x[k, j], axis=k), name="y")
     fn = polyfuse.compile([x], [y], check_cuda=False)
-    assert all(c["factor"] == 1 for c in _runs(fn))
+    assert all(c["factor"] == 1 for c in elements_per_thread(fn))
     a = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
     np.testing.assert_allclose(fn(a), a.sum(0), rtol=1e-4, atol=1e-4)
