@@ -480,9 +480,11 @@ def _lane_combines(
     Per reduction, with ``d`` the result element of an update instance and ``l0`` its lane:
     an instance run by every lane (a lane-less update, e.g. a reduced extent of 1) is a
     redundant copy — no combine; instances split over lanes with each ``d`` on one lane (the
-    lanes stride the kept dimensions, e.g. rows of width 1) — no combine; several lanes
-    sharing a ``d`` — combine, which needs the final to run on every lane (lane-less), else
-    the kernel has no valid layout.
+    lanes stride the kept dimensions, e.g. rows of width 1) and the final on that lane — no
+    combine; several lanes sharing a ``d``, or each ``d`` on one lane but a lane-less final
+    (every lane reads the result, e.g. a short all-reduce held by one lane's run of 4) —
+    combine, which needs the final to run on every lane (lane-less), else the kernel has no
+    valid layout.
     """
     out: set[str] = set()
     for s in model.statements:
@@ -505,8 +507,8 @@ def _lane_combines(
             if not every.is_subset(inst):
                 raise CompositionError(f"{s.prim}: reduction runs on some lanes redundantly")
             continue
-        if kept.is_single_valued():
-            continue
+        if kept.is_single_valued() and fin.name not in laneless:
+            continue  # each element's lane runs its own final
         if fin.name not in laneless:
             raise CompositionError(
                 f"{s.prim}: lanes share result elements but the final runs per lane"

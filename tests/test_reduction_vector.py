@@ -160,3 +160,18 @@ def test_x_reduction_lanes_stay_scalar():
     assert all(c["factor"] == 1 for c in elements_per_thread(fn))
     a = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
     np.testing.assert_allclose(fn(a), a.sum(0), rtol=1e-4, atol=1e-4)
+
+
+def test_short_all_reduce_in_one_lane_run_is_combined_for_every_lane():
+    """fuzz seed 100198: a min over 3 elements fits one lane's run of 4, so only lane 0 held
+    the result while every lane's consumer (r3 + x) read its own register (+inf)."""
+    x0 = te.placeholder((5, 3, 127), name="x0")
+    k0, k2 = te.reduce_axis(5, name="k0"), te.reduce_axis(127, name="k2")
+    r2 = te.compute((3,), lambda i: te.sum(x0[k0, i, k2], axis=[k0, k2]), name="r2")
+    k = te.reduce_axis(3, name="k")
+    r3 = te.compute((1,), lambda i: te.min(r2[k], axis=[k]), name="r3")
+    b4 = te.compute((5, 3, 127), lambda a, b, c: r3[0] + x0[a, b, c], name="b4")
+    fn = polyfuse.compile([x0], [b4], check_cuda=False)
+    x = np.random.default_rng(3).standard_normal((5, 3, 127)).astype(np.float32)
+    want = x.astype(np.float64).sum(axis=(0, 2)).min() + x
+    _check(fn, [x], [want], tol=1e-4)
