@@ -22,6 +22,7 @@ from polyfuse.cuda.kernel_ast import (
     KStmt,
     MemSpace,
     Scope,
+    map_children,
 )
 from polyfuse.cuda.lower_combines import WARP_SIZE
 
@@ -62,6 +63,10 @@ class _PartBarriers(KMutator):
         return out + [KMark(n.name, self.body(n.body))]
 
     def visit_default(self, n: KNode) -> list[KNode]:
+        if isinstance(n, KIf) and not n.orelse and any(_has_part(c) for c in n.then[1:]):
+            # isl hoisted one guard over several parts: one guard per child (the guard reads
+            # only loop and thread indices), so each part's barrier can stand outside it
+            return self.body([KIf(n.cond, [c]) for c in n.then])
         out: list[KNode] = []
         lead = _leading_part(n)
         if self.seen and lead is not None:
@@ -73,6 +78,23 @@ class _PartBarriers(KMutator):
 
 def _note(mark: KMark) -> str:
     return f"{mark.name[len(PART) :]} reads what earlier parts wrote"
+
+
+def _has_part(n: KNode) -> bool:
+    """Whether a part mark stands in ``n`` or below it."""
+    found = False
+
+    def look(nodes: list[KNode]) -> list[KNode]:
+        nonlocal found
+        for c in nodes:
+            if isinstance(c, KMark) and c.name.startswith(PART):
+                found = True
+            else:
+                map_children(c, look)
+        return nodes
+
+    look([n])
+    return found
 
 
 def _leading_part(n: KNode) -> KMark | None:

@@ -175,3 +175,25 @@ def test_short_all_reduce_in_one_lane_run_is_combined_for_every_lane():
     x = np.random.default_rng(3).standard_normal((5, 3, 127)).astype(np.float32)
     want = x.astype(np.float64).sum(axis=(0, 2)).min() + x
     _check(fn, [x], [want], tol=1e-4)
+
+
+def test_barriers_between_parts_under_one_hoisted_guard_stand_outside_it():
+    """fuzz seeds 200486/200620: isl put one lane guard (the lanes with a run) over two
+    stitched parts; the barrier between them was inside the guard (divergent)."""
+    x0 = te.placeholder((8, 31), name="x0")
+    k = te.reduce_axis(31, name="k")
+    r2 = te.compute((8,), lambda i: te.sum(x0[i, k] + x0[i, k], axis=[k]) / 31.0, name="r2")
+    u3 = te.compute((8,), lambda i: te.exp(r2[i]), name="u3")
+    j = te.reduce_axis(8, name="j")
+    r4 = te.compute((), lambda: te.sum(te.tanh(r2[j]), axis=[j]) / 8.0, name="r4")
+    b6 = te.compute((8,), lambda i: r4[()] * r4[()] - u3[i], name="b6")
+    b7 = te.compute((8,), lambda i: r4[()] - u3[i], name="b7")
+    fn = polyfuse.compile([x0], [b6, b7, r4], check_cuda=False)
+    x = np.random.default_rng(5).standard_normal((8, 31)).astype(np.float32)
+    r2v = (2.0 * x.astype(np.float64)).sum(axis=1) / 31.0
+    r4v = np.tanh(r2v).sum() / 8.0
+    _check(fn, [x], [r4v * r4v - np.exp(r2v), r4v - np.exp(r2v), np.float32(r4v)], tol=1e-4)
+    for kern in fn.kernels:
+        for line in kern.source.splitlines():
+            if "__syncthreads();  //" in line:  # part barriers stand at the kernel's top level
+                assert line.startswith("  __syncthreads"), line

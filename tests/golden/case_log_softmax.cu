@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_8168c278a5c427aafd38(float* __restrict__ log_softmax17, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(128) pf_970d67d190d945a9aa2c(float* __restrict__ log_softmax17, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -68,7 +68,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_8168c278a5c427aafd38(float*
       r_log_softmax17_max_acc = pf_fmaxf(r_log_softmax17_max_acc, xs[((4 * b0) + r0) * 45 + (l0 + (32 * c0))]);
     }
     r_log_softmax17_max_acc = pf_allreduce_y<pf_max, 32>(r_log_softmax17_max_acc, pf_scratch); r_log_softmax17_max = r_log_softmax17_max_acc;
-    __syncwarp();  // mg1 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg1 reads what earlier parts wrote
+  if ((((4 * b0) + r0) <= 5)) {
     // part:mg1
     r_log_softmax17_sum_acc = 0.0f;
     for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {
@@ -77,7 +79,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_8168c278a5c427aafd38(float*
       r_log_softmax17_sum_acc = r_log_softmax17_sum_acc + r_log_softmax17_exp;
     }
     r_log_softmax17_sum_acc = pf_allreduce_y<pf_sum, 32>(r_log_softmax17_sum_acc, pf_scratch); r_log_softmax17_sum = r_log_softmax17_sum_acc;
-    __syncwarp();  // mg2 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg2 reads what earlier parts wrote
+  if ((((4 * b0) + r0) <= 5)) {
     // part:mg2
     r_log_softmax17_log = logf(r_log_softmax17_sum);
     for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_e7b7b0ac7cd8d0608017(float* __restrict__ softmax15, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(128) pf_ad764341307f2a5d37cf(float* __restrict__ softmax15, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -67,7 +67,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_e7b7b0ac7cd8d0608017(float*
       r_softmax15_max_acc = pf_fmaxf(r_softmax15_max_acc, xs[((4 * b0) + r0) * 45 + (l0 + (32 * c0))]);
     }
     r_softmax15_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax15_max_acc, pf_scratch); r_softmax15_max = r_softmax15_max_acc;
-    __syncwarp();  // mg1 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg1 reads what earlier parts wrote
+  if ((((4 * b0) + r0) <= 5)) {
     // part:mg1
     r_softmax15_sum_acc = 0.0f;
     for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {
@@ -76,7 +78,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_e7b7b0ac7cd8d0608017(float*
       r_softmax15_sum_acc = r_softmax15_sum_acc + s_softmax15_exp[(((4 * b0) + r0) - s_softmax15_exp_lo0) * 45 + ((l0 + (32 * c0)) - s_softmax15_exp_lo1)];
     }
     r_softmax15_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax15_sum_acc, pf_scratch); r_softmax15_sum = r_softmax15_sum_acc;
-    __syncwarp();  // mg2 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg2 reads what earlier parts wrote
+  if ((((4 * b0) + r0) <= 5)) {
     // part:mg2
     for (int c0 = 0; (c0 <= ((-((l0 + 19) / 32)) + 1)); c0 += 1) {
       softmax15[((4 * b0) + r0) * 45 + (l0 + (32 * c0))] = (s_softmax15_exp[(((4 * b0) + r0) - s_softmax15_exp_lo0) * 45 + ((l0 + (32 * c0)) - s_softmax15_exp_lo1)] / r_softmax15_sum);

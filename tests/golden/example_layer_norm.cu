@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_273ec13c1576e6a8ff48(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_a908d38a21cd5429f8d2(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -74,7 +74,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_273ec13c1576e6a8ff48(float*
       }
     }
     r_layer_norm_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm_mean_acc, pf_scratch); r_layer_norm_mean = r_layer_norm_mean_acc;
-    __syncwarp();  // mg1 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg1 reads what earlier parts wrote
+  if ((((8 * b0) + r0) <= 11)) {
     // part:mg1
     r_layer_norm_var_acc = 0.0f;
     if ((l0 <= 17)) {
@@ -91,7 +93,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_273ec13c1576e6a8ff48(float*
       }
     }
     r_layer_norm_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm_var_acc, pf_scratch); r_layer_norm_var = r_layer_norm_var_acc;
-    __syncwarp();  // mg2 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg2 reads what earlier parts wrote
+  if ((((8 * b0) + r0) <= 11)) {
     // part:mg2
     r_layer_norm_rstd = rsqrtf((r_layer_norm_var + 1e-05f));
     if ((l0 <= 17)) {

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b3b087676462af23a8f0(float* __restrict__ softmax, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_07840aec8ea3dd86a578(float* __restrict__ softmax, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -74,7 +74,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3b087676462af23a8f0(float*
       }
     }
     r_softmax_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax_max_acc, pf_scratch); r_softmax_max = r_softmax_max_acc;
-    __syncwarp();  // mg1 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg1 reads what earlier parts wrote
+  if ((((8 * b0) + r0) <= 9)) {
     // part:mg1
     r_softmax_sum_acc = 0.0f;
     if ((l0 <= 24)) {
@@ -92,6 +94,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_b3b087676462af23a8f0(float*
       }
     }
     r_softmax_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax_sum_acc, pf_scratch); r_softmax_sum = r_softmax_sum_acc;
+  }
+  __syncwarp();  // mg2 reads what earlier parts wrote
+  if ((((8 * b0) + r0) <= 9)) {
     __syncwarp();  // mg2 reads what earlier parts wrote
     if ((l0 <= 24)) {
       // part:mg2

@@ -171,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float*
   concat3[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose2[b0 * 128 + (t1 - 1) * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_831b57528bb01b2c253c(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_77055aadff181a595ce3(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -208,7 +208,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_831b57528bb01b2c253c(float*
       }
     }
     r_layer_norm5_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_mean_acc, pf_scratch); r_layer_norm5_mean = r_layer_norm5_mean_acc;
-    __syncwarp();  // mg6 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg6 reads what earlier parts wrote
+  if ((((4 * b1) + r0) <= 4)) {
     // part:mg6
     r_layer_norm5_var_acc = 0.0f;
     if ((l0 <= 7)) {
@@ -227,7 +229,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_831b57528bb01b2c253c(float*
       }
     }
     r_layer_norm5_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_var_acc, pf_scratch); r_layer_norm5_var = r_layer_norm5_var_acc;
-    __syncwarp();  // mg7 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg7 reads what earlier parts wrote
+  if ((((4 * b1) + r0) <= 4)) {
     // part:mg7
     r_layer_norm5_rstd = rsqrtf((r_layer_norm5_var + 1e-05f));
     if ((l0 <= 7)) {
@@ -672,7 +676,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_643d99255a9a39a4a0bd(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_994aaddd9cf2addb2e81(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_206d5433148d61f5da5f(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -718,7 +722,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_994aaddd9cf2addb2e81(float*
       }
     }
     r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
-    __syncwarp();  // mg26 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg26 reads what earlier parts wrote
+  if ((((4 * b1) + r0) <= 4)) {
     // part:mg26
     r_layer_norm27_var_acc = 0.0f;
     if ((l0 <= 7)) {
@@ -737,7 +743,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_994aaddd9cf2addb2e81(float*
       }
     }
     r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
-    __syncwarp();  // mg27 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg27 reads what earlier parts wrote
+  if ((((4 * b1) + r0) <= 4)) {
     // part:mg27
     r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
     if ((l0 <= 7)) {
@@ -891,7 +899,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_90e8edb447214978ca38(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_96e12b445af34d54c1ed(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_2efe0adbbe20c3c56751(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -935,7 +943,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_96e12b445af34d54c1ed(float*
       }
     }
     r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
-    __syncwarp();  // mg56 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg56 reads what earlier parts wrote
+  if ((((4 * b1) + r0) <= 4)) {
     // part:mg56
     r_layer_norm63_var_acc = 0.0f;
     if ((l0 <= 7)) {
@@ -952,7 +962,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_96e12b445af34d54c1ed(float*
       }
     }
     r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
-    __syncwarp();  // mg57 reads what earlier parts wrote
+  }
+  __syncwarp();  // mg57 reads what earlier parts wrote
+  if ((((4 * b1) + r0) <= 4)) {
     // part:mg57
     r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
     if ((l0 <= 7)) {
