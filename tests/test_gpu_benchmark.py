@@ -8,6 +8,7 @@ float64 reference.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,49 @@ def test_runner_imports_without_the_compiler(tmp_path):
         "assert 'polyfuse.driver' not in sys.modules and 'polyfuse.graph' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+def test_gpu_day_prepares_and_runs_on_the_fake_driver(tmp_path):
+    """--prepare-all then --all, the whole day's plumbing without a GPU: cases compiled into
+    DIR/cases, the run step checks every case on the fake driver against the float64 peers,
+    tests/test_gpu.py runs (and skips: no GPU), the torch-on-GPU steps are skipped, and one
+    JSON holds it all."""
+    import gpu_day
+
+    cases = ["layernorm", "attention_s128"]
+    day = gpu_day.prepare_all(tmp_path, scale=SCALE, cases=cases, wheels=False)
+    assert day["bytes"] < gpu_day.MAX_BYTES and (tmp_path / gpu_day.DAY).exists()
+    out = tmp_path / "day_out.json"
+    result = gpu_day.run_all(tmp_path, out, budget_s=300, fake=True)
+    status = {s.name: s.status for s in result.steps}
+    assert status["run"] == "ok" and status["tests"] == "ok", status
+    assert status["overhead"].startswith("skipped") and status["models"].startswith("skipped")
+    assert "skipped" in next(s.summary for s in result.steps if s.name == "tests")
+    report = json.loads(out.read_text())
+    got = {r["name"]: r for r in report["run"]["results"]}
+    assert set(got) == set(cases)
+    assert all(r["rel_err"] < 1e-5 and r["rerun_identical"] for r in got.values()), got
+
+
+def test_gpu_day_stops_a_step_at_its_limit_and_skips_what_has_no_time(tmp_path):
+    import gpu_day
+
+    step = gpu_day.Step("sleepy", [sys.executable, "-c", "import time; time.sleep(30)"], 1)
+    gpu_day._run_step(step, {}, 1.0, tmp_path)
+    assert step.status == "timed out after 1 s" and step.seconds < 10
+    day = gpu_day.run_all(tmp_path, budget_s=10, fake=True)
+    assert {s.status for s in day.steps} <= {
+        "skipped: out of time",
+        "skipped: needs torch on a GPU (fake driver)",
+    }
+
+
+def test_gpu_cli_has_the_day_flags(capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "--prepare-all DIR" in text and "--all DIR" in text and "--fake-driver" in text
+    with pytest.raises(SystemExit) as e:
+        gpu.main(["--all"])
+    assert e.value.code == 2  # DIR is required

@@ -1,0 +1,192 @@
+"""The GPU benchmark's cases and their peers: each case's computation written once over an
+array namespace (torch or jax.numpy), so PyTorch eager, torch.compile, JAX and the float64
+reference all compute what polyfuse's graph computes (tests/test_gpu_benchmark.py checks it
+against the suite's and the examples' numpy references)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+LN_EPS = BN_EPS = 1e-5
+RMS_EPS = 1e-6
+ADAM = {"step": 10, "lr": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8}
+
+
+class Ops:
+    """The few operations whose spelling differs between torch and jax.numpy."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        if kind == "torch":
+            import torch
+
+            self.m = torch
+        else:
+            import jax
+            import jax.numpy as jnp
+
+            # XLA computes float32 products in TF32 on tensor cores by default; TF32 is off
+            # for every peer here (the 2026-11-25 run without this had XLA at 0.42 ms for
+            # a 4096³ float32 matmul, 6× above the FP32 peak)
+            jax.config.update("jax_default_matmul_precision", "highest")
+            self.m, self.jax = jnp, jax
+
+    def mean(self, x, axis, keepdims=True):
+        if self.kind == "torch":
+            return self.m.mean(x, dim=axis, keepdim=keepdims)
+        return self.m.mean(x, axis=axis, keepdims=keepdims)
+
+    def sum(self, x, axis, keepdims=False):
+        if self.kind == "torch":
+            return self.m.sum(x, dim=axis, keepdim=keepdims)
+        return self.m.sum(x, axis=axis, keepdims=keepdims)
+
+    def max(self, x, axis, keepdims=True):
+        if self.kind == "torch":
+            return self.m.amax(x, dim=axis, keepdim=keepdims)
+        return self.m.max(x, axis=axis, keepdims=keepdims)
+
+    def erf(self, x):
+        return self.m.erf(x) if self.kind == "torch" else self.jax.scipy.special.erf(x)
+
+    def sigmoid(self, x):
+        return self.m.sigmoid(x) if self.kind == "torch" else self.jax.nn.sigmoid(x)
+
+    def relu(self, x):
+        return self.m.relu(x) if self.kind == "torch" else self.m.maximum(x, 0.0)
+
+    def softmax(self, x, axis=-1):
+        e = self.m.exp(x - self.max(x, axis))
+        return e / self.sum(e, axis, keepdims=True)
+
+    def swap_last(self, x):
+        return x.transpose(-1, -2) if self.kind == "torch" else self.m.swapaxes(x, -1, -2)
+
+    def conv2d(self, x, w, padding):
+        if self.kind == "torch":
+            return self.m.nn.functional.conv2d(x, w, padding=padding)
+        return self.jax.lax.conv_general_dilated(
+            x, w, (1, 1), [(padding, padding)] * 2, dimension_numbers=("NCHW", "OIHW", "NCHW")
+        )
+
+
+def _ln(o: Ops, x, g, b):
+    m = o.mean(x, -1)
+    d = x - m
+    return d / o.m.sqrt(o.mean(d * d, -1) + LN_EPS) * g + b
+
+
+def _gelu_erf(o: Ops, u):
+    return 0.5 * u * (1.0 + o.erf(u * (1.0 / math.sqrt(2.0))))
+
+
+def _adam3(o: Ops, *a):
+    bc1 = 1.0 - ADAM["b1"] ** ADAM["step"]
+    bc2 = 1.0 - ADAM["b2"] ** ADAM["step"]
+    out = []
+    for j in range(3):
+        p, g, m, v = a[4 * j : 4 * j + 4]
+        m2 = m * ADAM["b1"] + g * (1.0 - ADAM["b1"])
+        v2 = v * ADAM["b2"] + g * g * (1.0 - ADAM["b2"])
+        p2 = p - (m2 / bc1) / (o.m.sqrt(v2 / bc2) + ADAM["eps"]) * ADAM["lr"]
+        out += [p2, m2, v2]
+    return tuple(out)
+
+
+def _lstm(o: Ops, gates, c):
+    hd = c.shape[-1]
+    i, f, g, out = (gates[:, j * hd : (j + 1) * hd] for j in range(4))
+    c2 = o.sigmoid(f) * c + o.sigmoid(i) * o.m.tanh(g)
+    return o.sigmoid(out) * o.m.tanh(c2), c2
+
+
+def _batchnorm(o: Ops, x, gamma, beta):
+    mu = o.mean(x, (0, 2, 3))
+    d = x - mu
+    var = o.mean(d * d, (0, 2, 3))
+    return o.relu(d / o.m.sqrt(var + BN_EPS) * gamma + beta), mu, var
+
+
+def _attention(o: Ops, q, k, v):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return o.softmax(q @ o.swap_last(k) * scale) @ v
+
+
+#: case name -> peer function ``(ops, *inputs) -> output or tuple of outputs``.
+PEERS: dict[str, Callable[..., Any]] = {
+    "layernorm": lambda o, x, g, b: _ln(o, x, g, b),
+    "layernorm_lib": lambda o, x, g, b: _ln(o, x, g, b),
+    "softmax": lambda o, x: o.softmax(x),
+    "log_softmax": lambda o, x: (
+        (x - o.max(x, -1)) - o.m.log(o.sum(o.m.exp(x - o.max(x, -1)), -1, keepdims=True))
+    ),
+    "bias_gelu_tanh": lambda o, x, b: (
+        lambda u: 0.5 * u * (1.0 + o.m.tanh(math.sqrt(2.0 / math.pi) * (u + 0.044715 * u * u * u)))
+    )(x + b),
+    "residual_layernorm": lambda o, x, r, g, b: _ln(o, x + r, g, b),
+    "attn_softmax": lambda o, s, mask: o.softmax(s * 0.125 + mask),
+    "lstm_cell": _lstm,
+    "batchnorm_train_relu": _batchnorm,
+    "adam3": _adam3,
+    "two_branches": lambda o, x1, x2: (o.relu(x1 * 2.0 + 1.0), o.sum(x2 * x2, -1)),
+    "rmsnorm_swiglu": lambda o, x, w, a, b: (
+        x / o.m.sqrt(o.mean(x * x, -1) + RMS_EPS) * w,
+        a * o.sigmoid(a) * b,
+    ),
+    "ffn_up_gelu": lambda o, a, w, bias: _gelu_erf(o, a @ w + bias),
+    "matmul_4096": lambda o, a, w, bias: _gelu_erf(o, a @ w + bias),
+    "conv3x3_relu": lambda o, x, w, bias: o.relu(o.conv2d(x, w, 1) + bias[None, :, None, None]),
+    "attention_s128": _attention,
+    "attention_s512": _attention,
+}
+
+SUITE = (
+    "layernorm",
+    "layernorm_lib",
+    "softmax",
+    "log_softmax",
+    "bias_gelu_tanh",
+    "residual_layernorm",
+    "attn_softmax",
+    "lstm_cell",
+    "batchnorm_train_relu",
+    "adam3",
+    "two_branches",
+    "rmsnorm_swiglu",
+)
+#: The compute cases of ../shared/bench/gpu/README.md: (example, arguments at full size).
+COMPUTE: dict[str, tuple[str, dict[str, int]]] = {
+    "ffn_up_gelu": ("matmul_bias_gelu", {"m": 8192, "k": 768, "n": 3072}),
+    "matmul_4096": ("matmul_bias_gelu", {"m": 4096, "k": 4096, "n": 4096}),
+    "conv3x3_relu": ("conv2d_relu", {"batch": 32, "channels": 64, "size": 56, "filters": 64}),
+    "attention_s128": ("attention", {"batch": 16, "heads": 12, "seq": 128, "dim": 64}),
+    "attention_s512": ("attention", {"batch": 8, "heads": 12, "seq": 512, "dim": 64}),
+}
+CASES = (*SUITE, *COMPUTE)
+
+
+def _compute_args(name: str, scale: int) -> dict[str, int]:
+    """A compute case's example arguments; ``scale`` divides the batch-like dimension."""
+    example, args = COMPUTE[name]
+    args = dict(args)
+    key = {"matmul_bias_gelu": "m", "conv2d_relu": "batch", "attention": "batch"}[example]
+    args[key] = max(1, args[key] // scale)
+    if example == "attention" and scale > 1:
+        args["heads"] = max(1, args["heads"] // 4)
+    return args
+
+
+def _flops(name: str, args: dict[str, int]) -> float:
+    """Multiply-add FLOPs of a compute case (2 per MAC); 0 for the memory-bound suite."""
+    if name not in COMPUTE:
+        return 0.0
+    example = COMPUTE[name][0]
+    if example == "matmul_bias_gelu":
+        return 2.0 * args["m"] * args["k"] * args["n"]
+    if example == "conv2d_relu":
+        s = args["size"]
+        return 2.0 * args["batch"] * args["filters"] * s * s * args["channels"] * 9
+    b, h, s, d = args["batch"], args["heads"], args["seq"], args["dim"]
+    return 2.0 * 2.0 * b * h * s * s * d
