@@ -13,7 +13,7 @@ from polyfuse.errors import UnsupportedOpError
 from polyfuse.onnx.common import _attrs
 
 # Ops that fold on the host when all inputs are constants but have no runtime form.
-HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero", "Round"}
+HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero"}
 HOST_ONLY_ALWAYS = {"Constant", "ConstantOfShape", "Range"}
 
 

@@ -30,7 +30,15 @@ from polyfuse.errors import PolyfuseError, UnsupportedOpError
 from polyfuse.graph.expr import Tensor
 
 # the operator families register their handlers in HANDLERS on import
-from polyfuse.onnx import ops_elementwise, ops_layout, ops_nn, ops_reduce, ops_resize, ops_rnn
+from polyfuse.onnx import (
+    ops_elementwise,
+    ops_index,
+    ops_layout,
+    ops_nn,
+    ops_reduce,
+    ops_resize,
+    ops_rnn,
+)
 from polyfuse.onnx.common import (
     HANDLERS,
     InputValueNeeded,
@@ -42,7 +50,7 @@ from polyfuse.onnx.common import (
 )
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS, _fold
 
-_FAMILIES = (ops_elementwise, ops_layout, ops_nn, ops_reduce, ops_resize, ops_rnn)
+_FAMILIES = (ops_elementwise, ops_index, ops_layout, ops_nn, ops_reduce, ops_resize, ops_rnn)
 
 __all__ = [
     "InputValueNeeded",

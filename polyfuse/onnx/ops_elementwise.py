@@ -90,6 +90,12 @@ def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         "Floor": lambda x: _floor(x),
         "Ceil": lambda x: -_floor(-x),
         "Identity": lambda x: x,
+        "Round": te.round,  # halves to even (rintf), as the ONNX reference's numpy.round
+        # bool outputs are 0/1 floats, as comparisons (the backend casts to the declared bool)
+        "IsNaN": te.isnan,
+        "IsInf": lambda x: te.isinf(
+            x, bool(at.get("detect_positive", 1)), bool(at.get("detect_negative", 1))
+        ),
         "Gelu": (
             (lambda x: 0.5 * x * (1.0 + te.erf(x * (1.0 / math.sqrt(2.0)))))
             if at.get("approximate", b"none") in (b"none", "none")
