@@ -136,6 +136,15 @@ Handler = Callable[[_Ctx, onnx.NodeProto, list[Any], dict[str, Any]], list[Value
 HANDLERS: dict[str, Handler] = {}
 
 
+#: op type -> static check of one node (before any conversion): None, or why it cannot import
+NODE_CHECKS: dict[str, Callable[[onnx.NodeProto], str | None]] = {}
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    """How errors name a node: its name, else ``<op>_<first output>``."""
+    return node.name or f"{node.op_type}_{node.output[0] if node.output else ''}"
+
+
 def _reg(*names: str) -> Callable[[Handler], Handler]:
     def deco(f: Handler) -> Handler:
         for n in names:

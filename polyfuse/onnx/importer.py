@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 import polyfuse
 from polyfuse import te
 from polyfuse.compiled import CompiledGraph
-from polyfuse.errors import PolyfuseError, UnsupportedOpError
+from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph.expr import Tensor
 
 # the operator families register their handlers in HANDLERS on import
@@ -39,18 +39,28 @@ from polyfuse.onnx import (
     ops_resize,
     ops_rnn,
 )
+from polyfuse.onnx.analysis import describe_unsupported, foldable_values, unsupported_nodes
 from polyfuse.onnx.common import (
     HANDLERS,
     InputValueNeeded,
     OnnxImportError,
     Value,
-    _attrs,
     _Ctx,
     _ident,
+    _node_label,
 )
-from polyfuse.onnx.fold import HOST_ONLY_ALWAYS, _fold
+from polyfuse.onnx.convert import convert_node, located, node_inputs
+from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
 
-_FAMILIES = (ops_elementwise, ops_index, ops_layout, ops_nn, ops_reduce, ops_resize, ops_rnn)
+_FAMILIES = (
+    ops_elementwise,
+    ops_index,
+    ops_layout,
+    ops_nn,
+    ops_reduce,
+    ops_resize,
+    ops_rnn,
+)
 
 __all__ = [
     "InputValueNeeded",
@@ -58,7 +68,9 @@ __all__ = [
     "OnnxModel",
     "SUPPORTED_OPS",
     "Value",
+    "foldable_values",
     "load",
+    "unsupported_nodes",
     "unsupported_ops",
 ]
 
@@ -93,40 +105,14 @@ class OnnxModel:
 SUPPORTED_OPS = frozenset(HANDLERS) | HOST_ONLY_ALWAYS
 
 
-def foldable_values(model: onnx.ModelProto, known: Sequence[str] = ()) -> set[str]:
-    """Names of the values of ``model`` known at import time (static analysis).
-
-    Initializers, the graph inputs named in ``known``, ``Constant``-like nodes, ``Shape``/``Size``
-    (shapes are static) and every node whose inputs are all known: such a node is evaluated on the
-    host by the ONNX reference implementation whatever its operator, so it needs no handler.
-    """
-    vals = {t.name for t in model.graph.initializer} | set(known) | {""}
-    for n in model.graph.node:
-        if n.domain not in ("", "ai.onnx"):
-            continue
-        if (
-            n.op_type in HOST_ONLY_ALWAYS
-            or n.op_type in ("Shape", "Size")
-            or (n.input and all(i in vals for i in n.input))
-        ):
-            vals.update(o for o in n.output if o)
-    return vals
-
-
 def unsupported_ops(model: onnx.ModelProto, known: Sequence[str] = ()) -> Counter[str]:
     """Op types in ``model`` (main graph) that polyfuse cannot import, with counts.
 
-    Nodes that fold at import time (all inputs known, see :func:`foldable_values`) never count.
+    Nodes that fold at import time (inputs and captured values known, see
+    :func:`~polyfuse.onnx.analysis.foldable_values`) never count;
+    :func:`~polyfuse.onnx.analysis.unsupported_nodes` lists the nodes themselves.
     """
-    vals = foldable_values(model, known)
-    c: Counter[str] = Counter()
-    for n in model.graph.node:
-        std = n.domain in ("", "ai.onnx")
-        if std and n.output and all(o in vals for o in n.output if o) and n.input:
-            continue
-        if not std or n.op_type not in SUPPORTED_OPS:
-            c[n.op_type if std else f"{n.domain}.{n.op_type}"] += 1
-    return c
+    return Counter(n.op for n in unsupported_nodes(model, known))
 
 
 # --------------------------------------------------------------------------- entry point
@@ -186,17 +172,16 @@ def load(
     and leave ``inputs``): needed when a graph input feeds an attribute-like input (axes, shape,
     starts/ends, pads, split, min/max), which :class:`InputValueNeeded` reports.
     Nodes whose inputs are all known at import time are evaluated then, whatever their operator.
-    Raises :class:`UnsupportedOpError` listing every unsupported op type (with counts) that
-    folding does not remove, before any conversion, and :class:`OnnxImportError` for unreadable
-    files or unresolved dynamic shapes.
+    Raises :class:`UnsupportedOpError` listing every unsupported op type (with counts and the
+    position and name of its nodes) that folding does not remove, before any conversion, and
+    :class:`OnnxImportError` for unreadable files or unresolved dynamic shapes.
     """
     m, name = _read(model)
     shapes = dict(shapes or {})
     values = {k: np.asarray(v) for k, v in (values or {}).items()}
-    bad = unsupported_ops(m, list(values))
+    bad = unsupported_nodes(m, list(values))
     if bad:
-        listing = ", ".join(f"{k} x{v}" for k, v in sorted(bad.items(), key=lambda kv: -kv[1]))
-        raise UnsupportedOpError(f"model '{name}' uses unsupported ONNX operators: {listing}")
+        raise UnsupportedOpError(describe_unsupported(name, bad))
     opset = next(
         (o.version for o in m.opset_import if o.domain in ("", "ai.onnx")),
         onnx.defs.onnx_opset_version(),
@@ -239,49 +224,10 @@ def load(
         input_names.append(vi.name)
 
     for pos, node in enumerate(m.graph.node):
-        ctx.node_name = node.name or f"{node.op_type}_{node.output[0]}"
-        where = f"model '{name}', node #{pos} '{ctx.node_name}' ({node.op_type})"
-        ins = [ctx.values[i] if i else None for i in node.input]
-        for i in node.input:
-            if i and i not in ctx.values:
-                raise OnnxImportError(f"{where} reads unknown value '{i}'")
-        host = bool(node.input) and all(v is None or isinstance(v, np.ndarray) for v in ins)
-        at = _attrs(node)
-        try:
-            if not host and (
-                node.op_type not in HANDLERS
-                or node.op_type in HOST_ONLY_ALWAYS
-                or any(isinstance(v, np.ndarray) and v.size == 0 for v in ins)
-            ):  # no run-time form (or empty data): fold, specialized on graph-input values
-                for v in ins:
-                    if isinstance(v, Tensor) and id(v) in ctx.graph_inputs:
-                        gi = ctx.graph_inputs[id(v)]
-                        raise InputValueNeeded(
-                            f"{node.op_type} is evaluated at import time here; the value of "
-                            f"graph input '{gi}' is needed (values={{'{gi}': ...}})",
-                            gi,
-                        )
-            if node.op_type in HOST_ONLY_ALWAYS or (
-                host and node.op_type not in ("Shape", "Size", "Dropout", "Identity")
-            ):
-                big = any(v is not None and v.size > 1 << 22 for v in ins)
-                if node.op_type not in HOST_ONLY_ALWAYS and big and node.op_type in HANDLERS:
-                    outs = HANDLERS[node.op_type](ctx, node, ins, at)
-                else:
-                    outs = _fold(node, ins, opset)
-            elif node.op_type in HANDLERS:
-                outs = HANDLERS[node.op_type](ctx, node, ins, at)
-            else:
-                raise UnsupportedOpError(
-                    f"{node.op_type} needs constant inputs (a run-time input is given)"
-                )
-        except InputValueNeeded as e:
-            raise InputValueNeeded(f"{where}: {e}", e.input_name) from None
-        except PolyfuseError as e:
-            raise type(e)(f"{where}: {e}") from None
-        except Exception as e:  # noqa: BLE001  (the reference evaluator while folding)
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise OnnxImportError(f"{where}: cannot evaluate at import time: {msg}") from None
+        where = f"model '{name}', node #{pos} '{_node_label(node)}' ({node.op_type})"
+        ins, caps = node_inputs(node, ctx.values, where)
+        with located(where):
+            outs = convert_node(ctx, node, ins, caps)
         for o, v in zip(node.output, outs, strict=False):
             if o:
                 ctx.values[o] = v
