@@ -39,7 +39,7 @@ def _reduce_axes(
     return _norm_axes(axes, ndim)
 
 
-@_reg(
+REDUCE_OPS = (
     "ReduceSum",
     "ReduceMean",
     "ReduceMax",
@@ -50,6 +50,9 @@ def _reduce_axes(
     "ReduceLogSum",
     "ReduceLogSumExp",
 )
+
+
+@_reg(*REDUCE_OPS)
 def _reduce_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     axes = _reduce_axes(ctx, node, ins, at, x.ndim)
