@@ -7,8 +7,15 @@ graph. A host constant becomes a placeholder bound through ``compile(constants=.
 a runtime op reads it as data; shape arguments (``Reshape`` shapes, ``Slice`` starts, axes
 inputs, ...) stay on the host and become static attributes.
 
-All runtime tensors are float32: comparisons produce 0/1 floats, and ``Cast`` to an integer or
-boolean type truncates in float32. The backend converts outputs back to the ONNX output types.
+All runtime tensors are float32: comparisons (and IsNaN/IsInf) produce 0/1 floats, and ``Cast``
+to an integer or boolean type truncates in float32. The backend converts outputs back to the
+ONNX output types.
+
+The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
+``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each registering its
+handlers in ``HANDLERS``; :mod:`~polyfuse.onnx.analysis` decides before any conversion what folds
+and what cannot be imported (values captured by Loop/If/Scan bodies count as node inputs), and
+:mod:`~polyfuse.onnx.convert` converts one node.
 """
 
 from __future__ import annotations
