@@ -102,6 +102,7 @@ _UNARY = {
     "tanh": "tanhf",
     "erf": "erff",
     "sigmoid": "pf_sigmoid",
+    "round": "rintf",  # halves to even (the default rounding mode), as numpy.rint
 }
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}

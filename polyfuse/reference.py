@@ -340,6 +340,8 @@ def _unary(op: str, a: Any) -> Any:
         return np.asarray(_erf(x), dtype=np.float64)
     if op == "sigmoid":
         return _sigmoid(x)
+    if op == "round":  # halves to even, as rintf
+        return np.rint(x)
     raise ExpressionError(f"reference: unknown unary op '{op}'")
 
 

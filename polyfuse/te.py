@@ -54,6 +54,8 @@ __all__ = [
     "equal",
     "erf",
     "exp",
+    "isinf",
+    "isnan",
     "log",
     "max",
     "maximum",
@@ -62,6 +64,7 @@ __all__ = [
     "not_equal",
     "placeholder",
     "reduce_axis",
+    "round",
     "rsqrt",
     "sigmoid",
     "sqrt",
@@ -148,6 +151,28 @@ tanh = _unary("tanh")
 erf = _unary("erf")
 sigmoid = _unary("sigmoid")
 abs = _unary("abs")  # noqa: A001
+
+
+def round(x: Any) -> Expr:  # noqa: A001
+    """Round to the nearest integer, halves to the even one (IEEE ``rint``: numpy ``rint``,
+    ONNX ``Round``, CUDA ``rintf``): ``round(2.5) == 2``, ``round(-0.5) == -0``."""
+    return Unary("round", as_expr(x))
+
+
+def isnan(x: Any) -> Expr:
+    """``x`` is NaN, as a boolean expression (``x != x``: only NaN differs from itself)."""
+    e = as_expr(x)
+    return Compare("ne", e, e)
+
+
+def isinf(x: Any, positive: bool = True, negative: bool = True) -> Expr:
+    """``x`` is +inf (``positive``) or -inf (``negative``), as a boolean expression."""
+    e = as_expr(x)
+    if positive and negative:
+        return Compare("eq", Unary("abs", e), as_expr(float("inf")))
+    if positive or negative:
+        return Compare("eq", e, as_expr(float("inf") if positive else float("-inf")))
+    return Compare("ne", as_expr(0.0), as_expr(0.0))  # neither flag: always false
 
 
 def maximum(a: Any, b: Any) -> Expr:

@@ -39,6 +39,12 @@ SAMPLE = [
     "test_gru_seq_length",
     "test_range_float_type_positive_delta",
     "test_constantofshape_int_zeros",
+    "test_round",  # halves to even
+    "test_isnan",
+    "test_isinf_negative",  # detect_positive=0
+    "test_onehot_negative_indices",
+    "test_onehot_with_negative_axis",
+    "test_gathernd_example_int32_batch_dim1",  # run-time indices, batch_dims=1
 ]
 
 

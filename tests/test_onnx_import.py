@@ -282,7 +282,10 @@ def test_unsupported_ops_listed_with_counts():
     with pytest.raises(UnsupportedOpError) as e:
         po.load(m)
     msg = str(e.value)
-    assert msg == "model 'm' uses unsupported ONNX operators: NonMaxSuppression x2, Unique x1"
+    assert msg == (
+        "model 'm' uses unsupported ONNX operators: NonMaxSuppression x2 "
+        "(#1 'NonMaxSuppression_n1', #2 'NonMaxSuppression_n2'), Unique x1 (#0 'Unique_v')"
+    )
 
 
 def test_dynamic_shape_needs_shapes():

@@ -16,6 +16,7 @@ from polyfuse.onnx.importer import (
     OnnxImportError,
     OnnxModel,
     load,
+    unsupported_nodes,
     unsupported_ops,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "OnnxImportError",
     "OnnxModel",
     "load",
+    "unsupported_nodes",
     "unsupported_ops",
 ]

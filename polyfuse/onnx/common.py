@@ -1,0 +1,212 @@
+"""Shared state and helpers of the ONNX importer: the conversion context, errors, the handler
+registry, broadcasting maps and the reductions/reshapes several operator families use."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from polyfuse import ops, te
+from polyfuse.errors import ExpressionError, PolyfuseError, UnsupportedOpError
+from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+
+Value = Tensor | np.ndarray
+
+
+class OnnxImportError(PolyfuseError, ValueError):
+    """An ONNX file cannot be read or its graph cannot be imported (bad file, dynamic shape)."""
+
+
+class InputValueNeeded(OnnxImportError):
+    """A graph input feeds an attribute-like input (axes, shape, pads, ...): its value is needed.
+
+    ``input_name`` names it; :func:`load` with ``values={input_name: array}`` specializes the
+    graph on that value (the ONNX backend does so at call time, one compile per value).
+    """
+
+    def __init__(self, message: str, input_name: str) -> None:
+        super().__init__(message)
+        self.input_name = input_name
+
+
+def _ident(s: str) -> str:
+    s = re.sub(r"[^0-9A-Za-z_]", "_", s)
+    return ("t_" + s) if not s or s[0].isdigit() else s
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _ints(v: Any) -> list[int]:
+    return [int(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _bshape(*shapes: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ExpressionError(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None
+
+
+def _bidx(shape: Sequence[int], idx: Sequence[Expr]) -> tuple[Expr, ...]:
+    off = len(idx) - len(shape)
+    return tuple(as_expr(0) if s == 1 else idx[off + d] for d, s in enumerate(shape))
+
+
+class _Ctx:
+    """Conversion state: values by ONNX name, constant placeholders, fresh names."""
+
+    def __init__(self, model_name: str, opset: int) -> None:
+        self.model_name = model_name
+        self.opset = opset
+        self.values: dict[str, Value] = {}
+        self.constants: dict[Tensor, np.ndarray] = {}
+        self._const_tensors: dict[int, Tensor] = {}
+        self._n = 0
+        self.node_name = "node"
+        #: id(placeholder) -> ONNX graph input name (to ask for its value when needed)
+        self.graph_inputs: dict[int, str] = {}
+
+    def fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{_ident(self.node_name)}_{hint}{self._n}"
+
+    def tensor(self, v: Value) -> Tensor:
+        """A runtime tensor for ``v`` (a host constant becomes a bound placeholder)."""
+        if isinstance(v, Tensor):
+            return v
+        key = id(v)
+        if key not in self._const_tensors:
+            arr = np.asarray(v, dtype=np.float32, order="C")  # 0-d stays 0-d
+            if arr.size == 0:
+                raise UnsupportedOpError("empty (zero-size) tensors are not supported")
+            t = te.placeholder(arr.shape, "float32", self.fresh("const"))
+            self.constants[t] = arr
+            self._const_tensors[key] = t
+            self._keep = getattr(self, "_keep", [])
+            self._keep.append(v)  # keep id() stable
+        return self._const_tensors[key]
+
+    def compute(self, shape: Sequence[int], f: Callable[..., Any], hint: str) -> Tensor:
+        return te.compute(tuple(int(s) for s in shape), f, name=self.fresh(hint), tag="onnx")
+
+
+def _scalar(v: Value) -> float | None:
+    if isinstance(v, np.ndarray) and v.size == 1:
+        return float(v.reshape(-1)[0])
+    return None
+
+
+def _map(ctx: _Ctx, vals: Sequence[Value], f: Callable[..., Expr], hint: str) -> Tensor:
+    """Broadcasting elementwise map of runtime tensors and (scalar-inlined) constants."""
+    shapes = [tuple(v.shape) for v in vals]
+    shape = _bshape(*shapes)
+    ops_: list[Any] = []
+    for v in vals:
+        s = _scalar(v)
+        if s is not None and v.ndim <= len(shape):
+            ops_.append(s)
+        else:
+            ops_.append(ctx.tensor(v))
+
+    def body(*idx: IterVar) -> Expr:
+        args = [o[_bidx(o.shape, idx)] if isinstance(o, Tensor) else as_expr(o) for o in ops_]
+        return as_expr(f(*args))
+
+    if not shape:
+        shape = ()
+    return ctx.compute(shape, body, hint)
+
+
+def _as_bool(e: Expr) -> Expr:
+    return te.not_equal(e, 0.0)
+
+
+def _norm_axes(axes: Sequence[int], ndim: int) -> list[int]:
+    return sorted({int(a) % ndim if ndim else 0 for a in axes})
+
+
+Handler = Callable[[_Ctx, onnx.NodeProto, list[Any], dict[str, Any]], list[Value]]
+HANDLERS: dict[str, Handler] = {}
+
+
+#: op type -> static check of one node (before any conversion): None, or why it cannot import
+NODE_CHECKS: dict[str, Callable[[onnx.NodeProto], str | None]] = {}
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    """How errors name a node: its name, else ``<op>_<first output>``."""
+    return node.name or f"{node.op_type}_{node.output[0] if node.output else ''}"
+
+
+def _reg(*names: str) -> Callable[[Handler], Handler]:
+    def deco(f: Handler) -> Handler:
+        for n in names:
+            HANDLERS[n] = f
+        return f
+
+    return deco
+
+
+def _host(ctx: _Ctx, node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
+    """``v`` as a host array: an attribute-like input (axes, shape, pads, ...) must be known."""
+    if isinstance(v, Tensor):
+        name = ctx.graph_inputs.get(id(v))
+        if name is not None:
+            raise InputValueNeeded(
+                f"{node.op_type} '{node.name or node.output[0]}': input '{what}' is the graph "
+                f"input '{name}'; its value is needed at import time (pass values={{'{name}': "
+                "...}} to polyfuse.onnx.load; the ONNX backend does this per call)",
+                name,
+            )
+        raise UnsupportedOpError(
+            f"{node.op_type} '{node.name or node.output[0]}': input '{what}' is computed at run "
+            "time; polyfuse needs it to be a constant (static shapes/attributes)"
+        )
+    return np.asarray(v)
+
+
+def _reduce(
+    ctx: _Ctx,
+    x: Tensor,
+    axes: list[int],
+    keep: bool,
+    kind: str,
+    pre: Callable[[Expr], Expr] | None = None,
+    post: Callable[[Expr], Expr] | None = None,
+) -> Tensor:
+    if not axes:
+        return _map(ctx, [x], lambda v: post(pre(v) if pre else v) if post else v, "reduce")
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keep or d not in axes)
+    ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+    red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]
+
+    def body(*idx: IterVar) -> Expr:
+        v: Expr = x[ops.reduce_subscripts(x.ndim, ks, keep, idx)]
+        return red(pre(v) if pre else v, axis=list(ks.values()))
+
+    r = ctx.compute(shape, body, "reduce")
+    return _map(ctx, [r], post, "reduce_post") if post else r
+
+
+def _reshape_to(ctx: _Ctx, v: Value, shape: Sequence[int]) -> Value:
+    shape = tuple(int(s) for s in shape)
+    if isinstance(v, np.ndarray):
+        return v.reshape(shape)
+    if tuple(v.shape) == shape:
+        return v
+    if not shape:  # to 0-d
+        return _reduce(ctx, v, list(range(v.ndim)), False, "sum")
+    if not v.shape:
+        return ctx.compute(shape, lambda *i: v[()], "reshape")
+    return ops.reshape(v, shape, ctx.fresh("reshape"))
+
+
+def _iota(k: Expr) -> Expr:
+    return te.cast(k, "float32")

@@ -1,0 +1,208 @@
+"""ONNX elementwise operators: unary and binary maps, comparisons, Clip, Cast, Where, the
+variadic Sum/Mean/Max/Min and Mod."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from polyfuse import te
+from polyfuse.errors import ExpressionError, UnsupportedOpError
+from polyfuse.graph.expr import Expr
+from polyfuse.onnx.common import (
+    Value,
+    _as_bool,
+    _bshape,
+    _Ctx,
+    _host,
+    _map,
+    _reg,
+    _reshape_to,
+)
+
+_BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b,
+    "Div": lambda a, b: a / b,
+    "Pow": lambda a, b: a**b,
+    "Equal": lambda a, b: te.equal(a, b),
+    "Less": lambda a, b: a < b,
+    "Greater": lambda a, b: a > b,
+    "LessOrEqual": lambda a, b: a <= b,
+    "GreaterOrEqual": lambda a, b: a >= b,
+    "And": lambda a, b: _as_bool(a) & _as_bool(b),
+    "Or": lambda a, b: _as_bool(a) | _as_bool(b),
+    "Xor": lambda a, b: te.not_equal(_as_bool(a), _as_bool(b)),
+    "PRelu": lambda x, s: te.where(x < 0.0, x * s, x),
+}
+
+
+@_reg(*_BINARY)
+def _binary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x, s = ins[0], ins[1]
+    if node.op_type == "PRelu" and len(s.shape) == 1 and len(x.shape) > 2:
+        try:
+            _bshape(x.shape, s.shape)
+        except ExpressionError:  # legacy per-channel slope (C,)
+            shape = (s.shape[0],) + (1,) * (len(x.shape) - 2)
+            ins = [x, _reshape_to(ctx, s, shape)]
+    return [_map(ctx, ins[:2], _BINARY[node.op_type], node.op_type.lower())]
+
+
+def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
+    alpha = float(at.get("alpha", 0.01))
+    return {
+        "Neg": lambda x: -x,
+        "Abs": te.abs,
+        "Sqrt": te.sqrt,
+        "Reciprocal": lambda x: 1.0 / x,
+        "Exp": te.exp,
+        "Log": te.log,
+        "Tanh": te.tanh,
+        "Sigmoid": te.sigmoid,
+        "Erf": te.erf,
+        "Relu": lambda x: te.maximum(x, 0.0),
+        "LeakyRelu": lambda x: te.where(x < 0.0, x * alpha, x),
+        "Elu": lambda x: te.where(x < 0.0, float(at.get("alpha", 1.0)) * (te.exp(x) - 1.0), x),
+        "Selu": lambda x: (
+            float(at.get("gamma", 1.0507009873554805))
+            * te.where(x <= 0.0, float(at.get("alpha", 1.6732632423543772)) * (te.exp(x) - 1.0), x)
+        ),
+        "Softplus": lambda x: te.log(te.exp(x) + 1.0),
+        "Softsign": lambda x: x / (te.abs(x) + 1.0),
+        "HardSigmoid": lambda x: te.maximum(
+            te.minimum(x * float(at.get("alpha", 0.2)) + float(at.get("beta", 0.5)), 1.0), 0.0
+        ),
+        "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
+        "Not": lambda x: te.equal(x, 0.0),
+        "Shrink": lambda x: te.where(
+            x < -float(at.get("lambd", 0.5)),
+            x + float(at.get("bias", 0.0)),
+            te.where(x > float(at.get("lambd", 0.5)), x - float(at.get("bias", 0.0)), 0.0),
+        ),
+        "Sign": lambda x: te.where(x > 0.0, 1.0, te.where(x < 0.0, -1.0, 0.0)),
+        "Floor": lambda x: _floor(x),
+        "Ceil": lambda x: -_floor(-x),
+        "Identity": lambda x: x,
+        "Round": te.round,  # halves to even (rintf), as the ONNX reference's numpy.round
+        # bool outputs are 0/1 floats, as comparisons (the backend casts to the declared bool)
+        "IsNaN": te.isnan,
+        "IsInf": lambda x: te.isinf(
+            x, bool(at.get("detect_positive", 1)), bool(at.get("detect_negative", 1))
+        ),
+        "Gelu": (
+            (lambda x: 0.5 * x * (1.0 + te.erf(x * (1.0 / math.sqrt(2.0)))))
+            if at.get("approximate", b"none") in (b"none", "none")
+            else (
+                lambda x: (
+                    0.5
+                    * x
+                    * (1.0 + te.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
+                )
+            )
+        ),
+    }
+
+
+def _floor(x: Expr) -> Expr:
+    t = te.cast(te.cast(x, "int32"), "float32")  # truncation toward zero
+    return te.where(t > x, t - 1.0, t)
+
+
+_UNARY_NAMES = list(_unary_table({}))
+
+
+@_reg(*_UNARY_NAMES)
+def _unary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if node.op_type == "Identity":
+        return [ins[0]]
+    return [_map(ctx, ins[:1], _unary_table(at)[node.op_type], node.op_type.lower())]
+
+
+@_reg("Clip")
+def _clip(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    lo = at.get("min") if len(ins) < 2 or ins[1] is None else _host(ctx, node, ins[1], "min")
+    hi = at.get("max") if len(ins) < 3 or ins[2] is None else _host(ctx, node, ins[2], "max")
+    lo = None if lo is None else float(np.asarray(lo).reshape(-1)[0])
+    hi = None if hi is None else float(np.asarray(hi).reshape(-1)[0])
+
+    def f(x: Expr) -> Expr:
+        if lo is not None:
+            x = te.maximum(x, lo)
+        if hi is not None:
+            x = te.minimum(x, hi)
+        return x
+
+    return [_map(ctx, ins[:1], f, "clip")]
+
+
+@_reg("Cast", "CastLike")
+def _cast(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if node.op_type == "CastLike":
+        to = ins[1].dtype if isinstance(ins[1], np.ndarray) else np.dtype(np.float32)
+    else:
+        to = helper.tensor_dtype_to_np_dtype(at["to"])
+    to = np.dtype(to)
+    if to.kind == "f" and to.itemsize >= 2 and to.name in ("float16", "float32", "float64"):
+        return [ins[0]]  # the output is converted to the declared type after the run
+    if to.kind not in "iub":  # float8/float4/bfloat16: saturation and rounding rules differ
+        raise UnsupportedOpError(f"{node.op_type} to {to.name} is not supported (float32 only)")
+    if to == np.bool_:
+        return [_map(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
+    if np.issubdtype(to, np.integer):
+        return [_map(ctx, ins[:1], lambda x: te.cast(te.cast(x, "int32"), "float32"), "cast")]
+    raise UnsupportedOpError(f"Cast to {to} is not supported (float only)")
+
+
+@_reg("Where")
+def _where(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [_map(ctx, ins[:3], lambda c, a, b: te.where(_as_bool(c), a, b), "where")]
+
+
+@_reg("Sum", "Mean", "Max", "Min")
+def _variadic(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    vals = [v for v in ins if v is not None]
+    op = node.op_type
+
+    def f(*xs: Expr) -> Expr:
+        acc = xs[0]
+        for x in xs[1:]:
+            if op in ("Sum", "Mean"):
+                acc = acc + x
+            elif op == "Max":
+                acc = te.maximum(acc, x)
+            else:
+                acc = te.minimum(acc, x)
+        return acc * (1.0 / len(xs)) if op == "Mean" else acc
+
+    if len(vals) == 1:
+        return [vals[0]]
+    return [_map(ctx, vals, f, op.lower())]
+
+
+@_reg("Mod")
+def _mod(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``fmod=1``: C ``fmod`` (sign of the dividend); else numpy ``mod`` (sign of the divisor).
+    An infinite divisor keeps a finite dividend (numpy: or gives the divisor on a sign flip)."""
+    fmod = bool(int(at.get("fmod", 0)))
+
+    def f(a: Expr, b: Expr) -> Expr:
+        q = a / b
+        fl = q // 1.0  # floorf: exact for every float
+        if fmod:
+            r = a - b * te.where(q < 0.0, -((-q) // 1.0), fl)
+            inf_b = a
+        else:
+            r = a - b * fl
+            same_sign = te.equal(te.cast(a < 0.0, "float32"), te.cast(b < 0.0, "float32"))
+            inf_b = te.where(te.equal(a, 0.0) | same_sign, a, b)
+        big = te.equal(te.abs(b), math.inf) & te.not_equal(te.abs(a), math.inf)
+        return te.where(big, inf_b, r)
+
+    return [_map(ctx, ins[:2], f, "mod")]

@@ -1,0 +1,130 @@
+"""ONNX index-valued operators: OneHot and GatherND.
+
+Indices are float32 at run time (as every runtime tensor); integer index tensors hold their
+values exactly up to 2**24. Constant GatherND indices that follow an affine pattern become affine
+subscripts (isl sees the access); any other indices are read at run time (``te.data_index``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+
+from polyfuse import te
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+from polyfuse.onnx.common import Value, _Ctx, _host, _iota, _reg
+
+
+def _operand(ctx: _Ctx, v: Value, k: int) -> Expr:
+    """Element ``k`` of a small host or runtime vector (OneHot's ``values``)."""
+    if isinstance(v, np.ndarray):
+        return as_expr(float(v.reshape(-1)[k]))
+    t = ctx.tensor(v)
+    return t[(k,)] if t.ndim == 1 else t[tuple(np.unravel_index(k, t.shape))]
+
+
+@_reg("OneHot")
+def _one_hot(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``out[.., d, ..] = on if wrap(indices[..]) == d else off``; ``wrap`` adds ``depth`` to
+    negative indices; values outside ``[-depth, depth)`` (or not integral) match no position."""
+    idx = ctx.tensor(ins[0])
+    depth = _host(ctx, node, ins[1], "depth").reshape(-1)
+    if depth.size != 1 or not math.isfinite(float(depth[0])) or int(depth[0]) < 1:
+        raise ExpressionError(f"OneHot: depth {depth.tolist()} must be one positive integer")
+    n = int(depth[0])
+    vals = ins[2]
+    if math.prod(vals.shape) != 2:
+        raise ExpressionError(f"OneHot: values has shape {tuple(vals.shape)}; [off, on] expected")
+    off, on = _operand(ctx, vals, 0), _operand(ctx, vals, 1)
+    r = idx.ndim
+    ax = int(at.get("axis", -1))
+    if not -(r + 1) <= ax <= r:
+        raise ExpressionError(f"OneHot: axis {ax} out of range for indices of rank {r}")
+    ax = ax + r + 1 if ax < 0 else ax
+    shape = (*idx.shape[:ax], n, *idx.shape[ax:])
+
+    def body(*i: IterVar) -> Expr:
+        v = idx[(*i[:ax], *i[ax + 1 :])]
+        v = te.where(v < 0.0, v + float(n), v)
+        return te.where(te.equal(v, _iota(i[ax])), on, off)
+
+    return [ctx.compute(shape, body, "onehot")]
+
+
+def _affine_fit(v: np.ndarray) -> tuple[int, list[int]] | None:
+    """``(c0, [c_t])`` with ``v[p] == c0 + sum_t c_t * p_t`` at every point, or None."""
+    c0 = int(v.reshape(-1)[0]) if v.size else 0
+    coef = []
+    for t, n in enumerate(v.shape):
+        if n == 1:
+            coef.append(0)
+            continue
+        at = [0] * v.ndim
+        at[t] = 1
+        coef.append(int(v[tuple(at)]) - c0)
+    grid = np.indices(v.shape) if v.ndim else np.zeros((0,), np.int64)
+    fit = c0 + sum((c * g for c, g in zip(coef, grid, strict=True)), np.zeros(v.shape, np.int64))
+    return (c0, coef) if np.array_equal(fit, v) else None
+
+
+@_reg("GatherND")
+def _gather_nd(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``out[b.., q.., s..] = data[b.., idx[b.., q.., 0], .., idx[b.., q.., m-1], s..]``."""
+    data = ctx.tensor(ins[0])
+    idx = ins[1]
+    b = int(at.get("batch_dims", 0))
+    r, q = data.ndim, len(idx.shape)
+    m = int(idx.shape[-1]) if q else 0
+    if q < 1 or not 0 <= b < min(q, r) or not 1 <= m <= r - b:
+        raise ExpressionError(
+            f"GatherND: indices of shape {tuple(idx.shape)} with batch_dims={b} do not index data "
+            f"of shape {data.shape} (need 1 <= indices.shape[-1] <= {r - b})"
+        )
+    if tuple(idx.shape[:b]) != data.shape[:b]:
+        raise ExpressionError(
+            f"GatherND: batch dims {tuple(idx.shape[:b])} of indices differ from "
+            f"data's {data.shape[:b]}"
+        )
+    lead = tuple(idx.shape[:-1])  # the batch dims, then the index-tuple positions
+    rest = data.shape[b + m :]
+    sizes = data.shape[b : b + m]
+    subs: list[Any] = []  # per component: (c0, coefs) affine, else None (read at run time)
+    if isinstance(idx, np.ndarray):
+        ind = np.asarray(idx).astype(np.int64)
+        ind = np.where(ind < 0, ind + np.asarray(sizes, np.int64), ind)
+        bad = (ind < 0) | (ind >= np.asarray(sizes, np.int64))
+        if bad.any():
+            pos = tuple(int(p) for p in np.argwhere(bad)[0])
+            raise ExpressionError(
+                f"GatherND: index {int(np.asarray(idx)[pos])} at indices{list(pos)} is out of "
+                f"bounds for data dimension {b + pos[-1]} of size {sizes[pos[-1]]}"
+            )
+        subs = [_affine_fit(ind[..., j]) for j in range(m)]
+        itensor = None if all(subs) else ctx.tensor(ind.astype(np.float32))
+    else:
+        subs = [None] * m
+        itensor = idx
+
+    def body(*i: IterVar) -> Expr:
+        pos, tail = i[: len(lead)], i[len(lead) :]
+        comps: list[Expr] = []
+        for j, fit in enumerate(subs):
+            if fit is not None:
+                c0, coef = fit
+                e: Expr | None = None
+                for c, p in zip(coef, pos, strict=True):
+                    if c:
+                        t = p if c == 1 else p * c
+                        e = t if e is None else e + t
+                comps.append(as_expr(c0) if e is None else (e + c0 if c0 else e))
+                continue
+            assert isinstance(itensor, Tensor)
+            v = itensor[(*pos, as_expr(j))]
+            comps.append(te.data_index(te.where(v < 0.0, v + float(sizes[j]), v)))
+        return data[(*pos[:b], *comps, *tail)]
+
+    return [ctx.compute((*lead, *rest), body, "gathernd")]

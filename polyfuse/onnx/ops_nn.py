@@ -1,0 +1,220 @@
+"""ONNX matrix products, convolutions and pooling."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from polyfuse import ops, te
+from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+from polyfuse.onnx.common import (
+    Value,
+    _Ctx,
+    _iota,
+    _map,
+    _reduce,
+    _reg,
+)
+
+
+@_reg("MatMul")
+def _matmul(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [ops.matmul(ctx.tensor(ins[0]), ctx.tensor(ins[1]), name=ctx.fresh("matmul"))]
+
+
+@_reg("Gemm")
+def _gemm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    a, b = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    m, k = (a.shape[1], a.shape[0]) if ta else a.shape
+    n = b.shape[0] if tb else b.shape[1]
+    kk = te.reduce_axis(k, name="k")
+
+    def body(i: IterVar, j: IterVar) -> Expr:
+        av = a[kk, i] if ta else a[i, kk]
+        bv = b[j, kk] if tb else b[kk, j]
+        return te.sum(av * bv, axis=kk)
+
+    y = ctx.compute((m, n), body, "gemm")
+    c = ins[2] if len(ins) > 2 else None
+    if c is None or beta == 0.0:
+        return [y if alpha == 1.0 else _map(ctx, [y], lambda v: v * alpha, "gemm_a")]
+    return [_map(ctx, [y, c], lambda v, cv: v * alpha + cv * beta, "gemm_c")]
+
+
+# ---- convolution and pooling
+
+
+def _conv_pads(
+    at: dict[str, Any], spatial: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    nd = len(spatial)
+    ap = at.get("auto_pad", b"NOTSET")
+    ap = ap.decode() if isinstance(ap, bytes) else ap
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        lo, hi = [], []
+        for n, kk, ss, dd in zip(spatial, k, s, d, strict=True):
+            out = -(-n // ss)
+            total = max((out - 1) * ss + (kk - 1) * dd + 1 - n, 0)
+            small, big = total // 2, total - total // 2
+            lo.append(small if ap == "SAME_UPPER" else big)
+            hi.append(big if ap == "SAME_UPPER" else small)
+        return lo, hi
+    if ap == "VALID":
+        return [0] * nd, [0] * nd
+    pads = list(at.get("pads", [0] * (2 * nd)))
+    return [int(p) for p in pads[:nd]], [int(p) for p in pads[nd:]]
+
+
+@_reg("Conv")
+def _conv(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    nd = x.ndim - 2
+    k = list(at.get("kernel_shape", w.shape[2:]))
+    s = list(at.get("strides", [1] * nd))
+    d = list(at.get("dilations", [1] * nd))
+    lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
+    g = int(at.get("group", 1))
+    if nd != 2:  # N-D (1-D, 3-D, ...): asymmetric pads are guards of the affine window
+        y = ops.conv(x, w, bias, s, [*lo, *hi], d, g, name=ctx.fresh("conv"))
+        return [y]
+    if lo != hi:
+        x = ops.pad(x, [(0, 0), (0, 0), *zip(lo, hi, strict=True)], name=ctx.fresh("cpad"))
+        lo = [0, 0]
+    y = ops.conv2d(x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv"))
+    return [y]
+
+
+@_reg("ConvTranspose")
+def _conv_transpose(
+    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    nd = x.ndim - 2
+    k = [int(v) for v in at.get("kernel_shape", w.shape[2:])]
+    s = [int(v) for v in at.get("strides", [1] * nd)]
+    d = [int(v) for v in at.get("dilations", [1] * nd)]
+    op_ = [int(v) for v in at.get("output_padding", [0] * nd)]
+    out = at.get("output_shape")
+    out = None if out is None else [int(v) for v in out][-nd:]
+    ap = at.get("auto_pad", b"NOTSET")
+    ap = ap.decode() if isinstance(ap, bytes) else ap
+    full = [s[i] * (x.shape[2 + i] - 1) + op_[i] + (k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if ap in ("SAME_UPPER", "SAME_LOWER"):
+        target = out or [x.shape[2 + i] * s[i] for i in range(nd)]
+        tot = [full[i] - target[i] for i in range(nd)]
+        small = [t // 2 for t in tot]
+        lo = small if ap == "SAME_UPPER" else [t - h for t, h in zip(tot, small, strict=True)]
+        pads = lo + [t - v for t, v in zip(tot, lo, strict=True)]
+    else:
+        pads = [int(v) for v in at.get("pads", [0] * (2 * nd))]
+    y = ops.conv_transpose(
+        x, w, bias, s, pads, d, int(at.get("group", 1)), op_, out, name=ctx.fresh("convt")
+    )
+    return [y]
+
+
+def _pool(
+    ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: str, indices: bool = False
+) -> Tensor:
+    nd = x.ndim - 2
+    k = [int(v) for v in at["kernel_shape"]]
+    s = [int(v) for v in at.get("strides", [1] * nd)]
+    d = [int(v) for v in at.get("dilations", [1] * nd)]
+    lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
+    ceil = int(at.get("ceil_mode", 0))
+    out = []
+    for n, kk, ss, dd, pl, ph in zip(x.shape[2:], k, s, d, lo, hi, strict=True):
+        span = n + pl + ph - dd * (kk - 1) - 1
+        o = (-(-span // ss) if ceil else span // ss) + 1
+        if ceil and (o - 1) * ss >= n + pl:
+            o -= 1
+        out.append(o)
+    shape = (*x.shape[:2], *out)
+    rs = [te.reduce_axis(kk, name=f"r{i}") for i, kk in enumerate(k)]
+    fill = -math.inf if kind == "max" else 0.0
+
+    def window(idx: Sequence[IterVar], rs: Sequence[IterVar]) -> tuple[list[Expr], Expr | None]:
+        subs: list[Expr] = list(idx[:2])
+        conds: list[Expr] = []
+        for i in range(nd):
+            e = (
+                idx[2 + i] * s[i] + rs[i] * d[i] - lo[i]
+                if lo[i]
+                else idx[2 + i] * s[i] + rs[i] * d[i]
+            )
+            subs.append(e)
+            if lo[i]:
+                conds.append(e >= 0)
+            if (out[i] - 1) * s[i] + (k[i] - 1) * d[i] - lo[i] >= x.shape[2 + i]:
+                conds.append(e < x.shape[2 + i])
+        c = conds[0] if conds else None
+        for cc in conds[1:]:
+            c = c & cc
+        return subs, c
+
+    def body(*idx: IterVar) -> Expr:
+        subs, c = window(idx, rs)
+        v: Expr = x[tuple(subs)]
+        if c is not None:
+            v = te.where(c, v, fill)
+        return te.max(v, axis=rs) if kind == "max" else te.sum(v, axis=rs)
+
+    y = ctx.compute(shape, body, f"{kind}pool")
+    if kind == "max" and indices:  # the first flat (NC...-major) position holding the max
+        rs2 = [te.reduce_axis(kk, name=f"q{i}") for i, kk in enumerate(k)]
+        strides = [math.prod(x.shape[j + 1 :]) for j in range(x.ndim)]
+        if int(at.get("storage_order", 0)):  # column-major spatial dims
+            sp = x.shape[2:]
+            strides[2:] = [math.prod(sp[:j]) for j in range(nd)]
+        big = float(math.prod(x.shape))
+
+        def ibody(*idx: IterVar) -> Expr:
+            subs, c = window(idx, rs2)
+            hit = te.equal(x[tuple(subs)], y[idx])
+            hit = hit if c is None else (c & hit)
+            flat = _iota(sum((e * st for e, st in zip(subs, strides, strict=True)), as_expr(0)))
+            return te.min(te.where(hit, flat, big), axis=rs2)
+
+        return y, ctx.compute(shape, ibody, "maxpool_idx")  # type: ignore[return-value]
+    if kind == "max":
+        return y
+    include = int(at.get("count_include_pad", 0))
+    # divisor per output position (host): in-bounds window elements (or incl. padding)
+    cnt = np.ones(out, dtype=np.float64)
+    for i in range(nd):
+        o = np.arange(out[i])[:, None] * s[i] + np.arange(k[i])[None, :] * d[i] - lo[i]
+        lim = x.shape[2 + i] + (hi[i] if include else 0)
+        lo_lim = -lo[i] if include else 0
+        c1 = ((o >= lo_lim) & (o < lim)).sum(axis=1).astype(np.float64)
+        cnt = cnt * c1.reshape([-1 if j == i else 1 for j in range(nd)])
+    inv = (1.0 / cnt).astype(np.float32)
+    if np.all(inv == inv.reshape(-1)[0]):
+        return _map(ctx, [y], lambda v: v * float(inv.reshape(-1)[0]), "avgpool_div")
+    return _map(ctx, [y, inv], lambda v, c: v * c, "avgpool_div")
+
+
+@_reg("MaxPool", "AveragePool")
+def _pool_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    kind = "max" if node.op_type == "MaxPool" else "avg"
+    if kind == "max" and len([o for o in node.output if o]) > 1:
+        y, idx = _pool(ctx, node, ctx.tensor(ins[0]), at, kind, indices=True)  # type: ignore[misc]
+        return [y, idx]
+    return [_pool(ctx, node, ctx.tensor(ins[0]), at, kind)]
+
+
+@_reg("GlobalAveragePool", "GlobalMaxPool")
+def _gpool(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    axes = list(range(2, x.ndim))
+    if node.op_type == "GlobalMaxPool":
+        return [_reduce(ctx, x, axes, True, "max")]
+    n = math.prod(x.shape[2:])
+    return [_reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))]
