@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from polyfuse.cuda.facts import KernelFacts
 from polyfuse.visitor import R, Visitor
 
 
@@ -386,7 +387,10 @@ class KernelIR:
 
 @dataclass
 class Kernel:
-    """One ``__global__`` function with its launch shape."""
+    """One ``__global__`` function with its launch shape and the facts lowering recorded
+    (:class:`polyfuse.cuda.facts.KernelFacts`; None only for a kernel written by hand).
+    ``registers``, ``static_shared_bytes`` and the spills are what the CUDA compiler
+    reported, once it ran."""
 
     name: str
     params: list[KParam]
@@ -394,7 +398,7 @@ class Kernel:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     micrographs: list[str]
-    shared_bytes: int = 0
+    facts: KernelFacts | None = None
     source: str = ""
     registers: int | None = None
     spill_stores: int | None = None
@@ -407,6 +411,16 @@ class Kernel:
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
     function: str = ""
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory one block uses: static ``__shared__`` arrays plus the dynamic pool."""
+        return self.facts.shared_bytes if self.facts is not None else 0
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The dynamic shared memory its launch passes."""
+        return self.facts.dynamic_shared_bytes if self.facts is not None else 0
 
     def __str__(self) -> str:
         head = (

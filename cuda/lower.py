@@ -15,6 +15,8 @@ writes the final IR as text.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import islpy as isl
 
 from polyfuse.cuda.astgen import convert_expr
@@ -35,6 +37,7 @@ from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.policy import gemm_tile_registers
 from polyfuse.poly.promote import (
     COMMIT,
     SYNC_AFTER,
@@ -237,6 +240,11 @@ def lower_gemm_kernel(
     shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
     ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
     ir = assign_dtypes(ir)
-    return emit_kernel(
+    kernel = emit_kernel(
         ir, model.statements, as_global, idents, GemmBodyPrinter(ir, as_global, idents)
     )
+    # the tile model's register estimate (the same figure its ranking used)
+    choice = gk.tiling.choice
+    regs = gemm_tile_registers(choice[2], choice[3]) if choice is not None else None
+    assert kernel.facts is not None
+    return replace(kernel, facts=replace(kernel.facts, registers=regs))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from polyfuse.cuda.facts import pack_facts
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
 
 _HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
@@ -39,6 +40,8 @@ def pack_kernels(
     ``ranges[i] = (first, blocks, fold)``; ``fold > 1`` packs that many of its blocks
     (``block // fold`` threads each) into one; ``fold == 1`` with fewer threads than ``block``
     guards the extra threads off (only for parts without barriers)."""
+    facts = [k.facts for k in parts if k.facts is not None]
+    assert len(facts) == len(parts), "the parts are lowered kernels (with facts)"
     funcs, calls, params = [], [], []
     for i, (k, (first, blocks, fold)) in enumerate(zip(parts, ranges, strict=True)):
         threads = k.block[0]
@@ -76,7 +79,7 @@ def pack_kernels(
         (grid, 1, 1),
         (block, 1, 1),
         [m for k in parts for m in k.micrographs],
-        shared_bytes=max(k.shared_bytes for k in parts),
+        facts=pack_facts(facts),
         source=source,
         bytes_read=sum(k.bytes_read for k in parts),
         bytes_written=sum(k.bytes_written for k in parts),

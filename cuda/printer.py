@@ -40,6 +40,7 @@ from polyfuse.cuda.kernel_ast import (
     Scope,
 )
 from polyfuse.cuda.lower_dtypes import C_TYPES
+from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
@@ -586,6 +587,6 @@ def emit_kernel(
         (ir.blocks, 1, 1),
         (ir.threads, 1, 1),
         list(ir.micrographs),
-        shared_bytes=ir.dynamic_smem_bytes,
+        facts=kernel_facts(ir),
         source="\n".join(lines) + "\n",
     )

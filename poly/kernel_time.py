@@ -39,7 +39,7 @@ class TimeModel:
 def resident_blocks(k: Kernel, device: DeviceSpec, model: TimeModel) -> int:
     """Blocks of ``k`` one SM holds at once (threads, registers, shared memory)."""
     block = k.block[0]
-    smem = (k.static_shared_bytes or 0) + k.shared_bytes
+    smem = k.shared_bytes  # static and dynamic, from the kernel's facts
     regs = k.registers or model.default_registers
     return max(1, blocks_per_sm(block, regs, smem, device))
 

@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from polyfuse.cuda.facts import KernelFacts
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey, structural_key
@@ -29,8 +30,9 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 5  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 6  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
+# 6: kernel facts (polyfuse.cuda.facts) and the global read footprints Layer 3 intersects
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
@@ -39,13 +41,14 @@ KERNEL_FIELDS = (
         "params",
         "grid",
         "block",
-        "shared_bytes",
+        "facts",
         "bytes_read",
         "bytes_written",
         "notes",
         "placements",
         "recomputes",
         "layout",
+        "shared_reads",
     ),
 )
 
@@ -177,7 +180,7 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "params": [[rename(p.name, canon), p.ctype] for p in kernel.params],
         "grid": list(kernel.grid),
         "block": list(kernel.block),
-        "shared_bytes": kernel.shared_bytes,
+        "facts": kernel.facts.to_json() if kernel.facts is not None else None,
         "bytes_read": kernel.bytes_read,
         "bytes_written": kernel.bytes_written,
         "vector_bytes": kernel.vector_bytes,
@@ -205,6 +208,8 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
             [[k.value for k in d.kinds], rename(d.reason, canon), _renamed(d.data, canon)]
             for d in kp.layout
         ],
+        # isl sets without tensor names: only the keys are renamed
+        "shared_reads": {rename(t, canon): fp for t, fp in kp.shared_reads.items()},
     }
 
 
@@ -233,7 +238,7 @@ def kernel_from_entry(
         tuple(entry["grid"]),
         tuple(entry["block"]),
         micrographs,
-        shared_bytes=entry["shared_bytes"],
+        facts=KernelFacts.from_json(entry["facts"]) if entry["facts"] is not None else None,
         source=rename(entry["source"], back),
         bytes_read=entry["bytes_read"],
         bytes_written=entry["bytes_written"],
@@ -265,4 +270,5 @@ def kernel_from_entry(
         cached=True,
         recomputes=recomputes,
         layout=layout,
+        shared_reads={rename(t, back): fp for t, fp in entry["shared_reads"].items()},
     )

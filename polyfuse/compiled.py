@@ -102,7 +102,7 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
                 k.grid,
                 k.block,
                 tuple(p.name for p in k.params),
-                k.shared_bytes,
+                k.dynamic_shared_bytes,
                 k.function,
             )
         )

@@ -215,8 +215,7 @@ def compile(  # noqa: A001
     packs: list[PackDecision] = []
     unpacked = {k.name: k for k in kernels}
     if pack:  # Layer 3: independent kernels share one launch
-        models = [[sm.model for sm in groups[i].parts] for i in order]
-        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, models, device)
+        kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, device)
     functions = FunctionTable()  # identical bodies (and identical packs) share one function
     bound: list[Kernel] = []
     for k in kernels:

@@ -152,11 +152,11 @@ def time_candidate(device, fn, c: Candidate, warmup: int, reps: int) -> float:
         stream = drv.stream_create()
         start, end = drv.event_create(timing=True), drv.event_create(timing=True)
         for _ in range(warmup):
-            drv.launch(func, k.grid, k.block, k.shared_bytes, stream, params)
+            drv.launch(func, k.grid, k.block, k.dynamic_shared_bytes, stream, params)
         times = []
         for _ in range(reps):
             drv.event_record(start, stream)
-            drv.launch(func, k.grid, k.block, k.shared_bytes, stream, params)
+            drv.launch(func, k.grid, k.block, k.dynamic_shared_bytes, stream, params)
             drv.event_record(end, stream)
             drv.event_synchronize(end)
             times.append(drv.event_elapsed_ms(start, end) * 1e3)

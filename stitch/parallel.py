@@ -6,21 +6,30 @@ in one launch by *block-range dispatch*: each part owns a range of ``blockIdx.x`
 own body with a local block index (emitted by :mod:`polyfuse.cuda.pack`). The block is padded
 to the largest part:
 
-- a *collective* part (barriers, warp shuffles or shared memory) must use the whole padded
-  block, since every thread of its block has to reach its barriers; it is refused otherwise;
+- a *collective* part (barriers, warp shuffles, mma, async copies or shared memory) must use
+  the whole padded block, since every thread of its block has to reach its barriers; it is
+  refused otherwise;
 - a *free* part (none of those) is folded: ``block / its threads`` of its blocks share one
   padded block (``block`` must be a multiple of its threads), so no thread idles.
 
 Packing never creates a cycle: a group is packed only when no member reaches another on the
 DAG with every earlier pack contracted (a path A→C→B forbids packing A and B). Parts may
 share buffers they only read (the branches of a multi-head op); the pack's distinct bytes then
-count each shared element once (isl, :func:`polyfuse.poly.footprint.read_overlap`).
+count each shared element once (isl, :func:`read_overlap` on the read footprints each kernel's
+plan carries, :attr:`polyfuse.stitch.plan.KernelPlan.shared_reads`).
+
+Everything this module reads of a kernel is data: its launch shape, parameters, distinct bytes,
+plan footprints and :class:`polyfuse.cuda.facts.KernelFacts` (shared arrays, dynamic pool,
+register estimate, barriers, shuffles, launch axes), which the compile cache keeps too — so a
+kernel served from the cache packs exactly as one generated now. A pack whose shared memory
+would not fit one block is refused with its figures (:attr:`PackDecision.data`).
 
 The cost model (:func:`modelled_us`, all figures *modelled*, never measured): one launch costs
 ``launch_us`` plus, per wave of resident blocks, the wave's bytes at the DRAM rate scaled by how
 many useful threads are resident per SM (``saturating_threads`` reach the full rate). Resident
-blocks per SM follow the padded block, the summed static shared memory of the parts, the
-largest dynamic shared memory and the largest register count. Algorithm 3: candidates sorted by
+blocks per SM follow the padded block, the shared memory the pack declares (every part's
+static arrays one after the other, plus the largest dynamic pool) and the largest register
+count. Algorithm 3: candidates sorted by
 modelled cost (descending); a group of ``k`` is packed when separate launches minus the packed
 launch (the gain) is positive, otherwise ``k`` shrinks by one.
 """
@@ -30,25 +39,21 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import reduce
+from typing import Any
 
+import islpy as isl
+
+from polyfuse.cuda.facts import KernelFacts, pack_facts
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import dependence_preds
 from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.footprint import read_overlap
-from polyfuse.poly.model import PolyModel
+from polyfuse.poly.footprint import ITEMSIZE, count_points
 from polyfuse.poly.policy import ASSUMED_REGISTERS, blocks_per_sm, pack_smem_refusal
 from polyfuse.stitch.plan import KernelPlan
 
-# barriers, warp-collective intrinsics (``*_sync(``), shared memory, async copies, inline PTX
-_COLLECTIVE = re.compile(
-    r"__syncthreads|__syncwarp|_sync\(|pf_allreduce|__shared__|__pipeline|\basm\b"
-)
-# what block-range dispatch does not rewrite (a folded part's blockDim differs from the launch's)
-_OTHER_AXES = re.compile(
-    r"\b(?:blockIdx|threadIdx|gridDim|blockDim)\.[yz]\b|\b(?:gridDim|blockDim)\.x\b"
-)
-_STATIC_SMEM = re.compile(r"__shared__\s+float\s+\w+\[(\d+)\]")
+# the one text check left: block-range dispatch rewrites a part's source as a device function
 _HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
 
 
@@ -63,17 +68,21 @@ class PackConfig:
 
 @dataclass(frozen=True)
 class PartShape:
-    """What legality and the cost model need of one kernel."""
+    """What legality and the cost model need of one kernel: its launch, its distinct global
+    bytes and its facts (never its text)."""
 
     name: str
     grid: int
     threads: int
     bytes: int
-    collective: bool
-    static_smem: int
-    dynamic_smem: int
-    registers: int | None
+    facts: KernelFacts
+    registers: int | None = None  # ptxas's count, else the facts' estimate, else unknown
     ineligible: str | None = None  # why this kernel cannot be a part at all
+
+    @property
+    def collective(self) -> bool:
+        """Whether the part needs its whole block (barriers, shuffles, shared memory...)."""
+        return self.facts.collective
 
 
 @dataclass
@@ -88,6 +97,8 @@ class PackDecision:
     micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    #: figures of a refusal (shared memory: ``static_bytes``, ``dynamic_bytes``)
+    data: dict[str, Any] = field(default_factory=dict)
 
     @property
     def decision_kinds(self) -> tuple[DecisionKind, ...]:
@@ -115,31 +126,29 @@ class PackLayout:
 
 
 def part_shape(k: Kernel) -> PartShape:
-    """The kernel as a candidate part (``ineligible`` says why it cannot be one)."""
+    """The kernel as a candidate part (``ineligible`` says why it cannot be one), from its
+    launch shape, parameters and facts."""
+    facts = k.facts if k.facts is not None else KernelFacts()
     why = None
-    if k.grid[1:] != (1, 1) or k.block[1:] != (1, 1):
+    if k.facts is None:
+        why = f"{k.name}: no kernel facts (not lowered by polyfuse)"
+    elif k.grid[1:] != (1, 1) or k.block[1:] != (1, 1):
         why = f"{k.name}: 2-D launch shape {k.grid}x{k.block}"
+    elif facts.axes != ("x",):
+        why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
+    elif facts.parts > 1:
+        why = f"{k.name}: already a packed launch"
     elif not _HEAD.search(k.source):
         why = f'{k.name}: its source is not one extern "C" __global__ function'
-    elif _OTHER_AXES.search(k.source):
-        why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
-    elif "__global__" in k.source[_HEAD.search(k.source).end() :]:
-        why = f"{k.name}: already a packed launch"
     elif any(p.ctype not in ("const float*", "float*") for p in k.params):
         why = f"{k.name}: scalar parameters"
-    smem = sum(4 * int(n) for n in _STATIC_SMEM.findall(k.source))
-    regs = k.registers  # ptxas's count, else the tiler's estimate (GEMM kernels), else unknown
-    est = (re.search(r"estimated (\d+) registers/thread", n) for n in k.notes)
-    regs = regs or next((int(m.group(1)) for m in est if m), None)
     return PartShape(
         k.name,
         k.grid[0],
         k.block[0],
         k.bytes_read + k.bytes_written,
-        bool(_COLLECTIVE.search(k.source)),
-        smem,
-        k.shared_bytes,
-        regs,
+        facts,
+        k.registers or facts.registers,
         why,
     )
 
@@ -174,7 +183,7 @@ def modelled_us(
     if layout is None:
         (p,) = parts
         layout = PackLayout(p.threads, [(0, p.grid, 1)])
-    smem = sum(p.static_smem for p in parts) + max(p.dynamic_smem for p in parts)
+    smem = pack_facts([p.facts for p in parts]).shared_bytes
     regs = max(p.registers or cfg.default_registers for p in parts)
     per_sm = blocks_per_sm(layout.block, regs, smem, device)
     if per_sm == 0:
@@ -189,10 +198,13 @@ def modelled_us(
     return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)
 
 
-def _fits(parts: list[PartShape], device: DeviceSpec) -> str | None:
-    """Why the parts' shared memory does not fit one block (static arrays add up), or None."""
-    static = sum(p.static_smem for p in parts)
-    return pack_smem_refusal(static, max(p.dynamic_smem for p in parts), device)
+def _fits(parts: list[PartShape], device: DeviceSpec) -> tuple[str, dict[str, int]] | None:
+    """Why the parts' shared memory does not fit one block, with its figures, or None. The
+    pack declares every part's static arrays one after the other and one dynamic pool."""
+    facts = pack_facts([p.facts for p in parts])
+    static, dynamic = facts.static_shared_bytes, facts.dynamic_shared_bytes
+    why = pack_smem_refusal(static, dynamic, device)
+    return None if why is None else (why, {"static_bytes": static, "dynamic_bytes": dynamic})
 
 
 def _conflict(
@@ -213,8 +225,8 @@ def _conflict(
         if not common <= shareable[a] & shareable[b]:
             why = (
                 f"{parts[b].name} and {parts[a].name} both read {names}: shared buffers are "
-                "not packed when a part comes from the compile cache or stages them in shared "
-                "memory (the pack's distinct bytes could not be counted)"
+                "not packed when a part stages them in shared memory or registers (the pack's "
+                "distinct bytes could not be counted)"
             )
             return why, (DecisionKind.SHARED_BUFFER,)
     return None
@@ -329,12 +341,12 @@ def plan_packs(
                     )
                     k -= 1
                     continue
-                why = _fits([parts[i] for i in sub], device)
-                if why:
+                refused = _fits([parts[i] for i in sub], device)
+                if refused:
+                    why, data = refused
                     kinds = (DecisionKind.FOOTPRINT,)
-                    decisions.append(
-                        PackDecision([parts[i].name for i in sub], False, why, kinds=kinds)
-                    )
+                    names = [parts[i].name for i in sub]
+                    decisions.append(PackDecision(names, False, why, kinds=kinds, data=data))
                     k -= 1
                     continue
                 sep = sum(alone[i] for i in sub)
@@ -392,40 +404,23 @@ def stitch_parallel(
     kernels: list[Kernel],
     plans: list[KernelPlan],
     mapped: list,
-    micrograph_models: list[list[PolyModel]],
     device: DeviceSpec,
     cfg: PackConfig | None = None,
 ) -> tuple[list[Kernel], list[KernelPlan], list, list[PackDecision]]:
     """Layer 3 over the kernels of one graph: the launched kernels (packs emitted by
     :func:`polyfuse.cuda.pack.pack_kernels`), their plans, layouts (None for a pack) and
     every decision. ``kernels`` come in launch order; the result is in a launch order too.
-    ``micrograph_models[i]``: the isl models of kernel ``i``'s micrographs, whose reads give
-    the footprint of a kernel from the compile cache that runs one micrograph."""
+    Everything read of a kernel is data its plan and facts carry whether it was generated
+    now or served by the compile cache (facts, :attr:`KernelPlan.shared_reads`), so the
+    packs do not depend on the cache."""
     from polyfuse.compiled import kernel_accesses
     from polyfuse.cuda.pack import pack_kernels
 
     cfg = cfg or PackConfig()
     shapes = [part_shape(k) for k in kernels]
-    models: list[tuple[PolyModel, dict] | None] = []
-    for kp, mgs in zip(plans, micrograph_models, strict=True):
-        if len(kp.parts) == 1:  # generated now: the kernel's own model
-            models.append((kp.parts[0].scheduled.model, kp.placements))
-        elif kp.cached and len(mgs) == 1:  # one micrograph, its accesses unchanged
-            models.append((mgs[0], kp.placements))
-        else:
-            models.append(None)
     accesses = kernel_accesses(kernels)
-    shareable = [  # read from global memory, with a footprint isl can intersect
-        {
-            t
-            for t in accesses[i][0]
-            if m is not None
-            and t in m[1]
-            and m[1][t].space == "global"
-            and not m[1][t].register_copy
-        }
-        for i, m in enumerate(models)
-    ]
+    # read from global memory, with a footprint isl can intersect
+    shareable = [set(r) & set(kp.shared_reads) for (r, _), kp in zip(accesses, plans, strict=True)]
     groups, decisions = plan_packs(shapes, accesses, device, cfg, shareable)
     out_k, out_p, out_m = [], [], []
     names = {tuple(d.kernels): d for d in decisions if d.packed}
@@ -446,7 +441,7 @@ def stitch_parallel(
         packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
         reads = [t for i in g for t in accesses[i][0]]
         overlap = sum(  # each element counted once
-            read_overlap([models[i] for i in g if t in accesses[i][0]], t)
+            read_overlap([plans[i].shared_reads[t] for i in g if t in accesses[i][0]])
             for t in sorted({t for t in reads if reads.count(t) > 1})
         )
         packed = replace(packed, bytes_read=packed.bytes_read - overlap)
@@ -466,3 +461,12 @@ def stitch_parallel(
         )
         out_m.append(None)
     return out_k, out_p, out_m, decisions
+
+
+def read_overlap(footprints: list[str]) -> int:
+    """Bytes of one global tensor that several parts read (their footprints, isl sets as
+    :attr:`KernelPlan.shared_reads` holds them): the sum of their distinct reads minus the
+    distinct reads of all together (one launch running them reads each element once)."""
+    sets = [isl.Set(f) for f in footprints]
+    union = reduce(lambda a, b: a.union(b), sets).coalesce()
+    return (sum(count_points(s) for s in sets) - count_points(union)) * ITEMSIZE

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import islpy as isl
+
 from polyfuse.decision import Decided
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
+from polyfuse.poly.model import PolyModel
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.memory import KernelGroup
 from polyfuse.stitch.recompute import recompute_spills
@@ -36,6 +40,10 @@ class KernelPlan:
     # launch-layout decisions: the reduction layout (poly/cost.py) or GEMM tiles
     # (poly/tiling.py), elements per thread / float4 (poly/coarsen.py)
     layout: list[Decided] = field(default_factory=list)
+    #: per tensor it reads from global memory itself (not staged in shared memory or
+    #: registers), that read footprint as isl set text without the tensor's name: what Layer 3
+    #: intersects when packed parts read one buffer. Kept by the compile cache too.
+    shared_reads: dict[str, str] = field(default_factory=dict)
 
     @property
     def micrograph_parts(self):
@@ -61,4 +69,26 @@ def plan_kernel(
     c = r.mapped.coarsening  # elements per thread / runs per lane (coarsen.py, lane_vector.py)
     layout = [r.mapped.layout] if r.mapped.layout is not None else []
     layout += [c.decision] if c is not None else []
-    return KernelPlan(name, [r.mapped], r.placements, recomputes=r.decisions, layout=layout)
+    reads = global_reads(r.mapped.scheduled.model, r.placements)
+    return KernelPlan(
+        name,
+        [r.mapped],
+        r.placements,
+        recomputes=r.decisions,
+        layout=layout,
+        shared_reads=reads,
+    )
+
+
+def global_reads(model: PolyModel, placements: dict[str, Placement]) -> dict[str, str]:
+    """Per tensor read straight from global memory, the elements the kernel reads (isl set
+    text, its tuple unnamed so that it holds no tensor name)."""
+    images: dict[str, isl.Set] = {}
+    for m in maps_of(model.reads.intersect_domain(model.domain)):
+        t = m.get_tuple_name(isl.dim_type.out)
+        p = placements.get(t)
+        if p is None or p.space != "global" or p.register_copy:
+            continue
+        img = m.range()
+        images[t] = img.union(images[t]) if t in images else img
+    return {t: str(img.coalesce().reset_tuple_id()) for t, img in sorted(images.items())}

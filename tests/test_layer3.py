@@ -9,8 +9,10 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.cuda.facts import KernelFacts, SharedArray
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.cuda.launch import dependence_order, dependence_preds
+from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import device_for_arch
 from polyfuse.stitch.parallel import PackConfig, PartShape, pack_layout, part_shape, plan_packs
 from polyfuse.viz import extract
@@ -103,14 +105,26 @@ def test_branches_of_one_input_share_one_launch_and_read_it_once():
     assert (t.bytes_read, t.bytes_written) == (k.bytes_read, k.bytes_written) == (16384, 33280)
 
 
-def test_cached_stitched_kernels_sharing_an_input_stay_apart():
-    """Without a cached kernel's per-buffer footprint the pack's bytes could not be counted."""
+def test_cached_stitched_kernels_sharing_an_input_pack_and_count_it_once():
+    """A stitched kernel served by the compile cache (the second softmax) carries its read
+    footprints in its plan, so it packs with its twin and the pack reads x once."""
     x = te.placeholder((64, 64), name="x")
     fn = polyfuse.compile([x], [ops.softmax(x), ops.softmax(x)], check_cuda=False)
-    assert len(fn.kernels) == 2
+    off = polyfuse.compile([x], [ops.softmax(x), ops.softmax(x)], check_cuda=False, pack=False)
+    assert any(kp.cached for kp in off.plan.kernel_plans) and len(off.kernels) == 2
+    assert len(fn.kernels) == 1, str(fn.plan)
     (d,) = fn.plan.packs
-    assert not d.packed and "compile cache" in d.reason
-    assert "shared buffer" in {k for p in extract(fn)["packs"] for k in p["kinds"]}
+    assert d.packed
+    assert fn.global_bytes() == off.global_bytes() - 64 * 64 * 4
+    X = np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32)
+    e = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
+    for got in fn(X, race_check="shadow"):
+        np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+    (t,) = fn.last_traffic
+    assert (t.bytes_read, t.bytes_written) == (
+        fn.kernels[0].bytes_read,
+        fn.kernels[0].bytes_written,
+    )
 
 
 def test_gemm_parts_keep_their_block_and_staged_inputs_are_not_shared():
@@ -136,7 +150,7 @@ def test_gemm_parts_keep_their_block_and_staged_inputs_are_not_shared():
 
 
 def _part(name, threads, collective=False, grid=64, nbytes=1 << 20):
-    return PartShape(name, grid, threads, nbytes, collective, 0, 0, None)
+    return PartShape(name, grid, threads, nbytes, KernelFacts(barriers=collective))
 
 
 def test_barrier_parts_are_not_padded():
@@ -175,7 +189,9 @@ def test_deep_kernel_chains_need_no_recursion():
 
 
 def test_what_a_part_may_contain():
-    def kernel(body: str) -> Kernel:
+    """Eligibility and collectiveness come from the kernel's facts, not its text."""
+
+    def kernel(facts: KernelFacts | None) -> Kernel:
         src = 'extern "C" __global__ void __launch_bounds__(64) k(float* __restrict__ y) {\n'
         return Kernel(
             "k",
@@ -184,24 +200,33 @@ def test_what_a_part_may_contain():
             (4, 1, 1),
             (64, 1, 1),
             ["m"],
-            source=src + body + "\n}\n",
+            facts=facts,
+            source=src + "  y[blockIdx.x * 64 + threadIdx.x] = 1.0f;\n}\n",
         )
 
-    plain = part_shape(kernel("  y[blockIdx.x * 64 + threadIdx.x] = 1.0f;"))
+    plain = part_shape(kernel(KernelFacts()))
     assert plain.ineligible is None and not plain.collective
-    shfl = part_shape(kernel("  float v = __shfl_xor_sync(0xffffffffu, 1.0f, 1); y[0] = v;"))
+    shfl = part_shape(kernel(KernelFacts(shuffles=True)))
     assert shfl.ineligible is None and shfl.collective  # lanes must stay real lanes
-    assert part_shape(kernel("  y[threadIdx.x] = blockDim.x;")).ineligible  # folding changes it
-    assert part_shape(kernel("  y[threadIdx.y] = 0.0f;")).ineligible
+    smem = part_shape(kernel(KernelFacts(shared_arrays=(SharedArray(256, 4),))))
+    assert smem.collective  # folded blocks would share the array
+    assert part_shape(kernel(KernelFacts(registers=40))).registers == 40
+    assert part_shape(kernel(KernelFacts(axes=("x", "y")))).ineligible
+    assert "already a packed" in str(part_shape(kernel(KernelFacts(parts=2))).ineligible)
+    assert "no kernel facts" in str(part_shape(kernel(None)).ineligible)
 
 
 def test_parts_whose_shared_memory_does_not_fit_are_not_packed():
-    big = [PartShape(f"r{i}", 64, 256, 1 << 20, True, 32 * 1024, 0, None) for i in range(2)]
+    tiles = KernelFacts(shared_arrays=(SharedArray(32 * 1024, 16),))
+    big = [PartShape(f"r{i}", 64, 256, 1 << 20, tiles) for i in range(2)]
     acc = [({"x"}, {"a"}), ({"y"}, {"b"})]
     groups, decisions = plan_packs(big, acc, DEVICE, PackConfig(min_gain_us=-1e9))
     assert groups == [[0], [1]]
-    assert any("does not fit 48 KB" in d.reason for d in decisions)
-    huge = [PartShape(f"d{i}", 64, 256, 1 << 20, True, 0, 200 * 1024, None) for i in range(2)]
+    (d,) = [d for d in decisions if "does not fit 48 KB" in d.reason]
+    assert d.data == {"static_bytes": 64 * 1024, "dynamic_bytes": 0}
+    assert DecisionKind.FOOTPRINT in d.decision_kinds
+    pool = KernelFacts(dynamic_shared_bytes=200 * 1024)
+    huge = [PartShape(f"d{i}", 64, 256, 1 << 20, pool) for i in range(2)]
     groups, decisions = plan_packs(huge, acc, DEVICE)
     assert groups == [[0], [1]] and not any(d.packed for d in decisions)
 

@@ -226,7 +226,9 @@ def test_large_footprint_uses_opt_in_dynamic_shared_memory():
     x = te.placeholder((4, 15000), name="x")
     fn = polyfuse.compile([x], [ops.softmax(x, name="sm")])
     (k,) = fn.kernels
-    assert k.shared_bytes == 15000 * 4
+    assert k.dynamic_shared_bytes == 15000 * 4  # the launch's dynamic pool
+    assert k.shared_bytes == 15000 * 4 + k.facts.static_shared_bytes
+    assert fn.launches[0].shared_bytes == 15000 * 4
     assert "extern __shared__" in k.source
     X = rand(4, 15000)
     np.testing.assert_allclose(

@@ -118,7 +118,9 @@ def test_every_reason_kind_is_covered_by_these_reports(layer_norm):
     )
     seen |= kinds_present(d)
     a_, w_ = te.placeholder((96, 112), name="a"), te.placeholder((112, 80), name="w")
-    seen |= kinds_present(extract(polyfuse.compile([a_, w_], [ops.matmul(a_, w_)])))  # GEMM tile
+    w2_ = te.placeholder((112, 80), name="w2")
+    gemms = [ops.matmul(a_, w_), ops.matmul(a_, w2_)]  # GEMM tiles; a staged by both: apart
+    seen |= kinds_present(extract(polyfuse.compile([a_, w_, w2_], gemms)))
     seen |= {"form mismatch"} if "tile mismatch" in seen else set()  # either names the refusal
     seen |= {"tile mismatch"} if "form mismatch" in seen else set()
     assert seen == set(REASON_KINDS), set(REASON_KINDS) - seen

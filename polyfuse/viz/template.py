@@ -363,7 +363,7 @@ function showKernel(id, hlMg){
   let h = `<h2 id="kernel-title">kernel ${esc(k.id)}</h2>`;
   h += `<div>micrographs: ${k.micrographs.map((m, i) => `<a href="#" class="mglink" data-mg="${m}" style="color:${PART_COLORS[i % PART_COLORS.length]}">${m}</a>`).join(", ")}</div>`;
   h += `<table><tr><td>grid × block</td><td>${k.grid.join("×")} blocks ${esc(JSON.stringify(k.grid_dims))} × ${k.block.join("×")} threads ${esc(JSON.stringify(k.tile_sizes))}</td></tr>`;
-  h += `<tr><td>shared memory</td><td>${fmtB(k.shared_bytes)} dynamic (plan)${k.static_shared_bytes != null ? "; " + fmtB(k.static_shared_bytes) + " reported by the CUDA compiler" : ""}</td></tr>`;
+  h += `<tr><td>shared memory</td><td>${fmtB(k.shared_bytes)} per block (kernel facts: static + dynamic)${k.static_shared_bytes != null ? "; " + fmtB(k.static_shared_bytes) + " reported by the CUDA compiler" : ""}</td></tr>`;
   h += `<tr><td>registers</td><td>${k.registers != null ? k.registers + " per thread (CUDA compiler)" + (k.spill_stores ? ", " + k.spill_stores + " B spills" : "") : "not compiled (no NVRTC/nvcc)"}</td></tr>`;
   h += `<tr><td>global bytes</td><td>read ${fmtB(k.bytes_read)} + written ${fmtB(k.bytes_written)} (isl footprint) vs compulsory ${fmtB(k.compulsory_bytes)} (each parameter once)</td></tr>`;
   h += `<tr><td>modelled time</td><td><b>${fmtS(md.total_s)}</b> (modelled, ${esc(md.device)}): memory ${fmtS(md.memory_s)}, compute ${fmtS(md.compute_s)}, launch ${fmtS(md.launch_s)} → <b>${md.bound}-bound</b> (modelled)</td></tr>`;
