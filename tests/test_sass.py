@@ -31,6 +31,7 @@ from polyfuse.cuda.sass import (
     parse_listing,
 )
 from polyfuse.cuda.sass import tools as sass_tools
+from polyfuse.cuda.sass.loops import body_mix
 from polyfuse.cuda.sass.parse import parse_instruction
 from polyfuse.poly.device import A100, H100, SGEMM_FFMA_SHARE, occupancy
 
@@ -129,6 +130,27 @@ FMA_CUOBJDUMP = """
 """
 
 
+#: A counted loop around an if/else: a uniform branch runs one arm per iteration.
+DIAMOND = """
+        .section        .text.diamond,"ax",@progbits
+        /*0000*/                   MOV R0, RZ ;
+.L_x_0:
+        /*0010*/                   ISETP.GE.AND P1, PT, R0, 0x2, PT ;
+        /*0020*/               @P1 BRA `(.L_x_1) ;
+        /*0030*/                   FMUL R1, R2, R3 ;
+        /*0040*/                   FADD R1, R1, R4 ;
+        /*0050*/                   FSEL R1, R1, RZ, P0 ;
+        /*0060*/                   BRA `(.L_x_2) ;
+.L_x_1:
+        /*0070*/                   FFMA R1, R2, R3, R4 ;
+.L_x_2:
+        /*0080*/                   IADD3 R0, R0, 0x1, RZ ;
+        /*0090*/                   ISETP.NE.AND P2, PT, R0, 0x10, PT ;
+        /*00a0*/               @P2 BRA `(.L_x_0) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
 def test_instruction_fields():
     ins = parse_instruction(0x60, "@!P0 BRA `(.L_x_0)", {".L_x_0": 0x320})
     assert (ins.base, ins.predicate, ins.target, ins.guarded) == ("BRA", "@!P0", 0x320, True)
@@ -189,6 +211,16 @@ def test_both_listing_formats_parse_alike():
         (lp,) = find_loops(fn)
         assert lp.trip.iterations == 256  # R0 from 0 step 4 while != 0x400
         assert lp.mix["FFMA"] == 4 and lp.mix["branch"] == 1 and lp.mix.total == 7
+
+
+def test_an_iteration_counts_the_costliest_arm_of_a_branch():
+    (fn,) = parse_listing(DIAMOND, "sm_90").values()
+    (lp,) = find_loops(fn)
+    assert lp.trip.iterations == 16
+    # ISETP + BRA, the heavier arm (FMUL, FADD, FSEL, BRA), IADD3 + ISETP + BRA
+    assert lp.mix.total == 9 and lp.mix["FMUL"] == 1 and lp.mix["FFMA"] == 0
+    assert lp.static.total == 10 and lp.static["FFMA"] == 1  # both arms: a diverged warp
+    assert body_mix(fn, [lp]).total == 1 + 16 * 9 + 1  # MOV, 16 iterations, EXIT
 
 
 def test_trip_count_unknown_says_why():

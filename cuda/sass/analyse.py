@@ -8,10 +8,11 @@ printable, and ``to_dict()`` for JSON.
 
 The issue-bound estimate (:func:`estimate`) is a model, not a measurement: the busiest SM runs
 ``ceil(blocks / SMs)`` blocks, each of ``warps`` warps executing the kernel's per-thread slots
-(every outer-loop trip applied); the SM issues ``schedulers`` warp instructions per clock, its
-FP32 lanes retire ``lanes / 32`` FFMA/FMUL/FADD per clock, its shared memory moves 128 bytes per
-clock. The time is the largest of the three, at the clock :mod:`polyfuse.poly.device` gives
-(measured-derived where the GPU was measured). Every assumption is listed with the figure.
+(its costliest path from entry to exit, every loop at its trip count); the SM issues
+``schedulers`` warp instructions per clock, its FP32 lanes retire ``lanes / 32``
+FFMA/FMUL/FADD per clock, its shared memory moves 128 bytes per clock. The time is the
+largest of the three, at the clock :mod:`polyfuse.poly.device` gives (measured-derived where
+the GPU was measured). Every assumption is listed with the figure.
 
 With the kernel IR (a compiled graph's kernels) the float4 check of :mod:`.vector` runs too.
 """
@@ -87,7 +88,8 @@ def estimate(
         f"memory: {device.smem_bytes_per_clock} B per clock per SM, no bank conflicts",
         f"blocks spread evenly: the busiest SM runs ceil({launch.blocks}/{device.sms}) = "
         f"{per_sm} blocks of {warps} warps, {per_thread.total:.0f} slots per thread",
-        "every instruction of a loop body counted each iteration (branches taken through); "
+        "each loop iteration along its costliest path (uniform branches: one arm; a "
+        "diverged warp runs both); "
         "enough warps resident to issue every clock; no DRAM, latency or launch cost",
     ]
     return Estimate(bounds[bound], bound, bounds, per_sm, waves, assumptions)
@@ -126,8 +128,8 @@ def analyse_function(
     parts = [n.name for n in body or () if isinstance(n, KMark) and n.name.startswith("pack:")]
     if len(parts) > 1:
         notes.append(
-            f"Layer 3 pack of {len(parts)} parts: each block runs one, the per-thread slots "
-            "count them all"
+            f"Layer 3 pack of {len(parts)} parts: each block runs one; per thread, the "
+            "costliest part is counted"
         )
     check = None
     if source is not None and (body is not None or FLOAT4_RE.search(source)):

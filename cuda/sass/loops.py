@@ -7,6 +7,14 @@ whose blocks contain its own.
 
 Trip counts are read off each loop's counter (:mod:`.trips`); unknown ones say why.
 
+Counts per iteration follow the costliest path through the loop body (:func:`path_mix`): the
+body without its back edges, each nested loop collapsed into one node weighing its own
+iteration times its trip count, is a DAG; the heaviest path from the header to a latch is
+what one iteration issues when its branches are uniform (a warp runs one arm of an
+``if``/``else``; the ``@!P0 BRA`` around a guarded prefetch is taken through when the body is
+the heavier side). A diverging warp runs both arms: :attr:`Loop.static` counts every
+instruction once, as an upper bound.
+
 The hot loop (:func:`hot_loop`), by kernel shape:
 
 * **GEMM-like** (a loop holds a barrier and floating-point work): the innermost loop that
@@ -25,7 +33,18 @@ from polyfuse.cuda.sass.mix import InstrMix, classify
 from polyfuse.cuda.sass.parse import SassFunction
 from polyfuse.cuda.sass.trips import TripCount, trip_count
 
-__all__ = ["HotLoop", "Loop", "TripCount", "body_mix", "dominators", "find_loops", "hot_loop"]
+__all__ = [
+    "HotLoop",
+    "Loop",
+    "TripCount",
+    "body_mix",
+    "dominators",
+    "find_loops",
+    "hot_loop",
+    "loop_mix",
+    "path_mix",
+    "static_mix",
+]
 
 _FP = ("FFMA", "FMUL", "FADD", "HMMA")
 
@@ -43,8 +62,10 @@ class Loop:
     children: list[int] = field(default_factory=list)
     depth: int = 1
     trip: TripCount = TripCount(None, "not analysed")
-    #: slots of one iteration, nested loops at their trip counts (see :func:`loop_mix`)
+    #: slots of one iteration along its costliest path, nested loops at their trip counts
     mix: InstrMix = field(default_factory=InstrMix)
+    #: slots of one iteration if every instruction of the body ran (both arms of branches)
+    static: InstrMix = field(default_factory=InstrMix)
 
     def __str__(self) -> str:
         return (
@@ -118,6 +139,7 @@ def find_loops(fn: SassFunction) -> list[Loop]:
         lp.trip = trip_count(fn, lp.header, lp.blocks, lp.latches, dom)
     for i, lp in enumerate(loops):
         lp.mix = loop_mix(fn, loops, i)
+        lp.static = static_mix(fn, loops, i)
     return loops
 
 
@@ -126,10 +148,10 @@ class HotLoop:
     """The loop whose iterations dominate a kernel (see the module doc).
 
     ``kind``: ``"k-tile"``, ``"main"`` or ``"body"`` (no loop); ``mix``: the slots of one
-    iteration (nested loops multiplied by their trip counts; branches inside counted as if
-    every path ran); ``iterations``: per thread (trip counts of it and of the loops around it;
-    None when one is unknown); ``inner``: the kk loop nested in a k-tile loop, if any, with
-    ``inner_mix`` one of its iterations."""
+    iteration along its costliest path (nested loops multiplied by their trip counts; one arm
+    of each branch, :func:`path_mix`); ``iterations``: per thread (trip counts of it and of the
+    loops around it; None when one is unknown); ``inner``: the kk loop nested in a k-tile
+    loop, if any, with ``inner_mix`` one of its iterations."""
 
     kind: str
     loop: Loop | None
@@ -143,37 +165,131 @@ class HotLoop:
 def loop_mix(
     fn: SassFunction, loops: list[Loop], i: int, notes: list[str] | None = None
 ) -> InstrMix:
-    """Slots of one iteration of ``loops[i]``: its own blocks once, each nested loop's
-    iteration times its trip count (an unknown trip count counts once, with a note)."""
+    """Slots of one iteration of ``loops[i]`` along its costliest path (:func:`path_mix`);
+    nested loops at their trip counts (an unknown one counts once, with a note)."""
+    lp = loops[i]
+    head = fn.block_of(lp.header).index
+    return path_mix(fn, loops, lp.blocks, lp.children, head, head, notes)
+
+
+def static_mix(fn: SassFunction, loops: list[Loop], i: int) -> InstrMix:
+    """Slots of one iteration of ``loops[i]`` if every instruction of its body ran once
+    (both arms of every branch), nested loops at their trip counts (unknown: once)."""
     lp = loops[i]
     inner = set().union(*(loops[c].blocks for c in lp.children)) if lp.children else set()
     mix = InstrMix.of(ins for b in sorted(lp.blocks - inner) for ins in fn.blocks[b].instructions)
     for c in lp.children:
-        n = loops[c].trip.iterations
-        if n is None:
-            n = 1
-            if notes is not None:
-                notes.append(f"loop @0x{loops[c].header:04x}: trip count unknown, counted once")
-        mix = mix + loop_mix(fn, loops, c, notes).scaled(n)
+        mix = mix + static_mix(fn, loops, c).scaled(loops[c].trip.iterations or 1)
     return mix
 
 
 def body_mix(fn: SassFunction, loops: list[Loop], notes: list[str] | None = None) -> InstrMix:
-    """Slots one thread executes in ``fn``: outside loops once, each outermost loop's
-    iteration times its trip count (unknown: once, with a note)."""
-    in_loops = set().union(*(lp.blocks for lp in loops)) if loops else set()
-    mix = InstrMix.of(
-        ins for b in fn.blocks if b.reachable and b.index not in in_loops for ins in b.instructions
-    )
-    for i, lp in enumerate(loops):
-        if lp.parent is None:
-            n = lp.trip.iterations
-            if n is None:
-                n = 1
-                if notes is not None:
-                    notes.append(f"loop @0x{lp.header:04x}: trip count unknown, counted once")
-            mix = mix + loop_mix(fn, loops, i, notes).scaled(n)
+    """Slots one thread executes in ``fn`` along its costliest path from the entry to an exit,
+    each outermost loop at its trip count (unknown: once, with a note)."""
+    reachable = frozenset(b.index for b in fn.blocks if b.reachable)
+    tops = [i for i, lp in enumerate(loops) if lp.parent is None]
+    return path_mix(fn, loops, reachable, tops, 0, None, notes)
+
+
+def path_mix(
+    fn: SassFunction,
+    loops: list[Loop],
+    blocks: frozenset[int],
+    children: list[int],
+    source: int,
+    header: int | None,
+    notes: list[str] | None = None,
+) -> InstrMix:
+    """The slots along the costliest path through a region of ``fn``: its ``blocks``, with
+    each loop of ``children`` one node (an iteration's costliest path times its trip count),
+    from block ``source`` to a block that goes back to ``header`` (a loop's latch) or, for
+    ``header`` None, to an exit. Both arms of a branch are not added up: a uniform branch
+    runs one of them (a warp that diverges runs both; that is not modelled)."""
+    owner: dict[int, tuple[str, int]] = {}
+    for c in children:
+        owner.update({b: ("loop", c) for b in loops[c].blocks})
+
+    def node(b: int) -> tuple[str, int]:
+        return owner.get(b, ("block", b))
+
+    edges: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    ends: set[tuple[str, int]] = set()
+    for b in blocks:
+        nb = node(b)
+        edges.setdefault(nb, set())
+        succ = [t for t in fn.blocks[b].successors if t in blocks]
+        if header is not None and header in fn.blocks[b].successors:
+            ends.add(nb)  # a latch
+        if header is None and not fn.blocks[b].successors:
+            ends.add(nb)  # an exit
+        for t in succ:
+            if t != header and node(t) != nb:
+                edges[nb].add(node(t))
+    weight: dict[tuple[str, int], InstrMix] = {}
+
+    def w(n: tuple[str, int]) -> InstrMix:
+        if n not in weight:
+            if n[0] == "block":
+                weight[n] = InstrMix.of(fn.blocks[n[1]].instructions)
+            else:
+                lp = loops[n[1]]
+                trips = lp.trip.iterations
+                if trips is None:
+                    trips = 1
+                    if notes is not None:
+                        notes.append(f"loop @0x{lp.header:04x}: trip count unknown, counted once")
+                weight[n] = loop_mix(fn, loops, n[1], notes).scaled(trips)
+        return weight[n]
+
+    order = _topological(node(source), edges)
+    if order is None:  # not reducible to a DAG: every instruction once
+        if notes is not None:
+            notes.append("irreducible control flow: every instruction counted once")
+        return InstrMix.of(i for b in sorted(blocks) for i in fn.blocks[b].instructions)
+    best: dict[tuple[str, int], tuple[float, tuple[str, int] | None]] = {}
+    for n in order:
+        here = best.get(n, (0.0, None))[0] + w(n).total
+        best[n] = (here, best.get(n, (0.0, None))[1])
+        for m in edges[n]:
+            if m not in best or best[m][0] < here:
+                best[m] = (here, n)
+    # best[n][0] holds the path cost up to and including n only after n was visited
+    done = {n: best[n] for n in order}
+    ends &= set(order)
+    last = max(ends or set(order), key=lambda n: done[n][0])
+    mix = InstrMix()
+    cur: tuple[str, int] | None = last
+    while cur is not None:
+        mix = mix + w(cur)
+        cur = done[cur][1]
     return mix
+
+
+def _topological(
+    start: tuple[str, int], edges: dict[tuple[str, int], set[tuple[str, int]]]
+) -> list[tuple[str, int]] | None:
+    """The nodes reachable from ``start`` in topological order, or None on a cycle."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        for m in edges[stack.pop()]:
+            if m not in seen:
+                seen.add(m)
+                stack.append(m)
+    indeg = dict.fromkeys(seen, 0)
+    for n in seen:
+        for m in edges[n]:
+            indeg[m] += 1
+    ready = [n for n in seen if indeg[n] == 0]
+    order = []
+    while ready:
+        n = ready.pop()
+        order.append(n)
+        for m in edges[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+    return order if len(order) == len(seen) else None
 
 
 def _has(fn: SassFunction, lp: Loop, pred) -> bool:
@@ -189,7 +305,7 @@ def hot_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HotLoop:
     loops = find_loops(fn) if loops is None else loops
     notes: list[str] = []
     if not loops:
-        return HotLoop("body", None, body_mix(fn, loops), 1)
+        return HotLoop("body", None, body_mix(fn, loops, notes), 1, notes=notes)
     mixes = [lp.mix for lp in loops]
     barrier = [
         i

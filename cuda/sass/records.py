@@ -177,6 +177,7 @@ class KernelSass:
                 "trip_how": hot.loop.trip.how if hot.loop else "no loop",
                 "iterations_per_thread": hot.iterations,
                 "per_iteration": hot.mix.to_dict(),
+                "per_iteration_all_paths": hot.loop.static.to_dict() if hot.loop else None,
                 "inner": (
                     {
                         "header": f"0x{hot.inner.header:04x}",
@@ -200,6 +201,7 @@ class KernelSass:
                     if lp.parent is not None
                     else None,
                     "per_iteration": lp.mix.to_dict(),
+                    "per_iteration_all_paths": lp.static.to_dict(),
                 }
                 for lp in self.loops
             ],
@@ -354,7 +356,9 @@ def format_kernel(k: KernelSass) -> str:
             f"  hot loop: {h.kind} loop @0x{h.loop.header:04x} (depth {h.loop.depth}), trip "
             f"{h.loop.trip}, {it} iterations per thread"
         )
-        out.append(f"    per iteration: {h.mix}")
+        out.append(f"    per iteration (costliest path): {h.mix}")
+        if h.loop.static.total != h.mix.total:
+            out.append(f"    every path (diverged warps): {h.loop.static}")
         if h.inner is not None and h.inner_mix is not None:
             out.append(f"    inner kk loop @0x{h.inner.header:04x}, trip {h.inner.trip}")
             out.append(f"      per iteration: {h.inner_mix}")
