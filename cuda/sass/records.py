@@ -67,7 +67,8 @@ class Estimate:
     assumptions: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        return f"{self.us:.1f} us {self.bound}-bound ({self.waves:.2f} waves)"
+        us = f"{self.us:.1f}" if self.us >= 10 else f"{self.us:.3g}"
+        return f"{us} us {self.bound}-bound ({self.waves:.2f} waves)"
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,10 @@ def _n(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
 
+def _us(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
 def _widths(mix: InstrMix, cls: str) -> str:
     """``n`` when every access of ``cls`` is 32-bit, else ``n32/n64/n128`` style parts."""
     w = mix.widths.get(cls, {})
@@ -295,7 +300,7 @@ def table_row(k: KernelSass) -> list[str]:
     other = m["other"] + m["FP other"] + m["MUFU"] + m["LDC"] + m["DEPBAR"] + m["warp"]
     other += m["local"] + m["generic"] + m["atomic"] + m["LDSM"]
     occ = f"{k.occupancy.blocks_per_sm} ({k.occupancy.limiter})" if k.occupancy else "-"
-    est = f"{k.estimate.us:.1f} us {k.estimate.bound}" if k.estimate else "-"
+    est = f"{_us(k.estimate.us)} us {k.estimate.bound}" if k.estimate else "-"
     spill = f"{r.spill_stores}/{r.spill_loads}" if r else "-"
     return [
         k.kernel,
