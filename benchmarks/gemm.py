@@ -5,8 +5,10 @@
 For each compute case of issue 12 (matmul 4096³ + bias + GELU, FFN up, conv 3×3, attention at
 two sizes, matmul 512³) at full size: polyfuse.compile wall time, the tile sizes the cost model
 chose, its modelled time (a model, not a measurement; no GPU is used here), and ptxas's
-registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed, with the
-``ld.shared`` and ``fma`` instructions of each GEMM kernel's kk loop in the PTX. Unless
+registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed, with each GEMM
+kernel's hot loop as the SASS instrument counts it (:mod:`polyfuse.cuda.sass`, needs ``pip
+install 'polyfuse[sass]'``): instructions per k-tile, FFMA, FMUL and FADD apart (a product
+that is not fused shows as FMUL + FADD), the FFMA share and the shared loads by width. Unless
 ``--no-emulate``, a reduced size of each case runs on the CPU emulator twice, with the GEMM path
 and with it off (``MappingConfig(gemm=False)``, the one-element-per-thread kernel), and prints
 the emulator-counted global bytes: *requested* (every load and store, repeats included) beside
@@ -27,6 +29,7 @@ import numpy as np
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.sass import DisassemblerNotFound, KernelSass, analyse
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.mapping import MappingConfig
 
@@ -89,24 +92,22 @@ def _gemm_notes(fn) -> list[str]:
     ]
 
 
-def kk_loop_counts(ptx: str) -> dict[str, dict[str, int]]:
-    """Per entry function of ``ptx``: the ``ld.shared`` and the FP32 multiplies (``fma.rn.f32``
-    or ``mul.f32``: one per multiply-add) of the stretch between two ``bar.sync`` with the most
-    multiplies (a GEMM kernel's compute phase of one k-tile: the kk loop; the copies before it
-    use ``cp.async`` / ``st.shared``)."""
-    out: dict[str, dict[str, int]] = {}
-    for entry in ptx.split(".entry ")[1:]:
-        name = entry.split("(", 1)[0].strip()
-        parts = entry.split("bar.sync")[1:-1]
-        if not parts:
-            continue
-
-        def muls(p: str) -> int:
-            return p.count("fma.rn.f32") + p.count("mul.f32")
-
-        body = max(parts, key=muls)
-        out[name] = {"ld_shared": body.count("ld.shared"), "mul": muls(body)}
-    return out
+def hot_loop(k: KernelSass) -> dict[str, Any]:
+    """A GEMM kernel's hot loop per iteration, from its SASS: every instruction, the FP32
+    multiply-adds apart (FFMA) from unfused multiplies and adds (FMUL, FADD), the shared
+    loads by width in bits."""
+    m = k.hot.mix
+    return {
+        "kind": k.hot.kind,
+        "trip": k.hot.loop.trip.iterations if k.hot.loop else 1,
+        "kk_trip": k.hot.inner.trip.iterations if k.hot.inner else None,
+        "instructions": m.total,
+        "ffma": m["FFMA"],
+        "fmul": m["FMUL"],
+        "fadd": m["FADD"],
+        "ffma_share": round(m.ffma_share, 4),
+        "lds": {str(b): m.width("LDS", b) for b in (32, 64, 128)},
+    }
 
 
 def full_size(name: str, arch: str) -> dict[str, Any]:
@@ -126,7 +127,12 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
             fa = polyfuse.compile(inputs=ins, outputs=outs, arch=a, check_cuda=False, name=name)
             binary = fa.check_cuda(a)
             gemm = {k.function or k.name for k, _ in _gemm_tiles(fa)}
-            loops = {f: c for f, c in kk_loop_counts(binary.ptx or "").items() if f in gemm}
+            try:
+                sass = {
+                    k.function: k for k in analyse(fa.cuda_source, (a,), kernels=fa.kernels).kernels
+                }
+            except DisassemblerNotFound as e:
+                sass, row["sass_note"] = {}, str(e)
             res[a] = [
                 {
                     "kernel": r.kernel,
@@ -134,7 +140,11 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
                     "spill_stores": r.spill_stores,
                     "spill_loads": r.spill_loads,
                     "smem": r.shared_bytes,
-                    **({"kk_loop": loops[r.kernel]} if r.kernel in loops else {}),
+                    **(
+                        {"hot_loop": hot_loop(sass[r.kernel])}
+                        if r.kernel in gemm and r.kernel in sass
+                        else {}
+                    ),
                 }
                 for k, r in binary.resources.items()
                 if k == r.kernel  # (also listed under the plan's kernel names)
@@ -157,6 +167,18 @@ def emulated(name: str, arch: str) -> dict[str, Any]:
         out[label] = {"requested": fn.requested_bytes(), "distinct": fn.traffic_bytes()}
     out["max_abs_diff"] = float(np.abs(results[0] - results[1]).max())
     return out
+
+
+def _loop_cell(h: dict[str, Any] | None) -> str:
+    if h is None:
+        return ""
+    kk = f", kk loop x{h['kk_trip']}" if h["kk_trip"] else ", kk unrolled"
+    lds = "/".join(f"{h['lds'][b]:g}" for b in ("32", "64", "128"))
+    return (
+        f"; SASS {h['kind']} loop: {h['instructions']:g} instr/iter, {h['ffma']:g} FFMA "
+        f"({h['ffma_share']:.0%}), {h['fmul']:g} FMUL + {h['fadd']:g} FADD unfused, "
+        f"LDS.32/64/128 {lds}{kk}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,16 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         for a, lst in f.get("ptxas", {}).items():
             cells = ", ".join(
                 f"{x['kernel']} {x['registers']} regs {x['smem']} B smem "
-                f"{x['spill_stores']}/{x['spill_loads']} B spills"
-                + (
-                    f", kk loop {x['kk_loop']['ld_shared']} ld.shared / "
-                    f"{x['kk_loop']['mul']} mul/fma"
-                    if "kk_loop" in x
-                    else ""
-                )
+                f"{x['spill_stores']}/{x['spill_loads']} B spills" + _loop_cell(x.get("hot_loop"))
                 for x in lst
             )
             print(f"  ptxas {a}: {cells}")
+        if "sass_note" in f:
+            print(f"  no SASS loop counts: {f['sass_note']}")
         e = r.get("emulated")
         if e:
             g, nv = e["gemm"], e["naive"]

@@ -54,6 +54,8 @@ __all__ = [
     "cache_dir",
     "compile_cuda",
     "compiler_version",
+    "cuda_roots",
+    "nvidia_package_dirs",
     "parse_ptxas_report",
 ]
 
@@ -214,7 +216,7 @@ def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
 # --------------------------------------------------------------------------------------------
 
 
-def _nvidia_package_dirs() -> list[Path]:
+def nvidia_package_dirs() -> list[Path]:
     """The directories of the ``nvidia`` namespace package (pip wheels), if installed."""
     try:
         pkg = importlib.import_module("nvidia")
@@ -223,7 +225,7 @@ def _nvidia_package_dirs() -> list[Path]:
     return [Path(p) for p in getattr(pkg, "__path__", [])]
 
 
-def _cuda_roots() -> list[Path]:
+def cuda_roots() -> list[Path]:
     """Toolkit roots: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, /usr/local/cuda-* newest first."""
     roots: list[Path] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -250,12 +252,12 @@ def _nvrtc_search_paths() -> list[str]:
     """
     found: list[str] = []
     wheel_libs: list[str] = []
-    for base in _nvidia_package_dirs():
+    for base in nvidia_package_dirs():
         wheel_libs += glob.glob(str(base / "*" / "lib" / "libnvrtc.so.*"))
     wheel_libs = [p for p in wheel_libs if re.search(r"libnvrtc\.so\.\d+$", p)]
     wheel_libs.sort(key=_lib_major, reverse=True)
     found += wheel_libs
-    for root in _cuda_roots():
+    for root in cuda_roots():
         for sub in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
             libs = glob.glob(str(root / sub / "libnvrtc.so*"))
             libs = [p for p in libs if "builtins" not in p and ".alt." not in p]
@@ -387,9 +389,9 @@ def _nvrtc_include_dirs(libdir: Path | None, major: int) -> list[str]:
     cands: list[Path] = []
     if libdir is not None:
         cands.append(libdir.parent / "include")
-    for base in _nvidia_package_dirs():
+    for base in nvidia_package_dirs():
         cands += [base / f"cu{major}" / "include", base / "cuda_runtime" / "include"]
-    cands += [root / "include" for root in _cuda_roots()]
+    cands += [root / "include" for root in cuda_roots()]
     out: list[str] = []
     for d in cands:
         if (d / "cuda_pipeline.h").is_file() or (d / "cuda_runtime_api.h").is_file():
@@ -428,7 +430,7 @@ def _nvcc_search_paths() -> list[str]:
     on_path = shutil.which("nvcc")
     if on_path:
         cands.append(on_path)
-    cands += [str(root / "bin" / "nvcc") for root in _cuda_roots()]
+    cands += [str(root / "bin" / "nvcc") for root in cuda_roots()]
     return cands
 
 

@@ -7,11 +7,26 @@ throughput. A :class:`Measured` record beside them holds what a run on a real GP
 measured (with its date and source); the cost model uses :attr:`DeviceSpec.bandwidth_gbps` /
 :attr:`DeviceSpec.throughput_tflops`, which prefer the measured value, and
 :attr:`DeviceSpec.figures` says which one it used.
+
+Issue figures (the SASS instrument's issue-bound estimate, :mod:`polyfuse.cuda.sass`): every
+SM of sm_70..sm_90 has four schedulers issuing one warp instruction per clock each
+(Volta/Ampere/Hopper whitepapers); FP32 lanes per SM (64 on V100/A100, 128 on H100: one warp
+FFMA per clock per scheduler on H100, one per two clocks before); shared memory moves 128 bytes
+per clock per SM. The clock is the datasheet boost clock, or, where a GPU was measured, the
+clock at which the measured cuBLAS SGEMM rate is issue-bound with an FFMA share of
+:data:`SGEMM_FFMA_SHARE` (:attr:`DeviceSpec.sustained_clock_mhz`). :func:`occupancy` is the CUDA
+occupancy calculator's arithmetic (``cuda_occupancy.h``): registers allocated per warp in
+units of 256 within four sub-partitions, shared memory per block rounded up to 128 bytes plus
+the 1 KB the driver reserves per block (sm_80 and later), warps and blocks per SM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: Assumed FFMA share of cuBLAS's FP32 SGEMM hot loop (85-90 % for a cuBLAS-class loop; issue
+#: 20): with the measured SGEMM rate it gives the clock an issue-bound loop runs at.
+SGEMM_FFMA_SHARE = 0.88
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,16 @@ class DeviceSpec:
     fp32_tflops: float
     launch_us: float = 3.0  # typical kernel launch overhead
     measured: Measured | None = None
+    boost_clock_mhz: float = 1410.0  # datasheet boost clock
+    fp32_lanes_per_sm: int = 64  # FP32 FMA lanes per SM (whitepaper)
+    schedulers_per_sm: int = 4  # warp schedulers, one warp instruction per clock each
+    max_blocks_per_sm: int = 32  # resident blocks per SM (compute-capability table)
+    max_regs_per_thread: int = 255
+    regs_per_block: int = 65536
+    reg_alloc_unit: int = 256  # registers are allocated per warp in units of this
+    smem_alloc_unit: int = 128  # bytes: shared memory is allocated per block in units of this
+    smem_reserved_per_block: int = 1024  # bytes the driver reserves per block (sm_80+)
+    smem_bytes_per_clock: int = 128  # shared-memory bandwidth per SM (32 banks x 4 B)
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -63,13 +88,65 @@ class DeviceSpec:
             f"FP32; {m.source}); datasheet {self.dram_gbps:.0f} GB/s, {self.fp32_tflops} TFLOP/s"
         )
 
+    @property
+    def max_warps_per_sm(self) -> int:
+        return self.max_threads_per_sm // 32
+
+    @property
+    def sustained_clock_mhz(self) -> float:
+        """The clock the issue-bound estimate uses: where a GPU was measured, the clock at which
+        its measured SGEMM rate is what a loop of :data:`SGEMM_FFMA_SHARE` FFMA issues (bounded
+        by the FP32 lanes); the datasheet boost clock otherwise."""
+        if self.measured is None:
+            return self.boost_clock_mhz
+        ffma_per_clock = min(
+            SGEMM_FFMA_SHARE * self.schedulers_per_sm, self.fp32_lanes_per_sm / 32
+        )  # warp FFMA per clock per SM
+        flops_per_clock = self.sms * ffma_per_clock * 32 * 2
+        return self.measured.fp32_tflops * 1e6 / flops_per_clock
+
+    @property
+    def issue_per_second(self) -> float:
+        """Warp instructions one SM issues per second (all schedulers, sustained clock)."""
+        return self.schedulers_per_sm * self.sustained_clock_mhz * 1e6
+
+    @property
+    def ffma_per_second(self) -> float:
+        """Warp FP32 instructions (FFMA/FMUL/FADD) one SM's FP32 lanes retire per second."""
+        return self.fp32_lanes_per_sm / 32 * self.sustained_clock_mhz * 1e6
+
+    @property
+    def issue_figures(self) -> str:
+        """Where the clock of the issue-bound estimate comes from, for printed assumptions."""
+        clock = self.sustained_clock_mhz
+        if self.measured is None:
+            return f"datasheet boost clock {clock:.0f} MHz"
+        return (
+            f"{clock:.0f} MHz sustained: measured cuBLAS SGEMM {self.measured.fp32_tflops} "
+            f"TFLOP/s ({self.measured.date}) issued at an assumed {SGEMM_FFMA_SHARE:.0%} FFMA "
+            f"share (datasheet boost {self.boost_clock_mhz:.0f} MHz)"
+        )
+
     def __str__(self) -> str:
         src = "measured" if self.measured else "datasheet"
         return f"{self.name} ({self.arch}, {self.sms} SMs, {self.bandwidth_gbps:.0f} GB/s {src})"
 
 
 V100 = DeviceSpec(
-    "V100-SXM2-16GB", "sm_70", 80, 48 * 1024, 96 * 1024, 96 * 1024, 65536, 1024, 2048, 900.0, 15.7
+    "V100-SXM2-16GB",
+    "sm_70",
+    80,
+    48 * 1024,
+    96 * 1024,
+    96 * 1024,
+    65536,
+    1024,
+    2048,
+    900.0,
+    15.7,
+    boost_clock_mhz=1530.0,  # datasheet
+    smem_alloc_unit=256,  # sm_70 (occupancy calculator)
+    smem_reserved_per_block=0,
 )
 A100 = DeviceSpec(
     "A100-SXM4-40GB",
@@ -83,6 +160,7 @@ A100 = DeviceSpec(
     2048,
     1555.0,
     19.5,
+    boost_clock_mhz=1410.0,  # datasheet (108 SMs x 64 lanes x 2 x 1.41 GHz = 19.5 TFLOP/s)
 )
 H100 = DeviceSpec(
     "H100-SXM5-80GB",
@@ -103,6 +181,8 @@ H100 = DeviceSpec(
         "shared/bench/gpu/h100-2026-11-22.json: H100 80GB HBM3, device-to-device copy and "
         "cuBLAS FP32 8192^3 in the same run",
     ),
+    boost_clock_mhz=1980.0,  # datasheet (132 SMs x 128 lanes x 2 x 1.98 GHz = 67 TFLOP/s)
+    fp32_lanes_per_sm=128,
 )
 
 BY_ARCH = {"sm_70": V100, "sm_75": V100, "sm_80": A100, "sm_86": A100, "sm_89": A100, "sm_90": H100}
@@ -111,3 +191,55 @@ BY_ARCH = {"sm_70": V100, "sm_75": V100, "sm_80": A100, "sm_86": A100, "sm_89": 
 def device_for_arch(arch: str) -> DeviceSpec:
     """The table entry the cost model uses for ``arch`` (the nearest listed device)."""
     return BY_ARCH.get(arch, A100)
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Resident blocks per SM of one kernel and what limits them.
+
+    ``limits`` holds the blocks per SM each resource alone allows (``registers``, ``shared
+    memory``, ``threads`` (warps), ``block limit``); ``limiter`` names the smallest (several
+    joined by ``=`` when they tie). ``blocks_per_sm`` is 0 when one block does not fit.
+    """
+
+    blocks_per_sm: int
+    limiter: str
+    warps_per_sm: int
+    max_warps_per_sm: int
+    limits: dict[str, int]
+
+    @property
+    def fraction(self) -> float:
+        """Resident warps over the SM's maximum."""
+        return self.warps_per_sm / self.max_warps_per_sm
+
+    def __str__(self) -> str:
+        return (
+            f"{self.blocks_per_sm} blocks/SM ({self.warps_per_sm}/{self.max_warps_per_sm} warps, "
+            f"limit: {self.limiter})"
+        )
+
+
+def occupancy(device: DeviceSpec, threads: int, registers: int, smem: int) -> Occupancy:
+    """Blocks of ``threads`` threads, ``registers`` per thread and ``smem`` bytes of shared
+    memory (static + dynamic) that one SM of ``device`` holds (the occupancy calculator's
+    arithmetic; see the module doc)."""
+    warps = -(-threads // 32)
+    limits: dict[str, int] = {}
+    reg_warp = -(-max(1, registers) * 32 // device.reg_alloc_unit) * device.reg_alloc_unit
+    if registers > device.max_regs_per_thread or registers * 32 * warps > device.regs_per_block:
+        limits["registers"] = 0
+    else:
+        partitions = device.schedulers_per_sm
+        per_partition = device.regs_per_sm // partitions // reg_warp
+        limits["registers"] = per_partition * partitions // warps
+    need = smem + device.smem_reserved_per_block  # the reserve is taken even without smem
+    if need:
+        need = -(-need // device.smem_alloc_unit) * device.smem_alloc_unit
+        limits["shared memory"] = device.smem_per_sm // need
+    fits = threads <= device.max_threads_per_block
+    limits["threads"] = device.max_warps_per_sm // warps if fits else 0
+    limits["block limit"] = device.max_blocks_per_sm
+    blocks = max(0, min(limits.values()))
+    limiter = "=".join(k for k, v in limits.items() if v == blocks)
+    return Occupancy(blocks, limiter, blocks * warps, device.max_warps_per_sm, limits)

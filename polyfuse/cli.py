@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     from polyfuse.tune import add_tune_parser
 
     add_tune_parser(sub)
+    from polyfuse.sass import add_sass_parser
+
+    add_sass_parser(sub)
     return parser
 
 

@@ -1,0 +1,256 @@
+"""SASS benchmark: the hot loops of the compute cases and the float4 check of the suite (issue 20).
+
+    python benchmarks/sass.py [--arch sm_80,sm_90] [--only NAME,...] [--json PATH] [--strict]
+
+Every case is compiled by polyfuse for each arch at full size, then NVRTC → cubin →
+nvdisasm (:mod:`polyfuse.cuda.sass`, no GPU needed). Printed per arch:
+
+* the compute cases of issue 20 item 2 (matmul 4096³ + bias + GELU, FFN up 8192×768·768×3072,
+  conv 3×3 N32 C64→64 56², a 1×1 conv N32 C64→256 56², a stride-2 3×3 conv N32 C128→128
+  56²→28², attention B8 H12 S512 D64): one row per kernel with the hot loop's instructions per
+  iteration (FFMA share, shared loads by width, global traffic, barriers, integer, branches,
+  predicated-off slots), registers, spills, shared bytes, blocks per SM and limiter, and the
+  issue-bound estimate (a model, labelled so); the GEMM-like kernels (a k-tile loop) beside
+  the item's FFMA target;
+* the twelve memory-bound subgraphs of ``suite.py``: the same table (their kernels have no
+  loop: the whole body), then per subgraph the vector accesses the kernel IR holds, the
+  ``float4`` source lines, how many are 128-bit in SASS (``LDG.E.128`` / ``STG.E.128`` /
+  ``LDS.128`` / ``STS.128``) and how many compiled to no access at all (``reused``: ptxas kept
+  the registers of an identical earlier load).
+
+Everything is written to ``benchmarks/results/sass.json`` (``--json``): per case and arch the
+instrument's full record of every kernel (:meth:`KernelSass.to_dict`). ``--strict`` exits 1
+when a GEMM-like kernel misses its FFMA target, spills, or a float4 check fails. Without
+NVRTC or the disassembler it says what to install and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import suite  # noqa: E402
+
+import polyfuse  # noqa: E402
+from polyfuse import examples, ops, te  # noqa: E402
+from polyfuse.cuda.sass import KernelSass, analyse, find_disassembler, format_table  # noqa: E402
+from polyfuse.errors import CompilerNotFound  # noqa: E402
+
+DEFAULT_JSON = HERE / "results" / "sass.json"
+ARCHS = ("sm_80", "sm_90")
+
+
+def conv_relu(n: int, c: int, o: int, hw: int, k: int, stride: int, pad: int):
+    """``relu(conv2d(x, w, bias))``, NCHW, for the 1×1 and strided cases."""
+    x = te.placeholder((n, c, hw, hw), name="x")
+    w = te.placeholder((o, c, k, k), name="w")
+    b = te.placeholder((o,), name="bias")
+    y = ops.relu(ops.conv2d(x, w, b, stride=stride, padding=pad, name="conv2d"), name="relu")
+    return [x, w, b], [y]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A compute case: its builder, and the FFMA share item 2 asks of its GEMM-like loops."""
+
+    build: Callable[[], tuple[list[Any], list[Any]]]
+    what: str
+    ffma_target: float
+
+
+def _example(f, *args, **kw) -> Callable[[], tuple[list[Any], list[Any]]]:
+    def build():
+        ins, outs, _ = f(*args, **kw)
+        return list(ins), list(outs)
+
+    return build
+
+
+CASES: dict[str, Case] = {
+    "matmul4096_bias_gelu": Case(
+        _example(examples.matmul_bias_gelu, 4096, 4096, 4096), "matmul 4096^3 + bias + GELU", 0.85
+    ),
+    "ffn_up": Case(
+        _example(examples.matmul_bias_gelu, 8192, 768, 3072), "FFN up 8192x768 . 768x3072", 0.85
+    ),
+    "conv3x3": Case(
+        _example(examples.conv2d_relu, batch=32, channels=64, size=56, filters=64),
+        "conv 3x3 N32 C64->64 56^2 + bias + ReLU",
+        0.80,
+    ),
+    "conv1x1": Case(
+        lambda: conv_relu(32, 64, 256, 56, 1, 1, 0), "conv 1x1 N32 C64->256 56^2", 0.80
+    ),
+    "conv3x3_s2": Case(
+        lambda: conv_relu(32, 128, 128, 56, 3, 2, 1), "conv 3x3 stride 2 N32 C128->128 56->28", 0.80
+    ),
+    "attention_s512": Case(
+        _example(examples.attention, batch=8, heads=12, seq=512, dim=64),
+        "attention B8 H12 S512 D64 (QK^T, softmax, PV)",
+        0.80,
+    ),
+}
+
+
+def run_case(name: str, ins, outs, arch: str) -> tuple[list[KernelSass], float]:
+    """The instrument's records of every kernel of one case on one arch, and compile seconds."""
+    t0 = time.perf_counter()
+    fn = polyfuse.compile(ins, outs, arch, check_cuda=False, name=name)
+    report = analyse(fn.cuda_source, (arch,), kernels=fn.kernels, name=name)
+    return report.kernels, time.perf_counter() - t0
+
+
+def gemm_rows(name: str, kernels: list[KernelSass], target: float) -> list[dict[str, Any]]:
+    """The item-2 verdict of each GEMM-like kernel (a k-tile hot loop) of a case."""
+    out = []
+    for k in kernels:
+        if k.hot.kind != "k-tile":
+            continue
+        spills = (k.resources.spill_stores + k.resources.spill_loads) if k.resources else 0
+        share = k.hot.mix.ffma_share
+        out.append(
+            {
+                "case": name,
+                "kernel": k.kernel,
+                "arch": k.arch,
+                "ffma_share": round(share, 4),
+                "target": target,
+                "spill_bytes": spills,
+                "ok": share >= target and spills == 0,
+            }
+        )
+    return out
+
+
+def vector_row(name: str, kernels: list[KernelSass]) -> dict[str, Any]:
+    """The float4 check of one suite subgraph (all its kernels)."""
+    checks = [k.vector for k in kernels if k.vector is not None]
+    lines = [a for c in checks for a in c.accesses]
+    return {
+        "case": name,
+        "kernels": len(kernels),
+        "expected": sum(c.expected for c in checks),
+        "float4_lines": len(lines),
+        "lines_128": sum(bool(a.sass) and a.ok for a in lines),
+        "reused": sum(not a.sass for a in lines),  # ptxas reused an identical earlier load
+        "ok": all(c.ok for c in checks),
+        "problems": [f"{k.kernel}: {p}" for k in kernels if k.vector for p in k.vector.problems],
+    }
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default=",".join(ARCHS), help="comma-separated (default both)")
+    ap.add_argument("--only", default="", help="comma-separated case / subgraph names")
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"default {DEFAULT_JSON}")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = ap.parse_args(argv)
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    try:
+        dis = find_disassembler()
+    except CompilerNotFound as e:
+        print(f"sass benchmark: {e}", file=sys.stderr)
+        return 2
+    compute = [n for n in CASES if not only or n in only]
+    memory = [n for n in suite.NAMES if not only or n in only]
+    print(f"polyfuse SASS benchmark ({dis}); estimates are modelled, not measured")
+    results: dict[str, Any] = {"disassembler": str(dis), "compute": {}, "suite": {}}
+    verdicts: list[dict[str, Any]] = []
+    vectors: list[dict[str, Any]] = []
+    try:
+        for arch in archs:
+            rows: list[KernelSass] = []
+            mem_rows: list[KernelSass] = []
+            for name in compute:
+                ins, outs = CASES[name].build()
+                ks, secs = run_case(name, ins, outs, arch)
+                print(f"  {name} {arch}: {len(ks)} kernels, {secs:.1f} s", file=sys.stderr)
+                rows += [_renamed(k, name) for k in ks]
+                results["compute"].setdefault(name, {})[arch] = [k.to_dict() for k in ks]
+                verdicts += gemm_rows(name, ks, CASES[name].ffma_target)
+            for name in memory:
+                ins, outs, _ = suite.build(name)
+                ks, secs = run_case(name, ins, outs, arch)
+                print(f"  {name} {arch}: {len(ks)} kernels, {secs:.1f} s", file=sys.stderr)
+                results["suite"].setdefault(name, {})[arch] = [k.to_dict() for k in ks]
+                vectors.append({**vector_row(name, ks), "arch": arch})
+                mem_rows += [_renamed(k, name) for k in ks]
+            if rows:
+                print(f"\n== compute cases, {arch}: hot loop per iteration ==")
+                print(format_table(rows))
+            if mem_rows:
+                print(f"\n== memory-bound suite, {arch}: hot loop (or body) per iteration ==")
+                print(format_table(mem_rows))
+    except CompilerNotFound as e:
+        print(f"sass benchmark: {e}", file=sys.stderr)
+        return 2
+    if verdicts:
+        print("\n== GEMM-like hot loops vs issue 20 item 2 (FFMA share, 0 spills) ==")
+        head = ["case", "kernel", "arch", "FFMA", "target", "spill B", "verdict"]
+        body = [
+            [
+                v["case"],
+                v["kernel"],
+                v["arch"],
+                f"{v['ffma_share']:.1%}",
+                f">= {v['target']:.0%}",
+                str(v["spill_bytes"]),
+                "ok" if v["ok"] else "MISSED",
+            ]
+            for v in verdicts
+        ]
+        print(_table([head, *body]))
+    if vectors:
+        print("\n== memory-bound suite: float4 accesses in SASS ==")
+        head = ["subgraph", "arch", "kernels", "IR vector", "float4 lines", "128-bit", "reused"]
+        head.append("verdict")
+        body = [
+            [
+                v["case"],
+                v["arch"],
+                str(v["kernels"]),
+                str(v["expected"]),
+                str(v["float4_lines"]),
+                str(v["lines_128"]),
+                str(v["reused"]),
+                "ok" if v["ok"] else "FAILED",
+            ]
+            for v in vectors
+        ]
+        print(_table([head, *body]))
+        for v in vectors:
+            for p in v["problems"]:
+                print(f"  {v['case']} {v['arch']}: {p}")
+    results["gemm_targets"] = verdicts
+    results["float4"] = vectors
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {args.json}")
+    missed = [v for v in verdicts if not v["ok"]] + [v for v in vectors if not v["ok"]]
+    return 1 if args.strict and missed else 0
+
+
+def _renamed(k: KernelSass, case: str) -> KernelSass:
+    """``k`` with the case in its kernel name (one table holds every case)."""
+    return replace(k, kernel=f"{case}/{k.kernel}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
