@@ -7,7 +7,8 @@ How a compute is evaluated
     Each loop variable becomes a broadcast ``np.arange`` grid (data axes first, then the
     reduction axes of the body as extra trailing dims); reads are numpy fancy indexing with the
     evaluated subscripts; a reduction reduces the trailing dims. ``te.where`` evaluates each
-    branch under the mask of the points that select it: a read whose subscript is out of range
+    branch under the mask of the points that select it (and ``c & e`` evaluates ``e`` under the
+    mask where ``c`` holds, ``c | e`` where it does not): a read whose subscript is out of range
     only where the branch is not selected (a padded read) is clipped and its value discarded,
     while an out-of-range read at a point that does use it raises
     :class:`~polyfuse.errors.ExpressionError` (the graph is wrong).
@@ -256,8 +257,14 @@ class _Body(ex.ExprVisitor[Any]):
         return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
 
     def visit_Logical(self, e: ex.Logical, mask: Any) -> Any:
+        # like C's && and ||, the right side is used only where the left does not decide
+        a = np.asarray(self.eval(e.a, mask), dtype=bool)
+        if a.ndim == 0:
+            decided = not a if e.op == "and" else bool(a)
+            return a if decided else np.asarray(self.eval(e.b, mask), dtype=bool)
+        rest = self._narrow(mask, a if e.op == "and" else ~a)
         fn = np.logical_and if e.op == "and" else np.logical_or
-        return fn(self.eval(e.a, mask), self.eval(e.b, mask))
+        return fn(a, self.eval(e.b, rest))
 
     def visit_Select(self, e: ex.Select, mask: Any) -> Any:
         c = np.asarray(self.eval(e.cond, mask), dtype=bool)

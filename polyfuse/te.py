@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.bounds import check_bounds
 from polyfuse.graph.expr import (
     Binary,
     Cast,
@@ -337,6 +338,7 @@ class _LiftReductions(ExprMutator):
         )
         _check_body(hidden.name, tuple(fresh), inner)
         hidden.op = ComputeOp(tuple(fresh), inner, self.tag)
+        check_bounds(hidden)
         return Read(hidden, tuple(keep)) if keep else Read(hidden, ())
 
 
@@ -371,4 +373,5 @@ def compute(
         body = Cast(body, dtype)
     out = Tensor(dims, dtype, name)
     out.op = ComputeOp(axes, body, tag)
+    check_bounds(out)
     return out
