@@ -16,10 +16,12 @@ How a compute is evaluated
 Precision
     Arithmetic inside one compute body is done in float64; every tensor (inputs and each
     compute's result) is rounded to float32, the storage type, before it is read by the next
-    compute. Results are returned as float32 arrays. Integer expressions (loop variables,
-    subscripts, ``te.cast(..., "int32")``) follow C: ``/`` on ints truncates toward zero and a
-    cast to int truncates; ``//`` and ``%`` are floor division and its remainder (the affine
-    semantics isl uses). ``te.maximum``/``te.minimum`` propagate NaN like numpy.
+    compute. A float constant is its float32 value (``1e39`` is inf, ``1e-50`` is 0), as in
+    the kernel. Results are returned as float32 arrays. Integer expressions (loop variables,
+    subscripts, ``te.cast(..., "int32")``) follow Python: ``/`` is true division (a float
+    even for ints), ``//`` and ``%`` are floor division and its remainder (isl's ``floor`` and
+    ``mod`` for a positive divisor); a cast to int truncates. ``te.maximum``/``te.minimum``
+    propagate NaN like numpy.
 
 Memory
     A compute whose iteration space (data axes times reduction axes) exceeds
@@ -242,7 +244,7 @@ class _Body(ex.ExprVisitor[Any]):
         return self.grids[e.uid]
 
     def visit_Const(self, e: ex.Const, mask: Any) -> Any:
-        return e.value
+        return ex.float32_value(e.value) if e.dtype == "float32" else e.value
 
     def visit_Read(self, e: ex.Read, mask: Any) -> Any:
         return self._read(e, mask)
@@ -369,12 +371,9 @@ _BINARY_UFUNC = {
 def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
     if op in _BINARY_UFUNC:
         return _BINARY_UFUNC[op](a, b)
-    ints = dtype != "float32" and _is_int(a) and _is_int(b)
-    if op == "div":
-        if ints:  # C integer division truncates toward zero
-            q = np.floor_divide(np.abs(a), np.abs(b))
-            return np.where(np.sign(a) * np.sign(b) < 0, -q, q)
+    if op == "div":  # true division, also of integers
         return np.true_divide(np.asarray(a, np.float64), b)
+    ints = dtype != "float32" and _is_int(a) and _is_int(b)
     if op == "pow":
         if ints:
             return np.power(a, b)
