@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from polyfuse.errors import ExpressionError
@@ -111,7 +111,7 @@ _ELEMENTWISE = {"sum": "a + b", "max": "te.maximum(a, b)", "min": "te.minimum(a,
 
 
 def _reduce(op: str, expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:
-    axes = (axis,) if isinstance(axis, IterVar) or not isinstance(axis, Sequence) else tuple(axis)
+    axes = (axis,) if isinstance(axis, Expr) or not isinstance(axis, Iterable) else tuple(axis)
     if not axes:
         raise ExpressionError(f"te.{op}: give at least one reduce axis")
     for a in axes:
