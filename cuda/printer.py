@@ -11,8 +11,6 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
-import math
-
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
     KAsyncCopy,
@@ -39,6 +37,7 @@ from polyfuse.cuda.kernel_ast import (
     MemSpace,
     Scope,
 )
+from polyfuse.cuda.literals import c_float, c_int
 from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.errors import UnsupportedOpError
@@ -118,17 +117,6 @@ def prelude_for(body: str) -> str:
     return (PIPELINE_HEADER if "__pipeline_memcpy_async" in body else "") + PRELUDE
 
 
-def c_float(v: float) -> str:
-    """A float32 literal."""
-    v = float(v)
-    if math.isinf(v):
-        return "INFINITY" if v > 0 else "(-INFINITY)"
-    s = repr(v)
-    if "e" not in s and "." not in s:
-        s += ".0"
-    return f"{s}f" if v >= 0 else f"({s}f)"
-
-
 class _CIndex(KVisitor[str]):
     """C text of an integer expression of the kernel IR."""
 
@@ -185,6 +173,19 @@ def c_offset(idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
     return " + ".join(reversed(terms))
 
 
+def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
+    """Python's ``a // b`` or ``a % b`` of int32 ``a`` by a nonzero constant ``b``: the
+    prelude's ``pf_fdiv``/``pf_mod`` take a positive divisor, and for a negative one
+    ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``."""
+    assert isinstance(divisor, ex.Const)
+    b = int(divisor.value)
+    if b > 0:
+        return f"pf_fdiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"
+    if op == "floordiv":
+        return f"pf_fdiv((-{a}), {-b})"
+    return f"(-pf_mod((-{a}), {-b}))"
+
+
 class BodyPrinter(ex.ExprVisitor[str]):
     """Prints te expressions for one statement instance."""
 
@@ -232,8 +233,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
     def visit_Const(self, e: ex.Const, env: dict[int, str]) -> str:
         if e.dtype == "bool":
             return "true" if e.value else "false"
-        if e.dtype == "int32":
-            return str(int(e.value)) if e.value >= 0 else f"({int(e.value)})"
+        if e.dtype in ("int32", "int64"):
+            return c_int(int(e.value), e.dtype)
         return c_float(e.value)
 
     def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
@@ -255,16 +256,20 @@ class BodyPrinter(ex.ExprVisitor[str]):
         fl = e.dtype == "float32"
         if e.op in ("add", "sub", "mul"):
             return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
-        if e.op == "div":
-            return f"({a} / {b})" if fl else f"((float){a} / (float){b})"
+        if e.op == "div":  # true division, also of integers
+            if "float32" in (e.a.dtype, e.b.dtype):
+                return f"({a} / {b})"
+            return f"((float){a} / (float){b})"
         if e.op == "pow":
             return f"powf({a}, {b})"
         if e.op in ("max", "min"):
             return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
+        if e.op in ("floordiv", "mod") and not fl:  # by a nonzero constant (te checks)
+            return _int_floor(e.op, a, e.b)
         if e.op == "floordiv":
-            return f"floorf({a} / {b})" if fl else f"pf_fdiv({a}, {b})"
+            return f"floorf({a} / {b})"
         if e.op == "mod":
-            return f"({a} - {b} * floorf({a} / {b}))" if fl else f"pf_mod({a}, {b})"
+            return f"({a} - {b} * floorf({a} / {b}))"
         return self.visit_default(e)
 
     def visit_Compare(self, e: ex.Compare, env: dict[int, str]) -> str:

@@ -3,14 +3,17 @@
 A compute ``T[d0..dn-1] = body`` (with reduce axes r0..rm-1 when the body is a reduction) is
 modelled as the isl set ``{ S_T[d0..dn-1, r0..rm-1] : bounds }``, the write
 ``{ S_T[d, r] -> T[d] }`` and, for every read ``X[f(d, r)]`` in the body, the read
-``{ S_T[d, r] -> X[f(d, r)] }`` clipped to X's bounds (reads a ``te.where`` guards may reach
-outside; the clipped relation is what actually executes). Loop variables are named by
-position (``d0``, ``r0``) so user names never clash with isl keywords.
+``{ S_T[d, r] -> X[f(d, r)] : guard }`` over the points where it is evaluated (a ``te.where``
+condition restricts the reads of its branches). Reads are not clipped to X's bounds:
+:mod:`polyfuse.graph.bounds` proves at ``te.compute`` time that every access stays inside its
+tensor, so the relation is exactly what executes. Loop variables are named by position
+(``d0``, ``r0``) so user names never clash with isl keywords.
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 
 import islpy as isl
@@ -77,10 +80,26 @@ _AFFINE_BINARY = {
     "mod": "(({a}) mod {b})",
 }
 _ISL_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+def _int_const(e: ex.Expr) -> int | None:
+    """The value of an integer constant (an integral float counts: ``i < 4.0``), else None."""
+    if not isinstance(e, ex.Const) or isinstance(e.value, bool):
+        return None
+    v = e.value
+    if isinstance(v, float) and not v.is_integer():
+        return None
+    return int(v)
 
 
 class _AffineText(ex.ExprVisitor[str]):
-    """isl text of an affine subscript; anything else raises :class:`ExpressionError`."""
+    """isl text of an affine subscript; anything else raises :class:`ExpressionError`.
+
+    Affine means: loop variables and integer constants combined by ``+``, ``-``, negation,
+    multiplication by a constant, and ``//`` / ``%`` by a positive constant (isl's ``floor``
+    and ``mod``, which agree with Python's for a positive divisor).
+    """
 
     def __init__(self, names: dict[int, str]) -> None:
         self.names = names
@@ -89,7 +108,8 @@ class _AffineText(ex.ExprVisitor[str]):
         return self.names[e.uid]
 
     def visit_Const(self, e: ex.Const) -> str:
-        return str(int(e.value))
+        v = _int_const(e)
+        return self.visit_default(e) if v is None else str(v)
 
     def visit_Unary(self, e: ex.Unary) -> str:
         if e.op != "neg":
@@ -98,6 +118,10 @@ class _AffineText(ex.ExprVisitor[str]):
 
     def visit_Binary(self, e: ex.Binary) -> str:
         if e.op not in _AFFINE_BINARY:
+            return self.visit_default(e)
+        if e.op == "mul" and _int_const(e.a) is None and _int_const(e.b) is None:
+            return self.visit_default(e)
+        if e.op in ("floordiv", "mod") and (_int_const(e.b) or 0) <= 0:
             return self.visit_default(e)
         return _AFFINE_BINARY[e.op].format(a=self.visit(e.a), b=self.visit(e.b))
 
@@ -132,6 +156,35 @@ class _AffineCondition(ex.ExprVisitor["str | None"]):
         return None
 
 
+class _ImpliedCondition(ex.ExprVisitor["str | None"]):
+    """An affine condition implied by a condition that is only partly affine.
+
+    ``visit(e, negated)`` gives isl text that holds wherever ``e`` (or ``not e``) holds, or
+    None (no constraint). Negation is pushed down to the comparisons; an ``and`` keeps its
+    affine conjuncts, an ``or`` needs both sides. A read under a data-dependent guard is thus
+    constrained by the guard's affine part and checked everywhere else (at its worst).
+    """
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def visit_Compare(self, e: ex.Compare, negated: bool) -> str | None:
+        op = _NEGATED[e.op] if negated else e.op
+        return _AffineCondition(self.names).visit(ex.Compare(op, e.a, e.b))
+
+    def visit_Logical(self, e: ex.Logical, negated: bool) -> str | None:
+        a, b = self.visit(e.a, negated), self.visit(e.b, negated)
+        if (e.op == "and") != negated:  # a conjunction: what either side implies holds
+            return _both(a, b)
+        return None if a is None or b is None else f"({a} or {b})"
+
+    def visit_Unary(self, e: ex.Unary, negated: bool) -> str | None:
+        return self.visit(e.a, not negated) if e.op == "not" else None
+
+    def visit_default(self, e: ex.Expr, *args: object) -> None:
+        return None
+
+
 @dataclass
 class PrimitiveRelations:
     """The isl view of one primitive: ``domain``, ``write`` and one ``reads`` entry per read."""
@@ -149,6 +202,64 @@ def bounds_set(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Set:
     return isl.Set(f"{{ {ident}[{', '.join(vs)}] : {cons} }}", context=ctx)
 
 
+@dataclass(frozen=True)
+class RelationText:
+    """isl text of one compute's relations, with anonymous tuples ``S``, ``T`` and ``X``.
+
+    Identical ops (the same layer repeated) give identical text, which is what the relation
+    memo and the bounds-check cache key on.
+    """
+
+    domain: str
+    write: str
+    reads: tuple[tuple[str, tuple[int, ...]], ...]  # (read map text, read tensor's shape)
+
+
+#: ComputeOp → its relation text: the bounds check at ``te.compute`` and the graph build at
+#: compile time share one walk of the body (ops are never changed once built).
+_TEXTS: weakref.WeakKeyDictionary[ex.ComputeOp, tuple[RelationText, list[ex.Read]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def relation_text(t: ex.Tensor) -> tuple[RelationText, list[ex.Read]]:
+    """The isl text of compute ``t``'s domain, write and guarded reads (reads in body order).
+
+    A data-dependent subscript (``te.data_index``) may select any element along its
+    dimension: that output dimension ranges over the whole extent.
+    """
+    assert t.op is not None
+    hit = _TEXTS.get(t.op)
+    if hit is None:
+        hit = _TEXTS[t.op] = _relation_text(t)
+    return hit
+
+
+def _relation_text(t: ex.Tensor) -> tuple[RelationText, list[ex.Read]]:
+    assert t.op is not None
+    dn, rn = loop_names(t)
+    names = axis_names(t)
+    cons = [
+        f"{a.lo} <= {names[a.uid]} < {a.hi}" for a in t.op.axes + t.op.reduce_axes if a.extent > 1
+    ]
+    it = ", ".join(dn + rn)
+    domain_s = f"{{ S[{it}] : {' and '.join(cons) or 'true'} }}"
+    write_s = f"{{ S[{it}] -> T[{', '.join(out_index(t))}] }}"
+    reads_s = []
+    guarded = guarded_reads(t.op.body, names)
+    for r, guard in guarded:
+        subs, conds = [], [guard] if guard else []
+        for d, sub in enumerate(r.indices):
+            if isinstance(sub, ex.DataIndex):
+                subs.append(f"z{d}")
+                conds.append(f"0 <= z{d} < {r.tensor.shape[d]}")
+            else:
+                subs.append(affine_str(sub, names))
+        cond = f" : {' and '.join(conds)}" if conds else ""
+        reads_s.append((f"{{ S[{it}] -> X[{', '.join(subs)}]{cond} }}", r.tensor.shape))
+    return RelationText(domain_s, write_s, tuple(reads_s)), [r for r, _ in guarded]
+
+
 def primitive_relations(
     t: ex.Tensor, idents: dict[int, str], ctx: isl.Context, memo: dict | None = None
 ) -> PrimitiveRelations:
@@ -159,45 +270,23 @@ def primitive_relations(
     one's only in tuple names (the same op in another layer) reuses the parsed relations,
     renamed, instead of parsing isl text again.
     """
-    assert t.op is not None
-    dn, rn = loop_names(t)
-    names = axis_names(t)
-    cons = [
-        f"{a.lo} <= {names[a.uid]} < {a.hi}" for a in t.op.axes + t.op.reduce_axes if a.extent > 1
-    ]
+    text, reads_in_order = relation_text(t)
     stmt = f"S_{idents[t.uid]}"
-    it = ", ".join(dn + rn)
-    domain_s = f"{{ S[{it}] : {' and '.join(cons) or 'true'} }}"
-    write_s = f"{{ S[{it}] -> T[{', '.join(out_index(t))}] }}"
-    reads_s = []
-    guarded = guarded_reads(t.op.body, names)
-    for r, guard in guarded:
-        # a data-dependent subscript may select any element along its dimension
-        subs = ", ".join(
-            f"z{d}" if isinstance(s, ex.DataIndex) else affine_str(s, names)
-            for d, s in enumerate(r.indices)
-        )
-        cond = f" : {guard}" if guard else ""
-        reads_s.append((f"{{ S[{it}] -> X[{subs}]{cond} }}", r.tensor.shape))
-    key = (domain_s, write_s, tuple(reads_s))
-    hit = memo.get(key) if memo is not None else None
+    hit = memo.get(text) if memo is not None else None
     if hit is None:
-        domain = isl.Set(domain_s, context=ctx)
-        write = isl.Map(write_s, context=ctx).intersect_domain(domain)
-        reads_t = []
-        for m_s, shape in reads_s:
-            m = isl.Map(m_s, context=ctx)
-            reads_t.append(m.intersect_domain(domain).intersect_range(bounds_set("X", shape, ctx)))
+        domain = isl.Set(text.domain, context=ctx)
+        write = isl.Map(text.write, context=ctx).intersect_domain(domain)
+        reads_t = [isl.Map(m_s, context=ctx).intersect_domain(domain) for m_s, _ in text.reads]
         hit = (domain, write, reads_t)
         if memo is not None:
-            memo[key] = hit
+            memo[text] = hit
     domain, write, reads_t = hit
     ins, outs = isl.dim_type.in_, isl.dim_type.out
     domain = domain.set_tuple_name(stmt)
     write = write.set_tuple_name(ins, stmt).set_tuple_name(outs, idents[t.uid])
     reads = [
         (r, m.set_tuple_name(ins, stmt).set_tuple_name(outs, idents[r.tensor.uid]))
-        for (r, _), m in zip(guarded, reads_t, strict=True)
+        for r, m in zip(reads_in_order, reads_t, strict=True)
     ]
     return PrimitiveRelations(stmt, domain, write, reads)
 
@@ -212,6 +301,8 @@ def guarded_reads(body: ex.Expr, names: dict[int, str]) -> list[tuple[ex.Read, s
 
     ``te.where(c, a, b)`` evaluates only one side, so reads in ``a`` happen only where ``c``
     holds and reads in ``b`` only where it does not; isl then sees exactly the elements read.
+    Likewise ``c & e`` reads ``e`` only where ``c`` holds and ``c | e`` only where it does not.
+    A condition that is not affine guards by its affine part only (an over-approximation).
     """
     walker = _GuardedReads(names)
     walker.visit(body, None)
@@ -237,8 +328,23 @@ class _GuardedReads(ex.ExprVisitor[None]):
         self.out.append((e, guard))
         self.visit_default(e, guard)
 
+    def _split(self, cond: ex.Expr) -> tuple[str | None, str | None]:
+        """The guards under which ``cond`` holds and does not hold."""
+        c = affine_condition(cond, self.names)
+        if c is not None:
+            return c, f"(not {c})"
+        implied = _ImpliedCondition(self.names)  # partly data-dependent: its affine part
+        return implied.visit(cond, False), implied.visit(cond, True)
+
     def visit_Select(self, e: ex.Select, guard: str | None) -> None:
-        c = affine_condition(e.cond, self.names)
+        then, other = self._split(e.cond)
         self.visit(e.cond, guard)
-        self.visit(e.a, _both(guard, c))
-        self.visit(e.b, _both(guard, None if c is None else f"(not {c})"))
+        self.visit(e.a, _both(guard, then))
+        self.visit(e.b, _both(guard, other))
+
+    def visit_Logical(self, e: ex.Logical, guard: str | None) -> None:
+        # ``a & b`` evaluates b only where a holds, ``a | b`` only where it does not (C's
+        # && and ||, as printed)
+        then, other = self._split(e.a)
+        self.visit(e.a, guard)
+        self.visit(e.b, _both(guard, then if e.op == "and" else other))

@@ -11,9 +11,12 @@ compute tensors of their own, so every primitive is one loop nest.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from polyfuse.errors import DtypeError, ExpressionError
 from polyfuse.visitor import R, Visitor
@@ -101,8 +104,32 @@ class IterVar(Expr):
         return self.name
 
 
+INT32_RANGE = (-(2**31), 2**31 - 1)
+INT64_RANGE = (-(2**63), 2**63 - 1)
+
+
+def float32_value(v: float | int) -> float:
+    """``v`` rounded to float32 (the value a float32 constant holds): overflow gives ±inf,
+    underflow 0 or a denormal, NaN stays NaN."""
+    try:
+        d = float(v)
+    except OverflowError:  # an int beyond the double range
+        d = math.inf if v > 0 else -math.inf
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(d))
+
+
+def int_dtype(v: int) -> str:
+    """The integer dtype of a Python int: int32 when it fits, else int64 (a value beyond int64
+    also says int64; ``te.compute`` rejects it unless a float operand made it a float)."""
+    return "int32" if INT32_RANGE[0] <= v <= INT32_RANGE[1] else "int64"
+
+
 @dataclass(eq=False, repr=False)
 class Const(Expr):
+    """A constant in its dtype: a float32 constant means its float32 value (``1e39`` is inf,
+    ``1e-50`` is 0), an integer constant an int32 or int64."""
+
     value: float | int | bool
     dtype: str = "float32"
 
@@ -150,20 +177,36 @@ class Unary(Expr):
 
 
 def _join_dtype(a: Expr, b: Expr) -> str:
-    if "float32" in (a.dtype, b.dtype):
-        return "float32"
+    for dtype in ("float32", "int64", "int32"):
+        if dtype in (a.dtype, b.dtype):
+            return dtype
     return a.dtype
+
+
+def _weak(c: Expr, other: Expr) -> Expr:
+    """NumPy-like promotion of a wide integer constant beside a float operand: a Python int
+    that does not fit int32 takes the float's dtype (``x * 10**20`` is ``x * 1e20f``, as numpy
+    computes ``float32 array * 10**20``); beside integers it stays int64."""
+    if isinstance(c, Const) and c.dtype == "int64" and other.dtype == "float32":
+        return Const(float32_value(c.value), "float32")
+    return c
 
 
 @dataclass(eq=False, repr=False)
 class Binary(Expr):
+    """``a op b``. ``div`` is true division (float32 even for integer operands, as in Python
+    and numpy); ``floordiv`` and ``mod`` are Python's floor division and modulo."""
+
     op: str
     a: Expr
     b: Expr
 
+    def __post_init__(self) -> None:
+        self.a, self.b = _weak(self.a, self.b), _weak(self.b, self.a)
+
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return _join_dtype(self.a, self.b)
+        return "float32" if self.op == "div" else _join_dtype(self.a, self.b)
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a, self.b)
@@ -180,6 +223,9 @@ class Compare(Expr):
     a: Expr
     b: Expr
     dtype = "bool"
+
+    def __post_init__(self) -> None:
+        self.a, self.b = _weak(self.a, self.b), _weak(self.b, self.a)
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a, self.b)
@@ -210,6 +256,9 @@ class Select(Expr):
     cond: Expr
     a: Expr
     b: Expr
+
+    def __post_init__(self) -> None:
+        self.a, self.b = _weak(self.a, self.b), _weak(self.b, self.a)
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
@@ -278,7 +327,7 @@ def as_expr(v: Any) -> Expr:
     if isinstance(v, bool):
         return Const(v, "bool")
     if isinstance(v, int):
-        return Const(v, "int32")
+        return Const(v, int_dtype(v))
     if isinstance(v, float):
         return Const(v, "float32")
     if hasattr(v, "dtype") and hasattr(v, "item"):  # numpy scalar

@@ -7,7 +7,8 @@ How a compute is evaluated
     Each loop variable becomes a broadcast ``np.arange`` grid (data axes first, then the
     reduction axes of the body as extra trailing dims); reads are numpy fancy indexing with the
     evaluated subscripts; a reduction reduces the trailing dims. ``te.where`` evaluates each
-    branch under the mask of the points that select it: a read whose subscript is out of range
+    branch under the mask of the points that select it (and ``c & e`` evaluates ``e`` under the
+    mask where ``c`` holds, ``c | e`` where it does not): a read whose subscript is out of range
     only where the branch is not selected (a padded read) is clipped and its value discarded,
     while an out-of-range read at a point that does use it raises
     :class:`~polyfuse.errors.ExpressionError` (the graph is wrong).
@@ -15,10 +16,12 @@ How a compute is evaluated
 Precision
     Arithmetic inside one compute body is done in float64; every tensor (inputs and each
     compute's result) is rounded to float32, the storage type, before it is read by the next
-    compute. Results are returned as float32 arrays. Integer expressions (loop variables,
-    subscripts, ``te.cast(..., "int32")``) follow C: ``/`` on ints truncates toward zero and a
-    cast to int truncates; ``//`` and ``%`` are floor division and its remainder (the affine
-    semantics isl uses). ``te.maximum``/``te.minimum`` propagate NaN like numpy.
+    compute. A float constant is its float32 value (``1e39`` is inf, ``1e-50`` is 0), as in
+    the kernel. Results are returned as float32 arrays. Integer expressions (loop variables,
+    subscripts, ``te.cast(..., "int32")``) follow Python: ``/`` is true division (a float
+    even for ints), ``//`` and ``%`` are floor division and its remainder (isl's ``floor`` and
+    ``mod`` for a positive divisor); a cast to int truncates. ``te.maximum``/``te.minimum``
+    propagate NaN like numpy.
 
 Memory
     A compute whose iteration space (data axes times reduction axes) exceeds
@@ -241,7 +244,7 @@ class _Body(ex.ExprVisitor[Any]):
         return self.grids[e.uid]
 
     def visit_Const(self, e: ex.Const, mask: Any) -> Any:
-        return e.value
+        return ex.float32_value(e.value) if e.dtype == "float32" else e.value
 
     def visit_Read(self, e: ex.Read, mask: Any) -> Any:
         return self._read(e, mask)
@@ -256,8 +259,14 @@ class _Body(ex.ExprVisitor[Any]):
         return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
 
     def visit_Logical(self, e: ex.Logical, mask: Any) -> Any:
+        # like C's && and ||, the right side is used only where the left does not decide
+        a = np.asarray(self.eval(e.a, mask), dtype=bool)
+        if a.ndim == 0:
+            decided = not a if e.op == "and" else bool(a)
+            return a if decided else np.asarray(self.eval(e.b, mask), dtype=bool)
+        rest = self._narrow(mask, a if e.op == "and" else ~a)
         fn = np.logical_and if e.op == "and" else np.logical_or
-        return fn(self.eval(e.a, mask), self.eval(e.b, mask))
+        return fn(a, self.eval(e.b, rest))
 
     def visit_Select(self, e: ex.Select, mask: Any) -> Any:
         c = np.asarray(self.eval(e.cond, mask), dtype=bool)
@@ -364,12 +373,9 @@ _BINARY_UFUNC = {
 def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
     if op in _BINARY_UFUNC:
         return _BINARY_UFUNC[op](a, b)
-    ints = dtype != "float32" and _is_int(a) and _is_int(b)
-    if op == "div":
-        if ints:  # C integer division truncates toward zero
-            q = np.floor_divide(np.abs(a), np.abs(b))
-            return np.where(np.sign(a) * np.sign(b) < 0, -q, q)
+    if op == "div":  # true division, also of integers
         return np.true_divide(np.asarray(a, np.float64), b)
+    ints = dtype != "float32" and _is_int(a) and _is_int(b)
     if op == "pow":
         if ints:
             return np.power(a, b)

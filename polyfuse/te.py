@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.bounds import check_bounds
 from polyfuse.graph.expr import (
+    INT64_RANGE,
     Binary,
     Cast,
     Compare,
@@ -107,13 +109,20 @@ def reduce_axis(dom: int | tuple[int, int], name: str | None = None) -> IterVar:
     return IterVar(name, lo, hi, "reduce")
 
 
+#: What to write instead of a reduction called with a value where its axis goes.
+_ELEMENTWISE = {"sum": "a + b", "max": "te.maximum(a, b)", "min": "te.minimum(a, b)"}
+
+
 def _reduce(op: str, expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:
-    axes = (axis,) if isinstance(axis, IterVar) else tuple(axis)
+    axes = (axis,) if isinstance(axis, Expr) or not isinstance(axis, Iterable) else tuple(axis)
     if not axes:
         raise ExpressionError(f"te.{op}: give at least one reduce axis")
     for a in axes:
         if not isinstance(a, IterVar) or a.kind != "reduce":
-            raise ExpressionError(f"te.{op}: axis {a!r} is not a te.reduce_axis")
+            raise ExpressionError(
+                f"te.{op}(expr, axis): {a!r} is not a te.reduce_axis; te.{op} reduces over "
+                f"reduce axes, for the elementwise {op} of two values write {_ELEMENTWISE[op]}"
+            )
     if len({a.uid for a in axes}) != len(axes):
         raise ExpressionError(f"te.{op}: reduce axis used twice in axis={list(axes)}")
     return Reduce(op, as_expr(expr), axes)
@@ -322,8 +331,21 @@ class _BodyCheck(ExprVisitor[None]):
                 )
 
     def visit_Const(self, e: Const) -> None:
-        if isinstance(e.value, float) and e.value != e.value:
-            raise ExpressionError(f"compute '{self.name}': NaN constant in the body")
+        if e.dtype == "int64" and not INT64_RANGE[0] <= e.value <= INT64_RANGE[1]:
+            raise ExpressionError(
+                f"compute '{self.name}': integer constant {e.value} does not fit int64; "
+                "write it as a float (or combine it with a float operand)"
+            )
+
+    def visit_Binary(self, e: Binary) -> None:
+        if e.op not in ("floordiv", "mod") or e.dtype == "float32":
+            return
+        sym = "//" if e.op == "floordiv" else "%"
+        if e.dtype != "int32" or not _is_int_const(e.b) or e.b.value == 0:  # type: ignore[attr-defined]
+            raise ExpressionError(
+                f"compute '{self.name}': integer {e!r} needs int32 operands and a nonzero "
+                f"constant divisor; cast to float32 for a general {sym}"
+            )
 
     def visit_default(self, e: Expr, *args: object) -> None:
         return None
@@ -362,6 +384,7 @@ class _LiftReductions(ExprMutator):
         )
         _check_body(hidden.name, tuple(fresh), inner)
         hidden.op = ComputeOp(tuple(fresh), inner, self.tag)
+        check_bounds(hidden)
         return Read(hidden, tuple(keep)) if keep else Read(hidden, ())
 
 
@@ -391,9 +414,10 @@ def compute(
     body = as_expr(fcompute(*axes))
     body = _split_nested_reductions(name, dims, axes, body, tag)
     _check_body(name, axes, body)
-    dtype = "float32" if body.dtype in ("int32", "bool") else body.dtype
+    dtype = "float32" if body.dtype in ("int32", "int64", "bool") else body.dtype
     if body.dtype != dtype:
         body = Cast(body, dtype)
     out = Tensor(dims, dtype, name)
     out.op = ComputeOp(axes, body, tag)
+    check_bounds(out)
     return out

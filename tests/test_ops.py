@@ -605,9 +605,14 @@ def test_reference_feed_errors():
 
 def test_reference_out_of_bounds_read_is_an_error():
     x = ph((4,), "x")
-    bad = te.compute((4,), lambda i: x[i + 1], name="bad")
+    # an affine out-of-bounds read is refused when the compute is built (graph/bounds.py) ...
+    with pytest.raises(ExpressionError, match=r"compute 'bad' reads tensor 'x' out of bounds"):
+        te.compute((4,), lambda i: x[i + 1], name="bad")
+    # ... a data-dependent one when the reference evaluates it
+    idx = ph((4,), "idx")
+    bad = te.compute((4,), lambda i: x[te.data_index(idx[i])], name="bad")
     with pytest.raises(ExpressionError, match=r"compute 'bad' reads 'x' out of bounds"):
-        evaluate([bad], {x: np.zeros(4)})
+        evaluate([bad], {x: np.zeros(4), idx: np.array([0, 1, 2, 4])})
     ok = te.compute((4,), lambda i: te.where(i < 3, x[i + 1], 0.0), name="ok")
     (got,) = evaluate([ok], {x: np.arange(4.0)})
     np.testing.assert_array_equal(got, [1, 2, 3, 0])

@@ -45,12 +45,12 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(135) pf_b31b88e7d788d26d75fd(float* __restrict__ gelu19, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(135) pf_1fd15c30f5453f4a2e3a(float* __restrict__ gelu19, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 45; _t /= 45;
   const int t0 = _t;
-  gelu19[((3 * b0) + t0) * 45 + t1] = ((0.5f * xs[((3 * b0) + t0) * 45 + t1]) * (1.0f + erff((xs[((3 * b0) + t0) * 45 + t1] * 0.7071067811865475f))));
+  gelu19[((3 * b0) + t0) * 45 + t1] = ((0.5f * xs[((3 * b0) + t0) * 45 + t1]) * (1.0f + erff((xs[((3 * b0) + t0) * 45 + t1] * 0.70710677f))));
 }

@@ -45,12 +45,12 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(135) pf_f8d283ef9b1644d5838d(float* __restrict__ gelu20, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(135) pf_abc839b374d6805b7c83(float* __restrict__ gelu20, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 45; _t /= 45;
   const int t0 = _t;
-  gelu20[((3 * b0) + t0) * 45 + t1] = ((0.5f * xs[((3 * b0) + t0) * 45 + t1]) * (1.0f + tanhf((0.7978845608028654f * (xs[((3 * b0) + t0) * 45 + t1] + (0.044715f * ((xs[((3 * b0) + t0) * 45 + t1] * xs[((3 * b0) + t0) * 45 + t1]) * xs[((3 * b0) + t0) * 45 + t1])))))));
+  gelu20[((3 * b0) + t0) * 45 + t1] = ((0.5f * xs[((3 * b0) + t0) * 45 + t1]) * (1.0f + tanhf((0.7978846f * (xs[((3 * b0) + t0) * 45 + t1] + (0.044715f * ((xs[((3 * b0) + t0) * 45 + t1] * xs[((3 * b0) + t0) * 45 + t1]) * xs[((3 * b0) + t0) * 45 + t1])))))));
 }

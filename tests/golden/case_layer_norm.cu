@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_dca4b0b08daa6c3d41fc(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_8fed74718613c99f619b(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -65,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_dca4b0b08daa6c3d41fc(float*
     r_layer_norm18_mean_acc = 0.0f;
     // coarsen:4
     for (int c0 = 0; (c0 <= min(3, (((-4) * l0) + 44))); c0 += 1) {
-      r_layer_norm18_mean_acc = r_layer_norm18_mean_acc + (xs[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] * 0.022222222222222223f);
+      r_layer_norm18_mean_acc = r_layer_norm18_mean_acc + (xs[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] * 0.022222223f);
     }
     r_layer_norm18_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm18_mean_acc, pf_scratch); r_layer_norm18_mean = r_layer_norm18_mean_acc;
   }
@@ -76,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_dca4b0b08daa6c3d41fc(float*
     // coarsen:4
     for (int c0 = 0; (c0 <= min(3, (((-4) * l0) + 44))); c0 += 1) {
       s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] = (xs[((4 * b0) + r0) * 45 + ((4 * l0) + c0)] - r_layer_norm18_mean);
-      r_layer_norm18_var_acc = r_layer_norm18_var_acc + ((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] * s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)]) * 0.022222222222222223f);
+      r_layer_norm18_var_acc = r_layer_norm18_var_acc + ((s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)] * s_layer_norm18_centered[(((4 * b0) + r0) - s_layer_norm18_centered_lo0) * 45 + (((4 * l0) + c0) - s_layer_norm18_centered_lo1)]) * 0.022222223f);
     }
     r_layer_norm18_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm18_var_acc, pf_scratch); r_layer_norm18_var = r_layer_norm18_var_acc;
   }

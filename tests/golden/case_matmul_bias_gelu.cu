@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bb6166ca5aef1d5645f0(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_3137824fb9598bf44c3d(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -102,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_bb6166ca5aef1d5645f0(float*
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
       if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { r_matmul21 = r_matmul21_acc[ii0][ii1]; }
       if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { r_add22 = (r_matmul21 + bias[(t1 + (32 * ii1))]); }
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { gelu23[(((16 * b0) + t0) + (8 * ii0)) * 29 + (t1 + (32 * ii1))] = ((0.5f * r_add22) * (1.0f + erff((r_add22 * 0.7071067811865475f)))); }
+      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { gelu23[(((16 * b0) + t0) + (8 * ii0)) * 29 + (t1 + (32 * ii1))] = ((0.5f * r_add22) * (1.0f + erff((r_add22 * 0.70710677f)))); }
     }
   }
 }

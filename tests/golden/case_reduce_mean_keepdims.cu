@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_b03166d7f14d8770e95a(float* __restrict__ reduce_mean14, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(128) pf_2a20f38129f5e505e658(float* __restrict__ reduce_mean14, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_b03166d7f14d8770e95a(float*
     // part:mg0
     r_reduce_mean14_acc = 0.0f;
     for (int c0 = 0; (c0 <= ((-((l0 + 31) / 32)) + 1)); c0 += 1) {
-      r_reduce_mean14_acc = r_reduce_mean14_acc + (x3[((3 * c0) + pf_fdiv((l0 - c0), 11)) * 77 + ((4 * b0) + r0) * 11 + ((-((((-l0) - (32 * c0)) + 32) % 11)) + 10)] * 0.030303030303030304f);
+      r_reduce_mean14_acc = r_reduce_mean14_acc + (x3[((3 * c0) + pf_fdiv((l0 - c0), 11)) * 77 + ((4 * b0) + r0) * 11 + ((-((((-l0) - (32 * c0)) + 32) % 11)) + 10)] * 0.030303031f);
     }
     r_reduce_mean14_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean14_acc, pf_scratch); if (l0 == 0) reduce_mean14[0 * 7 + ((4 * b0) + r0) + 0] = r_reduce_mean14_acc;
   }

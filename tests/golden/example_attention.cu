@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2ceb0e24ee508f192b0c(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_860f17476373d7f56dbe(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_3f4dcf149532bcda7e4e(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -144,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_860f17476373d7f56dbe(float*
       float v_qk[4] = {q_qk0.x, q_qk0.y, q_qk0.z, q_qk0.w};
       float v_scores[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_scores[c0] = (v_qk[c0] * 0.35355339059327373f);
+        v_scores[c0] = (v_qk[c0] * 0.35355338f);
         r_probs_max_acc = pf_fmaxf(r_probs_max_acc, v_scores[c0]);
       }
       *reinterpret_cast<float4*>(&s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]) = make_float4(v_scores[0], v_scores[1], v_scores[2], v_scores[3]);

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a908d38a21cd5429f8d2(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_5f837c37652ab8ac4864(float* __restrict__ layer_norm, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_a908d38a21cd5429f8d2(float*
         const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((8 * b0) + r0) * 72 + (4 * l0)]);
         float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          r_layer_norm_mean_acc = r_layer_norm_mean_acc + (v_x[c0] * 0.013888888888888888f);
+          r_layer_norm_mean_acc = r_layer_norm_mean_acc + (v_x[c0] * 0.013888889f);
         }
       }
     }
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_a908d38a21cd5429f8d2(float*
         float v_layer_norm_centered[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
           v_layer_norm_centered[c0] = (v_x[c0] - r_layer_norm_mean);
-          r_layer_norm_var_acc = r_layer_norm_var_acc + ((v_layer_norm_centered[c0] * v_layer_norm_centered[c0]) * 0.013888888888888888f);
+          r_layer_norm_var_acc = r_layer_norm_var_acc + ((v_layer_norm_centered[c0] * v_layer_norm_centered[c0]) * 0.013888889f);
         }
         *reinterpret_cast<float4*>(&s_layer_norm_centered[(((8 * b0) + r0) - s_layer_norm_centered_lo0) * 72 + ((4 * l0) - s_layer_norm_centered_lo1)]) = make_float4(v_layer_norm_centered[0], v_layer_norm_centered[1], v_layer_norm_centered[2], v_layer_norm_centered[3]);
       }

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c78cdda2c9926f0af94d(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_12bf1d6c0cf3746c0dcb(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c78cdda2c9926f0af94d(float*
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
       if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { r_matmul = r_matmul_acc[ii0][ii1]; }
       if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { r_bias_add = (r_matmul + bias[(t1 + (32 * ii1))]); }
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { gelu[(((16 * b0) + t0) + (8 * ii0)) * 50 + (t1 + (32 * ii1))] = ((0.5f * r_bias_add) * (1.0f + erff((r_bias_add * 0.7071067811865475f)))); }
+      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { gelu[(((16 * b0) + t0) + (8 * ii0)) * 50 + (t1 + (32 * ii1))] = ((0.5f * r_bias_add) * (1.0f + erff((r_bias_add * 0.70710677f)))); }
     }
   }
 }

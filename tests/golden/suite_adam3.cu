@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -79,17 +79,17 @@ __device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p0(float* __restrict__ m
     float v_m2_0[4];
     float v_p2_0[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      r_b1g0 = (v_g0[c0] * 0.09999999999999998f);
+      r_b1g0 = (v_g0[c0] * 0.1f);
       r_gg0 = (v_g0[c0] * v_g0[c0]);
-      r_b2g0 = (r_gg0 * 0.0010000000000000009f);
+      r_b2g0 = (r_gg0 * 0.001f);
       r_b2v0 = (v_v0[c0] * 0.999f);
       r_v2_0 = (r_b2v0 + r_b2g0); v_v2_0[c0] = r_v2_0;
-      r_vhat0 = (r_v2_0 / 0.009955119790251765f);
+      r_vhat0 = (r_v2_0 / 0.009955119f);
       r_sqrt0 = sqrtf(r_vhat0);
       r_den0 = (r_sqrt0 + 1e-08f);
       r_b1m0 = (v_m0[c0] * 0.9f);
       r_m2_0 = (r_b1m0 + r_b1g0); v_m2_0[c0] = r_m2_0;
-      r_mhat0 = (r_m2_0 / 0.6513215599f);
+      r_mhat0 = (r_m2_0 / 0.65132153f);
       r_ratio0 = (r_mhat0 / r_den0);
       r_step0 = (r_ratio0 * 0.001f);
       v_p2_0[c0] = (v_p0[c0] - r_step0);
@@ -100,7 +100,7 @@ __device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p0(float* __restrict__ m
   }
 }
 
-__device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -134,17 +134,17 @@ __device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p1(float* __restrict__ m
     float v_m2_0[4];
     float v_p2_0[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      r_b1g1 = (v_g0[c0] * 0.09999999999999998f);
+      r_b1g1 = (v_g0[c0] * 0.1f);
       r_gg1 = (v_g0[c0] * v_g0[c0]);
-      r_b2g1 = (r_gg1 * 0.0010000000000000009f);
+      r_b2g1 = (r_gg1 * 0.001f);
       r_b2v1 = (v_v0[c0] * 0.999f);
       r_v2_1 = (r_b2v1 + r_b2g1); v_v2_0[c0] = r_v2_1;
-      r_vhat1 = (r_v2_1 / 0.009955119790251765f);
+      r_vhat1 = (r_v2_1 / 0.009955119f);
       r_sqrt1 = sqrtf(r_vhat1);
       r_den1 = (r_sqrt1 + 1e-08f);
       r_b1m1 = (v_m0[c0] * 0.9f);
       r_m2_1 = (r_b1m1 + r_b1g1); v_m2_0[c0] = r_m2_1;
-      r_mhat1 = (r_m2_1 / 0.6513215599f);
+      r_mhat1 = (r_m2_1 / 0.65132153f);
       r_ratio1 = (r_mhat1 / r_den1);
       r_step1 = (r_ratio1 * 0.001f);
       v_p2_0[c0] = (v_p0[c0] - r_step1);
@@ -155,7 +155,7 @@ __device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p1(float* __restrict__ m
   }
 }
 
-__device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -189,17 +189,17 @@ __device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p2(float* __restrict__ m
     float v_m2_0[4];
     float v_p2_0[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      r_b1g2 = (v_g0[c0] * 0.09999999999999998f);
+      r_b1g2 = (v_g0[c0] * 0.1f);
       r_gg2 = (v_g0[c0] * v_g0[c0]);
-      r_b2g2 = (r_gg2 * 0.0010000000000000009f);
+      r_b2g2 = (r_gg2 * 0.001f);
       r_b2v2 = (v_v0[c0] * 0.999f);
       r_v2_2 = (r_b2v2 + r_b2g2); v_v2_0[c0] = r_v2_2;
-      r_vhat2 = (r_v2_2 / 0.009955119790251765f);
+      r_vhat2 = (r_v2_2 / 0.009955119f);
       r_sqrt2 = sqrtf(r_vhat2);
       r_den2 = (r_sqrt2 + 1e-08f);
       r_b1m2 = (v_m0[c0] * 0.9f);
       r_m2_2 = (r_b1m2 + r_b1g2); v_m2_0[c0] = r_m2_2;
-      r_mhat2 = (r_m2_2 / 0.6513215599f);
+      r_mhat2 = (r_m2_2 / 0.65132153f);
       r_ratio2 = (r_mhat2 / r_den2);
       r_step2 = (r_ratio2 * 0.001f);
       v_p2_0[c0] = (v_p0[c0] - r_step2);
@@ -210,13 +210,13 @@ __device__ __forceinline__ void pf_f2925a86b4dcae08eb4b_p2(float* __restrict__ m
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f2925a86b4dcae08eb4b(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(256) pf_5fdeae0f357d5ee0345b(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
   const int pf_b = blockIdx.x;
   if (pf_b < 256) {  // k0_b1m0: 256 blocks of 256
-    pf_f2925a86b4dcae08eb4b_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
+    pf_5fdeae0f357d5ee0345b_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 512) {  // k1_b1m1: 256 blocks of 256
-    pf_f2925a86b4dcae08eb4b_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 256, (int)threadIdx.x);
+    pf_5fdeae0f357d5ee0345b_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 256, (int)threadIdx.x);
   } else if (pf_b < 768) {  // k2_b1m2: 256 blocks of 256
-    pf_f2925a86b4dcae08eb4b_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 512, (int)threadIdx.x);
+    pf_5fdeae0f357d5ee0345b_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 512, (int)threadIdx.x);
   }
 }

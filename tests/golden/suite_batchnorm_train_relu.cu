@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pf_9b09596834b4a6a5a655(float* __restrict__ mu, float* __restrict__ var, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(1024) pf_0f87aeba700a99f1c5ee(float* __restrict__ mu, float* __restrict__ var, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(1024) pf_9b09596834b4a6a5a655(float
       const float4 q_x0 = *reinterpret_cast<const float4*>(&x[((l0 + (6 * c0)) - ((((195 * l0) + (152 * c0)) + 195) / 196)) * 12544 + b0 * 784 + (((((-27) * l0) - (21 * c0)) - ((((6 * l0) + (5 * c0)) + 6) / 7)) + (28 * ((((195 * l0) + (152 * c0)) + 195) / 196))) * 28 + ((-(4 * ((((6 * l0) + (5 * c0)) + 6) % 7))) + 24)]);
       float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
       for (int c1 = 0; c1 < 4; c1 += 1) {
-        r_mu_acc = r_mu_acc + (v_x[c1] * 1.992984693877551e-05f);
+        r_mu_acc = r_mu_acc + (v_x[c1] * 1.9929847e-05f);
       }
     }
   }
@@ -84,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(1024) pf_9b09596834b4a6a5a655(float
       float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
       for (int c1 = 0; c1 < 4; c1 += 1) {
         r_d = (v_x[c1] - r_mu);
-        r_var_acc = r_var_acc + ((r_d * r_d) * 1.992984693877551e-05f);
+        r_var_acc = r_var_acc + ((r_d * r_d) * 1.9929847e-05f);
       }
     }
   }

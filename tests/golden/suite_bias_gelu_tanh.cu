@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_061107381e48158c82d5(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
+extern "C" __global__ void __launch_bounds__(256) pf_a45d8cd87e351a71f0fa(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
   int _b = blockIdx.x;
   const int b1 = _b % 3; _b /= 3;
   const int b0 = _b;
@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_061107381e48158c82d5(float*
     float v_gelu[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
       r_u = (v_x[c0] + v_b[c0]);
-      v_gelu[c0] = ((0.5f * r_u) * (1.0f + tanhf((0.7978845608028654f * (r_u + (0.044715f * ((r_u * r_u) * r_u)))))));
+      v_gelu[c0] = ((0.5f * r_u) * (1.0f + tanhf((0.7978846f * (r_u + (0.044715f * ((r_u * r_u) * r_u)))))));
     }
     *reinterpret_cast<float4*>(&gelu[b0 * 3072 + ((1024 * b1) + (4 * t1))]) = make_float4(v_gelu[0], v_gelu[1], v_gelu[2], v_gelu[3]);
   }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_690aa074a2da340746c3(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_9a7e676a3484bafdc36b(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -71,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_690aa074a2da340746c3(float*
       const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 768 + (4 * l0)]);
       float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_ln_mean_acc = r_ln_mean_acc + (v_x[c0] * 0.0013020833333333333f);
+        r_ln_mean_acc = r_ln_mean_acc + (v_x[c0] * 0.0013020834f);
       }
     }
   }
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_690aa074a2da340746c3(float*
       float v_ln_d[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
         v_ln_d[c0] = (v_x[c0] - r_ln_mean);
-        r_ln_var_acc = r_ln_var_acc + ((v_ln_d[c0] * v_ln_d[c0]) * 0.0013020833333333333f);
+        r_ln_var_acc = r_ln_var_acc + ((v_ln_d[c0] * v_ln_d[c0]) * 0.0013020834f);
       }
       *reinterpret_cast<float4*>(&s_ln_d[(b0 - s_ln_d_lo0) * 768 + ((4 * l0) - s_ln_d_lo1)]) = make_float4(v_ln_d[0], v_ln_d[1], v_ln_d[2], v_ln_d[3]);
     }

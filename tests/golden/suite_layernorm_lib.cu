@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b4155957786ff7b457e7(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_bc1fb71523754cc211e6(float* __restrict__ ln, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b4155957786ff7b457e7(float*
       const float4 q_x0 = *reinterpret_cast<const float4*>(&x[b0 * 768 + (4 * l0)]);
       float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
       for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_ln_mean_acc = r_ln_mean_acc + (v_x[c0] * 0.0013020833333333333f);
+        r_ln_mean_acc = r_ln_mean_acc + (v_x[c0] * 0.0013020834f);
       }
     }
   }
@@ -84,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b4155957786ff7b457e7(float*
       float v_ln_centered[4];
       for (int c0 = 0; c0 < 4; c0 += 1) {
         v_ln_centered[c0] = (v_x[c0] - r_ln_mean);
-        r_ln_var_acc = r_ln_var_acc + ((v_ln_centered[c0] * v_ln_centered[c0]) * 0.0013020833333333333f);
+        r_ln_var_acc = r_ln_var_acc + ((v_ln_centered[c0] * v_ln_centered[c0]) * 0.0013020834f);
       }
       *reinterpret_cast<float4*>(&s_ln_centered[(b0 - s_ln_centered_lo0) * 768 + ((4 * l0) - s_ln_centered_lo1)]) = make_float4(v_ln_centered[0], v_ln_centered[1], v_ln_centered[2], v_ln_centered[3]);
     }

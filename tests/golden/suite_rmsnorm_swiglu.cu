@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_50c5e405d37754e055e5_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_ccbb26b6482c4dbcfe73_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 11; _b /= 11;
   const int b0 = _b;
@@ -72,7 +72,7 @@ __device__ __forceinline__ void pf_50c5e405d37754e055e5_p0(float* __restrict__ s
   }
 }
 
-__device__ __forceinline__ void pf_50c5e405d37754e055e5_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_ccbb26b6482c4dbcfe73_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void pf_50c5e405d37754e055e5_p1(float* __restrict__ y
     float v_x[4] = {q_x0.x, q_x0.y, q_x0.z, q_x0.w};
     for (int c0 = 0; c0 < 4; c0 += 1) {
       r_xsq = (v_x[c0] * v_x[c0]);
-      r_ms_acc = r_ms_acc + (r_xsq * 0.000244140625f);
+      r_ms_acc = r_ms_acc + (r_xsq * 0.00024414062f);
     }
   }
   r_ms_acc = pf_allreduce_y<pf_sum, 1024>(r_ms_acc, pf_scratch); r_ms = r_ms_acc;
@@ -115,12 +115,12 @@ __device__ __forceinline__ void pf_50c5e405d37754e055e5_p1(float* __restrict__ y
   }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pf_50c5e405d37754e055e5(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
+extern "C" __global__ void __launch_bounds__(1024) pf_ccbb26b6482c4dbcfe73(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 704) {  // k1_sig_a: 2816 blocks of 256
     const int pf_v = (pf_b - 0) * 4 + (int)threadIdx.x / 256;
-    if (pf_v < 2816) pf_50c5e405d37754e055e5_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
+    if (pf_v < 2816) pf_ccbb26b6482c4dbcfe73_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
   } else if (pf_b < 960) {  // k0_xsq: 256 blocks of 1024
-    pf_50c5e405d37754e055e5_p1(y, x, w, pf_b - 704, (int)threadIdx.x);
+    pf_ccbb26b6482c4dbcfe73_p1(y, x, w, pf_b - 704, (int)threadIdx.x);
   }
 }

@@ -651,7 +651,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_d9a776607bee43f81ec7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2616277c203d6fba0bf9(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_0c468d66b7f4921b1be6(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -713,7 +713,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2616277c203d6fba0bf9(float*
     for (int iv = 0; (iv <= 3); iv += 1) {
       if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_matmul22 = r_matmul22_acc[ii1][iv]; }
       if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[((4 * t2) + iv)]); }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu24_v[iv] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.7071067811865475f)))); }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu24_v[iv] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.70710677f)))); }
     }
     if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu24[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu24_v[0], r_gelu24_v[1], r_gelu24_v[2], r_gelu24_v[3]); }
   }

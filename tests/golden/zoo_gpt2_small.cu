@@ -727,7 +727,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_be2175a53d15eb29abde(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_33c192de3858f374b763(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_dc4d67a376bc67fd1ffc(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -789,7 +789,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_33c192de3858f374b763(float*
     for (int iv = 0; (iv <= 3); iv += 1) {
       if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_matmul24 = r_matmul24_acc[ii1][iv]; }
       if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu26_v[iv] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978845608028654f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu26_v[iv] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978846f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
     }
     if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu26[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu26_v[0], r_gelu26_v[1], r_gelu26_v[2], r_gelu26_v[3]); }
   }

@@ -767,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_206d5433148d61f5da5f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4ad5abfb1577ec79a522(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_07e535cc87694567f438(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -829,7 +829,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4ad5abfb1577ec79a522(float*
     for (int iv = 0; (iv <= 3); iv += 1) {
       if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_matmul28 = r_matmul28_acc[ii1][iv]; }
       if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_gelu30_v[iv] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.7071067811865475f)))); }
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_gelu30_v[iv] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.70710677f)))); }
     }
     if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu30[b0 * 320 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu30_v[0], r_gelu30_v[1], r_gelu30_v[2], r_gelu30_v[3]); }
   }
