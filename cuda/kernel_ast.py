@@ -232,13 +232,21 @@ class KVectorStore(KNode):
 
 @dataclass(frozen=True)
 class KThreadGrid:
-    """The block's threads as ``rows x cols`` for the copies into ``buffer``:
-    ``row = threadIdx.x / cols``, ``col = threadIdx.x % cols``."""
+    """The block's threads as a grid for the copies into ``buffer``: ``coords`` (name, extent),
+    outermost first, row-major over ``threadIdx.x`` (the last one fastest; the extents'
+    product is the block's threads, so the first needs no modulo)."""
 
     buffer: str
-    row: str
-    col: str
-    cols: int
+    coords: tuple[tuple[str, int], ...]
+
+    def values(self) -> list[tuple[str, str]]:
+        """Each coordinate's name and its C expression over ``threadIdx.x``."""
+        out, inner = [], 1
+        for i, (name, n) in reversed(list(enumerate(self.coords))):
+            e = "threadIdx.x" + (f" / {inner}" if inner > 1 else "") + (f" % {n}" if i else "")
+            out.append((name, e))
+            inner *= n
+        return out[::-1]
 
 
 @dataclass(frozen=True)
@@ -363,7 +371,7 @@ class KernelIR:
         ]
         head += [f"  param {p.ctype} {p.name}" for p in self.params]
         head += [
-            f"  grid {g.row} x {g.col} = threadIdx / {g.cols}, % {g.cols} (copies to {g.buffer})"
+            f"  grid {', '.join(f'{c} = {e}' for c, e in g.values())} (copies to {g.buffer})"
             for g in self.thread_grids
         ]
         head += _fmt(list(self.allocs), 1)

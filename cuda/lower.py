@@ -185,7 +185,7 @@ def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
                 shape,
                 tuple(p.shape),
                 tuple(p.bounds_check),
-                (p.params[0], p.params[1], p.thread_grid[1]),
+                p.grid,
                 readers,
                 p.width,
             )
@@ -202,7 +202,18 @@ def operand_fragments(gk: GemmKernel) -> list[OperandFragment]:
     for f in gk.fragments:
         build = isl.AstBuild.from_context(f.context)
         element = tuple(convert_expr(build.expr_from_pw_aff(e)) for e in f.element)
-        out.append(OperandFragment(f.tensor, tuple(f.index_vars), tuple(f.shape), element, readers))
+        shape = tuple(gk.scheduled.model.tensors[f.tensor].shape) if f.hoisted else ()
+        out.append(
+            OperandFragment(
+                f.tensor,
+                tuple(f.index_vars),
+                tuple(f.shape),
+                element,
+                readers,
+                shape,
+                tuple(f.inside),
+            )
+        )
     return out
 
 

@@ -7,7 +7,9 @@ coordinates). The pass declares the register array ``r_<tensor>_frag`` (one dime
 indexed row-major by those variables), loads it from the operand's shared tile
 (:class:`KTile`: buffer, lower bounds, pipeline stage) right before every micro-tile loop nest
 that reads the operand — one unrolled :class:`KCopy` per element — and records a
-:class:`KFragment` so that those reads print as the register.
+:class:`KFragment` so that those reads print as the register. A k-invariant fragment
+(``s[i]`` in ``sum_k a[i, k] * b[k, j] * s[i]``) is loaded from the global array instead,
+once, before the outermost loop around its readers (zeros outside the array).
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class OperandFragment:
     shape: tuple[int, ...]  # their extents (constant trip counts, loops from 0)
     element: tuple[KExpr, ...]  # global coordinates read, over loop variables
     readers: frozenset[str]  # statements whose reads of ``tensor`` use the fragment
+    #: a k-invariant fragment: loaded from the global array of this shape once, before the
+    #: outermost loop around its readers (empty: from the shared tile, per micro-tile nest)
+    global_shape: tuple[int, ...] = ()
+    #: per dim of a global load: whether the element never falls below 0 / past the end
+    inside: tuple[tuple[bool, bool], ...] = ()
+
+    @property
+    def hoisted(self) -> bool:
+        return bool(self.global_shape)
 
 
 def fragment_name(tensor: str) -> str:
@@ -75,30 +86,50 @@ def lower_fragments(
         return ir
     tiles: dict[str, KTile] = {t.tensor: t for t in ir.tiles}
     shapes = {a.name: a.shape for a in ir.allocs}
-    missing = [f.tensor for f in fragments if f.tensor not in tiles]
+    missing = [f.tensor for f in fragments if f.tensor not in tiles and not f.hoisted]
     assert not missing, f"register fragments of operands without a shared tile: {missing}"
     micro = frozenset(micro_tile)
-    readers = frozenset().union(*(f.readers for f in fragments))
+    per_step = [f for f in fragments if not f.hoisted]
+    readers = frozenset().union(*(f.readers for f in per_step))
 
     def load(f: OperandFragment) -> KNode:
-        t = tiles[f.tensor]
-        src = tuple(KOp("-", (e, lo)) for e, lo in zip(f.element, t.lo, strict=True))
-        if t.stage is not None:  # a multi-stage tile: the stage is its first dimension
-            src = (t.stage,) + src
         dst = (_linear(f.index_vars, f.shape),)
-        node: KNode = KCopy(
-            fragment_name(f.tensor), dst, t.buffer, src, None, 0.0, shapes[t.buffer]
-        )
+        if f.hoisted:  # from global memory; zeros outside the array (padded tiles)
+            conds: list[KExpr] = []
+            for e, n, (above, below) in zip(f.element, f.global_shape, f.inside, strict=True):
+                conds += [KOp(">=", (e, KInt(0)))] if not above else []
+                conds += [KOp("<", (e, KInt(n)))] if not below else []
+            guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
+            node: KNode = KCopy(
+                fragment_name(f.tensor), dst, f.tensor, f.element, guard, 0.0, f.global_shape
+            )
+        else:
+            t = tiles[f.tensor]
+            src = tuple(KOp("-", (e, lo)) for e, lo in zip(f.element, t.lo, strict=True))
+            if t.stage is not None:  # a multi-stage tile: the stage is its first dimension
+                src = (t.stage,) + src
+            node = KCopy(fragment_name(f.tensor), dst, t.buffer, src, None, 0.0, shapes[t.buffer])
         for v, n in reversed(list(zip(f.index_vars, f.shape, strict=True))):
             cond = KOp("<=", (KVar(v), KInt(n - 1)))
             node = KFor(v, KInt(0), cond, 1, [node], unroll=True)
         return node
 
+    def hoist(nodes) -> list[KNode]:
+        """Hoisted loads before the outermost loop (or statement) that holds a reader."""
+        out: list[KNode] = []
+        for n in nodes:
+            if isinstance(n, (KFor, KStmt)):
+                out += [load(f) for f in fragments if f.hoisted and _reads([n], f.readers)]
+                out.append(n)
+            else:
+                out.append(map_children(n, hoist))
+        return out
+
     def walk(nodes) -> list[KNode]:
         out: list[KNode] = []
         for n in nodes:
             if isinstance(n, KFor) and n.var in micro and _reads([n], readers):
-                out += [load(f) for f in fragments if _reads([n], f.readers)]
+                out += [load(f) for f in per_step if _reads([n], f.readers)]
                 out.append(n)
             else:
                 # a reader outside every micro-tile loop would read an unloaded fragment
@@ -116,5 +147,7 @@ def lower_fragments(
         for f in fragments
     )
     return ir.with_(
-        allocs=ir.allocs + regs, fragments=ir.fragments + records, body=tuple(walk(ir.body))
+        allocs=ir.allocs + regs,
+        fragments=ir.fragments + records,
+        body=tuple(walk(hoist(ir.body)) if per_step else hoist(ir.body)),
     )

@@ -3,10 +3,11 @@
 A GEMM operand promoted to shared memory (:mod:`polyfuse.poly.promote`) arrives as a
 :class:`PromotedTile`: its box per k-tile (lower bounds as kernel-AST expressions, sizes), the
 padded row of the buffer, the global array's shape, which dimensions may leave the array, and
-the thread grid that copies it. The pass declares the buffer ``s_<tensor>`` (with its copy
-thread grid), turns every instance of the copy statement into a :class:`KCopy` (zeros outside
-the array; ``width`` 4: one 128-bit vector per instance) and records a :class:`KTile` so that
-the update's reads index the buffer.
+the thread grid that copies it (:mod:`polyfuse.poly.copy_layout`: a coordinate per footprint
+dimension spread over threads, for any rank; each element is copied by one thread). The pass
+declares the buffer ``s_<tensor>`` (with its copy thread grid), turns every instance of the
+copy statement into a :class:`KCopy` (zeros outside the array; ``width`` 4: one 128-bit vector
+per instance) and records a :class:`KTile` so that the update's reads index the buffer.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class PromotedTile:
     shape: tuple[int, ...]  # buffer shape (the box, last dimension padded)
     global_shape: tuple[int, ...]
     bounds_check: tuple[bool, ...]  # per dimension: may the box leave the array?
-    grid: tuple[str, str, int]  # copying threads: row name, column name, columns
+    grid: tuple[tuple[str, int], ...]  # copying threads' coordinates (name, extent), outer first
     readers: frozenset[str]  # statements whose reads of ``tensor`` use the tile
     width: int = 1  # elements per copy instance (4: a 128-bit vector, aligned)
 
@@ -88,7 +89,7 @@ def lower_promotions(
         for t in tiles
     ]
     allocs[first_reg:first_reg] = new
-    grids = tuple(KThreadGrid(shared_name(t.tensor), *t.grid) for t in tiles)
+    grids = tuple(KThreadGrid(shared_name(t.tensor), t.grid) for t in tiles)
     stage = KOp("%", (KVar(pipeline.loop), KInt(stages))) if pipeline else None
     records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, stage) for t in tiles)
     by_stmt = {t.copy_stmt: t for t in tiles}

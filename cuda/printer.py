@@ -516,8 +516,7 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
     for a in allocs:
         for g in grids:
             if g.buffer == a.name:
-                lines.append(f"  const int {g.row} = threadIdx.x / {g.cols};")
-                lines.append(f"  const int {g.col} = threadIdx.x % {g.cols};")
+                lines += [f"  const int {c} = {e};" for c, e in g.values()]
         ctype = C_TYPES[a.dtype]
         if a.space is MemSpace.REGISTER:
             dims = "".join(f"[{d}]" for d in a.shape)

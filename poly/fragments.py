@@ -15,12 +15,16 @@ a register array when
 
 Each ``kk`` step then loads the fragment from shared memory once (TM + TN shared loads for a
 TM x TN micro-tile instead of 2 TM TN) and the multiply-adds read registers only.
+
+An operand the reduction does not index (a 1-D factor ``s[i]`` or ``s[j]`` of the product) has
+the same fragment in every ``kk`` step: :func:`hoisted_fragments` loads it from global memory
+once per thread, before the reduction loop, instead of promoting it to a shared tile.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 
@@ -39,8 +43,13 @@ class Fragment:
     #: and ``kk`` loop variables and ``index_vars`` (all as isl parameters)
     element: list[isl.PwAff]
     context: isl.Set  # ranges of those parameters (to simplify ``element``)
-    reads: int  # reads of the operand per thread and ``kk`` step
+    reads: int  # reads of the operand per thread and ``kk`` step (hoisted: per k loop)
     reason: str
+    #: k-invariant: loaded from global memory once per thread before the reduction loop
+    #: (:func:`hoisted_fragments`), not from a shared tile per ``kk`` step
+    hoisted: bool = False
+    #: hoisted: per array dim, whether the elements read never fall below 0 / past the end
+    inside: list[tuple[bool, bool]] = field(default_factory=list)
 
     @property
     def floats(self) -> int:
@@ -80,6 +89,78 @@ def _depends_on(f: isl.Map, pos: int) -> bool:
     return not shifted.is_subset(g)
 
 
+def invariant_in(acc: isl.Map, dims: range) -> bool:
+    """Whether the access function ``acc`` (single-valued, e.g. its affine hull) ignores the
+    domain dimensions ``dims`` (the update's reduction dims: the read is k-invariant)."""
+    h = acc.reset_tuple_id(isl.dim_type.in_)
+    n = h.dim(isl.dim_type.in_)
+    ins = ", ".join(f"i{k}" for k in range(n))
+    for d in dims:
+        moved = ", ".join(f"i{k} + 1" if k == d else f"i{k}" for k in range(n))
+        shift = isl.Map(f"{{ [{ins}] -> [{moved}] }}", context=h.get_ctx())
+        shift = shift.align_params(h.get_space())
+        if not shift.apply_range(h).is_equal(h.align_params(shift.get_space())):
+            return False
+    return True
+
+
+@dataclass
+class _Footprint:
+    """A thread's fragment of one operand: what :class:`Fragment` records of it."""
+
+    index_vars: list[str]
+    shape: list[int]
+    element: list[isl.PwAff]
+    context: isl.Set
+    inside: list[tuple[bool, bool]]  # per array dim: never below 0, never past the end
+
+
+def _thread_footprint(
+    update: Statement,
+    schedule_map: isl.UnionMap,
+    iterators: list[str],
+    reg_iters: list[str],
+    reg_shape: list[int],
+    acc: isl.Map,
+    array_shape: tuple[int, ...],
+) -> _Footprint | str:
+    """The operand's per-thread fragment as a function of the micro-tile loop variables it
+    depends on, or why there is none (a string)."""
+    f = _thread_access(update, schedule_map, iterators, acc)
+    # schedule dims other than the micro-tile's are constants for the update: drop them
+    for name in reversed(iterators):
+        pos = f.find_dim_by_name(isl.dim_type.in_, name)
+        if pos >= 0 and name not in reg_iters:
+            f = f.project_out(isl.dim_type.in_, pos, 1)
+    if not f.is_single_valued():
+        return "the read is not a function of the micro-tile"
+    dep = [k for k in range(len(reg_iters)) if _depends_on(f, k)]
+    g = f
+    for k in reversed(range(len(reg_iters))):
+        if k not in dep:
+            g = g.project_out(isl.dim_type.in_, k, 1)
+    if not g.is_injective():
+        return "distinct micro-tile iterations read the same element"
+    index_vars = [reg_iters[k] for k in dep]
+    # the element as a function of the loop variables (all parameters now)
+    point = g
+    for name in index_vars:
+        pos = point.find_dim_by_name(isl.dim_type.in_, name)
+        point = point.move_dims(
+            isl.dim_type.param, point.dim(isl.dim_type.param), isl.dim_type.in_, pos, 1
+        )
+    elem = point.range()
+    pma = elem.lexmin_pw_multi_aff()
+    element = [pma.get_pw_aff(i) for i in range(elem.dim(isl.dim_type.set))]
+    inside = []
+    if array_shape:  # padded tiles may read past the array's edge (or before it: padding)
+        whole = elem.project_out(isl.dim_type.param, 0, elem.dim(isl.dim_type.param))
+        for i, n in enumerate(array_shape):
+            lo, hi = whole.dim_min_val(i), whole.dim_max_val(i)
+            inside.append((lo.is_int() and lo.to_python() >= 0, hi.is_int() and hi.to_python() < n))
+    return _Footprint(index_vars, [reg_shape[k] for k in dep], element, elem.params(), inside)
+
+
 def register_fragments(
     update: Statement,
     schedule_map: isl.UnionMap,
@@ -88,44 +169,26 @@ def register_fragments(
     reg_shape: list[int],
     operands: list[tuple[str, isl.Map]],
     accumulators: int,
+    reserved: int = 0,
 ) -> tuple[list[Fragment], list[str]]:
     """The operands (``(tensor, access function of the update)``, each promoted to shared
     memory) that get register fragments, and a plan note per operand saying why or why not.
-    ``reg_iters`` / ``reg_shape``: the micro-tile loop variables and their extents."""
+    ``reg_iters`` / ``reg_shape``: the micro-tile loop variables and their extents;
+    ``reserved``: fragment floats already held (k-invariant operands, :func:`hoisted_fragments`)."""
     fragments: list[Fragment] = []
     notes: list[str] = []
     instances = math.prod(reg_shape)
-    used = 0
+    used = reserved
     for tensor, acc in operands:
         occurrences = sum(1 for n, _ in operands if n == tensor)
         if any(f.tensor == tensor for f in fragments):
             continue
         reads = instances * occurrences
-        f = _thread_access(update, schedule_map, iterators, acc)
-        # schedule dims other than the micro-tile's are constants for the update: drop them
-        for name in reversed(iterators):
-            pos = f.find_dim_by_name(isl.dim_type.in_, name)
-            if pos >= 0 and name not in reg_iters:
-                f = f.project_out(isl.dim_type.in_, pos, 1)
-        if not f.is_single_valued():
-            notes.append(
-                f"{tensor}: no register fragment (the read is not a function of the micro-tile)"
-            )
+        fp = _thread_footprint(update, schedule_map, iterators, reg_iters, reg_shape, acc, ())
+        if isinstance(fp, str):
+            notes.append(f"{tensor}: no register fragment ({fp})")
             continue
-        dep = [k for k in range(len(reg_iters)) if _depends_on(f, k)]
-        g = f
-        for k in reversed(range(len(reg_iters))):
-            if k not in dep:
-                g = g.project_out(isl.dim_type.in_, k, 1)
-        if not g.is_injective():
-            notes.append(
-                f"{tensor}: no register fragment (distinct micro-tile iterations read "
-                "the same element)"
-            )
-            continue
-        index_vars = [reg_iters[k] for k in dep]
-        shape = [reg_shape[k] for k in dep]
-        size = math.prod(shape)
+        size = math.prod(fp.shape)
         if size >= reads:
             notes.append(
                 f"{tensor}: no register fragment (each of its {size} elements per kk "
@@ -138,25 +201,15 @@ def register_fragments(
                 f"fragment floats exceed the {GEMM_REGISTER_ARRAY_FLOATS}-float register budget)"
             )
             continue
-        # the element as a function of the loop variables (all parameters now)
-        point = g
-        for name in index_vars:
-            pos = point.find_dim_by_name(isl.dim_type.in_, name)
-            point = point.move_dims(
-                isl.dim_type.param, point.dim(isl.dim_type.param), isl.dim_type.in_, pos, 1
-            )
-        elem = point.range()
-        pma = elem.lexmin_pw_multi_aff()
-        element = [pma.get_pw_aff(i) for i in range(elem.dim(isl.dim_type.set))]
         used += size
-        by = ", ".join(index_vars) or "nothing"
+        by = ", ".join(fp.index_vars) or "nothing"
         fragments.append(
             Fragment(
                 tensor,
-                index_vars,
-                shape,
-                element,
-                elem.params(),
+                fp.index_vars,
+                fp.shape,
+                fp.element,
+                fp.context,
                 reads,
                 f"register fragment r_{tensor}_frag[{size}] per kk step (indexed by {by}): isl "
                 f"finds a footprint of {size} element(s) per thread read {reads} times by the "
@@ -166,3 +219,70 @@ def register_fragments(
         )
     notes += [f"{fr.tensor}: {fr.reason}" for fr in fragments]
     return fragments, notes
+
+
+def hoisted_fragments(
+    update: Statement,
+    schedule_map: isl.UnionMap,
+    iterators: list[str],
+    reg_iters: list[str],
+    reg_shape: list[int],
+    operands: list[tuple[str, isl.Map, tuple[int, ...]]],
+    accumulators: int,
+    k_steps: int,
+) -> tuple[list[Fragment], dict[str, str]]:
+    """Register fragments of k-invariant operands (``(tensor, access function, array shape)``,
+    each read through one access that ignores every reduction dimension), loaded from global
+    memory once per thread before the reduction loop; and, per operand left out, why.
+
+    Policy. A read the reduction does not index (a row scale ``s[i]``, a column scale
+    ``s[j]``, a per-batch ``s[b]``) touches the same elements in every k-tile: a shared tile
+    would copy them again for each of the ``KT`` k-tiles and read them back per ``kk`` step.
+    Each thread instead holds the few elements its micro-tile touches in registers for the whole
+    loop — no copies, no shared memory, no barriers — when isl finds them a function of the
+    micro-tile variables, injective (each element held once), reused (read more often over the
+    ``k_steps`` reduction steps than held) and within the register budget beside the
+    accumulators. An operand left out is promoted like the others (its shared tile correct for
+    any rank) if it is reused across threads."""
+    fragments: list[Fragment] = []
+    why: dict[str, str] = {}
+    instances = math.prod(reg_shape)
+    used = 0
+    for tensor, acc, array_shape in operands:
+        fp = _thread_footprint(
+            update, schedule_map, iterators, reg_iters, reg_shape, acc, array_shape
+        )
+        if isinstance(fp, str):
+            why[tensor] = fp
+            continue
+        size = math.prod(fp.shape)
+        reads = instances * k_steps
+        if size >= reads:
+            why[tensor] = f"each of its {size} elements per thread is read once: no reuse"
+            continue
+        if not fits_register_fragments(accumulators, used + size):
+            why[tensor] = (
+                f"{accumulators} accumulators + {used + size} fragment floats exceed the "
+                f"{GEMM_REGISTER_ARRAY_FLOATS}-float register budget"
+            )
+            continue
+        used += size
+        by = ", ".join(fp.index_vars) or "nothing"
+        fragments.append(
+            Fragment(
+                tensor,
+                fp.index_vars,
+                fp.shape,
+                fp.element,
+                fp.context,
+                reads,
+                f"register fragment r_{tensor}_frag[{size}] (indexed by {by}) loaded from "
+                f"global memory once per thread before the reduction loop: the reduction does "
+                f"not index {tensor}, so a shared tile would copy the same elements every "
+                f"k-tile; isl finds {size} element(s) per thread, read {reads} times over the "
+                "reduction",
+                hoisted=True,
+                inside=fp.inside,
+            )
+        )
+    return fragments, why

@@ -7,9 +7,12 @@ bounding box (lower bound an affine function of ``b`` and ``kt``, constant size)
 ``__shared__`` buffer when the operand is reused across the block's threads; its last
 dimension is padded by one word when its row stride is a multiple of the 32 banks. A copy
 statement ``C_x[kt, e]`` whose domain is that footprint is added to the schedule before the
-update of each k-tile, between barrier statements; its elements are distributed over the
-block's threads with the innermost array dimension fastest (coalesced). Elements outside the
-array (partial tiles, conv padding) are copied as zeros, so the padded update terms add 0.
+update of each k-tile, between barrier statements; its elements are partitioned over the
+block's threads, each copied by exactly one, the innermost array dimension fastest (coalesced;
+:mod:`polyfuse.poly.copy_layout`, any rank). An operand the reduction does not index (``s[i]``)
+is not promoted: each thread holds its elements in registers for the whole reduction
+(:func:`polyfuse.poly.fragments.hoisted_fragments`). Elements outside the array (partial
+tiles, conv padding) are copied as zeros, so the padded update terms add 0.
 
 isl then generates the whole kernel's loop AST from the schedule map (init, k-tile loop with
 copies, barriers and the unrolled micro-tile, epilogue).
@@ -22,7 +25,8 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.poly.fragments import Fragment, register_fragments
+from polyfuse.poly.copy_layout import copy_layout
+from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in, register_fragments
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
@@ -58,8 +62,8 @@ class Promotion:
     stride: list[int]  # of the shared buffer (last dim padded by ``pad``)
     shape: tuple[int, ...]  # of the global tensor
     bounds_check: list[bool]  # per dim: may the footprint leave the array?
-    thread_grid: tuple[int, int]  # (rows, columns) of threads that copy
-    params: tuple[str, str]  # their C names (row, column)
+    thread_grid: tuple[int, ...]  # threads along each footprint dim (product: the block's)
+    grid: tuple[tuple[str, int], ...]  # the copying threads' coordinates (name, extent)
     reason: str
     pad: int = 0  # words added to the buffer's rows (bank conflicts)
     width: int = 1  # elements per copy instance (4: 128-bit vector copies, proven by isl)
@@ -116,8 +120,16 @@ def _access_function(acc: isl.Map) -> isl.Map:
     return hull if hull.is_single_valued() else acc.gist_domain(acc.domain())
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << (max(1, n) - 1).bit_length()
+def _invariant_operands(shape: GemmShape, model) -> list[tuple[str, isl.Map, tuple[int, ...]]]:
+    """The update's operands that no reduction dimension indexes (``s[i]``, ``s[j]``), each
+    read through one access function: (tensor, that function, the array's shape)."""
+    nd, nr = len(shape.data), len(shape.red)
+    out = []
+    for name in dict.fromkeys(n for n, _ in shape.operands):
+        accs = [_access_function(m) for n, m in shape.operands if n == name]
+        if all(a.is_equal(accs[0]) for a in accs) and invariant_in(accs[0], range(nd, nd + nr)):
+            out.append((name, accs[0], tuple(model.tensors[name].shape)))
+    return out
 
 
 def build_gemm_kernel(
@@ -214,6 +226,48 @@ def build_gemm_kernel(
         + " }",
         context=ctx,
     )
+    # Only register dims (R > 1) get a micro-tile loop in the schedule.
+    regs = [ii for ii, r in zip(iis, Rv, strict=True) if r > 1] + ([VECTOR_VAR] * (vw > 1))
+    reg_shape = [r for r in Rv if r > 1] + ([vw] * (vw > 1))
+
+    def tailv(vals: list[str], n: int) -> str:
+        return ", ".join(vals + ["0"] * (n - len(vals)))
+
+    def tiled(stmt: Statement, out: str, cons: list[str], pad: list[str], P: str):
+        # detect_gemm checked that isl's band runs the data dims of every statement in this
+        # order (reduction dims after them): the tiling map applies to the loop vector.
+        dims = ds + (rs if stmt.role == "update" else [])
+        tmap = isl.Map(
+            f"[{P}] -> {{ {stmt.name}[{_ints(dims)}] -> [{out}] : "
+            f"{' and '.join(cons)} and {' and '.join(pad)} }}",
+            context=ctx,
+        )
+        return isl.UnionMap.from_map(tmap)
+
+    # k-invariant operands: register fragments loaded once per thread, not shared tiles.
+    invariant = _invariant_operands(shape, model)
+    hoisted: list[Fragment] = []
+    not_hoisted: dict[str, str] = {}
+    if invariant:
+        n0 = nr + len(regs) + 1
+        up0 = tiled(
+            shape.update,
+            f"{_ints(kts)}, 2, 0, {tailv(kks + regs, n0)}",
+            on_thread + on_ktile,
+            dpad + rpad,
+            ", ".join(bnames + [t for t, _ in tused]),
+        )
+        hoisted, not_hoisted = hoisted_fragments(
+            shape.update,
+            up0,
+            kts + ["ph", "sub"] + kks + regs + ["pos"],
+            regs,
+            reg_shape,
+            invariant,
+            tiling.accumulators,
+            math.prod(k * t for k, t in zip(KT, TK, strict=True)),
+        )
+    in_registers = {f.tensor for f in hoisted}
     promotions: list[Promotion] = []
     copy_doms: list[tuple[str, isl.Set, int]] = []
     seen: set[str] = set()
@@ -226,8 +280,11 @@ def build_gemm_kernel(
                 return f"{name} is read through two different accesses: not promoted"
             continue
         seen.add(name)
+        if name in in_registers:
+            continue
         if not reuse:
-            return f"{name} is not reused across threads: not promoted"
+            held = f" nor held in registers ({not_hoisted[name]})" if name in not_hoisted else ""
+            return f"{name} is not reused across threads{held}: not promoted"
         hull = _access_function(acc)
         fp = hull.intersect_domain(tile).range().intersect_params(ranges).coalesce()
         lo_t, lo_c, size = [], [], []
@@ -259,15 +316,10 @@ def build_gemm_kernel(
             whole.dim_min_val(i).to_python() < 0 or whole.dim_max_val(i).to_python() >= tshape[i]
             for i in range(len(size))
         ]
-        cols = min(nthreads, _pow2_ceil(size[-1] // width))
-        rows = nthreads // cols
-        pr, pc = f"p{k}r", f"p{k}c"
-        # Copy domain: the footprint with kt as loop dims, split over the thread grid (one
-        # instance per vector: its first element).
+        # Copy domain: the footprint with kt as loop dims, partitioned over the block's
+        # threads (one instance per vector: its first element).
         es = [f"e{i}" for i in range(len(size))]
-        dist = [f"exists (q{k}c: {es[-1]} = {lo_t[-1]} + {width} * {pc} + {width * cols} * q{k}c)"]
-        if len(size) >= 2:
-            dist.append(f"exists (q{k}r: {es[-2]} = {lo_t[-2]} + {pr} + {rows} * q{k}r)")
+        layout = copy_layout(size, lo_t, width, nthreads, f"p{k}", es)
         cstmt = f"C_{name}"
         fpk = fp
         for j, kt in enumerate(kts):  # the k-tile parameters become the copy's outer dims
@@ -277,10 +329,9 @@ def build_gemm_kernel(
             else:
                 fpk = fpk.move_dims(isl.dim_type.set, j, isl.dim_type.param, pos, 1)
         fpk = fpk.set_tuple_name(cstmt)
-        par2 = ", ".join(bnames + [pr, pc])
-        distset = isl.Set(
-            f"[{par2}] -> {{ {cstmt}[{_ints(kts + es)}] : {' and '.join(dist)} }}", context=ctx
-        )
+        par2 = ", ".join(bnames + [c for c, _ in layout.coords])
+        dist = " and ".join(layout.constraints) or "0 = 0"
+        distset = isl.Set(f"[{par2}] -> {{ {cstmt}[{_ints(kts + es)}] : {dist} }}", context=ctx)
         cdom = fpk.align_params(distset.get_space()).intersect(
             distset.align_params(fpk.get_space())
         )
@@ -289,6 +340,7 @@ def build_gemm_kernel(
             f"; last dim padded {size[-1]}->{size[-1] + pad} against bank conflicts" if pad else ""
         )
         other = sorted(reuse)
+        floats = size[0] * stride[0] if size else 1
         promotions.append(
             Promotion(
                 name,
@@ -298,67 +350,49 @@ def build_gemm_kernel(
                 stride,
                 tshape,
                 check,
-                (rows, cols),
-                (pr, pc),
+                layout.per_dim,
+                layout.coords,
                 f"reused across threads along data dims {other}; per-block k-tile footprint "
-                f"box {'x'.join(map(str, size))} ({4 * size[0] * stride[0]} B), copied by "
-                f"{rows}x{cols} threads, innermost dim fastest{bank}; {proof.reason}",
+                f"box {'x'.join(map(str, size)) or '1'} ({4 * floats} B), each element "
+                f"copied once by a {layout.label} thread grid, innermost dim fastest{bank}; "
+                f"{proof.reason}",
                 pad,
                 width,
             )
         )
 
     # Tiled schedule: isl's band composed with the tiling map (fixed width W).
-    # Only register dims (R > 1) get a micro-tile loop in the schedule.
-    regs = [ii for ii, r in zip(iis, Rv, strict=True) if r > 1] + ([VECTOR_VAR] * (vw > 1))
     tail_n = max([nr + len(regs) + 1] + [n for _, _, n in copy_doms])
     tail_names = kks + regs + ["pos"] + [f"x{i}" for i in range(tail_n - nr - len(regs) - 1)]
     iterators = kts + ["ph", "sub"] + tail_names
-    params = bnames + [t for t, _ in tused] + [p for pr in promotions for p in pr.params]
+    params = bnames + [t for t, _ in tused] + [c for pr in promotions for c, _ in pr.grid]
     P = ", ".join(params)
-
-    def tailv(vals: list[str]) -> str:
-        return ", ".join(vals + ["0"] * (tail_n - len(vals)))
-
-    def tiled(stmt: Statement, out: str, cons: list[str], pad: list[str]) -> isl.UnionMap:
-        # detect_gemm checked that isl's band runs the data dims of every statement in this
-        # order (reduction dims after them): the tiling map applies to the loop vector.
-        dims = ds + (rs if stmt.role == "update" else [])
-        tmap = isl.Map(
-            f"[{P}] -> {{ {stmt.name}[{_ints(dims)}] -> [{out}] : "
-            f"{' and '.join(cons)} and {' and '.join(pad)} }}",
-            context=ctx,
-        )
-        return isl.UnionMap.from_map(tmap)
 
     multi = [j for j, n in enumerate(KT) if n > 1]
     if stages > 1 and (len(multi) != 1 or not copy_doms):
         stages = 1  # nothing to overlap, or k-tiles over several loops
     # Pipelined, the first k-tile's copies run at k-tile -1: the init runs before them.
     first = "-2" if stages > 1 else "-1"
-    up = tiled(
+    umap = tiled(
         shape.update,
-        f"{_ints(kts)}, 2, 0, {tailv(kks + regs)}",
+        f"{_ints(kts)}, 2, 0, {tailv(kks + regs, tail_n)}",
         on_thread + on_ktile,
         dpad + rpad,
+        P,
     )
-    umap = up
     umap = umap.union(
         tiled(
             shape.init,
-            f"{_ints([first] * nr)}, 0, 0, {tailv(['0'] * nr + regs)}",
+            f"{_ints([first] * nr)}, 0, 0, {tailv(['0'] * nr + regs, tail_n)}",
             on_thread,
             dpad,
+            P,
         )
     )
     for pos, s in enumerate(shape.epilogue):
+        out = tailv(["0"] * nr + regs + [str(pos)], tail_n)
         umap = umap.union(
-            tiled(
-                s,
-                f"{_ints([str(k) for k in KT])}, 0, 0, {tailv(['0'] * nr + regs + [str(pos)])}",
-                on_thread,
-                dpad,
-            )
+            tiled(s, f"{_ints([str(k) for k in KT])}, 0, 0, {out}", on_thread, dpad, P)
         )
     at = list(kts)  # where the copies of k-tile kts run: one k-tile early when pipelined
     if stages > 1:
@@ -366,7 +400,7 @@ def build_gemm_kernel(
     for sub, (cstmt, cdom, n) in enumerate(copy_doms):
         es = [f"e{i}" for i in range(n)]
         cm = isl.Map(
-            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(at)}, 0, {sub}, {tailv(es)}] }}",
+            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(at)}, 0, {sub}, {tailv(es, tail_n)}] }}",
             context=ctx,
         ).intersect_domain(cdom)
         umap = umap.union(isl.UnionMap.from_map(cm))
@@ -379,7 +413,7 @@ def build_gemm_kernel(
             )
             umap = umap.union(
                 isl.UnionMap(
-                    f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, 0, {sub}, {tailv([])}] : "
+                    f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, 0, {sub}, {tailv([], tail_n)}] : "
                     f"{kdom} }}",
                     context=ctx,
                 )
@@ -388,15 +422,14 @@ def build_gemm_kernel(
         kdom = " and ".join(f"0 <= {k} < {n}" for k, n in zip(kts, KT, strict=True))
         umap = umap.union(
             isl.UnionMap(
-                f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, {ph}, 0, {tailv([])}] : {kdom} }}",
+                f"{{ {sname}[{_ints(kts)}] -> [{_ints(kts)}, {ph}, 0, {tailv([], tail_n)}] : "
+                f"{kdom} }}",
                 context=ctx,
             )
         )
     cons = [f"0 <= {b} < {g}" for b, g in bused]
     cons += [f"0 <= {t} < {n}" for t, n in tused]
-    for pr in promotions:
-        cons += [f"0 <= {pr.params[0]} < {pr.thread_grid[0]}"]
-        cons += [f"0 <= {pr.params[1]} < {pr.thread_grid[1]}"]
+    cons += [f"0 <= {c} < {g}" for pr in promotions for c, g in pr.grid]
     context = isl.Set(f"[{P}] -> {{ : {' and '.join(cons)} }}", context=ctx)
     umap = umap.coalesce()  # the context (parameter ranges) goes to the AST build
     guards = {
@@ -407,8 +440,13 @@ def build_gemm_kernel(
         for s in shape.epilogue
     }
     reg_iters = regs
-    reg_shape = [r for r in Rv if r > 1] + ([vw] * (vw > 1))
     notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
+    notes += [f"{f.tensor}: {f.reason}" for f in hoisted]
+    notes += [
+        f"{t}: not held in registers ({why}); a shared tile instead"
+        for t, why in not_hoisted.items()
+        if any(p.tensor == t for p in promotions)
+    ]
     notes.append(store_why)
     if stages > 1:
         notes.append(
@@ -429,8 +467,10 @@ def build_gemm_kernel(
         reg_shape,
         [(n, _access_function(m)) for n, m in shape.operands if n in promoted],
         tiling.accumulators,
+        sum(f.floats for f in hoisted),
     )
     notes += fragment_notes
+    fragments = hoisted + fragments
     return GemmKernel(
         sm,
         isl.Schedule.from_domain(umap.domain()),
@@ -511,12 +551,15 @@ def gemm_placements(gk: GemmKernel) -> dict[str, Placement]:
     shape, tiling = gk.shape, gk.tiling
     assert shape is not None and tiling is not None
     promoted = {p.tensor: p for p in gk.promotions}
+    hoisted = {f.tensor: f for f in gk.fragments if f.hoisted}
     acc = f"{shape.update.prim}_acc"
     out: dict[str, Placement] = {}
     read_inside = {m.get_tuple_name(isl.dim_type.out) for s in shape.epilogue for _, m in s.reads}
     for name, role in model.tensors.items():
         if name in promoted:
             out[name] = Placement(name, "shared", promoted[name].reason)
+        elif name in hoisted:
+            out[name] = Placement(name, "global", f"k-invariant operand: {hoisted[name].reason}")
         elif role.role == "input":
             out[name] = Placement(name, "global", "micrograph input (epilogue operand)")
         elif name == acc:

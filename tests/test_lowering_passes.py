@@ -219,12 +219,12 @@ def test_lower_promotions_allocates_tile_and_rewrites_copies():
     before = _gemm_ir()
     lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
     tile = PromotedTile(
-        "a", "C_a", lo, (16, 8), (33, 40), (True, False), ("p0r", "p0c", 8), frozenset({"U"})
+        "a", "C_a", lo, (16, 8), (33, 40), (True, False), (("p0r", 8), ("p0c", 8)), frozenset({"U"})
     )
     after = lower_promotions(before, [tile])
     assert not before.tiles and not before.thread_grids
     assert after.allocs[0] == KAlloc("s_a", MemSpace.SHARED, "", (16, 8))  # before registers
-    assert after.thread_grids == (KThreadGrid("s_a", "p0r", "p0c", 8),)
+    assert after.thread_grids == (KThreadGrid("s_a", (("p0r", 8), ("p0c", 8))),)
     assert after.tiles == (KTile("a", "s_a", lo, frozenset({"U"})),)
     copy = after.body[0].body[0]
     assert isinstance(copy, KCopy) and copy.dst == "s_a" and copy.src == "a"
@@ -260,7 +260,7 @@ def test_lower_promotions_vector_copy_aligned_and_printed_as_float4():
 
     lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
     tile = PromotedTile(
-        "a", "C_a", lo, (16, 8), (32, 40), (False, False), ("p0r", "p0c", 2), frozenset(), 4
+        "a", "C_a", lo, (16, 8), (32, 40), (False, False), (("p0r", 32), ("p0c", 2)), frozenset(), 4
     )
     after = lower_promotions(_gemm_ir(), [tile])
     assert after.allocs[0].align == 16
@@ -320,7 +320,14 @@ def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
     ir = KernelIR("k", (), (("t0", 64),), body, ("mg",))
     lo = (KInt(0), KOp("*", (KInt(8), kt)))
     tile = PromotedTile(
-        "a", "C_a", lo, (16, 8), (16, 48), (False, False), ("p0r", "p0c", 8), frozenset({"U"})
+        "a",
+        "C_a",
+        lo,
+        (16, 8),
+        (16, 48),
+        (False, False),
+        (("p0r", 8), ("p0c", 8)),
+        frozenset({"U"}),
     )
     pipe = Pipeline(2, "kt0", ("kt0",), "Commit", "Wait")
     after = lower_promotions(ir, [tile], pipe)
@@ -344,7 +351,7 @@ def test_lower_fragments_loads_registers_before_the_micro_tile():
 
     lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
     tile = PromotedTile(
-        "a", "C_a", lo, (16, 8), (33, 40), (True, False), ("p0r", "p0c", 8), frozenset({"U"})
+        "a", "C_a", lo, (16, 8), (33, 40), (True, False), (("p0r", 8), ("p0c", 8)), frozenset({"U"})
     )
     before = lower_promotions(_gemm_ir(), [tile])
     row = KOp("+", (KVar("b0"), KOp("*", (KInt(4), KVar("ii0")))))

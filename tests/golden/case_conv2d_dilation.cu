@@ -45,17 +45,18 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4fc525e7ee211567b3d4(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256) pf_717bdb55649ec0e4d802(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 9; _b /= 9;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_X[7920];
-  const int p1r = threadIdx.x / 4;
+  const int p1d0 = threadIdx.x / 32;
+  const int p1d1 = threadIdx.x / 16 % 2;
+  const int p1r = threadIdx.x / 4 % 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_W[288];
   float r_conv2d27_acc[2][4];
@@ -75,10 +76,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_4fc525e7ee211567b3d4(float*
     }
   }
   if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 1); kk1 += 1) {
-        s_W[(kk0 - 0) * 18 + (kk1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 6) ? W[kk0 * 18 + kk1 * 9 + p1r * 3 + p1c] : 0.0f;
-      }
+    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 8) {
+      s_W[(kk0 - 0) * 18 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 6) ? W[kk0 * 18 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
     }
   }
   __syncthreads();

@@ -45,16 +45,17 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f40eef53048c782fe4cb(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_30288f3bf3d5f7c04510(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_x[1170];
-  const int p1r = threadIdx.x / 4;
+  const int p1d0 = threadIdx.x / 64;
+  const int p1d1 = threadIdx.x / 16 % 4;
+  const int p1r = threadIdx.x / 4 % 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_w[432];
   float r_conv2d_conv_acc[2][4];
@@ -76,11 +77,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_f40eef53048c782fe4cb(float*
       }
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-        s_w[(kk0 - 0) * 27 + (kk1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? w[kk0 * 27 + kk1 * 9 + p1r * 3 + p1c] : 0.0f;
-      }
+  if ((((p1d1 <= 2) && (p1r <= 2)) && (p1c <= 2))) {
+    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
+      s_w[(kk0 - 0) * 27 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? w[kk0 * 27 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
     }
   }
   __syncthreads();

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4d3452baa550c80a50a1_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p0(float* __restrict__ b
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4d3452baa550c80a50a1_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -62,7 +62,7 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p1(float* __restrict__ b
   batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4d3452baa550c80a50a1_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -70,16 +70,17 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p2(float* __restrict__ b
   batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4d3452baa550c80a50a1_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_image[2313];
-  const int p1r = threadIdx.x / 4;
+  const int p1d0 = threadIdx.x / 64;
+  const int p1d1 = threadIdx.x / 16 % 4;
+  const int p1r = threadIdx.x / 4 % 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stem_w[432];
   float r_conv2d0_acc[2][4];
@@ -99,11 +100,9 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p3(float* __restrict__ c
       }
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-        s_stem_w[(kk0 - 0) * 27 + (kk1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stem_w[kk0 * 27 + kk1 * 9 + p1r * 3 + p1c] : 0.0f;
-      }
+  if ((((p1d1 <= 2) && (p1r <= 2)) && (p1c <= 2))) {
+    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
+      s_stem_w[(kk0 - 0) * 27 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stem_w[kk0 * 27 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
     }
   }
   __syncthreads();
@@ -138,19 +137,19 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p3(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2cefad7cecbbf983a7fa(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_4d3452baa550c80a50a1(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_4d3452baa550c80a50a1_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
     const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_4d3452baa550c80a50a1_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_4d3452baa550c80a50a1_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 11) {  // k0_conv2d0: 8 blocks of 256
-    pf_2cefad7cecbbf983a7fa_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
+    pf_4d3452baa550c80a50a1_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
   }
 }
 
@@ -189,17 +188,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float*
   conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b7e0f694266e031735f7(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_5a6e8b26bc758741f2ba(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_minimum7[1056];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage1_block0_project_w[128];
   float r_conv2d8_acc[2][4];
   float r_minimum7_frag[4];
@@ -211,19 +210,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_b7e0f694266e031735f7(float*
       r_conv2d8_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_minimum7[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&minimum7[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-  if ((p1r == 0)) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-        s_stage1_block0_project_w[(kk0 - 0) * 8 + (ii0 - 0) + (0 - 0) + (0 - 0)] = (kk0 >= 0 && kk0 < 8) ? stage1_block0_project_w[kk0 * 8 + ii0 + 0 + 0] : 0.0f;
-      }
-    }
+  *reinterpret_cast<float4*>(&s_minimum7[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&minimum7[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1d0 <= 15)) {
+    s_stage1_block0_project_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = (p1d0 >= 0 && p1d0 < 8) ? stage1_block0_project_w[p1d0 * 8 + p1d1 + 0 + 0] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -285,17 +274,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_6222dcc8e5f5a6d9dd92(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_86d58f39a1547521d4a3(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_be8b737c11f32f6a3146(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_add10[1056];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage2_block0_expand_w[128];
   float r_conv2d11_acc[2][4];
   float r_add10_frag[4];
@@ -307,19 +296,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_86d58f39a1547521d4a3(float*
       r_conv2d11_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_add10[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&add10[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-  if ((p1r == 0)) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-        s_stage2_block0_expand_w[(kk0 - 0) * 8 + (ii0 - 0) + (0 - 0) + (0 - 0)] = stage2_block0_expand_w[kk0 * 8 + ii0 + 0 + 0];
-      }
-    }
+  *reinterpret_cast<float4*>(&s_add10[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&add10[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1d0 <= 15)) {
+    s_stage2_block0_expand_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage2_block0_expand_w[p1d0 * 8 + p1d1 + 0 + 0];
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -429,17 +408,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e9e29691881ce490ecc3(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_8ec72bfd736171126e33(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_minimum18[2112];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage2_block0_project_w[256];
   float r_conv2d19_acc[2][4];
   float r_minimum18_frag[4];
@@ -452,16 +431,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_e9e29691881ce490ecc3(float*
     }
   }
   for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
-    if (((p0r == 0) && (kt0 <= 0))) {
-      for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-        __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (ii0 - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ii0 * 16 + b1 * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-      }
-    }
-    if (((p1r == 0) && (kt0 <= 0))) {
-      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-          __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 128 + (kk0 - 0) * 8 + (ii0 - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_project_w[(kk0 >= 0 && kk0 < 12) ? kk0 * 16 + ii0 + 0 + 0 : 0], 4, (kk0 >= 0 && kk0 < 12) ? 0 : 4);
-        }
+    if ((kt0 <= 0)) {
+      __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ((p0d1 + (8 * kt0)) + 8) * 16 + b1 * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
+      if ((p1d0 <= 15)) {
+        __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 128 + (p1d0 - 0) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_project_w[(p1d0 >= 0 && p1d0 < 12) ? p1d0 * 16 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0 : 0], 4, (p1d0 >= 0 && p1d0 < 12) ? 0 : 4);
       }
     }
     __pipeline_commit();
@@ -550,18 +523,18 @@ extern "C" __global__ void __launch_bounds__(24) pf_a63ab2e6b57ebcafa0bd(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_579ee584a1287dfa22bc(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_da188bf2c1451ecb2278(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_batch_norm20[1584];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 16;
+  const int p1d1 = threadIdx.x % 16;
   __shared__ float s_stage2_block1_expand_w[192];
   float r_conv2d21_acc[2][4];
   float r_batch_norm20_frag[4];
@@ -573,19 +546,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_579ee584a1287dfa22bc(float*
       r_conv2d21_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_batch_norm20[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&batch_norm20[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  for (int ii0 = p0d1; (ii0 <= 11); ii0 += 8) {
+    *reinterpret_cast<float4*>(&s_batch_norm20[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&batch_norm20[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if ((p1r == 0)) {
-    for (int kk0 = (16 * b0); (kk0 <= ((16 * b0) + 15)); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-        s_stage2_block1_expand_w[(kk0 - (16 * b0)) * 12 + (ii0 - 0) + (0 - 0) + (0 - 0)] = (kk0 >= 0 && kk0 < 24) ? stage2_block1_expand_w[kk0 * 12 + ii0 + 0 + 0] : 0.0f;
-      }
-    }
+  if ((p1d1 <= 11)) {
+    s_stage2_block1_expand_w[(((16 * b0) + p1d0) - (16 * b0)) * 12 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = (((16 * b0) + p1d0) >= 0 && ((16 * b0) + p1d0) < 24) ? stage2_block1_expand_w[((16 * b0) + p1d0) * 12 + p1d1 + 0 + 0] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
@@ -650,17 +615,17 @@ extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float*
   conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b9197653e76cbfb0bdd1(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_6a3af14261766ca3f95d(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_minimum28[2112];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage2_block1_project_w[256];
   float r_conv2d29_acc[2][4];
   float r_minimum28_frag[4];
@@ -673,16 +638,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_b9197653e76cbfb0bdd1(float*
     }
   }
   for (int kt0 = (-1); (kt0 <= 2); kt0 += 1) {
-    if (((p0r == 0) && (kt0 <= 1))) {
-      for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-        __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (ii0 - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &minimum28[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 384 + ii0 * 16 + b1 * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-      }
-    }
-    if (((p1r == 0) && (kt0 <= 1))) {
-      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-          __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 128 + (kk0 - 0) * 8 + (ii0 - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block1_project_w[(kk0 >= 0 && kk0 < 12) ? kk0 * 24 + ii0 + 0 + 0 : 0], 4, (kk0 >= 0 && kk0 < 12) ? 0 : 4);
-        }
+    if ((kt0 <= 1)) {
+      __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &minimum28[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 384 + ((p0d1 + (8 * kt0)) + 8) * 16 + b1 * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
+      if ((p1d0 <= 15)) {
+        __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 128 + (p1d0 - 0) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block1_project_w[(p1d0 >= 0 && p1d0 < 12) ? p1d0 * 24 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0 : 0], 4, (p1d0 >= 0 && p1d0 < 12) ? 0 : 4);
       }
     }
     __pipeline_commit();
@@ -732,17 +691,17 @@ extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float*
   add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7d3f4063aa8ddd433e83(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_a0f5397bdaa7c5a61d5c(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_add31[1584];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 16;
+  const int p1d1 = threadIdx.x % 16;
   __shared__ float s_last_w[192];
   float r_conv2d32_acc[2][4];
   float r_add31_frag[4];
@@ -754,19 +713,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_7d3f4063aa8ddd433e83(float*
       r_conv2d32_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_add31[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&add31[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  for (int ii0 = p0d1; (ii0 <= 11); ii0 += 8) {
+    *reinterpret_cast<float4*>(&s_add31[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&add31[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if ((p1r == 0)) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 11); ii0 += 1) {
-        s_last_w[(kk0 - 0) * 12 + (ii0 - 0) + (0 - 0) + (0 - 0)] = last_w[kk0 * 12 + ii0 + 0 + 0];
-      }
-    }
+  if ((p1d1 <= 11)) {
+    s_last_w[(p1d0 - 0) * 12 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = last_w[p1d0 * 12 + p1d1 + 0 + 0];
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_140648431b09779d0185_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7b764f157c9b47e29d61_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -54,16 +54,17 @@ __device__ __forceinline__ void pf_140648431b09779d0185_p0(float* __restrict__ b
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_140648431b09779d0185_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7b764f157c9b47e29d61_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_image[1170];
-  const int p1r = threadIdx.x / 4;
+  const int p1d0 = threadIdx.x / 64;
+  const int p1d1 = threadIdx.x / 16 % 4;
+  const int p1r = threadIdx.x / 4 % 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stem_w[432];
   float r_conv2d0_acc[2][4];
@@ -83,11 +84,9 @@ __device__ __forceinline__ void pf_140648431b09779d0185_p1(float* __restrict__ c
       }
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-        s_stem_w[(kk0 - 0) * 27 + (kk1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stem_w[kk0 * 27 + kk1 * 9 + p1r * 3 + p1c] : 0.0f;
-      }
+  if ((((p1d1 <= 2) && (p1r <= 2)) && (p1c <= 2))) {
+    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
+      s_stem_w[(kk0 - 0) * 27 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stem_w[kk0 * 27 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
     }
   }
   __syncthreads();
@@ -122,13 +121,13 @@ __device__ __forceinline__ void pf_140648431b09779d0185_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_140648431b09779d0185(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_7b764f157c9b47e29d61(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_140648431b09779d0185_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_7b764f157c9b47e29d61_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 17) {  // k0_conv2d0: 16 blocks of 256
-    pf_140648431b09779d0185_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
+    pf_7b764f157c9b47e29d61_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 
@@ -194,17 +193,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_9dbe401d1bd69fce66fe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e64ca0c8a398e2264145(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_39c5e8f118e7448236cd(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_max_pool2d3[1056];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage1_block0_a_w[128];
   float r_conv2d4_acc[2][4];
   float r_max_pool2d3_frag[4];
@@ -216,19 +215,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_e64ca0c8a398e2264145(float*
       r_conv2d4_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-  if ((p1r == 0)) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-        s_stage1_block0_a_w[(kk0 - 0) * 8 + (ii0 - 0) + (0 - 0) + (0 - 0)] = (kk0 >= 0 && kk0 < 4) ? stage1_block0_a_w[kk0 * 8 + ii0 + 0 + 0] : 0.0f;
-      }
-    }
+  *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1d0 <= 15)) {
+    s_stage1_block0_a_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = (p1d0 >= 0 && p1d0 < 4) ? stage1_block0_a_w[p1d0 * 8 + p1d1 + 0 + 0] : 0.0f;
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -272,16 +261,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float*
   relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4db6c23f4d094a06e5d7(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_a79ae0c736d4a6311a27(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_relu6[1560];
-  const int p1r = threadIdx.x / 4;
+  const int p1d0 = threadIdx.x / 64;
+  const int p1d1 = threadIdx.x / 16 % 4;
+  const int p1r = threadIdx.x / 4 % 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stage1_block0_b_w[576];
   float r_conv2d7_acc[2][4];
@@ -302,10 +292,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_4db6c23f4d094a06e5d7(float*
     }
   }
   if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 3); kk1 += 1) {
-        s_stage1_block0_b_w[(kk0 - 0) * 36 + (kk1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 4) ? stage1_block0_b_w[kk0 * 36 + kk1 * 9 + p1r * 3 + p1c] : 0.0f;
-      }
+    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
+      s_stage1_block0_b_w[(kk0 - 0) * 36 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 4) ? stage1_block0_b_w[kk0 * 36 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
     }
   }
   __syncthreads();
@@ -340,17 +328,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_4db6c23f4d094a06e5d7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_dd72ef0fd2e36861e97b(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_92389bdd0f963ecc9b4f(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_relu9[528];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 4;
+  const int p1d1 = threadIdx.x % 4;
   __shared__ float s_stage1_block0_c_w[64];
   float r_conv2d10_acc[2][4];
   float r_relu9_frag[4];
@@ -362,19 +350,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_dd72ef0fd2e36861e97b(float*
       r_conv2d10_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_relu9[(0 - 0) * 528 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu9[0 * 256 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  if ((p0d1 <= 3)) {
+    *reinterpret_cast<float4*>(&s_relu9[(0 - 0) * 528 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu9[0 * 256 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if ((p1r == 0)) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        s_stage1_block0_c_w[(kk0 - 0) * 4 + (ii0 - 0) + (0 - 0) + (0 - 0)] = stage1_block0_c_w[kk0 * 4 + ii0 + 0 + 0];
-      }
-    }
+  if ((p1d0 <= 15)) {
+    s_stage1_block0_c_w[(p1d0 - 0) * 4 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage1_block0_c_w[p1d0 * 4 + p1d1 + 0 + 0];
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
@@ -404,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_dd72ef0fd2e36861e97b(float*
   }
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_26b372dabe94162eeb2a_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -418,7 +398,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_26b372dabe94162eeb2a_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -426,7 +406,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p1(float* __restrict__ b
   batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_26b372dabe94162eeb2a_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -434,7 +414,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p2(float* __restrict__ b
   batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_26b372dabe94162eeb2a_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -442,7 +422,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p3(float* __restrict__ b
   batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_26b372dabe94162eeb2a_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -450,17 +430,17 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p4(float* __restrict__ b
   batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_26b372dabe94162eeb2a_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_max_pool2d3[1056];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage1_block0_proj_w[128];
   float r_conv2d12_acc[2][4];
   float r_max_pool2d3_frag[4];
@@ -472,19 +452,9 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p5(float* __restrict__ c
       r_conv2d12_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + ii0 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-  if ((p1r == 0)) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-        s_stage1_block0_proj_w[(kk0 - 0) * 8 + (ii0 - 0) + (0 - 0) + (0 - 0)] = stage1_block0_proj_w[kk0 * 8 + ii0 + 0 + 0];
-      }
-    }
+  *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1d0 <= 15)) {
+    s_stage1_block0_proj_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage1_block0_proj_w[p1d0 * 8 + p1d1 + 0 + 0];
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -514,25 +484,25 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p5(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7ed6a3a956ae07efd387(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_26b372dabe94162eeb2a(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
     const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_26b372dabe94162eeb2a_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 2) {  // k13_batch_norm13_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_26b372dabe94162eeb2a_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 3) {  // k16_batch_norm17_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_26b372dabe94162eeb2a_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 4) {  // k19_batch_norm20_scale: 1 blocks of 8
     const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_26b372dabe94162eeb2a_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 5) {  // k24_batch_norm25_scale: 1 blocks of 32
     const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_26b372dabe94162eeb2a_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 13) {  // k12_conv2d12: 8 blocks of 256
-    pf_7ed6a3a956ae07efd387_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+    pf_26b372dabe94162eeb2a_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
   }
 }
 
@@ -552,17 +522,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float*
   relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_32f7ccef8aa37c264c45(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_1888b7298a2c649d0fb3(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_relu15[2112];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage2_block0_a_w[256];
   float r_conv2d16_acc[2][4];
   float r_relu15_frag[4];
@@ -575,16 +545,10 @@ extern "C" __global__ void __launch_bounds__(256) pf_32f7ccef8aa37c264c45(float*
     }
   }
   for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
-    if (((p0r == 0) && (kt0 <= 0))) {
-      for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-        __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (ii0 - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ii0 * 64 + b1 * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
-      }
-    }
-    if (((p1r == 0) && (kt0 <= 0))) {
-      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-          __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (kk0 - 0) * 8 + (ii0 - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_a_w[(kk0 >= 0 && kk0 < 8) ? kk0 * 16 + ii0 + 0 + 0 : 0], 4, (kk0 >= 0 && kk0 < 8) ? 0 : 4);
-        }
+    if ((kt0 <= 0)) {
+      __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ((p0d1 + (8 * kt0)) + 8) * 64 + b1 * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
+      if ((p1d0 <= 15)) {
+        __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (p1d0 - 0) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_a_w[(p1d0 >= 0 && p1d0 < 8) ? p1d0 * 16 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0 : 0], 4, (p1d0 >= 0 && p1d0 < 8) ? 0 : 4);
       }
     }
     __pipeline_commit();
@@ -634,16 +598,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float*
   relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a43bd5aba6d9058ccfda(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_e0f5688eb490bfa2a36e(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_relu18[6168];
-  const int p1r = threadIdx.x / 4;
+  const int p1d0 = threadIdx.x / 128;
+  const int p1d1 = threadIdx.x / 16 % 8;
+  const int p1r = threadIdx.x / 4 % 4;
   const int p1c = threadIdx.x % 4;
   __shared__ float s_stage2_block0_b_w[1152];
   float r_conv2d19_acc[2][4];
@@ -664,10 +629,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a43bd5aba6d9058ccfda(float*
     }
   }
   if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
-        s_stage2_block0_b_w[(kk0 - 0) * 72 + (kk1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stage2_block0_b_w[kk0 * 72 + kk1 * 9 + p1r * 3 + p1c] : 0.0f;
-      }
+    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 2) {
+      s_stage2_block0_b_w[(kk0 - 0) * 72 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stage2_block0_b_w[kk0 * 72 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
     }
   }
   __syncthreads();
@@ -716,18 +679,18 @@ extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float*
   relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2eb0475624115f318daf(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_73ac254294ddfc1c56ee(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d1 = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ __align__(16) float s_relu21[1056];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage2_block0_c_w[128];
   float r_conv2d22_acc[2][4];
   float r_relu21_frag[4];
@@ -739,19 +702,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_2eb0475624115f318daf(float*
       r_conv2d22_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0r == 0)) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      *reinterpret_cast<float4*>(&s_relu21[(0 - 0) * 1056 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[0 * 128 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-  if ((p1r == 0)) {
-    for (int kk0 = (16 * b0); (kk0 <= ((16 * b0) + 15)); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-        s_stage2_block0_c_w[(kk0 - (16 * b0)) * 8 + (ii0 - 0) + (0 - 0) + (0 - 0)] = stage2_block0_c_w[kk0 * 8 + ii0 + 0 + 0];
-      }
-    }
+  *reinterpret_cast<float4*>(&s_relu21[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[0 * 128 + p0d1 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1d0 <= 15)) {
+    s_stage2_block0_c_w[(((16 * b0) + p1d0) - (16 * b0)) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage2_block0_c_w[((16 * b0) + p1d0) * 8 + p1d1 + 0 + 0];
   }
   __syncthreads();
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -781,7 +734,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2eb0475624115f318daf(float*
   }
 }
 
-__device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_aa99ec5f4d9ce521e683_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -795,18 +748,17 @@ __device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_aa99ec5f4d9ce521e683_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 256;
-  const int p0c = threadIdx.x % 256;
+  const int p0c = threadIdx.x;
   __shared__ float s_relu15[4080];
-  const int p1r = threadIdx.x / 1;
-  const int p1c = threadIdx.x % 1;
+  const int p1d0 = threadIdx.x / 8;
+  const int p1d1 = threadIdx.x % 8;
   __shared__ float s_stage2_block0_proj_w[256];
   float r_conv2d24_acc[2][4];
   float r_relu15_frag[4];
@@ -824,12 +776,8 @@ __device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p1(float* __restrict__ c
         __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 2040 + (0 - 0) * 2040 + (ii0 - (8 * (kt0 + 1))) * 255 + ((2 * b1) - (2 * b1)) * 255 + (p0c - 0)], &relu15[(p0c >= 0 && p0c < 8) ? 0 * 1024 + ii0 * 64 + (2 * b1) * 8 + p0c : 0], 4, (p0c >= 0 && p0c < 8) ? 0 : 4);
       }
     }
-    if (((p1r == 0) && (kt0 <= 0))) {
-      for (int kk0 = (16 * b0); (kk0 <= ((16 * b0) + 15)); kk0 += 1) {
-        for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-          __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (kk0 - (16 * b0)) * 8 + (ii0 - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_proj_w[kk0 * 16 + ii0 + 0 + 0], 4);
-        }
-      }
+    if (((p1d0 <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1d0) - (16 * b0)) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_proj_w[((16 * b0) + p1d0) * 16 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0], 4);
     }
     __pipeline_commit();
     if ((kt0 >= 0)) {
@@ -864,13 +812,13 @@ __device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0d1f6656d3fdd114151e(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_aa99ec5f4d9ce521e683(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
     const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_0d1f6656d3fdd114151e_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_aa99ec5f4d9ce521e683_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 9) {  // k23_conv2d24: 8 blocks of 256
-    pf_0d1f6656d3fdd114151e_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+    pf_aa99ec5f4d9ce521e683_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_b72f3572578d455cd408_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c9e5a3bee76ffbb55538_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -54,10 +54,10 @@ __device__ __forceinline__ void pf_b72f3572578d455cd408_p0(float* __restrict__ c
   int _t = threadIdx.x;
   const int t3 = _t % 8; _t /= 8;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 64;
-  const int p0c = threadIdx.x % 64;
+  const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_image[6240];
-  const int p1r = threadIdx.x / 2;
+  const int p1d1 = threadIdx.x / 16;
+  const int p1r = threadIdx.x / 2 % 8;
   const int p1c = threadIdx.x % 2;
   __shared__ __align__(16) float s_patch_embed_w[3072];
   float r_conv2d0_conv_acc[2][4];
@@ -76,11 +76,9 @@ __device__ __forceinline__ void pf_b72f3572578d455cd408_p0(float* __restrict__ c
       *reinterpret_cast<float4*>(&s_image[(b0 - b0) * 6240 + (kk1 - 0) * 2080 + (kk2 - (8 * b2)) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&image[b0 * 768 + kk1 * 256 + kk2 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  if ((p1r <= 7)) {
+  if ((p1d1 <= 2)) {
     for (int kk0 = (16 * b1); (kk0 <= ((16 * b1) + 15)); kk0 += 1) {
-      for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-        *reinterpret_cast<float4*>(&s_patch_embed_w[(kk0 - (16 * b1)) * 192 + (kk1 - 0) * 64 + (p1r - 0) * 8 + ((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&patch_embed_w[kk0 * 192 + kk1 * 64 + p1r * 8 + (4 * p1c)]);
-      }
+      *reinterpret_cast<float4*>(&s_patch_embed_w[(kk0 - (16 * b1)) * 192 + (p1d1 - 0) * 64 + (p1r - 0) * 8 + ((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&patch_embed_w[kk0 * 192 + p1d1 * 64 + p1r * 8 + (4 * p1c)]);
     }
   }
   __syncthreads();
@@ -116,7 +114,7 @@ __device__ __forceinline__ void pf_b72f3572578d455cd408_p0(float* __restrict__ c
   }
 }
 
-__device__ __forceinline__ void pf_b72f3572578d455cd408_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c9e5a3bee76ffbb55538_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -126,12 +124,12 @@ __device__ __forceinline__ void pf_b72f3572578d455cd408_p1(float* __restrict__ c
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_b72f3572578d455cd408(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(64) pf_c9e5a3bee76ffbb55538(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
   if (pf_b < 8) {  // k0_conv2d0_conv: 8 blocks of 64
-    pf_b72f3572578d455cd408_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+    pf_c9e5a3bee76ffbb55538_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
-    pf_b72f3572578d455cd408_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+    pf_c9e5a3bee76ffbb55538_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
   }
 }
 
