@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from polyfuse.cuda.namer import Namer
 from polyfuse.visitor import R, Visitor
 
 
@@ -337,6 +338,8 @@ class KernelIR:
     staged: tuple[KStage, ...] = ()  # stores staged in registers for vector stores
     thread_grids: tuple[KThreadGrid, ...] = ()  # copy distributions, by buffer
     fragments: tuple[KFragment, ...] = ()  # promoted reads served by register fragments
+    #: names every identifier the passes and the printer declare (:mod:`polyfuse.cuda.namer`)
+    namer: Namer = field(default_factory=Namer, compare=False, repr=False)
 
     @property
     def threads(self) -> int:
@@ -407,6 +410,9 @@ class Kernel:
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
     function: str = ""
+    #: the source with canonical names (``pfT<i>``, ``pfKERNEL``; see
+    #: :mod:`polyfuse.cuda.namer`): what the compile cache stores and dedup compares
+    canonical: str = ""
 
     def __str__(self) -> str:
         head = (

@@ -45,10 +45,6 @@ class OperandFragment:
     readers: frozenset[str]  # statements whose reads of ``tensor`` use the fragment
 
 
-def fragment_name(tensor: str) -> str:
-    return f"r_{tensor}_frag"
-
-
 def _linear(index_vars: Sequence[str], shape: Sequence[int]) -> KExpr:
     """Row-major index of ``index_vars`` in an array of ``shape`` (0 without variables)."""
     out: KExpr | None = None
@@ -78,6 +74,7 @@ def lower_fragments(
     missing = [f.tensor for f in fragments if f.tensor not in tiles]
     assert not missing, f"register fragments of operands without a shared tile: {missing}"
     micro = frozenset(micro_tile)
+    fragment_name = ir.namer.fragment  # r_<name>_frag
     readers = frozenset().union(*(f.readers for f in fragments))
 
     def load(f: OperandFragment) -> KNode:
