@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_dca4b0b08daa6c3d41fc(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_fadd6ff3c74dcbd2f038(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

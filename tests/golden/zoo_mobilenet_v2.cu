@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_76081cb64526cbbbcec4_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p0(float* __restrict__ b
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_76081cb64526cbbbcec4_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -62,7 +62,7 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p1(float* __restrict__ b
   batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_76081cb64526cbbbcec4_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -70,7 +70,7 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p2(float* __restrict__ b
   batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_76081cb64526cbbbcec4_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -138,19 +138,19 @@ __device__ __forceinline__ void pf_2cefad7cecbbf983a7fa_p3(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2cefad7cecbbf983a7fa(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_76081cb64526cbbbcec4(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_76081cb64526cbbbcec4_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
     const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_76081cb64526cbbbcec4_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_2cefad7cecbbf983a7fa_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_76081cb64526cbbbcec4_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 11) {  // k0_conv2d0: 8 blocks of 256
-    pf_2cefad7cecbbf983a7fa_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
+    pf_76081cb64526cbbbcec4_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
   }
 }
 
@@ -189,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float*
   conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b7e0f694266e031735f7(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_4cc42c8a4e006241af73(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -285,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_6222dcc8e5f5a6d9dd92(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_86d58f39a1547521d4a3(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_8c8d6caaad4cd754cee0(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -429,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e9e29691881ce490ecc3(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_abca5b1215403f5dec5b(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -550,7 +550,7 @@ extern "C" __global__ void __launch_bounds__(24) pf_a63ab2e6b57ebcafa0bd(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_579ee584a1287dfa22bc(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_6d9489f3972428467c9f(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -650,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float*
   conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b9197653e76cbfb0bdd1(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_1eccb13c0b4bd5961db7(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -732,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float*
   add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7d3f4063aa8ddd433e83(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_14b635a5f66e18b11100(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -796,7 +796,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_7d3f4063aa8ddd433e83(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_59aa620e46cccd7aad8b(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
+extern "C" __global__ void __launch_bounds__(256) pf_f05f33d74dfa379b1c6e(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_140648431b09779d0185_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_66638cf030df94130e64_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void pf_140648431b09779d0185_p0(float* __restrict__ b
   batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_140648431b09779d0185_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_66638cf030df94130e64_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -122,13 +122,13 @@ __device__ __forceinline__ void pf_140648431b09779d0185_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_140648431b09779d0185(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_66638cf030df94130e64(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_140648431b09779d0185_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_66638cf030df94130e64_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 17) {  // k0_conv2d0: 16 blocks of 256
-    pf_140648431b09779d0185_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
+    pf_66638cf030df94130e64_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 
@@ -194,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9dbe401d1bd69fce66fe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e64ca0c8a398e2264145(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_60834b2a8a0504a4a5dc(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -272,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float*
   relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4db6c23f4d094a06e5d7(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_bab9f63b75a360a75eec(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -340,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4db6c23f4d094a06e5d7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_dd72ef0fd2e36861e97b(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_d4c40268f101c46034e2(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -404,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_dd72ef0fd2e36861e97b(float*
   }
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f4a4c868676b3d4caefb_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -418,7 +418,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f4a4c868676b3d4caefb_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -426,7 +426,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p1(float* __restrict__ b
   batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f4a4c868676b3d4caefb_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -434,7 +434,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p2(float* __restrict__ b
   batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f4a4c868676b3d4caefb_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -442,7 +442,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p3(float* __restrict__ b
   batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f4a4c868676b3d4caefb_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -450,7 +450,7 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p4(float* __restrict__ b
   batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
 }
 
-__device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f4a4c868676b3d4caefb_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -514,25 +514,25 @@ __device__ __forceinline__ void pf_7ed6a3a956ae07efd387_p5(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7ed6a3a956ae07efd387(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_f4a4c868676b3d4caefb(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
     const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_f4a4c868676b3d4caefb_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 2) {  // k13_batch_norm13_scale: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_f4a4c868676b3d4caefb_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
   } else if (pf_b < 3) {  // k16_batch_norm17_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_f4a4c868676b3d4caefb_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 4) {  // k19_batch_norm20_scale: 1 blocks of 8
     const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+    if (pf_v < 1) pf_f4a4c868676b3d4caefb_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
   } else if (pf_b < 5) {  // k24_batch_norm25_scale: 1 blocks of 32
     const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_7ed6a3a956ae07efd387_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_f4a4c868676b3d4caefb_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 13) {  // k12_conv2d12: 8 blocks of 256
-    pf_7ed6a3a956ae07efd387_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+    pf_f4a4c868676b3d4caefb_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
   }
 }
 
@@ -552,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float*
   relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_32f7ccef8aa37c264c45(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_50f524fe12bab0394f36(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -634,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float*
   relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a43bd5aba6d9058ccfda(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_42919a0509445937522e(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -716,7 +716,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float*
   relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2eb0475624115f318daf(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_d874bf02c9a3f39226b5(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -781,7 +781,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2eb0475624115f318daf(float*
   }
 }
 
-__device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_3ddaebbb783a5c17bdf5_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -795,7 +795,7 @@ __device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_3ddaebbb783a5c17bdf5_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -864,13 +864,13 @@ __device__ __forceinline__ void pf_0d1f6656d3fdd114151e_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0d1f6656d3fdd114151e(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_3ddaebbb783a5c17bdf5(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
     const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_0d1f6656d3fdd114151e_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
+    if (pf_v < 1) pf_3ddaebbb783a5c17bdf5_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
   } else if (pf_b < 9) {  // k23_conv2d24: 8 blocks of 256
-    pf_0d1f6656d3fdd114151e_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+    pf_3ddaebbb783a5c17bdf5_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 
@@ -890,7 +890,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_bf0f364857623b4a8818(float*
   relu27[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add26, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_04f5a9f4080ce0757b9a(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_4c369d95dbe4cbaacb71(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
