@@ -217,17 +217,28 @@ def rename_canonical(name: str, names: Mapping[str, str]) -> str:
     return _CANONICAL.sub(lambda m: names[m.group(0)], name) + tail
 
 
+#: In canonical text: a quad (its tensor's name ends before the quad's digit), any other
+#: canonical tensor name, the kernel's name. One pass, so replacements are never rescanned.
+_INSTANCE = re.compile(
+    rf"(?<![\w.])(?P<quad>q_(?:\d+_)?){CANONICAL_TENSOR}(?P<qi>\d+)(?P<acc>{ACC})?(?P<j>\d)(?!\w)"
+    rf"|(?<![A-Za-z0-9.]){CANONICAL_TENSOR}(?P<i>\d+)(?!\d)"
+    rf"|(?<![\w.]){CANONICAL_KERNEL}(?!\w)"
+)
+
+
 def instantiate(text: str, names: Mapping[str, str], kernel: str | None = None) -> str:
     """Canonical ``text`` with canonical tensor names replaced by ``names[canonical]`` and
     ``pfKERNEL`` by ``kernel``."""
 
     def one(m: re.Match[str]) -> str:
-        tok = m.group(0)
-        if kernel is not None and tok == CANONICAL_KERNEL:
-            return kernel
-        return rename_canonical(tok, names)
+        if m.group("quad") is not None:
+            base = names[CANONICAL_TENSOR + m.group("qi")]
+            return m.group("quad") + base + (m.group("acc") or "") + m.group("j")
+        if m.group("i") is not None:
+            return names[CANONICAL_TENSOR + m.group("i")]
+        return m.group(0) if kernel is None else kernel
 
-    return _TOKEN.sub(one, text)
+    return _INSTANCE.sub(one, text)
 
 
 def rename_identifiers(text: str, names: Mapping[str, str]) -> str:

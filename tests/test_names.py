@@ -241,6 +241,10 @@ def test_canonical_text_instantiates_under_any_names():
     assert instantiate(text, real, "k0_y") == want
     with pytest.raises(KeyError, match="no canonical name"):
         printer.tensor("z")
+    # one pass: a real name that looks canonical is not renamed again
+    canon = canonical_names(["a_pfT1", "y"])
+    text = " ".join([Namer(canon).register("a_pfT1"), Namer(canon).quad("y", 0, 1)])
+    assert instantiate(text, {c: c_name(t) for t, c in canon.items()}) == "r_a_pfT1 q_y1"
 
 
 def test_kernels_declare_variables_only_in_the_generated_space():
