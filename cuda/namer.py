@@ -120,8 +120,8 @@ def loop_variable(name: str) -> str:
 
 
 def is_generated(name: str) -> bool:
-    """Whether ``name`` lies in the space of generated names (a loop or thread variable, or a
-    name with a generated prefix): no tensor's C name can equal it."""
+    """Whether ``name`` lies outside the tensors' space (a loop or thread variable, a name
+    with a generated prefix, a header macro's): no tensor's C name can equal it."""
     return bool(_LOOP_VARS.match(name) or _GENERATED_PREFIX.match(name))
 
 
