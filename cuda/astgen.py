@@ -12,6 +12,7 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse.cuda.kernel_ast import KDef, KExpr, KFor, KIf, KInt, KMark, KNode, KOp, KStmt, KVar
+from polyfuse.cuda.namer import loop_variable
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.promote import GemmKernel
 
@@ -166,12 +167,13 @@ def generate_ast(mm: MappedKernel) -> tuple[isl.AstNode, list[KNode]]:
 
 
 def generate_gemm_ast(gk: GemmKernel) -> tuple[isl.AstNode, list[KNode]]:
-    """isl AST generation from the tiled schedule map, loop variables named by role."""
+    """isl AST generation from the tiled schedule map, loop variables named by role (in the
+    namer's generated space)."""
     ctx = gk.context.get_ctx()
     build = isl.AstBuild.from_context(gk.context)
     ids = isl.IdList.alloc(ctx, len(gk.iterators))
     for name in gk.iterators:
-        ids = ids.add(isl.Id(name, context=ctx))
+        ids = ids.add(isl.Id(loop_variable(name), context=ctx))
     build = build.set_iterators(ids)
     ast = build.node_from_schedule_map(gk.schedule_map)
     return ast, convert_node(ast)

@@ -1,20 +1,23 @@
 """One ``__global__`` function per distinct kernel body.
 
 The twelve layers of a transformer produce kernels that differ only in the buffers they read
-and write. Their sources in canonical form (tensor identifiers ``pfT0``…, kernel name
-``pfKERNEL``, as the compile cache stores them) are then identical, so they can run the same
-function with different arguments: the CUDA translation unit holds each distinct body once,
-named ``pf_<digest of the body>``, and NVRTC/nvcc compile ~20 functions instead of ~230.
+and write. Their sources in canonical form (tensor names ``pfT0``…, kernel name ``pfKERNEL``:
+printed so by the namer, :mod:`polyfuse.cuda.namer`, as the compile cache stores them) are
+then identical, so they can run the same function with different arguments: the CUDA
+translation unit holds each distinct body once, named ``pf_<digest of the body>``, and
+NVRTC/nvcc compile ~20 functions instead of ~230. The function's text is its first user's
+with the kernel's name (and its pack parts' names) replaced as whole identifiers: kernel names
+lie in the namer's generated space, so no tensor or local is renamed with them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import replace
 
-from polyfuse.cache import rename
 from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.cuda.namer import part_function, rename_identifiers
+from polyfuse.cuda.pack import pack_parts
 
 
 def function_name(canonical_source: str) -> str:
@@ -36,10 +39,10 @@ class FunctionTable:
         which are parameters, so any user's text computes every user's result."""
         name = function_name(canonical_source)
         if name not in self.sources:  # its first user's names keep the text readable
-            text = rename(kernel.source, {kernel.name: name})
-            # a pack's part functions are named <kernel>_p<i> (polyfuse.cuda.pack)
-            text = re.sub(rf"\b{re.escape(kernel.name)}_p(\d+)\b", rf"{name}_p\1", text)
-            self.sources[name] = text
+            names = {kernel.name: name}
+            for i in range(len(pack_parts(kernel))):  # a pack's part functions
+                names[part_function(kernel.name, i)] = part_function(name, i)
+            self.sources[name] = rename_identifiers(kernel.source, names)
             self.users[name] = []
         self.users[name].append(kernel.name)
         return replace(kernel, function=name, source=self.sources[name])

@@ -22,7 +22,7 @@ class GemmBodyPrinter(BodyPrinter):
     """Statement bodies of a lowered GEMM IR: tile reads and register arrays as the IR says."""
 
     def __init__(self, ir: KernelIR, placements: dict[str, Placement], idents: dict[int, str]):
-        super().__init__(placements, idents)
+        super().__init__(placements, idents, namer=ir.namer)
         shapes = {a.name: a.shape for a in ir.allocs}
         self.tiles = {t.tensor: t for t in ir.tiles}
         self.lo = {t.tensor: [c_index(lo) for lo in t.lo] for t in ir.tiles}
@@ -50,8 +50,9 @@ class GemmBodyPrinter(BodyPrinter):
         st = self.staged.get(ident)
         if store and st is not None and self.current in st.stmts:
             return f"{st.buffer}[{st.var}]"
-        if f"r_{ident}" in self.arrays:
-            return f"r_{ident}{self.arrays[f'r_{ident}']}"
+        reg = self.namer.register(ident)
+        if reg in self.arrays:
+            return f"{reg}{self.arrays[reg]}"
         f = self.fragments.get(ident)
         if f is not None and not store and self.current in f.stmts:
             return f"{f.buffer}[{c_index(f.index)}]"

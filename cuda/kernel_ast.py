@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from polyfuse.cuda.facts import KernelFacts
+from polyfuse.cuda.namer import Namer
 from polyfuse.visitor import R, Visitor
 
 
@@ -346,6 +347,8 @@ class KernelIR:
     staged: tuple[KStage, ...] = ()  # stores staged in registers for vector stores
     thread_grids: tuple[KThreadGrid, ...] = ()  # copy distributions, by buffer
     fragments: tuple[KFragment, ...] = ()  # promoted reads served by register fragments
+    #: names every identifier the passes and the printer declare (:mod:`polyfuse.cuda.namer`)
+    namer: Namer = field(default_factory=Namer, compare=False, repr=False)
 
     @property
     def threads(self) -> int:
@@ -419,6 +422,9 @@ class Kernel:
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
     function: str = ""
+    #: the source with canonical names (``pfT<i>``, ``pfKERNEL``; see
+    #: :mod:`polyfuse.cuda.namer`): what the compile cache stores and dedup compares
+    canonical: str = ""
 
     @property
     def shared_bytes(self) -> int:

@@ -10,18 +10,21 @@ GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
 (:mod:`polyfuse.cuda.lower_vector_stores`), element types.
 This module only translates the poly stage's objects into the passes' plain inputs (isl
 bounds become kernel-AST expressions here); :func:`polyfuse.cuda.printer.emit_kernel` then
-writes the final IR as text.
+writes the final IR as text. Given the structural key's canonical names (``canonical``), a
+kernel is printed with them (:mod:`polyfuse.cuda.namer`) and then instantiated under its real
+names, so the compile cache stores exactly the text every structurally equal kernel gets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import islpy as isl
 
 from polyfuse.cuda.astgen import convert_expr
 from polyfuse.cuda.gemm_printer import GemmBodyPrinter
-from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, MemSpace
+from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
@@ -31,6 +34,7 @@ from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promoti
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
+from polyfuse.cuda.namer import CANONICAL_KERNEL, Namer, c_name, instantiate
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.poly.coarsen import VECTOR
@@ -51,8 +55,11 @@ from polyfuse.poly.vectorize import VECTOR_WIDTH
 INT_LIMIT = 2**31 - 1
 
 
-def kernel_ir(name: str, mm: MappedKernel, body: list[KNode]) -> KernelIR:
-    """The IR of a mapped kernel before lowering: launch shape, loops, statements."""
+def kernel_ir(
+    name: str, mm: MappedKernel, body: list[KNode], namer: Namer | None = None
+) -> KernelIR:
+    """The IR of a mapped kernel before lowering: launch shape, loops, statements; ``namer``
+    names what the passes declare (default: every tensor under its C name)."""
     model = mm.scheduled.model
     for role in model.tensors.values():
         n = 1
@@ -71,7 +78,27 @@ def kernel_ir(name: str, mm: MappedKernel, body: list[KNode]) -> KernelIR:
         lane_params=tuple(mm.lane_params),
         laneless=frozenset(mm.laneless),
         reduction=mm.strategy is not None,
+        namer=namer or Namer(),
     )
+
+
+def _namer(name: str, canonical: Mapping[str, str] | None) -> tuple[str, Namer]:
+    """The name to print a kernel under and its namer: canonical ones when given."""
+    if canonical is None:
+        return name, Namer()
+    return CANONICAL_KERNEL, Namer(canonical)
+
+
+def instantiate_kernel(kernel: Kernel, canonical: Mapping[str, str] | None, name: str) -> Kernel:
+    """``kernel`` printed with ``canonical`` names (graph identifier → ``pfT<i>``) under its
+    real names: kernel ``name``, each tensor its :func:`polyfuse.cuda.namer.c_name`; the
+    canonical text stays in ``kernel.canonical``. Without ``canonical``, ``kernel`` itself."""
+    if canonical is None:
+        return kernel
+    real = {c: c_name(t) for t, c in canonical.items()}
+    source = instantiate(kernel.source, real, name)
+    params = [KParam(Namer().tensor(p.tensor), p.ctype, p.tensor) for p in kernel.params]
+    return replace(kernel, name=name, params=params, source=source, canonical=kernel.source)
 
 
 def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> list[BufferPlacement]:
@@ -155,16 +182,20 @@ def lower_kernel(
     body: list[KNode],
     placements: dict[str, Placement],
     idents: dict[int, str],
+    canonical: Mapping[str, str] | None = None,
 ) -> Kernel:
-    """Lower one mapped kernel's AST through the passes and print it."""
-    ir = kernel_ir(name, mm, body)
+    """Lower one mapped kernel's AST through the passes and print it (through ``canonical``
+    names when given, see :func:`instantiate_kernel`)."""
+    printed, namer = _namer(name, canonical)
+    ir = kernel_ir(printed, mm, body, namer)
     ir = alloc_buffers(ir, buffer_placements(mm, placements), list(mm.scheduled.model.tensors))
     # both passes leave a kernel without lanes (no reduction layout) as it is
     ir = lower_combines(ir, mm.combine_form, mm.lanes, mm.kept_tile, frozenset(mm.combined))
     ir = insert_barriers(ir, barrier_scope(mm.combine_form, mm.lanes))
     ir = vectorize(ir, vector_plan(mm, placements))  # coarsened kernels and reduction runs
     ir = assign_dtypes(ir)
-    return emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
+    kernel = emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
+    return instantiate_kernel(kernel, canonical, name)
 
 
 def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
@@ -223,9 +254,11 @@ def lower_gemm_kernel(
     body: list[KNode],
     placements: dict[str, Placement],
     idents: dict[int, str],
+    canonical: Mapping[str, str] | None = None,
 ) -> Kernel:
     """Lower a GEMM kernel's AST through the passes (buffers, shared tiles and copies,
-    barriers, register micro-tile, operand fragments, element types) and print it."""
+    barriers, register micro-tile, operand fragments, element types) and print it (through
+    ``canonical`` names when given, see :func:`instantiate_kernel`)."""
     model = gk.scheduled.model
     assert gk.shape is not None and gk.tiling is not None
     # A promoted operand is a global array (a parameter); its shared tile comes from the
@@ -234,7 +267,8 @@ def lower_gemm_kernel(
         k: Placement(k, "global", p.reason) if p.space == "shared" else p
         for k, p in placements.items()
     }
-    ir = kernel_ir(name, gk, body)
+    printed, namer = _namer(name, canonical)
+    ir = kernel_ir(printed, gk, body, namer)
     ir = alloc_buffers(ir, buffer_placements(gk, as_global), list(model.tensors))
     pipeline = None
     if gk.stages > 1:
@@ -244,7 +278,7 @@ def lower_gemm_kernel(
     ir = ir.with_(
         body=tuple(lower_sync_statements(list(ir.body), frozenset((SYNC_BEFORE, SYNC_AFTER))))
     )
-    acc = f"r_{gk.shape.update.prim}_acc"
+    acc = namer.register(f"{gk.shape.update.prim}_acc")
     bounds = {s: [hi for _, hi in b] for s, b in gk.guards.items()}
     ir = lower_register_tile(ir, acc, gk.reg_shape, gk.reg_iters, bounds)
     ir = lower_fragments(ir, operand_fragments(gk), gk.reg_iters)
@@ -258,4 +292,5 @@ def lower_gemm_kernel(
     choice = gk.tiling.choice
     regs = gemm_tile_registers(choice[2], choice[3]) if choice is not None else None
     assert kernel.facts is not None
-    return replace(kernel, facts=replace(kernel.facts, registers=regs))
+    kernel = replace(kernel, facts=replace(kernel.facts, registers=regs))
+    return instantiate_kernel(kernel, canonical, name)

@@ -7,6 +7,7 @@ arrays while the kernel's shared memory (tiles plus one float per thread of comb
 fits the default :data:`polyfuse.poly.policy.STATIC_SMEM_LIMIT`, so ptxas reports them;
 beyond that they are slices of one dynamic buffer at their placement's offset, and the launch
 opts in to the size.
+Names come from the IR's namer (:mod:`polyfuse.cuda.namer`).
 Element types are left undecided (``""``) for :mod:`polyfuse.cuda.lower_dtypes`.
 """
 
@@ -43,8 +44,9 @@ def alloc_buffers(
 ) -> KernelIR:
     """A new IR with parameters (in ``tensor_order``) and allocations for ``placements``."""
     by_name = {p.tensor: p for p in placements}
+    namer = ir.namer
     params = tuple(
-        KParam(t, "const" if by_name[t].read_only else "", t)
+        KParam(namer.tensor(t), "const" if by_name[t].read_only else "", t)
         for t in tensor_order
         if by_name[t].space is MemSpace.GLOBAL
     )
@@ -59,9 +61,11 @@ def alloc_buffers(
             dynamic = max(dynamic, (offset + n) * SMEM_ELEMENT_BYTES)
         shape = tuple(size for _, size in p.box)
         lo = tuple(lo for lo, _ in p.box)
-        allocs.append(KAlloc(f"s_{p.tensor}", MemSpace.SHARED, "", shape, offset, lo))
+        allocs.append(KAlloc(namer.shared(p.tensor), MemSpace.SHARED, "", shape, offset, lo))
     allocs += [
-        KAlloc(f"r_{p.tensor}", MemSpace.REGISTER, "", ()) for p in placements if p.in_register
+        KAlloc(namer.register(p.tensor), MemSpace.REGISTER, "", ())
+        for p in placements
+        if p.in_register
     ]
     return ir.with_(
         params=ir.params + params,

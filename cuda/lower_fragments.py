@@ -56,10 +56,6 @@ class OperandFragment:
         return bool(self.global_shape)
 
 
-def fragment_name(tensor: str) -> str:
-    return f"r_{tensor}_frag"
-
-
 def _linear(index_vars: Sequence[str], shape: Sequence[int]) -> KExpr:
     """Row-major index of ``index_vars`` in an array of ``shape`` (0 without variables)."""
     out: KExpr | None = None
@@ -89,6 +85,7 @@ def lower_fragments(
     missing = [f.tensor for f in fragments if f.tensor not in tiles and not f.hoisted]
     assert not missing, f"register fragments of operands without a shared tile: {missing}"
     micro = frozenset(micro_tile)
+    fragment_name = ir.namer.fragment  # r_<name>_frag
     per_step = [f for f in fragments if not f.hoisted]
     readers = frozenset().union(*(f.readers for f in per_step))
 

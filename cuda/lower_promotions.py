@@ -8,6 +8,7 @@ dimension spread over threads, for any rank; each element is copied by one threa
 declares the buffer ``s_<tensor>`` (with its copy thread grid), turns every instance of the
 copy statement into a :class:`KCopy` (zeros outside the array; ``width`` 4: one 128-bit vector
 per instance) and records a :class:`KTile` so that the update's reads index the buffer.
+Buffer names come from the IR's namer.
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ class PromotedTile:
     width: int = 1  # elements per copy instance (4: a 128-bit vector, aligned)
 
 
-def shared_name(tensor: str) -> str:
-    return f"s_{tensor}"
-
-
 @dataclass(frozen=True)
 class Pipeline:
     """Multi-stage tiles: ``stages`` buffers alternate over k-tile loop ``loop`` (``ktiles``:
@@ -76,6 +73,7 @@ def lower_promotions(
     """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`
     (with ``pipeline``: ``stages`` buffers per tile, filled by :class:`KAsyncCopy`)."""
     stages = pipeline.stages if pipeline else 1
+    shared_name = ir.namer.shared  # the tile of a tensor: s_<name>
     allocs = list(ir.allocs)
     first_reg = next((i for i, a in enumerate(allocs) if a.space is MemSpace.REGISTER), len(allocs))
     new = [
@@ -107,7 +105,8 @@ def lower_promotions(
                 conds += [KOp(">=", (e, KInt(0))), KOp("<", (e, KInt(size)))]
         guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
         dst = tuple(KOp("-", (e, b)) for e, b in zip(es, lo, strict=True))
-        args = (shared_name(t.tensor), dst, t.tensor, tuple(es), guard, 0.0, t.global_shape)
+        src = ir.namer.tensor(t.tensor)
+        args = (shared_name(t.tensor), dst, src, tuple(es), guard, 0.0, t.global_shape)
         if not pipeline:
             return KCopy(*args, t.width)
         kt = n.args[pipeline.ktiles.index(pipeline.loop)]

@@ -28,10 +28,6 @@ from polyfuse.cuda.kernel_ast import (
 )
 
 
-def staged_name(tensor: str) -> str:
-    return f"r_{tensor}_v"
-
-
 def lower_vector_stores(
     ir: KernelIR,
     var: str,
@@ -44,6 +40,7 @@ def lower_vector_stores(
     if not stores:
         return ir
     tensors = sorted(set(stores.values()))
+    staged_name = ir.namer.staged  # r_<name>_v
     staged = tuple(
         KStage(t, staged_name(t), var, frozenset(s for s, u in stores.items() if u == t))
         for t in tensors
@@ -73,7 +70,8 @@ def lower_vector_stores(
                     idx = tuple(substitute(a, var, zero) for a in st.args)
                     guard = None if st.guard is None else substitute(st.guard, var, zero)
                     t = stores[st.stmt]
-                    out.append(KVectorStore(t, idx, shapes[t], staged_name(t), width, guard))
+                    dst = ir.namer.tensor(t)
+                    out.append(KVectorStore(dst, idx, shapes[t], staged_name(t), width, guard))
             return out
 
     return ir.with_(allocs=allocs, staged=ir.staged + staged, body=tuple(Walk().body(ir.body)))

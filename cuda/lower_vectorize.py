@@ -49,6 +49,7 @@ from polyfuse.cuda.kernel_ast import (
     KVector,
     map_children,
 )
+from polyfuse.cuda.namer import Namer
 
 MARK = "coarsen:"
 
@@ -127,7 +128,7 @@ def vectorize(ir: KernelIR, plan: VectorPlan | None) -> KernelIR:
     """A new IR whose ``coarsen:<E>`` group loops use float4 accesses where ``plan`` allows."""
     if plan is None or plan.factor <= 1:
         return ir
-    usable = _aligned_buffers(ir.allocs, plan.shared)
+    usable = _aligned_buffers(ir.allocs, plan.shared, ir.namer)
     plan = replace(plan, shared=usable)
     if not (plan.loads or plan.stores or plan.shared):
         return ir
@@ -145,21 +146,28 @@ def vectorize(ir: KernelIR, plan: VectorPlan | None) -> KernelIR:
                 out.append(map_children(n, walk))
         return out
 
+    aligned = {ir.namer.shared(t) for t in usable}
     allocs = tuple(
         replace(a, align=max(a.align, SHARED_ALIGN))
-        if a.offset is None and a.name.removeprefix("s_") in usable
+        if a.offset is None and a.name in aligned
         else a
         for a in ir.allocs
     )
     return ir.with_(body=tuple(walk(list(ir.body))), allocs=allocs)
 
 
-def _aligned_buffers(allocs: tuple[KAlloc, ...], shared: frozenset[str]) -> frozenset[str]:
-    """The tensors of ``shared`` whose buffer can start 16-byte aligned: a static array
-    (declared aligned) or a slice of the dynamic pool at a multiple of 4 elements."""
+def _aligned_buffers(
+    allocs: tuple[KAlloc, ...], shared: frozenset[str], namer: Namer | None = None
+) -> frozenset[str]:
+    """The tensors of ``shared`` whose buffer (named by ``namer``) can start 16-byte aligned:
+    a static array (declared aligned) or a slice of the dynamic pool at a multiple of 4
+    elements."""
     per = SHARED_ALIGN // 4
+    namer = namer or Namer()
+    buffers = {a.name: a for a in allocs}
     return frozenset(
-        a.name.removeprefix("s_")
-        for a in allocs
-        if a.name.removeprefix("s_") in shared and (a.offset is None or a.offset % per == 0)
+        t
+        for t in shared
+        if (a := buffers.get(namer.shared(t))) is not None
+        and (a.offset is None or a.offset % per == 0)
     )

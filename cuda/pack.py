@@ -16,6 +16,7 @@ import re
 
 from polyfuse.cuda.facts import pack_facts
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
+from polyfuse.cuda.namer import part_function, rename_identifiers
 
 _HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
 
@@ -46,7 +47,7 @@ def pack_kernels(
     for i, (k, (first, blocks, fold)) in enumerate(zip(parts, ranges, strict=True)):
         threads = k.block[0]
         free = threads != block or fold > 1
-        fn = f"{name}_p{i}"  # derived from the kernel's name: renaming it renames these
+        fn = part_function(name, i)  # derived from the kernel's name: renaming it renames these
         funcs.append(_device_function(k, fn, free))
         args = ", ".join(p.name for p in k.params)
         cond = f"pf_b < {first + blocks}"
@@ -100,10 +101,10 @@ def canonical_pack(packed: Kernel, parts: list[Kernel], part_canonical: list[str
     thing on different buffers (the twelve layers of a transformer pack alike)."""
     names = {packed.name: "pfKERNEL"}
     for i, k in enumerate(parts):
-        names[f"{packed.name}_p{i}"] = names[k.name] = f"pfPART{i}"
+        names[part_function(packed.name, i)] = names[k.name] = f"pfPART{i}"
     index = {p.name: j for j, p in enumerate(packed.params)}
     names.update({name: f"pfT{j}" for name, j in index.items()})
     dispatcher = packed.source[packed.source.rindex('extern "C" __global__') :]
-    canon = re.sub(r"\b\w+\b", lambda m: names.get(m.group(0), m.group(0)), dispatcher)
+    canon = rename_identifiers(dispatcher, names)
     sharing = [[index[p.name] for p in k.params] for k in parts]
     return "\n".join([canon, repr(sharing), *part_canonical])

@@ -2,6 +2,7 @@
 
 A pure function of the IR (:func:`emit_kernel`): parameters, allocations, barriers, combines
 and element types are decided by the lowering passes (``cuda/lower*.py``) and only written here.
+Every name it writes for a tensor comes from the IR's :class:`polyfuse.cuda.namer.Namer`.
 
 Every statement instance ``S(args)`` of the kernel AST is printed from the primitive's te body
 with its loop variables replaced by ``args``. Tensors print according to their placement:
@@ -11,6 +12,7 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
+from polyfuse.cuda.declared import check_declared
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
     KAsyncCopy,
@@ -40,6 +42,7 @@ from polyfuse.cuda.kernel_ast import (
 from polyfuse.cuda.literals import c_float, c_int
 from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.cuda.lower_facts import kernel_facts
+from polyfuse.cuda.namer import Namer
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
@@ -198,8 +201,10 @@ class BodyPrinter(ex.ExprVisitor[str]):
         combine: str | None = None,
         combined: set[str] | frozenset[str] = frozenset(),
         scratch: str = "",
+        namer: Namer | None = None,
     ):
         self.placements = placements
+        self.namer = namer or Namer()
         self.idents = idents
         self.lane_guard = lane_guard  # condition for global stores of lane-less statements
         self.laneless = laneless
@@ -216,11 +221,11 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return self.lanes[ident]
         p = self.placements[ident]
         if p.space == "register" or (p.register_copy and not store):
-            return f"r_{ident}"
-        name, dims = ident, list(shape)
+            return self.namer.register(ident)
+        name, dims = self.namer.tensor(ident), list(shape)
         if p.space == "shared":
-            name, dims = f"s_{ident}", [size for _, size in p.box]
-            idx = [f"({i} - s_{ident}_lo{d})" for d, i in enumerate(idx)]
+            name, dims = self.namer.shared(ident), [size for _, size in p.box]
+            idx = [f"({i} - {self.namer.lower_bound(name, d)})" for d, i in enumerate(idx)]
         return c_linear(name, idx, dims)
 
     def expr(self, e: ex.Expr, env: dict[int, str]) -> str:
@@ -307,9 +312,10 @@ class BodyPrinter(ex.ExprVisitor[str]):
 
         def store(value: str) -> str:
             if place.register_copy:
-                st = f"{out_ref} = r_{ident};"
+                reg = self.namer.register(ident)
+                st = f"{out_ref} = {reg};"
                 st = f"if ({guard}) {st}" if guard else st
-                return f"r_{ident} = {value}; {st}"
+                return f"{reg} = {value}; {st}"
             return f"if ({guard}) {out_ref} = {value};" if guard else f"{out_ref} = {value};"
 
         if s.role == "compute":
@@ -458,27 +464,27 @@ def _vector_lines(
     names: dict[str, str] = {}  # lane-0 address -> its lane registers (loaded once)
     streams: dict[str, int] = {}  # tensor -> distinct addresses loaded so far
     lanes: dict[str, dict[str, str]] = {}
+    namer = bp.namer
     for a in n.loads:
         ref = _lane_ref(bp, stmts[a.stmt], a, store=False)
         if ref not in names:
             k = streams.get(a.tensor, 0)
             streams[a.tensor] = k + 1
-            base = f"{a.tensor}_{k}" if k else a.tensor
-            names[ref] = f"v_{base}"
-            for j in quads:
+            names[ref] = namer.vector(a.tensor, k)
+            qs = [namer.quad(a.tensor, k, j) for j in quads]
+            for j, q in zip(quads, qs, strict=True):
                 off = f" + {4 * j}" if j else ""
                 out.append(
-                    f"{pad}  const float4 q_{base}{j} = "
-                    f"*reinterpret_cast<const float4*>(&{ref}{off});"
+                    f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}{off});"
                 )
-            vals = ", ".join(f"q_{base}{j}.{c}" for j in quads for c in "xyzw")
-            out.append(f"{pad}  float v_{base}[{n.width}] = {{{vals}}};")
+            vals = ", ".join(f"{q}.{c}" for q in qs for c in "xyzw")
+            out.append(f"{pad}  float {names[ref]}[{n.width}] = {{{vals}}};")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{names[ref]}[{n.var}]"
     for a in n.stores:
-        out.append(f"{pad}  float v_{a.tensor}[{n.width}];")
-        lanes.setdefault(a.stmt, {})[a.tensor] = f"v_{a.tensor}[{n.var}]"
+        out.append(f"{pad}  float {namer.vector(a.tensor, 0)}[{n.width}];")
+        lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
     for a in n.local:
-        lanes.setdefault(a.stmt, {})[a.tensor] = f"v_{a.tensor}[{n.var}]"
+        lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
     bp.stmt_lanes = lanes
     out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
     out += emit(n.body, depth + 2)
@@ -488,7 +494,7 @@ def _vector_lines(
         ref = _lane_ref(bp, stmts[a.stmt], a, store=True)
         for j in quads:
             off = f" + {4 * j}" if j else ""
-            vals = ", ".join(f"v_{a.tensor}[{4 * j + k}]" for k in range(4))
+            vals = ", ".join(f"{namer.vector(a.tensor, 0)}[{4 * j + k}]" for k in range(4))
             out.append(f"{pad}  *reinterpret_cast<float4*>(&{ref}{off}) = make_float4({vals});")
     out.append(f"{pad}}}")
     return out
@@ -527,7 +533,10 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
             lines.append(f"  __shared__ {align}{ctype} {a.name}[{a.elements}];")
         else:
             lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
-        lines += [f"  const int {a.name}_lo{d} = {c_index(lo)};" for d, lo in enumerate(a.lo)]
+        lines += [
+            f"  const int {Namer.lower_bound(a.name, d)} = {c_index(lo)};"
+            for d, lo in enumerate(a.lo)
+        ]
     return lines
 
 
@@ -565,6 +574,7 @@ def emit_kernel(
         combine,
         c.reductions if c else frozenset(),
         c.scratch if c else "",
+        ir.namer,
     )
     stmts = {s.name: s for s in statements}
 
@@ -576,6 +586,7 @@ def emit_kernel(
     def emit_vector(n: KVector, depth: int, emit: _Emitter) -> list[str]:
         return _vector_lines(n, depth, emit, bp, stmts)
 
+    check_declared(ir)
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
     lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
     lines += decompose("blockIdx.x", "_b", list(ir.grid_dims))

@@ -8,6 +8,9 @@ mapped back to each use. With a directory the cache persists across processes (o
 :class:`polyfuse.store.Store` entry per key: versioned, checksummed, written atomically);
 without one it still deduplicates within a compile.
 
+A kernel's source is stored as the namer printed it with those names
+(:mod:`polyfuse.cuda.namer`), so none of its generated locals is stored under a user's name.
+
 An entry that is unreadable, fails its checksum, comes from another version or lacks the
 fields its use needs is a miss: the caller rebuilds it and the rewrite heals the file.
 """
@@ -22,6 +25,7 @@ from typing import Any
 
 from polyfuse.cuda.facts import KernelFacts
 from polyfuse.cuda.kernel_ast import Kernel, KParam
+from polyfuse.cuda.namer import Namer, c_name, instantiate, rename_canonical
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
@@ -30,9 +34,10 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 6  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 7  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 # 6: kernel facts (polyfuse.cuda.facts) and the global read footprints Layer 3 intersects
+# 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
@@ -172,12 +177,16 @@ class CompileCache:
 
 
 def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str, Any]:
-    """What the cache keeps of a generated kernel, in canonical names."""
+    """What the cache keeps of a generated kernel, in canonical names (its source as printed
+    with the key's canonical names: ``kernel.canonical``)."""
     canon = dict(key.canonical())
+    if not kernel.canonical:
+        raise ValueError(f"kernel {kernel.name} was not printed with canonical names")
+    names = Namer(canon)
     canon[kernel.name] = "pfKERNEL"
     return {
-        "source": rename(kernel.source, canon),
-        "params": [[rename(p.name, canon), p.ctype] for p in kernel.params],
+        "source": kernel.canonical,
+        "params": [[names.tensor(p.tensor), p.ctype] for p in kernel.params],
         "grid": list(kernel.grid),
         "block": list(kernel.block),
         "facts": kernel.facts.to_json() if kernel.facts is not None else None,
@@ -229,8 +238,12 @@ def kernel_from_entry(
 ) -> tuple[Kernel, KernelPlan]:
     """A cached kernel under the current names (kernel ``name``, this group's tensors)."""
     back = {c: a for a, c in key.canonical().items()}
+    real = {c: c_name(a) for c, a in back.items()}
+    params = [
+        KParam(rename_canonical(n, real), ctype, rename_canonical(n, back))
+        for n, ctype in entry["params"]
+    ]
     back["pfKERNEL"] = name
-    params = [KParam(rename(n, back), ctype, rename(n, back)) for n, ctype in entry["params"]]
     kernel = Kernel(
         name,
         params,
@@ -239,11 +252,12 @@ def kernel_from_entry(
         tuple(entry["block"]),
         micrographs,
         facts=KernelFacts.from_json(entry["facts"]) if entry["facts"] is not None else None,
-        source=rename(entry["source"], back),
+        source=instantiate(entry["source"], real, name),
         bytes_read=entry["bytes_read"],
         bytes_written=entry["bytes_written"],
         vector_bytes=entry.get("vector_bytes", 0),
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
+        canonical=entry["source"],
     )
     placements = {}
     for tensor, space, reason, copy, kinds in entry["placements"]:

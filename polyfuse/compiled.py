@@ -101,7 +101,7 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
                 k.name,
                 k.grid,
                 k.block,
-                tuple(p.name for p in k.params),
+                tuple(p.tensor or p.name for p in k.params),  # buffers, by tensor
                 k.dynamic_shared_bytes,
                 k.function,
             )

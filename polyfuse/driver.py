@@ -195,7 +195,7 @@ def compile(  # noqa: A001
         kname = f"k{i}_{prims[0]}"
         entry = cache.get(key.digest, KERNEL_FIELDS)
         if entry is None:
-            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned)
+            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned, key.canonical())
             entry = kernel_entry(kernel, kp, key)
             cache.put(key.digest, entry)
             asts[kname] = ast
@@ -299,9 +299,18 @@ def _tuned(cache: CompileCache, graph, g, prims: list[str], arch: str) -> dict |
     return cache.peek(tune_key(graph, prims, arch, CODEGEN_REVISION), TUNE_FIELDS)
 
 
-def _generate(graph, g, kname: str, device, cfg: MappingConfig, tuned: dict | None = None):
+def _generate(
+    graph,
+    g,
+    kname: str,
+    device,
+    cfg: MappingConfig,
+    tuned: dict | None = None,
+    canonical: dict[str, str] | None = None,
+):
     """Plan (stitch stage: mapping, placement, recompute), then generate one kernel group
-    (a cache miss). Code generation reads the plan only.
+    (a cache miss). Code generation reads the plan only; the kernel is printed with the
+    structural key's ``canonical`` names (what the cache stores) and instantiated.
 
     ``tuned``: the winner ``polyfuse tune`` measured for this micrograph (a cache entry); it
     replaces the cost model's ranking unless ``MappingConfig.gemm_tile`` forces a tiling.
@@ -313,17 +322,19 @@ def _generate(graph, g, kname: str, device, cfg: MappingConfig, tuned: dict | No
         )
         cfg = replace(cfg, gemm_tile=tuple(tuned["tile"]), gemm_tile_reason=why)
     kp = plan_kernel(graph, g, kname, device, cfg)
-    kernel, ast = _lower(kp, graph.idents)
+    kernel, ast = _lower(kp, graph.idents, canonical)
     return kernel, kp, kp.parts[0], ast
 
 
-def _lower(kp: KernelPlan, idents: dict[int, str]) -> tuple[Kernel, isl.AstNode]:
+def _lower(
+    kp: KernelPlan, idents: dict[int, str], canonical: dict[str, str] | None = None
+) -> tuple[Kernel, isl.AstNode]:
     """The CUDA kernel of a planned kernel, with its notes and isl global footprint."""
     (mm,) = kp.parts
     pl = kp.placements
     if isinstance(mm, GemmKernel):  # its own AST generator and lowering (promoted tiles)
         ast, body = generate_gemm_ast(mm)
-        kernel = lower_gemm_kernel(kp.name, mm, body, pl, idents)
+        kernel = lower_gemm_kernel(kp.name, mm, body, pl, idents, canonical)
         notes = list(mm.notes)
         # the footprint counts the promoted operands' global reads
         pl = {
@@ -331,7 +342,7 @@ def _lower(kp: KernelPlan, idents: dict[int, str]) -> tuple[Kernel, isl.AstNode]
         }
     else:
         ast, body = generate_ast(mm)
-        kernel = lower_kernel(kp.name, mm, body, pl, idents)
+        kernel = lower_kernel(kp.name, mm, body, pl, idents, canonical)
         notes = mm.notes + [n for p in kp.micrograph_parts for n in p.notes]
     fp = global_footprint(mm.scheduled.model, pl)
     kernel = replace(

@@ -144,7 +144,7 @@ def time_candidate(device, fn, c: Candidate, warmup: int, reps: int) -> float:
     ptrs = []
     try:
         for p in k.params:
-            n = int(np.prod(_shape(fn, p.name))) * 4
+            n = int(np.prod(_shape(fn, p.tensor or p.name))) * 4
             ptr = device.alloc(n)
             drv.memcpy_htod(ptr, np.zeros(n // 4, np.float32), 0)
             ptrs.append(ptr)

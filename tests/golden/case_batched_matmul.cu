@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b85b5b0ece2638a09532(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
+extern "C" __global__ void __launch_bounds__(256) pf_0462755c0869d8508b95(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float*
   k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2ceb0e24ee508f192b0c(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
+extern "C" __global__ void __launch_bounds__(256) pf_b2614e36a8700777a31c(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -112,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_2ceb0e24ee508f192b0c(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3f4dcf149532bcda7e4e(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_3f4dcf149532bcda7e4e(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8b5d0b15f462c81d883e(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(256) pf_e1e7c294d37bcb2de552(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

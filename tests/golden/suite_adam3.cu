@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_11dabbc762eda8817738_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p0(float* __restrict__ m
   }
 }
 
-__device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_11dabbc762eda8817738_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -122,40 +122,40 @@ __device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p1(float* __restrict__ m
   float r_step1;
   // coarsen:4
   {
-    const float4 q_g00 = *reinterpret_cast<const float4*>(&g1[b0 * 1024 + (4 * t1)]);
-    float v_g0[4] = {q_g00.x, q_g00.y, q_g00.z, q_g00.w};
-    const float4 q_v00 = *reinterpret_cast<const float4*>(&v1[b0 * 1024 + (4 * t1)]);
-    float v_v0[4] = {q_v00.x, q_v00.y, q_v00.z, q_v00.w};
-    const float4 q_m00 = *reinterpret_cast<const float4*>(&m1[b0 * 1024 + (4 * t1)]);
-    float v_m0[4] = {q_m00.x, q_m00.y, q_m00.z, q_m00.w};
-    const float4 q_p00 = *reinterpret_cast<const float4*>(&p1[b0 * 1024 + (4 * t1)]);
-    float v_p0[4] = {q_p00.x, q_p00.y, q_p00.z, q_p00.w};
-    float v_v2_0[4];
-    float v_m2_0[4];
-    float v_p2_0[4];
+    const float4 q_g10 = *reinterpret_cast<const float4*>(&g1[b0 * 1024 + (4 * t1)]);
+    float v_g1[4] = {q_g10.x, q_g10.y, q_g10.z, q_g10.w};
+    const float4 q_v10 = *reinterpret_cast<const float4*>(&v1[b0 * 1024 + (4 * t1)]);
+    float v_v1[4] = {q_v10.x, q_v10.y, q_v10.z, q_v10.w};
+    const float4 q_m10 = *reinterpret_cast<const float4*>(&m1[b0 * 1024 + (4 * t1)]);
+    float v_m1[4] = {q_m10.x, q_m10.y, q_m10.z, q_m10.w};
+    const float4 q_p10 = *reinterpret_cast<const float4*>(&p1[b0 * 1024 + (4 * t1)]);
+    float v_p1[4] = {q_p10.x, q_p10.y, q_p10.z, q_p10.w};
+    float v_v2_1[4];
+    float v_m2_1[4];
+    float v_p2_1[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      r_b1g1 = (v_g0[c0] * 0.1f);
-      r_gg1 = (v_g0[c0] * v_g0[c0]);
+      r_b1g1 = (v_g1[c0] * 0.1f);
+      r_gg1 = (v_g1[c0] * v_g1[c0]);
       r_b2g1 = (r_gg1 * 0.001f);
-      r_b2v1 = (v_v0[c0] * 0.999f);
-      r_v2_1 = (r_b2v1 + r_b2g1); v_v2_0[c0] = r_v2_1;
+      r_b2v1 = (v_v1[c0] * 0.999f);
+      r_v2_1 = (r_b2v1 + r_b2g1); v_v2_1[c0] = r_v2_1;
       r_vhat1 = (r_v2_1 / 0.009955119f);
       r_sqrt1 = sqrtf(r_vhat1);
       r_den1 = (r_sqrt1 + 1e-08f);
-      r_b1m1 = (v_m0[c0] * 0.9f);
-      r_m2_1 = (r_b1m1 + r_b1g1); v_m2_0[c0] = r_m2_1;
+      r_b1m1 = (v_m1[c0] * 0.9f);
+      r_m2_1 = (r_b1m1 + r_b1g1); v_m2_1[c0] = r_m2_1;
       r_mhat1 = (r_m2_1 / 0.65132153f);
       r_ratio1 = (r_mhat1 / r_den1);
       r_step1 = (r_ratio1 * 0.001f);
-      v_p2_0[c0] = (v_p0[c0] - r_step1);
+      v_p2_1[c0] = (v_p1[c0] - r_step1);
     }
-    *reinterpret_cast<float4*>(&v2_1[b0 * 1024 + (4 * t1)]) = make_float4(v_v2_0[0], v_v2_0[1], v_v2_0[2], v_v2_0[3]);
-    *reinterpret_cast<float4*>(&m2_1[b0 * 1024 + (4 * t1)]) = make_float4(v_m2_0[0], v_m2_0[1], v_m2_0[2], v_m2_0[3]);
-    *reinterpret_cast<float4*>(&p2_1[b0 * 1024 + (4 * t1)]) = make_float4(v_p2_0[0], v_p2_0[1], v_p2_0[2], v_p2_0[3]);
+    *reinterpret_cast<float4*>(&v2_1[b0 * 1024 + (4 * t1)]) = make_float4(v_v2_1[0], v_v2_1[1], v_v2_1[2], v_v2_1[3]);
+    *reinterpret_cast<float4*>(&m2_1[b0 * 1024 + (4 * t1)]) = make_float4(v_m2_1[0], v_m2_1[1], v_m2_1[2], v_m2_1[3]);
+    *reinterpret_cast<float4*>(&p2_1[b0 * 1024 + (4 * t1)]) = make_float4(v_p2_1[0], v_p2_1[1], v_p2_1[2], v_p2_1[3]);
   }
 }
 
-__device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_11dabbc762eda8817738_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -177,46 +177,46 @@ __device__ __forceinline__ void pf_5fdeae0f357d5ee0345b_p2(float* __restrict__ m
   float r_step2;
   // coarsen:4
   {
-    const float4 q_g00 = *reinterpret_cast<const float4*>(&g2[b0 * 1024 + (4 * t1)]);
-    float v_g0[4] = {q_g00.x, q_g00.y, q_g00.z, q_g00.w};
-    const float4 q_v00 = *reinterpret_cast<const float4*>(&v2[b0 * 1024 + (4 * t1)]);
-    float v_v0[4] = {q_v00.x, q_v00.y, q_v00.z, q_v00.w};
-    const float4 q_m00 = *reinterpret_cast<const float4*>(&m2[b0 * 1024 + (4 * t1)]);
-    float v_m0[4] = {q_m00.x, q_m00.y, q_m00.z, q_m00.w};
-    const float4 q_p00 = *reinterpret_cast<const float4*>(&p2[b0 * 1024 + (4 * t1)]);
-    float v_p0[4] = {q_p00.x, q_p00.y, q_p00.z, q_p00.w};
-    float v_v2_0[4];
-    float v_m2_0[4];
-    float v_p2_0[4];
+    const float4 q_g20 = *reinterpret_cast<const float4*>(&g2[b0 * 1024 + (4 * t1)]);
+    float v_g2[4] = {q_g20.x, q_g20.y, q_g20.z, q_g20.w};
+    const float4 q_v20 = *reinterpret_cast<const float4*>(&v2[b0 * 1024 + (4 * t1)]);
+    float v_v2[4] = {q_v20.x, q_v20.y, q_v20.z, q_v20.w};
+    const float4 q_m20 = *reinterpret_cast<const float4*>(&m2[b0 * 1024 + (4 * t1)]);
+    float v_m2[4] = {q_m20.x, q_m20.y, q_m20.z, q_m20.w};
+    const float4 q_p20 = *reinterpret_cast<const float4*>(&p2[b0 * 1024 + (4 * t1)]);
+    float v_p2[4] = {q_p20.x, q_p20.y, q_p20.z, q_p20.w};
+    float v_v2_2[4];
+    float v_m2_2[4];
+    float v_p2_2[4];
     for (int c0 = 0; c0 < 4; c0 += 1) {
-      r_b1g2 = (v_g0[c0] * 0.1f);
-      r_gg2 = (v_g0[c0] * v_g0[c0]);
+      r_b1g2 = (v_g2[c0] * 0.1f);
+      r_gg2 = (v_g2[c0] * v_g2[c0]);
       r_b2g2 = (r_gg2 * 0.001f);
-      r_b2v2 = (v_v0[c0] * 0.999f);
-      r_v2_2 = (r_b2v2 + r_b2g2); v_v2_0[c0] = r_v2_2;
+      r_b2v2 = (v_v2[c0] * 0.999f);
+      r_v2_2 = (r_b2v2 + r_b2g2); v_v2_2[c0] = r_v2_2;
       r_vhat2 = (r_v2_2 / 0.009955119f);
       r_sqrt2 = sqrtf(r_vhat2);
       r_den2 = (r_sqrt2 + 1e-08f);
-      r_b1m2 = (v_m0[c0] * 0.9f);
-      r_m2_2 = (r_b1m2 + r_b1g2); v_m2_0[c0] = r_m2_2;
+      r_b1m2 = (v_m2[c0] * 0.9f);
+      r_m2_2 = (r_b1m2 + r_b1g2); v_m2_2[c0] = r_m2_2;
       r_mhat2 = (r_m2_2 / 0.65132153f);
       r_ratio2 = (r_mhat2 / r_den2);
       r_step2 = (r_ratio2 * 0.001f);
-      v_p2_0[c0] = (v_p0[c0] - r_step2);
+      v_p2_2[c0] = (v_p2[c0] - r_step2);
     }
-    *reinterpret_cast<float4*>(&v2_2[b0 * 1024 + (4 * t1)]) = make_float4(v_v2_0[0], v_v2_0[1], v_v2_0[2], v_v2_0[3]);
-    *reinterpret_cast<float4*>(&m2_2[b0 * 1024 + (4 * t1)]) = make_float4(v_m2_0[0], v_m2_0[1], v_m2_0[2], v_m2_0[3]);
-    *reinterpret_cast<float4*>(&p2_2[b0 * 1024 + (4 * t1)]) = make_float4(v_p2_0[0], v_p2_0[1], v_p2_0[2], v_p2_0[3]);
+    *reinterpret_cast<float4*>(&v2_2[b0 * 1024 + (4 * t1)]) = make_float4(v_v2_2[0], v_v2_2[1], v_v2_2[2], v_v2_2[3]);
+    *reinterpret_cast<float4*>(&m2_2[b0 * 1024 + (4 * t1)]) = make_float4(v_m2_2[0], v_m2_2[1], v_m2_2[2], v_m2_2[3]);
+    *reinterpret_cast<float4*>(&p2_2[b0 * 1024 + (4 * t1)]) = make_float4(v_p2_2[0], v_p2_2[1], v_p2_2[2], v_p2_2[3]);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5fdeae0f357d5ee0345b(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(256) pf_11dabbc762eda8817738(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
   const int pf_b = blockIdx.x;
   if (pf_b < 256) {  // k0_b1m0: 256 blocks of 256
-    pf_5fdeae0f357d5ee0345b_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
+    pf_11dabbc762eda8817738_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 512) {  // k1_b1m1: 256 blocks of 256
-    pf_5fdeae0f357d5ee0345b_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 256, (int)threadIdx.x);
+    pf_11dabbc762eda8817738_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 256, (int)threadIdx.x);
   } else if (pf_b < 768) {  // k2_b1m2: 256 blocks of 256
-    pf_5fdeae0f357d5ee0345b_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 512, (int)threadIdx.x);
+    pf_11dabbc762eda8817738_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 512, (int)threadIdx.x);
   }
 }

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_940ba33e4bfea91975b3(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -61,8 +61,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_940ba33e4bfea91975b3(float*
   float r_matmul4_acc[2][4];
   float r_matmul4;
   float r_embeddings_frag[2];
-  float r_layer0_attn_q_w_frag[4];
-  float r_add1_v[4];
+  float r_layer0_attn_k_w_frag[4];
+  float r_add5_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -88,13 +88,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_940ba33e4bfea91975b3(float*
         }
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_q_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+          r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
         }
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
+            r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
           }
         }
       }
@@ -106,13 +106,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_940ba33e4bfea91975b3(float*
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
       if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul4 = r_matmul4_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add1_v[iv] = (r_matmul4 + layer0_attn_k_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[((4 * t2) + iv)]); }
     }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add1_v[0], r_add1_v[1], r_add1_v[2], r_add1_v[3]); }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_31773b304b9153cd18b3_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -178,7 +178,7 @@ __device__ __forceinline__ void pf_31773b304b9153cd18b3_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_31773b304b9153cd18b3_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -192,7 +192,7 @@ __device__ __forceinline__ void pf_31773b304b9153cd18b3_p1(float* __restrict__ r
   reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_31773b304b9153cd18b3_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -206,14 +206,14 @@ __device__ __forceinline__ void pf_31773b304b9153cd18b3_p2(float* __restrict__ r
   reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_31773b304b9153cd18b3(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(256) pf_5848792b5e0f1d22ba17(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_31773b304b9153cd18b3_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_5848792b5e0f1d22ba17_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_31773b304b9153cd18b3_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+    pf_5848792b5e0f1d22ba17_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_31773b304b9153cd18b3_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+    pf_5848792b5e0f1d22ba17_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -284,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1e10e773c428d2009b90(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256) pf_7b652fce1abdf9e34883(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -349,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_1e10e773c428d2009b90(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e64aad81880d270fe937(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -423,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_e64aad81880d270fe937(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_03b7654c18dfdde5ef31(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256) pf_ea3269fa8e66bb8ff78f(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -506,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e646c707689a045549e4(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_9ea9db653d6244323f8d(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -570,7 +570,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_e646c707689a045549e4(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d9a776607bee43f81ec7(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -651,7 +651,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_d9a776607bee43f81ec7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0c468d66b7f4921b1be6(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_1df23083fbe2554c7aed(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -719,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0c468d66b7f4921b1be6(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_098760640543d93b62b0(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_3edb58ae0edf97663413(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* 
   }
 }
 
-__device__ __forceinline__ void pf_bf62247aeec94e44a10e_p0(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_90f4f6f7697a45363744_p0(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -119,7 +119,7 @@ __device__ __forceinline__ void pf_bf62247aeec94e44a10e_p0(float* __restrict__ r
   r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-__device__ __forceinline__ void pf_bf62247aeec94e44a10e_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_90f4f6f7697a45363744_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -135,12 +135,12 @@ __device__ __forceinline__ void pf_bf62247aeec94e44a10e_p1(float* __restrict__ r
   r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_bf62247aeec94e44a10e(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
+extern "C" __global__ void __launch_bounds__(128) pf_90f4f6f7697a45363744(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k3_mul4: 1 blocks of 128
-    pf_bf62247aeec94e44a10e_p0(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
+    pf_90f4f6f7697a45363744_p0(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pf_bf62247aeec94e44a10e_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+    pf_90f4f6f7697a45363744_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
   }
 }
 
@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* 
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f7f47ffc7161e074dcb7(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_6b792e11c69e84a8b29c(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -214,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f7f47ffc7161e074dcb7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_76fbf2960ab3bb1014e0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_fdea79988eb69d0ce8da(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;

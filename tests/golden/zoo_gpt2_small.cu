@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1c8d3bd717794d15b28e(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_1c8d3bd717794d15b28e(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b22b60636e25ca1adf0f(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -129,8 +129,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_b22b60636e25ca1adf0f(float*
   float r_matmul5_acc[2][4];
   float r_matmul5;
   float r_layer_norm0_frag[2];
-  float r_block0_attn_q_w_frag[4];
-  float r_add2_v[4];
+  float r_block0_attn_k_w_frag[4];
+  float r_add6_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -156,13 +156,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_b22b60636e25ca1adf0f(float*
         }
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+          r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
         }
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
+            r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
           }
         }
       }
@@ -174,13 +174,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_b22b60636e25ca1adf0f(float*
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
       if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul5 = r_matmul5_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add2_v[iv] = (r_matmul5 + block0_attn_k_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add6_v[iv] = (r_matmul5 + block0_attn_k_bias[((4 * t2) + iv)]); }
     }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add2_v[0], r_add2_v[1], r_add2_v[2], r_add2_v[3]); }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add6_v[0], r_add6_v[1], r_add6_v[2], r_add6_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_a9c10acbb7afefb44603_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -246,7 +246,7 @@ __device__ __forceinline__ void pf_a9c10acbb7afefb44603_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_a9c10acbb7afefb44603_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -260,7 +260,7 @@ __device__ __forceinline__ void pf_a9c10acbb7afefb44603_p1(float* __restrict__ r
   reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_a9c10acbb7afefb44603_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -274,14 +274,14 @@ __device__ __forceinline__ void pf_a9c10acbb7afefb44603_p2(float* __restrict__ r
   reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a9c10acbb7afefb44603(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(256) pf_5848792b5e0f1d22ba17(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_a9c10acbb7afefb44603_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_5848792b5e0f1d22ba17_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_a9c10acbb7afefb44603_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+    pf_5848792b5e0f1d22ba17_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_a9c10acbb7afefb44603_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+    pf_5848792b5e0f1d22ba17_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -352,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ce9a07439a0c074fe252(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256) pf_7b652fce1abdf9e34883(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -417,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ce9a07439a0c074fe252(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d5d411e87504812d48dd(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -495,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_d5d411e87504812d48dd(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3935108cd98881034933(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256) pf_ea3269fa8e66bb8ff78f(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -578,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f717e9daddf4315fa4bc(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_9ea9db653d6244323f8d(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f717e9daddf4315fa4bc(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_be2175a53d15eb29abde(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -727,7 +727,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_be2175a53d15eb29abde(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_dc4d67a376bc67fd1ffc(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_dbbe43e255708052a53c(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -795,7 +795,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_dc4d67a376bc67fd1ffc(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_aa07a34d195487a03379(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_3edb58ae0edf97663413(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -859,7 +859,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_aa07a34d195487a03379(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b3608761801aec8ee80e(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

@@ -57,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_d742a21e2da0cf0683ee(float* 
   reshape1[t0 * 8 + t1] = r_slice0;
 }
 
-__device__ __forceinline__ void pf_99c99f6d793fd0a9c03a_p0(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_923e1df314278d6b28f4_p0(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -86,7 +86,7 @@ __device__ __forceinline__ void pf_99c99f6d793fd0a9c03a_p0(float* __restrict__ s
   }
 }
 
-__device__ __forceinline__ void pf_99c99f6d793fd0a9c03a_p1(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_923e1df314278d6b28f4_p1(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -98,13 +98,13 @@ __device__ __forceinline__ void pf_99c99f6d793fd0a9c03a_p1(float* __restrict__ r
   reshape15[t0 * 8 + t1] = r_slice14;
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_99c99f6d793fd0a9c03a(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape15, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(64) pf_923e1df314278d6b28f4(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape15, const float* __restrict__ x) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_matmul2: 1 blocks of 64
-    pf_99c99f6d793fd0a9c03a_p0(slice4, slice6, slice7, reshape1, w_x, bias, pf_b - 0, (int)threadIdx.x);
+    pf_923e1df314278d6b28f4_p0(slice4, slice6, slice7, reshape1, w_x, bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k3_slice14: 1 blocks of 16
     const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_99c99f6d793fd0a9c03a_p1(reshape15, x, pf_v, (int)threadIdx.x % 16);
+    if (pf_v < 1) pf_923e1df314278d6b28f4_p1(reshape15, x, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_7854ae9abcbc64cfc951(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bbfeb1e91cdf3456c643(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256) pf_a84ec149845754e30d98(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* 
   }
 }
 
-__device__ __forceinline__ void pf_232dacedf12f04cba12c_p0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -241,7 +241,7 @@ __device__ __forceinline__ void pf_232dacedf12f04cba12c_p0(float* __restrict__ a
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-__device__ __forceinline__ void pf_232dacedf12f04cba12c_p1(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p1(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -253,7 +253,7 @@ __device__ __forceinline__ void pf_232dacedf12f04cba12c_p1(float* __restrict__ r
   reshape34[t0 * 8 + t1] = r_slice33;
 }
 
-__device__ __forceinline__ void pf_232dacedf12f04cba12c_p2(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p2(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -265,14 +265,14 @@ __device__ __forceinline__ void pf_232dacedf12f04cba12c_p2(float* __restrict__ r
   reshape53[t0 * 8 + t1] = r_slice52;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_232dacedf12f04cba12c(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
+extern "C" __global__ void __launch_bounds__(16) pf_d8f8d2153d361bf0fbc0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k6_tanh25: 1 blocks of 16
-    pf_232dacedf12f04cba12c_p0(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
+    pf_d8f8d2153d361bf0fbc0_p0(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k7_slice33: 1 blocks of 16
-    pf_232dacedf12f04cba12c_p1(reshape34, x, pf_b - 1, (int)threadIdx.x);
+    pf_d8f8d2153d361bf0fbc0_p1(reshape34, x, pf_b - 1, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k11_slice52: 1 blocks of 16
-    pf_232dacedf12f04cba12c_p2(reshape53, x, pf_b - 2, (int)threadIdx.x);
+    pf_d8f8d2153d361bf0fbc0_p2(reshape53, x, pf_b - 2, (int)threadIdx.x);
   }
 }
 
