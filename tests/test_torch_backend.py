@@ -1,7 +1,10 @@
 """torch.compile(backend="polyfuse") on the CPU emulator: same outputs as eager PyTorch.
 
 Skipped when PyTorch is not installed (CI installs the CPU wheel). Sizes are small: every
-region runs in the emulator.
+region runs in the emulator. The second half (issue 25): the backend never silently does
+nothing — PyTorch's fused fast-path operators are decomposed into regions, graphs with
+dynamic shapes compile one specialization per shape, ``options=`` is read and validated, and
+a graph polyfuse mostly leaves to PyTorch gets a one-line WARNING saying why.
 """
 
 from __future__ import annotations
@@ -13,14 +16,28 @@ import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
+F = torch.nn.functional
 
+from torch._dynamo.exc import BackendCompilerFailed  # noqa: E402
+
+import polyfuse.torch as pt  # noqa: E402
+from polyfuse.cuda.compiler import SUPPORTED_ARCHS  # noqa: E402
 from polyfuse.errors import DeviceError  # noqa: E402
-from polyfuse.torch import last_compiled, polyfuse_backend  # noqa: E402
+from polyfuse.torch import (  # noqa: E402
+    BackendOptionError,
+    compiled_graphs,
+    last_compiled,
+    polyfuse_backend,
+)
+from polyfuse.torch.options import parse_options  # noqa: E402
+
+aten = torch.ops.aten
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
+    pt.reset()
     yield
     torch._dynamo.reset()
 
@@ -129,7 +146,8 @@ def test_unsupported_operator_is_a_graph_break(caplog):
     assert len(fused.polyfuse_regions) == 2, "one region before the break, one after"
     messages = [r.getMessage() for r in caplog.records if r.name == "polyfuse.torch"]
     assert any(
-        "1 operators stay in PyTorch: aten.cumsum.default x1 (operator not supported" in m
+        "1 operators stay in PyTorch: aten.cumsum.default x1 (op aten.cumsum.default not "
+        "supported)" in m
         for m in messages
     ), messages
 
@@ -187,3 +205,350 @@ def test_misaligned_views_are_realigned_not_refused():
     x = torch.randn(4, 12)[:, 1:]  # non-contiguous, then contiguous-but-offset after slicing
     got, want = run_both(model, x)
     close(got, want)
+
+
+# ======================================================================== issue 25
+
+
+def spy_backend(seen: list[str]):
+    """The polyfuse backend, recording the operators of every graph Dynamo hands it."""
+
+    def backend(gm, example_inputs, **kwargs):
+        seen.extend(
+            getattr(n.target, "__name__", str(n.target))
+            for n in gm.graph.nodes
+            if n.op == "call_function"
+        )
+        return polyfuse_backend(gm, example_inputs, **kwargs)
+
+    return backend
+
+
+def polyfuse_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "polyfuse.torch" and r.levelno == logging.WARNING
+    ]
+
+
+def assert_all_in_polyfuse(fused) -> None:
+    """Every computing operator of the graph runs in a polyfuse region."""
+    report = fused.polyfuse_report
+    assert fused.polyfuse_regions, "no region compiled"
+    assert report["eager"] == {}, report["eager"]
+    assert report["coverage"].share == 1.0
+
+
+# ------------------------------------------------------------------------ fused fast paths
+
+
+def test_transformer_encoder_layer_fast_path_compiles_regions(caplog):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0, batch_first=True).eval()
+    x = torch.randn(2, 5, 64)
+    seen: list[str] = []
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        want = layer(x)
+        got = torch.compile(layer, backend=spy_backend(seen))(x)
+    assert "_transformer_encoder_layer_fwd" in seen, "the fast path was taken"
+    close(got, want)
+    fused = last_compiled()
+    assert_all_in_polyfuse(fused)
+    ops = fused.polyfuse_report["polyfuse"]
+    assert ops["aten.addmm.default"] == 4  # qkv, out-projection, two feed-forward linears
+    assert ops["aten.bmm.default"] == 2 and ops["aten.native_layer_norm.default"] == 2
+    assert sum(len(r.compiled.kernels) for r in fused.polyfuse_regions) > 1
+    assert polyfuse_warnings(caplog) == []
+
+
+def test_transformer_encoder_layer_norm_first_gelu_padding_mask():
+    torch.manual_seed(1)
+    layer = nn.TransformerEncoderLayer(
+        16, 2, 32, dropout=0, batch_first=True, norm_first=True, activation="gelu"
+    ).eval()
+    x = torch.randn(2, 5, 16)
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    seen: list[str] = []
+    with torch.no_grad():
+        want = layer(x, src_key_padding_mask=pad)
+        got = torch.compile(layer, backend=spy_backend(seen))(x, src_key_padding_mask=pad)
+    assert "_transformer_encoder_layer_fwd" in seen
+    close(got, want)
+    fused = last_compiled()
+    assert len(fused.polyfuse_regions) == 1, "the whole layer is one region"
+    cov = fused.polyfuse_report["coverage"]
+    # only the mask's own conversion (bool -> 0/-inf, a few elements) stays in PyTorch
+    assert cov.share > 0.99 and "aten.bmm.default" in fused.polyfuse_report["polyfuse"]
+    assert "aten.addmm.default" not in fused.polyfuse_report["eager"]
+
+
+class NativeMHA(nn.Module):
+    """Calls the fast-path operator directly: cross-shaped masks and attention weights."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.mha = nn.MultiheadAttention(d, heads, batch_first=True)
+
+    def forward(self, x, mask, mask_type: int, average: bool):
+        m = self.mha
+        return torch._native_multi_head_attention(
+            x, x, x, m.embed_dim, self.heads, m.in_proj_weight, m.in_proj_bias,
+            m.out_proj.weight, m.out_proj.bias, mask, True, average, mask_type,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("mask_type,average", [(1, False), (0, True)])
+def test_native_multi_head_attention_weights_and_masks(mask_type, average):
+    torch.manual_seed(2)
+    model = NativeMHA().eval()
+    x = torch.randn(2, 4, 16)
+    if mask_type == 1:  # key padding [B, S]
+        mask = torch.tensor([[False] * 4, [False, False, True, True]])
+    else:  # causal [L, S]
+        mask = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        want = model(x, mask, mask_type, average)
+        got = torch.compile(model, backend="polyfuse")(x, mask, mask_type, average)
+    close(got, want)
+    fused = last_compiled()
+    assert "aten._native_multi_head_attention.default" not in fused.polyfuse_report["eager"]
+    assert fused.polyfuse_report["polyfuse"]["aten.bmm.default"] == 2
+    assert fused.polyfuse_report["coverage"].share > 0.99
+
+
+class Sdpa(nn.Module):
+    def forward(self, q, k, v, mask):
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return masked + F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_scaled_dot_product_attention_masks_in_one_region():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    keep = torch.ones(4, 4, dtype=torch.bool)
+    keep[1] = False  # a fully masked row: SDPA gives zeros there, not NaN
+    with torch.no_grad():
+        want = Sdpa()(q, k, v, keep)
+        got = torch.compile(Sdpa(), backend="polyfuse")(q, k, v, keep)
+    assert not torch.isnan(want).any()
+    close(got, want)
+    fused = last_compiled()
+    assert len(fused.polyfuse_regions) == 1
+    report = fused.polyfuse_report
+    assert report["polyfuse"]["aten._safe_softmax.default"] == 2
+    assert report["polyfuse"]["aten.bmm.default"] == 4
+    # what stays eager is the masks' bool -> 0/-inf conversion, never a score or a product
+    assert not {"aten.bmm.default", "aten._softmax.default", "aten.any.dim"} & set(report["eager"])
+
+
+@pytest.mark.parametrize(
+    "call,is_causal",
+    [
+        (lambda q, k, v: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0], True),
+        (lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[0], 0),
+        (lambda q, k, v: aten._scaled_dot_product_cudnn_attention(q, k, v, None, False)[0], 0),
+        (lambda q, k, v: aten._scaled_dot_product_fused_attention_overrideable(q, k, v)[0], 0),
+        (lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0], 0),
+    ],
+    ids=["flash", "efficient", "cudnn", "overrideable", "flash_for_cpu"],
+)
+def test_sdpa_device_kernels_decompose_and_compile(call, is_causal):
+    """The CUDA kernels SDPA picks on a GPU become the same math (traced here on CPU, where
+    the kernels themselves do not exist) and compile to polyfuse regions."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from polyfuse.torch.backend import compile_fx
+    from polyfuse.torch.decomp import decomposition_table
+
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    gm = make_fx(call, decomposition_table=decomposition_table(), tracing_mode="fake")(q, k, v)
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not any("scaled_dot_product" in t for t in targets), targets
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    fused = compile_fx(gm, [q, k, v], arch="sm_80")
+    assert len(fused.polyfuse_regions) == 1
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=bool(is_causal))
+    got = fused(q, k, v)
+    close(got[0] if isinstance(got, (tuple, list)) else got, want)
+
+
+# ------------------------------------------------------------------------ dynamic shapes
+
+
+def test_mlp_batch_8_5_3_compiles_regions_for_every_call(caplog):
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(24, 40), nn.GELU(), nn.Linear(40, 16)).eval()
+    fast = torch.compile(model, backend="polyfuse")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="polyfuse.torch"):
+        for n, batch in enumerate((8, 5, 3), start=1):
+            x = torch.randn(batch, 24)
+            close(fast(x), model(x))
+            graphs = compiled_graphs()
+            assert len(graphs) == n, "one compile per new batch size"
+            assert_all_in_polyfuse(graphs[-1])
+            shapes = {t.shape for r in graphs[-1].polyfuse_regions for t in r.compiled.inputs}
+            assert (batch, 24) in shapes, shapes
+        x = torch.randn(5, 24)  # a batch seen before: its specialization is reused
+        close(fast(x), model(x))
+    assert len(compiled_graphs()) == 3
+    assert polyfuse_warnings(caplog) == []
+    assert any("compiling specialization 2 for (3, 24)" in r.getMessage() for r in caplog.records)
+
+
+def test_specializations_are_lru_bounded():
+    from polyfuse.torch.specialize import Specializations
+
+    made: list[int] = []
+
+    def compile_fn(gm, args, opts, label):
+        made.append(args[0].shape[0])
+        return lambda *a: a[0].shape[0]
+
+    spec = Specializations(None, parse_options({"max_specializations": 2}), compile_fn)
+    with torch.no_grad():
+        for batch in (5, 3, 5, 7, 3, 5):
+            assert spec(torch.zeros(batch, 2)) == batch
+    # 5, 3 compiled; 5 reused; 7 evicts 3 (least recently used); 3 evicts 5; 5 evicts 7
+    assert made == [5, 3, 7, 3, 5]
+    assert spec.compiles == 5 and spec.evictions == 3 and len(spec.cache) == 2
+
+
+# ------------------------------------------------------------------------ graph breaks
+
+
+class Broken(nn.Module):
+    """Two Dynamo graphs: a linear, a graph break, then an encoder layer's fast path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0, batch_first=True)
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        torch._dynamo.graph_break()
+        return self.layer(h)
+
+
+def test_graph_break_each_graph_compiles_regions():
+    torch.manual_seed(6)
+    model = Broken().eval()
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, backend="polyfuse")(x)
+    close(got, want)
+    graphs = compiled_graphs()
+    assert len(graphs) == 2, "one compile per side of the break"
+    for fused in graphs:
+        assert_all_in_polyfuse(fused)
+
+
+# ------------------------------------------------------------------------ options
+
+
+def test_option_arch_is_honoured():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        got = torch.compile(model, backend="polyfuse", options={"arch": "sm_80"})(x)
+        close(got, model(x))
+    fused = last_compiled()
+    assert fused.polyfuse_regions
+    for region in fused.polyfuse_regions:
+        assert region.compiled.arch == "sm_80"
+        binary = region.compiled.check_cuda(required=False)  # NVRTC, when installed
+        if binary is not None:
+            assert binary.arch == "sm_80" and ".target sm_80" in (binary.ptx or "")
+    assert fused.polyfuse_arch == "sm_80"
+
+
+def _inner(info) -> BaseException:
+    err = info.value
+    return err.inner_exception if isinstance(err, BackendCompilerFailed) else err
+
+
+def test_option_unknown_key_raises():
+    model = nn.Linear(4, 4).eval()
+    fast = torch.compile(model, backend="polyfuse", options={"arch": "sm_80", "tile": 64})
+    with torch.no_grad(), pytest.raises((BackendCompilerFailed, BackendOptionError)) as info:
+        fast(torch.randn(2, 4))
+    err = _inner(info)
+    assert isinstance(err, BackendOptionError)
+    msg = str(err)
+    assert "unknown option 'tile'" in msg and "\n" not in msg
+    assert "arch" in msg and "max_specializations" in msg and "cache" in msg
+
+
+def test_option_bad_arch_raises():
+    model = nn.Linear(4, 4).eval()
+    fast = torch.compile(model, backend="polyfuse", options={"arch": "sm_1000"})
+    with torch.no_grad(), pytest.raises((BackendCompilerFailed, BackendOptionError)) as info:
+        fast(torch.randn(2, 4))
+    err = _inner(info)
+    assert isinstance(err, BackendOptionError)
+    assert "arch='sm_1000'" in str(err)
+    assert all(a in str(err) for a in SUPPORTED_ARCHS)
+
+
+def test_parse_options_values():
+    assert parse_options().arch is None
+    assert parse_options({"arch": "sm_86"}, max_specializations=2).max_specializations == 2
+    with pytest.raises(BackendOptionError, match="max_specializations=0 must be an int >= 1"):
+        parse_options({"max_specializations": 0})
+    with pytest.raises(BackendOptionError, match="cache= must be a polyfuse.cache.CompileCache"):
+        parse_options({"cache": {}})
+    with pytest.raises(BackendOptionError, match="mode='max-autotune' is an Inductor mode"):
+        parse_options(None, mode="max-autotune")
+    assert parse_options(None, mode="default").arch is None
+
+
+# ------------------------------------------------------------------------ coverage warning
+
+
+def test_coverage_warning_half_precision(caplog):
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).half().eval()
+    x = torch.randn(3, 8).half()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        got = torch.compile(model, backend="polyfuse")(x)
+        close(got, model(x), 0)  # runs eagerly: the same numbers
+    [msg] = polyfuse_warnings(caplog)
+    assert "has no polyfuse region" in msg
+    assert "dtype float16 not supported yet (2 nodes)" in msg
+    assert last_compiled().polyfuse_regions == []
+
+
+class OnlyUnsupported(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, 1).flip(0).cumsum(0)
+
+
+def test_coverage_warning_only_unsupported_ops(caplog):
+    x = torch.randn(3, 8)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        got = torch.compile(OnlyUnsupported(), backend="polyfuse")(x)
+    close(got, OnlyUnsupported()(x), 0)
+    [msg] = polyfuse_warnings(caplog)
+    assert "\n" not in msg and "has no polyfuse region" in msg
+    assert "op aten.cumsum.default not supported (2 nodes)" in msg
+    assert "op aten.flip.default not supported (1 node)" in msg
+
+
+class MostlyUnsupported(nn.Module):
+    def forward(self, x):
+        return torch.relu(torch.cumsum(x, 1)[:, :2])
+
+
+def test_coverage_warning_under_half_the_flops(caplog):
+    x = torch.randn(64, 64)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        got = torch.compile(MostlyUnsupported(), backend="polyfuse")(x)
+    close(got, MostlyUnsupported()(x))
+    assert len(last_compiled().polyfuse_regions) == 1  # the relu
+    [msg] = polyfuse_warnings(caplog)
+    assert "only 3% of its FLOPs in 1 polyfuse region(s)" in msg
+    assert msg.endswith("because: op aten.cumsum.default not supported (1 node)")

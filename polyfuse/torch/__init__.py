@@ -15,6 +15,22 @@ Example::
         y = fast(torch.randn(8, 64, device="cuda"))   # CPU tensors run on the emulator
 """
 
-from .backend import PolyfuseRegion, compile_fx, last_compiled, polyfuse_backend
+from .backend import (
+    PolyfuseRegion,
+    compile_fx,
+    compiled_graphs,
+    last_compiled,
+    polyfuse_backend,
+    reset,
+)
+from .options import BackendOptionError
 
-__all__ = ["PolyfuseRegion", "compile_fx", "last_compiled", "polyfuse_backend"]
+__all__ = [
+    "BackendOptionError",
+    "PolyfuseRegion",
+    "compile_fx",
+    "compiled_graphs",
+    "last_compiled",
+    "polyfuse_backend",
+    "reset",
+]

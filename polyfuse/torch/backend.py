@@ -2,12 +2,21 @@
 
 Pipeline, as other out-of-tree backends (TVM, Hidet, ONNX Runtime) do it:
 
-1. :func:`polyfuse_backend` receives Dynamo's FX graph and hands it to AOT autograd with the
-   core-ATen decomposition table, so the graph it compiles uses core ATen operators only;
+1. :func:`polyfuse_backend` reads and validates ``options=`` (:mod:`.options`) and receives
+   Dynamo's FX graph. A graph with static shapes goes to AOT autograd with
+   :func:`~.decomp.decomposition_table` (core ATen, plus decompositions of PyTorch's fused
+   inference operators: ``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``,
+   ``scaled_dot_product_attention`` and its device kernels), so the graph it compiles uses
+   operators polyfuse lowers. A graph with dynamic shapes (Dynamo's recompile after a second
+   batch size) is compiled once per concrete input signature when it is called
+   (:class:`~.specialize.Specializations`, LRU-bounded by ``max_specializations``): polyfuse
+   kernels are specialised to their shapes.
 2. :func:`compile_fx` partitions that graph with PyTorch's capability-based partitioner:
    maximal regions (never creating a cycle) of nodes :func:`~.lower.unsupported_reason`
    accepts; every other operator stays in PyTorch — a graph break inside the returned
-   callable, listed once with counts at debug level on the ``polyfuse.torch`` logger;
+   callable. After every compile, a WARNING on the ``polyfuse.torch`` logger says so when a
+   graph got no region or under half of its FLOPs in regions, with the top reasons
+   (:mod:`.coverage`); the full operator lists are at debug level.
 3. each region becomes a :class:`PolyfuseRegion`: its FX nodes lowered to polyfuse ops
    (:mod:`.lower`) and compiled by :func:`polyfuse.compile`, once, at the example shapes.
 
@@ -21,10 +30,12 @@ warning.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import warnings
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,37 +45,27 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 import polyfuse
+from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.runtime.program import VECTOR_ALIGN
 from polyfuse.errors import DeviceError
 
+from .coverage import DATA_MOVEMENT, Coverage, measure, warn_if_low
+from .decomp import decomposition_table
 from .lower import lower_graph, op_name, unsupported_reason
+from .options import BackendOptions, parse_options
+from .specialize import INFERENCE_ONLY, Specializations, is_symbolic, needs_autograd
 
-__all__ = ["PolyfuseRegion", "compile_fx", "polyfuse_backend"]
+__all__ = [
+    "PolyfuseRegion",
+    "compile_fx",
+    "compile_static",
+    "compiled_graphs",
+    "last_compiled",
+    "polyfuse_backend",
+    "reset",
+]
 
 log = logging.getLogger("polyfuse.torch")
-
-#: Operators that move no data by themselves: a region of only these stays in PyTorch.
-_VIEW_OPS = {
-    "aten.view.default",
-    "aten._unsafe_view.default",
-    "aten.reshape.default",
-    "aten.permute.default",
-    "aten.t.default",
-    "aten.transpose.int",
-    "aten.expand.default",
-    "aten.unsqueeze.default",
-    "aten.squeeze.dim",
-    "aten.squeeze.dims",
-    "aten.squeeze.default",
-    "aten.clone.default",
-    "aten.alias.default",
-    "aten.detach.default",
-    "aten._to_copy.default",
-    "aten.slice.Tensor",
-    "aten.split_with_sizes.default",
-    "aten.split.Tensor",
-    "getitem",
-}
 
 
 class _Support(OperatorSupportBase):
@@ -162,14 +163,16 @@ def _partitions(gm: torch.fx.GraphModule) -> list[Any]:
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     keep = []
     for p in partitioner.propose_partitions():
-        compute = [n for n in p.nodes if op_name(n) not in _VIEW_OPS]
+        compute = [n for n in p.nodes if op_name(n) not in DATA_MOVEMENT]
         if compute:
             keep.append(p)
     return partitioner, keep
 
 
-def _report(gm: torch.fx.GraphModule, regions: Sequence[PolyfuseRegion]) -> dict[str, Any]:
-    """What polyfuse took and what stayed in PyTorch (operator → count)."""
+def _report(
+    gm: torch.fx.GraphModule, regions: Sequence[PolyfuseRegion], coverage: Coverage
+) -> dict[str, Any]:
+    """What polyfuse took and what stayed in PyTorch (operator → count, and why)."""
     covered: Counter[str] = Counter()
     for r in regions:
         covered.update(r.ops)
@@ -182,7 +185,17 @@ def _report(gm: torch.fx.GraphModule, regions: Sequence[PolyfuseRegion]) -> dict
                 continue
             eager[name] += 1
             reasons.setdefault(name, unsupported_reason(node) or "outside every region")
-    return {"polyfuse": dict(covered), "eager": dict(eager), "reasons": reasons}
+    return {
+        "polyfuse": dict(covered),
+        "eager": dict(eager),
+        "reasons": reasons,
+        "coverage": coverage,
+    }
+
+
+#: The GraphModules of the most recent compiles, oldest first (``compiled_graphs()``).
+_HISTORY: deque[torch.fx.GraphModule] = deque(maxlen=32)
+_COUNTER = itertools.count(1)
 
 
 def compile_fx(
@@ -191,13 +204,19 @@ def compile_fx(
     *,
     arch: str = "sm_90",
     cache: Any = None,
+    label: str | None = None,
 ) -> torch.fx.GraphModule:
     """Replace every supported region of a core-ATen FX graph by a :class:`PolyfuseRegion`.
 
     Returns the rewritten GraphModule (unsupported operators run in PyTorch between the
-    regions); its ``polyfuse_report`` attribute lists the operators on each side.
+    regions); its ``polyfuse_report`` attribute lists the operators on each side and the
+    :class:`~.coverage.Coverage`, ``polyfuse_regions`` the regions. Logs the coverage
+    WARNING when polyfuse took too little (:func:`~.coverage.warn_if_low`).
     """
+    label = label or f"#{next(_COUNTER)}"
     partitioner, parts = _partitions(gm)
+    covered = {n.name for p in parts for n in p.nodes}
+    coverage = measure(gm, covered, len(parts))
     fused = partitioner.fuse_partitions(parts, prefix="polyfuse_") if parts else gm
     regions = []
     for node in list(fused.graph.nodes):
@@ -208,70 +227,112 @@ def compile_fx(
             setattr(fused, node.target, region)
             regions.append(region)
     fused.recompile()
-    report = _report(fused, regions)
+    report = _report(fused, regions, coverage)
     fused.polyfuse_report = report
     fused.polyfuse_regions = regions
+    fused.polyfuse_label = label
+    fused.polyfuse_arch = arch
     if report["eager"]:
         listed = ", ".join(
             f"{name} x{n} ({report['reasons'][name]})"
             for name, n in sorted(report["eager"].items())
         )
         log.debug(
-            "polyfuse: %d operators stay in PyTorch: %s", sum(report["eager"].values()), listed
+            "polyfuse: graph %s: %d operators stay in PyTorch: %s",
+            label,
+            sum(report["eager"].values()),
+            listed,
         )
     log.debug(
-        "polyfuse: %d regions, %d operators, %d kernels",
+        "polyfuse: graph %s: %d regions, %d operators, %d kernels for %s, %.0f%% of FLOPs",
+        label,
         len(regions),
         sum(sum(r.ops.values()) for r in regions),
         sum(len(r.compiled.kernels) for r in regions),
+        arch,
+        100 * coverage.share,
     )
-    _LAST.clear()
-    _LAST.append(fused)
+    warn_if_low(coverage, label)
+    _HISTORY.append(fused)
     return fused
-
-
-#: The GraphModule of the most recent compile (for inspection: ``last_compiled()``).
-_LAST: list[torch.fx.GraphModule] = []
 
 
 def last_compiled() -> torch.fx.GraphModule | None:
     """The rewritten FX graph of the most recent compile (``.polyfuse_report``, regions)."""
-    return _LAST[-1] if _LAST else None
+    return _HISTORY[-1] if _HISTORY else None
 
 
-def polyfuse_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any):
-    """The ``torch.compile`` backend (registered as ``"polyfuse"``).
+def compiled_graphs() -> list[torch.fx.GraphModule]:
+    """The rewritten FX graphs of the most recent compiles (at most 32), oldest first: one
+    per Dynamo graph with static shapes, one per specialization of a dynamic one."""
+    return list(_HISTORY)
 
-    ``options`` (``torch.compile(..., options={...})``): ``arch`` — the CUDA architecture to
-    compile for (default: the GPU's own when the inputs are CUDA tensors, else sm_90);
-    ``cache`` — a :class:`polyfuse.cache.CompileCache`.
-    """
+
+def reset() -> None:
+    """Forget :func:`compiled_graphs` (compiled models keep working)."""
+    _HISTORY.clear()
+
+
+def resolve_arch(arch: str | None, example_inputs: Sequence[Any]) -> str:
+    """``arch`` if given; else the GPU's own for CUDA inputs (the newest supported arch not
+    above it), else sm_90."""
+    if arch is not None:
+        return arch
+    cuda = [t for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda]
+    if not cuda:
+        return "sm_90"
+    major, minor = torch.cuda.get_device_capability(cuda[0].device)
+    own = major * 10 + minor
+    fits = [a for a in SUPPORTED_ARCHS if int(a.removeprefix("sm_")) <= own]
+    return fits[-1] if fits else SUPPORTED_ARCHS[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _decompositions() -> dict[Any, Any]:
+    return decomposition_table()
+
+
+def compile_static(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    opts: BackendOptions,
+    label: str | None = None,
+) -> Callable[..., Any]:
+    """Dynamo graph with static shapes → AOT autograd (our decompositions) → :func:`compile_fx`."""
     from functorch.compile import make_boxed_func
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
-    ):
-        warnings.warn(
-            "polyfuse backend: inference only; this graph needs autograd and runs eagerly "
-            "(call the model under torch.no_grad() or torch.inference_mode())",
-            stacklevel=2,
-        )
+    arch = resolve_arch(opts.arch, example_inputs)
+
+    def fw_compiler(fx: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        fused = compile_fx(fx, inputs, arch=arch, cache=opts.cache, label=label)
+        return make_boxed_func(fused.forward)
+
+    backend = aot_autograd(fw_compiler=fw_compiler, decompositions=_decompositions())
+    return backend(gm, list(example_inputs))
+
+
+def polyfuse_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+    **kwargs: Any,
+) -> Callable[..., Any]:
+    """The ``torch.compile`` backend (registered as ``"polyfuse"``).
+
+    ``options`` (``torch.compile(..., options={...})``, or keywords): ``arch`` — the CUDA
+    architecture to compile for (default: the GPU's own when the inputs are CUDA tensors,
+    else sm_90); ``cache`` — a :class:`polyfuse.cache.CompileCache`;
+    ``max_specializations`` — static compiles kept per graph with dynamic shapes (LRU,
+    default 8). An unknown key or a bad value raises
+    :class:`~.options.BackendOptionError` (Dynamo wraps it in ``BackendCompilerFailed``).
+    """
+    opts = parse_options(options, mode, **kwargs)
+    if needs_autograd(example_inputs):
+        warnings.warn(INFERENCE_ONLY, stacklevel=2)
         return gm.forward
-    arch = options.get("arch")
-    if arch is None:
-        cuda = [t for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda]
-        if cuda:
-            major, minor = torch.cuda.get_device_capability(cuda[0].device)
-            arch = f"sm_{major}{minor}"
-        else:
-            arch = "sm_90"
-
-    def fw_compiler(fx: torch.fx.GraphModule, inputs: Sequence[Any]):
-        return make_boxed_func(
-            compile_fx(fx, inputs, arch=arch, cache=options.get("cache")).forward
-        )
-
-    backend = aot_autograd(fw_compiler=fw_compiler, decompositions=core_aten_decompositions())
-    return backend(gm, example_inputs)
+    if is_symbolic(example_inputs):
+        log.debug("polyfuse: dynamic shapes: one static compile per input signature")
+        return Specializations(gm, opts, compile_static)
+    return compile_static(gm, example_inputs, opts)

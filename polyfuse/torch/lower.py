@@ -122,6 +122,13 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     return ops.slice(x, [start], [end], [dim % len(x.shape)], [step])
 
 
+def _select(x, dim, index):
+    dim = dim % len(x.shape)
+    index = index % x.shape[dim]
+    part = ops.slice(x, [index], [index + 1], [dim], [1])
+    return _reshape(part, [s for i, s in enumerate(x.shape) if i != dim])
+
+
 def _split_with_sizes(x, sizes, dim=0):
     out, at = [], 0
     for s in sizes:
@@ -160,6 +167,20 @@ def _clamp(x, lo=None, hi=None):
     if hi is not None:
         x = ops.minimum(x, float(hi))
     return x
+
+
+def _safe_softmax(x: Tensor, dim: int, dtype: Any = None) -> Tensor:
+    """``aten._safe_softmax``: softmax, but a row that is all ``-inf`` (fully masked
+    attention) gives zeros instead of NaN."""
+    ax = dim % len(x.shape)
+    y = ops.softmax(x, axis=ax)
+    mx = ops.reduce_max(x, axis=[ax], keepdims=True)
+
+    def body(*i: Any) -> Any:
+        row = tuple(0 if d == ax else v for d, v in enumerate(i))
+        return te.where(te.isinf(mx[row], positive=False), 0.0, y[i])
+
+    return te.compute(y.shape, body, name=f"{y.name}_safe", tag="softmax")
 
 
 def _identity(x, *args, **kwargs):
@@ -228,6 +249,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.amax.default: _reduce(ops.reduce_max),
     aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(x, axis=dim),
     aten._log_softmax.default: lambda x, dim, half_to_float=False: ops.log_softmax(x, axis=dim),
+    aten._safe_softmax.default: _safe_softmax,
     aten.native_layer_norm.default: _layer_norm,
     aten._native_batch_norm_legit_no_training.default: _batch_norm,
     aten.convolution.default: _convolution,
@@ -235,6 +257,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.avg_pool2d.default: _avg_pool,
     aten.cat.default: lambda xs, dim=0: ops.concat(list(xs), axis=dim % len(xs[0].shape)),
     aten.slice.Tensor: _slice,
+    aten.select.int: _select,
     aten.split_with_sizes.default: _split_with_sizes,
     aten.split.Tensor: _split,
     operator.getitem: lambda xs, i: xs[i],
@@ -256,13 +279,22 @@ def _vals(node: torch.fx.Node) -> list[Any]:
     return [val]
 
 
+def _dtype_reason(dtype: torch.dtype) -> str:
+    """Shared by every node of that dtype (polyfuse's torch front end computes float32)."""
+    return f"dtype {str(dtype).removeprefix('torch.')} not supported yet"
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
-    """None when polyfuse can compute ``node`` (a call_function), else why it cannot."""
+    """None when polyfuse can compute ``node`` (a call_function), else why it cannot.
+
+    Reasons are short and shared by every node they apply to ("op aten.cumsum.default not
+    supported", "dtype float16 not supported yet"), so a report can count nodes per
+    reason."""
     if node.op != "call_function":
         return f"{node.op} node"
     target = node.target
     if target not in LOWERINGS:
-        return "operator not supported by polyfuse"
+        return f"op {op_name(node)} not supported"
     if target is operator.getitem:
         src = node.args[0]
         if isinstance(src, torch.fx.Node) and src.target in _FIRST_OUTPUT_ONLY:
@@ -279,13 +311,13 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         if not isinstance(v, torch.Tensor):
             return "no static tensor metadata"
         if v.dtype != torch.float32:
-            return f"dtype {v.dtype} (polyfuse computes float32)"
+            return _dtype_reason(v.dtype)
         if any(not isinstance(s, int) for s in v.shape):
             return "dynamic shape"
     for a in node.all_input_nodes:
         for v in _vals(a):
             if isinstance(v, torch.Tensor) and v.dtype != torch.float32:
-                return f"input {a.name} has dtype {v.dtype}"
+                return _dtype_reason(v.dtype)
     args, kwargs = node.args, node.kwargs
     if target is aten.convolution.default:
         if args[6] or len(_vals(node)[0].shape) != 4:
@@ -306,6 +338,10 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             return "a dtype or device conversion"
     if target in (aten.sum.dim_IntList, aten.mean.dim) and kwargs.get("dtype") is not None:
         return "reduction with a dtype"
+    if target is aten._safe_softmax.default and (
+        (len(args) > 2 and args[2] is not None) or kwargs.get("dtype") is not None
+    ):
+        return "softmax with a dtype"
     return None
 
 
