@@ -58,7 +58,8 @@ def body_parts(manifest: Mapping[str, Any], blobs: Mapping[str, bytes]) -> list[
             "sha256": hashlib.sha256(data).hexdigest(),
         }
         offset += len(data)
-    head = json.dumps({**manifest, "blobs": table}, separators=(",", ":"), allow_nan=False)
+    # NaN/inf (a float scalar argument, user metadata) as Python's json writes and reads them
+    head = json.dumps({**manifest, "blobs": table}, separators=(",", ":"))
     return [head.encode() + b"\n", *blobs.values()]
 
 

@@ -272,6 +272,12 @@ class CompiledGraph(GraphRunner):
         cubins = {a: b for a, b in self.cuda_binaries.items() if b.output == "cubin"}
         return (loads, (self._artifact(cubins, None).dumps(),))
 
+    def __copy__(self) -> CompiledGraph:
+        """A shallow copy is still a compiled graph (only pickling goes through the artifact)."""
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
+
     # ------------------------------------------------------------------ report
     def visualize(self, path, json_path=None):
         """Write the scheduling debug report (self-contained HTML) to ``path``; the same

@@ -9,6 +9,7 @@ original compiled graph's bit for bit. Damaged files are refused with one-line e
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -246,6 +247,15 @@ def test_scalar_launch_args_and_shared_memory_survive_the_round_trip(tmp_path, m
     assert [c[2] for c in gpu.calls if c[0] == "cuFuncSetAttribute"] == []  # 512 B: no opt-in
 
 
+def test_infinite_scalars_and_metadata_round_trip():
+    g = _scalar_graph()
+    inf = ScalarArg(float("-inf"), "float")
+    g.launches[0] = Launch("twice", (3, 1, 1), (128, 1, 1), ("x", "t", inf, ScalarArg(300)))
+    g.metadata = {"peak": float("inf"), "note": "x\ny"}
+    back = loads(g.dumps())
+    assert back.launches == g.launches and back.metadata == g.metadata
+
+
 def _damaged(path: Path, tmp: Path) -> dict[str, Path]:
     data = path.read_bytes()
     head, _, body = data.partition(b"\n")
@@ -309,6 +319,7 @@ def test_a_compiled_graph_pickles_as_its_artifact(saved):
     fn.check_cuda(required=False)  # the cubins already built travel with the pickle
     g = pickle.loads(pickle.dumps(fn))
     assert isinstance(g, LoadedGraph) and g.name == fn.name
+    assert copy.copy(fn).plan is fn.plan  # a shallow copy stays a compiled graph
     for w, got in zip(want, g(*args, device="emulate"), strict=True):
         np.testing.assert_array_equal(got, w)
     assert set(g.binaries) == {a for a, b in fn.cuda_binaries.items() if b.output == "cubin"}
