@@ -6,20 +6,23 @@ cuda-bindings but no islpy (the compiler) and no network. So the benchmark has t
 ``python benchmarks/gpu.py --prepare DIR [--arch sm_90] [--cases ...] [--scale N]``
     (any machine with polyfuse) compiles every case — the 12 suite subgraphs of
     ``benchmarks/suite.py`` and the compute cases of ``../shared/bench/gpu/README.md`` — and
-    writes, per case, the CUDA source, the cubin for ``--arch`` (NVRTC), the launches, the
-    buffer specs, ptxas resources and the byte/FLOP counts to ``DIR/manifest.json``. Inputs are
-    not stored (full-size inputs are hundreds of MB): they are drawn on the GPU machine from a
-    seed. ``DIR`` stays small (a few hundred KB) so it can be carried to the GPU machine.
+    saves each as a polyfuse artifact ``DIR/<case>.pfa`` (``fn.save``: the CUDA source, the
+    cubin for ``--arch`` (NVRTC), the launches, the buffer specs, ptxas resources, checksums),
+    with the benchmark's own facts — FLOP and byte counts, kernel kinds, the inputs drawn
+    positive — in the artifact's metadata. Inputs are not stored (full-size inputs are hundreds
+    of MB): they are drawn on the GPU machine from a seed. ``DIR`` stays small (a few hundred
+    KB) so it can be carried to the GPU machine.
 ``python benchmarks/gpu.py --run DIR [--out FILE]``
-    (the GPU machine) imports only numpy, cuda-bindings (through polyfuse's runtime,
-    :mod:`polyfuse.cuda.runtime`, which needs neither islpy nor the rest of the compiler),
-    torch, and JAX/triton when present. It measures the two ceilings (device-to-device copy
-    bandwidth, cuBLAS FP32 rate with TF32 off), then per case: draws the inputs, computes the
-    float64 reference (the peer's computation in torch float64), runs polyfuse's kernels
-    through the runtime on torch tensors (no copies; CUDA graph replay), checks the relative
-    L2 error and that a second run is bit-identical, and times polyfuse, torch eager,
-    torch.compile (Inductor) and JAX (XLA) on the same float32 inputs. Prints a table and
-    writes JSON (default ``benchmarks/results/gpu.json``).
+    (the GPU machine) imports only numpy, cuda-bindings (``polyfuse.load`` and polyfuse's
+    runtime, :mod:`polyfuse.cuda.runtime`, which need neither islpy nor the rest of the
+    compiler), torch, and JAX/triton when present. It measures the two ceilings
+    (device-to-device copy bandwidth, cuBLAS FP32 rate with TF32 off), then per case: loads
+    its artifact (``polyfuse.load``), draws the inputs, computes the float64 reference (the
+    peer's computation in torch float64), runs polyfuse's kernels through the runtime on torch
+    tensors (no copies; CUDA graph replay), checks the relative L2 error and that a second
+    run is bit-identical, and times polyfuse, torch eager, torch.compile (Inductor) and JAX
+    (XLA) on the same float32 inputs. Prints a table and writes JSON (default
+    ``benchmarks/results/gpu.json``).
 ``python benchmarks/gpu.py --overhead DIR``
     (GPU machine) the per-call host overhead of the runtime on a 4-kernel graph (the
     attention example), with and without CUDA graphs, for numpy and torch arguments.
@@ -57,12 +60,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_artifacts import (  # noqa: E402
-    MANIFEST,
-    CaseArtifact,
     KernelInfo,
+    Prepared,
+    PreparedCase,
     compile_case,
     kernel_kind,
-    load_manifest,
+    load_cases,
     prepare,
 )
 from gpu_cases import CASES, COMPUTE, PEERS, SUITE, Ops  # noqa: E402
@@ -72,6 +75,7 @@ from gpu_measure import (  # noqa: E402
     bench,
     case_program,
     draw_inputs,
+    fake_device,
     import_runtime,
     overhead,
     rel_err,
@@ -83,9 +87,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 __all__ = [
-    "CASES", "COMPUTE", "MANIFEST", "PEERS", "SUITE", "CaseArtifact", "CaseResult",
-    "KernelInfo", "Ops", "_peer_outputs", "bench", "case_program", "compile_case",
-    "draw_inputs", "import_runtime", "kernel_kind", "load_manifest", "overhead", "prepare",
+    "CASES", "COMPUTE", "PEERS", "SUITE", "CaseResult", "KernelInfo", "Ops", "Prepared",
+    "PreparedCase", "_peer_outputs", "bench", "case_program", "compile_case", "draw_inputs",
+    "fake_device", "import_runtime", "kernel_kind", "load_cases", "overhead", "prepare",
     "rel_err", "run",
 ]  # fmt: skip
 
@@ -123,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.prepare:
         cases = args.cases or list(CASES)
         prepare(args.prepare, cases, args.arch, args.scale)
-        print(f"wrote {args.prepare / MANIFEST} ({len(cases)} cases)")
+        print(f"wrote {len(cases)} cases and the overhead graph to {args.prepare} (*.pfa)")
     elif args.prepare_all:
         from gpu_day import prepare_all
 

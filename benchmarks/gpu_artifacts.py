@@ -1,24 +1,26 @@
-"""``--prepare``: compile the GPU benchmark's cases here (islpy, NVRTC) and write their
-artifacts — CUDA source, cubin, launches, buffers, ptxas resources, byte/FLOP counts — to
-``DIR/manifest.json``, which the GPU machine reads without the compiler."""
+"""``--prepare``: compile the GPU benchmark's cases here (islpy, NVRTC) and save each as a
+polyfuse artifact (``fn.save``: CUDA source, cubin for ``--arch``, launches, buffers, plan
+summary, versions, checksums) with the extra facts the benchmark needs in its metadata — FLOPs,
+compulsory and distinct bytes, each kernel's kind, the inputs drawn positive, the compile time.
+The GPU machine reads them back with :func:`load_cases` (``polyfuse.load``: the runtime alone,
+no islpy)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpu_cases import COMPUTE, SUITE, _compute_args, _flops
 
 ROOT = Path(__file__).resolve().parents[1]
-MANIFEST = "manifest.json"
 #: The graph whose per-call host overhead --overhead measures: the attention example.
 OVERHEAD_CASE = "overhead_attention4"
-FORMAT = 1
+#: ``metadata["benchmark"]`` of the artifacts --prepare writes (other artifacts are ignored).
+BENCHMARK = "polyfuse-gpu"
 
 
 @dataclass
@@ -33,28 +35,95 @@ class KernelInfo:
 
 
 @dataclass
-class CaseArtifact:
-    """One prepared case (an entry of ``manifest.json``)."""
+class PreparedCase:
+    """One prepared case: its artifact (a :class:`polyfuse.artifact.LoadedGraph`) and the
+    benchmark's metadata saved in it."""
 
-    name: str
-    source: str  # file names inside DIR
-    cubin: str
-    arch: str
-    launches: list[dict]
-    buffers: list[dict]
-    inputs: list[str]  # buffer names, call order
-    input_names: list[str]
-    input_shapes: list[list[int]]
-    positive_inputs: list[str]  # drawn as |normal| (Adam's second moments)
-    outputs: list[str]
-    output_names: list[str]
-    kernels: list[KernelInfo]
-    compulsory_bytes: int
-    distinct_bytes: int  # isl footprints of all kernels
-    flops: float
-    compile_seconds: float
-    scale: int = 1
-    config: dict = field(default_factory=dict)
+    graph: Any
+    path: Path
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.graph.metadata
+
+    @property
+    def name(self) -> str:
+        return self.meta["case"]
+
+    @property
+    def arch(self) -> str:
+        return self.meta["arch"]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.graph.inputs]
+
+    @property
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        return [t.shape for t in self.graph.inputs]
+
+    @property
+    def inputs(self) -> list[str]:
+        """Buffer names of the inputs, call order (the keys of a DeviceProgram call)."""
+        return self.graph.input_buffers
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.graph.output_buffers
+
+    @property
+    def output_shapes(self) -> list[tuple[int, ...]]:
+        return [t.shape for t in self.graph.outputs]
+
+    @property
+    def positive_inputs(self) -> list[str]:
+        return self.meta["positive_inputs"]
+
+    @property
+    def compulsory_bytes(self) -> int:
+        return self.meta["compulsory_bytes"]
+
+    @property
+    def flops(self) -> float:
+        return self.meta["flops"]
+
+    @property
+    def kernels(self) -> list[KernelInfo]:
+        """Per kernel: launch shape, shared memory, the cubin's ptxas registers and spills."""
+        binary = self.graph.binaries.get(self.arch)
+        out = []
+        for k in self.graph.kernels:
+            r = binary.resources.get(k.function or k.name) if binary else None
+            spill = (r.spill_stores + r.spill_loads) if r else None
+            out.append(
+                KernelInfo(
+                    k.name,
+                    list(k.grid),
+                    list(k.block),
+                    k.shared_bytes,
+                    r.registers if r else None,
+                    spill,
+                    self.meta["kernel_kinds"][k.name],
+                )  # fmt: skip
+            )
+        return out
+
+
+@dataclass
+class Prepared:
+    """Every prepared case of a directory, in preparation order, and the overhead graph."""
+
+    directory: Path
+    cases: list[PreparedCase]
+    overhead: PreparedCase | None
+
+    @property
+    def arch(self) -> str:
+        return self.cases[0].arch if self.cases else "?"
+
+    @property
+    def commit(self) -> str:
+        return self.cases[0].meta.get("commit", "?") if self.cases else "?"
 
 
 def kernel_kind(fn: Any, kernel: Any) -> str:
@@ -96,96 +165,59 @@ def compile_case(
     positive: Sequence[str] = (),
     config: dict | None = None,
     scale: int = 1,
-) -> CaseArtifact:
-    """Compile one graph for ``arch``; write its source and cubin; return its entry."""
+    order: int = 0,
+) -> PreparedCase:
+    """Compile one graph for ``arch`` and save it as ``DIR/<name>.pfa`` (cubin for ``arch``)."""
     import polyfuse
-    from polyfuse.cuda.compiler import compile_cuda
 
     config = dict(config or {})
     t0 = time.perf_counter()
     fn = polyfuse.compile(inputs, outputs, arch=arch)
     seconds = time.perf_counter() - t0
-    binary = compile_cuda(fn.cuda_source, arch, output="cubin")
-    (directory / f"{name}.cu").write_text(fn.cuda_source)
-    (directory / f"{name}.{arch}.cubin").write_bytes(binary.image)
-    idents = fn._idents
-    kernels = []
-    for k in fn.kernels:
-        r = binary.resources.get(k.function or k.name)
-        spill = (r.spill_stores + r.spill_loads) if r else None
-        kind = kernel_kind(fn, k)
-        regs = r.registers if r else None
-        kernels.append(
-            KernelInfo(k.name, list(k.grid), list(k.block), k.shared_bytes, regs, spill, kind)
-        )
-    launches = [
-        {
-            "kernel": lc.kernel,
-            "function": lc.function,  # the shared __global__ it runs (kernel dedup)
-            "grid": list(lc.grid),
-            "block": list(lc.block),
-            "shared_bytes": lc.shared_bytes,
-            "args": [
-                a if isinstance(a, str) else {"value": a.value, "ctype": a.ctype} for a in lc.args
-            ],
-        }
-        for lc in fn.launches
-    ]
-    return CaseArtifact(
-        name=name,
-        source=f"{name}.cu",
-        cubin=f"{name}.{arch}.cubin",
-        arch=arch,
-        launches=launches,
-        buffers=[asdict(b) for b in fn.buffers],
-        inputs=[idents[t.uid] for t in fn.inputs],
-        input_names=[t.name for t in fn.inputs],
-        input_shapes=[list(t.shape) for t in fn.inputs],
-        positive_inputs=list(positive),
-        outputs=[idents[t.uid] for t in fn.outputs],
-        output_names=[t.name for t in fn.outputs],
-        kernels=kernels,
-        compulsory_bytes=fn.compulsory_bytes(),
-        distinct_bytes=fn.global_bytes(),
-        flops=_flops(name, config),
-        compile_seconds=seconds,
-        scale=scale,
-        config=config,
-    )
+    meta = {
+        "benchmark": BENCHMARK,
+        "case": name,
+        "order": order,
+        "arch": arch,
+        "positive_inputs": list(positive),
+        "kernel_kinds": {k.name: kernel_kind(fn, k) for k in fn.kernels},
+        "compulsory_bytes": fn.compulsory_bytes(),
+        "distinct_bytes": fn.global_bytes(),  # isl footprints of all kernels
+        "flops": _flops(name, config),
+        "compile_seconds": seconds,
+        "scale": scale,
+        "config": config,
+        "commit": _commit(),
+    }
+    path = fn.save(directory / f"{name}.pfa", archs=[arch], metadata=meta)
+    return PreparedCase(polyfuse.load(path), path)
 
 
 def prepare(
     directory: Path, cases: Sequence[str], arch: str, scale: int = 1, overhead: bool = True
-) -> dict:
-    """Compile ``cases`` (and the 4-kernel overhead graph) for ``arch`` into ``directory``;
-    write and return the manifest."""
+) -> Prepared:
+    """Compile ``cases`` (and the 4-kernel overhead graph) for ``arch`` into ``directory``,
+    one artifact each; return them as :func:`load_cases` reads them."""
     from polyfuse import examples
 
     directory.mkdir(parents=True, exist_ok=True)
     arts = []
-    for name in cases:
+    for i, name in enumerate(cases):
         inputs, outputs, positive, config = _build_case(name, scale)
-        art = compile_case(directory, name, inputs, outputs, arch, positive, config, scale)
+        art = compile_case(directory, name, inputs, outputs, arch, positive, config, scale, i)
         arts.append(art)
-        spills = sum(k.spill_bytes or 0 for k in art.kernels)
+        kernels = art.kernels
+        spills = sum(k.spill_bytes or 0 for k in kernels)
         print(
-            f"prepared {name:22s} {len(art.kernels)} kernels  {art.compile_seconds:6.2f} s  "
-            f"regs {[k.registers for k in art.kernels]}  spills {spills} B",
+            f"prepared {name:22s} {len(kernels)} kernels  {art.meta['compile_seconds']:6.2f} s  "
+            f"regs {[k.registers for k in kernels]}  spills {spills} B",
             flush=True,
         )
-    manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "arch": arch,
-        "scale": scale,
-        "commit": _commit(),
-        "cases": [asdict(a) for a in arts],
-    }
+    over = None
     if overhead:
         inputs, outputs, _ = examples.attention()
-        art = compile_case(directory, OVERHEAD_CASE, inputs, outputs, arch)
-        manifest["overhead"] = asdict(art)
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return manifest
+        over = compile_case(directory, OVERHEAD_CASE, inputs, outputs, arch, order=len(cases))
+    return Prepared(directory, arts, over)
 
 
 def _commit() -> str:
@@ -202,10 +234,35 @@ def _commit() -> str:
         return "?"
 
 
-def load_manifest(directory: Path) -> dict:
-    manifest = json.loads((directory / MANIFEST).read_text())
-    if manifest.get("format") != FORMAT:
-        raise SystemExit(f"{directory}: manifest format {manifest.get('format')} != {FORMAT}")
-    for case in [*manifest["cases"], *([manifest["overhead"]] if "overhead" in manifest else [])]:
-        case["kernels"] = [KernelInfo(**k) for k in case["kernels"]]
-    return manifest
+def import_polyfuse() -> Any:
+    """``polyfuse``, from this checkout when it is not installed (the GPU machine runs the
+    benchmark from the repository root). Importing it imports no compiler (no islpy):
+    ``polyfuse.load`` and the runtime need only numpy and a driver."""
+    try:
+        import polyfuse
+    except ModuleNotFoundError:
+        sys.path.insert(0, str(ROOT))
+        import polyfuse
+    return polyfuse
+
+
+def load_cases(directory: Path) -> Prepared:
+    """The cases ``--prepare`` saved in ``directory`` (``polyfuse.load``, no islpy needed);
+    a damaged or other-version artifact stops with polyfuse's one-line reason."""
+    polyfuse = import_polyfuse()
+    from polyfuse.errors import ArtifactError
+
+    found = []
+    for path in sorted(directory.glob("*.pfa")):
+        try:
+            graph = polyfuse.load(path)
+        except ArtifactError as e:
+            raise SystemExit(f"{e}") from None
+        if graph.metadata.get("benchmark") == BENCHMARK:
+            found.append(PreparedCase(graph, path))
+    if not found:
+        raise SystemExit(f"{directory}: no prepared cases (*.pfa): run --prepare {directory}")
+    found.sort(key=lambda c: c.meta["order"])
+    cases = [c for c in found if c.name != OVERHEAD_CASE]
+    over = next((c for c in found if c.name == OVERHEAD_CASE), None)
+    return Prepared(directory, cases, over)

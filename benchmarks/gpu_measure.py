@@ -15,88 +15,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpu_artifacts import ROOT, load_manifest
+from gpu_artifacts import ROOT, PreparedCase, import_polyfuse, load_cases
 from gpu_cases import PEERS, Ops
 
 
 def import_runtime() -> types.ModuleType:
-    """``polyfuse.cuda.runtime`` — without running ``polyfuse/__init__`` (which imports the
-    compiler, hence islpy) when islpy is missing: the runtime needs only numpy and a driver."""
-    try:
-        import islpy  # noqa: F401
-
-        import polyfuse.cuda.runtime as runtime
-
-        return runtime
-    except ImportError:
-        pass
-    # package shells without their __init__ (which would import the compiler); the runtime
-    # reads only isl-free modules of them (cuda/runtime, cuda/compiler, poly/policy, poly/device)
-    shells = (
-        ("polyfuse", ROOT / "polyfuse"),
-        ("polyfuse.cuda", ROOT / "cuda"),
-        ("polyfuse.poly", ROOT / "poly"),
-    )
-    for name, path in shells:
-        if name not in sys.modules:
-            module = types.ModuleType(name)
-            module.__path__ = [str(path)]  # type: ignore[attr-defined]
-            sys.modules[name] = module
+    """``polyfuse.cuda.runtime``: ``import polyfuse`` imports the compiler (islpy) only when a
+    compiler name is first used, so the runtime and ``polyfuse.load`` need only numpy and a
+    driver (tests/test_gpu_benchmark.py holds it)."""
+    import_polyfuse()
     import polyfuse.cuda.runtime as runtime
 
     return runtime
 
 
-def case_program(
-    device: Any, directory: Path, case: dict, *, graphs: bool = True, image: str = "cubin"
-) -> Any:
-    """The prepared case as a :class:`DeviceProgram` on ``device`` (``image="source"`` loads
-    the CUDA source as the module image: the tests' fake driver runs it in the emulator)."""
-    runtime = import_runtime()
-    from polyfuse.cuda.compiler import CudaBinary
-    from polyfuse.cuda.launch import Launch, ScalarArg
-
-    data = (directory / case[image]).read_bytes()
-    binary = CudaBinary(case["arch"], "nvrtc", "cubin", data, None, {}, "", 0.0)
-    module = device.load_binary(binary)
-    launches = [
-        Launch(
-            lc["kernel"],
-            tuple(lc["grid"]),
-            tuple(lc["block"]),
-            tuple(
-                a if isinstance(a, str) else ScalarArg(a["value"], a["ctype"]) for a in lc["args"]
-            ),
-            lc["shared_bytes"],
-            lc.get("function", ""),
-        )
-        for lc in case["launches"]
-    ]
-    buffers = [types.SimpleNamespace(**b) for b in case["buffers"]]
-    for b in buffers:
-        b.shape = tuple(b.shape)
-    labels = dict(zip(case["inputs"], case["input_names"], strict=True))
-    labels.update(zip(case["outputs"], case["output_names"], strict=True))
-    return runtime.DeviceProgram(
-        device,
-        module,
-        launches,
-        buffers,
-        case["inputs"],
-        case["outputs"],
-        labels=labels,
-        graphs=graphs,
-        name=case["name"],
-    )
+def case_program(device: Any, case: PreparedCase, *, graphs: bool = True) -> Any:
+    """The prepared case as a :class:`DeviceProgram` on ``device``: the runtime loads the
+    artifact's cubin for the device's arch (the fake driver runs its CUDA source instead)."""
+    return case.graph.device_program(device, graphs=graphs)
 
 
-def draw_inputs(case: dict, seed: int = 0) -> list[np.ndarray]:
+def draw_inputs(case: PreparedCase, seed: int = 0) -> list[np.ndarray]:
     """The case's float32 inputs: standard normal, |normal| for Adam's second moments."""
     rng = np.random.default_rng(seed)
     out = []
-    for name, shape in zip(case["input_names"], case["input_shapes"], strict=True):
+    for name, shape in zip(case.input_names, case.input_shapes, strict=True):
         a = rng.standard_normal(tuple(shape), dtype=np.float32)
-        out.append(np.abs(a) if name in case["positive_inputs"] else a)
+        out.append(np.abs(a) if name in case.positive_inputs else a)
     return out
 
 
@@ -201,8 +146,7 @@ def _peer_outputs(value: Any) -> list[Any]:
 
 def run_case(
     device: Any,
-    directory: Path,
-    case: dict,
+    case: PreparedCase,
     ceil: dict[str, float] | None,
     peers: Sequence[str],
     seed: int = 0,
@@ -210,18 +154,18 @@ def run_case(
     """Check and time one prepared case on the GPU (torch tensors through the runtime)."""
     import torch
 
-    res = CaseResult(case["name"], len(case["kernels"]))
+    res = CaseResult(case.name, len(case.kernels))
     arrays = draw_inputs(case, seed)
     xs = [torch.from_numpy(a).cuda() for a in arrays]
-    peer = PEERS[case["name"]]
+    peer = PEERS[case.name]
     tops = Ops("torch")
     with torch.no_grad():
         ref = [r.cpu().numpy() for r in _peer_outputs(peer(tops, *[x.double() for x in xs]))]
-    prog = case_program(device, directory, case)
-    args = dict(zip(case["inputs"], xs, strict=True))
+    prog = case_program(device, case)
+    args = dict(zip(case.inputs, xs, strict=True))
     outs = {
         n: torch.full(tuple(r.shape), float("nan"), device="cuda")
-        for n, r in zip(case["outputs"], ref, strict=True)
+        for n, r in zip(case.outputs, ref, strict=True)
     }
     got = prog(args, outs)
     torch.cuda.synchronize()
@@ -269,8 +213,8 @@ def run_case(
             res.notes.append(f"jax: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     if ceil:
         res.floor_ms = 1e3 * max(
-            case["compulsory_bytes"] / ceil["copy_bytes_per_s"],
-            case["flops"] / ceil["fp32_flops_per_s"],
+            case.compulsory_bytes / ceil["copy_bytes_per_s"],
+            case.flops / ceil["fp32_flops_per_s"],
         )
     prog.close()
     return res
@@ -280,7 +224,7 @@ def _fmt(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def print_table(results: Sequence[CaseResult], cases: dict[str, dict]) -> None:
+def print_table(results: Sequence[CaseResult], cases: dict[str, PreparedCase]) -> None:
     print(
         "| case | kernels | polyfuse ms | eager | inductor | xla | floor | polyfuse / best peer "
         "| polyfuse / floor | rel_err | rerun identical | regs (spill B) |"
@@ -289,7 +233,7 @@ def print_table(results: Sequence[CaseResult], cases: dict[str, dict]) -> None:
     for r in results:
         best = r.best_peer
         regs = ", ".join(
-            f"{k.registers}({k.spill_bytes})" for k in cases[r.name]["kernels"] if k.registers
+            f"{k.registers}({k.spill_bytes})" for k in cases[r.name].kernels if k.registers
         )
         print(
             f"| {r.name} | {r.kernels} | {_fmt(r.polyfuse_ms)} | {_fmt(r.eager_ms)} | "
@@ -317,31 +261,35 @@ def _device_description() -> dict[str, Any]:
     return info
 
 
-def fake_device() -> Any:
+def fake_device(cases: Sequence[PreparedCase] = ()) -> Any:
     """A device on tests/fake_cuda.py's driver: "device memory" is host memory and kernels
-    run in the CPU emulator. It checks the GPU day's plumbing where no GPU exists (CI) and
-    times nothing."""
+    run in the CPU emulator — for each case's saved cubin, the CUDA source it was compiled
+    from. It checks the GPU day's plumbing where no GPU exists (CI) and times nothing."""
     sys.path.insert(0, str(ROOT / "tests"))
     from fake_cuda import FakeBindings, FakeGPU
 
     from polyfuse.cuda.runtime import Device
     from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 
-    return Device(driver=BindingsDriver(FakeBindings(FakeGPU())))
+    gpu = FakeGPU()
+    for case in cases:
+        for binary in case.graph.binaries.values():
+            gpu.images[bytes(binary.image)] = case.graph.cuda_source
+    return Device(driver=BindingsDriver(FakeBindings(gpu)))
 
 
-def check_case_on_host(device: Any, directory: Path, case: dict, seed: int = 0) -> CaseResult:
+def check_case_on_host(device: Any, case: PreparedCase, seed: int = 0) -> CaseResult:
     """The fake driver's run of one case: numpy in and out, the torch float64 peer as the
     reference, a second run compared bit for bit; no timings."""
     import torch
 
-    res = CaseResult(case["name"], len(case["kernels"]), notes=["fake driver: not timed"])
+    res = CaseResult(case.name, len(case.kernels), notes=["fake driver: not timed"])
     arrays = draw_inputs(case, seed)
     with torch.no_grad():
-        out = PEERS[case["name"]](Ops("torch"), *[torch.from_numpy(a).double() for a in arrays])
+        out = PEERS[case.name](Ops("torch"), *[torch.from_numpy(a).double() for a in arrays])
     ref = [r.numpy() for r in _peer_outputs(out)]
-    prog = case_program(device, directory, case, image="source")
-    args = dict(zip(case["inputs"], arrays, strict=True))
+    prog = case_program(device, case)
+    args = dict(zip(case.inputs, arrays, strict=True))
     first = [np.array(g) for g in prog(args)]
     res.rel_err = max(rel_err(g, r) for g, r in zip(first, ref, strict=True))
     again = [np.array(g) for g in prog(args)]
@@ -360,11 +308,11 @@ def run(
     """Measure the ceilings, then check and time every prepared case; print and write JSON.
     ``fake``: on tests/fake_cuda.py's driver (no GPU; checks only, see :func:`fake_device`)."""
     runtime = import_runtime()
-    manifest = load_manifest(directory)
-    device = fake_device() if fake else runtime.open_device(0)
+    prepared = load_cases(directory)
+    device = fake_device(prepared.cases) if fake else runtime.open_device(0)
     print(f"device: {device} driver {device.driver_version()}", flush=True)
-    if not fake and device.arch != manifest["arch"]:
-        print(f"warning: cubins are for {manifest['arch']}, the device is {device.arch}")
+    if not fake and device.arch != prepared.arch:
+        print(f"warning: cubins are for {prepared.arch}, the device is {device.arch}")
     ceil: dict[str, float] = {}
     if not fake:
         ceil = ceilings()
@@ -373,16 +321,16 @@ def run(
             f"{ceil['fp32_flops_per_s'] / 1e12:.1f} TFLOP/s",
             flush=True,
         )
-    selected = [c for c in manifest["cases"] if not cases or c["name"] in cases]
+    selected = [c for c in prepared.cases if not cases or c.name in cases]
     results = []
     for case in selected:
         try:
             if fake:
-                r = check_case_on_host(device, directory, case)
+                r = check_case_on_host(device, case)
             else:
-                r = run_case(device, directory, case, ceil, peers)
+                r = run_case(device, case, ceil, peers)
         except Exception as e:  # one broken case must not hide the others
-            r = CaseResult(case["name"], len(case["kernels"]), notes=[f"{type(e).__name__}: {e}"])
+            r = CaseResult(case.name, len(case.kernels), notes=[f"{type(e).__name__}: {e}"])
             r.rel_err = math.inf
         results.append(r)
         print(
@@ -390,17 +338,17 @@ def run(
             f"rel_err {r.rel_err:.1e}",
             flush=True,
         )
-    print_table(results, {c["name"]: c for c in selected})
+    print_table(results, {c.name: c for c in selected})
     report = {
         "device": {"name": "fake driver (CPU emulator)"} if fake else _device_description(),
         "runtime": device.driver.name,
-        "manifest_commit": manifest["commit"],
-        "arch": manifest["arch"],
+        "prepared_commit": prepared.commit,
+        "arch": prepared.arch,
         "ceilings": ceil,
         "timing": "triton do_bench median, L2 flushed (fallback: CUDA events + 256 MB flush); "
         "JAX host clock",
         "results": [asdict(r) | {"best_peer_ms": r.best_peer} for r in results],
-        "kernels": {c["name"]: [asdict(k) for k in c["kernels"]] for c in selected},
+        "kernels": {c.name: [asdict(k) for k in c.kernels] for c in selected},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
@@ -412,22 +360,21 @@ def overhead(directory: Path, calls: int = 3000) -> dict[str, float]:
     import torch
 
     runtime = import_runtime()
-    manifest = load_manifest(directory)
-    case = manifest["overhead"]
+    case = load_cases(directory).overhead
+    if case is None:
+        raise SystemExit(f"{directory}: no overhead graph: run --prepare {directory}")
     device = runtime.open_device(0)
     arrays = draw_inputs(case)
     figures: dict[str, float] = {}
     for graphs in (True, False):
-        prog = case_program(device, directory, case, graphs=graphs)
+        prog = case_program(device, case, graphs=graphs)
         xs = [torch.from_numpy(a).cuda() for a in arrays]
-        args = dict(zip(case["inputs"], xs, strict=True))
-        shapes = [
-            tuple(b["shape"]) for n in case["outputs"] for b in case["buffers"] if b["name"] == n
-        ]
+        args = dict(zip(case.inputs, xs, strict=True))
         outs = {
-            n: torch.empty(s, device="cuda") for n, s in zip(case["outputs"], shapes, strict=True)
+            n: torch.empty(s, device="cuda")
+            for n, s in zip(case.outputs, case.output_shapes, strict=True)
         }
-        host_args = dict(zip(case["inputs"], arrays, strict=True))
+        host_args = dict(zip(case.inputs, arrays, strict=True))
         for label, call in (
             ("torch", lambda a=args, o=outs, p=prog: p(a, o)),
             ("numpy", lambda a=host_args, p=prog: p(a)),

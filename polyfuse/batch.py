@@ -103,6 +103,13 @@ def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="no model or kernel cache")
     p.add_argument("--no-cuda-check", action="store_true", help="skip the NVRTC/nvcc compile")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        default=None,
+        help="write each compiled model to DIR/<model>.pfa (fn.save: CUDA source, cubin for "
+        "--arch, launches, weights), for polyfuse.load without the compiler",
+    )
     add_shapes_argument(p)
     p.set_defaults(func=run_zoo)
     return p
@@ -121,6 +128,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         cache_dir=cache_dir,
         check_cuda=not args.no_cuda_check,
         shapes=parse_shapes(args.shapes),
+        save_dir=str(Path(args.save).resolve()) if args.save else None,
     )
     t0 = time.perf_counter()
     reports = run_batch(
@@ -145,6 +153,9 @@ def run_zoo(args: argparse.Namespace) -> int:
     if c["kernel_hits"] + c["kernel_misses"]:
         line += f"; kernel cache {c['kernel_hits']}/{c['kernel_hits'] + c['kernel_misses']} hits"
     print(line)
+    if args.save:
+        saved = sum(1 for r in reports if r.get("artifact"))
+        print(f"saved {saved} artifacts to {args.save} (polyfuse.load runs them)")
     for r in reports:
         if r["status"] != "ok":
             print(f"polyfuse: error: {r['name']}: {r['reason']}", file=sys.stderr)

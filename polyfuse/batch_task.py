@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import inspect
 import os
+import re
 import time
 import traceback
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ class Task:
     reason: str = ""  # for kind == "invalid"
     #: ONNX input name -> dims (``--shapes``), for models with dynamic input dims
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: ``--save DIR``: write the compiled model there as an artifact (``fn.save``)
+    save_dir: str | None = None
 
 
 @dataclass
@@ -63,6 +66,7 @@ class ModelReport:
     total_seconds: float = 0.0
     cuda: str = ""
     key: str = ""
+    artifact: str = ""  # the file ``--save`` wrote
 
 
 # --------------------------------------------------------------------------- one model (worker)
@@ -121,7 +125,8 @@ def compile_task(task: Task) -> dict[str, Any]:
         store = _model_store(task)
         stage = "reading the cache"
         t0 = time.perf_counter()
-        entry = _model_entry(store, rep.key) if store is not None else None
+        # --save needs the compiled graph: a model-cache hit holds only its summary
+        entry = _model_entry(store, rep.key) if store is not None and not task.save_dir else None
 
         if entry is not None:
             for k in _SUMMARY:
@@ -173,6 +178,9 @@ def compile_task(task: Task) -> dict[str, Any]:
                     else "no NVRTC/nvcc: not compiled"
                 )
             rep.compile_seconds = {k: v for k, v in rep.seconds.items() if k != "hash"}
+            if task.save_dir:
+                stage = "saving the artifact"
+                rep.artifact = str(save_artifact(fn, task))
             if store is not None:
                 stage = "writing the cache"
                 write_atomic(store.path(f"{rep.key}.cu"), fn.cuda_source.encode())
@@ -194,6 +202,21 @@ def compile_task(task: Task) -> dict[str, Any]:
     return dataclasses.asdict(rep)
 
 
+def save_artifact(fn: Any, task: Task) -> Path:
+    """``fn`` saved as ``<save_dir>/<label>.pfa`` with a cubin for the task's arch (the CUDA
+    source only under ``--no-cuda-check`` or where no CUDA compiler is installed)."""
+    from polyfuse.artifact import SUFFIX
+    from polyfuse.errors import CompilerNotFound
+
+    assert task.save_dir is not None
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", task.label).strip("._") or "model"
+    path = Path(task.save_dir) / f"{name}{SUFFIX}"
+    try:
+        return fn.save(path, archs=[task.arch] if task.check_cuda else ())
+    except CompilerNotFound:
+        return fn.save(path, archs=())
+
+
 # --------------------------------------------------------------------------- resolving arguments
 
 
@@ -205,6 +228,7 @@ def resolve_tasks(
     cache_dir: str | None = None,
     check_cuda: bool = True,
     shapes: dict[str, tuple[int, ...]] | None = None,
+    save_dir: str | None = None,
 ) -> list[Task]:
     """Turn command-line arguments into tasks (no argument: the whole built-in zoo); see
     :func:`polyfuse.models.resolve_models`. Unknown names become ``kind="invalid"`` tasks,
@@ -216,5 +240,6 @@ def resolve_tasks(
         cache_dir=cache_dir,
         check_cuda=check_cuda,
         shapes=tuple((shapes or {}).items()),
+        save_dir=save_dir,
     )
     return [Task(m.label, m.kind, m.spec, reason=m.reason, **common) for m in resolve_models(specs)]

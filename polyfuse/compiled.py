@@ -10,28 +10,28 @@ anything with ``__cuda_array_interface__`` or DLPack) are used in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.launch import Launch, LaunchTraffic, dependence_order
-from polyfuse.errors import CallError, CompilerNotFound
+from polyfuse.cuda.launch import Launch, dependence_order
+from polyfuse.errors import CompilerNotFound
 from polyfuse.graph.expr import Tensor
+from polyfuse.runner import BufferSpec, GraphRunner
 
-
-@dataclass(frozen=True)
-class BufferSpec:
-    """A global-memory buffer of the compiled graph."""
-
-    name: str
-    shape: tuple[int, ...]
-    role: str  # "input" | "output" | "intermediate"
-    dtype: str = "float32"
-
-
-_MISSING = object()  # an input no argument was given for
+__all__ = [
+    "BufferSpec",
+    "CompiledGraph",
+    "kernel_accesses",
+    "kernel_order",
+    "plan_buffers",
+    "plan_summary",
+]
 
 
 def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
@@ -41,25 +41,6 @@ def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
     if ident.endswith("_acc") and ident[:-4] in graph.prims:
         return graph.prims[ident[:-4]].tensor.shape
     raise KeyError(ident)
-
-
-def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
-    """The message for a non-numpy argument of the emulator (a device array, or junk)."""
-    device = None
-    try:
-        if hasattr(obj, "__cuda_array_interface__"):
-            device = "a CUDA array"
-        elif hasattr(obj, "__dlpack_device__") and int(obj.__dlpack_device__()[0]) == 2:
-            device = "a CUDA array"
-    except Exception:
-        device = None
-    kind = f"{type(obj).__module__.split('.')[0]}.{type(obj).__name__}"
-    if device:
-        return (
-            f"{what} '{name}' is {device} ({kind}); the emulator runs on host numpy arrays: "
-            "use device='cuda', or copy it to the host"
-        )
-    return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
 
 
 def kernel_order(kernels: list[Kernel]) -> list[int]:
@@ -124,7 +105,33 @@ def _with_resources(k: Kernel, binary: Any) -> Kernel:
     )
 
 
-class CompiledGraph:
+def plan_summary(plan: Any, kernels: list[Kernel]) -> Any:
+    """The :class:`~polyfuse.artifact.PlanSummary` of a plan (None: no plan): its text, kernels,
+    micrographs and decisions, without the isl objects."""
+    from polyfuse.artifact import KernelSummary, MicrographSummary, PlanSummary
+
+    ks = tuple(
+        KernelSummary(
+            name=k.name,
+            function=k.function,
+            grid=tuple(k.grid),
+            block=tuple(k.block),
+            shared_bytes=k.shared_bytes,
+            dynamic_shared_bytes=k.dynamic_shared_bytes,
+            micrographs=tuple(k.micrographs),
+            registers=k.registers,
+            bytes_read=k.bytes_read,
+            bytes_written=k.bytes_written,
+        )
+        for k in kernels
+    )
+    if plan is None:
+        return PlanSummary(kernels=ks)
+    mgs = tuple(MicrographSummary(m.name, m.kind.value, tuple(m.prims)) for m in plan.micrographs)
+    return PlanSummary(str(plan), ks, mgs, tuple(str(d) for d in plan.records()))
+
+
+class CompiledGraph(GraphRunner):
     """A compiled graph: call it on numpy arrays.
 
     Attributes: ``kernels`` (name, source, grid, block, shared_bytes, micrographs),
@@ -157,10 +164,7 @@ class CompiledGraph:
         self.constants: dict[str, np.ndarray] = constants or {}
         self.plan = plan
         self._idents = idents
-        self._emulated = None
-        self._emulated_racecheck = None
-        self._programs: dict[int, Any] = {}
-        self.last_traffic: list[LaunchTraffic] = []
+        self._init_runner()
         self.cuda_binaries: dict[str, Any] = {}
         self.cache_stats: dict[str, int] = {"hits": 0, "misses": 0}
 
@@ -198,182 +202,81 @@ class CompiledGraph:
         if self.plan is not None:
             self.plan = replace(self.plan, kernels=kernels)
 
-    # ------------------------------------------------------------------ calling
-    def _given(self, args: tuple, kwargs: dict) -> list[Any]:
-        """The argument for each input, in input order: positional arguments by position,
-        keyword arguments by input name (refused for a name several inputs share)."""
-        names = [t.name for t in self.inputs]
-        if len(args) > len(self.inputs):
-            raise CallError(
-                f"{self.name}: expected {len(self.inputs)} input arrays ({', '.join(names)}), "
-                f"got {len(args)}"
-            )
-        given: list[Any] = [*args] + [_MISSING] * (len(names) - len(args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise CallError(f"{self.name}: unknown input '{k}'; inputs are {', '.join(names)}")
-            if names.count(k) > 1:
-                raise CallError(
-                    f"{self.name}: {names.count(k)} inputs are named '{k}'; pass them by position"
+    # ------------------------------------------------------------------ artifacts
+    def artifact(
+        self, archs: Sequence[str] | None = None, metadata: dict[str, Any] | None = None
+    ) -> Any:
+        """This graph as a :class:`~polyfuse.artifact.LoadedGraph` (what :meth:`save` writes):
+        its cubins compiled now with NVRTC/nvcc for ``archs`` (default: the compile's arch;
+        ``()``: none — a GPU then compiles the CUDA source where it runs, which needs NVRTC
+        there). ``metadata``: JSON the artifact carries for its user."""
+        from polyfuse.cuda.compiler import SUPPORTED_ARCHS, compile_cuda
+        from polyfuse.errors import ArtifactError
+
+        archs = (self.arch,) if archs is None else tuple(archs)
+        binaries = {}
+        for arch in dict.fromkeys(archs):
+            if arch not in SUPPORTED_ARCHS:
+                raise ArtifactError(
+                    f"{self.name}: cannot save for unknown arch '{arch}'; use any of "
+                    f"{', '.join(SUPPORTED_ARCHS)}"
                 )
-            i = names.index(k)
-            if given[i] is not _MISSING:
-                raise CallError(f"{self.name}: input '{k}' given twice")
-            given[i] = v
-        for t, a in zip(self.inputs, given, strict=True):
-            if a is _MISSING:
-                raise CallError(f"{self.name}: missing input array for '{t.name}' {t.shape}")
-        return given
+            b = self.cuda_binaries.get(arch)
+            if b is None or b.output != "cubin":
+                try:
+                    b = compile_cuda(self.cuda_source, arch, output="cubin")
+                except CompilerNotFound as e:
+                    raise CompilerNotFound(
+                        f"{self.name}: cannot build the {arch} cubin to save ({e}); "
+                        "fn.save(path, archs=()) saves the CUDA source only"
+                    ) from None
+            binaries[arch] = b
+        return self._artifact(binaries, metadata)
 
-    def _bind(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
-        bufs: dict[str, np.ndarray] = {}
-        for t, a in zip(self.inputs, self._given(args, kwargs), strict=True):
-            if not isinstance(a, np.ndarray):
-                raise CallError(_not_host_array(t.name, a))
-            if a.shape != t.shape:
-                raise CallError(f"input '{t.name}': expected shape {t.shape}, got {a.shape}")
-            if a.dtype != np.float32:
-                raise CallError(
-                    f"input '{t.name}': expected float32, got {a.dtype} (use .astype(np.float32))"
-                )
-            bufs[self._idents[t.uid]] = np.ascontiguousarray(a).copy()
-        for ident, a in self.constants.items():
-            bufs[ident] = a.copy()
-        for b in self.buffers:
-            if b.role != "input":
-                bufs[b.name] = np.full(b.shape, np.nan, dtype=np.float32)
-        return bufs
+    def _artifact(self, binaries: dict[str, Any], metadata: dict[str, Any] | None) -> Any:
+        from polyfuse.artifact import LoadedGraph
 
-    def __call__(
-        self,
-        *args: Any,
-        device: str = "emulate",
-        race_check: bool | str = False,
-        out: Any = None,
-        stream: Any = None,
-        **kwargs: Any,
-    ):
-        """Run the graph; returns one array, or a tuple when there are several outputs.
-
-        Arrays bind to ``inputs`` by position; a keyword argument names an input (refused
-        when several inputs share that name: placeholders are distinct by identity).
-
-        ``device``: "emulate" (the CPU emulator, numpy arrays) or "cuda" / "cuda:N" (a GPU,
-        see :mod:`polyfuse.cuda.runtime`): numpy arrays in → numpy arrays out; device arrays
-        (``torch.Tensor``, ``cupy.ndarray``, JAX arrays, any ``__cuda_array_interface__`` or
-        DLPack producer) in → outputs in the same framework on the same GPU, without copies.
-        ``out``: array(s) to write the outputs into — one array, a sequence in output order,
-        or a dict by output name. ``stream`` (GPU): a stream handle or framework stream to run
-        on (default: the inputs' framework's current stream). ``race_check``: emulator only;
-        True/"reverse" runs each block's threads in reverse order between barriers, "random"
-        in a shuffled order (a missing barrier shows as a wrong result); "shadow" runs a
-        race-check build that tracks every shared and global access and raises
-        :class:`~polyfuse.errors.RaceError` naming the kernel, lines and threads of the first
-        data race. Inputs named ``device``, ``out``,
-        ``stream`` or ``race_check`` must be passed positionally.
-        """
-        if isinstance(device, str) and device.startswith("cuda"):
-            if race_check:
-                raise CallError("race_check is an emulator mode; use device='emulate'")
-            return self._run_cuda(device, args, kwargs, out, stream)
-        if device != "emulate":
-            raise CallError(f"unknown device '{device}'; use 'emulate', 'cuda' or 'cuda:N'")
-        if stream is not None:
-            raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
-        bufs = self._bind(args, kwargs)
-        order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
-        if order not in ("forward", "reverse", "random"):
-            raise CallError(
-                "race_check must be False, True, 'reverse', 'random' or 'shadow', not "
-                f"{race_check!r}"
-            )
-        from polyfuse.cuda.emulator import Emulator
-
-        if race_check == "shadow":
-            if self._emulated_racecheck is None:
-                self._emulated_racecheck = Emulator().load(self.cuda_source, racecheck=True)
-            module = self._emulated_racecheck
-        else:
-            if self._emulated is None:
-                self._emulated = Emulator().load(self.cuda_source)
-            module = self._emulated
-        self.last_traffic = module.run(self.launches, bufs, order=order)
-        res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
-        if out is not None:
-            for t, target, value in zip(self.outputs, self._outs(out), res, strict=True):
-                if target is None:
-                    continue
-                if not isinstance(target, np.ndarray):
-                    raise CallError(_not_host_array(t.name, target, what="out"))
-                if target.shape != value.shape or target.dtype != value.dtype:
-                    raise CallError(
-                        f"out '{t.name}': expected a {value.dtype} array of shape {value.shape}, "
-                        f"got {target.dtype} {target.shape}"
-                    )
-                target[...] = value
-            res = tuple(v if o is None else o for v, o in zip(res, self._outs(out), strict=True))
-        return res[0] if len(res) == 1 else res
-
-    def _outs(self, out: Any) -> list[Any]:
-        """``out=`` as one entry (array or None) per output."""
-        names = [t.name for t in self.outputs]
-        if isinstance(out, dict):
-            unknown = set(out) - set(names)
-            if unknown:
-                raise CallError(
-                    f"out: unknown output '{sorted(unknown)[0]}'; outputs are {', '.join(names)}"
-                )
-            return [out.get(n) for n in names]
-        if isinstance(out, (list, tuple)):
-            if len(out) != len(names):
-                raise CallError(f"out: expected {len(names)} arrays ({', '.join(names)})")
-            return list(out)
-        if len(names) != 1:
-            raise CallError(
-                f"out: the graph has {len(names)} outputs ({', '.join(names)}); pass a "
-                "sequence or a dict"
-            )
-        return [out]
-
-    def device_program(self, device: str = "cuda", *, graphs: bool = True):
-        """The :class:`~polyfuse.cuda.runtime.DeviceProgram` that runs this graph on
-        ``device`` ("cuda" or "cuda:N"): made on first use (module loaded, constants
-        uploaded, intermediates allocated), then reused by every call."""
-        from polyfuse.cuda.runtime import DeviceProgram, open_device, parse_device
-
-        ordinal = parse_device(device)
-        prog = self._programs.get(ordinal)
-        if prog is None:
-            dev = open_device(ordinal)
-            module = dev.load(self.cuda_source)
-            idents = self._idents
-            prog = DeviceProgram(
-                dev,
-                module,
-                self.launches,
-                self.buffers,
-                inputs=[idents[t.uid] for t in self.inputs],
-                outputs=[idents[t.uid] for t in self.outputs],
-                constants=self.constants,
-                labels={idents[t.uid]: t.name for t in [*self.inputs, *self.outputs]},
-                graphs=graphs,
-                name=self.name,
-            )
-            self._programs[ordinal] = prog
-        return prog
-
-    def _run_cuda(self, device: str, args: tuple, kwargs: dict, out: Any, stream: Any):
-        given = self._given(args, kwargs)
-        prog = self.device_program(device)
         idents = self._idents
-        argmap = {idents[t.uid]: a for t, a in zip(self.inputs, given, strict=True)}
-        outmap = {}
-        if out is not None:
-            for t, o in zip(self.outputs, self._outs(out), strict=True):
-                if o is not None:
-                    outmap[idents[t.uid]] = o
-        res = prog(argmap, outmap, stream)
-        return res[0] if len(res) == 1 else tuple(res)
+        return LoadedGraph(
+            name=self.name,
+            arch=self.arch,
+            cuda_source=self.cuda_source,
+            launches=self.launches,
+            buffers=self.buffers,
+            inputs=[(t.name, idents[t.uid]) for t in self.inputs],
+            outputs=[(t.name, idents[t.uid]) for t in self.outputs],
+            constants=self.constants,
+            binaries=binaries,
+            plan=plan_summary(self.plan, self.kernels),
+            metadata=metadata,
+        )
+
+    def save(
+        self,
+        path: str | os.PathLike,
+        archs: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Path:
+        """Save this graph as one file that ``polyfuse.load(path)`` runs without the compiler
+        (:mod:`polyfuse.artifact`): CUDA source, a cubin per arch in ``archs`` (default: the
+        compile's arch, compiled now with NVRTC), launches, buffers, constants, the plan
+        summary, versions and checksums. Returns the path."""
+        return self.artifact(archs, metadata).save(Path(path))
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        """Pickling keeps what runs: the artifact (with the cubins already built, no new
+        compile), so an unpickled graph is a :class:`~polyfuse.artifact.LoadedGraph` — called
+        the same way, with the plan as a summary. The isl objects of the plan do not pickle."""
+        from polyfuse.artifact import loads
+
+        cubins = {a: b for a, b in self.cuda_binaries.items() if b.output == "cubin"}
+        return (loads, (self._artifact(cubins, None).dumps(),))
+
+    def __copy__(self) -> CompiledGraph:
+        """A shallow copy is still a compiled graph (only pickling goes through the artifact)."""
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
 
     # ------------------------------------------------------------------ report
     def visualize(self, path, json_path=None):
@@ -384,26 +287,6 @@ class CompiledGraph:
         return visualize(self, path, json_path)
 
     # ------------------------------------------------------------------ measurements
-    def traffic_bytes(self) -> int:
-        """Global bytes moved by the last emulated call (unique elements × 4, per launch)."""
-        return sum(t.bytes_total for t in self.last_traffic)
-
-    def requested_bytes(self) -> int:
-        """Global bytes requested by the last emulated call: every load and store, repeats
-        included (a naive matrix product reads 8 bytes per multiply-add)."""
-        return sum(t.bytes_requested for t in self.last_traffic)
-
     def global_bytes(self) -> int:
         """Distinct global bytes all kernels move, computed exactly by isl (no emulation)."""
         return sum(k.bytes_read + k.bytes_written for k in self.kernels)
-
-    def compulsory_bytes(self) -> int:
-        """Inputs read once plus outputs written once."""
-        n = 0
-        for b in self.buffers:
-            if b.role in ("input", "output"):
-                k = 4
-                for d in b.shape:
-                    k *= d
-                n += k
-        return n

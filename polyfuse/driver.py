@@ -67,15 +67,9 @@ from polyfuse.poly.split import split_long_reductions
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
-from polyfuse.version import __version__
+from polyfuse.version import CODEGEN_REVISION, __version__
 
 MAX_FEEDBACK_ROUNDS = 64
-# Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
-# max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
-# shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores;
-# 6: double-buffered shared tiles with cp.async on sm_80+),
-# so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 6
 
 
 def _check_constants(

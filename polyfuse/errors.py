@@ -57,3 +57,8 @@ class RaceError(EmulatorError):
 
 class DeviceError(PolyfuseError):
     """The GPU (through cuda-bindings or pycuda) is unavailable, or a driver call failed."""
+
+
+class ArtifactError(PolyfuseError):
+    """A saved compiled graph (``fn.save`` / ``polyfuse.load``) cannot be written or read: a
+    missing, corrupt, truncated or other-version file, or one with no binary for the GPU."""

@@ -1,3 +1,11 @@
-"""The polyfuse version (one place; the compile cache salts its keys with it)."""
+"""The polyfuse version and code-generation revision (one place; the compile cache salts its
+keys with both, and saved artifacts record them)."""
 
 __version__ = "0.1.0"
+
+# Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
+# max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
+# shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores;
+# 6: double-buffered shared tiles with cp.async on sm_80+),
+# so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 6

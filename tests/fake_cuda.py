@@ -129,6 +129,11 @@ class FakeGPU:
         #: fake event timings: kernel name -> milliseconds of its launches (deterministic);
         #: an event pair around launches of other kernels measures DEFAULT_MS
         self.kernel_ms: dict[str, float] = {}
+        #: real module images (cubins) the fake can run: image -> the CUDA source it was
+        #: compiled from, which the fake runs in its place (saved artifacts hold cubins)
+        self.images: dict[bytes, str] = {}
+        #: every image loaded, in order (what the runtime chose to load)
+        self.loaded_images: list[bytes] = []
         self.emulator = Emulator()
 
     def handle(self) -> _Handle:
@@ -140,7 +145,10 @@ class FakeGPU:
 
     # -- kernels ---------------------------------------------------------------------------
     def load(self, image: bytes) -> FakeModule:
-        source = image.decode() if isinstance(image, bytes) else str(image)
+        if isinstance(image, (bytes, bytearray)):
+            self.loaded_images.append(bytes(image))
+            image = self.images.get(bytes(image), "").encode() or image
+        source = image.decode(errors="replace") if isinstance(image, bytes) else str(image)
         if "__global__" not in source:
             raise ValueError("fake GPU: the image is not CUDA source")
         return FakeModule(source, self.emulator.load(source))

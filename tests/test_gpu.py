@@ -176,3 +176,32 @@ def test_torch_compile_backend_on_the_gpu():
         got = torch.compile(model, backend=polyfuse_backend)(x)
     assert got.is_cuda
     assert rel(got.cpu().numpy(), want.cpu().numpy()) < 1e-4  # eager may use TF32
+
+
+def test_saved_artifact_runs_its_cubin_on_the_gpu(tmp_path):
+    """fn.save → polyfuse.load: the GPU loads the saved cubin for its arch and gives the
+    compiled graph's results; a process without islpy does the same."""
+    import subprocess
+
+    from polyfuse.cuda.runtime import open_device
+
+    arch = open_device(0).arch
+    inputs, outputs, _ = examples.attention()
+    fn = polyfuse.compile(inputs, outputs, arch=arch)
+    arrays = examples.random_inputs(inputs, seed=9)
+    want = fn(*arrays, device="cuda")
+    path = fn.save(tmp_path / "attention.pfa")
+    g = polyfuse.load(path)
+    np.testing.assert_array_equal(g(*arrays, device="cuda"), want)
+    assert g.device_program("cuda").module.binary.image == g.binaries[arch].image
+    np.savez(tmp_path / "in.npz", *arrays)
+    code = (
+        "import sys; sys.modules['islpy'] = None\n"
+        "import numpy as np, polyfuse\n"
+        f"d = np.load({str(tmp_path / 'in.npz')!r}); g = polyfuse.load({str(path)!r})\n"
+        "y = g(*[d[f'arr_{i}'] for i in range(len(d))], device='cuda')\n"
+        f"np.save({str(tmp_path / 'y.npy')!r}, y)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)

@@ -1,9 +1,9 @@
 """benchmarks/gpu.py without a GPU: the peers compute what polyfuse computes, and the
 prepared artifacts run through the runtime (fake driver, kernels in the emulator).
 
-What the lent GPU machine will run is exactly this path with the real driver: the manifest's
-launches and buffers, :func:`gpu.case_program`, :func:`gpu.draw_inputs`, and the peers as the
-float64 reference.
+What the lent GPU machine will run is exactly this path with the real driver: the prepared
+artifacts (``polyfuse.load``), :func:`gpu.case_program`, :func:`gpu.draw_inputs`, and the peers
+as the float64 reference.
 """
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_cuda import FakeBindings, FakeGPU
 
 from polyfuse import examples
-from polyfuse.cuda.runtime import Device
-from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 
 torch = pytest.importorskip("torch")
 
@@ -63,28 +60,44 @@ def test_compute_peers_match_the_example_references(name):
 
 def test_prepared_cases_run_through_the_runtime(tmp_path):
     cases = ["batchnorm_train_relu", "adam3", "attention_s128"]
-    manifest = gpu.prepare(tmp_path, cases, "sm_90", scale=SCALE)
-    assert (tmp_path / gpu.MANIFEST).exists() and "overhead" in manifest
-    loaded = gpu.load_manifest(tmp_path)
-    assert [c["name"] for c in loaded["cases"]] == cases
-    assert len(loaded["overhead"]["kernels"]) == 4, "the overhead graph has 4 kernels"
-    for c in loaded["cases"]:
-        assert (tmp_path / c["cubin"]).read_bytes()[:4] == b"\x7fELF"
-        assert all(k.spill_bytes == 0 for k in c["kernels"])
-    assert {k.kind for k in loaded["cases"][2]["kernels"]} >= {"gemm"}
-    assert loaded["cases"][0]["kernels"][0].kind in ("reduction", "stitched")
-    assert {k.kind for k in loaded["cases"][1]["kernels"]} == {"elementwise"}
-    device = Device(driver=BindingsDriver(FakeBindings(FakeGPU())))
-    for case in loaded["cases"]:
-        prog = gpu.case_program(device, tmp_path, case, image="source")
+    prepared = gpu.prepare(tmp_path, cases, "sm_90", scale=SCALE)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == sorted([f"{c}.pfa" for c in cases] + ["overhead_attention4.pfa"])
+    assert prepared.overhead is not None
+    loaded = gpu.load_cases(tmp_path)  # polyfuse.load: one artifact per case
+    assert [c.name for c in loaded.cases] == cases and loaded.arch == "sm_90"
+    assert len(loaded.overhead.kernels) == 4, "the overhead graph has 4 kernels"
+    for c in loaded.cases:
+        assert c.graph.binaries["sm_90"].image[:4] == b"\x7fELF"
+        assert all(k.spill_bytes == 0 and k.registers for k in c.kernels)
+        assert c.compulsory_bytes > 0 and c.meta["distinct_bytes"] >= c.compulsory_bytes
+    assert loaded.cases[2].flops > 0 and loaded.cases[0].flops == 0
+    assert {k.kind for k in loaded.cases[2].kernels} >= {"gemm"}
+    assert loaded.cases[0].kernels[0].kind in ("reduction", "stitched")
+    assert {k.kind for k in loaded.cases[1].kernels} == {"elementwise"}
+    device = gpu.fake_device(loaded.cases)  # the fake runs each cubin's CUDA source
+    for case in loaded.cases:
+        prog = gpu.case_program(device, case)
         arrays = gpu.draw_inputs(case, seed=3)
-        if case["name"] == "adam3":
-            v = [a for n, a in zip(case["input_names"], arrays, strict=True) if n[0] == "v"]
+        if case.name == "adam3":
+            v = [a for n, a in zip(case.input_names, arrays, strict=True) if n[0] == "v"]
             assert all((a >= 0).all() for a in v)
-        got = prog(dict(zip(case["inputs"], arrays, strict=True)))
-        want = _peer64(case["name"], arrays)
+        got = prog(dict(zip(case.inputs, arrays, strict=True)))
+        want = _peer64(case.name, arrays)
         for g, w in zip(got, want, strict=True):
-            assert gpu.rel_err(g, w) < 1e-5, case["name"]
+            assert gpu.rel_err(g, w) < 1e-5, case.name
+    loaded_images = device.driver.cu.gpu.loaded_images
+    assert loaded_images == [c.graph.binaries["sm_90"].image for c in loaded.cases]
+
+
+def test_a_damaged_case_stops_the_run_with_the_reason(tmp_path):
+    gpu.prepare(tmp_path, ["layernorm"], "sm_90", scale=SCALE, overhead=False)
+    path = tmp_path / "layernorm.pfa"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(SystemExit, match=r"layernorm.pfa' is truncated"):
+        gpu.load_cases(tmp_path)
+    with pytest.raises(SystemExit, match="no prepared cases"):
+        gpu.load_cases(tmp_path / "empty")
 
 
 def test_runner_imports_without_the_compiler(tmp_path):
