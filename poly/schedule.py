@@ -19,6 +19,7 @@ tensors are called.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import islpy as isl
@@ -255,10 +256,11 @@ def _single_band(sched: isl.Schedule) -> bool:
 
 
 def compute_schedule(
-    model: PolyModel, budget: int = DEFAULT_BUDGET, deadline: float | None = SCHEDULE_DEADLINE_S
+    model: PolyModel, budget: int = DEFAULT_BUDGET, deadline: float | None = None
 ) -> ScheduledMicrograph:
     """Run the isl scheduler on ``model`` within ``budget`` operations and ``deadline``
-    seconds (None: no deadline, the call then runs in-process).
+    seconds per isl call (None: :data:`SCHEDULE_DEADLINE_S`; ``math.inf``: no deadline, the
+    calls then run in-process).
 
     Raises :class:`Feedback` when the micrograph does not come back as one fusion group.
     A single-primitive micrograph that exhausts a bound falls back to its original loop
@@ -267,6 +269,8 @@ def compute_schedule(
     ctx = model.ctx
     configure(ctx)
     mg = model.micrograph
+    deadline = SCHEDULE_DEADLINE_S if deadline is None else deadline
+    deadline = None if math.isinf(deadline) else deadline
     _dependences(model)
     # A reduction's accumulator order need not make its loops sequential: its combine is
     # associative and commutative, so those dependences do not constrain coincidence (the
