@@ -15,6 +15,7 @@ written as isl text: isl's operation budget does not bound its time, the deadlin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -153,6 +154,73 @@ def test_conv1d_relu_maxpool_is_correct():
     ]
 
 
+# --------------------------------------------------------------------------- through torch
+
+_TORCH_MODELS = {
+    "swin_tail": """
+class M(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.l1, s.l2 = nn.Linear(96, 384), nn.Linear(384, 96)
+        s.ln0, s.ln = nn.LayerNorm(96), nn.LayerNorm(96)
+    def forward(s, x):
+        x = x + s.l2(F.gelu(s.l1(s.ln0(x))))
+        h = F.pad(s.ln(x), (0, 0, 0, 5, 0, 5))
+        return torch.roll(h, shifts=(-3, -3), dims=(1, 2))
+example = torch.randn(1, 16, 16, 96)
+""",
+    "conv1d_relu_maxpool": """
+M = lambda: nn.Sequential(nn.Conv1d(1, 32, 16), nn.ReLU(), nn.MaxPool1d(4))
+example = torch.randn(1, 1, 8000)
+""",
+}
+
+
+@pytest.mark.parametrize("model", list(_TORCH_MODELS))
+def test_torch_onnx_reproductions_prepare_within_seconds(model, tmp_path):
+    """The reproductions as reported: exported by torch.onnx (opset 17, TorchScript exporter)
+    and compiled by the ONNX backend, within the limit; the emulator's result is torch's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    script = (
+        textwrap.dedent(
+            """
+        import sys, time, warnings
+        import numpy as np, onnx, torch
+        import torch.nn as nn, torch.nn.functional as F
+        from polyfuse.onnx.backend import prepare
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        """
+        )
+        + _TORCH_MODELS[model]
+        + textwrap.dedent(
+            f"""
+        m = M().eval()
+        path = {str(tmp_path / "m.onnx")!r}
+        torch.onnx.export(m, (example,), path, opset_version=17, dynamo=False)
+        t0 = time.perf_counter()
+        rep = prepare(onnx.load(path))
+        took = time.perf_counter() - t0
+        (got,) = rep.run([example.numpy()], device="emulate")
+        want = m(example).detach().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        print(took)
+        """
+        )
+    )
+    env = {**os.environ, "POLYFUSE_CACHE": "off"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{model}: export + prepare did not finish in 120 s") from None
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    took = float(proc.stdout.split()[-1])
+    assert took <= COMPILE_LIMIT_S, f"{model}: prepare took {took:.1f} s"
+
+
 # --------------------------------------------------------------------------- the guard
 
 
@@ -287,3 +355,56 @@ def test_deadline_feedback_splits_remembers_and_says_why(monkeypatch):
         (e.groups, e.reason, e.limit) for e in events
     ]
     assert len(again.kernels) == len(fn.kernels)
+
+
+# --------------------------------------------------------------------------- the fuzzer's family
+
+
+def test_stencil_family_draws_both_chains_with_every_kind():
+    from polyfuse.testing.stencil import KINDS, generate_stencil
+
+    specs = [generate_stencil(s) for s in range(200)]
+    nodes = [n for sp in specs for n in sp.nodes]
+    assert {n.kind for n in nodes} == {*KINDS, "input", "binary"}
+    rolls = [n for n in nodes if n.kind == "roll"]
+    assert {n.axes for n in rolls} >= {(1,), (2,)} and len({n.params for n in rolls}) > 5
+    pads = [n for n in nodes if n.kind == "pad"]
+    assert any(sum(n.params) > 0 for n in pads)  # padding before, not only after
+    convs = [n for n in nodes if n.kind == "conv1d"]
+    assert {n.params[0] for n in convs} >= {1, 2, 4, 16} and any(len(n.args) == 3 for n in convs)
+    assert {n.op for n in nodes if n.kind == "pool1d"} == {"max", "avg"}
+    # a concat of two different producers, and chains of two conv stages
+    assert any(len(set(n.args)) == 2 for n in nodes if n.kind == "concat")
+    assert any(sum(n.kind == "conv1d" for n in sp.nodes) == 2 for sp in specs)
+    assert generate_stencil(7).nodes == generate_stencil(7).nodes  # a function of the seed
+
+
+def test_fuzzer_draws_the_stencil_family():
+    from polyfuse.testing.generate import FAMILIES, draw, generate
+
+    assert set(FAMILIES) >= {"random", "stencil"}
+    families = [draw(s).meta["family"] for s in range(100)]
+    assert 5 < families.count("stencil") < 50
+    seed = families.index("random")
+    assert draw(seed).nodes == generate(seed).nodes  # the random family is generate's graphs
+
+
+def test_stencil_family_graphs_pass_and_print_as_scripts(tmp_path):
+    """A fast tier of the family: 16 graphs, 8 per compile, emulator vs reference; and the
+    failure script of a norm chain and of a conv chain runs and agrees."""
+    from polyfuse.testing.run import run_batch
+    from polyfuse.testing.script import to_script
+    from polyfuse.testing.stencil import generate_stencil
+
+    outcomes = []
+    for start in (0, 8):
+        specs = [generate_stencil(s, prefix=f"g{s - start}_") for s in range(start, start + 8)]
+        outcomes += run_batch(specs)
+    assert [o.status for o in outcomes] == ["pass"] * 16, [o.detail for o in outcomes]
+    for want in ("layer_norm", "conv1d"):
+        seed = next(s for s in range(50) if any(n.kind == want for n in generate_stencil(s).nodes))
+        path = tmp_path / f"{want}.py"
+        path.write_text(to_script(generate_stencil(seed)))
+        proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert re.search(r"\b0 of \d+ outputs differ", proc.stdout), proc.stdout[-500:]
