@@ -21,8 +21,16 @@ Policy. A call that can blow up runs under both bounds:
   as isl text, and the parent kills the child at the deadline. The deadline is a safety net far
   above any normal call (normal calls end on their result or their budget long before).
 
-Where ``fork`` is unavailable the call runs in-process under the budget alone. The child writes
-to a pipe and leaves with ``os._exit``; it runs isl code and nothing else of the parent's.
+Cost. A fork is not free for a Python process: besides the fork itself, the parent then takes
+a page fault on every page it writes (10-20 ms per call measured, against a few ms for a
+typical scheduler call). So a call first runs in-process for a small number of operations
+(``Limits.inline``, chosen where isl's operations were cheap on every input measured) and
+only a call that needs more starts over in the child. The outcome does not depend on where
+the call ran; only the deadline, which a normal call never meets, can change it.
+
+Where ``fork`` is unavailable (or fails) the call runs in-process under the budget alone. The
+child writes to a pipe and leaves with ``os._exit``; it runs isl code and nothing else of the
+parent's. A child that dies without a result (killed, or crashed inside isl) is an ``error``.
 """
 
 from __future__ import annotations
@@ -130,19 +138,20 @@ def bounded(
     """
     t0 = time.perf_counter()
     whole = not FORK or limits.seconds is None or limits.inline >= limits.operations
-    inline = limits.operations if whole else limits.inline
-    if inline > 0:
+    if not whole and limits.inline > 0:
         try:
-            with operation_budget(ctx, inline):
-                value = call()
-            return Outcome(value, time.perf_counter() - t0, False)
-        except isl.Error as e:
-            limit = _classify(e)
-            if whole or limit != "operations":
-                raise Exhausted(limit, limits, str(e), time.perf_counter() - t0) from None
-    # more than ``inline`` operations: the call starts over where the deadline holds
-    status, payload = _in_child(ctx, call, limits, to_text)
+            return _in_process(ctx, call, limits.inline, t0)
+        except Exhausted as e:
+            if e.limit != "operations":
+                raise Exhausted(e.limit, limits, e.detail, e.seconds) from None
+        # more than ``inline`` operations: the call starts over where the deadline holds
+    status, payload = ("nofork", "") if whole else _in_child(ctx, call, limits, to_text)
     took = time.perf_counter() - t0
+    if status == "nofork":  # no fork, no deadline (or none could be started)
+        try:
+            return _in_process(ctx, call, limits.operations, t0)
+        except Exhausted as e:
+            raise Exhausted(e.limit, limits, e.detail, e.seconds) from None
     if status == "ok":
         return Outcome(from_text(payload), time.perf_counter() - t0, True)
     if status == "none":
@@ -151,7 +160,21 @@ def bounded(
         raise Exhausted("deadline", limits, seconds=took)
     if status == "isl":
         raise Exhausted(_classify(payload), limits, payload, took)
+    if status == "died":
+        raise Exhausted("error", limits, payload, took)
     raise RuntimeError(f"bounded isl call failed in its child process:\n{payload}")
+
+
+def _in_process(
+    ctx: isl.Context, call: Callable[[], T | None], operations: int, t0: float
+) -> Outcome[T]:
+    try:
+        with operation_budget(ctx, operations):
+            value = call()
+    except isl.Error as e:
+        limits = Limits(operations, None)
+        raise Exhausted(_classify(e), limits, str(e), time.perf_counter() - t0) from None
+    return Outcome(value, time.perf_counter() - t0, False)
 
 
 def _in_child(
@@ -161,11 +184,16 @@ def _in_child(
     child was stopped. The parent only waits: it never touches isl meanwhile."""
     assert limits.seconds is not None
     r, w = os.pipe()
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about fork in a process with threads; the child only runs isl
-        # (plain C with its own state) and os.write, and leaves with os._exit.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork in a process with threads; the child only runs
+            # isl (plain C with its own state) and os.write, and leaves with os._exit.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:  # no process to be had (limits on processes or memory)
+        os.close(r)
+        os.close(w)
+        return "nofork", ""
     if pid == 0:  # the child: compute, write, leave without running any of the parent's exits
         try:
             os.close(r)
@@ -198,8 +226,8 @@ def _in_child(
     if data is None:
         return "deadline", ""
     status, _, payload = data.decode().partition("\n")
-    if not status:
-        return "crash", "the child process ended without a result"
+    if not status:  # killed (the kernel's OOM killer) or crashed inside isl
+        return "died", "the child process running isl ended without a result"
     return status, payload
 
 

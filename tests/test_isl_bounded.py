@@ -329,6 +329,25 @@ def test_without_fork_the_budget_alone_bounds_the_call(monkeypatch):
     assert info.value.limit == "operations"
 
 
+def test_a_child_that_dies_or_cannot_start_is_no_crash(monkeypatch):
+    """A child killed inside the call (as the kernel's OOM killer would) is an isl failure the
+    feedback handles; when no process can be started the call runs in-process."""
+    import signal
+
+    ctx = isl.Context()
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731 - runs in the child only
+    with pytest.raises(guard.Exhausted) as info:
+        guard.bounded(ctx, die, guard.Limits(1000, 5.0, inline=0), str, str)
+    assert info.value.limit == "error" and "ended without a result" in info.value.detail
+
+    def no_fork():
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(guard.os, "fork", no_fork)
+    out = guard.bounded(ctx, lambda: "here", guard.Limits(1000, 5.0, inline=0), str, str)
+    assert out.value == "here" and not out.forked
+
+
 def test_deadline_feedback_splits_remembers_and_says_why(monkeypatch):
     """Every scheduler call out of time: the micrographs split down to single primitives (which
     keep their own loop order), the plan says why, the result is right, and a second compile
