@@ -301,7 +301,8 @@ def compute_schedule(
     retry_note = ""
     if relax and small and not _single_band(sched):
         retry, retry_note = _whole_component(model, sc, back, budget, deadline)
-        sched = retry or sched
+        if retry is not None:
+            sched = retry
 
     root = sched.get_root()
     top = root.child(0) if root.has_children() else None
