@@ -257,7 +257,7 @@ def test_deadline_stops_the_swin_call():
         guard.bounded(ctx, call, limits, str, lambda t: isl.Schedule(t, context=ctx))
     took = time.perf_counter() - t0
     assert info.value.limit == "deadline" and "deadline of 1 s" in info.value.reason
-    assert 1.0 <= took < 3.0
+    assert 1.0 <= took < 5.0
     # the context is usable afterwards: the call ran in a child process
     assert isl.Set("{ [i] : 0 <= i < 4 }", context=ctx).count_val().to_python() == 4
 
