@@ -1,4 +1,4 @@
-"""Small conveniences over islpy lists."""
+"""Small conveniences over islpy lists and names."""
 
 from __future__ import annotations
 
@@ -68,3 +68,28 @@ def injective(u: isl.UnionMap) -> bool:
         m = m.equate(isl.dim_type.param, i, isl.dim_type.out, out + i)
     m = m.move_dims(isl.dim_type.in_, m.dim(isl.dim_type.in_), isl.dim_type.param, 0, n)
     return m.is_injective()
+
+
+def rename_tuples(u: isl.UnionSet | isl.UnionMap, names: dict[str, str]):
+    """``u`` with the tuple names in ``names`` replaced (others kept).
+
+    The pieces are put together in the order of their text: a union's order is that of
+    isl's hash table, which follows the order of insertion, and isl's scheduler follows it,
+    so the result does not depend on the names ``u`` had."""
+    if isinstance(u, isl.UnionSet):
+        sets = [
+            s.set_tuple_name(names.get(s.get_tuple_name(), s.get_tuple_name())) for s in sets_of(u)
+        ]
+        out = isl.UnionSet.empty(u.get_space())
+        for s in sorted(sets, key=str):
+            out = out.union(isl.UnionSet.from_set(s))
+        return out
+    maps = []
+    for m in maps_of(u):
+        a, b = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        m = m.set_tuple_name(isl.dim_type.in_, names.get(a, a))
+        maps.append(m.set_tuple_name(isl.dim_type.out, names.get(b, b)))
+    res = isl.UnionMap.empty(u.get_space())
+    for m in sorted(maps, key=str):
+        res = res.union(isl.UnionMap.from_map(m))
+    return res

@@ -1,26 +1,53 @@
-"""Schedule a micrograph with the isl scheduler under an operation budget.
+"""Schedule a micrograph with the isl scheduler under an operation budget and a deadline.
 
 The scheduler gets validity = all dependences, proximity = flow dependences and coincidence
 = all dependences, with outer coincidence preferred so that parallel loops come first. A
 micrograph must come back as *one fusion group*: a single outermost band over every
-statement. When isl runs out of its operation budget, or returns a schedule whose top level
-is a sequence/set that separates statements, the micrograph did not fuse and
-:class:`Feedback` is raised with the groups to split it into; the driver hands those to the
-partitioner as separations and re-partitions (APOLLO's partition ↔ fusion feedback loop).
+statement. When isl runs out of its operation budget or its deadline (poly/guard.py: the
+budget alone does not bound isl's time), or returns a schedule whose top level is a
+sequence/set that separates statements, the micrograph did not fuse and :class:`Feedback` is
+raised with the groups to split it into; the driver hands those to the partitioner as
+separations and re-partitions (APOLLO's partition ↔ fusion feedback loop).
+
+isl's result, and its running time, depend on the order of the statements in its input,
+which isl takes from hashes of their names: swin_t's LayerNorm→Pad→roll group scheduled in
+0.01 s under one set of names and ran for 20 minutes under another. The scheduler therefore
+sees canonical statement names (``S0``, ``S1``… in the micrograph's statement order) and its
+schedule is renamed back by a pullback, so one group always gets one schedule, whatever its
+tensors are called.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.errors import ScheduleError
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
-from polyfuse.poly.islutil import parallel_depth
+from polyfuse.poly.guard import Exhausted, Limits, bounded, operation_budget
+from polyfuse.poly.islutil import parallel_depth, rename_tuples
 from polyfuse.poly.model import PolyModel
 
-DEFAULT_BUDGET = 2_000_000  # isl operations per scheduler call
+# isl operations per scheduler call. Every scheduler call of the examples, the suite, the
+# test cases and the tiny zoo needs at most ~100k (median 14k, about 0.5 us each); five times
+# that leaves room for larger groups while a call whose operations stay cheap ends on the
+# budget (deterministically) well before its deadline.
+DEFAULT_BUDGET = 500_000
+# Wall-clock bound of one scheduler call (poly/guard.py): a safety net for the calls whose
+# operations grow expensive (isl's integers grow); normal calls take at most ~50 ms.
+SCHEDULE_DEADLINE_S = 2.0
+# Operations a scheduler call runs in-process before it moves to a child process that the
+# deadline can stop (a fork costs ~10-20 ms with the page faults it leaves; 85% of the calls
+# of the corpus above end within 30k operations). The first 30k operations stay cheap on every
+# input measured: 5 ms for the swin_t group whose next 70k took 13 s. The whole-component
+# retry, whose operations grew expensive after 7k (3 s at 10k), always runs in the child.
+INLINE_OPERATIONS = 30_000
+# isl operations of the dependence analysis (in-process: flow analysis has not blown up, and
+# its result is needed by later stages, so it is bounded by operations only).
+DEPENDENCE_BUDGET = 2_000_000
 # Bound on every schedule coefficient isl may choose. By default (schedule_treat_coalescing)
 # a coefficient is bounded only by its loop's extent, and isl's search for a non-trivial band
 # row (isl_tab_basic_set_non_trivial_lexmin in compute_wcc_band) then pivots on integers that
@@ -35,15 +62,28 @@ WHOLE_COMPONENT_MAX_STATEMENTS = 5
 # minutes. The retries of the examples, the suite and the tests need at most 40k operations
 # (batch_norm_train_relu of test_stitching).
 WHOLE_COMPONENT_BUDGET = 60_000
+# Its deadline: the retry is optional, so it gets less time than the call it improves on.
+WHOLE_COMPONENT_DEADLINE_S = 1.0
+# The retry runs without isl's coalescing treatment (schedule_treat_coalescing): it bounds
+# each coefficient by half the other loops' extents, which MAX_COEFFICIENT already does more
+# tightly, and the extents it writes into the ILP made the integers grow: Conv1d(1, 32, 16)
+# -> ReLU -> MaxPool1d(4) on 8000 samples ran its 60k operations for 200 s with it, and
+# finishes in 0.2 s without it (the same schedules elsewhere: batch_norm_train_relu).
+WHOLE_COMPONENT_TREAT_COALESCING = False
 
 
 @dataclass
 class Feedback(Exception):
-    """A micrograph did not schedule as one fusion group; split it into ``groups``."""
+    """A micrograph did not schedule as one fusion group; split it into ``groups``.
+
+    ``limit`` says which bound stopped isl (``"operations"``, ``"deadline"``, ``"error"``;
+    see :class:`polyfuse.poly.guard.Exhausted`), or None when isl finished without fusing.
+    """
 
     micrograph: str
     reason: str
     groups: list[list[str]]  # primitive names per part, in dependence order
+    limit: str | None = None
 
     def __str__(self) -> str:
         parts = " | ".join(", ".join(g) for g in self.groups)
@@ -161,21 +201,53 @@ def _halves(model: PolyModel) -> list[list[str]]:
 
 
 def _run_scheduler(
-    sc: isl.ScheduleConstraints, ctx: isl.Context, budget: int, whole_component: bool
-) -> tuple[isl.Schedule | None, bool]:
+    sc: isl.ScheduleConstraints, ctx: isl.Context, limits: Limits, whole_component: bool
+) -> tuple[isl.Schedule | None, Exhausted | None]:
+    """isl's schedule for ``sc`` under ``limits`` (poly/guard.py), or why there is none."""
     ctx.set_schedule_whole_component(1 if whole_component else 0)
+    treat = not whole_component or WHOLE_COMPONENT_TREAT_COALESCING
+    ctx.set_schedule_treat_coalescing(1 if treat else 0)
     ctx.set_schedule_max_coefficient(MAX_COEFFICIENT)
-    ctx.set_max_operations(budget)
-    ctx.reset_operations()
     try:
-        sched = sc.compute_schedule()
-        return sched, sched is None
-    except isl.Error:
-        return None, True
+        out = bounded(ctx, sc.compute_schedule, limits, str, lambda t: isl.Schedule(t, context=ctx))
+    except Exhausted as e:
+        return None, e
     finally:
-        ctx.set_max_operations(0)
         ctx.set_schedule_max_coefficient(-1)
+        ctx.set_schedule_treat_coalescing(1)
         ctx.set_schedule_whole_component(0)
+    if out.value is None:
+        return None, Exhausted("error", limits, "isl returned no schedule", out.seconds)
+    return out.value, None
+
+
+def canonical_names(model: PolyModel) -> dict[str, str]:
+    """Statement name -> the name the scheduler sees (``S<k>``, k its position)."""
+    return {s.name: f"S{k}" for k, s in enumerate(model.statements)}
+
+
+def _renamed_back(model: PolyModel, canon: dict[str, str]) -> isl.UnionPwMultiAff:
+    """Each statement instance -> its canonical instance: a schedule over the canonical names
+    pulled back by it is the same schedule over the statements' own names."""
+    out = isl.UnionMap.empty(isl.Space.params_alloc(model.ctx, 0))
+    for s in model.statements:
+        ident = isl.Map.identity(s.domain.get_space().map_from_set())
+        ident = ident.set_tuple_name(isl.dim_type.out, canon[s.name])
+        out = out.union(isl.UnionMap.from_map(ident))
+    return isl.UnionPwMultiAff.from_union_map(out)
+
+
+def _dependences(model: PolyModel) -> None:
+    """Run the model's dependence analysis under :data:`DEPENDENCE_BUDGET` operations."""
+    try:
+        with operation_budget(model.ctx, DEPENDENCE_BUDGET):
+            model.validity, model.flow  # noqa: B018 - computed and kept on first use
+    except isl.Error as e:
+        mg = model.micrograph
+        why = f"dependence analysis exceeded {DEPENDENCE_BUDGET} isl operations"
+        if len(mg.prims) > 1:
+            raise Feedback(_label(mg), why, _halves(model), "operations") from None
+        raise ScheduleError(f"{_label(mg)}: {why} ({e}); this primitive is too complex") from None
 
 
 def _single_band(sched: isl.Schedule) -> bool:
@@ -183,47 +255,54 @@ def _single_band(sched: isl.Schedule) -> bool:
     return root.has_children() and root.child(0).get_type() == isl.schedule_node_type.band
 
 
-def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> ScheduledMicrograph:
-    """Run the isl scheduler on ``model`` within ``budget`` operations.
+def compute_schedule(
+    model: PolyModel, budget: int = DEFAULT_BUDGET, deadline: float | None = None
+) -> ScheduledMicrograph:
+    """Run the isl scheduler on ``model`` within ``budget`` operations and ``deadline``
+    seconds per isl call (None: :data:`SCHEDULE_DEADLINE_S`; ``math.inf``: no deadline, the
+    calls then run in-process).
 
     Raises :class:`Feedback` when the micrograph does not come back as one fusion group.
-    A single-primitive micrograph that exhausts the budget falls back to its original loop
+    A single-primitive micrograph that exhausts a bound falls back to its original loop
     order (always legal), so feedback always makes progress.
     """
     ctx = model.ctx
     configure(ctx)
     mg = model.micrograph
+    deadline = SCHEDULE_DEADLINE_S if deadline is None else deadline
+    deadline = None if math.isinf(deadline) else deadline
+    _dependences(model)
     # A reduction's accumulator order need not make its loops sequential: its combine is
     # associative and commutative, so those dependences do not constrain coincidence (the
     # reduced loops can then fuse with their producers). Flags are made strict again below.
     relax = mg.kind == OpKind.REDUCTION
     coincidence = model.validity.subtract(model.accumulator_deps()) if relax else model.validity
+    canon = canonical_names(model)
     sc = (
-        isl.ScheduleConstraints.on_domain(model.domain)
-        .set_validity(model.validity)
-        .set_proximity(model.flow)
-        .set_coincidence(coincidence)
+        isl.ScheduleConstraints.on_domain(rename_tuples(model.domain, canon))
+        .set_validity(rename_tuples(model.validity, canon))
+        .set_proximity(rename_tuples(model.flow, canon))
+        .set_coincidence(rename_tuples(coincidence, canon))
     )
-    sched, failed = _run_scheduler(sc, ctx, budget, whole_component=False)
-    small = len(model.statements) <= WHOLE_COMPONENT_MAX_STATEMENTS
-    if relax and small and not failed and not _single_band(sched):
-        # isl's clustering fused the producers first along their own outer loop; the
-        # whole-component scheduler considers the reduction too. Its pivots get expensive (large
-        # integers), so it is only tried on small micrographs and under its own small budget.
-        retry_budget = min(budget, WHOLE_COMPONENT_BUDGET)
-        retry, retry_failed = _run_scheduler(sc, ctx, retry_budget, whole_component=True)
-        if not retry_failed and _single_band(retry):
-            sched = retry
-    if failed:
+    back = _renamed_back(model, canon)
+    limits = Limits(budget, deadline, INLINE_OPERATIONS)
+    sched, why = _run_scheduler(sc, ctx, limits, whole_component=False)
+    if sched is None:
+        assert why is not None
         if len(mg.prims) == 1:
             return ScheduledMicrograph(
                 model,
                 identity_schedule(model),
-                notes=[
-                    f"isl budget of {budget} operations exhausted; kept the original loop order"
-                ],
+                notes=[f"{why.reason}; kept the original loop order"],
             )
-        raise Feedback(_label(mg), f"isl budget of {budget} operations exhausted", _halves(model))
+        raise Feedback(_label(mg), why.reason, _halves(model), why.limit)
+    sched = sched.pullback_union_pw_multi_aff(back)
+    small = len(model.statements) <= WHOLE_COMPONENT_MAX_STATEMENTS
+    retry_note = ""
+    if relax and small and not _single_band(sched):
+        retry, retry_note = _whole_component(model, sc, back, budget, deadline)
+        if retry is not None:
+            sched = retry
 
     root = sched.get_root()
     top = root.child(0) if root.has_children() else None
@@ -236,9 +315,8 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
         groups = _split_groups(model, top)
         if len(groups) > 1:
             kind = "sequence" if top.get_type() == isl.schedule_node_type.sequence else "set"
-            raise Feedback(
-                _label(mg), f"isl did not fuse the micrograph (top-level {kind})", groups
-            )
+            why = f"isl did not fuse the micrograph (top-level {kind})"
+            raise Feedback(_label(mg), why + (f"; {retry_note}" if retry_note else ""), groups)
     if relax:
         sched = strict_coincidence(sched, model.validity)
     need, have = _parallelism_needed(model), parallel_depth(sched)
@@ -251,6 +329,40 @@ def compute_schedule(model: PolyModel, budget: int = DEFAULT_BUDGET) -> Schedule
             _halves(model),
         )
     return ScheduledMicrograph(model, sched)
+
+
+def _whole_component(
+    model: PolyModel,
+    sc: isl.ScheduleConstraints,
+    back: isl.UnionPwMultiAff,
+    budget: int,
+    deadline: float | None,
+) -> tuple[isl.Schedule | None, str]:
+    """The whole-component schedule when it is one parallel band, else None and why not.
+
+    isl's clustering fused the producers first along their own outer loop; the whole-component
+    scheduler considers the reduction too. Its pivots get expensive (large integers), so it is
+    only tried on small micrographs, under bounds of its own and always in a child process.
+    """
+    limits = Limits(min(budget, WHOLE_COMPONENT_BUDGET), _shorter(deadline))
+    retry, why = _run_scheduler(sc, model.ctx, limits, whole_component=True)
+    if retry is None:
+        return None, f"whole-component retry: {why.reason if why else 'no schedule'}"
+    if not _single_band(retry):
+        return None, "the whole-component retry did not fuse it either"
+    retry = retry.pullback_union_pw_multi_aff(back)
+    need = _parallelism_needed(model)
+    have = parallel_depth(strict_coincidence(retry, model.validity))
+    if have < need:
+        return None, (
+            "the whole-component retry fused it only without parallel outer loops "
+            f"({have} < {need})"
+        )
+    return retry, ""
+
+
+def _shorter(deadline: float | None) -> float | None:
+    return None if deadline is None else min(deadline, WHOLE_COMPONENT_DEADLINE_S)
 
 
 def _parallelism_needed(model: PolyModel) -> int:

@@ -272,14 +272,17 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
     if entry is not None:
         if "feedback" in entry:
             groups = [[back[p] for p in grp] for grp in entry["feedback"]]
-            raise Feedback(f"{mg.name} [{', '.join(mg.prims)}]", entry["reason"], groups)
+            label = f"{mg.name} [{', '.join(mg.prims)}]"
+            raise Feedback(label, entry["reason"], groups, entry.get("limit"))
         return ScheduledMicrograph(model, rename(entry["schedule"], back), notes=entry["notes"])
     canon = key.canonical()
     try:
         sm = compute_schedule(model, budget)
     except Feedback as fb:
         groups = [[canon[p] for p in grp] for grp in fb.groups]
-        cache.put(key.digest, {"feedback": groups, "reason": fb.reason})
+        # remembered, the bound that stopped isl too: a group isl could not schedule in time
+        # is split again without running isl again (in this compile and, on disk, later ones)
+        cache.put(key.digest, {"feedback": groups, "reason": fb.reason, "limit": fb.limit})
         raise
     cache.put(key.digest, {"schedule": rename(str(sm.schedule), canon), "notes": list(sm.notes)})
     return sm

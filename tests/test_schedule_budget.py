@@ -89,20 +89,23 @@ def test_whole_component_schedule_of_fuzz_graph_finishes_and_is_correct():
 
 
 def test_whole_component_retry_runs_under_its_own_small_budget(monkeypatch):
-    """The retry's pivots grow expensive with the loop extents: it gets a budget of its own."""
-    calls: list[tuple[int, bool]] = []
+    """The retry's pivots grow expensive with the loop extents: it gets bounds of its own."""
+    calls: list[tuple[schedule.Limits, bool]] = []
     run = schedule._run_scheduler
 
-    def spy(sc, ctx, budget, whole_component):
-        calls.append((budget, whole_component))
-        return run(sc, ctx, budget, whole_component)
+    def spy(sc, ctx, limits, whole_component):
+        calls.append((limits, whole_component))
+        return run(sc, ctx, limits, whole_component)
 
     monkeypatch.setattr(schedule, "_run_scheduler", spy)
     inputs, outputs = _build()
     polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz")
-    retries = [b for b, whole in calls if whole]
-    assert retries and all(b <= schedule.WHOLE_COMPONENT_BUDGET for b in retries)
-    assert any(b == schedule.DEFAULT_BUDGET for b, whole in calls if not whole)
+    retries = [lim for lim, whole in calls if whole]
+    assert retries and all(lim.operations <= schedule.WHOLE_COMPONENT_BUDGET for lim in retries)
+    assert all(lim.seconds <= schedule.WHOLE_COMPONENT_DEADLINE_S for lim in retries)
+    assert all(lim.inline == 0 for lim in retries)  # always where the deadline holds
+    firsts = [lim for lim, whole in calls if not whole]
+    assert firsts and all(lim.operations == schedule.DEFAULT_BUDGET for lim in firsts)
 
 
 @pytest.mark.slow

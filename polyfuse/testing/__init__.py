@@ -5,3 +5,5 @@ compared against :func:`polyfuse.reference.evaluate` (:mod:`.run`); a failing gr
 to a minimal one (:mod:`.shrink`) and printed as a runnable script (:mod:`.script`).
 ``polyfuse fuzz --n N --seed S`` is the command line.
 """
+
+from . import stencil  # noqa: F401, E402 - registers the "stencil" generator family

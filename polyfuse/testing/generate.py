@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,12 +34,15 @@ from polyfuse import te
 __all__ = [
     "BINARY",
     "DIM_SIZES",
+    "FAMILIES",
+    "Family",
     "GraphSpec",
     "Node",
     "REDUCE",
     "UNARY",
     "broadcast_shape",
     "build",
+    "draw",
     "generate",
     "input_values",
     "reduce_layout",
@@ -83,6 +87,7 @@ class Node:
     pre: str = ""
     fill: str = ""
     seed: int = 0  # input: the seed its values are drawn from
+    params: tuple[int, ...] = ()  # the integers of a family's node kinds (:data:`FAMILIES`)
 
 
 @dataclass
@@ -497,6 +502,42 @@ def merge(specs: list[GraphSpec]) -> GraphSpec:
     return GraphSpec(dims, nodes, outputs, specs[0].seed if specs else 0)
 
 
+# --------------------------------------------------------------------------- families
+
+
+@dataclass(frozen=True)
+class Family:
+    """A generator family: how often the fuzzer draws it, its generator, and the node kinds it
+    adds beyond :func:`generate`'s, each with its te builder and its script text."""
+
+    weight: float
+    generate: Callable[..., GraphSpec]  # (seed, *, max_elements, prefix) -> spec
+    #: kind -> (spec, node, tensors so far by name) -> the node's tensor
+    build: dict[str, Callable[[GraphSpec, Node, dict[str, te.Tensor]], te.Tensor]]
+    #: kind -> (spec, node) -> lines of Python that build it (with ``ops`` and ``te``)
+    source: dict[str, Callable[[GraphSpec, Node], list[str]]]
+
+
+#: The families ``polyfuse fuzz`` draws from: :func:`generate`'s random graphs, and those
+#: other modules add (:mod:`.stencil`).
+FAMILIES: dict[str, Family] = {"random": Family(4.0, generate, {}, {})}
+
+
+def draw(seed: int, *, max_elements: int = 4096, prefix: str = "") -> GraphSpec:
+    """The graph of ``seed`` from a family drawn by ``seed`` (weighted): a pure function of
+    the seed and the registered families. ``meta["family"]`` names it."""
+    names = sorted(FAMILIES)
+    pick = random.Random(f"family {seed}").choices(names, [FAMILIES[n].weight for n in names])
+    spec = FAMILIES[pick[0]].generate(seed, max_elements=max_elements, prefix=prefix)
+    spec.meta["family"] = pick[0]
+    return spec
+
+
+def family_kind(kind: str) -> Family | None:
+    """The family that adds node kind ``kind`` (None for :func:`generate`'s own kinds)."""
+    return next((f for f in FAMILIES.values() if kind in f.build), None)
+
+
 # --------------------------------------------------------------------------- values
 
 
@@ -589,6 +630,9 @@ def build(spec: GraphSpec) -> tuple[list[te.Tensor], list[te.Tensor], dict[str, 
         shape = spec.size(n.shape)
         if n.kind == "input":
             ts[n.name] = te.placeholder(shape, name=n.name)
+            continue
+        if (fam := family_kind(n.kind)) is not None:
+            ts[n.name] = fam.build[n.kind](spec, n, ts)
             continue
         srcs = [ts[a] for a in n.args]
         shapes = [spec.node(a).shape for a in n.args]

@@ -27,7 +27,7 @@ from polyfuse.errors import PolyfuseError
 from polyfuse.graph.expr import Tensor
 from polyfuse.reference import evaluate
 
-from .generate import GraphSpec, build, generate, input_values, merge
+from .generate import GraphSpec, build, draw, input_values, merge
 
 __all__ = [
     "Outcome",
@@ -233,7 +233,7 @@ def fuzz(
     rep = FuzzReport()
     for start in range(0, n, batch):
         specs = [
-            generate(seed + i, max_elements=max_elements, prefix=f"g{i}_")
+            draw(seed + i, max_elements=max_elements, prefix=f"g{i}_")
             for i in range(start, min(n, start + batch))
         ]
         rep.compiles += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .generate import ONE, GraphSpec, Node, input_values, reduce_layout
+from .generate import ONE, GraphSpec, Node, family_kind, input_values, reduce_layout
 
 __all__ = ["to_script"]
 
@@ -52,6 +52,8 @@ def _node(spec: GraphSpec, n: Node) -> list[str]:
     shape = spec.size(n.shape)
     if n.kind == "input":
         return [f'{n.name} = te.placeholder({shape!r}, name="{n.name}")']
+    if (fam := family_kind(n.kind)) is not None:  # a generator family's kind (ops calls)
+        return fam.source[n.kind](spec, n)
     shapes = [spec.node(a).shape for a in n.args]
     idx = _idx(len(shape))
     lines: list[str] = []
@@ -113,7 +115,7 @@ def to_script(spec: GraphSpec, *, race_check: bool = False, title: str = "") -> 
         "import numpy as np",
         "",
         "import polyfuse",
-        "from polyfuse import te",
+        "from polyfuse import ops, te",
         "from polyfuse.reference import evaluate",
         "from polyfuse.testing.run import compare, perturbed_references",
         "",

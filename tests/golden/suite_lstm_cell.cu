@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6aec22db90a11beec364(float* __restrict__ c2_, float* __restrict__ h2, const float* __restrict__ gates, const float* __restrict__ c) {
+extern "C" __global__ void __launch_bounds__(256) pf_607d087fdd709591c441(float* __restrict__ c2_, float* __restrict__ h2, const float* __restrict__ gates, const float* __restrict__ c) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -64,11 +64,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_6aec22db90a11beec364(float*
   float r_ig;
   float r_c2_;
   float r_tanh_c2;
-  r_gate_g = gates[b0 * 2048 + (((256 * b1) + t1) + 1024)];
-  r_tanh_g = tanhf(r_gate_g);
   r_gate_f = gates[b0 * 2048 + (((256 * b1) + t1) + 512)];
   r_sig_f = pf_sigmoid(r_gate_f);
   r_fc = (r_sig_f * c[b0 * 512 + ((256 * b1) + t1)]);
+  r_gate_g = gates[b0 * 2048 + (((256 * b1) + t1) + 1024)];
+  r_tanh_g = tanhf(r_gate_g);
   r_gate_i = gates[b0 * 2048 + ((256 * b1) + t1)];
   r_sig_i = pf_sigmoid(r_gate_i);
   r_ig = (r_sig_i * r_tanh_g);

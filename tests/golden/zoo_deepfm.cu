@@ -272,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_fdea79988eb69d0ce8da(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) pf_61be412f02cc5c755d1c(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
+extern "C" __global__ void __launch_bounds__(4) pf_ae70d1fe9da283e7dfbf(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -286,11 +286,13 @@ extern "C" __global__ void __launch_bounds__(4) pf_61be412f02cc5c755d1c(float* _
   float r_add19;
   r_matmul15_acc = 0.0f;
   for (int c0 = 0; (c0 <= 5); c0 += 1) {
+    if ((c0 == 4)) {
+      r_mul7 = (reduce_sum6[t0 + 0] * 0.5f);
+    }
     r_matmul15_acc = r_matmul15_acc + (relu14[t0 * 6 + c0] * deep2_w[c0 + 0]);
   }
   r_matmul15 = r_matmul15_acc;
   r_add16 = (r_matmul15 + deep2_bias[0]);
-  r_mul7 = (reduce_sum6[t0 + 0] * 0.5f);
   r_add17 = (reduce_sum0[t0 + 0] + r_mul7);
   r_add18 = (r_add17 + r_add16);
   r_add19 = (r_add18 + global_bias[0]);

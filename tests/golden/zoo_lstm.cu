@@ -108,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_923e1df314278d6b28f4(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_7854ae9abcbc64cfc951(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
+extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -120,8 +120,8 @@ extern "C" __global__ void __launch_bounds__(16) pf_7854ae9abcbc64cfc951(float* 
   float r_mul10;
   float r_sigmoid11;
   float r_tanh12;
-  r_sigmoid8 = pf_sigmoid(slice4[t0 * 8 + t1]);
   r_tanh9 = tanhf(slice6[t0 * 8 + t1]);
+  r_sigmoid8 = pf_sigmoid(slice4[t0 * 8 + t1]);
   r_mul10 = (r_sigmoid8 * r_tanh9); mul10[t0 * 8 + t1] = r_mul10;
   r_tanh12 = tanhf(r_mul10);
   r_sigmoid11 = pf_sigmoid(slice7[t0 * 8 + t1]);
@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* 
   }
 }
 
-__device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f33e5d3bdae219226612_p0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -235,13 +235,13 @@ __device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p0(float* __restrict__ a
   r_mul26 = (sigmoid24[t0 * 8 + t1] * r_tanh25);
   r_sigmoid27 = pf_sigmoid(slice21[t0 * 8 + t1]);
   r_mul28 = (r_sigmoid27 * mul10[t0 * 8 + t1]);
+  r_sigmoid30 = pf_sigmoid(slice23[t0 * 8 + t1]);
   r_add29 = (r_mul28 + r_mul26); add29[t0 * 8 + t1] = r_add29;
   r_tanh31 = tanhf(r_add29);
-  r_sigmoid30 = pf_sigmoid(slice23[t0 * 8 + t1]);
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-__device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p1(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f33e5d3bdae219226612_p1(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -253,7 +253,7 @@ __device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p1(float* __restrict__ r
   reshape34[t0 * 8 + t1] = r_slice33;
 }
 
-__device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p2(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f33e5d3bdae219226612_p2(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -265,18 +265,18 @@ __device__ __forceinline__ void pf_d8f8d2153d361bf0fbc0_p2(float* __restrict__ r
   reshape53[t0 * 8 + t1] = r_slice52;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_d8f8d2153d361bf0fbc0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
+extern "C" __global__ void __launch_bounds__(16) pf_f33e5d3bdae219226612(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k6_tanh25: 1 blocks of 16
-    pf_d8f8d2153d361bf0fbc0_p0(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
+    pf_f33e5d3bdae219226612_p0(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k7_slice33: 1 blocks of 16
-    pf_d8f8d2153d361bf0fbc0_p1(reshape34, x, pf_b - 1, (int)threadIdx.x);
+    pf_f33e5d3bdae219226612_p1(reshape34, x, pf_b - 1, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k11_slice52: 1 blocks of 16
-    pf_d8f8d2153d361bf0fbc0_p2(reshape53, x, pf_b - 2, (int)threadIdx.x);
+    pf_f33e5d3bdae219226612_p2(reshape53, x, pf_b - 2, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_1620c72d267a3bf50c44(float* __restrict__ add48, float* __restrict__ mul51, const float* __restrict__ slice41, const float* __restrict__ sigmoid43, const float* __restrict__ slice40, const float* __restrict__ add29, const float* __restrict__ slice42) {
+extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* __restrict__ add48, float* __restrict__ mul51, const float* __restrict__ slice41, const float* __restrict__ sigmoid43, const float* __restrict__ slice40, const float* __restrict__ add29, const float* __restrict__ slice42) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -294,8 +294,8 @@ extern "C" __global__ void __launch_bounds__(16) pf_1620c72d267a3bf50c44(float* 
   r_mul45 = (sigmoid43[t0 * 8 + t1] * r_tanh44);
   r_sigmoid46 = pf_sigmoid(slice40[t0 * 8 + t1]);
   r_mul47 = (r_sigmoid46 * add29[t0 * 8 + t1]);
+  r_sigmoid49 = pf_sigmoid(slice42[t0 * 8 + t1]);
   r_add48 = (r_mul47 + r_mul45); add48[t0 * 8 + t1] = r_add48;
   r_tanh50 = tanhf(r_add48);
-  r_sigmoid49 = pf_sigmoid(slice42[t0 * 8 + t1]);
   mul51[t0 * 8 + t1] = (r_sigmoid49 * r_tanh50);
 }
