@@ -194,6 +194,38 @@ def test_tandem_repeats_and_where_a_copy_starts():
     assert find_repeats(seq) == [Repeat(0, 2, 4), Repeat(8, 3, 3)]
 
 
+def test_segment_labels_are_whole_name_components():
+    from polyfuse.viz.groups import _label
+
+    def label(*names):
+        data = {
+            "inputs": [{"id": n, "constant": True} for n in names]
+            + [{"id": "x", "constant": False}],
+            "prims": [{"id": "p", "kernel": "k"}],
+            "input_edges": [{"src": n, "dst": "p"} for n in (*names, "x")],
+        }
+        return _label(data, ["k"])
+
+    assert label("layer0_attn_q_w", "layer0_ffn_fc1_w") == "layer0"
+    assert label("stage2_block1_conv1_w", "stage2_block1_bn1_gamma") == "stage2_block1"
+    assert label("layer1_w", "layer10_w") == ""  # "layer1" is not a component of layer10_w
+    assert label("stem_w", "stage1_block1_w") == ""
+    assert label("fc_w") == ""  # one weight names nothing in common
+
+
+def test_segments_between_repeats_fold_too():
+    """Where layers repeat, what lies between them folds as well (a column of cards)."""
+    from polyfuse import zoo
+
+    m = zoo.build("lstm", "full", weights="zeros")  # 14 time steps of 3 kernels, after 6
+    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    g = extract(fn)["groups"]
+    assert g["repeats"] and g["collapse_at_load"]
+    plain = [s for s in g["segments"] if s["repeat"] is None]
+    assert plain and all(s["foldable"] for s in g["segments"])
+    assert [k for s in g["segments"] for k in s["kernels"]] == [k.name for k in fn.kernels]
+
+
 @pytest.fixture(scope="module")
 def bert_tiny():
     from polyfuse import zoo

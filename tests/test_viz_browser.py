@@ -283,6 +283,18 @@ def _check_overview(drv, path: Path, layers: int, name: str) -> None:
     assert mm[2] - mm[0] > 50 and mm[3] - mm[1] > 20
     _labels_apart(drv, "overview")
     _shot(drv, f"viz_{name}_overview.png")
+    # a click in the minimap moves the view there: its top edge, to the top of the drawing
+    view = "return document.getElementById('viewport').getAttribute('transform')"
+    before = drv.execute_script(view)
+    drv.execute_script(
+        "const m = document.getElementById('minimap'), r = m.getBoundingClientRect();"
+        "m.dispatchEvent(new MouseEvent('mousedown', {clientX: r.left + r.width / 2,"
+        " clientY: r.top + 1, bubbles: true}));"
+        "window.dispatchEvent(new MouseEvent('mouseup', {bubbles: true}));"
+    )
+    assert drv.execute_script(view) != before
+    first = _rect(drv, f'#graph g.card[data-seg="{cards[0]}"]')
+    assert abs((first[1] + first[3]) / 2 - (pane[1] + pane[3]) / 2) < 2 * (first[3] - first[1])
     assert not _errors(drv), _errors(drv)
 
 

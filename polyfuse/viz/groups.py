@@ -11,8 +11,10 @@ fewest tensors cross the boundary between consecutive copies (a layer's narrow w
 going to the earliest start.
 
 Each copy becomes a *segment* the page can collapse into one card; the kernels in no repeat
-form plain segments between them. A copy's label is the common prefix of the weights it reads
-(``layer3``) when there is one — a hint for people, the grouping never depends on it.
+form plain segments between them, foldable too once the report has repeats (so that a big
+report opens as a column of cards). A segment's label is the common prefix, in whole name
+components, of the weights it reads (``layer3``, ``stage2_block1``) when there is one — a
+hint for people, the grouping never depends on it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from typing import Any
 MIN_PERIOD, MIN_COUNT = 2, 2
 #: A repeat must cover at least this many kernels.
 MIN_COVER = 6
-#: Reports with more kernels than this open with their repeats collapsed into cards.
+#: What separates the components of a weight's name.
+_SEPARATORS = "_.-/:"
+#: Reports with more kernels than this open with their segments folded into cards.
 COLLAPSE_AT_LOAD_KERNELS = 40
 
 
@@ -135,7 +139,11 @@ def _label(data: dict[str, Any], kernels: list[str]) -> str:
     )
     if len(names) < 2:
         return ""
-    prefix = os.path.commonprefix(names).rstrip("_.-/: ")
+    prefix = os.path.commonprefix(names)
+    if any(n[len(prefix) : len(prefix) + 1] not in _SEPARATORS for n in names):
+        cut = max(prefix.rfind(c) for c in _SEPARATORS)  # whole components only
+        prefix = prefix[:cut] if cut >= 0 else ""
+    prefix = prefix.rstrip(_SEPARATORS)
     return prefix if len(prefix) >= 2 else ""
 
 
@@ -157,7 +165,16 @@ def segments(data: dict[str, Any]) -> dict[str, Any]:
 
     def plain(lo: int, hi: int) -> None:
         if hi > lo:
-            segs.append({"id": f"s{len(segs)}", "kernels": kernels[lo:hi], "repeat": None})
+            ks = kernels[lo:hi]
+            segs.append(
+                {
+                    "id": f"s{len(segs)}",
+                    "kernels": ks,
+                    "repeat": None,
+                    "foldable": bool(reps),
+                    "label": _label(data, ks),
+                }
+            )
 
     at = 0
     for r, rep in enumerate(reps):
@@ -174,6 +191,7 @@ def segments(data: dict[str, Any]) -> dict[str, Any]:
                     "repeat": r,
                     "copy": c,
                     "count": rep.count,
+                    "foldable": True,
                     "label": _label(data, ks),
                 }
             )

@@ -181,7 +181,7 @@ def layout(data: dict[str, Any]) -> dict[str, Any]:
     seg_box: dict[str, list[float]] = {}
     y = 20.0
     for seg in segs:
-        framed = seg["repeat"] is not None
+        framed = seg.get("foldable", False)
         top = y
         y += G_HEAD + G_PAD if framed else 0
         y = _place_rows(seg["kernels"], kedges, kpreds, k_size, kpos, kcx, y)

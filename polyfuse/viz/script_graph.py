@@ -37,7 +37,7 @@ const mgById = {}; D.micrographs.forEach((m) => mgById[m.id] = m);
 const kById = {}; D.kernels.forEach((k) => kById[k.id] = k);
 const segById = {}, segOf = {};
 G.segments.forEach((s) => { segById[s.id] = s; s.kernels.forEach((k) => segOf[k] = s); });
-const repeatSegs = G.segments.filter((s) => s.repeat !== null);
+const repeatSegs = G.segments.filter((s) => s.foldable);  // every segment, where layers repeat
 
 $("title").textContent = D.name + " (" + D.arch + ")";
 $("n-prims").textContent = D.counts.primitives;
@@ -48,7 +48,8 @@ $("bytes").textContent = "global " + fmtB(D.bytes.global) + " / compulsory " + f
 $("bytes").title = "global-memory bytes moved by all kernels (isl footprints) / bytes every graph input and output must move once";
 if (G.repeats.length) {
   $("layers-stat").hidden = $("fold-layers").hidden = $("unfold-layers").hidden = false;
-  $("n-layers").textContent = G.repeats.map((r) => r.count + " repeated blocks of " + r.period + " kernels").join(", ");
+  $("n-layers").textContent = "repeated blocks " + G.repeats.map((r) => r.count + "×" + r.period).join(", ") + " kernels";
+  $("n-layers").title = G.repeats.map((r) => r.count + " copies of a block of " + r.period + " kernels").join("; ");
 }
 $("legend").innerHTML = Object.keys(KIND_COLORS).map((k) => `<span class="sw" style="background:${KIND_COLORS[k]}"></span>${k}`).join("") +
   '<br><span class="sw" style="background:#3a3"></span>fused <span class="sw" style="background:#36c"></span>stitched <span class="sw" style="background:#d33"></span>not fused (click for why) <span class="sw" style="border:1px dashed #b46"></span>composite';
@@ -93,9 +94,11 @@ function setLabel(item, s){
 // ------------------------------------------------------------------ graph drawing
 const svg = $("graph"), vp = $("viewport");
 const gS = el("g", {id:"layer-segments"}, vp), gK = el("g", {id:"layer-kernels"}, vp), gC = el("g", {id:"layer-comps"}, vp);
-const gE = el("g", {id:"layer-edges"}, vp), gN = el("g", {id:"layer-nodes"}, vp), gL = el("g", {id:"layer-labels"}, vp);
+const gE = el("g", {id:"layer-edges"}, vp), gD = el("g", {id:"layer-cards"}, vp);  // cards over edges
+const gN = el("g", {id:"layer-nodes"}, vp), gL = el("g", {id:"layer-labels"}, vp);
+// per segment, one group in each layer: [frame, kernels, composites, pins and nodes, card]
 const segG = {};
-G.segments.forEach((s) => { segG[s.id] = [gS, gK, gC, gN].map((layer) => el("g", {"class":"seg", "data-seg":s.id}, layer)); });
+G.segments.forEach((s) => { segG[s.id] = [gS, gK, gC, gN, gD].map((layer) => el("g", {"class":"seg", "data-seg":s.id}, layer)); });
 const kernelG = {}, kTitle = {}, mgG = {}, nodeG = {}, compG = {}, frameG = {}, cardG = {}, chipG = {}, edgeG = [], pinG = [];
 const collapsedK = new Set(), collapsedC = new Set();
 const collapsedG = new Set(G.collapse_at_load ? repeatSegs.map((s) => s.id) : []);
@@ -104,7 +107,7 @@ G.segments.forEach((s) => shift[s.id] = 0);
 let curH = L.height;
 
 function segName(s){
-  return (s.label ? s.label + " · " : "") + "block " + (s.copy + 1) + " of " + s.count;
+  return (s.label ? s.label + " · " : "") + (s.repeat === null ? "not repeated" : "block " + (s.copy + 1) + " of " + s.count);
 }
 function mainKind(k){
   const kinds = new Set(k.micrographs.map((m) => mgById[m].kind));
@@ -125,7 +128,7 @@ repeatSegs.forEach((s) => {
   const ft = label(f, f, s.id, b[0] + 10, b[1] + 16, "▾ " + segName(s) + " · " + s.kernels.length + " kernels · click to fold", 12, b[2] - 20, "fhead", true);
   ft.t.addEventListener("click", (ev) => { ev.stopPropagation(); toggleSeg(s.id); });
   frameG[s.id] = f;
-  const c = el("g", {"class":"card", "data-seg":s.id}, segG[s.id][0]);
+  const c = el("g", {"class":"card", "data-seg":s.id}, segG[s.id][4]);
   el("rect", {"class":"cardbox", x:cb[0], y:cb[1], width:cb[2], height:cb[3], rx:8}, c);
   label(c, c, s.id, cb[0] + 10, cb[1] + 17, "▸ " + segName(s), 14, cb[2] - 20, "ctitle", true);
   label(c, c, s.id, cb[0] + 10, cb[1] + 33, segStats(s), 11, cb[2] - 20, "cstats");
@@ -246,7 +249,7 @@ function relayout(){
   G.segments.forEach((s) => {
     if (!built.has(s.id)) return;
     const f = collapsedG.has(s.id);
-    segG[s.id].forEach((g, i) => { if (i) g.classList.toggle("hidden", f); });
+    [1, 2, 3].forEach((i) => segG[s.id][i].classList.toggle("hidden", f));
     if (f) return;
     s.kernels.forEach((kid) => {
       const c = collapsedK.has(kid);
@@ -411,7 +414,7 @@ function drawMinimap(){
       if (b[3] * m >= 9) { mmc.fillStyle = "#234"; mmc.fillText(clip(segName(s), 9, b[2] * m - 6), X(b[0]) + 3, Y(b[1] + b[3] / 2)); }
       return;
     }
-    if (s.repeat !== null) { const b = moved(L.segments[s.id].box, s.id); mmc.strokeStyle = "#8a9cc0"; mmc.strokeRect(X(b[0]), Y(b[1]), b[2] * m, b[3] * m); }
+    if (s.foldable) { const b = moved(L.segments[s.id].box, s.id); mmc.strokeStyle = "#8a9cc0"; mmc.strokeRect(X(b[0]), Y(b[1]), b[2] * m, b[3] * m); }
     s.kernels.forEach((k) => { const b = moved(L.kernels[k], s.id); mmc.fillStyle = collapsedK.has(k) ? "#c9d6ee" : KIND_COLORS[mainKind(kById[k])]; mmc.fillRect(X(b[0]), Y(b[1]), Math.max(1, b[2] * m), Math.max(1, b[3] * m)); });
   });
   const r = svg.getBoundingClientRect();

@@ -120,6 +120,7 @@ function showKernel(id, hlMg){
   let h = `<h2 id="kernel-title">kernel ${esc(k.id)}</h2>`;
   const seg = segOf[id];
   if (seg.repeat !== null) h += `<div class="mut">in ${esc(segName(seg))} (a repeated block of ${seg.kernels.length} kernels)</div>`;
+  else if (seg.foldable) h += `<div class="mut">in ${esc(segName(seg))} (${seg.kernels.length} kernels between repeated blocks)</div>`;
   h += `<div>micrographs: ${k.micrographs.map((m, i) => `<a href="#" class="mglink" data-mg="${m}" style="color:${PART_COLORS[i % PART_COLORS.length]}">${m}</a>`).join(", ")}</div>`;
   h += `<table><tr><td>grid × block</td><td>${k.grid.join("×")} blocks ${esc(JSON.stringify(k.grid_dims))} × ${k.block.join("×")} threads ${esc(JSON.stringify(k.tile_sizes))}</td></tr>`;
   h += `<tr><td>shared memory</td><td>${fmtB(k.shared_bytes)} per block (kernel facts: static + dynamic)${k.static_shared_bytes != null ? "; " + fmtB(k.static_shared_bytes) + " reported by the CUDA compiler" : ""}</td></tr>`;
