@@ -10,6 +10,8 @@ command line that compiles a model first is :mod:`polyfuse.viz.command`.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,14 @@ __all__ = [
 
 
 def render_html(data: dict[str, Any]) -> str:
-    """The report page for ``data`` (from :func:`extract`)."""
-    blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    """The report page for ``data`` (from :func:`extract`): one self-contained HTML file.
+
+    The data travels gzip-compressed and base64-encoded (the page inflates it with the
+    browser's ``DecompressionStream``): BERT-base's 3.4 MB of JSON become about 0.35 MB.
+    ``mtime=0`` keeps the page byte-identical for identical data.
+    """
+    raw = json.dumps(data, separators=(",", ":")).encode("utf-8")
+    blob = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
     title = str(data["name"]).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return TEMPLATE.replace("__TITLE__", title).replace("__DATA__", blob)
 
@@ -85,14 +93,18 @@ def explain(data: dict[str, Any], op: str | None = None) -> str:
         p = d["partition"]
         rule = f" (rule {p['rule']})" if p["rule"] else ""
         out.append(f"    partition: {'fused' if p['fused'] else 'not fused'}{rule}: {p['reason']}")
+        out.append(f"      in plain words: {p['plain']}")
         if d["stitch"]:
             out.append(f"    stitch: {d['stitch']['text']}")
+            out.append(f"      in plain words: {d['stitch']['plain']}")
         for s in d["refusals"]:
             out.append(f"    stitch refused: {s['text']}")
+            out.append(f"      in plain words: {s['plain']}")
         if d["placement"]:
             pl = d["placement"]
             fp = f", footprint {pl['bytes']} B" if pl["bytes"] else ""
             out.append(f"    lives in: {pl['space']} ({pl['reason']}{fp})")
+            out.append(f"      in plain words: {pl['plain']}")
         for n in d["notes"]:
             out.append(f"    note: {n}")
     return "\n".join(out)

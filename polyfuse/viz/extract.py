@@ -15,7 +15,9 @@ from typing import Any
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.device import device_for_arch
+from polyfuse.viz.groups import segments
 from polyfuse.viz.layout import layout
+from polyfuse.viz.plain import add_plain
 
 #: Every kind of reason an edge can carry.
 REASON_KINDS = tuple(k.value for k in DecisionKind)  # see polyfuse.decision
@@ -24,6 +26,19 @@ REASON_KINDS = tuple(k.value for k in DecisionKind)  # see polyfuse.decision
 def _kinds(kinds) -> list[str]:
     """A decision's typed kinds as the page's filter names (:data:`REASON_KINDS`)."""
     return [k.value for k in kinds]
+
+
+def _jsonable(obj) -> Any:
+    """A decision's data as JSON: containers as lists/dicts, other leaves as text."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (set, frozenset)):
+        return [_jsonable(v) for v in sorted(obj, key=str)]
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return _s(obj)
 
 
 def _shape(t) -> list[int]:
@@ -226,6 +241,7 @@ def extract(fn) -> dict[str, Any]:
             "gain_us": d.gain_us,
             "reason": d.reason,
             "kinds": _kinds(d.decision_kinds),
+            "data": _jsonable(getattr(d, "data", {})),
             "text": _s(d),
         }
         for i, d in enumerate(getattr(plan, "packs", []))
@@ -233,11 +249,11 @@ def extract(fn) -> dict[str, Any]:
 
     # ---- launch layouts: reduction layouts, elements per thread / float4, reduction splits
     layouts = [
-        {"kernel": kp.name, "kinds": _kinds(r.kinds), "text": r.reason}
+        {"kernel": kp.name, "kinds": _kinds(r.kinds), "text": r.reason, "data": _jsonable(r.data)}
         for kp in plan.kernel_plans
         for r in getattr(kp, "layout", [])
     ] + [
-        {"kernel": "", "kinds": _kinds(r.kinds), "text": r.reason}
+        {"kernel": "", "kinds": _kinds(r.kinds), "text": r.reason, "data": _jsonable(r.data)}
         for r in getattr(plan, "splits", [])
     ]
 
@@ -265,7 +281,12 @@ def extract(fn) -> dict[str, Any]:
             "mg_consumer": mc,
             "kernel_producer": kp_,
             "kernel_consumer": kc,
-            "partition": {"fused": d.fused, "rule": d.rule, "reason": d.reason},
+            "partition": {
+                "fused": d.fused,
+                "rule": d.rule,
+                "reason": d.reason,
+                "kinds": _kinds(d.kinds),
+            },
             "stitch": None,
             "refusals": [],
             "placement": None,
@@ -306,6 +327,7 @@ def extract(fn) -> dict[str, Any]:
                 "space": "global",
                 "reason": f"written by {kp_}, read by {kc} (between kernels)",
                 "bytes": _nbytes(shape),
+                "kinds": [],
             }
         elif p is not None:
             nb = (
@@ -313,13 +335,24 @@ def extract(fn) -> dict[str, Any]:
                 if p.space == "shared"
                 else (_nbytes(shape) if p.space == "global" else 0)
             )
-            rec["placement"] = {"space": p.space, "reason": p.reason, "bytes": nb}
+            rec["placement"] = {
+                "space": p.space,
+                "reason": p.reason,
+                "bytes": nb,
+                "kinds": _kinds(p.kinds),
+            }
             kinds += [k for k in _kinds(p.kinds) if k not in kinds]
         if d.tensor in recomputed and outcome != "separate":
             # the plan's note carries the exact per-block footprint that did not fit
             r = recomputed[d.tensor]
             rec["notes"].append(f"{r.reason}; the cost model recomputes it")
-            rec["placement"] = {"space": "recomputed", "reason": r.reason, "bytes": 0}
+            rec["placement"] = {
+                "space": "recomputed",
+                "reason": r.reason,
+                "bytes": 0,
+                "kinds": _kinds(r.kinds),
+                "readers": len(r.data.get("readers", ())),
+            }
             kinds += [k for k in _kinds(r.kinds) if k not in kinds]
         if not d.fused and outcome == "fused":  # pragma: no cover
             outcome = "separate"
@@ -348,6 +381,11 @@ def extract(fn) -> dict[str, Any]:
                 "prims": list(mg.prims),
                 "kernel": kname,
                 "canonical": _s(form) if form else "",
+                "form": (
+                    {"kind": form.kind, "kept": list(form.kept), "reduced": form.reduced}
+                    if form
+                    else None
+                ),
                 "domain": _s(model.domain),
                 "writes": _s(model.writes),
                 "reads": _s(model.reads),
@@ -413,7 +451,7 @@ def extract(fn) -> dict[str, Any]:
 
     # cost-model decisions: reduction layouts and recomputes, picked by their typed kinds
     cost = [
-        {"kernel": kp.name, "kinds": _kinds(r.kinds), "note": r.reason}
+        {"kernel": kp.name, "kinds": _kinds(r.kinds), "note": r.reason, "data": _jsonable(r.data)}
         for kp in plan.kernel_plans
         for r in [
             *(d for d in kp.layout if DecisionKind.REDUCTION_LAYOUT in d.kinds),
@@ -471,6 +509,8 @@ def extract(fn) -> dict[str, Any]:
             },
         },
     }
+    add_plain(data)
+    data["groups"] = segments(data)
     data["layout"] = layout(data)
     return data
 
