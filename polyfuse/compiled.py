@@ -10,7 +10,9 @@ anything with ``__cuda_array_interface__`` or DLPack) are used in place.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,13 @@ class BufferSpec:
 
 
 _MISSING = object()  # an input no argument was given for
+
+#: Longest one-line repr before it is cut with "...".
+_REPR_WIDTH = 160
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _REPR_WIDTH else text[: _REPR_WIDTH - 3] + "..."
 
 
 def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
@@ -60,6 +69,41 @@ def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
             "use device='cuda', or copy it to the host"
         )
     return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
+
+
+def _host_view(obj: Any) -> Any:
+    """A host (CPU) DLPack array — a torch CPU tensor, anything ``np.from_dlpack`` reads —
+    as a numpy view of the same memory; anything else is returned as it is (numpy arrays,
+    device arrays and junk are judged by the caller)."""
+    if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
+        return obj
+    try:
+        if int(obj.__dlpack_device__()[0]) != 1:  # kDLCPU
+            return obj
+        if getattr(obj, "requires_grad", False):  # torch refuses to export those
+            obj = obj.detach()
+        return np.from_dlpack(obj)
+    except Exception:  # not exportable after all: the caller's message says what it got
+        return obj
+
+
+def _host_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
+    """Positional and keyword inputs with host DLPack arrays as numpy views, and whether
+    any was a torch tensor (then the outputs are returned as torch tensors)."""
+    given = [*args, *kwargs.values()]
+    torch_in = any(type(a).__module__.split(".")[0] == "torch" for a in given)
+    return (
+        tuple(_host_view(a) for a in args),
+        {k: _host_view(v) for k, v in kwargs.items()},
+        torch_in,
+    )
+
+
+def _as_torch(values: tuple) -> tuple:
+    """numpy outputs as torch CPU tensors sharing their memory (torch in → torch out)."""
+    import torch
+
+    return tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in values)
 
 
 def kernel_order(kernels: list[Kernel]) -> list[int]:
@@ -165,7 +209,18 @@ class CompiledGraph:
         self.cache_stats: dict[str, int] = {"hits": 0, "misses": 0}
 
     def __repr__(self) -> str:
-        return f"<CompiledGraph {self.name}: {len(self.kernels)} kernels for {self.arch}>"
+        ins = ", ".join(f"{t.name}{list(t.shape)}" for t in self.inputs)
+        outs = ", ".join(f"{t.name}{list(t.shape)}" for t in self.outputs)
+        head = f"<CompiledGraph {self.name}: ({ins}) -> ({outs}), {len(self.kernels)} kernels"
+        return _clip(f"{head} for {self.arch}") + ">"
+
+    def describe(self) -> str:
+        """Everything about the compile, for reading: the plan (every decision and its
+        reason, ``print(fn.plan)``), then each launch in order."""
+        lines = [repr(self), str(self.plan) if self.plan is not None else "(no plan)"]
+        lines.append("launches, in order (<<<grid, block, dynamic shared bytes>>>):")
+        lines += [f"  {launch}" for launch in self.launches]
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ compile checks
     def check_cuda(self, arch: str | None = None, required: bool = True):
@@ -258,7 +313,9 @@ class CompiledGraph:
         Arrays bind to ``inputs`` by position; a keyword argument names an input (refused
         when several inputs share that name: placeholders are distinct by identity).
 
-        ``device``: "emulate" (the CPU emulator, numpy arrays) or "cuda" / "cuda:N" (a GPU,
+        ``device``: "emulate" (the CPU emulator: numpy arrays, torch CPU tensors or any host
+        DLPack array — read through ``np.from_dlpack`` without a copy; torch tensors in →
+        torch tensors out, other kinds → numpy arrays) or "cuda" / "cuda:N" (a GPU,
         see :mod:`polyfuse.cuda.runtime`): numpy arrays in → numpy arrays out; device arrays
         (``torch.Tensor``, ``cupy.ndarray``, JAX arrays, any ``__cuda_array_interface__`` or
         DLPack producer) in → outputs in the same framework on the same GPU, without copies.
@@ -280,6 +337,7 @@ class CompiledGraph:
             raise CallError(f"unknown device '{device}'; use 'emulate', 'cuda' or 'cuda:N'")
         if stream is not None:
             raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
+        args, kwargs, torch_in = _host_arguments(args, kwargs)
         bufs = self._bind(args, kwargs)
         order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
         if order not in ("forward", "reverse", "random"):
@@ -300,9 +358,10 @@ class CompiledGraph:
         self.last_traffic = module.run(self.launches, bufs, order=order)
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
         if out is not None:
-            for t, target, value in zip(self.outputs, self._outs(out), res, strict=True):
-                if target is None:
+            for t, given, value in zip(self.outputs, self._outs(out), res, strict=True):
+                if given is None:
                     continue
+                target = _host_view(given)
                 if not isinstance(target, np.ndarray):
                     raise CallError(_not_host_array(t.name, target, what="out"))
                 if target.shape != value.shape or target.dtype != value.dtype:
@@ -312,6 +371,8 @@ class CompiledGraph:
                     )
                 target[...] = value
             res = tuple(v if o is None else o for v, o in zip(res, self._outs(out), strict=True))
+        if torch_in:
+            res = _as_torch(res)
         return res[0] if len(res) == 1 else res
 
     def _outs(self, out: Any) -> list[Any]:
@@ -376,12 +437,14 @@ class CompiledGraph:
         return res[0] if len(res) == 1 else tuple(res)
 
     # ------------------------------------------------------------------ report
-    def visualize(self, path, json_path=None):
-        """Write the scheduling debug report (self-contained HTML) to ``path``; the same
-        data as JSON to ``json_path``. Returns the report data (:mod:`polyfuse.viz`)."""
+    def visualize(self, path: str | os.PathLike = "report.html", json_path=None) -> Path:
+        """Write the scheduling debug report (self-contained HTML, :mod:`polyfuse.viz`) to
+        ``path`` (default ``report.html``), its data as JSON to ``json_path`` when given;
+        returns the absolute path of the HTML file, to open in a browser."""
         from polyfuse.viz import visualize
 
-        return visualize(self, path, json_path)
+        visualize(self, path, json_path)
+        return Path(path).resolve()
 
     # ------------------------------------------------------------------ measurements
     def traffic_bytes(self) -> int:
