@@ -15,6 +15,7 @@ Ray is imported lazily; without it, one line says to ``pip install 'polyfuse[ray
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from polyfuse.errors import PolyfuseError
 __all__ = ["RAY_EPILOG", "RAY_HINT", "ray_address", "run_ray", "check_workers"]
 
 RAY_HINT = "pip install 'polyfuse[ray]'"
+
+log = logging.getLogger(__name__)
 
 #: ``polyfuse zoo --help``'s paragraph on Ray clusters.
 RAY_EPILOG = """\
@@ -134,6 +137,8 @@ def check_workers(ray: Any, address: str) -> dict[str, Any]:
             answers[name] = ray.get(ref)
         except Exception as e:
             answers[name] = {"error": f"the check could not run there ({_one_line(e)})"}
+    for name, a in answers.items():
+        log.info("Ray %s: %s", name, a)
     bad = batch_probe.problems(answers, batch_probe.probe())
     if bad:
         raise PolyfuseError(f"Ray cluster '{address}': {'; '.join(bad)}")

@@ -25,7 +25,7 @@ from typing import TextIO
 import numpy as np
 
 import polyfuse
-from polyfuse.cli_common import ArgumentParser, add_common, json_stdout, setup_logging, write_json
+from polyfuse.cli_common import ArgumentParser, add_common, cli_logging, json_stdout, write_json
 from polyfuse.driver import SUPPORTED_ARCHS
 from polyfuse.errors import CompilerNotFound, PolyfuseError, RaceError
 from polyfuse.examples import EXAMPLES, Example, max_error, random_inputs
@@ -152,9 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
-    setup_logging(args)
     try:
-        with json_stdout(args):
+        with cli_logging(args), json_stdout(args):
             return args.func(args)
     except PolyfuseError as e:
         _error(str(e))

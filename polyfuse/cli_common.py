@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,8 @@ __all__ = [
     "json_stdout",
     "json_to_stdout",
     "non_negative_int",
+    "cli_logging",
     "positive_int",
-    "setup_logging",
     "write_json",
 ]
 
@@ -129,20 +130,29 @@ def add_common(
     return p
 
 
-def setup_logging(args: argparse.Namespace) -> None:
-    """Level of the ``polyfuse`` loggers from ``-q``/``-v``; messages go to stderr."""
+@contextlib.contextmanager
+def cli_logging(args: argparse.Namespace) -> Iterator[None]:
+    """While a verb runs, the level of the ``polyfuse`` loggers from ``-q``/``-v`` (messages
+    on stderr); restored afterwards, so a caller in the same process keeps its own."""
     verbose = getattr(args, "verbose", 0) or 0
-    quiet = getattr(args, "quiet", False)
-    level = logging.ERROR if quiet else logging.WARNING
-    if verbose:
-        level = logging.INFO if verbose == 1 else logging.DEBUG
+    if not verbose and not getattr(args, "quiet", False):
+        yield  # the default: warnings and errors, as Python shows them
+        return
     log = logging.getLogger("polyfuse")
+    level = logging.ERROR if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+    saved = log.level
     log.setLevel(level)
-    if verbose and not any(getattr(h, "_polyfuse_cli", False) for h in log.handlers):
+    handler = None
+    if verbose:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
-        handler._polyfuse_cli = True  # type: ignore[attr-defined]
         log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.setLevel(saved)
+        if handler is not None:
+            log.removeHandler(handler)
 
 
 def json_to_stdout(args: argparse.Namespace) -> bool:
@@ -150,16 +160,40 @@ def json_to_stdout(args: argparse.Namespace) -> bool:
     return getattr(args, "json", None) in _STDOUT
 
 
+def _stdout_is_fd1() -> bool:
+    try:
+        return sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # replaced (captured, redirected) streams
+        return False
+
+
 @contextlib.contextmanager
 def json_stdout(args: argparse.Namespace) -> Iterator[None]:
     """Run a verb: with ``--json -``, what it prints on stdout goes to stderr, and the real
-    stdout is kept (``args.json_stream``) for :func:`write_json`."""
+    stdout is kept (``args.json_stream``) for :func:`write_json`. When stdout is the process's
+    file descriptor 1, that descriptor is pointed at stderr too, so worker processes and
+    native code cannot write there either."""
     args.json_stream = sys.stdout
     if not json_to_stdout(args):
         yield
         return
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
+    if not _stdout_is_fd1():
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    args.json_stream = os.fdopen(os.dup(saved), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        args.json_stream.close()
+        args.json_stream = sys.stdout
 
 
 def write_json(args: argparse.Namespace, doc: Any) -> None:

@@ -21,6 +21,7 @@ from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.launch import Launch, LaunchTraffic, dependence_order
 from polyfuse.errors import CallError, CompilerNotFound
 from polyfuse.graph.expr import Tensor
+from polyfuse.host_arrays import as_torch, host_arguments, host_view
 
 
 @dataclass(frozen=True)
@@ -69,41 +70,6 @@ def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
             "use device='cuda', or copy it to the host"
         )
     return f"{what} '{name}': expected a numpy array, got {type(obj).__name__}"
-
-
-def _host_view(obj: Any) -> Any:
-    """A host (CPU) DLPack array — a torch CPU tensor, anything ``np.from_dlpack`` reads —
-    as a numpy view of the same memory; anything else is returned as it is (numpy arrays,
-    device arrays and junk are judged by the caller)."""
-    if isinstance(obj, np.ndarray) or not hasattr(obj, "__dlpack__"):
-        return obj
-    try:
-        if int(obj.__dlpack_device__()[0]) != 1:  # kDLCPU
-            return obj
-        if getattr(obj, "requires_grad", False):  # torch refuses to export those
-            obj = obj.detach()
-        return np.from_dlpack(obj)
-    except Exception:  # not exportable after all: the caller's message says what it got
-        return obj
-
-
-def _host_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
-    """Positional and keyword inputs with host DLPack arrays as numpy views, and whether
-    any was a torch tensor (then the outputs are returned as torch tensors)."""
-    given = [*args, *kwargs.values()]
-    torch_in = any(type(a).__module__.split(".")[0] == "torch" for a in given)
-    return (
-        tuple(_host_view(a) for a in args),
-        {k: _host_view(v) for k, v in kwargs.items()},
-        torch_in,
-    )
-
-
-def _as_torch(values: tuple) -> tuple:
-    """numpy outputs as torch CPU tensors sharing their memory (torch in → torch out)."""
-    import torch
-
-    return tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in values)
 
 
 def kernel_order(kernels: list[Kernel]) -> list[int]:
@@ -337,7 +303,7 @@ class CompiledGraph:
             raise CallError(f"unknown device '{device}'; use 'emulate', 'cuda' or 'cuda:N'")
         if stream is not None:
             raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
-        args, kwargs, torch_in = _host_arguments(args, kwargs)
+        args, kwargs, torch_in = host_arguments(args, kwargs)
         bufs = self._bind(args, kwargs)
         order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
         if order not in ("forward", "reverse", "random"):
@@ -361,7 +327,7 @@ class CompiledGraph:
             for t, given, value in zip(self.outputs, self._outs(out), res, strict=True):
                 if given is None:
                     continue
-                target = _host_view(given)
+                target = host_view(given)
                 if not isinstance(target, np.ndarray):
                     raise CallError(_not_host_array(t.name, target, what="out"))
                 if target.shape != value.shape or target.dtype != value.dtype:
@@ -372,7 +338,7 @@ class CompiledGraph:
                 target[...] = value
             res = tuple(v if o is None else o for v, o in zip(res, self._outs(out), strict=True))
         if torch_in:
-            res = _as_torch(res)
+            res = as_torch(res)
         return res[0] if len(res) == 1 else res
 
     def _outs(self, out: Any) -> list[Any]:

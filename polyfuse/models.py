@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import runpy
 import sys
@@ -29,6 +30,8 @@ from typing import Any
 from polyfuse.errors import PolyfuseError
 
 __all__ = ["LoadedModel", "ModelSource", "load_model", "resolve_model", "resolve_models"]
+
+log = logging.getLogger(__name__)
 
 #: ModelSource.kind values.
 KINDS = ("zoo", "example", "onnx", "pyfile", "python", "invalid")
@@ -192,6 +195,8 @@ def load_model(
     input dims. Raises :class:`PolyfuseError` for an invalid source or a bad file."""
     src = resolve_model(source) if isinstance(source, str) else source
     name = os.path.splitext(os.path.basename(src.spec))[0]
+    if src.kind != "invalid":
+        log.info("loading %s model '%s' (size %s)", src.kind, src.spec, size)
     if src.kind == "zoo":
         from polyfuse import zoo
 
@@ -213,10 +218,33 @@ def load_model(
         ns = _run_pyfile(src.spec)
         if "inputs" not in ns or "outputs" not in ns:
             raise PolyfuseError(f"'{src.spec}' must define 'inputs' and 'outputs'")
-        consts = ns.get("constants")
-        return LoadedModel(name, list(ns["inputs"]), list(ns["outputs"]), dict(consts or {}))
+        return _checked(name, src.spec, ns["inputs"], ns["outputs"], ns.get("constants"))
     if src.kind == "python":
         inputs, outputs, *rest = _call_builder(src.spec)
-        consts = rest[0] if rest else None
-        return LoadedModel(src.label, list(inputs), list(outputs), dict(consts or {}))
+        return _checked(src.label, src.spec, inputs, outputs, rest[0] if rest else None)
     raise PolyfuseError(src.reason or f"cannot load model '{src.spec}'")
+
+
+def _checked(name: str, spec: str, inputs: Any, outputs: Any, constants: Any) -> LoadedModel:
+    """A user's model as :class:`LoadedModel`, once its parts are what they must be: a te
+    tensor or a list of them (inputs, outputs), a dict tensor -> array (constants)."""
+    from polyfuse.graph.expr import Tensor
+
+    def tensors(value: Any, what: str) -> list[Any]:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        bad = [t for t in items if not isinstance(t, Tensor)]
+        if bad:
+            raise PolyfuseError(
+                f"'{spec}': {what} must be a te tensor or a list of them, not "
+                f"{type(bad[0]).__name__}"
+            )
+        return items
+
+    if constants is not None and not isinstance(constants, dict):
+        raise PolyfuseError(
+            f"'{spec}': constants must be a dict (input tensor -> array), not "
+            f"{type(constants).__name__}"
+        )
+    return LoadedModel(
+        name, tensors(inputs, "inputs"), tensors(outputs, "outputs"), dict(constants or {})
+    )

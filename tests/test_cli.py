@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -279,14 +280,29 @@ def test_zoo_help_says_how_to_reach_a_ray_cluster(capsys: pytest.CaptureFixture[
     assert "polyfuse zoo --size tiny --executor ray --ray-address" in out
 
 
+NOISY_MODEL = """
+import os
+from polyfuse import ops, te
+
+def build():
+    print("print() in a model")
+    os.write(1, b"os.write(1) in a model\\n")  # below Python: the file descriptor itself
+    x = te.placeholder((4, 8), name="x")
+    return [x], [ops.relu(x)]
+"""
+
+
 def test_zoo_json_to_stdout_alone(tmp_path: Path) -> None:
-    """``--json -``: stdout carries the JSON document only; table and progress: stderr."""
-    args = ["zoo", "softmax", "--size", "tiny", "--no-cuda-check", "--json", "-"]
+    """``--json -``: stdout carries the JSON document only; the table, the progress and
+    whatever a model's code prints (in a worker, even on file descriptor 1) go to stderr."""
+    (tmp_path / "noisy.py").write_text(NOISY_MODEL)
+    args = ["zoo", "softmax", "noisy:build", "--size", "tiny", "--no-cuda-check", "--json", "-"]
     run = _run_module(*args, "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
-    assert [m["name"] for m in doc["models"]] == ["softmax"] and doc["size"] == "tiny"
-    assert "total    1/1 ok" in run.stderr and "softmax: ok" in run.stderr
+    assert [m["name"] for m in doc["models"]] == ["softmax", "build"] and doc["size"] == "tiny"
+    assert re.search(r"total +2/2 ok", run.stderr) and "softmax: ok" in run.stderr
+    assert "print() in a model" in run.stderr and "os.write(1) in a model" in run.stderr
     assert not (tmp_path / "-").exists()
 
 
@@ -338,11 +354,13 @@ def test_unknown_model_exits_2_before_any_work(tmp_path: Path, capsys) -> None:
 
 def _user_mistakes(tmp_path: Path) -> dict[str, list[str]]:
     (tmp_path / "bad_syntax.py").write_text("inputs = (\n")
+    (tmp_path / "not_tensors.py").write_text("inputs = [1]\noutputs = [2]\n")
     mod = f"pf_user_mods_{tmp_path.name}"  # a fresh module name per test
     (tmp_path / f"{mod}.py").write_text("x = 1\n")
     return {
         "negative budget": ["viz", "softmax", "--budget", "-5"],
         "syntax error": ["viz", str(tmp_path / "bad_syntax.py")],
+        "not tensors": ["viz", str(tmp_path / "not_tensors.py")],
         "no such function": ["explain", f"{mod}:nope"],
         "no such module": ["viz", "nosuchmod_pf:f"],
         "zoo no such module": ["zoo", "nosuchmod_pf:f"],
@@ -358,7 +376,7 @@ def _user_mistakes(tmp_path: Path) -> dict[str, list[str]]:
 @pytest.mark.parametrize(
     "what",
     [
-        "negative budget", "syntax error", "no such function", "no such module",
+        "negative budget", "syntax error", "not tensors", "no such function", "no such module",
         "zoo no such module", "zoo no such function", "jobs 0", "fuzz batch 0", "tune top 0",
         "tune arch", "sass missing .cu",
     ],
@@ -370,7 +388,14 @@ def test_user_mistakes_are_one_line_exit_2(
     argv = _user_mistakes(tmp_path)[what]
     assert main(argv) == 2
     line = _one_line_error(capsys.readouterr().err)
-    name = {"no such function": "nope", "zoo no such function": "nope"}.get(what, "")
+    name = {
+        "no such function": "module 'pf_user_mods_",
+        "zoo no such function": "has no function 'nope'",
+        "not tensors": "inputs must be a te tensor or a list of them, not int",
+        "syntax error": "line 1: syntax error: '(' was never closed",
+        "negative budget": "argument --budget: expected a positive integer, got -5",
+        "no such module": "no module named 'nosuchmod_pf'",
+    }.get(what, "")
     assert name in line
 
 
@@ -386,7 +411,7 @@ def test_vv_shows_the_traceback_behind_an_error(tmp_path: Path, capsys) -> None:
     (tmp_path / "bad.py").write_text("inputs = (\n")
     assert main(["viz", str(tmp_path / "bad.py"), "-vv"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("polyfuse: error: viz:") and "Traceback" in err and "SyntaxError" in err
+    assert "\npolyfuse: error: viz:" in err and "Traceback" in err and "SyntaxError" in err
 
 
 def test_zoo_progress_shows_eta_and_what_is_running() -> None:
@@ -476,3 +501,14 @@ def test_visualize_returns_the_html_path(softmax_fn, tmp_path: Path) -> None:
     path = fn.visualize(tmp_path / "report.html")
     assert path == (tmp_path / "report.html").resolve()
     assert path.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+
+
+def test_verbose_logs_to_stderr_and_leaves_logging_as_it_was(capsys) -> None:
+    log = logging.getLogger("polyfuse")
+    level, handlers = log.level, list(log.handlers)
+    assert main(["explain", "softmax", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "polyfuse.models: INFO: loading example model 'softmax' (size full)" in err
+    assert main(["explain", "softmax"]) == 0  # without -v: no INFO
+    assert "INFO" not in capsys.readouterr().err
+    assert (log.level, log.handlers) == (level, handlers)
