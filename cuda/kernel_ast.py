@@ -443,6 +443,21 @@ class Kernel:
         )
         return head + "\n" + "\n".join(_fmt(self.body, 1))
 
+    def __repr__(self) -> str:
+        """One line (:meth:`describe` has everything)."""
+        mgs = ", ".join(self.micrographs[:3]) + (", ..." if len(self.micrographs) > 3 else "")
+        regs = f", {self.registers} regs" if self.registers is not None else ""
+        return (
+            f"<Kernel {self.name}: grid {self.grid}, block {self.block}, "
+            f"{self.shared_bytes} B shared{regs}, micrographs [{mgs}]>"
+        )
+
+    def describe(self) -> str:
+        """Launch shape and resources, facts, notes, kernel IR, CUDA source."""
+        facts = f"facts: {self.facts}" if self.facts is not None else ""
+        parts = [repr(self), facts, *(f"note: {n}" for n in self.notes), str(self), self.source]
+        return "\n".join(p for p in parts if p)
+
 
 def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
     """``e`` with variable ``var`` replaced by ``value``."""

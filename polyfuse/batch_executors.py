@@ -1,72 +1,28 @@
-"""Running a batch: one process per model ``--jobs`` at a time, or Ray; a progress bar.
+"""Running a batch: one process per model ``--jobs`` at a time, or Ray
+(:mod:`polyfuse.batch_ray`); progress through :class:`polyfuse.batch_progress.Progress`.
 
 A worker that dies (killed, out of memory) fails its model only; the others finish."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import multiprocessing.connection as mp_connection
 import os
 import pickle
 import signal
-import sys
-import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
+from polyfuse.batch_progress import Progress
+from polyfuse.batch_ray import RAY_HINT, run_ray
 from polyfuse.batch_task import ModelReport, Task, compile_task
 from polyfuse.errors import PolyfuseError
 
-RAY_HINT = "pip install 'polyfuse[ray]'"
+__all__ = ["RAY_HINT", "Progress", "run_batch"]
 
-# --------------------------------------------------------------------------- executors, progress
-
-
-class Progress:
-    """A progress bar on stderr: redrawn in place on a terminal, one line per model otherwise."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, quiet: bool = False) -> None:
-        self.total, self.done, self.failed = total, 0, 0
-        self.stream = stream or sys.stderr
-        self.quiet = quiet
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.start = time.perf_counter()
-
-    def _bar(self) -> str:
-        width = 24
-        fill = width * self.done // max(self.total, 1)
-        failed = f", {self.failed} failed" if self.failed else ""
-        return (
-            f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total}{failed} "
-            f"{time.perf_counter() - self.start:.1f} s"
-        )
-
-    def started(self, n_workers: int, executor: str) -> None:
-        if not self.quiet:
-            print(
-                f"polyfuse zoo: {self.total} models, {n_workers} {executor} workers",
-                file=self.stream,
-                flush=True,
-            )
-
-    def finished(self, rep: dict[str, Any]) -> None:
-        self.done += 1
-        self.failed += rep["status"] != "ok"
-        if self.quiet:
-            return
-        if rep["status"] == "ok":
-            cached = " (cached)" if rep["model_cache"] == "hit" else ""
-            what = f"ok, {rep['kernels']} kernels, {rep['total_seconds']:.1f} s{cached}"
-        else:
-            what = f"FAILED: {rep['reason']}"
-        line = f"{rep['name']}: {what}"
-        if self.tty:
-            print(f"\r\x1b[K  {line}\n{self._bar()}", end="", file=self.stream, flush=True)
-            if self.done == self.total:
-                print(file=self.stream, flush=True)
-        else:
-            print(f"{self._bar()} {line}", file=self.stream, flush=True)
+# --------------------------------------------------------------------------- processes
 
 
 def _task_main(task: Task, conn: Any) -> None:
@@ -87,8 +43,13 @@ def _died(task: Task, exitcode: int | None) -> dict[str, Any]:
     return dataclasses.asdict(ModelReport(task.label, task.spec, reason=reason))
 
 
-def _run_process(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], None]) -> None:
-    """One process per task, at most ``jobs`` at a time.
+def _run_process(
+    tasks: list[Task],
+    jobs: int | None,
+    progress: Progress,
+    on_done: Callable[[int, dict], None],
+) -> None:
+    """One process per task, at most ``jobs`` (default: the CPU count) at a time.
 
     A pool would not do: when one of its workers dies (SIGKILL, the OOM killer), a process
     pool breaks and fails every pending task with it. A process of its own per task ties a
@@ -97,6 +58,8 @@ def _run_process(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], No
     # fork: workers start with polyfuse already imported (the parent is single-threaded)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
+    progress.started(jobs, "process")
     queue = list(range(len(tasks)))[::-1]
     running: dict[Any, tuple[int, Any]] = {}  # receiving end of the pipe -> (task, process)
     try:
@@ -108,6 +71,7 @@ def _run_process(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], No
                 proc.start()
                 send.close()  # the parent keeps no write end: a dead worker reads as EOF
                 running[recv] = (i, proc)
+                progress.running(tasks[i].label)
             for recv in mp_connection.wait(list(running)):
                 i, proc = running.pop(recv)
                 try:
@@ -124,56 +88,18 @@ def _run_process(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], No
             recv.close()
 
 
-def _run_ray(tasks: list[Task], jobs: int, on_done: Callable[[int, dict], None]) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise PolyfuseError(
-            f"--executor ray needs Ray, which is not installed: {RAY_HINT}"
-        ) from None
-    started_here = not ray.is_initialized()
-    if started_here:
-        env = {"POLYFUSE_CACHE": os.environ.get("POLYFUSE_CACHE", "")}
-        path = os.environ.get("PYTHONPATH")
-        if path:
-            env["PYTHONPATH"] = path
-        ray.init(
-            num_cpus=jobs,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            runtime_env={"env_vars": {k: v for k, v in env.items() if v}},
-        )
-    try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(compile_task)
-        refs = {remote.remote(t): i for i, t in enumerate(tasks)}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            i = refs[ready[0]]
-            try:
-                rep = ray.get(ready[0])
-            except Exception as e:  # the worker died
-                rep = dataclasses.asdict(
-                    ModelReport(tasks[i].label, tasks[i].spec, reason=f"worker died: {e}")
-                )
-            on_done(i, rep)
-    finally:
-        if started_here:
-            ray.shutdown()
-
-
 def run_batch(
     tasks: list[Task],
     *,
     jobs: int | None = None,
     executor: str = "process",
     progress: Progress | None = None,
+    ray_address: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Compile ``tasks`` in parallel; one report dict per task, in task order."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks) or 1))
+    """Compile ``tasks`` in parallel; one report dict per task, in task order. ``jobs``:
+    models at once (default: the CPU count, or a Ray cluster's CPUs); ``ray_address``: the
+    Ray cluster of ``executor="ray"`` (default ``$RAY_ADDRESS``, else a private local Ray)."""
     prog = progress or Progress(len(tasks), quiet=True)
-    prog.started(jobs, executor)
     reports: list[dict[str, Any] | None] = [None] * len(tasks)
 
     def on_done(i: int, rep: dict[str, Any]) -> None:
@@ -188,9 +114,12 @@ def run_batch(
         else:
             runnable.append(i)
     sub = [tasks[i] for i in runnable]
-    if sub:
-        run = {"process": _run_process, "ray": _run_ray}.get(executor)
-        if run is None:
-            raise PolyfuseError(f"unknown executor '{executor}': use 'process' or 'ray'")
-        run(sub, jobs, lambda j, rep: on_done(runnable[j], rep))
+    run = {"process": _run_process, "ray": functools.partial(run_ray, address=ray_address)}
+    if executor not in run:
+        raise PolyfuseError(f"unknown executor '{executor}': use 'process' or 'ray'")
+    try:
+        if sub:
+            run[executor](sub, jobs, prog, lambda j, rep: on_done(runnable[j], rep))
+    finally:
+        prog.close()
     return [r for r in reports if r is not None]

@@ -10,6 +10,7 @@ table. Exit status: 0 when every example passes, 1 when a result is wrong, 2 on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -24,6 +25,7 @@ from typing import TextIO
 import numpy as np
 
 import polyfuse
+from polyfuse.cli_common import ArgumentParser, add_common, cli_logging, json_stdout, write_json
 from polyfuse.driver import SUPPORTED_ARCHS
 from polyfuse.errors import CompilerNotFound, PolyfuseError, RaceError
 from polyfuse.examples import EXAMPLES, Example, max_error, random_inputs
@@ -54,7 +56,7 @@ def _examples_epilog() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``polyfuse`` command and its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=PROG,
         description=(
             "polyfuse: a polyhedral fusion compiler for deep-learning graphs. Tensor "
@@ -63,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {polyfuse.__version__}")
-    parser.epilog = "run 'polyfuse demo --help' for the demo's options and examples"
+    parser.epilog = (
+        "run 'polyfuse COMMAND --help' for a command's options; every command takes -q/-v, "
+        "and those with a report --json PATH ('-': stdout)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
@@ -104,11 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
         "barriers (a missing __syncthreads() then shows as a wrong result) and under the "
         "shadow-memory race detector (reports the first data race by kernel, line and threads)",
     )
-    demo.add_argument(
-        "--quiet",
-        action="store_true",
-        help="print only the summary table and failures (no plans, no progress)",
-    )
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     demo.add_argument(
         "--rtol",
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ATOL,
         help=f"absolute tolerance vs numpy (default: {DEFAULT_ATOL:g})",
     )
+    add_common(demo, json="every example's result")
     demo.set_defaults(func=run_demo)
     from polyfuse.batch import add_zoo_parser
 
@@ -152,16 +153,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return args.func(args)
+        with cli_logging(args), json_stdout(args):
+            return args.func(args)
     except PolyfuseError as e:
         _error(str(e))
+        _cause(args, e)
         return EXIT_ERROR
     except OSError as e:
         _error(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+        _cause(args, e)
         return EXIT_ERROR
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
+
+
+def _cause(args: argparse.Namespace, e: BaseException) -> None:
+    """With ``-vv``, the traceback behind an error (its cause's, when it has one)."""
+    if getattr(args, "verbose", 0) >= 2:
+        traceback.print_exception(e.__cause__ or e, file=sys.stderr)
 
 
 def _error(message: str) -> None:
@@ -402,6 +412,13 @@ def format_table(results: Sequence[DemoResult]) -> str:
     return "\n".join([line(head), rule, *map(line, rows), rule, line(total)])
 
 
+def _result_json(r: DemoResult) -> dict:
+    """One example's result as JSON values."""
+    d = dataclasses.asdict(r)
+    d["source_path"] = str(r.source_path) if r.source_path is not None else None
+    return d
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """``polyfuse demo``: run the selected examples, print the summary, return the exit status."""
     names = list(dict.fromkeys(args.only)) if args.only else list(EXAMPLES)
@@ -445,6 +462,14 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"{PROG}: FAIL {r.name}: {r.reason}", file=sys.stderr)
         elif r.status == "ERROR":
             _error(f"{r.name}: {r.reason}")
+    write_json(
+        args,
+        {
+            "polyfuse": polyfuse.__version__,
+            "arch": args.arch,
+            "examples": [_result_json(r) for r in results],
+        },
+    )
     if any(r.status == "ERROR" for r in results):
         return EXIT_ERROR
     return EXIT_FAIL if any(r.status == "FAIL" for r in results) else EXIT_OK

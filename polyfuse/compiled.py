@@ -33,6 +33,13 @@ __all__ = [
     "plan_summary",
 ]
 
+#: Longest one-line repr before it is cut with "...".
+_REPR_WIDTH = 160
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _REPR_WIDTH else text[: _REPR_WIDTH - 3] + "..."
+
 
 def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
     """Shape of the tensor behind a kernel parameter (a primitive or its accumulator)."""
@@ -169,7 +176,18 @@ class CompiledGraph(GraphRunner):
         self.cache_stats: dict[str, int] = {"hits": 0, "misses": 0}
 
     def __repr__(self) -> str:
-        return f"<CompiledGraph {self.name}: {len(self.kernels)} kernels for {self.arch}>"
+        ins = ", ".join(f"{t.name}{list(t.shape)}" for t in self.inputs)
+        outs = ", ".join(f"{t.name}{list(t.shape)}" for t in self.outputs)
+        head = f"<CompiledGraph {self.name}: ({ins}) -> ({outs}), {len(self.kernels)} kernels"
+        return _clip(f"{head} for {self.arch}") + ">"
+
+    def describe(self) -> str:
+        """Everything about the compile, for reading: the plan (every decision and its
+        reason, ``print(fn.plan)``), then each launch in order."""
+        lines = [repr(self), str(self.plan) if self.plan is not None else "(no plan)"]
+        lines.append("launches, in order (<<<grid, block, dynamic shared bytes>>>):")
+        lines += [f"  {launch}" for launch in self.launches]
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ compile checks
     def check_cuda(self, arch: str | None = None, required: bool = True):
@@ -279,12 +297,14 @@ class CompiledGraph(GraphRunner):
         return other
 
     # ------------------------------------------------------------------ report
-    def visualize(self, path, json_path=None):
-        """Write the scheduling debug report (self-contained HTML) to ``path``; the same
-        data as JSON to ``json_path``. Returns the report data (:mod:`polyfuse.viz`)."""
+    def visualize(self, path: str | os.PathLike = "report.html", json_path=None) -> Path:
+        """Write the scheduling debug report (self-contained HTML, :mod:`polyfuse.viz`) to
+        ``path`` (default ``report.html``), its data as JSON to ``json_path`` when given;
+        returns the absolute path of the HTML file, to open in a browser."""
         from polyfuse.viz import visualize
 
-        return visualize(self, path, json_path)
+        visualize(self, path, json_path)
+        return Path(path).resolve()
 
     # ------------------------------------------------------------------ measurements
     def global_bytes(self) -> int:

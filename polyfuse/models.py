@@ -16,10 +16,13 @@ failed model); :func:`load_model` builds the graph of one source.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import runpy
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ from typing import Any
 from polyfuse.errors import PolyfuseError
 
 __all__ = ["LoadedModel", "ModelSource", "load_model", "resolve_model", "resolve_models"]
+
+log = logging.getLogger(__name__)
 
 #: ModelSource.kind values.
 KINDS = ("zoo", "example", "onnx", "pyfile", "python", "invalid")
@@ -99,8 +104,85 @@ def resolve_model(s: str) -> ModelSource:
             return ModelSource(p.stem, kind, str(p))
         return ModelSource(p.stem, "invalid", s, f"no such file: {s}")
     if ":" in s and not p.exists():
-        return ModelSource(s.rpartition(":")[2], "python", s)
-    return ModelSource(s, "invalid", s, f"'{s}' is not {_known()}")
+        mod, _, fn = s.partition(":")
+        try:
+            if not mod or not fn:
+                raise PolyfuseError(f"'{s}': write module:function")
+            _builder(s)
+        except PolyfuseError as e:
+            return ModelSource(s, "invalid", s, str(e))
+        return ModelSource(fn, "python", s)
+    return ModelSource(s, "invalid", s, f"unknown model '{s}': not {_known()}")
+
+
+@contextlib.contextmanager
+def _cwd_importable() -> Iterator[None]:
+    """The current directory importable, as under ``python -m`` (the ``polyfuse`` script
+    alone would not find a ``module:function`` next to the user)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _run_pyfile(path: str) -> dict[str, Any]:
+    """Run a ``.py`` model; its mistakes become one-line :class:`PolyfuseError` s."""
+    try:
+        return runpy.run_path(path)
+    except PolyfuseError:
+        raise
+    except SyntaxError as e:
+        raise PolyfuseError(f"'{path}' line {e.lineno}: syntax error: {e.msg}") from e
+    except Exception as e:
+        raise PolyfuseError(f"'{path}' raised {_what(e)}") from e
+
+
+def _builder(spec: str) -> Callable[[], Any]:
+    """The function of ``module:function`` (its module imported, from the current directory
+    too); a missing or broken module or function is a one-line error."""
+    mod_name, _, fn_name = spec.partition(":")
+    try:
+        with _cwd_importable():
+            mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not f"{mod_name}.".startswith(f"{e.name}."):
+            raise PolyfuseError(f"'{spec}': cannot import '{mod_name}' ({_what(e)})") from e
+        where = "here or on the Python path"
+        raise PolyfuseError(f"'{spec}': no module named '{e.name}' ({where})") from e
+    except SyntaxError as e:
+        where = f"{e.filename} line {e.lineno}"
+        raise PolyfuseError(f"'{spec}': {where}: syntax error: {e.msg}") from e
+    except Exception as e:
+        raise PolyfuseError(f"'{spec}': cannot import module '{mod_name}' ({_what(e)})") from e
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise PolyfuseError(f"'{spec}': module '{mod_name}' has no function '{fn_name}'")
+    return fn
+
+
+def _call_builder(spec: str) -> tuple:
+    """Call ``module:function``; its mistakes become one-line errors."""
+    fn = _builder(spec)
+    try:
+        result = fn()
+    except PolyfuseError:
+        raise
+    except Exception as e:
+        raise PolyfuseError(f"'{spec}' raised {_what(e)}") from e
+    if not isinstance(result, (tuple, list)) or len(result) not in (2, 3):
+        raise PolyfuseError(
+            f"'{spec}' must return (inputs, outputs) or (inputs, outputs, constants)"
+        )
+    return tuple(result)
+
+
+def _what(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
 
 
 def load_model(
@@ -113,6 +195,8 @@ def load_model(
     input dims. Raises :class:`PolyfuseError` for an invalid source or a bad file."""
     src = resolve_model(source) if isinstance(source, str) else source
     name = os.path.splitext(os.path.basename(src.spec))[0]
+    if src.kind != "invalid":
+        log.info("loading %s model '%s' (size %s)", src.kind, src.spec, size)
     if src.kind == "zoo":
         from polyfuse import zoo
 
@@ -131,14 +215,36 @@ def load_model(
         m = pf_onnx.load(src.spec, shapes=shapes or None)
         return LoadedModel(name, list(m.inputs), list(m.outputs), dict(m.constants or {}))
     if src.kind == "pyfile":
-        ns = runpy.run_path(src.spec)
+        ns = _run_pyfile(src.spec)
         if "inputs" not in ns or "outputs" not in ns:
             raise PolyfuseError(f"'{src.spec}' must define 'inputs' and 'outputs'")
-        consts = ns.get("constants")
-        return LoadedModel(name, list(ns["inputs"]), list(ns["outputs"]), dict(consts or {}))
+        return _checked(name, src.spec, ns["inputs"], ns["outputs"], ns.get("constants"))
     if src.kind == "python":
-        mod, _, fn_name = src.spec.partition(":")
-        inputs, outputs, *rest = getattr(importlib.import_module(mod), fn_name)()
-        consts = rest[0] if rest else None
-        return LoadedModel(src.label, list(inputs), list(outputs), dict(consts or {}))
+        inputs, outputs, *rest = _call_builder(src.spec)
+        return _checked(src.label, src.spec, inputs, outputs, rest[0] if rest else None)
     raise PolyfuseError(src.reason or f"cannot load model '{src.spec}'")
+
+
+def _checked(name: str, spec: str, inputs: Any, outputs: Any, constants: Any) -> LoadedModel:
+    """A user's model as :class:`LoadedModel`, once its parts are what they must be: a te
+    tensor or a list of them (inputs, outputs), a dict tensor -> array (constants)."""
+    from polyfuse.graph.expr import Tensor
+
+    def tensors(value: Any, what: str) -> list[Any]:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        bad = [t for t in items if not isinstance(t, Tensor)]
+        if bad:
+            raise PolyfuseError(
+                f"'{spec}': {what} must be a te tensor or a list of them, not "
+                f"{type(bad[0]).__name__}"
+            )
+        return items
+
+    if constants is not None and not isinstance(constants, dict):
+        raise PolyfuseError(
+            f"'{spec}': constants must be a dict (input tensor -> array), not "
+            f"{type(constants).__name__}"
+        )
+    return LoadedModel(
+        name, tensors(inputs, "inputs"), tensors(outputs, "outputs"), dict(constants or {})
+    )

@@ -18,6 +18,7 @@ import numpy as np
 
 from polyfuse.cuda.launch import Launch, LaunchTraffic
 from polyfuse.errors import CallError
+from polyfuse.host_arrays import as_torch, host_arguments, host_view
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ class GraphRunner:
             raise CallError(f"unknown device '{device}'; use 'emulate', 'cuda' or 'cuda:N'")
         if stream is not None:
             raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
+        args, kwargs, torch_in = host_arguments(args, kwargs)
         bufs = self._bind(args, kwargs)
         order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
         if order not in ("forward", "reverse", "random"):
@@ -199,9 +201,10 @@ class GraphRunner:
         self.last_traffic = module.run(self.launches, bufs, order=order)
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
         if out is not None:
-            for t, target, value in zip(self.outputs, self._outs(out), res, strict=True):
-                if target is None:
+            for t, given, value in zip(self.outputs, self._outs(out), res, strict=True):
+                if given is None:
                     continue
+                target = host_view(given)
                 if not isinstance(target, np.ndarray):
                     raise CallError(_not_host_array(t.name, target, what="out"))
                 if target.shape != value.shape or target.dtype != value.dtype:
@@ -211,6 +214,8 @@ class GraphRunner:
                     )
                 target[...] = value
             res = tuple(v if o is None else o for v, o in zip(res, self._outs(out), strict=True))
+        if torch_in:
+            res = as_torch(res)
         return res[0] if len(res) == 1 else res
 
     def _outs(self, out: Any) -> list[Any]:

@@ -13,11 +13,12 @@ kernel and the table of :func:`polyfuse.cuda.sass.format_table`; ``--json`` writ
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 from pathlib import Path
 
 import polyfuse
+from polyfuse.cli_common import add_common, json_to_stdout, write_json
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.sass import DEFAULT_ARCHS, Launch, SassReport, analyse, find_disassembler
 from polyfuse.cuda.sass.records import format_table
@@ -108,11 +109,10 @@ def add_sass_parser(sub) -> None:
         default=",".join(DEFAULT_ARCHS),
         help=f"comma-separated archs (default {','.join(DEFAULT_ARCHS)})",
     )
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    p.add_argument("--size", help="zoo model size (default full)")
     p.add_argument("--grid", help="a .cu file's launch grid X[,Y,Z] (for the estimate)")
     p.add_argument("--block", help="a .cu file's block X[,Y,Z] (for occupancy and the estimate)")
     p.add_argument("--table", action="store_true", help="print only the table")
+    add_common(p, size=True, json="the report")
     p.set_defaults(func=run_sass)
 
 
@@ -125,7 +125,7 @@ def run_sass(args: argparse.Namespace) -> int:
         block=_dims(args.block, "block"),
     )
     print(format_table(rep.kernels) if args.table else rep)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rep.to_dict(), indent=1))
-        print(f"wrote {args.json}")
+    write_json(args, rep.to_dict())
+    if args.json and not json_to_stdout(args) and not args.quiet:
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0

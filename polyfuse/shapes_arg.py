@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from polyfuse.errors import PolyfuseError
 
-__all__ = ["add_shapes_argument", "parse_shapes"]
+__all__ = ["add_shapes_argument", "check_shapes_apply", "parse_shapes"]
+
+_KIND_NAMES = {
+    "zoo": "a built-in zoo model",
+    "example": "a built-in example",
+    "pyfile": "a .py model",
+    "python": "a module:function builder",
+}
 
 
 def parse_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
@@ -41,5 +49,19 @@ def add_shapes_argument(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME=DIMS",
         default=[],
-        help="fix an ONNX input's dynamic dims, e.g. --shapes input=1,3,224,224 (repeatable)",
+        help="fix an .onnx model input's dynamic dims, e.g. --shapes input=1,3,224,224 "
+        "(repeatable; an error for other models, whose shapes are fixed)",
+    )
+
+
+def check_shapes_apply(models: Sequence[Any], shapes: dict[str, tuple[int, ...]]) -> None:
+    """``--shapes`` fixes the dims of ONNX inputs: given for models none of which is an
+    ``.onnx`` file (``models``: records with ``kind`` and ``label``), it is an error."""
+    if not shapes or any(m.kind == "onnx" for m in models):
+        return
+    first = next(iter(models), None)
+    what = f"'{first.label}' is {_KIND_NAMES.get(first.kind, 'not an .onnx file')}" if first else ""
+    raise PolyfuseError(
+        f"--shapes fixes the dynamic input dims of .onnx models; {what} (its shapes are "
+        "fixed): drop --shapes"
     )

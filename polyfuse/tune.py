@@ -12,8 +12,6 @@ one line says so and the modelled choice is kept.
 
 from __future__ import annotations
 
-import os
-import runpy
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ import numpy as np
 
 import polyfuse
 from polyfuse.cache import CompileCache, tune_key
+from polyfuse.cli_common import add_common, non_negative_int, positive_int, write_json
 from polyfuse.cuda.astgen import generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel
 from polyfuse.cuda.printer import prelude_for
@@ -65,31 +64,16 @@ class Tuned:
     device: str = ""
 
 
-def load_spec(spec: str):
-    """``(inputs, outputs, constants, name)`` of a built-in example, a zoo model (tiny size
-    when it has one) or a ``.py`` file defining ``inputs`` and ``outputs``."""
-    from polyfuse.examples import EXAMPLES
+def load_spec(spec: str, size: str = "full"):
+    """``(inputs, outputs, constants, name)`` of a model argument (:mod:`polyfuse.models`: a
+    built-in example, a zoo model at ``size``, an ``.onnx`` or ``.py`` file, module:function)."""
+    from polyfuse.models import load_model
 
-    if spec in EXAMPLES:
-        inputs, outputs, _ = EXAMPLES[spec].build()
-        return list(inputs), list(outputs), None, spec
-    if spec.endswith(".py"):
-        if not os.path.isfile(spec):
-            raise TuneError(f"tune: no such file '{spec}'")
-        ns = runpy.run_path(spec)
-        if "inputs" not in ns or "outputs" not in ns:
-            raise TuneError(f"tune: '{spec}' must define 'inputs' and 'outputs'")
-        name = os.path.splitext(os.path.basename(spec))[0]
-        return list(ns["inputs"]), list(ns["outputs"]), ns.get("constants"), name
-    from polyfuse import zoo
-
-    if spec in zoo.MODELS:
-        m = zoo.build(spec, "full", weights="zeros")  # shapes are what tuning needs
-        return list(m.inputs), list(m.outputs), m.constants, spec
-    raise TuneError(
-        f"tune: unknown model '{spec}'; use a built-in example ({', '.join(EXAMPLES)}), "
-        f"a zoo model ({', '.join(zoo.MODELS)}) or a .py file"
-    )
+    try:
+        m = load_model(spec, size)
+    except PolyfuseError as e:
+        raise TuneError(f"tune: {e}") from e
+    return list(m.inputs), list(m.outputs), m.constants or None, m.name
 
 
 def candidates(fn, arch: str, top: int) -> list[Tuned]:
@@ -188,6 +172,7 @@ def tune(
     warmup: int = DEFAULT_WARMUP,
     reps: int = DEFAULT_REPS,
     say: Callable[[str], None] = print,
+    size: str = "full",
 ) -> list[Tuned]:
     """Tune every GEMM-like micrograph of ``spec`` (see the module doc); returns what was
     found and, with a GPU, measured and stored in ``cache`` (default: the persistent one)."""
@@ -195,7 +180,7 @@ def tune(
         raise TuneError(f"tune: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}")
     if top < 1 or reps < 1 or warmup < 0:
         raise TuneError("tune: --top and --reps must be at least 1, --warmup at least 0")
-    inputs, outputs, constants, name = load_spec(spec)
+    inputs, outputs, constants, name = load_spec(spec, size)
     fn = polyfuse.compile(inputs, outputs, arch, constants=constants, check_cuda=False, name=name)
     found = candidates(fn, arch, top)
     if not found:
@@ -271,22 +256,62 @@ def add_tune_parser(sub) -> None:
         "through that cache use it. Without a GPU: prints the modelled candidates and keeps "
         "the modelled choice (exit 0).",
     )
-    t.add_argument("model", metavar="MODEL", help="a built-in example, a zoo model or a .py file")
-    t.add_argument("--arch", default="sm_80", help="GPU architecture (default: sm_80)")
-    t.add_argument("--top", type=int, default=DEFAULT_TOP, help="candidates per micrograph")
-    t.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed launches")
-    t.add_argument("--reps", type=int, default=DEFAULT_REPS, help="timed launches (median)")
-    t.add_argument("--runtime", help="CUDA runtime (cuda-bindings or pycuda; default: auto)")
+    t.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a built-in example, a zoo model, an .onnx or .py file, or module:function",
+    )
+    t.add_argument(
+        "--arch",
+        default="sm_80",
+        choices=SUPPORTED_ARCHS,
+        help="GPU architecture (default: sm_80)",
+    )
+    t.add_argument(
+        "--top",
+        type=positive_int,
+        default=DEFAULT_TOP,
+        help=f"candidates per micrograph (default: {DEFAULT_TOP})",
+    )
+    t.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=DEFAULT_WARMUP,
+        help=f"untimed launches (default: {DEFAULT_WARMUP})",
+    )
+    t.add_argument(
+        "--reps",
+        type=positive_int,
+        default=DEFAULT_REPS,
+        help=f"timed launches, median taken (default: {DEFAULT_REPS})",
+    )
+    t.add_argument(
+        "--runtime",
+        choices=("cuda-bindings", "pycuda"),
+        help="CUDA runtime (default: whichever is installed)",
+    )
+    add_common(t, size=True, json="every micrograph's candidates and winner")
     t.set_defaults(func=run_tune)
 
 
 def run_tune(args) -> int:
-    tune(
+    found = tune(
         args.model,
         args.arch,
         top=args.top,
         runtime=args.runtime,
         warmup=args.warmup,
         reps=args.reps,
+        size=args.size,
     )
+    write_json(args, {"arch": args.arch, "micrographs": [_tuned_json(t) for t in found]})
     return 0
+
+
+def _tuned_json(t: Tuned) -> dict:
+    """One micrograph's candidates and winner as JSON values."""
+    cands = [
+        {"tile": list(c.tile), "modelled_us": c.modelled_us, "measured_us": c.measured_us}
+        for c in t.candidates
+    ]
+    return {"micrograph": t.micrograph, "winner": t.winner, "device": t.device, "candidates": cands}

@@ -127,7 +127,8 @@ def test_every_reason_kind_is_covered_by_these_reports(layer_norm):
 
 
 def test_html_is_self_contained(layer_norm, tmp_path):
-    data = layer_norm.visualize(tmp_path / "r.html", tmp_path / "r.json")
+    assert layer_norm.visualize(tmp_path / "r.html", tmp_path / "r.json") == tmp_path / "r.html"
+    data = extract(layer_norm)
     html = (tmp_path / "r.html").read_text()
     assert "<script src" not in html and "<link" not in html
     urls = set(re.findall(r"https?://[^\s\"'<>)]+", html))

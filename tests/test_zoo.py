@@ -95,8 +95,8 @@ def test_graph_hash_is_structural():
 
 def _zoo(tmp_path: Path, *args: str, cache: str = "cache") -> tuple[int, dict]:
     out = tmp_path / "report.json"
-    argv = ["zoo", *args, "--tiny", "--cache-dir", str(tmp_path / cache), "--json", str(out)]
-    rc = main([*argv, "--no-cuda-check", "--quiet"])
+    argv = ["zoo", *args, "--size", "tiny", "--cache-dir", str(tmp_path / cache)]
+    rc = main([*argv, "--json", str(out), "--no-cuda-check", "--quiet"])
     return rc, json.loads(out.read_text())
 
 
@@ -163,13 +163,6 @@ def test_zoo_corrupt_model_cache_entries_are_recompiled_and_healed(tmp_path):
         assert rc == 0 and warm["models"][0]["model_cache"] == "hit"
 
 
-def test_zoo_unknown_argument_is_a_failed_model(tmp_path):
-    rc, doc = _zoo(tmp_path, "deepfm", "no_such_model")
-    assert rc == 1
-    assert doc["failed"] == ["no_such_model"]
-    assert "not a zoo model" in doc["models"][1]["reason"]
-
-
 def test_zoo_onnx_corrupt_file_is_isolated(tmp_path):
     models = tmp_path / "onnx_models"
     models.mkdir()
@@ -184,7 +177,8 @@ def test_zoo_onnx_corrupt_file_is_isolated(tmp_path):
 
 def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    rc = main(["zoo", "deepfm", "--tiny", "--executor", "ray", "--cache-dir", str(tmp_path)])
+    argv = ["zoo", "deepfm", "--size", "tiny", "--executor", "ray"]
+    rc = main([*argv, "--cache-dir", str(tmp_path)])
     assert rc == 2
     assert "pip install 'polyfuse[ray]'" in capsys.readouterr().err
 

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polyfuse.cli_common import add_common, non_negative_int, positive_int, write_json
+
 from .run import FuzzReport, Outcome, fuzz
 from .script import to_script
 from .shrink import shrink
@@ -34,13 +36,19 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
             "graph failed."
         ),
     )
-    p.add_argument("--n", type=int, default=100, help="graphs to check (default: 100)")
+    p.add_argument("--n", type=non_negative_int, default=100, help="graphs to check (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first graph (default: 0)")
     p.add_argument(
-        "--batch", type=int, default=8, help="graphs compiled together per emulator build (8)"
+        "--batch",
+        type=positive_int,
+        default=8,
+        help="graphs compiled together per emulator build (default: 8)",
     )
     p.add_argument(
-        "--max-elements", type=int, default=4096, help="largest tensor, in elements (4096)"
+        "--max-elements",
+        type=positive_int,
+        default=4096,
+        help="largest tensor, in elements (default: 4096)",
     )
     p.add_argument(
         "--no-race-check",
@@ -49,13 +57,14 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     p.add_argument("--out", metavar="DIR", default=None, help="write each failure's script to DIR")
+    add_common(p, json="the counts and every failure (seed, status, detail, script)")
     p.set_defaults(func=run_fuzz)
     return p
 
 
-def _progress() -> Any:
+def _progress(quiet: bool = False) -> Any:
     def show(done: int, o: Outcome) -> None:
-        if o.failed:
+        if o.failed and not quiet:
             print(f"{o.status.upper()} seed {o.spec.seed}: {o.detail}", file=sys.stderr)
 
     return show
@@ -63,9 +72,6 @@ def _progress() -> Any:
 
 def run_fuzz(args: argparse.Namespace) -> int:
     """``polyfuse fuzz``: run, shrink and print failures, print the counts; exit status."""
-    if args.n < 0 or args.batch < 1 or args.max_elements < 1:
-        print("polyfuse: error: --n must be >= 0, --batch and --max-elements >= 1", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     rep: FuzzReport = fuzz(
         args.n,
@@ -73,20 +79,25 @@ def run_fuzz(args: argparse.Namespace) -> int:
         batch=args.batch,
         race_check=not args.no_race_check,
         max_elements=args.max_elements,
-        progress=_progress(),
+        progress=_progress(args.quiet),
     )
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
+    failures = []
     for k, o in enumerate(rep.failures):
         spec = o.spec
         if not args.no_shrink:
-            print(f"shrinking failure {k + 1} (seed {spec.seed}) ...", file=sys.stderr)
+            if not args.quiet:
+                print(f"shrinking failure {k + 1} (seed {spec.seed}) ...", file=sys.stderr)
             spec = shrink(spec)
         title = f"polyfuse fuzz failure ({o.status}): {o.detail.splitlines()[0][:200]}"
         text = to_script(spec, race_check="reverse order" in o.detail, title=title)
         print(f"# ---- failure {k + 1}: {o.status}: {o.detail}")
         print(text)
+        failures.append(
+            {"seed": o.spec.seed, "status": o.status, "detail": o.detail, "script": text}
+        )
         if out_dir is not None:
             path = out_dir / f"fuzz-failure-{spec.seed}-{k + 1}.py"
             path.write_text(text, encoding="utf-8")
@@ -96,4 +107,6 @@ def run_fuzz(args: argparse.Namespace) -> int:
         f"polyfuse fuzz: {rep.graphs} graphs (seeds {args.seed}..{args.seed + args.n - 1}) in "
         f"{rep.compiles} compiles, {time.perf_counter() - t0:.1f} s: {counts or 'nothing run'}"
     )
+    doc = {"graphs": rep.graphs, "seed": args.seed, "compiles": rep.compiles}
+    write_json(args, {**doc, "counts": rep.counts, "failures": failures})
     return 1 if rep.failures else 0

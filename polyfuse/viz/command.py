@@ -12,10 +12,11 @@ import sys
 from typing import Any
 
 import polyfuse
+from polyfuse.cli_common import add_common, json_to_stdout, positive_int, write_json
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.errors import PolyfuseError
-from polyfuse.models import load_model
-from polyfuse.shapes_arg import add_shapes_argument, parse_shapes
+from polyfuse.models import load_model, resolve_model
+from polyfuse.shapes_arg import add_shapes_argument, check_shapes_apply, parse_shapes
 from polyfuse.viz import explain, extract, visualize
 
 __all__ = ["add_subcommands", "compile_model", "run_explain", "run_viz"]
@@ -32,9 +33,11 @@ def compile_model(
     example name, a zoo model name or ``module:function``). ``shapes`` fixes an ONNX model's
     dynamic input dims (``--shapes``)."""
     try:
-        m = load_model(spec, size or "full", shapes)
+        source = resolve_model(spec)
+        check_shapes_apply([source], shapes or {})
+        m = load_model(source, size or "full", shapes)
     except PolyfuseError as e:
-        raise PolyfuseError(f"viz: {e}") from None
+        raise PolyfuseError(f"viz: {e}") from e
     kw: dict[str, Any] = {"arch": arch, "check_cuda": "auto"}
     if budget is not None:
         kw["budget"] = budget
@@ -55,9 +58,18 @@ _MODEL_HELP = (
 def _model_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """MODEL and the options that say how to compile it (shared by viz and explain)."""
     p.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
-    p.add_argument("--size", help="zoo model size")
-    p.add_argument("--arch", default="sm_80", choices=SUPPORTED_ARCHS)
-    p.add_argument("--budget", type=int, help="isl scheduler budget (operations)")
+    p.add_argument(
+        "--arch",
+        default="sm_80",
+        choices=SUPPORTED_ARCHS,
+        help="GPU architecture to compile for (default: sm_80)",
+    )
+    p.add_argument(
+        "--budget",
+        type=positive_int,
+        metavar="OPS",
+        help="isl scheduler budget in operations per isl call (default: the compiler's)",
+    )
     add_shapes_argument(p)
     return p
 
@@ -73,7 +85,7 @@ def add_subcommands(sub) -> None:
         )
     )
     v.add_argument("-o", "--out", default="report.html", help="HTML file (default report.html)")
-    v.add_argument("--json", metavar="PATH", help="also write the report data as JSON")
+    add_common(v, size=True, json="the report's data too")
     v.set_defaults(func=run_viz)
     e = _model_arguments(
         sub.add_parser(
@@ -83,20 +95,27 @@ def add_subcommands(sub) -> None:
             "of --op (every edge without it).",
         )
     )
-    e.add_argument("--op", metavar="NAME", help="primitive (or composite) name")
+    e.add_argument(
+        "--op", metavar="NAME", help="primitive (or composite) name (default: every edge)"
+    )
+    add_common(e, size=True)
     e.set_defaults(func=run_explain)
 
 
 def run_viz(args: argparse.Namespace) -> int:
     fn = compile_model(args.model, args.size, args.arch, args.budget, parse_shapes(args.shapes))
-    data = visualize(fn, args.out, args.json)
+    to_stdout = json_to_stdout(args)
+    data = visualize(fn, args.out, None if to_stdout else args.json)
+    if to_stdout:
+        write_json(args, data)
     c = data["counts"]
-    print(
-        f"wrote {args.out}: {c['primitives']} primitives, {c['micrographs']} micrographs, "
-        f"{c['kernels']} kernels, {os.path.getsize(args.out)} bytes"
-        + (f"; JSON {args.json}" if args.json else ""),
-        file=sys.stderr,
-    )
+    if not args.quiet:
+        print(
+            f"wrote {args.out}: {c['primitives']} primitives, {c['micrographs']} micrographs, "
+            f"{c['kernels']} kernels, {os.path.getsize(args.out)} bytes"
+            + (f"; JSON {args.json}" if args.json and not to_stdout else ""),
+            file=sys.stderr,
+        )
     return 0
 
 
