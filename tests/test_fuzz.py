@@ -10,6 +10,7 @@ import pytest
 from polyfuse import te
 from polyfuse.cli import main
 from polyfuse.reference import evaluate
+from polyfuse.testing.build import input_values
 from polyfuse.testing.generate import (
     BINARY,
     ONE,
@@ -18,7 +19,6 @@ from polyfuse.testing.generate import (
     GraphSpec,
     Node,
     generate,
-    input_values,
 )
 from polyfuse.testing.run import check_spec, compare, fuzz, reference_values
 from polyfuse.testing.script import to_script

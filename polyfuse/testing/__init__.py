@@ -6,4 +6,4 @@ to a minimal one (:mod:`.shrink`) and printed as a runnable script (:mod:`.scrip
 ``polyfuse fuzz --n N --seed S`` is the command line.
 """
 
-from . import stencil  # noqa: F401, E402 - registers the "stencil" generator family
+from . import adversarial, stencil  # noqa: F401, E402 - register their generator families

@@ -16,6 +16,7 @@ from typing import Any
 
 from polyfuse.cli_common import add_common, non_negative_int, positive_int, write_json
 
+from .generate import FAMILIES
 from .run import FuzzReport, Outcome, fuzz
 from .script import to_script
 from .shrink import shrink
@@ -30,7 +31,9 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         help="differential fuzzing: random te graphs, emulator vs reference evaluator",
         description=(
             "Compile random te graphs (elementwise chains, broadcasts, reductions of every "
-            "form, matmuls, where, sizes 1 and primes, NaN/inf inputs), run them on the CPU "
+            "form, matmuls, where, sizes 1 and primes, NaN/inf inputs; and the families of "
+            "past bugs: adversarial names, extreme constants, shifted and out-of-bounds reads, "
+            "packed branches, GEMMs with 1-D factors, stencil chains), run them on the CPU "
             "emulator and compare against polyfuse.reference.evaluate. Failures are shrunk to "
             "a minimal graph and printed as a runnable Python script. Exit status 1 if any "
             "graph failed."
@@ -55,11 +58,35 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="run threads only in order (default: also in reverse order between barriers)",
     )
+    p.add_argument(
+        "--families",
+        type=_families,
+        default=None,
+        help="comma-separated generator families to draw from (default: all of "
+        f"{', '.join(sorted(FAMILIES))})",
+    )
+    p.add_argument(
+        "--cache-twice-every",
+        type=non_negative_int,
+        default=4,
+        help="compile every N-th batch twice through one compile cache, cold then warm, and "
+        "require the same CUDA (0: never; default: 4)",
+    )
     p.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     p.add_argument("--out", metavar="DIR", default=None, help="write each failure's script to DIR")
     add_common(p, json="the counts and every failure (seed, status, detail, script)")
     p.set_defaults(func=run_fuzz)
     return p
+
+
+def _families(text: str) -> list[str]:
+    names = [t for t in text.split(",") if t]
+    unknown = sorted(set(names) - set(FAMILIES))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown families {unknown or text!r}; known: {', '.join(sorted(FAMILIES))}"
+        )
+    return names
 
 
 def _progress(quiet: bool = False) -> Any:
@@ -80,6 +107,8 @@ def run_fuzz(args: argparse.Namespace) -> int:
         race_check=not args.no_race_check,
         max_elements=args.max_elements,
         progress=_progress(args.quiet),
+        cache_twice_every=args.cache_twice_every,
+        families=args.families,
     )
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:

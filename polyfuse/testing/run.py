@@ -16,18 +16,22 @@ needs at exactly the elements that need it, and no slack anywhere else.
 
 from __future__ import annotations
 
+import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 import polyfuse
+from polyfuse.cache import CompileCache
 from polyfuse.errors import PolyfuseError
 from polyfuse.graph.expr import Tensor
 from polyfuse.reference import evaluate
 
-from .generate import GraphSpec, build, draw, input_values, merge
+from .build import build, input_values
+from .generate import GraphSpec, draw, merge
 
 __all__ = [
     "Outcome",
@@ -48,7 +52,8 @@ TRIALS = 3
 @dataclass
 class Outcome:
     """What happened to one graph: status "pass", "mismatch", "crash" (an exception that is not
-    a PolyfuseError: a polyfuse bug) or "error" (a PolyfuseError on a valid graph)."""
+    a PolyfuseError: a polyfuse bug), "error" (a PolyfuseError on a valid graph) or "silent"
+    (a graph that must be refused was built)."""
 
     spec: GraphSpec
     status: str
@@ -58,7 +63,7 @@ class Outcome:
 
     @property
     def failed(self) -> bool:
-        return self.status in ("mismatch", "crash", "error")
+        return self.status in ("mismatch", "crash", "error", "silent")
 
 
 # --------------------------------------------------------------------------- reference
@@ -140,15 +145,39 @@ def compare(
 # --------------------------------------------------------------------------- running
 
 
-def _run_compiled(spec: GraphSpec, race_check: bool) -> tuple[dict[str, str], int]:
+def _compile(inputs: list, outputs: list, cache_twice: bool) -> tuple[Any, str]:
+    """The compiled graph; with ``cache_twice``, compiled cold then warm through one fresh
+    on-disk compile cache, and why the two differ ("" when they give the same CUDA and the
+    same kernels: a plan must not depend on where its parts came from)."""
+    if not cache_twice:
+        return polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz"), ""
+    with tempfile.TemporaryDirectory(prefix="pf-fuzz-cache-") as d:
+        cold = polyfuse.compile(
+            inputs, outputs, check_cuda=False, name="fuzz", cache=CompileCache(d)
+        )
+        warm = polyfuse.compile(
+            inputs, outputs, check_cuda=False, name="fuzz", cache=CompileCache(d)
+        )
+    if len(cold.kernels) != len(warm.kernels):
+        return warm, f"cold compile has {len(cold.kernels)} kernels, warm {len(warm.kernels)}"
+    if cold.cuda_source != warm.cuda_source:
+        return warm, "cold and warm compiles (one compile cache) print different CUDA"
+    return warm, ""
+
+
+def _run_compiled(
+    spec: GraphSpec, race_check: bool, cache_twice: bool = False
+) -> tuple[dict[str, str], int]:
     """Compile and emulate ``spec``; per output, why it is wrong ("" when right)."""
     spec = spec.pruned()
     feeds = input_values(spec)
     inputs, outputs, ts = build(spec)
-    fn = polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz")
-    args = [feeds[t.name] for t in inputs]
+    fn, differs = _compile(inputs, outputs, cache_twice)
+    if differs:
+        return {o: differs for o in spec.outputs}, len(fn.kernels)
+    args = [feeds[n.name] for n in spec.inputs]  # build's inputs, in spec order
     want = evaluate(outputs, {ts[k]: v for k, v in feeds.items() if k in ts})
-    perturbed = perturbed_references(outputs, {t: feeds[t.name] for t in inputs}, spec.seed)
+    perturbed = perturbed_references(outputs, dict(zip(inputs, args, strict=True)), spec.seed)
     why = {o: "" for o in spec.outputs}
     for order in (False, True) if race_check else (False,):
         got = fn(*args, device="emulate", race_check=order)
@@ -160,11 +189,22 @@ def _run_compiled(spec: GraphSpec, race_check: bool) -> tuple[dict[str, str], in
     return why, len(fn.kernels)
 
 
-def check_spec(spec: GraphSpec, *, race_check: bool = True) -> Outcome:
-    """Compile, run and compare one spec."""
+def check_spec(spec: GraphSpec, *, race_check: bool = True, cache_twice: bool = False) -> Outcome:
+    """Compile, run and compare one spec. A spec that must be refused
+    (``meta["expect_error"]``, e.g. an out-of-bounds read) passes when building it raises that
+    error, and is "silent" (a failure) when it compiles."""
     spec = spec.pruned()
+    expect = spec.meta.get("expect_error")
+    if expect:
+        try:
+            build(spec)
+        except PolyfuseError as e:
+            if type(e).__name__ == expect:
+                return Outcome(spec, "pass", f"refused: {e}")
+            return Outcome(spec, "error", f"expected {expect}, got {type(e).__name__}: {e}")
+        return Outcome(spec, "silent", f"built without the {expect} it must raise")
     try:
-        why, kernels = _run_compiled(spec, race_check)
+        why, kernels = _run_compiled(spec, race_check, cache_twice)
     except PolyfuseError as e:
         out = Outcome(spec, "error", f"{type(e).__name__}: {e}")
     except Exception as e:  # a polyfuse bug
@@ -178,13 +218,27 @@ def check_spec(spec: GraphSpec, *, race_check: bool = True) -> Outcome:
     return out
 
 
-def run_batch(specs: Sequence[GraphSpec], *, race_check: bool = True) -> list[Outcome]:
+def run_batch(
+    specs: Sequence[GraphSpec], *, race_check: bool = True, cache_twice: bool = False
+) -> list[Outcome]:
     """Check ``specs`` (disjointly named) with one compile; return one outcome per spec, plus
-    one for the merged spec when it fails while every spec passes alone."""
-    if len(specs) == 1:
-        return [check_spec(specs[0], race_check=race_check)]
+    one for the merged spec when it fails while every spec passes alone. Specs that must be
+    refused are checked alone (their error would stop the merged build). ``cache_twice``:
+    the merged graph is compiled cold and warm through one compile cache (same CUDA)."""
+    refused = [check_spec(s) for s in specs if s.meta.get("expect_error")]
+    specs = [s for s in specs if not s.meta.get("expect_error")]
+    if len(specs) <= 1:
+        return refused + [
+            check_spec(s, race_check=race_check, cache_twice=cache_twice) for s in specs
+        ]
     merged = merge(list(specs))
-    whole = check_spec(merged, race_check=race_check)
+    whole = check_spec(merged, race_check=race_check, cache_twice=cache_twice)
+    return refused + _blame(specs, whole, race_check)
+
+
+def _blame(specs: Sequence[GraphSpec], whole: Outcome, race_check: bool) -> list[Outcome]:
+    """One outcome per spec of a merged check ``whole``: all pass with it, or the suspects
+    are checked alone (and ``whole`` is kept when only the merged graph fails)."""
     if whole.status == "pass":
         per = max(1, whole.kernels // len(specs))
         return [Outcome(s, "pass", "", per) for s in specs]
@@ -228,16 +282,22 @@ def fuzz(
     race_check: bool = True,
     max_elements: int = 4096,
     progress: Callable[[int, Outcome], None] | None = None,
+    cache_twice_every: int = 4,
+    families: Sequence[str] | None = None,
 ) -> FuzzReport:
-    """Generate and check ``n`` graphs (seeds ``seed``, ``seed+1``, ...), ``batch`` per compile."""
+    """Generate and check ``n`` graphs (seeds ``seed``, ``seed+1``, ...), ``batch`` per compile.
+    Every ``cache_twice_every``-th compile (0: none) is done twice through one fresh compile
+    cache, cold then warm, and must give the same CUDA. ``families``: draw only from these
+    (:data:`~polyfuse.testing.generate.FAMILIES`; default all)."""
     rep = FuzzReport()
     for start in range(0, n, batch):
         specs = [
-            draw(seed + i, max_elements=max_elements, prefix=f"g{i}_")
+            draw(seed + i, max_elements=max_elements, prefix=f"g{i}_", families=families)
             for i in range(start, min(n, start + batch))
         ]
+        twice = cache_twice_every > 0 and rep.compiles % cache_twice_every == 0
         rep.compiles += 1
-        for o in run_batch(specs, race_check=race_check):
+        for o in run_batch(specs, race_check=race_check, cache_twice=twice):
             rep.add(o)
             if progress is not None:
                 progress(rep.graphs, o)

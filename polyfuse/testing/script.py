@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .generate import ONE, GraphSpec, Node, family_kind, input_values, reduce_layout
+from .build import input_values, reduce_layout
+from .generate import ONE, GraphSpec, Node, family_kind, te_name
 
 __all__ = ["to_script"]
 
@@ -51,7 +52,7 @@ _CMP = {"gt": ">", "lt": "<", "ge": ">=", "le": "<="}
 def _node(spec: GraphSpec, n: Node) -> list[str]:
     shape = spec.size(n.shape)
     if n.kind == "input":
-        return [f'{n.name} = te.placeholder({shape!r}, name="{n.name}")']
+        return [f"{n.name} = te.placeholder({shape!r}, name={te_name(spec, n)!r})"]
     if (fam := family_kind(n.kind)) is not None:  # a generator family's kind (ops calls)
         return fam.source[n.kind](spec, n)
     shapes = [spec.node(a).shape for a in n.args]
@@ -91,7 +92,7 @@ def _node(spec: GraphSpec, n: Node) -> list[str]:
     else:
         raise ValueError(f"unknown node kind {n.kind}")
     lam = f"lambda {', '.join(idx)}: {body}" if idx else f"lambda: {body}"
-    lines.append(f'{n.name} = te.compute({shape!r}, {lam}, name="{n.name}")')
+    lines.append(f"{n.name} = te.compute({shape!r}, {lam}, name={te_name(spec, n)!r})")
     return lines
 
 
