@@ -369,6 +369,17 @@ def test_matmul4096_hot_loop(matmul4096, arch):
     assert d["hot_loop"]["per_iteration"]["classes"]["FFMA"] == 512
 
 
+def test_shared_memory_is_counted_once(matmul4096):
+    """A polyfuse kernel's static shared arrays are in its cubin: the launch adds only its
+    dynamic bytes (the instrument added the static bytes twice and halved the occupancy)."""
+    for arch, k in matmul4096.items():
+        assert k.launch is not None and k.launch.dynamic_smem == 0
+        r = k.resources
+        assert r is not None and k.shared_bytes == r.shared_bytes > 0, arch
+        device = {"sm_80": A100, "sm_90": H100}[arch]
+        assert k.occupancy == occupancy(device, k.launch.threads, r.registers, r.shared_bytes)
+
+
 def test_float4_check_on_a_suite_subgraph_and_a_planted_scalar_access():
     require_tools()
     ins, outs, _ = suite.build("softmax", scale=64)
