@@ -17,7 +17,7 @@ import re
 from polyfuse.cuda.facts import pack_facts
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
 
-_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(')
 
 
 def _device_function(k: Kernel, fn: str, free: bool) -> str:

@@ -342,8 +342,17 @@ class _Emitter(KVisitor[list[str]]):
         """``cp.async`` of ``4 * width`` bytes; outside the guard nothing is read (the source
         address stays in the array) and the bytes are zero-filled."""
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
-        off = c_offset([c_index(i) for i in n.src_index], n.src_shape)
         size = 4 * n.width
+        if n.stream:  # a strength-reduced pointer
+            src = f"&{n.stream}[{c_index(n.stream_offset or KInt(0))}]"
+            if n.guard is None:
+                return f"__pipeline_memcpy_async(&{dst}, {src}, {size});"
+            cond = c_cond(n.guard)
+            return (
+                f"__pipeline_memcpy_async(&{dst}, ({cond}) ? {src} : {n.src}, {size}, "
+                f"({cond}) ? 0 : {size});"
+            )
+        off = c_offset([c_index(i) for i in n.src_index], n.src_shape)
         if n.guard is None:
             return f"__pipeline_memcpy_async(&{dst}, &{n.src}[{off}], {size});"
         cond = c_cond(n.guard)
@@ -355,6 +364,8 @@ class _Emitter(KVisitor[list[str]]):
     def copy(self, n: KCopy) -> str:
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
         src = c_linear(n.src, [c_index(i) for i in n.src_index], n.src_shape)
+        if n.stream:  # a strength-reduced pointer
+            src = f"{n.stream}[{c_index(n.stream_offset or KInt(0))}]"
         fill = c_float(n.fill)
         if n.width > 1:  # one vector: its type has the width, the addresses are aligned
             vt = f"float{n.width}"
@@ -380,9 +391,11 @@ class _Emitter(KVisitor[list[str]]):
 
     def visit_KFor(self, n: KFor, pad: str, depth: int) -> list[str]:
         init, cond = c_index(n.init), c_index(n.cond)
-        out = [f"{pad}#pragma unroll"] if n.unroll else []
+        out = [f"{pad}const float* {p.name} = &{p.array}[{c_index(p.start)}];" for p in n.streams]
+        out += [f"{pad}#pragma unroll"] if n.unroll else []
         out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
         out += self(n.body, depth + 1)
+        out += [f"{pad}  {p.name} += {p.step};" for p in n.streams if p.step]
         out.append(f"{pad}}}")
         return out
 
@@ -577,7 +590,8 @@ def emit_kernel(
         return _vector_lines(n, depth, emit, bp, stmts)
 
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
-    lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
+    bounds = f"{ir.threads}, {ir.min_blocks}" if ir.min_blocks else f"{ir.threads}"
+    lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {ir.name}({sig}) {{']
     lines += decompose("blockIdx.x", "_b", list(ir.grid_dims))
     lines += decompose("threadIdx.x", "_t", list(ir.thread_dims))
     lines += _allocs(ir.allocs, ir.thread_grids)
