@@ -73,7 +73,8 @@ class KStream:
 @dataclass
 class KFor(KNode):
     """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
-    register micro-tile, whose array then lives in registers); ``streams``: its pointers."""
+    register micro-tile, whose array then lives in registers; by ``unroll_by`` iterations
+    at a time when > 1); ``streams``: its pointers."""
 
     var: str
     init: KExpr
@@ -82,6 +83,7 @@ class KFor(KNode):
     body: list[KNode]
     unroll: bool = False
     streams: tuple[KStream, ...] = ()
+    unroll_by: int = 0
 
 
 @dataclass
@@ -545,7 +547,7 @@ class _Format(KVisitor[list[str]]):
         return []
 
     def visit_KFor(self, n: KFor, depth: int) -> list[str]:
-        unroll = "  // unrolled" if n.unroll else ""
+        unroll = f"  // unrolled{f' by {n.unroll_by}' if n.unroll_by else ''}" if n.unroll else ""
         head = f"{'  ' * depth}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}"
         pad = "  " * (depth + 1)
         ptrs = [f"{pad}stream {p.name} = &{p.array}[{p.start}] += {p.step}" for p in n.streams]

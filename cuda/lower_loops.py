@@ -45,15 +45,16 @@ def _constant_bounds(n: KFor) -> bool:
 
 
 def unroll_loops(
-    ir: KernelIR, loops: Iterable[tuple[str, str, int]], min_blocks: int = 0
+    ir: KernelIR, loops: Iterable[tuple[str, str, int, int]], min_blocks: int = 0
 ) -> KernelIR:
-    """A new IR whose loops ``(variable, statement, trips)`` — a loop over the variable that
-    holds the statement — are unrolled, launched with at least ``min_blocks`` blocks per SM
-    (0: no bound). A loop from 0 whose bound depends on the thread (a copy loop whose last
-    round only some threads take) runs ``trips`` iterations, its body guarded by the bound."""
-    by_var: dict[str, dict[str, int]] = {}
-    for var, stmt, trips in loops:
-        by_var.setdefault(var, {})[stmt] = trips
+    """A new IR whose loops ``(variable, statement, trips, factor)`` — a loop over the
+    variable that holds the statement — are unrolled (by ``factor``; 0: whole), launched with
+    at least ``min_blocks`` blocks per SM (0: no bound). A loop from 0 whose bound depends on
+    the thread (a copy loop whose last round only some threads take) runs ``trips``
+    iterations, its body guarded by the bound."""
+    by_var: dict[str, dict[str, tuple[int, int]]] = {}
+    for var, stmt, trips, factor in loops:
+        by_var.setdefault(var, {})[stmt] = (trips, factor)
 
     class Walk(KMutator):
         def visit_KFor(self, n: KFor) -> KNode:
@@ -62,10 +63,11 @@ def unroll_loops(
             held = [t for s, t in want.items() if _holds(body, frozenset({s}))]
             if not held:
                 return replace(n, body=body)
+            trips, factor = max(held)
             if _constant_bounds(n):
-                return replace(n, body=body, unroll=True)
-            if isinstance(n.init, KInt) and n.init.value == 0 and n.step == 1:
-                last = KOp("<=", (KVar(n.var), KInt(max(held) - 1)))
+                return replace(n, body=body, unroll=True, unroll_by=factor)
+            if isinstance(n.init, KInt) and n.init.value == 0 and n.step == 1 and not factor:
+                last = KOp("<=", (KVar(n.var), KInt(trips - 1)))
                 return replace(n, cond=last, body=[KIf(n.cond, body)], unroll=True)
             return replace(n, body=body)
 

@@ -392,7 +392,8 @@ class _Emitter(KVisitor[list[str]]):
     def visit_KFor(self, n: KFor, pad: str, depth: int) -> list[str]:
         init, cond = c_index(n.init), c_index(n.cond)
         out = [f"{pad}const float* {p.name} = &{p.array}[{c_index(p.start)}];" for p in n.streams]
-        out += [f"{pad}#pragma unroll"] if n.unroll else []
+        by = f" {n.unroll_by}" if n.unroll_by > 1 else ""
+        out += [f"{pad}#pragma unroll{by}"] if n.unroll else []
         out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
         out += self(n.body, depth + 1)
         out += [f"{pad}  {p.name} += {p.step};" for p in n.streams if p.step]

@@ -5,6 +5,7 @@ update drops (:mod:`polyfuse.poly.select_free`). Each is a typed record in the p
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from polyfuse.decision import Decided, DecisionKind
@@ -12,6 +13,39 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_loops import CopyLoops, plan_gemm_loops
 from polyfuse.poly.promote import GemmKernel, access_function
 from polyfuse.poly.select_free import select_free_operands
+
+#: The share of a GEMM's multiply-adds on padding (whole tiles past the extents) above which
+#: the plan says why the tiles do not fit the extents (issue 20 item 2).
+PADDING_LIMIT = 0.05
+
+
+def padding_record(
+    extents: list[tuple[int, int]],
+    padded: list[tuple[int, int]],
+    data: list[tuple[int, int]],
+    block: list[int],
+) -> Decided:
+    """The share of the multiply-adds the whole tiles spend on padding (``padded`` against the
+    update's ``extents``, data dims then reduction dims), and, above :data:`PADDING_LIMIT`,
+    why: the data dims whose block tile does not divide the extent."""
+    useful = math.prod(hi - lo + 1 for lo, hi in extents)
+    run = math.prod(hi - lo + 1 for lo, hi in padded)
+    waste = 1 - useful / run
+    over = [
+        f"data dim {d} (extent {hi - lo + 1}) in block tiles of {b}"
+        for d, ((lo, hi), b) in enumerate(zip(data, block, strict=True))
+        if (hi - lo + 1) % b
+    ]
+    reason = f"{waste:.1%} of the multiply-adds fall on padding (whole tiles past the extents)"
+    if waste > PADDING_LIMIT and over:
+        reason += (
+            f": {'; '.join(over)}; the ranked tiles are powers of two (16..128) along the "
+            "matrix plane with 64/128/256 threads, and no fold of the column tile over two "
+            "data dims (poly/tile_fit.py) divides the extents"
+        )
+    explained = waste <= PADDING_LIMIT or bool(over)
+    data = {"what": "padding", "waste": round(waste, 4), "explained": explained}
+    return Decided((DecisionKind.GEMM_LOOP,), reason, data)
 
 
 def with_codegen(gk: GemmKernel, device: DeviceSpec) -> GemmKernel:
@@ -60,6 +94,7 @@ def with_codegen(gk: GemmKernel, device: DeviceSpec) -> GemmKernel:
         Decided((DecisionKind.GEMM_LOOP,), why, {"what": "select free", "tensor": t})
         for t, why in free.items()
     ]
+    decisions.append(padding_record(shape.data + shape.red, padded, shape.data, tiling.block))
     return replace(
         gk,
         loops=loops,

@@ -14,7 +14,10 @@ what these decisions remove):
    :data:`UNROLL_FMA_LIMIT` multiply-adds per thread (a k-tile of 8 steps of an 8x8 tile: 512;
    a 3x3 window: 9 steps): the offsets become constants, consecutive steps' fragment loads of
    one row merge into 128-bit shared loads, and the steps' loads can be scheduled early.
-   Longer bodies would thrash the instruction cache; their outer ``kk`` loops stay loops.
+   Longer bodies would thrash the instruction cache: the next loop outwards is unrolled by the
+   largest factor of its trip count within the limit (a conv's channel loop by 2 around its
+   unrolled 3x3 window: two channels' nine weights of a row merge into 64-bit loads), and the
+   loops outside it stay loops.
 2. **Peeled pipeline.** A double-buffered k-tile loop runs from -1 (the first tile's copies)
    to ``KT - 1`` (the last tile's compute), so every iteration tests both ends. Its first and
    last iterations are split off (:func:`polyfuse.cuda.lower_loops.peel_loop`): the steady
@@ -43,8 +46,9 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.policy import FLOAT_BYTES, blocks_per_sm, gemm_tile_registers
 
 #: Multiply-adds per thread one unrolled reduction body may hold (instruction-cache bound: an
-#: 8x8 micro-tile over a k-tile of 8 or 16 steps, or over a 3x3 window, fits).
-UNROLL_FMA_LIMIT = 1024
+#: 8x8 micro-tile over a k-tile of up to 32 steps, or over two channels of a 3x3 window, fits;
+#: a conv's eight channels unrolled whole (4608) made ptxas spill).
+UNROLL_FMA_LIMIT = 2048
 #: Copies per thread of one shared tile per k-tile whose loops are unrolled at most.
 COPY_UNROLL_LIMIT = 32
 #: Registers a thread needs beside the tile model's estimate when its copies are synchronous
@@ -61,10 +65,10 @@ MAX_REGISTERS = 255
 class GemmLoops:
     """The loop decisions of one GEMM kernel (what :func:`plan_gemm_loops` decided)."""
 
-    #: loops unrolled whole: (loop variable, the statement it runs, its most iterations);
-    #: isl names loops by schedule position, so the update's ``kk0`` and a copy's first loop
-    #: share a name
-    unroll: tuple[tuple[str, str, int], ...] = ()
+    #: loops unrolled: (loop variable, the statement it runs, its most iterations, the
+    #: unroll factor: 0 whole); isl names loops by schedule position, so the update's ``kk0``
+    #: and a copy's first loop share a name
+    unroll: tuple[tuple[str, str, int, int], ...] = ()
     #: the pipelined k-tile loop whose first and last iterations run apart ("": none)
     peel: str = ""
     #: k-tile loops whose copies read global memory through pointers they advance
@@ -153,7 +157,7 @@ def plan_gemm_loops(
     decisions: list[Decided] = []
     unrolled, kept = unrolled_steps(tk, acc)
     names = [f"kk{j}" for j in unrolled]
-    unroll = [(f"kk{j}", update, tk[j]) for j in unrolled]
+    unroll = [(f"kk{j}", update, tk[j], 0) for j in unrolled]
     if unrolled:
         steps = math.prod(tk[j] for j in unrolled)
         decisions.append(
@@ -168,6 +172,24 @@ def plan_gemm_loops(
                 fma=steps * acc,
             )
         )
+    inner = acc * math.prod(tk[j] for j in unrolled)
+    if kept:  # the innermost loop kept: unrolled by a factor of its trip count
+        j = kept[-1]
+        f = max(f for f in range(1, tk[j]) if tk[j] % f == 0 and f * inner <= UNROLL_FMA_LIMIT)
+        if f > 1:
+            unroll.append((f"kk{j}", update, tk[j], f))
+            decisions.append(
+                _record(
+                    "unroll by",
+                    f"reduction loop kk{j} ({tk[j]} steps) unrolled by {f}: {f * inner} "
+                    f"multiply-adds per unrolled body (limit {UNROLL_FMA_LIMIT}); consecutive "
+                    "steps' fragment loads merge into vector loads, a counter and branch per "
+                    f"{f} steps",
+                    loops=[f"kk{j}"],
+                    factor=f,
+                    fma=f * inner,
+                )
+            )
     for j in kept:
         body = acc * tk[j] * math.prod(tk[i] for i in unrolled if i > j)
         decisions.append(
@@ -184,7 +206,7 @@ def plan_gemm_loops(
         if not dims:
             continue
         n = math.prod(c.trips[d] for d in dims)
-        unroll += [(c.loops[d], c.stmt, c.trips[d]) for d in dims]
+        unroll += [(c.loops[d], c.stmt, c.trips[d], 0) for d in dims]
         decisions.append(
             _record(
                 "unroll copies",

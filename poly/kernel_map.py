@@ -36,6 +36,7 @@ from polyfuse.poly.promote import (
     pipeline_stages,
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
 
@@ -89,6 +90,7 @@ def gemm_kernel_fitting(
 ) -> GemmKernel | str:
     """The GEMM kernel of ``tiling``, double-buffered where cp.async exists and both stages
     fit :func:`gemm_tile_budget`, else single-buffered (or why not GEMM-like, a string)."""
+    tiling = fit_tiling(shape, tiling)  # the column tile over two dims where it pads less
     gk = build_gemm_kernel(sm, shape, tiling, pipeline_stages(device.arch))
     if isinstance(gk, str):
         return gk
