@@ -172,6 +172,7 @@ def gemm_rows(
                 "kernel": k.kernel,
                 "arch": k.arch,
                 "ffma_share": round(share, 4),
+                "fmul_fadd": [k.hot.mix["FMUL"], k.hot.mix["FADD"]],
                 "target": case.ffma_target,
                 "spill_bytes": spills,
                 "lds_widths": {

@@ -243,7 +243,7 @@ def plan_gemm_loops(
     smem = FLOAT_BYTES * shared_floats * stages
     blocks = blocks_per_sm(threads, regs, smem, device)
     cap = register_cap(threads, blocks, device) if blocks else 0
-    min_blocks = blocks if blocks and cap >= regs else 0
+    min_blocks = blocks if blocks > 1 and cap >= regs else 0  # 1 block: no bound to keep
     if min_blocks:
         decisions.append(
             _record(
