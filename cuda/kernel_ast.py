@@ -14,45 +14,8 @@ from enum import StrEnum
 from typing import Any
 
 from polyfuse.cuda.facts import KernelFacts
+from polyfuse.cuda.kernel_expr import KExpr, KInt, KOp, KVar, substitute  # noqa: F401 (re-export)
 from polyfuse.visitor import R, Visitor
-
-
-class KExpr:
-    """An integer (index/control) expression."""
-
-
-@dataclass(frozen=True)
-class KInt(KExpr):
-    value: int
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-@dataclass(frozen=True)
-class KVar(KExpr):
-    name: str
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class KOp(KExpr):
-    """``op`` is one of + - * neg fdiv pdiv mod min max == != < <= > >= && || ?:"""
-
-    op: str
-    args: tuple[KExpr, ...]
-
-    def __str__(self) -> str:
-        a = [str(x) for x in self.args]
-        if self.op == "neg":
-            return f"(-{a[0]})"
-        if self.op == "?:":
-            return f"({a[0]} ? {a[1]} : {a[2]})"
-        if self.op in ("min", "max", "fdiv"):
-            return f"{self.op}({', '.join(a)})"
-        return "(" + f" {self.op} ".join(a) + ")"
 
 
 class KNode:
@@ -461,15 +424,6 @@ class Kernel:
             f"smem={self.shared_bytes} micrographs={self.micrographs}"
         )
         return head + "\n" + "\n".join(_fmt(self.body, 1))
-
-
-def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
-    """``e`` with variable ``var`` replaced by ``value``."""
-    if isinstance(e, KVar):
-        return value if e.name == var else e
-    if isinstance(e, KOp):
-        return KOp(e.op, tuple(substitute(a, var, value) for a in e.args))
-    return e
 
 
 #: Every kernel-IR node class (statements and integer expressions), for visitor dispatch.
