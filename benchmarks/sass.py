@@ -11,7 +11,9 @@ nvdisasm (:mod:`polyfuse.cuda.sass`, no GPU needed). Printed per arch:
   iteration (FFMA share, shared loads by width, global traffic, barriers, integer, branches,
   predicated-off slots), registers, spills, shared bytes, blocks per SM and limiter, and the
   issue-bound estimate (a model, labelled so); the GEMM-like kernels (a k-tile loop) beside
-  the item's FFMA target;
+  the item's targets: the FFMA share, no spills, (matmul, FFN) operand fragments loaded by
+  64/128-bit shared loads only, the share of multiply-adds on padding (over 5 %: the plan's
+  reason), and each shared tile's copy (float4 or scalar, threads busy of the block's);
 * the twelve memory-bound subgraphs of ``suite.py``: the same table (their kernels have no
   loop: the whole body), then per subgraph the vector accesses the kernel IR holds, the
   ``float4`` source lines, how many are 128-bit in SASS (``LDG.E.128`` / ``STG.E.128`` /
@@ -19,15 +21,16 @@ nvdisasm (:mod:`polyfuse.cuda.sass`, no GPU needed). Printed per arch:
   the registers of an identical earlier load).
 
 Everything is written to ``benchmarks/results/sass.json`` (``--json``): per case and arch the
-instrument's full record of every kernel (:meth:`KernelSass.to_dict`). ``--strict`` exits 1
-when a GEMM-like kernel misses its FFMA target, spills, or a float4 check fails. Without
-NVRTC or the disassembler it says what to install and exits 2.
+instrument's full record of every kernel (:meth:`KernelSass.to_dict`) and the verdicts.
+``--strict`` exits 1 when a GEMM-like kernel misses a target of item 2 or a float4 check
+fails. Without NVRTC or the disassembler it says what to install and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +47,7 @@ import polyfuse  # noqa: E402
 from polyfuse import examples, ops, te  # noqa: E402
 from polyfuse.cuda.sass import KernelSass, analyse, find_disassembler, format_table  # noqa: E402
 from polyfuse.errors import CompilerNotFound  # noqa: E402
+from polyfuse.poly.gemm_codegen import PADDING_LIMIT  # noqa: E402
 
 DEFAULT_JSON = HERE / "results" / "sass.json"
 ARCHS = ("sm_80", "sm_90")
@@ -65,6 +69,8 @@ class Case:
     build: Callable[[], tuple[list[Any], list[Any]]]
     what: str
     ffma_target: float
+    #: operand fragments must load as 64/128-bit shared loads only (no LDS.32 in the loop)
+    vector_fragments: bool = False
 
 
 def _example(f, *args, **kw) -> Callable[[], tuple[list[Any], list[Any]]]:
@@ -77,10 +83,16 @@ def _example(f, *args, **kw) -> Callable[[], tuple[list[Any], list[Any]]]:
 
 CASES: dict[str, Case] = {
     "matmul4096_bias_gelu": Case(
-        _example(examples.matmul_bias_gelu, 4096, 4096, 4096), "matmul 4096^3 + bias + GELU", 0.85
+        _example(examples.matmul_bias_gelu, 4096, 4096, 4096),
+        "matmul 4096^3 + bias + GELU",
+        0.85,
+        True,
     ),
     "ffn_up": Case(
-        _example(examples.matmul_bias_gelu, 8192, 768, 3072), "FFN up 8192x768 . 768x3072", 0.85
+        _example(examples.matmul_bias_gelu, 8192, 768, 3072),
+        "FFN up 8192x768 . 768x3072",
+        0.85,
+        True,
     ),
     "conv3x3": Case(
         _example(examples.conv2d_relu, batch=32, channels=64, size=56, filters=64),
@@ -101,31 +113,79 @@ CASES: dict[str, Case] = {
 }
 
 
-def run_case(name: str, ins, outs, arch: str) -> tuple[list[KernelSass], float]:
-    """The instrument's records of every kernel of one case on one arch, and compile seconds."""
+def run_case(name: str, ins, outs, arch: str) -> tuple[list[KernelSass], float, Any]:
+    """The instrument's records of every kernel of one case on one arch, compile seconds and
+    the compiled graph (its plan holds the GEMM kernels' decisions)."""
     t0 = time.perf_counter()
     fn = polyfuse.compile(ins, outs, arch, check_cuda=False, name=name)
     report = analyse(fn.cuda_source, (arch,), kernels=fn.kernels, name=name)
-    return report.kernels, time.perf_counter() - t0
+    return report.kernels, time.perf_counter() - t0, fn
 
 
-def gemm_rows(name: str, kernels: list[KernelSass], target: float) -> list[dict[str, Any]]:
-    """The item-2 verdict of each GEMM-like kernel (a k-tile hot loop) of a case."""
+def gemm_plan(fn) -> dict[str, dict[str, Any]]:
+    """Per GEMM kernel of ``fn``'s plan: the padding record (share of the multiply-adds on
+    padding, and its reason when over the limit) and each shared tile's copy: vector width,
+    copying threads busy of the block's."""
+    out: dict[str, dict[str, Any]] = {}
+    for kp in fn.plan.kernel_plans:
+        pad = [d for d in kp.layout if d.data.get("what") == "padding"]
+        if not pad:
+            continue
+        tiles = []
+        for mm in kp.parts:
+            for p in getattr(mm, "promotions", []):
+                rank = len(p.size)
+                along = [n // (p.width if d == rank - 1 else 1) for d, n in enumerate(p.size)]
+                busy = math.prod(min(g, a) for g, a in zip(p.thread_grid, along, strict=True))
+                tiles.append((p.tensor, p.width, busy, math.prod(p.thread_grid)))
+        out[kp.name] = {
+            "padding": pad[0].data["waste"],
+            "explained": pad[0].data["explained"],
+            "why": pad[0].reason,
+            "tiles": tiles,
+        }
+    return out
+
+
+def gemm_rows(
+    name: str, kernels: list[KernelSass], case: Case, plan: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The item-2 verdict of each GEMM-like kernel (a k-tile hot loop) of a case: FFMA share,
+    no spills, vector fragment loads where the case asks, padding within the limit or its
+    reason in the plan."""
     out = []
     for k in kernels:
         if k.hot.kind != "k-tile":
             continue
         spills = (k.resources.spill_stores + k.resources.spill_loads) if k.resources else 0
         share = k.hot.mix.ffma_share
+        lds = k.hot.mix.widths.get("LDS", {})
+        lds32 = lds.get(32, 0)
+        info = plan.get(k.kernel, {})
+        waste = info.get("padding", 0.0)
+        explained = info.get("explained", True)
+        ok = share >= case.ffma_target and spills == 0 and explained
+        ok = ok and not (case.vector_fragments and lds32)
         out.append(
             {
                 "case": name,
                 "kernel": k.kernel,
                 "arch": k.arch,
                 "ffma_share": round(share, 4),
-                "target": target,
+                "fmul_fadd": [k.hot.mix["FMUL"], k.hot.mix["FADD"]],
+                "target": case.ffma_target,
                 "spill_bytes": spills,
-                "ok": share >= target and spills == 0,
+                "lds_widths": {
+                    str(b): n for b, n in sorted(k.hot.mix.widths.get("LDS", {}).items())
+                },
+                "vector_fragments": case.vector_fragments,
+                "padding": waste,
+                "padding_reason": info.get("why", ""),
+                "tiles": [
+                    {"tensor": t, "width": w, "busy_threads": b, "threads": n}
+                    for t, w, b, n in info.get("tiles", [])
+                ],
+                "ok": ok,
             }
         )
     return out
@@ -180,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
             mem_rows: list[KernelSass] = []
             for name in compute:
                 ins, outs = CASES[name].build()
-                ks, secs = run_case(name, ins, outs, arch)
+                ks, secs, fn = run_case(name, ins, outs, arch)
                 print(f"  {name} {arch}: {len(ks)} kernels, {secs:.1f} s", file=sys.stderr)
                 rows += [_renamed(k, name) for k in ks]
                 results["compute"].setdefault(name, {})[arch] = [k.to_dict() for k in ks]
-                verdicts += gemm_rows(name, ks, CASES[name].ffma_target)
+                verdicts += gemm_rows(name, ks, CASES[name], gemm_plan(fn))
             for name in memory:
                 ins, outs, _ = suite.build(name)
-                ks, secs = run_case(name, ins, outs, arch)
+                ks, secs, _ = run_case(name, ins, outs, arch)
                 print(f"  {name} {arch}: {len(ks)} kernels, {secs:.1f} s", file=sys.stderr)
                 results["suite"].setdefault(name, {})[arch] = [k.to_dict() for k in ks]
                 vectors.append({**vector_row(name, ks), "arch": arch})
@@ -202,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sass benchmark: {e}", file=sys.stderr)
         return 2
     if verdicts:
-        print("\n== GEMM-like hot loops vs issue 20 item 2 (FFMA share, 0 spills) ==")
-        head = ["case", "kernel", "arch", "FFMA", "target", "spill B", "verdict"]
+        print("\n== GEMM-like hot loops vs issue 20 item 2 ==")
+        head = ["case", "kernel", "arch", "FFMA", "target", "spill B", "LDS 32/64/128"]
+        head += ["padding", "shared tiles (vector, busy threads)", "verdict"]
         body = [
             [
                 v["case"],
@@ -212,11 +273,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"{v['ffma_share']:.1%}",
                 f">= {v['target']:.0%}",
                 str(v["spill_bytes"]),
+                "/".join(str(v["lds_widths"].get(b, 0)) for b in ("32", "64", "128"))
+                + (" (64/128 only)" if v["vector_fragments"] else ""),
+                f"{v['padding']:.1%}" + (" (why: plan)" if v["padding"] > PADDING_LIMIT else ""),
+                ", ".join(
+                    f"{t['tensor']} {'f4' if t['width'] == 4 else 'f1'} "
+                    f"{t['busy_threads']}/{t['threads']}"
+                    for t in v["tiles"]
+                ),
                 "ok" if v["ok"] else "MISSED",
             ]
             for v in verdicts
         ]
         print(_table([head, *body]))
+        for v in verdicts:
+            if v["padding"] > PADDING_LIMIT:
+                print(f"  {v['case']} {v['arch']} padding: {v['padding_reason']}")
     if vectors:
         print("\n== memory-bound suite: float4 accesses in SASS ==")
         head = ["subgraph", "arch", "kernels", "IR vector", "float4 lines", "128-bit", "reused"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from polyfuse.cuda.kernel_ast import KernelIR, MemSpace
 from polyfuse.cuda.printer import BodyPrinter, c_index
+from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -46,6 +47,15 @@ class GemmBodyPrinter(BodyPrinter):
         self.current = s.name
         return super().statement(s, args, ident)
 
+    def visit_Select(self, e: ex.Select, env: dict[int, str]) -> str:
+        # a select-to-zero around a read of a select-free tile (isl proved the tile's zeros
+        # are the select's): the bare read, so that the update is one fused multiply-add
+        if isinstance(e.a, ex.Read) and isinstance(e.b, ex.Const) and float(e.b.value) == 0:
+            t = self.tiles.get(self.idents[e.a.tensor.uid])
+            if t is not None and t.select_free and self.current in t.stmts:
+                return self.visit(e.a, env)
+        return super().visit_Select(e, env)
+
     def tensor_ref(self, ident, shape, idx, store=False):
         st = self.staged.get(ident)
         if store and st is not None and self.current in st.stmts:
@@ -58,6 +68,13 @@ class GemmBodyPrinter(BodyPrinter):
             return f"{f.buffer}[{c_index(f.index)}]"
         t = self.tiles.get(ident)
         if t is not None and not store and self.current in t.stmts:
+            if t.merge:  # the tile views contiguous dims of the tensor as one
+                idx = [
+                    " + ".join(
+                        f"{i} * {c}" if c != 1 else i for i, c in zip(idx, row, strict=True) if c
+                    )
+                    for row in t.merge
+                ]
             strides = self.strides[ident]
             stage = []
             if t.stage is not None:  # a multi-stage buffer: the stage is its first dim

@@ -14,56 +14,31 @@ from enum import StrEnum
 from typing import Any
 
 from polyfuse.cuda.facts import KernelFacts
+from polyfuse.cuda.kernel_expr import KExpr, KInt, KOp, KVar, substitute  # noqa: F401 (re-export)
 from polyfuse.cuda.namer import Namer
 from polyfuse.visitor import R, Visitor
-
-
-class KExpr:
-    """An integer (index/control) expression."""
-
-
-@dataclass(frozen=True)
-class KInt(KExpr):
-    value: int
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-@dataclass(frozen=True)
-class KVar(KExpr):
-    name: str
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class KOp(KExpr):
-    """``op`` is one of + - * neg fdiv pdiv mod min max == != < <= > >= && || ?:"""
-
-    op: str
-    args: tuple[KExpr, ...]
-
-    def __str__(self) -> str:
-        a = [str(x) for x in self.args]
-        if self.op == "neg":
-            return f"(-{a[0]})"
-        if self.op == "?:":
-            return f"({a[0]} ? {a[1]} : {a[2]})"
-        if self.op in ("min", "max", "fdiv"):
-            return f"{self.op}({', '.join(a)})"
-        return "(" + f" {self.op} ".join(a) + ")"
 
 
 class KNode:
     """A statement-level node."""
 
 
+@dataclass(frozen=True)
+class KStream:
+    """A pointer ``name = &array[start]`` declared before a loop and advanced by ``step``
+    elements after each iteration: a global address strength-reduced over the loop."""
+
+    name: str
+    array: str
+    start: KExpr
+    step: int
+
+
 @dataclass
 class KFor(KNode):
     """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
-    register micro-tile, whose array then lives in registers)."""
+    register micro-tile, whose array then lives in registers; by ``unroll_by`` iterations
+    at a time when > 1); ``streams``: its pointers."""
 
     var: str
     init: KExpr
@@ -71,6 +46,8 @@ class KFor(KNode):
     step: int
     body: list[KNode]
     unroll: bool = False
+    streams: tuple[KStream, ...] = ()
+    unroll_by: int = 0
 
 
 @dataclass
@@ -193,6 +170,12 @@ class KTile:
     lo: tuple[KExpr, ...]
     stmts: frozenset[str]
     stage: KExpr | None = None  # multi-stage buffer: the stage these reads use (first dim)
+    #: ``where(c, tensor[..], 0)`` in the readers prints as the read: isl proved that where c
+    #: fails the read lands outside the array, which the tile holds as zeros
+    select_free: bool = False
+    #: the tile's dims over the tensor's: per tile dim, a coefficient per tensor dim (a view
+    #: merging contiguous dims; empty: the tensor's own dims)
+    merge: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -291,6 +274,10 @@ class KCopy(KNode):
     fill: float = 0.0
     src_shape: tuple[int, ...] = ()
     width: int = 1  # consecutive elements moved at once (4: one 128-bit vector)
+    #: the source read as ``stream[stream_offset]`` (a :class:`KStream` over ``src`` of an
+    #: enclosing loop) instead of ``src[src_index]`` (which the guard still tests)
+    stream: str = ""
+    stream_offset: KExpr | None = None
 
 
 @dataclass(frozen=True)
@@ -349,6 +336,7 @@ class KernelIR:
     fragments: tuple[KFragment, ...] = ()  # promoted reads served by register fragments
     #: names every identifier the passes and the printer declare (:mod:`polyfuse.cuda.namer`)
     namer: Namer = field(default_factory=Namer, compare=False, repr=False)
+    min_blocks: int = 0  # launch bounds: blocks per SM ptxas must keep resident (0: none)
 
     @property
     def threads(self) -> int:
@@ -459,15 +447,6 @@ class Kernel:
         return "\n".join(p for p in parts if p)
 
 
-def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
-    """``e`` with variable ``var`` replaced by ``value``."""
-    if isinstance(e, KVar):
-        return value if e.name == var else e
-    if isinstance(e, KOp):
-        return KOp(e.op, tuple(substitute(a, var, value) for a in e.args))
-    return e
-
-
 #: Every kernel-IR node class (statements and integer expressions), for visitor dispatch.
 NODE_CLASSES: tuple[type, ...] = (
     KInt,
@@ -492,7 +471,7 @@ NODE_CLASSES: tuple[type, ...] = (
 #: Node class with child lists → constructor from (old node, child-list walk).
 _REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode]] = {
     KMark: lambda n, walk: KMark(n.name, walk(n.body)),
-    KFor: lambda n, walk: KFor(n.var, n.init, n.cond, n.step, walk(n.body), n.unroll),
+    KFor: lambda n, walk: replace(n, body=walk(n.body)),
     KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
     KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
     KVector: lambda n, walk: KVector(n.var, n.width, walk(n.body), n.loads, n.stores, n.local),
@@ -543,9 +522,11 @@ class _Format(KVisitor[list[str]]):
         return []
 
     def visit_KFor(self, n: KFor, depth: int) -> list[str]:
-        unroll = "  // unrolled" if n.unroll else ""
+        unroll = f"  // unrolled{f' by {n.unroll_by}' if n.unroll_by else ''}" if n.unroll else ""
         head = f"{'  ' * depth}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}"
-        return [head] + self.lines(n.body, depth + 1)
+        pad = "  " * (depth + 1)
+        ptrs = [f"{pad}stream {p.name} = &{p.array}[{p.start}] += {p.step}" for p in n.streams]
+        return [head] + ptrs + self.lines(n.body, depth + 1)
 
     def visit_KIf(self, n: KIf, depth: int) -> list[str]:
         pad = "  " * depth
@@ -614,4 +595,6 @@ def _copy(n: KCopy) -> str:
     vec = f"x{n.width}" if n.width > 1 else ""
     dst = f"{n.dst}[{', '.join(map(str, n.dst_index))}]{vec}"
     src = f"{n.src}[{', '.join(map(str, n.src_index))}]"
+    if n.stream:
+        src = f"{n.stream}[{n.stream_offset}] ({src})"
     return f"{dst} = {src}" + (f" if {n.guard} else {n.fill}" if n.guard is not None else "")

@@ -25,11 +25,13 @@ import islpy as isl
 from polyfuse.cuda.astgen import convert_expr
 from polyfuse.cuda.gemm_printer import GemmBodyPrinter
 from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
+from polyfuse.cuda.lower_addresses import strength_reduce
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes
 from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
+from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
 from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
@@ -219,6 +221,8 @@ def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
                 p.grid,
                 readers,
                 p.width,
+                p.tensor in gk.select_free,
+                p.merge,
             )
         )
     return out
@@ -270,6 +274,7 @@ def lower_gemm_kernel(
     printed, namer = _namer(name, canonical)
     ir = kernel_ir(printed, gk, body, namer)
     ir = alloc_buffers(ir, buffer_placements(gk, as_global), list(model.tensors))
+    ir = unroll_loops(ir, gk.loops.unroll, gk.loops.min_blocks)  # on the isl statements
     pipeline = None
     if gk.stages > 1:
         ktiles = tuple(v for v in gk.iterators if v.startswith("kt"))
@@ -280,8 +285,11 @@ def lower_gemm_kernel(
     )
     acc = namer.register(f"{gk.shape.update.prim}_acc")
     bounds = {s: [hi for _, hi in b] for s, b in gk.guards.items()}
-    ir = lower_register_tile(ir, acc, gk.reg_shape, gk.reg_iters, bounds)
+    tile_stmts = frozenset(s.name for s in [gk.shape.init, gk.shape.update, *gk.shape.epilogue])
+    ir = lower_register_tile(ir, acc, gk.reg_shape, gk.reg_iters, bounds, tile_stmts)
     ir = lower_fragments(ir, operand_fragments(gk), gk.reg_iters)
+    ir = peel_loop(ir, gk.loops.peel)
+    ir = strength_reduce(ir, gk.loops.streams)
     shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
     ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
     ir = assign_dtypes(ir)

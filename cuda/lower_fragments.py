@@ -64,6 +64,13 @@ def _linear(index_vars: Sequence[str], shape: Sequence[int]) -> KExpr:
     return out if out is not None else KInt(0)
 
 
+def _combine(element: Sequence[KExpr], coef: Sequence[int]) -> KExpr:
+    """``sum_d coef_d * element_d`` (a tile dim of a merged view)."""
+    pairs = zip(element, coef, strict=True)
+    terms = [e if c == 1 else KOp("*", (e, KInt(c))) for e, c in pairs if c]
+    return terms[0] if len(terms) == 1 else KOp("+", tuple(terms))
+
+
 def _reads(nodes: Sequence[KNode], stmts: frozenset[str]) -> bool:
     for n in nodes:
         if isinstance(n, KStmt) and n.stmt in stmts:
@@ -98,11 +105,20 @@ def lower_fragments(
                 conds += [KOp("<", (e, KInt(n)))] if not below else []
             guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
             node: KNode = KCopy(
-                fragment_name(f.tensor), dst, f.tensor, f.element, guard, 0.0, f.global_shape
+                fragment_name(f.tensor),
+                dst,
+                ir.namer.tensor(f.tensor),
+                f.element,
+                guard,
+                0.0,
+                f.global_shape,
             )
         else:
             t = tiles[f.tensor]
-            src = tuple(KOp("-", (e, lo)) for e, lo in zip(f.element, t.lo, strict=True))
+            element = f.element
+            if t.merge:  # the tile views contiguous dims of the tensor as one
+                element = tuple(_combine(f.element, row) for row in t.merge)
+            src = tuple(KOp("-", (e, lo)) for e, lo in zip(element, t.lo, strict=True))
             if t.stage is not None:  # a multi-stage tile: the stage is its first dimension
                 src = (t.stage,) + src
             node = KCopy(fragment_name(f.tensor), dst, t.buffer, src, None, 0.0, shapes[t.buffer])

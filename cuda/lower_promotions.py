@@ -52,6 +52,8 @@ class PromotedTile:
     grid: tuple[tuple[str, int], ...]  # copying threads' coordinates (name, extent), outer first
     readers: frozenset[str]  # statements whose reads of ``tensor`` use the tile
     width: int = 1  # elements per copy instance (4: a 128-bit vector, aligned)
+    select_free: bool = False  # selects-to-zero around the readers' reads are dropped
+    merge: tuple[tuple[int, ...], ...] = ()  # the tile's dims over the tensor's (KTile.merge)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,10 @@ def lower_promotions(
     allocs[first_reg:first_reg] = new
     grids = tuple(KThreadGrid(shared_name(t.tensor), t.grid) for t in tiles)
     stage = KOp("%", (KVar(pipeline.loop), KInt(stages))) if pipeline else None
-    records = tuple(KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, stage) for t in tiles)
+    records = tuple(
+        KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, stage, t.select_free, t.merge)
+        for t in tiles
+    )
     by_stmt = {t.copy_stmt: t for t in tiles}
 
     def copy(n: KStmt, t: PromotedTile) -> KCopy:

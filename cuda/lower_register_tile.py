@@ -31,9 +31,12 @@ def lower_register_tile(
     shape: Sequence[int],
     index_vars: Sequence[str],
     bounds: Mapping[str, Sequence[int | None]],
+    stmts: frozenset[str] | None = None,
 ) -> KernelIR:
     """A new IR with register array ``acc`` of ``shape`` indexed by ``index_vars`` (unrolled
-    loops) and each statement in ``bounds`` guarded by ``arg_d <= bound_d`` (None: no bound)."""
+    loops: those that hold a statement of ``stmts``, None: any) and each statement in
+    ``bounds`` guarded by ``arg_d <= bound_d`` (None: no bound). (isl names loops by schedule
+    position: a copy's loop may share a micro-tile variable's name.)"""
     regs = [a for a in ir.allocs if a.space is MemSpace.REGISTER]
     others = [a for a in ir.allocs if a.space is not MemSpace.REGISTER]
     array = KAlloc(acc, MemSpace.REGISTER, "", tuple(shape) or (1,), None, (), tuple(index_vars))
@@ -48,9 +51,18 @@ def lower_register_tile(
         ]
         return None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
 
+    def holds(nodes) -> bool:
+        if stmts is None:
+            return True
+        return any(
+            (isinstance(n, KStmt) and n.stmt in stmts)
+            or any(holds(getattr(n, c, [])) for c in ("body", "then", "orelse"))
+            for n in nodes
+        )
+
     class Walk(KMutator):
         def visit_KFor(self, n: KFor) -> KNode:
-            if n.var in unrolled and isinstance(n.init, KInt):
+            if n.var in unrolled and isinstance(n.init, KInt) and holds(n.body):
                 return replace(n, body=self.body(n.body), unroll=True)
             return self.visit_default(n)
 

@@ -169,6 +169,12 @@ class Namer:
         """Dimension ``dim``'s lower bound of the tile ``buffer`` holds: ``<buffer>_lo<d>``."""
         return f"{buffer}_lo{dim}"
 
+    @staticmethod
+    def address_stream(param: str, k: int) -> str:
+        """The ``k``-th pointer a copy loop advances through the global buffer ``param``:
+        ``pf_gp<k>_<param>`` (the parameter's name last, so canonical text instantiates it)."""
+        return f"pf_gp{k}_{param}"
+
     def fragment(self, key: str) -> str:
         """A GEMM operand's register fragment: ``r_<name>_frag``."""
         return f"r_{self.tensor(key)}_frag"

@@ -18,7 +18,7 @@ from polyfuse.cuda.facts import pack_facts
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
 from polyfuse.cuda.namer import part_function, rename_identifiers
 
-_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(')
 
 
 def _device_function(k: Kernel, fn: str, free: bool) -> str:

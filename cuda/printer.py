@@ -12,6 +12,7 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
+from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
 from polyfuse.cuda.declared import check_declared
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
@@ -22,16 +23,13 @@ from polyfuse.cuda.kernel_ast import (
     KDef,
     Kernel,
     KernelIR,
-    KExpr,
     KFor,
     KIf,
     KInt,
     KLaneAccess,
     KMark,
-    KOp,
     KStmt,
     KThreadGrid,
-    KVar,
     KVector,
     KVectorStore,
     KVisitor,
@@ -118,62 +116,6 @@ def prelude_for(body: str) -> str:
     """The prelude a translation unit with kernels ``body`` needs (the cp.async primitives'
     header only where a kernel copies asynchronously)."""
     return (PIPELINE_HEADER if "__pipeline_memcpy_async" in body else "") + PRELUDE
-
-
-class _CIndex(KVisitor[str]):
-    """C text of an integer expression of the kernel IR."""
-
-    def visit_KInt(self, e: KInt) -> str:
-        return str(e.value) if e.value >= 0 else f"({e.value})"
-
-    def visit_KVar(self, e: KVar) -> str:
-        return e.name
-
-    def visit_KOp(self, e: KOp) -> str:
-        a = [self.visit(x) for x in e.args]
-        if e.op == "neg":
-            return f"(-{a[0]})"
-        if e.op == "?:":
-            return f"({a[0]} ? {a[1]} : {a[2]})"
-        if e.op in ("min", "max"):
-            return f"{e.op}({a[0]}, {a[1]})"
-        if e.op == "fdiv":
-            return f"pf_fdiv({a[0]}, {a[1]})"
-        return "(" + f" {e.op} ".join(a) + ")"
-
-
-_C_INDEX = _CIndex()
-
-
-def c_index(e: KExpr) -> str:
-    """Integer expression from the kernel AST."""
-    return _C_INDEX.visit(e)
-
-
-def c_cond(e: KExpr) -> str:
-    """A guard: a conjunction of comparisons written flat (``a >= 0 && a < n``)."""
-    if isinstance(e, KOp) and e.op == "&&":
-        return " && ".join(c_cond(a) for a in e.args)
-    if isinstance(e, KOp) and e.op in ("<", "<=", ">", ">=", "==", "!="):
-        return f"{c_index(e.args[0])} {e.op} {c_index(e.args[1])}"
-    return c_index(e)
-
-
-def c_linear(name: str, idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
-    """``name[i0 * s0 + ... + in]``: a row-major element of an array of shape ``dims``."""
-    return f"{name}[{c_offset(idx, dims)}]"
-
-
-def c_offset(idx: list[str], dims: list[int] | tuple[int, ...]) -> str:
-    """``i0 * s0 + ... + in``: the row-major offset of an element of an array ``dims``."""
-    if not dims:
-        return "0"
-    terms, stride = [], 1
-    for d in reversed(range(len(dims))):
-        i = idx[d]
-        terms.append(i if stride == 1 else f"{i} * {stride}")
-        stride *= dims[d]
-    return " + ".join(reversed(terms))
 
 
 def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
@@ -348,8 +290,17 @@ class _Emitter(KVisitor[list[str]]):
         """``cp.async`` of ``4 * width`` bytes; outside the guard nothing is read (the source
         address stays in the array) and the bytes are zero-filled."""
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
-        off = c_offset([c_index(i) for i in n.src_index], n.src_shape)
         size = 4 * n.width
+        if n.stream:  # a strength-reduced pointer
+            src = f"&{n.stream}[{c_index(n.stream_offset or KInt(0))}]"
+            if n.guard is None:
+                return f"__pipeline_memcpy_async(&{dst}, {src}, {size});"
+            cond = c_cond(n.guard)
+            return (
+                f"__pipeline_memcpy_async(&{dst}, ({cond}) ? {src} : {n.src}, {size}, "
+                f"({cond}) ? 0 : {size});"
+            )
+        off = c_offset([c_index(i) for i in n.src_index], n.src_shape)
         if n.guard is None:
             return f"__pipeline_memcpy_async(&{dst}, &{n.src}[{off}], {size});"
         cond = c_cond(n.guard)
@@ -361,6 +312,8 @@ class _Emitter(KVisitor[list[str]]):
     def copy(self, n: KCopy) -> str:
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], self.buffers[n.dst])
         src = c_linear(n.src, [c_index(i) for i in n.src_index], n.src_shape)
+        if n.stream:  # a strength-reduced pointer
+            src = f"{n.stream}[{c_index(n.stream_offset or KInt(0))}]"
         fill = c_float(n.fill)
         if n.width > 1:  # one vector: its type has the width, the addresses are aligned
             vt = f"float{n.width}"
@@ -386,9 +339,12 @@ class _Emitter(KVisitor[list[str]]):
 
     def visit_KFor(self, n: KFor, pad: str, depth: int) -> list[str]:
         init, cond = c_index(n.init), c_index(n.cond)
-        out = [f"{pad}#pragma unroll"] if n.unroll else []
+        out = [f"{pad}const float* {p.name} = &{p.array}[{c_index(p.start)}];" for p in n.streams]
+        by = f" {n.unroll_by}" if n.unroll_by > 1 else ""
+        out += [f"{pad}#pragma unroll{by}"] if n.unroll else []
         out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
         out += self(n.body, depth + 1)
+        out += [f"{pad}  {p.name} += {p.step};" for p in n.streams if p.step]
         out.append(f"{pad}}}")
         return out
 
@@ -588,7 +544,8 @@ def emit_kernel(
 
     check_declared(ir)
     sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
-    lines = [f'extern "C" __global__ void __launch_bounds__({ir.threads}) {ir.name}({sig}) {{']
+    bounds = f"{ir.threads}, {ir.min_blocks}" if ir.min_blocks else f"{ir.threads}"
+    lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {ir.name}({sig}) {{']
     lines += decompose("blockIdx.x", "_b", list(ir.grid_dims))
     lines += decompose("threadIdx.x", "_t", list(ir.thread_dims))
     lines += _allocs(ir.allocs, ir.thread_grids)

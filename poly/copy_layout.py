@@ -22,6 +22,12 @@ next dimension outwards, and so on; the outermost dimension of extent > 1 takes 
 left (those past its extent copy nothing: isl guards them). Each extent divides the threads
 left, so the product is exactly ``n``. A footprint of one element (or of rank 0) is copied by
 thread 0 alone.
+
+That grid leaves threads idle when an extent is not a power of two (a conv input row of 18
+vectors takes 32 threads, 14 of them idle, and the outer dims loop the more). The copies per
+thread are ``prod_d ceil(extent_d / g_d)``: when another grid of the same kind (extents
+dividing the threads left, product ``n``) needs fewer, the grid with the fewest copies per
+thread is taken, the most threads on the innermost dimensions among equals.
 """
 
 from __future__ import annotations
@@ -37,11 +43,23 @@ class CopyLayout:
     per_dim: tuple[int, ...]  # threads along each footprint dimension (1: a loop per thread)
     coords: tuple[tuple[str, int], ...]  # the grid's coordinates (name, extent), outermost first
     constraints: tuple[str, ...]  # isl constraints over the copy's e* and the coordinates
+    prefix: str = ""  # of the coordinates' names (:func:`coord_name`)
 
     @property
     def label(self) -> str:
         """The grid in words, per footprint dimension (``128x2``)."""
         return "x".join(map(str, self.per_dim)) or str(self.coords[0][1])
+
+    def counters(self, lo: list[str], width: int, es: list[str], qs: list[str]) -> list[str]:
+        """isl constraints ``e_d = lo_d + w_d p_d + w_d g_d q_d``: the element each thread
+        copies at step ``q`` of its copy loops (``qs``, from 0: constant trip counts)."""
+        rank = len(self.per_dim)
+        out = []
+        for d, g in enumerate(self.per_dim):
+            w = width if d == rank - 1 else 1
+            p = f" + {w} * {coord_name(self.prefix, d, rank)}" if g > 1 else ""
+            out.append(f"{es[d]} = {lo[d]}{p} + {w * g} * {qs[d]}")
+        return out
 
 
 def _pow2_ceil(n: int) -> int:
@@ -63,8 +81,53 @@ def coord_name(prefix: str, dim: int, rank: int) -> str:
     return f"{prefix}d{dim}"
 
 
+def copies_per_thread(size: list[int], width: int, per_dim: list[int]) -> int:
+    """The copy instances of the busiest thread of grid ``per_dim``."""
+    rank = len(size)
+    along = [size[d] // width if d == rank - 1 else size[d] for d in range(rank)]
+    return math.prod(-(-a // g) for a, g in zip(along, per_dim, strict=True))
+
+
 def thread_extents(size: list[int], width: int, nthreads: int) -> list[int]:
     """Threads per footprint dimension (product ``nthreads``; see the module docstring)."""
+    first = _innermost_first(size, width, nthreads)
+    best = min(
+        _grids(size, width, nthreads),
+        key=lambda g: (copies_per_thread(size, width, g), [-x for x in reversed(g)]),
+        default=first,
+    )
+    if copies_per_thread(size, width, best) < copies_per_thread(size, width, first):
+        return best
+    return first
+
+
+def _grids(size: list[int], width: int, nthreads: int):
+    """Every grid whose extents divide the threads left (innermost first), the outermost
+    dimension of extent > 1 taking the rest; an extent beyond its dimension's is no use."""
+    rank = len(size)
+    used = [d for d in range(rank) if size[d] > 1]
+    if len(used) < 2:
+        return
+
+    def rec(k: int, left: int, grid: list[int]):
+        if k == 0:
+            out = list(grid)
+            out[used[0]] = left
+            yield out
+            return
+        d = used[k]
+        along = size[d] // width if d == rank - 1 else size[d]
+        for g in range(1, min(left, along) + 1):
+            if left % g == 0:
+                grid[d] = g
+                yield from rec(k - 1, left // g, grid)
+        grid[d] = 1
+
+    yield from rec(len(used) - 1, nthreads, [1] * rank)
+
+
+def _innermost_first(size: list[int], width: int, nthreads: int) -> list[int]:
+    """The innermost-first grid (see the module docstring)."""
     rank = len(size)
     per_dim = [1] * rank
     used = [d for d in range(rank) if size[d] > 1] or ([rank - 1] if rank else [])
@@ -87,7 +150,7 @@ def copy_layout(
     rank = len(size)
     if rank == 0:  # one element, no dimension to spread: thread 0 copies it
         name = f"{prefix}c"
-        return CopyLayout((), ((name, nthreads),), (f"{name} = 0",))
+        return CopyLayout((), ((name, nthreads),), (f"{name} = 0",), prefix)
     per_dim = thread_extents(size, width, nthreads)
     assert math.prod(per_dim) == nthreads
     coords, cons = [], []
@@ -101,4 +164,4 @@ def copy_layout(
         step = f"{w} * {name}" if w > 1 else name
         cons.append(f"exists (q_{name}: {es[d]} = {lo[d]} + {step} + {w * g} * q_{name})")
         coords.append((name, g))
-    return CopyLayout(tuple(per_dim), tuple(coords), tuple(cons))
+    return CopyLayout(tuple(per_dim), tuple(coords), tuple(cons), prefix)

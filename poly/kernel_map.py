@@ -25,6 +25,7 @@ from polyfuse.graph.graph import Graph
 from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.gemm_codegen import with_codegen
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
 from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget, reduction_tile_budget
@@ -35,6 +36,7 @@ from polyfuse.poly.promote import (
     pipeline_stages,
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
 
@@ -88,12 +90,17 @@ def gemm_kernel_fitting(
 ) -> GemmKernel | str:
     """The GEMM kernel of ``tiling``, double-buffered where cp.async exists and both stages
     fit :func:`gemm_tile_budget`, else single-buffered (or why not GEMM-like, a string)."""
+    tiling = fit_tiling(shape, tiling)  # the column tile over two dims where it pads less
     gk = build_gemm_kernel(sm, shape, tiling, pipeline_stages(device.arch))
-    if isinstance(gk, str) or gk.stages == 1:
+    if isinstance(gk, str):
         return gk
-    if FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages <= gemm_tile_budget(device):
-        return gk
-    return build_gemm_kernel(sm, shape, tiling, 1)
+    if gk.stages > 1 and FLOAT_BYTES * sum(
+        p.floats for p in gk.promotions
+    ) * gk.stages > gemm_tile_budget(device):
+        gk = build_gemm_kernel(sm, shape, tiling, 1)
+        if isinstance(gk, str):
+            return gk
+    return with_codegen(gk, device)
 
 
 def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:

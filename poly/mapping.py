@@ -81,6 +81,9 @@ class MappedKernel:
     # the mapping's launch-layout record: a reduction layout (poly/cost.py) or GEMM tiles
     # (poly/tiling.py); elements per thread are ``coarsening``'s
     layout: Decided | None = None
+    # how the kernel's code is emitted beside its layout (a GEMM's unrolled loops, peeled
+    # pipeline and launch bounds: poly/gemm_loops.py), each with its reason
+    codegen: tuple[Decided, ...] = ()
 
     def __post_init__(self) -> None:
         # defaults derived from the other fields, set once at construction (frozen after)

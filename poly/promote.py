@@ -27,10 +27,12 @@ import islpy as isl
 
 from polyfuse.poly.copy_layout import copy_layout
 from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in, register_fragments
+from polyfuse.poly.gemm_loops import GemmLoops
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tile_box import tile_box
 from polyfuse.poly.tiling import GemmShape, GemmTiling
 from polyfuse.poly.vectorize import VECTOR_WIDTH, prove_vector_copy
 
@@ -67,6 +69,9 @@ class Promotion:
     reason: str
     pad: int = 0  # words added to the buffer's rows (bank conflicts)
     width: int = 1  # elements per copy instance (4: 128-bit vector copies, proven by isl)
+    #: the tile's view of the array: per tile dim, its coefficient on each array dim (empty:
+    #: the array's own dims; :mod:`polyfuse.poly.tile_box`)
+    merge: tuple[tuple[int, ...], ...] = ()
 
     @property
     def floats(self) -> int:
@@ -92,24 +97,18 @@ class GemmKernel(MappedMicrograph):
     vector_stores: dict[str, str] = field(default_factory=dict)  # statement -> tensor
     #: promoted operands whose per-kk fragment each thread keeps in registers
     fragments: list[Fragment] = field(default_factory=list)
+    #: how the loops are emitted (unroll, peel, launch bounds; :mod:`polyfuse.poly.gemm_loops`)
+    loops: GemmLoops = field(default_factory=GemmLoops)
+    #: promoted operands whose selects-to-zero the update drops, with isl's reason
+    #: (:mod:`polyfuse.poly.select_free`)
+    select_free: dict[str, str] = field(default_factory=dict)
 
 
 def _ints(names: list[str]) -> str:
     return ", ".join(names)
 
 
-def _aff_text(pa: isl.PwAff) -> str | None:
-    """The isl text of a single-piece affine function (for building constraints)."""
-    pieces = pa.get_pieces()
-    if len(pieces) != 1:
-        return None
-    _, aff = pieces[0]
-    s = str(aff)
-    i, j = s.find("[("), s.rfind(")]")
-    return s[i + 2 : j] if i >= 0 and j > i else None
-
-
-def _access_function(acc: isl.Map) -> isl.Map:
+def access_function(acc: isl.Map) -> isl.Map:
     """The read's subscripts without the domain's bounds, valid on the padded tiles.
 
     Its affine hull when that is a function (affine subscripts; conv's padding guard is
@@ -126,7 +125,7 @@ def _invariant_operands(shape: GemmShape, model) -> list[tuple[str, isl.Map, tup
     nd, nr = len(shape.data), len(shape.red)
     out = []
     for name in dict.fromkeys(n for n, _ in shape.operands):
-        accs = [_access_function(m) for n, m in shape.operands if n == name]
+        accs = [access_function(m) for n, m in shape.operands if n == name]
         if all(a.is_equal(accs[0]) for a in accs) and invariant_in(accs[0], range(nd, nd + nr)):
             out.append((name, accs[0], tuple(model.tensors[name].shape)))
     return out
@@ -269,12 +268,12 @@ def build_gemm_kernel(
         )
     in_registers = {f.tensor for f in hoisted}
     promotions: list[Promotion] = []
-    copy_doms: list[tuple[str, isl.Set, int]] = []
+    copy_doms: list[tuple[str, isl.Set, int, list[str]]] = []
     seen: set[str] = set()
     for k, ((name, acc), reuse) in enumerate(zip(shape.operands, shape.reuse, strict=True)):
         if name in seen:
             first = next(m for n, m in shape.operands if n == name)
-            if not _access_function(first).is_equal(_access_function(acc)):
+            if not access_function(first).is_equal(access_function(acc)):
                 # One shared tile per tensor: a tensor read at two places (matmul(a, a))
                 # would need the union of two footprints.
                 return f"{name} is read through two different accesses: not promoted"
@@ -285,23 +284,11 @@ def build_gemm_kernel(
         if not reuse:
             held = f" nor held in registers ({not_hoisted[name]})" if name in not_hoisted else ""
             return f"{name} is not reused across threads{held}: not promoted"
-        hull = _access_function(acc)
-        fp = hull.intersect_domain(tile).range().intersect_params(ranges).coalesce()
-        lo_t, lo_c, size = [], [], []
-        for i in range(fp.dim(isl.dim_type.set)):
-            try:
-                lo, hi = fp.dim_min(i), fp.dim_max(i)
-                span = hi.sub(lo).max_val()
-            except isl.Error:  # e.g. grouped conv: the subscript's hull is not bounded
-                return f"the footprint of {name} is not bounded per tile"
-            txt = _aff_text(lo)
-            if not span.is_int() or txt is None:
-                return f"the footprint of {name} has no fixed-size box"
-            lo_t.append(txt)
-            size.append(span.to_python() + 1)
-            lo_c.append(lo)
-        tshape = model.tensors[name].shape
-        proof = prove_vector_copy(fp, lo_t, size, tshape)
+        box = tile_box(name, access_function(acc), tile, ranges, tuple(model.tensors[name].shape))
+        if isinstance(box, str):
+            return box
+        fp, lo_t, lo_c, size, tshape = box.fp, box.lo_t, box.lo_c, box.size, box.shape
+        proof = box.proof
         width = proof.width
         # Padding against bank conflicts keeps vector rows 16-byte aligned (a whole vector).
         pad = width if len(size) >= 2 and size[-1] % 32 == 0 else 0
@@ -335,7 +322,8 @@ def build_gemm_kernel(
         cdom = fpk.align_params(distset.get_space()).intersect(
             distset.align_params(fpk.get_space())
         )
-        copy_doms.append((cstmt, cdom, len(size)))
+        qs = [f"q{i}" for i in range(len(size))]
+        copy_doms.append((cstmt, cdom, len(size), layout.counters(lo_t, width, es, qs)))
         bank = (
             f"; last dim padded {size[-1]}->{size[-1] + pad} against bank conflicts" if pad else ""
         )
@@ -355,14 +343,16 @@ def build_gemm_kernel(
                 f"reused across threads along data dims {other}; per-block k-tile footprint "
                 f"box {'x'.join(map(str, size)) or '1'} ({4 * floats} B), each element "
                 f"copied once by a {layout.label} thread grid, innermost dim fastest{bank}; "
-                f"{proof.reason}",
+                + "".join(f"{n}; " for n in box.notes)
+                + proof.reason,
                 pad,
                 width,
+                box.merge,
             )
         )
 
     # Tiled schedule: isl's band composed with the tiling map (fixed width W).
-    tail_n = max([nr + len(regs) + 1] + [n for _, _, n in copy_doms])
+    tail_n = max([nr + len(regs) + 1] + [n for _, _, n, _ in copy_doms])
     tail_names = kks + regs + ["pos"] + [f"x{i}" for i in range(tail_n - nr - len(regs) - 1)]
     iterators = kts + ["ph", "sub"] + tail_names
     params = bnames + [t for t, _ in tused] + [c for pr in promotions for c, _ in pr.grid]
@@ -397,10 +387,17 @@ def build_gemm_kernel(
     at = list(kts)  # where the copies of k-tile kts run: one k-tile early when pipelined
     if stages > 1:
         at[multi[0]] = f"{kts[multi[0]]} - 1"
-    for sub, (cstmt, cdom, n) in enumerate(copy_doms):
+    for sub, (cstmt, cdom, n, counters) in enumerate(copy_doms):
+        # each thread's copies in loops of constant trip count (q from 0), not over the
+        # elements themselves (whose bounds depend on the thread)
         es = [f"e{i}" for i in range(n)]
+        qs = [f"q{i}" for i in range(n)]
+        npar = cdom.dim(isl.dim_type.param)
+        cpar = [cdom.get_dim_name(isl.dim_type.param, i) for i in range(npar)]
         cm = isl.Map(
-            f"{{ {cstmt}[{_ints(kts + es)}] -> [{_ints(at)}, 0, {sub}, {tailv(es, tail_n)}] }}",
+            f"[{', '.join(cpar)}] -> {{ {cstmt}[{_ints(kts + es)}] -> "
+            f"[{_ints(at)}, 0, {sub}, {tailv(qs, tail_n)}] : "
+            f"{' and '.join(counters) or '0 = 0'} }}",
             context=ctx,
         ).intersect_domain(cdom)
         umap = umap.union(isl.UnionMap.from_map(cm))
@@ -465,7 +462,7 @@ def build_gemm_kernel(
         iterators,
         reg_iters,
         reg_shape,
-        [(n, _access_function(m)) for n, m in shape.operands if n in promoted],
+        [(n, access_function(m)) for n, m in shape.operands if n in promoted],
         tiling.accumulators,
         sum(f.floats for f in hoisted),
     )

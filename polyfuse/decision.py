@@ -31,6 +31,7 @@ class DecisionKind(StrEnum):
     SPLIT_REDUCTION = "split reduction"  # a reduction split across blocks (poly/split.py)
     REDUCTION_LAYOUT = "reduction layout"  # a reduction kernel's launch shape (poly/cost.py)
     GEMM_TILE = "gemm tile"  # a GEMM's block / register / k tiles (poly/tiling.py)
+    GEMM_LOOP = "gemm loop"  # how a GEMM's loops are emitted (poly/gemm_loops.py)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ __version__ = "0.1.0"
 # Bumped whenever the code generated for a cached schedule changes meaning (2: NaN-propagating
 # max/min, lane combines decided by isl; 3: GEMM-like micrographs tiled for registers and
 # shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores;
-# 6: double-buffered shared tiles with cp.async on sm_80+),
+# 6: double-buffered shared tiles with cp.async on sm_80+; 7: GEMM loop code — unrolled
+# reduction steps and copy loops, peeled pipeline, strength-reduced addresses, launch bounds,
+# select-free updates, merged/aligned tile views),
 # so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 6
+CODEGEN_REVISION = 7

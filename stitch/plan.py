@@ -69,6 +69,7 @@ def plan_kernel(
     c = r.mapped.coarsening  # elements per thread / runs per lane (coarsen.py, lane_vector.py)
     layout = [r.mapped.layout] if r.mapped.layout is not None else []
     layout += [c.decision] if c is not None else []
+    layout += r.mapped.codegen
     reads = global_reads(r.mapped.scheduled.model, r.placements)
     return KernelPlan(
         name,

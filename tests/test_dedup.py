@@ -26,7 +26,8 @@ def gpt2():
 def test_source_has_one_body_per_distinct_kernel(gpt2):
     _, fn = gpt2
     functions = {k.function or k.name for k in fn.kernels}  # packed launches: their own
-    defined = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", fn.cuda_source)
+    head = r"__global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\("  # GEMM: (T, B)
+    defined = re.findall(head, fn.cuda_source)
     assert sorted(defined) == sorted(functions)  # each distinct body exactly once
     assert len(functions) < len(fn.kernels)  # the two layers share their kernels
     bodies = {}

@@ -87,7 +87,7 @@ def test_4096_matmul_kk_loop_reads_registers_only():
     assert "w: register fragment r_w_frag[8] per kk step" in notes
     src = k.source
     assert "float r_a_frag[8];" in src and "float r_w_frag[8];" in src
-    kk = src[src.index("for (int kk0 = 0;") :]
+    kk = src[src.index("for (int kk0 = 0; (kk0 <= 7);") :]  # the k-tile's 8 steps
     kk = kk[: kk.index("__syncthreads();")]
     fma = [line for line in kk.splitlines() if "_acc[ii0][ii1][iv] = " in line]
     assert len(fma) == 1 and "s_a[" not in fma[0] and "s_w[" not in fma[0]

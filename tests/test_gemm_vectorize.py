@@ -96,8 +96,9 @@ def _matmul(m: int, k: int, n: int, arch: str = "sm_75"):
 
 
 def _vector_copied(src: str, tensor: str) -> bool:
-    """A 128-bit copy of ``tensor``: a float4 load, or a 16-byte cp.async."""
-    sync = f"*reinterpret_cast<const float4*>(&{tensor}[" in src
+    """A 128-bit copy of ``tensor``: a float4 load (from the array or its strength-reduced
+    pointer ``pf_gp<k>_<tensor>``), or a 16-byte cp.async."""
+    sync = re.search(rf"\*reinterpret_cast<const float4\*>\(&(?:{tensor}|pf_gp\d+_{tensor})\[", src)
     return sync or bool(re.search(rf"__pipeline_memcpy_async\(&s_{tensor}\[[^;]*, 16[,)]", src))
 
 

@@ -79,6 +79,17 @@ def gemm(n: list[str]):
     return [a, w, bias], [y]
 
 
+def gemm_factor(n: list[str]):
+    """A GEMM with a k-invariant factor ``s[i]``: its fragment is loaded from global memory
+    once per thread (a register fragment read straight from the parameter)."""
+    a = te.placeholder((33, 40), name=n[0])
+    w = te.placeholder((40, 64), name=n[1])
+    s = te.placeholder((33,), name=n[2])
+    k = te.reduce_axis(40, name="k")
+    y = te.compute((33, 64), lambda i, j: te.sum(a[i, k] * w[k, j] * s[i], axis=k), name=n[3])
+    return [a, w, s], [y]
+
+
 def pack(n: list[str], inputs: list | None = None):
     """Two independent branches: Layer 3 packs the first's kernel with the second's row sum.
     Each branch starts with a layout read (reversed), which nothing fuses with what comes
@@ -101,6 +112,7 @@ KINDS: dict[str, tuple[Builder, int, Shows]] = {
     "layer2": (layer2, 5, lambda fn: len(fn.kernels) == 1 and "__shared__" in fn.cuda_source),
     "gemm": (gemm, 5, lambda fn: "_frag[" in fn.cuda_source and "kt0" in fn.cuda_source),
     "pack": (pack, 5, lambda fn: "_p1(" in fn.cuda_source),
+    "gemm_factor": (gemm_factor, 4, lambda fn: "_frag[" in fn.cuda_source),
 }
 
 PLAIN = ["x", "b", "y", "t", "z"]  # names that meet nothing (but the first's float4 lanes v_x)
@@ -263,3 +275,13 @@ def test_kernels_declare_variables_only_in_the_generated_space():
     with pytest.raises(AssertionError, match=r"variables \['x0'\] are outside"):
         check_declared(ok.with_(body=(loop("x0"),)))
     assert [loop_variable(v) for v in ("kt0", "ii1", "pos", "x0")] == ["kt0", "ii1", "pos", "pf_x0"]
+
+
+def test_k_invariant_factor_with_an_escaped_name_reads_its_parameter():
+    """ONNX names such as ``_Unsqueeze_1`` are escaped (``u__Unsqueeze_1_u``); the register
+    fragment of a k-invariant factor read the raw name, which no parameter has."""
+    inputs, outputs = gemm_factor(["a", "w", "_Unsqueeze_1", "y"])
+    fn = polyfuse.compile(inputs, outputs)
+    arrays = [np.random.default_rng(3).standard_normal(t.shape).astype(np.float32) for t in inputs]
+    (want,) = reference.evaluate(outputs, dict(zip(inputs, arrays, strict=True)))
+    np.testing.assert_allclose(fn(*arrays, device="emulate"), want, rtol=1e-4, atol=1e-4)

@@ -178,7 +178,8 @@ def analyse(
             (
                 k.name,
                 k.function or k.name,
-                Launch(tuple(k.grid), tuple(k.block), k.shared_bytes),  # type: ignore[arg-type]
+                # the cubin holds the static arrays: the launch adds the dynamic bytes only
+                Launch(tuple(k.grid), tuple(k.block), k.dynamic_shared_bytes),  # type: ignore[arg-type]
                 k.body,
             )
             for k in kernels

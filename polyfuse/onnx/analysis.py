@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from polyfuse.onnx.common import HANDLERS, NODE_CHECKS, _node_label
+from polyfuse.onnx.common import HANDLERS, NODE_CHECKS, node_label
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
 
 __all__ = [
@@ -118,7 +118,7 @@ def unsupported_nodes(model: onnx.ModelProto, known: Sequence[str] = ()) -> list
         reads = [*n.input, *node_reads(n)]
         if std and n.output and all(o in vals for o in n.output if o) and reads:
             continue
-        label = _node_label(n)
+        label = node_label(n)
         if not std:
             out.append(UnsupportedNode(pos, label, f"{n.domain}.{n.op_type}"))
         elif n.op_type not in ops:

@@ -34,32 +34,32 @@ class InputValueNeeded(OnnxImportError):
         self.input_name = input_name
 
 
-def _ident(s: str) -> str:
+def ident_of(s: str) -> str:
     s = re.sub(r"[^0-9A-Za-z_]", "_", s)
     return ("t_" + s) if not s or s[0].isdigit() else s
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _ints(v: Any) -> list[int]:
+def ints_of(v: Any) -> list[int]:
     return [int(x) for x in np.asarray(v).reshape(-1)]
 
 
-def _bshape(*shapes: Sequence[int]) -> tuple[int, ...]:
+def bshape(*shapes: Sequence[int]) -> tuple[int, ...]:
     try:
         return tuple(int(s) for s in np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:
         raise ExpressionError(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None
 
 
-def _bidx(shape: Sequence[int], idx: Sequence[Expr]) -> tuple[Expr, ...]:
+def bidx(shape: Sequence[int], idx: Sequence[Expr]) -> tuple[Expr, ...]:
     off = len(idx) - len(shape)
     return tuple(as_expr(0) if s == 1 else idx[off + d] for d, s in enumerate(shape))
 
 
-class _Ctx:
+class Ctx:
     """Conversion state: values by ONNX name, constant placeholders, fresh names."""
 
     def __init__(self, model_name: str, opset: int) -> None:
@@ -75,7 +75,7 @@ class _Ctx:
 
     def fresh(self, hint: str) -> str:
         self._n += 1
-        return f"{_ident(self.node_name)}_{hint}{self._n}"
+        return f"{ident_of(self.node_name)}_{hint}{self._n}"
 
     def tensor(self, v: Value) -> Tensor:
         """A runtime tensor for ``v`` (a host constant becomes a bound placeholder)."""
@@ -97,26 +97,26 @@ class _Ctx:
         return te.compute(tuple(int(s) for s in shape), f, name=self.fresh(hint), tag="onnx")
 
 
-def _scalar(v: Value) -> float | None:
+def scalar_of(v: Value) -> float | None:
     if isinstance(v, np.ndarray) and v.size == 1:
         return float(v.reshape(-1)[0])
     return None
 
 
-def _map(ctx: _Ctx, vals: Sequence[Value], f: Callable[..., Expr], hint: str) -> Tensor:
+def map_elementwise(ctx: Ctx, vals: Sequence[Value], f: Callable[..., Expr], hint: str) -> Tensor:
     """Broadcasting elementwise map of runtime tensors and (scalar-inlined) constants."""
     shapes = [tuple(v.shape) for v in vals]
-    shape = _bshape(*shapes)
+    shape = bshape(*shapes)
     ops_: list[Any] = []
     for v in vals:
-        s = _scalar(v)
+        s = scalar_of(v)
         if s is not None and v.ndim <= len(shape):
             ops_.append(s)
         else:
             ops_.append(ctx.tensor(v))
 
     def body(*idx: IterVar) -> Expr:
-        args = [o[_bidx(o.shape, idx)] if isinstance(o, Tensor) else as_expr(o) for o in ops_]
+        args = [o[bidx(o.shape, idx)] if isinstance(o, Tensor) else as_expr(o) for o in ops_]
         return as_expr(f(*args))
 
     if not shape:
@@ -124,15 +124,15 @@ def _map(ctx: _Ctx, vals: Sequence[Value], f: Callable[..., Expr], hint: str) ->
     return ctx.compute(shape, body, hint)
 
 
-def _as_bool(e: Expr) -> Expr:
+def as_bool(e: Expr) -> Expr:
     return te.not_equal(e, 0.0)
 
 
-def _norm_axes(axes: Sequence[int], ndim: int) -> list[int]:
+def norm_axes(axes: Sequence[int], ndim: int) -> list[int]:
     return sorted({int(a) % ndim if ndim else 0 for a in axes})
 
 
-Handler = Callable[[_Ctx, onnx.NodeProto, list[Any], dict[str, Any]], list[Value]]
+Handler = Callable[[Ctx, onnx.NodeProto, list[Any], dict[str, Any]], list[Value]]
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -140,12 +140,12 @@ HANDLERS: dict[str, Handler] = {}
 NODE_CHECKS: dict[str, Callable[[onnx.NodeProto], str | None]] = {}
 
 
-def _node_label(node: onnx.NodeProto) -> str:
+def node_label(node: onnx.NodeProto) -> str:
     """How errors name a node: its name, else ``<op>_<first output>``."""
     return node.name or f"{node.op_type}_{node.output[0] if node.output else ''}"
 
 
-def _reg(*names: str) -> Callable[[Handler], Handler]:
+def register_op(*names: str) -> Callable[[Handler], Handler]:
     def deco(f: Handler) -> Handler:
         for n in names:
             HANDLERS[n] = f
@@ -154,7 +154,7 @@ def _reg(*names: str) -> Callable[[Handler], Handler]:
     return deco
 
 
-def _host(ctx: _Ctx, node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
+def host_value(ctx: Ctx, node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
     """``v`` as a host array: an attribute-like input (axes, shape, pads, ...) must be known."""
     if isinstance(v, Tensor):
         name = ctx.graph_inputs.get(id(v))
@@ -172,8 +172,8 @@ def _host(ctx: _Ctx, node: onnx.NodeProto, v: Any, what: str) -> np.ndarray:
     return np.asarray(v)
 
 
-def _reduce(
-    ctx: _Ctx,
+def reduce_op(
+    ctx: Ctx,
     x: Tensor,
     axes: list[int],
     keep: bool,
@@ -182,7 +182,9 @@ def _reduce(
     post: Callable[[Expr], Expr] | None = None,
 ) -> Tensor:
     if not axes:
-        return _map(ctx, [x], lambda v: post(pre(v) if pre else v) if post else v, "reduce")
+        return map_elementwise(
+            ctx, [x], lambda v: post(pre(v) if pre else v) if post else v, "reduce"
+        )
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keep or d not in axes)
     ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
     red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]
@@ -192,21 +194,21 @@ def _reduce(
         return red(pre(v) if pre else v, axis=list(ks.values()))
 
     r = ctx.compute(shape, body, "reduce")
-    return _map(ctx, [r], post, "reduce_post") if post else r
+    return map_elementwise(ctx, [r], post, "reduce_post") if post else r
 
 
-def _reshape_to(ctx: _Ctx, v: Value, shape: Sequence[int]) -> Value:
+def reshape_to(ctx: Ctx, v: Value, shape: Sequence[int]) -> Value:
     shape = tuple(int(s) for s in shape)
     if isinstance(v, np.ndarray):
         return v.reshape(shape)
     if tuple(v.shape) == shape:
         return v
     if not shape:  # to 0-d
-        return _reduce(ctx, v, list(range(v.ndim)), False, "sum")
+        return reduce_op(ctx, v, list(range(v.ndim)), False, "sum")
     if not v.shape:
         return ctx.compute(shape, lambda *i: v[()], "reshape")
     return ops.reshape(v, shape, ctx.fresh("reshape"))
 
 
-def _iota(k: Expr) -> Expr:
+def iota(k: Expr) -> Expr:
     return te.cast(k, "float32")

@@ -15,14 +15,14 @@ from polyfuse.graph.expr import Tensor
 from polyfuse.onnx.analysis import node_reads
 from polyfuse.onnx.common import (
     HANDLERS,
+    Ctx,
     InputValueNeeded,
     OnnxImportError,
     Value,
-    _attrs,
-    _Ctx,
-    _node_label,
+    attrs_of,
+    node_label,
 )
-from polyfuse.onnx.fold import HOST_ONLY_ALWAYS, _fold
+from polyfuse.onnx.fold import HOST_ONLY_ALWAYS, fold_node
 
 
 def node_inputs(
@@ -39,7 +39,7 @@ def node_inputs(
 
 
 def convert_node(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], caps: dict[str, Value]
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], caps: dict[str, Value]
 ) -> list[Value]:
     """The output values of ``node`` given its inputs ``ins`` and captured values ``caps``.
 
@@ -47,10 +47,10 @@ def convert_node(
     operator); otherwise its handler builds te computes. A node without a run-time form that
     reads a graph input raises :class:`InputValueNeeded` (the backend then specializes on it).
     """
-    ctx.node_name = _node_label(node)
+    ctx.node_name = node_label(node)
     read = [*ins, *caps.values()]
     host = bool(node.input or caps) and all(v is None or isinstance(v, np.ndarray) for v in read)
-    at = _attrs(node)
+    at = attrs_of(node)
     if not host and (
         node.op_type not in HANDLERS
         or node.op_type in HOST_ONLY_ALWAYS
@@ -70,7 +70,7 @@ def convert_node(
         big = any(v is not None and v.size > 1 << 22 for v in ins)
         if node.op_type not in HOST_ONLY_ALWAYS and big and node.op_type in HANDLERS:
             return HANDLERS[node.op_type](ctx, node, ins, at)
-        return _fold(node, ins, ctx.opset, {k: np.asarray(v) for k, v in caps.items()})
+        return fold_node(node, ins, ctx.opset, {k: np.asarray(v) for k, v in caps.items()})
     if node.op_type in HANDLERS:
         return HANDLERS[node.op_type](ctx, node, ins, at)
     raise UnsupportedOpError(f"{node.op_type} needs constant inputs (a run-time input is given)")

@@ -10,14 +10,14 @@ import onnx
 from onnx import helper, numpy_helper
 
 from polyfuse.errors import UnsupportedOpError
-from polyfuse.onnx.common import _attrs
+from polyfuse.onnx.common import attrs_of
 
 # Ops that fold on the host when all inputs are constants but have no runtime form.
 HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero"}
 HOST_ONLY_ALWAYS = {"Constant", "ConstantOfShape", "Range"}
 
 
-def _fold(
+def fold_node(
     node: onnx.NodeProto,
     ins: list[Any],
     opset: int,
@@ -31,7 +31,7 @@ def _fold(
     from onnx.reference import ReferenceEvaluator
 
     if node.op_type == "Constant":
-        at = _attrs(node)
+        at = attrs_of(node)
         if "value" in at:
             return [numpy_helper.to_array(at["value"])]
         for k, dt in (

@@ -50,12 +50,12 @@ from polyfuse.onnx import (
 from polyfuse.onnx.analysis import describe_unsupported, foldable_values, unsupported_nodes
 from polyfuse.onnx.common import (
     HANDLERS,
+    Ctx,
     InputValueNeeded,
     OnnxImportError,
     Value,
-    _Ctx,
-    _ident,
-    _node_label,
+    ident_of,
+    node_label,
 )
 from polyfuse.onnx.convert import convert_node, located, node_inputs
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
@@ -107,7 +107,7 @@ class OnnxModel:
 
     def compile(self, **kw: Any) -> CompiledGraph:
         """``polyfuse.compile(self.inputs, self.outputs, constants=self.constants, **kw)``."""
-        kw.setdefault("name", _ident(self.name) or "onnx_model")
+        kw.setdefault("name", ident_of(self.name) or "onnx_model")
         return polyfuse.compile(self.inputs, self.outputs, constants=self.constants, **kw)
 
 
@@ -195,7 +195,7 @@ def load(
         (o.version for o in m.opset_import if o.domain in ("", "ai.onnx")),
         onnx.defs.onnx_opset_version(),
     )
-    ctx = _Ctx(name, opset)
+    ctx = Ctx(name, opset)
     inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     for k, v in inits.items():
         ctx.values[k] = np.asarray(v)
@@ -226,14 +226,14 @@ def load(
                 f"model '{name}': input '{vi.name}' has dtype {np_dt.name}; polyfuse compiles "
                 "float, integer and boolean inputs (as float32) only"
             )
-        t = te.placeholder(shape, "float32", _ident(vi.name))
+        t = te.placeholder(shape, "float32", ident_of(vi.name))
         ctx.values[vi.name] = t
         ctx.graph_inputs[id(t)] = vi.name
         inputs.append(t)
         input_names.append(vi.name)
 
     for pos, node in enumerate(m.graph.node):
-        where = f"model '{name}', node #{pos} '{_node_label(node)}' ({node.op_type})"
+        where = f"model '{name}', node #{pos} '{node_label(node)}' ({node.op_type})"
         ins, caps = node_inputs(node, ctx.values, where)
         with located(where):
             outs = convert_node(ctx, node, ins, caps)

@@ -15,17 +15,17 @@ from polyfuse import te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph.expr import Expr
 from polyfuse.onnx.common import (
+    Ctx,
     Value,
-    _as_bool,
-    _bshape,
-    _Ctx,
-    _host,
-    _map,
-    _reg,
-    _reshape_to,
+    as_bool,
+    bshape,
+    host_value,
+    map_elementwise,
+    register_op,
+    reshape_to,
 )
 
-_BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
+BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Add": lambda a, b: a + b,
     "Sub": lambda a, b: a - b,
     "Mul": lambda a, b: a * b,
@@ -36,26 +36,26 @@ _BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Greater": lambda a, b: a > b,
     "LessOrEqual": lambda a, b: a <= b,
     "GreaterOrEqual": lambda a, b: a >= b,
-    "And": lambda a, b: _as_bool(a) & _as_bool(b),
-    "Or": lambda a, b: _as_bool(a) | _as_bool(b),
-    "Xor": lambda a, b: te.not_equal(_as_bool(a), _as_bool(b)),
+    "And": lambda a, b: as_bool(a) & as_bool(b),
+    "Or": lambda a, b: as_bool(a) | as_bool(b),
+    "Xor": lambda a, b: te.not_equal(as_bool(a), as_bool(b)),
     "PRelu": lambda x, s: te.where(x < 0.0, x * s, x),
 }
 
 
-@_reg(*_BINARY)
-def _binary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op(*BINARY_OPS)
+def _binary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, s = ins[0], ins[1]
     if node.op_type == "PRelu" and len(s.shape) == 1 and len(x.shape) > 2:
         try:
-            _bshape(x.shape, s.shape)
+            bshape(x.shape, s.shape)
         except ExpressionError:  # legacy per-channel slope (C,)
             shape = (s.shape[0],) + (1,) * (len(x.shape) - 2)
-            ins = [x, _reshape_to(ctx, s, shape)]
-    return [_map(ctx, ins[:2], _BINARY[node.op_type], node.op_type.lower())]
+            ins = [x, reshape_to(ctx, s, shape)]
+    return [map_elementwise(ctx, ins[:2], BINARY_OPS[node.op_type], node.op_type.lower())]
 
 
-def _unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
+def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
     alpha = float(at.get("alpha", 0.01))
     return {
         "Neg": lambda x: -x,
@@ -115,20 +115,20 @@ def _floor(x: Expr) -> Expr:
     return te.where(t > x, t - 1.0, t)
 
 
-_UNARY_NAMES = list(_unary_table({}))
+UNARY_NAMES = list(unary_table({}))
 
 
-@_reg(*_UNARY_NAMES)
-def _unary(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op(*UNARY_NAMES)
+def _unary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     if node.op_type == "Identity":
         return [ins[0]]
-    return [_map(ctx, ins[:1], _unary_table(at)[node.op_type], node.op_type.lower())]
+    return [map_elementwise(ctx, ins[:1], unary_table(at)[node.op_type], node.op_type.lower())]
 
 
-@_reg("Clip")
-def _clip(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    lo = at.get("min") if len(ins) < 2 or ins[1] is None else _host(ctx, node, ins[1], "min")
-    hi = at.get("max") if len(ins) < 3 or ins[2] is None else _host(ctx, node, ins[2], "max")
+@register_op("Clip")
+def _clip(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    lo = at.get("min") if len(ins) < 2 or ins[1] is None else host_value(ctx, node, ins[1], "min")
+    hi = at.get("max") if len(ins) < 3 or ins[2] is None else host_value(ctx, node, ins[2], "max")
     lo = None if lo is None else float(np.asarray(lo).reshape(-1)[0])
     hi = None if hi is None else float(np.asarray(hi).reshape(-1)[0])
 
@@ -139,11 +139,11 @@ def _clip(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
             x = te.minimum(x, hi)
         return x
 
-    return [_map(ctx, ins[:1], f, "clip")]
+    return [map_elementwise(ctx, ins[:1], f, "clip")]
 
 
-@_reg("Cast", "CastLike")
-def _cast(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Cast", "CastLike")
+def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     if node.op_type == "CastLike":
         to = ins[1].dtype if isinstance(ins[1], np.ndarray) else np.dtype(np.float32)
     else:
@@ -154,19 +154,21 @@ def _cast(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     if to.kind not in "iub":  # float8/float4/bfloat16: saturation and rounding rules differ
         raise UnsupportedOpError(f"{node.op_type} to {to.name} is not supported (float32 only)")
     if to == np.bool_:
-        return [_map(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
+        return [map_elementwise(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
     if np.issubdtype(to, np.integer):
-        return [_map(ctx, ins[:1], lambda x: te.cast(te.cast(x, "int32"), "float32"), "cast")]
+        return [
+            map_elementwise(ctx, ins[:1], lambda x: te.cast(te.cast(x, "int32"), "float32"), "cast")
+        ]
     raise UnsupportedOpError(f"Cast to {to} is not supported (float only)")
 
 
-@_reg("Where")
-def _where(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    return [_map(ctx, ins[:3], lambda c, a, b: te.where(_as_bool(c), a, b), "where")]
+@register_op("Where")
+def _where(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    return [map_elementwise(ctx, ins[:3], lambda c, a, b: te.where(as_bool(c), a, b), "where")]
 
 
-@_reg("Sum", "Mean", "Max", "Min")
-def _variadic(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Sum", "Mean", "Max", "Min")
+def _variadic(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     vals = [v for v in ins if v is not None]
     op = node.op_type
 
@@ -183,11 +185,11 @@ def _variadic(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
 
     if len(vals) == 1:
         return [vals[0]]
-    return [_map(ctx, vals, f, op.lower())]
+    return [map_elementwise(ctx, vals, f, op.lower())]
 
 
-@_reg("Mod")
-def _mod(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Mod")
+def _mod(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """``fmod=1``: C ``fmod`` (sign of the dividend); else numpy ``mod`` (sign of the divisor).
     An infinite divisor keeps a finite dividend (numpy: or gives the divisor on a sign flip)."""
     fmod = bool(int(at.get("fmod", 0)))
@@ -205,4 +207,4 @@ def _mod(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
         big = te.equal(te.abs(b), math.inf) & te.not_equal(te.abs(a), math.inf)
         return te.where(big, inf_b, r)
 
-    return [_map(ctx, ins[:2], f, "mod")]
+    return [map_elementwise(ctx, ins[:2], f, "mod")]

@@ -16,10 +16,10 @@ import onnx
 from polyfuse import te
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
-from polyfuse.onnx.common import Value, _Ctx, _host, _iota, _reg
+from polyfuse.onnx.common import Ctx, Value, host_value, iota, register_op
 
 
-def _operand(ctx: _Ctx, v: Value, k: int) -> Expr:
+def _operand(ctx: Ctx, v: Value, k: int) -> Expr:
     """Element ``k`` of a small host or runtime vector (OneHot's ``values``)."""
     if isinstance(v, np.ndarray):
         return as_expr(float(v.reshape(-1)[k]))
@@ -27,12 +27,12 @@ def _operand(ctx: _Ctx, v: Value, k: int) -> Expr:
     return t[(k,)] if t.ndim == 1 else t[tuple(np.unravel_index(k, t.shape))]
 
 
-@_reg("OneHot")
-def _one_hot(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("OneHot")
+def _one_hot(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """``out[.., d, ..] = on if wrap(indices[..]) == d else off``; ``wrap`` adds ``depth`` to
     negative indices; values outside ``[-depth, depth)`` (or not integral) match no position."""
     idx = ctx.tensor(ins[0])
-    depth = _host(ctx, node, ins[1], "depth").reshape(-1)
+    depth = host_value(ctx, node, ins[1], "depth").reshape(-1)
     if depth.size != 1 or not math.isfinite(float(depth[0])) or int(depth[0]) < 1:
         raise ExpressionError(f"OneHot: depth {depth.tolist()} must be one positive integer")
     n = int(depth[0])
@@ -50,7 +50,7 @@ def _one_hot(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     def body(*i: IterVar) -> Expr:
         v = idx[(*i[:ax], *i[ax + 1 :])]
         v = te.where(v < 0.0, v + float(n), v)
-        return te.where(te.equal(v, _iota(i[ax])), on, off)
+        return te.where(te.equal(v, iota(i[ax])), on, off)
 
     return [ctx.compute(shape, body, "onehot")]
 
@@ -71,8 +71,8 @@ def _affine_fit(v: np.ndarray) -> tuple[int, list[int]] | None:
     return (c0, coef) if np.array_equal(fit, v) else None
 
 
-@_reg("GatherND")
-def _gather_nd(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("GatherND")
+def _gather_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """``out[b.., q.., s..] = data[b.., idx[b.., q.., 0], .., idx[b.., q.., m-1], s..]``."""
     data = ctx.tensor(ins[0])
     idx = ins[1]

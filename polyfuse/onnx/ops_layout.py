@@ -12,83 +12,83 @@ from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
+    Ctx,
     Value,
-    _bidx,
-    _bshape,
-    _Ctx,
-    _host,
-    _ints,
-    _norm_axes,
-    _reg,
-    _reshape_to,
+    bidx,
+    bshape,
+    host_value,
+    ints_of,
+    norm_axes,
+    register_op,
+    reshape_to,
 )
 
 
-@_reg("Reshape")
-def _reshape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Reshape")
+def _reshape(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
-    shape = _ints(_host(ctx, node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
+    shape = ints_of(host_value(ctx, node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
     allowzero = int(at.get("allowzero", 0))
     dims = [x.shape[i] if (s == 0 and not allowzero) else s for i, s in enumerate(shape)]
     if -1 in dims:
         known = math.prod(v for v in dims if v != -1)
         dims[dims.index(-1)] = math.prod(x.shape) // known
-    return [_reshape_to(ctx, x, dims)]
+    return [reshape_to(ctx, x, dims)]
 
 
-@_reg("Flatten")
-def _flatten(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Flatten")
+def _flatten(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
     ax = int(at.get("axis", 1))
     ax = ax + len(x.shape) if ax < 0 else ax  # -1 is the last axis (not ndim)
-    return [_reshape_to(ctx, x, (math.prod(x.shape[:ax]), math.prod(x.shape[ax:])))]
+    return [reshape_to(ctx, x, (math.prod(x.shape[:ax]), math.prod(x.shape[ax:])))]
 
 
 def _axes_arg(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 ) -> list[int] | None:
     if len(ins) > 1 and ins[1] is not None:
-        return _ints(_host(ctx, node, ins[1], "axes"))
+        return ints_of(host_value(ctx, node, ins[1], "axes"))
     return None if "axes" not in at else list(at["axes"])
 
 
-@_reg("Squeeze")
-def _squeeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Squeeze")
+def _squeeze(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
     axes = _axes_arg(ctx, node, ins, at)
     nd = len(x.shape)
     if axes is None:
         axes = [i for i, s in enumerate(x.shape) if s == 1]
-    axes = _norm_axes(axes, nd)
-    return [_reshape_to(ctx, x, [s for i, s in enumerate(x.shape) if i not in axes])]
+    axes = norm_axes(axes, nd)
+    return [reshape_to(ctx, x, [s for i, s in enumerate(x.shape) if i not in axes])]
 
 
-@_reg("Unsqueeze")
-def _unsqueeze(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Unsqueeze")
+def _unsqueeze(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ins[0]
     axes = _axes_arg(ctx, node, ins, at) or []
     nd = len(x.shape) + len(axes)
-    axes = _norm_axes(axes, nd)
+    axes = norm_axes(axes, nd)
     it = iter(x.shape)
-    return [_reshape_to(ctx, x, [1 if i in axes else next(it) for i in range(nd)])]
+    return [reshape_to(ctx, x, [1 if i in axes else next(it) for i in range(nd)])]
 
 
-@_reg("Transpose")
-def _transpose(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Transpose")
+def _transpose(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     perm = at.get("perm")
     return [ops.transpose(x, None if perm is None else list(perm), name=ctx.fresh("transpose"))]
 
 
-@_reg("Concat")
-def _concat(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Concat")
+def _concat(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     vals = [ctx.tensor(v) for v in ins if v is not None and math.prod(v.shape) > 0]
     if len(vals) == 1:
         return [vals[0]]
     return [ops.concat(vals, axis=int(at["axis"]), name=ctx.fresh("concat"))]
 
 
-def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: ANN001
+def _slice(ctx: Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: ANN001
     begin = [0] * x.ndim
     step = [1] * x.ndim
     shape = list(x.shape)
@@ -122,19 +122,19 @@ def _slice(ctx: _Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: 
     return ctx.compute(shape, body, "slice")
 
 
-@_reg("Slice")
-def _slice_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Slice")
+def _slice_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     if len(ins) > 1:
-        starts = _ints(_host(ctx, node, ins[1], "starts"))
-        ends = _ints(_host(ctx, node, ins[2], "ends"))
+        starts = ints_of(host_value(ctx, node, ins[1], "starts"))
+        ends = ints_of(host_value(ctx, node, ins[2], "ends"))
         axes = (
-            _ints(_host(ctx, node, ins[3], "axes"))
+            ints_of(host_value(ctx, node, ins[3], "axes"))
             if len(ins) > 3 and ins[3] is not None
             else list(range(len(starts)))
         )
         steps = (
-            _ints(_host(ctx, node, ins[4], "steps"))
+            ints_of(host_value(ctx, node, ins[4], "steps"))
             if len(ins) > 4 and ins[4] is not None
             else [1] * len(starts)
         )
@@ -148,13 +148,13 @@ def _slice_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     return [_slice(ctx, x, starts, ends, axes, steps)]
 
 
-@_reg("Split")
-def _split(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Split")
+def _split(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     ax = int(at.get("axis", 0)) % x.ndim
     nout = len(node.output)
     if len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(_host(ctx, node, ins[1], "split"))
+        sizes = ints_of(host_value(ctx, node, ins[1], "split"))
     elif "split" in at:
         sizes = list(at["split"])
     else:
@@ -170,22 +170,22 @@ def _split(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     return outs
 
 
-@_reg("Pad")
-def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Pad")
+def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     mode = at.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if mode not in ("constant", "edge", "reflect", "wrap"):
         raise UnsupportedOpError(f"Pad mode '{mode}'")
     if len(ins) > 1:
-        pads = _ints(_host(ctx, node, ins[1], "pads"))
+        pads = ints_of(host_value(ctx, node, ins[1], "pads"))
         value = (
-            float(_host(ctx, node, ins[2], "constant_value").reshape(-1)[0])
+            float(host_value(ctx, node, ins[2], "constant_value").reshape(-1)[0])
             if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size
             else 0.0
         )
         axes = (
-            _norm_axes(_ints(_host(ctx, node, ins[3], "axes")), x.ndim)
+            norm_axes(ints_of(host_value(ctx, node, ins[3], "axes")), x.ndim)
             if len(ins) > 3 and ins[3] is not None
             else list(range(x.ndim))
         )
@@ -217,7 +217,7 @@ def _pad(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     return [x]
 
 
-def _pad_axis(ctx: _Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor:
+def _pad_axis(ctx: Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor:
     n = x.shape[d]
     if mode == "reflect" and (b >= n or e >= n):
         raise UnsupportedOpError("reflect Pad wider than the input")
@@ -248,17 +248,17 @@ def _pad_axis(ctx: _Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor
     return ctx.compute(shape, body, "pad")
 
 
-@_reg("Expand")
-def _expand(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Expand")
+def _expand(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    shape = _bshape(x.shape, _ints(_host(ctx, node, ins[1], "shape")))
-    return [ctx.compute(shape, lambda *i: x[_bidx(x.shape, i)], "expand")]
+    shape = bshape(x.shape, ints_of(host_value(ctx, node, ins[1], "shape")))
+    return [ctx.compute(shape, lambda *i: x[bidx(x.shape, i)], "expand")]
 
 
-@_reg("Tile")
-def _tile(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Tile")
+def _tile(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    reps = _ints(_host(ctx, node, ins[1], "repeats"))
+    reps = ints_of(host_value(ctx, node, ins[1], "repeats"))
     shape = [s * r for s, r in zip(x.shape, reps, strict=True)]
 
     def body(*i: IterVar) -> Expr:
@@ -267,15 +267,19 @@ def _tile(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     return [ctx.compute(shape, body, "tile")]
 
 
-@_reg("Dropout")
-def _dropout(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    if len(ins) > 2 and ins[2] is not None and bool(np.asarray(_host(ctx, node, ins[2], "mode"))):
+@register_op("Dropout")
+def _dropout(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    if (
+        len(ins) > 2
+        and ins[2] is not None
+        and bool(np.asarray(host_value(ctx, node, ins[2], "mode")))
+    ):
         raise UnsupportedOpError("Dropout training_mode=true")
     return [ins[0], np.ones(ins[0].shape, dtype=np.bool_)]
 
 
-@_reg("Gather")
-def _gather(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Gather")
+def _gather(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     data, idx = ins[0], ins[1]
     if isinstance(idx, Tensor):
         return [_gather_runtime(ctx, ctx.tensor(data), idx, int(at.get("axis", 0)))]
@@ -300,10 +304,10 @@ def _gather(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
 
     y = ctx.compute(shape, body, "gather")
     out_shape = (*x.shape[:ax], *ind.shape, *x.shape[ax + 1 :])
-    return [_reshape_to(ctx, y, out_shape)]
+    return [reshape_to(ctx, y, out_shape)]
 
 
-def _gather_runtime(ctx: _Ctx, x: Tensor, idx: Tensor, axis: int) -> Tensor:
+def _gather_runtime(ctx: Ctx, x: Tensor, idx: Tensor, axis: int) -> Tensor:
     """``x`` gathered along ``axis`` by run-time indices (``te.data_index``)."""
     ax = axis % x.ndim
     n = x.shape[ax]
@@ -318,22 +322,20 @@ def _gather_runtime(ctx: _Ctx, x: Tensor, idx: Tensor, axis: int) -> Tensor:
     return ctx.compute(shape, body, "gather")
 
 
-@_reg("Shape")
-def _shape(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Shape")
+def _shape(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     s = np.asarray(ins[0].shape, dtype=np.int64)
     start, end = at.get("start", 0), at.get("end")
     return [s[start:end]]
 
 
-@_reg("Size")
-def _size(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Size")
+def _size(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     return [np.asarray(math.prod(ins[0].shape), dtype=np.int64)]
 
 
-@_reg("DepthToSpace", "SpaceToDepth")
-def _depth_space(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
-) -> list[Value]:
+@register_op("DepthToSpace", "SpaceToDepth")
+def _depth_space(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     bs = int(at["blocksize"])
     b, c, h, w = x.shape
@@ -354,8 +356,8 @@ def _depth_space(
     return [ops.reshape(y, (b, co, h * bs, w * bs), ctx.fresh("d2s"))]
 
 
-@_reg("Einsum")
-def _einsum(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Einsum")
+def _einsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """One te reduction: output letters are loop variables, the others reduce axes; a repeated
     letter in one operand (a diagonal) reuses its variable. Covers matmul, batched matmul,
     transposes, traces and sums."""

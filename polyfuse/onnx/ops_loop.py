@@ -38,27 +38,27 @@ from polyfuse.onnx.analysis import subgraphs
 from polyfuse.onnx.common import (
     HANDLERS,
     NODE_CHECKS,
+    Ctx,
     Value,
-    _attrs,
-    _bidx,
-    _bshape,
-    _Ctx,
-    _host,
-    _ints,
-    _iota,
-    _node_label,
-    _reg,
-    _reshape_to,
-    _scalar,
+    attrs_of,
+    bidx,
+    bshape,
+    host_value,
+    ints_of,
+    iota,
+    node_label,
+    register_op,
+    reshape_to,
+    scalar_of,
 )
 from polyfuse.onnx.convert import convert_node, located, node_inputs
-from polyfuse.onnx.ops_elementwise import _BINARY, _UNARY_NAMES, _unary_table
+from polyfuse.onnx.ops_elementwise import BINARY_OPS, UNARY_NAMES, unary_table
 from polyfuse.onnx.ops_reduce import REDUCE_OPS
 
 __all__ = ["loop_problem"]
 
 #: elementwise operators: the same operator on stacked values (shapes padded after the M axis)
-_ELEMENTWISE = frozenset(_BINARY) | frozenset(_UNARY_NAMES) | {"Where", "Clip", "Cast"}
+_ELEMENTWISE = frozenset(BINARY_OPS) | frozenset(UNARY_NAMES) | {"Where", "Clip", "Cast"}
 #: operators with a form on iteration-dependent values
 _BATCHED = (
     _ELEMENTWISE
@@ -77,7 +77,7 @@ _BATCHED = (
     }
 )
 #: operators that may read a ragged slice (reductions end it)
-_RAGGED_MAPS = (frozenset(_BINARY) | frozenset(_UNARY_NAMES) | {"Where"}) - {"Identity"}
+_RAGGED_MAPS = (frozenset(BINARY_OPS) | frozenset(UNARY_NAMES) | {"Where"}) - {"Identity"}
 _RAGGED_REDUCE = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min"}
 _MAX_TRIPS = 1 << 20
 
@@ -139,10 +139,10 @@ def loop_problem(node: onnx.NodeProto) -> str | None:
             f"{len(carried)} loop-carried value(s): polyfuse vectorises only loops whose "
             "iterations are independent (scan outputs only)"
         )
-    body = _attrs(node)["body"]
+    body = attrs_of(node)["body"]
     kinds: dict[str, str] = {body.input[0].name: "B", body.input[1].name: "U"}
     for bn in body.node:
-        where = f"body node '{_node_label(bn)}' ({bn.op_type})"
+        where = f"body node '{node_label(bn)}' ({bn.op_type})"
         if subgraphs(bn):
             return f"{where} has a subgraph of its own (nested control flow)"
         ks = [kinds.get(i, "U") for i in bn.input if i]
@@ -192,19 +192,19 @@ NODE_CHECKS["Loop"] = loop_problem
 # --------------------------------------------------------------------------- conversion
 
 
-@_reg("Loop")
-def _loop(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Loop")
+def _loop(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     why = loop_problem(node)
     if why:
         raise UnsupportedOpError(why)
     if not ins or ins[0] is None:
         raise UnsupportedOpError("no trip count M: a loop bounded only by its condition")
-    trips = _host(ctx, node, ins[0], "M").reshape(-1)
+    trips = host_value(ctx, node, ins[0], "M").reshape(-1)
     m_count = int(trips[0])
     if not 1 <= m_count <= _MAX_TRIPS:
         raise UnsupportedOpError(f"trip count M={m_count} (1..{_MAX_TRIPS} supported)")
     has_cond = len(ins) > 1 and ins[1] is not None  # without it, M bounds the loop alone
-    if has_cond and not bool(_host(ctx, node, ins[1], "cond").reshape(-1)[0]):
+    if has_cond and not bool(host_value(ctx, node, ins[1], "cond").reshape(-1)[0]):
         raise UnsupportedOpError("the condition is false on entry (no iteration runs)")
     body: onnx.GraphProto = at["body"]
     env: dict[str, Any] = {t.name: numpy_helper.to_array(t) for t in body.initializer}
@@ -213,12 +213,12 @@ def _loop(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     view = ChainMap(env, ctx.values)
     outer = ctx.node_name
     for pos, bn in enumerate(body.node):
-        where = f"body node #{pos} '{_node_label(bn)}' ({bn.op_type})"
+        where = f"body node #{pos} '{node_label(bn)}' ({bn.op_type})"
         b_ins, caps = node_inputs(bn, view, where)
         with located(where):
             if any(isinstance(v, _Batched | _Ragged) for v in b_ins):
-                ctx.node_name = _node_label(bn)
-                outs = _vectorised(ctx, bn, b_ins, _attrs(bn), m_count)
+                ctx.node_name = node_label(bn)
+                outs = _vectorised(ctx, bn, b_ins, attrs_of(bn), m_count)
             else:
                 outs = convert_node(ctx, bn, b_ins, caps)
         env.update((o, v) for o, v in zip(bn.output, outs, strict=False) if o)
@@ -231,7 +231,7 @@ def _loop(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     return [_stacked(ctx, view[o.name], m_count) for o in body.output[1:]]
 
 
-def _stacked(ctx: _Ctx, v: Any, m_count: int) -> Value:
+def _stacked(ctx: Ctx, v: Any, m_count: int) -> Value:
     """A scan output: the per-iteration values stacked along a new leading axis."""
     if isinstance(v, _Batched):
         return v.v
@@ -245,7 +245,7 @@ def _tensor(v: Any) -> Value:
 
 
 def _vectorised(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
 ) -> list[Any]:
     """The outputs of a body node that reads per-iteration values."""
     op = node.op_type
@@ -280,19 +280,19 @@ def _vectorised(
         shifted = [a % r + 1 for a in axes]
         return [_Batched(HANDLERS[op](ctx, node, [x.v, np.asarray(shifted)], {})[0])]
     if op == "Reshape":
-        return [_Batched(_reshape_to(ctx, x.v, (m_count, *_reshape_dims(ctx, node, ins, at))))]
+        return [_Batched(reshape_to(ctx, x.v, (m_count, *_reshape_dims(ctx, node, ins, at))))]
     if op == "Flatten":
         ax = int(at.get("axis", 1))
         ax = ax + r if ax < 0 else ax
         dims = (m_count, math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
-        return [_Batched(_reshape_to(ctx, x.v, dims))]
+        return [_Batched(reshape_to(ctx, x.v, dims))]
     if op == "Transpose":
         perm = at.get("perm") or list(range(r))[::-1]
         t = ctx.tensor(x.v)
         y = ops.transpose(t, [0, *[int(p) + 1 for p in perm]], name=ctx.fresh("transpose"))
         return [_Batched(y)]
     if op in REDUCE_OPS:
-        return [_reduce(ctx, node, x, ins, at)]
+        return [reduce_op(ctx, node, x, ins, at)]
     if op == "Concat":
         ax = int(at["axis"]) % r
         parts = [
@@ -304,30 +304,30 @@ def _vectorised(
     raise UnsupportedOpError(f"{op} on a per-iteration value has no vectorised form")
 
 
-def _pad_rank(ctx: _Ctx, b: _Batched, rank: int) -> Value:
+def _pad_rank(ctx: Ctx, b: _Batched, rank: int) -> Value:
     """``b``'s stacked value with size-1 axes after the M axis up to per-iteration ``rank``
     (numpy broadcasting aligns shapes from the right; the M axis must stay in front)."""
     s = b.shape
     if len(s) >= rank:
         return b.v
-    return _reshape_to(ctx, b.v, (b.v.shape[0], *[1] * (rank - len(s)), *s))
+    return reshape_to(ctx, b.v, (b.v.shape[0], *[1] * (rank - len(s)), *s))
 
 
 def _host_axes(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 ) -> list[int] | None:
     if len(ins) > 1 and ins[1] is not None:
         if isinstance(ins[1], _Batched):
             raise UnsupportedOpError("axes that depend on the iteration")
-        return _ints(_host(ctx, node, ins[1], "axes"))
+        return ints_of(host_value(ctx, node, ins[1], "axes"))
     return None if "axes" not in at else [int(a) for a in at["axes"]]
 
 
-def _reshape_dims(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[int]:
+def _reshape_dims(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[int]:
     x = ins[0]
     if len(ins) > 1 and isinstance(ins[1], _Batched):
         raise UnsupportedOpError("a reshape whose target shape depends on the iteration")
-    shape = _ints(_host(ctx, node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
+    shape = ints_of(host_value(ctx, node, ins[1], "shape")) if len(ins) > 1 else list(at["shape"])
     zero = int(at.get("allowzero", 0))
     dims = [x.shape[i] if (s == 0 and not zero) else s for i, s in enumerate(shape)]
     if -1 in dims:
@@ -336,7 +336,7 @@ def _reshape_dims(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str,
 
 
 def _gather(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
 ) -> _Batched:
     data, idx = ins[0], ins[1]
     r = len(data.shape)
@@ -363,7 +363,7 @@ def _gather(
     return _Batched(ctx.compute(shape, body, "gather"))
 
 
-def _slice(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> Any:
+def _slice(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> Any:
     data = ins[0]
     if len(ins) < 3:
         raise UnsupportedOpError("Slice with starts/ends attributes on a per-iteration value")
@@ -378,15 +378,17 @@ def _slice(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
                 "a slice of a per-iteration value with per-iteration bounds (ragged twice)"
             )
         r = len(data.shape)
-        ax = _ints(_host(ctx, node, axes, "axes")) if axes is not None else None
-        ax = list(range(len(_ints(_host(ctx, node, starts, "starts"))))) if ax is None else ax
+        ax = ints_of(host_value(ctx, node, axes, "axes")) if axes is not None else None
+        ax = (
+            list(range(len(ints_of(host_value(ctx, node, starts, "starts"))))) if ax is None else ax
+        )
         shifted = np.asarray([a % r + 1 for a in ax])
         y = HANDLERS["Slice"](ctx, node, [data.v, starts, ends, shifted, steps], {})[0]
         return _Batched(y)
     src = ctx.tensor(data)
     n_axes = int(np.prod(starts.shape))  # starts / ends hold one bound per sliced axis
-    ax = _ints(_host(ctx, node, axes, "axes")) if axes is not None else list(range(n_axes))
-    st = _ints(_host(ctx, node, steps, "steps")) if steps is not None else [1] * len(ax)
+    ax = ints_of(host_value(ctx, node, axes, "axes")) if axes is not None else list(range(n_axes))
+    st = ints_of(host_value(ctx, node, steps, "steps")) if steps is not None else [1] * len(ax)
     if len(ax) != 1 or ax[0] % src.ndim != 0 or st != [1]:
         raise UnsupportedOpError(
             "a slice whose bounds depend on the iteration must cut axis 0 with step 1 "
@@ -397,8 +399,8 @@ def _slice(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     return _Ragged(src.shape[0], src.shape[1:], lo, hi, lambda m, k, r: src[(k, *r)], batched)
 
 
-def _reduce(
-    ctx: _Ctx, node: onnx.NodeProto, x: _Batched, ins: list[Any], at: dict[str, Any]
+def reduce_op(
+    ctx: Ctx, node: onnx.NodeProto, x: _Batched, ins: list[Any], at: dict[str, Any]
 ) -> _Batched:
     r = len(x.shape)
     axes = _host_axes(ctx, node, ins, at)
@@ -414,7 +416,7 @@ def _reduce(
 
 
 def _ragged(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
 ) -> Any:
     op = node.op_type
     if op == "Identity":
@@ -433,7 +435,7 @@ def _ragged(
     )
 
 
-def _ragged_gather(ctx: _Ctx, data: Value, idx: _Ragged, axis: int) -> _Ragged:
+def _ragged_gather(ctx: Ctx, data: Value, idx: _Ragged, axis: int) -> _Ragged:
     table = ctx.tensor(data)
     if axis % table.ndim != 0:
         raise UnsupportedOpError(f"Gather along axis {axis} by a ragged slice (axis 0 only)")
@@ -462,7 +464,7 @@ def _ragged_unsqueeze(x: _Ragged, axes: Sequence[int]) -> _Ragged:
     return _Ragged(x.n, tuple(rest), x.start, x.end, elem, x.batched)
 
 
-def _ragged_map(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> _Ragged:
+def _ragged_map(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> _Ragged:
     """An elementwise op on ragged slices of the same bounds and other values that broadcast
     over their non-ragged axes."""
     rg = [v for v in ins if isinstance(v, _Ragged)]
@@ -484,42 +486,42 @@ def _ragged_map(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, A
                 )
             s = s[1:]
         shapes.append(s)
-    rest = _bshape(*shapes)
-    table = _BINARY if node.op_type in _BINARY else None
+    rest = bshape(*shapes)
+    table = BINARY_OPS if node.op_type in BINARY_OPS else None
     if node.op_type == "Where":
         fn: Callable[..., Expr] = lambda c, a, b: te.where(te.not_equal(c, 0.0), a, b)
     elif table is not None:
         fn = table[node.op_type]
     else:
-        fn = _unary_table(at)[node.op_type]
+        fn = unary_table(at)[node.op_type]
     terms: list[Callable[[Expr, Expr, tuple[Expr, ...]], Expr]] = []
     for v, s in zip(ins, shapes, strict=True):
         terms.append(_term(ctx, v, s))
 
     def elem(m: Expr, k: Expr, r: tuple[Expr, ...]) -> Expr:
-        return as_expr(fn(*[t(m, k, _bidx(s, r)) for t, s in zip(terms, shapes, strict=True)]))
+        return as_expr(fn(*[t(m, k, bidx(s, r)) for t, s in zip(terms, shapes, strict=True)]))
 
     return _Ragged(first.n, rest, first.start, first.end, elem, first.batched)
 
 
-def _term(ctx: _Ctx, v: Any, s: tuple[int, ...]) -> Callable[[Expr, Expr, tuple[Expr, ...]], Expr]:
+def _term(ctx: Ctx, v: Any, s: tuple[int, ...]) -> Callable[[Expr, Expr, tuple[Expr, ...]], Expr]:
     """One operand of a ragged elementwise op as a function of (iteration, row, rest index)."""
     if isinstance(v, _Ragged):
         return v.elem
-    c = _scalar(v) if isinstance(v, np.ndarray) else None
+    c = scalar_of(v) if isinstance(v, np.ndarray) else None
     if c is not None:
         return lambda m, k, r: as_expr(c)
     if isinstance(v, _Batched):
         t = ctx.tensor(v.v)
-        flat = _reshape_to(ctx, t, (t.shape[0], *s))
+        flat = reshape_to(ctx, t, (t.shape[0], *s))
         return lambda m, k, r: flat[(m, *r)]
     u = ctx.tensor(v)
-    flat = _reshape_to(ctx, u, s) if tuple(u.shape) != s else u
+    flat = reshape_to(ctx, u, s) if tuple(u.shape) != s else u
     return lambda m, k, r: flat[r]
 
 
 def _ragged_reduce(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
 ) -> _Batched:
     """ReduceSum/Mean/Max/Min over the ragged axis: one masked reduction over all ``n`` rows
     (an empty slice gives 0 for a sum, NaN for a mean, -inf/+inf for a max/min)."""
@@ -539,7 +541,7 @@ def _ragged_reduce(
 
     def body(m: IterVar, *i: IterVar) -> Expr:
         r = tuple(i[1:] if keep else i)
-        kf = _iota(k)
+        kf = iota(k)
         inside = (kf >= x.lo(m)) & (kf < x.hi(m))
         return red(te.where(inside, x.elem(m, k, r), fill), axis=k)
 

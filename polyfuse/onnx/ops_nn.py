@@ -12,22 +12,22 @@ import onnx
 from polyfuse import ops, te
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
+    Ctx,
     Value,
-    _Ctx,
-    _iota,
-    _map,
-    _reduce,
-    _reg,
+    iota,
+    map_elementwise,
+    reduce_op,
+    register_op,
 )
 
 
-@_reg("MatMul")
-def _matmul(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("MatMul")
+def _matmul(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     return [ops.matmul(ctx.tensor(ins[0]), ctx.tensor(ins[1]), name=ctx.fresh("matmul"))]
 
 
-@_reg("Gemm")
-def _gemm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Gemm")
+def _gemm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     a, b = ctx.tensor(ins[0]), ctx.tensor(ins[1])
     ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
     alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
@@ -43,8 +43,8 @@ def _gemm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     y = ctx.compute((m, n), body, "gemm")
     c = ins[2] if len(ins) > 2 else None
     if c is None or beta == 0.0:
-        return [y if alpha == 1.0 else _map(ctx, [y], lambda v: v * alpha, "gemm_a")]
-    return [_map(ctx, [y, c], lambda v, cv: v * alpha + cv * beta, "gemm_c")]
+        return [y if alpha == 1.0 else map_elementwise(ctx, [y], lambda v: v * alpha, "gemm_a")]
+    return [map_elementwise(ctx, [y, c], lambda v, cv: v * alpha + cv * beta, "gemm_c")]
 
 
 # ---- convolution and pooling
@@ -71,8 +71,8 @@ def _conv_pads(
     return [int(p) for p in pads[:nd]], [int(p) for p in pads[nd:]]
 
 
-@_reg("Conv")
-def _conv(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Conv")
+def _conv(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
     bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
     nd = x.ndim - 2
@@ -91,9 +91,9 @@ def _conv(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     return [y]
 
 
-@_reg("ConvTranspose")
+@register_op("ConvTranspose")
 def _conv_transpose(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 ) -> list[Value]:
     x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
     bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
@@ -122,7 +122,7 @@ def _conv_transpose(
 
 
 def _pool(
-    ctx: _Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: str, indices: bool = False
+    ctx: Ctx, node: onnx.NodeProto, x: Tensor, at: dict[str, Any], kind: str, indices: bool = False
 ) -> Tensor:
     nd = x.ndim - 2
     k = [int(v) for v in at["kernel_shape"]]
@@ -180,7 +180,7 @@ def _pool(
             subs, c = window(idx, rs2)
             hit = te.equal(x[tuple(subs)], y[idx])
             hit = hit if c is None else (c & hit)
-            flat = _iota(sum((e * st for e, st in zip(subs, strides, strict=True)), as_expr(0)))
+            flat = iota(sum((e * st for e, st in zip(subs, strides, strict=True)), as_expr(0)))
             return te.min(te.where(hit, flat, big), axis=rs2)
 
         return y, ctx.compute(shape, ibody, "maxpool_idx")  # type: ignore[return-value]
@@ -197,12 +197,12 @@ def _pool(
         cnt = cnt * c1.reshape([-1 if j == i else 1 for j in range(nd)])
     inv = (1.0 / cnt).astype(np.float32)
     if np.all(inv == inv.reshape(-1)[0]):
-        return _map(ctx, [y], lambda v: v * float(inv.reshape(-1)[0]), "avgpool_div")
-    return _map(ctx, [y, inv], lambda v, c: v * c, "avgpool_div")
+        return map_elementwise(ctx, [y], lambda v: v * float(inv.reshape(-1)[0]), "avgpool_div")
+    return map_elementwise(ctx, [y, inv], lambda v, c: v * c, "avgpool_div")
 
 
-@_reg("MaxPool", "AveragePool")
-def _pool_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("MaxPool", "AveragePool")
+def _pool_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     kind = "max" if node.op_type == "MaxPool" else "avg"
     if kind == "max" and len([o for o in node.output if o]) > 1:
         y, idx = _pool(ctx, node, ctx.tensor(ins[0]), at, kind, indices=True)  # type: ignore[misc]
@@ -210,11 +210,11 @@ def _pool_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     return [_pool(ctx, node, ctx.tensor(ins[0]), at, kind)]
 
 
-@_reg("GlobalAveragePool", "GlobalMaxPool")
-def _gpool(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("GlobalAveragePool", "GlobalMaxPool")
+def _gpool(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     axes = list(range(2, x.ndim))
     if node.op_type == "GlobalMaxPool":
-        return [_reduce(ctx, x, axes, True, "max")]
+        return [reduce_op(ctx, x, axes, True, "max")]
     n = math.prod(x.shape[2:])
-    return [_reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))]
+    return [reduce_op(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))]

@@ -13,30 +13,30 @@ from polyfuse import ops, te
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
+    Ctx,
     Value,
-    _Ctx,
-    _host,
-    _ints,
-    _iota,
-    _map,
-    _norm_axes,
-    _reduce,
-    _reg,
-    _reshape_to,
+    host_value,
+    ints_of,
+    iota,
+    map_elementwise,
+    norm_axes,
+    reduce_op,
+    register_op,
+    reshape_to,
 )
 
 
 def _reduce_axes(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ndim: int
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ndim: int
 ) -> list[int] | None:
     if len(ins) > 1 and ins[1] is not None:
-        axes = _ints(_host(ctx, node, ins[1], "axes"))
+        axes = ints_of(host_value(ctx, node, ins[1], "axes"))
     else:
         axes = at.get("axes")
         axes = None if axes is None else list(axes)
     if not axes:
         return [] if at.get("noop_with_empty_axes", 0) else list(range(ndim))
-    return _norm_axes(axes, ndim)
+    return norm_axes(axes, ndim)
 
 
 REDUCE_OPS = (
@@ -52,43 +52,43 @@ REDUCE_OPS = (
 )
 
 
-@_reg(*REDUCE_OPS)
-def _reduce_op(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op(*REDUCE_OPS)
+def _reduce_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     axes = _reduce_axes(ctx, node, ins, at, x.ndim)
     keep = bool(at.get("keepdims", 1))
     n = math.prod(x.shape[d] for d in axes) if axes else 1
     op = node.op_type
     if op == "ReduceSum":
-        return [_reduce(ctx, x, axes, keep, "sum")]
+        return [reduce_op(ctx, x, axes, keep, "sum")]
     if op == "ReduceMean":
-        return [_reduce(ctx, x, axes, keep, "sum", pre=lambda v: v * (1.0 / n))]
+        return [reduce_op(ctx, x, axes, keep, "sum", pre=lambda v: v * (1.0 / n))]
     if op == "ReduceMax":
-        return [_reduce(ctx, x, axes, keep, "max")]
+        return [reduce_op(ctx, x, axes, keep, "max")]
     if op == "ReduceMin":
-        return [_reduce(ctx, x, axes, keep, "min")]
+        return [reduce_op(ctx, x, axes, keep, "min")]
     if op == "ReduceSumSquare":
-        return [_reduce(ctx, x, axes, keep, "sum", pre=lambda v: v * v)]
+        return [reduce_op(ctx, x, axes, keep, "sum", pre=lambda v: v * v)]
     if op == "ReduceL1":
-        return [_reduce(ctx, x, axes, keep, "sum", pre=te.abs)]
+        return [reduce_op(ctx, x, axes, keep, "sum", pre=te.abs)]
     if op == "ReduceL2":
-        return [_reduce(ctx, x, axes, keep, "sum", pre=lambda v: v * v, post=te.sqrt)]
+        return [reduce_op(ctx, x, axes, keep, "sum", pre=lambda v: v * v, post=te.sqrt)]
     if op == "ReduceLogSum":
-        return [_reduce(ctx, x, axes, keep, "sum", post=te.log)]
+        return [reduce_op(ctx, x, axes, keep, "sum", post=te.log)]
     # ReduceLogSumExp: max-shifted
-    m = _reduce(ctx, x, axes, True, "max")
-    sh = _map(ctx, [x, m], lambda a, b: te.exp(a - b), "lse_exp")
-    s = _reduce(ctx, sh, axes, True, "sum")
-    out = _map(ctx, [s, m], lambda a, b: te.log(a) + b, "lse")
+    m = reduce_op(ctx, x, axes, True, "max")
+    sh = map_elementwise(ctx, [x, m], lambda a, b: te.exp(a - b), "lse_exp")
+    s = reduce_op(ctx, sh, axes, True, "sum")
+    out = map_elementwise(ctx, [s, m], lambda a, b: te.log(a) + b, "lse")
     if not keep:
         out = ops.reshape(out, [d for i, d in enumerate(x.shape) if i not in axes] or [1])
         if all(i in axes for i in range(x.ndim)):
-            out = _reduce(ctx, out, [0], False, "sum")
+            out = reduce_op(ctx, out, [0], False, "sum")
     return [out]
 
 
-@_reg("Softmax", "LogSoftmax")
-def _softmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Softmax", "LogSoftmax")
+def _softmax(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     fn = ops.softmax if node.op_type == "Softmax" else ops.log_softmax
     if ctx.opset >= 13:
@@ -101,8 +101,8 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     return [ops.reshape(y, x.shape, ctx.fresh("unflat"))]
 
 
-@_reg("BatchNormalization")
-def _bn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("BatchNormalization")
+def _bn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     if at.get("training_mode", 0):
         return _bn_training(ctx, ins, at)
     x, scale, bias, mean, var = (ctx.tensor(v) for v in ins[:5])
@@ -112,31 +112,33 @@ def _bn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     return [y]
 
 
-def _bn_training(ctx: _Ctx, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+def _bn_training(ctx: Ctx, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """training_mode=1: normalize with the batch statistics (over every axis but 1); the
     running mean/var outputs are ``running * momentum + batch * (1 - momentum)``."""
     x = ctx.tensor(ins[0])
     eps, mom = float(at.get("epsilon", 1e-5)), float(at.get("momentum", 0.9))
     axes = [d for d in range(x.ndim) if d != 1]
     n = math.prod(x.shape[d] for d in axes)
-    mean = _reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
-    cen = _map(ctx, [x, mean], lambda a, m: a - m, "bn_cen")
-    var = _reduce(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
+    mean = reduce_op(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
+    cen = map_elementwise(ctx, [x, mean], lambda a, m: a - m, "bn_cen")
+    var = reduce_op(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
     cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
-    sc, bi = (_reshape_to(ctx, v, cshape) for v in ins[1:3])
-    y = _map(ctx, [cen, var, sc, bi], lambda c, v, s_, b: c * te.rsqrt(v + eps) * s_ + b, "bn")
-    c = x.shape[1]
-    m1 = _map(
-        ctx, [_reshape_to(ctx, mean, (c,)), ins[3]], lambda m, r: r * mom + m * (1 - mom), "bn_rm"
+    sc, bi = (reshape_to(ctx, v, cshape) for v in ins[1:3])
+    y = map_elementwise(
+        ctx, [cen, var, sc, bi], lambda c, v, s_, b: c * te.rsqrt(v + eps) * s_ + b, "bn"
     )
-    v1 = _map(
-        ctx, [_reshape_to(ctx, var, (c,)), ins[4]], lambda v, r: r * mom + v * (1 - mom), "bn_rv"
+    c = x.shape[1]
+    m1 = map_elementwise(
+        ctx, [reshape_to(ctx, mean, (c,)), ins[3]], lambda m, r: r * mom + m * (1 - mom), "bn_rm"
+    )
+    v1 = map_elementwise(
+        ctx, [reshape_to(ctx, var, (c,)), ins[4]], lambda v, r: r * mom + v * (1 - mom), "bn_rv"
     )
     return [y, m1, v1]
 
 
-@_reg("LayerNormalization")
-def _ln(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("LayerNormalization")
+def _ln(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     gamma = ctx.tensor(ins[1])
     beta = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
@@ -146,11 +148,11 @@ def _ln(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         x, gamma, beta, axis=ax, eps=float(at.get("epsilon", 1e-5)), name=ctx.fresh("ln")
     )
     stat = (*x.shape[:ax], *([1] * (x.ndim - ax)))  # Mean / InvStdDev keep the normalized dims
-    return [y, _reshape_to(ctx, mean, stat), _reshape_to(ctx, rstd, stat)]
+    return [y, reshape_to(ctx, mean, stat), reshape_to(ctx, rstd, stat)]
 
 
-@_reg("LRN")
-def _lrn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("LRN")
+def _lrn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     size = int(at["size"])
     alpha, beta, bias = (
@@ -170,19 +172,19 @@ def _lrn(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
 
     s = ctx.compute(x.shape, sq, "lrn_sq")
     return [
-        _map(ctx, [x, s], lambda a, q: a / (bias + (alpha / size) * q) ** beta, "lrn"),
+        map_elementwise(ctx, [x, s], lambda a, q: a / (bias + (alpha / size) * q) ** beta, "lrn"),
     ]
 
 
-@_reg("InstanceNormalization")
-def _instnorm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("InstanceNormalization")
+def _instnorm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     axes = list(range(2, x.ndim))
     n = math.prod(x.shape[2:])
     eps = float(at.get("epsilon", 1e-5))
-    mean = _reduce(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
-    cen = _map(ctx, [x, mean], lambda a, m: a - m, "in_cen")
-    var = _reduce(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
+    mean = reduce_op(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
+    cen = map_elementwise(ctx, [x, mean], lambda a, m: a - m, "in_cen")
+    var = reduce_op(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
     cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
     sc = np.asarray(ins[1]).reshape(cshape) if isinstance(ins[1], np.ndarray) else ins[1]
     bi = np.asarray(ins[2]).reshape(cshape) if isinstance(ins[2], np.ndarray) else ins[2]
@@ -191,17 +193,19 @@ def _instnorm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     if isinstance(bi, Tensor):
         bi = ops.reshape(bi, cshape, ctx.fresh("bi"))
     return [
-        _map(ctx, [cen, var, sc, bi], lambda c_, v, s, b: c_ * te.rsqrt(v + eps) * s + b, "inorm")
+        map_elementwise(
+            ctx, [cen, var, sc, bi], lambda c_, v, s, b: c_ * te.rsqrt(v + eps) * s + b, "inorm"
+        )
     ]
 
 
 def _arg_reduce(
-    ctx: _Ctx, x: Tensor, ax: int, largest: bool, last: bool, keep: bool, hint: str
+    ctx: Ctx, x: Tensor, ax: int, largest: bool, last: bool, keep: bool, hint: str
 ) -> Tensor:
     """Index of the max (min) along ``ax``: the extreme value, then the first (last) position
     holding it; NaN counts as the extreme (as numpy's argmax)."""
     n = x.shape[ax]
-    ext = _reduce(ctx, x, [ax], True, "max" if largest else "min")
+    ext = reduce_op(ctx, x, [ax], True, "max" if largest else "min")
     shape = tuple(1 if d == ax else s for d, s in enumerate(x.shape) if keep or d != ax)
     k = te.reduce_axis(n, name="ka")
 
@@ -212,14 +216,14 @@ def _arg_reduce(
         v, m = x[tuple(at_k)], ext[tuple(as_expr(0) if d == ax else e for d, e in enumerate(full))]
         hit = te.equal(v, m) | (te.not_equal(v, v) & te.not_equal(m, m))
         if last:
-            return te.max(te.where(hit, _iota(k), -1.0), axis=k)
-        return te.min(te.where(hit, _iota(k), float(n)), axis=k)
+            return te.max(te.where(hit, iota(k), -1.0), axis=k)
+        return te.min(te.where(hit, iota(k), float(n)), axis=k)
 
     return ctx.compute(shape, body, hint)
 
 
-@_reg("ArgMax", "ArgMin")
-def _argmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("ArgMax", "ArgMin")
+def _argmax(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     ax = int(at.get("axis", 0))
     ax = ax + x.ndim if ax < 0 else ax
@@ -236,10 +240,10 @@ def _argmax(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
     ]
 
 
-@_reg("CumSum")
-def _cumsum(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("CumSum")
+def _cumsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    ax = int(_host(ctx, node, ins[1], "axis").reshape(-1)[0])
+    ax = int(host_value(ctx, node, ins[1], "axis").reshape(-1)[0])
     ax = ax + x.ndim if ax < 0 else ax
     excl, rev = bool(at.get("exclusive", 0)), bool(at.get("reverse", 0))
     k = te.reduce_axis(x.shape[ax], name="kc")
@@ -252,11 +256,11 @@ def _cumsum(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
     return [ctx.compute(x.shape, body, "cumsum")]
 
 
-@_reg("TopK")
-def _topk(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("TopK")
+def _topk(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """k rounds of (extreme value, first index holding it) over the not-yet-chosen positions."""
     x = ctx.tensor(ins[0])
-    kk = int(_host(ctx, node, ins[1], "K").reshape(-1)[0])
+    kk = int(host_value(ctx, node, ins[1], "K").reshape(-1)[0])
     ax = int(at.get("axis", -1))
     ax = ax + x.ndim if ax < 0 else ax
     largest = bool(at.get("largest", 1))
@@ -274,7 +278,7 @@ def _topk(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
             c: Expr | None = None
             for p in prev:
                 e = te.equal(
-                    _iota(j), p[tuple(as_expr(0) if d == ax else v for d, v in enumerate(i))]
+                    iota(j), p[tuple(as_expr(0) if d == ax else v for d, v in enumerate(i))]
                 )
                 c = e if c is None else (c | e)
             return c
@@ -294,7 +298,7 @@ def _topk(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
             c = chosen(i, k)
             if c is not None:
                 hit = hit & te.equal(c, 0.0)
-            return te.min(te.where(hit, _iota(k), float(n)), axis=k)
+            return te.min(te.where(hit, iota(k), float(n)), axis=k)
 
         idxs.append(ctx.compute(rshape, idx_body, "topk_idx"))
         vals.append(v)

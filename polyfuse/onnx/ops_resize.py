@@ -12,13 +12,13 @@ from onnx import helper
 from polyfuse import te
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.onnx.common import (
+    Ctx,
     Value,
-    _attrs,
-    _Ctx,
-    _host,
-    _reg,
+    attrs_of,
+    host_value,
+    register_op,
 )
-from polyfuse.onnx.fold import _fold
+from polyfuse.onnx.fold import fold_node
 
 
 def _resize_axis_maps(
@@ -44,10 +44,10 @@ def _resize_axis_maps(
     one.attribute.extend(node.attribute)
     ref._interpolate_1d_along_axis = spy
     try:
-        _fold(one, [np.zeros(shape, np.float32), *ins[1:]], opset)
+        fold_node(one, [np.zeros(shape, np.float32), *ins[1:]], opset)
     finally:
         ref._interpolate_1d_along_axis = orig
-    at = _attrs(node)
+    at = attrs_of(node)
     axes = [int(a) % len(shape) for a in at["axes"]] if "axes" in at else None
     maps: list[tuple[int, np.ndarray, np.ndarray]] = []
     seen: set[int] = set()
@@ -62,13 +62,13 @@ def _resize_axis_maps(
     return maps
 
 
-@_reg("Resize")
-def _resize(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("Resize")
+def _resize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """Each resized axis: ``c[o] + sum_t w[t, o] * x[.., idx[t, o], ..]`` over the few taps of
     the interpolation (1 nearest, 2 linear, 4 cubic), tables computed on the host."""
     x = ctx.tensor(ins[0])
     host = [
-        None if v is None else _host(ctx, node, v, nm)
+        None if v is None else host_value(ctx, node, v, nm)
         for v, nm in zip(ins[1:], ("roi", "scales", "sizes"), strict=False)
     ]
     y: Tensor = x

@@ -12,11 +12,11 @@ from polyfuse import ops, te
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
+    Ctx,
     Value,
-    _Ctx,
-    _host,
-    _ints,
-    _reg,
+    host_value,
+    ints_of,
+    register_op,
 )
 
 _ACT: dict[str, Callable[[Expr], Expr]] = {
@@ -38,7 +38,7 @@ def _rnn_acts(at: dict[str, Any], defaults: list[str], ndir: int) -> list[Callab
 
 
 def _rnn_common(
-    ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ngates: int
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], ngates: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, int, int, int, int, list[int]]:
     if int(at.get("layout", 0)):
         x = ops.transpose(ctx.tensor(ins[0]), (1, 0, 2), name=ctx.fresh("rnn_x"))
@@ -49,7 +49,7 @@ def _rnn_common(
     seq, batch, _ = x.shape
     hidden = r.shape[-1]
     if len(ins) > 4 and ins[4] is not None:
-        lens = _ints(_host(ctx, node, ins[4], "sequence_lens"))
+        lens = ints_of(host_value(ctx, node, ins[4], "sequence_lens"))
         if any(v != seq for v in lens):
             raise UnsupportedOpError("sequence_lens shorter than the sequence (padded batches)")
     if at.get("clip") is not None:
@@ -61,7 +61,7 @@ def _rnn_common(
 
 
 def _gate_inputs(
-    ctx: _Ctx, x: Tensor, w: Tensor, b: Tensor | None, di: int, ngh: int, hint: str
+    ctx: Ctx, x: Tensor, w: Tensor, b: Tensor | None, di: int, ngh: int, hint: str
 ) -> Tensor:
     """``X_t W^T + Wb + Rb`` for every step at once: (seq, batch, gates*hidden)."""
     seq, batch, nin = x.shape
@@ -76,7 +76,7 @@ def _gate_inputs(
     )
 
 
-def _recur(ctx: _Ctx, h: Tensor | None, r: Tensor, di: int, ngh: int, hint: str) -> Tensor | None:
+def _recur(ctx: Ctx, h: Tensor | None, r: Tensor, di: int, ngh: int, hint: str) -> Tensor | None:
     """``H_{t-1} R^T``: (batch, gates*hidden), or None at t=0 without an initial state."""
     if h is None:
         return None
@@ -85,7 +85,7 @@ def _recur(ctx: _Ctx, h: Tensor | None, r: Tensor, di: int, ngh: int, hint: str)
     return ctx.compute((batch, ngh), lambda i, g: te.sum(h[i, k] * r[di, g, k], axis=k), hint)
 
 
-def _state0(ctx: _Ctx, ins: list[Any], pos: int, di: int, batch: int, hid: int) -> Tensor | None:
+def _state0(ctx: Ctx, ins: list[Any], pos: int, di: int, batch: int, hid: int) -> Tensor | None:
     if len(ins) > pos and ins[pos] is not None:
         s = ctx.tensor(ins[pos])
         return ctx.compute((batch, hid), lambda i, j: s[di, i, j], "rnn_init")
@@ -93,7 +93,7 @@ def _state0(ctx: _Ctx, ins: list[Any], pos: int, di: int, batch: int, hid: int) 
 
 
 def _rnn_outputs(
-    ctx: _Ctx, at: dict[str, Any], hs: list[list[Tensor]], finals: list[list[Tensor]]
+    ctx: Ctx, at: dict[str, Any], hs: list[list[Tensor]], finals: list[list[Tensor]]
 ) -> list[Value]:
     """Y (seq, dirs, batch, hidden) (layout 1: batch, seq, dirs, hidden) and the final states."""
     seq = len(hs[0])
@@ -119,7 +119,7 @@ def _rnn_outputs(
     return outs
 
 
-def _stack_dirs(ctx: _Ctx, parts: list[Tensor]) -> Tensor:
+def _stack_dirs(ctx: Ctx, parts: list[Tensor]) -> Tensor:
     """(batch, hidden) states of each direction -> (dirs, batch, hidden)."""
 
     def body(dd: IterVar, i: IterVar, j: IterVar) -> Expr:
@@ -145,7 +145,7 @@ class _Cell:
 
 
 def _lstm_step(
-    ctx: _Ctx, cl: _Cell, t: int, h: Tensor | None, c: Tensor | None
+    ctx: Ctx, cl: _Cell, t: int, h: Tensor | None, c: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """One LSTM step (gates i, o, f, c): the new cell state, then the new hidden state."""
     hid, (f, g, hact) = cl.hid, cl.acts
@@ -175,8 +175,8 @@ def _lstm_step(
     return ctx.compute((batch, hid), hbody, "lstm_h"), c2
 
 
-@_reg("LSTM")
-def _lstm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("LSTM")
+def _lstm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, w, r, b, seq, batch, hid, _, dirs = _rnn_common(ctx, node, ins, at, 4)
     if int(at.get("input_forget", 0)):
         raise UnsupportedOpError("LSTM input_forget=1")
@@ -206,7 +206,7 @@ def _lstm(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
     return _rnn_outputs(ctx, at, hs, finals)
 
 
-def _gru_step(ctx: _Ctx, cl: _Cell, t: int, h: Tensor | None, lbr: bool) -> Tensor:
+def _gru_step(ctx: Ctx, cl: _Cell, t: int, h: Tensor | None, lbr: bool) -> Tensor:
     """One GRU step (gates z, r, h); ``lbr``: linear_before_reset."""
     hid, (f, g) = cl.hid, cl.acts
     batch = cl.xw.shape[1]
@@ -247,8 +247,8 @@ def _gru_step(ctx: _Ctx, cl: _Cell, t: int, h: Tensor | None, lbr: bool) -> Tens
     return ctx.compute((batch, hid), hbody, "gru_h")
 
 
-@_reg("GRU")
-def _gru(ctx: _Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+@register_op("GRU")
+def _gru(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, w, r, b, seq, batch, hid, _, dirs = _rnn_common(ctx, node, ins, at, 3)
     acts = _rnn_acts(at, ["Sigmoid", "Tanh"], len(dirs))
     lbr = bool(int(at.get("linear_before_reset", 0)))

@@ -45,14 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0462755c0869d8508b95(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_a01dffebac019bbfc0bd(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
+  const int p0c = threadIdx.x;
   __shared__ float s_ba[112];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
@@ -67,21 +66,25 @@ extern "C" __global__ void __launch_bounds__(256) pf_0462755c0869d8508b95(float*
       r_matmul24_acc[ii1][ii2] = 0.0f;
     }
   }
-  if (((p0r <= 15) && (p0c <= 6))) {
-    s_ba[(b0 - b0) * 112 + (p0r - 0) * 7 + (p0c - 0)] = (p0r >= 0 && p0r < 9) ? ba[b0 * 63 + p0r * 7 + p0c] : 0.0f;
+  if ((p0c <= 111)) {
+    s_ba[(b0 - b0) * 112 + (p0c - 0)] = (p0c >= 0 && p0c < 63) ? ba[b0 * 63 + p0c] : 0.0f;
   }
-  for (int ii1 = p1r; (ii1 <= 6); ii1 += 2) {
-    s_bb[(b0 - b0) * 903 + (ii1 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? bb[b0 * 35 + ii1 * 5 + p1c] : 0.0f;
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    if ((kk0 <= ((-p1r) + 3))) {
+      s_bb[((((7 * b0) + p1r) + (2 * kk0)) - (7 * b0)) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? bb[(((7 * b0) + p1r) + (2 * kk0)) * 5 + p1c] : 0.0f;
+    }
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 6); kk0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      r_ba_frag[ii1] = s_ba[(b0 - b0) * 112 + ((t1 + (8 * ii1)) - 0) * 7 + (kk0 - 0)];
+      r_ba_frag[ii1] = s_ba[(b0 - b0) * 112 + ((((t1 + (8 * ii1)) * 7) + kk0) - 0)];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_bb_frag[ii2] = s_bb[(b0 - b0) * 903 + (kk0 - 0) * 129 + ((t2 + (32 * ii2)) - 0)];
+      r_bb_frag[ii2] = s_bb[(((b0 * 7) + kk0) - (7 * b0)) * 129 + ((t2 + (32 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {

@@ -45,20 +45,20 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ff79d59a4376e01d8c7e(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_c1d2df982f99698c797b(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
-  const int b2 = _b % 9; _b /= 9;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 4; _t /= 4;
+  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_X[7920];
-  const int p1d0 = threadIdx.x / 32;
-  const int p1d1 = threadIdx.x / 16 % 2;
-  const int p1r = threadIdx.x / 4 % 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ float s_W[288];
+  const int p0d1 = threadIdx.x / 16;
+  const int p0r = threadIdx.x / 4 % 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ float s_X[2880];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_W[288];
   float r_conv2d27_acc[2][4];
   float r_W_frag[2];
   #pragma unroll
@@ -68,31 +68,34 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff79d59a4376e01d8c7e(float*
       r_conv2d27_acc[ii1][ii3] = 0.0f;
     }
   }
-  if ((p0c <= 131)) {
-    for (int kk1 = 0; (kk1 <= 11); kk1 += 1) {
-      for (int kk2 = (b2 - 2); (kk2 <= (b2 + 2)); kk2 += 2) {
-        s_X[(b0 - b0) * 7920 + (kk1 - 0) * 660 + (kk2 - (b2 - 2)) * 132 + ((p0c - 2) - (-2))] = (kk1 >= 0 && kk1 < 4 && kk2 >= 0 && kk2 < 9 && (p0c - 2) >= 0 && (p0c - 2) < 9) ? X[b0 * 324 + kk1 * 81 + kk2 * 9 + (p0c - 2)] : 0.0f;
+  if ((p0d1 <= 11)) {
+    #pragma unroll
+    for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 4); ii1 += 1) {
+        s_X[(b0 - b0) * 2880 + (p0d1 - 0) * 240 + (((((8 * b2) + p0r) + (4 * kk2)) - 2) - ((8 * b2) - 2)) * 20 + (((p0c + (4 * ii1)) - 2) - (-2))] = (p0d1 >= 0 && p0d1 < 4 && ((((8 * b2) + p0r) + (4 * kk2)) - 2) >= 0 && ((((8 * b2) + p0r) + (4 * kk2)) - 2) < 9 && ((p0c + (4 * ii1)) - 2) >= 0 && ((p0c + (4 * ii1)) - 2) < 9) ? X[b0 * 324 + p0d1 * 81 + ((((8 * b2) + p0r) + (4 * kk2)) - 2) * 9 + ((p0c + (4 * ii1)) - 2)] : 0.0f;
       }
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 8) {
-      s_W[(kk0 - 0) * 18 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 6) ? W[kk0 * 18 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
-    }
+  if ((p1c <= 71)) {
+    *reinterpret_cast<float4*>(&s_W[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 108) ? *reinterpret_cast<const float4*>(&W[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_W_frag[ii1] = s_W[((t1 + (8 * ii1)) - 0) * 18 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+          r_W_frag[ii1] = s_W[((((t1 + (8 * ii1)) * 18) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d27_acc[ii1][ii3] = r_conv2d27_acc[ii1][ii3] + ((((((((b2 + (kk1 * 2)) - 2) >= 0) && (((b2 + (kk1 * 2)) - 2) < 9)) && ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) >= 0)) && ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) < 9)) ? s_X[(b0 - b0) * 7920 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 660 + (((b2 + (kk1 * 2)) - 2) - (b2 - 2)) * 132 + ((((t3 + (32 * ii3)) + (kk2 * 2)) - 2) - (-2))] : 0.0f) * r_W_frag[ii1]);
+            r_conv2d27_acc[ii1][ii3] = r_conv2d27_acc[ii1][ii3] + (s_X[(b0 - b0) * 2880 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 240 + (((((8 * b2) + t2) + (kk1 * 2)) - 2) - ((8 * b2) - 2)) * 20 + ((((t3 + (4 * ii3)) + (kk2 * 2)) - 2) - (-2))] * r_W_frag[ii1]);
           }
         }
       }
@@ -103,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff79d59a4376e01d8c7e(float*
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t1 + (8 * ii1)) <= 5 && (t3 + (32 * ii3)) <= 8) { conv2d27[b0 * 486 + (t1 + (8 * ii1)) * 81 + b2 * 9 + (t3 + (32 * ii3))] = r_conv2d27_acc[ii1][ii3]; }
+      if ((t1 + (8 * ii1)) <= 5 && ((8 * b2) + t2) <= 8 && (t3 + (4 * ii3)) <= 8) { conv2d27[b0 * 486 + (t1 + (8 * ii1)) * 81 + ((8 * b2) + t2) * 9 + (t3 + (4 * ii3))] = r_conv2d27_acc[ii1][ii3]; }
     }
   }
 }

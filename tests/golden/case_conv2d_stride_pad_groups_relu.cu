@@ -45,20 +45,19 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ce31a72ee45c0dc02f86(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_47a96886ed05a1968ab2(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
-  const int b2 = _b % 5; _b /= 5;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 4; _t /= 4;
+  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_X[9252];
-  const int p1d0 = threadIdx.x / 32;
-  const int p1d1 = threadIdx.x / 16 % 2;
-  const int p1r = threadIdx.x / 4 % 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ float s_W[288];
+  const int p0d1 = threadIdx.x / 64;
+  const int p0r = threadIdx.x / 16 % 4;
+  const int p0c = threadIdx.x % 16;
+  __shared__ float s_X[6732];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_W[288];
   float r_conv2d25_acc[2][4];
   float r_conv2d25;
   float r_W_frag[2];
@@ -69,31 +68,38 @@ extern "C" __global__ void __launch_bounds__(256) pf_ce31a72ee45c0dc02f86(float*
       r_conv2d25_acc[ii1][ii3] = 0.0f;
     }
   }
-  for (int kk1 = 0; (kk1 <= 11); kk1 += 1) {
-    for (int kk2 = ((2 * b2) - 1); (kk2 <= ((2 * b2) + 1)); kk2 += 1) {
-      for (int ii1 = (p0c - 1); (ii1 <= 255); ii1 += 256) {
-        s_X[(b0 - b0) * 9252 + (kk1 - 0) * 771 + (kk2 - ((2 * b2) - 1)) * 257 + (ii1 - (-1))] = (kk1 >= 0 && kk1 < 4 && kk2 >= 0 && kk2 < 9 && ii1 >= 0 && ii1 < 9) ? X[b0 * 324 + kk1 * 81 + kk2 * 9 + ii1] : 0.0f;
+  for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+    #pragma unroll
+    for (int kk2 = 0; (kk2 <= 4); kk2 += 1) {
+      if ((kk2 <= ((-((p0r + 3) / 4)) + 4))) {
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 2); ii1 += 1) {
+          if ((ii1 <= ((-((p0c + 15) / 16)) + 2))) {
+            s_X[(b0 - b0) * 6732 + ((p0d1 + (4 * kk1)) - 0) * 561 + (((p0r + (4 * kk2)) - 1) - (-1)) * 33 + (((p0c + (16 * ii1)) - 1) - (-1))] = ((p0d1 + (4 * kk1)) >= 0 && (p0d1 + (4 * kk1)) < 4 && ((p0r + (4 * kk2)) - 1) >= 0 && ((p0r + (4 * kk2)) - 1) < 9 && ((p0c + (16 * ii1)) - 1) >= 0 && ((p0c + (16 * ii1)) - 1) < 9) ? X[b0 * 324 + (p0d1 + (4 * kk1)) * 81 + ((p0r + (4 * kk2)) - 1) * 9 + ((p0c + (16 * ii1)) - 1)] : 0.0f;
+          }
+        }
       }
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 8) {
-      s_W[(kk0 - 0) * 18 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 6) ? W[kk0 * 18 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
-    }
+  if ((p1c <= 71)) {
+    *reinterpret_cast<float4*>(&s_W[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 108) ? *reinterpret_cast<const float4*>(&W[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_W_frag[ii1] = s_W[((t1 + (8 * ii1)) - 0) * 18 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+          r_W_frag[ii1] = s_W[((((t1 + (8 * ii1)) * 18) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d25_acc[ii1][ii3] = r_conv2d25_acc[ii1][ii3] + (((((((((b2 * 2) + kk1) - 1) >= 0) && ((((b2 * 2) + kk1) - 1) < 9)) && (((((t3 + (32 * ii3)) * 2) + kk2) - 1) >= 0)) && (((((t3 + (32 * ii3)) * 2) + kk2) - 1) < 9)) ? s_X[(b0 - b0) * 9252 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 771 + ((((b2 * 2) + kk1) - 1) - ((2 * b2) - 1)) * 257 + (((((t3 + (32 * ii3)) * 2) + kk2) - 1) - (-1))] : 0.0f) * r_W_frag[ii1]);
+            r_conv2d25_acc[ii1][ii3] = r_conv2d25_acc[ii1][ii3] + (s_X[(b0 - b0) * 6732 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 561 + ((((t2 * 2) + kk1) - 1) - (-1)) * 33 + (((((t3 + (4 * ii3)) * 2) + kk2) - 1) - (-1))] * r_W_frag[ii1]);
           }
         }
       }
@@ -104,8 +110,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_ce31a72ee45c0dc02f86(float*
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t1 + (8 * ii1)) <= 5 && (t3 + (32 * ii3)) <= 4) { r_conv2d25 = r_conv2d25_acc[ii1][ii3]; }
-      if ((t1 + (8 * ii1)) <= 5 && (t3 + (32 * ii3)) <= 4) { relu26[b0 * 150 + (t1 + (8 * ii1)) * 25 + b2 * 5 + (t3 + (32 * ii3))] = pf_fmaxf(r_conv2d25, 0.0f); }
+      if ((t1 + (8 * ii1)) <= 5 && t2 <= 4 && (t3 + (4 * ii3)) <= 4) { r_conv2d25 = r_conv2d25_acc[ii1][ii3]; }
+      if ((t1 + (8 * ii1)) <= 5 && t2 <= 4 && (t3 + (4 * ii3)) <= 4) { relu26[b0 * 150 + (t1 + (8 * ii1)) * 25 + t2 * 5 + (t3 + (4 * ii3))] = pf_fmaxf(r_conv2d25, 0.0f); }
     }
   }
 }

@@ -45,14 +45,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d5826369fb1d95d0e486(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_899f3787f46d8407324e(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
+  const int p0c = threadIdx.x;
   __shared__ float s_a[272];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
@@ -69,19 +68,24 @@ extern "C" __global__ void __launch_bounds__(256) pf_d5826369fb1d95d0e486(float*
       r_matmul21_acc[ii0][ii1] = 0.0f;
     }
   }
-  if ((p0c <= 16)) {
-    for (int kk0 = ((16 * b0) + p0r); (kk0 <= ((16 * b0) + 15)); kk0 += 8) {
-      s_a[(kk0 - (16 * b0)) * 17 + (p0c - 0)] = (kk0 >= 0 && kk0 < 33) ? a[kk0 * 17 + p0c] : 0.0f;
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    if ((kk0 <= ((-((p0c + 240) / 256)) + 1))) {
+      s_a[((((272 * b0) + p0c) + (256 * kk0)) - (272 * b0))] = ((((272 * b0) + p0c) + (256 * kk0)) >= 0 && (((272 * b0) + p0c) + (256 * kk0)) < 561) ? a[(((272 * b0) + p0c) + (256 * kk0))] : 0.0f;
     }
   }
-  for (int kk0 = p1r; (kk0 <= 16); kk0 += 2) {
-    s_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 29) ? w[kk0 * 29 + p1c] : 0.0f;
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 8); kk0 += 1) {
+    if ((kk0 <= ((-p1r) + 8))) {
+      s_w[((p1r + (2 * kk0)) - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 29) ? w[(p1r + (2 * kk0)) * 29 + p1c] : 0.0f;
+    }
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_a_frag[ii0] = s_a[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 17 + (kk0 - 0)];
+      r_a_frag[ii0] = s_a[((((((16 * b0) + t0) + (8 * ii0)) * 17) + kk0) - (272 * b0))];
     }
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {

@@ -58,15 +58,14 @@ extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float*
   k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b2614e36a8700777a31c(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b1b2a998d4965fe78f5e(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_q[128];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_q[132];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_k_t[1056];
@@ -80,19 +79,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_b2614e36a8700777a31c(float*
       r_qk_acc[ii1][ii2] = 0.0f;
     }
   }
-  if ((p0r <= 15)) {
-    *reinterpret_cast<float4*>(&s_q[(0 - 0) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&q[0 * 256 + b0 * 128 + p0r * 8 + (4 * p0c)]);
+  if ((p0c <= 31)) {
+    *reinterpret_cast<float4*>(&s_q[(0 - 0) * 132 + (((128 * b0) + (4 * p0c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&q[0 * 256 + ((128 * b0) + (4 * p0c))]);
   }
-  *reinterpret_cast<float4*>(&s_k_t[(0 - 0) * 1056 + (b0 - b0) * 1056 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&k_t[0 * 256 + b0 * 128 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_k_t[(0 - 0) * 1056 + (((8 * b0) + p1r) - (8 * b0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&k_t[0 * 256 + ((8 * b0) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      r_q_frag[ii1] = s_q[(0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (kk0 - 0)];
+      r_q_frag[ii1] = s_q[(0 - 0) * 132 + (((b0 * 128) + ((t1 + (8 * ii1)) * 8) + kk0) - (128 * b0))];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_k_t_frag[ii2] = s_k_t[(0 - 0) * 1056 + (b0 - b0) * 1056 + (kk0 - 0) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_k_t_frag[ii2] = s_k_t[(0 - 0) * 1056 + (((b0 * 8) + kk0) - (8 * b0)) * 132 + ((t2 + (32 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e1e7c294d37bcb2de552(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_716dab1ef31a9196714b(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -207,36 +207,70 @@ extern "C" __global__ void __launch_bounds__(256) pf_e1e7c294d37bcb2de552(float*
       r_attn_acc[ii1][ii2] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_probs[((kt0 + 1) % 2) * 128 + (0 - 0) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &probs[0 * 512 + b0 * 256 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8)], 16);
+      __pipeline_memcpy_async(&s_probs[((kt0 + 1) % 2) * 128 + (0 - 0) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &probs[0 * 512 + ((16 * b0) + p0r) * 16 + (((4 * p0c) + (8 * kt0)) + 8)], 16);
     }
-    if ((kt0 <= 0)) {
-      __pipeline_memcpy_async(&s_v[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &v[((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 * 256 + b0 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_v[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &v[((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 * 256 + b0 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_probs_frag[ii1] = s_probs[(kt0 % 2) * 128 + (0 - 0) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  {
+    const int kt0 = 0;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_probs[((kt0 + 1) % 2) * 128 + (0 - 0) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &probs[0 * 512 + ((16 * b0) + p0r) * 16 + (((4 * p0c) + (8 * kt0)) + 8)], 16);
+    }
+    __pipeline_memcpy_async(&s_v[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &v[((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 * 256 + b0 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_probs_frag[ii1] = s_probs[(kt0 % 2) * 128 + (0 - 0) * 128 + (((b0 * 16) + (t1 + (8 * ii1))) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_v_frag[ii2] = s_v[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_v_frag[ii2] = s_v[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (r_probs_frag[ii1] * r_v_frag[ii2]);
-          }
+          r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (r_probs_frag[ii1] * r_v_frag[ii2]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_probs[((kt0 + 1) % 2) * 128 + (0 - 0) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &probs[0 * 512 + ((16 * b0) + p0r) * 16 + (((4 * p0c) + (8 * kt0)) + 8)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_probs_frag[ii1] = s_probs[(kt0 % 2) * 128 + (0 - 0) * 128 + (((b0 * 16) + (t1 + (8 * ii1))) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_v_frag[ii2] = s_v[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (b0 - b0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + ((t2 + (32 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_attn_acc[ii1][ii2] = r_attn_acc[ii1][ii2] + (r_probs_frag[ii1] * r_v_frag[ii2]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3c6039d77c093d8d879d(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_31069c40a230251be7ae(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -70,38 +70,79 @@ extern "C" __global__ void __launch_bounds__(256) pf_3c6039d77c093d8d879d(float*
       r_matmul_acc[ii0][ii1] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 4); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 3))) {
       __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? 0 : 16);
     }
-    if ((kt0 <= 3)) {
-      for (int kk0 = ((p1r + (8 * kt0)) + 8); (kk0 <= ((8 * kt0) + 15)); kk0 += 2) {
-        __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 1032 + (kk0 - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &w[(p1c >= 0 && p1c < 50) ? kk0 * 50 + p1c : 0], 4, (p1c >= 0 && p1c < 50) ? 0 : 4);
-      }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+      __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &w[(p1c >= 0 && p1c < 50) ? (((p1r + (8 * kt0)) + (2 * kk0)) + 8) * 50 + p1c : 0], 4, (p1c >= 0 && p1c < 50) ? 0 : 4);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_a_frag[ii0] = s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_a = &a[((4 * p0c) + (640 * b0) + (40 * p0r) + 8)];
+  const float* pf_gp0_w = &w[(p1c + (50 * p1r) + 400)];
+  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 3))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? &pf_gp0_a[0] : a, 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+      __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], (p1c >= 0 && p1c < 50) ? &pf_gp0_w[(100 * kk0)] : w, 4, (p1c >= 0 && p1c < 50) ? 0 : 4);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_a_frag[ii0] = s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_w_frag[ii1] = s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_w_frag[ii1] = s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-            r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
-          }
+          r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_a += 8;
+    pf_gp0_w += 400;
+  }
+  {
+    const int kt0 = 4;
+    if (((p0r <= 15) && (kt0 <= 3))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_a_frag[ii0] = s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_w_frag[ii1] = s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+          r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -70,36 +70,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float*
       r_matmul4_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_layer0_attn_k_w = &layer0_attn_k_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_k_w[0] : layer0_attn_k_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
-          }
+          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_embeddings += 8;
+    pf_gp0_layer0_attn_k_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -112,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float*
   }
 }
 
-__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -136,36 +173,73 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ a
       r_matmul0_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_layer0_attn_q_w = &layer0_attn_q_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_q_w[0] : layer0_attn_q_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_q_w_frag[iv] = s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_q_w_frag[iv] = s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
-          }
+          r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_embeddings += 8;
+    pf_gp0_layer0_attn_q_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_q_w_frag[iv] = s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -178,7 +252,7 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -192,7 +266,7 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p1(float* __restrict__ r
   reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -206,14 +280,14 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p2(float* __restrict__ r
   reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5848792b5e0f1d22ba17(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(256) pf_f26e68d5e02d36a5371d(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_5848792b5e0f1d22ba17_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_f26e68d5e02d36a5371d_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_5848792b5e0f1d22ba17_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+    pf_f26e68d5e02d36a5371d_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_5848792b5e0f1d22ba17_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+    pf_f26e68d5e02d36a5371d_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -284,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7b652fce1abdf9e34883(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -308,36 +382,70 @@ extern "C" __global__ void __launch_bounds__(256) pf_7b652fce1abdf9e34883(float*
       r_matmul12_acc[ii2][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 0)) {
-      __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  {
+    const int kt0 = 0;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
-          }
+          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -423,16 +531,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ea3269fa8e66bb8ff78f(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_softmax14[128];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_softmax14[132];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose11[1056];
@@ -447,19 +554,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_ea3269fa8e66bb8ff78f(float*
       r_matmul15_acc[ii2][iv] = 0.0f;
     }
   }
-  if ((p0r <= 15)) {
-    *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0c <= 31)) {
+    *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + b1 * 128 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 1056 + (((8 * b1) + p1r) - (8 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      r_softmax14_frag[ii2] = s_softmax14[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)];
+      r_softmax14_frag[ii2] = s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + ((((t2 + (8 * ii2)) * 8) + kk0) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose11_frag[iv] = s_transpose11[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)];
+      r_transpose11_frag[iv] = s_transpose11[(b0 - b0) * 1056 + (((b1 * 8) + kk0) - (8 * b1)) * 132 + (((4 * t3) + iv) - 0)];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -506,7 +614,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9ea9db653d6244323f8d(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -529,36 +637,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_9ea9db653d6244323f8d(float*
       r_matmul18_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape17[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_reshape17 = &reshape17[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_layer0_attn_o_w = &layer0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_reshape17[0] : reshape17, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_o_w[0] : layer0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_o_w_frag[iv] = s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_o_w_frag[iv] = s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
-          }
+          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_reshape17 += 8;
+    pf_gp0_layer0_attn_o_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape17[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_o_w_frag[iv] = s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -651,7 +796,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1df23083fbe2554c7aed(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_08524cc912f0ce54386d(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -676,36 +821,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_1df23083fbe2554c7aed(float*
       r_matmul22_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_layer_norm21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm21[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_layer0_ffn_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_ffn_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_layer0_ffn_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_ffn_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_layer_norm21_frag[ii1] = s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_layer_norm21 = &layer_norm21[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_layer0_ffn_fc1_w = &layer0_ffn_fc1_w[((4 * p1c) + (64 * p1r) + 512)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm21[0] : layer_norm21, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_ffn_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 64) ? &pf_gp0_layer0_ffn_fc1_w[0] : layer0_ffn_fc1_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm21_frag[ii1] = s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
-          }
+          r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_layer_norm21 += 8;
+    pf_gp0_layer0_ffn_fc1_w += 512;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm21[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm21_frag[ii1] = s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -719,7 +901,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_1df23083fbe2554c7aed(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3edb58ae0edf97663413(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_ba082cc47fc4b48347ce(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -742,36 +924,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_3edb58ae0edf97663413(float*
       r_matmul25_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 7); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 6))) {
       __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 6)) {
-      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_ffn_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_ffn_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_gelu24 = &gelu24[((4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
+  const float* pf_gp0_layer0_ffn_fc2_w = &layer0_ffn_fc2_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 6); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 6))) {
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu24[0] : gelu24, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_ffn_fc2_w[0] : layer0_ffn_fc2_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
-          }
+          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_gelu24 += 8;
+    pf_gp0_layer0_ffn_fc2_w += 256;
+  }
+  {
+    const int kt0 = 7;
+    if (((p0r <= 15) && (kt0 <= 6))) {
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {

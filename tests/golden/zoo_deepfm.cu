@@ -154,12 +154,11 @@ extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* 
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6b792e11c69e84a8b29c(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_6dcab61915cb8d5a3e71(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
+  const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_reshape8[192];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
@@ -177,17 +176,21 @@ extern "C" __global__ void __launch_bounds__(256) pf_6b792e11c69e84a8b29c(float*
       r_matmul9_acc[ii0][iv] = 0.0f;
     }
   }
-  if (((p0r <= 15) && (p0c <= 2))) {
-    *reinterpret_cast<float4*>(&s_reshape8[(p0r - 0) * 12 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 4) ? *reinterpret_cast<const float4*>(&reshape8[p0r * 12 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0c <= 47)) {
+    *reinterpret_cast<float4*>(&s_reshape8[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 48) ? *reinterpret_cast<const float4*>(&reshape8[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int kk0 = p1r; (kk0 <= 11); kk0 += 8) {
-    *reinterpret_cast<float4*>(&s_deep0_w[(kk0 - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[kk0 * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    if ((kk0 <= ((-((p1r + 4) / 8)) + 1))) {
+      *reinterpret_cast<float4*>(&s_deep0_w[((p1r + (8 * kk0)) - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[(p1r + (8 * kk0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_reshape8_frag[ii0] = s_reshape8[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0)];
+      r_reshape8_frag[ii0] = s_reshape8[((((t0 + (8 * ii0)) * 12) + kk0) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
@@ -214,12 +217,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_6b792e11c69e84a8b29c(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fdea79988eb69d0ce8da(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b2b6d2463113362dc68c(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
+  const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_relu11[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
@@ -236,17 +238,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_fdea79988eb69d0ce8da(float*
       r_matmul12_acc[ii0][ii1] = 0.0f;
     }
   }
-  if ((p0r <= 15)) {
-    *reinterpret_cast<float4*>(&s_relu11[(p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 4) ? *reinterpret_cast<const float4*>(&relu11[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0c <= 31)) {
+    *reinterpret_cast<float4*>(&s_relu11[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 32) ? *reinterpret_cast<const float4*>(&relu11[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
-    s_deep1_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[kk0 * 6 + p1c] : 0.0f;
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    s_deep1_w[((p1r + (2 * kk0)) - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[(p1r + (2 * kk0)) * 6 + p1c] : 0.0f;
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_relu11_frag[ii0] = s_relu11[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)];
+      r_relu11_frag[ii0] = s_relu11[((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
     }
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {

@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -138,36 +138,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float*
       r_matmul5_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_layer_norm0 = &layer_norm0[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_block0_attn_k_w = &block0_attn_k_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm0[0] : layer_norm0, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_k_w[0] : block0_attn_k_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
-          }
+          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_layer_norm0 += 8;
+    pf_gp0_block0_attn_k_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -180,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_15107c025a4eaf1ee246(float*
   }
 }
 
-__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -204,36 +241,73 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ a
       r_matmul1_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_layer_norm0 = &layer_norm0[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_block0_attn_q_w = &block0_attn_q_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm0[0] : layer_norm0, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_q_w[0] : block0_attn_q_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
-          }
+          r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_layer_norm0 += 8;
+    pf_gp0_block0_attn_q_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -246,7 +320,7 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -260,7 +334,7 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p1(float* __restrict__ r
   reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -274,14 +348,14 @@ __device__ __forceinline__ void pf_5848792b5e0f1d22ba17_p2(float* __restrict__ r
   reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5848792b5e0f1d22ba17(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(256) pf_f26e68d5e02d36a5371d(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
   const int pf_b = blockIdx.x;
   if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_5848792b5e0f1d22ba17_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+    pf_f26e68d5e02d36a5371d_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_5848792b5e0f1d22ba17_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+    pf_f26e68d5e02d36a5371d_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_5848792b5e0f1d22ba17_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+    pf_f26e68d5e02d36a5371d_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -352,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float*
   transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7b652fce1abdf9e34883(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -376,36 +450,70 @@ extern "C" __global__ void __launch_bounds__(256) pf_7b652fce1abdf9e34883(float*
       r_matmul13_acc[ii2][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 0)) {
-      __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  {
+    const int kt0 = 0;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
-          }
+          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -495,16 +603,15 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ea3269fa8e66bb8ff78f(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_softmax16[128];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_softmax16[132];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose12[1056];
@@ -519,19 +626,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_ea3269fa8e66bb8ff78f(float*
       r_matmul17_acc[ii2][iv] = 0.0f;
     }
   }
-  if ((p0r <= 15)) {
-    *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 8) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0c <= 31)) {
+    *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + b1 * 128 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 1056 + (((8 * b1) + p1r) - (8 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      r_softmax16_frag[ii2] = s_softmax16[(b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (kk0 - 0)];
+      r_softmax16_frag[ii2] = s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + ((((t2 + (8 * ii2)) * 8) + kk0) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose12_frag[iv] = s_transpose12[(b0 - b0) * 1056 + (b1 - b1) * 1056 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)];
+      r_transpose12_frag[iv] = s_transpose12[(b0 - b0) * 1056 + (((b1 * 8) + kk0) - (8 * b1)) * 132 + (((4 * t3) + iv) - 0)];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -578,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9ea9db653d6244323f8d(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -601,36 +709,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_9ea9db653d6244323f8d(float*
       r_matmul20_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape19[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_reshape19 = &reshape19[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_reshape19[0] : reshape19, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_o_w[0] : block0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
-          }
+          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_reshape19 += 8;
+    pf_gp0_block0_attn_o_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape19[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -727,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_dbbe43e255708052a53c(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_296713334fdbfa9cc563(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -752,36 +897,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_dbbe43e255708052a53c(float*
       r_matmul24_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_layer_norm23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm23[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_layer_norm23_frag[ii1] = s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_layer_norm23 = &layer_norm23[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_block0_mlp_fc1_w = &block0_mlp_fc1_w[((4 * p1c) + (64 * p1r) + 512)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm23[0] : layer_norm23, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 64) ? &pf_gp0_block0_mlp_fc1_w[0] : block0_mlp_fc1_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm23_frag[ii1] = s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
-          }
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_layer_norm23 += 8;
+    pf_gp0_block0_mlp_fc1_w += 512;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm23[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm23_frag[ii1] = s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -795,7 +977,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_dbbe43e255708052a53c(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_3edb58ae0edf97663413(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_ba082cc47fc4b48347ce(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -818,36 +1000,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_3edb58ae0edf97663413(float*
       r_matmul27_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 7); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 6))) {
       __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    if ((kt0 <= 6)) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_gelu26 = &gelu26[((4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
+  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 6); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 6))) {
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu26[0] : gelu26, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_mlp_fc2_w[0] : block0_mlp_fc2_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
-          }
+          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_gelu26 += 8;
+    pf_gp0_block0_mlp_fc2_w += 256;
+  }
+  {
+    const int kt0 = 7;
+    if (((p0r <= 15) && (kt0 <= 6))) {
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {

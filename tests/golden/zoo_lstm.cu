@@ -128,12 +128,11 @@ extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a84ec149845754e30d98(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_37483fc4d41b4126059f(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
+  const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_mul13[128];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
@@ -149,15 +148,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_a84ec149845754e30d98(float*
       r_matmul18_acc[ii0][iv] = 0.0f;
     }
   }
-  if ((p0r <= 15)) {
-    *reinterpret_cast<float4*>(&s_mul13[(p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 2) ? *reinterpret_cast<const float4*>(&mul13[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0c <= 31)) {
+    *reinterpret_cast<float4*>(&s_mul13[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&mul13[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   *reinterpret_cast<float4*>(&s_w_h[(p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_h[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_mul13_frag[ii0] = s_mul13[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)];
+      r_mul13_frag[ii0] = s_mul13[((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {

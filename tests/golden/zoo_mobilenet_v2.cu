@@ -46,43 +46,16 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_cf8b420c6c23c3f239fa_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_cf8b420c6c23c3f239fa_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_cf8b420c6c23c3f239fa_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_cf8b420c6c23c3f239fa_p3(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b;
+__device__ __forceinline__ void pf_8933160c30fb5f0358b2_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_image[2313];
-  const int p1d0 = threadIdx.x / 64;
-  const int p1d1 = threadIdx.x / 16 % 4;
-  const int p1r = threadIdx.x / 4 % 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ float s_stem_w[432];
+  const int p0r = threadIdx.x / 16;
+  const int p0c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_image[1836];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stem_w[432];
   float r_conv2d0_acc[2][4];
   float r_image_frag[4];
   float r_stem_w_frag[2];
@@ -93,35 +66,40 @@ __device__ __forceinline__ void pf_cf8b420c6c23c3f239fa_p3(float* __restrict__ c
       r_conv2d0_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-    for (int kk2 = ((2 * b1) - 1); (kk2 <= ((2 * b1) + 1)); kk2 += 1) {
-      for (int ii0 = (p0c - 1); (ii0 <= 255); ii0 += 256) {
-        s_image[(0 - 0) * 2313 + (kk1 - 0) * 771 + (kk2 - ((2 * b1) - 1)) * 257 + (ii0 - (-1))] = (kk2 >= 0 && kk2 < 16 && ii0 >= 0 && ii0 < 16) ? image[0 * 768 + kk1 * 256 + kk2 * 16 + ii0] : 0.0f;
+  if ((p0c <= 8)) {
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
+      #pragma unroll
+      for (int kk1 = 0; (kk1 <= 1); kk1 += 1) {
+        if ((kk1 <= ((-((p0r + 15) / 16)) + 1))) {
+          *reinterpret_cast<float4*>(&s_image[(kk0 - 0) * 612 + (((p0r + (16 * kk1)) - 1) - (-1)) * 36 + (((4 * p0c) - 4) - (-4))]) = (((p0r + (16 * kk1)) - 1) >= 0 && ((p0r + (16 * kk1)) - 1) < 16 && ((4 * p0c) - 4) >= 0 && ((4 * p0c) - 4) < 16) ? *reinterpret_cast<const float4*>(&image[kk0 * 256 + ((p0r + (16 * kk1)) - 1) * 16 + ((4 * p0c) - 4)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
       }
     }
   }
-  if ((((p1d1 <= 2) && (p1r <= 2)) && (p1c <= 2))) {
-    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
-      s_stem_w[(kk0 - 0) * 27 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stem_w[kk0 * 27 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
-    }
+  if ((p1c <= 107)) {
+    *reinterpret_cast<float4*>(&s_stem_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_image_frag[ii2] = s_image[(0 - 0) * 2313 + (kk0 - 0) * 771 + ((((2 * b1) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((2 * t2) + kk2) + (64 * ii2)) - 1) - (-1))];
+          r_image_frag[ii2] = s_image[(((0 * 3) + kk0) - 0) * 612 + ((((2 * t1) + kk1) - 1) - (-1)) * 36 + (((((2 * t2) + kk2) + (8 * ii2)) - 1) - (-4))];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stem_w_frag[ii0] = s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+          r_stem_w_frag[ii0] = s_stem_w[((((t0 + (8 * ii0)) * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? r_image_frag[ii2] : 0.0f) * r_stem_w_frag[ii0]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (r_image_frag[ii2] * r_stem_w_frag[ii0]);
           }
         }
       }
@@ -132,24 +110,48 @@ __device__ __forceinline__ void pf_cf8b420c6c23c3f239fa_p3(float* __restrict__ c
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d0[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { conv2d0[0 * 512 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_cf8b420c6c23c3f239fa(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+__device__ __forceinline__ void pf_8933160c30fb5f0358b2_p1(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_8933160c30fb5f0358b2_p2(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_8933160c30fb5f0358b2_p3(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_8933160c30fb5f0358b2(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_cf8b420c6c23c3f239fa_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
+  if (pf_b < 1) {  // k0_conv2d0: 1 blocks of 256
+    pf_8933160c30fb5f0358b2_p0(conv2d0, image, stem_w, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k1_batch_norm1_scale: 1 blocks of 8
     const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_cf8b420c6c23c3f239fa_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
+    if (pf_v < 1) pf_8933160c30fb5f0358b2_p1(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 3) {  // k4_batch_norm5_scale: 1 blocks of 8
     const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_cf8b420c6c23c3f239fa_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 11) {  // k0_conv2d0: 8 blocks of 256
-    pf_cf8b420c6c23c3f239fa_p3(conv2d0, image, stem_w, pf_b - 3, (int)threadIdx.x);
+    if (pf_v < 1) pf_8933160c30fb5f0358b2_p2(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 4) {  // k7_batch_norm9_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pf_8933160c30fb5f0358b2_p3(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
   }
 }
 
@@ -188,18 +190,16 @@ extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float*
   conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_65d6fee316d66c2f9544(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_545799c32e5691baaac5(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_minimum7[1056];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage1_block0_project_w[128];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_minimum7[1024];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_project_w[128];
   float r_conv2d8_acc[2][4];
   float r_minimum7_frag[4];
   float r_stage1_block0_project_w_frag[2];
@@ -210,19 +210,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_65d6fee316d66c2f9544(float*
       r_conv2d8_acc[ii0][ii2] = 0.0f;
     }
   }
-  *reinterpret_cast<float4*>(&s_minimum7[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&minimum7[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1d0 <= 15)) {
-    s_stage1_block0_project_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = (p1d0 >= 0 && p1d0 < 8) ? stage1_block0_project_w[p1d0 * 8 + p1d1 + 0 + 0] : 0.0f;
+  *reinterpret_cast<float4*>(&s_minimum7[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&minimum7[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage1_block0_project_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&stage1_block0_project_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_minimum7_frag[ii2] = s_minimum7[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_minimum7_frag[ii2] = s_minimum7[(((0 * 64) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_project_w_frag[ii0] = s_stage1_block0_project_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage1_block0_project_w_frag[ii0] = s_stage1_block0_project_w[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -237,13 +238,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_65d6fee316d66c2f9544(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d8[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d8_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { conv2d8[0 * 512 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d8_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pf_6222dcc8e5f5a6d9dd92_p0(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(256) pf_9fbfb03d0fb8d8448bf7(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3) {
+  int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -256,36 +257,16 @@ __device__ __forceinline__ void pf_6222dcc8e5f5a6d9dd92_p0(float* __restrict__ a
   add10[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = (minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm9);
 }
 
-__device__ __forceinline__ void pf_6222dcc8e5f5a6d9dd92_p1(float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm12_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_6222dcc8e5f5a6d9dd92(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3, float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k8_batch_norm9: 2 blocks of 256
-    pf_6222dcc8e5f5a6d9dd92_p0(add10, conv2d8, stage1_block0_project_bn_mean, batch_norm9_scale, stage1_block0_project_bn_beta, minimum3, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k10_batch_norm12_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_6222dcc8e5f5a6d9dd92_p1(batch_norm12_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_e8d12b5ffc6c0608f0e3(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+__device__ __forceinline__ void pf_e86678faa9d5e0244c10_p0(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_add10[1056];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage2_block0_expand_w[128];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_add10[1024];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage2_block0_expand_w[128];
   float r_conv2d11_acc[2][4];
   float r_add10_frag[4];
   float r_stage2_block0_expand_w_frag[2];
@@ -296,19 +277,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_e8d12b5ffc6c0608f0e3(float*
       r_conv2d11_acc[ii0][ii2] = 0.0f;
     }
   }
-  *reinterpret_cast<float4*>(&s_add10[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&add10[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1d0 <= 15)) {
-    s_stage2_block0_expand_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage2_block0_expand_w[p1d0 * 8 + p1d1 + 0 + 0];
+  *reinterpret_cast<float4*>(&s_add10[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&add10[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage2_block0_expand_w[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage2_block0_expand_w[(4 * p1c)]);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_add10_frag[ii2] = s_add10[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_add10_frag[ii2] = s_add10[(((0 * 64) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage2_block0_expand_w_frag[ii0] = s_stage2_block0_expand_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage2_block0_expand_w_frag[ii0] = s_stage2_block0_expand_w[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -323,8 +305,48 @@ extern "C" __global__ void __launch_bounds__(256) pf_e8d12b5ffc6c0608f0e3(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 7) { conv2d11[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d11_acc[ii0][ii2]; }
+      if ((t2 + (4 * ii2)) <= 7) { conv2d11[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d11_acc[ii0][ii2]; }
     }
+  }
+}
+
+__device__ __forceinline__ void pf_e86678faa9d5e0244c10_p1(float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm12_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_e86678faa9d5e0244c10_p2(float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm16_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_e86678faa9d5e0244c10_p3(float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm33_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_e86678faa9d5e0244c10(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w, float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k9_conv2d11: 1 blocks of 256
+    pf_e86678faa9d5e0244c10_p0(conv2d11, add10, stage2_block0_expand_w, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k10_batch_norm12_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pf_e86678faa9d5e0244c10_p1(batch_norm12_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 3) {  // k13_batch_norm16_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pf_e86678faa9d5e0244c10_p2(batch_norm16_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 4) {  // k27_batch_norm33_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 3) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pf_e86678faa9d5e0244c10_p3(batch_norm33_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
   }
 }
 
@@ -344,8 +366,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_190f7be0d6a8dbcccb71(float*
   minimum14[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu13, 6.0f);
 }
 
-__device__ __forceinline__ void pf_c02b38d310448a333f16_p0(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(256) pf_3103882e95bec9ad3c87(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w) {
+  int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -361,35 +383,6 @@ __device__ __forceinline__ void pf_c02b38d310448a333f16_p0(float* __restrict__ c
     }
   }
   conv2d15[0 * 256 + t0 * 16 + t1 * 4 + t2] = r_conv2d15_acc;
-}
-
-__device__ __forceinline__ void pf_c02b38d310448a333f16_p1(float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm16_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_c02b38d310448a333f16_p2(float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm33_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_c02b38d310448a333f16(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w, float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k12_conv2d15: 1 blocks of 256
-    pf_c02b38d310448a333f16_p0(conv2d15, minimum14, stage2_block0_dw_w, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k13_batch_norm16_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_c02b38d310448a333f16_p1(batch_norm16_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 3) {  // k27_batch_norm33_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_c02b38d310448a333f16_p2(batch_norm33_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
-  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float* __restrict__ minimum18, const float* __restrict__ conv2d15, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
@@ -408,18 +401,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_17f546f58656047aa401(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 4) pf_a9a3b612e89d3d74575a(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_minimum18[2112];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage2_block0_project_w[256];
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_minimum18[2304];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_stage2_block0_project_w[256];
   float r_conv2d19_acc[2][4];
   float r_minimum18_frag[4];
   float r_stage2_block0_project_w_frag[2];
@@ -430,42 +422,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_17f546f58656047aa401(float*
       r_conv2d19_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
-    if ((kt0 <= 0)) {
-      __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ((p0d1 + (8 * kt0)) + 8) * 16 + b1 * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-      if ((p1d0 <= 15)) {
-        __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 128 + (p1d0 - 0) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_project_w[(p1d0 >= 0 && p1d0 < 12) ? p1d0 * 16 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0 : 0], 4, (p1d0 >= 0 && p1d0 < 12) ? 0 : 4);
-      }
+  {
+    const int kt0 = (-1);
+    __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 1152 + (0 - 0) * 1152 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 36 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
+    if ((p1r <= 15)) {
+      __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_project_w[(p1r >= 0 && p1r < 12) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+  }
+  {
+    const int kt0 = 0;
+    __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 1152 + (0 - 0) * 1152 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 36 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
+    if ((p1r <= 15)) {
+      __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_project_w[(p1r >= 0 && p1r < 12) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_minimum18_frag[ii2] = s_minimum18[(kt0 % 2) * 1152 + (0 - 0) * 1152 + (((((8 * kt0) + kk0) * 4) + t1) - (32 * kt0)) * 36 + ((t2 + (8 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block0_project_w_frag[ii0] = s_stage2_block0_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_minimum18_frag[ii2] = s_minimum18[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage2_block0_project_w_frag[ii0] = s_stage2_block0_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_minimum18_frag[ii2] * r_stage2_block0_project_w_frag[ii0]);
-          }
+          r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_minimum18_frag[ii2] * r_stage2_block0_project_w_frag[ii0]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_minimum18_frag[ii2] = s_minimum18[(kt0 % 2) * 1152 + (0 - 0) * 1152 + (((((8 * kt0) + kk0) * 4) + t1) - (32 * kt0)) * 36 + ((t2 + (8 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block0_project_w_frag[ii0] = s_stage2_block0_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_minimum18_frag[ii2] * r_stage2_block0_project_w_frag[ii0]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 11 && (t2 + (32 * ii2)) <= 3) { conv2d19[0 * 192 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 11 && (t2 + (8 * ii2)) <= 3) { conv2d19[0 * 192 + (t0 + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
     }
   }
 }
@@ -523,19 +546,18 @@ extern "C" __global__ void __launch_bounds__(24) pf_a63ab2e6b57ebcafa0bd(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_075322c038bf3686bf4f(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_319f6ce7269621f7d286(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
   int _b = blockIdx.x;
-  const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_batch_norm20[1584];
-  const int p1d0 = threadIdx.x / 16;
-  const int p1d1 = threadIdx.x % 16;
-  __shared__ float s_stage2_block1_expand_w[192];
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_batch_norm20[1728];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage2_block1_expand_w[192];
   float r_conv2d21_acc[2][4];
   float r_batch_norm20_frag[4];
   float r_stage2_block1_expand_w_frag[2];
@@ -546,21 +568,25 @@ extern "C" __global__ void __launch_bounds__(256) pf_075322c038bf3686bf4f(float*
       r_conv2d21_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int ii0 = p0d1; (ii0 <= 11); ii0 += 8) {
-    *reinterpret_cast<float4*>(&s_batch_norm20[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&batch_norm20[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    if ((kk0 <= ((-((p0r + 16) / 32)) + 1))) {
+      *reinterpret_cast<float4*>(&s_batch_norm20[((p0r + (32 * kk0)) - 0) * 36 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&batch_norm20[(p0r + (32 * kk0)) * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
-  if ((p1d1 <= 11)) {
-    s_stage2_block1_expand_w[(((16 * b0) + p1d0) - (16 * b0)) * 12 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = (((16 * b0) + p1d0) >= 0 && ((16 * b0) + p1d0) < 24) ? stage2_block1_expand_w[((16 * b0) + p1d0) * 12 + p1d1 + 0 + 0] : 0.0f;
+  if ((p1c <= 47)) {
+    *reinterpret_cast<float4*>(&s_stage2_block1_expand_w[(((192 * b0) + (4 * p1c)) - (192 * b0))]) = (((192 * b0) + (4 * p1c)) >= 0 && ((192 * b0) + (4 * p1c)) < 288) ? *reinterpret_cast<const float4*>(&stage2_block1_expand_w[((192 * b0) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_batch_norm20_frag[ii2] = s_batch_norm20[(0 - 0) * 1584 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_batch_norm20_frag[ii2] = s_batch_norm20[(((0 * 48) + (kk0 * 4) + t1) - 0) * 36 + ((t2 + (8 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage2_block1_expand_w_frag[ii0] = s_stage2_block1_expand_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage2_block1_expand_w_frag[ii0] = s_stage2_block1_expand_w[((((((16 * b0) + t0) + (8 * ii0)) * 12) + kk0 + 0 + 0) - (192 * b0))];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -575,7 +601,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_075322c038bf3686bf4f(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 23 && (t2 + (32 * ii2)) <= 3) { conv2d21[0 * 384 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d21_acc[ii0][ii2]; }
+      if ((((16 * b0) + t0) + (8 * ii0)) <= 23 && (t2 + (8 * ii2)) <= 3) { conv2d21[0 * 384 + (((16 * b0) + t0) + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d21_acc[ii0][ii2]; }
     }
   }
 }
@@ -615,18 +641,17 @@ extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float*
   conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_77a3bfd671197f7599ce(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 4) pf_e10104ae2abc2813a182(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_minimum28[2112];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage2_block1_project_w[256];
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_minimum28[2304];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_stage2_block1_project_w[256];
   float r_conv2d29_acc[2][4];
   float r_minimum28_frag[4];
   float r_stage2_block1_project_w_frag[2];
@@ -637,42 +662,76 @@ extern "C" __global__ void __launch_bounds__(256) pf_77a3bfd671197f7599ce(float*
       r_conv2d29_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 2); kt0 += 1) {
-    if ((kt0 <= 1)) {
-      __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &minimum28[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 384 + ((p0d1 + (8 * kt0)) + 8) * 16 + b1 * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-      if ((p1d0 <= 15)) {
-        __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 128 + (p1d0 - 0) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block1_project_w[(p1d0 >= 0 && p1d0 < 12) ? p1d0 * 24 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0 : 0], 4, (p1d0 >= 0 && p1d0 < 12) ? 0 : 4);
-      }
+  {
+    const int kt0 = (-1);
+    __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 1152 + (0 - 0) * 1152 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 36 + ((4 * p0c) - 0)], &minimum28[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 384 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
+    if ((p1r <= 15)) {
+      __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_project_w[(p1r >= 0 && p1r < 12) ? p1r * 24 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+  }
+  const float* pf_gp0_minimum28 = &minimum28[((4 * p0c) + (4 * p0r) + 128)];
+  const float* pf_gp0_stage2_block1_project_w = &stage2_block1_project_w[((4 * p1c) + (24 * p1r) + 8)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 1152 + (0 - 0) * 1152 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 36 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 4) ? &pf_gp0_minimum28[0] : minimum28, 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
+    if ((p1r <= 15)) {
+      __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p1r >= 0 && p1r < 12) ? &pf_gp0_stage2_block1_project_w[0] : stage2_block1_project_w, 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_minimum28_frag[ii2] = s_minimum28[(kt0 % 2) * 1152 + (0 - 0) * 1152 + (((((8 * kt0) + kk0) * 4) + t1) - (32 * kt0)) * 36 + ((t2 + (8 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block1_project_w_frag[ii0] = s_stage2_block1_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_minimum28_frag[ii2] = s_minimum28[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage2_block1_project_w_frag[ii0] = s_stage2_block1_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (r_minimum28_frag[ii2] * r_stage2_block1_project_w_frag[ii0]);
-          }
+          r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (r_minimum28_frag[ii2] * r_stage2_block1_project_w_frag[ii0]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_minimum28 += 128;
+    pf_gp0_stage2_block1_project_w += 8;
+  }
+  {
+    const int kt0 = 2;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_minimum28_frag[ii2] = s_minimum28[(kt0 % 2) * 1152 + (0 - 0) * 1152 + (((((8 * kt0) + kk0) * 4) + t1) - (32 * kt0)) * 36 + ((t2 + (8 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block1_project_w_frag[ii0] = s_stage2_block1_project_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_conv2d29_acc[ii0][ii2] = r_conv2d29_acc[ii0][ii2] + (r_minimum28_frag[ii2] * r_stage2_block1_project_w_frag[ii0]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 11 && (t2 + (32 * ii2)) <= 3) { conv2d29[0 * 192 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d29_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 11 && (t2 + (8 * ii2)) <= 3) { conv2d29[0 * 192 + (t0 + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d29_acc[ii0][ii2]; }
     }
   }
 }
@@ -691,18 +750,16 @@ extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float*
   add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a9382f3342af2d6a8db4(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_35d22362b7928cd3c9ce(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_add31[1584];
-  const int p1d0 = threadIdx.x / 16;
-  const int p1d1 = threadIdx.x % 16;
-  __shared__ float s_last_w[192];
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_add31[1728];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_last_w[192];
   float r_conv2d32_acc[2][4];
   float r_add31_frag[4];
   float r_last_w_frag[2];
@@ -713,21 +770,25 @@ extern "C" __global__ void __launch_bounds__(256) pf_a9382f3342af2d6a8db4(float*
       r_conv2d32_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int ii0 = p0d1; (ii0 <= 11); ii0 += 8) {
-    *reinterpret_cast<float4*>(&s_add31[(0 - 0) * 1584 + (ii0 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&add31[0 * 192 + ii0 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    if ((kk0 <= ((-((p0r + 16) / 32)) + 1))) {
+      *reinterpret_cast<float4*>(&s_add31[((p0r + (32 * kk0)) - 0) * 36 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&add31[(p0r + (32 * kk0)) * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
-  if ((p1d1 <= 11)) {
-    s_last_w[(p1d0 - 0) * 12 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = last_w[p1d0 * 12 + p1d1 + 0 + 0];
+  if ((p1c <= 47)) {
+    *reinterpret_cast<float4*>(&s_last_w[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&last_w[(4 * p1c)]);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_add31_frag[ii2] = s_add31[(0 - 0) * 1584 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_add31_frag[ii2] = s_add31[(((0 * 48) + (kk0 * 4) + t1) - 0) * 36 + ((t2 + (8 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_last_w_frag[ii0] = s_last_w[((t0 + (8 * ii0)) - 0) * 12 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_last_w_frag[ii0] = s_last_w[((((t0 + (8 * ii0)) * 12) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -742,7 +803,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_a9382f3342af2d6a8db4(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 3) { conv2d32[0 * 256 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d32_acc[ii0][ii2]; }
+      if ((t2 + (8 * ii2)) <= 3) { conv2d32[0 * 256 + (t0 + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d32_acc[ii0][ii2]; }
     }
   }
 }

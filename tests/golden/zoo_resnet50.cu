@@ -46,27 +46,19 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_bab8c07bbb7bac0b9a56_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_bab8c07bbb7bac0b9a56_p1(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_image[1170];
-  const int p1d0 = threadIdx.x / 64;
-  const int p1d1 = threadIdx.x / 16 % 4;
-  const int p1r = threadIdx.x / 4 % 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ float s_stem_w[432];
+  const int p0d0 = threadIdx.x / 128;
+  const int p0r = threadIdx.x / 8 % 16;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_image[720];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stem_w[432];
   float r_conv2d0_acc[2][4];
   float r_image_frag[4];
   float r_stem_w_frag[2];
@@ -77,35 +69,37 @@ __device__ __forceinline__ void pf_bab8c07bbb7bac0b9a56_p1(float* __restrict__ c
       r_conv2d0_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0c <= 129)) {
-    for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-      for (int kk2 = (b1 - 1); (kk2 <= (b1 + 1)); kk2 += 1) {
-        s_image[(0 - 0) * 1170 + (kk1 - 0) * 390 + (kk2 - (b1 - 1)) * 130 + ((p0c - 1) - (-1))] = (kk2 >= 0 && kk2 < 16 && (p0c - 1) >= 0 && (p0c - 1) < 16) ? image[0 * 768 + kk1 * 256 + kk2 * 16 + (p0c - 1)] : 0.0f;
+  if (((p0r <= 9) && (p0c <= 5))) {
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      if ((kk0 <= ((-p0d0) + 1))) {
+        *reinterpret_cast<float4*>(&s_image[((p0d0 + (2 * kk0)) - 0) * 240 + ((((8 * b1) + p0r) - 1) - ((8 * b1) - 1)) * 24 + (((4 * p0c) - 4) - (-4))]) = ((((8 * b1) + p0r) - 1) >= 0 && (((8 * b1) + p0r) - 1) < 16 && ((4 * p0c) - 4) >= 0 && ((4 * p0c) - 4) < 16) ? *reinterpret_cast<const float4*>(&image[(p0d0 + (2 * kk0)) * 256 + (((8 * b1) + p0r) - 1) * 16 + ((4 * p0c) - 4)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
   }
-  if ((((p1d1 <= 2) && (p1r <= 2)) && (p1c <= 2))) {
-    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
-      s_stem_w[(kk0 - 0) * 27 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stem_w[kk0 * 27 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
-    }
+  if ((p1c <= 107)) {
+    *reinterpret_cast<float4*>(&s_stem_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_image_frag[ii2] = s_image[(0 - 0) * 1170 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + kk2) + (32 * ii2)) - 1) - (-1))];
+          r_image_frag[ii2] = s_image[(((0 * 3) + kk0) - 0) * 240 + (((((8 * b1) + t1) + kk1) - 1) - ((8 * b1) - 1)) * 24 + ((((t2 + kk2) + (4 * ii2)) - 1) - (-4))];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stem_w_frag[ii0] = s_stem_w[((t0 + (8 * ii0)) - 0) * 27 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+          r_stem_w_frag[ii0] = s_stem_w[((((t0 + (8 * ii0)) * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 16)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 16)) ? r_image_frag[ii2] : 0.0f) * r_stem_w_frag[ii0]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (r_image_frag[ii2] * r_stem_w_frag[ii0]);
           }
         }
       }
@@ -116,18 +110,48 @@ __device__ __forceinline__ void pf_bab8c07bbb7bac0b9a56_p1(float* __restrict__ c
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 15) { conv2d0[0 * 2048 + (t0 + (8 * ii0)) * 256 + b1 * 16 + (t2 + (32 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7) { conv2d0[0 * 2048 + (t0 + (8 * ii0)) * 256 + ((8 * b1) + t1) * 16 + (t2 + (4 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bab8c07bbb7bac0b9a56(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
+__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p1(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p2(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm5_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p3(float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm8_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_13e39eaaff279e00c4a5(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 0) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_bab8c07bbb7bac0b9a56_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 17) {  // k0_conv2d0: 16 blocks of 256
-    pf_bab8c07bbb7bac0b9a56_p1(conv2d0, image, stem_w, pf_b - 1, (int)threadIdx.x);
+  if (pf_b < 2) {  // k0_conv2d0: 2 blocks of 256
+    pf_13e39eaaff279e00c4a5_p0(conv2d0, image, stem_w, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k1_batch_norm1_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pf_13e39eaaff279e00c4a5_p1(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 4) {  // k5_batch_norm5_scale: 1 blocks of 4
+    const int pf_v = (pf_b - 3) * 64 + (int)threadIdx.x / 4;
+    if (pf_v < 1) pf_13e39eaaff279e00c4a5_p2(batch_norm5_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
+  } else if (pf_b < 5) {  // k8_batch_norm8_scale: 1 blocks of 4
+    const int pf_v = (pf_b - 4) * 64 + (int)threadIdx.x / 4;
+    if (pf_v < 1) pf_13e39eaaff279e00c4a5_p3(batch_norm8_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
   }
 }
 
@@ -145,8 +169,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_5ef710861e926a295848(float*
   relu2[0 * 2048 + b0 * 256 + t1 * 16 + t2] = pf_fmaxf(r_batch_norm1, 0.0f);
 }
 
-__device__ __forceinline__ void pf_9dbe401d1bd69fce66fe_p0(float* __restrict__ max_pool2d3, const float* __restrict__ relu2, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
+  int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -164,47 +188,16 @@ __device__ __forceinline__ void pf_9dbe401d1bd69fce66fe_p0(float* __restrict__ m
   max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-__device__ __forceinline__ void pf_9dbe401d1bd69fce66fe_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm5_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_9dbe401d1bd69fce66fe_p2(float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm8_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_9dbe401d1bd69fce66fe(float* __restrict__ max_pool2d3, const float* __restrict__ relu2, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k3_max_pool2d3: 2 blocks of 256
-    pf_9dbe401d1bd69fce66fe_p0(max_pool2d3, relu2, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k5_batch_norm5_scale: 1 blocks of 4
-    const int pf_v = (pf_b - 2) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_9dbe401d1bd69fce66fe_p1(batch_norm5_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 4) {  // k8_batch_norm8_scale: 1 blocks of 4
-    const int pf_v = (pf_b - 3) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_9dbe401d1bd69fce66fe_p2(batch_norm8_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_f917fa8f0b65a51292cb(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_adc2b9097e8e17366770(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_max_pool2d3[1056];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage1_block0_a_w[128];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_max_pool2d3[1024];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_a_w[128];
   float r_conv2d4_acc[2][4];
   float r_max_pool2d3_frag[4];
   float r_stage1_block0_a_w_frag[2];
@@ -215,19 +208,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_f917fa8f0b65a51292cb(float*
       r_conv2d4_acc[ii0][ii2] = 0.0f;
     }
   }
-  *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1d0 <= 15)) {
-    s_stage1_block0_a_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = (p1d0 >= 0 && p1d0 < 4) ? stage1_block0_a_w[p1d0 * 8 + p1d1 + 0 + 0] : 0.0f;
+  *reinterpret_cast<float4*>(&s_max_pool2d3[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage1_block0_a_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&stage1_block0_a_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(((0 * 64) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_a_w_frag[ii0] = s_stage1_block0_a_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage1_block0_a_w_frag[ii0] = s_stage1_block0_a_w[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -242,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f917fa8f0b65a51292cb(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d4[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d4_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { conv2d4[0 * 256 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d4_acc[ii0][ii2]; }
     }
   }
 }
@@ -261,19 +255,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float*
   relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_490713477ffa30ae9e3a(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_8778d0d86567f1dc1633(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_relu6[1560];
-  const int p1d0 = threadIdx.x / 64;
-  const int p1d1 = threadIdx.x / 16 % 4;
-  const int p1r = threadIdx.x / 4 % 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ float s_stage1_block0_b_w[576];
+  const int p0d0 = threadIdx.x / 128;
+  const int p0r = threadIdx.x / 8 % 16;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_relu6[960];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_b_w[576];
   float r_conv2d7_acc[2][4];
   float r_relu6_frag[4];
   float r_stage1_block0_b_w_frag[2];
@@ -284,35 +276,35 @@ extern "C" __global__ void __launch_bounds__(256) pf_490713477ffa30ae9e3a(float*
       r_conv2d7_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0c <= 129)) {
-    for (int kk1 = 0; (kk1 <= 3); kk1 += 1) {
-      for (int kk2 = (b1 - 1); (kk2 <= (b1 + 1)); kk2 += 1) {
-        s_relu6[(0 - 0) * 1560 + (kk1 - 0) * 390 + (kk2 - (b1 - 1)) * 130 + ((p0c - 1) - (-1))] = (kk2 >= 0 && kk2 < 8 && (p0c - 1) >= 0 && (p0c - 1) < 8) ? relu6[0 * 256 + kk1 * 64 + kk2 * 8 + (p0c - 1)] : 0.0f;
-      }
+  if (((p0r <= 9) && (p0c <= 5))) {
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      *reinterpret_cast<float4*>(&s_relu6[((p0d0 + (2 * kk0)) - 0) * 240 + ((p0r - 1) - (-1)) * 24 + (((4 * p0c) - 4) - (-4))]) = ((p0r - 1) >= 0 && (p0r - 1) < 8 && ((4 * p0c) - 4) >= 0 && ((4 * p0c) - 4) < 8) ? *reinterpret_cast<const float4*>(&relu6[(p0d0 + (2 * kk0)) * 64 + (p0r - 1) * 8 + ((4 * p0c) - 4)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 4) {
-      s_stage1_block0_b_w[(kk0 - 0) * 36 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 4) ? stage1_block0_b_w[kk0 * 36 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
-    }
+  if ((p1c <= 143)) {
+    *reinterpret_cast<float4*>(&s_stage1_block0_b_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 144) ? *reinterpret_cast<const float4*>(&stage1_block0_b_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_relu6_frag[ii2] = s_relu6[(0 - 0) * 1560 + (kk0 - 0) * 390 + (((b1 + kk1) - 1) - (b1 - 1)) * 130 + ((((t2 + kk2) + (32 * ii2)) - 1) - (-1))];
+          r_relu6_frag[ii2] = s_relu6[(((0 * 4) + kk0) - 0) * 240 + (((t1 + kk1) - 1) - (-1)) * 24 + ((((t2 + kk2) + (4 * ii2)) - 1) - (-4))];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage1_block0_b_w_frag[ii0] = s_stage1_block0_b_w[((t0 + (8 * ii0)) - 0) * 36 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+          r_stage1_block0_b_w_frag[ii0] = s_stage1_block0_b_w[((((t0 + (8 * ii0)) * 36) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + ((((((((b1 + kk1) - 1) >= 0) && (((b1 + kk1) - 1) < 8)) && ((((t2 + (32 * ii2)) + kk2) - 1) >= 0)) && ((((t2 + (32 * ii2)) + kk2) - 1) < 8)) ? r_relu6_frag[ii2] : 0.0f) * r_stage1_block0_b_w_frag[ii0]);
+            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + (r_relu6_frag[ii2] * r_stage1_block0_b_w_frag[ii0]);
           }
         }
       }
@@ -323,23 +315,21 @@ extern "C" __global__ void __launch_bounds__(256) pf_490713477ffa30ae9e3a(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t2 + (32 * ii2)) <= 7) { conv2d7[0 * 256 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d7_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { conv2d7[0 * 256 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d7_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8f04529fc6302ddbc13a(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_820fc7d490b1ec672928(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_relu9[528];
-  const int p1d0 = threadIdx.x / 4;
-  const int p1d1 = threadIdx.x % 4;
-  __shared__ float s_stage1_block0_c_w[64];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_relu9[512];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_c_w[64];
   float r_conv2d10_acc[2][4];
   float r_relu9_frag[4];
   float r_stage1_block0_c_w_frag[2];
@@ -350,21 +340,22 @@ extern "C" __global__ void __launch_bounds__(256) pf_8f04529fc6302ddbc13a(float*
       r_conv2d10_acc[ii0][ii2] = 0.0f;
     }
   }
-  if ((p0d1 <= 3)) {
-    *reinterpret_cast<float4*>(&s_relu9[(0 - 0) * 528 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu9[0 * 256 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0r <= 31)) {
+    *reinterpret_cast<float4*>(&s_relu9[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu9[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if ((p1d0 <= 15)) {
-    s_stage1_block0_c_w[(p1d0 - 0) * 4 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage1_block0_c_w[p1d0 * 4 + p1d1 + 0 + 0];
+  if ((p1c <= 15)) {
+    *reinterpret_cast<float4*>(&s_stage1_block0_c_w[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage1_block0_c_w[(4 * p1c)]);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_relu9_frag[ii2] = s_relu9[(0 - 0) * 528 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_relu9_frag[ii2] = s_relu9[(((0 * 32) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_c_w_frag[ii0] = s_stage1_block0_c_w[((t0 + (8 * ii0)) - 0) * 4 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage1_block0_c_w_frag[ii0] = s_stage1_block0_c_w[((((t0 + (8 * ii0)) * 4) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -379,12 +370,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_8f04529fc6302ddbc13a(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 7) { conv2d10[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d10_acc[ii0][ii2]; }
+      if ((t2 + (4 * ii2)) <= 7) { conv2d10[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d10_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pf_140199231c9f4ebd014a_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -398,50 +389,16 @@ __device__ __forceinline__ void pf_140199231c9f4ebd014a_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_140199231c9f4ebd014a_p1(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_140199231c9f4ebd014a_p2(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_140199231c9f4ebd014a_p3(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_140199231c9f4ebd014a_p4(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_140199231c9f4ebd014a_p5(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b;
+__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p1(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_max_pool2d3[1056];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage1_block0_proj_w[128];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_max_pool2d3[1024];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_proj_w[128];
   float r_conv2d12_acc[2][4];
   float r_max_pool2d3_frag[4];
   float r_stage1_block0_proj_w_frag[2];
@@ -452,19 +409,20 @@ __device__ __forceinline__ void pf_140199231c9f4ebd014a_p5(float* __restrict__ c
       r_conv2d12_acc[ii0][ii2] = 0.0f;
     }
   }
-  *reinterpret_cast<float4*>(&s_max_pool2d3[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[0 * 512 + p0d1 * 64 + b1 * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1d0 <= 15)) {
-    s_stage1_block0_proj_w[(p1d0 - 0) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage1_block0_proj_w[p1d0 * 8 + p1d1 + 0 + 0];
+  *reinterpret_cast<float4*>(&s_max_pool2d3[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage1_block0_proj_w[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage1_block0_proj_w[(4 * p1c)]);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(((0 * 64) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_proj_w_frag[ii0] = s_stage1_block0_proj_w[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage1_block0_proj_w_frag[ii0] = s_stage1_block0_proj_w[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -479,30 +437,62 @@ __device__ __forceinline__ void pf_140199231c9f4ebd014a_p5(float* __restrict__ c
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 7) { conv2d12[0 * 1024 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d12_acc[ii0][ii2]; }
+      if ((t2 + (4 * ii2)) <= 7) { conv2d12[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d12_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_140199231c9f4ebd014a(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
+__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p2(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p3(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p4(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
+}
+
+__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p5(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t0 = _t;
+  batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_e40afdf9bd69fb42f86d(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
     const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_140199231c9f4ebd014a_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 2) {  // k13_batch_norm13_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_140199231c9f4ebd014a_p1(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 3) {  // k16_batch_norm17_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_140199231c9f4ebd014a_p2(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 4) {  // k19_batch_norm20_scale: 1 blocks of 8
+    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 2) {  // k12_conv2d12: 1 blocks of 256
+    pf_e40afdf9bd69fb42f86d_p1(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k13_batch_norm13_scale: 1 blocks of 16
+    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
+    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p2(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
+  } else if (pf_b < 4) {  // k16_batch_norm17_scale: 1 blocks of 8
     const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_140199231c9f4ebd014a_p3(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 5) {  // k24_batch_norm25_scale: 1 blocks of 32
-    const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_140199231c9f4ebd014a_p4(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 13) {  // k12_conv2d12: 8 blocks of 256
-    pf_140199231c9f4ebd014a_p5(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 5, (int)threadIdx.x);
+    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p3(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 5) {  // k19_batch_norm20_scale: 1 blocks of 8
+    const int pf_v = (pf_b - 4) * 32 + (int)threadIdx.x / 8;
+    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p4(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
+  } else if (pf_b < 6) {  // k24_batch_norm25_scale: 1 blocks of 32
+    const int pf_v = (pf_b - 5) * 8 + (int)threadIdx.x / 32;
+    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p5(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
   }
 }
 
@@ -522,18 +512,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float*
   relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_104054fcc00e72a8c74f(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_relu15[2112];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage2_block0_a_w[256];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_relu15[2048];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_stage2_block0_a_w[256];
   float r_conv2d16_acc[2][4];
   float r_relu15_frag[4];
   float r_stage2_block0_a_w_frag[2];
@@ -544,42 +533,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_104054fcc00e72a8c74f(float*
       r_conv2d16_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
-    if ((kt0 <= 0)) {
-      __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1056 + (0 - 0) * 1056 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ((p0d1 + (8 * kt0)) + 8) * 64 + b1 * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
-      if ((p1d0 <= 15)) {
-        __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (p1d0 - 0) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_a_w[(p1d0 >= 0 && p1d0 < 8) ? p1d0 * 16 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0 : 0], 4, (p1d0 >= 0 && p1d0 < 8) ? 0 : 4);
-      }
+  {
+    const int kt0 = (-1);
+    __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1024 + (0 - 0) * 1024 + (((p0r + (64 * kt0)) + 64) - (64 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ((p0r + (64 * kt0)) + 64) * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
+    if ((p1r <= 15)) {
+      __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+  }
+  {
+    const int kt0 = 0;
+    __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1024 + (0 - 0) * 1024 + (((p0r + (64 * kt0)) + 64) - (64 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ((p0r + (64 * kt0)) + 64) * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
+    if ((p1r <= 15)) {
+      __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 1024 + (0 - 0) * 1024 + (((((8 * kt0) + kk0) * 8) + t1) - (64 * kt0)) * 16 + ((t2 + (4 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 1056 + (0 - 0) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_frag[ii0]);
-          }
+          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_frag[ii0]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 1024 + (0 - 0) * 1024 + (((((8 * kt0) + kk0) * 8) + t1) - (64 * kt0)) * 16 + ((t2 + (4 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_frag[ii0]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 7) { conv2d16[0 * 512 + (t0 + (8 * ii0)) * 64 + b1 * 8 + (t2 + (32 * ii2))] = r_conv2d16_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { conv2d16[0 * 512 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d16_acc[ii0][ii2]; }
     }
   }
 }
@@ -598,19 +618,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float*
   relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_e57588a552f60a41dc20(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_9118106587bc24aac4b0(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_relu18[6168];
-  const int p1d0 = threadIdx.x / 128;
-  const int p1d1 = threadIdx.x / 16 % 8;
-  const int p1r = threadIdx.x / 4 % 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ float s_stage2_block0_b_w[1152];
+  const int p0d0 = threadIdx.x / 32;
+  const int p0r = threadIdx.x / 8 % 4;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_relu18[4896];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage2_block0_b_w[1152];
   float r_conv2d19_acc[2][4];
   float r_relu18_frag[4];
   float r_stage2_block0_b_w_frag[2];
@@ -621,35 +639,43 @@ extern "C" __global__ void __launch_bounds__(256) pf_e57588a552f60a41dc20(float*
       r_conv2d19_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
-    for (int kk2 = ((2 * b1) - 1); (kk2 <= ((2 * b1) + 1)); kk2 += 1) {
-      for (int ii0 = (p0c - 1); (ii0 <= 255); ii0 += 256) {
-        s_relu18[(0 - 0) * 6168 + (kk1 - 0) * 771 + (kk2 - ((2 * b1) - 1)) * 257 + (ii0 - (-1))] = (kk2 >= 0 && kk2 < 8 && ii0 >= 0 && ii0 < 8) ? relu18[0 * 512 + kk1 * 64 + kk2 * 8 + ii0] : 0.0f;
+  #pragma unroll
+  for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+    if ((kk1 <= ((-((p0r + 3) / 4)) + 2))) {
+      #pragma unroll
+      for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
+        if ((kk2 <= ((-((p0c + 7) / 8)) + 2))) {
+          *reinterpret_cast<float4*>(&s_relu18[(p0d0 - 0) * 612 + (((p0r + (4 * kk1)) - 1) - (-1)) * 68 + ((((4 * p0c) + (32 * kk2)) - 4) - (-4))]) = (((p0r + (4 * kk1)) - 1) >= 0 && ((p0r + (4 * kk1)) - 1) < 8 && (((4 * p0c) + (32 * kk2)) - 4) >= 0 && (((4 * p0c) + (32 * kk2)) - 4) < 8) ? *reinterpret_cast<const float4*>(&relu18[p0d0 * 64 + ((p0r + (4 * kk1)) - 1) * 8 + (((4 * p0c) + (32 * kk2)) - 4)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
       }
     }
   }
-  if (((p1r <= 2) && (p1c <= 2))) {
-    for (int kk0 = p1d0; (kk0 <= 15); kk0 += 2) {
-      s_stage2_block0_b_w[(kk0 - 0) * 72 + (p1d1 - 0) * 9 + (p1r - 0) * 3 + (p1c - 0)] = (kk0 >= 0 && kk0 < 8) ? stage2_block0_b_w[kk0 * 72 + p1d1 * 9 + p1r * 3 + p1c] : 0.0f;
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    if ((kk0 <= ((-((p1c + 224) / 256)) + 1))) {
+      *reinterpret_cast<float4*>(&s_stage2_block0_b_w[(((4 * p1c) + (1024 * kk0)) - 0)]) = (((4 * p1c) + (1024 * kk0)) >= 0 && ((4 * p1c) + (1024 * kk0)) < 576) ? *reinterpret_cast<const float4*>(&stage2_block0_b_w[((4 * p1c) + (1024 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_relu18_frag[ii2] = s_relu18[(0 - 0) * 6168 + (kk0 - 0) * 771 + ((((2 * b1) + kk1) - 1) - ((2 * b1) - 1)) * 257 + (((((2 * t2) + kk2) + (64 * ii2)) - 1) - (-1))];
+          r_relu18_frag[ii2] = s_relu18[(((0 * 8) + kk0) - 0) * 612 + ((((2 * t1) + kk1) - 1) - (-1)) * 68 + (((((2 * t2) + kk2) + (16 * ii2)) - 1) - (-4))];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage2_block0_b_w_frag[ii0] = s_stage2_block0_b_w[((t0 + (8 * ii0)) - 0) * 72 + (kk0 - 0) * 9 + (kk1 - 0) * 3 + (kk2 - 0)];
+          r_stage2_block0_b_w_frag[ii0] = s_stage2_block0_b_w[((((t0 + (8 * ii0)) * 72) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (((((((b1 * 2) + kk1) - 1) >= 0) && (((((t2 + (32 * ii2)) * 2) + kk2) - 1) >= 0)) ? r_relu18_frag[ii2] : 0.0f) * r_stage2_block0_b_w_frag[ii0]);
+            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_relu18_frag[ii2] * r_stage2_block0_b_w_frag[ii0]);
           }
         }
       }
@@ -660,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_e57588a552f60a41dc20(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (32 * ii2)) <= 3) { conv2d19[0 * 128 + (t0 + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (8 * ii2)) <= 3) { conv2d19[0 * 128 + (t0 + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
     }
   }
 }
@@ -679,19 +705,18 @@ extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float*
   relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ce027e91fbc202db916b(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_6a9efb8ad5b1fda14da9(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
   int _b = blockIdx.x;
-  const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0d1 = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_relu21[1056];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage2_block0_c_w[128];
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_relu21[1152];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage2_block0_c_w[128];
   float r_conv2d22_acc[2][4];
   float r_relu21_frag[4];
   float r_stage2_block0_c_w_frag[2];
@@ -702,19 +727,20 @@ extern "C" __global__ void __launch_bounds__(256) pf_ce027e91fbc202db916b(float*
       r_conv2d22_acc[ii0][ii2] = 0.0f;
     }
   }
-  *reinterpret_cast<float4*>(&s_relu21[(0 - 0) * 1056 + (p0d1 - 0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[0 * 128 + p0d1 * 16 + b1 * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1d0 <= 15)) {
-    s_stage2_block0_c_w[(((16 * b0) + p1d0) - (16 * b0)) * 8 + (p1d1 - 0) + (0 - 0) + (0 - 0)] = stage2_block0_c_w[((16 * b0) + p1d0) * 8 + p1d1 + 0 + 0];
+  *reinterpret_cast<float4*>(&s_relu21[(p0r - 0) * 36 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[p0r * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage2_block0_c_w[(((128 * b0) + (4 * p1c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&stage2_block0_c_w[((128 * b0) + (4 * p1c))]);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_relu21_frag[ii2] = s_relu21[(0 - 0) * 1056 + (kk0 - 0) * 132 + (b1 - b1) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_relu21_frag[ii2] = s_relu21[(((0 * 32) + (kk0 * 4) + t1) - 0) * 36 + ((t2 + (8 * ii2)) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage2_block0_c_w_frag[ii0] = s_stage2_block0_c_w[((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (kk0 - 0) + (0 - 0) + (0 - 0)];
+      r_stage2_block0_c_w_frag[ii0] = s_stage2_block0_c_w[((((((16 * b0) + t0) + (8 * ii0)) * 8) + kk0 + 0 + 0) - (128 * b0))];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -729,12 +755,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_ce027e91fbc202db916b(float*
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 3) { conv2d22[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d22_acc[ii0][ii2]; }
+      if ((t2 + (8 * ii2)) <= 3) { conv2d22[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d22_acc[ii0][ii2]; }
     }
   }
 }
 
-__device__ __forceinline__ void pf_6bb73149ac4249c2b71a_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_547d46ce89827680d61e_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -748,18 +774,19 @@ __device__ __forceinline__ void pf_6bb73149ac4249c2b71a_p0(float* __restrict__ b
   }
 }
 
-__device__ __forceinline__ void pf_6bb73149ac4249c2b71a_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ float s_relu15[4080];
-  const int p1d0 = threadIdx.x / 8;
-  const int p1d1 = threadIdx.x % 8;
-  __shared__ float s_stage2_block0_proj_w[256];
+  const int p0d1 = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ float s_relu15[7056];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_stage2_block0_proj_w[256];
   float r_conv2d24_acc[2][4];
   float r_relu15_frag[4];
   float r_stage2_block0_proj_w_frag[2];
@@ -770,55 +797,78 @@ __device__ __forceinline__ void pf_6bb73149ac4249c2b71a_p1(float* __restrict__ c
       r_conv2d24_acc[ii0][ii2] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((kt0 <= 0) && ((p0c % 2) == 0))) {
-      for (int ii0 = ((8 * kt0) + 8); (ii0 <= ((8 * kt0) + 15)); ii0 += 1) {
-        __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 2040 + (0 - 0) * 2040 + (ii0 - (8 * (kt0 + 1))) * 255 + ((2 * b1) - (2 * b1)) * 255 + (p0c - 0)], &relu15[(p0c >= 0 && p0c < 8) ? 0 * 1024 + ii0 * 64 + (2 * b1) * 8 + p0c : 0], 4, (p0c >= 0 && p0c < 8) ? 0 : 4);
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 6); ii2 += 2) {
+        #pragma unroll
+        for (int pos = 0; (pos <= 1); pos += 1) {
+          __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 3528 + (0 - 0) * 3528 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 441 + (ii2 - 0) * 63 + ((p0c + (32 * pos)) - 0)], &relu15[((p0c + (32 * pos)) >= 0 && (p0c + (32 * pos)) < 8) ? 0 * 1024 + ((p0d1 + (8 * kt0)) + 8) * 64 + ii2 * 8 + (p0c + (32 * pos)) : 0], 4, ((p0c + (32 * pos)) >= 0 && (p0c + (32 * pos)) < 8) ? 0 : 4);
+        }
       }
     }
-    if (((p1d0 <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1d0) - (16 * b0)) * 8 + (((p1d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) + (0 - 0) + (0 - 0)], &stage2_block0_proj_w[((16 * b0) + p1d0) * 16 + ((p1d1 + (8 * kt0)) + 8) + 0 + 0], 4);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_proj_w[((16 * b0) + p1r) * 16 + (((4 * p1c) + (8 * kt0)) + 8)], 16);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+  }
+  const float* pf_gp0_relu15 = &relu15[(p0c + (64 * p0d1) + 512)];
+  const float* pf_gp0_stage2_block0_proj_w = &stage2_block0_proj_w[((4 * p1c) + (256 * b0) + (16 * p1r) + 8)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((kt0 <= 0) && ((p0c % 2) == 0))) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 6); ii2 += 2) {
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 2040 + (0 - 0) * 2040 + (((8 * kt0) + kk0) - (8 * kt0)) * 255 + ((2 * b1) - (2 * b1)) * 255 + (((2 * t2) + (64 * ii2)) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage2_block0_proj_w_frag[ii0] = s_stage2_block0_proj_w[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0)) + (0 - 0) + (0 - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_proj_w_frag[ii0]);
-          }
+        for (int pos = 0; (pos <= 1); pos += 1) {
+          __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 3528 + (0 - 0) * 3528 + (((p0d1 + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 441 + (ii2 - 0) * 63 + ((p0c + (32 * pos)) - 0)], ((p0c + (32 * pos)) >= 0 && (p0c + (32 * pos)) < 8) ? &pf_gp0_relu15[((32 * pos) + (8 * ii2))] : relu15, 4, ((p0c + (32 * pos)) >= 0 && (p0c + (32 * pos)) < 8) ? 0 : 4);
         }
       }
-      __syncthreads();
     }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &pf_gp0_stage2_block0_proj_w[0], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_relu15_frag[ii2] = s_relu15[(kt0 % 2) * 3528 + (0 - 0) * 3528 + (((8 * kt0) + kk0) - (8 * kt0)) * 441 + ((2 * t1) - 0) * 63 + (((2 * t2) + (16 * ii2)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_stage2_block0_proj_w_frag[ii0] = s_stage2_block0_proj_w[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_proj_w_frag[ii0]);
+        }
+      }
+    }
+    __syncthreads();
+    pf_gp0_relu15 += 512;
+    pf_gp0_stage2_block0_proj_w += 8;
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (32 * ii2)) <= 3) { conv2d24[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + b1 * 4 + (t2 + (32 * ii2))] = r_conv2d24_acc[ii0][ii2]; }
+      if ((t2 + (8 * ii2)) <= 3) { conv2d24[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d24_acc[ii0][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6bb73149ac4249c2b71a(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_547d46ce89827680d61e(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
     const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_6bb73149ac4249c2b71a_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 9) {  // k23_conv2d24: 8 blocks of 256
-    pf_6bb73149ac4249c2b71a_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+    if (pf_v < 1) pf_547d46ce89827680d61e_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
+  } else if (pf_b < 3) {  // k23_conv2d24: 2 blocks of 256
+    pf_547d46ce89827680d61e_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
   }
 }
 

@@ -46,19 +46,18 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_d1aba6662a00eaf3f11b_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
+  const int t3 = _t % 4; _t /= 4;
+  const int t2 = _t % 2; _t /= 2;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_image[6240];
-  const int p1d1 = threadIdx.x / 16;
-  const int p1r = threadIdx.x / 2 % 8;
-  const int p1c = threadIdx.x % 2;
+  const int p0r = threadIdx.x / 32;
+  const int p0c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_image[6336];
+  const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_patch_embed_w[3072];
   float r_conv2d0_conv_acc[2][4];
   float r_conv2d0_conv;
@@ -71,27 +70,28 @@ __device__ __forceinline__ void pf_d1aba6662a00eaf3f11b_p0(float* __restrict__ c
       r_conv2d0_conv_acc[ii1][ii3] = 0.0f;
     }
   }
-  for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-    for (int kk2 = (8 * b2); (kk2 <= ((8 * b2) + 7)); kk2 += 1) {
-      *reinterpret_cast<float4*>(&s_image[(b0 - b0) * 6240 + (kk1 - 0) * 2080 + (kk2 - (8 * b2)) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&image[b0 * 768 + kk1 * 256 + kk2 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 23); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_image[((((48 * b0) + p0r) + (2 * kk0)) - (48 * b0)) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&image[(((48 * b0) + p0r) + (2 * kk0)) * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if ((p1d1 <= 2)) {
-    for (int kk0 = (16 * b1); (kk0 <= ((16 * b1) + 15)); kk0 += 1) {
-      *reinterpret_cast<float4*>(&s_patch_embed_w[(kk0 - (16 * b1)) * 192 + (p1d1 - 0) * 64 + (p1r - 0) * 8 + ((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&patch_embed_w[kk0 * 192 + p1d1 * 64 + p1r * 8 + (4 * p1c)]);
-    }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_patch_embed_w[((((3072 * b1) + (4 * p1c)) + (256 * kk0)) - (3072 * b1))]) = *reinterpret_cast<const float4*>(&patch_embed_w[(((3072 * b1) + (4 * p1c)) + (256 * kk0))]);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
+    #pragma unroll
     for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
+      #pragma unroll
       for (int kk2 = 0; (kk2 <= 7); kk2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_image_frag[ii3] = s_image[(b0 - b0) * 6240 + (kk0 - 0) * 2080 + (((8 * b2) + kk1) - (8 * b2)) * 260 + ((((8 * t3) + kk2) + (64 * ii3)) - 0)];
+          r_image_frag[ii3] = s_image[(((b0 * 48) + (kk0 * 16) + ((8 * t2) + kk1)) - (48 * b0)) * 132 + ((((8 * t3) + kk2) + (32 * ii3)) - 0)];
         }
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_patch_embed_w_frag[ii1] = s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) - (16 * b1)) * 192 + (kk0 - 0) * 64 + (kk1 - 0) * 8 + (kk2 - 0)];
+          r_patch_embed_w_frag[ii1] = s_patch_embed_w[((((((16 * b1) + t1) + (8 * ii1)) * 192) + (kk0 * 64) + (kk1 * 8) + kk2) - (3072 * b1))];
         }
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -108,13 +108,13 @@ __device__ __forceinline__ void pf_d1aba6662a00eaf3f11b_p0(float* __restrict__ c
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t3 + (8 * ii3)) <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii1][ii3]; }
-      if ((t3 + (8 * ii3)) <= 1) { conv2d0[b0 * 128 + (((16 * b1) + t1) + (8 * ii1)) * 4 + b2 * 2 + (t3 + (8 * ii3))] = (r_conv2d0_conv + patch_embed_bias[(((16 * b1) + t1) + (8 * ii1))]); }
+      if ((t3 + (4 * ii3)) <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii1][ii3]; }
+      if ((t3 + (4 * ii3)) <= 1) { conv2d0[b0 * 128 + (((16 * b1) + t1) + (8 * ii1)) * 4 + t2 * 2 + (t3 + (4 * ii3))] = (r_conv2d0_conv + patch_embed_bias[(((16 * b1) + t1) + (8 * ii1))]); }
     }
   }
 }
 
-__device__ __forceinline__ void pf_d1aba6662a00eaf3f11b_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -124,12 +124,12 @@ __device__ __forceinline__ void pf_d1aba6662a00eaf3f11b_p1(float* __restrict__ c
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_d1aba6662a00eaf3f11b(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(64) pf_be92cee7fa29140b1bbc(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 8) {  // k0_conv2d0_conv: 8 blocks of 64
-    pf_d1aba6662a00eaf3f11b_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 9) {  // k3_cls_token_bcast: 1 blocks of 64
-    pf_d1aba6662a00eaf3f11b_p1(cls_token_bcast, cls_token, pf_b - 8, (int)threadIdx.x);
+  if (pf_b < 4) {  // k0_conv2d0_conv: 4 blocks of 64
+    pf_be92cee7fa29140b1bbc_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 5) {  // k3_cls_token_bcast: 1 blocks of 64
+    pf_be92cee7fa29140b1bbc_p1(cls_token_bcast, cls_token, pf_b - 4, (int)threadIdx.x);
   }
 }
 
@@ -251,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_cda3f8c71bfee49ada6d(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_8edc492482fde4b2cad4(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -275,36 +275,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_cda3f8c71bfee49ada6d(float*
       r_matmul6_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm5[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_layer_norm5 = &layer_norm5[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
+  const float* pf_gp0_block0_attn_q_w = &block0_attn_q_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_layer_norm5[0] : layer_norm5, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_q_w[0] : block0_attn_q_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[iv]);
-          }
+          r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_layer_norm5 += 8;
+    pf_gp0_block0_attn_q_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm5[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -421,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_5915842c76f5dd2b2d92(float*
   transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d7bd94ccd2c359448b6f(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -444,38 +481,76 @@ extern "C" __global__ void __launch_bounds__(256) pf_d7bd94ccd2c359448b6f(float*
       r_matmul18_acc[ii2][ii3] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 1); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if ((kt0 <= 0)) {
-      for (int ii3 = ((p1r + (8 * kt0)) + 8); (ii3 <= ((8 * kt0) + 15)); ii3 += 2) {
-        __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (ii3 - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + ii3 * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
-      }
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + ((((p1r + (8 * kt0)) + (2 * ii3)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + (((p1r + (8 * kt0)) + (2 * ii3)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  {
+    const int kt0 = 0;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + ((((p1r + (8 * kt0)) + (2 * ii3)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + (((p1r + (8 * kt0)) + (2 * ii3)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+        r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
-        }
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
-          }
+          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+        r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -525,15 +600,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4612f7476b7963e528c2(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 32; _t /= 32;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
+  const int p0c = threadIdx.x;
   __shared__ float s_softmax20[80];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
@@ -549,21 +623,22 @@ extern "C" __global__ void __launch_bounds__(256) pf_4612f7476b7963e528c2(float*
       r_matmul21_acc[ii2][iv] = 0.0f;
     }
   }
-  if (((p0r <= 15) && (p0c <= 4))) {
-    s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0r - 0) * 5 + (p0c - 0)] = (p0r >= 0 && p0r < 5) ? softmax20[b0 * 50 + b1 * 25 + p0r * 5 + p0c] : 0.0f;
+  if ((p0c <= 79)) {
+    s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
   }
   if ((p1r <= 4)) {
-    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + b1 * 80 + p1r * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 660 + (((5 * b1) + p1r) - (5 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + ((5 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      r_softmax20_frag[ii2] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((t2 + (8 * ii2)) - 0) * 5 + (kk0 - 0)];
+      r_softmax20_frag[ii2] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((((t2 + (8 * ii2)) * 5) + kk0) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose17_frag[iv] = s_transpose17[(b0 - b0) * 660 + (b1 - b1) * 660 + (kk0 - 0) * 132 + (((4 * t3) + iv) - 0)];
+      r_transpose17_frag[iv] = s_transpose17[(b0 - b0) * 660 + (((b1 * 5) + kk0) - (5 * b1)) * 132 + (((4 * t3) + iv) - 0)];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -610,7 +685,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float*
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ded3b30f13489b07ee42(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -633,36 +708,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_ded3b30f13489b07ee42(float*
       r_matmul24_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape23[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_reshape23 = &reshape23[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
+  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_reshape23[0] : reshape23, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_o_w[0] : block0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
-          }
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_reshape23 += 8;
+    pf_gp0_block0_attn_o_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape23[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -765,7 +877,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b75b8b2c2941f1090ff6(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_62abeae8a52d8bf6677a(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -790,36 +902,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_b75b8b2c2941f1090ff6(float*
       r_matmul28_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_layer_norm27[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm27[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_layer_norm27_frag[ii1] = s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_layer_norm27 = &layer_norm27[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
+  const float* pf_gp0_block0_mlp_fc1_w = &block0_mlp_fc1_w[((4 * p1c) + (64 * p1r) + 512)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm27[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_layer_norm27[0] : layer_norm27, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 64) ? &pf_gp0_block0_mlp_fc1_w[0] : block0_mlp_fc1_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm27_frag[ii1] = s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
-          }
+          r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_layer_norm27 += 8;
+    pf_gp0_block0_mlp_fc1_w += 512;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm27[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm27[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm27_frag[ii1] = s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -833,7 +982,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b75b8b2c2941f1090ff6(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5863cf0b38d40d9ceec0(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_2c94cc9d8b6d112001b9(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -856,36 +1005,73 @@ extern "C" __global__ void __launch_bounds__(256) pf_5863cf0b38d40d9ceec0(float*
       r_matmul31_acc[ii1][iv] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 7); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 6))) {
       __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if ((kt0 <= 6)) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_gelu30 = &gelu30[((4 * p0c) + (64 * p0r) + (320 * b0) + 8)];
+  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 6); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 6))) {
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_gelu30[0] : gelu30, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_mlp_fc2_w[0] : block0_mlp_fc2_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
-          }
+          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_gelu30 += 8;
+    pf_gp0_block0_mlp_fc2_w += 256;
+  }
+  {
+    const int kt0 = 7;
+    if (((p0r <= 15) && (kt0 <= 6))) {
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
@@ -996,7 +1182,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* 
   reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_03160f88de41be5c3c35(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
@@ -1017,38 +1203,79 @@ extern "C" __global__ void __launch_bounds__(256) pf_03160f88de41be5c3c35(float*
       r_matmul66_acc[ii0][ii1] = 0.0f;
     }
   }
-  for (int kt0 = (-1); (kt0 <= 3); kt0 += 1) {
+  {
+    const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
       __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
     }
-    if ((kt0 <= 2)) {
-      for (int kk0 = ((p1r + (8 * kt0)) + 8); (kk0 <= ((8 * kt0) + 15)); kk0 += 2) {
-        __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 1032 + (kk0 - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? kk0 * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
-      }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+      __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? (((p1r + (8 * kt0)) + (2 * kk0)) + 8) * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
     }
     __pipeline_commit();
-    if ((kt0 >= 0)) {
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-        }
+  }
+  const float* pf_gp0_reshape65 = &reshape65[((4 * p0c) + (32 * p0r) + 8)];
+  const float* pf_gp0_head_w = &head_w[(p1c + (10 * p1r) + 80)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 2) ? &pf_gp0_reshape65[0] : reshape65, 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+      __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], (p1c >= 0 && p1c < 10) ? &pf_gp0_head_w[(20 * kk0)] : head_w, 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_head_w_frag[ii1] = s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_head_w_frag[ii1] = s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-            r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
-          }
+          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    pf_gp0_reshape65 += 8;
+    pf_gp0_head_w += 80;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_head_w_frag[ii1] = s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
+      }
+      #pragma unroll
+      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+        #pragma unroll
+        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
+        }
+      }
+    }
+    __syncthreads();
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {

@@ -82,13 +82,12 @@ extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_24721c5c443f567a6564(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_07c0de825b17c89e4065(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ float s_concat1[272];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_concat1[272];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_deep0_w[2244];
@@ -105,19 +104,21 @@ extern "C" __global__ void __launch_bounds__(256) pf_24721c5c443f567a6564(float*
       r_matmul2_acc[ii0][iv] = 0.0f;
     }
   }
-  if ((p0c <= 16)) {
-    for (int kk0 = p0r; (kk0 <= 15); kk0 += 8) {
-      s_concat1[(kk0 - 0) * 17 + (p0c - 0)] = (kk0 >= 0 && kk0 < 4) ? concat1[kk0 * 17 + p0c] : 0.0f;
+  if ((p0c <= 67)) {
+    *reinterpret_cast<float4*>(&s_concat1[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 68) ? *reinterpret_cast<const float4*>(&concat1[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
+    if ((kk0 <= ((-((p1r + 7) / 8)) + 2))) {
+      *reinterpret_cast<float4*>(&s_deep0_w[((p1r + (8 * kk0)) - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[(p1r + (8 * kk0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
-  for (int kk0 = p1r; (kk0 <= 16); kk0 += 8) {
-    *reinterpret_cast<float4*>(&s_deep0_w[(kk0 - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[kk0 * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_concat1_frag[ii0] = s_concat1[((t0 + (8 * ii0)) - 0) * 17 + (kk0 - 0)];
+      r_concat1_frag[ii0] = s_concat1[((((t0 + (8 * ii0)) * 17) + kk0) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
@@ -144,12 +145,11 @@ extern "C" __global__ void __launch_bounds__(256) pf_24721c5c443f567a6564(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fdea79988eb69d0ce8da(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b2b6d2463113362dc68c(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
+  const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_relu4[128];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
@@ -166,17 +166,19 @@ extern "C" __global__ void __launch_bounds__(256) pf_fdea79988eb69d0ce8da(float*
       r_matmul5_acc[ii0][ii1] = 0.0f;
     }
   }
-  if ((p0r <= 15)) {
-    *reinterpret_cast<float4*>(&s_relu4[(p0r - 0) * 8 + ((4 * p0c) - 0)]) = (p0r >= 0 && p0r < 4) ? *reinterpret_cast<const float4*>(&relu4[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p0c <= 31)) {
+    *reinterpret_cast<float4*>(&s_relu4[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 32) ? *reinterpret_cast<const float4*>(&relu4[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  for (int kk0 = p1r; (kk0 <= 7); kk0 += 2) {
-    s_deep1_w[(kk0 - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[kk0 * 6 + p1c] : 0.0f;
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    s_deep1_w[((p1r + (2 * kk0)) - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[(p1r + (2 * kk0)) * 6 + p1c] : 0.0f;
   }
   __syncthreads();
+  #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_relu4_frag[ii0] = s_relu4[((t0 + (8 * ii0)) - 0) * 8 + (kk0 - 0)];
+      r_relu4_frag[ii0] = s_relu4[((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
     }
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {

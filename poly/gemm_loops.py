@@ -1,0 +1,261 @@
+"""How a GEMM kernel's loops are emitted: unrolled reduction steps, a peeled pipeline, launch
+bounds. Each is a typed decision with its reason (:class:`GemmLoops`), made here and carried
+out by isl's AST generation (:func:`polyfuse.cuda.astgen.generate_gemm_ast`) and the lowering
+passes (:mod:`polyfuse.cuda.lower_loops`); the printer only writes what they decided.
+
+Policy (issue 20: the hot loop of a cuBLAS-class SGEMM is 85-90 % FFMA; what is not FFMA is
+what these decisions remove):
+
+1. **Unrolled reduction steps.** Inside one k-tile the update runs ``TK`` steps of the
+   reduction (the ``kk`` loops), each a fully unrolled micro-tile of ``TM x TN``
+   multiply-adds fed by register fragments. Left as a loop, every step pays a counter, a
+   compare and a branch, and its shared-memory addresses are computed from the counter. The
+   ``kk`` loops are unrolled whole, innermost first, while one unrolled body stays within
+   :data:`UNROLL_FMA_LIMIT` multiply-adds per thread (a k-tile of 8 steps of an 8x8 tile: 512;
+   a 3x3 window: 9 steps): the offsets become constants, consecutive steps' fragment loads of
+   one row merge into 128-bit shared loads, and the steps' loads can be scheduled early.
+   Longer bodies would thrash the instruction cache: the next loop outwards is unrolled by the
+   largest factor of its trip count within the limit (a conv's channel loop by 2 around its
+   unrolled 3x3 window: two channels' nine weights of a row merge into 64-bit loads), and the
+   loops outside it stay loops.
+2. **Peeled pipeline.** A double-buffered k-tile loop runs from -1 (the first tile's copies)
+   to ``KT - 1`` (the last tile's compute), so every iteration tests both ends. Its first and
+   last iterations are split off (:func:`polyfuse.cuda.lower_loops.peel_loop`): the steady
+   state has neither test.
+3. **Unrolled copy loops.** Each thread copies a shared tile in loops of constant trip count
+   (:meth:`polyfuse.poly.copy_layout.CopyLayout.counters`); up to :data:`COPY_UNROLL_LIMIT`
+   copies per tile they are unrolled.
+4. **Strength-reduced addresses.** The copies' global addresses in a k-tile loop are pointers
+   advanced by a constant per k-tile (:mod:`polyfuse.cuda.lower_addresses`), not recomputed
+   from the block and thread coordinates every iteration.
+5. **Launch bounds.** ``__launch_bounds__(threads, blocks)`` with the blocks per SM the tile
+   model planned for (:func:`polyfuse.poly.policy.blocks_per_sm` of the estimated registers
+   and the shared tiles): ptxas then keeps each thread within the registers that let those
+   blocks be resident, instead of taking a few more and halving the occupancy. Synchronous
+   copies hold their vectors in registers on the way to shared memory: the estimate counts
+   :data:`SYNC_COPY_REGISTERS` more for them, and no bound is set below the estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from polyfuse.decision import Decided, DecisionKind
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.policy import FLOAT_BYTES, blocks_per_sm, gemm_tile_registers
+
+#: Multiply-adds per thread one unrolled reduction body may hold (instruction-cache bound: an
+#: 8x8 micro-tile over a k-tile of up to 32 steps, or over two channels of a 3x3 window, fits;
+#: a conv's eight channels unrolled whole (4608) made ptxas spill).
+UNROLL_FMA_LIMIT = 2048
+#: Copies per thread of one shared tile per k-tile whose loops are unrolled at most.
+COPY_UNROLL_LIMIT = 32
+#: Registers a thread needs beside the tile model's estimate when its copies are synchronous
+#: (global -> registers -> shared: the vectors in flight; ptxas spilled a 4096 matmul's 8x8
+#: tile at the 128 registers of two 256-thread blocks without them).
+SYNC_COPY_REGISTERS = 16
+#: Registers ptxas allocates per thread in steps of (sm_70..sm_90).
+REGISTER_STEP = 8
+#: Registers one thread may use at most (sm_70..sm_90).
+MAX_REGISTERS = 255
+
+
+@dataclass(frozen=True)
+class GemmLoops:
+    """The loop decisions of one GEMM kernel (what :func:`plan_gemm_loops` decided)."""
+
+    #: loops unrolled: (loop variable, the statement it runs, its most iterations, the
+    #: unroll factor: 0 whole); isl names loops by schedule position, so the update's ``kk0``
+    #: and a copy's first loop share a name
+    unroll: tuple[tuple[str, str, int, int], ...] = ()
+    #: the pipelined k-tile loop whose first and last iterations run apart ("": none)
+    peel: str = ""
+    #: k-tile loops whose copies read global memory through pointers they advance
+    streams: tuple[str, ...] = ()
+    #: ``__launch_bounds__`` minimum resident blocks per SM (0: only the block size)
+    min_blocks: int = 0
+    #: registers per thread the launch bounds leave ptxas (0: no bound)
+    register_cap: int = 0
+    decisions: tuple[Decided, ...] = ()
+
+
+def _record(what: str, reason: str, **data) -> Decided:
+    return Decided((DecisionKind.GEMM_LOOP,), reason, {"what": what, **data})
+
+
+def unrolled_steps(
+    tk: list[int], accumulators: int, limit: int = UNROLL_FMA_LIMIT
+) -> tuple[list[int], list[int]]:
+    """The reduction dims whose ``kk`` loop is unrolled (innermost first while the unrolled
+    body holds at most ``limit`` multiply-adds) and those left as loops; dims with one step
+    per k-tile have no loop and are in neither."""
+    unrolled, kept = [], []
+    body = accumulators
+    for j in reversed(range(len(tk))):
+        if tk[j] <= 1:
+            continue
+        if not kept and body * tk[j] <= limit:
+            body *= tk[j]
+            unrolled.append(j)
+        else:
+            kept.append(j)
+    return unrolled[::-1], kept[::-1]
+
+
+def register_cap(threads: int, blocks: int, device: DeviceSpec) -> int:
+    """Registers per thread that let ``blocks`` blocks of ``threads`` threads share an SM."""
+    warps = -(-threads // 32)
+    cap = device.regs_per_sm // (blocks * warps * 32)
+    return min(MAX_REGISTERS, cap // REGISTER_STEP * REGISTER_STEP)
+
+
+@dataclass(frozen=True)
+class CopyLoops:
+    """One shared tile's copy statement: each thread's copy loops, one per footprint dim
+    (trip count ``trips[d]``; isl names them ``loops[d]``)."""
+
+    stmt: str
+    tensor: str
+    loops: tuple[str, ...]
+    trips: tuple[int, ...]
+
+
+def unrolled_copies(c: CopyLoops, limit: int = COPY_UNROLL_LIMIT) -> list[int]:
+    """The dims of ``c`` whose copy loop is unrolled: innermost first while the copies of
+    the unrolled loops number at most ``limit`` (loops of one trip are not loops)."""
+    out, n = [], 1
+    for d in reversed(range(len(c.trips))):
+        if c.trips[d] <= 1:
+            continue
+        if n * c.trips[d] > limit:
+            break
+        n *= c.trips[d]
+        out.append(d)
+    return out[::-1]
+
+
+def plan_gemm_loops(
+    update: str,
+    tk: list[int],
+    tile: tuple[int, int, int, int, int],
+    threads: int,
+    shared_floats: int,
+    stages: int,
+    pipelined: str,
+    copies: list[CopyLoops],
+    ktiles: list[str],
+    device: DeviceSpec,
+) -> GemmLoops:
+    """The loop decisions for a GEMM kernel whose update statement ``update`` runs k-tile
+    steps ``tk`` per reduction dim, tile ``(BM, BN, TM, TN, TK)``, ``threads`` per block,
+    ``shared_floats`` per stage of its shared tiles (filled by ``copies``), ``stages`` of
+    them over the k-tile loop ``pipelined``, on ``device``; ``ktiles``: the k-tile loops of
+    more than one k-tile."""
+    _, _, tm, tn, _ = tile
+    acc = tm * tn
+    decisions: list[Decided] = []
+    unrolled, kept = unrolled_steps(tk, acc)
+    names = [f"kk{j}" for j in unrolled]
+    unroll = [(f"kk{j}", update, tk[j], 0) for j in unrolled]
+    if unrolled:
+        steps = math.prod(tk[j] for j in unrolled)
+        decisions.append(
+            _record(
+                "unroll",
+                f"reduction steps {', '.join(names)} unrolled ({steps} steps x {acc} "
+                f"multiply-adds = {steps * acc} per thread, limit {UNROLL_FMA_LIMIT}): constant "
+                "shared-memory offsets, consecutive steps' fragment loads merge into vector "
+                "loads, no counter or branch per step",
+                loops=names,
+                steps=steps,
+                fma=steps * acc,
+            )
+        )
+    inner = acc * math.prod(tk[j] for j in unrolled)
+    if kept:  # the innermost loop kept: unrolled by a factor of its trip count
+        j = kept[-1]
+        f = max(f for f in range(1, tk[j]) if tk[j] % f == 0 and f * inner <= UNROLL_FMA_LIMIT)
+        if f > 1:
+            unroll.append((f"kk{j}", update, tk[j], f))
+            decisions.append(
+                _record(
+                    "unroll by",
+                    f"reduction loop kk{j} ({tk[j]} steps) unrolled by {f}: {f * inner} "
+                    f"multiply-adds per unrolled body (limit {UNROLL_FMA_LIMIT}); consecutive "
+                    "steps' fragment loads merge into vector loads, a counter and branch per "
+                    f"{f} steps",
+                    loops=[f"kk{j}"],
+                    factor=f,
+                    fma=f * inner,
+                )
+            )
+    for j in kept:
+        body = acc * tk[j] * math.prod(tk[i] for i in unrolled if i > j)
+        decisions.append(
+            _record(
+                "keep loop",
+                f"reduction loop kk{j} ({tk[j]} steps) stays a loop: unrolled it would hold "
+                f"{body} multiply-adds per thread (limit {UNROLL_FMA_LIMIT}, instruction cache)",
+                loops=[f"kk{j}"],
+                fma=body,
+            )
+        )
+    for c in copies:
+        dims = unrolled_copies(c)
+        if not dims:
+            continue
+        n = math.prod(c.trips[d] for d in dims)
+        unroll += [(c.loops[d], c.stmt, c.trips[d], 0) for d in dims]
+        decisions.append(
+            _record(
+                "unroll copies",
+                f"copy loops of {c.tensor}'s shared tile unrolled ({n} copies per thread per "
+                f"k-tile, limit {COPY_UNROLL_LIMIT}): constant trip counts, the copies issue "
+                "back to back without a counter or branch each",
+                tensor=c.tensor,
+                copies=n,
+            )
+        )
+    peel = pipelined if stages > 1 else ""
+    if peel:
+        decisions.append(
+            _record(
+                "peel",
+                f"pipelined k-tile loop {peel} split into its first iteration (the first "
+                "k-tile's copies), a steady state without bound tests and its last iteration "
+                "(the last k-tile's compute)",
+                loop=peel,
+            )
+        )
+    streams = tuple(ktiles) if copies else ()
+    if streams:
+        decisions.append(
+            _record(
+                "strength reduction",
+                f"global addresses of the copies in k-tile loop {', '.join(streams)} are "
+                "pointers advanced by a constant per k-tile, not recomputed from the block and "
+                "thread coordinates every iteration",
+                loops=list(streams),
+            )
+        )
+    regs = gemm_tile_registers(tm, tn) + (SYNC_COPY_REGISTERS if stages == 1 and copies else 0)
+    smem = FLOAT_BYTES * shared_floats * stages
+    blocks = blocks_per_sm(threads, regs, smem, device)
+    cap = register_cap(threads, blocks, device) if blocks else 0
+    min_blocks = blocks if blocks > 1 and cap >= regs else 0  # 1 block: no bound to keep
+    if min_blocks:
+        decisions.append(
+            _record(
+                "launch bounds",
+                f"__launch_bounds__({threads}, {blocks}): the tile model plans {blocks} "
+                f"blocks/SM on {device.name} ({regs} registers estimated, {smem} B shared); "
+                f"ptxas keeps each thread within {cap} registers so that they stay resident",
+                threads=threads,
+                min_blocks=blocks,
+                register_cap=cap,
+            )
+        )
+    return GemmLoops(
+        tuple(unroll), peel, streams, min_blocks, cap if min_blocks else 0, tuple(decisions)
+    )

@@ -1,0 +1,77 @@
+"""Loop quality of the compute cases of issue 20 item 2, measured in SASS for sm_80 and sm_90.
+
+Each case of ``benchmarks/sass.py`` is compiled at full size, its cubin disassembled, and the
+hot k-tile loop of every GEMM-like kernel held to the item's targets: the FFMA share (matmul
+and FFN >= 85 %, convs and attention >= 80 %), no spills, matmul/FFN operand fragments by
+64/128-bit shared loads only, multiply-adds on padding <= 5 % (or the reason in the plan),
+every shared tile copied as float4 by all the block's threads. A regression of the code
+generator (a loop no longer unrolled, a select back in the update, an address recomputed, a
+spill) fails here. Needs NVRTC and nvdisasm/cuobjdump (``pip install 'polyfuse[sass]'``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.sass import DisassemblerNotFound, find_disassembler
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import sass as bench  # noqa: E402
+
+ARCHS = ("sm_80", "sm_90")
+_RESULTS: dict[tuple[str, str], list[dict]] = {}
+
+
+def require_tools() -> None:
+    if "nvrtc" not in available_compilers():
+        pytest.skip("NVRTC not installed")
+    try:
+        find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("no SASS disassembler (pip install 'polyfuse[sass]')")
+
+
+def verdicts(case: str, arch: str) -> list[dict]:
+    """benchmarks/sass.py's item-2 rows of one case on one arch (compiled once per run)."""
+    key = (case, arch)
+    if key not in _RESULTS:
+        ins, outs = bench.CASES[case].build()
+        kernels, _, fn = bench.run_case(case, ins, outs, arch)
+        _RESULTS[key] = bench.gemm_rows(case, kernels, bench.CASES[case], bench.gemm_plan(fn))
+    return _RESULTS[key]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", list(bench.CASES))
+def test_hot_loops_meet_item_2(case, arch):
+    require_tools()
+    rows = verdicts(case, arch)
+    assert rows, f"{case}: no GEMM-like kernel with a k-tile hot loop"
+    want = bench.CASES[case]
+    for v in rows:
+        where = f"{case}/{v['kernel']} {arch}"
+        assert v["ffma_share"] >= want.ffma_target, f"{where}: FFMA {v['ffma_share']:.1%}"
+        assert v["spill_bytes"] == 0, f"{where}: spills"
+        if want.vector_fragments:
+            assert v["lds_widths"].get("32", 0) == 0, f"{where}: 32-bit shared loads"
+            assert v["lds_widths"].get("128", 0) > 0, f"{where}: no 128-bit fragment loads"
+        assert v["padding"] <= bench.PADDING_LIMIT or "no fold" in v["padding_reason"], where
+        for t in v["tiles"]:  # every tile copied as float4 by every thread of the block
+            assert t["width"] == 4 and t["busy_threads"] == t["threads"], f"{where}: {t}"
+        assert v["ok"], where
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_conv3x3_has_no_padding_and_one_ffma_per_term(arch):
+    """The issue's 0 % FFMA conv: every term an FFMA (no FMUL/FADD/FSEL select), and its 56
+    columns tiled without padding (8x8 pixels per block instead of 64 columns)."""
+    require_tools()
+    (v,) = verdicts("conv3x3", arch)
+    assert v["padding"] == 0.0
+    assert v["fmul_fadd"] == [0, 0] and v["ffma_share"] >= 0.80
