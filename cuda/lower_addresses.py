@@ -35,6 +35,7 @@ from polyfuse.cuda.kernel_ast import (
     KOp,
     KStream,
     KVar,
+    KVisitor,
     map_children,
 )
 from polyfuse.cuda.namer import Namer
@@ -42,31 +43,41 @@ from polyfuse.cuda.namer import Namer
 Linear = dict[str, int]  # variable -> coefficient; "" -> the constant
 
 
+class _Linear(KVisitor["Linear | None"]):
+    """An integer expression as an affine form (None when it is not affine)."""
+
+    def visit_KInt(self, e: KInt) -> Linear | None:
+        return {"": e.value}
+
+    def visit_KVar(self, e: KVar) -> Linear | None:
+        return {e.name: 1}
+
+    def visit_KOp(self, e: KOp) -> Linear | None:
+        parts = [self.visit(a) for a in e.args]
+        if any(p is None for p in parts):
+            return None
+        ps: list[Linear] = parts  # type: ignore[assignment]
+        if e.op == "+":
+            return _sum(ps)
+        if e.op == "-" and len(ps) == 2:
+            return _sum([ps[0], _scale(ps[1], -1)])
+        if e.op == "neg":
+            return _scale(ps[0], -1)
+        if e.op == "*" and len(ps) == 2:
+            a, b = ps
+            if set(a) <= {""}:
+                return _scale(b, a.get("", 0))
+            if set(b) <= {""}:
+                return _scale(a, b.get("", 0))
+        return None
+
+    def visit_default(self, e: KExpr) -> Linear | None:
+        return None
+
+
 def linear(e: KExpr) -> Linear | None:
     """``e`` as an affine form over its variables, or None when it is not affine."""
-    if isinstance(e, KInt):
-        return {"": e.value}
-    if isinstance(e, KVar):
-        return {e.name: 1}
-    if not isinstance(e, KOp):
-        return None
-    parts = [linear(a) for a in e.args]
-    if any(p is None for p in parts):
-        return None
-    ps: list[Linear] = parts  # type: ignore[assignment]
-    if e.op == "+":
-        return _sum(ps)
-    if e.op == "-" and len(ps) == 2:
-        return _sum([ps[0], _scale(ps[1], -1)])
-    if e.op == "neg":
-        return _scale(ps[0], -1)
-    if e.op == "*" and len(ps) == 2:
-        a, b = ps
-        if set(a) <= {""}:
-            return _scale(b, a.get("", 0))
-        if set(b) <= {""}:
-            return _scale(a, b.get("", 0))
-    return None
+    return _Linear().visit(e)
 
 
 def _sum(parts: Iterable[Linear]) -> Linear:
