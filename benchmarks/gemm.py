@@ -4,7 +4,9 @@
 
 For each compute case of issue 12 (matmul 4096³ + bias + GELU, FFN up, conv 3×3, attention at
 two sizes, matmul 512³) at full size: polyfuse.compile wall time, the tile sizes the cost model
-chose, its modelled time (a model, not a measurement; no GPU is used here), and ptxas's
+(:mod:`polyfuse.poly.costs`) chose and its modelled time from the tile estimate, then per arch
+every kernel's modelled time from its SASS instruction mix (or from its IR estimate without a
+disassembler; a model, not a measurement; no GPU is used here), and ptxas's
 registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed, with each GEMM
 kernel's hot loop as the SASS instrument counts it (:mod:`polyfuse.cuda.sass`, needs ``pip
 install 'polyfuse[sass]'``): instructions per k-tile, FFMA, FMUL and FADD apart (a product
@@ -29,8 +31,11 @@ import numpy as np
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.kernel_cost import describe_kernel
 from polyfuse.cuda.sass import DisassemblerNotFound, KernelSass, analyse
 from polyfuse.decision import Decided, DecisionKind
+from polyfuse.poly.costs import model_kernel
+from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.mapping import MappingConfig
 
 HERE = Path(__file__).resolve().parent
@@ -110,6 +115,15 @@ def hot_loop(k: KernelSass) -> dict[str, Any]:
     }
 
 
+def modelled(kernel: Any, sass: KernelSass | None, arch: str) -> dict[str, Any]:
+    """The cost model's time of one kernel on ``arch``'s device: from its SASS mix when the
+    instrument analysed it, else from the IR estimate (the record says which)."""
+    if kernel is None:
+        return {}
+    m = model_kernel(describe_kernel(kernel, sass), device_for_arch(arch))
+    return {"modelled_us": round(m.us, 3), "bound": m.bound, "mix": m.source}
+
+
 def full_size(name: str, arch: str) -> dict[str, Any]:
     build, args, _ = CASES[name]
     ins, outs = build(*args)
@@ -133,6 +147,7 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
                 }
             except DisassemblerNotFound as e:
                 sass, row["sass_note"] = {}, str(e)
+            by_function = {k.function or k.name: k for k in fa.kernels}
             res[a] = [
                 {
                     "kernel": r.kernel,
@@ -145,6 +160,7 @@ def full_size(name: str, arch: str) -> dict[str, Any]:
                         if r.kernel in gemm and r.kernel in sass
                         else {}
                     ),
+                    **modelled(by_function.get(r.kernel), sass.get(r.kernel), a),
                 }
                 for k, r in binary.resources.items()
                 if k == r.kernel  # (also listed under the plan's kernel names)
@@ -205,7 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         for a, lst in f.get("ptxas", {}).items():
             cells = ", ".join(
                 f"{x['kernel']} {x['registers']} regs {x['smem']} B smem "
-                f"{x['spill_stores']}/{x['spill_loads']} B spills" + _loop_cell(x.get("hot_loop"))
+                f"{x['spill_stores']}/{x['spill_loads']} B spills"
+                + _loop_cell(x.get("hot_loop"))
+                + (
+                    f"; modelled {x['modelled_us']:.1f} us {x['bound']}-bound (mix: {x['mix']})"
+                    if "modelled_us" in x
+                    else ""
+                )
                 for x in lst
             )
             print(f"  ptxas {a}: {cells}")

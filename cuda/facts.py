@@ -4,9 +4,11 @@ Lowering records them from the final kernel IR (:func:`polyfuse.cuda.lower_facts
 the static ``__shared__`` arrays (bytes and alignment, in declaration order), the dynamic
 shared memory the launch passes, a register estimate where a model has one, whether the body
 waits at barriers, uses warp shuffles, tensor-core ``mma`` or asynchronous copies, and which
-launch axes it reads. A Layer 3 pack's facts follow from its parts' (:func:`pack_facts`). The
-compile cache stores them (:meth:`KernelFacts.to_json`), so a kernel served from the cache
-carries the same facts as one generated now.
+launch axes it reads, and its per-thread work as estimated on the IR (:attr:`KernelFacts.work`,
+the cost model's instruction mix where no SASS is at hand). A Layer 3 pack's facts follow
+from its parts' (:func:`pack_facts`). The compile cache stores them
+(:meth:`KernelFacts.to_json`), so a kernel served from the cache carries the same facts as
+one generated now.
 
 Static shared memory is laid out the way ptxas lays it out (checked against its report for
 every kernel of the examples, the suite and the zoo): each array at the next multiple of its
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from polyfuse.poly.costs import Work
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class KernelFacts:
     async_copies: bool = False  # cp.async with commit / wait
     axes: tuple[str, ...] = ("x",)  # launch axes the body reads (blockIdx / threadIdx)
     parts: int = 1  # kernels this launch runs (a Layer 3 pack: several)
+    #: per-thread work estimated on the IR (polyfuse.cuda.kernel_cost.ir_work); a pack: its
+    #: costliest part's (each block runs one part); None for a kernel written by hand
+    work: Work | None = None
 
     @property
     def static_shared_bytes(self) -> int:
@@ -78,6 +85,7 @@ class KernelFacts:
         d = asdict(self)
         d["shared_arrays"] = [[a.bytes, a.align] for a in self.shared_arrays]
         d["axes"] = list(self.axes)
+        d["work"] = self.work.to_json() if self.work is not None else None
         return d
 
     @classmethod
@@ -86,6 +94,7 @@ class KernelFacts:
         d = dict(d)
         d["shared_arrays"] = tuple(SharedArray(b, a) for b, a in d["shared_arrays"])
         d["axes"] = tuple(d["axes"])
+        d["work"] = Work.from_json(d["work"]) if d.get("work") else None
         return cls(**d)
 
 
@@ -94,6 +103,8 @@ def pack_facts(parts: list[KernelFacts]) -> KernelFacts:
     after the other, the largest dynamic pool and register estimate, any part's
     synchronisation."""
     regs = [p.registers for p in parts]
+    works = [p.work for p in parts if p.work is not None]
+    work = max(works, key=lambda w: w.mix.slots) if len(works) == len(parts) and works else None
     return KernelFacts(
         shared_arrays=tuple(a for p in parts for a in p.shared_arrays),
         dynamic_shared_bytes=max((p.dynamic_shared_bytes for p in parts), default=0),
@@ -104,4 +115,5 @@ def pack_facts(parts: list[KernelFacts]) -> KernelFacts:
         async_copies=any(p.async_copies for p in parts),
         axes=tuple(sorted({a for p in parts for a in p.axes})),
         parts=sum(p.parts for p in parts),
+        work=work,
     )

@@ -23,6 +23,7 @@ from polyfuse.cuda.kernel_ast import (
     Scope,
     map_children,
 )
+from polyfuse.poly.costs import Work
 
 #: bytes per element of each buffer dtype (:data:`polyfuse.cuda.lower_dtypes.C_TYPES`)
 ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1}
@@ -58,8 +59,11 @@ class _Uses(KVisitor[None]):
         self.async_copies = True
 
 
-def kernel_facts(ir: KernelIR, registers: int | None = None) -> KernelFacts:
-    """The facts of the lowered ``ir`` (``registers``: a model's estimate, if any).
+def kernel_facts(
+    ir: KernelIR, registers: int | None = None, work: Work | None = None
+) -> KernelFacts:
+    """The facts of the lowered ``ir`` (``registers``: a model's estimate, if any; ``work``:
+    its per-thread work, :func:`polyfuse.cuda.kernel_cost.ir_work`).
 
     A warp combine's scratch is declared but never touched (the warp's lanes combine by
     shuffles; the block step is compiled out), so it takes no shared memory: the CUDA
@@ -85,4 +89,5 @@ def kernel_facts(ir: KernelIR, registers: int | None = None) -> KernelFacts:
         shuffles=c is not None and c.form != "x",
         mma=uses.mma,
         async_copies=uses.async_copies,
+        work=work,
     )

@@ -37,6 +37,7 @@ from polyfuse.cuda.kernel_ast import (
     MemSpace,
     Scope,
 )
+from polyfuse.cuda.kernel_cost import ir_work
 from polyfuse.cuda.literals import c_float, c_int
 from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.cuda.lower_facts import kernel_facts
@@ -501,6 +502,11 @@ def _dynamic_dtype(allocs: tuple[KAlloc, ...]) -> str:
     return dtype
 
 
+def _spaces(placements: dict[str, Placement]) -> dict[str, str]:
+    """Where each placed tensor lives (global, shared or register), for the work estimate."""
+    return {t: p.space for t, p in placements.items()}
+
+
 def emit_kernel(
     ir: KernelIR,
     statements: list[Statement],
@@ -559,6 +565,6 @@ def emit_kernel(
         (ir.blocks, 1, 1),
         (ir.threads, 1, 1),
         list(ir.micrographs),
-        facts=kernel_facts(ir),
+        facts=kernel_facts(ir, work=ir_work(ir, statements, _spaces(placements), idents)),
         source="\n".join(lines) + "\n",
     )

@@ -23,20 +23,26 @@ multiple of 4, a transpose) keeps scalar accesses inside the loop. Groups cut sh
 band's end (an inner extent that is not a multiple of ``E``) run the scalar loop; the lowering
 (:mod:`polyfuse.cuda.lower_vectorize`) guards the vector form with the loop's own bound.
 
-The cost model (:func:`choose_coarsening`) coarsens only when some input or output tensor
-vectorises and enough threads are left to fill the device: at least ``min_wave_fraction`` of
-one full-occupancy wave (``sms × max_threads_per_sm``) after dividing the threads by ``E``.
-Between ``E = 4`` and ``E = 8`` it takes the one whose last wave of blocks is fuller (whole
-waves), preferring 4 on a tie (more parallelism).
+:func:`choose_coarsening` coarsens only when some input or output tensor vectorises and enough
+threads are left to fill the device: at least ``min_wave_fraction`` of one full-occupancy wave
+(``sms × max_threads_per_sm``) after dividing the threads by ``E``. Among the factors that
+pass, the cost model (:mod:`polyfuse.poly.costs`) decides: each ``E`` (and one element per
+thread) is described as a stream of its launch shape, the kernel's bytes and the share of them
+its float4 proofs move by 128-bit accesses (:func:`polyfuse.poly.costs.stream.stream_desc`),
+and the factor with the least modelled time is taken — a larger one only when at least
+``min_gain`` faster (4 over 8 otherwise: more parallelism).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import islpy as isl
 
 from polyfuse.decision import Decided, DecisionKind
+from polyfuse.poly.costs import model_kernel
+from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of, sets_of
 from polyfuse.poly.schedule import ScheduledMicrograph
@@ -52,6 +58,9 @@ class CoarsenConfig:
     factors: tuple[int, ...] = (4, 8)
     min_wave_fraction: float = 0.25  # threads left after coarsening, in full-occupancy waves
     block_threads: int = 256  # the mapping's block size, for the wave count
+    #: a larger factor is taken only when modelled at least this much faster (the model's
+    #: resolution: its calibration errors are several per cent)
+    min_gain: float = 0.03
 
 
 @dataclass
@@ -193,13 +202,28 @@ def _plain_band(sm: ScheduledMicrograph, node: isl.ScheduleNode) -> isl.UnionMap
     return band
 
 
-def _wave_fill(threads: int, device: DeviceSpec, block: int) -> tuple[float, float]:
-    """(waves, fill of the last wave) of ``threads`` in blocks of ``block`` at full occupancy."""
+def _waves(threads: int, device: DeviceSpec, block: int) -> float:
+    """Full-occupancy waves of ``threads`` in blocks of ``block``."""
     blocks = -(-threads // block)
-    per_wave = device.sms * max(1, device.max_threads_per_sm // block)
-    waves = blocks / per_wave
-    whole = -(-blocks // per_wave)
-    return waves, waves / whole
+    return blocks / (device.sms * max(1, device.max_threads_per_sm // block))
+
+
+def _modelled(
+    sm: ScheduledMicrograph, elements: int, e: int, vector: set[str], device: DeviceSpec, block: int
+) -> float:
+    """Modelled time (µs) of the kernel with ``e`` elements per thread, ``vector`` the tensors
+    its float4 accesses move (:mod:`polyfuse.poly.costs`)."""
+    sizes = {t: 4 * math.prod(r.shape) for t, r in sm.model.tensors.items()}
+    roles = sm.model.tensors
+    read = sum(n for t, n in sizes.items() if roles[t].role == "input")
+    written = sum(n for t, n in sizes.items() if roles[t].role == "output")
+    moved = read + written
+    share = sum(sizes[t] for t in vector if roles[t].role in ("input", "output"))
+    threads = -(-elements // e)
+    desc = stream_desc(f"E={e}", -(-threads // block), block, read, written, vector=share > 0)
+    if 0 < share < moved:  # a part of the bytes moves by float4 accesses
+        desc = desc.with_(vector_bytes=share)
+    return model_kernel(desc, device).us
 
 
 def choose_coarsening(
@@ -219,26 +243,29 @@ def choose_coarsening(
     roles = sm.model.tensors
     candidates = [forced] if forced else list(cfg.factors)
     best: tuple[float, Coarsening] | None = None
+    one = _modelled(sm, elements, 1, set(), device, cfg.block_threads)
     for e in candidates:
         c = prove(sm, band, n, e)
         io = [t for t, ok in c.vector.items() if ok and roles[t].role in ("input", "output")]
         if not io:
             why = "; ".join(f"{t}: {w}" for t, w in sorted(c.why_scalar.items()))
             return Coarsening(1, reason=f"one element per thread: no float4 access ({why})")
-        waves, fill = _wave_fill(-(-elements // e), device, cfg.block_threads)
+        waves = _waves(-(-elements // e), device, cfg.block_threads)
         if not forced and waves < cfg.min_wave_fraction:
             continue
+        us = _modelled(sm, elements, e, set(io), device, cfg.block_threads)
         scalar = "; ".join(f"{t} ({c.why_scalar[t]})" for t in sorted(c.why_scalar))
         c.reason = (
             f"{e} elements per thread along the innermost parallel dimension: "
-            f"{waves:.2f} waves of {cfg.block_threads}-thread blocks on {device.name} "
-            f"(last wave {fill:.0%} full); float4 proven for {', '.join(sorted(io))}"
+            f"{waves:.2f} waves of {cfg.block_threads}-thread blocks on {device.name}, "
+            f"modelled {us:.2f} us (one per thread: {one:.2f} us); "
+            f"float4 proven for {', '.join(sorted(io))}"
             + (f"; scalar: {scalar}" if scalar else "")
             + ("; scalar tail where the extent is not a multiple" if c.tail else "")
             + (" (forced by MappingConfig.elements_per_thread)" if forced else "")
         )
-        if best is None or fill > best[0] + 1e-9:
-            best = (fill, c)
+        if best is None or us < best[0] * (1 - cfg.min_gain):
+            best = (us, c)
     if best is None:
         threads = elements
         return Coarsening(

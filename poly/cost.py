@@ -16,8 +16,8 @@ Policy, per canonical form (see :mod:`polyfuse.poly.canonical`):
 A reduction where some thread would still loop over more than ``max_serial`` elements, or an
 all-reduce over more than ``all_single_block`` elements, is split into two stages first
 (:mod:`polyfuse.poly.split`).
-A rough modelled time (bytes / DRAM bandwidth + launch overhead) is attached for reports; it is
-never presented as a measurement.
+Modelled times of these layouts, where a decision needs them (two-stage reductions), come from
+the one cost model (:mod:`polyfuse.poly.costs`); none is a measurement.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ measured (with its date and source); the cost model uses :attr:`DeviceSpec.bandw
 :attr:`DeviceSpec.throughput_tflops`, which prefer the measured value, and
 :attr:`DeviceSpec.figures` says which one it used.
 
+Memory-hierarchy figures for the cost model (:mod:`polyfuse.poly.costs`): the L1 / shared SRAM
+per SM (datasheets) and the L2 -> SM bandwidth (:attr:`DeviceSpec.l2_gbps`: the whitepapers'
+bytes per clock at the boost clock for V100/A100; fitted on the measured H100 day for H100).
+
 Issue figures (the SASS instrument's issue-bound estimate, :mod:`polyfuse.cuda.sass`): every
 SM of sm_70..sm_90 has four schedulers issuing one warp instruction per clock each
 (Volta/Ampere/Hopper whitepapers); FP32 lanes per SM (64 on V100/A100, 128 on H100: one warp
@@ -54,7 +58,6 @@ class DeviceSpec:
     max_threads_per_sm: int
     dram_gbps: float  # GB/s
     fp32_tflops: float
-    launch_us: float = 3.0  # typical kernel launch overhead
     measured: Measured | None = None
     boost_clock_mhz: float = 1410.0  # datasheet boost clock
     fp32_lanes_per_sm: int = 64  # FP32 FMA lanes per SM (whitepaper)
@@ -66,6 +69,9 @@ class DeviceSpec:
     smem_alloc_unit: int = 128  # bytes: shared memory is allocated per block in units of this
     smem_reserved_per_block: int = 1024  # bytes the driver reserves per block (sm_80+)
     smem_bytes_per_clock: int = 128  # shared-memory bandwidth per SM (32 banks x 4 B)
+    l1_bytes_per_sm: int = 192 * 1024  # L1 + shared memory SRAM per SM (datasheet)
+    #: L2 -> SM bandwidth (GB/s) the cost model uses; see each table entry for its source
+    l2_gbps: float = 7219.0
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -147,6 +153,8 @@ V100 = DeviceSpec(
     boost_clock_mhz=1530.0,  # datasheet
     smem_alloc_unit=256,  # sm_70 (occupancy calculator)
     smem_reserved_per_block=0,
+    l1_bytes_per_sm=128 * 1024,  # datasheet
+    l2_gbps=3133.0,  # whitepaper: 2048 B/clock x 1.53 GHz
 )
 A100 = DeviceSpec(
     "A100-SXM4-40GB",
@@ -161,6 +169,8 @@ A100 = DeviceSpec(
     1555.0,
     19.5,
     boost_clock_mhz=1410.0,  # datasheet (108 SMs x 64 lanes x 2 x 1.41 GHz = 19.5 TFLOP/s)
+    l1_bytes_per_sm=192 * 1024,  # datasheet
+    l2_gbps=7219.0,  # whitepaper: 5120 B/clock x 1.41 GHz
 )
 H100 = DeviceSpec(
     "H100-SXM5-80GB",
@@ -183,6 +193,10 @@ H100 = DeviceSpec(
     ),
     boost_clock_mhz=1980.0,  # datasheet (132 SMs x 128 lanes x 2 x 1.98 GHz = 67 TFLOP/s)
     fp32_lanes_per_sm=128,
+    l1_bytes_per_sm=256 * 1024,  # datasheet
+    # fitted on the H100 day of 2026-11-22 (poly/costs/constants.py): matmul 4096^3 and FFN
+    # up with one output per thread stream each block's weight columns from L2 at 8.75 TB/s
+    l2_gbps=8750.0,
 )
 
 BY_ARCH = {"sm_70": V100, "sm_75": V100, "sm_80": A100, "sm_86": A100, "sm_89": A100, "sm_90": H100}

@@ -42,8 +42,8 @@ import math
 from dataclasses import dataclass
 
 from polyfuse.decision import Decided, DecisionKind
-from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.policy import FLOAT_BYTES, blocks_per_sm, gemm_tile_registers
+from polyfuse.poly.device import DeviceSpec, occupancy
+from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_registers
 
 #: Multiply-adds per thread one unrolled reduction body may hold (instruction-cache bound: an
 #: 8x8 micro-tile over a k-tile of up to 32 steps, or over two channels of a 3x3 window, fits;
@@ -241,7 +241,7 @@ def plan_gemm_loops(
         )
     regs = gemm_tile_registers(tm, tn) + (SYNC_COPY_REGISTERS if stages == 1 and copies else 0)
     smem = FLOAT_BYTES * shared_floats * stages
-    blocks = blocks_per_sm(threads, regs, smem, device)
+    blocks = occupancy(device, threads, regs, smem).blocks_per_sm
     cap = register_cap(threads, blocks, device) if blocks else 0
     min_blocks = blocks if blocks > 1 and cap >= regs else 0  # 1 block: no bound to keep
     if min_blocks:

@@ -70,7 +70,14 @@ def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) ->
         return None
     budget = gemm_tile_budget(device)
     rejected: list[str] = []
-    for tiling in rank_gemm_tiles(shape, device, cfg.gemm_tile, forced_reason=cfg.gemm_tile_reason):
+    ranked = rank_gemm_tiles(
+        shape,
+        device,
+        cfg.gemm_tile,
+        forced_reason=cfg.gemm_tile_reason,
+        stages=pipeline_stages(device.arch),
+    )
+    for tiling in ranked:
         gk = gemm_kernel_fitting(sm, shape, tiling, device)
         if isinstance(gk, str):
             return None

@@ -19,9 +19,10 @@ float per thread. So
 The launch-shape thresholds stay with their models as declared config dataclasses:
 :class:`polyfuse.poly.mapping.MappingConfig` (threads per block of plain kernels),
 :class:`polyfuse.poly.cost.ReductionConfig` (lanes, serial elements per thread). The hardware
-limits every occupancy estimate shares (threads per block, resident blocks per SM) and the
-register budget of GEMM micro-tiles are declared here; :func:`blocks_per_sm` is the one
-occupancy formula (kernel time model, parallel stitching, GEMM tile ranking).
+limits launches share (threads per block) and the register budget of GEMM micro-tiles are
+declared here; occupancy has one formula, :func:`polyfuse.poly.device.occupancy` (the CUDA
+occupancy calculator's arithmetic), which the cost model (:mod:`polyfuse.poly.costs`) uses
+for every kernel, pack and GEMM tile candidate.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
 COMBINE_SCRATCH_FLOATS_PER_THREAD = 1  # a reduction's cross-lane combine scratch
 #: Threads per block no CUDA device exceeds (sm_70..sm_90): launches above it are refused.
 MAX_THREADS_PER_BLOCK = 1024
-#: Resident blocks per SM the hardware allows at most (sm_70..sm_90).
-MAX_BLOCKS_PER_SM = 32
 #: Registers per thread assumed for occupancy before ptxas reported the kernel's own.
 ASSUMED_REGISTERS = 32
 #: Registers per thread a GEMM micro-tile may plan for (accumulators + operands + indices):
@@ -52,15 +51,6 @@ def reduction_tile_budget(device: DeviceSpec, threads: int) -> int:
 def gemm_tile_budget(device: DeviceSpec) -> int:
     """Bytes of shared memory a GEMM kernel's promoted operand tiles may take per block."""
     return device.smem_per_block
-
-
-def blocks_per_sm(threads: int, registers: int, smem: int, device: DeviceSpec) -> int:
-    """Blocks of ``threads`` threads using ``registers`` per thread and ``smem`` bytes of shared
-    memory that one SM of ``device`` holds at once (0 when one does not fit)."""
-    by_threads = device.max_threads_per_sm // threads
-    by_regs = device.regs_per_sm // max(1, registers * threads)
-    by_smem = device.smem_per_sm // smem if smem else MAX_BLOCKS_PER_SM
-    return max(0, min(by_threads, by_regs, by_smem, MAX_BLOCKS_PER_SM))
 
 
 def gemm_tile_registers(tm: int, tn: int) -> int:

@@ -10,11 +10,13 @@ original tensor becomes a small reduction over ``p``. Both stages are ordinary p
 so partitioning, scheduling and stitching treat them like any other.
 
 A second reason to split (:func:`choose_split`): the outer parallelism cannot fill the SMs —
-a few long rows or columns give fewer blocks than ``fill × SMs``. Then the cost model compares
-the one-stage kernel (only its blocks' SMs stream the input, each at most ``sm_boost`` times
-its share of the DRAM bandwidth) with the split (the whole device streams it, plus the
-partials written and read back and one more launch), using the device's measured bandwidth
-where there is one. It never splits a reduction whose input another primitive also reads (the
+a few long rows or columns give fewer blocks than ``fill × SMs``. Then the cost model
+(:mod:`polyfuse.poly.costs`) compares the one-stage kernel (its few blocks keep only their
+lanes' loads in flight: Little's law bounds what they stream) with the split (the partial
+reductions across many blocks, then the final reduction over the partials: two launches), each
+described as a stream of its launch shape and bytes
+(:func:`polyfuse.poly.costs.stream.stream_desc`), using the device's measured bandwidth where
+there is one. It never splits a reduction whose input another primitive also reads (the
 one-stage kernel may keep the input on chip for those readers: layer/batch norm, softmax);
 that refusal is recorded too. Every decision is a typed record
 (:class:`polyfuse.decision.DecisionKind` ``SPLIT_REDUCTION``) with its reason.
@@ -22,7 +24,7 @@ that refusal is recorded too. Every decision is a typed record
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.expr import (
@@ -36,11 +38,14 @@ from polyfuse.graph.expr import (
     Reduce,
     Select,
     Tensor,
+    walk,
 )
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.inline import substitute
-from polyfuse.poly.canonical import form_of
-from polyfuse.poly.cost import ReductionConfig, choose_reduction_strategy
+from polyfuse.poly.canonical import CanonicalForm, form_of
+from polyfuse.poly.cost import ReductionConfig, ReductionStrategy, choose_reduction_strategy
+from polyfuse.poly.costs import model_kernel
+from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 
 _IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
@@ -51,7 +56,6 @@ class SplitModel:
     """Thresholds of the split-across-blocks cost model (one declared place)."""
 
     fill: float = 0.5  # candidates: fewer blocks than fill x SMs
-    sm_boost: float = 4.0  # one SM streams at most this many times its share of DRAM bandwidth
     min_elements: int = 1 << 20  # smaller reductions stay one stage (launch overhead dominates)
     min_chunk: int = 4096  # elements per partial reduction, at least
     target_waves: int = 2  # partial-reduction blocks, in multiples of the SM count
@@ -103,6 +107,12 @@ def choose_split(
     model = model or SplitModel()
     t = graph.prims[name].tensor
     form = form_of(t)
+    if is_contraction(t):
+        why = (
+            "one stage: a contraction (a product of reads, two reused across outputs): the GEMM "
+            "path tiles its reduction (poly/tiling.py)"
+        )
+        return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")
     chunks = needs_two_stages(t, device, cfg)
     if chunks > 1:
         why = (
@@ -133,20 +143,96 @@ def choose_split(
     if chunks <= 1:
         why = f"one stage: {form.reduced} reduced elements are too few to cut into chunks"
         return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")
-    bw = device.bandwidth_gbps * 1e3  # bytes per microsecond
-    busy = min(1.0, blocks * model.sm_boost / device.sms)
-    one = 4 * total / (bw * busy) + device.launch_us
-    partials = 4 * form.kept_extent * chunks
-    two = (4 * total + 2 * partials) / bw + 2 * device.launch_us
+    one, two = _modelled(form, st, blocks, chunks, device, cfg)
     us = (round(one, 3), round(two, 3))
     src = "measured" if device.measured else "datasheet"
     head = (
         f"{blocks} blocks for {device.sms} SMs: modelled {one:.2f} us in one stage, "
-        f"{two:.2f} us as {chunks} partial reductions + a final one ({src} bandwidth)"
+        f"{two:.2f} us as {chunks} partial reductions + a final one ({src} figures)"
     )
     if two <= model.gain * one:
         return SplitDecision(name, str(form), chunks, f"{name}: {form}: split, {head}", us)
     return SplitDecision(name, str(form), 1, f"{name}: {form}: one stage, {head}", us)
+
+
+def _modelled(
+    form: CanonicalForm,
+    st: ReductionStrategy,
+    blocks: int,
+    chunks: int,
+    device: DeviceSpec,
+    cfg: ReductionConfig,
+) -> tuple[float, float]:
+    """Modelled times (µs) of the reduction in one stage and split into ``chunks`` partial
+    reductions plus a final one (the cost model, :mod:`polyfuse.poly.costs`)."""
+    kept, total = form.kept_extent, form.kept_extent * form.reduced
+    one = stream_desc(
+        "one stage",
+        blocks,
+        st.threads,
+        4 * total,
+        4 * kept,
+        serial=st.serial_per_thread(),
+        combine_lanes=st.lanes,
+    )
+    # the partials reduce rows of one chunk each; the final stage reduces across the chunks
+    partial_form = replace(
+        form,
+        kind="y" if form.kind == "all" else form.kind,
+        kept=(chunks, *form.kept),
+        reduced=-(-form.reduced // chunks),
+    )
+    sp = choose_reduction_strategy(partial_form, device, cfg)
+    partial_blocks = max(1, partial_form.kept_extent // max(1, sp.kept_tile))
+    partial = stream_desc(
+        "partials",
+        partial_blocks,
+        sp.threads,
+        4 * total,
+        4 * kept * chunks,
+        serial=sp.serial_per_thread(),
+        combine_lanes=sp.lanes,
+    )
+    final_form = replace(form, kind="x" if form.kept else "all", reduced=chunks)
+    sf = choose_reduction_strategy(final_form, device, cfg)
+    final = stream_desc(
+        "final",
+        max(1, kept // max(1, sf.kept_tile)),
+        sf.threads,
+        4 * kept * chunks,
+        4 * kept,
+        serial=sf.serial_per_thread(),
+        combine_lanes=sf.lanes,
+    )
+    t_one = model_kernel(one, device).us
+    t_two = model_kernel(partial, device).us + model_kernel(final, device).us
+    return t_one, t_two
+
+
+def is_contraction(t: Tensor) -> bool:
+    """Whether reduction ``t`` is a sum of products of reads at least two of which each
+    ignore some output axis (matmul, batched matmul, conv): the GEMM-like shape
+    :func:`polyfuse.poly.tiling.detect_gemm` tiles, whose reduction is never split."""
+    assert t.op is not None and t.op.reduce is not None
+    red = t.op.reduce
+    if red.op != "sum":
+        return False
+    factors, stack = [], [red.body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Binary) and e.op == "mul":
+            stack += [e.a, e.b]
+        else:
+            factors.append(e)
+    reads = [f.a if isinstance(f, Select) else f for f in factors]
+    if len(reads) < 2 or not all(isinstance(r, Read) for r in reads):
+        return False
+    axes = {a.uid for a in t.op.axes if a.extent > 1}
+
+    def used(r: Read) -> set[int]:
+        return {n.uid for i in r.indices for n in walk(i) if isinstance(n, IterVar)}
+
+    return sum(1 for r in reads if axes - used(r)) >= 2  # type: ignore[arg-type]
 
 
 def needs_two_stages(t: Tensor, device: DeviceSpec, cfg: ReductionConfig) -> int:

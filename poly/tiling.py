@@ -22,9 +22,10 @@ micro-tile has a constant trip count and unrolls into registers; padded reductio
 read zeros from the shared tiles (see :mod:`polyfuse.poly.promote`) and padded outputs are
 never stored (the printer guards the epilogue with the original domain).
 
-Tile sizes come from :func:`choose_gemm_tiles`, a cost model over the device table:
-registers and shared memory per block, occupancy, wave quantisation over the SMs and the
-shared-memory loads per FMA of the micro-tile. Every choice is recorded with its reason.
+Tile sizes come from :func:`choose_gemm_tiles`: every candidate is priced by the cost model
+(:mod:`polyfuse.poly.costs`) on a description of the kernel it would become — its instruction
+mix per k-tile, registers and occupancy, shared-memory wavefronts, L2 fills and waves over the
+SMs. Every choice is recorded with its reason.
 """
 
 from __future__ import annotations
@@ -36,15 +37,12 @@ import islpy as isl
 
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.expr import Binary, Const, Read, Select
+from polyfuse.poly.costs import model_kernel
+from polyfuse.poly.costs.gemm import GemmProblem, gemm_tile_desc
+from polyfuse.poly.costs.ops import ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
-from polyfuse.poly.policy import (
-    ASSUMED_REGISTERS,
-    GEMM_REG_BUDGET,
-    blocks_per_sm,
-    gemm_tile_budget,
-    gemm_tile_registers,
-)
+from polyfuse.poly.policy import GEMM_REG_BUDGET, gemm_tile_budget, gemm_tile_registers
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 #: why a tiling was not ranked but given (``MappingConfig.gemm_tile``), unless the config
@@ -263,16 +261,56 @@ def tile_label(bm: int, bn: int, tm: int, tn: int, kt: int) -> str:
     )
 
 
+def gemm_problem(shape: GemmShape, m_dim: int, n_dim: int, kin: int) -> GemmProblem:
+    """What ``shape`` computes, for the cost model: the matrix plane (``m_dim`` x ``n_dim``),
+    the tiled reduction dim ``kin``, the distinct bytes (isl footprints of the operands, one
+    output) and the epilogue's instructions per output element (inputs such as a bias read
+    from global memory, values computed in the kernel from registers)."""
+    ext = [hi - lo + 1 for lo, hi in shape.data]
+    rext = [hi - lo + 1 for lo, hi in shape.red]
+    reads = sum(  # each operand's bounding box (its footprint is a box, or nearly)
+        math.prod(hi - lo + 1 for lo, hi in _box(m.intersect_domain(shape.update.domain).range()))
+        for _, m in shape.operands
+    )
+    written = {st.write.get_tuple_name(isl.dim_type.out) for st in shape.epilogue}
+    ops = ExprOps()
+    for st in shape.epilogue:
+        t = st.tensor
+        if st.role != "compute" or t.op is None:
+            continue
+        inner = {id(r) for r, m in st.reads if m.get_tuple_name(isl.dim_type.out) in written}
+        count_ops(
+            t.op.body,
+            ops,
+            lambda r, c, inner=inner: None if id(r) in inner else global_read(r, c),
+        )
+    return GemmProblem(
+        m=ext[m_dim],
+        n=ext[n_dim],
+        k=rext[kin],
+        k_whole=math.prod(rext) // rext[kin],
+        batch=math.prod(ext[d] for d in range(len(ext)) if d not in (m_dim, n_dim)),
+        bytes_read=4 * reads,
+        bytes_written=4 * math.prod(ext),
+        epilogue=ops.mix(),
+    )
+
+
 def rank_gemm_tiles(
     shape: GemmShape,
     device: DeviceSpec,
     forced: tuple[int, int, int, int, int] | None = None,
     limit: int = 8,
     forced_reason: str = "",
+    stages: int = 1,
 ) -> list[GemmTiling]:
     """The ``limit`` best tile sizes by the cost model (or ``forced``, for ``forced_reason``:
-    default :data:`FORCED_TILE_REASON`), best first, each with the
-    reasons for its choice."""
+    default :data:`FORCED_TILE_REASON`), best first, each with the reasons for its choice.
+
+    Every candidate is priced by the one cost model (:mod:`polyfuse.poly.costs`) on a
+    description of the kernel it would become (:func:`polyfuse.poly.costs.gemm.gemm_tile_desc`:
+    per-tile instruction mix, registers and occupancy, shared-memory wavefronts, L2 fills,
+    waves), with its shared tiles in ``stages`` buffers where they fit the GEMM budget."""
     forced_reason = forced_reason or FORCED_TILE_REASON
     nd = len(shape.data)
     ext = [hi - lo + 1 for lo, hi in shape.data]
@@ -293,8 +331,8 @@ def rank_gemm_tiles(
     # Reduction tiles: the innermost reduction dim by TK, outer ones whole if short.
     kin = max(range(len(rext)), key=lambda j: rext[j])  # the longest reduction dim is tiled
     k_other = math.prod(rext) // rext[kin]  # the others stay whole inside a k-tile
+    problem = gemm_problem(shape, m_dim, n_dim, kin)
     cands: list[tuple] = []
-    other = math.prod(ext[d] for d in range(nd) if d not in (m_dim, n_dim))
     space = [
         (bm, bn, tm, tn, tk)
         for bm in (16, 32, 64, 128)
@@ -306,6 +344,7 @@ def rank_gemm_tiles(
     if forced is not None:
         space = [tuple(forced)]
         reasons.append(f"{forced_reason}={tuple(forced)}")
+    budget = gemm_tile_budget(device)
     for bm, bn, tm, tn, tk in space:
         thr = (bm // tm) * (bn // tn)
         if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
@@ -315,34 +354,17 @@ def rank_gemm_tiles(
             continue
         kt = min(tk, rext[kin])
         smem = 4 * (bm * kt * k_other + kt * k_other * (bn + 1))
-        if smem > gemm_tile_budget(device) and forced is None:
+        if smem > budget and forced is None:
             continue
-        occ_blocks = blocks_per_sm(thr, max(regs, ASSUMED_REGISTERS), smem, device)
-        if occ_blocks < 1 and forced is None:
+        st = stages if smem * stages <= budget else 1
+        desc = gemm_tile_desc(problem, (bm, bn, tm, tn, kt), st)
+        m = model_kernel(desc, device)
+        if m.occupancy.blocks_per_sm < 1 and forced is None:
             continue
-        occ_blocks = max(occ_blocks, 1)
-        gm, gn = -(-ext[m_dim] // bm), -(-ext[n_dim] // bn)
-        blocks = gm * gn * other
-        waves = -(-blocks // (device.sms * occ_blocks))
-        kpad = -(-rext[kin] // kt) * kt * k_other
-        flops_block = 2.0 * bm * bn * kpad
-        # Per SM: its share of blocks (wave quantisation), at the SM's FP32 rate. The
-        # micro-tile issues (tm + tn) / (tm * tn) shared loads per FMA, and the shared-load
-        # pipe runs at 1/4 of the FMA pipe; latency shows unless resident warps times the
-        # independent FMAs per thread (the micro-tile, up to 8) reach 64.
-        rate = device.fp32_tflops * 1e12 / device.sms
-        lds = (tm + tn) / (tm * tn)
-        per_sm = -(-blocks // device.sms)
-        resident = min(occ_blocks, per_sm) * thr
-        lat = max(1.0, 64.0 / (resident / 32 * min(tm * tn, 8)))
-        t_compute = per_sm * flops_block * max(1.0, 4.0 * lds) * lat / rate
-        bytes_total = 4.0 * blocks * (bm + bn) * kpad
-        t_mem = bytes_total / (device.dram_gbps * 1e9)
-        t = max(t_compute, t_mem) + device.launch_us * 1e-6
-        cands.append((t, -thr, bm, bn, tm, tn, kt, regs, smem, occ_blocks, waves, blocks))
+        cands.append((m.us, -thr, bm, bn, tm, tn, kt, desc, m))
     out = []
-    for rank, cand in enumerate(sorted(cands)[:limit]):
-        t, _, bm, bn, tm, tn, kt, regs, smem, occ, waves, blocks = cand
+    for rank, cand in enumerate(sorted(cands, key=lambda c: c[:7])[:limit]):
+        t, _, bm, bn, tm, tn, kt, desc, m = cand
         block = [1] * nd
         threads = [1] * nd
         block[m_dim], block[n_dim] = bm, bn
@@ -352,19 +374,25 @@ def rank_gemm_tiles(
         why = list(reasons)
         if rank:
             why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
+        ktile = desc.mix.scaled(1 / max(1, -(-problem.k // kt)))
         why += [
-            f"{tile_label(bm, bn, tm, tn, kt)}: modelled {t * 1e6:.1f} us on {device.name}",
-            f"estimated {regs} registers/thread, {smem} B shared/block -> {occ} blocks/SM; "
-            f"{blocks} blocks = {waves} wave(s) over {device.sms} SMs",
-            f"micro-tile loads {(tm + tn) / (tm * tn):.2f} shared words per FMA "
-            f"(shared-load pipe at 1/4 of the FMA rate)",
+            f"{tile_label(bm, bn, tm, tn, kt)}: {m} on {device.name}",
+            f"estimated {desc.registers} registers/thread, {desc.shared_bytes} B shared/block -> "
+            f"{m.occupancy.blocks_per_sm} blocks/SM ({m.occupancy.limiter}); {desc.blocks} "
+            f"blocks = {m.waves:.2f} waves over {device.sms} SMs",
+            f"per k-tile and thread about {ktile.slots:.0f} instructions, "
+            f"{ktile.ffma / max(1.0, ktile.slots):.0%} FFMA; micro-tile loads "
+            f"{(tm + tn) / (tm * tn):.2f} shared words per FMA",
         ]
-        out.append(GemmTiling(block, threads, tk, why, t * 1e6, (bm, bn, tm, tn, kt)))
+        out.append(GemmTiling(block, threads, tk, why, t, (bm, bn, tm, tn, kt)))
     return out
 
 
 def choose_gemm_tiles(
-    shape: GemmShape, device: DeviceSpec, forced: tuple[int, int, int, int, int] | None = None
+    shape: GemmShape,
+    device: DeviceSpec,
+    forced: tuple[int, int, int, int, int] | None = None,
+    stages: int = 1,
 ) -> GemmTiling:
     """The cost model's best tile sizes (or ``forced``); the reasons name every choice."""
-    return rank_gemm_tiles(shape, device, forced, limit=1)[0]
+    return rank_gemm_tiles(shape, device, forced, limit=1, stages=stages)[0]

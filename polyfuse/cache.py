@@ -34,10 +34,11 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 7  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 8  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 # 6: kernel facts (polyfuse.cuda.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
+# 8: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (

@@ -1,13 +1,16 @@
 """``polyfuse tune``: time the cost model's best GEMM tilings on a GPU and keep the winner.
 
 For every GEMM-like micrograph of a model (identical layers once), the top ``K`` tilings of
-:func:`polyfuse.poly.tiling.rank_gemm_tiles` are built into kernels. With a GPU (the project's
+:func:`polyfuse.poly.tiling.rank_gemm_tiles` — ordered by the cost model's *modelled* time
+(:mod:`polyfuse.poly.costs`, each candidate described by its tile sizes) — are built into
+kernels. With a GPU (the project's
 runtime, :mod:`polyfuse.cuda.runtime`) each candidate is launched on zero-filled buffers:
 ``warmup`` launches, then ``reps`` launches timed one by one with events; its time is the
 median. The fastest is stored in the compile cache under the micrograph's structure and the
 arch (:func:`polyfuse.cache.tune_key`), and later compiles through that cache use it, saying so
 in the plan ("tuned on <device>: X us vs modelled best Y us"). Without a GPU nothing is stored:
-one line says so and the modelled choice is kept.
+one line says so, the candidates are listed in the model's order with their modelled times and
+what bounds each, and the modelled choice is kept.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from polyfuse.errors import DeviceError, PolyfuseError
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.kernel_map import gemm_kernel_fitting
 from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget
-from polyfuse.poly.promote import gemm_placements
+from polyfuse.poly.promote import gemm_placements, pipeline_stages
 from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 
 DEFAULT_TOP = 4
@@ -47,6 +50,7 @@ class Candidate:
 
     tile: tuple[int, int, int, int, int]  # (BM, BN, TM, TN, TK)
     modelled_us: float
+    why: str = ""  # the cost model's account of the candidate (bound, occupancy, waves)
     source: str = ""  # CUDA of the candidate kernel (PRELUDE included)
     function: str = ""
     kernel: object = None
@@ -93,7 +97,8 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
             continue
         seen.add(key)
         tuned = Tuned(sm.model.micrograph.name, key)
-        for tiling in rank_gemm_tiles(shape, device, limit=top):
+        stages = pipeline_stages(arch)
+        for tiling in rank_gemm_tiles(shape, device, limit=top, stages=stages):
             gk = gemm_kernel_fitting(sm, shape, tiling, device)
             if isinstance(gk, str):
                 continue
@@ -109,6 +114,7 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
                 Candidate(
                     tiling.choice,
                     tiling.modelled_us,
+                    _modelled_note(tiling.reasons),
                     prelude_for(kernel.source) + "\n" + kernel.source,
                     name,
                     kernel,
@@ -117,6 +123,12 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
         if tuned.candidates:
             out.append(tuned)
     return out
+
+
+def _modelled_note(reasons: list[str]) -> str:
+    """The cost model's line of a tiling's reasons: what bounds it, its occupancy, waves."""
+    line = next((r for r in reasons if ": modelled " in r and " us (" in r), "")
+    return line.split(" us (", 1)[1].rsplit(") on ", 1)[0] if line else ""
 
 
 def time_candidate(device, fn, c: Candidate, warmup: int, reps: int) -> float:
@@ -235,10 +247,13 @@ def _format(t: Tuned, arch: str) -> str:
         bm, bn, tm, tn, tk = c.tile
         measured = f"  measured {c.measured_us:9.2f} us" if c.measured_us is not None else ""
         mark = "*" if i == t.winner else " "
+        why = f" [{c.why}]" if c.why and not t.device else ""
         lines.append(
             f" {mark} {i + 1}. block {bm}x{bn}, micro-tile {tm}x{tn}, k-tile {tk}: "
-            f"modelled {c.modelled_us:9.2f} us{measured}"
+            f"modelled {c.modelled_us:10.3f} us{measured}{why}"
         )
+    if not t.device:
+        lines.append("   (modelled by the cost model, polyfuse.poly.costs: no GPU measured these)")
     return "\n".join(lines)
 
 

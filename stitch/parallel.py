@@ -24,14 +24,16 @@ register estimate, barriers, shuffles, launch axes), which the compile cache kee
 kernel served from the cache packs exactly as one generated now. A pack whose shared memory
 would not fit one block is refused with its figures (:attr:`PackDecision.data`).
 
-The cost model (:func:`modelled_us`, all figures *modelled*, never measured): one launch costs
-``launch_us`` plus, per wave of resident blocks, the wave's bytes at the DRAM rate scaled by how
-many useful threads are resident per SM (``saturating_threads`` reach the full rate). Resident
-blocks per SM follow the padded block, the shared memory the pack declares (every part's
-static arrays one after the other, plus the largest dynamic pool) and the largest register
-count. Algorithm 3: candidates sorted by
-modelled cost (descending); a group of ``k`` is packed when separate launches minus the packed
-launch (the gain) is positive, otherwise ``k`` shrinks by one.
+The cost model (:func:`modelled_us`, all figures *modelled*, never measured) is the one of
+:mod:`polyfuse.poly.costs`: each part is described by its kernel (:attr:`PartShape.desc`: the
+IR work estimate its facts carry, its launch and DRAM bytes) and one launch runs them side by
+side (:class:`polyfuse.poly.costs.LaunchDesc`): every part's blocks priced by their own
+instruction mix, resident blocks per SM following the padded block, the shared memory the pack
+declares (every part's static arrays one after the other, plus the largest dynamic pool) and
+the largest register count — so a pack is never modelled faster than the measured peaks its
+parts' FLOPs and bytes allow. Algorithm 3: candidates sorted by modelled cost (descending); a
+group of ``k`` is packed when separate launches minus the packed launch (the gain) is
+positive, otherwise ``k`` shrinks by one.
 """
 
 from __future__ import annotations
@@ -46,11 +48,14 @@ import islpy as isl
 
 from polyfuse.cuda.facts import KernelFacts, pack_facts
 from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.cuda.kernel_cost import describe_kernel
 from polyfuse.cuda.launch import dependence_preds
 from polyfuse.decision import DecisionKind
+from polyfuse.poly.costs import KernelDesc, LaunchDesc, Modelled, model_launch
+from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import ITEMSIZE, count_points
-from polyfuse.poly.policy import ASSUMED_REGISTERS, blocks_per_sm, pack_smem_refusal
+from polyfuse.poly.policy import ASSUMED_REGISTERS, pack_smem_refusal
 from polyfuse.stitch.plan import KernelPlan
 
 # the one text check left: block-range dispatch rewrites a part's source as a device function
@@ -59,10 +64,8 @@ _HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\
 
 @dataclass(frozen=True)
 class PackConfig:
-    """Thresholds of the parallel-stitching cost model (modelled, documented assumptions)."""
+    """Threshold of Layer 3 packing: the least modelled gain a pack must bring."""
 
-    saturating_threads: int = 1024  # useful resident threads per SM that reach full DRAM rate
-    default_registers: int = ASSUMED_REGISTERS  # per thread, before ptxas reported
     min_gain_us: float = 0.0
 
 
@@ -78,11 +81,29 @@ class PartShape:
     facts: KernelFacts
     registers: int | None = None  # ptxas's count, else the facts' estimate, else unknown
     ineligible: str | None = None  # why this kernel cannot be a part at all
+    #: the cost model's description of the kernel (None: from the launch and bytes alone)
+    kernel: KernelDesc | None = None
 
     @property
     def collective(self) -> bool:
         """Whether the part needs its whole block (barriers, shuffles, shared memory...)."""
         return self.facts.collective
+
+    @property
+    def desc(self) -> KernelDesc:
+        """What the cost model prices: the kernel's description, or a stream of its bytes."""
+        if self.kernel is not None:
+            return self.kernel
+        return stream_desc(
+            self.name,
+            self.grid,
+            self.threads,
+            self.bytes,
+            0,
+            registers=self.registers or ASSUMED_REGISTERS,
+            shared_bytes=self.facts.shared_bytes,
+            barriers=self.facts.barriers,
+        )
 
 
 @dataclass
@@ -150,6 +171,7 @@ def part_shape(k: Kernel) -> PartShape:
         facts,
         k.registers or facts.registers,
         why,
+        describe_kernel(k) if k.facts is not None else None,
     )
 
 
@@ -179,23 +201,28 @@ def pack_layout(parts: list[PartShape]) -> PackLayout | str:
 def modelled_us(
     parts: list[PartShape], device: DeviceSpec, cfg: PackConfig, layout: PackLayout | None = None
 ) -> float:
-    """Modelled time (µs) of one launch running ``parts`` (one part: the kernel alone)."""
+    """Modelled time (µs) of one launch running ``parts`` (one part: the kernel alone), by the
+    cost model (:func:`polyfuse.poly.costs.model_launch`)."""
+    return pack_modelled(parts, device, layout).us
+
+
+def pack_modelled(
+    parts: list[PartShape], device: DeviceSpec, layout: PackLayout | None = None
+) -> Modelled:
+    """The cost model's record of one launch running ``parts`` in ``layout``."""
     if layout is None:
         (p,) = parts
         layout = PackLayout(p.threads, [(0, p.grid, 1)])
     smem = pack_facts([p.facts for p in parts]).shared_bytes
-    regs = max(p.registers or cfg.default_registers for p in parts)
-    per_sm = blocks_per_sm(layout.block, regs, smem, device)
-    if per_sm == 0:
-        return float("inf")
-    blocks = layout.grid
-    useful = sum(p.grid * p.threads for p in parts) / max(1, blocks)  # per padded block
-    resident = min(blocks, per_sm * device.sms)
-    waves = -(-blocks // resident)
-    busy = min(1.0, resident * useful / device.sms / cfg.saturating_threads)
-    rate = device.bandwidth_gbps * 1e3 * busy
-    wave_bytes = sum(p.bytes for p in parts) / blocks * resident
-    return device.launch_us + waves * wave_bytes / rate  # bytes / (bytes per µs)
+    regs = max(p.registers or ASSUMED_REGISTERS for p in parts)
+    launch = LaunchDesc(
+        tuple(p.desc for p in parts),
+        tuple(n for _, n, _ in layout.ranges),
+        layout.block,
+        regs,
+        smem,
+    )
+    return model_launch(launch, device)
 
 
 def _fits(parts: list[PartShape], device: DeviceSpec) -> tuple[str, dict[str, int]] | None:
@@ -311,6 +338,12 @@ def plan_packs(
                 why, kinds = conflict
                 pair = [parts[a].name, parts[b].name]
                 decisions.append(PackDecision(pair, False, why, kinds=kinds))
+                continue
+            lay = pack_layout([parts[i] for i in (*group, b)])
+            if isinstance(lay, str):  # its block cannot join the group's: try the next one
+                names = [parts[i].name for i in (*group, b)]
+                kinds = (DecisionKind.FORM_MISMATCH,)
+                decisions.append(PackDecision(names, False, lay, kinds=kinds))
                 continue
             group.append(b)
             related |= down[cluster[b]] | up[cluster[b]]

@@ -17,6 +17,7 @@ import pytest
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.vectorize import prove_vector_copy
 
 ORDERS = (False, "reverse", "random")
@@ -86,11 +87,18 @@ def test_proof_rejects_a_vector_straddling_the_edge():
     assert "straddle" in prove_vector_copy(wide, ["4kt0"], [4], (10,)).reason
 
 
-def _matmul(m: int, k: int, n: int, arch: str = "sm_75"):
+#: a tiling with a 2x4 register micro-tile, for the small shapes that test vector copies and
+#: stores at partial tiles (the cost model may prefer 1x1 micro-tiles at such sizes)
+SMALL_TILE = MappingConfig(gemm_tile=(16, 128, 2, 4, 8))
+
+
+def _matmul(m: int, k: int, n: int, arch: str = "sm_75", mapping: MappingConfig | None = None):
     """sm_75: synchronous copies (no cp.async); sm_80 and later pipeline them."""
     a = te.placeholder((m, k), name="a")
     w = te.placeholder((k, n), name="w")
-    fn = polyfuse.compile(inputs=[a, w], outputs=[ops.matmul(a, w)], arch=arch, check_cuda=False)
+    fn = polyfuse.compile(
+        inputs=[a, w], outputs=[ops.matmul(a, w)], arch=arch, check_cuda=False, mapping=mapping
+    )
     (kern,) = fn.kernels
     return fn, kern.source
 
@@ -143,7 +151,7 @@ def test_misaligned_rows_copy_scalar_and_stay_correct():
 @pytest.mark.parametrize("shape", [(33, 76, 52), (67, 72, 132)])
 def test_vector_copies_correct_at_partial_tiles(shape, arch):
     m, k, n = shape
-    fn, src = _matmul(m, k, n, arch)
+    fn, src = _matmul(m, k, n, arch, SMALL_TILE)
     assert _vector_copied(src, "a") and _vector_copied(src, "w")
     zero = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" if arch == "sm_75" else ") ? 0 : 16);"
     assert zero in src  # whole vectors outside the array: zeros
@@ -185,7 +193,8 @@ def test_epilogue_vector_store_with_bias_gelu_partial_tiles():
         te.placeholder((k, n), name="w"),
         te.placeholder((n,), name="b"),
     )
-    fn = polyfuse.compile([a, w, b], [ops.gelu(ops.add(ops.matmul(a, w), b))], check_cuda=False)
+    y = ops.gelu(ops.add(ops.matmul(a, w), b))
+    fn = polyfuse.compile([a, w, b], [y], check_cuda=False, mapping=SMALL_TILE)
     (kern,) = fn.kernels
     assert "*reinterpret_cast<float4*>(&gelu" in kern.source
     rng = np.random.default_rng(4)

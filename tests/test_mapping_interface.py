@@ -332,7 +332,7 @@ def test_thresholds_are_declared_in_policy():
     specs aside): no module repeats them as bare numbers."""
     import re
 
-    from polyfuse.poly.policy import blocks_per_sm
+    from polyfuse.poly.device import occupancy
 
     bare = re.compile(r"48 \* 1024|\b49152\b|REG_BUDGET =|REG_OVERHEAD =|threads > 1024\b")
     offenders = []
@@ -343,8 +343,9 @@ def test_thresholds_are_declared_in_policy():
             code = re.sub(r'"""(.|\n)*?"""', "", path.read_text())
             offenders += [f"{path.relative_to(ROOT)}: {m}" for m in bare.findall(code)]
     assert offenders == []
-    # A100: 2048 threads, 64K registers, 164 KB shared per SM; 32 blocks at most
-    assert blocks_per_sm(256, 32, 0, A100) == 8
-    assert blocks_per_sm(64, 16, 0, A100) == 32
-    assert blocks_per_sm(256, 32, 100 * 1024, A100) == 1
-    assert blocks_per_sm(256, 32, 200 * 1024, A100) == 0
+    # A100: 2048 threads, 64K registers, 164 KB shared per SM; 32 blocks at most (the one
+    # occupancy formula, poly/device.occupancy)
+    assert occupancy(A100, 256, 32, 0).blocks_per_sm == 8
+    assert occupancy(A100, 64, 16, 0).blocks_per_sm == 32
+    assert occupancy(A100, 256, 32, 100 * 1024).blocks_per_sm == 1
+    assert occupancy(A100, 256, 32, 200 * 1024).blocks_per_sm == 0

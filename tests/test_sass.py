@@ -34,6 +34,7 @@ from polyfuse.cuda.sass import tools as sass_tools
 from polyfuse.cuda.sass.loops import body_mix
 from polyfuse.cuda.sass.parse import parse_instruction
 from polyfuse.poly.device import A100, H100, SGEMM_FFMA_SHARE, occupancy
+from polyfuse.poly.mapping import MappingConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -345,8 +346,11 @@ def matmul4096():
     require_tools()
     ins, outs, _ = examples.matmul_bias_gelu(4096, 4096, 4096)
     out = {}
+    # the tiling issue 20's table describes (128x128 block, 8x8 per thread, k-tile 8), whatever
+    # the cost model ranks first
+    tile = MappingConfig(gemm_tile=(128, 128, 8, 8, 8))
     for arch in ("sm_80", "sm_90"):
-        fn = polyfuse.compile(ins, outs, arch, check_cuda=False, name="matmul4096")
+        fn = polyfuse.compile(ins, outs, arch, check_cuda=False, name="matmul4096", mapping=tile)
         (k,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
         out[arch] = k
     return out

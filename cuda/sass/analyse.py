@@ -12,7 +12,10 @@ The issue-bound estimate (:func:`estimate`) is a model, not a measurement: the b
 ``schedulers`` warp instructions per clock, its FP32 lanes retire ``lanes / 32``
 FFMA/FMUL/FADD per clock, its shared memory moves 128 bytes per clock. The time is the
 largest of the three, at the clock :mod:`polyfuse.poly.device` gives (measured-derived where
-the GPU was measured). Every assumption is listed with the figure.
+the GPU was measured) — the cost model's SM-local bounds
+(:func:`polyfuse.poly.costs.model.sm_bounds_us`); the full model, with DRAM, L2, latency and
+launch, is :func:`polyfuse.cuda.kernel_cost.describe_sass` +
+:func:`polyfuse.poly.costs.model_kernel`. Every assumption is listed with the figure.
 
 With the kernel IR (a compiled graph's kernels) the float4 check of :mod:`.vector` runs too.
 """
@@ -37,6 +40,7 @@ from polyfuse.cuda.sass.records import (
 from polyfuse.cuda.sass.tools import Disassembler, find_disassembler
 from polyfuse.cuda.sass.vector import FLOAT4_RE, vector_check
 from polyfuse.errors import PolyfuseError
+from polyfuse.poly.costs.model import sm_bounds_us
 from polyfuse.poly.device import DeviceSpec, Occupancy, device_for_arch, occupancy
 
 __all__ = [
@@ -56,8 +60,6 @@ __all__ = [
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 #: Compile options of the instrument: line info only (the SASS is the same as without).
 OPTIONS = ("-lineinfo",)
-_FP32 = ("FFMA", "FMUL", "FADD")
-_SHARED = ("LDS", "STS", "LDGSTS", "LDSM")
 
 
 def estimate(
@@ -69,16 +71,9 @@ def estimate(
         return None
     warps = -(-launch.threads // 32)
     per_sm = -(-launch.blocks // device.sms)
-    warp_slots = per_sm * warps
-    clock = device.sustained_clock_mhz * 1e6
-    smem_bytes = sum(
-        n * 32 * bits / 8 for cls in _SHARED for bits, n in per_thread.widths.get(cls, {}).items()
-    )
-    bounds = {
-        "issue": warp_slots * per_thread.total / device.issue_per_second * 1e6,
-        "FP32 pipe": warp_slots * sum(per_thread[c] for c in _FP32) / device.ffma_per_second * 1e6,
-        "shared memory": warp_slots * smem_bytes / (device.smem_bytes_per_clock * clock) * 1e6,
-    }
+    # the cost model's SM-local bounds (polyfuse.poly.costs), every warp issuing each clock
+    sm = sm_bounds_us(per_thread.cost_mix(), launch.blocks, launch.threads, occ, device)
+    bounds = {k: sm[k] for k in ("issue", "FP32 pipe", "shared memory")}
     bound = max(bounds, key=lambda k: bounds[k])
     waves = launch.blocks / (occ.blocks_per_sm * device.sms)
     assumptions = [

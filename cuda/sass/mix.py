@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyfuse.cuda.sass.parse import Instruction
+from polyfuse.poly.costs import Mix
 
 __all__ = ["CLASSES", "MEMORY", "InstrMix", "classify"]
 
@@ -162,6 +163,31 @@ class InstrMix:
             {c: dict(w) for c, w in widths.items()},
             dict(opcodes),
             self.guarded + other.guarded,
+        )
+
+    def cost_mix(self) -> Mix:
+        """This mix as the cost model's input (:class:`polyfuse.poly.costs.Mix`): slots, FP32
+        work, and the bytes one thread moves per memory path (``LDSM`` with the shared loads;
+        generic ``LD``/``ST`` split evenly between loads and stores)."""
+
+        def nbytes(*classes: str) -> float:
+            return sum(n * b / 8 for c in classes for b, n in self.widths.get(c, {}).items())
+
+        return Mix(
+            slots=self.total,
+            ints=self["int"],
+            ffma=self["FFMA"],
+            fmul=self["FMUL"],
+            fadd=self["FADD"],
+            mufu=self["MUFU"],
+            bar=self["BAR"],
+            shfl=self["warp"],
+            lds=nbytes("LDS", "LDSM"),
+            sts=nbytes("STS"),
+            ldg=nbytes("LDG") + nbytes("generic") / 2,
+            stg=nbytes("STG") + nbytes("generic") / 2,
+            ldgsts=nbytes("LDGSTS"),
+            local=nbytes("local"),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.canonical import canonical_form
+from polyfuse.poly.costs import CONSTANTS
 from polyfuse.poly.device import device_for_arch
 from polyfuse.viz.groups import segments
 from polyfuse.viz.layout import layout
@@ -107,22 +108,25 @@ def _points(stmt) -> int:
 
 
 def _modelled(kernel, sms, device) -> dict[str, Any]:
-    """Modelled time: bytes / DRAM bandwidth vs instances / FP32 rate vs launch overhead."""
-    moved = kernel.bytes_read + kernel.bytes_written
-    points = sum(_points(s) for sm in sms for s in sm.model.statements)
-    mem_s = moved / (device.bandwidth_gbps * 1e9)
-    comp_s = points / (device.throughput_tflops * 1e12)
-    launch_s = device.launch_us * 1e-6
-    bound = max(("memory", mem_s), ("compute", comp_s), ("launch", launch_s), key=lambda x: x[1])
+    """The cost model's time of ``kernel`` (:mod:`polyfuse.poly.costs`, on its IR work
+    estimate): its memory (DRAM, L2, latency) and compute (issue, FP32) parts, the launch, and
+    what bounds it."""
+    from polyfuse.cuda.kernel_cost import kernel_modelled
+
+    m = kernel_modelled(kernel, device)
+    b = m.bounds_us
+    memory = max((b.get(k, 0.0) for k in ("DRAM", "L2", "DRAM latency")), default=0.0)
+    compute = max((b.get(k, 0.0) for k in ("issue", "FP32 pipe", "FP32 peak")), default=0.0)
     return {
         "label": "modelled",
         "device": device.name,
-        "memory_s": mem_s,
-        "compute_s": comp_s,
-        "launch_s": launch_s,
-        "instances": points,
-        "total_s": max(mem_s, comp_s) + launch_s,
-        "bound": bound[0],
+        "memory_s": memory * 1e-6,
+        "compute_s": compute * 1e-6,
+        "launch_s": m.launch_us * 1e-6,
+        "instances": sum(_points(s) for sm in sms for s in sm.model.statements),
+        "total_s": m.us * 1e-6,
+        "bound": m.bound,
+        "mix": m.source,
     }
 
 
@@ -470,7 +474,7 @@ def extract(fn) -> dict[str, Any]:
             "model_gbps": device.bandwidth_gbps,
             "model_tflops": device.throughput_tflops,
             "figures": device.figures,
-            "launch_us": device.launch_us,
+            "launch_us": CONSTANTS.launch_us,
             "smem_per_block_optin": device.smem_per_block_optin,
         },
         "counts": {

@@ -45,35 +45,29 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_c1d2df982f99698c797b(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_aa734707c5bae692382f(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
+  const int b2 = _b % 9; _b /= 9;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 4; _t /= 4;
-  const int t2 = _t % 8; _t /= 8;
+  const int t3 = _t % 16; _t /= 16;
   const int t1 = _t;
   const int p0d1 = threadIdx.x / 16;
-  const int p0r = threadIdx.x / 4 % 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ float s_X[2880];
+  const int p0r = threadIdx.x / 8 % 2;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_X[1200];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_W[288];
-  float r_conv2d27_acc[2][4];
-  float r_W_frag[2];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_conv2d27_acc[ii1][ii3] = 0.0f;
-    }
-  }
-  if ((p0d1 <= 11)) {
+  float r_conv2d27_acc[1];
+  r_conv2d27_acc[0] = 0.0f;
+  if (((p0d1 <= 11) && (p0r == 0))) {
     #pragma unroll
     for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 4); ii1 += 1) {
-        s_X[(b0 - b0) * 2880 + (p0d1 - 0) * 240 + (((((8 * b2) + p0r) + (4 * kk2)) - 2) - ((8 * b2) - 2)) * 20 + (((p0c + (4 * ii1)) - 2) - (-2))] = (p0d1 >= 0 && p0d1 < 4 && ((((8 * b2) + p0r) + (4 * kk2)) - 2) >= 0 && ((((8 * b2) + p0r) + (4 * kk2)) - 2) < 9 && ((p0c + (4 * ii1)) - 2) >= 0 && ((p0c + (4 * ii1)) - 2) < 9) ? X[b0 * 324 + p0d1 * 81 + ((((8 * b2) + p0r) + (4 * kk2)) - 2) * 9 + ((p0c + (4 * ii1)) - 2)] : 0.0f;
+      for (int pos = 0; (pos <= 2); pos += 1) {
+        if ((pos <= ((-((p0c + 4) / 8)) + 2))) {
+          s_X[(b0 - b0) * 1200 + (p0d1 - 0) * 100 + (((b2 + (2 * kk2)) - 2) - (b2 - 2)) * 20 + (((p0c + (8 * pos)) - 2) - (-2))] = (p0d1 >= 0 && p0d1 < 4 && ((b2 + (2 * kk2)) - 2) >= 0 && ((b2 + (2 * kk2)) - 2) < 9 && ((p0c + (8 * pos)) - 2) >= 0 && ((p0c + (8 * pos)) - 2) < 9) ? X[b0 * 324 + p0d1 * 81 + ((b2 + (2 * kk2)) - 2) * 9 + ((p0c + (8 * pos)) - 2)] : 0.0f;
+        }
       }
     }
   }
@@ -87,26 +81,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_c1d2df982f99698c797b(flo
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_W_frag[ii1] = s_W[((((t1 + (8 * ii1)) * 18) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d27_acc[ii1][ii3] = r_conv2d27_acc[ii1][ii3] + (s_X[(b0 - b0) * 2880 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 240 + (((((8 * b2) + t2) + (kk1 * 2)) - 2) - ((8 * b2) - 2)) * 20 + ((((t3 + (4 * ii3)) + (kk2 * 2)) - 2) - (-2))] * r_W_frag[ii1]);
-          }
-        }
+        r_conv2d27_acc[0] = r_conv2d27_acc[0] + (s_X[(b0 - b0) * 1200 + (((pf_fdiv(t1, 3) * 2) + kk0) - 0) * 100 + (((b2 + (kk1 * 2)) - 2) - (b2 - 2)) * 20 + (((t3 + (kk2 * 2)) - 2) - (-2))] * s_W[(t1 * 18 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
       }
     }
   }
   __syncthreads();
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t1 + (8 * ii1)) <= 5 && ((8 * b2) + t2) <= 8 && (t3 + (4 * ii3)) <= 8) { conv2d27[b0 * 486 + (t1 + (8 * ii1)) * 81 + ((8 * b2) + t2) * 9 + (t3 + (4 * ii3))] = r_conv2d27_acc[ii1][ii3]; }
-    }
-  }
+  if (t1 <= 5 && t3 <= 8) { conv2d27[b0 * 486 + t1 * 81 + b2 * 9 + t3] = r_conv2d27_acc[0]; }
 }

@@ -45,37 +45,31 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_47a96886ed05a1968ab2(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_44c5bd32b3fcf944b89e(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
+  const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 4; _t /= 4;
-  const int t2 = _t % 8; _t /= 8;
+  const int t3 = _t % 8; _t /= 8;
+  const int t2 = _t % 2; _t /= 2;
   const int t1 = _t;
-  const int p0d1 = threadIdx.x / 64;
-  const int p0r = threadIdx.x / 16 % 4;
-  const int p0c = threadIdx.x % 16;
-  __shared__ float s_X[6732];
+  const int p0d1 = threadIdx.x / 16;
+  const int p0r = threadIdx.x / 8 % 2;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_X[1020];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_W[288];
-  float r_conv2d25_acc[2][4];
+  float r_conv2d25_acc[1];
   float r_conv2d25;
-  float r_W_frag[2];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+  r_conv2d25_acc[0] = 0.0f;
+  if ((p0d1 <= 11)) {
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_conv2d25_acc[ii1][ii3] = 0.0f;
-    }
-  }
-  for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
-    #pragma unroll
-    for (int kk2 = 0; (kk2 <= 4); kk2 += 1) {
-      if ((kk2 <= ((-((p0r + 3) / 4)) + 4))) {
+    for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
+      if ((kk2 <= ((-p0r) + 2))) {
         #pragma unroll
-        for (int ii1 = 0; (ii1 <= 2); ii1 += 1) {
-          if ((ii1 <= ((-((p0c + 15) / 16)) + 2))) {
-            s_X[(b0 - b0) * 6732 + ((p0d1 + (4 * kk1)) - 0) * 561 + (((p0r + (4 * kk2)) - 1) - (-1)) * 33 + (((p0c + (16 * ii1)) - 1) - (-1))] = ((p0d1 + (4 * kk1)) >= 0 && (p0d1 + (4 * kk1)) < 4 && ((p0r + (4 * kk2)) - 1) >= 0 && ((p0r + (4 * kk2)) - 1) < 9 && ((p0c + (16 * ii1)) - 1) >= 0 && ((p0c + (16 * ii1)) - 1) < 9) ? X[b0 * 324 + (p0d1 + (4 * kk1)) * 81 + ((p0r + (4 * kk2)) - 1) * 9 + ((p0c + (16 * ii1)) - 1)] : 0.0f;
+        for (int pos = 0; (pos <= 2); pos += 1) {
+          if ((pos <= ((-((p0c + 7) / 8)) + 2))) {
+            s_X[(b0 - b0) * 1020 + (p0d1 - 0) * 85 + (((((4 * b2) + p0r) + (2 * kk2)) - 1) - ((4 * b2) - 1)) * 17 + (((p0c + (8 * pos)) - 1) - (-1))] = (p0d1 >= 0 && p0d1 < 4 && ((((4 * b2) + p0r) + (2 * kk2)) - 1) >= 0 && ((((4 * b2) + p0r) + (2 * kk2)) - 1) < 9 && ((p0c + (8 * pos)) - 1) >= 0 && ((p0c + (8 * pos)) - 1) < 9) ? X[b0 * 324 + p0d1 * 81 + ((((4 * b2) + p0r) + (2 * kk2)) - 1) * 9 + ((p0c + (8 * pos)) - 1)] : 0.0f;
           }
         }
       }
@@ -91,27 +85,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_47a96886ed05a1968ab2(flo
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_W_frag[ii1] = s_W[((((t1 + (8 * ii1)) * 18) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d25_acc[ii1][ii3] = r_conv2d25_acc[ii1][ii3] + (s_X[(b0 - b0) * 6732 + (((pf_fdiv((t1 + (8 * ii1)), 3) * 2) + kk0) - 0) * 561 + ((((t2 * 2) + kk1) - 1) - (-1)) * 33 + (((((t3 + (4 * ii3)) * 2) + kk2) - 1) - (-1))] * r_W_frag[ii1]);
-          }
-        }
+        r_conv2d25_acc[0] = r_conv2d25_acc[0] + (s_X[(b0 - b0) * 1020 + (((pf_fdiv(t1, 3) * 2) + kk0) - 0) * 85 + ((((((2 * b2) + t2) * 2) + kk1) - 1) - ((4 * b2) - 1)) * 17 + ((((t3 * 2) + kk2) - 1) - (-1))] * s_W[(t1 * 18 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
       }
     }
   }
   __syncthreads();
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t1 + (8 * ii1)) <= 5 && t2 <= 4 && (t3 + (4 * ii3)) <= 4) { r_conv2d25 = r_conv2d25_acc[ii1][ii3]; }
-      if ((t1 + (8 * ii1)) <= 5 && t2 <= 4 && (t3 + (4 * ii3)) <= 4) { relu26[b0 * 150 + (t1 + (8 * ii1)) * 25 + t2 * 5 + (t3 + (4 * ii3))] = pf_fmaxf(r_conv2d25, 0.0f); }
-    }
-  }
+  if (t1 <= 5 && ((2 * b2) + t2) <= 4 && t3 <= 4) { r_conv2d25 = r_conv2d25_acc[0]; }
+  if (t1 <= 5 && ((2 * b2) + t2) <= 4 && t3 <= 4) { relu26[b0 * 150 + t1 * 25 + ((2 * b2) + t2) * 5 + t3] = pf_fmaxf(r_conv2d25, 0.0f); }
 }

@@ -45,29 +45,22 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_899f3787f46d8407324e(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_175c45394054d43271fb(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
+  const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
   const int p0c = threadIdx.x;
   __shared__ float s_a[272];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_w[2193];
-  float r_matmul21_acc[2][4];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ float s_w[272];
+  float r_matmul21_acc[1];
   float r_matmul21;
   float r_add22;
-  float r_a_frag[2];
-  float r_w_frag[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul21_acc[ii0][ii1] = 0.0f;
-    }
-  }
+  r_matmul21_acc[0] = 0.0f;
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
     if ((kk0 <= ((-((p0c + 240) / 256)) + 1))) {
@@ -75,38 +68,18 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_899f3787f46d8407324e(flo
     }
   }
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 8); kk0 += 1) {
-    if ((kk0 <= ((-p1r) + 8))) {
-      s_w[((p1r + (2 * kk0)) - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 29) ? w[(p1r + (2 * kk0)) * 29 + p1c] : 0.0f;
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    if ((kk0 <= ((-((p1r + 15) / 16)) + 1))) {
+      s_w[((p1r + (16 * kk0)) - 0) * 16 + (((16 * b1) + p1c) - (16 * b1))] = (((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? w[(p1r + (16 * kk0)) * 29 + ((16 * b1) + p1c)] : 0.0f;
     }
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_a_frag[ii0] = s_a[((((((16 * b0) + t0) + (8 * ii0)) * 17) + kk0) - (272 * b0))];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_w_frag[ii1] = s_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul21_acc[ii0][ii1] = r_matmul21_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
-      }
-    }
+    r_matmul21_acc[0] = r_matmul21_acc[0] + (s_a[(((16 * b0) + t0) * 17 + kk0 - (272 * b0))] * s_w[(kk0 - 0) * 16 + (((16 * b1) + t1) - (16 * b1))]);
   }
   __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { r_matmul21 = r_matmul21_acc[ii0][ii1]; }
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { r_add22 = (r_matmul21 + bias[(t1 + (32 * ii1))]); }
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 28) { gelu23[(((16 * b0) + t0) + (8 * ii0)) * 29 + (t1 + (32 * ii1))] = ((0.5f * r_add22) * (1.0f + erff((r_add22 * 0.70710677f)))); }
-    }
-  }
+  if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 28) { r_matmul21 = r_matmul21_acc[0]; }
+  if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 28) { r_add22 = (r_matmul21 + bias[((16 * b1) + t1)]); }
+  if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 28) { gelu23[((16 * b0) + t0) * 29 + ((16 * b1) + t1)] = ((0.5f * r_add22) * (1.0f + erff((r_add22 * 0.70710677f)))); }
 }

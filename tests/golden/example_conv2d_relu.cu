@@ -45,38 +45,27 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_73fe2553ce7da40f1305(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_58e76077d221b6be683d(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 8; _t /= 8;
+  const int t2 = _t % 16; _t /= 16;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 32;
+  const int p0d0 = threadIdx.x / 128;
+  const int p0r = threadIdx.x / 32 % 4;
   const int p0c = threadIdx.x % 32;
-  __shared__ float s_x[540];
+  __shared__ float s_x[162];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_w[432];
-  float r_conv2d_conv_acc[2][4];
+  float r_conv2d_conv_acc[1];
   float r_conv2d_conv;
   float r_conv2d;
-  float r_x_frag[4];
-  float r_w_frag[2];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+  r_conv2d_conv_acc[0] = 0.0f;
+  if (((p0r <= 2) && (p0c <= 17))) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d_conv_acc[ii0][ii2] = 0.0f;
-    }
-  }
-  if ((p0c <= 17)) {
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
-      #pragma unroll
-      for (int kk1 = 0; (kk1 <= 1); kk1 += 1) {
-        if ((kk1 <= ((-((p0r + 6) / 8)) + 1))) {
-          s_x[(kk0 - 0) * 180 + (((((8 * b1) + p0r) + (8 * kk1)) - 1) - ((8 * b1) - 1)) * 18 + ((p0c - 1) - (-1))] = (((((8 * b1) + p0r) + (8 * kk1)) - 1) >= 0 && ((((8 * b1) + p0r) + (8 * kk1)) - 1) < 14 && (p0c - 1) >= 0 && (p0c - 1) < 14) ? x[kk0 * 196 + ((((8 * b1) + p0r) + (8 * kk1)) - 1) * 14 + (p0c - 1)] : 0.0f;
-        }
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      if ((kk0 <= ((-p0d0) + 1))) {
+        s_x[((p0d0 + (2 * kk0)) - 0) * 54 + (((b1 + p0r) - 1) - (b1 - 1)) * 18 + ((p0c - 1) - (-1))] = (((b1 + p0r) - 1) >= 0 && ((b1 + p0r) - 1) < 14 && (p0c - 1) >= 0 && (p0c - 1) < 14) ? x[(p0d0 + (2 * kk0)) * 196 + ((b1 + p0r) - 1) * 14 + (p0c - 1)] : 0.0f;
       }
     }
   }
@@ -90,32 +79,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_73fe2553ce7da40f1305(flo
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_x_frag[ii2] = s_x[(((0 * 3) + kk0) - 0) * 180 + (((((8 * b1) + t1) + kk1) - 1) - ((8 * b1) - 1)) * 18 + ((((t2 + kk2) + (4 * ii2)) - 1) - (-1))];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_w_frag[ii0] = s_w[((((t0 + (8 * ii0)) * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
-        }
-        #pragma unroll
-        for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d_conv_acc[ii0][ii2] = r_conv2d_conv_acc[ii0][ii2] + (r_x_frag[ii2] * r_w_frag[ii0]);
-          }
-        }
+        r_conv2d_conv_acc[0] = r_conv2d_conv_acc[0] + (s_x[(0 * 3 + kk0 - 0) * 54 + (((b1 + kk1) - 1) - (b1 - 1)) * 18 + (((t2 + kk2) - 1) - (-1))] * s_w[(t0 * 27 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
       }
     }
   }
   __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && ((8 * b1) + t1) <= 13 && (t2 + (4 * ii2)) <= 13) { r_conv2d_conv = r_conv2d_conv_acc[ii0][ii2]; }
-      if ((t0 + (8 * ii0)) <= 7 && ((8 * b1) + t1) <= 13 && (t2 + (4 * ii2)) <= 13) { r_conv2d = (r_conv2d_conv + bias[(t0 + (8 * ii0))]); }
-      if ((t0 + (8 * ii0)) <= 7 && ((8 * b1) + t1) <= 13 && (t2 + (4 * ii2)) <= 13) { relu[0 * 1568 + (t0 + (8 * ii0)) * 196 + ((8 * b1) + t1) * 14 + (t2 + (4 * ii2))] = pf_fmaxf(r_conv2d, 0.0f); }
-    }
-  }
+  if (t0 <= 7 && t2 <= 13) { r_conv2d_conv = r_conv2d_conv_acc[0]; }
+  if (t0 <= 7 && t2 <= 13) { r_conv2d = (r_conv2d_conv + bias[t0]); }
+  if (t0 <= 7 && t2 <= 13) { relu[0 * 1568 + t0 * 196 + b1 * 14 + t2] = pf_fmaxf(r_conv2d, 0.0f); }
 }

@@ -46,111 +46,64 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_31069c40a230251be7ae(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 5) pf_13901ae1e017daa0f5ea(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
+  const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_a[256];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_w[2064];
-  float r_matmul_acc[2][4];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_a[512];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ float s_w[512];
+  float r_matmul_acc[1];
   float r_matmul;
   float r_bias_add;
-  float r_a_frag[2];
-  float r_w_frag[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul_acc[ii0][ii1] = 0.0f;
-    }
-  }
+  r_matmul_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 3))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? 0 : 16);
+    if (((p0r <= 15) && (kt0 <= 1))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-      __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &w[(p1c >= 0 && p1c < 50) ? (((p1r + (8 * kt0)) + (2 * kk0)) + 8) * 50 + p1c : 0], 4, (p1c >= 0 && p1c < 50) ? 0 : 4);
-    }
+    __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b1) + p1c) - (16 * b1))], &w[(((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? ((p1r + (16 * kt0)) + 16) * 50 + ((16 * b1) + p1c) : 0], 4, (((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? 0 : 4);
     __pipeline_commit();
   }
-  const float* pf_gp0_a = &a[((4 * p0c) + (640 * b0) + (40 * p0r) + 8)];
-  const float* pf_gp0_w = &w[(p1c + (50 * p1r) + 400)];
-  for (int kt0 = 0; (kt0 <= 3); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 3))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? &pf_gp0_a[0] : a, 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? 0 : 16);
+  const float* pf_gp0_a = &a[((4 * p0c) + (640 * b0) + (40 * p0r) + 16)];
+  const float* pf_gp0_w = &w[((16 * b1) + p1c + (50 * p1r) + 800)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 1))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? &pf_gp0_a[0] : a, 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-      __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], (p1c >= 0 && p1c < 50) ? &pf_gp0_w[(100 * kk0)] : w, 4, (p1c >= 0 && p1c < 50) ? 0 : 4);
-    }
+    __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b1) + p1c) - (16 * b1))], (((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? &pf_gp0_w[0] : w, 4, (((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? 0 : 4);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_a_frag[ii0] = s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_w_frag[ii1] = s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
-        }
-      }
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      r_matmul_acc[0] = r_matmul_acc[0] + (s_a[(kt0 % 2) * 256 + (((16 * b0) + t0) - (16 * b0)) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
     }
     __syncthreads();
-    pf_gp0_a += 8;
-    pf_gp0_w += 400;
+    pf_gp0_a += 16;
+    pf_gp0_w += 800;
   }
   {
-    const int kt0 = 4;
-    if (((p0r <= 15) && (kt0 <= 3))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33) ? 0 : 16);
+    const int kt0 = 2;
+    if (((p0r <= 15) && (kt0 <= 1))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_a_frag[ii0] = s_a[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_w_frag[ii1] = s_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul_acc[ii0][ii1] = r_matmul_acc[ii0][ii1] + (r_a_frag[ii0] * r_w_frag[ii1]);
-        }
-      }
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      r_matmul_acc[0] = r_matmul_acc[0] + (s_a[(kt0 % 2) * 256 + (((16 * b0) + t0) - (16 * b0)) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
     }
     __syncthreads();
   }
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { r_matmul = r_matmul_acc[ii0][ii1]; }
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { r_bias_add = (r_matmul + bias[(t1 + (32 * ii1))]); }
-      if ((((16 * b0) + t0) + (8 * ii0)) <= 32 && (t1 + (32 * ii1)) <= 49) { gelu[(((16 * b0) + t0) + (8 * ii0)) * 50 + (t1 + (32 * ii1))] = ((0.5f * r_bias_add) * (1.0f + erff((r_bias_add * 0.70710677f)))); }
-    }
-  }
+  if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 49) { r_matmul = r_matmul_acc[0]; }
+  if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 49) { r_bias_add = (r_matmul + bias[((16 * b1) + t1)]); }
+  if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 49) { gelu[((16 * b0) + t0) * 50 + ((16 * b1) + t1)] = ((0.5f * r_bias_add) * (1.0f + erff((r_bias_add * 0.70710677f)))); }
 }

@@ -46,252 +46,38 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_0eb78a33f97e075d6953(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_embeddings[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_layer0_attn_k_w[2112];
-  float r_matmul4_acc[2][4];
-  float r_matmul4;
-  float r_embeddings_frag[2];
-  float r_layer0_attn_k_w_frag[4];
-  float r_add5_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul4_acc[ii1][iv] = 0.0f;
-    }
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_layer0_attn_k_w = &layer0_attn_k_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_k_w[0] : layer0_attn_k_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_embeddings += 8;
-    pf_gp0_layer0_attn_k_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul4 = r_matmul4_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
-  }
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_embeddings[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_layer0_attn_q_w[2112];
-  float r_matmul0_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_embeddings[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer0_attn_q_w[512];
+  float r_matmul0_acc[1];
   float r_matmul0;
-  float r_embeddings_frag[2];
-  float r_layer0_attn_q_w_frag[4];
-  float r_add1_v[4];
+  r_matmul0_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_embeddings[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_layer0_attn_q_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&layer0_attn_q_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul0_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul0_acc[0] = r_matmul0_acc[0] + (s_embeddings[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_layer0_attn_q_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_layer0_attn_q_w = &layer0_attn_q_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_q_w[0] : layer0_attn_q_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_q_w_frag[iv] = s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_embeddings += 8;
-    pf_gp0_layer0_attn_q_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_q_w_frag[iv] = s_layer0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul0_acc[ii1][iv] = r_matmul0_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul0 = r_matmul0_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add1_v[iv] = (r_matmul0 + layer0_attn_q_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add1[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add1_v[0], r_add1_v[1], r_add1_v[2], r_add1_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 7) { r_matmul0 = r_matmul0_acc[0]; }
+  if (t1 <= 7) { add1[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = (r_matmul0 + layer0_attn_q_bias[((16 * b2) + t2)]); }
 }
 
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_f26e68d5e02d36a5371d(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -305,7 +91,60 @@ __device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ r
   reshape2[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add1[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_8c38932a0d07444c7f1e(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
+    pf_8c38932a0d07444c7f1e_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
+    pf_8c38932a0d07444c7f1e_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
+    pf_8c38932a0d07444c7f1e_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p0(float* __restrict__ transpose3, const float* __restrict__ reshape2, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+}
+
+__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -319,7 +158,7 @@ __device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ t
   transpose7[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape6[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -333,128 +172,55 @@ __device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ t
   transpose11[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape10[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
+extern "C" __global__ void __launch_bounds__(256) pf_a65181ca6b2bd1ca9fa9(float* __restrict__ transpose3, const float* __restrict__ reshape2, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
+  if (pf_b < 2) {  // k2_transpose3: 2 blocks of 256
+    pf_a65181ca6b2bd1ca9fa9_p0(transpose3, reshape2, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_transpose7: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
+    pf_a65181ca6b2bd1ca9fa9_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_transpose11: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
+    pf_a65181ca6b2bd1ca9fa9_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b6a4c5fecfd5257c0270(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose3[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose7[2112];
-  float r_matmul12_acc[2][4];
-  float r_transpose3_frag[2];
-  float r_transpose7_frag[4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_transpose3[260];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_transpose7[1088];
+  float r_matmul12_acc[4];
+  float r_transpose3_frag[1];
   float r_matmul12_v[4];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul12_acc[ii2][iv] = 0.0f;
-    }
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    r_matmul12_acc[iv] = 0.0f;
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    __pipeline_commit();
+  if ((p0c <= 63)) {
+    *reinterpret_cast<float4*>(&s_transpose3[(b0 - b0) * 260 + (b1 - b1) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&transpose3[b0 * 256 + b1 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  {
-    const int kt0 = 0;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
+  *reinterpret_cast<float4*>(&s_transpose7[(b0 - b0) * 1088 + (((16 * b1) + p1r) - (16 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&transpose7[b0 * 256 + ((16 * b1) + p1r) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+    r_transpose3_frag[0] = s_transpose3[(b0 - b0) * 260 + (b1 - b1) * 260 + (((t2 * 16) + kk0) - 0)];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 7) { r_matmul12_v[iv] = r_matmul12_acc[ii2][iv]; }
+      r_matmul12_acc[iv] = r_matmul12_acc[iv] + (r_transpose3_frag[0] * s_transpose7[(b0 - b0) * 1088 + (b1 * 16 + kk0 - (16 * b1)) * 68 + (((4 * t3) + iv) - 0)]);
     }
-    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul12[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul12_v[0], r_matmul12_v[1], r_matmul12_v[2], r_matmul12_v[3]); }
   }
+  __syncthreads();
+  #pragma unroll
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    if (t2 <= 7 && ((4 * t3) + iv) <= 7) { r_matmul12_v[iv] = r_matmul12_acc[iv]; }
+  }
+  if (t2 <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul12[b0 * 128 + b1 * 64 + t2 * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul12_v[0], r_matmul12_v[1], r_matmul12_v[2], r_matmul12_v[3]); }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
@@ -531,12 +297,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b775ad2c8814a7a7217b(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_softmax14[132];
@@ -544,14 +310,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose11[1056];
   float r_matmul15_acc[2][4];
-  float r_softmax14_frag[2];
-  float r_transpose11_frag[4];
+  float r_softmax14_frag[1];
   float r_matmul15_v[4];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul15_acc[ii2][iv] = 0.0f;
+      r_matmul15_acc[ii3][iv] = 0.0f;
     }
   }
   if ((p0c <= 31)) {
@@ -561,30 +326,23 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    r_softmax14_frag[0] = s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + (((t2 * 8) + kk0) - 0)];
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      r_softmax14_frag[ii2] = s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + ((((t2 + (8 * ii2)) * 8) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose11_frag[iv] = s_transpose11[(b0 - b0) * 1056 + (((b1 * 8) + kk0) - (8 * b1)) * 132 + (((4 * t3) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul15_acc[ii2][iv] = r_matmul15_acc[ii2][iv] + (r_softmax14_frag[ii2] * r_transpose11_frag[iv]);
+        r_matmul15_acc[ii3][iv] = r_matmul15_acc[ii3][iv] + (r_softmax14_frag[0] * s_transpose11[(b0 - b0) * 1056 + (b1 * 8 + kk0 - (8 * b1)) * 132 + ((((4 * t3) + (64 * ii3)) + iv) - 0)]);
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 15) { r_matmul15_v[iv] = r_matmul15_acc[ii2][iv]; }
+      if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + iv) <= 15) { r_matmul15_v[iv] = r_matmul15_acc[ii3][iv]; }
     }
-    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul15[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + ((4 * t3) + 0)]) = make_float4(r_matmul15_v[0], r_matmul15_v[1], r_matmul15_v[2], r_matmul15_v[3]); }
+    if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul15[b0 * 256 + b1 * 128 + t2 * 16 + (((4 * t3) + (64 * ii3)) + 0)]) = make_float4(r_matmul15_v[0], r_matmul15_v[1], r_matmul15_v[2], r_matmul15_v[3]); }
   }
 }
 
@@ -614,105 +372,33 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_cb364643af963b5e306a(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape17[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_layer0_attn_o_w[2112];
-  float r_matmul18_acc[2][4];
-  float r_reshape17_frag[2];
-  float r_layer0_attn_o_w_frag[4];
-  float r_matmul18_v[4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_reshape17[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer0_attn_o_w[512];
+  float r_matmul18_acc[1];
+  r_matmul18_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_reshape17[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&reshape17[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_layer0_attn_o_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&layer0_attn_o_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul18_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul18_acc[0] = r_matmul18_acc[0] + (s_reshape17[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_layer0_attn_o_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape17[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_reshape17 = &reshape17[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_layer0_attn_o_w = &layer0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_reshape17[0] : reshape17, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_o_w[0] : layer0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_o_w_frag[iv] = s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_reshape17 += 8;
-    pf_gp0_layer0_attn_o_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape17[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_o_w_frag[iv] = s_layer0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul18_v[iv] = r_matmul18_acc[ii1][iv]; }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul18[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
@@ -796,208 +482,83 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_08524cc912f0ce54386d(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_02f3e5a99d333692a7b0(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
+  const int b2 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm21[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_layer0_ffn_fc1_w[2112];
-  float r_matmul22_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm21[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer0_ffn_fc1_w[512];
+  float r_matmul22_acc[1];
   float r_matmul22;
   float r_add23;
-  float r_layer_norm21_frag[2];
-  float r_layer0_ffn_fc1_w_frag[4];
-  float r_gelu24_v[4];
+  r_matmul22_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_layer_norm21[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&layer_norm21[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_layer0_ffn_fc1_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&layer0_ffn_fc1_w[p1r * 64 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul22_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul22_acc[0] = r_matmul22_acc[0] + (s_layer_norm21[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_layer0_ffn_fc1_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm21[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_ffn_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_ffn_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm21 = &layer_norm21[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_layer0_ffn_fc1_w = &layer0_ffn_fc1_w[((4 * p1c) + (64 * p1r) + 512)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm21[0] : layer_norm21, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_ffn_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 64) ? &pf_gp0_layer0_ffn_fc1_w[0] : layer0_ffn_fc1_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm21_frag[ii1] = s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm21 += 8;
-    pf_gp0_layer0_ffn_fc1_w += 512;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm21[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm21_frag[ii1] = s_layer_norm21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_matmul22 = r_matmul22_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[((4 * t2) + iv)]); }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu24_v[iv] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.70710677f)))); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu24[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu24_v[0], r_gelu24_v[1], r_gelu24_v[2], r_gelu24_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 7) { r_matmul22 = r_matmul22_acc[0]; }
+  if (t1 <= 7) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[((16 * b2) + t2)]); }
+  if (t1 <= 7) { gelu24[b0 * 512 + t1 * 64 + ((16 * b2) + t2)] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.70710677f)))); }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_ba082cc47fc4b48347ce(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256, 5) pf_1334a791d82b6bdeb89b(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_gelu24[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_layer0_ffn_fc2_w[2112];
-  float r_matmul25_acc[2][4];
-  float r_gelu24_frag[2];
-  float r_layer0_ffn_fc2_w_frag[4];
-  float r_matmul25_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul25_acc[ii1][iv] = 0.0f;
-    }
-  }
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_gelu24[1152];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer0_ffn_fc2_w[1024];
+  float r_matmul25_acc[1];
+  r_matmul25_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_ffn_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    if (((p1r <= 31) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &layer0_ffn_fc2_w[((p1r + (32 * kt0)) + 32) * 32 + ((16 * b2) + (4 * p1c))], 16);
+    }
     __pipeline_commit();
   }
-  const float* pf_gp0_gelu24 = &gelu24[((4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
-  const float* pf_gp0_layer0_ffn_fc2_w = &layer0_ffn_fc2_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 6); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu24[0] : gelu24, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+  const float* pf_gp0_gelu24 = &gelu24[((4 * p0c) + (64 * p0r) + (512 * b0) + 32)];
+  const float* pf_gp0_layer0_ffn_fc2_w = &layer0_ffn_fc2_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 1024)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu24[0] : gelu24, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_ffn_fc2_w[0] : layer0_ffn_fc2_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_gelu24 += 8;
-    pf_gp0_layer0_ffn_fc2_w += 256;
-  }
-  {
-    const int kt0 = 7;
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    if (((p1r <= 31) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_layer0_ffn_fc2_w[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
-        }
-      }
+    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+      r_matmul25_acc[0] = r_matmul25_acc[0] + (s_gelu24[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))] * s_layer0_ffn_fc2_w[(kt0 % 2) * 512 + (((32 * kt0) + kk0) - (32 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
     }
     __syncthreads();
+    pf_gp0_gelu24 += 32;
+    pf_gp0_layer0_ffn_fc2_w += 1024;
   }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul25_v[iv] = r_matmul25_acc[ii1][iv]; }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul25[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul25_v[0], r_matmul25_v[1], r_matmul25_v[2], r_matmul25_v[3]); }
-  }
+  if (t1 <= 7) { matmul25[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul25_acc[0]; }
 }

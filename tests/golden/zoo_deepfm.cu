@@ -90,7 +90,23 @@ extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* 
   }
 }
 
-__device__ __forceinline__ void pf_90f4f6f7697a45363744_p0(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d062ac3a8f1f4c0f868e_p0(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int l0 = _t % 32; _t /= 32;
+  const int r0 = _t;
+  __shared__ float pf_scratch[1];
+  float r_reduce_sum0_acc;
+  // part:mg0
+  r_reduce_sum0_acc = 0.0f;
+  if ((l0 <= 2)) {
+    r_reduce_sum0_acc = r_reduce_sum0_acc + first_order[r0 * 3 + l0];
+  }
+  r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
+}
+
+__device__ __forceinline__ void pf_d062ac3a8f1f4c0f868e_p1(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -119,28 +135,12 @@ __device__ __forceinline__ void pf_90f4f6f7697a45363744_p0(float* __restrict__ r
   r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-__device__ __forceinline__ void pf_90f4f6f7697a45363744_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_reduce_sum0_acc;
-  // part:mg0
-  r_reduce_sum0_acc = 0.0f;
-  if ((l0 <= 2)) {
-    r_reduce_sum0_acc = r_reduce_sum0_acc + first_order[r0 * 3 + l0];
-  }
-  r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_90f4f6f7697a45363744(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, float* __restrict__ reduce_sum0, const float* __restrict__ first_order) {
+extern "C" __global__ void __launch_bounds__(128) pf_d062ac3a8f1f4c0f868e(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k3_mul4: 1 blocks of 128
-    pf_90f4f6f7697a45363744_p0(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pf_90f4f6f7697a45363744_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+  if (pf_b < 1) {  // k0_reduce_sum0: 1 blocks of 128
+    pf_d062ac3a8f1f4c0f868e_p0(reduce_sum0, first_order, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k3_mul4: 1 blocks of 128
+    pf_d062ac3a8f1f4c0f868e_p1(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 1, (int)threadIdx.x);
   }
 }
 
@@ -154,125 +154,88 @@ extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* 
   reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_6dcab61915cb8d5a3e71(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_d271db696e7bac7cd0fc(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_reshape8[192];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_deep0_w[1584];
-  float r_matmul9_acc[2][4];
+  __shared__ __align__(16) float s_reshape8[768];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_deep0_w[192];
+  float r_matmul9_acc[4];
   float r_matmul9;
   float r_add10;
-  float r_reshape8_frag[2];
-  float r_deep0_w_frag[4];
+  float r_reshape8_frag[1];
   float r_relu11_v[4];
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul9_acc[ii0][iv] = 0.0f;
-    }
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    r_matmul9_acc[iv] = 0.0f;
   }
-  if ((p0c <= 47)) {
+  if ((p0c <= 191)) {
     *reinterpret_cast<float4*>(&s_reshape8[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 48) ? *reinterpret_cast<const float4*>(&reshape8[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-    if ((kk0 <= ((-((p1r + 4) / 8)) + 1))) {
-      *reinterpret_cast<float4*>(&s_deep0_w[((p1r + (8 * kk0)) - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[(p1r + (8 * kk0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  if ((p1r <= 11)) {
+    *reinterpret_cast<float4*>(&s_deep0_w[(p1r - 0) * 16 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[p1r * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_reshape8_frag[ii0] = s_reshape8[((((t0 + (8 * ii0)) * 12) + kk0) - 0)];
-    }
+    r_reshape8_frag[0] = s_reshape8[(((t0 * 12) + kk0) - 0)];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_deep0_w_frag[iv] = s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (r_reshape8_frag[ii0] * r_deep0_w_frag[iv]);
-      }
+      r_matmul9_acc[iv] = r_matmul9_acc[iv] + (r_reshape8_frag[0] * s_deep0_w[(kk0 - 0) * 16 + (((4 * t1) + iv) - 0)]);
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_matmul9 = r_matmul9_acc[ii0][iv]; }
-      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_add10 = (r_matmul9 + deep0_bias[((4 * t1) + iv)]); }
-      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_relu11_v[iv] = pf_fmaxf(r_add10, 0.0f); }
-    }
-    if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu11[(t0 + (8 * ii0)) * 8 + ((4 * t1) + 0)]) = make_float4(r_relu11_v[0], r_relu11_v[1], r_relu11_v[2], r_relu11_v[3]); }
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    if (t0 <= 3 && ((4 * t1) + iv) <= 7) { r_matmul9 = r_matmul9_acc[iv]; }
+    if (t0 <= 3 && ((4 * t1) + iv) <= 7) { r_add10 = (r_matmul9 + deep0_bias[((4 * t1) + iv)]); }
+    if (t0 <= 3 && ((4 * t1) + iv) <= 7) { r_relu11_v[iv] = pf_fmaxf(r_add10, 0.0f); }
   }
+  if (t0 <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu11[t0 * 8 + ((4 * t1) + 0)]) = make_float4(r_relu11_v[0], r_relu11_v[1], r_relu11_v[2], r_relu11_v[3]); }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b2b6d2463113362dc68c(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_7a1ed15a0537977c0e4d(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_relu11[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_deep1_w[1032];
-  float r_matmul12_acc[2][4];
+  const int p1r = threadIdx.x / 64;
+  const int p1c = threadIdx.x % 64;
+  __shared__ float s_deep1_w[520];
+  float r_matmul12_acc[4];
   float r_matmul12;
   float r_add13;
-  float r_relu11_frag[2];
-  float r_deep1_w_frag[4];
+  float r_relu11_frag[1];
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul12_acc[ii0][ii1] = 0.0f;
-    }
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    r_matmul12_acc[ii1] = 0.0f;
   }
   if ((p0c <= 31)) {
     *reinterpret_cast<float4*>(&s_relu11[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 32) ? *reinterpret_cast<const float4*>(&relu11[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-    s_deep1_w[((p1r + (2 * kk0)) - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[(p1r + (2 * kk0)) * 6 + p1c] : 0.0f;
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    s_deep1_w[((p1r + (4 * kk0)) - 0) * 65 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[(p1r + (4 * kk0)) * 6 + p1c] : 0.0f;
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_relu11_frag[ii0] = s_relu11[((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
-    }
+    r_relu11_frag[0] = s_relu11[(((t0 * 8) + kk0) - 0)];
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_deep1_w_frag[ii1] = s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul12_acc[ii0][ii1] = r_matmul12_acc[ii0][ii1] + (r_relu11_frag[ii0] * r_deep1_w_frag[ii1]);
-      }
+      r_matmul12_acc[ii1] = r_matmul12_acc[ii1] + (r_relu11_frag[0] * s_deep1_w[(kk0 - 0) * 65 + ((t1 + (16 * ii1)) - 0)]);
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_matmul12 = r_matmul12_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_add13 = (r_matmul12 + deep1_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu14[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add13, 0.0f); }
-    }
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 5) { r_matmul12 = r_matmul12_acc[ii1]; }
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 5) { r_add13 = (r_matmul12 + deep1_bias[(t1 + (16 * ii1))]); }
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 5) { relu14[t0 * 6 + (t1 + (16 * ii1))] = pf_fmaxf(r_add13, 0.0f); }
   }
 }
 

@@ -114,252 +114,38 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_0eb78a33f97e075d6953(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm0[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_attn_k_w[2112];
-  float r_matmul5_acc[2][4];
-  float r_matmul5;
-  float r_layer_norm0_frag[2];
-  float r_block0_attn_k_w_frag[4];
-  float r_add6_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul5_acc[ii1][iv] = 0.0f;
-    }
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm0 = &layer_norm0[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_block0_attn_k_w = &block0_attn_k_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm0[0] : layer_norm0, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_k_w[0] : block0_attn_k_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm0 += 8;
-    pf_gp0_block0_attn_k_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul5 = r_matmul5_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add6_v[iv] = (r_matmul5 + block0_attn_k_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add6_v[0], r_add6_v[1], r_add6_v[2], r_add6_v[3]); }
-  }
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm0[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_attn_q_w[2112];
-  float r_matmul1_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm0[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_attn_q_w[512];
+  float r_matmul1_acc[1];
   float r_matmul1;
-  float r_layer_norm0_frag[2];
-  float r_block0_attn_q_w_frag[4];
-  float r_add2_v[4];
+  r_matmul1_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_layer_norm0[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&layer_norm0[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_block0_attn_q_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_q_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul1_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul1_acc[0] = r_matmul1_acc[0] + (s_layer_norm0[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_q_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm0 = &layer_norm0[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_block0_attn_q_w = &block0_attn_q_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm0[0] : layer_norm0, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_q_w[0] : block0_attn_q_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm0 += 8;
-    pf_gp0_block0_attn_q_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul1_acc[ii1][iv] = r_matmul1_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul1 = r_matmul1_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add2_v[iv] = (r_matmul1 + block0_attn_q_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add2[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add2_v[0], r_add2_v[1], r_add2_v[2], r_add2_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 7) { r_matmul1 = r_matmul1_acc[0]; }
+  if (t1 <= 7) { add2[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = (r_matmul1 + block0_attn_q_bias[((16 * b2) + t2)]); }
 }
 
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_f26e68d5e02d36a5371d(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p0(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -373,7 +159,60 @@ __device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ r
   reshape3[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add2[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_8c38932a0d07444c7f1e(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k2_reshape3: 2 blocks of 256
+    pf_8c38932a0d07444c7f1e_p0(reshape3, add2, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
+    pf_8c38932a0d07444c7f1e_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
+    pf_8c38932a0d07444c7f1e_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p0(float* __restrict__ transpose4, const float* __restrict__ reshape3, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
+}
+
+__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p1(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -387,7 +226,7 @@ __device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ t
   transpose8[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape7[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p2(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -401,128 +240,55 @@ __device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ t
   transpose12[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape11[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
+extern "C" __global__ void __launch_bounds__(256) pf_a65181ca6b2bd1ca9fa9(float* __restrict__ transpose4, const float* __restrict__ reshape3, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k2_reshape3: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p0(reshape3, add2, pf_b - 0, (int)threadIdx.x);
+  if (pf_b < 2) {  // k3_transpose4: 2 blocks of 256
+    pf_a65181ca6b2bd1ca9fa9_p0(transpose4, reshape3, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k6_transpose8: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p1(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
+    pf_a65181ca6b2bd1ca9fa9_p1(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k9_transpose12: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p2(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
+    pf_a65181ca6b2bd1ca9fa9_p2(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose4, const float* __restrict__ reshape3) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b6a4c5fecfd5257c0270(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose4[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose8[2112];
-  float r_matmul13_acc[2][4];
-  float r_transpose4_frag[2];
-  float r_transpose8_frag[4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_transpose4[260];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_transpose8[1088];
+  float r_matmul13_acc[4];
+  float r_transpose4_frag[1];
   float r_matmul13_v[4];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul13_acc[ii2][iv] = 0.0f;
-    }
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    r_matmul13_acc[iv] = 0.0f;
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    __pipeline_commit();
+  if ((p0c <= 63)) {
+    *reinterpret_cast<float4*>(&s_transpose4[(b0 - b0) * 260 + (b1 - b1) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&transpose4[b0 * 256 + b1 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  {
-    const int kt0 = 0;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
+  *reinterpret_cast<float4*>(&s_transpose8[(b0 - b0) * 1088 + (((16 * b1) + p1r) - (16 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&transpose8[b0 * 256 + ((16 * b1) + p1r) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+    r_transpose4_frag[0] = s_transpose4[(b0 - b0) * 260 + (b1 - b1) * 260 + (((t2 * 16) + kk0) - 0)];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 7) { r_matmul13_v[iv] = r_matmul13_acc[ii2][iv]; }
+      r_matmul13_acc[iv] = r_matmul13_acc[iv] + (r_transpose4_frag[0] * s_transpose8[(b0 - b0) * 1088 + (b1 * 16 + kk0 - (16 * b1)) * 68 + (((4 * t3) + iv) - 0)]);
     }
-    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul13[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul13_v[0], r_matmul13_v[1], r_matmul13_v[2], r_matmul13_v[3]); }
   }
+  __syncthreads();
+  #pragma unroll
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    if (t2 <= 7 && ((4 * t3) + iv) <= 7) { r_matmul13_v[iv] = r_matmul13_acc[iv]; }
+  }
+  if (t2 <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul13[b0 * 128 + b1 * 64 + t2 * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul13_v[0], r_matmul13_v[1], r_matmul13_v[2], r_matmul13_v[3]); }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
@@ -603,12 +369,12 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_b775ad2c8814a7a7217b(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_softmax16[132];
@@ -616,14 +382,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_transpose12[1056];
   float r_matmul17_acc[2][4];
-  float r_softmax16_frag[2];
-  float r_transpose12_frag[4];
+  float r_softmax16_frag[1];
   float r_matmul17_v[4];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul17_acc[ii2][iv] = 0.0f;
+      r_matmul17_acc[ii3][iv] = 0.0f;
     }
   }
   if ((p0c <= 31)) {
@@ -633,30 +398,23 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    r_softmax16_frag[0] = s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + (((t2 * 8) + kk0) - 0)];
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      r_softmax16_frag[ii2] = s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + ((((t2 + (8 * ii2)) * 8) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose12_frag[iv] = s_transpose12[(b0 - b0) * 1056 + (((b1 * 8) + kk0) - (8 * b1)) * 132 + (((4 * t3) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul17_acc[ii2][iv] = r_matmul17_acc[ii2][iv] + (r_softmax16_frag[ii2] * r_transpose12_frag[iv]);
+        r_matmul17_acc[ii3][iv] = r_matmul17_acc[ii3][iv] + (r_softmax16_frag[0] * s_transpose12[(b0 - b0) * 1056 + (b1 * 8 + kk0 - (8 * b1)) * 132 + ((((4 * t3) + (64 * ii3)) + iv) - 0)]);
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + iv) <= 15) { r_matmul17_v[iv] = r_matmul17_acc[ii2][iv]; }
+      if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + iv) <= 15) { r_matmul17_v[iv] = r_matmul17_acc[ii3][iv]; }
     }
-    if ((t2 + (8 * ii2)) <= 7 && ((4 * t3) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul17[b0 * 256 + b1 * 128 + (t2 + (8 * ii2)) * 16 + ((4 * t3) + 0)]) = make_float4(r_matmul17_v[0], r_matmul17_v[1], r_matmul17_v[2], r_matmul17_v[3]); }
+    if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul17[b0 * 256 + b1 * 128 + t2 * 16 + (((4 * t3) + (64 * ii3)) + 0)]) = make_float4(r_matmul17_v[0], r_matmul17_v[1], r_matmul17_v[2], r_matmul17_v[3]); }
   }
 }
 
@@ -686,105 +444,33 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_cb364643af963b5e306a(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape19[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_attn_o_w[2112];
-  float r_matmul20_acc[2][4];
-  float r_reshape19_frag[2];
-  float r_block0_attn_o_w_frag[4];
-  float r_matmul20_v[4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_reshape19[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_attn_o_w[512];
+  float r_matmul20_acc[1];
+  r_matmul20_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_reshape19[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&reshape19[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_block0_attn_o_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_o_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul20_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul20_acc[0] = r_matmul20_acc[0] + (s_reshape19[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_o_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape19[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_reshape19 = &reshape19[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_reshape19[0] : reshape19, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_o_w[0] : block0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_reshape19 += 8;
-    pf_gp0_block0_attn_o_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape19[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul20_v[iv] = r_matmul20_acc[ii1][iv]; }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul20[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul20_v[0], r_matmul20_v[1], r_matmul20_v[2], r_matmul20_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
@@ -872,210 +558,85 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_296713334fdbfa9cc563(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_8f5c27f9625a3076dd3f(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
+  const int b2 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm23[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_mlp_fc1_w[2112];
-  float r_matmul24_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm23[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_mlp_fc1_w[512];
+  float r_matmul24_acc[1];
   float r_matmul24;
   float r_add25;
-  float r_layer_norm23_frag[2];
-  float r_block0_mlp_fc1_w_frag[4];
-  float r_gelu26_v[4];
+  r_matmul24_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_layer_norm23[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&layer_norm23[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[p1r * 64 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul24_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul24_acc[0] = r_matmul24_acc[0] + (s_layer_norm23[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_mlp_fc1_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm23[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm23 = &layer_norm23[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_block0_mlp_fc1_w = &block0_mlp_fc1_w[((4 * p1c) + (64 * p1r) + 512)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm23[0] : layer_norm23, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 64) ? &pf_gp0_block0_mlp_fc1_w[0] : block0_mlp_fc1_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm23_frag[ii1] = s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm23 += 8;
-    pf_gp0_block0_mlp_fc1_w += 512;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm23[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm23_frag[ii1] = s_layer_norm23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_matmul24 = r_matmul24_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 63) { r_gelu26_v[iv] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978846f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu26[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu26_v[0], r_gelu26_v[1], r_gelu26_v[2], r_gelu26_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 7) { r_matmul24 = r_matmul24_acc[0]; }
+  if (t1 <= 7) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[((16 * b2) + t2)]); }
+  if (t1 <= 7) { gelu26[b0 * 512 + t1 * 64 + ((16 * b2) + t2)] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978846f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_ba082cc47fc4b48347ce(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256, 5) pf_1334a791d82b6bdeb89b(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_gelu26[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_mlp_fc2_w[2112];
-  float r_matmul27_acc[2][4];
-  float r_gelu26_frag[2];
-  float r_block0_mlp_fc2_w_frag[4];
-  float r_matmul27_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul27_acc[ii1][iv] = 0.0f;
-    }
-  }
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_gelu26[1152];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_mlp_fc2_w[1024];
+  float r_matmul27_acc[1];
+  r_matmul27_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    if (((p1r <= 31) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_mlp_fc2_w[((p1r + (32 * kt0)) + 32) * 32 + ((16 * b2) + (4 * p1c))], 16);
+    }
     __pipeline_commit();
   }
-  const float* pf_gp0_gelu26 = &gelu26[((4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
-  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 6); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu26[0] : gelu26, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+  const float* pf_gp0_gelu26 = &gelu26[((4 * p0c) + (64 * p0r) + (512 * b0) + 32)];
+  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 1024)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu26[0] : gelu26, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_mlp_fc2_w[0] : block0_mlp_fc2_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_gelu26 += 8;
-    pf_gp0_block0_mlp_fc2_w += 256;
-  }
-  {
-    const int kt0 = 7;
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    if (((p1r <= 31) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_mlp_fc2_w[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
-        }
-      }
+    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+      r_matmul27_acc[0] = r_matmul27_acc[0] + (s_gelu26[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))] * s_block0_mlp_fc2_w[(kt0 % 2) * 512 + (((32 * kt0) + kk0) - (32 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
     }
     __syncthreads();
+    pf_gp0_gelu26 += 32;
+    pf_gp0_block0_mlp_fc2_w += 1024;
   }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul27_v[iv] = r_matmul27_acc[ii1][iv]; }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul27[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul27_v[0], r_matmul27_v[1], r_matmul27_v[2], r_matmul27_v[3]); }
-  }
+  if (t1 <= 7) { matmul27[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul27_acc[0]; }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {

@@ -45,8 +45,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_d742a21e2da0cf0683ee(float* __restrict__ reshape1, const float* __restrict__ x) {
-  int _b = blockIdx.x;
+__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p0(float* __restrict__ reshape1, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -57,8 +57,57 @@ extern "C" __global__ void __launch_bounds__(16) pf_d742a21e2da0cf0683ee(float* 
   reshape1[t0 * 8 + t1] = r_slice0;
 }
 
-__device__ __forceinline__ void pf_923e1df314278d6b28f4_p0(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p1(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
   int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice14;
+  r_slice14 = x[(0 + 1) * 16 + t0 * 8 + t1];
+  reshape15[t0 * 8 + t1] = r_slice14;
+}
+
+__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p2(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice33;
+  r_slice33 = x[(0 + 2) * 16 + t0 * 8 + t1];
+  reshape34[t0 * 8 + t1] = r_slice33;
+}
+
+__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p3(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  float r_slice52;
+  r_slice52 = x[(0 + 3) * 16 + t0 * 8 + t1];
+  reshape53[t0 * 8 + t1] = r_slice52;
+}
+
+extern "C" __global__ void __launch_bounds__(16) pf_d3c69242a6ee94a0da69(float* __restrict__ reshape1, const float* __restrict__ x, float* __restrict__ reshape15, float* __restrict__ reshape34, float* __restrict__ reshape53) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k0_slice0: 1 blocks of 16
+    pf_d3c69242a6ee94a0da69_p0(reshape1, x, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k3_slice14: 1 blocks of 16
+    pf_d3c69242a6ee94a0da69_p1(reshape15, x, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k7_slice33: 1 blocks of 16
+    pf_d3c69242a6ee94a0da69_p2(reshape34, x, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k11_slice52: 1 blocks of 16
+    pf_d3c69242a6ee94a0da69_p3(reshape53, x, pf_b - 3, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(64) pf_faaed3ea887497e90738(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias) {
+  int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -86,28 +135,6 @@ __device__ __forceinline__ void pf_923e1df314278d6b28f4_p0(float* __restrict__ s
   }
 }
 
-__device__ __forceinline__ void pf_923e1df314278d6b28f4_p1(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice14;
-  r_slice14 = x[(0 + 1) * 16 + t0 * 8 + t1];
-  reshape15[t0 * 8 + t1] = r_slice14;
-}
-
-extern "C" __global__ void __launch_bounds__(64) pf_923e1df314278d6b28f4(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias, float* __restrict__ reshape15, const float* __restrict__ x) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_matmul2: 1 blocks of 64
-    pf_923e1df314278d6b28f4_p0(slice4, slice6, slice7, reshape1, w_x, bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k3_slice14: 1 blocks of 16
-    const int pf_v = (pf_b - 1) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_923e1df314278d6b28f4_p1(reshape15, x, pf_v, (int)threadIdx.x % 16);
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
@@ -128,58 +155,45 @@ extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_37483fc4d41b4126059f(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_de3b6523b368d8e3ddcf(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+  int _b = blockIdx.x;
+  const int b1 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_mul13[128];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_w_h[1056];
-  float r_matmul18_acc[2][4];
-  float r_mul13_frag[2];
-  float r_w_h_frag[4];
+  __shared__ __align__(16) float s_mul13[512];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_w_h[128];
+  float r_matmul18_acc[4];
+  float r_mul13_frag[1];
   float r_matmul18_v[4];
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul18_acc[ii0][iv] = 0.0f;
-    }
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    r_matmul18_acc[iv] = 0.0f;
   }
-  if ((p0c <= 31)) {
+  if ((p0c <= 127)) {
     *reinterpret_cast<float4*>(&s_mul13[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&mul13[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  *reinterpret_cast<float4*>(&s_w_h[(p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_h[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1r <= 7)) {
+    *reinterpret_cast<float4*>(&s_w_h[(p1r - 0) * 16 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = *reinterpret_cast<const float4*>(&w_h[p1r * 32 + ((16 * b1) + (4 * p1c))]);
+  }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_mul13_frag[ii0] = s_mul13[((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
-    }
+    r_mul13_frag[0] = s_mul13[(((t0 * 8) + kk0) - 0)];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_w_h_frag[iv] = s_w_h[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul18_acc[ii0][iv] = r_matmul18_acc[ii0][iv] + (r_mul13_frag[ii0] * r_w_h_frag[iv]);
-      }
+      r_matmul18_acc[iv] = r_matmul18_acc[iv] + (r_mul13_frag[0] * s_w_h[(kk0 - 0) * 16 + ((((16 * b1) + (4 * t1)) + iv) - (16 * b1))]);
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + iv) <= 31) { r_matmul18_v[iv] = r_matmul18_acc[ii0][iv]; }
-    }
-    if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul18[(t0 + (8 * ii0)) * 32 + ((4 * t1) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
+  for (int iv = 0; (iv <= 3); iv += 1) {
+    if (t0 <= 1) { r_matmul18_v[iv] = r_matmul18_acc[iv]; }
   }
+  if (t0 <= 1) { *reinterpret_cast<float4*>(&matmul18[t0 * 32 + (((16 * b1) + (4 * t1)) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
 }
 
 extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ reshape15, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
@@ -217,8 +231,8 @@ extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* 
   }
 }
 
-__device__ __forceinline__ void pf_f33e5d3bdae219226612_p0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23) {
+  int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -239,63 +253,4 @@ __device__ __forceinline__ void pf_f33e5d3bdae219226612_p0(float* __restrict__ a
   r_add29 = (r_mul28 + r_mul26); add29[t0 * 8 + t1] = r_add29;
   r_tanh31 = tanhf(r_add29);
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
-}
-
-__device__ __forceinline__ void pf_f33e5d3bdae219226612_p1(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice33;
-  r_slice33 = x[(0 + 2) * 16 + t0 * 8 + t1];
-  reshape34[t0 * 8 + t1] = r_slice33;
-}
-
-__device__ __forceinline__ void pf_f33e5d3bdae219226612_p2(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice52;
-  r_slice52 = x[(0 + 3) * 16 + t0 * 8 + t1];
-  reshape53[t0 * 8 + t1] = r_slice52;
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_f33e5d3bdae219226612(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23, float* __restrict__ reshape34, const float* __restrict__ x, float* __restrict__ reshape53) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k6_tanh25: 1 blocks of 16
-    pf_f33e5d3bdae219226612_p0(add29, mul32, slice22, sigmoid24, slice21, mul10, slice23, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k7_slice33: 1 blocks of 16
-    pf_f33e5d3bdae219226612_p1(reshape34, x, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k11_slice52: 1 blocks of 16
-    pf_f33e5d3bdae219226612_p2(reshape53, x, pf_b - 2, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* __restrict__ add48, float* __restrict__ mul51, const float* __restrict__ slice41, const float* __restrict__ sigmoid43, const float* __restrict__ slice40, const float* __restrict__ add29, const float* __restrict__ slice42) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_tanh44;
-  float r_mul45;
-  float r_sigmoid46;
-  float r_mul47;
-  float r_add48;
-  float r_sigmoid49;
-  float r_tanh50;
-  r_tanh44 = tanhf(slice41[t0 * 8 + t1]);
-  r_mul45 = (sigmoid43[t0 * 8 + t1] * r_tanh44);
-  r_sigmoid46 = pf_sigmoid(slice40[t0 * 8 + t1]);
-  r_mul47 = (r_sigmoid46 * add29[t0 * 8 + t1]);
-  r_sigmoid49 = pf_sigmoid(slice42[t0 * 8 + t1]);
-  r_add48 = (r_mul47 + r_mul45); add48[t0 * 8 + t1] = r_add48;
-  r_tanh50 = tanhf(r_add48);
-  mul51[t0 * 8 + t1] = (r_sigmoid49 * r_tanh50);
 }

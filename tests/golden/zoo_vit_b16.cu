@@ -46,37 +46,32 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_6de59ddefc1dc38213db_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 4; _t /= 4;
-  const int t2 = _t % 2; _t /= 2;
+  const int t3 = _t % 8; _t /= 8;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 32;
-  const int p0c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_image[6336];
+  const int p0r = threadIdx.x / 16;
+  const int p0c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_image[3264];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_patch_embed_w[3072];
-  float r_conv2d0_conv_acc[2][4];
+  float r_conv2d0_conv_acc[2];
   float r_conv2d0_conv;
-  float r_image_frag[4];
-  float r_patch_embed_w_frag[2];
+  float r_patch_embed_w_frag[1];
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_conv2d0_conv_acc[ii1][ii3] = 0.0f;
-    }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    r_conv2d0_conv_acc[ii2] = 0.0f;
   }
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 23); kk0 += 1) {
-    *reinterpret_cast<float4*>(&s_image[((((48 * b0) + p0r) + (2 * kk0)) - (48 * b0)) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&image[(((48 * b0) + p0r) + (2 * kk0)) * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int kk0 = 0; (kk0 <= 5); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_image[((((48 * b0) + p0r) + (8 * kk0)) - (48 * b0)) * 68 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&image[(((48 * b0) + p0r) + (8 * kk0)) * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
-    *reinterpret_cast<float4*>(&s_patch_embed_w[((((3072 * b1) + (4 * p1c)) + (256 * kk0)) - (3072 * b1))]) = *reinterpret_cast<const float4*>(&patch_embed_w[(((3072 * b1) + (4 * p1c)) + (256 * kk0))]);
+  for (int kk0 = 0; (kk0 <= 5); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_patch_embed_w[((((3072 * b1) + (4 * p1c)) + (512 * kk0)) - (3072 * b1))]) = *reinterpret_cast<const float4*>(&patch_embed_w[(((3072 * b1) + (4 * p1c)) + (512 * kk0))]);
   }
   __syncthreads();
   #pragma unroll
@@ -85,51 +80,39 @@ __device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p0(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 7); kk2 += 1) {
+        r_patch_embed_w_frag[0] = s_patch_embed_w[(((((16 * b1) + t1) * 192) + (kk0 * 64) + (kk1 * 8) + kk2) - (3072 * b1))];
         #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_image_frag[ii3] = s_image[(((b0 * 48) + (kk0 * 16) + ((8 * t2) + kk1)) - (48 * b0)) * 132 + ((((8 * t3) + kk2) + (32 * ii3)) - 0)];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_patch_embed_w_frag[ii1] = s_patch_embed_w[((((((16 * b1) + t1) + (8 * ii1)) * 192) + (kk0 * 64) + (kk1 * 8) + kk2) - (3072 * b1))];
-        }
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-            r_conv2d0_conv_acc[ii1][ii3] = r_conv2d0_conv_acc[ii1][ii3] + (r_image_frag[ii3] * r_patch_embed_w_frag[ii1]);
-          }
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          r_conv2d0_conv_acc[ii2] = r_conv2d0_conv_acc[ii2] + (s_image[(b0 * 48 + kk0 * 16 + ((ii2 * 8) + kk1) - (48 * b0)) * 68 + (((t3 * 8) + kk2) - 0)] * r_patch_embed_w_frag[0]);
         }
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t3 + (4 * ii3)) <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii1][ii3]; }
-      if ((t3 + (4 * ii3)) <= 1) { conv2d0[b0 * 128 + (((16 * b1) + t1) + (8 * ii1)) * 4 + t2 * 2 + (t3 + (4 * ii3))] = (r_conv2d0_conv + patch_embed_bias[(((16 * b1) + t1) + (8 * ii1))]); }
-    }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if (t3 <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii2]; }
+    if (t3 <= 1) { conv2d0[b0 * 128 + ((16 * b1) + t1) * 4 + ii2 * 2 + t3] = (r_conv2d0_conv + patch_embed_bias[((16 * b1) + t1)]); }
   }
 }
 
-__device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_6de59ddefc1dc38213db_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
-  int _t = threadIdx.x;
+  int _t = pf_thread;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_be92cee7fa29140b1bbc(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(128) pf_6de59ddefc1dc38213db(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 4) {  // k0_conv2d0_conv: 4 blocks of 64
-    pf_be92cee7fa29140b1bbc_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+  if (pf_b < 4) {  // k0_conv2d0_conv: 4 blocks of 128
+    pf_6de59ddefc1dc38213db_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 5) {  // k3_cls_token_bcast: 1 blocks of 64
-    pf_be92cee7fa29140b1bbc_p1(cls_token_bcast, cls_token, pf_b - 4, (int)threadIdx.x);
+    const int pf_v = (pf_b - 4) * 2 + (int)threadIdx.x / 64;
+    if (pf_v < 1) pf_6de59ddefc1dc38213db_p1(cls_token_bcast, cls_token, pf_v, (int)threadIdx.x % 64);
   }
 }
 
@@ -251,147 +234,38 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_8edc492482fde4b2cad4(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_ac287858220fb9708ad2(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm5[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_attn_q_w[2112];
-  float r_matmul6_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm5[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_attn_q_w[512];
+  float r_matmul6_acc[1];
   float r_matmul6;
-  float r_layer_norm5_frag[2];
-  float r_block0_attn_q_w_frag[4];
-  float r_add7_v[4];
+  r_matmul6_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_layer_norm5[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 160) ? *reinterpret_cast<const float4*>(&layer_norm5[b0 * 160 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_block0_attn_q_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_q_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul6_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul6_acc[0] = r_matmul6_acc[0] + (s_layer_norm5[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_q_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm5[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_q_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm5 = &layer_norm5[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
-  const float* pf_gp0_block0_attn_q_w = &block0_attn_q_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_layer_norm5[0] : layer_norm5, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_q_w[0] : block0_attn_q_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm5 += 8;
-    pf_gp0_block0_attn_q_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm5[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_q_w_frag[iv] = s_block0_attn_q_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul6_acc[ii1][iv] = r_matmul6_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul6 = r_matmul6_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_add7_v[iv] = (r_matmul6 + block0_attn_q_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add7[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add7_v[0], r_add7_v[1], r_add7_v[2], r_add7_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 4) { r_matmul6 = r_matmul6_acc[0]; }
+  if (t1 <= 4) { add7[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = (r_matmul6 + block0_attn_q_bias[((16 * b2) + t2)]); }
 }
 
-__device__ __forceinline__ void pf_d8b6ef80438e28f4dd50_p0(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape12[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add11[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_d8b6ef80438e28f4dd50_p1(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape16[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add15[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_d8b6ef80438e28f4dd50(float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k10_reshape12: 2 blocks of 160
-    pf_d8b6ef80438e28f4dd50_p0(reshape12, add11, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k13_reshape16: 2 blocks of 160
-    pf_d8b6ef80438e28f4dd50_p1(reshape16, add15, pf_b - 2, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p0(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5250b4edd9206a6f9872_p0(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -405,7 +279,60 @@ __device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p0(float* __restrict__ r
   reshape8[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add7[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p1(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5250b4edd9206a6f9872_p1(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 5; _t /= 5;
+  const int t0 = _t;
+  reshape12[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add11[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pf_5250b4edd9206a6f9872_p2(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 5; _t /= 5;
+  const int t0 = _t;
+  reshape16[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add15[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+extern "C" __global__ void __launch_bounds__(160) pf_5250b4edd9206a6f9872(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k7_reshape8: 2 blocks of 160
+    pf_5250b4edd9206a6f9872_p0(reshape8, add7, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k10_reshape12: 2 blocks of 160
+    pf_5250b4edd9206a6f9872_p1(reshape12, add11, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k13_reshape16: 2 blocks of 160
+    pf_5250b4edd9206a6f9872_p2(reshape16, add15, pf_b - 4, (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pf_b7b53df95f120ef8bc0e_p0(float* __restrict__ transpose9, const float* __restrict__ reshape8, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 5; _t /= 5;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
+}
+
+__device__ __forceinline__ void pf_b7b53df95f120ef8bc0e_p1(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -419,7 +346,7 @@ __device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p1(float* __restrict__ t
   transpose13[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape12[b0 * 160 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p2(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b7b53df95f120ef8bc0e_p2(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -433,131 +360,55 @@ __device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p2(float* __restrict__ t
   transpose17[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape16[b0 * 160 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_3e32ad54a3c2f0ccba72(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
+extern "C" __global__ void __launch_bounds__(160) pf_b7b53df95f120ef8bc0e(float* __restrict__ transpose9, const float* __restrict__ reshape8, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k7_reshape8: 2 blocks of 160
-    pf_3e32ad54a3c2f0ccba72_p0(reshape8, add7, pf_b - 0, (int)threadIdx.x);
+  if (pf_b < 2) {  // k8_transpose9: 2 blocks of 160
+    pf_b7b53df95f120ef8bc0e_p0(transpose9, reshape8, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k11_transpose13: 2 blocks of 160
-    pf_3e32ad54a3c2f0ccba72_p1(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
+    pf_b7b53df95f120ef8bc0e_p1(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k14_transpose17: 2 blocks of 160
-    pf_3e32ad54a3c2f0ccba72_p2(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
+    pf_b7b53df95f120ef8bc0e_p2(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_5915842c76f5dd2b2d92(float* __restrict__ transpose9, const float* __restrict__ reshape8) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_8e72d96080f9098c9acd(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose9[256];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose13[2064];
-  float r_matmul18_acc[2][4];
-  float r_transpose9_frag[2];
-  float r_transpose13_frag[4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_transpose9[260];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ float s_transpose13[528];
+  float r_matmul18_acc[2];
+  float r_transpose9_frag[1];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      r_matmul18_acc[ii2][ii3] = 0.0f;
-    }
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+    r_matmul18_acc[ii3] = 0.0f;
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + ((((p1r + (8 * kt0)) + (2 * ii3)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + (((p1r + (8 * kt0)) + (2 * ii3)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
-    }
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + ((((p1r + (8 * kt0)) + (2 * ii3)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + (((p1r + (8 * kt0)) + (2 * ii3)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
-        }
-      }
-    }
-    __syncthreads();
+  if ((p0c <= 63)) {
+    *reinterpret_cast<float4*>(&s_transpose9[(b0 - b0) * 260 + (b1 - b1) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 80) ? *reinterpret_cast<const float4*>(&transpose9[b0 * 160 + b1 * 80 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+    s_transpose13[(b0 - b0) * 528 + ((((16 * b1) + p1r) + (8 * ii3)) - (16 * b1)) * 33 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose13[b0 * 160 + (((16 * b1) + p1r) + (8 * ii3)) * 5 + p1c] : 0.0f;
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+    r_transpose9_frag[0] = s_transpose9[(b0 - b0) * 260 + (b1 - b1) * 260 + (((t2 * 16) + kk0) - 0)];
     #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && (t3 + (32 * ii3)) <= 4) { matmul18[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + (t3 + (32 * ii3))] = r_matmul18_acc[ii2][ii3]; }
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      r_matmul18_acc[ii3] = r_matmul18_acc[ii3] + (r_transpose9_frag[0] * s_transpose13[(b0 - b0) * 528 + (b1 * 16 + kk0 - (16 * b1)) * 33 + ((t3 + (16 * ii3)) - 0)]);
     }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+    if (t2 <= 4 && (t3 + (16 * ii3)) <= 4) { matmul18[b0 * 50 + b1 * 25 + t2 * 5 + (t3 + (16 * ii3))] = r_matmul18_acc[ii3]; }
   }
 }
 
@@ -600,62 +451,56 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_25af391b752139101df8(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 32; _t /= 32;
+  const int t3 = _t % 2; _t /= 2;
   const int t2 = _t;
   const int p0c = threadIdx.x;
-  __shared__ float s_softmax20[80];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose17[660];
+  __shared__ float s_softmax20[641];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_transpose17[80];
   float r_matmul21_acc[2][4];
-  float r_softmax20_frag[2];
-  float r_transpose17_frag[4];
+  float r_softmax20_frag[1];
   float r_matmul21_v[4];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul21_acc[ii2][iv] = 0.0f;
+      r_matmul21_acc[ii3][iv] = 0.0f;
     }
   }
-  if ((p0c <= 79)) {
-    s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
+  #pragma unroll
+  for (int iv = 0; (iv <= 2); iv += 1) {
+    if ((iv <= ((-((p0c + 128) / 256)) + 2))) {
+      s_softmax20[(b0 - b0) * 641 + (b1 - b1) * 641 + ((p0c + (256 * iv)) - 0)] = ((p0c + (256 * iv)) >= 0 && (p0c + (256 * iv)) < 25) ? softmax20[b0 * 50 + b1 * 25 + (p0c + (256 * iv))] : 0.0f;
+    }
   }
-  if ((p1r <= 4)) {
-    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 660 + (((5 * b1) + p1r) - (5 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + ((5 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 19)) {
+    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 80 + (((80 * b1) + (4 * p1c)) - (80 * b1))]) = *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + ((80 * b1) + (4 * p1c))]);
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
+    r_softmax20_frag[0] = s_softmax20[(b0 - b0) * 641 + (b1 - b1) * 641 + (((t2 * 5) + kk0) - 0)];
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      r_softmax20_frag[ii2] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + ((((t2 + (8 * ii2)) * 5) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose17_frag[iv] = s_transpose17[(b0 - b0) * 660 + (((b1 * 5) + kk0) - (5 * b1)) * 132 + (((4 * t3) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul21_acc[ii2][iv] = r_matmul21_acc[ii2][iv] + (r_softmax20_frag[ii2] * r_transpose17_frag[iv]);
+        r_matmul21_acc[ii3][iv] = r_matmul21_acc[ii3][iv] + (r_softmax20_frag[0] * s_transpose17[(b0 - b0) * 80 + (b1 * 80 + kk0 * 16 + (((4 * t3) + (8 * ii3)) + iv) - (80 * b1))]);
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t2 + (8 * ii2)) <= 4 && ((4 * t3) + iv) <= 15) { r_matmul21_v[iv] = r_matmul21_acc[ii2][iv]; }
+      if (t2 <= 4) { r_matmul21_v[iv] = r_matmul21_acc[ii3][iv]; }
     }
-    if ((t2 + (8 * ii2)) <= 4 && ((4 * t3) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul21[b0 * 160 + b1 * 80 + (t2 + (8 * ii2)) * 16 + ((4 * t3) + 0)]) = make_float4(r_matmul21_v[0], r_matmul21_v[1], r_matmul21_v[2], r_matmul21_v[3]); }
+    if (t2 <= 4) { *reinterpret_cast<float4*>(&matmul21[b0 * 160 + b1 * 80 + t2 * 16 + (((4 * t3) + (8 * ii3)) + 0)]) = make_float4(r_matmul21_v[0], r_matmul21_v[1], r_matmul21_v[2], r_matmul21_v[3]); }
   }
 }
 
@@ -685,105 +530,33 @@ extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float*
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_1d6c03f2a9757d40d62b(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape23[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_attn_o_w[2112];
-  float r_matmul24_acc[2][4];
-  float r_reshape23_frag[2];
-  float r_block0_attn_o_w_frag[4];
-  float r_matmul24_v[4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_reshape23[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_attn_o_w[512];
+  float r_matmul24_acc[1];
+  r_matmul24_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_reshape23[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 160) ? *reinterpret_cast<const float4*>(&reshape23[b0 * 160 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_block0_attn_o_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_o_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul24_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul24_acc[0] = r_matmul24_acc[0] + (s_reshape23[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_o_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape23[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_reshape23 = &reshape23[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
-  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_reshape23[0] : reshape23, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_o_w[0] : block0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_reshape23 += 8;
-    pf_gp0_block0_attn_o_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape23[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_o_w_frag[iv] = s_block0_attn_o_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul24_v[iv] = r_matmul24_acc[ii1][iv]; }
-    }
-    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul24[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul24_v[0], r_matmul24_v[1], r_matmul24_v[2], r_matmul24_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
 }
 
 extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
@@ -877,210 +650,85 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_62abeae8a52d8bf6677a(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_852cacdcde551a64c555(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
+  const int b2 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm27[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_mlp_fc1_w[2112];
-  float r_matmul28_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm27[516];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_mlp_fc1_w[512];
+  float r_matmul28_acc[1];
   float r_matmul28;
   float r_add29;
-  float r_layer_norm27_frag[2];
-  float r_block0_mlp_fc1_w_frag[4];
-  float r_gelu30_v[4];
+  r_matmul28_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_layer_norm27[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 160) ? *reinterpret_cast<const float4*>(&layer_norm27[b0 * 160 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  if ((p1r <= 31)) {
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[p1r * 64 + ((16 * b2) + (4 * p1c))]);
+  }
+  __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul28_acc[ii1][iv] = 0.0f;
-    }
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul28_acc[0] = r_matmul28_acc[0] + (s_layer_norm27[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_mlp_fc1_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
   }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm27[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm27[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc1_w[((4 * p1c) >= 0 && (4 * p1c) < 64) ? ((p1r + (8 * kt0)) + 8) * 64 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm27 = &layer_norm27[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
-  const float* pf_gp0_block0_mlp_fc1_w = &block0_mlp_fc1_w[((4 * p1c) + (64 * p1r) + 512)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm27[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_layer_norm27[0] : layer_norm27, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_mlp_fc1_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 64) ? &pf_gp0_block0_mlp_fc1_w[0] : block0_mlp_fc1_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 64) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm27_frag[ii1] = s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm27 += 8;
-    pf_gp0_block0_mlp_fc1_w += 512;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm27[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm27[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm27_frag[ii1] = s_layer_norm27[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_matmul28 = r_matmul28_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 63) { r_gelu30_v[iv] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.70710677f)))); }
-    }
-    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 63) { *reinterpret_cast<float4*>(&gelu30[b0 * 320 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu30_v[0], r_gelu30_v[1], r_gelu30_v[2], r_gelu30_v[3]); }
-  }
+  __syncthreads();
+  if (t1 <= 4) { r_matmul28 = r_matmul28_acc[0]; }
+  if (t1 <= 4) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[((16 * b2) + t2)]); }
+  if (t1 <= 4) { gelu30[b0 * 320 + t1 * 64 + ((16 * b2) + t2)] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.70710677f)))); }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_2c94cc9d8b6d112001b9(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(256, 5) pf_c387f0ac19c5f5d15cf5(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_gelu30[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_mlp_fc2_w[2112];
-  float r_matmul31_acc[2][4];
-  float r_gelu30_frag[2];
-  float r_block0_mlp_fc2_w_frag[4];
-  float r_matmul31_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul31_acc[ii1][iv] = 0.0f;
-    }
-  }
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_gelu30[1152];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_mlp_fc2_w[1024];
+  float r_matmul31_acc[1];
+  r_matmul31_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_mlp_fc2_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    if (((p1r <= 31) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_mlp_fc2_w[((p1r + (32 * kt0)) + 32) * 32 + ((16 * b2) + (4 * p1c))], 16);
+    }
     __pipeline_commit();
   }
-  const float* pf_gp0_gelu30 = &gelu30[((4 * p0c) + (64 * p0r) + (320 * b0) + 8)];
-  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 6); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_gelu30[0] : gelu30, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+  const float* pf_gp0_gelu30 = &gelu30[((4 * p0c) + (64 * p0r) + (320 * b0) + 32)];
+  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 1024)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_gelu30[0] : gelu30, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_mlp_fc2_w[0] : block0_mlp_fc2_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_gelu30 += 8;
-    pf_gp0_block0_mlp_fc2_w += 256;
-  }
-  {
-    const int kt0 = 7;
-    if (((p0r <= 15) && (kt0 <= 6))) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    if (((p1r <= 31) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_mlp_fc2_w[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
-        }
-      }
+    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+      r_matmul31_acc[0] = r_matmul31_acc[0] + (s_gelu30[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))] * s_block0_mlp_fc2_w[(kt0 % 2) * 512 + (((32 * kt0) + kk0) - (32 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
     }
     __syncthreads();
+    pf_gp0_gelu30 += 32;
+    pf_gp0_block0_mlp_fc2_w += 1024;
   }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul31_v[iv] = r_matmul31_acc[ii1][iv]; }
-    }
-    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul31[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul31_v[0], r_matmul31_v[1], r_matmul31_v[2], r_matmul31_v[3]); }
-  }
+  if (t1 <= 4) { matmul31[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul31_acc[0]; }
 }
 
 extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
@@ -1182,107 +830,31 @@ extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* 
   reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_6b43ff1d101ffc91eeaa(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape65[256];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_head_w[2064];
-  float r_matmul66_acc[2][4];
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_reshape65[512];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ float s_head_w[512];
+  float r_matmul66_acc[1];
   float r_matmul66;
-  float r_reshape65_frag[2];
-  float r_head_w_frag[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul66_acc[ii0][ii1] = 0.0f;
-    }
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-      __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? (((p1r + (8 * kt0)) + (2 * kk0)) + 8) * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_reshape65 = &reshape65[((4 * p0c) + (32 * p0r) + 8)];
-  const float* pf_gp0_head_w = &head_w[(p1c + (10 * p1r) + 80)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 2) ? &pf_gp0_reshape65[0] : reshape65, 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-      __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 1032 + ((((p1r + (8 * kt0)) + (2 * kk0)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], (p1c >= 0 && p1c < 10) ? &pf_gp0_head_w[(20 * kk0)] : head_w, 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_head_w_frag[ii1] = s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_reshape65 += 8;
-    pf_gp0_head_w += 80;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_head_w_frag[ii1] = s_head_w[(kt0 % 2) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t1 + (32 * ii1)) - 0)];
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
-        }
-      }
-    }
-    __syncthreads();
+  r_matmul66_acc[0] = 0.0f;
+  if ((p0c <= 127)) {
+    *reinterpret_cast<float4*>(&s_reshape65[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&reshape65[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 9) { r_matmul66 = r_matmul66_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 1 && (t1 + (32 * ii1)) <= 9) { add67[(t0 + (8 * ii0)) * 10 + (t1 + (32 * ii1))] = (r_matmul66 + head_bias[(t1 + (32 * ii1))]); }
-    }
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    s_head_w[((p1r + (16 * kk0)) - 0) * 16 + (p1c - 0)] = (p1c >= 0 && p1c < 10) ? head_w[(p1r + (16 * kk0)) * 10 + p1c] : 0.0f;
   }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    r_matmul66_acc[0] = r_matmul66_acc[0] + (s_reshape65[(t0 * 32 + kk0 - 0)] * s_head_w[(kk0 - 0) * 16 + (t1 - 0)]);
+  }
+  __syncthreads();
+  if (t0 <= 1 && t1 <= 9) { r_matmul66 = r_matmul66_acc[0]; }
+  if (t0 <= 1 && t1 <= 9) { add67[t0 * 10 + t1] = (r_matmul66 + head_bias[t1]); }
 }

@@ -82,125 +82,86 @@ extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_07c0de825b17c89e4065(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_6eba2075edcb104f31c9(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_concat1[272];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_deep0_w[2244];
-  float r_matmul2_acc[2][4];
+  const int p1r = threadIdx.x / 8;
+  const int p1c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_deep0_w[612];
+  float r_matmul2_acc[2];
   float r_matmul2;
   float r_add3;
-  float r_concat1_frag[2];
-  float r_deep0_w_frag[4];
-  float r_relu4_v[4];
+  float r_concat1_frag[1];
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul2_acc[ii0][iv] = 0.0f;
-    }
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    r_matmul2_acc[ii1] = 0.0f;
   }
   if ((p0c <= 67)) {
     *reinterpret_cast<float4*>(&s_concat1[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 68) ? *reinterpret_cast<const float4*>(&concat1[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
-    if ((kk0 <= ((-((p1r + 7) / 8)) + 2))) {
-      *reinterpret_cast<float4*>(&s_deep0_w[((p1r + (8 * kk0)) - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[(p1r + (8 * kk0)) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  if ((p1r <= 16)) {
+    *reinterpret_cast<float4*>(&s_deep0_w[(p1r - 0) * 36 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&deep0_w[p1r * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 16); kk0 += 1) {
+    r_concat1_frag[0] = s_concat1[(((t0 * 17) + kk0) - 0)];
     #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_concat1_frag[ii0] = s_concat1[((((t0 + (8 * ii0)) * 17) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_deep0_w_frag[iv] = s_deep0_w[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul2_acc[ii0][iv] = r_matmul2_acc[ii0][iv] + (r_concat1_frag[ii0] * r_deep0_w_frag[iv]);
-      }
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      r_matmul2_acc[ii1] = r_matmul2_acc[ii1] + (r_concat1_frag[0] * s_deep0_w[(kk0 - 0) * 36 + ((t1 + (16 * ii1)) - 0)]);
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_matmul2 = r_matmul2_acc[ii0][iv]; }
-      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_add3 = (r_matmul2 + deep0_bias[((4 * t1) + iv)]); }
-      if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + iv) <= 7) { r_relu4_v[iv] = pf_fmaxf(r_add3, 0.0f); }
-    }
-    if ((t0 + (8 * ii0)) <= 3 && ((4 * t1) + 0) <= 7) { *reinterpret_cast<float4*>(&relu4[(t0 + (8 * ii0)) * 8 + ((4 * t1) + 0)]) = make_float4(r_relu4_v[0], r_relu4_v[1], r_relu4_v[2], r_relu4_v[3]); }
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 7) { r_matmul2 = r_matmul2_acc[ii1]; }
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 7) { r_add3 = (r_matmul2 + deep0_bias[(t1 + (16 * ii1))]); }
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 7) { relu4[t0 * 8 + (t1 + (16 * ii1))] = pf_fmaxf(r_add3, 0.0f); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b2b6d2463113362dc68c(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_7a1ed15a0537977c0e4d(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_relu4[128];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_deep1_w[1032];
-  float r_matmul5_acc[2][4];
+  const int p1r = threadIdx.x / 64;
+  const int p1c = threadIdx.x % 64;
+  __shared__ float s_deep1_w[520];
+  float r_matmul5_acc[4];
   float r_matmul5;
   float r_add6;
-  float r_relu4_frag[2];
-  float r_deep1_w_frag[4];
+  float r_relu4_frag[1];
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_matmul5_acc[ii0][ii1] = 0.0f;
-    }
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    r_matmul5_acc[ii1] = 0.0f;
   }
   if ((p0c <= 31)) {
     *reinterpret_cast<float4*>(&s_relu4[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 32) ? *reinterpret_cast<const float4*>(&relu4[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-    s_deep1_w[((p1r + (2 * kk0)) - 0) * 129 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[(p1r + (2 * kk0)) * 6 + p1c] : 0.0f;
+  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+    s_deep1_w[((p1r + (4 * kk0)) - 0) * 65 + (p1c - 0)] = (p1c >= 0 && p1c < 6) ? deep1_w[(p1r + (4 * kk0)) * 6 + p1c] : 0.0f;
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_relu4_frag[ii0] = s_relu4[((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
-    }
+    r_relu4_frag[0] = s_relu4[(((t0 * 8) + kk0) - 0)];
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_deep1_w_frag[ii1] = s_deep1_w[(kk0 - 0) * 129 + ((t1 + (32 * ii1)) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_matmul5_acc[ii0][ii1] = r_matmul5_acc[ii0][ii1] + (r_relu4_frag[ii0] * r_deep1_w_frag[ii1]);
-      }
+      r_matmul5_acc[ii1] = r_matmul5_acc[ii1] + (r_relu4_frag[0] * s_deep1_w[(kk0 - 0) * 65 + ((t1 + (16 * ii1)) - 0)]);
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_matmul5 = r_matmul5_acc[ii0][ii1]; }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { r_add6 = (r_matmul5 + deep1_bias[(t1 + (32 * ii1))]); }
-      if ((t0 + (8 * ii0)) <= 3 && (t1 + (32 * ii1)) <= 5) { relu7[(t0 + (8 * ii0)) * 6 + (t1 + (32 * ii1))] = pf_fmaxf(r_add6, 0.0f); }
-    }
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 5) { r_matmul5 = r_matmul5_acc[ii1]; }
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 5) { r_add6 = (r_matmul5 + deep1_bias[(t1 + (16 * ii1))]); }
+    if (t0 <= 3 && (t1 + (16 * ii1)) <= 5) { relu7[t0 * 6 + (t1 + (16 * ii1))] = pf_fmaxf(r_add6, 0.0f); }
   }
 }
 

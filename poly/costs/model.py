@@ -1,0 +1,252 @@
+"""The cost model: the modelled time of one kernel launch from its typed description.
+
+A launch takes ``launch_us`` plus the time its resources keep it busy (every figure
+*modelled*, never measured): the ``overlap_p``-norm of the times each resource needs — the
+longest of them, plus a little when others come close (they do not overlap perfectly):
+
+SM-local resources, on the busiest SM: blocks are spread evenly, so one SM runs
+``ceil(blocks / SMs)`` of them (wave quantisation; a pack's blocks are priced by their part):
+
+- **issue**: every instruction slot, ``schedulers`` warp instructions per clock per SM, at the
+  efficiency the resident warps allow (``min(1, warps per scheduler / issue_warps)``, the
+  warps that keep one scheduler busy; occupancy from :func:`polyfuse.poly.device.occupancy`);
+- **FP32 pipe**: FFMA/FMUL/FADD at ``lanes / 32`` warp instructions per clock per SM;
+- **shared memory**: the bytes of LDS/STS and of the shared side of cp.async, 128 B (one
+  wavefront, no bank conflicts) per clock per SM;
+- **L1**: the bytes global loads, stores and spills request (a warp's 32 lanes x width),
+  through the same 128 B per clock;
+
+device-wide resources:
+
+- **FP32 peak**: the FLOPs at the *measured* cuBLAS FP32 rate where the device was measured
+  (:attr:`polyfuse.poly.device.DeviceSpec.throughput_tflops`): the model never runs FP32 work
+  faster than that;
+- **DRAM**: the distinct bytes isl counted at the *measured* copy bandwidth, bytes moved by
+  32-bit accesses at ``scalar_efficiency`` of it;
+- **L2**: the bytes the SMs fetch from L2 at :attr:`DeviceSpec.l2_gbps`: a block whose
+  distinct reads (``block_read_bytes``) exceed the L1 left beside its resident blocks' shared
+  memory streams them (every block fetches its own); a smaller footprint is reused from L1 by
+  the SM's other blocks, so L2 sees the DRAM bytes; without a footprint, every requested
+  global load (the mix's) is an L2 fetch — exact for tiled kernels, whose loads are tile fills;
+- **DRAM latency** (Little's law): the resident threads keep ``inflight_bytes`` each in flight
+  for ``latency_us``; with one block per SM and barriers between its phases, the SM's loads
+  and stores do not overlap (each phase at its own rate, the rounds one after another);
+- **fill latency**: a block whose loop iterations wait at a barrier for their own synchronous
+  loads (``sync_phases``: single-stage shared tiles) spends ``latency_us`` plus its own
+  compute per iteration; the SM runs its blocks in rounds of the resident ones.
+
+The constants and their sources: :mod:`polyfuse.poly.costs.constants`. A timed call of several
+launches adds ``call_us`` once (:func:`call_us`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from polyfuse.poly.costs.constants import CONSTANTS, CostConstants
+from polyfuse.poly.costs.desc import KernelDesc, LaunchDesc, Mix
+from polyfuse.poly.device import DeviceSpec, Occupancy, occupancy
+
+#: The bounds a launch can be bound by, in report order.
+BOUNDS = (
+    "issue",
+    "FP32 pipe",
+    "shared memory",
+    "L1",
+    "FP32 peak",
+    "DRAM",
+    "L2",
+    "DRAM latency",
+    "fill latency",
+)
+#: The bounds priced at a measured device figure (where the device was measured).
+MEASURED_BOUNDS = ("FP32 peak", "DRAM")
+
+
+@dataclass
+class Modelled:
+    """The modelled time of one launch (a model, not a measurement)."""
+
+    us: float
+    bound: str  # one of BOUNDS, or "does not fit" (one block exceeds the SM)
+    bounds_us: dict[str, float]
+    occupancy: Occupancy
+    waves: float  # blocks / (resident blocks per SM x SMs)
+    source: str  # where the instruction mix came from
+    launch_us: float
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        us = f"{self.us:.1f}" if self.us >= 10 else f"{self.us:.3g}"
+        return (
+            f"modelled {us} us ({self.bound}-bound, {self.occupancy}, {self.waves:.2f} waves; "
+            f"mix: {self.source})"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "modelled_us": round(self.us, 3),
+            "bound": self.bound,
+            "bounds_us": {k: round(v, 3) for k, v in self.bounds_us.items()},
+            "blocks_per_sm": self.occupancy.blocks_per_sm,
+            "limiter": self.occupancy.limiter,
+            "waves": round(self.waves, 3),
+            "source": self.source,
+            "notes": list(self.notes),
+        }
+
+
+def model_kernel(
+    desc: KernelDesc, device: DeviceSpec, consts: CostConstants = CONSTANTS
+) -> Modelled:
+    """The modelled time of ``desc`` launched alone on ``device``."""
+    return model_launch(LaunchDesc.single(desc), device, consts)
+
+
+def model_launch(
+    launch: LaunchDesc, device: DeviceSpec, consts: CostConstants = CONSTANTS
+) -> Modelled:
+    """The modelled time of one launch running ``launch.parts`` (see the module doc)."""
+    occ = occupancy(device, launch.threads, max(1, launch.registers), launch.shared_bytes)
+    source = "; ".join(dict.fromkeys(p.source for p in launch.parts))
+    n = launch.grid
+    if occ.blocks_per_sm == 0 or n == 0:
+        why = "one block does not fit an SM" if n else "no blocks"
+        return Modelled(math.inf, "does not fit", {}, occ, 0.0, source, consts.launch_us, [why])
+    sms, clock = device.sms, device.sustained_clock_mhz * 1e6
+    per_sm = -(-n // sms)  # blocks the busiest SM runs
+    warps = -(-launch.threads // 32)
+    resident = min(occ.blocks_per_sm, per_sm)
+    per_scheduler = resident * warps / device.schedulers_per_sm
+    issue_eff = min(1.0, per_scheduler / consts.issue_warps)
+    b = _sm_bounds_s(launch, occ, device, issue_eff)
+    flops = sum(nb * launch.threads * p.mix.flops for p, nb in launch.pairs())
+    b["FP32 peak"] = flops / (device.throughput_tflops * 1e12)
+    moved = sum(p.dram_bytes for p in launch.parts)
+    vector = min(moved, sum(p.vector_bytes for p in launch.parts))
+    share = vector / moved if moved else 0.0
+    eff = consts.scalar_efficiency + (1 - consts.scalar_efficiency) * share
+    dram = device.bandwidth_gbps * 1e9 * eff  # bytes per second
+    b["DRAM"] = moved / dram
+    l1_free = device.l1_bytes_per_sm - resident * launch.shared_bytes
+    b["L2"] = sum(_l2_bytes(p, nb, launch.threads, l1_free) for p, nb in launch.pairs()) / (
+        device.l2_gbps * 1e9
+    )
+    b["DRAM latency"] = _latency_s(launch, occ, device, consts, dram)
+    rounds = -(-per_sm // occ.blocks_per_sm)
+    b["fill latency"] = rounds * max(
+        (_fill_chain_s(p, warps, device, clock, consts) for p in launch.parts), default=0.0
+    )
+    us = {k: v * 1e6 for k, v in b.items()}
+    bound = max(BOUNDS, key=lambda k: us[k])
+    busy = _overlap(list(us.values()), consts.overlap_p)
+    waves = n / (occ.blocks_per_sm * sms)
+    notes = [f"{p.name}: {note}" for p in launch.parts for note in p.notes]
+    if issue_eff < 1:
+        notes.append(
+            f"{per_scheduler:.2g} warps per scheduler: issue at {issue_eff:.0%} "
+            f"(latency not hidden below {consts.issue_warps:g})"
+        )
+    total = consts.launch_us + busy
+    return Modelled(total, bound, us, occ, waves, source, consts.launch_us, notes)
+
+
+def _sm_bounds_s(
+    launch: LaunchDesc, occ: Occupancy, device: DeviceSpec, issue_eff: float = 1.0
+) -> dict[str, float]:
+    """Seconds the busiest SM's issue slots, FP32 pipe, shared memory and L1 need (blocks
+    spread evenly: it runs ``ceil(blocks / SMs)`` of them)."""
+    sms, clock = device.sms, device.sustained_clock_mhz * 1e6
+    n = launch.grid
+    per_sm = -(-n // sms)
+    quant = per_sm * sms / n  # the busiest SM's share over the even one
+    warps = -(-launch.threads // 32)
+
+    def per_sm_sum(attr) -> float:
+        """Per-thread ``attr`` summed over one SM's share of warps (x32 lanes: bytes)."""
+        return quant * sum(nb * warps * attr(p.mix) for p, nb in launch.pairs()) / sms
+
+    sram = device.smem_bytes_per_clock * clock
+    return {
+        "issue": per_sm_sum(lambda m: m.slots) / (device.schedulers_per_sm * issue_eff * clock),
+        "FP32 pipe": per_sm_sum(lambda m: m.fp32) / (device.fp32_lanes_per_sm / 32 * clock),
+        "shared memory": per_sm_sum(lambda m: m.shared_bytes * 32) / sram,
+        "L1": per_sm_sum(lambda m: m.global_bytes * 32) / sram,
+    }
+
+
+def sm_bounds_us(
+    mix: Mix, blocks: int, threads: int, occ: Occupancy, device: DeviceSpec
+) -> dict[str, float]:
+    """Microseconds the busiest SM's issue slots, FP32 pipe, shared memory and L1 need for
+    ``blocks`` blocks of ``threads`` threads each executing ``mix`` (every warp issuing each
+    clock: the SASS instrument's issue-bound estimate, :func:`polyfuse.cuda.sass.estimate`)."""
+    d = KernelDesc("estimate", "", blocks, threads, 1, 0, mix)
+    return {k: v * 1e6 for k, v in _sm_bounds_s(LaunchDesc.single(d), occ, device).items()}
+
+
+def _fill_chain_s(
+    p: KernelDesc, warps: int, device: DeviceSpec, clock: float, consts: CostConstants
+) -> float:
+    """Seconds one block of ``p`` takes when each of its synchronous fill phases waits a
+    load latency and then computes alone (its warps on at most all schedulers)."""
+    if p.sync_phases <= 0:
+        return 0.0
+    per_phase = p.mix.slots / p.sync_phases * warps / min(warps, device.schedulers_per_sm)
+    return p.sync_phases * (consts.latency_us * 1e-6 + per_phase / clock)
+
+
+def _overlap(times: list[float], p: float) -> float:
+    """The time of resources that overlap imperfectly: the ``p``-norm of their times (the
+    largest when ``p`` is infinite; a little more when others come close to it)."""
+    top = max(times)
+    if top <= 0 or math.isinf(p):
+        return top
+    return top * sum((t / top) ** p for t in times) ** (1 / p)
+
+
+def _l2_bytes(p: KernelDesc, blocks: int, threads: int, l1_free: int) -> float:
+    """Bytes the SMs fetch from L2 for ``blocks`` blocks of part ``p`` (see the module doc)."""
+    if p.block_read_bytes is not None:
+        if p.block_read_bytes > max(0, l1_free):
+            return blocks * p.block_read_bytes
+        return p.bytes_read * blocks / max(1, p.blocks)
+    return blocks * threads * p.mix.global_read_bytes
+
+
+def _latency_s(
+    launch: LaunchDesc, occ: Occupancy, device: DeviceSpec, consts: CostConstants, dram: float
+) -> float:
+    """Seconds the reads take when only the loads in flight bound them (Little's law)."""
+    n, sms = launch.grid, device.sms
+    reads = sum(p.bytes_read for p in launch.parts)
+    writes = sum(p.bytes_written for p in launch.parts)
+    inflight = max((p.inflight_bytes for p in launch.parts), default=0.0)
+    if not reads or inflight <= 0:
+        return 0.0
+    lat = consts.latency_us * 1e-6
+    per_block = launch.threads * inflight / lat  # bytes per second one block keeps reading
+    if occ.blocks_per_sm == 1 and any(p.barriers for p in launch.parts):
+        # one block per SM, its read and write phases apart: rounds one after another
+        active = min(n, sms)
+        share = dram / active  # one SM's share of the DRAM rate
+        rounds = -(-n // sms)
+        read = min(share, per_block)
+        return rounds * (reads / n / read + writes / n / share)
+    resident = min(n, occ.blocks_per_sm * sms)
+    return reads / (resident * per_block)
+
+
+def call_us(launches: list[Modelled], consts: CostConstants = CONSTANTS) -> float:
+    """Modelled time of one timed call running ``launches`` one after another."""
+    return consts.call_us + sum(m.us for m in launches)
+
+
+def peak_floor_us(desc: KernelDesc, device: DeviceSpec) -> float:
+    """The time the measured peaks alone allow ``desc``: its FLOPs at the measured FP32 rate
+    and its DRAM bytes at the measured copy bandwidth (the model never goes below it)."""
+    return 1e6 * max(
+        desc.flops / (device.throughput_tflops * 1e12),
+        desc.dram_bytes / (device.bandwidth_gbps * 1e9),
+    )

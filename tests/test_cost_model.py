@@ -1,0 +1,290 @@
+"""The one cost model (issue 20, item 3): calibration, peaks, and every consumer asking it.
+
+The calibration data (``benchmarks/measured/calibration_kernels.json``) holds the kernels the
+two measured H100 days timed, as the model's descriptions (written by
+``benchmarks/calibration_data.py``), so these tests need neither a GPU, git history nor a
+disassembler; the ones that check the SASS path skip without one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import polyfuse
+from polyfuse import examples, ops, te
+from polyfuse.poly.device import A100, H100
+from polyfuse.poly.mapping import MappingConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+FITTED_DAY, HELD_OUT_DAY = "2026-11-22", "2026-11-25"
+BAND = (0.67, 1.5)
+
+
+def _days():
+    import calibration
+
+    return calibration.load()
+
+
+def _has_disassembler() -> bool:
+    from polyfuse.cuda.compiler import available_compilers
+    from polyfuse.cuda.sass import DisassemblerNotFound, find_disassembler
+
+    if not available_compilers():
+        return False
+    try:
+        find_disassembler()
+    except DisassemblerNotFound:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def test_calibration_within_the_band_on_every_case_of_the_fitted_day():
+    import calibration
+
+    days = _days()
+    rows = calibration.model_day(days[FITTED_DAY])
+    assert len(rows) == 17
+    outside = {c: r["ratio"] for c, r in rows.items() if not BAND[0] <= r["ratio"] <= BAND[1]}
+    assert outside == {}, outside
+    # the table the benchmark prints says "modelled" and names the day's commit
+    text = calibration.format_day(FITTED_DAY, days[FITTED_DAY], rows)
+    assert "modelled" in text and "fc634f1" in text and "17 of 17 within" in text
+
+
+def test_held_out_day_stays_in_the_band_but_for_the_conv_fill():
+    """2026-11-25 (commit fcb3b1c) was not fitted on. Its one miss is conv3x3_relu: the SASS
+    instrument cannot count its thread-dependent fill loops (the serial s_w fill on 9 of 64
+    threads), so the model sees too little work there."""
+    import calibration
+
+    rows = calibration.model_day(_days()[HELD_OUT_DAY])
+    outside = {c for c, r in rows.items() if not BAND[0] <= r["ratio"] <= BAND[1]}
+    assert outside <= {"conv3x3_relu"}
+    assert rows["conv3x3_relu"]["ratio"] > 1  # modelled too fast, not too slow
+
+
+def test_declared_constants_are_the_fit_on_the_fitted_day():
+    import calibration
+
+    got = calibration.fit(_days()[FITTED_DAY]["cases"])
+    from polyfuse.poly.costs import CONSTANTS
+
+    declared = {n: v for n, v, _ in CONSTANTS.table()} | {"l2_gbps": H100.l2_gbps}
+    for name, value in got.items():
+        assert declared[name] == pytest.approx(value), name
+    sources = {n: src for n, _, src in CONSTANTS.table()}
+    assert all(re.search(r"measured|fitted|assumed|architecture", s) for s in sources.values())
+
+
+def test_never_faster_than_the_measured_peak_of_the_bounding_resource():
+    from polyfuse.poly.costs import KernelDesc, model_kernel, peak_floor_us
+
+    count = 0
+    for day in _days().values():
+        for case in day["cases"].values():
+            for d in case["kernels"]:
+                desc = KernelDesc.from_json(d)
+                m = model_kernel(desc, H100)
+                floor = peak_floor_us(desc, H100)
+                assert m.us >= floor, (desc.name, m.us, floor)
+                # and not faster than the measured copy / cuBLAS rates themselves
+                assert desc.dram_bytes / (m.us * 1e-6) <= H100.bandwidth_gbps * 1e9
+                assert desc.flops / (m.us * 1e-6) <= H100.throughput_tflops * 1e12
+                count += 1
+    assert count == 27 + 23  # every kernel of both days (fewer on 2026-11-25: Layer 3 packs)
+
+
+# ------------------------------------------------------------------------------ GEMM tiles
+
+
+def _gemm_shape(m: int, k: int, n: int):
+    from polyfuse.poly.tiling import detect_gemm
+
+    ins, outs, _ = examples.matmul_bias_gelu(m, k, n)
+    fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)
+    shape = detect_gemm(fn.plan.scheduled[0])
+    assert not isinstance(shape, str)
+    return shape
+
+
+@pytest.mark.parametrize("device", [H100, A100], ids=["H100", "A100"])
+def test_tile_candidates_of_matmul_4096_get_distinct_modelled_times(device):
+    from polyfuse.poly.tiling import rank_gemm_tiles
+
+    ranked = rank_gemm_tiles(_gemm_shape(4096, 4096, 4096), device)
+    times = [t.modelled_us for t in ranked]
+    assert len(ranked) == 8
+    assert len({round(t, 2) for t in times}) == 8, times
+    assert times == sorted(times)
+    # never faster than the FP32 peak measured (H100) or on the datasheet (A100)
+    assert times[0] * 1e-6 >= 2 * 4096**3 / (device.throughput_tflops * 1e12)
+
+
+def test_tile_ranking_sees_occupancy_wavefronts_and_waves():
+    """Mirror-image tiles (the same FLOPs, bytes and waves) differ in their shared-memory
+    wavefronts (A's rows broadcast and bank-conflict, B's vectors do not)."""
+    from polyfuse.poly.costs.gemm import fragment_wavefronts
+
+    assert fragment_wavefronts(16, 16, 8, True) == (1, 2)  # a warp: 2 rows x 16 columns
+    assert fragment_wavefronts(32, 8, 16, True) == (2, 1)  # 4 rows, stride 16: 2 banks
+    assert fragment_wavefronts(32, 8, 32, True) == (1, 1)  # stride 36 (padded): 8 banks
+
+
+# ------------------------------------------------------------------------------ tune
+
+
+def test_tune_without_a_gpu_prints_a_ranked_list_of_distinct_modelled_times(monkeypatch):
+    from polyfuse import tune as tune_mod
+    from polyfuse.cache import CompileCache
+
+    monkeypatch.setattr(tune_mod, "_open_gpu", lambda runtime, say: say("tune: no GPU") or None)
+    lines: list[str] = []
+    found = tune_mod.tune("matmul_bias_gelu", "sm_90", cache=CompileCache(None), say=lines.append)
+    text = "\n".join(lines)
+    assert "modelled choice kept" in text and "no GPU" in text
+    times = [float(x) for x in re.findall(r"modelled\s+([0-9.]+) us", text)]
+    assert len(times) == len(found[0].candidates) >= 2
+    assert times == sorted(times) and len(set(times)) == len(times), text
+
+
+# ------------------------------------------------------------------------------ Layer 3
+
+
+def test_pack_of_two_96_block_gemms_is_not_modelled_above_the_fp32_peak():
+    """Two independent GEMMs of 96 blocks each (fewer than the H100's 132 SMs): packing them
+    into one launch may gain the idle SMs, never more FP32 work than the measured peak."""
+    from polyfuse.stitch.parallel import PackConfig, modelled_us, pack_layout, part_shape
+
+    m, k, n = 2048, 4096, 768  # 16 x 6 = 96 blocks of 128 x 128
+    a1, a2 = te.placeholder((m, k), name="a1"), te.placeholder((m, k), name="a2")
+    w1, w2 = te.placeholder((k, n), name="w1"), te.placeholder((k, n), name="w2")
+    tile = MappingConfig(gemm_tile=(128, 128, 8, 8, 8))
+    fn = polyfuse.compile(
+        [a1, w1, a2, w2],
+        [ops.matmul(a1, w1), ops.matmul(a2, w2)],
+        "sm_90",
+        check_cuda=False,
+        mapping=tile,
+        pack=False,
+    )
+    parts = [part_shape(kern) for kern in fn.kernels]
+    assert [p.grid for p in parts] == [96, 96]
+    layout = pack_layout(parts)
+    assert not isinstance(layout, str)
+    flops = 2 * 2.0 * m * k * n
+    packed = modelled_us(parts, H100, PackConfig(), layout)
+    assert flops / (packed * 1e-6) <= H100.throughput_tflops * 1e12
+    alone = [modelled_us([p], H100, PackConfig()) for p in parts]
+    for us in alone:
+        assert flops / 2 / (us * 1e-6) <= H100.throughput_tflops * 1e12
+
+
+# ------------------------------------------------------------------------------ no SASS
+
+
+def test_the_model_works_without_the_disassembler(monkeypatch):
+    from polyfuse.cuda import kernel_cost
+    from polyfuse.cuda.sass import DisassemblerNotFound
+    from polyfuse.poly.costs import model_kernel, peak_floor_us
+
+    def missing(*a, **kw):
+        raise DisassemblerNotFound("no SASS disassembler found (test)")
+
+    monkeypatch.setattr(sys.modules["polyfuse.cuda.sass.analyse"], "find_disassembler", missing)
+    ins, outs, _ = examples.matmul_bias_gelu(1024, 1024, 1024)
+    fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)
+    descs, how = kernel_cost.describe_kernels(fn.kernels, fn.cuda_source, "sm_90")
+    assert how.startswith("kernel IR estimate") and "no SASS" in how
+    (d,) = descs
+    assert d.source == "kernel IR estimate" and d.mix.ffma >= 1024  # K multiply-adds a thread
+    m = model_kernel(d, H100)
+    assert math.isfinite(m.us) and m.us >= peak_floor_us(d, H100)
+    assert "modelled" in str(m) and "kernel IR estimate" in str(m)
+
+
+def test_ir_work_is_a_kernel_fact_the_compile_cache_keeps(tmp_path):
+    from polyfuse.cache import CompileCache
+
+    ins, outs, _ = examples.softmax(64, 256)
+    cache = CompileCache(tmp_path)
+    first = polyfuse.compile(ins, outs, check_cuda=False, cache=cache)
+    again = polyfuse.compile(ins, outs, check_cuda=False, cache=cache)
+    assert again.cache_stats["hits"] >= 1
+    w1, w2 = first.kernels[0].facts.work, again.kernels[0].facts.work
+    assert w1 is not None and w1 == w2 and w1.mix.ldg > 0
+
+
+@pytest.mark.skipif(not _has_disassembler(), reason="needs NVRTC and nvdisasm (polyfuse[sass])")
+def test_ir_estimate_is_close_to_the_sass_count():
+    from polyfuse.cuda.kernel_cost import describe_kernel
+    from polyfuse.cuda.sass import analyse
+
+    ins, outs, _ = examples.matmul_bias_gelu(1024, 1024, 1024)
+    for arch in ("sm_80", "sm_90"):
+        fn = polyfuse.compile(ins, outs, arch, check_cuda=False)
+        (k,) = fn.kernels
+        (ks,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
+        ir, sass = describe_kernel(k).mix, describe_kernel(k, ks).mix
+        assert ir.ffma == pytest.approx(sass.ffma, rel=0.02)
+        assert ir.slots == pytest.approx(sass.slots, rel=0.25)
+        # the tile-fill loops start at the thread's row: SASS cannot count their trips (once),
+        # the IR estimate counts them for thread 0
+        assert sass.global_read_bytes <= ir.global_read_bytes <= 2 * sass.global_read_bytes
+
+
+@pytest.mark.skipif(not _has_disassembler(), reason="needs NVRTC and nvdisasm (polyfuse[sass])")
+def test_sass_counts_a_kernels_static_shared_memory_once():
+    """analyse() once passed a kernel's static + dynamic bytes as the launch's dynamic pool,
+    so ptxas's static arrays were counted twice in occupancy (and the model's input)."""
+    from polyfuse.cuda.sass import analyse
+
+    ins, outs, _ = examples.matmul_bias_gelu(256, 256, 256)
+    fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)
+    (k,) = fn.kernels
+    (ks,) = analyse(fn.cuda_source, ("sm_90",), kernels=fn.kernels).kernels
+    assert ks.resources is not None and ks.resources.shared_bytes > 0
+    assert ks.shared_bytes == k.shared_bytes == ks.resources.shared_bytes
+
+
+# ------------------------------------------------------------------------------ consumers
+
+
+def test_a_contraction_is_never_split_into_partial_reductions():
+    """A matmul whose weight is its largest input has the 'x' canonical form, whose lanes
+    would each combine K / 8 terms: the split pass cut it into partial reductions (two
+    kernels and K / 4096 partial sums) instead of leaving it to the GEMM path."""
+    from polyfuse.decision import DecisionKind
+
+    a, w = te.placeholder((1024, 4096), name="a"), te.placeholder((4096, 1536), name="w")
+    fn = polyfuse.compile([a, w], [ops.matmul(a, w)], "sm_90", check_cuda=False)
+    (rec,) = [r for r in fn.plan.records() if DecisionKind.SPLIT_REDUCTION in r.kinds]
+    assert rec.data["chunks"] == 1 and "contraction" in rec.reason
+    (k,) = fn.kernels
+    assert any(DecisionKind.GEMM_TILE in r.kinds for r in fn.plan.kernel_plans[0].layout)
+
+
+def test_split_and_elements_per_thread_decisions_are_modelled():
+    from polyfuse.decision import DecisionKind
+
+    x = te.placeholder((4, 1 << 18), name="x")
+    fn = polyfuse.compile([x], [ops.reduce_sum(x, axis=1, name="s")], "sm_90", check_cuda=False)
+    (rec,) = [r for r in fn.plan.records() if DecisionKind.SPLIT_REDUCTION in r.kinds]
+    one, two = rec.data["modelled_us"]
+    assert rec.data["chunks"] > 1 and two < one and "modelled" in rec.reason
+    # one stage: four blocks keep little in flight (Little's law), not the DRAM rate
+    assert 4 * 4 * (1 << 18) / (one * 1e-6) < 0.2 * H100.bandwidth_gbps * 1e9
+    y = te.placeholder((4096, 4096), name="y")
+    fn = polyfuse.compile([y], [ops.relu(y, name="r")], "sm_90", check_cuda=False)
+    (rec,) = [r for r in fn.plan.records() if DecisionKind.ELEMENTS_PER_THREAD in r.kinds]
+    assert rec.data["factor"] in (4, 8) and "modelled" in rec.reason
