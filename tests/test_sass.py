@@ -224,6 +224,43 @@ def test_an_iteration_counts_the_costliest_arm_of_a_branch():
     assert body_mix(fn, [lp]).total == 1 + 16 * 9 + 1  # MOV, 16 iterations, EXIT
 
 
+#: A k-tile loop of two trips as ptxas writes it (a 2-k-tile GEMM, single-buffered): no
+#: counter; UP0 is set true before the loop, copied into P0 for the back edge, then set false.
+TOGGLED = """
+        .section        .text.two_ktiles,"ax",@progbits
+        /*0000*/                   UPLOP3.LUT UP0, UPT, UPT, UPT, UPT, 0x80, 0x0 ;
+.L_x_0:
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0020*/                   PLOP3.LUT P0, PT, PT, PT, UP0, 0x80, 0x0 ;
+        /*0030*/                   LDS.128 R4, [R2] ;
+        /*0040*/                   UPLOP3.LUT UP0, UPT, UPT, UPT, UPT, 0x40, 0x0 ;
+        /*0050*/                   FFMA R20, R4, R8, R20 ;
+        /*0060*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0070*/               @P0 BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_two_trip_loop_with_a_toggled_predicate_is_counted():
+    """ptxas compiles a loop of two trips (a GEMM of two k-tiles) without a counter: the back
+    edge tests a predicate set true before the loop and false inside it. It was 'unknown,
+    counted once', which halved the kernel's work in the cost model's SASS description."""
+    (fn,) = parse_listing(TOGGLED, "sm_90").values()
+    (lp,) = find_loops(fn)
+    assert lp.trip.iterations == 2 and "UP0 = True on entry" in lp.trip.how
+    hot = hot_loop(fn)
+    assert hot.kind == "k-tile" and hot.iterations == 2
+    assert body_mix(fn, [lp])["FFMA"] == 2
+    # set true inside the loop too: no exit (unknown); false on entry: one trip
+    never = TOGGLED.replace("UPT, 0x40, 0x0", "UPT, 0x80, 0x0")
+    (fn,) = parse_listing(never, "sm_90").values()
+    assert find_loops(fn)[0].trip.iterations is None
+    entry = "/*0000*/                   UPLOP3.LUT UP0, UPT, UPT, UPT, UPT, 0x"
+    once = TOGGLED.replace(entry + "80", entry + "40")
+    (fn,) = parse_listing(once, "sm_90").values()
+    assert find_loops(fn)[0].trip.iterations == 1
+
+
 def test_trip_count_unknown_says_why():
     text = FMA_NVDISASM.replace(
         "ISETP.NE.AND P0, PT, R0, 0x400, PT", "ISETP.NE.AND P0, PT, R0, R7, PT"

@@ -5,8 +5,11 @@ A loop is counted when its back edge is a branch under a predicate set by
 iteration (``IADD3 R, R, IMM, RZ`` / ``VIADD`` / ``UIADD3``) and set to a constant before the
 loop (``MOV``, ``IMAD.MOV.U32``, ``HFMA2.MMA -RZ, RZ, hi, lo``, ``CS2R``, found in the nearest
 dominator of the header outside the loop). The branch is taken back while the compare holds
-(``@P``) or fails (``@!P``); the count is the first iteration after which it is not. Anything
-else (a bound in a register or a kernel parameter) leaves the count unknown, with the reason.
+(``@P``) or fails (``@!P``); the count is the first iteration after which it is not. A loop of
+two trips may have no counter: its predicate enters as the constant true and is set false in
+the body after the test reads it (``UPLOP3.LUT UP0, UPT, UPT, UPT, UPT, 0x80`` before,
+``0x40`` inside). Anything else (a bound in a register or a kernel parameter) leaves the count
+unknown, with the reason.
 """
 
 from __future__ import annotations
@@ -187,7 +190,12 @@ def trip_count(
     cmp_ins = _setter(body, pred, br.address)
     while cmp_ins is not None and (src := _predicate_copy(cmp_ins)) is not None:
         back_if ^= src.startswith("!")  # P = !Q: the loop goes on while Q fails
-        cmp_ins = _setter(body, src.lstrip("!"), cmp_ins.address)
+        pred = src.lstrip("!")
+        cmp_ins = _setter(body, pred, cmp_ins.address)
+    if cmp_ins is None:  # nothing sets it before the test reads it: a toggled predicate?
+        toggled = _toggled(fn, header, blocks, body, pred, back_if, dom)
+        if toggled is not None:
+            return toggled
     if cmp_ins is None or cmp_ins.base not in ("ISETP", "UISETP"):
         return TripCount(None, f"{pred} not set by an integer compare in the loop")
     mods = cmp_ins.modifiers
@@ -235,6 +243,59 @@ def _predicate_copy(ins: Instruction) -> str | None:
         return None
     rest = [o for o in ops[2:5] if o not in _TRUE]
     return rest[0] if len(rest) == 1 else None
+
+
+def _constant_predicate(ins: Instruction) -> bool | None:
+    """The value ``ins`` writes when it sets a predicate to a constant: ``PLOP3.LUT P, A, B,
+    C, LUT, 0x0`` (or ``UPLOP3``) with constant inputs ``A, B, C`` (``PT``/``!PT``), the
+    result the LUT's bit at index ``4a + 2b + c``; None for anything else."""
+    ops = ins.operands
+    if ins.opcode not in ("PLOP3.LUT", "UPLOP3.LUT") or len(ops) != 7 or ins.guarded:
+        return None
+    bits = []
+    for o in ops[2:5]:
+        if o.lstrip("!") not in _TRUE:
+            return None
+        bits.append(not o.startswith("!"))
+    lut = _imm(ops[5])
+    if lut is None:
+        return None
+    return bool((lut >> (4 * bits[0] + 2 * bits[1] + bits[2])) & 1)
+
+
+def _toggled(
+    fn: SassFunction,
+    header: int,
+    blocks: frozenset[int],
+    body: list[Instruction],
+    pred: str,
+    back_if: bool,
+    dom: dict[int, set[int]],
+) -> TripCount | None:
+    """The trip count of a loop whose back edge tests a predicate that only constants set:
+    ``pred`` enters the loop as one constant and is set to another inside the loop after the
+    test reads it (ptxas's form of a loop of two trips: ``UP0 = true`` before, the branch on
+    ``UP0``, ``UP0 = false`` in the body; the caller found no setter before the test reads
+    it). None when ``pred`` is set otherwise."""
+    inside = [i for i in body if i.operands[:1] == (pred,)]
+    if len(inside) != 1:
+        return None
+    later = _constant_predicate(inside[0])
+    if later is None:
+        return None
+    head = fn.block_of(header).index
+    first: bool | None = None
+    for b in sorted(dom[head] - blocks, key=lambda b: len(dom[b]), reverse=True):
+        found = [i for i in fn.blocks[b].instructions if i.operands[:1] == (pred,)]
+        if found:
+            first = _constant_predicate(found[-1])
+            break
+    if first is None:
+        return None
+    how = f"{pred} = {first} on entry, {later} after the first test"
+    if (first == back_if) and (later == back_if):
+        return TripCount(None, f"{how}: no exit")
+    return TripCount(2 if first == back_if else 1, how)
 
 
 def _entry_value(
