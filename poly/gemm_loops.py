@@ -33,7 +33,9 @@ what these decisions remove):
    and the shared tiles): ptxas then keeps each thread within the registers that let those
    blocks be resident, instead of taking a few more and halving the occupancy. Synchronous
    copies hold their vectors in registers on the way to shared memory: the estimate counts
-   :data:`SYNC_COPY_REGISTERS` more for them, and no bound is set below the estimate.
+   :data:`SYNC_COPY_REGISTERS` more for them. The cap leaves :data:`REGISTER_MARGIN` registers
+   above the estimate (a bound at the estimate itself made ptxas spill); where no count of
+   two or more blocks does, no bound is set.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ COPY_UNROLL_LIMIT = 32
 #: (global -> registers -> shared: the vectors in flight; ptxas spilled a 4096 matmul's 8x8
 #: tile at the 128 registers of two 256-thread blocks without them).
 SYNC_COPY_REGISTERS = 16
+#: Registers the launch bounds leave a thread above the micro-tile's estimate. The SASS of 145
+#: GEMM kernels (6 cases x 2 archs x ~12 tilings, NVRTC 13.0): ptxas spilled 8-40 B in 3 of
+#: 11 bounds at the estimate (4x4 tiles, 64 registers) and in 6 of 22 bounds 8 above it (8x8
+#: tiles at 128, their unrolled bodies holding the next steps' fragments), in 1 of 4 at 24.
+REGISTER_MARGIN = 16
 #: Registers ptxas allocates per thread in steps of (sm_70..sm_90).
 REGISTER_STEP = 8
 #: Registers one thread may use at most (sm_70..sm_90).
@@ -101,6 +108,28 @@ def unrolled_steps(
         else:
             kept.append(j)
     return unrolled[::-1], kept[::-1]
+
+
+def kept_unroll_factor(trips: int, inner: int, limit: int = UNROLL_FMA_LIMIT) -> int:
+    """The unroll factor of the innermost ``kk`` loop kept as a loop (``trips`` steps around a
+    body of ``inner`` multiply-adds): the largest proper divisor of ``trips`` whose unrolled
+    body holds at most ``limit`` multiply-adds (1: not unrolled)."""
+    return max(f for f in range(1, trips) if trips % f == 0 and f * inner <= limit)
+
+
+def launch_bound(
+    threads: int, registers: int, shared_bytes: int, device: DeviceSpec
+) -> tuple[int, int]:
+    """``(blocks, cap)`` of ``__launch_bounds__(threads, blocks)`` for a block of ``threads``
+    threads estimated at ``registers`` each with ``shared_bytes`` of shared memory: the most
+    blocks per SM whose registers per thread (the cap) leave :data:`REGISTER_MARGIN` above the
+    estimate; (0, 0) when that is one block (no bound to keep)."""
+    need = registers + REGISTER_MARGIN
+    blocks = occupancy(device, threads, need, shared_bytes).blocks_per_sm
+    cap = register_cap(threads, blocks, device) if blocks else 0
+    if blocks > 1 and cap >= need:
+        return blocks, cap
+    return 0, 0
 
 
 def register_cap(threads: int, blocks: int, device: DeviceSpec) -> int:
@@ -175,7 +204,7 @@ def plan_gemm_loops(
     inner = acc * math.prod(tk[j] for j in unrolled)
     if kept:  # the innermost loop kept: unrolled by a factor of its trip count
         j = kept[-1]
-        f = max(f for f in range(1, tk[j]) if tk[j] % f == 0 and f * inner <= UNROLL_FMA_LIMIT)
+        f = kept_unroll_factor(tk[j], inner)
         if f > 1:
             unroll.append((f"kk{j}", update, tk[j], f))
             decisions.append(
@@ -241,9 +270,8 @@ def plan_gemm_loops(
         )
     regs = gemm_tile_registers(tm, tn) + (SYNC_COPY_REGISTERS if stages == 1 and copies else 0)
     smem = FLOAT_BYTES * shared_floats * stages
-    blocks = occupancy(device, threads, regs, smem).blocks_per_sm
-    cap = register_cap(threads, blocks, device) if blocks else 0
-    min_blocks = blocks if blocks > 1 and cap >= regs else 0  # 1 block: no bound to keep
+    min_blocks, cap = launch_bound(threads, regs, smem, device)
+    blocks = min_blocks
     if min_blocks:
         decisions.append(
             _record(
@@ -256,6 +284,4 @@ def plan_gemm_loops(
                 register_cap=cap,
             )
         )
-    return GemmLoops(
-        tuple(unroll), peel, streams, min_blocks, cap if min_blocks else 0, tuple(decisions)
-    )
+    return GemmLoops(tuple(unroll), peel, streams, min_blocks, cap, tuple(decisions))

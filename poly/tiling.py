@@ -37,13 +37,15 @@ import islpy as isl
 
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.expr import Binary, Const, Read, Select
-from polyfuse.poly.costs import model_kernel
-from polyfuse.poly.costs.gemm import GemmProblem, gemm_tile_desc
+from polyfuse.poly.costs import KernelDesc, model_kernel
+from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
+from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout
 from polyfuse.poly.costs.ops import ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import Statement
 from polyfuse.poly.policy import GEMM_REG_BUDGET, gemm_tile_budget, gemm_tile_registers
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tile_fit import fit_tiling
 
 #: why a tiling was not ranked but given (``MappingConfig.gemm_tile``), unless the config
 #: carries its own reason (``MappingConfig.gemm_tile_reason``: a tuned tiling)
@@ -74,6 +76,9 @@ class GemmTiling:
     modelled_us: float = 0.0
     #: (BM, BN, TM, TN, TK): the candidate in the form ``MappingConfig.gemm_tile`` takes
     choice: tuple[int, int, int, int, int] | None = None
+    #: the loop code the ranking priced (before the kernel exists) and its description
+    code: LoopCode | None = None
+    estimate: KernelDesc | None = None
 
     @property
     def label(self) -> str:
@@ -261,8 +266,33 @@ def tile_label(bm: int, bn: int, tm: int, tn: int, kt: int) -> str:
     )
 
 
-def gemm_problem(shape: GemmShape, m_dim: int, n_dim: int, kin: int) -> GemmProblem:
-    """What ``shape`` computes, for the cost model: the matrix plane (``m_dim`` x ``n_dim``),
+def affine_rows(m: isl.Map) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """Per output dim of access ``m`` (its affine hull, the subscripts without the domain's
+    bounds), its coefficients on the input dims and its constant; () when a subscript is not
+    an affine function with integer coefficients (a grouped conv's channel, a division)."""
+    hull = isl.Map.from_basic_map(m.affine_hull())
+    if not hull.is_single_valued():
+        return ()
+    pma = isl.PwMultiAff.from_map(hull)
+    n_in = hull.dim(isl.dim_type.in_)
+    rows = []
+    for i in range(hull.dim(isl.dim_type.out)):
+        pieces = pma.get_pw_aff(i).get_pieces()
+        if len(pieces) != 1:
+            return ()
+        aff = pieces[0][1]
+        vals = [aff.get_coefficient_val(isl.dim_type.in_, j) for j in range(n_in)]
+        vals.append(aff.get_constant_val())
+        if not all(v.is_int() for v in vals):
+            return ()
+        ints = [v.to_python() for v in vals]
+        rows.append((tuple(ints[:-1]), ints[-1]))
+    return tuple(rows)
+
+
+def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
+    """What ``shape`` computes, for the cost model: the extents, each operand's subscripts
+    (affine rows, :func:`affine_rows`) and array shape, the matrix plane's rows ``m_dim``,
     the tiled reduction dim ``kin``, the distinct bytes (isl footprints of the operands, one
     output) and the epilogue's instructions per output element (inputs such as a bias read
     from global memory, values computed in the kernel from registers)."""
@@ -284,12 +314,21 @@ def gemm_problem(shape: GemmShape, m_dim: int, n_dim: int, kin: int) -> GemmProb
             ops,
             lambda r, c, inner=inner: None if id(r) in inner else global_read(r, c),
         )
+    arrays = {
+        m.get_tuple_name(isl.dim_type.out): tuple(r.tensor.shape)
+        for r, m in shape.update.reads
+        if r is not None
+    }
+    operands = []
+    for name in dict.fromkeys(n for n, _ in shape.operands):
+        m = next(m for n, m in shape.operands if n == name)
+        operands.append(Operand(name, arrays[name], affine_rows(m)))
     return GemmProblem(
-        m=ext[m_dim],
-        n=ext[n_dim],
-        k=rext[kin],
-        k_whole=math.prod(rext) // rext[kin],
-        batch=math.prod(ext[d] for d in range(len(ext)) if d not in (m_dim, n_dim)),
+        data=tuple(ext),
+        red=tuple(rext),
+        operands=tuple(operands),
+        m_dim=m_dim,
+        kin=kin,
         bytes_read=4 * reads,
         bytes_written=4 * math.prod(ext),
         epilogue=ops.mix(),
@@ -330,9 +369,8 @@ def rank_gemm_tiles(
     ]
     # Reduction tiles: the innermost reduction dim by TK, outer ones whole if short.
     kin = max(range(len(rext)), key=lambda j: rext[j])  # the longest reduction dim is tiled
-    k_other = math.prod(rext) // rext[kin]  # the others stay whole inside a k-tile
-    problem = gemm_problem(shape, m_dim, n_dim, kin)
-    cands: list[tuple] = []
+    problem = gemm_problem(shape, m_dim, kin)
+    cands: dict[tuple[int, int, int, int, int], tuple] = {}
     space = [
         (bm, bn, tm, tn, tk)
         for bm in (16, 32, 64, 128)
@@ -349,43 +387,117 @@ def rank_gemm_tiles(
         thr = (bm // tm) * (bn // tn)
         if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
             continue
-        regs = gemm_tile_registers(tm, tn)
-        if regs > GEMM_REG_BUDGET and forced is None:
+        if gemm_tile_registers(tm, tn) > GEMM_REG_BUDGET and forced is None:
             continue
         kt = min(tk, rext[kin])
-        smem = 4 * (bm * kt * k_other + kt * k_other * (bn + 1))
-        if smem > budget and forced is None:
+        if (bm, bn, tm, tn, kt) in cands:
+            continue  # k-tiles past the reduction's extent are the same tiling
+        tiling = _tiling(nd, m_dim, n_dim, kin, rext, (bm, bn, tm, tn, kt))
+        folded = fit_tiling(shape, tiling)  # the column tile over two dims, as built
+        lay = TileLayout(tuple(folded.block), tuple(folded.threads), tuple(folded.tk), stages)
+        code = gemm_loop_code(problem, lay, device)
+        if code.shared_bytes > budget and forced is None:
             continue
-        st = stages if smem * stages <= budget else 1
-        desc = gemm_tile_desc(problem, (bm, bn, tm, tn, kt), st)
+        desc = gemm_tile_desc(problem, code)
         m = model_kernel(desc, device)
         if m.occupancy.blocks_per_sm < 1 and forced is None:
             continue
-        cands.append((m.us, -thr, bm, bn, tm, tn, kt, desc, m))
+        cands[(bm, bn, tm, tn, kt)] = (m.us, -thr, bm, bn, tm, tn, kt, tiling, code, desc, m)
+    ranked = []
+    for c in sorted(cands.values(), key=lambda c: c[:7]):
+        if ranked and math.isclose(c[0], ranked[-1][0], rel_tol=1e-9):
+            # the model cannot tell them apart (mirror images of one loop code): one of them
+            # is ranked, the one with more threads, then the smaller block rows
+            continue
+        ranked.append(c)
+    good = [c for c in ranked if loop_share(c[8]) >= LOOP_FFMA_FLOOR]
+    if good and len(good) < len(ranked):
+        low = [c for c in ranked if loop_share(c[8]) < LOOP_FFMA_FLOOR]
+        t0, c0 = low[0][0], low[0][8]
+        reasons.append(
+            f"{len(low)} tilings not ranked: their k-tile loop would be below "
+            f"{LOOP_FFMA_FLOOR:.0%} FFMA (the loop-quality floor of GEMM-like loops, issue 20 "
+            f"item 2; the best of them, {tile_label(*low[0][2:7])}, modelled {t0:.1f} us at "
+            f"{loop_share(c0):.0%} FFMA)"
+        )
+        ranked = good
     out = []
-    for rank, cand in enumerate(sorted(cands, key=lambda c: c[:7])[:limit]):
-        t, _, bm, bn, tm, tn, kt, desc, m = cand
-        block = [1] * nd
-        threads = [1] * nd
-        block[m_dim], block[n_dim] = bm, bn
-        threads[m_dim], threads[n_dim] = bm // tm, bn // tn
-        tk = list(rext)
-        tk[kin] = kt
+    for rank, cand in enumerate(ranked[:limit]):
+        t, _, bm, bn, tm, tn, kt, tiling, code, desc, m = cand
         why = list(reasons)
         if rank:
             why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
-        ktile = desc.mix.scaled(1 / max(1, -(-problem.k // kt)))
         why += [
             f"{tile_label(bm, bn, tm, tn, kt)}: {m} on {device.name}",
             f"estimated {desc.registers} registers/thread, {desc.shared_bytes} B shared/block -> "
             f"{m.occupancy.blocks_per_sm} blocks/SM ({m.occupancy.limiter}); {desc.blocks} "
             f"blocks = {m.waves:.2f} waves over {device.sms} SMs",
-            f"per k-tile and thread about {ktile.slots:.0f} instructions, "
-            f"{ktile.ffma / max(1.0, ktile.slots):.0%} FFMA; micro-tile loads "
-            f"{(tm + tn) / (tm * tn):.2f} shared words per FMA",
+            loop_code_reason(code, desc),
         ]
-        out.append(GemmTiling(block, threads, tk, why, t, (bm, bn, tm, tn, kt)))
+        tiling.reasons = why
+        tiling.modelled_us = t
+        tiling.code = code
+        tiling.estimate = desc
+        out.append(tiling)
     return out
+
+
+#: The FFMA share of a k-tile loop below which a tiling is not ranked while another reaches
+#: it: item 2 of issue 20 holds GEMM-like hot loops to at least 80 % FFMA (85 % for plain
+#: matmuls); a loop below it spends one slot in five or more on loads, addresses and loop
+#: control that another tiling of the same micrograph avoids. The loop-code estimate predicts
+#: the share within a few percent of the SASS (``python benchmarks/tile_check.py``), and on an
+#: FP32-pipe-bound device (A100: 2 warp FFMA per clock, 4 issue slots) the model alone cannot
+#: tell such loops apart: the floor keeps the choice where both the model and the instrument
+#: put it.
+LOOP_FFMA_FLOOR = 0.80
+
+
+def loop_share(code: LoopCode, worst: bool = True) -> float:
+    """The FFMA share of one k-tile of ``code`` as the loop-code estimate predicts it; with
+    ``worst``, its lower end: window fragments loaded word by word (what NVRTC merges of them
+    varies with the tiling)."""
+    m = ktile_mix(code, worst)
+    return m.ffma / m.slots if m.slots else 0.0
+
+
+def _tiling(
+    nd: int, m_dim: int, n_dim: int, kin: int, rext: list[int], tile: tuple[int, ...]
+) -> GemmTiling:
+    """The (unfolded) tiling of candidate ``tile`` = (BM, BN, TM, TN, TK)."""
+    bm, bn, tm, tn, kt = tile
+    block, threads = [1] * nd, [1] * nd
+    block[m_dim], block[n_dim] = bm, bn
+    threads[m_dim], threads[n_dim] = bm // tm, bn // tn
+    tk = list(rext)
+    tk[kin] = kt
+    return GemmTiling(block, threads, tk, [], 0.0, (bm, bn, tm, tn, kt))
+
+
+def loop_code_reason(code: LoopCode, desc: KernelDesc) -> str:
+    """The loop code the estimate priced, in words (per k-tile and thread)."""
+    ktile = ktile_mix(code)
+    loads = ", ".join(
+        f"{n} LDS.{32 * w}" for w, n in sorted(code.fragment_loads.items(), reverse=True)
+    )
+    tiles = ", ".join(
+        f"{t.tensor} {'x'.join(map(str, t.size))} {'float4' if t.width == 4 else 'scalar'}"
+        f" ({t.copies} per thread)"
+        for t in code.tiles
+    )
+    body = f"{code.body_steps} steps unrolled" + (
+        f", {code.bodies} iterations of the loop kept" if code.bodies > 1 else ""
+    )
+    bound = (
+        f"__launch_bounds__({code.threads}, {code.min_blocks})" if code.min_blocks else "no bound"
+    )
+    return (
+        f"loop code (GEMM tile estimate): per k-tile and thread about {ktile.slots:.0f} "
+        f"instructions, {ktile.ffma / max(1.0, ktile.slots):.0%} FFMA (at worst "
+        f"{loop_share(code):.0%}); {body}; fragments "
+        f"{loads or 'none'}; tiles {tiles or 'none'}, {code.stages} stage(s); {bound}; "
+        f"padding {code.padding:.1%}"
+    )
 
 
 def choose_gemm_tiles(

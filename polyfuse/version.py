@@ -8,6 +8,6 @@ __version__ = "0.1.0"
 # shared memory; 4: 128-bit vector copies into the shared tiles; 5: vector epilogue stores;
 # 6: double-buffered shared tiles with cp.async on sm_80+; 7: GEMM loop code — unrolled
 # reduction steps and copy loops, peeled pipeline, strength-reduced addresses, launch bounds,
-# select-free updates, merged/aligned tile views),
-# so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 7
+# select-free updates, merged/aligned tile views; 8: GEMM tiles ranked on the loop code they
+# get, under the loop-quality floor), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 8

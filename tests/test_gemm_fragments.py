@@ -16,6 +16,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.decision import DecisionKind
 from polyfuse.poly.fragments import register_fragments
 from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.model import Statement
@@ -82,13 +83,20 @@ def test_4096_matmul_kk_loop_reads_registers_only():
     ins, outs = _matmul_4096()
     fn = polyfuse.compile(inputs=ins, outputs=outs, arch="sm_80", check_cuda=False)
     (k,) = fn.kernels
+    (tile,) = [r for r in fn.plan.records() if DecisionKind.GEMM_TILE in r.kinds]
+    tm, tn = tile.data["micro_tile"]
+    assert tm * tn == 64  # 8x8 (or 4x16 ...) register micro-tiles, whichever the model ranks
     notes = "\n".join(_fragment_notes(fn))
-    assert "a: register fragment r_a_frag[8] per kk step" in notes
-    assert "w: register fragment r_w_frag[8] per kk step" in notes
+    assert f"a: register fragment r_a_frag[{tm}] per kk step" in notes
+    assert f"w: register fragment r_w_frag[{tn}] per kk step" in notes
     src = k.source
-    assert "float r_a_frag[8];" in src and "float r_w_frag[8];" in src
-    kk = src[src.index("for (int kk0 = 0; (kk0 <= 7);") :]  # the k-tile's 8 steps
-    kk = kk[: kk.index("__syncthreads();")]
+    assert f"float r_a_frag[{tm}];" in src and f"float r_w_frag[{tn}];" in src
+    # the k-tile's steps: the loop over kk0 up to the k-tile that holds the update (the copy
+    # loops over the tile's rows are named kk0 too)
+    head = f"for (int kk0 = 0; (kk0 <= {tile.data['k_tile'] - 1});"
+    loops = [src[m.start() :] for m in re.finditer(re.escape(head), src)]
+    bodies = [seg[: seg.index("__syncthreads();")] for seg in loops]
+    kk = next(b for b in bodies if "_acc[ii0][ii1][iv] = " in b)
     fma = [line for line in kk.splitlines() if "_acc[ii0][ii1][iv] = " in line]
     assert len(fma) == 1 and "s_a[" not in fma[0] and "s_w[" not in fma[0]
     assert re.search(r"\(r_a_frag\[ii0\] \* r_w_frag\[\(\(ii1 \* 4\) \+ iv\)\]\)", fma[0])

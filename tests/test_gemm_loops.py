@@ -30,7 +30,12 @@ from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
 from polyfuse.decision import DecisionKind
 from polyfuse.poly.copy_layout import copies_per_thread, thread_extents
 from polyfuse.poly.device import H100
-from polyfuse.poly.gemm_loops import CopyLoops, plan_gemm_loops, unrolled_steps
+from polyfuse.poly.gemm_loops import (
+    REGISTER_MARGIN,
+    CopyLoops,
+    plan_gemm_loops,
+    unrolled_steps,
+)
 from polyfuse.poly.tile_box import tile_box
 from polyfuse.reference import evaluate
 
@@ -65,15 +70,26 @@ def test_reduction_steps_unrolled_innermost_first_within_the_limit():
     assert kinds[:2] == ["unroll", "unroll by"] and "keep loop" in kinds
 
 
-def test_launch_bounds_only_where_the_estimate_fits_the_cap():
-    # 8x8 tile, 256 threads, pipelined: 120 registers estimated -> 2 blocks of <= 128
-    piped = plan_gemm_loops("U", [8], (128, 128, 8, 8, 8), 256, 2080, 2, "kt0", [], [], H100)
-    assert (piped.min_blocks, piped.register_cap) == (2, 128)
-    # synchronous copies hold their vectors in registers: 136 > 128, one block, no bound
+def test_launch_bounds_leave_a_margin_above_the_estimate():
+    """A cap at the micro-tile's estimate, or 8 above it, made ptxas spill (a 1x1 conv's
+    64x64 block of 8x8 tiles at 128 registers: 24 B in the hot loop): the bound leaves
+    REGISTER_MARGIN registers above the estimate."""
+    assert REGISTER_MARGIN == 16
+    # 8x8 tile, 64 threads, pipelined: 120 registers estimated -> 6 blocks of <= 168 (136
+    # registers leave 3 warps per scheduler; not 8 blocks of <= 128)
+    piped = plan_gemm_loops("U", [8], (64, 64, 8, 8, 8), 64, 1088, 2, "kt0", [], [], H100)
+    assert (piped.min_blocks, piped.register_cap) == (6, 168)
+    # 256 threads: 136 registers leave room for one block only: no bound
+    big = plan_gemm_loops("U", [8], (128, 128, 8, 8, 8), 256, 2080, 2, "kt0", [], [], H100)
+    assert big.min_blocks == big.register_cap == 0
+    # synchronous copies hold their vectors in registers: 136 + 16, one block, no bound
     copies = [CopyLoops("C_a", "a", ("x0", "x1"), (1, 1))]
     sync = plan_gemm_loops("U", [8], (128, 128, 8, 8, 8), 256, 2080, 1, "", copies, [], H100)
     assert sync.min_blocks == 0 and not sync.peel
     assert "launch bounds" not in [d.data["what"] for d in sync.decisions]
+    # 4x4 tile, 256 threads: 64 estimated -> 3 blocks of <= 80 (not 4 of <= 64)
+    small = plan_gemm_loops("U", [8], (64, 64, 4, 4, 8), 256, 1088, 2, "kt0", [], [], H100)
+    assert (small.min_blocks, small.register_cap) == (3, 80)
 
 
 def test_copy_grid_takes_the_fewest_copies_per_thread():
@@ -173,8 +189,10 @@ def test_copy_loop_with_a_thread_dependent_bound_runs_its_most_trips_guarded():
 @pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
 def test_conv_select_free_folded_tile_correct_in_every_mode(arch):
     """A padded 3x3 conv: the select is dropped (isl's proof), the 24-column tile folds over
-    rows x columns, copies are float4; the emulated result matches in every race mode."""
-    ins, outs, _ = examples.conv2d_relu(batch=2, channels=16, size=24, filters=32)
+    rows x columns, copies are float4; the emulated result matches in every race mode. 48
+    channels: more than one k-tile whatever the tiling (k-tiles of 8 to 32 channels), so the
+    copies stream their addresses across k-tiles."""
+    ins, outs, _ = examples.conv2d_relu(batch=2, channels=48, size=24, filters=32)
     fn = polyfuse.compile(ins, outs, arch, check_cuda=False)
     recs = _gemm_records(fn)
     assert [r.data["tensor"] for r in recs["select free"]] == ["x"]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+import polyfuse
 from polyfuse.cuda.compiler import available_compilers
-from polyfuse.cuda.sass import DisassemblerNotFound, find_disassembler
+from polyfuse.cuda.sass import DisassemblerNotFound, analyse, find_disassembler
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -75,3 +76,22 @@ def test_conv3x3_has_no_padding_and_one_ffma_per_term(arch):
     (v,) = verdicts("conv3x3", arch)
     assert v["padding"] == 0.0
     assert v["fmul_fadd"] == [0, 0] and v["ffma_share"] >= 0.80
+
+
+def test_launch_bounds_leave_ptxas_room_no_spills():
+    """The 1x1 conv on 64x64 blocks of 8x8 micro-tiles, k-tile 8: a bound at 128 registers
+    (the estimate 120 + 8) made ptxas spill 24 B in the hot loop on sm_90; the bound now
+    leaves REGISTER_MARGIN registers (6 blocks of <= 168)."""
+    require_tools()
+    from polyfuse.poly.mapping import MappingConfig
+
+    ins, outs = bench.CASES["conv1x1"].build()
+    fn = polyfuse.compile(
+        ins, outs, "sm_90", check_cuda=False, mapping=MappingConfig(gemm_tile=(64, 64, 8, 8, 8))
+    )
+    (k,) = fn.kernels
+    assert "__launch_bounds__(64, 6)" in k.source
+    (ks,) = analyse(fn.cuda_source, ("sm_90",), kernels=fn.kernels).kernels
+    assert ks.resources is not None
+    assert ks.resources.spill_stores == ks.resources.spill_loads == 0
+    assert ks.hot.kind == "k-tile" and ks.hot.mix["local"] == 0

@@ -29,7 +29,7 @@ from typing import Any
 #: Mix fields that count instructions (issue slots or FP32 operations) per thread.
 COUNTS = ("slots", "ints", "ffma", "fmul", "fadd", "mufu", "bar", "shfl")
 #: Mix fields that count bytes one thread moves per memory path.
-BYTES = ("lds", "sts", "ldg", "stg", "ldgsts", "local")
+BYTES = ("lds", "sts", "ldg", "stg", "ldgsts", "local", "l1")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class Mix:
     stg: float = 0.0  # bytes stored to global memory
     ldgsts: float = 0.0  # bytes copied global -> shared asynchronously (cp.async)
     local: float = 0.0  # bytes of local-memory (spill) traffic
+    #: bytes of L1 wavefronts beyond the global bytes moved: a request whose lanes use part of
+    #: a 128-byte line costs the whole line (a tile copy's rows shorter than a warp's request)
+    l1: float = 0.0
 
     @property
     def fp32(self) -> float:

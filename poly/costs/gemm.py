@@ -1,141 +1,167 @@
-"""Description of a GEMM-like kernel from its tile sizes, before the kernel exists.
+"""Description of a GEMM-like kernel from its tiling, before the kernel exists.
 
 :func:`polyfuse.poly.tiling.rank_gemm_tiles` prices every candidate tiling through the cost
-model; the candidate kernel is not generated yet, so its instruction mix is estimated from the
-tile sizes, following the loop the GEMM path emits (:mod:`polyfuse.poly.promote`,
-:mod:`polyfuse.cuda.lower_register_tile`; checked against the SASS instrument's counts of the
-4096³ matmul on sm_90, 128x128 block, 8x8 micro-tile, k-tile 8: 730 slots per k-tile, of which
-512 FFMA, 64 LDS.32 + 16 LDS.128, 2 LDGSTS.128, 2 BAR; this estimate gives 728):
+model. The candidate kernel is not generated yet, so :func:`gemm_tile_desc` describes it from
+the loop code the passes will give it (:func:`polyfuse.poly.costs.gemm_code.loop_code`: the
+shared tiles and their copies, the unrolled reduction steps, the fragment loads by vector
+width, the launch bounds), per k-tile and thread:
 
-per k-tile and thread, with ``s = TK x (reduction points whole inside a k-tile)`` steps of the
-``kk`` loop:
+- ``acc x steps`` FFMA (padded reduction steps included);
+- the fragment loads (LDS.32/64/128, their bytes through the shared-memory pipe);
+- the tile copies: one ``cp.async`` (double-buffered) or a load and a store (single stage)
+  each, :data:`COPY_INTS` address slots, :data:`GUARD_SLOTS` more where the copy checks the
+  array's bounds; through L1, whole 128-byte lines where a warp's request uses part of them;
+- :data:`LOOP_SLOTS` per iteration of the reduction loop kept as a loop (none when the steps
+  are unrolled whole);
+- :data:`KTILE_SLOTS` for the k-tile itself (two barriers, the async-copy wait, the loop's
+  counter and branch, the copy pointers' advance);
 
-- ``TM x TN`` FFMA per step;
-- the operand fragments from shared memory: A's ``TM`` rows one 32-bit load each (they are a
-  column of the A tile), B's ``TN`` columns as 128-bit loads when ``TN`` is a multiple of 4;
-  their shared-memory wavefronts per warp follow the thread layout: broadcasts, bank
-  conflicts between A rows, B's contiguous vectors (:func:`fragment_wavefronts`);
-- :data:`KK_OVERHEAD` integer and branch slots per step (the ``kk`` loop is not unrolled);
-- the tile fills: ``(BM + BN) x s`` floats over the block's threads, as 128-bit ``cp.async``
-  copies (:data:`COPY_SLOTS` slots each) when the tiles are double-buffered, else as loads
-  into registers and stores to shared memory (one slot more), each k-tile then waiting for
-  its own loads (``sync_phases``);
-- :data:`KTILE_OVERHEAD` slots (two barriers, the async-copy wait, the next tile's addresses);
+then the epilogue per output (its tensor expression, :mod:`polyfuse.poly.costs.ops`, and a
+scalar or float4 store, guarded against the extents where tiles pad them) and the prologue
+(indices, pointers, the accumulators' zeros). Registers: the micro-tile's estimate
+(:func:`polyfuse.poly.policy.gemm_tile_registers`) under the launch bounds the loop pass sets;
+shared memory: the tiles times their stages. A block streams its tiles from L2
+(``block_read_bytes``). Where the instruction mix comes from: ``GEMM tile estimate``.
 
-then the epilogue per output: its tensor expression (:mod:`polyfuse.poly.costs.ops`) and a
-store. Registers: :func:`polyfuse.poly.policy.gemm_tile_registers`; shared memory: the tiles
-times the pipeline stages. The block reads its A rows and B columns once over the whole
-reduction (``block_read_bytes``), from L2.
+The slot constants were read off the SASS of the generated kernels (NVRTC 13.0, nvdisasm
+13.5, sm_80 and sm_90: matmul, FFN, convs and attention at several tilings each); ``python
+benchmarks/tile_check.py`` compares the estimate with the SASS of the candidates the model
+ranks first and prints the agreement.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polyfuse.poly.costs.desc import KernelDesc, Mix
-from polyfuse.poly.policy import gemm_tile_registers
+from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout, loop_code
+from polyfuse.poly.device import DeviceSpec
 
-#: integer and branch slots of one step of the (not unrolled) kk loop: 9 + 1 (issue 20)
-KK_OVERHEAD = 10
-#: slots of one k-tile besides its steps and copies: 2 BAR, 1 wait, addresses, branches
-KTILE_OVERHEAD = 46
-#: slots of one 128-bit cp.async copy (the copy and its address)
-COPY_SLOTS = 5
-#: slots before the k-tile loop (indices, accumulator initialisation: one per accumulator)
-PROLOGUE = 40
+#: integer slots per tile copy beside the copy itself (its shared and global addresses)
+COPY_INTS = 3.5
+#: slots more per copy that checks the array's bounds (the predicate, the zero fill)
+GUARD_SLOTS = 3.0
+#: slots per iteration of a reduction loop kept as a loop (counter, compare, branch, the
+#: fragment addresses it advances)
+LOOP_SLOTS = 16.0
+#: integer slots per fragment load issued word by word (the address arithmetic of a conv's
+#: input window, whose offsets do not all fold into the loads)
+WORD_LOAD_INTS = 0.4
+#: slots of one k-tile besides its steps and copies (2 BAR, the async-copy wait, the counter
+#: and branch, the copy pointers' advance, moves)
+KTILE_SLOTS = 22.0
+#: slots before the k-tile loop (indices, pointers; the accumulators' zeros come on top)
+PROLOGUE = 60.0
+#: slots per output of the epilogue besides its expression (the accumulator's move, the
+#: store's share, its address)
+OUTPUT_SLOTS = 1.0
+#: slots per output the epilogue spends checking it against the extents (partial tiles)
+GUARD_OUTPUT_SLOTS = 2.0
 
 
 @dataclass(frozen=True)
 class GemmProblem:
-    """What a GEMM-like micrograph computes: ``batch`` independent ``m x n`` outputs, each a
-    sum over ``k`` (the tiled reduction dim) times ``k_whole`` (reduction points kept whole
-    inside a k-tile: conv's window), the distinct bytes it reads and writes, and the epilogue's
-    estimate per output element."""
+    """What a GEMM-like micrograph computes: extents of its data and reduction dims, the
+    operands the update reads (:class:`~polyfuse.poly.costs.gemm_code.Operand`), the matrix
+    plane's rows (``m_dim``) and columns (the last data dim) and the tiled reduction dim
+    (``kin``), the distinct bytes it reads and writes, and the epilogue's estimate per output
+    element (without its store)."""
 
-    m: int
-    n: int
-    k: int
-    k_whole: int
-    batch: int
+    data: tuple[int, ...]
+    red: tuple[int, ...]
+    operands: tuple[Operand, ...]
+    m_dim: int
+    kin: int
     bytes_read: int
     bytes_written: int
-    epilogue: Mix  # per output element (without its store)
+    epilogue: Mix
+
+    @property
+    def n_dim(self) -> int:
+        return len(self.data) - 1
+
+    @property
+    def k(self) -> int:
+        return self.red[self.kin]
 
 
-def _pad(row: int) -> int:
-    """The row stride of a shared tile: padded by one vector when a multiple of the 32 banks
-    (:mod:`polyfuse.poly.promote`)."""
-    return row + (4 if row % 32 == 0 else 0)
+def gemm_loop_code(p: GemmProblem, lay: TileLayout, device: DeviceSpec) -> LoopCode:
+    """The loop code ``lay`` gets for ``p`` on ``device``."""
+    rows = lay.regs[p.m_dim]
+    acc = 1
+    for r in lay.regs:
+        acc *= r
+    return loop_code(p.operands, p.data, p.red, lay, (rows, acc // rows), device)
 
 
-def fragment_wavefronts(rows: int, cols: int, steps: int, b_vector: bool) -> tuple[int, int]:
-    """Shared-memory wavefronts one warp's fragment load takes, for A and for B, with the
-    block's ``rows`` x ``cols`` threads (columns fastest, so a warp spans ``32 / cols`` rows).
-
-    A (the A tile is ``[BM][k]``, rows ``stride`` words apart): each lane loads one word of its
-    row; lanes of one row share it (a broadcast), and rows whose words fall in the same bank
-    are served one after another: ``ceil(rows per warp / distinct banks)`` wavefronts.
-    B: the lanes read one row of the B tile, ``cols`` distinct vectors (or words) side by
-    side: one wavefront per 128 bytes."""
-    warp_rows = max(1, 32 // cols)
-    stride = _pad(steps)
-    banks = 32 // math.gcd(stride, 32)
-    waves_a = -(-min(warp_rows, rows) // banks)
-    lanes = min(32, cols)
-    waves_b = -(-lanes * (16 if b_vector else 4) // 128)
-    return waves_a, waves_b
-
-
-def gemm_tile_desc(
-    p: GemmProblem,
-    tile: tuple[int, int, int, int, int],
-    stages: int,
-    name: str = "gemm",
-) -> KernelDesc:
-    """The cost model's description of ``p`` tiled by ``tile`` = (BM, BN, TM, TN, TK)."""
-    bm, bn, tm, tn, tk = tile
-    threads = (bm // tm) * (bn // tn)
-    kt = min(tk, p.k)
-    ktiles = -(-p.k // kt)
-    steps = kt * p.k_whole
-    blocks = -(-p.m // bm) * -(-p.n // bn) * p.batch
-    b_vector = tn % 4 == 0
-    frag_loads = tm + (tn // 4 if b_vector else tn)
-    fill = (bm + bn) * steps  # floats per k-tile
-    copies = math.ceil(fill / 4 / threads)
-    waves_a, waves_b = fragment_wavefronts(bm // tm, bn // tn, steps, b_vector)
-    fill_bytes = fill * 4 / threads
-    async_fill = stages > 1  # cp.async; one stage: loads to registers, then stores to shared
-    per_ktile = Mix(
-        slots=steps * (tm * tn + frag_loads + KK_OVERHEAD)
-        + copies * (COPY_SLOTS + (0 if async_fill else 1))
-        + KTILE_OVERHEAD,
-        ffma=steps * tm * tn,
-        # shared-pipe traffic in lane-bytes: 4 B per lane per 128-B wavefront
-        lds=steps * (tm * waves_a + (tn // 4 if b_vector else tn) * waves_b) * 4,
-        ldgsts=fill_bytes if async_fill else 0.0,
-        ldg=0.0 if async_fill else fill_bytes,
-        sts=0.0 if async_fill else fill_bytes,
+def ktile_mix(code: LoopCode, worst: bool = False) -> Mix:
+    """What one thread executes per k-tile of ``code`` (see the module doc); ``worst``: with
+    window fragments loaded word by word (:attr:`LoopCode.fragment_loads_worst`)."""
+    if worst:
+        code = replace(
+            code,
+            fragment_loads=code.fragment_loads_worst,
+            fragment_wavefronts=code.fragment_wavefronts_worst,
+        )
+    sync = code.stages == 1
+    copies = code.copies
+    guarded = sum(t.copies for t in code.tiles if t.guarded)
+    fill = code.fill_bytes
+    loop = LOOP_SLOTS * code.bodies if code.bodies > 1 else 0.0
+    ffma = code.accumulators * code.steps
+    words = WORD_LOAD_INTS * code.fragment_loads.get(1, 0)
+    ints = copies * COPY_INTS + guarded * GUARD_SLOTS + loop + words + KTILE_SLOTS / 2
+    return Mix(
+        slots=ffma
+        + code.fragment_instructions
+        + copies * (2 if sync else 1)
+        + ints
+        + KTILE_SLOTS / 2,
+        ints=ints,
+        ffma=ffma,
+        lds=float(code.fragment_bytes),
+        ldgsts=0.0 if sync else fill,
+        ldg=fill if sync else 0.0,
+        sts=fill if sync else 0.0,
+        l1=code.line_waste,
         bar=2,
     )
-    outputs = tm * tn
-    epilogue = p.epilogue.scaled(outputs) + Mix(slots=outputs * 1.25 + 8, stg=outputs * 4)
-    mix = per_ktile.scaled(ktiles) + epilogue + Mix(slots=PROLOGUE + outputs)
-    smem = 4 * stages * (bm * _pad(steps) + steps * _pad(bn))
+
+
+def gemm_tile_desc(p: GemmProblem, code: LoopCode, name: str = "gemm") -> KernelDesc:
+    """The cost model's description of ``p`` run as ``code`` (see the module doc)."""
+    sync = code.stages == 1
+    fill = code.fill_bytes
+    per_ktile = ktile_mix(code)
+    outputs = code.accumulators
+    stores = outputs / (4 if code.vector_stores else 1)
+    guard = GUARD_OUTPUT_SLOTS * outputs if code.guarded_outputs else 0.0
+    epilogue = p.epilogue.scaled(outputs) + Mix(
+        slots=outputs * OUTPUT_SLOTS + stores + guard, ints=guard, stg=4.0 * outputs
+    )
+    prologue = Mix(slots=PROLOGUE + outputs / 2, ints=PROLOGUE / 2)
+    mix = per_ktile.scaled(code.ktiles) + epilogue + prologue
+    notes = list(code.notes)
+    if code.min_blocks:
+        notes.append(
+            f"__launch_bounds__({code.threads}, {code.min_blocks}): at most "
+            f"{code.register_cap} registers"
+        )
     return KernelDesc(
         name=name,
         source="GEMM tile estimate",
-        blocks=blocks,
-        threads=threads,
-        registers=gemm_tile_registers(tm, tn),
-        shared_bytes=smem,
+        blocks=code.blocks,
+        threads=code.threads,
+        registers=code.registers,
+        shared_bytes=code.shared_bytes,
         mix=mix,
         bytes_read=p.bytes_read,
         bytes_written=p.bytes_written,
-        vector_bytes=p.bytes_read + p.bytes_written,
-        inflight_bytes=fill_bytes,
-        block_read_bytes=fill * ktiles * 4,
+        vector_bytes=(p.bytes_read if all(t.width > 1 for t in code.tiles) else 0)
+        + (p.bytes_written if code.vector_stores else 0),
+        inflight_bytes=fill,
+        block_read_bytes=code.block_fill_bytes * code.ktiles,
         barriers=True,
-        sync_phases=0.0 if async_fill else float(ktiles),
+        sync_phases=float(code.ktiles) if sync else 0.0,
+        notes=tuple(notes),
     )

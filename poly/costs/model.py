@@ -13,7 +13,8 @@ SM-local resources, on the busiest SM: blocks are spread evenly, so one SM runs
 - **FP32 pipe**: FFMA/FMUL/FADD at ``lanes / 32`` warp instructions per clock per SM;
 - **shared memory**: the bytes of LDS/STS and of the shared side of cp.async, 128 B (one
   wavefront, no bank conflicts) per clock per SM;
-- **L1**: the bytes global loads, stores and spills request (a warp's 32 lanes x width),
+- **L1**: the bytes global loads, stores and spills request (a warp's 32 lanes x width; a
+  request that uses part of a 128-byte line costs the line, where the description knows it),
   through the same 128 B per clock;
 
 device-wide resources:
@@ -172,7 +173,7 @@ def _sm_bounds_s(
         "issue": per_sm_sum(lambda m: m.slots) / (device.schedulers_per_sm * issue_eff * clock),
         "FP32 pipe": per_sm_sum(lambda m: m.fp32) / (device.fp32_lanes_per_sm / 32 * clock),
         "shared memory": per_sm_sum(lambda m: m.shared_bytes * 32) / sram,
-        "L1": per_sm_sum(lambda m: m.global_bytes * 32) / sram,
+        "L1": per_sm_sum(lambda m: (m.global_bytes + m.l1) * 32) / sram,
     }
 
 
