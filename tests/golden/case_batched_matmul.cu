@@ -45,28 +45,25 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_8099e63d8aa839525c16(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_941e0a481a874313c6c3(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
+  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
   const int p0c = threadIdx.x;
-  __shared__ float s_ba[449];
+  __shared__ float s_ba[112];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
   __shared__ float s_bb[112];
-  float r_matmul24_acc[4];
+  float r_matmul24_acc[2];
   float r_ba_frag[1];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     r_matmul24_acc[ii2] = 0.0f;
   }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    if ((ii2 <= ((-((p0c + 320) / 256)) + 2))) {
-      s_ba[(b0 - b0) * 449 + ((p0c + (256 * ii2)) - 0)] = ((p0c + (256 * ii2)) >= 0 && (p0c + (256 * ii2)) < 63) ? ba[b0 * 63 + (p0c + (256 * ii2))] : 0.0f;
-    }
+  if ((p0c <= 111)) {
+    s_ba[(b0 - b0) * 112 + (p0c - 0)] = (p0c >= 0 && p0c < 63) ? ba[b0 * 63 + p0c] : 0.0f;
   }
   if ((p1r <= 6)) {
     s_bb[(((7 * b0) + p1r) - (7 * b0)) * 16 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? bb[((7 * b0) + p1r) * 5 + p1c] : 0.0f;
@@ -74,15 +71,15 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_8099e63d8aa839525c16(flo
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 6); kk0 += 1) {
-    r_ba_frag[0] = s_ba[(b0 - b0) * 449 + (((t1 * 7) + kk0) - 0)];
+    r_ba_frag[0] = s_ba[(b0 - b0) * 112 + (((t1 * 7) + kk0) - 0)];
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_matmul24_acc[ii2] = r_matmul24_acc[ii2] + (r_ba_frag[0] * s_bb[(b0 * 7 + kk0 - (7 * b0)) * 16 + ((t2 + (4 * ii2)) - 0)]);
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      r_matmul24_acc[ii2] = r_matmul24_acc[ii2] + (r_ba_frag[0] * s_bb[(b0 * 7 + kk0 - (7 * b0)) * 16 + ((t2 + (8 * ii2)) - 0)]);
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-    if (t1 <= 8 && (t2 + (4 * ii2)) <= 4) { matmul24[b0 * 45 + t1 * 5 + (t2 + (4 * ii2))] = r_matmul24_acc[ii2]; }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if (t1 <= 8 && (t2 + (8 * ii2)) <= 4) { matmul24[b0 * 45 + t1 * 5 + (t2 + (8 * ii2))] = r_matmul24_acc[ii2]; }
   }
 }

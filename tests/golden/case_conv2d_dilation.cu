@@ -45,28 +45,31 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_aa734707c5bae692382f(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_2197d20a6460b7a2311d(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 9; _b /= 9;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
+  const int t3 = _t % 8; _t /= 8;
   const int t1 = _t;
-  const int p0d1 = threadIdx.x / 16;
-  const int p0r = threadIdx.x / 8 % 2;
+  const int p0d1 = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
   __shared__ float s_X[1200];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_W[288];
-  float r_conv2d27_acc[1];
-  r_conv2d27_acc[0] = 0.0f;
-  if (((p0d1 <= 11) && (p0r == 0))) {
+  float r_conv2d27_acc[2];
+  float r_W_frag[1];
+  #pragma unroll
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+    r_conv2d27_acc[ii3] = 0.0f;
+  }
+  if ((p0d1 <= 11)) {
     #pragma unroll
-    for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
+    for (int kk2 = 0; (kk2 <= 4); kk2 += 2) {
       #pragma unroll
-      for (int pos = 0; (pos <= 2); pos += 1) {
-        if ((pos <= ((-((p0c + 4) / 8)) + 2))) {
-          s_X[(b0 - b0) * 1200 + (p0d1 - 0) * 100 + (((b2 + (2 * kk2)) - 2) - (b2 - 2)) * 20 + (((p0c + (8 * pos)) - 2) - (-2))] = (p0d1 >= 0 && p0d1 < 4 && ((b2 + (2 * kk2)) - 2) >= 0 && ((b2 + (2 * kk2)) - 2) < 9 && ((p0c + (8 * pos)) - 2) >= 0 && ((p0c + (8 * pos)) - 2) < 9) ? X[b0 * 324 + p0d1 * 81 + ((b2 + (2 * kk2)) - 2) * 9 + ((p0c + (8 * pos)) - 2)] : 0.0f;
+      for (int ii3 = 0; (ii3 <= 2); ii3 += 1) {
+        if ((ii3 <= ((-((p0c + 4) / 8)) + 2))) {
+          s_X[(b0 - b0) * 1200 + (p0d1 - 0) * 100 + (((b2 + kk2) - 2) - (b2 - 2)) * 20 + (((p0c + (8 * ii3)) - 2) - (-2))] = (p0d1 >= 0 && p0d1 < 4 && ((b2 + kk2) - 2) >= 0 && ((b2 + kk2) - 2) < 9 && ((p0c + (8 * ii3)) - 2) >= 0 && ((p0c + (8 * ii3)) - 2) < 9) ? X[b0 * 324 + p0d1 * 81 + ((b2 + kk2) - 2) * 9 + ((p0c + (8 * ii3)) - 2)] : 0.0f;
         }
       }
     }
@@ -81,10 +84,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_aa734707c5bae692382f(flo
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        r_conv2d27_acc[0] = r_conv2d27_acc[0] + (s_X[(b0 - b0) * 1200 + (((pf_fdiv(t1, 3) * 2) + kk0) - 0) * 100 + (((b2 + (kk1 * 2)) - 2) - (b2 - 2)) * 20 + (((t3 + (kk2 * 2)) - 2) - (-2))] * s_W[(t1 * 18 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
+        r_W_frag[0] = s_W[(((t1 * 18) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+          r_conv2d27_acc[ii3] = r_conv2d27_acc[ii3] + (s_X[(b0 - b0) * 1200 + (((pf_fdiv(t1, 3) * 2) + kk0) - 0) * 100 + (((b2 + (kk1 * 2)) - 2) - (b2 - 2)) * 20 + ((((t3 + (8 * ii3)) + (kk2 * 2)) - 2) - (-2))] * r_W_frag[0]);
+        }
       }
     }
   }
   __syncthreads();
-  if (t1 <= 5 && t3 <= 8) { conv2d27[b0 * 486 + t1 * 81 + b2 * 9 + t3] = r_conv2d27_acc[0]; }
+  #pragma unroll
+  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+    if (t1 <= 5 && (t3 + (8 * ii3)) <= 8) { conv2d27[b0 * 486 + t1 * 81 + b2 * 9 + (t3 + (8 * ii3))] = r_conv2d27_acc[ii3]; }
+  }
 }

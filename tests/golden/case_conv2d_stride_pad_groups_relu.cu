@@ -45,32 +45,32 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_44c5bd32b3fcf944b89e(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_d5a930c3a88142affaee(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 2; _t /= 2;
   const int t1 = _t;
-  const int p0d1 = threadIdx.x / 16;
-  const int p0r = threadIdx.x / 8 % 2;
+  const int p0d1 = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
   __shared__ float s_X[1020];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_W[288];
-  float r_conv2d25_acc[1];
+  float r_conv2d25_acc[2];
   float r_conv2d25;
-  r_conv2d25_acc[0] = 0.0f;
+  float r_W_frag[1];
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    r_conv2d25_acc[ii2] = 0.0f;
+  }
   if ((p0d1 <= 11)) {
     #pragma unroll
-    for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-      if ((kk2 <= ((-p0r) + 2))) {
-        #pragma unroll
-        for (int pos = 0; (pos <= 2); pos += 1) {
-          if ((pos <= ((-((p0c + 7) / 8)) + 2))) {
-            s_X[(b0 - b0) * 1020 + (p0d1 - 0) * 85 + (((((4 * b2) + p0r) + (2 * kk2)) - 1) - ((4 * b2) - 1)) * 17 + (((p0c + (8 * pos)) - 1) - (-1))] = (p0d1 >= 0 && p0d1 < 4 && ((((4 * b2) + p0r) + (2 * kk2)) - 1) >= 0 && ((((4 * b2) + p0r) + (2 * kk2)) - 1) < 9 && ((p0c + (8 * pos)) - 1) >= 0 && ((p0c + (8 * pos)) - 1) < 9) ? X[b0 * 324 + p0d1 * 81 + ((((4 * b2) + p0r) + (2 * kk2)) - 1) * 9 + ((p0c + (8 * pos)) - 1)] : 0.0f;
-          }
+    for (int kk2 = 0; (kk2 <= 4); kk2 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 2); ii2 += 1) {
+        if ((ii2 <= ((-((p0c + 7) / 8)) + 2))) {
+          s_X[(b0 - b0) * 1020 + (p0d1 - 0) * 85 + ((((4 * b2) + kk2) - 1) - ((4 * b2) - 1)) * 17 + (((p0c + (8 * ii2)) - 1) - (-1))] = (p0d1 >= 0 && p0d1 < 4 && (((4 * b2) + kk2) - 1) >= 0 && (((4 * b2) + kk2) - 1) < 9 && ((p0c + (8 * ii2)) - 1) >= 0 && ((p0c + (8 * ii2)) - 1) < 9) ? X[b0 * 324 + p0d1 * 81 + (((4 * b2) + kk2) - 1) * 9 + ((p0c + (8 * ii2)) - 1)] : 0.0f;
         }
       }
     }
@@ -85,11 +85,18 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_44c5bd32b3fcf944b89e(flo
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        r_conv2d25_acc[0] = r_conv2d25_acc[0] + (s_X[(b0 - b0) * 1020 + (((pf_fdiv(t1, 3) * 2) + kk0) - 0) * 85 + ((((((2 * b2) + t2) * 2) + kk1) - 1) - ((4 * b2) - 1)) * 17 + ((((t3 * 2) + kk2) - 1) - (-1))] * s_W[(t1 * 18 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
+        r_W_frag[0] = s_W[(((t1 * 18) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          r_conv2d25_acc[ii2] = r_conv2d25_acc[ii2] + (s_X[(b0 - b0) * 1020 + (((pf_fdiv(t1, 3) * 2) + kk0) - 0) * 85 + ((((((2 * b2) + ii2) * 2) + kk1) - 1) - ((4 * b2) - 1)) * 17 + ((((t3 * 2) + kk2) - 1) - (-1))] * r_W_frag[0]);
+        }
       }
     }
   }
   __syncthreads();
-  if (t1 <= 5 && ((2 * b2) + t2) <= 4 && t3 <= 4) { r_conv2d25 = r_conv2d25_acc[0]; }
-  if (t1 <= 5 && ((2 * b2) + t2) <= 4 && t3 <= 4) { relu26[b0 * 150 + t1 * 25 + ((2 * b2) + t2) * 5 + t3] = pf_fmaxf(r_conv2d25, 0.0f); }
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if (t1 <= 5 && ((2 * b2) + ii2) <= 4 && t3 <= 4) { r_conv2d25 = r_conv2d25_acc[ii2]; }
+    if (t1 <= 5 && ((2 * b2) + ii2) <= 4 && t3 <= 4) { relu26[b0 * 150 + t1 * 25 + ((2 * b2) + ii2) * 5 + t3] = pf_fmaxf(r_conv2d25, 0.0f); }
+  }
 }

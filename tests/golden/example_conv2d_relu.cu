@@ -45,28 +45,29 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_58e76077d221b6be683d(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_8994cd321e1870b371d3(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
   const int t0 = _t;
-  const int p0d0 = threadIdx.x / 128;
-  const int p0r = threadIdx.x / 32 % 4;
+  const int p0r = threadIdx.x / 32;
   const int p0c = threadIdx.x % 32;
   __shared__ float s_x[162];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_w[432];
-  float r_conv2d_conv_acc[1];
+  float r_conv2d_conv_acc[2];
   float r_conv2d_conv;
   float r_conv2d;
-  r_conv2d_conv_acc[0] = 0.0f;
+  float r_w_frag[1];
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    r_conv2d_conv_acc[ii2] = 0.0f;
+  }
   if (((p0r <= 2) && (p0c <= 17))) {
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      if ((kk0 <= ((-p0d0) + 1))) {
-        s_x[((p0d0 + (2 * kk0)) - 0) * 54 + (((b1 + p0r) - 1) - (b1 - 1)) * 18 + ((p0c - 1) - (-1))] = (((b1 + p0r) - 1) >= 0 && ((b1 + p0r) - 1) < 14 && (p0c - 1) >= 0 && (p0c - 1) < 14) ? x[(p0d0 + (2 * kk0)) * 196 + ((b1 + p0r) - 1) * 14 + (p0c - 1)] : 0.0f;
-      }
+    for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
+      s_x[(kk0 - 0) * 54 + (((b1 + p0r) - 1) - (b1 - 1)) * 18 + ((p0c - 1) - (-1))] = (((b1 + p0r) - 1) >= 0 && ((b1 + p0r) - 1) < 14 && (p0c - 1) >= 0 && (p0c - 1) < 14) ? x[kk0 * 196 + ((b1 + p0r) - 1) * 14 + (p0c - 1)] : 0.0f;
     }
   }
   if ((p1c <= 107)) {
@@ -79,12 +80,19 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_58e76077d221b6be683d(flo
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        r_conv2d_conv_acc[0] = r_conv2d_conv_acc[0] + (s_x[(0 * 3 + kk0 - 0) * 54 + (((b1 + kk1) - 1) - (b1 - 1)) * 18 + (((t2 + kk2) - 1) - (-1))] * s_w[(t0 * 27 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
+        r_w_frag[0] = s_w[(((t0 * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          r_conv2d_conv_acc[ii2] = r_conv2d_conv_acc[ii2] + (s_x[(0 * 3 + kk0 - 0) * 54 + (((b1 + kk1) - 1) - (b1 - 1)) * 18 + ((((t2 + (8 * ii2)) + kk2) - 1) - (-1))] * r_w_frag[0]);
+        }
       }
     }
   }
   __syncthreads();
-  if (t0 <= 7 && t2 <= 13) { r_conv2d_conv = r_conv2d_conv_acc[0]; }
-  if (t0 <= 7 && t2 <= 13) { r_conv2d = (r_conv2d_conv + bias[t0]); }
-  if (t0 <= 7 && t2 <= 13) { relu[0 * 1568 + t0 * 196 + b1 * 14 + t2] = pf_fmaxf(r_conv2d, 0.0f); }
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if (t0 <= 7 && (t2 + (8 * ii2)) <= 13) { r_conv2d_conv = r_conv2d_conv_acc[ii2]; }
+    if (t0 <= 7 && (t2 + (8 * ii2)) <= 13) { r_conv2d = (r_conv2d_conv + bias[t0]); }
+    if (t0 <= 7 && (t2 + (8 * ii2)) <= 13) { relu[0 * 1568 + t0 * 196 + b1 * 14 + (t2 + (8 * ii2))] = pf_fmaxf(r_conv2d, 0.0f); }
+  }
 }

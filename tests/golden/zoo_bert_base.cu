@@ -46,35 +46,126 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_0eb78a33f97e075d6953(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_embeddings[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_layer0_attn_q_w[512];
-  float r_matmul0_acc[1];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_embeddings[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_layer0_attn_q_w[1024];
+  float r_matmul0_acc[4][2][4];
   float r_matmul0;
-  r_matmul0_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_embeddings[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_layer0_attn_q_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&layer0_attn_q_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
-  }
-  __syncthreads();
+  float r_embeddings_frag[4];
+  float r_layer0_attn_q_w_frag[8];
+  float r_add1_v[4];
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul0_acc[0] = r_matmul0_acc[0] + (s_embeddings[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_layer0_attn_q_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul0_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
   }
-  __syncthreads();
-  if (t1 <= 7) { r_matmul0 = r_matmul0_acc[0]; }
-  if (t1 <= 7) { add1[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = (r_matmul0 + layer0_attn_q_bias[((16 * b2) + t2)]); }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &embeddings[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &embeddings[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_q_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul0_acc[ii1][ii2][iv] = r_matmul0_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_q_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul0_acc[ii1][ii2][iv] = r_matmul0_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul0 = r_matmul0_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add1_v[iv] = (r_matmul0 + layer0_attn_q_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+      }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add1[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add1_v[0], r_add1_v[1], r_add1_v[2], r_add1_v[3]); }
+    }
+  }
 }
 
 __device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
@@ -183,44 +274,114 @@ extern "C" __global__ void __launch_bounds__(256) pf_a65181ca6b2bd1ca9fa9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b6a4c5fecfd5257c0270(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_b518edf88db9165faf79(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
+  const int t3 = _t % 8; _t /= 8;
   const int t2 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_transpose3[260];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_transpose3[1024];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
   __shared__ __align__(16) float s_transpose7[1088];
-  float r_matmul12_acc[4];
-  float r_transpose3_frag[1];
+  float r_matmul12_acc[4][2][4];
+  float r_transpose3_frag[4];
+  float r_transpose7_frag[8];
   float r_matmul12_v[4];
   #pragma unroll
-  for (int iv = 0; (iv <= 3); iv += 1) {
-    r_matmul12_acc[iv] = 0.0f;
-  }
-  if ((p0c <= 63)) {
-    *reinterpret_cast<float4*>(&s_transpose3[(b0 - b0) * 260 + (b1 - b1) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&transpose3[b0 * 256 + b1 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  *reinterpret_cast<float4*>(&s_transpose7[(b0 - b0) * 1088 + (((16 * b1) + p1r) - (16 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&transpose7[b0 * 256 + ((16 * b1) + p1r) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-    r_transpose3_frag[0] = s_transpose3[(b0 - b0) * 260 + (b1 - b1) * 260 + (((t2 * 16) + kk0) - 0)];
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
     #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul12_acc[iv] = r_matmul12_acc[iv] + (r_transpose3_frag[0] * s_transpose7[(b0 - b0) * 1088 + (b1 * 16 + kk0 - (16 * b1)) * 68 + (((4 * t3) + iv) - 0)]);
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul12_acc[ii2][ii3][iv] = 0.0f;
+      }
     }
   }
-  __syncthreads();
-  #pragma unroll
-  for (int iv = 0; (iv <= 3); iv += 1) {
-    if (t2 <= 7 && ((4 * t3) + iv) <= 7) { r_matmul12_v[iv] = r_matmul12_acc[iv]; }
+  {
+    const int kt0 = (-1);
+    __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
   }
-  if (t2 <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul12[b0 * 128 + b1 * 64 + t2 * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul12_v[0], r_matmul12_v[1], r_matmul12_v[2], r_matmul12_v[3]); }
+  {
+    const int kt0 = 0;
+    __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_transpose7_frag[((ii3 * 4) + iv)] = s_transpose7[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+        }
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul12_acc[ii2][ii3][iv] = r_matmul12_acc[ii2][ii3][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[((ii3 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_transpose7_frag[((ii3 * 4) + iv)] = s_transpose7[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+        }
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul12_acc[ii2][ii3][iv] = r_matmul12_acc[ii2][ii3][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[((ii3 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + iv) <= 7) { r_matmul12_v[iv] = r_matmul12_acc[ii2][ii3][iv]; }
+      }
+      if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul12[b0 * 128 + b1 * 64 + (t2 + (16 * ii2)) * 8 + (((4 * t3) + (32 * ii3)) + 0)]) = make_float4(r_matmul12_v[0], r_matmul12_v[1], r_matmul12_v[2], r_matmul12_v[3]); }
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
@@ -297,52 +458,70 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b775ad2c8814a7a7217b(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
+  const int t3 = _t % 8; _t /= 8;
   const int t2 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_softmax14[132];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose11[1056];
-  float r_matmul15_acc[2][4];
-  float r_softmax14_frag[1];
+  __shared__ __align__(16) float s_softmax14[516];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_transpose11[544];
+  float r_matmul15_acc[4][2][4];
+  float r_softmax14_frag[4];
+  float r_transpose11_frag[8];
   float r_matmul15_v[4];
   #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul15_acc[ii3][iv] = 0.0f;
-    }
-  }
-  if ((p0c <= 31)) {
-    *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 1056 + (((8 * b1) + p1r) - (8 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    r_softmax14_frag[0] = s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + (((t2 * 8) + kk0) - 0)];
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul15_acc[ii3][iv] = r_matmul15_acc[ii3][iv] + (r_softmax14_frag[0] * s_transpose11[(b0 - b0) * 1056 + (b1 * 8 + kk0 - (8 * b1)) * 132 + ((((4 * t3) + (64 * ii3)) + iv) - 0)]);
+        r_matmul15_acc[ii2][ii3][iv] = 0.0f;
+      }
+    }
+  }
+  *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 544 + (((8 * b1) + p1r) - (8 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_softmax14_frag[ii2] = s_softmax14[(b0 - b0) * 516 + (b1 - b1) * 516 + ((((t2 + (16 * ii2)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_transpose11_frag[((ii3 * 4) + iv)] = s_transpose11[(b0 - b0) * 544 + (((b1 * 8) + kk0) - (8 * b1)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul15_acc[ii2][ii3][iv] = r_matmul15_acc[ii2][ii3][iv] + (r_softmax14_frag[ii2] * r_transpose11_frag[((ii3 * 4) + iv)]);
+        }
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
     #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + iv) <= 15) { r_matmul15_v[iv] = r_matmul15_acc[ii3][iv]; }
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + iv) <= 15) { r_matmul15_v[iv] = r_matmul15_acc[ii2][ii3][iv]; }
+      }
+      if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul15[b0 * 256 + b1 * 128 + (t2 + (16 * ii2)) * 16 + (((4 * t3) + (32 * ii3)) + 0)]) = make_float4(r_matmul15_v[0], r_matmul15_v[1], r_matmul15_v[2], r_matmul15_v[3]); }
     }
-    if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul15[b0 * 256 + b1 * 128 + t2 * 16 + (((4 * t3) + (64 * ii3)) + 0)]) = make_float4(r_matmul15_v[0], r_matmul15_v[1], r_matmul15_v[2], r_matmul15_v[3]); }
   }
 }
 
@@ -372,33 +551,124 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_cb364643af963b5e306a(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_fd2f9202500f899daa4b(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_reshape17[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_layer0_attn_o_w[512];
-  float r_matmul18_acc[1];
-  r_matmul18_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_reshape17[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&reshape17[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_layer0_attn_o_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&layer0_attn_o_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
-  }
-  __syncthreads();
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_reshape17[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_layer0_attn_o_w[1024];
+  float r_matmul18_acc[4][2][4];
+  float r_reshape17_frag[4];
+  float r_layer0_attn_o_w_frag[8];
+  float r_matmul18_v[4];
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul18_acc[0] = r_matmul18_acc[0] + (s_reshape17[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_layer0_attn_o_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul18_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
   }
-  __syncthreads();
-  if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape17[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape17[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_o_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul18_acc[ii1][ii2][iv] = r_matmul18_acc[ii1][ii2][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_o_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul18_acc[ii1][ii2][iv] = r_matmul18_acc[ii1][ii2][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul18_v[iv] = r_matmul18_acc[ii1][ii2][iv]; }
+      }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul18[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
@@ -482,83 +752,167 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_02f3e5a99d333692a7b0(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_6696cf7db0d3c1bd56e6(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
-  const int b2 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm21[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_layer0_ffn_fc1_w[512];
-  float r_matmul22_acc[1];
+  __shared__ __align__(16) float s_layer_norm21[1028];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_layer0_ffn_fc1_w[2048];
+  float r_matmul22_acc[4][4];
   float r_matmul22;
   float r_add23;
-  r_matmul22_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_layer_norm21[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&layer_norm21[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float r_layer_norm21_frag[4];
+  float r_layer0_ffn_fc1_w_frag[4];
+  float r_gelu24_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul22_acc[ii1][iv] = 0.0f;
+    }
   }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_layer0_ffn_fc1_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&layer0_ffn_fc1_w[p1r * 64 + ((16 * b2) + (4 * p1c))]);
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    *reinterpret_cast<float4*>(&s_layer_norm21[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 256) ? *reinterpret_cast<const float4*>(&layer_norm21[b0 * 256 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_layer0_ffn_fc1_w[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&layer0_ffn_fc1_w[((4 * p1c) + (512 * kk0))]);
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul22_acc[0] = r_matmul22_acc[0] + (s_layer_norm21[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_layer0_ffn_fc1_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_layer_norm21_frag[ii1] = s_layer_norm21[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_layer0_ffn_fc1_w_frag[iv] = s_layer0_ffn_fc1_w[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul22_acc[ii1][iv] = r_matmul22_acc[ii1][iv] + (r_layer_norm21_frag[ii1] * r_layer0_ffn_fc1_w_frag[iv]);
+      }
+    }
   }
   __syncthreads();
-  if (t1 <= 7) { r_matmul22 = r_matmul22_acc[0]; }
-  if (t1 <= 7) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[((16 * b2) + t2)]); }
-  if (t1 <= 7) { gelu24[b0 * 512 + t1 * 64 + ((16 * b2) + t2)] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.70710677f)))); }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7) { r_matmul22 = r_matmul22_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7) { r_add23 = (r_matmul22 + layer0_ffn_fc1_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 7) { r_gelu24_v[iv] = ((0.5f * r_add23) * (1.0f + erff((r_add23 * 0.70710677f)))); }
+    }
+    if ((t1 + (8 * ii1)) <= 7) { *reinterpret_cast<float4*>(&gelu24[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu24_v[0], r_gelu24_v[1], r_gelu24_v[2], r_gelu24_v[3]); }
+  }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 5) pf_1334a791d82b6bdeb89b(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_gelu24[1152];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_layer0_ffn_fc2_w[1024];
-  float r_matmul25_acc[1];
-  r_matmul25_acc[0] = 0.0f;
+  __shared__ __align__(16) float s_gelu24[4608];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_layer0_ffn_fc2_w[2048];
+  float r_matmul25_acc[4][4];
+  float r_gelu24_frag[4];
+  float r_layer0_ffn_fc2_w_frag[4];
+  float r_matmul25_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul25_acc[ii1][iv] = 0.0f;
+    }
+  }
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
     }
-    if (((p1r <= 31) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &layer0_ffn_fc2_w[((p1r + (32 * kt0)) + 32) * 32 + ((16 * b2) + (4 * p1c))], 16);
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &layer0_ffn_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_gelu24 = &gelu24[((4 * p0c) + (64 * p0r) + (512 * b0) + 32)];
-  const float* pf_gp0_layer0_ffn_fc2_w = &layer0_ffn_fc2_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 1024)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu24[0] : gelu24, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
     }
-    if (((p1r <= 31) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_layer0_ffn_fc2_w[0], 16);
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &layer0_ffn_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-      r_matmul25_acc[0] = r_matmul25_acc[0] + (s_gelu24[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))] * s_layer0_ffn_fc2_w[(kt0 % 2) * 512 + (((32 * kt0) + kk0) - (32 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
+        }
+      }
     }
     __syncthreads();
-    pf_gp0_gelu24 += 32;
-    pf_gp0_layer0_ffn_fc2_w += 1024;
   }
-  if (t1 <= 7) { matmul25[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul25_acc[0]; }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (16 * ii1)) <= 7) { r_matmul25_v[iv] = r_matmul25_acc[ii1][iv]; }
+    }
+    if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul25[b0 * 256 + (t1 + (16 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul25_v[0], r_matmul25_v[1], r_matmul25_v[2], r_matmul25_v[3]); }
+  }
 }

@@ -114,35 +114,126 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_0eb78a33f97e075d6953(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm0[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_attn_q_w[512];
-  float r_matmul1_acc[1];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer_norm0[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_attn_q_w[1024];
+  float r_matmul1_acc[4][2][4];
   float r_matmul1;
-  r_matmul1_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_layer_norm0[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&layer_norm0[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_block0_attn_q_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_q_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
-  }
-  __syncthreads();
+  float r_layer_norm0_frag[4];
+  float r_block0_attn_q_w_frag[8];
+  float r_add2_v[4];
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul1_acc[0] = r_matmul1_acc[0] + (s_layer_norm0[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_q_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul1_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
   }
-  __syncthreads();
-  if (t1 <= 7) { r_matmul1 = r_matmul1_acc[0]; }
-  if (t1 <= 7) { add2[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = (r_matmul1 + block0_attn_q_bias[((16 * b2) + t2)]); }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm0[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm0[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul1_acc[ii1][ii2][iv] = r_matmul1_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul1_acc[ii1][ii2][iv] = r_matmul1_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul1 = r_matmul1_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add2_v[iv] = (r_matmul1 + block0_attn_q_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+      }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add2[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add2_v[0], r_add2_v[1], r_add2_v[2], r_add2_v[3]); }
+    }
+  }
 }
 
 __device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p0(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
@@ -251,44 +342,114 @@ extern "C" __global__ void __launch_bounds__(256) pf_a65181ca6b2bd1ca9fa9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b6a4c5fecfd5257c0270(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_b518edf88db9165faf79(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
+  const int t3 = _t % 8; _t /= 8;
   const int t2 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_transpose4[260];
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_transpose4[1024];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
   __shared__ __align__(16) float s_transpose8[1088];
-  float r_matmul13_acc[4];
-  float r_transpose4_frag[1];
+  float r_matmul13_acc[4][2][4];
+  float r_transpose4_frag[4];
+  float r_transpose8_frag[8];
   float r_matmul13_v[4];
   #pragma unroll
-  for (int iv = 0; (iv <= 3); iv += 1) {
-    r_matmul13_acc[iv] = 0.0f;
-  }
-  if ((p0c <= 63)) {
-    *reinterpret_cast<float4*>(&s_transpose4[(b0 - b0) * 260 + (b1 - b1) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&transpose4[b0 * 256 + b1 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  *reinterpret_cast<float4*>(&s_transpose8[(b0 - b0) * 1088 + (((16 * b1) + p1r) - (16 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 8) ? *reinterpret_cast<const float4*>(&transpose8[b0 * 256 + ((16 * b1) + p1r) * 8 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-    r_transpose4_frag[0] = s_transpose4[(b0 - b0) * 260 + (b1 - b1) * 260 + (((t2 * 16) + kk0) - 0)];
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
     #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul13_acc[iv] = r_matmul13_acc[iv] + (r_transpose4_frag[0] * s_transpose8[(b0 - b0) * 1088 + (b1 * 16 + kk0 - (16 * b1)) * 68 + (((4 * t3) + iv) - 0)]);
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul13_acc[ii2][ii3][iv] = 0.0f;
+      }
     }
   }
-  __syncthreads();
-  #pragma unroll
-  for (int iv = 0; (iv <= 3); iv += 1) {
-    if (t2 <= 7 && ((4 * t3) + iv) <= 7) { r_matmul13_v[iv] = r_matmul13_acc[iv]; }
+  {
+    const int kt0 = (-1);
+    __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
   }
-  if (t2 <= 7 && ((4 * t3) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul13[b0 * 128 + b1 * 64 + t2 * 8 + ((4 * t3) + 0)]) = make_float4(r_matmul13_v[0], r_matmul13_v[1], r_matmul13_v[2], r_matmul13_v[3]); }
+  {
+    const int kt0 = 0;
+    __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_transpose8_frag[((ii3 * 4) + iv)] = s_transpose8[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+        }
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul13_acc[ii2][ii3][iv] = r_matmul13_acc[ii2][ii3][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[((ii3 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_transpose8_frag[((ii3 * 4) + iv)] = s_transpose8[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+        }
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul13_acc[ii2][ii3][iv] = r_matmul13_acc[ii2][ii3][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[((ii3 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + iv) <= 7) { r_matmul13_v[iv] = r_matmul13_acc[ii2][ii3][iv]; }
+      }
+      if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul13[b0 * 128 + b1 * 64 + (t2 + (16 * ii2)) * 8 + (((4 * t3) + (32 * ii3)) + 0)]) = make_float4(r_matmul13_v[0], r_matmul13_v[1], r_matmul13_v[2], r_matmul13_v[3]); }
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
@@ -369,52 +530,70 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b775ad2c8814a7a7217b(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
+  const int t3 = _t % 8; _t /= 8;
   const int t2 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_softmax16[132];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose12[1056];
-  float r_matmul17_acc[2][4];
-  float r_softmax16_frag[1];
+  __shared__ __align__(16) float s_softmax16[516];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_transpose12[544];
+  float r_matmul17_acc[4][2][4];
+  float r_softmax16_frag[4];
+  float r_transpose12_frag[8];
   float r_matmul17_v[4];
   #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul17_acc[ii3][iv] = 0.0f;
-    }
-  }
-  if ((p0c <= 31)) {
-    *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 1056 + (((8 * b1) + p1r) - (8 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    r_softmax16_frag[0] = s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + (((t2 * 8) + kk0) - 0)];
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul17_acc[ii3][iv] = r_matmul17_acc[ii3][iv] + (r_softmax16_frag[0] * s_transpose12[(b0 - b0) * 1056 + (b1 * 8 + kk0 - (8 * b1)) * 132 + ((((4 * t3) + (64 * ii3)) + iv) - 0)]);
+        r_matmul17_acc[ii2][ii3][iv] = 0.0f;
+      }
+    }
+  }
+  *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 544 + (((8 * b1) + p1r) - (8 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_softmax16_frag[ii2] = s_softmax16[(b0 - b0) * 516 + (b1 - b1) * 516 + ((((t2 + (16 * ii2)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_transpose12_frag[((ii3 * 4) + iv)] = s_transpose12[(b0 - b0) * 544 + (((b1 * 8) + kk0) - (8 * b1)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      #pragma unroll
+      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul17_acc[ii2][ii3][iv] = r_matmul17_acc[ii2][ii3][iv] + (r_softmax16_frag[ii2] * r_transpose12_frag[((ii3 * 4) + iv)]);
+        }
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
     #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + iv) <= 15) { r_matmul17_v[iv] = r_matmul17_acc[ii3][iv]; }
+    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + iv) <= 15) { r_matmul17_v[iv] = r_matmul17_acc[ii2][ii3][iv]; }
+      }
+      if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul17[b0 * 256 + b1 * 128 + (t2 + (16 * ii2)) * 16 + (((4 * t3) + (32 * ii3)) + 0)]) = make_float4(r_matmul17_v[0], r_matmul17_v[1], r_matmul17_v[2], r_matmul17_v[3]); }
     }
-    if (t2 <= 7 && (((4 * t3) + (64 * ii3)) + 0) <= 15) { *reinterpret_cast<float4*>(&matmul17[b0 * 256 + b1 * 128 + t2 * 16 + (((4 * t3) + (64 * ii3)) + 0)]) = make_float4(r_matmul17_v[0], r_matmul17_v[1], r_matmul17_v[2], r_matmul17_v[3]); }
   }
 }
 
@@ -444,33 +623,124 @@ extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float*
   reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_cb364643af963b5e306a(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_fd2f9202500f899daa4b(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_reshape19[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_attn_o_w[512];
-  float r_matmul20_acc[1];
-  r_matmul20_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_reshape19[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&reshape19[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_block0_attn_o_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_o_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
-  }
-  __syncthreads();
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_reshape19[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_attn_o_w[1024];
+  float r_matmul20_acc[4][2][4];
+  float r_reshape19_frag[4];
+  float r_block0_attn_o_w_frag[8];
+  float r_matmul20_v[4];
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul20_acc[0] = r_matmul20_acc[0] + (s_reshape19[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_o_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul20_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
   }
-  __syncthreads();
-  if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape19[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape19[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul20_acc[ii1][ii2][iv] = r_matmul20_acc[ii1][ii2][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul20_acc[ii1][ii2][iv] = r_matmul20_acc[ii1][ii2][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul20_v[iv] = r_matmul20_acc[ii1][ii2][iv]; }
+      }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul20[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_matmul20_v[0], r_matmul20_v[1], r_matmul20_v[2], r_matmul20_v[3]); }
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
@@ -558,85 +828,169 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_8f5c27f9625a3076dd3f(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_9951b2c1e7eadd1b3232(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
-  const int b2 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm23[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_mlp_fc1_w[512];
-  float r_matmul24_acc[1];
+  __shared__ __align__(16) float s_layer_norm23[1028];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_mlp_fc1_w[2048];
+  float r_matmul24_acc[4][4];
   float r_matmul24;
   float r_add25;
-  r_matmul24_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_layer_norm23[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 256) ? *reinterpret_cast<const float4*>(&layer_norm23[b0 * 256 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float r_layer_norm23_frag[4];
+  float r_block0_mlp_fc1_w_frag[4];
+  float r_gelu26_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul24_acc[ii1][iv] = 0.0f;
+    }
   }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[p1r * 64 + ((16 * b2) + (4 * p1c))]);
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    *reinterpret_cast<float4*>(&s_layer_norm23[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 256) ? *reinterpret_cast<const float4*>(&layer_norm23[b0 * 256 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[((4 * p1c) + (512 * kk0))]);
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul24_acc[0] = r_matmul24_acc[0] + (s_layer_norm23[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_mlp_fc1_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_layer_norm23_frag[ii1] = s_layer_norm23[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_layer_norm23_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
+      }
+    }
   }
   __syncthreads();
-  if (t1 <= 7) { r_matmul24 = r_matmul24_acc[0]; }
-  if (t1 <= 7) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[((16 * b2) + t2)]); }
-  if (t1 <= 7) { gelu26[b0 * 512 + t1 * 64 + ((16 * b2) + t2)] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978846f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7) { r_matmul24 = r_matmul24_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7) { r_add25 = (r_matmul24 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 7) { r_gelu26_v[iv] = ((0.5f * r_add25) * (1.0f + tanhf((0.7978846f * (r_add25 + (0.044715f * ((r_add25 * r_add25) * r_add25))))))); }
+    }
+    if ((t1 + (8 * ii1)) <= 7) { *reinterpret_cast<float4*>(&gelu26[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu26_v[0], r_gelu26_v[1], r_gelu26_v[2], r_gelu26_v[3]); }
+  }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 5) pf_1334a791d82b6bdeb89b(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_gelu26[1152];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_mlp_fc2_w[1024];
-  float r_matmul27_acc[1];
-  r_matmul27_acc[0] = 0.0f;
+  __shared__ __align__(16) float s_gelu26[4608];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_mlp_fc2_w[2048];
+  float r_matmul27_acc[4][4];
+  float r_gelu26_frag[4];
+  float r_block0_mlp_fc2_w_frag[4];
+  float r_matmul27_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul27_acc[ii1][iv] = 0.0f;
+    }
+  }
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
     }
-    if (((p1r <= 31) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_mlp_fc2_w[((p1r + (32 * kt0)) + 32) * 32 + ((16 * b2) + (4 * p1c))], 16);
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_gelu26 = &gelu26[((4 * p0c) + (64 * p0r) + (512 * b0) + 32)];
-  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 1024)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_gelu26[0] : gelu26, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
     }
-    if (((p1r <= 31) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_mlp_fc2_w[0], 16);
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-      r_matmul27_acc[0] = r_matmul27_acc[0] + (s_gelu26[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))] * s_block0_mlp_fc2_w[(kt0 % 2) * 512 + (((32 * kt0) + kk0) - (32 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+        }
+      }
     }
     __syncthreads();
-    pf_gp0_gelu26 += 32;
-    pf_gp0_block0_mlp_fc2_w += 1024;
   }
-  if (t1 <= 7) { matmul27[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul27_acc[0]; }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (16 * ii1)) <= 7) { r_matmul27_v[iv] = r_matmul27_acc[ii1][iv]; }
+    }
+    if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul27[b0 * 256 + (t1 + (16 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul27_v[0], r_matmul27_v[1], r_matmul27_v[2], r_matmul27_v[3]); }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {

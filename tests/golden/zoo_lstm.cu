@@ -155,45 +155,68 @@ extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_de3b6523b368d8e3ddcf(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
-  int _b = blockIdx.x;
-  const int b1 = _b;
+extern "C" __global__ void __launch_bounds__(128, 4) pf_22092e1e3c9dea2fbb1a(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
-  const int t1 = _t % 4; _t /= 4;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_mul13[512];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_w_h[128];
-  float r_matmul18_acc[4];
-  float r_mul13_frag[1];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_w_h[544];
+  float r_matmul18_acc[4][2][4];
+  float r_mul13_frag[4];
+  float r_w_h_frag[8];
   float r_matmul18_v[4];
   #pragma unroll
-  for (int iv = 0; (iv <= 3); iv += 1) {
-    r_matmul18_acc[iv] = 0.0f;
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul18_acc[ii0][ii1][iv] = 0.0f;
+      }
+    }
   }
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_mul13[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&mul13[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 7)) {
-    *reinterpret_cast<float4*>(&s_w_h[(p1r - 0) * 16 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = *reinterpret_cast<const float4*>(&w_h[p1r * 32 + ((16 * b1) + (4 * p1c))]);
-  }
+  *reinterpret_cast<float4*>(&s_mul13[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&mul13[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_w_h[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_h[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    r_mul13_frag[0] = s_mul13[(((t0 * 8) + kk0) - 0)];
     #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul18_acc[iv] = r_matmul18_acc[iv] + (r_mul13_frag[0] * s_w_h[(kk0 - 0) * 16 + ((((16 * b1) + (4 * t1)) + iv) - (16 * b1))]);
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      r_mul13_frag[ii0] = s_mul13[((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_w_h_frag[((ii1 * 4) + iv)] = s_w_h[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul18_acc[ii0][ii1][iv] = r_matmul18_acc[ii0][ii1][iv] + (r_mul13_frag[ii0] * r_w_h_frag[((ii1 * 4) + iv)]);
+        }
+      }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int iv = 0; (iv <= 3); iv += 1) {
-    if (t0 <= 1) { r_matmul18_v[iv] = r_matmul18_acc[iv]; }
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul18_v[iv] = r_matmul18_acc[ii0][ii1][iv]; }
+      }
+      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&matmul18[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
+    }
   }
-  if (t0 <= 1) { *reinterpret_cast<float4*>(&matmul18[t0 * 32 + (((16 * b1) + (4 * t1)) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
 }
 
 extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ reshape15, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {

@@ -46,12 +46,13 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_6de59ddefc1dc38213db_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5ac5db8a29b8f93056d7_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 8; _t /= 8;
+  const int t2 = _t % 2; _t /= 2;
   const int t1 = _t;
   const int p0r = threadIdx.x / 16;
   const int p0c = threadIdx.x % 16;
@@ -60,10 +61,10 @@ __device__ __forceinline__ void pf_6de59ddefc1dc38213db_p0(float* __restrict__ c
   __shared__ __align__(16) float s_patch_embed_w[3072];
   float r_conv2d0_conv_acc[2];
   float r_conv2d0_conv;
-  float r_patch_embed_w_frag[1];
+  float r_image_frag[1];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    r_conv2d0_conv_acc[ii2] = 0.0f;
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    r_conv2d0_conv_acc[ii1] = 0.0f;
   }
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 5); kk0 += 1) {
@@ -80,23 +81,23 @@ __device__ __forceinline__ void pf_6de59ddefc1dc38213db_p0(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 7); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 7); kk2 += 1) {
-        r_patch_embed_w_frag[0] = s_patch_embed_w[(((((16 * b1) + t1) * 192) + (kk0 * 64) + (kk1 * 8) + kk2) - (3072 * b1))];
+        r_image_frag[0] = s_image[(((b0 * 48) + (kk0 * 16) + ((8 * t2) + kk1)) - (48 * b0)) * 68 + (((8 * t3) + kk2) - 0)];
         #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          r_conv2d0_conv_acc[ii2] = r_conv2d0_conv_acc[ii2] + (s_image[(b0 * 48 + kk0 * 16 + ((ii2 * 8) + kk1) - (48 * b0)) * 68 + (((t3 * 8) + kk2) - 0)] * r_patch_embed_w_frag[0]);
+        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+          r_conv2d0_conv_acc[ii1] = r_conv2d0_conv_acc[ii1] + (r_image_frag[0] * s_patch_embed_w[((((16 * b1) + t1) + (8 * ii1)) * 192 + kk0 * 64 + kk1 * 8 + kk2 - (3072 * b1))]);
         }
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    if (t3 <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii2]; }
-    if (t3 <= 1) { conv2d0[b0 * 128 + ((16 * b1) + t1) * 4 + ii2 * 2 + t3] = (r_conv2d0_conv + patch_embed_bias[((16 * b1) + t1)]); }
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    if (t3 <= 1) { r_conv2d0_conv = r_conv2d0_conv_acc[ii1]; }
+    if (t3 <= 1) { conv2d0[b0 * 128 + (((16 * b1) + t1) + (8 * ii1)) * 4 + t2 * 2 + t3] = (r_conv2d0_conv + patch_embed_bias[(((16 * b1) + t1) + (8 * ii1))]); }
   }
 }
 
-__device__ __forceinline__ void pf_6de59ddefc1dc38213db_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_5ac5db8a29b8f93056d7_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -106,13 +107,13 @@ __device__ __forceinline__ void pf_6de59ddefc1dc38213db_p1(float* __restrict__ c
   cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_6de59ddefc1dc38213db(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
+extern "C" __global__ void __launch_bounds__(128) pf_5ac5db8a29b8f93056d7(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
   const int pf_b = blockIdx.x;
   if (pf_b < 4) {  // k0_conv2d0_conv: 4 blocks of 128
-    pf_6de59ddefc1dc38213db_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
+    pf_5ac5db8a29b8f93056d7_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 5) {  // k3_cls_token_bcast: 1 blocks of 64
     const int pf_v = (pf_b - 4) * 2 + (int)threadIdx.x / 64;
-    if (pf_v < 1) pf_6de59ddefc1dc38213db_p1(cls_token_bcast, cls_token, pf_v, (int)threadIdx.x % 64);
+    if (pf_v < 1) pf_5ac5db8a29b8f93056d7_p1(cls_token_bcast, cls_token, pf_v, (int)threadIdx.x % 64);
   }
 }
 
@@ -234,35 +235,126 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_ac287858220fb9708ad2(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm5[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_attn_q_w[512];
-  float r_matmul6_acc[1];
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer_norm5[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_attn_q_w[1024];
+  float r_matmul6_acc[4][2][4];
   float r_matmul6;
-  r_matmul6_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_layer_norm5[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 160) ? *reinterpret_cast<const float4*>(&layer_norm5[b0 * 160 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_block0_attn_q_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_q_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
-  }
-  __syncthreads();
+  float r_layer_norm5_frag[4];
+  float r_block0_attn_q_w_frag[8];
+  float r_add7_v[4];
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul6_acc[0] = r_matmul6_acc[0] + (s_layer_norm5[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_q_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul6_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
   }
-  __syncthreads();
-  if (t1 <= 4) { r_matmul6 = r_matmul6_acc[0]; }
-  if (t1 <= 4) { add7[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = (r_matmul6 + block0_attn_q_bias[((16 * b2) + t2)]); }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm5[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 160 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm5[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 160 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul6_acc[ii1][ii2][iv] = r_matmul6_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul6_acc[ii1][ii2][iv] = r_matmul6_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 4) { r_matmul6 = r_matmul6_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 4) { r_add7_v[iv] = (r_matmul6 + block0_attn_q_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+      }
+      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add7[b0 * 160 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add7_v[0], r_add7_v[1], r_add7_v[2], r_add7_v[3]); }
+    }
+  }
 }
 
 __device__ __forceinline__ void pf_5250b4edd9206a6f9872_p0(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
@@ -371,45 +463,52 @@ extern "C" __global__ void __launch_bounds__(160) pf_b7b53df95f120ef8bc0e(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_8e72d96080f9098c9acd(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f7beda7a8665a991dfbb(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_transpose9[260];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ float s_transpose13[528];
-  float r_matmul18_acc[2];
-  float r_transpose9_frag[1];
-  #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    r_matmul18_acc[ii3] = 0.0f;
-  }
-  if ((p0c <= 63)) {
-    *reinterpret_cast<float4*>(&s_transpose9[(b0 - b0) * 260 + (b1 - b1) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 80) ? *reinterpret_cast<const float4*>(&transpose9[b0 * 160 + b1 * 80 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    s_transpose13[(b0 - b0) * 528 + ((((16 * b1) + p1r) + (8 * ii3)) - (16 * b1)) * 33 + (p1c - 0)] = (p1c >= 0 && p1c < 5) ? transpose13[b0 * 160 + (((16 * b1) + p1r) + (8 * ii3)) * 5 + p1c] : 0.0f;
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-    r_transpose9_frag[0] = s_transpose9[(b0 - b0) * 260 + (b1 - b1) * 260 + (((t2 * 16) + kk0) - 0)];
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      r_matmul18_acc[ii3] = r_matmul18_acc[ii3] + (r_transpose9_frag[0] * s_transpose13[(b0 - b0) * 528 + (b1 * 16 + kk0 - (16 * b1)) * 33 + ((t3 + (16 * ii3)) - 0)]);
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_transpose9[256];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ float s_transpose13[256];
+  float r_matmul18_acc[1];
+  r_matmul18_acc[0] = 0.0f;
+  {
+    const int kt0 = (-1);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
+    if (((p1r <= 7) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + ((p1r + (8 * kt0)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
+    }
+    __pipeline_commit();
   }
-  __syncthreads();
-  #pragma unroll
-  for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    if (t2 <= 4 && (t3 + (16 * ii3)) <= 4) { matmul18[b0 * 50 + b1 * 25 + t2 * 5 + (t3 + (16 * ii3))] = r_matmul18_acc[ii3]; }
+  const float* pf_gp0_transpose9 = &transpose9[((4 * p0c) + (16 * p0r) + (80 * b1) + (160 * b0) + 8)];
+  const float* pf_gp0_transpose13 = &transpose13[(p1c + (5 * p1r) + (80 * b1) + (160 * b0) + 40)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_transpose9[0] : transpose9, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    if (((p1r <= 7) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + (p1c - 0)], (p1c >= 0 && p1c < 5) ? &pf_gp0_transpose13[0] : transpose13, 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      r_matmul18_acc[0] = r_matmul18_acc[0] + (s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (t2 - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose13[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (((8 * kt0) + kk0) - (8 * kt0)) * 16 + (t3 - 0)]);
+    }
+    __syncthreads();
+    pf_gp0_transpose9 += 8;
+    pf_gp0_transpose13 += 40;
   }
+  if (t2 <= 4 && t3 <= 4) { matmul18[b0 * 50 + b1 * 25 + t2 * 5 + t3] = r_matmul18_acc[0]; }
 }
 
 extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
@@ -451,32 +550,25 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_25af391b752139101df8(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_5b11bea85138be76c593(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 2; _t /= 2;
+  const int t3 = _t % 8; _t /= 8;
   const int t2 = _t;
   const int p0c = threadIdx.x;
-  __shared__ float s_softmax20[641];
+  __shared__ float s_softmax20[80];
   const int p1c = threadIdx.x;
   __shared__ __align__(16) float s_transpose17[80];
-  float r_matmul21_acc[2][4];
+  float r_matmul21_acc[2];
   float r_softmax20_frag[1];
-  float r_matmul21_v[4];
   #pragma unroll
   for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul21_acc[ii3][iv] = 0.0f;
-    }
+    r_matmul21_acc[ii3] = 0.0f;
   }
-  #pragma unroll
-  for (int iv = 0; (iv <= 2); iv += 1) {
-    if ((iv <= ((-((p0c + 128) / 256)) + 2))) {
-      s_softmax20[(b0 - b0) * 641 + (b1 - b1) * 641 + ((p0c + (256 * iv)) - 0)] = ((p0c + (256 * iv)) >= 0 && (p0c + (256 * iv)) < 25) ? softmax20[b0 * 50 + b1 * 25 + (p0c + (256 * iv))] : 0.0f;
-    }
+  if ((p0c <= 79)) {
+    s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
   }
   if ((p1c <= 19)) {
     *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 80 + (((80 * b1) + (4 * p1c)) - (80 * b1))]) = *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + ((80 * b1) + (4 * p1c))]);
@@ -484,23 +576,16 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_25af391b752139101df8(flo
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
-    r_softmax20_frag[0] = s_softmax20[(b0 - b0) * 641 + (b1 - b1) * 641 + (((t2 * 5) + kk0) - 0)];
+    r_softmax20_frag[0] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (((t2 * 5) + kk0) - 0)];
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul21_acc[ii3][iv] = r_matmul21_acc[ii3][iv] + (r_softmax20_frag[0] * s_transpose17[(b0 - b0) * 80 + (b1 * 80 + kk0 * 16 + (((4 * t3) + (8 * ii3)) + iv) - (80 * b1))]);
-      }
+      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_transpose17[(b0 - b0) * 80 + (b1 * 80 + kk0 * 16 + (t3 + (8 * ii3)) - (80 * b1))]);
     }
   }
   __syncthreads();
   #pragma unroll
   for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if (t2 <= 4) { r_matmul21_v[iv] = r_matmul21_acc[ii3][iv]; }
-    }
-    if (t2 <= 4) { *reinterpret_cast<float4*>(&matmul21[b0 * 160 + b1 * 80 + t2 * 16 + (((4 * t3) + (8 * ii3)) + 0)]) = make_float4(r_matmul21_v[0], r_matmul21_v[1], r_matmul21_v[2], r_matmul21_v[3]); }
+    if (t2 <= 4) { matmul21[b0 * 160 + b1 * 80 + t2 * 16 + (t3 + (8 * ii3))] = r_matmul21_acc[ii3]; }
   }
 }
 
@@ -530,33 +615,124 @@ extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float*
   reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_1d6c03f2a9757d40d62b(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_f8f301259fac1c81298c(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_reshape23[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_attn_o_w[512];
-  float r_matmul24_acc[1];
-  r_matmul24_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_reshape23[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 160) ? *reinterpret_cast<const float4*>(&reshape23[b0 * 160 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_block0_attn_o_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_attn_o_w[p1r * 32 + ((16 * b2) + (4 * p1c))]);
-  }
-  __syncthreads();
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_reshape23[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_attn_o_w[1024];
+  float r_matmul24_acc[4][2][4];
+  float r_reshape23_frag[4];
+  float r_block0_attn_o_w_frag[8];
+  float r_matmul24_v[4];
   #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul24_acc[0] = r_matmul24_acc[0] + (s_reshape23[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_attn_o_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul24_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
   }
-  __syncthreads();
-  if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape23[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 160 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape23[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 160 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul24_acc[ii1][ii2][iv] = r_matmul24_acc[ii1][ii2][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul24_acc[ii1][ii2][iv] = r_matmul24_acc[ii1][ii2][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 4) { r_matmul24_v[iv] = r_matmul24_acc[ii1][ii2][iv]; }
+      }
+      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&matmul24[b0 * 160 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_matmul24_v[0], r_matmul24_v[1], r_matmul24_v[2], r_matmul24_v[3]); }
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
@@ -650,85 +826,169 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_852cacdcde551a64c555(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_78a4ddd98763d320be1f(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
-  const int b2 = _b % 4; _b /= 4;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm27[516];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_mlp_fc1_w[512];
-  float r_matmul28_acc[1];
+  __shared__ __align__(16) float s_layer_norm27[1028];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_mlp_fc1_w[2048];
+  float r_matmul28_acc[4][4];
   float r_matmul28;
   float r_add29;
-  r_matmul28_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_layer_norm27[(b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 160) ? *reinterpret_cast<const float4*>(&layer_norm27[b0 * 160 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float r_layer_norm27_frag[4];
+  float r_block0_mlp_fc1_w_frag[4];
+  float r_gelu30_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul28_acc[ii1][iv] = 0.0f;
+    }
   }
-  if ((p1r <= 31)) {
-    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[(p1r - 0) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))]) = *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[p1r * 64 + ((16 * b2) + (4 * p1c))]);
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    *reinterpret_cast<float4*>(&s_layer_norm27[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 160) ? *reinterpret_cast<const float4*>(&layer_norm27[b0 * 160 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_block0_mlp_fc1_w[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&block0_mlp_fc1_w[((4 * p1c) + (512 * kk0))]);
   }
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul28_acc[0] = r_matmul28_acc[0] + (s_layer_norm27[(b0 - b0) * 516 + (t1 * 32 + kk0 - 0)] * s_block0_mlp_fc1_w[(kk0 - 0) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_layer_norm27_frag[ii1] = s_layer_norm27[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_block0_mlp_fc1_w_frag[iv] = s_block0_mlp_fc1_w[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul28_acc[ii1][iv] = r_matmul28_acc[ii1][iv] + (r_layer_norm27_frag[ii1] * r_block0_mlp_fc1_w_frag[iv]);
+      }
+    }
   }
   __syncthreads();
-  if (t1 <= 4) { r_matmul28 = r_matmul28_acc[0]; }
-  if (t1 <= 4) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[((16 * b2) + t2)]); }
-  if (t1 <= 4) { gelu30[b0 * 320 + t1 * 64 + ((16 * b2) + t2)] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.70710677f)))); }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4) { r_matmul28 = r_matmul28_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 4) { r_add29 = (r_matmul28 + block0_mlp_fc1_bias[((4 * t2) + iv)]); }
+      if ((t1 + (8 * ii1)) <= 4) { r_gelu30_v[iv] = ((0.5f * r_add29) * (1.0f + erff((r_add29 * 0.70710677f)))); }
+    }
+    if ((t1 + (8 * ii1)) <= 4) { *reinterpret_cast<float4*>(&gelu30[b0 * 320 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_gelu30_v[0], r_gelu30_v[1], r_gelu30_v[2], r_gelu30_v[3]); }
+  }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 5) pf_c387f0ac19c5f5d15cf5(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_2c82c42d3d8033d913dc(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_gelu30[1152];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_mlp_fc2_w[1024];
-  float r_matmul31_acc[1];
-  r_matmul31_acc[0] = 0.0f;
+  __shared__ __align__(16) float s_gelu30[4608];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_mlp_fc2_w[2048];
+  float r_matmul31_acc[4][4];
+  float r_gelu30_frag[4];
+  float r_block0_mlp_fc2_w_frag[4];
+  float r_matmul31_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul31_acc[ii1][iv] = 0.0f;
+    }
+  }
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 320 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
     }
-    if (((p1r <= 31) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_mlp_fc2_w[((p1r + (32 * kt0)) + 32) * 32 + ((16 * b2) + (4 * p1c))], 16);
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_gelu30 = &gelu30[((4 * p0c) + (64 * p0r) + (320 * b0) + 32)];
-  const float* pf_gp0_block0_mlp_fc2_w = &block0_mlp_fc2_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 1024)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_gelu30[0] : gelu30, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 320 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
     }
-    if (((p1r <= 31) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 512 + (((p1r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_mlp_fc2_w[0], 16);
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-      r_matmul31_acc[0] = r_matmul31_acc[0] + (s_gelu30[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))] * s_block0_mlp_fc2_w[(kt0 % 2) * 512 + (((32 * kt0) + kk0) - (32 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+        }
+      }
     }
     __syncthreads();
-    pf_gp0_gelu30 += 32;
-    pf_gp0_block0_mlp_fc2_w += 1024;
   }
-  if (t1 <= 4) { matmul31[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul31_acc[0]; }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (16 * ii1)) <= 4) { r_matmul31_v[iv] = r_matmul31_acc[ii1][iv]; }
+    }
+    if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&matmul31[b0 * 160 + (t1 + (16 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul31_v[0], r_matmul31_v[1], r_matmul31_v[2], r_matmul31_v[3]); }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
@@ -830,11 +1090,12 @@ extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* 
   reshape65[t0 * 32 + t1] = r_slice64;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_6b43ff1d101ffc91eeaa(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f0ceba9ba38c355092ad(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_reshape65[512];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
@@ -842,19 +1103,43 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_6b43ff1d101ffc91eeaa(flo
   float r_matmul66_acc[1];
   float r_matmul66;
   r_matmul66_acc[0] = 0.0f;
-  if ((p0c <= 127)) {
-    *reinterpret_cast<float4*>(&s_reshape65[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&reshape65[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  {
+    const int kt0 = (-1);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 256 + (p0r - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? ((p1r + (16 * kt0)) + 16) * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
+    __pipeline_commit();
   }
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-    s_head_w[((p1r + (16 * kk0)) - 0) * 16 + (p1c - 0)] = (p1c >= 0 && p1c < 10) ? head_w[(p1r + (16 * kk0)) * 10 + p1c] : 0.0f;
+  {
+    const int kt0 = 0;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 256 + (p0r - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? ((p1r + (16 * kt0)) + 16) * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      r_matmul66_acc[0] = r_matmul66_acc[0] + (s_reshape65[(kt0 % 2) * 256 + (t0 - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_head_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (t1 - 0)]);
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    r_matmul66_acc[0] = r_matmul66_acc[0] + (s_reshape65[(t0 * 32 + kk0 - 0)] * s_head_w[(kk0 - 0) * 16 + (t1 - 0)]);
+  {
+    const int kt0 = 1;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 256 + (p0r - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      r_matmul66_acc[0] = r_matmul66_acc[0] + (s_reshape65[(kt0 % 2) * 256 + (t0 - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_head_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (t1 - 0)]);
+    }
+    __syncthreads();
   }
-  __syncthreads();
   if (t0 <= 1 && t1 <= 9) { r_matmul66 = r_matmul66_acc[0]; }
   if (t0 <= 1 && t1 <= 9) { add67[t0 * 10 + t1] = (r_matmul66 + head_bias[t1]); }
 }
