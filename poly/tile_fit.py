@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
 from polyfuse.poly.vectorize import VECTOR_WIDTH
-
-if TYPE_CHECKING:  # tiling ranks its candidates folded: it imports this module
-    from polyfuse.poly.tiling import GemmShape, GemmTiling
 
 
 def _divisors(n: int) -> list[int]:

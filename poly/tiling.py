@@ -31,18 +31,16 @@ SMs. Every choice is recorded with its reason.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.costs import KernelDesc, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
 from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout
 from polyfuse.poly.costs.ops import ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.model import Statement
+from polyfuse.poly.gemm_shape import GemmShape, GemmTiling, tile_label
 from polyfuse.poly.policy import GEMM_REG_BUDGET, gemm_tile_budget, gemm_tile_registers
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tile_fit import fit_tiling
@@ -50,70 +48,6 @@ from polyfuse.poly.tile_fit import fit_tiling
 #: why a tiling was not ranked but given (``MappingConfig.gemm_tile``), unless the config
 #: carries its own reason (``MappingConfig.gemm_tile_reason``: a tuned tiling)
 FORCED_TILE_REASON = "tile sizes forced by MappingConfig.gemm_tile"
-
-
-@dataclass
-class GemmShape:
-    """What :func:`detect_gemm` found in a micrograph's isl model."""
-
-    init: Statement
-    update: Statement
-    epilogue: list[Statement]  # final + elementwise consumers, in micrograph order
-    data: list[tuple[int, int]]  # [lo, hi] per data dimension of the update
-    red: list[tuple[int, int]]  # [lo, hi] per reduction dimension
-    operands: list[tuple[str, isl.Map]]  # (tensor, access of the update) read from inputs
-    reuse: list[set[int]]  # per operand: data dims it does not depend on
-
-
-@dataclass
-class GemmTiling:
-    """Tile sizes per data dim (block, threads) and per reduction dim, with reasons."""
-
-    block: list[int]
-    threads: list[int]
-    tk: list[int]
-    reasons: list[str] = field(default_factory=list)
-    modelled_us: float = 0.0
-    #: (BM, BN, TM, TN, TK): the candidate in the form ``MappingConfig.gemm_tile`` takes
-    choice: tuple[int, int, int, int, int] | None = None
-    #: the loop code the ranking priced (before the kernel exists) and its description
-    code: LoopCode | None = None
-    estimate: KernelDesc | None = None
-
-    @property
-    def label(self) -> str:
-        """The tile sizes in words (``block tile 64x64, 16x16 threads, ...``), from
-        :attr:`choice`: what reasons and rejections name the tiling by."""
-        assert self.choice is not None
-        return tile_label(*self.choice)
-
-    def decision(self, blocks: int, stages: int) -> Decided:
-        """This tiling as a typed record for a kernel of ``blocks`` blocks whose shared tiles
-        have ``stages`` stages; its reason is :attr:`label`."""
-        assert self.choice is not None
-        bm, bn, tm, tn, kt = self.choice
-        data = {
-            "block_tile": [bm, bn],
-            "micro_tile": [tm, tn],
-            "k_tile": kt,
-            "threads_per_block": (bm // tm) * (bn // tn),
-            "blocks": blocks,
-            "stages": stages,
-            "modelled_us": self.modelled_us,
-        }
-        return Decided((DecisionKind.COST_MODEL, DecisionKind.GEMM_TILE), self.label, data)
-
-    @property
-    def regs(self) -> list[int]:
-        return [b // t for b, t in zip(self.block, self.threads, strict=True)]
-
-    @property
-    def nthreads(self) -> int:
-        return math.prod(self.threads)
-
-    @property
-    def accumulators(self) -> int:
-        return math.prod(self.regs)
 
 
 def _box(s: isl.Set) -> list[tuple[int, int]]:
@@ -256,14 +190,6 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
         if not gm.is_equal(want):
             return f"isl's band is not the data loops of {s.name}"
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
-
-
-def tile_label(bm: int, bn: int, tm: int, tn: int, kt: int) -> str:
-    """A GEMM tiling (BM, BN, TM, TN, TK) in words."""
-    return (
-        f"block tile {bm}x{bn}, {bm // tm}x{bn // tn} threads, register micro-tile {tm}x{tn} "
-        f"({tm * tn} accumulators), k-tile {kt}"
-    )
 
 
 def affine_rows(m: isl.Map) -> tuple[tuple[tuple[int, ...], int], ...]:
