@@ -192,28 +192,79 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
-def affine_rows(m: isl.Map) -> tuple[tuple[tuple[int, ...], int], ...]:
-    """Per output dim of access ``m`` (its affine hull, the subscripts without the domain's
-    bounds), its coefficients on the input dims and its constant; () when a subscript is not
-    an affine function with integer coefficients (a grouped conv's channel, a division)."""
-    hull = isl.Map.from_basic_map(m.affine_hull())
-    if not hull.is_single_valued():
-        return ()
-    pma = isl.PwMultiAff.from_map(hull)
-    n_in = hull.dim(isl.dim_type.in_)
-    rows = []
-    for i in range(hull.dim(isl.dim_type.out)):
-        pieces = pma.get_pw_aff(i).get_pieces()
-        if len(pieces) != 1:
-            return ()
-        aff = pieces[0][1]
-        vals = [aff.get_coefficient_val(isl.dim_type.in_, j) for j in range(n_in)]
-        vals.append(aff.get_constant_val())
-        if not all(v.is_int() for v in vals):
-            return ()
-        ints = [v.to_python() for v in vals]
-        rows.append((tuple(ints[:-1]), ints[-1]))
-    return tuple(rows)
+def _affine(aff: isl.Aff | isl.Constraint, n_in: int) -> tuple[tuple[int, ...], int] | None:
+    """``aff``'s integer coefficients on the input dims and its constant, or None (a
+    division, a rational coefficient)."""
+    vals = [aff.get_coefficient_val(isl.dim_type.in_, j) for j in range(n_in)]
+    vals.append(aff.get_constant_val())
+    divs = aff.get_local_space().dim(isl.dim_type.div)
+    if any(not aff.get_coefficient_val(isl.dim_type.div, j).is_zero() for j in range(divs)):
+        return None
+    if not all(v.is_int() for v in vals):
+        return None
+    ints = [v.to_python() for v in vals]
+    return tuple(ints[:-1]), ints[-1]
+
+
+def _bounded_row(m: isl.Map, n_in: int) -> tuple[tuple[int, ...], int, int] | None:
+    """For a one-dim access ``m`` that is no affine function (a grouped conv's input channel,
+    ``16 * floor(co / 16) + ci``): an affine ``f`` and a slack ``s`` with ``f - s <= m <= f``
+    from the convex hull of ``m`` without its divisions (``co + ci - 15 <= c <= co + ci``),
+    the pair of bounds with the least slack; None when the hull has no such pair."""
+    hull = m.remove_divs().simple_hull()
+    upper: dict[tuple[int, ...], int] = {}
+    lower: dict[tuple[int, ...], int] = {}
+    for c in hull.get_constraints():
+        if c.is_equality():
+            continue
+        out = c.get_coefficient_val(isl.dim_type.out, 0)
+        if not (out.is_one() or out.is_negone()):
+            continue
+        row = _affine(c, n_in)
+        if row is None:
+            continue
+        coef, const = row
+        if out.is_negone():  # -c + f(x) + k >= 0: c <= f(x) + k
+            upper[coef] = min(upper.get(coef, const), const)
+        else:  # c + g(x) + k >= 0: c >= -g(x) - k
+            key = tuple(-x for x in coef)
+            lower[key] = max(lower.get(key, -const), -const)
+    pairs = [(upper[k] - lower[k], k) for k in upper if k in lower and upper[k] >= lower[k]]
+    if not pairs:
+        return None
+    slack, coef = min(pairs)
+    return coef, upper[coef], slack
+
+
+def affine_rows(m: isl.Map) -> tuple[tuple[tuple[tuple[int, ...], int], ...], tuple[int, ...]]:
+    """Per output dim of access ``m``, its subscript as coefficients on the input dims and a
+    constant (the affine hull, without the domain's bounds), and a slack: 0 for an affine
+    subscript; for one that is not (a division), the affine upper bound of
+    :func:`_bounded_row` and how far below it the subscript may fall. ``((), ())`` when some
+    subscript has neither."""
+    n_in = m.dim(isl.dim_type.in_)
+    n_out = m.dim(isl.dim_type.out)
+    rows, slack = [], []
+    for i in range(n_out):
+        one = m.project_out(isl.dim_type.out, i + 1, n_out - i - 1).project_out(
+            isl.dim_type.out, 0, i
+        )
+        hull = isl.Map.from_basic_map(one.affine_hull())
+        got = None
+        if hull.is_single_valued():
+            pieces = isl.PwMultiAff.from_map(hull).get_pw_aff(0).get_pieces()
+            if len(pieces) == 1:
+                got = _affine(pieces[0][1], n_in)
+        if got is not None:
+            rows.append(got)
+            slack.append(0)
+            continue
+        bounded = _bounded_row(one, n_in)
+        if bounded is None:
+            return (), ()
+        rows.append(bounded[:2])
+        slack.append(bounded[2])
+    return tuple(rows), tuple(slack)
 
 
 def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
@@ -248,7 +299,8 @@ def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
     operands = []
     for name in dict.fromkeys(n for n, _ in shape.operands):
         m = next(m for n, m in shape.operands if n == name)
-        operands.append(Operand(name, arrays[name], affine_rows(m)))
+        rows, slack = affine_rows(m)
+        operands.append(Operand(name, arrays[name], rows, slack))
     return GemmProblem(
         data=tuple(ext),
         red=tuple(rext),

@@ -13,12 +13,14 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import polyfuse
 from polyfuse import examples, ops, te
 from polyfuse.poly.device import A100, H100
 from polyfuse.poly.mapping import MappingConfig
+from polyfuse.reference import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -193,6 +195,48 @@ def test_shared_wavefronts_see_bank_conflicts_and_l1_whole_lines():
     assert _wavefronts([(0, 1)], rows20) == 1  # a padded row: 4 banks
     assert _line_waste(8, 4) == 0  # 8 lanes x 16 B: one whole line per row
     assert _line_waste(4, 4) == 512  # 64-byte rows: 8 half-used lines for 512 B
+
+
+def test_grouped_conv_operand_is_priced_within_bounds_and_tiled():
+    """A grouped conv reads its input channel ``16 * floor(co / 16) + ci``: no affine
+    function. Its subscript is kept as the affine bound ``co + ci`` and a slack of 15 (the
+    convex hull of isl's access), so the estimate's shared tile covers isl's real box, and
+    the micrograph is ranked and GEMM-tiled (a box of every dim's extents dropped every
+    candidate over the shared-memory budget: the kernel was one element per thread)."""
+    from polyfuse.poly.promote import GemmKernel
+    from polyfuse.poly.tiling import affine_rows, detect_gemm, rank_gemm_tiles
+
+    x = te.placeholder((32, 64, 56, 56), name="x")
+    gw = te.placeholder((64, 16, 3, 3), name="gw")
+    y = ops.relu(ops.conv2d(x, gw, padding=1, stride=2, groups=4))
+    plain = polyfuse.compile(
+        [x, gw], [y], "sm_80", check_cuda=False, mapping=MappingConfig(gemm=False)
+    )
+    shape = detect_gemm(plain.plan.scheduled[0])
+    assert not isinstance(shape, str)
+    acc = dict(shape.operands)
+    rows, slack = affine_rows(acc["x"])
+    assert slack == (0, 15, 0, 0)
+    assert rows[1] == ((0, 1, 0, 0, 1, 0, 0), 0)  # co + ci
+    assert affine_rows(acc["gw"])[1] == (0, 0, 0, 0)
+    ranked = rank_gemm_tiles(shape, A100, stages=2)
+    assert ranked
+    fn = polyfuse.compile([x, gw], [y], "sm_80", check_cuda=False)
+    (gk,) = [p for kp in fn.plan.kernel_plans for p in kp.parts if isinstance(p, GemmKernel)]
+    (real,) = [p for p in gk.promotions if p.tensor == "x"]
+    (tile,) = [rank_gemm_tiles(shape, A100, gk.tiling.choice, stages=2)[0]]
+    (est,) = [t for t in tile.code.tiles if t.tensor == "x"]
+    assert est.floats >= math.prod(real.size)  # bounded: never below isl's box
+    # the same conv, small enough to emulate: GEMM-tiled, and right
+    xs = te.placeholder((2, 32, 12, 12), name="x")
+    ws = te.placeholder((32, 8, 3, 3), name="gw")
+    ys = ops.relu(ops.conv2d(xs, ws, padding=1, stride=2, groups=4))
+    small = polyfuse.compile([xs, ws], [ys], "sm_80", check_cuda=False)
+    assert [p for kp in small.plan.kernel_plans for p in kp.parts if isinstance(p, GemmKernel)]
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(t.shape).astype(np.float32) for t in (xs, ws)]
+    (want,) = evaluate([ys], {xs: ins[0], ws: ins[1]})
+    np.testing.assert_allclose(small(*ins, device="emulate"), want, rtol=1e-4, atol=1e-4)
 
 
 def test_tilings_below_the_loop_quality_floor_are_not_ranked():

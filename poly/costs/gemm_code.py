@@ -63,11 +63,14 @@ BANKS = 32
 class Operand:
     """One operand the update reads, as the tile estimate sees it: the array's shape and, per
     array dim, its affine subscript over the update's dims (data dims, then reduction dims) as
-    coefficients and a constant; ``rows`` empty when a subscript is not affine."""
+    coefficients and a constant; ``rows`` empty when a subscript is not affine. ``slack``
+    per array dim (empty: all 0): a subscript that is no affine function (a grouped conv's
+    input channel, a division) lies between its row minus the slack and its row."""
 
     name: str
     shape: tuple[int, ...]
     rows: tuple[tuple[tuple[int, ...], int], ...] = ()
+    slack: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,17 +354,25 @@ def _box(
     tiled = [g > 1 for g in grid] + [k > 1 for k in ktile]
     size, lo, whole, guarded, holes = [], [], [], False, False
     for a, (coef, const) in enumerate(op.rows):
+        slack = op.slack[a] if op.slack else 0
         spans = [_span(c, e) for c, e in zip(coef, extent, strict=True)]
-        lo_a = const + sum(s[0] for s in spans)
-        size.append(sum(s[1] - s[0] for s in spans) + 1)
+        # a bounded subscript (slack > 0): its box reaches the slack below the row's span,
+        # within the array (the array's extent bounds what isl's footprint can be)
+        lo_a = const + sum(s[0] for s in spans) - slack
+        size.append(sum(s[1] - s[0] for s in spans) + 1 + slack)
+        if slack and size[-1] >= op.shape[a]:
+            lo_a, size[-1] = 0, op.shape[a]
         lo.append(lo_a)
         moving = [c for c, t in zip(coef, tiled, strict=True) if c and t]
         whole.append(not moving and lo_a == 0 and size[-1] == op.shape[a])
         full = [_span(c, e) for c, e in zip(coef, padded, strict=True)]
-        if const + sum(s[0] for s in full) < 0 or const + sum(s[1] for s in full) >= op.shape[a]:
+        if const + sum(s[0] for s in full) - slack < 0:
             guarded = True
-        # a subscript that skips values inside its span (a strided conv's input): the
-        # footprint is not its box, and the copy stays scalar
+        if const + sum(s[1] for s in full) >= op.shape[a]:
+            guarded = True
+        # a subscript that skips values inside its span (a strided conv's input), or one
+        # known only within bounds: the footprint is not its box, and the copy stays scalar
+        holes = holes or bool(slack)
         holes = holes or len(_values(list(zip(coef, extent, strict=True)))) < size[-1]
     # merged view: a dim the box covers whole joins the group of the dim outside it
     groups: list[list[int]] = []
