@@ -17,7 +17,10 @@ ask isl:
    block, rows padded by a vector when a multiple of 32 words; copied as float4 where the row
    is whole vectors, aligned and without holes; copies per thread from the copy layout's
    thread grid; a bounds check on each copy when the box may leave the array (conv padding,
-   partial tiles). Double-buffered (``stages``) where both stages fit the GEMM budget.
+   partial tiles). A subscript known only within bounds (:attr:`Operand.slack`: a grouped
+   conv's input channel) widens its box by the slack, within the array, and keeps the copy
+   scalar: an upper estimate of isl's box. Double-buffered (``stages``) where both stages
+   fit the GEMM budget.
 2. **Unrolled reduction steps** (:mod:`polyfuse.poly.gemm_loops`): the ``kk`` loops unrolled
    within :data:`~polyfuse.poly.gemm_loops.UNROLL_FMA_LIMIT` multiply-adds, the next loop out
    by a factor; the loop iterations left per k-tile (:attr:`LoopCode.bodies`).
