@@ -6,7 +6,9 @@ index (``pf_thread``, replacing ``threadIdx.x``). The dispatch kernel gives part
 ``blockIdx.x`` range ``[first, first + blocks)``; the branch condition is uniform per block,
 so a part's barriers are reached by every thread of its blocks. A barrier-free part whose
 block is smaller than the padded one runs ``fold`` of its blocks side by side in one padded
-block; threads past its last block do nothing. Which parts and which layout come from
+block; threads past its last block do nothing. One whose block is larger than the padded
+one (a multiple of it) runs each of its blocks over ``threads / block`` padded blocks, each
+giving its threads their index in the part's block. Which parts and which layout come from
 :mod:`polyfuse.stitch.parallel`.
 """
 
@@ -40,7 +42,8 @@ def pack_kernels(
     """One kernel running ``parts``: part ``i`` owns blocks ``[first, first + blocks)`` of
     ``ranges[i] = (first, blocks, fold)``; ``fold > 1`` packs that many of its blocks
     (``block // fold`` threads each) into one; ``fold == 1`` with fewer threads than ``block``
-    guards the extra threads off (only for parts without barriers)."""
+    guards the extra threads off, with more (a multiple) splits each of its blocks over
+    several (only for parts without barriers)."""
     facts = [k.facts for k in parts if k.facts is not None]
     assert len(facts) == len(parts), "the parts are lowered kernels (with facts)"
     funcs, calls, params = [], [], []
@@ -51,7 +54,14 @@ def pack_kernels(
         funcs.append(_device_function(k, fn, free))
         args = ", ".join(p.name for p in k.params)
         cond = f"pf_b < {first + blocks}"
-        if free:
+        if threads > block:  # split: part block pf_b / split, threads past block * part
+            split = threads // block
+            call = [
+                f"    const int pf_v = (pf_b - {first}) / {split};",
+                f"    {fn}({args}, pf_v, ((pf_b - {first}) % {split}) * {block} + "
+                "(int)threadIdx.x);",
+            ]
+        elif free:
             call = [
                 f"    const int pf_v = (pf_b - {first}) * {fold} + (int)threadIdx.x / {threads};",
                 f"    if (pf_v < {k.grid[0]}) {fn}({args}, pf_v, (int)threadIdx.x % {threads});",

@@ -10,7 +10,10 @@ to the largest part:
   the whole padded block, since every thread of its block has to reach its barriers; it is
   refused otherwise;
 - a *free* part (none of those) is folded: ``block / its threads`` of its blocks share one
-  padded block (``block`` must be a multiple of its threads), so no thread idles.
+  padded block (``block`` must be a multiple of its threads), so no thread idles; where a
+  collective part's block is the smaller one (a GEMM of 64 threads beside an elementwise
+  kernel of 256), each of the free part's blocks is split over ``its threads / block``
+  padded blocks instead (its threads must be a multiple of ``block``).
 
 Packing never creates a cycle: a group is packed only when no member reaches another on the
 DAG with every earlier pack contracted (a path A→C→B forbids packing A and B). Parts may
@@ -136,7 +139,8 @@ class PackDecision:
 @dataclass(frozen=True)
 class PackLayout:
     """Block-range dispatch of a pack: padded block, and per part (first block, blocks,
-    part blocks folded into one padded block)."""
+    part blocks folded into one padded block); a part with more threads than the block (fold
+    1) runs each of its blocks over ``its threads / block`` padded blocks."""
 
     block: int
     ranges: list[tuple[int, int, int]]
@@ -186,11 +190,15 @@ def pack_layout(parts: list[PartShape]) -> PackLayout | str:
     for p in parts:
         if p.collective:
             ranges.append((first, p.grid, 1))
+        elif p.threads > block and p.threads % block == 0:
+            # split: one of its blocks over several padded ones (it has no barriers, so its
+            # threads need not share a block; cuda/pack.py gives each its thread index)
+            ranges.append((first, p.grid * (p.threads // block), 1))
         else:
             if p.threads > block or block % p.threads:
                 return (
-                    f"launch shapes differ: {p.name}'s {p.threads} threads do not divide the "
-                    f"{block}-thread block of a part with barriers"
+                    f"launch shapes differ: {p.name}'s {p.threads} threads and the "
+                    f"{block}-thread block of a part with barriers: neither divides the other"
                 )
             fold = block // p.threads
             ranges.append((first, -(-p.grid // fold), fold))

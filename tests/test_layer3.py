@@ -156,7 +156,11 @@ def _part(name, threads, collective=False, grid=64, nbytes=1 << 20):
 def test_barrier_parts_are_not_padded():
     """A part with barriers needs every thread of its block: it is never padded."""
     assert isinstance(pack_layout([_part("r", 256, True), _part("s", 512, True)]), str)
-    assert isinstance(pack_layout([_part("r", 256, True), _part("e", 512)]), str)
+    # a free part larger than the barrier part's block is split over its blocks instead
+    split = pack_layout([_part("r", 256, True), _part("e", 512)])
+    assert not isinstance(split, str)
+    assert split.block == 256 and split.ranges == [(0, 64, 1), (64, 128, 1)]
+    assert isinstance(pack_layout([_part("r", 256, True), _part("e", 384)]), str)
     assert isinstance(pack_layout([_part("r", 256, True), _part("e", 96)]), str)
     lay = pack_layout([_part("r", 1024, True, grid=8), _part("e", 256, grid=343)])
     assert lay.block == 1024 and lay.ranges == [(0, 8, 1), (8, 86, 4)]  # 4 blocks of 256 fold
