@@ -46,8 +46,130 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 4; _t /= 4;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_embeddings[2048];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_layer0_attn_k_w[1024];
+  float r_matmul4_acc[4][2][4];
+  float r_matmul4;
+  float r_embeddings_frag[4];
+  float r_layer0_attn_k_w_frag[8];
+  float r_add5_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul4_acc[ii1][ii2][iv] = 0.0f;
+      }
+    }
+  }
+  {
+    const int kt0 = (-1);
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &embeddings[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+  }
+  {
+    const int kt0 = 0;
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &embeddings[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    }
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  {
+    const int kt0 = 1;
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
+      }
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+        }
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+          #pragma unroll
+          for (int iv = 0; (iv <= 3); iv += 1) {
+            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul4 = r_matmul4_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+      }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -168,7 +290,48 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
   }
 }
 
-__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
+}
+
+extern "C" __global__ void __launch_bounds__(64) pf_44ef00b8ea2c22bdae95(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k0_matmul0: 2 blocks of 64
+    pf_44ef00b8ea2c22bdae95_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 10) {  // k4_reshape6: 2 blocks of 256
+    const int pf_v = (pf_b - 2) / 4;
+    pf_44ef00b8ea2c22bdae95_p1(reshape6, add5, pf_v, ((pf_b - 2) % 4) * 64 + (int)threadIdx.x);
+  } else if (pf_b < 18) {  // k7_reshape10: 2 blocks of 256
+    const int pf_v = (pf_b - 10) / 4;
+    pf_44ef00b8ea2c22bdae95_p2(reshape10, add9, pf_v, ((pf_b - 10) % 4) * 64 + (int)threadIdx.x);
+  }
+}
+
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -182,60 +345,7 @@ __device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p0(float* __restrict__ r
   reshape2[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add1[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
 }
 
-__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_8c38932a0d07444c7f1e_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_8c38932a0d07444c7f1e(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
-    pf_8c38932a0d07444c7f1e_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_8c38932a0d07444c7f1e_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_8c38932a0d07444c7f1e_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p0(float* __restrict__ transpose3, const float* __restrict__ reshape2, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -249,7 +359,7 @@ __device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p1(float* __restrict__ t
   transpose7[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape6[b0 * 256 + t3 * 32 + t1 * 16 + t2];
 }
 
-__device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;
@@ -263,15 +373,29 @@ __device__ __forceinline__ void pf_a65181ca6b2bd1ca9fa9_p2(float* __restrict__ t
   transpose11[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape10[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a65181ca6b2bd1ca9fa9(float* __restrict__ transpose3, const float* __restrict__ reshape2, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
+extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k2_transpose3: 2 blocks of 256
-    pf_a65181ca6b2bd1ca9fa9_p0(transpose3, reshape2, pf_b - 0, (int)threadIdx.x);
+  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
+    pf_113f22a7cf082b36d6aa_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 4) {  // k5_transpose7: 2 blocks of 256
-    pf_a65181ca6b2bd1ca9fa9_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
   } else if (pf_b < 6) {  // k8_transpose11: 2 blocks of 256
-    pf_a65181ca6b2bd1ca9fa9_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
+    pf_113f22a7cf082b36d6aa_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
   }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
+  int _b = blockIdx.x;
+  const int b3 = _b % 1; _b /= 1;
+  const int b2 = _b % 1; _b /= 1;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t3 = _t % 16; _t /= 16;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 2; _t /= 2;
+  const int t0 = _t;
+  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
 }
 
 extern "C" __global__ void __launch_bounds__(128, 4) pf_b518edf88db9165faf79(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {

@@ -46,7 +46,17 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p0(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p0(float* __restrict__ reshape8, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = pf_thread;
+  const int t1 = _t % 12; _t /= 12;
+  const int t0 = _t;
+  reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
+}
+
+__device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p1(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -63,7 +73,7 @@ __device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p0(float* __restrict__ r
   r_reduce_sum1_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum1_acc, pf_scratch); if (l0 == 0) reduce_sum1[b0 * 4 + r0] = r_reduce_sum1_acc;
 }
 
-__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p1(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p2(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -82,23 +92,16 @@ __device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p1(float* __restrict__ r
   r_reduce_sum3_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum3_acc, pf_scratch); if (l0 == 0) reduce_sum3[b0 * 4 + r0] = r_reduce_sum3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
+extern "C" __global__ void __launch_bounds__(16) pf_9dd3c728d5eb93d2da79(float* __restrict__ reshape8, const float* __restrict__ embeddings, float* __restrict__ reduce_sum1, float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 4) {  // k1_reduce_sum1: 4 blocks of 16
-    pf_8ccd18300f06f21ea62d_p0(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 8) {  // k2_mul2: 4 blocks of 16
-    pf_8ccd18300f06f21ea62d_p1(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
+  if (pf_b < 3) {  // k4_reshape8: 1 blocks of 48
+    const int pf_v = (pf_b - 0) / 3;
+    pf_9dd3c728d5eb93d2da79_p0(reshape8, embeddings, pf_v, ((pf_b - 0) % 3) * 16 + (int)threadIdx.x);
+  } else if (pf_b < 7) {  // k1_reduce_sum1: 4 blocks of 16
+    pf_9dd3c728d5eb93d2da79_p1(reduce_sum1, embeddings, pf_b - 3, (int)threadIdx.x);
+  } else if (pf_b < 11) {  // k2_mul2: 4 blocks of 16
+    pf_9dd3c728d5eb93d2da79_p2(reduce_sum3, embeddings, pf_b - 7, (int)threadIdx.x);
   }
-}
-
-extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* __restrict__ reshape8, const float* __restrict__ embeddings) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 12; _t /= 12;
-  const int t0 = _t;
-  reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
 }
 
 __device__ __forceinline__ void pf_8769b25bc89aeefbbd4c_p0(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, const int pf_block, const int pf_thread) {
