@@ -29,9 +29,11 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,6 +90,35 @@ def _pip(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _source_tree(dest: Path, root: Path = ROOT) -> Path:
+    """A copy of the project's files (those git tracks, or the tree less build outputs and
+    environments) in ``dest``: the wheel is built from it, so no stale ``build/`` left by an
+    earlier build (a module deleted since) can reach the GPU machine, and the checkout gets
+    no ``build/`` of its own."""
+    tracked = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=False
+    )
+    if tracked.returncode == 0 and tracked.stdout:
+        for rel in tracked.stdout.decode().split("\0"):
+            src = root / rel
+            if rel and src.is_file():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / rel)
+    else:
+        junk = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__")
+        shutil.copytree(root, dest, ignore=junk, dirs_exist_ok=True)
+    return dest
+
+
+def build_wheel(wdir: Path, root: Path = ROOT) -> subprocess.CompletedProcess:
+    """Build the polyfuse wheel of ``root`` into ``wdir`` from a clean copy of its files."""
+    with tempfile.TemporaryDirectory(prefix="polyfuse-wheel-") as tmp:
+        src = _source_tree(Path(tmp) / "src", root)
+        return _pip(
+            "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wdir.resolve()), str(src)
+        )  # fmt: skip
+
+
 def _dir_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
@@ -109,7 +140,7 @@ def prepare_all(
         wdir = directory / "wheels"
         wdir.mkdir(exist_ok=True)
         print("building the polyfuse wheel ...", flush=True)
-        r = _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wdir), str(ROOT))
+        r = build_wheel(wdir)
         if r.returncode:
             raise SystemExit(f"pip wheel of polyfuse failed: {r.stderr.strip()[-400:]}")
         version = importlib.metadata.version("islpy")
