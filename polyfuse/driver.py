@@ -347,6 +347,9 @@ def _lower(
         notes=[*kernel.notes, *notes],
         bytes_read=sum(fp.reads.values()),
         bytes_written=sum(fp.writes.values()),
+        tensor_bytes={
+            t: (fp.reads.get(t, 0), fp.writes.get(t, 0)) for t in sorted({*fp.reads, *fp.writes})
+        },
     )
     if (vp := vector_plan(mm, pl)) is not None:  # float4 traffic, for the kernel time model
         vector = sum(fp.reads.get(t, 0) for t in vp.loads)
