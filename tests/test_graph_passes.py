@@ -73,6 +73,8 @@ def _consistent(g: Graph) -> None:
     for p in g.prims.values():
         for r in p.tensor.op.reads():
             assert current[r.tensor.uid] is r.tensor, (p.name, r.tensor.name)
+        body_reads = {id(r) for r in p.tensor.op.reads()}  # the isl relations' reads too
+        assert all(id(r) in body_reads for r, _ in p.relations.reads), p.name
     assert {o.uid for o in g.outputs} <= {p.tensor.uid for p in g.prims.values()}
 
 

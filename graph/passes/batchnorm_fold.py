@@ -10,8 +10,8 @@ that once constant folding has turned its ``gamma * rsqrt(var + eps)`` into a co
 1. **Into a reduction** — ``p = sum(... * W[.., c, ..] * ...)`` with a constant factor ``W``
    read with the channel's loop variable as a plain subscript (a conv's ``w[oc, rc, rh, rw]``,
    a matmul's ``b[k, j]``): ``a`` does not depend on the reduced axes, so
-   ``a[c] * sum(x * W) = sum(x * (W * a[c]))``. ``W * a`` is computed now (float64, rounded
-   to float32) into a new constant; ``y`` becomes ``p[i] + bias[c]`` (the form
+   ``a[c] * sum(x * W) = sum(x * (W * a[c]))``. ``W * a`` is computed now (a float32 product,
+   correctly rounded) into a new constant; ``y`` becomes ``p[i] + bias[c]`` (the form
    ``ops.conv2d(..., bias=)`` builds, tagged like ``p``), with ``bias = b`` evaluated now when
    it is constant along one axis, else kept as an expression (a residual read stays a read).
    The batch-norm primitive is gone; its shift is the convolution's bias epilogue.
@@ -70,7 +70,7 @@ def coefficient(
         body = substitute(e, {a.uid: v})
     tmp = Tensor((v.hi,), "float32", f"{t.name}_coefficient", ComputeOp((v,), body))
     feeds = {r.tensor: graph.constants[r.tensor.uid] for r in reads_of(body)}
-    return np.asarray(evaluate(tmp, feeds), dtype=np.float64)
+    return np.asarray(evaluate(tmp, feeds), dtype=np.float32)
 
 
 def _term(
@@ -157,12 +157,13 @@ def _into_reduction(
         return
     assert found is not None
     r, pos = found
-    w = graph.constants[r.tensor.uid].astype(np.float64)
+    # float32 products of float32 values are correctly rounded: the float64 product rounded
+    w = graph.constants[r.tensor.uid]
     scale = coefficient(aff.a, y, axis, graph, ev)  # type: ignore[arg-type]
     if pos is None:
         folded = w * scale[0]
     else:
-        full = np.ones(w.shape[pos])
+        full = np.ones(w.shape[pos], np.float32)
         full[: scale.size] = scale
         shape = [1] * w.ndim
         shape[pos] = w.shape[pos]

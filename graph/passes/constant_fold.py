@@ -28,6 +28,7 @@ from polyfuse.graph.passes.rewrite import Evaluator, Rewriter, repointed
 
 NAME = "constant_fold"
 
+
 def constant_fold(graph: Graph, evaluate: Evaluator) -> Graph:
     """``graph`` with every computation on constants evaluated at compile time."""
     rw = Rewriter(graph, NAME)

@@ -41,15 +41,23 @@ def with_body(t: Tensor, body: Expr, tag: str | None = None) -> Tensor:
 
 
 class _Repoint(ExprMutator):
-    """Rebuilds reads whose tensor ``resolve`` maps to another object (same subscripts)."""
+    """Rebuilds reads whose tensor ``resolve`` maps to another object (same subscripts).
+    ``moved`` maps ``id(old read)`` to its rebuilt read; ``same_tensors`` says whether every
+    read still names a tensor of the same uid (then the isl relations are unchanged)."""
 
     def __init__(self, resolve: Callable[[Tensor], Tensor]) -> None:
         self.resolve = resolve
+        self.moved: dict[int, Read] = {}
+        self.same_tensors = True
 
     def visit_Read(self, e: Read) -> Expr:
         kids = tuple(self.visit(i) for i in e.indices)
         t = self.resolve(e.tensor)
-        return self.rebuild(e, kids) if t is e.tensor else Read(t, kids)
+        out = self.rebuild(e, kids) if t is e.tensor else Read(t, kids)
+        if out is not e:
+            self.moved[id(e)] = out  # type: ignore[assignment]
+            self.same_tensors &= t.uid == e.tensor.uid
+        return out
 
 
 def repointed(t: Tensor, resolve: Callable[[Tensor], Tensor]) -> Tensor:
@@ -167,9 +175,21 @@ class Rewriter:
             t = old.tensor
             if t.uid in self._forward or t.uid in self._removed:
                 continue
-            new = repointed(self._defs.get(t.uid, t), resolve)
+            base = self._defs.get(t.uid, t)
+            assert base.op is not None
+            rp = _Repoint(resolve)
+            body = rp.visit(base.op.body)
+            new = base if body is base.op.body else with_body(base, body)
             cur[t.uid] = new
-            prims[name] = old if new is t else primitive(new, idents, g.ctx, memo)
+            if new is t:
+                prims[name] = old
+            elif base is t and rp.same_tensors:  # only re-pointed: same relations, new reads
+                reads = [(rp.moved.get(id(r), r), m) for r, m in old.relations.reads]
+                prims[name] = replace(
+                    old, tensor=new, relations=replace(old.relations, reads=reads)
+                )
+            else:
+                prims[name] = primitive(new, idents, g.ctx, memo)
 
         dag = nx.DiGraph()
         dag.add_nodes_from(prims)
