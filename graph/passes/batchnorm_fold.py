@@ -106,13 +106,19 @@ def _factors(e: Expr) -> list[Expr]:
 
 
 class _Swap(ExprMutator):
-    """Replaces one read node (by identity) with another."""
+    """Replaces the first visit of one read node (by identity) with another. Only the first:
+    a body may use one Read object twice (``r * r`` with ``r = w[k, j]``), and scaling both
+    uses would scale the product twice."""
 
     def __init__(self, old: Read, new: Read) -> None:
         self.old, self.new = old, new
+        self.done = False
 
     def visit_Read(self, e: Read) -> Expr:
-        return self.new if e is self.old else self.visit_default(e)
+        if e is self.old and not self.done:
+            self.done = True
+            return self.new
+        return self.visit_default(e)
 
 
 def _weight(graph: Graph, p: Tensor, axis: int | None) -> tuple[Read, int | None] | None:

@@ -24,7 +24,7 @@ from polyfuse.graph.access import loop_names
 from polyfuse.graph.expr import Expr, IterVar, Read, Tensor, as_expr, substitute
 from polyfuse.graph.graph import Graph, Primitive
 from polyfuse.graph.passes.record import PassAction
-from polyfuse.graph.passes.rewrite import Rewriter, with_body
+from polyfuse.graph.passes.rewrite import Rewriter, is_identity_read, with_body
 
 
 def _move(t: Tensor) -> Read | None:
@@ -147,9 +147,7 @@ def compose_moves(graph: Graph, rw: Rewriter, pass_name: str) -> None:
             continue
         assert isinstance(body, Read)
         xname = graph.ident(x)
-        identity = x.shape == t.shape and all(
-            s is a for s, a in zip(body.indices, t.op.axes, strict=True)
-        )
+        identity = is_identity_read(body, t)
         if identity and not graph.is_output(t):
             rw.forward(t, x)
             rw.record(

@@ -42,11 +42,11 @@ def check_passes(passes: bool | Sequence[str]) -> tuple[str, ...]:
         return ()
     if isinstance(passes, str):
         passes = [passes]
-    names = list(passes)
+    names = list(passes) if isinstance(passes, Sequence | set | frozenset) else [passes]
     unknown = [n for n in names if n not in DEFAULT_PASSES]
     if unknown:
         raise ExpressionError(
-            f"compile: unknown graph pass '{unknown[0]}'; use any of {', '.join(DEFAULT_PASSES)}"
+            f"compile: unknown graph pass {unknown[0]!r}; use any of {', '.join(DEFAULT_PASSES)}"
             " (or passes=True / False)"
         )
     return tuple(n for n in DEFAULT_PASSES if n in names)
@@ -67,7 +67,11 @@ def run_passes(
     if not names:
         return graph
     if evaluate is None and any(n in EVALUATING for n in names):
-        raise ValueError("run_passes: the folding passes need an evaluator (evaluate=)")
+        folding = ", ".join(n for n in names if n in EVALUATING)
+        raise ExpressionError(
+            f"run_passes: {folding} evaluate constants: pass evaluate= (polyfuse.reference "
+            "semantics, as polyfuse.compile does)"
+        )
     fns: dict[str, Callable[[Graph], Graph]] = {
         "simplify": simplify,
         "constant_fold": partial(constant_fold, evaluate=evaluate),

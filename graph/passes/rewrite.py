@@ -20,7 +20,16 @@ import networkx as nx
 import numpy as np
 
 from polyfuse.graph.access import isl_ident
-from polyfuse.graph.expr import ComputeOp, Expr, ExprMutator, IterVar, Read, Tensor, walk
+from polyfuse.graph.expr import (
+    ComputeOp,
+    Const,
+    Expr,
+    ExprMutator,
+    IterVar,
+    Read,
+    Tensor,
+    walk,
+)
 from polyfuse.graph.graph import Graph, Primitive, primitive
 from polyfuse.graph.passes.record import PassAction, PassRecord
 
@@ -78,10 +87,12 @@ def loop_vars(e: Expr) -> set[int]:
 
 def is_identity_read(r: Read, t: Tensor) -> bool:
     """Whether ``r`` reads, at every point of compute ``t``, the element of the same index of a
-    tensor of ``t``'s shape (``x[i, j]`` inside ``t[i, j]``)."""
+    tensor of ``t``'s shape (``x[i, j]`` inside ``t[i, j]``; a size-1 dimension may be read
+    as ``x[0, j]``, as broadcasting ops write it)."""
     assert t.op is not None
     return r.tensor.shape == t.shape and all(
-        s is a for s, a in zip(r.indices, t.op.axes, strict=True)
+        s is a or (a.hi - a.lo == 1 and isinstance(s, Const) and s.value == a.lo)
+        for s, a in zip(r.indices, t.op.axes, strict=True)
     )
 
 
