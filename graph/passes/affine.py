@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polyfuse.graph.expr import Binary, Const, Expr, Read, Tensor, Unary, walk
+from polyfuse.graph.expr import Binary, Const, Expr, ExprVisitor, Read, Tensor, Unary, walk
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.rewrite import is_identity_read, loop_vars, reads_of
 
@@ -60,38 +60,53 @@ def _negated(s: _Lin) -> _Lin:
     )
 
 
-def _lin(e: Expr, t: Tensor, x: Tensor) -> _Lin | None:
-    """``e`` (a subexpression of compute ``t``'s body) as a * x + b, or None."""
-    if not any(isinstance(n, Read) and n.tensor.uid == x.uid for n in walk(e)):
-        return _Lin(False, b=e)
-    if isinstance(e, Read):
-        return _Lin(True) if is_identity_read(e, t) else None
-    if isinstance(e, Unary) and e.op == "neg":
-        s = _lin(e.a, t, x)
+class _Linear(ExprVisitor[_Lin | None]):
+    """A subexpression of compute ``t``'s body as ``a * x + b``, or None (not affine)."""
+
+    def __init__(self, t: Tensor, x: Tensor) -> None:
+        self.t, self.x = t, x
+
+    def lin(self, e: Expr) -> _Lin | None:
+        if not any(isinstance(n, Read) and n.tensor.uid == self.x.uid for n in walk(e)):
+            return _Lin(False, b=e)
+        return self.visit(e)
+
+    def visit_default(self, e: Expr, *args: object) -> _Lin | None:
+        return None  # reads x under something that is not linear (exp, max, a reduction)
+
+    def visit_Read(self, e: Read) -> _Lin | None:
+        return _Lin(True) if is_identity_read(e, self.t) else None
+
+    def visit_Unary(self, e: Unary) -> _Lin | None:
+        if e.op != "neg":
+            return None
+        s = self.lin(e.a)
         return None if s is None else _negated(s)
-    if not isinstance(e, Binary) or e.op not in ("add", "sub", "mul", "div"):
+
+    def visit_Binary(self, e: Binary) -> _Lin | None:
+        if e.op not in ("add", "sub", "mul", "div"):
+            return None
+        p, q = self.lin(e.a), self.lin(e.b)
+        if p is None or q is None:
+            return None
+        if e.op in ("add", "sub"):
+            if e.op == "sub":
+                q = _negated(q)
+            if p.has_x and q.has_x:
+                a = Binary("add", _coef(p.a), _coef(q.a))
+            else:
+                a = p.a if p.has_x else q.a
+            return _Lin(True, a, _add(p.b, q.b))
+        if e.op == "mul" and p.has_x != q.has_x:
+            s, k = (p, q.b) if p.has_x else (q, p.b)
+            assert k is not None
+            return _Lin(True, k if s.a is None else Binary("mul", s.a, k), _mul(s.b, k))
+        if e.op == "div" and p.has_x and not q.has_x:
+            assert q.b is not None
+            k = q.b
+            b = None if p.b is None else Binary("div", p.b, k)
+            return _Lin(True, Binary("div", _coef(p.a), k), b)
         return None
-    p, q = _lin(e.a, t, x), _lin(e.b, t, x)
-    if p is None or q is None:
-        return None
-    if e.op in ("add", "sub"):
-        if e.op == "sub":
-            q = _negated(q)
-        if p.has_x and q.has_x:
-            a = Binary("add", _coef(p.a), _coef(q.a))
-        else:
-            a = p.a if p.has_x else q.a
-        return _Lin(True, a, _add(p.b, q.b))
-    if e.op == "mul" and p.has_x != q.has_x:
-        s, k = (p, q.b) if p.has_x else (q, p.b)
-        assert k is not None
-        return _Lin(True, k if s.a is None else Binary("mul", s.a, k), _mul(s.b, k))
-    if e.op == "div" and p.has_x and not q.has_x:
-        assert q.b is not None
-        k = q.b
-        b = None if p.b is None else Binary("div", p.b, k)
-        return _Lin(True, Binary("div", _coef(p.a), k), b)
-    return None
 
 
 def affine_in(t: Tensor, x: Tensor) -> Affine | None:
@@ -99,7 +114,7 @@ def affine_in(t: Tensor, x: Tensor) -> Affine | None:
     assert t.op is not None
     if t.op.reduce is not None or t.dtype != "float32" or x.dtype != "float32":
         return None
-    s = _lin(t.op.body, t, x)
+    s = _Linear(t, x).lin(t.op.body)
     if s is None or not s.has_x:
         return None
     return Affine(x, s.a, s.b)

@@ -28,6 +28,7 @@ from polyfuse.graph.expr import (
     Compare,
     Const,
     Expr,
+    ExprVisitor,
     Logical,
     Read,
     Select,
@@ -63,9 +64,15 @@ def _keep_dtype(e: Expr, dtype: str) -> Expr:
     return e if e.dtype == dtype else Cast(e, dtype)
 
 
-def _identity(e: Expr, kids: tuple[Expr, ...]) -> Expr | None:
+class _Identity(ExprVisitor[Expr | None]):
     """The simpler equal expression for node ``e`` with new children ``kids``, or None."""
-    if isinstance(e, Binary) and e.dtype == "float32":
+
+    def visit_default(self, e: Expr, *args: object) -> Expr | None:
+        return None
+
+    def visit_Binary(self, e: Binary, kids: tuple[Expr, ...]) -> Expr | None:
+        if e.dtype != "float32":
+            return None
         a, b = kids
         pick = None
         if e.op == "mul":
@@ -75,11 +82,14 @@ def _identity(e: Expr, kids: tuple[Expr, ...]) -> Expr | None:
         elif e.op == "sub" or e.op == "div":
             pick = a if _is(b, 0 if e.op == "sub" else 1) else None
         return pick if pick is not None and pick.dtype == e.dtype else None
-    if isinstance(e, Compare):
+
+    def visit_Compare(self, e: Compare, kids: tuple[Expr, ...]) -> Expr | None:
         a, b = kids
         if isinstance(a, Const) and isinstance(b, Const):
             return Const(bool(_COMPARE[e.op](a.value, b.value)), "bool")
-    if isinstance(e, Logical):
+        return None
+
+    def visit_Logical(self, e: Logical, kids: tuple[Expr, ...]) -> Expr | None:
         a, b = kids
         va, vb = _bool(a), _bool(b)
         absorbing = e.op == "or"  # True absorbs `or`, False absorbs `and`
@@ -87,11 +97,20 @@ def _identity(e: Expr, kids: tuple[Expr, ...]) -> Expr | None:
             return Const(absorbing, "bool") if va == absorbing else _keep_dtype(b, "bool")
         if vb is not None:
             return Const(absorbing, "bool") if vb == absorbing else _keep_dtype(a, "bool")
-    if isinstance(e, Unary) and e.op == "not" and (v := _bool(kids[0])) is not None:
-        return Const(not v, "bool")
-    if isinstance(e, Select) and (v := _bool(kids[0])) is not None:
-        return _keep_dtype(kids[1] if v else kids[2], e.dtype)
-    return None
+        return None
+
+    def visit_Unary(self, e: Unary, kids: tuple[Expr, ...]) -> Expr | None:
+        if e.op == "not" and (v := _bool(kids[0])) is not None:
+            return Const(not v, "bool")
+        return None
+
+    def visit_Select(self, e: Select, kids: tuple[Expr, ...]) -> Expr | None:
+        if (v := _bool(kids[0])) is not None:
+            return _keep_dtype(kids[1] if v else kids[2], e.dtype)
+        return None
+
+
+_identity = _Identity().visit
 
 
 def _clip(text: str, n: int = 100) -> str:
