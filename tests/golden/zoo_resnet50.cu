@@ -46,8 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(256, 3) pf_80c80792410356f03b22(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+  int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -58,10 +58,12 @@ __device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p0(float* __restrict__ c
   const int p0c = threadIdx.x % 8;
   __shared__ __align__(16) float s_image[720];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stem_w[432];
+  __shared__ __align__(16) float s_stem_w_batch_norm1[432];
   float r_conv2d0_acc[2][4];
+  float r_conv2d0;
+  float r_batch_norm1;
   float r_image_frag[4];
-  float r_stem_w_frag[2];
+  float r_stem_w_batch_norm1_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -78,7 +80,7 @@ __device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p0(float* __restrict__ c
     }
   }
   if ((p1c <= 107)) {
-    *reinterpret_cast<float4*>(&s_stem_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_stem_w_batch_norm1[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w_batch_norm1[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
@@ -93,13 +95,13 @@ __device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p0(float* __restrict__ c
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stem_w_frag[ii0] = s_stem_w[((((t0 + (8 * ii0)) * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+          r_stem_w_batch_norm1_frag[ii0] = s_stem_w_batch_norm1[((((t0 + (8 * ii0)) * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (r_image_frag[ii2] * r_stem_w_frag[ii0]);
+            r_conv2d0_acc[ii0][ii2] = r_conv2d0_acc[ii0][ii2] + (r_image_frag[ii2] * r_stem_w_batch_norm1_frag[ii0]);
           }
         }
       }
@@ -110,63 +112,11 @@ __device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p0(float* __restrict__ c
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7) { conv2d0[0 * 2048 + (t0 + (8 * ii0)) * 256 + ((8 * b1) + t1) * 16 + (t2 + (4 * ii2))] = r_conv2d0_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7) { r_conv2d0 = r_conv2d0_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7) { r_batch_norm1 = (r_conv2d0 + batch_norm1_shift[(t0 + (8 * ii0))]); }
+      if ((t0 + (8 * ii0)) <= 7) { relu2[0 * 2048 + (t0 + (8 * ii0)) * 256 + ((8 * b1) + t1) * 16 + (t2 + (4 * ii2))] = pf_fmaxf(r_batch_norm1, 0.0f); }
     }
   }
-}
-
-__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p1(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p2(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm5_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_13e39eaaff279e00c4a5_p3(float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm8_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_13e39eaaff279e00c4a5(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k0_conv2d0: 2 blocks of 256
-    pf_13e39eaaff279e00c4a5_p0(conv2d0, image, stem_w, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k1_batch_norm1_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 2) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_13e39eaaff279e00c4a5_p1(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 4) {  // k5_batch_norm5_scale: 1 blocks of 4
-    const int pf_v = (pf_b - 3) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_13e39eaaff279e00c4a5_p2(batch_norm5_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 5) {  // k8_batch_norm8_scale: 1 blocks of 4
-    const int pf_v = (pf_b - 4) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_13e39eaaff279e00c4a5_p3(batch_norm8_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_5ef710861e926a295848(float* __restrict__ relu2, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 16; _t /= 16;
-  const int t0 = _t;
-  float r_batch_norm1;
-  r_batch_norm1 = (((conv2d0[0 * 2048 + b0 * 256 + t1 * 16 + t2] - stem_bn_mean[b0]) * batch_norm1_scale[b0]) + stem_bn_beta[b0]);
-  relu2[0 * 2048 + b0 * 256 + t1 * 16 + t2] = pf_fmaxf(r_batch_norm1, 0.0f);
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
@@ -188,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float*
   max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_adc2b9097e8e17366770(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_37fce3615ae31eb45379(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 8; _t /= 8;
@@ -197,10 +147,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_adc2b9097e8e17366770(flo
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_max_pool2d3[1024];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_a_w[128];
+  __shared__ __align__(16) float s_stage1_block0_a_w_batch_norm5[128];
   float r_conv2d4_acc[2][4];
+  float r_conv2d4;
+  float r_batch_norm5;
   float r_max_pool2d3_frag[4];
-  float r_stage1_block0_a_w_frag[2];
+  float r_stage1_block0_a_w_batch_norm5_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -210,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_adc2b9097e8e17366770(flo
   }
   *reinterpret_cast<float4*>(&s_max_pool2d3[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if ((p1c <= 31)) {
-    *reinterpret_cast<float4*>(&s_stage1_block0_a_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&stage1_block0_a_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_stage1_block0_a_w_batch_norm5[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&stage1_block0_a_w_batch_norm5[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
@@ -221,13 +173,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_adc2b9097e8e17366770(flo
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_a_w_frag[ii0] = s_stage1_block0_a_w[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+      r_stage1_block0_a_w_batch_norm5_frag[ii0] = s_stage1_block0_a_w_batch_norm5[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (r_max_pool2d3_frag[ii2] * r_stage1_block0_a_w_frag[ii0]);
+        r_conv2d4_acc[ii0][ii2] = r_conv2d4_acc[ii0][ii2] + (r_max_pool2d3_frag[ii2] * r_stage1_block0_a_w_batch_norm5_frag[ii0]);
       }
     }
   }
@@ -236,26 +188,67 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_adc2b9097e8e17366770(flo
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { conv2d4[0 * 256 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d4_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { r_conv2d4 = r_conv2d4_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { r_batch_norm5 = (r_conv2d4 + batch_norm5_shift[(t0 + (8 * ii0))]); }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { relu6[0 * 256 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = pf_fmaxf(r_batch_norm5, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float* __restrict__ relu6, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
+__device__ __forceinline__ void pf_bd4bd8cc7b04e801eff1_p0(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
+  const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm5;
-  r_batch_norm5 = (((conv2d4[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_a_bn_mean[t0]) * batch_norm5_scale[t0]) + stage1_block0_a_bn_beta[t0]);
-  relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
+  const int p0r = threadIdx.x / 4;
+  const int p0c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_max_pool2d3[1024];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_proj_w_batch_norm13[128];
+  float r_conv2d12_acc[2][4];
+  float r_max_pool2d3_frag[4];
+  float r_stage1_block0_proj_w_batch_norm13_frag[2];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_conv2d12_acc[ii0][ii2] = 0.0f;
+    }
+  }
+  *reinterpret_cast<float4*>(&s_max_pool2d3[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage1_block0_proj_w_batch_norm13[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage1_block0_proj_w_batch_norm13[(4 * p1c)]);
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(((0 * 64) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage1_block0_proj_w_batch_norm13_frag[ii0] = s_stage1_block0_proj_w_batch_norm13[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (r_max_pool2d3_frag[ii2] * r_stage1_block0_proj_w_batch_norm13_frag[ii0]);
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t2 + (4 * ii2)) <= 7) { conv2d12[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d12_acc[ii0][ii2]; }
+    }
+  }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_8778d0d86567f1dc1633(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w) {
+__device__ __forceinline__ void pf_bd4bd8cc7b04e801eff1_p1(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 8; _t /= 8;
@@ -265,10 +258,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_8778d0d86567f1dc1633(flo
   const int p0c = threadIdx.x % 8;
   __shared__ __align__(16) float s_relu6[960];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_b_w[576];
+  __shared__ __align__(16) float s_stage1_block0_b_w_batch_norm8[576];
   float r_conv2d7_acc[2][4];
+  float r_conv2d7;
+  float r_batch_norm8;
   float r_relu6_frag[4];
-  float r_stage1_block0_b_w_frag[2];
+  float r_stage1_block0_b_w_batch_norm8_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -283,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_8778d0d86567f1dc1633(flo
     }
   }
   if ((p1c <= 143)) {
-    *reinterpret_cast<float4*>(&s_stage1_block0_b_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 144) ? *reinterpret_cast<const float4*>(&stage1_block0_b_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_stage1_block0_b_w_batch_norm8[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 144) ? *reinterpret_cast<const float4*>(&stage1_block0_b_w_batch_norm8[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
@@ -298,13 +293,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_8778d0d86567f1dc1633(flo
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage1_block0_b_w_frag[ii0] = s_stage1_block0_b_w[((((t0 + (8 * ii0)) * 36) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+          r_stage1_block0_b_w_batch_norm8_frag[ii0] = s_stage1_block0_b_w_batch_norm8[((((t0 + (8 * ii0)) * 36) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + (r_relu6_frag[ii2] * r_stage1_block0_b_w_frag[ii0]);
+            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + (r_relu6_frag[ii2] * r_stage1_block0_b_w_batch_norm8_frag[ii0]);
           }
         }
       }
@@ -315,12 +310,23 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_8778d0d86567f1dc1633(flo
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { conv2d7[0 * 256 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d7_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { r_conv2d7 = r_conv2d7_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { r_batch_norm8 = (r_conv2d7 + batch_norm8_shift[(t0 + (8 * ii0))]); }
+      if ((t0 + (8 * ii0)) <= 3 && (t2 + (4 * ii2)) <= 7) { relu9[0 * 256 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = pf_fmaxf(r_batch_norm8, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_820fc7d490b1ec672928(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_bd4bd8cc7b04e801eff1(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13, float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k4_conv2d12: 1 blocks of 256
+    pf_bd4bd8cc7b04e801eff1_p0(conv2d12, max_pool2d3, stage1_block0_proj_w_batch_norm13, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k3_conv2d7: 1 blocks of 256
+    pf_bd4bd8cc7b04e801eff1_p1(relu9, relu6, stage1_block0_b_w_batch_norm8, batch_norm8_shift, pf_b - 1, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3) pf_60335a61fd60b9fb3d1d(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 8; _t /= 8;
@@ -329,10 +335,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_820fc7d490b1ec672928(flo
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_relu9[512];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_c_w[64];
+  __shared__ __align__(16) float s_stage1_block0_c_w_batch_norm11[64];
   float r_conv2d10_acc[2][4];
+  float r_conv2d10;
+  float r_batch_norm11;
+  float r_batch_norm13;
+  float r_add14;
   float r_relu9_frag[4];
-  float r_stage1_block0_c_w_frag[2];
+  float r_stage1_block0_c_w_batch_norm11_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -344,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_820fc7d490b1ec672928(flo
     *reinterpret_cast<float4*>(&s_relu9[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&relu9[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   if ((p1c <= 15)) {
-    *reinterpret_cast<float4*>(&s_stage1_block0_c_w[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage1_block0_c_w[(4 * p1c)]);
+    *reinterpret_cast<float4*>(&s_stage1_block0_c_w_batch_norm11[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage1_block0_c_w_batch_norm11[(4 * p1c)]);
   }
   __syncthreads();
   #pragma unroll
@@ -355,13 +365,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_820fc7d490b1ec672928(flo
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_c_w_frag[ii0] = s_stage1_block0_c_w[((((t0 + (8 * ii0)) * 4) + kk0 + 0 + 0) - 0)];
+      r_stage1_block0_c_w_batch_norm11_frag[ii0] = s_stage1_block0_c_w_batch_norm11[((((t0 + (8 * ii0)) * 4) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (r_relu9_frag[ii2] * r_stage1_block0_c_w_frag[ii0]);
+        r_conv2d10_acc[ii0][ii2] = r_conv2d10_acc[ii0][ii2] + (r_relu9_frag[ii2] * r_stage1_block0_c_w_batch_norm11_frag[ii0]);
       }
     }
   }
@@ -370,149 +380,16 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_820fc7d490b1ec672928(flo
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (4 * ii2)) <= 7) { conv2d10[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d10_acc[ii0][ii2]; }
+      if ((t2 + (4 * ii2)) <= 7) { r_conv2d10 = r_conv2d10_acc[ii0][ii2]; }
+      if ((t2 + (4 * ii2)) <= 7) { r_batch_norm11 = (r_conv2d10 + batch_norm11_shift[(t0 + (8 * ii0))]); }
+      if ((t2 + (4 * ii2)) <= 7) { r_batch_norm13 = (conv2d12[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] + batch_norm13_shift[(t0 + (8 * ii0))]); }
+      if ((t2 + (4 * ii2)) <= 7) { r_add14 = (r_batch_norm11 + r_batch_norm13); }
+      if ((t2 + (4 * ii2)) <= 7) { relu15[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = pf_fmaxf(r_add14, 0.0f); }
     }
   }
 }
 
-__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  float r_batch_norm11_scale;
-  r_batch_norm11_scale = (stage1_block0_c_bn_gamma[t0] * rsqrtf((stage1_block0_c_bn_var[t0] + 1e-05f)));
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    for (int c1 = 0; (c1 <= 7); c1 += 1) {
-      batch_norm11[0 * 1024 + t0 * 64 + c0 * 8 + c1] = (((conv2d10[0 * 1024 + t0 * 64 + c0 * 8 + c1] - stage1_block0_c_bn_mean[t0]) * r_batch_norm11_scale) + stage1_block0_c_bn_beta[t0]);
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p1(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_max_pool2d3[1024];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_proj_w[128];
-  float r_conv2d12_acc[2][4];
-  float r_max_pool2d3_frag[4];
-  float r_stage1_block0_proj_w_frag[2];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d12_acc[ii0][ii2] = 0.0f;
-    }
-  }
-  *reinterpret_cast<float4*>(&s_max_pool2d3[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 8) ? *reinterpret_cast<const float4*>(&max_pool2d3[p0r * 8 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1c <= 31)) {
-    *reinterpret_cast<float4*>(&s_stage1_block0_proj_w[((4 * p1c) - 0)]) = *reinterpret_cast<const float4*>(&stage1_block0_proj_w[(4 * p1c)]);
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_max_pool2d3_frag[ii2] = s_max_pool2d3[(((0 * 64) + (kk0 * 8) + t1) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage1_block0_proj_w_frag[ii0] = s_stage1_block0_proj_w[((((t0 + (8 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d12_acc[ii0][ii2] = r_conv2d12_acc[ii0][ii2] + (r_max_pool2d3_frag[ii2] * r_stage1_block0_proj_w_frag[ii0]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (4 * ii2)) <= 7) { conv2d12[0 * 1024 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d12_acc[ii0][ii2]; }
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p2(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p3(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p4(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e40afdf9bd69fb42f86d_p5(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_e40afdf9bd69fb42f86d(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 2) {  // k12_conv2d12: 1 blocks of 256
-    pf_e40afdf9bd69fb42f86d_p1(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k13_batch_norm13_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p2(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 4) {  // k16_batch_norm17_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 3) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p3(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 5) {  // k19_batch_norm20_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 4) * 32 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p4(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 6) {  // k24_batch_norm25_scale: 1 blocks of 32
-    const int pf_v = (pf_b - 5) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_e40afdf9bd69fb42f86d_p5(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float* __restrict__ relu15, const float* __restrict__ conv2d12, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm11) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm13;
-  float r_add14;
-  r_batch_norm13 = (((conv2d12[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_proj_bn_mean[((4 * b0) + t0)]) * batch_norm13_scale[((4 * b0) + t0)]) + stage1_block0_proj_bn_beta[((4 * b0) + t0)]);
-  r_add14 = (batch_norm11[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm13);
-  relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c140f78debfc8490fa62(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 8; _t /= 8;
@@ -522,10 +399,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(flo
   __shared__ __align__(16) float s_relu15[2048];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block0_a_w[256];
+  __shared__ __align__(16) float s_stage2_block0_a_w_batch_norm17[256];
   float r_conv2d16_acc[2][4];
+  float r_conv2d16;
+  float r_batch_norm17;
   float r_relu15_frag[4];
-  float r_stage2_block0_a_w_frag[2];
+  float r_stage2_block0_a_w_batch_norm17_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -537,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(flo
     const int kt0 = (-1);
     __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1024 + (0 - 0) * 1024 + (((p0r + (64 * kt0)) + 64) - (64 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ((p0r + (64 * kt0)) + 64) * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
     if ((p1r <= 15)) {
-      __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_stage2_block0_a_w_batch_norm17[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w_batch_norm17[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     }
     __pipeline_commit();
   }
@@ -545,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(flo
     const int kt0 = 0;
     __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 1024 + (0 - 0) * 1024 + (((p0r + (64 * kt0)) + 64) - (64 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &relu15[((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 * 1024 + ((p0r + (64 * kt0)) + 64) * 8 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 8) ? 0 : 16);
     if ((p1r <= 15)) {
-      __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_stage2_block0_a_w_batch_norm17[((kt0 + 1) % 2) * 128 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w_batch_norm17[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -558,13 +437,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_a_w_batch_norm17_frag[ii0] = s_stage2_block0_a_w_batch_norm17[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_frag[ii0]);
+          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_batch_norm17_frag[ii0]);
         }
       }
     }
@@ -583,13 +462,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_a_w_batch_norm17_frag[ii0] = s_stage2_block0_a_w_batch_norm17[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_frag[ii0]);
+          r_conv2d16_acc[ii0][ii2] = r_conv2d16_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_a_w_batch_norm17_frag[ii0]);
         }
       }
     }
@@ -599,26 +478,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_30cb315c06ea7c637184(flo
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { conv2d16[0 * 512 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = r_conv2d16_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { r_conv2d16 = r_conv2d16_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { r_batch_norm17 = (r_conv2d16 + batch_norm17_shift[(t0 + (8 * ii0))]); }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (4 * ii2)) <= 7) { relu18[0 * 512 + (t0 + (8 * ii0)) * 64 + t1 * 8 + (t2 + (4 * ii2))] = pf_fmaxf(r_batch_norm17, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float* __restrict__ relu18, const float* __restrict__ conv2d16, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm17;
-  r_batch_norm17 = (((conv2d16[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_a_bn_mean[((4 * b0) + t0)]) * batch_norm17_scale[((4 * b0) + t0)]) + stage2_block0_a_bn_beta[((4 * b0) + t0)]);
-  relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) pf_9118106587bc24aac4b0(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_0faf7fa29276cc3f833a(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 4; _t /= 4;
@@ -628,10 +495,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_9118106587bc24aac4b0(flo
   const int p0c = threadIdx.x % 8;
   __shared__ __align__(16) float s_relu18[4896];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage2_block0_b_w[1152];
+  __shared__ __align__(16) float s_stage2_block0_b_w_batch_norm20[1152];
   float r_conv2d19_acc[2][4];
+  float r_conv2d19;
+  float r_batch_norm20;
   float r_relu18_frag[4];
-  float r_stage2_block0_b_w_frag[2];
+  float r_stage2_block0_b_w_batch_norm20_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -653,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_9118106587bc24aac4b0(flo
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
     if ((kk0 <= ((-((p1c + 224) / 256)) + 1))) {
-      *reinterpret_cast<float4*>(&s_stage2_block0_b_w[(((4 * p1c) + (1024 * kk0)) - 0)]) = (((4 * p1c) + (1024 * kk0)) >= 0 && ((4 * p1c) + (1024 * kk0)) < 576) ? *reinterpret_cast<const float4*>(&stage2_block0_b_w[((4 * p1c) + (1024 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      *reinterpret_cast<float4*>(&s_stage2_block0_b_w_batch_norm20[(((4 * p1c) + (1024 * kk0)) - 0)]) = (((4 * p1c) + (1024 * kk0)) >= 0 && ((4 * p1c) + (1024 * kk0)) < 576) ? *reinterpret_cast<const float4*>(&stage2_block0_b_w_batch_norm20[((4 * p1c) + (1024 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   __syncthreads();
@@ -669,13 +538,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_9118106587bc24aac4b0(flo
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_stage2_block0_b_w_frag[ii0] = s_stage2_block0_b_w[((((t0 + (8 * ii0)) * 72) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+          r_stage2_block0_b_w_batch_norm20_frag[ii0] = s_stage2_block0_b_w_batch_norm20[((((t0 + (8 * ii0)) * 72) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_relu18_frag[ii2] * r_stage2_block0_b_w_frag[ii0]);
+            r_conv2d19_acc[ii0][ii2] = r_conv2d19_acc[ii0][ii2] + (r_relu18_frag[ii2] * r_stage2_block0_b_w_batch_norm20_frag[ii0]);
           }
         }
       }
@@ -686,96 +555,15 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_9118106587bc24aac4b0(flo
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (8 * ii0)) <= 7 && (t2 + (8 * ii2)) <= 3) { conv2d19[0 * 128 + (t0 + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d19_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (8 * ii2)) <= 3) { r_conv2d19 = r_conv2d19_acc[ii0][ii2]; }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (8 * ii2)) <= 3) { r_batch_norm20 = (r_conv2d19 + batch_norm20_shift[(t0 + (8 * ii0))]); }
+      if ((t0 + (8 * ii0)) <= 7 && (t2 + (8 * ii2)) <= 3) { relu21[0 * 128 + (t0 + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = pf_fmaxf(r_batch_norm20, 0.0f); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float* __restrict__ relu21, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_ec59dfa5be336fe6dabe(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
   int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm20;
-  r_batch_norm20 = (((conv2d19[0 * 128 + t0 * 16 + t1 * 4 + t2] - stage2_block0_b_bn_mean[t0]) * batch_norm20_scale[t0]) + stage2_block0_b_bn_beta[t0]);
-  relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) pf_6a9efb8ad5b1fda14da9(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_relu21[1152];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage2_block0_c_w[128];
-  float r_conv2d22_acc[2][4];
-  float r_relu21_frag[4];
-  float r_stage2_block0_c_w_frag[2];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_conv2d22_acc[ii0][ii2] = 0.0f;
-    }
-  }
-  *reinterpret_cast<float4*>(&s_relu21[(p0r - 0) * 36 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[p0r * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if ((p1c <= 31)) {
-    *reinterpret_cast<float4*>(&s_stage2_block0_c_w[(((128 * b0) + (4 * p1c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&stage2_block0_c_w[((128 * b0) + (4 * p1c))]);
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_relu21_frag[ii2] = s_relu21[(((0 * 32) + (kk0 * 4) + t1) - 0) * 36 + ((t2 + (8 * ii2)) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_stage2_block0_c_w_frag[ii0] = s_stage2_block0_c_w[((((((16 * b0) + t0) + (8 * ii0)) * 8) + kk0 + 0 + 0) - (128 * b0))];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (r_relu21_frag[ii2] * r_stage2_block0_c_w_frag[ii0]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t2 + (8 * ii2)) <= 3) { conv2d22[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = r_conv2d22_acc[ii0][ii2]; }
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_547d46ce89827680d61e_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  float r_batch_norm23_scale;
-  r_batch_norm23_scale = (stage2_block0_c_bn_gamma[t0] * rsqrtf((stage2_block0_c_bn_var[t0] + 1e-05f)));
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    for (int c1 = 0; (c1 <= 3); c1 += 1) {
-      batch_norm23[0 * 512 + t0 * 16 + c0 * 4 + c1] = (((conv2d22[0 * 512 + t0 * 16 + c0 * 4 + c1] - stage2_block0_c_bn_mean[t0]) * r_batch_norm23_scale) + stage2_block0_c_bn_beta[t0]);
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 8; _t /= 8;
@@ -786,10 +574,10 @@ __device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ c
   __shared__ float s_relu15[7056];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block0_proj_w[256];
+  __shared__ __align__(16) float s_stage2_block0_proj_w_batch_norm25[256];
   float r_conv2d24_acc[2][4];
   float r_relu15_frag[4];
-  float r_stage2_block0_proj_w_frag[2];
+  float r_stage2_block0_proj_w_batch_norm25_frag[2];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
     #pragma unroll
@@ -809,12 +597,12 @@ __device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ c
       }
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_proj_w[((16 * b0) + p1r) * 16 + (((4 * p1c) + (8 * kt0)) + 8)], 16);
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w_batch_norm25[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_proj_w_batch_norm25[((16 * b0) + p1r) * 16 + (((4 * p1c) + (8 * kt0)) + 8)], 16);
     }
     __pipeline_commit();
   }
   const float* pf_gp0_relu15 = &relu15[(p0c + (64 * p0d1) + 512)];
-  const float* pf_gp0_stage2_block0_proj_w = &stage2_block0_proj_w[((4 * p1c) + (256 * b0) + (16 * p1r) + 8)];
+  const float* pf_gp0_stage2_block0_proj_w_batch_norm25 = &stage2_block0_proj_w_batch_norm25[((4 * p1c) + (256 * b0) + (16 * p1r) + 8)];
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if (((kt0 <= 0) && ((p0c % 2) == 0))) {
       #pragma unroll
@@ -826,7 +614,7 @@ __device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ c
       }
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &pf_gp0_stage2_block0_proj_w[0], 16);
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w_batch_norm25[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &pf_gp0_stage2_block0_proj_w_batch_norm25[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -839,19 +627,19 @@ __device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ c
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_stage2_block0_proj_w_frag[ii0] = s_stage2_block0_proj_w[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_proj_w_batch_norm25_frag[ii0] = s_stage2_block0_proj_w_batch_norm25[(kt0 % 2) * 128 + ((((16 * b0) + t0) + (8 * ii0)) - (16 * b0)) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_proj_w_frag[ii0]);
+          r_conv2d24_acc[ii0][ii2] = r_conv2d24_acc[ii0][ii2] + (r_relu15_frag[ii2] * r_stage2_block0_proj_w_batch_norm25_frag[ii0]);
         }
       }
     }
     __syncthreads();
     pf_gp0_relu15 += 512;
-    pf_gp0_stage2_block0_proj_w += 8;
+    pf_gp0_stage2_block0_proj_w_batch_norm25 += 8;
   }
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -862,33 +650,70 @@ __device__ __forceinline__ void pf_547d46ce89827680d61e_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_547d46ce89827680d61e(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
-    const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_547d46ce89827680d61e_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 3) {  // k23_conv2d24: 2 blocks of 256
-    pf_547d46ce89827680d61e_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+extern "C" __global__ void __launch_bounds__(256, 3) pf_5862bf58527158295a99(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
+  int _b = blockIdx.x;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 8; _t /= 8;
+  const int t1 = _t % 4; _t /= 4;
+  const int t0 = _t;
+  const int p0r = threadIdx.x / 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_relu21[1152];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage2_block0_c_w_batch_norm23[128];
+  float r_conv2d22_acc[2][4];
+  float r_conv2d22;
+  float r_batch_norm23;
+  float r_batch_norm25;
+  float r_add26;
+  float r_relu21_frag[4];
+  float r_stage2_block0_c_w_batch_norm23_frag[2];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_conv2d22_acc[ii0][ii2] = 0.0f;
+    }
+  }
+  *reinterpret_cast<float4*>(&s_relu21[(p0r - 0) * 36 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[p0r * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if ((p1c <= 31)) {
+    *reinterpret_cast<float4*>(&s_stage2_block0_c_w_batch_norm23[(((128 * b0) + (4 * p1c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&stage2_block0_c_w_batch_norm23[((128 * b0) + (4 * p1c))]);
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_relu21_frag[ii2] = s_relu21[(((0 * 32) + (kk0 * 4) + t1) - 0) * 36 + ((t2 + (8 * ii2)) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      r_stage2_block0_c_w_batch_norm23_frag[ii0] = s_stage2_block0_c_w_batch_norm23[((((((16 * b0) + t0) + (8 * ii0)) * 8) + kk0 + 0 + 0) - (128 * b0))];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_conv2d22_acc[ii0][ii2] = r_conv2d22_acc[ii0][ii2] + (r_relu21_frag[ii2] * r_stage2_block0_c_w_batch_norm23_frag[ii0]);
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t2 + (8 * ii2)) <= 3) { r_conv2d22 = r_conv2d22_acc[ii0][ii2]; }
+      if ((t2 + (8 * ii2)) <= 3) { r_batch_norm23 = (r_conv2d22 + batch_norm23_shift[(((16 * b0) + t0) + (8 * ii0))]); }
+      if ((t2 + (8 * ii2)) <= 3) { r_batch_norm25 = (conv2d24[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] + batch_norm25_shift[(((16 * b0) + t0) + (8 * ii0))]); }
+      if ((t2 + (8 * ii2)) <= 3) { r_add26 = (r_batch_norm23 + r_batch_norm25); }
+      if ((t2 + (8 * ii2)) <= 3) { relu27[0 * 512 + (((16 * b0) + t0) + (8 * ii0)) * 16 + t1 * 4 + (t2 + (8 * ii2))] = pf_fmaxf(r_add26, 0.0f); }
+    }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bf0f364857623b4a8818(float* __restrict__ relu27, const float* __restrict__ conv2d24, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm23) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm25;
-  float r_add26;
-  r_batch_norm25 = (((conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block0_proj_bn_mean[((16 * b0) + t0)]) * batch_norm25_scale[((16 * b0) + t0)]) + stage2_block0_proj_bn_beta[((16 * b0) + t0)]);
-  r_add26 = (batch_norm23[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] + r_batch_norm25);
-  relu27[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add26, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_4c369d95dbe4cbaacb71(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_8c6bbdd93a37ff4a5bd4(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -896,7 +721,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4c369d95dbe4cbaacb71(float*
   const int r0 = _t;
   __shared__ float pf_scratch[1];
   float r_reduce_mean28_acc;
-  // part:mg26
+  // part:mg10
   r_reduce_mean28_acc = 0.0f;
   if ((l0 <= 3)) {
     // coarsen:4
