@@ -288,14 +288,14 @@ def _eval_compute(t: ex.Tensor, values: Mapping[int, np.ndarray], precision: str
         where = tuple(slice(s, e) for s, e in block[:nd])
         ev = _Body(t.name, grids, values, precision)
         if red is not None:
-            v = np.broadcast_to(np.asarray(ev.eval(red.body, None)).astype(work), bshape)
+            v = np.broadcast_to(np.asarray(ev.eval(red.body, None), work), bshape)
             if serial:
                 out[where] = _fold(combine, out[where], v, nd, red.accumulate_dtype)
             else:
                 part = combine.reduce(v, axis=tuple(range(nd, len(axes))))
                 out[where] = combine(out[where], part)
         else:
-            out[where] = np.broadcast_to(np.asarray(ev.eval(op.body, None)).astype(work), bshape)
+            out[where] = np.broadcast_to(np.asarray(ev.eval(op.body, None), work), bshape)
     return _store(out, t.dtype, precision)
 
 
