@@ -426,3 +426,42 @@ def test_float32_kernels_with_int_and_bool_expressions_still_compile():
     fn = polyfuse.compile([x], [y], check_cuda=False)
     (want,) = reference.evaluate([y], {x: xv})
     np.testing.assert_allclose(fn(xv), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_ops_in_each_float_dtype_are_within_tolerance_of_the_oracle(dtype):
+    """ops keep the input dtype (Python constants are weak) and their stored results are
+    within the dtype's tolerance of the float64 oracle."""
+    from polyfuse import ops
+
+    rng = np.random.default_rng(2)
+    x = te.placeholder((8, 64), dtype, name="x")
+    w = te.placeholder((64, 16), dtype, name="w")
+    g = te.placeholder((64,), dtype, name="g")
+    b = te.placeholder((64,), dtype, name="b")
+    outs = [ops.softmax(x, axis=-1), ops.layer_norm(x, g, b, axis=-1), ops.matmul(x, w)]
+    feeds = {t: rng.standard_normal(t.shape) for t in (x, w, g, b)}
+    stored = reference.evaluate(outs, feeds)
+    exact = reference.evaluate(outs, feeds, precision="float64")
+    for o, s, e in zip(outs, stored, exact, strict=True):
+        assert o.dtype == dtype and s.dtype == dt.numpy_dtype(dtype)
+        assert reference.tolerance(dtype).allclose(s, e), o.name
+
+
+def test_the_graph_shows_dtypes_and_accumulators():
+    import islpy as isl
+
+    from polyfuse.graph.graph import build_graph
+    from polyfuse.poly.schedule import configure
+
+    x = te.placeholder((4, 64), "float16", name="x")
+    k, k2 = te.reduce_axis(64, name="k"), te.reduce_axis(64, name="k2")
+    s = te.compute((4,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    h = te.compute((4,), lambda i: te.sum(x[i, k2], axis=k2, accumulate="float16"), name="h")
+    text = str(build_graph([x], [s, h], configure(isl.Context())))
+    assert "s[4] float16 (accumulate float32) reduction" in text
+    assert "h[4] float16 (accumulate float16) reduction" in text
+    f = te.placeholder((4, 64), name="f")
+    k3 = te.reduce_axis(64, name="k3")
+    r = te.compute((4,), lambda i: te.sum(f[i, k3], axis=k3), name="r")
+    assert "r[4] reduction" in str(build_graph([f], [r], configure(isl.Context())))
