@@ -465,3 +465,18 @@ def test_the_graph_shows_dtypes_and_accumulators():
     k3 = te.reduce_axis(64, name="k3")
     r = te.compute((4,), lambda i: te.sum(f[i, k3], axis=k3), name="r")
     assert "r[4] reduction" in str(build_graph([f], [r], configure(isl.Context())))
+
+
+def test_two_stage_split_keeps_the_accumulator():
+    """poly/split.py's partial and final reductions keep ``accumulate=``."""
+    from polyfuse.poly.split import two_stage
+
+    x = te.placeholder((4096,), "float16", name="x")
+    k = te.reduce_axis(4096, name="k")
+    s = te.compute((1,), lambda i: te.sum(x[k], axis=k, accumulate="float16"), name="s")
+    partial, final = two_stage(s, 8)
+    assert partial.op.body.accumulate == final.op.body.accumulate == "float16"
+    v = np.ones(4096, np.float16)
+    (whole,) = reference.evaluate([s], {x: v})
+    (split,) = reference.evaluate([final], {x: v})
+    assert whole[0] == 2048 and split[0] == 4096  # running float16 sums of 512 ones are exact
