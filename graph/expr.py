@@ -233,9 +233,10 @@ class Binary(Expr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        if self.op == "div":
-            return dt.true_divide_dtype(self.a.dtype, self.b.dtype)
-        return _join_dtype(self.a, self.b)
+        joined = _join_dtype(self.a, self.b)
+        if self.op == "div":  # true division: float32 for integers (as true_divide_dtype)
+            return joined if dt.is_float(joined) else dt.DEFAULT_FLOAT
+        return joined
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a, self.b)

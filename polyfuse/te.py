@@ -26,6 +26,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from polyfuse.errors import ExpressionError
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.bounds import check_bounds
@@ -276,8 +278,11 @@ def const(value: float | int | bool, dtype: str) -> Expr:
     if dtype == "bool":
         return Const(bool(value), dtype, weak=False)
     if dt.is_int(dtype):
-        if int(value) != value:
+        lim = np.iinfo(dt.numpy_dtype(dtype))
+        if isinstance(value, float) and not value.is_integer():
             raise ExpressionError(f"te.const: {value!r} is not an integer ({dtype})")
+        if not lim.min <= int(value) <= lim.max:
+            raise ExpressionError(f"te.const: {value!r} does not fit {dtype}")
         return Const(int(value), dtype, weak=False)
     return Const(float(value), dtype, weak=False)
 

@@ -82,6 +82,7 @@ def test_python_numbers_are_weak():
     i = te.reduce_axis(4)  # any int32 value
     assert (h[0] * 2.5).dtype == "float16"
     assert (h[0] + 1).dtype == "float16"
+    assert (h[0] / 2.0).dtype == (2 / h[0]).dtype == (h[0] / 2).dtype == "float16"
     assert (n[0] + 1).dtype == "int32"
     assert (n[0] * 0.5).dtype == "float32"
     assert (n[0] + 2**40).dtype == "int64"
@@ -218,6 +219,11 @@ def test_te_const():
     assert got.dtype == np.float16 and got[0] == np.float16(0.1)
     with pytest.raises(ExpressionError, match="not an integer"):
         te.const(0.5, "int32")
+    with pytest.raises(ExpressionError, match="not an integer"):
+        te.const(float("inf"), "int64")
+    with pytest.raises(ExpressionError, match="does not fit int32"):
+        te.const(2**31, "int32")
+    assert te.const(2**31, "int64").value == 2**31
 
 
 # --------------------------------------------------------------------------- dtypes accepted
