@@ -47,7 +47,18 @@ class Primitive:
             for (r, _), k in zip(self.relations.reads, self.access_kinds, strict=True)
         )
         tag = f" [{self.composite}]" if self.composite else ""
-        return f"{self.name}{list(t.shape)} {self.kind.value}{tag} <- {reads or '-'}"
+        head = f"{self.name}{list(t.shape)}{self._dtype_note()}"
+        return f"{head} {self.kind.value}{tag} <- {reads or '-'}"
+
+    def _dtype_note(self) -> str:
+        """`` float16 (accumulate float32)``: the dtype when not float32, and a reduction's
+        accumulator when it differs from the result's dtype or was given (``accumulate=``)."""
+        t = self.tensor
+        note = f" {t.dtype}" if t.dtype != "float32" else ""
+        red = t.op.reduce if t.op is not None else None
+        if red is not None and (red.accumulate is not None or red.accumulate_dtype != red.dtype):
+            note += f" (accumulate {red.accumulate_dtype})"
+        return note
 
 
 @dataclass(eq=False)

@@ -92,7 +92,7 @@ class _KeyText(ex.ExprVisitor[str]):
         return self.loops.get(e.uid, "?")
 
     def visit_Const(self, e: ex.Const) -> str:
-        return f"{e.dtype}:{e.value!r}"
+        return f"{e.dtype}:{e.value!r}" + ("" if e.weak else "!")  # te.const promotes
 
     def visit_Read(self, e: ex.Read) -> str:
         return f"T{self.tid(e.tensor)}[{self._args(e)}]"
@@ -113,4 +113,5 @@ class _KeyText(ex.ExprVisitor[str]):
 
     def visit_Reduce(self, e: ex.Reduce) -> str:
         axes = ",".join(self.loops[a.uid] for a in e.axes)
-        return f"{e.op}<{axes}>({self.visit(e.body)})"
+        acc = f"@{e.accumulate}" if e.accumulate else ""
+        return f"{e.op}<{axes}>{acc}({self.visit(e.body)})"

@@ -40,6 +40,7 @@ from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
+from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.decision import Decided
@@ -130,6 +131,7 @@ def compile(  # noqa: A001
     inputs, outputs = list(inputs), list(outputs)
     consts = _check_constants(constants or {}, inputs)
     selected = check_passes(passes)
+    check_codegen_dtypes([*inputs, *consts], outputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
