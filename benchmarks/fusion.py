@@ -4,6 +4,10 @@ Usage::
 
     python benchmarks/fusion.py [--only NAMES] [--emulate-scale N] [--no-emulate]
                                 [--json PATH] [--peers PATH] [--arch sm_80] [--seed S]
+    python benchmarks/fusion.py --models [NAMES] [--size full|tiny] [--no-inductor] ...
+
+``--models`` measures whole zoo models instead (launches, functions, layout-only kernels,
+compulsory and intermediate bytes, Inductor's kernel counts): :mod:`fusion_models`.
 
 For every subgraph of :mod:`suite` at full size: primitives, micrographs, kernels, exact global
 bytes (isl footprints of every kernel, ``fn.global_bytes()``), compulsory bytes, their ratio and
@@ -423,6 +427,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--arch", default="sm_80", help="target architecture (default sm_80)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random emulator inputs")
+    ap.add_argument(
+        "--models",
+        nargs="*",
+        metavar="NAME",
+        help="whole zoo models instead of subgraphs (options: fusion_models.py --help)",
+    )
     args = ap.parse_args(argv)
     if args.emulate_scale < 1:
         ap.error("--emulate-scale must be >= 1")
@@ -439,6 +449,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--models" in argv:  # whole zoo models: their own options (fusion_models.py --help)
+        import fusion_models
+
+        return fusion_models.main(argv)
     args = parse_args(argv)
     peers, peers_note = load_peers(args.peers)
     if peers_note:

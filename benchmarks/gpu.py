@@ -30,6 +30,9 @@ cuda-bindings but no islpy (the compiler) and no network. So the benchmark has t
     the whole GPU day in two commands (:mod:`gpu_day`): the cases, a polyfuse wheel and an
     islpy wheel prepared here; ``--run``, ``--overhead``, ``tests/test_gpu.py`` and
     ``--models`` run there under one time budget, one JSON and one table out.
+``python benchmarks/gpu.py --tune [--top N]``
+    (GPU machine with islpy) the cost model's top GEMM tilings of the compute cases, timed
+    (:mod:`gpu_tune`): measured beside modelled µs per candidate.
 ``python benchmarks/gpu.py --models [--size full|tiny] [--out FILE]``
     (GPU machine *with islpy*, e.g. a carried wheel) compiles BERT-base, GPT-2 small,
     ResNet-50 and ViT-B/16 from ``polyfuse.zoo`` for the GPU's arch and runs them beside the
@@ -102,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--overhead", type=Path, metavar="DIR", help="host overhead per call")
     mode.add_argument("--models", action="store_true", help="whole zoo models (needs islpy)")
     mode.add_argument(
+        "--tune", action="store_true", help="time the top GEMM tilings (needs islpy)"
+    )
+    mode.add_argument(
         "--prepare-all", type=Path, metavar="DIR", help="cases + wheels for a GPU day into DIR"
     )
     mode.add_argument(
@@ -113,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--peers", default="eager,inductor,jax", help="comma-separated peers to time")
     p.add_argument("--size", default="full", choices=("full", "tiny"), help="--models size")
     p.add_argument("--model-names", nargs="*", default=list(MODELS), help="--models subset")
+    p.add_argument("--top", type=int, default=6, help="--tune: candidates per micrograph")
     p.add_argument("--python", default="3.12", help="the GPU machine's Python (--prepare-all)")
     p.add_argument("--no-wheels", action="store_true", help="--prepare-all without wheels")
     p.add_argument("--budget-s", type=float, default=540, help="--all: seconds for all steps")
@@ -139,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         day = run_all(args.all, args.out, args.budget_s, args.fake_driver)
         return 0 if all(not s.status.startswith("failed") for s in day.steps) else 1
+    elif args.tune:
+        from gpu_tune import run_tune
+
+        run_tune(args.out or RESULTS / "gpu_tune.json", args.arch, args.top, args.cases)
     elif args.run:
         run(args.run, args.out or RESULTS / "gpu.json", peers, args.cases, args.fake_driver)
     elif args.overhead:

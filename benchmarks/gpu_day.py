@@ -13,7 +13,8 @@ one call under the lease's ten-minute limit.
     time limit cut to what is left of the budget (a step that overruns is stopped and reported;
     the others still run): ``run`` (``--run``: ceilings, then every case checked against
     float64 and timed beside torch eager, torch.compile and JAX), ``overhead``
-    (``--overhead``), ``tests`` (``pytest tests/test_gpu.py``: the runtime against the
+    (``--overhead``), ``tune`` (``--tune``: the top GEMM tilings timed beside their modelled
+    times), ``tests`` (``pytest tests/test_gpu.py``: the runtime against the
     emulator on hardware) and ``models`` (``--models``: whole zoo models). It writes one JSON
     (default ``DIR/results/gpu_day.json``) and prints one table of steps and figures last.
 
@@ -28,9 +29,11 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -78,12 +81,42 @@ class Day:
     run: dict[str, Any] | None = None
     overhead: dict[str, float] | None = None
     models: dict[str, Any] | None = None
+    tune: dict[str, Any] | None = None
 
 
 def _pip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False
     )
+
+
+def _source_tree(dest: Path, root: Path = ROOT) -> Path:
+    """A copy of the project's files (those git tracks, or the tree less build outputs and
+    environments) in ``dest``: the wheel is built from it, so no stale ``build/`` left by an
+    earlier build (a module deleted since) can reach the GPU machine, and the checkout gets
+    no ``build/`` of its own."""
+    tracked = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=False
+    )
+    if tracked.returncode == 0 and tracked.stdout:
+        for rel in tracked.stdout.decode().split("\0"):
+            src = root / rel
+            if rel and src.is_file():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / rel)
+    else:
+        junk = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__")
+        shutil.copytree(root, dest, ignore=junk, dirs_exist_ok=True)
+    return dest
+
+
+def build_wheel(wdir: Path, root: Path = ROOT) -> subprocess.CompletedProcess:
+    """Build the polyfuse wheel of ``root`` into ``wdir`` from a clean copy of its files."""
+    with tempfile.TemporaryDirectory(prefix="polyfuse-wheel-") as tmp:
+        src = _source_tree(Path(tmp) / "src", root)
+        return _pip(
+            "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wdir.resolve()), str(src)
+        )  # fmt: skip
 
 
 def _dir_bytes(directory: Path) -> int:
@@ -107,7 +140,7 @@ def prepare_all(
         wdir = directory / "wheels"
         wdir.mkdir(exist_ok=True)
         print("building the polyfuse wheel ...", flush=True)
-        r = _pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wdir), str(ROOT))
+        r = build_wheel(wdir)
         if r.returncode:
             raise SystemExit(f"pip wheel of polyfuse failed: {r.stderr.strip()[-400:]}")
         version = importlib.metadata.version("islpy")
@@ -209,6 +242,7 @@ def steps_for(directory: Path, results: Path, fake: bool) -> list[Step]:
     steps = [
         Step("run", run + (["--fake-driver"] if fake else []), 300),
         Step("overhead", [*gpu, "--overhead", cases, "--out", str(results / "overhead.json")], 60),
+        Step("tune", [*gpu, "--tune", "--out", str(results / "tune.json")], 150),
         Step("tests", [sys.executable, "-m", "pytest", *PYTEST_ARGS, "tests/test_gpu.py"], 150),
         Step("models", [*gpu, "--models", "--out", str(results / "models.json")], 240),
     ]
@@ -252,6 +286,7 @@ def run_all(
     day.run = _load(results / "run.json")
     day.overhead = _load(results / "overhead.json")
     day.models = _load(results / "models.json")
+    day.tune = _load(results / "tune.json")
     out = out or results / "gpu_day.json"
     out.write_text(json.dumps(asdict(day) | {"notes": notes}, indent=1, default=str))
     print_day(day)
@@ -288,6 +323,20 @@ def print_day(day: Day) -> None:
         print("\n| per-call host time, 4-kernel graph | µs |\n|---|---|")
         for k, v in day.overhead.items():
             print(f"| {k} | {v:.1f} |")
+    if day.tune:
+        print("\n| case | micrograph | tile (BM, BN, TM, TN, TK) | modelled µs | measured µs |")
+        print("|---" * 5 + "|")
+        for case, found in day.tune.get("cases", {}).items():
+            if isinstance(found, dict):
+                print(f"| {case} | error: {found.get('error', '')[:80]} | | | |")
+                continue
+            for t in found:
+                for i, c in enumerate(t["candidates"]):
+                    star = " (winner)" if i == t["winner"] else ""
+                    print(
+                        f"| {case} | {t['micrograph']} | {tuple(c['tile'])}{star} | "
+                        f"{_f(c['modelled_us'], 1)} | {_f(c['measured_us'], 1)} |"
+                    )
     if day.models:
         print("\n| model | kernels | polyfuse ms | eager | inductor | rel_err | error |")
         print("|---" * 7 + "|")

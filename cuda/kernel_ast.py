@@ -405,6 +405,8 @@ class Kernel:
     static_shared_bytes: int | None = None
     bytes_read: int = 0  # distinct global bytes (isl footprint)
     bytes_written: int = 0
+    #: those bytes per global tensor: (read, written); they sum to bytes_read, bytes_written
+    tensor_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     vector_bytes: int = 0  # of those bytes, moved by 128-bit accesses (isl footprints)
     #: The ``__global__`` function that runs this kernel (shared by structurally identical

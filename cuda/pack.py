@@ -94,9 +94,20 @@ def pack_kernels(
         source=source,
         bytes_read=sum(k.bytes_read for k in parts),
         bytes_written=sum(k.bytes_written for k in parts),
+        tensor_bytes=_summed([k.tensor_bytes for k in parts]),
         notes=notes,
         vector_bytes=sum(k.vector_bytes for k in parts),
     )
+
+
+def _summed(per_part: list[dict[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """Per tensor, the parts' (read, written) bytes added up."""
+    out: dict[str, tuple[int, int]] = {}
+    for tb in per_part:
+        for t, (r, w) in tb.items():
+            r0, w0 = out.get(t, (0, 0))
+            out[t] = (r0 + r, w0 + w)
+    return out
 
 
 def pack_parts(packed: Kernel) -> list[str]:

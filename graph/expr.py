@@ -6,6 +6,9 @@ nodes; reads of other tensors are :class:`Read` nodes whose subscripts must be a
 iteration variables (this is what lets isl model them). A reduction (:class:`Reduce`) is only
 ever the outermost node of a body: ``polyfuse.te.compute`` splits nested reductions into
 compute tensors of their own, so every primitive is one loop nest.
+
+Every node has a dtype, given by the typing rules of :mod:`polyfuse.graph.dtypes` (promotion,
+weak Python numbers, true division, reductions and their accumulators).
 """
 
 from __future__ import annotations
@@ -18,22 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import DtypeError, ExpressionError
+from polyfuse.errors import ExpressionError
+from polyfuse.graph import dtypes as dt
+from polyfuse.graph.dtypes import check_dtype
 from polyfuse.visitor import R, Visitor
 
-SUPPORTED_DTYPES = ("float32",)
-KNOWN_DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+#: Every dtype a tensor or expression may have (code generation: see cuda/lower_dtypes.py).
+KNOWN_DTYPES = tuple(dt.DTYPES)
+
+__all__ = ["KNOWN_DTYPES", "check_dtype"]  # re-exported for polyfuse.te
 
 _ids = itertools.count()
-
-
-def check_dtype(dtype: str, what: str) -> str:
-    """Validate a tensor dtype; float32 is what every back end supports today."""
-    if dtype not in KNOWN_DTYPES:
-        raise DtypeError(f"{what}: unknown dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
-    if dtype not in SUPPORTED_DTYPES:
-        raise DtypeError(f"{what}: dtype '{dtype}' is not supported yet; use float32")
-    return dtype
 
 
 def _operator(node: str, op: str, reflected: bool = False) -> Callable[[Expr, Any], Expr]:
@@ -119,6 +117,14 @@ def float32_value(v: float | int) -> float:
         return float(np.float32(d))
 
 
+def float64_value(v: float | int | bool) -> float:
+    """``v`` as a double (an int beyond the double range is ±inf)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
 def int_dtype(v: int) -> str:
     """The integer dtype of a Python int: int32 when it fits, else int64 (a value beyond int64
     also says int64; ``te.compute`` rejects it unless a float operand made it a float)."""
@@ -128,10 +134,14 @@ def int_dtype(v: int) -> str:
 @dataclass(eq=False, repr=False)
 class Const(Expr):
     """A constant in its dtype: a float32 constant means its float32 value (``1e39`` is inf,
-    ``1e-50`` is 0), an integer constant an int32 or int64."""
+    ``1e-50`` is 0), an integer constant an int32 or int64.
+
+    ``weak``: a Python number (``x * 2.5``), which takes the dtype of the value beside it
+    (:func:`polyfuse.graph.dtypes.promote_weak`); ``te.const(v, dtype)`` is not weak."""
 
     value: float | int | bool
     dtype: str = "float32"
+    weak: bool = True
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -165,9 +175,13 @@ class Unary(Expr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return (
-            "bool" if self.op == "not" else self.a.dtype if self.op in ("neg", "abs") else "float32"
-        )
+        """``not`` gives bool, ``-x`` and ``abs`` keep the dtype, math keeps a float dtype
+        and gives float32 for an integer or bool operand."""
+        if self.op == "not":
+            return "bool"
+        if self.op in ("neg", "abs") or dt.is_float(self.a.dtype):
+            return self.a.dtype
+        return dt.DEFAULT_FLOAT
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a,)
@@ -176,26 +190,39 @@ class Unary(Expr):
         return f"-({self.a!r})" if self.op == "neg" else f"{self.op}({self.a!r})"
 
 
+def _is_weak(e: Expr) -> bool:
+    return isinstance(e, Const) and e.weak
+
+
 def _join_dtype(a: Expr, b: Expr) -> str:
-    for dtype in ("float32", "int64", "int32"):
-        if dtype in (a.dtype, b.dtype):
-            return dtype
-    return a.dtype
+    """The promoted dtype of two operands (:mod:`polyfuse.graph.dtypes`), a Python number
+    taking the other operand's dtype where its category allows."""
+    if _is_weak(a) != _is_weak(b):
+        strong, weak = (b, a) if _is_weak(a) else (a, b)
+        return dt.promote_weak(strong.dtype, weak.dtype)
+    return dt.promote(a.dtype, b.dtype)
 
 
 def _weak(c: Expr, other: Expr) -> Expr:
-    """NumPy-like promotion of a wide integer constant beside a float operand: a Python int
-    that does not fit int32 takes the float's dtype (``x * 10**20`` is ``x * 1e20f``, as numpy
-    computes ``float32 array * 10**20``); beside integers it stays int64."""
-    if isinstance(c, Const) and c.dtype == "int64" and other.dtype == "float32":
+    """A Python number beside a float operand, retyped where its own dtype would lose what the
+    other computes in: an int that does not fit int32 takes the float's dtype (``x * 10**20``
+    is ``x * 1e20f``, as numpy computes ``float32 array * 10**20``; beside integers it stays
+    int64), and a number beside float64 is a float64 constant (``x_f64 * 0.1`` multiplies by
+    the double 0.1). Beside float16/bfloat16 a float stays float32, the precision the product
+    is computed in (as torch's ``opmath``)."""
+    if not _is_weak(c) or not dt.is_float(other.dtype):
+        return c
+    if other.dtype == "float64" and not _is_weak(other) and c.dtype != "float64":
+        return Const(float64_value(c.value), "float64")
+    if c.dtype == "int64":
         return Const(float32_value(c.value), "float32")
     return c
 
 
 @dataclass(eq=False, repr=False)
 class Binary(Expr):
-    """``a op b``. ``div`` is true division (float32 even for integer operands, as in Python
-    and numpy); ``floordiv`` and ``mod`` are Python's floor division and modulo."""
+    """``a op b``. ``div`` is true division (float32 for integer operands, as torch);
+    ``floordiv`` and ``mod`` are Python's floor division and modulo."""
 
     op: str
     a: Expr
@@ -206,7 +233,10 @@ class Binary(Expr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return "float32" if self.op == "div" else _join_dtype(self.a, self.b)
+        joined = _join_dtype(self.a, self.b)
+        if self.op == "div":  # true division: float32 for integers (as true_divide_dtype)
+            return joined if dt.is_float(joined) else dt.DEFAULT_FLOAT
+        return joined
 
     def children(self) -> tuple[Expr, ...]:
         return (self.a, self.b)
@@ -303,15 +333,25 @@ class DataIndex(Expr):
 
 @dataclass(eq=False, repr=False)
 class Reduce(Expr):
-    """A reduction of ``body`` over ``axes``; only valid as the outermost node of a body."""
+    """A reduction of ``body`` over ``axes``; only valid as the outermost node of a body.
+
+    ``accumulate``: the dtype partial results are kept in, None for the default
+    (:func:`polyfuse.graph.dtypes.accumulate_dtype`: float32 for half-precision bodies); the
+    result is rounded to :attr:`dtype` once at the end."""
 
     op: str
     body: Expr
     axes: tuple[IterVar, ...]
+    accumulate: str | None = None
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return self.body.dtype
+        return dt.reduce_dtype(self.op, self.body.dtype)
+
+    @property
+    def accumulate_dtype(self) -> str:
+        """The accumulator's dtype: ``accumulate`` or the default for the body's dtype."""
+        return self.accumulate or dt.accumulate_dtype(self.op, self.body.dtype)
 
     def children(self) -> tuple[Expr, ...]:
         return (self.body,)
@@ -324,8 +364,8 @@ def as_expr(v: Any) -> Expr:
     """Turn a Python number (or an Expr) into an Expr."""
     if isinstance(v, Expr):
         return v
-    if isinstance(v, bool):
-        return Const(v, "bool")
+    if isinstance(v, bool | np.bool_):
+        return Const(bool(v), "bool")
     if isinstance(v, int):
         return Const(v, int_dtype(v))
     if isinstance(v, float):
@@ -370,7 +410,7 @@ _REBUILD: dict[type, Callable[[Any, tuple[Expr, ...]], Expr]] = {
     Select: lambda e, k: Select(*k),
     Cast: lambda e, k: Cast(k[0], e.dtype),
     DataIndex: lambda e, k: DataIndex(k[0]),
-    Reduce: lambda e, k: Reduce(e.op, k[0], e.axes),
+    Reduce: lambda e, k: Reduce(e.op, k[0], e.axes, e.accumulate),
 }
 
 

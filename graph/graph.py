@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import islpy as isl
 import networkx as nx
+import numpy as np
 
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.access import PrimitiveRelations, isl_ident, primitive_relations
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.kinds import AccessKind, OpKind, access_kind, op_kind
+
+if TYPE_CHECKING:
+    from polyfuse.graph.passes.record import PassRecord
 
 
 @dataclass(eq=False)
@@ -42,7 +47,18 @@ class Primitive:
             for (r, _), k in zip(self.relations.reads, self.access_kinds, strict=True)
         )
         tag = f" [{self.composite}]" if self.composite else ""
-        return f"{self.name}{list(t.shape)} {self.kind.value}{tag} <- {reads or '-'}"
+        head = f"{self.name}{list(t.shape)}{self._dtype_note()}"
+        return f"{head} {self.kind.value}{tag} <- {reads or '-'}"
+
+    def _dtype_note(self) -> str:
+        """`` float16 (accumulate float32)``: the dtype when not float32, and a reduction's
+        accumulator when it differs from the result's dtype or was given (``accumulate=``)."""
+        t = self.tensor
+        note = f" {t.dtype}" if t.dtype != "float32" else ""
+        red = t.op.reduce if t.op is not None else None
+        if red is not None and (red.accumulate is not None or red.accumulate_dtype != red.dtype):
+            note += f" (accumulate {red.accumulate_dtype})"
+        return note
 
 
 @dataclass(eq=False)
@@ -57,6 +73,10 @@ class Graph:
     ctx: isl.Context = field(repr=False, default=None)  # type: ignore[assignment]
     #: Parsed isl templates shared by the stages of one compile (identical layers parse once).
     isl_memo: dict = field(repr=False, default_factory=dict)
+    #: Placeholders bound to fixed arrays (weights), by tensor uid; they are among ``inputs``.
+    constants: dict[int, np.ndarray] = field(repr=False, default_factory=dict)
+    #: What the graph passes (graph/passes/) did to this graph, in order.
+    pass_records: list[PassRecord] = field(repr=False, default_factory=list)
 
     def ident(self, t: Tensor) -> str:
         return self.idents[t.uid]
@@ -73,6 +93,10 @@ class Graph:
     def is_output(self, t: Tensor) -> bool:
         return any(o.uid == t.uid for o in self.outputs)
 
+    def is_constant(self, t: Tensor) -> bool:
+        """Whether ``t`` is a placeholder bound to a fixed array (``compile(constants=)``)."""
+        return t.uid in self.constants
+
     def add(self, tensor: Tensor) -> str:
         """Add a new compute primitive (its inputs must be in the graph); returns its name."""
         base = isl_ident(tensor.name)
@@ -87,7 +111,7 @@ class Graph:
     def replace(self, name: str, tensor: Tensor) -> None:
         """Swap primitive ``name`` for ``tensor`` (same uid/identifier, e.g. after inlining);
         its relations, kinds and incoming edges are rebuilt."""
-        self.prims[name] = _primitive(tensor, self.idents, self.ctx)
+        self.prims[name] = primitive(tensor, self.idents, self.ctx)
         for src in list(self.dag.predecessors(name)) if name in self.dag else []:
             self.dag.remove_edge(src, name)
         assert tensor.op is not None
@@ -110,7 +134,7 @@ class Graph:
         return "\n".join(lines)
 
 
-def _primitive(
+def primitive(
     t: Tensor, idents: dict[int, str], ctx: isl.Context, memo: dict | None = None
 ) -> Primitive:
     """The primitive computing ``t``. ``memo`` (one per graph build) lets the repeated ops of
@@ -135,9 +159,15 @@ def _anonymous(m: isl.Map) -> str:
 
 
 def build_graph(
-    inputs: list[Tensor], outputs: list[Tensor], ctx: isl.Context | None = None
+    inputs: list[Tensor],
+    outputs: list[Tensor],
+    ctx: isl.Context | None = None,
+    constants: dict[Tensor, np.ndarray] | None = None,
 ) -> Graph:
-    """Collect the primitives that ``outputs`` depend on and classify each by isl."""
+    """Collect the primitives that ``outputs`` depend on and classify each by isl.
+
+    ``constants``: placeholders among ``inputs`` bound to fixed arrays (weights); the graph
+    passes may fold computations on them."""
     ctx = ctx or isl.Context()
     if not outputs:
         raise ExpressionError("compile: give at least one output tensor")
@@ -193,11 +223,14 @@ def build_graph(
     prims: dict[str, Primitive] = {}
     memo: dict = {}
     for t in sorted(computes.values(), key=lambda t: t.uid):
-        prims[idents[t.uid]] = _primitive(t, idents, ctx, memo)
+        prims[idents[t.uid]] = primitive(t, idents, ctx, memo)
         dag.add_node(idents[t.uid])
     for name, p in prims.items():
         assert p.tensor.op is not None
         for src in p.tensor.op.inputs():
             if not src.is_placeholder:
                 dag.add_edge(idents[src.uid], name, tensor=idents[src.uid])
-    return Graph(list(inputs), list(outputs), prims, dag, idents, ctx)
+    bound = {t.uid: a for t, a in (constants or {}).items()}
+    if not set(bound) <= input_ids:
+        raise ExpressionError("compile: every constant must also be listed in inputs")
+    return Graph(list(inputs), list(outputs), prims, dag, idents, ctx, constants=bound)

@@ -63,14 +63,25 @@ def structural_key(graph: Graph, prims: list[str], salt: str = "") -> Structural
     return StructuralKey(digest, tuple(idents))
 
 
-def _expr(e: ex.Expr, loops: dict[int, str], tid: Callable[[ex.Tensor], int]) -> str:
+def compute_text(t: ex.Tensor, tid: Callable[[ex.Tensor], object]) -> str:
+    """What compute ``t`` computes, as text: shape, dtype, loop ranges and body with loop
+    variables by position and each tensor read as ``T<tid(tensor)>``. Two computes with the
+    same text and the same ``tid`` of their inputs compute the same values (CSE's key)."""
+    assert t.op is not None
+    loops = {a.uid: f"a{i}" for i, a in enumerate(t.op.axes)}
+    loops.update({a.uid: f"k{i}" for i, a in enumerate(t.op.reduce_axes)})
+    ranges = [(a.lo, a.hi) for a in t.op.axes + t.op.reduce_axes]
+    return f"{t.shape}{t.dtype}{ranges}={_expr(t.op.body, loops, tid)}"
+
+
+def _expr(e: ex.Expr, loops: dict[int, str], tid: Callable[[ex.Tensor], object]) -> str:
     return _KeyText(loops, tid).visit(e)
 
 
 class _KeyText(ex.ExprVisitor[str]):
     """An expression as key text: loop variables by position, tensors by first appearance."""
 
-    def __init__(self, loops: dict[int, str], tid: Callable[[ex.Tensor], int]) -> None:
+    def __init__(self, loops: dict[int, str], tid: Callable[[ex.Tensor], object]) -> None:
         self.loops = loops
         self.tid = tid
 
@@ -81,7 +92,7 @@ class _KeyText(ex.ExprVisitor[str]):
         return self.loops.get(e.uid, "?")
 
     def visit_Const(self, e: ex.Const) -> str:
-        return f"{e.dtype}:{e.value!r}"
+        return f"{e.dtype}:{e.value!r}" + ("" if e.weak else "!")  # te.const promotes
 
     def visit_Read(self, e: ex.Read) -> str:
         return f"T{self.tid(e.tensor)}[{self._args(e)}]"
@@ -102,4 +113,5 @@ class _KeyText(ex.ExprVisitor[str]):
 
     def visit_Reduce(self, e: ex.Reduce) -> str:
         axes = ",".join(self.loops[a.uid] for a in e.axes)
-        return f"{e.op}<{axes}>({self.visit(e.body)})"
+        acc = f"@{e.accumulate}" if e.accumulate else ""
+        return f"{e.op}<{axes}>{acc}({self.visit(e.body)})"

@@ -161,6 +161,20 @@ def _thread_footprint(
     return _Footprint(index_vars, [reg_shape[k] for k in dep], element, elem.params(), inside)
 
 
+def _refusal(size: int, reads: int, accumulators: int, used: int, per: str) -> str | None:
+    """Why a fragment of ``size`` floats read ``reads`` times is not kept in registers (no
+    reuse, or over the budget beside ``accumulators`` and the ``used`` fragment floats), or
+    None when it is."""
+    if size >= reads:
+        return f"each of its {size} elements {per} is read once: no reuse"
+    if not fits_register_fragments(accumulators, used + size):
+        return (
+            f"{accumulators} accumulators + {used + size} fragment floats exceed the "
+            f"{GEMM_REGISTER_ARRAY_FLOATS}-float register budget"
+        )
+    return None
+
+
 def register_fragments(
     update: Statement,
     schedule_map: isl.UnionMap,
@@ -189,17 +203,9 @@ def register_fragments(
             notes.append(f"{tensor}: no register fragment ({fp})")
             continue
         size = math.prod(fp.shape)
-        if size >= reads:
-            notes.append(
-                f"{tensor}: no register fragment (each of its {size} elements per kk "
-                "step is read once by the micro-tile: no reuse)"
-            )
-            continue
-        if not fits_register_fragments(accumulators, used + size):
-            notes.append(
-                f"{tensor}: no register fragment ({accumulators} accumulators + {used + size} "
-                f"fragment floats exceed the {GEMM_REGISTER_ARRAY_FLOATS}-float register budget)"
-            )
+        refused = _refusal(size, reads, accumulators, used, "per kk step")
+        if refused:
+            notes.append(f"{tensor}: no register fragment ({refused})")
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"
@@ -257,14 +263,9 @@ def hoisted_fragments(
             continue
         size = math.prod(fp.shape)
         reads = instances * k_steps
-        if size >= reads:
-            why[tensor] = f"each of its {size} elements per thread is read once: no reuse"
-            continue
-        if not fits_register_fragments(accumulators, used + size):
-            why[tensor] = (
-                f"{accumulators} accumulators + {used + size} fragment floats exceed the "
-                f"{GEMM_REGISTER_ARRAY_FLOATS}-float register budget"
-            )
+        refused = _refusal(size, reads, accumulators, used, "per thread")
+        if refused:
+            why[tensor] = refused
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"

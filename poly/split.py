@@ -272,12 +272,14 @@ def two_stage(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
     guarded = Select(Compare("lt", q, Const(total, "int32")), body, Const(_IDENTITY[red.op]))
     # p goes first so the innermost kept dimension (the contiguous one of an x-reduce) stays last
     partial = Tensor((chunks,) + t.shape, t.dtype, f"{t.name}_partial")
-    partial.op = ComputeOp((p,) + axes, Reduce(red.op, guarded, (c,)), t.op.tag)
+    partial.op = ComputeOp((p,) + axes, Reduce(red.op, guarded, (c,), red.accumulate), t.op.tag)
     k = IterVar("k", 0, chunks, "reduce")
     final_axes = tuple(IterVar(a.name, a.lo, a.hi, "data") for a in t.op.axes)
     final = Tensor(t.shape, t.dtype, t.name, uid=t.uid)
     final.op = ComputeOp(
-        final_axes, Reduce(red.op, Read(partial, (k,) + final_axes), (k,)), t.op.tag
+        final_axes,
+        Reduce(red.op, Read(partial, (k,) + final_axes), (k,), red.accumulate),
+        t.op.tag,
     )
     return partial, final
 

@@ -52,7 +52,7 @@ from polyfuse.batch_progress import Progress
 from polyfuse.batch_ray import RAY_EPILOG
 from polyfuse.batch_report import format_table, summary
 from polyfuse.batch_task import ModelReport, Task, compile_task, resolve_tasks
-from polyfuse.cli_common import add_common, positive_int, write_json
+from polyfuse.cli_common import add_arch, add_common, positive_int, write_json
 from polyfuse.errors import PolyfuseError
 from polyfuse.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.shapes_arg import add_shapes_argument, check_shapes_apply, parse_shapes
@@ -79,7 +79,6 @@ def default_cache_dir() -> str:
 
 def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``polyfuse zoo`` on the ``polyfuse`` subparsers ``sub``."""
-    from polyfuse.driver import SUPPORTED_ARCHS
     from polyfuse.zoo import MODELS
 
     p = sub.add_parser(
@@ -127,12 +126,7 @@ def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:
         help="with --executor ray: the Ray cluster to connect to (HOST:PORT of the head, "
         "ray://HOST:10001, or auto); default $RAY_ADDRESS, else a private local Ray",
     )
-    p.add_argument(
-        "--arch",
-        default="sm_80",
-        choices=SUPPORTED_ARCHS,
-        help="GPU architecture to compile for (default: sm_80)",
-    )
+    add_arch(p)
     p.add_argument(
         "--cache-dir",
         metavar="DIR",

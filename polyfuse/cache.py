@@ -34,11 +34,12 @@ from polyfuse.stitch.plan import KernelPlan
 from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 8  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 9  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 # 6: kernel facts (polyfuse.cuda.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
-# 8: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
+# 8: the global bytes per tensor (Kernel.tensor_bytes)
+# 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
@@ -50,6 +51,7 @@ KERNEL_FIELDS = (
         "facts",
         "bytes_read",
         "bytes_written",
+        "tensor_bytes",
         "notes",
         "placements",
         "recomputes",
@@ -194,6 +196,7 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "bytes_read": kernel.bytes_read,
         "bytes_written": kernel.bytes_written,
         "vector_bytes": kernel.vector_bytes,
+        "tensor_bytes": {rename(t, canon): list(rw) for t, rw in kernel.tensor_bytes.items()},
         "notes": [rename(n, canon) for n in kernel.notes],
         "placements": [
             [
@@ -257,6 +260,7 @@ def kernel_from_entry(
         bytes_read=entry["bytes_read"],
         bytes_written=entry["bytes_written"],
         vector_bytes=entry.get("vector_bytes", 0),
+        tensor_bytes={rename(t, back): (r, w) for t, (r, w) in entry["tensor_bytes"].items()},
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
         canonical=entry["source"],
     )

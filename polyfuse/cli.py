@@ -25,8 +25,14 @@ from typing import TextIO
 import numpy as np
 
 import polyfuse
-from polyfuse.cli_common import ArgumentParser, add_common, cli_logging, json_stdout, write_json
-from polyfuse.driver import SUPPORTED_ARCHS
+from polyfuse.cli_common import (
+    ArgumentParser,
+    add_arch,
+    add_common,
+    cli_logging,
+    json_stdout,
+    write_json,
+)
 from polyfuse.errors import CompilerNotFound, PolyfuseError, RaceError
 from polyfuse.examples import EXAMPLES, Example, max_error, random_inputs
 
@@ -89,12 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_OUT,
         help=f"folder for the generated .cu files (default: ./{DEFAULT_OUT})",
     )
-    demo.add_argument(
-        "--arch",
-        default="sm_80",
-        choices=SUPPORTED_ARCHS,
-        help="GPU architecture to compile for (default: sm_80)",
-    )
+    add_arch(demo)
     demo.add_argument(
         "--only",
         nargs="+",

@@ -5,7 +5,8 @@
   :func:`non_negative_int`), never a traceback;
 * ``-q/--quiet`` (no progress, warnings and errors only) and ``-v/--verbose`` (repeatable: INFO,
   then DEBUG logging of the ``polyfuse`` loggers; the traceback behind an error) on every verb;
-* ``--size {tiny,full}`` on every verb that loads a model;
+* ``--size {tiny,full}`` on every verb that loads a model; ``--arch`` on every verb that
+  compiles;
 * ``--json PATH`` on every verb with a report; ``--json -`` writes the JSON to stdout and
   *nothing else*: while the verb runs, whatever it would print on stdout goes to stderr
   (:func:`json_stdout`), and :func:`write_json` writes the document to the real stdout.
@@ -26,6 +27,7 @@ from typing import Any, NoReturn, TextIO
 __all__ = [
     "SIZES",
     "ArgumentParser",
+    "add_arch",
     "add_common",
     "add_json",
     "add_size",
@@ -87,6 +89,18 @@ def add_size(p: argparse.ArgumentParser, *, tiny_alias: bool = False) -> None:
             const="tiny",
             help="deprecated: the same as --size tiny",
         )
+
+
+def add_arch(p: argparse.ArgumentParser) -> None:
+    """``--arch``: the GPU architecture a verb compiles for (one of the supported ones)."""
+    from polyfuse.cuda.compiler import SUPPORTED_ARCHS
+
+    p.add_argument(
+        "--arch",
+        default="sm_80",
+        choices=SUPPORTED_ARCHS,
+        help="GPU architecture to compile for (default: sm_80)",
+    )
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "the report") -> None:

@@ -40,6 +40,7 @@ from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
+from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.decision import Decided
@@ -47,6 +48,7 @@ from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
+from polyfuse.graph.passes import check_passes, run_passes
 from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
 from polyfuse.poly.cost import ReductionConfig
@@ -64,6 +66,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.reference import evaluate
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.parallel import PackDecision, stitch_parallel
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
@@ -104,6 +107,7 @@ def compile(  # noqa: A001
     constants: dict[Tensor, np.ndarray] | None = None,
     cache: CompileCache | None = None,
     name: str = "graph",
+    passes: bool | Sequence[str] = True,
 ) -> CompiledGraph:
     """Compile the graph from ``inputs`` to ``outputs`` into CUDA kernels.
 
@@ -116,6 +120,9 @@ def compile(  # noqa: A001
     :class:`polyfuse.cache.CompileCache`, e.g. ``CompileCache.default()``) keeps schedules,
     stitch decisions and kernels by structural key across compiles; without one, identical
     layers are still scheduled and generated once per compile. ``fn.cache_stats`` has the hits.
+    ``passes`` selects the graph passes run before partitioning (graph/passes/: CSE, constant
+    and batch-norm folding, simplification, dead code): True all, False none, or a list of
+    names; ``print(fn.plan)`` lists what they did.
     """
     if arch not in SUPPORTED_ARCHS:
         raise ExpressionError(
@@ -123,14 +130,19 @@ def compile(  # noqa: A001
         )
     inputs, outputs = list(inputs), list(outputs)
     consts = _check_constants(constants or {}, inputs)
+    selected = check_passes(passes)
+    check_codegen_dtypes([*inputs, *consts], outputs)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
-    graph = build_graph(inputs + list(consts), outputs, ctx)
+    graph = build_graph(inputs + list(consts), outputs, ctx, constants=consts)
+    t1 = time.perf_counter()
+    graph = run_passes(graph, selected, evaluate=_evaluate)
+    times["passes"] = time.perf_counter() - t1
     device = device_for_arch(arch)
     splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)
     graph_notes = split_long_reductions(graph, device, ReductionConfig(), splits) if stitch else []
-    times["graph"] = time.perf_counter() - t0
+    times["graph"] = time.perf_counter() - t0 - times["passes"]
 
     cache = cache if cache is not None else CompileCache()
     hits0, misses0 = cache.hits, cache.misses
@@ -255,12 +267,17 @@ def compile(  # noqa: A001
         buffers,
         plan,
         graph.idents,
-        {graph.ident(t): a for t, a in consts.items()},
+        {graph.idents[u]: a for u, a in graph.constants.items()},
     )
     fn.cache_stats = {"hits": cache.hits - hits0, "misses": cache.misses - misses0}
     if check_cuda:
         fn.check_cuda(arch, required=check_cuda is True)
     return fn
+
+
+def _evaluate(t: Tensor, feeds) -> np.ndarray:
+    """A constant primitive's value for the graph passes, by ``polyfuse.reference``."""
+    return evaluate([t], feeds)[0]
 
 
 def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> ScheduledMicrograph:
@@ -347,6 +364,9 @@ def _lower(
         notes=[*kernel.notes, *notes],
         bytes_read=sum(fp.reads.values()),
         bytes_written=sum(fp.writes.values()),
+        tensor_bytes={
+            t: (fp.reads.get(t, 0), fp.writes.get(t, 0)) for t in sorted({*fp.reads, *fp.writes})
+        },
     )
     if (vp := vector_plan(mm, pl)) is not None:  # float4 traffic, for the kernel time model
         vector = sum(fp.reads.get(t, 0) for t in vp.loads)

@@ -19,6 +19,11 @@ class DtypeError(PolyfuseError, TypeError):
     """A dtype is unknown or not supported."""
 
 
+class UnsupportedDtypeError(DtypeError):
+    """A valid dtype that code generation cannot handle yet (``polyfuse.compile`` of a graph
+    with a float16 tensor); ``polyfuse.reference.evaluate`` still runs it."""
+
+
 class UnsupportedOpError(PolyfuseError):
     """An operator or operator configuration polyfuse cannot compile."""
 

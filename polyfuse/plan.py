@@ -74,6 +74,10 @@ class Plan:
         out = [f"== polyfuse plan: {self.name} =="]
         if self.device:
             out.append(f"cost-model device: {self.device}")
+        if g.pass_records:
+            summary = [r for r in g.pass_records if r.action == "summary"]
+            out.append("graph passes" + (f" ({summary[-1].reason}):" if summary else ":"))
+            out += [f"  {r}" for r in g.pass_records if r.action != "summary"] or ["  (nothing)"]
         out.append(f"primitives ({len(g.prims)}):")
         out += [f"  {g.prims[n]}" for n in g.topo_order()]
         out += [f"  rewrite: {r}" for r in self.rewrites]

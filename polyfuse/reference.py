@@ -13,15 +13,30 @@ How a compute is evaluated
     while an out-of-range read at a point that does use it raises
     :class:`~polyfuse.errors.ExpressionError` (the graph is wrong).
 
-Precision
-    Arithmetic inside one compute body is done in float64; every tensor (inputs and each
-    compute's result) is rounded to float32, the storage type, before it is read by the next
-    compute. A float constant is its float32 value (``1e39`` is inf, ``1e-50`` is 0), as in
-    the kernel. Results are returned as float32 arrays. Integer expressions (loop variables,
-    subscripts, ``te.cast(..., "int32")``) follow Python: ``/`` is true division (a float
-    even for ints), ``//`` and ``%`` are floor division and its remainder (isl's ``floor`` and
-    ``mod`` for a positive divisor); a cast to int truncates. ``te.maximum``/``te.minimum``
-    propagate NaN like numpy.
+Precision (``precision="storage"``, the default)
+    Every dtype of :mod:`polyfuse.graph.dtypes` is computed faithfully to its storage.
+    Arithmetic inside one compute body is done in float64 (float values) or int64 (integer
+    values), at least as precise as any kernel; every tensor (inputs and each compute's
+    result) is rounded to its dtype before the next compute reads it, so a float16 compute
+    loses what float16 storage loses (``ml_dtypes`` gives bfloat16), an int32 one wraps. An
+    explicit ``te.cast`` rounds the same way. A reduction accumulates in its accumulator's
+    dtype (``Reduce.accumulate_dtype``): a float32 or float64 accumulator is computed in
+    float64, a half-precision one (``accumulate="float16"``) adds the values one by one in
+    the reduction order, rounding the running sum to float16 after each step, as a serial
+    loop would. A float constant is its value in its dtype (a float32 ``1e39`` is inf, ``1e-50``
+    is 0), as in the kernel. Results are numpy arrays of each output's dtype (float32 arrays
+    for float32 tensors). Integer expressions (loop variables, subscripts,
+    ``te.cast(..., "int32")``) follow Python: ``/`` is true division (a float even for ints),
+    ``//`` and ``%`` are floor division and its remainder (isl's ``floor`` and ``mod`` for a
+    positive divisor); a cast to int truncates. ``te.maximum``/``te.minimum`` propagate NaN
+    like numpy.
+
+Precision ``"float64"``: the oracle
+    Inputs are still the values of their dtype (a float16 input holds float16 values), but
+    every float tensor, cast and accumulator after them is kept in float64: the exact answer
+    the graph approximates, which results of any precision are compared with under
+    :func:`polyfuse.graph.dtypes.tolerance`. Float results come back as float64 arrays;
+    integer and bool results are the same as in storage mode.
 
 Memory
     A compute whose iteration space (data axes times reduction axes) exceeds
@@ -40,9 +55,14 @@ from typing import Any
 import numpy as np
 
 from polyfuse.errors import CallError, ExpressionError
+from polyfuse.graph import dtypes as dt
 from polyfuse.graph import expr as ex
+from polyfuse.graph.dtypes import tolerance
 
-__all__ = ["CHUNK_ELEMENTS", "evaluate"]
+__all__ = ["CHUNK_ELEMENTS", "PRECISIONS", "evaluate", "tolerance"]
+
+#: ``evaluate(precision=...)``: round to each dtype, or the float64 oracle.
+PRECISIONS = ("storage", "float64")
 
 #: Largest number of iteration points (data x reduction) evaluated in one vectorised block.
 CHUNK_ELEMENTS = 1 << 22
@@ -51,16 +71,23 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 def evaluate(
-    outputs: Sequence[ex.Tensor] | ex.Tensor, feeds: Mapping[ex.Tensor | str, Any]
+    outputs: Sequence[ex.Tensor] | ex.Tensor,
+    feeds: Mapping[ex.Tensor | str, Any],
+    *,
+    precision: str = "storage",
 ) -> list[np.ndarray]:
     """Evaluate ``outputs`` of a te graph with numpy.
 
     ``feeds`` maps every placeholder the outputs depend on (as the :class:`Tensor` or by its
-    name) to an array of exactly its shape; values are converted to float32. Extra feeds are
-    ignored. Returns one float32 array per output, in order (a single Tensor gives a list of
-    one). Raises :class:`~polyfuse.errors.CallError` for a missing, mis-shaped or non-numeric
-    feed, naming the tensor.
+    name) to an array of exactly its shape; values are converted to the placeholder's dtype
+    (an integer or bool input takes integer or bool arrays only). Extra feeds are ignored.
+    Returns one array per output, in order (a single Tensor gives a list of one), of the
+    output's dtype, or float64 for float outputs with ``precision="float64"`` (see the module
+    docstring). Raises :class:`~polyfuse.errors.CallError` for a missing, mis-shaped or
+    non-numeric feed, naming the tensor.
     """
+    if precision not in PRECISIONS:
+        raise CallError(f"evaluate: precision '{precision}'; use one of {', '.join(PRECISIONS)}")
     outs = [outputs] if isinstance(outputs, ex.Tensor) else list(outputs)
     for t in outs:
         if not isinstance(t, ex.Tensor):
@@ -80,12 +107,49 @@ def evaluate(
         for t in order:
             if t.op is None:
                 continue
-            values[t.uid] = _eval_compute(t, values)
+            values[t.uid] = _eval_compute(t, values, precision)
             for s in t.op.inputs():
                 uses[s.uid] -= 1
                 if uses[s.uid] == 0 and s.uid not in keep:
                     del values[s.uid]
-    return [values[t.uid].astype(np.float32) for t in outs]
+    return [_result(values[t.uid], t.dtype, precision) for t in outs]
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def _store(x: Any, dtype: str, precision: str) -> np.ndarray:
+    """``x`` as a value of ``dtype`` in the evaluator's working form: float values rounded to
+    ``dtype`` (to float64 only, in the oracle) and held as float64, integers wrapped to
+    ``dtype`` and held as int64 (truncated toward zero from a float), bools as bool."""
+    a = np.asarray(x)
+    info = dt.DTYPES[dtype]
+    if info.kind == "b":
+        return a != 0 if a.dtype.kind != "b" else a
+    if info.kind == "i":
+        if a.dtype.kind not in "biu":  # as CUDA's cvt.rzi: toward zero, saturated, NaN is 0
+            lim = np.iinfo(info.numpy)
+            a = np.clip(np.nan_to_num(np.trunc(a.astype(np.float64)), nan=0.0), lim.min, lim.max)
+            with np.errstate(invalid="ignore"):
+                return np.where(a >= 2.0**63, np.int64(lim.max), a.astype(np.int64))
+        return a.astype(info.numpy).astype(np.int64)
+    if precision == "float64":
+        return a.astype(np.float64)
+    return a.astype(info.numpy).astype(np.float64)
+
+
+def _result(a: np.ndarray, dtype: str, precision: str) -> np.ndarray:
+    """A stored value as the array :func:`evaluate` returns."""
+    if precision == "float64" and dt.is_float(dtype):
+        return a.astype(np.float64)
+    return a.astype(dt.numpy_dtype(dtype))
+
+
+def _feedable(a: np.ndarray, dtype: str) -> bool:
+    """Whether an array of ``a``'s dtype may feed an input of ``dtype``: numbers for a float
+    input (bfloat16 arrays included), integers or bools for an integer or bool one."""
+    kinds = "biuf" if dt.is_float(dtype) else "biu"
+    return a.dtype.kind in kinds or a.dtype == dt.numpy_dtype("bfloat16") and kinds == "biuf"
 
 
 # --------------------------------------------------------------------------- graph
@@ -144,13 +208,14 @@ def _bind_feeds(
                 f"evaluate: no value fed for input '{p.name}' (shape {p.shape}, {p.dtype})"
             )
         arr = np.asarray(v)
-        if arr.dtype.kind not in "biuf":
+        if not _feedable(arr, p.dtype):
+            what = "numbers" if dt.is_float(p.dtype) else "integers or bools"
             raise CallError(
-                f"evaluate: input '{p.name}' got a {arr.dtype} array; expected numbers ({p.dtype})"
+                f"evaluate: input '{p.name}' got a {arr.dtype} array; expected {what} ({p.dtype})"
             )
         if arr.shape != p.shape:
             raise CallError(f"evaluate: input '{p.name}' expects shape {p.shape}, got {arr.shape}")
-        values[p.uid] = arr.astype(np.float32).astype(np.float64)
+        values[p.uid] = _store(arr, p.dtype, "storage")  # the input holds values of its dtype
 
 
 # --------------------------------------------------------------------------- computes
@@ -175,25 +240,44 @@ def _blocks(ext: Sequence[int], limit: int) -> Iterator[list[tuple[int, int]]]:
             )
 
 
-_REDUCERS = {
-    "sum": (np.add, 0.0),
-    "max": (np.maximum, -np.inf),
-    "min": (np.minimum, np.inf),
-}
+_REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
-def _eval_compute(t: ex.Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
+def _work_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype values of ``dtype`` are held in while a body is evaluated."""
+    return np.dtype({"f": np.float64, "i": np.int64, "b": np.bool_}[dt.DTYPES[dtype].kind])
+
+
+def _identity(op: str, work: np.dtype) -> Any:
+    """The start value of reduction ``op`` over values held in ``work``."""
+    if op == "sum":
+        return work.type(0)
+    if work.kind == "b":
+        return op == "min"
+    big = np.inf if work.kind == "f" else np.iinfo(work).max
+    return -big if op == "max" else big
+
+
+def _serial(precision: str, red: ex.Reduce) -> bool:
+    """Whether reduction ``red`` must add one value at a time: its accumulator is a float
+    narrower than float32 (whose rounding of the running sum is the point of the dtype)."""
+    acc = dt.DTYPES[red.accumulate_dtype]
+    return precision == "storage" and acc.kind == "f" and acc.itemsize < 4
+
+
+def _eval_compute(t: ex.Tensor, values: Mapping[int, np.ndarray], precision: str) -> np.ndarray:
     op = t.op
     assert op is not None
     red = op.reduce
     axes: list[ex.IterVar] = [*op.axes, *(red.axes if red is not None else ())]
     nd = len(op.axes)
     ext = [a.extent for a in axes]
+    work = _work_dtype(op.body.dtype)
+    out = np.empty(t.shape, dtype=work)
     if red is not None:
-        combine, init = _REDUCERS[red.op]
-        out = np.full(t.shape, init, dtype=np.float64)
-    else:
-        out = np.empty(t.shape, dtype=np.float64)
+        combine = _REDUCERS[red.op]
+        out[...] = _identity(red.op, work)
+        serial = _serial(precision, red)
     for block in _blocks(ext, CHUNK_ELEMENTS):
         grids: dict[int, np.ndarray] = {}
         for pos, (a, (s, e)) in enumerate(zip(axes, block, strict=True)):
@@ -202,25 +286,44 @@ def _eval_compute(t: ex.Tensor, values: Mapping[int, np.ndarray]) -> np.ndarray:
             grids[a.uid] = np.arange(a.lo + s, a.lo + e, dtype=np.int64).reshape(shape)
         bshape = tuple(e - s for s, e in block)
         where = tuple(slice(s, e) for s, e in block[:nd])
-        ev = _Body(t.name, grids, values)
+        ev = _Body(t.name, grids, values, precision)
         if red is not None:
-            v = np.broadcast_to(np.asarray(ev.eval(red.body, None), np.float64), bshape)
-            part = combine.reduce(v, axis=tuple(range(nd, len(axes))))
-            out[where] = combine(out[where], part)
+            v = np.broadcast_to(np.asarray(ev.eval(red.body, None), work), bshape)
+            if serial:
+                out[where] = _fold(combine, out[where], v, nd, red.accumulate_dtype)
+            else:
+                part = combine.reduce(v, axis=tuple(range(nd, len(axes))))
+                out[where] = combine(out[where], part)
         else:
-            out[where] = np.broadcast_to(np.asarray(ev.eval(op.body, None), np.float64), bshape)
-    return out.astype(np.float32).astype(np.float64)
+            out[where] = np.broadcast_to(np.asarray(ev.eval(op.body, None), work), bshape)
+    return _store(out, t.dtype, precision)
+
+
+def _fold(combine: np.ufunc, acc: np.ndarray, v: np.ndarray, nd: int, dtype: str) -> np.ndarray:
+    """``acc`` combined with the values of ``v`` one at a time, in the row-major order of its
+    trailing (reduction) dims, the running result rounded to ``dtype`` after each step."""
+    flat = v.reshape(v.shape[:nd] + (-1,))
+    rnd = dt.numpy_dtype(dtype)
+    acc = acc.astype(rnd)
+    for k in range(flat.shape[-1]):
+        acc = combine(acc.astype(np.float64), flat[..., k]).astype(rnd)
+    return acc.astype(np.float64)
 
 
 class _Body(ex.ExprVisitor[Any]):
     """Evaluates one block of one compute body; ``mask`` marks the points a value is used at."""
 
     def __init__(
-        self, name: str, grids: Mapping[int, np.ndarray], values: Mapping[int, np.ndarray]
+        self,
+        name: str,
+        grids: Mapping[int, np.ndarray],
+        values: Mapping[int, np.ndarray],
+        precision: str = "storage",
     ) -> None:
         self.name = name
         self.grids = grids
         self.values = values
+        self.precision = precision
         self.memo: dict[tuple[int, int], Any] = {}
         self.masks: list[Any] = []  # keeps masks alive so their ids stay unique
 
@@ -244,7 +347,12 @@ class _Body(ex.ExprVisitor[Any]):
         return self.grids[e.uid]
 
     def visit_Const(self, e: ex.Const, mask: Any) -> Any:
-        return ex.float32_value(e.value) if e.dtype == "float32" else e.value
+        if e.dtype == "float32":
+            return ex.float32_value(e.value)
+        if dt.is_float(e.dtype):  # a constant is its value in its dtype, in both precisions
+            with np.errstate(over="ignore"):
+                return _store(ex.float64_value(e.value), e.dtype, "storage")[()]
+        return e.value
 
     def visit_Read(self, e: ex.Read, mask: Any) -> Any:
         return self._read(e, mask)
@@ -277,7 +385,7 @@ class _Body(ex.ExprVisitor[Any]):
         return np.where(c, a, b)
 
     def visit_Cast(self, e: ex.Cast, mask: Any) -> Any:
-        return _cast(self.eval(e.a, mask), e.dtype)
+        return _store(self.eval(e.a, mask), e.dtype, self.precision)
 
     def visit_DataIndex(self, e: ex.DataIndex, mask: Any) -> Any:
         return np.asarray(self.eval(e.a, mask)).astype(np.int64)
@@ -375,7 +483,7 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         return _BINARY_UFUNC[op](a, b)
     if op == "div":  # true division, also of integers
         return np.true_divide(np.asarray(a, np.float64), b)
-    ints = dtype != "float32" and _is_int(a) and _is_int(b)
+    ints = not dt.is_float(dtype) and _is_int(a) and _is_int(b)
     if op == "pow":
         if ints:
             return np.power(a, b)
@@ -391,14 +499,3 @@ _COMPARE = {
     "eq": np.equal,
     "ne": np.not_equal,
 }
-
-
-def _cast(a: Any, dtype: str) -> Any:
-    x = np.asarray(a)
-    if dtype == "bool":
-        return x != 0
-    if dtype in ("int32", "int64"):
-        return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x.astype(np.int64)
-    if x.dtype.kind == "f":  # float32 (or float16/64): round to the storage precision
-        return x.astype(dtype).astype(np.float64)
-    return x.astype(np.float64)

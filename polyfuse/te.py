@@ -11,6 +11,12 @@ Every ``te.compute`` is one primitive op: a loop nest over its shape whose body 
 tensors with affine subscripts. A reduction must be the outermost expression of a body; a
 reduction nested inside a bigger expression is split into a compute of its own, so that every
 primitive is a single loop nest isl can model.
+
+Dtypes: placeholders, computes and constants take any of float16, bfloat16, float32, float64,
+int32, int64 and bool; the typing rules (promotion, Python numbers, division, reductions and
+their float32 accumulators for half precision) are those of :mod:`polyfuse.graph.dtypes`.
+Code generation supports float32 tensors only for now; ``polyfuse.reference.evaluate`` runs
+every dtype.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from polyfuse.errors import ExpressionError
+from polyfuse.graph import dtypes as dt
 from polyfuse.graph.bounds import check_bounds
 from polyfuse.graph.expr import (
     INT64_RANGE,
@@ -52,6 +61,7 @@ __all__ = [
     "abs",
     "cast",
     "compute",
+    "const",
     "data_index",
     "equal",
     "erf",
@@ -93,7 +103,8 @@ def _shape(shape: Any, what: str) -> tuple[int, ...]:
 def placeholder(
     shape: Sequence[int] | int, dtype: str = "float32", name: str | None = None
 ) -> Tensor:
-    """A graph input of the given static shape."""
+    """A graph input of the given static shape and dtype (any of
+    :data:`polyfuse.graph.dtypes.DTYPES`)."""
     name = name or f"placeholder{next(_names)}"
     return Tensor(
         _shape(shape, f"placeholder '{name}'"), check_dtype(dtype, f"placeholder '{name}'"), name
@@ -113,7 +124,24 @@ def reduce_axis(dom: int | tuple[int, int], name: str | None = None) -> IterVar:
 _ELEMENTWISE = {"sum": "a + b", "max": "te.maximum(a, b)", "min": "te.minimum(a, b)"}
 
 
-def _reduce(op: str, expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:
+def _accumulator(op: str, body: Expr, accumulate: str | None) -> str | None:
+    """``accumulate=`` checked: a dtype of the result's category (a float sum accumulates in
+    a float, an integer or bool sum in an integer)."""
+    if accumulate is None:
+        return None
+    acc = check_dtype(accumulate, f"te.{op}(accumulate=)")
+    result = dt.reduce_dtype(op, body.dtype)
+    if dt.DTYPES[acc].kind != dt.DTYPES[result].kind:
+        raise ExpressionError(
+            f"te.{op}: accumulate='{acc}' for {result} values; accumulate in a dtype of the "
+            "same kind (a float for floats, an integer for integers)"
+        )
+    return acc
+
+
+def _reduce(
+    op: str, expr: Any, axis: IterVar | Sequence[IterVar], accumulate: str | None = None
+) -> Reduce:
     axes = (axis,) if isinstance(axis, Expr) or not isinstance(axis, Iterable) else tuple(axis)
     if not axes:
         raise ExpressionError(f"te.{op}: give at least one reduce axis")
@@ -125,22 +153,33 @@ def _reduce(op: str, expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:
             )
     if len({a.uid for a in axes}) != len(axes):
         raise ExpressionError(f"te.{op}: reduce axis used twice in axis={list(axes)}")
-    return Reduce(op, as_expr(expr), axes)
+    body = as_expr(expr)
+    return Reduce(op, body, axes, _accumulator(op, body, accumulate))
 
 
-def sum(expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:  # noqa: A001
-    """Sum of ``expr`` over the reduce axes."""
-    return _reduce("sum", expr, axis)
+def sum(  # noqa: A001
+    expr: Any, axis: IterVar | Sequence[IterVar], accumulate: str | None = None
+) -> Reduce:
+    """Sum of ``expr`` over the reduce axes, in the dtype of ``expr`` (int32 for bools).
+
+    Partial sums are kept in ``accumulate``; by default float32 for float16 and bfloat16
+    values (a float16 running sum stops growing at 2048 when adding ones), else the result's
+    dtype."""
+    return _reduce("sum", expr, axis, accumulate)
 
 
-def max(expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:  # noqa: A001
-    """Maximum of ``expr`` over the reduce axes."""
-    return _reduce("max", expr, axis)
+def max(  # noqa: A001
+    expr: Any, axis: IterVar | Sequence[IterVar], accumulate: str | None = None
+) -> Reduce:
+    """Maximum of ``expr`` over the reduce axes (``accumulate`` as for :func:`sum`)."""
+    return _reduce("max", expr, axis, accumulate)
 
 
-def min(expr: Any, axis: IterVar | Sequence[IterVar]) -> Reduce:  # noqa: A001
-    """Minimum of ``expr`` over the reduce axes."""
-    return _reduce("min", expr, axis)
+def min(  # noqa: A001
+    expr: Any, axis: IterVar | Sequence[IterVar], accumulate: str | None = None
+) -> Reduce:
+    """Minimum of ``expr`` over the reduce axes (``accumulate`` as for :func:`sum`)."""
+    return _reduce("min", expr, axis, accumulate)
 
 
 def _unary(op: str) -> Callable[[Any], Expr]:
@@ -224,10 +263,28 @@ def data_index(x: Any) -> Expr:
 
 
 def cast(x: Any, dtype: str) -> Expr:
-    """Convert to ``dtype`` (``float32``, or ``int32``/``bool`` inside expressions)."""
-    if dtype not in ("float32", "int32", "bool"):
-        check_dtype(dtype, "te.cast")
-    return Cast(as_expr(x), dtype)
+    """Convert to ``dtype``: to an integer truncates toward zero, to bool tests ``!= 0``, to a
+    float rounds to nearest even."""
+    return Cast(as_expr(x), check_dtype(dtype, "te.cast"))
+
+
+def const(value: float | int | bool, dtype: str) -> Expr:
+    """A constant of ``dtype`` (``te.const(0.1, "float16")`` is float16's 0.1). Unlike a
+    Python number, which takes the dtype of the operand beside it, it promotes like a tensor
+    value of its dtype."""
+    dtype = check_dtype(dtype, "te.const")
+    if isinstance(value, Expr) or not isinstance(value, int | float | bool):
+        raise ExpressionError(f"te.const: {value!r} is not a Python number")
+    if dtype == "bool":
+        return Const(bool(value), dtype, weak=False)
+    if dt.is_int(dtype):
+        lim = np.iinfo(dt.numpy_dtype(dtype))
+        if isinstance(value, float) and not value.is_integer():
+            raise ExpressionError(f"te.const: {value!r} is not an integer ({dtype})")
+        if not lim.min <= int(value) <= lim.max:
+            raise ExpressionError(f"te.const: {value!r} does not fit {dtype}")
+        return Const(int(value), dtype, weak=False)
+    return Const(float(value), dtype, weak=False)
 
 
 # --------------------------------------------------------------------------- compute
@@ -338,13 +395,13 @@ class _BodyCheck(ExprVisitor[None]):
             )
 
     def visit_Binary(self, e: Binary) -> None:
-        if e.op not in ("floordiv", "mod") or e.dtype == "float32":
+        if e.op not in ("floordiv", "mod") or dt.is_float(e.dtype):
             return
         sym = "//" if e.op == "floordiv" else "%"
-        if e.dtype != "int32" or not _is_int_const(e.b) or e.b.value == 0:  # type: ignore[attr-defined]
+        if not _is_int_const(e.b) or e.b.value == 0:  # type: ignore[attr-defined]
             raise ExpressionError(
-                f"compute '{self.name}': integer {e!r} needs int32 operands and a nonzero "
-                f"constant divisor; cast to float32 for a general {sym}"
+                f"compute '{self.name}': integer {e!r} needs a nonzero constant divisor; "
+                f"cast to float32 for a general {sym}"
             )
 
     def visit_default(self, e: Expr, *args: object) -> None:
@@ -375,11 +432,12 @@ class _LiftReductions(ExprMutator):
         keep = [a for a in self.axes if a.uid in used]
         fresh = [IterVar(a.name, a.lo, a.hi, "data") for a in keep]
         inner = substitute(
-            Reduce(node.op, body, node.axes), {a.uid: f for a, f in zip(keep, fresh, strict=True)}
+            Reduce(node.op, body, node.axes, node.accumulate),
+            {a.uid: f for a, f in zip(keep, fresh, strict=True)},
         )
         hidden = Tensor(
             tuple(self.shape[self.axes.index(a)] for a in keep),
-            "float32",
+            inner.dtype,
             f"{self.name}_{node.op}{next(self.counter)}",
         )
         _check_body(hidden.name, tuple(fresh), inner)
@@ -402,22 +460,31 @@ def compute(
     fcompute: Callable[..., Any],
     name: str | None = None,
     tag: str = "",
+    dtype: str | None = None,
 ) -> Tensor:
     """A tensor whose element at each point of ``shape`` is ``fcompute(*loop_vars)``.
 
+    Its dtype is the body's (``lambda i: x[i] > 0`` is a bool tensor, ``lambda i: i`` int32)
+    unless ``dtype`` is given: the body is then converted as by ``te.cast`` (a reduction
+    converts each value before reducing it, as torch's ``sum(x, dtype=...)``).
     ``tag`` names the composite op the primitive belongs to (``ops`` sets it).
     """
     name = name or f"compute{next(_names)}"
+    want = check_dtype(dtype, f"compute '{name}'") if dtype is not None else None
     dims = _shape(shape, f"compute '{name}'")
     names = _axis_names(fcompute, len(dims), name)
     axes = tuple(IterVar(n, 0, d, "data") for n, d in zip(names, dims, strict=True))
     body = as_expr(fcompute(*axes))
     body = _split_nested_reductions(name, dims, axes, body, tag)
     _check_body(name, axes, body)
-    dtype = "float32" if body.dtype in ("int32", "int64", "bool") else body.dtype
-    if body.dtype != dtype:
-        body = Cast(body, dtype)
-    out = Tensor(dims, dtype, name)
+    if want is not None and body.dtype != want:
+        if isinstance(body, Reduce):
+            cast_body = Cast(body.body, want)
+            acc = _accumulator(body.op, cast_body, body.accumulate)
+            body = Reduce(body.op, cast_body, body.axes, acc)
+        else:
+            body = Cast(body, want)
+    out = Tensor(dims, body.dtype, name)
     out.op = ComputeOp(axes, body, tag)
     check_bounds(out)
     return out

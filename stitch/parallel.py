@@ -481,11 +481,19 @@ def stitch_parallel(
         decisions[at] = replace(d, name=name, micrographs=[list(kernels[i].micrographs) for i in g])
         packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
         reads = [t for i in g for t in accesses[i][0]]
-        overlap = sum(  # each element counted once
-            read_overlap([plans[i].shared_reads[t] for i in g if t in accesses[i][0]])
+        overlap = {  # each element counted once
+            t: read_overlap([plans[i].shared_reads[t] for i in g if t in accesses[i][0]])
             for t in sorted({t for t in reads if reads.count(t) > 1})
+        }
+        per_tensor = dict(packed.tensor_bytes)
+        for t, n in overlap.items():
+            if t in per_tensor:
+                per_tensor[t] = (per_tensor[t][0] - n, per_tensor[t][1])
+        packed = replace(
+            packed,
+            bytes_read=packed.bytes_read - sum(overlap.values()),
+            tensor_bytes=per_tensor,
         )
-        packed = replace(packed, bytes_read=packed.bytes_read - overlap)
         out_k.append(packed)
         placements = {t: p for i in g for t, p in plans[i].placements.items()}
         cached = any(plans[i].cached for i in g)  # a cached part has no layouts to list

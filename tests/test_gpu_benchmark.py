@@ -136,6 +136,26 @@ def test_gpu_day_prepares_and_runs_on_the_fake_driver(tmp_path):
     assert all(r["rel_err"] < 1e-5 and r["rerun_identical"] for r in got.values()), got
 
 
+def test_the_carried_wheel_has_no_stale_module_of_an_earlier_build(tmp_path):
+    """A module left in ``build/lib`` by an earlier build (deleted from the source since)
+    once went into the wheel the GPU machine installs: the wheel is built from a clean copy."""
+    import zipfile
+
+    import gpu_day
+
+    project = gpu_day._source_tree(tmp_path / "project")
+    stale = project / "build" / "lib" / "polyfuse" / "zz_deleted_module.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("GONE = True\n")
+    r = gpu_day.build_wheel(tmp_path / "wheels", root=project)
+    assert r.returncode == 0, r.stderr[-400:]
+    (wheel,) = (tmp_path / "wheels").glob("polyfuse-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "polyfuse/__init__.py" in names and "polyfuse/poly/tiling.py" in names
+    assert not any("zz_deleted_module" in n for n in names)
+    assert not (project / "build" / "lib" / "polyfuse" / "__init__.py").exists()
+
+
 def test_gpu_day_stops_a_step_at_its_limit_and_skips_what_has_no_time(tmp_path):
     import gpu_day
 

@@ -70,12 +70,17 @@ def test_te_round_isnan_isinf_agree_with_numpy_reference_and_emulator():
     vals = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 8388609.0, np.nan, np.inf, -np.inf, 3.7]
     a = np.array(vals * 2, np.float32).reshape(2, 12)
     x = te.placeholder((2, 12), name="x")
+    # a comparison is bool; dtype="float32" stores the masks as the float32 kernels can
     outs = [
         te.compute((2, 12), lambda i, j: te.round(x[i, j]), name="r"),
-        te.compute((2, 12), lambda i, j: te.isnan(x[i, j]), name="n"),
-        te.compute((2, 12), lambda i, j: te.isinf(x[i, j]), name="inf"),
-        te.compute((2, 12), lambda i, j: te.isinf(x[i, j], negative=False), name="pinf"),
-        te.compute((2, 12), lambda i, j: te.isinf(x[i, j], positive=False), name="ninf"),
+        te.compute((2, 12), lambda i, j: te.isnan(x[i, j]), name="n", dtype="float32"),
+        te.compute((2, 12), lambda i, j: te.isinf(x[i, j]), name="inf", dtype="float32"),
+        te.compute(
+            (2, 12), lambda i, j: te.isinf(x[i, j], negative=False), name="pinf", dtype="float32"
+        ),
+        te.compute(
+            (2, 12), lambda i, j: te.isinf(x[i, j], positive=False), name="ninf", dtype="float32"
+        ),
     ]
     want = [
         np.rint(a),

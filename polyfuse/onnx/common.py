@@ -94,7 +94,10 @@ class Ctx:
         return self._const_tensors[key]
 
     def compute(self, shape: Sequence[int], f: Callable[..., Any], hint: str) -> Tensor:
-        return te.compute(tuple(int(s) for s in shape), f, name=self.fresh(hint), tag="onnx")
+        # the importer computes float32 tensors (a comparison's bool is stored as 0.0/1.0)
+        return te.compute(
+            tuple(int(s) for s in shape), f, name=self.fresh(hint), tag="onnx", dtype="float32"
+        )
 
 
 def scalar_of(v: Value) -> float | None:

@@ -28,7 +28,7 @@ import polyfuse
 from polyfuse.cache import CompileCache
 from polyfuse.errors import PolyfuseError
 from polyfuse.graph.expr import Tensor
-from polyfuse.reference import evaluate
+from polyfuse.reference import evaluate, tolerance
 
 from .build import build, input_values
 from .generate import GraphSpec, draw, merge
@@ -42,8 +42,8 @@ __all__ = [
     "run_batch",
 ]
 
-RTOL = 1e-4
-ATOL = 1e-5
+RTOL = tolerance("float32").rtol  # the per-dtype table of polyfuse.graph.dtypes
+ATOL = tolerance("float32").atol
 PERTURB = 1e-5
 SLACK = 8.0  # multiple of the perturbed reference's spread that is allowed
 TRIALS = 3

@@ -12,8 +12,7 @@ import sys
 from typing import Any
 
 import polyfuse
-from polyfuse.cli_common import add_common, json_to_stdout, positive_int, write_json
-from polyfuse.cuda.compiler import SUPPORTED_ARCHS
+from polyfuse.cli_common import add_arch, add_common, json_to_stdout, positive_int, write_json
 from polyfuse.errors import PolyfuseError
 from polyfuse.models import load_model, resolve_model
 from polyfuse.shapes_arg import add_shapes_argument, check_shapes_apply, parse_shapes
@@ -58,12 +57,7 @@ _MODEL_HELP = (
 def _model_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """MODEL and the options that say how to compile it (shared by viz and explain)."""
     p.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
-    p.add_argument(
-        "--arch",
-        default="sm_80",
-        choices=SUPPORTED_ARCHS,
-        help="GPU architecture to compile for (default: sm_80)",
-    )
+    add_arch(p)
     p.add_argument(
         "--budget",
         type=positive_int,

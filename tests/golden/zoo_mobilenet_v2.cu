@@ -46,48 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm5_scale[t0] = (stage1_block0_dw_bn_gamma[t0] * rsqrtf((stage1_block0_dw_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p2(float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm9_scale[t0] = (stage1_block0_project_bn_gamma[t0] * rsqrtf((stage1_block0_project_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p3(float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm12_scale[t0] = (stage2_block0_expand_bn_gamma[t0] * rsqrtf((stage2_block0_expand_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p4(float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm16_scale[t0] = (stage2_block0_dw_bn_gamma[t0] * rsqrtf((stage2_block0_dw_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p5(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(128, 6) pf_7b4f0ffe379783868eed(float* __restrict__ minimum3, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+  int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 8; _t /= 8;
@@ -97,9 +57,12 @@ __device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p5(float* __restrict__ c
   const int p0c = threadIdx.x % 8;
   __shared__ __align__(16) float s_image[300];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stem_w[432];
+  __shared__ __align__(16) float s_stem_w_batch_norm1[432];
   float r_conv2d0_acc[2];
-  float r_stem_w_frag[1];
+  float r_conv2d0;
+  float r_batch_norm1;
+  float r_relu2;
+  float r_stem_w_batch_norm1_frag[1];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     r_conv2d0_acc[ii1] = 0.0f;
@@ -113,7 +76,7 @@ __device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p5(float* __restrict__ c
     }
   }
   if ((p1c <= 107)) {
-    *reinterpret_cast<float4*>(&s_stem_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_stem_w_batch_norm1[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w_batch_norm1[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
@@ -122,10 +85,10 @@ __device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p5(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        r_stem_w_frag[0] = s_stem_w[(((t0 * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+        r_stem_w_batch_norm1_frag[0] = s_stem_w_batch_norm1[(((t0 * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          r_conv2d0_acc[ii1] = r_conv2d0_acc[ii1] + (s_image[(0 * 3 + kk0 - 0) * 100 + ((((((2 * b1) + ii1) * 2) + kk1) - 1) - ((4 * b1) - 1)) * 20 + ((((t2 * 2) + kk2) - 1) - (-4))] * r_stem_w_frag[0]);
+          r_conv2d0_acc[ii1] = r_conv2d0_acc[ii1] + (s_image[(0 * 3 + kk0 - 0) * 100 + ((((((2 * b1) + ii1) * 2) + kk1) - 1) - ((4 * b1) - 1)) * 20 + ((((t2 * 2) + kk2) - 1) - (-4))] * r_stem_w_batch_norm1_frag[0]);
         }
       }
     }
@@ -133,33 +96,14 @@ __device__ __forceinline__ void pf_a3efdc3cc2fb1b6f2df2_p5(float* __restrict__ c
   __syncthreads();
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    if (t0 <= 7) { conv2d0[0 * 512 + t0 * 64 + ((2 * b1) + ii1) * 8 + t2] = r_conv2d0_acc[ii1]; }
+    if (t0 <= 7) { r_conv2d0 = r_conv2d0_acc[ii1]; }
+    if (t0 <= 7) { r_batch_norm1 = (r_conv2d0 + batch_norm1_shift[t0]); }
+    if (t0 <= 7) { r_relu2 = pf_fmaxf(r_batch_norm1, 0.0f); }
+    if (t0 <= 7) { minimum3[0 * 512 + t0 * 64 + ((2 * b1) + ii1) * 8 + t2] = pf_fminf(r_relu2, 6.0f); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_a3efdc3cc2fb1b6f2df2(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_dw_bn_gamma, const float* __restrict__ stage1_block0_dw_bn_var, float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_gamma, const float* __restrict__ stage1_block0_project_bn_var, float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_gamma, const float* __restrict__ stage2_block0_expand_bn_var, float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_gamma, const float* __restrict__ stage2_block0_dw_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_a3efdc3cc2fb1b6f2df2_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 2) {  // k4_batch_norm5_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 1) * 16 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_a3efdc3cc2fb1b6f2df2_p1(batch_norm5_scale, stage1_block0_dw_bn_gamma, stage1_block0_dw_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 3) {  // k7_batch_norm9_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_a3efdc3cc2fb1b6f2df2_p2(batch_norm9_scale, stage1_block0_project_bn_gamma, stage1_block0_project_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 4) {  // k10_batch_norm12_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 3) * 8 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_a3efdc3cc2fb1b6f2df2_p3(batch_norm12_scale, stage2_block0_expand_bn_gamma, stage2_block0_expand_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 5) {  // k13_batch_norm16_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_a3efdc3cc2fb1b6f2df2_p4(batch_norm16_scale, stage2_block0_dw_bn_gamma, stage2_block0_dw_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 9) {  // k0_conv2d0: 4 blocks of 128
-    pf_a3efdc3cc2fb1b6f2df2_p5(conv2d0, image, stem_w, pf_b - 5, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_eaa45c7c213cbf2f6cd7(float* __restrict__ minimum3, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_5c5484f1f5f95ebb0255(float* __restrict__ minimum7, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -168,33 +112,23 @@ extern "C" __global__ void __launch_bounds__(256) pf_eaa45c7c213cbf2f6cd7(float*
   const int t2 = _t % 8; _t /= 8;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_batch_norm1;
-  float r_relu2;
-  r_batch_norm1 = (((conv2d0[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stem_bn_mean[((4 * b0) + t0)]) * batch_norm1_scale[((4 * b0) + t0)]) + stem_bn_beta[((4 * b0) + t0)]);
-  r_relu2 = pf_fmaxf(r_batch_norm1, 0.0f);
-  minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu2, 6.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_ff488958f6284ab54be3(float* __restrict__ conv2d4, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
+  float r_conv2d4;
   float r_conv2d4_acc;
+  float r_batch_norm5;
+  float r_relu6;
   r_conv2d4_acc = 0.0f;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_conv2d4_acc = r_conv2d4_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 8)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 8)) ? minimum3[0 * 512 + (((4 * b0) + t0) + 0) * 64 + ((t1 + c0) - 1) * 8 + ((t2 + c1) - 1)] : 0.0f) * stage1_block0_dw_w[((4 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
+      r_conv2d4_acc = r_conv2d4_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 8)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 8)) ? minimum3[0 * 512 + (((4 * b0) + t0) + 0) * 64 + ((t1 + c0) - 1) * 8 + ((t2 + c1) - 1)] : 0.0f) * stage1_block0_dw_w_batch_norm5[((4 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
     }
   }
-  conv2d4[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_conv2d4_acc;
+  r_conv2d4 = r_conv2d4_acc;
+  r_batch_norm5 = (r_conv2d4 + batch_norm5_shift[((4 * b0) + t0)]);
+  r_relu6 = pf_fmaxf(r_batch_norm5, 0.0f);
+  minimum7[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu6, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_53b2a5978fe7e39a8202(float* __restrict__ conv2d8, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_a15d8f810bc6bbaa3124(float* __restrict__ add10, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w_batch_norm9, const float* __restrict__ batch_norm9_shift, const float* __restrict__ minimum3) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -202,10 +136,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_53b2a5978fe7e39a8202(flo
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_minimum7[512];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_project_w[512];
+  __shared__ __align__(16) float s_stage1_block0_project_w_batch_norm9[512];
   float r_conv2d8_acc[4][2][4];
+  float r_conv2d8;
+  float r_batch_norm9;
   float r_minimum7_frag[8];
-  float r_stage1_block0_project_w_frag[4];
+  float r_stage1_block0_project_w_batch_norm9_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -217,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_53b2a5978fe7e39a8202(flo
     }
   }
   *reinterpret_cast<float4*>(&s_minimum7[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&minimum7[(4 * p0c)]);
-  *reinterpret_cast<float4*>(&s_stage1_block0_project_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&stage1_block0_project_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_stage1_block0_project_w_batch_norm9[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&stage1_block0_project_w_batch_norm9[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -230,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_53b2a5978fe7e39a8202(flo
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_stage1_block0_project_w_frag[ii0] = s_stage1_block0_project_w[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+      r_stage1_block0_project_w_batch_norm9_frag[ii0] = s_stage1_block0_project_w_batch_norm9[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -238,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_53b2a5978fe7e39a8202(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d8_acc[ii0][ii1][ii2] = r_conv2d8_acc[ii0][ii1][ii2] + (r_minimum7_frag[((ii1 * 4) + ii2)] * r_stage1_block0_project_w_frag[ii0]);
+          r_conv2d8_acc[ii0][ii1][ii2] = r_conv2d8_acc[ii0][ii1][ii2] + (r_minimum7_frag[((ii1 * 4) + ii2)] * r_stage1_block0_project_w_batch_norm9_frag[ii0]);
         }
       }
     }
@@ -250,27 +186,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_53b2a5978fe7e39a8202(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 7) { conv2d8[0 * 512 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = r_conv2d8_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 7) { r_conv2d8 = r_conv2d8_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 7) { r_batch_norm9 = (r_conv2d8 + batch_norm9_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 7) { add10[0 * 512 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = (minimum3[0 * 512 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] + r_batch_norm9); }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9fbfb03d0fb8d8448bf7(float* __restrict__ add10, const float* __restrict__ conv2d8, const float* __restrict__ stage1_block0_project_bn_mean, const float* __restrict__ batch_norm9_scale, const float* __restrict__ stage1_block0_project_bn_beta, const float* __restrict__ minimum3) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm9;
-  r_batch_norm9 = (((conv2d8[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_project_bn_mean[((4 * b0) + t0)]) * batch_norm9_scale[((4 * b0) + t0)]) + stage1_block0_project_bn_beta[((4 * b0) + t0)]);
-  add10[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = (minimum3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm9);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(float* __restrict__ conv2d11, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_8a59022fabd986c70458(float* __restrict__ minimum14, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w_batch_norm12, const float* __restrict__ batch_norm12_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -278,10 +202,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(flo
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_add10[512];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage2_block0_expand_w[512];
+  __shared__ __align__(16) float s_stage2_block0_expand_w_batch_norm12[512];
   float r_conv2d11_acc[4][2][4];
+  float r_conv2d11;
+  float r_batch_norm12;
+  float r_relu13;
   float r_add10_frag[8];
-  float r_stage2_block0_expand_w_frag[4];
+  float r_stage2_block0_expand_w_batch_norm12_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -293,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(flo
     }
   }
   *reinterpret_cast<float4*>(&s_add10[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&add10[(4 * p0c)]);
-  *reinterpret_cast<float4*>(&s_stage2_block0_expand_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&stage2_block0_expand_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_stage2_block0_expand_w_batch_norm12[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&stage2_block0_expand_w_batch_norm12[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -306,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(flo
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_stage2_block0_expand_w_frag[ii0] = s_stage2_block0_expand_w[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+      r_stage2_block0_expand_w_batch_norm12_frag[ii0] = s_stage2_block0_expand_w_batch_norm12[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -314,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d11_acc[ii0][ii1][ii2] = r_conv2d11_acc[ii0][ii1][ii2] + (r_add10_frag[((ii1 * 4) + ii2)] * r_stage2_block0_expand_w_frag[ii0]);
+          r_conv2d11_acc[ii0][ii1][ii2] = r_conv2d11_acc[ii0][ii1][ii2] + (r_add10_frag[((ii1 * 4) + ii2)] * r_stage2_block0_expand_w_batch_norm12_frag[ii0]);
         }
       }
     }
@@ -326,29 +253,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 15) { conv2d11[0 * 1024 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = r_conv2d11_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 15) { r_conv2d11 = r_conv2d11_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 15) { r_batch_norm12 = (r_conv2d11 + batch_norm12_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 15) { r_relu13 = pf_fmaxf(r_batch_norm12, 0.0f); }
+        if ((t0 + (16 * ii0)) <= 15) { minimum14[0 * 1024 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = pf_fminf(r_relu13, 6.0f); }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_190f7be0d6a8dbcccb71(float* __restrict__ minimum14, const float* __restrict__ conv2d11, const float* __restrict__ stage2_block0_expand_bn_mean, const float* __restrict__ batch_norm12_scale, const float* __restrict__ stage2_block0_expand_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm12;
-  float r_relu13;
-  r_batch_norm12 = (((conv2d11[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_expand_bn_mean[((4 * b0) + t0)]) * batch_norm12_scale[((4 * b0) + t0)]) + stage2_block0_expand_bn_beta[((4 * b0) + t0)]);
-  r_relu13 = pf_fmaxf(r_batch_norm12, 0.0f);
-  minimum14[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu13, 6.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_3103882e95bec9ad3c87(float* __restrict__ conv2d15, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_384543f59c1ff09c9bce(float* __restrict__ minimum18, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w_batch_norm16, const float* __restrict__ batch_norm16_shift) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -357,33 +271,23 @@ extern "C" __global__ void __launch_bounds__(256) pf_3103882e95bec9ad3c87(float*
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
+  float r_conv2d15;
   float r_conv2d15_acc;
+  float r_batch_norm16;
+  float r_relu17;
   r_conv2d15_acc = 0.0f;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_conv2d15_acc = r_conv2d15_acc + (((((((t1 * 2) + c0) - 1) >= 0) && ((((t2 * 2) + c1) - 1) >= 0)) ? minimum14[0 * 1024 + (t0 + 0) * 64 + (((t1 * 2) + c0) - 1) * 8 + (((t2 * 2) + c1) - 1)] : 0.0f) * stage2_block0_dw_w[t0 * 9 + 0 * 9 + c0 * 3 + c1]);
+      r_conv2d15_acc = r_conv2d15_acc + (((((((t1 * 2) + c0) - 1) >= 0) && ((((t2 * 2) + c1) - 1) >= 0)) ? minimum14[0 * 1024 + (t0 + 0) * 64 + (((t1 * 2) + c0) - 1) * 8 + (((t2 * 2) + c1) - 1)] : 0.0f) * stage2_block0_dw_w_batch_norm16[t0 * 9 + 0 * 9 + c0 * 3 + c1]);
     }
   }
-  conv2d15[0 * 256 + t0 * 16 + t1 * 4 + t2] = r_conv2d15_acc;
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_aefab28751ca95da590e(float* __restrict__ minimum18, const float* __restrict__ conv2d15, const float* __restrict__ stage2_block0_dw_bn_mean, const float* __restrict__ batch_norm16_scale, const float* __restrict__ stage2_block0_dw_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm16;
-  float r_relu17;
-  r_batch_norm16 = (((conv2d15[0 * 256 + t0 * 16 + t1 * 4 + t2] - stage2_block0_dw_bn_mean[t0]) * batch_norm16_scale[t0]) + stage2_block0_dw_bn_beta[t0]);
+  r_conv2d15 = r_conv2d15_acc;
+  r_batch_norm16 = (r_conv2d15 + batch_norm16_shift[t0]);
   r_relu17 = pf_fmaxf(r_batch_norm16, 0.0f);
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(float* __restrict__ conv2d19, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_00ecbafdd6e25cd2ef9a(float* __restrict__ batch_norm20, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -393,10 +297,11 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
   __shared__ __align__(16) float s_minimum18[1024];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block0_project_w[1024];
+  __shared__ __align__(16) float s_stage2_block0_project_w_batch_norm20[1024];
   float r_conv2d19_acc[4][2][4];
+  float r_conv2d19;
   float r_minimum18_frag[8];
-  float r_stage2_block0_project_w_frag[4];
+  float r_stage2_block0_project_w_batch_norm20_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -410,13 +315,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
   {
     const int kt0 = (-1);
     __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_project_w[(p1r >= 0 && p1r < 12) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block0_project_w_batch_norm20[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_project_w_batch_norm20[(p1r >= 0 && p1r < 12) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     __pipeline_memcpy_async(&s_minimum18[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &minimum18[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 256 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_stage2_block0_project_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_project_w[(p1r >= 0 && p1r < 12) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block0_project_w_batch_norm20[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_project_w_batch_norm20[(p1r >= 0 && p1r < 12) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -431,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block0_project_w_frag[ii0] = s_stage2_block0_project_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_project_w_batch_norm20_frag[ii0] = s_stage2_block0_project_w_batch_norm20[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -439,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii1][ii2] = r_conv2d19_acc[ii0][ii1][ii2] + (r_minimum18_frag[((ii1 * 4) + ii2)] * r_stage2_block0_project_w_frag[ii0]);
+            r_conv2d19_acc[ii0][ii1][ii2] = r_conv2d19_acc[ii0][ii1][ii2] + (r_minimum18_frag[((ii1 * 4) + ii2)] * r_stage2_block0_project_w_batch_norm20_frag[ii0]);
           }
         }
       }
@@ -462,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block0_project_w_frag[ii0] = s_stage2_block0_project_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_project_w_batch_norm20_frag[ii0] = s_stage2_block0_project_w_batch_norm20[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -470,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d19_acc[ii0][ii1][ii2] = r_conv2d19_acc[ii0][ii1][ii2] + (r_minimum18_frag[((ii1 * 4) + ii2)] * r_stage2_block0_project_w_frag[ii0]);
+            r_conv2d19_acc[ii0][ii1][ii2] = r_conv2d19_acc[ii0][ii1][ii2] + (r_minimum18_frag[((ii1 * 4) + ii2)] * r_stage2_block0_project_w_batch_norm20_frag[ii0]);
           }
         }
       }
@@ -483,66 +388,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_7f930a886dedbadb16c9(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { conv2d19[0 * 192 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = r_conv2d19_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { r_conv2d19 = r_conv2d19_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { batch_norm20[0 * 192 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = (r_conv2d19 + batch_norm20_shift[(t0 + (16 * ii0))]); }
       }
     }
   }
 }
 
-__device__ __forceinline__ void pf_4f8dbdb0be18b0da9d19_p0(float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm22_scale[t0] = (stage2_block1_expand_bn_gamma[t0] * rsqrtf((stage2_block1_expand_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_4f8dbdb0be18b0da9d19_p1(float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t0 = _t;
-  batch_norm26_scale[t0] = (stage2_block1_dw_bn_gamma[t0] * rsqrtf((stage2_block1_dw_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_4f8dbdb0be18b0da9d19_p2(float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm30_scale[t0] = (stage2_block1_project_bn_gamma[t0] * rsqrtf((stage2_block1_project_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_4f8dbdb0be18b0da9d19_p3(float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  float r_batch_norm20_scale;
-  r_batch_norm20_scale = (stage2_block0_project_bn_gamma[t0] * rsqrtf((stage2_block0_project_bn_var[t0] + 1e-05f)));
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    for (int c1 = 0; (c1 <= 3); c1 += 1) {
-      batch_norm20[0 * 192 + t0 * 16 + c0 * 4 + c1] = (((conv2d19[0 * 192 + t0 * 16 + c0 * 4 + c1] - stage2_block0_project_bn_mean[t0]) * r_batch_norm20_scale) + stage2_block0_project_bn_beta[t0]);
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(24) pf_4f8dbdb0be18b0da9d19(float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_gamma, const float* __restrict__ stage2_block1_expand_bn_var, float* __restrict__ batch_norm26_scale, const float* __restrict__ stage2_block1_dw_bn_gamma, const float* __restrict__ stage2_block1_dw_bn_var, float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_gamma, const float* __restrict__ stage2_block1_project_bn_var, float* __restrict__ batch_norm20, const float* __restrict__ stage2_block0_project_bn_gamma, const float* __restrict__ stage2_block0_project_bn_var, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_project_bn_mean, const float* __restrict__ stage2_block0_project_bn_beta) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k18_batch_norm22_scale: 1 blocks of 24
-    pf_4f8dbdb0be18b0da9d19_p0(batch_norm22_scale, stage2_block1_expand_bn_gamma, stage2_block1_expand_bn_var, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k21_batch_norm26_scale: 1 blocks of 24
-    pf_4f8dbdb0be18b0da9d19_p1(batch_norm26_scale, stage2_block1_dw_bn_gamma, stage2_block1_dw_bn_var, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k24_batch_norm30_scale: 1 blocks of 12
-    const int pf_v = (pf_b - 2) * 2 + (int)threadIdx.x / 12;
-    if (pf_v < 1) pf_4f8dbdb0be18b0da9d19_p2(batch_norm30_scale, stage2_block1_project_bn_gamma, stage2_block1_project_bn_var, pf_v, (int)threadIdx.x % 12);
-  } else if (pf_b < 4) {  // k16_batch_norm20_scale: 1 blocks of 12
-    const int pf_v = (pf_b - 3) * 2 + (int)threadIdx.x / 12;
-    if (pf_v < 1) pf_4f8dbdb0be18b0da9d19_p3(batch_norm20, stage2_block0_project_bn_gamma, stage2_block0_project_bn_var, conv2d19, stage2_block0_project_bn_mean, stage2_block0_project_bn_beta, pf_v, (int)threadIdx.x % 12);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(float* __restrict__ conv2d21, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_a175ef3a20e22d987be9(float* __restrict__ minimum24, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w_batch_norm22, const float* __restrict__ batch_norm22_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -552,10 +405,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
   __shared__ __align__(16) float s_batch_norm20[1024];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block1_expand_w[1024];
+  __shared__ __align__(16) float s_stage2_block1_expand_w_batch_norm22[1024];
   float r_conv2d21_acc[4][2][4];
+  float r_conv2d21;
+  float r_batch_norm22;
+  float r_relu23;
   float r_batch_norm20_frag[8];
-  float r_stage2_block1_expand_w_frag[4];
+  float r_stage2_block1_expand_w_batch_norm22_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -569,13 +425,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
   {
     const int kt0 = (-1);
     __pipeline_memcpy_async(&s_batch_norm20[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &batch_norm20[(((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 192 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, (((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_stage2_block1_expand_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_expand_w[(p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block1_expand_w_batch_norm22[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_expand_w_batch_norm22[(p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     __pipeline_memcpy_async(&s_batch_norm20[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &batch_norm20[(((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 192 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, (((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_stage2_block1_expand_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_expand_w[(p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block1_expand_w_batch_norm22[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_expand_w_batch_norm22[(p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 24 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -590,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block1_expand_w_frag[ii0] = s_stage2_block1_expand_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block1_expand_w_batch_norm22_frag[ii0] = s_stage2_block1_expand_w_batch_norm22[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -598,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d21_acc[ii0][ii1][ii2] = r_conv2d21_acc[ii0][ii1][ii2] + (r_batch_norm20_frag[((ii1 * 4) + ii2)] * r_stage2_block1_expand_w_frag[ii0]);
+            r_conv2d21_acc[ii0][ii1][ii2] = r_conv2d21_acc[ii0][ii1][ii2] + (r_batch_norm20_frag[((ii1 * 4) + ii2)] * r_stage2_block1_expand_w_batch_norm22_frag[ii0]);
           }
         }
       }
@@ -621,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block1_expand_w_frag[ii0] = s_stage2_block1_expand_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block1_expand_w_batch_norm22_frag[ii0] = s_stage2_block1_expand_w_batch_norm22[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -629,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d21_acc[ii0][ii1][ii2] = r_conv2d21_acc[ii0][ii1][ii2] + (r_batch_norm20_frag[((ii1 * 4) + ii2)] * r_stage2_block1_expand_w_frag[ii0]);
+            r_conv2d21_acc[ii0][ii1][ii2] = r_conv2d21_acc[ii0][ii1][ii2] + (r_batch_norm20_frag[((ii1 * 4) + ii2)] * r_stage2_block1_expand_w_batch_norm22_frag[ii0]);
           }
         }
       }
@@ -642,13 +498,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8c71637b792331a2c85f(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 23 && (t2 + (4 * ii2)) <= 3) { conv2d21[0 * 384 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = r_conv2d21_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 23 && (t2 + (4 * ii2)) <= 3) { r_conv2d21 = r_conv2d21_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 23 && (t2 + (4 * ii2)) <= 3) { r_batch_norm22 = (r_conv2d21 + batch_norm22_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 23 && (t2 + (4 * ii2)) <= 3) { r_relu23 = pf_fmaxf(r_batch_norm22, 0.0f); }
+        if ((t0 + (16 * ii0)) <= 23 && (t2 + (4 * ii2)) <= 3) { minimum24[0 * 384 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = pf_fminf(r_relu23, 6.0f); }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(192) pf_da3edcb3a29d59dcd2ae(float* __restrict__ minimum24, const float* __restrict__ conv2d21, const float* __restrict__ stage2_block1_expand_bn_mean, const float* __restrict__ batch_norm22_scale, const float* __restrict__ stage2_block1_expand_bn_beta) {
+extern "C" __global__ void __launch_bounds__(192) pf_f5972c23e338cd9fa4ab(float* __restrict__ minimum28, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w_batch_norm26, const float* __restrict__ batch_norm26_shift) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -657,33 +516,23 @@ extern "C" __global__ void __launch_bounds__(192) pf_da3edcb3a29d59dcd2ae(float*
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm22;
-  float r_relu23;
-  r_batch_norm22 = (((conv2d21[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block1_expand_bn_mean[((12 * b0) + t0)]) * batch_norm22_scale[((12 * b0) + t0)]) + stage2_block1_expand_bn_beta[((12 * b0) + t0)]);
-  r_relu23 = pf_fmaxf(r_batch_norm22, 0.0f);
-  minimum24[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu23, 6.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(192) pf_eed60391f6d53a1c093d(float* __restrict__ conv2d25, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
+  float r_conv2d25;
   float r_conv2d25_acc;
+  float r_batch_norm26;
+  float r_relu27;
   r_conv2d25_acc = 0.0f;
   for (int c0 = 0; (c0 <= 2); c0 += 1) {
     for (int c1 = 0; (c1 <= 2); c1 += 1) {
-      r_conv2d25_acc = r_conv2d25_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 4)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 4)) ? minimum24[0 * 384 + (((12 * b0) + t0) + 0) * 16 + ((t1 + c0) - 1) * 4 + ((t2 + c1) - 1)] : 0.0f) * stage2_block1_dw_w[((12 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
+      r_conv2d25_acc = r_conv2d25_acc + ((((((((t1 + c0) - 1) >= 0) && (((t1 + c0) - 1) < 4)) && (((t2 + c1) - 1) >= 0)) && (((t2 + c1) - 1) < 4)) ? minimum24[0 * 384 + (((12 * b0) + t0) + 0) * 16 + ((t1 + c0) - 1) * 4 + ((t2 + c1) - 1)] : 0.0f) * stage2_block1_dw_w_batch_norm26[((12 * b0) + t0) * 9 + 0 * 9 + c0 * 3 + c1]);
     }
   }
-  conv2d25[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d25_acc;
+  r_conv2d25 = r_conv2d25_acc;
+  r_batch_norm26 = (r_conv2d25 + batch_norm26_shift[((12 * b0) + t0)]);
+  r_relu27 = pf_fmaxf(r_batch_norm26, 0.0f);
+  minimum28[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu27, 6.0f);
 }
 
-__device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w, const int pf_block, const int pf_thread) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_d21d2e0715768741d895(float* __restrict__ add31, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w_batch_norm30, const float* __restrict__ batch_norm30_shift, const float* __restrict__ batch_norm20) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -693,10 +542,12 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
   __shared__ __align__(16) float s_minimum28[1024];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block1_project_w[1024];
+  __shared__ __align__(16) float s_stage2_block1_project_w_batch_norm30[1024];
   float r_conv2d29_acc[4][2][4];
+  float r_conv2d29;
+  float r_batch_norm30;
   float r_minimum28_frag[8];
-  float r_stage2_block1_project_w_frag[4];
+  float r_stage2_block1_project_w_batch_norm30_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -710,14 +561,14 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
   {
     const int kt0 = (-1);
     __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &minimum28[((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 384 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_project_w[(p1r >= 0 && p1r < 12) ? p1r * 24 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block1_project_w_batch_norm30[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block1_project_w_batch_norm30[(p1r >= 0 && p1r < 12) ? p1r * 24 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
     __pipeline_commit();
   }
   const float* pf_gp0_minimum28 = &minimum28[((4 * p0c) + (4 * p0r) + 128)];
-  const float* pf_gp0_stage2_block1_project_w = &stage2_block1_project_w[((4 * p1c) + (24 * p1r) + 8)];
+  const float* pf_gp0_stage2_block1_project_w_batch_norm30 = &stage2_block1_project_w_batch_norm30[((4 * p1c) + (24 * p1r) + 8)];
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     __pipeline_memcpy_async(&s_minimum28[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 4) ? &pf_gp0_minimum28[0] : minimum28, 16, ((4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_stage2_block1_project_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p1r >= 0 && p1r < 12) ? &pf_gp0_stage2_block1_project_w[0] : stage2_block1_project_w, 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block1_project_w_batch_norm30[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p1r >= 0 && p1r < 12) ? &pf_gp0_stage2_block1_project_w_batch_norm30[0] : stage2_block1_project_w_batch_norm30, 16, (p1r >= 0 && p1r < 12) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -732,7 +583,7 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block1_project_w_frag[ii0] = s_stage2_block1_project_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block1_project_w_batch_norm30_frag[ii0] = s_stage2_block1_project_w_batch_norm30[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -740,14 +591,14 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d29_acc[ii0][ii1][ii2] = r_conv2d29_acc[ii0][ii1][ii2] + (r_minimum28_frag[((ii1 * 4) + ii2)] * r_stage2_block1_project_w_frag[ii0]);
+            r_conv2d29_acc[ii0][ii1][ii2] = r_conv2d29_acc[ii0][ii1][ii2] + (r_minimum28_frag[((ii1 * 4) + ii2)] * r_stage2_block1_project_w_batch_norm30_frag[ii0]);
           }
         }
       }
     }
     __syncthreads();
     pf_gp0_minimum28 += 128;
-    pf_gp0_stage2_block1_project_w += 8;
+    pf_gp0_stage2_block1_project_w_batch_norm30 += 8;
   }
   {
     const int kt0 = 2;
@@ -765,7 +616,7 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block1_project_w_frag[ii0] = s_stage2_block1_project_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block1_project_w_batch_norm30_frag[ii0] = s_stage2_block1_project_w_batch_norm30[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -773,7 +624,7 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d29_acc[ii0][ii1][ii2] = r_conv2d29_acc[ii0][ii1][ii2] + (r_minimum28_frag[((ii1 * 4) + ii2)] * r_stage2_block1_project_w_frag[ii0]);
+            r_conv2d29_acc[ii0][ii1][ii2] = r_conv2d29_acc[ii0][ii1][ii2] + (r_minimum28_frag[((ii1 * 4) + ii2)] * r_stage2_block1_project_w_batch_norm30_frag[ii0]);
           }
         }
       }
@@ -786,45 +637,15 @@ __device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p0(float* __restrict__ c
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { conv2d29[0 * 192 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = r_conv2d29_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { r_conv2d29 = r_conv2d29_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { r_batch_norm30 = (r_conv2d29 + batch_norm30_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 11 && (t2 + (4 * ii2)) <= 3) { add31[0 * 192 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = (batch_norm20[0 * 192 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] + r_batch_norm30); }
       }
     }
   }
 }
 
-__device__ __forceinline__ void pf_3aaac4d18ffc8ca3065b_p1(float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm33_scale[t0] = (last_bn_gamma[t0] * rsqrtf((last_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_3aaac4d18ffc8ca3065b(float* __restrict__ conv2d29, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w, float* __restrict__ batch_norm33_scale, const float* __restrict__ last_bn_gamma, const float* __restrict__ last_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k23_conv2d29: 1 blocks of 128
-    pf_3aaac4d18ffc8ca3065b_p0(conv2d29, minimum28, stage2_block1_project_w, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k27_batch_norm33_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 1) * 8 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_3aaac4d18ffc8ca3065b_p1(batch_norm33_scale, last_bn_gamma, last_bn_var, pf_v, (int)threadIdx.x % 16);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(192) pf_6a5ff210e19ab44b5d05(float* __restrict__ add31, const float* __restrict__ conv2d29, const float* __restrict__ stage2_block1_project_bn_mean, const float* __restrict__ batch_norm30_scale, const float* __restrict__ stage2_block1_project_bn_beta, const float* __restrict__ batch_norm20) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm30;
-  r_batch_norm30 = (((conv2d29[0 * 192 + t0 * 16 + t1 * 4 + t2] - stage2_block1_project_bn_mean[t0]) * batch_norm30_scale[t0]) + stage2_block1_project_bn_beta[t0]);
-  add31[0 * 192 + t0 * 16 + t1 * 4 + t2] = (batch_norm20[0 * 192 + t0 * 16 + t1 * 4 + t2] + r_batch_norm30);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(float* __restrict__ conv2d32, const float* __restrict__ add31, const float* __restrict__ last_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_3f1d89c6cbefc9fa3c1c(float* __restrict__ minimum35, const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -834,10 +655,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
   __shared__ __align__(16) float s_add31[1024];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_last_w[1024];
+  __shared__ __align__(16) float s_last_w_batch_norm33[1024];
   float r_conv2d32_acc[4][2][4];
+  float r_conv2d32;
+  float r_batch_norm33;
+  float r_relu34;
   float r_add31_frag[8];
-  float r_last_w_frag[4];
+  float r_last_w_batch_norm33_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -851,13 +675,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
   {
     const int kt0 = (-1);
     __pipeline_memcpy_async(&s_add31[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &add31[(((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 192 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, (((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_last_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_last_w_batch_norm33[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w_batch_norm33[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     __pipeline_memcpy_async(&s_add31[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &add31[(((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 192 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, (((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_last_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+    __pipeline_memcpy_async(&s_last_w_batch_norm33[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w_batch_norm33[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -872,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_last_w_frag[ii0] = s_last_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_last_w_batch_norm33_frag[ii0] = s_last_w_batch_norm33[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -880,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d32_acc[ii0][ii1][ii2] = r_conv2d32_acc[ii0][ii1][ii2] + (r_add31_frag[((ii1 * 4) + ii2)] * r_last_w_frag[ii0]);
+            r_conv2d32_acc[ii0][ii1][ii2] = r_conv2d32_acc[ii0][ii1][ii2] + (r_add31_frag[((ii1 * 4) + ii2)] * r_last_w_batch_norm33_frag[ii0]);
           }
         }
       }
@@ -903,7 +727,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_last_w_frag[ii0] = s_last_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_last_w_batch_norm33_frag[ii0] = s_last_w_batch_norm33[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -911,7 +735,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d32_acc[ii0][ii1][ii2] = r_conv2d32_acc[ii0][ii1][ii2] + (r_add31_frag[((ii1 * 4) + ii2)] * r_last_w_frag[ii0]);
+            r_conv2d32_acc[ii0][ii1][ii2] = r_conv2d32_acc[ii0][ii1][ii2] + (r_add31_frag[((ii1 * 4) + ii2)] * r_last_w_batch_norm33_frag[ii0]);
           }
         }
       }
@@ -924,13 +748,16 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_2ad9e729c4d3b731153f(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { conv2d32[0 * 256 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = r_conv2d32_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { r_conv2d32 = r_conv2d32_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { r_batch_norm33 = (r_conv2d32 + batch_norm33_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { r_relu34 = pf_fmaxf(r_batch_norm33, 0.0f); }
+        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { minimum35[0 * 256 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = pf_fminf(r_relu34, 6.0f); }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f05f33d74dfa379b1c6e(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
+extern "C" __global__ void __launch_bounds__(256) pf_0b13c94f5019379ea617(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -938,7 +765,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f05f33d74dfa379b1c6e(float*
   const int r0 = _t;
   __shared__ float pf_scratch[1];
   float r_reduce_mean36_acc;
-  // part:mg29
+  // part:mg10
   r_reduce_mean36_acc = 0.0f;
   if ((l0 <= 3)) {
     // coarsen:4

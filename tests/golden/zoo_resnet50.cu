@@ -46,24 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_481246dc2b15ea2c5223_p0(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm1_scale[t0] = (stem_bn_gamma[t0] * rsqrtf((stem_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_481246dc2b15ea2c5223_p1(float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm5_scale[t0] = (stage1_block0_a_bn_gamma[t0] * rsqrtf((stage1_block0_a_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_481246dc2b15ea2c5223_p2(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(128, 6) pf_c6d111dd022c2d5d606e(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+  int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 8; _t /= 8;
@@ -73,9 +57,11 @@ __device__ __forceinline__ void pf_481246dc2b15ea2c5223_p2(float* __restrict__ c
   const int p0c = threadIdx.x % 8;
   __shared__ __align__(16) float s_image[216];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stem_w[432];
+  __shared__ __align__(16) float s_stem_w_batch_norm1[432];
   float r_conv2d0_acc[2];
-  float r_stem_w_frag[1];
+  float r_conv2d0;
+  float r_batch_norm1;
+  float r_stem_w_batch_norm1_frag[1];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     r_conv2d0_acc[ii2] = 0.0f;
@@ -84,7 +70,7 @@ __device__ __forceinline__ void pf_481246dc2b15ea2c5223_p2(float* __restrict__ c
     *reinterpret_cast<float4*>(&s_image[(p0d0 - 0) * 72 + (((b1 + p0r) - 1) - (b1 - 1)) * 24 + (((4 * p0c) - 4) - (-4))]) = (((b1 + p0r) - 1) >= 0 && ((b1 + p0r) - 1) < 16 && ((4 * p0c) - 4) >= 0 && ((4 * p0c) - 4) < 16) ? *reinterpret_cast<const float4*>(&image[p0d0 * 256 + ((b1 + p0r) - 1) * 16 + ((4 * p0c) - 4)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   if ((p1c <= 107)) {
-    *reinterpret_cast<float4*>(&s_stem_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_stem_w_batch_norm1[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 216) ? *reinterpret_cast<const float4*>(&stem_w_batch_norm1[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
@@ -93,10 +79,10 @@ __device__ __forceinline__ void pf_481246dc2b15ea2c5223_p2(float* __restrict__ c
     for (int kk1 = 0; (kk1 <= 2); kk1 += 1) {
       #pragma unroll
       for (int kk2 = 0; (kk2 <= 2); kk2 += 1) {
-        r_stem_w_frag[0] = s_stem_w[(((t0 * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+        r_stem_w_batch_norm1_frag[0] = s_stem_w_batch_norm1[(((t0 * 27) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          r_conv2d0_acc[ii2] = r_conv2d0_acc[ii2] + (s_image[(0 * 3 + kk0 - 0) * 72 + (((b1 + kk1) - 1) - (b1 - 1)) * 24 + ((((t2 + (8 * ii2)) + kk2) - 1) - (-4))] * r_stem_w_frag[0]);
+          r_conv2d0_acc[ii2] = r_conv2d0_acc[ii2] + (s_image[(0 * 3 + kk0 - 0) * 72 + (((b1 + kk1) - 1) - (b1 - 1)) * 24 + ((((t2 + (8 * ii2)) + kk2) - 1) - (-4))] * r_stem_w_batch_norm1_frag[0]);
         }
       }
     }
@@ -104,35 +90,10 @@ __device__ __forceinline__ void pf_481246dc2b15ea2c5223_p2(float* __restrict__ c
   __syncthreads();
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    if (t0 <= 7) { conv2d0[0 * 2048 + t0 * 256 + b1 * 16 + (t2 + (8 * ii2))] = r_conv2d0_acc[ii2]; }
+    if (t0 <= 7) { r_conv2d0 = r_conv2d0_acc[ii2]; }
+    if (t0 <= 7) { r_batch_norm1 = (r_conv2d0 + batch_norm1_shift[t0]); }
+    if (t0 <= 7) { relu2[0 * 2048 + t0 * 256 + b1 * 16 + (t2 + (8 * ii2))] = pf_fmaxf(r_batch_norm1, 0.0f); }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_481246dc2b15ea2c5223(float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_gamma, const float* __restrict__ stem_bn_var, float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_gamma, const float* __restrict__ stage1_block0_a_bn_var, float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ stem_w) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k1_batch_norm1_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 0) * 16 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_481246dc2b15ea2c5223_p0(batch_norm1_scale, stem_bn_gamma, stem_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 2) {  // k5_batch_norm5_scale: 1 blocks of 4
-    const int pf_v = (pf_b - 1) * 32 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_481246dc2b15ea2c5223_p1(batch_norm5_scale, stage1_block0_a_bn_gamma, stage1_block0_a_bn_var, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 18) {  // k0_conv2d0: 16 blocks of 128
-    pf_481246dc2b15ea2c5223_p2(conv2d0, image, stem_w, pf_b - 2, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_5ef710861e926a295848(float* __restrict__ relu2, const float* __restrict__ conv2d0, const float* __restrict__ stem_bn_mean, const float* __restrict__ batch_norm1_scale, const float* __restrict__ stem_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 16; _t /= 16;
-  const int t0 = _t;
-  float r_batch_norm1;
-  r_batch_norm1 = (((conv2d0[0 * 2048 + b0 * 256 + t1 * 16 + t2] - stem_bn_mean[b0]) * batch_norm1_scale[b0]) + stem_bn_beta[b0]);
-  relu2[0 * 2048 + b0 * 256 + t1 * 16 + t2] = pf_fmaxf(r_batch_norm1, 0.0f);
 }
 
 extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
@@ -154,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float*
   max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_3e66244456b3481899fe(float* __restrict__ conv2d4, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_1822d26c8854b5126060(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -162,10 +123,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3e66244456b3481899fe(flo
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_max_pool2d3[512];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_a_w[512];
+  __shared__ __align__(16) float s_stage1_block0_a_w_batch_norm5[512];
   float r_conv2d4_acc[4][2][4];
+  float r_conv2d4;
+  float r_batch_norm5;
   float r_max_pool2d3_frag[8];
-  float r_stage1_block0_a_w_frag[4];
+  float r_stage1_block0_a_w_batch_norm5_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -177,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3e66244456b3481899fe(flo
     }
   }
   *reinterpret_cast<float4*>(&s_max_pool2d3[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&max_pool2d3[(4 * p0c)]);
-  *reinterpret_cast<float4*>(&s_stage1_block0_a_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&stage1_block0_a_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_stage1_block0_a_w_batch_norm5[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&stage1_block0_a_w_batch_norm5[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -190,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3e66244456b3481899fe(flo
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_stage1_block0_a_w_frag[ii0] = s_stage1_block0_a_w[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+      r_stage1_block0_a_w_batch_norm5_frag[ii0] = s_stage1_block0_a_w_batch_norm5[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -198,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3e66244456b3481899fe(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d4_acc[ii0][ii1][ii2] = r_conv2d4_acc[ii0][ii1][ii2] + (r_max_pool2d3_frag[((ii1 * 4) + ii2)] * r_stage1_block0_a_w_frag[ii0]);
+          r_conv2d4_acc[ii0][ii1][ii2] = r_conv2d4_acc[ii0][ii1][ii2] + (r_max_pool2d3_frag[((ii1 * 4) + ii2)] * r_stage1_block0_a_w_batch_norm5_frag[ii0]);
         }
       }
     }
@@ -210,27 +173,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3e66244456b3481899fe(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 3) { conv2d4[0 * 256 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = r_conv2d4_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 3) { r_conv2d4 = r_conv2d4_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 3) { r_batch_norm5 = (r_conv2d4 + batch_norm5_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 3) { relu6[0 * 256 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = pf_fmaxf(r_batch_norm5, 0.0f); }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fddbea2fd4f63f87a698(float* __restrict__ relu6, const float* __restrict__ conv2d4, const float* __restrict__ stage1_block0_a_bn_mean, const float* __restrict__ batch_norm5_scale, const float* __restrict__ stage1_block0_a_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm5;
-  r_batch_norm5 = (((conv2d4[0 * 256 + t0 * 64 + t1 * 8 + t2] - stage1_block0_a_bn_mean[t0]) * batch_norm5_scale[t0]) + stage1_block0_a_bn_beta[t0]);
-  relu6[0 * 256 + t0 * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm5, 0.0f);
-}
-
-__device__ __forceinline__ void pf_e630d4e30939491d3956_p0(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w, const int pf_block, const int pf_thread) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_4ebedfd6e8bc8836f3e5(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
@@ -240,10 +191,12 @@ __device__ __forceinline__ void pf_e630d4e30939491d3956_p0(float* __restrict__ c
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_relu6[640];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_b_w[1152];
+  __shared__ __align__(16) float s_stage1_block0_b_w_batch_norm8[1152];
   float r_conv2d7_acc[8][4];
+  float r_conv2d7;
+  float r_batch_norm8;
   float r_relu6_frag[4];
-  float r_stage1_block0_b_w_frag[8];
+  float r_stage1_block0_b_w_batch_norm8_frag[8];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
     #pragma unroll
@@ -260,7 +213,7 @@ __device__ __forceinline__ void pf_e630d4e30939491d3956_p0(float* __restrict__ c
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 4); kk0 += 1) {
     if ((kk0 <= ((-((p1c + 32) / 64)) + 4))) {
-      *reinterpret_cast<float4*>(&s_stage1_block0_b_w[(((4 * p1c) + (256 * kk0)) - 0)]) = (((4 * p1c) + (256 * kk0)) >= 0 && ((4 * p1c) + (256 * kk0)) < 144) ? *reinterpret_cast<const float4*>(&stage1_block0_b_w[((4 * p1c) + (256 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      *reinterpret_cast<float4*>(&s_stage1_block0_b_w_batch_norm8[(((4 * p1c) + (256 * kk0)) - 0)]) = (((4 * p1c) + (256 * kk0)) >= 0 && ((4 * p1c) + (256 * kk0)) < 144) ? *reinterpret_cast<const float4*>(&stage1_block0_b_w_batch_norm8[((4 * p1c) + (256 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   __syncthreads();
@@ -276,13 +229,13 @@ __device__ __forceinline__ void pf_e630d4e30939491d3956_p0(float* __restrict__ c
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-          r_stage1_block0_b_w_frag[ii0] = s_stage1_block0_b_w[((((t0 + (4 * ii0)) * 36) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
+          r_stage1_block0_b_w_batch_norm8_frag[ii0] = s_stage1_block0_b_w_batch_norm8[((((t0 + (4 * ii0)) * 36) + (kk0 * 9) + (kk1 * 3) + kk2) - 0)];
         }
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + (r_relu6_frag[ii2] * r_stage1_block0_b_w_frag[ii0]);
+            r_conv2d7_acc[ii0][ii2] = r_conv2d7_acc[ii0][ii2] + (r_relu6_frag[ii2] * r_stage1_block0_b_w_batch_norm8_frag[ii0]);
           }
         }
       }
@@ -293,152 +246,14 @@ __device__ __forceinline__ void pf_e630d4e30939491d3956_p0(float* __restrict__ c
   for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t0 + (4 * ii0)) <= 3) { conv2d7[0 * 256 + (t0 + (4 * ii0)) * 64 + t1 * 8 + (t2 + (2 * ii2))] = r_conv2d7_acc[ii0][ii2]; }
+      if ((t0 + (4 * ii0)) <= 3) { r_conv2d7 = r_conv2d7_acc[ii0][ii2]; }
+      if ((t0 + (4 * ii0)) <= 3) { r_batch_norm8 = (r_conv2d7 + batch_norm8_shift[(t0 + (4 * ii0))]); }
+      if ((t0 + (4 * ii0)) <= 3) { relu9[0 * 256 + (t0 + (4 * ii0)) * 64 + t1 * 8 + (t2 + (2 * ii2))] = pf_fmaxf(r_batch_norm8, 0.0f); }
     }
   }
 }
 
-__device__ __forceinline__ void pf_e630d4e30939491d3956_p1(float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm25_scale[t0] = (stage2_block0_proj_bn_gamma[t0] * rsqrtf((stage2_block0_proj_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e630d4e30939491d3956_p2(float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm8_scale[t0] = (stage1_block0_b_bn_gamma[t0] * rsqrtf((stage1_block0_b_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e630d4e30939491d3956_p3(float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm13_scale[t0] = (stage1_block0_proj_bn_gamma[t0] * rsqrtf((stage1_block0_proj_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e630d4e30939491d3956_p4(float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm17_scale[t0] = (stage2_block0_a_bn_gamma[t0] * rsqrtf((stage2_block0_a_bn_var[t0] + 1e-05f)));
-}
-
-__device__ __forceinline__ void pf_e630d4e30939491d3956_p5(float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  batch_norm20_scale[t0] = (stage2_block0_b_bn_gamma[t0] * rsqrtf((stage2_block0_b_bn_var[t0] + 1e-05f)));
-}
-
-extern "C" __global__ void __launch_bounds__(64) pf_e630d4e30939491d3956(float* __restrict__ conv2d7, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w, float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_gamma, const float* __restrict__ stage2_block0_proj_bn_var, float* __restrict__ batch_norm8_scale, const float* __restrict__ stage1_block0_b_bn_gamma, const float* __restrict__ stage1_block0_b_bn_var, float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_gamma, const float* __restrict__ stage1_block0_proj_bn_var, float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_gamma, const float* __restrict__ stage2_block0_a_bn_var, float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_gamma, const float* __restrict__ stage2_block0_b_bn_var) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k7_conv2d7: 1 blocks of 64
-    pf_e630d4e30939491d3956_p0(conv2d7, relu6, stage1_block0_b_w, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k24_batch_norm25_scale: 1 blocks of 32
-    const int pf_v = (pf_b - 1) * 2 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_e630d4e30939491d3956_p1(batch_norm25_scale, stage2_block0_proj_bn_gamma, stage2_block0_proj_bn_var, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 3) {  // k8_batch_norm8_scale: 1 blocks of 4
-    const int pf_v = (pf_b - 2) * 16 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_e630d4e30939491d3956_p2(batch_norm8_scale, stage1_block0_b_bn_gamma, stage1_block0_b_bn_var, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 4) {  // k13_batch_norm13_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 3) * 4 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_e630d4e30939491d3956_p3(batch_norm13_scale, stage1_block0_proj_bn_gamma, stage1_block0_proj_bn_var, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 5) {  // k16_batch_norm17_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 4) * 8 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_e630d4e30939491d3956_p4(batch_norm17_scale, stage2_block0_a_bn_gamma, stage2_block0_a_bn_var, pf_v, (int)threadIdx.x % 8);
-  } else if (pf_b < 6) {  // k19_batch_norm20_scale: 1 blocks of 8
-    const int pf_v = (pf_b - 5) * 8 + (int)threadIdx.x / 8;
-    if (pf_v < 1) pf_e630d4e30939491d3956_p5(batch_norm20_scale, stage2_block0_b_bn_gamma, stage2_block0_b_bn_var, pf_v, (int)threadIdx.x % 8);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128, 3) pf_b32ce865cdcc274c591c(float* __restrict__ conv2d10, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w) {
-  int _t = threadIdx.x;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_relu9[256];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_c_w[512];
-  float r_conv2d10_acc[8][2][4];
-  float r_relu9_frag[8];
-  float r_stage1_block0_c_w_frag[8];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d10_acc[ii0][ii1][ii2] = 0.0f;
-      }
-    }
-  }
-  if ((p0c <= 63)) {
-    *reinterpret_cast<float4*>(&s_relu9[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&relu9[(4 * p0c)]);
-  }
-  *reinterpret_cast<float4*>(&s_stage1_block0_c_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&stage1_block0_c_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_relu9_frag[((ii1 * 4) + ii2)] = s_relu9[(((0 * 256) + (kk0 * 64) + ((t1 + (4 * ii1)) * 8) + (t2 + (2 * ii2))) - 0)];
-      }
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      r_stage1_block0_c_w_frag[ii0] = s_stage1_block0_c_w[((((t0 + (16 * ii0)) * 4) + kk0 + 0 + 0) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d10_acc[ii0][ii1][ii2] = r_conv2d10_acc[ii0][ii1][ii2] + (r_relu9_frag[((ii1 * 4) + ii2)] * r_stage1_block0_c_w_frag[ii0]);
-        }
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 15) { conv2d10[0 * 1024 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = r_conv2d10_acc[ii0][ii1][ii2]; }
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_b7cf6a813881772da516_p0(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  float r_batch_norm11_scale;
-  r_batch_norm11_scale = (stage1_block0_c_bn_gamma[t0] * rsqrtf((stage1_block0_c_bn_var[t0] + 1e-05f)));
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    for (int c1 = 0; (c1 <= 7); c1 += 1) {
-      batch_norm11[0 * 1024 + t0 * 64 + c0 * 8 + c1] = (((conv2d10[0 * 1024 + t0 * 64 + c0 * 8 + c1] - stage1_block0_c_bn_mean[t0]) * r_batch_norm11_scale) + stage1_block0_c_bn_beta[t0]);
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_b7cf6a813881772da516_p1(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w, const int pf_block, const int pf_thread) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -446,10 +261,10 @@ __device__ __forceinline__ void pf_b7cf6a813881772da516_p1(float* __restrict__ c
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_max_pool2d3[512];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage1_block0_proj_w[512];
+  __shared__ __align__(16) float s_stage1_block0_proj_w_batch_norm13[512];
   float r_conv2d12_acc[4][2][4];
   float r_max_pool2d3_frag[8];
-  float r_stage1_block0_proj_w_frag[4];
+  float r_stage1_block0_proj_w_batch_norm13_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -461,7 +276,7 @@ __device__ __forceinline__ void pf_b7cf6a813881772da516_p1(float* __restrict__ c
     }
   }
   *reinterpret_cast<float4*>(&s_max_pool2d3[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&max_pool2d3[(4 * p0c)]);
-  *reinterpret_cast<float4*>(&s_stage1_block0_proj_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&stage1_block0_proj_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_stage1_block0_proj_w_batch_norm13[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&stage1_block0_proj_w_batch_norm13[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -474,7 +289,7 @@ __device__ __forceinline__ void pf_b7cf6a813881772da516_p1(float* __restrict__ c
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_stage1_block0_proj_w_frag[ii0] = s_stage1_block0_proj_w[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+      r_stage1_block0_proj_w_batch_norm13_frag[ii0] = s_stage1_block0_proj_w_batch_norm13[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -482,7 +297,7 @@ __device__ __forceinline__ void pf_b7cf6a813881772da516_p1(float* __restrict__ c
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d12_acc[ii0][ii1][ii2] = r_conv2d12_acc[ii0][ii1][ii2] + (r_max_pool2d3_frag[((ii1 * 4) + ii2)] * r_stage1_block0_proj_w_frag[ii0]);
+          r_conv2d12_acc[ii0][ii1][ii2] = r_conv2d12_acc[ii0][ii1][ii2] + (r_max_pool2d3_frag[((ii1 * 4) + ii2)] * r_stage1_block0_proj_w_batch_norm13_frag[ii0]);
         }
       }
     }
@@ -500,33 +315,79 @@ __device__ __forceinline__ void pf_b7cf6a813881772da516_p1(float* __restrict__ c
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_b7cf6a813881772da516(float* __restrict__ batch_norm11, const float* __restrict__ stage1_block0_c_bn_gamma, const float* __restrict__ stage1_block0_c_bn_var, const float* __restrict__ conv2d10, const float* __restrict__ stage1_block0_c_bn_mean, const float* __restrict__ stage1_block0_c_bn_beta, float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k11_batch_norm11_scale: 1 blocks of 16
-    const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 16;
-    if (pf_v < 1) pf_b7cf6a813881772da516_p0(batch_norm11, stage1_block0_c_bn_gamma, stage1_block0_c_bn_var, conv2d10, stage1_block0_c_bn_mean, stage1_block0_c_bn_beta, pf_v, (int)threadIdx.x % 16);
-  } else if (pf_b < 2) {  // k12_conv2d12: 1 blocks of 128
-    pf_b7cf6a813881772da516_p1(conv2d12, max_pool2d3, stage1_block0_proj_w, pf_b - 1, (int)threadIdx.x);
+extern "C" __global__ void __launch_bounds__(128, 3) pf_8e8e0e4f39091ad04e10(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
+  int _t = threadIdx.x;
+  const int t2 = _t % 2; _t /= 2;
+  const int t1 = _t % 4; _t /= 4;
+  const int t0 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_relu9[256];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_stage1_block0_c_w_batch_norm11[512];
+  float r_conv2d10_acc[8][2][4];
+  float r_conv2d10;
+  float r_batch_norm11;
+  float r_batch_norm13;
+  float r_add14;
+  float r_relu9_frag[8];
+  float r_stage1_block0_c_w_batch_norm11_frag[8];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_conv2d10_acc[ii0][ii1][ii2] = 0.0f;
+      }
+    }
+  }
+  if ((p0c <= 63)) {
+    *reinterpret_cast<float4*>(&s_relu9[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&relu9[(4 * p0c)]);
+  }
+  *reinterpret_cast<float4*>(&s_stage1_block0_c_w_batch_norm11[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 64) ? *reinterpret_cast<const float4*>(&stage1_block0_c_w_batch_norm11[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_relu9_frag[((ii1 * 4) + ii2)] = s_relu9[(((0 * 256) + (kk0 * 64) + ((t1 + (4 * ii1)) * 8) + (t2 + (2 * ii2))) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
+      r_stage1_block0_c_w_batch_norm11_frag[ii0] = s_stage1_block0_c_w_batch_norm11[((((t0 + (16 * ii0)) * 4) + kk0 + 0 + 0) - 0)];
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_conv2d10_acc[ii0][ii1][ii2] = r_conv2d10_acc[ii0][ii1][ii2] + (r_relu9_frag[((ii1 * 4) + ii2)] * r_stage1_block0_c_w_batch_norm11_frag[ii0]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 7); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        if ((t0 + (16 * ii0)) <= 15) { r_conv2d10 = r_conv2d10_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 15) { r_batch_norm11 = (r_conv2d10 + batch_norm11_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 15) { r_batch_norm13 = (conv2d12[0 * 1024 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] + batch_norm13_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 15) { r_add14 = (r_batch_norm11 + r_batch_norm13); }
+        if ((t0 + (16 * ii0)) <= 15) { relu15[0 * 1024 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = pf_fmaxf(r_add14, 0.0f); }
+      }
+    }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ddb8b0ae7cebb73732f4(float* __restrict__ relu15, const float* __restrict__ conv2d12, const float* __restrict__ stage1_block0_proj_bn_mean, const float* __restrict__ batch_norm13_scale, const float* __restrict__ stage1_block0_proj_bn_beta, const float* __restrict__ batch_norm11) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm13;
-  float r_add14;
-  r_batch_norm13 = (((conv2d12[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage1_block0_proj_bn_mean[((4 * b0) + t0)]) * batch_norm13_scale[((4 * b0) + t0)]) + stage1_block0_proj_bn_beta[((4 * b0) + t0)]);
-  r_add14 = (batch_norm11[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] + r_batch_norm13);
-  relu15[0 * 1024 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_add14, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(float* __restrict__ conv2d16, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_5c43596db22572d963f2(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -535,10 +396,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
   __shared__ __align__(16) float s_relu15[1032];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block0_a_w[1024];
+  __shared__ __align__(16) float s_stage2_block0_a_w_batch_norm17[1024];
   float r_conv2d16_acc[4][2][4];
+  float r_conv2d16;
+  float r_batch_norm17;
   float r_relu15_frag[8];
-  float r_stage2_block0_a_w_frag[4];
+  float r_stage2_block0_a_w_batch_norm17_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -552,13 +415,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
   {
     const int kt0 = (-1);
     __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 516 + (0 - 0) * 516 + ((((4 * p0c) + (512 * kt0)) + 512) - (512 * (kt0 + 1)))], &relu15[0 * 1024 + (((4 * p0c) + (512 * kt0)) + 512)], 16);
-    __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block0_a_w_batch_norm17[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w_batch_norm17[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 516 + (0 - 0) * 516 + ((((4 * p0c) + (512 * kt0)) + 512) - (512 * (kt0 + 1)))], &relu15[0 * 1024 + (((4 * p0c) + (512 * kt0)) + 512)], 16);
-    __pipeline_memcpy_async(&s_stage2_block0_a_w[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_stage2_block0_a_w_batch_norm17[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_a_w_batch_norm17[(p1r >= 0 && p1r < 8) ? p1r * 16 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -573,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_a_w_batch_norm17_frag[ii0] = s_stage2_block0_a_w_batch_norm17[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -581,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d16_acc[ii0][ii1][ii2] = r_conv2d16_acc[ii0][ii1][ii2] + (r_relu15_frag[((ii1 * 4) + ii2)] * r_stage2_block0_a_w_frag[ii0]);
+            r_conv2d16_acc[ii0][ii1][ii2] = r_conv2d16_acc[ii0][ii1][ii2] + (r_relu15_frag[((ii1 * 4) + ii2)] * r_stage2_block0_a_w_batch_norm17_frag[ii0]);
           }
         }
       }
@@ -604,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_stage2_block0_a_w_frag[ii0] = s_stage2_block0_a_w[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        r_stage2_block0_a_w_batch_norm17_frag[ii0] = s_stage2_block0_a_w_batch_norm17[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -612,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
         for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
           #pragma unroll
           for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d16_acc[ii0][ii1][ii2] = r_conv2d16_acc[ii0][ii1][ii2] + (r_relu15_frag[((ii1 * 4) + ii2)] * r_stage2_block0_a_w_frag[ii0]);
+            r_conv2d16_acc[ii0][ii1][ii2] = r_conv2d16_acc[ii0][ii1][ii2] + (r_relu15_frag[((ii1 * 4) + ii2)] * r_stage2_block0_a_w_batch_norm17_frag[ii0]);
           }
         }
       }
@@ -625,27 +488,15 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1541d569811d13c3f128(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 7) { conv2d16[0 * 512 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = r_conv2d16_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 7) { r_conv2d16 = r_conv2d16_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 7) { r_batch_norm17 = (r_conv2d16 + batch_norm17_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 7) { relu18[0 * 512 + (t0 + (16 * ii0)) * 64 + (t1 + (4 * ii1)) * 8 + (t2 + (2 * ii2))] = pf_fmaxf(r_batch_norm17, 0.0f); }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2e5a53b8106dec00a61c(float* __restrict__ relu18, const float* __restrict__ conv2d16, const float* __restrict__ stage2_block0_a_bn_mean, const float* __restrict__ batch_norm17_scale, const float* __restrict__ stage2_block0_a_bn_beta) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_batch_norm17;
-  r_batch_norm17 = (((conv2d16[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] - stage2_block0_a_bn_mean[((4 * b0) + t0)]) * batch_norm17_scale[((4 * b0) + t0)]) + stage2_block0_a_bn_beta[((4 * b0) + t0)]);
-  relu18[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fmaxf(r_batch_norm17, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 6) pf_dd1019797973bdc6229e(float* __restrict__ conv2d19, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_c2926dfea383bf55eda1(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
@@ -655,8 +506,10 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_dd1019797973bdc6229e(flo
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_relu18[864];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage2_block0_b_w[1152];
+  __shared__ __align__(16) float s_stage2_block0_b_w_batch_norm20[1152];
   float r_conv2d19_acc[2];
+  float r_conv2d19;
+  float r_batch_norm20;
   float r_relu18_frag[1];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -671,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_dd1019797973bdc6229e(flo
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 2); kk0 += 1) {
     if ((kk0 <= ((-((p1c + 96) / 128)) + 2))) {
-      *reinterpret_cast<float4*>(&s_stage2_block0_b_w[(((4 * p1c) + (512 * kk0)) - 0)]) = (((4 * p1c) + (512 * kk0)) >= 0 && ((4 * p1c) + (512 * kk0)) < 576) ? *reinterpret_cast<const float4*>(&stage2_block0_b_w[((4 * p1c) + (512 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      *reinterpret_cast<float4*>(&s_stage2_block0_b_w_batch_norm20[(((4 * p1c) + (512 * kk0)) - 0)]) = (((4 * p1c) + (512 * kk0)) >= 0 && ((4 * p1c) + (512 * kk0)) < 576) ? *reinterpret_cast<const float4*>(&stage2_block0_b_w_batch_norm20[((4 * p1c) + (512 * kk0))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   __syncthreads();
@@ -684,7 +537,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_dd1019797973bdc6229e(flo
         r_relu18_frag[0] = s_relu18[(((0 * 8) + kk0) - 0) * 108 + ((((2 * t1) + kk1) - 1) - (-1)) * 12 + ((((2 * t2) + kk2) - 1) - (-4))];
         #pragma unroll
         for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-          r_conv2d19_acc[ii0] = r_conv2d19_acc[ii0] + (r_relu18_frag[0] * s_stage2_block0_b_w[((t0 + (8 * ii0)) * 72 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
+          r_conv2d19_acc[ii0] = r_conv2d19_acc[ii0] + (r_relu18_frag[0] * s_stage2_block0_b_w_batch_norm20[((t0 + (8 * ii0)) * 72 + kk0 * 9 + kk1 * 3 + kk2 - 0)]);
         }
       }
     }
@@ -692,25 +545,68 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_dd1019797973bdc6229e(flo
   __syncthreads();
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    if ((t0 + (8 * ii0)) <= 7) { conv2d19[0 * 128 + (t0 + (8 * ii0)) * 16 + t1 * 4 + t2] = r_conv2d19_acc[ii0]; }
+    if ((t0 + (8 * ii0)) <= 7) { r_conv2d19 = r_conv2d19_acc[ii0]; }
+    if ((t0 + (8 * ii0)) <= 7) { r_batch_norm20 = (r_conv2d19 + batch_norm20_shift[(t0 + (8 * ii0))]); }
+    if ((t0 + (8 * ii0)) <= 7) { relu21[0 * 128 + (t0 + (8 * ii0)) * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f); }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_b06e51acbddf14c46792(float* __restrict__ relu21, const float* __restrict__ conv2d19, const float* __restrict__ stage2_block0_b_bn_mean, const float* __restrict__ batch_norm20_scale, const float* __restrict__ stage2_block0_b_bn_beta) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_7d1bf588cfaa3687b23f(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
   int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
   const int t0 = _t;
-  float r_batch_norm20;
-  r_batch_norm20 = (((conv2d19[0 * 128 + t0 * 16 + t1 * 4 + t2] - stage2_block0_b_bn_mean[t0]) * batch_norm20_scale[t0]) + stage2_block0_b_bn_beta[t0]);
-  relu21[0 * 128 + t0 * 16 + t1 * 4 + t2] = pf_fmaxf(r_batch_norm20, 0.0f);
+  const int p0d1 = threadIdx.x / 64;
+  const int p0r = threadIdx.x / 8 % 8;
+  const int p0c = threadIdx.x % 8;
+  __shared__ float s_relu15[784];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_stage2_block0_proj_w_batch_norm25[256];
+  float r_conv2d24_acc[1];
+  r_conv2d24_acc[0] = 0.0f;
+  {
+    const int kt0 = (-1);
+    if ((((kt0 <= 0) && ((p0r % 2) == 0)) && ((p0c % 2) == 0))) {
+      #pragma unroll
+      for (int pos = 0; (pos <= 1); pos += 1) {
+        __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 392 + (0 - 0) * 392 + ((((p0d1 + (8 * kt0)) + (4 * pos)) + 8) - (8 * (kt0 + 1))) * 49 + (p0r - 0) * 7 + (p0c - 0)], &relu15[0 * 1024 + (((p0d1 + (8 * kt0)) + (4 * pos)) + 8) * 64 + p0r * 8 + p0c], 4);
+      }
+    }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w_batch_norm25[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_proj_w_batch_norm25[((16 * b0) + p1r) * 16 + (((4 * p1c) + (8 * kt0)) + 8)], 16);
+    }
+    __pipeline_commit();
+  }
+  const float* pf_gp0_relu15 = &relu15[(p0c + (8 * p0r) + (64 * p0d1) + 512)];
+  const float* pf_gp0_stage2_block0_proj_w_batch_norm25 = &stage2_block0_proj_w_batch_norm25[((4 * p1c) + (256 * b0) + (16 * p1r) + 8)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if ((((kt0 <= 0) && ((p0r % 2) == 0)) && ((p0c % 2) == 0))) {
+      #pragma unroll
+      for (int pos = 0; (pos <= 1); pos += 1) {
+        __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 392 + (0 - 0) * 392 + ((((p0d1 + (8 * kt0)) + (4 * pos)) + 8) - (8 * (kt0 + 1))) * 49 + (p0r - 0) * 7 + (p0c - 0)], &pf_gp0_relu15[(256 * pos)], 4);
+      }
+    }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_stage2_block0_proj_w_batch_norm25[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &pf_gp0_stage2_block0_proj_w_batch_norm25[0], 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      r_conv2d24_acc[0] = r_conv2d24_acc[0] + (s_relu15[(kt0 % 2) * 392 + (0 - 0) * 392 + (((8 * kt0) + kk0) - (8 * kt0)) * 49 + (((t1 * 2) + 0) - 0) * 7 + (((t2 * 2) + 0) - 0)] * s_stage2_block0_proj_w_batch_norm25[(kt0 % 2) * 128 + (((16 * b0) + t0) - (16 * b0)) * 8 + (((8 * kt0) + kk0) + 0 + 0 - (8 * kt0))]);
+    }
+    __syncthreads();
+    pf_gp0_relu15 += 512;
+    pf_gp0_stage2_block0_proj_w_batch_norm25 += 8;
+  }
+  conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_c560b7a4c64c6859f252(float* __restrict__ conv2d22, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_371fd4ee0426717b2705(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -719,10 +615,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_c560b7a4c64c6859f252(flo
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_relu21[512];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage2_block0_c_w[512];
+  __shared__ __align__(16) float s_stage2_block0_c_w_batch_norm23[512];
   float r_conv2d22_acc[4][2][4];
+  float r_conv2d22;
+  float r_batch_norm23;
+  float r_batch_norm25;
+  float r_add26;
   float r_relu21_frag[8];
-  float r_stage2_block0_c_w_frag[4];
+  float r_stage2_block0_c_w_batch_norm23_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
     #pragma unroll
@@ -734,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_c560b7a4c64c6859f252(flo
     }
   }
   *reinterpret_cast<float4*>(&s_relu21[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[p0r * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_stage2_block0_c_w[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 256) ? *reinterpret_cast<const float4*>(&stage2_block0_c_w[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_stage2_block0_c_w_batch_norm23[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 256) ? *reinterpret_cast<const float4*>(&stage2_block0_c_w_batch_norm23[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -747,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_c560b7a4c64c6859f252(flo
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_stage2_block0_c_w_frag[ii0] = s_stage2_block0_c_w[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
+      r_stage2_block0_c_w_batch_norm23_frag[ii0] = s_stage2_block0_c_w_batch_norm23[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
     }
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
@@ -755,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_c560b7a4c64c6859f252(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d22_acc[ii0][ii1][ii2] = r_conv2d22_acc[ii0][ii1][ii2] + (r_relu21_frag[((ii1 * 4) + ii2)] * r_stage2_block0_c_w_frag[ii0]);
+          r_conv2d22_acc[ii0][ii1][ii2] = r_conv2d22_acc[ii0][ii1][ii2] + (r_relu21_frag[((ii1 * 4) + ii2)] * r_stage2_block0_c_w_batch_norm23_frag[ii0]);
         }
       }
     }
@@ -767,108 +667,17 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_c560b7a4c64c6859f252(flo
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { conv2d22[0 * 512 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = r_conv2d22_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_conv2d22 = r_conv2d22_acc[ii0][ii1][ii2]; }
+        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_batch_norm23 = (r_conv2d22 + batch_norm23_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_batch_norm25 = (conv2d24[0 * 512 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] + batch_norm25_shift[(t0 + (16 * ii0))]); }
+        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_add26 = (r_batch_norm23 + r_batch_norm25); }
+        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { relu27[0 * 512 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = pf_fmaxf(r_add26, 0.0f); }
       }
     }
   }
 }
 
-__device__ __forceinline__ void pf_903528d9813071ec635b_p0(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t0 = _t;
-  float r_batch_norm23_scale;
-  r_batch_norm23_scale = (stage2_block0_c_bn_gamma[t0] * rsqrtf((stage2_block0_c_bn_var[t0] + 1e-05f)));
-  for (int c0 = 0; (c0 <= 3); c0 += 1) {
-    for (int c1 = 0; (c1 <= 3); c1 += 1) {
-      batch_norm23[0 * 512 + t0 * 16 + c0 * 4 + c1] = (((conv2d22[0 * 512 + t0 * 16 + c0 * 4 + c1] - stage2_block0_c_bn_mean[t0]) * r_batch_norm23_scale) + stage2_block0_c_bn_beta[t0]);
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_903528d9813071ec635b_p1(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  const int p0d1 = threadIdx.x / 64;
-  const int p0r = threadIdx.x / 8 % 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ float s_relu15[784];
-  const int p1r = threadIdx.x / 2;
-  const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_stage2_block0_proj_w[256];
-  float r_conv2d24_acc[1];
-  r_conv2d24_acc[0] = 0.0f;
-  {
-    const int kt0 = (-1);
-    if ((((kt0 <= 0) && ((p0r % 2) == 0)) && ((p0c % 2) == 0))) {
-      #pragma unroll
-      for (int pos = 0; (pos <= 1); pos += 1) {
-        __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 392 + (0 - 0) * 392 + ((((p0d1 + (8 * kt0)) + (4 * pos)) + 8) - (8 * (kt0 + 1))) * 49 + (p0r - 0) * 7 + (p0c - 0)], &relu15[0 * 1024 + (((p0d1 + (8 * kt0)) + (4 * pos)) + 8) * 64 + p0r * 8 + p0c], 4);
-      }
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &stage2_block0_proj_w[((16 * b0) + p1r) * 16 + (((4 * p1c) + (8 * kt0)) + 8)], 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_relu15 = &relu15[(p0c + (8 * p0r) + (64 * p0d1) + 512)];
-  const float* pf_gp0_stage2_block0_proj_w = &stage2_block0_proj_w[((4 * p1c) + (256 * b0) + (16 * p1r) + 8)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if ((((kt0 <= 0) && ((p0r % 2) == 0)) && ((p0c % 2) == 0))) {
-      #pragma unroll
-      for (int pos = 0; (pos <= 1); pos += 1) {
-        __pipeline_memcpy_async(&s_relu15[((kt0 + 1) % 2) * 392 + (0 - 0) * 392 + ((((p0d1 + (8 * kt0)) + (4 * pos)) + 8) - (8 * (kt0 + 1))) * 49 + (p0r - 0) * 7 + (p0c - 0)], &pf_gp0_relu15[(256 * pos)], 4);
-      }
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_stage2_block0_proj_w[((kt0 + 1) % 2) * 128 + (((16 * b0) + p1r) - (16 * b0)) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &pf_gp0_stage2_block0_proj_w[0], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      r_conv2d24_acc[0] = r_conv2d24_acc[0] + (s_relu15[(kt0 % 2) * 392 + (0 - 0) * 392 + (((8 * kt0) + kk0) - (8 * kt0)) * 49 + (((t1 * 2) + 0) - 0) * 7 + (((t2 * 2) + 0) - 0)] * s_stage2_block0_proj_w[(kt0 % 2) * 128 + (((16 * b0) + t0) - (16 * b0)) * 8 + (((8 * kt0) + kk0) + 0 + 0 - (8 * kt0))]);
-    }
-    __syncthreads();
-    pf_gp0_relu15 += 512;
-    pf_gp0_stage2_block0_proj_w += 8;
-  }
-  conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_903528d9813071ec635b(float* __restrict__ batch_norm23, const float* __restrict__ stage2_block0_c_bn_gamma, const float* __restrict__ stage2_block0_c_bn_var, const float* __restrict__ conv2d22, const float* __restrict__ stage2_block0_c_bn_mean, const float* __restrict__ stage2_block0_c_bn_beta, float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k22_batch_norm23_scale: 1 blocks of 32
-    const int pf_v = (pf_b - 0) * 8 + (int)threadIdx.x / 32;
-    if (pf_v < 1) pf_903528d9813071ec635b_p0(batch_norm23, stage2_block0_c_bn_gamma, stage2_block0_c_bn_var, conv2d22, stage2_block0_c_bn_mean, stage2_block0_c_bn_beta, pf_v, (int)threadIdx.x % 32);
-  } else if (pf_b < 3) {  // k23_conv2d24: 2 blocks of 256
-    pf_903528d9813071ec635b_p1(conv2d24, relu15, stage2_block0_proj_w, pf_b - 1, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_bf0f364857623b4a8818(float* __restrict__ relu27, const float* __restrict__ conv2d24, const float* __restrict__ stage2_block0_proj_bn_mean, const float* __restrict__ batch_norm25_scale, const float* __restrict__ stage2_block0_proj_bn_beta, const float* __restrict__ batch_norm23) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  float r_batch_norm25;
-  float r_add26;
-  r_batch_norm25 = (((conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] - stage2_block0_proj_bn_mean[((16 * b0) + t0)]) * batch_norm25_scale[((16 * b0) + t0)]) + stage2_block0_proj_bn_beta[((16 * b0) + t0)]);
-  r_add26 = (batch_norm23[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] + r_batch_norm25);
-  relu27[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fmaxf(r_add26, 0.0f);
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_4c369d95dbe4cbaacb71(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_8c6bbdd93a37ff4a5bd4(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -876,7 +685,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4c369d95dbe4cbaacb71(float*
   const int r0 = _t;
   __shared__ float pf_scratch[1];
   float r_reduce_mean28_acc;
-  // part:mg26
+  // part:mg10
   r_reduce_mean28_acc = 0.0f;
   if ((l0 <= 3)) {
     // coarsen:4

@@ -1,0 +1,32 @@
+"""Graph passes: each a function Graph → Graph, run before partitioning.
+
+``cse`` (common subexpressions), ``constant_fold`` (computations on constants evaluated at
+compile time), ``batchnorm_fold`` (per-channel scale/shift folded into the preceding
+convolution's or matmul's weights and bias; chains collapsed), ``simplify`` (algebraic
+identities, copies forwarded, transposes of transposes and reshapes of reshapes composed) and
+``dce`` (dead primitives and unread constants). :func:`run_passes` runs them to a fixed point;
+every pass records what it did (:class:`PassRecord`), and the plan prints the records.
+"""
+
+from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
+from polyfuse.graph.passes.constant_fold import constant_fold
+from polyfuse.graph.passes.cse import cse
+from polyfuse.graph.passes.dce import dce
+from polyfuse.graph.passes.pipeline import DEFAULT_PASSES, check_passes, run_passes
+from polyfuse.graph.passes.record import PassAction, PassRecord
+from polyfuse.graph.passes.rewrite import Evaluator
+from polyfuse.graph.passes.simplify import simplify
+
+__all__ = [
+    "DEFAULT_PASSES",
+    "Evaluator",
+    "PassAction",
+    "PassRecord",
+    "batchnorm_fold",
+    "check_passes",
+    "constant_fold",
+    "cse",
+    "dce",
+    "run_passes",
+    "simplify",
+]

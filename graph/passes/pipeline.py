@@ -1,0 +1,105 @@
+"""Run the graph passes in order, round after round, until none changes the graph.
+
+One round runs every selected pass once, in :data:`DEFAULT_PASSES` order: simplification
+first (so folding sees ``x * 1`` gone), constant folding (so batch-norm scales are constants
+before the batch-norm fold looks for them), CSE, the batch-norm fold, and dead-code
+elimination last (it sweeps what the others left behind). A fold can enable another (a
+collapsed chain then folds into its convolution), so rounds repeat until one changes nothing —
+at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form into a
+simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting it is
+recorded). Refusals repeat every round; each is recorded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.graph import Graph
+from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
+from polyfuse.graph.passes.constant_fold import constant_fold
+from polyfuse.graph.passes.cse import cse
+from polyfuse.graph.passes.dce import dce
+from polyfuse.graph.passes.record import PassAction, PassRecord
+from polyfuse.graph.passes.rewrite import Evaluator
+from polyfuse.graph.passes.simplify import simplify
+
+#: Every pass, in the order a round runs them.
+DEFAULT_PASSES: tuple[str, ...] = ("simplify", "constant_fold", "cse", "batchnorm_fold", "dce")
+#: Passes that evaluate constants at compile time (they need an evaluator).
+EVALUATING = ("constant_fold", "batchnorm_fold")
+MAX_ROUNDS = 8
+
+
+def check_passes(passes: bool | Sequence[str]) -> tuple[str, ...]:
+    """The passes ``compile(passes=...)`` selects: True → all, False → none, or names (run
+    in :data:`DEFAULT_PASSES` order); an unknown name raises a one-line error."""
+    if passes is True:
+        return DEFAULT_PASSES
+    if passes is False or passes is None:
+        return ()
+    if isinstance(passes, str):
+        passes = [passes]
+    names = list(passes) if isinstance(passes, Sequence | set | frozenset) else [passes]
+    unknown = [n for n in names if n not in DEFAULT_PASSES]
+    if unknown:
+        raise ExpressionError(
+            f"compile: unknown graph pass {unknown[0]!r}; use any of {', '.join(DEFAULT_PASSES)}"
+            " (or passes=True / False)"
+        )
+    return tuple(n for n in DEFAULT_PASSES if n in names)
+
+
+def run_passes(
+    graph: Graph,
+    passes: Sequence[str] = DEFAULT_PASSES,
+    evaluate: Evaluator | None = None,
+    max_rounds: int = MAX_ROUNDS,
+) -> Graph:
+    """``graph`` after running ``passes`` to a fixed point (at most ``max_rounds`` rounds).
+
+    ``evaluate`` computes constant primitives (``polyfuse.reference`` semantics); the folding
+    passes need it. The result's ``pass_records`` end with one summary record.
+    """
+    names = check_passes(passes)
+    if not names:
+        return graph
+    if evaluate is None and any(n in EVALUATING for n in names):
+        folding = ", ".join(n for n in names if n in EVALUATING)
+        raise ExpressionError(
+            f"run_passes: {folding} evaluate constants: pass evaluate= (polyfuse.reference "
+            "semantics, as polyfuse.compile does)"
+        )
+    fns: dict[str, Callable[[Graph], Graph]] = {
+        "simplify": simplify,
+        "constant_fold": partial(constant_fold, evaluate=evaluate),
+        "cse": cse,
+        "batchnorm_fold": partial(batchnorm_fold, evaluate=evaluate),
+        "dce": dce,
+    }
+    start = len(graph.pass_records)
+    prims0, consts0 = len(graph.prims), len(graph.constants)
+    g = graph
+    rounds = 0
+    for rounds in range(1, max_rounds + 1):  # noqa: B007
+        changed = False
+        for n in names:
+            before = len(g.pass_records)
+            g = fns[n](g)
+            changed |= any(r.changed for r in g.pass_records[before:])
+        if not changed:
+            break
+    else:
+        rounds = max_rounds + 1
+    records = list(dict.fromkeys(g.pass_records[start:]))
+    bound = f" (stopped at the bound of {max_rounds} rounds)" if rounds > max_rounds else ""
+    summary = PassRecord(
+        "pipeline",
+        PassAction.SUMMARY,
+        (),
+        f"{', '.join(names)}: {prims0} -> {len(g.prims)} primitives, {consts0} -> "
+        f"{len(g.constants)} constants, {min(rounds, max_rounds)} rounds{bound}",
+    )
+    return replace(g, pass_records=[*graph.pass_records[:start], *records, summary])
