@@ -433,3 +433,32 @@ def test_split_and_elements_per_thread_decisions_are_modelled():
     fn = polyfuse.compile([y], [ops.relu(y, name="r")], "sm_90", check_cuda=False)
     (rec,) = [r for r in fn.plan.records() if DecisionKind.ELEMENTS_PER_THREAD in r.kinds]
     assert rec.data["factor"] in (4, 8) and "modelled" in rec.reason
+
+
+# ------------------------------------------------- held out: tilings timed on a GPU
+
+
+def test_spearman_and_ranks():
+    import tile_ranking
+
+    assert tile_ranking._ranks([3.0, 1.0, 2.0, 1.0]) == [4.0, 1.5, 3.0, 1.5]
+    assert tile_ranking.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert tile_ranking.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(tile_ranking.spearman([1, 2, 3], [5, 5, 5]))
+
+
+def test_the_model_picks_near_the_fastest_tiling_timed_on_the_h200():
+    """The H200 day of 2026-11-26 timed six tilings of each attention GEMM; the model (fitted
+    on other days) must price every timed tiling and pick one within 1.2x of the fastest."""
+    import json
+
+    import tile_ranking
+
+    day = json.loads(tile_ranking.DEFAULT_DAY.read_text())
+    day["tune"]["cases"] = {"attention_s128": day["tune"]["cases"]["attention_s128"]}
+    rows = tile_ranking.check_day(day)
+    assert [r["micrograph"] for r in rows] == ["mg1", "mg5"]
+    for r in rows:
+        assert len(r["candidates"]) == 6
+        assert all(c["modelled_us"] > 0 and c["measured_us"] > 0 for c in r["candidates"])
+        assert 1.0 <= r["pick_vs_best"] <= 1.2, r
