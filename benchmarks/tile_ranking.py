@@ -119,9 +119,7 @@ def check_day(day: dict[str, Any]) -> list[dict[str, Any]]:
                     "device": mg.get("device", ""),
                     "candidates": cands,
                     "spearman": spearman(measured, modelled),
-                    "spearman_day_model": spearman(
-                        measured, [c["day_modelled_us"] for c in cands]
-                    ),
+                    "spearman_day_model": spearman(measured, [c["day_modelled_us"] for c in cands]),
                     "pick": cands[pick]["tile"],
                     "pick_vs_best": measured[pick] / min(measured),
                 }
