@@ -159,10 +159,29 @@ def drop_implied_members(sched: isl.Schedule) -> isl.Schedule:
     return _visit(sched.get_root()).get_schedule()
 
 
+def aligned_build(context: isl.Set, like: isl.Space) -> isl.AstBuild:
+    """An AST build whose context lists the parameters of ``like`` first, in ``like``'s order.
+
+    isl's AST generation mixes parameters up when the context orders them differently from
+    the schedule: a copy guard ``(p0c + 11) % 16 >= 11`` (the copy's thread coordinate) came
+    out as ``(t1 + 11) % 16 >= 11`` (another parameter at that position), so only some
+    threads copied a strided conv's input tile — a silently wrong result. Everything built
+    with a context goes through here, its schedule or expressions aligned to the same space.
+    """
+    return isl.AstBuild.from_context(context.align_params(like))
+
+
+def expr_from(build_context: isl.Set, pa: isl.PwAff) -> isl.AstExpr:
+    """isl's AST expression of ``pa`` under ``build_context`` (parameters aligned first)."""
+    pa = pa.align_params(build_context.get_space())
+    return aligned_build(build_context, pa.get_space()).expr_from_pw_aff(pa)
+
+
 def generate_ast(mm: MappedKernel) -> tuple[isl.AstNode, list[KNode]]:
     """Run isl AST generation on the mapped schedule; return isl's AST and ours."""
-    build = isl.AstBuild.from_context(mm.context)
-    ast = build.node_from_schedule(drop_implied_members(mm.schedule))
+    sched = drop_implied_members(mm.schedule).align_params(mm.context.get_space())
+    build = aligned_build(mm.context, sched.get_domain().get_space())
+    ast = build.node_from_schedule(sched)
     return ast, convert_node(ast)
 
 
@@ -170,10 +189,11 @@ def generate_gemm_ast(gk: GemmKernel) -> tuple[isl.AstNode, list[KNode]]:
     """isl AST generation from the tiled schedule map, loop variables named by role (in the
     namer's generated space)."""
     ctx = gk.context.get_ctx()
-    build = isl.AstBuild.from_context(gk.context)
+    smap = gk.schedule_map.align_params(gk.context.get_space())
+    build = aligned_build(gk.context, smap.get_space())
     ids = isl.IdList.alloc(ctx, len(gk.iterators))
     for name in gk.iterators:
         ids = ids.add(isl.Id(loop_variable(name), context=ctx))
     build = build.set_iterators(ids)
-    ast = build.node_from_schedule_map(gk.schedule_map)
+    ast = build.node_from_schedule_map(smap)
     return ast, convert_node(ast)

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import islpy as isl
 
-from polyfuse.cuda.astgen import convert_expr
+from polyfuse.cuda.astgen import convert_expr, expr_from
 from polyfuse.cuda.gemm_printer import GemmBodyPrinter
 from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
 from polyfuse.cuda.lower_addresses import strength_reduce
@@ -107,13 +107,10 @@ def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> lis
     """The placements as the buffer pass reads them (box bounds as kernel-AST expressions)."""
     model = mm.scheduled.model
     written = {m.get_tuple_name(isl.dim_type.out) for m in maps_of(model.writes)}
-    build = (
-        isl.AstBuild.from_context(mm.context) if any(p.box for p in placements.values()) else None
-    )
     out = []
     for ident, p in placements.items():
         role = model.tensors.get(ident)
-        box = tuple((convert_expr(build.expr_from_pw_aff(lo)), size) for lo, size in p.box)
+        box = tuple((convert_expr(expr_from(mm.context, lo)), size) for lo, size in p.box)
         read_only = role is not None and role.role == "input" and ident not in written
         out.append(
             BufferPlacement(
@@ -203,12 +200,11 @@ def lower_kernel(
 def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
     """The GEMM kernel's promotions as the promotion pass reads them (isl bounds as
     kernel-AST expressions)."""
-    build = isl.AstBuild.from_context(gk.tile_context)
     assert gk.shape is not None
     readers = frozenset({gk.shape.update.name})
     out = []
     for p in gk.promotions:
-        lo = tuple(convert_expr(build.expr_from_pw_aff(x)) for x in p.lo)
+        lo = tuple(convert_expr(expr_from(gk.tile_context, x)) for x in p.lo)
         shape = tuple(p.size[:-1]) + (p.size[-1] + p.pad,) if p.size else (1,)
         out.append(
             PromotedTile(
@@ -235,8 +231,7 @@ def operand_fragments(gk: GemmKernel) -> list[OperandFragment]:
     readers = frozenset({gk.shape.update.name})
     out = []
     for f in gk.fragments:
-        build = isl.AstBuild.from_context(f.context)
-        element = tuple(convert_expr(build.expr_from_pw_aff(e)) for e in f.element)
+        element = tuple(convert_expr(expr_from(f.context, e)) for e in f.element)
         shape = tuple(gk.scheduled.model.tensors[f.tensor].shape) if f.hoisted else ()
         out.append(
             OperandFragment(

@@ -138,7 +138,8 @@ def test_saved_graph_has_what_it_needs_to_run(saved):
     # the graph has what the artifact must carry: a Layer 3 pack and a shared function
     assert any(pack_parts(k) for k in fn.kernels)
     functions = [lc.function for lc in g.launches]
-    assert len(functions) == 3 and len(set(functions)) == 2
+    # (how many launches the pack leaves depends on the cost model's tiles and pack gains)
+    assert len(functions) == len(fn.launches) and len(set(functions)) < len(functions)
     assert [k.name for k in g.kernels] == [k.name for k in fn.kernels]
     assert [k.function for k in g.kernels] == functions
     assert str(g.plan) == str(fn.plan) and "parallel stitching" in str(g.plan)

@@ -496,3 +496,45 @@ def test_conv3d_matches_numpy(xs, ws, stride, pad, gemm):
     xv, wv = _rand(*xs, seed=1), _rand(*ws, seed=2)
     want = _conv3d_numpy(xv.astype(np.float64), wv.astype(np.float64), stride, pad)
     np.testing.assert_allclose(fn(xv, wv), want, rtol=1e-4, atol=1e-4)
+
+
+def test_ast_guard_names_its_own_parameter_when_the_context_orders_them_differently():
+    """isl's AST build printed a guard on the parameter ``p`` as one on ``t`` (the parameter
+    at its position in the context) when the context ordered the parameters otherwise."""
+    import islpy as isl
+
+    from polyfuse.cuda.astgen import aligned_build
+
+    ctx = isl.Context()
+    context = isl.Set("[b, t, p] -> { : 0 <= b < 4 and 0 <= t < 8 and 0 <= p < 128 }", context=ctx)
+    smap = isl.UnionMap(
+        "[b, p, t] -> { C[e] -> [q] : e = 256b + p + 128q and 0 <= q <= 1 "
+        "and 16 * floor((e - 5) / 16) <= e - 16 }",
+        context=ctx,
+    ).align_params(context.get_space())
+    text = aligned_build(context, smap.get_space()).node_from_schedule_map(smap).to_C_str()
+    assert "(p + 11) % 16" in text and "t" not in text.replace("int", ""), text
+
+
+def test_strided_conv_copies_every_element_of_its_input_tile():
+    """A 1-D conv of stride 16 (the fuzzer's seed 5103): the copy of its strided input tile
+    was guarded on a compute thread's index instead of the copying thread's, so a quarter of
+    the outputs read zeros."""
+    from polyfuse import ops
+    from polyfuse.poly.mapping import MappingConfig
+
+    x = te.placeholder((1, 1, 800), name="x")
+    w = te.placeholder((8, 1, 5), name="w")
+    b = te.placeholder((8,), name="b")
+    y = ops.avg_pool2d(ops.conv(x, w, b, stride=16, name="c"), kernel=(1, 2), name="y")
+    rng = np.random.default_rng(5103)
+    feeds = [
+        rng.uniform(0.5, 2.5, (1, 1, 800)).astype(np.float32),
+        rng.standard_normal((8, 1, 5)).astype(np.float32),
+        rng.standard_normal(8).astype(np.float32),
+    ]
+    want = reference.evaluate([y], dict(zip([x, w, b], feeds, strict=True)))[0]
+    for mapping in (None, MappingConfig(gemm_tile=(16, 16, 1, 2, 5))):
+        fn = polyfuse.compile([x, w, b], [y], check_cuda=False, mapping=mapping)
+        got = fn(*feeds, device="emulate")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
