@@ -150,7 +150,10 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     same: dict[str, bool] = {}
     for key in {(r["case"], r["arch"], r["micrograph"]) for r in rows}:
         group = [r for r in rows if (r["case"], r["arch"], r["micrograph"]) == key]
-        first = min((r for r in group if r["rank"]), key=lambda r: r["rank"])
+        ranked = [r for r in group if r["rank"]]
+        if not ranked:  # only --tiles given (--top 0): no first choice to judge
+            continue
+        first = min(ranked, key=lambda r: r["rank"])
         best = min(r["sass_us"] for r in group)
         same["/".join(key)] = first["sass_us"] <= 1.02 * best
     return {

@@ -33,9 +33,13 @@ what these decisions remove):
    and the shared tiles): ptxas then keeps each thread within the registers that let those
    blocks be resident, instead of taking a few more and halving the occupancy. Synchronous
    copies hold their vectors in registers on the way to shared memory: the estimate counts
-   :data:`SYNC_COPY_REGISTERS` more for them. The cap leaves :data:`REGISTER_MARGIN` registers
-   above the estimate (a bound at the estimate itself made ptxas spill); where no count of
-   two or more blocks does, no bound is set.
+   :data:`SYNC_COPY_REGISTERS` more for them. The cap leaves
+   :data:`REGISTER_MARGIN` registers above the estimate (a bound at the estimate itself made
+   ptxas spill); where no count of two or more blocks does but the estimate itself fits two or
+   more, the bound is at the estimate: without one, ptxas takes a few registers more or fewer
+   than the two blocks' cap (124-130 for the 256-thread 8x8 tiles, NVRTC 13.0), so the
+   occupancy would halve or not by chance; where not even the estimate fits two blocks, no
+   bound is set.
 """
 
 from __future__ import annotations
@@ -53,9 +57,11 @@ from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_registers
 UNROLL_FMA_LIMIT = 2048
 #: Copies per thread of one shared tile per k-tile whose loops are unrolled at most.
 COPY_UNROLL_LIMIT = 32
-#: Registers a thread needs beside the tile model's estimate when its copies are synchronous
-#: (global -> registers -> shared: the vectors in flight; ptxas spilled a 4096 matmul's 8x8
-#: tile at the 128 registers of two 256-thread blocks without them).
+#: Registers a thread needs beside the tile model's estimate under a launch bound when its
+#: copies are synchronous (global -> registers -> shared: the vectors in flight; ptxas spilled
+#: a 4096 matmul's 8x8 tile at the 128 registers of two 256-thread blocks without them: 8 B
+#: on sm_80 with NVRTC 13.0). Without a bound they reuse the fragments' registers
+#: (:func:`unbounded_registers`).
 SYNC_COPY_REGISTERS = 16
 #: Registers the launch bounds leave a thread above the micro-tile's estimate. The SASS of 145
 #: GEMM kernels (6 cases x 2 archs x ~12 tilings, NVRTC 13.0): ptxas spilled 8-40 B in 3 of
@@ -123,13 +129,32 @@ def launch_bound(
     """``(blocks, cap)`` of ``__launch_bounds__(threads, blocks)`` for a block of ``threads``
     threads estimated at ``registers`` each with ``shared_bytes`` of shared memory: the most
     blocks per SM whose registers per thread (the cap) leave :data:`REGISTER_MARGIN` above the
-    estimate; (0, 0) when that is one block (no bound to keep)."""
-    need = registers + REGISTER_MARGIN
-    blocks = occupancy(device, threads, need, shared_bytes).blocks_per_sm
-    cap = register_cap(threads, blocks, device) if blocks else 0
-    if blocks > 1 and cap >= need:
-        return blocks, cap
+    estimate, else the most whose cap is at least the estimate; (0, 0) when that is one block
+    (no bound to keep)."""
+    for need in (registers + REGISTER_MARGIN, registers):
+        blocks = occupancy(device, threads, need, shared_bytes).blocks_per_sm
+        cap = register_cap(threads, blocks, device) if blocks else 0
+        if blocks > 1 and cap >= need:
+            return blocks, cap
     return 0, 0
+
+
+def tile_registers(tm: int, tn: int, sync_copies: bool) -> int:
+    """Registers per thread a GEMM micro-tile ``tm x tn`` is estimated at under a launch
+    bound: :data:`SYNC_COPY_REGISTERS` more with synchronous tile copies (``sync_copies``)."""
+    return gemm_tile_registers(tm, tn) + (SYNC_COPY_REGISTERS if sync_copies else 0)
+
+
+def unbounded_registers(tm: int, tn: int, sync_copies: bool) -> int:
+    """Registers per thread ptxas takes for a micro-tile ``tm x tn`` without a launch bound:
+    what the code keeps live at once, in its allocation steps. Uncapped, ptxas loads and
+    stores a synchronous copy's vectors at the top of the k-tile, where they reuse the
+    ``tm + tn`` fragment registers (live at another time): the copies add only what they need
+    beyond those. (SASS of the 256-thread 8x8 tiles without a bound, NVRTC 13.0, sm_80 and
+    sm_90, matmul 4096 and FFN up, k-tiles 8, 16, 32: 124-130 registers, estimate 120.)"""
+    extra = max(0, SYNC_COPY_REGISTERS - tm - tn) if sync_copies else 0
+    need = gemm_tile_registers(tm, tn) + extra
+    return min(MAX_REGISTERS, -(-need // REGISTER_STEP) * REGISTER_STEP)
 
 
 def register_cap(threads: int, blocks: int, device: DeviceSpec) -> int:
@@ -268,7 +293,7 @@ def plan_gemm_loops(
                 loops=list(streams),
             )
         )
-    regs = gemm_tile_registers(tm, tn) + (SYNC_COPY_REGISTERS if stages == 1 and copies else 0)
+    regs = tile_registers(tm, tn, stages == 1 and bool(copies))
     smem = FLOAT_BYTES * shared_floats * stages
     min_blocks, cap = launch_bound(threads, regs, smem, device)
     blocks = min_blocks

@@ -197,6 +197,26 @@ def test_shared_wavefronts_see_bank_conflicts_and_l1_whole_lines():
     assert _line_waste(4, 4) == 512  # 64-byte rows: 8 half-used lines for 512 B
 
 
+def test_unbounded_8x8_tiles_are_modelled_at_the_registers_ptxas_takes():
+    """Without a launch bound ptxas took 124-130 registers for the 256-thread 8x8 tiles (two
+    blocks of 256 threads at <= 128); the model took the estimate plus the bound's margin
+    (136, 152 with single-stage copies): one block per SM, the 128x128x32 matmul 1.24x slower
+    than its SASS. Now the async tiles are bound at the estimate (256, 2) and a single-stage
+    one without a bound is modelled at what its code keeps live (the copies' vectors reuse
+    the fragments' registers)."""
+    from polyfuse.poly.costs import model_kernel
+    from polyfuse.poly.gemm_loops import unbounded_registers
+
+    assert unbounded_registers(8, 8, False) == unbounded_registers(8, 8, True) == 120
+    assert unbounded_registers(4, 4, True) == 72  # 64 + 8 the copies need beyond 8 fragments
+    shape = _gemm_shape(4096, 4096, 4096)
+    for tile, bound in (((128, 128, 8, 8, 16), (2, 128)), ((128, 128, 8, 8, 32), (0, 0))):
+        t = _forced(shape, tile)
+        assert (t.code.min_blocks, t.code.register_cap) == bound
+        assert t.estimate.registers <= 128
+        assert model_kernel(t.estimate, H100).occupancy.blocks_per_sm == 2
+
+
 def test_grouped_conv_operand_is_priced_within_bounds_and_tiled():
     """A grouped conv reads its input channel ``16 * floor(co / 16) + ci``: no affine
     function. Its subscript is kept as the affine bound ``co + ci`` and a slack of 15 (the
@@ -462,3 +482,14 @@ def test_the_model_picks_near_the_fastest_tiling_timed_on_the_h200():
         assert len(r["candidates"]) == 6
         assert all(c["modelled_us"] > 0 and c["measured_us"] > 0 for c in r["candidates"])
         assert 1.0 <= r["pick_vs_best"] <= 1.2, r
+
+
+def test_tile_check_agreement_without_a_ranked_candidate():
+    """``tile_check.py --top 0 --tiles ...`` compares given tilings only: the summary has no
+    first choice to judge (it raised ValueError on the empty ranking)."""
+    import tile_check
+
+    row = {"case": "c", "arch": "sm_90", "micrograph": "mg0", "rank": None, "ratio": 1.0,
+           "sass_us": 5.0, "ffma_share": [0.9, 0.9], "hot_loop": "k-tile"}  # fmt: skip
+    got = tile_check.agreement([row])
+    assert got["candidates"] == 1 and got["first_choice_within_2pct_of_sass_best"] == {}

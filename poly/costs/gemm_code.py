@@ -48,14 +48,13 @@ import numpy as np
 from polyfuse.poly.copy_layout import copies_per_thread, thread_extents
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_loops import (
-    MAX_REGISTERS,
-    REGISTER_MARGIN,
-    SYNC_COPY_REGISTERS,
     kept_unroll_factor,
     launch_bound,
+    tile_registers,
+    unbounded_registers,
     unrolled_steps,
 )
-from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget, gemm_tile_registers
+from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget
 from polyfuse.poly.vectorize import VECTOR_WIDTH
 
 #: banks of shared memory (32-bit words): rows of a multiple of this are padded
@@ -135,7 +134,7 @@ class LoopCode:
     fragment_wavefronts_worst: int
     body_steps: int  # reduction steps per unrolled body
     bodies: int  # unrolled bodies per k-tile: iterations of the loops kept (1: none)
-    registers: int  # per thread: the launch bounds' cap, else the estimate and its margin
+    registers: int  # per thread: the launch bounds' cap, else what ptxas takes unbounded
     min_blocks: int  # __launch_bounds__ blocks per SM (0: no bound)
     register_cap: int
     padding: float  # share of the multiply-adds on padding (data and reduction)
@@ -291,9 +290,9 @@ def loop_code(
         waves[1] += got.worst_wavefronts * bodies
     # 4. registers and launch bounds
     sync = stages == 1 and bool(tiled_ops)
-    est = gemm_tile_registers(*micro) + (SYNC_COPY_REGISTERS if sync else 0)
+    est = tile_registers(*micro, sync)
     min_blocks, cap = launch_bound(threads, est, FLOAT_BYTES * floats * stages, device)
-    taken = cap if min_blocks else min(MAX_REGISTERS, est + REGISTER_MARGIN)
+    taken = cap if min_blocks else unbounded_registers(*micro, sync)
     useful = math.prod(data) * math.prod(red)
     waste = 1 - useful / math.prod(padded)
     return LoopCode(
