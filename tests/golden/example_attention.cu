@@ -46,19 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float* __restrict__ k_t, const float* __restrict__ k) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) pf_b1b2a998d4965fe78f5e(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_11939b43c0961e23af97(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -66,12 +54,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_b1b2a998d4965fe78f5e(flo
   const int t1 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_q[132];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_k_t[1056];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_k[1028];
   float r_qk_acc[2][4];
   float r_q_frag[2];
-  float r_k_t_frag[4];
+  float r_k_frag[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
     #pragma unroll
@@ -82,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_b1b2a998d4965fe78f5e(flo
   if ((p0c <= 31)) {
     *reinterpret_cast<float4*>(&s_q[(0 - 0) * 132 + (((128 * b0) + (4 * p0c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&q[0 * 256 + ((128 * b0) + (4 * p0c))]);
   }
-  *reinterpret_cast<float4*>(&s_k_t[(0 - 0) * 1056 + (((8 * b0) + p1r) - (8 * b0)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&k_t[0 * 256 + ((8 * b0) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_k[(0 - 0) * 1028 + (b0 - b0) * 1028 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&k[0 * 256 + b0 * 128 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -92,13 +79,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_b1b2a998d4965fe78f5e(flo
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_k_t_frag[ii2] = s_k_t[(0 - 0) * 1056 + (((b0 * 8) + kk0) - (8 * b0)) * 132 + ((t2 + (32 * ii2)) - 0)];
+      r_k_frag[ii2] = s_k[(0 - 0) * 1028 + (b0 - b0) * 1028 + ((((t2 + (32 * ii2)) * 8) + kk0) - 0)];
     }
     #pragma unroll
     for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (r_q_frag[ii1] * r_k_t_frag[ii2]);
+        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (r_q_frag[ii1] * r_k_frag[ii2]);
       }
     }
   }
@@ -112,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_b1b2a998d4965fe78f5e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_28845c9194dc2283d430(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -135,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
   float r_probs_sub;
   float r_probs_sum;
   float r_probs_sum_acc;
-  // part:mg2
+  // part:mg1
   r_probs_max_acc = -INFINITY;
   if ((l0 <= 3)) {
     // coarsen:4
@@ -151,8 +138,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
     }
   }
   r_probs_max_acc = pf_allreduce_y<pf_max, 32>(r_probs_max_acc, pf_scratch); r_probs_max = r_probs_max_acc;
-  __syncwarp();  // mg3 reads what earlier parts wrote
-  // part:mg3
+  __syncwarp();  // mg2 reads what earlier parts wrote
+  // part:mg2
   r_probs_sum_acc = 0.0f;
   if ((l0 <= 3)) {
     // coarsen:4
@@ -169,9 +156,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
     }
   }
   r_probs_sum_acc = pf_allreduce_y<pf_sum, 32>(r_probs_sum_acc, pf_scratch); r_probs_sum = r_probs_sum_acc;
-  __syncwarp();  // mg4 reads what earlier parts wrote
+  __syncwarp();  // mg3 reads what earlier parts wrote
   if ((l0 <= 3)) {
-    // part:mg4
+    // part:mg3
     // coarsen:4
     {
       const float4 q_probs_exp0 = *reinterpret_cast<const float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]);

@@ -46,111 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_embeddings[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_layer0_attn_k_w[2112];
-  float r_matmul4_acc[2][4];
-  float r_matmul4;
-  float r_embeddings_frag[2];
-  float r_layer0_attn_k_w_frag[4];
-  float r_add5_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul4_acc[ii1][iv] = 0.0f;
-    }
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_layer0_attn_k_w = &layer0_attn_k_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_k_w[0] : layer0_attn_k_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_embeddings += 8;
-    pf_gp0_layer0_attn_k_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_attn_k_w_frag[iv] = s_layer0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul4_acc[ii1][iv] = r_matmul4_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul4 = r_matmul4_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
-  }
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
@@ -252,114 +149,111 @@ __device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7bf2cfc0a541496a34f8_p0(float* __restrict__ add9, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_v_w, const float* __restrict__ layer0_attn_v_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_f26e68d5e02d36a5371d(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k0_matmul0: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k4_reshape6: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p1(reshape6, add5, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k7_reshape10: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p2(reshape10, add9, pf_b - 4, (int)threadIdx.x);
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_embeddings[256];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_layer0_attn_v_w[2112];
+  float r_matmul8_acc[2][4];
+  float r_matmul8;
+  float r_embeddings_frag[2];
+  float r_layer0_attn_v_w_frag[4];
+  float r_add9_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul8_acc[ii1][iv] = 0.0f;
+    }
+  }
+  {
+    const int kt0 = (-1);
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_attn_v_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_v_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+  }
+  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_layer0_attn_v_w = &layer0_attn_v_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_layer0_attn_v_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_v_w[0] : layer0_attn_v_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_v_w_frag[iv] = s_layer0_attn_v_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul8_acc[ii1][iv] = r_matmul8_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_v_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+    pf_gp0_embeddings += 8;
+    pf_gp0_layer0_attn_v_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_layer0_attn_v_w_frag[iv] = s_layer0_attn_v_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul8_acc[ii1][iv] = r_matmul8_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_v_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul8 = r_matmul8_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add9_v[iv] = (r_matmul8 + layer0_attn_v_bias[((4 * t2) + iv)]); }
+    }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add9[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add9_v[0], r_add9_v[1], r_add9_v[2], r_add9_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7bf2cfc0a541496a34f8_p1(float* __restrict__ matmul12, const float* __restrict__ add1, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape2[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add1[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose7[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape6[b0 * 256 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose11[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape10[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k5_transpose7: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k8_transpose11: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
-  int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -367,13 +261,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose3[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose7[2112];
+  __shared__ __align__(16) float s_add1[256];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_add5[2048];
   float r_matmul12_acc[2][4];
-  float r_transpose3_frag[2];
-  float r_transpose7_frag[4];
+  float r_add1_frag[2];
+  float r_add5_frag[4];
   float r_matmul12_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -385,17 +279,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -403,17 +297,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_add1_frag[ii2] = s_add1[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+        r_add5_frag[iv] = s_add5[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + (((4 * t3) + iv) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
+          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_add1_frag[ii2] * r_add5_frag[iv]);
         }
       }
     }
@@ -422,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   {
     const int kt0 = 1;
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -431,17 +325,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_add1_frag[ii2] = s_add1[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose7_frag[iv] = s_transpose7[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+        r_add5_frag[iv] = s_add5[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + (((4 * t3) + iv) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[iv]);
+          r_matmul12_acc[ii2][iv] = r_matmul12_acc[ii2][iv] + (r_add1_frag[ii2] * r_add5_frag[iv]);
         }
       }
     }
@@ -457,7 +351,16 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_7bf2cfc0a541496a34f8(float* __restrict__ add9, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_v_w, const float* __restrict__ layer0_attn_v_bias, float* __restrict__ matmul12, const float* __restrict__ add1, const float* __restrict__ add5) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k2_matmul8: 2 blocks of 256
+    pf_7bf2cfc0a541496a34f8_p0(add9, embeddings, layer0_attn_v_w, layer0_attn_v_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k3_matmul12: 4 blocks of 256
+    pf_7bf2cfc0a541496a34f8_p1(matmul12, add1, add5, pf_b - 2, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -481,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   float r_softmax14_sub;
   float r_softmax14_sum;
   float r_softmax14_sum_acc;
-  // part:mg10
+  // part:mg4
   r_softmax14_max_acc = -INFINITY;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -497,8 +400,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
     }
   }
   r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
-  __syncwarp();  // mg11 reads what earlier parts wrote
-  // part:mg11
+  __syncwarp();  // mg5 reads what earlier parts wrote
+  // part:mg5
   r_softmax14_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -515,9 +418,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
     }
   }
   r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
-  __syncwarp();  // mg12 reads what earlier parts wrote
+  __syncwarp();  // mg6 reads what earlier parts wrote
   if ((l0 <= 1)) {
-    // part:mg12
+    // part:mg6
     // coarsen:4
     {
       const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
@@ -531,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_ee190541e54f897a4031(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add9) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -542,10 +445,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   __shared__ __align__(16) float s_softmax14[132];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose11[1056];
+  __shared__ __align__(16) float s_add9[1056];
   float r_matmul15_acc[2][4];
   float r_softmax14_frag[2];
-  float r_transpose11_frag[4];
+  float r_add9_frag[4];
   float r_matmul15_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -557,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   if ((p0c <= 31)) {
     *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 1056 + (((8 * b1) + p1r) - (8 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add9[(((8 * b0) + p1r) - (8 * b0)) * 132 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add9[((8 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -567,13 +470,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose11_frag[iv] = s_transpose11[(b0 - b0) * 1056 + (((b1 * 8) + kk0) - (8 * b1)) * 132 + (((4 * t3) + iv) - 0)];
+      r_add9_frag[iv] = s_add9[(((b0 * 8) + kk0) - (8 * b0)) * 132 + ((((16 * b1) + (4 * t3)) + iv) - (16 * b1))];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul15_acc[ii2][iv] = r_matmul15_acc[ii2][iv] + (r_softmax14_frag[ii2] * r_transpose11_frag[iv]);
+        r_matmul15_acc[ii2][iv] = r_matmul15_acc[ii2][iv] + (r_softmax14_frag[ii2] * r_add9_frag[iv]);
       }
     }
   }
@@ -588,33 +491,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a6f12d50befb07afd6b8(float* __restrict__ transpose16, const float* __restrict__ matmul15) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  transpose16[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul15[b0 * 256 + t2 * 128 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float* __restrict__ reshape17, const float* __restrict__ transpose16) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_4105ea6593545a3b75ff(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -622,12 +499,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
   const int t1 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape17[256];
+  __shared__ __align__(16) float s_matmul15[256];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_layer0_attn_o_w[2112];
   float r_matmul18_acc[2][4];
-  float r_reshape17_frag[2];
+  float r_matmul15_frag[2];
   float r_layer0_attn_o_w_frag[4];
   float r_matmul18_v[4];
   #pragma unroll
@@ -640,16 +517,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape17[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul15[(p0r >= 0 && p0r < 8) ? b0 * 256 + ((kt0 + 1) / 2) * 128 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &layer0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
   }
-  const float* pf_gp0_reshape17 = &reshape17[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
   const float* pf_gp0_layer0_attn_o_w = &layer0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_reshape17[0] : reshape17, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul15[(p0r >= 0 && p0r < 8) ? b0 * 256 + ((kt0 + 1) / 2) * 128 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_layer0_attn_o_w[0] : layer0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
@@ -659,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_matmul15_frag[ii1] = s_matmul15[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((kt0 - ((kt0 + 1) / 2)) - (kt0 / 2)) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + ((((-(8 * ((kt0 + 1) % 2))) + kk0) + 8) - (8 * (kt0 % 2)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
@@ -669,18 +545,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
+          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_matmul15_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
         }
       }
     }
     __syncthreads();
-    pf_gp0_reshape17 += 8;
     pf_gp0_layer0_attn_o_w += 256;
   }
   {
     const int kt0 = 3;
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape17[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul15[(p0r >= 0 && p0r < 8) ? b0 * 256 + ((kt0 + 1) / 2) * 128 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -689,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_matmul15_frag[ii1] = s_matmul15[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((kt0 - ((kt0 + 1) / 2)) - (kt0 / 2)) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + ((((-(8 * ((kt0 + 1) % 2))) + kk0) + 8) - (8 * (kt0 % 2)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
@@ -699,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
+          r_matmul18_acc[ii1][iv] = r_matmul18_acc[ii1][iv] + (r_matmul15_frag[ii1] * r_layer0_attn_o_w_frag[iv]);
         }
       }
     }
@@ -715,7 +590,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_a7f853314855c8aaad52(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -737,7 +612,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
   float r_layer_norm21_var;
   float r_layer_norm21_var_acc;
   float r_layer_norm21_rstd;
-  // part:mg17
+  // part:mg9
   r_layer_norm21_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -758,8 +633,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
     }
   }
   r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
-  __syncwarp();  // mg18 reads what earlier parts wrote
-  // part:mg18
+  __syncwarp();  // mg10 reads what earlier parts wrote
+  // part:mg10
   r_layer_norm21_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -775,8 +650,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
     }
   }
   r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
-  __syncwarp();  // mg19 reads what earlier parts wrote
-  // part:mg19
+  __syncwarp();  // mg11 reads what earlier parts wrote
+  // part:mg11
   r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4

@@ -144,29 +144,19 @@ extern "C" __global__ void __launch_bounds__(128) pf_90f4f6f7697a45363744(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(48) pf_8b11f791fe47f668626b(float* __restrict__ reshape8, const float* __restrict__ embeddings) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 12; _t /= 12;
-  const int t0 = _t;
-  reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) pf_6dcab61915cb8d5a3e71(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_ad13b13cd5eca5c76823(float* __restrict__ relu11, const float* __restrict__ embeddings, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
   const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_reshape8[192];
+  __shared__ __align__(16) float s_embeddings[192];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_deep0_w[1584];
   float r_matmul9_acc[2][4];
   float r_matmul9;
   float r_add10;
-  float r_reshape8_frag[2];
+  float r_embeddings_frag[2];
   float r_deep0_w_frag[4];
   float r_relu11_v[4];
   #pragma unroll
@@ -177,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_6dcab61915cb8d5a3e71(flo
     }
   }
   if ((p0c <= 47)) {
-    *reinterpret_cast<float4*>(&s_reshape8[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 48) ? *reinterpret_cast<const float4*>(&reshape8[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_embeddings[((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 48) ? *reinterpret_cast<const float4*>(&embeddings[(4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
@@ -190,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_6dcab61915cb8d5a3e71(flo
   for (int kk0 = 0; (kk0 <= 11); kk0 += 1) {
     #pragma unroll
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_reshape8_frag[ii0] = s_reshape8[((((t0 + (8 * ii0)) * 12) + kk0) - 0)];
+      r_embeddings_frag[ii0] = s_embeddings[((((t0 + (8 * ii0)) * 12) + ((kk0 - (((3 * kk0) + 3) / 4)) * 4) + (kk0 % 4)) - 0)];
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
@@ -200,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_6dcab61915cb8d5a3e71(flo
     for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (r_reshape8_frag[ii0] * r_deep0_w_frag[iv]);
+        r_matmul9_acc[ii0][iv] = r_matmul9_acc[ii0][iv] + (r_embeddings_frag[ii0] * r_deep0_w_frag[iv]);
       }
     }
   }

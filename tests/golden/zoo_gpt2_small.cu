@@ -114,111 +114,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c22389bdf29bda4aaeab(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_layer_norm0[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_block0_attn_k_w[2112];
-  float r_matmul5_acc[2][4];
-  float r_matmul5;
-  float r_layer_norm0_frag[2];
-  float r_block0_attn_k_w_frag[4];
-  float r_add6_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul5_acc[ii1][iv] = 0.0f;
-    }
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_k_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-  }
-  const float* pf_gp0_layer_norm0 = &layer_norm0[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
-  const float* pf_gp0_block0_attn_k_w = &block0_attn_k_w[((4 * p1c) + (32 * p1r) + 256)];
-  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm0[0] : layer_norm0, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_k_w[0] : block0_attn_k_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-    pf_gp0_layer_norm0 += 8;
-    pf_gp0_block0_attn_k_w += 256;
-  }
-  {
-    const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_attn_k_w_frag[iv] = s_block0_attn_k_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul5_acc[ii1][iv] = r_matmul5_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[iv]);
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul5 = r_matmul5_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add6_v[iv] = (r_matmul5 + block0_attn_k_bias[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add6_v[0], r_add6_v[1], r_add6_v[2], r_add6_v[3]); }
-  }
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 32; _t /= 32;
@@ -320,114 +217,111 @@ __device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7bf2cfc0a541496a34f8_p0(float* __restrict__ add10, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_f26e68d5e02d36a5371d_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_f26e68d5e02d36a5371d(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_matmul1: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k5_reshape7: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p1(reshape7, add6, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k8_reshape11: 2 blocks of 256
-    pf_f26e68d5e02d36a5371d_p2(reshape11, add10, pf_b - 4, (int)threadIdx.x);
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm0[256];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_v_w[2112];
+  float r_matmul9_acc[2][4];
+  float r_matmul9;
+  float r_layer_norm0_frag[2];
+  float r_block0_attn_v_w_frag[4];
+  float r_add10_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul9_acc[ii1][iv] = 0.0f;
+    }
+  }
+  {
+    const int kt0 = (-1);
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_v_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_v_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+  }
+  const float* pf_gp0_layer_norm0 = &layer_norm0[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_block0_attn_v_w = &block0_attn_v_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_layer_norm0[0] : layer_norm0, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_v_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_v_w[0] : block0_attn_v_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_v_w_frag[iv] = s_block0_attn_v_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul9_acc[ii1][iv] = r_matmul9_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_v_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+    pf_gp0_layer_norm0 += 8;
+    pf_gp0_block0_attn_v_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm0[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_v_w_frag[iv] = s_block0_attn_v_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul9_acc[ii1][iv] = r_matmul9_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_v_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_matmul9 = r_matmul9_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + iv) <= 31) { r_add10_v[iv] = (r_matmul9 + block0_attn_v_bias[((4 * t2) + iv)]); }
+    }
+    if ((t1 + (8 * ii1)) <= 7 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add10[b0 * 256 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add10_v[0], r_add10_v[1], r_add10_v[2], r_add10_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_7bf2cfc0a541496a34f8_p1(float* __restrict__ matmul13, const float* __restrict__ add2, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape3[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add2[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose8[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape7[b0 * 256 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose12[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape11[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k2_reshape3: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p0(reshape3, add2, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k6_transpose8: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p1(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k9_transpose12: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p2(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose4, const float* __restrict__ reshape3) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
-  int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -435,13 +329,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose4[256];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose8[2112];
+  __shared__ __align__(16) float s_add2[256];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_add6[2048];
   float r_matmul13_acc[2][4];
-  float r_transpose4_frag[2];
-  float r_transpose8_frag[4];
+  float r_add2_frag[2];
+  float r_add6_frag[4];
   float r_matmul13_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -453,17 +347,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -471,17 +365,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_add2_frag[ii2] = s_add2[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+        r_add6_frag[iv] = s_add6[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + (((4 * t3) + iv) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
+          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_add2_frag[ii2] * r_add6_frag[iv]);
         }
       }
     }
@@ -490,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   {
     const int kt0 = 1;
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -499,17 +393,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_add2_frag[ii2] = s_add2[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose8_frag[iv] = s_transpose8[(kt0 % 2) * 1056 + (b0 - b0) * 1056 + (b1 - b1) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t3) + iv) - 0)];
+        r_add6_frag[iv] = s_add6[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + (((4 * t3) + iv) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[iv]);
+          r_matmul13_acc[ii2][iv] = r_matmul13_acc[ii2][iv] + (r_add2_frag[ii2] * r_add6_frag[iv]);
         }
       }
     }
@@ -525,7 +419,16 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_fd46ad170f37a1cf123a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_7bf2cfc0a541496a34f8(float* __restrict__ add10, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias, float* __restrict__ matmul13, const float* __restrict__ add2, const float* __restrict__ add6) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k3_matmul9: 2 blocks of 256
+    pf_7bf2cfc0a541496a34f8_p0(add10, layer_norm0, block0_attn_v_w, block0_attn_v_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k4_matmul13: 4 blocks of 256
+    pf_7bf2cfc0a541496a34f8_p1(matmul13, add2, add6, pf_b - 2, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -550,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   float r_softmax16_sub;
   float r_softmax16_sum;
   float r_softmax16_sum_acc;
-  // part:mg13
+  // part:mg7
   r_softmax16_max_acc = -INFINITY;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -569,8 +472,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
     }
   }
   r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
-  __syncwarp();  // mg14 reads what earlier parts wrote
-  // part:mg14
+  __syncwarp();  // mg8 reads what earlier parts wrote
+  // part:mg8
   r_softmax16_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -587,9 +490,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
     }
   }
   r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
-  __syncwarp();  // mg15 reads what earlier parts wrote
+  __syncwarp();  // mg9 reads what earlier parts wrote
   if ((l0 <= 1)) {
-    // part:mg15
+    // part:mg9
     // coarsen:4
     {
       const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
@@ -603,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_ee190541e54f897a4031(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add10) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -614,10 +517,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   __shared__ __align__(16) float s_softmax16[132];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose12[1056];
+  __shared__ __align__(16) float s_add10[1056];
   float r_matmul17_acc[2][4];
   float r_softmax16_frag[2];
-  float r_transpose12_frag[4];
+  float r_add10_frag[4];
   float r_matmul17_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -629,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   if ((p0c <= 31)) {
     *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 132 + (b1 - b1) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 1056 + (((8 * b1) + p1r) - (8 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add10[(((8 * b0) + p1r) - (8 * b0)) * 132 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add10[((8 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -639,13 +542,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose12_frag[iv] = s_transpose12[(b0 - b0) * 1056 + (((b1 * 8) + kk0) - (8 * b1)) * 132 + (((4 * t3) + iv) - 0)];
+      r_add10_frag[iv] = s_add10[(((b0 * 8) + kk0) - (8 * b0)) * 132 + ((((16 * b1) + (4 * t3)) + iv) - (16 * b1))];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul17_acc[ii2][iv] = r_matmul17_acc[ii2][iv] + (r_softmax16_frag[ii2] * r_transpose12_frag[iv]);
+        r_matmul17_acc[ii2][iv] = r_matmul17_acc[ii2][iv] + (r_softmax16_frag[ii2] * r_add10_frag[iv]);
       }
     }
   }
@@ -660,33 +563,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_375c8ff40d5d61d0044c(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a6f12d50befb07afd6b8(float* __restrict__ transpose18, const float* __restrict__ matmul17) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  transpose18[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul17[b0 * 256 + t2 * 128 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float* __restrict__ reshape19, const float* __restrict__ transpose18) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_4105ea6593545a3b75ff(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -694,12 +571,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
   const int t1 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape19[256];
+  __shared__ __align__(16) float s_matmul17[256];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_attn_o_w[2112];
   float r_matmul20_acc[2][4];
-  float r_reshape19_frag[2];
+  float r_matmul17_frag[2];
   float r_block0_attn_o_w_frag[4];
   float r_matmul20_v[4];
   #pragma unroll
@@ -712,16 +589,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape19[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul17[(p0r >= 0 && p0r < 8) ? b0 * 256 + ((kt0 + 1) / 2) * 128 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
   }
-  const float* pf_gp0_reshape19 = &reshape19[((4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
   const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 8) ? &pf_gp0_reshape19[0] : reshape19, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul17[(p0r >= 0 && p0r < 8) ? b0 * 256 + ((kt0 + 1) / 2) * 128 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_o_w[0] : block0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
@@ -731,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_matmul17_frag[ii1] = s_matmul17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((kt0 - ((kt0 + 1) / 2)) - (kt0 / 2)) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + ((((-(8 * ((kt0 + 1) % 2))) + kk0) + 8) - (8 * (kt0 % 2)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
@@ -741,18 +617,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
+          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_matmul17_frag[ii1] * r_block0_attn_o_w_frag[iv]);
         }
       }
     }
     __syncthreads();
-    pf_gp0_reshape19 += 8;
     pf_gp0_block0_attn_o_w += 256;
   }
   {
     const int kt0 = 3;
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape19[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul17[(p0r >= 0 && p0r < 8) ? b0 * 256 + ((kt0 + 1) / 2) * 128 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -761,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_matmul17_frag[ii1] = s_matmul17[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((kt0 - ((kt0 + 1) / 2)) - (kt0 / 2)) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + ((((-(8 * ((kt0 + 1) % 2))) + kk0) + 8) - (8 * (kt0 % 2)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
@@ -771,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[iv]);
+          r_matmul20_acc[ii1][iv] = r_matmul20_acc[ii1][iv] + (r_matmul17_frag[ii1] * r_block0_attn_o_w_frag[iv]);
         }
       }
     }
@@ -787,7 +662,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f1bb9a29fe6ab7e2ab51(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_fe4aa233af3a95fb1fcb(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -809,7 +684,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
   float r_layer_norm23_var;
   float r_layer_norm23_var_acc;
   float r_layer_norm23_rstd;
-  // part:mg20
+  // part:mg12
   r_layer_norm23_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -832,8 +707,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
     }
   }
   r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
-  __syncwarp();  // mg21 reads what earlier parts wrote
-  // part:mg21
+  __syncwarp();  // mg13 reads what earlier parts wrote
+  // part:mg13
   r_layer_norm23_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -851,8 +726,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
     }
   }
   r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
-  __syncwarp();  // mg22 reads what earlier parts wrote
-  // part:mg22
+  __syncwarp();  // mg14 reads what earlier parts wrote
+  // part:mg14
   r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4
@@ -1078,7 +953,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ba082cc47fc4b48347ce(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_a44c7c0b0aaa6a7cf3af(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1100,7 +975,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float*
   float r_layer_norm60_var;
   float r_layer_norm60_var_acc;
   float r_layer_norm60_rstd;
-  // part:mg50
+  // part:mg34
   r_layer_norm60_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -1121,8 +996,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float*
     }
   }
   r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
-  __syncwarp();  // mg51 reads what earlier parts wrote
-  // part:mg51
+  __syncwarp();  // mg35 reads what earlier parts wrote
+  // part:mg35
   r_layer_norm60_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -1138,8 +1013,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float*
     }
   }
   r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
-  __syncwarp();  // mg52 reads what earlier parts wrote
-  // part:mg52
+  __syncwarp();  // mg36 reads what earlier parts wrote
+  // part:mg36
   r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4

@@ -46,8 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(64, 4) pf_4ab42746c57c47977252(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
+  int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -114,50 +114,7 @@ __device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p0(float* __restrict__ c
   }
 }
 
-__device__ __forceinline__ void pf_be92cee7fa29140b1bbc_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(64) pf_be92cee7fa29140b1bbc(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 4) {  // k0_conv2d0_conv: 4 blocks of 64
-    pf_be92cee7fa29140b1bbc_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 5) {  // k3_cls_token_bcast: 1 blocks of 64
-    pf_be92cee7fa29140b1bbc_p1(cls_token_bcast, cls_token, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_c373ff81afaedaec77d5(float* __restrict__ reshape1, const float* __restrict__ conv2d0) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  reshape1[t0 * 128 + t1 * 4 + t2] = conv2d0[t0 * 128 + t1 * 4 + pf_fdiv(t2, 2) * 2 + pf_mod(t2, 2)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_3a4fd62d31143649328d(float* __restrict__ transpose2, const float* __restrict__ reshape1) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  transpose2[t0 * 128 + t1 * 32 + t2] = reshape1[t0 * 128 + t2 * 4 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float* __restrict__ concat3, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose2) {
+extern "C" __global__ void __launch_bounds__(160) pf_e24323461d23b37b1246(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -166,10 +123,10 @@ extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float*
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  concat3[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose2[b0 * 128 + (t1 - 1) * 32 + t2]);
+  add4[b0 * 160 + t1 * 32 + t2] = (((t1 < 1) ? cls_token[0 * 32 + 0 * 32 + t2] : conv2d0[b0 * 128 + t2 * 4 + pf_fdiv((t1 - 1), 2) * 2 + pf_mod((t1 - 1), 2)]) + pos_embed[0 * 160 + t1 * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_f3e3b4871eae94162dbe(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -181,46 +138,38 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
   const int s_layer_norm5_centered_lo1 = (4 * b1);
   const int s_layer_norm5_centered_lo2 = 0;
   __shared__ float pf_scratch[1];
-  float r_add4;
   float r_layer_norm5_mean;
   float r_layer_norm5_mean_acc;
   float r_layer_norm5_var;
   float r_layer_norm5_var_acc;
   float r_layer_norm5_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg5
+    // part:mg2
     r_layer_norm5_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
       {
-        const float4 q_concat30 = *reinterpret_cast<const float4*>(&concat3[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_concat3[4] = {q_concat30.x, q_concat30.y, q_concat30.z, q_concat30.w};
-        const float4 q_pos_embed0 = *reinterpret_cast<const float4*>(&pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_pos_embed[4] = {q_pos_embed0.x, q_pos_embed0.y, q_pos_embed0.z, q_pos_embed0.w};
-        float v_add4[4];
+        const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+        float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          r_add4 = (v_concat3[c0] + v_pos_embed[c0]); v_add4[c0] = r_add4;
-          r_layer_norm5_mean_acc = r_layer_norm5_mean_acc + (r_add4 * 0.03125f);
+          r_layer_norm5_mean_acc = r_layer_norm5_mean_acc + (v_add4[c0] * 0.03125f);
         }
-        *reinterpret_cast<float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add4[0], v_add4[1], v_add4[2], v_add4[3]);
       }
     }
     r_layer_norm5_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_mean_acc, pf_scratch); r_layer_norm5_mean = r_layer_norm5_mean_acc;
   }
-  __syncwarp();  // mg6 reads what earlier parts wrote
+  __syncwarp();  // mg3 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg6
+    // part:mg3
     r_layer_norm5_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
       {
-        const float4 q_concat30 = *reinterpret_cast<const float4*>(&concat3[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_concat3[4] = {q_concat30.x, q_concat30.y, q_concat30.z, q_concat30.w};
-        const float4 q_pos_embed0 = *reinterpret_cast<const float4*>(&pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_pos_embed[4] = {q_pos_embed0.x, q_pos_embed0.y, q_pos_embed0.z, q_pos_embed0.w};
+        const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+        float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
         float v_layer_norm5_centered[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm5_centered[c0] = ((v_concat3[c0] + v_pos_embed[c0]) - r_layer_norm5_mean);
+          v_layer_norm5_centered[c0] = (v_add4[c0] - r_layer_norm5_mean);
           r_layer_norm5_var_acc = r_layer_norm5_var_acc + ((v_layer_norm5_centered[c0] * v_layer_norm5_centered[c0]) * 0.03125f);
         }
         *reinterpret_cast<float4*>(&s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + ((4 * l0) - s_layer_norm5_centered_lo2)]) = make_float4(v_layer_norm5_centered[0], v_layer_norm5_centered[1], v_layer_norm5_centered[2], v_layer_norm5_centered[3]);
@@ -228,9 +177,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
     }
     r_layer_norm5_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_var_acc, pf_scratch); r_layer_norm5_var = r_layer_norm5_var_acc;
   }
-  __syncwarp();  // mg7 reads what earlier parts wrote
+  __syncwarp();  // mg4 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg7
+    // part:mg4
     r_layer_norm5_rstd = rsqrtf((r_layer_norm5_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -354,112 +303,111 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_8edc492482fde4b2cad4(flo
   }
 }
 
-__device__ __forceinline__ void pf_d8b6ef80438e28f4dd50_p0(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_122f7d85e0708703a025_p0(float* __restrict__ add15, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape12[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add11[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_d8b6ef80438e28f4dd50_p1(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape16[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add15[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_d8b6ef80438e28f4dd50(float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k10_reshape12: 2 blocks of 160
-    pf_d8b6ef80438e28f4dd50_p0(reshape12, add11, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k13_reshape16: 2 blocks of 160
-    pf_d8b6ef80438e28f4dd50_p1(reshape16, add15, pf_b - 2, (int)threadIdx.x);
+  const int t2 = _t % 32; _t /= 32;
+  const int t1 = _t;
+  const int p0r = threadIdx.x / 2;
+  const int p0c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_layer_norm5[256];
+  const int p1r = threadIdx.x / 32;
+  const int p1c = threadIdx.x % 32;
+  __shared__ __align__(16) float s_block0_attn_v_w[2112];
+  float r_matmul14_acc[2][4];
+  float r_matmul14;
+  float r_layer_norm5_frag[2];
+  float r_block0_attn_v_w_frag[4];
+  float r_add15_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul14_acc[ii1][iv] = 0.0f;
+    }
+  }
+  {
+    const int kt0 = (-1);
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm5[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_v_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_v_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+  }
+  const float* pf_gp0_layer_norm5 = &layer_norm5[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
+  const float* pf_gp0_block0_attn_v_w = &block0_attn_v_w[((4 * p1c) + (32 * p1r) + 256)];
+  for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_layer_norm5[0] : layer_norm5, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_memcpy_async(&s_block0_attn_v_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_v_w[0] : block0_attn_v_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_v_w_frag[iv] = s_block0_attn_v_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul14_acc[ii1][iv] = r_matmul14_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_v_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+    pf_gp0_layer_norm5 += 8;
+    pf_gp0_block0_attn_v_w += 256;
+  }
+  {
+    const int kt0 = 3;
+    if (((p0r <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm5[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        r_layer_norm5_frag[ii1] = s_layer_norm5[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+      }
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_block0_attn_v_w_frag[iv] = s_block0_attn_v_w[(kt0 % 2) * 1056 + (((8 * kt0) + kk0) - (8 * kt0)) * 132 + (((4 * t2) + iv) - 0)];
+      }
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul14_acc[ii1][iv] = r_matmul14_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_v_w_frag[iv]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_matmul14 = r_matmul14_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + iv) <= 31) { r_add15_v[iv] = (r_matmul14 + block0_attn_v_bias[((4 * t2) + iv)]); }
+    }
+    if ((t1 + (8 * ii1)) <= 4 && ((4 * t2) + 0) <= 31) { *reinterpret_cast<float4*>(&add15[b0 * 160 + (t1 + (8 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_add15_v[0], r_add15_v[1], r_add15_v[2], r_add15_v[3]); }
   }
 }
 
-__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p0(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_122f7d85e0708703a025_p1(float* __restrict__ matmul18, const float* __restrict__ add7, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
   int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape8[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add7[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p1(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 5; _t /= 5;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose13[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape12[b0 * 160 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pf_3e32ad54a3c2f0ccba72_p2(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose17[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape16[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_3e32ad54a3c2f0ccba72(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k7_reshape8: 2 blocks of 160
-    pf_3e32ad54a3c2f0ccba72_p0(reshape8, add7, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k11_transpose13: 2 blocks of 160
-    pf_3e32ad54a3c2f0ccba72_p1(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k14_transpose17: 2 blocks of 160
-    pf_3e32ad54a3c2f0ccba72_p2(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_5915842c76f5dd2b2d92(float* __restrict__ transpose9, const float* __restrict__ reshape8) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
-  int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -467,13 +415,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose9[256];
-  const int p1r = threadIdx.x / 128;
-  const int p1c = threadIdx.x % 128;
-  __shared__ float s_transpose13[2064];
+  __shared__ __align__(16) float s_add7[256];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_add11[2048];
   float r_matmul18_acc[2][4];
-  float r_transpose9_frag[2];
-  float r_transpose13_frag[4];
+  float r_add7_frag[2];
+  float r_add11_frag[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
     #pragma unroll
@@ -484,23 +432,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + ((((p1r + (8 * kt0)) + (2 * ii3)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + (((p1r + (8 * kt0)) + (2 * ii3)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
-    }
+    __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + ((((p1r + (8 * kt0)) + (2 * ii3)) + 8) - (8 * (kt0 + 1))) * 129 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + (((p1r + (8 * kt0)) + (2 * ii3)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
-    }
+    __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
@@ -508,17 +450,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_add7_frag[ii2] = s_add7[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
+        r_add11_frag[ii3] = s_add11[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t3 + (32 * ii3)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
+          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_add7_frag[ii2] * r_add11_frag[ii3]);
         }
       }
     }
@@ -527,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(flo
   {
     const int kt0 = 1;
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -536,17 +478,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_transpose9_frag[ii2] = s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_add7_frag[ii2] = s_add7[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-        r_transpose13_frag[ii3] = s_transpose13[(kt0 % 2) * 1032 + (b0 - b0) * 1032 + (b1 - b1) * 1032 + (((8 * kt0) + kk0) - (8 * kt0)) * 129 + ((t3 + (32 * ii3)) - 0)];
+        r_add11_frag[ii3] = s_add11[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t3 + (32 * ii3)) - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       }
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_transpose9_frag[ii2] * r_transpose13_frag[ii3]);
+          r_matmul18_acc[ii2][ii3] = r_matmul18_acc[ii2][ii3] + (r_add7_frag[ii2] * r_add11_frag[ii3]);
         }
       }
     }
@@ -561,7 +503,16 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_ee81f78df73361cd1416(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(256) pf_122f7d85e0708703a025(float* __restrict__ add15, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_v_w, const float* __restrict__ block0_attn_v_bias, float* __restrict__ matmul18, const float* __restrict__ add7, const float* __restrict__ add11) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 2) {  // k5_matmul14: 2 blocks of 256
+    pf_122f7d85e0708703a025_p0(add15, layer_norm5, block0_attn_v_w, block0_attn_v_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 6) {  // k6_matmul18: 4 blocks of 256
+    pf_122f7d85e0708703a025_p1(matmul18, add7, add11, pf_b - 2, (int)threadIdx.x);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128) pf_da6a130dc9ca81fbd15c(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -578,14 +529,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   float r_softmax20_sum;
   float r_softmax20_sum_acc;
   if ((((4 * b2) + r0) <= 4)) {
-    // part:mg18
+    // part:mg9
     r_softmax20_max_acc = -INFINITY;
     if ((l0 <= 4)) {
       r_mul19 = (matmul18[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
       r_softmax20_max_acc = pf_fmaxf(r_softmax20_max_acc, r_mul19);
     }
     r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
-    // part:mg19
+    // part:mg10
     r_softmax20_sum_acc = 0.0f;
     if ((l0 <= 4)) {
       r_softmax20_sub = (r_mul19 - r_softmax20_max);
@@ -594,13 +545,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
     }
     r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
     if ((l0 <= 4)) {
-      // part:mg20
+      // part:mg11
       softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(256, 3) pf_f1473e74f342d0fc2e30(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add15) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -611,10 +562,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(flo
   __shared__ float s_softmax20[80];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_transpose17[660];
+  __shared__ __align__(16) float s_add15[660];
   float r_matmul21_acc[2][4];
   float r_softmax20_frag[2];
-  float r_transpose17_frag[4];
+  float r_add15_frag[4];
   float r_matmul21_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
@@ -627,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(flo
     s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
   }
   if ((p1r <= 4)) {
-    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 660 + (((5 * b1) + p1r) - (5 * b1)) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + ((5 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<float4*>(&s_add15[(((5 * b0) + p1r) - (5 * b0)) * 132 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add15[((5 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   #pragma unroll
@@ -638,13 +589,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(flo
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_transpose17_frag[iv] = s_transpose17[(b0 - b0) * 660 + (((b1 * 5) + kk0) - (5 * b1)) * 132 + (((4 * t3) + iv) - 0)];
+      r_add15_frag[iv] = s_add15[(((b0 * 5) + kk0) - (5 * b0)) * 132 + ((((16 * b1) + (4 * t3)) + iv) - (16 * b1))];
     }
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul21_acc[ii2][iv] = r_matmul21_acc[ii2][iv] + (r_softmax20_frag[ii2] * r_transpose17_frag[iv]);
+        r_matmul21_acc[ii2][iv] = r_matmul21_acc[ii2][iv] + (r_softmax20_frag[ii2] * r_add15_frag[iv]);
       }
     }
   }
@@ -659,33 +610,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_ba77cd374b05fa153652(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_077fa7471baa10db876d(float* __restrict__ transpose22, const float* __restrict__ matmul21) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  transpose22[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul21[b0 * 160 + t2 * 80 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float* __restrict__ reshape23, const float* __restrict__ transpose22) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_09f9f75a89d5b421a804(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -693,12 +618,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
   const int t1 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape23[256];
+  __shared__ __align__(16) float s_matmul21[256];
   const int p1r = threadIdx.x / 32;
   const int p1c = threadIdx.x % 32;
   __shared__ __align__(16) float s_block0_attn_o_w[2112];
   float r_matmul24_acc[2][4];
-  float r_reshape23_frag[2];
+  float r_matmul21_frag[2];
   float r_block0_attn_o_w_frag[4];
   float r_matmul24_v[4];
   #pragma unroll
@@ -711,16 +636,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape23[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul21[(p0r >= 0 && p0r < 5) ? b0 * 160 + ((kt0 + 1) / 2) * 80 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], &block0_attn_o_w[((4 * p1c) >= 0 && (4 * p1c) < 32) ? ((p1r + (8 * kt0)) + 8) * 32 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
   }
-  const float* pf_gp0_reshape23 = &reshape23[((4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
   const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + (32 * p1r) + 256)];
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_reshape23[0] : reshape23, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul21[(p0r >= 0 && p0r < 5) ? b0 * 160 + ((kt0 + 1) / 2) * 80 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 1056 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 132 + ((4 * p1c) - 0)], ((4 * p1c) >= 0 && (4 * p1c) < 32) ? &pf_gp0_block0_attn_o_w[0] : block0_attn_o_w, 16, ((4 * p1c) >= 0 && (4 * p1c) < 32) ? 0 : 16);
     __pipeline_commit();
@@ -730,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_matmul21_frag[ii1] = s_matmul21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((kt0 - ((kt0 + 1) / 2)) - (kt0 / 2)) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + ((((-(8 * ((kt0 + 1) % 2))) + kk0) + 8) - (8 * (kt0 % 2)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
@@ -740,18 +664,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_matmul21_frag[ii1] * r_block0_attn_o_w_frag[iv]);
         }
       }
     }
     __syncthreads();
-    pf_gp0_reshape23 += 8;
     pf_gp0_block0_attn_o_w += 256;
   }
   {
     const int kt0 = 3;
     if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape23[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (((kt0 + 1) / 2) - ((kt0 + 1) / 2)) * 128 + (p0r - 0) * 8 + (((8 * ((kt0 + 1) % 2)) + (4 * p0c)) - (8 * ((kt0 + 1) % 2)))], &matmul21[(p0r >= 0 && p0r < 5) ? b0 * 160 + ((kt0 + 1) / 2) * 80 + p0r * 16 + ((8 * ((kt0 + 1) % 2)) + (4 * p0c)) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -760,7 +683,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_matmul21_frag[ii1] = s_matmul21[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((kt0 - ((kt0 + 1) / 2)) - (kt0 / 2)) * 128 + ((t1 + (8 * ii1)) - 0) * 8 + ((((-(8 * ((kt0 + 1) % 2))) + kk0) + 8) - (8 * (kt0 % 2)))];
       }
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
@@ -770,7 +693,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
       for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[iv]);
+          r_matmul24_acc[ii1][iv] = r_matmul24_acc[ii1][iv] + (r_matmul21_frag[ii1] * r_block0_attn_o_w_frag[iv]);
         }
       }
     }
@@ -786,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_3a7202cc072d8121ad5e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_bee6c8c6ace6c4b298b3(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -809,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
   float r_layer_norm27_var_acc;
   float r_layer_norm27_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg25
+    // part:mg14
     r_layer_norm27_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -833,9 +756,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
     }
     r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
   }
-  __syncwarp();  // mg26 reads what earlier parts wrote
+  __syncwarp();  // mg15 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg26
+    // part:mg15
     r_layer_norm27_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -854,9 +777,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
     }
     r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
   }
-  __syncwarp();  // mg27 reads what earlier parts wrote
+  __syncwarp();  // mg16 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg27
+    // part:mg16
     r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1083,7 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_2c94cc9d8b6d112001b9(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_78927e3d8bfc66ef55ef(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1106,7 +1029,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
   float r_layer_norm63_var_acc;
   float r_layer_norm63_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg55
+    // part:mg36
     r_layer_norm63_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1128,9 +1051,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
     }
     r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
   }
-  __syncwarp();  // mg56 reads what earlier parts wrote
+  __syncwarp();  // mg37 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg56
+    // part:mg37
     r_layer_norm63_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1147,9 +1070,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
     }
     r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
   }
-  __syncwarp();  // mg57 reads what earlier parts wrote
+  __syncwarp();  // mg38 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg57
+    // part:mg38
     r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1170,31 +1093,19 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* __restrict__ reshape65, const float* __restrict__ layer_norm63) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
+extern "C" __global__ void __launch_bounds__(256, 4) pf_449b5af84f957ae40245(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  float r_slice64;
-  r_slice64 = layer_norm63[t0 * 160 + 0 * 32 + t1];
-  reshape65[t0 * 32 + t1] = r_slice64;
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 2;
+  const int p0d0 = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape65[256];
+  __shared__ __align__(16) float s_layer_norm63[256];
   const int p1r = threadIdx.x / 128;
   const int p1c = threadIdx.x % 128;
   __shared__ float s_head_w[2064];
   float r_matmul66_acc[2][4];
   float r_matmul66;
-  float r_reshape65_frag[2];
+  float r_layer_norm63_frag[2];
   float r_head_w_frag[4];
   #pragma unroll
   for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
@@ -1205,8 +1116,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(flo
   }
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    if (((p0d0 <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm63[((kt0 + 1) % 2) * 128 + (p0d0 - 0) * 8 + (0 - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm63[(p0d0 >= 0 && p0d0 < 2) ? p0d0 * 160 + 0 * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0d0 >= 0 && p0d0 < 2) ? 0 : 16);
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
@@ -1214,11 +1125,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(flo
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_reshape65 = &reshape65[((4 * p0c) + (32 * p0r) + 8)];
+  const float* pf_gp0_layer_norm63 = &layer_norm63[((4 * p0c) + (160 * p0d0) + 8)];
   const float* pf_gp0_head_w = &head_w[(p1c + (10 * p1r) + 80)];
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 2) ? &pf_gp0_reshape65[0] : reshape65, 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    if (((p0d0 <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm63[((kt0 + 1) % 2) * 128 + (p0d0 - 0) * 8 + (0 - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0d0 >= 0 && p0d0 < 2) ? &pf_gp0_layer_norm63[0] : layer_norm63, 16, (p0d0 >= 0 && p0d0 < 2) ? 0 : 16);
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
@@ -1231,7 +1142,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_layer_norm63_frag[ii0] = s_layer_norm63[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (0 - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
@@ -1241,18 +1152,18 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(flo
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
+          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_layer_norm63_frag[ii0] * r_head_w_frag[ii1]);
         }
       }
     }
     __syncthreads();
-    pf_gp0_reshape65 += 8;
+    pf_gp0_layer_norm63 += 8;
     pf_gp0_head_w += 80;
   }
   {
     const int kt0 = 3;
-    if (((p0r <= 15) && (kt0 <= 2))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    if (((p0d0 <= 15) && (kt0 <= 2))) {
+      __pipeline_memcpy_async(&s_layer_norm63[((kt0 + 1) % 2) * 128 + (p0d0 - 0) * 8 + (0 - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &layer_norm63[(p0d0 >= 0 && p0d0 < 2) ? p0d0 * 160 + 0 * 32 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0d0 >= 0 && p0d0 < 2) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -1261,7 +1172,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(flo
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
       #pragma unroll
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-        r_reshape65_frag[ii0] = s_reshape65[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
+        r_layer_norm63_frag[ii0] = s_layer_norm63[(kt0 % 2) * 128 + ((t0 + (8 * ii0)) - 0) * 8 + (0 - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
       }
       #pragma unroll
       for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
@@ -1271,7 +1182,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_09360c7328745017da24(flo
       for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
         #pragma unroll
         for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_reshape65_frag[ii0] * r_head_w_frag[ii1]);
+          r_matmul66_acc[ii0][ii1] = r_matmul66_acc[ii0][ii1] + (r_layer_norm63_frag[ii0] * r_head_w_frag[ii1]);
         }
       }
     }

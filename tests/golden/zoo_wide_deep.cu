@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_049630550a28d624e0f8_p0(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4e46ff27cb184b093cfd_p0(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -58,27 +58,23 @@ __device__ __forceinline__ void pf_049630550a28d624e0f8_p0(float* __restrict__ m
   matmul10[t0 + 0] = r_matmul10_acc;
 }
 
-__device__ __forceinline__ void pf_049630550a28d624e0f8_p1(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4e46ff27cb184b093cfd_p1(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 17; _t /= 17;
   const int t0 = _t;
-  float r_reshape0;
-  if ((t1 <= 11)) {
-    r_reshape0 = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
-  }
-  concat1[t0 * 17 + t1] = ((t1 < 12) ? r_reshape0 : dense_features[t0 * 5 + (t1 - 12)]);
+  concat1[t0 * 17 + t1] = ((t1 < 12) ? embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)] : dense_features[t0 * 5 + (t1 - 12)]);
 }
 
-extern "C" __global__ void __launch_bounds__(68) pf_049630550a28d624e0f8(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
+extern "C" __global__ void __launch_bounds__(68) pf_4e46ff27cb184b093cfd(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k3_matmul10: 1 blocks of 4
     const int pf_v = (pf_b - 0) * 17 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_049630550a28d624e0f8_p0(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
-  } else if (pf_b < 2) {  // k0_reshape0: 1 blocks of 68
-    pf_049630550a28d624e0f8_p1(concat1, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
+    if (pf_v < 1) pf_4e46ff27cb184b093cfd_p0(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
+  } else if (pf_b < 2) {  // k0_concat1: 1 blocks of 68
+    pf_4e46ff27cb184b093cfd_p1(concat1, embeddings, dense_features, pf_b - 1, (int)threadIdx.x);
   }
 }
 
