@@ -222,12 +222,52 @@ def test_concat_stays_out_of_a_gemm_operand_but_folds_into_elementwise():
     (line,) = _records(fn, PassAction.REFUSED)
     assert "a concat stays out of a contraction's operand (y)" in line
     _check_numbers(fn, [a, b, w], [y], [_rand(16, 8), _rand(16, 8), _rand(16, 16)])
+    # an aligned concat fuses with its elementwise reader by the partition rules: no fold
     z = ops.relu(ops.concat([ops.exp(a, name="ea2"), b], axis=1, name="cat2"), name="z")
     fn = _compile([a, b], [z])
     assert _layout_only(fn) == [] and len(fn.launches) == 1
-    (line,) = _records(fn, PassAction.FOLDED)
-    assert "through a concat" in line
-    _check_numbers(fn, [a, b], [z], [_rand(16, 8), _rand(16, 8)])
+    assert _records(fn, PassAction.FOLDED) == []
+    # a transpose read by that concat stays: folded, the concat would turn opaque and no
+    # rule would fuse exp -> concat any more; left alone it fuses (opaque -> elementwise)
+    c = te.placeholder((8, 16), name="c")
+    cat = ops.concat([ops.exp(a, name="ea3"), ops.transpose(c, name="ct")], axis=1, name="cat3")
+    z = ops.relu(cat, name="z3")
+    fn = _compile([a, c], [z])
+    assert _layout_only(fn) == [] and len(fn.launches) == 1
+    (line,) = _records(fn, PassAction.REFUSED)
+    assert line == (
+        "ct stays a kernel: folded, cat3 would read it through a layout access and turn "
+        "opaque: no partition rule would fuse ea3 -> cat3 any more"
+    )
+    _check_numbers(fn, [a, c], [z], [_rand(16, 8), _rand(8, 16)])
+
+
+def test_patch_embedding_folds_through_concat_into_the_add_before_layer_norm():
+    """ViT's embedding: conv output (B, C, P, P) -> reshape (B, C, N) -> transpose (B, N, C)
+    -> concat with the class token -> + position -> layer norm. The add's micrograph joins
+    the layer norm (rule 4 before rule 5), so a move left alone would be a kernel of its
+    own: the reshape, transpose, token broadcast and concat all fold (two rounds) and the
+    add reads the conv output through reshape∘transpose (div/mod by P)."""
+    bs, ch, p = 2, 16, 4
+    n = p * p
+    x = te.placeholder((bs, ch, p, p), name="x")
+    tok = te.placeholder((1, 1, ch), name="tok")
+    pos = te.placeholder((1, n + 1, ch), name="pos")
+    g, bt = te.placeholder((ch,), name="g"), te.placeholder((ch,), name="bt")
+    e = ops.transpose(ops.reshape(ops.exp(x, name="ex"), (bs, ch, n), name="rs"), (0, 2, 1))
+    cls = te.compute((bs, 1, ch), lambda i, r, j: tok[0, 0, j], name="cls")
+    h = ops.add(ops.concat([cls, e], axis=1, name="cat"), pos, name="h")
+    y = ops.layer_norm(h, g, bt, name="ln")
+    ins = [x, tok, pos, g, bt]
+    before = _compile(ins, [y], NO_FOLD)
+    fn = _compile(ins, [y])
+    assert _layout_only(before) and _layout_only(fn) == []
+    assert len(fn.launches) < len(before.launches)
+    folded = _records(fn, PassAction.FOLDED)
+    assert any(line.startswith("cat folded into the loads of h") for line in folded)
+    assert any("rs folded" in line and "mod 4" in line for line in folded)
+    arrays = [_rand(bs, ch, p, p), _rand(1, 1, ch), _rand(1, n + 1, ch), _rand(ch), _rand(ch)]
+    _check_numbers(fn, ins, [y], arrays)
 
 
 def test_moves_are_recognised_by_their_bodies():

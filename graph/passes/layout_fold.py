@@ -41,11 +41,14 @@ from polyfuse.graph.expr import (
     substitute,
     walk,
 )
-from polyfuse.graph.graph import Graph, Primitive
+from polyfuse.graph.graph import Graph, Primitive, primitive
+from polyfuse.graph.kinds import OpKind
+from polyfuse.graph.partition import PARTITION_RULES, STITCH_RULES
 from polyfuse.graph.passes.record import PassAction
 from polyfuse.graph.passes.rewrite import Rewriter, with_body
 
 NAME = "layout_fold"
+_MEMO = "graph.passes"  # the passes' entry in Graph.isl_memo (rewrite.py)
 
 
 class _MovesOnly(ExprVisitor[bool]):
@@ -150,7 +153,7 @@ def layout_fold(graph: Graph) -> Graph:
     for name in order:
         p = graph.prims[name]
         t = p.tensor
-        if not is_move(t) or graph.is_output(t):
+        if not is_move(t) or graph.is_output(t) or not _needs_fold(graph, p):
             continue
         why = _refuse_loads(graph, p)
         if why:
@@ -195,6 +198,17 @@ def layout_fold(graph: Graph) -> Graph:
     return rw.result()
 
 
+def _needs_fold(graph: Graph, p: Primitive) -> bool:
+    """Whether move ``p`` would otherwise be a kernel of its own: its access is a layout one
+    (the op is opaque: a transpose, a reshape's div/mod, a strided slice), or a reader is
+    opaque (a contraction: no partition rule fuses a producer into it). An aligned move (a
+    slice at an offset, a reshape that only adds or drops size-1 dims) or a broadcast read
+    by elementwise, broadcast or reduction ops fuses with them by the partition rules."""
+    if p.kind == OpKind.OPAQUE:
+        return True
+    return any(graph.prims[c].kind == OpKind.OPAQUE for c in graph.consumers(p.name))
+
+
 def _refuse_loads(graph: Graph, p: Primitive) -> str | None:
     """Why move ``p`` cannot fold into its readers' loads (None: it can)."""
     for c in graph.consumers(p.name):
@@ -205,7 +219,61 @@ def _refuse_loads(graph: Graph, p: Primitive) -> str | None:
         if _is_concat(p.tensor) and (q.is_reduction or is_move(q.tensor)):
             what = "a contraction" if q.is_reduction else "a move"
             return f"a concat stays out of {what}'s operand ({c})"
+        if q.kind != OpKind.OPAQUE:
+            assert q.tensor.op is not None
+            new = with_body(q.tensor, _Expand({p.tensor.uid: p.tensor}).visit(q.tensor.op.body))
+            memo = graph.isl_memo.setdefault(_MEMO, {})
+            kind = primitive(new, graph.idents, graph.ctx, memo).kind
+            lost = _lost_fusions(graph, p, q, kind)
+            if lost and _would_fuse(graph, q):
+                return (
+                    f"folded, {c} would read it through a layout access and turn "
+                    f"{kind.value}: no partition rule would fuse {lost} any more"
+                )
     return None
+
+
+def _fuses(p: OpKind, c: OpKind) -> bool:
+    return any(r.matches(p, c) for r in (*PARTITION_RULES, *STITCH_RULES))
+
+
+def _would_fuse(graph: Graph, q: Primitive) -> bool:
+    """Whether an opaque move would fuse with its reader ``q`` (rule 5: opaque ->
+    elementwise/broadcast) if left alone: ``q`` is elementwise or broadcast and no chain of
+    elementwise/broadcast readers from it reaches a reduction — rule 4 (elementwise/broadcast
+    -> reduction) has priority and would make ``q``'s micrograph a reduction first, leaving
+    the move a kernel of its own (then folding it costs no fusion)."""
+    eb = (OpKind.ELEMENTWISE, OpKind.BROADCAST)
+    if q.kind not in eb:
+        return False
+    seen, todo = {q.name}, [q.name]
+    while todo:
+        for c in graph.consumers(todo.pop()):
+            k = graph.prims[c].kind
+            if k == OpKind.REDUCTION:
+                return False
+            if k in eb and c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return True
+
+
+def _lost_fusions(graph: Graph, move: Primitive, q: Primitive, kind: OpKind) -> str:
+    """The producer→consumer edges at reader ``q`` that a partition (or stitching) rule fuses
+    with ``q``'s kind but not with ``kind`` (``q``'s kind after the fold), as text ('' if
+    none). Edges from moves are left out: a move read by an opaque reader folds next round."""
+    lost = []
+    for src in graph.dag.predecessors(q.name):
+        a = graph.prims[src]
+        if src == move.name or is_move(a.tensor):
+            continue
+        if _fuses(a.kind, q.kind) and not _fuses(a.kind, kind):
+            lost.append(f"{src} -> {q.name}")
+    for dst in graph.consumers(q.name):
+        b = graph.prims[dst]
+        if _fuses(q.kind, b.kind) and not _fuses(kind, b.kind):
+            lost.append(f"{q.name} -> {dst}")
+    return ", ".join(lost)
 
 
 def _keep_single_access(graph: Graph, rw: Rewriter, folded: dict[int, Tensor]) -> None:
