@@ -45,13 +45,17 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_04cffe069e9f2ae93cd4(float* __restrict__ c2_, float* __restrict__ h2, const float* __restrict__ gates, const float* __restrict__ c) {
+extern "C" __global__ void __launch_bounds__(256) pf_607d087fdd709591c441(float* __restrict__ c2_, float* __restrict__ h2, const float* __restrict__ gates, const float* __restrict__ c) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 256; _t /= 256;
   const int t0 = _t;
+  float r_gate_i;
+  float r_gate_f;
+  float r_gate_g;
+  float r_gate_o;
   float r_sig_i;
   float r_sig_f;
   float r_tanh_g;
@@ -60,13 +64,17 @@ extern "C" __global__ void __launch_bounds__(256) pf_04cffe069e9f2ae93cd4(float*
   float r_ig;
   float r_c2_;
   float r_tanh_c2;
-  r_sig_f = pf_sigmoid(gates[b0 * 2048 + (((256 * b1) + t1) + 512)]);
-  r_tanh_g = tanhf(gates[b0 * 2048 + (((256 * b1) + t1) + 1024)]);
-  r_sig_i = pf_sigmoid(gates[b0 * 2048 + ((256 * b1) + t1)]);
-  r_ig = (r_sig_i * r_tanh_g);
+  r_gate_f = gates[b0 * 2048 + (((256 * b1) + t1) + 512)];
+  r_sig_f = pf_sigmoid(r_gate_f);
   r_fc = (r_sig_f * c[b0 * 512 + ((256 * b1) + t1)]);
+  r_gate_g = gates[b0 * 2048 + (((256 * b1) + t1) + 1024)];
+  r_tanh_g = tanhf(r_gate_g);
+  r_gate_i = gates[b0 * 2048 + ((256 * b1) + t1)];
+  r_sig_i = pf_sigmoid(r_gate_i);
+  r_ig = (r_sig_i * r_tanh_g);
   r_c2_ = (r_fc + r_ig); c2_[b0 * 512 + ((256 * b1) + t1)] = r_c2_;
   r_tanh_c2 = tanhf(r_c2_);
-  r_sig_o = pf_sigmoid(gates[b0 * 2048 + (((256 * b1) + t1) + 1536)]);
+  r_gate_o = gates[b0 * 2048 + (((256 * b1) + t1) + 1536)];
+  r_sig_o = pf_sigmoid(r_gate_o);
   h2[b0 * 512 + ((256 * b1) + t1)] = (r_sig_o * r_tanh_c2);
 }

@@ -45,63 +45,36 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_77be1bb89e6f0df5899c(float* __restrict__ add3, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(64) pf_aa12b7d4d40f14bbef98(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+  int _b = blockIdx.x;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 32; _t /= 32;
   const int t0 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_x[132];
-  const int p1r = threadIdx.x / 32;
-  const int p1c = threadIdx.x % 32;
-  __shared__ __align__(16) float s_w_x[1056];
-  float r_matmul2_acc[2][4];
   float r_matmul2;
-  float r_x_frag[2];
-  float r_w_x_frag[4];
-  float r_add3_v[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul2_acc[ii0][iv] = 0.0f;
-    }
+  float r_matmul2_acc;
+  float r_add3;
+  r_matmul2_acc = 0.0f;
+  for (int c0 = 0; (c0 <= 7); c0 += 1) {
+    r_matmul2_acc = r_matmul2_acc + (x[0 * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
-  if ((p0c <= 31)) {
-    *reinterpret_cast<float4*>(&s_x[(0 - 0) * 132 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[0 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 132 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      r_x_frag[ii0] = s_x[(0 - 0) * 132 + ((((t0 + (8 * ii0)) * 8) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_w_x_frag[iv] = s_w_x[(kk0 - 0) * 132 + (((4 * t1) + iv) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul2_acc[ii0][iv] = r_matmul2_acc[ii0][iv] + (r_x_frag[ii0] * r_w_x_frag[iv]);
+  r_matmul2 = r_matmul2_acc;
+  r_add3 = (r_matmul2 + bias[t1]);
+  if ((t1 >= 24)) {
+    slice7[t0 * 8 + (t1 - 24)] = r_add3;
+  } else {
+    if ((t1 <= 7)) {
+      slice4[t0 * 8 + t1] = r_add3;
+    } else {
+      if ((t1 >= 16)) {
+        slice6[t0 * 8 + (t1 - 16)] = r_add3;
       }
     }
   }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 1); ii0 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + iv) <= 31) { r_matmul2 = r_matmul2_acc[ii0][iv]; }
-      if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + iv) <= 31) { r_add3_v[iv] = (r_matmul2 + bias[((4 * t1) + iv)]); }
-    }
-    if ((t0 + (8 * ii0)) <= 1 && ((4 * t1) + 0) <= 31) { *reinterpret_cast<float4*>(&add3[(t0 + (8 * ii0)) * 32 + ((4 * t1) + 0)]) = make_float4(r_add3_v[0], r_add3_v[1], r_add3_v[2], r_add3_v[3]); }
-  }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_a456c5432da4436124e7(float* __restrict__ mul10, const float* __restrict__ add3) {
+extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -110,22 +83,14 @@ extern "C" __global__ void __launch_bounds__(16) pf_a456c5432da4436124e7(float* 
   const int t0 = _t;
   float r_sigmoid8;
   float r_tanh9;
-  r_tanh9 = tanhf(add3[t0 * 32 + (t1 + 16)]);
-  r_sigmoid8 = pf_sigmoid(add3[t0 * 32 + t1]);
-  mul10[t0 * 8 + t1] = (r_sigmoid8 * r_tanh9);
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_a72db534d8a530b3fc8e(float* __restrict__ mul13, const float* __restrict__ add3, const float* __restrict__ mul10) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
+  float r_mul10;
   float r_sigmoid11;
   float r_tanh12;
-  r_tanh12 = tanhf(mul10[t0 * 8 + t1]);
-  r_sigmoid11 = pf_sigmoid(add3[t0 * 32 + (t1 + 24)]);
+  r_tanh9 = tanhf(slice6[t0 * 8 + t1]);
+  r_sigmoid8 = pf_sigmoid(slice4[t0 * 8 + t1]);
+  r_mul10 = (r_sigmoid8 * r_tanh9); mul10[t0 * 8 + t1] = r_mul10;
+  r_tanh12 = tanhf(r_mul10);
+  r_sigmoid11 = pf_sigmoid(slice7[t0 * 8 + t1]);
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
@@ -183,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_37483fc4d41b4126059f(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_505ee38182a0f648fdb2(float* __restrict__ add19, float* __restrict__ sigmoid24, float* __restrict__ tanh25, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(64) pf_68219b3f67cd1e17817d(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -194,53 +159,55 @@ extern "C" __global__ void __launch_bounds__(64) pf_505ee38182a0f648fdb2(float* 
   float r_matmul16_acc;
   float r_add17;
   float r_add19;
+  float r_slice20;
   r_matmul16_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
     r_matmul16_acc = r_matmul16_acc + (x[(0 + 1) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
   r_matmul16 = r_matmul16_acc;
   r_add17 = (r_matmul16 + bias[t1]);
-  r_add19 = (r_add17 + matmul18[t0 * 32 + t1]); add19[t0 * 32 + t1] = r_add19;
-  if ((t1 <= 7)) {
-    sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_add19);
+  r_add19 = (r_add17 + matmul18[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice23[t0 * 8 + (t1 - 24)] = r_add19;
   } else {
-    if (((t1 >= 16) && (t1 <= 23))) {
-      tanh25[t0 * 8 + (t1 - 16)] = tanhf(r_add19);
+    if ((t1 <= 7)) {
+      r_slice20 = r_add19;
+      sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_slice20);
+    } else {
+      if ((t1 >= 16)) {
+        slice22[t0 * 8 + (t1 - 16)] = r_add19;
+      } else {
+        slice21[t0 * 8 + (t1 - 8)] = r_add19;
+      }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_bb6abe531cb9d957682f(float* __restrict__ add29, float* __restrict__ tanh31, const float* __restrict__ sigmoid24, const float* __restrict__ tanh25, const float* __restrict__ add19, const float* __restrict__ mul10) {
+extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
+  float r_tanh25;
   float r_mul26;
   float r_sigmoid27;
   float r_mul28;
   float r_add29;
-  r_sigmoid27 = pf_sigmoid(add19[t0 * 32 + (t1 + 8)]);
-  r_mul28 = (r_sigmoid27 * mul10[t0 * 8 + t1]);
-  r_mul26 = (sigmoid24[t0 * 8 + t1] * tanh25[t0 * 8 + t1]);
-  r_add29 = (r_mul28 + r_mul26); add29[t0 * 8 + t1] = r_add29;
-  tanh31[t0 * 8 + t1] = tanhf(r_add29);
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_1bddfcb702573d7262dc(float* __restrict__ mul32, const float* __restrict__ add19, const float* __restrict__ tanh31) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
   float r_sigmoid30;
-  r_sigmoid30 = pf_sigmoid(add19[t0 * 32 + (t1 + 24)]);
-  mul32[t0 * 8 + t1] = (r_sigmoid30 * tanh31[t0 * 8 + t1]);
+  float r_tanh31;
+  r_tanh25 = tanhf(slice22[t0 * 8 + t1]);
+  r_mul26 = (sigmoid24[t0 * 8 + t1] * r_tanh25);
+  r_sigmoid27 = pf_sigmoid(slice21[t0 * 8 + t1]);
+  r_mul28 = (r_sigmoid27 * mul10[t0 * 8 + t1]);
+  r_sigmoid30 = pf_sigmoid(slice23[t0 * 8 + t1]);
+  r_add29 = (r_mul28 + r_mul26); add29[t0 * 8 + t1] = r_add29;
+  r_tanh31 = tanhf(r_add29);
+  mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_00b4d4d25a5e9a062a43(float* __restrict__ add38, float* __restrict__ sigmoid43, float* __restrict__ tanh44, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
+extern "C" __global__ void __launch_bounds__(64) pf_68edc5e5b47f8af33646(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -251,23 +218,31 @@ extern "C" __global__ void __launch_bounds__(64) pf_00b4d4d25a5e9a062a43(float* 
   float r_matmul35_acc;
   float r_add36;
   float r_add38;
+  float r_slice39;
   r_matmul35_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
     r_matmul35_acc = r_matmul35_acc + (x[(0 + 2) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
   r_matmul35 = r_matmul35_acc;
   r_add36 = (r_matmul35 + bias[t1]);
-  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]); add38[t0 * 32 + t1] = r_add38;
-  if ((t1 <= 7)) {
-    sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_add38);
+  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice42[t0 * 8 + (t1 - 24)] = r_add38;
   } else {
-    if (((t1 >= 16) && (t1 <= 23))) {
-      tanh44[t0 * 8 + (t1 - 16)] = tanhf(r_add38);
+    if ((t1 <= 7)) {
+      r_slice39 = r_add38;
+      sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_slice39);
+    } else {
+      if ((t1 >= 16)) {
+        slice41[t0 * 8 + (t1 - 16)] = r_add38;
+      } else {
+        slice40[t0 * 8 + (t1 - 8)] = r_add38;
+      }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_ec25072d260d047f270e(float* __restrict__ add57, float* __restrict__ sigmoid62, float* __restrict__ tanh63, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
+extern "C" __global__ void __launch_bounds__(64) pf_b3fa3f41e0504ea6dd8a(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -278,18 +253,26 @@ extern "C" __global__ void __launch_bounds__(64) pf_ec25072d260d047f270e(float* 
   float r_matmul54_acc;
   float r_add55;
   float r_add57;
+  float r_slice58;
   r_matmul54_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
     r_matmul54_acc = r_matmul54_acc + (x[(0 + 3) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
   r_matmul54 = r_matmul54_acc;
   r_add55 = (r_matmul54 + bias[t1]);
-  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]); add57[t0 * 32 + t1] = r_add57;
-  if ((t1 <= 7)) {
-    sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_add57);
+  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice61[t0 * 8 + (t1 - 24)] = r_add57;
   } else {
-    if (((t1 >= 16) && (t1 <= 23))) {
-      tanh63[t0 * 8 + (t1 - 16)] = tanhf(r_add57);
+    if ((t1 <= 7)) {
+      r_slice58 = r_add57;
+      sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_slice58);
+    } else {
+      if ((t1 >= 16)) {
+        slice60[t0 * 8 + (t1 - 16)] = r_add57;
+      } else {
+        slice59[t0 * 8 + (t1 - 8)] = r_add57;
+      }
     }
   }
 }
