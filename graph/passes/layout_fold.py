@@ -21,8 +21,17 @@ index-only ``where`` choosing between moves (a concat). It folds into one of its
 
 When ``m`` is not an output both sides remove the same bytes (one write and one read of
 ``m``); the load side is chosen because it leaves the producer (often a GEMM with its
-epilogue) unchanged and lets the consumer's shared-memory promotion do the gather. Every fold
-and refusal is recorded with the relation that decided it.
+epilogue) unchanged and lets the consumer's shared-memory promotion do the gather.
+
+Only moves that would be kernels of their own fold: an opaque move (a layout access), or one
+read by an opaque reader (a contraction; no partition rule fuses a producer into it). An
+aligned slice or reshape read by elementwise ops already fuses with them by the partition
+rules. A fold into an elementwise, broadcast or reduction reader is refused when the reader
+would turn opaque and lose a fusion a partition or stitching rule makes, unless the move
+itself could not fuse with that reader anyway (rule 4 takes the reader into a reduction
+first). A fold that would make a contraction read one tensor through two different relations
+(``q @ transpose(q)``) is refused too: GEMM promotion stages one shared tile per tensor.
+Every fold and refusal is recorded with the relation or the rule that decided it.
 """
 
 from __future__ import annotations
