@@ -22,6 +22,7 @@ from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Read, as_expr, walk
 from polyfuse.graph.graph import Graph, build_graph
 from polyfuse.graph.passes import (
+    DEFAULT_PASSES,
     PassAction,
     batchnorm_fold,
     constant_fold,
@@ -32,6 +33,9 @@ from polyfuse.graph.passes import (
 )
 
 RNG = np.random.default_rng(7)
+#: The passes without layout folding: what the composition tests of ``simplify`` look at
+#: (with it, the composed move folds into its reader too; tests/test_layout_fold.py).
+NO_FOLD = tuple(p for p in DEFAULT_PASSES if p != "layout_fold")
 
 
 def _evaluate(t, feeds):
@@ -406,7 +410,7 @@ def test_double_transpose_composes_into_one():
     x = te.placeholder((2, 3, 4), name="x")
     tb = ops.transpose(ops.transpose(x, (0, 2, 1), name="ta"), (1, 0, 2), name="tb")
     out = ops.exp(tb, name="out")  # (4, 2, 3)
-    g = run_passes(_graph([x], [out]), evaluate=_evaluate)
+    g = run_passes(_graph([x], [out]), NO_FOLD, evaluate=_evaluate)
     assert sorted(g.prims) == ["out", "tb"]
     assert [r.tensor.name for r in g.prims["tb"].tensor.op.reads()] == ["x"]
     assert g.prims["tb"].kind.value == "opaque"  # still one layout move
@@ -429,7 +433,7 @@ def test_reshape_of_reshape_is_one_reshape(mid, final, remaining):
     x = te.placeholder((4, 6), name="x")
     rb = ops.reshape(ops.reshape(x, mid, name="ra"), final, name="rb")
     out = ops.exp(rb, name="out")
-    g = run_passes(_graph([x], [out]), evaluate=_evaluate)
+    g = run_passes(_graph([x], [out]), NO_FOLD, evaluate=_evaluate)
     assert sorted(g.prims) == remaining
     if "rb" in g.prims:
         assert [r.tensor.name for r in g.prims["rb"].tensor.op.reads()] == ["x"]
@@ -445,7 +449,7 @@ def test_other_moves_are_not_composed():
     sl = ops.slice(ops.transpose(x, name="ta"), [1], [5], [0], name="sl")  # slice of transpose
     y = te.placeholder((4, 6), name="y")
     re = ops.reshape(ops.transpose(y, name="tb"), (24,), name="re")  # reshape of a transpose
-    g = run_passes(_graph([x, y], [ops.exp(sl), ops.exp(re)]), evaluate=_evaluate)
+    g = run_passes(_graph([x, y], [ops.exp(sl), ops.exp(re)]), NO_FOLD, evaluate=_evaluate)
     assert {"sl", "ta", "re", "tb"} <= set(g.prims)
 
 
@@ -475,7 +479,8 @@ def test_compile_passes_switch_and_plan_listing():
     y = ops.batch_norm(ops.conv2d(x, w, name="conv"), mean, var, gamma, beta, name="bn")
     fn = polyfuse.compile([x], [y], constants=consts, check_cuda=False)
     text = str(fn.plan)
-    assert "graph passes (simplify, constant_fold, cse, batchnorm_fold, dce: 3 -> 2" in text
+    passes = "simplify, constant_fold, cse, batchnorm_fold, layout_fold, dce"
+    assert f"graph passes ({passes}: 3 -> 2" in text
     assert "batchnorm_fold: folded: bn [batch_norm] scales conv [conv2d]" in text
     off = polyfuse.compile([x], [y], constants=consts, check_cuda=False, passes=False)
     assert "graph passes" not in str(off.plan) and len(off.plan.graph.prims) == 3

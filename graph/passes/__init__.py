@@ -3,7 +3,9 @@
 ``cse`` (common subexpressions), ``constant_fold`` (computations on constants evaluated at
 compile time), ``batchnorm_fold`` (per-channel scale/shift folded into the preceding
 convolution's or matmul's weights and bias; chains collapsed), ``simplify`` (algebraic
-identities, copies forwarded, transposes of transposes and reshapes of reshapes composed) and
+identities, copies forwarded, transposes of transposes and reshapes of reshapes composed),
+``layout_fold`` (primitives that only move data — reshape, transpose, slice, expand, concat —
+folded into their readers' loads or, as graph outputs, into their producer's store) and
 ``dce`` (dead primitives and unread constants). :func:`run_passes` runs them to a fixed point;
 every pass records what it did (:class:`PassRecord`), and the plan prints the records.
 """
@@ -12,6 +14,7 @@ from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
 from polyfuse.graph.passes.constant_fold import constant_fold
 from polyfuse.graph.passes.cse import cse
 from polyfuse.graph.passes.dce import dce
+from polyfuse.graph.passes.layout_fold import layout_fold
 from polyfuse.graph.passes.pipeline import DEFAULT_PASSES, check_passes, run_passes
 from polyfuse.graph.passes.record import PassAction, PassRecord
 from polyfuse.graph.passes.rewrite import Evaluator
@@ -27,6 +30,7 @@ __all__ = [
     "constant_fold",
     "cse",
     "dce",
+    "layout_fold",
     "run_passes",
     "simplify",
 ]

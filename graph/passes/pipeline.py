@@ -22,12 +22,20 @@ from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
 from polyfuse.graph.passes.constant_fold import constant_fold
 from polyfuse.graph.passes.cse import cse
 from polyfuse.graph.passes.dce import dce
+from polyfuse.graph.passes.layout_fold import layout_fold
 from polyfuse.graph.passes.record import PassAction, PassRecord
 from polyfuse.graph.passes.rewrite import Evaluator
 from polyfuse.graph.passes.simplify import simplify
 
 #: Every pass, in the order a round runs them.
-DEFAULT_PASSES: tuple[str, ...] = ("simplify", "constant_fold", "cse", "batchnorm_fold", "dce")
+DEFAULT_PASSES: tuple[str, ...] = (
+    "simplify",
+    "constant_fold",
+    "cse",
+    "batchnorm_fold",
+    "layout_fold",
+    "dce",
+)
 #: Passes that evaluate constants at compile time (they need an evaluator).
 EVALUATING = ("constant_fold", "batchnorm_fold")
 MAX_ROUNDS = 8
@@ -77,6 +85,7 @@ def run_passes(
         "constant_fold": partial(constant_fold, evaluate=evaluate),
         "cse": cse,
         "batchnorm_fold": partial(batchnorm_fold, evaluate=evaluate),
+        "layout_fold": layout_fold,
         "dce": dce,
     }
     start = len(graph.pass_records)

@@ -45,24 +45,12 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) pf_02da715a7b40d971d5e0(float* __restrict__ exp31, const float* __restrict__ x3) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 11; _t /= 11;
-  const int t1 = _t % 7; _t /= 7;
-  const int t0 = _t;
-  exp31[t0 * 77 + t1 * 11 + t2] = expf(x3[t0 * 77 + t1 * 11 + t2]);
-}
-
-extern "C" __global__ void __launch_bounds__(231) pf_93df658ba429c7697806(float* __restrict__ reshape32, const float* __restrict__ exp31) {
+extern "C" __global__ void __launch_bounds__(231) pf_1dc714dba735b0d14462(float* __restrict__ reshape32, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 33; _t /= 33;
   const int t0 = _t;
-  reshape32[t0 * 33 + t1] = exp31[pf_fdiv(((t0 * 33) + t1), 77) * 77 + pf_mod(pf_fdiv(((t0 * 33) + t1), 11), 7) * 11 + pf_mod(((t0 * 33) + t1), 11)];
+  reshape32[t0 * 33 + t1] = expf(x3[pf_fdiv(((t0 * 33) + t1), 77) * 77 + pf_mod(pf_fdiv(((t0 * 33) + t1), 11), 7) * 11 + pf_mod(((t0 * 33) + t1), 11)]);
 }

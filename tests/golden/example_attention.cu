@@ -46,71 +46,58 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5728a5246a044573bba1(float* __restrict__ k_t, const float* __restrict__ k) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_1fc72efcbd05a5e0c2f4(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k) {
   int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  k_t[0 * 256 + t0 * 128 + t1 * 16 + t2] = k[0 * 256 + t0 * 128 + t2 * 8 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_e7d4e7d5694b1df1a18c(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k_t) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
   const int t1 = _t;
   const int p0c = threadIdx.x;
   __shared__ __align__(16) float s_q[516];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_k_t[544];
-  float r_qk_acc[4][8];
-  float r_q_frag[4];
-  float r_k_t_frag[8];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_k[516];
+  float r_qk_acc[8][4];
+  float r_q_frag[8];
+  float r_k_frag[4];
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+  for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 7); ii2 += 1) {
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
       r_qk_acc[ii1][ii2] = 0.0f;
     }
   }
   *reinterpret_cast<float4*>(&s_q[(0 - 0) * 516 + (b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&q[0 * 256 + b0 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_k_t[(0 - 0) * 544 + (((8 * b0) + p1r) - (8 * b0)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&k_t[0 * 256 + ((8 * b0) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_k[(0 - 0) * 516 + (b0 - b0) * 516 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&k[0 * 256 + b0 * 128 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_q_frag[ii1] = s_q[(0 - 0) * 516 + (b0 - b0) * 516 + ((((t1 + (16 * ii1)) * 8) + kk0) - 0)];
+    for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
+      r_q_frag[ii1] = s_q[(0 - 0) * 516 + (b0 - b0) * 516 + ((((t1 + (8 * ii1)) * 8) + kk0) - 0)];
     }
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 7); ii2 += 1) {
-      r_k_t_frag[ii2] = s_k_t[(0 - 0) * 544 + (((b0 * 8) + kk0) - (8 * b0)) * 68 + ((t2 + (8 * ii2)) - 0)];
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_k_frag[ii2] = s_k[(0 - 0) * 516 + (b0 - b0) * 516 + ((((t2 + (16 * ii2)) * 8) + kk0) - 0)];
     }
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
       #pragma unroll
-      for (int ii2 = 0; (ii2 <= 7); ii2 += 1) {
-        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (r_q_frag[ii1] * r_k_t_frag[ii2]);
+      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (r_q_frag[ii1] * r_k_frag[ii2]);
       }
     }
   }
   __syncthreads();
   #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+  for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
     #pragma unroll
-    for (int ii2 = 0; (ii2 <= 7); ii2 += 1) {
-      if ((t1 + (16 * ii1)) <= 15 && (t2 + (8 * ii2)) <= 15) { qk[0 * 512 + b0 * 256 + (t1 + (16 * ii1)) * 16 + (t2 + (8 * ii2))] = r_qk_acc[ii1][ii2]; }
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if ((t1 + (8 * ii1)) <= 15 && (t2 + (16 * ii2)) <= 15) { qk[0 * 512 + b0 * 256 + (t1 + (8 * ii1)) * 16 + (t2 + (16 * ii2))] = r_qk_acc[ii1][ii2]; }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_28845c9194dc2283d430(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -133,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
   float r_probs_sub;
   float r_probs_sum;
   float r_probs_sum_acc;
-  // part:mg2
+  // part:mg1
   r_probs_max_acc = -INFINITY;
   if ((l0 <= 3)) {
     // coarsen:4
@@ -149,8 +136,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
     }
   }
   r_probs_max_acc = pf_allreduce_y<pf_max, 32>(r_probs_max_acc, pf_scratch); r_probs_max = r_probs_max_acc;
-  __syncwarp();  // mg3 reads what earlier parts wrote
-  // part:mg3
+  __syncwarp();  // mg2 reads what earlier parts wrote
+  // part:mg2
   r_probs_sum_acc = 0.0f;
   if ((l0 <= 3)) {
     // coarsen:4
@@ -167,9 +154,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_4f450270f6c202b5211f(float*
     }
   }
   r_probs_sum_acc = pf_allreduce_y<pf_sum, 32>(r_probs_sum_acc, pf_scratch); r_probs_sum = r_probs_sum_acc;
-  __syncwarp();  // mg4 reads what earlier parts wrote
+  __syncwarp();  // mg3 reads what earlier parts wrote
   if ((l0 <= 3)) {
-    // part:mg4
+    // part:mg3
     // coarsen:4
     {
       const float4 q_probs_exp0 = *reinterpret_cast<const float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]);

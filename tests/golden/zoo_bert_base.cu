@@ -46,130 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_embeddings[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_layer0_attn_k_w[1024];
-  float r_matmul4_acc[4][2][4];
-  float r_matmul4;
-  float r_embeddings_frag[4];
-  float r_layer0_attn_k_w_frag[8];
-  float r_add5_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul4_acc[ii1][ii2][iv] = 0.0f;
-      }
-    }
-  }
-  {
-    const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &embeddings[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
-    }
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &embeddings[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_embeddings_frag[ii1] = s_embeddings[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul4 = r_matmul4_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 7) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
-      }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p0(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -290,225 +168,66 @@ __device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p1(float* __restrict__ reshape6, const float* __restrict__ add5, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape6[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add5[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p2(float* __restrict__ reshape10, const float* __restrict__ add9, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape10[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add9[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(64) pf_44ef00b8ea2c22bdae95(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias, float* __restrict__ reshape6, const float* __restrict__ add5, float* __restrict__ reshape10, const float* __restrict__ add9) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k0_matmul0: 2 blocks of 64
-    pf_44ef00b8ea2c22bdae95_p0(add1, embeddings, layer0_attn_q_w, layer0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 10) {  // k4_reshape6: 2 blocks of 256
-    const int pf_v = (pf_b - 2) / 4;
-    pf_44ef00b8ea2c22bdae95_p1(reshape6, add5, pf_v, ((pf_b - 2) % 4) * 64 + (int)threadIdx.x);
-  } else if (pf_b < 18) {  // k7_reshape10: 2 blocks of 256
-    const int pf_v = (pf_b - 10) / 4;
-    pf_44ef00b8ea2c22bdae95_p2(reshape10, add9, pf_v, ((pf_b - 10) % 4) * 64 + (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape2, const float* __restrict__ add1, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape2[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add1[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose7, const float* __restrict__ reshape6, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose7[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape6[b0 * 256 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose11, const float* __restrict__ reshape10, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose11[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape10[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape2, const float* __restrict__ add1, float* __restrict__ transpose7, const float* __restrict__ reshape6, float* __restrict__ transpose11, const float* __restrict__ reshape10) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_reshape2: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p0(reshape2, add1, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k5_transpose7: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p1(transpose7, reshape6, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k8_transpose11: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p2(transpose11, reshape10, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose3, const float* __restrict__ reshape2) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose3[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape2[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_b518edf88db9165faf79(float* __restrict__ matmul12, const float* __restrict__ transpose3, const float* __restrict__ transpose7) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(float* __restrict__ matmul12, const float* __restrict__ add1, const float* __restrict__ add5) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose3[1024];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_transpose7[1088];
-  float r_matmul12_acc[4][2][4];
-  float r_transpose3_frag[4];
-  float r_transpose7_frag[8];
-  float r_matmul12_v[4];
+  __shared__ __align__(16) float s_add1[256];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_add5[256];
+  float r_matmul12_acc[2];
+  float r_add5_frag[1];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul12_acc[ii2][ii3][iv] = 0.0f;
-      }
-    }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    r_matmul12_acc[ii2] = 0.0f;
   }
   {
     const int kt0 = (-1);
-    __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    }
     __pipeline_commit();
   }
-  {
-    const int kt0 = 0;
-    __pipeline_memcpy_async(&s_transpose3[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose3[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    __pipeline_memcpy_async(&s_transpose7[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose7[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+  const float* pf_gp0_add1 = &add1[((16 * b1) + (4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_add5 = &add5[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1[0] : add1, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add5[0] : add5, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      r_add5_frag[0] = s_add5[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_transpose7_frag[((ii3 * 4) + iv)] = s_transpose7[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul12_acc[ii2][ii3][iv] = r_matmul12_acc[ii2][ii3][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[((ii3 * 4) + iv)]);
-          }
-        }
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_matmul12_acc[ii2] = r_matmul12_acc[ii2] + (s_add1[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add5_frag[0]);
       }
     }
     __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_transpose3_frag[ii2] = s_transpose3[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_transpose7_frag[((ii3 * 4) + iv)] = s_transpose7[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul12_acc[ii2][ii3][iv] = r_matmul12_acc[ii2][ii3][iv] + (r_transpose3_frag[ii2] * r_transpose7_frag[((ii3 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
+    pf_gp0_add1 += 8;
+    pf_gp0_add5 += 8;
   }
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + iv) <= 7) { r_matmul12_v[iv] = r_matmul12_acc[ii2][ii3][iv]; }
-      }
-      if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul12[b0 * 128 + b1 * 64 + (t2 + (16 * ii2)) * 8 + (((4 * t3) + (32 * ii3)) + 0)]) = make_float4(r_matmul12_v[0], r_matmul12_v[1], r_matmul12_v[2], r_matmul12_v[3]); }
-    }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if ((t2 + (8 * ii2)) <= 7 && t3 <= 7) { matmul12[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + t3] = r_matmul12_acc[ii2]; }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -532,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   float r_softmax14_sub;
   float r_softmax14_sum;
   float r_softmax14_sum_acc;
-  // part:mg10
+  // part:mg4
   r_softmax14_max_acc = -INFINITY;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -548,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
     }
   }
   r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
-  __syncwarp();  // mg11 reads what earlier parts wrote
-  // part:mg11
+  __syncwarp();  // mg5 reads what earlier parts wrote
+  // part:mg5
   r_softmax14_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -566,9 +285,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
     }
   }
   r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
-  __syncwarp();  // mg12 reads what earlier parts wrote
+  __syncwarp();  // mg6 reads what earlier parts wrote
   if ((l0 <= 1)) {
-    // part:mg12
+    // part:mg6
     // coarsen:4
     {
       const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
@@ -582,7 +301,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0407a9a75aad22baf3fa(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ transpose11) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add9) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -593,10 +312,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
   __shared__ __align__(16) float s_softmax14[516];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_transpose11[544];
+  __shared__ __align__(16) float s_add9[544];
   float r_matmul15_acc[4][2][4];
   float r_softmax14_frag[4];
-  float r_transpose11_frag[8];
+  float r_add9_frag[8];
   float r_matmul15_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
@@ -609,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
     }
   }
   *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_transpose11[(b0 - b0) * 544 + (((8 * b1) + p1r) - (8 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose11[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add9[(((8 * b0) + p1r) - (8 * b0)) * 68 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add9[((8 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -621,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose11_frag[((ii3 * 4) + iv)] = s_transpose11[(b0 - b0) * 544 + (((b1 * 8) + kk0) - (8 * b1)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+        r_add9_frag[((ii3 * 4) + iv)] = s_add9[(((b0 * 8) + kk0) - (8 * b0)) * 68 + (((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) - (16 * b1))];
       }
     }
     #pragma unroll
@@ -630,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
       for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul15_acc[ii2][ii3][iv] = r_matmul15_acc[ii2][ii3][iv] + (r_softmax14_frag[ii2] * r_transpose11_frag[((ii3 * 4) + iv)]);
+          r_matmul15_acc[ii2][ii3][iv] = r_matmul15_acc[ii2][ii3][iv] + (r_softmax14_frag[ii2] * r_add9_frag[((ii3 * 4) + iv)]);
         }
       }
     }
@@ -649,153 +368,54 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a6f12d50befb07afd6b8(float* __restrict__ transpose16, const float* __restrict__ matmul15) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  transpose16[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul15[b0 * 256 + t2 * 128 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float* __restrict__ reshape17, const float* __restrict__ transpose16) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape17[b0 * 256 + t1 * 32 + t2] = transpose16[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(64, 8) pf_fd2f9202500f899daa4b(float* __restrict__ matmul18, const float* __restrict__ reshape17, const float* __restrict__ layer0_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_reshape17[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_layer0_attn_o_w[1024];
-  float r_matmul18_acc[4][2][4];
-  float r_reshape17_frag[4];
-  float r_layer0_attn_o_w_frag[8];
-  float r_matmul18_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul18_acc[ii1][ii2][iv] = 0.0f;
-      }
-    }
-  }
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_matmul15[520];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_layer0_attn_o_w[512];
+  float r_matmul18_acc[1];
+  r_matmul18_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape17[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    if (((p0c <= 63) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul15[((4 * p0c) >= 0 && (4 * p0c) < 128) ? b0 * 256 + (kt0 + 1) * 128 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &layer0_attn_o_w[((p1r + (16 * kt0)) + 16) * 32 + ((16 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
   }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_reshape17[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape17[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+  const float* pf_gp0_matmul15 = &matmul15[((4 * p0c) + (256 * b0) + 128)];
+  const float* pf_gp0_layer0_attn_o_w = &layer0_attn_o_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 512)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0c <= 63) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 128) ? &pf_gp0_matmul15[0] : matmul15, 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_layer0_attn_o_w[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_o_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul18_acc[ii1][ii2][iv] = r_matmul18_acc[ii1][ii2][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
+      r_matmul18_acc[0] = r_matmul18_acc[0] + (s_matmul15[(kt0 % 2) * 260 + (b0 - b0) * 260 + (pf_fdiv(((16 * kt0) + kk0), 16) - kt0) * 260 + (t1 * 16 + pf_mod(((16 * kt0) + kk0), 16) - 0)] * s_layer0_attn_o_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
     }
     __syncthreads();
+    pf_gp0_matmul15 += 128;
+    pf_gp0_layer0_attn_o_w += 512;
   }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_reshape17_frag[ii1] = s_reshape17[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_o_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul18_acc[ii1][ii2][iv] = r_matmul18_acc[ii1][ii2][iv] + (r_reshape17_frag[ii1] * r_layer0_attn_o_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul18_v[iv] = r_matmul18_acc[ii1][ii2][iv]; }
-      }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul18[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_matmul18_v[0], r_matmul18_v[1], r_matmul18_v[2], r_matmul18_v[3]); }
-    }
-  }
+  if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_a7f853314855c8aaad52(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -817,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
   float r_layer_norm21_var;
   float r_layer_norm21_var_acc;
   float r_layer_norm21_rstd;
-  // part:mg17
+  // part:mg9
   r_layer_norm21_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -838,8 +458,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
     }
   }
   r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
-  __syncwarp();  // mg18 reads what earlier parts wrote
-  // part:mg18
+  __syncwarp();  // mg10 reads what earlier parts wrote
+  // part:mg10
   r_layer_norm21_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -855,8 +475,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_8ff1329768c0a676c211(float*
     }
   }
   r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
-  __syncwarp();  // mg19 reads what earlier parts wrote
-  // part:mg19
+  __syncwarp();  // mg11 reads what earlier parts wrote
+  // part:mg11
   r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4

@@ -46,17 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p0(float* __restrict__ reshape8, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t1 = _t % 12; _t /= 12;
-  const int t0 = _t;
-  reshape8[t0 * 12 + t1] = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
-}
-
-__device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p1(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p0(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -73,7 +63,7 @@ __device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p1(float* __restrict__ r
   r_reduce_sum1_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum1_acc, pf_scratch); if (l0 == 0) reduce_sum1[b0 * 4 + r0] = r_reduce_sum1_acc;
 }
 
-__device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p2(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p1(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -92,186 +82,65 @@ __device__ __forceinline__ void pf_9dd3c728d5eb93d2da79_p2(float* __restrict__ r
   r_reduce_sum3_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum3_acc, pf_scratch); if (l0 == 0) reduce_sum3[b0 * 4 + r0] = r_reduce_sum3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_9dd3c728d5eb93d2da79(float* __restrict__ reshape8, const float* __restrict__ embeddings, float* __restrict__ reduce_sum1, float* __restrict__ reduce_sum3) {
+extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
-  if (pf_b < 3) {  // k4_reshape8: 1 blocks of 48
-    const int pf_v = (pf_b - 0) / 3;
-    pf_9dd3c728d5eb93d2da79_p0(reshape8, embeddings, pf_v, ((pf_b - 0) % 3) * 16 + (int)threadIdx.x);
-  } else if (pf_b < 7) {  // k1_reduce_sum1: 4 blocks of 16
-    pf_9dd3c728d5eb93d2da79_p1(reduce_sum1, embeddings, pf_b - 3, (int)threadIdx.x);
-  } else if (pf_b < 11) {  // k2_mul2: 4 blocks of 16
-    pf_9dd3c728d5eb93d2da79_p2(reduce_sum3, embeddings, pf_b - 7, (int)threadIdx.x);
+  if (pf_b < 4) {  // k1_reduce_sum1: 4 blocks of 16
+    pf_8ccd18300f06f21ea62d_p0(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 8) {  // k2_mul2: 4 blocks of 16
+    pf_8ccd18300f06f21ea62d_p1(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-__device__ __forceinline__ void pf_8769b25bc89aeefbbd4c_p0(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, const int pf_block, const int pf_thread) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_39da819dad3203f5a911(float* __restrict__ relu11, const float* __restrict__ embeddings, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
+  const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_reshape8[1024];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_deep0_w[1088];
-  float r_matmul9_acc[4][2][4];
+  __shared__ __align__(16) float s_embeddings[256];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_deep0_w[256];
+  float r_matmul9_acc[1];
   float r_matmul9;
   float r_add10;
-  float r_reshape8_frag[4];
-  float r_deep0_w_frag[8];
-  float r_relu11_v[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul9_acc[ii0][ii1][iv] = 0.0f;
-      }
-    }
-  }
+  r_matmul9_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    __pipeline_memcpy_async(&s_reshape8[((kt0 + 1) % 2) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape8[(p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? p0r * 12 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
-    __pipeline_memcpy_async(&s_deep0_w[((kt0 + 1) % 2) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &deep0_w[(((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    __pipeline_memcpy_async(&s_reshape8[((kt0 + 1) % 2) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &reshape8[(p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? p0r * 12 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
-    __pipeline_memcpy_async(&s_deep0_w[((kt0 + 1) % 2) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &deep0_w[(((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_reshape8_frag[ii0] = s_reshape8[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_deep0_w_frag[((ii1 * 4) + iv)] = s_deep0_w[(kt0 % 2) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul9_acc[ii0][ii1][iv] = r_matmul9_acc[ii0][ii1][iv] + (r_reshape8_frag[ii0] * r_deep0_w_frag[((ii1 * 4) + iv)]);
-          }
-        }
-      }
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &embeddings[(p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? p0r * 12 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
     }
-    __syncthreads();
+    if (((p1r <= 7) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_deep0_w[((kt0 + 1) % 2) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + ((4 * p1c) - 0)], &deep0_w[(((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    }
+    __pipeline_commit();
   }
-  {
-    const int kt0 = 1;
+  const float* pf_gp0_embeddings = &embeddings[((4 * p0c) + (12 * p0r) + 8)];
+  const float* pf_gp0_deep0_w = &deep0_w[((4 * p1c) + (8 * p1r) + 64)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_embeddings[((kt0 + 1) % 2) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? &pf_gp0_embeddings[0] : embeddings, 16, (p0r >= 0 && p0r < 4 && (((4 * p0c) + (8 * kt0)) + 8) >= 0 && (((4 * p0c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+    }
+    if (((p1r <= 7) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_deep0_w[((kt0 + 1) % 2) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + ((4 * p1c) - 0)], (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? &pf_gp0_deep0_w[0] : deep0_w, 16, (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 12 && (4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_reshape8_frag[ii0] = s_reshape8[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_deep0_w_frag[((ii1 * 4) + iv)] = s_deep0_w[(kt0 % 2) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul9_acc[ii0][ii1][iv] = r_matmul9_acc[ii0][ii1][iv] + (r_reshape8_frag[ii0] * r_deep0_w_frag[((ii1 * 4) + iv)]);
-          }
-        }
-      }
+      r_matmul9_acc[0] = r_matmul9_acc[0] + (s_embeddings[(kt0 % 2) * 128 + (t0 - 0) * 8 + (pf_fdiv(((8 * kt0) + kk0), 4) * 4 + pf_mod(((8 * kt0) + kk0), 4) - (8 * kt0))] * s_deep0_w[(kt0 % 2) * 128 + (((8 * kt0) + kk0) - (8 * kt0)) * 16 + (t1 - 0)]);
     }
     __syncthreads();
+    pf_gp0_embeddings += 8;
+    pf_gp0_deep0_w += 64;
   }
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t0 + (16 * ii0)) <= 3 && (((4 * t1) + (32 * ii1)) + iv) <= 7) { r_matmul9 = r_matmul9_acc[ii0][ii1][iv]; }
-        if ((t0 + (16 * ii0)) <= 3 && (((4 * t1) + (32 * ii1)) + iv) <= 7) { r_add10 = (r_matmul9 + deep0_bias[(((4 * t1) + (32 * ii1)) + iv)]); }
-        if ((t0 + (16 * ii0)) <= 3 && (((4 * t1) + (32 * ii1)) + iv) <= 7) { r_relu11_v[iv] = pf_fmaxf(r_add10, 0.0f); }
-      }
-      if ((t0 + (16 * ii0)) <= 3 && (((4 * t1) + (32 * ii1)) + 0) <= 7) { *reinterpret_cast<float4*>(&relu11[(t0 + (16 * ii0)) * 8 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_relu11_v[0], r_relu11_v[1], r_relu11_v[2], r_relu11_v[3]); }
-    }
-  }
+  if (t0 <= 3 && t1 <= 7) { r_matmul9 = r_matmul9_acc[0]; }
+  if (t0 <= 3 && t1 <= 7) { r_add10 = (r_matmul9 + deep0_bias[t1]); }
+  if (t0 <= 3 && t1 <= 7) { relu11[t0 * 8 + t1] = pf_fmaxf(r_add10, 0.0f); }
 }
 
-__device__ __forceinline__ void pf_8769b25bc89aeefbbd4c_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_reduce_sum0_acc;
-  // part:mg0
-  r_reduce_sum0_acc = 0.0f;
-  if ((l0 <= 2)) {
-    r_reduce_sum0_acc = r_reduce_sum0_acc + first_order[r0 * 3 + l0];
-  }
-  r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
-}
-
-__device__ __forceinline__ void pf_8769b25bc89aeefbbd4c_p2(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_mul4;
-  float r_sub5;
-  float r_reduce_sum6_acc;
-  // part:mg3
-  r_reduce_sum6_acc = 0.0f;
-  if ((l0 == 0)) {
-    // coarsen:4
-    {
-      const float4 q_reduce_sum10 = *reinterpret_cast<const float4*>(&reduce_sum1[r0 * 4 + 0]);
-      float v_reduce_sum1[4] = {q_reduce_sum10.x, q_reduce_sum10.y, q_reduce_sum10.z, q_reduce_sum10.w};
-      const float4 q_reduce_sum30 = *reinterpret_cast<const float4*>(&reduce_sum3[r0 * 4 + 0]);
-      float v_reduce_sum3[4] = {q_reduce_sum30.x, q_reduce_sum30.y, q_reduce_sum30.z, q_reduce_sum30.w};
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_mul4 = (v_reduce_sum1[c0] * v_reduce_sum1[c0]);
-        r_sub5 = (r_mul4 - v_reduce_sum3[c0]);
-        r_reduce_sum6_acc = r_reduce_sum6_acc + r_sub5;
-      }
-    }
-  }
-  r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_8769b25bc89aeefbbd4c(float* __restrict__ relu11, const float* __restrict__ reshape8, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k5_matmul9: 1 blocks of 128
-    pf_8769b25bc89aeefbbd4c_p0(relu11, reshape8, deep0_w, deep0_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pf_8769b25bc89aeefbbd4c_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k3_mul4: 1 blocks of 128
-    pf_8769b25bc89aeefbbd4c_p2(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 2, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128, 6) pf_76e10832204a5eb3af4c(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+__device__ __forceinline__ void pf_858624f4d4aedffcd47d_p0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
@@ -307,6 +176,62 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_76e10832204a5eb3af4c(flo
     if ((t0 + (8 * ii0)) <= 3 && t1 <= 5) { r_matmul12 = r_matmul12_acc[ii0]; }
     if ((t0 + (8 * ii0)) <= 3 && t1 <= 5) { r_add13 = (r_matmul12 + deep1_bias[t1]); }
     if ((t0 + (8 * ii0)) <= 3 && t1 <= 5) { relu14[(t0 + (8 * ii0)) * 6 + t1] = pf_fmaxf(r_add13, 0.0f); }
+  }
+}
+
+__device__ __forceinline__ void pf_858624f4d4aedffcd47d_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int l0 = _t % 32; _t /= 32;
+  const int r0 = _t;
+  __shared__ float pf_scratch[1];
+  float r_reduce_sum0_acc;
+  // part:mg0
+  r_reduce_sum0_acc = 0.0f;
+  if ((l0 <= 2)) {
+    r_reduce_sum0_acc = r_reduce_sum0_acc + first_order[r0 * 3 + l0];
+  }
+  r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
+}
+
+__device__ __forceinline__ void pf_858624f4d4aedffcd47d_p2(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int l0 = _t % 32; _t /= 32;
+  const int r0 = _t;
+  __shared__ float pf_scratch[1];
+  float r_mul4;
+  float r_sub5;
+  float r_reduce_sum6_acc;
+  // part:mg3
+  r_reduce_sum6_acc = 0.0f;
+  if ((l0 == 0)) {
+    // coarsen:4
+    {
+      const float4 q_reduce_sum10 = *reinterpret_cast<const float4*>(&reduce_sum1[r0 * 4 + 0]);
+      float v_reduce_sum1[4] = {q_reduce_sum10.x, q_reduce_sum10.y, q_reduce_sum10.z, q_reduce_sum10.w};
+      const float4 q_reduce_sum30 = *reinterpret_cast<const float4*>(&reduce_sum3[r0 * 4 + 0]);
+      float v_reduce_sum3[4] = {q_reduce_sum30.x, q_reduce_sum30.y, q_reduce_sum30.z, q_reduce_sum30.w};
+      for (int c0 = 0; c0 < 4; c0 += 1) {
+        r_mul4 = (v_reduce_sum1[c0] * v_reduce_sum1[c0]);
+        r_sub5 = (r_mul4 - v_reduce_sum3[c0]);
+        r_reduce_sum6_acc = r_reduce_sum6_acc + r_sub5;
+      }
+    }
+  }
+  r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
+}
+
+extern "C" __global__ void __launch_bounds__(128) pf_858624f4d4aedffcd47d(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k5_matmul12: 1 blocks of 128
+    pf_858624f4d4aedffcd47d_p0(relu14, relu11, deep1_w, deep1_bias, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
+    pf_858624f4d4aedffcd47d_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k3_mul4: 1 blocks of 128
+    pf_858624f4d4aedffcd47d_p2(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 2, (int)threadIdx.x);
   }
 }
 

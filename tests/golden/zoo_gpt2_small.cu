@@ -114,130 +114,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
   int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_layer_norm0[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_k_w[1024];
-  float r_matmul5_acc[4][2][4];
-  float r_matmul5;
-  float r_layer_norm0_frag[4];
-  float r_block0_attn_k_w_frag[8];
-  float r_add6_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul5_acc[ii1][ii2][iv] = 0.0f;
-      }
-    }
-  }
-  {
-    const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm0[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
-    }
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_layer_norm0[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm0[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][ii2][iv] = r_matmul5_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_layer_norm0_frag[ii1] = s_layer_norm0[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][ii2][iv] = r_matmul5_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul5 = r_matmul5_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 7) { r_add6_v[iv] = (r_matmul5 + block0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
-      }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add6_v[0], r_add6_v[1], r_add6_v[2], r_add6_v[3]); }
-    }
-  }
-}
-
-__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p0(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -358,225 +236,66 @@ __device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p0(float* __restrict__ a
   }
 }
 
-__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p1(float* __restrict__ reshape7, const float* __restrict__ add6, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape7[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add6[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_44ef00b8ea2c22bdae95_p2(float* __restrict__ reshape11, const float* __restrict__ add10, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape11[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add10[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(64) pf_44ef00b8ea2c22bdae95(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias, float* __restrict__ reshape7, const float* __restrict__ add6, float* __restrict__ reshape11, const float* __restrict__ add10) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k1_matmul1: 2 blocks of 64
-    pf_44ef00b8ea2c22bdae95_p0(add2, layer_norm0, block0_attn_q_w, block0_attn_q_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 10) {  // k5_reshape7: 2 blocks of 256
-    const int pf_v = (pf_b - 2) / 4;
-    pf_44ef00b8ea2c22bdae95_p1(reshape7, add6, pf_v, ((pf_b - 2) % 4) * 64 + (int)threadIdx.x);
-  } else if (pf_b < 18) {  // k8_reshape11: 2 blocks of 256
-    const int pf_v = (pf_b - 10) / 4;
-    pf_44ef00b8ea2c22bdae95_p2(reshape11, add10, pf_v, ((pf_b - 10) % 4) * 64 + (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p0(float* __restrict__ reshape3, const float* __restrict__ add2, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape3[b0 * 256 + t1 * 32 + t2 * 16 + t3] = add2[b0 * 256 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p1(float* __restrict__ transpose8, const float* __restrict__ reshape7, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose8[b0 * 256 + t1 * 128 + t2 * 8 + t3] = reshape7[b0 * 256 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pf_113f22a7cf082b36d6aa_p2(float* __restrict__ transpose12, const float* __restrict__ reshape11, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose12[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape11[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_113f22a7cf082b36d6aa(float* __restrict__ reshape3, const float* __restrict__ add2, float* __restrict__ transpose8, const float* __restrict__ reshape7, float* __restrict__ transpose12, const float* __restrict__ reshape11) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k2_reshape3: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p0(reshape3, add2, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k6_transpose8: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p1(transpose8, reshape7, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k9_transpose12: 2 blocks of 256
-    pf_113f22a7cf082b36d6aa_p2(transpose12, reshape11, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_717dd553e7af2cae0764(float* __restrict__ transpose4, const float* __restrict__ reshape3) {
-  int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose4[b0 * 256 + t1 * 128 + t2 * 16 + t3] = reshape3[b0 * 256 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) pf_b518edf88db9165faf79(float* __restrict__ matmul13, const float* __restrict__ transpose4, const float* __restrict__ transpose8) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(float* __restrict__ matmul13, const float* __restrict__ add2, const float* __restrict__ add6) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 8; _t /= 8;
+  const int t3 = _t % 16; _t /= 16;
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose4[1024];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_transpose8[1088];
-  float r_matmul13_acc[4][2][4];
-  float r_transpose4_frag[4];
-  float r_transpose8_frag[8];
-  float r_matmul13_v[4];
+  __shared__ __align__(16) float s_add2[256];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_add6[256];
+  float r_matmul13_acc[2];
+  float r_add6_frag[1];
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul13_acc[ii2][ii3][iv] = 0.0f;
-      }
-    }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    r_matmul13_acc[ii2] = 0.0f;
   }
   {
     const int kt0 = (-1);
-    __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    }
     __pipeline_commit();
   }
-  {
-    const int kt0 = 0;
-    __pipeline_memcpy_async(&s_transpose4[((kt0 + 1) % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose4[(p0r >= 0 && p0r < 8) ? b0 * 256 + b1 * 128 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    __pipeline_memcpy_async(&s_transpose8[((kt0 + 1) % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 68 + ((4 * p1c) - 0)], &transpose8[((4 * p1c) >= 0 && (4 * p1c) < 8) ? b0 * 256 + b1 * 128 + ((p1r + (8 * kt0)) + 8) * 8 + (4 * p1c) : 0], 16, ((4 * p1c) >= 0 && (4 * p1c) < 8) ? 0 : 16);
+  const float* pf_gp0_add2 = &add2[((16 * b1) + (4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_add6 = &add6[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2[0] : add2, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+    }
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add6[0] : add6, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+    }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      r_add6_frag[0] = s_add6[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_transpose8_frag[((ii3 * 4) + iv)] = s_transpose8[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul13_acc[ii2][ii3][iv] = r_matmul13_acc[ii2][ii3][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[((ii3 * 4) + iv)]);
-          }
-        }
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_matmul13_acc[ii2] = r_matmul13_acc[ii2] + (s_add2[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add6_frag[0]);
       }
     }
     __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_transpose4_frag[ii2] = s_transpose4[(kt0 % 2) * 512 + (b0 - b0) * 512 + (b1 - b1) * 512 + ((t2 + (16 * ii2)) - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_transpose8_frag[((ii3 * 4) + iv)] = s_transpose8[(kt0 % 2) * 544 + (b0 - b0) * 544 + (b1 - b1) * 544 + (((8 * kt0) + kk0) - (8 * kt0)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        #pragma unroll
-        for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul13_acc[ii2][ii3][iv] = r_matmul13_acc[ii2][ii3][iv] + (r_transpose4_frag[ii2] * r_transpose8_frag[((ii3 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
+    pf_gp0_add2 += 8;
+    pf_gp0_add6 += 8;
   }
   #pragma unroll
-  for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-    #pragma unroll
-    for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + iv) <= 7) { r_matmul13_v[iv] = r_matmul13_acc[ii2][ii3][iv]; }
-      }
-      if ((t2 + (16 * ii2)) <= 7 && (((4 * t3) + (32 * ii3)) + 0) <= 7) { *reinterpret_cast<float4*>(&matmul13[b0 * 128 + b1 * 64 + (t2 + (16 * ii2)) * 8 + (((4 * t3) + (32 * ii3)) + 0)]) = make_float4(r_matmul13_v[0], r_matmul13_v[1], r_matmul13_v[2], r_matmul13_v[3]); }
-    }
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if ((t2 + (8 * ii2)) <= 7 && t3 <= 7) { matmul13[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + t3] = r_matmul13_acc[ii2]; }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -601,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   float r_softmax16_sub;
   float r_softmax16_sum;
   float r_softmax16_sum_acc;
-  // part:mg13
+  // part:mg7
   r_softmax16_max_acc = -INFINITY;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -620,8 +339,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
     }
   }
   r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
-  __syncwarp();  // mg14 reads what earlier parts wrote
-  // part:mg14
+  __syncwarp();  // mg8 reads what earlier parts wrote
+  // part:mg8
   r_softmax16_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -638,9 +357,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
     }
   }
   r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
-  __syncwarp();  // mg15 reads what earlier parts wrote
+  __syncwarp();  // mg9 reads what earlier parts wrote
   if ((l0 <= 1)) {
-    // part:mg15
+    // part:mg9
     // coarsen:4
     {
       const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
@@ -654,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c77c256bcb68c0f013f5(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ transpose12) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add10) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -665,10 +384,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
   __shared__ __align__(16) float s_softmax16[516];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_transpose12[544];
+  __shared__ __align__(16) float s_add10[544];
   float r_matmul17_acc[4][2][4];
   float r_softmax16_frag[4];
-  float r_transpose12_frag[8];
+  float r_add10_frag[8];
   float r_matmul17_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
@@ -681,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
     }
   }
   *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_transpose12[(b0 - b0) * 544 + (((8 * b1) + p1r) - (8 * b1)) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 16) ? *reinterpret_cast<const float4*>(&transpose12[b0 * 256 + ((8 * b1) + p1r) * 16 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add10[(((8 * b0) + p1r) - (8 * b0)) * 68 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add10[((8 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -693,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_transpose12_frag[((ii3 * 4) + iv)] = s_transpose12[(b0 - b0) * 544 + (((b1 * 8) + kk0) - (8 * b1)) * 68 + ((((4 * t3) + (32 * ii3)) + iv) - 0)];
+        r_add10_frag[((ii3 * 4) + iv)] = s_add10[(((b0 * 8) + kk0) - (8 * b0)) * 68 + (((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) - (16 * b1))];
       }
     }
     #pragma unroll
@@ -702,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
       for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul17_acc[ii2][ii3][iv] = r_matmul17_acc[ii2][ii3][iv] + (r_softmax16_frag[ii2] * r_transpose12_frag[((ii3 * 4) + iv)]);
+          r_matmul17_acc[ii2][ii3][iv] = r_matmul17_acc[ii2][ii3][iv] + (r_softmax16_frag[ii2] * r_add10_frag[((ii3 * 4) + iv)]);
         }
       }
     }
@@ -721,153 +440,54 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8aa08bf36855d11e4fd2(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a6f12d50befb07afd6b8(float* __restrict__ transpose18, const float* __restrict__ matmul17) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  transpose18[b0 * 256 + t1 * 32 + t2 * 16 + t3] = matmul17[b0 * 256 + t2 * 128 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_de30c5336ae87b3d2663(float* __restrict__ reshape19, const float* __restrict__ transpose18) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  reshape19[b0 * 256 + t1 * 32 + t2] = transpose18[b0 * 256 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(64, 8) pf_fd2f9202500f899daa4b(float* __restrict__ matmul20, const float* __restrict__ reshape19, const float* __restrict__ block0_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_reshape19[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_o_w[1024];
-  float r_matmul20_acc[4][2][4];
-  float r_reshape19_frag[4];
-  float r_block0_attn_o_w_frag[8];
-  float r_matmul20_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul20_acc[ii1][ii2][iv] = 0.0f;
-      }
-    }
-  }
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_matmul17[520];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_attn_o_w[512];
+  float r_matmul20_acc[1];
+  r_matmul20_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape19[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+    if (((p0c <= 63) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul17[((4 * p0c) >= 0 && (4 * p0c) < 128) ? b0 * 256 + (kt0 + 1) * 128 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_attn_o_w[((p1r + (16 * kt0)) + 16) * 32 + ((16 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
   }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_reshape19[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape19[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 256 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
+  const float* pf_gp0_matmul17 = &matmul17[((4 * p0c) + (256 * b0) + 128)];
+  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 512)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0c <= 63) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 128) ? &pf_gp0_matmul17[0] : matmul17, 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_attn_o_w[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul20_acc[ii1][ii2][iv] = r_matmul20_acc[ii1][ii2][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
+      r_matmul20_acc[0] = r_matmul20_acc[0] + (s_matmul17[(kt0 % 2) * 260 + (b0 - b0) * 260 + (pf_fdiv(((16 * kt0) + kk0), 16) - kt0) * 260 + (t1 * 16 + pf_mod(((16 * kt0) + kk0), 16) - 0)] * s_block0_attn_o_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
     }
     __syncthreads();
+    pf_gp0_matmul17 += 128;
+    pf_gp0_block0_attn_o_w += 512;
   }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_reshape19_frag[ii1] = s_reshape19[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul20_acc[ii1][ii2][iv] = r_matmul20_acc[ii1][ii2][iv] + (r_reshape19_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul20_v[iv] = r_matmul20_acc[ii1][ii2][iv]; }
-      }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul20[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_matmul20_v[0], r_matmul20_v[1], r_matmul20_v[2], r_matmul20_v[3]); }
-    }
-  }
+  if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_fe4aa233af3a95fb1fcb(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -889,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
   float r_layer_norm23_var;
   float r_layer_norm23_var_acc;
   float r_layer_norm23_rstd;
-  // part:mg20
+  // part:mg12
   r_layer_norm23_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -912,8 +532,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
     }
   }
   r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
-  __syncwarp();  // mg21 reads what earlier parts wrote
-  // part:mg21
+  __syncwarp();  // mg13 reads what earlier parts wrote
+  // part:mg13
   r_layer_norm23_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -931,8 +551,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_c1c8e6d3467b62d704f7(float*
     }
   }
   r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
-  __syncwarp();  // mg22 reads what earlier parts wrote
-  // part:mg22
+  __syncwarp();  // mg14 reads what earlier parts wrote
+  // part:mg14
   r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4
@@ -1117,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_a44c7c0b0aaa6a7cf3af(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -1139,7 +759,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float*
   float r_layer_norm60_var;
   float r_layer_norm60_var_acc;
   float r_layer_norm60_rstd;
-  // part:mg50
+  // part:mg34
   r_layer_norm60_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -1160,8 +780,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float*
     }
   }
   r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
-  __syncwarp();  // mg51 reads what earlier parts wrote
-  // part:mg51
+  __syncwarp();  // mg35 reads what earlier parts wrote
+  // part:mg35
   r_layer_norm60_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -1177,8 +797,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_9fbc1a33425138a90c39(float*
     }
   }
   r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
-  __syncwarp();  // mg52 reads what earlier parts wrote
-  // part:mg52
+  __syncwarp();  // mg36 reads what earlier parts wrote
+  // part:mg36
   r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4

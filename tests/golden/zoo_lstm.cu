@@ -45,68 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p0(float* __restrict__ reshape1, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice0;
-  r_slice0 = x[0 * 16 + t0 * 8 + t1];
-  reshape1[t0 * 8 + t1] = r_slice0;
-}
-
-__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p1(float* __restrict__ reshape15, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice14;
-  r_slice14 = x[(0 + 1) * 16 + t0 * 8 + t1];
-  reshape15[t0 * 8 + t1] = r_slice14;
-}
-
-__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p2(float* __restrict__ reshape34, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice33;
-  r_slice33 = x[(0 + 2) * 16 + t0 * 8 + t1];
-  reshape34[t0 * 8 + t1] = r_slice33;
-}
-
-__device__ __forceinline__ void pf_d3c69242a6ee94a0da69_p3(float* __restrict__ reshape53, const float* __restrict__ x, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 8; _t /= 8;
-  const int t0 = _t;
-  float r_slice52;
-  r_slice52 = x[(0 + 3) * 16 + t0 * 8 + t1];
-  reshape53[t0 * 8 + t1] = r_slice52;
-}
-
-extern "C" __global__ void __launch_bounds__(16) pf_d3c69242a6ee94a0da69(float* __restrict__ reshape1, const float* __restrict__ x, float* __restrict__ reshape15, float* __restrict__ reshape34, float* __restrict__ reshape53) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 1) {  // k0_slice0: 1 blocks of 16
-    pf_d3c69242a6ee94a0da69_p0(reshape1, x, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 2) {  // k3_slice14: 1 blocks of 16
-    pf_d3c69242a6ee94a0da69_p1(reshape15, x, pf_b - 1, (int)threadIdx.x);
-  } else if (pf_b < 3) {  // k7_slice33: 1 blocks of 16
-    pf_d3c69242a6ee94a0da69_p2(reshape34, x, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k11_slice52: 1 blocks of 16
-    pf_d3c69242a6ee94a0da69_p3(reshape53, x, pf_b - 3, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(64) pf_faaed3ea887497e90738(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ reshape1, const float* __restrict__ w_x, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(64) pf_aa12b7d4d40f14bbef98(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -118,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_faaed3ea887497e90738(float* 
   float r_add3;
   r_matmul2_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul2_acc = r_matmul2_acc + (reshape1[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+    r_matmul2_acc = r_matmul2_acc + (x[0 * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
   r_matmul2 = r_matmul2_acc;
   r_add3 = (r_matmul2 + bias[t1]);
@@ -219,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_22092e1e3c9dea2fbb1a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ reshape15, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(64) pf_68219b3f67cd1e17817d(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -233,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_ae31a4e5630ce7be8ce7(float* 
   float r_slice20;
   r_matmul16_acc = 0.0f;
   for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul16_acc = r_matmul16_acc + (reshape15[t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+    r_matmul16_acc = r_matmul16_acc + (x[(0 + 1) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
   }
   r_matmul16 = r_matmul16_acc;
   r_add17 = (r_matmul16 + bias[t1]);
@@ -276,4 +215,74 @@ extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* 
   r_add29 = (r_mul28 + r_mul26); add29[t0 * 8 + t1] = r_add29;
   r_tanh31 = tanhf(r_add29);
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
+}
+
+extern "C" __global__ void __launch_bounds__(64) pf_68edc5e5b47f8af33646(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
+  int _b = blockIdx.x;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 32; _t /= 32;
+  const int t0 = _t;
+  float r_matmul35;
+  float r_matmul35_acc;
+  float r_add36;
+  float r_add38;
+  float r_slice39;
+  r_matmul35_acc = 0.0f;
+  for (int c0 = 0; (c0 <= 7); c0 += 1) {
+    r_matmul35_acc = r_matmul35_acc + (x[(0 + 2) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+  }
+  r_matmul35 = r_matmul35_acc;
+  r_add36 = (r_matmul35 + bias[t1]);
+  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice42[t0 * 8 + (t1 - 24)] = r_add38;
+  } else {
+    if ((t1 <= 7)) {
+      r_slice39 = r_add38;
+      sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_slice39);
+    } else {
+      if ((t1 >= 16)) {
+        slice41[t0 * 8 + (t1 - 16)] = r_add38;
+      } else {
+        slice40[t0 * 8 + (t1 - 8)] = r_add38;
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(64) pf_b3fa3f41e0504ea6dd8a(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
+  int _b = blockIdx.x;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 32; _t /= 32;
+  const int t0 = _t;
+  float r_matmul54;
+  float r_matmul54_acc;
+  float r_add55;
+  float r_add57;
+  float r_slice58;
+  r_matmul54_acc = 0.0f;
+  for (int c0 = 0; (c0 <= 7); c0 += 1) {
+    r_matmul54_acc = r_matmul54_acc + (x[(0 + 3) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
+  }
+  r_matmul54 = r_matmul54_acc;
+  r_add55 = (r_matmul54 + bias[t1]);
+  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]);
+  if ((t1 >= 24)) {
+    slice61[t0 * 8 + (t1 - 24)] = r_add57;
+  } else {
+    if ((t1 <= 7)) {
+      r_slice58 = r_add57;
+      sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_slice58);
+    } else {
+      if ((t1 >= 16)) {
+        slice60[t0 * 8 + (t1 - 16)] = r_add57;
+      } else {
+        slice59[t0 * 8 + (t1 - 8)] = r_add57;
+      }
+    }
+  }
 }

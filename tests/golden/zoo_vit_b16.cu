@@ -46,8 +46,8 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_5ac5db8a29b8f93056d7_p0(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
+extern "C" __global__ void __launch_bounds__(128, 6) pf_82c5453bd7fe7456ab77(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
+  int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -97,51 +97,7 @@ __device__ __forceinline__ void pf_5ac5db8a29b8f93056d7_p0(float* __restrict__ c
   }
 }
 
-__device__ __forceinline__ void pf_5ac5db8a29b8f93056d7_p1(float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = pf_thread;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  cls_token_bcast[t0 * 32 + 0 * 32 + t1] = cls_token[0 * 32 + 0 * 32 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_5ac5db8a29b8f93056d7(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias, float* __restrict__ cls_token_bcast, const float* __restrict__ cls_token) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 4) {  // k0_conv2d0_conv: 4 blocks of 128
-    pf_5ac5db8a29b8f93056d7_p0(conv2d0, image, patch_embed_w, patch_embed_bias, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 5) {  // k3_cls_token_bcast: 1 blocks of 64
-    const int pf_v = (pf_b - 4) * 2 + (int)threadIdx.x / 64;
-    if (pf_v < 1) pf_5ac5db8a29b8f93056d7_p1(cls_token_bcast, cls_token, pf_v, (int)threadIdx.x % 64);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_c373ff81afaedaec77d5(float* __restrict__ reshape1, const float* __restrict__ conv2d0) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  reshape1[t0 * 128 + t1 * 4 + t2] = conv2d0[t0 * 128 + t1 * 4 + pf_fdiv(t2, 2) * 2 + pf_mod(t2, 2)];
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_3a4fd62d31143649328d(float* __restrict__ transpose2, const float* __restrict__ reshape1) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 4; _t /= 4;
-  const int t0 = _t;
-  transpose2[t0 * 128 + t1 * 32 + t2] = reshape1[t0 * 128 + t2 * 4 + t1];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float* __restrict__ concat3, const float* __restrict__ cls_token_bcast, const float* __restrict__ transpose2) {
+extern "C" __global__ void __launch_bounds__(160) pf_e24323461d23b37b1246(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -150,10 +106,10 @@ extern "C" __global__ void __launch_bounds__(160) pf_9c1f3655104583afd209(float*
   const int t2 = _t % 32; _t /= 32;
   const int t1 = _t % 5; _t /= 5;
   const int t0 = _t;
-  concat3[b0 * 160 + t1 * 32 + t2] = ((t1 < 1) ? cls_token_bcast[b0 * 32 + t1 * 32 + t2] : transpose2[b0 * 128 + (t1 - 1) * 32 + t2]);
+  add4[b0 * 160 + t1 * 32 + t2] = (((t1 < 1) ? cls_token[0 * 32 + 0 * 32 + t2] : conv2d0[b0 * 128 + t2 * 4 + pf_fdiv((t1 - 1), 2) * 2 + pf_mod((t1 - 1), 2)]) + pos_embed[0 * 160 + t1 * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float* __restrict__ add4, float* __restrict__ layer_norm5, const float* __restrict__ concat3, const float* __restrict__ pos_embed, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_f3e3b4871eae94162dbe(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -165,46 +121,38 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
   const int s_layer_norm5_centered_lo1 = (4 * b1);
   const int s_layer_norm5_centered_lo2 = 0;
   __shared__ float pf_scratch[1];
-  float r_add4;
   float r_layer_norm5_mean;
   float r_layer_norm5_mean_acc;
   float r_layer_norm5_var;
   float r_layer_norm5_var_acc;
   float r_layer_norm5_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg5
+    // part:mg2
     r_layer_norm5_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
       {
-        const float4 q_concat30 = *reinterpret_cast<const float4*>(&concat3[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_concat3[4] = {q_concat30.x, q_concat30.y, q_concat30.z, q_concat30.w};
-        const float4 q_pos_embed0 = *reinterpret_cast<const float4*>(&pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_pos_embed[4] = {q_pos_embed0.x, q_pos_embed0.y, q_pos_embed0.z, q_pos_embed0.w};
-        float v_add4[4];
+        const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+        float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          r_add4 = (v_concat3[c0] + v_pos_embed[c0]); v_add4[c0] = r_add4;
-          r_layer_norm5_mean_acc = r_layer_norm5_mean_acc + (r_add4 * 0.03125f);
+          r_layer_norm5_mean_acc = r_layer_norm5_mean_acc + (v_add4[c0] * 0.03125f);
         }
-        *reinterpret_cast<float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add4[0], v_add4[1], v_add4[2], v_add4[3]);
       }
     }
     r_layer_norm5_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_mean_acc, pf_scratch); r_layer_norm5_mean = r_layer_norm5_mean_acc;
   }
-  __syncwarp();  // mg6 reads what earlier parts wrote
+  __syncwarp();  // mg3 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg6
+    // part:mg3
     r_layer_norm5_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
       {
-        const float4 q_concat30 = *reinterpret_cast<const float4*>(&concat3[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_concat3[4] = {q_concat30.x, q_concat30.y, q_concat30.z, q_concat30.w};
-        const float4 q_pos_embed0 = *reinterpret_cast<const float4*>(&pos_embed[0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_pos_embed[4] = {q_pos_embed0.x, q_pos_embed0.y, q_pos_embed0.z, q_pos_embed0.w};
+        const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+        float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
         float v_layer_norm5_centered[4];
         for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm5_centered[c0] = ((v_concat3[c0] + v_pos_embed[c0]) - r_layer_norm5_mean);
+          v_layer_norm5_centered[c0] = (v_add4[c0] - r_layer_norm5_mean);
           r_layer_norm5_var_acc = r_layer_norm5_var_acc + ((v_layer_norm5_centered[c0] * v_layer_norm5_centered[c0]) * 0.03125f);
         }
         *reinterpret_cast<float4*>(&s_layer_norm5_centered[(b0 - s_layer_norm5_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm5_centered_lo1) * 32 + ((4 * l0) - s_layer_norm5_centered_lo2)]) = make_float4(v_layer_norm5_centered[0], v_layer_norm5_centered[1], v_layer_norm5_centered[2], v_layer_norm5_centered[3]);
@@ -212,9 +160,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_aaf7a0ac67af9ba15488(float*
     }
     r_layer_norm5_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm5_var_acc, pf_scratch); r_layer_norm5_var = r_layer_norm5_var_acc;
   }
-  __syncwarp();  // mg7 reads what earlier parts wrote
+  __syncwarp();  // mg4 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg7
+    // part:mg4
     r_layer_norm5_rstd = rsqrtf((r_layer_norm5_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -357,113 +305,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
   }
 }
 
-__device__ __forceinline__ void pf_5250b4edd9206a6f9872_p0(float* __restrict__ reshape8, const float* __restrict__ add7, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape8[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add7[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_5250b4edd9206a6f9872_p1(float* __restrict__ reshape12, const float* __restrict__ add11, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape12[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add11[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-__device__ __forceinline__ void pf_5250b4edd9206a6f9872_p2(float* __restrict__ reshape16, const float* __restrict__ add15, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape16[b0 * 160 + t1 * 32 + t2 * 16 + t3] = add15[b0 * 160 + t1 * 32 + ((t2 * 16) + t3)];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_5250b4edd9206a6f9872(float* __restrict__ reshape8, const float* __restrict__ add7, float* __restrict__ reshape12, const float* __restrict__ add11, float* __restrict__ reshape16, const float* __restrict__ add15) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k7_reshape8: 2 blocks of 160
-    pf_5250b4edd9206a6f9872_p0(reshape8, add7, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k10_reshape12: 2 blocks of 160
-    pf_5250b4edd9206a6f9872_p1(reshape12, add11, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k13_reshape16: 2 blocks of 160
-    pf_5250b4edd9206a6f9872_p2(reshape16, add15, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-__device__ __forceinline__ void pf_b7b53df95f120ef8bc0e_p0(float* __restrict__ transpose9, const float* __restrict__ reshape8, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose9[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape8[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-__device__ __forceinline__ void pf_b7b53df95f120ef8bc0e_p1(float* __restrict__ transpose13, const float* __restrict__ reshape12, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 5; _t /= 5;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose13[b0 * 160 + t1 * 80 + t2 * 5 + t3] = reshape12[b0 * 160 + t3 * 32 + t1 * 16 + t2];
-}
-
-__device__ __forceinline__ void pf_b7b53df95f120ef8bc0e_p2(float* __restrict__ transpose17, const float* __restrict__ reshape16, const int pf_block, const int pf_thread) {
-  int _b = pf_block;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 5; _t /= 5;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  transpose17[b0 * 160 + t1 * 80 + t2 * 16 + t3] = reshape16[b0 * 160 + t2 * 32 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_b7b53df95f120ef8bc0e(float* __restrict__ transpose9, const float* __restrict__ reshape8, float* __restrict__ transpose13, const float* __restrict__ reshape12, float* __restrict__ transpose17, const float* __restrict__ reshape16) {
-  const int pf_b = blockIdx.x;
-  if (pf_b < 2) {  // k8_transpose9: 2 blocks of 160
-    pf_b7b53df95f120ef8bc0e_p0(transpose9, reshape8, pf_b - 0, (int)threadIdx.x);
-  } else if (pf_b < 4) {  // k11_transpose13: 2 blocks of 160
-    pf_b7b53df95f120ef8bc0e_p1(transpose13, reshape12, pf_b - 2, (int)threadIdx.x);
-  } else if (pf_b < 6) {  // k14_transpose17: 2 blocks of 160
-    pf_b7b53df95f120ef8bc0e_p2(transpose17, reshape16, pf_b - 4, (int)threadIdx.x);
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f7beda7a8665a991dfbb(float* __restrict__ matmul18, const float* __restrict__ transpose9, const float* __restrict__ transpose13) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_f4d5dc56e23b7509b312(float* __restrict__ matmul18, const float* __restrict__ add7, const float* __restrict__ add11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -472,46 +314,57 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f7beda7a8665a991dfbb(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_transpose9[256];
-  const int p1r = threadIdx.x / 16;
-  const int p1c = threadIdx.x % 16;
-  __shared__ float s_transpose13[256];
-  float r_matmul18_acc[1];
-  r_matmul18_acc[0] = 0.0f;
+  __shared__ __align__(16) float s_add7[256];
+  const int p1r = threadIdx.x / 2;
+  const int p1c = threadIdx.x % 2;
+  __shared__ __align__(16) float s_add11[256];
+  float r_matmul18_acc[2];
+  float r_add11_frag[1];
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    r_matmul18_acc[ii2] = 0.0f;
+  }
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &transpose9[(p0r >= 0 && p0r < 5) ? b0 * 160 + b1 * 80 + p0r * 16 + (((4 * p0c) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if (((p1r <= 7) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + (p1c - 0)], &transpose13[(p1c >= 0 && p1c < 5) ? b0 * 160 + b1 * 80 + ((p1r + (8 * kt0)) + 8) * 5 + p1c : 0], 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_transpose9 = &transpose9[((4 * p0c) + (16 * p0r) + (80 * b1) + (160 * b0) + 8)];
-  const float* pf_gp0_transpose13 = &transpose13[(p1c + (5 * p1r) + (80 * b1) + (160 * b0) + 40)];
+  const float* pf_gp0_add7 = &add7[((16 * b1) + (4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
+  const float* pf_gp0_add11 = &add11[((16 * b1) + (4 * p1c) + (32 * p1r) + (160 * b0) + 8)];
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose9[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (p0r - 0) * 8 + ((((4 * p0c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p0r >= 0 && p0r < 5) ? &pf_gp0_transpose9[0] : transpose9, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 5) ? &pf_gp0_add7[0] : add7, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
-    if (((p1r <= 7) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_transpose13[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + (p1c - 0)], (p1c >= 0 && p1c < 5) ? &pf_gp0_transpose13[0] : transpose13, 4, (p1c >= 0 && p1c < 5) ? 0 : 4);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 5) ? &pf_gp0_add11[0] : add11, 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      r_matmul18_acc[0] = r_matmul18_acc[0] + (s_transpose9[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (t2 - 0) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_transpose13[(kt0 % 2) * 128 + (b0 - b0) * 128 + (b1 - b1) * 128 + (((8 * kt0) + kk0) - (8 * kt0)) * 16 + (t3 - 0)]);
+      r_add11_frag[0] = s_add11[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+      #pragma unroll
+      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+        r_matmul18_acc[ii2] = r_matmul18_acc[ii2] + (s_add7[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add11_frag[0]);
+      }
     }
     __syncthreads();
-    pf_gp0_transpose9 += 8;
-    pf_gp0_transpose13 += 40;
+    pf_gp0_add7 += 8;
+    pf_gp0_add11 += 8;
   }
-  if (t2 <= 4 && t3 <= 4) { matmul18[b0 * 50 + b1 * 25 + t2 * 5 + t3] = r_matmul18_acc[0]; }
+  #pragma unroll
+  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
+    if ((t2 + (8 * ii2)) <= 4 && t3 <= 4) { matmul18[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + t3] = r_matmul18_acc[ii2]; }
+  }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(128) pf_da6a130dc9ca81fbd15c(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -528,14 +381,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
   float r_softmax20_sum;
   float r_softmax20_sum_acc;
   if ((((4 * b2) + r0) <= 4)) {
-    // part:mg18
+    // part:mg9
     r_softmax20_max_acc = -INFINITY;
     if ((l0 <= 4)) {
       r_mul19 = (matmul18[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
       r_softmax20_max_acc = pf_fmaxf(r_softmax20_max_acc, r_mul19);
     }
     r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
-    // part:mg19
+    // part:mg10
     r_softmax20_sum_acc = 0.0f;
     if ((l0 <= 4)) {
       r_softmax20_sub = (r_mul19 - r_softmax20_max);
@@ -544,13 +397,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_f607b9103747bd196ec8(float*
     }
     r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
     if ((l0 <= 4)) {
-      // part:mg20
+      // part:mg11
       softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_5b11bea85138be76c593(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ transpose17) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_f577cedf5a00bb568083(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add15) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -559,8 +412,9 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_5b11bea85138be76c593(flo
   const int t2 = _t;
   const int p0c = threadIdx.x;
   __shared__ float s_softmax20[80];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_transpose17[80];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_add15[80];
   float r_matmul21_acc[2];
   float r_softmax20_frag[1];
   #pragma unroll
@@ -570,8 +424,8 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_5b11bea85138be76c593(flo
   if ((p0c <= 79)) {
     s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
   }
-  if ((p1c <= 19)) {
-    *reinterpret_cast<float4*>(&s_transpose17[(b0 - b0) * 80 + (((80 * b1) + (4 * p1c)) - (80 * b1))]) = *reinterpret_cast<const float4*>(&transpose17[b0 * 160 + ((80 * b1) + (4 * p1c))]);
+  if ((p1r <= 4)) {
+    *reinterpret_cast<float4*>(&s_add15[(((5 * b0) + p1r) - (5 * b0)) * 16 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = *reinterpret_cast<const float4*>(&add15[((5 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]);
   }
   __syncthreads();
   #pragma unroll
@@ -579,7 +433,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_5b11bea85138be76c593(flo
     r_softmax20_frag[0] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (((t2 * 5) + kk0) - 0)];
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_transpose17[(b0 - b0) * 80 + (b1 * 80 + kk0 * 16 + (t3 + (8 * ii3)) - (80 * b1))]);
+      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_add15[(b0 * 5 + kk0 - (5 * b0)) * 16 + (((b1 * 16) + (t3 + (8 * ii3))) - (16 * b1))]);
     }
   }
   __syncthreads();
@@ -589,153 +443,54 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_5b11bea85138be76c593(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_077fa7471baa10db876d(float* __restrict__ transpose22, const float* __restrict__ matmul21) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_7cc6628fc9f96a676c45(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
-  const int b3 = _b % 1; _b /= 1;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
+  const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t % 2; _t /= 2;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  transpose22[b0 * 160 + t1 * 32 + t2 * 16 + t3] = matmul21[b0 * 160 + t2 * 80 + t1 * 16 + t3];
-}
-
-extern "C" __global__ void __launch_bounds__(160) pf_d243fa311fbd5d3e1ea9(float* __restrict__ reshape23, const float* __restrict__ transpose22) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 32; _t /= 32;
-  const int t1 = _t % 5; _t /= 5;
-  const int t0 = _t;
-  reshape23[b0 * 160 + t1 * 32 + t2] = transpose22[b0 * 160 + t1 * 32 + pf_fdiv(t2, 16) * 16 + pf_mod(t2, 16)];
-}
-
-extern "C" __global__ void __launch_bounds__(64, 8) pf_f8f301259fac1c81298c(float* __restrict__ matmul24, const float* __restrict__ reshape23, const float* __restrict__ block0_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
+  const int t2 = _t % 16; _t /= 16;
   const int t1 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_reshape23[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_o_w[1024];
-  float r_matmul24_acc[4][2][4];
-  float r_reshape23_frag[4];
-  float r_block0_attn_o_w_frag[8];
-  float r_matmul24_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul24_acc[ii1][ii2][iv] = 0.0f;
-      }
-    }
-  }
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_matmul21[520];
+  const int p1r = threadIdx.x / 4;
+  const int p1c = threadIdx.x % 4;
+  __shared__ __align__(16) float s_block0_attn_o_w[512];
+  float r_matmul24_acc[1];
+  r_matmul24_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape23[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 160 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
+    if (((p0c <= 63) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_attn_o_w[((p1r + (16 * kt0)) + 16) * 32 + ((16 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
   }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_reshape23[((kt0 + 1) % 2) * 1024 + (b0 - b0) * 1024 + ((p0r + (16 * ii1)) - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape23[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 160 + (p0r + (16 * ii1)) * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
+  const float* pf_gp0_matmul21 = &matmul21[((4 * p0c) + (160 * b0) + 80)];
+  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 512)];
+  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+    if (((p0c <= 63) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 80) ? &pf_gp0_matmul21[0] : matmul21, 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
     }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+    if (((p1r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_attn_o_w[0], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul24_acc[ii1][ii2][iv] = r_matmul24_acc[ii1][ii2][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
+      r_matmul24_acc[0] = r_matmul24_acc[0] + (s_matmul21[(kt0 % 2) * 260 + (b0 - b0) * 260 + (pf_fdiv(((16 * kt0) + kk0), 16) - kt0) * 260 + (t1 * 16 + pf_mod(((16 * kt0) + kk0), 16) - 0)] * s_block0_attn_o_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
     }
     __syncthreads();
+    pf_gp0_matmul21 += 80;
+    pf_gp0_block0_attn_o_w += 512;
   }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_reshape23_frag[ii1] = s_reshape23[(kt0 % 2) * 1024 + (b0 - b0) * 1024 + ((t1 + (16 * ii1)) - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))];
-      }
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_o_w_frag[((ii2 * 4) + iv)] = s_block0_attn_o_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
-        }
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-          #pragma unroll
-          for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul24_acc[ii1][ii2][iv] = r_matmul24_acc[ii1][ii2][iv] + (r_reshape23_frag[ii1] * r_block0_attn_o_w_frag[((ii2 * 4) + iv)]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 4) { r_matmul24_v[iv] = r_matmul24_acc[ii1][ii2][iv]; }
-      }
-      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&matmul24[b0 * 160 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_matmul24_v[0], r_matmul24_v[1], r_matmul24_v[2], r_matmul24_v[3]); }
-    }
-  }
+  if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_bee6c8c6ace6c4b298b3(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -758,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
   float r_layer_norm27_var_acc;
   float r_layer_norm27_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg25
+    // part:mg14
     r_layer_norm27_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -782,9 +537,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
     }
     r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
   }
-  __syncwarp();  // mg26 reads what earlier parts wrote
+  __syncwarp();  // mg15 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg26
+    // part:mg15
     r_layer_norm27_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -803,9 +558,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_beedab208eb776e3173b(float*
     }
     r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
   }
-  __syncwarp();  // mg27 reads what earlier parts wrote
+  __syncwarp();  // mg16 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg27
+    // part:mg16
     r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -991,7 +746,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_2c82c42d3d8033d913dc(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_78927e3d8bfc66ef55ef(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -1014,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
   float r_layer_norm63_var_acc;
   float r_layer_norm63_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg55
+    // part:mg36
     r_layer_norm63_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1036,9 +791,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
     }
     r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
   }
-  __syncwarp();  // mg56 reads what earlier parts wrote
+  __syncwarp();  // mg37 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg56
+    // part:mg37
     r_layer_norm63_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1055,9 +810,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
     }
     r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
   }
-  __syncwarp();  // mg57 reads what earlier parts wrote
+  __syncwarp();  // mg38 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg57
+    // part:mg38
     r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -1078,25 +833,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_074798da2d3ad8f62ed4(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_79a6f84541a40031486e(float* __restrict__ reshape65, const float* __restrict__ layer_norm63) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
-  const int t0 = _t;
-  float r_slice64;
-  r_slice64 = layer_norm63[t0 * 160 + 0 * 32 + t1];
-  reshape65[t0 * 32 + t1] = r_slice64;
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f0ceba9ba38c355092ad(float* __restrict__ add67, const float* __restrict__ reshape65, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_691ab5090a226651cb8b(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
-  const int p0r = threadIdx.x / 4;
+  const int p0d0 = threadIdx.x / 4;
   const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_reshape65[512];
+  __shared__ __align__(16) float s_layer_norm63[512];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
   __shared__ float s_head_w[512];
@@ -1105,16 +848,16 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f0ceba9ba38c355092ad(flo
   r_matmul66_acc[0] = 0.0f;
   {
     const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 256 + (p0r - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    if (((p0d0 <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer_norm63[((kt0 + 1) % 2) * 256 + (p0d0 - 0) * 16 + (0 - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm63[(p0d0 >= 0 && p0d0 < 2) ? p0d0 * 160 + 0 * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0d0 >= 0 && p0d0 < 2) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? ((p1r + (16 * kt0)) + 16) * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
     __pipeline_commit();
   }
   {
     const int kt0 = 0;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 256 + (p0r - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    if (((p0d0 <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer_norm63[((kt0 + 1) % 2) * 256 + (p0d0 - 0) * 16 + (0 - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm63[(p0d0 >= 0 && p0d0 < 2) ? p0d0 * 160 + 0 * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0d0 >= 0 && p0d0 < 2) ? 0 : 16);
     }
     __pipeline_memcpy_async(&s_head_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (p1c - 0)], &head_w[(p1c >= 0 && p1c < 10) ? ((p1r + (16 * kt0)) + 16) * 10 + p1c : 0], 4, (p1c >= 0 && p1c < 10) ? 0 : 4);
     __pipeline_commit();
@@ -1122,21 +865,21 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f0ceba9ba38c355092ad(flo
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul66_acc[0] = r_matmul66_acc[0] + (s_reshape65[(kt0 % 2) * 256 + (t0 - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_head_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (t1 - 0)]);
+      r_matmul66_acc[0] = r_matmul66_acc[0] + (s_layer_norm63[(kt0 % 2) * 256 + (t0 - 0) * 16 + (0 - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_head_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (t1 - 0)]);
     }
     __syncthreads();
   }
   {
     const int kt0 = 1;
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_reshape65[((kt0 + 1) % 2) * 256 + (p0r - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &reshape65[(p0r >= 0 && p0r < 2) ? p0r * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0r >= 0 && p0r < 2) ? 0 : 16);
+    if (((p0d0 <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_layer_norm63[((kt0 + 1) % 2) * 256 + (p0d0 - 0) * 16 + (0 - 0) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &layer_norm63[(p0d0 >= 0 && p0d0 < 2) ? p0d0 * 160 + 0 * 32 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (p0d0 >= 0 && p0d0 < 2) ? 0 : 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul66_acc[0] = r_matmul66_acc[0] + (s_reshape65[(kt0 % 2) * 256 + (t0 - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_head_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (t1 - 0)]);
+      r_matmul66_acc[0] = r_matmul66_acc[0] + (s_layer_norm63[(kt0 % 2) * 256 + (t0 - 0) * 16 + (0 - 0) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_head_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (t1 - 0)]);
     }
     __syncthreads();
   }

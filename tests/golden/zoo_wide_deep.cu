@@ -46,18 +46,14 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(68) pf_c12851d448aae87eb5f5(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
+extern "C" __global__ void __launch_bounds__(68) pf_789a0ac80dafd6fcb086(float* __restrict__ concat1, const float* __restrict__ embeddings, const float* __restrict__ dense_features) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t1 = _t % 17; _t /= 17;
   const int t0 = _t;
-  float r_reshape0;
-  if ((t1 <= 11)) {
-    r_reshape0 = embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)];
-  }
-  concat1[t0 * 17 + t1] = ((t1 < 12) ? r_reshape0 : dense_features[t0 * 5 + (t1 - 12)]);
+  concat1[t0 * 17 + t1] = ((t1 < 12) ? embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)] : dense_features[t0 * 5 + (t1 - 12)]);
 }
 
 __device__ __forceinline__ void pf_acd82aae888e5dc7dd91_p0(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, const int pf_block, const int pf_thread) {
