@@ -33,6 +33,7 @@ from polyfuse.poly.promote import (
     GemmKernel,
     build_gemm_kernel,
     gemm_placements,
+    padded_reduction_reads,
     pipeline_stages,
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
@@ -76,8 +77,13 @@ def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) ->
         cfg.gemm_tile,
         forced_reason=cfg.gemm_tile_reason,
         stages=pipeline_stages(device.arch),
+        limit=RANKED_FOR_SOUNDNESS,
     )
     for tiling in ranked:
+        unsound = padded_reduction_reads(shape, tiling.tk, sm.model)
+        if unsound:
+            rejected.append(f"rejected {tiling.label}: {unsound}")
+            continue
         gk = gemm_kernel_fitting(sm, shape, tiling, device)
         if isinstance(gk, str):
             return None
@@ -90,6 +96,11 @@ def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) ->
     else:
         return None
     return replace(gk, notes=[*gk.notes, *rejected]) if rejected else gk
+
+
+#: candidates tried in rank order: enough to reach a sound k-tile (one dividing the reduction)
+#: when the best ones pad it into an operand's array (:func:`padded_reduction_reads`)
+RANKED_FOR_SOUNDNESS = 64
 
 
 def gemm_kernel_fitting(

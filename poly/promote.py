@@ -119,6 +119,49 @@ def access_function(acc: isl.Map) -> isl.Map:
     return hull if hull.is_single_valued() else acc.gist_domain(acc.domain())
 
 
+def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> str | None:
+    """Why k-tiles of ``tk`` would give a wrong sum, or None when they are sound.
+
+    The reduction range is rounded up to whole k-tiles and the padded steps run unguarded:
+    they must read zeros, which a shared tile holds only for elements outside the operand's
+    array (its copies zero-fill those). A read through a folded layout (``q[b, s, 12h + k]``
+    with ``k < 12``) reaches the next head's elements in the padded steps ``k >= 12``, inside
+    the array: those k-tiles are refused (isl checks every operand)."""
+    up = shape.update
+    extents = [hi - lo + 1 for lo, hi in shape.red]
+    if all(e % k == 0 for e, k in zip(extents, tk, strict=True)):
+        return None
+    nd = len(shape.data)
+    names = [f"i{i}" for i in range(nd + len(shape.red))]
+    cons = [f"{lo} <= {n} <= {hi}" for n, (lo, hi) in zip(names[:nd], shape.data, strict=True)]
+    cons += [
+        f"{lo} <= {n} < {lo + -(-e // k) * k}"
+        for n, (lo, _), e, k in zip(names[nd:], shape.red, extents, tk, strict=True)
+    ]
+    padded = isl.Set(
+        f"{{ {up.name}[{', '.join(names)}] : {' and '.join(cons)} }}", context=model.ctx
+    )
+    real = up.domain.project_out(isl.dim_type.param, 0, up.domain.dim(isl.dim_type.param))
+    steps = padded.subtract(real)
+    for name, acc in shape.operands:
+        dims = model.tensors[name].shape
+        box = isl.Set(
+            f"{{ {name}[{', '.join(f'e{i}' for i in range(len(dims)))}] : "
+            + " and ".join(f"0 <= e{i} < {n}" for i, n in enumerate(dims))
+            + " }",
+            context=model.ctx,
+        )
+        f = access_function(acc)
+        f = f.project_out(isl.dim_type.param, 0, f.dim(isl.dim_type.param))
+        inside = f.intersect_domain(steps).range().intersect(box)
+        if not inside.is_empty():
+            return (
+                f"k-tile {'x'.join(map(str, tk))}: its padded reduction steps would read "
+                f"{name} inside the array (not zeros)"
+            )
+    return None
+
+
 def _invariant_operands(shape: GemmShape, model) -> list[tuple[str, isl.Map, tuple[int, ...]]]:
     """The update's operands that no reduction dimension indexes (``s[i]``, ``s[j]``), each
     read through one access function: (tensor, that function, the array's shape)."""

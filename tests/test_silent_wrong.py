@@ -538,3 +538,26 @@ def test_strided_conv_copies_every_element_of_its_input_tile():
         fn = polyfuse.compile([x, w, b], [y], check_cuda=False, mapping=mapping)
         got = fn(*feeds, device="emulate")
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_k_tiles_never_read_inside_a_folded_operand():
+    """Batched heads read through folded layouts (``q[b, s, 12h + k]``, k < 12): a k-tile of 8
+    pads the reduction to 16 steps, and the padded steps read the next head's elements,
+    which are inside the array (the shared tile holds zeros only outside it). Such k-tiles
+    are refused; the sum is the reference's."""
+    from polyfuse import ops
+
+    bs, s, nh, d = 2, 20, 3, 12
+    x = te.placeholder((bs, s, nh * d), name="x")
+    w = te.placeholder((nh * d, nh * d), name="w")
+    q = ops.matmul(x, w, name="q")
+    qh = ops.transpose(ops.reshape(q, (bs, s, nh, d)), (0, 2, 1, 3), name="qh")
+    xt = ops.transpose(ops.reshape(x, (bs, s, nh, d)), (0, 2, 3, 1), name="xt")
+    att = ops.matmul(qh, xt, name="att")
+    rng = np.random.default_rng(12)
+    feeds = [rng.standard_normal((bs, s, nh * d)), rng.standard_normal((nh * d, nh * d))]
+    feeds = [a.astype(np.float32) for a in feeds]
+    fn = polyfuse.compile([x, w], [att], check_cuda=False)
+    assert not [k for k in fn.kernels if "transpose" in k.name or "reshape" in k.name]
+    want = reference.evaluate([att], dict(zip([x, w], feeds, strict=True)))[0]
+    np.testing.assert_allclose(fn(*feeds, device="emulate"), want, rtol=1e-4, atol=1e-3)
