@@ -123,10 +123,11 @@ def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> str | None
     """Why k-tiles of ``tk`` would give a wrong sum, or None when they are sound.
 
     The reduction range is rounded up to whole k-tiles and the padded steps run unguarded:
-    they must read zeros, which a shared tile holds only for elements outside the operand's
-    array (its copies zero-fill those). A read through a folded layout (``q[b, s, 12h + k]``
-    with ``k < 12``) reaches the next head's elements in the padded steps ``k >= 12``, inside
-    the array: those k-tiles are refused (isl checks every operand)."""
+    each padded term must be 0, so at least one of its factors must read outside its array
+    (the shared tiles hold zeros there; their copies zero-fill them). A read through a folded
+    layout (``q[b, s, 12h + k]`` with ``k < 12``) reaches the next head's elements in the
+    padded steps ``k >= 12``, inside the array: when every factor of some padded term reads
+    inside its array, those k-tiles are refused (isl decides, over the whole padded box)."""
     up = shape.update
     extents = [hi - lo + 1 for lo, hi in shape.red]
     if all(e % k == 0 for e, k in zip(extents, tk, strict=True)):
@@ -142,7 +143,7 @@ def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> str | None
         f"{{ {up.name}[{', '.join(names)}] : {' and '.join(cons)} }}", context=model.ctx
     )
     real = up.domain.project_out(isl.dim_type.param, 0, up.domain.dim(isl.dim_type.param))
-    steps = padded.subtract(real)
+    nonzero = padded.subtract(real)  # padded terms none of whose factors is known to be 0
     for name, acc in shape.operands:
         dims = model.tensors[name].shape
         box = isl.Set(
@@ -153,13 +154,14 @@ def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> str | None
         )
         f = access_function(acc)
         f = f.project_out(isl.dim_type.param, 0, f.dim(isl.dim_type.param))
-        inside = f.intersect_domain(steps).range().intersect(box)
-        if not inside.is_empty():
-            return (
-                f"k-tile {'x'.join(map(str, tk))}: its padded reduction steps would read "
-                f"{name} inside the array (not zeros)"
-            )
-    return None
+        nonzero = nonzero.intersect(f.intersect_range(box).domain())
+    if nonzero.is_empty():
+        return None
+    reads = ", ".join(sorted({name for name, _ in shape.operands}))
+    return (
+        f"k-tile {'x'.join(map(str, tk))}: some padded reduction steps would read {reads} "
+        "inside their arrays (not zeros)"
+    )
 
 
 def _invariant_operands(shape: GemmShape, model) -> list[tuple[str, isl.Map, tuple[int, ...]]]:
