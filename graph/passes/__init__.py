@@ -5,7 +5,9 @@ compile time), ``batchnorm_fold`` (per-channel scale/shift folded into the prece
 convolution's or matmul's weights and bias; chains collapsed), ``simplify`` (algebraic
 identities, copies forwarded, transposes of transposes and reshapes of reshapes composed),
 ``layout_fold`` (primitives that only move data — reshape, transpose, slice, expand, concat —
-folded into their readers' loads or, as graph outputs, into their producer's store) and
+folded into their readers' loads or, as graph outputs, into their producer's store),
+``merge_siblings`` (contractions of one input with different constant weights — attention's
+Q, K, V — merged into one over the concatenated weights, each a slice of it) and
 ``dce`` (dead primitives and unread constants). :func:`run_passes` runs them to a fixed point;
 every pass records what it did (:class:`PassRecord`), and the plan prints the records.
 """
@@ -15,6 +17,7 @@ from polyfuse.graph.passes.constant_fold import constant_fold
 from polyfuse.graph.passes.cse import cse
 from polyfuse.graph.passes.dce import dce
 from polyfuse.graph.passes.layout_fold import layout_fold
+from polyfuse.graph.passes.merge_siblings import merge_siblings
 from polyfuse.graph.passes.pipeline import DEFAULT_PASSES, check_passes, run_passes
 from polyfuse.graph.passes.record import PassAction, PassRecord
 from polyfuse.graph.passes.rewrite import Evaluator
@@ -31,6 +34,7 @@ __all__ = [
     "cse",
     "dce",
     "layout_fold",
+    "merge_siblings",
     "run_passes",
     "simplify",
 ]

@@ -1,13 +1,16 @@
 """Run the graph passes in order, round after round, until none changes the graph.
 
-One round runs every selected pass once, in :data:`DEFAULT_PASSES` order: simplification
-first (so folding sees ``x * 1`` gone), constant folding (so batch-norm scales are constants
-before the batch-norm fold looks for them), CSE, the batch-norm fold, and dead-code
-elimination last (it sweeps what the others left behind). A fold can enable another (a
-collapsed chain then folds into its convolution), so rounds repeat until one changes nothing —
-at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form into a
-simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting it is
-recorded). Refusals repeat every round; each is recorded once.
+One round runs every selected pass once, in :data:`DEFAULT_PASSES` order: simplification first
+(so folding sees ``x * 1`` gone), constant folding (so batch-norm scales are constants before
+the batch-norm fold looks for them), CSE, the batch-norm fold, the merge of sibling
+contractions (after the batch-norm fold: a scale folds into a weight before the weight is
+concatenated; before the layout fold: the slices it leaves fold in the same round), the layout
+fold, and dead-code elimination last (it sweeps what the others left behind). A fold can enable
+another (a collapsed chain then folds into its convolution), so rounds repeat until one changes
+nothing — at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form
+into a simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting
+it is recorded).
+Refusals repeat every round; each is recorded once.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from polyfuse.graph.passes.constant_fold import constant_fold
 from polyfuse.graph.passes.cse import cse
 from polyfuse.graph.passes.dce import dce
 from polyfuse.graph.passes.layout_fold import layout_fold
+from polyfuse.graph.passes.merge_siblings import merge_siblings
 from polyfuse.graph.passes.record import PassAction, PassRecord
 from polyfuse.graph.passes.rewrite import Evaluator
 from polyfuse.graph.passes.simplify import simplify
@@ -33,6 +37,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "constant_fold",
     "cse",
     "batchnorm_fold",
+    "merge_siblings",
     "layout_fold",
     "dce",
 )
@@ -85,6 +90,7 @@ def run_passes(
         "constant_fold": partial(constant_fold, evaluate=evaluate),
         "cse": cse,
         "batchnorm_fold": partial(batchnorm_fold, evaluate=evaluate),
+        "merge_siblings": merge_siblings,
         "layout_fold": layout_fold,
         "dce": dce,
     }

@@ -108,6 +108,7 @@ class Rewriter:
         self._forward: dict[int, Tensor] = {}
         self._removed: set[int] = set()
         self._new_constants: list[tuple[Tensor, np.ndarray]] = []
+        self._new_prims: dict[int, list[Tensor]] = {}  # uid of a primitive -> added before it
         self._dropped: set[int] = set()
 
     # ------------------------------------------------------------------ changes
@@ -129,10 +130,18 @@ class Rewriter:
         self._removed.add(t.uid)
         self.touched.add(t.uid)
 
-    def constant(self, name: str, value: np.ndarray) -> Tensor:
-        """A new constant placeholder bound to ``value`` (stored as float32)."""
-        a = np.ascontiguousarray(value, dtype=np.float32)
-        t = Tensor(tuple(a.shape), "float32", name)
+    def add(self, new: Tensor, before: Tensor) -> None:
+        """A new compute primitive ``new`` placed before primitive ``before`` (its reads name
+        tensors of the old graph, new constants or earlier added primitives)."""
+        assert new.op is not None and self.graph.idents.get(before.uid) in self.graph.prims
+        self._new_prims.setdefault(before.uid, []).append(new)
+        self.touched.add(new.uid)
+
+    def constant(self, name: str, value: np.ndarray, dtype: str = "float32") -> Tensor:
+        """A new constant placeholder bound to ``value`` (stored as ``dtype``, float32 unless
+        told: a concatenation of weights keeps theirs)."""
+        a = np.ascontiguousarray(value, dtype=np.float32 if dtype == "float32" else value.dtype)
+        t = Tensor(tuple(a.shape), dtype, name)
         self._new_constants.append((t, a))
         return t
 
@@ -147,7 +156,12 @@ class Rewriter:
     @property
     def changed(self) -> bool:
         return bool(
-            self._defs or self._forward or self._removed or self._new_constants or self._dropped
+            self._defs
+            or self._forward
+            or self._removed
+            or self._new_constants
+            or self._new_prims
+            or self._dropped
         )
 
     # ------------------------------------------------------------------ result
@@ -159,6 +173,8 @@ class Rewriter:
             return replace(g, pass_records=records)
         cur: dict[int, Tensor] = {}
         computes = {p.tensor.uid for p in g.prims.values()}
+        added = [t for ts in self._new_prims.values() for t in ts]
+        computes.update(t.uid for t in added)
 
         def resolve(t: Tensor) -> Tensor:
             while t.uid in self._forward:
@@ -172,7 +188,7 @@ class Rewriter:
         memo = g.isl_memo.setdefault(_MEMO, {})
         idents = dict(g.idents)
         used = set(idents.values())
-        for t, _ in self._new_constants:
+        for t in [*(c for c, _ in self._new_constants), *added]:
             base = ident = isl_ident(t.name)
             n = 1
             while ident in used:
@@ -184,6 +200,11 @@ class Rewriter:
         for name in g.topo_order():
             old = g.prims[name]
             t = old.tensor
+            for a in self._new_prims.get(t.uid, []):
+                assert a.op is not None
+                body = _Repoint(resolve).visit(a.op.body)
+                cur[a.uid] = new = a if body is a.op.body else with_body(a, body)
+                prims[idents[a.uid]] = primitive(new, idents, g.ctx, memo)
             if t.uid in self._forward or t.uid in self._removed:
                 continue
             base = self._defs.get(t.uid, t)

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add1, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w, const float* __restrict__ layer0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -56,19 +56,19 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_embeddings[2048];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_layer0_attn_q_w[1024];
-  float r_matmul0_acc[4][2][4];
-  float r_matmul0;
+  __shared__ __align__(16) float s_layer0_attn_k_w[1024];
+  float r_matmul4_acc[4][2][4];
+  float r_matmul4;
   float r_embeddings_frag[4];
-  float r_layer0_attn_q_w_frag[8];
-  float r_add1_v[4];
+  float r_layer0_attn_k_w_frag[8];
+  float r_add5_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul0_acc[ii1][ii2][iv] = 0.0f;
+        r_matmul4_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
@@ -80,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
     }
     __pipeline_commit();
   }
@@ -92,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -107,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_q_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
         }
       }
       #pragma unroll
@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul0_acc[ii1][ii2][iv] = r_matmul0_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[((ii2 * 4) + iv)]);
+            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -138,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_q_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
         }
       }
       #pragma unroll
@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul0_acc[ii1][ii2][iv] = r_matmul0_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_frag[((ii2 * 4) + iv)]);
+            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -160,15 +160,76 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul0 = r_matmul0_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 7) { r_add1_v[iv] = (r_matmul0 + layer0_attn_q_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul4 = r_matmul4_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
       }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add1[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add1_v[0], r_add1_v[1], r_add1_v[2], r_add1_v[3]); }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(float* __restrict__ matmul12, const float* __restrict__ add1, const float* __restrict__ add5) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_8eacc6a082ab672e8ebe(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
+  int _b = blockIdx.x;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_embeddings[1028];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_layer0_attn_q_w_cat[2048];
+  float r_matmul0_merged_acc[4][4];
+  float r_matmul0_merged;
+  float r_embeddings_frag[4];
+  float r_layer0_attn_q_w_cat_frag[4];
+  float r_add1_merged_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul0_merged_acc[ii1][iv] = 0.0f;
+    }
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    *reinterpret_cast<float4*>(&s_embeddings[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 256) ? *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_layer0_attn_q_w_cat[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&layer0_attn_q_w_cat[((4 * p1c) + (512 * kk0))]);
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_embeddings_frag[ii1] = s_embeddings[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_layer0_attn_q_w_cat_frag[iv] = s_layer0_attn_q_w_cat[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul0_merged_acc[ii1][iv] = r_matmul0_merged_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_cat_frag[iv]);
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7) { r_matmul0_merged = r_matmul0_merged_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7) { r_add1_merged_v[iv] = (r_matmul0_merged + layer0_attn_q_bias_cat[((4 * t2) + iv)]); }
+    }
+    if ((t1 + (8 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add1_merged[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_add1_merged_v[0], r_add1_merged_v[1], r_add1_merged_v[2], r_add1_merged_v[3]); }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 8) pf_db5b42e16ebcaa12a015(float* __restrict__ matmul12, const float* __restrict__ add1_merged, const float* __restrict__ add5) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -177,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add1[256];
+  __shared__ __align__(16) float s_add1_merged[256];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
   __shared__ __align__(16) float s_add5[256];
@@ -190,18 +251,18 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_add1 = &add1[((16 * b1) + (4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_add1_merged = &add1_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
   const float* pf_gp0_add5 = &add5[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1[0] : add1, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add5[0] : add5, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
@@ -214,11 +275,11 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
       r_add5_frag[0] = s_add5[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_matmul12_acc[ii2] = r_matmul12_acc[ii2] + (s_add1[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add5_frag[0]);
+        r_matmul12_acc[ii2] = r_matmul12_acc[ii2] + (s_add1_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add5_frag[0]);
       }
     }
     __syncthreads();
-    pf_gp0_add1 += 8;
+    pf_gp0_add1_merged += 8;
     pf_gp0_add5 += 8;
   }
   #pragma unroll
@@ -227,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_923869273f67013a3ccf(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -251,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float*
   float r_softmax14_sub;
   float r_softmax14_sum;
   float r_softmax14_sum_acc;
-  // part:mg4
+  // part:mg3
   r_softmax14_max_acc = -INFINITY;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -267,8 +328,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float*
     }
   }
   r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
-  __syncwarp();  // mg5 reads what earlier parts wrote
-  // part:mg5
+  __syncwarp();  // mg4 reads what earlier parts wrote
+  // part:mg4
   r_softmax14_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -285,9 +346,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float*
     }
   }
   r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
-  __syncwarp();  // mg6 reads what earlier parts wrote
+  __syncwarp();  // mg5 reads what earlier parts wrote
   if ((l0 <= 1)) {
-    // part:mg6
+    // part:mg5
     // coarsen:4
     {
       const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
@@ -301,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f65f0ef84d5bfa9a7a4f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add9) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_b4d2ab1132ce329c8faa(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -312,10 +373,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
   __shared__ __align__(16) float s_softmax14[516];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_add9[544];
+  __shared__ __align__(16) float s_add1_merged[544];
   float r_matmul15_acc[4][2][4];
   float r_softmax14_frag[4];
-  float r_add9_frag[8];
+  float r_add1_merged_frag[8];
   float r_matmul15_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
@@ -328,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
     }
   }
   *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_add9[(((8 * b0) + p1r) - (8 * b0)) * 68 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add9[((8 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add1_merged[(((8 * b0) + p1r) - (8 * b0)) * 68 + ((((16 * b1) + (4 * p1c)) + 32) - ((16 * b1) + 32))]) = ((((16 * b1) + (4 * p1c)) + 32) >= 0 && (((16 * b1) + (4 * p1c)) + 32) < 64) ? *reinterpret_cast<const float4*>(&add1_merged[((8 * b0) + p1r) * 64 + (((16 * b1) + (4 * p1c)) + 32)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -340,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_add9_frag[((ii3 * 4) + iv)] = s_add9[(((b0 * 8) + kk0) - (8 * b0)) * 68 + (((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) - (16 * b1))];
+        r_add1_merged_frag[((ii3 * 4) + iv)] = s_add1_merged[(((b0 * 8) + kk0) - (8 * b0)) * 68 + ((((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) + 32) - ((16 * b1) + 32))];
       }
     }
     #pragma unroll
@@ -349,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
       for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul15_acc[ii2][ii3][iv] = r_matmul15_acc[ii2][ii3][iv] + (r_softmax14_frag[ii2] * r_add9_frag[((ii3 * 4) + iv)]);
+          r_matmul15_acc[ii2][ii3][iv] = r_matmul15_acc[ii2][ii3][iv] + (r_softmax14_frag[ii2] * r_add1_merged_frag[((ii3 * 4) + iv)]);
         }
       }
     }
@@ -415,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(flo
   if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a7f853314855c8aaad52(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_d9e0a142d87158fd1aa3(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -437,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_a7f853314855c8aaad52(float*
   float r_layer_norm21_var;
   float r_layer_norm21_var_acc;
   float r_layer_norm21_rstd;
-  // part:mg9
+  // part:mg8
   r_layer_norm21_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -458,8 +519,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a7f853314855c8aaad52(float*
     }
   }
   r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
-  __syncwarp();  // mg10 reads what earlier parts wrote
-  // part:mg10
+  __syncwarp();  // mg9 reads what earlier parts wrote
+  // part:mg9
   r_layer_norm21_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -475,8 +536,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a7f853314855c8aaad52(float*
     }
   }
   r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
-  __syncwarp();  // mg11 reads what earlier parts wrote
-  // part:mg11
+  __syncwarp();  // mg10 reads what earlier parts wrote
+  // part:mg10
   r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4

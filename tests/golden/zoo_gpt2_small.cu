@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add2, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -124,19 +124,19 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_layer_norm0[2048];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_q_w[1024];
-  float r_matmul1_acc[4][2][4];
-  float r_matmul1;
+  __shared__ __align__(16) float s_block0_attn_k_w[1024];
+  float r_matmul5_acc[4][2][4];
+  float r_matmul5;
   float r_layer_norm0_frag[4];
-  float r_block0_attn_q_w_frag[8];
-  float r_add2_v[4];
+  float r_block0_attn_k_w_frag[8];
+  float r_add6_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul1_acc[ii1][ii2][iv] = 0.0f;
+        r_matmul5_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
@@ -148,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
     }
     __pipeline_commit();
   }
@@ -160,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -175,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
         }
       }
       #pragma unroll
@@ -184,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul1_acc[ii1][ii2][iv] = r_matmul1_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+            r_matmul5_acc[ii1][ii2][iv] = r_matmul5_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -206,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
         }
       }
       #pragma unroll
@@ -215,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul1_acc[ii1][ii2][iv] = r_matmul1_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+            r_matmul5_acc[ii1][ii2][iv] = r_matmul5_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -228,15 +228,76 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul1 = r_matmul1_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 7) { r_add2_v[iv] = (r_matmul1 + block0_attn_q_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul5 = r_matmul5_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add6_v[iv] = (r_matmul5 + block0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
       }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add2[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add2_v[0], r_add2_v[1], r_add2_v[2], r_add2_v[3]); }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add6_v[0], r_add6_v[1], r_add6_v[2], r_add6_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(float* __restrict__ matmul13, const float* __restrict__ add2, const float* __restrict__ add6) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_8eacc6a082ab672e8ebe(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+  int _b = blockIdx.x;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm0[1028];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_attn_q_w_cat[2048];
+  float r_matmul1_merged_acc[4][4];
+  float r_matmul1_merged;
+  float r_layer_norm0_frag[4];
+  float r_block0_attn_q_w_cat_frag[4];
+  float r_add2_merged_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul1_merged_acc[ii1][iv] = 0.0f;
+    }
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    *reinterpret_cast<float4*>(&s_layer_norm0[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 256) ? *reinterpret_cast<const float4*>(&layer_norm0[b0 * 256 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_block0_attn_q_w_cat[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&block0_attn_q_w_cat[((4 * p1c) + (512 * kk0))]);
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_layer_norm0_frag[ii1] = s_layer_norm0[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_block0_attn_q_w_cat_frag[iv] = s_block0_attn_q_w_cat[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul1_merged_acc[ii1][iv] = r_matmul1_merged_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_cat_frag[iv]);
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 7) { r_matmul1_merged = r_matmul1_merged_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 7) { r_add2_merged_v[iv] = (r_matmul1_merged + block0_attn_q_bias_cat[((4 * t2) + iv)]); }
+    }
+    if ((t1 + (8 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add2_merged[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_add2_merged_v[0], r_add2_merged_v[1], r_add2_merged_v[2], r_add2_merged_v[3]); }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 8) pf_db5b42e16ebcaa12a015(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -245,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add2[256];
+  __shared__ __align__(16) float s_add2_merged[256];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
   __shared__ __align__(16) float s_add6[256];
@@ -258,18 +319,18 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2[(p0r >= 0 && p0r < 8) ? b0 * 256 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_add2 = &add2[((16 * b1) + (4 * p0c) + (32 * p0r) + (256 * b0) + 8)];
+  const float* pf_gp0_add2_merged = &add2_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
   const float* pf_gp0_add6 = &add6[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add2[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2[0] : add2, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add6[0] : add6, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
@@ -282,11 +343,11 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
       r_add6_frag[0] = s_add6[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_matmul13_acc[ii2] = r_matmul13_acc[ii2] + (s_add2[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add6_frag[0]);
+        r_matmul13_acc[ii2] = r_matmul13_acc[ii2] + (s_add2_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add6_frag[0]);
       }
     }
     __syncthreads();
-    pf_gp0_add2 += 8;
+    pf_gp0_add2_merged += 8;
     pf_gp0_add6 += 8;
   }
   #pragma unroll
@@ -295,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_40625061c966e883b0b9(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_36ee5b6c7e4685f69097(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -320,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float*
   float r_softmax16_sub;
   float r_softmax16_sum;
   float r_softmax16_sum_acc;
-  // part:mg7
+  // part:mg6
   r_softmax16_max_acc = -INFINITY;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -339,8 +400,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float*
     }
   }
   r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
-  __syncwarp();  // mg8 reads what earlier parts wrote
-  // part:mg8
+  __syncwarp();  // mg7 reads what earlier parts wrote
+  // part:mg7
   r_softmax16_sum_acc = 0.0f;
   if ((l0 <= 1)) {
     // coarsen:4
@@ -357,9 +418,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float*
     }
   }
   r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
-  __syncwarp();  // mg9 reads what earlier parts wrote
+  __syncwarp();  // mg8 reads what earlier parts wrote
   if ((l0 <= 1)) {
-    // part:mg9
+    // part:mg8
     // coarsen:4
     {
       const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
@@ -373,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b6fe8508a3ac39a5e050(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add10) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_b4d2ab1132ce329c8faa(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -384,10 +445,10 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
   __shared__ __align__(16) float s_softmax16[516];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
-  __shared__ __align__(16) float s_add10[544];
+  __shared__ __align__(16) float s_add2_merged[544];
   float r_matmul17_acc[4][2][4];
   float r_softmax16_frag[4];
-  float r_add10_frag[8];
+  float r_add2_merged_frag[8];
   float r_matmul17_v[4];
   #pragma unroll
   for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
@@ -400,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
     }
   }
   *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_add10[(((8 * b0) + p1r) - (8 * b0)) * 68 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = (((16 * b1) + (4 * p1c)) >= 0 && ((16 * b1) + (4 * p1c)) < 32) ? *reinterpret_cast<const float4*>(&add10[((8 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add2_merged[(((8 * b0) + p1r) - (8 * b0)) * 68 + ((((16 * b1) + (4 * p1c)) + 32) - ((16 * b1) + 32))]) = ((((16 * b1) + (4 * p1c)) + 32) >= 0 && (((16 * b1) + (4 * p1c)) + 32) < 64) ? *reinterpret_cast<const float4*>(&add2_merged[((8 * b0) + p1r) * 64 + (((16 * b1) + (4 * p1c)) + 32)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -412,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_add10_frag[((ii3 * 4) + iv)] = s_add10[(((b0 * 8) + kk0) - (8 * b0)) * 68 + (((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) - (16 * b1))];
+        r_add2_merged_frag[((ii3 * 4) + iv)] = s_add2_merged[(((b0 * 8) + kk0) - (8 * b0)) * 68 + ((((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) + 32) - ((16 * b1) + 32))];
       }
     }
     #pragma unroll
@@ -421,7 +482,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_bc1904d896ca298e23cb(flo
       for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul17_acc[ii2][ii3][iv] = r_matmul17_acc[ii2][ii3][iv] + (r_softmax16_frag[ii2] * r_add10_frag[((ii3 * 4) + iv)]);
+          r_matmul17_acc[ii2][ii3][iv] = r_matmul17_acc[ii2][ii3][iv] + (r_softmax16_frag[ii2] * r_add2_merged_frag[((ii3 * 4) + iv)]);
         }
       }
     }
@@ -487,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(flo
   if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_fe4aa233af3a95fb1fcb(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_55558318be009f2c4ff1(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -509,7 +570,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_fe4aa233af3a95fb1fcb(float*
   float r_layer_norm23_var;
   float r_layer_norm23_var_acc;
   float r_layer_norm23_rstd;
-  // part:mg12
+  // part:mg11
   r_layer_norm23_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -532,8 +593,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_fe4aa233af3a95fb1fcb(float*
     }
   }
   r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
-  __syncwarp();  // mg13 reads what earlier parts wrote
-  // part:mg13
+  __syncwarp();  // mg12 reads what earlier parts wrote
+  // part:mg12
   r_layer_norm23_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -551,8 +612,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_fe4aa233af3a95fb1fcb(float*
     }
   }
   r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
-  __syncwarp();  // mg14 reads what earlier parts wrote
-  // part:mg14
+  __syncwarp();  // mg13 reads what earlier parts wrote
+  // part:mg13
   r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4
@@ -737,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a44c7c0b0aaa6a7cf3af(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_4332f362d4d9cabd6103(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -759,7 +820,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_a44c7c0b0aaa6a7cf3af(float*
   float r_layer_norm60_var;
   float r_layer_norm60_var_acc;
   float r_layer_norm60_rstd;
-  // part:mg34
+  // part:mg32
   r_layer_norm60_mean_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -780,8 +841,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a44c7c0b0aaa6a7cf3af(float*
     }
   }
   r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
-  __syncwarp();  // mg35 reads what earlier parts wrote
-  // part:mg35
+  __syncwarp();  // mg33 reads what earlier parts wrote
+  // part:mg33
   r_layer_norm60_var_acc = 0.0f;
   if ((l0 <= 7)) {
     // coarsen:4
@@ -797,8 +858,8 @@ extern "C" __global__ void __launch_bounds__(256) pf_a44c7c0b0aaa6a7cf3af(float*
     }
   }
   r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
-  __syncwarp();  // mg36 reads what earlier parts wrote
-  // part:mg36
+  __syncwarp();  // mg34 reads what earlier parts wrote
+  // part:mg34
   r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
   if ((l0 <= 7)) {
     // coarsen:4

@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_f3e3b4871eae94162dbe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(float* __restrict__ add7, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w, const float* __restrict__ block0_attn_q_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -193,19 +193,19 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_layer_norm5[2048];
   const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_q_w[1024];
-  float r_matmul6_acc[4][2][4];
-  float r_matmul6;
+  __shared__ __align__(16) float s_block0_attn_k_w[1024];
+  float r_matmul10_acc[4][2][4];
+  float r_matmul10;
   float r_layer_norm5_frag[4];
-  float r_block0_attn_q_w_frag[8];
-  float r_add7_v[4];
+  float r_block0_attn_k_w_frag[8];
+  float r_add11_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul6_acc[ii1][ii2][iv] = 0.0f;
+        r_matmul10_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
     }
     __pipeline_commit();
   }
@@ -229,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_q_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_q_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -244,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
         }
       }
       #pragma unroll
@@ -253,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul6_acc[ii1][ii2][iv] = r_matmul6_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+            r_matmul10_acc[ii1][ii2][iv] = r_matmul10_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -275,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_q_w_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
         }
       }
       #pragma unroll
@@ -284,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul6_acc[ii1][ii2][iv] = r_matmul6_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_frag[((ii2 * 4) + iv)]);
+            r_matmul10_acc[ii1][ii2][iv] = r_matmul10_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -297,15 +297,76 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 4) { r_matmul6 = r_matmul6_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 4) { r_add7_v[iv] = (r_matmul6 + block0_attn_q_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 4) { r_matmul10 = r_matmul10_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 4) { r_add11_v[iv] = (r_matmul10 + block0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
       }
-      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add7[b0 * 160 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add7_v[0], r_add7_v[1], r_add7_v[2], r_add7_v[3]); }
+      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add11[b0 * 160 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add11_v[0], r_add11_v[1], r_add11_v[2], r_add11_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_f4d5dc56e23b7509b312(float* __restrict__ matmul18, const float* __restrict__ add7, const float* __restrict__ add11) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_08685f6f4c44d3f22c1e(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+  int _b = blockIdx.x;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t2 = _t % 16; _t /= 16;
+  const int t1 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_layer_norm5[1028];
+  const int p1c = threadIdx.x;
+  __shared__ __align__(16) float s_block0_attn_q_w_cat[2048];
+  float r_matmul6_merged_acc[4][4];
+  float r_matmul6_merged;
+  float r_layer_norm5_frag[4];
+  float r_block0_attn_q_w_cat_frag[4];
+  float r_add7_merged_v[4];
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul6_merged_acc[ii1][iv] = 0.0f;
+    }
+  }
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    *reinterpret_cast<float4*>(&s_layer_norm5[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 160) ? *reinterpret_cast<const float4*>(&layer_norm5[b0 * 160 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
+    *reinterpret_cast<float4*>(&s_block0_attn_q_w_cat[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&block0_attn_q_w_cat[((4 * p1c) + (512 * kk0))]);
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      r_layer_norm5_frag[ii1] = s_layer_norm5[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_block0_attn_q_w_cat_frag[iv] = s_block0_attn_q_w_cat[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul6_merged_acc[ii1][iv] = r_matmul6_merged_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_cat_frag[iv]);
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if ((t1 + (8 * ii1)) <= 4) { r_matmul6_merged = r_matmul6_merged_acc[ii1][iv]; }
+      if ((t1 + (8 * ii1)) <= 4) { r_add7_merged_v[iv] = (r_matmul6_merged + block0_attn_q_bias_cat[((4 * t2) + iv)]); }
+    }
+    if ((t1 + (8 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add7_merged[b0 * 320 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_add7_merged_v[0], r_add7_merged_v[1], r_add7_merged_v[2], r_add7_merged_v[3]); }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 8) pf_30ec158f2bd54ef73ff8(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -314,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_f4d5dc56e23b7509b312(flo
   const int t2 = _t;
   const int p0r = threadIdx.x / 2;
   const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add7[256];
+  __shared__ __align__(16) float s_add7_merged[256];
   const int p1r = threadIdx.x / 2;
   const int p1c = threadIdx.x % 2;
   __shared__ __align__(16) float s_add11[256];
@@ -327,18 +388,18 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_f4d5dc56e23b7509b312(flo
   {
     const int kt0 = (-1);
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7[(p0r >= 0 && p0r < 5) ? b0 * 160 + p0r * 32 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7_merged[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
     }
     __pipeline_commit();
   }
-  const float* pf_gp0_add7 = &add7[((16 * b1) + (4 * p0c) + (32 * p0r) + (160 * b0) + 8)];
+  const float* pf_gp0_add7_merged = &add7_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (320 * b0) + 8)];
   const float* pf_gp0_add11 = &add11[((16 * b1) + (4 * p1c) + (32 * p1r) + (160 * b0) + 8)];
   for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
     if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add7[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 5) ? &pf_gp0_add7[0] : add7, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 5) ? &pf_gp0_add7_merged[0] : add7_merged, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
     }
     if (((p1r <= 15) && (kt0 <= 0))) {
       __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 5) ? &pf_gp0_add11[0] : add11, 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
@@ -351,11 +412,11 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_f4d5dc56e23b7509b312(flo
       r_add11_frag[0] = s_add11[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_matmul18_acc[ii2] = r_matmul18_acc[ii2] + (s_add7[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add11_frag[0]);
+        r_matmul18_acc[ii2] = r_matmul18_acc[ii2] + (s_add7_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add11_frag[0]);
       }
     }
     __syncthreads();
-    pf_gp0_add7 += 8;
+    pf_gp0_add7_merged += 8;
     pf_gp0_add11 += 8;
   }
   #pragma unroll
@@ -364,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_f4d5dc56e23b7509b312(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_da6a130dc9ca81fbd15c(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(128) pf_6354a03ea010595e686f(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -381,14 +442,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_da6a130dc9ca81fbd15c(float*
   float r_softmax20_sum;
   float r_softmax20_sum_acc;
   if ((((4 * b2) + r0) <= 4)) {
-    // part:mg9
+    // part:mg8
     r_softmax20_max_acc = -INFINITY;
     if ((l0 <= 4)) {
       r_mul19 = (matmul18[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
       r_softmax20_max_acc = pf_fmaxf(r_softmax20_max_acc, r_mul19);
     }
     r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
-    // part:mg10
+    // part:mg9
     r_softmax20_sum_acc = 0.0f;
     if ((l0 <= 4)) {
       r_softmax20_sub = (r_mul19 - r_softmax20_max);
@@ -397,13 +458,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_da6a130dc9ca81fbd15c(float*
     }
     r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
     if ((l0 <= 4)) {
-      // part:mg11
+      // part:mg10
       softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_f577cedf5a00bb568083(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add15) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_c501615664b3dacfc94c(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -414,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_f577cedf5a00bb568083(flo
   __shared__ float s_softmax20[80];
   const int p1r = threadIdx.x / 4;
   const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_add15[80];
+  __shared__ __align__(16) float s_add7_merged[80];
   float r_matmul21_acc[2];
   float r_softmax20_frag[1];
   #pragma unroll
@@ -425,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_f577cedf5a00bb568083(flo
     s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
   }
   if ((p1r <= 4)) {
-    *reinterpret_cast<float4*>(&s_add15[(((5 * b0) + p1r) - (5 * b0)) * 16 + (((16 * b1) + (4 * p1c)) - (16 * b1))]) = *reinterpret_cast<const float4*>(&add15[((5 * b0) + p1r) * 32 + ((16 * b1) + (4 * p1c))]);
+    *reinterpret_cast<float4*>(&s_add7_merged[(((5 * b0) + p1r) - (5 * b0)) * 16 + ((((16 * b1) + (4 * p1c)) + 32) - ((16 * b1) + 32))]) = *reinterpret_cast<const float4*>(&add7_merged[((5 * b0) + p1r) * 64 + (((16 * b1) + (4 * p1c)) + 32)]);
   }
   __syncthreads();
   #pragma unroll
@@ -433,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_f577cedf5a00bb568083(flo
     r_softmax20_frag[0] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (((t2 * 5) + kk0) - 0)];
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_add15[(b0 * 5 + kk0 - (5 * b0)) * 16 + (((b1 * 16) + (t3 + (8 * ii3))) - (16 * b1))]);
+      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_add7_merged[(b0 * 5 + kk0 - (5 * b0)) * 16 + ((((b1 * 16) + (t3 + (8 * ii3))) + 32) - ((16 * b1) + 32))]);
     }
   }
   __syncthreads();
@@ -490,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_7cc6628fc9f96a676c45(flo
   if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_bee6c8c6ace6c4b298b3(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_0613c2c7ed2152454b2e(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -513,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_bee6c8c6ace6c4b298b3(float*
   float r_layer_norm27_var_acc;
   float r_layer_norm27_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg14
+    // part:mg13
     r_layer_norm27_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -537,9 +598,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_bee6c8c6ace6c4b298b3(float*
     }
     r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
   }
-  __syncwarp();  // mg15 reads what earlier parts wrote
+  __syncwarp();  // mg14 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg15
+    // part:mg14
     r_layer_norm27_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -558,9 +619,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_bee6c8c6ace6c4b298b3(float*
     }
     r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
   }
-  __syncwarp();  // mg16 reads what earlier parts wrote
+  __syncwarp();  // mg15 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg16
+    // part:mg15
     r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4
@@ -746,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_2c82c42d3d8033d913dc(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_78927e3d8bfc66ef55ef(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_6d5617ef677ab9cdf8a6(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -769,7 +830,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_78927e3d8bfc66ef55ef(float*
   float r_layer_norm63_var_acc;
   float r_layer_norm63_rstd;
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg36
+    // part:mg34
     r_layer_norm63_mean_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -791,9 +852,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_78927e3d8bfc66ef55ef(float*
     }
     r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
   }
-  __syncwarp();  // mg37 reads what earlier parts wrote
+  __syncwarp();  // mg35 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg37
+    // part:mg35
     r_layer_norm63_var_acc = 0.0f;
     if ((l0 <= 7)) {
       // coarsen:4
@@ -810,9 +871,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_78927e3d8bfc66ef55ef(float*
     }
     r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
   }
-  __syncwarp();  // mg38 reads what earlier parts wrote
+  __syncwarp();  // mg36 reads what earlier parts wrote
   if ((((4 * b1) + r0) <= 4)) {
-    // part:mg38
+    // part:mg36
     r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
     if ((l0 <= 7)) {
       // coarsen:4

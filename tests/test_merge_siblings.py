@@ -1,0 +1,318 @@
+"""merge_siblings: contractions of one input with different constant weights (attention's Q,
+K, V projections) become one contraction over the concatenated weights; each is a slice of it.
+
+Before/after pairs: launch counts, the merged constant, the plan's records, a refusal per
+reason, values against ``polyfuse.reference`` (bit-identical in the reference: a merged
+element sums the same products in the same order) and on the emulator.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, reference, te, zoo
+from polyfuse.graph.graph import build_graph
+from polyfuse.graph.passes import DEFAULT_PASSES, PassAction, merge_siblings, run_passes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import fusion_models  # noqa: E402
+
+RNG = np.random.default_rng(2024)
+NO_MERGE = tuple(p for p in DEFAULT_PASSES if p != "merge_siblings")
+B, S, H, NH = 2, 8, 32, 2
+D = H // NH
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _evaluate(t, feeds):
+    return reference.evaluate([t], feeds)[0]
+
+
+def _records(g, action: PassAction | None = None) -> list[str]:
+    return [
+        r.reason
+        for r in g.pass_records
+        if r.pass_name == "merge_siblings" and (action is None or r.action == action)
+    ]
+
+
+def _attention(bias: bool, weights_constant: bool = True):
+    """One attention block on ``x``: Q, K, V projections (with bias adds when ``bias``),
+    heads split, scores, softmax, context, heads merged, plus ``x``."""
+    x = te.placeholder((B, S, H), name="x")
+    ws = [te.placeholder((H, H), name=f"w{c}") for c in "qkv"]
+    bs = [te.placeholder((H,), name=f"b{c}") for c in "qkv"]
+    consts = {t: _rand(*t.shape) for t in ws + bs} if weights_constant else {}
+    lin = [ops.matmul(x, w, name=f"{c}_mm") for w, c in zip(ws, "qkv", strict=True)]
+    if bias:
+        lin = [ops.add(m, b, name=f"{c}_add") for m, b, c in zip(lin, bs, "qkv", strict=True)]
+
+    def heads(t, perm):
+        return ops.transpose(ops.reshape(t, (B, S, NH, D)), perm)
+
+    q, k, v = heads(lin[0], (0, 2, 1, 3)), heads(lin[1], (0, 2, 3, 1)), heads(lin[2], (0, 2, 1, 3))
+    p = ops.softmax(ops.mul(ops.matmul(q, k, name="scores"), 1 / math.sqrt(D)), -1)
+    ctx = ops.reshape(ops.transpose(ops.matmul(p, v, name="ctx"), (0, 2, 1, 3)), (B, S, H))
+    out = ops.add(ctx, x, name="out")
+    inputs = [x, *ws, *(bs if bias else [])]
+    consts = {t: a for t, a in consts.items() if t in inputs}
+    return inputs, [out], consts
+
+
+def _compile(inputs, outputs, consts, passes=True):
+    args = [t for t in inputs if t not in consts]
+    return polyfuse.compile(
+        args, outputs, constants=consts, check_cuda=False, passes=passes, name="attn"
+    )
+
+
+def _check_emulated(fn, inputs, outputs, consts, arrays):
+    feeds = {**dict(zip([t for t in inputs if t not in consts], arrays, strict=True)), **consts}
+    want = reference.evaluate(outputs, feeds)
+    got = fn(*arrays, device="emulate")
+    got = list(got) if isinstance(got, tuple) else [got]
+    for g, w in zip(got, want, strict=True):
+        scale = max(1.0, float(np.max(np.abs(w))))
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * scale)
+
+
+def _passed(inputs, outputs, consts, passes=DEFAULT_PASSES):
+    return run_passes(build_graph(inputs, outputs, constants=consts), passes, _evaluate)
+
+
+WHY_TWO = (
+    "scores reads both, and would read the merged tensor through two relations (a GEMM "
+    "stages one shared tile per tensor: layout_fold would keep a slice kernel)"
+)
+
+
+def test_q_and_v_with_biases_merge_into_one_tiled_gemm_and_values_hold():
+    """Q, K, V with bias adds: Q and V (and their bias epilogues) merge into one GEMM over
+    (H, 2H) whose epilogue adds the concatenated bias where the accumulator is; K stays
+    apart (the scores GEMM reads Q and K: merged, it would read one tensor twice)."""
+    inputs, outputs, consts = _attention(bias=True)
+    before = _compile(inputs, outputs, consts, NO_MERGE)
+    after = _compile(inputs, outputs, consts)
+    assert len(before.launches) == 7 and len(after.launches) == 6
+    assert fusion_models.layout_kernels(after)[0] == []  # no slice kernel remains
+    assert after.global_bytes() < before.global_bytes()
+    g = after.plan.graph
+    assert _records(g, PassAction.REFUSED) == [
+        f"k_mm not merged with q_mm: {WHY_TWO}",
+        f"q_mm_merged not merged with k_mm: {WHY_TWO}",
+    ]
+    (line,) = _records(g, PassAction.MERGED)
+    assert line == (
+        "q_mm, v_mm read x through the same access: one contraction q_mm_merged with their "
+        "per-column epilogues (q_add, v_add) as q_add_merged over wq_cat [32, 64] = "
+        "concat(wq, wv, dim 1); bq_cat [64] = concat(bq, bv, dim 0); each is a slice along "
+        "axis 2 (q_add = [0, 32), v_add = [32, 64))"
+    )
+    # the merged constants; the weights and biases they replace are unbound
+    byname = {t.name: t for t in inputs}
+    cat = {t.name: g.constants[t.uid] for t in g.inputs if t.name.endswith("_cat")}
+    np.testing.assert_array_equal(
+        cat["wq_cat"], np.concatenate([consts[byname["wq"]], consts[byname["wv"]]], axis=1)
+    )
+    np.testing.assert_array_equal(
+        cat["bq_cat"], np.concatenate([consts[byname["bq"]], consts[byname["bv"]]])
+    )
+    assert [t.name for t in g.inputs] == ["x", "wk", "bk", "wq_cat", "bq_cat"]
+    assert g.prims["q_mm_merged"].tensor.shape == (B, S, 2 * H)
+    assert "q_mm" not in g.prims and "v_mm" not in g.prims
+    # one kernel: the merged GEMM with its bias epilogue, tiled where the accumulator is
+    (names,) = [n for n in fusion_models.kernel_prims(after) if "q_mm_merged" in n]
+    assert names == ["q_mm_merged", "q_add_merged"]
+    # reference of the passed graph: bit-identical to the graph as written
+    xv = _rand(B, S, H)
+    want = reference.evaluate(outputs, {inputs[0]: xv, **consts})[0]
+    got = reference.evaluate(g.outputs, {inputs[0]: xv, **_bound(g)})[0]
+    np.testing.assert_array_equal(got, want)
+    _check_emulated(after, inputs, outputs, consts, [xv])
+
+
+def _bound(g) -> dict:
+    return {t: g.constants[t.uid] for t in g.inputs if g.is_constant(t)}
+
+
+def test_merge_pass_alone_is_a_before_after_pair():
+    """The pass on its own: Q and V (contraction + bias add each) -> one contraction over
+    (H, 2H) + one bias add over 2H columns; the two bias adds become slices of it."""
+    inputs, outputs, consts = _attention(bias=True)
+    g0 = build_graph(inputs, outputs, constants=consts)
+    g1 = merge_siblings(g0)
+    red0 = [n for n, p in g0.prims.items() if p.tensor.op.reduce is not None]
+    red1 = [n for n, p in g1.prims.items() if p.tensor.op.reduce is not None]
+    assert len(red1) == len(red0) - 1
+    assert [g1.prims[n].composite for n in ("q_add", "v_add")] == ["slice"] * 2
+    assert g1.prims["k_add"].composite == "add" and g1.prims["k_mm"].composite == "matmul"
+    assert {t.name: t.shape for t in g1.inputs if t.name.endswith("_cat")} == {
+        "wq_cat": (H, 2 * H),
+        "bq_cat": (2 * H,),
+    }
+    assert len(g1.prims) == len(g0.prims)  # +2 merged, -2 (q_mm and v_mm)
+    xv = _rand(B, S, H)
+    want = reference.evaluate(outputs, {inputs[0]: xv, **consts})[0]
+    np.testing.assert_array_equal(
+        reference.evaluate(g1.outputs, {inputs[0]: xv, **consts, **_bound(g1)})[0], want
+    )
+
+
+def test_weights_that_are_not_constants_are_refused():
+    inputs, outputs, consts = _attention(bias=True, weights_constant=False)
+    g = _passed(inputs, outputs, consts)
+    assert _records(g, PassAction.MERGED) == []
+    refused = _records(g, PassAction.REFUSED)
+    assert refused[0] == (
+        "q_mm and k_mm (both reading x) differ in operands that are not constants (wq, wk): "
+        "a merged weight must be computed at compile time"
+    )
+
+
+def test_different_accesses_of_the_input_are_refused():
+    """``sum_k x[i, k] w1[k, j]`` and ``sum_k x[k, i] w2[k, j]``: the same form, the same
+    input, two access relations (isl says they differ)."""
+    x = te.placeholder((16, 16), name="x")
+    w1, w2 = te.placeholder((16, 8), name="w1"), te.placeholder((16, 8), name="w2")
+    k1, k2 = te.reduce_axis(16, "k"), te.reduce_axis(16, "k")
+    a = te.compute((16, 8), lambda i, j: te.sum(x[i, k1] * w1[k1, j], axis=k1), name="a")
+    b = te.compute((16, 8), lambda i, j: te.sum(x[k2, i] * w2[k2, j], axis=k2), name="b")
+    out = ops.add(a, b, name="out")
+    consts = {w1: _rand(16, 8), w2: _rand(16, 8)}
+    g = _passed([x, w1, w2], [out], consts)
+    assert _records(g, PassAction.MERGED) == []
+    (line,) = _records(g, PassAction.REFUSED)
+    assert line.startswith("a and b read x through different accesses: ")
+    box = "0 <= d0 <= 15 and 0 <= r0 <= 15"
+    assert line.endswith(f"-> X[d0, r0] : {box}}} vs {{S[d0, r0] -> X[r0, d0] : {box}}}")
+
+
+def test_weights_differing_outside_the_concatenated_dim_are_refused():
+    """``w2`` has 20 rows, of which the reduction reads 16: concatenating along the columns
+    would need equal rows."""
+    x = te.placeholder((4, 16), name="x")
+    w1, w2 = te.placeholder((16, 8), name="w1"), te.placeholder((20, 8), name="w2")
+    k1, k2 = te.reduce_axis(16, "k"), te.reduce_axis(16, "k")
+    a = te.compute((4, 8), lambda i, j: te.sum(x[i, k1] * w1[k1, j], axis=k1), name="a")
+    b = te.compute((4, 8), lambda i, j: te.sum(x[i, k2] * w2[k2, j], axis=k2), name="b")
+    out = ops.add(a, b, name="out")
+    g = _passed([x, w1, w2], [out], {w1: _rand(16, 8), w2: _rand(20, 8)})
+    assert _records(g, PassAction.MERGED) == []
+    (line,) = _records(g, PassAction.REFUSED)
+    assert line == (
+        "a and b: weights w1 [16, 8] and w2 [20, 8] differ in a dimension other than the "
+        "concatenated one (1), or are not read whole along it: shapes not compatible"
+    )
+
+
+def _two_projections(reader):
+    """``x @ wq`` (a graph output), ``x @ w2`` and ``x @ w3``; the latter two read by
+    ``reader`` (a function of the two)."""
+    x = te.placeholder((B, S, H), name="x")
+    wq, w2, w3 = (te.placeholder((H, n), name=nm) for n, nm in ((H, "wq"), (8, "w2"), (4, "w3")))
+    q = ops.matmul(x, wq, name="q_out")
+    a, b = ops.matmul(x, w2, name="a"), ops.matmul(x, w3, name="b")
+    consts = {wq: _rand(H, H), w2: _rand(H, 8), w3: _rand(H, 4)}
+    extra, out = reader(a, b)
+    return [x, *extra, wq, w2, w3], [q, out], consts
+
+
+def test_an_output_sibling_is_refused_and_the_others_merge():
+    """Q is a graph output: as a slice of the merged result it would need a copy kernel.
+    ``a`` and ``b`` are read by GEMMs (their slices fold into those GEMMs' loads)."""
+
+    def reader(a, b):
+        u, v = te.placeholder((8, 5), name="u"), te.placeholder((4, 5), name="v")
+        return [u, v], ops.add(ops.matmul(a, u, name="au"), ops.matmul(b, v, name="bv"))
+
+    ins, outs, consts = _two_projections(reader)
+    g = _passed(ins, outs, consts)
+    assert _records(g, PassAction.REFUSED) == [
+        "q_out is a graph output: merged, it would be a slice of the merged result, a strided "
+        "store no fold can write (a copy kernel would remain)",
+        # round 2: the readers now both read a_merged, with run-time weights u and v
+        "au and bv (both reading a_merged) differ in operands that are not constants (u, v): "
+        "a merged weight must be computed at compile time",
+    ]
+    (line,) = _records(g, PassAction.MERGED)
+    assert line.startswith("a, b read x through the same access: one contraction a_merged over")
+    assert "w2_cat [32, 12] = concat(w2, w3, dim 1)" in line
+    before = _compile(ins, outs, consts, NO_MERGE)
+    after = _compile(ins, outs, consts)
+    assert fusion_models.layout_kernels(after)[0] == []
+    assert len(after.launches) == len(before.launches) - 1
+    _check_emulated(after, ins, outs, consts, [_rand(B, S, H), _rand(8, 5), _rand(4, 5)])
+
+
+def test_a_slice_read_as_a_shifted_epilogue_is_refused():
+    """``a`` and ``b`` read by row sums: merged, the sums would read the merged GEMM at an
+    offset as its epilogue, which the GEMM path does not tile: refused."""
+    ins, outs, consts = _two_projections(
+        lambda a, b: (
+            [],
+            ops.add(ops.reduce_sum(a, -1, name="sa"), ops.reduce_sum(b, -1, name="sb")),
+        )
+    )
+    g = _passed(ins, outs, consts)
+    assert _records(g, PassAction.MERGED) == []
+    refused = _records(g, PassAction.REFUSED)
+    assert refused[1:] == [
+        f"{n} not merged: {k} would read its slice of the merged result at an offset, "
+        "as an epilogue of the merged contraction, which the GEMM path does not tile (tiled "
+        "GEMMs would become one plain loop nest)"
+        for n, k in (("a", "sa"), ("b", "sb"))
+    ]
+
+
+def test_siblings_read_by_one_contraction_are_not_merged_together():
+    """Without bias adds, Q and K are read (through moves) by the scores GEMM: merged, it
+    would read one tensor through two relations, and layout_fold would keep a slice kernel.
+    K is left out; Q and V merge (their slices fold into the attention GEMMs' loads)."""
+    inputs, outputs, consts = _attention(bias=False)
+    g = _passed(inputs, outputs, consts)
+    # round 2 sees the merged Q/V contraction and K as siblings, and refuses them too
+    assert _records(g, PassAction.REFUSED) == [
+        f"k_mm not merged with q_mm: {WHY_TWO}",
+        f"q_mm_merged not merged with k_mm: {WHY_TWO}",
+    ]
+    (line,) = _records(g, PassAction.MERGED)
+    assert line.startswith("q_mm, v_mm read x through the same access")
+    before = _compile(inputs, outputs, consts, NO_MERGE)
+    after = _compile(inputs, outputs, consts)
+    assert fusion_models.layout_kernels(after)[0] == []
+    assert len(after.launches) == len(before.launches) - 1
+    _check_emulated(after, inputs, outputs, consts, [_rand(B, S, H)])
+
+
+@pytest.mark.parametrize(
+    ("name", "launches_off", "launches_on"),
+    [("bert_base", 22, 20), ("gpt2_small", 23, 21), ("vit_b16", 26, 24)],
+)
+def test_tiny_transformers_merge_their_projections(name, launches_off, launches_on):
+    """Zoo transformers at tiny size (2 layers): two projection GEMMs per layer instead of
+    three (Q and V merged with their biases; K apart), no layout kernel, and the emulator
+    matches the float64 model."""
+    m = zoo.build(name, "tiny")
+    off = polyfuse.compile(
+        m.inputs, m.outputs, constants=m.constants, check_cuda=False, passes=NO_MERGE
+    )
+    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    assert (len(off.launches), len(fn.launches)) == (launches_off, launches_on)
+    assert len(_records(fn.plan.graph, PassAction.MERGED)) == m.config["layers"]
+    assert fusion_models.layout_kernels(fn)[0] == []
+    arrays = m.sample_inputs(seed=5)
+    got = fn(*arrays, device="emulate")
+    got = got if isinstance(got, tuple) else (got,)
+    want = m.reference(*arrays)
+    want = want if isinstance(want, tuple | list) else (want,)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
