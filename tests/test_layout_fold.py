@@ -324,3 +324,17 @@ def test_run_passes_folds_to_a_fixed_point_and_values_hold():
     xv = _rand(2, 6, 4)
     want = reference.evaluate([out], {x: xv})[0]
     np.testing.assert_array_equal(reference.evaluate(g.outputs, {x: xv})[0], want)
+
+
+def test_a_reduction_does_not_take_an_output_move_into_its_store():
+    """Fuzz seed 200250: a column max stored through a transpose ran its combine's barriers
+    under a thread guard (divergent ``__syncthreads``). The move stays a kernel, recorded."""
+    x = te.placeholder((8, 32, 3), name="x")
+    e = te.compute((8, 32, 3), lambda a, b, c: -x[a, b, c] / x[a, b, c], name="e")
+    g = te.compute((8, 32, 3), lambda a, b, c: e[a, b, c] * e[a, b, c], name="g")
+    k = te.reduce_axis(8, name="k")
+    r = te.compute((32, 3), lambda i, j: te.max(e[k, i, j], axis=[k]), name="r")
+    t = te.compute((3, 32), lambda i, j: r[j, i], name="t")
+    fn = _compile([x], [g, t])
+    assert any("r is a reduction" in line for line in _records(fn, PassAction.REFUSED))
+    _check_numbers(fn, [x], [g, t], [RNG.uniform(0.5, 2.5, (8, 32, 3)).astype(np.float32)])

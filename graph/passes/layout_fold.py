@@ -382,6 +382,10 @@ def _fold_store(graph: Graph, rw: Rewriter, p: Primitive, folded: dict[int, Tens
     why = None
     if graph.is_output(x) or graph.consumers(xname) != [p.name]:
         why = f"{xname} has other readers (it would be computed twice)"
+    elif x.op is not None and x.op.reduce is not None:
+        # a reduction's layout keys its kept threads to its output; through a permuted
+        # store it guarded its combine's barriers (fuzz seed 200250: divergent barrier)
+        why = f"{xname} is a reduction (its combine would run under a thread guard)"
     elif not f.is_single_valued():
         why = f"it reads {xname} at a data-dependent index (not an affine access)"
     elif not f.is_injective():
