@@ -23,7 +23,7 @@ import numpy as np
 
 import polyfuse
 from polyfuse.cache import CompileCache, tune_key
-from polyfuse.cli_common import add_common, non_negative_int, positive_int, write_json
+from polyfuse.cli_common import add_arch, add_common, non_negative_int, positive_int, write_json
 from polyfuse.cuda.astgen import generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel
 from polyfuse.cuda.printer import prelude_for
@@ -276,12 +276,7 @@ def add_tune_parser(sub) -> None:
         metavar="MODEL",
         help="a built-in example, a zoo model, an .onnx or .py file, or module:function",
     )
-    t.add_argument(
-        "--arch",
-        default="sm_80",
-        choices=SUPPORTED_ARCHS,
-        help="GPU architecture (default: sm_80)",
-    )
+    add_arch(t)
     t.add_argument(
         "--top",
         type=positive_int,
