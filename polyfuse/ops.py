@@ -31,6 +31,7 @@ from typing import Any
 from polyfuse import te
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+from polyfuse.graph.passes.layout import reshape_subscripts
 
 __all__ = [
     "abs",
@@ -653,29 +654,6 @@ def transpose(x: Tensor, perm: Sequence[int] | None = None, name: str | None = N
     return _compute(shape, lambda *idx: x[tuple(idx[inv[d]] for d in range(x.ndim))], name, op)
 
 
-def _reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-    """Group non-unit dims of ``src`` and ``dst`` into runs with equal products."""
-    si = [d for d, s in enumerate(src) if s != 1]
-    di = [d for d, s in enumerate(dst) if s != 1]
-    groups = []
-    i = j = 0
-    while i < len(si):
-        gi, gj = [si[i]], [di[j]]
-        pi, pj = src[si[i]], dst[di[j]]
-        i, j = i + 1, j + 1
-        while pi != pj:
-            if pi < pj:
-                gi.append(si[i])
-                pi *= src[si[i]]
-                i += 1
-            else:
-                gj.append(di[j])
-                pj *= dst[di[j]]
-                j += 1
-        groups.append((gi, gj))
-    return groups
-
-
 def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     """Row-major reshape like ``np.reshape`` (one dim may be ``-1``); one primitive.
 
@@ -703,29 +681,10 @@ def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
         raise ExpressionError(
             f"{op} '{name}': cannot reshape {_desc(x)} ({x.size} elements) to {out}"
         )
-    groups = _reshape_groups(x.shape, out)
+    shape_in = x.shape
 
     def body(*idx: IterVar) -> Expr:
-        subs: list[Expr] = [as_expr(0)] * x.ndim
-        for gi, gj in groups:
-            if len(gi) == 1 and len(gj) == 1:
-                subs[gi[0]] = idx[gj[0]]
-                continue
-            flat: Expr | None = None
-            stride = 1
-            for d in reversed(gj):
-                term = idx[d] if stride == 1 else idx[d] * stride
-                flat = term if flat is None else term + flat
-                stride *= out[d]
-            assert flat is not None
-            stride = 1
-            for pos, d in enumerate(reversed(gi)):
-                e = flat if stride == 1 else flat // stride
-                if pos != len(gi) - 1:  # the outermost dim of the group needs no wrap
-                    e = e % x.shape[d]
-                subs[d] = e
-                stride *= x.shape[d]
-        return x[tuple(subs)]
+        return x[reshape_subscripts(shape_in, idx, out)]
 
     return _compute(out, body, name, op)
 
