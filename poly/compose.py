@@ -34,7 +34,7 @@ from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import Micrograph
 from polyfuse.poly.coarsen import MARK as COARSEN_MARK
-from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.cost import ReductionStrategy, fit_kept_tile
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of, zero_distance
 from polyfuse.poly.lane_vector import choose_lane_vectors, part_band
@@ -325,6 +325,8 @@ def map_reduction_kernel(
     if k:
         node = root.child(0)
         ranges = band_ranges(node, domain, k)
+        strategy = fit_kept_tile(strategy, *ranges[-1])
+        kept_tile = strategy.kept_tile
         sizes = [1] * k
         sizes[-1] = kept_tile
         node, tile_part, point_part, offsets, grid_dims = tile_band(node, sizes, ranges)

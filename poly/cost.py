@@ -97,6 +97,23 @@ class ReductionStrategy:
         )
 
 
+def fit_kept_tile(strategy: ReductionStrategy, lo: int, hi: int) -> ReductionStrategy:
+    """``strategy`` with its kept tile cut to tile the kept band's range ``[lo, hi]`` exactly.
+
+    An x-reduction combines across thread rows with block barriers, so a partial tile would
+    put the combine under a thread guard (a divergent ``__syncthreads``). The form's kept
+    extents come from the reduction's output axes; the band's range is the statement's, and
+    the two differ when a layout fold stores the result through a permutation. Other forms
+    combine within a warp per kept point (or keep one point per block) and are returned as
+    they are."""
+    kt = strategy.kept_tile
+    if strategy.form.kind != "x" or (lo % kt == 0 and (hi + 1) % kt == 0):
+        return strategy
+    fit = next(d for d in range(kt, 0, -1) if lo % d == 0 and (hi + 1) % d == 0)
+    why = f"{strategy.reason}; kept tile {fit}, not {kt}, tiles the band's range [{lo}, {hi}]"
+    return replace(strategy, kept_tile=fit, reason=why)
+
+
 def _pow2_at_least(n: int) -> int:
     p = 1
     while p < n:

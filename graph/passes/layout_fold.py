@@ -41,7 +41,6 @@ import islpy as isl
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.access import relation_text
 from polyfuse.graph.expr import (
-    Binary,
     Expr,
     ExprMutator,
     ExprVisitor,
@@ -367,19 +366,6 @@ def _check_composed(
     return None
 
 
-def _is_contraction(red) -> bool:
-    """Whether a reduction is a sum of products of two or more tensor reads (a GEMM-like
-    contraction, which the GEMM path tiles), not a row sum, max or min."""
-    factors, todo = [], [red.body]
-    while todo:
-        e = todo.pop()
-        if isinstance(e, Binary) and e.op == "mul":
-            todo += [e.a, e.b]
-        else:
-            factors.append(e)
-    return red.op == "sum" and sum(isinstance(f, Read) for f in factors) >= 2
-
-
 def _fold_store(graph: Graph, rw: Rewriter, p: Primitive, folded: dict[int, Tensor]) -> None:
     """Fold output move ``p`` into its producer's store, or record why not."""
     t = p.tensor
@@ -396,11 +382,6 @@ def _fold_store(graph: Graph, rw: Rewriter, p: Primitive, folded: dict[int, Tens
     why = None
     if graph.is_output(x) or graph.consumers(xname) != [p.name]:
         why = f"{xname} has other readers (it would be computed twice)"
-    elif x.op is not None and x.op.reduce is not None and not _is_contraction(x.op.reduce):
-        # a parallel reduction's layout keys its kept threads to its output; through a
-        # permuted store it guarded its combine's barriers (fuzz seed 200250: a divergent
-        # __syncthreads). A contraction's GEMM epilogue stores through any injective map.
-        why = f"{xname} is a reduction (its combine would run under a thread guard)"
     elif not f.is_single_valued():
         why = f"it reads {xname} at a data-dependent index (not an affine access)"
     elif not f.is_injective():
