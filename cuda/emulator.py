@@ -107,8 +107,8 @@ class KernelSignature:
     """A kernel parameter list as the compiled library reports it.
 
     Each parameter is ``(pointer, kind, size)``: ``pointer`` is True for a global buffer,
-    ``kind`` one of ``f`` (floating), ``i`` (signed), ``u`` (unsigned), ``b`` (bool), ``v``
-    (other) and ``size`` the byte size of the value or pointee.
+    ``kind`` one of ``f`` (floating), ``g`` (bfloat16), ``i`` (signed), ``u`` (unsigned),
+    ``b`` (bool), ``v`` (other) and ``size`` the byte size of the value or pointee.
     """
 
     params: tuple[tuple[bool, str, int], ...]
@@ -122,6 +122,7 @@ class KernelSignature:
 
 
 _SCALAR_KIND = {"int": ("i", 4), "long long": ("i", 8), "float": ("f", 4)}
+_ARRAY_KIND = {"f": "f", "i": "i", "u": "u", "b": "b"}  # numpy kinds (bfloat16 is "g")
 
 
 class EmulatedModule:
@@ -178,7 +179,7 @@ class EmulatedModule:
                 if not isinstance(arg, str):
                     raise CallError(f"kernel {launch.kernel}: argument {i} must be a buffer")
                 arr = values[i]
-                ak = {"f": "f", "i": "i", "u": "u", "b": "b"}.get(arr.dtype.kind, "v")
+                ak = "g" if arr.dtype.name == "bfloat16" else _ARRAY_KIND.get(arr.dtype.kind, "v")
                 if arr.itemsize & (arr.itemsize - 1) or (
                     kind != "v" and (ak != kind or arr.itemsize != size)
                 ):
@@ -368,7 +369,8 @@ class Emulator:
             raise CallError("workers must be at least 1")
         self.cxx = find_compiler()
         self._cxx_id = compiler_id(self.cxx)
-        self._header = HEADER.read_text()
+        # the header and what it includes: a change to either rebuilds every library
+        self._header = "".join(h.read_text() for h in sorted(RT_DIR.glob("*.h")))
         self._modules: dict[str, EmulatedModule] = {}
         self._lock = threading.RLock()
         self._server = server_for(self._build_server())

@@ -219,6 +219,9 @@ PF_VEC4(unsigned int, uint, 16)
 PF_VEC2(double, double, 16)
 inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y, z}; }
 
+// ---- float16 and bfloat16 (cuda_fp16.h, cuda_bf16.h) ----------------------------------------
+#include "pf_half.h"
+
 // ---- instrumented global memory --------------------------------------------------------------
 
 [[gnu::cold, gnu::noinline]] inline void pf_bad(const pf_buf* b, const void* p, uint64_t size,
@@ -708,10 +711,12 @@ void pf_thunk(void** a) {
 }
 
 // Parameter signature: one token per parameter, "p" (global pointer) or "s" (scalar), then the
-// kind (f float, i signed, u unsigned, b bool, v other) and the size in bytes; comma-separated.
+// kind (f float, g bfloat16, i signed, u unsigned, b bool, v other) and the size in bytes; comma-separated.
 template <class T>
 constexpr char pf_kind() {
   if constexpr (std::is_same_v<std::remove_cv_t<T>, bool>) return 'b';
+  else if constexpr (std::is_same_v<std::remove_cv_t<T>, __half>) return 'f';
+  else if constexpr (std::is_same_v<std::remove_cv_t<T>, __nv_bfloat16>) return 'g';
   else if constexpr (std::is_floating_point_v<T>) return 'f';
   else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return 'i';
   else if constexpr (std::is_integral_v<T>) return 'u';
