@@ -680,6 +680,9 @@ inline std::common_type_t<A, B> max(A a, B b) {
 }
 using std::abs;
 
+// ---- tensor cores: mma.sync, ldmatrix (the prelude of polyfuse/cuda/tensor_core.py) -------
+#include "pf_mma.h"
+
 // ---- kernel entry glue (used by the code the pre-pass appends) --------------------------------
 
 template <class P>
