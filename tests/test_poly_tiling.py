@@ -144,7 +144,7 @@ def test_refused_float64_operands():
 
 
 def test_refused_producer_inside_the_micrograph_and_epilogue_at_another_element():
-    a, b8, r = te.placeholder((8, 12), name="a"), te.placeholder((12, 8), name="b"), None
+    a, b8 = te.placeholder((8, 12), name="a"), te.placeholder((12, 8), name="b")
     r = te.reduce_axis(12, name="r")
     p = ops.relu(a, name="p")
     c = te.compute((8, 8), lambda i, j: te.sum(p[i, r] * b8[r, j], axis=r), name="c")
@@ -190,7 +190,9 @@ def test_affine_rows_of_matmul_and_padded_strided_conv():
 
 def test_affine_rows_bound_a_division_from_above_with_its_slack():
     # grouped conv's input channel: co + ci - 15 <= 16 floor(co / 16) + ci <= co + ci
-    grouped = isl_map("{ S[co, ci] -> x[16 * floor(co / 16) + ci] : 0 <= co < 64 and 0 <= ci < 16 }")
+    grouped = isl_map(
+        "{ S[co, ci] -> x[16 * floor(co / 16) + ci] : 0 <= co < 64 and 0 <= ci < 16 }"
+    )
     assert affine_rows(grouped) == ((((1, 1), 0),), (15,))
     # i mod 3 lies in [2 - 2, 2]
     assert affine_rows(isl_map("{ S[i, j] -> a[i mod 3] : 0 <= i < 8 and 0 <= j < 4 }")) == (
@@ -217,9 +219,10 @@ def test_forced_tiling_is_the_candidate_with_the_k_tile_clipped(mm):
     )
     assert t.code is not None and t.estimate is not None and t.modelled_us > 0
     # a forced tiling is given even where the ranking would not take it (16 threads)
-    assert rank_gemm_tiles(shape, H100, (8, 16, 2, 4, 32), forced_reason="tuned")[0].reasons[
-        1
-    ] == "tuned=(8, 16, 2, 4, 32)"
+    assert (
+        rank_gemm_tiles(shape, H100, (8, 16, 2, 4, 32), forced_reason="tuned")[0].reasons[1]
+        == "tuned=(8, 16, 2, 4, 32)"
+    )
 
 
 def test_ranked_tilings_best_first_distinct_and_within_the_floor():
