@@ -62,13 +62,17 @@ def modelled(inputs, outputs, prims: list[str] | None = None):
     """The isl model of the micrograph of ``prims`` (default: every primitive) of the graph
     of ``outputs``, with no schedule yet: (graph, model). For a pass's refusals of
     micrographs the partitioner would not form."""
+    ctx = configure(isl.Context())
+    graph = build_graph(inputs, outputs, ctx)
+    return graph, model_of(graph, prims or graph.topo_order())
+
+
+def model_of(graph: Graph, prims: list[str], ident: int = 0):
+    """The isl model of a micrograph of ``prims`` of ``graph`` (in the graph's context)."""
     from polyfuse.graph.kinds import OpKind
     from polyfuse.graph.partition import Micrograph
 
-    ctx = configure(isl.Context())
-    graph = build_graph(inputs, outputs, ctx)
-    mg = Micrograph(0, prims or graph.topo_order(), OpKind.OPAQUE)
-    return graph, build_model(graph, mg, ctx)
+    return build_model(graph, Micrograph(ident, prims, OpKind.OPAQUE), graph.ctx)
 
 
 def unscheduled(model) -> ScheduledMicrograph:
