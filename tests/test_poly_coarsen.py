@@ -115,6 +115,24 @@ def test_refusals_of_kernels_that_are_not_plain():
     )
 
 
+def test_refusal_of_statements_at_different_band_points():
+    x = te.placeholder((8, 1024), name="x")
+    y = te.compute((8, 1024), lambda i, j: x[i, j] * 2.0, name="y")
+    sm = one([x], te.compute((8, 1024), lambda i, j: y[i, j] + 1.0, name="z"))
+    box = "0 <= d0 <= 7 and 0 <= d1 <= 1023"
+    dom = f"{{ S_y[d0, d1] : {box}; S_z[d0, d1] : {box} }}"
+    rows = "{ S_y[d0, d1] -> [(d0)]; S_z[d0, d1] -> [(d0)] }"
+    cols = "{ S_y[d0, d1] -> [(d1)]; S_z[d0, d1] -> [(d1 + 1)] }"  # z one column on
+    shifted = (
+        f'{{ domain: "{dom}", child: {{ schedule: "[{rows}, {cols}]", permutable: 1, '
+        "coincident: [ 1, 1 ] } }"
+    )
+    s2 = with_schedule(sm, shifted)
+    assert choose_coarsening(s2, _band(s2), H100).reason == (
+        "one element per thread: statements cover different band points"
+    )
+
+
 def test_refusals_without_float4_or_without_enough_threads():
     sm = _scale((8, 1001))
     assert choose_coarsening(sm, _band(sm), H100).reason == (

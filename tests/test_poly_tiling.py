@@ -201,6 +201,13 @@ def test_affine_rows_bound_a_division_from_above_with_its_slack():
     )
 
 
+def test_affine_rows_give_up_on_subscripts_with_neither_form():
+    # floor(i / 2) is bounded by 2c <= i <= 2c + 1: no unit coefficient on the subscript
+    half = isl_map("{ S[i, j] -> a[floor(i / 2), j] : 0 <= i < 8 and 0 <= j < 4 }")
+    assert affine_rows(half) == ((), ())
+    assert affine_rows(isl_map("{ S[i] -> a[o] : 0 <= i < 8 and o >= i }")) == ((), ())
+
+
 # ------------------------------------------------------------------------------ tile sizes
 
 
