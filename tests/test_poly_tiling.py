@@ -7,6 +7,7 @@ import pytest
 from poly_inputs import isl_map, matmul, modelled, one, unscheduled, with_schedule
 
 from polyfuse import ops, te
+from polyfuse.errors import ScheduleError
 from polyfuse.poly.device import H100
 from polyfuse.poly.tiling import (
     FORCED_TILE_REASON,
@@ -252,3 +253,17 @@ def test_unfolded_tiling_puts_the_matrix_plane_on_rows_and_columns():
     t = _tiling(4, 1, 3, 0, [64, 3, 3], (64, 32, 8, 4, 8))
     assert (t.block, t.threads, t.tk) == ([1, 64, 1, 32], [1, 8, 1, 8], [8, 3, 3])
     assert t.regs == [1, 8, 1, 4] and t.choice == (64, 32, 8, 4, 8)
+
+
+def test_no_tiling_fits_is_a_schedule_error_not_an_index_error():
+    """Two reduction dims of 512: only the longest (the first) is k-tiled, the other stays
+    whole, so every candidate's shared tile of a is BM x TK x 512 floats, past the budget."""
+    a, b = te.placeholder((64, 512, 512), name="a"), te.placeholder((512, 512, 64), name="b")
+    r1, r2 = te.reduce_axis(512, name="r1"), te.reduce_axis(512, name="r2")
+    c = te.compute(
+        (64, 64), lambda i, j: te.sum(a[i, r1, r2] * b[r1, r2, j], axis=[r1, r2]), name="c"
+    )
+    shape = detect_gemm(one([a, b], c))
+    assert not isinstance(shape, str)
+    with pytest.raises(ScheduleError, match=r"^c: no GEMM tiling fits H100-SXM5-80GB"):
+        choose_gemm_tiles(shape, H100)
