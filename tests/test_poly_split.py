@@ -129,6 +129,23 @@ def test_split_refused_when_another_primitive_reads_the_input():
     )
 
 
+def test_blocks_count_a_partial_last_tile_of_rows():
+    """Short rows run 8 per block (a warp each): 1001 rows are 126 blocks, 3 rows (2 per
+    block) are 2; the reasons said 125 and 1."""
+    g, _, _ = _row_sum((1001, 200))
+    assert choose_split(g, "s", H100, CFG).reason == (
+        "s: y-reduce [1001, 200]: one stage: 126 blocks fill 132 SMs (1.0 waves)"
+    )
+    x = te.placeholder((3, 200), name="x")
+    m = ops.reduce_max(x, axis=1, name="m")
+    y = te.compute((3, 200), lambda i, j: x[i, j] - m[i], name="y")
+    g = build_graph([x], [y], isl.Context())
+    assert choose_split(g, "m", H100, CFG).reason == (
+        "m: y-reduce [3, 200]: one stage although 2 blocks leave SMs of 132 idle: its input is "
+        "also read by y, which a split would read again"
+    )
+
+
 def test_decision_record_carries_the_chunks_and_modelled_times():
     g, _, _ = _row_sum((4, 262144))
     rec = choose_split(g, "s", H100, CFG).decision
