@@ -147,6 +147,14 @@ def test_each_copy_instance_is_one_vector_of_the_k_tiles_footprint(mm):
     firsts = inst.project_out(isl.dim_type.param, 0, inst.dim(isl.dim_type.param))
     want = "{ C_a[1, e0, e1] : 0 <= e0 < 32 and (e1 = 8 or e1 = 12) }"
     assert firsts.is_equal(isl.Set(want, context=ca.get_ctx()))
+    # 64 instances for the block's 64 threads, every thread one: (p0r, p0c) as set dims
+    inst = inst.intersect_params(mm.context.align_params(inst.get_space()))
+    for name in ("p0r", "p0c"):
+        pos = inst.find_dim_by_name(isl.dim_type.param, name)
+        inst = inst.move_dims(isl.dim_type.set, 0, isl.dim_type.param, pos, 1)
+    inst = inst.project_out(isl.dim_type.param, 0, inst.dim(isl.dim_type.param))
+    assert inst.count_val().to_python() == 64
+    assert inst.project_out(isl.dim_type.set, 2, 3).count_val().to_python() == 64
     # and isl schedules the copies of k-tile kt0 first, before its barrier and the update
     assert (
         _maps(mm, SYNC_BEFORE)[0]
