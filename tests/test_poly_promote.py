@@ -161,6 +161,8 @@ def test_each_copy_instance_is_one_vector_of_the_k_tiles_footprint(mm):
         .range()
         .is_equal(isl.Set("{ [kt0, 1, 0, 0, 0, 0, 0] : 0 <= kt0 <= 4 }", context=ca.get_ctx()))
     )
+    phase = ca.range().project_out(isl.dim_type.param, 0, ca.dim(isl.dim_type.param))
+    assert phase.dim_min_val(1).to_python() == phase.dim_max_val(1).to_python() == 0
     assert _maps(mm, SYNC_AFTER) and _maps(mm, "S_c_update")
 
 
