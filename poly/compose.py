@@ -120,27 +120,34 @@ def _split_part(
             rest = tuple(i for i in range(n) if i not in sel)
             if sel + rest not in orders:
                 orders.append(sel + rest)
-    why = "no choice of outer members matches"
+    # the refusal names the check the best choice failed (a later choice failing an earlier
+    # check, e.g. a reduction member tried first, must not hide why the band's own order did)
+    why: tuple[int, str] = (-1, "no choice of outer members matches")
+
+    def refuse(stage: int, reason: str) -> None:
+        nonlocal why
+        why = max(why, (stage, reason), key=lambda w: w[0])
+
     for order in orders:
         cand = _reordered(node, order)
         if not all(cand.band_member_get_coincident(i) for i in range(k)):
-            why = "outer members are not parallel"
+            refuse(0, "outer members are not parallel")
             continue
         if n > k:
             cand = cand.band_split(k)
         outer = cand.band_get_partial_schedule()
         if not _keeps_update_dims(sm, outer):
-            why = "outer members do not index the reduction's kept dimensions"
+            refuse(1, "outer members do not index the reduction's kept dimensions")
             continue
         if ranges is not None and schedule_ranges(outer, sm.model.domain, k) != ranges:
-            why = f"kept extents differ from {ranges}"
+            refuse(2, f"kept extents differ from {ranges}")
             continue
         joint = outer if outer_so_far is None else outer_so_far.union_add(outer)
         if not zero_distance(model.validity, isl.UnionMap.from_multi_union_pw_aff(joint)):
-            why = "a dependence crosses kept points (outer dimensions do not match)"
+            refuse(3, "a dependence crosses kept points (outer dimensions do not match)")
             continue
         return outer, cand.delete().get_schedule()
-    raise CompositionError(f"{sm.name}: {why}")
+    raise CompositionError(f"{sm.name}: {why[1]}")
 
 
 def _laneless(sm: ScheduledMicrograph, outer: isl.MultiUnionPwAff | None) -> set[str]:
@@ -185,8 +192,19 @@ def _seq(scheds: list[isl.Schedule]) -> isl.Schedule:
 
 
 def union_model(graph: Graph, parts: list[ScheduledMicrograph]) -> PolyModel:
-    """The isl model of all parts' primitives together (dependences across parts)."""
+    """The isl model of all parts' primitives together (dependences across parts).
+
+    isl's flow analysis takes the parts' order as the original execution order, so a part
+    that reads what a later part computes would turn that flow dependence into an anti one
+    and the composed schedule's check would pass it: such an order is refused."""
     prims = [p for sm in parts for p in sm.model.micrograph.prims]
+    pos = {p: i for i, p in enumerate(prims)}
+    for p in prims:
+        late = [c for c in graph.consumers(p) if pos.get(c, len(prims)) < pos[p]]
+        if late:
+            raise CompositionError(
+                f"parts not in dependence order: {late[0]} reads {p}, which a later part computes"
+            )
     kind = OpKind.REDUCTION
     mg = Micrograph(parts[0].model.micrograph.id, prims, kind)
     return build_model(graph, mg, parts[0].model.ctx)

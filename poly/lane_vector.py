@@ -91,9 +91,15 @@ def choose_lane_vectors(
             elif roles[t].role in ("input", "output") and extent >= VECTOR:
                 whole = True
     io = sorted(t for t, ok in vector.items() if ok and roles[t].role in ("input", "output"))
-    if not io or not whole:
+    if not io:
         why = "; ".join(f"{t}: {w}" for t, w in sorted(why_scalar.items())) or "runs too short"
         reason = f"one element per lane step: no float4 access ({why})"
+        return LaneVectors(Coarsening(1, vector, why_scalar, tail, reason), strategy)
+    if not whole:  # proven, but every part's loop is shorter than one run
+        reason = (
+            f"one element per lane step: float4 proven for {', '.join(io)}, but no loop runs "
+            f"a whole run of {VECTOR}"
+        )
         return LaneVectors(Coarsening(1, vector, why_scalar, tail, reason), strategy)
     lanes = lanes_over_runs(strategy, VECTOR)
     scalar = "; ".join(f"{t} ({why_scalar[t]})" for t in sorted(why_scalar))

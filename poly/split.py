@@ -122,7 +122,7 @@ def choose_split(
         )
         return SplitDecision(name, str(form), chunks, f"{name}: {form}: split, {why}")
     st = choose_reduction_strategy(form, device, cfg)
-    blocks = max(1, form.kept_extent // max(1, st.kept_tile))
+    blocks = -(-form.kept_extent // max(1, st.kept_tile))  # a partial last tile is a block
     if blocks >= model.fill * device.sms:
         why = f"one stage: {blocks} blocks fill {device.sms} SMs ({blocks / device.sms:.1f} waves)"
         return SplitDecision(name, str(form), 1, f"{name}: {form}: {why}")

@@ -34,6 +34,7 @@ import math
 
 import islpy as isl
 
+from polyfuse.errors import ScheduleError
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.costs import KernelDesc, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
@@ -484,5 +485,15 @@ def choose_gemm_tiles(
     forced: tuple[int, int, int, int, int] | None = None,
     stages: int = 1,
 ) -> GemmTiling:
-    """The cost model's best tile sizes (or ``forced``); the reasons name every choice."""
-    return rank_gemm_tiles(shape, device, forced, limit=1, stages=stages)[0]
+    """The cost model's best tile sizes (or ``forced``); the reasons name every choice.
+
+    Raises :class:`~polyfuse.errors.ScheduleError` when no candidate fits the device (the
+    untiled reduction dims make every shared tile too large)."""
+    ranked = rank_gemm_tiles(shape, device, forced, limit=1, stages=stages)
+    if not ranked:
+        raise ScheduleError(
+            f"{shape.update.prim}: no GEMM tiling fits {device.name} (reduction extents "
+            f"{[hi - lo + 1 for lo, hi in shape.red]}: only the longest is tiled); force one "
+            "with MappingConfig.gemm_tile or map it without tiles"
+        )
+    return ranked[0]
