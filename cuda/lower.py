@@ -29,7 +29,7 @@ from polyfuse.cuda.lower_addresses import strength_reduce
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
-from polyfuse.cuda.lower_dtypes import assign_dtypes
+from polyfuse.cuda.lower_dtypes import assign_dtypes, storage_dtypes
 from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
 from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
 from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
@@ -192,7 +192,7 @@ def lower_kernel(
     ir = lower_combines(ir, mm.combine_form, mm.lanes, mm.kept_tile, frozenset(mm.combined))
     ir = insert_barriers(ir, barrier_scope(mm.combine_form, mm.lanes))
     ir = vectorize(ir, vector_plan(mm, placements))  # coarsened kernels and reduction runs
-    ir = assign_dtypes(ir)
+    ir = assign_dtypes(ir, storage_dtypes(mm.scheduled.model))
     kernel = emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
     return instantiate_kernel(kernel, canonical, name)
 
@@ -287,7 +287,7 @@ def lower_gemm_kernel(
     ir = strength_reduce(ir, gk.loops.streams)
     shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
     ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
-    ir = assign_dtypes(ir)
+    ir = assign_dtypes(ir, storage_dtypes(model))
     kernel = emit_kernel(
         ir, model.statements, as_global, idents, GemmBodyPrinter(ir, as_global, idents)
     )

@@ -1,15 +1,19 @@
-"""Lowering pass: element types of parameters and allocations.
+"""Lowering pass: element types of parameters and allocations, and the dtypes kernels print.
 
-Every buffer holds float32 today (int and bool values live only in expressions), so every
-parameter and allocation left undecided by the earlier passes gets :data:`BUFFER_DTYPE`.
-Parameters get their C pointer type: :mod:`polyfuse.cuda.lower_buffers` leaves their ``ctype``
-as ``"const"`` (read-only) or ``""``. :func:`check_codegen_dtypes` is where a graph of
-another dtype is refused, at the start of ``polyfuse.compile``.
+A global buffer holds its tensor's dtype: float32, or float16/bfloat16 (``__half``,
+``__nv_bfloat16``) for storage. Arithmetic runs in float32 registers: a 16-bit value is
+widened when it is loaded and rounded to nearest even when it is stored or cast, so a fused
+chain of 16-bit operations rounds once, at its end (reductions of 16-bit values accumulate in
+float32, the default of :func:`polyfuse.graph.dtypes.accumulate_dtype`). Shared-memory and
+register allocations hold float32. Parameters get their C pointer type:
+:mod:`polyfuse.cuda.lower_buffers` leaves their ``ctype`` as ``"const"`` (read-only) or ``""``.
+:func:`check_codegen_dtypes` is where a graph the printer cannot emit is refused, at the
+start of ``polyfuse.compile``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from polyfuse.cuda.kernel_ast import KernelIR, KParam
@@ -17,30 +21,51 @@ from polyfuse.errors import UnsupportedDtypeError
 from polyfuse.graph import expr as ex
 
 BUFFER_DTYPE = "float32"
-C_TYPES = {"float32": "float", "int32": "int", "bool": "bool"}
-#: Dtypes an expression inside a float32 kernel may have (int64 only from wide constants).
-EXPR_DTYPES = ("float32", "int32", "int64", "bool")
+#: C element types of the buffers and registers a kernel declares.
+C_TYPES = {
+    "float32": "float",
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "int32": "int",
+    "bool": "bool",
+}
+#: Dtypes a global buffer may hold.
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+#: 16-bit storage dtypes: widened to float on load, rounded on store (CUDA's conversions).
+HALF_TO_FLOAT = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
+FLOAT_TO_HALF = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
+#: Dtypes an expression may have (float16/bfloat16 values are computed in float32; int64
+#: only from wide constants).
+EXPR_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
 _ONLY = (
-    "code generation supports float32 only for now (polyfuse.reference.evaluate runs every dtype)"
+    "code generation supports float32, float16 and bfloat16 storage for now "
+    "(polyfuse.reference.evaluate runs every dtype)"
 )
+
+
+def is_float_register(dtype: str) -> bool:
+    """Whether values of ``dtype`` live in float registers (float32 and the 16-bit floats)."""
+    return dtype in ("float32", "float16", "bfloat16")
 
 
 def check_codegen_dtypes(inputs: Sequence[ex.Tensor], outputs: Sequence[ex.Tensor]) -> None:
     """Refuse, before anything is scheduled, a graph the code generator cannot print: a tensor
-    that is not float32, or an expression whose dtype no kernel computes in (a float16 cast, a
-    float64 accumulator, an int64 cast or integer ``//``). Index arithmetic, comparisons and
-    selects in int32/bool (and int64 constants) inside float32 kernels are what they were.
-    Raises :class:`UnsupportedDtypeError` naming the tensor and the dtype."""
+    stored in a dtype other than :data:`STORAGE_DTYPES`, or an expression whose dtype no kernel
+    computes in (a float64 accumulator, an int64 cast or integer ``//``). A matmul or conv of
+    16-bit operands is not refused: the GEMM path (whose tiles are float32) declines it with
+    its reason and the reduction mapping computes it. Raises :class:`UnsupportedDtypeError`
+    naming the tensor."""
     tensors = sorted(_reachable([*inputs, *outputs]), key=lambda t: not t.is_placeholder)
     for t in tensors:
-        if t.dtype != BUFFER_DTYPE:
+        if t.dtype not in STORAGE_DTYPES:
             kind = "input" if t.is_placeholder else "compute"
             raise UnsupportedDtypeError(f"compile: {kind} '{t.name}' is {t.dtype}; {_ONLY}")
     for t in tensors:
-        if t.op is not None:
-            for e in ex.walk(t.op.body):
-                if (why := _unsupported(e)) is not None:
-                    raise UnsupportedDtypeError(f"compile: compute '{t.name}' {why}; {_ONLY}")
+        if t.op is None:
+            continue
+        for e in ex.walk(t.op.body):
+            if (why := _unsupported(e)) is not None:
+                raise UnsupportedDtypeError(f"compile: compute '{t.name}' {why}; {_ONLY}")
 
 
 def _unsupported(e: ex.Expr) -> str | None:
@@ -70,14 +95,25 @@ def _reachable(roots: Sequence[ex.Tensor]) -> Iterator[ex.Tensor]:
             stack.extend(t.op.inputs())
 
 
-def assign_dtypes(ir: KernelIR, dtype: str = BUFFER_DTYPE) -> KernelIR:
-    """A new IR whose parameters and allocations all have an element type."""
-    ctype = C_TYPES[dtype]
+def storage_dtypes(model) -> dict[str, str]:
+    """Buffer name → the dtype its global buffer holds, for the tensors of a poly model."""
+    return {name: role.dtype for name, role in model.tensors.items()}
+
+
+def assign_dtypes(ir: KernelIR, dtypes: Mapping[str, str] | None = None) -> KernelIR:
+    """A new IR whose parameters and allocations all have an element type: a parameter its
+    tensor's storage dtype (``dtypes``: buffer name → dtype; float32 where absent), an
+    allocation float32 (shared and register copies hold widened values)."""
+    dtypes = dtypes or {}
     params = tuple(
         p
         if p.ctype not in ("", "const")
-        else KParam(p.name, f"{p.ctype} {ctype}*".strip(), p.tensor)
+        else KParam(
+            p.name,
+            f"{p.ctype} {C_TYPES[dtypes.get(p.tensor or '', BUFFER_DTYPE)]}*".strip(),
+            p.tensor,
+        )
         for p in ir.params
     )
-    allocs = tuple(a if a.dtype else replace(a, dtype=dtype) for a in ir.allocs)
+    allocs = tuple(a if a.dtype else replace(a, dtype=BUFFER_DTYPE) for a in ir.allocs)
     return ir.with_(params=params, allocs=allocs)

@@ -39,11 +39,17 @@ from polyfuse.cuda.kernel_ast import (
 )
 from polyfuse.cuda.kernel_cost import ir_work
 from polyfuse.cuda.literals import c_float, c_int
-from polyfuse.cuda.lower_dtypes import C_TYPES
+from polyfuse.cuda.lower_dtypes import (
+    C_TYPES,
+    FLOAT_TO_HALF,
+    HALF_TO_FLOAT,
+    is_float_register,
+)
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph import expr as ex
+from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -115,8 +121,12 @@ PIPELINE_HEADER = "#include <cuda_pipeline.h>\n"  # __pipeline_memcpy_async (cp.
 
 def prelude_for(body: str) -> str:
     """The prelude a translation unit with kernels ``body`` needs (the cp.async primitives'
-    header only where a kernel copies asynchronously)."""
-    return (PIPELINE_HEADER if "__pipeline_memcpy_async" in body else "") + PRELUDE
+    header only where a kernel copies asynchronously, the 16-bit float types' headers only
+    where a buffer holds them)."""
+    headers = PIPELINE_HEADER if "__pipeline_memcpy_async" in body else ""
+    headers += "#include <cuda_fp16.h>\n" if "__half" in body else ""
+    headers += "#include <cuda_bf16.h>\n" if "__nv_bfloat16" in body else ""
+    return headers + PRELUDE
 
 
 def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
@@ -165,11 +175,31 @@ class BodyPrinter(ex.ExprVisitor[str]):
         p = self.placements[ident]
         if p.space == "register" or (p.register_copy and not store):
             return self.namer.register(ident)
-        name, dims = self.namer.tensor(ident), list(shape)
         if p.space == "shared":
             name, dims = self.namer.shared(ident), [size for _, size in p.box]
             idx = [f"({i} - {self.namer.lower_bound(name, d)})" for d, i in enumerate(idx)]
-        return c_linear(name, idx, dims)
+            return c_linear(name, idx, dims)
+        return self.global_ref(ident, shape, idx)
+
+    def global_ref(self, ident: str, shape: tuple[int, ...], idx: list[str]) -> str:
+        """The element of ``ident``'s global buffer (whose dtype is the tensor's own: a
+        16-bit one is converted where it meets float registers, see :meth:`load`)."""
+        return c_linear(self.namer.tensor(ident), idx, list(shape))
+
+    def load(self, t: ex.Tensor, ident: str, idx: list[str]) -> str:
+        """A read of tensor ``t`` as a float register value: a 16-bit element of its global
+        buffer is widened (shared, register and lane copies already hold float32)."""
+        ref = self.tensor_ref(ident, t.shape, idx)
+        if t.dtype in HALF_TO_FLOAT and ref == self.global_ref(ident, t.shape, idx):
+            return f"{HALF_TO_FLOAT[t.dtype]}({ref})"
+        return ref
+
+    def rounded(self, t: ex.Tensor, ident: str, out_ref: str, idx: list[str], value: str) -> str:
+        """``value`` as stored at ``out_ref``: rounded to nearest even when that is an element
+        of a 16-bit global buffer."""
+        if t.dtype in FLOAT_TO_HALF and out_ref == self.global_ref(ident, t.shape, idx):
+            return f"{FLOAT_TO_HALF[t.dtype]}({value})"
+        return value
 
     def expr(self, e: ex.Expr, env: dict[int, str]) -> str:
         """C text of ``e``; ``env`` maps loop variable uid → C expression."""
@@ -183,11 +213,13 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return "true" if e.value else "false"
         if e.dtype in ("int32", "int64"):
             return c_int(int(e.value), e.dtype)
+        if e.dtype in FLOAT_TO_HALF:  # its value in its dtype, held in a float register
+            return c_float(float(numpy_dtype(e.dtype).type(e.value)))
         return c_float(e.value)
 
     def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
         idx = [self.visit(i, env) for i in e.indices]
-        return self.tensor_ref(self.idents[e.tensor.uid], e.tensor.shape, idx)
+        return self.load(e.tensor, self.idents[e.tensor.uid], idx)
 
     def visit_Unary(self, e: ex.Unary, env: dict[int, str]) -> str:
         a = self.visit(e.a, env)
@@ -196,16 +228,16 @@ class BodyPrinter(ex.ExprVisitor[str]):
         if e.op == "not":
             return f"(!{a})"
         if e.op == "abs":
-            return f"fabsf({a})" if e.dtype == "float32" else f"abs({a})"
+            return f"fabsf({a})" if is_float_register(e.dtype) else f"abs({a})"
         return f"{_UNARY[e.op]}({a})"
 
     def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
         a, b = self.visit(e.a, env), self.visit(e.b, env)
-        fl = e.dtype == "float32"
+        fl = is_float_register(e.dtype)
         if e.op in ("add", "sub", "mul"):
             return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
         if e.op == "div":  # true division, also of integers
-            if "float32" in (e.a.dtype, e.b.dtype):
+            if is_float_register(e.a.dtype) or is_float_register(e.b.dtype):
                 return f"({a} / {b})"
             return f"((float){a} / (float){b})"
         if e.op == "pow":
@@ -232,7 +264,10 @@ class BodyPrinter(ex.ExprVisitor[str]):
         return f"({cond} ? {a} : {b})"
 
     def visit_Cast(self, e: ex.Cast, env: dict[int, str]) -> str:
-        return f"(({C_TYPES[e.dtype]}){self.visit(e.a, env)})"
+        a = self.visit(e.a, env)
+        if e.dtype in FLOAT_TO_HALF:  # rounded to the 16-bit type, held as float
+            return f"{HALF_TO_FLOAT[e.dtype]}({FLOAT_TO_HALF[e.dtype]}((float){a}))"
+        return f"(({C_TYPES[e.dtype]}){a})"
 
     def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:
         return f"((int){self.visit(e.a, env)})"
@@ -256,9 +291,10 @@ class BodyPrinter(ex.ExprVisitor[str]):
         def store(value: str) -> str:
             if place.register_copy:
                 reg = self.namer.register(ident)
-                st = f"{out_ref} = {reg};"
+                st = f"{out_ref} = {self.rounded(t, ident, out_ref, out_idx, reg)};"
                 st = f"if ({guard}) {st}" if guard else st
                 return f"{reg} = {value}; {st}"
+            value = self.rounded(t, ident, out_ref, out_idx, value)
             return f"if ({guard}) {out_ref} = {value};" if guard else f"{out_ref} = {value};"
 
         if s.role == "compute":

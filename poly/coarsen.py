@@ -162,6 +162,9 @@ def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> C
     points = isl.Set.from_union_set(band.range())
     for ident, rels in _band_to_offsets(sm, band).items():
         why = rels if isinstance(rels, str) else ""
+        role = sm.model.tensors.get(ident)
+        if not why and role is not None and role.itemsize != 4:
+            why = f"{role.dtype} elements (float4 groups hold four 4-byte elements)"
         for rel in rels if not why else []:
             if not rel.domain().is_equal(points):
                 why = "not touched at every band point (a guarded access)"

@@ -17,7 +17,7 @@ from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.model import PolyModel
 from polyfuse.poly.placement import Placement
 
-ITEMSIZE = 4  # float32
+ITEMSIZE = 4  # float32: the element size where a tensor's own is not at hand
 
 
 @dataclass
@@ -41,10 +41,11 @@ def global_footprint(model: PolyModel, placements: dict[str, Placement]) -> Foot
             continue
         r = 0 if p.register_copy else _images(model.reads, model.domain, name)
         w = _images(model.writes, model.domain, name)
+        size = model.tensors[name].itemsize if name in model.tensors else ITEMSIZE
         if r:
-            reads[name] = r * ITEMSIZE
+            reads[name] = r * size
         if w:
-            writes[name] = w * ITEMSIZE
+            writes[name] = w * size
     return Footprint(reads, writes)
 
 
@@ -53,7 +54,10 @@ def read_overlap(parts: list[tuple[PolyModel, dict[str, Placement]]], tensor: st
     distinct reads minus the distinct reads of all of them together (one launch running them
     all reads each element once in the count)."""
     sets = []
+    size = ITEMSIZE
     for model, placements in parts:
+        if tensor in model.tensors:
+            size = model.tensors[tensor].itemsize
         p = placements.get(tensor)
         if p is None or p.space != "global" or p.register_copy:
             continue
@@ -66,7 +70,7 @@ def read_overlap(parts: list[tuple[PolyModel, dict[str, Placement]]], tensor: st
     for s in sets[1:]:
         union = union.union(s)
     each = sum(count_points(s) for s in sets)
-    return (each - count_points(union.coalesce())) * ITEMSIZE
+    return (each - count_points(union.coalesce())) * size
 
 
 def _image(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> isl.Set | None:

@@ -60,15 +60,23 @@ def map_kernel(
             parts = [replace(parts[0], notes=[*parts[0].notes, note])]
     (sm,) = parts
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
-    return gemm if gemm is not None else map_to_gpu(sm, cfg, device)
+    if isinstance(gemm, GemmKernel):
+        return gemm
+    mapped = map_to_gpu(sm, cfg, device)
+    if gemm:  # a contraction the GEMM path declined: the plan says why
+        mapped.notes.append(f"no GEMM tiling: {gemm}")
+    return mapped
 
 
-def map_gemm(sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig) -> GemmKernel | None:
-    """The register/shared-tiled mapping of a GEMM-like micrograph, or None (not GEMM-like,
-    or no ranked tiling fits the shared-memory budget)."""
+def map_gemm(
+    sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig
+) -> GemmKernel | str | None:
+    """The register/shared-tiled mapping of a GEMM-like micrograph; the reason when it is one
+    but its operands' dtype keeps it off the float32 tiles (the reduction mapping computes
+    it); or None (not GEMM-like, or no ranked tiling fits the shared-memory budget)."""
     shape = detect_gemm(sm)
     if isinstance(shape, str):
-        return None
+        return shape if shape == "the operands are not float32" else None
     budget = gemm_tile_budget(device)
     rejected: list[str] = []
     ranked = rank_gemm_tiles(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from polyfuse.graph.access import loop_names, out_index
+from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.graph.expr import Read, Tensor
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Micrograph
@@ -48,6 +49,17 @@ class TensorRole:
     shape: tuple[int, ...]
     role: str  # "input" | "output" | "internal" | "accumulator"
     tensor: Tensor | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The element type of its buffer (an accumulator holds float32 partial results)."""
+        if self.tensor is None or self.role == "accumulator":
+            return "float32"
+        return self.tensor.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return dtype_info(self.dtype).itemsize
 
 
 @dataclass(eq=False)

@@ -562,6 +562,8 @@ def _vector_stores(
     for s in storing:
         name = s.write.get_tuple_name(isl.dim_type.out)
         tshape = tuple(model.tensors[name].shape)
+        if model.tensors[name].itemsize != 4:  # a float4 run holds four 4-byte elements
+            return {}, f"epilogue stores scalar: {name} is {model.tensors[name].dtype}"
         ident = isl.Map(
             f"{{ {s.name}[{_ints(ds)}] -> {name}[{_ints(ds)}] }}", context=ctx
         ).intersect_domain(s.domain)

@@ -50,6 +50,13 @@ def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
     raise KeyError(ident)
 
 
+def _buffer_dtype(graph, ident: str) -> str:
+    """The dtype of the buffer behind a kernel parameter (an accumulator holds float32)."""
+    if ident in graph.prims:
+        return graph.prims[ident].tensor.dtype
+    return "float32"
+
+
 def kernel_order(kernels: list[Kernel]) -> list[int]:
     """Indices of ``kernels`` in a launch order that follows the dependences between them,
     computed from the buffers each kernel reads (``const`` pointers) and writes."""
@@ -74,16 +81,17 @@ def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[L
     outs = {graph.ident(t) for t in graph.outputs}
     specs: dict[str, BufferSpec] = {}
     for t in graph.inputs:  # graph inputs include constants (weights)
-        specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "input")
+        specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "input", t.dtype)
     for t in graph.outputs:
-        specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output")
+        specs[graph.ident(t)] = BufferSpec(graph.ident(t), t.shape, "output", t.dtype)
     launches = []
     for k in (kernels[i] for i in kernel_order(kernels)):
         for p in k.params:
             if p.tensor and p.tensor not in specs:
                 role = "output" if p.tensor in outs else "intermediate"
                 role = "input" if p.tensor in ins else role
-                specs[p.tensor] = BufferSpec(p.tensor, _buffer_shape(graph, p.tensor), role)
+                shape, dtype = _buffer_shape(graph, p.tensor), _buffer_dtype(graph, p.tensor)
+                specs[p.tensor] = BufferSpec(p.tensor, shape, role, dtype)
         launches.append(
             Launch(
                 k.name,

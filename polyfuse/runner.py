@@ -45,6 +45,21 @@ class TensorSpec:
 _MISSING = object()  # an input no argument was given for
 
 
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a buffer's dtype name (bfloat16 from ml_dtypes). The runner runs
+    saved artifacts without the compiler, so it does not import the graph layer's table."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def _astype(dtype: str) -> str:
+    """How a user converts an array to ``dtype`` (bfloat16 comes from ml_dtypes)."""
+    return "ml_dtypes.bfloat16" if dtype == "bfloat16" else f"np.{dtype}"
+
+
 def _not_host_array(name: str, obj: Any, what: str = "input") -> str:
     """The message for a non-numpy argument of the emulator (a device array, or junk)."""
     device = None
@@ -132,16 +147,18 @@ class GraphRunner:
                 raise CallError(_not_host_array(t.name, a))
             if a.shape != t.shape:
                 raise CallError(f"input '{t.name}': expected shape {t.shape}, got {a.shape}")
-            if a.dtype != np.float32:
+            want = numpy_dtype(t.dtype)
+            if a.dtype != want:
                 raise CallError(
-                    f"input '{t.name}': expected float32, got {a.dtype} (use .astype(np.float32))"
+                    f"input '{t.name}': expected {t.dtype}, got {a.dtype} "
+                    f"(use .astype({_astype(t.dtype)}))"
                 )
             bufs[self._idents[t.uid]] = np.ascontiguousarray(a).copy()
         for ident, a in self.constants.items():
             bufs[ident] = a.copy()
         for b in self.buffers:
             if b.role != "input":
-                bufs[b.name] = np.full(b.shape, np.nan, dtype=np.float32)
+                bufs[b.name] = np.full(b.shape, np.nan, dtype=numpy_dtype(b.dtype))
         return bufs
 
     def __call__(

@@ -379,20 +379,19 @@ def test_tolerance_table():
 # --------------------------------------------------------------------------- compile refusal
 
 
-def test_compile_refuses_a_half_input_naming_it():
-    x = te.placeholder((8,), "float16", name="x_half")
+def test_compile_refuses_a_float64_input_naming_it():
+    x = te.placeholder((8,), "float64", name="x_double")
     y = te.compute((8,), lambda i: x[i] * 2, name="y")
     with pytest.raises(UnsupportedDtypeError) as ei:
         polyfuse.compile([x], [y], check_cuda=False)
     msg = one_line(ei.value)
-    assert "'x_half'" in msg and "float16" in msg and "float32 only" in msg
+    assert "'x_double'" in msg and "float64" in msg and "float32, float16 and bfloat16" in msg
     assert isinstance(ei.value, DtypeError) and isinstance(ei.value, PolyfuseError)
 
 
 @pytest.mark.parametrize(
     "body, why",
     [
-        (lambda x, i: te.cast(te.cast(x[i], "bfloat16") * 2, "float32"), "bfloat16"),
         (lambda x, i: te.cast(te.cast(x[i], "int64"), "float32"), "casts to int64"),
         (lambda x, i: x[i] * te.const(2.0, "float64"), "float64"),
     ],
@@ -403,7 +402,7 @@ def test_compile_refuses_other_dtypes_inside_a_float32_graph(body, why):
     with pytest.raises(UnsupportedDtypeError) as ei:
         polyfuse.compile([x], [y], check_cuda=False)
     msg = one_line(ei.value)
-    assert "compute 'y'" in msg and why in msg and "float32 only" in msg
+    assert "compute 'y'" in msg and why in msg and "float32, float16 and bfloat16" in msg
 
 
 def test_compile_refuses_a_half_accumulator_and_a_bool_output():

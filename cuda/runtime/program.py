@@ -57,6 +57,13 @@ CACHED_ADDRESS_SETS = 8
 SYNC_ENV = "POLYFUSE_CUDA_SYNC"
 
 
+def _numpy_dtype(name: str) -> np.dtype:
+    """A buffer's numpy dtype; bfloat16 is registered with numpy by ml_dtypes."""
+    if name == "bfloat16":
+        import ml_dtypes  # noqa: F401  (registers the dtype name)
+    return np.dtype(name)
+
+
 class Buffer(Protocol):
     """A global buffer of the graph (``polyfuse.compiled.BufferSpec`` has these fields)."""
 
@@ -110,7 +117,7 @@ class DeviceProgram:
         self.specs = {b.name: b for b in buffers}
         self._shapes = {b.name: tuple(b.shape) for b in buffers}
         self._dtypes = {
-            b.name: np.dtype(getattr(b, "dtype", "float32") or "float32") for b in buffers
+            b.name: _numpy_dtype(getattr(b, "dtype", "float32") or "float32") for b in buffers
         }
         self.inputs = list(inputs)
         self.outputs = list(outputs)

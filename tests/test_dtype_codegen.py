@@ -1,0 +1,156 @@
+"""float16 and bfloat16 storage through code generation, on the emulator (issue 22 item 2,
+first step): 16-bit global buffers, float32 registers, rounding at stores and casts,
+float32 accumulation of 16-bit reductions.
+
+Every graph runs in both thread orders (race check) and is compared with
+:func:`polyfuse.reference.evaluate` (float64 inside, rounded to each op's dtype) under the
+one tolerance table, :func:`polyfuse.graph.dtypes.tolerance`.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, reference, te
+from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.errors import CallError, UnsupportedDtypeError
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+
+HALVES = ["float16", "bfloat16"]
+RNG = np.random.default_rng(22)
+
+
+def _array(shape, dtype: str, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(numpy_dtype(dtype))
+
+
+def _run(inputs, outputs, arrays, dtype: str, **compile_args):
+    fn = polyfuse.compile(inputs, outputs, check_cuda=False, **compile_args)
+    want = reference.evaluate(outputs, dict(zip(inputs, arrays, strict=True)))
+    for race in (False, True):
+        got = fn(*arrays, device="emulate", race_check=race)
+        got = got if isinstance(got, tuple) else (got,)
+        for t, g, w in zip(outputs, got, want, strict=True):
+            assert g.dtype == numpy_dtype(t.dtype), t.name
+            tol = tolerance(t.dtype)
+            assert tol.allclose(g, w), (t.name, np.abs(g.astype(float) - w.astype(float)).max())
+    return fn
+
+
+def _graphs(dtype: str):
+    """(name, inputs, outputs, arrays) of the memory-bound shapes of the must-show list."""
+    x = te.placeholder((48, 200), dtype, name="x")
+    b = te.placeholder((200,), dtype, name="b")
+    chain = te.compute(
+        (48, 200), lambda i, j: te.tanh(x[i, j] * 0.5 + b[j]) - x[i, j] * x[i, j], name="chain"
+    )
+    k = te.reduce_axis(200, name="k")
+    rows = te.compute((48,), lambda i: te.sum(x[i, k], axis=k), name="rows")
+    r = te.reduce_axis(48, name="r")
+    cols = te.compute((200,), lambda j: te.max(x[r, j], axis=r), name="cols")
+    sm = ops.softmax(x, axis=-1, name="sm")
+    ln = ops.layer_norm(x, axis=-1, name="ln")
+    xs, bs = _array((48, 200), dtype), _array((200,), dtype)
+    return [
+        ("chain_broadcast", [x, b], [chain], [xs, bs]),
+        ("row_sum", [x], [rows], [xs]),
+        ("column_max", [x], [cols], [xs]),
+        ("softmax", [x], [sm], [xs]),
+        ("layernorm", [x], [ln], [xs]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize(
+    "case", ["chain_broadcast", "row_sum", "column_max", "softmax", "layernorm"]
+)
+def test_half_storage_graphs_match_the_reference(dtype, case):
+    (name, inputs, outputs, arrays) = next(g for g in _graphs(dtype) if g[0] == case)
+    fn = _run(inputs, outputs, arrays, dtype)
+    src = "".join(k.source for k in fn.kernels)
+    ctype = "__half" if dtype == "float16" else "__nv_bfloat16"
+    assert f"const {ctype}* __restrict__" in src and "float4" not in src
+
+
+def test_a_4096_long_bfloat16_sum_accumulates_in_float32():
+    """A bfloat16 running sum of 4096 ones stalls at 256 (256 + 1 rounds back to 256); the
+    default accumulator is float32, so the kernel sums them exactly, as the reference does."""
+    x = te.placeholder((4, 4096), "bfloat16", name="x")
+    k = te.reduce_axis(4096, name="k")
+    s = te.compute((4,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    assert s.dtype == "bfloat16" and s.op.reduce.accumulate_dtype == "float32"
+    ones = np.ones((4, 4096), ml_dtypes.bfloat16)
+    fn = _run([x], [s], [ones], "bfloat16")
+    np.testing.assert_array_equal(fn(ones, device="emulate").astype(np.float32), 4096.0)
+    k2 = te.reduce_axis(4096, name="k2")
+    narrow = te.compute((4,), lambda i: te.sum(x[i, k2], axis=k2, accumulate="bfloat16"), name="n")
+    assert float(reference.evaluate([narrow], {x: ones})[0][0]) == 256.0  # why the rule exists
+    with pytest.raises(UnsupportedDtypeError, match="compute 'n' accumulates its sum in bfloat16"):
+        polyfuse.compile([x], [narrow], check_cuda=False)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_cast_rounds_in_the_kernel_and_a_fused_chain_rounds_at_its_store(dtype):
+    """An explicit cast rounds where it stands; the 16-bit product after it stays in a float32
+    register (as in Inductor's fused kernels), and the reference agrees."""
+    x = te.placeholder((64,), name="x")
+    y = te.compute((64,), lambda i: te.cast(te.cast(x[i], dtype) * 3.0, "float32"), name="y")
+    xs = (1 + RNG.random(64) * 2.0**-5).astype(np.float32)  # bits a 16-bit type drops
+    fn = _run([x], [y], [xs], "float32")
+    got = fn(xs, device="emulate")
+    np.testing.assert_array_equal(got, xs.astype(numpy_dtype(dtype)).astype(np.float32) * 3)
+    assert np.any(got != xs * 3)
+
+
+def test_a_float32_matmul_stores_a_bfloat16_result():
+    """A GEMM epilogue casting to bfloat16 stores scalar 16-bit elements (no float4)."""
+    a, w = te.placeholder((32, 48), name="a"), te.placeholder((48, 40), name="w")
+    k = te.reduce_axis(48, name="k")
+    mm = te.compute((32, 40), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="mm")
+    out = te.compute((32, 40), lambda i, j: te.cast(mm[i, j] + 1.0, "bfloat16"), name="out")
+    fn = _run([a, w], [out], [_array((32, 48), "float32"), _array((48, 40), "float32")], "bfloat16")
+    assert len(fn.kernels) == 1 and "__float2bfloat16_rn(" in fn.kernels[0].source
+
+
+def test_a_matmul_of_half_operands_runs_off_the_gemm_path_with_the_reason():
+    """The GEMM tiles copy float32 operands; 16-bit ones take the reduction mapping (float32
+    accumulation), and the plan says why no GEMM tiling."""
+    a, w = te.placeholder((32, 48), "float16", name="a16"), te.placeholder((48, 40), name="w")
+    k = te.reduce_axis(48, name="k")
+    mm = te.compute((32, 40), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="mm")
+    fn = _run([a, w], [mm], [_array((32, 48), "float16"), _array((48, 40), "float32")], "float32")
+    assert any(n == "no GEMM tiling: the operands are not float32" for n in fn.kernels[0].notes)
+
+
+def test_bytes_moved_are_counted_in_the_dtype():
+    shapes = {}
+    for dtype in ("float32", "bfloat16"):
+        x = te.placeholder((64, 256), dtype, name="x")
+        fn = polyfuse.compile([x], [ops.softmax(x, axis=-1, name="y")], check_cuda=False)
+        (k,) = fn.kernels
+        shapes[dtype] = (k.bytes_read, k.bytes_written)
+    assert shapes["float32"] == (64 * 256 * 4, 64 * 256 * 4)
+    assert shapes["bfloat16"] == (64 * 256 * 2, 64 * 256 * 2)
+
+
+def test_a_wrong_input_dtype_is_a_call_error_naming_it():
+    x = te.placeholder((8,), "bfloat16", name="x_bf")
+    y = te.compute((8,), lambda i: x[i] + 1.0, name="y")
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    with pytest.raises(CallError, match="input 'x_bf': expected bfloat16, got float16"):
+        fn(np.zeros(8, np.float16), device="emulate")
+    out = fn(np.zeros(8, ml_dtypes.bfloat16), device="emulate")
+    assert out.dtype == ml_dtypes.bfloat16 and np.all(out.astype(np.float32) == 1)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_every_half_kernel_without_spills(arch):
+    for dtype in HALVES:
+        for _, inputs, outputs, _ in _graphs(dtype):
+            fn = polyfuse.compile(inputs, outputs, arch=arch, check_cuda=False)
+            binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+            assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
