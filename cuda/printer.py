@@ -432,8 +432,9 @@ class _Emitter(KVisitor[list[str]]):
         return self.emit_vector(n, depth, self)
 
 
-def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -> str:
-    """The global element statement ``s`` touches in ``access.tensor`` at lane 0 of a group."""
+def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -> tuple[str, str]:
+    """The global element statement ``s`` touches in ``access.tensor`` at lane 0 of a group,
+    as a plain array reference, and the dtype of the array."""
     t = s.tensor
     assert t.op is not None
     args = [c_index(a) for a in access.args]
@@ -442,15 +443,72 @@ def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -
     env = {a.uid: str(a.lo) for a in t.op.axes + t.op.reduce_axes}
     env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
     if store:
-        return bp.tensor_ref(access.tensor, t.shape, [env[a.uid] for a in t.op.axes], store=True)
-    reads = [r for r in t.op.reads() if bp.idents[r.tensor.uid] == access.tensor]
-    return bp.expr(reads[0], env)
+        idx = [env[a.uid] for a in t.op.axes]
+        return bp.tensor_ref(access.tensor, t.shape, idx, store=True), t.dtype
+    read = next(r for r in t.op.reads() if bp.idents[r.tensor.uid] == access.tensor)
+    idx = [bp.expr(i, env) for i in read.indices]
+    return bp.tensor_ref(access.tensor, read.tensor.shape, idx), read.tensor.dtype
+
+
+def _half2(dtype: str) -> tuple[str, str]:
+    """The pair type of a 16-bit float dtype and its rounding constructor from two floats."""
+    if dtype == "float16":
+        return "__half2", "__floats2half2_rn"
+    return "__nv_bfloat162", "__floats2bfloat162_rn"
+
+
+def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> tuple[list, str]:
+    """Lines loading ``width`` lanes at ``ref`` as 128-bit (or, for four 16-bit lanes,
+    64-bit) words, and the initializer of the float lane array."""
+    if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
+        lines = [
+            f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
+            + (f" + {4 * j}" if j else "")
+            + ");"
+            for j, q in enumerate(qs)
+        ]
+        return lines, ", ".join(f"{q}.{c}" for q in qs for c in "xyzw")
+    word, comps = ("uint4", "xyzw") if width == 8 else ("uint2", "xy")
+    (q,) = qs[:1]
+    pair = _half2(dtype)[0]
+    line = f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref});"
+    vals = ", ".join(
+        f"__{half}2float(*reinterpret_cast<const {pair}*>(&{q}.{c}))"
+        for c in comps[: width // 2]
+        for half in ("low", "high")
+    )
+    return [line], vals
+
+
+def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
+    """Lines storing lane array ``src`` (``width`` floats) at ``ref`` as whole words."""
+    if dtype not in FLOAT_TO_HALF:
+        return [
+            f"{pad}  *reinterpret_cast<float4*>(&{ref}"
+            + (f" + {4 * j}" if j else "")
+            + ") = make_float4("
+            + ", ".join(f"{src}[{4 * j + k}]" for k in range(4))
+            + ");"
+            for j in range(width // 4)
+        ]
+    pair, make = _half2(dtype)
+    word = "uint4" if width == 8 else "uint2"
+    pairs = [f"{src}_h{i}" for i in range(width // 2)]
+    lines = [f"{pad}  {{"]
+    lines += [
+        f"{pad}    const {pair} {h} = {make}({src}[{2 * i}], {src}[{2 * i + 1}]);"
+        for i, h in enumerate(pairs)
+    ]
+    words = ", ".join(f"*reinterpret_cast<const unsigned*>(&{h})" for h in pairs)
+    lines.append(f"{pad}    *reinterpret_cast<{word}*>(&{ref}) = make_{word}({words});")
+    return lines + [f"{pad}  }}"]
 
 
 def _vector_lines(
     n: KVector, depth: int, emit: _Emitter, bp: BodyPrinter, stmts: dict[str, Statement]
 ) -> list[str]:
-    """A group of ``n.width`` lanes: float4 loads, the lanes on registers, float4 stores."""
+    """A group of ``n.width`` lanes: whole-word loads (float4; 16-bit lanes eight or four per
+    word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
     out = [f"{pad}{{"]
     quads = range(n.width // 4)
@@ -459,18 +517,14 @@ def _vector_lines(
     lanes: dict[str, dict[str, str]] = {}
     namer = bp.namer
     for a in n.loads:
-        ref = _lane_ref(bp, stmts[a.stmt], a, store=False)
+        ref, dtype = _lane_ref(bp, stmts[a.stmt], a, store=False)
         if ref not in names:
             k = streams.get(a.tensor, 0)
             streams[a.tensor] = k + 1
             names[ref] = namer.vector(a.tensor, k)
             qs = [namer.quad(a.tensor, k, j) for j in quads]
-            for j, q in zip(quads, qs, strict=True):
-                off = f" + {4 * j}" if j else ""
-                out.append(
-                    f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}{off});"
-                )
-            vals = ", ".join(f"{q}.{c}" for q in qs for c in "xyzw")
+            lines, vals = _vector_load(pad, ref, dtype, n.width, qs)
+            out += lines
             out.append(f"{pad}  float {names[ref]}[{n.width}] = {{{vals}}};")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{names[ref]}[{n.var}]"
     for a in n.stores:
@@ -484,11 +538,8 @@ def _vector_lines(
     out.append(f"{pad}  }}")
     bp.stmt_lanes, bp.lanes = {}, {}
     for a in n.stores:
-        ref = _lane_ref(bp, stmts[a.stmt], a, store=True)
-        for j in quads:
-            off = f" + {4 * j}" if j else ""
-            vals = ", ".join(f"{namer.vector(a.tensor, 0)}[{4 * j + k}]" for k in range(4))
-            out.append(f"{pad}  *reinterpret_cast<float4*>(&{ref}{off}) = make_float4({vals});")
+        ref, dtype = _lane_ref(bp, stmts[a.stmt], a, store=True)
+        out += _vector_store(pad, ref, dtype, n.width, namer.vector(a.tensor, 0))
     out.append(f"{pad}}}")
     return out
 

@@ -131,18 +131,19 @@ def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, l
     return out
 
 
-def vector_access(rel: isl.Map, n: int, factor: int) -> str:
-    """'' when band → offset ``rel`` admits float4 accesses for groups of ``factor`` along the
-    innermost of ``n`` band members; otherwise why not."""
+def vector_access(rel: isl.Map, n: int, factor: int, align: int = VECTOR) -> str:
+    """'' when band → offset ``rel`` admits whole-word accesses for groups of ``factor``
+    along the innermost of ``n`` band members (each word ``align`` elements, starting at a
+    multiple of ``align``); otherwise why not."""
     if not rel.is_single_valued():
         return "several elements per band point"
     ctx = rel.get_ctx()
     vs = [f"v{i}" for i in range(n)]
     last = vs[-1]
     sig = f"[{', '.join(vs)}]"
-    misaligned = isl.Map(f"{{ {sig} -> [a] : (a - {last}) mod {VECTOR} != 0 }}", context=ctx)
+    misaligned = isl.Map(f"{{ {sig} -> [a] : (a - {last}) mod {align} != 0 }}", context=ctx)
     if not rel.intersect(misaligned).is_empty():
-        return f"start offset not a multiple of {VECTOR} for some thread"
+        return f"start offset not a multiple of {align} for some thread"
     nxt = [*vs[:-1], f"{last} + 1"]
     step = isl.Map(
         f"{{ {sig} -> [{', '.join(nxt)}] : {last} mod {factor} != {factor - 1} }}", context=ctx
@@ -156,6 +157,12 @@ def vector_access(rel: isl.Map, n: int, factor: int) -> str:
     return ""
 
 
+def word_elements(itemsize: int, factor: int) -> int:
+    """Elements per aligned word of a group of ``factor`` elements: four 4-byte elements per
+    float4; 16-bit elements one word per group (eight in 128 bits, four in 64)."""
+    return VECTOR if itemsize == 4 else factor
+
+
 def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> Coarsening:
     """The per-tensor float4 proof for groups of ``factor`` along the band's last member."""
     c = Coarsening(factor)
@@ -163,13 +170,12 @@ def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> C
     for ident, rels in _band_to_offsets(sm, band).items():
         why = rels if isinstance(rels, str) else ""
         role = sm.model.tensors.get(ident)
-        if not why and role is not None and role.itemsize != 4:
-            why = f"{role.dtype} elements (float4 groups hold four 4-byte elements)"
+        align = word_elements(role.itemsize if role is not None else 4, factor)
         for rel in rels if not why else []:
             if not rel.domain().is_equal(points):
                 why = "not touched at every band point (a guarded access)"
             else:
-                why = vector_access(rel, n, factor)
+                why = vector_access(rel, n, factor, align)
             if why:
                 break
         if not why:
@@ -216,14 +222,25 @@ def _modelled(
 ) -> float:
     """Modelled time (µs) of the kernel with ``e`` elements per thread, ``vector`` the tensors
     its float4 accesses move (:mod:`polyfuse.poly.costs`)."""
-    sizes = {t: 4 * math.prod(r.shape) for t, r in sm.model.tensors.items()}
+    sizes = {t: r.itemsize * math.prod(r.shape) for t, r in sm.model.tensors.items()}
     roles = sm.model.tensors
     read = sum(n for t, n in sizes.items() if roles[t].role == "input")
     written = sum(n for t, n in sizes.items() if roles[t].role == "output")
     moved = read + written
     share = sum(sizes[t] for t in vector if roles[t].role in ("input", "output"))
     threads = -(-elements // e)
-    desc = stream_desc(f"E={e}", -(-threads // block), block, read, written, vector=share > 0)
+    size = min((r.itemsize for r in roles.values() if r.role in ("input", "output")), default=4)
+    word = 16 if size == 4 else min(16, size * e)  # float4, or one word of e 16-bit elements
+    desc = stream_desc(
+        f"E={e}",
+        -(-threads // block),
+        block,
+        read,
+        written,
+        vector=share > 0,
+        word_bytes=word,
+        itemsize=size,
+    )
     if 0 < share < moved:  # a part of the bytes moves by float4 accesses
         desc = desc.with_(vector_bytes=share)
     return model_kernel(desc, device).us

@@ -72,7 +72,7 @@ def test_half_storage_graphs_match_the_reference(dtype, case):
     fn = _run(inputs, outputs, arrays, dtype)
     src = "".join(k.source for k in fn.kernels)
     ctype = "__half" if dtype == "float16" else "__nv_bfloat16"
-    assert f"const {ctype}* __restrict__" in src and "float4" not in src
+    assert f"const {ctype}* __restrict__" in src and "float4" not in src  # no 4-byte words
 
 
 def test_a_4096_long_bfloat16_sum_accumulates_in_float32():
@@ -123,6 +123,42 @@ def test_a_matmul_of_half_operands_runs_off_the_gemm_path_with_the_reason():
     mm = te.compute((32, 40), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="mm")
     fn = _run([a, w], [mm], [_array((32, 48), "float16"), _array((48, 40), "float32")], "float32")
     assert any(n == "no GEMM tiling: the operands are not float32" for n in fn.kernels[0].notes)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("cols", [2048, 2052, 2050])
+def test_half_vectors_are_whole_words_where_isl_proves_them(dtype, cols):
+    """Eight 16-bit lanes per 128-bit word, or four per 64-bit one, where isl proves each
+    thread's run aligned (2048, 2052); x scalar where its rows start off a word (2050)."""
+    x = te.placeholder((256, cols), dtype, name="x")
+    b = te.placeholder((cols,), dtype, name="b")
+    y = te.compute((256, cols), lambda i, j: te.tanh(x[i, j] * 0.5 + b[j]), name="y")
+    fn = _run(
+        [x, b], [y], [_array((256, cols), dtype), _array((cols,), dtype)], dtype, arch="sm_90"
+    )
+    (k,) = fn.kernels
+    word = "uint4" if "8 elements per thread" in k.notes[0] else "uint2"
+    assert (f"const {word} q_x0 = " in k.source) == (cols % 4 == 0), k.notes
+    assert f"const {word} q_b0 = " in k.source  # b's runs start on words at every width
+
+
+def test_sass_moves_bfloat16_in_128_bit_words():
+    """The SASS instrument's question for the memory-bound suite in bfloat16: whole 128-bit
+    loads and stores (LDG.E.128 / STG.E.128) where the plan chose eight lanes per word."""
+    sass_tools = pytest.importorskip("polyfuse.cuda.sass.tools")
+    try:
+        dis = sass_tools.find_disassembler()
+    except Exception:
+        pytest.skip("NVIDIA's disassembler is not installed (pip install polyfuse[sass])")
+    if "nvrtc" not in available_compilers():
+        pytest.skip("NVRTC not installed")
+    x = te.placeholder((1024, 2048), "bfloat16", name="x")
+    b = te.placeholder((2048,), "bfloat16", name="b")
+    y = te.compute((1024, 2048), lambda i, j: te.tanh(x[i, j] * 0.5 + b[j]), name="y")
+    fn = polyfuse.compile([x, b], [y], arch="sm_90", check_cuda=False)
+    assert "8 elements per thread" in fn.kernels[0].notes[0]
+    sass = dis.disassemble(compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc").image)
+    assert "LDG.E.128" in sass and "STG.E.128" in sass
 
 
 def test_bytes_moved_are_counted_in_the_dtype():

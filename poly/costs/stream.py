@@ -29,6 +29,8 @@ def stream_desc(
     bytes_written: int,
     *,
     vector: bool = False,
+    word_bytes: int = 16,
+    itemsize: int = 4,
     serial: int = 1,
     fp_per_element: float = 2.0,
     combine_lanes: int = 0,
@@ -37,12 +39,13 @@ def stream_desc(
     barriers: bool = False,
 ) -> KernelDesc:
     """A memory-bound kernel of ``blocks`` x ``threads`` threads moving the given bytes
-    (``vector``: by 128-bit accesses), each thread looping over ``serial`` elements and, when
+    (``vector``: by whole-word accesses of ``word_bytes``; otherwise one ``itemsize``-byte
+    element per access), each thread looping over ``serial`` elements and, when
     ``combine_lanes`` > 1, combining partial results across that many lanes."""
     per = max(1, blocks * threads)
-    width = 16 if vector else 4
+    width = word_bytes if vector else itemsize
     rd, wr = bytes_read / per, bytes_written / per
-    elements = max(rd, wr) / 4
+    elements = max(rd, wr) / itemsize
     slots = _INDEX + (rd + wr) / width * (1 + ADDRESS) + fp_per_element * elements
     if serial > 1:
         slots += _LOOP * serial / INFLIGHT_LOADS
