@@ -34,8 +34,8 @@ sys.path.insert(0, str(HERE))
 import suite  # noqa: E402
 
 import polyfuse  # noqa: E402
+from polyfuse.base.decision import DecisionKind  # noqa: E402
 from polyfuse.cache import CompileCache  # noqa: E402
-from polyfuse.decision import DecisionKind  # noqa: E402
 from polyfuse.poly.device import device_for_arch  # noqa: E402
 from polyfuse.poly.kernel_time import kernel_us  # noqa: E402
 from polyfuse.poly.mapping import MappingConfig  # noqa: E402

@@ -76,8 +76,8 @@ from pathlib import Path
 
 import numpy as np
 
-from polyfuse.errors import CallError, EmulatorError
-from polyfuse.store import write_atomic
+from polyfuse.base.errors import CallError, EmulatorError
+from polyfuse.base.store import write_atomic
 
 from .emulator_build import (
     HEADER,

@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from polyfuse.errors import RaceError
+from polyfuse.base.errors import RaceError
 
 from .launch import Launch
 

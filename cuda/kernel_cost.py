@@ -387,8 +387,8 @@ def describe_kernels(kernels: list[Kernel], source: str, arch: str) -> tuple[lis
     """The descriptions of a translation unit's ``kernels`` compiled for ``arch``: from their
     SASS where NVRTC and a disassembler are installed, else from their IR work estimates; and
     which of the two, in words (for printed reports)."""
+    from polyfuse.base.errors import CompilerNotFound
     from polyfuse.cuda.sass import analyse
-    from polyfuse.errors import CompilerNotFound
 
     try:
         report = analyse(source, (arch,), kernels=kernels)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polyfuse.errors import CallError
+from polyfuse.base.errors import CallError
 
 Dim3 = tuple[int, int, int]
 

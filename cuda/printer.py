@@ -12,6 +12,7 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
+from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
 from polyfuse.cuda.declared import check_declared
 from polyfuse.cuda.kernel_ast import (
@@ -42,7 +43,6 @@ from polyfuse.cuda.literals import c_float, c_int
 from polyfuse.cuda.lower_dtypes import C_TYPES
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
-from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement

@@ -24,6 +24,7 @@ from dataclasses import replace
 import islpy as isl
 import numpy as np
 
+from polyfuse.base.decision import Decided
 from polyfuse.cache import (
     KERNEL_FIELDS,
     SCHEDULE_FIELDS,
@@ -43,7 +44,6 @@ from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import prelude_for
-from polyfuse.decision import Decided
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph

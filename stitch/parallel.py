@@ -49,11 +49,11 @@ from typing import Any
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.facts import KernelFacts, pack_facts
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.kernel_cost import describe_kernel
 from polyfuse.cuda.launch import dependence_preds
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.costs import KernelDesc, LaunchDesc, Modelled, model_launch
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
@@ -120,7 +120,7 @@ class PackDecision:
     name: str | None = None  # the packed kernel
     micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
-    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
     #: figures of a refusal (shared memory: ``static_bytes``, ``dynamic_bytes``)
     data: dict[str, Any] = field(default_factory=dict)
 

@@ -25,6 +25,7 @@ import polyfuse
 from polyfuse import ops, te
 from polyfuse.artifact import LoadedGraph, load, loads
 from polyfuse.artifact_format import FORMAT_VERSION
+from polyfuse.base.store import Store, entry_header
 from polyfuse.cuda.compiler import CudaBinary, available_compilers
 from polyfuse.cuda.launch import Launch, ScalarArg
 from polyfuse.cuda.pack import pack_parts
@@ -33,7 +34,6 @@ from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 from polyfuse.errors import ArtifactError, CompilerNotFound
 from polyfuse.runner import BufferSpec
-from polyfuse.store import Store, entry_header
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_nvrtc = pytest.mark.skipif(not available_compilers(), reason="no CUDA compiler here")

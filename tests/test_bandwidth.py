@@ -9,8 +9,8 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.compiler import compile_cuda
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.coarsen import vector_access
 from polyfuse.poly.mapping import MappingConfig
 

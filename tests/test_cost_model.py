@@ -429,7 +429,7 @@ def test_a_contraction_is_never_split_into_partial_reductions():
     """A matmul whose weight is its largest input has the 'x' canonical form, whose lanes
     would each combine K / 8 terms: the split pass cut it into partial reductions (two
     kernels and K / 4096 partial sums) instead of leaving it to the GEMM path."""
-    from polyfuse.decision import DecisionKind
+    from polyfuse.base.decision import DecisionKind
 
     a, w = te.placeholder((1024, 4096), name="a"), te.placeholder((4096, 1536), name="w")
     fn = polyfuse.compile([a, w], [ops.matmul(a, w)], "sm_90", check_cuda=False)
@@ -440,7 +440,7 @@ def test_a_contraction_is_never_split_into_partial_reductions():
 
 
 def test_split_and_elements_per_thread_decisions_are_modelled():
-    from polyfuse.decision import DecisionKind
+    from polyfuse.base.decision import DecisionKind
 
     x = te.placeholder((4, 1 << 18), name="x")
     fn = polyfuse.compile([x], [ops.reduce_sum(x, axis=1, name="s")], "sm_90", check_cuda=False)

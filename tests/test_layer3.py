@@ -9,10 +9,10 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.facts import KernelFacts, SharedArray
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.cuda.launch import dependence_order, dependence_preds
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.device import device_for_arch
 from polyfuse.stitch.parallel import PackConfig, PartShape, pack_layout, part_shape, plan_packs
 from polyfuse.viz import extract

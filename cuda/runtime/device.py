@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from polyfuse.errors import CallError, DeviceError
+from polyfuse.base.errors import CallError, DeviceError
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT
 
 from ..compiler import CudaBinary, compile_cuda

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from polyfuse.errors import CallError, DeviceError
+from polyfuse.base.errors import CallError, DeviceError
 from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK
 
 from ..launch import Launch, ScalarArg
