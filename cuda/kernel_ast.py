@@ -14,9 +14,9 @@ from enum import StrEnum
 from typing import Any
 
 from polyfuse.base.visitor import R, Visitor
-from polyfuse.cuda.facts import KernelFacts
 from polyfuse.cuda.kernel_expr import KExpr, KInt, KOp, KVar, substitute  # noqa: F401 (re-export)
 from polyfuse.cuda.namer import Namer
+from polyfuse.stitch.facts import KernelFacts
 
 
 class KNode:
@@ -387,7 +387,7 @@ class KernelIR:
 @dataclass
 class Kernel:
     """One ``__global__`` function with its launch shape and the facts lowering recorded
-    (:class:`polyfuse.cuda.facts.KernelFacts`; None only for a kernel written by hand).
+    (:class:`polyfuse.stitch.facts.KernelFacts`; None only for a kernel written by hand).
     ``registers``, ``static_shared_bytes`` and the spills are what the CUDA compiler
     reported, once it ran."""
 

@@ -7,7 +7,7 @@ Two sources for a kernel's per-thread instruction mix:
   loops at their trip counts; memory instructions by width), with ptxas's registers, spills
   and shared bytes — used wherever a disassembler is installed;
 - :func:`ir_work`: an estimate on the lowered kernel IR, recorded as a kernel fact
-  (:attr:`polyfuse.cuda.facts.KernelFacts.work`, so the compile cache keeps it): loops at their
+  (:attr:`polyfuse.stitch.facts.KernelFacts.work`, so the compile cache keeps it): loops at their
   constant trip counts (a bound that depends on the thread counts one trip, with a note),
   the costliest arm of each ``if``, and per statement instance the operations of its tensor
   expression — each read by where the tensor lives (global, shared tile, register fragment,

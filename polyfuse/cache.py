@@ -26,17 +26,17 @@ from typing import Any
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import Store
-from polyfuse.cuda.facts import KernelFacts
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.cuda.namer import Namer, c_name, instantiate, rename_canonical
 from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
+from polyfuse.stitch.facts import KernelFacts
 from polyfuse.stitch.plan import KernelPlan
 
 #: Bump when what an entry holds changes (older entries then read as misses).
 ENTRY_VERSION = 9  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
-# 6: kernel facts (polyfuse.cuda.facts) and the global read footprints Layer 3 intersects
+# 6: kernel facts (polyfuse.stitch.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
 # 8: the global bytes per tensor (Kernel.tensor_bytes)
 # 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)

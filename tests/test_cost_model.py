@@ -329,7 +329,8 @@ def test_tune_without_a_gpu_prints_a_ranked_list_of_distinct_modelled_times(monk
 def test_pack_of_two_96_block_gemms_is_not_modelled_above_the_fp32_peak():
     """Two independent GEMMs of 96 blocks each (fewer than the H100's 132 SMs): packing them
     into one launch may gain the idle SMs, never more FP32 work than the measured peak."""
-    from polyfuse.stitch.parallel import PackConfig, modelled_us, pack_layout, part_shape
+    from polyfuse.cuda.layer3 import part_shape
+    from polyfuse.stitch.parallel import PackConfig, modelled_us, pack_layout
 
     m, k, n = 2048, 4096, 768  # 16 x 6 = 96 blocks of 128 x 128
     a1, a2 = te.placeholder((m, k), name="a1"), te.placeholder((m, k), name="a2")
