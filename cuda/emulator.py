@@ -97,7 +97,7 @@ from .emulator_prepass import prepass
 from .emulator_races import race_error
 from .emulator_server import server_for
 from .emulator_wire import ABI_VERSION, ARG, BUF, LAUNCH, ORDERS, RESULT_HEADER, SPEC, align
-from .launch import Launch, LaunchTraffic, marshal
+from .runtime.launch import Launch, LaunchTraffic, marshal
 
 __all__ = ["Emulator", "EmulatedModule", "KernelSignature", "prepass"]
 

@@ -34,9 +34,9 @@ from polyfuse import artifact_format
 from polyfuse.artifact_format import FORMAT_VERSION, SUFFIX
 from polyfuse.base.store import FORMAT as STORE_FORMAT
 from polyfuse.cuda.compiler import CudaBinary, KernelResources
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import ArtifactError, CompilerNotFound
-from polyfuse.runner import BufferSpec, GraphRunner, TensorSpec
+from polyfuse.runner import BufferSpec, GraphRunner, TensorSpec, load_source
 from polyfuse.version import CODEGEN_REVISION, __version__
 
 __all__ = [
@@ -245,7 +245,7 @@ class LoadedGraph(GraphRunner):
         if binary is not None:
             return device.load_binary(binary)
         try:
-            return device.load(self.cuda_source)
+            return load_source(device, self.cuda_source)
         except CompilerNotFound:
             saved = ", ".join(sorted(self.binaries)) or "none"
             raise ArtifactError(

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.launch import Launch
 from polyfuse.cuda.layer3 import kernel_accesses
+from polyfuse.cuda.runtime.launch import Launch
 from polyfuse.errors import CompilerNotFound
 from polyfuse.graph.expr import Tensor
 from polyfuse.runner import BufferSpec, GraphRunner

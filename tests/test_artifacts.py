@@ -22,16 +22,17 @@ import pytest
 from fake_cuda import FakeBindings, FakeGPU
 
 import polyfuse
+import polyfuse.runner as runner_mod
 from polyfuse import ops, te
 from polyfuse.artifact import LoadedGraph, load, loads
 from polyfuse.artifact_format import FORMAT_VERSION
 from polyfuse.base.store import Store, entry_header
 from polyfuse.cuda.compiler import CudaBinary, available_compilers
-from polyfuse.cuda.launch import Launch, ScalarArg
 from polyfuse.cuda.pack import pack_parts
 from polyfuse.cuda.runtime import device as device_mod
 from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import ArtifactError, CompilerNotFound
 from polyfuse.runner import BufferSpec
 
@@ -76,8 +77,6 @@ RUN_WITHOUT_ISLPY = """
 import os, sys
 sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]
 sys.modules['islpy'] = None
-# the runtime reads two constant tables of the poly layer (launch limits); nothing else of it
-ISL_FREE_POLY = ('polyfuse.poly.policy', 'polyfuse.poly.device')
 sys.path[:0] = [{root!r}, {tests!r}]  # the checkout, as a wheel install would be
 import json
 import numpy as np
@@ -98,8 +97,7 @@ on_gpu = g(*args, device='cuda')
 compiler = sorted(m for m in sys.modules if (m == 'islpy' and sys.modules[m]) or m.startswith((
     'polyfuse.graph', 'polyfuse.stitch', 'polyfuse.driver', 'polyfuse.compiled',
     'polyfuse.plan', 'polyfuse.te', 'polyfuse.ops', 'polyfuse.cuda.kernel_ast',
-    'polyfuse.cuda.printer', 'polyfuse.cuda.lower', 'polyfuse.cuda.astgen'))
-    or (m.startswith('polyfuse.poly.') and m not in ISL_FREE_POLY))
+    'polyfuse.cuda.printer', 'polyfuse.cuda.lower', 'polyfuse.cuda.astgen', 'polyfuse.poly')))
 try:
     polyfuse.compile
     compile_error = ''
@@ -237,7 +235,7 @@ def test_scalar_launch_args_and_shared_memory_survive_the_round_trip(tmp_path, m
     np.testing.assert_allclose(s, padded.sum(1), rtol=1e-5, atol=1e-5)
     gpu = _fake_gpu(monkeypatch)  # no cubin saved: the source is what the fake loads
     monkeypatch.setattr(
-        device_mod, "compile_cuda",
+        runner_mod, "compile_cuda",
         lambda source, arch, **kw: CudaBinary(arch, "nvrtc", "cubin", source.encode(), None,
                                               {}, "", 0.0),
     )  # fmt: skip
@@ -348,7 +346,7 @@ def test_no_cubin_and_no_compiler_says_what_to_do(monkeypatch):
     def no_compiler(*a, **k):
         raise CompilerNotFound("no CUDA compiler")
 
-    monkeypatch.setattr(device_mod, "compile_cuda", no_compiler)
+    monkeypatch.setattr(runner_mod, "compile_cuda", no_compiler)
     g = _scalar_graph()
     g.binaries = {"sm_90": CudaBinary("sm_90", "nvrtc", "cubin", b"x", None, {}, "", 0.0)}
     with pytest.raises(ArtifactError, match=r"no cubin for sm_75 \(it has: sm_90\).*archs="):

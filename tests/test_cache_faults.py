@@ -200,7 +200,7 @@ def test_emulator_rebuilds_a_corrupt_library(tmp_path, fault):
 
     from polyfuse.base.store import write_atomic
     from polyfuse.cuda.emulator import Emulator
-    from polyfuse.cuda.launch import Launch, ScalarArg
+    from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 
     shared = Emulator(workers=1).cache_dir  # the server is built once, in the usual cache
     for f in shared.glob("server-*"):

@@ -7,7 +7,10 @@ driver). This walks every module of every package listed in pyproject.toml.
 
 The layer table (DESIGN.md "Layout"): ``polyfuse.base`` imports no layer; ``graph`` → ``poly``
 → ``stitch`` → ``cuda``, each importing only what sits before it and base; the facade (every
-other ``polyfuse`` module) sits above all and no layer imports it.
+other ``polyfuse`` module) sits above all and no layer imports it. The GPU runtime
+(``polyfuse.cuda.runtime``) is a leaf: it imports base and itself only (numpy and the driver
+bindings outside the package, ``tests/test_runtime_leaf.py``), so a saved artifact runs without
+the compiler.
 """
 
 from __future__ import annotations
@@ -87,14 +90,18 @@ LAYERS: dict[str, set[str]] = {
     "graph": {"base", "graph"},
     "poly": {"base", "graph", "poly"},
     "stitch": {"base", "graph", "poly", "stitch"},
-    "cuda": {"base", "graph", "poly", "stitch", "cuda"},
-    "facade": {"base", "graph", "poly", "stitch", "cuda", "facade"},
+    "cuda": {"base", "graph", "poly", "stitch", "cuda", "runtime"},
+    "runtime": {"base", "runtime"},
+    "facade": {"base", "graph", "poly", "stitch", "cuda", "runtime", "facade"},
 }
 
 
 def layer_of(module: str) -> str:
-    """The layer of a ``polyfuse`` module: its folder below ``polyfuse``, else the facade."""
+    """The layer of a ``polyfuse`` module: its folder below ``polyfuse`` (the runtime apart
+    from the rest of ``cuda``), else the facade."""
     parts = module.split(".")
+    if parts[1:3] == ["cuda", "runtime"]:
+        return "runtime"
     if len(parts) > 1 and parts[1] in LAYERS and parts[1] != "facade":
         return parts[1]
     return "facade"
@@ -122,10 +129,14 @@ def test_layer_check_catches_planted_violations():
         "polyfuse.poly.kernel_time": {"polyfuse.cuda.kernel_ast"},
         "polyfuse.base.store": {"polyfuse.graph.expr"},
         "polyfuse.driver": {"polyfuse.cuda.compiler", "polyfuse.base.settings"},
-        "polyfuse.cuda.compiler": {"polyfuse.base.store"},
+        "polyfuse.cuda.compiler": {"polyfuse.base.store", "polyfuse.cuda.runtime.launch"},
+        "polyfuse.cuda.runtime.device": {"polyfuse.cuda.compiler", "polyfuse.base.errors"},
+        "polyfuse.cuda.runtime.program": {"polyfuse.poly.policy", "polyfuse.cuda.runtime.launch"},
     }
     assert layer_violations(graph) == [
         "polyfuse.base.store -> polyfuse.graph.expr (base -> graph)",
+        "polyfuse.cuda.runtime.device -> polyfuse.cuda.compiler (runtime -> cuda)",
+        "polyfuse.cuda.runtime.program -> polyfuse.poly.policy (runtime -> poly)",
         "polyfuse.poly.kernel_time -> polyfuse.cuda.kernel_ast (poly -> cuda)",
         "polyfuse.stitch.parallel -> polyfuse.compiled (stitch -> facade)",
     ]
