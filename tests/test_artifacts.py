@@ -1,8 +1,8 @@
 """Compiled artifacts: ``fn.save(path)`` → ``polyfuse.load(path)`` runs with the runtime alone.
 
 The loading side runs in a subprocess where islpy cannot be imported (``sys.modules['islpy'] =
-None``) and the editable install's import hook is removed (a wheel install has none): it loads
-the artifact, runs it on the CPU emulator and on the fake GPU driver (tests/fake_cuda.py; the
+None``), on the installed package (the checkout's root is not on its sys.path): it loads the
+artifact, runs it on the CPU emulator and on the fake GPU driver (tests/fake_cuda.py; the
 fake runs the CUDA source the saved cubin was compiled from), and the outputs must equal the
 original compiled graph's bit for bit. Damaged files are refused with one-line errors.
 """
@@ -75,9 +75,8 @@ def saved(tmp_path_factory):
 
 RUN_WITHOUT_ISLPY = """
 import os, sys
-sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]
 sys.modules['islpy'] = None
-sys.path[:0] = [{root!r}, {tests!r}]  # the checkout, as a wheel install would be
+sys.path[:0] = [{tests!r}]  # tests/fake_cuda.py; polyfuse is the installed package
 import json
 import numpy as np
 import polyfuse
@@ -112,7 +111,7 @@ print(json.dumps({{'compiler_modules': compiler, 'compile_error': compile_error,
 def _run_without_islpy(path: Path, args: list[np.ndarray], tmp: Path) -> tuple[dict, list]:
     inputs, out = tmp / "inputs.npz", tmp / "out.npz"
     np.savez(inputs, **{f"a{i}": a for i, a in enumerate(args)})
-    code = RUN_WITHOUT_ISLPY.format(root=str(ROOT), tests=str(ROOT / "tests"), path=str(path),
+    code = RUN_WITHOUT_ISLPY.format(tests=str(ROOT / "tests"), path=str(path),
                                     inputs=str(inputs), out=str(out))  # fmt: skip
     env = dict(os.environ, PYTHONPATH="")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True,
