@@ -68,3 +68,18 @@ def test_python_m_pytest_and_pytest_from_the_root_see_the_installed_package(flag
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
+
+
+def test_polyfuse_errors_is_the_user_facing_name_of_base_errors():
+    """The layers raise ``polyfuse.base.errors``; users catch ``polyfuse.errors``: every error
+    class of the one is the same object in the other."""
+    import inspect
+
+    import polyfuse.base.errors as base
+    import polyfuse.errors as user
+
+    classes = {
+        n for n, v in vars(base).items() if inspect.isclass(v) and issubclass(v, BaseException)
+    }
+    assert set(user.__all__) == classes
+    assert all(getattr(user, n) is getattr(base, n) for n in classes)
