@@ -126,7 +126,7 @@ def test_layer_check_catches_planted_violations():
     graph = {
         "polyfuse.poly.mapping": {"polyfuse.graph.expr", "polyfuse.base.errors"},
         "polyfuse.stitch.parallel": {"polyfuse.compiled", "polyfuse.poly.device"},
-        "polyfuse.poly.kernel_time": {"polyfuse.cuda.kernel_ast"},
+        "polyfuse.poly.timing": {"polyfuse.cuda.kernel_ast"},
         "polyfuse.base.store": {"polyfuse.graph.expr"},
         "polyfuse.driver": {"polyfuse.cuda.compiler", "polyfuse.base.settings"},
         "polyfuse.cuda.compiler": {"polyfuse.base.store", "polyfuse.cuda.runtime.launch"},
@@ -137,7 +137,7 @@ def test_layer_check_catches_planted_violations():
         "polyfuse.base.store -> polyfuse.graph.expr (base -> graph)",
         "polyfuse.cuda.runtime.device -> polyfuse.cuda.compiler (runtime -> cuda)",
         "polyfuse.cuda.runtime.program -> polyfuse.poly.policy (runtime -> poly)",
-        "polyfuse.poly.kernel_time -> polyfuse.cuda.kernel_ast (poly -> cuda)",
+        "polyfuse.poly.timing -> polyfuse.cuda.kernel_ast (poly -> cuda)",
         "polyfuse.stitch.parallel -> polyfuse.compiled (stitch -> facade)",
     ]
 
