@@ -30,10 +30,10 @@ import numpy as np
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.cuda.compiler import available_compilers
 from polyfuse.cuda.kernel_cost import describe_kernel
 from polyfuse.cuda.sass import DisassemblerNotFound, KernelSass, analyse
-from polyfuse.decision import Decided, DecisionKind
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.mapping import MappingConfig

@@ -241,14 +241,16 @@ def _commit() -> str:
 
 
 def import_polyfuse() -> Any:
-    """``polyfuse``, from this checkout when it is not installed (the GPU machine runs the
-    benchmark from the repository root). Importing it imports no compiler (no islpy):
-    ``polyfuse.load`` and the runtime need only numpy and a driver."""
+    """``polyfuse``, installed (on the GPU machine: the carried wheel, :mod:`gpu_day`).
+    Importing it imports no compiler (no islpy): ``polyfuse.load`` and the runtime need only
+    numpy and a driver."""
     try:
         import polyfuse
     except ModuleNotFoundError:
-        sys.path.insert(0, str(ROOT))
-        import polyfuse
+        raise SystemExit(
+            "polyfuse is not installed here: pip install the carried wheel "
+            "(DIR/wheels/polyfuse-*.whl, --prepare-all) or `pip install -e .` in the checkout"
+        ) from None
     return polyfuse
 
 

@@ -176,26 +176,31 @@ def prepare_all(
 
 
 def _imports(env: dict[str, str], module: str) -> bool:
+    """Whether ``module`` imports in ``env`` as installed (``-P``: the checkout's folders,
+    which are not the installed layout, stay off sys.path)."""
     code = f"import {module}"
     return (
         subprocess.run(
-            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, check=False
+            [sys.executable, "-P", "-c", code], env=env, cwd=ROOT, capture_output=True,
+            check=False,
         ).returncode
         == 0
     )
 
 
 def environment(directory: Path) -> tuple[dict[str, str], list[str]]:
-    """The steps' environment: the carried wheels on ``PYTHONPATH`` when islpy is missing."""
+    """The steps' environment: the carried wheels on ``PYTHONPATH`` when islpy or polyfuse
+    is missing."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # JAX takes 75 % of the GPU's memory at start unless told not to; torch shares the card
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     notes: list[str] = []
-    if _imports(env, "islpy"):
+    missing = [m for m in ("islpy", "polyfuse.cuda.runtime") if not _imports(env, m)]
+    if not missing:
         return env, notes
     wheels = sorted((directory / "wheels").glob("*.whl"))
     if not wheels:
-        return env, ["islpy is missing and DIR/wheels is empty: tests and models will fail"]
+        return env, [f"{' and '.join(missing)} missing and DIR/wheels is empty: steps will fail"]
     site = directory / "site"
     r = _pip(
         "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade",

@@ -41,9 +41,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from polyfuse.errors import CompilerNotFound, CudaCompileError
-from polyfuse.settings import cache_root
-from polyfuse.store import Store, write_atomic
+from polyfuse.base.errors import CompilerNotFound, CudaCompileError
+from polyfuse.base.settings import cache_root
+from polyfuse.base.store import Store, write_atomic
 
 __all__ = [
     "SUPPORTED_ARCHS",

@@ -76,8 +76,8 @@ from pathlib import Path
 
 import numpy as np
 
-from polyfuse.errors import CallError, EmulatorError
-from polyfuse.store import write_atomic
+from polyfuse.base.errors import CallError, EmulatorError
+from polyfuse.base.store import write_atomic
 
 from .emulator_build import (
     HEADER,
@@ -97,7 +97,7 @@ from .emulator_prepass import prepass
 from .emulator_races import race_error
 from .emulator_server import server_for
 from .emulator_wire import ABI_VERSION, ARG, BUF, LAUNCH, ORDERS, RESULT_HEADER, SPEC, align
-from .launch import Launch, LaunchTraffic, marshal
+from .runtime.launch import Launch, LaunchTraffic, marshal
 
 __all__ = ["Emulator", "EmulatedModule", "KernelSignature", "prepass"]
 

@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from polyfuse.errors import CompilerNotFound, EmulatorError
-from polyfuse.settings import cache_root
-from polyfuse.store import Store
+from polyfuse.base.errors import CompilerNotFound, EmulatorError
+from polyfuse.base.settings import cache_root
+from polyfuse.base.store import Store
 
 from .emulator_wire import ABI_VERSION
 
@@ -119,7 +119,7 @@ def compile_cxx(
 def cached_build(directory: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
     """``(path, from_cache)`` of the library ``name``, built by ``build(path)`` unless the
     cache holds a copy that matches its checksum (a corrupt or half-written one is rebuilt);
-    one process builds a name at a time (see :mod:`polyfuse.store`)."""
+    one process builds a name at a time (see :mod:`polyfuse.base.store`)."""
     store = Store(directory, "emulator", ABI_VERSION, fan_out=False)
     if (hit := store.read_artifact(name)) is not None:
         return hit, True

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyfuse.errors import EmulatorError
+from polyfuse.base.errors import EmulatorError
 
 from .emulator_wire import ABI_VERSION
 

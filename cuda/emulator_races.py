@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from polyfuse.errors import RaceError
+from polyfuse.base.errors import RaceError
 
-from .launch import Launch
+from .runtime.launch import Launch
 
 _CTYPE_SIZES = {
     "float": 4, "int": 4, "unsigned": 4, "unsigned int": 4, "double": 8, "long long": 8,

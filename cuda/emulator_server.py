@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyfuse.errors import EmulatorError
+from polyfuse.base.errors import EmulatorError
 
 from .emulator_wire import MSG, MSG_LOAD, MSG_MAP, MSG_RUN
 

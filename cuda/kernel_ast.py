@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from polyfuse.cuda.facts import KernelFacts
+from polyfuse.base.visitor import R, Visitor
 from polyfuse.cuda.kernel_expr import KExpr, KInt, KOp, KVar, substitute  # noqa: F401 (re-export)
 from polyfuse.cuda.namer import Namer
-from polyfuse.visitor import R, Visitor
+from polyfuse.stitch.facts import KernelFacts
 
 
 class KNode:
@@ -387,7 +387,7 @@ class KernelIR:
 @dataclass
 class Kernel:
     """One ``__global__`` function with its launch shape and the facts lowering recorded
-    (:class:`polyfuse.cuda.facts.KernelFacts`; None only for a kernel written by hand).
+    (:class:`polyfuse.stitch.facts.KernelFacts`; None only for a kernel written by hand).
     ``registers``, ``static_shared_bytes`` and the spills are what the CUDA compiler
     reported, once it ran."""
 
@@ -489,7 +489,7 @@ def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
 
 class KVisitor(Visitor[R]):
     """Base of every walker of kernel IR: ``visit(n, *args)`` calls ``visit_<Node>(n, *args)``
-    (:class:`polyfuse.visitor.Visitor` over :data:`NODE_CLASSES`; exact-class dispatch, so
+    (:class:`polyfuse.base.visitor.Visitor` over :data:`NODE_CLASSES`; exact-class dispatch, so
     :class:`KAsyncCopy` needs its own rule apart from :class:`KCopy`)."""
 
     node_classes = NODE_CLASSES

@@ -7,7 +7,7 @@ Two sources for a kernel's per-thread instruction mix:
   loops at their trip counts; memory instructions by width), with ptxas's registers, spills
   and shared bytes — used wherever a disassembler is installed;
 - :func:`ir_work`: an estimate on the lowered kernel IR, recorded as a kernel fact
-  (:attr:`polyfuse.cuda.facts.KernelFacts.work`, so the compile cache keeps it): loops at their
+  (:attr:`polyfuse.stitch.facts.KernelFacts.work`, so the compile cache keeps it): loops at their
   constant trip counts (a bound that depends on the thread counts one trip, with a note),
   the costliest arm of each ``if``, and per statement instance the operations of its tensor
   expression — each read by where the tensor lives (global, shared tile, register fragment,
@@ -387,8 +387,8 @@ def describe_kernels(kernels: list[Kernel], source: str, arch: str) -> tuple[lis
     """The descriptions of a translation unit's ``kernels`` compiled for ``arch``: from their
     SASS where NVRTC and a disassembler are installed, else from their IR work estimates; and
     which of the two, in words (for printed reports)."""
+    from polyfuse.base.errors import CompilerNotFound
     from polyfuse.cuda.sass import analyse
-    from polyfuse.errors import CompilerNotFound
 
     try:
         report = analyse(source, (arch,), kernels=kernels)

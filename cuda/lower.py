@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import islpy as isl
 
+from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.astgen import convert_expr, expr_from
 from polyfuse.cuda.gemm_printer import GemmBodyPrinter
 from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
@@ -38,7 +39,6 @@ from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
 from polyfuse.cuda.namer import CANONICAL_KERNEL, Namer, c_name, instantiate
 from polyfuse.cuda.printer import emit_kernel
-from polyfuse.errors import UnsupportedOpError
 from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel

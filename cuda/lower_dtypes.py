@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
+from polyfuse.base.errors import UnsupportedDtypeError
 from polyfuse.cuda.kernel_ast import KernelIR, KParam
-from polyfuse.errors import UnsupportedDtypeError
 from polyfuse.graph import expr as ex
 
 BUFFER_DTYPE = "float32"

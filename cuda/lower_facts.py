@@ -1,4 +1,4 @@
-"""The typed facts of a lowered kernel, read from its final IR (:mod:`polyfuse.cuda.facts`).
+"""The typed facts of a lowered kernel, read from its final IR (:mod:`polyfuse.stitch.facts`).
 
 Not a rewrite: the last step of lowering walks the IR once and records what the printer will
 declare and emit — static shared arrays from the allocations, the dynamic pool, barrier,
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyfuse.cuda.facts import KernelFacts, SharedArray
 from polyfuse.cuda.kernel_ast import (
     KAsyncCopy,
     KBarrier,
@@ -24,6 +23,7 @@ from polyfuse.cuda.kernel_ast import (
     map_children,
 )
 from polyfuse.poly.costs import Work
+from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 #: bytes per element of each buffer dtype (:data:`polyfuse.cuda.lower_dtypes.C_TYPES`)
 ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1}

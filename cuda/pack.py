@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 
-from polyfuse.cuda.facts import pack_facts
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
 from polyfuse.cuda.namer import part_function, rename_identifiers
+from polyfuse.stitch.facts import pack_facts
 
 _HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\(')
 

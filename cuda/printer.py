@@ -12,6 +12,7 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
+from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
 from polyfuse.cuda.declared import check_declared
 from polyfuse.cuda.kernel_ast import (
@@ -47,7 +48,6 @@ from polyfuse.cuda.lower_dtypes import (
 )
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
-from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph import expr as ex
 from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.poly.model import Statement

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.errors import ExpressionError
+from polyfuse.base.errors import ExpressionError
 from polyfuse.graph import expr as ex
 
 # Names generated code uses for itself (loop iterators c0.., block/thread/lane parameters b0..,

@@ -5,7 +5,7 @@ write, isl takes the access relation over the points where the access is evaluat
 iteration domain, narrowed by the affine ``te.where`` conditions around a read, see
 :func:`polyfuse.graph.access.guarded_reads`) and subtracts the tensor's box; a non-empty rest
 is an out-of-bounds access, reported with its lexicographically first witness (loop point and
-subscripts) as an :class:`~polyfuse.errors.ExpressionError`. A guard that is not affine
+subscripts) as an :class:`~polyfuse.base.errors.ExpressionError`. A guard that is not affine
 narrows by its affine part only, so a read under a data-dependent guard is checked at its
 worst. A data-dependent subscript (``te.data_index``) is not checked: its values are only known
 at run time.
@@ -24,7 +24,7 @@ import threading
 
 import islpy as isl
 
-from polyfuse.errors import ExpressionError
+from polyfuse.base.errors import ExpressionError
 from polyfuse.graph import expr as ex
 from polyfuse.graph.access import relation_text
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from polyfuse.errors import DtypeError
+from polyfuse.base.errors import DtypeError
 
 __all__ = [
     "DTYPES",

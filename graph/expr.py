@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import ExpressionError
+from polyfuse.base.errors import ExpressionError
+from polyfuse.base.visitor import R, Visitor
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.dtypes import check_dtype
-from polyfuse.visitor import R, Visitor
 
 #: Every dtype a tensor or expression may have (code generation: see cuda/lower_dtypes.py).
 KNOWN_DTYPES = tuple(dt.DTYPES)
@@ -394,7 +394,7 @@ NODE_CLASSES: tuple[type[Expr], ...] = (
 
 class ExprVisitor(Visitor[R]):
     """Base of every walker of expressions: ``visit(e, *args)`` calls ``visit_<Node>(e, *args)``
-    (:class:`polyfuse.visitor.Visitor` over :data:`NODE_CLASSES`). Walkers (printers,
+    (:class:`polyfuse.base.visitor.Visitor` over :data:`NODE_CLASSES`). Walkers (printers,
     evaluators, checks) override only the nodes they handle."""
 
     node_classes = NODE_CLASSES

@@ -16,7 +16,7 @@ import islpy as isl
 import networkx as nx
 import numpy as np
 
-from polyfuse.errors import ExpressionError
+from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.access import PrimitiveRelations, isl_ident, primitive_relations
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.kinds import AccessKind, OpKind, access_kind, op_kind

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.quotient import QuotientDag
@@ -93,7 +93,7 @@ class Decision:
     fused: bool
     rule: int | None
     reason: str
-    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
 
     def __str__(self) -> str:
         verb = "fused" if self.fused else "not fused"

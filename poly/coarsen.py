@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.poly.canonical import CanonicalForm
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK

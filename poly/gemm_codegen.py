@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_loops import CopyLoops, plan_gemm_loops
 from polyfuse.poly.promote import GemmKernel, access_function

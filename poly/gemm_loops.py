@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.poly.device import DeviceSpec, occupancy
 from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_registers
 

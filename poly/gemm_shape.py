@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.poly.costs import KernelDesc
 from polyfuse.poly.costs.gemm_code import LoopCode
 from polyfuse.poly.model import Statement

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.decision import Decided
+from polyfuse.base.decision import Decided
 from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine, whole_warps
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
 
@@ -39,7 +39,7 @@ class Placement:
     register_copy: bool = False  # a global output whose in-kernel reads use a register
     box: tuple[tuple[isl.PwAff, int], ...] = ()  # shared: per-dim (lower bound in b, size)
     smem_offset: int = 0  # shared: offset in floats inside the kernel's dynamic shared memory
-    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
     #: a global scratch buffer (an internal tensor spilled): why it is not kept on chip;
     #: empty for inputs, outputs and on-chip tensors
     spill_why: str = ""

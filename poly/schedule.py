@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.errors import ScheduleError
+from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.guard import Exhausted, Limits, bounded, operation_budget

@@ -19,14 +19,14 @@ described as a stream of its launch shape and bytes
 there is one. It never splits a reduction whose input another primitive also reads (the
 one-stage kernel may keep the input on chip for those readers: layer/batch norm, softmax);
 that refusal is recorded too. Every decision is a typed record
-(:class:`polyfuse.decision.DecisionKind` ``SPLIT_REDUCTION``) with its reason.
+(:class:`polyfuse.base.decision.DecisionKind` ``SPLIT_REDUCTION``) with its reason.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.graph.expr import (
     Binary,
     Compare,

@@ -34,7 +34,7 @@ import math
 
 import islpy as isl
 
-from polyfuse.errors import ScheduleError
+from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.costs import KernelDesc, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
@@ -487,7 +487,7 @@ def choose_gemm_tiles(
 ) -> GemmTiling:
     """The cost model's best tile sizes (or ``forced``); the reasons name every choice.
 
-    Raises :class:`~polyfuse.errors.ScheduleError` when no candidate fits the device (the
+    Raises :class:`~polyfuse.base.errors.ScheduleError` when no candidate fits the device (the
     untiled reduction dims make every shared tile too large)."""
     ranked = rank_gemm_tiles(shape, device, forced, limit=1, stages=stages)
     if not ranked:

@@ -6,24 +6,12 @@ lets isl fuse and tile each one, and emits CUDA C that runs on a GPU through pyc
 CPU emulator (``device="emulate"``).
 """
 
-import os as _os
+import importlib as _importlib
+from typing import Any as _Any
 
-# In a source checkout the layer folders (graph/, poly/, stitch/, cuda/) sit beside this
-# package and pyproject.toml maps them to polyfuse.graph etc. on install; make the same names
-# importable when the checkout itself is on sys.path (e.g. `python -m pytest` from the root).
-_here = _os.path.dirname(_os.path.abspath(__file__))
-_root = _os.path.dirname(_here)
-if not _os.path.isdir(_os.path.join(_here, "graph")) and _os.path.isfile(
-    _os.path.join(_root, "graph", "__init__.py")
-):
-    __path__.append(_root)  # noqa: F821
-
-import importlib as _importlib  # noqa: E402
-from typing import Any as _Any  # noqa: E402
-
-from polyfuse.artifact import load  # noqa: E402
-from polyfuse.errors import PolyfuseError  # noqa: E402
-from polyfuse.version import __version__  # noqa: E402
+from polyfuse.artifact import load
+from polyfuse.errors import PolyfuseError
+from polyfuse.version import __version__
 
 # The compiler (islpy and every layer) is imported on first use of these names, so that
 # ``import polyfuse`` and ``polyfuse.load`` work with the runtime alone (numpy and the driver

@@ -6,7 +6,7 @@ save time, the launches (grids, blocks, dynamic shared bytes, buffer and scalar 
 shared ``__global__`` function each runs), the buffers (names, shapes, dtypes, roles), the
 inputs and outputs in call order, the constants (weights), a plan summary (kernels,
 micrographs, decisions as text), the versions that wrote it, and checksums — as one
-:mod:`polyfuse.store` entry (:mod:`polyfuse.artifact_format`). ``polyfuse.load(path)`` reads
+:mod:`polyfuse.base.store` entry (:mod:`polyfuse.artifact_format`). ``polyfuse.load(path)`` reads
 it back as a :class:`LoadedGraph`, which is called exactly like the compiled graph:
 
 * ``device="cuda"`` / ``"cuda:N"``: the runtime (:mod:`polyfuse.cuda.runtime`) loads the cubin
@@ -32,11 +32,11 @@ import numpy as np
 
 from polyfuse import artifact_format
 from polyfuse.artifact_format import FORMAT_VERSION, SUFFIX
+from polyfuse.base.store import FORMAT as STORE_FORMAT
 from polyfuse.cuda.compiler import CudaBinary, KernelResources
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import ArtifactError, CompilerNotFound
-from polyfuse.runner import BufferSpec, GraphRunner, TensorSpec
-from polyfuse.store import FORMAT as STORE_FORMAT
+from polyfuse.runner import BufferSpec, GraphRunner, TensorSpec, load_source
 from polyfuse.version import CODEGEN_REVISION, __version__
 
 __all__ = [
@@ -245,7 +245,7 @@ class LoadedGraph(GraphRunner):
         if binary is not None:
             return device.load_binary(binary)
         try:
-            return device.load(self.cuda_source)
+            return load_source(device, self.cuda_source)
         except CompilerNotFound:
             saved = ", ".join(sorted(self.binaries)) or "none"
             raise ArtifactError(

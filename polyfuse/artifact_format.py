@@ -1,4 +1,4 @@
-"""The bytes of a saved compiled graph: one :mod:`polyfuse.store` entry of kind ``artifact``.
+"""The bytes of a saved compiled graph: one :mod:`polyfuse.base.store` entry of kind ``artifact``.
 
 Layout (everything after the header line is covered by the header's SHA-256 and length)::
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polyfuse.base.store import FORMAT as STORE_FORMAT
+from polyfuse.base.store import EntryError, decode_entry, entry_header, write_entry
 from polyfuse.errors import ArtifactError
-from polyfuse.store import FORMAT as STORE_FORMAT
-from polyfuse.store import EntryError, decode_entry, entry_header, write_entry
 
 #: The store kind of an artifact entry.
 KIND = "artifact"
@@ -80,7 +80,7 @@ def dumps(manifest: Mapping[str, Any], blobs: Mapping[str, bytes]) -> bytes:
 
 
 def _problem(where: str, e: EntryError) -> str:
-    """The one-line message for an entry that failed :func:`~polyfuse.store.decode_entry`."""
+    """The one-line message for an entry that failed :func:`~polyfuse.base.store.decode_entry`."""
     if e.problem == "not a store entry":
         return f"{where} is not a polyfuse artifact (no polyfuse-store header): {_RESAVE}"
     if e.problem == "kind":

@@ -26,7 +26,7 @@ Caching, two levels, both under ``--cache-dir`` (default ``$POLYFUSE_CACHE`` or
   compute's loop nest, shapes, dtypes, names and the inputs/constants/outputs boundary; weight
   *values* are not part of it), the arch, the CUDA-check flag, the polyfuse version and a digest
   of the compiler's own source files. An entry holds the compile summary and the CUDA source,
-  so a warm run only builds each graph and hashes it. Entries are :class:`polyfuse.store.Store`
+  so a warm run only builds each graph and hashes it. Entries are :class:`polyfuse.base.store.Store`
   entries (versioned, checksummed, replaced atomically): a corrupt one is recompiled and healed.
 
 Modules: this one is the command; :mod:`polyfuse.batch_task` (one model, compiled in a
@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polyfuse.base.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.batch_executors import run_batch
 from polyfuse.batch_hash import graph_hash
 from polyfuse.batch_progress import Progress
@@ -54,7 +55,6 @@ from polyfuse.batch_report import format_table, summary
 from polyfuse.batch_task import ModelReport, Task, compile_task, resolve_tasks
 from polyfuse.cli_common import add_arch, add_common, positive_int, write_json
 from polyfuse.errors import PolyfuseError
-from polyfuse.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.shapes_arg import add_shapes_argument, check_shapes_apply, parse_shapes
 
 __all__ = [

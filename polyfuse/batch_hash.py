@@ -22,7 +22,8 @@ def compiler_digest() -> str:
     import polyfuse.stitch
 
     h = hashlib.sha256(polyfuse.__version__.encode())
-    dirs = [Path(polyfuse.__file__).parent] + [
+    here = Path(polyfuse.__file__).parent
+    dirs = [here, here / "base", here / "ops"] + [
         Path(m.__file__).parent
         for m in (polyfuse.graph, polyfuse.poly, polyfuse.stitch, polyfuse.cuda)
         if m.__file__

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import polyfuse
+from polyfuse.base.store import Store, write_atomic
 from polyfuse.batch_hash import compiler_digest, graph_hash
 from polyfuse.errors import PolyfuseError
 from polyfuse.models import LoadedModel, ModelSource, load_model, resolve_models
-from polyfuse.store import Store, write_atomic
 
 # --------------------------------------------------------------------------- tasks and reports
 

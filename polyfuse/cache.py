@@ -5,7 +5,7 @@ and boundary of a group of primitives, salted with the target architecture, the 
 version and the options), so identical layers — within one model or across models — are
 scheduled and generated once. Names are stored in canonical form (``pfT0``, ``pfT1``…) and
 mapped back to each use. With a directory the cache persists across processes (one
-:class:`polyfuse.store.Store` entry per key: versioned, checksummed, written atomically);
+:class:`polyfuse.base.store.Store` entry per key: versioned, checksummed, written atomically);
 without one it still deduplicates within a compile.
 
 A kernel's source is stored as the namer printed it with those names
@@ -23,20 +23,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from polyfuse.cuda.facts import KernelFacts
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.settings import cache_root
+from polyfuse.base.store import Store
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.cuda.namer import Namer, c_name, instantiate, rename_canonical
-from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
-from polyfuse.settings import cache_root
+from polyfuse.stitch.facts import KernelFacts
 from polyfuse.stitch.plan import KernelPlan
-from polyfuse.store import Store
 
 #: Bump when what an entry holds changes (older entries then read as misses).
 ENTRY_VERSION = 9  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
-# 6: kernel facts (polyfuse.cuda.facts) and the global read footprints Layer 3 intersects
+# 6: kernel facts (polyfuse.stitch.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
 # 8: the global bytes per tensor (Kernel.tensor_bytes)
 # 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.launch import Launch, dependence_order
+from polyfuse.cuda.layer3 import kernel_accesses
+from polyfuse.cuda.runtime.launch import Launch
 from polyfuse.errors import CompilerNotFound
 from polyfuse.graph.expr import Tensor
 from polyfuse.runner import BufferSpec, GraphRunner
+from polyfuse.stitch.order import dependence_order
 
 __all__ = [
     "BufferSpec",
@@ -61,17 +63,6 @@ def kernel_order(kernels: list[Kernel]) -> list[int]:
     """Indices of ``kernels`` in a launch order that follows the dependences between them,
     computed from the buffers each kernel reads (``const`` pointers) and writes."""
     return dependence_order(kernel_accesses(kernels), [k.name for k in kernels])
-
-
-def kernel_accesses(kernels: list[Kernel]) -> list[tuple[set[str], set[str]]]:
-    """(buffers read, buffers written) per kernel: ``const`` pointers are read only."""
-    accesses = []
-    for k in kernels:
-        bufs = [p for p in k.params if p.tensor]
-        reads = {p.tensor for p in bufs if p.ctype.startswith("const")}
-        writes = {p.tensor for p in bufs if not p.ctype.startswith("const")}
-        accesses.append((reads, writes))
-    return accesses
 
 
 def plan_buffers(graph, kernels: list[Kernel]) -> tuple[list[BufferSpec], list[Launch]]:

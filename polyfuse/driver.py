@@ -24,6 +24,7 @@ from dataclasses import replace
 import islpy as isl
 import numpy as np
 
+from polyfuse.base.decision import Decided
 from polyfuse.cache import (
     KERNEL_FIELDS,
     SCHEDULE_FIELDS,
@@ -39,11 +40,11 @@ from polyfuse.cuda.astgen import generate_ast, generate_gemm_ast
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
 from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.cuda.layer3 import stitch_parallel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import prelude_for
-from polyfuse.decision import Decided
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
@@ -68,7 +69,7 @@ from polyfuse.poly.schedule import (
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.reference import evaluate
 from polyfuse.stitch.memory import stitch_memory
-from polyfuse.stitch.parallel import PackDecision, stitch_parallel
+from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
 from polyfuse.version import CODEGEN_REVISION, __version__
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from polyfuse.base.decision import Decided
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.decision import Decided
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
 from polyfuse.poly.canonical import canonical_form

@@ -16,9 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.cuda.launch import Launch, LaunchTraffic
+from polyfuse.cuda.compiler import compile_cuda
+from polyfuse.cuda.runtime.launch import Launch, LaunchTraffic
 from polyfuse.errors import CallError
 from polyfuse.host_arrays import as_torch, host_arguments, host_view
+
+
+def load_source(device: Any, source: str, arch: str | None = None, **compile_options: Any) -> Any:
+    """Compile CUDA ``source`` to a cubin for ``device``'s arch (or ``arch``) and load it there
+    (a :class:`polyfuse.cuda.runtime.Device`, which loads binaries only: the runtime compiles
+    nothing, so it runs without the toolchain)."""
+    binary = compile_cuda(source, arch or device.arch, output="cubin", **compile_options)
+    return device.load_binary(binary)
 
 
 @dataclass(frozen=True)
@@ -286,7 +295,7 @@ class GraphRunner:
 
     def _load_module(self, device: Any) -> Any:
         """This graph's module on ``device``: its CUDA source compiled for the device's arch."""
-        return device.load(self.cuda_source)
+        return load_source(device, self.cuda_source)
 
     def _run_cuda(self, device: str, args: tuple, kwargs: dict, out: Any, stream: Any):
         given = self._given(args, kwargs)

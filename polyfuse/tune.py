@@ -34,6 +34,7 @@ from polyfuse.poly.kernel_map import gemm_kernel_fitting
 from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget
 from polyfuse.poly.promote import gemm_placements, pipeline_stages
 from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
+from polyfuse.runner import load_source
 
 DEFAULT_TOP = 4
 DEFAULT_WARMUP = 3
@@ -134,7 +135,7 @@ def _modelled_note(reasons: list[str]) -> str:
 def time_candidate(device, fn, c: Candidate, warmup: int, reps: int) -> float:
     """Median time in microseconds of ``reps`` launches of candidate ``c`` on ``device``."""
     drv = device.driver
-    module = device.load(c.source)
+    module = load_source(device, c.source)
     func = module.function(c.function)
     k = c.kernel
     ptrs = []

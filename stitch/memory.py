@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
@@ -81,7 +81,7 @@ class StitchDecision:
     stitched: bool
     reason: str
     tensors: list[str] = field(default_factory=list)
-    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
 
     def __str__(self) -> str:
         verb = "stitched" if self.stitched else "not stitched"

@@ -1,10 +1,11 @@
 """Layer 3: parallel stitching — independent kernels share one launch (APOLLO Algorithm 3).
 
 After Layer 2, kernels with no dependence path between them on the kernel DAG (edges from the
-buffers each kernel reads and writes, :func:`polyfuse.cuda.launch.dependence_preds`) may run
+buffers each kernel reads and writes, :func:`polyfuse.stitch.order.dependence_preds`) may run
 in one launch by *block-range dispatch*: each part owns a range of ``blockIdx.x`` and runs its
-own body with a local block index (emitted by :mod:`polyfuse.cuda.pack`). The block is padded
-to the largest part:
+own body with a local block index (emitted by :mod:`polyfuse.cuda.pack`; the generated kernels
+are read as parts and the packs applied by :mod:`polyfuse.cuda.layer3`, this module decides on
+data alone). The block is padded to the largest part:
 
 - a *collective* part (barriers, warp shuffles, mma, async copies or shared memory) must use
   the whole padded block, since every thread of its block has to reach its barriers; it is
@@ -22,7 +23,7 @@ count each shared element once (isl, :func:`read_overlap` on the read footprints
 plan carries, :attr:`polyfuse.stitch.plan.KernelPlan.shared_reads`).
 
 Everything this module reads of a kernel is data: its launch shape, parameters, distinct bytes,
-plan footprints and :class:`polyfuse.cuda.facts.KernelFacts` (shared arrays, dynamic pool,
+plan footprints and :class:`polyfuse.stitch.facts.KernelFacts` (shared arrays, dynamic pool,
 register estimate, barriers, shuffles, launch axes), which the compile cache keeps too — so a
 kernel served from the cache packs exactly as one generated now. A pack whose shared memory
 would not fit one block is refused with its figures (:attr:`PackDecision.data`).
@@ -42,27 +43,20 @@ positive, otherwise ``k`` shrinks by one.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
 import islpy as isl
 
-from polyfuse.cuda.facts import KernelFacts, pack_facts
-from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.kernel_cost import describe_kernel
-from polyfuse.cuda.launch import dependence_preds
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.costs import KernelDesc, LaunchDesc, Modelled, model_launch
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import ITEMSIZE, count_points
 from polyfuse.poly.policy import ASSUMED_REGISTERS, pack_smem_refusal
-from polyfuse.stitch.plan import KernelPlan
-
-# the one text check left: block-range dispatch rewrites a part's source as a device function
-_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+from polyfuse.stitch.facts import KernelFacts, pack_facts
+from polyfuse.stitch.order import dependence_preds
 
 
 @dataclass(frozen=True)
@@ -120,7 +114,7 @@ class PackDecision:
     name: str | None = None  # the packed kernel
     micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
-    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.decision)
+    kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
     #: figures of a refusal (shared memory: ``static_bytes``, ``dynamic_bytes``)
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -148,35 +142,6 @@ class PackLayout:
     @property
     def grid(self) -> int:
         return sum(n for _, n, _ in self.ranges)
-
-
-def part_shape(k: Kernel) -> PartShape:
-    """The kernel as a candidate part (``ineligible`` says why it cannot be one), from its
-    launch shape, parameters and facts."""
-    facts = k.facts if k.facts is not None else KernelFacts()
-    why = None
-    if k.facts is None:
-        why = f"{k.name}: no kernel facts (not lowered by polyfuse)"
-    elif k.grid[1:] != (1, 1) or k.block[1:] != (1, 1):
-        why = f"{k.name}: 2-D launch shape {k.grid}x{k.block}"
-    elif facts.axes != ("x",):
-        why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
-    elif facts.parts > 1:
-        why = f"{k.name}: already a packed launch"
-    elif not _HEAD.search(k.source):
-        why = f'{k.name}: its source is not one extern "C" __global__ function'
-    elif any(p.ctype not in ("const float*", "float*") for p in k.params):
-        why = f"{k.name}: scalar parameters"
-    return PartShape(
-        k.name,
-        k.grid[0],
-        k.block[0],
-        k.bytes_read + k.bytes_written,
-        facts,
-        k.registers or facts.registers,
-        why,
-        describe_kernel(k) if k.facts is not None else None,
-    )
 
 
 def pack_layout(parts: list[PartShape]) -> PackLayout | str:
@@ -439,77 +404,6 @@ def _topological_groups(preds, cluster: list[int], members: dict[int, list[int]]
         out.append(list(members[c]))
         done.add(c)
     return out
-
-
-def stitch_parallel(
-    kernels: list[Kernel],
-    plans: list[KernelPlan],
-    mapped: list,
-    device: DeviceSpec,
-    cfg: PackConfig | None = None,
-) -> tuple[list[Kernel], list[KernelPlan], list, list[PackDecision]]:
-    """Layer 3 over the kernels of one graph: the launched kernels (packs emitted by
-    :func:`polyfuse.cuda.pack.pack_kernels`), their plans, layouts (None for a pack) and
-    every decision. ``kernels`` come in launch order; the result is in a launch order too.
-    Everything read of a kernel is data its plan and facts carry whether it was generated
-    now or served by the compile cache (facts, :attr:`KernelPlan.shared_reads`), so the
-    packs do not depend on the cache."""
-    from polyfuse.compiled import kernel_accesses
-    from polyfuse.cuda.pack import pack_kernels
-
-    cfg = cfg or PackConfig()
-    shapes = [part_shape(k) for k in kernels]
-    accesses = kernel_accesses(kernels)
-    # read from global memory, with a footprint isl can intersect
-    shareable = [set(r) & set(kp.shared_reads) for (r, _), kp in zip(accesses, plans, strict=True)]
-    groups, decisions = plan_packs(shapes, accesses, device, cfg, shareable)
-    out_k, out_p, out_m = [], [], []
-    names = {tuple(d.kernels): d for d in decisions if d.packed}
-    for j, g in enumerate(groups):
-        if len(g) == 1:
-            (i,) = g
-            out_k.append(kernels[i])
-            out_p.append(plans[i])
-            out_m.append(mapped[i])
-            continue
-        d = next(d for key, d in names.items() if set(key) == {kernels[i].name for i in g})
-        g = [i for name in d.kernels for i in g if kernels[i].name == name]  # decision order
-        lay = pack_layout([shapes[i] for i in g])
-        assert not isinstance(lay, str)
-        name = f"pk{j}_{kernels[g[0]].name}"
-        at = next(n for n, x in enumerate(decisions) if x is d)
-        decisions[at] = replace(d, name=name, micrographs=[list(kernels[i].micrographs) for i in g])
-        packed = pack_kernels(name, [kernels[i] for i in g], lay.block, lay.ranges)
-        reads = [t for i in g for t in accesses[i][0]]
-        overlap = {  # each element counted once
-            t: read_overlap([plans[i].shared_reads[t] for i in g if t in accesses[i][0]])
-            for t in sorted({t for t in reads if reads.count(t) > 1})
-        }
-        per_tensor = dict(packed.tensor_bytes)
-        for t, n in overlap.items():
-            if t in per_tensor:
-                per_tensor[t] = (per_tensor[t][0] - n, per_tensor[t][1])
-        packed = replace(
-            packed,
-            bytes_read=packed.bytes_read - sum(overlap.values()),
-            tensor_bytes=per_tensor,
-        )
-        out_k.append(packed)
-        placements = {t: p for i in g for t, p in plans[i].placements.items()}
-        cached = any(plans[i].cached for i in g)  # a cached part has no layouts to list
-        out_p.append(
-            KernelPlan(
-                name,
-                [] if cached else [p for i in g for p in plans[i].parts],
-                placements,
-                names=[m for i in g for m in kernels[i].micrographs],
-                cached=cached,
-                recomputes=[d for i in g for d in plans[i].recomputes],
-                layout=[d for i in g for d in plans[i].layout],
-            )
-        )
-        out_m.append(None)
-    return out_k, out_p, out_m, decisions
 
 
 def read_overlap(footprints: list[str]) -> int:

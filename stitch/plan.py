@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.decision import Decided
+from polyfuse.base.decision import Decided
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of
@@ -35,7 +35,7 @@ class KernelPlan:
     placements: dict[str, Placement]
     names: list[str] = field(default_factory=list)
     cached: bool = False
-    # recomputes decided for this kernel: data {"tensor", "readers"} (polyfuse.decision)
+    # recomputes decided for this kernel: data {"tensor", "readers"} (polyfuse.base.decision)
     recomputes: list[Decided] = field(default_factory=list)
     # launch-layout decisions: the reduction layout (poly/cost.py) or GEMM tiles
     # (poly/tiling.py), elements per thread / float4 (poly/coarsen.py)

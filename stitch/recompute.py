@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import islpy as isl
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.inline import inline
 from polyfuse.poly.cost import ReductionStrategy

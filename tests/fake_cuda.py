@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 
 _ERRORS = {
     "CUDA_SUCCESS": 0,

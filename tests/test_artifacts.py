@@ -1,8 +1,8 @@
 """Compiled artifacts: ``fn.save(path)`` → ``polyfuse.load(path)`` runs with the runtime alone.
 
 The loading side runs in a subprocess where islpy cannot be imported (``sys.modules['islpy'] =
-None``) and the editable install's import hook is removed (a wheel install has none): it loads
-the artifact, runs it on the CPU emulator and on the fake GPU driver (tests/fake_cuda.py; the
+None``), on the installed package (the checkout's root is not on its sys.path): it loads the
+artifact, runs it on the CPU emulator and on the fake GPU driver (tests/fake_cuda.py; the
 fake runs the CUDA source the saved cubin was compiled from), and the outputs must equal the
 original compiled graph's bit for bit. Damaged files are refused with one-line errors.
 """
@@ -22,18 +22,19 @@ import pytest
 from fake_cuda import FakeBindings, FakeGPU
 
 import polyfuse
+import polyfuse.runner as runner_mod
 from polyfuse import ops, te
 from polyfuse.artifact import LoadedGraph, load, loads
 from polyfuse.artifact_format import FORMAT_VERSION
+from polyfuse.base.store import Store, entry_header
 from polyfuse.cuda.compiler import CudaBinary, available_compilers
-from polyfuse.cuda.launch import Launch, ScalarArg
 from polyfuse.cuda.pack import pack_parts
 from polyfuse.cuda.runtime import device as device_mod
 from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import ArtifactError, CompilerNotFound
 from polyfuse.runner import BufferSpec
-from polyfuse.store import Store, entry_header
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_nvrtc = pytest.mark.skipif(not available_compilers(), reason="no CUDA compiler here")
@@ -74,11 +75,8 @@ def saved(tmp_path_factory):
 
 RUN_WITHOUT_ISLPY = """
 import os, sys
-sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]
 sys.modules['islpy'] = None
-# the runtime reads two constant tables of the poly layer (launch limits); nothing else of it
-ISL_FREE_POLY = ('polyfuse.poly.policy', 'polyfuse.poly.device')
-sys.path[:0] = [{root!r}, {tests!r}]  # the checkout, as a wheel install would be
+sys.path[:0] = [{tests!r}]  # tests/fake_cuda.py; polyfuse is the installed package
 import json
 import numpy as np
 import polyfuse
@@ -98,8 +96,7 @@ on_gpu = g(*args, device='cuda')
 compiler = sorted(m for m in sys.modules if (m == 'islpy' and sys.modules[m]) or m.startswith((
     'polyfuse.graph', 'polyfuse.stitch', 'polyfuse.driver', 'polyfuse.compiled',
     'polyfuse.plan', 'polyfuse.te', 'polyfuse.ops', 'polyfuse.cuda.kernel_ast',
-    'polyfuse.cuda.printer', 'polyfuse.cuda.lower', 'polyfuse.cuda.astgen'))
-    or (m.startswith('polyfuse.poly.') and m not in ISL_FREE_POLY))
+    'polyfuse.cuda.printer', 'polyfuse.cuda.lower', 'polyfuse.cuda.astgen', 'polyfuse.poly')))
 try:
     polyfuse.compile
     compile_error = ''
@@ -114,7 +111,7 @@ print(json.dumps({{'compiler_modules': compiler, 'compile_error': compile_error,
 def _run_without_islpy(path: Path, args: list[np.ndarray], tmp: Path) -> tuple[dict, list]:
     inputs, out = tmp / "inputs.npz", tmp / "out.npz"
     np.savez(inputs, **{f"a{i}": a for i, a in enumerate(args)})
-    code = RUN_WITHOUT_ISLPY.format(root=str(ROOT), tests=str(ROOT / "tests"), path=str(path),
+    code = RUN_WITHOUT_ISLPY.format(tests=str(ROOT / "tests"), path=str(path),
                                     inputs=str(inputs), out=str(out))  # fmt: skip
     env = dict(os.environ, PYTHONPATH="")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env, capture_output=True,
@@ -237,7 +234,7 @@ def test_scalar_launch_args_and_shared_memory_survive_the_round_trip(tmp_path, m
     np.testing.assert_allclose(s, padded.sum(1), rtol=1e-5, atol=1e-5)
     gpu = _fake_gpu(monkeypatch)  # no cubin saved: the source is what the fake loads
     monkeypatch.setattr(
-        device_mod, "compile_cuda",
+        runner_mod, "compile_cuda",
         lambda source, arch, **kw: CudaBinary(arch, "nvrtc", "cubin", source.encode(), None,
                                               {}, "", 0.0),
     )  # fmt: skip
@@ -348,7 +345,7 @@ def test_no_cubin_and_no_compiler_says_what_to_do(monkeypatch):
     def no_compiler(*a, **k):
         raise CompilerNotFound("no CUDA compiler")
 
-    monkeypatch.setattr(device_mod, "compile_cuda", no_compiler)
+    monkeypatch.setattr(runner_mod, "compile_cuda", no_compiler)
     g = _scalar_graph()
     g.binaries = {"sm_90": CudaBinary("sm_90", "nvrtc", "cubin", b"x", None, {}, "", 0.0)}
     with pytest.raises(ArtifactError, match=r"no cubin for sm_75 \(it has: sm_90\).*archs="):

@@ -9,8 +9,8 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.compiler import compile_cuda
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.coarsen import vector_access
 from polyfuse.poly.mapping import MappingConfig
 
@@ -174,8 +174,8 @@ def test_plan_names_the_device_figures_the_cost_models_used():
 
 
 def test_modelled_time_rewards_float4_and_stays_above_the_floor():
+    from polyfuse.cuda.kernel_time import kernel_us
     from polyfuse.poly.device import H100
-    from polyfuse.poly.kernel_time import kernel_us
 
     ins, outs, _ = suite.build("bias_gelu_tanh", 1)
     before = polyfuse.compile(ins, outs, arch="sm_90", mapping=MappingConfig(elements_per_thread=1))

@@ -2,7 +2,7 @@
 wrong kernel, and every entry is healed by the next compile.
 
 Faults in a real process are planted deterministically with ``POLYFUSE_STORE_FAULT`` (see
-:mod:`polyfuse.store`): the compiling subprocess SIGKILLs itself right after, or in the middle
+:mod:`polyfuse.base.store`): the compiling subprocess SIGKILLs itself right after, or in the middle
 of, its N-th cache write.
 """
 
@@ -18,8 +18,8 @@ import pytest
 
 import polyfuse
 from polyfuse import examples
+from polyfuse.base.store import FORMAT, Store
 from polyfuse.cache import ENTRY_VERSION, CompileCache
-from polyfuse.store import FORMAT, Store
 
 # compile the layer norm into the cache directory argv[1]; print the kernel sources' digest
 COMPILE = """
@@ -198,9 +198,9 @@ def test_emulator_rebuilds_a_corrupt_library(tmp_path, fault):
 
     import numpy as np
 
+    from polyfuse.base.store import write_atomic
     from polyfuse.cuda.emulator import Emulator
-    from polyfuse.cuda.launch import Launch, ScalarArg
-    from polyfuse.store import write_atomic
+    from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 
     shared = Emulator(workers=1).cache_dir  # the server is built once, in the usual cache
     for f in shared.glob("server-*"):

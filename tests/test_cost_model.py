@@ -329,7 +329,8 @@ def test_tune_without_a_gpu_prints_a_ranked_list_of_distinct_modelled_times(monk
 def test_pack_of_two_96_block_gemms_is_not_modelled_above_the_fp32_peak():
     """Two independent GEMMs of 96 blocks each (fewer than the H100's 132 SMs): packing them
     into one launch may gain the idle SMs, never more FP32 work than the measured peak."""
-    from polyfuse.stitch.parallel import PackConfig, modelled_us, pack_layout, part_shape
+    from polyfuse.cuda.layer3 import part_shape
+    from polyfuse.stitch.parallel import PackConfig, modelled_us, pack_layout
 
     m, k, n = 2048, 4096, 768  # 16 x 6 = 96 blocks of 128 x 128
     a1, a2 = te.placeholder((m, k), name="a1"), te.placeholder((m, k), name="a2")
@@ -429,7 +430,7 @@ def test_a_contraction_is_never_split_into_partial_reductions():
     """A matmul whose weight is its largest input has the 'x' canonical form, whose lanes
     would each combine K / 8 terms: the split pass cut it into partial reductions (two
     kernels and K / 4096 partial sums) instead of leaving it to the GEMM path."""
-    from polyfuse.decision import DecisionKind
+    from polyfuse.base.decision import DecisionKind
 
     a, w = te.placeholder((1024, 4096), name="a"), te.placeholder((4096, 1536), name="w")
     fn = polyfuse.compile([a, w], [ops.matmul(a, w)], "sm_90", check_cuda=False)
@@ -440,7 +441,7 @@ def test_a_contraction_is_never_split_into_partial_reductions():
 
 
 def test_split_and_elements_per_thread_decisions_are_modelled():
-    from polyfuse.decision import DecisionKind
+    from polyfuse.base.decision import DecisionKind
 
     x = te.placeholder((4, 1 << 18), name="x")
     fn = polyfuse.compile([x], [ops.reduce_sum(x, axis=1, name="s")], "sm_90", check_cuda=False)

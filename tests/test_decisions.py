@@ -8,7 +8,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.viz import extract, kinds_present
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from polyfuse.cuda.emulator import Emulator, prepass
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import CallError, EmulatorError
 
 RNG = np.random.default_rng(0)

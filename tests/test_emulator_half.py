@@ -15,7 +15,7 @@ import pytest
 
 from polyfuse.cuda.compiler import available_compilers, compile_cuda
 from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import CallError, CudaCompileError
 
 BF16 = ml_dtypes.bfloat16

@@ -16,7 +16,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.fragments import register_fragments
 from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.model import Statement

@@ -13,6 +13,7 @@ import pytest
 
 import polyfuse
 from polyfuse import examples, te
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.kernel_ast import (
     KCopy,
     KDef,
@@ -27,7 +28,6 @@ from polyfuse.cuda.kernel_ast import (
 )
 from polyfuse.cuda.lower_addresses import linear, strength_reduce
 from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.copy_layout import copies_per_thread, thread_extents
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_loops import (

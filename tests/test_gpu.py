@@ -202,6 +202,5 @@ def test_saved_artifact_runs_its_cubin_on_the_gpu(tmp_path):
         "y = g(*[d[f'arr_{i}'] for i in range(len(d))], device='cuda')\n"
         f"np.save({str(tmp_path / 'y.npy')!r}, y)\n"
     )
-    root = str(Path(__file__).resolve().parents[1])
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)  # the installed package
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), want)

@@ -1,8 +1,16 @@
-"""The package's import graph has no cycle, counting imports inside functions too.
+"""The package's import graph has no cycle and follows the layer table, counting imports inside
+functions too.
 
 A lazy import inside a function hides a cycle from Python but not from a reader: layers then
 depend on each other both ways (the compiled graph on the visualizer, the visualizer on the
 driver). This walks every module of every package listed in pyproject.toml.
+
+The layer table (DESIGN.md "Layout"): ``polyfuse.base`` imports no layer; ``graph`` → ``poly``
+→ ``stitch`` → ``cuda``, each importing only what sits before it and base; the facade (every
+other ``polyfuse`` module) sits above all and no layer imports it. The GPU runtime
+(``polyfuse.cuda.runtime``) is a leaf: it imports base and itself only (numpy and the driver
+bindings outside the package, ``tests/test_runtime_leaf.py``), so a saved artifact runs without
+the compiler.
 """
 
 from __future__ import annotations
@@ -29,14 +37,16 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
     """Module → the package modules it imports anywhere in its source. ``from P import x``
-    points at ``P.x`` when that is a module, else at ``P``."""
+    points at ``P.x`` when that is a module, else at ``P``. ``sources``: module → source text
+    to read instead of its file (a planted import)."""
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
         is_pkg = path.stem == "__init__"
-        for n in ast.walk(ast.parse(path.read_text())):
+        text = (sources or {}).get(name) or path.read_text()
+        for n in ast.walk(ast.parse(text)):
             targets: list[str] = []
             if isinstance(n, ast.Import):
                 targets = [a.name for a in n.names]
@@ -72,6 +82,88 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if u not in state and (found := dfs(u)):
             return found
     return None
+
+
+#: Each layer and the layers its modules may import (itself included).
+LAYERS: dict[str, set[str]] = {
+    "base": {"base"},
+    "graph": {"base", "graph"},
+    "poly": {"base", "graph", "poly"},
+    "stitch": {"base", "graph", "poly", "stitch"},
+    "cuda": {"base", "graph", "poly", "stitch", "cuda", "runtime"},
+    "runtime": {"base", "runtime"},
+    "facade": {"base", "graph", "poly", "stitch", "cuda", "runtime", "facade"},
+}
+
+
+def layer_of(module: str) -> str:
+    """The layer of a ``polyfuse`` module: its folder below ``polyfuse`` (the runtime apart
+    from the rest of ``cuda``), else the facade."""
+    parts = module.split(".")
+    if parts[1:3] == ["cuda", "runtime"]:
+        return "runtime"
+    if len(parts) > 1 and parts[1] in LAYERS and parts[1] != "facade":
+        return parts[1]
+    return "facade"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` the layer table forbids, as ``"importer -> imported
+    (layer -> layer)"``."""
+    out = []
+    for mod in sorted(graph):
+        for dep in sorted(graph[mod]):
+            a, b = layer_of(mod), layer_of(dep)
+            if b not in LAYERS[a]:
+                out.append(f"{mod} -> {dep} ({a} -> {b})")
+    return out
+
+
+def test_layer_check_catches_planted_violations():
+    """The checker itself, on a synthetic graph: a layer importing the facade, a lower layer
+    importing a higher one and base importing a layer are caught; the allowed directions
+    are not."""
+    graph = {
+        "polyfuse.poly.mapping": {"polyfuse.graph.expr", "polyfuse.base.errors"},
+        "polyfuse.stitch.parallel": {"polyfuse.compiled", "polyfuse.poly.device"},
+        "polyfuse.poly.timing": {"polyfuse.cuda.kernel_ast"},
+        "polyfuse.base.store": {"polyfuse.graph.expr"},
+        "polyfuse.driver": {"polyfuse.cuda.compiler", "polyfuse.base.settings"},
+        "polyfuse.cuda.compiler": {"polyfuse.base.store", "polyfuse.cuda.runtime.launch"},
+        "polyfuse.cuda.runtime.device": {"polyfuse.cuda.compiler", "polyfuse.base.errors"},
+        "polyfuse.cuda.runtime.program": {"polyfuse.poly.policy", "polyfuse.cuda.runtime.launch"},
+    }
+    assert layer_violations(graph) == [
+        "polyfuse.base.store -> polyfuse.graph.expr (base -> graph)",
+        "polyfuse.cuda.runtime.device -> polyfuse.cuda.compiler (runtime -> cuda)",
+        "polyfuse.cuda.runtime.program -> polyfuse.poly.policy (runtime -> poly)",
+        "polyfuse.poly.timing -> polyfuse.cuda.kernel_ast (poly -> cuda)",
+        "polyfuse.stitch.parallel -> polyfuse.compiled (stitch -> facade)",
+    ]
+
+
+def test_layer_check_catches_a_violation_planted_in_the_source():
+    """A lazy import of the facade planted inside a function of a layer module (parsed, not
+    run) is caught: the graph counts imports inside functions."""
+    import textwrap
+
+    mods = _modules()
+    src = mods["polyfuse.poly.mapping"].read_text() + textwrap.dedent("""
+
+        def _planted():
+            from polyfuse.compiled import CompiledGraph
+            return CompiledGraph
+        """)
+    graph = import_graph({"polyfuse.poly.mapping": src})
+    assert "polyfuse.compiled" in graph["polyfuse.poly.mapping"]
+    assert (
+        "polyfuse.poly.mapping -> polyfuse.compiled (poly -> facade)" in layer_violations(graph)
+    )
+
+
+def test_package_imports_follow_the_layer_table():
+    bad = layer_violations(import_graph())
+    assert bad == [], "imports the layer table forbids:\n" + "\n".join(bad)
 
 
 def test_find_cycle_finds_one():

@@ -1,4 +1,4 @@
-"""Kernel facts (polyfuse.cuda.facts): lowering records shared memory, registers and
+"""Kernel facts (polyfuse.stitch.facts): lowering records shared memory, registers and
 synchronisation as data; Layer 3 packs from them, and they equal what ptxas reports."""
 
 import sys
@@ -9,11 +9,11 @@ import pytest
 
 import polyfuse
 from polyfuse import examples, ops, te, zoo
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.compiler import available_compilers, compile_cuda
-from polyfuse.cuda.facts import KernelFacts, SharedArray, pack_facts, shared_layout
-from polyfuse.decision import DecisionKind
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT, gemm_tile_registers
 from polyfuse.reference import evaluate
+from polyfuse.stitch.facts import KernelFacts, SharedArray, pack_facts, shared_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import suite  # noqa: E402

@@ -1,4 +1,4 @@
-"""The launch order (cuda/launch.py:dependence_order) in linear time gives the order of the
+"""The launch order (stitch/order.py:dependence_order) in linear time gives the order of the
 original all-pairs definition on random buffer accesses."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from polyfuse.cuda.launch import dependence_order
 from polyfuse.errors import CallError
+from polyfuse.stitch.order import dependence_order
 
 
 def all_pairs_order(accesses, names):

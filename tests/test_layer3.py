@@ -9,12 +9,13 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.facts import KernelFacts, SharedArray
+from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.kernel_ast import Kernel, KParam
-from polyfuse.cuda.launch import dependence_order, dependence_preds
-from polyfuse.decision import DecisionKind
+from polyfuse.cuda.layer3 import part_shape
 from polyfuse.poly.device import device_for_arch
-from polyfuse.stitch.parallel import PackConfig, PartShape, pack_layout, part_shape, plan_packs
+from polyfuse.stitch.facts import KernelFacts, SharedArray
+from polyfuse.stitch.order import dependence_order, dependence_preds
+from polyfuse.stitch.parallel import PackConfig, PartShape, pack_layout, plan_packs
 from polyfuse.viz import extract
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

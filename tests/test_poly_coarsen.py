@@ -9,7 +9,7 @@ import pytest
 from poly_inputs import isl_map, one, with_schedule
 
 from polyfuse import ops, te
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.coarsen import (
     MARK,
     CoarsenConfig,

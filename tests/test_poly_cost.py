@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from polyfuse import ops, te
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.canonical import CanonicalForm, form_of
 from polyfuse.poly.cost import choose_reduction_strategy, lanes_over_runs
 from polyfuse.poly.device import H100

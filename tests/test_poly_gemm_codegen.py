@@ -6,7 +6,7 @@ from __future__ import annotations
 from poly_inputs import matmul, one
 
 from polyfuse import ops, te
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_codegen import PADDING_LIMIT, padding_record, with_codegen
 from polyfuse.poly.promote import build_gemm_kernel

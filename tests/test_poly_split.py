@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from polyfuse import ops, te
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 from polyfuse.graph.expr import ComputeOp
 from polyfuse.graph.graph import build_graph
 from polyfuse.poly.cost import ReductionConfig

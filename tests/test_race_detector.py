@@ -21,7 +21,7 @@ from test_end_to_end import CASES, run_case
 import polyfuse
 from polyfuse import examples
 from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.errors import EmulatorError, PolyfuseError, RaceError
 
 RNG = np.random.default_rng(1)

@@ -22,9 +22,9 @@ import pytest
 from fake_cuda import FakeBindings, FakeDeviceArray, FakeGPU, FakePycuda
 
 import polyfuse
+import polyfuse.runner as runner_mod
 from polyfuse import ops, te
 from polyfuse.cuda.compiler import CudaBinary, available_compilers
-from polyfuse.cuda.launch import Launch, ScalarArg
 from polyfuse.cuda.runtime import (
     Device,
     DeviceArray,
@@ -38,8 +38,10 @@ from polyfuse.cuda.runtime import arrays as arrays_mod
 from polyfuse.cuda.runtime import device as device_mod
 from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.cuda.runtime.pycuda_driver import PycudaDriver
 from polyfuse.errors import CallError, DeviceError
+from polyfuse.runner import load_source
 
 HAS_GPU = gpu_available()
 no_gpu_only = pytest.mark.skipif(HAS_GPU, reason="a GPU is present: no-GPU behaviour not testable")
@@ -542,7 +544,7 @@ def test_load_compiles_for_the_device_arch(tmp_path, monkeypatch):
     compiled = {}
     dev, gpu = fake_device(cc=(8, 9))
     monkeypatch.setattr(gpu, "load", lambda image: compiled.setdefault("image", image))
-    module = dev.load(SOURCE)
+    module = load_source(dev, SOURCE)
     assert module.binary.arch == "sm_89" and module.binary.output == "cubin"
     assert set(module.binary.resources) == {"scale", "axpy", "block_sum"}
     assert compiled["image"] == module.binary.image
@@ -559,7 +561,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(device_mod, "_DEVICES", {})
     monkeypatch.setenv("POLYFUSE_CUDA_RUNTIME", "cuda-bindings")
     monkeypatch.setattr(
-        device_mod, "compile_cuda", lambda source, arch, **kw: source_binary(source, arch)
+        runner_mod, "compile_cuda", lambda source, arch, **kw: source_binary(source, arch)
     )
     return gpu
 

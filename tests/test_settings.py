@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from polyfuse.base.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.cache import default_dir
 from polyfuse.cuda.compiler import cache_dir
-from polyfuse.settings import DEFAULT_CACHE_ROOT, cache_root
 
 
 @pytest.mark.parametrize("off", ["off", "OFF", "0", "none", " false "])

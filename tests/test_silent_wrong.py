@@ -14,8 +14,8 @@ import pytest
 
 import polyfuse
 from polyfuse import reference, te
-from polyfuse.cuda import launch
 from polyfuse.errors import CallError, PolyfuseError
+from polyfuse.stitch.order import dependence_order
 
 RACE_MODES = (False, "reverse", "random")
 
@@ -63,10 +63,10 @@ def test_two_reductions_feeding_one_consumer(race_check):
 def test_launch_order_follows_buffers_not_creation():
     # kernel 0 reads what kernel 2 writes; kernel 1 is independent
     acc = [({"c"}, {"y"}), ({"x"}, {"a"}), ({"x"}, {"c"})]
-    order = launch.dependence_order(acc, ["k0", "k1", "k2"])
+    order = dependence_order(acc, ["k0", "k1", "k2"])
     assert order == [1, 2, 0]
     with pytest.raises(CallError, match="cycle"):
-        launch.dependence_order([({"b"}, {"a"}), ({"a"}, {"b"})], ["k0", "k1"])
+        dependence_order([({"b"}, {"a"}), ({"a"}, {"b"})], ["k0", "k1"])
 
 
 # --------------------------------------------------------------------------- 2. size-1 axes

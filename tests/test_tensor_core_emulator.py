@@ -16,7 +16,7 @@ import pytest
 
 from polyfuse.cuda.compiler import available_compilers, compile_cuda
 from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.launch import Launch, ScalarArg
+from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.cuda.sass.tools import find_disassembler
 from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16, MMA_TF32, PRELUDE, ldmatrix_layout
 from polyfuse.errors import CompilerNotFound, EmulatorError

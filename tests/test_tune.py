@@ -11,6 +11,7 @@ import pytest
 from fake_cuda import FakeBindings, FakeGPU
 
 import polyfuse
+import polyfuse.runner as runner_mod
 from polyfuse.cache import CompileCache
 from polyfuse.cli import main
 from polyfuse.cuda.compiler import CudaBinary
@@ -30,7 +31,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(device_mod, "_DEVICES", {})
     monkeypatch.setenv("POLYFUSE_CUDA_RUNTIME", "cuda-bindings")
     monkeypatch.setattr(
-        device_mod,
+        runner_mod,
         "compile_cuda",
         lambda source, arch, **kw: CudaBinary(
             arch, "nvrtc", "cubin", source.encode(), None, {}, "", 0.0

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from polyfuse.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind
 
 V4_LOAD = re.compile(r"ld\.global(\.nc)?\.v4\.f32")
 V4_STORE = re.compile(r"st\.global\.v4\.f32")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from polyfuse.errors import CallError
+from polyfuse.base.errors import CallError
 
 if TYPE_CHECKING:
     from .device import Device

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from polyfuse.errors import CallError, DeviceError
-from polyfuse.poly.policy import STATIC_SMEM_LIMIT
+from polyfuse.base.errors import CallError, DeviceError
 
-from ..compiler import CudaBinary, compile_cuda
 from .driver import Driver, one_line
+from .limits import STATIC_SMEM_LIMIT
 from .select import select_driver
 
 __all__ = ["Device", "DeviceStats", "Module", "gpu_available", "open_device", "parse_device"]
@@ -39,10 +38,23 @@ class DeviceStats:
     per_kernel: dict[str, int] = field(default_factory=dict)
 
 
+class Binary(Protocol):
+    """What the runtime reads of a compiled translation unit
+    (:class:`polyfuse.cuda.compiler.CudaBinary` has these fields; the runtime compiles
+    nothing, so it names no compiler type)."""
+
+    arch: str
+    compiler: str
+    compiler_version: str
+    output: str  # "cubin" or "ptx"
+    image: bytes  # what cuModuleLoadData takes
+    resources: dict[str, Any]  # kernel name -> its ptxas report
+
+
 class Module:
     """A translation unit loaded on a device; function handles are looked up once."""
 
-    def __init__(self, device: Device, handle: Any, binary: CudaBinary) -> None:
+    def __init__(self, device: Device, handle: Any, binary: Binary) -> None:
         self.device = device
         self.handle = handle
         self.binary = binary
@@ -65,8 +77,8 @@ class Module:
 
     def allow_dynamic_shared(self, name: str, nbytes: int) -> None:
         """Opt kernel ``name`` in to ``nbytes`` of dynamic shared memory when over the default
-        limit (:data:`~polyfuse.poly.policy.STATIC_SMEM_LIMIT`, 48 KB), which needs an opt-in
-        function attribute."""
+        limit (:data:`~polyfuse.cuda.runtime.limits.STATIC_SMEM_LIMIT`, 48 KB), which needs an
+        opt-in function attribute."""
         if nbytes <= max(STATIC_SMEM_LIMIT, self._smem_allowed.get(name, 0)):
             return
         try:
@@ -163,13 +175,10 @@ class Device:
         return self._capture_stream
 
     # -- modules ---------------------------------------------------------------------------
-    def load(self, source: str, arch: str | None = None, **compile_options: Any) -> Module:
-        """Compile ``source`` to a cubin for this device's arch (or ``arch``) and load it."""
-        binary = compile_cuda(source, arch or self.arch, output="cubin", **compile_options)
-        return self.load_binary(binary)
-
-    def load_binary(self, binary: CudaBinary) -> Module:
-        """Load an already compiled :class:`CudaBinary` (cubin or PTX)."""
+    def load_binary(self, binary: Binary) -> Module:
+        """Load an already compiled translation unit (a cubin or PTX
+        :class:`polyfuse.cuda.compiler.CudaBinary`; compiling CUDA source for this device is
+        :func:`polyfuse.runner.load_source`'s)."""
         self.activate()
         try:
             handle = self.driver.module_load(binary.image)

@@ -14,7 +14,7 @@ and graphs are opaque objects of the backend). Two backends implement it:
 
 :func:`select_driver` picks one: ``POLYFUSE_CUDA_RUNTIME=cuda-bindings|pycuda`` (or the
 ``runtime=`` argument) names it; otherwise the first that imports, cuda-bindings first.
-Every failure is a :class:`~polyfuse.errors.DeviceError` with a one-line reason.
+Every failure is a :class:`~polyfuse.base.errors.DeviceError` with a one-line reason.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import DeviceError
+from polyfuse.base.errors import DeviceError
 
 __all__ = ["DRIVERS", "ENV_VAR", "Driver", "ParamKind", "one_line"]
 

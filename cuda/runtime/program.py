@@ -29,10 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from polyfuse.errors import CallError, DeviceError
-from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK
+from polyfuse.base.errors import CallError, DeviceError
 
-from ..launch import Launch, ScalarArg
 from .arrays import (
     ArrayInfo,
     DeviceArray,
@@ -43,6 +41,8 @@ from .arrays import (
     stream_handle,
 )
 from .device import Device, Module
+from .launch import Launch, ScalarArg
+from .limits import MAX_THREADS_PER_BLOCK
 
 #: Byte alignment every device array must have: the generated kernels may access global
 #: memory with 128-bit (float4) loads and stores (polyfuse.cuda.lower_vectorize), which

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.errors import DeviceError
+from polyfuse.base.errors import DeviceError
 
 from .driver import DRIVERS, PARAM_DTYPES, Driver, ParamKind, one_line
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from polyfuse.errors import DeviceError
+from polyfuse.base.errors import DeviceError
 
 from .bindings_driver import BindingsDriver
 from .driver import DRIVERS, ENV_VAR, Driver

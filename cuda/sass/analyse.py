@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from polyfuse.base.errors import PolyfuseError
 from polyfuse.cuda.compiler import KernelResources, compile_cuda
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KNode
 from polyfuse.cuda.sass.loops import body_mix, find_loops, hot_loop
@@ -39,7 +40,6 @@ from polyfuse.cuda.sass.records import (
 )
 from polyfuse.cuda.sass.tools import Disassembler, find_disassembler
 from polyfuse.cuda.sass.vector import FLOAT4_RE, vector_check
-from polyfuse.errors import PolyfuseError
 from polyfuse.poly.costs.model import sm_bounds_us
 from polyfuse.poly.device import DeviceSpec, Occupancy, device_for_arch, occupancy
 

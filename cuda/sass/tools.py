@@ -29,10 +29,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from polyfuse.base.errors import CompilerNotFound, PolyfuseError
+from polyfuse.base.settings import cache_root
+from polyfuse.base.store import write_atomic
 from polyfuse.cuda.compiler import cuda_roots, nvidia_package_dirs
-from polyfuse.errors import CompilerNotFound, PolyfuseError
-from polyfuse.settings import cache_root
-from polyfuse.store import write_atomic
 
 __all__ = [
     "INSTALL_HINT",
@@ -149,8 +149,8 @@ def _version(path: str) -> str:
 def find_disassembler(tool: str | None = None) -> Disassembler:
     """The first usable disassembler (``tool`` to insist on one of :data:`TOOLS`).
 
-    Raises :class:`DisassemblerNotFound` (a :class:`~polyfuse.errors.CompilerNotFound`) with the
-    install command when there is none.
+    Raises :class:`DisassemblerNotFound` (a :class:`~polyfuse.base.errors.CompilerNotFound`) with
+    the install command when there is none.
     """
     if tool is not None and tool not in TOOLS:
         raise ValueError(f"unknown disassembler {tool!r}; expected one of {TOOLS}")

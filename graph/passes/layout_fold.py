@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import islpy as isl
 
-from polyfuse.errors import ExpressionError
+from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.access import relation_text
 from polyfuse.graph.expr import (
     Expr,

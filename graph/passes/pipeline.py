@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 
-from polyfuse.errors import ExpressionError
+from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
 from polyfuse.graph.passes.constant_fold import constant_fold

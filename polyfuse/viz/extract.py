@@ -12,7 +12,7 @@ import re
 import time
 from typing import Any
 
-from polyfuse.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.costs import CONSTANTS
 from polyfuse.poly.device import device_for_arch
@@ -21,7 +21,7 @@ from polyfuse.viz.layout import layout
 from polyfuse.viz.plain import add_plain
 
 #: Every kind of reason an edge can carry.
-REASON_KINDS = tuple(k.value for k in DecisionKind)  # see polyfuse.decision
+REASON_KINDS = tuple(k.value for k in DecisionKind)  # see polyfuse.base.decision
 
 
 def _kinds(kinds) -> list[str]:

@@ -2,7 +2,7 @@
 
 The plan's reasons speak isl and cost-model terms ("outer members are not parallel", "no
 partition rule for opaque -> opaque"). Each gets one sentence for people, built from the typed
-record only — its :class:`~polyfuse.decision.DecisionKind` values and its data (op kinds,
+record only — its :class:`~polyfuse.base.decision.DecisionKind` values and its data (op kinds,
 access kinds, canonical forms, placements, launch figures) — never from the reason's wording,
 so rewording a reason changes no sentence. :func:`add_plain` writes them into the report data
 (a ``plain`` field beside each ``reason``/``text``); the functions below are one per stage.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polyfuse.decision import DecisionKind as K
+from polyfuse.base.decision import DecisionKind as K
 from polyfuse.graph.kinds import AccessKind, OpKind
 
 #: What a reduction of each canonical form combines for one result, and what it keeps.

@@ -65,9 +65,10 @@ def fresh_names() -> None:
     graph's generated names do not depend on what the process built before it."""
     import itertools
 
-    from polyfuse import ops, te
+    from polyfuse import te
+    from polyfuse.ops import _common
 
-    ops._counter = itertools.count()
+    _common._counter = itertools.count()
     te._names = itertools.count()
 
 

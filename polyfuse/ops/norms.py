@@ -1,0 +1,174 @@
+"""Normalisation composites: layer norm, RMS norm and batch norm (inference)."""
+
+from __future__ import annotations
+
+import math
+
+from polyfuse import te
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.expr import Expr, IterVar, Tensor
+from polyfuse.ops._common import (
+    _bcast,
+    _compute,
+    _desc,
+    _name,
+    _norm_axis,
+    _tensor,
+)
+
+
+def _check_param(op: str, name: str, what: str, p: Tensor | None, shape: tuple[int, ...]) -> None:
+    """``p`` must broadcast (right-aligned) to ``shape`` without growing it."""
+    if p is None:
+        return
+    _tensor(op, name, what, p)
+    ok = p.ndim <= len(shape) and all(
+        s in (1, t) for s, t in zip(p.shape, shape[len(shape) - p.ndim :], strict=True)
+    )
+    if not ok:
+        raise ExpressionError(
+            f"{op} '{name}': {what} {_desc(p)} does not broadcast to the normalized shape {shape}"
+        )
+
+
+def _norm_head(
+    op: str, x: Tensor, axis: int, name: str
+) -> tuple[Tensor, int, tuple[int, ...], list[IterVar], float]:
+    x = _tensor(op, name, "input", x)
+    ax = _norm_axis(op, name, x, axis)
+    norm = x.shape[ax:]
+    ks = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(norm)]
+    return x, ax, norm, ks, 1.0 / math.prod(norm)
+
+
+def layer_norm(
+    x: Tensor,
+    gamma: Tensor | None = None,
+    beta: Tensor | None = None,
+    axis: int = -1,
+    eps: float = 1e-5,
+    name: str | None = None,
+) -> Tensor:
+    """Layer normalisation over the dims ``axis..ndim-1`` (ONNX ``LayerNormalization``).
+
+    ``axis=-1`` normalises over the last dim (``normalized_shape = x.shape[-1:]``), ``axis=-2``
+    over the last two, and so on. ``gamma``/``beta`` (optional) broadcast to
+    ``x.shape[axis:]``. Variance is the population (biased) variance. Five primitives: ``mean``,
+    ``centered`` (x - mean), ``var``, ``rstd`` (``rsqrt(var + eps)``), and the scale/shift.
+    """
+    return layer_norm_parts(x, gamma, beta, axis, eps, name)[0]
+
+
+def layer_norm_parts(
+    x: Tensor,
+    gamma: Tensor | None = None,
+    beta: Tensor | None = None,
+    axis: int = -1,
+    eps: float = 1e-5,
+    name: str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`layer_norm` plus its ``mean`` and ``rstd`` (1/sqrt(var+eps)) over ``x.shape[:axis]``.
+
+    ONNX ``LayerNormalization`` has these as its optional outputs ``Mean`` and ``InvStdDev``.
+    """
+    name = _name("layer_norm", name)
+    op = "layer_norm"
+    x, ax, norm, ks, inv_n = _norm_head(op, x, axis, name)
+    _check_param(op, name, "gamma", gamma, norm)
+    _check_param(op, name, "beta", beta, norm)
+    red = x.shape[:ax]
+    mean = _compute(red, lambda *i: te.sum(x[(*i, *ks)] * inv_n, axis=ks), f"{name}_mean", op)
+    cen = _compute(x.shape, lambda *i: x[i] - mean[i[:ax]], f"{name}_centered", op)
+    k2 = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(norm)]
+
+    def var_body(*i: IterVar) -> Expr:
+        c = cen[(*i, *k2)]
+        return te.sum(c * c * inv_n, axis=k2)
+
+    var = _compute(red, var_body, f"{name}_var", op)
+    rstd = _compute(red, lambda *i: te.rsqrt(var[i] + eps), f"{name}_rstd", op)
+
+    def out_body(*i: IterVar) -> Expr:
+        y = cen[i] * rstd[i[:ax]]
+        if gamma is not None:
+            y = y * gamma[_bcast(gamma.shape, i)]
+        if beta is not None:
+            y = y + beta[_bcast(beta.shape, i)]
+        return y
+
+    return _compute(x.shape, out_body, name, op), mean, rstd
+
+
+def rms_norm(
+    x: Tensor,
+    weight: Tensor | None = None,
+    eps: float = 1e-6,
+    axis: int = -1,
+    name: str | None = None,
+) -> Tensor:
+    """RMS normalisation: ``x * rsqrt(mean(x**2 over dims axis..) + eps) * weight``.
+
+    ``weight`` (optional) broadcasts to ``x.shape[axis:]``. Three primitives: ``ms`` (mean of
+    squares), ``rstd``, and the scaled output.
+    """
+    name = _name("rms_norm", name)
+    op = "rms_norm"
+    x, ax, norm, ks, inv_n = _norm_head(op, x, axis, name)
+    _check_param(op, name, "weight", weight, norm)
+    red = x.shape[:ax]
+
+    def ms_body(*i: IterVar) -> Expr:
+        v = x[(*i, *ks)]
+        return te.sum(v * v * inv_n, axis=ks)
+
+    ms = _compute(red, ms_body, f"{name}_ms", op)
+    rstd = _compute(red, lambda *i: te.rsqrt(ms[i] + eps), f"{name}_rstd", op)
+
+    def out_body(*i: IterVar) -> Expr:
+        y = x[i] * rstd[i[:ax]]
+        return y * weight[_bcast(weight.shape, i)] if weight is not None else y
+
+    return _compute(x.shape, out_body, name, op)
+
+
+def batch_norm(
+    x: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    gamma: Tensor | None = None,
+    beta: Tensor | None = None,
+    eps: float = 1e-5,
+    name: str | None = None,
+) -> Tensor:
+    """Inference batch normalisation on channel axis 1 (NCHW, or any ``(N, C, ...)``).
+
+    ``(x - mean[c]) / sqrt(var[c] + eps) * gamma[c] + beta[c]`` with running statistics; all
+    parameters have shape ``(C,)``. Two primitives: ``scale = gamma * rsqrt(var + eps)`` over
+    channels, then ``(x - mean) * scale + beta``.
+    """
+    name = _name("batch_norm", name)
+    op = "batch_norm"
+    x = _tensor(op, name, "input", x)
+    if x.ndim < 2:
+        raise ExpressionError(f"{op} '{name}': input {_desc(x)} needs a channel axis 1 (N, C, ...)")
+    c = x.shape[1]
+    for what, p in (("mean", mean), ("var", var), ("gamma", gamma), ("beta", beta)):
+        if p is None and what in ("gamma", "beta"):
+            continue
+        _tensor(op, name, what, p)
+        if p.shape != (c,):
+            raise ExpressionError(
+                f"{op} '{name}': {what} {_desc(p)} must have shape ({c},) for input {_desc(x)}"
+            )
+
+    def scale_body(ch: IterVar) -> Expr:
+        r = te.rsqrt(var[ch] + eps)
+        return gamma[ch] * r if gamma is not None else r
+
+    scale = _compute((c,), scale_body, f"{name}_scale", op)
+
+    def out_body(*i: IterVar) -> Expr:
+        y = (x[i] - mean[i[1]]) * scale[i[1]]
+        return y + beta[i[1]] if beta is not None else y
+
+    return _compute(x.shape, out_body, name, op)

@@ -1,0 +1,139 @@
+"""Reductions over axes (``reduce_sum``, ``reduce_mean``, ``reduce_max``) and softmax."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from polyfuse import te
+from polyfuse.graph.expr import Expr, IterVar, Tensor
+from polyfuse.ops._common import (
+    Index,
+    _compute,
+    _name,
+    _norm_axes,
+    _norm_axis,
+    _tensor,
+)
+
+
+def reduce_subscripts(
+    ndim: int, ks: dict[int, IterVar], keepdims: bool, idx: tuple[IterVar, ...]
+) -> tuple[Expr, ...]:
+    """Subscripts of the reduced input: reduce axes where reduced, output loop variables
+    elsewhere (skipping the size-1 output dims ``keepdims`` leaves)."""
+    it = iter(idx)
+    subs: list[Expr] = []
+    for d in range(ndim):
+        if d in ks:
+            subs.append(ks[d])
+            if keepdims:
+                next(it)
+        else:
+            subs.append(next(it))
+    return tuple(subs)
+
+
+def _reduce(
+    op: str,
+    kind: str,
+    x: Tensor,
+    axis: int | Sequence[int] | None,
+    keepdims: bool,
+    name: str | None,
+    scale: float | None = None,
+) -> Tensor:
+    name = _name(op, name)
+    x = _tensor(op, name, "input", x)
+    axes = _norm_axes(op, name, x, axis)
+    if keepdims:
+        shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    if not axes:  # nothing to reduce (a 0-d input with axis=None): a copy
+        return _compute(shape, lambda *idx: x[idx], name, op)
+    ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+    reducer = {"sum": te.sum, "max": te.max}[kind]
+
+    def body(*idx: IterVar) -> Expr:
+        v = x[reduce_subscripts(x.ndim, ks, keepdims, idx)]
+        return reducer(v if scale is None else v * scale, axis=list(ks.values()))
+
+    return _compute(shape, body, name, op)
+
+
+def reduce_sum(
+    x: Tensor,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    name: str | None = None,
+) -> Tensor:
+    """Sum over ``axis`` (int, tuple, or None for all axes) like ``np.sum``; one primitive."""
+    return _reduce("reduce_sum", "sum", x, axis, keepdims, name)
+
+
+def reduce_mean(
+    x: Tensor,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    name: str | None = None,
+) -> Tensor:
+    """Mean over ``axis`` like ``np.mean``; one primitive ``sum(x * (1/n))``."""
+    name = _name("reduce_mean", name)
+    xt = _tensor("reduce_mean", name, "input", x)
+    n = math.prod(xt.shape[d] for d in _norm_axes("reduce_mean", name, xt, axis))
+    return _reduce("reduce_mean", "sum", x, axis, keepdims, name, scale=1.0 / n)
+
+
+def reduce_max(
+    x: Tensor,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    name: str | None = None,
+) -> Tensor:
+    """Maximum over ``axis`` like ``np.max``; one primitive."""
+    return _reduce("reduce_max", "max", x, axis, keepdims, name)
+
+
+def _insert(idx: Sequence[Expr], axis: int, k: Expr) -> Index:
+    return (*idx[:axis], k, *idx[axis:])
+
+
+def _drop(idx: Sequence[Expr], axis: int) -> Index:
+    return (*idx[:axis], *idx[axis + 1 :])
+
+
+def _softmax_parts(op: str, x: Tensor, axis: int, name: str) -> tuple[Tensor, Tensor, Tensor, int]:
+    """max, x - max, exp, sum: the common head of softmax and log_softmax."""
+    x = _tensor(op, name, "input", x)
+    ax = _norm_axis(op, name, x, axis)
+    n = x.shape[ax]
+    red = _drop(x.shape, ax)
+    k1 = te.reduce_axis(n, name="r")
+    mx = _compute(red, lambda *i: te.max(x[_insert(i, ax, k1)], axis=k1), f"{name}_max", op)
+    sh = _compute(x.shape, lambda *i: x[i] - mx[_drop(i, ax)], f"{name}_sub", op)
+    ex = _compute(x.shape, lambda *i: te.exp(sh[i]), f"{name}_exp", op)
+    k2 = te.reduce_axis(n, name="r")
+    sm = _compute(red, lambda *i: te.sum(ex[_insert(i, ax, k2)], axis=k2), f"{name}_sum", op)
+    return sh, ex, sm, ax
+
+
+def softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``.
+
+    Five primitives: ``max`` (reduce), ``sub`` (x - max), ``exp``, ``sum`` (reduce), ``div``.
+    """
+    name = _name("softmax", name)
+    _, ex, sm, ax = _softmax_parts("softmax", x, axis, name)
+    return _compute(ex.shape, lambda *i: ex[i] / sm[_drop(i, ax)], name, "softmax")
+
+
+def log_softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
+    """``(x - max) - log(sum(exp(x - max)))`` along ``axis``.
+
+    Six primitives: ``max``, ``sub``, ``exp``, ``sum``, ``log`` (of the sum), final ``sub``.
+    """
+    name = _name("log_softmax", name)
+    sh, _, sm, ax = _softmax_parts("log_softmax", x, axis, name)
+    lg = _compute(sm.shape, lambda *i: te.log(sm[i]), f"{name}_log", "log_softmax")
+    return _compute(sh.shape, lambda *i: sh[i] - lg[_drop(i, ax)], name, "log_softmax")
