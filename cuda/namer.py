@@ -202,7 +202,6 @@ def _stream(k: int) -> str:
 
 # --- canonical text ----------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 _CANONICAL = re.compile(rf"(?<![A-Za-z0-9]){CANONICAL_TENSOR}(\d+)(?!\d)")
 _QUAD = re.compile(r"^q_")
 
@@ -245,14 +244,3 @@ def instantiate(text: str, names: Mapping[str, str], kernel: str | None = None) 
         return m.group(0) if kernel is None else kernel
 
     return _INSTANCE.sub(one, text)
-
-
-def rename_identifiers(text: str, names: Mapping[str, str]) -> str:
-    """``text`` with every whole identifier in ``names`` replaced (not members: ``a.x``)."""
-    return _TOKEN.sub(lambda m: names.get(m.group(0), m.group(0)), text)
-
-
-def part_function(kernel: str, i: int) -> str:
-    """The ``__device__`` function of part ``i`` of the pack ``kernel`` (a name derived from
-    the kernel's, so renaming the kernel renames its parts)."""
-    return f"{kernel}_p{i}"

@@ -42,7 +42,6 @@ positive, otherwise ``k`` shrinks by one.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
@@ -60,9 +59,6 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.footprint import ITEMSIZE, count_points
 from polyfuse.poly.policy import ASSUMED_REGISTERS, pack_smem_refusal
 from polyfuse.stitch.plan import KernelPlan
-
-# the one text check left: block-range dispatch rewrites a part's source as a device function
-_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
 
 
 @dataclass(frozen=True)
@@ -163,8 +159,8 @@ def part_shape(k: Kernel) -> PartShape:
         why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
     elif facts.parts > 1:
         why = f"{k.name}: already a packed launch"
-    elif not _HEAD.search(k.source):
-        why = f'{k.name}: its source is not one extern "C" __global__ function'
+    elif k.printed is None:
+        why = f"{k.name}: not one printed kernel function (polyfuse.cuda.kernel_function)"
     elif any(p.ctype not in ("const float*", "float*") for p in k.params):
         why = f"{k.name}: scalar parameters"
     return PartShape(
