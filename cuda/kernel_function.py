@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from polyfuse.cuda.namer import instantiate
+from polyfuse.cuda.namer import fill
 
 #: the launch indices of a ``__global__`` function
 BLOCK_INDEX = "blockIdx.x"
@@ -122,6 +122,6 @@ def instantiate_function(
     canonical: KFunction, params: list[tuple[str, str]], real: Mapping[str, str]
 ) -> KFunction:
     """A function printed with canonical names (:mod:`polyfuse.cuda.namer`) under real ones:
-    the parameters ``params`` ((C type, name), in order) and the body's canonical tensor
-    names replaced by ``real[canonical]``."""
-    return replace(canonical, params=tuple(params), body=instantiate(canonical.body, real))
+    the parameters ``params`` ((C type, name), in order) and the body's slots filled with
+    ``real[canonical name]`` (:func:`polyfuse.cuda.namer.fill`)."""
+    return replace(canonical, params=tuple(params), body=fill(canonical.body, real))

@@ -37,7 +37,7 @@ from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promoti
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
-from polyfuse.cuda.namer import CANONICAL_KERNEL, Namer, c_name
+from polyfuse.cuda.namer import CANONICAL_KERNEL, Namer, c_name, slots
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.poly.coarsen import VECTOR
@@ -89,7 +89,7 @@ def _namer(name: str, canonical: Mapping[str, str] | None) -> tuple[str, Namer]:
     """The name to print a kernel under and its namer: canonical ones when given."""
     if canonical is None:
         return name, Namer()
-    return CANONICAL_KERNEL, Namer(canonical)
+    return CANONICAL_KERNEL, Namer(slots(canonical))
 
 
 def instantiate_kernel(kernel: Kernel, canonical: Mapping[str, str] | None, name: str) -> Kernel:

@@ -27,7 +27,7 @@ from typing import Any
 from polyfuse.cuda.facts import KernelFacts
 from polyfuse.cuda.kernel_ast import Kernel, KParam
 from polyfuse.cuda.kernel_function import KFunction, instantiate_function, print_function
-from polyfuse.cuda.namer import Namer, c_name, rename_canonical
+from polyfuse.cuda.namer import Namer, c_name, fill, slots
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
@@ -42,7 +42,8 @@ ENTRY_VERSION = 10  # 3: placements and recomputes carry their decision kinds; 4
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
 # 8: the global bytes per tensor (Kernel.tensor_bytes)
 # 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
-# 10: the kernel as a printed function apart from its launch indices (KFunction), not source
+# 10: the kernel as a printed function apart from its launch indices (KFunction), not source,
+#     its tensor names as the namer's slots (polyfuse.cuda.namer.fill)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
@@ -188,7 +189,7 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
     canon = dict(key.canonical())
     if kernel.canonical is None:
         raise ValueError(f"kernel {kernel.name} was not printed with canonical names")
-    names = Namer(canon)
+    names = Namer(slots(canon))
     canon[kernel.name] = "pfKERNEL"
     return {
         "function": kernel.canonical.to_json(),
@@ -246,10 +247,7 @@ def kernel_from_entry(
     """A cached kernel under the current names (kernel ``name``, this group's tensors)."""
     back = {c: a for a, c in key.canonical().items()}
     real = {c: c_name(a) for c, a in back.items()}
-    params = [
-        KParam(rename_canonical(n, real), ctype, rename_canonical(n, back))
-        for n, ctype in entry["params"]
-    ]
+    params = [KParam(fill(n, real), ctype, fill(n, back)) for n, ctype in entry["params"]]
     back["pfKERNEL"] = name
     canonical = KFunction.from_json(entry["function"])
     printed = instantiate_function(canonical, [(p.ctype, p.name) for p in params], real)
