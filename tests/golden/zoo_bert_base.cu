@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_a2e8e035b3747ffcd577(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_717f47d24d0b86d2ab2b(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -168,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_a2e8e035b3747ffcd577(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_7ffe0fa10d38619e298a(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_97d41d6b0034ff6e890a(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -229,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_7ffe0fa10d38619e298a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_6660ffcbb00204349a45(float* __restrict__ matmul12, const float* __restrict__ add1_merged, const float* __restrict__ add5) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_cbafa0b05b86762af8ce(float* __restrict__ matmul12, const float* __restrict__ add1_merged, const float* __restrict__ add5) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -288,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_6660ffcbb00204349a45(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b6e75ae0ab6dbf960ee8(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_1548fb6c1d006812ebaa(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -362,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b6e75ae0ab6dbf960ee8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_f966e2b914065cbdbb9e(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_9d5d8ecffa358f289c02(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -429,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_f966e2b914065cbdbb9e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_0c73c663062e808d1945(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_540c46a510e65061fa72(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -476,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_0c73c663062e808d1945(flo
   if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_071e198b04ad637da36a(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_b99d00b6906cc87a4ea8(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -557,7 +557,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_071e198b04ad637da36a(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_728db3209fcafd9c79af(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_6462abcb967400353e15(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -620,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_728db3209fcafd9c79af(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_5f02928107f3f0981fa3(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_26dcefef2b73ef90001c(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

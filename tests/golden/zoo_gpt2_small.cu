@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7ba2f1708fd3f93595eb(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_7747fcdaff0cf23b29ac(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_7ba2f1708fd3f93595eb(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_a2e8e035b3747ffcd577(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_717f47d24d0b86d2ab2b(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_a2e8e035b3747ffcd577(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_7ffe0fa10d38619e298a(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_97d41d6b0034ff6e890a(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_7ffe0fa10d38619e298a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_6660ffcbb00204349a45(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_cbafa0b05b86762af8ce(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -356,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_6660ffcbb00204349a45(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ddb6983e175800d89554(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_89c413b231a2985ae4ab(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -434,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_ddb6983e175800d89554(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_f966e2b914065cbdbb9e(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_9d5d8ecffa358f289c02(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -501,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_f966e2b914065cbdbb9e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_0c73c663062e808d1945(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_540c46a510e65061fa72(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -548,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_0c73c663062e808d1945(flo
   if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8280ed84f0735f541c26(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_b271ff1dc6e0d197c4ba(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -633,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8280ed84f0735f541c26(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_e16844d80736c5c99160(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_0e253efa31a2dc8627e3(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_e16844d80736c5c99160(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_5f02928107f3f0981fa3(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_26dcefef2b73ef90001c(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -798,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_5f02928107f3f0981fa3(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_2463989446728cf7c647(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_50ee889da106a8073acd(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_2d1c564a1fa7439dafb4(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(64) pf_5fc764ea392f975bde68(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_2d1c564a1fa7439dafb4(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_d5e51084bbf013a45c02(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
+extern "C" __global__ void __launch_bounds__(16) pf_dea2f836cade045bfcf7(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -94,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_d5e51084bbf013a45c02(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_5840c589799450d7a0e9(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_534e4749f8d605d0eceb(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_5840c589799450d7a0e9(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_e971e8543032824e6360(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(64) pf_72c5e4834951add5dffc(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_e971e8543032824e6360(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_8c8473d71ea0d8a758d0(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23) {
+extern "C" __global__ void __launch_bounds__(16) pf_37ecaca322c2c7809473(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_8c8473d71ea0d8a758d0(float* 
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_06ae1737caa49f9eade1(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
+extern "C" __global__ void __launch_bounds__(64) pf_85f5a94ccdf93bc155a4(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -252,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_06ae1737caa49f9eade1(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_d09799bb86a8dd3ba70a(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
+extern "C" __global__ void __launch_bounds__(64) pf_bb51b58dd1b2c0918407(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

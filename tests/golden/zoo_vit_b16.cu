@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_756d00451adca8e01040(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_ac3d71522c975b855892(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_756d00451adca8e01040(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_3e26a7b3a0c875e56f9c(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
+extern "C" __global__ void __launch_bounds__(160) pf_8437e2494597c67b7851(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_3e26a7b3a0c875e56f9c(float*
   add4[b0 * 160 + t1 * 32 + t2] = (((t1 < 1) ? cls_token[0 * 32 + 0 * 32 + t2] : conv2d0[b0 * 128 + t2 * 4 + pf_fdiv((t1 - 1), 2) * 2 + pf_mod((t1 - 1), 2)]) + pos_embed[0 * 160 + t1 * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_e1e884bff1bc19eb36c9(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_6ee252da7f5993968c4f(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_e1e884bff1bc19eb36c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_b19d5542b9dc71ae4aea(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_5db0bd0ab97e7ac2bc31(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -305,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_b19d5542b9dc71ae4aea(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_8acdd45af150863b4873(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_5f11d299abfbf52f7b3e(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -366,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_8acdd45af150863b4873(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_4fcb08c94d509f3c019b(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_b0acc3d1d45c4228cc25(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -425,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_4fcb08c94d509f3c019b(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_9876475db974a3bc6de9(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(128) pf_5be6a452239bbfcae76b(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -464,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_9876475db974a3bc6de9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_02953bdddfe403c112a9(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_944ef1691b5b3799b70a(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -504,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_02953bdddfe403c112a9(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_32cd1d7f60a4508e75c2(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f64ac14cef358c4b9d8c(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -551,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_32cd1d7f60a4508e75c2(flo
   if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_1ed4b60cba2c209bcd1d(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_705fd0a377dab974411b(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_1ed4b60cba2c209bcd1d(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_5f9fce10ce56f32277f1(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_19c13fdaaa34e784c1e5(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -705,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_5f9fce10ce56f32277f1(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_095b71ac926731dc836d(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_4cdf5eaef8e78eb40f71(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -807,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_095b71ac926731dc836d(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_44fd5301241c390d4dd4(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_4e33270d05adc487c460(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -894,7 +894,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_44fd5301241c390d4dd4(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_766ad4873dca90ea447f(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_0154ffec65d7d02b1281(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
