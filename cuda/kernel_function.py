@@ -10,9 +10,9 @@ same kernel is printed as its own ``__global__`` function (indices ``blockIdx.x`
 ``threadIdx.x``) or as a part of a Layer 3 dispatch (a ``__device__`` function whose indices
 are its parameters ``pf_block`` and ``pf_thread``, :mod:`polyfuse.cuda.kernel_dispatch`),
 under any function name: the printer is given the indices and the name, nothing is
-substituted in text afterwards. The copy thread grids of a GEMM body read ``threadIdx.x``
-themselves; such a kernel stages operands in shared memory, so it is collective and keeps
-its block's real thread index in any dispatch.
+substituted in text afterwards. A body whose copy thread grids (GEMM operand copies) or
+combine helpers read ``threadIdx.x`` themselves says so (:attr:`KFunction.own_thread_index`);
+such a kernel is collective and is printed only with its block's real thread index.
 
 The compile cache stores a kernel's :class:`KFunction` with canonical names
 (:meth:`KFunction.to_json`); dedup hashes it (:mod:`polyfuse.cuda.dedup`).
@@ -41,7 +41,8 @@ class KFunction:
     ``params``: (C type, name) in order; ``threads``/``min_blocks``: its launch bounds;
     ``grid_dims``/``thread_dims``: the coordinates the block / thread index decompose into
     (slowest first); ``body``: its allocations and statements as printed (lines, each ending
-    in a newline), reading no launch index but through those coordinates.
+    in a newline), reading no block index but through those coordinates, and the thread index
+    itself only where ``own_thread_index`` (copy thread grids, a lane combine).
     """
 
     params: tuple[tuple[str, str], ...]
@@ -50,6 +51,7 @@ class KFunction:
     grid_dims: tuple[tuple[str, int], ...]
     thread_dims: tuple[tuple[str, int], ...]
     body: str
+    own_thread_index: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (the compile cache's; dedup hashes it)."""
@@ -60,6 +62,7 @@ class KFunction:
             "grid_dims": [list(d) for d in self.grid_dims],
             "thread_dims": [list(d) for d in self.thread_dims],
             "body": self.body,
+            "own_thread_index": self.own_thread_index,
         }
 
     @classmethod
@@ -72,6 +75,7 @@ class KFunction:
             tuple((n, s) for n, s in d["grid_dims"]),
             tuple((n, s) for n, s in d["thread_dims"]),
             d["body"],
+            d["own_thread_index"],
         )
 
 
@@ -108,6 +112,7 @@ def print_function(
         head = f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({sig}) {{'
     else:
         assert block == PART_BLOCK and thread in (PART_THREAD, THREAD_INDEX), (block, thread)
+        assert thread == THREAD_INDEX or not fn.own_thread_index, f"{name} reads threadIdx.x"
         head = (
             f"__device__ __forceinline__ void {name}({sig}, "
             f"const int {PART_BLOCK}, const int {PART_THREAD}) {{"

@@ -33,6 +33,7 @@ def dispatch_node(parts: list[Kernel], block: int, ranges: list[tuple[int, int, 
         threads = k.block[0]
         local = threads != block or fold > 1
         assert not (local and k.facts.collective), f"{k.name}: its threads act together"
+        assert not (local and k.printed.own_thread_index), f"{k.name} reads threadIdx.x"
         for p in k.params:
             if p.name not in index:
                 index[p.name] = len(params)

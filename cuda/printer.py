@@ -547,6 +547,7 @@ def emit_kernel(
         ir.grid_dims,
         ir.thread_dims,
         "".join(f"{line}\n" for line in lines),
+        bool(ir.thread_grids) or c is not None,  # copy grids and combines read threadIdx.x
     )
     return Kernel(
         ir.name,

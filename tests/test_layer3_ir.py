@@ -54,6 +54,9 @@ def test_pack_built_from_ir_parts_runs_like_numpy(y_shape, kind):
     assert isinstance(d, KDispatch) and packed.body == [d]
     red, ew = d.parts
     assert not red.local_thread  # a part with shuffles keeps its block's thread index
+    assert red.function.own_thread_index and not ew.function.own_thread_index  # its combine
+    with pytest.raises(AssertionError, match="reads threadIdx.x"):
+        print_function(red.function, "pk_t_p0", PART_BLOCK, PART_THREAD)
     assert ew.local_thread and (ew.threads > d.block if kind == "split" else ew.fold > 1)
     # every part printed by the printer with its indices as parameters, under the pack's name
     for i, (p, k) in enumerate(zip(d.parts, kernels, strict=True)):
@@ -144,4 +147,5 @@ def test_no_regex_in_packing_and_dedup():
     assert [f.name for f in files if _imports_re(f)] == []
     from polyfuse.cuda import namer
 
-    assert not hasattr(namer, "rename_identifiers")
+    for rewriter in ("rename_identifiers", "instantiate", "rename_canonical"):
+        assert not hasattr(namer, rewriter), rewriter
