@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(135) pf_c2b726edfd8533e371cc(float* __restrict__ gelu19, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(135) pf_4037d3d53a2a1a3af45b(float* __restrict__ gelu19, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_7747fcdaff0cf23b29ac(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_36d830df383e21279a87(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_7747fcdaff0cf23b29ac(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_717f47d24d0b86d2ab2b(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_717f47d24d0b86d2ab2b(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_97d41d6b0034ff6e890a(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_97d41d6b0034ff6e890a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_cbafa0b05b86762af8ce(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_619b349162f516f55059(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -356,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_cbafa0b05b86762af8ce(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_89c413b231a2985ae4ab(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_026b4e62aaab97e0a94a(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -434,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_89c413b231a2985ae4ab(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_9d5d8ecffa358f289c02(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -501,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_9d5d8ecffa358f289c02(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_540c46a510e65061fa72(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_37cf53350df305695445(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -548,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_540c46a510e65061fa72(flo
   if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_b271ff1dc6e0d197c4ba(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_8e9e25e53d6c52669b5f(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -633,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_b271ff1dc6e0d197c4ba(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_0e253efa31a2dc8627e3(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_6aa3e47c8234c33a977a(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_0e253efa31a2dc8627e3(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_26dcefef2b73ef90001c(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_d70fc511c046fd0a110e(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -798,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_26dcefef2b73ef90001c(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_50ee889da106a8073acd(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_6ffa832cbd2d4d7e6298(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_173a00d0e1eb9ece00be(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_a1c5ec63d9f8beed5fdc(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_173a00d0e1eb9ece00be(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4a6a2a3882421713fb39(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
+extern "C" __global__ void __launch_bounds__(256) pf_5296424897a65efc9f84(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_4a6a2a3882421713fb39(float*
   max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_93297e707812213bc032(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_290ab9ce201e6aa73532(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_93297e707812213bc032(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_8d409cf730e38ffbee49(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_24cf23adc0d120df529e(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
@@ -253,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_8d409cf730e38ffbee49(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_f1c0c9a96faa3efb2884(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_503ad84b97b97a75fc83(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -315,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_f1c0c9a96faa3efb2884(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 3) pf_5be8deebc6d9611abe2b(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
+extern "C" __global__ void __launch_bounds__(128, 3) pf_6ab5f713d4d01c41fb74(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) pf_5be8deebc6d9611abe2b(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_1425ff1eb242fa83d400(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_3b6568add11219a91a6a(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -496,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1425ff1eb242fa83d400(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_3589d2ab45ae8bd57144(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_418b939750dd59737dfc(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
@@ -551,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3589d2ab45ae8bd57144(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_cb8a7fd9d2c162223e05(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c17247f3fba2068f929d(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -606,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_cb8a7fd9d2c162223e05(flo
   conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_cb80eec5c862abeb4c7e(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_b5561bb85725df0038e0(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -677,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_cb80eec5c862abeb4c7e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_716d9fc2024161c43132(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_fa293a3dd276c107b85e(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -700,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_716d9fc2024161c43132(float*
   r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean28_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) pf_badcf6a18c757657a4d2(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) pf_56934f85af5c7ccfa86c(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

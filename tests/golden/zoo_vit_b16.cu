@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_ac3d71522c975b855892(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_095036b24bc0f97af681(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_ac3d71522c975b855892(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_8437e2494597c67b7851(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
+extern "C" __global__ void __launch_bounds__(160) pf_5c63f678ff49d20e6173(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_8437e2494597c67b7851(float*
   add4[b0 * 160 + t1 * 32 + t2] = (((t1 < 1) ? cls_token[0 * 32 + 0 * 32 + t2] : conv2d0[b0 * 128 + t2 * 4 + pf_fdiv((t1 - 1), 2) * 2 + pf_mod((t1 - 1), 2)]) + pos_embed[0 * 160 + t1 * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_6ee252da7f5993968c4f(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_a52e1c679ba02b49dfa8(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_6ee252da7f5993968c4f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_5db0bd0ab97e7ac2bc31(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -305,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_5db0bd0ab97e7ac2bc31(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_5f11d299abfbf52f7b3e(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_218735dab71ae7857f86(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -366,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_5f11d299abfbf52f7b3e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_b0acc3d1d45c4228cc25(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_a808e16e9682b442f80c(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -425,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_b0acc3d1d45c4228cc25(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_5be6a452239bbfcae76b(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(128) pf_d6dfd5f15445192783f6(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -464,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_5be6a452239bbfcae76b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_944ef1691b5b3799b70a(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -504,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_944ef1691b5b3799b70a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f64ac14cef358c4b9d8c(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_fe68ed3375d441e6820a(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -551,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_f64ac14cef358c4b9d8c(flo
   if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_705fd0a377dab974411b(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_5c5d121431d2b263ad89(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_705fd0a377dab974411b(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_19c13fdaaa34e784c1e5(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_4436131e74ffd4fd0ab5(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -705,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_19c13fdaaa34e784c1e5(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_4cdf5eaef8e78eb40f71(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_536e1b715abe65e9df48(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -807,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_4cdf5eaef8e78eb40f71(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_4e33270d05adc487c460(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_38021477f7d726f4a8e9(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -894,7 +894,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_4e33270d05adc487c460(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_0154ffec65d7d02b1281(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f33b5362357f0d56c355(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
