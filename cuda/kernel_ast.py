@@ -413,12 +413,9 @@ class Kernel:
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
     function: str = ""
-    #: the function as printed (:mod:`polyfuse.cuda.kernel_function`); None for a pack (its
-    #: body is a :class:`polyfuse.cuda.kernel_dispatch.KDispatch`) or one written by hand
+    #: its printed function (None: a pack, whose body is a KDispatch, or written by hand) ...
     printed: KFunction | None = None
-    #: the same printed with canonical names (``pfT<i>``, :mod:`polyfuse.cuda.namer`): what
-    #: the compile cache stores and dedup hashes
-    canonical: KFunction | None = None
+    canonical: KFunction | None = None  # ... with canonical names: cached, hashed by dedup
 
     @property
     def shared_bytes(self) -> int:
