@@ -1,28 +1,52 @@
-"""One ``__global__`` function per distinct kernel body.
+"""One ``__global__`` function per distinct kernel, by a structural hash of its IR.
 
 The twelve layers of a transformer produce kernels that differ only in the buffers they read
-and write. Their sources in canonical form (tensor names ``pfT0``…, kernel name ``pfKERNEL``:
-printed so by the namer, :mod:`polyfuse.cuda.namer`, as the compile cache stores them) are
-then identical, so they can run the same function with different arguments: the CUDA
-translation unit holds each distinct body once, named ``pf_<digest of the body>``, and
-NVRTC/nvcc compile ~20 functions instead of ~230. The function's text is its first user's
-with the kernel's name (and its pack parts' names) replaced as whole identifiers: kernel names
-lie in the namer's generated space, so no tensor or local is renamed with them.
+and write. Printed with canonical names (tensor parameters ``pfT0``… by position in the
+structural key, :mod:`polyfuse.cuda.namer`) their functions
+(:class:`polyfuse.cuda.kernel_function.KFunction`: parameters, launch bounds and coordinates,
+allocations and statements, without a name) are equal records, and a Layer 3 dispatch
+(:class:`polyfuse.cuda.kernel_dispatch.KDispatch`) is its layout, which of its parameters each
+part reads (by position) and its parts' canonical functions (part and kernel names are not
+part of it). :func:`structural_hash` hashes that record, so two kernels share a function only
+when their IR prints identically under any names; they then run one function with different
+arguments: the translation unit holds each distinct function once, named
+``pf_<digest>``, printed under that name (:func:`polyfuse.cuda.kernel_dispatch.print_kernel`),
+and NVRTC/nvcc compile ~20 functions instead of ~230.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import replace
 
 from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.namer import part_function, rename_identifiers
-from polyfuse.cuda.pack import pack_parts
+from polyfuse.cuda.kernel_dispatch import dispatch_of, print_kernel
 
 
-def function_name(canonical_source: str) -> str:
-    """The shared function's name: a digest of the canonical body."""
-    return "pf_" + hashlib.sha256(canonical_source.encode()).hexdigest()[:20]
+def structural_hash(kernel: Kernel) -> str | None:
+    """The hex digest of ``kernel``'s structure with canonical names (None when it has no
+    canonical form: a kernel written by hand, or a pack with such a part)."""
+    d = dispatch_of(kernel)
+    if d is None:
+        if kernel.canonical is None:
+            return None
+        record: object = ["function", kernel.canonical.to_json()]
+    else:
+        if any(p.canonical is None for p in d.parts):
+            return None
+        parts = [
+            [p.first, p.blocks, p.fold, p.grid, p.threads, p.local_thread, list(p.args)]
+            + [p.canonical.to_json()]  # type: ignore[union-attr]
+            for p in d.parts
+        ]
+        record = ["dispatch", d.block, [p.ctype for p in d.params], parts]
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def function_name(digest: str) -> str:
+    """The shared function's name: a prefix of the structural hash."""
+    return "pf_" + digest[:20]
 
 
 class FunctionTable:
@@ -32,25 +56,23 @@ class FunctionTable:
         self.sources: dict[str, str] = {}
         self.users: dict[str, list[str]] = {}
 
-    def bind(self, kernel: Kernel, canonical_source: str) -> Kernel:
-        """``kernel`` running the function of its canonical body (added if new, as
-        ``kernel``'s own source renamed): a copy whose ``function`` and ``source`` are the
-        shared function's. Structurally identical kernels differ only in their buffers,
-        which are parameters, so any user's text computes every user's result."""
-        name = function_name(canonical_source)
+    def add(self, kernel: Kernel) -> Kernel:
+        """``kernel`` running the function of its structure (added if new, printed from
+        ``kernel`` under the function's name): a copy whose ``function`` and ``source`` are
+        the shared function's. A kernel without a canonical form keeps a function of its
+        own. Structurally identical kernels differ only in their buffers, which are
+        parameters, so any user's function computes every user's result."""
+        digest = structural_hash(kernel)
+        if digest is None:
+            self.sources[kernel.name] = kernel.source
+            self.users[kernel.name] = [kernel.name]
+            return kernel
+        name = function_name(digest)
         if name not in self.sources:  # its first user's names keep the text readable
-            names = {kernel.name: name}
-            for i in range(len(pack_parts(kernel))):  # a pack's part functions
-                names[part_function(kernel.name, i)] = part_function(name, i)
-            self.sources[name] = rename_identifiers(kernel.source, names)
+            self.sources[name] = print_kernel(kernel, name)
             self.users[name] = []
         self.users[name].append(kernel.name)
         return replace(kernel, function=name, source=self.sources[name])
-
-    def own(self, kernel: Kernel) -> None:
-        """Add ``kernel``'s source as a function of its own (e.g. a packed launch)."""
-        self.sources[kernel.name] = kernel.source
-        self.users[kernel.name] = [kernel.name]
 
     def source(self) -> str:
         """Every distinct function once."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from polyfuse.base.visitor import R, Visitor
 from polyfuse.cuda.kernel_expr import KExpr, KInt, KOp, KVar, substitute  # noqa: F401 (re-export)
+from polyfuse.cuda.kernel_function import KFunction
 from polyfuse.cuda.namer import Namer
 from polyfuse.stitch.facts import KernelFacts
 
@@ -412,9 +413,9 @@ class Kernel:
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.dedup`); empty: the function is named ``name``.
     function: str = ""
-    #: the source with canonical names (``pfT<i>``, ``pfKERNEL``; see
-    #: :mod:`polyfuse.cuda.namer`): what the compile cache stores and dedup compares
-    canonical: str = ""
+    #: its printed function (None: a pack, whose body is a KDispatch, or written by hand) ...
+    printed: KFunction | None = None
+    canonical: KFunction | None = None  # ... with canonical names: cached, hashed by dedup
 
     @property
     def shared_bytes(self) -> int:
@@ -521,7 +522,8 @@ class _Format(KVisitor[list[str]]):
         return [line for n in nodes for line in self.visit(n, depth)]
 
     def visit_default(self, n: Any, depth: int) -> list[str]:
-        return []
+        # a node defined above this module (a Layer 3 dispatch) formats itself
+        return n.format_lines(depth, self.lines) if hasattr(n, "format_lines") else []
 
     def visit_KFor(self, n: KFor, depth: int) -> list[str]:
         unroll = f"  // unrolled{f' by {n.unroll_by}' if n.unroll_by else ''}" if n.unroll else ""

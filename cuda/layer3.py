@@ -11,7 +11,6 @@ accesses from its parameters (:func:`kernel_accesses`) and emits the packs
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from polyfuse.cuda.kernel_ast import Kernel
@@ -29,9 +28,6 @@ from polyfuse.stitch.parallel import (
 )
 from polyfuse.stitch.plan import KernelPlan
 
-# the one text check left: block-range dispatch rewrites a part's source as a device function
-_HEAD = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
-
 
 def part_shape(k: Kernel) -> PartShape:
     """The kernel as a candidate part (``ineligible`` says why it cannot be one), from its
@@ -46,9 +42,9 @@ def part_shape(k: Kernel) -> PartShape:
         why = f"{k.name}: uses launch axes block-range dispatch does not rewrite"
     elif facts.parts > 1:
         why = f"{k.name}: already a packed launch"
-    elif not _HEAD.search(k.source):
-        why = f'{k.name}: its source is not one extern "C" __global__ function'
-    elif any(p.ctype not in ("const float*", "float*") for p in k.params):
+    elif k.printed is None:
+        why = f"{k.name}: not one printed kernel function (polyfuse.cuda.kernel_function)"
+    elif any(not p.ctype.endswith("*") for p in k.params):
         why = f"{k.name}: scalar parameters"
     return PartShape(
         k.name,

@@ -26,6 +26,7 @@ from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.astgen import convert_expr, expr_from
 from polyfuse.cuda.gemm_printer import GemmBodyPrinter
 from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
+from polyfuse.cuda.kernel_function import instantiate_function, print_function
 from polyfuse.cuda.lower_addresses import strength_reduce
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
@@ -37,7 +38,7 @@ from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promoti
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize
-from polyfuse.cuda.namer import CANONICAL_KERNEL, Namer, c_name, instantiate
+from polyfuse.cuda.namer import CANONICAL_KERNEL, Namer, c_name, slots
 from polyfuse.cuda.printer import emit_kernel
 from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
@@ -88,19 +89,27 @@ def _namer(name: str, canonical: Mapping[str, str] | None) -> tuple[str, Namer]:
     """The name to print a kernel under and its namer: canonical ones when given."""
     if canonical is None:
         return name, Namer()
-    return CANONICAL_KERNEL, Namer(canonical)
+    return CANONICAL_KERNEL, Namer(slots(canonical))
 
 
 def instantiate_kernel(kernel: Kernel, canonical: Mapping[str, str] | None, name: str) -> Kernel:
     """``kernel`` printed with ``canonical`` names (graph identifier → ``pfT<i>``) under its
     real names: kernel ``name``, each tensor its :func:`polyfuse.cuda.namer.c_name`; the
-    canonical text stays in ``kernel.canonical``. Without ``canonical``, ``kernel`` itself."""
+    canonical function stays in ``kernel.canonical``. Without ``canonical``, ``kernel`` itself."""
     if canonical is None:
         return kernel
+    assert kernel.printed is not None
     real = {c: c_name(t) for t, c in canonical.items()}
-    source = instantiate(kernel.source, real, name)
     params = [KParam(Namer().tensor(p.tensor), p.ctype, p.tensor) for p in kernel.params]
-    return replace(kernel, name=name, params=params, source=source, canonical=kernel.source)
+    printed = instantiate_function(kernel.printed, [(p.ctype, p.name) for p in params], real)
+    return replace(
+        kernel,
+        name=name,
+        params=params,
+        source=print_function(printed, name),
+        printed=printed,
+        canonical=kernel.printed,
+    )
 
 
 def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> list[BufferPlacement]:

@@ -20,11 +20,11 @@ start with a generated prefix nor end with a derived suffix, two derived names a
 for the same tensor and kind.
 
 **Canonical names.** The compile cache and kernel dedup (:mod:`polyfuse.cuda.dedup`) keep a
-kernel's text with its tensors named ``pfT<i>`` (the structural key's order) and the kernel
-``pfKERNEL``: a :class:`Namer` built over that mapping prints the canonical text directly, so no
-generated local is ever stored under a user's name, and :func:`instantiate` writes it for any
-group of the same structure. In a derived name the tensor's name is followed by nothing, by
-``_`` or (a quad only) by one digit, which is how :func:`instantiate` finds it.
+kernel's text with its tensors named by position (``pfT<i>``, the structural key's order): a
+:class:`Namer` built over their slots (:func:`slots`) prints the canonical text directly, so no
+generated local is ever stored under a user's name, and :func:`fill` writes it for any group of
+the same structure by filling the slots the namer printed (no identifier is read back from the
+text). The regular expressions below only classify names (user or generated space).
 """
 
 from __future__ import annotations
@@ -202,9 +202,11 @@ def _stream(k: int) -> str:
 
 # --- canonical text ----------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
-_CANONICAL = re.compile(rf"(?<![A-Za-z0-9]){CANONICAL_TENSOR}(\d+)(?!\d)")
-_QUAD = re.compile(r"^q_")
+#: In canonical text a tensor's name is a *slot*: its canonical name (``pfT<i>``) between these
+#: two control characters, which printed C never holds otherwise. Derived names keep their
+#: prefix and suffix around the slot (``r_\x01pfT0\x02_acc``), so :func:`fill` writes any
+#: group's names into the text the namer printed, slot by slot, without reading identifiers.
+SLOT_OPEN, SLOT_CLOSE = "\x01", "\x02"
 
 
 def canonical_names(idents: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -212,47 +214,18 @@ def canonical_names(idents: list[str] | tuple[str, ...]) -> dict[str, str]:
     return {t: f"{CANONICAL_TENSOR}{i}" for i, t in enumerate(idents)}
 
 
-def rename_canonical(name: str, names: Mapping[str, str]) -> str:
-    """One identifier of canonical text with its canonical tensor name replaced by
-    ``names[canonical]`` (a quad's trailing digit is not part of the tensor's name)."""
-    if CANONICAL_TENSOR not in name:
-        return name
-    tail = ""
-    if _QUAD.match(name):
-        name, tail = name[:-1], name[-1]
-    return _CANONICAL.sub(lambda m: names[m.group(0)], name) + tail
+def slots(canonical: Mapping[str, str]) -> dict[str, str]:
+    """Graph identifier → the slot of its canonical name: the names a :class:`Namer` prints
+    canonical text with."""
+    return {t: f"{SLOT_OPEN}{c}{SLOT_CLOSE}" for t, c in canonical.items()}
 
 
-#: In canonical text: a quad (its tensor's name ends before the quad's digit), any other
-#: canonical tensor name, the kernel's name. One pass, so replacements are never rescanned.
-_INSTANCE = re.compile(
-    rf"(?<![\w.])(?P<quad>q_(?:\d+_)?){CANONICAL_TENSOR}(?P<qi>\d+)(?P<acc>{ACC})?(?P<j>\d)(?!\w)"
-    rf"|(?<![A-Za-z0-9.]){CANONICAL_TENSOR}(?P<i>\d+)(?!\d)"
-    rf"|(?<![\w.]){CANONICAL_KERNEL}(?!\w)"
-)
-
-
-def instantiate(text: str, names: Mapping[str, str], kernel: str | None = None) -> str:
-    """Canonical ``text`` with canonical tensor names replaced by ``names[canonical]`` and
-    ``pfKERNEL`` by ``kernel``."""
-
-    def one(m: re.Match[str]) -> str:
-        if m.group("quad") is not None:
-            base = names[CANONICAL_TENSOR + m.group("qi")]
-            return m.group("quad") + base + (m.group("acc") or "") + m.group("j")
-        if m.group("i") is not None:
-            return names[CANONICAL_TENSOR + m.group("i")]
-        return m.group(0) if kernel is None else kernel
-
-    return _INSTANCE.sub(one, text)
-
-
-def rename_identifiers(text: str, names: Mapping[str, str]) -> str:
-    """``text`` with every whole identifier in ``names`` replaced (not members: ``a.x``)."""
-    return _TOKEN.sub(lambda m: names.get(m.group(0), m.group(0)), text)
-
-
-def part_function(kernel: str, i: int) -> str:
-    """The ``__device__`` function of part ``i`` of the pack ``kernel`` (a name derived from
-    the kernel's, so renaming the kernel renames its parts)."""
-    return f"{kernel}_p{i}"
+def fill(text: str, names: Mapping[str, str]) -> str:
+    """Canonical ``text`` with every slot replaced by ``names[its canonical name]`` (one pass:
+    what is filled in is never read again)."""
+    head, *rest = text.split(SLOT_OPEN)
+    out = [head]
+    for piece in rest:
+        key, tail = piece.split(SLOT_CLOSE, 1)
+        out += [names[key], tail]
+    return "".join(out)

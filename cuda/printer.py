@@ -39,6 +39,7 @@ from polyfuse.cuda.kernel_ast import (
     Scope,
 )
 from polyfuse.cuda.kernel_cost import ir_work
+from polyfuse.cuda.kernel_function import KFunction, decompose, print_function  # noqa: F401
 from polyfuse.cuda.literals import c_float, c_int
 from polyfuse.cuda.lower_dtypes import (
     C_TYPES,
@@ -544,20 +545,6 @@ def _vector_lines(
     return out
 
 
-def decompose(lin: str, tmp: str, coords: list[tuple[str, int]]) -> list[str]:
-    """Split a linear index into coordinates (slowest first), the last varying fastest."""
-    if not coords:
-        return []
-    lines = [f"  int {tmp} = {lin};"]
-    for i in reversed(range(len(coords))):
-        name, size = coords[i]
-        if i == 0:
-            lines.append(f"  const int {name} = {tmp};")
-        else:
-            lines.append(f"  const int {name} = {tmp} % {size}; {tmp} /= {size};")
-    return lines
-
-
 def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> list[str]:
     """Declarations of the IR's allocations, in order (a buffer's copy thread grid first)."""
     lines = []
@@ -636,15 +623,19 @@ def emit_kernel(
         return _vector_lines(n, depth, emit, bp, stmts)
 
     check_declared(ir)
-    sig = ", ".join(f"{p.ctype} __restrict__ {p.name}" for p in ir.params)
-    bounds = f"{ir.threads}, {ir.min_blocks}" if ir.min_blocks else f"{ir.threads}"
-    lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {ir.name}({sig}) {{']
-    lines += decompose("blockIdx.x", "_b", list(ir.grid_dims))
-    lines += decompose("threadIdx.x", "_t", list(ir.thread_dims))
-    lines += _allocs(ir.allocs, ir.thread_grids)
+    lines = _allocs(ir.allocs, ir.thread_grids)
     buffers = {a.name: a.shape for a in ir.allocs}
     lines += _Emitter(emit_stmt, buffers, emit_vector)(ir.body, 1)
-    lines.append("}")
+    # the launch indices are printed by print_function, given as its parameters
+    printed = KFunction(
+        tuple((p.ctype, p.name) for p in ir.params),
+        ir.threads,
+        ir.min_blocks,
+        ir.grid_dims,
+        ir.thread_dims,
+        "".join(f"{line}\n" for line in lines),
+        bool(ir.thread_grids) or c is not None,  # copy grids and combines read threadIdx.x
+    )
     return Kernel(
         ir.name,
         list(ir.params),
@@ -653,5 +644,6 @@ def emit_kernel(
         (ir.threads, 1, 1),
         list(ir.micrographs),
         facts=kernel_facts(ir, work=ir_work(ir, statements, _spaces(placements), idents)),
-        source="\n".join(lines) + "\n",
+        source=print_function(printed, ir.name),
+        printed=printed,
     )

@@ -8,8 +8,9 @@ mapped back to each use. With a directory the cache persists across processes (o
 :class:`polyfuse.base.store.Store` entry per key: versioned, checksummed, written atomically);
 without one it still deduplicates within a compile.
 
-A kernel's source is stored as the namer printed it with those names
-(:mod:`polyfuse.cuda.namer`), so none of its generated locals is stored under a user's name.
+A kernel is stored as the printer wrote it with those names, apart from its name and launch
+indices (:class:`polyfuse.cuda.kernel_function.KFunction`, printed through the namer,
+:mod:`polyfuse.cuda.namer`), so none of its generated locals is stored under a user's name.
 
 An entry that is unreadable, fails its checksum, comes from another version or lacks the
 fields its use needs is a miss: the caller rebuilds it and the rewrite heals the file.
@@ -27,24 +28,27 @@ from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import Store
 from polyfuse.cuda.kernel_ast import Kernel, KParam
-from polyfuse.cuda.namer import Namer, c_name, instantiate, rename_canonical
+from polyfuse.cuda.kernel_function import KFunction, instantiate_function, print_function
+from polyfuse.cuda.namer import Namer, c_name, fill, slots
 from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.facts import KernelFacts
 from polyfuse.stitch.plan import KernelPlan
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 9  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 10  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 # 6: kernel facts (polyfuse.stitch.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
 # 8: the global bytes per tensor (Kernel.tensor_bytes)
 # 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
+# 10: the kernel as a printed function apart from its launch indices (KFunction), not source,
+#     its tensor names as the namer's slots (polyfuse.cuda.namer.fill)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
     (
-        "source",
+        "function",
         "params",
         "grid",
         "block",
@@ -180,15 +184,15 @@ class CompileCache:
 
 
 def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str, Any]:
-    """What the cache keeps of a generated kernel, in canonical names (its source as printed
+    """What the cache keeps of a generated kernel, in canonical names (its function as printed
     with the key's canonical names: ``kernel.canonical``)."""
     canon = dict(key.canonical())
-    if not kernel.canonical:
+    if kernel.canonical is None:
         raise ValueError(f"kernel {kernel.name} was not printed with canonical names")
-    names = Namer(canon)
+    names = Namer(slots(canon))
     canon[kernel.name] = "pfKERNEL"
     return {
-        "source": kernel.canonical,
+        "function": kernel.canonical.to_json(),
         "params": [[names.tensor(p.tensor), p.ctype] for p in kernel.params],
         "grid": list(kernel.grid),
         "block": list(kernel.block),
@@ -243,11 +247,10 @@ def kernel_from_entry(
     """A cached kernel under the current names (kernel ``name``, this group's tensors)."""
     back = {c: a for a, c in key.canonical().items()}
     real = {c: c_name(a) for c, a in back.items()}
-    params = [
-        KParam(rename_canonical(n, real), ctype, rename_canonical(n, back))
-        for n, ctype in entry["params"]
-    ]
+    params = [KParam(fill(n, real), ctype, fill(n, back)) for n, ctype in entry["params"]]
     back["pfKERNEL"] = name
+    canonical = KFunction.from_json(entry["function"])
+    printed = instantiate_function(canonical, [(p.ctype, p.name) for p in params], real)
     kernel = Kernel(
         name,
         params,
@@ -256,13 +259,14 @@ def kernel_from_entry(
         tuple(entry["block"]),
         micrographs,
         facts=KernelFacts.from_json(entry["facts"]) if entry["facts"] is not None else None,
-        source=instantiate(entry["source"], real, name),
+        source=print_function(printed, name),
         bytes_read=entry["bytes_read"],
         bytes_written=entry["bytes_written"],
         vector_bytes=entry.get("vector_bytes", 0),
         tensor_bytes={rename(t, back): (r, w) for t, (r, w) in entry["tensor_bytes"].items()},
         notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
-        canonical=entry["source"],
+        printed=printed,
+        canonical=canonical,
     )
     placements = {}
     for tensor, space, reason, copy, kinds in entry["placements"]:

@@ -43,7 +43,6 @@ from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.layer3 import stitch_parallel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
-from polyfuse.cuda.pack import canonical_pack, pack_parts
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.graph.expr import Tensor
@@ -193,7 +192,6 @@ def compile(  # noqa: A001
     plans: list[KernelPlan] = []
     mapped: list[MappedKernel | None] = []
     asts = {}
-    canonical: dict[str, str] = {}
     for i, g in enumerate(groups):
         prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
         tuned = _tuned(cache, graph, g, prims, arch)
@@ -209,7 +207,6 @@ def compile(  # noqa: A001
         else:
             kernel, kp = kernel_from_entry(entry, key, kname, g.names)
             mm = None
-        canonical[kname] = entry["source"]  # its body with canonical names
         kernels.append(kernel)
         plans.append(kp)
         mapped.append(mm)
@@ -220,21 +217,10 @@ def compile(  # noqa: A001
     times["map+place+codegen"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     packs: list[PackDecision] = []
-    unpacked = {k.name: k for k in kernels}
     if pack:  # Layer 3: independent kernels share one launch
         kernels, plans, mapped, packs = stitch_parallel(kernels, plans, mapped, device)
-    functions = FunctionTable()  # identical bodies (and identical packs) share one function
-    bound: list[Kernel] = []
-    for k in kernels:
-        if k.name in canonical:
-            k = functions.bind(k, canonical[k.name])
-        elif (names := pack_parts(k)) and all(n in canonical for n in names):
-            parts = [unpacked[n] for n in names]
-            k = functions.bind(k, canonical_pack(k, parts, [canonical[n] for n in names]))
-        else:
-            functions.own(k)
-        bound.append(k)
-    kernels = bound
+    functions = FunctionTable()  # identical kernels (and identical packs) share one function
+    kernels = [functions.add(k) for k in kernels]
     body = functions.source()
     source = prelude_for(body) + "\n" + body
     times["pack"] = time.perf_counter() - t0

@@ -76,7 +76,7 @@ def test_schedules_without_kernels_regenerate_the_fresh_kernels(tmp_path, fresh)
     _compile(tmp_path)
     store = Store(tmp_path, "compile", ENTRY_VERSION)
     for name, path in _entries(tmp_path).items():
-        if "source" in store.read_json(f"{name}.json"):
+        if "function" in store.read_json(f"{name}.json"):
             path.unlink()
     fn, cache = _compile(tmp_path)
     assert cache.misses >= 1

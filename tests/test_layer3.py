@@ -11,6 +11,7 @@ import polyfuse
 from polyfuse import ops, te
 from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.kernel_ast import Kernel, KParam
+from polyfuse.cuda.kernel_function import KFunction, print_function
 from polyfuse.cuda.layer3 import part_shape
 from polyfuse.poly.device import device_for_arch
 from polyfuse.stitch.facts import KernelFacts, SharedArray
@@ -198,8 +199,9 @@ def test_deep_kernel_chains_need_no_recursion():
 def test_what_a_part_may_contain():
     """Eligibility and collectiveness come from the kernel's facts, not its text."""
 
-    def kernel(facts: KernelFacts | None) -> Kernel:
-        src = 'extern "C" __global__ void __launch_bounds__(64) k(float* __restrict__ y) {\n'
+    def kernel(facts: KernelFacts | None, printed: bool = True) -> Kernel:
+        body = "  y[b0 * 64 + t0] = 1.0f;\n"
+        fn = KFunction((("float*", "y"),), 64, 0, (("b0", 4),), (("t0", 64),), body)
         return Kernel(
             "k",
             [KParam("y", "float*", "y")],
@@ -208,7 +210,8 @@ def test_what_a_part_may_contain():
             (64, 1, 1),
             ["m"],
             facts=facts,
-            source=src + "  y[blockIdx.x * 64 + threadIdx.x] = 1.0f;\n}\n",
+            source=print_function(fn, "k"),
+            printed=fn if printed else None,
         )
 
     plain = part_shape(kernel(KernelFacts()))
@@ -221,6 +224,10 @@ def test_what_a_part_may_contain():
     assert part_shape(kernel(KernelFacts(axes=("x", "y")))).ineligible
     assert "already a packed" in str(part_shape(kernel(KernelFacts(parts=2))).ineligible)
     assert "no kernel facts" in str(part_shape(kernel(None)).ineligible)
+    # text alone (no printed function to print as a part) is not a part
+    assert "not one printed kernel function" in str(
+        part_shape(kernel(KernelFacts(), printed=False)).ineligible
+    )
 
 
 def test_parts_whose_shared_memory_does_not_fit_are_not_packed():

@@ -22,7 +22,7 @@ import polyfuse
 from polyfuse import reference, te
 from polyfuse.cache import CompileCache
 from polyfuse.cuda.compiler import available_compilers
-from polyfuse.cuda.namer import Namer, c_name, canonical_names, instantiate, is_free
+from polyfuse.cuda.namer import Namer, c_name, canonical_names, fill, is_free, slots
 
 # ---------------------------------------------------------------------------------- the graphs
 # A builder takes the names of its tensors — inputs, then outputs, then intermediates — and
@@ -242,21 +242,21 @@ def test_derived_names_never_meet():
 
 def test_canonical_text_instantiates_under_any_names():
     canon = canonical_names(["x", "v_x", "y"])
-    printer = Namer(canon)
+    printer = Namer(slots(canon))
     text = " ".join(
         [printer.tensor("x"), printer.vector("x", 1), printer.quad("v_x", 0, 3)]
-        + [printer.quad("y", 2, 1), printer.register("y_acc"), "pfKERNEL", "blockIdx.x"]
+        + [printer.quad("y", 2, 1), printer.register("y_acc"), "blockIdx.x"]
     )
     assert "v_x" not in text  # no user name in canonical text
     real = {c: c_name(t) for t, c in canon.items()}
-    want = "x v_1_x q_u_v_x_u3 q_2_y1 r_y_acc k0_y blockIdx.x"
-    assert instantiate(text, real, "k0_y") == want
+    want = "x v_1_x q_u_v_x_u3 q_2_y1 r_y_acc blockIdx.x"
+    assert fill(text, real) == want
     with pytest.raises(KeyError, match="no canonical name"):
         printer.tensor("z")
     # one pass: a real name that looks canonical is not renamed again
     canon = canonical_names(["a_pfT1", "y"])
-    text = " ".join([Namer(canon).register("a_pfT1"), Namer(canon).quad("y", 0, 1)])
-    assert instantiate(text, {c: c_name(t) for t, c in canon.items()}) == "r_a_pfT1 q_y1"
+    text = " ".join([Namer(slots(canon)).register("a_pfT1"), Namer(slots(canon)).quad("y", 0, 1)])
+    assert fill(text, {c: c_name(t) for t, c in canon.items()}) == "r_a_pfT1 q_y1"
 
 
 def test_kernels_declare_variables_only_in_the_generated_space():

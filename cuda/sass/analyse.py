@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 from polyfuse.base.errors import PolyfuseError
 from polyfuse.cuda.compiler import KernelResources, compile_cuda
-from polyfuse.cuda.kernel_ast import Kernel, KMark, KNode
+from polyfuse.cuda.kernel_ast import Kernel, KNode
+from polyfuse.cuda.kernel_dispatch import KDispatch
 from polyfuse.cuda.sass.loops import body_mix, find_loops, hot_loop
 from polyfuse.cuda.sass.mix import InstrMix
 from polyfuse.cuda.sass.parse import SassFunction, parse_listing
@@ -120,7 +121,7 @@ def analyse_function(
             notes.append("one block does not fit an SM: no estimate")
     elif launch is None:
         notes.append("no launch shape (grid, block): no occupancy or estimate")
-    parts = [n.name for n in body or () if isinstance(n, KMark) and n.name.startswith("pack:")]
+    parts = [p for n in body or () if isinstance(n, KDispatch) for p in n.parts]
     if len(parts) > 1:
         notes.append(
             f"Layer 3 pack of {len(parts)} parts: each block runs one; per thread, the "

@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 
 from polyfuse.cuda.kernel_ast import KNode, KVector, KVectorStore, map_children
+from polyfuse.cuda.kernel_dispatch import KDispatch
 from polyfuse.cuda.sass.mix import classify
 from polyfuse.cuda.sass.parse import SassFunction
 from polyfuse.cuda.sass.records import VectorAccess, VectorCheck
@@ -43,6 +44,9 @@ def vector_sites(body: Sequence[KNode]) -> int:
                 count += len({a.tensor for a in n.loads}) + len({a.tensor for a in n.stores})
             elif isinstance(n, KVectorStore):
                 count += 1
+            elif isinstance(n, KDispatch):  # a Layer 3 pack: each part's IR
+                for p in n.parts:
+                    walk(list(p.body))
             map_children(n, walk)
         return nodes
 

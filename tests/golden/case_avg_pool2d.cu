@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_a8550dce789823acf088(float* __restrict__ avg_pool2d29, const float* __restrict__ X) {
+extern "C" __global__ void __launch_bounds__(128) pf_c94aa62cb8c984f112d6(float* __restrict__ avg_pool2d29, const float* __restrict__ X) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 4; _b /= 4;

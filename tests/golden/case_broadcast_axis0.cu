@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) pf_9ceba728d22dd1bfb7a4(float* __restrict__ relu2, const float* __restrict__ x3, const float* __restrict__ bias0) {
+extern "C" __global__ void __launch_bounds__(231) pf_4a6d4106955246f0ff34(float* __restrict__ relu2, const float* __restrict__ x3, const float* __restrict__ bias0) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) pf_382a978343d73530990e(float* __restrict__ relu5, const float* __restrict__ x3, const float* __restrict__ bias1) {
+extern "C" __global__ void __launch_bounds__(231) pf_a092fa8f0bf955eebee8(float* __restrict__ relu5, const float* __restrict__ x3, const float* __restrict__ bias1) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) pf_7891da6f0b3d161f18a6(float* __restrict__ relu8, const float* __restrict__ x3, const float* __restrict__ bias2) {
+extern "C" __global__ void __launch_bounds__(231) pf_2cadb42f1326e1a5cf8c(float* __restrict__ relu8, const float* __restrict__ x3, const float* __restrict__ bias2) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

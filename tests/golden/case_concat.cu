@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(242) pf_c3d2b764b628e9dcddb3(float* __restrict__ concat34, const float* __restrict__ y3, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(242) pf_c09ea5bcccd71d09c0af(float* __restrict__ concat34, const float* __restrict__ y3, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_2197d20a6460b7a2311d(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_0002d726b4a7bb9297f3(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 9; _b /= 9;
   const int b0 = _b;

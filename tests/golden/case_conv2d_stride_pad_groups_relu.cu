@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_d5a930c3a88142affaee(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_643e626646ebda304c18(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(185) pf_45cd1f81fa568b1596a7(float* __restrict__ c4_, const float* __restrict__ x, const float* __restrict__ b) {
+extern "C" __global__ void __launch_bounds__(185) pf_bb5b1b20719f0843e6a0(float* __restrict__ c4_, const float* __restrict__ x, const float* __restrict__ b) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

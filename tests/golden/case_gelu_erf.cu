@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(135) pf_1fd15c30f5453f4a2e3a(float* __restrict__ gelu19, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(135) pf_4037d3d53a2a1a3af45b(float* __restrict__ gelu19, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(135) pf_abc839b374d6805b7c83(float* __restrict__ gelu20, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(135) pf_682b693853314aba84f1(float* __restrict__ gelu20, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_327c7febc3a92d2ed89b(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_5e8a03bddd7d1af5b904(float* __restrict__ layer_norm18, const float* __restrict__ xs, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_970d67d190d945a9aa2c(float* __restrict__ log_softmax17, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(128) pf_b058a3c463d8fb340fe0(float* __restrict__ log_softmax17, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(200) pf_23e8b0c10096d1c9eac0(float* __restrict__ max_pool2d28, const float* __restrict__ X) {
+extern "C" __global__ void __launch_bounds__(200) pf_b9ec0b39eda1d03848ec(float* __restrict__ max_pool2d28, const float* __restrict__ X) {
   int _b = blockIdx.x;
   const int b3 = _b % 1; _b /= 1;
   const int b2 = _b % 1; _b /= 1;

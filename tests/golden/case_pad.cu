@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(140) pf_335abed4d73c679166f4(float* __restrict__ pad36, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(140) pf_076810b250fd7194aebf(float* __restrict__ pad36, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

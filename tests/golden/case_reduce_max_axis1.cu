@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(88) pf_b033b19192ac5cdbda4e(float* __restrict__ reduce_max13, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(88) pf_d7a01b031782777c40f5(float* __restrict__ reduce_max13, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

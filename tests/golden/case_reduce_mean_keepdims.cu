@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_2a20f38129f5e505e658(float* __restrict__ reduce_mean14, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(128) pf_d1afe4e95ca56ee65fcd(float* __restrict__ reduce_mean14, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(44) pf_4b0a394d723d99eaa154(float* __restrict__ reduce_sum9, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(44) pf_5e2a0281cccae6d2a922(float* __restrict__ reduce_sum9, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

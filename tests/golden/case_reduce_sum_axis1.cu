@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(88) pf_329a1b3e93bcf7ccdd23(float* __restrict__ reduce_sum10, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(88) pf_0b15b383304d4e8f83c2(float* __restrict__ reduce_sum10, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

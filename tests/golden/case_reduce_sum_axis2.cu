@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_6b0c33356b19be907e7a(float* __restrict__ reduce_sum11, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(128) pf_046b4703ba955cc2f706(float* __restrict__ reduce_sum11, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;

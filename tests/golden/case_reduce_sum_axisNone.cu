@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_2d0717e930c10d2cbc24(float* __restrict__ reduce_sum12, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(64) pf_55e5c8636a2f1c7b63f6(float* __restrict__ reduce_sum12, const float* __restrict__ x3) {
   int _t = threadIdx.x;
   const int l0 = _t % 64; _t /= 64;
   const int r0 = _t;

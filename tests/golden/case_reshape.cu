@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) pf_1dc714dba735b0d14462(float* __restrict__ reshape32, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(231) pf_4ee7e47ee1b0804e3ad2(float* __restrict__ reshape32, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

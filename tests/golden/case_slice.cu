@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(27) pf_bae1f94b596b9c68a1a3(float* __restrict__ slice35, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(27) pf_a048941ed4734ff7d686(float* __restrict__ slice35, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

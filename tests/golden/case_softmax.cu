@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_ad764341307f2a5d37cf(float* __restrict__ softmax15, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(128) pf_2e7c8b53b600fddeed4b(float* __restrict__ softmax15, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

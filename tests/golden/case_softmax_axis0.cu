@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(120) pf_05c5d5c470461c954cd4(float* __restrict__ softmax16, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(120) pf_756119c103f7d762a3ff(float* __restrict__ softmax16, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(231) pf_fa307e399b79b2713b2b(float* __restrict__ transpose30, const float* __restrict__ x3) {
+extern "C" __global__ void __launch_bounds__(231) pf_917771b40d47e03a6911(float* __restrict__ transpose30, const float* __restrict__ x3) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;

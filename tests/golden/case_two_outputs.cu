@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(135) pf_6bfa1a69718b9b8e299e(float* __restrict__ exp37, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(135) pf_19e2f3e4fea9ffdb1d5f(float* __restrict__ exp37, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(135) pf_6bfa1a69718b9b8e299e(float*
   exp37[((3 * b0) + t0) * 45 + t1] = expf(xs[((3 * b0) + t0) * 45 + t1]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_5e812df05026404f6ac7(float* __restrict__ reduce_sum39, const float* __restrict__ xs) {
+extern "C" __global__ void __launch_bounds__(128) pf_8804102256021022ac68(float* __restrict__ reduce_sum39, const float* __restrict__ xs) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_1fc72efcbd05a5e0c2f4(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_4f178b06ef9c3756f791(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1fc72efcbd05a5e0c2f4(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_28845c9194dc2283d430(float* __restrict__ probs, const float* __restrict__ qk) {
+extern "C" __global__ void __launch_bounds__(256) pf_12e1c289b9ef5b35a9da(float* __restrict__ probs, const float* __restrict__ qk) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -170,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_28845c9194dc2283d430(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_cc7af8f7787db3876969(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_318c111dc50de3b18bee(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_cdf921603e68bb86b8b3(float* __restrict__ softmax, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_a67ed6ff0f053cae0af1(float* __restrict__ softmax, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_11dabbc762eda8817738_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_12cca5c690f47c49aab5_p0(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void pf_11dabbc762eda8817738_p0(float* __restrict__ m
   }
 }
 
-__device__ __forceinline__ void pf_11dabbc762eda8817738_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_12cca5c690f47c49aab5_p1(float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -155,7 +155,7 @@ __device__ __forceinline__ void pf_11dabbc762eda8817738_p1(float* __restrict__ m
   }
 }
 
-__device__ __forceinline__ void pf_11dabbc762eda8817738_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_12cca5c690f47c49aab5_p2(float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -210,13 +210,13 @@ __device__ __forceinline__ void pf_11dabbc762eda8817738_p2(float* __restrict__ m
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_11dabbc762eda8817738(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
+extern "C" __global__ void __launch_bounds__(256) pf_12cca5c690f47c49aab5(float* __restrict__ m2_0, float* __restrict__ v2_0, float* __restrict__ p2_0, const float* __restrict__ m0, const float* __restrict__ g0, const float* __restrict__ v0, const float* __restrict__ p0, float* __restrict__ m2_1, float* __restrict__ v2_1, float* __restrict__ p2_1, const float* __restrict__ m1, const float* __restrict__ g1, const float* __restrict__ v1, const float* __restrict__ p1, float* __restrict__ m2_2, float* __restrict__ v2_2, float* __restrict__ p2_2, const float* __restrict__ m2, const float* __restrict__ g2, const float* __restrict__ v2, const float* __restrict__ p2) {
   const int pf_b = blockIdx.x;
   if (pf_b < 256) {  // k0_b1m0: 256 blocks of 256
-    pf_11dabbc762eda8817738_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
+    pf_12cca5c690f47c49aab5_p0(m2_0, v2_0, p2_0, m0, g0, v0, p0, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 512) {  // k1_b1m1: 256 blocks of 256
-    pf_11dabbc762eda8817738_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 256, (int)threadIdx.x);
+    pf_12cca5c690f47c49aab5_p1(m2_1, v2_1, p2_1, m1, g1, v1, p1, pf_b - 256, (int)threadIdx.x);
   } else if (pf_b < 768) {  // k2_b1m2: 256 blocks of 256
-    pf_11dabbc762eda8817738_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 512, (int)threadIdx.x);
+    pf_12cca5c690f47c49aab5_p2(m2_2, v2_2, p2_2, m2, g2, v2, p2, pf_b - 512, (int)threadIdx.x);
   }
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_bcc5832e3940d7e5a959(float* __restrict__ probs, const float* __restrict__ s, const float* __restrict__ mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_488cf26ce5a775e7753e(float* __restrict__ probs, const float* __restrict__ s, const float* __restrict__ mask) {
   int _b = blockIdx.x;
   const int b1 = _b % 16; _b /= 16;
   const int b0 = _b;

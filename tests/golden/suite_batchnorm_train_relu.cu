@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pf_4a8cbd112f667e809755(float* __restrict__ mu, float* __restrict__ var, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
+extern "C" __global__ void __launch_bounds__(1024) pf_3d639b5db3b40a512357(float* __restrict__ mu, float* __restrict__ var, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_ffa9cf6da0c10ce1bca4(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
+extern "C" __global__ void __launch_bounds__(256) pf_69ef0ce5d3fd7e38f20d(float* __restrict__ gelu, const float* __restrict__ x, const float* __restrict__ b) {
   int _b = blockIdx.x;
   const int b1 = _b % 3; _b /= 3;
   const int b0 = _b;

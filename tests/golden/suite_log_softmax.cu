@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c340a7c2ffc5656e3e05(float* __restrict__ lsm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_25173aa55fe86bdb280f(float* __restrict__ lsm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

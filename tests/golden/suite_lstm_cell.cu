@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_607d087fdd709591c441(float* __restrict__ c2_, float* __restrict__ h2, const float* __restrict__ gates, const float* __restrict__ c) {
+extern "C" __global__ void __launch_bounds__(256) pf_0fb6399c939e4a65fbb5(float* __restrict__ c2_, float* __restrict__ h2, const float* __restrict__ gates, const float* __restrict__ c) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_8676d7c9330dfaa068c7_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c54b664cb653a0bda9dd_p0(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 11; _b /= 11;
   const int b0 = _b;
@@ -72,7 +72,7 @@ __device__ __forceinline__ void pf_8676d7c9330dfaa068c7_p0(float* __restrict__ s
   }
 }
 
-__device__ __forceinline__ void pf_8676d7c9330dfaa068c7_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_c54b664cb653a0bda9dd_p1(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -115,12 +115,12 @@ __device__ __forceinline__ void pf_8676d7c9330dfaa068c7_p1(float* __restrict__ y
   }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) pf_8676d7c9330dfaa068c7(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
+extern "C" __global__ void __launch_bounds__(1024) pf_c54b664cb653a0bda9dd(float* __restrict__ s, const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 704) {  // k1_sig_a: 2816 blocks of 256
     const int pf_v = (pf_b - 0) * 4 + (int)threadIdx.x / 256;
-    if (pf_v < 2816) pf_8676d7c9330dfaa068c7_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
+    if (pf_v < 2816) pf_c54b664cb653a0bda9dd_p0(s, a, b, pf_v, (int)threadIdx.x % 256);
   } else if (pf_b < 960) {  // k0_xsq: 256 blocks of 1024
-    pf_8676d7c9330dfaa068c7_p1(y, x, w, pf_b - 704, (int)threadIdx.x);
+    pf_c54b664cb653a0bda9dd_p1(y, x, w, pf_b - 704, (int)threadIdx.x);
   }
 }

@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5c9e78a74b9aa42b8e4e(float* __restrict__ sm, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_52b908e0bcd466f485c5(float* __restrict__ sm, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

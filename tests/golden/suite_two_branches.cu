@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_1f1ef68cf7182f00b9a9_p0(float* __restrict__ a, const float* __restrict__ x1, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b58f0243ccb5ea1d869a_p0(float* __restrict__ a, const float* __restrict__ x1, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -57,7 +57,7 @@ __device__ __forceinline__ void pf_1f1ef68cf7182f00b9a9_p0(float* __restrict__ a
   a[((256 * b0) + t0)] = pf_fmaxf(r_x1_2p1, 0.0f);
 }
 
-__device__ __forceinline__ void pf_1f1ef68cf7182f00b9a9_p1(float* __restrict__ b, const float* __restrict__ x2, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_b58f0243ccb5ea1d869a_p1(float* __restrict__ b, const float* __restrict__ x2, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -80,11 +80,11 @@ __device__ __forceinline__ void pf_1f1ef68cf7182f00b9a9_p1(float* __restrict__ b
   r_b_acc = pf_allreduce_y<pf_sum, 256>(r_b_acc, pf_scratch); if (l0 == 0) b[b0] = r_b_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_1f1ef68cf7182f00b9a9(float* __restrict__ a, const float* __restrict__ x1, float* __restrict__ b, const float* __restrict__ x2) {
+extern "C" __global__ void __launch_bounds__(256) pf_b58f0243ccb5ea1d869a(float* __restrict__ a, const float* __restrict__ x1, float* __restrict__ b, const float* __restrict__ x2) {
   const int pf_b = blockIdx.x;
   if (pf_b < 256) {  // k0_x1_2: 256 blocks of 256
-    pf_1f1ef68cf7182f00b9a9_p0(a, x1, pf_b - 0, (int)threadIdx.x);
+    pf_b58f0243ccb5ea1d869a_p0(a, x1, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 320) {  // k1_x2sq: 64 blocks of 256
-    pf_1f1ef68cf7182f00b9a9_p1(b, x2, pf_b - 256, (int)threadIdx.x);
+    pf_b58f0243ccb5ea1d869a_p1(b, x2, pf_b - 256, (int)threadIdx.x);
   }
 }

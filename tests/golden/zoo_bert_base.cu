@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -168,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_8eacc6a082ab672e8ebe(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -229,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_8eacc6a082ab672e8ebe(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_db5b42e16ebcaa12a015(float* __restrict__ matmul12, const float* __restrict__ add1_merged, const float* __restrict__ add5) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_619b349162f516f55059(float* __restrict__ matmul12, const float* __restrict__ add1_merged, const float* __restrict__ add5) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -288,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_db5b42e16ebcaa12a015(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_923869273f67013a3ccf(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
+extern "C" __global__ void __launch_bounds__(256) pf_5c52b05cde81512ae9a4(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -362,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_923869273f67013a3ccf(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_b4d2ab1132ce329c8faa(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -429,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_b4d2ab1132ce329c8faa(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_37cf53350df305695445(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -476,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(flo
   if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_d9e0a142d87158fd1aa3(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_5688fdbace7877cb52ef(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -557,7 +557,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_d9e0a142d87158fd1aa3(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_6696cf7db0d3c1bd56e6(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_0883e63d1632608935b3(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -620,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_6696cf7db0d3c1bd56e6(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_d70fc511c046fd0a110e(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

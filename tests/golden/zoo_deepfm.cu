@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p0(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_49d5cdabb4039c297b17_p0(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -63,7 +63,7 @@ __device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p0(float* __restrict__ r
   r_reduce_sum1_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum1_acc, pf_scratch); if (l0 == 0) reduce_sum1[b0 * 4 + r0] = r_reduce_sum1_acc;
 }
 
-__device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p1(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_49d5cdabb4039c297b17_p1(float* __restrict__ reduce_sum3, const float* __restrict__ embeddings, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -82,16 +82,16 @@ __device__ __forceinline__ void pf_8ccd18300f06f21ea62d_p1(float* __restrict__ r
   r_reduce_sum3_acc = pf_allreduce_x<pf_sum, 4, 4>(r_reduce_sum3_acc, pf_scratch); if (l0 == 0) reduce_sum3[b0 * 4 + r0] = r_reduce_sum3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_8ccd18300f06f21ea62d(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
+extern "C" __global__ void __launch_bounds__(16) pf_49d5cdabb4039c297b17(float* __restrict__ reduce_sum1, const float* __restrict__ embeddings, float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
   if (pf_b < 4) {  // k1_reduce_sum1: 4 blocks of 16
-    pf_8ccd18300f06f21ea62d_p0(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
+    pf_49d5cdabb4039c297b17_p0(reduce_sum1, embeddings, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 8) {  // k2_mul2: 4 blocks of 16
-    pf_8ccd18300f06f21ea62d_p1(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
+    pf_49d5cdabb4039c297b17_p1(reduce_sum3, embeddings, pf_b - 4, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_39da819dad3203f5a911(float* __restrict__ relu11, const float* __restrict__ embeddings, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_02d238458698c46c411c(float* __restrict__ relu11, const float* __restrict__ embeddings, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_39da819dad3203f5a911(flo
   if (t0 <= 3 && t1 <= 7) { relu11[t0 * 8 + t1] = pf_fmaxf(r_add10, 0.0f); }
 }
 
-__device__ __forceinline__ void pf_858624f4d4aedffcd47d_p0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
@@ -179,7 +179,7 @@ __device__ __forceinline__ void pf_858624f4d4aedffcd47d_p0(float* __restrict__ r
   }
 }
 
-__device__ __forceinline__ void pf_858624f4d4aedffcd47d_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -195,7 +195,7 @@ __device__ __forceinline__ void pf_858624f4d4aedffcd47d_p1(float* __restrict__ r
   r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
 }
 
-__device__ __forceinline__ void pf_858624f4d4aedffcd47d_p2(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p2(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -224,18 +224,18 @@ __device__ __forceinline__ void pf_858624f4d4aedffcd47d_p2(float* __restrict__ r
   r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_858624f4d4aedffcd47d(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
+extern "C" __global__ void __launch_bounds__(128) pf_59e6af9f5d9fa7c302d4(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k5_matmul12: 1 blocks of 128
-    pf_858624f4d4aedffcd47d_p0(relu14, relu11, deep1_w, deep1_bias, pf_b - 0, (int)threadIdx.x);
+    pf_59e6af9f5d9fa7c302d4_p0(relu14, relu11, deep1_w, deep1_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pf_858624f4d4aedffcd47d_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+    pf_59e6af9f5d9fa7c302d4_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k3_mul4: 1 blocks of 128
-    pf_858624f4d4aedffcd47d_p2(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 2, (int)threadIdx.x);
+    pf_59e6af9f5d9fa7c302d4_p2(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 2, (int)threadIdx.x);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(4) pf_ae70d1fe9da283e7dfbf(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
+extern "C" __global__ void __launch_bounds__(4) pf_b587e819b298cec6352f(float* __restrict__ sigmoid20, const float* __restrict__ reduce_sum6, const float* __restrict__ relu14, const float* __restrict__ deep2_w, const float* __restrict__ deep2_bias, const float* __restrict__ reduce_sum0, const float* __restrict__ global_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

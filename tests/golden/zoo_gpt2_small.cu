@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_36d830df383e21279a87(float* __restrict__ layer_norm0, const float* __restrict__ embeddings, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_c55da61127f6ac8563c9(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_264f288778bfe21b29f3(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_8eacc6a082ab672e8ebe(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_8eacc6a082ab672e8ebe(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_db5b42e16ebcaa12a015(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_619b349162f516f55059(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -356,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_db5b42e16ebcaa12a015(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_36ee5b6c7e4685f69097(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(256) pf_026b4e62aaab97e0a94a(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 2; _b /= 2;
@@ -434,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_36ee5b6c7e4685f69097(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_b4d2ab1132ce329c8faa(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -501,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_b4d2ab1132ce329c8faa(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_37cf53350df305695445(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -548,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_4dfa9fd35a40aaf3863b(flo
   if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_55558318be009f2c4ff1(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_8e9e25e53d6c52669b5f(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -633,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_55558318be009f2c4ff1(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_9951b2c1e7eadd1b3232(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_6aa3e47c8234c33a977a(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -696,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_9951b2c1e7eadd1b3232(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_d70fc511c046fd0a110e(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -798,7 +798,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3b4239c3bc140b778186(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_4332f362d4d9cabd6103(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_6ffa832cbd2d4d7e6298(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

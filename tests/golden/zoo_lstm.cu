@@ -45,7 +45,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_aa12b7d4d40f14bbef98(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(64) pf_1bbed6d819fd2f1f38f0(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_aa12b7d4d40f14bbef98(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
+extern "C" __global__ void __launch_bounds__(16) pf_b62adee1fd0c785ea1c2(float* __restrict__ mul10, float* __restrict__ mul13, const float* __restrict__ slice4, const float* __restrict__ slice6, const float* __restrict__ slice7) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -94,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_0c691ab01e5e555f64ab(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_22092e1e3c9dea2fbb1a(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_2b260f6c8f9d12b18046(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_22092e1e3c9dea2fbb1a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_68219b3f67cd1e17817d(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(64) pf_d6d2324f72b6419eb176(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_68219b3f67cd1e17817d(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23) {
+extern "C" __global__ void __launch_bounds__(16) pf_1e729e45cceea537d845(float* __restrict__ add29, float* __restrict__ mul32, const float* __restrict__ slice22, const float* __restrict__ sigmoid24, const float* __restrict__ slice21, const float* __restrict__ mul10, const float* __restrict__ slice23) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -217,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_17d9534f393ec454d7ea(float* 
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_68edc5e5b47f8af33646(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
+extern "C" __global__ void __launch_bounds__(64) pf_22f89eec8151bae84691(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
@@ -252,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_68edc5e5b47f8af33646(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_b3fa3f41e0504ea6dd8a(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
+extern "C" __global__ void __launch_bounds__(64) pf_f371c1d8ce1c441a6d4d(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
   int _b = blockIdx.x;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;

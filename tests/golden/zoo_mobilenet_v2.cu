@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_7b4f0ffe379783868eed(float* __restrict__ minimum3, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_6a52c40df2240b931c9d(float* __restrict__ minimum3, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_7b4f0ffe379783868eed(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5c5484f1f5f95ebb0255(float* __restrict__ minimum7, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
+extern "C" __global__ void __launch_bounds__(256) pf_0b6e6dc4fb177eb89332(float* __restrict__ minimum7, const float* __restrict__ minimum3, const float* __restrict__ stage1_block0_dw_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5c5484f1f5f95ebb0255(float*
   minimum7[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu6, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_a15d8f810bc6bbaa3124(float* __restrict__ add10, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w_batch_norm9, const float* __restrict__ batch_norm9_shift, const float* __restrict__ minimum3) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_77de6d8f9ecaf9f0e2a8(float* __restrict__ add10, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w_batch_norm9, const float* __restrict__ batch_norm9_shift, const float* __restrict__ minimum3) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -194,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_a15d8f810bc6bbaa3124(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_8a59022fabd986c70458(float* __restrict__ minimum14, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w_batch_norm12, const float* __restrict__ batch_norm12_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_1d6256c91f3dfa87fa60(float* __restrict__ minimum14, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w_batch_norm12, const float* __restrict__ batch_norm12_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -262,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8a59022fabd986c70458(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_384543f59c1ff09c9bce(float* __restrict__ minimum18, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w_batch_norm16, const float* __restrict__ batch_norm16_shift) {
+extern "C" __global__ void __launch_bounds__(256) pf_00ef74245075b574e3f2(float* __restrict__ minimum18, const float* __restrict__ minimum14, const float* __restrict__ stage2_block0_dw_w_batch_norm16, const float* __restrict__ batch_norm16_shift) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -287,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_384543f59c1ff09c9bce(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_00ecbafdd6e25cd2ef9a(float* __restrict__ batch_norm20, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_4ad33e579b4f650c9afe(float* __restrict__ batch_norm20, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -395,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_00ecbafdd6e25cd2ef9a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_a175ef3a20e22d987be9(float* __restrict__ minimum24, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w_batch_norm22, const float* __restrict__ batch_norm22_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_6f8714ff03c7f9e1d39e(float* __restrict__ minimum24, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w_batch_norm22, const float* __restrict__ batch_norm22_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -507,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_a175ef3a20e22d987be9(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(192) pf_f5972c23e338cd9fa4ab(float* __restrict__ minimum28, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w_batch_norm26, const float* __restrict__ batch_norm26_shift) {
+extern "C" __global__ void __launch_bounds__(192) pf_4d626d112592f89f0fc4(float* __restrict__ minimum28, const float* __restrict__ minimum24, const float* __restrict__ stage2_block1_dw_w_batch_norm26, const float* __restrict__ batch_norm26_shift) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -532,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(192) pf_f5972c23e338cd9fa4ab(float*
   minimum28[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu27, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_d21d2e0715768741d895(float* __restrict__ add31, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w_batch_norm30, const float* __restrict__ batch_norm30_shift, const float* __restrict__ batch_norm20) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_8a412a9d56988c140c61(float* __restrict__ add31, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w_batch_norm30, const float* __restrict__ batch_norm30_shift, const float* __restrict__ batch_norm20) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -645,7 +645,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_d21d2e0715768741d895(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_3f1d89c6cbefc9fa3c1c(float* __restrict__ minimum35, const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_55130f3d1db8a508be27(float* __restrict__ minimum35, const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -757,7 +757,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3f1d89c6cbefc9fa3c1c(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_0b13c94f5019379ea617(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
+extern "C" __global__ void __launch_bounds__(256) pf_8b817037faa095f2c97b(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -780,7 +780,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0b13c94f5019379ea617(float*
   r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((8 * b0) + r0)] = r_reduce_mean36_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) pf_9149c498af3094a145e5(float* __restrict__ add38, const float* __restrict__ reduce_mean36, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) pf_8f5c166c766ee632351c(float* __restrict__ add38, const float* __restrict__ reduce_mean36, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_c6d111dd022c2d5d606e(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_a1c5ec63d9f8beed5fdc(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_c6d111dd022c2d5d606e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
+extern "C" __global__ void __launch_bounds__(256) pf_5296424897a65efc9f84(float* __restrict__ max_pool2d3, const float* __restrict__ relu2) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5cf5cedeae6a1953286e(float*
   max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_1822d26c8854b5126060(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_290ab9ce201e6aa73532(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_1822d26c8854b5126060(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_4ebedfd6e8bc8836f3e5(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_24cf23adc0d120df529e(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
@@ -253,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_4ebedfd6e8bc8836f3e5(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_503ad84b97b97a75fc83(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -315,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_95138c6c54a591fad128(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 3) pf_8e8e0e4f39091ad04e10(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
+extern "C" __global__ void __launch_bounds__(128, 3) pf_6ab5f713d4d01c41fb74(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -387,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) pf_8e8e0e4f39091ad04e10(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_5c43596db22572d963f2(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_3b6568add11219a91a6a(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -496,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_5c43596db22572d963f2(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_c2926dfea383bf55eda1(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_418b939750dd59737dfc(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
@@ -551,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_c2926dfea383bf55eda1(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_7d1bf588cfaa3687b23f(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_c17247f3fba2068f929d(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -606,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_7d1bf588cfaa3687b23f(flo
   conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_371fd4ee0426717b2705(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_b5561bb85725df0038e0(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -677,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_371fd4ee0426717b2705(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_8c6bbdd93a37ff4a5bd4(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
+extern "C" __global__ void __launch_bounds__(256) pf_fa293a3dd276c107b85e(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -700,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_8c6bbdd93a37ff4a5bd4(float*
   r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean28_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(10) pf_072668ca3bee09931e68(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(10) pf_56934f85af5c7ccfa86c(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_82c5453bd7fe7456ab77(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_095036b24bc0f97af681(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -97,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_82c5453bd7fe7456ab77(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(160) pf_e24323461d23b37b1246(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
+extern "C" __global__ void __launch_bounds__(160) pf_5c63f678ff49d20e6173(float* __restrict__ add4, const float* __restrict__ cls_token, const float* __restrict__ conv2d0, const float* __restrict__ pos_embed) {
   int _b = blockIdx.x;
   const int b2 = _b % 1; _b /= 1;
   const int b1 = _b % 1; _b /= 1;
@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(160) pf_e24323461d23b37b1246(float*
   add4[b0 * 160 + t1 * 32 + t2] = (((t1 < 1) ? cls_token[0 * 32 + 0 * 32 + t2] : conv2d0[b0 * 128 + t2 * 4 + pf_fdiv((t1 - 1), 2) * 2 + pf_mod((t1 - 1), 2)]) + pos_embed[0 * 160 + t1 * 32 + t2]);
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_f3e3b4871eae94162dbe(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_a52e1c679ba02b49dfa8(float* __restrict__ layer_norm5, const float* __restrict__ add4, const float* __restrict__ block0_ln1_gamma, const float* __restrict__ block0_ln1_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_f3e3b4871eae94162dbe(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -305,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_06b00f5cf786547bc456(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_08685f6f4c44d3f22c1e(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_218735dab71ae7857f86(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -366,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_08685f6f4c44d3f22c1e(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_30ec158f2bd54ef73ff8(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
+extern "C" __global__ void __launch_bounds__(128, 8) pf_a808e16e9682b442f80c(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -425,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, 8) pf_30ec158f2bd54ef73ff8(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_6354a03ea010595e686f(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
+extern "C" __global__ void __launch_bounds__(128) pf_d6dfd5f15445192783f6(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b1 = _b % 2; _b /= 2;
@@ -464,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_6354a03ea010595e686f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_c501615664b3dacfc94c(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -504,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_c501615664b3dacfc94c(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_7cc6628fc9f96a676c45(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_fe68ed3375d441e6820a(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
   int _b = blockIdx.x;
   const int b2 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -551,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_7cc6628fc9f96a676c45(flo
   if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_0613c2c7ed2152454b2e(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_5c5d121431d2b263ad89(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -642,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_0613c2c7ed2152454b2e(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_78a4ddd98763d320be1f(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_4436131e74ffd4fd0ab5(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -705,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_78a4ddd98763d320be1f(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_2c82c42d3d8033d913dc(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_536e1b715abe65e9df48(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -807,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_2c82c42d3d8033d913dc(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_6d5617ef677ab9cdf8a6(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_38021477f7d726f4a8e9(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -894,7 +894,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_6d5617ef677ab9cdf8a6(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_691ab5090a226651cb8b(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_f33b5362357f0d56c355(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
