@@ -633,3 +633,13 @@ def test_reference_chunked_reduction(monkeypatch):
     xv = rand(3, 9, 9)
     (got,) = evaluate([ops.softmax(x, axis=1)], {x: xv})
     np.testing.assert_allclose(got, np_softmax(xv, 1), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("fn", [ops.conv, ops.conv_transpose])
+def test_conv_pads_of_the_wrong_length_are_an_expression_error(fn):
+    """conv_transpose took ``[1, 1, 1]`` for a 2-D kernel to an IndexError; both convolutions
+    check the pads in one place now."""
+    x = te.placeholder((1, 2, 5, 5), name="x")
+    w = te.placeholder((2, 2, 3, 3), name="w")
+    with pytest.raises(ExpressionError, match=r"pads \[1, 1, 1\] must hold 4 ints"):
+        fn(x, w, pads=[1, 1, 1], name="c")

@@ -158,6 +158,25 @@ def _ints_n(op: str, name: str, what: str, v: int | Sequence[int], nd: int, lo: 
     return [int(e) for e in p]
 
 
+def _conv_args(op: str, name: str, x, w, weight_layout: str, stride, dilation, pads):
+    """The checked operands and geometry of a convolution: ``(x, w, spatial dims, strides,
+    dilations, pads before, pads after)``; ``pads`` is an int or ``2 * nd`` ints."""
+    x = _tensor(op, name, "input", x)
+    w = _tensor(op, name, "weight", w)
+    nd = x.ndim - 2
+    if nd < 1 or w.ndim != x.ndim:
+        raise ExpressionError(
+            f"{op} '{name}': input {_desc(x)} must be (N, C, *spatial) and weight {_desc(w)} "
+            f"{weight_layout} of the same rank"
+        )
+    st = _ints_n(op, name, "stride", stride, nd, 1)
+    dl = _ints_n(op, name, "dilation", dilation, nd, 1)
+    pp = [pads] * (2 * nd) if isinstance(pads, int) else [int(v) for v in pads]
+    if len(pp) != 2 * nd:
+        raise ExpressionError(f"{op} '{name}': pads {pads!r} must hold {2 * nd} ints")
+    return x, w, nd, st, dl, pp[:nd], pp[nd:]
+
+
 def conv(
     x: Tensor,
     w: Tensor,
@@ -177,20 +196,9 @@ def conv(
     """
     op = "conv"
     name = _name(op, name)
-    x = _tensor(op, name, "input", x)
-    w = _tensor(op, name, "weight", w)
-    nd = x.ndim - 2
-    if nd < 1 or w.ndim != x.ndim:
-        raise ExpressionError(
-            f"{op} '{name}': input {_desc(x)} must be (N, C, *spatial) and weight {_desc(w)} "
-            "(O, C/groups, *kernel) of the same rank"
-        )
-    st = _ints_n(op, name, "stride", stride, nd, 1)
-    dl = _ints_n(op, name, "dilation", dilation, nd, 1)
-    pp = [pads] * (2 * nd) if isinstance(pads, int) else [int(v) for v in pads]
-    if len(pp) != 2 * nd:
-        raise ExpressionError(f"{op} '{name}': pads {pads!r} must hold {2 * nd} ints")
-    lo, hi = pp[:nd], pp[nd:]
+    x, w, nd, st, dl, lo, hi = _conv_args(
+        op, name, x, w, "(O, C/groups, *kernel)", stride, dilation, pads
+    )
     n, c, *sp = x.shape
     o, cg, *k = w.shape
     if not isinstance(groups, int) or groups < 1 or c % groups or o % groups or cg * groups != c:
@@ -205,8 +213,8 @@ def conv(
     out = [(sp[i] + lo[i] + hi[i] - dl[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
     if any(v <= 0 for v in out):
         raise ExpressionError(
-            f"{op} '{name}': kernel {_desc(w)} does not fit input {_desc(x)} with pads {pp} and "
-            f"dilation {dl}"
+            f"{op} '{name}': kernel {_desc(w)} does not fit input {_desc(x)} with pads "
+            f"{lo + hi} and dilation {dl}"
         )
     og = o // groups
     rc = te.reduce_axis(cg, name="rc")
@@ -256,19 +264,10 @@ def conv_transpose(
     """
     op = "conv_transpose"
     name = _name(op, name)
-    x = _tensor(op, name, "input", x)
-    w = _tensor(op, name, "weight", w)
-    nd = x.ndim - 2
-    if nd < 1 or w.ndim != x.ndim:
-        raise ExpressionError(
-            f"{op} '{name}': input {_desc(x)} must be (N, C, *spatial) and weight {_desc(w)} "
-            "(C, O/groups, *kernel) of the same rank"
-        )
-    st = _ints_n(op, name, "stride", stride, nd, 1)
-    dl = _ints_n(op, name, "dilation", dilation, nd, 1)
+    x, w, nd, st, dl, lo, hi = _conv_args(
+        op, name, x, w, "(C, O/groups, *kernel)", stride, dilation, pads
+    )
     opad = _ints_n(op, name, "output_padding", output_padding, nd, 0)
-    pp = [pads] * (2 * nd) if isinstance(pads, int) else [int(v) for v in pads]
-    lo, hi = pp[:nd], pp[nd:]
     n, c, *sp = x.shape
     cw, og, *k = w.shape
     if cw != c or not isinstance(groups, int) or groups < 1 or c % groups:
