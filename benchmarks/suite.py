@@ -84,8 +84,12 @@ def _rows(d: int, scale: int) -> int:
     return scale_dims((d,), scale)[0]
 
 
+#: the storage dtype of every placeholder :func:`build` makes (see its ``dtype``)
+_DTYPE = ["float32"]
+
+
 def _ph(shape: tuple[int, ...], name: str) -> Tensor:
-    return te.placeholder(shape, name=name)
+    return te.placeholder(shape, _DTYPE[0], name=name)
 
 
 def _f32(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -368,11 +372,17 @@ BUILDERS: dict[str, Callable[[int], Built]] = {
 assert tuple(BUILDERS) == NAMES
 
 
-def build(name: str, scale: int = 1) -> Built:
-    """``(inputs, outputs, numpy_reference)`` of subgraph ``name`` with ``scale`` applied."""
+def build(name: str, scale: int = 1, dtype: str = "float32") -> Built:
+    """``(inputs, outputs, numpy_reference)`` of subgraph ``name`` with ``scale`` applied;
+    ``dtype`` is the placeholders' storage dtype (computes follow the typing rules: a
+    bfloat16 graph computes and stores bfloat16 tensors; the numpy reference stays float32)."""
     if name not in BUILDERS:
         raise KeyError(f"unknown subgraph '{name}'; the suite has {', '.join(NAMES)}")
-    return BUILDERS[name](scale)
+    _DTYPE[0] = dtype
+    try:
+        return BUILDERS[name](scale)
+    finally:
+        _DTYPE[0] = "float32"
 
 
 def random_inputs(name: str, inputs: list[Tensor], seed: int = 0) -> list[np.ndarray]:

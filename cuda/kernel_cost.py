@@ -79,6 +79,7 @@ class _Walker(KVisitor[Mix]):
         self.tiled = {(t.tensor, s) for t in self.ir.tiles for s in t.stmts}
         self.fragment = {(f.tensor, s) for f in self.ir.fragments for s in f.stmts}
         self.staged = {(t.tensor, s) for t in self.ir.staged for s in t.stmts}
+        self.ctypes = {p.tensor: p.ctype for p in self.ir.params if p.tensor}
 
     def space(self, buffer: str) -> str:
         sp = self.buffers.get(buffer)
@@ -162,9 +163,10 @@ class _Walker(KVisitor[Mix]):
         self.vector = outer | {(a.tensor, a.stmt) for a in (*n.loads, *n.stores)}
         lanes = self.body(n.body).scaled(n.width)
         self.vector = outer
-        b = n.width * WORD
-        loads = Mix(slots=len(n.loads) * (1 + ADDRESS), ldg=b * len(n.loads))
-        stores = Mix(slots=len(n.stores) * (1 + ADDRESS), stg=b * len(n.stores))
+        ldg = sum(n.width * self.itemsize(a.tensor) for a in n.loads)
+        stg = sum(n.width * self.itemsize(a.tensor) for a in n.stores)
+        loads = Mix(slots=len(n.loads) * (1 + ADDRESS), ldg=ldg)
+        stores = Mix(slots=len(n.stores) * (1 + ADDRESS), stg=stg)
         self.inflight = max(self.inflight, loads.ldg)
         return lanes + loads + stores
 
@@ -212,6 +214,12 @@ class _Walker(KVisitor[Mix]):
             m = m + self.store(ident, s.name)
         return m
 
+    def itemsize(self, tensor: str) -> int:
+        """Bytes per element of global buffer ``tensor`` (from its parameter's C type:
+        ``__half``/``__nv_bfloat16`` are 2; shared and register copies hold float32)."""
+        ctype = self.ctypes.get(tensor, "float")
+        return 2 if "__half" in ctype or "__nv_bfloat16" in ctype else WORD
+
     def combined(self, prim: str) -> bool:
         """Whether reduction ``prim``'s lanes combine their partials (shuffles, shared)."""
         return self.ir.combine is not None and prim in self.ir.combine.reductions
@@ -221,7 +229,7 @@ class _Walker(KVisitor[Mix]):
             return Mix(slots=1)  # into the vector's register, written by the group
         space = self.spaces.get(ident, "global")
         if space == "global":
-            return Mix(slots=1 + ADDRESS, stg=WORD)
+            return Mix(slots=1 + ADDRESS, stg=self.itemsize(ident))
         if space == "shared":
             return Mix(slots=1 + ADDRESS, sts=WORD)
         return Mix(slots=1)

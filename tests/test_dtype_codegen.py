@@ -190,3 +190,24 @@ def test_nvrtc_compiles_every_half_kernel_without_spills(arch):
             fn = polyfuse.compile(inputs, outputs, arch=arch, check_cuda=False)
             binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
             assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+def test_the_dtypes_benchmark_halves_the_bytes_of_a_suite_subgraph(tmp_path):
+    """``benchmarks/dtypes.py``: softmax in bfloat16 moves half the float32 bytes, in one
+    kernel, and the model prices it cheaper (MODELLED figures)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "dtypes.json"
+    cmd = [sys.executable, str(root / "benchmarks" / "dtypes.py"), "--only", "softmax"]
+    proc = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "MODELLED" in proc.stdout
+    (row,) = json.loads(out.read_text())["rows"]
+    f32, b16 = row["float32"], row["bfloat16"]
+    assert f32["kernels"] == b16["kernels"] == 1
+    assert b16["global_bytes"] * 2 == f32["global_bytes"]
+    assert b16["modelled_us"] < f32["modelled_us"]

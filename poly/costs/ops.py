@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from polyfuse.graph import expr as ex
+from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.poly.costs.desc import Mix
 
 #: per special function: (MUFU, FP32 instructions, other slots) of its libdevice expansion
@@ -131,8 +132,9 @@ def count_ops(e: ex.Expr, c: ExprOps, on_read: Callable[[ex.Read, ExprOps], None
 
 
 def global_read(r: ex.Read, c: ExprOps) -> None:
-    """``on_read`` for a tensor in global memory: one 4-byte load and its address."""
-    c.ldg += 4
+    """``on_read`` for a tensor in global memory: one load of its element size (4 bytes for
+    float32, 2 for the 16-bit floats) and its address."""
+    c.ldg += dtype_info(r.tensor.dtype).itemsize
     c.loads += 1
     c.ints += ADDRESS
 
