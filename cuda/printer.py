@@ -445,10 +445,15 @@ def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -
     env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
     if store:
         idx = [env[a.uid] for a in t.op.axes]
-        return bp.tensor_ref(access.tensor, t.shape, idx, store=True), t.dtype
-    read = next(r for r in t.op.reads() if bp.idents[r.tensor.uid] == access.tensor)
-    idx = [bp.expr(i, env) for i in read.indices]
-    return bp.tensor_ref(access.tensor, read.tensor.shape, idx), read.tensor.dtype
+        ref = bp.tensor_ref(access.tensor, t.shape, idx, store=True)
+        dtype, shape = t.dtype, t.shape
+    else:
+        read = next(r for r in t.op.reads() if bp.idents[r.tensor.uid] == access.tensor)
+        idx = [bp.expr(i, env) for i in read.indices]
+        ref = bp.tensor_ref(access.tensor, read.tensor.shape, idx)
+        dtype, shape = read.tensor.dtype, read.tensor.shape
+    # a shared-memory copy holds float32 whatever the tensor's storage dtype
+    return ref, dtype if ref == bp.global_ref(access.tensor, shape, idx) else "float32"
 
 
 def _half2(dtype: str) -> tuple[str, str]:
