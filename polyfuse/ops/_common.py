@@ -18,26 +18,26 @@ Index = tuple[Expr, ...]
 _counter = itertools.count()  # default result names (tests/golden/generate.py restarts it)
 
 
-def _name(op: str, name: str | None) -> str:
+def op_name(op: str, name: str | None) -> str:
     return name if name else f"{op}{next(_counter)}"
 
 
-def _tensor(op: str, name: str, what: str, t: Any) -> Tensor:
+def as_operand(op: str, name: str, what: str, t: Any) -> Tensor:
     if not isinstance(t, Tensor):
         raise ExpressionError(f"{op} '{name}': {what} must be a Tensor, got {type(t).__name__}")
     return t
 
 
-def _compute(shape: Sequence[int], fcompute: Callable[..., Any], name: str, tag: str) -> Tensor:
+def compute_op(shape: Sequence[int], fcompute: Callable[..., Any], name: str, tag: str) -> Tensor:
     """``te.compute`` with variadic loop variables (``*idx``) and the composite's tag."""
     return te.compute(tuple(shape), fcompute, name=name, tag=tag)
 
 
-def _desc(t: Tensor) -> str:
+def desc(t: Tensor) -> str:
     return f"'{t.name}' {t.shape}"
 
 
-def _broadcast_shape(
+def broadcast_shape(
     op: str, name: str, operands: Sequence[tuple[tuple[int, ...], str]]
 ) -> tuple[int, ...]:
     """numpy broadcasting of ``(shape, tensor name)`` operands, or an error naming them."""
@@ -55,33 +55,33 @@ def _broadcast_shape(
     return tuple(out)
 
 
-def _bcast(shape: Sequence[int], idx: Sequence[Expr]) -> Index:
+def bcast(shape: Sequence[int], idx: Sequence[Expr]) -> Index:
     """Subscripts reading a tensor of ``shape`` broadcast (right-aligned) to loop vars ``idx``."""
     off = len(idx) - len(shape)
     return tuple(as_expr(0) if s == 1 else idx[off + d] for d, s in enumerate(shape))
 
 
-def _norm_axis(op: str, name: str, x: Tensor, axis: int) -> int:
+def norm_axis(op: str, name: str, x: Tensor, axis: int) -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ExpressionError(f"{op} '{name}': axis {axis!r} must be an int")
     if not -x.ndim <= axis < x.ndim:
         raise ExpressionError(
-            f"{op} '{name}': axis {axis} is out of range for {_desc(x)} ({x.ndim} dims)"
+            f"{op} '{name}': axis {axis} is out of range for {desc(x)} ({x.ndim} dims)"
         )
     return axis % x.ndim
 
 
-def _norm_axes(op: str, name: str, x: Tensor, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+def norm_axes(op: str, name: str, x: Tensor, axis: int | Sequence[int] | None) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    norm = tuple(_norm_axis(op, name, x, a) for a in axes)
+    norm = tuple(norm_axis(op, name, x, a) for a in axes)
     if len(set(norm)) != len(norm):
         raise ExpressionError(f"{op} '{name}': axis {axis!r} names a dimension twice")
     return tuple(sorted(norm))
 
 
-def _pair(op: str, name: str, what: str, v: int | Sequence[int], lo: int) -> tuple[int, int]:
+def int_pair(op: str, name: str, what: str, v: int | Sequence[int], lo: int) -> tuple[int, int]:
     p = (v, v) if isinstance(v, int) else tuple(v)
     if len(p) != 2 or not all(isinstance(e, int) and e >= lo for e in p):
         raise ExpressionError(
@@ -90,7 +90,7 @@ def _pair(op: str, name: str, what: str, v: int | Sequence[int], lo: int) -> tup
     return int(p[0]), int(p[1])
 
 
-def _affine(base: Expr, scale: int, terms: Sequence[tuple[Expr, int]], offset: int) -> Expr:
+def affine_expr(base: Expr, scale: int, terms: Sequence[tuple[Expr, int]], offset: int) -> Expr:
     """``base*scale + sum(v*c) + offset`` without trivial ``*1`` and ``+0`` nodes."""
     e: Expr = base if scale == 1 else base * scale
     for v, c in terms:
@@ -102,7 +102,7 @@ def _affine(base: Expr, scale: int, terms: Sequence[tuple[Expr, int]], offset: i
     return e
 
 
-def _all(conds: Sequence[Expr]) -> Expr | None:
+def all_of(conds: Sequence[Expr]) -> Expr | None:
     out: Expr | None = None
     for c in conds:
         out = c if out is None else out & c

@@ -11,15 +11,15 @@ from polyfuse import te
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.ops._common import (
-    _affine,
-    _all,
-    _bcast,
-    _broadcast_shape,
-    _compute,
-    _desc,
-    _name,
-    _pair,
-    _tensor,
+    affine_expr,
+    all_of,
+    as_operand,
+    bcast,
+    broadcast_shape,
+    compute_op,
+    desc,
+    int_pair,
+    op_name,
 )
 
 
@@ -30,24 +30,24 @@ def matmul(a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
     ``a`` is a row vector ``(K,)`` and a 1-D ``b`` a column vector; their unit dim is dropped.
     """
     op = "matmul"
-    name = _name(op, name)
-    a = _tensor(op, name, "first operand", a)
-    b = _tensor(op, name, "second operand", b)
+    name = op_name(op, name)
+    a = as_operand(op, name, "first operand", a)
+    b = as_operand(op, name, "second operand", b)
     if a.ndim == 0 or b.ndim == 0:
-        raise ExpressionError(f"{op} '{name}': operands {_desc(a)} and {_desc(b)} must be >= 1-D")
+        raise ExpressionError(f"{op} '{name}': operands {desc(a)} and {desc(b)} must be >= 1-D")
     a2 = a.shape if a.ndim >= 2 else (1, *a.shape)
     b2 = b.shape if b.ndim >= 2 else (*b.shape, 1)
     m, ka = a2[-2:]
     kb, n = b2[-2:]
     if ka != kb:
         raise ExpressionError(
-            f"{op} '{name}': inner dimensions differ: {_desc(a)} has K={ka}, {_desc(b)} has K={kb}"
+            f"{op} '{name}': inner dimensions differ: {desc(a)} has K={ka}, {desc(b)} has K={kb}"
         )
     try:
-        batch = _broadcast_shape(op, name, [(a2[:-2], a.name), (b2[:-2], b.name)])
+        batch = broadcast_shape(op, name, [(a2[:-2], a.name), (b2[:-2], b.name)])
     except ExpressionError:
         raise ExpressionError(
-            f"{op} '{name}': batch dims of {_desc(a)} and {_desc(b)} do not broadcast"
+            f"{op} '{name}': batch dims of {desc(a)} and {desc(b)} do not broadcast"
         ) from None
     nb = len(batch)
     shape = (*batch, *((m,) if a.ndim >= 2 else ()), *((n,) if b.ndim >= 2 else ()))
@@ -58,18 +58,18 @@ def matmul(a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
         rest = list(idx[nb:])
         i = rest.pop(0) if a.ndim >= 2 else None
         j = rest.pop(0) if b.ndim >= 2 else None
-        asub = (*_bcast(a2[:-2], bidx), i, k) if a.ndim >= 2 else (k,)
-        bsub = (*_bcast(b2[:-2], bidx), k, j) if b.ndim >= 2 else (k,)
+        asub = (*bcast(a2[:-2], bidx), i, k) if a.ndim >= 2 else (k,)
+        bsub = (*bcast(b2[:-2], bidx), k, j) if b.ndim >= 2 else (k,)
         return te.sum(a[asub] * b[bsub], axis=k)
 
-    return _compute(shape, body, name, op)
+    return compute_op(shape, body, name, op)
 
 
 def _window(
     o: Expr, r: Expr, stride: int, dil: int, pad_lo: int, out_n: int, k: int, n: int
 ) -> tuple[Expr, list[Expr]]:
     """Input index ``o*stride + r*dil - pad_lo`` and the guards it needs to stay in ``[0, n)``."""
-    i = _affine(o, stride, [(r, dil)], -pad_lo)
+    i = affine_expr(o, stride, [(r, dil)], -pad_lo)
     conds: list[Expr] = []
     if pad_lo > 0:
         conds.append(i >= 0)
@@ -96,37 +96,37 @@ def conv2d(
     channel and kernel window), plus one for the bias add (the conv is then ``f"{name}_conv"``).
     """
     op = "conv2d"
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
-    w = _tensor(op, name, "weight", w)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
+    w = as_operand(op, name, "weight", w)
     if x.ndim != 4 or w.ndim != 4:
         raise ExpressionError(
-            f"{op} '{name}': input {_desc(x)} must be NCHW and weight {_desc(w)} OIHW (4-D)"
+            f"{op} '{name}': input {desc(x)} must be NCHW and weight {desc(w)} OIHW (4-D)"
         )
-    sh, sw = _pair(op, name, "stride", stride, 1)
-    ph, pw = _pair(op, name, "padding", padding, 0)
-    dh, dw = _pair(op, name, "dilation", dilation, 1)
+    sh, sw = int_pair(op, name, "stride", stride, 1)
+    ph, pw = int_pair(op, name, "padding", padding, 0)
+    dh, dw = int_pair(op, name, "dilation", dilation, 1)
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     if not isinstance(groups, int) or groups < 1 or c % groups or o % groups:
         raise ExpressionError(
-            f"{op} '{name}': groups={groups!r} must divide the input channels of {_desc(x)} "
-            f"and the output channels of {_desc(w)}"
+            f"{op} '{name}': groups={groups!r} must divide the input channels of {desc(x)} "
+            f"and the output channels of {desc(w)}"
         )
     if cg * groups != c:
         raise ExpressionError(
-            f"{op} '{name}': input {_desc(x)} has {c} channels but weight {_desc(w)} with "
+            f"{op} '{name}': input {desc(x)} has {c} channels but weight {desc(w)} with "
             f"groups={groups} expects {cg * groups}"
         )
     if bias is not None:
-        _tensor(op, name, "bias", bias)
+        as_operand(op, name, "bias", bias)
         if bias.shape != (o,):
-            raise ExpressionError(f"{op} '{name}': bias {_desc(bias)} must have shape ({o},)")
+            raise ExpressionError(f"{op} '{name}': bias {desc(bias)} must have shape ({o},)")
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0:
         raise ExpressionError(
-            f"{op} '{name}': kernel {_desc(w)} does not fit input {_desc(x)} "
+            f"{op} '{name}': kernel {desc(w)} does not fit input {desc(x)} "
             f"with padding {(ph, pw)} and dilation {(dh, dw)}"
         )
     og = o // groups
@@ -137,18 +137,20 @@ def conv2d(
     def body(b: IterVar, oc: IterVar, y: IterVar, xx: IterVar) -> Expr:
         ih, ch = _window(y, rh, sh, dh, ph, oh, kh, h)
         iw, cw = _window(xx, rw, sw, dw, pw, ow, kw, wd)
-        chan: Expr = rc if groups == 1 else _affine(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
+        chan: Expr = (
+            rc if groups == 1 else affine_expr(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
+        )
         v: Expr = x[b, chan, ih, iw]
-        cond = _all(ch + cw)
+        cond = all_of(ch + cw)
         if cond is not None:
             v = te.where(cond, v, 0.0)
         return te.sum(v * w[oc, rc, rh, rw], axis=[rc, rh, rw])
 
     shape = (n, o, oh, ow)
     if bias is None:
-        return _compute(shape, body, name, op)
-    conv = _compute(shape, body, f"{name}_conv", op)
-    return _compute(shape, lambda b, oc, y, xx: conv[b, oc, y, xx] + bias[oc], name, op)
+        return compute_op(shape, body, name, op)
+    conv = compute_op(shape, body, f"{name}_conv", op)
+    return compute_op(shape, lambda b, oc, y, xx: conv[b, oc, y, xx] + bias[oc], name, op)
 
 
 def _ints_n(op: str, name: str, what: str, v: int | Sequence[int], nd: int, lo: int) -> list[int]:
@@ -161,12 +163,12 @@ def _ints_n(op: str, name: str, what: str, v: int | Sequence[int], nd: int, lo: 
 def _conv_args(op: str, name: str, x, w, weight_layout: str, stride, dilation, pads):
     """The checked operands and geometry of a convolution: ``(x, w, spatial dims, strides,
     dilations, pads before, pads after)``; ``pads`` is an int or ``2 * nd`` ints."""
-    x = _tensor(op, name, "input", x)
-    w = _tensor(op, name, "weight", w)
+    x = as_operand(op, name, "input", x)
+    w = as_operand(op, name, "weight", w)
     nd = x.ndim - 2
     if nd < 1 or w.ndim != x.ndim:
         raise ExpressionError(
-            f"{op} '{name}': input {_desc(x)} must be (N, C, *spatial) and weight {_desc(w)} "
+            f"{op} '{name}': input {desc(x)} must be (N, C, *spatial) and weight {desc(w)} "
             f"{weight_layout} of the same rank"
         )
     st = _ints_n(op, name, "stride", stride, nd, 1)
@@ -195,7 +197,7 @@ def conv(
     ``o*stride + r*dil - lo`` is affine; padding is a ``te.where`` guard.
     """
     op = "conv"
-    name = _name(op, name)
+    name = op_name(op, name)
     x, w, nd, st, dl, lo, hi = _conv_args(
         op, name, x, w, "(O, C/groups, *kernel)", stride, dilation, pads
     )
@@ -203,17 +205,17 @@ def conv(
     o, cg, *k = w.shape
     if not isinstance(groups, int) or groups < 1 or c % groups or o % groups or cg * groups != c:
         raise ExpressionError(
-            f"{op} '{name}': groups={groups!r} must divide the channels of input {_desc(x)} and "
-            f"weight {_desc(w)} with weight.shape[1] * groups == {c}"
+            f"{op} '{name}': groups={groups!r} must divide the channels of input {desc(x)} and "
+            f"weight {desc(w)} with weight.shape[1] * groups == {c}"
         )
     if bias is not None:
-        _tensor(op, name, "bias", bias)
+        as_operand(op, name, "bias", bias)
         if bias.shape != (o,):
-            raise ExpressionError(f"{op} '{name}': bias {_desc(bias)} must have shape ({o},)")
+            raise ExpressionError(f"{op} '{name}': bias {desc(bias)} must have shape ({o},)")
     out = [(sp[i] + lo[i] + hi[i] - dl[i] * (k[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
     if any(v <= 0 for v in out):
         raise ExpressionError(
-            f"{op} '{name}': kernel {_desc(w)} does not fit input {_desc(x)} with pads "
+            f"{op} '{name}': kernel {desc(w)} does not fit input {desc(x)} with pads "
             f"{lo + hi} and dilation {dl}"
         )
     og = o // groups
@@ -228,18 +230,20 @@ def conv(
             e, cs = _window(ys[i], rs[i], st[i], dl[i], lo[i], out[i], k[i], sp[i])
             subs.append(e)
             conds += cs
-        chan: Expr = rc if groups == 1 else _affine(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
+        chan: Expr = (
+            rc if groups == 1 else affine_expr(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
+        )
         v: Expr = x[(b, chan, *subs)]
-        cond = _all(conds)
+        cond = all_of(conds)
         if cond is not None:
             v = te.where(cond, v, 0.0)
         return te.sum(v * w[(oc, rc, *rs)], axis=[rc, *rs])
 
     shape = (n, o, *out)
     if bias is None:
-        return _compute(shape, body, name, op)
-    cv = _compute(shape, body, f"{name}_conv", op)
-    return _compute(shape, lambda *i: cv[i] + bias[i[1]], name, op)
+        return compute_op(shape, body, name, op)
+    cv = compute_op(shape, body, f"{name}_conv", op)
+    return compute_op(shape, lambda *i: cv[i] + bias[i[1]], name, op)
 
 
 def conv_transpose(
@@ -263,7 +267,7 @@ def conv_transpose(
     ``stride*(S-1) + output_padding + dil*(K-1) + 1 - lo - hi`` (or ``output_shape``).
     """
     op = "conv_transpose"
-    name = _name(op, name)
+    name = op_name(op, name)
     x, w, nd, st, dl, lo, hi = _conv_args(
         op, name, x, w, "(C, O/groups, *kernel)", stride, dilation, pads
     )
@@ -272,7 +276,7 @@ def conv_transpose(
     cw, og, *k = w.shape
     if cw != c or not isinstance(groups, int) or groups < 1 or c % groups:
         raise ExpressionError(
-            f"{op} '{name}': weight {_desc(w)} must have {c} input channels (input {_desc(x)}) "
+            f"{op} '{name}': weight {desc(w)} must have {c} input channels (input {desc(x)}) "
             f"divisible by groups={groups!r}"
         )
     full = [st[i] * (sp[i] - 1) + opad[i] + dl[i] * (k[i] - 1) + 1 for i in range(nd)]
@@ -287,18 +291,18 @@ def conv_transpose(
             subs = [j[i] if st[i] == 1 else j[i] // st[i] for i in range(nd)]
             conds = [te.equal(j[i] % st[i], 0) for i in range(nd) if st[i] > 1]
             v: Expr = x[(b, ch, *subs)]
-            cond = _all(conds)
+            cond = all_of(conds)
             return v if cond is None else te.where(cond, v, 0.0)
 
-        x = _compute((n, c, *size), dilate, f"{name}_zero_insert", op)
+        x = compute_op((n, c, *size), dilate, f"{name}_zero_insert", op)
 
     def flip(*idx: IterVar) -> Expr:
         oc, ic, r = idx[0], idx[1], idx[2:]
-        g_in: Expr = ic if groups == 1 else _affine(oc // og, cg, [(ic, 1)], 0)
+        g_in: Expr = ic if groups == 1 else affine_expr(oc // og, cg, [(ic, 1)], 0)
         g_out: Expr = oc if groups == 1 else oc % og
         return w[(g_in, g_out, *[(k[i] - 1) - r[i] for i in range(nd)])]
 
-    wf = _compute((og * groups, cg, *k), flip, f"{name}_flipped", op)
+    wf = compute_op((og * groups, cg, *k), flip, f"{name}_flipped", op)
     cpads = [dl[i] * (k[i] - 1) - lo[i] for i in range(nd)]
     cpads += [dl[i] * (k[i] - 1) - hi[i] + opad[i] for i in range(nd)]
     return conv(x, wf, bias, 1, cpads, dl, groups, name=name)
@@ -312,12 +316,12 @@ def _pool_setup(
     stride: int | Sequence[int] | None,
     padding: int | Sequence[int],
 ) -> tuple[Tensor, tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, ...]]:
-    x = _tensor(op, name, "input", x)
+    x = as_operand(op, name, "input", x)
     if x.ndim < 2:
-        raise ExpressionError(f"{op} '{name}': input {_desc(x)} needs two spatial (last) dims")
-    k = _pair(op, name, "kernel", kernel, 1)
-    s = k if stride is None else _pair(op, name, "stride", stride, 1)
-    p = _pair(op, name, "padding", padding, 0)
+        raise ExpressionError(f"{op} '{name}': input {desc(x)} needs two spatial (last) dims")
+    k = int_pair(op, name, "kernel", kernel, 1)
+    s = k if stride is None else int_pair(op, name, "stride", stride, 1)
+    p = int_pair(op, name, "padding", padding, 0)
     if p[0] > k[0] // 2 or p[1] > k[1] // 2:
         raise ExpressionError(f"{op} '{name}': padding {p} must be at most half the kernel {k}")
     h, w = x.shape[-2:]
@@ -326,7 +330,7 @@ def _pool_setup(
     )
     if builtins.min(out_hw) <= 0:
         raise ExpressionError(
-            f"{op} '{name}': kernel {k} does not fit input {_desc(x)} with padding {p}"
+            f"{op} '{name}': kernel {k} does not fit input {desc(x)} with padding {p}"
         )
     return x, k, s, p, (*x.shape[:-2], *out_hw)
 
@@ -346,7 +350,7 @@ def _pool_read(
     ih, ch = _window(idx[-2], rh, s[0], 1, p[0], out_shape[-2], k[0], h)
     iw, cw = _window(idx[-1], rw, s[1], 1, p[1], out_shape[-1], k[1], w)
     v: Expr = x[(*idx[:-2], ih, iw)]
-    cond = _all(ch + cw)
+    cond = all_of(ch + cw)
     return v if cond is None else te.where(cond, v, fill)
 
 
@@ -363,11 +367,11 @@ def max_pool2d(
     output size ``(H + 2p - k) // s + 1``. One primitive.
     """
     op = "max_pool2d"
-    name = _name(op, name)
+    name = op_name(op, name)
     x, k, s, p, shape = _pool_setup(op, name, x, kernel, stride, padding)
     rh = te.reduce_axis(k[0], name="rh")
     rw = te.reduce_axis(k[1], name="rw")
-    return _compute(
+    return compute_op(
         shape,
         lambda *i: te.max(_pool_read(x, i, rh, rw, k, s, p, shape, -math.inf), axis=[rh, rw]),
         name,
@@ -390,11 +394,11 @@ def avg_pool2d(
     (``f"{name}_sum"``) and the division.
     """
     op = "avg_pool2d"
-    name = _name(op, name)
+    name = op_name(op, name)
     x, k, s, p, shape = _pool_setup(op, name, x, kernel, stride, padding)
     rh = te.reduce_axis(k[0], name="rh")
     rw = te.reduce_axis(k[1], name="rw")
-    total = _compute(
+    total = compute_op(
         shape,
         lambda *i: te.sum(_pool_read(x, i, rh, rw, k, s, p, shape, 0.0), axis=[rh, rw]),
         f"{name}_sum",
@@ -403,8 +407,8 @@ def avg_pool2d(
     h, w = x.shape[-2:]
 
     def count(o: Expr, kk: int, ss: int, pp: int, n: int, out_n: int) -> Expr | int:
-        lo = _affine(o, ss, (), -pp)
-        hi = _affine(o, ss, (), kk - pp)
+        lo = affine_expr(o, ss, (), -pp)
+        hi = affine_expr(o, ss, (), kk - pp)
         clip_lo = pp > 0
         clip_hi = (out_n - 1) * ss + kk - pp > n
         if not clip_lo and not clip_hi:
@@ -422,4 +426,4 @@ def avg_pool2d(
             return total[i] / float(ch * cw)
         return total[i] / te.cast(as_expr(ch) * cw, "float32")
 
-    return _compute(shape, body, name, op)
+    return compute_op(shape, body, name, op)

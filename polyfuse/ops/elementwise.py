@@ -13,18 +13,18 @@ from polyfuse.graph.expr import Expr, Tensor, as_expr
 from polyfuse.ops._common import (
     Index,
     Operand,
-    _bcast,
-    _broadcast_shape,
-    _compute,
-    _name,
-    _tensor,
+    as_operand,
+    bcast,
+    broadcast_shape,
+    compute_op,
+    op_name,
 )
 
 
 def _binary(
     op: str, fn: Callable[[Any, Any], Expr], a: Operand, b: Operand, name: str | None
 ) -> Tensor:
-    name = _name(op, name)
+    name = op_name(op, name)
     tensors = [t for t in (a, b) if isinstance(t, Tensor)]
     if not tensors:
         raise ExpressionError(f"{op} '{name}': at least one operand must be a Tensor")
@@ -33,14 +33,14 @@ def _binary(
             raise ExpressionError(
                 f"{op} '{name}': {what} must be a Tensor or a Python number, got {type(v).__name__}"
             )
-    shape = _broadcast_shape(op, name, [(t.shape, t.name) for t in tensors])
+    shape = broadcast_shape(op, name, [(t.shape, t.name) for t in tensors])
 
     def operand(v: Operand, idx: Index) -> Any:
         if isinstance(v, Tensor):
-            return v[_bcast(v.shape, idx)]
+            return v[bcast(v.shape, idx)]
         return float(v)
 
-    return _compute(shape, lambda *idx: fn(operand(a, idx), operand(b, idx)), name, op)
+    return compute_op(shape, lambda *idx: fn(operand(a, idx), operand(b, idx)), name, op)
 
 
 def add(a: Operand, b: Operand, name: str | None = None) -> Tensor:
@@ -79,9 +79,9 @@ def pow(a: Operand, b: Operand, name: str | None = None) -> Tensor:  # noqa: A00
 
 
 def _unary(op: str, fn: Callable[[Expr], Expr], x: Tensor, name: str | None) -> Tensor:
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
-    return _compute(x.shape, lambda *idx: fn(x[idx]), name, op)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
+    return compute_op(x.shape, lambda *idx: fn(x[idx]), name, op)
 
 
 def neg(x: Tensor, name: str | None = None) -> Tensor:
@@ -135,7 +135,7 @@ def gelu(x: Tensor, approximate: str = "none", name: str | None = None) -> Tenso
     ``approximate="none"``: ``0.5 * x * (1 + erf(x / sqrt(2)))``;
     ``approximate="tanh"``: ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``.
     """
-    name = _name("gelu", name)
+    name = op_name("gelu", name)
     if approximate == "none":
         c = 1.0 / math.sqrt(2.0)
         return _unary("gelu", lambda v: 0.5 * v * (1.0 + te.erf(v * c)), x, name)

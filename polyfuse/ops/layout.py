@@ -13,34 +13,34 @@ from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.graph.passes.layout import reshape_subscripts
 from polyfuse.ops._common import (
-    _affine,
-    _all,
-    _compute,
-    _desc,
-    _name,
-    _norm_axis,
-    _tensor,
+    affine_expr,
+    all_of,
+    as_operand,
+    compute_op,
+    desc,
+    norm_axis,
+    op_name,
 )
 
 
 def transpose(x: Tensor, perm: Sequence[int] | None = None, name: str | None = None) -> Tensor:
     """Permute dims like ``np.transpose``: ``out.shape[i] = x.shape[perm[i]]``; default reverses."""
     op = "transpose"
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
     p = tuple(range(x.ndim - 1, -1, -1)) if perm is None else tuple(perm)
     if sorted(d % x.ndim if x.ndim and -x.ndim <= d < x.ndim else -1 for d in p) != list(
         range(x.ndim)
     ):
         raise ExpressionError(
-            f"{op} '{name}': perm {perm!r} is not a permutation of the {x.ndim} dims of {_desc(x)}"
+            f"{op} '{name}': perm {perm!r} is not a permutation of the {x.ndim} dims of {desc(x)}"
         )
     p = tuple(d % x.ndim for d in p)
     inv = [0] * x.ndim
     for i, d in enumerate(p):
         inv[d] = i
     shape = tuple(x.shape[d] for d in p)
-    return _compute(shape, lambda *idx: x[tuple(idx[inv[d]] for d in range(x.ndim))], name, op)
+    return compute_op(shape, lambda *idx: x[tuple(idx[inv[d]] for d in range(x.ndim))], name, op)
 
 
 def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
@@ -51,8 +51,8 @@ def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
     plain subscripts.
     """
     op = "reshape"
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
     dims = [shape] if isinstance(shape, int) else list(shape)
     if not all(isinstance(d, int) and (d > 0 or d == -1) for d in dims) or dims.count(-1) > 1:
         raise ExpressionError(
@@ -62,39 +62,39 @@ def reshape(x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
         known = math.prod(d for d in dims if d != -1)
         if x.size % known:
             raise ExpressionError(
-                f"{op} '{name}': cannot reshape {_desc(x)} ({x.size} elements) to {tuple(dims)}"
+                f"{op} '{name}': cannot reshape {desc(x)} ({x.size} elements) to {tuple(dims)}"
             )
         dims[dims.index(-1)] = x.size // known
     out = tuple(dims)
     if math.prod(out) != x.size:
         raise ExpressionError(
-            f"{op} '{name}': cannot reshape {_desc(x)} ({x.size} elements) to {out}"
+            f"{op} '{name}': cannot reshape {desc(x)} ({x.size} elements) to {out}"
         )
     shape_in = x.shape
 
     def body(*idx: IterVar) -> Expr:
         return x[reshape_subscripts(shape_in, idx, out)]
 
-    return _compute(out, body, name, op)
+    return compute_op(out, body, name, op)
 
 
 def concat(tensors: Sequence[Tensor], axis: int = 0, name: str | None = None) -> Tensor:
     """Join tensors along ``axis`` like ``np.concatenate``; one primitive (a chain of where)."""
     op = "concat"
-    name = _name(op, name)
+    name = op_name(op, name)
     ts = list(tensors)
     if not ts:
         raise ExpressionError(f"{op} '{name}': needs at least one tensor")
     for t in ts:
-        _tensor(op, name, "every input", t)
+        as_operand(op, name, "every input", t)
     first = ts[0]
-    ax = _norm_axis(op, name, first, axis)
+    ax = norm_axis(op, name, first, axis)
     for t in ts[1:]:
         if t.ndim != first.ndim or any(
             d != ax and s != r for d, (s, r) in enumerate(zip(t.shape, first.shape, strict=True))
         ):
             raise ExpressionError(
-                f"{op} '{name}': {_desc(t)} does not match {_desc(first)} "
+                f"{op} '{name}': {desc(t)} does not match {desc(first)} "
                 f"in the dims other than axis {ax}"
             )
     offsets = list(itertools.accumulate((t.shape[ax] for t in ts), initial=0))
@@ -110,7 +110,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0, name: str | None = None) ->
             e = te.where(idx[ax] < offsets[n + 1], part(n, idx), e)
         return e
 
-    return _compute(shape, body, name, op)
+    return compute_op(shape, body, name, op)
 
 
 def slice(  # noqa: A001
@@ -127,8 +127,8 @@ def slice(  # noqa: A001
     means "to the end"); steps must be positive. One primitive reading ``x[start + i*step]``.
     """
     op = "slice"
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
     st, en = list(starts), list(ends)
     ax = list(range(len(st))) if axes is None else list(axes)
     sp = [1] * len(st) if steps is None else list(steps)
@@ -136,7 +136,7 @@ def slice(  # noqa: A001
         raise ExpressionError(
             f"{op} '{name}': starts, ends, axes and steps must have the same length"
         )
-    ax = [_norm_axis(op, name, x, a) for a in ax]
+    ax = [norm_axis(op, name, x, a) for a in ax]
     if len(set(ax)) != len(ax):
         raise ExpressionError(f"{op} '{name}': axes {axes!r} name a dimension twice")
     begin = [0] * x.ndim
@@ -151,15 +151,15 @@ def slice(  # noqa: A001
         length = (e - s + k - 1) // k if e > s else 0
         if length <= 0:
             raise ExpressionError(
-                f"{op} '{name}': axis {a} of {_desc(x)} selects no elements "
+                f"{op} '{name}': axis {a} of {desc(x)} selects no elements "
                 f"(start {s}, end {e}, step {k})"
             )
         begin[a], step[a], shape[a] = s, k, length
 
     def body(*idx: IterVar) -> Expr:
-        return x[tuple(_affine(i, k, (), b) for i, k, b in zip(idx, step, begin, strict=True))]
+        return x[tuple(affine_expr(i, k, (), b) for i, k, b in zip(idx, step, begin, strict=True))]
 
-    return _compute(tuple(shape), body, name, op)
+    return compute_op(tuple(shape), body, name, op)
 
 
 def pad(
@@ -174,11 +174,11 @@ def pad(
     list of ``(before, after)`` pairs, one per dim. Reads are guarded by ``te.where``.
     """
     op = "pad"
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
     bad = ExpressionError(
         f"{op} '{name}': pads {pads!r} must be an int, a (before, after) pair or one pair "
-        f"per dim of {_desc(x)}, all >= 0"
+        f"per dim of {desc(x)}, all >= 0"
     )
     if isinstance(pads, int):
         pw = [(pads, pads)] * x.ndim
@@ -200,14 +200,14 @@ def pad(
     shape = tuple(s + b + a for s, (b, a) in zip(x.shape, pw, strict=True))
 
     def body(*idx: IterVar) -> Expr:
-        subs = tuple(_affine(i, 1, (), -b) for i, (b, _) in zip(idx, pw, strict=True))
+        subs = tuple(affine_expr(i, 1, (), -b) for i, (b, _) in zip(idx, pw, strict=True))
         conds = []
         for i, s, (b, a) in zip(idx, x.shape, pw, strict=True):
             if b:
                 conds.append(i >= b)
             if a:
                 conds.append(i < b + s)
-        cond = _all(conds)
+        cond = all_of(conds)
         return x[subs] if cond is None else te.where(cond, x[subs], float(value))
 
-    return _compute(shape, body, name, op)
+    return compute_op(shape, body, name, op)

@@ -8,12 +8,12 @@ from polyfuse import te
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.ops._common import (
-    _bcast,
-    _compute,
-    _desc,
-    _name,
-    _norm_axis,
-    _tensor,
+    as_operand,
+    bcast,
+    compute_op,
+    desc,
+    norm_axis,
+    op_name,
 )
 
 
@@ -21,21 +21,21 @@ def _check_param(op: str, name: str, what: str, p: Tensor | None, shape: tuple[i
     """``p`` must broadcast (right-aligned) to ``shape`` without growing it."""
     if p is None:
         return
-    _tensor(op, name, what, p)
+    as_operand(op, name, what, p)
     ok = p.ndim <= len(shape) and all(
         s in (1, t) for s, t in zip(p.shape, shape[len(shape) - p.ndim :], strict=True)
     )
     if not ok:
         raise ExpressionError(
-            f"{op} '{name}': {what} {_desc(p)} does not broadcast to the normalized shape {shape}"
+            f"{op} '{name}': {what} {desc(p)} does not broadcast to the normalized shape {shape}"
         )
 
 
 def _norm_head(
     op: str, x: Tensor, axis: int, name: str
 ) -> tuple[Tensor, int, tuple[int, ...], list[IterVar], float]:
-    x = _tensor(op, name, "input", x)
-    ax = _norm_axis(op, name, x, axis)
+    x = as_operand(op, name, "input", x)
+    ax = norm_axis(op, name, x, axis)
     norm = x.shape[ax:]
     ks = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(norm)]
     return x, ax, norm, ks, 1.0 / math.prod(norm)
@@ -71,32 +71,32 @@ def layer_norm_parts(
 
     ONNX ``LayerNormalization`` has these as its optional outputs ``Mean`` and ``InvStdDev``.
     """
-    name = _name("layer_norm", name)
+    name = op_name("layer_norm", name)
     op = "layer_norm"
     x, ax, norm, ks, inv_n = _norm_head(op, x, axis, name)
     _check_param(op, name, "gamma", gamma, norm)
     _check_param(op, name, "beta", beta, norm)
     red = x.shape[:ax]
-    mean = _compute(red, lambda *i: te.sum(x[(*i, *ks)] * inv_n, axis=ks), f"{name}_mean", op)
-    cen = _compute(x.shape, lambda *i: x[i] - mean[i[:ax]], f"{name}_centered", op)
+    mean = compute_op(red, lambda *i: te.sum(x[(*i, *ks)] * inv_n, axis=ks), f"{name}_mean", op)
+    cen = compute_op(x.shape, lambda *i: x[i] - mean[i[:ax]], f"{name}_centered", op)
     k2 = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(norm)]
 
     def var_body(*i: IterVar) -> Expr:
         c = cen[(*i, *k2)]
         return te.sum(c * c * inv_n, axis=k2)
 
-    var = _compute(red, var_body, f"{name}_var", op)
-    rstd = _compute(red, lambda *i: te.rsqrt(var[i] + eps), f"{name}_rstd", op)
+    var = compute_op(red, var_body, f"{name}_var", op)
+    rstd = compute_op(red, lambda *i: te.rsqrt(var[i] + eps), f"{name}_rstd", op)
 
     def out_body(*i: IterVar) -> Expr:
         y = cen[i] * rstd[i[:ax]]
         if gamma is not None:
-            y = y * gamma[_bcast(gamma.shape, i)]
+            y = y * gamma[bcast(gamma.shape, i)]
         if beta is not None:
-            y = y + beta[_bcast(beta.shape, i)]
+            y = y + beta[bcast(beta.shape, i)]
         return y
 
-    return _compute(x.shape, out_body, name, op), mean, rstd
+    return compute_op(x.shape, out_body, name, op), mean, rstd
 
 
 def rms_norm(
@@ -111,7 +111,7 @@ def rms_norm(
     ``weight`` (optional) broadcasts to ``x.shape[axis:]``. Three primitives: ``ms`` (mean of
     squares), ``rstd``, and the scaled output.
     """
-    name = _name("rms_norm", name)
+    name = op_name("rms_norm", name)
     op = "rms_norm"
     x, ax, norm, ks, inv_n = _norm_head(op, x, axis, name)
     _check_param(op, name, "weight", weight, norm)
@@ -121,14 +121,14 @@ def rms_norm(
         v = x[(*i, *ks)]
         return te.sum(v * v * inv_n, axis=ks)
 
-    ms = _compute(red, ms_body, f"{name}_ms", op)
-    rstd = _compute(red, lambda *i: te.rsqrt(ms[i] + eps), f"{name}_rstd", op)
+    ms = compute_op(red, ms_body, f"{name}_ms", op)
+    rstd = compute_op(red, lambda *i: te.rsqrt(ms[i] + eps), f"{name}_rstd", op)
 
     def out_body(*i: IterVar) -> Expr:
         y = x[i] * rstd[i[:ax]]
-        return y * weight[_bcast(weight.shape, i)] if weight is not None else y
+        return y * weight[bcast(weight.shape, i)] if weight is not None else y
 
-    return _compute(x.shape, out_body, name, op)
+    return compute_op(x.shape, out_body, name, op)
 
 
 def batch_norm(
@@ -146,29 +146,29 @@ def batch_norm(
     parameters have shape ``(C,)``. Two primitives: ``scale = gamma * rsqrt(var + eps)`` over
     channels, then ``(x - mean) * scale + beta``.
     """
-    name = _name("batch_norm", name)
+    name = op_name("batch_norm", name)
     op = "batch_norm"
-    x = _tensor(op, name, "input", x)
+    x = as_operand(op, name, "input", x)
     if x.ndim < 2:
-        raise ExpressionError(f"{op} '{name}': input {_desc(x)} needs a channel axis 1 (N, C, ...)")
+        raise ExpressionError(f"{op} '{name}': input {desc(x)} needs a channel axis 1 (N, C, ...)")
     c = x.shape[1]
     for what, p in (("mean", mean), ("var", var), ("gamma", gamma), ("beta", beta)):
         if p is None and what in ("gamma", "beta"):
             continue
-        _tensor(op, name, what, p)
+        as_operand(op, name, what, p)
         if p.shape != (c,):
             raise ExpressionError(
-                f"{op} '{name}': {what} {_desc(p)} must have shape ({c},) for input {_desc(x)}"
+                f"{op} '{name}': {what} {desc(p)} must have shape ({c},) for input {desc(x)}"
             )
 
     def scale_body(ch: IterVar) -> Expr:
         r = te.rsqrt(var[ch] + eps)
         return gamma[ch] * r if gamma is not None else r
 
-    scale = _compute((c,), scale_body, f"{name}_scale", op)
+    scale = compute_op((c,), scale_body, f"{name}_scale", op)
 
     def out_body(*i: IterVar) -> Expr:
         y = (x[i] - mean[i[1]]) * scale[i[1]]
         return y + beta[i[1]] if beta is not None else y
 
-    return _compute(x.shape, out_body, name, op)
+    return compute_op(x.shape, out_body, name, op)

@@ -9,11 +9,11 @@ from polyfuse import te
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.ops._common import (
     Index,
-    _compute,
-    _name,
-    _norm_axes,
-    _norm_axis,
-    _tensor,
+    as_operand,
+    compute_op,
+    norm_axes,
+    norm_axis,
+    op_name,
 )
 
 
@@ -43,15 +43,15 @@ def _reduce(
     name: str | None,
     scale: float | None = None,
 ) -> Tensor:
-    name = _name(op, name)
-    x = _tensor(op, name, "input", x)
-    axes = _norm_axes(op, name, x, axis)
+    name = op_name(op, name)
+    x = as_operand(op, name, "input", x)
+    axes = norm_axes(op, name, x, axis)
     if keepdims:
         shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
     else:
         shape = tuple(s for d, s in enumerate(x.shape) if d not in axes)
     if not axes:  # nothing to reduce (a 0-d input with axis=None): a copy
-        return _compute(shape, lambda *idx: x[idx], name, op)
+        return compute_op(shape, lambda *idx: x[idx], name, op)
     ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
     reducer = {"sum": te.sum, "max": te.max}[kind]
 
@@ -59,7 +59,7 @@ def _reduce(
         v = x[reduce_subscripts(x.ndim, ks, keepdims, idx)]
         return reducer(v if scale is None else v * scale, axis=list(ks.values()))
 
-    return _compute(shape, body, name, op)
+    return compute_op(shape, body, name, op)
 
 
 def reduce_sum(
@@ -79,9 +79,9 @@ def reduce_mean(
     name: str | None = None,
 ) -> Tensor:
     """Mean over ``axis`` like ``np.mean``; one primitive ``sum(x * (1/n))``."""
-    name = _name("reduce_mean", name)
-    xt = _tensor("reduce_mean", name, "input", x)
-    n = math.prod(xt.shape[d] for d in _norm_axes("reduce_mean", name, xt, axis))
+    name = op_name("reduce_mean", name)
+    xt = as_operand("reduce_mean", name, "input", x)
+    n = math.prod(xt.shape[d] for d in norm_axes("reduce_mean", name, xt, axis))
     return _reduce("reduce_mean", "sum", x, axis, keepdims, name, scale=1.0 / n)
 
 
@@ -105,16 +105,16 @@ def _drop(idx: Sequence[Expr], axis: int) -> Index:
 
 def _softmax_parts(op: str, x: Tensor, axis: int, name: str) -> tuple[Tensor, Tensor, Tensor, int]:
     """max, x - max, exp, sum: the common head of softmax and log_softmax."""
-    x = _tensor(op, name, "input", x)
-    ax = _norm_axis(op, name, x, axis)
+    x = as_operand(op, name, "input", x)
+    ax = norm_axis(op, name, x, axis)
     n = x.shape[ax]
     red = _drop(x.shape, ax)
     k1 = te.reduce_axis(n, name="r")
-    mx = _compute(red, lambda *i: te.max(x[_insert(i, ax, k1)], axis=k1), f"{name}_max", op)
-    sh = _compute(x.shape, lambda *i: x[i] - mx[_drop(i, ax)], f"{name}_sub", op)
-    ex = _compute(x.shape, lambda *i: te.exp(sh[i]), f"{name}_exp", op)
+    mx = compute_op(red, lambda *i: te.max(x[_insert(i, ax, k1)], axis=k1), f"{name}_max", op)
+    sh = compute_op(x.shape, lambda *i: x[i] - mx[_drop(i, ax)], f"{name}_sub", op)
+    ex = compute_op(x.shape, lambda *i: te.exp(sh[i]), f"{name}_exp", op)
     k2 = te.reduce_axis(n, name="r")
-    sm = _compute(red, lambda *i: te.sum(ex[_insert(i, ax, k2)], axis=k2), f"{name}_sum", op)
+    sm = compute_op(red, lambda *i: te.sum(ex[_insert(i, ax, k2)], axis=k2), f"{name}_sum", op)
     return sh, ex, sm, ax
 
 
@@ -123,9 +123,9 @@ def softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
 
     Five primitives: ``max`` (reduce), ``sub`` (x - max), ``exp``, ``sum`` (reduce), ``div``.
     """
-    name = _name("softmax", name)
+    name = op_name("softmax", name)
     _, ex, sm, ax = _softmax_parts("softmax", x, axis, name)
-    return _compute(ex.shape, lambda *i: ex[i] / sm[_drop(i, ax)], name, "softmax")
+    return compute_op(ex.shape, lambda *i: ex[i] / sm[_drop(i, ax)], name, "softmax")
 
 
 def log_softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
@@ -133,7 +133,7 @@ def log_softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
 
     Six primitives: ``max``, ``sub``, ``exp``, ``sum``, ``log`` (of the sum), final ``sub``.
     """
-    name = _name("log_softmax", name)
+    name = op_name("log_softmax", name)
     sh, _, sm, ax = _softmax_parts("log_softmax", x, axis, name)
-    lg = _compute(sm.shape, lambda *i: te.log(sm[i]), f"{name}_log", "log_softmax")
-    return _compute(sh.shape, lambda *i: sh[i] - lg[_drop(i, ax)], name, "log_softmax")
+    lg = compute_op(sm.shape, lambda *i: te.log(sm[i]), f"{name}_log", "log_softmax")
+    return compute_op(sh.shape, lambda *i: sh[i] - lg[_drop(i, ax)], name, "log_softmax")
