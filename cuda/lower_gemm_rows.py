@@ -1,0 +1,157 @@
+"""One ``__global__`` running a GEMM and the row reduction after it (Layer 2 for GEMMs).
+
+The decision is :mod:`polyfuse.stitch.gemm_rows`'s.
+
+Both halves are lowered and printed by their own passes (:func:`lower_gemm_kernel`,
+:func:`lower_kernel`) with the intermediate placed in shared memory in both; this module only
+joins the two printed bodies: each in its own C scope (their loop variables, block and thread
+coordinates stay apart) and a barrier between them (the GEMM's epilogue stores the tile that
+the reduction then reads). Both halves have the same grid and block size (checked by the
+stitch), so every barrier is reached by the whole block.
+
+Shared memory is one pool, overlaid by liveness: the GEMM's operand tiles from offset 0; the
+row tile also from offset 0 in both halves, the reduction's own arrays after it. The operand
+tiles are dead once the k-tile loop ends: the GEMM's schedule puts a barrier after every
+k-tile's update (``SYNC_AFTER`` in :mod:`polyfuse.poly.promote`), before its epilogue stores
+the row tile. The pool is the larger of the two halves' needs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from polyfuse.cuda.facts import KernelFacts, SharedArray
+from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
+
+_HEAD = re.compile(
+    r'extern "C" __global__ void (?:__launch_bounds__\((?P<bounds>[\d, ]+)\) )?(?P<name>\w+)\('
+)
+_PARAM = re.compile(r"(?P<decl>.*?)\s*__restrict__\s+(?P<name>\w+)$")
+
+
+def _split(source: str) -> tuple[str, str, list[tuple[str, str]], str]:
+    """(text before the kernel, launch bounds, [(declaration, name)] of the parameters, body
+    between the kernel's braces) of one printed kernel."""
+    m = _HEAD.search(source)
+    assert m is not None, "a printed kernel"
+    close = source.index(") {", m.end())
+    params = []
+    for p in filter(None, (x.strip() for x in source[m.end() : close].split(","))):
+        pm = _PARAM.match(p)
+        assert pm is not None, p
+        params.append((pm.group("decl"), pm.group("name")))
+    body = source[close + 3 :].rstrip()
+    assert body.endswith("}")
+    return source[: m.start()], m.group("bounds") or "", params, body[:-1]
+
+
+_SHARED = re.compile(
+    r"^(?P<pad>[ \t]*)__shared__ (?:__align__\((?P<align>\d+)\) )?"
+    r"float (?P<name>\w+)\[(?P<n>\d+)\];$",
+    re.M,
+)
+POOL = "pf_pool"  # the joined kernel's shared memory
+ALIGN = 16
+
+
+def _pool(body: str, first: str, overlay: bool) -> tuple[str, int]:
+    """``body`` with its static shared arrays as pointers into :data:`POOL` (16-byte
+    aligned): ``first`` at offset 0, the others in declaration order after it or, with
+    ``overlay``, from offset 0 too (their lifetimes end before ``first``'s begins); and the
+    bytes they take."""
+    arrays = [(m.group("name"), int(m.group("n"))) for m in _SHARED.finditer(body)]
+    offsets, end, top = {}, 0, 0
+    for name, n in sorted(arrays, key=lambda a: a[0] != first):  # stable: ``first`` leads
+        size = -(-4 * n // ALIGN) * ALIGN
+        if name == first and overlay:
+            offsets[name] = 0
+            top = size
+            continue
+        offsets[name] = end
+        end += size
+    end = max(end, top)
+
+    def one(m: re.Match[str]) -> str:
+        name, off = m.group("name"), offsets[m.group("name")]
+        return f"{m.group('pad')}float* const {name} = reinterpret_cast<float*>({POOL} + {off});"
+
+    return _SHARED.sub(one, body), end
+
+
+def join_sources(name: str, gemm: str, rows: str, buffer: str) -> tuple[str, int]:
+    """The source of kernel ``name`` running the printed kernels ``gemm`` then ``rows`` on one
+    shared pool in which both see the array ``buffer`` at offset 0; and the pool's bytes."""
+    pre, bounds, gparams, gbody = _split(gemm)
+    pre2, _, rparams, rbody = _split(rows)
+    gbody, gbytes = _pool(gbody, buffer, overlay=True)
+    rbody, rbytes = _pool(rbody, buffer, overlay=False)
+    pool = max(gbytes, rbytes)
+    seen = {n for _, n in gparams}
+    params = gparams + [(d, n) for d, n in rparams if n not in seen]
+    sig = ", ".join(f"{d} __restrict__ {n}" for d, n in params)
+    head = f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({sig}) {{'
+    lines = [
+        head,
+        f"  __shared__ __align__({ALIGN}) unsigned char {POOL}[{pool}];",
+        "  {  // the GEMM: its epilogue stores the row tile to shared memory",
+        *("  " + x if x else x for x in gbody.strip("\n").split("\n")),
+        "  }",
+        "  __syncthreads();  // the row tile is complete before the reduction reads it",
+        "  {  // the row reduction on the block's rows",
+        *("  " + x if x else x for x in rbody.strip("\n").split("\n")),
+        "  }",
+        "}",
+    ]
+    return pre + pre2 + "\n".join(lines) + "\n", pool
+
+
+def join_facts(gemm: KernelFacts, rows: KernelFacts, pool: int) -> KernelFacts:
+    """The facts of the joined kernel: one static shared array (the pool)."""
+    return replace(
+        gemm,
+        shared_arrays=(SharedArray(pool, ALIGN),),
+        dynamic_shared_bytes=max(gemm.dynamic_shared_bytes, rows.dynamic_shared_bytes),
+        barriers=True,
+        shuffles=gemm.shuffles or rows.shuffles,
+        axes=tuple(sorted({*gemm.axes, *rows.axes})),
+    )
+
+
+def join_kernels(name: str, gemm: Kernel, rows: Kernel, buffer: str) -> Kernel:
+    """One kernel running the lowered ``gemm`` and ``rows`` (same grid and block) on one
+    shared pool, both halves seeing the array ``buffer`` at its start; canonical text joined
+    the same way."""
+    assert gemm.grid == rows.grid and gemm.block == rows.block, (gemm.grid, rows.grid)
+    assert gemm.facts is not None and rows.facts is not None
+    assert not gemm.facts.dynamic_shared_bytes and not rows.facts.dynamic_shared_bytes
+    source, pool = join_sources(name, gemm.source, rows.source, buffer)
+    canonical = ""
+    if gemm.canonical:
+        cname = _HEAD.search(gemm.canonical).group("name")  # type: ignore[union-attr]
+        cbuf = _canonical_buffer(gemm, buffer)
+        canonical, _ = join_sources(cname, gemm.canonical, rows.canonical, cbuf)
+    seen = {p.name for p in gemm.params}
+    params = list(gemm.params) + [
+        KParam(p.name, p.ctype, p.tensor) for p in rows.params if p.name not in seen
+    ]
+    return Kernel(
+        name,
+        params,
+        [KMark("rows:gemm", gemm.body), KMark("rows:reduce", rows.body)],
+        gemm.grid,
+        gemm.block,
+        gemm.micrographs + rows.micrographs,
+        facts=join_facts(gemm.facts, rows.facts, pool),
+        source=source,
+        notes=gemm.notes + rows.notes,
+        canonical=canonical,
+    )
+
+
+def _canonical_buffer(k: Kernel, buffer: str) -> str:
+    """The name ``buffer`` (in ``k.source``) has in ``k.canonical``: the array declared at the
+    same position."""
+    real = [m.group("name") for m in _SHARED.finditer(k.source)]
+    canon = [m.group("name") for m in _SHARED.finditer(k.canonical)]
+    return canon[real.index(buffer)]
