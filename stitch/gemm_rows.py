@@ -380,13 +380,12 @@ def try_gemm_rows(
     shape = detect_gemm(gemm)
     if isinstance(shape, str):
         return False, f"not GEMM-like: {shape}", {}
-    _, _, n = _row_shape(shape)
+    _, m, n = _row_shape(shape)
     if n > MAX_ROW:
         return False, f"row of {n} elements wider than {MAX_ROW}", {}
     best = _best_tiling(shape, device)
     if best is None:
         return False, "the GEMM has no ranked tiling", {}
-    _, m, n = _row_shape(shape)
     priced = []
     for tile in row_tiles(n, m):
         (t,) = rank_gemm_tiles(shape, device, tile, limit=1, stages=pipeline_stages(device.arch))
@@ -422,13 +421,18 @@ def try_gemm_rows(
         return True, f"GEMM block tile covers whole rows: {figures}", data
     if refusals:
         return False, refusals[0], {}
-    return (
-        False,
-        f"no whole-row tiling for rows of {n}: a block tile {max(16, _pow2(n))} wide needs more "
-        f"than {max(ROW_THREADS)} threads with micro-tiles up to {max(t for _, t in MICRO_TILES)} "
-        "columns",
-        {},
-    )
+    bn = max(16, _pow2(n))
+    if row_tiles(n):
+        why = (
+            f"{m} rows leave a partial row tile for every whole-row tile with other than 32 "
+            "lanes per row (its combine would run under the row guard), and none has 32"
+        )
+    else:
+        why = (
+            f"no block tile {bn} wide has {min(ROW_THREADS)}-{max(ROW_THREADS)} threads with a "
+            f"power-of-two lane count per row (micro-tiles {MICRO_TILES[0]}..{MICRO_TILES[-1]})"
+        )
+    return False, f"no whole-row tiling for rows of {n}: {why}", {}
 
 
 def saved_us(size: int, device: DeviceSpec) -> float:

@@ -295,7 +295,10 @@ def test_siblings_read_by_one_contraction_are_not_merged_together():
 
 @pytest.mark.parametrize(
     ("name", "launches_off", "launches_on"),
-    [("bert_base", 22, 20), ("gpt2_small", 23, 21), ("vit_b16", 26, 24)],
+    # BERT and GPT-2: per layer the scores GEMM takes its softmax and the FFN-down GEMM its
+    # add + layer norm (stitch/gemm_rows.py); ViT's rows (5 tokens, 10) leave partial row
+    # tiles, which its 32-wide rows cannot give 32 lanes each
+    [("bert_base", 18, 16), ("gpt2_small", 19, 17), ("vit_b16", 26, 24)],
 )
 def test_tiny_transformers_merge_their_projections(name, launches_off, launches_on):
     """Zoo transformers at tiny size (2 layers): two projection GEMMs per layer instead of
