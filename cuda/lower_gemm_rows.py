@@ -19,7 +19,7 @@ the row tile. The pool is the larger of the two halves' needs.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from polyfuse.cuda.facts import KernelFacts, SharedArray
 from polyfuse.cuda.kernel_ast import Kernel, KMark, KParam
@@ -79,9 +79,54 @@ def _pool(body: str, first: str, overlay: bool) -> tuple[str, int]:
     return _SHARED.sub(one, body), end
 
 
-def join_sources(name: str, gemm: str, rows: str, buffer: str) -> tuple[str, int]:
-    """The source of kernel ``name`` running the printed kernels ``gemm`` then ``rows`` on one
-    shared pool in which both see the array ``buffer`` at offset 0; and the pool's bytes."""
+@dataclass(frozen=True)
+class RowBlocks:
+    """Which reduction blocks one GEMM block runs: the GEMM's block grid (slowest first), the
+    reduction's, and ``repeat`` reduction blocks per GEMM block along the last (rows)
+    coordinate (:func:`polyfuse.stitch.gemm_rows.block_correspondence`, checked by isl)."""
+
+    gemm_grid: tuple[int, ...]
+    rows_grid: tuple[int, ...]
+    repeat: int
+
+    def loop(self, body: list[str]) -> list[str]:
+        """``body`` (whose block index is ``pf_rb``) run for each reduction block of this
+        GEMM block; the bounds are uniform per block, so its barriers stay convergent."""
+        lines = ["int pf_g = blockIdx.x;"]
+        gs = [f"pf_g{i}" for i in range(len(self.gemm_grid))]
+        for i in reversed(range(len(gs))):
+            if i == 0:
+                lines.append(f"const int {gs[i]} = pf_g;")
+            else:
+                lines.append(
+                    f"const int {gs[i]} = pf_g % {self.gemm_grid[i]}; pf_g /= {self.gemm_grid[i]};"
+                )
+        coords = gs[: len(self.rows_grid) - 1]
+        last = f"{gs[-1]} * {self.repeat} + pf_j" if len(gs) == len(self.rows_grid) else "pf_j"
+        coords.append("pf_r")
+        lin, stride = [], 1
+        for c, g in reversed(list(zip(coords, self.rows_grid, strict=True))):
+            lin.append(f"{c} * {stride}" if stride != 1 else c)
+            stride *= g
+        lines += [
+            f"for (int pf_j = 0; pf_j < {self.repeat}; ++pf_j) {{",
+            f"  const int pf_r = {last};",
+            f"  if (pf_r < {self.rows_grid[-1]}) {{  // uniform per block",
+            f"    const int pf_rb = {' + '.join(reversed(lin))};",
+            *("    " + x if x else x for x in body),
+            "  }",
+            "  __syncthreads();  // the next rows reuse the reduction's shared arrays",
+            "}",
+        ]
+        return lines
+
+
+def join_sources(
+    name: str, gemm: str, rows: str, buffer: str, blocks: RowBlocks
+) -> tuple[str, int]:
+    """The source of kernel ``name`` running the printed kernels ``gemm`` then ``rows`` (for
+    each of the GEMM block's reduction blocks, ``blocks``) on one shared pool in which both
+    see the array ``buffer`` at offset 0; and the pool's bytes."""
     pre, bounds, gparams, gbody = _split(gemm)
     pre2, _, rparams, rbody = _split(rows)
     gbody, gbytes = _pool(gbody, buffer, overlay=True)
@@ -99,7 +144,10 @@ def join_sources(name: str, gemm: str, rows: str, buffer: str) -> tuple[str, int
         "  }",
         "  __syncthreads();  // the row tile is complete before the reduction reads it",
         "  {  // the row reduction on the block's rows",
-        *("  " + x if x else x for x in rbody.strip("\n").split("\n")),
+        *(
+            "    " + x
+            for x in blocks.loop(rbody.replace("blockIdx.x", "pf_rb").strip("\n").split("\n"))
+        ),
         "  }",
         "}",
     ]
@@ -118,19 +166,19 @@ def join_facts(gemm: KernelFacts, rows: KernelFacts, pool: int) -> KernelFacts:
     )
 
 
-def join_kernels(name: str, gemm: Kernel, rows: Kernel, buffer: str) -> Kernel:
+def join_kernels(name: str, gemm: Kernel, rows: Kernel, buffer: str, blocks: RowBlocks) -> Kernel:
     """One kernel running the lowered ``gemm`` and ``rows`` (same grid and block) on one
     shared pool, both halves seeing the array ``buffer`` at its start; canonical text joined
     the same way."""
-    assert gemm.grid == rows.grid and gemm.block == rows.block, (gemm.grid, rows.grid)
+    assert gemm.block == rows.block, (gemm.block, rows.block)
     assert gemm.facts is not None and rows.facts is not None
     assert not gemm.facts.dynamic_shared_bytes and not rows.facts.dynamic_shared_bytes
-    source, pool = join_sources(name, gemm.source, rows.source, buffer)
+    source, pool = join_sources(name, gemm.source, rows.source, buffer, blocks)
     canonical = ""
     if gemm.canonical:
         cname = _HEAD.search(gemm.canonical).group("name")  # type: ignore[union-attr]
         cbuf = _canonical_buffer(gemm, buffer)
-        canonical, _ = join_sources(cname, gemm.canonical, rows.canonical, cbuf)
+        canonical, _ = join_sources(cname, gemm.canonical, rows.canonical, cbuf, blocks)
     seen = {p.name for p in gemm.params}
     params = list(gemm.params) + [
         KParam(p.name, p.ctype, p.tensor) for p in rows.params if p.name not in seen

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from polyfuse.cuda.astgen import generate_ast, generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
-from polyfuse.cuda.lower_gemm_rows import join_kernels
+from polyfuse.cuda.lower_gemm_rows import RowBlocks, join_kernels
 from polyfuse.cuda.namer import Namer
 from polyfuse.decision import Decided, DecisionKind
 from polyfuse.errors import ScheduleError
@@ -39,7 +39,8 @@ def generate_gemm_rows(
     _, rbody = generate_ast(plan.rows)
     rkernel = lower_kernel(kname, plan.rows, rbody, plan.rows_placements, graph.idents, canonical)
     tile_bytes = FLOAT_BYTES * plan.gemm_placements[g.tensor].smem_floats
-    kernel = join_kernels(kname, gkernel, rkernel, Namer().shared(g.tensor))
+    blocks = RowBlocks(tuple(gk.grid_dims), tuple(plan.rows.grid_dims), plan.repeat)
+    kernel = join_kernels(kname, gkernel, rkernel, Namer().shared(g.tensor), blocks)
     # global footprints: promoted operands are read from global memory; the row tile is not
     gpl = {
         k: Placement(k, "global", p.reason) if p.space == "shared" and k != g.tensor else p

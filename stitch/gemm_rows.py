@@ -4,9 +4,11 @@ A y-reduce kernel (softmax of attention scores, a residual add + layer norm) tha
 GEMM's output row by row can run in the GEMM's kernel when one GEMM block computes whole rows
 (block tile BM x N): the GEMM's epilogue stores its tile to shared memory instead of global
 memory, a barrier follows, and the reduction kernel's own code (its stitched parts, lanes and
-combines; :mod:`polyfuse.poly.compose`) runs in the same block on ``BM`` kept rows with
-``threads / BM`` lanes each, reading that shared tile. The intermediate never reaches global
-memory and one launch is saved.
+combines; :mod:`polyfuse.poly.compose`) runs in the same block, a warp per row, ``threads /
+32`` rows at a time, for each of the ``BM / (threads / 32)`` reduction blocks the GEMM block's
+rows make, reading that shared tile. The intermediate never reaches global memory and one
+launch is saved. A warp per row keeps the reduction's combine convergent under a partial row
+tile's guard (rows not a multiple of the tile: the guard keeps or drops whole warps).
 
 Policy (PPCG style: legality by isl, speed by the one cost model):
 
@@ -14,14 +16,15 @@ Policy (PPCG style: legality by isl, speed by the one cost model):
    read by exactly one y-reduce group and is no graph output; the reduction group reads no
    tensor produced downstream of the GEMM (no cycle);
 2. **tiles** — every whole-row tiling (BN the power of two covering the row, BM in
-   :data:`ROW_TILES`, register micro-tile TM x TN, ``threads / BM`` a power of two for the
-   reduction's lanes, registers within the budget) is priced by the cost model; the cheapest
-   whose shared memory (its operand tiles and stages, the row tile, the reduction's own
-   shared tiles and combine scratch) fits static shared memory is taken; none fitting is a
+   :data:`ROW_TILES`, register micro-tile TM x TN, a multiple of 32 threads whose warps divide
+   BM, registers within the budget) is priced by the cost model; the cheapest whose shared
+   memory fits static shared memory is taken (the GEMM's operand tiles overlaid, by liveness,
+   with the row tile and the reduction's own arrays and combine scratch); none fitting is a
    refusal with the bytes;
-3. **legality** — isl checks, per block (the linear block index both kernels decompose),
-   that every element the reduction reads is one the GEMM block stored, and that both kernels
-   lay the shared tile out alike (equal lower bounds and sizes per dimension);
+3. **legality** — isl checks that the map from reduction blocks to the GEMM blocks that run
+   them (:func:`block_correspondence`) covers the reduction's grid, and that every element a
+   reduction block reads is one its GEMM block stored; the reduction's view of the shared tile
+   is the GEMM block's tile (its lower bounds pulled back through that map);
 4. **cost** — stitched when the whole-row tile's modelled time is below the best tile's plus
    what the intermediate costs in DRAM traffic (written and read back) plus one launch. Both
    modelled figures are in the decision's data.
@@ -75,6 +78,8 @@ MICRO_TILES = tuple((tm, tn) for tm in (1, 2, 4, 8) for tn in (4, 8))
 ROW_KTILES = (8, 16, 32)
 #: threads per block tried
 ROW_THREADS = (64, 128, 256)
+#: lanes per row of the reduction (a warp per row)
+WARP = 32
 #: the widest row a whole-row tile is tried for (wider rows are refused with this reason)
 MAX_ROW = 4096
 
@@ -106,6 +111,8 @@ class RowsPlan:
     rows_placements: dict[str, Placement]
     rows_decisions: list
     shared_bytes: int
+    #: reduction blocks per GEMM block (each ``threads / 32`` rows of the GEMM's BM)
+    repeat: int = 1
 
 
 def _row_shape(shape: GemmShape) -> tuple[int, int, int]:
@@ -122,13 +129,12 @@ def _pow2(n: int) -> int:
     return p
 
 
-def row_tiles(n: int, m: int = 0) -> list[tuple[int, int, int, int, int]]:
-    """The whole-row tilings (BM, BN, TM, TN, TK) tried for ``m`` rows of ``n`` elements.
+def row_tiles(n: int) -> list[tuple[int, int, int, int, int]]:
+    """The whole-row tilings (BM, BN, TM, TN, TK) tried for rows of ``n`` elements.
 
-    The reduction runs ``threads / BM`` lanes per row; its combine (warp shuffles, and block
-    barriers beyond 32 lanes) runs outside the lanes' guards but inside a partial row tile's
-    row guard. So a partial last row tile (``m`` not a multiple of BM) is allowed only with
-    exactly 32 lanes, where a row guard keeps or drops whole warps (``m`` 0: not checked)."""
+    The reduction runs a warp per row (32 lanes: a partial row tile's row guard then keeps or
+    drops whole warps, so its combine never runs under a divergent guard): ``threads / 32``
+    rows at a time, ``BM / (threads / 32)`` times per GEMM block."""
     bn = max(16, _pow2(n))
     out = []
     for bm in ROW_TILES:
@@ -136,45 +142,10 @@ def row_tiles(n: int, m: int = 0) -> list[tuple[int, int, int, int, int]]:
             if bm % tm or bn % tn or gemm_tile_registers(tm, tn) > GEMM_REG_BUDGET:
                 continue
             threads = (bm // tm) * (bn // tn)
-            lanes = threads // bm
-            if threads not in ROW_THREADS or lanes < 1 or lanes & (lanes - 1):
-                continue
-            if m % bm and lanes != 32:
+            if threads not in ROW_THREADS or bm % (threads // WARP):
                 continue
             out += [(bm, bn, tm, tn, tk) for tk in ROW_KTILES]
     return out
-
-
-def _linear(params: list[str], grid: list[int]) -> str:
-    """The linear block index of block parameters ``params`` (the last one fastest, as the
-    printer decomposes ``blockIdx.x``)."""
-    terms, stride = [], 1
-    for p, g in reversed(list(zip(params, grid, strict=True))):
-        terms.append(f"{stride} * {p}")
-        stride *= g
-    return " + ".join(terms) or "0"
-
-
-def _per_block(fp: isl.Set, params: list[str], grid: list[int], drop: list[str]) -> isl.Set:
-    """``fp`` (parametric in block params and others) as a set parametric in the linear block
-    index ``X`` only."""
-    for p in drop:
-        pos = fp.get_space().find_dim_by_name(isl.dim_type.param, p)
-        if pos >= 0:
-            fp = fp.project_out(isl.dim_type.param, pos, 1)
-    cons = [f"0 <= {p} < {g}" for p, g in zip(params, grid, strict=True)]
-    lin = isl.Set(
-        f"[{', '.join(['X', *params])}] -> {{ : X = {_linear(params, grid)} and "
-        + " and ".join(cons + ["0 = 0"])
-        + " }",
-        context=fp.get_ctx(),
-    )
-    fp = fp.align_params(lin.get_space()).intersect_params(lin.align_params(fp.get_space()))
-    for p in params:
-        pos = fp.get_space().find_dim_by_name(isl.dim_type.param, p)
-        if pos >= 0:
-            fp = fp.project_out(isl.dim_type.param, pos, 1)
-    return fp.coalesce()
 
 
 def gemm_tile_footprint(
@@ -262,16 +233,19 @@ def plan_rows(
     if unsound:
         return unsound
     bm, threads = tile[0], tiling.nthreads
-    key = (bm, threads)
-    if memo is None or key not in memo:
+    if threads % WARP or bm % (threads // WARP):
+        return f"{threads} threads do not run {bm} rows a warp per row"
+    kept = threads // WARP
+    repeat = bm // kept
+    if memo is None or kept not in memo:
         strategy = ReductionStrategy(
-            form, bm, threads // bm, f"the GEMM's whole-row tile: {bm} rows x {threads // bm} lanes"
+            form, kept, WARP, f"the GEMM's whole-row tile: a warp per row, {kept} rows at a time"
         )
         rec = recompute_spills(graph, rows, strategy, device, cfg)
         if memo is not None:
-            memo[key] = rec
+            memo[kept] = rec
     else:
-        rec = memo[key]
+        rec = memo[kept]
     rm, rpl = rec.mapped, dict(rec.placements)
     if rm.strategy is None or rm.strategy.threads != threads:
         got = rm.strategy.threads if rm.strategy is not None else "no"
@@ -289,8 +263,6 @@ def plan_rows(
         return gk
     # the epilogue stores to the shared row tile element by element (no global vectors)
     gk = replace(gk, vector_stores={})
-    # isl: per linear block index, the reduction reads only what the GEMM block stored, and
-    # both lay the shared tile out alike
     tiled = gemm_tile_footprint(gk, tensor)
     if isinstance(tiled, str):
         return tiled
@@ -298,21 +270,22 @@ def plan_rows(
     rfp = reads_footprint(rm, tensor)
     if rfp is None:
         return f"the reduction does not read {tensor}"
-    ggrid, rgrid = math.prod(gk.grid_dims), math.prod(rm.grid_dims)
-    if ggrid != rgrid:
-        return f"grids differ ({ggrid} GEMM blocks, {rgrid} reduction blocks)"
-    drop = rm.thread_params + rm.lane_params
-    rblock = _per_block(rfp, rm.block_params, rm.grid_dims, drop)
-    gblock = _per_block(gfp, gk.block_params, gk.grid_dims, [])
-    if not rblock.is_subset(gblock):
-        return f"a block of the reduction reads elements of {tensor} another GEMM block stores"
-    rbox = _box_of(_drop(rfp, drop))
-    if rbox is None or len(rbox) != len(gbox):
-        return f"no box bounds the reduction's per-block footprint of {tensor}"
-    for i, ((_, gsize), (_, rsize)) in enumerate(zip(gbox, rbox, strict=True)):
-        glo, rlo = gblock.dim_min(i), rblock.dim_min(i)
-        if gsize != rsize or not glo.domain().is_subset(glo.eq_set(rlo)):
-            return f"the shared tiles of {tensor} differ along dim {i} (GEMM vs reduction)"
+    rfp = _drop(rfp, rm.thread_params + rm.lane_params)
+    # isl: the reduction blocks a GEMM block runs are its own (block coordinates alike but
+    # the rows', which covers ``repeat`` reduction blocks); each reads only what that GEMM
+    # block stored; and every reduction block runs exactly once
+    corr = block_correspondence(gk, rm, repeat)
+    if isinstance(corr, str):
+        return corr
+    reads = _as_map(rfp, rm.block_params)  # { [rb] -> T[e] }
+    writes = _as_map(gfp, gk.block_params)  # { [gb] -> T[e] }
+    if not reads.is_subset(corr.apply_range(writes)):
+        return f"a reduction block reads elements of {tensor} its GEMM block does not store"
+    # the reduction sees the GEMM's tile: its lower bounds, at the GEMM block of its own block
+    seen = corr.apply_range(writes)  # { [rb] -> T[e] }: the tile of its GEMM block
+    rbox = _box_of(_as_set(seen, rm.block_params))
+    if rbox is None or [s for _, s in rbox] != [s for _, s in gbox]:
+        return f"the shared tiles of {tensor} differ (GEMM vs reduction)"
     # shared memory: the GEMM's stages, the row tile, the reduction's tiles and scratch
     tile_floats = math.prod(s for _, s in gbox)
     promoted = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
@@ -330,7 +303,60 @@ def plan_rows(
         box=tuple(rbox),
         smem_offset=sum(p.smem_floats for t, p in rpl.items() if t != tensor),
     )
-    return RowsPlan(gk, gpl, rm, rpl, rec.decisions, total)
+    return RowsPlan(gk, gpl, rm, rpl, rec.decisions, total, repeat)
+
+
+def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.Map | str:
+    """``{ [rb] -> [gb] }``: the GEMM block that runs each reduction block. Block coordinates
+    correspond in order; the last reduction coordinate (rows) is ``repeat`` times the GEMM's
+    (or, when the GEMM has one coordinate fewer, its rows in one block, below ``repeat``).
+    The map must be a function onto the GEMM's grid and defined on the whole reduction grid."""
+    gp, gg = gk.block_params, gk.grid_dims
+    rp, rg = rm.block_params, rm.grid_dims
+    if not rp or len(gp) not in (len(rp), len(rp) - 1):
+        return f"block grids do not correspond ({gg} GEMM, {rg} reduction)"
+    rs = [f"r{i}" for i in range(len(rp))]
+    gs = [f"g{i}" for i in range(len(gp))]
+    cons = [f"0 <= {r} < {n}" for r, n in zip(rs, rg, strict=True)]
+    cons += [f"{g} = {r}" for g, r in zip(gs, rs[:-1], strict=False)]
+    if len(gp) == len(rp):
+        cons.append(f"{repeat} * {gs[-1]} <= {rs[-1]} < {repeat} * {gs[-1]} + {repeat}")
+    else:
+        cons.append(f"{rs[-1]} < {repeat}")
+    cons += [f"0 <= {g} < {n}" for g, n in zip(gs, gg, strict=True)]
+    corr = isl.Map(
+        f"{{ [{', '.join(rs)}] -> [{', '.join(gs)}] : {' and '.join(cons)} }}",
+        context=gk.scheduled.model.ctx,
+    )
+    grid = isl.Set(
+        f"{{ [{', '.join(rs)}] : {' and '.join(cons[: len(rs)])} }}",
+        context=gk.scheduled.model.ctx,
+    )
+    if not corr.domain().is_equal(grid):
+        return f"some reduction blocks have no GEMM block ({rg} reduction, {gg} GEMM)"
+    return corr
+
+
+def _as_map(fp: isl.Set, params: list[str]) -> isl.Map:
+    """A set parametric in block parameters ``params`` as ``{ [params] -> set }``."""
+    m = isl.Map.from_range(fp)
+    for p in params:
+        pos = m.get_space().find_dim_by_name(isl.dim_type.param, p)
+        n = m.dim(isl.dim_type.in_)
+        m = m.move_dims(isl.dim_type.in_, n, isl.dim_type.param, pos, 1)
+    n = m.dim(isl.dim_type.param)
+    return m.project_out(isl.dim_type.param, 0, n).reset_tuple_id(isl.dim_type.in_)
+
+
+def _as_set(m: isl.Map, params: list[str]) -> isl.Set:
+    """``{ [b] -> set }`` back as the set parametric in block parameters ``params``."""
+    n = m.dim(isl.dim_type.in_)
+    m = m.insert_dims(isl.dim_type.param, 0, n)
+    for i, p in enumerate(params):
+        m = m.set_dim_name(isl.dim_type.param, i, p)
+    for i in range(n):
+        m = m.equate(isl.dim_type.param, i, isl.dim_type.in_, i)
+    return m.project_out(isl.dim_type.in_, 0, n).range()
 
 
 def shared_pool(row: int, gemm: int, rows: int) -> int:
@@ -380,14 +406,14 @@ def try_gemm_rows(
     shape = detect_gemm(gemm)
     if isinstance(shape, str):
         return False, f"not GEMM-like: {shape}", {}
-    _, m, n = _row_shape(shape)
+    _, _, n = _row_shape(shape)
     if n > MAX_ROW:
         return False, f"row of {n} elements wider than {MAX_ROW}", {}
     best = _best_tiling(shape, device)
     if best is None:
         return False, "the GEMM has no ranked tiling", {}
     priced = []
-    for tile in row_tiles(n, m):
+    for tile in row_tiles(n):
         (t,) = rank_gemm_tiles(shape, device, tile, limit=1, stages=pipeline_stages(device.arch))
         priced.append((t.modelled_us, tile))
     size = FLOAT_BYTES * math.prod(hi - lo + 1 for lo, hi in shape.data)
@@ -422,16 +448,10 @@ def try_gemm_rows(
     if refusals:
         return False, refusals[0], {}
     bn = max(16, _pow2(n))
-    if row_tiles(n):
-        why = (
-            f"{m} rows leave a partial row tile for every whole-row tile with other than 32 "
-            "lanes per row (its combine would run under the row guard), and none has 32"
-        )
-    else:
-        why = (
-            f"no block tile {bn} wide has {min(ROW_THREADS)}-{max(ROW_THREADS)} threads with a "
-            f"power-of-two lane count per row (micro-tiles {MICRO_TILES[0]}..{MICRO_TILES[-1]})"
-        )
+    why = (
+        f"no block tile {bn} wide has {min(ROW_THREADS)}-{max(ROW_THREADS)} threads, a warp per "
+        f"row of its {ROW_TILES} rows (micro-tiles {MICRO_TILES[0]}..{MICRO_TILES[-1]})"
+    )
     return False, f"no whole-row tiling for rows of {n}: {why}", {}
 
 

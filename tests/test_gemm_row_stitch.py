@@ -60,7 +60,7 @@ def test_scores_gemm_takes_the_softmax(m, n):
     assert d.stitched and d.reason.startswith("GEMM block tile covers whole rows")
     assert d.kinds == (DecisionKind.STITCHED, DecisionKind.COST_MODEL)
     bm, bn = d.data["tile"][:2]
-    assert bn >= n and (bm, bn) in {(t[0], t[1]) for t in row_tiles(n, m)}
+    assert bn >= n and (bm, bn) in {(t[0], t[1]) for t in row_tiles(n)}
     # both modelled figures, and the decision they support
     assert d.data["rows_tile_us"] - d.data["best_tile_us"] < d.data["saved_us"]
     assert d.data["saved_bytes"] == 2 * 4 * 2 * 2 * m * n
