@@ -10,6 +10,9 @@ not a multiple of the tile; NVRTC compiles it for sm_80 and sm_90.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import islpy as isl
 import numpy as np
 import pytest
 
@@ -17,7 +20,12 @@ import polyfuse
 from polyfuse import ops, reference, te
 from polyfuse.cuda.compiler import available_compilers
 from polyfuse.decision import DecisionKind
-from polyfuse.stitch.gemm_rows import GEMM_ROWS_RULE, row_tiles, shared_pool
+from polyfuse.stitch.gemm_rows import (
+    GEMM_ROWS_RULE,
+    block_correspondence,
+    row_tiles,
+    shared_pool,
+)
 
 RNG = np.random.default_rng(2403)
 
@@ -70,6 +78,8 @@ def test_scores_gemm_takes_the_softmax(m, n):
     assert k.bytes_read == 4 * 2 * 2 * 16 * (m + n)  # q and k, once
     plan = fn.plan.kernel_plans[0]
     assert plan.placements["scores"].space == "shared"
+    # the reduction runs a warp per row over the GEMM block's rows in turn
+    assert "for (int pf_j = 0; pf_j < " in k.source and "l0 = _t % 32" in k.source
     assert any(DecisionKind.STITCHED in r.kinds and "rows_tile_us" in r.data for r in plan.layout)
     _check(fn, ins, outs, [_rand(2, 2, m, 16), _rand(2, 2, 16, n)], races=n <= 200)
 
@@ -120,6 +130,27 @@ def test_cost_model_refusal_records_both_figures():
     assert not d.stitched and d.reason.startswith("the cost model says no: whole-row tile ")
     assert d.kinds == (DecisionKind.COST_MODEL,)
     assert d.data["rows_tile_us"] - d.data["best_tile_us"] >= d.data["saved_us"]
+
+
+def test_block_correspondence_is_checked_by_isl():
+    """The map from reduction blocks to GEMM blocks: rows in runs of ``repeat``, other
+    coordinates alike; a reduction grid the GEMM's blocks do not cover is refused."""
+    ins, outs = _attention(37, 96)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    gk, rm = fn.plan.kernel_plans[0].parts
+    tile = _rows(fn)[0].data["tile"]
+    repeat = tile[0] // (gk.tiling.nthreads // 32)
+    corr = block_correspondence(gk, rm, repeat)
+    assert corr.is_single_valued()
+    assert corr.range().is_subset(
+        isl.Set(
+            f"{{ [g0, g1, g2] : 0 <= g0 < 2 and 0 <= g1 < 2 and 0 <= g2 < {gk.grid_dims[-1]} }}"
+        )
+    )
+    # half the repeat leaves reduction blocks no GEMM block runs
+    if repeat > 1:
+        assert "have no GEMM block" in block_correspondence(gk, rm, repeat // 2)
+    assert "do not correspond" in block_correspondence(gk, replace(rm, block_params=[]), repeat)
 
 
 def test_shared_pool_overlays_the_gemm_tiles():
