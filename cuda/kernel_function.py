@@ -52,6 +52,9 @@ class KFunction:
     thread_dims: tuple[tuple[str, int], ...]
     body: str
     own_thread_index: bool = False
+    #: the body reads ``blockIdx.x`` itself (a GEMM + row-reduction kernel joined as text,
+    #: :mod:`polyfuse.cuda.lower_gemm_rows`): printed only as its own ``__global__`` function
+    own_block_index: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (the compile cache's; dedup hashes it)."""
@@ -63,7 +66,7 @@ class KFunction:
             "thread_dims": [list(d) for d in self.thread_dims],
             "body": self.body,
             "own_thread_index": self.own_thread_index,
-        }
+        } | ({"own_block_index": True} if self.own_block_index else {})
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KFunction:
@@ -76,6 +79,7 @@ class KFunction:
             tuple((n, s) for n, s in d["thread_dims"]),
             d["body"],
             d["own_thread_index"],
+            d.get("own_block_index", False),
         )
 
 
@@ -112,6 +116,7 @@ def print_function(
         head = f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({sig}) {{'
     else:
         assert block == PART_BLOCK and thread in (PART_THREAD, THREAD_INDEX), (block, thread)
+        assert not fn.own_block_index, f"{name} reads blockIdx.x"
         assert thread == THREAD_INDEX or not fn.own_thread_index, f"{name} reads threadIdx.x"
         head = (
             f"__device__ __forceinline__ void {name}({sig}, "

@@ -44,6 +44,8 @@ def part_shape(k: Kernel) -> PartShape:
         why = f"{k.name}: already a packed launch"
     elif k.printed is None:
         why = f"{k.name}: not one printed kernel function (polyfuse.cuda.kernel_function)"
+    elif k.printed.own_block_index:
+        why = f"{k.name}: reads its block index itself (a GEMM + row-reduction kernel)"
     elif any(not p.ctype.endswith("*") for p in k.params):
         why = f"{k.name}: scalar parameters"
     return PartShape(

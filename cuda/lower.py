@@ -270,9 +270,11 @@ def lower_gemm_kernel(
     model = gk.scheduled.model
     assert gk.shape is not None and gk.tiling is not None
     # A promoted operand is a global array (a parameter); its shared tile comes from the
-    # promotion pass, and reads outside the update go to global memory.
+    # promotion pass, and reads outside the update go to global memory. Another shared
+    # placement (a whole-row output tile, :mod:`polyfuse.stitch.gemm_rows`) stays shared.
+    promoted = {p.tensor for p in gk.promotions}
     as_global = {
-        k: Placement(k, "global", p.reason) if p.space == "shared" else p
+        k: Placement(k, "global", p.reason) if p.space == "shared" and k in promoted else p
         for k, p in placements.items()
     }
     printed, namer = _namer(name, canonical)

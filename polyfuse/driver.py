@@ -45,6 +45,7 @@ from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.errors import ExpressionError, ScheduleError
+from polyfuse.gemm_rows import generate_gemm_rows
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
@@ -67,6 +68,7 @@ from polyfuse.poly.schedule import (
 )
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.reference import evaluate
+from polyfuse.stitch.gemm_rows import GemmRowsGroup, stitch_gemm_rows
 from polyfuse.stitch.memory import stitch_memory
 from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
@@ -185,6 +187,9 @@ def compile(  # noqa: A001
     groups, stitches = stitch_memory(
         graph, part, scheduled, device, enabled=stitch, cache=cache, salt=salt
     )
+    if stitch:  # Layer 2 for GEMMs: a whole-row GEMM tile takes the row reduction after it
+        groups, row_stitches = stitch_gemm_rows(graph, groups, device, cfg, cache, salt)
+        stitches = stitches + row_stitches
     times["stitch"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -199,7 +204,12 @@ def compile(  # noqa: A001
         key = structural_key(graph, prims, ksalt)
         kname = f"k{i}_{prims[0]}"
         entry = cache.get(key.digest, KERNEL_FIELDS)
-        if entry is None:
+        if entry is None and isinstance(g, GemmRowsGroup):
+            kernel, kp, mm, ast = generate_gemm_rows(graph, g, kname, device, cfg, key.canonical())
+            entry = kernel_entry(kernel, kp, key)
+            cache.put(key.digest, entry)
+            asts[kname] = ast
+        elif entry is None:
             kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned, key.canonical())
             entry = kernel_entry(kernel, kp, key)
             cache.put(key.digest, entry)

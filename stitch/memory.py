@@ -82,6 +82,8 @@ class StitchDecision:
     reason: str
     tensors: list[str] = field(default_factory=list)
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
+    #: the numbers behind the decision (a GEMM + row stitch: its tile and modelled figures)
+    data: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
         verb = "stitched" if self.stitched else "not stitched"

@@ -4,7 +4,8 @@ float32 accumulation of 16-bit reductions.
 
 Every graph runs in both thread orders (race check) and is compared with
 :func:`polyfuse.reference.evaluate` (float64 inside, rounded to each op's dtype) under the
-one tolerance table, :func:`polyfuse.graph.dtypes.tolerance`.
+one tolerance table, :func:`polyfuse.graph.dtypes.tolerance`, against the float64 oracle
+(``precision="float64"``): a fused kernel rounds at its stores, not at every tensor.
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ def _array(shape, dtype: str, scale: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * scale).astype(numpy_dtype(dtype))
 
 
-def _run(inputs, outputs, arrays, dtype: str, **compile_args):
+def _run(inputs, outputs, arrays, dtype: str, oracle: bool = True, **compile_args):
     fn = polyfuse.compile(inputs, outputs, check_cuda=False, **compile_args)
-    want = reference.evaluate(outputs, dict(zip(inputs, arrays, strict=True)))
+    # the float64 oracle (16-bit inputs, float64 after): a fused kernel keeps its 16-bit
+    # intermediates in float32 registers, where the storage reference rounds every tensor
+    precision = "float64" if oracle else "storage"  # explicit casts: the storage reference
+    want = reference.evaluate(outputs, dict(zip(inputs, arrays, strict=True)), precision=precision)
     for race in (False, True):
         got = fn(*arrays, device="emulate", race_check=race)
         got = got if isinstance(got, tuple) else (got,)
         for t, g, w in zip(outputs, got, want, strict=True):
             assert g.dtype == numpy_dtype(t.dtype), t.name
+            w = w.astype(numpy_dtype(t.dtype)) if t.dtype in HALVES else w
             tol = tolerance(t.dtype)
             assert tol.allclose(g, w), (t.name, np.abs(g.astype(float) - w.astype(float)).max())
     return fn
@@ -72,7 +77,8 @@ def test_half_storage_graphs_match_the_reference(dtype, case):
     fn = _run(inputs, outputs, arrays, dtype)
     src = "".join(k.source for k in fn.kernels)
     ctype = "__half" if dtype == "float16" else "__nv_bfloat16"
-    assert f"const {ctype}* __restrict__" in src and "float4" not in src  # no 4-byte words
+    assert f"const {ctype}* __restrict__" in src
+    assert "float4*>(&x[" not in src  # 16-bit global buffers never move as float4
 
 
 def test_a_4096_long_bfloat16_sum_accumulates_in_float32():
@@ -99,7 +105,7 @@ def test_a_cast_rounds_in_the_kernel_and_a_fused_chain_rounds_at_its_store(dtype
     x = te.placeholder((64,), name="x")
     y = te.compute((64,), lambda i: te.cast(te.cast(x[i], dtype) * 3.0, "float32"), name="y")
     xs = (1 + RNG.random(64) * 2.0**-5).astype(np.float32)  # bits a 16-bit type drops
-    fn = _run([x], [y], [xs], "float32")
+    fn = _run([x], [y], [xs], "float32", oracle=False)
     got = fn(xs, device="emulate")
     np.testing.assert_array_equal(got, xs.astype(numpy_dtype(dtype)).astype(np.float32) * 3)
     assert np.any(got != xs * 3)

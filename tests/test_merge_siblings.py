@@ -68,11 +68,17 @@ def _attention(bias: bool, weights_constant: bool = True):
     return inputs, [out], consts
 
 
-def _compile(inputs, outputs, consts, passes=True):
+def _compile(inputs, outputs, consts, passes=True, pack=True):
     args = [t for t in inputs if t not in consts]
     return polyfuse.compile(
-        args, outputs, constants=consts, check_cuda=False, passes=passes, name="attn"
+        args, outputs, constants=consts, check_cuda=False, passes=passes, name="attn", pack=pack
     )
+
+
+#: Launches are counted before Layer 3 where a merge is measured: unmerged, the V projection
+#: (64 threads) packs beside the scores GEMM that took its softmax (stitch/gemm_rows.py, 64
+#: threads) into one launch, which hides the GEMM the merge saves.
+UNPACKED = False
 
 
 def _check_emulated(fn, inputs, outputs, consts, arrays):
@@ -100,9 +106,9 @@ def test_q_and_v_with_biases_merge_into_one_tiled_gemm_and_values_hold():
     (H, 2H) whose epilogue adds the concatenated bias where the accumulator is; K stays
     apart (the scores GEMM reads Q and K: merged, it would read one tensor twice)."""
     inputs, outputs, consts = _attention(bias=True)
-    before = _compile(inputs, outputs, consts, NO_MERGE)
-    after = _compile(inputs, outputs, consts)
-    assert len(before.launches) == 7 and len(after.launches) == 6
+    before = _compile(inputs, outputs, consts, NO_MERGE, pack=UNPACKED)
+    after = _compile(inputs, outputs, consts, pack=UNPACKED)
+    assert len(before.launches) == 6 and len(after.launches) == 5
     assert fusion_models.layout_kernels(after)[0] == []  # no slice kernel remains
     assert after.global_bytes() < before.global_bytes()
     g = after.plan.graph
@@ -286,8 +292,8 @@ def test_siblings_read_by_one_contraction_are_not_merged_together():
     ]
     (line,) = _records(g, PassAction.MERGED)
     assert line.startswith("q_mm, v_mm read x through the same access")
-    before = _compile(inputs, outputs, consts, NO_MERGE)
-    after = _compile(inputs, outputs, consts)
+    before = _compile(inputs, outputs, consts, NO_MERGE, pack=UNPACKED)
+    after = _compile(inputs, outputs, consts, pack=UNPACKED)
     assert fusion_models.layout_kernels(after)[0] == []
     assert len(after.launches) == len(before.launches) - 1
     _check_emulated(after, inputs, outputs, consts, [_rand(B, S, H)])
@@ -295,7 +301,9 @@ def test_siblings_read_by_one_contraction_are_not_merged_together():
 
 @pytest.mark.parametrize(
     ("name", "launches_off", "launches_on"),
-    [("bert_base", 22, 20), ("gpt2_small", 23, 21), ("vit_b16", 26, 24)],
+    # before Layer 3 (UNPACKED); per layer the scores GEMM takes its softmax and the FFN-down
+    # GEMM its add + layer norm (stitch/gemm_rows.py)
+    [("bert_base", 16, 14), ("gpt2_small", 17, 15), ("vit_b16", 20, 18)],
 )
 def test_tiny_transformers_merge_their_projections(name, launches_off, launches_on):
     """Zoo transformers at tiny size (2 layers): two projection GEMMs per layer instead of
@@ -303,9 +311,11 @@ def test_tiny_transformers_merge_their_projections(name, launches_off, launches_
     matches the float64 model."""
     m = zoo.build(name, "tiny")
     off = polyfuse.compile(
-        m.inputs, m.outputs, constants=m.constants, check_cuda=False, passes=NO_MERGE
+        m.inputs, m.outputs, constants=m.constants, check_cuda=False, passes=NO_MERGE, pack=UNPACKED
     )
-    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    fn = polyfuse.compile(
+        m.inputs, m.outputs, constants=m.constants, check_cuda=False, pack=UNPACKED
+    )
     assert (len(off.launches), len(fn.launches)) == (launches_off, launches_on)
     assert len(_records(fn.plan.graph, PassAction.MERGED)) == m.config["layers"]
     assert fusion_models.layout_kernels(fn)[0] == []

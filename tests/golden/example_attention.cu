@@ -46,126 +46,133 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_4f178b06ef9c3756f791(float* __restrict__ qk, const float* __restrict__ q, const float* __restrict__ k) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_q[516];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_k[516];
-  float r_qk_acc[8][4];
-  float r_q_frag[8];
-  float r_k_frag[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
+extern "C" __global__ void __launch_bounds__(128, 5) pf_603fe909488c6efd9872(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ probs) {
+  __shared__ __align__(16) unsigned char pf_pool[1568];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 4; _t /= 4;
+    const int t1 = _t;
+    float* const s_qk = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_qk_lo0 = 0;
+    const int s_qk_lo1 = b0;
+    const int s_qk_lo2 = 0;
+    const int s_qk_lo3 = 0;
+    const int p0c = threadIdx.x;
+    float* const s_q = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_k = reinterpret_cast<float*>(pf_pool + 1040);
+    float r_qk_acc[4];
+    float r_q_frag[1];
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_qk_acc[ii1][ii2] = 0.0f;
+      r_qk_acc[ii2] = 0.0f;
     }
-  }
-  *reinterpret_cast<float4*>(&s_q[(0 - 0) * 516 + (b0 - b0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&q[0 * 256 + b0 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_k[(0 - 0) * 516 + (b0 - b0) * 516 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 128) ? *reinterpret_cast<const float4*>(&k[0 * 256 + b0 * 128 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
-      r_q_frag[ii1] = s_q[(0 - 0) * 516 + (b0 - b0) * 516 + ((((t1 + (8 * ii1)) * 8) + kk0) - 0)];
+    if ((p0c <= 63)) {
+      *reinterpret_cast<float4*>(&s_q[(0 - 0) * 260 + (b0 - b0) * 260 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 128) ? *reinterpret_cast<const float4*>(&q[0 * 256 + b0 * 128 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    #pragma unroll
-    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      r_k_frag[ii2] = s_k[(0 - 0) * 516 + (b0 - b0) * 516 + ((((t2 + (16 * ii2)) * 8) + kk0) - 0)];
+    if ((p1c <= 31)) {
+      *reinterpret_cast<float4*>(&s_k[(0 - 0) * 132 + (((128 * b0) + (4 * p1c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&k[0 * 256 + ((128 * b0) + (4 * p1c))]);
     }
+    __syncthreads();
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      r_q_frag[0] = s_q[(0 - 0) * 260 + (b0 - b0) * 260 + (((t1 * 8) + kk0) - 0)];
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_qk_acc[ii1][ii2] = r_qk_acc[ii1][ii2] + (r_q_frag[ii1] * r_k_frag[ii2]);
+        r_qk_acc[ii2] = r_qk_acc[ii2] + (r_q_frag[0] * s_k[(0 - 0) * 132 + (b0 * 128 + (t2 + (4 * ii2)) * 8 + kk0 - (128 * b0))]);
       }
     }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 7); ii1 += 1) {
+    __syncthreads();
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-      if ((t1 + (8 * ii1)) <= 15 && (t2 + (16 * ii2)) <= 15) { qk[0 * 512 + b0 * 256 + (t1 + (8 * ii1)) * 16 + (t2 + (16 * ii2))] = r_qk_acc[ii1][ii2]; }
+      if (t1 <= 15) { s_qk[(0 - s_qk_lo0) * 256 + (b0 - s_qk_lo1) * 256 + (t1 - s_qk_lo2) * 16 + ((t2 + (4 * ii2)) - s_qk_lo3)] = r_qk_acc[ii2]; }
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_12e1c289b9ef5b35a9da(float* __restrict__ probs, const float* __restrict__ qk) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_scores[128];
-  const int s_scores_lo0 = 0;
-  const int s_scores_lo1 = b0;
-  const int s_scores_lo2 = (8 * b1);
-  const int s_scores_lo3 = 0;
-  __shared__ __align__(16) float s_probs_exp[128];
-  const int s_probs_exp_lo0 = 0;
-  const int s_probs_exp_lo1 = b0;
-  const int s_probs_exp_lo2 = (8 * b1);
-  const int s_probs_exp_lo3 = 0;
-  __shared__ float pf_scratch[1];
-  float r_probs_max;
-  float r_probs_max_acc;
-  float r_probs_sub;
-  float r_probs_sum;
-  float r_probs_sum_acc;
-  // part:mg1
-  r_probs_max_acc = -INFINITY;
-  if ((l0 <= 3)) {
-    // coarsen:4
-    {
-      const float4 q_qk0 = *reinterpret_cast<const float4*>(&qk[0 * 512 + b0 * 256 + ((8 * b1) + r0) * 16 + (4 * l0)]);
-      float v_qk[4] = {q_qk0.x, q_qk0.y, q_qk0.z, q_qk0.w};
-      float v_scores[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_scores[c0] = (v_qk[c0] * 0.35355338f);
-        r_probs_max_acc = pf_fmaxf(r_probs_max_acc, v_scores[c0]);
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 8; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 4 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 4; _b /= 4;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_scores = reinterpret_cast<float*>(pf_pool + 1024);
+          const int s_scores_lo0 = 0;
+          const int s_scores_lo1 = b0;
+          const int s_scores_lo2 = (4 * b1);
+          const int s_scores_lo3 = 0;
+          float* const s_probs_exp = reinterpret_cast<float*>(pf_pool + 1280);
+          const int s_probs_exp_lo0 = 0;
+          const int s_probs_exp_lo1 = b0;
+          const int s_probs_exp_lo2 = (4 * b1);
+          const int s_probs_exp_lo3 = 0;
+          float* const s_qk = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_qk_lo0 = 0;
+          const int s_qk_lo1 = b0;
+          const int s_qk_lo2 = 0;
+          const int s_qk_lo3 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1536);
+          float r_probs_max;
+          float r_probs_max_acc;
+          float r_probs_sub;
+          float r_probs_sum;
+          float r_probs_sum_acc;
+          // part:mg1
+          r_probs_max_acc = -INFINITY;
+          if ((l0 <= 3)) {
+            // coarsen:4
+            {
+              float v_scores[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_scores[c0] = (s_qk[(0 - s_qk_lo0) * 256 + (b0 - s_qk_lo1) * 256 + (((4 * b1) + r0) - s_qk_lo2) * 16 + (((4 * l0) + c0) - s_qk_lo3)] * 0.35355338f);
+                r_probs_max_acc = pf_fmaxf(r_probs_max_acc, v_scores[c0]);
+              }
+              *reinterpret_cast<float4*>(&s_scores[(0 - s_scores_lo0) * 64 + (b0 - s_scores_lo1) * 64 + (((4 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]) = make_float4(v_scores[0], v_scores[1], v_scores[2], v_scores[3]);
+            }
+          }
+          r_probs_max_acc = pf_allreduce_y<pf_max, 32>(r_probs_max_acc, pf_scratch); r_probs_max = r_probs_max_acc;
+          __syncwarp();  // mg2 reads what earlier parts wrote
+          // part:mg2
+          r_probs_sum_acc = 0.0f;
+          if ((l0 <= 3)) {
+            // coarsen:4
+            {
+              const float4 q_scores0 = *reinterpret_cast<const float4*>(&s_scores[(0 - s_scores_lo0) * 64 + (b0 - s_scores_lo1) * 64 + (((4 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]);
+              float v_scores[4] = {q_scores0.x, q_scores0.y, q_scores0.z, q_scores0.w};
+              float v_probs_exp[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_probs_sub = (v_scores[c0] - r_probs_max);
+                v_probs_exp[c0] = expf(r_probs_sub);
+                r_probs_sum_acc = r_probs_sum_acc + v_probs_exp[c0];
+              }
+              *reinterpret_cast<float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 64 + (b0 - s_probs_exp_lo1) * 64 + (((4 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]) = make_float4(v_probs_exp[0], v_probs_exp[1], v_probs_exp[2], v_probs_exp[3]);
+            }
+          }
+          r_probs_sum_acc = pf_allreduce_y<pf_sum, 32>(r_probs_sum_acc, pf_scratch); r_probs_sum = r_probs_sum_acc;
+          __syncwarp();  // mg3 reads what earlier parts wrote
+          if ((l0 <= 3)) {
+            // part:mg3
+            // coarsen:4
+            {
+              const float4 q_probs_exp0 = *reinterpret_cast<const float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 64 + (b0 - s_probs_exp_lo1) * 64 + (((4 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]);
+              float v_probs_exp[4] = {q_probs_exp0.x, q_probs_exp0.y, q_probs_exp0.z, q_probs_exp0.w};
+              float v_probs[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_probs[c0] = (v_probs_exp[c0] / r_probs_sum);
+              }
+              *reinterpret_cast<float4*>(&probs[0 * 512 + b0 * 256 + ((4 * b1) + r0) * 16 + (4 * l0)]) = make_float4(v_probs[0], v_probs[1], v_probs[2], v_probs[3]);
+            }
+          }
       }
-      *reinterpret_cast<float4*>(&s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]) = make_float4(v_scores[0], v_scores[1], v_scores[2], v_scores[3]);
-    }
-  }
-  r_probs_max_acc = pf_allreduce_y<pf_max, 32>(r_probs_max_acc, pf_scratch); r_probs_max = r_probs_max_acc;
-  __syncwarp();  // mg2 reads what earlier parts wrote
-  // part:mg2
-  r_probs_sum_acc = 0.0f;
-  if ((l0 <= 3)) {
-    // coarsen:4
-    {
-      const float4 q_scores0 = *reinterpret_cast<const float4*>(&s_scores[(0 - s_scores_lo0) * 128 + (b0 - s_scores_lo1) * 128 + (((8 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]);
-      float v_scores[4] = {q_scores0.x, q_scores0.y, q_scores0.z, q_scores0.w};
-      float v_probs_exp[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_probs_sub = (v_scores[c0] - r_probs_max);
-        v_probs_exp[c0] = expf(r_probs_sub);
-        r_probs_sum_acc = r_probs_sum_acc + v_probs_exp[c0];
-      }
-      *reinterpret_cast<float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]) = make_float4(v_probs_exp[0], v_probs_exp[1], v_probs_exp[2], v_probs_exp[3]);
-    }
-  }
-  r_probs_sum_acc = pf_allreduce_y<pf_sum, 32>(r_probs_sum_acc, pf_scratch); r_probs_sum = r_probs_sum_acc;
-  __syncwarp();  // mg3 reads what earlier parts wrote
-  if ((l0 <= 3)) {
-    // part:mg3
-    // coarsen:4
-    {
-      const float4 q_probs_exp0 = *reinterpret_cast<const float4*>(&s_probs_exp[(0 - s_probs_exp_lo0) * 128 + (b0 - s_probs_exp_lo1) * 128 + (((8 * b1) + r0) - s_probs_exp_lo2) * 16 + ((4 * l0) - s_probs_exp_lo3)]);
-      float v_probs_exp[4] = {q_probs_exp0.x, q_probs_exp0.y, q_probs_exp0.z, q_probs_exp0.w};
-      float v_probs[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_probs[c0] = (v_probs_exp[c0] / r_probs_sum);
-      }
-      *reinterpret_cast<float4*>(&probs[0 * 512 + b0 * 256 + ((8 * b1) + r0) * 16 + (4 * l0)]) = make_float4(v_probs[0], v_probs[1], v_probs[2], v_probs[3]);
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }

@@ -229,135 +229,156 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_619b349162f516f55059(float* __restrict__ matmul12, const float* __restrict__ add1_merged, const float* __restrict__ add5) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add1_merged[256];
-  const int p1r = threadIdx.x / 2;
-  const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add5[256];
-  float r_matmul12_acc[2];
-  float r_add5_frag[1];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    r_matmul12_acc[ii2] = 0.0f;
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_add1_merged = &add1_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
-  const float* pf_gp0_add5 = &add5[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add5[0] : add5, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
+extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(const float* __restrict__ add1_merged, const float* __restrict__ add5, float* __restrict__ softmax14) {
+  __shared__ __align__(16) unsigned char pf_pool[2048];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b1 = _b % 2; _b /= 2;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t3 = _t % 4; _t /= 4;
+    const int t2 = _t;
+    float* const s_matmul12 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul12_lo0 = b0;
+    const int s_matmul12_lo1 = b1;
+    const int s_matmul12_lo2 = 0;
+    const int s_matmul12_lo3 = 0;
+    const int p0r = threadIdx.x / 2;
+    const int p0c = threadIdx.x % 2;
+    float* const s_add1_merged = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1r = threadIdx.x / 2;
+    const int p1c = threadIdx.x % 2;
+    float* const s_add5 = reinterpret_cast<float*>(pf_pool + 1024);
+    float r_matmul12_acc[4];
+    float r_add1_merged_frag[1];
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      r_add5_frag[0] = s_add5[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul12_acc[iv] = 0.0f;
+    }
+    {
+      const int kt0 = (-1);
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      }
+      if (((p1r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+      }
+      __pipeline_commit();
+    }
+    const float* pf_gp0_add1_merged = &add1_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
+    const float* pf_gp0_add5 = &add5[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
+    for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      }
+      if (((p1r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add5[0] : add5, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_matmul12_acc[ii2] = r_matmul12_acc[ii2] + (s_add1_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add5_frag[0]);
+      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+        r_add1_merged_frag[0] = s_add1_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul12_acc[iv] = r_matmul12_acc[iv] + (r_add1_merged_frag[0] * s_add5[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))]);
+        }
       }
+      __syncthreads();
+      pf_gp0_add1_merged += 8;
+      pf_gp0_add5 += 8;
     }
-    __syncthreads();
-    pf_gp0_add1_merged += 8;
-    pf_gp0_add5 += 8;
-  }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    if ((t2 + (8 * ii2)) <= 7 && t3 <= 7) { matmul12[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + t3] = r_matmul12_acc[ii2]; }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_5c52b05cde81512ae9a4(float* __restrict__ softmax14, const float* __restrict__ matmul12) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_mul13[64];
-  const int s_mul13_lo0 = b0;
-  const int s_mul13_lo1 = b1;
-  const int s_mul13_lo2 = 0;
-  const int s_mul13_lo3 = 0;
-  __shared__ __align__(16) float s_softmax14_exp[64];
-  const int s_softmax14_exp_lo0 = b0;
-  const int s_softmax14_exp_lo1 = b1;
-  const int s_softmax14_exp_lo2 = 0;
-  const int s_softmax14_exp_lo3 = 0;
-  __shared__ float pf_scratch[1];
-  float r_softmax14_max;
-  float r_softmax14_max_acc;
-  float r_softmax14_sub;
-  float r_softmax14_sum;
-  float r_softmax14_sum_acc;
-  // part:mg3
-  r_softmax14_max_acc = -INFINITY;
-  if ((l0 <= 1)) {
-    // coarsen:4
-    {
-      const float4 q_matmul120 = *reinterpret_cast<const float4*>(&matmul12[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]);
-      float v_matmul12[4] = {q_matmul120.x, q_matmul120.y, q_matmul120.z, q_matmul120.w};
-      float v_mul13[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_mul13[c0] = (v_matmul12[c0] * 0.25f);
-        r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, v_mul13[c0]);
-      }
-      *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if (t2 <= 7 && ((4 * t3) + iv) <= 7) { s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (t2 - s_matmul12_lo2) * 8 + (((4 * t3) + iv) - s_matmul12_lo3)] = r_matmul12_acc[iv]; }
     }
   }
-  r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
-  __syncwarp();  // mg4 reads what earlier parts wrote
-  // part:mg4
-  r_softmax14_sum_acc = 0.0f;
-  if ((l0 <= 1)) {
-    // coarsen:4
-    {
-      const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 64 + (b1 - s_mul13_lo1) * 64 + (r0 - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
-      float v_mul13[4] = {q_mul130.x, q_mul130.y, q_mul130.z, q_mul130.w};
-      float v_softmax14_exp[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_softmax14_sub = (v_mul13[c0] - r_softmax14_max);
-        v_softmax14_exp[c0] = expf(r_softmax14_sub);
-        r_softmax14_sum_acc = r_softmax14_sum_acc + v_softmax14_exp[c0];
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g1 = pf_g % 2; pf_g /= 2;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 8; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 8 + pf_g1 * 4 + pf_r;
+          int _b = pf_rb;
+          const int b2 = _b % 4; _b /= 4;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_mul13 = reinterpret_cast<float*>(pf_pool + 256);
+          const int s_mul13_lo0 = b0;
+          const int s_mul13_lo1 = b1;
+          const int s_mul13_lo2 = (2 * b2);
+          const int s_mul13_lo3 = 0;
+          float* const s_softmax14_exp = reinterpret_cast<float*>(pf_pool + 320);
+          const int s_softmax14_exp_lo0 = b0;
+          const int s_softmax14_exp_lo1 = b1;
+          const int s_softmax14_exp_lo2 = (2 * b2);
+          const int s_softmax14_exp_lo3 = 0;
+          float* const s_matmul12 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul12_lo0 = b0;
+          const int s_matmul12_lo1 = b1;
+          const int s_matmul12_lo2 = 0;
+          const int s_matmul12_lo3 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 384);
+          float r_softmax14_max;
+          float r_softmax14_max_acc;
+          float r_softmax14_sub;
+          float r_softmax14_sum;
+          float r_softmax14_sum_acc;
+          // part:mg3
+          r_softmax14_max_acc = -INFINITY;
+          if ((l0 <= 1)) {
+            // coarsen:4
+            {
+              float v_mul13[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_mul13[c0] = (s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((2 * b2) + r0) - s_matmul12_lo2) * 8 + (((4 * l0) + c0) - s_matmul12_lo3)] * 0.25f);
+                r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, v_mul13[c0]);
+              }
+              *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 16 + (b1 - s_mul13_lo1) * 16 + (((2 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
+            }
+          }
+          r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
+          __syncwarp();  // mg4 reads what earlier parts wrote
+          // part:mg4
+          r_softmax14_sum_acc = 0.0f;
+          if ((l0 <= 1)) {
+            // coarsen:4
+            {
+              const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 16 + (b1 - s_mul13_lo1) * 16 + (((2 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
+              float v_mul13[4] = {q_mul130.x, q_mul130.y, q_mul130.z, q_mul130.w};
+              float v_softmax14_exp[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_softmax14_sub = (v_mul13[c0] - r_softmax14_max);
+                v_softmax14_exp[c0] = expf(r_softmax14_sub);
+                r_softmax14_sum_acc = r_softmax14_sum_acc + v_softmax14_exp[c0];
+              }
+              *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 16 + (b1 - s_softmax14_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
+            }
+          }
+          r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
+          __syncwarp();  // mg5 reads what earlier parts wrote
+          if ((l0 <= 1)) {
+            // part:mg5
+            // coarsen:4
+            {
+              const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 16 + (b1 - s_softmax14_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
+              float v_softmax14_exp[4] = {q_softmax14_exp0.x, q_softmax14_exp0.y, q_softmax14_exp0.z, q_softmax14_exp0.w};
+              float v_softmax14[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_softmax14[c0] = (v_softmax14_exp[c0] / r_softmax14_sum);
+              }
+              *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + ((2 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
+            }
+          }
       }
-      *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
-    }
-  }
-  r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
-  __syncwarp();  // mg5 reads what earlier parts wrote
-  if ((l0 <= 1)) {
-    // part:mg5
-    // coarsen:4
-    {
-      const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 64 + (b1 - s_softmax14_exp_lo1) * 64 + (r0 - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
-      float v_softmax14_exp[4] = {q_softmax14_exp0.x, q_softmax14_exp0.y, q_softmax14_exp0.z, q_softmax14_exp0.w};
-      float v_softmax14[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_softmax14[c0] = (v_softmax14_exp[c0] / r_softmax14_sum);
-      }
-      *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
@@ -429,130 +450,174 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_37cf53350df305695445(float* __restrict__ matmul18, const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_matmul15[520];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_layer0_attn_o_w[512];
-  float r_matmul18_acc[1];
-  r_matmul18_acc[0] = 0.0f;
-  {
-    const int kt0 = (-1);
-    if (((p0c <= 63) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul15[((4 * p0c) >= 0 && (4 * p0c) < 128) ? b0 * 256 + (kt0 + 1) * 128 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &layer0_attn_o_w[((p1r + (16 * kt0)) + 16) * 32 + ((16 * b2) + (4 * p1c))], 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_matmul15 = &matmul15[((4 * p0c) + (256 * b0) + 128)];
-  const float* pf_gp0_layer0_attn_o_w = &layer0_attn_o_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 512)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0c <= 63) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 128) ? &pf_gp0_matmul15[0] : matmul15, 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_layer0_attn_o_w[0], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
+extern "C" __global__ void __launch_bounds__(64, 14) pf_83c7aca69b1dedc5d99d(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[5152];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul18 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul18_lo0 = b0;
+    const int s_matmul18_lo1 = 0;
+    const int s_matmul18_lo2 = 0;
+    const int p0c = threadIdx.x;
+    float* const s_matmul15 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_layer0_attn_o_w = reinterpret_cast<float*>(pf_pool + 1056);
+    float r_matmul18_acc[4];
+    float r_matmul15_frag[1];
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul18_acc[0] = r_matmul18_acc[0] + (s_matmul15[(kt0 % 2) * 260 + (b0 - b0) * 260 + (pf_fdiv(((16 * kt0) + kk0), 16) - kt0) * 260 + (t1 * 16 + pf_mod(((16 * kt0) + kk0), 16) - 0)] * s_layer0_attn_o_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul18_acc[iv] = 0.0f;
     }
-    __syncthreads();
-    pf_gp0_matmul15 += 128;
-    pf_gp0_layer0_attn_o_w += 512;
-  }
-  if (t1 <= 7) { matmul18[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul18_acc[0]; }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_5688fdbace7877cb52ef(float* __restrict__ layer_norm21, const float* __restrict__ matmul18, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_add20[256];
-  const int s_add20_lo0 = b0;
-  const int s_add20_lo1 = 0;
-  const int s_add20_lo2 = 0;
-  __shared__ __align__(16) float s_layer_norm21_centered[256];
-  const int s_layer_norm21_centered_lo0 = b0;
-  const int s_layer_norm21_centered_lo1 = 0;
-  const int s_layer_norm21_centered_lo2 = 0;
-  __shared__ float pf_scratch[1];
-  float r_add19;
-  float r_layer_norm21_mean;
-  float r_layer_norm21_mean_acc;
-  float r_layer_norm21_var;
-  float r_layer_norm21_var_acc;
-  float r_layer_norm21_rstd;
-  // part:mg8
-  r_layer_norm21_mean_acc = 0.0f;
-  if ((l0 <= 7)) {
-    // coarsen:4
     {
-      const float4 q_layer0_attn_o_bias0 = *reinterpret_cast<const float4*>(&layer0_attn_o_bias[(4 * l0)]);
-      float v_layer0_attn_o_bias[4] = {q_layer0_attn_o_bias0.x, q_layer0_attn_o_bias0.y, q_layer0_attn_o_bias0.z, q_layer0_attn_o_bias0.w};
-      const float4 q_matmul180 = *reinterpret_cast<const float4*>(&matmul18[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_matmul18[4] = {q_matmul180.x, q_matmul180.y, q_matmul180.z, q_matmul180.w};
-      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
-      float v_add20[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_add19 = (v_matmul18[c0] + v_layer0_attn_o_bias[c0]);
-        v_add20[c0] = (v_embeddings[c0] + r_add19);
-        r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (v_add20[c0] * 0.03125f);
+      const int kt0 = (-1);
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul15[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
       }
-      *reinterpret_cast<float4*>(&s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + ((4 * l0) - s_add20_lo2)]) = make_float4(v_add20[0], v_add20[1], v_add20[2], v_add20[3]);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      }
+      __pipeline_commit();
     }
-  }
-  r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
-  __syncwarp();  // mg9 reads what earlier parts wrote
-  // part:mg9
-  r_layer_norm21_var_acc = 0.0f;
-  if ((l0 <= 7)) {
-    // coarsen:4
     {
-      const float4 q_add200 = *reinterpret_cast<const float4*>(&s_add20[(b0 - s_add20_lo0) * 256 + (r0 - s_add20_lo1) * 32 + ((4 * l0) - s_add20_lo2)]);
-      float v_add20[4] = {q_add200.x, q_add200.y, q_add200.z, q_add200.w};
-      float v_layer_norm21_centered[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm21_centered[c0] = (v_add20[c0] - r_layer_norm21_mean);
-        r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((v_layer_norm21_centered[c0] * v_layer_norm21_centered[c0]) * 0.03125f);
+      const int kt0 = 0;
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul15[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
       }
-      *reinterpret_cast<float4*>(&s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + ((4 * l0) - s_layer_norm21_centered_lo2)]) = make_float4(v_layer_norm21_centered[0], v_layer_norm21_centered[1], v_layer_norm21_centered[2], v_layer_norm21_centered[3]);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_layer0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+        r_matmul15_frag[0] = s_matmul15[(kt0 % 2) * 132 + (b0 - b0) * 132 + (((kt0 * 128) + (t1 * 16) + kk0) - (128 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul18_acc[iv] = r_matmul18_acc[iv] + (r_matmul15_frag[0] * s_layer0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    {
+      const int kt0 = 1;
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul15[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul15[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+        r_matmul15_frag[0] = s_matmul15[(kt0 % 2) * 132 + (b0 - b0) * 132 + (((kt0 * 128) + (t1 * 16) + kk0) - (128 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul18_acc[iv] = r_matmul18_acc[iv] + (r_matmul15_frag[0] * s_layer0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      s_matmul18[(b0 - s_matmul18_lo0) * 256 + (t1 - s_matmul18_lo1) * 32 + (((4 * t2) + iv) - s_matmul18_lo2)] = r_matmul18_acc[iv];
     }
   }
-  r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
-  __syncwarp();  // mg10 reads what earlier parts wrote
-  // part:mg10
-  r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
-  if ((l0 <= 7)) {
-    // coarsen:4
-    {
-      const float4 q_layer0_ln1_beta0 = *reinterpret_cast<const float4*>(&layer0_ln1_beta[(4 * l0)]);
-      float v_layer0_ln1_beta[4] = {q_layer0_ln1_beta0.x, q_layer0_ln1_beta0.y, q_layer0_ln1_beta0.z, q_layer0_ln1_beta0.w};
-      const float4 q_layer0_ln1_gamma0 = *reinterpret_cast<const float4*>(&layer0_ln1_gamma[(4 * l0)]);
-      float v_layer0_ln1_gamma[4] = {q_layer0_ln1_gamma0.x, q_layer0_ln1_gamma0.y, q_layer0_ln1_gamma0.z, q_layer0_ln1_gamma0.w};
-      const float4 q_layer_norm21_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 256 + (r0 - s_layer_norm21_centered_lo1) * 32 + ((4 * l0) - s_layer_norm21_centered_lo2)]);
-      float v_layer_norm21_centered[4] = {q_layer_norm21_centered0.x, q_layer_norm21_centered0.y, q_layer_norm21_centered0.z, q_layer_norm21_centered0.w};
-      float v_layer_norm21[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm21[c0] = (((v_layer_norm21_centered[c0] * r_layer_norm21_rstd) * v_layer0_ln1_gamma[c0]) + v_layer0_ln1_beta[c0]);
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 4 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 4; _b /= 4;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add20 = reinterpret_cast<float*>(pf_pool + 1024);
+          const int s_add20_lo0 = b0;
+          const int s_add20_lo1 = (2 * b1);
+          const int s_add20_lo2 = 0;
+          float* const s_layer_norm21_centered = reinterpret_cast<float*>(pf_pool + 1280);
+          const int s_layer_norm21_centered_lo0 = b0;
+          const int s_layer_norm21_centered_lo1 = (2 * b1);
+          const int s_layer_norm21_centered_lo2 = 0;
+          float* const s_matmul18 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul18_lo0 = b0;
+          const int s_matmul18_lo1 = 0;
+          const int s_matmul18_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1536);
+          float r_add19;
+          float r_layer_norm21_mean;
+          float r_layer_norm21_mean_acc;
+          float r_layer_norm21_var;
+          float r_layer_norm21_var_acc;
+          float r_layer_norm21_rstd;
+          // part:mg8
+          r_layer_norm21_mean_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_layer0_attn_o_bias0 = *reinterpret_cast<const float4*>(&layer0_attn_o_bias[(4 * l0)]);
+              float v_layer0_attn_o_bias[4] = {q_layer0_attn_o_bias0.x, q_layer0_attn_o_bias0.y, q_layer0_attn_o_bias0.z, q_layer0_attn_o_bias0.w};
+              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+              float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+              float v_add20[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_add19 = (s_matmul18[(b0 - s_matmul18_lo0) * 256 + (((2 * b1) + r0) - s_matmul18_lo1) * 32 + (((4 * l0) + c0) - s_matmul18_lo2)] + v_layer0_attn_o_bias[c0]);
+                v_add20[c0] = (v_embeddings[c0] + r_add19);
+                r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (v_add20[c0] * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_add20[(b0 - s_add20_lo0) * 64 + (((2 * b1) + r0) - s_add20_lo1) * 32 + ((4 * l0) - s_add20_lo2)]) = make_float4(v_add20[0], v_add20[1], v_add20[2], v_add20[3]);
+            }
+          }
+          r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
+          __syncwarp();  // mg9 reads what earlier parts wrote
+          // part:mg9
+          r_layer_norm21_var_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_add200 = *reinterpret_cast<const float4*>(&s_add20[(b0 - s_add20_lo0) * 64 + (((2 * b1) + r0) - s_add20_lo1) * 32 + ((4 * l0) - s_add20_lo2)]);
+              float v_add20[4] = {q_add200.x, q_add200.y, q_add200.z, q_add200.w};
+              float v_layer_norm21_centered[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm21_centered[c0] = (v_add20[c0] - r_layer_norm21_mean);
+                r_layer_norm21_var_acc = r_layer_norm21_var_acc + ((v_layer_norm21_centered[c0] * v_layer_norm21_centered[c0]) * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm21_centered_lo1) * 32 + ((4 * l0) - s_layer_norm21_centered_lo2)]) = make_float4(v_layer_norm21_centered[0], v_layer_norm21_centered[1], v_layer_norm21_centered[2], v_layer_norm21_centered[3]);
+            }
+          }
+          r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
+          __syncwarp();  // mg10 reads what earlier parts wrote
+          // part:mg10
+          r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_layer0_ln1_beta0 = *reinterpret_cast<const float4*>(&layer0_ln1_beta[(4 * l0)]);
+              float v_layer0_ln1_beta[4] = {q_layer0_ln1_beta0.x, q_layer0_ln1_beta0.y, q_layer0_ln1_beta0.z, q_layer0_ln1_beta0.w};
+              const float4 q_layer0_ln1_gamma0 = *reinterpret_cast<const float4*>(&layer0_ln1_gamma[(4 * l0)]);
+              float v_layer0_ln1_gamma[4] = {q_layer0_ln1_gamma0.x, q_layer0_ln1_gamma0.y, q_layer0_ln1_gamma0.z, q_layer0_ln1_gamma0.w};
+              const float4 q_layer_norm21_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm21_centered[(b0 - s_layer_norm21_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm21_centered_lo1) * 32 + ((4 * l0) - s_layer_norm21_centered_lo2)]);
+              float v_layer_norm21_centered[4] = {q_layer_norm21_centered0.x, q_layer_norm21_centered0.y, q_layer_norm21_centered0.z, q_layer_norm21_centered0.w};
+              float v_layer_norm21[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm21[c0] = (((v_layer_norm21_centered[c0] * r_layer_norm21_rstd) * v_layer0_ln1_gamma[c0]) + v_layer0_ln1_beta[c0]);
+              }
+              *reinterpret_cast<float4*>(&layer_norm21[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm21[0], v_layer_norm21[1], v_layer_norm21[2], v_layer_norm21[3]);
+            }
+          }
       }
-      *reinterpret_cast<float4*>(&layer_norm21[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm21[0], v_layer_norm21[1], v_layer_norm21[2], v_layer_norm21[3]);
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
@@ -620,104 +685,168 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_0883e63d1632608935b3(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_d70fc511c046fd0a110e(float* __restrict__ matmul25, const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_gelu24[4608];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_layer0_ffn_fc2_w[2048];
-  float r_matmul25_acc[4][4];
-  float r_gelu24_frag[4];
-  float r_layer0_ffn_fc2_w_frag[4];
-  float r_matmul25_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_6dbfe734b2dd573d12d6(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[12800];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul25 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul25_lo0 = b0;
+    const int s_matmul25_lo1 = 0;
+    const int s_matmul25_lo2 = 0;
+    const int p0r = threadIdx.x / 8;
+    const int p0c = threadIdx.x % 8;
+    float* const s_gelu24 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_layer0_ffn_fc2_w = reinterpret_cast<float*>(pf_pool + 4608);
+    float r_matmul25_acc[4];
+    float r_gelu24_frag[1];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul25_acc[ii1][iv] = 0.0f;
+      r_matmul25_acc[iv] = 0.0f;
     }
-  }
-  {
-    const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &layer0_ffn_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
-    }
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &layer0_ffn_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    {
+      const int kt0 = (-1);
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &layer0_ffn_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+    }
+    {
+      const int kt0 = 0;
+      __pipeline_memcpy_async(&s_gelu24[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu24[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_layer0_ffn_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &layer0_ffn_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu24_frag[0] = s_gelu24[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
+          r_matmul25_acc[iv] = r_matmul25_acc[iv] + (r_gelu24_frag[0] * s_layer0_ffn_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    {
+      const int kt0 = 1;
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_gelu24_frag[ii1] = s_gelu24[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_layer0_ffn_fc2_w_frag[iv] = s_layer0_ffn_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu24_frag[0] = s_gelu24[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul25_acc[ii1][iv] = r_matmul25_acc[ii1][iv] + (r_gelu24_frag[ii1] * r_layer0_ffn_fc2_w_frag[iv]);
+          r_matmul25_acc[iv] = r_matmul25_acc[iv] + (r_gelu24_frag[0] * s_layer0_ffn_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (16 * ii1)) <= 7) { r_matmul25_v[iv] = r_matmul25_acc[ii1][iv]; }
+      if (t1 <= 7) { s_matmul25[(b0 - s_matmul25_lo0) * 256 + (t1 - s_matmul25_lo1) * 32 + (((4 * t2) + iv) - s_matmul25_lo2)] = r_matmul25_acc[iv]; }
     }
-    if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul25[b0 * 256 + (t1 + (16 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul25_v[0], r_matmul25_v[1], r_matmul25_v[2], r_matmul25_v[3]); }
+  }
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 2 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add27 = reinterpret_cast<float*>(pf_pool + 1024);
+          const int s_add27_lo0 = b0;
+          const int s_add27_lo1 = (4 * b1);
+          const int s_add27_lo2 = 0;
+          float* const s_layer_norm28_centered = reinterpret_cast<float*>(pf_pool + 1536);
+          const int s_layer_norm28_centered_lo0 = b0;
+          const int s_layer_norm28_centered_lo1 = (4 * b1);
+          const int s_layer_norm28_centered_lo2 = 0;
+          float* const s_matmul25 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul25_lo0 = b0;
+          const int s_matmul25_lo1 = 0;
+          const int s_matmul25_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 2048);
+          float r_add26;
+          float r_layer_norm28_mean;
+          float r_layer_norm28_mean_acc;
+          float r_layer_norm28_var;
+          float r_layer_norm28_var_acc;
+          float r_layer_norm28_rstd;
+          // part:mg13
+          r_layer_norm28_mean_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_layer0_ffn_fc2_bias0 = *reinterpret_cast<const float4*>(&layer0_ffn_fc2_bias[(4 * l0)]);
+              float v_layer0_ffn_fc2_bias[4] = {q_layer0_ffn_fc2_bias0.x, q_layer0_ffn_fc2_bias0.y, q_layer0_ffn_fc2_bias0.z, q_layer0_ffn_fc2_bias0.w};
+              const float4 q_layer_norm210 = *reinterpret_cast<const float4*>(&layer_norm21[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+              float v_layer_norm21[4] = {q_layer_norm210.x, q_layer_norm210.y, q_layer_norm210.z, q_layer_norm210.w};
+              float v_add27[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_add26 = (s_matmul25[(b0 - s_matmul25_lo0) * 256 + (((4 * b1) + r0) - s_matmul25_lo1) * 32 + (((4 * l0) + c0) - s_matmul25_lo2)] + v_layer0_ffn_fc2_bias[c0]);
+                v_add27[c0] = (v_layer_norm21[c0] + r_add26);
+                r_layer_norm28_mean_acc = r_layer_norm28_mean_acc + (v_add27[c0] * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_add27[(b0 - s_add27_lo0) * 128 + (((4 * b1) + r0) - s_add27_lo1) * 32 + ((4 * l0) - s_add27_lo2)]) = make_float4(v_add27[0], v_add27[1], v_add27[2], v_add27[3]);
+            }
+          }
+          r_layer_norm28_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_mean_acc, pf_scratch); r_layer_norm28_mean = r_layer_norm28_mean_acc;
+          __syncwarp();  // mg14 reads what earlier parts wrote
+          // part:mg14
+          r_layer_norm28_var_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_add270 = *reinterpret_cast<const float4*>(&s_add27[(b0 - s_add27_lo0) * 128 + (((4 * b1) + r0) - s_add27_lo1) * 32 + ((4 * l0) - s_add27_lo2)]);
+              float v_add27[4] = {q_add270.x, q_add270.y, q_add270.z, q_add270.w};
+              float v_layer_norm28_centered[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm28_centered[c0] = (v_add27[c0] - r_layer_norm28_mean);
+                r_layer_norm28_var_acc = r_layer_norm28_var_acc + ((v_layer_norm28_centered[c0] * v_layer_norm28_centered[c0]) * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_layer_norm28_centered[(b0 - s_layer_norm28_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm28_centered_lo1) * 32 + ((4 * l0) - s_layer_norm28_centered_lo2)]) = make_float4(v_layer_norm28_centered[0], v_layer_norm28_centered[1], v_layer_norm28_centered[2], v_layer_norm28_centered[3]);
+            }
+          }
+          r_layer_norm28_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_var_acc, pf_scratch); r_layer_norm28_var = r_layer_norm28_var_acc;
+          __syncwarp();  // mg15 reads what earlier parts wrote
+          // part:mg15
+          r_layer_norm28_rstd = rsqrtf((r_layer_norm28_var + 1e-05f));
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_layer0_ln2_beta0 = *reinterpret_cast<const float4*>(&layer0_ln2_beta[(4 * l0)]);
+              float v_layer0_ln2_beta[4] = {q_layer0_ln2_beta0.x, q_layer0_ln2_beta0.y, q_layer0_ln2_beta0.z, q_layer0_ln2_beta0.w};
+              const float4 q_layer0_ln2_gamma0 = *reinterpret_cast<const float4*>(&layer0_ln2_gamma[(4 * l0)]);
+              float v_layer0_ln2_gamma[4] = {q_layer0_ln2_gamma0.x, q_layer0_ln2_gamma0.y, q_layer0_ln2_gamma0.z, q_layer0_ln2_gamma0.w};
+              const float4 q_layer_norm28_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm28_centered[(b0 - s_layer_norm28_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm28_centered_lo1) * 32 + ((4 * l0) - s_layer_norm28_centered_lo2)]);
+              float v_layer_norm28_centered[4] = {q_layer_norm28_centered0.x, q_layer_norm28_centered0.y, q_layer_norm28_centered0.z, q_layer_norm28_centered0.w};
+              float v_layer_norm28[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm28[c0] = (((v_layer_norm28_centered[c0] * r_layer_norm28_rstd) * v_layer0_ln2_gamma[c0]) + v_layer0_ln2_beta[c0]);
+              }
+              *reinterpret_cast<float4*>(&layer_norm28[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm28[0], v_layer_norm28[1], v_layer_norm28[2], v_layer_norm28[3]);
+            }
+          }
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
+    }
   }
 }

@@ -297,139 +297,160 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_619b349162f516f55059(float* __restrict__ matmul13, const float* __restrict__ add2_merged, const float* __restrict__ add6) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add2_merged[256];
-  const int p1r = threadIdx.x / 2;
-  const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add6[256];
-  float r_matmul13_acc[2];
-  float r_add6_frag[1];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    r_matmul13_acc[ii2] = 0.0f;
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_add2_merged = &add2_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
-  const float* pf_gp0_add6 = &add6[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add6[0] : add6, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
+extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(const float* __restrict__ add2_merged, const float* __restrict__ add6, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
+  __shared__ __align__(16) unsigned char pf_pool[2048];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b1 = _b % 2; _b /= 2;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t3 = _t % 4; _t /= 4;
+    const int t2 = _t;
+    float* const s_matmul13 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul13_lo0 = b0;
+    const int s_matmul13_lo1 = b1;
+    const int s_matmul13_lo2 = 0;
+    const int s_matmul13_lo3 = 0;
+    const int p0r = threadIdx.x / 2;
+    const int p0c = threadIdx.x % 2;
+    float* const s_add2_merged = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1r = threadIdx.x / 2;
+    const int p1c = threadIdx.x % 2;
+    float* const s_add6 = reinterpret_cast<float*>(pf_pool + 1024);
+    float r_matmul13_acc[4];
+    float r_add2_merged_frag[1];
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      r_add6_frag[0] = s_add6[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul13_acc[iv] = 0.0f;
+    }
+    {
+      const int kt0 = (-1);
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      }
+      if (((p1r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+      }
+      __pipeline_commit();
+    }
+    const float* pf_gp0_add2_merged = &add2_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
+    const float* pf_gp0_add6 = &add6[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
+    for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      }
+      if (((p1r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add6[0] : add6, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_matmul13_acc[ii2] = r_matmul13_acc[ii2] + (s_add2_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add6_frag[0]);
+      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+        r_add2_merged_frag[0] = s_add2_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul13_acc[iv] = r_matmul13_acc[iv] + (r_add2_merged_frag[0] * s_add6[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))]);
+        }
       }
+      __syncthreads();
+      pf_gp0_add2_merged += 8;
+      pf_gp0_add6 += 8;
     }
-    __syncthreads();
-    pf_gp0_add2_merged += 8;
-    pf_gp0_add6 += 8;
-  }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    if ((t2 + (8 * ii2)) <= 7 && t3 <= 7) { matmul13[b0 * 128 + b1 * 64 + (t2 + (8 * ii2)) * 8 + t3] = r_matmul13_acc[ii2]; }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_026b4e62aaab97e0a94a(float* __restrict__ softmax16, const float* __restrict__ matmul13, const float* __restrict__ causal_mask) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 1; _b /= 1;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_add15[64];
-  const int s_add15_lo0 = b0;
-  const int s_add15_lo1 = b1;
-  const int s_add15_lo2 = 0;
-  const int s_add15_lo3 = 0;
-  __shared__ __align__(16) float s_softmax16_exp[64];
-  const int s_softmax16_exp_lo0 = b0;
-  const int s_softmax16_exp_lo1 = b1;
-  const int s_softmax16_exp_lo2 = 0;
-  const int s_softmax16_exp_lo3 = 0;
-  __shared__ float pf_scratch[1];
-  float r_mul14;
-  float r_softmax16_max;
-  float r_softmax16_max_acc;
-  float r_softmax16_sub;
-  float r_softmax16_sum;
-  float r_softmax16_sum_acc;
-  // part:mg6
-  r_softmax16_max_acc = -INFINITY;
-  if ((l0 <= 1)) {
-    // coarsen:4
-    {
-      const float4 q_matmul130 = *reinterpret_cast<const float4*>(&matmul13[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]);
-      float v_matmul13[4] = {q_matmul130.x, q_matmul130.y, q_matmul130.z, q_matmul130.w};
-      const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[r0 * 8 + (4 * l0)]);
-      float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
-      float v_add15[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_mul14 = (v_matmul13[c0] * 0.25f);
-        v_add15[c0] = (r_mul14 + v_causal_mask[c0]);
-        r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, v_add15[c0]);
-      }
-      *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if (t2 <= 7 && ((4 * t3) + iv) <= 7) { s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (t2 - s_matmul13_lo2) * 8 + (((4 * t3) + iv) - s_matmul13_lo3)] = r_matmul13_acc[iv]; }
     }
   }
-  r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
-  __syncwarp();  // mg7 reads what earlier parts wrote
-  // part:mg7
-  r_softmax16_sum_acc = 0.0f;
-  if ((l0 <= 1)) {
-    // coarsen:4
-    {
-      const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 64 + (b1 - s_add15_lo1) * 64 + (r0 - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
-      float v_add15[4] = {q_add150.x, q_add150.y, q_add150.z, q_add150.w};
-      float v_softmax16_exp[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_softmax16_sub = (v_add15[c0] - r_softmax16_max);
-        v_softmax16_exp[c0] = expf(r_softmax16_sub);
-        r_softmax16_sum_acc = r_softmax16_sum_acc + v_softmax16_exp[c0];
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g1 = pf_g % 2; pf_g /= 2;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 8; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 8 + pf_g1 * 4 + pf_r;
+          int _b = pf_rb;
+          const int b2 = _b % 4; _b /= 4;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add15 = reinterpret_cast<float*>(pf_pool + 256);
+          const int s_add15_lo0 = b0;
+          const int s_add15_lo1 = b1;
+          const int s_add15_lo2 = (2 * b2);
+          const int s_add15_lo3 = 0;
+          float* const s_softmax16_exp = reinterpret_cast<float*>(pf_pool + 320);
+          const int s_softmax16_exp_lo0 = b0;
+          const int s_softmax16_exp_lo1 = b1;
+          const int s_softmax16_exp_lo2 = (2 * b2);
+          const int s_softmax16_exp_lo3 = 0;
+          float* const s_matmul13 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul13_lo0 = b0;
+          const int s_matmul13_lo1 = b1;
+          const int s_matmul13_lo2 = 0;
+          const int s_matmul13_lo3 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 384);
+          float r_mul14;
+          float r_softmax16_max;
+          float r_softmax16_max_acc;
+          float r_softmax16_sub;
+          float r_softmax16_sum;
+          float r_softmax16_sum_acc;
+          // part:mg6
+          r_softmax16_max_acc = -INFINITY;
+          if ((l0 <= 1)) {
+            // coarsen:4
+            {
+              const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[((2 * b2) + r0) * 8 + (4 * l0)]);
+              float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
+              float v_add15[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_mul14 = (s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((2 * b2) + r0) - s_matmul13_lo2) * 8 + (((4 * l0) + c0) - s_matmul13_lo3)] * 0.25f);
+                v_add15[c0] = (r_mul14 + v_causal_mask[c0]);
+                r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, v_add15[c0]);
+              }
+              *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 16 + (b1 - s_add15_lo1) * 16 + (((2 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
+            }
+          }
+          r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
+          __syncwarp();  // mg7 reads what earlier parts wrote
+          // part:mg7
+          r_softmax16_sum_acc = 0.0f;
+          if ((l0 <= 1)) {
+            // coarsen:4
+            {
+              const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 16 + (b1 - s_add15_lo1) * 16 + (((2 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
+              float v_add15[4] = {q_add150.x, q_add150.y, q_add150.z, q_add150.w};
+              float v_softmax16_exp[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_softmax16_sub = (v_add15[c0] - r_softmax16_max);
+                v_softmax16_exp[c0] = expf(r_softmax16_sub);
+                r_softmax16_sum_acc = r_softmax16_sum_acc + v_softmax16_exp[c0];
+              }
+              *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 16 + (b1 - s_softmax16_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
+            }
+          }
+          r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
+          __syncwarp();  // mg8 reads what earlier parts wrote
+          if ((l0 <= 1)) {
+            // part:mg8
+            // coarsen:4
+            {
+              const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 16 + (b1 - s_softmax16_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
+              float v_softmax16_exp[4] = {q_softmax16_exp0.x, q_softmax16_exp0.y, q_softmax16_exp0.z, q_softmax16_exp0.w};
+              float v_softmax16[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_softmax16[c0] = (v_softmax16_exp[c0] / r_softmax16_sum);
+              }
+              *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + ((2 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
+            }
+          }
       }
-      *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
-    }
-  }
-  r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
-  __syncwarp();  // mg8 reads what earlier parts wrote
-  if ((l0 <= 1)) {
-    // part:mg8
-    // coarsen:4
-    {
-      const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 64 + (b1 - s_softmax16_exp_lo1) * 64 + (r0 - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
-      float v_softmax16_exp[4] = {q_softmax16_exp0.x, q_softmax16_exp0.y, q_softmax16_exp0.z, q_softmax16_exp0.w};
-      float v_softmax16[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_softmax16[c0] = (v_softmax16_exp[c0] / r_softmax16_sum);
-      }
-      *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + r0 * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
@@ -501,134 +522,178 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_37cf53350df305695445(float* __restrict__ matmul20, const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_matmul17[520];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_attn_o_w[512];
-  float r_matmul20_acc[1];
-  r_matmul20_acc[0] = 0.0f;
-  {
-    const int kt0 = (-1);
-    if (((p0c <= 63) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul17[((4 * p0c) >= 0 && (4 * p0c) < 128) ? b0 * 256 + (kt0 + 1) * 128 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_attn_o_w[((p1r + (16 * kt0)) + 16) * 32 + ((16 * b2) + (4 * p1c))], 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_matmul17 = &matmul17[((4 * p0c) + (256 * b0) + 128)];
-  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 512)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0c <= 63) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 128) ? &pf_gp0_matmul17[0] : matmul17, 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_attn_o_w[0], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
+extern "C" __global__ void __launch_bounds__(64, 14) pf_7f9b4a8edd9515633464(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[5152];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul20 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul20_lo0 = b0;
+    const int s_matmul20_lo1 = 0;
+    const int s_matmul20_lo2 = 0;
+    const int p0c = threadIdx.x;
+    float* const s_matmul17 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_block0_attn_o_w = reinterpret_cast<float*>(pf_pool + 1056);
+    float r_matmul20_acc[4];
+    float r_matmul17_frag[1];
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul20_acc[0] = r_matmul20_acc[0] + (s_matmul17[(kt0 % 2) * 260 + (b0 - b0) * 260 + (pf_fdiv(((16 * kt0) + kk0), 16) - kt0) * 260 + (t1 * 16 + pf_mod(((16 * kt0) + kk0), 16) - 0)] * s_block0_attn_o_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul20_acc[iv] = 0.0f;
     }
-    __syncthreads();
-    pf_gp0_matmul17 += 128;
-    pf_gp0_block0_attn_o_w += 512;
-  }
-  if (t1 <= 7) { matmul20[b0 * 256 + t1 * 32 + ((16 * b2) + t2)] = r_matmul20_acc[0]; }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_8e9e25e53d6c52669b5f(float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ matmul20, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_add21[256];
-  const int s_add21_lo0 = b0;
-  const int s_add21_lo1 = 0;
-  const int s_add21_lo2 = 0;
-  __shared__ __align__(16) float s_layer_norm23_centered[256];
-  const int s_layer_norm23_centered_lo0 = b0;
-  const int s_layer_norm23_centered_lo1 = 0;
-  const int s_layer_norm23_centered_lo2 = 0;
-  __shared__ float pf_scratch[1];
-  float r_add22;
-  float r_layer_norm23_mean;
-  float r_layer_norm23_mean_acc;
-  float r_layer_norm23_var;
-  float r_layer_norm23_var_acc;
-  float r_layer_norm23_rstd;
-  // part:mg11
-  r_layer_norm23_mean_acc = 0.0f;
-  if ((l0 <= 7)) {
-    // coarsen:4
     {
-      const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
-      float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
-      const float4 q_matmul200 = *reinterpret_cast<const float4*>(&matmul20[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_matmul20[4] = {q_matmul200.x, q_matmul200.y, q_matmul200.z, q_matmul200.w};
-      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
-      float v_add21[4];
-      float v_add22[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_add21[c0] = (v_matmul20[c0] + v_block0_attn_o_bias[c0]);
-        r_add22 = (v_embeddings[c0] + v_add21[c0]); v_add22[c0] = r_add22;
-        r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
+      const int kt0 = (-1);
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul17[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
       }
-      *reinterpret_cast<float4*>(&s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]) = make_float4(v_add21[0], v_add21[1], v_add21[2], v_add21[3]);
-      *reinterpret_cast<float4*>(&add22[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_add22[0], v_add22[1], v_add22[2], v_add22[3]);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      }
+      __pipeline_commit();
     }
-  }
-  r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
-  __syncwarp();  // mg12 reads what earlier parts wrote
-  // part:mg12
-  r_layer_norm23_var_acc = 0.0f;
-  if ((l0 <= 7)) {
-    // coarsen:4
     {
-      const float4 q_add210 = *reinterpret_cast<const float4*>(&s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]);
-      float v_add21[4] = {q_add210.x, q_add210.y, q_add210.z, q_add210.w};
-      const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
-      float v_layer_norm23_centered[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm23_centered[c0] = ((v_embeddings[c0] + v_add21[c0]) - r_layer_norm23_mean);
-        r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((v_layer_norm23_centered[c0] * v_layer_norm23_centered[c0]) * 0.03125f);
+      const int kt0 = 0;
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul17[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
       }
-      *reinterpret_cast<float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]) = make_float4(v_layer_norm23_centered[0], v_layer_norm23_centered[1], v_layer_norm23_centered[2], v_layer_norm23_centered[3]);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+        r_matmul17_frag[0] = s_matmul17[(kt0 % 2) * 132 + (b0 - b0) * 132 + (((kt0 * 128) + (t1 * 16) + kk0) - (128 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul20_acc[iv] = r_matmul20_acc[iv] + (r_matmul17_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    {
+      const int kt0 = 1;
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul17[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+        r_matmul17_frag[0] = s_matmul17[(kt0 % 2) * 132 + (b0 - b0) * 132 + (((kt0 * 128) + (t1 * 16) + kk0) - (128 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul20_acc[iv] = r_matmul20_acc[iv] + (r_matmul17_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      s_matmul20[(b0 - s_matmul20_lo0) * 256 + (t1 - s_matmul20_lo1) * 32 + (((4 * t2) + iv) - s_matmul20_lo2)] = r_matmul20_acc[iv];
     }
   }
-  r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
-  __syncwarp();  // mg13 reads what earlier parts wrote
-  // part:mg13
-  r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
-  if ((l0 <= 7)) {
-    // coarsen:4
-    {
-      const float4 q_block0_ln2_beta0 = *reinterpret_cast<const float4*>(&block0_ln2_beta[(4 * l0)]);
-      float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
-      const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
-      float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
-      const float4 q_layer_norm23_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]);
-      float v_layer_norm23_centered[4] = {q_layer_norm23_centered0.x, q_layer_norm23_centered0.y, q_layer_norm23_centered0.z, q_layer_norm23_centered0.w};
-      float v_layer_norm23[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm23[c0] = (((v_layer_norm23_centered[c0] * r_layer_norm23_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 4 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 4; _b /= 4;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add21 = reinterpret_cast<float*>(pf_pool + 1024);
+          const int s_add21_lo0 = b0;
+          const int s_add21_lo1 = (2 * b1);
+          const int s_add21_lo2 = 0;
+          float* const s_layer_norm23_centered = reinterpret_cast<float*>(pf_pool + 1280);
+          const int s_layer_norm23_centered_lo0 = b0;
+          const int s_layer_norm23_centered_lo1 = (2 * b1);
+          const int s_layer_norm23_centered_lo2 = 0;
+          float* const s_matmul20 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul20_lo0 = b0;
+          const int s_matmul20_lo1 = 0;
+          const int s_matmul20_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1536);
+          float r_add22;
+          float r_layer_norm23_mean;
+          float r_layer_norm23_mean_acc;
+          float r_layer_norm23_var;
+          float r_layer_norm23_var_acc;
+          float r_layer_norm23_rstd;
+          // part:mg11
+          r_layer_norm23_mean_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
+              float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
+              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+              float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+              float v_add21[4];
+              float v_add22[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_add21[c0] = (s_matmul20[(b0 - s_matmul20_lo0) * 256 + (((2 * b1) + r0) - s_matmul20_lo1) * 32 + (((4 * l0) + c0) - s_matmul20_lo2)] + v_block0_attn_o_bias[c0]);
+                r_add22 = (v_embeddings[c0] + v_add21[c0]); v_add22[c0] = r_add22;
+                r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_add21[(b0 - s_add21_lo0) * 64 + (((2 * b1) + r0) - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]) = make_float4(v_add21[0], v_add21[1], v_add21[2], v_add21[3]);
+              *reinterpret_cast<float4*>(&add22[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add22[0], v_add22[1], v_add22[2], v_add22[3]);
+            }
+          }
+          r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
+          __syncwarp();  // mg12 reads what earlier parts wrote
+          // part:mg12
+          r_layer_norm23_var_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_add210 = *reinterpret_cast<const float4*>(&s_add21[(b0 - s_add21_lo0) * 64 + (((2 * b1) + r0) - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]);
+              float v_add21[4] = {q_add210.x, q_add210.y, q_add210.z, q_add210.w};
+              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+              float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
+              float v_layer_norm23_centered[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm23_centered[c0] = ((v_embeddings[c0] + v_add21[c0]) - r_layer_norm23_mean);
+                r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((v_layer_norm23_centered[c0] * v_layer_norm23_centered[c0]) * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]) = make_float4(v_layer_norm23_centered[0], v_layer_norm23_centered[1], v_layer_norm23_centered[2], v_layer_norm23_centered[3]);
+            }
+          }
+          r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
+          __syncwarp();  // mg13 reads what earlier parts wrote
+          // part:mg13
+          r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_block0_ln2_beta0 = *reinterpret_cast<const float4*>(&block0_ln2_beta[(4 * l0)]);
+              float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
+              const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
+              float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
+              const float4 q_layer_norm23_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]);
+              float v_layer_norm23_centered[4] = {q_layer_norm23_centered0.x, q_layer_norm23_centered0.y, q_layer_norm23_centered0.z, q_layer_norm23_centered0.w};
+              float v_layer_norm23[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm23[c0] = (((v_layer_norm23_centered[c0] * r_layer_norm23_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
+              }
+              *reinterpret_cast<float4*>(&layer_norm23[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm23[0], v_layer_norm23[1], v_layer_norm23[2], v_layer_norm23[3]);
+            }
+          }
       }
-      *reinterpret_cast<float4*>(&layer_norm23[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm23[0], v_layer_norm23[1], v_layer_norm23[2], v_layer_norm23[3]);
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
@@ -696,185 +761,338 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_6aa3e47c8234c33a977a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_d70fc511c046fd0a110e(float* __restrict__ matmul27, const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_gelu26[4608];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_mlp_fc2_w[2048];
-  float r_matmul27_acc[4][4];
-  float r_gelu26_frag[4];
-  float r_block0_mlp_fc2_w_frag[4];
-  float r_matmul27_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_b5ddb763c30127cfb1ce(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[12800];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul27 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul27_lo0 = b0;
+    const int s_matmul27_lo1 = 0;
+    const int s_matmul27_lo2 = 0;
+    const int p0r = threadIdx.x / 8;
+    const int p0c = threadIdx.x % 8;
+    float* const s_gelu26 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_block0_mlp_fc2_w = reinterpret_cast<float*>(pf_pool + 4608);
+    float r_matmul27_acc[4];
+    float r_gelu26_frag[1];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul27_acc[ii1][iv] = 0.0f;
+      r_matmul27_acc[iv] = 0.0f;
     }
-  }
-  {
-    const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
-    }
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? b0 * 512 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 8) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    {
+      const int kt0 = (-1);
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+    }
+    {
+      const int kt0 = 0;
+      __pipeline_memcpy_async(&s_gelu26[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu26[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu26_frag[0] = s_gelu26[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+          r_matmul27_acc[iv] = r_matmul27_acc[iv] + (r_gelu26_frag[0] * s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    {
+      const int kt0 = 1;
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_gelu26_frag[ii1] = s_gelu26[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu26_frag[0] = s_gelu26[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul27_acc[ii1][iv] = r_matmul27_acc[ii1][iv] + (r_gelu26_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+          r_matmul27_acc[iv] = r_matmul27_acc[iv] + (r_gelu26_frag[0] * s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (16 * ii1)) <= 7) { r_matmul27_v[iv] = r_matmul27_acc[ii1][iv]; }
+      if (t1 <= 7) { s_matmul27[(b0 - s_matmul27_lo0) * 256 + (t1 - s_matmul27_lo1) * 32 + (((4 * t2) + iv) - s_matmul27_lo2)] = r_matmul27_acc[iv]; }
     }
-    if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&matmul27[b0 * 256 + (t1 + (16 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul27_v[0], r_matmul27_v[1], r_matmul27_v[2], r_matmul27_v[3]); }
+  }
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 2 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add28 = reinterpret_cast<float*>(pf_pool + 1024);
+          const int s_add28_lo0 = b0;
+          const int s_add28_lo1 = (4 * b1);
+          const int s_add28_lo2 = 0;
+          float* const s_layer_norm30_centered = reinterpret_cast<float*>(pf_pool + 1536);
+          const int s_layer_norm30_centered_lo0 = b0;
+          const int s_layer_norm30_centered_lo1 = (4 * b1);
+          const int s_layer_norm30_centered_lo2 = 0;
+          float* const s_matmul27 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul27_lo0 = b0;
+          const int s_matmul27_lo1 = 0;
+          const int s_matmul27_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 2048);
+          float r_add29;
+          float r_layer_norm30_mean;
+          float r_layer_norm30_mean_acc;
+          float r_layer_norm30_var;
+          float r_layer_norm30_var_acc;
+          float r_layer_norm30_rstd;
+          // part:mg16
+          r_layer_norm30_mean_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_block0_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block0_mlp_fc2_bias[(4 * l0)]);
+              float v_block0_mlp_fc2_bias[4] = {q_block0_mlp_fc2_bias0.x, q_block0_mlp_fc2_bias0.y, q_block0_mlp_fc2_bias0.z, q_block0_mlp_fc2_bias0.w};
+              const float4 q_add220 = *reinterpret_cast<const float4*>(&add22[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+              float v_add22[4] = {q_add220.x, q_add220.y, q_add220.z, q_add220.w};
+              float v_add28[4];
+              float v_add29[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_add28[c0] = (s_matmul27[(b0 - s_matmul27_lo0) * 256 + (((4 * b1) + r0) - s_matmul27_lo1) * 32 + (((4 * l0) + c0) - s_matmul27_lo2)] + v_block0_mlp_fc2_bias[c0]);
+                r_add29 = (v_add22[c0] + v_add28[c0]); v_add29[c0] = r_add29;
+                r_layer_norm30_mean_acc = r_layer_norm30_mean_acc + (r_add29 * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_add28[(b0 - s_add28_lo0) * 128 + (((4 * b1) + r0) - s_add28_lo1) * 32 + ((4 * l0) - s_add28_lo2)]) = make_float4(v_add28[0], v_add28[1], v_add28[2], v_add28[3]);
+              *reinterpret_cast<float4*>(&add29[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add29[0], v_add29[1], v_add29[2], v_add29[3]);
+            }
+          }
+          r_layer_norm30_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_mean_acc, pf_scratch); r_layer_norm30_mean = r_layer_norm30_mean_acc;
+          __syncwarp();  // mg17 reads what earlier parts wrote
+          // part:mg17
+          r_layer_norm30_var_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_add220 = *reinterpret_cast<const float4*>(&add22[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+              float v_add22[4] = {q_add220.x, q_add220.y, q_add220.z, q_add220.w};
+              const float4 q_add280 = *reinterpret_cast<const float4*>(&s_add28[(b0 - s_add28_lo0) * 128 + (((4 * b1) + r0) - s_add28_lo1) * 32 + ((4 * l0) - s_add28_lo2)]);
+              float v_add28[4] = {q_add280.x, q_add280.y, q_add280.z, q_add280.w};
+              float v_layer_norm30_centered[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm30_centered[c0] = ((v_add22[c0] + v_add28[c0]) - r_layer_norm30_mean);
+                r_layer_norm30_var_acc = r_layer_norm30_var_acc + ((v_layer_norm30_centered[c0] * v_layer_norm30_centered[c0]) * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_layer_norm30_centered[(b0 - s_layer_norm30_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm30_centered_lo1) * 32 + ((4 * l0) - s_layer_norm30_centered_lo2)]) = make_float4(v_layer_norm30_centered[0], v_layer_norm30_centered[1], v_layer_norm30_centered[2], v_layer_norm30_centered[3]);
+            }
+          }
+          r_layer_norm30_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_var_acc, pf_scratch); r_layer_norm30_var = r_layer_norm30_var_acc;
+          __syncwarp();  // mg18 reads what earlier parts wrote
+          // part:mg18
+          r_layer_norm30_rstd = rsqrtf((r_layer_norm30_var + 1e-05f));
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_block1_ln1_beta0 = *reinterpret_cast<const float4*>(&block1_ln1_beta[(4 * l0)]);
+              float v_block1_ln1_beta[4] = {q_block1_ln1_beta0.x, q_block1_ln1_beta0.y, q_block1_ln1_beta0.z, q_block1_ln1_beta0.w};
+              const float4 q_block1_ln1_gamma0 = *reinterpret_cast<const float4*>(&block1_ln1_gamma[(4 * l0)]);
+              float v_block1_ln1_gamma[4] = {q_block1_ln1_gamma0.x, q_block1_ln1_gamma0.y, q_block1_ln1_gamma0.z, q_block1_ln1_gamma0.w};
+              const float4 q_layer_norm30_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm30_centered[(b0 - s_layer_norm30_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm30_centered_lo1) * 32 + ((4 * l0) - s_layer_norm30_centered_lo2)]);
+              float v_layer_norm30_centered[4] = {q_layer_norm30_centered0.x, q_layer_norm30_centered0.y, q_layer_norm30_centered0.z, q_layer_norm30_centered0.w};
+              float v_layer_norm30[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm30[c0] = (((v_layer_norm30_centered[c0] * r_layer_norm30_rstd) * v_block1_ln1_gamma[c0]) + v_block1_ln1_beta[c0]);
+              }
+              *reinterpret_cast<float4*>(&layer_norm30[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm30[0], v_layer_norm30[1], v_layer_norm30[2], v_layer_norm30[3]);
+            }
+          }
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
+    }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6ffa832cbd2d4d7e6298(float* __restrict__ layer_norm60, const float* __restrict__ matmul57, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_add59[256];
-  const int s_add59_lo0 = b0;
-  const int s_add59_lo1 = 0;
-  const int s_add59_lo2 = 0;
-  __shared__ __align__(16) float s_layer_norm60_centered[256];
-  const int s_layer_norm60_centered_lo0 = b0;
-  const int s_layer_norm60_centered_lo1 = 0;
-  const int s_layer_norm60_centered_lo2 = 0;
-  __shared__ float pf_scratch[1];
-  float r_add58;
-  float r_layer_norm60_mean;
-  float r_layer_norm60_mean_acc;
-  float r_layer_norm60_var;
-  float r_layer_norm60_var_acc;
-  float r_layer_norm60_rstd;
-  // part:mg32
-  r_layer_norm60_mean_acc = 0.0f;
-  if ((l0 <= 7)) {
-    // coarsen:4
+extern "C" __global__ void __launch_bounds__(128, 7) pf_bf8ea0026d6cb535c1f2(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[12800];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul57 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul57_lo0 = b0;
+    const int s_matmul57_lo1 = 0;
+    const int s_matmul57_lo2 = 0;
+    const int p0r = threadIdx.x / 8;
+    const int p0c = threadIdx.x % 8;
+    float* const s_gelu56 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_block1_mlp_fc2_w = reinterpret_cast<float*>(pf_pool + 4608);
+    float r_matmul57_acc[4];
+    float r_gelu56_frag[1];
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul57_acc[iv] = 0.0f;
+    }
     {
-      const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
-      float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
-      const float4 q_matmul570 = *reinterpret_cast<const float4*>(&matmul57[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_matmul57[4] = {q_matmul570.x, q_matmul570.y, q_matmul570.z, q_matmul570.w};
-      const float4 q_add520 = *reinterpret_cast<const float4*>(&add52[b0 * 256 + r0 * 32 + (4 * l0)]);
-      float v_add52[4] = {q_add520.x, q_add520.y, q_add520.z, q_add520.w};
-      float v_add59[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_add58 = (v_matmul57[c0] + v_block1_mlp_fc2_bias[c0]);
-        v_add59[c0] = (v_add52[c0] + r_add58);
-        r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (v_add59[c0] * 0.03125f);
+      const int kt0 = (-1);
+      __pipeline_memcpy_async(&s_gelu56[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu56[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block1_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block1_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
-      *reinterpret_cast<float4*>(&s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + ((4 * l0) - s_add59_lo2)]) = make_float4(v_add59[0], v_add59[1], v_add59[2], v_add59[3]);
+      __pipeline_commit();
+    }
+    {
+      const int kt0 = 0;
+      __pipeline_memcpy_async(&s_gelu56[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu56[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block1_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block1_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu56_frag[0] = s_gelu56[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul57_acc[iv] = r_matmul57_acc[iv] + (r_gelu56_frag[0] * s_block1_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    {
+      const int kt0 = 1;
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu56_frag[0] = s_gelu56[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul57_acc[iv] = r_matmul57_acc[iv] + (r_gelu56_frag[0] * s_block1_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if (t1 <= 7) { s_matmul57[(b0 - s_matmul57_lo0) * 256 + (t1 - s_matmul57_lo1) * 32 + (((4 * t2) + iv) - s_matmul57_lo2)] = r_matmul57_acc[iv]; }
     }
   }
-  r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
-  __syncwarp();  // mg33 reads what earlier parts wrote
-  // part:mg33
-  r_layer_norm60_var_acc = 0.0f;
-  if ((l0 <= 7)) {
-    // coarsen:4
-    {
-      const float4 q_add590 = *reinterpret_cast<const float4*>(&s_add59[(b0 - s_add59_lo0) * 256 + (r0 - s_add59_lo1) * 32 + ((4 * l0) - s_add59_lo2)]);
-      float v_add59[4] = {q_add590.x, q_add590.y, q_add590.z, q_add590.w};
-      float v_layer_norm60_centered[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm60_centered[c0] = (v_add59[c0] - r_layer_norm60_mean);
-        r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((v_layer_norm60_centered[c0] * v_layer_norm60_centered[c0]) * 0.03125f);
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 2 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add59 = reinterpret_cast<float*>(pf_pool + 1024);
+          const int s_add59_lo0 = b0;
+          const int s_add59_lo1 = (4 * b1);
+          const int s_add59_lo2 = 0;
+          float* const s_layer_norm60_centered = reinterpret_cast<float*>(pf_pool + 1536);
+          const int s_layer_norm60_centered_lo0 = b0;
+          const int s_layer_norm60_centered_lo1 = (4 * b1);
+          const int s_layer_norm60_centered_lo2 = 0;
+          float* const s_matmul57 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul57_lo0 = b0;
+          const int s_matmul57_lo1 = 0;
+          const int s_matmul57_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 2048);
+          float r_add58;
+          float r_layer_norm60_mean;
+          float r_layer_norm60_mean_acc;
+          float r_layer_norm60_var;
+          float r_layer_norm60_var_acc;
+          float r_layer_norm60_rstd;
+          // part:mg32
+          r_layer_norm60_mean_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
+              float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
+              const float4 q_add520 = *reinterpret_cast<const float4*>(&add52[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+              float v_add52[4] = {q_add520.x, q_add520.y, q_add520.z, q_add520.w};
+              float v_add59[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_add58 = (s_matmul57[(b0 - s_matmul57_lo0) * 256 + (((4 * b1) + r0) - s_matmul57_lo1) * 32 + (((4 * l0) + c0) - s_matmul57_lo2)] + v_block1_mlp_fc2_bias[c0]);
+                v_add59[c0] = (v_add52[c0] + r_add58);
+                r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (v_add59[c0] * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_add59[(b0 - s_add59_lo0) * 128 + (((4 * b1) + r0) - s_add59_lo1) * 32 + ((4 * l0) - s_add59_lo2)]) = make_float4(v_add59[0], v_add59[1], v_add59[2], v_add59[3]);
+            }
+          }
+          r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
+          __syncwarp();  // mg33 reads what earlier parts wrote
+          // part:mg33
+          r_layer_norm60_var_acc = 0.0f;
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_add590 = *reinterpret_cast<const float4*>(&s_add59[(b0 - s_add59_lo0) * 128 + (((4 * b1) + r0) - s_add59_lo1) * 32 + ((4 * l0) - s_add59_lo2)]);
+              float v_add59[4] = {q_add590.x, q_add590.y, q_add590.z, q_add590.w};
+              float v_layer_norm60_centered[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm60_centered[c0] = (v_add59[c0] - r_layer_norm60_mean);
+                r_layer_norm60_var_acc = r_layer_norm60_var_acc + ((v_layer_norm60_centered[c0] * v_layer_norm60_centered[c0]) * 0.03125f);
+              }
+              *reinterpret_cast<float4*>(&s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm60_centered_lo1) * 32 + ((4 * l0) - s_layer_norm60_centered_lo2)]) = make_float4(v_layer_norm60_centered[0], v_layer_norm60_centered[1], v_layer_norm60_centered[2], v_layer_norm60_centered[3]);
+            }
+          }
+          r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
+          __syncwarp();  // mg34 reads what earlier parts wrote
+          // part:mg34
+          r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
+          if ((l0 <= 7)) {
+            // coarsen:4
+            {
+              const float4 q_layer_norm60_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm60_centered_lo1) * 32 + ((4 * l0) - s_layer_norm60_centered_lo2)]);
+              float v_layer_norm60_centered[4] = {q_layer_norm60_centered0.x, q_layer_norm60_centered0.y, q_layer_norm60_centered0.z, q_layer_norm60_centered0.w};
+              const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
+              float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
+              const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
+              float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
+              float v_layer_norm60[4];
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                v_layer_norm60[c0] = (((v_layer_norm60_centered[c0] * r_layer_norm60_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
+              }
+              *reinterpret_cast<float4*>(&layer_norm60[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm60[0], v_layer_norm60[1], v_layer_norm60[2], v_layer_norm60[3]);
+            }
+          }
       }
-      *reinterpret_cast<float4*>(&s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + ((4 * l0) - s_layer_norm60_centered_lo2)]) = make_float4(v_layer_norm60_centered[0], v_layer_norm60_centered[1], v_layer_norm60_centered[2], v_layer_norm60_centered[3]);
-    }
-  }
-  r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
-  __syncwarp();  // mg34 reads what earlier parts wrote
-  // part:mg34
-  r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
-  if ((l0 <= 7)) {
-    // coarsen:4
-    {
-      const float4 q_layer_norm60_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm60_centered[(b0 - s_layer_norm60_centered_lo0) * 256 + (r0 - s_layer_norm60_centered_lo1) * 32 + ((4 * l0) - s_layer_norm60_centered_lo2)]);
-      float v_layer_norm60_centered[4] = {q_layer_norm60_centered0.x, q_layer_norm60_centered0.y, q_layer_norm60_centered0.z, q_layer_norm60_centered0.w};
-      const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
-      float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
-      const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
-      float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
-      float v_layer_norm60[4];
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        v_layer_norm60[c0] = (((v_layer_norm60_centered[c0] * r_layer_norm60_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
-      }
-      *reinterpret_cast<float4*>(&layer_norm60[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm60[0], v_layer_norm60[1], v_layer_norm60[2], v_layer_norm60[3]);
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }

@@ -645,139 +645,105 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8a412a9d56988c140c61(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_55130f3d1db8a508be27(float* __restrict__ minimum35, const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift) {
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_add31[1024];
-  const int p1r = threadIdx.x / 2;
-  const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_last_w_batch_norm33[1024];
-  float r_conv2d32_acc[4][2][4];
-  float r_conv2d32;
-  float r_batch_norm33;
-  float r_relu34;
-  float r_add31_frag[8];
-  float r_last_w_batch_norm33_frag[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_abe46e0363f17e600778(const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift, float* __restrict__ reduce_mean36) {
+  __shared__ __align__(16) unsigned char pf_pool[3104];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _t = threadIdx.x;
+    const int t1 = _t % 4; _t /= 4;
+    const int t0 = _t;
+    float* const s_minimum35 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_minimum35_lo0 = 0;
+    const int s_minimum35_lo1 = 0;
+    const int s_minimum35_lo2 = 0;
+    const int s_minimum35_lo3 = 0;
+    const int p0c = threadIdx.x;
+    float* const s_add31 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1r = threadIdx.x / 2;
+    const int p1c = threadIdx.x % 2;
+    float* const s_last_w_batch_norm33 = reinterpret_cast<float*>(pf_pool + 1056);
+    float r_conv2d32_acc[4];
+    float r_conv2d32;
+    float r_batch_norm33;
+    float r_relu34;
+    float r_last_w_batch_norm33_frag[1];
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d32_acc[ii0][ii1][ii2] = 0.0f;
-      }
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_conv2d32_acc[ii2] = 0.0f;
     }
-  }
-  {
-    const int kt0 = (-1);
-    __pipeline_memcpy_async(&s_add31[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &add31[(((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 192 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, (((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_last_w_batch_norm33[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w_batch_norm33[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    __pipeline_memcpy_async(&s_add31[((kt0 + 1) % 2) * 512 + (0 - 0) * 512 + (((p0r + (32 * kt0)) + 32) - (32 * (kt0 + 1))) * 16 + ((4 * p0c) - 0)], &add31[(((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 * 192 + ((p0r + (32 * kt0)) + 32) * 4 + (4 * p0c) : 0], 16, (((p0r + (32 * kt0)) + 32) >= 0 && ((p0r + (32 * kt0)) + 32) < 48 && (4 * p0c) >= 0 && (4 * p0c) < 4) ? 0 : 16);
-    __pipeline_memcpy_async(&s_last_w_batch_norm33[((kt0 + 1) % 2) * 512 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w_batch_norm33[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_add31_frag[((ii1 * 4) + ii2)] = s_add31[(kt0 % 2) * 512 + (0 - 0) * 512 + (((((8 * kt0) + kk0) * 4) + (t1 + (2 * ii1))) - (32 * kt0)) * 16 + ((t2 + (4 * ii2)) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_last_w_batch_norm33_frag[ii0] = s_last_w_batch_norm33[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d32_acc[ii0][ii1][ii2] = r_conv2d32_acc[ii0][ii1][ii2] + (r_add31_frag[((ii1 * 4) + ii2)] * r_last_w_batch_norm33_frag[ii0]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_add31_frag[((ii1 * 4) + ii2)] = s_add31[(kt0 % 2) * 512 + (0 - 0) * 512 + (((((8 * kt0) + kk0) * 4) + (t1 + (2 * ii1))) - (32 * kt0)) * 16 + ((t2 + (4 * ii2)) - 0)];
-        }
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        r_last_w_batch_norm33_frag[ii0] = s_last_w_batch_norm33[(kt0 % 2) * 512 + ((t0 + (16 * ii0)) - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
-      }
-      #pragma unroll
-      for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-        #pragma unroll
-        for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-          #pragma unroll
-          for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-            r_conv2d32_acc[ii0][ii1][ii2] = r_conv2d32_acc[ii0][ii1][ii2] + (r_add31_frag[((ii1 * 4) + ii2)] * r_last_w_batch_norm33_frag[ii0]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { r_conv2d32 = r_conv2d32_acc[ii0][ii1][ii2]; }
-        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { r_batch_norm33 = (r_conv2d32 + batch_norm33_shift[(t0 + (16 * ii0))]); }
-        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { r_relu34 = pf_fmaxf(r_batch_norm33, 0.0f); }
-        if ((t0 + (16 * ii0)) <= 15 && (t2 + (4 * ii2)) <= 3) { minimum35[0 * 256 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = pf_fminf(r_relu34, 6.0f); }
-      }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_8b817037faa095f2c97b(float* __restrict__ reduce_mean36, const float* __restrict__ minimum35) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_reduce_mean36_acc;
-  // part:mg10
-  r_reduce_mean36_acc = 0.0f;
-  if ((l0 <= 3)) {
-    // coarsen:4
     {
-      const float4 q_minimum350 = *reinterpret_cast<const float4*>(&minimum35[0 * 256 + ((8 * b0) + r0) * 16 + l0 * 4 + 0]);
-      float v_minimum35[4] = {q_minimum350.x, q_minimum350.y, q_minimum350.z, q_minimum350.w};
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_reduce_mean36_acc = r_reduce_mean36_acc + (v_minimum35[c0] * 0.0625f);
+      const int kt0 = (-1);
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add31[((kt0 + 1) % 2) * 132 + (0 - 0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &add31[((((4 * p0c) + (128 * kt0)) + 128) >= 0 && (((4 * p0c) + (128 * kt0)) + 128) < 192) ? 0 * 192 + (((4 * p0c) + (128 * kt0)) + 128) : 0], 16, ((((4 * p0c) + (128 * kt0)) + 128) >= 0 && (((4 * p0c) + (128 * kt0)) + 128) < 192) ? 0 : 16);
       }
+      if (((p1r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_last_w_batch_norm33[((kt0 + 1) % 2) * 256 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &last_w_batch_norm33[(p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? p1r * 12 + (((4 * p1c) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+      }
+      __pipeline_commit();
+    }
+    const float* pf_gp0_add31 = &add31[((4 * p0c) + 128)];
+    const float* pf_gp0_last_w_batch_norm33 = &last_w_batch_norm33[((4 * p1c) + (12 * p1r) + 8)];
+    for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add31[((kt0 + 1) % 2) * 132 + (0 - 0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], ((((4 * p0c) + (128 * kt0)) + 128) >= 0 && (((4 * p0c) + (128 * kt0)) + 128) < 192) ? &pf_gp0_add31[0] : add31, 16, ((((4 * p0c) + (128 * kt0)) + 128) >= 0 && (((4 * p0c) + (128 * kt0)) + 128) < 192) ? 0 : 16);
+      }
+      if (((p1r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_last_w_batch_norm33[((kt0 + 1) % 2) * 256 + (p1r - 0) * 8 + ((((4 * p1c) + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? &pf_gp0_last_w_batch_norm33[0] : last_w_batch_norm33, 16, (p1r >= 0 && p1r < 16 && (((4 * p1c) + (8 * kt0)) + 8) >= 0 && (((4 * p1c) + (8 * kt0)) + 8) < 12) ? 0 : 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+        r_last_w_batch_norm33_frag[0] = s_last_w_batch_norm33[(kt0 % 2) * 256 + (t0 - 0) * 8 + ((((8 * kt0) + kk0) + 0 + 0) - (8 * kt0))];
+        #pragma unroll
+        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+          r_conv2d32_acc[ii2] = r_conv2d32_acc[ii2] + (s_add31[(kt0 % 2) * 132 + (0 - 0) * 132 + (((8 * kt0) + kk0) * 16 + (t1 + 0) * 4 + (ii2 + 0) - (128 * kt0))] * r_last_w_batch_norm33_frag[0]);
+        }
+      }
+      __syncthreads();
+      pf_gp0_add31 += 128;
+      pf_gp0_last_w_batch_norm33 += 8;
+    }
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      if (t0 <= 15) { r_conv2d32 = r_conv2d32_acc[ii2]; }
+      if (t0 <= 15) { r_batch_norm33 = (r_conv2d32 + batch_norm33_shift[t0]); }
+      if (t0 <= 15) { r_relu34 = pf_fmaxf(r_batch_norm33, 0.0f); }
+      if (t0 <= 15) { s_minimum35[(0 - s_minimum35_lo0) * 256 + (t0 - s_minimum35_lo1) * 16 + (t1 - s_minimum35_lo2) * 4 + (ii2 - s_minimum35_lo3)] = pf_fminf(r_relu34, 6.0f); }
     }
   }
-  r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((8 * b0) + r0)] = r_reduce_mean36_acc;
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    for (int pf_j = 0; pf_j < 8; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_r;
+          int _b = pf_rb;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_minimum35 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_minimum35_lo0 = 0;
+          const int s_minimum35_lo1 = 0;
+          const int s_minimum35_lo2 = 0;
+          const int s_minimum35_lo3 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1024);
+          float r_reduce_mean36_acc;
+          // part:mg10
+          r_reduce_mean36_acc = 0.0f;
+          if ((l0 <= 3)) {
+            // coarsen:4
+            for (int c0 = 0; (c0 <= 3); c0 += 1) {
+              r_reduce_mean36_acc = r_reduce_mean36_acc + (s_minimum35[(0 - s_minimum35_lo0) * 256 + (((4 * b0) + r0) - s_minimum35_lo1) * 16 + (l0 - s_minimum35_lo2) * 4 + (c0 - s_minimum35_lo3)] * 0.0625f);
+            }
+          }
+          r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((4 * b0) + r0)] = r_reduce_mean36_acc;
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(10) pf_8f5c166c766ee632351c(float* __restrict__ add38, const float* __restrict__ reduce_mean36, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {

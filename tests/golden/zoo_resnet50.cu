@@ -606,98 +606,91 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_c17247f3fba2068f929d(flo
   conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_b5561bb85725df0038e0(float* __restrict__ relu27, const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift) {
-  int _t = threadIdx.x;
-  const int t2 = _t % 4; _t /= 4;
-  const int t1 = _t % 2; _t /= 2;
-  const int t0 = _t;
-  const int p0r = threadIdx.x / 4;
-  const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_relu21[512];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_stage2_block0_c_w_batch_norm23[512];
-  float r_conv2d22_acc[4][2][4];
-  float r_conv2d22;
-  float r_batch_norm23;
-  float r_batch_norm25;
-  float r_add26;
-  float r_relu21_frag[8];
-  float r_stage2_block0_c_w_batch_norm23_frag[4];
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+extern "C" __global__ void __launch_bounds__(64, 10) pf_88ee148325cda3f722cc(const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift, float* __restrict__ reduce_mean28) {
+  __shared__ __align__(16) unsigned char pf_pool[1040];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t1 = _t % 4; _t /= 4;
+    const int t0 = _t;
+    float* const s_relu27 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_relu27_lo0 = 0;
+    const int s_relu27_lo1 = (16 * b0);
+    const int s_relu27_lo2 = 0;
+    const int s_relu27_lo3 = 0;
+    const int p0c = threadIdx.x;
+    float* const s_relu21 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_stage2_block0_c_w_batch_norm23 = reinterpret_cast<float*>(pf_pool + 512);
+    float r_conv2d22_acc[4];
+    float r_conv2d22;
+    float r_batch_norm23;
+    float r_batch_norm25;
+    float r_add26;
+    float r_stage2_block0_c_w_batch_norm23_frag[1];
     #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_conv2d22_acc[ii2] = 0.0f;
+    }
+    if ((p0c <= 31)) {
+      *reinterpret_cast<float4*>(&s_relu21[((4 * p0c) - 0)]) = *reinterpret_cast<const float4*>(&relu21[(4 * p0c)]);
+    }
+    if ((p1c <= 31)) {
+      *reinterpret_cast<float4*>(&s_stage2_block0_c_w_batch_norm23[(((128 * b0) + (4 * p1c)) - (128 * b0))]) = *reinterpret_cast<const float4*>(&stage2_block0_c_w_batch_norm23[((128 * b0) + (4 * p1c))]);
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+      r_stage2_block0_c_w_batch_norm23_frag[0] = s_stage2_block0_c_w_batch_norm23[(((((16 * b0) + t0) * 8) + kk0 + 0 + 0) - (128 * b0))];
       #pragma unroll
       for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_conv2d22_acc[ii0][ii1][ii2] = 0.0f;
+        r_conv2d22_acc[ii2] = r_conv2d22_acc[ii2] + (s_relu21[(0 * 128 + kk0 * 16 + (t1 + 0) * 4 + (ii2 + 0) - 0)] * r_stage2_block0_c_w_batch_norm23_frag[0]);
       }
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
+      r_conv2d22 = r_conv2d22_acc[ii2];
+      r_batch_norm23 = (r_conv2d22 + batch_norm23_shift[((16 * b0) + t0)]);
+      r_batch_norm25 = (conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + ii2] + batch_norm25_shift[((16 * b0) + t0)]);
+      r_add26 = (r_batch_norm23 + r_batch_norm25);
+      s_relu27[(0 - s_relu27_lo0) * 256 + (((16 * b0) + t0) - s_relu27_lo1) * 16 + (t1 - s_relu27_lo2) * 4 + (ii2 - s_relu27_lo3)] = pf_fmaxf(r_add26, 0.0f);
     }
   }
-  *reinterpret_cast<float4*>(&s_relu21[(p0r - 0) * 16 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 4) ? *reinterpret_cast<const float4*>(&relu21[p0r * 4 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_stage2_block0_c_w_batch_norm23[((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 256) ? *reinterpret_cast<const float4*>(&stage2_block0_c_w_batch_norm23[(4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        r_relu21_frag[((ii1 * 4) + ii2)] = s_relu21[(((0 * 32) + (kk0 * 4) + (t1 + (2 * ii1))) - 0) * 16 + ((t2 + (4 * ii2)) - 0)];
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 8; ++pf_j) {
+      const int pf_r = pf_g0 * 8 + pf_j;
+      if (pf_r < 16) {  // uniform per block
+        const int pf_rb = pf_r;
+          int _b = pf_rb;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_relu27 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_relu27_lo0 = 0;
+          const int s_relu27_lo1 = ((-(2 * (b0 % 8))) + (2 * b0));
+          const int s_relu27_lo2 = 0;
+          const int s_relu27_lo3 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1024);
+          float r_reduce_mean28_acc;
+          // part:mg10
+          r_reduce_mean28_acc = 0.0f;
+          if ((l0 <= 3)) {
+            // coarsen:4
+            for (int c0 = 0; (c0 <= 3); c0 += 1) {
+              r_reduce_mean28_acc = r_reduce_mean28_acc + (s_relu27[(0 - s_relu27_lo0) * 256 + (((2 * b0) + r0) - s_relu27_lo1) * 16 + (l0 - s_relu27_lo2) * 4 + (c0 - s_relu27_lo3)] * 0.0625f);
+            }
+          }
+          r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((2 * b0) + r0)] = r_reduce_mean28_acc;
       }
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      r_stage2_block0_c_w_batch_norm23_frag[ii0] = s_stage2_block0_c_w_batch_norm23[((((t0 + (16 * ii0)) * 8) + kk0 + 0 + 0) - 0)];
-    }
-    #pragma unroll
-    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-        #pragma unroll
-        for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-          r_conv2d22_acc[ii0][ii1][ii2] = r_conv2d22_acc[ii0][ii1][ii2] + (r_relu21_frag[((ii1 * 4) + ii2)] * r_stage2_block0_c_w_batch_norm23_frag[ii0]);
-        }
-      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
-  __syncthreads();
-  #pragma unroll
-  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 3); ii2 += 1) {
-        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_conv2d22 = r_conv2d22_acc[ii0][ii1][ii2]; }
-        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_batch_norm23 = (r_conv2d22 + batch_norm23_shift[(t0 + (16 * ii0))]); }
-        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_batch_norm25 = (conv2d24[0 * 512 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] + batch_norm25_shift[(t0 + (16 * ii0))]); }
-        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { r_add26 = (r_batch_norm23 + r_batch_norm25); }
-        if ((t0 + (16 * ii0)) <= 31 && (t2 + (4 * ii2)) <= 3) { relu27[0 * 512 + (t0 + (16 * ii0)) * 16 + (t1 + (2 * ii1)) * 4 + (t2 + (4 * ii2))] = pf_fmaxf(r_add26, 0.0f); }
-      }
-    }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(256) pf_fa293a3dd276c107b85e(float* __restrict__ reduce_mean28, const float* __restrict__ relu27) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_reduce_mean28_acc;
-  // part:mg10
-  r_reduce_mean28_acc = 0.0f;
-  if ((l0 <= 3)) {
-    // coarsen:4
-    {
-      const float4 q_relu270 = *reinterpret_cast<const float4*>(&relu27[0 * 512 + ((8 * b0) + r0) * 16 + l0 * 4 + 0]);
-      float v_relu27[4] = {q_relu270.x, q_relu270.y, q_relu270.z, q_relu270.w};
-      for (int c0 = 0; c0 < 4; c0 += 1) {
-        r_reduce_mean28_acc = r_reduce_mean28_acc + (v_relu27[c0] * 0.0625f);
-      }
-    }
-  }
-  r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((8 * b0) + r0)] = r_reduce_mean28_acc;
 }
 
 extern "C" __global__ void __launch_bounds__(10) pf_56934f85af5c7ccfa86c(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {

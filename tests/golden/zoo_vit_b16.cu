@@ -366,100 +366,130 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_218735dab71ae7857f86(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 8) pf_a808e16e9682b442f80c(float* __restrict__ matmul18, const float* __restrict__ add7_merged, const float* __restrict__ add11) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t3 = _t % 16; _t /= 16;
-  const int t2 = _t;
-  const int p0r = threadIdx.x / 2;
-  const int p0c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add7_merged[256];
-  const int p1r = threadIdx.x / 2;
-  const int p1c = threadIdx.x % 2;
-  __shared__ __align__(16) float s_add11[256];
-  float r_matmul18_acc[2];
-  float r_add11_frag[1];
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    r_matmul18_acc[ii2] = 0.0f;
-  }
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7_merged[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_add7_merged = &add7_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (320 * b0) + 8)];
-  const float* pf_gp0_add11 = &add11[((16 * b1) + (4 * p1c) + (32 * p1r) + (160 * b0) + 8)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 5) ? &pf_gp0_add7_merged[0] : add7_merged, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 5) ? &pf_gp0_add11[0] : add11, 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
+extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(const float* __restrict__ add7_merged, const float* __restrict__ add11, float* __restrict__ softmax20) {
+  __shared__ __align__(16) unsigned char pf_pool[3072];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b1 = _b % 2; _b /= 2;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t3 = _t % 4; _t /= 4;
+    const int t2 = _t;
+    float* const s_matmul18 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul18_lo0 = b0;
+    const int s_matmul18_lo1 = b1;
+    const int s_matmul18_lo2 = 0;
+    const int s_matmul18_lo3 = 0;
+    const int p0r = threadIdx.x / 2;
+    const int p0c = threadIdx.x % 2;
+    float* const s_add7_merged = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1r = threadIdx.x / 2;
+    const int p1c = threadIdx.x % 2;
+    float* const s_add11 = reinterpret_cast<float*>(pf_pool + 2048);
+    float r_matmul18_acc[4];
+    float r_add7_merged_frag[1];
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      r_add11_frag[0] = s_add11[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t3 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
-      #pragma unroll
-      for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-        r_matmul18_acc[ii2] = r_matmul18_acc[ii2] + (s_add7_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t2 + (8 * ii2)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))] * r_add11_frag[0]);
+    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+      r_matmul18_acc[ii3] = 0.0f;
+    }
+    {
+      const int kt0 = (-1);
+      if (((p0r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7_merged[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
       }
+      if (((p1r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
+      }
+      __pipeline_commit();
     }
-    __syncthreads();
-    pf_gp0_add7_merged += 8;
-    pf_gp0_add11 += 8;
+    const float* pf_gp0_add7_merged = &add7_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (320 * b0) + 8)];
+    const float* pf_gp0_add11 = &add11[((16 * b1) + (4 * p1c) + (32 * p1r) + (160 * b0) + 8)];
+    for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+      if (((p0r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 5) ? &pf_gp0_add7_merged[0] : add7_merged, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      }
+      if (((p1r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 5) ? &pf_gp0_add11[0] : add11, 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+        r_add7_merged_frag[0] = s_add7_merged[(kt0 % 2) * 256 + (b0 - b0) * 256 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        #pragma unroll
+        for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+          r_matmul18_acc[ii3] = r_matmul18_acc[ii3] + (r_add7_merged_frag[0] * s_add11[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t3 + (4 * ii3)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))]);
+        }
+      }
+      __syncthreads();
+      pf_gp0_add7_merged += 8;
+      pf_gp0_add11 += 8;
+    }
+    #pragma unroll
+    for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
+      if (t2 <= 4 && (t3 + (4 * ii3)) <= 4) { s_matmul18[(b0 - s_matmul18_lo0) * 25 + (b1 - s_matmul18_lo1) * 25 + (t2 - s_matmul18_lo2) * 5 + ((t3 + (4 * ii3)) - s_matmul18_lo3)] = r_matmul18_acc[ii3]; }
+    }
   }
-  #pragma unroll
-  for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
-    if ((t2 + (8 * ii2)) <= 4 && t3 <= 4) { matmul18[b0 * 50 + b1 * 25 + (t2 + (8 * ii2)) * 5 + t3] = r_matmul18_acc[ii2]; }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_d6dfd5f15445192783f6(float* __restrict__ softmax20, const float* __restrict__ matmul18) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ float pf_scratch[1];
-  float r_mul19;
-  float r_softmax20_max;
-  float r_softmax20_max_acc;
-  float r_softmax20_sub;
-  float r_softmax20_exp;
-  float r_softmax20_sum;
-  float r_softmax20_sum_acc;
-  if ((((4 * b2) + r0) <= 4)) {
-    // part:mg8
-    r_softmax20_max_acc = -INFINITY;
-    if ((l0 <= 4)) {
-      r_mul19 = (matmul18[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] * 0.25f);
-      r_softmax20_max_acc = pf_fmaxf(r_softmax20_max_acc, r_mul19);
-    }
-    r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
-    // part:mg9
-    r_softmax20_sum_acc = 0.0f;
-    if ((l0 <= 4)) {
-      r_softmax20_sub = (r_mul19 - r_softmax20_max);
-      r_softmax20_exp = expf(r_softmax20_sub);
-      r_softmax20_sum_acc = r_softmax20_sum_acc + r_softmax20_exp;
-    }
-    r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
-    if ((l0 <= 4)) {
-      // part:mg10
-      softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g1 = pf_g % 2; pf_g /= 2;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 8; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 4 + pf_g1 * 2 + pf_r;
+          int _b = pf_rb;
+          const int b2 = _b % 2; _b /= 2;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_matmul18 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul18_lo0 = b0;
+          const int s_matmul18_lo1 = b1;
+          const int s_matmul18_lo2 = 0;
+          const int s_matmul18_lo3 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 112);
+          float r_mul19;
+          float r_softmax20_max;
+          float r_softmax20_max_acc;
+          float r_softmax20_sub;
+          float r_softmax20_exp;
+          float r_softmax20_sum;
+          float r_softmax20_sum_acc;
+          if ((((4 * b2) + r0) <= 4)) {
+            // part:mg8
+            r_softmax20_max_acc = -INFINITY;
+            if ((l0 <= 4)) {
+              r_mul19 = (s_matmul18[(b0 - s_matmul18_lo0) * 25 + (b1 - s_matmul18_lo1) * 25 + (((4 * b2) + r0) - s_matmul18_lo2) * 5 + (l0 - s_matmul18_lo3)] * 0.25f);
+              r_softmax20_max_acc = pf_fmaxf(r_softmax20_max_acc, r_mul19);
+            }
+            r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
+          }
+          __syncwarp();  // mg9 reads what earlier parts wrote
+          if ((((4 * b2) + r0) <= 4)) {
+            // part:mg9
+            r_softmax20_sum_acc = 0.0f;
+            if ((l0 <= 4)) {
+              r_softmax20_sub = (r_mul19 - r_softmax20_max);
+              r_softmax20_exp = expf(r_softmax20_sub);
+              r_softmax20_sum_acc = r_softmax20_sum_acc + r_softmax20_exp;
+            }
+            r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
+          }
+          __syncwarp();  // mg10 reads what earlier parts wrote
+          if ((((4 * b2) + r0) <= 4)) {
+            __syncwarp();  // mg10 reads what earlier parts wrote
+            if ((l0 <= 4)) {
+              // part:mg10
+              softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
+            }
+          }
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
@@ -504,140 +534,184 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_fe68ed3375d441e6820a(float* __restrict__ matmul24, const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w) {
-  int _b = blockIdx.x;
-  const int b2 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_matmul21[520];
-  const int p1r = threadIdx.x / 4;
-  const int p1c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_block0_attn_o_w[512];
-  float r_matmul24_acc[1];
-  r_matmul24_acc[0] = 0.0f;
-  {
-    const int kt0 = (-1);
-    if (((p0c <= 63) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &block0_attn_o_w[((p1r + (16 * kt0)) + 16) * 32 + ((16 * b2) + (4 * p1c))], 16);
-    }
-    __pipeline_commit();
-  }
-  const float* pf_gp0_matmul21 = &matmul21[((4 * p0c) + (160 * b0) + 80)];
-  const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((16 * b2) + (4 * p1c) + (32 * p1r) + 512)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0c <= 63) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 80) ? &pf_gp0_matmul21[0] : matmul21, 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
-    }
-    if (((p1r <= 15) && (kt0 <= 0))) {
-      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b2) + (4 * p1c)) - (16 * b2))], &pf_gp0_block0_attn_o_w[0], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
+extern "C" __global__ void __launch_bounds__(64, 14) pf_98d929ac352de8d818ae(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[5152];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul24 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul24_lo0 = b0;
+    const int s_matmul24_lo1 = 0;
+    const int s_matmul24_lo2 = 0;
+    const int p0c = threadIdx.x;
+    float* const s_matmul21 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_block0_attn_o_w = reinterpret_cast<float*>(pf_pool + 1056);
+    float r_matmul24_acc[4];
+    float r_matmul21_frag[1];
     #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul24_acc[0] = r_matmul24_acc[0] + (s_matmul21[(kt0 % 2) * 260 + (b0 - b0) * 260 + (pf_fdiv(((16 * kt0) + kk0), 16) - kt0) * 260 + (t1 * 16 + pf_mod(((16 * kt0) + kk0), 16) - 0)] * s_block0_attn_o_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b2) + t2) - (16 * b2))]);
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul24_acc[iv] = 0.0f;
     }
-    __syncthreads();
-    pf_gp0_matmul21 += 80;
-    pf_gp0_block0_attn_o_w += 512;
-  }
-  if (t1 <= 4) { matmul24[b0 * 160 + t1 * 32 + ((16 * b2) + t2)] = r_matmul24_acc[0]; }
-}
-
-extern "C" __global__ void __launch_bounds__(128) pf_5c5d121431d2b263ad89(float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ matmul24, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_add25[128];
-  const int s_add25_lo0 = b0;
-  const int s_add25_lo1 = (4 * b1);
-  const int s_add25_lo2 = 0;
-  __shared__ __align__(16) float s_layer_norm27_centered[128];
-  const int s_layer_norm27_centered_lo0 = b0;
-  const int s_layer_norm27_centered_lo1 = (4 * b1);
-  const int s_layer_norm27_centered_lo2 = 0;
-  __shared__ float pf_scratch[1];
-  float r_add26;
-  float r_layer_norm27_mean;
-  float r_layer_norm27_mean_acc;
-  float r_layer_norm27_var;
-  float r_layer_norm27_var_acc;
-  float r_layer_norm27_rstd;
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg13
-    r_layer_norm27_mean_acc = 0.0f;
-    if ((l0 <= 7)) {
-      // coarsen:4
-      {
-        const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
-        float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
-        const float4 q_matmul240 = *reinterpret_cast<const float4*>(&matmul24[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_matmul24[4] = {q_matmul240.x, q_matmul240.y, q_matmul240.z, q_matmul240.w};
-        const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
-        float v_add25[4];
-        float v_add26[4];
-        for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_add25[c0] = (v_matmul24[c0] + v_block0_attn_o_bias[c0]);
-          r_add26 = (v_add4[c0] + v_add25[c0]); v_add26[c0] = r_add26;
-          r_layer_norm27_mean_acc = r_layer_norm27_mean_acc + (r_add26 * 0.03125f);
-        }
-        *reinterpret_cast<float4*>(&s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]) = make_float4(v_add25[0], v_add25[1], v_add25[2], v_add25[3]);
-        *reinterpret_cast<float4*>(&add26[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add26[0], v_add26[1], v_add26[2], v_add26[3]);
+    {
+      const int kt0 = (-1);
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((kt0 + 1) - (kt0 + 1)) * 132 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
       }
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      }
+      __pipeline_commit();
     }
-    r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
-  }
-  __syncwarp();  // mg14 reads what earlier parts wrote
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg14
-    r_layer_norm27_var_acc = 0.0f;
-    if ((l0 <= 7)) {
-      // coarsen:4
-      {
-        const float4 q_add250 = *reinterpret_cast<const float4*>(&s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]);
-        float v_add25[4] = {q_add250.x, q_add250.y, q_add250.z, q_add250.w};
-        const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
-        float v_layer_norm27_centered[4];
-        for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm27_centered[c0] = ((v_add4[c0] + v_add25[c0]) - r_layer_norm27_mean);
-          r_layer_norm27_var_acc = r_layer_norm27_var_acc + ((v_layer_norm27_centered[c0] * v_layer_norm27_centered[c0]) * 0.03125f);
-        }
-        *reinterpret_cast<float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]) = make_float4(v_layer_norm27_centered[0], v_layer_norm27_centered[1], v_layer_norm27_centered[2], v_layer_norm27_centered[3]);
+    {
+      const int kt0 = 0;
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((kt0 + 1) - (kt0 + 1)) * 132 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
       }
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+        r_matmul21_frag[0] = s_matmul21[(kt0 % 2) * 132 + (b0 - b0) * 132 + (kt0 - kt0) * 132 + (((t1 * 16) + kk0) - 0)];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul24_acc[iv] = r_matmul24_acc[iv] + (r_matmul21_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
+        }
+      }
+      __syncthreads();
     }
-    r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
-  }
-  __syncwarp();  // mg15 reads what earlier parts wrote
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg15
-    r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
-    if ((l0 <= 7)) {
-      // coarsen:4
-      {
-        const float4 q_block0_ln2_beta0 = *reinterpret_cast<const float4*>(&block0_ln2_beta[(4 * l0)]);
-        float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
-        const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
-        float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
-        const float4 q_layer_norm27_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]);
-        float v_layer_norm27_centered[4] = {q_layer_norm27_centered0.x, q_layer_norm27_centered0.y, q_layer_norm27_centered0.z, q_layer_norm27_centered0.w};
-        float v_layer_norm27[4];
-        for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm27[c0] = (((v_layer_norm27_centered[c0] * r_layer_norm27_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
-        }
-        *reinterpret_cast<float4*>(&layer_norm27[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm27[0], v_layer_norm27[1], v_layer_norm27[2], v_layer_norm27[3]);
+    {
+      const int kt0 = 1;
+      if (((p0c <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((kt0 + 1) - (kt0 + 1)) * 132 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
       }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+        r_matmul21_frag[0] = s_matmul21[(kt0 % 2) * 132 + (b0 - b0) * 132 + (kt0 - kt0) * 132 + (((t1 * 16) + kk0) - 0)];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul24_acc[iv] = r_matmul24_acc[iv] + (r_matmul21_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if (t1 <= 4) { s_matmul24[(b0 - s_matmul24_lo0) * 160 + (t1 - s_matmul24_lo1) * 32 + (((4 * t2) + iv) - s_matmul24_lo2)] = r_matmul24_acc[iv]; }
+    }
+  }
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 3) {  // uniform per block
+        const int pf_rb = pf_g0 * 3 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 3; _b /= 3;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add25 = reinterpret_cast<float*>(pf_pool + 640);
+          const int s_add25_lo0 = b0;
+          const int s_add25_lo1 = (2 * b1);
+          const int s_add25_lo2 = 0;
+          float* const s_layer_norm27_centered = reinterpret_cast<float*>(pf_pool + 896);
+          const int s_layer_norm27_centered_lo0 = b0;
+          const int s_layer_norm27_centered_lo1 = (2 * b1);
+          const int s_layer_norm27_centered_lo2 = 0;
+          float* const s_matmul24 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul24_lo0 = b0;
+          const int s_matmul24_lo1 = 0;
+          const int s_matmul24_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1152);
+          float r_add26;
+          float r_layer_norm27_mean;
+          float r_layer_norm27_mean_acc;
+          float r_layer_norm27_var;
+          float r_layer_norm27_var_acc;
+          float r_layer_norm27_rstd;
+          if ((((2 * b1) + r0) <= 4)) {
+            // part:mg13
+            r_layer_norm27_mean_acc = 0.0f;
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
+                float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
+                const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+                float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
+                float v_add25[4];
+                float v_add26[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_add25[c0] = (s_matmul24[(b0 - s_matmul24_lo0) * 160 + (((2 * b1) + r0) - s_matmul24_lo1) * 32 + (((4 * l0) + c0) - s_matmul24_lo2)] + v_block0_attn_o_bias[c0]);
+                  r_add26 = (v_add4[c0] + v_add25[c0]); v_add26[c0] = r_add26;
+                  r_layer_norm27_mean_acc = r_layer_norm27_mean_acc + (r_add26 * 0.03125f);
+                }
+                *reinterpret_cast<float4*>(&s_add25[(b0 - s_add25_lo0) * 64 + (((2 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]) = make_float4(v_add25[0], v_add25[1], v_add25[2], v_add25[3]);
+                *reinterpret_cast<float4*>(&add26[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add26[0], v_add26[1], v_add26[2], v_add26[3]);
+              }
+            }
+            r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
+          }
+          __syncwarp();  // mg14 reads what earlier parts wrote
+          if ((((2 * b1) + r0) <= 4)) {
+            // part:mg14
+            r_layer_norm27_var_acc = 0.0f;
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_add250 = *reinterpret_cast<const float4*>(&s_add25[(b0 - s_add25_lo0) * 64 + (((2 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]);
+                float v_add25[4] = {q_add250.x, q_add250.y, q_add250.z, q_add250.w};
+                const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+                float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
+                float v_layer_norm27_centered[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_layer_norm27_centered[c0] = ((v_add4[c0] + v_add25[c0]) - r_layer_norm27_mean);
+                  r_layer_norm27_var_acc = r_layer_norm27_var_acc + ((v_layer_norm27_centered[c0] * v_layer_norm27_centered[c0]) * 0.03125f);
+                }
+                *reinterpret_cast<float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]) = make_float4(v_layer_norm27_centered[0], v_layer_norm27_centered[1], v_layer_norm27_centered[2], v_layer_norm27_centered[3]);
+              }
+            }
+            r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
+          }
+          __syncwarp();  // mg15 reads what earlier parts wrote
+          if ((((2 * b1) + r0) <= 4)) {
+            // part:mg15
+            r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_block0_ln2_beta0 = *reinterpret_cast<const float4*>(&block0_ln2_beta[(4 * l0)]);
+                float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
+                const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
+                float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
+                const float4 q_layer_norm27_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]);
+                float v_layer_norm27_centered[4] = {q_layer_norm27_centered0.x, q_layer_norm27_centered0.y, q_layer_norm27_centered0.z, q_layer_norm27_centered0.w};
+                float v_layer_norm27[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_layer_norm27[c0] = (((v_layer_norm27_centered[c0] * r_layer_norm27_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
+                }
+                *reinterpret_cast<float4*>(&layer_norm27[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm27[0], v_layer_norm27[1], v_layer_norm27[2], v_layer_norm27[3]);
+              }
+            }
+          }
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
@@ -705,191 +779,350 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_4436131e74ffd4fd0ab5(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_536e1b715abe65e9df48(float* __restrict__ matmul31, const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 8; _t /= 8;
-  const int t1 = _t;
-  const int p0r = threadIdx.x / 8;
-  const int p0c = threadIdx.x % 8;
-  __shared__ __align__(16) float s_gelu30[4608];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_mlp_fc2_w[2048];
-  float r_matmul31_acc[4][4];
-  float r_gelu30_frag[4];
-  float r_block0_mlp_fc2_w_frag[4];
-  float r_matmul31_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_f090dd924ee105f51228(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[12800];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul31 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul31_lo0 = b0;
+    const int s_matmul31_lo1 = 0;
+    const int s_matmul31_lo2 = 0;
+    const int p0r = threadIdx.x / 8;
+    const int p0c = threadIdx.x % 8;
+    float* const s_gelu30 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_block0_mlp_fc2_w = reinterpret_cast<float*>(pf_pool + 4608);
+    float r_matmul31_acc[4];
+    float r_gelu30_frag[1];
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul31_acc[ii1][iv] = 0.0f;
+      r_matmul31_acc[iv] = 0.0f;
     }
-  }
-  {
-    const int kt0 = (-1);
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 320 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
-    }
-    __pipeline_commit();
-  }
-  {
-    const int kt0 = 0;
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 2304 + (b0 - b0) * 2304 + ((p0r + (16 * ii1)) - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? b0 * 320 + (p0r + (16 * ii1)) * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, ((p0r + (16 * ii1)) >= 0 && (p0r + (16 * ii1)) < 5) ? 0 : 16);
-    }
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    {
+      const int kt0 = (-1);
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+    }
+    {
+      const int kt0 = 0;
+      __pipeline_memcpy_async(&s_gelu30[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu30[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
       #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block0_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block0_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu30_frag[0] = s_gelu30[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+          r_matmul31_acc[iv] = r_matmul31_acc[iv] + (r_gelu30_frag[0] * s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  {
-    const int kt0 = 1;
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+    {
+      const int kt0 = 1;
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
       #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-        r_gelu30_frag[ii1] = s_gelu30[(kt0 % 2) * 2304 + (b0 - b0) * 2304 + ((t1 + (16 * ii1)) - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
-      }
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_block0_mlp_fc2_w_frag[iv] = s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((((32 * kt0) + kk0) * 32) + ((4 * t2) + iv)) - (1024 * kt0))];
-      }
-      #pragma unroll
-      for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu30_frag[0] = s_gelu30[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul31_acc[ii1][iv] = r_matmul31_acc[ii1][iv] + (r_gelu30_frag[ii1] * r_block0_mlp_fc2_w_frag[iv]);
+          r_matmul31_acc[iv] = r_matmul31_acc[iv] + (r_gelu30_frag[0] * s_block0_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (16 * ii1)) <= 4) { r_matmul31_v[iv] = r_matmul31_acc[ii1][iv]; }
+      if (t1 <= 4) { s_matmul31[(b0 - s_matmul31_lo0) * 160 + (t1 - s_matmul31_lo1) * 32 + (((4 * t2) + iv) - s_matmul31_lo2)] = r_matmul31_acc[iv]; }
     }
-    if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&matmul31[b0 * 160 + (t1 + (16 * ii1)) * 32 + ((4 * t2) + 0)]) = make_float4(r_matmul31_v[0], r_matmul31_v[1], r_matmul31_v[2], r_matmul31_v[3]); }
+  }
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 2 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add32 = reinterpret_cast<float*>(pf_pool + 640);
+          const int s_add32_lo0 = b0;
+          const int s_add32_lo1 = (4 * b1);
+          const int s_add32_lo2 = 0;
+          float* const s_layer_norm34_centered = reinterpret_cast<float*>(pf_pool + 1152);
+          const int s_layer_norm34_centered_lo0 = b0;
+          const int s_layer_norm34_centered_lo1 = (4 * b1);
+          const int s_layer_norm34_centered_lo2 = 0;
+          float* const s_matmul31 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul31_lo0 = b0;
+          const int s_matmul31_lo1 = 0;
+          const int s_matmul31_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1664);
+          float r_add33;
+          float r_layer_norm34_mean;
+          float r_layer_norm34_mean_acc;
+          float r_layer_norm34_var;
+          float r_layer_norm34_var_acc;
+          float r_layer_norm34_rstd;
+          if ((((4 * b1) + r0) <= 4)) {
+            // part:mg18
+            r_layer_norm34_mean_acc = 0.0f;
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_block0_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block0_mlp_fc2_bias[(4 * l0)]);
+                float v_block0_mlp_fc2_bias[4] = {q_block0_mlp_fc2_bias0.x, q_block0_mlp_fc2_bias0.y, q_block0_mlp_fc2_bias0.z, q_block0_mlp_fc2_bias0.w};
+                const float4 q_add260 = *reinterpret_cast<const float4*>(&add26[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+                float v_add26[4] = {q_add260.x, q_add260.y, q_add260.z, q_add260.w};
+                float v_add32[4];
+                float v_add33[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_add32[c0] = (s_matmul31[(b0 - s_matmul31_lo0) * 160 + (((4 * b1) + r0) - s_matmul31_lo1) * 32 + (((4 * l0) + c0) - s_matmul31_lo2)] + v_block0_mlp_fc2_bias[c0]);
+                  r_add33 = (v_add26[c0] + v_add32[c0]); v_add33[c0] = r_add33;
+                  r_layer_norm34_mean_acc = r_layer_norm34_mean_acc + (r_add33 * 0.03125f);
+                }
+                *reinterpret_cast<float4*>(&s_add32[(b0 - s_add32_lo0) * 128 + (((4 * b1) + r0) - s_add32_lo1) * 32 + ((4 * l0) - s_add32_lo2)]) = make_float4(v_add32[0], v_add32[1], v_add32[2], v_add32[3]);
+                *reinterpret_cast<float4*>(&add33[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add33[0], v_add33[1], v_add33[2], v_add33[3]);
+              }
+            }
+            r_layer_norm34_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_mean_acc, pf_scratch); r_layer_norm34_mean = r_layer_norm34_mean_acc;
+          }
+          __syncwarp();  // mg19 reads what earlier parts wrote
+          if ((((4 * b1) + r0) <= 4)) {
+            // part:mg19
+            r_layer_norm34_var_acc = 0.0f;
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_add260 = *reinterpret_cast<const float4*>(&add26[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+                float v_add26[4] = {q_add260.x, q_add260.y, q_add260.z, q_add260.w};
+                const float4 q_add320 = *reinterpret_cast<const float4*>(&s_add32[(b0 - s_add32_lo0) * 128 + (((4 * b1) + r0) - s_add32_lo1) * 32 + ((4 * l0) - s_add32_lo2)]);
+                float v_add32[4] = {q_add320.x, q_add320.y, q_add320.z, q_add320.w};
+                float v_layer_norm34_centered[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_layer_norm34_centered[c0] = ((v_add26[c0] + v_add32[c0]) - r_layer_norm34_mean);
+                  r_layer_norm34_var_acc = r_layer_norm34_var_acc + ((v_layer_norm34_centered[c0] * v_layer_norm34_centered[c0]) * 0.03125f);
+                }
+                *reinterpret_cast<float4*>(&s_layer_norm34_centered[(b0 - s_layer_norm34_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm34_centered_lo1) * 32 + ((4 * l0) - s_layer_norm34_centered_lo2)]) = make_float4(v_layer_norm34_centered[0], v_layer_norm34_centered[1], v_layer_norm34_centered[2], v_layer_norm34_centered[3]);
+              }
+            }
+            r_layer_norm34_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_var_acc, pf_scratch); r_layer_norm34_var = r_layer_norm34_var_acc;
+          }
+          __syncwarp();  // mg20 reads what earlier parts wrote
+          if ((((4 * b1) + r0) <= 4)) {
+            // part:mg20
+            r_layer_norm34_rstd = rsqrtf((r_layer_norm34_var + 1e-05f));
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_block1_ln1_beta0 = *reinterpret_cast<const float4*>(&block1_ln1_beta[(4 * l0)]);
+                float v_block1_ln1_beta[4] = {q_block1_ln1_beta0.x, q_block1_ln1_beta0.y, q_block1_ln1_beta0.z, q_block1_ln1_beta0.w};
+                const float4 q_block1_ln1_gamma0 = *reinterpret_cast<const float4*>(&block1_ln1_gamma[(4 * l0)]);
+                float v_block1_ln1_gamma[4] = {q_block1_ln1_gamma0.x, q_block1_ln1_gamma0.y, q_block1_ln1_gamma0.z, q_block1_ln1_gamma0.w};
+                const float4 q_layer_norm34_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm34_centered[(b0 - s_layer_norm34_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm34_centered_lo1) * 32 + ((4 * l0) - s_layer_norm34_centered_lo2)]);
+                float v_layer_norm34_centered[4] = {q_layer_norm34_centered0.x, q_layer_norm34_centered0.y, q_layer_norm34_centered0.z, q_layer_norm34_centered0.w};
+                float v_layer_norm34[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_layer_norm34[c0] = (((v_layer_norm34_centered[c0] * r_layer_norm34_rstd) * v_block1_ln1_gamma[c0]) + v_block1_ln1_beta[c0]);
+                }
+                *reinterpret_cast<float4*>(&layer_norm34[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm34[0], v_layer_norm34[1], v_layer_norm34[2], v_layer_norm34[3]);
+              }
+            }
+          }
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
+    }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_38021477f7d726f4a8e9(float* __restrict__ layer_norm63, const float* __restrict__ matmul60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 2; _b /= 2;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int l0 = _t % 32; _t /= 32;
-  const int r0 = _t;
-  __shared__ __align__(16) float s_add62[128];
-  const int s_add62_lo0 = b0;
-  const int s_add62_lo1 = (4 * b1);
-  const int s_add62_lo2 = 0;
-  __shared__ __align__(16) float s_layer_norm63_centered[128];
-  const int s_layer_norm63_centered_lo0 = b0;
-  const int s_layer_norm63_centered_lo1 = (4 * b1);
-  const int s_layer_norm63_centered_lo2 = 0;
-  __shared__ float pf_scratch[1];
-  float r_add61;
-  float r_layer_norm63_mean;
-  float r_layer_norm63_mean_acc;
-  float r_layer_norm63_var;
-  float r_layer_norm63_var_acc;
-  float r_layer_norm63_rstd;
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg34
-    r_layer_norm63_mean_acc = 0.0f;
-    if ((l0 <= 7)) {
-      // coarsen:4
-      {
-        const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
-        float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
-        const float4 q_matmul600 = *reinterpret_cast<const float4*>(&matmul60[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_matmul60[4] = {q_matmul600.x, q_matmul600.y, q_matmul600.z, q_matmul600.w};
-        const float4 q_add550 = *reinterpret_cast<const float4*>(&add55[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
-        float v_add55[4] = {q_add550.x, q_add550.y, q_add550.z, q_add550.w};
-        float v_add62[4];
-        for (int c0 = 0; c0 < 4; c0 += 1) {
-          r_add61 = (v_matmul60[c0] + v_block1_mlp_fc2_bias[c0]);
-          v_add62[c0] = (v_add55[c0] + r_add61);
-          r_layer_norm63_mean_acc = r_layer_norm63_mean_acc + (v_add62[c0] * 0.03125f);
-        }
-        *reinterpret_cast<float4*>(&s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + ((4 * l0) - s_add62_lo2)]) = make_float4(v_add62[0], v_add62[1], v_add62[2], v_add62[3]);
-      }
+extern "C" __global__ void __launch_bounds__(128, 7) pf_94130605ed82deef03c7(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[12800];
+  {  // the GEMM: its epilogue stores the row tile to shared memory
+    int _b = blockIdx.x;
+    const int b0 = _b;
+    int _t = threadIdx.x;
+    const int t2 = _t % 8; _t /= 8;
+    const int t1 = _t;
+    float* const s_matmul60 = reinterpret_cast<float*>(pf_pool + 0);
+    const int s_matmul60_lo0 = b0;
+    const int s_matmul60_lo1 = 0;
+    const int s_matmul60_lo2 = 0;
+    const int p0r = threadIdx.x / 8;
+    const int p0c = threadIdx.x % 8;
+    float* const s_gelu59 = reinterpret_cast<float*>(pf_pool + 0);
+    const int p1c = threadIdx.x;
+    float* const s_block1_mlp_fc2_w = reinterpret_cast<float*>(pf_pool + 4608);
+    float r_matmul60_acc[4];
+    float r_gelu59_frag[1];
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      r_matmul60_acc[iv] = 0.0f;
     }
-    r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
-  }
-  __syncwarp();  // mg35 reads what earlier parts wrote
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg35
-    r_layer_norm63_var_acc = 0.0f;
-    if ((l0 <= 7)) {
-      // coarsen:4
-      {
-        const float4 q_add620 = *reinterpret_cast<const float4*>(&s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + ((4 * l0) - s_add62_lo2)]);
-        float v_add62[4] = {q_add620.x, q_add620.y, q_add620.z, q_add620.w};
-        float v_layer_norm63_centered[4];
-        for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm63_centered[c0] = (v_add62[c0] - r_layer_norm63_mean);
-          r_layer_norm63_var_acc = r_layer_norm63_var_acc + ((v_layer_norm63_centered[c0] * v_layer_norm63_centered[c0]) * 0.03125f);
-        }
-        *reinterpret_cast<float4*>(&s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + ((4 * l0) - s_layer_norm63_centered_lo2)]) = make_float4(v_layer_norm63_centered[0], v_layer_norm63_centered[1], v_layer_norm63_centered[2], v_layer_norm63_centered[3]);
+    {
+      const int kt0 = (-1);
+      __pipeline_memcpy_async(&s_gelu59[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu59[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block1_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block1_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
     }
-    r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
-  }
-  __syncwarp();  // mg36 reads what earlier parts wrote
-  if ((((4 * b1) + r0) <= 4)) {
-    // part:mg36
-    r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
-    if ((l0 <= 7)) {
-      // coarsen:4
-      {
-        const float4 q_layer_norm63_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + ((4 * l0) - s_layer_norm63_centered_lo2)]);
-        float v_layer_norm63_centered[4] = {q_layer_norm63_centered0.x, q_layer_norm63_centered0.y, q_layer_norm63_centered0.z, q_layer_norm63_centered0.w};
-        const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
-        float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
-        const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
-        float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
-        float v_layer_norm63[4];
-        for (int c0 = 0; c0 < 4; c0 += 1) {
-          v_layer_norm63[c0] = (((v_layer_norm63_centered[c0] * r_layer_norm63_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
-        }
-        *reinterpret_cast<float4*>(&layer_norm63[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm63[0], v_layer_norm63[1], v_layer_norm63[2], v_layer_norm63[3]);
+    {
+      const int kt0 = 0;
+      __pipeline_memcpy_async(&s_gelu59[((kt0 + 1) % 2) * 576 + (b0 - b0) * 576 + (p0r - 0) * 36 + ((((4 * p0c) + (32 * kt0)) + 32) - (32 * (kt0 + 1)))], &gelu59[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + (((4 * p0c) + (32 * kt0)) + 32) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
+        __pipeline_memcpy_async(&s_block1_mlp_fc2_w[((kt0 + 1) % 2) * 1024 + (((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024) - (1024 * (kt0 + 1)))], &block1_mlp_fc2_w[((((4 * p1c) + (1024 * kt0)) + (512 * kk0)) + 1024)], 16);
       }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu59_frag[0] = s_gelu59[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul60_acc[iv] = r_matmul60_acc[iv] + (r_gelu59_frag[0] * s_block1_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    {
+      const int kt0 = 1;
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+      __syncthreads();
+      #pragma unroll
+      for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
+        r_gelu59_frag[0] = s_gelu59[(kt0 % 2) * 576 + (b0 - b0) * 576 + (t1 - 0) * 36 + (((32 * kt0) + kk0) - (32 * kt0))];
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul60_acc[iv] = r_matmul60_acc[iv] + (r_gelu59_frag[0] * s_block1_mlp_fc2_w[(kt0 % 2) * 1024 + (((32 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (1024 * kt0))]);
+        }
+      }
+      __syncthreads();
+    }
+    #pragma unroll
+    for (int iv = 0; (iv <= 3); iv += 1) {
+      if (t1 <= 4) { s_matmul60[(b0 - s_matmul60_lo0) * 160 + (t1 - s_matmul60_lo1) * 32 + (((4 * t2) + iv) - s_matmul60_lo2)] = r_matmul60_acc[iv]; }
+    }
+  }
+  __syncthreads();  // the row tile is complete before the reduction reads it
+  {  // the row reduction on the block's rows
+    int pf_g = blockIdx.x;
+    const int pf_g0 = pf_g;
+    for (int pf_j = 0; pf_j < 4; ++pf_j) {
+      const int pf_r = pf_j;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 2 + pf_r;
+          int _b = pf_rb;
+          const int b1 = _b % 2; _b /= 2;
+          const int b0 = _b;
+          int _t = threadIdx.x;
+          const int l0 = _t % 32; _t /= 32;
+          const int r0 = _t;
+          float* const s_add62 = reinterpret_cast<float*>(pf_pool + 640);
+          const int s_add62_lo0 = b0;
+          const int s_add62_lo1 = (4 * b1);
+          const int s_add62_lo2 = 0;
+          float* const s_layer_norm63_centered = reinterpret_cast<float*>(pf_pool + 1152);
+          const int s_layer_norm63_centered_lo0 = b0;
+          const int s_layer_norm63_centered_lo1 = (4 * b1);
+          const int s_layer_norm63_centered_lo2 = 0;
+          float* const s_matmul60 = reinterpret_cast<float*>(pf_pool + 0);
+          const int s_matmul60_lo0 = b0;
+          const int s_matmul60_lo1 = 0;
+          const int s_matmul60_lo2 = 0;
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1664);
+          float r_add61;
+          float r_layer_norm63_mean;
+          float r_layer_norm63_mean_acc;
+          float r_layer_norm63_var;
+          float r_layer_norm63_var_acc;
+          float r_layer_norm63_rstd;
+          if ((((4 * b1) + r0) <= 4)) {
+            // part:mg34
+            r_layer_norm63_mean_acc = 0.0f;
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
+                float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
+                const float4 q_add550 = *reinterpret_cast<const float4*>(&add55[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
+                float v_add55[4] = {q_add550.x, q_add550.y, q_add550.z, q_add550.w};
+                float v_add62[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  r_add61 = (s_matmul60[(b0 - s_matmul60_lo0) * 160 + (((4 * b1) + r0) - s_matmul60_lo1) * 32 + (((4 * l0) + c0) - s_matmul60_lo2)] + v_block1_mlp_fc2_bias[c0]);
+                  v_add62[c0] = (v_add55[c0] + r_add61);
+                  r_layer_norm63_mean_acc = r_layer_norm63_mean_acc + (v_add62[c0] * 0.03125f);
+                }
+                *reinterpret_cast<float4*>(&s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + ((4 * l0) - s_add62_lo2)]) = make_float4(v_add62[0], v_add62[1], v_add62[2], v_add62[3]);
+              }
+            }
+            r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
+          }
+          __syncwarp();  // mg35 reads what earlier parts wrote
+          if ((((4 * b1) + r0) <= 4)) {
+            // part:mg35
+            r_layer_norm63_var_acc = 0.0f;
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_add620 = *reinterpret_cast<const float4*>(&s_add62[(b0 - s_add62_lo0) * 128 + (((4 * b1) + r0) - s_add62_lo1) * 32 + ((4 * l0) - s_add62_lo2)]);
+                float v_add62[4] = {q_add620.x, q_add620.y, q_add620.z, q_add620.w};
+                float v_layer_norm63_centered[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_layer_norm63_centered[c0] = (v_add62[c0] - r_layer_norm63_mean);
+                  r_layer_norm63_var_acc = r_layer_norm63_var_acc + ((v_layer_norm63_centered[c0] * v_layer_norm63_centered[c0]) * 0.03125f);
+                }
+                *reinterpret_cast<float4*>(&s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + ((4 * l0) - s_layer_norm63_centered_lo2)]) = make_float4(v_layer_norm63_centered[0], v_layer_norm63_centered[1], v_layer_norm63_centered[2], v_layer_norm63_centered[3]);
+              }
+            }
+            r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
+          }
+          __syncwarp();  // mg36 reads what earlier parts wrote
+          if ((((4 * b1) + r0) <= 4)) {
+            // part:mg36
+            r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
+            if ((l0 <= 7)) {
+              // coarsen:4
+              {
+                const float4 q_layer_norm63_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm63_centered[(b0 - s_layer_norm63_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm63_centered_lo1) * 32 + ((4 * l0) - s_layer_norm63_centered_lo2)]);
+                float v_layer_norm63_centered[4] = {q_layer_norm63_centered0.x, q_layer_norm63_centered0.y, q_layer_norm63_centered0.z, q_layer_norm63_centered0.w};
+                const float4 q_ln_f_beta0 = *reinterpret_cast<const float4*>(&ln_f_beta[(4 * l0)]);
+                float v_ln_f_beta[4] = {q_ln_f_beta0.x, q_ln_f_beta0.y, q_ln_f_beta0.z, q_ln_f_beta0.w};
+                const float4 q_ln_f_gamma0 = *reinterpret_cast<const float4*>(&ln_f_gamma[(4 * l0)]);
+                float v_ln_f_gamma[4] = {q_ln_f_gamma0.x, q_ln_f_gamma0.y, q_ln_f_gamma0.z, q_ln_f_gamma0.w};
+                float v_layer_norm63[4];
+                for (int c0 = 0; c0 < 4; c0 += 1) {
+                  v_layer_norm63[c0] = (((v_layer_norm63_centered[c0] * r_layer_norm63_rstd) * v_ln_f_gamma[c0]) + v_ln_f_beta[c0]);
+                }
+                *reinterpret_cast<float4*>(&layer_norm63[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm63[0], v_layer_norm63[1], v_layer_norm63[2], v_layer_norm63[3]);
+              }
+            }
+          }
+      }
+      __syncthreads();  // the next rows reuse the reduction's shared arrays
     }
   }
 }
