@@ -268,6 +268,10 @@ class BodyPrinter(ex.ExprVisitor[str]):
         a = self.visit(e.a, env)
         if e.dtype in FLOAT_TO_HALF:  # rounded to the 16-bit type, held as float
             return f"{HALF_TO_FLOAT[e.dtype]}({FLOAT_TO_HALF[e.dtype]}((float){a}))"
+        if e.dtype == "int32" and is_float_register(e.a.dtype):
+            # toward zero, saturating, NaN to 0 (a C cast is undefined there: the emulator's
+            # x86 gives INT_MIN for NaN, where the GPU's cvt.rzi gives 0)
+            return f"__float2int_rz({a})"
         return f"(({C_TYPES[e.dtype]}){a})"
 
     def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:

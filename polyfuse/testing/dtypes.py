@@ -33,7 +33,15 @@ from polyfuse.graph.dtypes import DTYPES
 
 from .generate import GraphSpec, Node, _interval_binary, _interval_unary, family_kind
 
-__all__ = ["FLOATS", "HALF_MAX", "parse_dtypes", "perturbation", "refusal", "with_dtypes"]
+__all__ = [
+    "FLOATS",
+    "HALF_MAX",
+    "parse_dtypes",
+    "perturbation",
+    "precision",
+    "refusal",
+    "with_dtypes",
+]
 
 #: The float dtypes kernels store.
 FLOATS = ("float16", "bfloat16", "float32")
@@ -91,6 +99,26 @@ def perturbation(spec: GraphSpec) -> dict[str, float]:
     }
 
 
+def precision(spec: GraphSpec, name: str) -> str:
+    """The dtype whose tolerance output ``name`` of ``spec`` is compared with: the coarsest
+    float dtype a compute upstream of it (itself included) stores or casts to. A fused kernel
+    keeps a 16-bit intermediate in a float32 register where the reference rounds it, so a
+    float32 result of a bfloat16 tensor is as close to the reference as bfloat16's rounding,
+    not float32's (inputs hold the same values on both sides and do not count)."""
+    seen: set[str] = set()
+    stack, used = [name], set()
+    while stack:
+        n = spec.node(stack.pop())
+        if n.name in seen or n.kind == "input":
+            continue
+        seen.add(n.name)
+        used |= {n.dtype, *(c for c in n.casts if c)}
+        stack.extend(n.args)
+    floats = [d for d in ("bfloat16", "float16", "float32") if d in used]
+    own = spec.node(name).dtype
+    return floats[0] if floats and own in FLOATS else own
+
+
 def _interval(spec: GraphSpec, n: Node, ivs: dict[str, tuple[float, float]]) -> tuple:
     """A rough value interval of node ``n`` (the generator's rules; unbounded when unknown)."""
     a = [ivs.get(x, _INF) for x in n.args]
@@ -141,8 +169,8 @@ def _int_reader(n: Node, k: int) -> bool:
         return n.op in _INT_OK_UNARY
     if n.kind == "binary":  # an int constant beside an int read must fit it: none then
         return n.op in _INT_OK_BINARY and not isinstance(n.const, int)
-    if n.kind == "reduce":
-        return n.pre in ("", "neg", "abs", "square", "tanh")
+    if n.kind == "reduce":  # a mean's te.sum is its own (int32) tensor: stored, refused
+        return n.pre in ("", "neg", "abs", "square", "tanh") and n.op != "mean"
     return n.kind == "where" and k > 0
 
 

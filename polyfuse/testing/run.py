@@ -13,9 +13,11 @@ perturbed by a relative ``PERTURB`` (three trials; half a unit of roundoff of th
 16-bit float dtype downstream of an input, :func:`.dtypes.perturbation`). A graph that
 amplifies rounding — a sum that cancels, a comparison on a computed value that sits on its
 threshold — thereby gets the slack it needs at exactly the elements that need it, and no slack
-anywhere else. ``rtol``/``atol`` are
-those of each output's dtype (:func:`polyfuse.graph.dtypes.tolerance`), and the output must
-come back as an array of that dtype.
+anywhere else. ``rtol``/``atol`` are the per-dtype tolerance
+(:func:`polyfuse.graph.dtypes.tolerance`) of each output's dtype, or of the coarser 16-bit
+dtype a compute upstream of it stores or casts to (:func:`.dtypes.precision`: the reference
+rounds that tensor where a fused kernel keeps it in float32), and the output must come back
+as an array of its dtype.
 
 A graph that stores a tensor in (or casts to) a dtype the code generator refuses
 (:func:`.dtypes.refusal`) must raise ``UnsupportedDtypeError`` when compiled: it is then
@@ -39,7 +41,7 @@ from polyfuse.graph.expr import Tensor
 from polyfuse.reference import evaluate, tolerance
 
 from .build import build, input_values
-from .dtypes import perturbation, refusal, with_dtypes
+from .dtypes import perturbation, precision, refusal, with_dtypes
 from .generate import GraphSpec, draw, merge
 
 __all__ = [
@@ -219,7 +221,7 @@ def _run_compiled(
         for i, o in enumerate(spec.outputs):
             if not why[o]:
                 moved = [p[i] for p in perturbed]
-                r = compare(o, got_t[i], want[i], moved, outputs[i].dtype)
+                r = compare(o, got_t[i], want[i], moved, precision(spec, o))
                 why[o] = r + (" [threads in reverse order]" if r and order else "")
     return why, len(fn.kernels)
 

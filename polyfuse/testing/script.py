@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .build import input_values, reduce_layout
-from .dtypes import perturbation
+from .dtypes import perturbation, precision
 from .generate import ONE, GraphSpec, Node, family_kind, te_name
 
 __all__ = ["to_script"]
@@ -178,9 +178,10 @@ def to_script(spec: GraphSpec, *, race_check: bool = False, title: str = "") -> 
         "want = evaluate(outputs, by_input)",
         f"moves = {{{', '.join(f'{i}: {moves[i]!r}' for i in ins)}}}",
         f"moved = perturbed_references(outputs, by_input, {spec.seed}, moves)",
+        f"precisions = {[precision(spec, o) for o in spec.outputs]!r}  # the tolerances' dtypes",
         "bad = 0",
         "for k, (t, g, w) in enumerate(zip(outputs, got, want)):",
-        "    why = compare(t.name, g, w, [m[k] for m in moved], t.dtype)",
+        "    why = compare(t.name, g, w, [m[k] for m in moved], precisions[k])",
         "    if why:",
         "        bad += 1",
         "        print(why)",
