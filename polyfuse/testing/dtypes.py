@@ -163,8 +163,14 @@ def _fits(dtype: str, iv: tuple[float, float]) -> bool:
     return True
 
 
-def _int_reader(n: Node, k: int) -> bool:
-    """Whether argument ``k`` of ``n`` may be read as an integer or bool."""
+def _int_reader(n: Node, k: int, special: bool = False) -> bool:
+    """Whether argument ``k`` of ``n`` may be read as an integer or bool; ``special``: the
+    argument may hold an infinity, which an int32 cast makes ±2**31, so no integer arithmetic
+    may follow it (int32 wraps in a kernel, not in the reference's int64 body)."""
+    if special:
+        if n.kind == "unary":
+            return n.op in ("tanh", "erf", "sigmoid")
+        return n.kind in ("binary", "where") or (n.kind == "reduce" and not n.pre)
     if n.kind == "unary":
         return n.op in _INT_OK_UNARY
     if n.kind == "binary":  # an int constant beside an int read must fit it: none then
@@ -174,8 +180,11 @@ def _int_reader(n: Node, k: int) -> bool:
     return n.kind == "where" and k > 0
 
 
-def _casts(rng: random.Random, n: Node, ivs: dict, dtypes: Sequence[str]) -> tuple[str, ...]:
-    """Per argument of ``n``, a dtype its reads are cast to, or ""."""
+def _casts(
+    rng: random.Random, n: Node, ivs: dict, dtypes: Sequence[str], special: set[str]
+) -> tuple[str, ...]:
+    """Per argument of ``n``, a dtype its reads are cast to, or "" (``special``: the nodes
+    that may hold infinities)."""
     if n.kind not in ("unary", "binary", "reduce", "matmul", "transpose", "where"):
         return ()
     out: list[str] = []
@@ -183,8 +192,10 @@ def _casts(rng: random.Random, n: Node, ivs: dict, dtypes: Sequence[str]) -> tup
         choice = ""
         if rng.random() < 0.2 and not (n.kind == "where" and k == 0):
             ok = [d for d in dtypes if d in FLOATS and _fits(d, ivs.get(a, _INF))]
-            ints = [d for d in ("int32", "bool") if d in dtypes and _int_reader(n, k)]
-            ints = [d for d in ints if _fits(d, ivs.get(a, _INF))]
+            ints = [d for d in ("int32", "bool") if d in dtypes]
+            if not _int_reader(n, k, a in special) or (a in special and "int32" in out):
+                ints = []  # (beside an int32 read of an infinity, no second integer read)
+            ints = [d for d in ints if a in special or _fits(d, ivs.get(a, _INF))]
             if "bool" in ints and ("bool" in out or n.kind not in ("binary", "where")):
                 ints.remove("bool")  # one bool operand beside a float one: no bool arithmetic
             pool = ok + ints
@@ -206,14 +217,19 @@ def with_dtypes(spec: GraphSpec, dtypes: Sequence[str] | None) -> GraphSpec:
     base = rng.choice(floats)
     ivs: dict[str, tuple[float, float]] = {}
     nodes: list[Node] = []
+    special: set[str] = set()  # nodes that may hold NaN or infinities (from special inputs)
     for n in spec.nodes:
+        if n.fill == "special" or special.intersection(n.args):
+            special.add(n.name)
+        casts = () if uniform else _casts(rng, n, ivs, dtypes, special)
         iv = _interval(spec, n, ivs)
+        if any(c == "int32" and a in special for a, c in zip(n.args, casts, strict=False)):
+            iv = _INF  # an int32 cast of an infinity is ±2**31: no float16 after it
         ok = [d for d in floats if _fits(d, iv)]
         if uniform:
             dtype = base if base in ok else next((d for d in ok if d != "float16"), "float32")
         else:
             dtype = rng.choice(ok) if ok else "float32"
-        casts = () if uniform else _casts(rng, n, ivs, dtypes)
         nodes.append(replace(n, dtype=dtype, casts=casts))
         ivs[n.name] = iv
     if refused and rng.random() < 0.3:
