@@ -106,6 +106,23 @@ def test_compare_uses_the_output_dtype_tolerance():
     assert "differ" in compare("y", np.array([101.0], np.float16), h, dtype="float16")
 
 
+def test_compare_allows_the_gap_to_the_float64_oracle():
+    """fuzz seed 710032: ``int(max(abs(erf(b))))`` with ``erf`` stored as bfloat16 is 1 in the
+    reference (0.998 rounds to 1.0) and 0 in a kernel that keeps erf in a float32 register, as
+    in the float64 oracle: not a bug; the gap to the oracle is the slack."""
+    want = np.array([1.0 + 0.5, 2.0], np.float32)  # the reference: int(1.0) + b
+    got = np.array([0.0 + 0.5, 2.0], np.float32)  # the kernel: int(0.998) + b
+    oracle = np.array([0.5, 2.0])
+    assert "differ" in compare("y", got, want, dtype="bfloat16")
+    assert compare("y", got, want, dtype="bfloat16", oracle=oracle) == ""
+    assert "differ" in compare("y", got - 3.0, want, dtype="bfloat16", oracle=oracle)
+    # a float16 tensor that overflows in the reference but not in the oracle: inf may differ
+    w16 = np.array([np.inf, 1.0], np.float16)
+    g16 = np.array([6.0e4, 1.0], np.float16)
+    assert "infinities" in compare("y", g16, w16, dtype="float16")
+    assert compare("y", g16, w16, dtype="float16", oracle=np.array([7.0e4, 1.0])) == ""
+
+
 def _refused_spec(dtype: str) -> GraphSpec:
     nodes = [
         Node("x", "input", ("a",), fill="normal", seed=1, dtype="float16"),
@@ -257,3 +274,29 @@ def test_int32_cast_of_nan_and_out_of_range_floats_is_cudas():
     )
     for order in (False, True):
         np.testing.assert_array_equal(fn(vals, device="emulate", race_check=order), want)
+
+
+def test_where_of_a_float_read_and_an_int_branch_is_a_float():
+    """fuzz seed 720357: ``te.where(c, x[i, j], te.cast(h[j], "int32"))`` printed as
+    ``c ? x[..] : int``; the emulator's global reads are proxies, which made the select an
+    int (the float branch truncated: 0.25 came back 0) where the GPU gives a float. The
+    printer now converts a branch of another C type to the result's."""
+    from polyfuse import compile as pf_compile
+    from polyfuse import te
+
+    x = te.placeholder((4, 3), "float32", name="x")
+    h = te.placeholder((3,), "bfloat16", name="h")
+    y = te.compute(
+        (4, 3),
+        lambda i, j: te.where(h[j] >= -3.0, x[i, j], te.cast(h[j], "int32")),
+        name="y",
+        dtype="bfloat16",
+    )
+    fn = pf_compile([x, h], [y], check_cuda=False)
+    a = (np.random.default_rng(0).standard_normal((4, 3)) * 2).astype(np.float32)
+    b = np.array([0.5, -4.5, 1.5], ml_dtypes.bfloat16)
+    (want,) = evaluate([y], {x: a, h: b})
+    assert want[0, 0] != np.trunc(want[0, 0])  # the float branch has a fraction
+    for order in (False, True):
+        got = fn(a, b, device="emulate", race_check=order)
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))

@@ -167,14 +167,16 @@ def _int_reader(n: Node, k: int, special: bool = False) -> bool:
     """Whether argument ``k`` of ``n`` may be read as an integer or bool; ``special``: the
     argument may hold an infinity, which an int32 cast makes ±2**31, so no integer arithmetic
     may follow it (int32 wraps in a kernel, not in the reference's int64 body)."""
+    if isinstance(n.const, int):  # an int constant beside an int read must fit it: none then
+        return False
     if special:
         if n.kind == "unary":
             return n.op in ("tanh", "erf", "sigmoid")
         return n.kind in ("binary", "where") or (n.kind == "reduce" and not n.pre)
     if n.kind == "unary":
         return n.op in _INT_OK_UNARY
-    if n.kind == "binary":  # an int constant beside an int read must fit it: none then
-        return n.op in _INT_OK_BINARY and not isinstance(n.const, int)
+    if n.kind == "binary":
+        return n.op in _INT_OK_BINARY
     if n.kind == "reduce":  # a mean's te.sum is its own (int32) tensor: stored, refused
         return n.pre in ("", "neg", "abs", "square", "tanh") and n.op != "mean"
     return n.kind == "where" and k > 0
@@ -238,7 +240,8 @@ def with_dtypes(spec: GraphSpec, dtypes: Sequence[str] | None) -> GraphSpec:
         wide = {a for m in nodes if isinstance(m.const, int) for a in m.args}
         k = rng.choice([i for i, m in enumerate(nodes) if bad == "float64" or m.name not in wide])
         n = nodes[k]
-        if bad in ("float64", "int64") and n.kind != "input" and n.args and rng.random() < 0.3:
+        cast_ok = n.kind != "input" and n.args and not isinstance(n.const, int)
+        if bad in ("float64", "int64") and cast_ok and rng.random() < 0.3:
             nodes[k] = replace(n, casts=(bad,) + tuple(n.casts[1:]) if n.casts else (bad,))
         else:
             nodes[k] = replace(n, dtype=bad)
