@@ -35,7 +35,9 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
             "form, matmuls, where, sizes 1 and primes, NaN/inf inputs; and the families of "
             "past bugs: adversarial names, extreme constants, shifted and out-of-bounds reads, "
             "packed branches, GEMMs with 1-D factors, stencil chains), run them on the CPU "
-            "emulator and compare against polyfuse.reference.evaluate. Failures are shrunk to "
+            "emulator and compare against polyfuse.reference.evaluate (with --dtypes: float16, "
+            "bfloat16 and mixed-precision graphs, each output within its dtype's tolerance). "
+            "Failures are shrunk to "
             "a minimal graph and printed as a runnable Python script. Exit status 1 if any "
             "graph failed."
         ),
