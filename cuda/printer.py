@@ -143,6 +143,11 @@ def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
     return f"(-pf_mod((-{a}), {-b}))"
 
 
+def _c_type(dtype: str) -> str | None:
+    """The C type a value of ``dtype`` is held in (16-bit floats in float registers)."""
+    return "float" if is_float_register(dtype) else C_TYPES.get(dtype)
+
+
 class BodyPrinter(ex.ExprVisitor[str]):
     """Prints te expressions for one statement instance."""
 
@@ -262,12 +267,24 @@ class BodyPrinter(ex.ExprVisitor[str]):
 
     def visit_Select(self, e: ex.Select, env: dict[int, str]) -> str:
         cond, a, b = (self.visit(c, env) for c in e.children())
+        # A branch of another C type is converted to the result's first: the emulator's
+        # global reads are proxies, and ``c ? ref<float> : int`` is an int there (float on
+        # the GPU).
+        want = "float" if is_float_register(e.dtype) else C_TYPES.get(e.dtype)
+        a, b = (
+            f"(({want}){v})" if want and _c_type(x.dtype) != want else v
+            for v, x in ((a, e.a), (b, e.b))
+        )
         return f"({cond} ? {a} : {b})"
 
     def visit_Cast(self, e: ex.Cast, env: dict[int, str]) -> str:
         a = self.visit(e.a, env)
         if e.dtype in FLOAT_TO_HALF:  # rounded to the 16-bit type, held as float
             return f"{HALF_TO_FLOAT[e.dtype]}({FLOAT_TO_HALF[e.dtype]}((float){a}))"
+        if e.dtype == "int32" and is_float_register(e.a.dtype):
+            # toward zero, saturating, NaN to 0 (a C cast is undefined there: the emulator's
+            # x86 gives INT_MIN for NaN, where the GPU's cvt.rzi gives 0)
+            return f"__float2int_rz({a})"
         return f"(({C_TYPES[e.dtype]}){a})"
 
     def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:

@@ -630,10 +630,18 @@ inline float __int_as_float(int x) { return __builtin_bit_cast(float, x); }
 inline float __uint_as_float(unsigned x) { return __builtin_bit_cast(float, x); }
 inline long long __double_as_longlong(double x) { return __builtin_bit_cast(long long, x); }
 inline double __longlong_as_double(long long x) { return __builtin_bit_cast(double, x); }
-inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
-inline int __float2int_rz(float x) { return (int)x; }
-inline int __float2int_rd(float x) { return (int)floorf(x); }
-inline int __float2int_ru(float x) { return (int)ceilf(x); }
+// CUDA's cvt.r*i.s32.f32: saturating at the int range, NaN to 0 (where a C cast is undefined;
+// x86 gives INT_MIN). r is already rounded to an integral value.
+inline int pf_float2int_sat(float r) {
+  if (r != r) return 0;
+  if (r >= 2147483648.0f) return INT_MAX;
+  if (r <= -2147483648.0f) return INT_MIN;
+  return (int)r;
+}
+inline int __float2int_rn(float x) { return pf_float2int_sat(nearbyintf(x)); }
+inline int __float2int_rz(float x) { return pf_float2int_sat(truncf(x)); }
+inline int __float2int_rd(float x) { return pf_float2int_sat(floorf(x)); }
+inline int __float2int_ru(float x) { return pf_float2int_sat(ceilf(x)); }
 inline float __int2float_rn(int x) { return (float)x; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }

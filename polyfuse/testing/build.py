@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from polyfuse import te
+from polyfuse.graph import dtypes as dt
 
 from .generate import ONE, GraphSpec, Node, family_kind, te_name
 
@@ -35,8 +36,20 @@ def input_values(spec: GraphSpec) -> dict[str, np.ndarray]:
                 v = np.where(r < 0.05, np.nan, v)
                 v = np.where((r >= 0.05) & (r < 0.08), np.inf, v)
                 v = np.where((r >= 0.08) & (r < 0.11), -np.inf, v)
-        out[n.name] = np.asarray(v, dtype=np.float32)
+        out[n.name] = _stored(v, n.dtype)
     return out
+
+
+def _stored(v: np.ndarray, dtype: str) -> np.ndarray:
+    """Values ``v`` (float64) as an array of ``dtype``: rounded to a float dtype (through
+    float32, as the fuzzer has always drawn them), truncated to an integer one (NaN and
+    infinities become 0), tested ``!= 0`` for bool."""
+    if dt.is_float(dtype):
+        return np.asarray(v, dtype=np.float32).astype(dt.numpy_dtype(dtype))
+    if dtype == "bool":
+        return np.asarray(np.nan_to_num(v, nan=0.0) > 0.5, dtype=np.bool_)
+    finite = np.where(np.isfinite(v), v * 3.0, 0.0)
+    return np.trunc(finite).astype(dt.numpy_dtype(dtype))
 
 
 # --------------------------------------------------------------------------- spec -> te
@@ -108,7 +121,7 @@ def build(spec: GraphSpec) -> tuple[list[te.Tensor], list[te.Tensor], dict[str, 
     for n in spec.nodes:
         shape = spec.size(n.shape)
         if n.kind == "input":
-            ts[n.name] = te.placeholder(shape, name=te_name(spec, n))
+            ts[n.name] = te.placeholder(shape, n.dtype, name=te_name(spec, n))
             continue
         if (fam := family_kind(n.kind)) is not None:
             ts[n.name] = fam.build[n.kind](spec, n, ts)
@@ -120,6 +133,11 @@ def build(spec: GraphSpec) -> tuple[list[te.Tensor], list[te.Tensor], dict[str, 
     return inputs, [ts[o] for o in spec.outputs], ts
 
 
+def _cast(n: Node, k: int, v: Any) -> Any:
+    """Read ``v`` of argument ``k`` of ``n``, cast as ``n.casts`` says."""
+    return te.cast(v, n.casts[k]) if k < len(n.casts) and n.casts[k] else v
+
+
 def _build_compute(
     spec: GraphSpec,
     n: Node,
@@ -128,32 +146,29 @@ def _build_compute(
     shapes: list[tuple[str, ...]],
 ) -> te.Tensor:
     out = n.shape
+
+    def rd(k: int, i: tuple[Any, ...]) -> Any:
+        return _cast(n, k, _operand(srcs[k], shapes[k], out, i))
+
     if n.kind == "unary":
-        f = lambda *i: _apply_unary(n.op, _operand(srcs[0], shapes[0], out, i))  # noqa: E731
+        f = lambda *i: _apply_unary(n.op, rd(0, i))  # noqa: E731
     elif n.kind == "binary":
         if n.const is not None:
-            f = lambda *i: _apply_binary(n.op, _operand(srcs[0], shapes[0], out, i), n.const)  # noqa: E731
+            f = lambda *i: _apply_binary(n.op, rd(0, i), n.const)  # noqa: E731
         else:
-            f = lambda *i: _apply_binary(  # noqa: E731
-                n.op,
-                _operand(srcs[0], shapes[0], out, i),
-                _operand(srcs[1], shapes[1], out, i),
-            )
+            f = lambda *i: _apply_binary(n.op, rd(0, i), rd(1, i))  # noqa: E731
     elif n.kind == "where":
-        f = lambda *i: te.where(  # noqa: E731
-            _compare(n.op, _operand(srcs[0], shapes[0], out, i), n.const),
-            _operand(srcs[1], shapes[1], out, i),
-            _operand(srcs[2], shapes[2], out, i),
-        )
+        f = lambda *i: te.where(_compare(n.op, rd(0, i), n.const), rd(1, i), rd(2, i))  # noqa: E731
     elif n.kind == "transpose":
-        f = lambda i, j: srcs[0][j, i]  # noqa: E731
+        f = lambda i, j: _cast(n, 0, srcs[0][j, i])  # noqa: E731
     elif n.kind == "matmul":
         src_shape = spec.size(shapes[0])
         k = te.reduce_axis(src_shape[1], name=f"{n.name}_k")
+        a = lambda i: _cast(n, 0, srcs[0][i, k])  # noqa: E731
         if n.op == "nt":
-            f = lambda i, j: te.sum(srcs[0][i, k] * srcs[1][j, k], axis=k)  # noqa: E731
+            f = lambda i, j: te.sum(a(i) * _cast(n, 1, srcs[1][j, k]), axis=k)  # noqa: E731
         else:
-            f = lambda i, j: te.sum(srcs[0][i, k] * srcs[1][k, j], axis=k)  # noqa: E731
+            f = lambda i, j: te.sum(a(i) * _cast(n, 1, srcs[1][k, j]), axis=k)  # noqa: E731
     elif n.kind == "reduce":
         src_shape = spec.size(shapes[0])
         rks = {d: te.reduce_axis(src_shape[d], name=f"{n.name}_k{d}") for d in n.axes}
@@ -162,7 +177,7 @@ def _build_compute(
 
         def f(*i: Any) -> Any:
             sub = [rks[d] if kind == "k" else i[d] for kind, d in layout]
-            v = srcs[0][tuple(sub)] if sub else srcs[0][()]
+            v = _cast(n, 0, srcs[0][tuple(sub)] if sub else srcs[0][()])
             if n.pre:
                 v = _apply_unary(n.pre, v)
             axis = [rks[d] for d in n.axes]
@@ -172,4 +187,4 @@ def _build_compute(
 
     else:
         raise ValueError(f"unknown node kind {n.kind}")
-    return te.compute(shape, f, name=te_name(spec, n))
+    return te.compute(shape, f, name=te_name(spec, n), dtype=n.dtype)

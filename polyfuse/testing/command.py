@@ -16,6 +16,7 @@ from typing import Any
 
 from polyfuse.cli_common import add_common, non_negative_int, positive_int, write_json
 
+from .dtypes import parse_dtypes
 from .generate import FAMILIES
 from .run import FuzzReport, Outcome, fuzz
 from .script import to_script
@@ -34,7 +35,9 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
             "form, matmuls, where, sizes 1 and primes, NaN/inf inputs; and the families of "
             "past bugs: adversarial names, extreme constants, shifted and out-of-bounds reads, "
             "packed branches, GEMMs with 1-D factors, stencil chains), run them on the CPU "
-            "emulator and compare against polyfuse.reference.evaluate. Failures are shrunk to "
+            "emulator and compare against polyfuse.reference.evaluate (with --dtypes: float16, "
+            "bfloat16 and mixed-precision graphs, each output within its dtype's tolerance). "
+            "Failures are shrunk to "
             "a minimal graph and printed as a runnable Python script. Exit status 1 if any "
             "graph failed."
         ),
@@ -66,6 +69,16 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         f"{', '.join(sorted(FAMILIES))})",
     )
     p.add_argument(
+        "--dtypes",
+        type=_dtypes,
+        default=None,
+        metavar="LIST|all",
+        help="comma-separated dtypes graphs draw their tensors' dtypes from (float16, bfloat16, "
+        "float32: uniform and mixed-precision graphs with te.cast; float64, int32, int64, bool: "
+        "some graphs store one, which compiling must refuse with UnsupportedDtypeError, counted "
+        "as 'refused'), or 'all' (default: float32 only)",
+    )
+    p.add_argument(
         "--cache-twice-every",
         type=non_negative_int,
         default=4,
@@ -89,6 +102,13 @@ def _families(text: str) -> list[str]:
     return names
 
 
+def _dtypes(text: str) -> tuple[str, ...]:
+    try:
+        return parse_dtypes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _progress(quiet: bool = False) -> Any:
     def show(done: int, o: Outcome) -> None:
         if o.failed and not quiet:
@@ -109,6 +129,7 @@ def run_fuzz(args: argparse.Namespace) -> int:
         progress=_progress(args.quiet),
         cache_twice_every=args.cache_twice_every,
         families=args.families,
+        dtypes=args.dtypes,
     )
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
@@ -137,5 +158,6 @@ def run_fuzz(args: argparse.Namespace) -> int:
         f"{rep.compiles} compiles, {time.perf_counter() - t0:.1f} s: {counts or 'nothing run'}"
     )
     doc = {"graphs": rep.graphs, "seed": args.seed, "compiles": rep.compiles}
+    doc["dtypes"] = list(args.dtypes or ("float32",))
     write_json(args, {**doc, "counts": rep.counts, "failures": failures})
     return 1 if rep.failures else 0

@@ -84,6 +84,10 @@ class Node:
     fill: str = ""
     seed: int = 0  # input: the seed its values are drawn from
     params: tuple[int, ...] = ()  # the integers of a family's node kinds (:data:`FAMILIES`)
+    #: The tensor's dtype (a placeholder's, or a compute's ``dtype=``) and, per argument, a
+    #: dtype its reads are ``te.cast`` to ("" for none): see :mod:`.dtypes`.
+    dtype: str = "float32"
+    casts: tuple[str, ...] = ()
 
 
 @dataclass

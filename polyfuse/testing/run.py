@@ -9,9 +9,25 @@ failure).
 Comparison (:func:`compare`) is NaN-aware and scaled by the graph's own sensitivity: NaN
 positions must match and infinities must match exactly; finite values must agree within
 ``atol + rtol * |want|`` plus a multiple of how far the reference moves when the inputs are
-perturbed by a relative ``PERTURB`` (three trials). A graph that amplifies rounding — a sum that
-cancels, a comparison on a computed value that sits on its threshold — thereby gets the slack it
-needs at exactly the elements that need it, and no slack anywhere else.
+perturbed by a relative ``PERTURB`` (three trials; half a unit of roundoff of the coarsest
+16-bit float dtype downstream of an input, :func:`.dtypes.perturbation`). A graph that
+amplifies rounding — a sum that cancels, a comparison on a computed value that sits on its
+threshold — thereby gets the slack it needs at exactly the elements that need it, and no slack
+anywhere else. Likewise for the roundings of 16-bit tensors: the reference rounds every tensor
+to its dtype where a fused kernel keeps some in float32 registers, so an element may also be off
+by ``ORACLE_SLACK`` times the gap between the reference and its float64 oracle
+(``evaluate(..., precision="float64")``, which rounds nothing after the inputs), and its
+NaN-ness or infinity may differ where the two differ (an int32 cast of a bfloat16 ``erf`` that
+rounds to 1.0 in the reference and stays 0.998 in the kernel: fuzz seed 710032).
+
+``rtol``/``atol`` are the per-dtype tolerance (:func:`polyfuse.graph.dtypes.tolerance`) of
+each output's dtype, or of the coarser 16-bit dtype a compute upstream of it stores or casts to
+(:func:`.dtypes.precision`: the reference rounds that tensor where a fused kernel keeps it in
+float32), and the output must come back as an array of its dtype.
+
+A graph that stores a tensor in (or casts to) a dtype the code generator refuses
+(:func:`.dtypes.refusal`) must raise ``UnsupportedDtypeError`` when compiled: it is then
+"refused", which is not a failure.
 """
 
 from __future__ import annotations
@@ -26,11 +42,12 @@ import numpy as np
 
 import polyfuse
 from polyfuse.cache import CompileCache
-from polyfuse.errors import PolyfuseError
+from polyfuse.errors import PolyfuseError, UnsupportedDtypeError
 from polyfuse.graph.expr import Tensor
 from polyfuse.reference import evaluate, tolerance
 
 from .build import build, input_values
+from .dtypes import perturbation, precision, refusal, with_dtypes
 from .generate import GraphSpec, draw, merge
 
 __all__ = [
@@ -42,18 +59,20 @@ __all__ = [
     "run_batch",
 ]
 
-RTOL = tolerance("float32").rtol  # the per-dtype table of polyfuse.graph.dtypes
+RTOL = tolerance("float32").rtol  # float32's; compare() takes each output dtype's
 ATOL = tolerance("float32").atol
-PERTURB = 1e-5
+PERTURB = 1e-5  # of a float32 graph (:data:`.dtypes.PERTURB`)
 SLACK = 8.0  # multiple of the perturbed reference's spread that is allowed
+ORACLE_SLACK = 2.0  # multiple of the gap between the reference and its float64 oracle
 TRIALS = 3
 
 
 @dataclass
 class Outcome:
-    """What happened to one graph: status "pass", "mismatch", "crash" (an exception that is not
-    a PolyfuseError: a polyfuse bug), "error" (a PolyfuseError on a valid graph) or "silent"
-    (a graph that must be refused was built)."""
+    """What happened to one graph: status "pass", "refused" (a graph with a dtype the code
+    generator does not support raised UnsupportedDtypeError, as it must), "mismatch", "crash"
+    (an exception that is not a PolyfuseError: a polyfuse bug), "error" (a PolyfuseError on a
+    valid graph) or "silent" (a graph that must be refused was built or compiled)."""
 
     spec: GraphSpec
     status: str
@@ -82,29 +101,52 @@ def reference_values(
 
 
 def perturbed_references(
-    outputs: Sequence[Tensor], feeds: Mapping[Tensor, np.ndarray], seed: int = 0
+    outputs: Sequence[Tensor],
+    feeds: Mapping[Tensor, np.ndarray],
+    seed: int = 0,
+    perturb: float | Mapping[Tensor, float] = PERTURB,
 ) -> list[list[np.ndarray]]:
-    """The reference outputs for :data:`TRIALS` copies of ``feeds``, each value moved by a
-    random relative amount of at most :data:`PERTURB` (what :func:`compare` measures the
-    graph's sensitivity with)."""
+    """The reference outputs for :data:`TRIALS` copies of ``feeds``, each float value moved by
+    a random relative amount of at most ``perturb`` (or ``perturb[input]``) and stored
+    back in its dtype (what :func:`compare` measures the graph's sensitivity with); integer
+    and bool feeds stay."""
     rng = np.random.default_rng([seed, 7919])
     trials = []
     for _ in range(TRIALS):
         moved = {
-            t: (v * (1 + PERTURB * rng.uniform(-1, 1, np.shape(v)))).astype(np.float32)
+            t: _moved(v, perturb if isinstance(perturb, float) else perturb[t], rng)
             for t, v in feeds.items()
         }
         trials.append(evaluate(list(outputs), moved))
     return trials
 
 
+def _moved(v: np.ndarray, perturb: float, rng: np.random.Generator) -> np.ndarray:
+    v = np.asarray(v)
+    if v.dtype.kind in "biu":
+        rng.uniform(-1, 1, np.shape(v))  # the same draws as a float feed: trials stay aligned
+        return v
+    moved = v.astype(np.float64) * (1 + perturb * rng.uniform(-1, 1, np.shape(v)))
+    return moved.astype(v.dtype if v.dtype != np.float64 else np.float32)
+
+
 def compare(
-    name: str, got: np.ndarray, want: np.ndarray, perturbed: Sequence[np.ndarray] = ()
+    name: str,
+    got: np.ndarray,
+    want: np.ndarray,
+    perturbed: Sequence[np.ndarray] = (),
+    dtype: str = "float32",
+    oracle: np.ndarray | None = None,
 ) -> str:
-    """Why ``got`` is not ``want`` (one line), or "" when it agrees (see the module docstring)."""
+    """Why ``got`` is not ``want`` (one line), or "" when it agrees within ``dtype``'s
+    tolerance (see the module docstring); ``oracle``: the same output evaluated with
+    ``precision="float64"`` (no tensor rounded after the inputs)."""
     got = np.asarray(got)
     if got.shape != want.shape:
         return f"output '{name}' has shape {got.shape}, reference {want.shape}"
+    if got.dtype != want.dtype:
+        return f"output '{name}' is a {got.dtype} array, reference {want.dtype}"
+    rtol, atol = tolerance(dtype).rtol, tolerance(dtype).atol
     g = got.astype(np.float64)
     w = want.astype(np.float64)
     spread = np.zeros(w.shape)
@@ -115,6 +157,13 @@ def compare(
             unstable |= (np.isnan(p) != np.isnan(w)) | (np.isinf(p) & (p != w))
             d = np.abs(p - w)
             spread = np.maximum(spread, np.where(np.isfinite(d), d, 0.0))
+        gap = np.zeros(w.shape)
+        if oracle is not None:  # where rounding the intermediates moves the reference
+            o = np.asarray(oracle).astype(np.float64)
+            nan_o, nan_w = np.isnan(o), np.isnan(w)
+            inf_moves = (np.isinf(o) | np.isinf(w)) & (o != w) & ~nan_o & ~nan_w
+            unstable |= (nan_o != nan_w) | inf_moves
+            gap = np.where(np.isfinite(o - w), np.abs(o - w), 0.0)
         nan_bad = (np.isnan(g) != np.isnan(w)) & ~unstable
         if nan_bad.any():
             at = tuple(int(i) for i in np.argwhere(nan_bad)[0])
@@ -130,7 +179,7 @@ def compare(
                 f"got {float(g[at])!r}, want {float(w[at])!r}"
             )
         fin = np.isfinite(w) & np.isfinite(g) & ~unstable
-        tol = ATOL + RTOL * np.abs(w) + SLACK * spread
+        tol = atol + rtol * np.abs(w) + SLACK * spread + ORACLE_SLACK * gap
         err = np.where(fin, np.abs(g - w) - tol, -1.0)
     if (err > 0).any():
         at = np.unravel_index(int(np.argmax(err)), w.shape)
@@ -176,15 +225,21 @@ def _run_compiled(
     if differs:
         return {o: differs for o in spec.outputs}, len(fn.kernels)
     args = [feeds[n.name] for n in spec.inputs]  # build's inputs, in spec order
-    want = evaluate(outputs, {ts[k]: v for k, v in feeds.items() if k in ts})
-    perturbed = perturbed_references(outputs, dict(zip(inputs, args, strict=True)), spec.seed)
+    by_tensor = {ts[k]: v for k, v in feeds.items() if k in ts}
+    want = evaluate(outputs, by_tensor)
+    oracle = evaluate(outputs, by_tensor, precision="float64")
+    by_input = dict(zip(inputs, args, strict=True))
+    moves = perturbation(spec)
+    moves = {t: moves[n.name] for t, n in zip(inputs, spec.inputs, strict=True)}
+    perturbed = perturbed_references(outputs, by_input, spec.seed, moves)
     why = {o: "" for o in spec.outputs}
     for order in (False, True) if race_check else (False,):
         got = fn(*args, device="emulate", race_check=order)
         got_t = got if isinstance(got, tuple) else (got,)
         for i, o in enumerate(spec.outputs):
             if not why[o]:
-                r = compare(o, got_t[i], want[i], [p[i] for p in perturbed])
+                moved = [p[i] for p in perturbed]
+                r = compare(o, got_t[i], want[i], moved, precision(spec, o), oracle[i])
                 why[o] = r + (" [threads in reverse order]" if r and order else "")
     return why, len(fn.kernels)
 
@@ -194,6 +249,8 @@ def check_spec(spec: GraphSpec, *, race_check: bool = True, cache_twice: bool = 
     (``meta["expect_error"]``, e.g. an out-of-bounds read) passes when building it raises that
     error, and is "silent" (a failure) when it compiles."""
     spec = spec.pruned()
+    if why_refused := refusal(spec):
+        return _check_refused(spec, why_refused)
     expect = spec.meta.get("expect_error")
     if expect:
         try:
@@ -218,15 +275,35 @@ def check_spec(spec: GraphSpec, *, race_check: bool = True, cache_twice: bool = 
     return out
 
 
+def _check_refused(spec: GraphSpec, why: str) -> Outcome:
+    """A spec the code generator must refuse (``why``): compiling it raises
+    UnsupportedDtypeError ("refused"), anything else is a failure."""
+    try:
+        inputs, outputs, _ = build(spec)
+        polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz")
+    except UnsupportedDtypeError as e:
+        return Outcome(spec, "refused", str(e))
+    except PolyfuseError as e:
+        return Outcome(spec, "error", f"{type(e).__name__} where {why}: {e}")
+    except Exception as e:  # a polyfuse bug
+        return Outcome(spec, "crash", f"{type(e).__name__}: {e}")
+    return Outcome(
+        spec, "silent", f"compiled without the UnsupportedDtypeError it must raise: {why}"
+    )
+
+
 def run_batch(
     specs: Sequence[GraphSpec], *, race_check: bool = True, cache_twice: bool = False
 ) -> list[Outcome]:
     """Check ``specs`` (disjointly named) with one compile; return one outcome per spec, plus
     one for the merged spec when it fails while every spec passes alone. Specs that must be
     refused are checked alone (their error would stop the merged build). ``cache_twice``:
-    the merged graph is compiled cold and warm through one compile cache (same CUDA)."""
-    refused = [check_spec(s) for s in specs if s.meta.get("expect_error")]
-    specs = [s for s in specs if not s.meta.get("expect_error")]
+    the merged graph is compiled cold and warm through one compile cache (same CUDA). Specs
+    that must be refused (an error when built, or a dtype code generation refuses) are checked
+    alone too."""
+    alone = [s for s in specs if s.meta.get("expect_error") or refusal(s)]
+    refused = [check_spec(s) for s in alone]
+    specs = [s for s in specs if not (s.meta.get("expect_error") or refusal(s))]
     if len(specs) <= 1:
         return refused + [
             check_spec(s, race_check=race_check, cache_twice=cache_twice) for s in specs
@@ -284,15 +361,20 @@ def fuzz(
     progress: Callable[[int, Outcome], None] | None = None,
     cache_twice_every: int = 4,
     families: Sequence[str] | None = None,
+    dtypes: Sequence[str] | None = None,
 ) -> FuzzReport:
     """Generate and check ``n`` graphs (seeds ``seed``, ``seed+1``, ...), ``batch`` per compile.
     Every ``cache_twice_every``-th compile (0: none) is done twice through one fresh compile
     cache, cold then warm, and must give the same CUDA. ``families``: draw only from these
-    (:data:`~polyfuse.testing.generate.FAMILIES`; default all)."""
+    (:data:`~polyfuse.testing.generate.FAMILIES`; default all). ``dtypes``: the dtypes
+    graphs draw (:func:`.dtypes.with_dtypes`; default float32 only)."""
     rep = FuzzReport()
     for start in range(0, n, batch):
         specs = [
-            draw(seed + i, max_elements=max_elements, prefix=f"g{i}_", families=families)
+            with_dtypes(
+                draw(seed + i, max_elements=max_elements, prefix=f"g{i}_", families=families),
+                dtypes,
+            )
             for i in range(start, min(n, start + batch))
         ]
         twice = cache_twice_every > 0 and rep.compiles % cache_twice_every == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .build import input_values, reduce_layout
+from .dtypes import perturbation, precision
 from .generate import ONE, GraphSpec, Node, family_kind, te_name
 
 __all__ = ["to_script"]
@@ -52,35 +53,38 @@ _CMP = {"gt": ">", "lt": "<", "ge": ">=", "le": "<="}
 def _node(spec: GraphSpec, n: Node) -> list[str]:
     shape = spec.size(n.shape)
     if n.kind == "input":
-        return [f"{n.name} = te.placeholder({shape!r}, name={te_name(spec, n)!r})"]
+        dtype = f"{n.dtype!r}, " if _typed(spec) else ""
+        return [f"{n.name} = te.placeholder({shape!r}, {dtype}name={te_name(spec, n)!r})"]
     if (fam := family_kind(n.kind)) is not None:  # a generator family's kind (ops calls)
         return fam.source[n.kind](spec, n)
     shapes = [spec.node(a).shape for a in n.args]
     idx = _idx(len(shape))
     lines: list[str] = []
+
+    def rd(k: int) -> str:
+        return _cast(n, k, _read(n.args[k], shapes[k], n.shape, idx))
+
     if n.kind == "unary":
-        body = _unary(n.op, _read(n.args[0], shapes[0], n.shape, idx))
+        body = _unary(n.op, rd(0))
     elif n.kind == "binary":
-        a = _read(n.args[0], shapes[0], n.shape, idx)
-        b = repr(n.const) if n.const is not None else _read(n.args[1], shapes[1], n.shape, idx)
-        body = _binary(n.op, a, b)
+        body = _binary(n.op, rd(0), repr(n.const) if n.const is not None else rd(1))
     elif n.kind == "where":
-        c, a, b = (_read(x, s, n.shape, idx) for x, s in zip(n.args, shapes, strict=True))
-        body = f"te.where({c} {_CMP[n.op]} {n.const!r}, {a}, {b})"
+        body = f"te.where({rd(0)} {_CMP[n.op]} {n.const!r}, {rd(1)}, {rd(2)})"
     elif n.kind == "transpose":
-        body = f"{n.args[0]}[i1, i0]"
+        body = _cast(n, 0, f"{n.args[0]}[i1, i0]")
     elif n.kind == "matmul":
         k = spec.size(shapes[0])[1]
         lines.append(f'{n.name}_k = te.reduce_axis({k}, name="{n.name}_k")')
         b = f"{n.args[1]}[i1, {n.name}_k]" if n.op == "nt" else f"{n.args[1]}[{n.name}_k, i1]"
-        body = f"te.sum({n.args[0]}[i0, {n.name}_k] * {b}, axis={n.name}_k)"
+        a = _cast(n, 0, f"{n.args[0]}[i0, {n.name}_k]")
+        body = f"te.sum({a} * {_cast(n, 1, b)}, axis={n.name}_k)"
     elif n.kind == "reduce":
         src = spec.size(shapes[0])
         for d in n.axes:
             lines.append(f'{n.name}_k{d} = te.reduce_axis({src[d]}, name="{n.name}_k{d}")')
         layout = reduce_layout(n, len(src))
         subs = [f"{n.name}_k{d}" if kind == "k" else idx[d] for kind, d in layout]
-        v = f"{n.args[0]}[{', '.join(subs)}]" if subs else f"{n.args[0]}[()]"
+        v = _cast(n, 0, f"{n.args[0]}[{', '.join(subs)}]" if subs else f"{n.args[0]}[()]")
         if n.pre:
             v = _unary(n.pre, v)
         axis = "[" + ", ".join(f"{n.name}_k{d}" for d in n.axes) + "]"
@@ -92,19 +96,52 @@ def _node(spec: GraphSpec, n: Node) -> list[str]:
     else:
         raise ValueError(f"unknown node kind {n.kind}")
     lam = f"lambda {', '.join(idx)}: {body}" if idx else f"lambda: {body}"
-    lines.append(f"{n.name} = te.compute({shape!r}, {lam}, name={te_name(spec, n)!r})")
+    dtype = f", dtype={n.dtype!r}" if _typed(spec) else ""
+    lines.append(f"{n.name} = te.compute({shape!r}, {lam}, name={te_name(spec, n)!r}{dtype})")
     return lines
 
 
-def _array(v: np.ndarray) -> str:
-    flat = ", ".join(repr(float(x)) for x in v.ravel())
-    return f"np.array([{flat}], dtype=np.float32).reshape({v.shape!r})"
+def _typed(spec: GraphSpec) -> bool:
+    """Whether ``spec`` has a dtype other than float32 (its script then spells every one)."""
+    return any(n.dtype != "float32" or any(n.casts) for n in spec.nodes)
+
+
+def _cast(n: Node, k: int, v: str) -> str:
+    """Text of read ``v`` of argument ``k`` of ``n``, cast as ``n.casts`` says."""
+    return f"te.cast({v}, {n.casts[k]!r})" if k < len(n.casts) and n.casts[k] else v
+
+
+#: numpy spelling of each dtype's array in a script.
+_NUMPY = {
+    "float32": "np.float32",
+    "float16": "np.float16",
+    "bfloat16": "ml_dtypes.bfloat16",
+    "float64": "np.float64",
+    "int32": "np.int32",
+    "int64": "np.int64",
+    "bool": "np.bool_",
+}
+
+
+def _array(v: np.ndarray, dtype: str = "float32") -> str:
+    """``v`` as numpy source: its exact values (float ones through float, whose repr is exact
+    for every 16- and 32-bit float), in its dtype."""
+    if v.dtype.kind in "biu":
+        flat = ", ".join(repr(x.item()) for x in v.ravel())
+    else:
+        flat = ", ".join(repr(float(x)) for x in v.ravel())
+    return f"np.array([{flat}], dtype={_NUMPY[dtype]}).reshape({v.shape!r})"
+
+
+def _bf16(spec: GraphSpec) -> bool:
+    return any(n.dtype == "bfloat16" and n.kind == "input" for n in spec.nodes)
 
 
 def to_script(spec: GraphSpec, *, race_check: bool = False, title: str = "") -> str:
     """A runnable script that reproduces ``spec``'s run (see the module docstring)."""
     spec = spec.pruned()
     feeds = input_values(spec)
+    moves = perturbation(spec)
     lines = [
         f'"""{title or "A graph found by polyfuse fuzz"} (seed {spec.seed}).',
         "",
@@ -114,7 +151,7 @@ def to_script(spec: GraphSpec, *, race_check: bool = False, title: str = "") -> 
         "import sys",
         "",
         "import numpy as np",
-        "",
+        *(["import ml_dtypes", ""] if _bf16(spec) else [""]),
         "import polyfuse",
         "from polyfuse import ops, te",
         "from polyfuse.reference import evaluate",
@@ -131,7 +168,7 @@ def to_script(spec: GraphSpec, *, race_check: bool = False, title: str = "") -> 
         f"inputs = [{', '.join(ins)}]",
         f"outputs = [{', '.join(spec.outputs)}]",
         "feeds = [",
-        *(f"    {_array(feeds[i])},  # {i}" for i in ins),
+        *(f"    {_array(feeds[i], spec.node(i).dtype)},  # {i}" for i in ins),
         "]",
         "",
         'fn = polyfuse.compile(inputs, outputs, check_cuda=False, name="fuzz")',
@@ -139,10 +176,13 @@ def to_script(spec: GraphSpec, *, race_check: bool = False, title: str = "") -> 
         "got = got if isinstance(got, tuple) else (got,)",
         "by_input = dict(zip(inputs, feeds))",
         "want = evaluate(outputs, by_input)",
-        f"moved = perturbed_references(outputs, by_input, {spec.seed})",
+        f"moves = {{{', '.join(f'{i}: {moves[i]!r}' for i in ins)}}}",
+        f"moved = perturbed_references(outputs, by_input, {spec.seed}, moves)",
+        'oracle = evaluate(outputs, by_input, precision="float64")',
+        f"precisions = {[precision(spec, o) for o in spec.outputs]!r}  # the tolerances' dtypes",
         "bad = 0",
         "for k, (t, g, w) in enumerate(zip(outputs, got, want)):",
-        "    why = compare(t.name, g, w, [m[k] for m in moved])",
+        "    why = compare(t.name, g, w, [m[k] for m in moved], precisions[k], oracle[k])",
         "    if why:",
         "        bad += 1",
         "        print(why)",

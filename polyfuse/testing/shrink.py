@@ -3,9 +3,10 @@
 Greedy delta debugging over :class:`~polyfuse.testing.generate.GraphSpec` edits, biggest first:
 keep one output, drop an output, output a producer instead of its consumer, cut a compute off
 its producers (it becomes an input of the same shape), bypass a compute (its consumers read one
-of its same-shaped operands instead), make a dimension smaller (1, 2, 3, half, one less), and
-simplify an op (plain inputs instead of NaN/inf ones, ``sum`` for other reductions, ``add`` for
-other binary ops, no function inside a reduction). The first edit after which the graph still
+of its same-shaped operands instead; a cut keeps the dtype), make a dimension smaller (1, 2, 3,
+half, one less), and simplify an op (no casts, float32 instead of another dtype, plain inputs
+instead of NaN/inf ones, ``sum`` for other reductions, ``add`` for other binary ops, no
+function inside a reduction). The first edit after which the graph still
 fails is kept and the search restarts; it stops when no edit keeps the failure (a local
 minimum: every single edit fixes it) or after ``max_checks`` compiles.
 
@@ -69,7 +70,8 @@ def candidates(spec: GraphSpec) -> Iterator[GraphSpec]:
                 yield spec.copy(outputs=list(dict.fromkeys(a if x == o else x for x in outs)))
     for n in computes:  # cut: the compute becomes an input
         if any(spec.node(a).kind != "input" for a in n.args):
-            cut = Node(n.name, "input", n.shape, fill="normal", seed=zlib.crc32(n.name.encode()))
+            seed = zlib.crc32(n.name.encode())
+            cut = Node(n.name, "input", n.shape, fill="normal", seed=seed, dtype=n.dtype)
             cand = _with_node(spec, cut)
             cand.outputs = [o for o in cand.outputs if o != n.name]
             if cand.outputs:
@@ -90,6 +92,10 @@ def candidates(spec: GraphSpec) -> Iterator[GraphSpec]:
 
 
 def _simpler(n: Node) -> Iterator[Node]:
+    if n.casts:
+        yield replace(n, casts=())
+    if n.dtype != "float32":
+        yield replace(n, dtype="float32")
     if n.kind == "input" and n.fill != "normal":
         yield replace(n, fill="normal")
     if n.kind == "reduce":
