@@ -125,7 +125,7 @@ def lower_promotions(
             if pipeline and n.stmt == pipeline.commit:
                 return KCommit()
             if pipeline and n.stmt == pipeline.wait:
-                return KWait(1)
+                return KWait(stages - 1)  # k-tiles kt+1..kt+S-1 may fly
             return n
 
     return ir.with_(
