@@ -26,11 +26,11 @@ from dataclasses import replace
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.costs.stages import StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_codegen import with_codegen
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
-from polyfuse.poly.costs.stages import StageProblem, choose_stages
 from polyfuse.poly.policy import (
     ASSUMED_REGISTERS,
     FLOAT_BYTES,

@@ -138,9 +138,7 @@ def _candidate(p: StageProblem, s: int, device: DeviceSpec) -> StageCandidate:
     )
 
 
-def choose_stages(
-    p: StageProblem, device: DeviceSpec, forced: int | None = None
-) -> StageChoice:
+def choose_stages(p: StageProblem, device: DeviceSpec, forced: int | None = None) -> StageChoice:
     """The stage count of ``p`` on ``device`` (see the module doc); ``forced`` (2..4) is taken
     when it fits the budget, else the largest fitting count below it, the refusal recorded.
     Returns 1 stage when not even two stages fit."""
@@ -156,8 +154,10 @@ def choose_stages(
         if not ok:
             return StageChoice(1, f"{forced} stages forced but none fits: 1 stage", cands)
         best = max(ok, key=lambda c: c.stages)
-        why = f"{forced} stages (forced)" if best.stages == forced else (
-            f"{forced} stages forced, refused ({cands[forced - 2].refused}): {best.stages}"
+        why = (
+            f"{forced} stages (forced)"
+            if best.stages == forced
+            else (f"{forced} stages forced, refused ({cands[forced - 2].refused}): {best.stages}")
         )
         return StageChoice(best.stages, why, cands)
     ok = [c for c in cands if not c.refused]
