@@ -19,15 +19,25 @@ from polyfuse import ops, te
 from polyfuse.cuda.compiler import available_compilers, compile_cuda
 from polyfuse.cuda.emulator import Emulator
 from polyfuse.cuda.kernel_ast import (
+    KAlloc,
     KAsyncCopy,
     KCommit,
+    KCopy,
     KernelIR,
     KFor,
     KInt,
     KOp,
     KStmt,
+    KTile,
     KVar,
     KWait,
+    MemSpace,
+)
+from polyfuse.cuda.lower_pipeline import (
+    expand_stages,
+    lower_pipeline_sync,
+    stage_consumers,
+    stage_producers,
 )
 from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
 from polyfuse.errors import RaceError
@@ -163,6 +173,59 @@ def test_promotion_pass_expands_buffers_and_rewrites_stage_indices(stages):
     # single-stage: no stage dim, plain copies
     plain = lower_promotions(before, [tile])
     assert plain.allocs[0].shape == (16, 8) and plain.tiles[0].stage is None
+
+
+def _one_tile_ir(stages: int) -> KernelIR:
+    """The promotion pass's output for one tile ``s_a`` (16x8) over k-tile loop kt0: a copy
+    whose first coordinate is the k-tile it fills (kt0 + S-1), a commit and a wait."""
+    kt = KVar("kt0")
+    ahead = KOp("+", (kt, KInt(stages - 1)))
+    copy = KCopy("s_a", (ahead, KVar("p0r"), KVar("p0c")), "a", (KVar("p0r"), KVar("p0c")))
+    loop = KFor(
+        "kt0",
+        KInt(1 - stages),
+        KOp("<=", (kt, KInt(6))),
+        1,
+        [copy, KStmt("Commit", (kt,)), KStmt("Wait", (kt,))],
+    )
+    alloc = KAlloc("s_a", MemSpace.SHARED, "", (16, 8))
+    tile = KTile("a", "s_a", (KInt(0), KOp("*", (KInt(8), kt))), frozenset({"U"}))
+    return KernelIR("k", (), (("t0", 64),), (loop,), ("mg",), allocs=(alloc,), tiles=(tile,))
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_expand_stages_adds_the_stage_dim(stages):
+    before = _one_tile_ir(stages)
+    after = expand_stages(before, frozenset({"s_a"}), stages)
+    assert before.allocs[0].shape == (16, 8) and after.allocs[0].shape == (stages, 16, 8)
+    assert expand_stages(before, frozenset({"s_b"}), stages).allocs == before.allocs
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_stage_producers_copy_async_into_their_k_tiles_stage(stages):
+    before = _one_tile_ir(stages)
+    after = stage_producers(before, frozenset({"s_a"}), stages)
+    (copy_before, *_), (copy, *_) = before.body[0].body, after.body[0].body
+    assert type(copy_before) is KCopy and isinstance(copy, KAsyncCopy)
+    assert copy.dst_index[0] == KOp("%", (copy_before.dst_index[0], KInt(stages)))
+    assert copy.dst_index[1:] == copy_before.dst_index[1:] and copy.src == "a"
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_stage_consumers_read_stage_kt_mod_s(stages):
+    before = _one_tile_ir(stages)
+    after = stage_consumers(before, frozenset({"s_a"}), "kt0", stages)
+    assert before.tiles[0].stage is None
+    assert after.tiles[0].stage == KOp("%", (KVar("kt0"), KInt(stages)))
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_pipeline_sync_waits_with_exactly_s_minus_1_groups_pending(stages):
+    before = _one_tile_ir(stages)
+    after = lower_pipeline_sync(before, "Commit", "Wait", stages)
+    _, commit, wait = after.body[0].body
+    assert before.body[0].body[1] == KStmt("Commit", (KVar("kt0"),))
+    assert commit == KCommit() and wait == KWait(stages - 1)
 
 
 # --------------------------------------------------------------------------------------------
