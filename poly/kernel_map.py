@@ -133,8 +133,17 @@ def gemm_kernel_fitting(
     single-buffered (or why not GEMM-like, a string). The plan's notes say why."""
     tiling = fit_tiling(shape, tiling)  # the column tile over two dims where it pads less
     gk = build_gemm_kernel(sm, shape, tiling, pipeline_stages(device.arch))
-    if isinstance(gk, str) or gk.stages == 1:
-        return gk if isinstance(gk, str) else with_codegen(gk, device)
+    if isinstance(gk, str):
+        return gk
+    if gk.stages == 1:
+        if stages and stages > 1:  # forced, but nothing to pipeline here
+            why = (
+                f"no cp.async on {device.arch}"
+                if pipeline_stages(device.arch) == 1
+                else "no single k-tile loop of several k-tiles with shared tiles"
+            )
+            gk = replace(gk, notes=[*gk.notes, f"stages: 1, not the forced {stages} ({why})"])
+        return with_codegen(gk, device)
     choice = choose_stages(stage_problem(gk), device, stages)
     if choice.stages != gk.stages:
         gk = build_gemm_kernel(sm, shape, tiling, choice.stages)

@@ -379,3 +379,13 @@ def test_hot_loop_ffma_share_holds_with_more_stages(stages):
     assert k.hot.mix["FFMA"] == 512 and k.hot.mix.ffma_share >= 0.85
     assert k.resources.spill_stores == 0
     assert k.resources.shared_bytes == stages * 4 * (128 * 8 + 8 * 132)
+
+
+def test_forced_stages_without_a_pipelined_loop_say_why():
+    """K = 8 is one k-tile: nothing to pipeline; the forced count is refused in the notes."""
+    fn, (a, b) = _matmul(33, 8, 20, 3)
+    notes = [n for m in fn.plan.mapped if m for n in m.notes if n.startswith("stages: ")]
+    assert notes == ["stages: 1, not the forced 3 (no single k-tile loop of several k-tiles "
+                     "with shared tiles)"]  # fmt: skip
+    assert "__pipeline" not in fn.cuda_source
+    np.testing.assert_allclose(fn(a, b), a @ b, rtol=1e-4, atol=1e-4)
