@@ -43,7 +43,6 @@ WAIT = "Cp_wait"  # pipelined: all groups but the S-1 newest (k-tiles kt+1..kt+S
 #: shared-tile stages when pipelined, unless the stage model (:mod:`polyfuse.poly.costs.stages`)
 #: chooses: k-tile kt+1 is copied (cp.async) while kt is used
 PIPELINE_STAGES = 2
-MAX_STAGES = 4  # stage counts the pipeline is built and tested for: 2..4
 CP_ASYNC_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")  # cp.async exists from sm_80 on
 
 
