@@ -289,6 +289,23 @@ def test_pipelined_gemm_matches_numpy_plain_and_race_checked(stages, size):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("stages", [3, 4])
+def test_pipelined_conv_and_epilogue_chain_match_the_reference(stages):
+    """An implicit-GEMM conv (odd channels, filters and image) and matmul + bias + GELU with
+    S stages, plain and race-checked."""
+    for inputs, outputs, reference in (
+        examples.conv2d_relu(batch=2, channels=19, size=9, filters=7)[:3],
+        examples.matmul_bias_gelu(45, 70, 38)[:3],
+    ):
+        cfg = MappingConfig(gemm_stages=stages)
+        fn = polyfuse.compile(inputs, outputs, "sm_80", check_cuda=False, mapping=cfg)
+        assert f"__pipeline_wait_prior({stages - 1});" in fn.cuda_source
+        arrays = examples.random_inputs(inputs)
+        for race in (False, "shadow"):
+            got = fn(*arrays, race_check=race)
+            assert examples.max_error(got, reference(*arrays)) < 1e-3
+
+
 def test_stage_count_model_picks_inside_the_budget_and_says_why():
     fn, (a, b) = _matmul(40, 200, 36, None)
     notes = [n for m in fn.plan.mapped if m for n in m.notes if n.startswith("stages: ")]
@@ -323,7 +340,7 @@ def test_planted_wrong_wait_count_reads_poison(emu, stages):
     assert np.isnan(out).any()
 
 
-@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("which", ["after wait", "after use"])
 def test_planted_missing_barrier_is_a_race(emu, stages, which):
     """Deleting the barrier between the wait and the reads (a thread reads words another
