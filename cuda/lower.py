@@ -4,7 +4,9 @@ The passes, in order: buffers from placements (:mod:`polyfuse.cuda.lower_buffers
 combine (:mod:`polyfuse.cuda.lower_combines`), barriers between stitched parts
 (:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`).
 GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
-(:mod:`polyfuse.cuda.lower_promotions`), barrier statements, the register micro-tile
+(:mod:`polyfuse.cuda.lower_promotions`) pipelined over S stages where the schedule asks
+(:mod:`polyfuse.cuda.lower_pipeline`: buffer expansion, producer and consumer stage indices,
+commit/wait with the exact count), barrier statements, the register micro-tile
 (:mod:`polyfuse.cuda.lower_register_tile`), register fragments of the operands
 (:mod:`polyfuse.cuda.lower_fragments`), vector stores of the epilogue
 (:mod:`polyfuse.cuda.lower_vector_stores`), element types.
@@ -34,7 +36,8 @@ from polyfuse.cuda.lower_combines import lower_combines
 from polyfuse.cuda.lower_dtypes import assign_dtypes, storage_dtypes
 from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
 from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
-from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
+from polyfuse.cuda.lower_pipeline import Pipeline
+from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
 from polyfuse.cuda.lower_register_tile import lower_register_tile
 from polyfuse.cuda.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.lower_vectorize import VectorPlan, vectorize

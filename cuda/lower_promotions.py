@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
-    KAsyncCopy,
-    KCommit,
     KCopy,
     KernelIR,
     KExpr,
@@ -30,11 +28,12 @@ from polyfuse.cuda.kernel_ast import (
     KStmt,
     KThreadGrid,
     KTile,
-    KVar,
-    KWait,
     MemSpace,
     substitute,
 )
+from polyfuse.cuda.lower_pipeline import Pipeline, pipeline_tiles
+
+__all__ = ["Pipeline", "PromotedTile", "lower_promotions"]
 
 VECTOR_BYTES = 16  # a vector-copied tile is aligned to one 128-bit vector
 
@@ -56,25 +55,13 @@ class PromotedTile:
     merge: tuple[tuple[int, ...], ...] = ()  # the tile's dims over the tensor's (KTile.merge)
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    """Multi-stage tiles: ``stages`` buffers alternate over k-tile loop ``loop`` (``ktiles``:
-    all k-tile loop variables, leading each copy's coordinates); instances of ``commit`` and
-    ``wait`` become :class:`KCommit` and :class:`KWait` (all but the newest group landed)."""
-
-    stages: int
-    loop: str
-    ktiles: tuple[str, ...]
-    commit: str
-    wait: str
-
-
 def lower_promotions(
     ir: KernelIR, tiles: Sequence[PromotedTile], pipeline: Pipeline | None = None
 ) -> KernelIR:
     """A new IR with the tiles allocated (before the registers), copies as :class:`KCopy`
-    (with ``pipeline``: ``stages`` buffers per tile, filled by :class:`KAsyncCopy`)."""
-    stages = pipeline.stages if pipeline else 1
+    (with ``pipeline``: each copy's box is its own k-tile's, its first destination
+    coordinate that k-tile, and the passes of :mod:`polyfuse.cuda.lower_pipeline` make
+    ``stages`` buffers per tile filled by :class:`KAsyncCopy`)."""
     shared_name = ir.namer.shared  # the tile of a tensor: s_<name>
     allocs = list(ir.allocs)
     first_reg = next((i for i, a in enumerate(allocs) if a.space is MemSpace.REGISTER), len(allocs))
@@ -83,16 +70,15 @@ def lower_promotions(
             shared_name(t.tensor),
             MemSpace.SHARED,
             "",
-            ((stages,) if stages > 1 else ()) + t.shape,
+            t.shape,
             align=VECTOR_BYTES if t.width > 1 else 0,
         )
         for t in tiles
     ]
     allocs[first_reg:first_reg] = new
     grids = tuple(KThreadGrid(shared_name(t.tensor), t.grid) for t in tiles)
-    stage = KOp("%", (KVar(pipeline.loop), KInt(stages))) if pipeline else None
     records = tuple(
-        KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, stage, t.select_free, t.merge)
+        KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, None, t.select_free, t.merge)
         for t in tiles
     )
     by_stmt = {t.copy_stmt: t for t in tiles}
@@ -114,23 +100,21 @@ def lower_promotions(
         args = (shared_name(t.tensor), dst, src, tuple(es), guard, 0.0, t.global_shape)
         if not pipeline:
             return KCopy(*args, t.width)
-        kt = n.args[pipeline.ktiles.index(pipeline.loop)]
-        dst = (KOp("%", (kt, KInt(stages))),) + dst
-        return KAsyncCopy(args[0], dst, *args[2:], t.width)
+        kt = n.args[pipeline.ktiles.index(pipeline.loop)]  # the k-tile this copy fills
+        return KCopy(args[0], (kt, *dst), *args[2:], t.width)
 
     class Walk(KMutator):
         def visit_KStmt(self, n: KStmt) -> KNode:
             if n.stmt in by_stmt:
                 return copy(n, by_stmt[n.stmt])
-            if pipeline and n.stmt == pipeline.commit:
-                return KCommit()
-            if pipeline and n.stmt == pipeline.wait:
-                return KWait(1)
             return n
 
-    return ir.with_(
+    ir = ir.with_(
         allocs=tuple(allocs),
         thread_grids=ir.thread_grids + grids,
         tiles=ir.tiles + records,
         body=tuple(Walk().body(ir.body)),
     )
+    if pipeline is None:
+        return ir
+    return pipeline_tiles(ir, frozenset(shared_name(t.tensor) for t in tiles), pipeline)

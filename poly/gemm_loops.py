@@ -276,9 +276,9 @@ def plan_gemm_loops(
         decisions.append(
             _record(
                 "peel",
-                f"pipelined k-tile loop {peel} split into its first iteration (the first "
-                "k-tile's copies), a steady state without bound tests and its last iteration "
-                "(the last k-tile's compute)",
+                f"pipelined k-tile loop {peel} ({stages} stages) split into a prologue of "
+                f"{stages - 1} iteration(s) (the first k-tiles' copies in flight), a steady "
+                f"state, and an epilogue of the last k-tile(s) (their compute, empty commits)",
                 loop=peel,
             )
         )

@@ -9,8 +9,9 @@ passing over the others is kept in the notes):
    reduction loops stay serial;
 2. a GEMM-like micrograph (``MappingConfig.gemm``) is tiled for registers and shared memory
    (:mod:`polyfuse.poly.tiling`, :mod:`polyfuse.poly.promote`) with the best-ranked tiling whose
-   promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget` (double-buffered on
-   sm_80+ where both stages fit);
+   promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget` (pipelined on sm_80+ over
+   the stages ALCOP's latency model chooses within that budget,
+   :mod:`polyfuse.poly.costs.stages`);
 3. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
 
 :func:`place_kernel` then decides every tensor's memory space for whichever mapping came out.
@@ -19,16 +20,24 @@ Callers see one record and never ask which path produced it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy
+from polyfuse.poly.costs.stages import StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_codegen import with_codegen
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
-from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_budget, reduction_tile_budget
+from polyfuse.poly.policy import (
+    ASSUMED_REGISTERS,
+    FLOAT_BYTES,
+    gemm_tile_budget,
+    gemm_tile_registers,
+    reduction_tile_budget,
+)
 from polyfuse.poly.promote import (
     GemmKernel,
     build_gemm_kernel,
@@ -92,7 +101,7 @@ def map_gemm(
         if unsound:
             rejected.append(f"rejected {tiling.label}: {unsound}")
             continue
-        gk = gemm_kernel_fitting(sm, shape, tiling, device)
+        gk = gemm_kernel_fitting(sm, shape, tiling, device, cfg.gemm_stages)
         if isinstance(gk, str):
             return None
         smem = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
@@ -112,21 +121,59 @@ RANKED_FOR_SOUNDNESS = 64
 
 
 def gemm_kernel_fitting(
-    sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling, device: DeviceSpec
+    sm: ScheduledMicrograph,
+    shape: GemmShape,
+    tiling: GemmTiling,
+    device: DeviceSpec,
+    stages: int | None = None,
 ) -> GemmKernel | str:
-    """The GEMM kernel of ``tiling``, double-buffered where cp.async exists and both stages
-    fit :func:`gemm_tile_budget`, else single-buffered (or why not GEMM-like, a string)."""
+    """The GEMM kernel of ``tiling``, pipelined where cp.async exists over as many stages as
+    the stage model (:func:`polyfuse.poly.costs.stages.choose_stages`) chooses within
+    :func:`gemm_tile_budget` (``stages``: forced, refused over the budget), else
+    single-buffered (or why not GEMM-like, a string). The plan's notes say why."""
     tiling = fit_tiling(shape, tiling)  # the column tile over two dims where it pads less
     gk = build_gemm_kernel(sm, shape, tiling, pipeline_stages(device.arch))
     if isinstance(gk, str):
         return gk
-    if gk.stages > 1 and FLOAT_BYTES * sum(
-        p.floats for p in gk.promotions
-    ) * gk.stages > gemm_tile_budget(device):
-        gk = build_gemm_kernel(sm, shape, tiling, 1)
+    if gk.stages == 1:
+        if stages and stages > 1:  # forced, but nothing to pipeline here
+            why = (
+                f"no cp.async on {device.arch}"
+                if pipeline_stages(device.arch) == 1
+                else "no single k-tile loop of several k-tiles with shared tiles"
+            )
+            gk = replace(gk, notes=[*gk.notes, f"stages: 1, not the forced {stages} ({why})"])
+        return with_codegen(gk, device)
+    choice = choose_stages(stage_problem(gk), device, stages)
+    if choice.stages != gk.stages:
+        gk = build_gemm_kernel(sm, shape, tiling, choice.stages)
         if isinstance(gk, str):
             return gk
+    gk = replace(gk, notes=[*gk.notes, *(f"stages: {n}" for n in choice.notes)])
     return with_codegen(gk, device)
+
+
+def stage_problem(gk: GemmKernel) -> StageProblem:
+    """The stage model's view of a pipelined GEMM kernel (per block and k-tile)."""
+    assert gk.tiling is not None and gk.shape is not None
+    model = gk.scheduled.model
+    t = gk.tiling
+    choice = t.choice
+    regs = gemm_tile_registers(choice[2], choice[3]) if choice else ASSUMED_REGISTERS
+    (j,) = [i for i, (lo, hi) in enumerate(gk.shape.red) if -(-(hi - lo + 1) // t.tk[i]) > 1]
+    lo, hi = gk.shape.red[j]
+    operands = dict.fromkeys(n for n, _ in gk.shape.operands)
+    return StageProblem(
+        fma_per_ktile=math.prod(t.block) * math.prod(t.tk),
+        stage_bytes=FLOAT_BYTES * sum(p.floats for p in gk.promotions),
+        ktiles=-(-(hi - lo + 1) // t.tk[j]),
+        blocks=math.prod(gk.grid_dims),
+        threads=t.nthreads,
+        registers=regs,
+        dram_bytes=sum(
+            math.prod(model.tensors[n].shape) * model.tensors[n].itemsize for n in operands
+        ),
+    )
 
 
 def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:

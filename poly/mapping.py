@@ -41,6 +41,9 @@ class MappingConfig:
     gemm_tile: tuple[int, int, int, int, int] | None = None
     # why ``gemm_tile`` is given (the tiling's first note): data, never matched as text
     gemm_tile_reason: str = FORCED_TILE_REASON
+    # GEMM shared-tile stages over the k-tile loop (1..4, 2+ with cp.async only); None = the
+    # stage model decides (poly/costs/stages.py). A count over the budget is refused, noted.
+    gemm_stages: int | None = None
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,
     # 1 = one element per thread, 4/8 = forced (float4 only where isl proves it)

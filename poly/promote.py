@@ -39,8 +39,9 @@ from polyfuse.poly.vectorize import VECTOR_WIDTH, prove_vector_copy
 SYNC_BEFORE = "Sync_load"  # barrier statement: copies done before the micro-tile reads them
 SYNC_AFTER = "Sync_use"  # barrier statement: reads done before the next k-tile's copies
 COMMIT = "Cp_commit"  # pipelined: the copies issued for one k-tile form one async group
-WAIT = "Cp_wait"  # pipelined: all groups but the newest (the next k-tile's) have landed
-#: shared-tile stages when pipelined: k-tile kt+1 is copied (cp.async) while kt is used
+WAIT = "Cp_wait"  # pipelined: all groups but the S-1 newest (k-tiles kt+1..kt+S-1) have landed
+#: shared-tile stages when pipelined, unless the stage model (:mod:`polyfuse.poly.costs.stages`)
+#: chooses: k-tile kt+1 is copied (cp.async) while kt is used
 PIPELINE_STAGES = 2
 CP_ASYNC_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")  # cp.async exists from sm_80 on
 
@@ -181,8 +182,10 @@ def build_gemm_kernel(
 ):
     """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string).
 
-    ``stages`` 2 double-buffers the shared tiles when exactly one k-tile loop has more than
-    one iteration: the copies of k-tile kt+1 are issued asynchronously during k-tile kt.
+    ``stages`` S > 1 keeps S shared buffers per tile when exactly one k-tile loop has more
+    than one iteration: the copies of k-tile kt+S-1 are issued asynchronously during k-tile
+    kt (the schedule runs each copy S-1 k-tiles early; the first S-1 k-tiles' copies run in
+    S-1 iterations before k-tile 0, the prologue the loop pass peels).
     """
     model = sm.model
     ctx = model.ctx
@@ -406,8 +409,8 @@ def build_gemm_kernel(
     multi = [j for j, n in enumerate(KT) if n > 1]
     if stages > 1 and (len(multi) != 1 or not copy_doms):
         stages = 1  # nothing to overlap, or k-tiles over several loops
-    # Pipelined, the first k-tile's copies run at k-tile -1: the init runs before them.
-    first = "-2" if stages > 1 else "-1"
+    # Pipelined, the first S-1 k-tiles' copies run at k-tiles 1-S..-1: the init before them.
+    first = str(-stages) if stages > 1 else "-1"
     umap = tiled(
         shape.update,
         f"{_ints(kts)}, 2, 0, {tailv(kks + regs, tail_n)}",
@@ -429,9 +432,9 @@ def build_gemm_kernel(
         umap = umap.union(
             tiled(s, f"{_ints([str(k) for k in KT])}, 0, 0, {out}", on_thread, dpad, P)
         )
-    at = list(kts)  # where the copies of k-tile kts run: one k-tile early when pipelined
+    at = list(kts)  # where the copies of k-tile kts run: S-1 k-tiles early when pipelined
     if stages > 1:
-        at[multi[0]] = f"{kts[multi[0]]} - 1"
+        at[multi[0]] = f"{kts[multi[0]]} - {stages - 1}"
     for sub, (cstmt, cdom, n, counters) in enumerate(copy_doms):
         # each thread's copies in loops of constant trip count (q from 0), not over the
         # elements themselves (whose bounds depend on the thread)
@@ -446,9 +449,10 @@ def build_gemm_kernel(
             context=ctx,
         ).intersect_domain(cdom)
         umap = umap.union(isl.UnionMap.from_map(cm))
-    if stages > 1:  # one async group per k-tile (the last one empty), then wait for kt's
+    if stages > 1:  # one async group per k-tile (the last S-1 empty), then wait for kt's
         j = multi[0]
-        for sub, sname, first in ((len(copy_doms), COMMIT, -1), (len(copy_doms) + 1, WAIT, 0)):
+        groups = ((len(copy_doms), COMMIT, 1 - stages), (len(copy_doms) + 1, WAIT, 0))
+        for sub, sname, first in groups:
             kdom = " and ".join(
                 f"{first if i == j else 0} <= {k} < {n}"
                 for i, (k, n) in enumerate(zip(kts, KT, strict=True))
@@ -491,10 +495,11 @@ def build_gemm_kernel(
     ]
     notes.append(store_why)
     if stages > 1:
+        ahead = "kt+1" if stages == 2 else f"kt+1..kt+{stages - 1}"
         notes.append(
-            f"shared tiles double-buffered over k-tile loop {kts[multi[0]]}: k-tile kt+1 is "
-            f"copied with cp.async while kt is used (2 stages, "
-            f"{2 * 4 * sum(p.floats for p in promotions)} B)"
+            f"shared tiles in {stages} stages over k-tile loop {kts[multi[0]]}: k-tiles {ahead} "
+            f"are copied with cp.async while kt is used "
+            f"({stages} x {4 * sum(p.floats for p in promotions)} B)"
         )
     notes.append(
         f"epilogue on the register tile before the single store: "

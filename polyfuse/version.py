@@ -9,5 +9,6 @@ __version__ = "0.1.0"
 # 6: double-buffered shared tiles with cp.async on sm_80+; 7: GEMM loop code — unrolled
 # reduction steps and copy loops, peeled pipeline, strength-reduced addresses, launch bounds,
 # select-free updates, merged/aligned tile views; 8: GEMM tiles ranked on the loop code they
-# get, under the loop-quality floor), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 8
+# get, under the loop-quality floor; 9: shared tiles pipelined over the S = 2..4 stages the stage
+# model chooses), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 9

@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_d5fc5347514210811331(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_0922ed455730c8441b9f(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -55,43 +55,46 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_d5fc5347514210811331(flo
   const int t0 = _t;
   const int p0r = threadIdx.x / 8;
   const int p0c = threadIdx.x % 8;
-  __shared__ float s_a[256];
+  __shared__ float s_a[384];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
-  __shared__ float s_w[256];
+  __shared__ float s_w[384];
   float r_matmul21_acc[1];
   float r_matmul21;
   float r_add22;
   r_matmul21_acc[0] = 0.0f;
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + (((p0c + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 8) >= 0 && ((p0c + (8 * kt0)) + 8) < 17) ? ((16 * b0) + p0r) * 17 + ((p0c + (8 * kt0)) + 8) : 0], 4, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 8) >= 0 && ((p0c + (8 * kt0)) + 8) < 17) ? 0 : 4);
+  const float* pf_gp0_a = &a[(p0c + (272 * b0) + (17 * p0r))];
+  const float* pf_gp0_w = &w[((16 * b1) + p1c + (29 * p1r))];
+  for (int kt0 = (-2); (kt0 <= (-1)); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 2) % 3) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + (((p0c + (8 * kt0)) + 16) - (8 * (kt0 + 2)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 16) >= 0 && ((p0c + (8 * kt0)) + 16) < 17) ? &pf_gp0_a[0] : a, 4, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 16) >= 0 && ((p0c + (8 * kt0)) + 16) < 17) ? 0 : 4);
     }
-    if (((p1r <= 7) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + (((16 * b1) + p1c) - (16 * b1))], &w[(((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? ((p1r + (8 * kt0)) + 8) * 29 + ((16 * b1) + p1c) : 0], 4, (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? 0 : 4);
+    if (((p1r <= 7) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_w[((kt0 + 2) % 3) * 128 + (((p1r + (8 * kt0)) + 16) - (8 * (kt0 + 2))) * 16 + (((16 * b1) + p1c) - (16 * b1))], (((p1r + (8 * kt0)) + 16) >= 0 && ((p1r + (8 * kt0)) + 16) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? &pf_gp0_w[0] : w, 4, (((p1r + (8 * kt0)) + 16) >= 0 && ((p1r + (8 * kt0)) + 16) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? 0 : 4);
     }
     __pipeline_commit();
+    pf_gp0_a += 8;
+    pf_gp0_w += 232;
   }
-  const float* pf_gp0_a = &a[(p0c + (272 * b0) + (17 * p0r) + 8)];
-  const float* pf_gp0_w = &w[((16 * b1) + p1c + (29 * p1r) + 232)];
+  const float* pf_gp1_a = &a[(p0c + (272 * b0) + (17 * p0r) + 16)];
+  const float* pf_gp1_w = &w[((16 * b1) + p1c + (29 * p1r) + 464)];
   for (int kt0 = 0; (kt0 <= 2); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + (((p0c + (8 * kt0)) + 8) - (8 * (kt0 + 1)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 8) >= 0 && ((p0c + (8 * kt0)) + 8) < 17) ? &pf_gp0_a[0] : a, 4, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 8) >= 0 && ((p0c + (8 * kt0)) + 8) < 17) ? 0 : 4);
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 2) % 3) * 128 + (((16 * b0) + p0r) - (16 * b0)) * 8 + (((p0c + (8 * kt0)) + 16) - (8 * (kt0 + 2)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 16) >= 0 && ((p0c + (8 * kt0)) + 16) < 17) ? &pf_gp1_a[0] : a, 4, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && ((p0c + (8 * kt0)) + 16) >= 0 && ((p0c + (8 * kt0)) + 16) < 17) ? 0 : 4);
     }
-    if (((p1r <= 7) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 128 + (((p1r + (8 * kt0)) + 8) - (8 * (kt0 + 1))) * 16 + (((16 * b1) + p1c) - (16 * b1))], (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? &pf_gp0_w[0] : w, 4, (((p1r + (8 * kt0)) + 8) >= 0 && ((p1r + (8 * kt0)) + 8) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? 0 : 4);
+    if (((p1r <= 7) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_w[((kt0 + 2) % 3) * 128 + (((p1r + (8 * kt0)) + 16) - (8 * (kt0 + 2))) * 16 + (((16 * b1) + p1c) - (16 * b1))], (((p1r + (8 * kt0)) + 16) >= 0 && ((p1r + (8 * kt0)) + 16) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? &pf_gp1_w[0] : w, 4, (((p1r + (8 * kt0)) + 16) >= 0 && ((p1r + (8 * kt0)) + 16) < 17 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 29) ? 0 : 4);
     }
     __pipeline_commit();
-    __pipeline_wait_prior(1);
+    __pipeline_wait_prior(2);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-      r_matmul21_acc[0] = r_matmul21_acc[0] + (s_a[(kt0 % 2) * 128 + (((16 * b0) + t0) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_w[(kt0 % 2) * 128 + (((8 * kt0) + kk0) - (8 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
+      r_matmul21_acc[0] = r_matmul21_acc[0] + (s_a[(kt0 % 3) * 128 + (((16 * b0) + t0) - (16 * b0)) * 8 + (((8 * kt0) + kk0) - (8 * kt0))] * s_w[(kt0 % 3) * 128 + (((8 * kt0) + kk0) - (8 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
     }
     __syncthreads();
-    pf_gp0_a += 8;
-    pf_gp0_w += 232;
+    pf_gp1_a += 8;
+    pf_gp1_w += 232;
   }
   if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 28) { r_matmul21 = r_matmul21_acc[0]; }
   if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 28) { r_add22 = (r_matmul21 + bias[((16 * b1) + t1)]); }

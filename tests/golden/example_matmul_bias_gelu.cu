@@ -46,7 +46,7 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_cb46d03095169c12e07c(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256, 4) pf_00398c40b9feb21ce151(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;
@@ -55,53 +55,54 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_cb46d03095169c12e07c(flo
   const int t0 = _t;
   const int p0r = threadIdx.x / 4;
   const int p0c = threadIdx.x % 4;
-  __shared__ __align__(16) float s_a[512];
+  __shared__ __align__(16) float s_a[768];
   const int p1r = threadIdx.x / 16;
   const int p1c = threadIdx.x % 16;
-  __shared__ float s_w[512];
+  __shared__ float s_w[768];
   float r_matmul_acc[1];
   float r_matmul;
   float r_bias_add;
   r_matmul_acc[0] = 0.0f;
-  {
-    const int kt0 = (-1);
-    if (((p0r <= 15) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? 0 : 16);
+  const float* pf_gp0_a = &a[((4 * p0c) + (640 * b0) + (40 * p0r))];
+  const float* pf_gp0_w = &w[((16 * b1) + p1c + (50 * p1r))];
+  for (int kt0 = (-2); (kt0 <= (-1)); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 2) % 3) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 32) - (16 * (kt0 + 2)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 32) >= 0 && (((4 * p0c) + (16 * kt0)) + 32) < 40) ? &pf_gp0_a[0] : a, 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 32) >= 0 && (((4 * p0c) + (16 * kt0)) + 32) < 40) ? 0 : 16);
     }
-    __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b1) + p1c) - (16 * b1))], &w[(((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? ((p1r + (16 * kt0)) + 16) * 50 + ((16 * b1) + p1c) : 0], 4, (((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? 0 : 4);
+    __pipeline_memcpy_async(&s_w[((kt0 + 2) % 3) * 256 + (((p1r + (16 * kt0)) + 32) - (16 * (kt0 + 2))) * 16 + (((16 * b1) + p1c) - (16 * b1))], (((p1r + (16 * kt0)) + 32) >= 0 && ((p1r + (16 * kt0)) + 32) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? &pf_gp0_w[0] : w, 4, (((p1r + (16 * kt0)) + 32) >= 0 && ((p1r + (16 * kt0)) + 32) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? 0 : 4);
     __pipeline_commit();
-  }
-  const float* pf_gp0_a = &a[((4 * p0c) + (640 * b0) + (40 * p0r) + 16)];
-  const float* pf_gp0_w = &w[((16 * b1) + p1c + (50 * p1r) + 800)];
-  for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-    if (((p0r <= 15) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? &pf_gp0_a[0] : a, 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? 0 : 16);
-    }
-    __pipeline_memcpy_async(&s_w[((kt0 + 1) % 2) * 256 + (((p1r + (16 * kt0)) + 16) - (16 * (kt0 + 1))) * 16 + (((16 * b1) + p1c) - (16 * b1))], (((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? &pf_gp0_w[0] : w, 4, (((p1r + (16 * kt0)) + 16) >= 0 && ((p1r + (16 * kt0)) + 16) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? 0 : 4);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    #pragma unroll
-    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul_acc[0] = r_matmul_acc[0] + (s_a[(kt0 % 2) * 256 + (((16 * b0) + t0) - (16 * b0)) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
-    }
-    __syncthreads();
     pf_gp0_a += 16;
     pf_gp0_w += 800;
   }
   {
-    const int kt0 = 2;
-    if (((p0r <= 15) && (kt0 <= 1))) {
-      __pipeline_memcpy_async(&s_a[((kt0 + 1) % 2) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 16) - (16 * (kt0 + 1)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (16 * kt0)) + 16) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 16) >= 0 && (((4 * p0c) + (16 * kt0)) + 16) < 40) ? 0 : 16);
+    const int kt0 = 0;
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 2) % 3) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 32) - (16 * (kt0 + 2)))], &a[(((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 32) >= 0 && (((4 * p0c) + (16 * kt0)) + 32) < 40) ? ((16 * b0) + p0r) * 40 + (((4 * p0c) + (16 * kt0)) + 32) : 0], 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 32) >= 0 && (((4 * p0c) + (16 * kt0)) + 32) < 40) ? 0 : 16);
     }
+    __pipeline_memcpy_async(&s_w[((kt0 + 2) % 3) * 256 + (((p1r + (16 * kt0)) + 32) - (16 * (kt0 + 2))) * 16 + (((16 * b1) + p1c) - (16 * b1))], &w[(((p1r + (16 * kt0)) + 32) >= 0 && ((p1r + (16 * kt0)) + 32) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? ((p1r + (16 * kt0)) + 32) * 50 + ((16 * b1) + p1c) : 0], 4, (((p1r + (16 * kt0)) + 32) >= 0 && ((p1r + (16 * kt0)) + 32) < 40 && ((16 * b1) + p1c) >= 0 && ((16 * b1) + p1c) < 50) ? 0 : 4);
     __pipeline_commit();
-    __pipeline_wait_prior(1);
+    __pipeline_wait_prior(2);
     __syncthreads();
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-      r_matmul_acc[0] = r_matmul_acc[0] + (s_a[(kt0 % 2) * 256 + (((16 * b0) + t0) - (16 * b0)) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_w[(kt0 % 2) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
+      r_matmul_acc[0] = r_matmul_acc[0] + (s_a[(kt0 % 3) * 256 + (((16 * b0) + t0) - (16 * b0)) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_w[(kt0 % 3) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
     }
     __syncthreads();
+  }
+  const float* pf_gp1_a = &a[((4 * p0c) + (640 * b0) + (40 * p0r) + 48)];
+  for (int kt0 = 1; (kt0 <= 2); kt0 += 1) {
+    if (((p0r <= 15) && (kt0 <= 0))) {
+      __pipeline_memcpy_async(&s_a[((kt0 + 2) % 3) * 256 + (((16 * b0) + p0r) - (16 * b0)) * 16 + ((((4 * p0c) + (16 * kt0)) + 32) - (16 * (kt0 + 2)))], (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 32) >= 0 && (((4 * p0c) + (16 * kt0)) + 32) < 40) ? &pf_gp1_a[0] : a, 16, (((16 * b0) + p0r) >= 0 && ((16 * b0) + p0r) < 33 && (((4 * p0c) + (16 * kt0)) + 32) >= 0 && (((4 * p0c) + (16 * kt0)) + 32) < 40) ? 0 : 16);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(2);
+    __syncthreads();
+    #pragma unroll
+    for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
+      r_matmul_acc[0] = r_matmul_acc[0] + (s_a[(kt0 % 3) * 256 + (((16 * b0) + t0) - (16 * b0)) * 16 + (((16 * kt0) + kk0) - (16 * kt0))] * s_w[(kt0 % 3) * 256 + (((16 * kt0) + kk0) - (16 * kt0)) * 16 + (((16 * b1) + t1) - (16 * b1))]);
+    }
+    __syncthreads();
+    pf_gp1_a += 16;
   }
   if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 49) { r_matmul = r_matmul_acc[0]; }
   if (((16 * b0) + t0) <= 32 && ((16 * b1) + t1) <= 49) { r_bias_add = (r_matmul + bias[((16 * b1) + t1)]); }
