@@ -226,6 +226,15 @@ def test_16_bit_node_cases_pass(name):
 
 
 @pytest.mark.parametrize(
+    "name", ["test_cast_FLOAT8E4M3FN_to_FLOAT16", "test_castlike_INT4_to_FLOAT"]
+)
+def test_narrow_inputs_widen_to_float32_exactly(name):
+    # 8/4-bit floats and 4-bit integers (ml_dtypes) are held exactly by float32
+    r = run_case("node", name)
+    assert r.passed, r.reason
+
+
+@pytest.mark.parametrize(
     ("suite", "name", "what"),
     [
         ("node", "test_max_float64", "input 'data_1' is float64"),

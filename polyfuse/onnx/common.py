@@ -119,13 +119,17 @@ def storage_dtype(dt: Any) -> str:
     """The te dtype that holds an ONNX tensor of numpy dtype ``dt`` at run time: float16,
     bfloat16, float32 and float64 are themselves (float64 is refused when compiled: code
     generation stores float32 and the 16-bit floats); integers and booleans are float32,
-    exact up to 2**24 (code generation does not store them)."""
+    exact up to 2**24 (code generation does not store them), and so are the 8- and 4-bit
+    floats and 4/2-bit integers, which float32 holds exactly."""
     d = np.dtype(dt)
     if d == dtypes.numpy_dtype("bfloat16"):
         return "bfloat16"
     if d.kind == "f" and d.name in ("float16", "float32", "float64"):
         return d.name
-    if d.kind in "iub":
+    if d.kind in "iub" or (
+        d.itemsize == 1
+        and d.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2"))
+    ):  # integers, bools and the 8/4/2-bit types (ml_dtypes) widen to float32 exactly
         return "float32"
     raise UnsupportedOpError(
         f"ONNX tensors of dtype {d.name} are not supported (float16, bfloat16, float32, "
