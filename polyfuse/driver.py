@@ -46,6 +46,7 @@ from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.gemm_rows import generate_gemm_rows
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
@@ -92,7 +93,7 @@ def _check_constants(
             raise ExpressionError(
                 f"compile: constant '{t.name}' has shape {a.shape}, the placeholder {t.shape}"
             )
-        out[t] = np.ascontiguousarray(a, dtype=np.float32)
+        out[t] = np.ascontiguousarray(a, dtype=dtypes.numpy_dtype(t.dtype))  # the tensor's
     return out
 
 

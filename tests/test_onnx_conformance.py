@@ -29,9 +29,9 @@ SAMPLE = [
     "test_convtranspose_autopad_same",
     "test_mod_mixed_sign_float32",
     "test_argmax_negative_axis_keepdims_random_select_last_index",
-    "test_cumsum_2d_negative_axis",
+    "test_cumsum_2d_int32",  # (the float cumsum cases are float64: refused)
     "test_top_k_smallest",
-    "test_einsum_batch_diagonal",
+    "test_einsum_batch_matmul_bfloat16",  # (the float einsum cases are float64: refused)
     "test_depthtospace_crd_mode_example",
     "test_resize_downsample_scales_linear_align_corners",
     "test_resize_upsample_sizes_nearest_floor_align_corners",
@@ -63,7 +63,16 @@ def test_full_conformance_meets_the_targets():
     torch_cases = model_cases("pytorch-converted") + model_cases("pytorch-operator")
     torch_results = [run_case(s, n) for s, n in torch_cases]
     ok = sum(r.passed for r in torch_results)
-    assert len(torch_results) == 117 and ok >= 113, [
+    # the five test_operator_add* cases have float64 data: refused at compile, not downcast
+    refused = sorted(r.name for r in torch_results if r.refused)
+    assert refused == [
+        "test_operator_add_broadcast",
+        "test_operator_add_size1_broadcast",
+        "test_operator_add_size1_right_broadcast",
+        "test_operator_add_size1_singleton_broadcast",
+        "test_operator_addconstant",
+    ]
+    assert len(torch_results) == 117 and ok >= 108, [
         r.reason for r in torch_results if not r.passed
     ]
     assert set(SUITES) >= {"node", "pytorch-converted", "pytorch-operator", "simple"}

@@ -510,15 +510,20 @@ def test_parse_options_values():
 # ------------------------------------------------------------------------ coverage warning
 
 
-def test_coverage_warning_half_precision(caplog):
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).half().eval()
-    x = torch.randn(3, 8).half()
+def test_coverage_warning_double_precision(caplog):
+    # float64 stays in PyTorch (code generation does not store it): said at WARNING, twice
+    # over — the operators left for their dtype, and the coverage (float16/bfloat16 compile:
+    # tests/test_torch_dtypes.py)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).double().eval()
+    x = torch.randn(3, 8).double()
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
         got = torch.compile(model, backend="polyfuse")(x)
         close(got, model(x), 0)  # runs eagerly: the same numbers
-    [msg] = polyfuse_warnings(caplog)
+    dtype_msg, msg = polyfuse_warnings(caplog)
+    assert "stay in PyTorch for their dtype" in dtype_msg
     assert "has no polyfuse region" in msg
-    assert "dtype float16 not supported yet (2 nodes)" in msg
+    reason = "dtype float64 (code generation stores float32, float16 and bfloat16)"
+    assert f"{reason} (2 nodes)" in msg
     assert last_compiled().polyfuse_regions == []
 
 

@@ -11,9 +11,10 @@ The ONNX project's runner drives it::
     from polyfuse.onnx.backend import PolyfuseBackend
     globals().update(onnx.backend.test.BackendTest(PolyfuseBackend, __name__).test_cases)
 
-Inputs are converted to float32 (polyfuse compiles float32 graphs; integer and boolean inputs
-are represented exactly as floats up to 2**24); outputs are converted back to the dtypes the
-model declares.
+Floating inputs keep their dtype (float16, bfloat16, float32; a float64 model imports but its
+compile is refused with ``UnsupportedDtypeError``), integer and boolean inputs are converted to
+float32 (represented exactly up to 2**24); outputs are converted back to the dtypes the model
+declares.
 """
 
 from __future__ import annotations
@@ -132,7 +133,12 @@ class PolyfuseRep(BackendRep):
             m, fn = self._variant(named)
         else:
             m, fn = self.model, self.fn  # type: ignore[assignment]
-        arrays = [np.asarray(named[n], dtype=np.float32, order="C") for n in m.input_names]
+        # integer and boolean inputs are float32 at run time; a floating input is passed as
+        # given, so that a wrong dtype is the compiled graph's CallError naming the input
+        arrays = [
+            np.asarray(named[n], dtype=np.float32 if t.dtype == "float32" else None, order="C")
+            for n, t in zip(m.input_names, m.inputs, strict=True)
+        ]
         res: tuple[np.ndarray, ...] = ()
         if fn is not None:
             out = fn(*arrays, device=self.device)

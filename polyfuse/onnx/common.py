@@ -13,6 +13,7 @@ from onnx import helper
 
 from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, PolyfuseError, UnsupportedOpError
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 
 Value = Tensor | np.ndarray
@@ -67,7 +68,7 @@ class Ctx:
         self.opset = opset
         self.values: dict[str, Value] = {}
         self.constants: dict[Tensor, np.ndarray] = {}
-        self._const_tensors: dict[int, Tensor] = {}
+        self._const_tensors: dict[tuple[int, str | None], Tensor] = {}
         self._n = 0
         self.node_name = "node"
         #: id(placeholder) -> ONNX graph input name (to ask for its value when needed)
@@ -77,16 +78,25 @@ class Ctx:
         self._n += 1
         return f"{ident_of(self.node_name)}_{hint}{self._n}"
 
-    def tensor(self, v: Value) -> Tensor:
-        """A runtime tensor for ``v`` (a host constant becomes a bound placeholder)."""
+    def tensor(self, v: Value, like: str | None = None) -> Tensor:
+        """A runtime tensor for ``v`` (a host constant becomes a bound placeholder).
+
+        A host constant keeps its floating dtype (float16, bfloat16, float32, float64); an
+        integer or boolean one is stored as float32 (see :func:`storage_dtype`). ``like``
+        (a dtype name) stores a float32 constant that the importer itself made (pooling
+        divisors, index tables) in the dtype of the data it meets instead.
+        """
         if isinstance(v, Tensor):
             return v
-        key = id(v)
+        key = (id(v), like)
         if key not in self._const_tensors:
-            arr = np.asarray(v, dtype=np.float32, order="C")  # 0-d stays 0-d
+            dt = storage_dtype(np.asarray(v).dtype)
+            if like is not None and dt == "float32" and like in ("float16", "bfloat16"):
+                dt = like
+            arr = np.asarray(v, dtype=dtypes.numpy_dtype(dt), order="C")  # 0-d stays 0-d
             if arr.size == 0:
                 raise UnsupportedOpError("empty (zero-size) tensors are not supported")
-            t = te.placeholder(arr.shape, "float32", self.fresh("const"))
+            t = te.placeholder(arr.shape, dt, self.fresh("const"))
             self.constants[t] = arr
             self._const_tensors[key] = t
             self._keep = getattr(self, "_keep", [])
@@ -94,10 +104,37 @@ class Ctx:
         return self._const_tensors[key]
 
     def compute(self, shape: Sequence[int], f: Callable[..., Any], hint: str) -> Tensor:
-        # the importer computes float32 tensors (a comparison's bool is stored as 0.0/1.0)
-        return te.compute(
-            tuple(int(s) for s in shape), f, name=self.fresh(hint), tag="onnx", dtype="float32"
-        )
+        """A compute of the body's floating dtype (a float16 Add stays float16); a body of
+        integer or boolean dtype (a comparison, index arithmetic) is stored as float32 0/1 or
+        whole numbers, the importer's representation of ONNX integer and boolean tensors."""
+        shape = tuple(int(s) for s in shape)
+        name = self.fresh(hint)
+        t = te.compute(shape, f, name=name, tag="onnx")
+        if dtypes.is_float(t.dtype):
+            return t
+        return te.compute(shape, f, name=name, tag="onnx", dtype="float32")
+
+
+def storage_dtype(dt: Any) -> str:
+    """The te dtype that holds an ONNX tensor of numpy dtype ``dt`` at run time: float16,
+    bfloat16, float32 and float64 are themselves (float64 is refused when compiled: code
+    generation stores float32 and the 16-bit floats); integers and booleans are float32,
+    exact up to 2**24 (code generation does not store them), and so are the 8- and 4-bit
+    floats and 4/2-bit integers, which float32 holds exactly."""
+    d = np.dtype(dt)
+    if d == dtypes.numpy_dtype("bfloat16"):
+        return "bfloat16"
+    if d.kind == "f" and d.name in ("float16", "float32", "float64"):
+        return d.name
+    if d.kind in "iub" or (
+        d.itemsize == 1
+        and d.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2"))
+    ):  # integers, bools and the 8/4/2-bit types (ml_dtypes) widen to float32 exactly
+        return "float32"
+    raise UnsupportedOpError(
+        f"ONNX tensors of dtype {d.name} are not supported (float16, bfloat16, float32, "
+        "float64, integers and bool are)"
+    )
 
 
 def scalar_of(v: Value) -> float | None:
@@ -107,16 +144,21 @@ def scalar_of(v: Value) -> float | None:
 
 
 def map_elementwise(ctx: Ctx, vals: Sequence[Value], f: Callable[..., Expr], hint: str) -> Tensor:
-    """Broadcasting elementwise map of runtime tensors and (scalar-inlined) constants."""
+    """Broadcasting elementwise map of runtime tensors and (scalar-inlined) constants; a
+    float32 host constant beside float16 (bfloat16) tensors is stored in their dtype, as ONNX
+    types it (its operands share one type)."""
     shapes = [tuple(v.shape) for v in vals]
     shape = bshape(*shapes)
+    # a float32 array the importer made (a divisor table) meets 16-bit data in its dtype
+    halves = {v.dtype for v in vals if isinstance(v, Tensor) and v.dtype in dtypes.HALF_DTYPES}
+    like = next(iter(halves)) if len(halves) == 1 else None
     ops_: list[Any] = []
     for v in vals:
         s = scalar_of(v)
         if s is not None and v.ndim <= len(shape):
             ops_.append(s)
         else:
-            ops_.append(ctx.tensor(v))
+            ops_.append(ctx.tensor(v, like=like))
 
     def body(*idx: IterVar) -> Expr:
         args = [o[bidx(o.shape, idx)] if isinstance(o, Tensor) else as_expr(o) for o in ops_]

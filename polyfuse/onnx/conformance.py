@@ -5,8 +5,11 @@ only cases whose node is an operator in :data:`SUPPORTED_OPS`, ``_expanded`` fun
 excluded), and the model suites shipped as data in the onnx wheel (``pytorch-converted``,
 ``pytorch-operator``, ``simple``). Each case is imported, compiled and run on the CPU emulator
 through :class:`~polyfuse.onnx.backend.PolyfuseBackend` and compared with the expected outputs at
-the case's tolerances. A case is *float32* when every floating tensor it reads or writes is
-float32 (integer and boolean tensors allowed): those are the ones polyfuse claims.
+the case's tolerances. Each case has a dtype group (:func:`case_dtypes`) and the table counts it
+under one dtype column (:func:`column_of`): float32 (integer and boolean tensors allowed),
+float16, bfloat16, float64 (imported as float64, refused at compile: code generation stores
+float32 and the 16-bit floats; a refusal is counted as such), 8/4-bit floats, other.
+``--dtypes float16,bfloat16`` runs the cases of some columns only.
 
     python -m polyfuse.onnx.conformance --suites all --jobs 2 --write docs/onnx-conformance.md
 
@@ -46,6 +49,11 @@ class CaseResult:
     passed: bool
     reason: str = ""
     seconds: float = 0.0
+    #: the floating dtypes the case reads or writes ("float32" also for none; "float16",
+    #: "float16+float32" for a Cast, ...): see :func:`case_dtypes`
+    dtypes: str = "float32"
+    #: the compile refused a dtype code generation does not store (``UnsupportedDtypeError``)
+    refused: bool = False
 
 
 def _is_float32(arrays: Sequence[np.ndarray]) -> bool:
@@ -56,6 +64,29 @@ def _is_float32(arrays: Sequence[np.ndarray]) -> bool:
         if a.dtype.kind in "OUSV" or a.dtype.name in _FLOATS:
             return False
     return True
+
+
+def case_dtypes(model: object, arrays: Sequence[np.ndarray]) -> str:
+    """The dtype group of a case: its floating dtypes other than float32, joined with ``+``
+    (float32 joins when present alongside: ``float16+float32`` is a Cast between them), from the
+    graph's declared inputs and outputs and the case's data; ``float32`` when there are none
+    (integer, boolean and float32 tensors only); ``other`` for strings and objects."""
+    from onnx import helper
+
+    found: set[str] = set()
+    graph = getattr(model, "graph", None)
+    for vi in [*getattr(graph, "input", ()), *getattr(graph, "output", ())]:
+        et = vi.type.tensor_type.elem_type
+        if et:
+            found.add(np.dtype(helper.tensor_dtype_to_np_dtype(et)).name)
+    for a in arrays:
+        found.add(np.asarray(a).dtype.name)
+    if any(d == "object" or d.startswith(("str", "bytes")) for d in found):
+        return "other"
+    floats = {d for d in found if "float" in d}
+    if floats <= {"float32"}:
+        return "float32"
+    return "+".join(sorted(floats))
 
 
 def node_cases() -> list[tuple[str, str]]:
@@ -139,13 +170,17 @@ def run_case(suite: str, name: str) -> CaseResult:
     from polyfuse.onnx.backend import PolyfuseBackend
 
     t0 = time.perf_counter()
+    from polyfuse.errors import UnsupportedDtypeError
+
     op = suite
     f32 = True
+    group = "float32"
     try:
         model, sets, rtol, atol = _load_case(suite, name)
         if suite == "node":
             op = model.graph.node[-1].op_type
         f32 = all(_is_float32(i) and _is_float32(o) for i, o in sets)
+        group = case_dtypes(model, [a for i, o in sets for a in (*i, *o)])
         rep = PolyfuseBackend.prepare(model, "CPU")
         for ins, outs in sets:
             got = rep.run(ins)
@@ -155,6 +190,8 @@ def run_case(suite: str, name: str) -> CaseResult:
                 g, e = np.asarray(g), np.asarray(e)
                 if g.shape != e.shape:
                     raise AssertionError(f"output {k}: shape {g.shape}, expected {e.shape}")
+                if e.dtype.name == "bfloat16":  # ml_dtypes (kind "V"): compare as floats
+                    g, e = g.astype(np.float32), e.astype(np.float32)
                 if e.dtype.kind in "fc":
                     np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"output {k}")
                 else:
@@ -167,70 +204,113 @@ def run_case(suite: str, name: str) -> CaseResult:
         elif not first:
             first = traceback.format_exception_only(type(e), e)[-1].strip()
         reason = f"{type(e).__name__}: {first}"[:200]
-        return CaseResult(suite, name, op, f32, False, reason, time.perf_counter() - t0)
-    return CaseResult(suite, name, op, f32, True, "", time.perf_counter() - t0)
+        refused = isinstance(e, UnsupportedDtypeError)
+        return CaseResult(
+            suite, name, op, f32, False, reason, time.perf_counter() - t0, group, refused
+        )
+    return CaseResult(suite, name, op, f32, True, "", time.perf_counter() - t0, group)
+
+
+def _dtypes_of(suite: str, name: str) -> str:
+    """The dtype group of a case, from its model and data (loads the case; from the model
+    alone when its data are not arrays, e.g. sequences)."""
+    try:
+        model, sets, _, _ = _load_case(suite, name)
+    except Exception:  # noqa: BLE001  (run_case reports the failure itself)
+        if suite != "node":
+            return "other"
+        return case_dtypes(_NODE_CACHE[name].model, [])  # type: ignore[attr-defined]
+    return case_dtypes(model, [a for i, o in sets for a in (*i, *o)])
 
 
 def _run(args: tuple[str, str]) -> CaseResult:
     return run_case(*args)
 
 
+#: the columns of the table: a case's dtype group falls in the first column that matches
+COLUMNS = ("float32", "float16", "bfloat16", "float64", "float8/float4", "other")
+
+
+def column_of(group: str) -> str:
+    """The table column of dtype group ``group`` (see :func:`case_dtypes`): strings and 8/4-bit
+    floats first, then float64, bfloat16, float16 (a Cast float16→float64 counts as float64:
+    that is what decides it), float32 last."""
+    parts = group.split("+")
+    if group == "other":
+        return "other"
+    if any(p.startswith(("float8", "float4")) for p in parts):
+        return "float8/float4"
+    for c in ("float64", "bfloat16", "float16"):
+        if c in parts:
+            return c
+    return "float32"
+
+
+def _cell(rs: list[CaseResult]) -> str:
+    if not rs:
+        return ""
+    refused = sum(r.refused for r in rs)
+    cell = f"{sum(r.passed for r in rs)} / {len(rs)}"
+    return cell + (f" ({refused} refused)" if refused else "")
+
+
+def _reason(r: CaseResult) -> str:
+    tag = "" if column_of(r.dtypes) == "float32" else f" ({r.dtypes})"
+    return f"`{r.name}`{tag}: {'refused: ' if r.refused else ''}{r.reason}".replace("|", "\\|")
+
+
 def _table(results: list[CaseResult]) -> str:
+    """The markdown table: per suite and per operator, passed / total per dtype column."""
+    cols = [c for c in COLUMNS if any(column_of(r.dtypes) == c for r in results)]
+    head = " | ".join(cols)
     lines = [
         "# ONNX conformance",
         "",
         "Generated by `python -m polyfuse.onnx.conformance --suites all --jobs 2 "
-        "--write docs/onnx-conformance.md` (CPU emulator). *float32*: cases whose floating "
-        "tensors are all float32 (polyfuse computes in float32; other float types are out of "
-        "scope until dtypes exist).",
+        "--write docs/onnx-conformance.md` (CPU emulator). Cells are *passed / total* per "
+        "dtype: a case counts under the floating dtype that decides it (float32 also holds "
+        "cases of integer and boolean tensors only; a Cast between float16 and float64 counts "
+        "as float64). *refused*: the compile raised `UnsupportedDtypeError` (code generation "
+        "stores float32, float16 and bfloat16; float64 tensors, which polyfuse imports as "
+        "float64 and does not silently downcast, are refused there). Integer and boolean "
+        "tensors run as float32 (exact up to 2**24).",
         "",
-        "| suite | float32 passed | float32 total | all passed | all total |",
-        "|---|---|---|---|---|",
+        f"| suite | {head} | all |",
+        "|---" * (len(cols) + 2) + "|",
     ]
     by_suite: dict[str, list[CaseResult]] = defaultdict(list)
     for r in results:
         by_suite[r.suite].append(r)
+
+    def row(label: str, rs: list[CaseResult]) -> str:
+        cells = [_cell([r for r in rs if column_of(r.dtypes) == c]) for c in cols]
+        return f"| {label} | {' | '.join(cells)} | {_cell(rs)} |"
+
     for s, rs in by_suite.items():
-        f = [r for r in rs if r.float32]
-        lines.append(
-            f"| {s} | {sum(r.passed for r in f)} | {len(f)} | {sum(r.passed for r in rs)} "
-            f"| {len(rs)} |"
-        )
+        lines.append(row(s, rs))
     node = by_suite.get("node", [])
     if node:
         lines += [
             "",
             "## Node cases per operator",
             "",
-            "| operator | float32 passed / total | all passed / total | failures |",
-            "|---|---|---|---|",
+            f"| operator | {head} | all | failures |",
+            "|---" * (len(cols) + 3) + "|",
         ]
         by_op: dict[str, list[CaseResult]] = defaultdict(list)
         for r in node:
             by_op[r.op].append(r)
         for op in sorted(by_op):
             rs = by_op[op]
-            f = [r for r in rs if r.float32]
-            fails = "; ".join(
-                f"`{r.name}`{'' if r.float32 else ' (not float32)'}: {r.reason}"
-                for r in rs
-                if not r.passed
-            ).replace("|", "\\|")
-            lines.append(
-                f"| {op} | {sum(r.passed for r in f)} / {len(f)} | "
-                f"{sum(r.passed for r in rs)} / {len(rs)} | {fails} |"
-            )
+            fails = "; ".join(_reason(r) for r in rs if not r.passed)
+            lines.append(row(op, rs) + f" {fails} |")
     for s, rs in by_suite.items():
         if s == "node":
             continue
         bad = [r for r in rs if not r.passed]
         if bad:
             lines += ["", f"## {s}: failures", ""]
-            lines += [
-                f"- `{r.name}`{'' if r.float32 else ' (not float32)'}: "
-                + r.reason.replace("|", "\\|")
-                for r in bad
-            ]
+            lines += [f"- {_reason(r)}" for r in bad]
     return "\n".join(lines) + "\n"
 
 
@@ -241,12 +321,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("-k", default="", help="only cases whose name contains this")
     p.add_argument("--write", default="", help="write the markdown table here")
+    p.add_argument(
+        "--dtypes",
+        default="",
+        help="only cases of these table columns (comma list of " + ", ".join(COLUMNS) + ")",
+    )
     a = p.parse_args(argv)
     suites = SUITES if a.suites == "all" else tuple(a.suites.split(","))
     todo: list[tuple[str, str]] = []
     for s in suites:
         todo += node_cases() if s == "node" else model_cases(s)
     todo = [t for t in todo if a.k in t[1]]
+    if a.dtypes:
+        want = set(a.dtypes.split(","))
+        todo = [t for t in todo if column_of(_dtypes_of(*t)) in want]
     if a.jobs > 1:
         with ProcessPoolExecutor(a.jobs) as ex:
             results = list(ex.map(_run, todo, chunksize=4))

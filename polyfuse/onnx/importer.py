@@ -7,9 +7,14 @@ graph. A host constant becomes a placeholder bound through ``compile(constants=.
 a runtime op reads it as data; shape arguments (``Reshape`` shapes, ``Slice`` starts, axes
 inputs, ...) stay on the host and become static attributes.
 
-All runtime tensors are float32: comparisons (and IsNaN/IsInf) produce 0/1 floats, and ``Cast``
-to an integer or boolean type truncates in float32. The backend converts outputs back to the
-ONNX output types.
+Runtime tensors keep their floating dtype: float16, bfloat16, float32 and float64 inputs,
+initializers and constants become te tensors of that dtype, and an operator's result has the
+dtype te's rules give its operands (a float16 Add is float16; a float16 reduction accumulates
+in float32). float64 imports but does not compile (code generation stores float32 and the
+16-bit floats: the compile raises ``UnsupportedDtypeError`` naming the tensor). Integer and
+boolean tensors are float32 at run time (exact up to 2**24): comparisons (and IsNaN/IsInf)
+produce 0/1 floats, and ``Cast`` to an integer or boolean type truncates in float32. The
+backend converts outputs back to the ONNX output types.
 
 The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
 ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each registering its
@@ -56,6 +61,7 @@ from polyfuse.onnx.common import (
     Value,
     ident_of,
     node_label,
+    storage_dtype,
 )
 from polyfuse.onnx.convert import convert_node, located, node_inputs
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
@@ -221,12 +227,15 @@ def load(
         if 0 in shape:  # a zero-size input has one possible value: a host constant
             ctx.values[vi.name] = np.zeros(shape, dtype=np_dt)
             continue
-        if np_dt.kind not in "fiub":
+        try:
+            dt = storage_dtype(np_dt)
+        except UnsupportedOpError:
             raise UnsupportedOpError(
-                f"model '{name}': input '{vi.name}' has dtype {np_dt.name}; polyfuse compiles "
-                "float, integer and boolean inputs (as float32) only"
-            )
-        t = te.placeholder(shape, "float32", ident_of(vi.name))
+                f"model '{name}': input '{vi.name}' has dtype {np_dt.name}; polyfuse imports "
+                "float16, bfloat16, float32 and float64 inputs, and integer and boolean ones "
+                "(as float32)"
+            ) from None
+        t = te.placeholder(shape, dt, ident_of(vi.name))
         ctx.values[vi.name] = t
         ctx.graph_inputs[id(t)] = vi.name
         inputs.append(t)

@@ -13,6 +13,7 @@ from onnx import helper
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr
 from polyfuse.onnx.common import (
     Ctx,
@@ -23,6 +24,7 @@ from polyfuse.onnx.common import (
     map_elementwise,
     register_op,
     reshape_to,
+    storage_dtype,
 )
 
 BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
@@ -144,22 +146,35 @@ def _clip(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
 
 @register_op("Cast", "CastLike")
 def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """ONNX ``Cast``/``CastLike`` of a run-time tensor (a host constant folds on the host).
+
+    To float16, bfloat16, float32 or float64: ``te.cast`` (round to nearest even; a float64
+    result is refused at compile, code generation does not store it). To an integer: toward
+    zero, held in float32 as every integer tensor (see :func:`storage_dtype`); to bool: ``!= 0``
+    as 0/1. Other targets (float8, 4-bit, strings) are refused.
+    """
     if node.op_type == "CastLike":
-        to = ins[1].dtype if isinstance(ins[1], np.ndarray) else np.dtype(np.float32)
+        like = ins[1]
+        to = like.dtype if isinstance(like, np.ndarray) else dtypes.numpy_dtype(like.dtype)
     else:
         to = helper.tensor_dtype_to_np_dtype(at["to"])
     to = np.dtype(to)
-    if to.kind == "f" and to.itemsize >= 2 and to.name in ("float16", "float32", "float64"):
-        return [ins[0]]  # the output is converted to the declared type after the run
-    if to.kind not in "iub":  # float8/float4/bfloat16: saturation and rounding rules differ
-        raise UnsupportedOpError(f"{node.op_type} to {to.name} is not supported (float32 only)")
+    x = ctx.tensor(ins[0])
+    if to == dtypes.numpy_dtype("bfloat16") or to.name in ("float16", "float32", "float64"):
+        want = storage_dtype(to)
+        if x.dtype == want:
+            return [x]
+        return [map_elementwise(ctx, [x], lambda v: te.cast(v, want), "cast")]
     if to == np.bool_:
-        return [map_elementwise(ctx, ins[:1], lambda x: te.not_equal(x, 0.0), "cast")]
+        return [map_elementwise(ctx, [x], lambda v: te.not_equal(v, 0.0), "cast")]
     if np.issubdtype(to, np.integer):
         return [
-            map_elementwise(ctx, ins[:1], lambda x: te.cast(te.cast(x, "int32"), "float32"), "cast")
+            map_elementwise(ctx, [x], lambda v: te.cast(te.cast(v, "int32"), "float32"), "cast")
         ]
-    raise UnsupportedOpError(f"Cast to {to} is not supported (float only)")
+    raise UnsupportedOpError(
+        f"{node.op_type} to {to.name} is not supported (to float16, bfloat16, float32, float64, "
+        "integers and bool are)"
+    )
 
 
 @register_op("Where")

@@ -38,6 +38,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import torch
 import torch.fx
@@ -115,10 +116,10 @@ class PolyfuseRegion(torch.nn.Module):
         if device.type == "cuda":
             outs = self._run_cuda(tensors, device)
         elif device.type == "cpu":
-            arrays = [t.detach().numpy() for t in tensors]
+            arrays = [to_numpy(t) for t in tensors]
             res = self.compiled(*arrays, device="emulate")
             res = res if isinstance(res, tuple) else (res,)
-            outs = [torch.from_numpy(np.ascontiguousarray(r)) for r in res]
+            outs = [from_numpy(r) for r in res]
         else:
             raise DeviceError(
                 f"polyfuse region {self.region_name}: tensors on {device}; polyfuse runs on "
@@ -146,6 +147,22 @@ class PolyfuseRegion(torch.nn.Module):
         index = device.index if device.index is not None else torch.cuda.current_device()
         res = self.compiled(*tensors, device=f"cuda:{index}")
         return list(res) if isinstance(res, tuple) else [res]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a numpy array of its dtype, sharing memory (a bfloat16 tensor, which
+    numpy lacks, as ``ml_dtypes.bfloat16`` through its bits)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray) -> torch.Tensor:
+    """The inverse of :func:`to_numpy` (a C-contiguous copy where ``a`` is not)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def region_input(t: torch.Tensor) -> torch.Tensor:
@@ -178,18 +195,23 @@ def _report(
         covered.update(r.ops)
     eager: Counter[str] = Counter()
     reasons: dict[str, str] = {}
+    for_dtype: Counter[str] = Counter()
     for node in gm.graph.nodes:
         if node.op == "call_function" and not str(node.target).startswith("fused_"):
             name = op_name(node)
             if name == "getitem":
                 continue
             eager[name] += 1
-            reasons.setdefault(name, unsupported_reason(node) or "outside every region")
+            why = unsupported_reason(node)
+            reasons.setdefault(name, why or "outside every region")
+            if why is not None and why.startswith("dtype "):
+                for_dtype[f"{name} ({why})"] += 1
     return {
         "polyfuse": dict(covered),
         "eager": dict(eager),
         "reasons": reasons,
         "coverage": coverage,
+        "eager_for_dtype": dict(for_dtype),
     }
 
 
@@ -210,8 +232,10 @@ def compile_fx(
 
     Returns the rewritten GraphModule (unsupported operators run in PyTorch between the
     regions); its ``polyfuse_report`` attribute lists the operators on each side and the
-    :class:`~.coverage.Coverage`, ``polyfuse_regions`` the regions. Logs the coverage
-    WARNING when polyfuse took too little (:func:`~.coverage.warn_if_low`).
+    :class:`~.coverage.Coverage` (``eager_for_dtype``: "op (reason)" → nodes left in PyTorch
+    for their dtype), ``polyfuse_regions`` the regions. Logs a WARNING naming every operator
+    left in PyTorch for its dtype, and the coverage WARNING when polyfuse took too little
+    (:func:`~.coverage.warn_if_low`).
     """
     label = label or f"#{next(_COUNTER)}"
     partitioner, parts = _partitions(gm)
@@ -252,6 +276,13 @@ def compile_fx(
         arch,
         100 * coverage.share,
     )
+    if report["eager_for_dtype"]:  # a dtype fallback is never silent
+        log.warning(
+            "polyfuse: graph %s: %d operators stay in PyTorch for their dtype: %s",
+            label,
+            sum(report["eager_for_dtype"].values()),
+            ", ".join(f"{k} x{n}" for k, n in sorted(report["eager_for_dtype"].items())),
+        )
     warn_if_low(coverage, label)
     _HISTORY.append(fused)
     return fused

@@ -7,6 +7,13 @@ maps each supported overload to a function building the same computation from
 operator not in the table, a dtype other than float32, an argument polyfuse does not
 implement — transposed convolution, ``ceil_mode`` pooling, ...). :func:`lower_graph` turns a
 whole FX graph of supported nodes into polyfuse tensors.
+
+Dtypes: nodes whose tensors are float32, float16 or bfloat16 (what code generation stores) are
+taken; each lowered node is given the dtype of its FX value (``meta["val"]``): te's promotion
+is PyTorch's, and where an ATen operator's result dtype differs from what its ops give
+(``_softmax(half_to_float=True)``, ``_to_copy(dtype=...)``, ``sum(dtype=...)``), an explicit
+``te.cast`` makes it so. float64, integer and boolean tensors stay in PyTorch
+(:data:`STORED_DTYPES`; the backend logs them at WARNING, counted).
 """
 
 from __future__ import annotations
@@ -23,9 +30,37 @@ from polyfuse import ops, te
 from polyfuse.errors import UnsupportedOpError
 from polyfuse.graph.expr import Tensor
 
-__all__ = ["LOWERINGS", "LoweredGraph", "lower_graph", "op_name", "unsupported_reason"]
+__all__ = [
+    "LOWERINGS",
+    "LoweredGraph",
+    "STORED_DTYPES",
+    "lower_graph",
+    "op_name",
+    "te_dtype",
+    "unsupported_reason",
+]
 
 aten = torch.ops.aten
+
+#: torch dtype → te dtype of the tensors a region may read and write (code generation stores
+#: these; float64, integers and bool stay in PyTorch)
+STORED_DTYPES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def te_dtype(dtype: torch.dtype) -> str:
+    """The te dtype of a region tensor of torch dtype ``dtype`` (one of :data:`STORED_DTYPES`)."""
+    return STORED_DTYPES[dtype]
+
+
+def _as_dtype(x: Tensor, dtype: str) -> Tensor:
+    """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``."""
+    if x.dtype == dtype:
+        return x
+    return te.compute(x.shape, lambda *i: te.cast(x[i], dtype), name=f"{x.name}_{dtype}")
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -171,7 +206,9 @@ def _clamp(x, lo=None, hi=None):
 
 def _safe_softmax(x: Tensor, dim: int, dtype: Any = None) -> Tensor:
     """``aten._safe_softmax``: softmax, but a row that is all ``-inf`` (fully masked
-    attention) gives zeros instead of NaN."""
+    attention) gives zeros instead of NaN; ``dtype`` converts the input first, as torch does."""
+    if dtype is not None:
+        x = _as_dtype(x, te_dtype(dtype))
     ax = dim % len(x.shape)
     y = ops.softmax(x, axis=ax)
     mx = ops.reduce_max(x, axis=[ax], keepdims=True)
@@ -189,6 +226,8 @@ def _identity(x, *args, **kwargs):
 
 def _reduce(fn: Callable) -> Callable:
     def lower(x, dims=None, keepdim=False, *, dtype=None):
+        if dtype is not None:  # torch converts the input first (sum(x, dtype=torch.float32))
+            x = _as_dtype(x, te_dtype(dtype))
         return fn(x, axis=_axes(x, dims), keepdims=bool(keepdim))
 
     return lower
@@ -243,12 +282,18 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.clone.default: _identity,
     aten.alias.default: _identity,
     aten.detach.default: _identity,
-    aten._to_copy.default: _identity,
+    aten._to_copy.default: lambda x, *, dtype=None, **kw: (
+        x if dtype is None else _as_dtype(x, te_dtype(dtype))
+    ),
     aten.sum.dim_IntList: _reduce(ops.reduce_sum),
     aten.mean.dim: _reduce(ops.reduce_mean),
     aten.amax.default: _reduce(ops.reduce_max),
-    aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(x, axis=dim),
-    aten._log_softmax.default: lambda x, dim, half_to_float=False: ops.log_softmax(x, axis=dim),
+    aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(
+        _as_dtype(x, "float32") if half_to_float else x, axis=dim
+    ),
+    aten._log_softmax.default: lambda x, dim, half_to_float=False: ops.log_softmax(
+        _as_dtype(x, "float32") if half_to_float else x, axis=dim
+    ),
     aten._safe_softmax.default: _safe_softmax,
     aten.native_layer_norm.default: _layer_norm,
     aten._native_batch_norm_legit_no_training.default: _batch_norm,
@@ -280,8 +325,12 @@ def _vals(node: torch.fx.Node) -> list[Any]:
 
 
 def _dtype_reason(dtype: torch.dtype) -> str:
-    """Shared by every node of that dtype (polyfuse's torch front end computes float32)."""
-    return f"dtype {str(dtype).removeprefix('torch.')} not supported yet"
+    """Shared by every node of that dtype: code generation stores float32, float16 and
+    bfloat16 tensors only (:data:`STORED_DTYPES`)."""
+    return (
+        f"dtype {str(dtype).removeprefix('torch.')} (code generation stores float32, float16 "
+        "and bfloat16)"
+    )
 
 
 def unsupported_reason(node: torch.fx.Node) -> str | None:
@@ -310,13 +359,13 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     for v in vals:
         if not isinstance(v, torch.Tensor):
             return "no static tensor metadata"
-        if v.dtype != torch.float32:
+        if v.dtype not in STORED_DTYPES:
             return _dtype_reason(v.dtype)
         if any(not isinstance(s, int) for s in v.shape):
             return "dynamic shape"
     for a in node.all_input_nodes:
         for v in _vals(a):
-            if isinstance(v, torch.Tensor) and v.dtype != torch.float32:
+            if isinstance(v, torch.Tensor) and v.dtype not in STORED_DTYPES:
                 return _dtype_reason(v.dtype)
     args, kwargs = node.args, node.kwargs
     if target is aten.convolution.default:
@@ -334,20 +383,38 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     if target in (aten.div.Tensor, aten.div.Scalar) and kwargs.get("rounding_mode"):
         return "div with rounding_mode"
     if target is aten._to_copy.default:
-        if kwargs.get("dtype") not in (None, torch.float32) or kwargs.get("device") is not None:
-            return "a dtype or device conversion"
-    if target in (aten.sum.dim_IntList, aten.mean.dim) and kwargs.get("dtype") is not None:
-        return "reduction with a dtype"
-    if target is aten._safe_softmax.default and (
-        (len(args) > 2 and args[2] is not None) or kwargs.get("dtype") is not None
-    ):
-        return "softmax with a dtype"
+        src = _vals(args[0])[0] if isinstance(args[0], torch.fx.Node) else None
+        dev = kwargs.get("device")
+        if (dev is not None and (src is None or torch.device(dev) != src.device)) or kwargs.get(
+            "memory_format"
+        ) not in (None, torch.contiguous_format, torch.preserve_format):
+            return "a device or memory-format conversion"
+        if kwargs.get("layout") not in (None, torch.strided):
+            return "a layout conversion"
     return None
 
 
 # --------------------------------------------------------------------------------------------
 # Whole graphs
 # --------------------------------------------------------------------------------------------
+
+
+def _with_dtypes(node: torch.fx.Node, out: Any) -> Any:
+    """``out`` (a lowered node's tensor, or tuple of them) with each tensor in the dtype of the
+    FX value it stands for, cast where the ops gave another (``_softmax(half_to_float=True)``
+    of a float16 input is float32)."""
+    vals = _vals(node)
+    if isinstance(out, Tensor):
+        v = vals[0]
+        return _as_dtype(out, te_dtype(v.dtype)) if isinstance(v, torch.Tensor) else out
+    if isinstance(out, tuple):
+        return tuple(
+            _as_dtype(o, te_dtype(v.dtype))
+            if isinstance(o, Tensor) and isinstance(v, torch.Tensor) and v.dtype in STORED_DTYPES
+            else o
+            for o, v in zip(out, vals, strict=False)
+        )
+    return out
 
 
 class LoweredGraph:
@@ -383,7 +450,10 @@ def lower_graph(gm: torch.fx.GraphModule, input_shapes: Sequence[Any] = ()) -> L
                 shape = tuple(int(s) for s in val.shape) if val is not None else None
             if shape is None:
                 raise UnsupportedOpError(f"placeholder {node.name}: no shape metadata")
-            t = te.placeholder(shape, dtype="float32", name=f"in_{len(inputs)}_{node.name}")
+            if val is not None and val.dtype not in STORED_DTYPES:
+                raise UnsupportedOpError(f"placeholder {node.name}: {_dtype_reason(val.dtype)}")
+            dt = te_dtype(val.dtype) if val is not None else "float32"
+            t = te.placeholder(shape, dtype=dt, name=f"in_{len(inputs)}_{node.name}")
             placeholders[id(t)] = len(inputs)
             inputs.append(t)
             env[node] = t
@@ -393,7 +463,7 @@ def lower_graph(gm: torch.fx.GraphModule, input_shapes: Sequence[Any] = ()) -> L
                 raise UnsupportedOpError(f"{op_name(node)} ({node.name}): {reason}")
             args = torch.fx.node.map_arg(node.args, lambda n: env[n])
             kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
-            env[node] = LOWERINGS[node.target](*args, **kwargs)
+            env[node] = _with_dtypes(node, LOWERINGS[node.target](*args, **kwargs))
         elif node.op == "output":
             result = node.args[0]
         else:
