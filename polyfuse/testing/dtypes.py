@@ -31,7 +31,7 @@ from dataclasses import replace
 from polyfuse.cuda.lower_dtypes import C_TYPES, STORAGE_DTYPES
 from polyfuse.graph.dtypes import DTYPES
 
-from .generate import GraphSpec, Node, _interval_binary, _interval_unary, family_kind
+from .generate import GraphSpec, Node, family_kind, interval_binary, interval_unary
 
 __all__ = [
     "FLOATS",
@@ -126,11 +126,11 @@ def _interval(spec: GraphSpec, n: Node, ivs: dict[str, tuple[float, float]]) -> 
     if n.kind == "input":
         iv = (0.5, 2.5) if n.fill == "positive" else (-4.5, 4.5)
     elif n.kind == "unary":
-        iv = _interval_unary(n.op, *a[0]) if math.isfinite(a[0][0] + a[0][1]) else None
+        iv = interval_unary(n.op, *a[0]) if math.isfinite(a[0][0] + a[0][1]) else None
     elif n.kind == "binary":
         b = (n.const, n.const) if n.const is not None else a[1]
         finite = all(math.isfinite(v) for v in (*a[0], *b))
-        iv = _interval_binary(n.op, a[0], b) if finite else None
+        iv = interval_binary(n.op, a[0], b) if finite else None
     elif n.kind in ("transpose",):
         iv = a[0]
     elif n.kind == "where":
@@ -142,7 +142,7 @@ def _interval(spec: GraphSpec, n: Node, ivs: dict[str, tuple[float, float]]) -> 
     elif n.kind == "reduce":
         iv = a[0]
         if n.pre and math.isfinite(iv[0] + iv[1]):
-            iv = _interval_unary(n.pre, *iv)
+            iv = interval_unary(n.pre, *iv)
         if iv is not None and n.op == "sum":
             src = spec.size(spec.node(n.args[0]).shape)
             count = math.prod(src[d] for d in n.axes)

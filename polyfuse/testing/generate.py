@@ -160,7 +160,7 @@ class _Info:
     depth: int = 0
 
 
-def _interval_unary(op: str, lo: float, hi: float) -> tuple[float, float] | None:
+def interval_unary(op: str, lo: float, hi: float) -> tuple[float, float] | None:
     if op == "neg":
         return -hi, -lo
     if op == "abs":
@@ -185,7 +185,7 @@ def _interval_unary(op: str, lo: float, hi: float) -> tuple[float, float] | None
     raise ValueError(op)
 
 
-def _interval_binary(
+def interval_binary(
     op: str, a: tuple[float, float], b: tuple[float, float]
 ) -> tuple[float, float] | None:
     if op == "add":
@@ -279,7 +279,7 @@ class _Generator:
     def unary(self) -> Node | None:
         a = self.pick()
         op = self.rng.choice(UNARY)
-        iv = _interval_unary(op, *self.ival(a))
+        iv = interval_unary(op, *self.ival(a))
         if not self.ok(iv):
             return None
         assert iv is not None
@@ -291,7 +291,7 @@ class _Generator:
         r = self.rng.random()
         if op == "pow":
             e = self.rng.choice((2.0, 3.0, 0.5))
-            iv = _interval_binary(op, self.ival(a), (e, e))
+            iv = interval_binary(op, self.ival(a), (e, e))
             if not self.ok(iv):
                 return None
             assert iv is not None
@@ -300,7 +300,7 @@ class _Generator:
             )
         if r < 0.25:  # with a constant
             c = self.rng.choice((0.0, 0.5, -1.5, 2.0, 3.0))
-            iv = _interval_binary(op, self.ival(a), (c, c))
+            iv = interval_binary(op, self.ival(a), (c, c))
             if not self.ok(iv):
                 return None
             assert iv is not None
@@ -317,7 +317,7 @@ class _Generator:
         assert shape is not None
         if self.elements(shape) > self.max_elements:
             return None
-        iv = _interval_binary(op, self.ival(a), self.ival(b))
+        iv = interval_binary(op, self.ival(a), self.ival(b))
         if not self.ok(iv):
             return None
         assert iv is not None
@@ -355,7 +355,7 @@ class _Generator:
         pre = ""
         if self.rng.random() < 0.3:
             pre = self.rng.choice(("exp", "abs", "square", "tanh", "neg"))
-            iv = _interval_unary(pre, lo, hi)
+            iv = interval_unary(pre, lo, hi)
             if not self.ok(iv):
                 pre = ""
             else:
