@@ -141,7 +141,13 @@ def _block_box(
     sets = sets_of(fp_u)
     if len(sets) != 1:
         return None
-    fp = sets[0].coalesce()
+    box = set_box(sets[0].coalesce())
+    return None if box is None else tuple(box)
+
+
+def set_box(fp: isl.Set) -> list[tuple[isl.PwAff, int]] | None:
+    """Per dimension of ``fp``: its lower bound and the constant size of the box around it
+    (None when some size is not a constant)."""
     box = []
     for i in range(fp.dim(isl.dim_type.set)):
         lo, hi = fp.dim_min(i), fp.dim_max(i)
@@ -149,7 +155,7 @@ def _block_box(
         if not size.is_int():
             return None
         box.append((lo, size.to_python() + 1))
-    return tuple(box)
+    return box
 
 
 def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict[str, Placement]:

@@ -50,7 +50,7 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.kernel_map import gemm_kernel_fitting
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
-from polyfuse.poly.placement import Placement
+from polyfuse.poly.placement import Placement, set_box
 from polyfuse.poly.policy import (
     COMBINE_SCRATCH_FLOATS_PER_THREAD,
     FLOAT_BYTES,
@@ -174,7 +174,7 @@ def gemm_tile_footprint(
     dom = stmt.domain
     tile = tile.align_params(dom.get_space()).intersect(dom.align_params(tile.get_space()))
     fp = tile.apply(stmt.write.align_params(tile.get_space())).coalesce()
-    box = _box_of(fp)
+    box = set_box(fp)
     if box is None:
         return f"no box bounds the GEMM block's tile of {tensor}"
     return fp, box
@@ -191,17 +191,6 @@ def reads_footprint(mm: MappedKernel, tensor: str) -> isl.Set | None:
         img = m.range().intersect_params(mm.context)
         out = img if out is None else out.union(img)
     return out
-
-
-def _box_of(fp: isl.Set) -> list[tuple[isl.PwAff, int]] | None:
-    box = []
-    for i in range(fp.dim(isl.dim_type.set)):
-        lo, hi = fp.dim_min(i), fp.dim_max(i)
-        size = hi.sub(lo).max_val()
-        if not size.is_int():
-            return None
-        box.append((lo, size.to_python() + 1))
-    return box
 
 
 def plan_rows(
@@ -283,7 +272,7 @@ def plan_rows(
         return f"a reduction block reads elements of {tensor} its GEMM block does not store"
     # the reduction sees the GEMM's tile: its lower bounds, at the GEMM block of its own block
     seen = corr.apply_range(writes)  # { [rb] -> T[e] }: the tile of its GEMM block
-    rbox = _box_of(_as_set(seen, rm.block_params))
+    rbox = set_box(_as_set(seen, rm.block_params))
     if rbox is None or [s for _, s in rbox] != [s for _, s in gbox]:
         return f"the shared tiles of {tensor} differ (GEMM vs reduction)"
     # shared memory: the GEMM's stages, the row tile, the reduction's tiles and scratch
