@@ -36,9 +36,10 @@ DEFAULT_JSON = HERE / "results" / "dtypes.json"
 
 
 def _widest(fn: polyfuse.CompiledGraph) -> str:
-    """The widest global access word in the generated source."""
+    """The widest global access word in the generated source (16-bit buffers move as uint4 or
+    uint2 words; a float4 in a 16-bit graph is a shared-memory copy, which holds float32)."""
     src = "".join(k.source for k in fn.kernels)
-    for word, text in (("uint4", "128-bit"), ("float4", "128-bit"), ("uint2", "64-bit")):
+    for word, text in (("uint4", "128-bit"), ("uint2", "64-bit"), ("float4", "128-bit")):
         if f"reinterpret_cast<const {word}*>" in src or f"reinterpret_cast<{word}*>" in src:
             return text
     return "scalar"
