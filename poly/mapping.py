@@ -45,6 +45,8 @@ class MappingConfig:
     # stage model decides (poly/costs/stages.py). A count over the budget is refused, noted.
     gemm_stages: int | None = None
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
+    #: False: no GEMM takes the row reduction after it (rule 9, polyfuse.stitch.gemm_rows)
+    gemm_rows: bool = True
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,
     # 1 = one element per thread, 4/8 = forced (float4 only where isl proves it)
     elements_per_thread: int | None = None

@@ -465,7 +465,7 @@ def stitch_gemm_rows(
     """Stitch every GEMM group with the y-reduce group that alone reads its output, where
     :func:`try_gemm_rows` says so; the groups stay in a dependence order."""
     cfg = cfg or MappingConfig()
-    if not cfg.gemm:
+    if not cfg.gemm or not cfg.gemm_rows:
         return groups, []
     owner = {
         p: i for i, g in enumerate(groups) for sm in g.parts for p in sm.model.micrograph.prims
