@@ -16,25 +16,16 @@ from typing import Any
 @functools.cache
 def compiler_digest() -> str:
     """Digest of the compiler's source files: a changed compiler misses the model cache."""
-    import polyfuse.cuda
-    import polyfuse.graph
-    import polyfuse.poly
-    import polyfuse.stitch
+    import polyfuse
 
     h = hashlib.sha256(polyfuse.__version__.encode())
     here = Path(polyfuse.__file__).parent
-    dirs = [here, here / "base", here / "ops"] + [
-        Path(m.__file__).parent
-        for m in (polyfuse.graph, polyfuse.poly, polyfuse.stitch, polyfuse.cuda)
-        if m.__file__
-    ]
-    for d in dirs:
-        for p in sorted(d.glob("*.py")):
-            if not p.name.startswith("batch"):
-                h.update(p.name.encode())
-                h.update(p.read_bytes())
-    for p in sorted((dirs[-1] / "emulator_rt").glob("*")) if len(dirs) > 1 else []:
-        if p.is_file():
+    for p in sorted(here.rglob("*")):
+        rel = p.relative_to(here)
+        if not p.is_file() or "__pycache__" in rel.parts or p.name.startswith("batch"):
+            continue
+        if p.suffix == ".py" or rel.parts[:2] == ("cuda", "emulator_rt"):
+            h.update(str(rel).encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
 

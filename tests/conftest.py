@@ -1,13 +1,12 @@
 """Tests import the installed package, never the checkout's folders (DESIGN.md "Layout").
 
 ``python -m pytest`` (and ``python -c`` run in the root) puts the repository root on sys.path.
-From there ``cuda/`` would shadow NVIDIA's ``cuda`` namespace package (``cuda.bindings``),
-``poly/`` would import as a second copy of ``polyfuse.poly`` with its own classes, and
-``polyfuse/`` would shadow a (non-editable) install without the layer subpackages that
-pyproject's package-dir maps into it. So the root leaves sys.path before any test module is
-imported; ``pytest`` and ``python -m pytest`` then see the same modules. The Pythons the tests
-start (``python -c``, ``python -m polyfuse`` in the root) get ``PYTHONSAFEPATH`` (Python's
-``-P``) for the same reason: they do not put their working directory on sys.path.
+From there the checkout's ``polyfuse/`` would shadow a (non-editable) install, and the tests
+would check the source tree instead of what was installed (package data, the wheel's package
+list). So the root leaves sys.path before any test module is imported; ``pytest`` and
+``python -m pytest`` then see the same modules. The Pythons the tests start (``python -c``,
+``python -m polyfuse`` in the root) get ``PYTHONSAFEPATH`` (Python's ``-P``) for the same reason:
+they do not put their working directory on sys.path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ functions too.
 
 A lazy import inside a function hides a cycle from Python but not from a reader: layers then
 depend on each other both ways (the compiled graph on the visualizer, the visualizer on the
-driver). This walks every module of every package listed in pyproject.toml.
+driver). This walks every module of every package under ``polyfuse/``.
 
 The layer table (DESIGN.md "Layout"): ``polyfuse.base`` imports no layer; ``graph`` → ``poly``
 → ``stitch`` → ``cuda``, each importing only what sits before it and base; the facade (every
@@ -18,16 +18,15 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _modules() -> dict[str, Path]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     mods: dict[str, Path] = {}
-    for pkg in config["tool"]["setuptools"]["packages"]:
+    inits = ROOT.glob("polyfuse/**/__init__.py")
+    for pkg in sorted(".".join(i.parent.relative_to(ROOT).parts) for i in inits):
         # find_spec locates a package without running its __init__ (polyfuse.torch imports
         # torch, an optional dependency the README's test command does not install)
         spec = importlib.util.find_spec(pkg)

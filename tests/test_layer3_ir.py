@@ -138,12 +138,12 @@ def test_no_regex_in_packing_and_dedup():
     cuda/dedup* (nor in the dispatch node and function printer they use), and the namer has
     no identifier rewriting for them."""
     files = [
-        *(ROOT / "stitch").glob("*.py"),
-        *(ROOT / "cuda").glob("pack*.py"),
-        *(ROOT / "cuda").glob("dedup*.py"),
-        ROOT / "cuda" / "kernel_dispatch.py",
-        ROOT / "cuda" / "kernel_function.py",
-        ROOT / "cuda" / "layer3.py",
+        *(ROOT / "polyfuse" / "stitch").glob("*.py"),
+        *(ROOT / "polyfuse" / "cuda").glob("pack*.py"),
+        *(ROOT / "polyfuse" / "cuda").glob("dedup*.py"),
+        ROOT / "polyfuse" / "cuda" / "kernel_dispatch.py",
+        ROOT / "polyfuse" / "cuda" / "kernel_function.py",
+        ROOT / "polyfuse" / "cuda" / "layer3.py",
     ]
     assert len(files) >= 7
     assert [f.name for f in files if _imports_re(f)] == []

@@ -1,10 +1,11 @@
 """One file, one module: tests import the installed package, and nothing edits ``__path__``.
 
-The root's folders are not the installed layout (pyproject's package-dir maps ``cuda/`` to
-``polyfuse/cuda`` …): on sys.path, ``cuda/`` would shadow NVIDIA's ``cuda`` (cuda-bindings)
-and ``poly/`` would load as a second copy of ``polyfuse.poly``. tests/conftest.py keeps the
-root off sys.path; this checks it under ``python -m pytest`` (which puts the root there) and
-``pytest`` (``python -P``: it does not).
+Every package lives under the checkout's ``polyfuse/`` as it is installed (no package-dir
+mapping): no top-level ``cuda/`` shadows NVIDIA's ``cuda`` (cuda-bindings), no ``poly/`` loads
+as a second copy of ``polyfuse.poly``, and a Python started in the root (a Ray worker puts the
+driver's working directory on its path) imports a whole package. tests/conftest.py keeps the
+root off sys.path so the tests check the installed copy; this checks it under
+``python -m pytest`` (which puts the root there) and ``pytest`` (``python -P``: it does not).
 """
 
 from __future__ import annotations
@@ -72,6 +73,25 @@ def test_python_m_pytest_and_pytest_from_the_root_see_the_installed_package(flag
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
+
+
+def test_a_python_started_in_the_root_imports_every_layer():
+    """CI's slow tier failed here: a non-editable install, and Ray's workers put the driver's
+    working directory (the root) first on sys.path; the root's ``polyfuse/`` then lacked the
+    layers that pyproject's package-dir mapped in from ``cuda/``, ``poly/`` …, so every worker
+    died on ``No module named 'polyfuse.cuda'``. Now the root's ``polyfuse/`` is the whole
+    package, whichever copy a Python finds."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    code = (
+        "import polyfuse, polyfuse.cuda.emulator, polyfuse.poly.model, polyfuse.stitch.plan, "
+        "polyfuse.graph.graph, polyfuse.batch_ray; print(polyfuse.__file__)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not [p for p in ROOT.iterdir() if p.name in LAYER_FOLDERS]
 
 
 def test_polyfuse_errors_is_the_user_facing_name_of_base_errors():

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_package_is_listed_in_pyproject():
+def test_every_package_is_found_by_pyproject():
+    """The checkout's folders are the installed layout: every package is under polyfuse/ and
+    setuptools' discovery (pyproject's include) finds each one."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(cfg["packages"])
-    dirs = {v: k for k, v in cfg["package-dir"].items()}  # source folder -> package name
-    found = set()
-    for init in ROOT.glob("*/**/__init__.py"):
-        rel = init.parent.relative_to(ROOT)
-        top = rel.parts[0]
-        if top not in dirs:
-            continue  # tests/, benchmarks/, .venv/ ...
-        found.add(".".join([dirs[top], *rel.parts[1:]]))
-    assert found - listed == set(), "add these to [tool.setuptools] packages"
+    assert "package-dir" not in cfg, "the checkout is the installed layout: no package-dir"
+    assert cfg["packages"]["find"]["include"] == ["polyfuse", "polyfuse.*"]
+    found = [
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "polyfuse").rglob("__init__.py")
+    ]
+    missing = [pkg for pkg in found if importlib.util.find_spec(pkg) is None]
+    assert missing == [], "packages the install left out"
+    tops = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert tops == {"polyfuse"}, "a package folder outside polyfuse/"
