@@ -195,8 +195,9 @@ class GraphRunner:
         in a shuffled order (a missing barrier shows as a wrong result); "shadow" runs a
         race-check build that tracks every shared and global access and raises
         :class:`~polyfuse.errors.RaceError` naming the kernel, lines and threads of the first
-        data race. Inputs named ``device``, ``out``,
-        ``stream`` or ``race_check`` must be passed positionally.
+        data race; "banks" is "shadow" that also counts shared-memory bank conflicts per access
+        site (``last_traffic[i].shared_banks``, :mod:`polyfuse.cuda.emulator_banks`). Inputs
+        named ``device``, ``out``, ``stream`` or ``race_check`` must be passed positionally.
         """
         if isinstance(device, str) and device.startswith("cuda"):
             if race_check:
@@ -208,15 +209,17 @@ class GraphRunner:
             raise CallError("stream= is for device='cuda'; the emulator runs synchronously")
         args, kwargs, torch_in = host_arguments(args, kwargs)
         bufs = self._bind(args, kwargs)
-        order = {False: "forward", True: "reverse", "shadow": "forward"}.get(race_check, race_check)
+        order = {False: "forward", True: "reverse", "shadow": "forward", "banks": "forward"}.get(
+            race_check, race_check
+        )
         if order not in ("forward", "reverse", "random"):
             raise CallError(
-                "race_check must be False, True, 'reverse', 'random' or 'shadow', not "
+                "race_check must be False, True, 'reverse', 'random', 'shadow' or 'banks', not "
                 f"{race_check!r}"
             )
         from polyfuse.cuda.emulator import Emulator
 
-        if race_check == "shadow":
+        if race_check in ("shadow", "banks"):
             if self._emulated_racecheck is None:
                 self._emulated_racecheck = Emulator().load(self.cuda_source, racecheck=True)
             module = self._emulated_racecheck
@@ -224,7 +227,9 @@ class GraphRunner:
             if self._emulated is None:
                 self._emulated = Emulator().load(self.cuda_source)
             module = self._emulated
-        self.last_traffic = module.run(self.launches, bufs, order=order)
+        self.last_traffic = module.run(
+            self.launches, bufs, order=order, banks=race_check == "banks"
+        )
         res = tuple(bufs[self._idents[t.uid]] for t in self.outputs)
         if out is not None:
             for t, given, value in zip(self.outputs, self._outs(out), res, strict=True):

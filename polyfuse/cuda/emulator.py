@@ -39,6 +39,9 @@ element), both threads and both source lines (``addr2line`` on the library's ``-
 Not seen: conflicts through raw pointers the pre-pass does not instrument (global memory
 reached other than through kernel parameters), and a race hidden because an earlier
 reader of the same byte was overwritten in the shadow (two readers are kept).
+A race-check run with ``banks=True`` also counts shared-memory bank conflicts per access site
+(:mod:`.emulator_banks`); race-check libraries are built with ``-fno-tree-sra`` so a vector
+access (``float4``) stays one 16-byte access there, as in the CUDA source.
 
 Semantics worth knowing: a ``__syncthreads`` completes when every thread of the block waits at
 the same source line; threads waiting at different lines, or some threads having exited while
@@ -62,7 +65,8 @@ spin-waits on other blocks (blocks run to completion one after another per worke
 
 Modules: :mod:`.emulator_prepass` (step 1), :mod:`.emulator_build` (step 2, compiling and
 caching), :mod:`.emulator_wire` and :mod:`.emulator_server` (step 3: the request format and
-the server process), :mod:`.emulator_races` (race reports); this one is the public API.
+the server process), :mod:`.emulator_races` (race reports), :mod:`.emulator_banks` (bank
+reports); this one is the public API.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ import numpy as np
 from polyfuse.base.errors import CallError, EmulatorError
 from polyfuse.base.store import write_atomic
 
+from .emulator_banks import decode_banks
 from .emulator_build import (
     HEADER,
     KERNEL_FLAGS,
@@ -96,7 +101,19 @@ from .emulator_build import (
 from .emulator_prepass import prepass
 from .emulator_races import race_error
 from .emulator_server import server_for
-from .emulator_wire import ABI_VERSION, ARG, BUF, LAUNCH, ORDERS, RESULT_HEADER, SPEC, align
+from .emulator_wire import (
+    ABI_VERSION,
+    ARG,
+    BANK_CAP,
+    BANK_HEADER,
+    BANK_STAT,
+    BUF,
+    LAUNCH,
+    ORDERS,
+    RESULT_HEADER,
+    SPEC,
+    align,
+)
 from .runtime.launch import Launch, LaunchTraffic, marshal
 
 __all__ = ["Emulator", "EmulatedModule", "KernelSignature", "prepass"]
@@ -208,6 +225,7 @@ class EmulatedModule:
         order: str = "forward",
         seed: int = 0,
         timeout: float = 600.0,
+        banks: bool = False,
     ) -> list[LaunchTraffic]:
         """Execute ``launches`` in sequence on ``buffers`` (updated in place); return the traffic.
 
@@ -220,7 +238,15 @@ class EmulatedModule:
         the bytes requested (every load and store, repeats included).
         A race-check module (``Emulator.load(..., racecheck=True)``) raises :class:`RaceError`
         at the first pair of conflicting accesses (see :mod:`.emulator_races`).
+        ``banks`` (race-check modules only) also counts shared-memory bank conflicts per
+        access site: each launch's traffic then lists them in ``shared_banks``
+        (:class:`~polyfuse.cuda.emulator_banks.BankAccess`).
         """
+        if banks and not self.racecheck:
+            raise CallError(
+                "banks=True needs a race-check module (Emulator.load(source, racecheck=True)): "
+                "only its instrumentation sees every shared-memory access"
+            )
         if order not in ORDERS:
             raise CallError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
         launches = list(launches)
@@ -246,7 +272,10 @@ class EmulatedModule:
         names_off = align(args_off + ARG.itemsize * nargs)
         result_off = align(names_off + sum(map(len, name_bytes)))
         counts_off = result_off + RESULT_HEADER
-        pos = align(counts_off + 32 * nl * nb)
+        banks_off = align(counts_off + 32 * nl * nb) if banks else 0
+        pos = align(banks_off + BANK_HEADER + BANK_STAT.itemsize * BANK_CAP) if banks else (
+            align(counts_off + 32 * nl * nb)
+        )
         data_offs = []
         for a in arrays:
             data_offs.append(pos)
@@ -263,6 +292,9 @@ class EmulatedModule:
                 launches_off,
                 result_off,
             )
+            spec["banks_off"], spec["banks_cap"] = banks_off, BANK_CAP if banks else 0
+            if banks:
+                view[banks_off : banks_off + BANK_HEADER] = 0
             btab = view[bufs_off : bufs_off + BUF.itemsize * nb].view(BUF)
             npos = names_off
             for i, (a, nm, off) in enumerate(zip(arrays, name_bytes, data_offs, strict=True)):
@@ -330,6 +362,10 @@ class EmulatedModule:
                         t.requested_reads[a], t.requested_writes[a] = rq, wq
                         written[names[a]] |= w > 0
                 traffic.append(t)
+            if banks:
+                raw = view[banks_off : banks_off + BANK_HEADER + BANK_STAT.itemsize * BANK_CAP]
+                for t, sites in zip(traffic, decode_banks(self.path, raw, nl), strict=True):
+                    t.shared_banks = sites
             for a, off, w in zip(arrays, data_offs, written, strict=True):
                 if w:
                     a.reshape(-1).view(np.uint8)[:] = view[off : off + a.nbytes]

@@ -51,6 +51,7 @@ RACECHECK_FLAGS = (
     "-g",
     "-fsanitize=thread",
     "--param=tsan-instrument-func-entry-exit=0",
+    "-fno-tree-sra",
     "-DPF_RACECHECK",
 )
 

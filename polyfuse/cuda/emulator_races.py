@@ -57,13 +57,13 @@ def _race_message(
     )
 
 
-def _source_lines(library: Path, pcs: Sequence[int]) -> tuple[int | None, int | None]:
-    """Source lines of two code addresses of a race-check library (addr2line on its -g info):
-    for each, the innermost inlined frame that lies in the kernel source, not the header."""
-    out: list[int | None] = [None, None]
+def source_lines(library: Path, pcs: Sequence[int]) -> list[int | None]:
+    """Source lines of code addresses of a race-check library (addr2line on its -g info): for
+    each, the innermost inlined frame that lies in the kernel source, not the header."""
+    out: list[int | None] = [None] * len(pcs)
     tool = shutil.which("addr2line")
     if tool is None or not any(pcs):
-        return out[0], out[1]
+        return out
     try:
         proc = subprocess.run(
             [tool, "-i", "-a", "-e", str(library), *(hex(p) for p in pcs)],
@@ -72,7 +72,7 @@ def _source_lines(library: Path, pcs: Sequence[int]) -> tuple[int | None, int | 
             timeout=60,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return out[0], out[1]
+        return out
     k = -1
     for line in proc.stdout.splitlines():
         if line.startswith("0x"):
@@ -81,9 +81,9 @@ def _source_lines(library: Path, pcs: Sequence[int]) -> tuple[int | None, int | 
         file, _, num = line.rpartition(":")
         num = num.split()[0] if num else ""
         # The kernel source is the one .cpp file (the header and system headers are not).
-        if 0 <= k < 2 and out[k] is None and Path(file).suffix == ".cpp" and num.isdigit():
+        if 0 <= k < len(out) and out[k] is None and Path(file).suffix == ".cpp" and num.isdigit():
             out[k] = int(num)
-    return out[0], out[1]
+    return out
 
 
 def race_error(
@@ -104,7 +104,8 @@ def race_error(
     kernel = raw[88 : 88 + 256].split(b"\0", 1)[0].decode(errors="replace")
     if launch is not None and launch.entry == kernel:
         kernel = launch.kernel
-    lines = _source_lines(library, pcs)
+    first_line, second_line = source_lines(library, pcs)
+    lines = (first_line, second_line)
     kinds = ("read-after-write", "write-after-read", "write-after-write")
     if space == 0:
         if index >= 0 and index < len(shared):

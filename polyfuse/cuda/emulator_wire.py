@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 RESULT_HEADER = 2048  # bytes of pf_result before counts[]
 ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 
@@ -25,8 +25,26 @@ SPEC = np.dtype(
         ("bufs_off", "<u8"),
         ("launches_off", "<u8"),
         ("result_off", "<u8"),
+        ("banks_off", "<u8"),
+        ("banks_cap", "<u4"),
+        ("pad", "<u4"),
     ]
 )
+# the shared-memory bank report (pf_bank_table): n, overflow, then n of BANK_STAT
+BANK_HEADER = 8
+BANK_STAT = np.dtype(
+    [
+        ("pc", "<u8"),
+        ("launch", "<u4"),
+        ("access", "<u4"),
+        ("width", "<u4"),
+        ("pad", "<u4"),
+        ("requests", "<u8"),
+        ("wavefronts", "<u8"),
+        ("ideal", "<u8"),
+    ]
+)
+BANK_CAP = 1024
 BUF = np.dtype(
     [
         ("data_off", "<u8"),
@@ -48,7 +66,8 @@ LAUNCH = np.dtype(
     ]
 )
 ARG = np.dtype([("buf", "<i4"), ("pad", "<u4"), ("value", "<u8")])
-assert (SPEC.itemsize, BUF.itemsize, LAUNCH.itemsize, ARG.itemsize) == (56, 32, 48, 16)
+assert (SPEC.itemsize, BUF.itemsize, LAUNCH.itemsize, ARG.itemsize) == (72, 32, 48, 16)
+assert BANK_STAT.itemsize == 48
 
 
 def align(n: int, a: int = 64) -> int:

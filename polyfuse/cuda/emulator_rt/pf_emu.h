@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <utility>
 
-#define PF_ABI_VERSION 1
+#define PF_ABI_VERSION 2
 #define PF_SLOT_SHIFT 18 /* fiber slot: 256 KiB, aligned to its size */
 #define PF_MAX_SITES 512 /* static __shared__ declarations per translation unit */
 #define PF_FIBER_MAGIC 0x50464942u

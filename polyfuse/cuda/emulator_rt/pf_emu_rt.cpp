@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <unordered_map>
 #include <new>
 #include <string>
 #include <thread>
@@ -58,6 +59,20 @@ struct pf_wire_spec {
   uint64_t seed;
   uint32_t workers, module;
   uint64_t bufs_off, launches_off, result_off;
+  uint64_t banks_off;  // 0, or a pf_bank_table of banks_cap entries (race-check libraries)
+  uint32_t banks_cap, pad;
+};
+
+// Shared-memory bank report: one entry per (launch, access site, read/write, width), summed
+// over every warp-level execution of the site (see bank_flush).
+struct pf_bank_stat {
+  uint64_t pc;  // the access, relative to the kernel library's load address
+  uint32_t launch, access, width, pad;
+  uint64_t requests, wavefronts, ideal;
+};
+struct pf_bank_table {
+  uint32_t n, overflow;
+  pf_bank_stat e[1];
 };
 
 struct pf_wire_buf {
@@ -163,6 +178,7 @@ struct Worker {
   uint32_t wsync[MAX_THREADS / 32] = {};
   struct ShadowByte* shadow = nullptr;
   uint64_t site_size[PF_MAX_SITES] = {};
+  struct BankState* banks = nullptr;  // the bank counter's state (runs with a bank table)
 };
 
 struct LaunchCtx {
@@ -186,6 +202,8 @@ std::vector<ReqLine> g_req;  // [buffer][slot]: pf_buf::req of every buffer
 std::vector<Worker*> g_workers;
 LaunchCtx g_L;
 int g_launch = -1;
+pf_bank_table* g_banks = nullptr;  // set when the run asks for the bank report
+uint32_t g_banks_cap = 0;
 size_t g_page = 4096;
 size_t g_desc = 4096;  // bytes of a slot before its guard page
 std::atomic<int> g_failing{0};
@@ -649,6 +667,8 @@ void run_block(Worker* w, uint64_t lin, unsigned order) {
   }
 }
 
+void bank_flush(Worker* w);  // the bank counter, below
+
 void worker_main(Worker* w, bool own_thread) {
   if (own_thread) install_altstack(w);
   t_worker = w;
@@ -658,6 +678,136 @@ void worker_main(Worker* w, bool own_thread) {
     uint64_t lin = g_L.next.fetch_add(1, std::memory_order_relaxed);
     if (lin >= g_L.nblocks) break;
     run_block(w, lin, order);
+    if (g_banks) bank_flush(w);
+  }
+}
+
+// ---- shared-memory bank counter (race-check libraries, runs with a bank table) ------------
+//
+// Every plain shared access (and every cp.async write) of a thread is recorded with its site
+// (pc) and the how-many-th execution of that site by that thread it is; the lanes of one warp
+// with the same site and execution number form one warp-level request. At the end of a block
+// each request is split into the phases the hardware serves together (a warp for accesses up
+// to 4 bytes, half-warps for 8 bytes, quarter-warps for 16), and each phase costs as many
+// wavefronts as the most distinct 32-bit words any of the 32 banks is asked for (lanes reading
+// the same word share it). ``ideal`` counts one wavefront per phase: wavefronts - ideal is the
+// conflicts' cost. The ldmatrix of pf_mma.h reads one 16-byte row per lane, so its eight-row
+// matrices are the quarter-warp phases, as on the hardware.
+
+struct BankKey {
+  const void* pc;
+  uint32_t warp, inst, access;
+  bool operator==(const BankKey& o) const {
+    return pc == o.pc && warp == o.warp && inst == o.inst && access == o.access;
+  }
+};
+struct BankKeyHash {
+  size_t operator()(const BankKey& k) const {
+    return std::hash<const void*>()(k.pc) ^ (size_t(k.warp) << 40) ^ (size_t(k.inst) << 8) ^
+           k.access;
+  }
+};
+struct BankLane {
+  uint32_t lane, size;
+  uint64_t off;
+};
+struct SiteKey {
+  const void* pc;
+  uint32_t access, width;
+  bool operator==(const SiteKey& o) const {
+    return pc == o.pc && access == o.access && width == o.width;
+  }
+};
+struct SiteKeyHash {
+  size_t operator()(const SiteKey& k) const {
+    return std::hash<const void*>()(k.pc) ^ (size_t(k.width) << 32) ^ k.access;
+  }
+};
+struct BankSum {
+  uint64_t requests = 0, wavefronts = 0, ideal = 0;
+};
+struct BankState {
+  std::unordered_map<uint64_t, uint32_t> inst;  // (pc, thread) -> executions so far
+  std::unordered_map<BankKey, std::vector<BankLane>, BankKeyHash> requests;
+  std::unordered_map<SiteKey, BankSum, SiteKeyHash> sites;  // this launch
+};
+
+void bank_record(Worker* w, const Fiber* f, uint64_t off, uint64_t size, int access,
+                 const void* pc) {
+  if (!w->banks) w->banks = new BankState();
+  BankState& b = *w->banks;
+  const uint32_t t = f->pub.linear;
+  uint32_t& n = b.inst[uint64_t(uintptr_t(pc)) * 1024 + t];  // t < MAX_THREADS = 1024
+  b.requests[BankKey{pc, t / 32, n++, uint32_t(access)}].push_back(
+      BankLane{t % 32, uint32_t(size), off});
+}
+
+// One warp-level request: its wavefronts and the phases (ideal wavefronts) it takes.
+void bank_cost(const std::vector<BankLane>& lanes, uint32_t width, uint64_t& waves,
+               uint64_t& phases) {
+  const uint32_t per_phase = width >= 16 ? 8 : width == 8 ? 16 : 32;
+  for (uint32_t ph = 0; ph < 32 / per_phase; ++ph) {
+    uint64_t words[32][32];  // per bank, the distinct words asked for (at most 32 lanes)
+    uint32_t count[32] = {};
+    bool any = false;
+    for (const BankLane& l : lanes) {
+      if (l.lane / per_phase != ph) continue;
+      any = true;
+      for (uint64_t wd = l.off / 4; wd <= (l.off + l.size - 1) / 4; ++wd) {
+        uint32_t bank = uint32_t(wd % 32), k = 0;
+        while (k < count[bank] && words[bank][k] != wd) ++k;
+        if (k == count[bank] && k < 32) words[bank][count[bank]++] = wd;
+      }
+    }
+    if (!any) continue;
+    uint32_t most = 1;
+    for (uint32_t bank = 0; bank < 32; ++bank) most = std::max(most, count[bank]);
+    waves += most;
+    phases += 1;
+  }
+}
+
+void bank_flush(Worker* w) {
+  if (!w->banks) return;
+  BankState& b = *w->banks;
+  for (auto& [key, lanes] : b.requests) {
+    uint32_t width = 0;
+    for (const BankLane& l : lanes) width = std::max(width, l.size);
+    BankSum& s = b.sites[SiteKey{key.pc, key.access, width}];
+    s.requests += 1;
+    bank_cost(lanes, width, s.wavefronts, s.ideal);
+  }
+  b.requests.clear();
+  b.inst.clear();
+}
+
+uint64_t pc_offset(const void* pc);
+
+// After a launch: every worker's sites into the run's table (entries past banks_cap are
+// counted in overflow).
+void bank_collect(uint32_t launch) {
+  for (Worker* w : g_workers) {
+    if (!w || !w->banks) continue;
+    for (auto& [key, sum] : w->banks->sites) {
+      const uint64_t pc = pc_offset(key.pc);
+      uint32_t i = 0;
+      while (i < g_banks->n && !(g_banks->e[i].pc == pc && g_banks->e[i].launch == launch &&
+                                 g_banks->e[i].access == key.access &&
+                                 g_banks->e[i].width == key.width))
+        ++i;
+      if (i == g_banks->n) {
+        if (i >= g_banks_cap) {
+          g_banks->overflow++;
+          continue;
+        }
+        g_banks->e[i] = pf_bank_stat{pc, launch, key.access, key.width, 0, 0, 0, 0};
+        g_banks->n++;
+      }
+      g_banks->e[i].requests += sum.requests;
+      g_banks->e[i].wavefronts += sum.wavefronts;
+      g_banks->e[i].ideal += sum.ideal;
+    }
+    w->banks->sites.clear();
   }
 }
 
@@ -759,6 +909,7 @@ void race_shared(Worker* w, const Fiber* f, const void* p, uint64_t size, int ac
     if (m == MAP_FAILED) die(3, "kernel %s: cannot map the race detector's shadow memory", kname());
     w->shadow = static_cast<ShadowByte*>(m);
   }
+  if (g_banks) bank_record(w, f, off, size, access, pc);
   const Access c = access_now(w, f, pc);
   for (uint64_t i = off; i < off + size; ++i) {
     ShadowByte& e = w->shadow[i];
@@ -1026,6 +1177,11 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
   g_seed = spec->seed;
   g_order = spec->order;
   g_nworkers = spec->workers;
+  if (spec->banks_off) {
+    g_banks_cap = spec->banks_cap;
+    g_banks = reinterpret_cast<pf_bank_table*>(
+        at(spec->banks_off, sizeof(pf_bank_table) + sizeof(pf_bank_stat) * g_banks_cap));
+  }
   g_page = size_t(sysconf(_SC_PAGESIZE));
   g_desc = (63 * 64 + sizeof(Fiber) + g_page - 1) & ~(g_page - 1);  // staggered descriptor
   install_handlers();
@@ -1084,6 +1240,7 @@ uint64_t count_marks(const uint8_t* m, uint64_t n) {
                               unsigned, void**);
     reinterpret_cast<launch_fn>(kd.launch)(L.grid[0], L.grid[1], L.grid[2], L.block[0],
                                            L.block[1], L.block[2], L.shared, argv.data());
+    if (g_banks) bank_collect(li);
     for (uint32_t a = 0; a < L.nargs; ++a) {
       int32_t bi = wa[a].buf;
       if (bi < 0) continue;

@@ -135,42 +135,59 @@ inline unsigned pf_cvt_tf32(float x) {
   return (u + 0x1000u) & 0xffffe000u;
 }
 
-// ldmatrix.sync.aligned.m8n8.xN[.trans].shared.b16 for N matrices.
+// ldmatrix.sync.aligned.m8n8.xN[.trans].shared.b16 for N matrices. As on the hardware, lane
+// 8i + j (i < N) reads row j of matrix i, 16 bytes, in one access (so the race-check build's
+// bank counter sees the quarter-warp phases the hardware serves); the rows then travel to the
+// lanes that hold their elements by warp shuffles.
+// (always inlined: a race report or bank report then names the caller's source line)
+#define PF_LDM_INLINE __attribute__((always_inline)) inline
 template <int N, bool TRANS>
-inline void pf_ldmatrix(unsigned* r, const void* row_address, int line) {
+PF_LDM_INLINE void pf_ldmatrix(unsigned* r, const void* row_address, int line) {
   pf_tc::whole_warp("ldmatrix", line);
   const unsigned L = pf_tc::lane();
-  const unsigned long long mine = (unsigned long long)(uintptr_t)row_address;
+  unsigned long long row[2] = {0, 0};
+  if (L < 8u * N) {
+    if ((uintptr_t)row_address & 15u) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "ldmatrix at line %d: lane %u's row address is not "
+                    "16-byte aligned", line, L);
+      pf_api->fail(msg);
+    }
+    std::memcpy(row, row_address, 16);
+  }
+  // element e (16 bits) of the row that lane src read
+  auto half = [&](int src, unsigned e) {
+    const unsigned long long lo = __shfl_sync(0xffffffffu, row[0], src);
+    const unsigned long long hi = __shfl_sync(0xffffffffu, row[1], src);
+    return (unsigned)(((e < 4 ? lo : hi) >> (16 * (e & 3u))) & 0xffffu);
+  };
   for (int i = 0; i < N; ++i) {
-    if (!TRANS) {
-      const unsigned long long p = __shfl_sync(0xffffffffu, mine, (int)(8 * i + (L >> 2)));
-      std::memcpy(&r[i], (const char*)(uintptr_t)p + 4 * (L & 3u), 4);
-    } else {
-      uint16_t h[2];
-      for (int j = 0; j < 2; ++j) {
-        const int src = (int)(8 * i + 2 * (L & 3u) + j);
-        const unsigned long long p = __shfl_sync(0xffffffffu, mine, src);
-        std::memcpy(&h[j], (const char*)(uintptr_t)p + 2 * (L >> 2), 2);
-      }
-      r[i] = (unsigned)h[0] | ((unsigned)h[1] << 16);
+    if (!TRANS) {  // lane L: row L / 4, elements 2(L % 4) and 2(L % 4) + 1
+      const unsigned long long lo = __shfl_sync(0xffffffffu, row[0], (int)(8 * i + (L >> 2)));
+      const unsigned long long hi = __shfl_sync(0xffffffffu, row[1], (int)(8 * i + (L >> 2)));
+      const unsigned w = L & 3u;
+      r[i] = (unsigned)((w < 2 ? lo : hi) >> (32 * (w & 1u)));
+    } else {  // lane L: rows 2(L % 4) and 2(L % 4) + 1, element L / 4 of each
+      const int src = (int)(8 * i + 2 * (L & 3u));
+      r[i] = half(src, L >> 2) | (half(src + 1, L >> 2) << 16);
     }
   }
 }
-inline void pf_ldmatrix_x1(unsigned* r, const void* p, int line = __builtin_LINE()) {
+PF_LDM_INLINE void pf_ldmatrix_x1(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<1, false>(r, p, line);
 }
-inline void pf_ldmatrix_x2(unsigned* r, const void* p, int line = __builtin_LINE()) {
+PF_LDM_INLINE void pf_ldmatrix_x2(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<2, false>(r, p, line);
 }
-inline void pf_ldmatrix_x4(unsigned* r, const void* p, int line = __builtin_LINE()) {
+PF_LDM_INLINE void pf_ldmatrix_x4(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<4, false>(r, p, line);
 }
-inline void pf_ldmatrix_x1_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
+PF_LDM_INLINE void pf_ldmatrix_x1_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<1, true>(r, p, line);
 }
-inline void pf_ldmatrix_x2_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
+PF_LDM_INLINE void pf_ldmatrix_x2_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<2, true>(r, p, line);
 }
-inline void pf_ldmatrix_x4_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
+PF_LDM_INLINE void pf_ldmatrix_x4_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<4, true>(r, p, line);
 }
