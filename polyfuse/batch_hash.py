@@ -24,7 +24,7 @@ def compiler_digest() -> str:
         rel = p.relative_to(here)
         if not p.is_file() or "__pycache__" in rel.parts or p.name.startswith("batch"):
             continue
-        if p.suffix == ".py" or rel.parts[:2] == ("cuda", "emulator_rt"):
+        if p.suffix == ".py" or rel.parts[:3] == ("cuda", "emulator", "rt"):
             h.update(str(rel).encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]

@@ -196,7 +196,7 @@ class GraphRunner:
         race-check build that tracks every shared and global access and raises
         :class:`~polyfuse.errors.RaceError` naming the kernel, lines and threads of the first
         data race; "banks" is "shadow" that also counts shared-memory bank conflicts per access
-        site (``last_traffic[i].shared_banks``, :mod:`polyfuse.cuda.emulator_banks`). Inputs
+        site (``last_traffic[i].shared_banks``, :mod:`polyfuse.cuda.emulator.banks`). Inputs
         named ``device``, ``out``, ``stream`` or ``race_check`` must be passed positionally.
         """
         if isinstance(device, str) and device.startswith("cuda"):

@@ -3,7 +3,7 @@ per-lane fragment layouts (issue 23 item 3).
 
 Three independent descriptions of the layouts must agree: the CUDA test kernels below (which
 pack fragments by hand, as the PTX ISA's figures say), the emulator's definitions
-(``emulator_rt/pf_mma.h``) and the layout tables of :mod:`polyfuse.cuda.tensor_core` that a
+(``emulator/rt/pf_mma.h``) and the layout tables of :mod:`polyfuse.cuda.tensor_core` that a
 tensorization pass will use. Products are checked against float64 numpy; the kernels also
 compile with NVRTC for sm_80 and sm_90 through the prelude's inline PTX.
 """

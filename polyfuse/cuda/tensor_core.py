@@ -11,7 +11,7 @@ memory; :func:`ldmatrix_layout` gives its per-lane layout.
 
 :data:`PRELUDE` is the CUDA each translation unit that uses them includes: one inline PTX
 instruction per function on a GPU; the CPU emulator (which defines ``PF_EMULATOR``) has its own
-definitions of the same functions with the same layouts (``emulator_rt/pf_mma.h``).
+definitions of the same functions with the same layouts (``emulator/rt/pf_mma.h``).
 """
 
 from __future__ import annotations

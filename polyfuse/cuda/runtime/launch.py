@@ -66,7 +66,7 @@ class LaunchTraffic:
     writes: dict[str, int] = field(default_factory=dict)
     requested_reads: dict[str, int] = field(default_factory=dict)
     requested_writes: dict[str, int] = field(default_factory=dict)
-    # the emulator's shared-memory bank report (emulator_banks.BankAccess per access site),
+    # the emulator's shared-memory bank report (emulator.banks.BankAccess per access site),
     # filled by runs with banks=True
     shared_banks: list = field(default_factory=list)
 

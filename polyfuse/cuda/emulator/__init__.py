@@ -11,9 +11,9 @@
    understands instrumented pointers, CUDA ``#include`` lines are dropped, and one exported
    launch entry per kernel (cuLaunchKernel-like ABI) plus a module descriptor are appended.
 2. ``g++ -O2 -std=c++20 -shared -fPIC -include pf_emu.h -fvisibility=hidden`` compiles it. The
-   header (``emulator_rt/pf_emu.h``) maps ``threadIdx``, barriers, warp operations, cp.async,
+   header (``rt/pf_emu.h``) maps ``threadIdx``, barriers, warp operations, cp.async,
    atomics and device math onto the runtime; the runtime (fibers, scheduler, workers:
-   ``emulator_rt/pf_emu_rt.cpp``) is compiled separately, once, into a small server program, so a
+   ``rt/pf_emu_rt.cpp``) is compiled separately, once, into a small server program, so a
    kernel library builds in well under a second. Both are cached on disk by a hash of their
    inputs, the flags and the compiler.
 3. :meth:`EmulatedModule.run` writes the launches and buffers into a shared memfd and asks the
@@ -40,7 +40,7 @@ Not seen: conflicts through raw pointers the pre-pass does not instrument (globa
 reached other than through kernel parameters), and a race hidden because an earlier
 reader of the same byte was overwritten in the shadow (two readers are kept).
 A race-check run with ``banks=True`` also counts shared-memory bank conflicts per access site
-(:mod:`.emulator_banks`); race-check libraries are built with ``-fno-tree-sra`` so a vector
+(:mod:`.banks`); race-check libraries are built with ``-fno-tree-sra`` so a vector
 access (``float4``) stays one 16-byte access there, as in the CUDA source.
 
 Semantics worth knowing: a ``__syncthreads`` completes when every thread of the block waits at
@@ -63,9 +63,9 @@ dynamic parallelism, texture/surface objects, ``__constant__`` symbols set from 
 spin-waits on other blocks (blocks run to completion one after another per worker).
 ``auto v = p[i];`` binds a lazy reference to global memory rather than a value.
 
-Modules: :mod:`.emulator_prepass` (step 1), :mod:`.emulator_build` (step 2, compiling and
-caching), :mod:`.emulator_wire` and :mod:`.emulator_server` (step 3: the request format and
-the server process), :mod:`.emulator_races` (race reports), :mod:`.emulator_banks` (bank
+Modules: :mod:`.prepass` (step 1), :mod:`.build` (step 2, compiling and
+caching), :mod:`.wire` and :mod:`.server` (step 3: the request format and
+the server process), :mod:`.races` (race reports), :mod:`.banks` (bank
 reports); this one is the public API.
 """
 
@@ -82,9 +82,10 @@ import numpy as np
 
 from polyfuse.base.errors import CallError, EmulatorError
 from polyfuse.base.store import write_atomic
+from polyfuse.cuda.runtime.launch import Launch, LaunchTraffic, marshal
 
-from .emulator_banks import decode_banks
-from .emulator_build import (
+from .banks import decode_banks
+from .build import (
     HEADER,
     KERNEL_FLAGS,
     RACECHECK_FLAGS,
@@ -98,10 +99,10 @@ from .emulator_build import (
     default_cache_dir,
     find_compiler,
 )
-from .emulator_prepass import prepass
-from .emulator_races import race_error
-from .emulator_server import server_for
-from .emulator_wire import (
+from .prepass import prepass
+from .races import race_error
+from .server import server_for
+from .wire import (
     ABI_VERSION,
     ARG,
     BANK_CAP,
@@ -114,7 +115,6 @@ from .emulator_wire import (
     SPEC,
     align,
 )
-from .runtime.launch import Launch, LaunchTraffic, marshal
 
 __all__ = ["Emulator", "EmulatedModule", "KernelSignature", "prepass"]
 
@@ -237,10 +237,10 @@ class EmulatedModule:
         lists, for every buffer argument, the unique elements read and written × item size, and
         the bytes requested (every load and store, repeats included).
         A race-check module (``Emulator.load(..., racecheck=True)``) raises :class:`RaceError`
-        at the first pair of conflicting accesses (see :mod:`.emulator_races`).
+        at the first pair of conflicting accesses (see :mod:`.races`).
         ``banks`` (race-check modules only) also counts shared-memory bank conflicts per
         access site: each launch's traffic then lists them in ``shared_banks``
-        (:class:`~polyfuse.cuda.emulator_banks.BankAccess`).
+        (:class:`~polyfuse.cuda.emulator.banks.BankAccess`).
         """
         if banks and not self.racecheck:
             raise CallError(

@@ -20,8 +20,8 @@ import numpy as np
 
 from polyfuse.base.errors import EmulatorError
 
-from .emulator_races import source_lines
-from .emulator_wire import BANK_CAP, BANK_HEADER, BANK_STAT
+from .races import source_lines
+from .wire import BANK_CAP, BANK_HEADER, BANK_STAT
 
 
 @dataclass(frozen=True)

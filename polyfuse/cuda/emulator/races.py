@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polyfuse.base.errors import RaceError
-
-from .runtime.launch import Launch
+from polyfuse.cuda.runtime.launch import Launch
 
 _CTYPE_SIZES = {
     "float": 4, "int": 4, "unsigned": 4, "unsigned int": 4, "double": 8, "long long": 8,

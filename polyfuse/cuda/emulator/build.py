@@ -20,9 +20,9 @@ from polyfuse.base.errors import CompilerNotFound, EmulatorError
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import Store
 
-from .emulator_wire import ABI_VERSION
+from .wire import ABI_VERSION
 
-RT_DIR = Path(__file__).resolve().parent / "emulator_rt"
+RT_DIR = Path(__file__).resolve().parent / "rt"
 HEADER = RT_DIR / "pf_emu.h"
 RUNTIME_SOURCE = RT_DIR / "pf_emu_rt.cpp"
 

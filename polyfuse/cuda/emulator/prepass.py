@@ -13,7 +13,7 @@ import numpy as np
 
 from polyfuse.base.errors import EmulatorError
 
-from .emulator_wire import ABI_VERSION
+from .wire import ABI_VERSION
 
 # --------------------------------------------------------------------------------------------
 # Pre-pass: CUDA text -> C++ text for pf_emu.h (line numbers are preserved)

@@ -19,7 +19,7 @@ import numpy as np
 
 from polyfuse.base.errors import EmulatorError
 
-from .emulator_wire import MSG, MSG_LOAD, MSG_MAP, MSG_RUN
+from .wire import MSG, MSG_LOAD, MSG_MAP, MSG_RUN
 
 
 class ServerDied(Exception):

@@ -1,5 +1,5 @@
 """The emulator's wire format: the request a run writes into shared memory and the messages
-on the server's socket. Mirrors ``emulator_rt/pf_emu_rt.cpp``; bump :data:`ABI_VERSION` with it."""
+on the server's socket. Mirrors ``rt/pf_emu_rt.cpp``; bump :data:`ABI_VERSION` with it."""
 
 from __future__ import annotations
 
