@@ -12,6 +12,7 @@ import time
 import pytest
 
 from polyfuse.cuda import compiler as cc
+from polyfuse.cuda import toolkit
 from polyfuse.cuda.compiler import (
     COMPILERS,
     SUPPORTED_ARCHS,
@@ -200,8 +201,8 @@ def test_missing_header_hint():
 
 
 def test_no_compiler_gives_install_hint(monkeypatch):
-    monkeypatch.setattr(cc, "_nvrtc_search_paths", lambda: [])
-    monkeypatch.setattr(cc, "_nvcc_search_paths", lambda: [])
+    monkeypatch.setattr(toolkit, "nvrtc_search_paths", lambda: [])
+    monkeypatch.setattr(toolkit, "nvcc_search_paths", lambda: [])
     assert available_compilers() == []
     with pytest.raises(CompilerNotFound) as info:
         compile_cuda(SOURCE, "sm_80")
@@ -217,15 +218,15 @@ def test_no_compiler_gives_install_hint(monkeypatch):
 def test_unloadable_library_is_skipped(monkeypatch, tmp_path):
     bogus = tmp_path / "libnvrtc.so.13"
     bogus.write_bytes(b"not a shared library")
-    monkeypatch.setattr(cc, "_nvrtc_search_paths", lambda: [str(bogus), "/nonexistent/x.so"])
-    monkeypatch.setattr(cc, "_nvcc_search_paths", lambda: [str(tmp_path / "nvcc")])
+    monkeypatch.setattr(toolkit, "nvrtc_search_paths", lambda: [str(bogus), "/nonexistent/x.so"])
+    monkeypatch.setattr(toolkit, "nvcc_search_paths", lambda: [str(tmp_path / "nvcc")])
     assert available_compilers() == []
 
 
 def test_search_paths_find_the_pip_wheel():
     require("nvrtc")
-    paths = cc._nvrtc_search_paths()
-    lib = cc._find_nvrtc()
+    paths = toolkit.nvrtc_search_paths()
+    lib = toolkit.find_nvrtc()
     assert lib is not None and lib.path in paths
     assert lib.major >= 11
     if "site-packages" in lib.path:  # the pip wheel also ships the headers we pass with -I
@@ -334,7 +335,7 @@ def test_parse_ptxas_report():
 
 def test_fallback_to_nvcc_when_nvrtc_is_missing(monkeypatch):
     require("nvcc")
-    monkeypatch.setattr(cc, "_nvrtc_search_paths", lambda: [])
+    monkeypatch.setattr(toolkit, "nvrtc_search_paths", lambda: [])
     assert available_compilers() == ["nvcc"]
     binary = compile_cuda(SOURCE, "sm_80")
     assert binary.compiler == "nvcc" and binary.resources["smem_reduce"].registers > 0

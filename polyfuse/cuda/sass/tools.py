@@ -32,7 +32,7 @@ from pathlib import Path
 from polyfuse.base.errors import CompilerNotFound, PolyfuseError
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import write_atomic
-from polyfuse.cuda.compiler import cuda_roots, nvidia_package_dirs
+from polyfuse.cuda.toolkit import cuda_roots, nvidia_package_dirs
 
 __all__ = [
     "INSTALL_HINT",
