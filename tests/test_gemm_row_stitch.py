@@ -192,7 +192,8 @@ def test_cost_model_refusal_records_both_figures(arch):
     """BERT-base's FFN down projection (1024 x 3072 x 768) then add + layer norm: a whole-row
     tile (768 wide, padded to 1024) gives a grid of 1024 / BM blocks whose busiest SM computes
     more outputs than the best tile's (twice on sm_80: 16x1024 vs 64x128, one block per SM);
-    its extra time dwarfs the 6 MiB and the launch saved. Refused, both tiles' figures (blocks, outputs on the busiest SM, bound) recorded."""
+    its extra time dwarfs the 6 MiB and the launch saved. Refused, both tiles' figures
+    (blocks, outputs on the busiest SM, bound) recorded."""
     x, w = te.placeholder((1024, 3072), name="x"), te.placeholder((3072, 768), name="w")
     r = te.placeholder((1024, 768), name="r")
     out = ops.layer_norm(ops.add(ops.matmul(x, w, name="mm"), r, name="res"), name="ln")

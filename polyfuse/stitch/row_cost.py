@@ -17,7 +17,14 @@ The reduction's own work (its other reads, its combines, its stores) is done in 
 only where it reads the intermediate from changes, which ``dram_us`` already prices. So the
 stitch saves ``saved_us = dram_us + launch_us`` and is taken when ``gain_us = saved_us -
 extra_us`` is positive. Ties are refused (nothing is gained by a stitch that costs as much as
-it saves, and the separate kernels keep their best tiles).
+it saves, and the separate kernels keep their best tiles). The comparison leans towards the
+stitch: joined, the reduction runs on the GEMM's grid after each block's k-loop rather than on
+its own (often larger) grid, which this does not charge.
+
+BERT-base's FFN down projection (1024 x 3072 x 768, then add + layer norm) on an A100 shows
+why a wide row is refused: the best whole-row tile, 16x1024 (the row padded to a power of
+two), gives 64 blocks of 16,384 outputs; the best tile, 64x128, 96 blocks of 8,192 — the
+busiest SM does twice the FP32 work (659.6 vs 339.8 us modelled) to save 6.45 us.
 """
 
 from __future__ import annotations
