@@ -20,12 +20,17 @@ import polyfuse
 from polyfuse import ops, reference, te
 from polyfuse.base.decision import DecisionKind
 from polyfuse.cuda.compiler import available_compilers
+from polyfuse.poly.costs.constants import CONSTANTS
+from polyfuse.poly.device import BY_ARCH
+from polyfuse.poly.promote import pipeline_stages
+from polyfuse.poly.tiling import detect_gemm, rank_gemm_tiles
 from polyfuse.stitch.gemm_rows import (
     GEMM_ROWS_RULE,
     block_correspondence,
     row_tiles,
     shared_pool,
 )
+from polyfuse.stitch.row_cost import TilePrice, row_stitch_cost
 
 RNG = np.random.default_rng(2403)
 
@@ -117,19 +122,91 @@ def test_row_too_wide_for_shared_memory_is_refused_with_the_bytes():
     _check(fn, [x, w], [out], [_rand(16, 16), _rand(16, 2048)], races=False)
 
 
-def test_cost_model_refusal_records_both_figures():
+def _bias_residual_layer_norm(m: int, kdim: int, n: int):
+    x, w = te.placeholder((m, kdim), name="x"), te.placeholder((kdim, n), name="w")
+    b, r = te.placeholder((n,), name="b"), te.placeholder((m, n), name="r")
+    y = ops.add(ops.add(ops.matmul(x, w, name="mm"), b, name="bias"), r, name="res")
+    return [x, w, b, r], [ops.layer_norm(y, name="ln")]
+
+
+def test_row_stitch_cost_takes_and_refuses_by_its_numbers():
+    """The decision itself: it saves the intermediate's DRAM round trip and a launch, it costs
+    the whole-row tile's time over the best tile's; taken when the saving is larger, refused
+    on a loss or a tie, the figures in its reason and data."""
+    a100 = BY_ARCH["sm_80"]
+    best = TilePrice((64, 128, 4, 8, 16), 10.0, "FP32 pipe", 96, 0.44, 8192)
+    size = 1 << 20  # one MiB kept on chip: 2 MiB of DRAM traffic saved
+    dram = 2 * size / (a100.bandwidth_gbps * 1e3)
+    saved = dram + CONSTANTS.launch_us
+    win = row_stitch_cost("mm", replace(best, tile=(16, 1024, 8, 8, 32), us=12.0), best, size, a100)
+    assert win.dram_us == pytest.approx(dram) and win.saved_us == pytest.approx(saved)
+    assert win.extra_us == pytest.approx(2.0) and win.gain_us == pytest.approx(saved - 2.0)
+    assert win.taken and saved > 2.0
+    assert "+2.00 us" in win.figures() and f"saves {2 * size} B of DRAM traffic" in win.figures()
+    d = win.data()
+    assert d["tile"] == [16, 1024, 8, 8, 32] and d["best_tile"] == [64, 128, 4, 8, 16]
+    assert d["saved_bytes"] == 2 * size and d["gain_us"] == round(saved - 2.0, 3)
+    lose = row_stitch_cost("mm", replace(best, us=10.0 + saved + 0.5), best, size, a100)
+    assert not lose.taken and lose.gain_us == pytest.approx(-0.5)
+    assert "gain -0.50 us" in lose.figures()
+    tie = row_stitch_cost("mm", replace(best, us=10.0 + saved), best, size, a100)
+    assert not tie.taken
+
+
+def _check_figures(fn, arch: str, m: int, n: int) -> dict:
+    """The decision's figures are the cost model's: both tiles priced again on the GEMM's
+    shape, the round trip of the m x n intermediate at the device's bandwidth, one launch."""
+    device = BY_ARCH[arch]
+    (d,) = _rows(fn)
+    data = d.data
+    (gemm,) = [s for s in fn.plan.scheduled if s.name == d.producer[0]]
+    shape = detect_gemm(gemm)
+    stages = pipeline_stages(arch)
+    (rows,) = rank_gemm_tiles(shape, device, tuple(data["tile"]), limit=1, stages=stages)
+    (best,) = rank_gemm_tiles(shape, device, limit=1, stages=stages)
+    assert data["rows_tile_us"] == round(rows.modelled_us, 3)
+    assert data["best_tile"] == list(best.choice)
+    assert data["best_tile_us"] == round(best.modelled_us, 3)
+    assert data["saved_bytes"] == 2 * 4 * m * n
+    assert data["dram_us"] == round(2 * 4 * m * n / (device.bandwidth_gbps * 1e3), 3)
+    assert data["launch_us"] == CONSTANTS.launch_us
+    assert data["rows_blocks"] == -(-m // data["tile"][0])  # whole rows: one block per row tile
+    extra = rows.modelled_us - best.modelled_us
+    gain = data["dram_us"] + data["launch_us"] - extra
+    assert data["gain_us"] == pytest.approx(gain, abs=2e-3)
+    assert d.stitched == (gain > 0) and d.kinds[-1] == DecisionKind.COST_MODEL
+    return data
+
+
+def test_cost_decision_takes_a_small_gemm_layer_norm_with_its_figures():
+    """37 x 32 x 96 GEMM + bias + residual + layer norm: the whole-row tile costs less than
+    the round trip and the launch it saves; taken, the compared figures in its data."""
+    ins, outs = _bias_residual_layer_norm(37, 32, 96)
+    fn = polyfuse.compile(ins, outs, check_cuda=False)
+    data = _check_figures(fn, "sm_80", 37, 96)
+    assert data["gain_us"] > 0 and len(fn.kernels) == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cost_model_refusal_records_both_figures(arch):
     """BERT-base's FFN down projection (1024 x 3072 x 768) then add + layer norm: a whole-row
-    tile (768 wide) is modelled far slower than the best tile; the bytes saved do not pay for
-    it. The refusal carries both modelled figures."""
+    tile (768 wide, padded to 1024) gives a grid of 1024 / BM blocks whose busiest SM computes
+    more outputs than the best tile's (twice on sm_80: 16x1024 vs 64x128, one block per SM);
+    its extra time dwarfs the 6 MiB and the launch saved. Refused, both tiles' figures
+    (blocks, outputs on the busiest SM, bound) recorded."""
     x, w = te.placeholder((1024, 3072), name="x"), te.placeholder((3072, 768), name="w")
     r = te.placeholder((1024, 768), name="r")
     out = ops.layer_norm(ops.add(ops.matmul(x, w, name="mm"), r, name="res"), name="ln")
-    fn = polyfuse.compile([x, w, r], [out], arch="sm_90", check_cuda=False)
+    fn = polyfuse.compile([x, w, r], [out], arch=arch, check_cuda=False)
     assert len(fn.kernels) == 2
     (d,) = _rows(fn)
     assert not d.stitched and d.reason.startswith("the cost model says no: whole-row tile ")
     assert d.kinds == (DecisionKind.COST_MODEL,)
-    assert d.data["rows_tile_us"] - d.data["best_tile_us"] >= d.data["saved_us"]
+    data = _check_figures(fn, arch, 1024, 768)
+    assert data["rows_tile_us"] - data["best_tile_us"] >= data["saved_us"] > 0
+    assert data["gain_us"] < 0 and data["extra_us"] > 10 * data["saved_us"]
+    assert data["rows_sm_outputs"] > data["best_sm_outputs"]
+    assert "outputs on the busiest SM" in d.reason and "gain -" in d.reason
 
 
 def test_block_correspondence_is_checked_by_isl():
@@ -182,3 +259,31 @@ def test_joined_kernel_compiles_with_nvrtc(arch):
     assert k.registers is not None and k.spill_stores == 0
     assert k.static_shared_bytes == k.facts.shared_bytes <= 48 * 1024
     assert "__syncthreads();  // the row tile is complete" in fn.cuda_source
+
+
+def test_tiny_transformer_out_projection_add_layer_norm_is_one_kernel():
+    """A small BERT layer (zoo ``bert_base`` tiny: batch 2, seq 8, hidden 32, 2 heads): the
+    attention output projection — its input the heads merged back by a transpose + reshape
+    folded into its loads — with its bias, the residual add and the layer norm is one kernel
+    per layer that writes only the layer norm's output; the model's outputs are numpy's."""
+    from polyfuse import zoo
+
+    m = zoo.build("bert_base", "tiny", seed=5)
+    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    stitched = [d for d in _rows(fn) if d.stitched]
+    for layer in range(m.config["layers"]):
+        (k,) = [k for k in fn.kernels if f"layer{layer}_attn_o_w" in k.tensor_bytes]
+        assert f"layer{layer}_ln1_gamma" in k.tensor_bytes, k.name
+        written = [t for t, (_, w) in k.tensor_bytes.items() if w]
+        assert len(written) == 1, written  # the layer norm's output only
+        (d,) = [d for d in stitched if set(d.producer) <= set(k.micrographs)]
+        assert d.data["gain_us"] > 0 and d.tensors[0] not in k.tensor_bytes
+        plan = fn.plan.kernel_plans[fn.kernels.index(k)]
+        assert plan.placements[d.tensors[0]].space == "shared"
+    arrays = m.sample_inputs(3)
+    want = m.reference(*arrays)
+    for order in (False, "shadow"):
+        got = fn(*arrays, device="emulate", race_check=order)
+        got = list(got) if isinstance(got, tuple) else [got]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-4)

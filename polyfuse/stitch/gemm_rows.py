@@ -26,8 +26,10 @@ Policy (PPCG style: legality by isl, speed by the one cost model):
    reduction block reads is one its GEMM block stored; the reduction's view of the shared tile
    is the GEMM block's tile (its lower bounds pulled back through that map);
 4. **cost** — stitched when the whole-row tile's modelled time is below the best tile's plus
-   what the intermediate costs in DRAM traffic (written and read back) plus one launch. Both
-   modelled figures are in the decision's data.
+   what the intermediate costs in DRAM traffic (written and read back) plus one launch
+   (:mod:`polyfuse.stitch.row_cost`: the argument, and the record whose figures — both tiles'
+   times, blocks, waves and bounds, the bytes and launch saved, the gain — are the decision's
+   data).
 
 Every stitch made or refused is a :class:`StitchDecision` (rule ``GEMM_ROWS_RULE``).
 """
@@ -45,7 +47,6 @@ from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.structure import structural_key
 from polyfuse.poly.cost import ReductionStrategy
-from polyfuse.poly.costs.constants import CONSTANTS
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.kernel_map import gemm_kernel_fitting
@@ -68,6 +69,7 @@ from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 from polyfuse.stitch.memory import KernelGroup, Memo, StitchDecision
 from polyfuse.stitch.recompute import recompute_spills
+from polyfuse.stitch.row_cost import TilePrice, row_stitch_cost
 
 #: the rule number the plan prints for a GEMM + row-reduction stitch
 GEMM_ROWS_RULE = 9
@@ -80,6 +82,8 @@ ROW_KTILES = (8, 16, 32)
 ROW_THREADS = (64, 128, 256)
 #: lanes per row of the reduction (a warp per row)
 WARP = 32
+#: what the cached decisions' data holds (:mod:`polyfuse.stitch.row_cost`); bumped when it changes
+ROW_COST_REVISION = 2
 #: the widest row a whole-row tile is tried for (wider rows are refused with this reason)
 MAX_ROW = 4096
 
@@ -401,39 +405,28 @@ def try_gemm_rows(
     best = _best_tiling(shape, device)
     if best is None:
         return False, "the GEMM has no ranked tiling", {}
+    stages = pipeline_stages(device.arch)
     priced = []
     for tile in row_tiles(n):
-        (t,) = rank_gemm_tiles(shape, device, tile, limit=1, stages=pipeline_stages(device.arch))
-        priced.append((t.modelled_us, tile))
+        (t,) = rank_gemm_tiles(shape, device, tile, limit=1, stages=stages)
+        priced.append((t.modelled_us, tile, t))
     size = FLOAT_BYTES * math.prod(hi - lo + 1 for lo, hi in shape.data)
-    saved = saved_us(size, device)
+    best_price = TilePrice.of(best, device)
     refusals: list[str] = []
     memo: dict = {}
-    for us, tile in sorted(priced):
-        data = {
-            "tile": list(tile),
-            "rows_tile_us": round(us, 3),
-            "best_tile": list(best.choice or ()),
-            "best_tile_us": round(best.modelled_us, 3),
-            "saved_bytes": 2 * size,
-            "saved_us": round(saved, 3),
-        }
-        figures = (
-            f"whole-row tile {tile[0]}x{tile[1]} (micro-tile {tile[2]}x{tile[3]}, k-tile "
-            f"{tile[4]}) modelled {us:.2f} us vs best tile {best.choice[0]}x{best.choice[1]} "
-            f"{best.modelled_us:.2f} us; keeping {tensor} on chip saves {2 * size} B of DRAM "
-            f"traffic and a launch, modelled {saved:.2f} us"
-        )
-        if us - best.modelled_us >= saved:  # this and every dearer tile lose
+    for _, tile, t in sorted(priced, key=lambda p: p[:2]):
+        cost = row_stitch_cost(tensor, TilePrice.of(t, device), best_price, size, device)
+        data = cost.data()
+        if not cost.taken:  # this and every dearer tile lose
             if refusals:
                 return False, f"{refusals[0]} (dearer tiles: the cost model says no)", {}
-            return False, f"the cost model says no: {figures}", data
+            return False, f"the cost model says no: {cost.figures()}", data
         plan = plan_rows(graph, gemm, gc.parts, tensor, tile, gc.form, device, cfg, memo)
         if isinstance(plan, str):
             refusals.append(plan)
             continue
         data["shared_bytes"] = plan.shared_bytes
-        return True, f"GEMM block tile covers whole rows: {figures}", data
+        return True, f"GEMM block tile covers whole rows: {cost.figures()}", data
     if refusals:
         return False, refusals[0], {}
     bn = max(16, _pow2(n))
@@ -442,12 +435,6 @@ def try_gemm_rows(
         f"row of its {ROW_TILES} rows (micro-tiles {MICRO_TILES[0]}..{MICRO_TILES[-1]})"
     )
     return False, f"no whole-row tiling for rows of {n}: {why}", {}
-
-
-def saved_us(size: int, device: DeviceSpec) -> float:
-    """What an intermediate of ``size`` bytes costs when it goes through DRAM (written once,
-    read back once) plus the launch of its reader, modelled on ``device``."""
-    return 2 * size / (device.bandwidth_gbps * 1e3) + CONSTANTS.launch_us
 
 
 def _consumers(graph: Graph, prims: list[str]) -> set[str]:
@@ -501,7 +488,7 @@ def stitch_gemm_rows(
             decisions.append(decide(False, "stitching would create a cycle", DecisionKind.CYCLE))
             continue
         all_prims = [p for sm in gp.parts + gc.parts for p in sm.model.micrograph.prims]
-        key = structural_key(graph, all_prims, f"{salt}|gemm-rows|{cfg}").digest
+        key = structural_key(graph, all_prims, f"{salt}|gemm-rows {ROW_COST_REVISION}|{cfg}").digest
         known = cache.get(key, (("ok", "reason", "data"),)) if cache is not None else None
         if known is None:
             ok, why, data = try_gemm_rows(graph, gp, gc, tensor, device, cfg)
