@@ -363,6 +363,30 @@ def test_dlpack_capsules_read_in_place():
     assert len(arrays_mod._exports) == len(held), "an unconsumed capsule runs its deleter"
 
 
+@pytest.mark.parametrize(
+    "dtype", ["float16", "bfloat16", "float32", "float64", "int32", "int64", "bool"]
+)
+def test_dlpack_exchange_carries_every_dtype(dtype):
+    """Issue 22 item 4: a device array of each dtype exported as a DLPack capsule reads back
+    with its dtype (bfloat16 is DLPack's code 4, bool code 6); bfloat16 failed before (no
+    type code on export, 'dtype code 4 is not supported' on import)."""
+    import ml_dtypes
+
+    want = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    dev, gpu = fake_device()
+    exported = DeviceArray(dev, (3, 5), want)
+
+    class DeviceDLPack:
+        def __dlpack__(self, stream=None, **kw):
+            return exported.__dlpack__(stream=stream)
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    info = describe(DeviceDLPack())
+    assert info.dtype == want and info.shape == (3, 5) and info.ptr == exported.ptr
+
+
 def test_array_that_requires_grad_is_read_through_detach():
     """torch refuses __cuda_array_interface__ on a tensor that requires grad (RuntimeError);
     the runtime reads its detached view, at the same address."""

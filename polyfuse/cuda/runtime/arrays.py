@@ -82,7 +82,7 @@ class DLManagedTensor(ctypes.Structure):
     _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
 
 
-_DL_CODES = {0: "i", 1: "u", 2: "f", 6: "b"}
+_DL_CODES = {0: "i", 1: "u", 2: "f", 4: "bfloat", 6: "b"}  # DLPack's DLDataTypeCode
 _CAPSULE_NAME = b"dltensor"
 
 _capi = ctypes.pythonapi
@@ -239,9 +239,7 @@ def _from_dlpack(obj: Any, consumer_stream: int) -> ArrayInfo:
     t, keep = read_dlpack_capsule(capsule)
     if t.dtype.code not in _DL_CODES or t.dtype.lanes != 1:
         raise CallError(f"DLPack dtype code {t.dtype.code}/{t.dtype.bits} bits is not supported")
-    dtype = np.dtype(f"{_DL_CODES[t.dtype.code]}{t.dtype.bits // 8}")
-    if t.dtype.code == 6:
-        dtype = np.dtype(bool)
+    dtype = _dl_dtype(t.dtype.code, t.dtype.bits)
     shape = tuple(int(t.shape[i]) for i in range(t.ndim))
     strides = None
     if t.strides:
@@ -256,6 +254,29 @@ def _from_dlpack(obj: Any, consumer_stream: int) -> ArrayInfo:
         device=ident if kind == KDL_CUDA else None,
         keep=keep,
     )
+
+
+def _dl_dtype(code: int, bits: int) -> np.dtype:
+    """The numpy dtype of a DLPack (code, bits); bfloat16 through ml_dtypes."""
+    if code == 6:
+        return np.dtype(bool)
+    if code == 4:
+        if bits != 16:
+            raise CallError(f"DLPack bfloat of {bits} bits is not supported (bfloat16 only)")
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(f"{_DL_CODES[code]}{bits // 8}")
+
+
+def _dl_code(dtype: np.dtype) -> int:
+    """DLPack's type code of a numpy dtype (bfloat16: 4, bool: 6)."""
+    if dtype.name == "bfloat16":
+        return 4
+    code = {"f": 2, "i": 0, "u": 1, "b": 6}.get(dtype.kind)
+    if code is None:
+        raise CallError(f"dtype {dtype} has no DLPack type code")
+    return code
 
 
 _TORCH_DTYPES: dict[Any, np.dtype | str] = {}
@@ -462,8 +483,7 @@ class DeviceArray:
         managed.dl_tensor.data = self.ptr
         managed.dl_tensor.device = DLDevice(KDL_CUDA, self.device.ordinal)
         managed.dl_tensor.ndim = len(self.shape)
-        code = {"f": 2, "i": 0, "u": 1, "b": 6}[self.dtype.kind]
-        managed.dl_tensor.dtype = DLDataType(code, self.dtype.itemsize * 8, 1)
+        managed.dl_tensor.dtype = DLDataType(_dl_code(self.dtype), self.dtype.itemsize * 8, 1)
         managed.dl_tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
         managed.dl_tensor.strides = None
         managed.dl_tensor.byte_offset = 0
