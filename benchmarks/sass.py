@@ -1,6 +1,7 @@
-"""SASS benchmark: the hot loops of the compute cases and the float4 check of the suite (issue 20).
+"""SASS benchmark: the hot loops of the compute cases and the vector check of the suite (issue 20).
 
-    python benchmarks/sass.py [--arch sm_80,sm_90] [--only NAME,...] [--json PATH] [--strict]
+    python benchmarks/sass.py [--arch sm_80,sm_90] [--only NAME,...] [--dtype bfloat16]
+                              [--json PATH] [--strict]
 
 Every case is compiled by polyfuse for each arch at full size, then NVRTC → cubin →
 nvdisasm (:mod:`polyfuse.cuda.sass`, no GPU needed). Printed per arch:
@@ -16,13 +17,15 @@ nvdisasm (:mod:`polyfuse.cuda.sass`, no GPU needed). Printed per arch:
   reason), and each shared tile's copy (float4 or scalar, threads busy of the block's);
 * the twelve memory-bound subgraphs of ``suite.py``: the same table (their kernels have no
   loop: the whole body), then per subgraph the vector accesses the kernel IR holds, the
-  ``float4`` source lines, how many are 128-bit in SASS (``LDG.E.128`` / ``STG.E.128`` /
-  ``LDS.128`` / ``STS.128``) and how many compiled to no access at all (``reused``: ptxas kept
-  the registers of an identical earlier load).
+  vector source lines, how many keep their width in SASS (``LDG.E.128`` / ``STG.E.128`` /
+  ``LDS.128`` / ``STS.128``; ``.64`` for a 64-bit word) and how many compiled to no access at
+  all (``reused``: ptxas kept the registers of an identical earlier load). ``--dtype
+  bfloat16`` (or float16) builds the suite with 16-bit tensors (issue 22): their vector
+  accesses are ``uint4`` words of eight halves (``uint2``: four), and the check is the same.
 
 Everything is written to ``benchmarks/results/sass.json`` (``--json``): per case and arch the
 instrument's full record of every kernel (:meth:`KernelSass.to_dict`) and the verdicts.
-``--strict`` exits 1 when a GEMM-like kernel misses a target of item 2 or a float4 check
+``--strict`` exits 1 when a GEMM-like kernel misses a target of item 2 or a vector check
 fails. Without NVRTC or the disassembler it says what to install and exits 2.
 """
 
@@ -196,15 +199,16 @@ def gemm_rows(
 
 
 def vector_row(name: str, kernels: list[KernelSass]) -> dict[str, Any]:
-    """The float4 check of one suite subgraph (all its kernels)."""
+    """The vector check of one suite subgraph (all its kernels)."""
     checks = [k.vector for k in kernels if k.vector is not None]
     lines = [a for c in checks for a in c.accesses]
     return {
         "case": name,
         "kernels": len(kernels),
         "expected": sum(c.expected for c in checks),
-        "float4_lines": len(lines),
-        "lines_128": sum(bool(a.sass) and a.ok for a in lines),
+        "vector_lines": len(lines),
+        "lines_full_width": sum(bool(a.sass) and a.ok for a in lines),
+        "words": sorted({a.word for a in lines}),
         "reused": sum(not a.sass for a in lines),  # ptxas reused an identical earlier load
         "ok": all(c.ok for c in checks),
         "problems": [f"{k.kernel}: {p}" for k in kernels if k.vector for p in k.vector.problems],
@@ -222,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default=",".join(ARCHS), help="comma-separated (default both)")
     ap.add_argument("--only", default="", help="comma-separated case / subgraph names")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the suite's tensors (the compute cases stay float32)")  # fmt: skip
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"default {DEFAULT_JSON}")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args(argv)
@@ -235,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     compute = [n for n in CASES if not only or n in only]
     memory = [n for n in suite.NAMES if not only or n in only]
     print(f"polyfuse SASS benchmark ({dis}); estimates are modelled, not measured")
-    results: dict[str, Any] = {"disassembler": str(dis), "compute": {}, "suite": {}}
+    results: dict[str, Any] = {
+        "disassembler": str(dis), "dtype": args.dtype, "compute": {}, "suite": {}
+    }  # fmt: skip
     verdicts: list[dict[str, Any]] = []
     vectors: list[dict[str, Any]] = []
     try:
@@ -250,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["compute"].setdefault(name, {})[arch] = [k.to_dict() for k in ks]
                 verdicts += gemm_rows(name, ks, CASES[name], gemm_plan(fn))
             for name in memory:
-                ins, outs, _ = suite.build(name)
+                ins, outs, _ = suite.build(name, dtype=args.dtype)
                 ks, secs, _ = run_case(name, ins, outs, arch)
                 print(f"  {name} {arch}: {len(ks)} kernels, {secs:.1f} s", file=sys.stderr)
                 results["suite"].setdefault(name, {})[arch] = [k.to_dict() for k in ks]
@@ -295,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             if v["padding"] > PADDING_LIMIT:
                 print(f"  {v['case']} {v['arch']} padding: {v['padding_reason']}")
     if vectors:
-        print("\n== memory-bound suite: float4 accesses in SASS ==")
-        head = ["subgraph", "arch", "kernels", "IR vector", "float4 lines", "128-bit", "reused"]
+        print(f"\n== memory-bound suite ({args.dtype}): vector accesses in SASS ==")
+        head = ["subgraph", "arch", "kernels", "IR vector", "vector lines", "words"]
+        head += ["full width", "reused"]
         head.append("verdict")
         body = [
             [
@@ -304,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                 v["arch"],
                 str(v["kernels"]),
                 str(v["expected"]),
-                str(v["float4_lines"]),
-                str(v["lines_128"]),
+                str(v["vector_lines"]),
+                "/".join(v["words"]) or "-",
+                str(v["lines_full_width"]),
                 str(v["reused"]),
                 "ok" if v["ok"] else "FAILED",
             ]
@@ -316,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in v["problems"]:
                 print(f"  {v['case']} {v['arch']}: {p}")
     results["gemm_targets"] = verdicts
-    results["float4"] = vectors
+    results["vectors"] = vectors
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
     print(f"\nwrote {args.json}")

@@ -448,6 +448,34 @@ def test_float4_check_on_a_suite_subgraph_and_a_planted_scalar_access():
     assert "float4 in the source but LDG.E.CONSTANT" in problem
 
 
+@pytest.mark.parametrize("name", ["bias_gelu_tanh", "layernorm"])
+def test_vector_check_of_16_bit_words(name):
+    """Issue 22: the suite in bfloat16 prints its vector accesses as 16-bit words (``uint4``:
+    eight halves, ``uint2``: four) and every one keeps its width in SASS; a ``uint4`` line
+    compiled to 64-bit accesses fails the check (before, only ``float4`` lines were checked,
+    so a 16-bit graph's vector accesses went unchecked)."""
+    require_tools()
+    ins, outs, _ = suite.build(name, dtype="bfloat16")
+    fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False, name=name)
+    (k,) = analyse(fn.cuda_source, ("sm_90",), kernels=fn.kernels).kernels
+    assert k.vector is not None and k.vector.ok, str(k.vector)
+    words = {a.word for a in k.vector.accesses}
+    assert words & {"uint4", "uint2"}, words
+    assert len(k.vector.accesses) >= k.vector.expected >= 3
+    for a in k.vector.accesses:
+        assert all(op.endswith(f".{a.bits}") or f".{a.bits}." in op for op in a.sass), str(a)
+    if name == "bias_gelu_tanh":  # eight halves per thread: 128-bit loads and stores
+        assert any(op.startswith("LDG.E.128") for a in k.vector.accesses for op in a.sass)
+        assert any(op == "STG.E.128" for a in k.vector.accesses for op in a.sass)
+    # a uint4 word whose SASS is two 64-bit loads is not full width
+    from polyfuse.cuda.sass.records import VectorAccess
+
+    split = VectorAccess(1, "w = *reinterpret_cast<const uint4*>(&x[i]);", ("LDG.E.64",) * 2,
+                         128, "uint4")  # fmt: skip
+    assert not split.ok and "not 128-bit" in str(split)
+    assert VectorAccess(1, "", ("LDG.E.64",), 64, "uint2").ok
+
+
 def test_cli_on_an_example_writes_json(tmp_path, capsys):
     require_tools()
     out = tmp_path / "sass.json"

@@ -40,7 +40,7 @@ from polyfuse.cuda.sass.records import (
     VectorCheck,
 )
 from polyfuse.cuda.sass.tools import Disassembler, find_disassembler
-from polyfuse.cuda.sass.vector import FLOAT4_RE, vector_check
+from polyfuse.cuda.sass.vector import VECTOR_RE, vector_check
 from polyfuse.poly.costs.model import sm_bounds_us
 from polyfuse.poly.device import DeviceSpec, Occupancy, device_for_arch, occupancy
 
@@ -128,7 +128,7 @@ def analyse_function(
             "costliest part is counted"
         )
     check = None
-    if source is not None and (body is not None or FLOAT4_RE.search(source)):
+    if source is not None and (body is not None or VECTOR_RE.search(source)):
         check = vector_check(fn, source, body or ())
     return KernelSass(
         kernel or fn.name,

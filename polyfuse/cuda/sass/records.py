@@ -73,27 +73,32 @@ class Estimate:
 
 @dataclass(frozen=True)
 class VectorAccess:
-    """One ``float4`` source line and the memory instructions ptxas emitted for it."""
+    """One vector source line (a ``float4``, or a ``uint4``/``uint2`` word of 16-bit
+    elements) and the memory instructions ptxas emitted for it."""
 
     line: int
     text: str
     sass: tuple[str, ...]  # opcodes of the memory instructions at this line
+    bits: int = 128  # the word's width
+    word: str = "float4"
 
     @property
     def ok(self) -> bool:
-        """Every memory instruction of the line moves 128 bits. A line without any (ptxas
-        reused the registers of an identical earlier load) makes no access to check."""
-        return all(is_128(op) for op in self.sass)
+        """Every memory instruction of the line moves the word's bits. A line without any
+        (ptxas reused the registers of an identical earlier load) makes no access to check."""
+        return all(moves(op, self.bits) for op in self.sass)
 
     def __str__(self) -> str:
         counts = Counter(self.sass)
         got = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items())
         got = got or "no memory instruction (an identical earlier access reused)"
-        return f"line {self.line}: {got}{'' if self.ok else '  <-- not 128-bit'}  | {self.text}"
+        flag = "" if self.ok else f"  <-- not {self.bits}-bit"
+        return f"line {self.line}: {got}{flag}  | {self.text}"
 
 
-def is_128(opcode: str) -> bool:
-    return "128" in opcode.split(".")[1:]
+def moves(opcode: str, bits: int) -> bool:
+    """Whether a memory instruction moves ``bits`` per thread (its ``.128``/``.64`` suffix)."""
+    return str(bits) in opcode.split(".")[1:]
 
 
 @dataclass

@@ -1,12 +1,14 @@
-"""The float4 check: the kernel IR's vector accesses are 128-bit in the machine code.
+"""The vector check: the kernel IR's vector accesses keep their width in the machine code.
 
 Every vector access the IR holds (a :class:`~polyfuse.cuda.kernel_ast.KVector`'s loads and
 stores: isl proved them contiguous and aligned, :mod:`polyfuse.cuda.lower_vectorize`; a
-:class:`~polyfuse.cuda.kernel_ast.KVectorStore` of a register tile) is printed as a ``float4``
-access on a source line. With ``-lineinfo`` nvdisasm names the source line of every SASS
-instruction, so each such line's memory instructions can be read off: all must move 128 bits
-(``LDG.E.128``, ``STG.E.128``, ``LDS.128``, ``STS.128``). A line whose loads ptxas split into
-scalars, or fewer ``float4`` lines than the IR's vector accesses, fails the check.
+:class:`~polyfuse.cuda.kernel_ast.KVectorStore` of a register tile) is printed as one vector
+access on a source line: a ``float4`` of float32 elements, a ``uint4`` word of eight or a
+``uint2`` word of four 16-bit elements (float16/bfloat16). With ``-lineinfo`` nvdisasm names
+the source line of every SASS instruction, so each such line's memory instructions can be read
+off: all must move the word's bits (``LDG.E.128``, ``STG.E.128``, ``LDS.128``, ``STS.128``;
+``.64`` for a ``uint2``). A line whose loads ptxas split into narrower ones, or fewer vector
+lines than the IR's vector accesses, fails the check.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from polyfuse.cuda.sass.parse import SassFunction
 from polyfuse.cuda.sass.records import VectorAccess, VectorCheck
 
 __all__ = [
-    "FLOAT4_RE",
+    "VECTOR_RE",
     "function_lines",
     "kernel_lines",
     "top_level_blocks",
@@ -86,7 +88,9 @@ def function_lines(source: str, name: str) -> range | None:
     return range(start + 1, len(lines) + 1)
 
 
-FLOAT4_RE = re.compile(r"reinterpret_cast<\s*(const\s+)?float4\s*\*\s*>")
+#: A vector access as the printer writes it; the word type names its width.
+VECTOR_RE = re.compile(r"reinterpret_cast<\s*(?:const\s+)?(float4|uint4|uint2)\s*\*\s*>")
+_WORD_BITS = {"float4": 128, "uint4": 128, "uint2": 64}
 
 
 def kernel_lines(fn: SassFunction, source: str) -> list[int]:
@@ -105,11 +109,12 @@ def vector_check(fn: SassFunction, source: str, body: Sequence[KNode] = ()) -> V
 
     ``fn`` must come from a cubin compiled with ``-lineinfo`` and disassembled by nvdisasm
     (the instructions carry source lines); ``body`` is the kernel IR (empty: only the source's
-    ``float4`` lines are checked; a Layer 3 pack's IR holds its first part, so its count is a
+    vector lines are checked; a Layer 3 pack's IR holds its first part, so its count is a
     lower bound)."""
     expected = vector_sites(body)
     src = source.splitlines()
-    lines = [ln for ln in kernel_lines(fn, source) if FLOAT4_RE.search(src[ln - 1])]
+    words = {ln: VECTOR_RE.search(src[ln - 1]) for ln in kernel_lines(fn, source)}
+    lines = [ln for ln, m in words.items() if m]
     problems: list[str] = []
     if not any(ins.line is not None for ins in fn.instructions):
         problems.append("no source lines in the SASS (compile with -lineinfo, use nvdisasm)")
@@ -117,17 +122,21 @@ def vector_check(fn: SassFunction, source: str, body: Sequence[KNode] = ()) -> V
     for ins in fn.reachable:
         if ins.line is not None and classify(ins) in _MEMORY:
             by_line.setdefault(ins.line, []).append(ins.opcode)
-    accesses = [VectorAccess(ln, src[ln - 1].strip(), tuple(by_line.get(ln, ()))) for ln in lines]
+    accesses = []
+    for ln in lines:
+        word = words[ln].group(1)  # type: ignore[union-attr]
+        sass = tuple(by_line.get(ln, ()))
+        accesses.append(VectorAccess(ln, src[ln - 1].strip(), sass, _WORD_BITS[word], word))
     if len(lines) < expected:
         problems.append(
             f"the IR holds {expected} vector accesses but the source prints {len(lines)} "
-            "float4 accesses"
+            "vector accesses"
         )
     if accesses and not any(a.sass for a in accesses):
-        problems.append("no memory instruction at any float4 line (line information lost?)")
+        problems.append("no memory instruction at any vector line (line information lost?)")
     for a in accesses:
         if not a.ok:
             problems.append(
-                f"line {a.line} is float4 in the source but {', '.join(a.sass)} in SASS"
+                f"line {a.line} is {a.word} in the source but {', '.join(a.sass)} in SASS"
             )
     return VectorCheck(expected, accesses, problems)
