@@ -46,6 +46,7 @@ from polyfuse.poly.promote import (
     pipeline_stages,
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
 from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
@@ -71,10 +72,19 @@ def map_kernel(
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if isinstance(gemm, GemmKernel):
         return gemm
+    tensorized = map_tensor_core(sm, device) if gemm == HALF_OPERANDS else None
+    if isinstance(tensorized, TensorCoreKernel):
+        return tensorized
     mapped = map_to_gpu(sm, cfg, device)
     if gemm:  # a contraction the GEMM path declined: the plan says why
         mapped.notes.append(f"no GEMM tiling: {gemm}")
+    if tensorized:
+        mapped.notes.append(f"no tensor cores: {tensorized}")
     return mapped
+
+
+#: detect_gemm's reason for a contraction the float32 tiles decline: tensorization's cases
+HALF_OPERANDS = "the operands are not float32"
 
 
 def map_gemm(
@@ -185,6 +195,8 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     """
     if isinstance(mm, GemmKernel):
         return gemm_placements(mm)
+    if isinstance(mm, TensorCoreKernel):
+        return tensor_core_placements(mm)
     placements = place_tensors(mm)
     if mm.strategy is None:
         return placements
