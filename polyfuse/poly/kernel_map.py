@@ -12,7 +12,10 @@ passing over the others is kept in the notes):
    promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget` (pipelined on sm_80+ over
    the stages ALCOP's latency model chooses within that budget,
    :mod:`polyfuse.poly.costs.stages`);
-3. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
+3. a GEMM-like micrograph of 16-bit operands (which the float32 tiles decline) is tensorized
+   when isl matches its update against ``mma.sync.m16n8k16``
+   (:mod:`polyfuse.poly.tensorize`); otherwise the plan notes "no tensor cores: <why>";
+4. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
 
 :func:`place_kernel` then decides every tensor's memory space for whichever mapping came out.
 Callers see one record and never ask which path produced it.
