@@ -43,6 +43,7 @@ from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.layer3 import stitch_parallel
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
+from polyfuse.cuda.lower_mma import lower_mma_kernel
 from polyfuse.cuda.printer import prelude_for
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.gemm_rows import generate_gemm_rows
@@ -68,6 +69,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.tensorize import TensorCoreKernel
 from polyfuse.reference import evaluate
 from polyfuse.stitch.gemm_rows import GemmRowsGroup, stitch_gemm_rows
 from polyfuse.stitch.memory import stitch_memory
@@ -344,7 +346,12 @@ def _lower(
     """The CUDA kernel of a planned kernel, with its notes and isl global footprint."""
     (mm,) = kp.parts
     pl = kp.placements
-    if isinstance(mm, GemmKernel):  # its own AST generator and lowering (promoted tiles)
+    if isinstance(mm, TensorCoreKernel):  # tensorized: mma.sync on 16-bit shared tiles
+        ast, kernel, notes = None, lower_mma_kernel(kp.name, mm, pl, idents, canonical), mm.notes
+        pl = {
+            k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
+        }
+    elif isinstance(mm, GemmKernel):  # its own AST generator and lowering (promoted tiles)
         ast, body = generate_gemm_ast(mm)
         kernel = lower_gemm_kernel(kp.name, mm, body, pl, idents, canonical)
         notes = list(mm.notes)

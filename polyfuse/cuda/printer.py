@@ -49,6 +49,7 @@ from polyfuse.cuda.lower_dtypes import (
 )
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
+from polyfuse.cuda.tensor_core import PRELUDE as TENSOR_CORE_PRELUDE
 from polyfuse.graph import expr as ex
 from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.poly.model import Statement
@@ -127,7 +128,8 @@ def prelude_for(body: str) -> str:
     headers = PIPELINE_HEADER if "__pipeline_memcpy_async" in body else ""
     headers += "#include <cuda_fp16.h>\n" if "__half" in body else ""
     headers += "#include <cuda_bf16.h>\n" if "__nv_bfloat16" in body else ""
-    return headers + PRELUDE
+    mma = TENSOR_CORE_PRELUDE if "pf_mma_" in body else ""  # tensorized kernels' intrinsics
+    return headers + PRELUDE + mma
 
 
 def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:

@@ -12,7 +12,10 @@ passing over the others is kept in the notes):
    promoted tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget` (pipelined on sm_80+ over
    the stages ALCOP's latency model chooses within that budget,
    :mod:`polyfuse.poly.costs.stages`);
-3. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
+3. a GEMM-like micrograph of 16-bit operands (which the float32 tiles decline) is tensorized
+   when isl matches its update against ``mma.sync.m16n8k16``
+   (:mod:`polyfuse.poly.tensorize`); otherwise the plan notes "no tensor cores: <why>";
+4. anything else gets the plain block/thread mapping of :func:`map_to_gpu`.
 
 :func:`place_kernel` then decides every tensor's memory space for whichever mapping came out.
 Callers see one record and never ask which path produced it.
@@ -46,6 +49,7 @@ from polyfuse.poly.promote import (
     pipeline_stages,
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
 from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
@@ -71,10 +75,19 @@ def map_kernel(
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if isinstance(gemm, GemmKernel):
         return gemm
+    tensorized = map_tensor_core(sm, device) if gemm == HALF_OPERANDS else None
+    if isinstance(tensorized, TensorCoreKernel):
+        return tensorized
     mapped = map_to_gpu(sm, cfg, device)
     if gemm:  # a contraction the GEMM path declined: the plan says why
         mapped.notes.append(f"no GEMM tiling: {gemm}")
+    if tensorized:
+        mapped.notes.append(f"no tensor cores: {tensorized}")
     return mapped
+
+
+#: detect_gemm's reason for a contraction the float32 tiles decline: tensorization's cases
+HALF_OPERANDS = "the operands are not float32"
 
 
 def map_gemm(
@@ -185,6 +198,8 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     """
     if isinstance(mm, GemmKernel):
         return gemm_placements(mm)
+    if isinstance(mm, TensorCoreKernel):
+        return tensor_core_placements(mm)
     placements = place_tensors(mm)
     if mm.strategy is None:
         return placements

@@ -98,8 +98,9 @@ def _independent_dims(m: isl.Map, ndata: int) -> set[int]:
     return out
 
 
-def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
-    """The micrograph's GEMM structure, or why it is not GEMM-like (a string)."""
+def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",)) -> GemmShape | str:
+    """The micrograph's GEMM structure, or why it is not GEMM-like (a string); its operands
+    must be of one of ``dtypes`` (the float32 tiles; tensorization asks for 16-bit ones)."""
     model = sm.model
     ups = [s for s in model.statements if s.role == "update"]
     if len(ups) != 1:
@@ -110,8 +111,8 @@ def detect_gemm(sm: ScheduledMicrograph) -> GemmShape | str:
     red = t.op.reduce if t.op is not None else None
     if red is None or red.op != "sum":
         return "the reduction is not a sum"
-    if any(r.tensor.dtype != "float32" for r, _ in up.reads if r is not None):
-        return "the operands are not float32"
+    if any(r.tensor.dtype not in dtypes for r, _ in up.reads if r is not None):
+        return f"the operands are not {' or '.join(dtypes)}"
     init = next(s for s in model.statements if s.prim == prim and s.role == "init")
     final = next(s for s in model.statements if s.prim == prim and s.role == "final")
     order = model.micrograph.prims

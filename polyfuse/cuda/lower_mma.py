@@ -1,0 +1,240 @@
+"""Lowering of a tensorized GEMM kernel (:class:`polyfuse.poly.tensorize.TensorCoreKernel`).
+
+The kernel each block runs, for its block tile of the result (and its batch coordinates)::
+
+    acc[tiles_m][tiles_n][4] = 0                    // mma C fragments, float32
+    for each k-tile:                                // BLOCK_K deep
+        barrier; fill the shared tiles of A and B   // 16-bit, zero outside the arrays
+        barrier
+        for each k-step of 16:
+            ldmatrix.x4[.trans] A fragments; ldmatrix.x2[.trans] B fragments
+            mma.sync.m16n8k16 on every (A, B) fragment pair
+    for each accumulator element (fragment row, col): if inside the result, the epilogue
+
+Fragments and addresses follow :mod:`polyfuse.cuda.tensor_core`'s layouts (PTX ISA): lane
+``l`` gives ``ldmatrix`` the address of row ``l % 8`` of matrix ``l / 8``; accumulator element
+``e`` of lane ``l`` is (``l/4 + 8(e/2)``, ``2(l%4) + e%2``). The shared tiles are laid out like
+their global arrays (the innermost dim innermost, so the fill is coalesced), which decides
+``.trans``. The epilogue statements (final store, bias, activation, ...) are printed from the
+te expressions by the GEMM printer's :class:`polyfuse.cuda.printer.BodyPrinter`, with the
+accumulator element in the reduction's register. Parameters and registers come from the
+buffer and dtype passes; the body is written here as text (a :class:`KFunction`), like the
+GEMM + row kernels of :mod:`polyfuse.cuda.lower_gemm_rows`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from polyfuse.cuda.c_text import c_linear
+from polyfuse.cuda.kernel_ast import KBarrier, Kernel, KMma, MemSpace, Scope
+from polyfuse.cuda.kernel_function import KFunction, print_function
+from polyfuse.cuda.lower import _namer, buffer_placements, instantiate_kernel, kernel_ir
+from polyfuse.cuda.lower_buffers import alloc_buffers
+from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF, assign_dtypes, storage_dtypes
+from polyfuse.cuda.printer import BodyPrinter
+from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16
+from polyfuse.poly.placement import Placement
+from polyfuse.poly.tensorize import MMA_K, MMA_M, MMA_N, ROW_PAD, MmaOperand, TensorCoreKernel
+from polyfuse.stitch.facts import KernelFacts, SharedArray
+
+INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16}
+
+
+def _fill(
+    op: MmaOperand,
+    buf: str,
+    src: str,
+    rows: int,
+    block_k: int,
+    row0: str,
+    row_hi: int,
+    k_hi: int,
+    batch: list[str],
+    nthreads: int,
+    dtype: str,
+) -> list[str]:
+    """The loop that copies one k-tile of ``op`` into its shared tile (every thread a strided
+    share of the elements, the array's innermost dim fastest); zeros outside the array."""
+    inner, outer = (block_k, rows) if op.k_inner else (rows, block_k)
+    stride = inner + ROW_PAD
+    if op.k_inner:
+        row, k = f"{row0} + pf_e / {inner}", "pf_k0 + pf_e % " + str(inner)
+    else:
+        row, k = f"{row0} + pf_e % {inner}", "pf_k0 + pf_e / " + str(inner)
+    vals = list(batch) + ["0", "0", "pf_k"]
+    vals[op.outer_dim] = "pf_r"
+    idx = []
+    for coeffs, const in op.index:
+        terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
+        idx.append(" + ".join(terms + ([str(const)] if const else [])) or "0")
+    zero = f"{FLOAT_TO_HALF[dtype]}(0.0f)"
+    return [
+        f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {nthreads}) {{",
+        f"      const int pf_r = {row}, pf_k = {k};",
+        f"      {C_TYPES[dtype]} pf_v = {zero};",
+        f"      if (pf_r <= {row_hi} && pf_k <= {k_hi}) pf_v = {c_linear(src, idx, op.shape)};",
+        f"      {buf}[(pf_e / {inner}) * {stride} + pf_e % {inner}] = pf_v;",
+        "    }",
+    ]
+
+
+def _ldmatrix(op: MmaOperand, buf: str, rows: int, block_k: int, base: str, x: int) -> str:
+    """The shared address lane ``pf_lane`` gives ``ldmatrix.x{x}`` for the fragment of the
+    mma tile whose first row (m or n) is ``base``, at k-step ``pf_ks``."""
+    stride = (block_k if op.k_inner else rows) + ROW_PAD
+    if x == 4:  # A: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+        r_off, k_off = "(pf_lane & 15)", "(pf_lane >> 4) * 8"
+        if not op.k_inner:  # stored k rows: row k, column m
+            k_row = "pf_ks + (pf_lane & 7) + (pf_lane >> 4) * 8"
+            return f"&{buf}[({k_row}) * {stride} + {base} + ((pf_lane >> 3) & 1) * 8]"
+    else:  # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15)
+        r_off, k_off = "(pf_lane & 7)", "((pf_lane >> 3) & 1) * 8"
+        if not op.k_inner:
+            return f"&{buf}[(pf_ks + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {base}]"
+    return f"&{buf}[({base} + {r_off}) * {stride} + pf_ks + {k_off}]"
+
+
+def _loader(op: MmaOperand, x: int) -> str:
+    return f"pf_ldmatrix_x{x}" + ("_trans" if op.trans else "")
+
+
+def lower_mma_kernel(
+    name: str,
+    tk: TensorCoreKernel,
+    placements: dict[str, Placement],
+    idents: dict[int, str],
+    canonical: Mapping[str, str] | None = None,
+) -> Kernel:
+    """The CUDA kernel of a tensorized GEMM (see the module doc), printed through
+    ``canonical`` names when given (:func:`polyfuse.cuda.lower.instantiate_kernel`)."""
+    model = tk.scheduled.model
+    shape, t, a, b = tk.shape, tk.tiling, tk.a, tk.b
+    assert shape is not None and t is not None and a is not None and b is not None
+    as_global = {
+        k: Placement(k, "global", p.reason) if p.space == "shared" else p
+        for k, p in placements.items()
+    }
+    printed, namer = _namer(name, canonical)
+    ir = kernel_ir(printed, tk, [], namer)
+    ir = alloc_buffers(ir, buffer_placements(tk, as_global), list(model.tensors))
+    ir = assign_dtypes(ir, storage_dtypes(model))
+    mma = INTRINSIC[tk.dtype]
+    ctype = C_TYPES[tk.dtype]
+    nthreads = 32 * t.warps
+    nd = len(shape.data)
+    (lm, hm), (ln, hn) = shape.data[-2], shape.data[-1]
+    lk, hk = shape.red[0]
+    batch = [f"(pf_g{i} + {lo})" if lo else f"pf_g{i}" for i, (lo, _) in enumerate(shape.data[:-2])]
+    sa, sb = namer.shared(a.tensor), namer.shared(b.tensor)
+    ea = (t.block_k + ROW_PAD) * t.block_m if a.k_inner else t.block_k * (t.block_m + ROW_PAD)
+    eb = (t.block_k + ROW_PAD) * t.block_n if b.k_inner else t.block_k * (t.block_n + ROW_PAD)
+    tm, tn = t.tiles_m, t.tiles_n
+    gm, gn = f"pf_g{nd - 2}", f"pf_g{nd - 1}"
+    lines = [
+        f"  __shared__ __align__(16) {ctype} {sa}[{ea}];",
+        f"  __shared__ __align__(16) {ctype} {sb}[{eb}];",
+        *[f"  float {x.name};" for x in ir.allocs if x.space is MemSpace.REGISTER],
+        "  const int pf_lane = pf_tid & 31, pf_warp = pf_tid >> 5;",
+        f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
+        f"pf_wn = (pf_warp % {t.warps_n}) * {t.block_n // t.warps_n};",
+        f"  const int pf_m0 = {lm} + {gm} * {t.block_m}, pf_n0 = {ln} + {gn} * {t.block_n};",
+        f"  float pf_acc[{tm}][{tn}][4];",
+        f"#pragma unroll\n  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
+        f"#pragma unroll\n    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
+        "#pragma unroll\n      for (int pf_x = 0; pf_x < 4; ++pf_x)",
+        "        pf_acc[pf_i][pf_j][pf_x] = 0.0f;",
+        f"  for (int pf_k0 = {lk}; pf_k0 <= {hk}; pf_k0 += {t.block_k}) {{",
+        "    __syncthreads();  // the previous k-tile's fragments are loaded",
+        *_fill(
+            a,
+            sa,
+            namer.tensor(a.tensor),
+            t.block_m,
+            t.block_k,
+            "pf_m0",
+            hm,
+            hk,
+            batch,
+            nthreads,
+            tk.dtype,
+        ),
+        *_fill(
+            b,
+            sb,
+            namer.tensor(b.tensor),
+            t.block_n,
+            t.block_k,
+            "pf_n0",
+            hn,
+            hk,
+            batch,
+            nthreads,
+            tk.dtype,
+        ),
+        "    __syncthreads();  // the shared tiles are filled",
+        "#pragma unroll",
+        f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {MMA_K}) {{",
+        f"      unsigned pf_fa[{tm}][4], pf_fb[{tn}][2];",
+        "#pragma unroll",
+        f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
+        f"{_ldmatrix(a, sa, t.block_m, t.block_k, f'pf_wm + {MMA_M} * pf_i', 4)});",
+        "#pragma unroll",
+        f"      for (int pf_j = 0; pf_j < {tn}; ++pf_j) {_loader(b, 2)}(pf_fb[pf_j], "
+        f"{_ldmatrix(b, sb, t.block_n, t.block_k, f'pf_wn + {MMA_N} * pf_j', 2)});",
+        "#pragma unroll",
+        f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
+        "#pragma unroll",
+        f"        for (int pf_j = 0; pf_j < {tn}; ++pf_j) "
+        f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], pf_fb[pf_j], pf_acc[pf_i][pf_j]);",
+        "    }",
+        "  }",
+    ]
+    # the epilogue, per accumulator element at its fragment (row, col)
+    bp = BodyPrinter(as_global, idents, namer=namer)
+    args = [*batch, "pf_row", "pf_col"]
+    acc = namer.register(f"{shape.update.prim}_acc")
+    body = [bp.statement(s, args, s.prim) for s in shape.epilogue]
+    lines += [
+        "#pragma unroll",
+        f"  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
+        "#pragma unroll",
+        f"    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
+        "#pragma unroll",
+        "      for (int pf_x = 0; pf_x < 4; ++pf_x) {",
+        f"        const int pf_row = pf_m0 + pf_wm + {MMA_M} * pf_i + (pf_lane >> 2)"
+        " + 8 * (pf_x >> 1);",
+        f"        const int pf_col = pf_n0 + pf_wn + {MMA_N} * pf_j + 2 * (pf_lane & 3)"
+        " + (pf_x & 1);",
+        f"        if (pf_row <= {hm} && pf_col <= {hn}) {{",
+        f"          {acc} = pf_acc[pf_i][pf_j][pf_x];",
+        *[f"          {line}" for line in body],
+        "        }",
+        "      }",
+    ]
+    fn = KFunction(
+        tuple((p.ctype, p.name) for p in ir.params),
+        nthreads,
+        0,
+        ir.grid_dims,
+        ir.thread_dims,
+        "".join(f"{line}\n" for line in lines),
+    )
+    itemsize = 2
+    facts = KernelFacts(
+        shared_arrays=(SharedArray(ea * itemsize, 16), SharedArray(eb * itemsize, 16)),
+        barriers=True,
+        mma=True,
+    )
+    kernel = Kernel(
+        printed,
+        list(ir.params),
+        [KBarrier(Scope.BLOCK), KMma(acc, sa, sb, (MMA_M, MMA_N, MMA_K))],
+        (ir.blocks, 1, 1),
+        (nthreads, 1, 1),
+        list(ir.micrographs),
+        facts=facts,
+        source=print_function(fn, printed),
+        printed=fn,
+    )
+    return instantiate_kernel(kernel, canonical, name)

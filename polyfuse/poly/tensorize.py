@@ -1,0 +1,303 @@
+"""Tensorization decision: a 16-bit GEMM-like micrograph on ``mma.sync.aligned.m16n8k16``.
+
+TensorIR's matching (seeds/003), on this compiler's isl model: the intrinsic computes
+``D[m, n] += A[m, k] * B[k, n]`` over one 16x8x16 tile per warp. A micrograph matches when
+:func:`polyfuse.poly.tiling.detect_gemm` finds its GEMM structure (one sum update, a product
+of reads of micrograph inputs, an elementwise epilogue on the data domain) with 16-bit
+operands, and the update's access relations are the intrinsic's up to renaming and a batch:
+
+- one reduction dimension ``k`` (the intrinsic's), the last two data dimensions ``m`` and
+  ``n`` (rows and columns of the result), any leading ones a batch;
+- exactly two factors, both plain reads of the same 16-bit dtype, accumulated in float32;
+- operand ``A`` reads ``m`` and ``k`` with unit coefficients in two distinct array
+  dimensions and does not depend on ``n``; ``B`` likewise with ``n``; every other array
+  dimension is an affine function of the batch dimensions only (isl: the affine access's
+  coefficients). Which of the two array dimensions is innermost fixes the shared layout and
+  whether the fragment is loaded with ``ldmatrix`` or ``ldmatrix.trans`` (``x @ W^T``, the
+  Linear layout, is B with ``k`` innermost).
+
+The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of
+warps, each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`.
+Out-of-range elements (odd M, N, K) are zero-filled in shared memory so whole mma tiles are
+correct, and the epilogue's stores are guarded. Where it does not apply, the reason is
+returned and the caller records it beside its other GEMM decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.graph.expr import Binary, Read
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.gemm_shape import GemmShape
+from polyfuse.poly.mapping import MappedKernel
+from polyfuse.poly.placement import Placement
+from polyfuse.poly.promote import access_function
+from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tiling import _affine, detect_gemm
+
+#: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+BLOCK_K = 32
+#: elements added to every shared row: rows stay 16-byte aligned (ldmatrix reads 16 B per
+#: row) and 8 consecutive rows fall in 8 distinct groups of 4 banks (no ldmatrix conflicts)
+ROW_PAD = 8
+HALF_DTYPES = ("float16", "bfloat16")
+#: (block M, block N, warps along M, warps along N): the larger where it still fills the SMs
+TILINGS = ((128, 128, 2, 4), (64, 64, 2, 2))
+
+
+@dataclass(frozen=True)
+class MmaOperand:
+    """One mma operand as the update reads it: per array dimension its affine subscript
+    (coefficients over the update's dims ``[d0 .. d_{nd-1}, k]`` and a constant)."""
+
+    tensor: str
+    shape: tuple[int, ...]
+    index: tuple[tuple[tuple[int, ...], int], ...]
+    outer_dim: int  # the data dim it shares with the result: m (A) or n (B)
+    k_inner: bool  # k is the array's innermost dim (else the m / n dim is)
+
+    outer_dim_is_m: bool = True
+
+    @property
+    def trans(self) -> bool:
+        """Loaded with ``ldmatrix.trans``: stored m- or n-innermost (both fragments hold
+        pairs of consecutive k in a register)."""
+        return not self.k_inner
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    """Block tile, warp grid and k-tile of a tensorized kernel."""
+
+    block_m: int
+    block_n: int
+    warps_m: int
+    warps_n: int
+    block_k: int = BLOCK_K
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    @property
+    def tiles_m(self) -> int:  # 16-row mma tiles per warp
+        return self.block_m // self.warps_m // MMA_M
+
+    @property
+    def tiles_n(self) -> int:  # 8-column mma tiles per warp
+        return self.block_n // self.warps_n // MMA_N
+
+
+@dataclass(frozen=True)
+class TensorCoreKernel(MappedKernel):
+    """A GEMM-like micrograph whose update runs on tensor cores (see the module doc)."""
+
+    shape: GemmShape | None = None
+    dtype: str = ""
+    a: MmaOperand | None = None
+    b: MmaOperand | None = None
+    tiling: MmaTiling | None = None
+    stages: int = 1
+
+    def shared_bytes(self) -> int:
+        """Bytes of the two 16-bit shared tiles (one stage each)."""
+        t = self.tiling
+        assert t is not None and self.a is not None and self.b is not None
+        return 2 * (
+            tile_elements(self.a, t.block_m, t.block_k)
+            + tile_elements(self.b, t.block_n, t.block_k)
+        )
+
+
+def tile_elements(op: MmaOperand, rows: int, k: int) -> int:
+    """Elements of an operand's shared tile (``rows`` of m or n by ``k``, rows padded)."""
+    return rows * (k + ROW_PAD) if op.k_inner else k * (rows + ROW_PAD)
+
+
+def _operand(
+    name: str, acc: isl.Map, shape: tuple[int, ...], nd: int, mine: int, other: int
+) -> MmaOperand | str:
+    """The operand reading data dim ``mine`` and the reduction dim (index ``nd``), or why it
+    does not match the intrinsic's operand."""
+    f = access_function(acc)
+    n_in = f.dim(isl.dim_type.in_)
+    try:
+        pma = isl.PwMultiAff.from_map(f)
+    except isl.Error:
+        return f"{name}'s access is not a function"
+    index = []
+    for i in range(pma.dim(isl.dim_type.out)):
+        pieces = pma.get_pw_aff(i).get_pieces()
+        aff = _affine(pieces[0][1], n_in) if len(pieces) == 1 else None
+        if aff is None:
+            return f"{name}'s subscript {i} is not affine"
+        index.append(aff)
+    rows = [i for i, (c, _) in enumerate(index) if c[mine]]
+    ks = [i for i, (c, _) in enumerate(index) if c[nd]]
+    if len(rows) != 1 or len(ks) != 1 or rows == ks:
+        return f"{name} does not read the mma operand's row and k in two array dims"
+    (r,), (k,) = rows, ks
+    if index[r][0][mine] != 1 or index[k][0][nd] != 1 or any(c[other] for c, _ in index):
+        return f"{name}'s row or k subscript is strided, or it reads the other operand's dim"
+    if any(c[mine] or c[nd] for i, (c, _) in enumerate(index) if i not in (r, k)):
+        return f"{name} mixes its row or k into a batch subscript"
+    if sum(1 for c in index[r][0] if c) != 1 or sum(1 for c in index[k][0] if c) != 1:
+        return f"{name}'s row or k subscript mixes dims"
+    last = len(shape) - 1
+    if last not in (r, k):
+        return f"neither k nor the row dim is {name}'s innermost dim"
+    return MmaOperand(name, shape, tuple(index), mine, k == last, mine == nd - 2)
+
+
+def match_mma(sm: ScheduledMicrograph) -> tuple[GemmShape, str, MmaOperand, MmaOperand] | str:
+    """The micrograph's GEMM shape, operand dtype and mma operands A and B, or why the
+    intrinsic does not match (see the module doc)."""
+    shape = detect_gemm(sm, HALF_DTYPES)
+    if isinstance(shape, str):
+        return shape
+    model = sm.model
+    nd, nr = len(shape.data), len(shape.red)
+    if nr != 1:
+        return f"{nr} reduction dims (the intrinsic has one k)"
+    red = shape.update.tensor.op.reduce
+    body = red.body
+    if not (isinstance(body, Binary) and body.op == "mul"):
+        return "the update is not a product of two reads"
+    if not (isinstance(body.a, Read) and isinstance(body.b, Read)):
+        return "a factor is not a plain read (padding, casts)"
+    if len(shape.operands) != 2:
+        return "the update does not read exactly two operands"
+    dtypes = {model.tensors[n].dtype for n, _ in shape.operands}
+    if len(dtypes) != 1:
+        return f"mixed operand dtypes {sorted(dtypes)}"
+    (dtype,) = dtypes
+    if red.accumulate_dtype != "float32":
+        return f"accumulates in {red.accumulate_dtype}, not float32"
+    ops: list[MmaOperand | str] = []
+    for mine, other in ((nd - 2, nd - 1), (nd - 1, nd - 2)):
+        found = [
+            _operand(n, m, tuple(model.tensors[n].shape), nd, mine, other)
+            for n, m in shape.operands
+        ]
+        ok = [o for o in found if isinstance(o, MmaOperand)]
+        ops.append(ok[0] if len(ok) == 1 else "; ".join(o for o in found if isinstance(o, str)))
+    a, b = ops
+    if isinstance(a, str) or isinstance(b, str):
+        return f"no A/B operand pair: {a if isinstance(a, str) else b}"
+    return shape, dtype, a, b
+
+
+def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, str]:
+    """The largest block tile of :data:`TILINGS` whose blocks still fill the SMs (else the
+    smallest), with the reason."""
+    (lm, hm), (ln, hn) = shape.data[-2], shape.data[-1]
+    batch = 1
+    for lo, hi in shape.data[:-2]:
+        batch *= hi - lo + 1
+    for bm, bn, wm, wn in TILINGS:  # noqa: B007 (the last tried stays)
+        blocks = batch * -(-(hm - lm + 1) // bm) * -(-(hn - ln + 1) // bn)
+        if blocks >= device.sms:
+            break
+    t = MmaTiling(bm, bn, wm, wn)
+    return t, (
+        f"block tile {bm}x{bn}x{t.block_k} of {t.warps} warps, each {t.tiles_m}x{t.tiles_n} "
+        f"mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs)"
+    )
+
+
+def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKernel | str:
+    """The tensorized mapping of ``sm`` on ``device``, or why not (a string)."""
+    if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
+        return f"no m16n8k16 mma.sync on {device.arch} (sm_80 and later)"
+    got = match_mma(sm)
+    if isinstance(got, str):
+        return got
+    shape, dtype, a, b = got
+    tiling, why = choose_mma_tiling(shape, device)
+    grid = [hi - lo + 1 for lo, hi in shape.data[:-2]]
+    grid += [
+        -(-(hi - lo + 1) // s)
+        for (lo, hi), s in zip(shape.data[-2:], (tiling.block_m, tiling.block_n), strict=True)
+    ]
+    names = [f"pf_g{i}" for i in range(len(grid))]
+    lay = "k" if a.k_inner else "m"
+    lbt = "k" if b.k_inner else "n"
+    notes = [
+        f"tensor cores: mma.sync.m16n8k16 {dtype} -> float32 accumulators; {why}",
+        f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
+        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.x2"
+        f"{'.trans' if b.trans else ''}; rows padded by {ROW_PAD} elements (bank conflicts)",
+        "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
+        "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
+        "guarded by the result's extents",
+        "tensor cores: single-stage shared tiles (cp.async pipelining of the tensorized "
+        "kernel is not built yet)",
+    ]
+    decision = Decided(
+        (DecisionKind.GEMM_LOOP,),
+        notes[0],
+        {
+            "what": "tensorize",
+            "intrinsic": f"m16n8k16.{dtype}",
+            "block": [tiling.block_m, tiling.block_n, tiling.block_k],
+            "warps": [tiling.warps_m, tiling.warps_n],
+        },
+    )
+    ctx = isl.Set("{ : }", context=sm.model.ctx)
+    return TensorCoreKernel(
+        sm,
+        sm.schedule,
+        ctx,
+        names,
+        [],
+        grid,
+        [],
+        shape.data,
+        notes=notes,
+        layout=decision,
+        shape=shape,
+        dtype=dtype,
+        a=a,
+        b=b,
+        tiling=tiling,
+        thread_order=[("pf_tid", 32 * tiling.warps)],
+    )
+
+
+def tensor_core_placements(tk: TensorCoreKernel) -> dict[str, Placement]:
+    """Where each tensor of a tensorized kernel lives, with the reason."""
+    model = tk.scheduled.model
+    shape = tk.shape
+    assert shape is not None and tk.a is not None and tk.b is not None
+    acc = f"{shape.update.prim}_acc"
+    read_inside = {m.get_tuple_name(isl.dim_type.out) for s in shape.epilogue for _, m in s.reads}
+    out: dict[str, Placement] = {}
+    for name, role in model.tensors.items():
+        if name in (tk.a.tensor, tk.b.tensor):
+            out[name] = Placement(name, "shared", f"mma operand tile in {tk.dtype}")
+        elif role.role == "input":
+            out[name] = Placement(name, "global", "micrograph input (epilogue operand)")
+        elif name == acc:
+            out[name] = Placement(name, "register", "mma accumulator fragments (float32)")
+        elif role.role == "output":
+            out[name] = Placement(
+                name, "global", "micrograph output", register_copy=name in read_inside
+            )
+        else:
+            out[name] = Placement(name, "register", "one element per accumulator (epilogue)")
+    return out
+
+
+__all__ = [
+    "MmaOperand",
+    "MmaTiling",
+    "TensorCoreKernel",
+    "map_tensor_core",
+    "match_mma",
+    "tensor_core_placements",
+]

@@ -1,0 +1,219 @@
+"""Tensorization of 16-bit GEMM micrographs (issue 23 item 1, first step): the update matched
+by isl against ``mma.sync.m16n8k16``, fragments loaded with ``ldmatrix`` from 16-bit shared
+tiles, float32 accumulators, the epilogue per accumulator element.
+
+Every graph runs on the emulator in both thread orders (race check) against float64 numpy
+under the project's per-dtype tolerance (:func:`polyfuse.graph.dtypes.tolerance`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, te
+from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.poly import tensorize
+
+HALVES = ["float16", "bfloat16"]
+RNG = np.random.default_rng(23)
+ODD = (67, 45, 53)  # M, N, K: no multiple of 16 anywhere
+WHOLE = (128, 64, 64)  # whole block tiles and k-tiles
+
+
+def _array(shape, dtype: str) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(numpy_dtype(dtype))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+
+
+def _matmul(dtype: str, m: int, n: int, k: int, batch: int = 0, trans_b: bool = False,
+            trans_a: bool = False, epilogue: bool = False):  # fmt: skip
+    """(inputs, output, arrays, float64 want) of ``a @ b`` in ``dtype`` (batched over
+    ``batch`` when > 0, ``b`` stored n-by-k when ``trans_b``, ``a`` k-by-m when ``trans_a``),
+    with bias + GELU when ``epilogue``."""
+    lead = (batch,) if batch else ()
+    a_shape = lead + ((k, m) if trans_a else (m, k))
+    b_shape = lead + ((n, k) if trans_b else (k, n))
+    a = te.placeholder(a_shape, dtype, name="a")
+    b = te.placeholder(b_shape, dtype, name="b")
+    r = te.reduce_axis(k, name="r")
+
+    def body(*ix):
+        *bt, i, j = ix
+        av = a[(*bt, r, i)] if trans_a else a[(*bt, i, r)]
+        bv = b[(*bt, j, r)] if trans_b else b[(*bt, r, j)]
+        return te.sum(av * bv, axis=r)
+
+    mm = te.compute(lead + (m, n), body, name="mm")
+    arrays = [_array(a_shape, dtype), _array(b_shape, dtype)]
+    fa, fb = (x.astype(np.float64) for x in arrays)
+    fa = np.swapaxes(fa, -1, -2) if trans_a else fa
+    fb = np.swapaxes(fb, -1, -2) if trans_b else fb
+    want = fa @ fb
+    inputs, out = [a, b], mm
+    if epilogue:
+        bias = te.placeholder((n,), dtype, name="bias")
+        y = te.compute(lead + (m, n), lambda *ix: mm[ix] + bias[ix[-1]], name="y")
+        out = ops.gelu(y, name="g")
+        arrays.append(_array((n,), dtype))
+        inputs.append(bias)
+        want = _gelu(want + arrays[-1].astype(np.float64))
+    return inputs, out, arrays, want
+
+
+def _check(dtype, inputs, out, arrays, want, **compile_args):
+    fn = polyfuse.compile(inputs, [out], check_cuda=False, **compile_args)
+    tol = tolerance(dtype)
+    for race in (False, True):
+        got = fn(*arrays, device="emulate", race_check=race)
+        assert got.dtype == numpy_dtype(dtype)
+        w = want.astype(numpy_dtype(dtype))  # the reference rounded to the stored dtype
+        err = np.abs(got.astype(np.float64) - w.astype(np.float64)).max()
+        assert tol.allclose(got, w), (race, err)
+    return fn
+
+
+def _tensorized(fn) -> None:
+    (k,) = fn.kernels
+    assert any(n.startswith("tensor cores: mma.sync.m16n8k16") for n in k.notes), k.notes
+    assert "pf_mma_m16n8k16_f32_" in k.source and "pf_ldmatrix_x4" in k.source
+    assert k.facts is not None and k.facts.mma
+    assert "mma.sync.aligned.m16n8k16" in fn.cuda_source  # the prelude's inline PTX
+
+
+CASES = {
+    "2d": {},
+    "batched": {"batch": 3},
+    "trans_b": {"trans_b": True},
+    "trans_a": {"trans_a": True},
+    "batched_trans_b_epilogue": {"batch": 2, "trans_b": True, "epilogue": True},
+    "epilogue": {"epilogue": True},
+}
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("size", [ODD, WHOLE], ids=["odd", "whole"])
+def test_half_matmuls_run_on_tensor_cores_and_match_float64(dtype, case, size):
+    inputs, out, arrays, want = _matmul(dtype, *size, **CASES[case])
+    fn = _check(dtype, inputs, out, arrays, want)
+    _tensorized(fn)
+    src = fn.kernels[0].source
+    trans_b = CASES[case].get("trans_b", False)
+    # B stored n-innermost (k by n) is loaded transposed; x @ W^T (n by k) is not
+    assert ("pf_ldmatrix_x2_trans" in src) == (not trans_b)
+    assert ("pf_ldmatrix_x4_trans" in src) == CASES[case].get("trans_a", False)
+
+
+def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
+    """128x128 tiles of 8 warps where they still give one block per SM (A100: 108), else
+    64x64; the 8-warp kernel is correct at odd sizes too (forced here)."""
+    inputs, out, _, _ = _matmul("bfloat16", 1000, 1700, 40)
+    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
+    assert "block tile 128x128x32 of 8 warps, each 4x4 mma tiles" in fn.kernels[0].notes[0]
+    inputs, out, _, _ = _matmul("bfloat16", 200, 1100, 40)
+    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
+    assert "block tile 64x64x32 of 4 warps, each 2x4 mma tiles (18" not in fn.kernels[0].notes[0]
+    assert "block tile 64x64x32 of 4 warps" in fn.kernels[0].notes[0]
+
+
+def test_the_eight_warp_tile_is_correct_at_odd_sizes(monkeypatch):
+    monkeypatch.setattr(tensorize, "TILINGS", ((128, 128, 2, 4),))
+    inputs, out, arrays, want = _matmul("float16", *ODD, batch=2, trans_b=True, epilogue=True)
+    fn = _check("float16", inputs, out, arrays, want)
+    _tensorized(fn)
+    assert "block tile 128x128x32 of 8 warps" in fn.kernels[0].notes[0]
+
+
+def test_a_float32_matmul_keeps_the_cuda_core_tiles():
+    inputs, out, arrays, want = _matmul("float32", *ODD)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" not in k.source and "mma.sync" not in fn.cuda_source
+    assert not any(n.startswith("tensor cores") for n in k.notes)
+    got = fn(*arrays, device="emulate")
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_operand_dtypes_are_refused_with_the_reason():
+    a, w = te.placeholder((32, 48), "bfloat16", name="a"), te.placeholder((48, 40), name="w")
+    k = te.reduce_axis(48, name="k")
+    mm = te.compute((32, 40), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="mm")
+    fn = polyfuse.compile([a, w], [mm], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" not in k.source
+    assert "no tensor cores: the operands are not float16 or bfloat16" in k.notes
+
+
+def test_a_two_dim_contraction_is_refused_with_the_reason():
+    """Two reduction dims (a conv-like contraction): the intrinsic has one k."""
+    x = te.placeholder((32, 6, 8), "float16", name="x")
+    w = te.placeholder((6, 8, 24), "float16", name="w")
+    r, s = te.reduce_axis(6, name="r"), te.reduce_axis(8, name="s")
+    mm = te.compute((32, 24), lambda i, j: te.sum(x[i, r, s] * w[r, s, j], axis=[r, s]), name="mm")
+    fn = polyfuse.compile([x, w], [mm], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" not in k.source
+    assert "no tensor cores: 2 reduction dims (the intrinsic has one k)" in k.notes
+    xs, ws = _array((32, 6, 8), "float16"), _array((6, 8, 24), "float16")
+    want = np.einsum("irs,rsj->ij", xs.astype(np.float64), ws.astype(np.float64))
+    assert tolerance("float16").allclose(fn(xs, ws, device="emulate"), want.astype(np.float16))
+
+
+def test_an_architecture_without_mma_is_refused_with_the_reason():
+    inputs, out, arrays, want = _matmul("float16", *ODD)
+    fn = polyfuse.compile(inputs, [out], arch="sm_70", check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" not in k.source
+    assert "no tensor cores: no m16n8k16 mma.sync on sm_70 (sm_80 and later)" in k.notes
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype", HALVES)
+def test_nvrtc_compiles_tensorized_kernels_without_spills(arch, dtype):
+    for case in ("batched_trans_b_epilogue", "trans_a"):
+        inputs, out, _, _ = _matmul(dtype, *ODD, **CASES[case])
+        fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+        _tensorized(fn)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+def test_sass_has_hmma_in_the_k_tile_loop():
+    """The SASS instrument's question: HMMA instructions in the k-tile loop (the figure:
+    HMMA to other instructions in that loop, fill loops included)."""
+    from polyfuse.cuda.sass import (
+        DisassemblerNotFound,
+        find_disassembler,
+        find_loops,
+        parse_listing,
+    )
+
+    try:
+        dis = find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("NVIDIA's disassembler is not installed")
+    inputs, out, _, _ = _matmul("bfloat16", 1024, 1024, 512, trans_b=True, epilogue=True)
+    fn = polyfuse.compile(inputs, [out], arch="sm_90", check_cuda=False)
+    binary = compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc")
+    (f,) = parse_listing(dis.disassemble(binary.image), "sm_90").values()
+    counts = []
+    for lp in find_loops(f):
+        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
+        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
+        if hmma:
+            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
+            counts.append((hmma, ldsm, len(ins) - hmma))
+    assert counts, "no loop holds HMMA"
+    hmma, ldsm, other = counts[0]
+    # 64x64 block, 4 warps of 2x4 mma tiles, two k-steps: 16 HMMA, 12 LDSM per k-tile
+    assert (hmma, ldsm) == (16, 12), counts
