@@ -88,7 +88,7 @@ def kernel_ir(
     )
 
 
-def _namer(name: str, canonical: Mapping[str, str] | None) -> tuple[str, Namer]:
+def kernel_namer(name: str, canonical: Mapping[str, str] | None) -> tuple[str, Namer]:
     """The name to print a kernel under and its namer: canonical ones when given."""
     if canonical is None:
         return name, Namer()
@@ -197,7 +197,7 @@ def lower_kernel(
 ) -> Kernel:
     """Lower one mapped kernel's AST through the passes and print it (through ``canonical``
     names when given, see :func:`instantiate_kernel`)."""
-    printed, namer = _namer(name, canonical)
+    printed, namer = kernel_namer(name, canonical)
     ir = kernel_ir(printed, mm, body, namer)
     ir = alloc_buffers(ir, buffer_placements(mm, placements), list(mm.scheduled.model.tensors))
     # both passes leave a kernel without lanes (no reduction layout) as it is
@@ -280,7 +280,7 @@ def lower_gemm_kernel(
         k: Placement(k, "global", p.reason) if p.space == "shared" and k in promoted else p
         for k, p in placements.items()
     }
-    printed, namer = _namer(name, canonical)
+    printed, namer = kernel_namer(name, canonical)
     ir = kernel_ir(printed, gk, body, namer)
     ir = alloc_buffers(ir, buffer_placements(gk, as_global), list(model.tensors))
     ir = unroll_loops(ir, gk.loops.unroll, gk.loops.min_blocks)  # on the isl statements

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from polyfuse.cuda.c_text import c_linear
 from polyfuse.cuda.kernel_ast import KBarrier, Kernel, KMma, MemSpace, Scope
 from polyfuse.cuda.kernel_function import KFunction, print_function
-from polyfuse.cuda.lower import _namer, buffer_placements, instantiate_kernel, kernel_ir
+from polyfuse.cuda.lower import buffer_placements, instantiate_kernel, kernel_ir, kernel_namer
 from polyfuse.cuda.lower_buffers import alloc_buffers
 from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF, assign_dtypes, storage_dtypes
 from polyfuse.cuda.printer import BodyPrinter
@@ -115,7 +115,7 @@ def lower_mma_kernel(
         k: Placement(k, "global", p.reason) if p.space == "shared" else p
         for k, p in placements.items()
     }
-    printed, namer = _namer(name, canonical)
+    printed, namer = kernel_namer(name, canonical)
     ir = kernel_ir(printed, tk, [], namer)
     ir = alloc_buffers(ir, buffer_placements(tk, as_global), list(model.tensors))
     ir = assign_dtypes(ir, storage_dtypes(model))

@@ -37,7 +37,7 @@ from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.promote import access_function
 from polyfuse.poly.schedule import ScheduledMicrograph
-from polyfuse.poly.tiling import _affine, detect_gemm
+from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -133,7 +133,7 @@ def _operand(
     index = []
     for i in range(pma.dim(isl.dim_type.out)):
         pieces = pma.get_pw_aff(i).get_pieces()
-        aff = _affine(pieces[0][1], n_in) if len(pieces) == 1 else None
+        aff = affine_coefficients(pieces[0][1], n_in) if len(pieces) == 1 else None
         if aff is None:
             return f"{name}'s subscript {i} is not affine"
         index.append(aff)

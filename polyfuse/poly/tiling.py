@@ -194,7 +194,7 @@ def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",))
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
-def _affine(aff: isl.Aff | isl.Constraint, n_in: int) -> tuple[tuple[int, ...], int] | None:
+def affine_coefficients(aff: isl.Aff | isl.Constraint, n_in: int) -> tuple[tuple[int, ...], int] | None:
     """``aff``'s integer coefficients on the input dims and its constant, or None (a
     division, a rational coefficient)."""
     vals = [aff.get_coefficient_val(isl.dim_type.in_, j) for j in range(n_in)]
@@ -222,7 +222,7 @@ def _bounded_row(m: isl.Map, n_in: int) -> tuple[tuple[int, ...], int, int] | No
         out = c.get_coefficient_val(isl.dim_type.out, 0)
         if not (out.is_one() or out.is_negone()):
             continue
-        row = _affine(c, n_in)
+        row = affine_coefficients(c, n_in)
         if row is None:
             continue
         coef, const = row
@@ -256,7 +256,7 @@ def affine_rows(m: isl.Map) -> tuple[tuple[tuple[tuple[int, ...], int], ...], tu
         if hull.is_single_valued():
             pieces = isl.PwMultiAff.from_map(hull).get_pw_aff(0).get_pieces()
             if len(pieces) == 1:
-                got = _affine(pieces[0][1], n_in)
+                got = affine_coefficients(pieces[0][1], n_in)
         if got is not None:
             rows.append(got)
             slack.append(0)
