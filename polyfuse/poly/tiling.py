@@ -194,7 +194,9 @@ def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",))
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
-def affine_coefficients(aff: isl.Aff | isl.Constraint, n_in: int) -> tuple[tuple[int, ...], int] | None:
+def affine_coefficients(
+    aff: isl.Aff | isl.Constraint, n_in: int
+) -> tuple[tuple[int, ...], int] | None:
     """``aff``'s integer coefficients on the input dims and its constant, or None (a
     division, a rational coefficient)."""
     vals = [aff.get_coefficient_val(isl.dim_type.in_, j) for j in range(n_in)]
