@@ -338,3 +338,19 @@ def test_the_str_refusal_check_catches_a_planted_one():
         "\n\ndef fine(x: int) -> str | None:\n    return None\n"
     )
     assert str_refusal_returns(planted) == ["planted", "table"]
+
+
+def test_the_row_cost_record_carries_the_one_record():
+    """stitch/row_cost.py's verdict: its figures typed, its record made when taken."""
+    from polyfuse.base.decision_data import RowStitchData
+    from polyfuse.poly.device import BY_ARCH
+    from polyfuse.stitch.row_cost import TilePrice, row_stitch_cost
+
+    best = TilePrice((64, 128, 4, 8, 16), 10.0, "FP32 pipe", 96, 0.44, 8192)
+    rows = dataclasses.replace(best, tile=(16, 1024, 8, 8, 32), us=12.0)
+    cost = row_stitch_cost("mm", rows, best, 1 << 20, BY_ARCH["sm_80"])
+    rec = cost.record
+    assert isinstance(rec.data, RowStitchData) and rec.data == cost.data()
+    assert rec.subject == ("mm",) and rec.made and rec.reason == cost.figures()
+    assert rec.data.tile == [16, 1024, 8, 8, 32] and rec.data.saved_bytes == 2 << 20
+    assert RowStitchData.from_dict(rec.data.as_dict()) == rec.data  # the stitch memo's JSON

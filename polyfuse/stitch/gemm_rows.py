@@ -435,7 +435,7 @@ def try_gemm_rows(
     memo: dict = {}
     for _, tile, t in sorted(priced, key=lambda p: p[:2]):
         cost = row_stitch_cost(tensor, TilePrice.of(t, device), best_price, size, device)
-        data = cost.data()
+        data = cost.data().as_dict()  # JSON: the stitch memo keeps it
         if not cost.taken:  # this and every dearer tile lose
             if refusals:
                 return False, f"{refusals[0]} (dearer tiles: the cost model says no)", {}
