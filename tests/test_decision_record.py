@@ -267,6 +267,37 @@ def test_merge_siblings_refuses_with_a_refusal():
     )
 
 
+def test_shared_memory_and_register_budget_refusals_are_refusals():
+    """The reason-or-nothing checks: a pack over the shared-memory budget (with its bytes),
+    a row tile too wide, a register fragment without reuse."""
+    from polyfuse.base.decision_data import SmemData
+    from polyfuse.poly.device import H100
+    from polyfuse.poly.fragments import _refusal
+    from polyfuse.stitch.facts import SharedArray
+    from polyfuse.stitch.gemm_rows import _too_wide
+    from polyfuse.stitch.parallel import _fits
+
+    tiles = KernelFacts(shared_arrays=(SharedArray(32 * 1024, 16),))
+    big = [PartShape(f"r{i}", 64, 256, 1 << 20, tiles) for i in range(2)]
+    got = _fits(big, H100)
+    assert isinstance(got, Refusal) and got.kind == DecisionKind.FOOTPRINT
+    assert got.subject == ("r0", "r1") and got.data == SmemData(64 * 1024, 0)
+    assert "does not fit 48 KB" in got.reason and got.record.data is got.data
+    assert _fits(big[:1], H100) is None
+    assert _too_wide("mm", 1024, 1024, 1024) is None
+    assert _too_wide("mm", 40000, 1024, 10000) == Refusal(
+        DecisionKind.FOOTPRINT,
+        "row too wide for shared memory: the 40000 B row tile of mm + 10000 B of the reduction "
+        "(or the GEMM's 1024 B operand tiles, which the two overlay) = 50000 B > 49152 B "
+        "static shared memory per block",
+        ("mm",),
+    )
+    assert _refusal("w", 4, 4, 4, 0, "per kk step") == Refusal(
+        DecisionKind.GEMM_TILE, "each of its 4 elements per kk step is read once: no reuse", ("w",)
+    )
+    assert _refusal("w", 2, 8, 4, 0, "per kk step") is None
+
+
 def _ones(*shape):
     import numpy as np
 
@@ -291,9 +322,11 @@ def _has_str(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "str"
 
 
-def _str_union(node: ast.expr) -> bool:
-    """Whether an annotation holds a union of ``str`` with something other than None,
-    anywhere inside it (``X | str``, ``dict[str, list[Y] | str]``, ``Union[X, str]``)."""
+def _str_union(node: ast.expr, none_too: bool = True) -> bool:
+    """Whether an annotation holds a union of ``str`` with another type anywhere inside it
+    (``X | str``, ``dict[str, list[Y] | str]``, ``Union[X, str]``; with ``none_too`` also
+    ``str | None``): a reason-or-result (or reason-or-nothing) in these modules is a
+    Refusal."""
     for sub in ast.walk(node):
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.BitOr):
             members, stack = [], [sub]
@@ -303,8 +336,12 @@ def _str_union(node: ast.expr) -> bool:
                     stack += [n.left, n.right]
                 else:
                     members.append(n)
-            none = [m for m in members if isinstance(m, ast.Constant) and m.value is None]
-            if any(_has_str(m) for m in members) and len(members) - len(none) > 1:
+            others = [
+                m
+                for m in members
+                if not _has_str(m) and (none_too or not isinstance(m, ast.Constant))
+            ]
+            if any(_has_str(m) for m in members) and others:
                 return True
         if isinstance(sub, ast.Subscript) and getattr(sub.value, "id", "") == "Union":
             elts = sub.slice.elts if isinstance(sub.slice, ast.Tuple) else [sub.slice]
@@ -321,7 +358,8 @@ def str_refusal_returns(source: str) -> list[str]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
             if _str_union(node.returns):
                 out.append(node.name)
-        elif isinstance(node, ast.AnnAssign) and _str_union(node.annotation):
+        elif isinstance(node, ast.AnnAssign) and _str_union(node.annotation, none_too=False):
+            # a variable or field: an optional name (``str | None``) is not a refusal
             out.append(ast.unparse(node.target))
     return out
 
@@ -335,9 +373,10 @@ def test_the_str_refusal_check_catches_a_planted_one():
     planted = (ROOT / CONVERTED[1]).read_text() + (
         "\n\ndef planted(x: int) -> PackLayout | str:\n    return 'refused'\n"
         "\n\ndef table() -> dict[str, list[int] | str]:\n    return {}\n"
-        "\n\ndef fine(x: int) -> str | None:\n    return None\n"
+        "\n\ndef maybe(x: int) -> str | None:\n    return None\n"
+        "\n\ndef fine(x: int) -> str:\n    return ''\n"
     )
-    assert str_refusal_returns(planted) == ["planted", "table"]
+    assert str_refusal_returns(planted) == ["planted", "table", "maybe"]
 
 
 def test_the_row_cost_record_carries_the_one_record():

@@ -83,6 +83,7 @@ class Refusal:
     kind: DecisionKind
     reason: str
     subject: tuple[str, ...] = field(default=())
+    data: DecisionData = NO_DATA  # the figures behind a refusal (shared bytes of a pack)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subject", tuple(self.subject))
@@ -93,12 +94,14 @@ class Refusal:
     @property
     def record(self) -> Decided:
         """This refusal as a refused decision."""
-        return Decided((self.kind,), self.reason, subject=self.subject, made=False)
+        return Decided((self.kind,), self.reason, self.data, self.subject, made=False)
 
 
-def refused(kind: DecisionKind, reason: str, *subject: str) -> Refusal:
+def refused(
+    kind: DecisionKind, reason: str, *subject: str, data: DecisionData = NO_DATA
+) -> Refusal:
     """A :class:`Refusal` of ``kind`` about ``subject`` (names), for ``reason``."""
-    return Refusal(kind, reason, subject)
+    return Refusal(kind, reason, subject, data)
 
 
 __all__ = ["Decided", "DecisionData", "DecisionKind", "NO_DATA", "Refusal", "refused"]

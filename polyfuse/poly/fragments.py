@@ -166,17 +166,21 @@ def _thread_footprint(
     return _Footprint(index_vars, [reg_shape[k] for k in dep], element, elem.params(), inside)
 
 
-def _refusal(size: int, reads: int, accumulators: int, used: int, per: str) -> str | None:
-    """Why a fragment of ``size`` floats read ``reads`` times is not kept in registers (no
-    reuse, or over the budget beside ``accumulators`` and the ``used`` fragment floats), or
-    None when it is."""
+def _refusal(
+    tensor: str, size: int, reads: int, accumulators: int, used: int, per: str
+) -> Refusal | None:
+    """Why a fragment of ``tensor`` of ``size`` floats read ``reads`` times is not kept in
+    registers (no reuse, or over the budget beside ``accumulators`` and the ``used`` fragment
+    floats; a GEMM_TILE refusal), or None when it is."""
     if size >= reads:
-        return f"each of its {size} elements {per} is read once: no reuse"
+        why = f"each of its {size} elements {per} is read once: no reuse"
+        return refused(DecisionKind.GEMM_TILE, why, tensor)
     if not fits_register_fragments(accumulators, used + size):
-        return (
+        why = (
             f"{accumulators} accumulators + {used + size} fragment floats exceed the "
             f"{GEMM_REGISTER_ARRAY_FLOATS}-float register budget"
         )
+        return refused(DecisionKind.GEMM_TILE, why, tensor)
     return None
 
 
@@ -208,9 +212,9 @@ def register_fragments(
             notes.append(f"{tensor}: no register fragment ({fp.reason})")
             continue
         size = math.prod(fp.shape)
-        refused = _refusal(size, reads, accumulators, used, "per kk step")
-        if refused:
-            notes.append(f"{tensor}: no register fragment ({refused})")
+        no = _refusal(tensor, size, reads, accumulators, used, "per kk step")
+        if no is not None:
+            notes.append(f"{tensor}: no register fragment ({no.reason})")
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"
@@ -268,9 +272,9 @@ def hoisted_fragments(
             continue
         size = math.prod(fp.shape)
         reads = instances * k_steps
-        refused = _refusal(size, reads, accumulators, used, "per thread")
-        if refused:
-            why[tensor] = refused
+        no = _refusal(tensor, size, reads, accumulators, used, "per thread")
+        if no is not None:
+            why[tensor] = no.reason
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"

@@ -260,9 +260,9 @@ def plan_rows(
     others = FLOAT_BYTES * sum(p.smem_floats for t, p in rpl.items() if t != tensor)
     others += FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
     assert tiling.code is not None
-    why = _too_wide(tensor, row_bytes, tiling.code.shared_bytes, others)
-    if why:  # the tile model's estimate of the GEMM's tiles, before building it
-        return no(why, DecisionKind.FOOTPRINT)
+    wide = _too_wide(tensor, row_bytes, tiling.code.shared_bytes, others)
+    if wide is not None:  # the tile model's estimate of the GEMM's tiles, before building it
+        return no(wide.reason, wide.kind)
     gk = gemm_kernel_fitting(gemm, shape, tiling, device)
     if isinstance(gk, str):  # poly/kernel_map.py's refusals are strings still
         return no(gk)
@@ -295,9 +295,9 @@ def plan_rows(
     tile_floats = math.prod(s for _, s in gbox)
     promoted = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
     total = shared_pool(FLOAT_BYTES * tile_floats, promoted, others)
-    why = _too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
-    if why:
-        return no(why, DecisionKind.FOOTPRINT)
+    wide = _too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
+    if wide is not None:
+        return no(wide.reason, wide.kind)
     why = f"whole-row tile {'x'.join(str(s) for _, s in gbox)} in shared memory"
     gpl = gemm_placements(gk)
     gpl[tensor] = Placement(tensor, "shared", f"{why} (the GEMM stores it)", box=tuple(gbox))
@@ -378,17 +378,18 @@ def shared_pool(row: int, gemm: int, rows: int) -> int:
     return max(gemm, row + rows)
 
 
-def _too_wide(tensor: str, row: int, gemm: int, rows: int) -> str:
+def _too_wide(tensor: str, row: int, gemm: int, rows: int) -> Refusal | None:
     """Why the row tile (``row`` bytes), the GEMM's tiles and the reduction's shared memory do
-    not fit static shared memory, or ""."""
+    not fit static shared memory (a FOOTPRINT refusal about ``tensor``), or None."""
     total = shared_pool(row, gemm, rows)
     if total <= STATIC_SMEM_LIMIT:
-        return ""
-    return (
+        return None
+    why = (
         f"row too wide for shared memory: the {row} B row tile of {tensor} + {rows} B of the "
         f"reduction (or the GEMM's {gemm} B operand tiles, which the two overlay) = {total} B "
         f"> {STATIC_SMEM_LIMIT} B static shared memory per block"
     )
+    return refused(DecisionKind.FOOTPRINT, why, tensor)
 
 
 def _drop(fp: isl.Set, names: list[str]) -> isl.Set:

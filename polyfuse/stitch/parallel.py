@@ -209,13 +209,17 @@ def pack_modelled(
     return model_launch(launch, device)
 
 
-def _fits(parts: list[PartShape], device: DeviceSpec) -> tuple[str, SmemData] | None:
-    """Why the parts' shared memory does not fit one block, with its figures, or None. The
-    pack declares every part's static arrays one after the other and one dynamic pool."""
+def _fits(parts: list[PartShape], device: DeviceSpec) -> Refusal | None:
+    """Why the parts' shared memory does not fit one block (a FOOTPRINT refusal with its
+    figures), or None. The pack declares every part's static arrays one after the other and
+    one dynamic pool."""
     facts = pack_facts([p.facts for p in parts])
     static, dynamic = facts.static_shared_bytes, facts.dynamic_shared_bytes
     why = pack_smem_refusal(static, dynamic, device)
-    return None if why is None else (why, SmemData(static, dynamic))
+    if why is None:
+        return None
+    names = [p.name for p in parts]
+    return refused(DecisionKind.FOOTPRINT, why, *names, data=SmemData(static, dynamic))
 
 
 def _conflict(
@@ -355,12 +359,13 @@ def plan_packs(
                     decisions.append(PackDecision(names, False, lay.reason, kinds=(lay.kind,)))
                     k -= 1
                     continue
-                refused = _fits([parts[i] for i in sub], device)
-                if refused:
-                    why, data = refused
-                    kinds = (DecisionKind.FOOTPRINT,)
+                no = _fits([parts[i] for i in sub], device)
+                if no is not None:
                     names = [parts[i].name for i in sub]
-                    decisions.append(PackDecision(names, False, why, kinds=kinds, data=data))
+                    kinds = (no.kind,)
+                    decisions.append(
+                        PackDecision(names, False, no.reason, kinds=kinds, data=no.data)
+                    )
                     k -= 1
                     continue
                 sep = sum(alone[i] for i in sub)
