@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from polyfuse.base.decision import Decided, DecisionKind
-from polyfuse.base.decision_data import RowStitchData
 from polyfuse.cuda.astgen import generate_ast, generate_gemm_ast
 from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.lower_gemm_rows import RowBlocks, join_kernels
@@ -65,7 +64,7 @@ def generate_gemm_rows(
         (DecisionKind.STITCHED, DecisionKind.COST_MODEL),
         f"GEMM {g.gemm.name} + row reduction {', '.join(p.name for p in g.rows)} in one kernel: "
         f"{g.tensor} kept in shared memory ({tile_bytes} B per block)",
-        RowStitchData.from_dict(g.figures),
+        g.figures,
         (g.gemm.name, *(p.name for p in g.rows), g.tensor),
     )
     notes = [decision.reason, *gk.notes, *plan.rows.notes]

@@ -37,13 +37,13 @@ Every stitch made or refused is a :class:`StitchDecision` (rule ``GEMM_ROWS_RULE
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import islpy as isl
 import networkx as nx
 
 from polyfuse.base.decision import DecisionKind, Refusal, refused
-from polyfuse.base.decision_data import NO_DATA, RowStitchData
+from polyfuse.base.decision_data import NO_DATA, DecisionData, RowStitchData
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.structure import structural_key
@@ -95,7 +95,7 @@ class GemmRowsGroup(KernelGroup):
 
     tensor: str = ""  # the GEMM output the reduction reads (kept in shared memory)
     tile: tuple[int, int, int, int, int] | None = None  # (BM, BN, TM, TN, TK)
-    figures: dict = field(default_factory=dict)  # the cost model's figures of the decision
+    figures: DecisionData = NO_DATA  # the cost model's figures of the decision (RowStitchData)
 
     @property
     def gemm(self) -> ScheduledMicrograph:
@@ -532,7 +532,7 @@ def stitch_gemm_rows(
                 gc.strategy,
                 tensor=tensor,
                 tile=tuple(known["data"]["tile"]),  # type: ignore[arg-type]
-                figures=known["data"],
+                figures=figures,
             )
     result = [out.get(i, g) for i, g in enumerate(groups) if i not in merged]
     return result, decisions
