@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import RecomputeData, typed_data
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import Store
 from polyfuse.cuda.kernel_ast import Kernel, KParam
@@ -36,7 +37,7 @@ from polyfuse.stitch.facts import KernelFacts
 from polyfuse.stitch.plan import KernelPlan
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 10  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 11  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 # 6: kernel facts (polyfuse.stitch.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
@@ -44,6 +45,7 @@ ENTRY_VERSION = 10  # 3: placements and recomputes carry their decision kinds; 4
 # 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
 # 10: the kernel as a printed function apart from its launch indices (KFunction), not source,
 #     its tensor names as the namer's slots (polyfuse.cuda.namer.fill)
+# 11: layout records carry their typed data's family, subject and made (base/decision_data.py)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
@@ -216,13 +218,20 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
             [
                 [k.value for k in d.kinds],
                 rename(d.reason, canon),
-                rename(d.data["tensor"], canon),
-                [rename(r, canon) for r in d.data["readers"]],
+                rename(d.data.tensor, canon),
+                [rename(r, canon) for r in d.data.readers],
             ]
             for d in kp.recomputes
         ],
         "layout": [
-            [[k.value for k in d.kinds], rename(d.reason, canon), _renamed(d.data, canon)]
+            [
+                [k.value for k in d.kinds],
+                rename(d.reason, canon),
+                _renamed(d.data.as_dict(), canon),
+                type(d.data).__name__,
+                [rename(s, canon) for s in d.subject],
+                d.made,
+            ]
             for d in kp.layout
         ],
         # isl sets without tensor names: only the keys are renamed
@@ -277,13 +286,20 @@ def kernel_from_entry(
         Decided(
             tuple(DecisionKind(k) for k in kinds),
             rename(reason, back),
-            {"tensor": rename(t, back), "readers": [rename(r, back) for r in readers]},
+            RecomputeData(rename(t, back), [rename(r, back) for r in readers]),
+            (rename(t, back), *(rename(r, back) for r in readers)),
         )
         for kinds, reason, t, readers in entry["recomputes"]
     ]
     layout = [
-        Decided(tuple(DecisionKind(k) for k in kinds), rename(reason, back), _renamed(data, back))
-        for kinds, reason, data in entry["layout"]
+        Decided(
+            typed := tuple(DecisionKind(k) for k in kinds),
+            rename(reason, back),
+            typed_data(typed, _renamed(data, back), type_name),
+            tuple(rename(s, back) for s in subject),
+            made,
+        )
+        for kinds, reason, data, type_name, subject, made in entry["layout"]
     ]
     return kernel, KernelPlan(
         name,

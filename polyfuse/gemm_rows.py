@@ -64,7 +64,8 @@ def generate_gemm_rows(
         (DecisionKind.STITCHED, DecisionKind.COST_MODEL),
         f"GEMM {g.gemm.name} + row reduction {', '.join(p.name for p in g.rows)} in one kernel: "
         f"{g.tensor} kept in shared memory ({tile_bytes} B per block)",
-        dict(g.figures),
+        g.figures,
+        (g.gemm.name, *(p.name for p in g.rows), g.tensor),
     )
     notes = [decision.reason, *gk.notes, *plan.rows.notes]
     notes += [n for p in g.rows for n in p.notes]
@@ -79,7 +80,7 @@ def generate_gemm_rows(
     placements = {**plan.gemm_placements, **plan.rows_placements}
     rows_layout = [plan.rows.layout] if plan.rows.layout is not None else []
     if plan.rows.coarsening is not None:
-        rows_layout.append(plan.rows.coarsening.decision)
+        rows_layout.append(plan.rows.coarsening.record)
     reads = global_reads(plan.rows.scheduled.model, plan.rows_placements)
     reads = {**reads, **global_reads(gk.scheduled.model, gpl)}
     kp = KernelPlan(

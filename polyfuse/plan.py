@@ -17,6 +17,8 @@ from polyfuse.graph.partition import Partition
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.schedule import Feedback, ScheduledMicrograph
+from polyfuse.stitch.memory import StitchDecision
+from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan
 
 
@@ -34,9 +36,9 @@ class Plan:
     kernels: list[Kernel]
     asts: dict[str, Any] = field(repr=False, default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-    stitches: list[Any] = field(default_factory=list)
+    stitches: list[StitchDecision] = field(default_factory=list)  # Layer 2, made or refused
     rewrites: list[str] = field(default_factory=list)
-    packs: list[Any] = field(default_factory=list)  # Layer 3 PackDecisions
+    packs: list[PackDecision] = field(default_factory=list)  # Layer 3, made or refused
     splits: list[Decided] = field(default_factory=list)  # reductions split across blocks or not
     device: str = ""  # the cost models' device table entry and which figures they used
 
@@ -45,27 +47,16 @@ class Plan:
         return self.partition.micrographs
 
     def records(self) -> list[Decided]:
-        """Every decision as a typed record (kinds, reason, data), in plan order."""
-        out = [
-            Decided(d.kinds, d.reason, {"stage": "partition", "decision": d})
-            for d in self.partition.decisions
-        ]
-        out += [
-            Decided(d.kinds, d.reason, {"stage": "stitch", "decision": d}) for d in self.stitches
-        ]
+        """Every decision as the one typed record (kinds, subject, made, reason, typed data),
+        in plan order: partition edges, stitches, per kernel its placements, recomputes and
+        layout, packs, splits. Each stage's own decision class carries its record."""
+        out = [d.record for d in self.partition.decisions]
+        out += [d.record for d in self.stitches]
         for kp in self.kernel_plans:
-            out += [
-                Decided(
-                    p.kinds, p.reason, {"stage": "placement", "kernel": kp.name, "placement": p}
-                )
-                for p in kp.placements.values()
-            ]
+            out += [p.record(kp.name) for p in kp.placements.values()]
             out += kp.recomputes
             out += kp.layout
-        out += [
-            Decided(d.decision_kinds, d.reason, {"stage": "pack", "decision": d})
-            for d in self.packs
-        ]
+        out += [d.record for d in self.packs]
         out += self.splits
         return out
 

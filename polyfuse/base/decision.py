@@ -1,15 +1,28 @@
-"""Decisions as typed records: a kind, the reason in prose, and the data behind it.
+"""Decisions as typed records: one record for every choice made or refused, one refusal type.
 
 Every stage states why it decided what it did (partition edges, stitches, placements,
-recomputes). The reason text is for people (``print(fn.plan)``); the :class:`DecisionKind` is
-for programs — the visualizer's filters, reports — so rewording a reason changes nothing else.
+recomputes, layouts, packs, splits). :class:`Decided` is the one record: its kinds (for
+programs: the visualizer's filters, reports), its subject (what it is about, by name), whether
+the choice was made or refused, the reason as one line of prose (for people:
+``print(fn.plan)``) and its typed data (a small frozen dataclass per decision family,
+:mod:`polyfuse.base.decision_data`). Rewording a reason changes nothing else.
+
+The stages keep their own decision classes (a partition edge, a stitch, a pack, a placement, a
+split, a coarsening); each *carries* the record as ``.record`` rather than *being* it, because
+their fields are what the stage reads next (the stitcher's groups, the packer's kernels, the
+viz's edge endpoints) and one generic class would hide those types behind ``data``.
+
+A function that may decline returns :class:`Refusal` (kind, subject, reason) instead of a bare
+string (Inductor's ``WhyNoFuse``): ``isinstance(r, Refusal)`` is the check, ``str(r)`` the
+reason, ``r.record`` the refused decision.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+
+from polyfuse.base.decision_data import NO_DATA, DecisionData, typed_data
 
 
 class DecisionKind(StrEnum):
@@ -36,11 +49,59 @@ class DecisionKind(StrEnum):
 
 @dataclass(frozen=True)
 class Decided:
-    """One decision: its kinds, the reason as the plan prints it, and its data."""
+    """One decision: its kinds, the reason as the plan prints it, its typed data, what it is
+    about (``subject``: primitives, micrographs, kernels or tensors by name) and whether the
+    choice was made (False: refused).
+
+    ``data`` given as a plain dict (the compile cache's JSON, or a module not yet converted)
+    is turned into its family's typed record by the kinds (:func:`typed_data`); a dict no
+    family claims is an error, so ``data`` is always typed."""
 
     kinds: tuple[DecisionKind, ...]
     reason: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: DecisionData = NO_DATA
+    subject: tuple[str, ...] = ()
+    made: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, dict):
+            object.__setattr__(self, "data", typed_data(self.kinds, self.data))
+        elif not isinstance(self.data, DecisionData):
+            raise TypeError(f"decision data must be a DecisionData, not {type(self.data)}")
+        object.__setattr__(self, "subject", tuple(self.subject))
 
     def __str__(self) -> str:
         return f"[{', '.join(k.value for k in self.kinds)}] {self.reason}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a choice was not made (Inductor's ``WhyNoFuse``): returned where a function may
+    decline, instead of a bare string. ``str(refusal)`` is the reason, so messages that
+    embed it read as before."""
+
+    kind: DecisionKind
+    reason: str
+    subject: tuple[str, ...] = field(default=())
+    data: DecisionData = NO_DATA  # the figures behind a refusal (shared bytes of a pack)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "subject", tuple(self.subject))
+
+    def __str__(self) -> str:
+        return self.reason
+
+    @property
+    def record(self) -> Decided:
+        """This refusal as a refused decision."""
+        return Decided((self.kind,), self.reason, self.data, self.subject, made=False)
+
+
+def refused(
+    kind: DecisionKind, reason: str, *subject: str, data: DecisionData = NO_DATA
+) -> Refusal:
+    """A :class:`Refusal` of ``kind`` about ``subject`` (names), for ``reason``."""
+    return Refusal(kind, reason, subject, data)
+
+
+__all__ = ["Decided", "DecisionData", "DecisionKind", "NO_DATA", "Refusal", "refused"]

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from polyfuse.base.decision import DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import EdgeData
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.quotient import QuotientDag
@@ -83,9 +84,10 @@ class Micrograph:
         return f"{self.name} ({self.kind.value}): {', '.join(self.prims)}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
-    """What happened to one producer→consumer edge between primitives."""
+    """What happened to one producer→consumer edge between primitives (its plan record:
+    :attr:`record`)."""
 
     producer: str
     consumer: str
@@ -94,6 +96,12 @@ class Decision:
     rule: int | None
     reason: str
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
+
+    @property
+    def record(self) -> Decided:
+        """This edge as the one decision record (subject: producer, consumer)."""
+        data = EdgeData(self.tensor, self.rule)
+        return Decided(self.kinds, self.reason, data, (self.producer, self.consumer), self.fused)
 
     def __str__(self) -> str:
         verb = "fused" if self.fused else "not fused"

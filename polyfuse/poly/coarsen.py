@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, Refusal, refused
+from polyfuse.base.decision_data import CoarsenData
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
@@ -77,15 +78,14 @@ class Coarsening:
     uniform: dict[str, bool] = field(default_factory=dict)
 
     @property
-    def decision(self) -> Decided:
+    def record(self) -> Decided:
+        """This choice as the plan's decision record (made: more than one element)."""
         kinds = (DecisionKind.COST_MODEL, DecisionKind.ELEMENTS_PER_THREAD)
-        data = {
-            "factor": self.factor,
-            "vector": sorted(t for t, ok in self.vector.items() if ok),
-            "scalar": dict(self.why_scalar),
-            "tail": self.tail,
-        }
-        return Decided(kinds, self.reason, data)
+        vector = sorted(t for t, ok in self.vector.items() if ok)
+        data = CoarsenData(self.factor, vector, dict(self.why_scalar), self.tail)
+        return Decided(kinds, self.reason, data, made=self.factor > 1)
+
+    decision = record  # the name poly's callers and tests use
 
     def __str__(self) -> str:
         return self.reason
@@ -102,13 +102,15 @@ def _linear(ident: str, shape: tuple[int, ...], ctx: isl.Context) -> isl.Map:
     return isl.Map(f"{{ {ident}[{', '.join(idx)}] -> [{expr}] }}", context=ctx)
 
 
-def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, list[isl.Map] | str]:
+def _band_to_offsets(
+    sm: ScheduledMicrograph, band: isl.UnionMap
+) -> dict[str, list[isl.Map] | Refusal]:
     """Per tensor, one map per statement touching it: band point -> linear offset touched
     (statements may touch different parts, e.g. the four gate slices of an LSTM cell, each
-    its own float4 stream), or why such a map cannot be built."""
+    its own float4 stream), or why such a map cannot be built (a refusal about the tensor)."""
     model = sm.model
     ctx = model.ctx
-    out: dict[str, list[isl.Map] | str] = {}
+    out: dict[str, list[isl.Map] | Refusal] = {}
     accesses = model.reads.union(model.writes)
     inverse = band.reverse()
     for ident, role in model.tensors.items():
@@ -116,14 +118,16 @@ def _band_to_offsets(sm: ScheduledMicrograph, band: isl.UnionMap) -> dict[str, l
         if not acc:
             continue
         lin = isl.UnionMap.from_map(_linear(ident, tuple(role.shape), ctx))
-        rels: list[isl.Map] | str = []
+        rels: list[isl.Map] | Refusal = []
         for m in acc:  # one map per statement (reads and the write of one statement apart)
             rel = inverse.apply_range(isl.UnionMap.from_map(m)).apply_range(lin).coalesce()
             if rel.is_empty():  # a statement outside the band (a reduction kernel's lane-less)
                 continue
             maps = maps_of(rel)
             if len(maps) != 1:
-                rels = "accessed through several spaces"
+                rels = refused(
+                    DecisionKind.ELEMENTS_PER_THREAD, "accessed through several spaces", ident
+                )
                 break
             rels.append(maps[0])
         if rels:  # touched inside the band
@@ -168,7 +172,7 @@ def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> C
     c = Coarsening(factor)
     points = isl.Set.from_union_set(band.range())
     for ident, rels in _band_to_offsets(sm, band).items():
-        why = rels if isinstance(rels, str) else ""
+        why = rels.reason if isinstance(rels, Refusal) else ""
         role = sm.model.tensors.get(ident)
         align = word_elements(role.itemsize if role is not None else 4, factor)
         for rel in rels if not why else []:
@@ -189,13 +193,18 @@ def prove(sm: ScheduledMicrograph, band: isl.UnionMap, n: int, factor: int) -> C
     return c
 
 
-def _plain_band(sm: ScheduledMicrograph, node: isl.ScheduleNode) -> isl.UnionMap | str:
-    """The band's statement → band point map when the kernel is a plain elementwise one."""
+def _plain_band(sm: ScheduledMicrograph, node: isl.ScheduleNode) -> isl.UnionMap | Refusal:
+    """The band's statement → band point map when the kernel is a plain elementwise one, or
+    why not (an ELEMENTS_PER_THREAD refusal about the micrograph)."""
+
+    def no(why: str) -> Refusal:
+        return refused(DecisionKind.ELEMENTS_PER_THREAD, why, sm.name)
+
     if any(s.role != "compute" for s in sm.model.statements):
-        return "has a reduction"
+        return no("has a reduction")
     n = node.band_n_member()
     if not all(node.band_member_get_coincident(i) for i in range(n)):
-        return "not every band member is parallel"
+        return no("not every band member is parallel")
     domain = sm.schedule.get_domain()
     band = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
     band = band.intersect_domain(domain)
@@ -203,11 +212,11 @@ def _plain_band(sm: ScheduledMicrograph, node: isl.ScheduleNode) -> isl.UnionMap
     for s in sets_of(domain):
         part = band.intersect_domain(isl.UnionSet.from_set(s))
         if not part.is_injective():
-            return f"{s.get_tuple_name()} runs several instances per band point"
+            return no(f"{s.get_tuple_name()} runs several instances per band point")
         if not part.range().is_equal(points):
-            return "statements cover different band points"
+            return no("statements cover different band points")
     if len(sets_of(points)) != 1:
-        return "band points in several spaces"
+        return no("band points in several spaces")
     return band
 
 
@@ -256,8 +265,8 @@ def choose_coarsening(
     """Elements per thread for the kernel whose outer band is ``node`` (1 = keep one)."""
     cfg = cfg or CoarsenConfig()
     band = _plain_band(sm, node)
-    if isinstance(band, str):
-        return Coarsening(1, reason=f"one element per thread: {band}")
+    if isinstance(band, Refusal):
+        return Coarsening(1, reason=f"one element per thread: {band.reason}")
     n = node.band_n_member()
     elements = isl.Set.from_union_set(band.range()).count_val().to_python()
     roles = sm.model.tensors

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import ReductionLayoutData
 from polyfuse.poly.canonical import CanonicalForm
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.policy import MAX_THREADS_PER_BLOCK
@@ -80,14 +81,9 @@ class ReductionStrategy:
     def decision(self, blocks: int) -> Decided:
         """This layout as a typed record, for a kernel of ``blocks`` blocks; its reason is
         :attr:`note`, its data the numbers behind it."""
-        data = {
-            "form": str(self.form),
-            "kept_tile": self.kept_tile,
-            "lanes": self.lanes,
-            "threads_per_block": self.threads,
-            "blocks": blocks,
-            "reason": self.reason,
-        }
+        data = ReductionLayoutData(
+            str(self.form), self.kept_tile, self.lanes, self.threads, blocks, self.reason
+        )
         return Decided((DecisionKind.COST_MODEL, DecisionKind.REDUCTION_LAYOUT), self.note, data)
 
     def __str__(self) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.poly.model import Statement
 from polyfuse.poly.policy import GEMM_REGISTER_ARRAY_FLOATS, fits_register_fragments
 
@@ -123,9 +124,10 @@ def _thread_footprint(
     reg_shape: list[int],
     acc: isl.Map,
     array_shape: tuple[int, ...],
-) -> _Footprint | str:
+) -> _Footprint | Refusal:
     """The operand's per-thread fragment as a function of the micro-tile loop variables it
-    depends on, or why there is none (a string)."""
+    depends on, or why there is none (a GEMM_TILE refusal about the operand)."""
+    tensor = acc.get_tuple_name(isl.dim_type.out) or ""
     f = _thread_access(update, schedule_map, iterators, acc)
     # schedule dims other than the micro-tile's are constants for the update: drop them
     for name in reversed(iterators):
@@ -133,14 +135,17 @@ def _thread_footprint(
         if pos >= 0 and name not in reg_iters:
             f = f.project_out(isl.dim_type.in_, pos, 1)
     if not f.is_single_valued():
-        return "the read is not a function of the micro-tile"
+        return refused(
+            DecisionKind.GEMM_TILE, "the read is not a function of the micro-tile", tensor
+        )
     dep = [k for k in range(len(reg_iters)) if _depends_on(f, k)]
     g = f
     for k in reversed(range(len(reg_iters))):
         if k not in dep:
             g = g.project_out(isl.dim_type.in_, k, 1)
     if not g.is_injective():
-        return "distinct micro-tile iterations read the same element"
+        why = "distinct micro-tile iterations read the same element"
+        return refused(DecisionKind.GEMM_TILE, why, tensor)
     index_vars = [reg_iters[k] for k in dep]
     # the element as a function of the loop variables (all parameters now)
     point = g
@@ -161,17 +166,21 @@ def _thread_footprint(
     return _Footprint(index_vars, [reg_shape[k] for k in dep], element, elem.params(), inside)
 
 
-def _refusal(size: int, reads: int, accumulators: int, used: int, per: str) -> str | None:
-    """Why a fragment of ``size`` floats read ``reads`` times is not kept in registers (no
-    reuse, or over the budget beside ``accumulators`` and the ``used`` fragment floats), or
-    None when it is."""
+def _refusal(
+    tensor: str, size: int, reads: int, accumulators: int, used: int, per: str
+) -> Refusal | None:
+    """Why a fragment of ``tensor`` of ``size`` floats read ``reads`` times is not kept in
+    registers (no reuse, or over the budget beside ``accumulators`` and the ``used`` fragment
+    floats; a GEMM_TILE refusal), or None when it is."""
     if size >= reads:
-        return f"each of its {size} elements {per} is read once: no reuse"
+        why = f"each of its {size} elements {per} is read once: no reuse"
+        return refused(DecisionKind.GEMM_TILE, why, tensor)
     if not fits_register_fragments(accumulators, used + size):
-        return (
+        why = (
             f"{accumulators} accumulators + {used + size} fragment floats exceed the "
             f"{GEMM_REGISTER_ARRAY_FLOATS}-float register budget"
         )
+        return refused(DecisionKind.GEMM_TILE, why, tensor)
     return None
 
 
@@ -199,13 +208,13 @@ def register_fragments(
             continue
         reads = instances * occurrences
         fp = _thread_footprint(update, schedule_map, iterators, reg_iters, reg_shape, acc, ())
-        if isinstance(fp, str):
-            notes.append(f"{tensor}: no register fragment ({fp})")
+        if isinstance(fp, Refusal):
+            notes.append(f"{tensor}: no register fragment ({fp.reason})")
             continue
         size = math.prod(fp.shape)
-        refused = _refusal(size, reads, accumulators, used, "per kk step")
-        if refused:
-            notes.append(f"{tensor}: no register fragment ({refused})")
+        no = _refusal(tensor, size, reads, accumulators, used, "per kk step")
+        if no is not None:
+            notes.append(f"{tensor}: no register fragment ({no.reason})")
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"
@@ -258,14 +267,14 @@ def hoisted_fragments(
         fp = _thread_footprint(
             update, schedule_map, iterators, reg_iters, reg_shape, acc, array_shape
         )
-        if isinstance(fp, str):
-            why[tensor] = fp
+        if isinstance(fp, Refusal):
+            why[tensor] = fp.reason
             continue
         size = math.prod(fp.shape)
         reads = instances * k_steps
-        refused = _refusal(size, reads, accumulators, used, "per thread")
-        if refused:
-            why[tensor] = refused
+        no = _refusal(tensor, size, reads, accumulators, used, "per thread")
+        if no is not None:
+            why[tensor] = no.reason
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.base.decision import DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import PlacementData
 from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
 
@@ -55,6 +56,14 @@ class Placement:
     def in_register(self) -> bool:
         """Whether in-kernel reads use a register."""
         return self.space == "register" or self.register_copy
+
+    def record(self, kernel: str) -> Decided:
+        """This placement in kernel ``kernel`` as the one decision record (subject: the
+        tensor; made: kept on chip)."""
+        data = PlacementData(
+            kernel, self.tensor, self.space, self.register_copy, self.smem_floats, self.spill_why
+        )
+        return Decided(self.kinds, self.reason, data, (self.tensor,), self.space != "global")
 
     def __str__(self) -> str:
         return f"{self.tensor}: {self.space} ({self.reason})"

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import SplitData
 from polyfuse.graph.expr import (
     Binary,
     Compare,
@@ -73,12 +74,13 @@ class SplitDecision:
     modelled_us: tuple[float, float] | None = None  # (one stage, split), modelled
 
     @property
-    def decision(self) -> Decided:
+    def record(self) -> Decided:
+        """This choice as the plan's decision record (made: split into chunks)."""
         kinds = (DecisionKind.COST_MODEL, DecisionKind.SPLIT_REDUCTION)
-        data = {"tensor": self.tensor, "form": self.form, "chunks": self.chunks}
-        if self.modelled_us is not None:
-            data["modelled_us"] = self.modelled_us
-        return Decided(kinds, self.reason, data)
+        data = SplitData(self.tensor, self.form, self.chunks, self.modelled_us)
+        return Decided(kinds, self.reason, data, (self.tensor,), self.chunks > 1)
+
+    decision = record  # the name poly's callers and tests use
 
 
 def _readers_of_input(graph: Graph, name: str, t: Tensor) -> list[str]:
@@ -299,7 +301,7 @@ def split_long_reductions(
             continue
         choice = choose_split(graph, name, device, cfg)
         if decisions is not None:
-            decisions.append(choice.decision)
+            decisions.append(choice.record)
         chunks = choice.chunks
         if chunks <= 1:
             continue

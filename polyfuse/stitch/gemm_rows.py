@@ -37,12 +37,13 @@ Every stitch made or refused is a :class:`StitchDecision` (rule ``GEMM_ROWS_RULE
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import islpy as isl
 import networkx as nx
 
-from polyfuse.base.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind, Refusal, refused
+from polyfuse.base.decision_data import NO_DATA, DecisionData, RowStitchData
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.structure import structural_key
@@ -94,7 +95,7 @@ class GemmRowsGroup(KernelGroup):
 
     tensor: str = ""  # the GEMM output the reduction reads (kept in shared memory)
     tile: tuple[int, int, int, int, int] | None = None  # (BM, BN, TM, TN, TK)
-    figures: dict = field(default_factory=dict)  # the cost model's figures of the decision
+    figures: DecisionData = NO_DATA  # the cost model's figures of the decision (RowStitchData)
 
     @property
     def gemm(self) -> ScheduledMicrograph:
@@ -154,15 +155,18 @@ def row_tiles(n: int) -> list[tuple[int, int, int, int, int]]:
 
 def gemm_tile_footprint(
     gk: GemmKernel, tensor: str
-) -> tuple[isl.Set, list[tuple[isl.PwAff, int]]] | str:
+) -> tuple[isl.Set, list[tuple[isl.PwAff, int]]] | Refusal:
     """The elements of ``tensor`` one block of ``gk`` stores (parametric in its block
     parameters: the block's tile of the epilogue statement that writes ``tensor``, through its
-    write access) and the box that holds them: per dim (lower bound, size); or why not."""
+    write access) and the box that holds them: per dim (lower bound, size); or why not (a
+    TILE_MISMATCH refusal about ``tensor``)."""
     shape, tiling = gk.shape, gk.tiling
     assert shape is not None and tiling is not None
     writers = [s for s in shape.epilogue if s.write.get_tuple_name(isl.dim_type.out) == tensor]
     if len(writers) != 1:
-        return f"{tensor} is not stored by one epilogue statement"
+        return refused(
+            DecisionKind.TILE_MISMATCH, f"{tensor} is not stored by one epilogue statement", tensor
+        )
     (stmt,) = writers
     ds = [f"d{i}" for i in range(len(shape.data))]
     bmap = set(gk.block_params)
@@ -180,7 +184,9 @@ def gemm_tile_footprint(
     fp = tile.apply(stmt.write.align_params(tile.get_space())).coalesce()
     box = set_box(fp)
     if box is None:
-        return f"no box bounds the GEMM block's tile of {tensor}"
+        return refused(
+            DecisionKind.TILE_MISMATCH, f"no box bounds the GEMM block's tile of {tensor}", tensor
+        )
     return fp, box
 
 
@@ -207,13 +213,19 @@ def plan_rows(
     device: DeviceSpec,
     cfg: MappingConfig,
     memo: dict | None = None,
-) -> RowsPlan | str:
+) -> RowsPlan | Refusal:
     """Map both halves with the whole-row ``tile`` and place ``tensor`` in shared memory in
-    both, or why not (isl's legality and layout checks, the shared-memory budget). ``memo``
+    both, or why not (isl's legality and layout checks: TILE_MISMATCH; the shared-memory
+    budget: FOOTPRINT; each a refusal about the GEMM, the rows and ``tensor``). ``memo``
     keeps the reduction's mapping per (rows, threads) across the tiles one decision tries."""
+    subject = (gemm.name, *(r.name for r in rows), tensor)
+
+    def no(why: str, kind: DecisionKind = DecisionKind.TILE_MISMATCH) -> Refusal:
+        return refused(kind, why, *subject)
+
     shape = detect_gemm(gemm)
-    if isinstance(shape, str):
-        return f"{gemm.name} is not GEMM-like ({shape})"
+    if isinstance(shape, str):  # poly/tiling.py's refusals are strings still
+        return no(f"{gemm.name} is not GEMM-like ({shape})")
     (tiling,) = rank_gemm_tiles(
         shape,
         device,
@@ -224,10 +236,10 @@ def plan_rows(
     )
     unsound = padded_reduction_reads(shape, tiling.tk, gemm.model)
     if unsound:
-        return unsound
+        return no(unsound)
     bm, threads = tile[0], tiling.nthreads
     if threads % WARP or bm % (threads // WARP):
-        return f"{threads} threads do not run {bm} rows a warp per row"
+        return no(f"{threads} threads do not run {bm} rows a warp per row")
     kept = threads // WARP
     repeat = bm // kept
     if memo is None or kept not in memo:
@@ -242,50 +254,50 @@ def plan_rows(
     rm, rpl = rec.mapped, dict(rec.placements)
     if rm.strategy is None or rm.strategy.threads != threads:
         got = rm.strategy.threads if rm.strategy is not None else "no"
-        return f"the reduction maps to {got} threads, the GEMM tile has {threads}"
+        return no(f"the reduction maps to {got} threads, the GEMM tile has {threads}")
     _, _, n = _row_shape(shape)
     row_bytes = FLOAT_BYTES * bm * n
     others = FLOAT_BYTES * sum(p.smem_floats for t, p in rpl.items() if t != tensor)
     others += FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
     assert tiling.code is not None
-    why = _too_wide(tensor, row_bytes, tiling.code.shared_bytes, others)
-    if why:  # the tile model's estimate of the GEMM's tiles, before building it
-        return why
+    wide = _too_wide(tensor, row_bytes, tiling.code.shared_bytes, others)
+    if wide is not None:  # the tile model's estimate of the GEMM's tiles, before building it
+        return no(wide.reason, wide.kind)
     gk = gemm_kernel_fitting(gemm, shape, tiling, device)
-    if isinstance(gk, str):
-        return gk
+    if isinstance(gk, str):  # poly/kernel_map.py's refusals are strings still
+        return no(gk)
     # the epilogue stores to the shared row tile element by element (no global vectors)
     gk = replace(gk, vector_stores={})
     tiled = gemm_tile_footprint(gk, tensor)
-    if isinstance(tiled, str):
-        return tiled
+    if isinstance(tiled, Refusal):
+        return no(tiled.reason, tiled.kind)
     gfp, gbox = tiled
     rfp = reads_footprint(rm, tensor)
     if rfp is None:
-        return f"the reduction does not read {tensor}"
+        return no(f"the reduction does not read {tensor}")
     rfp = _drop(rfp, rm.thread_params + rm.lane_params)
     # isl: the reduction blocks a GEMM block runs are its own (block coordinates alike but
     # the rows', which covers ``repeat`` reduction blocks); each reads only what that GEMM
     # block stored; and every reduction block runs exactly once
     corr = block_correspondence(gk, rm, repeat)
-    if isinstance(corr, str):
-        return corr
+    if isinstance(corr, Refusal):
+        return no(corr.reason, corr.kind)
     reads = _as_map(rfp, rm.block_params)  # { [rb] -> T[e] }
     writes = _as_map(gfp, gk.block_params)  # { [gb] -> T[e] }
     if not reads.is_subset(corr.apply_range(writes)):
-        return f"a reduction block reads elements of {tensor} its GEMM block does not store"
+        return no(f"a reduction block reads elements of {tensor} its GEMM block does not store")
     # the reduction sees the GEMM's tile: its lower bounds, at the GEMM block of its own block
     seen = corr.apply_range(writes)  # { [rb] -> T[e] }: the tile of its GEMM block
     rbox = set_box(_as_set(seen, rm.block_params))
     if rbox is None or [s for _, s in rbox] != [s for _, s in gbox]:
-        return f"the shared tiles of {tensor} differ (GEMM vs reduction)"
+        return no(f"the shared tiles of {tensor} differ (GEMM vs reduction)")
     # shared memory: the GEMM's stages, the row tile, the reduction's tiles and scratch
     tile_floats = math.prod(s for _, s in gbox)
     promoted = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
     total = shared_pool(FLOAT_BYTES * tile_floats, promoted, others)
-    why = _too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
-    if why:
-        return why
+    wide = _too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
+    if wide is not None:
+        return no(wide.reason, wide.kind)
     why = f"whole-row tile {'x'.join(str(s) for _, s in gbox)} in shared memory"
     gpl = gemm_placements(gk)
     gpl[tensor] = Placement(tensor, "shared", f"{why} (the GEMM stores it)", box=tuple(gbox))
@@ -299,15 +311,21 @@ def plan_rows(
     return RowsPlan(gk, gpl, rm, rpl, rec.decisions, total, repeat)
 
 
-def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.Map | str:
+def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.Map | Refusal:
     """``{ [rb] -> [gb] }``: the GEMM block that runs each reduction block. Block coordinates
     correspond in order; the last reduction coordinate (rows) is ``repeat`` times the GEMM's
     (or, when the GEMM has one coordinate fewer, its rows in one block, below ``repeat``).
-    The map must be a function onto the GEMM's grid and defined on the whole reduction grid."""
+    The map must be a function onto the GEMM's grid and defined on the whole reduction grid;
+    when it cannot be, a TILE_MISMATCH refusal about both kernels."""
+    subject = (gk.scheduled.name, rm.scheduled.name)
     gp, gg = gk.block_params, gk.grid_dims
     rp, rg = rm.block_params, rm.grid_dims
     if not rp or len(gp) not in (len(rp), len(rp) - 1):
-        return f"block grids do not correspond ({gg} GEMM, {rg} reduction)"
+        return refused(
+            DecisionKind.TILE_MISMATCH,
+            f"block grids do not correspond ({gg} GEMM, {rg} reduction)",
+            *subject,
+        )
     rs = [f"r{i}" for i in range(len(rp))]
     gs = [f"g{i}" for i in range(len(gp))]
     cons = [f"0 <= {r} < {n}" for r, n in zip(rs, rg, strict=True)]
@@ -326,7 +344,8 @@ def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.M
         context=gk.scheduled.model.ctx,
     )
     if not corr.domain().is_equal(grid):
-        return f"some reduction blocks have no GEMM block ({rg} reduction, {gg} GEMM)"
+        why = f"some reduction blocks have no GEMM block ({rg} reduction, {gg} GEMM)"
+        return refused(DecisionKind.TILE_MISMATCH, why, *subject)
     return corr
 
 
@@ -359,17 +378,18 @@ def shared_pool(row: int, gemm: int, rows: int) -> int:
     return max(gemm, row + rows)
 
 
-def _too_wide(tensor: str, row: int, gemm: int, rows: int) -> str:
+def _too_wide(tensor: str, row: int, gemm: int, rows: int) -> Refusal | None:
     """Why the row tile (``row`` bytes), the GEMM's tiles and the reduction's shared memory do
-    not fit static shared memory, or ""."""
+    not fit static shared memory (a FOOTPRINT refusal about ``tensor``), or None."""
     total = shared_pool(row, gemm, rows)
     if total <= STATIC_SMEM_LIMIT:
-        return ""
-    return (
+        return None
+    why = (
         f"row too wide for shared memory: the {row} B row tile of {tensor} + {rows} B of the "
         f"reduction (or the GEMM's {gemm} B operand tiles, which the two overlay) = {total} B "
         f"> {STATIC_SMEM_LIMIT} B static shared memory per block"
     )
+    return refused(DecisionKind.FOOTPRINT, why, tensor)
 
 
 def _drop(fp: isl.Set, names: list[str]) -> isl.Set:
@@ -416,14 +436,14 @@ def try_gemm_rows(
     memo: dict = {}
     for _, tile, t in sorted(priced, key=lambda p: p[:2]):
         cost = row_stitch_cost(tensor, TilePrice.of(t, device), best_price, size, device)
-        data = cost.data()
+        data = cost.data().as_dict()  # JSON: the stitch memo keeps it
         if not cost.taken:  # this and every dearer tile lose
             if refusals:
                 return False, f"{refusals[0]} (dearer tiles: the cost model says no)", {}
             return False, f"the cost model says no: {cost.figures()}", data
         plan = plan_rows(graph, gemm, gc.parts, tensor, tile, gc.form, device, cfg, memo)
-        if isinstance(plan, str):
-            refusals.append(plan)
+        if isinstance(plan, Refusal):
+            refusals.append(plan.reason)
             continue
         data["shared_bytes"] = plan.shared_bytes
         return True, f"GEMM block tile covers whole rows: {cost.figures()}", data
@@ -501,7 +521,8 @@ def stitch_gemm_rows(
             kinds = (DecisionKind.FOOTPRINT,)
         else:
             kinds = (DecisionKind.TILE_MISMATCH,)
-        decisions.append(replace(decide(known["ok"], known["reason"], *kinds), data=known["data"]))
+        figures = RowStitchData.from_dict(known["data"]) if known["data"] else NO_DATA
+        decisions.append(replace(decide(known["ok"], known["reason"], *kinds), data=figures))
         if known["ok"]:
             merged[i] = c
             out[c] = GemmRowsGroup(
@@ -511,7 +532,7 @@ def stitch_gemm_rows(
                 gc.strategy,
                 tensor=tensor,
                 tile=tuple(known["data"]["tile"]),  # type: ignore[arg-type]
-                figures=known["data"],
+                figures=figures,
             )
     result = [out.get(i, g) for i, g in enumerate(groups) if i not in merged]
     return result, decisions

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from polyfuse.base.decision import DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import NO_DATA, DecisionData, StitchData
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
 from polyfuse.graph.partition import STITCH_RULES, Partition, Rule
@@ -71,9 +72,9 @@ class KernelGroup:
         return f"[{' + '.join(self.names)}] {self.kind.value}{form}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class StitchDecision:
-    """A stitch made or refused between two kernel groups."""
+    """A stitch made or refused between two kernel groups (its plan record: :attr:`record`)."""
 
     producer: list[str]
     consumer: list[str]
@@ -82,8 +83,16 @@ class StitchDecision:
     reason: str
     tensors: list[str] = field(default_factory=list)
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
-    #: the numbers behind the decision (a GEMM + row stitch: its tile and modelled figures)
-    data: dict[str, Any] = field(default_factory=dict)
+    #: the numbers behind the decision (a GEMM + row stitch: its tile and modelled figures,
+    #: polyfuse.base.decision_data.RowStitchData)
+    data: DecisionData = NO_DATA
+
+    @property
+    def record(self) -> Decided:
+        """This stitch as the one decision record (subject: producer and consumer groups)."""
+        data = StitchData(self.rule, list(self.tensors), self.data)
+        subject = (*self.producer, *self.consumer)
+        return Decided(self.kinds, self.reason, data, subject, self.stitched)
 
     def __str__(self) -> str:
         verb = "stitched" if self.stitched else "not stitched"

@@ -45,11 +45,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any
 
 import islpy as isl
 
-from polyfuse.base.decision import DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, Refusal, refused
+from polyfuse.base.decision_data import NO_DATA, DecisionData, PackData, SmemData
 from polyfuse.poly.costs import KernelDesc, LaunchDesc, Modelled, model_launch
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
@@ -103,9 +103,10 @@ class PartShape:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackDecision:
-    """A pack made or refused by Layer 3, with its reason and modelled gain."""
+    """A pack made or refused by Layer 3, with its reason and modelled gain (its plan record:
+    :attr:`record`)."""
 
     kernels: list[str]
     packed: bool
@@ -115,8 +116,14 @@ class PackDecision:
     micrographs: list[list[str]] = field(default_factory=list)  # per part, when packed
     kind: str = field(default="parallel stitch", init=False)
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
-    #: figures of a refusal (shared memory: ``static_bytes``, ``dynamic_bytes``)
-    data: dict[str, Any] = field(default_factory=dict)
+    #: figures of a refusal (shared memory: SmemData's ``static_bytes``, ``dynamic_bytes``)
+    data: DecisionData = NO_DATA
+
+    @property
+    def record(self) -> Decided:
+        """This pack as the one decision record (subject: the kernels)."""
+        data = PackData(self.name, self.gain_us, [list(m) for m in self.micrographs], self.data)
+        return Decided(self.decision_kinds, self.reason, data, tuple(self.kernels), self.packed)
 
     @property
     def decision_kinds(self) -> tuple[DecisionKind, ...]:
@@ -144,12 +151,15 @@ class PackLayout:
         return sum(n for _, n, _ in self.ranges)
 
 
-def pack_layout(parts: list[PartShape]) -> PackLayout | str:
-    """The dispatch layout of ``parts`` (in this order), or why they cannot share a block."""
+def pack_layout(parts: list[PartShape]) -> PackLayout | Refusal:
+    """The dispatch layout of ``parts`` (in this order), or why they cannot share a block (a
+    FORM_MISMATCH refusal about the parts)."""
+    subject = tuple(p.name for p in parts)
     coll = {p.threads for p in parts if p.collective}
     if len(coll) > 1:
         names = ", ".join(f"{p.name} ({p.threads})" for p in parts if p.collective)
-        return f"launch shapes differ: parts with barriers need their own block size: {names}"
+        why = f"launch shapes differ: parts with barriers need their own block size: {names}"
+        return refused(DecisionKind.FORM_MISMATCH, why, *subject)
     block = coll.pop() if coll else max(p.threads for p in parts)
     ranges, first = [], 0
     for p in parts:
@@ -161,10 +171,11 @@ def pack_layout(parts: list[PartShape]) -> PackLayout | str:
             ranges.append((first, p.grid * (p.threads // block), 1))
         else:
             if p.threads > block or block % p.threads:
-                return (
+                why = (
                     f"launch shapes differ: {p.name}'s {p.threads} threads and the "
                     f"{block}-thread block of a part with barriers: neither divides the other"
                 )
+                return refused(DecisionKind.FORM_MISMATCH, why, *subject)
             fold = block // p.threads
             ranges.append((first, -(-p.grid // fold), fold))
         first += ranges[-1][1]
@@ -198,13 +209,17 @@ def pack_modelled(
     return model_launch(launch, device)
 
 
-def _fits(parts: list[PartShape], device: DeviceSpec) -> tuple[str, dict[str, int]] | None:
-    """Why the parts' shared memory does not fit one block, with its figures, or None. The
-    pack declares every part's static arrays one after the other and one dynamic pool."""
+def _fits(parts: list[PartShape], device: DeviceSpec) -> Refusal | None:
+    """Why the parts' shared memory does not fit one block (a FOOTPRINT refusal with its
+    figures), or None. The pack declares every part's static arrays one after the other and
+    one dynamic pool."""
     facts = pack_facts([p.facts for p in parts])
     static, dynamic = facts.static_shared_bytes, facts.dynamic_shared_bytes
     why = pack_smem_refusal(static, dynamic, device)
-    return None if why is None else (why, {"static_bytes": static, "dynamic_bytes": dynamic})
+    if why is None:
+        return None
+    names = [p.name for p in parts]
+    return refused(DecisionKind.FOOTPRINT, why, *names, data=SmemData(static, dynamic))
 
 
 def _conflict(
@@ -313,10 +328,9 @@ def plan_packs(
                 decisions.append(PackDecision(pair, False, why, kinds=kinds))
                 continue
             lay = pack_layout([parts[i] for i in (*group, b)])
-            if isinstance(lay, str):  # its block cannot join the group's: try the next one
+            if isinstance(lay, Refusal):  # its block cannot join the group's: try the next one
                 names = [parts[i].name for i in (*group, b)]
-                kinds = (DecisionKind.FORM_MISMATCH,)
-                decisions.append(PackDecision(names, False, lay, kinds=kinds))
+                decisions.append(PackDecision(names, False, lay.reason, kinds=(lay.kind,)))
                 continue
             group.append(b)
             related |= down[cluster[b]] | up[cluster[b]]
@@ -340,19 +354,18 @@ def plan_packs(
                 # two others (that path would need a member reaching a contracted one)
                 sub = group[m : m + k]
                 lay = pack_layout([parts[i] for i in sub])
-                if isinstance(lay, str):  # the only refusal: launch shapes differ
-                    kinds = (DecisionKind.FORM_MISMATCH,)
-                    decisions.append(
-                        PackDecision([parts[i].name for i in sub], False, lay, kinds=kinds)
-                    )
+                if isinstance(lay, Refusal):  # the only refusal: launch shapes differ
+                    names = [parts[i].name for i in sub]
+                    decisions.append(PackDecision(names, False, lay.reason, kinds=(lay.kind,)))
                     k -= 1
                     continue
-                refused = _fits([parts[i] for i in sub], device)
-                if refused:
-                    why, data = refused
-                    kinds = (DecisionKind.FOOTPRINT,)
+                no = _fits([parts[i] for i in sub], device)
+                if no is not None:
                     names = [parts[i].name for i in sub]
-                    decisions.append(PackDecision(names, False, why, kinds=kinds, data=data))
+                    kinds = (no.kind,)
+                    decisions.append(
+                        PackDecision(names, False, no.reason, kinds=kinds, data=no.data)
+                    )
                     k -= 1
                     continue
                 sep = sum(alone[i] for i in sub)

@@ -68,7 +68,7 @@ def plan_kernel(
     r = recompute_spills(graph, group.parts, group.strategy, device, cfg)
     c = r.mapped.coarsening  # elements per thread / runs per lane (coarsen.py, lane_vector.py)
     layout = [r.mapped.layout] if r.mapped.layout is not None else []
-    layout += [c.decision] if c is not None else []
+    layout += [c.record] if c is not None else []
     layout += r.mapped.codegen
     reads = global_reads(r.mapped.scheduled.model, r.placements)
     return KernelPlan(

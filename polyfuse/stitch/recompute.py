@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import RecomputeData
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.inline import inline
 from polyfuse.poly.cost import ReductionStrategy
@@ -41,7 +42,7 @@ class Recomputed:
     graph: Graph  # the view the kernel computes (the compile's graph when nothing changed)
     mapped: MappedKernel
     placements: dict[str, Placement]
-    decisions: list[Decided]  # data {"tensor", "readers"} per recomputed tensor
+    decisions: list[Decided]  # data: RecomputeData per recomputed tensor
 
 
 def recompute_spills(
@@ -68,7 +69,8 @@ def recompute_spills(
             note = f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})"
             notes.append(note)
             kinds = (*pl[t].kinds, DecisionKind.COST_MODEL)
-            decisions.append(Decided(kinds, note, {"tensor": t, "readers": list(readers)}))
+            data = RecomputeData(t, list(readers))
+            decisions.append(Decided(kinds, note, data, (t, *readers)))
         mm = map_kernel(view, parts, strategy, device, cfg)
         pl = place_kernel(mm, device)
     if notes:

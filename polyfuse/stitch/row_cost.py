@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import RowStitchData
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.costs.constants import CONSTANTS
 from polyfuse.poly.device import DeviceSpec
@@ -108,31 +110,36 @@ class RowStitchCost:
             f"modelled {self.saved_us:.2f} us: gain {self.gain_us:+.2f} us"
         )
 
-    def data(self) -> dict:
-        """The figures as the decision's data (JSON-ready)."""
+    def data(self) -> RowStitchData:
+        """The figures as the decision's typed data (``as_dict()``: JSON-ready)."""
+        r, b = self.rows, self.best
+        return RowStitchData(
+            tile=list(r.tile),
+            rows_tile_us=round(r.us, 3),
+            rows_bound=r.bound,
+            rows_blocks=r.blocks,
+            rows_waves=round(r.waves, 3),
+            rows_sm_outputs=r.sm_outputs,
+            best_tile=list(b.tile),
+            best_tile_us=round(b.us, 3),
+            best_bound=b.bound,
+            best_blocks=b.blocks,
+            best_waves=round(b.waves, 3),
+            best_sm_outputs=b.sm_outputs,
+            extra_us=round(self.extra_us, 3),
+            saved_bytes=2 * self.size,
+            dram_us=round(self.dram_us, 3),
+            launch_us=round(self.launch_us, 3),
+            saved_us=round(self.saved_us, 3),
+            gain_us=round(self.gain_us, 3),
+        )
 
-        def tile(p: TilePrice, key: str) -> dict:
-            return {
-                f"{key}_bound": p.bound,
-                f"{key}_blocks": p.blocks,
-                f"{key}_waves": round(p.waves, 3),
-                f"{key}_sm_outputs": p.sm_outputs,
-            }
-
-        return {
-            "tile": list(self.rows.tile),
-            "rows_tile_us": round(self.rows.us, 3),
-            **tile(self.rows, "rows"),
-            "best_tile": list(self.best.tile),
-            "best_tile_us": round(self.best.us, 3),
-            **tile(self.best, "best"),
-            "extra_us": round(self.extra_us, 3),
-            "saved_bytes": 2 * self.size,
-            "dram_us": round(self.dram_us, 3),
-            "launch_us": round(self.launch_us, 3),
-            "saved_us": round(self.saved_us, 3),
-            "gain_us": round(self.gain_us, 3),
-        }
+    @property
+    def record(self) -> Decided:
+        """The cost model's verdict as the one decision record (subject: the tensor kept on
+        chip; made: taken)."""
+        kinds = (DecisionKind.COST_MODEL,)
+        return Decided(kinds, self.figures(), self.data(), (self.tensor,), self.taken)
 
 
 def row_stitch_cost(

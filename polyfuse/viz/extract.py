@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import DecisionData
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.costs import CONSTANTS
 from polyfuse.poly.device import device_for_arch
@@ -31,6 +32,8 @@ def _kinds(kinds) -> list[str]:
 
 def _jsonable(obj) -> Any:
     """A decision's data as JSON: containers as lists/dicts, other leaves as text."""
+    if isinstance(obj, DecisionData):  # a decision's typed data: its fields as before
+        obj = obj.as_dict()
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (set, frozenset)):
@@ -267,7 +270,7 @@ def extract(fn) -> dict[str, Any]:
         for t, p in kp.placements.items():
             placements[(kp.name, t)] = p
         for r in kp.recomputes:
-            recomputed[r.data["tensor"]] = r
+            recomputed[r.data["tensor"]] = r  # RecomputeData
 
     # ---- one decision per producer→consumer primitive edge
     decisions = []

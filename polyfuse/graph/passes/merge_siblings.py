@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import islpy as isl
 import numpy as np
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.graph.access import affine_str
 from polyfuse.graph.expr import (
     ComputeOp,
@@ -67,6 +68,8 @@ from polyfuse.graph.passes.layout_fold import is_move
 from polyfuse.graph.passes.record import PassAction
 from polyfuse.graph.passes.rewrite import Rewriter, is_identity_read, reads_of, with_body
 from polyfuse.graph.structure import compute_text
+
+FORM_MISMATCH = DecisionKind.FORM_MISMATCH  # why two siblings do not merge
 
 NAME = "merge_siblings"
 
@@ -142,10 +145,10 @@ def _cat_positions(graph: Graph, t: Tensor, reads: list[Read], k: int) -> dict[i
     return out
 
 
-def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
-    """``b`` as a sibling of anchor ``a``: a match, a refusal reason, or None when the two are
-    not siblings at all (no shared non-constant read at the same position, or nothing
-    differs)."""
+def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | Refusal | None:
+    """``b`` as a sibling of anchor ``a``: a match, a refusal (FORM_MISMATCH, about ``a`` and
+    ``b``, with its reason), or None when the two are not siblings at all (no shared
+    non-constant read at the same position, or nothing differs)."""
     ta, tb = a.tensor, b.tensor
     assert ta.op is not None and tb.op is not None
     ra, rb = reads_of(ta.op.body), reads_of(tb.op.body)
@@ -159,6 +162,7 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
     if not shared or not differ:
         return None  # nothing in common, or the same computation (CSE's business)
     an, bn = a.name, b.name
+    subject = (an, bn)
     xs = ", ".join(dict.fromkeys(graph.ident(ra[i].tensor) for i in shared))
     runtime = [
         graph.ident(t)
@@ -167,9 +171,13 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
         if not graph.is_constant(t)
     ]
     if runtime:
-        return (
-            f"{an} and {bn} (both reading {xs}) differ in operands that are not constants "
-            f"({', '.join(runtime)}): a merged weight must be computed at compile time"
+        return refused(
+            FORM_MISMATCH,
+            (
+                f"{an} and {bn} (both reading {xs}) differ in operands that are not constants "
+                f"({', '.join(runtime)}): a merged weight must be computed at compile time"
+            ),
+            *subject,
         )
     # 1. the concatenated axis: indexes every differing weight, no non-constant read
     axis = None
@@ -178,10 +186,14 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
         if pa is not None and pa == pb and set(differ) <= set(pa):
             axis = k
     if axis is None:
-        return (
-            f"{an} and {bn} (both reading {xs}) read different constants "
-            f"({', '.join(graph.ident(rb[i].tensor) for i in differ)}) but no data axis "
-            "indexes only constants, as a plain subscript: nothing to concatenate along"
+        return refused(
+            FORM_MISMATCH,
+            (
+                f"{an} and {bn} (both reading {xs}) read different constants "
+                f"({', '.join(graph.ident(rb[i].tensor) for i in differ)}) but no data axis "
+                "indexes only constants, as a plain subscript: nothing to concatenate along"
+            ),
+            *subject,
         )
     # 2. equal loop ranges but for the axis (then the isl tuples have equal dimensions)
     ranges = [
@@ -189,9 +201,13 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
         for t in (ta, tb)
     ]
     if ranges[0] != ranges[1]:
-        return (
-            f"{an} {list(ta.shape)} and {bn} {list(tb.shape)} (both reading {xs}) differ in "
-            f"a dimension other than the concatenated axis {axis}: shapes not compatible"
+        return refused(
+            FORM_MISMATCH,
+            (
+                f"{an} {list(ta.shape)} and {bn} {list(tb.shape)} (both reading {xs}) differ in "
+                f"a dimension other than the concatenated axis {axis}: shapes not compatible"
+            ),
+            *subject,
         )
     # 3. isl: every shared tensor is read through the same access, over the same iteration
     # domain (the reduction domain included), the axis projected out (the extents along it
@@ -199,14 +215,22 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
     da = _drop_axis(a.relations.domain.set_tuple_name("S"), ta, axis)
     db = _drop_axis(b.relations.domain.set_tuple_name("S"), tb, axis)
     if not da.is_equal(db):  # pragma: no cover - equal ranges give equal boxes
-        return f"{an} and {bn} (both reading {xs}): different iteration domains"
+        return refused(
+            FORM_MISMATCH,
+            f"{an} and {bn} (both reading {xs}): different iteration domains",
+            *subject,
+        )
     for i in shared:
         ma = _anon(_drop_axis(a.relations.reads[i][1], ta, axis))
         mb = _anon(_drop_axis(b.relations.reads[i][1], tb, axis))
         if not ma.is_equal(mb):
-            return (
-                f"{an} and {bn} read {graph.ident(ra[i].tensor)} through different "
-                f"accesses: {_short(ma)} vs {_short(mb)}"
+            return refused(
+                FORM_MISMATCH,
+                (
+                    f"{an} and {bn} read {graph.ident(ra[i].tensor)} through different "
+                    f"accesses: {_short(ma)} vs {_short(mb)}"
+                ),
+                *subject,
             )
     # 4. the weights: the same subscripts, shapes equal but along the axis, read whole
     cat = _cat_positions(graph, ta, ra, axis)
@@ -224,10 +248,14 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | str | None:
             and _subscripts(ta, ra[i]) == _subscripts(tb, rb[i])
         )
         if not fits:
-            return (
-                f"{an} and {bn}: weights {graph.ident(wa)} {list(wa.shape)} and "
-                f"{graph.ident(wb)} {list(wb.shape)} differ in a dimension other than the "
-                f"concatenated one ({d}), or are not read whole along it: shapes not compatible"
+            return refused(
+                FORM_MISMATCH,
+                (
+                    f"{an} and {bn}: weights {graph.ident(wa)} {list(wa.shape)} and "
+                    f"{graph.ident(wb)} {list(wb.shape)} differ in a dimension other than the "
+                    f"concatenated one ({d}), or are not read whole along it: shapes not compatible"
+                ),
+                *subject,
             )
     return _Match(axis, cat)
 
@@ -490,8 +518,8 @@ def merge_siblings(graph: Graph) -> Graph:
                 got = _match(graph, anchor, b)
                 if got is None:
                     later.append(b)
-                elif isinstance(got, str):
-                    rw.record(PassAction.REFUSED, (anchor.name, b.name), got)
+                elif isinstance(got, Refusal):
+                    rw.record(PassAction.REFUSED, (anchor.name, b.name), got.reason)
                 elif matches and got.axis != next(iter(matches.values())).axis:
                     later.append(b)
                 else:
