@@ -122,6 +122,14 @@ def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
     assert "block tile 64x64x32 of 4 warps, each 2x4 mma tiles (18" not in fn.kernels[0].notes[0]
     assert "block tile 64x64x32 of 4 warps" in fn.kernels[0].notes[0]
+    # the plan's layout record carries the choice as typed data (the one decision record)
+    from polyfuse.base.decision_data import TensorCoreData
+
+    (layout,) = [d for kp in fn.plan.kernel_plans for d in kp.layout]
+    assert isinstance(layout.data, TensorCoreData)
+    assert (layout.data.intrinsic, layout.data.block, layout.data.warps) == (
+        "m16n8k16.bfloat16", [64, 64, 32], [2, 2]
+    )
 
 
 def test_the_eight_warp_tile_is_correct_at_odd_sizes(monkeypatch):

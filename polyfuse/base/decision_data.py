@@ -245,6 +245,18 @@ class CoarsenData(DecisionData):
     tail: bool
 
 
+@dataclass(frozen=True, eq=False)
+class TensorCoreData(DecisionData):
+    """A GEMM tensorized on warp-level MMA (poly/tensorize.py): the intrinsic, the block tile
+    (M, N, K), the warp grid and the shared-memory stages."""
+
+    what: str
+    intrinsic: str
+    block: list[int]
+    warps: list[int]
+    stages: int = 1
+
+
 #: the family a plain dict belongs to, by the first of its decision's kinds listed here
 BY_KIND: dict[str, type[DecisionData]] = {
     "gemm tile": GemmTileData,
@@ -261,6 +273,7 @@ DATA_TYPES: dict[str, type[DecisionData]] = {
     for c in (
         NoData, EdgeData, RowStitchData, StitchData, SmemData, PackData, PlacementData,
         RecomputeData, ReductionLayoutData, GemmTileData, GemmLoopData, SplitData, CoarsenData,
+        TensorCoreData,
     )
 }  # fmt: skip
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import TensorCoreData
 from polyfuse.graph.expr import Binary, Read
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
@@ -241,12 +242,12 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
     decision = Decided(
         (DecisionKind.GEMM_LOOP,),
         notes[0],
-        {
-            "what": "tensorize",
-            "intrinsic": f"m16n8k16.{dtype}",
-            "block": [tiling.block_m, tiling.block_n, tiling.block_k],
-            "warps": [tiling.warps_m, tiling.warps_n],
-        },
+        TensorCoreData(
+            "tensorize",
+            f"m16n8k16.{dtype}",
+            [tiling.block_m, tiling.block_n, tiling.block_k],
+            [tiling.warps_m, tiling.warps_n],
+        ),
     )
     ctx = isl.Set("{ : }", context=sm.model.ctx)
     return TensorCoreKernel(
