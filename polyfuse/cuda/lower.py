@@ -33,7 +33,7 @@ from polyfuse.cuda.lower_addresses import strength_reduce
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
-from polyfuse.cuda.lower_dtypes import assign_dtypes, storage_dtypes
+from polyfuse.cuda.lower_dtypes import assign_dtypes, is_wide, storage_dtypes
 from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
 from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
 from polyfuse.cuda.lower_pipeline import Pipeline
@@ -47,7 +47,7 @@ from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.policy import gemm_tile_registers
+from polyfuse.poly.policy import gemm_tile_registers, smem_itemsize
 from polyfuse.poly.promote import (
     COMMIT,
     SYNC_AFTER,
@@ -124,9 +124,10 @@ def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> lis
         role = model.tensors.get(ident)
         box = tuple((convert_expr(expr_from(mm.context, lo)), size) for lo, size in p.box)
         read_only = role is not None and role.role == "input" and ident not in written
+        size = smem_itemsize(role.dtype) if role is not None else 4
         out.append(
             BufferPlacement(
-                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only
+                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only, size
             )
         )
     return out
@@ -153,6 +154,8 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     if c is None or c.factor <= 1:
         return None
     model = mm.scheduled.model
+    if is_wide(storage_dtypes(model)):  # lanes are float registers and words float4s
+        return None
     stmts = model.statements
     writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
     written = set(writes.values())

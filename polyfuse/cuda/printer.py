@@ -12,6 +12,8 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
+import numpy as np
+
 from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
 from polyfuse.cuda.declared import check_declared
@@ -40,7 +42,7 @@ from polyfuse.cuda.kernel_ast import (
 )
 from polyfuse.cuda.kernel_cost import ir_work
 from polyfuse.cuda.kernel_function import KFunction, decompose, print_function  # noqa: F401
-from polyfuse.cuda.literals import c_float, c_int
+from polyfuse.cuda.literals import c_double, c_float, c_int
 from polyfuse.cuda.lower_dtypes import (
     C_TYPES,
     FLOAT_TO_HALF,
@@ -50,7 +52,7 @@ from polyfuse.cuda.lower_dtypes import (
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
 from polyfuse.graph import expr as ex
-from polyfuse.graph.dtypes import numpy_dtype
+from polyfuse.graph.dtypes import is_float, numpy_dtype, register_dtype
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -118,6 +120,75 @@ _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
 DYNAMIC_POOL = "pf_smem"  # the dynamic shared memory that allocations with an offset slice
 PIPELINE_HEADER = "#include <cuda_pipeline.h>\n"  # __pipeline_memcpy_async (cp.async)
+#: Helpers of kernels over float64, int32, int64 and bool tensors (typed by their template
+#: argument), printed only where a kernel calls one (``pf_w_``): float32 kernels keep the
+#: float-only prelude above.
+WIDE_PRELUDE = """\
+// Typed helpers of float64 / integer / bool kernels.
+template <typename T> PF_INLINE T pf_w_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> PF_INLINE T pf_w_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// Python's a // b and a % b of integers (floor; the remainder takes the divisor's sign).
+template <typename T> PF_INLINE T pf_w_fdiv(T a, T b) {
+  const T q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> PF_INLINE T pf_w_mod(T a, T b) {
+  const T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+template <typename T> struct pf_w_sum {
+  PF_INLINE T operator()(T a, T b) const { return a + b; }
+};
+template <typename T> struct pf_w_maxop {
+  PF_INLINE T operator()(T a, T b) const { return pf_w_max<T>(a, b); }
+};
+template <typename T> struct pf_w_minop {
+  PF_INLINE T operator()(T a, T b) const { return pf_w_min<T>(a, b); }
+};
+template <typename Op, int LANES, typename T>
+PF_INLINE T pf_w_allreduce_y(T v, T* scratch) {
+  Op op;
+  constexpr int W = LANES < 32 ? LANES : 32;
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+  if constexpr (LANES > 32) {
+    const int warp = threadIdx.x >> 5;
+    const int first = (warp / (LANES / 32)) * (LANES / 32);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[first];
+    for (int w = 1; w < LANES / 32; ++w) v = op(v, scratch[first + w]);
+  }
+  return v;
+}
+template <typename Op, int LANES, int KEPT, typename T>
+PF_INLINE T pf_w_allreduce_x(T v, T* scratch) {
+  Op op;
+  const int t = threadIdx.x;
+  __syncthreads();
+  scratch[t] = v;
+  __syncthreads();
+  for (int s = LANES / 2; s > 0; s >>= 1) {
+    if (t / KEPT < s) scratch[t] = op(scratch[t], scratch[t + s * KEPT]);
+    __syncthreads();
+  }
+  return scratch[t % KEPT];
+}
+"""
+#: float64 math: the double overloads of the float functions above.
+_UNARY_F64 = {
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "tanh": "tanh",
+    "erf": "erf",
+    "sigmoid": "pf_w_sigmoid",
+    "round": "rint",
+}
+#: Identities of reductions accumulated in a C type other than float.
+_REDUCE_OPS = {"sum": "pf_w_sum", "max": "pf_w_maxop", "min": "pf_w_minop"}
 
 
 def prelude_for(body: str) -> str:
@@ -127,15 +198,19 @@ def prelude_for(body: str) -> str:
     headers = PIPELINE_HEADER if "__pipeline_memcpy_async" in body else ""
     headers += "#include <cuda_fp16.h>\n" if "__half" in body else ""
     headers += "#include <cuda_bf16.h>\n" if "__nv_bfloat16" in body else ""
-    return headers + PRELUDE
+    return headers + PRELUDE + (WIDE_PRELUDE if "pf_w_" in body else "")
 
 
-def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
-    """Python's ``a // b`` or ``a % b`` of int32 ``a`` by a nonzero constant ``b``: the
-    prelude's ``pf_fdiv``/``pf_mod`` take a positive divisor, and for a negative one
-    ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``."""
+def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32") -> str:
+    """Python's ``a // b`` or ``a % b`` of integer ``a`` by a nonzero constant ``b``: for
+    int32, the prelude's ``pf_fdiv``/``pf_mod`` take a positive divisor, and for a negative
+    one ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``; an int64 (or bool) one calls
+    the typed ``pf_w_fdiv``/``pf_w_mod``, whose own sign rule covers both (and INT64_MIN)."""
     assert isinstance(divisor, ex.Const)
     b = int(divisor.value)
+    if dtype != "int32":
+        t = C_TYPES[dtype]
+        return f"pf_w_{'fdiv' if op == 'floordiv' else 'mod'}<{t}>({a}, {c_int(b, dtype)})"
     if b > 0:
         return f"pf_fdiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"
     if op == "floordiv":
@@ -146,6 +221,27 @@ def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
 def _c_type(dtype: str) -> str | None:
     """The C type a value of ``dtype`` is held in (16-bit floats in float registers)."""
     return "float" if is_float_register(dtype) else C_TYPES.get(dtype)
+
+
+def _identity(op: str, dtype: str) -> str:
+    """The start value of reduction ``op`` accumulated in register dtype ``dtype``."""
+    if is_float_register(dtype):
+        return _IDENTITY[op]
+    if dtype == "float64":
+        return {"sum": "0.0", "max": "(-(double)INFINITY)", "min": "((double)INFINITY)"}[op]
+    if dtype == "bool":
+        return {"sum": "false", "max": "false", "min": "true"}[op]
+    info = np.iinfo(numpy_dtype(dtype))
+    return c_int({"sum": 0, "max": int(info.min), "min": int(info.max)}[op], dtype)
+
+
+def _cast_from_float(src: str, dst: str, a: str) -> str | None:
+    """CUDA's saturating, toward-zero conversion of a float or double ``a`` to int32/int64
+    (NaN to 0: a C cast is undefined there), or None for another pair of dtypes."""
+    if dst not in ("int32", "int64") or not (is_float_register(src) or src == "float64"):
+        return None
+    frm = "double" if src == "float64" else "float"
+    return f"__{frm}2{'int' if dst == 'int32' else 'll'}_rz({a})"
 
 
 class BodyPrinter(ex.ExprVisitor[str]):
@@ -221,6 +317,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return c_int(int(e.value), e.dtype)
         if e.dtype in FLOAT_TO_HALF:  # its value in its dtype, held in a float register
             return c_float(float(numpy_dtype(e.dtype).type(e.value)))
+        if e.dtype == "float64":
+            return c_double(e.value)
         return c_float(e.value)
 
     def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
@@ -234,7 +332,13 @@ class BodyPrinter(ex.ExprVisitor[str]):
         if e.op == "not":
             return f"(!{a})"
         if e.op == "abs":
+            if e.dtype == "float64":
+                return f"fabs({a})"
+            if e.dtype == "int64":
+                return f"llabs({a})"
             return f"fabsf({a})" if is_float_register(e.dtype) else f"abs({a})"
+        if e.dtype == "float64":
+            return f"{_UNARY_F64[e.op]}((double){a})"
         return f"{_UNARY[e.op]}({a})"
 
     def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
@@ -243,15 +347,24 @@ class BodyPrinter(ex.ExprVisitor[str]):
         if e.op in ("add", "sub", "mul"):
             return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
         if e.op == "div":  # true division, also of integers
-            if is_float_register(e.a.dtype) or is_float_register(e.b.dtype):
+            if is_float(e.a.dtype) or is_float(e.b.dtype):
                 return f"({a} / {b})"
             return f"((float){a} / (float){b})"
         if e.op == "pow":
+            if e.dtype == "float64":
+                return f"pow((double){a}, (double){b})"
             return f"powf({a}, {b})"
         if e.op in ("max", "min"):
-            return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
-        if e.op in ("floordiv", "mod") and not fl:  # by a nonzero constant (te checks)
-            return _int_floor(e.op, a, e.b)
+            if fl:
+                return f"pf_f{e.op}f({a}, {b})"
+            if e.dtype == "int32":
+                return f"{e.op}({a}, {b})"
+            return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
+        if e.op in ("floordiv", "mod") and not fl and e.dtype != "float64":
+            return _int_floor(e.op, a, e.b, e.dtype)  # by a nonzero constant (te checks)
+        if e.dtype == "float64" and e.op in ("floordiv", "mod"):
+            q = f"floor((double){a} / (double){b})"
+            return q if e.op == "floordiv" else f"({a} - {b} * {q})"
         if e.op == "floordiv":
             return f"floorf({a} / {b})"
         if e.op == "mod":
@@ -285,6 +398,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
             # toward zero, saturating, NaN to 0 (a C cast is undefined there: the emulator's
             # x86 gives INT_MIN for NaN, where the GPU's cvt.rzi gives 0)
             return f"__float2int_rz({a})"
+        if (conv := _cast_from_float(e.a.dtype, e.dtype, a)) is not None:
+            return conv
         return f"(({C_TYPES[e.dtype]}){a})"
 
     def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:
@@ -320,17 +435,26 @@ class BodyPrinter(ex.ExprVisitor[str]):
         red = t.op.reduce
         assert red is not None
         acc = self.tensor_ref(f"{ident}_acc", t.shape, out_idx)
+        held = register_dtype(red.dtype)  # the accumulator's (check_codegen_dtypes)
         if s.role == "init":
-            return f"{acc} = {_IDENTITY[red.op]};"
+            return f"{acc} = {_identity(red.op, held)};"
         if s.role == "final":
             if self.combine and s.prim in self.combined:
-                fn = self.combine.format(op=f"pf_{red.op}")
-                return f"{acc} = {fn}({acc}, {self.scratch}); " + store(acc)
+                if is_float_register(held):
+                    fn = self.combine.format(op=f"pf_{red.op}")
+                    return f"{acc} = {fn}({acc}, {self.scratch}); " + store(acc)
+                ct = C_TYPES[held]
+                fn = self.combine.replace("pf_allreduce", "pf_w_allreduce")
+                fn = fn.format(op=f"{_REDUCE_OPS[red.op]}<{ct}>")
+                scratch = f"reinterpret_cast<{ct}*>({self.scratch})"
+                return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
         if red.op == "sum":
             return f"{acc} = {acc} + {v};"
-        return f"{acc} = pf_f{red.op}f({acc}, {v});"
+        if is_float_register(held):
+            return f"{acc} = pf_f{red.op}f({acc}, {v});"
+        return f"{acc} = pf_w_{red.op}<{C_TYPES[held]}>({acc}, {v});"
 
 
 class _Emitter(KVisitor[list[str]]):
@@ -570,8 +694,10 @@ def _vector_lines(
 def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> list[str]:
     """Declarations of the IR's allocations, in order (a buffer's copy thread grid first)."""
     lines = []
+    pool = _dynamic_dtype(allocs)
     if any(a.offset is not None for a in allocs):
-        lines.append(f"  extern __shared__ {C_TYPES[_dynamic_dtype(allocs)]} {DYNAMIC_POOL}[];")
+        align = "" if pool == "float32" else "__align__(16) "  # a slice may hold doubles
+        lines.append(f"  extern __shared__ {align}{C_TYPES[pool]} {DYNAMIC_POOL}[];")
     for a in allocs:
         for g in grids:
             if g.buffer == a.name:
@@ -584,8 +710,11 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
         if a.offset is None:
             align = f"__align__({a.align}) " if a.align else ""
             lines.append(f"  __shared__ {align}{ctype} {a.name}[{a.elements}];")
-        else:
+        elif a.dtype == pool:
             lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
+        else:  # the pool is in 4-byte words; the offset too
+            slice_ = f"reinterpret_cast<{ctype}*>({DYNAMIC_POOL} + {a.offset})"
+            lines.append(f"  {ctype}* {a.name} = {slice_};")
         lines += [
             f"  const int {Namer.lower_bound(a.name, d)} = {c_index(lo)};"
             for d, lo in enumerate(a.lo)
@@ -594,8 +723,12 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
 
 
 def _dynamic_dtype(allocs: tuple[KAlloc, ...]) -> str:
-    (dtype,) = {a.dtype for a in allocs if a.offset is not None}
-    return dtype
+    """The element type of the dynamic shared pool, whose offsets count 4-byte words: its
+    slices' one dtype when that is a 4-byte one, float words otherwise (slices of other
+    dtypes are cast from it)."""
+    dtypes = {a.dtype for a in allocs if a.offset is not None}
+    one = dtypes.pop() if len(dtypes) == 1 else "float32"
+    return one if one in ("float32", "int32") else "float32"
 
 
 def _spaces(placements: dict[str, Placement]) -> dict[str, str]:

@@ -62,6 +62,7 @@ __all__ = [
     "numpy_dtype",
     "promote",
     "promote_weak",
+    "register_dtype",
     "tolerance",
     "true_divide_dtype",
 ]
@@ -172,6 +173,13 @@ def accumulate_dtype(op: str, body: str) -> str:
     if body in HALF_DTYPES:
         return "float32"
     return reduce_dtype(op, body)
+
+
+def register_dtype(dtype: str) -> str:
+    """The dtype a kernel holds values of ``dtype`` in (registers, shared memory, reduction
+    accumulators): float32 for float16/bfloat16/float32 (16-bit values are widened when
+    loaded), the dtype itself otherwise (float64 in doubles, integers and bools as such)."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 
 
 def reduce_dtype(op: str, body: str) -> str:

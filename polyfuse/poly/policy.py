@@ -27,6 +27,8 @@ for every kernel, pack and GEMM tile candidate.
 
 from __future__ import annotations
 
+from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.dtypes import register_dtype
 from polyfuse.poly.device import DeviceSpec
 
 FLOAT_BYTES = 4  # every buffer is float32 today
@@ -56,6 +58,19 @@ def gemm_tile_budget(device: DeviceSpec) -> int:
 def gemm_tile_registers(tm: int, tn: int) -> int:
     """Registers per thread a GEMM micro-tile ``tm x tn`` is estimated to need."""
     return tm * tn + tm + tn + GEMM_REG_OVERHEAD
+
+
+def smem_itemsize(dtype: str) -> int:
+    """Bytes a shared-memory element of a ``dtype`` tensor takes: its register dtype's size
+    (a 16-bit float is held widened to float32; a double takes 8, a bool 1)."""
+    return dtype_info(register_dtype(dtype)).itemsize
+
+
+def smem_words(elements: int, itemsize: int) -> int:
+    """4-byte words of a shared tile of ``elements`` elements of ``itemsize`` bytes, rounded
+    up to whole 8-byte pairs for 8-byte elements (so the next tile stays aligned for them)."""
+    words = -(-elements * itemsize // FLOAT_BYTES)
+    return words + (words % 2 if itemsize == 8 else 0)
 
 
 def fits_static(tile_floats: int, threads: int) -> bool:

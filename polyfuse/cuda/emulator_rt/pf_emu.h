@@ -641,6 +641,22 @@ inline int pf_float2int_sat(float r) {
 inline int __float2int_rn(float x) { return pf_float2int_sat(nearbyintf(x)); }
 inline int __float2int_rz(float x) { return pf_float2int_sat(truncf(x)); }
 inline int __float2int_rd(float x) { return pf_float2int_sat(floorf(x)); }
+// cvt.rzi.s32.f64 / cvt.rzi.s64.f{32,64}: toward zero, saturating, NaN to 0.
+inline int __double2int_rz(double x) {
+  const double r = trunc(x);
+  if (r != r) return 0;
+  if (r >= 2147483648.0) return INT_MAX;
+  if (r <= -2147483648.0) return INT_MIN;
+  return (int)r;
+}
+inline long long __double2ll_rz(double x) {
+  const double r = trunc(x);
+  if (r != r) return 0;
+  if (r >= 9223372036854775808.0) return LLONG_MAX;
+  if (r <= -9223372036854775808.0) return LLONG_MIN;
+  return (long long)r;
+}
+inline long long __float2ll_rz(float x) { return __double2ll_rz((double)x); }
 inline int __float2int_ru(float x) { return pf_float2int_sat(ceilf(x)); }
 inline float __int2float_rn(int x) { return (float)x; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
