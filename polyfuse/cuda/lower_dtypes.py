@@ -115,8 +115,9 @@ def is_wide(dtypes: Mapping[str, str]) -> bool:
 
 def alloc_dtypes(ir: KernelIR, dtypes: Mapping[str, str]) -> dict[str, str]:
     """Allocation name → the register dtype it holds: a tensor's shared tile and register
-    (an accumulator's too: the model's ``<t>_acc`` tensors have their own dtype) hold :func:`register_dtype` of the tensor's dtype; a combine's scratch the
-    widest of its reductions' (float32 when they are all float32)."""
+    hold :func:`register_dtype` of the tensor's dtype (an accumulator too: the model's
+    ``<t>_acc`` tensors have their own dtype); a combine's scratch the widest of its
+    reductions' (float32 when none is 8 bytes wide)."""
     namer = ir.namer
     out: dict[str, str] = {}
     for t, d in dtypes.items():

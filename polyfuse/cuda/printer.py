@@ -201,14 +201,20 @@ def prelude_for(body: str) -> str:
     return headers + PRELUDE + (WIDE_PRELUDE if "pf_w_" in body else "")
 
 
-def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32") -> str:
-    """Python's ``a // b`` or ``a % b`` of integer ``a`` by a nonzero constant ``b``: for
-    int32, the prelude's ``pf_fdiv``/``pf_mod`` take a positive divisor, and for a negative
-    one ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``; an int64 (or bool) one calls
-    the typed ``pf_w_fdiv``/``pf_w_mod``, whose own sign rule covers both (and INT64_MIN)."""
+def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32", data: bool = False) -> str:
+    """Python's ``a // b`` or ``a % b`` of integer ``a`` by a nonzero constant ``b``.
+
+    Index arithmetic (int32, ``data`` False: bounded loop variables) uses the prelude's
+    ``pf_fdiv``/``pf_mod``, which take a positive divisor (for a negative one
+    ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``); they overflow near INT_MIN.
+    Integer data (``data``: the dividend reads a tensor) and int64 use the typed
+    ``pf_w_fdiv``/``pf_w_mod``, exact over the whole range; by ``-1`` the quotient is the
+    wrapping negation and the remainder 0 (C's ``INT_MIN / -1`` traps on x86)."""
     assert isinstance(divisor, ex.Const)
     b = int(divisor.value)
-    if dtype != "int32":
+    if dtype != "int32" or data:
+        if b == -1:
+            return f"(-{a})" if op == "floordiv" else f"(({C_TYPES[dtype]})0)"
         t = C_TYPES[dtype]
         return f"pf_w_{'fdiv' if op == 'floordiv' else 'mod'}<{t}>({a}, {c_int(b, dtype)})"
     if b > 0:
@@ -361,7 +367,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
                 return f"{e.op}({a}, {b})"
             return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
         if e.op in ("floordiv", "mod") and not fl and e.dtype != "float64":
-            return _int_floor(e.op, a, e.b, e.dtype)  # by a nonzero constant (te checks)
+            data = any(isinstance(n, ex.Read) for n in ex.walk(e.a))
+            return _int_floor(e.op, a, e.b, e.dtype, data)  # by a nonzero constant (te checks)
         if e.dtype == "float64" and e.op in ("floordiv", "mod"):
             q = f"floor((double){a} / (double){b})"
             return q if e.op == "floordiv" else f"({a} - {b} * {q})"

@@ -1,0 +1,295 @@
+"""float64, int32, int64 and bool storage through code generation, on the emulator (issue 22,
+the wide dtypes): ``double``/``int``/``long long``/``bool`` buffers, registers, shared tiles,
+accumulators and combines in the tensor's own C type; comparisons giving bool; casts; integer
+``//`` and ``%`` (Python's floor rule, README *Dtypes*) with negative operands; int32
+arithmetic wrapping in two's complement in kernels and reference alike.
+
+Every graph runs in both thread orders (race check) and is compared with
+:func:`polyfuse.reference.evaluate` under :func:`polyfuse.graph.dtypes.tolerance` (exact for
+integers and bools; float64 against the float64 oracle at a precision float32 cannot reach).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, reference, te
+from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.literals import c_double
+from polyfuse.errors import CallError, UnsupportedDtypeError
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+
+RNG = np.random.default_rng(2264)
+WIDE = ["float64", "int32", "int64", "bool"]
+
+
+def _array(shape, dtype: str) -> np.ndarray:
+    if dtype == "bool":
+        return RNG.random(shape) < 0.4
+    if dtype in ("int32", "int64"):
+        return RNG.integers(-1000, 1000, shape).astype(dtype)
+    return RNG.standard_normal(shape).astype(numpy_dtype(dtype))
+
+
+def _run(inputs, outputs, arrays, rtol: float | None = None, precision: str = "float64"):
+    """Compile, run in both thread orders, compare with the reference: the float64 oracle
+    (``rtol``, also as ``atol``, overrides the float64 one; ``precision="storage"`` where casts
+    round), integers and bools exactly."""
+    fn = polyfuse.compile(inputs, outputs, check_cuda=False)
+    feeds = dict(zip(inputs, arrays, strict=True))
+    want = reference.evaluate(outputs, feeds, precision=precision)
+    for race in (False, True):
+        got = fn(*arrays, device="emulate", race_check=race)
+        got = got if isinstance(got, tuple) else (got,)
+        for t, g, w in zip(outputs, got, want, strict=True):
+            assert g.dtype == numpy_dtype(t.dtype), t.name
+            if t.dtype in ("int32", "int64", "bool"):
+                np.testing.assert_array_equal(g, w, err_msg=t.name)
+            elif t.dtype == "float64" and rtol is not None:
+                np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol, err_msg=t.name)
+            else:
+                assert tolerance(t.dtype).allclose(g, w), t.name
+    return fn
+
+
+def _graphs(dtype: str):
+    """(name, inputs, outputs, arrays): an elementwise chain with a broadcast, row, column
+    and all-reductions, in ``dtype``."""
+    x = te.placeholder((37, 130), dtype, name="x")
+    b = te.placeholder((130,), dtype, name="b")
+    if dtype == "bool":
+        chain = te.compute(
+            (37, 130),
+            lambda i, j: (x[i, j] & te.not_equal(b[j], True)) | te.equal(x[i, j], b[j]),
+            name="c",
+        )
+    elif dtype == "float64":
+        chain = te.compute(
+            (37, 130), lambda i, j: te.tanh(x[i, j] * 0.5 + b[j]) - x[i, j], name="c"
+        )
+    else:
+        chain = te.compute((37, 130), lambda i, j: (x[i, j] * 3 - b[j]) * x[i, j] + 7, name="c")
+    k = te.reduce_axis(130, name="k")
+    rows = te.compute((37,), lambda i: te.sum(x[i, k], axis=k), name="rows")
+    r = te.reduce_axis(37, name="r")
+    cols = te.compute((130,), lambda j: te.max(x[r, j], axis=r), name="cols")
+    p, q = te.reduce_axis(37, name="p"), te.reduce_axis(130, name="q")
+    everything = te.compute((1,), lambda _: te.min(x[p, q], axis=[p, q]), name="all")
+    arrays = [_array((37, 130), dtype), _array((130,), dtype)]
+    return [
+        ("chain", [x, b], [chain], arrays),
+        ("rows", [x], [rows], arrays[:1]),
+        ("cols", [x], [cols], arrays[:1]),
+        ("all", [x], [everything], arrays[:1]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", WIDE)
+def test_elementwise_broadcast_and_reductions_per_dtype(dtype):
+    for name, inputs, outputs, arrays in _graphs(dtype):
+        fn = _run(inputs, outputs, arrays)
+        assert {"float64": "double", "int32": "int", "int64": "long long", "bool": "bool"}[
+            dtype
+        ] in fn.cuda_source, name
+    # the sum of bools counts in int32; the sum of int64 does not wrap at 32 bits
+    rows = _graphs(dtype)[1][2][0]
+    assert rows.dtype == ("int32" if dtype == "bool" else dtype)
+
+
+def test_int64_sum_beyond_the_int32_range():
+    x = te.placeholder((4, 300), "int64", name="x")
+    k = te.reduce_axis(300, name="k")
+    s = te.compute((4,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    xv = np.full((4, 300), 2**40 + 3, np.int64)
+    fn = _run([x], [s], [xv])
+    assert np.all(fn(xv) == 300 * (2**40 + 3))
+
+
+def test_comparison_gives_bool_then_where_and_any_all():
+    x = te.placeholder((9, 70), "float64", name="x")
+    m = te.compute((9, 70), lambda i, j: x[i, j] > 0.5, name="m")
+    assert m.dtype == "bool"
+    w = te.compute((9, 70), lambda i, j: te.where(m[i, j], x[i, j], -x[i, j] * 2), name="w")
+    k = te.reduce_axis(70, name="k")
+    anyv = te.compute((9,), lambda i: te.max(m[i, k], axis=k), name="any")
+    allv = te.compute((9,), lambda i: te.min(m[i, k], axis=k), name="all")
+    count = te.compute((9,), lambda i: te.sum(m[i, k], axis=k), name="count")
+    xv = RNG.standard_normal((9, 70))
+    xv[3] = 1.0  # a row where all hold
+    xv[4] = -1.0  # and one where none does
+    fn = _run([x], [m, w, anyv, allv, count], [xv])
+    _, _, a, al, c = fn(xv)
+    assert a[3] and al[3] and not a[4] and not al[4] and c[3] == 70 and c[4] == 0
+
+
+@pytest.mark.parametrize("src", ["float64", "int32", "int64", "bool", "float32"])
+def test_casts_between_the_dtypes(src):
+    x = te.placeholder((64,), src, name="x")
+    outs = [
+        te.compute((64,), lambda i, d=d: te.cast(x[i], d), name=f"to_{d}")
+        for d in ["float64", "float32", "int32", "int64", "bool", "float16"]
+        if d != src
+    ]
+    if src in ("float64", "float32"):
+        xv = np.concatenate(
+            [[np.nan, np.inf, -np.inf, 3e9, -3e9, 1e19, -1e19, -2.5, 2.5, -0.5, 0.0]],
+        )
+        xv = np.concatenate([xv, RNG.standard_normal(64 - len(xv)) * 1e3]).astype(src)
+    elif src == "bool":
+        xv = _array((64,), "bool")
+    else:
+        xv = RNG.integers(-(2**31) if src == "int64" else -1000, 2**31, 64).astype(src)
+        if src == "int64":
+            xv[:3] = [2**40 + 5, -(2**40) - 7, 2**62]  # int32 casts wrap
+    _run([x], outs, [xv], precision="storage")
+
+
+def test_integer_floor_division_and_modulo_with_negative_operands():
+    """``//`` floors and ``%`` takes the divisor's sign (README *Dtypes*), in int32 and
+    int64, for positive and negative divisors, INT_MIN included."""
+    a = te.placeholder((16,), "int32", name="a")
+    b = te.placeholder((16,), "int64", name="b")
+    outs = []
+    for d in (3, -3, 7, -1):
+        outs.append(te.compute((16,), lambda i, d=d: a[i] // d, name=f"qa{abs(d)}{d < 0}"))
+        outs.append(te.compute((16,), lambda i, d=d: a[i] % d, name=f"ra{abs(d)}{d < 0}"))
+        outs.append(te.compute((16,), lambda i, d=d: b[i] // d, name=f"qb{abs(d)}{d < 0}"))
+        outs.append(te.compute((16,), lambda i, d=d: b[i] % d, name=f"rb{abs(d)}{d < 0}"))
+    vals = [-7, -6, -1, 0, 1, 5, 7, -8, 8, -9, 100, -100, 2**31 - 1, -(2**31) + 1, -3, 3]
+    av = np.array(vals, np.int32)
+    bv = np.array(vals, np.int64) * 1000003
+    fn = _run([a, b], outs, [av, bv])
+    got = fn(av, bv)
+    for t, g in zip(outs, got, strict=True):  # Python's own rule, independently of the reference
+        d = int(t.name[2:-5] if t.name.endswith("False") else t.name[2:-4])
+        d = -d if t.name.endswith("True") else d
+        src = av if t.name[1] == "a" else bv
+        want = [int(v) // d if t.name[0] == "q" else int(v) % d for v in src]
+        if t.dtype == "int32":
+            want = np.array(want, np.int64).astype(np.int32)  # INT_MIN // -1 wraps
+        np.testing.assert_array_equal(g, want, err_msg=t.name)
+
+
+def test_int32_arithmetic_wraps_in_kernel_and_reference():
+    """One rule: int32 arithmetic wraps (two's complement, like numpy's int32 and CUDA), at
+    every operation: ``a * b`` overflows before ``// 3``, ``> 0`` and the cast see it."""
+    a = te.placeholder((8,), "int32", name="a")
+    b = te.placeholder((8,), "int32", name="b")
+    prod = te.compute((8,), lambda i: (a[i] * b[i]) // 3, name="prod")
+    sign = te.compute((8,), lambda i: a[i] * b[i] + 1 > 0, name="sign")
+    wide = te.compute((8,), lambda i: te.cast(a[i] * b[i], "int64") + 1, name="wide")
+    av = np.array([70000, -70000, 2**31 - 1, 46341, 3, -(2**31), 65536, 1], np.int32)
+    bv = np.array([70000, 70000, 2, 46341, 5, -1, 65536, -1], np.int32)
+    with np.errstate(over="ignore"):
+        p32 = av * bv  # numpy's int32 wraps
+    want_prod = p32.astype(np.int64) // 3
+    (r_prod, r_sign, r_wide) = reference.evaluate([prod, sign, wide], {a: av, b: bv})
+    np.testing.assert_array_equal(r_prod, want_prod.astype(np.int32))
+    np.testing.assert_array_equal(r_sign, p32.astype(np.int64) + 1 > 0)
+    np.testing.assert_array_equal(r_wide, p32.astype(np.int64) + 1)
+    assert not r_sign[3] and r_wide[3] < 0  # 46341² wraps negative in int32
+    _run([a, b], [prod, sign, wide], [av, bv])
+
+
+def test_float64_softmax_and_layer_norm_beyond_float32_precision():
+    """float64 really is used: within 1e-12 of the float64 oracle, where float32 storage is
+    ~1e-7 away."""
+    x = te.placeholder((24, 333), "float64", name="x")
+    sm = ops.softmax(x, axis=-1, name="sm")
+    ln = ops.layer_norm(x, axis=-1, name="ln")
+    xv = RNG.standard_normal((24, 333)) * 3 + 1e3  # a large mean: cancellation in float32
+    fn = _run([x], [sm, ln], [xv], rtol=1e-12)
+    x32 = te.placeholder((24, 333), "float32", name="x32")
+    ln32 = ops.layer_norm(x32, axis=-1, name="ln32")
+    got32 = polyfuse.compile([x32], [ln32], check_cuda=False)(xv.astype(np.float32))
+    (want,) = reference.evaluate([ln], {x: xv}, precision="float64")
+    assert np.abs(got32 - want).max() > 1e-6 > np.abs(fn(xv)[1] - want).max() * 1e5
+
+
+def test_float64_matmul():
+    a = te.placeholder((33, 70), "float64", name="a")
+    b = te.placeholder((70, 45), "float64", name="b")
+    k = te.reduce_axis(70, name="k")
+    c = te.compute((33, 45), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    av, bv = RNG.standard_normal((33, 70)), RNG.standard_normal((70, 45))
+    fn = _run([a, b], [c], [av, bv], rtol=1e-12)
+    np.testing.assert_allclose(fn(av, bv), av @ bv, rtol=1e-12)
+
+
+def test_double_constants_are_exact():
+    assert c_double(0.1) == "0.1" and float(c_double(1 / 3)) == 1 / 3
+    assert c_double(-2.0) == "(-2.0)" and c_double(5e-324) == "5e-324"
+    assert c_double(float("inf")) == "((double)INFINITY)"
+    assert c_double(float("nan")).startswith("__longlong_as_double(0x7ff8")
+    x = te.placeholder((4,), "float64", name="x")
+    y = te.compute((4,), lambda i: x[i] * (1 / 3) + 1e-300, name="y")
+    fn = _run([x], [y], [np.arange(4.0)], rtol=0.0)
+    assert "0.3333333333333333" in fn.cuda_source and "1e-300" in fn.cuda_source
+
+
+def test_call_refuses_a_wrong_dtype_naming_the_input():
+    for dtype, wrong in (
+        ("float64", np.float32),
+        ("int32", np.int64),
+        ("int64", np.int32),
+        ("bool", np.int8),
+    ):
+        x = te.placeholder((8,), dtype, name=f"x_{dtype}")
+        y = te.compute((8,), lambda i, x=x: x[i], name="y")
+        fn = polyfuse.compile([x], [y], check_cuda=False)
+        with pytest.raises(CallError, match=f"input 'x_{dtype}': expected {dtype}, got"):
+            fn(np.zeros(8, wrong), device="emulate")
+        out = fn(np.ones(8, numpy_dtype(dtype)), device="emulate")
+        assert out.dtype == numpy_dtype(dtype) and np.all(out == 1)
+
+
+def test_a_float64_accumulator_of_a_float32_sum_is_still_refused():
+    x = te.placeholder((8, 16), name="x")
+    k = te.reduce_axis(16, name="k")
+    s = te.compute((8,), lambda i: te.sum(x[i, k], axis=k, accumulate="float64"), name="s")
+    with pytest.raises(UnsupportedDtypeError, match="compute 's' accumulates its sum in float64"):
+        polyfuse.compile([x], [s], check_cuda=False)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_every_wide_kernel_without_spills(arch):
+    for dtype in WIDE:
+        for _, inputs, outputs, _ in _graphs(dtype):
+            fn = polyfuse.compile(inputs, outputs, arch=arch, check_cuda=False)
+            binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+            assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+    x = te.placeholder((24, 333), "float64", name="x")
+    a = te.placeholder((16,), "int64", name="a")
+    q = te.compute((16,), lambda i: te.cast(a[i] // -3 + a[i] % 5, "float64"), name="q")
+    for ins, outs in (([x], [ops.softmax(x, axis=-1, name="sm")]), ([a], [q])):
+        fn = polyfuse.compile(ins, outs, arch=arch, check_cuda=False)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+def test_floor_division_of_int32_data_near_int_min_in_a_float32_kernel():
+    """Regression: the prelude's ``pf_fdiv`` negates its dividend, which overflows at
+    INT_MIN; a dividend that reads a tensor now takes the exact typed helper."""
+    x = te.placeholder((4,), name="x")
+    y = te.compute((4,), lambda i: te.cast(te.cast(x[i], "int32") // 7, "float32"), name="y")
+    z = te.compute((4,), lambda i: te.cast(te.cast(x[i], "int32") % -7, "float32"), name="z")
+    xv = np.array([-(2.0**31), -7.0, 2.0**31, 5.0], np.float32)
+    fn = _run([x], [y, z], [xv], precision="storage")
+    want = [-(2**31) // 7, -1, (2**31 - 1) // 7, 0]
+    np.testing.assert_array_equal(fn(xv)[0], np.array(want, np.float32))
+
+
+def test_outputs_of_integer_dtypes_are_poisoned_without_a_numpy_warning():
+    """Regression: output buffers were filled with NaN whatever their dtype (numpy warns
+    'invalid value encountered in cast' for an int buffer)."""
+    x = te.placeholder((8,), "int32", name="x")
+    y = te.compute((8,), lambda i: x[i] + 1, name="y")
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(fn(np.arange(8, dtype=np.int32)), np.arange(1, 9))
