@@ -11,6 +11,7 @@ integers and bools; float64 against the float64 oracle at a precision float32 ca
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -293,3 +294,26 @@ def test_outputs_of_integer_dtypes_are_poisoned_without_a_numpy_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert np.array_equal(fn(np.arange(8, dtype=np.int32)), np.arange(1, 9))
+
+
+def test_mixed_float32_and_float64_rows_share_dynamic_shared_memory_and_the_scratch():
+    """A float64 softmax and a float32 one stitched in one kernel over 7000-long rows: double
+    and float tiles slice one dynamic pool (offsets in 4-byte words, doubles 8-byte
+    aligned), and one double scratch serves both combines."""
+    x = te.placeholder((3, 7000), "float64", name="x")
+    x32 = te.placeholder((3, 7000), "float32", name="x32")
+    xs = te.compute((3, 7000), lambda i, j: x[i, j] + te.cast(x32[i, j], "float64"), name="xs")
+    sm = ops.softmax(xs, axis=-1, name="sm")
+    e32 = te.compute((3, 7000), lambda i, j: te.exp(x32[i, j]), name="e32")
+    k = te.reduce_axis(7000, name="k")
+    s32 = te.compute((3,), lambda i: te.sum(e32[i, k], axis=k), name="s32")
+    y32 = te.compute(
+        (3, 7000), lambda i, j: e32[i, j] / s32[i] + te.cast(sm[i, j], "float32"), name="y32"
+    )
+    xv, x32v = RNG.standard_normal((3, 7000)), RNG.standard_normal((3, 7000)).astype(np.float32)
+    fn = _run([x, x32], [sm, y32], [xv, x32v], rtol=1e-12)
+    src = fn.cuda_source
+    assert len(fn.kernels) == 1 and "extern __shared__ __align__(16) float pf_smem[];" in src
+    offsets = [int(m) for m in re.findall(r"reinterpret_cast<double\*>\(pf_smem \+ (\d+)\)", src)]
+    assert offsets and all(o % 2 == 0 for o in offsets)
+    assert "reinterpret_cast<float*>(pf_scratch)" in src and "double pf_scratch[" in src

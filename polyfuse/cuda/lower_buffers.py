@@ -55,7 +55,10 @@ def alloc_buffers(
     shared = [p for p in placements if p.space is MemSpace.SHARED]
     elements = [_product(size for _, size in p.box) for p in shared]
     words = [smem_words(n, p.itemsize) for p, n in zip(shared, elements, strict=True)]
-    static = fits_static(sum(words), ir.threads)
+    # a combine's scratch may hold doubles: count it at 8 bytes where a tile does (an upper
+    # bound; float32 kernels count 4 as before)
+    wide = any(p.itemsize == 8 for p in placements)
+    static = fits_static(sum(words), ir.threads, 2 if wide else 1)
     allocs: list[KAlloc] = []
     dynamic = 0
     for p, n in zip(shared, words, strict=True):

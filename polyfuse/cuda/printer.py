@@ -272,6 +272,7 @@ class BodyPrinter(ex.ExprVisitor[str]):
         self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
         self.combined = combined  # reductions whose lanes hold partials (combine at final)
         self.scratch = scratch  # shared scratch of the combine
+        self.scratch_dtype = "float32"  # its element type (a double where one combines)
         self.lanes: dict[str, str] = {}  # inside a KVector: tensor -> its lane register
         self.stmt_lanes: dict[str, dict[str, str]] = {}  # per statement, while in a KVector
 
@@ -447,13 +448,15 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return f"{acc} = {_identity(red.op, held)};"
         if s.role == "final":
             if self.combine and s.prim in self.combined:
+                scratch = self.scratch
+                if held != self.scratch_dtype:  # one scratch serves combines of two types
+                    scratch = f"reinterpret_cast<{_c_type(held)}*>({scratch})"
                 if is_float_register(held):
                     fn = self.combine.format(op=f"pf_{red.op}")
-                    return f"{acc} = {fn}({acc}, {self.scratch}); " + store(acc)
+                    return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
                 ct = C_TYPES[held]
                 fn = self.combine.replace("pf_allreduce", "pf_w_allreduce")
                 fn = fn.format(op=f"{_REDUCE_OPS[red.op]}<{ct}>")
-                scratch = f"reinterpret_cast<{ct}*>({self.scratch})"
                 return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
@@ -703,7 +706,8 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
     lines = []
     pool = _dynamic_dtype(allocs)
     if any(a.offset is not None for a in allocs):
-        align = "" if pool == "float32" else "__align__(16) "  # a slice may hold doubles
+        mixed = any(a.offset is not None and a.dtype != pool for a in allocs)
+        align = "__align__(16) " if mixed else ""  # a slice may hold doubles
         lines.append(f"  extern __shared__ {align}{C_TYPES[pool]} {DYNAMIC_POOL}[];")
     for a in allocs:
         for g in grids:
@@ -775,6 +779,8 @@ def emit_kernel(
         ir.namer,
     )
     stmts = {s.name: s for s in statements}
+    if c is not None:
+        bp.scratch_dtype = next((a.dtype for a in ir.allocs if a.name == c.scratch), "float32")
 
     def emit_stmt(n: KStmt) -> str:
         s = stmts[n.stmt]

@@ -45,9 +45,12 @@ GEMM_REG_BUDGET = 168
 GEMM_REG_OVERHEAD = 40
 
 
-def reduction_tile_budget(device: DeviceSpec, threads: int) -> int:
-    """Bytes of shared memory a reduction kernel of ``threads`` threads may give to tiles."""
-    return device.smem_per_block_optin - FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+def reduction_tile_budget(
+    device: DeviceSpec, threads: int, scratch_bytes: int = FLOAT_BYTES
+) -> int:
+    """Bytes of shared memory a reduction kernel of ``threads`` threads may give to tiles
+    (``scratch_bytes``: of one scratch element, 8 where a double or int64 combines)."""
+    return device.smem_per_block_optin - scratch_bytes * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
 
 
 def gemm_tile_budget(device: DeviceSpec) -> int:
@@ -73,9 +76,10 @@ def smem_words(elements: int, itemsize: int) -> int:
     return words + (words % 2 if itemsize == 8 else 0)
 
 
-def fits_static(tile_floats: int, threads: int) -> bool:
-    """Whether a kernel's tiles plus its combine scratch fit static ``__shared__`` memory."""
-    scratch = COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+def fits_static(tile_floats: int, threads: int, scratch_words: int = 1) -> bool:
+    """Whether a kernel's tiles (4-byte words) plus its combine scratch (``scratch_words``
+    per thread: 2 for a double one) fit static ``__shared__`` memory."""
+    scratch = COMBINE_SCRATCH_FLOATS_PER_THREAD * scratch_words * threads
     return (tile_floats + scratch) * FLOAT_BYTES <= STATIC_SMEM_LIMIT
 
 
