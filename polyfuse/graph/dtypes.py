@@ -30,6 +30,9 @@ the promoted float dtype. ``//`` and ``%`` floor (Python, numpy, ``torch.floor_d
 ``torch.remainder``): ``-7 // 2 == -4``, ``-7 % 2 == 1``, the remainder takes the divisor's
 sign. Integer ``//`` and ``%`` need a nonzero constant divisor (``te.compute`` checks).
 
+Integer overflow: int32 arithmetic wraps in two's complement at every operation (numpy's
+int32, CUDA's integer units); kernels and :func:`polyfuse.reference.evaluate` agree.
+
 Comparisons, ``te.isnan``/``isinf`` and ``&``/``|`` give bool. ``te.cast(x, dtype)`` converts
 explicitly: to an integer it truncates toward zero, to bool it tests ``!= 0``, to a float it
 rounds to nearest even. Unary math (``exp``, ``tanh``, …) keeps a float operand's dtype and
