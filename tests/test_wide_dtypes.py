@@ -317,3 +317,34 @@ def test_mixed_float32_and_float64_rows_share_dynamic_shared_memory_and_the_scra
     offsets = [int(m) for m in re.findall(r"reinterpret_cast<double\*>\(pf_smem \+ (\d+)\)", src)]
     assert offsets and all(o % 2 == 0 for o in offsets)
     assert "reinterpret_cast<float*>(pf_scratch)" in src and "double pf_scratch[" in src
+
+
+@pytest.mark.parametrize(
+    "dtype, word", [("float64", "double2"), ("int32", "int4"), ("int64", "longlong2")]
+)
+def test_128_bit_vector_accesses_in_bytes_of_the_dtype(dtype, word):
+    """A memory-bound kernel coarsened to 4 elements per thread moves its rows as 128-bit
+    words of the dtype (2 doubles, 4 ints, 2 int64; isl proves the alignment in elements,
+    which for 8-byte elements is stronger than 16 bytes needs); bool stays scalar."""
+    x = te.placeholder((1024, 2048), dtype, name="x")
+    b = te.placeholder((2048,), dtype, name="b")
+    y = te.compute((1024, 2048), lambda i, j: x[i, j] * 2 + b[j], name="y")
+    xv, bv = _array((1024, 2048), dtype), _array((2048,), dtype)
+    fn = _run([x, b], [y], [xv, bv])
+    src = fn.cuda_source
+    assert f"*reinterpret_cast<const {word}*>" in src and f"make_{word}(" in src
+    assert "float4" not in src
+    if "nvrtc" in available_compilers():
+        binary = compile_cuda(src, "sm_90", compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+def test_bool_tensors_stay_scalar_in_a_vectorized_kernel():
+    x = te.placeholder((1024, 2048), "float32", name="x")
+    m = te.placeholder((1024, 2048), "bool", name="m")
+    y = te.compute((1024, 2048), lambda i, j: te.where(m[i, j], x[i, j], -x[i, j]), name="y")
+    xv, mv = _array((1024, 2048), "float32"), _array((1024, 2048), "bool")
+    fn = _run([x, m], [y], [xv, mv])
+    src = fn.cuda_source
+    assert "float4" in src  # x and y move as float4, m element by element
+    assert not any(w in src for w in ("uchar4", "char4", "uint4"))

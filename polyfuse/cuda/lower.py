@@ -33,7 +33,7 @@ from polyfuse.cuda.lower_addresses import strength_reduce
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.lower_combines import lower_combines
-from polyfuse.cuda.lower_dtypes import assign_dtypes, is_wide, storage_dtypes
+from polyfuse.cuda.lower_dtypes import assign_dtypes, storage_dtypes
 from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
 from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
 from polyfuse.cuda.lower_pipeline import Pipeline
@@ -154,12 +154,11 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     if c is None or c.factor <= 1:
         return None
     model = mm.scheduled.model
-    if is_wide(storage_dtypes(model)):  # lanes are float registers and words float4s
-        return None
     stmts = model.statements
     writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
     written = set(writes.values())
-    proven = {t for t, ok in c.vector.items() if ok}
+    # bool tensors stay scalar: one 128-bit word would hold 16 of them (a 16-lane group)
+    proven = {t for t, ok in c.vector.items() if ok and model.tensors[t].dtype != "bool"}
     # one plain writer (no accumulator: init, update and final all touch those)
     writers: dict[str, list[str]] = {}
     for s in stmts:

@@ -603,8 +603,8 @@ def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -
         idx = [bp.expr(i, env) for i in read.indices]
         ref = bp.tensor_ref(access.tensor, read.tensor.shape, idx)
         dtype, shape = read.tensor.dtype, read.tensor.shape
-    # a shared-memory copy holds float32 whatever the tensor's storage dtype
-    return ref, dtype if ref == bp.global_ref(access.tensor, shape, idx) else "float32"
+    # a shared-memory copy holds the register dtype (float32 for a 16-bit tensor)
+    return ref, dtype if ref == bp.global_ref(access.tensor, shape, idx) else register_dtype(dtype)
 
 
 def _half2(dtype: str) -> tuple[str, str]:
@@ -614,9 +614,27 @@ def _half2(dtype: str) -> tuple[str, str]:
     return "__nv_bfloat162", "__floats2bfloat162_rn"
 
 
+#: 128-bit vector types of the 4- and 8-byte dtypes, and their lanes per word.
+_WORDS = {
+    "float32": ("float4", 4),
+    "int32": ("int4", 4),
+    "float64": ("double2", 2),
+    "int64": ("longlong2", 2),
+}
+
+
 def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> tuple[list, str]:
     """Lines loading ``width`` lanes at ``ref`` as 128-bit (or, for four 16-bit lanes,
-    64-bit) words, and the initializer of the float lane array."""
+    64-bit) words, and the initializer of the lane array (of the dtype's register type)."""
+    if dtype in _WORDS and dtype != "float32":  # int4, double2, longlong2
+        word, per = _WORDS[dtype]
+        lines = [
+            f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref}"
+            + (f" + {per * j}" if j else "")
+            + ");"
+            for j, q in enumerate(qs)
+        ]
+        return lines, ", ".join(f"{q}.{c}" for q in qs for c in "xyzw"[:per])
     if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
         lines = [
             f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
@@ -638,7 +656,17 @@ def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> t
 
 
 def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
-    """Lines storing lane array ``src`` (``width`` floats) at ``ref`` as whole words."""
+    """Lines storing lane array ``src`` (``width`` lanes) at ``ref`` as whole words."""
+    if dtype in _WORDS and dtype != "float32":
+        word, per = _WORDS[dtype]
+        return [
+            f"{pad}  *reinterpret_cast<{word}*>(&{ref}"
+            + (f" + {per * j}" if j else "")
+            + f") = make_{word}("
+            + ", ".join(f"{src}[{per * j + k}]" for k in range(per))
+            + ");"
+            for j in range(width // per)
+        ]
     if dtype not in FLOAT_TO_HALF:
         return [
             f"{pad}  *reinterpret_cast<float4*>(&{ref}"
@@ -668,7 +696,6 @@ def _vector_lines(
     word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
     out = [f"{pad}{{"]
-    quads = range(n.width // 4)
     names: dict[str, str] = {}  # lane-0 address -> its lane registers (loaded once)
     streams: dict[str, int] = {}  # tensor -> distinct addresses loaded so far
     lanes: dict[str, dict[str, str]] = {}
@@ -679,13 +706,16 @@ def _vector_lines(
             k = streams.get(a.tensor, 0)
             streams[a.tensor] = k + 1
             names[ref] = namer.vector(a.tensor, k)
-            qs = [namer.quad(a.tensor, k, j) for j in quads]
+            words = n.width // _WORDS.get(dtype, ("", 4))[1]  # 16-bit: one word (qs[0])
+            qs = [namer.quad(a.tensor, k, j) for j in range(words)]
             lines, vals = _vector_load(pad, ref, dtype, n.width, qs)
             out += lines
-            out.append(f"{pad}  float {names[ref]}[{n.width}] = {{{vals}}};")
+            ctype = _c_type(register_dtype(dtype))
+            out.append(f"{pad}  {ctype} {names[ref]}[{n.width}] = {{{vals}}};")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{names[ref]}[{n.var}]"
     for a in n.stores:
-        out.append(f"{pad}  float {namer.vector(a.tensor, 0)}[{n.width}];")
+        ctype = _c_type(register_dtype(stmts[a.stmt].tensor.dtype))
+        out.append(f"{pad}  {ctype} {namer.vector(a.tensor, 0)}[{n.width}];")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
     for a in n.local:
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"

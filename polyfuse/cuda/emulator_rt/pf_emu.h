@@ -217,6 +217,7 @@ PF_VEC4(int, int, 16)
 PF_VEC2(unsigned int, uint, 8)
 PF_VEC4(unsigned int, uint, 16)
 PF_VEC2(double, double, 16)
+PF_VEC2(long long, longlong, 16)
 inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y, z}; }
 
 // ---- float16 and bfloat16 (cuda_fp16.h, cuda_bf16.h) ----------------------------------------
