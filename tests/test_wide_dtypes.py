@@ -348,3 +348,20 @@ def test_bool_tensors_stay_scalar_in_a_vectorized_kernel():
     src = fn.cuda_source
     assert "float4" in src  # x and y move as float4, m element by element
     assert not any(w in src for w in ("uchar4", "char4", "uint4"))
+
+
+def test_shadow_race_check_of_double_and_int64_combines():
+    """The shadow-memory race detector over a float64 row softmax (warp shuffles and a
+    shared double scratch) and an int64 column sum of floor quotients."""
+    x = te.placeholder((24, 333), "float64", name="x")
+    a = te.placeholder((24, 333), "int64", name="a")
+    sm = ops.softmax(x, axis=-1, name="sm")
+    k = te.reduce_axis(24, name="k")
+    cs = te.compute((333,), lambda j: te.sum(a[k, j] // 3, axis=k), name="cs")
+    fn = polyfuse.compile([x, a], [sm, cs], check_cuda=False)
+    xv, av = RNG.standard_normal((24, 333)), RNG.integers(-(10**12), 10**12, (24, 333))
+    got = fn(xv, av, device="emulate", race_check="shadow")
+    want = reference.evaluate([sm, cs], {x: xv, a: av}, precision="float64")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[1], (av // 3).sum(axis=0))
