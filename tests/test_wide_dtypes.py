@@ -365,3 +365,24 @@ def test_shadow_race_check_of_double_and_int64_combines():
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-15)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[1], (av // 3).sum(axis=0))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float64", "bool"])
+def test_gemm_epilogue_stored_in_a_wide_dtype(dtype):
+    """Regression: a float32 GEMM's epilogue stored to an int32 output took the float4 store
+    run (four 4-byte elements), writing float bits into the int buffer; float4 runs are for
+    float32 outputs only (the others store scalars)."""
+    a = te.placeholder((256, 128), name="a")
+    b = te.placeholder((128, 256), name="b")
+    k = te.reduce_axis(128, name="k")
+    c = te.compute((256, 256), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    if dtype == "bool":
+        y = te.compute((256, 256), lambda i, j: c[i, j] > 0, name="y")
+    else:
+        y = te.compute((256, 256), lambda i, j: te.cast(c[i, j] * 4, dtype) + 1, name="y")
+    # small integers: every float32 sum is exact, so the integer result is too
+    av = RNG.integers(-3, 4, (256, 128)).astype(np.float32)
+    bv = RNG.integers(-3, 4, (128, 256)).astype(np.float32)
+    fn = _run([a, b], [y], [av, bv], rtol=0.0)
+    assert "r_c_acc[4][4]" in fn.cuda_source  # the GEMM tiles computed it
+    assert "make_float4" not in fn.cuda_source
