@@ -386,3 +386,30 @@ def test_gemm_epilogue_stored_in_a_wide_dtype(dtype):
     fn = _run([a, b], [y], [av, bv], rtol=0.0)
     assert "r_c_acc[4][4]" in fn.cuda_source  # the GEMM tiles computed it
     assert "make_float4" not in fn.cuda_source
+
+
+def test_bool_and_int64_shared_tiles_share_the_dynamic_pool():
+    """A bool mask (1 byte an element) and an int64 row (8) stitched past two reductions
+    over 13000-long rows: the pool's offsets are 4-byte words, the int64 slice starts on an
+    8-byte boundary after the 13000-byte mask."""
+    x = te.placeholder((5, 13000), name="x")
+    i8 = te.placeholder((5, 13000), "int64", name="i8")
+    m = te.compute((5, 13000), lambda i, j: x[i, j] > 0.3, name="m")
+    q = te.compute((5, 13000), lambda i, j: i8[i, j] * 3 - 1, name="q")
+    k = te.reduce_axis(13000, name="k")
+    cnt = te.compute((5,), lambda i: te.sum(m[i, k], axis=k), name="cnt")
+    qs = te.compute((5,), lambda i: te.max(q[i, k], axis=k), name="qs")
+    y = te.compute(
+        (5, 13000),
+        lambda i, j: te.where(
+            m[i, j], te.cast(cnt[i], "float32"), te.cast(q[i, j] - qs[i], "float32")
+        ),
+        name="y",
+    )
+    xv = _array((5, 13000), "float32")
+    iv = RNG.integers(-(2**40), 2**40, (5, 13000))
+    fn = _run([x, i8], [y, cnt], [xv, iv])
+    src = fn.cuda_source
+    assert len(fn.kernels) == 1
+    assert "bool* s_m = reinterpret_cast<bool*>(pf_smem + 0);" in src
+    assert "long long* s_q = reinterpret_cast<long long*>(pf_smem + 3250);" in src
