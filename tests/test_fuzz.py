@@ -151,8 +151,9 @@ def test_fuzz_slow_tier(seed):
 @pytest.mark.slow
 def test_fuzz_dtypes_slow_tier():
     """``polyfuse fuzz --dtypes all`` (issue 22): every dtype (float64 graphs, one int32,
-    int64 or bool tensor in some), mixed precision; 0 wrong, none refused. 400 graphs here (the whole of CI must fit 45 minutes beside
-    the two float32 runs above); the 1000 from seed 720000 is run by hand before a stop."""
+    int64 or bool tensor in some), mixed precision; 0 wrong, none refused. 400 graphs here
+    (the whole of CI must fit 45 minutes beside the two float32 runs above); the 1000 from
+    seed 720000 is run by hand before a stop."""
     from polyfuse.testing.dtypes import parse_dtypes
 
     rep = fuzz(400, 720_000, batch=16, dtypes=parse_dtypes("all"))
