@@ -495,8 +495,12 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         return np.true_divide(np.asarray(a, np.float64), b)
     ints = not dt.is_float(dtype) and _is_int(a) and _is_int(b)
     if op == "pow":
-        if ints:
-            return np.power(a, b)
+        if ints:  # numpy refuses negative integer exponents: 1 / a**-b truncated, as kernels
+            a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+            neg = b < 0
+            r = np.power(a, np.where(neg, 0, b))
+            small = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 1, -1, 1), 0))
+            return np.where(neg, small, r)
         return np.power(np.asarray(a, np.float64), np.asarray(b, np.float64))
     raise ExpressionError(f"reference: unknown binary op '{op}'")
 

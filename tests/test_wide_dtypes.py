@@ -413,3 +413,25 @@ def test_bool_and_int64_shared_tiles_share_the_dynamic_pool():
     assert len(fn.kernels) == 1
     assert "bool* s_m = reinterpret_cast<bool*>(pf_smem + 0);" in src
     assert "long long* s_q = reinterpret_cast<long long*>(pf_smem + 3250);" in src
+
+
+def test_integer_powers_are_exact_and_wrap():
+    """Regression: an integer ``**`` printed ``powf``, exact only below 2**24 (and not
+    wrapping); now exponentiation by squaring in the integer type, like numpy's."""
+    a = te.placeholder((16,), "int32", name="a")
+    b = te.placeholder((16,), "int64", name="b")
+    outs = [
+        te.compute((16,), lambda i: a[i] ** 2, name="sq"),
+        te.compute((16,), lambda i: a[i] ** 3, name="cube"),  # wraps past 1290
+        te.compute((16,), lambda i: b[i] ** 3, name="bcube"),
+        te.compute((16,), lambda i: a[i] ** -1, name="inv"),  # truncated 1 / a
+    ]
+    av = np.array([0, 1, -1, 2, -3, 1290, 1291, -2000, 4097, 46341, 7, -7, 12, 100, 3, 9], np.int32)
+    bv = av.astype(np.int64) * 1000
+    fn = _run([a, b], outs, [av, bv])
+    sq, cube, bcube, inv = fn(av, bv)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(sq, av * av)
+        np.testing.assert_array_equal(cube, av * av * av)
+    np.testing.assert_array_equal(bcube, bv**3)
+    np.testing.assert_array_equal(inv, [0, 1, -1] + [0] * 13)

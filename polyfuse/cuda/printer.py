@@ -137,6 +137,16 @@ template <typename T> PF_INLINE T pf_w_mod(T a, T b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+// a ** b of integers, wrapping like every integer product (numpy's); b < 0 truncates 1 / a**-b.
+template <typename T> PF_INLINE T pf_w_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
+  T r = 1;
+  for (; b > 0; b >>= 1) {
+    if (b & 1) r = r * a;
+    a = a * a;
+  }
+  return r;
+}
 template <typename T> struct pf_w_sum {
   PF_INLINE T operator()(T a, T b) const { return a + b; }
 };
@@ -360,6 +370,9 @@ class BodyPrinter(ex.ExprVisitor[str]):
         if e.op == "pow":
             if e.dtype == "float64":
                 return f"pow((double){a}, (double){b})"
+            if e.dtype in ("int32", "int64"):  # exact and wrapping, not through a float
+                t = C_TYPES[e.dtype]
+                return f"pf_w_ipow<{t}>(({t}){a}, ({t}){b})"
             return f"powf({a}, {b})"
         if e.op in ("max", "min"):
             if fl:
