@@ -12,10 +12,19 @@ A reduction's init/update/final statements set, combine into and store its accum
 
 from __future__ import annotations
 
-import numpy as np
-
 from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
+from polyfuse.cuda.c_wide import (
+    REDUCE_OPS,
+    UNARY_F64,
+    WIDE_PRELUDE,
+    WORDS,
+    cast_from_float,
+    int_floor,
+    wide_identity,
+    word_load,
+    word_store,
+)
 from polyfuse.cuda.declared import check_declared
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
@@ -120,85 +129,6 @@ _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 BARRIER = {Scope.WARP: "__syncwarp()", Scope.BLOCK: "__syncthreads()"}
 DYNAMIC_POOL = "pf_smem"  # the dynamic shared memory that allocations with an offset slice
 PIPELINE_HEADER = "#include <cuda_pipeline.h>\n"  # __pipeline_memcpy_async (cp.async)
-#: Helpers of kernels over float64, int32, int64 and bool tensors (typed by their template
-#: argument), printed only where a kernel calls one (``pf_w_``): float32 kernels keep the
-#: float-only prelude above.
-WIDE_PRELUDE = """\
-// Typed helpers of float64 / integer / bool kernels.
-template <typename T> PF_INLINE T pf_w_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> PF_INLINE T pf_w_min(T a, T b) { return (a < b || a != a) ? a : b; }
-// Python's a // b and a % b of integers (floor; the remainder takes the divisor's sign).
-template <typename T> PF_INLINE T pf_w_fdiv(T a, T b) {
-  const T q = a / b;
-  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-template <typename T> PF_INLINE T pf_w_mod(T a, T b) {
-  const T r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-// a ** b of integers, wrapping like every integer product (numpy's); b < 0 truncates 1 / a**-b.
-template <typename T> PF_INLINE T pf_w_ipow(T a, T b) {
-  if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
-  T r = 1;
-  for (; b > 0; b >>= 1) {
-    if (b & 1) r = r * a;
-    a = a * a;
-  }
-  return r;
-}
-template <typename T> struct pf_w_sum {
-  PF_INLINE T operator()(T a, T b) const { return a + b; }
-};
-template <typename T> struct pf_w_maxop {
-  PF_INLINE T operator()(T a, T b) const { return pf_w_max<T>(a, b); }
-};
-template <typename T> struct pf_w_minop {
-  PF_INLINE T operator()(T a, T b) const { return pf_w_min<T>(a, b); }
-};
-template <typename Op, int LANES, typename T>
-PF_INLINE T pf_w_allreduce_y(T v, T* scratch) {
-  Op op;
-  constexpr int W = LANES < 32 ? LANES : 32;
-  for (int o = W / 2; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
-  if constexpr (LANES > 32) {
-    const int warp = threadIdx.x >> 5;
-    const int first = (warp / (LANES / 32)) * (LANES / 32);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
-    __syncthreads();
-    v = scratch[first];
-    for (int w = 1; w < LANES / 32; ++w) v = op(v, scratch[first + w]);
-  }
-  return v;
-}
-template <typename Op, int LANES, int KEPT, typename T>
-PF_INLINE T pf_w_allreduce_x(T v, T* scratch) {
-  Op op;
-  const int t = threadIdx.x;
-  __syncthreads();
-  scratch[t] = v;
-  __syncthreads();
-  for (int s = LANES / 2; s > 0; s >>= 1) {
-    if (t / KEPT < s) scratch[t] = op(scratch[t], scratch[t + s * KEPT]);
-    __syncthreads();
-  }
-  return scratch[t % KEPT];
-}
-"""
-#: float64 math: the double overloads of the float functions above.
-_UNARY_F64 = {
-    "exp": "exp",
-    "log": "log",
-    "sqrt": "sqrt",
-    "rsqrt": "rsqrt",
-    "tanh": "tanh",
-    "erf": "erf",
-    "sigmoid": "pf_w_sigmoid",
-    "round": "rint",
-}
-#: Identities of reductions accumulated in a C type other than float.
-_REDUCE_OPS = {"sum": "pf_w_sum", "max": "pf_w_maxop", "min": "pf_w_minop"}
 
 
 def prelude_for(body: str) -> str:
@@ -223,10 +153,7 @@ def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32", data: bo
     assert isinstance(divisor, ex.Const)
     b = int(divisor.value)
     if dtype != "int32" or data:
-        if b == -1:
-            return f"(-{a})" if op == "floordiv" else f"(({C_TYPES[dtype]})0)"
-        t = C_TYPES[dtype]
-        return f"pf_w_{'fdiv' if op == 'floordiv' else 'mod'}<{t}>({a}, {c_int(b, dtype)})"
+        return int_floor(op, a, b, dtype)
     if b > 0:
         return f"pf_fdiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"
     if op == "floordiv":
@@ -237,27 +164,6 @@ def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32", data: bo
 def _c_type(dtype: str) -> str | None:
     """The C type a value of ``dtype`` is held in (16-bit floats in float registers)."""
     return "float" if is_float_register(dtype) else C_TYPES.get(dtype)
-
-
-def _identity(op: str, dtype: str) -> str:
-    """The start value of reduction ``op`` accumulated in register dtype ``dtype``."""
-    if is_float_register(dtype):
-        return _IDENTITY[op]
-    if dtype == "float64":
-        return {"sum": "0.0", "max": "(-(double)INFINITY)", "min": "((double)INFINITY)"}[op]
-    if dtype == "bool":
-        return {"sum": "false", "max": "false", "min": "true"}[op]
-    info = np.iinfo(numpy_dtype(dtype))
-    return c_int({"sum": 0, "max": int(info.min), "min": int(info.max)}[op], dtype)
-
-
-def _cast_from_float(src: str, dst: str, a: str) -> str | None:
-    """CUDA's saturating, toward-zero conversion of a float or double ``a`` to int32/int64
-    (NaN to 0: a C cast is undefined there), or None for another pair of dtypes."""
-    if dst not in ("int32", "int64") or not (is_float_register(src) or src == "float64"):
-        return None
-    frm = "double" if src == "float64" else "float"
-    return f"__{frm}2{'int' if dst == 'int32' else 'll'}_rz({a})"
 
 
 class BodyPrinter(ex.ExprVisitor[str]):
@@ -355,7 +261,7 @@ class BodyPrinter(ex.ExprVisitor[str]):
                 return f"llabs({a})"
             return f"fabsf({a})" if is_float_register(e.dtype) else f"abs({a})"
         if e.dtype == "float64":
-            return f"{_UNARY_F64[e.op]}((double){a})"
+            return f"{UNARY_F64[e.op]}((double){a})"
         return f"{_UNARY[e.op]}({a})"
 
     def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
@@ -419,7 +325,7 @@ class BodyPrinter(ex.ExprVisitor[str]):
             # toward zero, saturating, NaN to 0 (a C cast is undefined there: the emulator's
             # x86 gives INT_MIN for NaN, where the GPU's cvt.rzi gives 0)
             return f"__float2int_rz({a})"
-        if (conv := _cast_from_float(e.a.dtype, e.dtype, a)) is not None:
+        if (conv := cast_from_float(e.a.dtype, e.dtype, a)) is not None:
             return conv
         return f"(({C_TYPES[e.dtype]}){a})"
 
@@ -458,7 +364,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
         acc = self.tensor_ref(f"{ident}_acc", t.shape, out_idx)
         held = register_dtype(red.dtype)  # the accumulator's (check_codegen_dtypes)
         if s.role == "init":
-            return f"{acc} = {_identity(red.op, held)};"
+            start = _IDENTITY[red.op] if is_float_register(held) else wide_identity(red.op, held)
+            return f"{acc} = {start};"
         if s.role == "final":
             if self.combine and s.prim in self.combined:
                 scratch = self.scratch
@@ -469,7 +376,7 @@ class BodyPrinter(ex.ExprVisitor[str]):
                     return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
                 ct = C_TYPES[held]
                 fn = self.combine.replace("pf_allreduce", "pf_w_allreduce")
-                fn = fn.format(op=f"{_REDUCE_OPS[red.op]}<{ct}>")
+                fn = fn.format(op=f"{REDUCE_OPS[red.op]}<{ct}>")
                 return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
@@ -627,27 +534,11 @@ def _half2(dtype: str) -> tuple[str, str]:
     return "__nv_bfloat162", "__floats2bfloat162_rn"
 
 
-#: 128-bit vector types of the 4- and 8-byte dtypes, and their lanes per word.
-_WORDS = {
-    "float32": ("float4", 4),
-    "int32": ("int4", 4),
-    "float64": ("double2", 2),
-    "int64": ("longlong2", 2),
-}
-
-
 def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> tuple[list, str]:
     """Lines loading ``width`` lanes at ``ref`` as 128-bit (or, for four 16-bit lanes,
     64-bit) words, and the initializer of the lane array (of the dtype's register type)."""
-    if dtype in _WORDS and dtype != "float32":  # int4, double2, longlong2
-        word, per = _WORDS[dtype]
-        lines = [
-            f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref}"
-            + (f" + {per * j}" if j else "")
-            + ");"
-            for j, q in enumerate(qs)
-        ]
-        return lines, ", ".join(f"{q}.{c}" for q in qs for c in "xyzw"[:per])
+    if dtype in WORDS:  # int4, double2, longlong2
+        return word_load(pad, ref, dtype, qs)
     if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
         lines = [
             f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
@@ -670,16 +561,8 @@ def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> t
 
 def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
     """Lines storing lane array ``src`` (``width`` lanes) at ``ref`` as whole words."""
-    if dtype in _WORDS and dtype != "float32":
-        word, per = _WORDS[dtype]
-        return [
-            f"{pad}  *reinterpret_cast<{word}*>(&{ref}"
-            + (f" + {per * j}" if j else "")
-            + f") = make_{word}("
-            + ", ".join(f"{src}[{per * j + k}]" for k in range(per))
-            + ");"
-            for j in range(width // per)
-        ]
+    if dtype in WORDS:
+        return word_store(pad, ref, dtype, width, src)
     if dtype not in FLOAT_TO_HALF:
         return [
             f"{pad}  *reinterpret_cast<float4*>(&{ref}"
@@ -719,7 +602,7 @@ def _vector_lines(
             k = streams.get(a.tensor, 0)
             streams[a.tensor] = k + 1
             names[ref] = namer.vector(a.tensor, k)
-            words = n.width // _WORDS.get(dtype, ("", 4))[1]  # 16-bit: one word (qs[0])
+            words = n.width // WORDS.get(dtype, ("", 4))[1]  # float4s; 16-bit: one (qs[0])
             qs = [namer.quad(a.tensor, k, j) for j in range(words)]
             lines, vals = _vector_load(pad, ref, dtype, n.width, qs)
             out += lines
