@@ -380,3 +380,20 @@ def test_a_bool_tensor_is_read_once_by_binary_or_where_only():
                     assert m.kind in ("binary", "where") and m.args.count(n.name) == 1
                     assert "bool" not in m.casts
     assert seen > 5
+
+
+def test_only_exact_values_are_stored_as_integers():
+    """Regression (fuzz seed 720018): ``int64(sigmoid(r))`` of a float16 ``r`` truncates 1.0
+    in the kernel's float32 registers and 0.99999… in the reference's float64 body; integer
+    tensors hold inputs and computes exact on them only."""
+    ints = ("int32", "int64", "bool")
+    stored = 0
+    for s in range(400):
+        spec = with_dtypes(draw(s), ALL)
+        for n in spec.nodes:
+            if n.dtype not in ints or n.kind == "input":
+                continue
+            stored += 1
+            assert not n.casts and all(spec.node(a).dtype == n.dtype for a in n.args), n
+            assert n.kind in ("reduce", "unary", "binary", "transpose"), n
+    assert stored > 5

@@ -16,11 +16,10 @@ value in a float32 register, does not.
 float64 is one of the float dtypes drawn when named (uniform float64 graphs are compared with
 float64's tolerance, and their inputs are perturbed by float64's roundoff, so a kernel that
 computed in float would fail). int32, int64 and bool storage is drawn when named: some graphs
-store one tensor (an input or a compute whose values stay within :data:`INT_MAX` and are
-finite) in such a dtype, where every op reading it is defined for integers (and, for bool, reads
-it once, beside no other bool: ``True + True`` is 2 in C, True in numpy); its results compare
-exactly. int32 and bool casts inside a body are drawn too when named, where the op reading them
-is defined for integers (no ``log`` of a truncated value). :func:`refusal` names what code
+store an input in such a dtype, and maybe one compute exact on it (see
+:func:`_store_one_integer`); integer results compare exactly. int32 and bool casts inside a
+body are drawn too when named, where the op reading them is defined for integers (no ``log``
+of a truncated value). :func:`refusal` names what code
 generation must refuse (nothing the drawn dtypes give any more: every dtype is stored).
 """
 
@@ -234,11 +233,15 @@ def _store_one_integer(
     special: set[str],
     dtype: str,
 ) -> None:
-    """Store one node of ``nodes`` (in place) in integer or bool ``dtype``: a finite node
-    within :data:`INT_MAX` (no NaN or infinity: their conversions saturate), not beside a
-    wide int constant, whose every reader is defined for integers (:func:`_int_reader`) and,
-    for bool, reads it once and casts nothing else to bool. A mean is left alone (its
-    division is a separate compute in te)."""
+    """Store an input of ``nodes`` (in place) in integer or bool ``dtype`` and, for an
+    integer, maybe one compute that is exact on it (a sum/max/min, ``abs``/``-``, a transpose
+    or ``+ - * max min`` of it with itself). Only exact values are stored as integers: a
+    float body truncated to an integer differs between the kernel's float32 registers and
+    the reference's float64 at every integer boundary (``int64(sigmoid(90))`` is 1 in float32,
+    0 in float64: fuzz seed 720018). A stored node is finite, within :data:`INT_MAX`, not
+    beside a wide int constant, and every reader is defined for integers
+    (:func:`_int_reader`); a bool one is read once, by a binary op or a where branch, beside
+    no other bool (C's ``True + True`` is 2)."""
     readers = {
         n.name: [(m, k) for m in nodes for k, a in enumerate(m.args) if a == n.name] for n in nodes
     }
@@ -247,14 +250,10 @@ def _store_one_integer(
     def ok(n: Node) -> bool:
         if n.name in special or n.name in wide or not _fits(dtype, ivs.get(n.name, _INF)):
             return False
-        if n.kind not in ("input", "unary", "binary", "where", "transpose", "matmul", "reduce"):
-            return False
-        if n.kind == "reduce" and n.op == "mean":
-            return False
         rs = readers[n.name]
         if not all(_int_reader(m, k) for m, k in rs):
             return False
-        if dtype == "bool":  # bool arithmetic differs (C's True + True is 2): one bool operand
+        if dtype == "bool":
             return all(
                 m.kind in ("binary", "where")
                 and m.args.count(n.name) == 1
@@ -263,10 +262,30 @@ def _store_one_integer(
             )
         return True
 
-    cands = [i for i, n in enumerate(nodes) if ok(n)]
-    if cands:
-        k = rng.choice(cands)
-        nodes[k] = replace(nodes[k], dtype=dtype)
+    def exact(m: Node, src: str) -> bool:
+        """Whether compute ``m`` is exact on integer argument ``src`` (and reads no other)."""
+        if m.casts or set(m.args) != {src}:
+            return False
+        if m.kind == "reduce":
+            return m.op in ("sum", "max", "min") and not m.pre
+        if m.kind == "unary":
+            return m.op in ("abs", "neg")
+        if m.kind == "binary":
+            return m.const is None and m.op in ("add", "sub", "mul", "maximum", "minimum")
+        return m.kind == "transpose"
+
+    cands = [i for i, n in enumerate(nodes) if n.kind == "input" and ok(n)]
+    if not cands:
+        return
+    k = rng.choice(cands)
+    src = nodes[k].name
+    nodes[k] = replace(nodes[k], dtype=dtype)
+    if dtype == "bool" or rng.random() < 0.5:
+        return
+    more = [i for i, m in enumerate(nodes) if exact(m, src) and ok(m)]
+    if more:
+        i = rng.choice(more)
+        nodes[i] = replace(nodes[i], dtype=dtype)
 
 
 def with_dtypes(spec: GraphSpec, dtypes: Sequence[str] | None) -> GraphSpec:
