@@ -37,9 +37,6 @@ C_TYPES = {
 }
 #: Dtypes a global buffer may hold.
 STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
-#: Storage dtypes that are neither float32 nor 16-bit floats: their kernels use the wide
-#: helpers of the printer (typed combines, max/min, floor division) and no vector accesses.
-WIDE_DTYPES = ("float64", "int32", "int64", "bool")
 #: 16-bit storage dtypes: widened to float on load, rounded on store (CUDA's conversions).
 HALF_TO_FLOAT = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
 FLOAT_TO_HALF = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
@@ -105,12 +102,6 @@ def _reachable(roots: Sequence[ex.Tensor]) -> Iterator[ex.Tensor]:
 def storage_dtypes(model) -> dict[str, str]:
     """Buffer name → the dtype its global buffer holds, for the tensors of a poly model."""
     return {name: role.dtype for name, role in model.tensors.items()}
-
-
-def is_wide(dtypes: Mapping[str, str]) -> bool:
-    """Whether a kernel over buffers of ``dtypes`` (name → dtype) holds a :data:`WIDE_DTYPES`
-    tensor."""
-    return any(d in WIDE_DTYPES for d in dtypes.values())
 
 
 def alloc_dtypes(ir: KernelIR, dtypes: Mapping[str, str]) -> dict[str, str]:
