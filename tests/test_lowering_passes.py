@@ -172,15 +172,15 @@ def printer_decisions(text: str) -> list[str]:
     return [d for d in PRINTER_DECISIONS if re.search(d, code)]
 
 
-@pytest.mark.parametrize("module", ["printer.py", "gemm_printer.py"])
+@pytest.mark.parametrize("module", ["printer.py", "gemm_printer.py", "c_wide.py"])
 def test_printer_module_makes_no_lowering_decision(module):
-    text = (Path(__file__).resolve().parents[1] / "cuda" / module).read_text()
+    text = (Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / module).read_text()
     assert printer_decisions(text) == []
 
 
 def test_printer_decision_check_can_fail():
     """A decision brought back into a printer is caught (barrier, buffer, dtype, budget)."""
-    text = (Path(__file__).resolve().parents[1] / "cuda" / "printer.py").read_text()
+    text = (Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / "printer.py").read_text()
     for line, found in (
         ("        out.append(KBarrier(Scope.BLOCK))\n", r"\bKBarrier\("),
         ("    shared = KAlloc(name, MemSpace.SHARED, 'float32', (n,))\n", r"\bKAlloc\("),
