@@ -22,6 +22,7 @@ from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.layer3 import kernel_accesses
 from polyfuse.cuda.runtime.launch import Launch
 from polyfuse.errors import CompilerNotFound
+from polyfuse.graph.dtypes import register_dtype
 from polyfuse.graph.expr import Tensor
 from polyfuse.runner import BufferSpec, GraphRunner
 from polyfuse.stitch.order import dependence_order
@@ -53,9 +54,12 @@ def _buffer_shape(graph, ident: str) -> tuple[int, ...]:
 
 
 def _buffer_dtype(graph, ident: str) -> str:
-    """The dtype of the buffer behind a kernel parameter (an accumulator holds float32)."""
+    """The dtype of the buffer behind a kernel parameter (an accumulator holds its result's
+    register dtype: float32 for 16-bit floats)."""
     if ident in graph.prims:
         return graph.prims[ident].tensor.dtype
+    if ident.endswith("_acc") and ident[:-4] in graph.prims:
+        return register_dtype(graph.prims[ident[:-4]].tensor.dtype)
     return "float32"
 
 

@@ -16,7 +16,9 @@ How a compute is evaluated
 Precision (``precision="storage"``, the default)
     Every dtype of :mod:`polyfuse.graph.dtypes` is computed faithfully to its storage.
     Arithmetic inside one compute body is done in float64 (float values) or int64 (integer
-    values), at least as precise as any kernel; every tensor (inputs and each compute's
+    values), at least as precise as any kernel, except that int32 arithmetic wraps at every
+    operation (two's complement, as numpy's int32 and the kernels: ``a * b // 3`` of int32
+    ``a``, ``b`` divides the wrapped product); every tensor (inputs and each compute's
     result) is rounded to its dtype before the next compute reads it, so a float16 compute
     loses what float16 storage loses (``ml_dtypes`` gives bfloat16), an int32 one wraps. An
     explicit ``te.cast`` rounds the same way. A reduction accumulates in its accumulator's
@@ -358,10 +360,10 @@ class _Body(ex.ExprVisitor[Any]):
         return self._read(e, mask)
 
     def visit_Unary(self, e: ex.Unary, mask: Any) -> Any:
-        return _unary(e.op, self.eval(e.a, mask))
+        return _wrap32(_unary(e.op, self.eval(e.a, mask)), e.dtype)
 
     def visit_Binary(self, e: ex.Binary, mask: Any) -> Any:
-        return _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
+        return _wrap32(_binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype), e.dtype)
 
     def visit_Compare(self, e: ex.Compare, mask: Any) -> Any:
         return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))
@@ -462,6 +464,14 @@ def _unary(op: str, a: Any) -> Any:
     raise ExpressionError(f"reference: unknown unary op '{op}'")
 
 
+def _wrap32(v: Any, dtype: str) -> Any:
+    """An int32 operation's result wrapped to 32 bits (two's complement, as numpy's int32
+    and the GPU's integer units), held in int64 like every integer value here."""
+    if dtype != "int32" or not _is_int(v):
+        return v
+    return np.asarray(v).astype(np.int32).astype(np.int64)
+
+
 def _is_int(v: Any) -> bool:
     return np.asarray(v).dtype.kind in "iub"
 
@@ -485,8 +495,12 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         return np.true_divide(np.asarray(a, np.float64), b)
     ints = not dt.is_float(dtype) and _is_int(a) and _is_int(b)
     if op == "pow":
-        if ints:
-            return np.power(a, b)
+        if ints:  # numpy refuses negative integer exponents: 1 / a**-b truncated, as kernels
+            a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+            neg = b < 0
+            r = np.power(a, np.where(neg, 0, b))
+            small = np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 1, -1, 1), 0))
+            return np.where(neg, small, r)
         return np.power(np.asarray(a, np.float64), np.asarray(b, np.float64))
     raise ExpressionError(f"reference: unknown binary op '{op}'")
 

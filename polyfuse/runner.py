@@ -64,6 +64,17 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(dtype)
 
 
+def _poisoned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A buffer a kernel must overwrite, filled with a value a kernel rarely computes: NaN
+    for floats, the most negative integer for integers, True for bools (NaN has no integer
+    value: numpy's cast of it is undefined and warns)."""
+    if dtype.kind in "iu":
+        return np.full(shape, np.iinfo(dtype).min, dtype=dtype)
+    if dtype.kind == "b":
+        return np.ones(shape, dtype=dtype)
+    return np.full(shape, np.nan, dtype=dtype)
+
+
 def _astype(dtype: str) -> str:
     """How a user converts an array to ``dtype`` (bfloat16 comes from ml_dtypes)."""
     return "ml_dtypes.bfloat16" if dtype == "bfloat16" else f"np.{dtype}"
@@ -167,7 +178,7 @@ class GraphRunner:
             bufs[ident] = a.copy()
         for b in self.buffers:
             if b.role != "input":
-                bufs[b.name] = np.full(b.shape, np.nan, dtype=numpy_dtype(b.dtype))
+                bufs[b.name] = _poisoned(b.shape, numpy_dtype(b.dtype))
         return bufs
 
     def __call__(

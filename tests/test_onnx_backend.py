@@ -19,21 +19,12 @@ from onnx.backend.test import BackendTest  # noqa: E402
 
 from polyfuse.onnx.backend import PolyfuseBackend  # noqa: E402
 
-_F64 = "float64 tensors: imported as float64 (never downcast) and refused at compile with "
-_F64 += "UnsupportedDtypeError (code generation stores float32, float16 and bfloat16)"
-
 #: test-name regex -> why polyfuse does not run it
 EXCLUDED: dict[str, str] = {
     # simple
     r"test_gradient_of_add": "ai.onnx.preview.training.Gradient is a training operator",
     r"test_sequence_model": "sequence values (SequenceConstruct/At/Insert...) are not tensors",
     r"test_strnorm_model": "string tensors (StringNormalizer)",
-    # pytorch-operator
-    r"test_operator_add_broadcast_": _F64,
-    r"test_operator_add_size1_broadcast": _F64,
-    r"test_operator_add_size1_right_broadcast": _F64,
-    r"test_operator_add_size1_singleton_broadcast": _F64,
-    r"test_operator_addconstant": _F64,
     # every group: devices
     r"_cuda$": "no GPU in CI (device CUDA needs pycuda and a driver)",
 }

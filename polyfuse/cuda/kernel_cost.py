@@ -216,8 +216,13 @@ class _Walker(KVisitor[Mix]):
 
     def itemsize(self, tensor: str) -> int:
         """Bytes per element of global buffer ``tensor`` (from its parameter's C type:
-        ``__half``/``__nv_bfloat16`` are 2; shared and register copies hold float32)."""
+        ``__half``/``__nv_bfloat16`` are 2, ``double``/``long long`` 8, ``bool`` 1; the
+        shared and register copies of 16-bit tensors hold float32)."""
         ctype = self.ctypes.get(tensor, "float")
+        if "double" in ctype or "long long" in ctype:
+            return 8
+        if "bool" in ctype:
+            return 1
         return 2 if "__half" in ctype or "__nv_bfloat16" in ctype else WORD
 
     def combined(self, prim: str) -> bool:

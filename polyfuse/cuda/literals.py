@@ -1,7 +1,9 @@
 """C text of constants: every literal a kernel prints holds exactly its value in its dtype.
 
-A float32 constant is written as the float32 value numpy gives it (``x * 1e39`` multiplies by
-inf, ``x * 1e-50`` by 0), so NVRTC never sees a literal out of the float range and every
+A float64 constant is the shortest decimal that reads back as the same double (C reads
+decimal literals correctly rounded). A float32 constant is written as the float32 value
+numpy gives it (``x * 1e39`` multiplies by inf, ``x * 1e-50`` by 0), so NVRTC never sees a
+literal out of the float range and every
 literal reads back as the same float32; integers are int32 or ``LL`` int64 literals.
 """
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from polyfuse.graph import expr as ex
 
-__all__ = ["c_float", "c_int"]
+__all__ = ["c_double", "c_float", "c_int"]
 
 
 def c_float(v: float) -> str:
@@ -35,6 +37,22 @@ def c_float(v: float) -> str:
         if "e" not in s and "." not in s:
             s += ".0"
     return f"(-{s}f)" if math.copysign(1.0, x) < 0 else f"{s}f"
+
+
+def c_double(v: float) -> str:
+    """A float64 literal holding exactly ``v`` rounded to float64: the shortest decimal that
+    reads back as the same double (Python's ``repr``), ``INFINITY`` as a double, NaN by its
+    bits."""
+    x = ex.float64_value(v)
+    if math.isnan(x):
+        bits = int(np.array(x, np.float64).view(np.uint64))
+        return f"__longlong_as_double(0x{bits:016x}LL)"
+    if math.isinf(x):
+        return "((double)INFINITY)" if x > 0 else "(-(double)INFINITY)"
+    s = repr(abs(x))
+    if "e" not in s and "." not in s:
+        s += ".0"
+    return f"(-{s})" if math.copysign(1.0, x) < 0 else s
 
 
 def c_int(v: int, dtype: str) -> str:

@@ -47,7 +47,7 @@ from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.policy import gemm_tile_registers
+from polyfuse.poly.policy import gemm_tile_registers, smem_itemsize
 from polyfuse.poly.promote import (
     COMMIT,
     SYNC_AFTER,
@@ -124,9 +124,10 @@ def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> lis
         role = model.tensors.get(ident)
         box = tuple((convert_expr(expr_from(mm.context, lo)), size) for lo, size in p.box)
         read_only = role is not None and role.role == "input" and ident not in written
+        size = smem_itemsize(role.dtype) if role is not None else 4
         out.append(
             BufferPlacement(
-                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only
+                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only, size
             )
         )
     return out
@@ -156,7 +157,8 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     stmts = model.statements
     writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
     written = set(writes.values())
-    proven = {t for t, ok in c.vector.items() if ok}
+    # bool tensors stay scalar: one 128-bit word would hold 16 of them (a 16-lane group)
+    proven = {t for t, ok in c.vector.items() if ok and model.tensors[t].dtype != "bool"}
     # one plain writer (no accumulator: init, update and final all touch those)
     writers: dict[str, list[str]] = {}
     for s in stmts:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.kernel_ast import KAlloc, KernelIR, KExpr, KParam, MemSpace
 from polyfuse.poly.policy import FLOAT_BYTES as SMEM_ELEMENT_BYTES
-from polyfuse.poly.policy import STATIC_SMEM_LIMIT, fits_static
+from polyfuse.poly.policy import STATIC_SMEM_LIMIT, fits_static, smem_words
 
 __all__ = ["STATIC_SMEM_LIMIT", "BufferPlacement", "alloc_buffers"]
 
@@ -33,6 +33,8 @@ class BufferPlacement:
     box: tuple[tuple[KExpr, int], ...] = ()
     smem_offset: int = 0
     read_only: bool = False
+    #: bytes of one element of its shared tile (:func:`polyfuse.poly.policy.smem_itemsize`)
+    itemsize: int = 4
 
     @property
     def in_register(self) -> bool:
@@ -52,12 +54,16 @@ def alloc_buffers(
     )
     shared = [p for p in placements if p.space is MemSpace.SHARED]
     elements = [_product(size for _, size in p.box) for p in shared]
-    static = fits_static(sum(elements), ir.threads)
+    words = [smem_words(n, p.itemsize) for p, n in zip(shared, elements, strict=True)]
+    # a combine's scratch may hold doubles: count it at 8 bytes where a tile does (an upper
+    # bound; float32 kernels count 4 as before)
+    wide = any(p.itemsize == 8 for p in placements)
+    static = fits_static(sum(words), ir.threads, 2 if wide else 1)
     allocs: list[KAlloc] = []
     dynamic = 0
-    for p, n in zip(shared, elements, strict=True):
+    for p, n in zip(shared, words, strict=True):
         offset = None if static else p.smem_offset
-        if offset is not None:
+        if offset is not None:  # in 4-byte words of the pool
             dynamic = max(dynamic, (offset + n) * SMEM_ELEMENT_BYTES)
         shape = tuple(size for _, size in p.box)
         lo = tuple(lo for lo, _ in p.box)

@@ -26,7 +26,7 @@ from polyfuse.poly.costs import Work
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 #: bytes per element of each buffer dtype (:data:`polyfuse.cuda.lower_dtypes.C_TYPES`)
-ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1}
+ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1, "float64": 8, "int64": 8}
 
 
 class _Uses(KVisitor[None]):

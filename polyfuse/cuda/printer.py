@@ -14,6 +14,17 @@ from __future__ import annotations
 
 from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
+from polyfuse.cuda.c_wide import (
+    REDUCE_OPS,
+    UNARY_F64,
+    WIDE_PRELUDE,
+    WORDS,
+    cast_from_float,
+    int_floor,
+    wide_identity,
+    word_load,
+    word_store,
+)
 from polyfuse.cuda.declared import check_declared
 from polyfuse.cuda.kernel_ast import (
     KAlloc,
@@ -40,7 +51,7 @@ from polyfuse.cuda.kernel_ast import (
 )
 from polyfuse.cuda.kernel_cost import ir_work
 from polyfuse.cuda.kernel_function import KFunction, decompose, print_function  # noqa: F401
-from polyfuse.cuda.literals import c_float, c_int
+from polyfuse.cuda.literals import c_double, c_float, c_int
 from polyfuse.cuda.lower_dtypes import (
     C_TYPES,
     FLOAT_TO_HALF,
@@ -51,7 +62,7 @@ from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
 from polyfuse.cuda.tensor_core import PRELUDE as TENSOR_CORE_PRELUDE
 from polyfuse.graph import expr as ex
-from polyfuse.graph.dtypes import numpy_dtype
+from polyfuse.graph.dtypes import is_float, numpy_dtype, register_dtype
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -129,15 +140,22 @@ def prelude_for(body: str) -> str:
     headers += "#include <cuda_fp16.h>\n" if "__half" in body else ""
     headers += "#include <cuda_bf16.h>\n" if "__nv_bfloat16" in body else ""
     mma = TENSOR_CORE_PRELUDE if "pf_mma_" in body else ""  # tensorized kernels' intrinsics
-    return headers + PRELUDE + mma
+    return headers + PRELUDE + (WIDE_PRELUDE if "pf_w_" in body else "") + mma
 
 
-def _int_floor(op: str, a: str, divisor: ex.Expr) -> str:
-    """Python's ``a // b`` or ``a % b`` of int32 ``a`` by a nonzero constant ``b``: the
-    prelude's ``pf_fdiv``/``pf_mod`` take a positive divisor, and for a negative one
-    ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``."""
+def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32", data: bool = False) -> str:
+    """Python's ``a // b`` or ``a % b`` of integer ``a`` by a nonzero constant ``b``.
+
+    Index arithmetic (int32, ``data`` False: bounded loop variables) uses the prelude's
+    ``pf_fdiv``/``pf_mod``, which take a positive divisor (for a negative one
+    ``a // b == (-a) // -b`` and ``a % b == -((-a) % -b)``); they overflow near INT_MIN.
+    Integer data (``data``: the dividend reads a tensor) and int64 use the typed
+    ``pf_w_fdiv``/``pf_w_mod``, exact over the whole range; by ``-1`` the quotient is the
+    wrapping negation and the remainder 0 (C's ``INT_MIN / -1`` traps on x86)."""
     assert isinstance(divisor, ex.Const)
     b = int(divisor.value)
+    if dtype != "int32" or data:
+        return int_floor(op, a, b, dtype)
     if b > 0:
         return f"pf_fdiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"
     if op == "floordiv":
@@ -172,6 +190,7 @@ class BodyPrinter(ex.ExprVisitor[str]):
         self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
         self.combined = combined  # reductions whose lanes hold partials (combine at final)
         self.scratch = scratch  # shared scratch of the combine
+        self.scratch_dtype = "float32"  # its element type (a double where one combines)
         self.lanes: dict[str, str] = {}  # inside a KVector: tensor -> its lane register
         self.stmt_lanes: dict[str, dict[str, str]] = {}  # per statement, while in a KVector
 
@@ -223,6 +242,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return c_int(int(e.value), e.dtype)
         if e.dtype in FLOAT_TO_HALF:  # its value in its dtype, held in a float register
             return c_float(float(numpy_dtype(e.dtype).type(e.value)))
+        if e.dtype == "float64":
+            return c_double(e.value)
         return c_float(e.value)
 
     def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
@@ -236,7 +257,13 @@ class BodyPrinter(ex.ExprVisitor[str]):
         if e.op == "not":
             return f"(!{a})"
         if e.op == "abs":
+            if e.dtype == "float64":
+                return f"fabs({a})"
+            if e.dtype == "int64":
+                return f"llabs({a})"
             return f"fabsf({a})" if is_float_register(e.dtype) else f"abs({a})"
+        if e.dtype == "float64":
+            return f"{UNARY_F64[e.op]}((double){a})"
         return f"{_UNARY[e.op]}({a})"
 
     def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
@@ -245,15 +272,28 @@ class BodyPrinter(ex.ExprVisitor[str]):
         if e.op in ("add", "sub", "mul"):
             return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
         if e.op == "div":  # true division, also of integers
-            if is_float_register(e.a.dtype) or is_float_register(e.b.dtype):
+            if is_float(e.a.dtype) or is_float(e.b.dtype):
                 return f"({a} / {b})"
             return f"((float){a} / (float){b})"
         if e.op == "pow":
+            if e.dtype == "float64":
+                return f"pow((double){a}, (double){b})"
+            if e.dtype in ("int32", "int64"):  # exact and wrapping, not through a float
+                t = C_TYPES[e.dtype]
+                return f"pf_w_ipow<{t}>(({t}){a}, ({t}){b})"
             return f"powf({a}, {b})"
         if e.op in ("max", "min"):
-            return f"pf_f{e.op}f({a}, {b})" if fl else f"{e.op}({a}, {b})"
-        if e.op in ("floordiv", "mod") and not fl:  # by a nonzero constant (te checks)
-            return _int_floor(e.op, a, e.b)
+            if fl:
+                return f"pf_f{e.op}f({a}, {b})"
+            if e.dtype == "int32":
+                return f"{e.op}({a}, {b})"
+            return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
+        if e.op in ("floordiv", "mod") and not fl and e.dtype != "float64":
+            data = any(isinstance(n, ex.Read) for n in ex.walk(e.a))
+            return _int_floor(e.op, a, e.b, e.dtype, data)  # by a nonzero constant (te checks)
+        if e.dtype == "float64" and e.op in ("floordiv", "mod"):
+            q = f"floor((double){a} / (double){b})"
+            return q if e.op == "floordiv" else f"({a} - {b} * {q})"
         if e.op == "floordiv":
             return f"floorf({a} / {b})"
         if e.op == "mod":
@@ -287,6 +327,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
             # toward zero, saturating, NaN to 0 (a C cast is undefined there: the emulator's
             # x86 gives INT_MIN for NaN, where the GPU's cvt.rzi gives 0)
             return f"__float2int_rz({a})"
+        if (conv := cast_from_float(e.a.dtype, e.dtype, a)) is not None:
+            return conv
         return f"(({C_TYPES[e.dtype]}){a})"
 
     def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:
@@ -322,17 +364,29 @@ class BodyPrinter(ex.ExprVisitor[str]):
         red = t.op.reduce
         assert red is not None
         acc = self.tensor_ref(f"{ident}_acc", t.shape, out_idx)
+        held = register_dtype(red.dtype)  # the accumulator's (check_codegen_dtypes)
         if s.role == "init":
-            return f"{acc} = {_IDENTITY[red.op]};"
+            start = _IDENTITY[red.op] if is_float_register(held) else wide_identity(red.op, held)
+            return f"{acc} = {start};"
         if s.role == "final":
             if self.combine and s.prim in self.combined:
-                fn = self.combine.format(op=f"pf_{red.op}")
-                return f"{acc} = {fn}({acc}, {self.scratch}); " + store(acc)
+                scratch = self.scratch
+                if held != self.scratch_dtype:  # one scratch serves combines of two types
+                    scratch = f"reinterpret_cast<{_c_type(held)}*>({scratch})"
+                if is_float_register(held):
+                    fn = self.combine.format(op=f"pf_{red.op}")
+                    return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
+                ct = C_TYPES[held]
+                fn = self.combine.replace("pf_allreduce", "pf_w_allreduce")
+                fn = fn.format(op=f"{REDUCE_OPS[red.op]}<{ct}>")
+                return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
             return store(acc)
         v = self.expr(red.body, env)
         if red.op == "sum":
             return f"{acc} = {acc} + {v};"
-        return f"{acc} = pf_f{red.op}f({acc}, {v});"
+        if is_float_register(held):
+            return f"{acc} = pf_f{red.op}f({acc}, {v});"
+        return f"{acc} = pf_w_{red.op}<{C_TYPES[held]}>({acc}, {v});"
 
 
 class _Emitter(KVisitor[list[str]]):
@@ -471,8 +525,8 @@ def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -
         idx = [bp.expr(i, env) for i in read.indices]
         ref = bp.tensor_ref(access.tensor, read.tensor.shape, idx)
         dtype, shape = read.tensor.dtype, read.tensor.shape
-    # a shared-memory copy holds float32 whatever the tensor's storage dtype
-    return ref, dtype if ref == bp.global_ref(access.tensor, shape, idx) else "float32"
+    # a shared-memory copy holds the register dtype (float32 for a 16-bit tensor)
+    return ref, dtype if ref == bp.global_ref(access.tensor, shape, idx) else register_dtype(dtype)
 
 
 def _half2(dtype: str) -> tuple[str, str]:
@@ -484,7 +538,9 @@ def _half2(dtype: str) -> tuple[str, str]:
 
 def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> tuple[list, str]:
     """Lines loading ``width`` lanes at ``ref`` as 128-bit (or, for four 16-bit lanes,
-    64-bit) words, and the initializer of the float lane array."""
+    64-bit) words, and the initializer of the lane array (of the dtype's register type)."""
+    if dtype in WORDS:  # int4, double2, longlong2
+        return word_load(pad, ref, dtype, qs)
     if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
         lines = [
             f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
@@ -506,7 +562,9 @@ def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> t
 
 
 def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
-    """Lines storing lane array ``src`` (``width`` floats) at ``ref`` as whole words."""
+    """Lines storing lane array ``src`` (``width`` lanes) at ``ref`` as whole words."""
+    if dtype in WORDS:
+        return word_store(pad, ref, dtype, width, src)
     if dtype not in FLOAT_TO_HALF:
         return [
             f"{pad}  *reinterpret_cast<float4*>(&{ref}"
@@ -536,7 +594,6 @@ def _vector_lines(
     word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
     out = [f"{pad}{{"]
-    quads = range(n.width // 4)
     names: dict[str, str] = {}  # lane-0 address -> its lane registers (loaded once)
     streams: dict[str, int] = {}  # tensor -> distinct addresses loaded so far
     lanes: dict[str, dict[str, str]] = {}
@@ -547,13 +604,16 @@ def _vector_lines(
             k = streams.get(a.tensor, 0)
             streams[a.tensor] = k + 1
             names[ref] = namer.vector(a.tensor, k)
-            qs = [namer.quad(a.tensor, k, j) for j in quads]
+            words = n.width // WORDS.get(dtype, ("", 4))[1]  # float4s; 16-bit: one (qs[0])
+            qs = [namer.quad(a.tensor, k, j) for j in range(words)]
             lines, vals = _vector_load(pad, ref, dtype, n.width, qs)
             out += lines
-            out.append(f"{pad}  float {names[ref]}[{n.width}] = {{{vals}}};")
+            ctype = _c_type(register_dtype(dtype))
+            out.append(f"{pad}  {ctype} {names[ref]}[{n.width}] = {{{vals}}};")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{names[ref]}[{n.var}]"
     for a in n.stores:
-        out.append(f"{pad}  float {namer.vector(a.tensor, 0)}[{n.width}];")
+        ctype = _c_type(register_dtype(stmts[a.stmt].tensor.dtype))
+        out.append(f"{pad}  {ctype} {namer.vector(a.tensor, 0)}[{n.width}];")
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
     for a in n.local:
         lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
@@ -572,8 +632,11 @@ def _vector_lines(
 def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> list[str]:
     """Declarations of the IR's allocations, in order (a buffer's copy thread grid first)."""
     lines = []
+    pool = _dynamic_dtype(allocs)
     if any(a.offset is not None for a in allocs):
-        lines.append(f"  extern __shared__ {C_TYPES[_dynamic_dtype(allocs)]} {DYNAMIC_POOL}[];")
+        mixed = any(a.offset is not None and a.dtype != pool for a in allocs)
+        align = "__align__(16) " if mixed else ""  # a slice may hold doubles
+        lines.append(f"  extern __shared__ {align}{C_TYPES[pool]} {DYNAMIC_POOL}[];")
     for a in allocs:
         for g in grids:
             if g.buffer == a.name:
@@ -586,8 +649,11 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
         if a.offset is None:
             align = f"__align__({a.align}) " if a.align else ""
             lines.append(f"  __shared__ {align}{ctype} {a.name}[{a.elements}];")
-        else:
+        elif a.dtype == pool:
             lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
+        else:  # the pool is in 4-byte words; the offset too
+            slice_ = f"reinterpret_cast<{ctype}*>({DYNAMIC_POOL} + {a.offset})"
+            lines.append(f"  {ctype}* {a.name} = {slice_};")
         lines += [
             f"  const int {Namer.lower_bound(a.name, d)} = {c_index(lo)};"
             for d, lo in enumerate(a.lo)
@@ -596,8 +662,12 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
 
 
 def _dynamic_dtype(allocs: tuple[KAlloc, ...]) -> str:
-    (dtype,) = {a.dtype for a in allocs if a.offset is not None}
-    return dtype
+    """The element type of the dynamic shared pool, whose offsets count 4-byte words: its
+    slices' one dtype when that is a 4-byte one, float words otherwise (slices of other
+    dtypes are cast from it)."""
+    dtypes = {a.dtype for a in allocs if a.offset is not None}
+    one = dtypes.pop() if len(dtypes) == 1 else "float32"
+    return one if one in ("float32", "int32") else "float32"
 
 
 def _spaces(placements: dict[str, Placement]) -> dict[str, str]:
@@ -637,6 +707,8 @@ def emit_kernel(
         ir.namer,
     )
     stmts = {s.name: s for s in statements}
+    if c is not None:
+        bp.scratch_dtype = next((a.dtype for a in ir.allocs if a.name == c.scratch), "float32")
 
     def emit_stmt(n: KStmt) -> str:
         s = stmts[n.stmt]

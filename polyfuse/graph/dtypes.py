@@ -30,6 +30,9 @@ the promoted float dtype. ``//`` and ``%`` floor (Python, numpy, ``torch.floor_d
 ``torch.remainder``): ``-7 // 2 == -4``, ``-7 % 2 == 1``, the remainder takes the divisor's
 sign. Integer ``//`` and ``%`` need a nonzero constant divisor (``te.compute`` checks).
 
+Integer overflow: int32 arithmetic wraps in two's complement at every operation (numpy's
+int32, CUDA's integer units); kernels and :func:`polyfuse.reference.evaluate` agree.
+
 Comparisons, ``te.isnan``/``isinf`` and ``&``/``|`` give bool. ``te.cast(x, dtype)`` converts
 explicitly: to an integer it truncates toward zero, to bool it tests ``!= 0``, to a float it
 rounds to nearest even. Unary math (``exp``, ``tanh``, …) keeps a float operand's dtype and
@@ -62,6 +65,7 @@ __all__ = [
     "numpy_dtype",
     "promote",
     "promote_weak",
+    "register_dtype",
     "tolerance",
     "true_divide_dtype",
 ]
@@ -172,6 +176,13 @@ def accumulate_dtype(op: str, body: str) -> str:
     if body in HALF_DTYPES:
         return "float32"
     return reduce_dtype(op, body)
+
+
+def register_dtype(dtype: str) -> str:
+    """The dtype a kernel holds values of ``dtype`` in (registers, shared memory, reduction
+    accumulators): float32 for float16/bfloat16/float32 (16-bit values are widened when
+    loaded), the dtype itself otherwise (float64 in doubles, integers and bools as such)."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 
 
 def reduce_dtype(op: str, body: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.base.errors import ExpressionError
+from polyfuse.base.errors import DtypeError, ExpressionError
 from polyfuse.base.visitor import R, Visitor
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.dtypes import check_dtype
@@ -69,6 +69,8 @@ class Expr:
     __or__ = _operator("Logical", "or")
 
     def __neg__(self) -> Expr:
+        if self.dtype == "bool":  # numpy and torch refuse it; C would give the int -1
+            raise DtypeError(f"-x of a bool expression {self!r}: use te.where or a cast")
         return Unary("neg", self)
 
     def __bool__(self) -> bool:

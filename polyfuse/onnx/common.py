@@ -117,9 +117,9 @@ class Ctx:
 
 def storage_dtype(dt: Any) -> str:
     """The te dtype that holds an ONNX tensor of numpy dtype ``dt`` at run time: float16,
-    bfloat16, float32 and float64 are themselves (float64 is refused when compiled: code
-    generation stores float32 and the 16-bit floats); integers and booleans are float32,
-    exact up to 2**24 (code generation does not store them), and so are the 8- and 4-bit
+    bfloat16, float32 and float64 are themselves; integers and booleans are float32, exact
+    up to 2**24 (the importer's representation; its operators compute on floats), and so
+    are the 8- and 4-bit
     floats and 4/2-bit integers, which float32 holds exactly."""
     d = np.dtype(dt)
     if d == dtypes.numpy_dtype("bfloat16"):

@@ -270,10 +270,9 @@ def _table(results: list[CaseResult]) -> str:
         "--write docs/onnx-conformance.md` (CPU emulator). Cells are *passed / total* per "
         "dtype: a case counts under the floating dtype that decides it (float32 also holds "
         "cases of integer and boolean tensors only; a Cast between float16 and float64 counts "
-        "as float64). *refused*: the compile raised `UnsupportedDtypeError` (code generation "
-        "stores float32, float16 and bfloat16; float64 tensors, which polyfuse imports as "
-        "float64 and does not silently downcast, are refused there). Integer and boolean "
-        "tensors run as float32 (exact up to 2**24).",
+        "as float64). *refused*: the compile raised `UnsupportedDtypeError` (a dtype code "
+        "generation does not store). float64 tensors import and compile as float64 (never "
+        "downcast). Integer and boolean tensors run as float32 (exact up to 2**24).",
         "",
         f"| suite | {head} | all |",
         "|---" * (len(cols) + 2) + "|",

@@ -10,11 +10,10 @@ inputs, ...) stay on the host and become static attributes.
 Runtime tensors keep their floating dtype: float16, bfloat16, float32 and float64 inputs,
 initializers and constants become te tensors of that dtype, and an operator's result has the
 dtype te's rules give its operands (a float16 Add is float16; a float16 reduction accumulates
-in float32). float64 imports but does not compile (code generation stores float32 and the
-16-bit floats: the compile raises ``UnsupportedDtypeError`` naming the tensor). Integer and
-boolean tensors are float32 at run time (exact up to 2**24): comparisons (and IsNaN/IsInf)
-produce 0/1 floats, and ``Cast`` to an integer or boolean type truncates in float32. The
-backend converts outputs back to the ONNX output types.
+in float32). float64 imports and compiles as float64 (double kernels; never downcast).
+Integer and boolean tensors are float32 at run time (exact up to 2**24): comparisons (and
+IsNaN/IsInf) produce 0/1 floats, and ``Cast`` to an integer or boolean type truncates in
+float32. The backend converts outputs back to the ONNX output types.
 
 The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
 ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each registering its

@@ -203,4 +203,8 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     placements = place_tensors(mm)
     if mm.strategy is None:
         return placements
-    return place_shared(mm, placements, reduction_tile_budget(device, mm.strategy.threads))
+    wide = any(
+        r.role == "accumulator" and r.itemsize == 8 for r in mm.scheduled.model.tensors.values()
+    )
+    budget = reduction_tile_budget(device, mm.strategy.threads, 8 if wide else 4)
+    return place_shared(mm, placements, budget)

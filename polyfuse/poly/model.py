@@ -19,6 +19,7 @@ import islpy as isl
 
 from polyfuse.graph.access import loop_names, out_index
 from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.dtypes import register_dtype
 from polyfuse.graph.expr import Read, Tensor
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Micrograph
@@ -52,9 +53,12 @@ class TensorRole:
 
     @property
     def dtype(self) -> str:
-        """The element type of its buffer (an accumulator holds float32 partial results)."""
-        if self.tensor is None or self.role == "accumulator":
+        """The element type of its buffer (an accumulator holds the register dtype of its
+        reduction's result: float32 partial results for 16-bit floats)."""
+        if self.tensor is None:
             return "float32"
+        if self.role == "accumulator":
+            return register_dtype(self.tensor.dtype)
         return self.tensor.dtype
 
     @property

@@ -28,6 +28,7 @@ from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import PlacementData
 from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
+from polyfuse.poly.policy import smem_itemsize, smem_words
 
 
 @dataclass(frozen=True)
@@ -197,9 +198,13 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
         n = 1
         for _, size in box:
             n *= size
-        cands.append((n, name, box))
+        # in 4-byte words of the pool: bytes of the tensor's register dtype (a double 8)
+        size = smem_itemsize(model.tensors[name].dtype)
+        cands.append((smem_words(n, size), name, box, size))
     used = 0
-    for n, name, box in sorted(cands, key=lambda c: c[0]):
+    for n, name, box, size in sorted(cands, key=lambda c: c[0]):
+        if size == 8:
+            used += used % 2  # an 8-byte tile starts at an 8-byte boundary
         if (used + n) * 4 > limit_bytes:
             why = (
                 f"per-block footprint {n * 4} B does not fit the "

@@ -27,6 +27,8 @@ for every kernel, pack and GEMM tile candidate.
 
 from __future__ import annotations
 
+from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.dtypes import register_dtype
 from polyfuse.poly.device import DeviceSpec
 
 FLOAT_BYTES = 4  # every buffer is float32 today
@@ -43,9 +45,12 @@ GEMM_REG_BUDGET = 168
 GEMM_REG_OVERHEAD = 40
 
 
-def reduction_tile_budget(device: DeviceSpec, threads: int) -> int:
-    """Bytes of shared memory a reduction kernel of ``threads`` threads may give to tiles."""
-    return device.smem_per_block_optin - FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+def reduction_tile_budget(
+    device: DeviceSpec, threads: int, scratch_bytes: int = FLOAT_BYTES
+) -> int:
+    """Bytes of shared memory a reduction kernel of ``threads`` threads may give to tiles
+    (``scratch_bytes``: of one scratch element, 8 where a double or int64 combines)."""
+    return device.smem_per_block_optin - scratch_bytes * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
 
 
 def gemm_tile_budget(device: DeviceSpec) -> int:
@@ -58,9 +63,23 @@ def gemm_tile_registers(tm: int, tn: int) -> int:
     return tm * tn + tm + tn + GEMM_REG_OVERHEAD
 
 
-def fits_static(tile_floats: int, threads: int) -> bool:
-    """Whether a kernel's tiles plus its combine scratch fit static ``__shared__`` memory."""
-    scratch = COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+def smem_itemsize(dtype: str) -> int:
+    """Bytes a shared-memory element of a ``dtype`` tensor takes: its register dtype's size
+    (a 16-bit float is held widened to float32; a double takes 8, a bool 1)."""
+    return dtype_info(register_dtype(dtype)).itemsize
+
+
+def smem_words(elements: int, itemsize: int) -> int:
+    """4-byte words of a shared tile of ``elements`` elements of ``itemsize`` bytes, rounded
+    up to whole 8-byte pairs for 8-byte elements (so the next tile stays aligned for them)."""
+    words = -(-elements * itemsize // FLOAT_BYTES)
+    return words + (words % 2 if itemsize == 8 else 0)
+
+
+def fits_static(tile_floats: int, threads: int, scratch_words: int = 1) -> bool:
+    """Whether a kernel's tiles (4-byte words) plus its combine scratch (``scratch_words``
+    per thread: 2 for a double one) fit static ``__shared__`` memory."""
+    scratch = COMBINE_SCRATCH_FLOATS_PER_THREAD * scratch_words * threads
     return (tile_floats + scratch) * FLOAT_BYTES <= STATIC_SMEM_LIMIT
 
 

@@ -567,7 +567,7 @@ def _vector_stores(
     for s in storing:
         name = s.write.get_tuple_name(isl.dim_type.out)
         tshape = tuple(model.tensors[name].shape)
-        if model.tensors[name].itemsize != 4:  # a float4 run holds four 4-byte elements
+        if model.tensors[name].dtype != "float32":  # a float4 run holds four floats
             return {}, f"epilogue stores scalar: {name} is {model.tensors[name].dtype}"
         ident = isl.Map(
             f"{{ {s.name}[{_ints(ds)}] -> {name}[{_ints(ds)}] }}", context=ctx

@@ -49,7 +49,7 @@ def _stored(v: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bool":
         return np.asarray(np.nan_to_num(v, nan=0.0) > 0.5, dtype=np.bool_)
     finite = np.where(np.isfinite(v), v * 3.0, 0.0)
-    return np.trunc(finite).astype(dt.numpy_dtype(dtype))
+    return np.asarray(np.trunc(finite).astype(dt.numpy_dtype(dtype)))  # 0-d stays an array
 
 
 # --------------------------------------------------------------------------- spec -> te

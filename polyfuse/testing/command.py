@@ -36,7 +36,8 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
             "past bugs: adversarial names, extreme constants, shifted and out-of-bounds reads, "
             "packed branches, GEMMs with 1-D factors, stencil chains), run them on the CPU "
             "emulator and compare against polyfuse.reference.evaluate (with --dtypes: float16, "
-            "bfloat16 and mixed-precision graphs, each output within its dtype's tolerance). "
+            "bfloat16, float64, integer and mixed-precision graphs, each output within its "
+            "dtype's tolerance). "
             "Failures are shrunk to "
             "a minimal graph and printed as a runnable Python script. Exit status 1 if any "
             "graph failed."
@@ -74,9 +75,9 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="LIST|all",
         help="comma-separated dtypes graphs draw their tensors' dtypes from (float16, bfloat16, "
-        "float32: uniform and mixed-precision graphs with te.cast; float64, int32, int64, bool: "
-        "some graphs store one, which compiling must refuse with UnsupportedDtypeError, counted "
-        "as 'refused'), or 'all' (default: float32 only)",
+        "float32, float64: uniform and mixed-precision graphs with te.cast; int32, int64, bool: "
+        "some graphs store one tensor in one, compared exactly), or 'all' (default: float32 "
+        "only)",
     )
     p.add_argument(
         "--cache-twice-every",

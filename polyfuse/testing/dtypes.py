@@ -13,23 +13,26 @@ float16 may store or round a value: only below :data:`HALF_MAX` (float16's large
 so that no tensor overflows in the reference's rounding while a fused kernel, which keeps the
 value in a float32 register, does not.
 
-Dtypes the code generator refuses (float64, int32, int64 and bool storage, float64 and int64
-casts) are drawn only when ``--dtypes`` names them: then some graphs store one tensor in such a
-dtype (or cast to float64/int64), and compiling them must raise ``UnsupportedDtypeError``
-(:func:`refusal` says why it must; the run counts these graphs as "refused"). int32 and bool
-casts inside a body, which kernels do compute, are drawn too when named, where the op reading
-them is defined for integers (no ``log`` of a truncated value).
+float64 is one of the float dtypes drawn when named (uniform float64 graphs are compared with
+float64's tolerance, and their inputs are perturbed by float64's roundoff, so a kernel that
+computed in float would fail). int32, int64 and bool storage is drawn when named: some graphs
+store an input in such a dtype, and maybe one compute exact on it (see
+:func:`_store_one_integer`); integer results compare exactly. int32 and bool casts inside a
+body are drawn too when named, where the op reading them is defined for integers (no ``log``
+of a truncated value). :func:`refusal` names what code
+generation must refuse (nothing the drawn dtypes give any more: every dtype is stored).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import replace
 
 from polyfuse.cuda.lower_dtypes import C_TYPES, STORAGE_DTYPES
-from polyfuse.graph.dtypes import DTYPES
+from polyfuse.graph.dtypes import DTYPES, promote
 
 from .generate import GraphSpec, Node, family_kind, interval_binary, interval_unary
 
@@ -44,13 +47,15 @@ __all__ = [
 ]
 
 #: The float dtypes kernels store.
-FLOATS = ("float16", "bfloat16", "float32")
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+#: The integer and bool dtypes a drawn graph may store one tensor in.
+INTEGERS = ("int32", "int64", "bool")
 #: Largest magnitude a float16 tensor or cast may hold in a drawn graph.
 HALF_MAX = 3e4
 #: Relative input perturbation (see :func:`polyfuse.testing.run.compare`) per dtype of a graph:
 #: half a unit of roundoff of its coarsest float dtype, so that the comparison's slack measures
 #: how much roundings of that size move the result. float32 keeps the fuzzer's 1e-5.
-PERTURB = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 1e-5}
+PERTURB = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 1e-5, "float64": 2.0**-52}
 #: Largest magnitude an int32 cast may truncate (products of two stay far inside int32).
 INT_MAX = 1000.0
 #: Ops whose operand may be an integer (or bool) read: defined and well-conditioned for them.
@@ -77,7 +82,7 @@ def refusal(spec: GraphSpec) -> str:
         if n.dtype not in STORAGE_DTYPES:
             return f"{n.kind} '{n.name}' is {n.dtype}"
         for c in n.casts:
-            if c and (c not in C_TYPES or c == "int64"):
+            if c and c not in C_TYPES:
                 return f"'{n.name}' casts to {c}"
     return ""
 
@@ -101,10 +106,13 @@ def perturbation(spec: GraphSpec) -> dict[str, float]:
 
 def precision(spec: GraphSpec, name: str) -> str:
     """The dtype whose tolerance output ``name`` of ``spec`` is compared with: the coarsest
-    float dtype a compute upstream of it (itself included) stores or casts to. A fused kernel
-    keeps a 16-bit intermediate in a float32 register where the reference rounds it, so a
-    float32 result of a bfloat16 tensor is as close to the reference as bfloat16's rounding,
-    not float32's (inputs hold the same values on both sides and do not count)."""
+    float dtype a compute upstream of it (itself included) stores or casts to, or computes
+    in. A fused kernel keeps a 16-bit intermediate in a float32 register where the reference
+    rounds it, so a float32 result of a bfloat16 tensor is as close to the reference as
+    bfloat16's rounding, not float32's (inputs hold the same values on both sides and do not
+    count). A compute whose operands are not float64 computes in float32 registers (te's
+    dtype of ``tanh(x_bf16)`` is bfloat16), where the reference's body is float64: its
+    float64 result is as close as float32's rounding."""
     seen: set[str] = set()
     stack, used = [name], set()
     while stack:
@@ -113,10 +121,21 @@ def precision(spec: GraphSpec, name: str) -> str:
             continue
         seen.add(n.name)
         used |= {n.dtype, *(c for c in n.casts if c)}
+        if n.args and _arithmetic(spec, n) != "float64":
+            used.add("float32")
         stack.extend(n.args)
-    floats = [d for d in ("bfloat16", "float16", "float32") if d in used]
+    floats = [d for d in ("bfloat16", "float16", "float32", "float64") if d in used]
     own = spec.node(name).dtype
     return floats[0] if floats and own in FLOATS else own
+
+
+def _arithmetic(spec: GraphSpec, n: Node) -> str:
+    """The dtype compute ``n``'s body computes in: its operands' (cast) dtypes promoted."""
+    ds = [
+        (n.casts[k] if k < len(n.casts) and n.casts[k] else spec.node(a).dtype)
+        for k, a in enumerate(n.args)
+    ]
+    return functools.reduce(promote, ds)
 
 
 def _interval(spec: GraphSpec, n: Node, ivs: dict[str, tuple[float, float]]) -> tuple:
@@ -158,7 +177,7 @@ def _fits(dtype: str, iv: tuple[float, float]) -> bool:
     m = max(abs(iv[0]), abs(iv[1]))
     if dtype == "float16":
         return m <= HALF_MAX
-    if dtype in ("int32", "bool"):
+    if dtype in ("int32", "int64", "bool"):
         return m <= INT_MAX
     return True
 
@@ -206,6 +225,69 @@ def _casts(
     return tuple(out) if any(out) else ()
 
 
+def _store_one_integer(
+    rng: random.Random,
+    spec: GraphSpec,
+    nodes: list[Node],
+    ivs: dict[str, tuple[float, float]],
+    special: set[str],
+    dtype: str,
+) -> None:
+    """Store an input of ``nodes`` (in place) in integer or bool ``dtype`` and, for an
+    integer, maybe one compute that is exact on it (a sum/max/min, ``abs``/``-``, a transpose
+    or ``+ - * max min`` of it with itself). Only exact values are stored as integers: a
+    float body truncated to an integer differs between the kernel's float32 registers and
+    the reference's float64 at every integer boundary (``int64(sigmoid(90))`` is 1 in float32,
+    0 in float64: fuzz seed 720018). A stored node is finite, within :data:`INT_MAX`, not
+    beside a wide int constant, and every reader is defined for integers
+    (:func:`_int_reader`); a bool one is read once, by a binary op or a where branch, beside
+    no other bool (C's ``True + True`` is 2)."""
+    readers = {
+        n.name: [(m, k) for m in nodes for k, a in enumerate(m.args) if a == n.name] for n in nodes
+    }
+    wide = {a for m in nodes if isinstance(m.const, int) for a in m.args}
+
+    def ok(n: Node) -> bool:
+        if n.name in special or n.name in wide or not _fits(dtype, ivs.get(n.name, _INF)):
+            return False
+        rs = readers[n.name]
+        if not all(_int_reader(m, k) for m, k in rs):
+            return False
+        if dtype == "bool":
+            return all(
+                m.kind in ("binary", "where")
+                and m.args.count(n.name) == 1
+                and "bool" not in m.casts
+                for m, _ in rs
+            )
+        return True
+
+    def exact(m: Node, src: str) -> bool:
+        """Whether compute ``m`` is exact on integer argument ``src`` (and reads no other)."""
+        if m.casts or set(m.args) != {src}:
+            return False
+        if m.kind == "reduce":
+            return m.op in ("sum", "max", "min") and not m.pre
+        if m.kind == "unary":
+            return m.op in ("abs", "neg")
+        if m.kind == "binary":
+            return m.const is None and m.op in ("add", "sub", "mul", "maximum", "minimum")
+        return m.kind == "transpose"
+
+    cands = [i for i, n in enumerate(nodes) if n.kind == "input" and ok(n)]
+    if not cands:
+        return
+    k = rng.choice(cands)
+    src = nodes[k].name
+    nodes[k] = replace(nodes[k], dtype=dtype)
+    if dtype == "bool" or rng.random() < 0.5:
+        return
+    more = [i for i, m in enumerate(nodes) if exact(m, src) and ok(m)]
+    if more:
+        i = rng.choice(more)
+        nodes[i] = replace(nodes[i], dtype=dtype)
+
+
 def with_dtypes(spec: GraphSpec, dtypes: Sequence[str] | None) -> GraphSpec:
     """``spec`` with dtypes drawn from ``dtypes`` (see the module docstring); unchanged when
     ``dtypes`` is empty or the spec has a generator family's own node kinds (their builders
@@ -214,7 +296,7 @@ def with_dtypes(spec: GraphSpec, dtypes: Sequence[str] | None) -> GraphSpec:
         return spec
     rng = random.Random(f"dtypes {spec.seed}")
     floats = [d for d in FLOATS if d in dtypes] or ["float32"]
-    refused = [d for d in dtypes if d not in STORAGE_DTYPES]
+    ints = [d for d in INTEGERS if d in dtypes]
     uniform = len(floats) == 1 or rng.random() < 0.35
     base = rng.choice(floats)
     ivs: dict[str, tuple[float, float]] = {}
@@ -234,17 +316,8 @@ def with_dtypes(spec: GraphSpec, dtypes: Sequence[str] | None) -> GraphSpec:
             dtype = rng.choice(ok) if ok else "float32"
         nodes.append(replace(n, dtype=dtype, casts=casts))
         ivs[n.name] = iv
-    if refused and rng.random() < 0.3:
-        bad = rng.choice(refused)
-        # an integer tensor beside a Python int constant too wide for it is a te error
-        wide = {a for m in nodes if isinstance(m.const, int) for a in m.args}
-        k = rng.choice([i for i, m in enumerate(nodes) if bad == "float64" or m.name not in wide])
-        n = nodes[k]
-        cast_ok = n.kind != "input" and n.args and not isinstance(n.const, int)
-        if bad in ("float64", "int64") and cast_ok and rng.random() < 0.3:
-            nodes[k] = replace(n, casts=(bad,) + tuple(n.casts[1:]) if n.casts else (bad,))
-        else:
-            nodes[k] = replace(n, dtype=bad)
+    if ints and rng.random() < 0.5:
+        _store_one_integer(rng, spec, nodes, ivs, special, rng.choice(ints))
     new = spec.copy(nodes=nodes)
     new.meta["dtypes"] = "uniform" if uniform else "mixed"
     return new

@@ -28,9 +28,12 @@ RUNTIME_SOURCE = RT_DIR / "pf_emu_rt.cpp"
 
 
 #: Flags of a kernel library. -fno-strict-aliasing: CUDA code type-puns through
-#: reinterpret_cast; -fno-math-errno: device math has no errno (lets sqrtf inline).
+#: reinterpret_cast; -fno-math-errno: device math has no errno (lets sqrtf inline);
+#: -fwrapv: signed integer arithmetic wraps in two's complement, as the GPU's does (int32
+#: overflow is defined in polyfuse's kernels and the reference: README, *Dtypes*).
 KERNEL_FLAGS = (
     "-O2",
+    "-fwrapv",
     "-std=c++20",
     "-shared",
     "-fPIC",

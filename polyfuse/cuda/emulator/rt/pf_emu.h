@@ -217,6 +217,7 @@ PF_VEC4(int, int, 16)
 PF_VEC2(unsigned int, uint, 8)
 PF_VEC4(unsigned int, uint, 16)
 PF_VEC2(double, double, 16)
+PF_VEC2(long long, longlong, 16)
 inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y, z}; }
 
 // ---- float16 and bfloat16 (cuda_fp16.h, cuda_bf16.h) ----------------------------------------
@@ -641,6 +642,22 @@ inline int pf_float2int_sat(float r) {
 inline int __float2int_rn(float x) { return pf_float2int_sat(nearbyintf(x)); }
 inline int __float2int_rz(float x) { return pf_float2int_sat(truncf(x)); }
 inline int __float2int_rd(float x) { return pf_float2int_sat(floorf(x)); }
+// cvt.rzi.s32.f64 / cvt.rzi.s64.f{32,64}: toward zero, saturating, NaN to 0.
+inline int __double2int_rz(double x) {
+  const double r = trunc(x);
+  if (r != r) return 0;
+  if (r >= 2147483648.0) return INT_MAX;
+  if (r <= -2147483648.0) return INT_MIN;
+  return (int)r;
+}
+inline long long __double2ll_rz(double x) {
+  const double r = trunc(x);
+  if (r != r) return 0;
+  if (r >= 9223372036854775808.0) return LLONG_MAX;
+  if (r <= -9223372036854775808.0) return LLONG_MIN;
+  return (long long)r;
+}
+inline long long __float2ll_rz(float x) { return __double2ll_rz((double)x); }
 inline int __float2int_ru(float x) { return pf_float2int_sat(ceilf(x)); }
 inline float __int2float_rn(int x) { return (float)x; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }

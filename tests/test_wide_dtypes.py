@@ -1,0 +1,437 @@
+"""float64, int32, int64 and bool storage through code generation, on the emulator (issue 22,
+the wide dtypes): ``double``/``int``/``long long``/``bool`` buffers, registers, shared tiles,
+accumulators and combines in the tensor's own C type; comparisons giving bool; casts; integer
+``//`` and ``%`` (Python's floor rule, README *Dtypes*) with negative operands; int32
+arithmetic wrapping in two's complement in kernels and reference alike.
+
+Every graph runs in both thread orders (race check) and is compared with
+:func:`polyfuse.reference.evaluate` under :func:`polyfuse.graph.dtypes.tolerance` (exact for
+integers and bools; float64 against the float64 oracle at a precision float32 cannot reach).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, reference, te
+from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.literals import c_double
+from polyfuse.errors import CallError, UnsupportedDtypeError
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+
+RNG = np.random.default_rng(2264)
+WIDE = ["float64", "int32", "int64", "bool"]
+
+
+def _array(shape, dtype: str) -> np.ndarray:
+    if dtype == "bool":
+        return RNG.random(shape) < 0.4
+    if dtype in ("int32", "int64"):
+        return RNG.integers(-1000, 1000, shape).astype(dtype)
+    return RNG.standard_normal(shape).astype(numpy_dtype(dtype))
+
+
+def _run(inputs, outputs, arrays, rtol: float | None = None, precision: str = "float64"):
+    """Compile, run in both thread orders, compare with the reference: the float64 oracle
+    (``rtol``, also as ``atol``, overrides the float64 one; ``precision="storage"`` where casts
+    round), integers and bools exactly."""
+    fn = polyfuse.compile(inputs, outputs, check_cuda=False)
+    feeds = dict(zip(inputs, arrays, strict=True))
+    want = reference.evaluate(outputs, feeds, precision=precision)
+    for race in (False, True):
+        got = fn(*arrays, device="emulate", race_check=race)
+        got = got if isinstance(got, tuple) else (got,)
+        for t, g, w in zip(outputs, got, want, strict=True):
+            assert g.dtype == numpy_dtype(t.dtype), t.name
+            if t.dtype in ("int32", "int64", "bool"):
+                np.testing.assert_array_equal(g, w, err_msg=t.name)
+            elif t.dtype == "float64" and rtol is not None:
+                np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol, err_msg=t.name)
+            else:
+                assert tolerance(t.dtype).allclose(g, w), t.name
+    return fn
+
+
+def _graphs(dtype: str):
+    """(name, inputs, outputs, arrays): an elementwise chain with a broadcast, row, column
+    and all-reductions, in ``dtype``."""
+    x = te.placeholder((37, 130), dtype, name="x")
+    b = te.placeholder((130,), dtype, name="b")
+    if dtype == "bool":
+        chain = te.compute(
+            (37, 130),
+            lambda i, j: (x[i, j] & te.not_equal(b[j], True)) | te.equal(x[i, j], b[j]),
+            name="c",
+        )
+    elif dtype == "float64":
+        chain = te.compute(
+            (37, 130), lambda i, j: te.tanh(x[i, j] * 0.5 + b[j]) - x[i, j], name="c"
+        )
+    else:
+        chain = te.compute((37, 130), lambda i, j: (x[i, j] * 3 - b[j]) * x[i, j] + 7, name="c")
+    k = te.reduce_axis(130, name="k")
+    rows = te.compute((37,), lambda i: te.sum(x[i, k], axis=k), name="rows")
+    r = te.reduce_axis(37, name="r")
+    cols = te.compute((130,), lambda j: te.max(x[r, j], axis=r), name="cols")
+    p, q = te.reduce_axis(37, name="p"), te.reduce_axis(130, name="q")
+    everything = te.compute((1,), lambda _: te.min(x[p, q], axis=[p, q]), name="all")
+    arrays = [_array((37, 130), dtype), _array((130,), dtype)]
+    return [
+        ("chain", [x, b], [chain], arrays),
+        ("rows", [x], [rows], arrays[:1]),
+        ("cols", [x], [cols], arrays[:1]),
+        ("all", [x], [everything], arrays[:1]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", WIDE)
+def test_elementwise_broadcast_and_reductions_per_dtype(dtype):
+    for name, inputs, outputs, arrays in _graphs(dtype):
+        fn = _run(inputs, outputs, arrays)
+        assert {"float64": "double", "int32": "int", "int64": "long long", "bool": "bool"}[
+            dtype
+        ] in fn.cuda_source, name
+    # the sum of bools counts in int32; the sum of int64 does not wrap at 32 bits
+    rows = _graphs(dtype)[1][2][0]
+    assert rows.dtype == ("int32" if dtype == "bool" else dtype)
+
+
+def test_int64_sum_beyond_the_int32_range():
+    x = te.placeholder((4, 300), "int64", name="x")
+    k = te.reduce_axis(300, name="k")
+    s = te.compute((4,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    xv = np.full((4, 300), 2**40 + 3, np.int64)
+    fn = _run([x], [s], [xv])
+    assert np.all(fn(xv) == 300 * (2**40 + 3))
+
+
+def test_comparison_gives_bool_then_where_and_any_all():
+    x = te.placeholder((9, 70), "float64", name="x")
+    m = te.compute((9, 70), lambda i, j: x[i, j] > 0.5, name="m")
+    assert m.dtype == "bool"
+    w = te.compute((9, 70), lambda i, j: te.where(m[i, j], x[i, j], -x[i, j] * 2), name="w")
+    k = te.reduce_axis(70, name="k")
+    anyv = te.compute((9,), lambda i: te.max(m[i, k], axis=k), name="any")
+    allv = te.compute((9,), lambda i: te.min(m[i, k], axis=k), name="all")
+    count = te.compute((9,), lambda i: te.sum(m[i, k], axis=k), name="count")
+    xv = RNG.standard_normal((9, 70))
+    xv[3] = 1.0  # a row where all hold
+    xv[4] = -1.0  # and one where none does
+    fn = _run([x], [m, w, anyv, allv, count], [xv])
+    _, _, a, al, c = fn(xv)
+    assert a[3] and al[3] and not a[4] and not al[4] and c[3] == 70 and c[4] == 0
+
+
+@pytest.mark.parametrize("src", ["float64", "int32", "int64", "bool", "float32"])
+def test_casts_between_the_dtypes(src):
+    x = te.placeholder((64,), src, name="x")
+    outs = [
+        te.compute((64,), lambda i, d=d: te.cast(x[i], d), name=f"to_{d}")
+        for d in ["float64", "float32", "int32", "int64", "bool", "float16"]
+        if d != src
+    ]
+    if src in ("float64", "float32"):
+        xv = np.concatenate(
+            [[np.nan, np.inf, -np.inf, 3e9, -3e9, 1e19, -1e19, -2.5, 2.5, -0.5, 0.0]],
+        )
+        xv = np.concatenate([xv, RNG.standard_normal(64 - len(xv)) * 1e3]).astype(src)
+    elif src == "bool":
+        xv = _array((64,), "bool")
+    else:
+        xv = RNG.integers(-(2**31) if src == "int64" else -1000, 2**31, 64).astype(src)
+        if src == "int64":
+            xv[:3] = [2**40 + 5, -(2**40) - 7, 2**62]  # int32 casts wrap
+    _run([x], outs, [xv], precision="storage")
+
+
+def test_integer_floor_division_and_modulo_with_negative_operands():
+    """``//`` floors and ``%`` takes the divisor's sign (README *Dtypes*), in int32 and
+    int64, for positive and negative divisors, INT_MIN included."""
+    a = te.placeholder((16,), "int32", name="a")
+    b = te.placeholder((16,), "int64", name="b")
+    outs = []
+    for d in (3, -3, 7, -1):
+        outs.append(te.compute((16,), lambda i, d=d: a[i] // d, name=f"qa{abs(d)}{d < 0}"))
+        outs.append(te.compute((16,), lambda i, d=d: a[i] % d, name=f"ra{abs(d)}{d < 0}"))
+        outs.append(te.compute((16,), lambda i, d=d: b[i] // d, name=f"qb{abs(d)}{d < 0}"))
+        outs.append(te.compute((16,), lambda i, d=d: b[i] % d, name=f"rb{abs(d)}{d < 0}"))
+    vals = [-7, -6, -1, 0, 1, 5, 7, -8, 8, -9, 100, -100, 2**31 - 1, -(2**31) + 1, -3, 3]
+    av = np.array(vals, np.int32)
+    bv = np.array(vals, np.int64) * 1000003
+    fn = _run([a, b], outs, [av, bv])
+    got = fn(av, bv)
+    for t, g in zip(outs, got, strict=True):  # Python's own rule, independently of the reference
+        d = int(t.name[2:-5] if t.name.endswith("False") else t.name[2:-4])
+        d = -d if t.name.endswith("True") else d
+        src = av if t.name[1] == "a" else bv
+        want = [int(v) // d if t.name[0] == "q" else int(v) % d for v in src]
+        if t.dtype == "int32":
+            want = np.array(want, np.int64).astype(np.int32)  # INT_MIN // -1 wraps
+        np.testing.assert_array_equal(g, want, err_msg=t.name)
+
+
+def test_int32_arithmetic_wraps_in_kernel_and_reference():
+    """One rule: int32 arithmetic wraps (two's complement, like numpy's int32 and CUDA), at
+    every operation: ``a * b`` overflows before ``// 3``, ``> 0`` and the cast see it."""
+    a = te.placeholder((8,), "int32", name="a")
+    b = te.placeholder((8,), "int32", name="b")
+    prod = te.compute((8,), lambda i: (a[i] * b[i]) // 3, name="prod")
+    sign = te.compute((8,), lambda i: a[i] * b[i] + 1 > 0, name="sign")
+    wide = te.compute((8,), lambda i: te.cast(a[i] * b[i], "int64") + 1, name="wide")
+    av = np.array([70000, -70000, 2**31 - 1, 46341, 3, -(2**31), 65536, 1], np.int32)
+    bv = np.array([70000, 70000, 2, 46341, 5, -1, 65536, -1], np.int32)
+    with np.errstate(over="ignore"):
+        p32 = av * bv  # numpy's int32 wraps
+    want_prod = p32.astype(np.int64) // 3
+    (r_prod, r_sign, r_wide) = reference.evaluate([prod, sign, wide], {a: av, b: bv})
+    np.testing.assert_array_equal(r_prod, want_prod.astype(np.int32))
+    np.testing.assert_array_equal(r_sign, p32.astype(np.int64) + 1 > 0)
+    np.testing.assert_array_equal(r_wide, p32.astype(np.int64) + 1)
+    assert not r_sign[3] and r_wide[3] < 0  # 46341² wraps negative in int32
+    _run([a, b], [prod, sign, wide], [av, bv])
+
+
+def test_float64_softmax_and_layer_norm_beyond_float32_precision():
+    """float64 really is used: within 1e-12 of the float64 oracle, where float32 storage is
+    ~1e-7 away."""
+    x = te.placeholder((24, 333), "float64", name="x")
+    sm = ops.softmax(x, axis=-1, name="sm")
+    ln = ops.layer_norm(x, axis=-1, name="ln")
+    xv = RNG.standard_normal((24, 333)) * 3 + 1e3  # a large mean: cancellation in float32
+    fn = _run([x], [sm, ln], [xv], rtol=1e-12)
+    x32 = te.placeholder((24, 333), "float32", name="x32")
+    ln32 = ops.layer_norm(x32, axis=-1, name="ln32")
+    got32 = polyfuse.compile([x32], [ln32], check_cuda=False)(xv.astype(np.float32))
+    (want,) = reference.evaluate([ln], {x: xv}, precision="float64")
+    assert np.abs(got32 - want).max() > 1e-6 > np.abs(fn(xv)[1] - want).max() * 1e5
+
+
+def test_float64_matmul():
+    a = te.placeholder((33, 70), "float64", name="a")
+    b = te.placeholder((70, 45), "float64", name="b")
+    k = te.reduce_axis(70, name="k")
+    c = te.compute((33, 45), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    av, bv = RNG.standard_normal((33, 70)), RNG.standard_normal((70, 45))
+    fn = _run([a, b], [c], [av, bv], rtol=1e-12)
+    np.testing.assert_allclose(fn(av, bv), av @ bv, rtol=1e-12)
+
+
+def test_double_constants_are_exact():
+    assert c_double(0.1) == "0.1" and float(c_double(1 / 3)) == 1 / 3
+    assert c_double(-2.0) == "(-2.0)" and c_double(5e-324) == "5e-324"
+    assert c_double(float("inf")) == "((double)INFINITY)"
+    assert c_double(float("nan")).startswith("__longlong_as_double(0x7ff8")
+    x = te.placeholder((4,), "float64", name="x")
+    y = te.compute((4,), lambda i: x[i] * (1 / 3) + 1e-300, name="y")
+    fn = _run([x], [y], [np.arange(4.0)], rtol=0.0)
+    assert "0.3333333333333333" in fn.cuda_source and "1e-300" in fn.cuda_source
+
+
+def test_call_refuses_a_wrong_dtype_naming_the_input():
+    for dtype, wrong in (
+        ("float64", np.float32),
+        ("int32", np.int64),
+        ("int64", np.int32),
+        ("bool", np.int8),
+    ):
+        x = te.placeholder((8,), dtype, name=f"x_{dtype}")
+        y = te.compute((8,), lambda i, x=x: x[i], name="y")
+        fn = polyfuse.compile([x], [y], check_cuda=False)
+        with pytest.raises(CallError, match=f"input 'x_{dtype}': expected {dtype}, got"):
+            fn(np.zeros(8, wrong), device="emulate")
+        out = fn(np.ones(8, numpy_dtype(dtype)), device="emulate")
+        assert out.dtype == numpy_dtype(dtype) and np.all(out == 1)
+
+
+def test_a_float64_accumulator_of_a_float32_sum_is_still_refused():
+    x = te.placeholder((8, 16), name="x")
+    k = te.reduce_axis(16, name="k")
+    s = te.compute((8,), lambda i: te.sum(x[i, k], axis=k, accumulate="float64"), name="s")
+    with pytest.raises(UnsupportedDtypeError, match="compute 's' accumulates its sum in float64"):
+        polyfuse.compile([x], [s], check_cuda=False)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_every_wide_kernel_without_spills(arch):
+    for dtype in WIDE:
+        for _, inputs, outputs, _ in _graphs(dtype):
+            fn = polyfuse.compile(inputs, outputs, arch=arch, check_cuda=False)
+            binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+            assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+    x = te.placeholder((24, 333), "float64", name="x")
+    a = te.placeholder((16,), "int64", name="a")
+    q = te.compute((16,), lambda i: te.cast(a[i] // -3 + a[i] % 5, "float64"), name="q")
+    for ins, outs in (([x], [ops.softmax(x, axis=-1, name="sm")]), ([a], [q])):
+        fn = polyfuse.compile(ins, outs, arch=arch, check_cuda=False)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+def test_floor_division_of_int32_data_near_int_min_in_a_float32_kernel():
+    """Regression: the prelude's ``pf_fdiv`` negates its dividend, which overflows at
+    INT_MIN; a dividend that reads a tensor now takes the exact typed helper."""
+    x = te.placeholder((4,), name="x")
+    y = te.compute((4,), lambda i: te.cast(te.cast(x[i], "int32") // 7, "float32"), name="y")
+    z = te.compute((4,), lambda i: te.cast(te.cast(x[i], "int32") % -7, "float32"), name="z")
+    xv = np.array([-(2.0**31), -7.0, 2.0**31, 5.0], np.float32)
+    fn = _run([x], [y, z], [xv], precision="storage")
+    want = [-(2**31) // 7, -1, (2**31 - 1) // 7, 0]
+    np.testing.assert_array_equal(fn(xv)[0], np.array(want, np.float32))
+
+
+def test_outputs_of_integer_dtypes_are_poisoned_without_a_numpy_warning():
+    """Regression: output buffers were filled with NaN whatever their dtype (numpy warns
+    'invalid value encountered in cast' for an int buffer)."""
+    x = te.placeholder((8,), "int32", name="x")
+    y = te.compute((8,), lambda i: x[i] + 1, name="y")
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(fn(np.arange(8, dtype=np.int32)), np.arange(1, 9))
+
+
+def test_mixed_float32_and_float64_rows_share_dynamic_shared_memory_and_the_scratch():
+    """A float64 softmax and a float32 one stitched in one kernel over 7000-long rows: double
+    and float tiles slice one dynamic pool (offsets in 4-byte words, doubles 8-byte
+    aligned), and one double scratch serves both combines."""
+    x = te.placeholder((3, 7000), "float64", name="x")
+    x32 = te.placeholder((3, 7000), "float32", name="x32")
+    xs = te.compute((3, 7000), lambda i, j: x[i, j] + te.cast(x32[i, j], "float64"), name="xs")
+    sm = ops.softmax(xs, axis=-1, name="sm")
+    e32 = te.compute((3, 7000), lambda i, j: te.exp(x32[i, j]), name="e32")
+    k = te.reduce_axis(7000, name="k")
+    s32 = te.compute((3,), lambda i: te.sum(e32[i, k], axis=k), name="s32")
+    y32 = te.compute(
+        (3, 7000), lambda i, j: e32[i, j] / s32[i] + te.cast(sm[i, j], "float32"), name="y32"
+    )
+    xv, x32v = RNG.standard_normal((3, 7000)), RNG.standard_normal((3, 7000)).astype(np.float32)
+    fn = _run([x, x32], [sm, y32], [xv, x32v], rtol=1e-12)
+    src = fn.cuda_source
+    assert len(fn.kernels) == 1 and "extern __shared__ __align__(16) float pf_smem[];" in src
+    offsets = [int(m) for m in re.findall(r"reinterpret_cast<double\*>\(pf_smem \+ (\d+)\)", src)]
+    assert offsets and all(o % 2 == 0 for o in offsets)
+    assert "reinterpret_cast<float*>(pf_scratch)" in src and "double pf_scratch[" in src
+
+
+@pytest.mark.parametrize(
+    "dtype, word", [("float64", "double2"), ("int32", "int4"), ("int64", "longlong2")]
+)
+def test_128_bit_vector_accesses_in_bytes_of_the_dtype(dtype, word):
+    """A memory-bound kernel coarsened to 4 elements per thread moves its rows as 128-bit
+    words of the dtype (2 doubles, 4 ints, 2 int64; isl proves the alignment in elements,
+    which for 8-byte elements is stronger than 16 bytes needs); bool stays scalar."""
+    x = te.placeholder((1024, 2048), dtype, name="x")
+    b = te.placeholder((2048,), dtype, name="b")
+    y = te.compute((1024, 2048), lambda i, j: x[i, j] * 2 + b[j], name="y")
+    xv, bv = _array((1024, 2048), dtype), _array((2048,), dtype)
+    fn = _run([x, b], [y], [xv, bv])
+    src = fn.cuda_source
+    assert f"*reinterpret_cast<const {word}*>" in src and f"make_{word}(" in src
+    assert "float4" not in src
+    if "nvrtc" in available_compilers():
+        binary = compile_cuda(src, "sm_90", compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+def test_bool_tensors_stay_scalar_in_a_vectorized_kernel():
+    x = te.placeholder((1024, 2048), "float32", name="x")
+    m = te.placeholder((1024, 2048), "bool", name="m")
+    y = te.compute((1024, 2048), lambda i, j: te.where(m[i, j], x[i, j], -x[i, j]), name="y")
+    xv, mv = _array((1024, 2048), "float32"), _array((1024, 2048), "bool")
+    fn = _run([x, m], [y], [xv, mv])
+    src = fn.cuda_source
+    assert "float4" in src  # x and y move as float4, m element by element
+    assert not any(w in src for w in ("uchar4", "char4", "uint4"))
+
+
+def test_shadow_race_check_of_double_and_int64_combines():
+    """The shadow-memory race detector over a float64 row softmax (warp shuffles and a
+    shared double scratch) and an int64 column sum of floor quotients."""
+    x = te.placeholder((24, 333), "float64", name="x")
+    a = te.placeholder((24, 333), "int64", name="a")
+    sm = ops.softmax(x, axis=-1, name="sm")
+    k = te.reduce_axis(24, name="k")
+    cs = te.compute((333,), lambda j: te.sum(a[k, j] // 3, axis=k), name="cs")
+    fn = polyfuse.compile([x, a], [sm, cs], check_cuda=False)
+    xv, av = RNG.standard_normal((24, 333)), RNG.integers(-(10**12), 10**12, (24, 333))
+    got = fn(xv, av, device="emulate", race_check="shadow")
+    want = reference.evaluate([sm, cs], {x: xv, a: av}, precision="float64")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[1], (av // 3).sum(axis=0))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float64", "bool"])
+def test_gemm_epilogue_stored_in_a_wide_dtype(dtype):
+    """Regression: a float32 GEMM's epilogue stored to an int32 output took the float4 store
+    run (four 4-byte elements), writing float bits into the int buffer; float4 runs are for
+    float32 outputs only (the others store scalars)."""
+    a = te.placeholder((256, 128), name="a")
+    b = te.placeholder((128, 256), name="b")
+    k = te.reduce_axis(128, name="k")
+    c = te.compute((256, 256), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    if dtype == "bool":
+        y = te.compute((256, 256), lambda i, j: c[i, j] > 0, name="y")
+    else:
+        y = te.compute((256, 256), lambda i, j: te.cast(c[i, j] * 4, dtype) + 1, name="y")
+    # small integers: every float32 sum is exact, so the integer result is too
+    av = RNG.integers(-3, 4, (256, 128)).astype(np.float32)
+    bv = RNG.integers(-3, 4, (128, 256)).astype(np.float32)
+    fn = _run([a, b], [y], [av, bv], rtol=0.0)
+    assert "r_c_acc[4][4]" in fn.cuda_source  # the GEMM tiles computed it
+    assert "make_float4" not in fn.cuda_source
+
+
+def test_bool_and_int64_shared_tiles_share_the_dynamic_pool():
+    """A bool mask (1 byte an element) and an int64 row (8) stitched past two reductions
+    over 13000-long rows: the pool's offsets are 4-byte words, the int64 slice starts on an
+    8-byte boundary after the 13000-byte mask."""
+    x = te.placeholder((5, 13000), name="x")
+    i8 = te.placeholder((5, 13000), "int64", name="i8")
+    m = te.compute((5, 13000), lambda i, j: x[i, j] > 0.3, name="m")
+    q = te.compute((5, 13000), lambda i, j: i8[i, j] * 3 - 1, name="q")
+    k = te.reduce_axis(13000, name="k")
+    cnt = te.compute((5,), lambda i: te.sum(m[i, k], axis=k), name="cnt")
+    qs = te.compute((5,), lambda i: te.max(q[i, k], axis=k), name="qs")
+    y = te.compute(
+        (5, 13000),
+        lambda i, j: te.where(
+            m[i, j], te.cast(cnt[i], "float32"), te.cast(q[i, j] - qs[i], "float32")
+        ),
+        name="y",
+    )
+    xv = _array((5, 13000), "float32")
+    iv = RNG.integers(-(2**40), 2**40, (5, 13000))
+    fn = _run([x, i8], [y, cnt], [xv, iv])
+    src = fn.cuda_source
+    assert len(fn.kernels) == 1
+    assert "bool* s_m = reinterpret_cast<bool*>(pf_smem + 0);" in src
+    assert "long long* s_q = reinterpret_cast<long long*>(pf_smem + 3250);" in src
+
+
+def test_integer_powers_are_exact_and_wrap():
+    """Regression: an integer ``**`` printed ``powf``, exact only below 2**24 (and not
+    wrapping); now exponentiation by squaring in the integer type, like numpy's."""
+    a = te.placeholder((16,), "int32", name="a")
+    b = te.placeholder((16,), "int64", name="b")
+    outs = [
+        te.compute((16,), lambda i: a[i] ** 2, name="sq"),
+        te.compute((16,), lambda i: a[i] ** 3, name="cube"),  # wraps past 1290
+        te.compute((16,), lambda i: b[i] ** 3, name="bcube"),
+        te.compute((16,), lambda i: a[i] ** -1, name="inv"),  # truncated 1 / a
+    ]
+    av = np.array([0, 1, -1, 2, -3, 1290, 1291, -2000, 4097, 46341, 7, -7, 12, 100, 3, 9], np.int32)
+    bv = av.astype(np.int64) * 1000
+    fn = _run([a, b], outs, [av, bv])
+    sq, cube, bcube, inv = fn(av, bv)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(sq, av * av)
+        np.testing.assert_array_equal(cube, av * av * av)
+    np.testing.assert_array_equal(bcube, bv**3)
+    np.testing.assert_array_equal(inv, [0, 1, -1] + [0] * 13)
