@@ -12,8 +12,9 @@ arrays are indexed by their micro-tile loop variables.
 
 from __future__ import annotations
 
+from polyfuse.cuda.body_printer import BodyPrinter
+from polyfuse.cuda.c_text import c_index
 from polyfuse.cuda.kernel_ast import KernelIR, MemSpace
-from polyfuse.cuda.printer import BodyPrinter, c_index
 from polyfuse.graph import expr as ex
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement

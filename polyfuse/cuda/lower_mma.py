@@ -16,7 +16,7 @@ Fragments and addresses follow :mod:`polyfuse.cuda.tensor_core`'s layouts (PTX I
 ``e`` of lane ``l`` is (``l/4 + 8(e/2)``, ``2(l%4) + e%2``). The shared tiles are laid out like
 their global arrays (the innermost dim innermost, so the fill is coalesced), which decides
 ``.trans``. The epilogue statements (final store, bias, activation, ...) are printed from the
-te expressions by the GEMM printer's :class:`polyfuse.cuda.printer.BodyPrinter`, with the
+te expressions by the GEMM printer's :class:`polyfuse.cuda.body_printer.BodyPrinter`, with the
 accumulator element in the reduction's register. Parameters and registers come from the
 buffer and dtype passes; the body is written here as text (a :class:`KFunction`), like the
 GEMM + row kernels of :mod:`polyfuse.cuda.lower_gemm_rows`.
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from polyfuse.cuda.body_printer import BodyPrinter
 from polyfuse.cuda.c_text import c_linear
 from polyfuse.cuda.kernel_ast import KBarrier, Kernel, KMma, MemSpace, Scope
 from polyfuse.cuda.kernel_function import KFunction, print_function
 from polyfuse.cuda.lower import buffer_placements, instantiate_kernel, kernel_ir, kernel_namer
 from polyfuse.cuda.lower_buffers import alloc_buffers
 from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF, assign_dtypes, storage_dtypes
-from polyfuse.cuda.printer import BodyPrinter
 from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.tensorize import MMA_K, MMA_M, MMA_N, ROW_PAD, MmaOperand, TensorCoreKernel
