@@ -172,7 +172,9 @@ def printer_decisions(text: str) -> list[str]:
     return [d for d in PRINTER_DECISIONS if re.search(d, code)]
 
 
-@pytest.mark.parametrize("module", ["printer.py", "body_printer.py", "gemm_printer.py", "c_wide.py"])
+@pytest.mark.parametrize(
+    "module", ["printer.py", "body_printer.py", "gemm_printer.py", "c_wide.py"]
+)
 def test_printer_module_makes_no_lowering_decision(module):
     text = (Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / module).read_text()
     assert printer_decisions(text) == []
