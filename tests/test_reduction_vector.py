@@ -197,3 +197,33 @@ def test_barriers_between_parts_under_one_hoisted_guard_stand_outside_it():
         for line in kern.source.splitlines():
             if "__syncthreads();  //" in line:  # part barriers stand at the kernel's top level
                 assert line.startswith("  __syncthreads"), line
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_rows_run_eight_elements_per_lane_in_128_bit_words(dtype):
+    """Issue 22: a 16-bit row moves one 128-bit word (eight elements) per lane step, not a
+    64-bit one (runs of 4 gave ``uint2`` words): the run length is a word of the narrowest
+    global tensor. Correct against the float64 reference in every race mode; a float32 row
+    keeps runs of 4."""
+    import ml_dtypes
+
+    from polyfuse.reference import evaluate, tolerance
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    x = te.placeholder((6, 2048), dtype, name="x")
+    y = ops.softmax(x)
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    src = fn.cuda_source
+    assert "reinterpret_cast<const uint4*>(&x[" in src and "uint2" not in src
+    notes = [n for k in fn.kernels for n in k.notes if "runs per lane" in n]
+    assert notes and all("8-element runs per lane" in n for n in notes)
+    xv = np.random.default_rng(3).standard_normal((6, 2048)).astype(np_dtype)
+    want = np.asarray(evaluate([y], {x: xv}, precision="float64")[0], np.float64)
+    t = tolerance(dtype)
+    for order in ORDERS:
+        got = fn(xv, race_check=order).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=t.rtol, atol=t.atol, err_msg=str(order))
+    x32 = te.placeholder((6, 2048), name="x")
+    fn32 = polyfuse.compile([x32], [ops.softmax(x32)], check_cuda=False)
+    notes = [n for k in fn32.kernels for n in k.notes if "runs per lane" in n]
+    assert notes and all("4-element runs per lane" in n for n in notes)

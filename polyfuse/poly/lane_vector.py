@@ -1,4 +1,8 @@
-"""Runs of 4 consecutive elements per lane in reduction kernels, with 128-bit accesses.
+"""Runs of consecutive elements per lane in reduction kernels, with 128-bit accesses.
+
+A run is one 128-bit word of the narrowest global tensor the kernel reads or writes
+(:func:`run_length`): 4 elements of float32 (below, "4" stands for it), 8 of float16 or
+bfloat16, so a 16-bit row moves 128 bits per lane step; 8-byte dtypes keep runs of 4.
 
 Policy. A reduction kernel's lanes stride the flattened loop index ``f`` of every part
 (:mod:`polyfuse.poly.compose`): lane ``l0`` runs ``f = l0 + lanes * c0`` and loads one 4-byte
@@ -56,6 +60,14 @@ def part_band(
     return kept.flat_range_product(f)
 
 
+def run_length(model: PolyModel) -> int:
+    """Elements per run: one 128-bit word of the narrowest global tensor the kernel reads or
+    writes (4 floats; 8 float16/bfloat16 elements, so a 16-bit graph moves 128 bits per
+    access rather than 64); never below :data:`VECTOR` (8-byte dtypes take two words)."""
+    sizes = [r.itemsize for r in model.tensors.values() if r.role in ("input", "output")]
+    return max(VECTOR, 16 // min(sizes)) if sizes else VECTOR
+
+
 def choose_lane_vectors(
     model: PolyModel,
     schedule: isl.Schedule,
@@ -70,6 +82,7 @@ def choose_lane_vectors(
         return LaneVectors(Coarsening(1, reason=f"one element per lane step: {why}"), strategy)
     sm = ScheduledMicrograph(model, schedule)
     roles = model.tensors
+    run = run_length(model)
     vector: dict[str, bool] = {}
     why_scalar: dict[str, str] = {}
     uniform: dict[str, bool] = {}
@@ -79,7 +92,7 @@ def choose_lane_vectors(
         if band.is_empty():
             continue
         n = isl.Set.from_union_set(band.range()).dim(isl.dim_type.set)
-        c = prove(sm, band, n, VECTOR)
+        c = prove(sm, band, n, run)
         tail |= c.tail
         points = isl.Set.from_union_set(band.range())
         extent = points.dim_max_val(n - 1).to_python() + 1
@@ -88,7 +101,7 @@ def choose_lane_vectors(
             uniform[t] = uniform.get(t, True) and c.uniform.get(t, False)
             if not ok:
                 why_scalar.setdefault(t, c.why_scalar[t])
-            elif roles[t].role in ("input", "output") and extent >= VECTOR:
+            elif roles[t].role in ("input", "output") and extent >= run:
                 whole = True
     io = sorted(t for t, ok in vector.items() if ok and roles[t].role in ("input", "output"))
     if not io:
@@ -101,13 +114,13 @@ def choose_lane_vectors(
             f"a whole run of {VECTOR}"
         )
         return LaneVectors(Coarsening(1, vector, why_scalar, tail, reason), strategy)
-    lanes = lanes_over_runs(strategy, VECTOR)
+    lanes = lanes_over_runs(strategy, run)
     scalar = "; ".join(f"{t} ({why_scalar[t]})" for t in sorted(why_scalar))
     reason = (
-        f"{VECTOR}-element runs per lane along the reduced/row axis (lanes {strategy.lanes} -> "
+        f"{run}-element runs per lane along the reduced/row axis (lanes {strategy.lanes} -> "
         f"{lanes.lanes}, combine unchanged) on {device.name}; float4 proven for {', '.join(io)}"
         + (f"; scalar: {scalar}" if scalar else "")
-        + ("; scalar tail where a loop's extent is not a multiple of 4" if tail else "")
+        + (f"; scalar tail where a loop's extent is not a multiple of {run}" if tail else "")
     )
-    c = Coarsening(VECTOR, vector, why_scalar, tail, reason, uniform)
+    c = Coarsening(run, vector, why_scalar, tail, reason, uniform)
     return LaneVectors(c, lanes)
