@@ -25,17 +25,19 @@ returned and the caller records it beside its other GEMM decisions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.graph.expr import Binary, Read
+from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.promote import access_function
+from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
@@ -103,6 +105,8 @@ class TensorCoreKernel(MappedKernel):
     b: MmaOperand | None = None
     tiling: MmaTiling | None = None
     stages: int = 1
+    #: the shared tiles are filled by 16-byte cp.async chunks (else scalar 2-byte copies)
+    vector_fill: bool = False
 
     def shared_bytes(self) -> int:
         """Bytes of the two 16-bit shared tiles (one stage each)."""
@@ -117,6 +121,59 @@ class TensorCoreKernel(MappedKernel):
 def tile_elements(op: MmaOperand, rows: int, k: int) -> int:
     """Elements of an operand's shared tile (``rows`` of m or n by ``k``, rows padded)."""
     return rows * (k + ROW_PAD) if op.k_inner else k * (rows + ROW_PAD)
+
+
+#: 16-bit elements per 16-byte chunk of a shared-tile fill (one cp.async)
+CHUNK = 8
+#: mma.sync m16n8k16 multiply-adds per SM and cycle (dense 16-bit): the datasheets' tensor
+#: rates (A100 312 TFLOP/s at 108 SMs x 1.41 GHz: 1024; GA10x/AD10x half that). Hopper's
+#: 2048 are wgmma's; mma.sync is assumed to reach half of them (no GPU measured it here).
+MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 1024}
+#: registers per thread besides the accumulators and fragments (addresses, loop state)
+MMA_REG_OVERHEAD = 40
+
+
+def fill_alignment(op: MmaOperand, lo: int) -> str:
+    """Why ``op``'s shared tile cannot be filled by 16-byte chunks, or "" when every chunk's
+    first element is 16-byte aligned: the array's innermost extent is a multiple of
+    :data:`CHUNK` (every row starts aligned, the base being aligned like every allocation),
+    and the innermost subscript at a chunk's start (``lo``, the lower bound of the dim it
+    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``."""
+    inner = op.shape[-1]
+    if inner % CHUNK:
+        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {CHUNK} elements"
+    off = lo + op.index[-1][1]
+    if off % CHUNK:
+        return f"{op.tensor}'s tile rows start at element {off} mod {CHUNK} (not 16-byte aligned)"
+    return ""
+
+
+def stage_problem(
+    sm: ScheduledMicrograph, tk: TensorCoreKernel, device: DeviceSpec
+) -> StageProblem:
+    """ALCOP's view of a tensorized k-tile loop (per block and k-tile): the use time is the
+    block's multiply-adds over the SM's tensor-core rate (:data:`MMA_FMA_PER_SM_CYCLE`)."""
+    t, shape = tk.tiling, tk.shape
+    assert t is not None and shape is not None and tk.a is not None and tk.b is not None
+    lk, hk = shape.red[0]
+    fma = t.block_m * t.block_n * t.block_k
+    regs = 4 * t.tiles_m * t.tiles_n + 4 * t.tiles_m + 2 * t.tiles_n + MMA_REG_OVERHEAD
+    model = sm.model
+    dram = sum(
+        math.prod(model.tensors[n].shape) * model.tensors[n].itemsize
+        for n in (tk.a.tensor, tk.b.tensor)
+    )
+    rate = MMA_FMA_PER_SM_CYCLE.get(device.arch, 512)
+    return StageProblem(
+        fma_per_ktile=fma,
+        stage_bytes=tk.shared_bytes(),
+        ktiles=-(-(hk - lk + 1) // t.block_k),
+        blocks=tk.grid,
+        threads=32 * t.warps,
+        registers=regs,
+        dram_bytes=dram,
+        use_cycles=fma / rate,
+    )
 
 
 def _operand(
@@ -210,8 +267,28 @@ def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, 
     )
 
 
-def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKernel | str:
-    """The tensorized mapping of ``sm`` on ``device``, or why not (a string)."""
+def _pipelining(
+    sm: ScheduledMicrograph, tk: TensorCoreKernel, device: DeviceSpec, forced: int | None
+) -> tuple[bool, StageChoice]:
+    """Whether ``tk``'s tiles are filled by 16-byte cp.async chunks, and its stage count (the
+    ALCOP model, or ``forced`` within the budget), with the reasons."""
+    assert tk.shape is not None and tk.a is not None and tk.b is not None
+    if pipeline_stages(device.arch) == 1:
+        return False, StageChoice(1, f"single-stage: no cp.async on {device.arch}")
+    (lm, _), (ln, _) = tk.shape.data[-2], tk.shape.data[-1]
+    lk = tk.shape.red[0][0]
+    why = [fill_alignment(op, lk if op.k_inner else lo) for op, lo in ((tk.a, lm), (tk.b, ln))]
+    why = [w for w in why if w]
+    if why:
+        return False, StageChoice(1, "single-stage, scalar 2-byte fills: " + "; ".join(why))
+    return True, choose_stages(stage_problem(sm, tk, device), device, forced)
+
+
+def map_tensor_core(
+    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None
+) -> TensorCoreKernel | str:
+    """The tensorized mapping of ``sm`` on ``device``, or why not (a string); ``stages``
+    forces the k-tile pipeline's stage count (refused over the shared budget, noted)."""
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
         return f"no m16n8k16 mma.sync on {device.arch} (sm_80 and later)"
     got = match_mma(sm)
@@ -235,8 +312,6 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",
-        "tensor cores: single-stage shared tiles (cp.async pipelining of the tensorized "
-        "kernel is not built yet)",
     ]
     decision = Decided(
         (DecisionKind.GEMM_LOOP,),
@@ -249,7 +324,7 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
         },
     )
     ctx = isl.Set("{ : }", context=sm.model.ctx)
-    return TensorCoreKernel(
+    tk = TensorCoreKernel(
         sm,
         sm.schedule,
         ctx,
@@ -267,6 +342,15 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
         tiling=tiling,
         thread_order=[("pf_tid", 32 * tiling.warps)],
     )
+    vector, choice = _pipelining(sm, tk, device, stages)
+    fill = (
+        f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({CHUNK} "
+        "elements, zero-filled past the arrays' edges)"
+        if vector
+        else "tensor cores: scalar 2-byte shared fills"
+    )
+    tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
+    return replace(tk, stages=choice.stages, vector_fill=vector)
 
 
 def tensor_core_placements(tk: TensorCoreKernel) -> dict[str, Placement]:
