@@ -41,20 +41,31 @@ from polyfuse.stitch.facts import KernelFacts, SharedArray
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16}
 
 
-def _ldmatrix(op: MmaOperand, buf: str, rows: int, block_k: int, base: str, x: int) -> str:
-    """The shared address lane ``pf_lane`` gives ``ldmatrix.x{x}`` for the fragment of the
-    mma tile whose first row (m or n) is ``base``, at k-step ``pf_ks``."""
+def _lane_offset(op: MmaOperand, rows: int, block_k: int, first: str, x: int) -> str:
+    """The part of the shared element lane ``pf_lane`` gives ``ldmatrix.x{x}`` that depends on
+    the lane only (its warp's first row or column is ``first``); :func:`_step_offset` adds the
+    mma tile's and the k-step's constant part, so the loads take immediate offsets."""
     stride = (block_k if op.k_inner else rows) + ROW_PAD
     if x == 4:  # A: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
-        r_off, k_off = "(pf_lane & 15)", "(pf_lane >> 4) * 8"
         if not op.k_inner:  # stored k rows: row k, column m
-            k_row = "pf_ks + (pf_lane & 7) + (pf_lane >> 4) * 8"
-            return f"&{buf}[({k_row}) * {stride} + {base} + ((pf_lane >> 3) & 1) * 8]"
-    else:  # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15)
-        r_off, k_off = "(pf_lane & 7)", "((pf_lane >> 3) & 1) * 8"
-        if not op.k_inner:
-            return f"&{buf}[(pf_ks + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {base}]"
-    return f"&{buf}[({base} + {r_off}) * {stride} + pf_ks + {k_off}]"
+            return (
+                f"((pf_lane & 7) + (pf_lane >> 4) * 8) * {stride} + {first} "
+                "+ ((pf_lane >> 3) & 1) * 8"
+            )
+        return f"({first} + (pf_lane & 15)) * {stride} + (pf_lane >> 4) * 8"
+    # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15)
+    if not op.k_inner:
+        return f"((pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {first}"
+    return f"({first} + (pf_lane & 7)) * {stride} + ((pf_lane >> 3) & 1) * 8"
+
+
+def _step_offset(op: MmaOperand, rows: int, block_k: int, tile: str, size: int) -> str:
+    """The constant part of an ``ldmatrix`` address: mma tile ``tile`` (of ``size`` rows or
+    columns) of the warp, k-step ``pf_ks``."""
+    stride = (block_k if op.k_inner else rows) + ROW_PAD
+    if op.k_inner:
+        return f"{size * stride} * {tile} + pf_ks"
+    return f"pf_ks * {stride} + {size} * {tile}"
 
 
 def _loader(op: MmaOperand, x: int) -> str:
@@ -102,6 +113,8 @@ def lower_mma_kernel(
         f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
         f"pf_wn = (pf_warp % {t.warps_n}) * {t.block_n // t.warps_n};",
         f"  const int pf_m0 = {lm} + {gm} * {t.block_m}, pf_n0 = {ln} + {gn} * {t.block_n};",
+        f"  const int pf_la = {_lane_offset(a, t.block_m, t.block_k, 'pf_wm', 4)};",
+        f"  const int pf_lb = {_lane_offset(b, t.block_n, t.block_k, 'pf_wn', 2)};",
         f"  float pf_acc[{tm}][{tn}][4];",
         f"#pragma unroll\n  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         f"#pragma unroll\n    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
@@ -114,10 +127,10 @@ def lower_mma_kernel(
         f"      unsigned pf_fa[{tm}][4], pf_fb[{tn}][2];",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
-        f"{_ldmatrix(a, 'pf_sa', t.block_m, t.block_k, f'pf_wm + {MMA_M} * pf_i', 4)});",
+        f"&pf_sa[{_step_offset(a, t.block_m, t.block_k, 'pf_i', MMA_M)}]);",
         "#pragma unroll",
         f"      for (int pf_j = 0; pf_j < {tn}; ++pf_j) {_loader(b, 2)}(pf_fb[pf_j], "
-        f"{_ldmatrix(b, 'pf_sb', t.block_n, t.block_k, f'pf_wn + {MMA_N} * pf_j', 2)});",
+        f"&pf_sb[{_step_offset(b, t.block_n, t.block_k, 'pf_j', MMA_N)}]);",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         "#pragma unroll",
@@ -132,7 +145,15 @@ def lower_mma_kernel(
                  nthreads, tk.dtype),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
-    lines += k_tile_loop(fills, ("pf_sa", "pf_sb"), compute, stages, tk.vector_fill, lk, k_tiles)
+    lines += k_tile_loop(
+        fills,
+        (("pf_sa", "pf_la"), ("pf_sb", "pf_lb")),
+        compute,
+        stages,
+        tk.vector_fill,
+        lk,
+        k_tiles,
+    )
     # the epilogue, per accumulator element at its fragment (row, col)
     bp = BodyPrinter(as_global, idents, namer=namer)
     args = [*batch, "pf_row", "pf_col"]

@@ -102,9 +102,13 @@ def scalar_fill(f: TileFill, k0: str) -> list[str]:
     ]
 
 
-def chunk_fill(f: TileFill, k0: str, stage: str, pad: str = "    ") -> list[str]:
+def chunk_fill(
+    f: TileFill, k0: str, stage: str, pad: str = "    ", k_inside: bool = False
+) -> list[str]:
     """``cp.async`` copies of the k-tile at ``k0`` into stage ``stage`` (C text) of ``f``'s
-    tile, 16 bytes each (see the module doc for the chunk-to-lane order and the zero-fill)."""
+    tile, 16 bytes each (see the module doc for the chunk-to-lane order and the zero-fill);
+    ``k_inside``: the whole k-tile lies inside the reduction (only rows are guarded, which
+    does not change along the loop)."""
     per_row = f.inner // CHUNK
     chunks = f.outer * per_row
     assert f.outer % 8 == 0 and chunks % f.nthreads == 0, (f.outer, chunks, f.nthreads)
@@ -112,9 +116,13 @@ def chunk_fill(f: TileFill, k0: str, stage: str, pad: str = "    ") -> list[str]
     if f.op.k_inner:  # tile row: m or n; chunks run along k
         r, k = f"{f.row0} + {row}", f"{k0} + {col}"
         count = f"pf_r <= {f.row_hi} ? {f.k_hi} + 1 - pf_k : 0"
+        if k_inside:
+            count = f"pf_r <= {f.row_hi} ? {CHUNK} : 0"
     else:  # tile row: k; chunks run along m or n
         r, k = f"{f.row0} + {col}", f"{k0} + {row}"
         count = f"pf_k <= {f.k_hi} ? {f.row_hi} + 1 - pf_r : 0"
+        if k_inside:
+            count = f"{f.row_hi} + 1 - pf_r"
     dst = f"{f.buf}[{stage} * {f.elements} + pf_t * {f.stride} + {CHUNK} * pf_q]"
     return [
         f"{pad}#pragma unroll",
@@ -139,7 +147,7 @@ def wait_pending(stages: int) -> int:
 
 def k_tile_loop(
     fills: tuple[TileFill, TileFill],
-    bases: tuple[str, str],
+    bases: tuple[tuple[str, str], tuple[str, str]],
     compute: list[str],
     stages: int,
     vector: bool,
@@ -147,38 +155,73 @@ def k_tile_loop(
     k_tiles: int,
 ) -> list[str]:
     """The k-tile loop (see the module doc): ``compute`` (lines at loop-body depth) loads the
-    fragments of k-tile ``pf_k0`` from the shared tiles at ``bases`` (pointer names it reads,
-    declared here per stage) and multiplies them."""
+    fragments of the k-tile from the shared tiles through ``bases`` (per tile: the pointer it
+    reads, declared here per stage, and the lane's offset added to it) and multiplies them.
+    With 16-byte fills the loop is split where the k-tiles it fills stop lying wholly inside
+    the reduction: the steady state fills without a k guard, the tail with one."""
     bk = fills[0].block_k
     point = [
-        f"    const {C_TYPES[f.dtype]}* {b} = {f.buf} + pf_rs * {f.elements};"
-        for f, b in zip(fills, bases, strict=True)
+        f"    const {C_TYPES[f.dtype]}* {b} = {f.buf} + pf_rs * {f.elements} + {off};"
+        for f, (b, off) in zip(fills, bases, strict=True)
     ]
+    full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
+
+    def loop(lo: int, hi: int, body: list[str], unroll: bool = False) -> list[str]:
+        """k-tiles ``lo..hi-1``; the tail (a few k-tiles) unrolled, so that the compiler keeps
+        the steady state a loop of its own."""
+        if lo >= hi:
+            return []
+        head = ["#pragma unroll"] if unroll else []
+        return [*head, f"  for (int pf_kt = {lo}; pf_kt < {hi}; ++pf_kt) {{", *body, "  }"]
+
     if not vector:
         return [
-            f"  for (int pf_k0 = {k_lo}; pf_k0 < {k_lo + bk * k_tiles}; pf_k0 += {bk}) {{",
-            "    const int pf_rs = 0;",
-            *point,
-            "    __syncthreads();  // the previous k-tile's fragments are loaded",
-            *[line for f in fills for line in scalar_fill(f, "pf_k0")],
-            "    __syncthreads();  // the shared tiles are filled",
-            *compute,
-            "  }",
-        ]
+            "  const int pf_rs = 0;",
+            *loop(0, k_tiles, [
+                f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
+                *point,
+                "    __syncthreads();  // the previous k-tile's fragments are loaded",
+                *[line for f in fills for line in scalar_fill(f, "pf_k0")],
+                "    __syncthreads();  // the shared tiles are filled",
+                *compute,
+            ]),
+        ]  # fmt: skip
     if stages == 1:
-        return [
-            f"  for (int pf_k0 = {k_lo}; pf_k0 < {k_lo + bk * k_tiles}; pf_k0 += {bk}) {{",
-            "    const int pf_rs = 0;",
-            *point,
-            "    __syncthreads();  // the previous k-tile's fragments are loaded",
-            *[line for f in fills for line in chunk_fill(f, "pf_k0", "0")],
-            "    __pipeline_commit();",
-            "    __pipeline_wait_prior(0);",
-            "    __syncthreads();  // the shared tiles are filled",
-            *compute,
-            "  }",
-        ]
+
+        def single(inside: bool) -> list[str]:
+            return [
+                f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
+                *point,
+                "    __syncthreads();  // the previous k-tile's fragments are loaded",
+                *[ln for f in fills for ln in chunk_fill(f, "pf_k0", "0", k_inside=inside)],
+                "    __pipeline_commit();",
+                "    __pipeline_wait_prior(0);",
+                "    __syncthreads();  // the shared tiles are filled",
+                *compute,
+            ]
+
+        return ["  const int pf_rs = 0;", *loop(0, full, single(True)),
+                *loop(full, k_tiles, single(False), True)]  # fmt: skip
     ahead = stages - 1
+
+    def steady(inside: bool) -> list[str]:
+        fill = [ln for f in fills for ln in chunk_fill(f, "pf_kf", "pf_ws", "      ", inside)]
+        return [
+            f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
+            f"    __pipeline_wait_prior({wait_pending(stages)});  // k-tile pf_kt has landed",
+            "    __syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read",
+            "    {" if inside else f"    if (pf_kt + {ahead} < {k_tiles}) {{",
+            f"      const int pf_kf = pf_k0 + {ahead * bk};",
+            *fill,
+            "    }",
+            "    __pipeline_commit();  // one group per k-tile (empty past the last)",
+            *point,
+            *compute,
+            f"    pf_rs = pf_rs == {stages - 1} ? 0 : pf_rs + 1;",
+            f"    pf_ws = pf_ws == {stages - 1} ? 0 : pf_ws + 1;",
+        ]
+
+    main = max(0, full - ahead)  # iterations whose fill lies wholly inside
     return [
         "#pragma unroll",
         f"  for (int pf_s = 0; pf_s < {ahead}; ++pf_s) {{  // prologue: k-tiles 0..S-2",
@@ -189,18 +232,6 @@ def k_tile_loop(
         "    __pipeline_commit();",
         "  }",
         f"  int pf_rs = 0, pf_ws = {ahead};  // the stages read and filled",
-        f"  for (int pf_kt = 0; pf_kt < {k_tiles}; ++pf_kt) {{",
-        f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
-        f"    __pipeline_wait_prior({wait_pending(stages)});  // k-tile pf_kt has landed",
-        "    __syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read",
-        f"    if (pf_kt + {ahead} < {k_tiles}) {{",
-        f"      const int pf_kf = pf_k0 + {ahead * bk};",
-        *[line for f in fills for line in chunk_fill(f, "pf_kf", "pf_ws", "      ")],
-        "    }",
-        "    __pipeline_commit();  // one group per k-tile (empty past the last)",
-        *point,
-        *compute,
-        f"    pf_rs = pf_rs == {stages - 1} ? 0 : pf_rs + 1;",
-        f"    pf_ws = pf_ws == {stages - 1} ? 0 : pf_ws + 1;",
-        "  }",
+        *loop(0, main, steady(True)),
+        *loop(main, k_tiles, steady(False), True),
     ]
