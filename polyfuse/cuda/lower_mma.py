@@ -7,7 +7,7 @@ The kernel each block runs, for its block tile of the result (and its batch coor
         fill the shared tiles of A and B            // 16-bit, zero outside the arrays
         (cp.async, S stages, or scalar copies: :mod:`polyfuse.cuda.lower_mma_pipeline`)
         for each k-step of 16:
-            ldmatrix.x4[.trans] A fragments; ldmatrix.x2[.trans] B fragments
+            ldmatrix.x4[.trans] A fragments; ldmatrix.x4[.trans] B fragments of 2 mma tiles
             mma.sync.m16n8k16 on every (A, B) fragment pair
     for each accumulator element (fragment row, col): if inside the result, the epilogue
 
@@ -41,22 +41,24 @@ from polyfuse.stitch.facts import KernelFacts, SharedArray
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16}
 
 
-def _lane_offset(op: MmaOperand, rows: int, block_k: int, first: str, x: int) -> str:
-    """The part of the shared element lane ``pf_lane`` gives ``ldmatrix.x{x}`` that depends on
-    the lane only (its warp's first row or column is ``first``); :func:`_step_offset` adds the
-    mma tile's and the k-step's constant part, so the loads take immediate offsets."""
+def _lane_offset(op: MmaOperand, rows: int, block_k: int, first: str, role: str) -> str:
+    """The part of the shared element lane ``pf_lane`` gives ``ldmatrix`` that depends on the
+    lane only (its warp's first row or column is ``first``); :func:`_step_offset` adds the
+    mma tile's and the k-step's constant part, so the loads take immediate offsets. ``role``:
+    "A" (x4: one 16x16 A tile), "B" (x2: one 8-column B tile), "B2" (x4: two B tiles)."""
     stride = (block_k if op.k_inner else rows) + ROW_PAD
-    if x == 4:  # A: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+    if role == "A":  # matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
         if not op.k_inner:  # stored k rows: row k, column m
             return (
                 f"((pf_lane & 7) + (pf_lane >> 4) * 8) * {stride} + {first} "
                 "+ ((pf_lane >> 3) & 1) * 8"
             )
         return f"({first} + (pf_lane & 15)) * {stride} + (pf_lane >> 4) * 8"
-    # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15)
+    # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), with B2 then (n 8-15, k 0-7), (8-15, 8-15)
+    pair = "(pf_lane >> 4) * 8" if role == "B2" else "0"
     if not op.k_inner:
-        return f"((pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {first}"
-    return f"({first} + (pf_lane & 7)) * {stride} + ((pf_lane >> 3) & 1) * 8"
+        return f"((pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {first} + {pair}"
+    return f"({first} + (pf_lane & 7) + {pair}) * {stride} + ((pf_lane >> 3) & 1) * 8"
 
 
 def _step_offset(op: MmaOperand, rows: int, block_k: int, tile: str, size: int) -> str:
@@ -105,6 +107,9 @@ def lower_mma_kernel(
     tm, tn = t.tiles_m, t.tiles_n
     gm, gn = f"pf_g{nd - 2}", f"pf_g{nd - 1}"
     stages = tk.stages if tk.vector_fill else 1
+    # B fragments of two mma tiles per ldmatrix.x4 where the warp has pairs of them
+    b_step = 2 if tn % 2 == 0 else 1
+    b_role = "B2" if b_step == 2 else "B"
     lines = [
         f"  __shared__ __align__(16) {ctype} {sa}[{stages * ea}];",
         f"  __shared__ __align__(16) {ctype} {sb}[{stages * eb}];",
@@ -113,8 +118,8 @@ def lower_mma_kernel(
         f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
         f"pf_wn = (pf_warp % {t.warps_n}) * {t.block_n // t.warps_n};",
         f"  const int pf_m0 = {lm} + {gm} * {t.block_m}, pf_n0 = {ln} + {gn} * {t.block_n};",
-        f"  const int pf_la = {_lane_offset(a, t.block_m, t.block_k, 'pf_wm', 4)};",
-        f"  const int pf_lb = {_lane_offset(b, t.block_n, t.block_k, 'pf_wn', 2)};",
+        f"  const int pf_la = {_lane_offset(a, t.block_m, t.block_k, 'pf_wm', 'A')};",
+        f"  const int pf_lb = {_lane_offset(b, t.block_n, t.block_k, 'pf_wn', b_role)};",
         f"  float pf_acc[{tm}][{tn}][4];",
         f"#pragma unroll\n  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         f"#pragma unroll\n    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
@@ -124,18 +129,19 @@ def lower_mma_kernel(
     compute = [
         "#pragma unroll",
         f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {MMA_K}) {{",
-        f"      unsigned pf_fa[{tm}][4], pf_fb[{tn}][2];",
+        f"      unsigned pf_fa[{tm}][4], pf_fb[{tn // b_step}][{2 * b_step}];",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
         f"&pf_sa[{_step_offset(a, t.block_m, t.block_k, 'pf_i', MMA_M)}]);",
         "#pragma unroll",
-        f"      for (int pf_j = 0; pf_j < {tn}; ++pf_j) {_loader(b, 2)}(pf_fb[pf_j], "
-        f"&pf_sb[{_step_offset(b, t.block_n, t.block_k, 'pf_j', MMA_N)}]);",
+        f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
+        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(b, t.block_n, t.block_k, 'pf_j', MMA_N)}]);",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         "#pragma unroll",
         f"        for (int pf_j = 0; pf_j < {tn}; ++pf_j) "
-        f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], pf_fb[pf_j], pf_acc[pf_i][pf_j]);",
+        f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], "
+        f"&pf_fb[pf_j / {b_step}][2 * (pf_j % {b_step})], pf_acc[pf_i][pf_j]);",
         "    }",
     ]
     fills = (

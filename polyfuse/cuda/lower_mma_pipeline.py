@@ -166,12 +166,12 @@ def k_tile_loop(
     ]
     full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
 
-    def loop(lo: int, hi: int, body: list[str], unroll: bool = False) -> list[str]:
-        """k-tiles ``lo..hi-1``; the tail (a few k-tiles) unrolled, so that the compiler keeps
-        the steady state a loop of its own."""
+    def loop(lo: int, hi: int, body: list[str], tail: bool = False) -> list[str]:
+        """k-tiles ``lo..hi-1``; ``tail``: a few k-tiles kept rolled (unrolled beside the
+        steady state they raised the register pressure into a spill on sm_90)."""
         if lo >= hi:
             return []
-        head = ["#pragma unroll"] if unroll else []
+        head = ["#pragma unroll 1"] if tail else []
         return [*head, f"  for (int pf_kt = {lo}; pf_kt < {hi}; ++pf_kt) {{", *body, "  }"]
 
     if not vector:

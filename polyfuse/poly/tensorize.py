@@ -309,10 +309,11 @@ def map_tensor_core(
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
+    bx = "x4 (two mma tiles)" if tiling.tiles_n % 2 == 0 else "x2"
     notes = [
         f"tensor cores: mma.sync.m16n8k16 {dtype} -> float32 accumulators; {why}",
         f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
-        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.x2"
+        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.{bx}"
         f"{'.trans' if b.trans else ''}; rows padded by {ROW_PAD} elements (bank conflicts)",
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
