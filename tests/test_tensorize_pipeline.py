@@ -156,6 +156,8 @@ def test_the_stage_model_chooses_inside_the_shared_budget():
     assert "block tile 128x128x32" in notes[0]
     # two stages of 128 rows of 32 + 8 elements (A; B alike): 40960 B in all
     assert "__shared__ __align__(16) __nv_bfloat16 s_a[10240];" in fn.kernels[0].source
+    (rec,) = [r for r in fn.plan.records() if r.data.get("what") == "tensorize"]
+    assert (rec.data["stages"], rec.data["fill"]) == (2, "cp.async 16 B")
     forced = _compile(inputs, out, 4)
     assert _stage_note(forced) == (
         "tensor cores: stages: 4 stages forced, refused (4 x 20480 B = 81920 B > 49152 B budget): 2"

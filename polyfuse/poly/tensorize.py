@@ -42,6 +42,7 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
@@ -134,8 +135,6 @@ CHUNK = 8
 #: rates (A100 312 TFLOP/s at 108 SMs x 1.41 GHz: 1024; GA10x/AD10x half that). Hopper's
 #: 2048 are wgmma's; mma.sync is assumed to reach half of them (no GPU measured it here).
 MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 1024}
-#: registers per thread besides the accumulators and fragments (addresses, loop state)
-MMA_REG_OVERHEAD = 40
 
 
 def fill_alignment(op: MmaOperand, lo: int) -> str:
@@ -162,7 +161,7 @@ def stage_problem(
     assert t is not None and shape is not None and tk.a is not None and tk.b is not None
     lk, hk = shape.red[0]
     fma = t.block_m * t.block_n * t.block_k
-    regs = 4 * t.tiles_m * t.tiles_n + 4 * t.tiles_m + 2 * t.tiles_n + MMA_REG_OVERHEAD
+    regs = 4 * t.tiles_m * t.tiles_n + 4 * t.tiles_m + 2 * t.tiles_n + GEMM_REG_OVERHEAD
     model = sm.model
     dram = sum(
         math.prod(model.tensors[n].shape) * model.tensors[n].itemsize
@@ -356,7 +355,17 @@ def map_tensor_core(
         else "tensor cores: scalar 2-byte shared fills"
     )
     tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
-    return replace(tk, stages=choice.stages, vector_fill=vector)
+    data = {
+        **decision.data,
+        "stages": choice.stages,
+        "fill": "cp.async 16 B" if vector else "scalar",
+    }
+    return replace(
+        tk,
+        stages=choice.stages,
+        vector_fill=vector,
+        layout=Decided(decision.kinds, decision.reason, data),
+    )
 
 
 def tensor_core_placements(tk: TensorCoreKernel) -> dict[str, Placement]:
