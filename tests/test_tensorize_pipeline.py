@@ -121,6 +121,30 @@ def test_a_planted_wrong_wait_count_is_caught(monkeypatch, stages):
     assert np.isnan(got.astype(np.float32)).any()
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_planted_missing_barrier_is_a_race(monkeypatch, stages):
+    """Without the barrier after the wait, a warp reads with ldmatrix the words another
+    thread's cp.async just landed, and the next k-tile's copies overwrite the stage a slower
+    warp still reads: the shadow race check reports it. (The reverse-order ThreadSanitizer
+    build, ``race_check=True``, does not: the ldmatrix reads go unseen there.)"""
+    from polyfuse.cuda import lower_mma
+    from polyfuse.errors import RaceError
+
+    inputs, out, arrays, want = _matmul("float16", *ODD_ALIGNED)
+    fn = _compile(inputs, out, stages)
+    fn(*arrays, device="emulate", race_check="shadow")  # the intact kernel is race-free
+    barrier = "__syncthreads();  // ... for every thread"
+
+    def planted(*args, **kwargs):
+        return [ln for ln in lower_mma_pipeline.k_tile_loop(*args, **kwargs) if barrier not in ln]
+
+    monkeypatch.setattr(lower_mma, "k_tile_loop", planted)
+    fn = _compile(inputs, out, stages)
+    assert barrier not in fn.kernels[0].source
+    with pytest.raises(RaceError, match="race on __shared__ 's_a'|race on __shared__ 's_b'"):
+        fn(*arrays, device="emulate", race_check="shadow")
+
+
 def test_cp_async_writes_and_ldmatrix_reads_are_bank_conflict_free(monkeypatch):
     """Both tile layouts (k innermost and m/n innermost) and both tilings: every warp-level
     cp.async write (8 lanes of a phase on 8 padded rows) and ldmatrix read is served in the
