@@ -107,9 +107,12 @@ def test_half_matmuls_run_on_tensor_cores_and_match_float64(dtype, case, size):
     _tensorized(fn)
     src = fn.kernels[0].source
     trans_b = CASES[case].get("trans_b", False)
-    # B stored n-innermost (k by n) is loaded transposed; x @ W^T (n by k) is not
-    assert ("pf_ldmatrix_x2_trans" in src) == (not trans_b)
-    assert ("pf_ldmatrix_x4_trans" in src) == CASES[case].get("trans_a", False)
+    # B stored n-innermost (k by n) is loaded transposed; x @ W^T (n by k) is not; B's
+    # fragments come two mma tiles per ldmatrix.x4
+    assert "pf_ldmatrix_x2" not in src
+    trans = {c.split("(")[0] for c in src.split("pf_ldmatrix_x4")[1:]}
+    a_trans = CASES[case].get("trans_a", False)
+    assert trans == {"_trans" if a_trans else "", "" if trans_b else "_trans"}, trans
 
 
 def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
@@ -223,5 +226,6 @@ def test_sass_has_hmma_in_the_k_tile_loop():
             counts.append((hmma, ldsm, len(ins) - hmma))
     assert counts, "no loop holds HMMA"
     hmma, ldsm, other = counts[0]
-    # 64x64 block, 4 warps of 2x4 mma tiles, two k-steps: 16 HMMA, 12 LDSM per k-tile
-    assert (hmma, ldsm) == (16, 12), counts
+    # 64x64 block, 4 warps of 2x4 mma tiles, two k-steps: 16 HMMA, 8 LDSM per k-tile (A: 2
+    # x4, B: 2 x4 of two mma tiles each per k-step)
+    assert (hmma, ldsm) == (16, 8), counts

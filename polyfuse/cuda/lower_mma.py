@@ -3,11 +3,11 @@
 The kernel each block runs, for its block tile of the result (and its batch coordinates)::
 
     acc[tiles_m][tiles_n][4] = 0                    // mma C fragments, float32
-    for each k-tile:                                // BLOCK_K deep
-        barrier; fill the shared tiles of A and B   // 16-bit, zero outside the arrays
-        barrier
+    for each k-tile:                                // BLOCK_K deep, S-stage pipelined
+        fill the shared tiles of A and B            // 16-bit, zero outside the arrays
+        (cp.async, S stages, or scalar copies: :mod:`polyfuse.cuda.lower_mma_pipeline`)
         for each k-step of 16:
-            ldmatrix.x4[.trans] A fragments; ldmatrix.x2[.trans] B fragments
+            ldmatrix.x4[.trans] A fragments; ldmatrix.x4[.trans] B fragments of 2 mma tiles
             mma.sync.m16n8k16 on every (A, B) fragment pair
     for each accumulator element (fragment row, col): if inside the result, the epilogue
 
@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from polyfuse.cuda.body_printer import BodyPrinter
-from polyfuse.cuda.c_text import c_linear
 from polyfuse.cuda.kernel_ast import KBarrier, Kernel, KMma, MemSpace, Scope
 from polyfuse.cuda.kernel_function import KFunction, print_function
 from polyfuse.cuda.lower import buffer_placements, instantiate_kernel, kernel_ir, kernel_namer
 from polyfuse.cuda.lower_buffers import alloc_buffers
-from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF, assign_dtypes, storage_dtypes
+from polyfuse.cuda.lower_dtypes import C_TYPES, assign_dtypes, storage_dtypes
+from polyfuse.cuda.lower_mma_pipeline import TileFill, k_tile_loop
 from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.tensorize import MMA_K, MMA_M, MMA_N, ROW_PAD, MmaOperand, TensorCoreKernel
@@ -41,58 +41,33 @@ from polyfuse.stitch.facts import KernelFacts, SharedArray
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16}
 
 
-def _fill(
-    op: MmaOperand,
-    buf: str,
-    src: str,
-    rows: int,
-    block_k: int,
-    row0: str,
-    row_hi: int,
-    k_hi: int,
-    batch: list[str],
-    nthreads: int,
-    dtype: str,
-) -> list[str]:
-    """The loop that copies one k-tile of ``op`` into its shared tile (every thread a strided
-    share of the elements, the array's innermost dim fastest); zeros outside the array."""
-    inner, outer = (block_k, rows) if op.k_inner else (rows, block_k)
-    stride = inner + ROW_PAD
-    if op.k_inner:
-        row, k = f"{row0} + pf_e / {inner}", "pf_k0 + pf_e % " + str(inner)
-    else:
-        row, k = f"{row0} + pf_e % {inner}", "pf_k0 + pf_e / " + str(inner)
-    vals = list(batch) + ["0", "0", "pf_k"]
-    vals[op.outer_dim] = "pf_r"
-    idx = []
-    for coeffs, const in op.index:
-        terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
-        idx.append(" + ".join(terms + ([str(const)] if const else [])) or "0")
-    zero = f"{FLOAT_TO_HALF[dtype]}(0.0f)"
-    return [
-        f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {nthreads}) {{",
-        f"      const int pf_r = {row}, pf_k = {k};",
-        f"      {C_TYPES[dtype]} pf_v = {zero};",
-        f"      if (pf_r <= {row_hi} && pf_k <= {k_hi}) pf_v = {c_linear(src, idx, op.shape)};",
-        f"      {buf}[(pf_e / {inner}) * {stride} + pf_e % {inner}] = pf_v;",
-        "    }",
-    ]
-
-
-def _ldmatrix(op: MmaOperand, buf: str, rows: int, block_k: int, base: str, x: int) -> str:
-    """The shared address lane ``pf_lane`` gives ``ldmatrix.x{x}`` for the fragment of the
-    mma tile whose first row (m or n) is ``base``, at k-step ``pf_ks``."""
+def _lane_offset(op: MmaOperand, rows: int, block_k: int, first: str, role: str) -> str:
+    """The part of the shared element lane ``pf_lane`` gives ``ldmatrix`` that depends on the
+    lane only (its warp's first row or column is ``first``); :func:`_step_offset` adds the
+    mma tile's and the k-step's constant part, so the loads take immediate offsets. ``role``:
+    "A" (x4: one 16x16 A tile), "B" (x2: one 8-column B tile), "B2" (x4: two B tiles)."""
     stride = (block_k if op.k_inner else rows) + ROW_PAD
-    if x == 4:  # A: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
-        r_off, k_off = "(pf_lane & 15)", "(pf_lane >> 4) * 8"
+    if role == "A":  # matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
         if not op.k_inner:  # stored k rows: row k, column m
-            k_row = "pf_ks + (pf_lane & 7) + (pf_lane >> 4) * 8"
-            return f"&{buf}[({k_row}) * {stride} + {base} + ((pf_lane >> 3) & 1) * 8]"
-    else:  # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15)
-        r_off, k_off = "(pf_lane & 7)", "((pf_lane >> 3) & 1) * 8"
-        if not op.k_inner:
-            return f"&{buf}[(pf_ks + (pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {base}]"
-    return f"&{buf}[({base} + {r_off}) * {stride} + pf_ks + {k_off}]"
+            return (
+                f"((pf_lane & 7) + (pf_lane >> 4) * 8) * {stride} + {first} "
+                "+ ((pf_lane >> 3) & 1) * 8"
+            )
+        return f"({first} + (pf_lane & 15)) * {stride} + (pf_lane >> 4) * 8"
+    # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), with B2 then (n 8-15, k 0-7), (8-15, 8-15)
+    pair = "(pf_lane >> 4) * 8" if role == "B2" else "0"
+    if not op.k_inner:
+        return f"((pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {first} + {pair}"
+    return f"({first} + (pf_lane & 7) + {pair}) * {stride} + ((pf_lane >> 3) & 1) * 8"
+
+
+def _step_offset(op: MmaOperand, rows: int, block_k: int, tile: str, size: int) -> str:
+    """The constant part of an ``ldmatrix`` address: mma tile ``tile`` (of ``size`` rows or
+    columns) of the warp, k-step ``pf_ks``."""
+    stride = (block_k if op.k_inner else rows) + ROW_PAD
+    if op.k_inner:
+        return f"{size * stride} * {tile} + pf_ks"
+    return f"pf_ks * {stride} + {size} * {tile}"
 
 
 def _loader(op: MmaOperand, x: int) -> str:
@@ -131,65 +106,60 @@ def lower_mma_kernel(
     eb = (t.block_k + ROW_PAD) * t.block_n if b.k_inner else t.block_k * (t.block_n + ROW_PAD)
     tm, tn = t.tiles_m, t.tiles_n
     gm, gn = f"pf_g{nd - 2}", f"pf_g{nd - 1}"
+    stages = tk.stages if tk.vector_fill else 1
+    # B fragments of two mma tiles per ldmatrix.x4 where the warp has pairs of them
+    b_step = 2 if tn % 2 == 0 else 1
+    b_role = "B2" if b_step == 2 else "B"
     lines = [
-        f"  __shared__ __align__(16) {ctype} {sa}[{ea}];",
-        f"  __shared__ __align__(16) {ctype} {sb}[{eb}];",
+        f"  __shared__ __align__(16) {ctype} {sa}[{stages * ea}];",
+        f"  __shared__ __align__(16) {ctype} {sb}[{stages * eb}];",
         *[f"  float {x.name};" for x in ir.allocs if x.space is MemSpace.REGISTER],
         "  const int pf_lane = pf_tid & 31, pf_warp = pf_tid >> 5;",
         f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
         f"pf_wn = (pf_warp % {t.warps_n}) * {t.block_n // t.warps_n};",
         f"  const int pf_m0 = {lm} + {gm} * {t.block_m}, pf_n0 = {ln} + {gn} * {t.block_n};",
+        f"  const int pf_la = {_lane_offset(a, t.block_m, t.block_k, 'pf_wm', 'A')};",
+        f"  const int pf_lb = {_lane_offset(b, t.block_n, t.block_k, 'pf_wn', b_role)};",
         f"  float pf_acc[{tm}][{tn}][4];",
         f"#pragma unroll\n  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         f"#pragma unroll\n    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
         "#pragma unroll\n      for (int pf_x = 0; pf_x < 4; ++pf_x)",
         "        pf_acc[pf_i][pf_j][pf_x] = 0.0f;",
-        f"  for (int pf_k0 = {lk}; pf_k0 <= {hk}; pf_k0 += {t.block_k}) {{",
-        "    __syncthreads();  // the previous k-tile's fragments are loaded",
-        *_fill(
-            a,
-            sa,
-            namer.tensor(a.tensor),
-            t.block_m,
-            t.block_k,
-            "pf_m0",
-            hm,
-            hk,
-            batch,
-            nthreads,
-            tk.dtype,
-        ),
-        *_fill(
-            b,
-            sb,
-            namer.tensor(b.tensor),
-            t.block_n,
-            t.block_k,
-            "pf_n0",
-            hn,
-            hk,
-            batch,
-            nthreads,
-            tk.dtype,
-        ),
-        "    __syncthreads();  // the shared tiles are filled",
+    ]
+    compute = [
         "#pragma unroll",
         f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {MMA_K}) {{",
-        f"      unsigned pf_fa[{tm}][4], pf_fb[{tn}][2];",
+        f"      unsigned pf_fa[{tm}][4], pf_fb[{tn // b_step}][{2 * b_step}];",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
-        f"{_ldmatrix(a, sa, t.block_m, t.block_k, f'pf_wm + {MMA_M} * pf_i', 4)});",
+        f"&pf_sa[{_step_offset(a, t.block_m, t.block_k, 'pf_i', MMA_M)}]);",
         "#pragma unroll",
-        f"      for (int pf_j = 0; pf_j < {tn}; ++pf_j) {_loader(b, 2)}(pf_fb[pf_j], "
-        f"{_ldmatrix(b, sb, t.block_n, t.block_k, f'pf_wn + {MMA_N} * pf_j', 2)});",
+        f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
+        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(b, t.block_n, t.block_k, 'pf_j', MMA_N)}]);",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         "#pragma unroll",
         f"        for (int pf_j = 0; pf_j < {tn}; ++pf_j) "
-        f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], pf_fb[pf_j], pf_acc[pf_i][pf_j]);",
+        f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], "
+        f"&pf_fb[pf_j / {b_step}][2 * (pf_j % {b_step})], pf_acc[pf_i][pf_j]);",
         "    }",
-        "  }",
     ]
+    fills = (
+        TileFill(a, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk, tuple(batch),
+                 nthreads, tk.dtype),
+        TileFill(b, sb, namer.tensor(b.tensor), t.block_n, t.block_k, "pf_n0", hn, hk, tuple(batch),
+                 nthreads, tk.dtype),
+    )  # fmt: skip
+    k_tiles = -(-(hk - lk + 1) // t.block_k)
+    lines += k_tile_loop(
+        fills,
+        (("pf_sa", "pf_la"), ("pf_sb", "pf_lb")),
+        compute,
+        stages,
+        tk.vector_fill,
+        lk,
+        k_tiles,
+    )
     # the epilogue, per accumulator element at its fragment (row, col)
     bp = BodyPrinter(as_global, idents, namer=namer)
     args = [*batch, "pf_row", "pf_col"]
@@ -222,7 +192,10 @@ def lower_mma_kernel(
     )
     itemsize = 2
     facts = KernelFacts(
-        shared_arrays=(SharedArray(ea * itemsize, 16), SharedArray(eb * itemsize, 16)),
+        shared_arrays=(
+            SharedArray(stages * ea * itemsize, 16),
+            SharedArray(stages * eb * itemsize, 16),
+        ),
         barriers=True,
         mma=True,
     )

@@ -116,7 +116,7 @@ def prelude_for(body: str) -> str:
     """The prelude a translation unit with kernels ``body`` needs (the cp.async primitives'
     header only where a kernel copies asynchronously, the 16-bit float types' headers only
     where a buffer holds them)."""
-    headers = PIPELINE_HEADER if "__pipeline_memcpy_async" in body else ""
+    headers = PIPELINE_HEADER if "__pipeline_" in body else ""
     headers += "#include <cuda_fp16.h>\n" if "__half" in body else ""
     headers += "#include <cuda_bf16.h>\n" if "__nv_bfloat16" in body else ""
     mma = TENSOR_CORE_PRELUDE if "pf_mma_" in body else ""  # tensorized kernels' intrinsics

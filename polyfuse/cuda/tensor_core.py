@@ -122,12 +122,23 @@ def _ldmatrix_function(matrices: int, trans: bool) -> str:
     )
 
 
+#: a 16-byte cp.async whose first ``bytes`` come from ``src`` and the rest are zero (a run-time
+#: src-size: ``__pipeline_memcpy_async``'s zero-fill argument compiles to a branch per value)
+_CP_ASYNC16 = (
+    "PF_INLINE void pf_cp_async16(void* dst, const void* src, int bytes) {\n"
+    "  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));\n"
+    '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(s), "l"(src), '
+    '"r"(bytes) : "memory");\n'
+    "}\n"
+)
+
 PRELUDE = (
     "// Tensor-core intrinsics (polyfuse.cuda.tensor_core); the CPU emulator defines its own.\n"
     "#ifndef PF_EMULATOR\n"
     "#ifndef PF_INLINE\n#define PF_INLINE __device__ __forceinline__\n#endif\n"
     + "".join(_mma_function(m) for m in INTRINSICS)
     + "".join(_ldmatrix_function(x, tr) for x in (1, 2, 4) for tr in (False, True))
+    + _CP_ASYNC16
     + "PF_INLINE unsigned pf_cvt_tf32(float x) {\n"
     "  unsigned r;\n"
     '  asm("cvt.rna.tf32.f32 %0, %1;\\n" : "=r"(r) : "f"(x));\n'

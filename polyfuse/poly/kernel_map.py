@@ -75,7 +75,7 @@ def map_kernel(
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if isinstance(gemm, GemmKernel):
         return gemm
-    tensorized = map_tensor_core(sm, device) if gemm == HALF_OPERANDS else None
+    tensorized = map_tensor_core(sm, device, cfg.gemm_stages) if gemm == HALF_OPERANDS else None
     if isinstance(tensorized, TensorCoreKernel):
         return tensorized
     mapped = map_to_gpu(sm, cfg, device)

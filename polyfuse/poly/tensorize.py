@@ -19,24 +19,32 @@ operands, and the update's access relations are the intrinsic's up to renaming a
 The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of
 warps, each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`.
 Out-of-range elements (odd M, N, K) are zero-filled in shared memory so whole mma tiles are
-correct, and the epilogue's stores are guarded. Where it does not apply, the reason is
+correct, and the epilogue's stores are guarded. Where every row of an operand's array starts
+16-byte aligned and the tile's chunks start on 8-element boundaries (:func:`fill_alignment`),
+the tiles are filled by 16-byte ``cp.async`` chunks and the k-tile loop is pipelined over S
+stages chosen by ALCOP's latency model (:func:`stage_problem`, the use time at the SM's
+tensor-core rate) inside the shared-memory budget; otherwise scalar single-stage fills, the
+reason noted. Where it does not apply, the reason is
 returned and the caller records it beside its other GEMM decisions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import TensorCoreData
 from polyfuse.graph.expr import Binary, Read
+from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.promote import access_function
+from polyfuse.poly.policy import GEMM_REG_OVERHEAD
+from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
@@ -104,6 +112,8 @@ class TensorCoreKernel(MappedKernel):
     b: MmaOperand | None = None
     tiling: MmaTiling | None = None
     stages: int = 1
+    #: the shared tiles are filled by 16-byte cp.async chunks (else scalar 2-byte copies)
+    vector_fill: bool = False
 
     def shared_bytes(self) -> int:
         """Bytes of the two 16-bit shared tiles (one stage each)."""
@@ -118,6 +128,57 @@ class TensorCoreKernel(MappedKernel):
 def tile_elements(op: MmaOperand, rows: int, k: int) -> int:
     """Elements of an operand's shared tile (``rows`` of m or n by ``k``, rows padded)."""
     return rows * (k + ROW_PAD) if op.k_inner else k * (rows + ROW_PAD)
+
+
+#: 16-bit elements per 16-byte chunk of a shared-tile fill (one cp.async)
+CHUNK = 8
+#: mma.sync m16n8k16 multiply-adds per SM and cycle (dense 16-bit): the datasheets' tensor
+#: rates (A100 312 TFLOP/s at 108 SMs x 1.41 GHz: 1024; GA10x/AD10x half that). Hopper's
+#: 2048 are wgmma's; mma.sync is assumed to reach half of them (no GPU measured it here).
+MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 1024}
+
+
+def fill_alignment(op: MmaOperand, lo: int) -> str:
+    """Why ``op``'s shared tile cannot be filled by 16-byte chunks, or "" when every chunk's
+    first element is 16-byte aligned: the array's innermost extent is a multiple of
+    :data:`CHUNK` (every row starts aligned, the base being aligned like every allocation),
+    and the innermost subscript at a chunk's start (``lo``, the lower bound of the dim it
+    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``."""
+    inner = op.shape[-1]
+    if inner % CHUNK:
+        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {CHUNK} elements"
+    off = lo + op.index[-1][1]
+    if off % CHUNK:
+        return f"{op.tensor}'s tile rows start at element {off} mod {CHUNK} (not 16-byte aligned)"
+    return ""
+
+
+def stage_problem(
+    sm: ScheduledMicrograph, tk: TensorCoreKernel, device: DeviceSpec
+) -> StageProblem:
+    """ALCOP's view of a tensorized k-tile loop (per block and k-tile): the use time is the
+    block's multiply-adds over the SM's tensor-core rate (:data:`MMA_FMA_PER_SM_CYCLE`)."""
+    t, shape = tk.tiling, tk.shape
+    assert t is not None and shape is not None and tk.a is not None and tk.b is not None
+    lk, hk = shape.red[0]
+    fma = t.block_m * t.block_n * t.block_k
+    regs = 4 * t.tiles_m * t.tiles_n + 4 * t.tiles_m + 2 * t.tiles_n + GEMM_REG_OVERHEAD
+    model = sm.model
+    dram = sum(
+        math.prod(model.tensors[n].shape) * model.tensors[n].itemsize
+        for n in (tk.a.tensor, tk.b.tensor)
+    )
+    rate = MMA_FMA_PER_SM_CYCLE.get(device.arch, 512)
+    return StageProblem(
+        fma_per_ktile=fma,
+        stage_bytes=tk.shared_bytes(),
+        ktiles=-(-(hk - lk + 1) // t.block_k),
+        blocks=tk.grid,
+        threads=32 * t.warps,
+        registers=regs,
+        dram_bytes=dram,
+        use_cycles=fma / rate,
+    )
 
 
 def _operand(
@@ -211,8 +272,28 @@ def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, 
     )
 
 
-def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKernel | str:
-    """The tensorized mapping of ``sm`` on ``device``, or why not (a string)."""
+def _pipelining(
+    sm: ScheduledMicrograph, tk: TensorCoreKernel, device: DeviceSpec, forced: int | None
+) -> tuple[bool, StageChoice]:
+    """Whether ``tk``'s tiles are filled by 16-byte cp.async chunks, and its stage count (the
+    ALCOP model, or ``forced`` within the budget), with the reasons."""
+    assert tk.shape is not None and tk.a is not None and tk.b is not None
+    if pipeline_stages(device.arch) == 1:
+        return False, StageChoice(1, f"single-stage: no cp.async on {device.arch}")
+    (lm, _), (ln, _) = tk.shape.data[-2], tk.shape.data[-1]
+    lk = tk.shape.red[0][0]
+    why = [fill_alignment(op, lk if op.k_inner else lo) for op, lo in ((tk.a, lm), (tk.b, ln))]
+    why = [w for w in why if w]
+    if why:
+        return False, StageChoice(1, "single-stage, scalar 2-byte fills: " + "; ".join(why))
+    return True, choose_stages(stage_problem(sm, tk, device), device, forced)
+
+
+def map_tensor_core(
+    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None
+) -> TensorCoreKernel | str:
+    """The tensorized mapping of ``sm`` on ``device``, or why not (a string); ``stages``
+    forces the k-tile pipeline's stage count (refused over the shared budget, noted)."""
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
         return f"no m16n8k16 mma.sync on {device.arch} (sm_80 and later)"
     got = match_mma(sm)
@@ -228,16 +309,15 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
+    bx = "x4 (two mma tiles)" if tiling.tiles_n % 2 == 0 else "x2"
     notes = [
         f"tensor cores: mma.sync.m16n8k16 {dtype} -> float32 accumulators; {why}",
         f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
-        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.x2"
+        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.{bx}"
         f"{'.trans' if b.trans else ''}; rows padded by {ROW_PAD} elements (bank conflicts)",
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",
-        "tensor cores: single-stage shared tiles (cp.async pipelining of the tensorized "
-        "kernel is not built yet)",
     ]
     decision = Decided(
         (DecisionKind.GEMM_LOOP,),
@@ -250,7 +330,7 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
         ),
     )
     ctx = isl.Set("{ : }", context=sm.model.ctx)
-    return TensorCoreKernel(
+    tk = TensorCoreKernel(
         sm,
         sm.schedule,
         ctx,
@@ -267,6 +347,25 @@ def map_tensor_core(sm: ScheduledMicrograph, device: DeviceSpec) -> TensorCoreKe
         b=b,
         tiling=tiling,
         thread_order=[("pf_tid", 32 * tiling.warps)],
+    )
+    vector, choice = _pipelining(sm, tk, device, stages)
+    fill = (
+        f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({CHUNK} "
+        "elements, zero-filled past the arrays' edges)"
+        if vector
+        else "tensor cores: scalar 2-byte shared fills"
+    )
+    tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
+    data = {
+        **decision.data,
+        "stages": choice.stages,
+        "fill": "cp.async 16 B" if vector else "scalar",
+    }
+    return replace(
+        tk,
+        stages=choice.stages,
+        vector_fill=vector,
+        layout=Decided(decision.kinds, decision.reason, data),
     )
 
 

@@ -57,6 +57,9 @@ class StageProblem:
     threads: int
     registers: int
     dram_bytes: int
+    #: cycles of one k-tile's multiply-adds where the caller models them (tensor cores);
+    #: 0: the FP32 CUDA-core rate below
+    use_cycles: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _candidate(p: StageProblem, s: int, device: DeviceSpec) -> StageCandidate:
     mplx = max(1, min(occ, -(-p.blocks // device.sms)))
     batch = min(p.blocks, device.sms * mplx)
     clock = device.sustained_clock_mhz * 1e6
-    t_use = p.fma_per_ktile / (device.fp32_lanes_per_sm * SGEMM_FFMA_SHARE)
+    t_use = p.use_cycles or p.fma_per_ktile / (device.fp32_lanes_per_sm * SGEMM_FFMA_SHARE)
     l2 = L2_LATENCY_CYCLES + p.stage_bytes * batch / (device.l2_gbps * 1e9 / clock)
     dram_share = p.dram_bytes * min(1.0, batch / p.blocks) / p.ktiles
     dram = DRAM_LATENCY_CYCLES + dram_share / (device.bandwidth_gbps * 1e9 / clock)

@@ -191,3 +191,9 @@ PF_LDM_INLINE void pf_ldmatrix_x2_trans(unsigned* r, const void* p, int line = _
 PF_LDM_INLINE void pf_ldmatrix_x4_trans(unsigned* r, const void* p, int line = __builtin_LINE()) {
   pf_ldmatrix<4, true>(r, p, line);
 }
+
+// cp.async of 16 bytes of which the first `bytes` come from global memory and the rest are
+// zero (the prelude's pf_cp_async16: cp.async.cg.shared.global with a run-time src-size, one
+// instruction on a GPU): the same copy as __pipeline_memcpy_async with that zero-fill. A macro,
+// so the access is reported at the kernel's line.
+#define pf_cp_async16(dst, src, bytes) __pipeline_memcpy_async((dst), (src), 16, 16 - (bytes))

@@ -1,0 +1,253 @@
+"""Tensorized GEMMs with 16-byte ``cp.async`` shared fills and an S-stage k-tile pipeline
+(issue 23 item 2 on the tensor-core path; :mod:`polyfuse.cuda.lower_mma_pipeline`).
+
+Correctness against float64 numpy in every emulator mode (plain, race check in reverse thread
+order, shadow), S = 1..4 forced and the ALCOP model's choice; a planted wrong wait count is
+caught; the bank counter sees no conflicts on the cp.async writes and ldmatrix reads; NVRTC
+compiles without spills; the SASS k-tile loop's HMMA share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_tensorize import CASES, HALVES, ODD, _array, _matmul
+
+import polyfuse
+from polyfuse import te
+from polyfuse.cuda import lower_mma_pipeline
+from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.poly.mapping import MappingConfig
+from polyfuse.poly.tensorize import MmaOperand, fill_alignment
+
+#: M, N, K: no multiple of 16 anywhere, but rows of whole 16-byte chunks (N, K multiples of
+#: 8), K over several k-tiles and a partial last one (200 = 6 x 32 + 8)
+ODD_ALIGNED = (67, 40, 200)
+#: A stored k-by-m: M = 72 (a multiple of 8, not of 16) keeps its rows whole chunks
+ODD_ALIGNED_T = (72, 40, 200)
+MODES = (False, True, "shadow")
+
+
+def _compile(inputs, out, stages, arch="sm_80"):
+    cfg = MappingConfig(gemm_stages=stages)
+    return polyfuse.compile(inputs, [out], arch=arch, check_cuda=False, mapping=cfg)
+
+
+def _run_all_modes(fn, dtype, arrays, want, modes=MODES):
+    w = want.astype(numpy_dtype(dtype))
+    for race in modes:
+        got = fn(*arrays, device="emulate", race_check=race)
+        err = np.abs(got.astype(np.float64) - w.astype(np.float64)).max()
+        assert tolerance(dtype).allclose(got, w), (race, err)
+
+
+def _stage_note(fn) -> str:
+    (note,) = [n for n in fn.kernels[0].notes if n.startswith("tensor cores: stages: ")][:1]
+    return note
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", HALVES)
+def test_pipelined_tensorized_matmuls_match_float64(dtype, stages):
+    """S forced to 1..4: 16-byte fills, S buffers per tile, the exact wait count; correct at
+    odd M, N, K (zero-filled edges, the partial last k-tile) in every emulator mode."""
+    for case in ("batched_trans_b_epilogue", "trans_a", "2d"):
+        size = ODD_ALIGNED_T if case == "trans_a" else ODD_ALIGNED
+        inputs, out, arrays, want = _matmul(dtype, *size, **CASES[case])
+        fn = _compile(inputs, out, stages)
+        src = fn.kernels[0].source
+        assert "pf_cp_async16(" in src and "pf_mma_m16n8k16" in src
+        assert _stage_note(fn).startswith(f"tensor cores: stages: {stages} stage")
+        if stages > 1:
+            assert f"__pipeline_wait_prior({stages - 2});" in src
+            # prologue, steady state, tail: one commit per k-tile
+            assert src.count("__pipeline_commit();") == 3
+        _run_all_modes(fn, dtype, arrays, want, MODES if case == "2d" else (True,))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_partial_chunks_at_the_reduction_edge_are_zero_filled(dtype):
+    """The reduction (53) ends inside a 16-byte chunk of arrays whose rows (56) are whole
+    chunks: the last chunk copies 5 elements and zero-fills 3 (cp.async's src-size), and what
+    lies past the reduction in the arrays is never read into the product."""
+    a = te.placeholder((67, 56), dtype, name="a")
+    b = te.placeholder((56, 40), dtype, name="b")
+    r = te.reduce_axis(53, name="r")
+    mm = te.compute((67, 40), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="mm")
+    arrays = [_array((67, 56), dtype), _array((56, 40), dtype)]
+    arrays[0][:, 53:] = arrays[1][53:, :] = np.nan  # poisons any read past the reduction
+    want = arrays[0][:, :53].astype(np.float64) @ arrays[1][:53].astype(np.float64)
+    for stages in (1, 3):
+        fn = _compile([a, b], mm, stages)
+        assert "pf_cp_async16(" in fn.kernels[0].source
+        _run_all_modes(fn, dtype, arrays, want, (False, True))
+
+
+def test_unaligned_rows_keep_the_scalar_single_stage_fill_with_the_reason():
+    inputs, out, arrays, want = _matmul("float16", *ODD, trans_b=True)
+    fn = _compile(inputs, out, 3)
+    src = fn.kernels[0].source
+    assert "pf_cp_async16" not in src and "__pipeline_" not in src
+    assert _stage_note(fn) == (
+        "tensor cores: stages: single-stage, scalar 2-byte fills: a's innermost extent 53 is "
+        "not a multiple of 8 elements; b's innermost extent 53 is not a multiple of 8 elements"
+    )
+    _run_all_modes(fn, "float16", arrays, want, (True,))
+
+
+def test_fill_alignment_reasons():
+    op = MmaOperand("x", (64, 40), (((1, 0, 0), 0), ((0, 0, 1), 0)), 0, True)
+    assert fill_alignment(op, 0) == ""
+    assert fill_alignment(op, 8) == ""
+    assert fill_alignment(op, 4) == "x's tile rows start at element 4 mod 8 (not 16-byte aligned)"
+    shifted = MmaOperand("x", (64, 40), (((1, 0, 0), 0), ((0, 0, 1), 3)), 0, True)
+    assert fill_alignment(shifted, 5) == ""  # subscript r + 3 from 5: element 8
+    odd = MmaOperand("x", (64, 36), (((1, 0, 0), 0), ((0, 0, 1), 0)), 0, True)
+    assert fill_alignment(odd, 0) == "x's innermost extent 36 is not a multiple of 8 elements"
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_planted_wrong_wait_count_is_caught(monkeypatch, stages):
+    """``wait_prior(S-1)`` instead of S-2 lets k-tile kt's copies still fly when it is read:
+    the emulator's poisoned (0xFF: NaN) stage reaches the result."""
+    inputs, out, arrays, want = _matmul("bfloat16", *ODD_ALIGNED)
+    monkeypatch.setattr(lower_mma_pipeline, "wait_pending", lambda s: s - 1)
+    fn = _compile(inputs, out, stages)
+    assert f"__pipeline_wait_prior({stages - 1});" in fn.kernels[0].source
+    got = fn(*arrays, device="emulate")
+    w = want.astype(numpy_dtype("bfloat16"))
+    assert not tolerance("bfloat16").allclose(got, w)
+    assert np.isnan(got.astype(np.float32)).any()
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_planted_missing_barrier_is_a_race(monkeypatch, stages):
+    """Without the barrier after the wait, a warp reads with ldmatrix the words another
+    thread's cp.async just landed, and the next k-tile's copies overwrite the stage a slower
+    warp still reads: the shadow race check reports it. (The reverse-order ThreadSanitizer
+    build, ``race_check=True``, does not: the ldmatrix reads go unseen there.)"""
+    from polyfuse.cuda import lower_mma
+    from polyfuse.errors import RaceError
+
+    inputs, out, arrays, want = _matmul("float16", *ODD_ALIGNED)
+    fn = _compile(inputs, out, stages)
+    fn(*arrays, device="emulate", race_check="shadow")  # the intact kernel is race-free
+    barrier = "__syncthreads();  // ... for every thread"
+
+    def planted(*args, **kwargs):
+        return [ln for ln in lower_mma_pipeline.k_tile_loop(*args, **kwargs) if barrier not in ln]
+
+    monkeypatch.setattr(lower_mma, "k_tile_loop", planted)
+    fn = _compile(inputs, out, stages)
+    assert barrier not in fn.kernels[0].source
+    with pytest.raises(RaceError, match="race on __shared__ 's_a'|race on __shared__ 's_b'"):
+        fn(*arrays, device="emulate", race_check="shadow")
+
+
+def test_cp_async_writes_and_ldmatrix_reads_are_bank_conflict_free(monkeypatch):
+    """Both tile layouts (k innermost and m/n innermost) and both tilings: every warp-level
+    cp.async write (8 lanes of a phase on 8 padded rows) and ldmatrix read is served in the
+    conflict-free number of wavefronts."""
+    import polyfuse.poly.tensorize as tz
+
+    for tilings in (((64, 64, 2, 2),), ((128, 128, 2, 4),)):
+        for case in ("trans_b", "2d", "trans_a"):
+            inputs, out, arrays, want = _matmul("float16", 96, 80, 112, **CASES[case])
+            monkeypatch.setattr(tz, "TILINGS", tilings)
+            fn = _compile(inputs, out, 2)
+            got = fn(*arrays, race_check="banks")
+            assert tolerance("float16").allclose(got, want.astype(np.float16))
+            lines = fn.cuda_source.splitlines()
+            sites = [s for t in fn.last_traffic for s in t.shared_banks]
+            copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+            loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+            assert {(s.access, s.width) for s in copies} == {("write", 16)}
+            assert {(s.access, s.width) for s in loads} == {("read", 16)}
+            assert len(loads) >= 2 and len(copies) >= 2  # steady state and tail
+            assert [str(s) for s in copies + loads if s.conflicts] == [], (tilings, case)
+
+
+def test_the_stage_model_chooses_inside_the_shared_budget():
+    """ALCOP's model with the tensor-core use time: the 128x128 tile's stages (20480 B each)
+    stop at 2 under the 48 KiB budget (S=3, 4 refused, also when forced); the 64x64 tile
+    (10240 B per stage) takes more where its loads are not hidden by fewer."""
+    inputs, out, _, _ = _matmul("bfloat16", 4096, 4096, 4096, trans_b=True)
+    fn = _compile(inputs, out, None)
+    notes = fn.kernels[0].notes
+    assert _stage_note(fn).startswith("tensor cores: stages: 2 stages by ALCOP's latency model")
+    assert "tensor cores: stages: S=3 refused: 3 x 20480 B = 61440 B > 49152 B budget" in notes
+    assert "block tile 128x128x32" in notes[0]
+    # two stages of 128 rows of 32 + 8 elements (A; B alike): 40960 B in all
+    assert "__shared__ __align__(16) __nv_bfloat16 s_a[10240];" in fn.kernels[0].source
+    (rec,) = [r for r in fn.plan.records() if r.data.get("what") == "tensorize"]
+    assert (rec.data["stages"], rec.data["fill"]) == (2, "cp.async 16 B")
+    forced = _compile(inputs, out, 4)
+    assert _stage_note(forced) == (
+        "tensor cores: stages: 4 stages forced, refused (4 x 20480 B = 81920 B > 49152 B budget): 2"
+    )
+    inputs, out, _, _ = _matmul("bfloat16", 1024, 1024, 2048, trans_b=True)
+    fn = _compile(inputs, out, None)
+    note = _stage_note(fn)
+    assert "block tile 64x64x32" in fn.kernels[0].notes[0]
+    chosen = int(note.split("stages: ")[1][0])
+    assert 2 <= chosen <= 4 and chosen * 10240 <= 49152, note
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_every_stage_count_without_spills(arch):
+    for stages in (1, 2, 3, 4):
+        for dtype, case in (("bfloat16", "batched_trans_b_epilogue"), ("float16", "trans_a")):
+            size = ODD_ALIGNED_T if case == "trans_a" else ODD_ALIGNED
+            inputs, out, _, _ = _matmul(dtype, *size, **CASES[case])
+            fn = _compile(inputs, out, stages, arch)
+            binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+            for r in binary.resources.values():
+                assert r.spill_stores == r.spill_loads == 0, (stages, case, r)
+
+
+def _hot_loop(m: int, n: int, k: int, arch: str, stages: int | None):
+    """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop holding HMMA: the
+    steady state of the k-tile loop (its guarded tail is unrolled after it)."""
+    from polyfuse.cuda.sass import (
+        DisassemblerNotFound,
+        find_disassembler,
+        find_loops,
+        parse_listing,
+    )
+
+    try:
+        dis = find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("NVIDIA's disassembler is not installed")
+    inputs, out, _, _ = _matmul("bfloat16", m, n, k, trans_b=True, epilogue=True)
+    fn = _compile(inputs, out, stages, arch)
+    binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
+    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
+        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
+        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
+        if hmma:
+            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
+            ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
+            return hmma, ldsm, ldgsts, len(ins) - hmma
+    raise AssertionError("no loop holds HMMA")
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sass_hot_loop_is_mostly_hmma(arch):
+    """The k-tile loop's steady state per iteration (bf16 x @ W^T + bias + GELU). Before the
+    16-byte fills (scalar 2-byte copies, one stage, B by ldmatrix.x2): 1 HMMA to 10.2 (sm_80)
+    / 11.0 (sm_90) other instructions for the 128x128 tile (4096^3), 1 to 19.3 / 21.1 for
+    64x64 (1024x1024x512). Now: 128x128, 2 stages, 1 to 1.62 / 1.72 -- the issue's at most 2;
+    64x64 (1024x1024x2048, 2 stages) 1 to 3.0 / 3.2 (its 2x4 mma tiles per warp need 4
+    ldmatrix per 8 mma)."""
+    hmma, ldsm, ldgsts, other = _hot_loop(4096, 4096, 4096, arch, None)
+    # 2 k-steps of 4x4 mma tiles: A 4 ldmatrix.x4, B 2 x4 (two mma tiles each); 2 + 2 chunks
+    assert (hmma, ldsm, ldgsts) == (32, 12, 4)
+    assert other <= 2 * hmma, (hmma, other)
+    hmma, ldsm, ldgsts, other = _hot_loop(1024, 1024, 2048, arch, 2)
+    assert (hmma, ldsm, ldgsts) == (16, 8, 4)
+    assert other <= 4 * hmma, (hmma, other)
