@@ -248,13 +248,14 @@ class CoarsenData(DecisionData):
 @dataclass(frozen=True, eq=False)
 class TensorCoreData(DecisionData):
     """A GEMM tensorized on warp-level MMA (poly/tensorize.py): the intrinsic, the block tile
-    (M, N, K), the warp grid and the shared-memory stages."""
+    (M, N, K), the warp grid, the shared-memory stages and how the tiles are filled."""
 
     what: str
     intrinsic: str
     block: list[int]
     warps: list[int]
     stages: int = 1
+    fill: str = "scalar"  # "cp.async 16 B" | "scalar"
 
 
 #: the family a plain dict belongs to, by the first of its decision's kinds listed here

@@ -356,11 +356,9 @@ def map_tensor_core(
         else "tensor cores: scalar 2-byte shared fills"
     )
     tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
-    data = {
-        **decision.data,
-        "stages": choice.stages,
-        "fill": "cp.async 16 B" if vector else "scalar",
-    }
+    data = replace(
+        decision.data, stages=choice.stages, fill="cp.async 16 B" if vector else "scalar"
+    )
     return replace(
         tk,
         stages=choice.stages,
