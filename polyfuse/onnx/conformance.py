@@ -190,7 +190,9 @@ def run_case(suite: str, name: str) -> CaseResult:
                 g, e = np.asarray(g), np.asarray(e)
                 if g.shape != e.shape:
                     raise AssertionError(f"output {k}: shape {g.shape}, expected {e.shape}")
-                if e.dtype.name == "bfloat16":  # ml_dtypes (kind "V"): compare as floats
+                if e.dtype.kind == "V" and e.dtype.name.startswith(("bfloat", "float")):
+                    # ml_dtypes floats (bfloat16, float8, float4; kind "V"): compare as float32,
+                    # where NaN equals NaN (assert_array_equal on float8 NaNs failed them)
                     g, e = g.astype(np.float32), e.astype(np.float32)
                 if e.dtype.kind in "fc":
                     np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"output {k}")
