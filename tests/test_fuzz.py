@@ -183,11 +183,12 @@ def _tanh_graph() -> GraphSpec:
 def test_shrinker_shrinks_a_planted_bug_to_a_tiny_graph_and_the_script_reproduces(
     monkeypatch, tmp_path
 ):
-    from polyfuse.cuda import printer
+    from polyfuse.cuda import body_printer
 
     spec = _tanh_graph()
     assert check_spec(spec).status == "pass"
-    monkeypatch.setitem(printer._UNARY, "tanh", "sinhf")  # the planted bug: tanh printed as sinh
+    # the planted bug: tanh printed as sinh
+    monkeypatch.setitem(body_printer._UNARY, "tanh", "sinhf")
     first = check_spec(spec)
     assert first.status == "mismatch"
     small = shrink(spec)
@@ -201,7 +202,7 @@ def test_shrinker_shrinks_a_planted_bug_to_a_tiny_graph_and_the_script_reproduce
     with pytest.raises(SystemExit) as bad:
         runpy.run_path(str(path), run_name="__main__")
     assert bad.value.code == 1
-    monkeypatch.setitem(printer._UNARY, "tanh", "tanhf")  # fixed: the script passes
+    monkeypatch.setitem(body_printer._UNARY, "tanh", "tanhf")  # fixed: the script passes
     with pytest.raises(SystemExit) as good:
         runpy.run_path(str(path), run_name="__main__")
     assert good.value.code == 0
