@@ -227,3 +227,30 @@ def test_16_bit_rows_run_eight_elements_per_lane_in_128_bit_words(dtype):
     fn32 = polyfuse.compile([x32], [ops.softmax(x32)], check_cuda=False)
     notes = [n for k in fn32.kernels for n in k.notes if "runs per lane" in n]
     assert notes and all("4-element runs per lane" in n for n in notes)
+
+
+def test_a_bool_mask_beside_a_16_bit_row_keeps_runs_of_eight():
+    """Fuzz seed 720130: a bool input (1-byte elements) set the run to 16, and the float16
+    row's 16-element group was printed as one ``uint2`` of eight pairs (g++ rejected
+    ``make_uint2`` with 8 arguments). Bool tensors stay scalar, so the run is 8."""
+    from polyfuse.reference import evaluate, tolerance
+
+    m = te.placeholder((32,), "bool", name="m")
+    x = te.placeholder((1,), "float16", name="x")
+    b = te.compute((32,), lambda i: m[i] - x[0], name="b", dtype="float16")
+    k = te.reduce_axis(32, name="k")
+    s = te.compute((1,), lambda i: te.sum(b[k], axis=[k]) / 32.0, name="s", dtype="float16")
+    y = te.compute((32,), lambda i: te.abs(s[0] * b[i]), name="y", dtype="float16")
+    fn = polyfuse.compile([m, x], [y, s], check_cuda=False)
+    notes = [n for kk in fn.kernels for n in kk.notes if "runs per lane" in n]
+    assert notes and all("16-element" not in n for n in notes)
+    mv = np.arange(32) % 3 == 0
+    xv = np.array([-0.233], np.float16)
+    want = evaluate([y, s], {m: mv, x: xv}, precision="float64")
+    t = tolerance("float16")
+    for order in ORDERS:
+        got = fn(mv, xv, race_check=order)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(
+                g.astype(np.float64), np.asarray(w, np.float64), rtol=t.rtol, atol=t.atol
+            )

@@ -62,10 +62,16 @@ def part_band(
 
 def run_length(model: PolyModel) -> int:
     """Elements per run: one 128-bit word of the narrowest global tensor the kernel reads or
-    writes (4 floats; 8 float16/bfloat16 elements, so a 16-bit graph moves 128 bits per
-    access rather than 64); never below :data:`VECTOR` (8-byte dtypes take two words)."""
-    sizes = [r.itemsize for r in model.tensors.values() if r.role in ("input", "output")]
-    return max(VECTOR, 16 // min(sizes)) if sizes else VECTOR
+    writes with vector words — 8 where that is a 16-bit float (so a 16-bit row moves 128 bits
+    per access rather than 64), else :data:`VECTOR` (4 floats; 8-byte dtypes take two words).
+    Bool tensors stay scalar (see :mod:`polyfuse.cuda.lower`), so they do not count: a run of
+    16 for a bool mask beside a float16 row would need 32-byte words (fuzz seed 720130)."""
+    sizes = [
+        r.itemsize
+        for r in model.tensors.values()
+        if r.role in ("input", "output") and r.dtype != "bool"
+    ]
+    return 8 if sizes and min(sizes) == 2 else VECTOR
 
 
 def choose_lane_vectors(
