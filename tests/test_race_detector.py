@@ -261,6 +261,41 @@ def test_syncwarp_orders_lanes_of_one_warp_only(emu):
         )
 
 
+# Warp 0's thread 0 and warp 1's thread 32 read s[5]; after a shuffle warp 0's thread 1 reads it
+# too, and after a __syncwarp thread 2 writes it. The syncs order the write after warp 0's reads,
+# but nothing orders it after thread 32's: a race. The shadow kept the last two readers, so
+# thread 1's read replaced thread 32's and the race went unreported.
+THIRD_READER = r"""
+extern "C" __global__ void third(const float* __restrict__ x, float* __restrict__ y) {
+  __shared__ float s[64];
+  int t = threadIdx.x;
+  s[t] = x[t];
+  __syncthreads();
+  float v = 0.0f;
+  if (t == 0 || t == 32) v = s[5];
+  v = __shfl_sync(0xffffffffu, v, 0);
+  if (t == 1) v += s[5];
+  __syncwarp();
+  if (t == 2) s[5] = 7.0f;
+  y[t] = v;
+}
+"""
+
+
+def test_a_read_by_another_warp_is_kept_beside_two_readers_of_one_warp(emu):
+    mod = emu.load(THIRD_READER, racecheck=True)
+    x, y = rand(64), np.zeros(64, np.float32)
+    with pytest.raises(RaceError) as info:
+        mod.run([Launch("third", (1, 1, 1), (64, 1, 1), ("x", "y"))], {"x": x, "y": y})
+    e = info.value
+    assert (e.kind, e.memory, e.element) == ("write-after-read", "s", 5)
+    assert e.lines == (line_of(THIRD_READER, "v = s[5]"), line_of(THIRD_READER, "s[5] = 7.0f"))
+    assert [t for t, _ in e.threads] == [(32, 0, 0), (2, 0, 0)]
+    # One warp alone: the shuffle and __syncwarp order all three accesses.
+    mod.run([Launch("third", (1, 1, 1), (32, 1, 1), ("x", "y"))], {"x": x, "y": y})
+    assert (y[:32] == x[5] + np.where(np.arange(32) == 1, x[5], 0)).all()
+
+
 # --------------------------------------------------------------------------------------------
 # Clean kernels
 # --------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ raises :class:`RaceError` with the kernel, the memory (``__shared__`` variable o
 element), both threads and both source lines (``addr2line`` on the library's ``-g`` info).
 Not seen: conflicts through raw pointers the pre-pass does not instrument (global memory
 reached other than through kernel parameters), and a race hidden because an earlier
-reader of the same byte was overwritten in the shadow (two readers are kept).
+reader of the same byte was overwritten in the shadow (two readers are kept: of two different
+warps whenever two warps read in the interval, each warp's newest).
 A race-check run with ``banks=True`` also counts shared-memory bank conflicts per access site
 (:mod:`.banks`); race-check libraries are built with ``-fno-tree-sra`` so a vector
 access (``float4``) stays one 16-byte access there, as in the CUDA source.

@@ -898,6 +898,30 @@ uint64_t pc_offset(const void* pc) {
   _exit(5);
 }
 
+// Records read c in the two reader slots of a shared byte. A later write by thread x races
+// with a reader of another warp, or of x's warp before x's last warp synchronisation; so the
+// slots keep readers of two different warps whenever two warps have read in this interval, and
+// of each warp its newest reader (an older one of the same warp adds nothing). Keeping just the
+// last two readers lost a third warp's read: a missing barrier between the ldmatrix reads of a
+// stage and the next cp.async writes to it went unreported in reverse thread order.
+inline void keep_reader(ShadowByte& e, const Access& c) {
+  auto live = [&](const Access& a) { return a.block == c.block && a.epoch == c.epoch; };
+  auto warp = [](const Access& a) { return a.thread / 32; };
+  if (!live(e.r1)) {
+    e.r1 = c;
+    e.r2 = Access{};
+  } else if (e.r1.thread == c.thread) {
+    e.r1 = c;
+  } else if (!live(e.r2) || e.r2.thread == c.thread || warp(e.r2) == warp(e.r1) ||
+             warp(e.r2) == warp(c)) {
+    e.r2 = c;  // a new warp beside r1's, or the newest reader of r2's warp
+  } else if (warp(e.r1) == warp(c)) {
+    e.r1 = c;  // the newest reader of r1's warp; r2 keeps the other warp
+  } else {
+    e.r2 = c;  // a third warp: any two different warps serve
+  }
+}
+
 void race_shared(Worker* w, const Fiber* f, const void* p, uint64_t size, int access,
                  const void* pc) {
   uint64_t off = uint64_t((const char*)p - w->arena), limit = uint64_t(w->arena_end - w->arena);
@@ -933,14 +957,8 @@ void race_shared(Worker* w, const Fiber* f, const void* p, uint64_t size, int ac
       }
       race(kind, 0, site, rel, size, *other, c);
     }
-    if (access == PF_WRITE) {
-      e.w = c;
-    } else if (!e.r1.block || e.r1.epoch != c.epoch || e.r1.thread == c.thread) {
-      if (e.r1.thread != c.thread || e.r1.epoch != c.epoch) e.r2 = Access{};
-      e.r1 = c;
-    } else {
-      e.r2 = c;
-    }
+    if (access == PF_WRITE) e.w = c;
+    else keep_reader(e, c);
   }
 }
 
