@@ -20,7 +20,6 @@ from polyfuse.cuda.namer import Namer, slots
 from polyfuse.errors import ScheduleError
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.policy import FLOAT_BYTES
 from polyfuse.stitch.gemm_rows import GemmRowsGroup, plan_rows
 from polyfuse.stitch.plan import KernelPlan, global_reads
 
@@ -38,7 +37,7 @@ def generate_gemm_rows(
     gkernel = lower_gemm_kernel(kname, gk, gbody, plan.gemm_placements, graph.idents, canonical)
     _, rbody = generate_ast(plan.rows)
     rkernel = lower_kernel(kname, plan.rows, rbody, plan.rows_placements, graph.idents, canonical)
-    tile_bytes = FLOAT_BYTES * plan.gemm_placements[g.tensor].smem_floats
+    tile_bytes = plan.gemm_placements[g.tensor].smem_bytes
     blocks = RowBlocks(tuple(gk.grid_dims), tuple(plan.rows.grid_dims), plan.repeat)
     cbuffer = Namer(slots(canonical)).shared(g.tensor) if canonical else ""
     kernel = join_kernels(kname, gkernel, rkernel, Namer().shared(g.tensor), cbuffer, blocks)

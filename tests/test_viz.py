@@ -432,3 +432,16 @@ def test_report_page_is_compressed_and_round_trips(bert_tiny, tmp_path):
     blob = re.search(r'id="report-data"[^>]*>([A-Za-z0-9+/=]+)</script>', html).group(1)
     assert json.loads(gzip.decompress(base64.b64decode(blob))) == json.loads(raw)
     assert "</script" not in blob and html == render_html(data)  # deterministic
+
+
+@pytest.mark.parametrize(("dtype", "itemsize"), [("float32", 4), ("float64", 8), ("float16", 4)])
+def test_shared_tile_bytes_are_in_the_dtype_of_the_tile(dtype, itemsize):
+    """A softmax row kept in shared memory takes 1000 elements of its register dtype (a double
+    8 bytes, a half widened to a float 4); the visualizer showed 4 bytes per element always."""
+    x = te.placeholder((64, 1000), name="x", dtype=dtype)
+    data = extract(polyfuse.compile([x], [ops.softmax(x, axis=-1, name="softmax")]))
+    (kernel,) = data["kernels"]
+    (tile,) = [p for p in kernel["placements"] if p["space"] == "shared"]
+    assert tile["bytes"] == 1000 * itemsize <= kernel["shared_bytes"]
+    shared = [d["placement"] for d in data["decisions"] if d["placement"]["space"] == "shared"]
+    assert shared and all(p["bytes"] == 1000 * itemsize for p in shared)

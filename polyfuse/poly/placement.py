@@ -28,7 +28,7 @@ from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import PlacementData
 from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
-from polyfuse.poly.policy import smem_itemsize, smem_words
+from polyfuse.poly.policy import FLOAT_BYTES, smem_itemsize, smem_words
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class Placement:
     #: a global scratch buffer (an internal tensor spilled): why it is not kept on chip;
     #: empty for inputs, outputs and on-chip tensors
     spill_why: str = ""
+    #: shared: bytes of one element of the tile (:func:`polyfuse.poly.policy.smem_itemsize`)
+    itemsize: int = 4
 
     @property
     def smem_floats(self) -> int:
@@ -52,6 +54,12 @@ class Placement:
         for _, size in self.box:
             n *= size
         return n if self.space == "shared" else 0
+
+    @property
+    def smem_bytes(self) -> int:
+        """Bytes of shared memory the tile takes (elements of :attr:`itemsize` bytes, in the
+        pool's 4-byte words: a double tile 8 per element, a float or a widened half 4)."""
+        return smem_words(self.smem_floats, self.itemsize) * FLOAT_BYTES
 
     @property
     def in_register(self) -> bool:
@@ -224,6 +232,7 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
             f"per-block footprint {n * 4} B in shared memory",
             box=box,
             smem_offset=used,
+            itemsize=size,
         )
         used += n
     return out

@@ -31,7 +31,7 @@ from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.graph.dtypes import register_dtype
 from polyfuse.poly.device import DeviceSpec
 
-FLOAT_BYTES = 4  # every buffer is float32 today
+FLOAT_BYTES = 4  # a float32 element; one word of the shared-memory pool
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
 COMBINE_SCRATCH_FLOATS_PER_THREAD = 1  # a reduction's cross-lane combine scratch
 #: Threads per block no CUDA device exceeds (sm_70..sm_90): launches above it are refused.

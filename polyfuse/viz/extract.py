@@ -338,7 +338,7 @@ def extract(fn) -> dict[str, Any]:
             }
         elif p is not None:
             nb = (
-                p.smem_floats * 4
+                p.smem_bytes
                 if p.space == "shared"
                 else (_nbytes(shape) if p.space == "global" else 0)
             )
@@ -447,7 +447,7 @@ def extract(fn) -> dict[str, Any]:
                         "tensor": p.tensor,
                         "space": p.space,
                         "reason": p.reason,
-                        "bytes": p.smem_floats * 4,
+                        "bytes": p.smem_bytes,
                     }
                     for p in kp.placements.values()
                 ],
