@@ -445,3 +445,48 @@ def test_shared_tile_bytes_are_in_the_dtype_of_the_tile(dtype, itemsize):
     assert tile["bytes"] == 1000 * itemsize <= kernel["shared_bytes"]
     shared = [d["placement"] for d in data["decisions"] if d["placement"]["space"] == "shared"]
     assert shared and all(p["bytes"] == 1000 * itemsize for p in shared)
+
+
+def test_kernel_memory_shows_stages_buffers_and_the_tensorized_region():
+    """A bfloat16 GEMM on tensor cores: the engine, the intrinsic, the warp grid and the
+    stages of its typed decision, its two operand arrays (stages included) and the source
+    lines that issue mma/ldmatrix; a float32 GEMM on CUDA cores: its cp.async stages and padded
+    tiles; an elementwise kernel: no pipeline."""
+    from polyfuse.base.decision_data import TensorCoreData
+
+    a = te.placeholder((256, 256), name="a", dtype="bfloat16")
+    b = te.placeholder((256, 256), name="b", dtype="bfloat16")
+    fn = polyfuse.compile([a, b], [ops.matmul(a, b, name="mm")])
+    (tc,) = [d.data for d in fn.plan.kernel_plans[0].layout if isinstance(d.data, TensorCoreData)]
+    (k,) = extract(fn)["kernels"]
+    mem = k["memory"]
+    assert mem["engine"] == "tensor cores" and mem["stages"] == tc.stages > 1
+    assert mem["intrinsic"] == f"mma.sync.aligned.{tc.intrinsic}" and mem["warps"] == tc.warps
+    assert mem["block_tile"] == tc.block and mem["fill"] == tc.fill
+    assert sum(mem["arrays"]) + mem["dynamic"] <= k["shared_bytes"] and len(mem["arrays"]) == 2
+    first, last = mem["region"]
+    lines = k["source"].splitlines()
+    assert "pf_ldmatrix" in lines[first] or "pf_mma" in lines[first]
+    assert "pf_mma" in lines[last] and first < last
+    assert f"{tc.stages} stages" in mem["plain"] and "tensor cores" in mem["plain"]
+
+    x, w = te.placeholder((256, 256), name="x"), te.placeholder((256, 256), name="w")
+    (k,) = extract(polyfuse.compile([x, w], [ops.matmul(x, w, name="mm")]))["kernels"]
+    mem = k["memory"]
+    assert mem["engine"] == "CUDA cores" and mem["stages"] == 2 and mem["region"] == []
+    assert {b["tensor"] for b in mem["buffers"]} == {"x", "w"}
+
+    y = te.placeholder((64, 64), name="y")
+    (k,) = extract(polyfuse.compile([y], [ops.relu(y, name="r")]))["kernels"]
+    assert k["memory"]["engine"] == "" and k["memory"]["plain"] == "no shared memory tiles"
+    assert "on-chip memory and pipeline" in render_html(extract(fn))
+
+
+def test_explain_names_the_engine_and_stages_of_a_gemm_kernel():
+    a = te.placeholder((128, 128), name="a", dtype="float16")
+    b = te.placeholder((128, 128), name="b", dtype="float16")
+    data = extract(polyfuse.compile([a, b], [ops.matmul(a, b, name="mm")]))
+    text = explain(data, "mm")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("kernel ")]
+    assert "tensor cores" in line and "mma.sync.aligned.m16n8k16.float16" in line
+    assert f"{data['kernels'][0]['memory']['stages']} stages" in line or "one shared stage" in line

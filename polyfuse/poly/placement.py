@@ -58,7 +58,10 @@ class Placement:
     @property
     def smem_bytes(self) -> int:
         """Bytes of shared memory the tile takes (elements of :attr:`itemsize` bytes, in the
-        pool's 4-byte words: a double tile 8 per element, a float or a widened half 4)."""
+        pool's 4-byte words: a double tile 8 per element, a float or a widened half 4); 0 for
+        a shared placement without a box (a GEMM's operand tiles: their passes size them)."""
+        if not self.box:
+            return 0
         return smem_words(self.smem_floats, self.itemsize) * FLOAT_BYTES
 
     @property

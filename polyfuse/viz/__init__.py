@@ -107,4 +107,8 @@ def explain(data: dict[str, Any], op: str | None = None) -> str:
             out.append(f"      in plain words: {pl['plain']}")
         for n in d["notes"]:
             out.append(f"    note: {n}")
+    kernels = {p["kernel"] for p in data["prims"] if p["id"] in sel}
+    for k in data["kernels"]:
+        if k["id"] in kernels and k["memory"]["engine"]:
+            out.append(f"kernel {k['id']}: {k['memory']['plain']}")
     return "\n".join(out)

@@ -19,6 +19,7 @@ from polyfuse.poly.costs import CONSTANTS
 from polyfuse.poly.device import device_for_arch
 from polyfuse.viz.groups import segments
 from polyfuse.viz.layout import layout
+from polyfuse.viz.memory import kernel_memory, memory_line
 from polyfuse.viz.plain import add_plain
 
 #: Every kind of reason an edge can carry.
@@ -418,6 +419,8 @@ def extract(fn) -> dict[str, Any]:
         params = [p.tensor for p in k.params if p.tensor]
         compulsory = sum(bufsize.get(t, 0) for t in params)
         ast = plan.asts.get(k.name)
+        mem = kernel_memory(kp, k)
+        mem["plain"] = memory_line(mem)
         kernels.append(
             {
                 "id": k.name,
@@ -453,6 +456,7 @@ def extract(fn) -> dict[str, Any]:
                 ],
                 "notes": list(k.notes),
                 "params": params,
+                "memory": mem,
             }
         )
 

@@ -132,16 +132,26 @@ function showKernel(id, hlMg){
   const lays = D.launch_layouts.filter((p) => p.kernel === id);
   const packs = D.packs.filter((p) => p.kernels.includes(id) || p.name === id);
   if (lays.length || packs.length) h += "<h3>launch decisions</h3>" + lays.map((p) => item(p.kinds, "", p.text, p.plain)).join("") + packs.map((p) => item(p.kinds, "", p.text, p.plain)).join("");
+  const mem = k.memory;
+  if (mem.engine || mem.buffers.length) {
+    h += `<h3>on-chip memory and pipeline</h3><div>${esc(mem.plain)}</div><table>`;
+    if (mem.engine) h += `<tr><td>engine</td><td><b>${esc(mem.engine)}</b>${mem.intrinsic ? " (" + esc(mem.intrinsic) + ")" : ""}</td></tr><tr><td>stages</td><td><b>${mem.stages}</b> (${esc(mem.fill)})</td></tr>`;
+    h += mem.buffers.map((b) => `<tr><td>shared ${esc(b.tensor)}</td><td>${b.bytes ? fmtB(b.bytes) + " per stage; " : ""}${esc(b.reason)}</td></tr>`).join("");
+    if (mem.arrays.length) h += `<tr><td>__shared__ arrays</td><td>${mem.arrays.map(fmtB).join(" + ")} (stages included)</td></tr>`;
+    if (mem.dynamic) h += `<tr><td>dynamic pool</td><td>${fmtB(mem.dynamic)}</td></tr>`;
+    if (mem.region.length) h += `<tr><td>tensorized region</td><td>source lines ${mem.region[0] + 1}–${mem.region[1] + 1} (highlighted below)</td></tr>`;
+    h += "</table>";
+  }
   h += "<h3>placements</h3><table>" + k.placements.map((p) => `<tr><td>${esc(p.tensor)}</td><td><b>${esc(p.space)}</b></td><td>${esc(p.reason)}${p.bytes ? " (" + fmtB(p.bytes) + ")" : ""}</td></tr>`).join("") + "</table>";
   if (k.notes.length) h += "<h3>notes</h3>" + k.notes.map((n) => `<div>${esc(n)}</div>`).join("");
   const lines = k.source.split("\n");
   const partOf = new Array(lines.length).fill(-1);
   k.parts.forEach((p, i) => { for (let j = p.start; j <= p.end && j < lines.length; j++) partOf[j] = i; });
   h += '<h3>CUDA source</h3><pre class="src" id="kernel-source">' + lines.map((ln, j) => {
-    const pi = partOf[j];
-    if (pi < 0) return `<span class="ln">${esc(ln) || " "}</span>`;
+    const pi = partOf[j], tc = mem.region.length && j >= mem.region[0] && j <= mem.region[1] ? " tc" : "";
+    if (pi < 0) return `<span class="ln${tc}">${esc(ln) || " "}</span>`;
     const p = k.parts[pi];
-    return `<span class="ln part${p.mg === hlMg ? " hl" : ""}" data-mg="${p.mg}" style="border-left-color:${PART_COLORS[k.micrographs.indexOf(p.mg) % PART_COLORS.length]}">${esc(ln) || " "}</span>`;
+    return `<span class="ln part${tc}${p.mg === hlMg ? " hl" : ""}" data-mg="${p.mg}" style="border-left-color:${PART_COLORS[k.micrographs.indexOf(p.mg) % PART_COLORS.length]}">${esc(ln) || " "}</span>`;
   }).join("") + "</pre>";
   h += `<h3>isl AST</h3><pre>${esc(k.ast)}</pre><h3>mapped schedule tree</h3><pre class="wrap">${esc(k.schedule)}</pre>`;
   $("v-kernel").innerHTML = h;

@@ -53,6 +53,7 @@ td,th{border-bottom:1px solid #eee;padding:3px 4px;text-align:left;vertical-alig
 .src .ln{display:block}
 .src .part{border-left:4px solid transparent;padding-left:4px}
 .src .hl{background:#fff3c4}
+.src .tc{background:#e6f4ea}
 h2{font-size:14px;margin:10px 0 4px}
 h3{font-size:13px;margin:10px 0 3px}
 .mut{color:var(--mut)}
