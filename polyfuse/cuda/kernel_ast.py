@@ -21,7 +21,15 @@ from polyfuse.stitch.facts import KernelFacts
 
 
 class KNode:
-    """A statement-level node."""
+    """A statement-level node (every one a frozen dataclass: passes build new nodes)."""
+
+
+def _tuples(node: object, *names: str) -> None:
+    """Freeze the child lists ``names`` of a frozen node as tuples (callers may pass lists)."""
+    for name in names:
+        value = getattr(node, name)
+        if not isinstance(value, tuple):
+            object.__setattr__(node, name, tuple(value))
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,7 @@ class KStream:
     step: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class KFor(KNode):
     """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
     register micro-tile, whose array then lives in registers; by ``unroll_by`` iterations
@@ -45,34 +53,46 @@ class KFor(KNode):
     init: KExpr
     cond: KExpr
     step: int
-    body: list[KNode]
+    body: tuple[KNode, ...]
     unroll: bool = False
     streams: tuple[KStream, ...] = ()
     unroll_by: int = 0
 
+    def __post_init__(self) -> None:
+        _tuples(self, "body", "streams")
 
-@dataclass
+
+@dataclass(frozen=True)
 class KIf(KNode):
     cond: KExpr
-    then: list[KNode]
-    orelse: list[KNode] = field(default_factory=list)
+    then: tuple[KNode, ...]
+    orelse: tuple[KNode, ...] = ()
+
+    def __post_init__(self) -> None:
+        _tuples(self, "then", "orelse")
 
 
-@dataclass
+@dataclass(frozen=True)
 class KDef(KNode):
     """``const int var = value;`` (a degenerate loop)."""
 
     var: str
     value: KExpr
-    body: list[KNode]
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body")
 
 
-@dataclass
+@dataclass(frozen=True)
 class KMark(KNode):
     """An isl mark (``part:<micrograph>`` separates the parts of a stitched kernel)."""
 
     name: str
-    body: list[KNode]
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body")
 
 
 @dataclass(frozen=True)
@@ -85,7 +105,7 @@ class KLaneAccess:
     args: tuple[KExpr, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class KVector(KNode):
     """A loop ``for var in [0, width)`` whose global accesses to ``loads`` / ``stores`` are
     whole 128-bit groups: loaded into per-lane registers before the loop body, stored after.
@@ -93,14 +113,17 @@ class KVector(KNode):
 
     var: str
     width: int
-    body: list[KNode]
+    body: tuple[KNode, ...]
     loads: tuple[KLaneAccess, ...]
     stores: tuple[KLaneAccess, ...]
     #: reads inside the loop of a tensor the group stores: they read its lane registers
     local: tuple[KLaneAccess, ...] = ()
 
+    def __post_init__(self) -> None:
+        _tuples(self, "body", "loads", "stores", "local")
 
-@dataclass
+
+@dataclass(frozen=True)
 class KStmt(KNode):
     """One instance of an isl statement; ``args`` are its domain coordinates. ``guard``: the
     instance runs only where it holds (a schedule over whole tiles guarded by the domain)."""
@@ -109,8 +132,11 @@ class KStmt(KNode):
     args: tuple[KExpr, ...]
     guard: KExpr | None = None
 
+    def __post_init__(self) -> None:
+        _tuples(self, "args")
 
-@dataclass
+
+@dataclass(frozen=True)
 class KParam:
     name: str
     ctype: str  # "const float*" | "float*" | "int"
@@ -477,7 +503,7 @@ _REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode
     KFor: lambda n, walk: replace(n, body=walk(n.body)),
     KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
     KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
-    KVector: lambda n, walk: KVector(n.var, n.width, walk(n.body), n.loads, n.stores, n.local),
+    KVector: lambda n, walk: replace(n, body=tuple(walk(n.body))),
 }
 
 
