@@ -279,4 +279,5 @@ class BodyPrinter:
 
 
 def _arg(a: str) -> KInt | KVar:
+    """A coordinate the caller wrote as C (a variable, or ``(pf_g0 + 3)``), kept as written."""
     return KInt(int(a)) if a.lstrip("-").isdigit() else KVar(a)
