@@ -149,13 +149,13 @@ def test_peel_splits_the_pipelined_loop_where_its_bound_tests_change():
         ],
     )
     first, steady, last = peel_loop(_ir([loop]), "kt").body
-    assert isinstance(first, KDef) and first.value == KInt(-1) and first.body == [copy]
+    assert isinstance(first, KDef) and first.value == KInt(-1) and first.body == (copy,)
     assert isinstance(steady, KFor) and (steady.init, steady.cond) == (
         KInt(0),
         KOp("<=", (KVar("kt"), KInt(6))),
     )
-    assert steady.body == [copy, use]  # no tests left
-    assert isinstance(last, KDef) and last.value == KInt(7) and last.body == [use]
+    assert steady.body == (copy, use)  # no tests left
+    assert isinstance(last, KDef) and last.value == KInt(7) and last.body == (use,)
 
 
 def test_strength_reduction_advances_a_pointer_per_k_tile():
@@ -175,7 +175,7 @@ def test_strength_reduction_advances_a_pointer_per_k_tile():
     odd = KCopy("s", (KInt(0),), "a", (KOp("%", (KVar("kt"), KInt(2))),), src_shape=(64,))
     loop = KFor("kt", KInt(0), KOp("<=", (KVar("kt"), KInt(7))), 1, [odd])
     (out,) = strength_reduce(_ir([loop]), ["kt"]).body
-    assert not out.streams and out.body == [odd]
+    assert not out.streams and out.body == (odd,)
 
 
 def test_copy_loop_with_a_thread_dependent_bound_runs_its_most_trips_guarded():

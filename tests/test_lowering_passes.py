@@ -173,7 +173,7 @@ def printer_decisions(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["printer.py", "body_printer.py", "gemm_printer.py", "c_wide.py"]
+    "module", ["printer.py", "body_printer.py", "c_wide.py"]
 )
 def test_printer_module_makes_no_lowering_decision(module):
     text = (Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / module).read_text()
@@ -346,7 +346,7 @@ def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
 
 
 def test_lower_fragments_loads_registers_before_the_micro_tile():
-    from polyfuse.cuda.gemm_printer import GemmBodyPrinter
+    from polyfuse.cuda.body_printer import c_value
     from polyfuse.cuda.kernel_ast import KCopy, KFragment
     from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
     from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
@@ -377,13 +377,16 @@ def test_lower_fragments_loads_registers_before_the_micro_tile():
     want = "r_a_frag[ii0] = s_a[((b0 + (4 * ii0)) - b0) * 8 + ((8 * kt0) - (8 * kt0))];"
     assert want in src
     # The update's reads of ``a`` print as the register; other statements' as before.
+    from polyfuse.cuda.kernel_access import KIdx
+    from polyfuse.cuda.lower_accesses import Resolver
     from polyfuse.poly.placement import Placement
 
-    bp = GemmBodyPrinter(after, {"a": Placement("a", "global", "input")}, {})
-    bp.current = "U"
-    assert bp.tensor_ref("a", (33, 40), ["r", "k"]) == "r_a_frag[ii0]"
-    bp.current = "E"
-    assert bp.tensor_ref("a", (33, 40), ["r", "k"]) == "a[r * 40 + k]"
+    r = Resolver(after, {"a": Placement("a", "global", "input")})
+    idx = [KIdx(KVar("r")), KIdx(KVar("k"))]
+    r.stmt = "U"
+    assert c_value(r.access("a", "float32", (33, 40), idx)) == "r_a_frag[ii0]"
+    r.stmt = "E"
+    assert c_value(r.access("a", "float32", (33, 40), idx)) == "a[r * 40 + k]"
 
 
 def test_lower_fragments_two_variables_and_a_pipelined_tile():

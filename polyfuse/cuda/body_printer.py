@@ -1,19 +1,21 @@
-"""The statement printer: one statement instance of the kernel AST as C, from its te body.
+"""The statement printer: the loads and stores of one statement instance as C.
 
-:class:`BodyPrinter` writes ``S(args)`` from the primitive's te expression with its loop
-variables replaced by ``args``; each tensor prints according to its placement (global buffers
-as ``name[linear index]``, register-resident tensors as scalars ``r_name``, shared tiles by
-their offsets), and a reduction's init/update/final statements set, combine into and store its
-accumulator. Element types, rounding of 16-bit stores and typed integer arithmetic follow
-the dtype passes (``cuda/lower_dtypes.py``). :mod:`polyfuse.cuda.printer` writes the kernel
-around these statements; the GEMM printer (:mod:`polyfuse.cuda.gemm_printer`) specialises the
-references.
+:func:`c_stores` writes the :class:`polyfuse.cuda.kernel_access.KStore` nodes that
+:mod:`polyfuse.cuda.lower_accesses` gave a statement instance, on one line: each access as its
+buffer's element (``name[offset]``, a register scalar, ``array[i][j]``), each value node as its
+C expression. Which buffer, index and conversion an access has was decided by that pass;
+element types and typed integer arithmetic follow the dtype passes (``cuda/lower_dtypes.py``).
+:mod:`polyfuse.cuda.printer` writes the kernel around these statements.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from polyfuse.base.errors import UnsupportedOpError
-from polyfuse.cuda.c_text import c_linear
+from polyfuse.base.visitor import Visitor
+from polyfuse.cuda.c_text import c_cond, c_index
 from polyfuse.cuda.c_wide import (
     REDUCE_OPS,
     UNARY_F64,
@@ -21,7 +23,29 @@ from polyfuse.cuda.c_wide import (
     int_floor,
     wide_identity,
 )
+from polyfuse.cuda.kernel_access import (
+    KAddr,
+    KAllReduce,
+    KBinary,
+    KCall,
+    KCast,
+    KCompare,
+    KConst,
+    KDataIndex,
+    KIdentity,
+    KIdx,
+    KLoad,
+    KLogical,
+    KOffset,
+    KReduce,
+    KSelect,
+    KStore,
+    KUnary,
+    KVal,
+)
+from polyfuse.cuda.kernel_ast import KernelIR, KInt, KVar
 from polyfuse.cuda.literals import c_double, c_float, c_int
+from polyfuse.cuda.lower_accesses import Accesses
 from polyfuse.cuda.lower_dtypes import (
     C_TYPES,
     FLOAT_TO_HALF,
@@ -29,10 +53,8 @@ from polyfuse.cuda.lower_dtypes import (
     is_float_register,
 )
 from polyfuse.cuda.namer import Namer
-from polyfuse.graph import expr as ex
-from polyfuse.graph.dtypes import is_float, numpy_dtype, register_dtype
+from polyfuse.graph.dtypes import is_float, numpy_dtype
 from polyfuse.poly.model import Statement
-from polyfuse.poly.placement import Placement
 
 _UNARY = {
     "exp": "expf",
@@ -48,7 +70,7 @@ _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 
 
-def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32", data: bool = False) -> str:
+def _int_floor(op: str, a: str, b: int, dtype: str = "int32", data: bool = False) -> str:
     """Python's ``a // b`` or ``a % b`` of integer ``a`` by a nonzero constant ``b``.
 
     Index arithmetic (int32, ``data`` False: bounded loop variables) uses the prelude's
@@ -57,8 +79,6 @@ def _int_floor(op: str, a: str, divisor: ex.Expr, dtype: str = "int32", data: bo
     Integer data (``data``: the dividend reads a tensor) and int64 use the typed
     ``pf_w_fdiv``/``pf_w_mod``, exact over the whole range; by ``-1`` the quotient is the
     wrapping negation and the remainder 0 (C's ``INT_MIN / -1`` traps on x86)."""
-    assert isinstance(divisor, ex.Const)
-    b = int(divisor.value)
     if dtype != "int32" or data:
         return int_floor(op, a, b, dtype)
     if b > 0:
@@ -73,74 +93,34 @@ def c_type(dtype: str) -> str | None:
     return "float" if is_float_register(dtype) else C_TYPES.get(dtype)
 
 
-class BodyPrinter(ex.ExprVisitor[str]):
-    """Prints te expressions for one statement instance."""
+class ValuePrinter(Visitor[str]):
+    """C text of the value nodes of a statement instance (one rule per node class)."""
 
-    def __init__(
-        self,
-        placements: dict[str, Placement],
-        idents: dict[int, str],
-        lane_guard: str | None = None,
-        laneless: set[str] | frozenset[str] = frozenset(),
-        combine: str | None = None,
-        combined: set[str] | frozenset[str] = frozenset(),
-        scratch: str = "",
-        namer: Namer | None = None,
-    ):
-        self.placements = placements
-        self.namer = namer or Namer()
-        self.idents = idents
-        self.lane_guard = lane_guard  # condition for global stores of lane-less statements
-        self.laneless = laneless
-        self.combine = combine  # "pf_allreduce_y<{op}, 256>" style template, or None
-        self.combined = combined  # reductions whose lanes hold partials (combine at final)
-        self.scratch = scratch  # shared scratch of the combine
-        self.scratch_dtype = "float32"  # its element type (a double where one combines)
-        self.lanes: dict[str, str] = {}  # inside a KVector: tensor -> its lane register
-        self.stmt_lanes: dict[str, dict[str, str]] = {}  # per statement, while in a KVector
+    node_classes = (
+        KIdx, KLoad, KAddr, KConst, KUnary, KBinary, KCompare, KLogical, KSelect, KCast,
+        KDataIndex, KCall, KIdentity, KReduce, KAllReduce, KOffset,
+    )  # fmt: skip
 
-    def tensor_ref(
-        self, ident: str, shape: tuple[int, ...], idx: list[str], store: bool = False
-    ) -> str:
-        if ident in self.lanes:
-            return self.lanes[ident]
-        p = self.placements[ident]
-        if p.space == "register" or (p.register_copy and not store):
-            return self.namer.register(ident)
-        if p.space == "shared":
-            name, dims = self.namer.shared(ident), [size for _, size in p.box]
-            idx = [f"({i} - {self.namer.lower_bound(name, d)})" for d, i in enumerate(idx)]
-            return c_linear(name, idx, dims)
-        return self.global_ref(ident, shape, idx)
+    def visit_KIdx(self, e: KIdx) -> str:
+        return c_index(e.expr)
 
-    def global_ref(self, ident: str, shape: tuple[int, ...], idx: list[str]) -> str:
-        """The element of ``ident``'s global buffer (whose dtype is the tensor's own: a
-        16-bit one is converted where it meets float registers, see :meth:`load`)."""
-        return c_linear(self.namer.tensor(ident), idx, list(shape))
+    def visit_KOffset(self, e: KOffset) -> str:
+        terms = []
+        for t in e.terms:
+            v = self.visit(t.value)
+            v = f"({v} - {self.visit(t.lo)})" if t.lo is not None else v
+            terms.append(v + (f" * {t.stride}" if t.stride != 1 or t.scaled else ""))
+        return " + ".join(terms) or "0"
 
-    def load(self, t: ex.Tensor, ident: str, idx: list[str]) -> str:
-        """A read of tensor ``t`` as a float register value: a 16-bit element of its global
-        buffer is widened (shared, register and lane copies already hold float32)."""
-        ref = self.tensor_ref(ident, t.shape, idx)
-        if t.dtype in HALF_TO_FLOAT and ref == self.global_ref(ident, t.shape, idx):
-            return f"{HALF_TO_FLOAT[t.dtype]}({ref})"
-        return ref
+    def visit_KLoad(self, e: KLoad) -> str:
+        return e.buffer.name + "".join(f"[{self.visit(i)}]" for i in e.index)
 
-    def rounded(self, t: ex.Tensor, ident: str, out_ref: str, idx: list[str], value: str) -> str:
-        """``value`` as stored at ``out_ref``: rounded to nearest even when that is an element
-        of a 16-bit global buffer."""
-        if t.dtype in FLOAT_TO_HALF and out_ref == self.global_ref(ident, t.shape, idx):
-            return f"{FLOAT_TO_HALF[t.dtype]}({value})"
-        return value
+    def visit_KAddr(self, e: KAddr) -> str:
+        if e.ctype:  # one scratch serves combines of two types
+            return f"reinterpret_cast<{c_type(e.ctype)}*>({e.buffer.name})"
+        return e.buffer.name
 
-    def expr(self, e: ex.Expr, env: dict[int, str]) -> str:
-        """C text of ``e``; ``env`` maps loop variable uid → C expression."""
-        return self.visit(e, env)
-
-    def visit_IterVar(self, e: ex.IterVar, env: dict[int, str]) -> str:
-        return env[e.uid]
-
-    def visit_Const(self, e: ex.Const, env: dict[int, str]) -> str:
+    def visit_KConst(self, e: KConst) -> str:
         if e.dtype == "bool":
             return "true" if e.value else "false"
         if e.dtype in ("int32", "int64"):
@@ -151,12 +131,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return c_double(e.value)
         return c_float(e.value)
 
-    def visit_Read(self, e: ex.Read, env: dict[int, str]) -> str:
-        idx = [self.visit(i, env) for i in e.indices]
-        return self.load(e.tensor, self.idents[e.tensor.uid], idx)
-
-    def visit_Unary(self, e: ex.Unary, env: dict[int, str]) -> str:
-        a = self.visit(e.a, env)
+    def visit_KUnary(self, e: KUnary) -> str:
+        a = self.visit(e.a)
         if e.op == "neg":
             return f"(-{a})"
         if e.op == "not":
@@ -171,13 +147,13 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return f"{UNARY_F64[e.op]}((double){a})"
         return f"{_UNARY[e.op]}({a})"
 
-    def visit_Binary(self, e: ex.Binary, env: dict[int, str]) -> str:
-        a, b = self.visit(e.a, env), self.visit(e.b, env)
+    def visit_KBinary(self, e: KBinary) -> str:
+        a, b = self.visit(e.a), self.visit(e.b)
         fl = is_float_register(e.dtype)
         if e.op in ("add", "sub", "mul"):
             return f"({a} {'+-*'['add sub mul'.split().index(e.op)]} {b})"
         if e.op == "div":  # true division, also of integers
-            if is_float(e.a.dtype) or is_float(e.b.dtype):
+            if is_float(e.operands[0]) or is_float(e.operands[1]):
                 return f"({a} / {b})"
             return f"((float){a} / (float){b})"
         if e.op == "pow":
@@ -194,8 +170,8 @@ class BodyPrinter(ex.ExprVisitor[str]):
                 return f"{e.op}({a}, {b})"
             return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
         if e.op in ("floordiv", "mod") and not fl and e.dtype != "float64":
-            data = any(isinstance(n, ex.Read) for n in ex.walk(e.a))
-            return _int_floor(e.op, a, e.b, e.dtype, data)  # by a nonzero constant (te checks)
+            assert isinstance(e.b, KConst)  # by a nonzero constant (te checks)
+            return _int_floor(e.op, a, int(e.b.value), e.dtype, e.data)
         if e.dtype == "float64" and e.op in ("floordiv", "mod"):
             q = f"floor((double){a} / (double){b})"
             return q if e.op == "floordiv" else f"({a} - {b} * {q})"
@@ -205,90 +181,103 @@ class BodyPrinter(ex.ExprVisitor[str]):
             return f"({a} - {b} * floorf({a} / {b}))"
         return self.visit_default(e)
 
-    def visit_Compare(self, e: ex.Compare, env: dict[int, str]) -> str:
-        return f"({self.visit(e.a, env)} {_CMP[e.op]} {self.visit(e.b, env)})"
+    def visit_KCompare(self, e: KCompare) -> str:
+        return f"({self.visit(e.a)} {_CMP[e.op]} {self.visit(e.b)})"
 
-    def visit_Logical(self, e: ex.Logical, env: dict[int, str]) -> str:
+    def visit_KLogical(self, e: KLogical) -> str:
         op = "&&" if e.op == "and" else "||"
-        return f"({self.visit(e.a, env)} {op} {self.visit(e.b, env)})"
+        return f"({self.visit(e.a)} {op} {self.visit(e.b)})"
 
-    def visit_Select(self, e: ex.Select, env: dict[int, str]) -> str:
-        cond, a, b = (self.visit(c, env) for c in e.children())
+    def visit_KSelect(self, e: KSelect) -> str:
+        cond, a, b = self.visit(e.cond), self.visit(e.a), self.visit(e.b)
         # A branch of another C type is converted to the result's first: the emulator's
         # global reads are proxies, and ``c ? ref<float> : int`` is an int there (float on
         # the GPU).
         want = "float" if is_float_register(e.dtype) else C_TYPES.get(e.dtype)
         a, b = (
-            f"(({want}){v})" if want and c_type(x.dtype) != want else v
-            for v, x in ((a, e.a), (b, e.b))
+            f"(({want}){v})" if want and c_type(d) != want else v
+            for v, d in ((a, e.operands[0]), (b, e.operands[1]))
         )
         return f"({cond} ? {a} : {b})"
 
-    def visit_Cast(self, e: ex.Cast, env: dict[int, str]) -> str:
-        a = self.visit(e.a, env)
+    def visit_KCast(self, e: KCast) -> str:
+        a = self.visit(e.a)
         if e.dtype in FLOAT_TO_HALF:  # rounded to the 16-bit type, held as float
             return f"{HALF_TO_FLOAT[e.dtype]}({FLOAT_TO_HALF[e.dtype]}((float){a}))"
-        if e.dtype == "int32" and is_float_register(e.a.dtype):
+        if e.dtype == "int32" and is_float_register(e.src):
             # toward zero, saturating, NaN to 0 (a C cast is undefined there: the emulator's
             # x86 gives INT_MIN for NaN, where the GPU's cvt.rzi gives 0)
             return f"__float2int_rz({a})"
-        if (conv := cast_from_float(e.a.dtype, e.dtype, a)) is not None:
+        if (conv := cast_from_float(e.src, e.dtype, a)) is not None:
             return conv
         return f"(({C_TYPES[e.dtype]}){a})"
 
-    def visit_DataIndex(self, e: ex.DataIndex, env: dict[int, str]) -> str:
-        return f"((int){self.visit(e.a, env)})"
+    def visit_KDataIndex(self, e: KDataIndex) -> str:
+        return f"((int){self.visit(e.a)})"
 
-    def visit_default(self, e: ex.Expr, *args: object) -> str:
+    def visit_KCall(self, e: KCall) -> str:
+        return f"{e.fn}({', '.join(self.visit(a) for a in e.args)})"
+
+    def visit_KIdentity(self, e: KIdentity) -> str:
+        return _IDENTITY[e.op] if is_float_register(e.dtype) else wide_identity(e.op, e.dtype)
+
+    def visit_KReduce(self, e: KReduce) -> str:
+        acc, v = self.visit(e.acc), self.visit(e.value)
+        if e.op == "sum":
+            return f"{acc} + {v}"
+        if is_float_register(e.dtype):
+            return f"pf_f{e.op}f({acc}, {v})"
+        return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({acc}, {v})"
+
+    def visit_KAllReduce(self, e: KAllReduce) -> str:
+        if is_float_register(e.dtype):
+            op, fn = f"pf_{e.op}", "pf_allreduce"
+        else:
+            op, fn = f"{REDUCE_OPS[e.op]}<{C_TYPES[e.dtype]}>", "pf_w_allreduce"
+        # lanes across thread rows ("x") or consecutive threads (every other form)
+        fn, args = (f"{fn}_x", f"{e.lanes}, {e.kept}") if e.form == "x" else (f"{fn}_y", e.lanes)
+        return f"{fn}<{op}, {args}>({self.visit(e.value)}, {self.visit(e.scratch)})"
+
+    def visit_default(self, e: Any, *args: object) -> str:
         raise UnsupportedOpError(f"cannot print expression {e!r}")
 
-    def statement(self, s: Statement, args: list[str], ident: str) -> str:
-        t = s.tensor
-        assert t.op is not None
-        dims = [a for a in t.op.axes if a.extent > 1] + [
-            a for a in t.op.reduce_axes if a.extent > 1
-        ]
-        env = {a.uid: str(a.lo) for a in t.op.axes + t.op.reduce_axes}
-        env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
-        out_idx = [env[a.uid] for a in t.op.axes]
-        out_ref = self.tensor_ref(ident, t.shape, out_idx, store=True)
-        place = self.placements[ident]
-        guard = self.lane_guard if s.name in self.laneless and place.space == "global" else None
 
-        def store(value: str) -> str:
-            if place.register_copy:
-                reg = self.namer.register(ident)
-                st = f"{out_ref} = {self.rounded(t, ident, out_ref, out_idx, reg)};"
-                st = f"if ({guard}) {st}" if guard else st
-                return f"{reg} = {value}; {st}"
-            value = self.rounded(t, ident, out_ref, out_idx, value)
-            return f"if ({guard}) {out_ref} = {value};" if guard else f"{out_ref} = {value};"
+_VALUES = ValuePrinter()
 
-        if s.role == "compute":
-            return store(self.expr(t.op.body, env))
-        red = t.op.reduce
-        assert red is not None
-        acc = self.tensor_ref(f"{ident}_acc", t.shape, out_idx)
-        held = register_dtype(red.dtype)  # the accumulator's (check_codegen_dtypes)
-        if s.role == "init":
-            start = _IDENTITY[red.op] if is_float_register(held) else wide_identity(red.op, held)
-            return f"{acc} = {start};"
-        if s.role == "final":
-            if self.combine and s.prim in self.combined:
-                scratch = self.scratch
-                if held != self.scratch_dtype:  # one scratch serves combines of two types
-                    scratch = f"reinterpret_cast<{c_type(held)}*>({scratch})"
-                if is_float_register(held):
-                    fn = self.combine.format(op=f"pf_{red.op}")
-                    return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
-                ct = C_TYPES[held]
-                fn = self.combine.replace("pf_allreduce", "pf_w_allreduce")
-                fn = fn.format(op=f"{REDUCE_OPS[red.op]}<{ct}>")
-                return f"{acc} = {fn}({acc}, {scratch}); " + store(acc)
-            return store(acc)
-        v = self.expr(red.body, env)
-        if red.op == "sum":
-            return f"{acc} = {acc} + {v};"
-        if is_float_register(held):
-            return f"{acc} = pf_f{red.op}f({acc}, {v});"
-        return f"{acc} = pf_w_{red.op}<{C_TYPES[held]}>({acc}, {v});"
+
+def c_value(v: KVal) -> str:
+    """C text of a value node."""
+    return _VALUES.visit(v)
+
+
+def c_store(s: KStore) -> str:
+    """One store as a C statement (``if (guard)`` where it has one)."""
+    dst = _VALUES.visit(KLoad(s.buffer, s.index))
+    text = f"{dst} = {c_value(s.value)};"
+    return f"if ({c_cond(s.guard)}) {text}" if s.guard is not None else text
+
+
+def c_stores(stores: Sequence[KStore]) -> str:
+    """A statement instance's stores on one line."""
+    return " ".join(c_store(s) for s in stores)
+
+
+class BodyPrinter:
+    """One statement instance as C outside a lowered kernel IR (the tensor-core epilogue of
+    :mod:`polyfuse.cuda.lower_mma`): lowered by :class:`polyfuse.cuda.lower_accesses.Accesses`
+    over ``placements`` and printed by :func:`c_stores`."""
+
+    def __init__(self, placements: Mapping[str, Any], idents: Mapping[int, str],
+                 namer: Namer | None = None):  # fmt: skip
+        ir = KernelIR("", (), (), (), (), namer=namer or Namer())
+        self.accesses = Accesses(ir, [], placements, idents)
+
+    def statement(self, s: Statement, args: Sequence[str], ident: str) -> str:
+        """``s`` at the C expressions ``args`` (loop variables) storing tensor ``ident``."""
+        assert ident == s.prim, (ident, s.prim)
+        return c_stores(self.accesses.statement(s, [_arg(a) for a in args]))
+
+
+def _arg(a: str) -> KInt | KVar:
+    """A coordinate the caller wrote as C (a variable, or ``(pf_g0 + 3)``), kept as written."""
+    return KInt(int(a)) if a.lstrip("-").isdigit() else KVar(a)

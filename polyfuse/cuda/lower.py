@@ -2,14 +2,15 @@
 
 The passes, in order: buffers from placements (:mod:`polyfuse.cuda.lower_buffers`), the lane
 combine (:mod:`polyfuse.cuda.lower_combines`), barriers between stitched parts
-(:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`).
+(:mod:`polyfuse.cuda.lower_barriers`), element types (:mod:`polyfuse.cuda.lower_dtypes`),
+loads and stores on scoped buffers (:mod:`polyfuse.cuda.lower_accesses`).
 GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
 (:mod:`polyfuse.cuda.lower_promotions`) pipelined over S stages where the schedule asks
 (:mod:`polyfuse.cuda.lower_pipeline`: buffer expansion, producer and consumer stage indices,
 commit/wait with the exact count), barrier statements, the register micro-tile
 (:mod:`polyfuse.cuda.lower_register_tile`), register fragments of the operands
 (:mod:`polyfuse.cuda.lower_fragments`), vector stores of the epilogue
-(:mod:`polyfuse.cuda.lower_vector_stores`), element types.
+(:mod:`polyfuse.cuda.lower_vector_stores`), element types, loads and stores.
 This module only translates the poly stage's objects into the passes' plain inputs (isl
 bounds become kernel-AST expressions here); :func:`polyfuse.cuda.printer.emit_kernel` then
 writes the final IR as text. Given the structural key's canonical names (``canonical``), a
@@ -26,9 +27,9 @@ import islpy as isl
 
 from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.astgen import convert_expr, expr_from
-from polyfuse.cuda.gemm_printer import GemmBodyPrinter
 from polyfuse.cuda.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
 from polyfuse.cuda.kernel_function import instantiate_function, print_function
+from polyfuse.cuda.lower_accesses import lower_accesses
 from polyfuse.cuda.lower_addresses import strength_reduce
 from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers, lower_sync_statements
 from polyfuse.cuda.lower_buffers import BufferPlacement, alloc_buffers
@@ -207,6 +208,7 @@ def lower_kernel(
     ir = insert_barriers(ir, barrier_scope(mm.combine_form, mm.lanes))
     ir = vectorize(ir, vector_plan(mm, placements))  # coarsened kernels and reduction runs
     ir = assign_dtypes(ir, storage_dtypes(mm.scheduled.model))
+    ir = lower_accesses(ir, mm.scheduled.model.statements, placements, idents)
     kernel = emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
     return instantiate_kernel(kernel, canonical, name)
 
@@ -304,9 +306,8 @@ def lower_gemm_kernel(
     shapes = {t: tuple(model.tensors[t].shape) for t in gk.vector_stores.values()}
     ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
     ir = assign_dtypes(ir, storage_dtypes(model))
-    kernel = emit_kernel(
-        ir, model.statements, as_global, idents, GemmBodyPrinter(ir, as_global, idents)
-    )
+    ir = lower_accesses(ir, model.statements, as_global, idents)
+    kernel = emit_kernel(ir, model.statements, as_global, idents)
     # the tile model's register estimate (the same figure its ranking used)
     choice = gk.tiling.choice
     regs = gemm_tile_registers(choice[2], choice[3]) if choice is not None else None

@@ -1,17 +1,18 @@
-"""CUDA C printer: lowered kernel IR + statement bodies (from the te expressions) → CUDA source.
+"""CUDA C printer: lowered kernel IR → CUDA source.
 
 A pure function of the IR (:func:`emit_kernel`): parameters, allocations, barriers, combines
 and element types are decided by the lowering passes (``cuda/lower*.py``) and only written here.
 Every name it writes for a tensor comes from the IR's :class:`polyfuse.cuda.namer.Namer`.
 
-Every statement instance ``S(args)`` of the kernel AST is printed from the primitive's te body
-by :class:`polyfuse.cuda.body_printer.BodyPrinter`; this module writes the kernel around the
-statements (the prelude, parameters, allocations, loops, barriers, copies, vectors).
+Every statement instance ``S(args)`` holds its loads and stores on scoped buffers
+(:mod:`polyfuse.cuda.lower_accesses`), written by :func:`polyfuse.cuda.body_printer.c_stores`;
+a vector group holds its whole-word loads and stores. This module writes the kernel around
+the statements (the prelude, parameters, allocations, loops, barriers, copies, vectors).
 """
 
 from __future__ import annotations
 
-from polyfuse.cuda.body_printer import BodyPrinter, c_type
+from polyfuse.cuda.body_printer import c_stores, c_type, c_value
 from polyfuse.cuda.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
 from polyfuse.cuda.c_wide import (
     WIDE_PRELUDE,
@@ -32,7 +33,6 @@ from polyfuse.cuda.kernel_ast import (
     KFor,
     KIf,
     KInt,
-    KLaneAccess,
     KMark,
     KStmt,
     KThreadGrid,
@@ -54,7 +54,6 @@ from polyfuse.cuda.lower_dtypes import (
 from polyfuse.cuda.lower_facts import kernel_facts
 from polyfuse.cuda.namer import Namer
 from polyfuse.cuda.tensor_core import PRELUDE as TENSOR_CORE_PRELUDE
-from polyfuse.graph.dtypes import register_dtype
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 
@@ -126,10 +125,8 @@ def prelude_for(body: str) -> str:
 class _Emitter(KVisitor[list[str]]):
     """Writes kernel IR nodes as C (``buffers``: the shapes of the allocations, for copies)."""
 
-    def __init__(self, emit_stmt, buffers: dict[str, tuple[int, ...]], emit_vector=None):
-        self.emit_stmt = emit_stmt
+    def __init__(self, buffers: dict[str, tuple[int, ...]]):
         self.buffers = buffers
-        self.emit_vector = emit_vector
 
     def async_copy(self, n: KAsyncCopy) -> str:
         """``cp.async`` of ``4 * width`` bytes; outside the guard nothing is read (the source
@@ -209,7 +206,9 @@ class _Emitter(KVisitor[list[str]]):
         return out
 
     def visit_KStmt(self, n: KStmt, pad: str, depth: int) -> list[str]:
-        text = self.emit_stmt(n)
+        if not n.stores:
+            raise TypeError(f"statement {n.stmt} reached the printer without its accesses")
+        text = c_stores(n.stores)
         if n.guard is not None:
             text = f"if ({c_cond(n.guard)}) {{ {text} }}"
         return [pad + text]
@@ -235,32 +234,7 @@ class _Emitter(KVisitor[list[str]]):
         return [pad + text]
 
     def visit_KVector(self, n: KVector, pad: str, depth: int) -> list[str]:
-        if self.emit_vector is None:
-            return self.visit_default(n, pad, depth)
-        return self.emit_vector(n, depth, self)
-
-
-def _lane_ref(bp: BodyPrinter, s: Statement, access: KLaneAccess, store: bool) -> tuple[str, str]:
-    """The global element statement ``s`` touches in ``access.tensor`` at lane 0 of a group,
-    as a plain array reference, and the dtype of the array."""
-    t = s.tensor
-    assert t.op is not None
-    args = [c_index(a) for a in access.args]
-    # the statement's domain: data axes, then (a reduction's update) reduced axes
-    dims = [a for a in t.op.axes if a.extent > 1] + [a for a in t.op.reduce_axes if a.extent > 1]
-    env = {a.uid: str(a.lo) for a in t.op.axes + t.op.reduce_axes}
-    env.update({a.uid: args[i] for i, a in enumerate(dims) if i < len(args)})
-    if store:
-        idx = [env[a.uid] for a in t.op.axes]
-        ref = bp.tensor_ref(access.tensor, t.shape, idx, store=True)
-        dtype, shape = t.dtype, t.shape
-    else:
-        read = next(r for r in t.op.reads() if bp.idents[r.tensor.uid] == access.tensor)
-        idx = [bp.expr(i, env) for i in read.indices]
-        ref = bp.tensor_ref(access.tensor, read.tensor.shape, idx)
-        dtype, shape = read.tensor.dtype, read.tensor.shape
-    # a shared-memory copy holds the register dtype (float32 for a 16-bit tensor)
-    return ref, dtype if ref == bp.global_ref(access.tensor, shape, idx) else register_dtype(dtype)
+        return _vector_lines(n, depth, self)
 
 
 def _half2(dtype: str) -> tuple[str, str]:
@@ -321,44 +295,23 @@ def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[
     return lines + [f"{pad}  }}"]
 
 
-def _vector_lines(
-    n: KVector, depth: int, emit: _Emitter, bp: BodyPrinter, stmts: dict[str, Statement]
-) -> list[str]:
-    """A group of ``n.width`` lanes: whole-word loads (float4; 16-bit lanes eight or four per
-    word), the lanes on float registers, whole-word stores."""
+def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
+    """A group of ``n.width`` lanes (its loads and stores lowered by
+    :mod:`polyfuse.cuda.lower_accesses`): whole-word loads (float4; 16-bit lanes eight or four
+    per word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
     out = [f"{pad}{{"]
-    names: dict[str, str] = {}  # lane-0 address -> its lane registers (loaded once)
-    streams: dict[str, int] = {}  # tensor -> distinct addresses loaded so far
-    lanes: dict[str, dict[str, str]] = {}
-    namer = bp.namer
-    for a in n.loads:
-        ref, dtype = _lane_ref(bp, stmts[a.stmt], a, store=False)
-        if ref not in names:
-            k = streams.get(a.tensor, 0)
-            streams[a.tensor] = k + 1
-            names[ref] = namer.vector(a.tensor, k)
-            words = n.width // WORDS.get(dtype, ("", 4))[1]  # float4s; 16-bit: one (qs[0])
-            qs = [namer.quad(a.tensor, k, j) for j in range(words)]
-            lines, vals = _vector_load(pad, ref, dtype, n.width, qs)
-            out += lines
-            ctype = c_type(register_dtype(dtype))
-            out.append(f"{pad}  {ctype} {names[ref]}[{n.width}] = {{{vals}}};")
-        lanes.setdefault(a.stmt, {})[a.tensor] = f"{names[ref]}[{n.var}]"
-    for a in n.stores:
-        ctype = c_type(register_dtype(stmts[a.stmt].tensor.dtype))
-        out.append(f"{pad}  {ctype} {namer.vector(a.tensor, 0)}[{n.width}];")
-        lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
-    for a in n.local:
-        lanes.setdefault(a.stmt, {})[a.tensor] = f"{namer.vector(a.tensor, 0)}[{n.var}]"
-    bp.stmt_lanes = lanes
+    for lane in n.lane_loads:
+        ref, dtype = c_value(lane.target), lane.target.buffer.dtype
+        lines, vals = _vector_load(pad, ref, dtype, n.width, list(lane.words))
+        out += lines
+        out.append(f"{pad}  {c_type(lane.lanes.dtype)} {lane.lanes.name}[{n.width}] = {{{vals}}};")
+    out += [f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];" for x in n.lane_stores]
     out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
     out += emit(n.body, depth + 2)
     out.append(f"{pad}  }}")
-    bp.stmt_lanes, bp.lanes = {}, {}
-    for a in n.stores:
-        ref, dtype = _lane_ref(bp, stmts[a.stmt], a, store=True)
-        out += _vector_store(pad, ref, dtype, n.width, namer.vector(a.tensor, 0))
+    for x in n.lane_stores:
+        out += _vector_store(pad, c_value(x.target), x.target.buffer.dtype, n.width, x.lanes.name)
     out.append(f"{pad}}}")
     return out
 
@@ -414,48 +367,15 @@ def emit_kernel(
     statements: list[Statement],
     placements: dict[str, Placement],
     idents: dict[int, str],
-    body_printer: BodyPrinter | None = None,
 ) -> Kernel:
-    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them).
-
-    ``body_printer`` prints the statements (default: :class:`BodyPrinter` over ``placements``
-    with the IR's combine and lane guard).
-    """
+    """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them;
+    its statements hold their loads and stores, :mod:`polyfuse.cuda.lower_accesses`).
+    ``statements``, ``placements`` and ``idents`` feed the work estimate of its facts."""
     c = ir.combine
-    combine = None
-    if c is not None:
-        combine = (
-            f"pf_allreduce_x<{{op}}, {c.lanes}, {c.kept}>"
-            if c.form == "x"
-            else f"pf_allreduce_y<{{op}}, {c.lanes}>"
-        )
-    lane_guard = " && ".join(f"{p} == 0" for p in ir.lane_params) if ir.reduction else None
-    bp = body_printer or BodyPrinter(
-        placements,
-        idents,
-        lane_guard,
-        ir.laneless,
-        combine,
-        c.reductions if c else frozenset(),
-        c.scratch if c else "",
-        ir.namer,
-    )
-    stmts = {s.name: s for s in statements}
-    if c is not None:
-        bp.scratch_dtype = next((a.dtype for a in ir.allocs if a.name == c.scratch), "float32")
-
-    def emit_stmt(n: KStmt) -> str:
-        s = stmts[n.stmt]
-        bp.lanes = bp.stmt_lanes.get(n.stmt, {})
-        return bp.statement(s, [c_index(a) for a in n.args], s.prim)
-
-    def emit_vector(n: KVector, depth: int, emit: _Emitter) -> list[str]:
-        return _vector_lines(n, depth, emit, bp, stmts)
-
     check_declared(ir)
     lines = _allocs(ir.allocs, ir.thread_grids)
     buffers = {a.name: a.shape for a in ir.allocs}
-    lines += _Emitter(emit_stmt, buffers, emit_vector)(ir.body, 1)
+    lines += _Emitter(buffers)(ir.body, 1)
     # the launch indices are printed by print_function, given as its parameters
     printed = KFunction(
         tuple((p.ctype, p.name) for p in ir.params),
