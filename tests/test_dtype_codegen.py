@@ -286,3 +286,48 @@ def test_every_suite_subgraph_in_16_bits_matches_the_oracle(dtype):
 
     for name in suite.NAMES:
         _suite_case(name, dtype)
+
+
+def _held_exactly(values: np.ndarray, dtype: str) -> bool:
+    """Whether every float32 value is a value of ``dtype`` (rounding it changes nothing)."""
+    narrow = values.astype(numpy_dtype(dtype)).astype(np.float32)
+    return bool(np.array_equal(narrow, values))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_reduction_kept_on_chip_is_rounded_to_its_dtype(dtype):
+    """A float16/bfloat16 row sum accumulates in float32; the tensor is 16-bit, so a consumer in
+    the same kernel (here a cast to float32) must read the rounded sum. Kept in a register it
+    read the float32 accumulator (fuzz seed 730139: int(sum) one off past a bf16 rounding)."""
+    x = te.placeholder((64, 24), dtype, name="x")
+    k = te.reduce_axis(24, name="k")
+    s = te.compute((64,), lambda i: te.sum(x[i, k], axis=k), name="s", dtype=dtype)
+    y = te.compute((64,), lambda i: te.cast(s[i], "float32"), name="y", dtype="float32")
+    fn = polyfuse.compile([x], [y], check_cuda=False)
+    assert len(fn.kernels) == 1 and fn.plan.kernel_plans[0].placements["s"].space == "register"
+    a = np.random.default_rng(0).standard_normal((64, 24)).astype(numpy_dtype(dtype))
+    want = reference.evaluate([y], {x: a})[0]
+    for order in (False, True, "shadow"):
+        got = fn(a, device="emulate", race_check=order)
+        assert _held_exactly(got, dtype)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_16_bit_reduction_read_by_an_integer_cast_in_the_same_kernel():
+    """The fuzz graph of seed 730139, reduced: a bfloat16 product (k = 2), truncated to int32,
+    plus a float32 vector. int() of the unrounded float32 sum was one off where the bf16
+    rounding crosses an integer."""
+    x0 = te.placeholder((1, 2), "bfloat16", name="x0")
+    x1 = te.placeholder((2, 1), "float32", name="x1")
+    k = te.reduce_axis(2, name="k")
+    m = te.compute((1, 1), lambda i, j: te.sum(x0[i, k] * x1[k, j], axis=k), name="m",
+                   dtype="bfloat16")  # fmt: skip
+    y = te.compute((1, 1), lambda i, j: te.cast(m[i, j], "int32") + 0.5, name="y",
+                   dtype="float32")  # fmt: skip
+    fn = polyfuse.compile([x0, x1], [y], check_cuda=False)
+    a = np.array([[1.0, 1.0]], dtype=numpy_dtype("bfloat16"))
+    # bf16 products 0.75 and 0.2490234375: the float32 sum 0.9990234375 rounds up to 1.0
+    b = np.array([[0.75], [0.249]], dtype=np.float32)
+    want = reference.evaluate([y], {x0: a, x1: b})[0]
+    assert want[0, 0] == 1.5  # int(bf16(0.999...)) == 1
+    np.testing.assert_array_equal(fn(a, b, device="emulate"), want)

@@ -181,6 +181,15 @@ def rounded(target: KLoad, value: KVal) -> KVal:
     return value
 
 
+def narrowed(value: KVal, dtype: str) -> KVal:
+    """A float register value held as exactly a ``dtype`` value: a 16-bit tensor's value is
+    rounded to nearest even and widened back (what a register or shared copy of it holds)."""
+    if dtype in FLOAT_TO_HALF:
+        return KCall(HALF_TO_FLOAT[dtype], (KCall(FLOAT_TO_HALF[dtype], (value,), dtype),),
+                     "float32")  # fmt: skip
+    return value
+
+
 class _Values(ex.ExprVisitor[KVal]):
     """te expression → value expression, reads resolved (``env``: loop variable uid →
     value)."""
@@ -281,14 +290,19 @@ class Accesses:
         place = self.r.placements[ident]
         guard = self.lane_guard if s.name in self.ir.laneless and place.space == "global" else None
 
-        def store(value: KVal) -> list[KStore]:
+        def store(value: KVal, wide: bool = False) -> list[KStore]:
+            """``wide``: ``value`` is a wider accumulator, which a register or shared copy of a
+            16-bit tensor holds rounded to the tensor's dtype (a global store rounds)."""
+            held = narrowed(value, t.dtype) if wide else value
             if place.register_copy:
                 reg = self.r.local(self.r.namer.register(ident), register_dtype(t.dtype), (),
                                     t.dtype)  # fmt: skip
                 return [
-                    KStore(reg.buffer, (), value),
+                    KStore(reg.buffer, (), held),
                     KStore(out.buffer, out.index, rounded(out, reg), guard),
                 ]
+            if out.buffer.scope is not BufferScope.GLOBAL:
+                value = held
             return [KStore(out.buffer, out.index, rounded(out, value), guard)]
 
         if s.role == "compute":
@@ -305,8 +319,8 @@ class Accesses:
                 ctype = held if held != self.scratch.dtype else ""
                 scratch = KAddr(self.scratch, ctype)
                 combined = KAllReduce(c.form, c.lanes, c.kept, red.op, acc, scratch, held)
-                return (KStore(acc.buffer, acc.index, combined), *store(acc))
-            return tuple(store(acc))
+                return (KStore(acc.buffer, acc.index, combined), *store(acc, wide=True))
+            return tuple(store(acc, wide=True))
         v = self.values.visit(red.body, env)
         return (KStore(acc.buffer, acc.index, KReduce(red.op, acc, v, held)),)
 
