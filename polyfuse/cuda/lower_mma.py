@@ -35,39 +35,42 @@ from polyfuse.cuda.lower_dtypes import C_TYPES, assign_dtypes, storage_dtypes
 from polyfuse.cuda.lower_mma_pipeline import TileFill, k_tile_loop
 from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.tensorize import MMA_K, MMA_M, MMA_N, ROW_PAD, MmaOperand, TensorCoreKernel
+from polyfuse.poly.swizzle import SharedLayout
+from polyfuse.poly.tensorize import MMA_K, MMA_M, MMA_N, MmaOperand, TensorCoreKernel
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16}
 
 
-def _lane_offset(op: MmaOperand, rows: int, block_k: int, first: str, role: str) -> str:
+def _lane_offset(lay: SharedLayout, op: MmaOperand, first: str, role: str) -> str:
     """The part of the shared element lane ``pf_lane`` gives ``ldmatrix`` that depends on the
-    lane only (its warp's first row or column is ``first``); :func:`_step_offset` adds the
-    mma tile's and the k-step's constant part, so the loads take immediate offsets. ``role``:
-    "A" (x4: one 16x16 A tile), "B" (x2: one 8-column B tile), "B2" (x4: two B tiles)."""
-    stride = (block_k if op.k_inner else rows) + ROW_PAD
+    lane only (its warp's first row or column is ``first``), through the tile's layout;
+    :func:`_step_offset` adds the mma tile's and the k-step's constant part, so the loads take
+    immediate offsets. ``role``: "A" (x4: one 16x16 A tile), "B" (x2: one 8-column B tile),
+    "B2" (x4: two B tiles)."""
     if role == "A":  # matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
         if not op.k_inner:  # stored k rows: row k, column m
-            return (
-                f"((pf_lane & 7) + (pf_lane >> 4) * 8) * {stride} + {first} "
-                "+ ((pf_lane >> 3) & 1) * 8"
-            )
-        return f"({first} + (pf_lane & 15)) * {stride} + (pf_lane >> 4) * 8"
+            r, c = "(pf_lane & 7) + (pf_lane >> 4) * 8", f"{first} + ((pf_lane >> 3) & 1) * 8"
+        else:
+            r, c = f"{first} + (pf_lane & 15)", "(pf_lane >> 4) * 8"
+        return lay.offset_text(r, c)
     # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), with B2 then (n 8-15, k 0-7), (8-15, 8-15)
     pair = "(pf_lane >> 4) * 8" if role == "B2" else "0"
     if not op.k_inner:
-        return f"((pf_lane & 7) + ((pf_lane >> 3) & 1) * 8) * {stride} + {first} + {pair}"
-    return f"({first} + (pf_lane & 7) + {pair}) * {stride} + ((pf_lane >> 3) & 1) * 8"
+        r, c = "(pf_lane & 7) + ((pf_lane >> 3) & 1) * 8", f"{first} + {pair}"
+    else:
+        r, c = f"{first} + (pf_lane & 7) + {pair}", "((pf_lane >> 3) & 1) * 8"
+    return lay.offset_text(r, c)
 
 
-def _step_offset(op: MmaOperand, rows: int, block_k: int, tile: str, size: int) -> str:
+def _step_offset(lay: SharedLayout, op: MmaOperand, tile: str, size: int) -> str:
     """The constant part of an ``ldmatrix`` address: mma tile ``tile`` (of ``size`` rows or
-    columns) of the warp, k-step ``pf_ks``."""
-    stride = (block_k if op.k_inner else rows) + ROW_PAD
+    columns) of the warp, k-step ``pf_ks`` (whole rows or whole swizzled rows of the layout)."""
     if op.k_inner:
-        return f"{size * stride} * {tile} + pf_ks"
-    return f"pf_ks * {stride} + {size} * {tile}"
+        row, col = lay.step_coefficients(size, MMA_K)
+        return f"{row} * {tile} + {col} * (pf_ks / {MMA_K})"
+    row, col = lay.step_coefficients(MMA_K, size)
+    return f"{row} * (pf_ks / {MMA_K}) + {col} * {tile}"
 
 
 def _loader(op: MmaOperand, x: int) -> str:
@@ -102,13 +105,14 @@ def lower_mma_kernel(
     lk, hk = shape.red[0]
     batch = [f"(pf_g{i} + {lo})" if lo else f"pf_g{i}" for i, (lo, _) in enumerate(shape.data[:-2])]
     sa, sb = namer.shared(a.tensor), namer.shared(b.tensor)
-    ea = (t.block_k + ROW_PAD) * t.block_m if a.k_inner else t.block_k * (t.block_m + ROW_PAD)
-    eb = (t.block_k + ROW_PAD) * t.block_n if b.k_inner else t.block_k * (t.block_n + ROW_PAD)
+    la, lb = tk.a_layout, tk.b_layout
+    assert la is not None and lb is not None
+    ea, eb = la.elements, lb.elements
     tm, tn = t.tiles_m, t.tiles_n
     gm, gn = f"pf_g{nd - 2}", f"pf_g{nd - 1}"
     stages = tk.stages if tk.vector_fill else 1
     # B fragments of two mma tiles per ldmatrix.x4 where the warp has pairs of them
-    b_step = 2 if tn % 2 == 0 else 1
+    b_step = t.b_step
     b_role = "B2" if b_step == 2 else "B"
     lines = [
         f"  __shared__ __align__(16) {ctype} {sa}[{stages * ea}];",
@@ -118,8 +122,8 @@ def lower_mma_kernel(
         f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
         f"pf_wn = (pf_warp % {t.warps_n}) * {t.block_n // t.warps_n};",
         f"  const int pf_m0 = {lm} + {gm} * {t.block_m}, pf_n0 = {ln} + {gn} * {t.block_n};",
-        f"  const int pf_la = {_lane_offset(a, t.block_m, t.block_k, 'pf_wm', 'A')};",
-        f"  const int pf_lb = {_lane_offset(b, t.block_n, t.block_k, 'pf_wn', b_role)};",
+        f"  const int pf_la = {_lane_offset(la, a, 'pf_wm', 'A')};",
+        f"  const int pf_lb = {_lane_offset(lb, b, 'pf_wn', b_role)};",
         f"  float pf_acc[{tm}][{tn}][4];",
         f"#pragma unroll\n  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         f"#pragma unroll\n    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
@@ -132,10 +136,10 @@ def lower_mma_kernel(
         f"      unsigned pf_fa[{tm}][4], pf_fb[{tn // b_step}][{2 * b_step}];",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
-        f"&pf_sa[{_step_offset(a, t.block_m, t.block_k, 'pf_i', MMA_M)}]);",
+        f"&pf_sa[{_step_offset(la, a, 'pf_i', MMA_M)}]);",
         "#pragma unroll",
         f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
-        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(b, t.block_n, t.block_k, 'pf_j', MMA_N)}]);",
+        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(lb, b, 'pf_j', MMA_N)}]);",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         "#pragma unroll",
@@ -145,10 +149,10 @@ def lower_mma_kernel(
         "    }",
     ]
     fills = (
-        TileFill(a, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk, tuple(batch),
-                 nthreads, tk.dtype),
-        TileFill(b, sb, namer.tensor(b.tensor), t.block_n, t.block_k, "pf_n0", hn, hk, tuple(batch),
-                 nthreads, tk.dtype),
+        TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk,
+                 tuple(batch), nthreads, tk.dtype),
+        TileFill(b, lb, sb, namer.tensor(b.tensor), t.block_n, t.block_k, "pf_n0", hn, hk,
+                 tuple(batch), nthreads, tk.dtype),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
     lines += k_tile_loop(

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.c_text import c_offset
 from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF
-from polyfuse.poly.tensorize import CHUNK, ROW_PAD, MmaOperand
+from polyfuse.poly.swizzle import SharedLayout
+from polyfuse.poly.tensorize import CHUNK, MmaOperand
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TileFill:
     subscripts (C text), the threads and the operand dtype."""
 
     op: MmaOperand
+    layout: SharedLayout
     buf: str
     src: str
     rows: int
@@ -62,14 +64,9 @@ class TileFill:
         return self.rows if self.op.k_inner else self.block_k
 
     @property
-    def stride(self) -> int:
-        """Elements between consecutive shared rows (padded)."""
-        return self.inner + ROW_PAD
-
-    @property
     def elements(self) -> int:
         """Elements of one stage of the tile."""
-        return self.outer * self.stride
+        return self.layout.elements
 
     def offset(self) -> str:
         """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text."""
@@ -97,7 +94,8 @@ def scalar_fill(f: TileFill, k0: str) -> list[str]:
         f"      const int pf_r = {row}, pf_k = {k};",
         f"      {C_TYPES[f.dtype]} pf_v = {zero};",
         f"      if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}) pf_v = {f.src}[{f.offset()}];",
-        f"      {f.buf}[(pf_e / {inner}) * {f.stride} + pf_e % {inner}] = pf_v;",
+        f"      {f.buf}[{f.layout.offset_text(f'pf_e / {inner}', f'pf_e % {inner}', False)}]"
+        " = pf_v;",
         "    }",
     ]
 
@@ -123,7 +121,7 @@ def chunk_fill(
         count = f"pf_k <= {f.k_hi} ? {f.row_hi} + 1 - pf_r : 0"
         if k_inside:
             count = f"{f.row_hi} + 1 - pf_r"
-    dst = f"{f.buf}[{stage} * {f.elements} + pf_t * {f.stride} + {CHUNK} * pf_q]"
+    dst = f"{f.buf}[{stage} * {f.elements} + {f.layout.offset_text('pf_t', f'{CHUNK} * pf_q')}]"
     return [
         f"{pad}#pragma unroll",
         f"{pad}for (int pf_u = 0; pf_u < {chunks // f.nthreads}; ++pf_u) {{",

@@ -46,14 +46,12 @@ from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 BLOCK_K = 32
-#: elements added to every shared row: rows stay 16-byte aligned (ldmatrix reads 16 B per
-#: row) and 8 consecutive rows fall in 8 distinct groups of 4 banks (no ldmatrix conflicts)
-ROW_PAD = 8
 HALF_DTYPES = ("float16", "bfloat16")
 #: (block M, block N, warps along M, warps along N): the larger where it still fills the SMs
 TILINGS = ((128, 128, 2, 4), (64, 64, 2, 2))
@@ -101,6 +99,11 @@ class MmaTiling:
     def tiles_n(self) -> int:  # 8-column mma tiles per warp
         return self.block_n // self.warps_n // MMA_N
 
+    @property
+    def b_step(self) -> int:
+        """B's mma tiles per ``ldmatrix``: two (x4) where a warp has pairs of them, else one."""
+        return 2 if self.tiles_n % 2 == 0 else 1
+
 
 @dataclass(frozen=True)
 class TensorCoreKernel(MappedKernel):
@@ -114,20 +117,31 @@ class TensorCoreKernel(MappedKernel):
     stages: int = 1
     #: the shared tiles are filled by 16-byte cp.async chunks (else scalar 2-byte copies)
     vector_fill: bool = False
+    #: the shared layouts of A's and B's tiles (:func:`operand_layouts`)
+    a_layout: SharedLayout | None = None
+    b_layout: SharedLayout | None = None
 
     def shared_bytes(self) -> int:
         """Bytes of the two 16-bit shared tiles (one stage each)."""
-        t = self.tiling
-        assert t is not None and self.a is not None and self.b is not None
-        return 2 * (
-            tile_elements(self.a, t.block_m, t.block_k)
-            + tile_elements(self.b, t.block_n, t.block_k)
-        )
+        assert self.a_layout is not None and self.b_layout is not None
+        return 2 * (self.a_layout.elements + self.b_layout.elements)
 
 
-def tile_elements(op: MmaOperand, rows: int, k: int) -> int:
-    """Elements of an operand's shared tile (``rows`` of m or n by ``k``, rows padded)."""
-    return rows * (k + ROW_PAD) if op.k_inner else k * (rows + ROW_PAD)
+def operand_layouts(
+    a: MmaOperand, b: MmaOperand, t: MmaTiling
+) -> tuple[SharedLayout, SharedLayout]:
+    """The shared layouts of A's and B's tiles (:func:`polyfuse.poly.swizzle.operand_layout`):
+    a tile is ``rows`` (m or n) by ``block_k`` stored with its array's innermost dim innermost;
+    between mma tiles and k-steps, ``ldmatrix`` addresses move by rows, or (along the
+    innermost dim) by a k-step of :data:`MMA_K` (k innermost) or by A's 16-row and B's 8-column
+    mma tiles per load (m or n innermost)."""
+    out = []
+    for op, rows, step in ((a, t.block_m, MMA_M), (b, t.block_n, MMA_N * t.b_step)):
+        if op.k_inner:
+            out.append(operand_layout(rows, t.block_k, 2, MMA_K))
+        else:
+            out.append(operand_layout(t.block_k, rows, 2, step))
+    return out[0], out[1]
 
 
 #: 16-bit elements per 16-byte chunk of a shared-tile fill (one cp.async)
@@ -309,12 +323,15 @@ def map_tensor_core(
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
-    bx = "x4 (two mma tiles)" if tiling.tiles_n % 2 == 0 else "x2"
+    bx = "x4 (two mma tiles)" if tiling.b_step == 2 else "x2"
+    la, lb = operand_layouts(a, b, tiling)
     notes = [
         f"tensor cores: mma.sync.m16n8k16 {dtype} -> float32 accumulators; {why}",
         f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
         f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.{bx}"
-        f"{'.trans' if b.trans else ''}; rows padded by {ROW_PAD} elements (bank conflicts)",
+        f"{'.trans' if b.trans else ''}",
+        f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} (B): "
+        f"{lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",
@@ -347,6 +364,8 @@ def map_tensor_core(
         b=b,
         tiling=tiling,
         thread_order=[("pf_tid", 32 * tiling.warps)],
+        a_layout=la,
+        b_layout=lb,
     )
     vector, choice = _pipelining(sm, tk, device, stages)
     fill = (
@@ -395,7 +414,9 @@ __all__ = [
     "MmaOperand",
     "MmaTiling",
     "TensorCoreKernel",
+    "ROW_PAD",
     "map_tensor_core",
     "match_mma",
+    "operand_layouts",
     "tensor_core_placements",
 ]
