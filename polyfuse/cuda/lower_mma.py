@@ -11,15 +11,17 @@ The kernel each block runs, for its block tile of the result (and its batch coor
             mma.sync.m16n8k16 on every (A, B) fragment pair
     for each accumulator element (fragment row, col): if inside the result, the epilogue
 
-Fragments and addresses follow :mod:`polyfuse.cuda.tensor_core`'s layouts (PTX ISA): lane
-``l`` gives ``ldmatrix`` the address of row ``l % 8`` of matrix ``l / 8``; accumulator element
-``e`` of lane ``l`` is (``l/4 + 8(e/2)``, ``2(l%4) + e%2``). The shared tiles are laid out like
-their global arrays (the innermost dim innermost, so the fill is coalesced), which decides
-``.trans``. The epilogue statements (final store, bias, activation, ...) are printed from the
-te expressions by the GEMM printer's :class:`polyfuse.cuda.body_printer.BodyPrinter`, with the
-accumulator element in the reduction's register. Parameters and registers come from the
-buffer and dtype passes; the body is written here as text (a :class:`KFunction`), like the
-GEMM + row kernels of :mod:`polyfuse.cuda.lower_gemm_rows`.
+Fragments and addresses follow :mod:`polyfuse.cuda.tensor_core`'s layouts (PTX ISA): lane ``l``
+gives ``ldmatrix`` the address of row ``l % 8`` of matrix ``l / 8``; accumulator element ``e``
+of lane ``l`` is (``l/4 + 8(e/2)``, ``2(l%4) + e%2``). The shared tiles keep their global
+arrays' innermost dim innermost (the fill is coalesced; it decides ``.trans``), in the layout of
+:mod:`polyfuse.poly.swizzle` (XOR-swizzled 32-byte rows, padding as the fallback): the lane's
+``ldmatrix`` offset goes through the layout once, mma tiles and k-steps add immediates. The
+epilogue statements (final store, bias, activation, ...) are printed from the te expressions by
+the GEMM printer's :class:`polyfuse.cuda.body_printer.BodyPrinter`, with the accumulator element
+in the reduction's register. Parameters and registers come from the buffer and dtype passes; the
+body is written here as text (a :class:`KFunction`), like the GEMM + row kernels of
+:mod:`polyfuse.cuda.lower_gemm_rows`.
 """
 
 from __future__ import annotations

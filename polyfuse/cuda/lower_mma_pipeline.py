@@ -1,17 +1,19 @@
 """The k-tile loop of a tensorized GEMM kernel: shared-tile fills and their pipelining.
 
-Each k-tile's two 16-bit shared tiles (A and B, rows padded by ``ROW_PAD`` elements) are filled
-one of two ways (:class:`polyfuse.poly.tensorize.TensorCoreKernel` ``vector_fill``):
+Each k-tile's two 16-bit shared tiles (A and B, in the layouts of
+:mod:`polyfuse.poly.swizzle`: XOR-swizzled 32-byte rows, or padded rows where the swizzle does
+not apply; every shared address goes through :meth:`SharedLayout.offset_text`) are filled one
+of two ways (:class:`polyfuse.poly.tensorize.TensorCoreKernel` ``vector_fill``):
 
-- **16-byte chunks** (:func:`chunk_fill`): where the tensorization decision proved every
-  chunk's first element 16-byte aligned, each thread issues ``cp.async`` copies of 8
-  consecutive elements along the array's innermost dim. Chunk ``c`` of the tile goes to tile
-  row ``c % 8 + 8 * (c / (8 * chunks_per_row))``, chunk column ``(c / 8) % chunks_per_row``:
-  the 8 lanes of a quarter-warp (one shared-memory phase of 16-byte accesses) write 8
-  consecutive rows of one chunk column, which the row padding puts on 8 distinct groups of 4
-  banks (conflict-free), while a warp still reads whole 64- or 128-byte runs of global
-  memory. Past an array's edge the copy's zero-fill argument counts the bytes outside (a chunk
-  wholly outside reads nothing and is all zero);
+- **16-byte chunks** (:func:`chunk_fill`): where the tensorization decision proved every chunk's
+  first element 16-byte aligned, each thread issues ``cp.async`` copies of 8 consecutive
+  elements along the array's innermost dim. Chunk ``c`` of the tile goes to tile row
+  ``c % 8 + 8 * (c / (8 * chunks_per_row))``, chunk column ``(c / 8) % chunks_per_row``: the 8
+  lanes of a quarter-warp (one shared-memory phase of 16-byte accesses) write 8 consecutive rows
+  of one chunk column, which the swizzle (or the row padding) puts on 8 distinct groups of 4 banks
+  (conflict-free), while a warp still reads whole 64- or 128-byte runs of global memory. Past an
+  array's edge the copy's zero-fill argument counts the bytes outside (a chunk wholly outside
+  reads nothing and is all zero);
 - **scalar** (:func:`scalar_fill`): 2-byte guarded copies, single-stage (unaligned arrays).
 
 With chunks the k-tile loop is pipelined over S stages (ALCOP; S from

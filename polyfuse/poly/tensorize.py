@@ -16,16 +16,18 @@ operands, and the update's access relations are the intrinsic's up to renaming a
   whether the fragment is loaded with ``ldmatrix`` or ``ldmatrix.trans`` (``x @ W^T``, the
   Linear layout, is B with ``k`` innermost).
 
-The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of
-warps, each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`.
+The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of warps,
+each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`. The shared
+tiles are unpadded and XOR-swizzled (:func:`operand_layouts`, the rule in
+:mod:`polyfuse.poly.swizzle`; padded rows where it does not apply, the layout and reason noted).
 Out-of-range elements (odd M, N, K) are zero-filled in shared memory so whole mma tiles are
 correct, and the epilogue's stores are guarded. Where every row of an operand's array starts
 16-byte aligned and the tile's chunks start on 8-element boundaries (:func:`fill_alignment`),
 the tiles are filled by 16-byte ``cp.async`` chunks and the k-tile loop is pipelined over S
 stages chosen by ALCOP's latency model (:func:`stage_problem`, the use time at the SM's
 tensor-core rate) inside the shared-memory budget; otherwise scalar single-stage fills, the
-reason noted. Where it does not apply, the reason is
-returned and the caller records it beside its other GEMM decisions.
+reason noted. Where it does not apply, the reason is returned and the caller records it beside
+its other GEMM decisions.
 """
 
 from __future__ import annotations
