@@ -11,6 +11,7 @@ import pytest
 from test_tensorize import CASES, ODD, _matmul
 from test_tensorize_pipeline import MODES, _compile, _run_all_modes, _stage_note
 
+from polyfuse.cuda.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import tolerance
 from polyfuse.poly import swizzle
 from polyfuse.poly import tensorize as tz
@@ -193,3 +194,19 @@ def test_the_swizzled_128_tile_saves_shared_memory_and_buys_a_third_stage(monkey
     assert "tensor cores: stages: S=3 refused: 3 x 20480 B = 61440 B > 49152 B budget" in k.notes
     assert sum(a.bytes for a in k.facts.shared_arrays) == 2 * 20480
     assert "__shared__ __align__(16) __nv_bfloat16 s_a[10240];" in k.source  # 2 x 5120
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_the_three_stage_swizzled_128_tile_without_spills(arch, monkeypatch):
+    """The third stage the swizzle buys, on the 8-warp tile: 48 KiB of static shared memory
+    accepted by ptxas for both archs, no spills (both operand layouts)."""
+    monkeypatch.setattr(tz, "TILINGS", TILINGS["128x128"])
+    for case in ("batched_trans_b_epilogue", "trans_a"):
+        inputs, out, _, _ = _matmul("bfloat16", *SIZE, **CASES[case])
+        fn = _compile(inputs, out, 3, arch)
+        assert _stage_note(fn) == "tensor cores: stages: 3 stages (forced)"
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        for r in binary.resources.values():
+            assert r.spill_stores == r.spill_loads == 0, (case, r)
+            assert r.shared_bytes == 3 * 16384, r
