@@ -35,13 +35,14 @@ from polyfuse.cuda.lower import buffer_placements, instantiate_kernel, kernel_ir
 from polyfuse.cuda.lower_buffers import alloc_buffers
 from polyfuse.cuda.lower_dtypes import C_TYPES, assign_dtypes, storage_dtypes
 from polyfuse.cuda.lower_mma_pipeline import TileFill, k_tile_loop
-from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16
+from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16, MMA_TF32
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.swizzle import SharedLayout
-from polyfuse.poly.tensorize import MMA_K, MMA_M, MMA_N, MmaOperand, TensorCoreKernel
+from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, MmaOperand, TensorCoreKernel
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
-INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16}
+#: the intrinsic per operand dtype (float32: tf32, where the user allowed it)
+INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16, "float32": MMA_TF32}
 
 
 def _lane_offset(lay: SharedLayout, op: MmaOperand, first: str, role: str) -> str:
@@ -49,30 +50,33 @@ def _lane_offset(lay: SharedLayout, op: MmaOperand, first: str, role: str) -> st
     lane only (its warp's first row or column is ``first``), through the tile's layout;
     :func:`_step_offset` adds the mma tile's and the k-step's constant part, so the loads take
     immediate offsets. ``role``: "A" (x4: one 16x16 A tile), "B" (x2: one 8-column B tile),
-    "B2" (x4: two B tiles)."""
+    "B2" (x4: two B tiles). An 8x8 matrix of 16-bit elements is one of 8 rows by 4 tf32: the
+    k-innermost cases load tf32 fragments the same way, by 16-byte chunks of ``lay.chunk``."""
+    ch = lay.chunk
     if role == "A":  # matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
         if not op.k_inner:  # stored k rows: row k, column m
             r, c = "(pf_lane & 7) + (pf_lane >> 4) * 8", f"{first} + ((pf_lane >> 3) & 1) * 8"
         else:
-            r, c = f"{first} + (pf_lane & 15)", "(pf_lane >> 4) * 8"
+            r, c = f"{first} + (pf_lane & 15)", f"(pf_lane >> 4) * {ch}"
         return lay.offset_text(r, c)
     # B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), with B2 then (n 8-15, k 0-7), (8-15, 8-15)
     pair = "(pf_lane >> 4) * 8" if role == "B2" else "0"
     if not op.k_inner:
         r, c = "(pf_lane & 7) + ((pf_lane >> 3) & 1) * 8", f"{first} + {pair}"
     else:
-        r, c = f"{first} + (pf_lane & 7) + {pair}", "((pf_lane >> 3) & 1) * 8"
+        r, c = f"{first} + (pf_lane & 7) + {pair}", f"((pf_lane >> 3) & 1) * {ch}"
     return lay.offset_text(r, c)
 
 
-def _step_offset(lay: SharedLayout, op: MmaOperand, tile: str, size: int) -> str:
+def _step_offset(lay: SharedLayout, op: MmaOperand, tile: str, size: int, k: int) -> str:
     """The constant part of an ``ldmatrix`` address: mma tile ``tile`` (of ``size`` rows or
-    columns) of the warp, k-step ``pf_ks`` (whole rows or whole swizzled rows of the layout)."""
+    columns) of the warp, k-step ``pf_ks`` of ``k`` (whole rows or whole swizzled rows of the
+    layout)."""
     if op.k_inner:
-        row, col = lay.step_coefficients(size, MMA_K)
-        return f"{row} * {tile} + {col} * (pf_ks / {MMA_K})"
-    row, col = lay.step_coefficients(MMA_K, size)
-    return f"{row} * (pf_ks / {MMA_K}) + {col} * {tile}"
+        row, col = lay.step_coefficients(size, k)
+        return f"{row} * {tile} + {col} * (pf_ks / {k})"
+    row, col = lay.step_coefficients(k, size)
+    return f"{row} * (pf_ks / {k}) + {col} * {tile}"
 
 
 def _loader(op: MmaOperand, x: int) -> str:
@@ -100,6 +104,7 @@ def lower_mma_kernel(
     ir = alloc_buffers(ir, buffer_placements(tk, as_global), list(model.tensors))
     ir = assign_dtypes(ir, storage_dtypes(model))
     mma = INTRINSIC[tk.dtype]
+    mk = t.mma_k
     ctype = C_TYPES[tk.dtype]
     nthreads = 32 * t.warps
     nd = len(shape.data)
@@ -134,14 +139,14 @@ def lower_mma_kernel(
     ]
     compute = [
         "#pragma unroll",
-        f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {MMA_K}) {{",
+        f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {mk}) {{",
         f"      unsigned pf_fa[{tm}][4], pf_fb[{tn // b_step}][{2 * b_step}];",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
-        f"&pf_sa[{_step_offset(la, a, 'pf_i', MMA_M)}]);",
+        f"&pf_sa[{_step_offset(la, a, 'pf_i', MMA_M, mk)}]);",
         "#pragma unroll",
         f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
-        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(lb, b, 'pf_j', MMA_N)}]);",
+        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(lb, b, 'pf_j', MMA_N, mk)}]);",
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         "#pragma unroll",
@@ -196,7 +201,7 @@ def lower_mma_kernel(
         ir.thread_dims,
         "".join(f"{line}\n" for line in lines),
     )
-    itemsize = 2
+    itemsize = ITEMSIZE[tk.dtype]
     facts = KernelFacts(
         shared_arrays=(
             SharedArray(stages * ea * itemsize, 16),
@@ -208,7 +213,7 @@ def lower_mma_kernel(
     kernel = Kernel(
         printed,
         list(ir.params),
-        [KBarrier(Scope.BLOCK), KMma(acc, sa, sb, (MMA_M, MMA_N, MMA_K))],
+        [KBarrier(Scope.BLOCK), KMma(acc, sa, sb, (MMA_M, MMA_N, mk))],
         (ir.blocks, 1, 1),
         (nthreads, 1, 1),
         list(ir.micrographs),

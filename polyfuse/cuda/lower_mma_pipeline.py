@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from polyfuse.cuda.c_text import c_offset
 from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF
 from polyfuse.poly.swizzle import SharedLayout
-from polyfuse.poly.tensorize import CHUNK, MmaOperand
+from polyfuse.poly.tensorize import ITEMSIZE, MmaOperand
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,15 @@ class TileFill:
         return self.rows if self.op.k_inner else self.block_k
 
     @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a 16-byte chunk (one cp.async)."""
+        return 16 // self.itemsize
+
+    @property
     def elements(self) -> int:
         """Elements of one stage of the tile."""
         return self.layout.elements
@@ -90,7 +99,7 @@ def scalar_fill(f: TileFill, k0: str) -> list[str]:
         row, k = f"{f.row0} + pf_e / {inner}", f"{k0} + pf_e % {inner}"
     else:
         row, k = f"{f.row0} + pf_e % {inner}", f"{k0} + pf_e / {inner}"
-    zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)"
+    zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
     return [
         f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {f.nthreads}) {{",
         f"      const int pf_r = {row}, pf_k = {k};",
@@ -109,21 +118,21 @@ def chunk_fill(
     tile, 16 bytes each (see the module doc for the chunk-to-lane order and the zero-fill);
     ``k_inside``: the whole k-tile lies inside the reduction (only rows are guarded, which
     does not change along the loop)."""
-    per_row = f.inner // CHUNK
+    per_row = f.inner // f.chunk
     chunks = f.outer * per_row
     assert f.outer % 8 == 0 and chunks % f.nthreads == 0, (f.outer, chunks, f.nthreads)
-    row, col = "pf_t", f"{CHUNK} * pf_q"
+    row, col = "pf_t", f"{f.chunk} * pf_q"
     if f.op.k_inner:  # tile row: m or n; chunks run along k
         r, k = f"{f.row0} + {row}", f"{k0} + {col}"
         count = f"pf_r <= {f.row_hi} ? {f.k_hi} + 1 - pf_k : 0"
         if k_inside:
-            count = f"pf_r <= {f.row_hi} ? {CHUNK} : 0"
+            count = f"pf_r <= {f.row_hi} ? {f.chunk} : 0"
     else:  # tile row: k; chunks run along m or n
         r, k = f"{f.row0} + {col}", f"{k0} + {row}"
         count = f"pf_k <= {f.k_hi} ? {f.row_hi} + 1 - pf_r : 0"
         if k_inside:
             count = f"{f.row_hi} + 1 - pf_r"
-    dst = f"{f.buf}[{stage} * {f.elements} + {f.layout.offset_text('pf_t', f'{CHUNK} * pf_q')}]"
+    dst = f"{f.buf}[{stage} * {f.elements} + {f.layout.offset_text('pf_t', f'{f.chunk} * pf_q')}]"
     return [
         f"{pad}#pragma unroll",
         f"{pad}for (int pf_u = 0; pf_u < {chunks // f.nthreads}; ++pf_u) {{",
@@ -132,8 +141,9 @@ def chunk_fill(
         f"pf_q = pf_c / 8 % {per_row};",
         f"{pad}  const int pf_r = {r}, pf_k = {k};",
         f"{pad}  int pf_n = {count};",
-        f"{pad}  pf_n = pf_n < 0 ? 0 : pf_n > {CHUNK} ? {CHUNK} : pf_n;  // elements inside",
-        f"{pad}  pf_cp_async16(&{dst}, &{f.src}[pf_n > 0 ? {f.offset()} : 0], 2 * pf_n);",
+        f"{pad}  pf_n = pf_n < 0 ? 0 : pf_n > {f.chunk} ? {f.chunk} : pf_n;  // elements inside",
+        f"{pad}  pf_cp_async16(&{dst}, &{f.src}[pf_n > 0 ? {f.offset()} : 0], "
+        f"{f.itemsize} * pf_n);",
         f"{pad}}}",
     ]
 

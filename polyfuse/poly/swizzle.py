@@ -131,10 +131,10 @@ class SharedLayout:
 
     def describe(self) -> str:
         if not self.pad:
+            row_bytes = self.row * CHUNK_BYTES // self.chunk
             return (
-                f"XOR-swizzled {self.row * 2}-byte rows (16-byte chunk ^= (row >> "
-                f"{self.shift}) & {self.mask}), {self.inner // self.row} block(s) of "
-                f"{self.outer} rows"
+                f"XOR-swizzled {row_bytes}-byte rows (16-byte chunk ^= (row >> {self.shift}) & "
+                f"{self.mask}), {self.inner // self.row} block(s) of {self.outer} rows"
             )
         return f"rows padded by {self.pad} elements ({self.reason})"
 

@@ -55,6 +55,11 @@ from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 BLOCK_K = 32
 HALF_DTYPES = ("float16", "bfloat16")
+#: float32 GEMMs on ``mma.sync.m16n8k8`` tf32 where the user opts in (``allow_tf32``, off by
+#: default like torch): k-steps of 8 over k-tiles of 16 (64-byte rows, as many bytes as the
+#: 16-bit k-tile); tf32 keeps float32's exponent and 10 of its 23 mantissa bits
+TF32_MMA_K, TF32_BLOCK_K = 8, 16
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 #: (block M, block N, warps along M, warps along N): the larger where it still fills the SMs
 TILINGS = ((128, 128, 2, 4), (64, 64, 2, 2))
 
@@ -88,6 +93,7 @@ class MmaTiling:
     warps_m: int
     warps_n: int
     block_k: int = BLOCK_K
+    mma_k: int = MMA_K  # the intrinsic's k (8: tf32)
 
     @property
     def warps(self) -> int:
@@ -130,19 +136,19 @@ class TensorCoreKernel(MappedKernel):
 
 
 def operand_layouts(
-    a: MmaOperand, b: MmaOperand, t: MmaTiling
+    a: MmaOperand, b: MmaOperand, t: MmaTiling, itemsize: int = 2
 ) -> tuple[SharedLayout, SharedLayout]:
     """The shared layouts of A's and B's tiles (:func:`polyfuse.poly.swizzle.operand_layout`):
     a tile is ``rows`` (m or n) by ``block_k`` stored with its array's innermost dim innermost;
     between mma tiles and k-steps, ``ldmatrix`` addresses move by rows, or (along the
-    innermost dim) by a k-step of :data:`MMA_K` (k innermost) or by A's 16-row and B's 8-column
+    innermost dim) by a k-step of the intrinsic's k (k innermost) or by A's 16-row and B's 8-column
     mma tiles per load (m or n innermost)."""
     out = []
     for op, rows, step in ((a, t.block_m, MMA_M), (b, t.block_n, MMA_N * t.b_step)):
         if op.k_inner:
-            out.append(operand_layout(rows, t.block_k, 2, MMA_K))
+            out.append(operand_layout(rows, t.block_k, itemsize, t.mma_k))
         else:
-            out.append(operand_layout(t.block_k, rows, 2, step))
+            out.append(operand_layout(t.block_k, rows, itemsize, step))
     return out[0], out[1]
 
 
@@ -154,18 +160,19 @@ CHUNK = 8
 MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 1024}
 
 
-def fill_alignment(op: MmaOperand, lo: int) -> str:
+def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
     """Why ``op``'s shared tile cannot be filled by 16-byte chunks, or "" when every chunk's
     first element is 16-byte aligned: the array's innermost extent is a multiple of
     :data:`CHUNK` (every row starts aligned, the base being aligned like every allocation),
     and the innermost subscript at a chunk's start (``lo``, the lower bound of the dim it
-    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``."""
+    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``
+    (``chunk``: the elements of 16 bytes, 4 for float32)."""
     inner = op.shape[-1]
-    if inner % CHUNK:
-        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {CHUNK} elements"
+    if inner % chunk:
+        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
     off = lo + op.index[-1][1]
-    if off % CHUNK:
-        return f"{op.tensor}'s tile rows start at element {off} mod {CHUNK} (not 16-byte aligned)"
+    if off % chunk:
+        return f"{op.tensor}'s tile rows start at element {off} mod {chunk} (not 16-byte aligned)"
     return ""
 
 
@@ -185,6 +192,8 @@ def stage_problem(
         for n in (tk.a.tensor, tk.b.tensor)
     )
     rate = MMA_FMA_PER_SM_CYCLE.get(device.arch, 512)
+    if tk.dtype == "float32":  # tf32: half the 16-bit rate (A100: 156 vs 312 TFLOP/s)
+        rate //= 2
     return StageProblem(
         fma_per_ktile=fma,
         stage_bytes=tk.shared_bytes(),
@@ -232,10 +241,12 @@ def _operand(
     return MmaOperand(name, shape, tuple(index), mine, k == last, mine == nd - 2)
 
 
-def match_mma(sm: ScheduledMicrograph) -> tuple[GemmShape, str, MmaOperand, MmaOperand] | str:
+def match_mma(
+    sm: ScheduledMicrograph, dtypes: tuple[str, ...] = HALF_DTYPES
+) -> tuple[GemmShape, str, MmaOperand, MmaOperand] | str:
     """The micrograph's GEMM shape, operand dtype and mma operands A and B, or why the
     intrinsic does not match (see the module doc)."""
-    shape = detect_gemm(sm, HALF_DTYPES)
+    shape = detect_gemm(sm, dtypes)
     if isinstance(shape, str):
         return shape
     model = sm.model
@@ -270,7 +281,9 @@ def match_mma(sm: ScheduledMicrograph) -> tuple[GemmShape, str, MmaOperand, MmaO
     return shape, dtype, a, b
 
 
-def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, str]:
+def choose_mma_tiling(
+    shape: GemmShape, device: DeviceSpec, tf32: bool = False
+) -> tuple[MmaTiling, str]:
     """The largest block tile of :data:`TILINGS` whose blocks still fill the SMs (else the
     smallest), with the reason."""
     (lm, hm), (ln, hn) = shape.data[-2], shape.data[-1]
@@ -281,7 +294,7 @@ def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, 
         blocks = batch * -(-(hm - lm + 1) // bm) * -(-(hn - ln + 1) // bn)
         if blocks >= device.sms:
             break
-    t = MmaTiling(bm, bn, wm, wn)
+    t = MmaTiling(bm, bn, wm, wn, TF32_BLOCK_K, TF32_MMA_K) if tf32 else MmaTiling(bm, bn, wm, wn)
     return t, (
         f"block tile {bm}x{bn}x{t.block_k} of {t.warps} warps, each {t.tiles_m}x{t.tiles_n} "
         f"mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs)"
@@ -298,25 +311,38 @@ def _pipelining(
         return False, StageChoice(1, f"single-stage: no cp.async on {device.arch}")
     (lm, _), (ln, _) = tk.shape.data[-2], tk.shape.data[-1]
     lk = tk.shape.red[0][0]
-    why = [fill_alignment(op, lk if op.k_inner else lo) for op, lo in ((tk.a, lm), (tk.b, ln))]
+    size = ITEMSIZE[tk.dtype]
+    why = [
+        fill_alignment(op, lk if op.k_inner else lo, 16 // size)
+        for op, lo in ((tk.a, lm), (tk.b, ln))
+    ]
     why = [w for w in why if w]
     if why:
-        return False, StageChoice(1, "single-stage, scalar 2-byte fills: " + "; ".join(why))
+        return False, StageChoice(1, f"single-stage, scalar {size}-byte fills: " + "; ".join(why))
     return True, choose_stages(stage_problem(sm, tk, device), device, forced)
 
 
 def map_tensor_core(
-    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None
+    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None, tf32: bool = False
 ) -> TensorCoreKernel | str:
     """The tensorized mapping of ``sm`` on ``device``, or why not (a string); ``stages``
-    forces the k-tile pipeline's stage count (refused over the shared budget, noted)."""
+    forces the k-tile pipeline's stage count (refused over the shared budget, noted);
+    ``tf32``: a float32 GEMM on ``m16n8k8`` tf32 (the user's ``allow_tf32``) instead of a
+    16-bit one."""
+    shape_name = "m16n8k8" if tf32 else "m16n8k16"
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
-        return f"no m16n8k16 mma.sync on {device.arch} (sm_80 and later)"
-    got = match_mma(sm)
+        return f"no {shape_name} mma.sync on {device.arch} (sm_80 and later)"
+    got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES)
     if isinstance(got, str):
         return got
     shape, dtype, a, b = got
-    tiling, why = choose_mma_tiling(shape, device)
+    if tf32 and not (a.k_inner and b.k_inner):
+        op = a if not a.k_inner else b
+        return (
+            f"{op.tensor} is stored with k outside its innermost dim (ldmatrix has no "
+            ".trans of 32-bit elements; A m-by-k and B n-by-k, x @ W^T, are tensorized)"
+        )
+    tiling, why = choose_mma_tiling(shape, device, tf32)
     grid = [hi - lo + 1 for lo, hi in shape.data[:-2]]
     grid += [
         -(-(hi - lo + 1) // s)
@@ -326,9 +352,10 @@ def map_tensor_core(
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
     bx = "x4 (two mma tiles)" if tiling.b_step == 2 else "x2"
-    la, lb = operand_layouts(a, b, tiling)
+    la, lb = operand_layouts(a, b, tiling, ITEMSIZE[dtype])
+    kind = "tf32 (float32 operands, allow_tf32)" if tf32 else dtype
     notes = [
-        f"tensor cores: mma.sync.m16n8k16 {dtype} -> float32 accumulators; {why}",
+        f"tensor cores: mma.sync.{shape_name} {kind} -> float32 accumulators; {why}",
         f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
         f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.{bx}"
         f"{'.trans' if b.trans else ''}",
@@ -343,7 +370,7 @@ def map_tensor_core(
         notes[0],
         TensorCoreData(
             "tensorize",
-            f"m16n8k16.{dtype}",
+            "m16n8k8.tf32" if tf32 else f"m16n8k16.{dtype}",
             [tiling.block_m, tiling.block_n, tiling.block_k],
             [tiling.warps_m, tiling.warps_n],
         ),
@@ -370,11 +397,12 @@ def map_tensor_core(
         b_layout=lb,
     )
     vector, choice = _pipelining(sm, tk, device, stages)
+    size = ITEMSIZE[dtype]
     fill = (
-        f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({CHUNK} "
+        f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({16 // size} "
         "elements, zero-filled past the arrays' edges)"
         if vector
-        else "tensor cores: scalar 2-byte shared fills"
+        else f"tensor cores: scalar {size}-byte shared fills"
     )
     tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
     data = replace(
