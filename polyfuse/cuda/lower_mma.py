@@ -79,6 +79,30 @@ def _step_offset(lay: SharedLayout, op: MmaOperand, tile: str, size: int, k: int
     return f"{row} * (pf_ks / {k}) + {col} * {tile}"
 
 
+def _tf32_lane(lay: SharedLayout, first: str) -> tuple[str, str]:
+    """A tf32 operand stored k-outside (k rows; ``ldmatrix`` has no ``.trans`` of 32-bit
+    elements): lane ``l`` reads element (k ``l % 4``, column ``first + l / 4``) and the one 4 k
+    further, by plain 32-bit loads; their offsets through the layout (the second as the
+    difference: the XOR bit differs)."""
+    col = f"{first} + (pf_lane >> 2)"
+    lo = lay.offset_text("(pf_lane & 3)", col, False)
+    hi = lay.offset_text("(pf_lane & 3) + 4", col, False)
+    return lo, f"({hi}) - ({lo})"
+
+
+def _tf32_loads(lay: SharedLayout, frag: str, buf: str, delta: str, regs: list[tuple[int, int]],
+                cols: str, k: int) -> list[str]:  # fmt: skip
+    """Plain loads of a k-outside tf32 fragment: register ``r`` of ``regs`` (``frag`` with
+    ``{r}``) from 8-column group ``cols`` + its ``h`` (A's second 8 rows of m), 4 k further
+    when its ``v``."""
+    rc, cc = lay.step_coefficients(k, 8)
+    return [
+        f"        {frag.format(r=r)} = __float_as_uint({buf}[{delta + ' + ' if v else ''}"
+        f"{rc} * (pf_ks / {k}) + {cc} * ({cols} + {h})]);"
+        for r, (h, v) in enumerate(regs)
+    ]
+
+
 def _loader(op: MmaOperand, x: int) -> str:
     return f"pf_ldmatrix_x{x}" + ("_trans" if op.trans else "")
 
@@ -121,6 +145,33 @@ def lower_mma_kernel(
     # B fragments of two mma tiles per ldmatrix.x4 where the warp has pairs of them
     b_step = t.b_step
     b_role = "B2" if b_step == 2 else "B"
+    tf32 = tk.dtype == "float32"
+    lane_lines, loads = [], []
+    if tf32 and a.trans:
+        lo, delta = _tf32_lane(la, "pf_wm")
+        lane_lines += [f"  const int pf_la = {lo};", f"  const int pf_da = {delta};"]
+        regs = [(0, 0), (1, 0), (0, 1), (1, 1)]  # a0..a3: (m g, k t) (g+8, t) (g, t+4) (g+8, t+4)
+        body = _tf32_loads(la, "pf_fa[pf_i][{r}]", "pf_sa", "pf_da", regs, "2 * pf_i", mk)
+        loads += [f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {{", *body, "      }"]
+    else:
+        lane_lines.append(f"  const int pf_la = {_lane_offset(la, a, 'pf_wm', 'A')};")
+        loads.append(
+            f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
+            f"&pf_sa[{_step_offset(la, a, 'pf_i', MMA_M, mk)}]);"
+        )
+    loads.append("#pragma unroll")
+    if tf32 and b.trans:
+        lo, delta = _tf32_lane(lb, "pf_wn")
+        lane_lines += [f"  const int pf_lb = {lo};", f"  const int pf_db = {delta};"]
+        frag = f"pf_fb[pf_j / {b_step}][2 * (pf_j % {b_step}) + {{r}}]"
+        body = _tf32_loads(lb, frag, "pf_sb", "pf_db", [(0, 0), (0, 1)], "pf_j", mk)
+        loads += [f"      for (int pf_j = 0; pf_j < {tn}; ++pf_j) {{", *body, "      }"]
+    else:
+        lane_lines.append(f"  const int pf_lb = {_lane_offset(lb, b, 'pf_wn', b_role)};")
+        loads.append(
+            f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
+            f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(lb, b, 'pf_j', MMA_N, mk)}]);"
+        )
     lines = [
         f"  __shared__ __align__(16) {ctype} {sa}[{stages * ea}];",
         f"  __shared__ __align__(16) {ctype} {sb}[{stages * eb}];",
@@ -129,8 +180,7 @@ def lower_mma_kernel(
         f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
         f"pf_wn = (pf_warp % {t.warps_n}) * {t.block_n // t.warps_n};",
         f"  const int pf_m0 = {lm} + {gm} * {t.block_m}, pf_n0 = {ln} + {gn} * {t.block_n};",
-        f"  const int pf_la = {_lane_offset(la, a, 'pf_wm', 'A')};",
-        f"  const int pf_lb = {_lane_offset(lb, b, 'pf_wn', b_role)};",
+        *lane_lines,
         f"  float pf_acc[{tm}][{tn}][4];",
         f"#pragma unroll\n  for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         f"#pragma unroll\n    for (int pf_j = 0; pf_j < {tn}; ++pf_j)",
@@ -142,11 +192,7 @@ def lower_mma_kernel(
         f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {mk}) {{",
         f"      unsigned pf_fa[{tm}][4], pf_fb[{tn // b_step}][{2 * b_step}];",
         "#pragma unroll",
-        f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i) {_loader(a, 4)}(pf_fa[pf_i], "
-        f"&pf_sa[{_step_offset(la, a, 'pf_i', MMA_M, mk)}]);",
-        "#pragma unroll",
-        f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
-        f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(lb, b, 'pf_j', MMA_N, mk)}]);",
+        *loads,
         "#pragma unroll",
         f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
         "#pragma unroll",

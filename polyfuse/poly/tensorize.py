@@ -322,6 +322,13 @@ def _pipelining(
     return True, choose_stages(stage_problem(sm, tk, device), device, forced)
 
 
+def _fragment_load(op: MmaOperand, x: str, tf32: bool) -> str:
+    """How ``op``'s fragments are loaded from shared memory (for the notes)."""
+    if tf32 and op.trans:  # ldmatrix .trans moves 16-bit elements
+        return "32-bit shared loads (no ldmatrix.trans of 32-bit elements)"
+    return f"ldmatrix.{x}" + (".trans" if op.trans else "")
+
+
 def map_tensor_core(
     sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None, tf32: bool = False
 ) -> TensorCoreKernel | str:
@@ -336,12 +343,6 @@ def map_tensor_core(
     if isinstance(got, str):
         return got
     shape, dtype, a, b = got
-    if tf32 and not (a.k_inner and b.k_inner):
-        op = a if not a.k_inner else b
-        return (
-            f"{op.tensor} is stored with k outside its innermost dim (ldmatrix has no "
-            ".trans of 32-bit elements; A m-by-k and B n-by-k, x @ W^T, are tensorized)"
-        )
     tiling, why = choose_mma_tiling(shape, device, tf32)
     grid = [hi - lo + 1 for lo, hi in shape.data[:-2]]
     grid += [
@@ -356,9 +357,9 @@ def map_tensor_core(
     kind = "tf32 (float32 operands, allow_tf32)" if tf32 else dtype
     notes = [
         f"tensor cores: mma.sync.{shape_name} {kind} -> float32 accumulators; {why}",
-        f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
-        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.{bx}"
-        f"{'.trans' if b.trans else ''}",
+        f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, "
+        f"{_fragment_load(a, 'x4', tf32)}; {b.tensor} (B) {lbt} innermost, "
+        f"{_fragment_load(b, bx, tf32)}",
         f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} (B): "
         f"{lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
