@@ -10,5 +10,6 @@ __version__ = "0.1.0"
 # reduction steps and copy loops, peeled pipeline, strength-reduced addresses, launch bounds,
 # select-free updates, merged/aligned tile views; 8: GEMM tiles ranked on the loop code they
 # get, under the loop-quality floor; 9: shared tiles pipelined over the S = 2..4 stages the stage
-# model chooses), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 9
+# model chooses; 10: tensor-core operand tiles XOR-swizzled instead of padded, a tensorized GEMM
+# cached with 2 stages may now take 3), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 10

@@ -1,17 +1,19 @@
 """The k-tile loop of a tensorized GEMM kernel: shared-tile fills and their pipelining.
 
-Each k-tile's two 16-bit shared tiles (A and B, rows padded by ``ROW_PAD`` elements) are filled
-one of two ways (:class:`polyfuse.poly.tensorize.TensorCoreKernel` ``vector_fill``):
+Each k-tile's two 16-bit shared tiles (A and B, in the layouts of
+:mod:`polyfuse.poly.swizzle`: XOR-swizzled 32-byte rows, or padded rows where the swizzle does
+not apply; every shared address goes through :meth:`SharedLayout.offset_text`) are filled one
+of two ways (:class:`polyfuse.poly.tensorize.TensorCoreKernel` ``vector_fill``):
 
-- **16-byte chunks** (:func:`chunk_fill`): where the tensorization decision proved every
-  chunk's first element 16-byte aligned, each thread issues ``cp.async`` copies of 8
-  consecutive elements along the array's innermost dim. Chunk ``c`` of the tile goes to tile
-  row ``c % 8 + 8 * (c / (8 * chunks_per_row))``, chunk column ``(c / 8) % chunks_per_row``:
-  the 8 lanes of a quarter-warp (one shared-memory phase of 16-byte accesses) write 8
-  consecutive rows of one chunk column, which the row padding puts on 8 distinct groups of 4
-  banks (conflict-free), while a warp still reads whole 64- or 128-byte runs of global
-  memory. Past an array's edge the copy's zero-fill argument counts the bytes outside (a chunk
-  wholly outside reads nothing and is all zero);
+- **16-byte chunks** (:func:`chunk_fill`): where the tensorization decision proved every chunk's
+  first element 16-byte aligned, each thread issues ``cp.async`` copies of 8 consecutive
+  elements along the array's innermost dim. Chunk ``c`` of the tile goes to tile row
+  ``c % 8 + 8 * (c / (8 * chunks_per_row))``, chunk column ``(c / 8) % chunks_per_row``: the 8
+  lanes of a quarter-warp (one shared-memory phase of 16-byte accesses) write 8 consecutive rows
+  of one chunk column, which the swizzle (or the row padding) puts on 8 distinct groups of 4 banks
+  (conflict-free), while a warp still reads whole 64- or 128-byte runs of global memory. Past an
+  array's edge the copy's zero-fill argument counts the bytes outside (a chunk wholly outside
+  reads nothing and is all zero);
 - **scalar** (:func:`scalar_fill`): 2-byte guarded copies, single-stage (unaligned arrays).
 
 With chunks the k-tile loop is pipelined over S stages (ALCOP; S from
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.c_text import c_offset
 from polyfuse.cuda.lower_dtypes import C_TYPES, FLOAT_TO_HALF
-from polyfuse.poly.tensorize import CHUNK, ROW_PAD, MmaOperand
+from polyfuse.poly.swizzle import SharedLayout
+from polyfuse.poly.tensorize import ITEMSIZE, MmaOperand
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class TileFill:
     subscripts (C text), the threads and the operand dtype."""
 
     op: MmaOperand
+    layout: SharedLayout
     buf: str
     src: str
     rows: int
@@ -62,14 +66,18 @@ class TileFill:
         return self.rows if self.op.k_inner else self.block_k
 
     @property
-    def stride(self) -> int:
-        """Elements between consecutive shared rows (padded)."""
-        return self.inner + ROW_PAD
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a 16-byte chunk (one cp.async)."""
+        return 16 // self.itemsize
 
     @property
     def elements(self) -> int:
         """Elements of one stage of the tile."""
-        return self.outer * self.stride
+        return self.layout.elements
 
     def offset(self) -> str:
         """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text."""
@@ -91,13 +99,14 @@ def scalar_fill(f: TileFill, k0: str) -> list[str]:
         row, k = f"{f.row0} + pf_e / {inner}", f"{k0} + pf_e % {inner}"
     else:
         row, k = f"{f.row0} + pf_e % {inner}", f"{k0} + pf_e / {inner}"
-    zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)"
+    zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
     return [
         f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {f.nthreads}) {{",
         f"      const int pf_r = {row}, pf_k = {k};",
         f"      {C_TYPES[f.dtype]} pf_v = {zero};",
         f"      if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}) pf_v = {f.src}[{f.offset()}];",
-        f"      {f.buf}[(pf_e / {inner}) * {f.stride} + pf_e % {inner}] = pf_v;",
+        f"      {f.buf}[{f.layout.offset_text(f'pf_e / {inner}', f'pf_e % {inner}', False)}]"
+        " = pf_v;",
         "    }",
     ]
 
@@ -109,21 +118,21 @@ def chunk_fill(
     tile, 16 bytes each (see the module doc for the chunk-to-lane order and the zero-fill);
     ``k_inside``: the whole k-tile lies inside the reduction (only rows are guarded, which
     does not change along the loop)."""
-    per_row = f.inner // CHUNK
+    per_row = f.inner // f.chunk
     chunks = f.outer * per_row
     assert f.outer % 8 == 0 and chunks % f.nthreads == 0, (f.outer, chunks, f.nthreads)
-    row, col = "pf_t", f"{CHUNK} * pf_q"
+    row, col = "pf_t", f"{f.chunk} * pf_q"
     if f.op.k_inner:  # tile row: m or n; chunks run along k
         r, k = f"{f.row0} + {row}", f"{k0} + {col}"
         count = f"pf_r <= {f.row_hi} ? {f.k_hi} + 1 - pf_k : 0"
         if k_inside:
-            count = f"pf_r <= {f.row_hi} ? {CHUNK} : 0"
+            count = f"pf_r <= {f.row_hi} ? {f.chunk} : 0"
     else:  # tile row: k; chunks run along m or n
         r, k = f"{f.row0} + {col}", f"{k0} + {row}"
         count = f"pf_k <= {f.k_hi} ? {f.row_hi} + 1 - pf_r : 0"
         if k_inside:
             count = f"{f.row_hi} + 1 - pf_r"
-    dst = f"{f.buf}[{stage} * {f.elements} + pf_t * {f.stride} + {CHUNK} * pf_q]"
+    dst = f"{f.buf}[{stage} * {f.elements} + {f.layout.offset_text('pf_t', f'{f.chunk} * pf_q')}]"
     return [
         f"{pad}#pragma unroll",
         f"{pad}for (int pf_u = 0; pf_u < {chunks // f.nthreads}; ++pf_u) {{",
@@ -132,8 +141,9 @@ def chunk_fill(
         f"pf_q = pf_c / 8 % {per_row};",
         f"{pad}  const int pf_r = {r}, pf_k = {k};",
         f"{pad}  int pf_n = {count};",
-        f"{pad}  pf_n = pf_n < 0 ? 0 : pf_n > {CHUNK} ? {CHUNK} : pf_n;  // elements inside",
-        f"{pad}  pf_cp_async16(&{dst}, &{f.src}[pf_n > 0 ? {f.offset()} : 0], 2 * pf_n);",
+        f"{pad}  pf_n = pf_n < 0 ? 0 : pf_n > {f.chunk} ? {f.chunk} : pf_n;  // elements inside",
+        f"{pad}  pf_cp_async16(&{dst}, &{f.src}[pf_n > 0 ? {f.offset()} : 0], "
+        f"{f.itemsize} * pf_n);",
         f"{pad}}}",
     ]
 

@@ -72,8 +72,13 @@ def map_kernel(
             note = f"no parallel reduction layout ({e}); reduction loops stay serial"
             parts = [replace(parts[0], notes=[*parts[0].notes, note])]
     (sm,) = parts
+    tf32 = map_tensor_core(sm, device, cfg.gemm_stages, tf32=True) if cfg.allow_tf32 else None
+    if isinstance(tf32, TensorCoreKernel):
+        return tf32
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if isinstance(gemm, GemmKernel):
+        if tf32:
+            gemm.notes.append(f"no tf32 tensor cores: {tf32}")
         return gemm
     tensorized = map_tensor_core(sm, device, cfg.gemm_stages) if gemm == HALF_OPERANDS else None
     if isinstance(tensorized, TensorCoreKernel):

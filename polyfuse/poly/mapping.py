@@ -45,6 +45,9 @@ class MappingConfig:
     # stage model decides (poly/costs/stages.py). A count over the budget is refused, noted.
     gemm_stages: int | None = None
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
+    #: float32 GEMMs on tf32 tensor cores (mma.sync.m16n8k8: 10 mantissa bits per operand,
+    #: float32 accumulators); off by default like torch's allow_tf32 (poly/tensorize.py)
+    allow_tf32: bool = False
     #: False: no GEMM takes the row reduction after it (rule 9, polyfuse.stitch.gemm_rows)
     gemm_rows: bool = True
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,

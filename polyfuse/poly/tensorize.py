@@ -16,16 +16,18 @@ operands, and the update's access relations are the intrinsic's up to renaming a
   whether the fragment is loaded with ``ldmatrix`` or ``ldmatrix.trans`` (``x @ W^T``, the
   Linear layout, is B with ``k`` innermost).
 
-The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of
-warps, each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`.
+The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of warps,
+each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`. The shared
+tiles are unpadded and XOR-swizzled (:func:`operand_layouts`, the rule in
+:mod:`polyfuse.poly.swizzle`; padded rows where it does not apply, the layout and reason noted).
 Out-of-range elements (odd M, N, K) are zero-filled in shared memory so whole mma tiles are
 correct, and the epilogue's stores are guarded. Where every row of an operand's array starts
 16-byte aligned and the tile's chunks start on 8-element boundaries (:func:`fill_alignment`),
 the tiles are filled by 16-byte ``cp.async`` chunks and the k-tile loop is pipelined over S
 stages chosen by ALCOP's latency model (:func:`stage_problem`, the use time at the SM's
 tensor-core rate) inside the shared-memory budget; otherwise scalar single-stage fills, the
-reason noted. Where it does not apply, the reason is
-returned and the caller records it beside its other GEMM decisions.
+reason noted. Where it does not apply, the reason is returned and the caller records it beside
+its other GEMM decisions.
 """
 
 from __future__ import annotations
@@ -46,15 +48,18 @@ from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 BLOCK_K = 32
-#: elements added to every shared row: rows stay 16-byte aligned (ldmatrix reads 16 B per
-#: row) and 8 consecutive rows fall in 8 distinct groups of 4 banks (no ldmatrix conflicts)
-ROW_PAD = 8
 HALF_DTYPES = ("float16", "bfloat16")
+#: float32 GEMMs on ``mma.sync.m16n8k8`` tf32 where the user opts in (``allow_tf32``, off by
+#: default like torch): k-steps of 8 over k-tiles of 16 (64-byte rows, as many bytes as the
+#: 16-bit k-tile); tf32 keeps float32's exponent and 10 of its 23 mantissa bits
+TF32_MMA_K, TF32_BLOCK_K = 8, 16
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 #: (block M, block N, warps along M, warps along N): the larger where it still fills the SMs
 TILINGS = ((128, 128, 2, 4), (64, 64, 2, 2))
 
@@ -88,6 +93,7 @@ class MmaTiling:
     warps_m: int
     warps_n: int
     block_k: int = BLOCK_K
+    mma_k: int = MMA_K  # the intrinsic's k (8: tf32)
 
     @property
     def warps(self) -> int:
@@ -100,6 +106,11 @@ class MmaTiling:
     @property
     def tiles_n(self) -> int:  # 8-column mma tiles per warp
         return self.block_n // self.warps_n // MMA_N
+
+    @property
+    def b_step(self) -> int:
+        """B's mma tiles per ``ldmatrix``: two (x4) where a warp has pairs of them, else one."""
+        return 2 if self.tiles_n % 2 == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -114,20 +125,31 @@ class TensorCoreKernel(MappedKernel):
     stages: int = 1
     #: the shared tiles are filled by 16-byte cp.async chunks (else scalar 2-byte copies)
     vector_fill: bool = False
+    #: the shared layouts of A's and B's tiles (:func:`operand_layouts`)
+    a_layout: SharedLayout | None = None
+    b_layout: SharedLayout | None = None
 
     def shared_bytes(self) -> int:
         """Bytes of the two 16-bit shared tiles (one stage each)."""
-        t = self.tiling
-        assert t is not None and self.a is not None and self.b is not None
-        return 2 * (
-            tile_elements(self.a, t.block_m, t.block_k)
-            + tile_elements(self.b, t.block_n, t.block_k)
-        )
+        assert self.a_layout is not None and self.b_layout is not None
+        return 2 * (self.a_layout.elements + self.b_layout.elements)
 
 
-def tile_elements(op: MmaOperand, rows: int, k: int) -> int:
-    """Elements of an operand's shared tile (``rows`` of m or n by ``k``, rows padded)."""
-    return rows * (k + ROW_PAD) if op.k_inner else k * (rows + ROW_PAD)
+def operand_layouts(
+    a: MmaOperand, b: MmaOperand, t: MmaTiling, itemsize: int = 2
+) -> tuple[SharedLayout, SharedLayout]:
+    """The shared layouts of A's and B's tiles (:func:`polyfuse.poly.swizzle.operand_layout`):
+    a tile is ``rows`` (m or n) by ``block_k`` stored with its array's innermost dim innermost;
+    between mma tiles and k-steps, ``ldmatrix`` addresses move by rows, or (along the
+    innermost dim) by a k-step of the intrinsic's k (k innermost) or by A's 16-row and B's 8-column
+    mma tiles per load (m or n innermost)."""
+    out = []
+    for op, rows, step in ((a, t.block_m, MMA_M), (b, t.block_n, MMA_N * t.b_step)):
+        if op.k_inner:
+            out.append(operand_layout(rows, t.block_k, itemsize, t.mma_k))
+        else:
+            out.append(operand_layout(t.block_k, rows, itemsize, step))
+    return out[0], out[1]
 
 
 #: 16-bit elements per 16-byte chunk of a shared-tile fill (one cp.async)
@@ -138,18 +160,19 @@ CHUNK = 8
 MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 1024}
 
 
-def fill_alignment(op: MmaOperand, lo: int) -> str:
+def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
     """Why ``op``'s shared tile cannot be filled by 16-byte chunks, or "" when every chunk's
     first element is 16-byte aligned: the array's innermost extent is a multiple of
     :data:`CHUNK` (every row starts aligned, the base being aligned like every allocation),
     and the innermost subscript at a chunk's start (``lo``, the lower bound of the dim it
-    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``."""
+    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``
+    (``chunk``: the elements of 16 bytes, 4 for float32)."""
     inner = op.shape[-1]
-    if inner % CHUNK:
-        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {CHUNK} elements"
+    if inner % chunk:
+        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
     off = lo + op.index[-1][1]
-    if off % CHUNK:
-        return f"{op.tensor}'s tile rows start at element {off} mod {CHUNK} (not 16-byte aligned)"
+    if off % chunk:
+        return f"{op.tensor}'s tile rows start at element {off} mod {chunk} (not 16-byte aligned)"
     return ""
 
 
@@ -169,6 +192,8 @@ def stage_problem(
         for n in (tk.a.tensor, tk.b.tensor)
     )
     rate = MMA_FMA_PER_SM_CYCLE.get(device.arch, 512)
+    if tk.dtype == "float32":  # tf32: half the 16-bit rate (A100: 156 vs 312 TFLOP/s)
+        rate //= 2
     return StageProblem(
         fma_per_ktile=fma,
         stage_bytes=tk.shared_bytes(),
@@ -216,10 +241,12 @@ def _operand(
     return MmaOperand(name, shape, tuple(index), mine, k == last, mine == nd - 2)
 
 
-def match_mma(sm: ScheduledMicrograph) -> tuple[GemmShape, str, MmaOperand, MmaOperand] | str:
+def match_mma(
+    sm: ScheduledMicrograph, dtypes: tuple[str, ...] = HALF_DTYPES
+) -> tuple[GemmShape, str, MmaOperand, MmaOperand] | str:
     """The micrograph's GEMM shape, operand dtype and mma operands A and B, or why the
     intrinsic does not match (see the module doc)."""
-    shape = detect_gemm(sm, HALF_DTYPES)
+    shape = detect_gemm(sm, dtypes)
     if isinstance(shape, str):
         return shape
     model = sm.model
@@ -254,7 +281,9 @@ def match_mma(sm: ScheduledMicrograph) -> tuple[GemmShape, str, MmaOperand, MmaO
     return shape, dtype, a, b
 
 
-def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, str]:
+def choose_mma_tiling(
+    shape: GemmShape, device: DeviceSpec, tf32: bool = False
+) -> tuple[MmaTiling, str]:
     """The largest block tile of :data:`TILINGS` whose blocks still fill the SMs (else the
     smallest), with the reason."""
     (lm, hm), (ln, hn) = shape.data[-2], shape.data[-1]
@@ -265,7 +294,7 @@ def choose_mma_tiling(shape: GemmShape, device: DeviceSpec) -> tuple[MmaTiling, 
         blocks = batch * -(-(hm - lm + 1) // bm) * -(-(hn - ln + 1) // bn)
         if blocks >= device.sms:
             break
-    t = MmaTiling(bm, bn, wm, wn)
+    t = MmaTiling(bm, bn, wm, wn, TF32_BLOCK_K, TF32_MMA_K) if tf32 else MmaTiling(bm, bn, wm, wn)
     return t, (
         f"block tile {bm}x{bn}x{t.block_k} of {t.warps} warps, each {t.tiles_m}x{t.tiles_n} "
         f"mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs)"
@@ -282,25 +311,39 @@ def _pipelining(
         return False, StageChoice(1, f"single-stage: no cp.async on {device.arch}")
     (lm, _), (ln, _) = tk.shape.data[-2], tk.shape.data[-1]
     lk = tk.shape.red[0][0]
-    why = [fill_alignment(op, lk if op.k_inner else lo) for op, lo in ((tk.a, lm), (tk.b, ln))]
+    size = ITEMSIZE[tk.dtype]
+    why = [
+        fill_alignment(op, lk if op.k_inner else lo, 16 // size)
+        for op, lo in ((tk.a, lm), (tk.b, ln))
+    ]
     why = [w for w in why if w]
     if why:
-        return False, StageChoice(1, "single-stage, scalar 2-byte fills: " + "; ".join(why))
+        return False, StageChoice(1, f"single-stage, scalar {size}-byte fills: " + "; ".join(why))
     return True, choose_stages(stage_problem(sm, tk, device), device, forced)
 
 
+def _fragment_load(op: MmaOperand, x: str, tf32: bool) -> str:
+    """How ``op``'s fragments are loaded from shared memory (for the notes)."""
+    if tf32 and op.trans:  # ldmatrix .trans moves 16-bit elements
+        return "32-bit shared loads (no ldmatrix.trans of 32-bit elements)"
+    return f"ldmatrix.{x}" + (".trans" if op.trans else "")
+
+
 def map_tensor_core(
-    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None
+    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None, tf32: bool = False
 ) -> TensorCoreKernel | str:
     """The tensorized mapping of ``sm`` on ``device``, or why not (a string); ``stages``
-    forces the k-tile pipeline's stage count (refused over the shared budget, noted)."""
+    forces the k-tile pipeline's stage count (refused over the shared budget, noted);
+    ``tf32``: a float32 GEMM on ``m16n8k8`` tf32 (the user's ``allow_tf32``) instead of a
+    16-bit one."""
+    shape_name = "m16n8k8" if tf32 else "m16n8k16"
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
-        return f"no m16n8k16 mma.sync on {device.arch} (sm_80 and later)"
-    got = match_mma(sm)
+        return f"no {shape_name} mma.sync on {device.arch} (sm_80 and later)"
+    got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES)
     if isinstance(got, str):
         return got
     shape, dtype, a, b = got
-    tiling, why = choose_mma_tiling(shape, device)
+    tiling, why = choose_mma_tiling(shape, device, tf32)
     grid = [hi - lo + 1 for lo, hi in shape.data[:-2]]
     grid += [
         -(-(hi - lo + 1) // s)
@@ -309,12 +352,16 @@ def map_tensor_core(
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
-    bx = "x4 (two mma tiles)" if tiling.tiles_n % 2 == 0 else "x2"
+    bx = "x4 (two mma tiles)" if tiling.b_step == 2 else "x2"
+    la, lb = operand_layouts(a, b, tiling, ITEMSIZE[dtype])
+    kind = "tf32 (float32 operands, allow_tf32)" if tf32 else dtype
     notes = [
-        f"tensor cores: mma.sync.m16n8k16 {dtype} -> float32 accumulators; {why}",
-        f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, ldmatrix.x4"
-        f"{'.trans' if a.trans else ''}; {b.tensor} (B) {lbt} innermost, ldmatrix.{bx}"
-        f"{'.trans' if b.trans else ''}; rows padded by {ROW_PAD} elements (bank conflicts)",
+        f"tensor cores: mma.sync.{shape_name} {kind} -> float32 accumulators; {why}",
+        f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, "
+        f"{_fragment_load(a, 'x4', tf32)}; {b.tensor} (B) {lbt} innermost, "
+        f"{_fragment_load(b, bx, tf32)}",
+        f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} (B): "
+        f"{lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",
@@ -324,7 +371,7 @@ def map_tensor_core(
         notes[0],
         TensorCoreData(
             "tensorize",
-            f"m16n8k16.{dtype}",
+            "m16n8k8.tf32" if tf32 else f"m16n8k16.{dtype}",
             [tiling.block_m, tiling.block_n, tiling.block_k],
             [tiling.warps_m, tiling.warps_n],
         ),
@@ -347,13 +394,16 @@ def map_tensor_core(
         b=b,
         tiling=tiling,
         thread_order=[("pf_tid", 32 * tiling.warps)],
+        a_layout=la,
+        b_layout=lb,
     )
     vector, choice = _pipelining(sm, tk, device, stages)
+    size = ITEMSIZE[dtype]
     fill = (
-        f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({CHUNK} "
+        f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({16 // size} "
         "elements, zero-filled past the arrays' edges)"
         if vector
-        else "tensor cores: scalar 2-byte shared fills"
+        else f"tensor cores: scalar {size}-byte shared fills"
     )
     tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
     data = replace(
@@ -395,7 +445,9 @@ __all__ = [
     "MmaOperand",
     "MmaTiling",
     "TensorCoreKernel",
+    "ROW_PAD",
     "map_tensor_core",
     "match_mma",
+    "operand_layouts",
     "tensor_core_placements",
 ]
