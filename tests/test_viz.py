@@ -464,6 +464,10 @@ def test_kernel_memory_shows_stages_buffers_and_the_tensorized_region():
     assert mem["intrinsic"] == f"mma.sync.aligned.{tc.intrinsic}" and mem["warps"] == tc.warps
     assert mem["block_tile"] == tc.block and mem["fill"] == tc.fill
     assert sum(mem["arrays"]) + mem["dynamic"] <= k["shared_bytes"] and len(mem["arrays"]) == 2
+    # each operand tile: its layout and its bytes per stage (the arrays hold every stage)
+    assert [b["tensor"] for b in mem["buffers"]] == ["a", "b"]
+    assert [b["bytes"] * tc.stages for b in mem["buffers"]] == mem["arrays"]
+    assert all(b["layout"].startswith("XOR-swizzled") for b in mem["buffers"])
     first, last = mem["region"]
     lines = k["source"].splitlines()
     assert "pf_ldmatrix" in lines[first] or "pf_mma" in lines[first]

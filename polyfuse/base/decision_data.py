@@ -10,7 +10,7 @@ a record equals its JSON dict.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 
@@ -248,7 +248,7 @@ class CoarsenData(DecisionData):
 @dataclass(frozen=True, eq=False)
 class TensorCoreData(DecisionData):
     """A GEMM tensorized on warp-level MMA (poly/tensorize.py): the intrinsic, the block tile
-    (M, N, K), the warp grid, the shared-memory stages and how the tiles are filled."""
+    (M, N, K), the warp grid, the shared-memory stages, how the tiles are filled and laid out."""
 
     what: str
     intrinsic: str
@@ -256,6 +256,10 @@ class TensorCoreData(DecisionData):
     warps: list[int]
     stages: int = 1
     fill: str = "scalar"  # "cp.async 16 B" | "scalar"
+    #: per operand (A, then B): "<tensor>: <its shared layout>" (swizzled or padded rows)
+    layouts: list[str] = field(default_factory=list)
+    #: per operand: bytes of its shared tile in one stage
+    tile_bytes: list[int] = field(default_factory=list)
 
 
 #: the family a plain dict belongs to, by the first of its decision's kinds listed here

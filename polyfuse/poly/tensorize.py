@@ -374,6 +374,8 @@ def map_tensor_core(
             "m16n8k8.tf32" if tf32 else f"m16n8k16.{dtype}",
             [tiling.block_m, tiling.block_n, tiling.block_k],
             [tiling.warps_m, tiling.warps_n],
+            layouts=[f"{a.tensor}: {la.describe()}", f"{b.tensor}: {lb.describe()}"],
+            tile_bytes=[la.elements * ITEMSIZE[dtype], lb.elements * ITEMSIZE[dtype]],
         ),
     )
     ctx = isl.Set("{ : }", context=sm.model.ctx)

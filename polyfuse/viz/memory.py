@@ -31,7 +31,8 @@ def kernel_memory(kernel_plan: Any, kernel: Any) -> dict[str, Any]:
     """The memory record of one kernel: ``engine`` ("tensor cores", "CUDA cores" for a tiled
     GEMM, "" otherwise), ``stages`` of its shared tiles (1: no pipeline), ``fill`` (how tiles
     are filled), ``intrinsic``/``block_tile``/``warps`` (tensor cores), ``buffers`` (one per
-    shared tensor: its bytes per stage when the plan gives them) and ``arrays`` (the static
+    shared tensor: its bytes per stage when the plan gives them, and the tile's ``layout`` —
+    XOR-swizzled or padded rows — for tensor cores) and ``arrays`` (the static
     ``__shared__`` arrays' bytes, stages included) with ``dynamic`` (the dynamic pool), and
     ``region`` (the tensorized source lines)."""
     tc = next((d.data for d in kernel_plan.layout if isinstance(d.data, TensorCoreData)), None)
@@ -54,6 +55,14 @@ def kernel_memory(kernel_plan: Any, kernel: Any) -> dict[str, Any]:
         "region": [],
     }
     if tc is not None:
+        # the operand tiles: "<tensor>: <layout>" and bytes per stage, A then B
+        tiles = {
+            lay.split(": ", 1)[0]: (lay.split(": ", 1)[-1], n)
+            for lay, n in zip(tc.layouts, tc.tile_bytes, strict=True)
+        }
+        for b in rec["buffers"]:
+            if b["tensor"] in tiles:
+                b["layout"], b["bytes"] = tiles[b["tensor"]]
         rec.update(
             engine="tensor cores",
             stages=tc.stages,

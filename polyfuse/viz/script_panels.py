@@ -136,7 +136,7 @@ function showKernel(id, hlMg){
   if (mem.engine || mem.buffers.length) {
     h += `<h3>on-chip memory and pipeline</h3><div>${esc(mem.plain)}</div><table>`;
     if (mem.engine) h += `<tr><td>engine</td><td><b>${esc(mem.engine)}</b>${mem.intrinsic ? " (" + esc(mem.intrinsic) + ")" : ""}</td></tr><tr><td>stages</td><td><b>${mem.stages}</b> (${esc(mem.fill)})</td></tr>`;
-    h += mem.buffers.map((b) => `<tr><td>shared ${esc(b.tensor)}</td><td>${b.bytes ? fmtB(b.bytes) + " per stage; " : ""}${esc(b.reason)}</td></tr>`).join("");
+    h += mem.buffers.map((b) => `<tr><td>shared ${esc(b.tensor)}</td><td>${b.bytes ? fmtB(b.bytes) + " per stage; " : ""}${b.layout ? "<b>" + esc(b.layout) + "</b>; " : ""}${esc(b.reason)}</td></tr>`).join("");
     if (mem.arrays.length) h += `<tr><td>__shared__ arrays</td><td>${mem.arrays.map(fmtB).join(" + ")} (stages included)</td></tr>`;
     if (mem.dynamic) h += `<tr><td>dynamic pool</td><td>${fmtB(mem.dynamic)}</td></tr>`;
     if (mem.region.length) h += `<tr><td>tensorized region</td><td>source lines ${mem.region[0] + 1}–${mem.region[1] + 1} (highlighted below)</td></tr>`;
