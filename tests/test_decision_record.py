@@ -393,3 +393,40 @@ def test_the_row_cost_record_carries_the_one_record():
     assert rec.subject == ("mm",) and rec.made and rec.reason == cost.figures()
     assert rec.data.tile == [16, 1024, 8, 8, 32] and rec.data.saved_bytes == 2 << 20
     assert RowStitchData.from_dict(rec.data.as_dict()) == rec.data  # the stitch memo's JSON
+
+
+# ------------------------------------- decision data built typed, never as a dict literal
+
+
+def dict_data_records(source: str) -> list[int]:
+    """Lines of ``source`` where a :class:`Decided` is built with a dict (a ``{...}``
+    literal or ``dict(...)``) as its data: a record whose family the kinds would have to
+    guess."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decided"):
+            continue
+        data = node.args[2] if len(node.args) > 2 else None
+        data = next((k.value for k in node.keywords if k.arg == "data"), data)
+        if isinstance(data, ast.Dict | ast.DictComp) or (
+            isinstance(data, ast.Call) and getattr(data.func, "id", "") == "dict"
+        ):
+            out.append(node.lineno)
+    return out
+
+
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "polyfuse").rglob("*.py"))
+)
+def test_decisions_are_built_with_typed_data(path):
+    assert dict_data_records((ROOT / path).read_text()) == []
+
+
+def test_the_dict_data_check_catches_a_planted_one():
+    planted = (ROOT / "polyfuse/poly/gemm_codegen.py").read_text() + (
+        "\n\ndef planted(t):\n"
+        "    return Decided((DecisionKind.GEMM_LOOP,), 'x', {'what': 'select free'})\n"
+        "\n\ndef planted2(t):\n"
+        "    return Decided((DecisionKind.GEMM_LOOP,), 'x', data=dict(what='peel'))\n"
+    )
+    assert len(dict_data_records(planted)) == 2
