@@ -10,18 +10,13 @@ from poly_inputs import isl_map, matmul, one
 
 from polyfuse import te
 from polyfuse.poly.device import H100
+from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE
+from polyfuse.poly.gemm_kernel import access_function, gemm_placements
+from polyfuse.poly.gemm_pipeline import COMMIT, WAIT
+from polyfuse.poly.gemm_promotion import invariant_operands
+from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
 from polyfuse.poly.islutil import maps_of
-from polyfuse.poly.promote import (
-    COMMIT,
-    SYNC_AFTER,
-    SYNC_BEFORE,
-    WAIT,
-    _invariant_operands,
-    access_function,
-    build_gemm_kernel,
-    gemm_placements,
-    padded_reduction_reads,
-)
+from polyfuse.poly.promote import build_gemm_kernel
 from polyfuse.poly.tiling import choose_gemm_tiles, detect_gemm
 
 
@@ -240,7 +235,7 @@ def test_k_invariant_operand_held_in_registers_not_promoted():
     r = te.reduce_axis(16, name="r")
     c = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * b[r, j] * s[i], axis=r), name="c")
     sm, shape = _shape([a, b, s], c)
-    ((name, fn, arr),) = _invariant_operands(shape, sm.model)
+    ((name, fn, arr),) = invariant_operands(shape, sm.model)
     assert (name, arr) == ("s", (16,))
     assert fn.is_equal(isl_map("{ S_c_update[d0, d1, r0] -> s[d0] }", fn.get_ctx()))
     gk = build_gemm_kernel(sm, shape, choose_gemm_tiles(shape, H100, forced=(16, 16, 2, 2, 8)))
