@@ -306,15 +306,24 @@ def _ones(*shape):
 
 # ------------------------------------------------- no new `-> X | str` refusal returns
 
-#: the modules whose refusals are Refusal records (poly/kernel_map.py, poly/tiling.py and
-#: poly/tile_box.py still return strings: their consumers are the GEMM modules another change
-#: is rewriting)
+#: the modules whose refusals are Refusal records (poly/tile_box.py still returns strings:
+#: poly/gemm_promotion.py turns them into refusals about the operand)
 CONVERTED = [
     "polyfuse/stitch/gemm_rows.py",
     "polyfuse/stitch/parallel.py",
     "polyfuse/poly/coarsen.py",
     "polyfuse/poly/fragments.py",
     "polyfuse/graph/passes/merge_siblings.py",
+    "polyfuse/poly/kernel_map.py",
+    "polyfuse/poly/tiling.py",
+    "polyfuse/poly/promote.py",
+    "polyfuse/poly/gemm_kernel.py",
+    "polyfuse/poly/gemm_tile_schedule.py",
+    "polyfuse/poly/gemm_promotion.py",
+    "polyfuse/poly/gemm_pipeline.py",
+    "polyfuse/poly/gemm_barriers.py",
+    "polyfuse/poly/gemm_codegen.py",
+    "polyfuse/poly/gemm_shape.py",
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 from poly_inputs import isl_map, matmul, one
 
 from polyfuse import te
+from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE
 from polyfuse.poly.gemm_kernel import access_function, gemm_placements
@@ -74,9 +75,11 @@ def test_padded_k_tiles_through_a_folded_layout_are_refused():
     sm, shape = _shape([a, b], c)
     assert padded_reduction_reads(shape, [12], sm.model) is None  # no padded step
     for tk in (8, 16):
-        assert padded_reduction_reads(shape, [tk], sm.model) == (
+        assert padded_reduction_reads(shape, [tk], sm.model) == Refusal(
+            DecisionKind.GEMM_TILE,
             f"k-tile {tk}: some padded reduction steps would read a, b inside their arrays "
-            "(not zeros)"
+            "(not zeros)",
+            (shape.update.prim,),
         )
     # one factor past its array is enough: w[k, j] has 12 rows
     w = te.placeholder((12, 8), name="w")
@@ -257,11 +260,11 @@ def test_refused_promotions():
     a = te.placeholder((16, 16), name="a")
     r = te.reduce_axis(16, name="r")
     square = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * a[r, j], axis=r), name="c")
-    assert _kernel([a], square, (16, 16, 2, 2, 8)) == (
-        "a is read through two different accesses: not promoted"
+    assert _kernel([a], square, (16, 16, 2, 2, 8)) == Refusal(
+        DecisionKind.GEMM_TILE, "a is read through two different accesses: not promoted", ("a",)
     )
     b, w = te.placeholder((16, 16), name="b"), te.placeholder((16, 16, 16), name="w")
     c = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * b[r, j] * w[i, j, r], axis=r))
-    assert (
-        _kernel([a, b, w], c, (16, 16, 2, 2, 8)) == "w is not reused across threads: not promoted"
+    assert _kernel([a, b, w], c, (16, 16, 2, 2, 8)) == Refusal(
+        DecisionKind.GEMM_TILE, "w is not reused across threads: not promoted", ("w",)
     )

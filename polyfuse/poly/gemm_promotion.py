@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.poly.copy_layout import copy_layout
 from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in
 from polyfuse.poly.gemm_kernel import Promotion, access_function
@@ -85,9 +86,9 @@ def promote_operands(
     nthreads: int,
     in_registers: set[str],
     not_hoisted: dict[str, str],
-) -> tuple[list[Promotion], list[CopyDomain]] | str:
+) -> tuple[list[Promotion], list[CopyDomain]] | Refusal:
     """The shared tile and copy domain of every operand not held in registers, or why an
-    operand cannot be promoted (a string)."""
+    operand cannot be promoted (a refusal about it)."""
     ctx, kts, bnames = frame.ctx, frame.kts, frame.bnames
     promotions: list[Promotion] = []
     copy_doms: list[CopyDomain] = []
@@ -98,19 +99,19 @@ def promote_operands(
             if not access_function(first).is_equal(access_function(acc)):
                 # One shared tile per tensor: a tensor read at two places (matmul(a, a))
                 # would need the union of two footprints.
-                return f"{name} is read through two different accesses: not promoted"
+                return _no(name, "is read through two different accesses: not promoted")
             continue
         seen.add(name)
         if name in in_registers:
             continue
         if not reuse:
             held = f" nor held in registers ({not_hoisted[name]})" if name in not_hoisted else ""
-            return f"{name} is not reused across threads{held}: not promoted"
+            return _no(name, f"is not reused across threads{held}: not promoted")
         box = tile_box(
             name, access_function(acc), frame.tile, frame.ranges, tuple(model.tensors[name].shape)
         )
-        if isinstance(box, str):
-            return box
+        if isinstance(box, str):  # poly/tile_box.py's refusals are strings
+            return refused(DecisionKind.GEMM_TILE, box, name)
         fp, lo_t, lo_c, size, tshape = box.fp, box.lo_t, box.lo_c, box.size, box.shape
         proof = box.proof
         width = proof.width
@@ -175,6 +176,11 @@ def promote_operands(
             )
         )
     return promotions, copy_doms
+
+
+def _no(tensor: str, why: str) -> Refusal:
+    """A promotion refused for ``tensor``: its reason starts with the tensor's name."""
+    return refused(DecisionKind.GEMM_TILE, f"{tensor} {why}", tensor)
 
 
 def copy_schedule(

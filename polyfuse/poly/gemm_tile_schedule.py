@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.poly.gemm_kernel import access_function
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
 from polyfuse.poly.model import Statement
@@ -235,8 +236,9 @@ def tile_frame(shape: GemmShape, model, tiling: GemmTiling) -> TileFrame:
     )  # fmt: skip
 
 
-def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> str | None:
-    """Why k-tiles of ``tk`` would give a wrong sum, or None when they are sound.
+def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> Refusal | None:
+    """Why k-tiles of ``tk`` would give a wrong sum (a refusal about the update), or None
+    when they are sound.
 
     The reduction range is rounded up to whole k-tiles and the padded steps run unguarded:
     each padded term must be 0, so at least one of its factors must read outside its array
@@ -274,9 +276,11 @@ def padded_reduction_reads(shape: GemmShape, tk: list[int], model) -> str | None
     if nonzero.is_empty():
         return None
     reads = ", ".join(sorted({name for name, _ in shape.operands}))
-    return (
+    return refused(
+        DecisionKind.GEMM_TILE,
         f"k-tile {'x'.join(map(str, tk))}: some padded reduction steps would read {reads} "
-        "inside their arrays (not zeros)"
+        "inside their arrays (not zeros)",
+        up.prim,
     )
 
 

@@ -24,6 +24,7 @@ import math
 
 import islpy as isl
 
+from polyfuse.base.decision import Refusal
 from polyfuse.poly.fragments import Fragment, register_fragments
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_schedule
 from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, access_function, gemm_placements
@@ -75,8 +76,9 @@ __all__ = [
 
 def build_gemm_kernel(
     sm: ScheduledMicrograph, shape: GemmShape, tiling: GemmTiling, stages: int = 1
-):
-    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a string).
+) -> GemmKernel | Refusal:
+    """The tiled, promoted kernel: schedule map, context, promotions; or why not (a
+    :class:`Refusal` about the operand that cannot be promoted).
 
     ``stages`` S > 1 keeps S shared buffers per tile when exactly one k-tile loop has more
     than one iteration (:mod:`polyfuse.poly.gemm_pipeline`).
@@ -91,7 +93,7 @@ def build_gemm_kernel(
     got = promote_operands(
         frame, shape, model, tiling.nthreads, {f.tensor for f in hoisted}, not_hoisted
     )
-    if isinstance(got, str):
+    if isinstance(got, Refusal):
         return got
     promotions, copy_doms = got
 
