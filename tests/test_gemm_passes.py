@@ -7,9 +7,12 @@ pipeline stages (:mod:`polyfuse.poly.gemm_pipeline`) and barriers
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import islpy as isl
 import pytest
-from poly_inputs import matmul, one
+from poly_inputs import matmul, one, scheduled
 
 import polyfuse
 from polyfuse import ops, te
@@ -238,3 +241,73 @@ def test_map_gemm_refuses_when_no_tiling_fits_shared_memory():
 def test_map_gemm_is_silent_on_what_is_not_gemm_like():
     x = te.placeholder((8, 64), name="x")
     assert map_gemm(one([x], ops.reduce_sum(x, axis=1)), H100, MappingConfig()) is None
+
+
+# ------------------------------------------- one GEMM dispatch, owned by the GEMM modules
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the modules that may test a kernel's class against GemmKernel: the GEMM path's own entry
+GEMM_DISPATCH = {"polyfuse/poly/gemm_kernel.py"}
+
+
+def gemm_class_tests(source: str) -> list[int]:
+    """Lines of ``source`` that call ``isinstance(x, GemmKernel)`` (also in a tuple of
+    classes, or as ``promote.GemmKernel``)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance"):
+            continue
+        if len(node.args) == 2 and any(
+            getattr(n, "id", getattr(n, "attr", "")) == "GemmKernel" for n in ast.walk(node.args[1])
+        ):
+            out.append(node.lineno)
+    return out
+
+
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "polyfuse").rglob("*.py"))
+)
+def test_no_gemm_kernel_class_test_outside_the_gemm_dispatch(path):
+    if path not in GEMM_DISPATCH:
+        assert gemm_class_tests((ROOT / path).read_text()) == []
+
+
+def test_the_gemm_class_check_catches_one_planted_in_the_driver():
+    driver = (ROOT / "polyfuse/driver.py").read_text()
+    assert gemm_class_tests(driver) == [] and "GemmKernel" not in driver
+    planted = driver + (
+        "\n\ndef planted(mm):\n    return isinstance(mm, GemmKernel)\n"
+        "\n\ndef planted2(mm):\n    return isinstance(mm, (TensorCoreKernel, promote.GemmKernel))\n"
+    )
+    assert len(gemm_class_tests(planted)) == 2
+
+
+def test_the_gemm_dispatch_lowers_and_places_gemm_kernels_only():
+    """The driver's and the placement's one question, answered by the GEMM modules: a tiled
+    GEMM is lowered by its own passes (its promoted operands counted as global reads), a
+    plain kernel is not the GEMM path's."""
+    from polyfuse.cuda.gemm_lowering import lower_gemm
+    from polyfuse.poly.gemm_kernel import as_gemm_kernel, gemm_placements, kernel_placements
+    from polyfuse.poly.kernel_map import place_kernel
+
+    ins, out = matmul(64, 40, 64)
+    graph, (sm,) = scheduled(ins, [out])
+    gk = map_kernel(graph, [sm], None, H100, MappingConfig())
+    assert as_gemm_kernel(gk) is gk and kernel_placements(gk) == gemm_placements(gk)
+    pl = place_kernel(gk, H100)
+    assert {t: p.space for t, p in pl.items() if p.space == "shared"} == {
+        "a": "shared",
+        "b": "shared",
+    }
+    got = lower_gemm("k0", gk, pl, graph.idents)
+    assert got is not None and got.notes == gk.notes
+    assert "__shared__" in got.kernel.source and "__syncthreads()" in got.kernel.source
+    assert {t: p.space for t, p in got.footprint_placements.items()} == {
+        "a": "global",
+        "b": "global",
+        "c": "global",
+        "c_acc": "register",
+    }
+    plain = map_kernel(graph, [sm], None, H100, MappingConfig(gemm=False))
+    assert as_gemm_kernel(plain) is None and kernel_placements(plain) is None
+    assert lower_gemm("k0", plain, place_kernel(plain, H100), graph.idents) is None

@@ -121,3 +121,17 @@ def gemm_placements(gk: GemmKernel) -> dict[str, Placement]:
                 name, "register", "one element per micro-tile iteration (epilogue)"
             )
     return out
+
+
+def as_gemm_kernel(mm: MappedMicrograph) -> GemmKernel | None:
+    """``mm`` as a tiled GEMM kernel, or None when another mapping made it: the one class
+    test of the GEMM path (the driver and the placement ask this instead of testing classes;
+    :func:`polyfuse.cuda.gemm_lowering.lower_gemm`, :func:`kernel_placements`)."""
+    return mm if isinstance(mm, GemmKernel) else None
+
+
+def kernel_placements(mm: MappedMicrograph) -> dict[str, Placement] | None:
+    """Where each tensor of ``mm`` lives when it is a tiled GEMM kernel (its promoted operands
+    are its shared tiles, :func:`gemm_placements`); None for every other mapped kernel."""
+    gk = as_gemm_kernel(mm)
+    return gemm_placements(gk) if gk is not None else None

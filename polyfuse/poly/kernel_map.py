@@ -33,7 +33,7 @@ from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.costs.stages import StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_codegen import with_codegen
-from polyfuse.poly.gemm_kernel import GemmKernel, gemm_placements
+from polyfuse.poly.gemm_kernel import GemmKernel, kernel_placements
 from polyfuse.poly.gemm_pipeline import pipeline_stages
 from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
@@ -203,8 +203,9 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     scratch tensors into shared memory within :func:`reduction_tile_budget` (Layer 2); a GEMM
     kernel's promoted operands are its shared tiles.
     """
-    if isinstance(mm, GemmKernel):
-        return gemm_placements(mm)
+    gemm = kernel_placements(mm)
+    if gemm is not None:
+        return gemm
     if isinstance(mm, TensorCoreKernel):
         return tensor_core_placements(mm)
     placements = place_tensors(mm)
