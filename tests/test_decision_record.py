@@ -306,8 +306,8 @@ def _ones(*shape):
 
 # ------------------------------------------------- no new `-> X | str` refusal returns
 
-#: the modules whose refusals are Refusal records (poly/tile_box.py still returns strings:
-#: poly/gemm_promotion.py turns them into refusals about the operand)
+#: the modules whose refusals are Refusal records (poly/tile_box.py's too, but its
+#: ``_aff_text -> str | None`` is an optional isl text, which this check would flag)
 CONVERTED = [
     "polyfuse/stitch/gemm_rows.py",
     "polyfuse/stitch/parallel.py",

@@ -110,8 +110,8 @@ def promote_operands(
         box = tile_box(
             name, access_function(acc), frame.tile, frame.ranges, tuple(model.tensors[name].shape)
         )
-        if isinstance(box, str):  # poly/tile_box.py's refusals are strings
-            return refused(DecisionKind.GEMM_TILE, box, name)
+        if isinstance(box, Refusal):
+            return box
         fp, lo_t, lo_c, size, tshape = box.fp, box.lo_t, box.lo_c, box.size, box.shape
         proof = box.proof
         width = proof.width
