@@ -39,7 +39,7 @@ from polyfuse.poly.costs import model_kernel  # noqa: E402
 from polyfuse.poly.device import device_for_arch  # noqa: E402
 from polyfuse.poly.mapping import MappingConfig  # noqa: E402
 from polyfuse.poly.promote import GemmKernel, pipeline_stages  # noqa: E402
-from polyfuse.poly.tiling import detect_gemm, loop_share, rank_gemm_tiles  # noqa: E402
+from polyfuse.poly.tiling import GemmShape, detect_gemm, loop_share, rank_gemm_tiles  # noqa: E402
 
 DEFAULT_JSON = HERE / "results" / "tile_check.json"
 CHECK_CASES = ("matmul4096_bias_gelu", "ffn_up", "conv3x3", "conv1x1", "conv3x3_s2")
@@ -62,7 +62,7 @@ def check_case(
     rows = []
     for sm in fn.plan.scheduled:
         shape = detect_gemm(sm)
-        if isinstance(shape, str):
+        if not isinstance(shape, GemmShape):
             continue
         mg = sm.model.micrograph.name
         ranked = rank_gemm_tiles(shape, device, limit=top, stages=pipeline_stages(arch))

@@ -65,14 +65,14 @@ def _shapes(case: str, arch: str) -> dict[str, Any]:
     """The GEMM shapes of compute case ``case`` by micrograph name, compiled as the day did."""
     import polyfuse
     from polyfuse import examples
-    from polyfuse.poly.tiling import detect_gemm
+    from polyfuse.poly.tiling import GemmShape, detect_gemm
 
     ins, outs, _ = getattr(examples, COMPUTE[case][0])(**_compute_args(case, 1))
     fn = polyfuse.compile(ins, outs, arch, check_cuda=False, passes=False, name=case)
     shapes = {}
     for sm in fn.plan.scheduled:
         shape = detect_gemm(sm)
-        if not isinstance(shape, str):
+        if isinstance(shape, GemmShape):
             shapes[sm.model.micrograph.name] = shape
     return shapes
 

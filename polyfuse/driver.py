@@ -36,12 +36,13 @@ from polyfuse.cache import (
     tune_key,
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
-from polyfuse.cuda.astgen import generate_ast, generate_gemm_ast
+from polyfuse.cuda.astgen import generate_ast
 from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.dedup import FunctionTable
+from polyfuse.cuda.gemm_lowering import lower_gemm, shared_as_global
 from polyfuse.cuda.kernel_ast import Kernel
 from polyfuse.cuda.layer3 import stitch_parallel
-from polyfuse.cuda.lower import lower_gemm_kernel, lower_kernel, vector_plan
+from polyfuse.cuda.lower import lower_kernel, vector_plan
 from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.lower_mma import lower_mma_kernel
 from polyfuse.cuda.printer import prelude_for
@@ -59,8 +60,6 @@ from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.model import build_model
-from polyfuse.poly.placement import Placement
-from polyfuse.poly.promote import GemmKernel
 from polyfuse.poly.schedule import (
     DEFAULT_BUDGET,
     Feedback,
@@ -348,17 +347,11 @@ def _lower(
     pl = kp.placements
     if isinstance(mm, TensorCoreKernel):  # tensorized: mma.sync on 16-bit shared tiles
         ast, kernel, notes = None, lower_mma_kernel(kp.name, mm, pl, idents, canonical), mm.notes
-        pl = {
-            k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
-        }
-    elif isinstance(mm, GemmKernel):  # its own AST generator and lowering (promoted tiles)
-        ast, body = generate_gemm_ast(mm)
-        kernel = lower_gemm_kernel(kp.name, mm, body, pl, idents, canonical)
-        notes = list(mm.notes)
-        # the footprint counts the promoted operands' global reads
-        pl = {
-            k: Placement(k, "global", p.reason) if p.space == "shared" else p for k, p in pl.items()
-        }
+        pl = shared_as_global(pl)
+    elif (gemm := lower_gemm(kp.name, mm, pl, idents, canonical)) is not None:
+        # the GEMM path's own AST generator and lowering (promoted tiles); the footprint
+        # counts the promoted operands' global reads
+        ast, kernel, notes, pl = gemm.ast, gemm.kernel, gemm.notes, gemm.footprint_placements
     else:
         ast, body = generate_ast(mm)
         kernel = lower_kernel(kp.name, mm, body, pl, idents, canonical)

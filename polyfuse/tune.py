@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import polyfuse
+from polyfuse.base.decision import Refusal
 from polyfuse.cache import CompileCache, tune_key
 from polyfuse.cli_common import add_arch, add_common, non_negative_int, positive_int, write_json
 from polyfuse.cuda.astgen import generate_gemm_ast
@@ -90,7 +91,7 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
     seen: set[str] = set()
     for sm in fn.plan.scheduled:
         shape = detect_gemm(sm)
-        if isinstance(shape, str):
+        if isinstance(shape, Refusal):
             continue
         prims = list(sm.model.micrograph.prims)
         key = tune_key(graph, prims, arch, CODEGEN_REVISION)
@@ -101,7 +102,7 @@ def candidates(fn, arch: str, top: int) -> list[Tuned]:
         stages = pipeline_stages(arch)
         for tiling in rank_gemm_tiles(shape, device, limit=top, stages=stages):
             gk = gemm_kernel_fitting(sm, shape, tiling, device)
-            if isinstance(gk, str):
+            if isinstance(gk, Refusal):
                 continue
             if FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages > gemm_tile_budget(
                 device

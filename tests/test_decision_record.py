@@ -306,15 +306,24 @@ def _ones(*shape):
 
 # ------------------------------------------------- no new `-> X | str` refusal returns
 
-#: the modules whose refusals are Refusal records (poly/kernel_map.py, poly/tiling.py and
-#: poly/tile_box.py still return strings: their consumers are the GEMM modules another change
-#: is rewriting)
+#: the modules whose refusals are Refusal records (poly/tile_box.py's too, but its
+#: ``_aff_text -> str | None`` is an optional isl text, which this check would flag)
 CONVERTED = [
     "polyfuse/stitch/gemm_rows.py",
     "polyfuse/stitch/parallel.py",
     "polyfuse/poly/coarsen.py",
     "polyfuse/poly/fragments.py",
     "polyfuse/graph/passes/merge_siblings.py",
+    "polyfuse/poly/kernel_map.py",
+    "polyfuse/poly/tiling.py",
+    "polyfuse/poly/promote.py",
+    "polyfuse/poly/gemm_kernel.py",
+    "polyfuse/poly/gemm_tile_schedule.py",
+    "polyfuse/poly/gemm_promotion.py",
+    "polyfuse/poly/gemm_pipeline.py",
+    "polyfuse/poly/gemm_barriers.py",
+    "polyfuse/poly/gemm_codegen.py",
+    "polyfuse/poly/gemm_shape.py",
 ]
 
 
@@ -393,3 +402,40 @@ def test_the_row_cost_record_carries_the_one_record():
     assert rec.subject == ("mm",) and rec.made and rec.reason == cost.figures()
     assert rec.data.tile == [16, 1024, 8, 8, 32] and rec.data.saved_bytes == 2 << 20
     assert RowStitchData.from_dict(rec.data.as_dict()) == rec.data  # the stitch memo's JSON
+
+
+# ------------------------------------- decision data built typed, never as a dict literal
+
+
+def dict_data_records(source: str) -> list[int]:
+    """Lines of ``source`` where a :class:`Decided` is built with a dict (a ``{...}``
+    literal or ``dict(...)``) as its data: a record whose family the kinds would have to
+    guess."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decided"):
+            continue
+        data = node.args[2] if len(node.args) > 2 else None
+        data = next((k.value for k in node.keywords if k.arg == "data"), data)
+        if isinstance(data, ast.Dict | ast.DictComp) or (
+            isinstance(data, ast.Call) and getattr(data.func, "id", "") == "dict"
+        ):
+            out.append(node.lineno)
+    return out
+
+
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "polyfuse").rglob("*.py"))
+)
+def test_decisions_are_built_with_typed_data(path):
+    assert dict_data_records((ROOT / path).read_text()) == []
+
+
+def test_the_dict_data_check_catches_a_planted_one():
+    planted = (ROOT / "polyfuse/poly/gemm_codegen.py").read_text() + (
+        "\n\ndef planted(t):\n"
+        "    return Decided((DecisionKind.GEMM_LOOP,), 'x', {'what': 'select free'})\n"
+        "\n\ndef planted2(t):\n"
+        "    return Decided((DecisionKind.GEMM_LOOP,), 'x', data=dict(what='peel'))\n"
+    )
+    assert len(dict_data_records(planted)) == 2

@@ -13,7 +13,7 @@ import pytest
 
 import polyfuse
 from polyfuse import examples, te
-from polyfuse.base.decision import DecisionKind
+from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.cuda.kernel_ast import (
     KCopy,
     KDef,
@@ -119,7 +119,7 @@ def test_tile_box_merges_whole_inner_dims_and_aligns_a_shifted_row():
         context=ctx,
     )
     box = tile_box("w", hull, tile, ranges, (64, 64, 3, 3))
-    assert not isinstance(box, str)
+    assert not isinstance(box, Refusal)
     assert (box.size, box.shape, box.proof.width) == ([64, 72], (64, 576), 4)
     assert box.merge == ((1, 0, 0, 0), (0, 9, 3, 1))
     # a padded conv's input row x[.., 8b + j + kw - 1]: 10 columns from 8b - 1 -> 16 from
@@ -127,7 +127,7 @@ def test_tile_box_merges_whole_inner_dims_and_aligns_a_shifted_row():
     hull = isl.Map("{ S[j, kw] -> x[j + kw - 1] }", context=ctx)
     tile = isl.Set("[b, kt] -> { S[j, kw] : 8b <= j < 8b + 8 and 0 <= kw < 3 }", context=ctx)
     box = tile_box("x", hull, tile, ranges, (56,))
-    assert not isinstance(box, str)
+    assert not isinstance(box, Refusal)
     assert box.size == [16] and box.proof.width == 4 and "widened 10 -> 16" in box.notes[0]
     assert box.lo_t == ["(-1 + 8b) - 3"]
 

@@ -9,19 +9,15 @@ import pytest
 from poly_inputs import isl_map, matmul, one
 
 from polyfuse import te
+from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.poly.device import H100
+from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE
+from polyfuse.poly.gemm_kernel import access_function, gemm_placements
+from polyfuse.poly.gemm_pipeline import COMMIT, WAIT
+from polyfuse.poly.gemm_promotion import invariant_operands
+from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
 from polyfuse.poly.islutil import maps_of
-from polyfuse.poly.promote import (
-    COMMIT,
-    SYNC_AFTER,
-    SYNC_BEFORE,
-    WAIT,
-    _invariant_operands,
-    access_function,
-    build_gemm_kernel,
-    gemm_placements,
-    padded_reduction_reads,
-)
+from polyfuse.poly.promote import build_gemm_kernel
 from polyfuse.poly.tiling import choose_gemm_tiles, detect_gemm
 
 
@@ -79,9 +75,11 @@ def test_padded_k_tiles_through_a_folded_layout_are_refused():
     sm, shape = _shape([a, b], c)
     assert padded_reduction_reads(shape, [12], sm.model) is None  # no padded step
     for tk in (8, 16):
-        assert padded_reduction_reads(shape, [tk], sm.model) == (
+        assert padded_reduction_reads(shape, [tk], sm.model) == Refusal(
+            DecisionKind.GEMM_TILE,
             f"k-tile {tk}: some padded reduction steps would read a, b inside their arrays "
-            "(not zeros)"
+            "(not zeros)",
+            (shape.update.prim,),
         )
     # one factor past its array is enough: w[k, j] has 12 rows
     w = te.placeholder((12, 8), name="w")
@@ -240,7 +238,7 @@ def test_k_invariant_operand_held_in_registers_not_promoted():
     r = te.reduce_axis(16, name="r")
     c = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * b[r, j] * s[i], axis=r), name="c")
     sm, shape = _shape([a, b, s], c)
-    ((name, fn, arr),) = _invariant_operands(shape, sm.model)
+    ((name, fn, arr),) = invariant_operands(shape, sm.model)
     assert (name, arr) == ("s", (16,))
     assert fn.is_equal(isl_map("{ S_c_update[d0, d1, r0] -> s[d0] }", fn.get_ctx()))
     gk = build_gemm_kernel(sm, shape, choose_gemm_tiles(shape, H100, forced=(16, 16, 2, 2, 8)))
@@ -262,11 +260,11 @@ def test_refused_promotions():
     a = te.placeholder((16, 16), name="a")
     r = te.reduce_axis(16, name="r")
     square = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * a[r, j], axis=r), name="c")
-    assert _kernel([a], square, (16, 16, 2, 2, 8)) == (
-        "a is read through two different accesses: not promoted"
+    assert _kernel([a], square, (16, 16, 2, 2, 8)) == Refusal(
+        DecisionKind.GEMM_TILE, "a is read through two different accesses: not promoted", ("a",)
     )
     b, w = te.placeholder((16, 16), name="b"), te.placeholder((16, 16, 16), name="w")
     c = te.compute((16, 16), lambda i, j: te.sum(a[i, r] * b[r, j] * w[i, j, r], axis=r))
-    assert (
-        _kernel([a, b, w], c, (16, 16, 2, 2, 8)) == "w is not reused across threads: not promoted"
+    assert _kernel([a, b, w], c, (16, 16, 2, 2, 8)) == Refusal(
+        DecisionKind.GEMM_TILE, "w is not reused across threads: not promoted", ("w",)
     )

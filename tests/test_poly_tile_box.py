@@ -6,6 +6,7 @@ from __future__ import annotations
 import islpy as isl
 import pytest
 
+from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.poly.tile_box import merge_groups, tile_box
 
 
@@ -23,7 +24,7 @@ def test_matmul_operand_box_is_the_tile_rows_by_the_k_tile(ctx):
     )
     a = isl.Map("{ S[d0, d1, r0] -> a[d0, r0] }", context=ctx)
     box = tile_box("a", a, tile, ranges, (64, 40))
-    assert not isinstance(box, str)
+    assert not isinstance(box, Refusal)
     assert (box.lo_t, box.size, box.shape, box.merge, box.notes) == (
         ["32b0", "8kt0"],
         [32, 8],
@@ -49,7 +50,7 @@ def test_dims_covered_whole_merge_into_the_dim_outside_them(ctx):
     )
     w = isl.Map("{ S[co, ci, kh, kw] -> w[co, ci, kh, kw] }", context=ctx)
     box = tile_box("w", w, tile, ranges, (64, 64, 3, 3))
-    assert not isinstance(box, str)
+    assert not isinstance(box, Refusal)
     assert (box.lo_t, box.size, box.shape) == (["0", "72kt0"], [64, 72], (64, 576))
     assert box.merge == ((1, 0, 0, 0), (0, 9, 3, 1))  # view dim 1 = 9 ci + 3 kh + kw
     assert box.notes == [
@@ -76,7 +77,7 @@ def test_a_row_shifted_by_the_padding_starts_on_a_vector_boundary(ctx):
     box = tile_box(
         "x", isl.Map("{ S[ow, kw] -> x[ow + kw - 1] }", context=ctx), tile, ranges, (64,)
     )
-    assert not isinstance(box, str)
+    assert not isinstance(box, Refusal)
     assert (box.lo_t, box.size, box.proof.width) == (["(-1 + 8b0) - 3"], [16], 4)
     assert box.lo_c[0].is_equal(isl.PwAff("[b0] -> { [(-4 + 8b0)] : 0 <= b0 <= 7 }", context=ctx))
     assert box.notes == [
@@ -91,7 +92,7 @@ def test_a_box_with_holes_is_not_widened(ctx):
     ranges = isl.Set("[b0] -> { : 0 <= b0 < 8 }", context=ctx)
     tile = isl.Set("[b0] -> { S[i] : 8b0 <= i < 8b0 + 8 }", context=ctx)
     box = tile_box("x", isl.Map("{ S[i] -> x[2i + 1] }", context=ctx), tile, ranges, (128,))
-    assert not isinstance(box, str)
+    assert not isinstance(box, Refusal)
     assert (box.size, box.proof.width, box.notes) == ([15], 1, [])
 
 
@@ -100,8 +101,10 @@ def test_footprints_without_a_fixed_size_box_are_refused(ctx):
     tile = isl.Set("[b0] -> { S[i, kw] : 8b0 <= i < 8b0 + 8 and 0 <= kw < 3 }", context=ctx)
     # a guard kept in the function: the lower bound is max(0, 8 b0 - 1), two pieces
     guarded = isl.Map("{ S[i, kw] -> x[o] : o = i + kw - 1 and o >= 0 }", context=ctx)
-    assert tile_box("x", guarded, tile, ranges, (64,)) == "the footprint of x has no fixed-size box"
+    assert tile_box("x", guarded, tile, ranges, (64,)) == Refusal(
+        DecisionKind.GEMM_TILE, "the footprint of x has no fixed-size box", ("x",)
+    )
     unbounded = isl.Map("{ S[i, kw] -> x[o] : o >= i }", context=ctx)
-    assert tile_box("x", unbounded, tile, ranges, (64,)) == (
-        "the footprint of x is not bounded per tile"
+    assert tile_box("x", unbounded, tile, ranges, (64,)) == Refusal(
+        DecisionKind.GEMM_TILE, "the footprint of x is not bounded per tile", ("x",)
     )

@@ -7,6 +7,7 @@ import pytest
 from poly_inputs import isl_map, matmul, modelled, one, unscheduled, with_schedule
 
 from polyfuse import ops, te
+from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.errors import ScheduleError
 from polyfuse.poly.device import H100
 from polyfuse.poly.tiling import (
@@ -106,11 +107,17 @@ def test_elementwise_epilogue_follows_the_final_in_micrograph_order():
 def test_refused_band_orders(mm, order, coincident, permutable, why):
     """Tiling maps the band's first members to the data dims: isl's band must run them, in
     the update's order, parallel and permutable."""
-    assert detect_gemm(with_schedule(mm, _band(order, coincident, permutable))) == why
+    assert _why(detect_gemm(with_schedule(mm, _band(order, coincident, permutable)))) == why
+
+
+def _why(got) -> str:
+    """The reason of ``detect_gemm``'s refusal (a :class:`Refusal` of a GEMM tile)."""
+    assert isinstance(got, Refusal) and got.kind == DecisionKind.GEMM_TILE, got
+    return got.reason
 
 
 def test_refused_without_an_outer_band(mm):
-    assert detect_gemm(unscheduled(mm.model)) == "no outer band"
+    assert _why(detect_gemm(unscheduled(mm.model))) == "no outer band"
 
 
 def _ab():
@@ -121,19 +128,19 @@ def _ab():
 def test_refused_reductions_that_are_not_gemm_like():
     a, b, r = _ab()
     mx = te.compute((8, 16), lambda i, j: te.max(a[i, r] * b[r, j], axis=r), name="c")
-    assert detect_gemm(one([a, b], mx)) == "the reduction is not a sum"
+    assert _why(detect_gemm(one([a, b], mx))) == "the reduction is not a sum"
     x = te.placeholder((12,), name="x")
     mv = te.compute((8,), lambda i: te.sum(a[i, r] * x[r], axis=r), name="mv")
-    assert detect_gemm(one([a, x], mv)) == "fewer than two data dimensions"
+    assert _why(detect_gemm(one([a, x], mv))) == "fewer than two data dimensions"
     a3 = te.placeholder((8, 16, 12), name="a3")
     c3 = te.compute((8, 16), lambda i, j: te.sum(a3[i, j, r] * a[i, r], axis=r), name="c3")
-    assert detect_gemm(one([a3, a], c3)) == (
+    assert _why(detect_gemm(one([a3, a], c3))) == (
         "fewer than two operands are reused across threads (memory-bound)"
     )
     e = te.compute((8, 12), lambda i, j: a[i, j] * 2.0, name="e")
-    assert detect_gemm(one([a], e)) == "not exactly one reduction"
+    assert _why(detect_gemm(one([a], e))) == "not exactly one reduction"
     s = te.compute((8, 16), lambda i, j: te.sum(a[i, r] + b[r, j], axis=r), name="s")
-    assert detect_gemm(one([a, b], s)) == "the update is not a product of reads"
+    assert _why(detect_gemm(one([a, b], s))) == "the update is not a product of reads"
 
 
 def test_refused_float64_operands():
@@ -141,7 +148,7 @@ def test_refused_float64_operands():
     b = te.placeholder((12, 16), name="b", dtype="float64")
     r = te.reduce_axis(12, name="r")
     c = te.compute((8, 16), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
-    assert detect_gemm(one([a, b], c)) == "the operands are not float32"
+    assert _why(detect_gemm(one([a, b], c))) == "the operands are not float32"
 
 
 def test_refused_producer_inside_the_micrograph_and_epilogue_at_another_element():
@@ -150,13 +157,13 @@ def test_refused_producer_inside_the_micrograph_and_epilogue_at_another_element(
     p = ops.relu(a, name="p")
     c = te.compute((8, 8), lambda i, j: te.sum(p[i, r] * b8[r, j], axis=r), name="c")
     _, model = modelled([a, b8], [c])
-    assert detect_gemm(unscheduled(model)) == (
+    assert _why(detect_gemm(unscheduled(model))) == (
         "statements run before the reduction (producers in the micrograph)"
     )
     c = te.compute((8, 8), lambda i, j: te.sum(a[i, r] * b8[r, j], axis=r), name="c")
     d = te.compute((8, 8), lambda i, j: c[i, j] * c[j, i], name="d")
     _, model = modelled([a, b8], [d])
-    assert detect_gemm(unscheduled(model)) == "S_d reads c at another element"
+    assert _why(detect_gemm(unscheduled(model))) == "S_d reads c at another element"
 
 
 # ------------------------------------------------------------------------------ access rows

@@ -285,9 +285,9 @@ DATA_TYPES: dict[str, type[DecisionData]] = {
 
 def typed_data(kinds: Sequence[str], d: dict[str, Any], type_name: str = "") -> DecisionData:
     """The typed record for a decision of ``kinds`` whose data is the plain dict ``d``: of
-    family ``type_name`` when given (the compile cache's JSON), else by the kinds (modules that
-    still build dicts: poly/gemm_*.py). An empty dict is :data:`NO_DATA`; a dict no family
-    claims raises TypeError."""
+    family ``type_name`` when given (the compile cache's JSON), else by the kinds (a plain
+    dict written by hand or by an older cache entry; every stage builds its typed record
+    itself). An empty dict is :data:`NO_DATA`; a dict no family claims raises TypeError."""
     if type_name:
         return DATA_TYPES[type_name].from_dict(d)
     if not d:

@@ -9,9 +9,10 @@ import math
 from dataclasses import replace
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.gemm_kernel import GemmKernel, access_function
 from polyfuse.poly.gemm_loops import CopyLoops, plan_gemm_loops
-from polyfuse.poly.promote import GemmKernel, access_function
 from polyfuse.poly.select_free import select_free_operands
 
 #: The share of a GEMM's multiply-adds on padding (whole tiles past the extents) above which
@@ -44,7 +45,7 @@ def padding_record(
             "data dims (poly/tile_fit.py) divides the extents"
         )
     explained = waste <= PADDING_LIMIT or bool(over)
-    data = {"what": "padding", "waste": round(waste, 4), "explained": explained}
+    data = GemmLoopData("padding", waste=round(waste, 4), explained=explained)
     return Decided((DecisionKind.GEMM_LOOP,), reason, data)
 
 
@@ -91,7 +92,7 @@ def with_codegen(gk: GemmKernel, device: DeviceSpec) -> GemmKernel:
     zero_filled = {p.tensor: tuple(tensors[p.tensor].shape) for p in gk.promotions}
     free = select_free_operands(shape, padded, zero_filled, access)
     decisions = list(loops.decisions) + [
-        Decided((DecisionKind.GEMM_LOOP,), why, {"what": "select free", "tensor": t})
+        Decided((DecisionKind.GEMM_LOOP,), why, GemmLoopData("select free", tensor=t))
         for t, why in free.items()
     ]
     decisions.append(padding_record(shape.data + shape.red, padded, shape.data, tiling.block))

@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.device import DeviceSpec, occupancy
 from polyfuse.poly.policy import FLOAT_BYTES, gemm_tile_registers
 
@@ -94,7 +95,8 @@ class GemmLoops:
 
 
 def _record(what: str, reason: str, **data) -> Decided:
-    return Decided((DecisionKind.GEMM_LOOP,), reason, {"what": what, **data})
+    """A loop-emission decision: its reason and typed data (``what`` and its figures)."""
+    return Decided((DecisionKind.GEMM_LOOP,), reason, GemmLoopData(what, **data))
 
 
 def unrolled_steps(

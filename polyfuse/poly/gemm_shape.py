@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision_data import GemmTileData
 from polyfuse.poly.costs import KernelDesc
 from polyfuse.poly.costs.gemm_code import LoopCode
 from polyfuse.poly.model import Statement
@@ -68,15 +69,15 @@ class GemmTiling:
         have ``stages`` stages; its reason is :attr:`label`."""
         assert self.choice is not None
         bm, bn, tm, tn, kt = self.choice
-        data = {
-            "block_tile": [bm, bn],
-            "micro_tile": [tm, tn],
-            "k_tile": kt,
-            "threads_per_block": (bm // tm) * (bn // tn),
-            "blocks": blocks,
-            "stages": stages,
-            "modelled_us": self.modelled_us,
-        }
+        data = GemmTileData(
+            block_tile=[bm, bn],
+            micro_tile=[tm, tn],
+            k_tile=kt,
+            threads_per_block=(bm // tm) * (bn // tn),
+            blocks=blocks,
+            stages=stages,
+            modelled_us=self.modelled_us,
+        )
         return Decided((DecisionKind.COST_MODEL, DecisionKind.GEMM_TILE), self.label, data)
 
     @property

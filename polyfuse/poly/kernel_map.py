@@ -26,12 +26,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.costs.stages import StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_codegen import with_codegen
+from polyfuse.poly.gemm_kernel import GemmKernel, kernel_placements
+from polyfuse.poly.gemm_pipeline import pipeline_stages
+from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
 from polyfuse.poly.policy import (
@@ -41,13 +45,7 @@ from polyfuse.poly.policy import (
     gemm_tile_registers,
     reduction_tile_budget,
 )
-from polyfuse.poly.promote import (
-    GemmKernel,
-    build_gemm_kernel,
-    gemm_placements,
-    padded_reduction_reads,
-    pipeline_stages,
-)
+from polyfuse.poly.promote import build_gemm_kernel
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
 from polyfuse.poly.tile_fit import fit_tiling
@@ -76,15 +74,16 @@ def map_kernel(
     if isinstance(tf32, TensorCoreKernel):
         return tf32
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
-    if isinstance(gemm, GemmKernel):
+    if gemm is not None and not isinstance(gemm, Refusal):
         if tf32:
             gemm.notes.append(f"no tf32 tensor cores: {tf32}")
         return gemm
-    tensorized = map_tensor_core(sm, device, cfg.gemm_stages) if gemm == HALF_OPERANDS else None
+    half = gemm is not None and gemm.reason == HALF_OPERANDS
+    tensorized = map_tensor_core(sm, device, cfg.gemm_stages) if half else None
     if isinstance(tensorized, TensorCoreKernel):
         return tensorized
     mapped = map_to_gpu(sm, cfg, device)
-    if gemm:  # a contraction the GEMM path declined: the plan says why
+    if gemm is not None:  # a contraction the GEMM path declined: the plan says why
         mapped.notes.append(f"no GEMM tiling: {gemm}")
     if tensorized:
         mapped.notes.append(f"no tensor cores: {tensorized}")
@@ -97,13 +96,15 @@ HALF_OPERANDS = "the operands are not float32"
 
 def map_gemm(
     sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig
-) -> GemmKernel | str | None:
-    """The register/shared-tiled mapping of a GEMM-like micrograph; the reason when it is one
-    but its operands' dtype keeps it off the float32 tiles (the reduction mapping computes
-    it); or None (not GEMM-like, or no ranked tiling fits the shared-memory budget)."""
+) -> GemmKernel | Refusal | None:
+    """The register/shared-tiled mapping of a GEMM-like micrograph; why not (a
+    :class:`Refusal` about the micrograph) when it is one but its operands' dtype keeps it off
+    the float32 tiles (:data:`HALF_OPERANDS`: tensorization is tried next), a tiling cannot
+    be built, or no ranked tiling fits the shared-memory budget (each rejected tiling named);
+    None when it is not GEMM-like (the plain mapping, nothing to say)."""
     shape = detect_gemm(sm)
-    if isinstance(shape, str):
-        return shape if shape == "the operands are not float32" else None
+    if isinstance(shape, Refusal):
+        return shape if shape.reason == HALF_OPERANDS else None
     budget = gemm_tile_budget(device)
     rejected: list[str] = []
     ranked = rank_gemm_tiles(
@@ -114,22 +115,27 @@ def map_gemm(
         stages=pipeline_stages(device.arch),
         limit=RANKED_FOR_SOUNDNESS,
     )
+    over_budget = False
     for tiling in ranked:
         unsound = padded_reduction_reads(shape, tiling.tk, sm.model)
-        if unsound:
+        if unsound is not None:
             rejected.append(f"rejected {tiling.label}: {unsound}")
             continue
         gk = gemm_kernel_fitting(sm, shape, tiling, device, cfg.gemm_stages)
-        if isinstance(gk, str):
-            return None
+        if isinstance(gk, Refusal):
+            why = "; ".join([*rejected, f"{tiling.label}: {gk}"])
+            return refused(gk.kind, why, sm.name)
         smem = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
         if smem <= budget:
             break
+        over_budget = True
         rejected.append(
             f"rejected {tiling.label}: its shared tiles take {smem} B > {budget} B per block"
         )
     else:
-        return None
+        kind = DecisionKind.FOOTPRINT if over_budget or not ranked else DecisionKind.GEMM_TILE
+        why = "; ".join(rejected) if ranked else f"no tiling fits {budget} B per block"
+        return refused(kind, f"no ranked tiling is sound and fits: {why}", sm.name)
     return replace(gk, notes=[*gk.notes, *rejected]) if rejected else gk
 
 
@@ -144,14 +150,15 @@ def gemm_kernel_fitting(
     tiling: GemmTiling,
     device: DeviceSpec,
     stages: int | None = None,
-) -> GemmKernel | str:
+) -> GemmKernel | Refusal:
     """The GEMM kernel of ``tiling``, pipelined where cp.async exists over as many stages as
     the stage model (:func:`polyfuse.poly.costs.stages.choose_stages`) chooses within
     :func:`gemm_tile_budget` (``stages``: forced, refused over the budget), else
-    single-buffered (or why not GEMM-like, a string). The plan's notes say why."""
+    single-buffered; or why it cannot be built (a :class:`Refusal`). The plan's notes say
+    why."""
     tiling = fit_tiling(shape, tiling)  # the column tile over two dims where it pads less
     gk = build_gemm_kernel(sm, shape, tiling, pipeline_stages(device.arch))
-    if isinstance(gk, str):
+    if isinstance(gk, Refusal):
         return gk
     if gk.stages == 1:
         if stages and stages > 1:  # forced, but nothing to pipeline here
@@ -165,7 +172,7 @@ def gemm_kernel_fitting(
     choice = choose_stages(stage_problem(gk), device, stages)
     if choice.stages != gk.stages:
         gk = build_gemm_kernel(sm, shape, tiling, choice.stages)
-        if isinstance(gk, str):
+        if isinstance(gk, Refusal):
             return gk
     gk = replace(gk, notes=[*gk.notes, *(f"stages: {n}" for n in choice.notes)])
     return with_codegen(gk, device)
@@ -201,8 +208,9 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     scratch tensors into shared memory within :func:`reduction_tile_budget` (Layer 2); a GEMM
     kernel's promoted operands are its shared tiles.
     """
-    if isinstance(mm, GemmKernel):
-        return gemm_placements(mm)
+    gemm = kernel_placements(mm)
+    if gemm is not None:
+        return gemm
     if isinstance(mm, TensorCoreKernel):
         return tensor_core_placements(mm)
     placements = place_tensors(mm)

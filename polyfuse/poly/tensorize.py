@@ -247,8 +247,8 @@ def match_mma(
     """The micrograph's GEMM shape, operand dtype and mma operands A and B, or why the
     intrinsic does not match (see the module doc)."""
     shape = detect_gemm(sm, dtypes)
-    if isinstance(shape, str):
-        return shape
+    if not isinstance(shape, GemmShape):  # a Refusal: its reason
+        return str(shape)
     model = sm.model
     nd, nr = len(shape.data), len(shape.red)
     if nr != 1:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.poly.vectorize import VECTOR_WIDTH, VectorProof, prove_vector_copy
 
 
@@ -55,17 +56,22 @@ def _aff_text(pa: isl.PwAff) -> str | None:
     return s[i + 2 : j] if i >= 0 and j > i else None
 
 
-def _bounds(fp: isl.Set, name: str) -> tuple[list[str], list[isl.PwAff], list[int]] | str:
+def _no(name: str, why: str) -> Refusal:
+    """The footprint of array ``name`` refused as a shared tile."""
+    return refused(DecisionKind.GEMM_TILE, f"the footprint of {name} {why}", name)
+
+
+def _bounds(fp: isl.Set, name: str) -> tuple[list[str], list[isl.PwAff], list[int]] | Refusal:
     lo_t, lo_c, size = [], [], []
     for i in range(fp.dim(isl.dim_type.set)):
         try:
             lo, hi = fp.dim_min(i), fp.dim_max(i)
             span = hi.sub(lo).max_val()
         except isl.Error:  # e.g. grouped conv: the subscript's hull is not bounded
-            return f"the footprint of {name} is not bounded per tile"
+            return _no(name, "is not bounded per tile")
         txt = _aff_text(lo)
         if not span.is_int() or txt is None:
-            return f"the footprint of {name} has no fixed-size box"
+            return _no(name, "has no fixed-size box")
         lo_t.append(txt)
         size.append(span.to_python() + 1)
         lo_c.append(lo)
@@ -109,12 +115,13 @@ def _view(ctx: isl.Context, name: str, groups: list[list[int]], shape) -> isl.Ma
 
 def tile_box(
     name: str, hull: isl.Map, tile: isl.Set, ranges: isl.Set, shape: tuple[int, ...]
-) -> TileBox | str:
+) -> TileBox | Refusal:
     """The box (in its view) of the footprint of ``tile`` under access function ``hull`` of
-    array ``name`` of ``shape`` (parameters in ``ranges``), or why there is none."""
+    array ``name`` of ``shape`` (parameters in ``ranges``), or why there is none (a refusal
+    about the array)."""
     fp = hull.intersect_domain(tile).range().intersect_params(ranges).coalesce()
     got = _bounds(fp, name)
-    if isinstance(got, str):
+    if isinstance(got, Refusal):
         return got
     lo_t, lo_c, size = got
     notes: list[str] = []
@@ -124,7 +131,7 @@ def tile_box(
         view = _view(fp.get_ctx(), name, groups, shape)
         fp = fp.apply(view).coalesce()
         got = _bounds(fp, name)
-        if isinstance(got, str):
+        if isinstance(got, Refusal):
             return got
         old = "x".join(map(str, size))
         lo_t, lo_c, size = got

@@ -34,6 +34,7 @@ import math
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind, Refusal, refused
 from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.costs import KernelDesc, model_kernel
@@ -98,40 +99,47 @@ def _independent_dims(m: isl.Map, ndata: int) -> set[int]:
     return out
 
 
-def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",)) -> GemmShape | str:
-    """The micrograph's GEMM structure, or why it is not GEMM-like (a string); its operands
-    must be of one of ``dtypes`` (the float32 tiles; tensorization asks for 16-bit ones)."""
+def detect_gemm(
+    sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",)
+) -> GemmShape | Refusal:
+    """The micrograph's GEMM structure, or why it is not GEMM-like (a :class:`Refusal` about
+    the micrograph); its operands must be of one of ``dtypes`` (the float32 tiles;
+    tensorization asks for 16-bit ones)."""
     model = sm.model
+
+    def no(why: str) -> Refusal:
+        return refused(DecisionKind.GEMM_TILE, why, sm.name)
+
     ups = [s for s in model.statements if s.role == "update"]
     if len(ups) != 1:
-        return "not exactly one reduction"
+        return no("not exactly one reduction")
     up = ups[0]
     prim = up.prim
     t = up.tensor
     red = t.op.reduce if t.op is not None else None
     if red is None or red.op != "sum":
-        return "the reduction is not a sum"
+        return no("the reduction is not a sum")
     if any(r.tensor.dtype not in dtypes for r, _ in up.reads if r is not None):
-        return f"the operands are not {' or '.join(dtypes)}"
+        return no(f"the operands are not {' or '.join(dtypes)}")
     init = next(s for s in model.statements if s.prim == prim and s.role == "init")
     final = next(s for s in model.statements if s.prim == prim and s.role == "final")
     order = model.micrograph.prims
     if order[0] != prim:
-        return "statements run before the reduction (producers in the micrograph)"
+        return no("statements run before the reduction (producers in the micrograph)")
     nd = init.dims
     nr = up.dims - nd
     if nd < 2 or nr < 1:
-        return "fewer than two data dimensions"
+        return no("fewer than two data dimensions")
     if not _is_box(up.domain) or not _is_box(init.domain):
-        return "the domain is not a box"
+        return no("the domain is not a box")
     data = _box(init.domain)
     redb = _box(up.domain)[nd:]
     epilogue = [final] + [s for s in model.statements if s.prim != prim]
     for s in epilogue:
         if s.role not in ("compute", "final") or s.dims != nd or _box(s.domain) != data:
-            return f"{s.name} is not elementwise on the reduction's domain"
+            return no(f"{s.name} is not elementwise on the reduction's domain")
         if not _is_box(s.domain):
-            return f"{s.name}'s domain is not a box"
+            return no(f"{s.name}'s domain is not a box")
         for _r, m in s.reads:
             # Values computed inside the micrograph are read at the statement's own element
             # (they live in one register per micro-tile iteration).
@@ -147,10 +155,10 @@ def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",))
             if not m.reset_tuple_id(isl.dim_type.out).is_equal(
                 wrote.reset_tuple_id(isl.dim_type.out)
             ):
-                return f"{s.name} reads {name} at another element"
+                return no(f"{s.name} reads {name} at another element")
     factors = _factors(red.body)
     if not all(_zero_padded_read(f) for f in factors):
-        return "the update is not a product of reads"
+        return no("the update is not a product of reads")
     operands = []
     reuse = []
     for r, m in up.reads:
@@ -158,30 +166,30 @@ def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",))
             continue
         name = m.get_tuple_name(isl.dim_type.out)
         if model.tensors[name].role != "input":
-            return f"the update reads {name}, which the micrograph computes"
+            return no(f"the update reads {name}, which the micrograph computes")
         operands.append((name, m))
         reuse.append({d for d in _independent_dims(m, nd) if data[d][1] > data[d][0]})
     if sum(1 for r in reuse if r) < 2:
-        return "fewer than two operands are reused across threads (memory-bound)"
+        return no("fewer than two operands are reused across threads (memory-bound)")
     # isl's band must be permutable with the data members coincident (tiling is then legal).
     root = sm.schedule.get_root()
     band = root.child(0) if root.has_children() else None
     if band is None or band.get_type() != isl.schedule_node_type.band:
-        return "no outer band"
+        return no("no outer band")
     # The data members must lead isl's permutable band, coincident and in the update's loop
     # order; the reduction members may follow in this band or in nested ones (a sum may be
     # reassociated, so the k-tiled order of its terms is legal too).
     nb = band.band_n_member()
     if not band.band_get_permutable() or nb < nd:
-        return "the outer band is not permutable over the data dims"
+        return no("the outer band is not permutable over the data dims")
     if not all(band.band_member_get_coincident(i) for i in range(nd)):
-        return "data members are not coincident"
+        return no("data members are not coincident")
     part = isl.UnionMap.from_multi_union_pw_aff(band.band_get_partial_schedule())
     for s in [init, up, *epilogue]:
         got = part.intersect_domain(isl.UnionSet.from_set(s.domain))
         lst = got.get_map_list()
         if lst.n_map() != 1:
-            return "unexpected band"
+            return no("unexpected band")
         gm = lst.get_at(0).reset_tuple_id(isl.dim_type.out)
         gm = gm.project_out(isl.dim_type.out, nd, gm.dim(isl.dim_type.out) - nd)
         dims = ", ".join(f"i{k}" for k in range(s.dims))
@@ -190,7 +198,7 @@ def detect_gemm(sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",))
             f"{{ {s.name}[{dims}] -> [{data_ids}] }}", context=s.domain.get_ctx()
         ).intersect_domain(s.domain)
         if not gm.is_equal(want):
-            return f"isl's band is not the data loops of {s.name}"
+            return no(f"isl's band is not the data loops of {s.name}")
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 

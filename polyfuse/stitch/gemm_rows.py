@@ -224,7 +224,7 @@ def plan_rows(
         return refused(kind, why, *subject)
 
     shape = detect_gemm(gemm)
-    if isinstance(shape, str):  # poly/tiling.py's refusals are strings still
+    if isinstance(shape, Refusal):
         return no(f"{gemm.name} is not GEMM-like ({shape})")
     (tiling,) = rank_gemm_tiles(
         shape,
@@ -235,8 +235,8 @@ def plan_rows(
         stages=pipeline_stages(device.arch),
     )
     unsound = padded_reduction_reads(shape, tiling.tk, gemm.model)
-    if unsound:
-        return no(unsound)
+    if unsound is not None:
+        return no(unsound.reason)
     bm, threads = tile[0], tiling.nthreads
     if threads % WARP or bm % (threads // WARP):
         return no(f"{threads} threads do not run {bm} rows a warp per row")
@@ -264,8 +264,8 @@ def plan_rows(
     if wide is not None:  # the tile model's estimate of the GEMM's tiles, before building it
         return no(wide.reason, wide.kind)
     gk = gemm_kernel_fitting(gemm, shape, tiling, device)
-    if isinstance(gk, str):  # poly/kernel_map.py's refusals are strings still
-        return no(gk)
+    if isinstance(gk, Refusal):
+        return no(gk.reason)
     # the epilogue stores to the shared row tile element by element (no global vectors)
     gk = replace(gk, vector_stores={})
     tiled = gemm_tile_footprint(gk, tensor)
@@ -417,7 +417,7 @@ def try_gemm_rows(
     (stitched?, reason, data: the tile and both modelled figures)."""
     (gemm,) = gp.parts
     shape = detect_gemm(gemm)
-    if isinstance(shape, str):
+    if isinstance(shape, Refusal):
         return False, f"not GEMM-like: {shape}", {}
     _, _, n = _row_shape(shape)
     if n > MAX_ROW:
