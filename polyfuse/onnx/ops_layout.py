@@ -10,6 +10,7 @@ import onnx
 
 from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
@@ -110,7 +111,7 @@ def _slice(ctx: Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: A
             continue
         begin[a], step[a], shape[a] = st, sp, length
     if 0 in shape:
-        return np.zeros(shape, dtype=np.float32)  # type: ignore[return-value]
+        return np.zeros(shape, dtype=dtypes.numpy_dtype(x.dtype))  # type: ignore[return-value]
 
     def body(*idx: IterVar) -> Expr:
         subs = []
@@ -180,7 +181,7 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     if len(ins) > 1:
         pads = ints_of(host_value(ctx, node, ins[1], "pads"))
         value = (
-            float(host_value(ctx, node, ins[2], "constant_value").reshape(-1)[0])
+            host_value(ctx, node, ins[2], "constant_value").reshape(-1)[0].item()
             if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size
             else 0.0
         )
@@ -191,7 +192,7 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         )
     else:
         pads = list(at["pads"])
-        value = float(at.get("value", 0.0))
+        value = at.get("value", 0.0)
         axes = list(range(x.ndim))
     na = len(axes)
     pw = [(0, 0)] * x.ndim
@@ -209,7 +210,8 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         pw = [(max(b, 0), max(e, 0)) for b, e in pw]
     if all(b == 0 and e == 0 for b, e in pw):
         return [x]
-    if mode == "constant":
+    if mode == "constant":  # an integer value for integer data (exact), else a float
+        value = int(value) if dtypes.is_int(x.dtype) else float(value)
         return [ops.pad(x, pw, value=value, name=ctx.fresh("pad"))]
     for d, (b, e) in enumerate(pw):  # one axis at a time: every read stays affine
         if b or e:
@@ -291,7 +293,7 @@ def _gather(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     if flat.size > 1:
         st = int(flat[1] - flat[0])
         if st == 0 or np.any(np.diff(flat) != st):  # arbitrary constant indices
-            return [_gather_runtime(ctx, x, ctx.tensor(ind.astype(np.float32)), ax)]
+            return [_gather_runtime(ctx, x, ctx.tensor(ind.astype(np.int32)), ax)]
     else:
         st = 1
     start = int(flat[0])
@@ -316,7 +318,7 @@ def _gather_runtime(ctx: Ctx, x: Tensor, idx: Tensor, axis: int) -> Tensor:
 
     def body(*i: IterVar) -> Expr:
         v = idx[tuple(i[ax : ax + q])]
-        sub = te.data_index(te.where(v < 0.0, v + float(n), v))
+        sub = te.data_index(te.where(v < 0, v + n, v))
         return x[(*i[:ax], sub, *i[ax + q :])]
 
     return ctx.compute(shape, body, "gather")
