@@ -366,6 +366,39 @@ def test_onehot_and_gathernd_with_int_tensors(dt):
     _check(m, feeds, oracle="reference")
 
 
+@pytest.mark.parametrize("dt", ["int8", "uint8"])
+def test_narrow_int_arithmetic_wraps_before_a_comparison(dt):
+    # int8/uint8 are held in int32; 100 + 100 must be int8's -56 (uint8's 200 - 250 = 206)
+    # when the next node compares or divides it, not 200 (-50)
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"]),
+        helper.make_node("Sub", ["a", "b"], ["d"]),
+        helper.make_node("Mul", ["a", "b"], ["p"]),
+        helper.make_node("Greater", ["s", "z"], ["gs"]),
+        helper.make_node("Greater", ["d", "z"], ["gd"]),
+        helper.make_node("Div", ["p", "three"], ["q"]),
+    ]
+    outs = [("s", dt, [4]), ("gs", "bool", [4]), ("gd", "bool", [4]), ("q", dt, [4])]
+    inits = {"z": np.array(0, dt), "three": np.array(3, dt)}
+    m = _model(nodes, [("a", dt, [4]), ("b", dt, [4])], outs, inits)
+    a = np.array([100, 120, 5, 60], dt)
+    b = np.array([100, 120, 7, 3], dt)
+    _check(m, {"a": a, "b": b}, oracle="reference")
+
+
+@pytest.mark.parametrize("dt", ["int32", "int64"])
+def test_matmul_of_ints_is_exact(dt):
+    m = _model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        [("a", dt, [3, 4]), ("b", dt, [4, 5])],
+        [("y", dt, [3, 5])],
+    )
+    a = _ints(dt, (3, 4), -1000, 1000)
+    if dt == "int64":
+        a[0, 0] = BIG
+    _check(m, {"a": a, "b": _ints(dt, (4, 5))})
+
+
 def test_maxpool_of_uint8_is_exact_in_its_dtype():
     x = rng.integers(0, 256, size=(1, 2, 5, 5)).astype(np.uint8)
     m = _model(

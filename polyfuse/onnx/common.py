@@ -124,6 +124,16 @@ WIDENED_INTS = {
 }
 
 
+def wrap_int(v: Expr, name: str) -> Expr:
+    """``v`` (int32/int64) wrapped into the range of the narrower ONNX integer ``name`` that
+    it stands for (int8 300 → 44, uint8 -1 → 255), as two's-complement arithmetic does."""
+    bits = np.iinfo(np.dtype(name)).bits
+    if np.dtype(name).kind == "u":
+        return v % (1 << bits)
+    half = 1 << (bits - 1)
+    return (v + half) % (1 << bits) - half
+
+
 def storage_dtype(dt: Any) -> str:
     """The te dtype that holds an ONNX tensor of numpy dtype ``dt`` at run time: float16,
     bfloat16, float32, float64, int32, int64 and bool are themselves; int8, int16, uint8 and

@@ -57,6 +57,7 @@ from polyfuse.onnx import (
 from polyfuse.onnx.analysis import describe_unsupported, foldable_values, unsupported_nodes
 from polyfuse.onnx.common import (
     HANDLERS,
+    WIDENED_INTS,
     Ctx,
     InputValueNeeded,
     OnnxImportError,
@@ -64,6 +65,7 @@ from polyfuse.onnx.common import (
     ident_of,
     node_label,
     storage_dtype,
+    wrap_int,
 )
 from polyfuse.onnx.convert import convert_node, located, node_inputs
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
@@ -194,17 +196,29 @@ def _inferred_types(m: onnx.ModelProto) -> dict[str, np.dtype]:
     return out
 
 
+#: operators whose integer result can leave the range of its ONNX type (int8 100 + 100)
+_OVERFLOWING = frozenset(
+    ("Add", "Sub", "Mul", "Neg", "Abs", "Pow", "Sum", "Div", "CumSum", "ReduceSum")
+    + ("ReduceSumSquare", "MatMul", "Einsum")
+)
+
+
 def _settle(ctx: Ctx, node: onnx.NodeProto, name: str, v: Value, want: np.dtype | None) -> Value:
     """``v`` in the te dtype that holds ONNX's type of it: a bool or float result where ONNX
     says bool becomes ``!= 0``, integers of another width convert (two's complement), an
     integer or bool result where ONNX says float converts; an integer value that the handler
-    computed in floats is refused (it would be exact only to 2**24)."""
+    computed in floats is refused (it would be exact only to 2**24). An arithmetic result of
+    an integer type held in a wider one (int8 in int32) wraps to its type's range, as ONNX's
+    int8 arithmetic does, so a later comparison or division sees ONNX's value."""
     if not isinstance(v, Tensor) or want is None:
         return v
     try:
         dt = storage_dtype(want)
     except UnsupportedOpError:
         return v
+    narrow = want.name in WIDENED_INTS and want.name != "uint64"
+    if v.dtype == dt and narrow and node.op_type in _OVERFLOWING:
+        return ctx.compute(v.shape, lambda *i: wrap_int(v[i], want.name), "wrap")
     if v.dtype == dt or (dtypes.is_float(v.dtype) and dtypes.is_float(dt)):
         return v
     if dtypes.is_float(v.dtype) and dtypes.is_int(dt):

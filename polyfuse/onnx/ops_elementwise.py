@@ -28,6 +28,7 @@ from polyfuse.onnx.common import (
     register_op,
     reshape_to,
     storage_dtype,
+    wrap_int,
 )
 from polyfuse.onnx.intmath import int_div, int_mod
 
@@ -163,16 +164,6 @@ def _clip(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     return [map_elementwise(ctx, ins[:1], f, "clip")]
 
 
-def _wrap_int(v: Expr, name: str) -> Expr:
-    """``v`` (int32/int64) wrapped into the range of the narrower ONNX integer ``name`` that
-    it stands for (int8 300 → 44, uint8 -1 → 255), as a two's-complement cast does."""
-    bits = np.iinfo(np.dtype(name)).bits
-    if np.dtype(name).kind == "u":
-        return v % (1 << bits)
-    half = 1 << (bits - 1)
-    return (v + half) % (1 << bits) - half
-
-
 @register_op("Cast", "CastLike")
 def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """ONNX ``Cast``/``CastLike`` of a run-time tensor (a host constant folds on the host).
@@ -205,7 +196,7 @@ def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
             if dtypes.is_float(v.dtype) and narrow:  # through int64: then wrap like an int
                 v = te.cast(v, "int64")
             v = te.cast(v, want) if v.dtype != want else v
-            return _wrap_int(v, to.name) if narrow else v
+            return wrap_int(v, to.name) if narrow else v
 
         if x.dtype == want and not narrow:
             return [x]
