@@ -27,6 +27,7 @@ ELEM = {
     "bool": TensorProto.BOOL,
     "int8": TensorProto.INT8,
     "uint8": TensorProto.UINT8,
+    "uint64": TensorProto.UINT64,
     "float32": TensorProto.FLOAT,
 }
 BIG = 2**40 + 1  # float32 holds integers exactly only up to 2**24
@@ -420,4 +421,56 @@ def test_int_result_computed_in_floats_is_refused_naming_node_and_dtype():
         [("y", "int64", None)],
     )
     with pytest.raises(UnsupportedOpError, match=r"node #0 'l2' \(ReduceL2\).*int64.*float32"):
+        po.load(m)
+
+
+def test_uint64_from_2_63_keeps_its_unsigned_order_and_division():
+    # uint64 is held in int64 (same bits): values from 2**63 read as negative unless ordered
+    # operators flip the top bit, Div/Mod divide unsigned and Cast converts unsigned
+    ops_ = ["Div", "Mod", "Less", "Greater", "GreaterOrEqual", "Max", "Min", "Add", "Sub"]
+    nodes = [helper.make_node(o, ["a", "b"], [o.lower()]) for o in ops_]
+    nodes += [
+        helper.make_node("Cast", ["a"], ["f64"], to=TensorProto.DOUBLE),
+        helper.make_node("Cast", ["a"], ["f32"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["h"], ["back"], to=TensorProto.UINT64),
+        helper.make_node("ArgMax", ["a"], ["am"], axis=0, keepdims=0),
+        helper.make_node("ReduceMax", ["a"], ["rmax"], keepdims=0),
+        helper.make_node("TopK", ["a", "k"], ["tv", "ti"]),
+        helper.make_node("Sign", ["a"], ["sign"]),
+    ]
+    u, b_ = TensorProto.UINT64, TensorProto.BOOL
+    types = {"less": b_, "greater": b_, "greaterorequal": b_, "f64": TensorProto.DOUBLE}
+    types.update({"f32": TensorProto.FLOAT, "am": TensorProto.INT64, "ti": TensorProto.INT64})
+    outs = [o for n in nodes for o in n.output]
+    g = helper.make_graph(
+        nodes,
+        "u64",
+        [
+            helper.make_tensor_value_info("a", u, [12]),
+            helper.make_tensor_value_info("b", u, [12]),
+            helper.make_tensor_value_info("h", TensorProto.DOUBLE, [4]),
+        ],
+        [helper.make_tensor_value_info(o, types.get(o, u), None) for o in outs],
+        [numpy_helper.from_array(np.array([3], np.int64), "k")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    a = np.array(
+        [2**64 - 1, 2**63, 2**63 + 5, 7, 2**63 - 1, 0, 2**64 - 3, 12345678901234567890]
+        + [9, 2**63, 1, 2**53 + 1],
+        np.uint64,
+    )
+    b = np.array(
+        [3, 2**63 + 1, 2, 2**64 - 1, 2**63, 5, 2**62, 98765, 1, 2**63, 2**64 - 1, 2], np.uint64
+    )
+    h = np.array([2.0**63, 2.0**64 - 2048, 3.0, 2.0**63 + 4096], np.float64)
+    _check(m, {"a": a, "b": b, "h": h}, oracle="reference")
+
+
+def test_uint64_op_reading_values_as_signed_is_refused():
+    m = _model(
+        [helper.make_node("ReduceMean", ["x"], ["y"], name="mean", keepdims=0)],
+        [("x", "uint64", [4])],
+        [("y", "uint64", None)],
+    )
+    with pytest.raises(UnsupportedOpError, match=r"'mean'.*uint64"):
         po.load(m)

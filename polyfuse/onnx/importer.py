@@ -69,6 +69,7 @@ from polyfuse.onnx.common import (
 )
 from polyfuse.onnx.convert import convert_node, located, node_inputs
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
+from polyfuse.onnx.unsigned import convert_uint64, reads_uint64
 
 _FAMILIES = (
     ops_elementwise,
@@ -185,8 +186,11 @@ def _inferred_types(m: onnx.ModelProto) -> dict[str, np.dtype]:
         inf = onnx.shape_inference.infer_shapes(m)
     except Exception:  # noqa: BLE001  (inference is a check here, not a requirement)
         return {}
-    out: dict[str, np.dtype] = {}
-    for vi in [*inf.graph.value_info, *inf.graph.output]:
+    out: dict[str, np.dtype] = {
+        t.name: np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        for t in m.graph.initializer
+    }
+    for vi in [*inf.graph.input, *inf.graph.value_info, *inf.graph.output]:
         et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
         if et:
             try:
@@ -304,7 +308,12 @@ def load(
         where = f"model '{name}', node #{pos} '{node_label(node)}' ({node.op_type})"
         ins, caps = node_inputs(node, ctx.values, where)
         with located(where):
-            outs = convert_node(ctx, node, ins, caps)
+            if reads_uint64(node, types) and any(isinstance(v, Tensor) for v in ins):
+                outs = convert_uint64(
+                    ctx, node, ins, types, lambda n, i, c=caps: convert_node(ctx, n, i, c)
+                )
+            else:
+                outs = convert_node(ctx, node, ins, caps)
             outs = [
                 _settle(ctx, node, o, v, types.get(o)) if o else v
                 for o, v in zip(node.output, outs, strict=False)

@@ -123,3 +123,31 @@ def int_mod(a: Expr, b: Expr, fmod: bool, what: str = "Mod") -> Expr:
         flip = te.not_equal(rt, 0) & te.not_equal(rt < 0, b < 0)
         rt = te.where(flip, rt + b, rt)
     return te.where(te.equal(b, 0), te.cast(0, dt), rt)
+
+
+def flip_sign_bit(x: Expr) -> Expr:
+    """``x + 2**63`` (wrapping): the top bit flipped, which maps the unsigned order of uint64
+    bits held in int64 onto the signed order."""
+    return x + te.const(-(2**63), "int64")
+
+
+def uint64_div(a: Expr, b: Expr) -> Expr:
+    """Unsigned 64-bit ``a // b`` of uint64 bits held in int64 (0 where ``b == 0``).
+
+    Both below 2**63: the signed quotient. ``b >= 2**63``: ``a >= b`` (unsigned), 0 or 1.
+    ``a >= 2**63 > b``: ``a >> 1`` (``a // 2 + 2**63``, wrapping) divided by ``b``, doubled,
+    then one more where the remainder (in ``[0, 2b)``) reaches ``b``."""
+    i64 = "int64"
+    a, b = te.cast(a, i64), te.cast(b, i64)
+    small = _int64_quotient(a, b)
+    big_b = te.cast(flip_sign_bit(a) >= flip_sign_bit(b), i64)
+    q2 = _int64_quotient(flip_sign_bit(a // 2), b) * 2
+    big_a = q2 + te.cast(flip_sign_bit(a - q2 * b) >= flip_sign_bit(b), i64)
+    q = te.where(b < 0, big_b, te.where(a < 0, big_a, small))
+    return te.where(te.equal(b, 0), te.const(0, i64), q)
+
+
+def uint64_mod(a: Expr, b: Expr) -> Expr:
+    """Unsigned 64-bit ``a % b`` (both ONNX modes agree on unsigned values); 0 where ``b == 0``."""
+    a, b = te.cast(a, "int64"), te.cast(b, "int64")
+    return te.where(te.equal(b, 0), te.const(0, "int64"), a - b * uint64_div(a, b))
