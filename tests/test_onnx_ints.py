@@ -474,3 +474,31 @@ def test_uint64_op_reading_values_as_signed_is_refused():
     )
     with pytest.raises(UnsupportedOpError, match=r"'mean'.*uint64"):
         po.load(m)
+
+
+def test_loop_body_over_int64_values_is_exact():
+    # a vectorised Loop (independent iterations): the int64 iteration index times a captured
+    # int64 tensor beyond 2**24, truncating Div by (it + 1) and a sum, per iteration
+    i64 = TensorProto.INT64
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "it"], ["p"]),
+            helper.make_node("Add", ["it", "one"], ["it1"]),
+            helper.make_node("Div", ["x", "it1"], ["q"]),
+            helper.make_node("ReduceSum", ["q"], ["s"], keepdims=1),  # (1,): vstack-able
+            helper.make_node("Identity", ["c"], ["c_out"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info("it", i64, []), helper.make_tensor_value_info("c", 9, [])],
+        [helper.make_tensor_value_info("c_out", 9, [])]
+        + [helper.make_tensor_value_info(n, i64, None) for n in ("p", "q", "s")],
+    )
+    loop = helper.make_node("Loop", ["M", "cond"], ["P", "Q", "S"], body=body)
+    m = _model(
+        [loop],
+        [("x", "int64", [3])],
+        [(n, "int64", None) for n in ("P", "Q", "S")],
+        {"M": np.array(4, np.int64), "one": np.array(1, np.int64), "cond": np.array(True)},
+        opset=13,
+    )
+    _check(m, {"x": np.array([BIG, -BIG - 6, 2**50 + 3], np.int64)}, oracle="reference")

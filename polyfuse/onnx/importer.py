@@ -187,8 +187,7 @@ def _inferred_types(m: onnx.ModelProto) -> dict[str, np.dtype]:
     except Exception:  # noqa: BLE001  (inference is a check here, not a requirement)
         return {}
     out: dict[str, np.dtype] = {
-        t.name: np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
-        for t in m.graph.initializer
+        t.name: np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)) for t in m.graph.initializer
     }
     for vi in [*inf.graph.input, *inf.graph.value_info, *inf.graph.output]:
         et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0

@@ -32,12 +32,28 @@ from polyfuse.onnx.common import (
 )
 from polyfuse.onnx.intmath import int_div, int_mod
 
+
+def _div(a: Expr, b: Expr) -> Expr:
+    """ONNX ``Div``: of integers truncating toward zero (:func:`int_div`), else ``/``."""
+    if dtypes.is_int(a.dtype) and dtypes.is_int(b.dtype):
+        return int_div(a, b)
+    return a / b
+
+
+def _pow(a: Expr, b: Expr) -> Expr:
+    """ONNX ``Pow``: the base's type. Integer ``**`` integer is exact (te wraps it); an integer
+    base with a float exponent is computed in float64 and truncated (the reference's numpy)."""
+    if dtypes.is_float(a.dtype) or not dtypes.is_float(b.dtype):
+        return a**b
+    return te.cast(te.cast(a, "float64") ** te.cast(b, "float64"), a.dtype)
+
+
 BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Add": lambda a, b: a + b,
     "Sub": lambda a, b: a - b,
     "Mul": lambda a, b: a * b,
-    "Div": lambda a, b: a / b,
-    "Pow": lambda a, b: a**b,
+    "Div": _div,
+    "Pow": _pow,
     "Equal": lambda a, b: te.equal(a, b),
     "Less": lambda a, b: a < b,
     "Greater": lambda a, b: a > b,
@@ -50,14 +66,6 @@ BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
 }
 
 
-def _pow(a: Expr, b: Expr) -> Expr:
-    """ONNX ``Pow``: the base's type. Integer ``**`` integer is exact (te wraps it); an integer
-    base with a float exponent is computed in float64 and truncated (the reference's numpy)."""
-    if dtypes.is_float(a.dtype) or not dtypes.is_float(b.dtype):
-        return a**b
-    return te.cast(te.cast(a, "float64") ** te.cast(b, "float64"), a.dtype)
-
-
 @register_op(*BINARY_OPS)
 def _binary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, s = ins[0], ins[1]
@@ -67,13 +75,7 @@ def _binary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
         except ExpressionError:  # legacy per-channel slope (C,)
             shape = (s.shape[0],) + (1,) * (len(x.shape) - 2)
             ins = [x, reshape_to(ctx, s, shape)]
-    f = BINARY_OPS[node.op_type]
-    if node.op_type == "Pow":
-        f = _pow
-    elif node.op_type == "Div" and all(is_int_value(v) for v in ins[:2]):
-        what = f"Div '{node_label(node)}'"
-        f = lambda a, b: int_div(a, b, what)  # noqa: E731  (truncating, as ONNX says)
-    return [map_elementwise(ctx, ins[:2], f, node.op_type.lower())]
+    return [map_elementwise(ctx, ins[:2], BINARY_OPS[node.op_type], node.op_type.lower())]
 
 
 def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
