@@ -298,11 +298,6 @@ def reshape_to(ctx: Ctx, v: Value, shape: Sequence[int]) -> Value:
     return ops.reshape(v, shape, ctx.fresh("reshape"))
 
 
-def iota(k: Expr) -> Expr:
-    """A loop variable as a float32 value (exact below 2**24: the positions of a dimension)."""
-    return te.cast(k, "float32")
-
-
 def iota64(k: Expr) -> Expr:
     """A loop variable as an int64 value (ONNX's index dtype: ArgMax, TopK indices)."""
     return te.cast(k, "int64")

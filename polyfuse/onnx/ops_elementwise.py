@@ -114,7 +114,7 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         "Ceil": lambda x: -_floor(-x),
         "Identity": lambda x: x,
         "Round": te.round,  # halves to even (rintf), as the ONNX reference's numpy.round
-        # bool outputs are 0/1 floats, as comparisons (the backend casts to the declared bool)
+        # bool outputs, as comparisons
         "IsNaN": te.isnan,
         "IsInf": lambda x: te.isinf(
             x, bool(at.get("detect_positive", 1)), bool(at.get("detect_negative", 1))
