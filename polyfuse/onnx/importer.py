@@ -228,7 +228,7 @@ def _settle(ctx: Ctx, node: onnx.NodeProto, name: str, v: Value, want: np.dtype 
         raise UnsupportedOpError(
             f"output '{name}' is {want.name} in ONNX but polyfuse computes {node.op_type} of "
             f"these operands in {v.dtype}, exact only to 2**24; integer {node.op_type} is "
-            "not supported"
+            "not supported (Cast its inputs to a float type in the model)"
         )
     return ctx.compute(
         v.shape,
