@@ -266,6 +266,8 @@ def test_table_lists_dtypes_per_case_group():
     assert column_of("float16+float64") == "float64"
     assert column_of("float16+float8_e4m3fn") == "float8/float4"
     assert case_dtypes(None, [np.zeros(2, np.int64), np.zeros(2, np.float32)]) == "float32"
+    assert case_dtypes(None, [np.zeros(2, np.int64), np.zeros(2, np.bool_)]) == "int"
+    assert column_of("int") == "int/bool"
     assert case_dtypes(None, [np.zeros(2, ml_dtypes.bfloat16)]) == "bfloat16"
     assert case_dtypes(None, [np.array(["a"], object)]) == "other"
     rs = [run_case("node", n) for n in ("test_max_float16", "test_max_float64", "test_max_example")]

@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import polyfuse.onnx as po  # noqa: E402
 from polyfuse.errors import PolyfuseError, UnsupportedOpError  # noqa: E402
+from polyfuse.graph import dtypes  # noqa: E402
 
 F = TensorProto.FLOAT
 rng = np.random.default_rng(0)
@@ -32,7 +33,10 @@ def _model(nodes, inputs, outputs, inits=(), opset=17, name="m"):
 def _check(model, feeds, rtol=1e-4, atol=1e-5, expect=None):
     om = po.load(model)
     fn = om.compile(check_cuda=False)
-    out = fn(*[feeds[n].astype(np.float32) for n in om.input_names], device="emulate")
+    out = fn(
+        *[_feed(feeds[n], t) for n, t in zip(om.input_names, om.inputs, strict=True)],
+        device="emulate",
+    )
     out = out if isinstance(out, tuple) else (out,)
     names = [n for n in om.output_names if n not in om.constant_outputs]
     refs = {}
@@ -45,6 +49,11 @@ def _check(model, feeds, rtol=1e-4, atol=1e-5, expect=None):
             got, np.asarray(refs[n], dtype=np.float32), rtol=rtol, atol=atol, err_msg=n
         )
     return om
+
+
+def _feed(a, t):
+    """A feed in the dtype of the placeholder that takes it (int64 ids stay int64)."""
+    return np.asarray(a, dtype=dtypes.numpy_dtype(t.dtype))
 
 
 def _x(*shape, lo=-1.0, hi=1.0):

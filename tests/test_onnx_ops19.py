@@ -21,6 +21,7 @@ import polyfuse  # noqa: E402
 import polyfuse.onnx as po  # noqa: E402
 from polyfuse import te  # noqa: E402
 from polyfuse.errors import ExpressionError, UnsupportedOpError  # noqa: E402
+from polyfuse.graph import dtypes  # noqa: E402
 from polyfuse.onnx.backend import PolyfuseBackend  # noqa: E402
 from polyfuse.reference import evaluate  # noqa: E402
 
@@ -44,7 +45,13 @@ def _run(model, feeds, equal=False, rtol=1e-5, atol=1e-6):
     """Import, compile, emulate; compare every output with the ONNX reference evaluator."""
     om = po.load(model)
     fn = om.compile(check_cuda=False)
-    out = fn(*[np.asarray(feeds[n], np.float32) for n in om.input_names], device="emulate")
+    out = fn(
+        *[
+            np.asarray(feeds[n], dtypes.numpy_dtype(t.dtype))
+            for n, t in zip(om.input_names, om.inputs, strict=True)
+        ],
+        device="emulate",
+    )
     out = out if isinstance(out, tuple) else (out,)
     ref = dict(
         zip(
@@ -55,7 +62,7 @@ def _run(model, feeds, equal=False, rtol=1e-5, atol=1e-6):
     )
     names = [n for n in om.output_names if n not in om.constant_outputs]
     for n, got in zip(names, out, strict=True):
-        want = np.asarray(ref[n]).astype(np.float32)
+        want = np.asarray(ref[n]).astype(got.dtype)
         if equal:
             np.testing.assert_array_equal(got, want, err_msg=n)
         else:

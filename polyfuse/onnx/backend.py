@@ -11,10 +11,9 @@ The ONNX project's runner drives it::
     from polyfuse.onnx.backend import PolyfuseBackend
     globals().update(onnx.backend.test.BackendTest(PolyfuseBackend, __name__).test_cases)
 
-Floating inputs keep their dtype (float16, bfloat16, float32; a float64 model imports but its
-compile is refused with ``UnsupportedDtypeError``), integer and boolean inputs are converted to
-float32 (represented exactly up to 2**24); outputs are converted back to the dtypes the model
-declares.
+Inputs keep their dtype (float16, bfloat16, float32, float64, int32, int64, bool; int8, int16,
+uint8 and uint16 inputs are passed as int32, uint32 and uint64 as int64); outputs are converted
+back to the dtypes the model declares.
 """
 
 from __future__ import annotations
@@ -41,6 +40,17 @@ def _device(device: str) -> str:
     if kind not in _DEVICES:
         raise CallError(f"unknown device '{device}'; use 'CPU'/'emulate' or 'CUDA'/'cuda'")
     return _DEVICES[kind]
+
+
+def _feed(a: Any, dtype: str) -> np.ndarray:
+    """A graph input as the compiled graph takes it: an integer or boolean array in the te
+    dtype that holds it (int8 → int32, uint32 → int64, exact), an array for a float32 tensor
+    (float32, or an 8/4-bit float) as float32; another floating array as given, so that a
+    wrong dtype is the compiled graph's ``CallError`` naming the input."""
+    arr = np.asarray(a)
+    if dtype == "float32" or (arr.dtype.kind in "iub" and dtype in ("int32", "int64", "bool")):
+        return np.asarray(arr, dtype=np.dtype(dtype), order="C")
+    return np.asarray(arr, order="C")
 
 
 class PolyfuseRep(BackendRep):
@@ -133,12 +143,7 @@ class PolyfuseRep(BackendRep):
             m, fn = self._variant(named)
         else:
             m, fn = self.model, self.fn  # type: ignore[assignment]
-        # integer and boolean inputs are float32 at run time; a floating input is passed as
-        # given, so that a wrong dtype is the compiled graph's CallError naming the input
-        arrays = [
-            np.asarray(named[n], dtype=np.float32 if t.dtype == "float32" else None, order="C")
-            for n, t in zip(m.input_names, m.inputs, strict=True)
-        ]
+        arrays = [_feed(named[n], t.dtype) for n, t in zip(m.input_names, m.inputs, strict=True)]
         res: tuple[np.ndarray, ...] = ()
         if fn is not None:
             out = fn(*arrays, device=self.device)

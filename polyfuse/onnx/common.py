@@ -81,8 +81,8 @@ class Ctx:
     def tensor(self, v: Value, like: str | None = None) -> Tensor:
         """A runtime tensor for ``v`` (a host constant becomes a bound placeholder).
 
-        A host constant keeps its floating dtype (float16, bfloat16, float32, float64); an
-        integer or boolean one is stored as float32 (see :func:`storage_dtype`). ``like``
+        A host constant keeps its dtype as :func:`storage_dtype` maps it (float16, bfloat16,
+        float32, float64, int32, int64, bool; int8/int16/uint8/uint16 widen to int32). ``like``
         (a dtype name) stores a float32 constant that the importer itself made (pooling
         divisors, index tables) in the dtype of the data it meets instead.
         """
@@ -103,33 +103,57 @@ class Ctx:
             self._keep.append(v)  # keep id() stable
         return self._const_tensors[key]
 
-    def compute(self, shape: Sequence[int], f: Callable[..., Any], hint: str) -> Tensor:
-        """A compute of the body's floating dtype (a float16 Add stays float16); a body of
-        integer or boolean dtype (a comparison, index arithmetic) is stored as float32 0/1 or
-        whole numbers, the importer's representation of ONNX integer and boolean tensors."""
+    def compute(
+        self, shape: Sequence[int], f: Callable[..., Any], hint: str, dtype: str | None = None
+    ) -> Tensor:
+        """A compute of the body's dtype (a float16 Add stays float16, an int64 Add int64, a
+        comparison bool), or of ``dtype`` when given (the body converted as by ``te.cast``)."""
         shape = tuple(int(s) for s in shape)
-        name = self.fresh(hint)
-        t = te.compute(shape, f, name=name, tag="onnx")
-        if dtypes.is_float(t.dtype):
-            return t
-        return te.compute(shape, f, name=name, tag="onnx", dtype="float32")
+        return te.compute(shape, f, name=self.fresh(hint), tag="onnx", dtype=dtype)
+
+
+#: ONNX integer dtypes held in a wider te integer (exact; arithmetic wraps at the te width,
+#: the backend wraps results back to the declared dtype, and ``Cast`` to them wraps at once)
+WIDENED_INTS = {
+    "int8": "int32",
+    "int16": "int32",
+    "uint8": "int32",
+    "uint16": "int32",
+    "uint32": "int64",
+    "uint64": "int64",
+}
+
+
+def wrap_int(v: Expr, name: str) -> Expr:
+    """``v`` (int32/int64) wrapped into the range of the narrower ONNX integer ``name`` that
+    it stands for (int8 300 → 44, uint8 -1 → 255), as two's-complement arithmetic does."""
+    bits = np.iinfo(np.dtype(name)).bits
+    if np.dtype(name).kind == "u":
+        return v % (1 << bits)
+    half = 1 << (bits - 1)
+    return (v + half) % (1 << bits) - half
 
 
 def storage_dtype(dt: Any) -> str:
     """The te dtype that holds an ONNX tensor of numpy dtype ``dt`` at run time: float16,
-    bfloat16, float32 and float64 are themselves; integers and booleans are float32, exact
-    up to 2**24 (the importer's representation; its operators compute on floats), and so
-    are the 8- and 4-bit
-    floats and 4/2-bit integers, which float32 holds exactly."""
+    bfloat16, float32, float64, int32, int64 and bool are themselves; int8, int16, uint8 and
+    uint16 are int32 and uint32 is int64 (exact); uint64 is int64 (two's complement: values
+    from 2**63 read as negative); the 8- and 4-bit floats and 4/2-bit integers (ml_dtypes)
+    are float32, which holds them exactly."""
     d = np.dtype(dt)
     if d == dtypes.numpy_dtype("bfloat16"):
         return "bfloat16"
     if d.kind == "f" and d.name in ("float16", "float32", "float64"):
         return d.name
-    if d.kind in "iub" or (
-        d.itemsize == 1
-        and d.name.startswith(("float8", "float4", "int4", "uint4", "int2", "uint2"))
-    ):  # integers, bools and the 8/4/2-bit types (ml_dtypes) widen to float32 exactly
+    if d.kind == "b":
+        return "bool"
+    if d.kind in "iu" and d.name in ("int32", "int64"):
+        return d.name
+    if d.kind in "iu" and d.name in WIDENED_INTS:
+        return WIDENED_INTS[d.name]
+    if d.itemsize == 1 and d.name.startswith(
+        ("float8", "float4", "int4", "uint4", "int2", "uint2")
+    ):  # the 8/4/2-bit types (ml_dtypes) widen to float32 exactly
         return "float32"
     raise UnsupportedOpError(
         f"ONNX tensors of dtype {d.name} are not supported (float16, bfloat16, float32, "
@@ -137,9 +161,26 @@ def storage_dtype(dt: Any) -> str:
     )
 
 
-def scalar_of(v: Value) -> float | None:
+def dtype_of(v: Value) -> str:
+    """The te dtype of a value: a tensor's own, a host array's :func:`storage_dtype`."""
+    return v.dtype if isinstance(v, Tensor) else storage_dtype(np.asarray(v).dtype)
+
+
+def is_int_value(v: Value) -> bool:
+    """Is ``v`` an integer tensor or host array (not bool)?"""
+    return dtypes.is_int(dtype_of(v))
+
+
+def scalar_of(v: Value) -> float | int | bool | None:
+    """The one value of a one-element host array, as a Python number of its kind (an int
+    stays an int, so ``int64_tensor + 1`` stays int64, exact beyond 2**53); else None."""
     if isinstance(v, np.ndarray) and v.size == 1:
-        return float(v.reshape(-1)[0])
+        x = v.reshape(-1)[0]
+        if v.dtype.kind == "b":
+            return bool(x)
+        if v.dtype.kind in "iu":
+            return int(x)
+        return float(x)
     return None
 
 
@@ -170,7 +211,8 @@ def map_elementwise(ctx: Ctx, vals: Sequence[Value], f: Callable[..., Expr], hin
 
 
 def as_bool(e: Expr) -> Expr:
-    return te.not_equal(e, 0.0)
+    """``e`` as a bool expression (``!= 0`` unless it is bool already)."""
+    return e if e.dtype == "bool" else te.not_equal(e, 0)
 
 
 def norm_axes(axes: Sequence[int], ndim: int) -> list[int]:
@@ -248,12 +290,14 @@ def reshape_to(ctx: Ctx, v: Value, shape: Sequence[int]) -> Value:
         return v.reshape(shape)
     if tuple(v.shape) == shape:
         return v
-    if not shape:  # to 0-d
-        return reduce_op(ctx, v, list(range(v.ndim)), False, "sum")
+    if not shape:  # to 0-d (one element: a max keeps a bool a bool, where a sum counts)
+        kind = "max" if v.dtype == "bool" else "sum"
+        return reduce_op(ctx, v, list(range(v.ndim)), False, kind)
     if not v.shape:
         return ctx.compute(shape, lambda *i: v[()], "reshape")
     return ops.reshape(v, shape, ctx.fresh("reshape"))
 
 
-def iota(k: Expr) -> Expr:
-    return te.cast(k, "float32")
+def iota64(k: Expr) -> Expr:
+    """A loop variable as an int64 value (ONNX's index dtype: ArgMax, TopK indices)."""
+    return te.cast(k, "int64")

@@ -7,13 +7,15 @@ graph. A host constant becomes a placeholder bound through ``compile(constants=.
 a runtime op reads it as data; shape arguments (``Reshape`` shapes, ``Slice`` starts, axes
 inputs, ...) stay on the host and become static attributes.
 
-Runtime tensors keep their floating dtype: float16, bfloat16, float32 and float64 inputs,
-initializers and constants become te tensors of that dtype, and an operator's result has the
-dtype te's rules give its operands (a float16 Add is float16; a float16 reduction accumulates
-in float32). float64 imports and compiles as float64 (double kernels; never downcast).
-Integer and boolean tensors are float32 at run time (exact up to 2**24): comparisons (and
-IsNaN/IsInf) produce 0/1 floats, and ``Cast`` to an integer or boolean type truncates in
-float32. The backend converts outputs back to the ONNX output types.
+Runtime tensors keep their dtype: float16, bfloat16, float32, float64, int32, int64 and bool
+inputs, initializers and constants become te tensors of that dtype (int8/int16/uint8/uint16
+are held in int32, uint32/uint64 in int64: :func:`~polyfuse.onnx.common.storage_dtype`), and
+an operator's result has the dtype ONNX gives it: te's rules for its operands (a float16 Add
+is float16, an int64 Mul int64 and exact, a comparison bool), integer ``Div``/``Mod`` by ONNX's
+rules (:mod:`~polyfuse.onnx.intmath`), ``Cast`` by ONNX's. float64 compiles as float64 (never
+downcast). After each node the result is checked against the dtype ONNX's type inference
+gives it (:func:`_settle`): an integer result that a handler could only compute in floats is
+refused, never rounded. The backend converts outputs back to the ONNX output types.
 
 The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
 ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each registering its
@@ -38,6 +40,7 @@ import polyfuse
 from polyfuse import te
 from polyfuse.compiled import CompiledGraph
 from polyfuse.errors import UnsupportedOpError
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Tensor
 
 # the operator families register their handlers in HANDLERS on import
@@ -54,6 +57,7 @@ from polyfuse.onnx import (
 from polyfuse.onnx.analysis import describe_unsupported, foldable_values, unsupported_nodes
 from polyfuse.onnx.common import (
     HANDLERS,
+    WIDENED_INTS,
     Ctx,
     InputValueNeeded,
     OnnxImportError,
@@ -61,9 +65,11 @@ from polyfuse.onnx.common import (
     ident_of,
     node_label,
     storage_dtype,
+    wrap_int,
 )
 from polyfuse.onnx.convert import convert_node, located, node_inputs
 from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
+from polyfuse.onnx.unsigned import convert_uint64, reads_uint64
 
 _FAMILIES = (
     ops_elementwise,
@@ -174,6 +180,63 @@ def _input_shape(name: str, vi: onnx.ValueInfoProto, shapes: dict[str, Sequence[
     return tuple(d.dim_value for d in dims)
 
 
+def _inferred_types(m: onnx.ModelProto) -> dict[str, np.dtype]:
+    """Value name → the numpy dtype ONNX's type inference gives it (empty where it fails)."""
+    try:
+        inf = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001  (inference is a check here, not a requirement)
+        return {}
+    out: dict[str, np.dtype] = {
+        t.name: np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)) for t in m.graph.initializer
+    }
+    for vi in [*inf.graph.input, *inf.graph.value_info, *inf.graph.output]:
+        et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if et:
+            try:
+                out[vi.name] = np.dtype(helper.tensor_dtype_to_np_dtype(et))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return out
+
+
+#: operators whose integer result can leave the range of its ONNX type (int8 100 + 100)
+_OVERFLOWING = frozenset(
+    ("Add", "Sub", "Mul", "Neg", "Abs", "Pow", "Sum", "Div", "CumSum", "ReduceSum")
+    + ("ReduceSumSquare", "MatMul", "Einsum")
+)
+
+
+def _settle(ctx: Ctx, node: onnx.NodeProto, name: str, v: Value, want: np.dtype | None) -> Value:
+    """``v`` in the te dtype that holds ONNX's type of it: a bool or float result where ONNX
+    says bool becomes ``!= 0``, integers of another width convert (two's complement), an
+    integer or bool result where ONNX says float converts; an integer value that the handler
+    computed in floats is refused (it would be exact only to 2**24). An arithmetic result of
+    an integer type held in a wider one (int8 in int32) wraps to its type's range, as ONNX's
+    int8 arithmetic does, so a later comparison or division sees ONNX's value."""
+    if not isinstance(v, Tensor) or want is None:
+        return v
+    try:
+        dt = storage_dtype(want)
+    except UnsupportedOpError:
+        return v
+    narrow = want.name in WIDENED_INTS and want.name != "uint64"
+    if v.dtype == dt and narrow and node.op_type in _OVERFLOWING:
+        return ctx.compute(v.shape, lambda *i: wrap_int(v[i], want.name), "wrap")
+    if v.dtype == dt or (dtypes.is_float(v.dtype) and dtypes.is_float(dt)):
+        return v
+    if dtypes.is_float(v.dtype) and dtypes.is_int(dt):
+        raise UnsupportedOpError(
+            f"output '{name}' is {want.name} in ONNX but polyfuse computes {node.op_type} of "
+            f"these operands in {v.dtype}, exact only to 2**24; integer {node.op_type} is "
+            "not supported (Cast its inputs to a float type in the model)"
+        )
+    return ctx.compute(
+        v.shape,
+        lambda *i: te.not_equal(v[i], 0) if dt == "bool" else te.cast(v[i], dt),
+        "as_" + dt,
+    )
+
+
 def load(
     model: str | os.PathLike[str] | onnx.ModelProto | bytes,
     shapes: dict[str, Sequence[int]] | None = None,
@@ -231,8 +294,7 @@ def load(
         except UnsupportedOpError:
             raise UnsupportedOpError(
                 f"model '{name}': input '{vi.name}' has dtype {np_dt.name}; polyfuse imports "
-                "float16, bfloat16, float32 and float64 inputs, and integer and boolean ones "
-                "(as float32)"
+                "float16, bfloat16, float32, float64, integer and boolean inputs"
             ) from None
         t = te.placeholder(shape, dt, ident_of(vi.name))
         ctx.values[vi.name] = t
@@ -240,11 +302,21 @@ def load(
         inputs.append(t)
         input_names.append(vi.name)
 
+    types = _inferred_types(m)
     for pos, node in enumerate(m.graph.node):
         where = f"model '{name}', node #{pos} '{node_label(node)}' ({node.op_type})"
         ins, caps = node_inputs(node, ctx.values, where)
         with located(where):
-            outs = convert_node(ctx, node, ins, caps)
+            if reads_uint64(node, types) and any(isinstance(v, Tensor) for v in ins):
+                outs = convert_uint64(
+                    ctx, node, ins, types, lambda n, i, c=caps: convert_node(ctx, n, i, c)
+                )
+            else:
+                outs = convert_node(ctx, node, ins, caps)
+            outs = [
+                _settle(ctx, node, o, v, types.get(o)) if o else v
+                for o, v in zip(node.output, outs, strict=False)
+            ]
         for o, v in zip(node.output, outs, strict=False):
             if o:
                 ctx.values[o] = v

@@ -16,23 +16,44 @@ from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr
 from polyfuse.onnx.common import (
+    WIDENED_INTS,
     Ctx,
     Value,
     as_bool,
     bshape,
     host_value,
+    is_int_value,
     map_elementwise,
+    node_label,
     register_op,
     reshape_to,
     storage_dtype,
+    wrap_int,
 )
+from polyfuse.onnx.intmath import int_div, int_mod
+
+
+def _div(a: Expr, b: Expr) -> Expr:
+    """ONNX ``Div``: of integers truncating toward zero (:func:`int_div`), else ``/``."""
+    if dtypes.is_int(a.dtype) and dtypes.is_int(b.dtype):
+        return int_div(a, b)
+    return a / b
+
+
+def _pow(a: Expr, b: Expr) -> Expr:
+    """ONNX ``Pow``: the base's type. Integer ``**`` integer is exact (te wraps it); an integer
+    base with a float exponent is computed in float64 and truncated (the reference's numpy)."""
+    if dtypes.is_float(a.dtype) or not dtypes.is_float(b.dtype):
+        return a**b
+    return te.cast(te.cast(a, "float64") ** te.cast(b, "float64"), a.dtype)
+
 
 BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Add": lambda a, b: a + b,
     "Sub": lambda a, b: a - b,
     "Mul": lambda a, b: a * b,
-    "Div": lambda a, b: a / b,
-    "Pow": lambda a, b: a**b,
+    "Div": _div,
+    "Pow": _pow,
     "Equal": lambda a, b: te.equal(a, b),
     "Less": lambda a, b: a < b,
     "Greater": lambda a, b: a > b,
@@ -41,7 +62,7 @@ BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "And": lambda a, b: as_bool(a) & as_bool(b),
     "Or": lambda a, b: as_bool(a) | as_bool(b),
     "Xor": lambda a, b: te.not_equal(as_bool(a), as_bool(b)),
-    "PRelu": lambda x, s: te.where(x < 0.0, x * s, x),
+    "PRelu": lambda x, s: te.where(x < 0, x * s, x),
 }
 
 
@@ -69,7 +90,7 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         "Tanh": te.tanh,
         "Sigmoid": te.sigmoid,
         "Erf": te.erf,
-        "Relu": lambda x: te.maximum(x, 0.0),
+        "Relu": lambda x: te.maximum(x, 0),  # an int 0 takes x's dtype (int or float)
         "LeakyRelu": lambda x: te.where(x < 0.0, x * alpha, x),
         "Elu": lambda x: te.where(x < 0.0, float(at.get("alpha", 1.0)) * (te.exp(x) - 1.0), x),
         "Selu": lambda x: (
@@ -82,18 +103,18 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
             te.minimum(x * float(at.get("alpha", 0.2)) + float(at.get("beta", 0.5)), 1.0), 0.0
         ),
         "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
-        "Not": lambda x: te.equal(x, 0.0),
+        "Not": lambda x: te.equal(x, 0),
         "Shrink": lambda x: te.where(
             x < -float(at.get("lambd", 0.5)),
             x + float(at.get("bias", 0.0)),
             te.where(x > float(at.get("lambd", 0.5)), x - float(at.get("bias", 0.0)), 0.0),
         ),
-        "Sign": lambda x: te.where(x > 0.0, 1.0, te.where(x < 0.0, -1.0, 0.0)),
+        "Sign": lambda x: te.cast(te.where(x > 0, 1, te.where(x < 0, -1, 0)), x.dtype),
         "Floor": lambda x: _floor(x),
         "Ceil": lambda x: -_floor(-x),
         "Identity": lambda x: x,
         "Round": te.round,  # halves to even (rintf), as the ONNX reference's numpy.round
-        # bool outputs are 0/1 floats, as comparisons (the backend casts to the declared bool)
+        # bool outputs, as comparisons
         "IsNaN": te.isnan,
         "IsInf": lambda x: te.isinf(
             x, bool(at.get("detect_positive", 1)), bool(at.get("detect_negative", 1))
@@ -131,8 +152,9 @@ def _unary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
 def _clip(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     lo = at.get("min") if len(ins) < 2 or ins[1] is None else host_value(ctx, node, ins[1], "min")
     hi = at.get("max") if len(ins) < 3 or ins[2] is None else host_value(ctx, node, ins[2], "max")
-    lo = None if lo is None else float(np.asarray(lo).reshape(-1)[0])
-    hi = None if hi is None else float(np.asarray(hi).reshape(-1)[0])
+    num = int if is_int_value(ins[0]) else float  # integer bounds for integer data (exact)
+    lo = None if lo is None else num(np.asarray(lo).reshape(-1)[0])
+    hi = None if hi is None else num(np.asarray(hi).reshape(-1)[0])
 
     def f(x: Expr) -> Expr:
         if lo is not None:
@@ -148,10 +170,11 @@ def _clip(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
 def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """ONNX ``Cast``/``CastLike`` of a run-time tensor (a host constant folds on the host).
 
-    To float16, bfloat16, float32 or float64: ``te.cast`` (round to nearest even; a float64
-    result is refused at compile, code generation does not store it). To an integer: toward
-    zero, held in float32 as every integer tensor (see :func:`storage_dtype`); to bool: ``!= 0``
-    as 0/1. Other targets (float8, 4-bit, strings) are refused.
+    To float16, bfloat16, float32 or float64: ``te.cast`` (round to nearest even). To an
+    integer: a float truncates toward zero (``te.cast``; out of range saturates, NaN gives 0:
+    ONNX leaves both undefined), an integer keeps its low bits (two's complement: int16 200
+    → int8 -56, as the spec says), held in its :func:`storage_dtype`; to bool: ``!= 0``. Other
+    targets (float8, 4-bit, strings) are refused.
     """
     if node.op_type == "CastLike":
         like = ins[1]
@@ -166,11 +189,20 @@ def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
             return [x]
         return [map_elementwise(ctx, [x], lambda v: te.cast(v, want), "cast")]
     if to == np.bool_:
-        return [map_elementwise(ctx, [x], lambda v: te.not_equal(v, 0.0), "cast")]
-    if np.issubdtype(to, np.integer):
-        return [
-            map_elementwise(ctx, [x], lambda v: te.cast(te.cast(v, "int32"), "float32"), "cast")
-        ]
+        return [map_elementwise(ctx, [x], as_bool, "cast")]
+    if to.kind in "iu" and to.name in ("int32", "int64", *WIDENED_INTS):
+        want = storage_dtype(to)
+        narrow = to.name in WIDENED_INTS and to.name not in ("uint64",)
+
+        def f(v: Expr) -> Expr:
+            if dtypes.is_float(v.dtype) and narrow:  # through int64: then wrap like an int
+                v = te.cast(v, "int64")
+            v = te.cast(v, want) if v.dtype != want else v
+            return wrap_int(v, to.name) if narrow else v
+
+        if x.dtype == want and not narrow:
+            return [x]
+        return [map_elementwise(ctx, [x], f, "cast")]
     raise UnsupportedOpError(
         f"{node.op_type} to {to.name} is not supported (to float16, bfloat16, float32, float64, "
         "integers and bool are)"
@@ -206,8 +238,12 @@ def _variadic(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 @register_op("Mod")
 def _mod(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """``fmod=1``: C ``fmod`` (sign of the dividend); else numpy ``mod`` (sign of the divisor).
-    An infinite divisor keeps a finite dividend (numpy: or gives the divisor on a sign flip)."""
+    An infinite divisor keeps a finite dividend (numpy: or gives the divisor on a sign flip).
+    Integers: exact (:mod:`~polyfuse.onnx.intmath`)."""
     fmod = bool(int(at.get("fmod", 0)))
+    if all(is_int_value(v) for v in ins[:2]):
+        what = f"Mod '{node_label(node)}' (fmod={int(fmod)})"
+        return [map_elementwise(ctx, ins[:2], lambda a, b: int_mod(a, b, fmod, what), "mod")]
 
     def f(a: Expr, b: Expr) -> Expr:
         q = a / b

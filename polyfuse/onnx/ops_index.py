@@ -1,8 +1,8 @@
 """ONNX index-valued operators: OneHot and GatherND.
 
-Indices are float32 at run time (as every runtime tensor); integer index tensors hold their
-values exactly up to 2**24. Constant GatherND indices that follow an affine pattern become affine
-subscripts (isl sees the access); any other indices are read at run time (``te.data_index``).
+Run-time indices are tensors of their ONNX integer dtype (int32/int64). Constant GatherND
+indices that follow an affine pattern become affine subscripts (isl sees the access);
+any other indices are read at run time (``te.data_index``).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import onnx
 from polyfuse import te
 from polyfuse.errors import ExpressionError
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
-from polyfuse.onnx.common import Ctx, Value, host_value, iota, register_op
+from polyfuse.onnx.common import Ctx, Value, host_value, iota64, register_op, storage_dtype
 
 
 def _operand(ctx: Ctx, v: Value, k: int) -> Expr:
     """Element ``k`` of a small host or runtime vector (OneHot's ``values``)."""
     if isinstance(v, np.ndarray):
-        return as_expr(float(v.reshape(-1)[k]))
+        return te.const(v.reshape(-1)[k].item(), storage_dtype(v.dtype))
     t = ctx.tensor(v)
     return t[(k,)] if t.ndim == 1 else t[tuple(np.unravel_index(k, t.shape))]
 
@@ -49,10 +49,16 @@ def _one_hot(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
 
     def body(*i: IterVar) -> Expr:
         v = idx[(*i[:ax], *i[ax + 1 :])]
-        v = te.where(v < 0.0, v + float(n), v)
-        return te.where(te.equal(v, iota(i[ax])), on, off)
+        v = te.where(v < 0, v + n, v)
+        return te.where(te.equal(v, iota64(i[ax])), on, off)
 
     return [ctx.compute(shape, body, "onehot")]
+
+
+def _index_dtype(ind: np.ndarray) -> type:
+    """int32 for in-range constant indices (they address a dimension), else int64."""
+    ok = ind.size == 0 or (ind.min() >= -(2**31) and ind.max() < 2**31)
+    return np.int32 if ok else np.int64
 
 
 def _affine_fit(v: np.ndarray) -> tuple[int, list[int]] | None:
@@ -104,7 +110,7 @@ def _gather_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
                 f"bounds for data dimension {b + pos[-1]} of size {sizes[pos[-1]]}"
             )
         subs = [_affine_fit(ind[..., j]) for j in range(m)]
-        itensor = None if all(subs) else ctx.tensor(ind.astype(np.float32))
+        itensor = None if all(subs) else ctx.tensor(ind.astype(_index_dtype(ind)))
     else:
         subs = [None] * m
         itensor = idx
@@ -124,7 +130,7 @@ def _gather_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
                 continue
             assert isinstance(itensor, Tensor)
             v = itensor[(*pos, as_expr(j))]
-            comps.append(te.data_index(te.where(v < 0.0, v + float(sizes[j]), v)))
+            comps.append(te.data_index(te.where(v < 0, v + sizes[j], v)))
         return data[(*pos[:b], *comps, *tail)]
 
     return [ctx.compute((*lead, *rest), body, "gathernd")]

@@ -10,6 +10,7 @@ import onnx
 
 from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
@@ -110,7 +111,7 @@ def _slice(ctx: Ctx, x: Tensor, starts, ends, axes, steps) -> Tensor:  # noqa: A
             continue
         begin[a], step[a], shape[a] = st, sp, length
     if 0 in shape:
-        return np.zeros(shape, dtype=np.float32)  # type: ignore[return-value]
+        return np.zeros(shape, dtype=dtypes.numpy_dtype(x.dtype))  # type: ignore[return-value]
 
     def body(*idx: IterVar) -> Expr:
         subs = []
@@ -180,7 +181,7 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     if len(ins) > 1:
         pads = ints_of(host_value(ctx, node, ins[1], "pads"))
         value = (
-            float(host_value(ctx, node, ins[2], "constant_value").reshape(-1)[0])
+            host_value(ctx, node, ins[2], "constant_value").reshape(-1)[0].item()
             if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size
             else 0.0
         )
@@ -191,7 +192,7 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         )
     else:
         pads = list(at["pads"])
-        value = float(at.get("value", 0.0))
+        value = at.get("value", 0.0)
         axes = list(range(x.ndim))
     na = len(axes)
     pw = [(0, 0)] * x.ndim
@@ -209,12 +210,30 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         pw = [(max(b, 0), max(e, 0)) for b, e in pw]
     if all(b == 0 and e == 0 for b, e in pw):
         return [x]
+    if mode == "constant" and dtypes.is_int(x.dtype):  # an integer value (exact)
+        return [_pad_const(ctx, x, pw, int(value))]
     if mode == "constant":
-        return [ops.pad(x, pw, value=value, name=ctx.fresh("pad"))]
+        return [ops.pad(x, pw, value=float(value), name=ctx.fresh("pad"))]
     for d, (b, e) in enumerate(pw):  # one axis at a time: every read stays affine
         if b or e:
             x = _pad_axis(ctx, x, d, b, e, mode)
     return [x]
+
+
+def _pad_const(ctx: Ctx, x: Tensor, pw: list[tuple[int, int]], value: int) -> Tensor:
+    """Constant padding of integer data by an integer ``value`` (``ops.pad`` pads with a
+    float, which would make the result float32)."""
+    shape = [s + b + e for s, (b, e) in zip(x.shape, pw, strict=True)]
+
+    def body(*i: IterVar) -> Expr:
+        cond: Expr | None = None
+        for k, s, (b, e) in zip(i, x.shape, pw, strict=True):
+            for c in ([k >= b] if b else []) + ([k < b + s] if e else []):
+                cond = c if cond is None else (cond & c)
+        v = x[tuple(k - b if b else k for k, (b, _) in zip(i, pw, strict=True))]
+        return v if cond is None else te.where(cond, v, value)
+
+    return ctx.compute(shape, body, "pad")
 
 
 def _pad_axis(ctx: Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor:
@@ -291,7 +310,7 @@ def _gather(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     if flat.size > 1:
         st = int(flat[1] - flat[0])
         if st == 0 or np.any(np.diff(flat) != st):  # arbitrary constant indices
-            return [_gather_runtime(ctx, x, ctx.tensor(ind.astype(np.float32)), ax)]
+            return [_gather_runtime(ctx, x, ctx.tensor(ind.astype(np.int32)), ax)]
     else:
         st = 1
     start = int(flat[0])
@@ -316,7 +335,7 @@ def _gather_runtime(ctx: Ctx, x: Tensor, idx: Tensor, axis: int) -> Tensor:
 
     def body(*i: IterVar) -> Expr:
         v = idx[tuple(i[ax : ax + q])]
-        sub = te.data_index(te.where(v < 0.0, v + float(n), v))
+        sub = te.data_index(te.where(v < 0, v + n, v))
         return x[(*i[:ax], sub, *i[ax + q :])]
 
     return ctx.compute(shape, body, "gather")

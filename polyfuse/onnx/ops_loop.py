@@ -33,6 +33,7 @@ from onnx import numpy_helper
 
 from polyfuse import ops, te
 from polyfuse.errors import UnsupportedOpError
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.analysis import subgraphs
 from polyfuse.onnx.common import (
@@ -40,12 +41,13 @@ from polyfuse.onnx.common import (
     NODE_CHECKS,
     Ctx,
     Value,
+    as_bool,
     attrs_of,
     bidx,
     bshape,
     host_value,
     ints_of,
-    iota,
+    iota64,
     node_label,
     register_op,
     reshape_to,
@@ -110,8 +112,8 @@ class _Ragged:
     def _bound(self, t: Tensor, m: Expr, batched: bool) -> Expr:
         lead = (m,) if batched else ()
         v = t[(*lead, *[as_expr(0)] * (t.ndim - len(lead)))]
-        v = te.where(v < 0.0, v + float(self.n), v)  # Slice: negative counts from the end,
-        return te.minimum(te.maximum(v, 0.0), float(self.n))  # then clamps to [0, n]
+        v = te.where(v < 0, v + self.n, v)  # Slice: negative counts from the end, then
+        return te.minimum(te.maximum(v, 0), self.n)  # clamps to [0, n] (in v's dtype: exact)
 
     def lo(self, m: Expr) -> Expr:
         return self._bound(self.start, m, self.batched[0])
@@ -356,7 +358,7 @@ def _gather(
 
     def body(m: IterVar, *i: IterVar) -> Expr:
         v = it[(m, *i[ax : ax + q])]
-        sub = te.data_index(te.where(v < 0.0, v + float(n), v))
+        sub = te.data_index(te.where(v < 0, v + n, v))
         return xt[(m, *i[:ax], sub, *i[ax + q :])]
 
     shape = (m_count, *data.shape[:ax], *idx.shape, *data.shape[ax + 1 :])
@@ -443,7 +445,7 @@ def _ragged_gather(ctx: Ctx, data: Value, idx: _Ragged, axis: int) -> _Ragged:
 
     def elem(m: Expr, k: Expr, r: tuple[Expr, ...]) -> Expr:
         v = idx.elem(m, k, r[:nr])
-        return table[(te.data_index(te.where(v < 0.0, v + float(n0), v)), *r[nr:])]
+        return table[(te.data_index(te.where(v < 0, v + n0, v)), *r[nr:])]
 
     return _Ragged(idx.n, (*idx.rest, *table.shape[1:]), idx.start, idx.end, elem, idx.batched)
 
@@ -489,7 +491,7 @@ def _ragged_map(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, An
     rest = bshape(*shapes)
     table = BINARY_OPS if node.op_type in BINARY_OPS else None
     if node.op_type == "Where":
-        fn: Callable[..., Expr] = lambda c, a, b: te.where(te.not_equal(c, 0.0), a, b)
+        fn: Callable[..., Expr] = lambda c, a, b: te.where(as_bool(c), a, b)
     elif table is not None:
         fn = table[node.op_type]
     else:
@@ -520,6 +522,17 @@ def _term(ctx: Ctx, v: Any, s: tuple[int, ...]) -> Callable[[Expr, Expr, tuple[E
     return lambda m, k, r: flat[r]
 
 
+def _identity(kind: str, dtype: str) -> float | int:
+    """The start value of a ``kind`` reduction of ``dtype`` values (the dtype's extremes for
+    an integer max/min, so integer bags stay integer and exact)."""
+    if kind == "sum":
+        return 0
+    if dtypes.is_int(dtype):
+        lim = np.iinfo(np.dtype(dtype))
+        return int(lim.min if kind == "max" else lim.max)
+    return -math.inf if kind == "max" else math.inf
+
+
 def _ragged_reduce(
     ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any], m_count: int
 ) -> _Batched:
@@ -534,19 +547,19 @@ def _ragged_reduce(
         )
     keep = bool(at.get("keepdims", 1))
     kind = _RAGGED_REDUCE[node.op_type]
-    fill = {"sum": 0.0, "max": -math.inf, "min": math.inf}[kind]
     red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]
     shape = (m_count, *((1,) if keep else ()), *x.rest)
     k = te.reduce_axis(x.n, name="kb")
 
     def body(m: IterVar, *i: IterVar) -> Expr:
         r = tuple(i[1:] if keep else i)
-        kf = iota(k)
+        kf = iota64(k)
         inside = (kf >= x.lo(m)) & (kf < x.hi(m))
-        return red(te.where(inside, x.elem(m, k, r), fill), axis=k)
+        v = x.elem(m, k, r)
+        return red(te.where(inside, v, _identity(kind, v.dtype)), axis=k)
 
     y = ctx.compute(shape, body, "loop_bag")
     if node.op_type == "ReduceMean":
-        count = ctx.compute((m_count,), lambda m: te.maximum(x.hi(m) - x.lo(m), 0.0), "bag_n")
+        count = ctx.compute((m_count,), lambda m: te.maximum(x.hi(m) - x.lo(m), 0), "bag_n")
         y = ctx.compute(shape, lambda m, *i: y[(m, *i)] / count[m], "loop_bag_mean")
     return _Batched(y)

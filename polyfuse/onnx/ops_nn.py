@@ -10,11 +10,12 @@ import numpy as np
 import onnx
 
 from polyfuse import ops, te
+from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
     Value,
-    iota,
+    iota64,
     map_elementwise,
     reduce_op,
     register_op,
@@ -139,7 +140,9 @@ def _pool(
         out.append(o)
     shape = (*x.shape[:2], *out)
     rs = [te.reduce_axis(kk, name=f"r{i}") for i, kk in enumerate(k)]
-    fill = -math.inf if kind == "max" else 0.0
+    fill: float | int = -math.inf if kind == "max" else 0.0
+    if dtypes.is_int(x.dtype):  # integer data pads with its dtype's least value (or 0): exact
+        fill = int(np.iinfo(np.dtype(x.dtype)).min) if kind == "max" else 0
 
     def window(idx: Sequence[IterVar], rs: Sequence[IterVar]) -> tuple[list[Expr], Expr | None]:
         subs: list[Expr] = list(idx[:2])
@@ -174,13 +177,13 @@ def _pool(
         if int(at.get("storage_order", 0)):  # column-major spatial dims
             sp = x.shape[2:]
             strides[2:] = [math.prod(sp[:j]) for j in range(nd)]
-        big = float(math.prod(x.shape))
+        big = te.const(math.prod(x.shape), "int64")
 
         def ibody(*idx: IterVar) -> Expr:
             subs, c = window(idx, rs2)
             hit = te.equal(x[tuple(subs)], y[idx])
             hit = hit if c is None else (c & hit)
-            flat = iota(sum((e * st for e, st in zip(subs, strides, strict=True)), as_expr(0)))
+            flat = iota64(sum((e * st for e, st in zip(subs, strides, strict=True)), as_expr(0)))
             return te.min(te.where(hit, flat, big), axis=rs2)
 
         return y, ctx.compute(shape, ibody, "maxpool_idx")  # type: ignore[return-value]

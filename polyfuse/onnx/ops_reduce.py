@@ -17,13 +17,15 @@ from polyfuse.onnx.common import (
     Value,
     host_value,
     ints_of,
-    iota,
+    iota64,
+    is_int_value,
     map_elementwise,
     norm_axes,
     reduce_op,
     register_op,
     reshape_to,
 )
+from polyfuse.onnx.intmath import int_div
 
 
 def _reduce_axes(
@@ -61,6 +63,8 @@ def _reduce_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     op = node.op_type
     if op == "ReduceSum":
         return [reduce_op(ctx, x, axes, keep, "sum")]
+    if op == "ReduceMean" and is_int_value(x):  # the exact sum, divided toward zero
+        return [reduce_op(ctx, x, axes, keep, "sum", post=lambda v: int_div(v, as_expr(n)))]
     if op == "ReduceMean":
         return [reduce_op(ctx, x, axes, keep, "sum", pre=lambda v: v * (1.0 / n))]
     if op == "ReduceMax":
@@ -215,9 +219,9 @@ def _arg_reduce(
         at_k[ax] = k
         v, m = x[tuple(at_k)], ext[tuple(as_expr(0) if d == ax else e for d, e in enumerate(full))]
         hit = te.equal(v, m) | (te.not_equal(v, v) & te.not_equal(m, m))
-        if last:
-            return te.max(te.where(hit, iota(k), -1.0), axis=k)
-        return te.min(te.where(hit, iota(k), float(n)), axis=k)
+        if last:  # int64 positions: ONNX's index dtype
+            return te.max(te.where(hit, iota64(k), te.const(-1, "int64")), axis=k)
+        return te.min(te.where(hit, iota64(k), te.const(n, "int64")), axis=k)
 
     return ctx.compute(shape, body, hint)
 
@@ -251,7 +255,7 @@ def _cumsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     def body(*i: IterVar) -> Expr:
         j = i[ax]
         inside = (k > j if excl else k >= j) if rev else (k < j if excl else k <= j)
-        return te.sum(te.where(inside, x[(*i[:ax], k, *i[ax + 1 :])], 0.0), axis=k)
+        return te.sum(te.where(inside, x[(*i[:ax], k, *i[ax + 1 :])], 0), axis=k)
 
     return [ctx.compute(x.shape, body, "cumsum")]
 
@@ -267,7 +271,10 @@ def _topk(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     n = x.shape[ax]
     if kk > n or kk < 1:
         raise ExpressionError(f"TopK k={kk} out of range for axis of size {n}")
-    fill = -math.inf if largest else math.inf
+    fill: float | int = -math.inf if largest else math.inf
+    if is_int_value(x):  # the extreme of the dtype stands for "already chosen"
+        lim = np.iinfo(np.dtype(x.dtype))
+        fill = int(lim.min if largest else lim.max)
     rshape = tuple(1 if d == ax else s for d, s in enumerate(x.shape))
     vals: list[Tensor] = []
     idxs: list[Tensor] = []
@@ -278,7 +285,7 @@ def _topk(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
             c: Expr | None = None
             for p in prev:
                 e = te.equal(
-                    iota(j), p[tuple(as_expr(0) if d == ax else v for d, v in enumerate(i))]
+                    iota64(j), p[tuple(as_expr(0) if d == ax else v for d, v in enumerate(i))]
                 )
                 c = e if c is None else (c | e)
             return c
@@ -298,7 +305,7 @@ def _topk(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
             c = chosen(i, k)
             if c is not None:
                 hit = hit & te.equal(c, 0.0)
-            return te.min(te.where(hit, iota(k), float(n)), axis=k)
+            return te.min(te.where(hit, iota64(k), te.const(n, "int64")), axis=k)
 
         idxs.append(ctx.compute(rshape, idx_body, "topk_idx"))
         vals.append(v)
