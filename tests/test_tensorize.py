@@ -85,6 +85,8 @@ def _tensorized(fn) -> None:
     assert any(n.startswith("tensor cores: mma.sync.m16n8k16") for n in k.notes), k.notes
     assert "pf_mma_m16n8k16_f32_" in k.source and "pf_ldmatrix_x4" in k.source
     assert k.facts is not None and k.facts.mma
+    # the facts say cp.async exactly where the source fills tiles with it
+    assert k.facts.async_copies == ("pf_cp_async16(" in k.source)
     assert "mma.sync.aligned.m16n8k16" in fn.cuda_source  # the prelude's inline PTX
 
 

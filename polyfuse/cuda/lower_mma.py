@@ -255,6 +255,7 @@ def lower_mma_kernel(
         ),
         barriers=True,
         mma=True,
+        async_copies=tk.vector_fill,  # the tiles are filled by cp.async chunks
     )
     kernel = Kernel(
         printed,
