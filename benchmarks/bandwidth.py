@@ -9,7 +9,7 @@ per thread (``MappingConfig(elements_per_thread=1)``); "after", the cost models 
 (several elements per thread with float4 accesses where isl proves them, runs of 4 per lane
 with float4 accesses in reduction kernels, reductions split across blocks where the outer
 parallelism cannot fill the SMs). It prints per subgraph:
-kernels, the modelled time of each compile (:mod:`polyfuse.cuda.kernel_time`, summed over
+kernels, the modelled time of each compile (:mod:`polyfuse.cuda.codegen.kernel_time`, summed over
 kernels), the floor (compulsory bytes / the device's bandwidth, measured where measured),
 their ratios, the H100 time measured for the "before" code on 2026-11-22 where that run has
 it, the elements per thread chosen, and the compile time of "after" (best of three cold
@@ -36,7 +36,7 @@ import suite  # noqa: E402
 import polyfuse  # noqa: E402
 from polyfuse.base.decision import DecisionKind  # noqa: E402
 from polyfuse.cache import CompileCache  # noqa: E402
-from polyfuse.cuda.kernel_time import kernel_us  # noqa: E402
+from polyfuse.cuda.codegen.kernel_time import kernel_us  # noqa: E402
 from polyfuse.poly.device import device_for_arch  # noqa: E402
 from polyfuse.poly.mapping import MappingConfig  # noqa: E402
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
-        "kind": "MODELLED (no GPU): polyfuse.cuda.kernel_time",
+        "kind": "MODELLED (no GPU): polyfuse.cuda.codegen.kernel_time",
         "arch": args.arch,
         "device": str(device),
         "figures": device.figures,

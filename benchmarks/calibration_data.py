@@ -15,8 +15,9 @@ Each measured day timed the kernels polyfuse generated at one commit. This scrip
    ``--prepare`` does (``polyfuse.compile(inputs, outputs, arch)``), and writes each case's
    CUDA source with its kernels' launch shapes and isl byte counts (:func:`dump`, run with the
    old tree's Python);
-3. today's SASS instrument (:mod:`polyfuse.cuda.sass`, NVRTC + nvdisasm) analyses each source,
-   and :func:`polyfuse.cuda.kernel_cost.describe_sass` turns every kernel into the cost
+3. today's SASS instrument (:mod:`polyfuse.cuda.toolchain.sass`, NVRTC + nvdisasm) analyses each
+source,
+   and :func:`polyfuse.cuda.codegen.kernel_cost.describe_sass` turns every kernel into the cost
    model's typed description (:class:`polyfuse.poly.costs.KernelDesc`: per-thread instruction
    mix, registers, shared memory, launch, DRAM bytes);
 4. the descriptions and the measured times go into ``benchmarks/measured/calibration_kernels.json``
@@ -198,8 +199,8 @@ def _measured(path: Path) -> dict[str, dict[str, Any]]:
 def describe_cases(raw: dict[str, Any]) -> dict[str, Any]:
     """Analyse every case's source with today's SASS instrument: the cost model's kernel
     descriptions (JSON) per case."""
-    from polyfuse.cuda.kernel_cost import describe_sass
-    from polyfuse.cuda.sass import analyse
+    from polyfuse.cuda.codegen.kernel_cost import describe_sass
+    from polyfuse.cuda.toolchain.sass import analyse
 
     out = {}
     for name, case in raw.items():
@@ -217,7 +218,7 @@ def describe_cases(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Shell:
-    """What :func:`polyfuse.cuda.sass.analyse` reads of a kernel, from a dumped record."""
+    """What :func:`polyfuse.cuda.toolchain.sass.analyse` reads of a kernel, from a dumped record."""
 
     def __init__(self, name, function, grid, block, shared_bytes, dynamic_shared_bytes,
                  bytes_read, bytes_written, vector_bytes, registers,

@@ -34,7 +34,7 @@ def worker(model: str, layers: int, cuda: bool) -> dict:
     """Compile one stack in this process (cache from $POLYFUSE_CACHE); seconds per stage."""
     import polyfuse
     from polyfuse.cache import CompileCache
-    from polyfuse.cuda.compiler import CompilerNotFound, available_compilers
+    from polyfuse.cuda.toolchain.compiler import CompilerNotFound, available_compilers
     from polyfuse.zoo import transformers
     from polyfuse.zoo.backend import TeBackend
 

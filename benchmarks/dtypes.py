@@ -8,7 +8,7 @@ Every subgraph of :mod:`suite` is compiled at full size twice, with float32 plac
 with ``--dtype`` ones (bfloat16 by default; the computes follow the typing rules, so a
 bfloat16 graph stores bfloat16 tensors and computes in float32 registers). Printed per
 subgraph: kernels, global bytes (isl footprints, in the dtype's element size), the modelled
-time of each compile (:mod:`polyfuse.cuda.kernel_time`, summed over kernels), their ratios,
+time of each compile (:mod:`polyfuse.cuda.codegen.kernel_time`, summed over kernels), their ratios,
 and the widest global access the plan chose (words of 16-bit lanes, or float4).
 
 Every time here is MODELLED, not measured: no GPU ran here (``benchmarks/gpu.py`` measures
@@ -29,7 +29,7 @@ import suite  # noqa: E402
 
 import polyfuse  # noqa: E402
 from polyfuse.cache import CompileCache  # noqa: E402
-from polyfuse.cuda.kernel_time import kernel_us  # noqa: E402
+from polyfuse.cuda.codegen.kernel_time import kernel_us  # noqa: E402
 from polyfuse.poly.device import device_for_arch  # noqa: E402
 
 DEFAULT_JSON = HERE / "results" / "dtypes.json"
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
-        "kind": "MODELLED (no GPU): polyfuse.cuda.kernel_time",
+        "kind": "MODELLED (no GPU): polyfuse.cuda.codegen.kernel_time",
         "arch": args.arch,
         "device": str(device),
         "dtype": args.dtype,

@@ -8,7 +8,7 @@ two sizes, matmul 512³) at full size: polyfuse.compile wall time, the tile size
 every kernel's modelled time from its SASS instruction mix (or from its IR estimate without a
 disassembler; a model, not a measurement; no GPU is used here), and ptxas's
 registers / spill bytes for sm_80 and sm_90 when NVRTC or nvcc is installed, with each GEMM
-kernel's hot loop as the SASS instrument counts it (:mod:`polyfuse.cuda.sass`, needs ``pip
+kernel's hot loop as the SASS instrument counts it (:mod:`polyfuse.cuda.toolchain.sass`, needs ``pip
 install 'polyfuse[sass]'``): instructions per k-tile, FFMA, FMUL and FADD apart (a product
 that is not fused shows as FMUL + FADD), the FFMA share and the shared loads by width. Unless
 ``--no-emulate``, a reduced size of each case runs on the CPU emulator twice, with the GEMM path
@@ -31,9 +31,9 @@ import numpy as np
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.base.decision import Decided, DecisionKind
-from polyfuse.cuda.compiler import available_compilers
-from polyfuse.cuda.kernel_cost import describe_kernel
-from polyfuse.cuda.sass import DisassemblerNotFound, KernelSass, analyse
+from polyfuse.cuda.codegen.kernel_cost import describe_kernel
+from polyfuse.cuda.toolchain.compiler import available_compilers
+from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, KernelSass, analyse
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.device import device_for_arch
 from polyfuse.poly.mapping import MappingConfig

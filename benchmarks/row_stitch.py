@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import polyfuse
-    from polyfuse.cuda.kernel_cost import kernel_modelled
+    from polyfuse.cuda.codegen.kernel_cost import kernel_modelled
     from polyfuse.poly.device import BY_ARCH
     from polyfuse.poly.tiling import detect_gemm
     from polyfuse.stitch.gemm_rows import GEMM_ROWS_RULE, _row_shape

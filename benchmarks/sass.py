@@ -4,7 +4,7 @@
                               [--json PATH] [--strict]
 
 Every case is compiled by polyfuse for each arch at full size, then NVRTC → cubin →
-nvdisasm (:mod:`polyfuse.cuda.sass`, no GPU needed). Printed per arch:
+nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU needed). Printed per arch:
 
 * the compute cases of issue 20 item 2 (matmul 4096³ + bias + GELU, FFN up 8192×768·768×3072,
   conv 3×3 N32 C64→64 56², a 1×1 conv N32 C64→256 56², a stride-2 3×3 conv N32 C128→128
@@ -48,7 +48,7 @@ import suite  # noqa: E402
 
 import polyfuse  # noqa: E402
 from polyfuse import examples, ops, te  # noqa: E402
-from polyfuse.cuda.sass import KernelSass, analyse, find_disassembler, format_table  # noqa: E402
+from polyfuse.cuda.toolchain.sass import KernelSass, analyse, find_disassembler, format_table  # noqa: E402
 from polyfuse.errors import CompilerNotFound  # noqa: E402
 from polyfuse.poly.gemm_codegen import PADDING_LIMIT  # noqa: E402
 

@@ -9,7 +9,7 @@ compiler builds them (``MappingConfig.gemm_tile``, the same fold, promotions and
 compiled with NVRTC and disassembled (no GPU). Per candidate it prints what the ranking priced
 — the *GEMM tile estimate* (:func:`polyfuse.poly.costs.gemm.gemm_tile_desc`, from the loop
 code the passes will emit) — beside what the instrument counts in the real kernel's SASS
-(:func:`polyfuse.cuda.kernel_cost.describe_sass`), both through the same model
+(:func:`polyfuse.cuda.codegen.kernel_cost.describe_sass`), both through the same model
 (:func:`polyfuse.poly.costs.model_kernel`): modelled µs of each and their ratio, the k-tile
 loop's FFMA share predicted and counted, instructions per thread, registers and spills,
 occupancy. The last lines give the agreement over every candidate (the ratio's range and
@@ -32,8 +32,8 @@ sys.path.insert(0, str(HERE))
 import sass as bench  # noqa: E402
 
 import polyfuse  # noqa: E402
-from polyfuse.cuda.kernel_cost import describe_kernel  # noqa: E402
-from polyfuse.cuda.sass import analyse, find_disassembler  # noqa: E402
+from polyfuse.cuda.codegen.kernel_cost import describe_kernel  # noqa: E402
+from polyfuse.cuda.toolchain.sass import analyse, find_disassembler  # noqa: E402
 from polyfuse.errors import CompilerNotFound  # noqa: E402
 from polyfuse.poly.costs import model_kernel  # noqa: E402
 from polyfuse.poly.device import device_for_arch  # noqa: E402

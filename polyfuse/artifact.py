@@ -33,8 +33,8 @@ import numpy as np
 from polyfuse import artifact_format
 from polyfuse.artifact_format import FORMAT_VERSION, SUFFIX
 from polyfuse.base.store import FORMAT as STORE_FORMAT
-from polyfuse.cuda.compiler import CudaBinary, KernelResources
 from polyfuse.cuda.runtime.launch import Launch, ScalarArg
+from polyfuse.cuda.toolchain.compiler import CudaBinary, KernelResources
 from polyfuse.errors import ArtifactError, CompilerNotFound
 from polyfuse.runner import BufferSpec, GraphRunner, TensorSpec, load_source
 from polyfuse.version import CODEGEN_REVISION, __version__
@@ -152,7 +152,8 @@ class LoadedGraph(GraphRunner):
     ``g.device_program(...)``. Attributes: ``name``, ``arch`` (the compile's), ``inputs`` /
     ``outputs`` (:class:`~polyfuse.runner.TensorSpec` in call order), ``launches``,
     ``buffers``, ``constants``, ``cuda_source``, ``binaries`` (arch → cubin
-    :class:`~polyfuse.cuda.compiler.CudaBinary`), ``plan`` (:class:`PlanSummary`), ``kernels``,
+    :class:`~polyfuse.cuda.toolchain.compiler.CudaBinary`), ``plan`` (:class:`PlanSummary`),
+    ``kernels``,
     ``versions`` (what wrote it), ``metadata`` (free JSON the saver attached), ``path``.
     """
 

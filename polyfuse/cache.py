@@ -9,8 +9,8 @@ mapped back to each use. With a directory the cache persists across processes (o
 without one it still deduplicates within a compile.
 
 A kernel is stored as the printer wrote it with those names, apart from its name and launch
-indices (:class:`polyfuse.cuda.kernel_function.KFunction`, printed through the namer,
-:mod:`polyfuse.cuda.namer`), so none of its generated locals is stored under a user's name.
+indices (:class:`polyfuse.cuda.codegen.kernel_function.KFunction`, printed through the namer,
+:mod:`polyfuse.cuda.codegen.namer`), so none of its generated locals is stored under a user's name.
 
 An entry that is unreadable, fails its checksum, comes from another version or lacks the
 fields its use needs is a miss: the caller rebuilds it and the rewrite heals the file.
@@ -28,9 +28,9 @@ from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import RecomputeData, typed_data
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import Store
-from polyfuse.cuda.kernel_ast import Kernel, KParam
-from polyfuse.cuda.kernel_function import KFunction, instantiate_function, print_function
-from polyfuse.cuda.namer import Namer, c_name, fill, slots
+from polyfuse.cuda.codegen.kernel_ast import Kernel, KParam
+from polyfuse.cuda.codegen.kernel_function import KFunction, instantiate_function, print_function
+from polyfuse.cuda.codegen.namer import Namer, c_name, fill, slots
 from polyfuse.graph.structure import StructuralKey, structural_key
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.facts import KernelFacts
@@ -44,7 +44,7 @@ ENTRY_VERSION = 11  # 3: placements and recomputes carry their decision kinds; 4
 # 8: the global bytes per tensor (Kernel.tensor_bytes)
 # 9: kernel facts carry the IR work estimate the cost model reads (KernelFacts.work)
 # 10: the kernel as a printed function apart from its launch indices (KFunction), not source,
-#     its tensor names as the namer's slots (polyfuse.cuda.namer.fill)
+#     its tensor names as the namer's slots (polyfuse.cuda.codegen.namer.fill)
 # 11: layout records carry their typed data's family, subject and made (base/decision_data.py)
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))

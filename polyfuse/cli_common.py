@@ -93,7 +93,7 @@ def add_size(p: argparse.ArgumentParser, *, tiny_alias: bool = False) -> None:
 
 def add_arch(p: argparse.ArgumentParser) -> None:
     """``--arch``: the GPU architecture a verb compiles for (one of the supported ones)."""
-    from polyfuse.cuda.compiler import SUPPORTED_ARCHS
+    from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
 
     p.add_argument(
         "--arch",

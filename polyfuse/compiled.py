@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.layer3 import kernel_accesses
+from polyfuse.cuda.codegen.kernel_ast import Kernel
+from polyfuse.cuda.codegen.layer3 import kernel_accesses
 from polyfuse.cuda.runtime.launch import Launch
 from polyfuse.errors import CompilerNotFound
 from polyfuse.graph.dtypes import register_dtype
@@ -198,7 +198,7 @@ class CompiledGraph(GraphRunner):
 
         With ``required=False`` a missing compiler is noted in the plan instead of raised.
         """
-        from polyfuse.cuda.compiler import compile_cuda
+        from polyfuse.cuda.toolchain.compiler import compile_cuda
 
         arch = arch or self.arch
         try:
@@ -231,7 +231,7 @@ class CompiledGraph(GraphRunner):
         its cubins compiled now with NVRTC/nvcc for ``archs`` (default: the compile's arch;
         ``()``: none — a GPU then compiles the CUDA source where it runs, which needs NVRTC
         there). ``metadata``: JSON the artifact carries for its user."""
-        from polyfuse.cuda.compiler import SUPPORTED_ARCHS, compile_cuda
+        from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS, compile_cuda
         from polyfuse.errors import ArtifactError
 
         archs = (self.arch,) if archs is None else tuple(archs)

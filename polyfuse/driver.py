@@ -36,16 +36,16 @@ from polyfuse.cache import (
     tune_key,
 )
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
-from polyfuse.cuda.astgen import generate_ast
-from polyfuse.cuda.compiler import SUPPORTED_ARCHS
-from polyfuse.cuda.dedup import FunctionTable
-from polyfuse.cuda.gemm_lowering import lower_gemm, shared_as_global
-from polyfuse.cuda.kernel_ast import Kernel
-from polyfuse.cuda.layer3 import stitch_parallel
-from polyfuse.cuda.lower import lower_kernel, vector_plan
-from polyfuse.cuda.lower_dtypes import check_codegen_dtypes
-from polyfuse.cuda.lower_mma import lower_mma_kernel
-from polyfuse.cuda.printer import prelude_for
+from polyfuse.cuda.codegen.astgen import generate_ast
+from polyfuse.cuda.codegen.dedup import FunctionTable
+from polyfuse.cuda.codegen.gemm_lowering import lower_gemm, shared_as_global
+from polyfuse.cuda.codegen.kernel_ast import Kernel
+from polyfuse.cuda.codegen.layer3 import stitch_parallel
+from polyfuse.cuda.codegen.lower import lower_kernel, vector_plan
+from polyfuse.cuda.codegen.lower_dtypes import check_codegen_dtypes
+from polyfuse.cuda.codegen.lower_mma import lower_mma_kernel
+from polyfuse.cuda.codegen.printer import prelude_for
+from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
 from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.gemm_rows import generate_gemm_rows
 from polyfuse.graph import dtypes

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polyfuse.base.decision import Decided
-from polyfuse.cuda.kernel_ast import Kernel
+from polyfuse.cuda.codegen.kernel_ast import Kernel
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
 from polyfuse.poly.canonical import canonical_form

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from polyfuse.cuda.compiler import compile_cuda
 from polyfuse.cuda.runtime.launch import Launch, LaunchTraffic
+from polyfuse.cuda.toolchain.compiler import compile_cuda
 from polyfuse.errors import CallError
 from polyfuse.host_arrays import as_torch, host_arguments, host_view
 

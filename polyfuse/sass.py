@@ -5,7 +5,7 @@ or ``.py`` file, ``module:function``) is compiled by polyfuse for each arch (the
 decisions depend on it) and its kernels analysed with their launch shapes and kernel IR (the
 float4 check included); a ``.cu`` file is compiled as it is and every ``__global__`` function
 analysed (``--grid``/``--block`` give the launch shape the estimate needs). Prints one block per
-kernel and the table of :func:`polyfuse.cuda.sass.format_table`; ``--json`` writes
+kernel and the table of :func:`polyfuse.cuda.toolchain.sass.format_table`; ``--json`` writes
 :meth:`SassReport.to_dict`. Needs NVRTC (or nvcc) and the disassembler (``pip install
 'polyfuse[sass]'``): without them, one ``polyfuse: error:`` line says what to install.
 """
@@ -19,9 +19,15 @@ from pathlib import Path
 
 import polyfuse
 from polyfuse.cli_common import add_common, json_to_stdout, write_json
-from polyfuse.cuda.compiler import SUPPORTED_ARCHS
-from polyfuse.cuda.sass import DEFAULT_ARCHS, Launch, SassReport, analyse, find_disassembler
-from polyfuse.cuda.sass.records import format_table
+from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
+from polyfuse.cuda.toolchain.sass import (
+    DEFAULT_ARCHS,
+    Launch,
+    SassReport,
+    analyse,
+    find_disassembler,
+)
+from polyfuse.cuda.toolchain.sass.records import format_table
 from polyfuse.errors import PolyfuseError
 from polyfuse.models import load_model
 

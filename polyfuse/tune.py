@@ -25,9 +25,9 @@ import polyfuse
 from polyfuse.base.decision import Refusal
 from polyfuse.cache import CompileCache, tune_key
 from polyfuse.cli_common import add_arch, add_common, non_negative_int, positive_int, write_json
-from polyfuse.cuda.astgen import generate_gemm_ast
-from polyfuse.cuda.lower import lower_gemm_kernel
-from polyfuse.cuda.printer import prelude_for
+from polyfuse.cuda.codegen.astgen import generate_gemm_ast
+from polyfuse.cuda.codegen.lower import lower_gemm_kernel
+from polyfuse.cuda.codegen.printer import prelude_for
 from polyfuse.driver import CODEGEN_REVISION, SUPPORTED_ARCHS
 from polyfuse.errors import DeviceError, PolyfuseError
 from polyfuse.poly.device import device_for_arch

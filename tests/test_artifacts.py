@@ -27,12 +27,12 @@ from polyfuse import ops, te
 from polyfuse.artifact import LoadedGraph, load, loads
 from polyfuse.artifact_format import FORMAT_VERSION
 from polyfuse.base.store import Store, entry_header
-from polyfuse.cuda.compiler import CudaBinary, available_compilers
-from polyfuse.cuda.pack import pack_parts
+from polyfuse.cuda.codegen.pack import pack_parts
 from polyfuse.cuda.runtime import device as device_mod
 from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 from polyfuse.cuda.runtime.launch import Launch, ScalarArg
+from polyfuse.cuda.toolchain.compiler import CudaBinary, available_compilers
 from polyfuse.errors import ArtifactError, CompilerNotFound
 from polyfuse.runner import BufferSpec
 
@@ -95,8 +95,7 @@ os.environ['POLYFUSE_CUDA_RUNTIME'] = 'cuda-bindings'
 on_gpu = g(*args, device='cuda')
 compiler = sorted(m for m in sys.modules if (m == 'islpy' and sys.modules[m]) or m.startswith((
     'polyfuse.graph', 'polyfuse.stitch', 'polyfuse.driver', 'polyfuse.compiled',
-    'polyfuse.plan', 'polyfuse.te', 'polyfuse.ops', 'polyfuse.cuda.kernel_ast',
-    'polyfuse.cuda.printer', 'polyfuse.cuda.lower', 'polyfuse.cuda.astgen', 'polyfuse.poly')))
+    'polyfuse.plan', 'polyfuse.te', 'polyfuse.ops', 'polyfuse.cuda.codegen', 'polyfuse.poly')))
 try:
     polyfuse.compile
     compile_error = ''

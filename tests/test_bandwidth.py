@@ -10,7 +10,7 @@ import pytest
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.base.decision import DecisionKind
-from polyfuse.cuda.compiler import compile_cuda
+from polyfuse.cuda.toolchain.compiler import compile_cuda
 from polyfuse.poly.coarsen import vector_access
 from polyfuse.poly.mapping import MappingConfig
 
@@ -174,7 +174,7 @@ def test_plan_names_the_device_figures_the_cost_models_used():
 
 
 def test_modelled_time_rewards_float4_and_stays_above_the_floor():
-    from polyfuse.cuda.kernel_time import kernel_us
+    from polyfuse.cuda.codegen.kernel_time import kernel_us
     from polyfuse.poly.device import H100
 
     ins, outs, _ = suite.build("bias_gelu_tanh", 1)

@@ -1,4 +1,5 @@
-"""Tests of polyfuse.cuda.compiler: NVRTC/nvcc compiles, the ptxas report, errors, the cache.
+"""Tests of polyfuse.cuda.toolchain.compiler: NVRTC/nvcc compiles, the ptxas report, errors, the
+cache.
 
 Real compiles run with every compiler found here (NVRTC from the pip wheel, nvcc when a toolkit
 is installed); an absent compiler is skipped, but in CI (``CI=true``) at least one must exist.
@@ -11,9 +12,9 @@ import time
 
 import pytest
 
-from polyfuse.cuda import compiler as cc
-from polyfuse.cuda import toolkit
-from polyfuse.cuda.compiler import (
+from polyfuse.cuda.toolchain import compiler as cc
+from polyfuse.cuda.toolchain import toolkit
+from polyfuse.cuda.toolchain.compiler import (
     COMPILERS,
     SUPPORTED_ARCHS,
     CudaBinary,

@@ -18,7 +18,7 @@ from vector_checks import require_nvrtc
 
 import polyfuse
 from polyfuse import reference, te
-from polyfuse.cuda.literals import c_float
+from polyfuse.cuda.codegen.literals import c_float
 from polyfuse.errors import ExpressionError
 
 EXTREME = [1e39, -1e39, 3.4028236e38, 1e-50, 1e-45, math.nan, 10**20, 2**31, -(2**31) - 1]

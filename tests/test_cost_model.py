@@ -36,8 +36,8 @@ def _days():
 
 
 def _has_disassembler() -> bool:
-    from polyfuse.cuda.compiler import available_compilers
-    from polyfuse.cuda.sass import DisassemblerNotFound, find_disassembler
+    from polyfuse.cuda.toolchain.compiler import available_compilers
+    from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, find_disassembler
 
     if not available_compilers():
         return False
@@ -278,8 +278,8 @@ def test_tile_estimate_agrees_with_the_sass_of_the_kernels_it_ranks():
     """The ranking's estimate against the instrument on the built kernels of its first
     choices: modelled time within 10 %, k-tile FFMA share within 3 points (the SASS of the
     old estimate's 1.2-1.4x conv mismatch; see benchmarks/tile_check.py for every case)."""
-    from polyfuse.cuda.kernel_cost import describe_kernel
-    from polyfuse.cuda.sass import analyse
+    from polyfuse.cuda.codegen.kernel_cost import describe_kernel
+    from polyfuse.cuda.toolchain.sass import analyse
     from polyfuse.poly.costs import model_kernel
     from polyfuse.poly.tiling import loop_share, rank_gemm_tiles
 
@@ -329,7 +329,7 @@ def test_tune_without_a_gpu_prints_a_ranked_list_of_distinct_modelled_times(monk
 def test_pack_of_two_96_block_gemms_is_not_modelled_above_the_fp32_peak():
     """Two independent GEMMs of 96 blocks each (fewer than the H100's 132 SMs): packing them
     into one launch may gain the idle SMs, never more FP32 work than the measured peak."""
-    from polyfuse.cuda.layer3 import part_shape
+    from polyfuse.cuda.codegen.layer3 import part_shape
     from polyfuse.stitch.parallel import PackConfig, modelled_us, pack_layout
 
     m, k, n = 2048, 4096, 768  # 16 x 6 = 96 blocks of 128 x 128
@@ -360,14 +360,15 @@ def test_pack_of_two_96_block_gemms_is_not_modelled_above_the_fp32_peak():
 
 
 def test_the_model_works_without_the_disassembler(monkeypatch):
-    from polyfuse.cuda import kernel_cost
-    from polyfuse.cuda.sass import DisassemblerNotFound
+    from polyfuse.cuda.codegen import kernel_cost
+    from polyfuse.cuda.toolchain.sass import DisassemblerNotFound
     from polyfuse.poly.costs import model_kernel, peak_floor_us
 
     def missing(*a, **kw):
         raise DisassemblerNotFound("no SASS disassembler found (test)")
 
-    monkeypatch.setattr(sys.modules["polyfuse.cuda.sass.analyse"], "find_disassembler", missing)
+    analyse = sys.modules["polyfuse.cuda.toolchain.sass.analyse"]
+    monkeypatch.setattr(analyse, "find_disassembler", missing)
     ins, outs, _ = examples.matmul_bias_gelu(1024, 1024, 1024)
     fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)
     descs, how = kernel_cost.describe_kernels(fn.kernels, fn.cuda_source, "sm_90")
@@ -393,8 +394,8 @@ def test_ir_work_is_a_kernel_fact_the_compile_cache_keeps(tmp_path):
 
 @pytest.mark.skipif(not _has_disassembler(), reason="needs NVRTC and nvdisasm (polyfuse[sass])")
 def test_ir_estimate_is_close_to_the_sass_count():
-    from polyfuse.cuda.kernel_cost import describe_kernel
-    from polyfuse.cuda.sass import analyse
+    from polyfuse.cuda.codegen.kernel_cost import describe_kernel
+    from polyfuse.cuda.toolchain.sass import analyse
 
     ins, outs, _ = examples.matmul_bias_gelu(1024, 1024, 1024)
     for arch in ("sm_80", "sm_90"):
@@ -413,7 +414,7 @@ def test_ir_estimate_is_close_to_the_sass_count():
 def test_sass_counts_a_kernels_static_shared_memory_once():
     """analyse() once passed a kernel's static + dynamic bytes as the launch's dynamic pool,
     so ptxas's static arrays were counted twice in occupancy (and the model's input)."""
-    from polyfuse.cuda.sass import analyse
+    from polyfuse.cuda.toolchain.sass import analyse
 
     ins, outs, _ = examples.matmul_bias_gelu(256, 256, 256)
     fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)

@@ -1,4 +1,4 @@
-"""Structurally identical kernels share one ``__global__`` function (cuda/dedup.py)."""
+"""Structurally identical kernels share one ``__global__`` function (cuda/codegen/dedup.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 import polyfuse
 from polyfuse.cache import CompileCache
+from polyfuse.cuda.codegen.pack import pack_parts
+from polyfuse.cuda.codegen.printer import PRELUDE
 from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.pack import pack_parts
-from polyfuse.cuda.printer import PRELUDE
 from polyfuse.zoo import build
 
 

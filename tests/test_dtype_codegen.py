@@ -16,7 +16,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, reference, te
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.errors import CallError, UnsupportedDtypeError
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 
@@ -151,7 +151,7 @@ def test_half_vectors_are_whole_words_where_isl_proves_them(dtype, cols):
 def test_sass_moves_bfloat16_in_128_bit_words():
     """The SASS instrument's question for the memory-bound suite in bfloat16: whole 128-bit
     loads and stores (LDG.E.128 / STG.E.128) where the plan chose eight lanes per word."""
-    sass_tools = pytest.importorskip("polyfuse.cuda.sass.tools")
+    sass_tools = pytest.importorskip("polyfuse.cuda.toolchain.sass.tools")
     try:
         dis = sass_tools.find_disassembler()
     except Exception:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from polyfuse.cuda.codegen.tensor_core import PRELUDE
 from polyfuse.cuda.emulator import Emulator
 from polyfuse.cuda.runtime.launch import Launch
-from polyfuse.cuda.tensor_core import PRELUDE
 from polyfuse.errors import CallError
 
 SRC = r"""

@@ -13,9 +13,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
 from polyfuse.cuda.emulator import Emulator
 from polyfuse.cuda.runtime.launch import Launch, ScalarArg
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.errors import CallError, CudaCompileError
 
 BF16 = ml_dtypes.bfloat16

@@ -8,7 +8,7 @@ import pytest
 from cases import build_cases
 
 import polyfuse
-from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.toolchain.compiler import available_compilers
 
 CASES = {c.name: c for c in build_cases()}
 _compiled: dict[str, polyfuse.CompiledGraph] = {}

@@ -1,4 +1,4 @@
-"""The expression visitor/mutator bases (graph/expr.py, cuda/kernel_ast.py) and that every
+"""The expression visitor/mutator bases (graph/expr.py, cuda/codegen/kernel_ast.py) and that every
 walker uses them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from polyfuse.cuda import kernel_ast as k
+from polyfuse.cuda.codegen import kernel_ast as k
 from polyfuse.graph.expr import (
     NODE_CLASSES,
     Binary,

@@ -1,5 +1,5 @@
 """Whole-model fusion counts (benchmarks/fusion_models.py, ``fusion.py --models``) and the
-per-tensor global bytes they read (:attr:`polyfuse.cuda.kernel_ast.Kernel.tensor_bytes`).
+per-tensor global bytes they read (:attr:`polyfuse.cuda.codegen.kernel_ast.Kernel.tensor_bytes`).
 
 Fast: tiny zoo models and small graphs, compiled without the CUDA check; no emulation.
 """

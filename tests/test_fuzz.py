@@ -183,7 +183,7 @@ def _tanh_graph() -> GraphSpec:
 def test_shrinker_shrinks_a_planted_bug_to_a_tiny_graph_and_the_script_reproduces(
     monkeypatch, tmp_path
 ):
-    from polyfuse.cuda import body_printer
+    from polyfuse.cuda.codegen import body_printer
 
     spec = _tanh_graph()
     assert check_spec(spec).status == "pass"

@@ -26,7 +26,7 @@ import pytest
 
 import polyfuse
 from polyfuse import te
-from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.toolchain.compiler import available_compilers
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.poly.copy_layout import copy_layout, thread_extents

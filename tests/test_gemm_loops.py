@@ -1,6 +1,6 @@
 """GEMM loop code (issue 20 item 2): the decisions of poly/gemm_loops.py, poly/select_free.py,
-poly/tile_box.py, poly/tile_fit.py and the passes that carry them out (cuda/lower_loops.py,
-cuda/lower_addresses.py), on small before/after pairs and on emulated kernels in every race
+poly/tile_box.py, poly/tile_fit.py and the passes that carry them out (cuda/codegen/lower_loops.py,
+cuda/codegen/lower_addresses.py), on small before/after pairs and on emulated kernels in every race
 mode. The SASS-level thresholds are in tests/test_loop_quality.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import polyfuse
 from polyfuse import examples, te
 from polyfuse.base.decision import DecisionKind, Refusal
-from polyfuse.cuda.kernel_ast import (
+from polyfuse.cuda.codegen.kernel_ast import (
     KCopy,
     KDef,
     KernelIR,
@@ -26,8 +26,8 @@ from polyfuse.cuda.kernel_ast import (
     KStmt,
     KVar,
 )
-from polyfuse.cuda.lower_addresses import linear, strength_reduce
-from polyfuse.cuda.lower_loops import peel_loop, unroll_loops
+from polyfuse.cuda.codegen.lower_addresses import linear, strength_reduce
+from polyfuse.cuda.codegen.lower_loops import peel_loop, unroll_loops
 from polyfuse.poly.copy_layout import copies_per_thread, thread_extents
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_loops import (

@@ -286,7 +286,7 @@ def test_the_gemm_dispatch_lowers_and_places_gemm_kernels_only():
     """The driver's and the placement's one question, answered by the GEMM modules: a tiled
     GEMM is lowered by its own passes (its promoted operands counted as global reads), a
     plain kernel is not the GEMM path's."""
-    from polyfuse.cuda.gemm_lowering import lower_gemm
+    from polyfuse.cuda.codegen.gemm_lowering import lower_gemm
     from polyfuse.poly.gemm_kernel import as_gemm_kernel, gemm_placements, kernel_placements
     from polyfuse.poly.kernel_map import place_kernel
 

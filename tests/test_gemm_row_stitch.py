@@ -19,7 +19,7 @@ import pytest
 import polyfuse
 from polyfuse import ops, reference, te
 from polyfuse.base.decision import DecisionKind
-from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.toolchain.compiler import available_compilers
 from polyfuse.poly.costs.constants import CONSTANTS
 from polyfuse.poly.device import BY_ARCH
 from polyfuse.poly.promote import pipeline_stages

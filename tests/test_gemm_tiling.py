@@ -17,7 +17,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.toolchain.compiler import available_compilers
 from polyfuse.poly.mapping import MappingConfig
 
 ORDERS = (False, "reverse", "random")

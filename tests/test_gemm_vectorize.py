@@ -16,7 +16,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.vectorize import prove_vector_copy
 

@@ -10,7 +10,9 @@ The layer table (DESIGN.md "Layout"): ``polyfuse.base`` imports no layer; ``grap
 other ``polyfuse`` module) sits above all and no layer imports it. The GPU runtime
 (``polyfuse.cuda.runtime``) is a leaf: it imports base and itself only (numpy and the driver
 bindings outside the package, ``tests/test_runtime_leaf.py``), so a saved artifact runs without
-the compiler.
+the compiler; the emulator (``polyfuse.cuda.emulator``) imports base, the runtime's launch
+records and itself, not code generation or the toolchain (``polyfuse.cuda.codegen``,
+``polyfuse.cuda.toolchain``), which sit in the ``cuda`` layer.
 """
 
 from __future__ import annotations
@@ -90,17 +92,18 @@ LAYERS: dict[str, set[str]] = {
     "poly": {"base", "graph", "poly"},
     "stitch": {"base", "graph", "poly", "stitch"},
     "cuda": {"base", "graph", "poly", "stitch", "cuda", "runtime"},
+    "emulator": {"base", "runtime", "emulator"},
     "runtime": {"base", "runtime"},
-    "facade": {"base", "graph", "poly", "stitch", "cuda", "runtime", "facade"},
+    "facade": {"base", "graph", "poly", "stitch", "cuda", "emulator", "runtime", "facade"},
 }
 
 
 def layer_of(module: str) -> str:
-    """The layer of a ``polyfuse`` module: its folder below ``polyfuse`` (the runtime apart
-    from the rest of ``cuda``), else the facade."""
+    """The layer of a ``polyfuse`` module: its folder below ``polyfuse`` (the runtime and the
+    emulator apart from the rest of ``cuda``: codegen and the toolchain), else the facade."""
     parts = module.split(".")
-    if parts[1:3] == ["cuda", "runtime"]:
-        return "runtime"
+    if parts[1:3] in (["cuda", "runtime"], ["cuda", "emulator"]):
+        return parts[2]
     if len(parts) > 1 and parts[1] in LAYERS and parts[1] != "facade":
         return parts[1]
     return "facade"
@@ -125,18 +128,24 @@ def test_layer_check_catches_planted_violations():
     graph = {
         "polyfuse.poly.mapping": {"polyfuse.graph.expr", "polyfuse.base.errors"},
         "polyfuse.stitch.parallel": {"polyfuse.compiled", "polyfuse.poly.device"},
-        "polyfuse.poly.timing": {"polyfuse.cuda.kernel_ast"},
+        "polyfuse.poly.timing": {"polyfuse.cuda.codegen.kernel_ast"},
         "polyfuse.base.store": {"polyfuse.graph.expr"},
-        "polyfuse.driver": {"polyfuse.cuda.compiler", "polyfuse.base.settings"},
-        "polyfuse.cuda.compiler": {"polyfuse.base.store", "polyfuse.cuda.runtime.launch"},
-        "polyfuse.cuda.runtime.device": {"polyfuse.cuda.compiler", "polyfuse.base.errors"},
+        "polyfuse.driver": {"polyfuse.cuda.toolchain.compiler", "polyfuse.base.settings"},
+        "polyfuse.cuda.toolchain.compiler": {"polyfuse.base.store", "polyfuse.cuda.runtime.launch"},
+        "polyfuse.cuda.runtime.device": {
+            "polyfuse.cuda.toolchain.compiler",
+            "polyfuse.base.errors",
+        },
         "polyfuse.cuda.runtime.program": {"polyfuse.poly.policy", "polyfuse.cuda.runtime.launch"},
+        "polyfuse.cuda.emulator.build": {"polyfuse.cuda.toolchain.toolkit", "polyfuse.base.store"},
+        "polyfuse.cuda.emulator.server": {"polyfuse.cuda.runtime.launch"},
     }
     assert layer_violations(graph) == [
         "polyfuse.base.store -> polyfuse.graph.expr (base -> graph)",
-        "polyfuse.cuda.runtime.device -> polyfuse.cuda.compiler (runtime -> cuda)",
+        "polyfuse.cuda.emulator.build -> polyfuse.cuda.toolchain.toolkit (emulator -> cuda)",
+        "polyfuse.cuda.runtime.device -> polyfuse.cuda.toolchain.compiler (runtime -> cuda)",
         "polyfuse.cuda.runtime.program -> polyfuse.poly.policy (runtime -> poly)",
-        "polyfuse.poly.timing -> polyfuse.cuda.kernel_ast (poly -> cuda)",
+        "polyfuse.poly.timing -> polyfuse.cuda.codegen.kernel_ast (poly -> cuda)",
         "polyfuse.stitch.parallel -> polyfuse.compiled (stitch -> facade)",
     ]
 

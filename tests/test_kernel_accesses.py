@@ -1,4 +1,5 @@
-"""Loads and stores on scoped buffers (:mod:`polyfuse.cuda.lower_accesses`): before the pass a
+"""Loads and stores on scoped buffers (:mod:`polyfuse.cuda.codegen.lower_accesses`): before the
+pass a
 statement instance is an opaque ``KStmt``; after it, its stores and loads name the buffer, the
 memory scope and the index that serve each tensor, and the printer only writes them."""
 
@@ -10,10 +11,10 @@ import numpy as np
 import pytest
 
 import polyfuse
-import polyfuse.cuda.lower as lower_mod
+import polyfuse.cuda.codegen.lower as lower_mod
 from polyfuse import ops, te
-from polyfuse.cuda.body_printer import c_stores
-from polyfuse.cuda.kernel_access import (
+from polyfuse.cuda.codegen.body_printer import c_stores
+from polyfuse.cuda.codegen.kernel_access import (
     BufferScope,
     KAllReduce,
     KBuffer,
@@ -24,7 +25,7 @@ from polyfuse.cuda.kernel_access import (
     KStore,
     KTerm,
 )
-from polyfuse.cuda.kernel_ast import (
+from polyfuse.cuda.codegen.kernel_ast import (
     KDef,
     KernelIR,
     KFor,
@@ -38,7 +39,7 @@ from polyfuse.cuda.kernel_ast import (
     KVar,
     KVector,
 )
-from polyfuse.cuda.printer import emit_kernel
+from polyfuse.cuda.codegen.printer import emit_kernel
 
 
 @pytest.fixture

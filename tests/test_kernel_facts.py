@@ -10,7 +10,7 @@ import pytest
 import polyfuse
 from polyfuse import examples, ops, te, zoo
 from polyfuse.base.decision import DecisionKind
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT, gemm_tile_registers
 from polyfuse.reference import evaluate
 from polyfuse.stitch.facts import KernelFacts, SharedArray, pack_facts, shared_layout

@@ -10,9 +10,9 @@ import pytest
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.base.decision import DecisionKind, Refusal
-from polyfuse.cuda.kernel_ast import Kernel, KParam
-from polyfuse.cuda.kernel_function import KFunction, print_function
-from polyfuse.cuda.layer3 import part_shape
+from polyfuse.cuda.codegen.kernel_ast import Kernel, KParam
+from polyfuse.cuda.codegen.kernel_function import KFunction, print_function
+from polyfuse.cuda.codegen.layer3 import part_shape
 from polyfuse.poly.device import device_for_arch
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 from polyfuse.stitch.order import dependence_order, dependence_preds
@@ -322,7 +322,7 @@ def test_random_kernel_dags_never_pack_dependent_kernels(eager):
 
 def test_packed_launches_compile_with_nvrtc():
     """The dispatch kernels are valid CUDA; ptxas reports them (skipped without a compiler)."""
-    from polyfuse.cuda.compiler import available_compilers
+    from polyfuse.cuda.toolchain.compiler import available_compilers
 
     if not available_compilers():
         pytest.skip("no CUDA compiler installed")

@@ -15,13 +15,13 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.dedup import structural_hash
+from polyfuse.cuda.codegen.dedup import structural_hash
+from polyfuse.cuda.codegen.kernel_dispatch import KDispatch, dispatch_of, print_dispatch
+from polyfuse.cuda.codegen.kernel_function import PART_BLOCK, PART_THREAD, print_function
+from polyfuse.cuda.codegen.layer3 import part_shape
+from polyfuse.cuda.codegen.pack import pack_kernels
+from polyfuse.cuda.codegen.printer import PRELUDE
 from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.kernel_dispatch import KDispatch, dispatch_of, print_dispatch
-from polyfuse.cuda.kernel_function import PART_BLOCK, PART_THREAD, print_function
-from polyfuse.cuda.layer3 import part_shape
-from polyfuse.cuda.pack import pack_kernels
-from polyfuse.cuda.printer import PRELUDE
 from polyfuse.cuda.runtime.launch import Launch
 from polyfuse.stitch.parallel import pack_layout
 
@@ -139,15 +139,15 @@ def test_no_regex_in_packing_and_dedup():
     no identifier rewriting for them."""
     files = [
         *(ROOT / "polyfuse" / "stitch").glob("*.py"),
-        *(ROOT / "polyfuse" / "cuda").glob("pack*.py"),
-        *(ROOT / "polyfuse" / "cuda").glob("dedup*.py"),
-        ROOT / "polyfuse" / "cuda" / "kernel_dispatch.py",
-        ROOT / "polyfuse" / "cuda" / "kernel_function.py",
-        ROOT / "polyfuse" / "cuda" / "layer3.py",
+        *(ROOT / "polyfuse" / "cuda" / "codegen").glob("pack*.py"),
+        *(ROOT / "polyfuse" / "cuda" / "codegen").glob("dedup*.py"),
+        ROOT / "polyfuse" / "cuda" / "codegen" / "kernel_dispatch.py",
+        ROOT / "polyfuse" / "cuda" / "codegen" / "kernel_function.py",
+        ROOT / "polyfuse" / "cuda" / "codegen" / "layer3.py",
     ]
     assert len(files) >= 7
     assert [f.name for f in files if _imports_re(f)] == []
-    from polyfuse.cuda import namer
+    from polyfuse.cuda.codegen import namer
 
     for rewriter in ("rename_identifiers", "instantiate", "rename_canonical"):
         assert not hasattr(namer, rewriter), rewriter

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import polyfuse
-from polyfuse.cuda.compiler import available_compilers
-from polyfuse.cuda.sass import DisassemblerNotFound, analyse, find_disassembler
+from polyfuse.cuda.toolchain.compiler import available_compilers
+from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, analyse, find_disassembler
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))

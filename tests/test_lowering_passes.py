@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from polyfuse.cuda.kernel_ast import (
+from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KBarrier,
     KernelIR,
@@ -22,11 +22,11 @@ from polyfuse.cuda.kernel_ast import (
     MemSpace,
     Scope,
 )
-from polyfuse.cuda.lower_barriers import barrier_scope, insert_barriers
-from polyfuse.cuda.lower_buffers import STATIC_SMEM_LIMIT, BufferPlacement, alloc_buffers
-from polyfuse.cuda.lower_combines import lower_combines
-from polyfuse.cuda.lower_dtypes import assign_dtypes
-from polyfuse.cuda.printer import emit_kernel
+from polyfuse.cuda.codegen.lower_barriers import barrier_scope, insert_barriers
+from polyfuse.cuda.codegen.lower_buffers import STATIC_SMEM_LIMIT, BufferPlacement, alloc_buffers
+from polyfuse.cuda.codegen.lower_combines import lower_combines
+from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes
+from polyfuse.cuda.codegen.printer import emit_kernel
 
 
 def _ir(threads: int = 64, reduction: bool = False, body=None) -> KernelIR:
@@ -172,17 +172,21 @@ def printer_decisions(text: str) -> list[str]:
     return [d for d in PRINTER_DECISIONS if re.search(d, code)]
 
 
+#: the code generation package's folder
+CODEGEN = Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / "codegen"
+
+
 @pytest.mark.parametrize(
     "module", ["printer.py", "body_printer.py", "c_wide.py"]
 )
 def test_printer_module_makes_no_lowering_decision(module):
-    text = (Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / module).read_text()
+    text = (CODEGEN / module).read_text()
     assert printer_decisions(text) == []
 
 
 def test_printer_decision_check_can_fail():
     """A decision brought back into a printer is caught (barrier, buffer, dtype, budget)."""
-    text = (Path(__file__).resolve().parents[1] / "polyfuse" / "cuda" / "printer.py").read_text()
+    text = (CODEGEN / "printer.py").read_text()
     for line, found in (
         ("        out.append(KBarrier(Scope.BLOCK))\n", r"\bKBarrier\("),
         ("    shared = KAlloc(name, MemSpace.SHARED, 'float32', (n,))\n", r"\bKAlloc\("),
@@ -215,8 +219,8 @@ def _gemm_ir() -> KernelIR:
 
 
 def test_lower_promotions_allocates_tile_and_rewrites_copies():
-    from polyfuse.cuda.kernel_ast import KCopy, KThreadGrid, KTile
-    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+    from polyfuse.cuda.codegen.kernel_ast import KCopy, KThreadGrid, KTile
+    from polyfuse.cuda.codegen.lower_promotions import PromotedTile, lower_promotions
 
     before = _gemm_ir()
     lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
@@ -243,7 +247,7 @@ def test_lower_promotions_allocates_tile_and_rewrites_copies():
 
 
 def test_lower_register_tile_array_unroll_and_guards():
-    from polyfuse.cuda.lower_register_tile import lower_register_tile
+    from polyfuse.cuda.codegen.lower_register_tile import lower_register_tile
 
     before = _gemm_ir()
     after = lower_register_tile(before, "r_m_acc", [4], ["ii0"], {"E": [10]})
@@ -257,8 +261,8 @@ def test_lower_register_tile_array_unroll_and_guards():
 
 
 def test_lower_promotions_vector_copy_aligned_and_printed_as_float4():
-    from polyfuse.cuda.kernel_ast import KCopy
-    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+    from polyfuse.cuda.codegen.kernel_ast import KCopy
+    from polyfuse.cuda.codegen.lower_promotions import PromotedTile, lower_promotions
 
     lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
     tile = PromotedTile(
@@ -275,8 +279,8 @@ def test_lower_promotions_vector_copy_aligned_and_printed_as_float4():
 
 
 def test_lower_vector_stores_stage_runs_then_one_vector_store():
-    from polyfuse.cuda.kernel_ast import KStage, KVectorStore
-    from polyfuse.cuda.lower_vector_stores import lower_vector_stores
+    from polyfuse.cuda.codegen.kernel_ast import KStage, KVectorStore
+    from polyfuse.cuda.codegen.lower_vector_stores import lower_vector_stores
 
     col = KOp("+", (KOp("*", (KInt(4), KVar("t0"))), KVar("iv")))
     guard = KOp("<=", (col, KInt(9)))
@@ -304,8 +308,8 @@ def _printed(ir: KernelIR) -> str:
 
 
 def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
-    from polyfuse.cuda.kernel_ast import KAsyncCopy, KCommit, KWait
-    from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
+    from polyfuse.cuda.codegen.kernel_ast import KAsyncCopy, KCommit, KWait
+    from polyfuse.cuda.codegen.lower_promotions import Pipeline, PromotedTile, lower_promotions
 
     kt = KVar("kt0")
     ahead = KOp("+", (kt, KInt(1)))  # the copy of k-tile kt0 + 1 runs in iteration kt0
@@ -346,10 +350,10 @@ def test_lower_promotions_pipelined_async_copies_into_the_next_stage():
 
 
 def test_lower_fragments_loads_registers_before_the_micro_tile():
-    from polyfuse.cuda.body_printer import c_value
-    from polyfuse.cuda.kernel_ast import KCopy, KFragment
-    from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
-    from polyfuse.cuda.lower_promotions import PromotedTile, lower_promotions
+    from polyfuse.cuda.codegen.body_printer import c_value
+    from polyfuse.cuda.codegen.kernel_ast import KCopy, KFragment
+    from polyfuse.cuda.codegen.lower_fragments import OperandFragment, lower_fragments
+    from polyfuse.cuda.codegen.lower_promotions import PromotedTile, lower_promotions
 
     lo = (KVar("b0"), KOp("*", (KInt(8), KVar("kt0"))))
     tile = PromotedTile(
@@ -377,8 +381,8 @@ def test_lower_fragments_loads_registers_before_the_micro_tile():
     want = "r_a_frag[ii0] = s_a[((b0 + (4 * ii0)) - b0) * 8 + ((8 * kt0) - (8 * kt0))];"
     assert want in src
     # The update's reads of ``a`` print as the register; other statements' as before.
-    from polyfuse.cuda.kernel_access import KIdx
-    from polyfuse.cuda.lower_accesses import Resolver
+    from polyfuse.cuda.codegen.kernel_access import KIdx
+    from polyfuse.cuda.codegen.lower_accesses import Resolver
     from polyfuse.poly.placement import Placement
 
     r = Resolver(after, {"a": Placement("a", "global", "input")})
@@ -390,8 +394,8 @@ def test_lower_fragments_loads_registers_before_the_micro_tile():
 
 
 def test_lower_fragments_two_variables_and_a_pipelined_tile():
-    from polyfuse.cuda.kernel_ast import KTile
-    from polyfuse.cuda.lower_fragments import OperandFragment, lower_fragments
+    from polyfuse.cuda.codegen.kernel_ast import KTile
+    from polyfuse.cuda.codegen.lower_fragments import OperandFragment, lower_fragments
 
     stage = KOp("%", (KVar("kt0"), KInt(2)))
     inner = KFor("iv", KInt(0), KOp("<=", (KVar("iv"), KInt(3))), 1, [KStmt("U", ())])

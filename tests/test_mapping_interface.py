@@ -18,8 +18,8 @@ import pytest
 import polyfuse
 import polyfuse.driver as driver
 from polyfuse import ops, te
-from polyfuse.cuda.astgen import generate_ast
-from polyfuse.cuda.lower import kernel_ir
+from polyfuse.cuda.codegen.astgen import generate_ast
+from polyfuse.cuda.codegen.lower import kernel_ir
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.partition import PARTITION_RULES, partition
 from polyfuse.poly import kernel_map
@@ -281,8 +281,8 @@ def test_mapped_kernels_are_frozen_records():
 def test_check_cuda_builds_new_kernel_records(monkeypatch):
     """Compiler-reported resources go into new Kernel objects (the plan's too); the kernels the
     code generator returned keep their fields."""
-    import polyfuse.cuda.compiler as compiler
-    from polyfuse.cuda.compiler import CudaBinary, KernelResources
+    import polyfuse.cuda.toolchain.compiler as compiler
+    from polyfuse.cuda.toolchain.compiler import CudaBinary, KernelResources
 
     x = te.placeholder((64, 300), name="x")
     y = te.compute((64, 300), lambda i, j: x[i, j] * 2.0 + 1.0, name="y")

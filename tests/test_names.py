@@ -21,8 +21,8 @@ import pytest
 import polyfuse
 from polyfuse import reference, te
 from polyfuse.cache import CompileCache
-from polyfuse.cuda.compiler import available_compilers
-from polyfuse.cuda.namer import Namer, c_name, canonical_names, fill, is_free, slots
+from polyfuse.cuda.codegen.namer import Namer, c_name, canonical_names, fill, is_free, slots
+from polyfuse.cuda.toolchain.compiler import available_compilers
 
 # ---------------------------------------------------------------------------------- the graphs
 # A builder takes the names of its tensors — inputs, then outputs, then intermediates — and
@@ -262,9 +262,9 @@ def test_canonical_text_instantiates_under_any_names():
 def test_kernels_declare_variables_only_in_the_generated_space():
     """A loop variable outside the generated space (a name a tensor could take) is an internal
     error at printing; the GEMM tiling's padding iterators (``x0``…) are moved into it."""
-    from polyfuse.cuda.declared import check_declared, declared_variables
-    from polyfuse.cuda.kernel_ast import KernelIR, KFor, KInt, KOp, KVar
-    from polyfuse.cuda.namer import loop_variable
+    from polyfuse.cuda.codegen.declared import check_declared, declared_variables
+    from polyfuse.cuda.codegen.kernel_ast import KernelIR, KFor, KInt, KOp, KVar
+    from polyfuse.cuda.codegen.namer import loop_variable
 
     def loop(var: str) -> KFor:
         return KFor(var, KInt(0), KOp("<", (KVar(var), KInt(4))), 1, [])

@@ -16,9 +16,7 @@ import pytest
 
 import polyfuse
 from polyfuse import examples, ops, te
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
-from polyfuse.cuda.emulator import Emulator
-from polyfuse.cuda.kernel_ast import (
+from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAsyncCopy,
     KCommit,
@@ -33,13 +31,15 @@ from polyfuse.cuda.kernel_ast import (
     KWait,
     MemSpace,
 )
-from polyfuse.cuda.lower_pipeline import (
+from polyfuse.cuda.codegen.lower_pipeline import (
     expand_stages,
     lower_pipeline_sync,
     stage_consumers,
     stage_producers,
 )
-from polyfuse.cuda.lower_promotions import Pipeline, PromotedTile, lower_promotions
+from polyfuse.cuda.codegen.lower_promotions import Pipeline, PromotedTile, lower_promotions
+from polyfuse.cuda.emulator import Emulator
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.errors import RaceError
 from polyfuse.poly.costs.stages import (
     MAX_STAGES,
@@ -382,7 +382,7 @@ def test_hot_loop_ffma_share_holds_with_more_stages(stages):
     """The 4096^3 matmul's k-tile loop with S stages (stage index ``kt % S`` instead of
     ``kt % 2``) keeps its 512 FFMA and an FFMA share >= 0.85 (tests/test_sass.py's bar for
     S = 2; measured 0.869 / 0.881 for S = 3 / 4 on sm_80), with S-1 k-tiles peeled."""
-    from polyfuse.cuda.sass import DisassemblerNotFound, analyse, find_disassembler
+    from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, analyse, find_disassembler
 
     try:
         find_disassembler()

@@ -9,7 +9,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.compiler import compile_cuda
+from polyfuse.cuda.toolchain.compiler import compile_cuda
 from polyfuse.poly.mapping import MappingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -135,8 +135,8 @@ def test_shared_row_tile_scalar_where_runs_cannot_align():
 def test_dynamic_pool_slice_at_unaligned_offset_stays_scalar():
     """A shared row in the dynamic pool at an offset that is not a multiple of 4 elements
     cannot start 16-byte aligned: the pass leaves it scalar; a static one is declared aligned."""
-    from polyfuse.cuda.kernel_ast import KAlloc, MemSpace
-    from polyfuse.cuda.lower_vectorize import _aligned_buffers
+    from polyfuse.cuda.codegen.kernel_ast import KAlloc, MemSpace
+    from polyfuse.cuda.codegen.lower_vectorize import _aligned_buffers
 
     allocs = (
         KAlloc("s_a", MemSpace.SHARED, "float32", (768,), offset=6),

@@ -24,7 +24,6 @@ from fake_cuda import FakeBindings, FakeDeviceArray, FakeGPU, FakePycuda
 import polyfuse
 import polyfuse.runner as runner_mod
 from polyfuse import ops, te
-from polyfuse.cuda.compiler import CudaBinary, available_compilers
 from polyfuse.cuda.runtime import (
     Device,
     DeviceArray,
@@ -40,6 +39,7 @@ from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
 from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.cuda.runtime.pycuda_driver import PycudaDriver
+from polyfuse.cuda.toolchain.compiler import CudaBinary, available_compilers
 from polyfuse.errors import CallError, DeviceError
 from polyfuse.runner import load_source
 

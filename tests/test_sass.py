@@ -1,4 +1,4 @@
-"""The SASS instrument (polyfuse.cuda.sass, ``polyfuse sass``, benchmarks/sass.py).
+"""The SASS instrument (polyfuse.cuda.toolchain.sass, ``polyfuse sass``, benchmarks/sass.py).
 
 Listing parsing, loops, trip counts, occupancy and the estimate are tested on hand-written
 listings everywhere; compiling and disassembling real kernels needs NVRTC and nvdisasm /
@@ -17,8 +17,8 @@ import pytest
 import polyfuse
 from polyfuse import examples
 from polyfuse.cli import main
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
-from polyfuse.cuda.sass import (
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.sass import (
     DisassemblerNotFound,
     InstrMix,
     Launch,
@@ -30,9 +30,9 @@ from polyfuse.cuda.sass import (
     hot_loop,
     parse_listing,
 )
-from polyfuse.cuda.sass import tools as sass_tools
-from polyfuse.cuda.sass.loops import body_mix
-from polyfuse.cuda.sass.parse import parse_instruction
+from polyfuse.cuda.toolchain.sass import tools as sass_tools
+from polyfuse.cuda.toolchain.sass.loops import body_mix
+from polyfuse.cuda.toolchain.sass.parse import parse_instruction
 from polyfuse.poly.device import A100, H100, SGEMM_FFMA_SHARE, occupancy
 from polyfuse.poly.mapping import MappingConfig
 
@@ -468,7 +468,7 @@ def test_vector_check_of_16_bit_words(name):
         assert any(op.startswith("LDG.E.128") for a in k.vector.accesses for op in a.sass)
         assert any(op == "STG.E.128" for a in k.vector.accesses for op in a.sass)
     # a uint4 word whose SASS is two 64-bit loads is not full width
-    from polyfuse.cuda.sass.records import VectorAccess
+    from polyfuse.cuda.toolchain.sass.records import VectorAccess
 
     split = VectorAccess(1, "w = *reinterpret_cast<const uint4*>(&x[i]);", ("LDG.E.64",) * 2,
                          128, "uint4")  # fmt: skip

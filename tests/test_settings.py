@@ -8,7 +8,7 @@ import pytest
 
 from polyfuse.base.settings import DEFAULT_CACHE_ROOT, cache_root
 from polyfuse.cache import default_dir
-from polyfuse.cuda.compiler import cache_dir
+from polyfuse.cuda.toolchain.compiler import cache_dir
 
 
 @pytest.mark.parametrize("off", ["off", "OFF", "0", "none", " false "])

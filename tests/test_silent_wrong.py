@@ -285,7 +285,7 @@ def test_lambda_default_arguments_are_not_loop_variables():
 
 def test_fixed_kernels_compile_with_nvrtc():
     """The NaN helpers and the size-1 layouts are valid CUDA (skipped without a compiler)."""
-    from polyfuse.cuda.compiler import available_compilers
+    from polyfuse.cuda.toolchain.compiler import available_compilers
 
     if not available_compilers():
         pytest.skip("no CUDA compiler installed")
@@ -302,12 +302,12 @@ def test_fixed_kernels_compile_with_nvrtc():
 # ---------------------------------------------- 6. many reduce axes (isl AST of implied bands)
 # isl's scheduler may put a band that its outer band already determines below it (four reduce
 # axes of extent 2: [8r0 + 4r1 + 2r2 + r3] above [r0, r1, r2]); isl's AST generator then ran
-# half of the instances. cuda/astgen.py drops such members before AST generation.
+# half of the instances. cuda/codegen/astgen.py drops such members before AST generation.
 
 
 def _run_ast(nodes, env: dict, out: list) -> None:
     """Interpret our kernel AST (C integer semantics), collecting statement instances."""
-    from polyfuse.cuda.kernel_ast import KDef, KFor, KIf, KMark, KStmt
+    from polyfuse.cuda.codegen.kernel_ast import KDef, KFor, KIf, KMark, KStmt
 
     for n in nodes:
         if isinstance(n, KFor):
@@ -327,7 +327,7 @@ def _run_ast(nodes, env: dict, out: list) -> None:
 
 
 def _ev(e, env: dict) -> int:
-    from polyfuse.cuda.kernel_ast import KInt, KVar
+    from polyfuse.cuda.codegen.kernel_ast import KInt, KVar
 
     if isinstance(e, KInt):
         return e.value
@@ -391,7 +391,7 @@ def _implied_band_schedule(ctx, ext, outer, sel):
 def test_ast_runs_every_instance_once_when_inner_bands_are_implied():
     import islpy as isl
 
-    from polyfuse.cuda.astgen import convert_node, drop_implied_members
+    from polyfuse.cuda.codegen.astgen import convert_node, drop_implied_members
 
     ctx = isl.Context()
     build = isl.AstBuild.from_context(isl.Set("{ : }", context=ctx))
@@ -503,7 +503,7 @@ def test_ast_guard_names_its_own_parameter_when_the_context_orders_them_differen
     at its position in the context) when the context ordered the parameters otherwise."""
     import islpy as isl
 
-    from polyfuse.cuda.astgen import aligned_build
+    from polyfuse.cuda.codegen.astgen import aligned_build
 
     ctx = isl.Context()
     context = isl.Set("[b, t, p] -> { : 0 <= b < 4 and 0 <= t < 8 and 0 <= p < 128 }", context=ctx)

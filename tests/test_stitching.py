@@ -10,7 +10,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.compiler import available_compilers
+from polyfuse.cuda.toolchain.compiler import available_compilers
 
 RNG = np.random.default_rng(7)
 

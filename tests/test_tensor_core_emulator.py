@@ -3,7 +3,7 @@ per-lane fragment layouts (issue 23 item 3).
 
 Three independent descriptions of the layouts must agree: the CUDA test kernels below (which
 pack fragments by hand, as the PTX ISA's figures say), the emulator's definitions
-(``emulator/rt/pf_mma.h``) and the layout tables of :mod:`polyfuse.cuda.tensor_core` that a
+(``emulator/rt/pf_mma.h``) and the layout tables of :mod:`polyfuse.cuda.codegen.tensor_core` that a
 tensorization pass will use. Products are checked against float64 numpy; the kernels also
 compile with NVRTC for sm_80 and sm_90 through the prelude's inline PTX.
 """
@@ -14,11 +14,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_TF32, PRELUDE, ldmatrix_layout
 from polyfuse.cuda.emulator import Emulator
 from polyfuse.cuda.runtime.launch import Launch, ScalarArg
-from polyfuse.cuda.sass.tools import find_disassembler
-from polyfuse.cuda.tensor_core import MMA_BF16, MMA_F16, MMA_TF32, PRELUDE, ldmatrix_layout
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.sass.tools import find_disassembler
 from polyfuse.errors import CompilerNotFound, EmulatorError
 
 BF16 = ml_dtypes.bfloat16
@@ -188,7 +188,8 @@ def test_mma_tf32_rounds_inputs_to_tf32(module):
 
 
 def test_the_layout_tables_pack_what_the_emulator_multiplies():
-    """:mod:`polyfuse.cuda.tensor_core`'s per-lane tables rebuild every operand exactly once."""
+    """:mod:`polyfuse.cuda.codegen.tensor_core`'s per-lane tables rebuild every operand exactly
+    once."""
     for mma in (MMA_BF16, MMA_F16, MMA_TF32):
         for layout, shape in (
             (mma.a_layout, (mma.m, mma.k)),

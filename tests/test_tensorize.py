@@ -13,7 +13,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.poly import tensorize
 
@@ -204,7 +204,7 @@ def test_nvrtc_compiles_tensorized_kernels_without_spills(arch, dtype):
 def test_sass_has_hmma_in_the_k_tile_loop():
     """The SASS instrument's question: HMMA instructions in the k-tile loop (the figure:
     HMMA to other instructions in that loop, fill loops included)."""
-    from polyfuse.cuda.sass import (
+    from polyfuse.cuda.toolchain.sass import (
         DisassemblerNotFound,
         find_disassembler,
         find_loops,

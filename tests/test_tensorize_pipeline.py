@@ -1,5 +1,5 @@
 """Tensorized GEMMs with 16-byte ``cp.async`` shared fills and an S-stage k-tile pipeline
-(issue 23 item 2 on the tensor-core path; :mod:`polyfuse.cuda.lower_mma_pipeline`).
+(issue 23 item 2 on the tensor-core path; :mod:`polyfuse.cuda.codegen.lower_mma_pipeline`).
 
 Correctness against float64 numpy in every emulator mode (plain, race check in reverse thread
 order, shadow), S = 1..4 forced and the ALCOP model's choice; a planted wrong wait count is
@@ -15,8 +15,8 @@ from test_tensorize import CASES, HALVES, ODD, _array, _matmul
 
 import polyfuse
 from polyfuse import te
-from polyfuse.cuda import lower_mma_pipeline
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.codegen import lower_mma_pipeline
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.tensorize import MmaOperand, fill_alignment
@@ -127,7 +127,7 @@ def test_a_planted_missing_barrier_is_a_race(monkeypatch, stages):
     thread's cp.async just landed, and the next k-tile's copies overwrite the stage a slower
     warp still reads: the shadow race check reports it. (The reverse-order ThreadSanitizer
     build, ``race_check=True``, does not: the ldmatrix reads go unseen there.)"""
-    from polyfuse.cuda import lower_mma
+    from polyfuse.cuda.codegen import lower_mma
     from polyfuse.errors import RaceError
 
     inputs, out, arrays, want = _matmul("float16", *ODD_ALIGNED)
@@ -213,7 +213,7 @@ def test_nvrtc_compiles_every_stage_count_without_spills(arch):
 def _hot_loop(m: int, n: int, k: int, arch: str, stages: int | None):
     """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop holding HMMA: the
     steady state of the k-tile loop (its guarded tail is unrolled after it)."""
-    from polyfuse.cuda.sass import (
+    from polyfuse.cuda.toolchain.sass import (
         DisassemblerNotFound,
         find_disassembler,
         find_loops,

@@ -11,7 +11,7 @@ import pytest
 from test_tensorize import CASES, ODD, _matmul
 from test_tensorize_pipeline import MODES, _compile, _run_all_modes, _stage_note
 
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import tolerance
 from polyfuse.poly import swizzle
 from polyfuse.poly import tensorize as tz

@@ -15,7 +15,7 @@ from test_tensorize import CASES, ODD, _matmul
 from test_tensorize_pipeline import MODES, ODD_ALIGNED, _stage_note
 
 import polyfuse
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.poly.mapping import MappingConfig
 
 TF32 = MappingConfig(allow_tf32=True)

@@ -21,7 +21,7 @@ F = torch.nn.functional
 from torch._dynamo.exc import BackendCompilerFailed  # noqa: E402
 
 import polyfuse.torch as pt  # noqa: E402
-from polyfuse.cuda.compiler import SUPPORTED_ARCHS  # noqa: E402
+from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS  # noqa: E402
 from polyfuse.errors import DeviceError  # noqa: E402
 from polyfuse.torch import (  # noqa: E402
     BackendOptionError,

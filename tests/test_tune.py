@@ -14,10 +14,10 @@ import polyfuse
 import polyfuse.runner as runner_mod
 from polyfuse.cache import CompileCache
 from polyfuse.cli import main
-from polyfuse.cuda.compiler import CudaBinary
 from polyfuse.cuda.runtime import device as device_mod
 from polyfuse.cuda.runtime import select as select_mod
 from polyfuse.cuda.runtime.bindings_driver import BindingsDriver
+from polyfuse.cuda.toolchain.compiler import CudaBinary
 from polyfuse.errors import DeviceError
 from polyfuse.examples import EXAMPLES
 from polyfuse.tune import TuneError, tune

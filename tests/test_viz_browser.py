@@ -168,7 +168,7 @@ def _check_report(drv, fn, path: Path, shot: str) -> float:
     drv.execute_script("arguments[0].scrollIntoView()", title)
     _click(drv, title)
     src = drv.find_element(By.ID, "kernel-source").text
-    fname = k.function or k.name  # identical kernels share one function (cuda/dedup.py)
+    fname = k.function or k.name  # identical kernels share one function (cuda/codegen/dedup.py)
     # (a GEMM kernel's bounds also name its blocks per SM: poly/gemm_loops.py)
     assert re.search(rf"__global__ void __launch_bounds__\({k.block[0]}(, \d+)?\) {fname}\(", src)
     assert drv.find_element(By.ID, "v-kernel").is_displayed()

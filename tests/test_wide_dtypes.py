@@ -19,8 +19,8 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, reference, te
-from polyfuse.cuda.compiler import available_compilers, compile_cuda
-from polyfuse.cuda.literals import c_double
+from polyfuse.cuda.codegen.literals import c_double
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.errors import CallError, UnsupportedDtypeError
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 

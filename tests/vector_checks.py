@@ -14,7 +14,7 @@ V4_STORE = re.compile(r"st\.global\.v4\.f32")
 
 def require_nvrtc() -> None:
     """Skip the calling test when NVRTC is not installed."""
-    from polyfuse.cuda.compiler import available_compilers
+    from polyfuse.cuda.toolchain.compiler import available_compilers
 
     if "nvrtc" not in available_compilers():
         pytest.skip("NVRTC not installed")

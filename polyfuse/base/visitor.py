@@ -1,7 +1,8 @@
 """The one visitor base: dispatch on a node's class through a table built once per subclass.
 
 Expression walkers (:class:`polyfuse.graph.expr.ExprVisitor`) and kernel-IR walkers
-(:class:`polyfuse.cuda.kernel_ast.KVisitor`) both derive from :class:`Visitor`; each names its
+(:class:`polyfuse.cuda.codegen.kernel_ast.KVisitor`) both derive from :class:`Visitor`; each names
+its
 node classes in :attr:`Visitor.node_classes`, so a walker is a set of ``visit_<Node>`` methods
 instead of an isinstance chain.
 """

@@ -26,7 +26,7 @@ from polyfuse.base.visitor import R, Visitor
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.dtypes import check_dtype
 
-#: Every dtype a tensor or expression may have (code generation: see cuda/lower_dtypes.py).
+#: Every dtype a tensor or expression may have (code generation: see cuda/codegen/lower_dtypes.py).
 KNOWN_DTYPES = tuple(dt.DTYPES)
 
 __all__ = ["KNOWN_DTYPES", "check_dtype"]  # re-exported for polyfuse.te

@@ -21,7 +21,7 @@ point ``(.., v)`` touches,
 A tensor that fails (a broadcast along the innermost member, a row stride that is not a
 multiple of 4, a transpose) keeps scalar accesses inside the loop. Groups cut short by the
 band's end (an inner extent that is not a multiple of ``E``) run the scalar loop; the lowering
-(:mod:`polyfuse.cuda.lower_vectorize`) guards the vector form with the loop's own bound.
+(:mod:`polyfuse.cuda.codegen.lower_vectorize`) guards the vector form with the loop's own bound.
 
 :func:`choose_coarsening` coarsens only when some input or output tensor vectorises and enough
 threads are left to fill the device: at least ``min_wave_fraction`` of one full-occupancy wave

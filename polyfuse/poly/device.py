@@ -12,7 +12,8 @@ Memory-hierarchy figures for the cost model (:mod:`polyfuse.poly.costs`): the L1
 per SM (datasheets) and the L2 -> SM bandwidth (:attr:`DeviceSpec.l2_gbps`: the whitepapers'
 bytes per clock at the boost clock for V100/A100; fitted on the measured H100 day for H100).
 
-Issue figures (the SASS instrument's issue-bound estimate, :mod:`polyfuse.cuda.sass`): every
+Issue figures (the SASS instrument's issue-bound estimate, :mod:`polyfuse.cuda.toolchain.sass`):
+every
 SM of sm_70..sm_90 has four schedulers issuing one warp instruction per clock each
 (Volta/Ampere/Hopper whitepapers); FP32 lanes per SM (64 on V100/A100, 128 on H100: one warp
 FFMA per clock per scheduler on H100, one per two clocks before); shared memory moves 128 bytes

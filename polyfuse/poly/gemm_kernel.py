@@ -126,7 +126,7 @@ def gemm_placements(gk: GemmKernel) -> dict[str, Placement]:
 def as_gemm_kernel(mm: MappedMicrograph) -> GemmKernel | None:
     """``mm`` as a tiled GEMM kernel, or None when another mapping made it: the one class
     test of the GEMM path (the driver and the placement ask this instead of testing classes;
-    :func:`polyfuse.cuda.gemm_lowering.lower_gemm`, :func:`kernel_placements`)."""
+    :func:`polyfuse.cuda.codegen.gemm_lowering.lower_gemm`, :func:`kernel_placements`)."""
     return mm if isinstance(mm, GemmKernel) else None
 
 

@@ -1,7 +1,8 @@
 """How a GEMM kernel's loops are emitted: unrolled reduction steps, a peeled pipeline, launch
 bounds. Each is a typed decision with its reason (:class:`GemmLoops`), made here and carried
-out by isl's AST generation (:func:`polyfuse.cuda.astgen.generate_gemm_ast`) and the lowering
-passes (:mod:`polyfuse.cuda.lower_loops`); the printer only writes what they decided.
+out by isl's AST generation (:func:`polyfuse.cuda.codegen.astgen.generate_gemm_ast`) and the
+lowering
+passes (:mod:`polyfuse.cuda.codegen.lower_loops`); the printer only writes what they decided.
 
 Policy (issue 20: the hot loop of a cuBLAS-class SGEMM is 85-90 % FFMA; what is not FFMA is
 what these decisions remove):
@@ -20,13 +21,13 @@ what these decisions remove):
    loops outside it stay loops.
 2. **Peeled pipeline.** A double-buffered k-tile loop runs from -1 (the first tile's copies)
    to ``KT - 1`` (the last tile's compute), so every iteration tests both ends. Its first and
-   last iterations are split off (:func:`polyfuse.cuda.lower_loops.peel_loop`): the steady
+   last iterations are split off (:func:`polyfuse.cuda.codegen.lower_loops.peel_loop`): the steady
    state has neither test.
 3. **Unrolled copy loops.** Each thread copies a shared tile in loops of constant trip count
    (:meth:`polyfuse.poly.copy_layout.CopyLayout.counters`); up to :data:`COPY_UNROLL_LIMIT`
    copies per tile they are unrolled.
 4. **Strength-reduced addresses.** The copies' global addresses in a k-tile loop are pointers
-   advanced by a constant per k-tile (:mod:`polyfuse.cuda.lower_addresses`), not recomputed
+   advanced by a constant per k-tile (:mod:`polyfuse.cuda.codegen.lower_addresses`), not recomputed
    from the block and thread coordinates every iteration.
 5. **Launch bounds.** ``__launch_bounds__(threads, blocks)`` with the blocks per SM the tile
    model planned for (:func:`polyfuse.poly.policy.blocks_per_sm` of the estimated registers

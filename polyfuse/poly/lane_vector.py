@@ -9,7 +9,7 @@ Policy. A reduction kernel's lanes stride the flattened loop index ``f`` of ever
 element per step. Where isl proves it exact, each lane instead takes runs of
 :data:`~polyfuse.poly.coarsen.VECTOR` consecutive ``f``: ``f = 4 * (l0 + lanes * c0) + j`` with
 ``0 <= j < 4`` an inner loop (marked ``coarsen:4``), so a run's global accesses become one
-``float4`` each (:mod:`polyfuse.cuda.lower_vectorize`). The combine of the lanes' partial
+``float4`` each (:mod:`polyfuse.cuda.codegen.lower_vectorize`). The combine of the lanes' partial
 accumulators is unchanged (a sum, max or min does not depend on which lane saw which element).
 
 The proof reuses :func:`polyfuse.poly.coarsen.prove` per part, over the map from a loop
@@ -64,7 +64,8 @@ def run_length(model: PolyModel) -> int:
     """Elements per run: one 128-bit word of the narrowest global tensor the kernel reads or
     writes with vector words — 8 where that is a 16-bit float (so a 16-bit row moves 128 bits
     per access rather than 64), else :data:`VECTOR` (4 floats; 8-byte dtypes take two words).
-    Bool tensors stay scalar (see :mod:`polyfuse.cuda.lower`), so they do not count: a run of
+    Bool tensors stay scalar (see :mod:`polyfuse.cuda.codegen.lower`), so they do not count: a run
+    of
     16 for a bool mask beside a float16 row would need 32-byte words (fuzz seed 720130)."""
     sizes = [
         r.itemsize

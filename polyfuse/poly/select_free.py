@@ -11,7 +11,7 @@ every update instance where ``c`` fails reads an element outside the array, the 
 holds the select's 0 there: the term is ``x_tile * w`` in both cases, bit for bit (0 * inf is
 NaN either way). isl proves it: the image of ``{ padded update instances : not c }`` under the
 read's access function has no element inside the array. Then the select is dropped for that
-operand (:attr:`polyfuse.cuda.kernel_ast.KTile.select_free`) and the update is one FFMA.
+operand (:attr:`polyfuse.cuda.codegen.kernel_ast.KTile.select_free`) and the update is one FFMA.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Typed facts of a lowered kernel: what Layer 3 and the cost models read instead of its text.
 
-Lowering records them from the final kernel IR (:func:`polyfuse.cuda.lower_facts.kernel_facts`):
+Lowering records them from the final kernel IR
+(:func:`polyfuse.cuda.codegen.lower_facts.kernel_facts`):
 the static ``__shared__`` arrays (bytes and alignment, in declaration order), the dynamic
 shared memory the launch passes, a register estimate where a model has one, whether the body
 waits at barriers, uses warp shuffles, tensor-core ``mma`` or asynchronous copies, and which
@@ -46,7 +47,7 @@ def shared_layout(arrays: tuple[SharedArray, ...]) -> int:
 class KernelFacts:
     """What lowering knows of one kernel (see the module doc). ``registers``: an estimate
     (the GEMM tile model's), None where no model estimates it; ptxas's count, once the CUDA
-    compiler ran, is :attr:`polyfuse.cuda.kernel_ast.Kernel.registers`."""
+    compiler ran, is :attr:`polyfuse.cuda.codegen.kernel_ast.Kernel.registers`."""
 
     shared_arrays: tuple[SharedArray, ...] = ()
     dynamic_shared_bytes: int = 0
@@ -57,7 +58,7 @@ class KernelFacts:
     async_copies: bool = False  # cp.async with commit / wait
     axes: tuple[str, ...] = ("x",)  # launch axes the body reads (blockIdx / threadIdx)
     parts: int = 1  # kernels this launch runs (a Layer 3 pack: several)
-    #: per-thread work estimated on the IR (polyfuse.cuda.kernel_cost.ir_work); a pack: its
+    #: per-thread work estimated on the IR (polyfuse.cuda.codegen.kernel_cost.ir_work); a pack: its
     #: costliest part's (each block runs one part); None for a kernel written by hand
     work: Work | None = None
 

@@ -374,7 +374,8 @@ def _as_set(m: isl.Map, params: list[str]) -> isl.Set:
 def shared_pool(row: int, gemm: int, rows: int) -> int:
     """Bytes of the joined kernel's shared pool: the GEMM's operand tiles (``gemm``) are dead
     when its epilogue stores the row tile (``row``), which the reduction's own arrays and
-    scratch (``rows``) follow: the two phases overlay (:mod:`polyfuse.cuda.lower_gemm_rows`)."""
+    scratch (``rows``) follow: the two phases overlay
+    (:mod:`polyfuse.cuda.codegen.lower_gemm_rows`)."""
     return max(gemm, row + rows)
 
 

@@ -3,8 +3,10 @@
 After Layer 2, kernels with no dependence path between them on the kernel DAG (edges from the
 buffers each kernel reads and writes, :func:`polyfuse.stitch.order.dependence_preds`) may run
 in one launch by *block-range dispatch*: each part owns a range of ``blockIdx.x`` and runs its
-own body with a local block index (emitted by :mod:`polyfuse.cuda.pack`; the generated kernels
-are read as parts and the packs applied by :mod:`polyfuse.cuda.layer3`, this module decides on
+own body with a local block index (emitted by :mod:`polyfuse.cuda.codegen.pack`; the generated
+kernels
+are read as parts and the packs applied by :mod:`polyfuse.cuda.codegen.layer3`, this module decides
+on
 data alone). The block is padded to the largest part:
 
 - a *collective* part (barriers, warp shuffles, mma, async copies or shared memory) must use
@@ -167,7 +169,7 @@ def pack_layout(parts: list[PartShape]) -> PackLayout | Refusal:
             ranges.append((first, p.grid, 1))
         elif p.threads > block and p.threads % block == 0:
             # split: one of its blocks over several padded ones (it has no barriers, so its
-            # threads need not share a block; cuda/pack.py gives each its thread index)
+            # threads need not share a block; cuda/codegen/pack.py gives each its thread index)
             ranges.append((first, p.grid * (p.threads // block), 1))
         else:
             if p.threads > block or block % p.threads:

@@ -31,7 +31,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
-from polyfuse.cuda.lower_dtypes import C_TYPES, STORAGE_DTYPES
+from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, STORAGE_DTYPES
 from polyfuse.graph.dtypes import DTYPES, promote
 
 from .generate import GraphSpec, Node, family_kind, interval_binary, interval_unary

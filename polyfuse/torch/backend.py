@@ -46,8 +46,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 import polyfuse
-from polyfuse.cuda.compiler import SUPPORTED_ARCHS
 from polyfuse.cuda.runtime.program import VECTOR_ALIGN
+from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
 from polyfuse.errors import DeviceError
 
 from .coverage import DATA_MOVEMENT, Coverage, measure, warn_if_low

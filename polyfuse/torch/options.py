@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from polyfuse.cuda.compiler import SUPPORTED_ARCHS
+from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
 from polyfuse.errors import PolyfuseError
 
 __all__ = ["OPTIONS", "BackendOptionError", "BackendOptions", "parse_options"]

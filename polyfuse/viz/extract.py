@@ -115,7 +115,7 @@ def _modelled(kernel, sms, device) -> dict[str, Any]:
     """The cost model's time of ``kernel`` (:mod:`polyfuse.poly.costs`, on its IR work
     estimate): its memory (DRAM, L2, latency) and compute (issue, FP32) parts, the launch, and
     what bounds it."""
-    from polyfuse.cuda.kernel_cost import kernel_modelled
+    from polyfuse.cuda.codegen.kernel_cost import kernel_modelled
 
     m = kernel_modelled(kernel, device)
     b = m.bounds_us

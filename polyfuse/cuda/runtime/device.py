@@ -40,7 +40,7 @@ class DeviceStats:
 
 class Binary(Protocol):
     """What the runtime reads of a compiled translation unit
-    (:class:`polyfuse.cuda.compiler.CudaBinary` has these fields; the runtime compiles
+    (:class:`polyfuse.cuda.toolchain.compiler.CudaBinary` has these fields; the runtime compiles
     nothing, so it names no compiler type)."""
 
     arch: str
@@ -177,7 +177,8 @@ class Device:
     # -- modules ---------------------------------------------------------------------------
     def load_binary(self, binary: Binary) -> Module:
         """Load an already compiled translation unit (a cubin or PTX
-        :class:`polyfuse.cuda.compiler.CudaBinary`; compiling CUDA source for this device is
+        :class:`polyfuse.cuda.toolchain.compiler.CudaBinary`; compiling CUDA source for this device
+        is
         :func:`polyfuse.runner.load_source`'s)."""
         self.activate()
         try:

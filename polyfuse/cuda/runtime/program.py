@@ -45,7 +45,7 @@ from .launch import Launch, ScalarArg
 from .limits import MAX_THREADS_PER_BLOCK
 
 #: Byte alignment every device array must have: the generated kernels may access global
-#: memory with 128-bit (float4) loads and stores (polyfuse.cuda.lower_vectorize), which
+#: memory with 128-bit (float4) loads and stores (polyfuse.cuda.codegen.lower_vectorize), which
 #: isl proved aligned relative to the buffer's start.
 VECTOR_ALIGN = 16
 

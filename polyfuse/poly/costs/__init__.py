@@ -10,7 +10,8 @@
   (a memory-bound launch shape), with :mod:`.ops` (a tensor expression's instructions).
 
 Descriptions of generated kernels — from their SASS, or from their IR when no disassembler is
-installed — come from :mod:`polyfuse.cuda.kernel_cost`. The calibration against measured H100
+installed — come from :mod:`polyfuse.cuda.codegen.kernel_cost`. The calibration against measured
+H100
 times: ``python benchmarks/calibration.py``.
 """
 

@@ -8,9 +8,9 @@ the resources that set occupancy (registers, shared bytes), the DRAM bytes isl c
 bytes the SMs fetch from L2 where known, and where the mix came from (:attr:`KernelDesc.source`):
 
 - ``SASS`` — counted by the SASS instrument from the cubin
-  (:func:`polyfuse.cuda.kernel_cost.describe_sass`);
+  (:func:`polyfuse.cuda.codegen.kernel_cost.describe_sass`);
 - ``kernel IR estimate`` — counted on the lowered kernel IR, statement by statement
-  (:func:`polyfuse.cuda.kernel_cost.ir_work`), when no disassembler is installed or no cubin
+  (:func:`polyfuse.cuda.codegen.kernel_cost.ir_work`), when no disassembler is installed or no cubin
   exists yet;
 - ``GEMM tile estimate`` — from the sizes of a GEMM tiling before any kernel exists
   (:mod:`polyfuse.poly.costs.gemm`);

@@ -182,7 +182,8 @@ def sm_bounds_us(
 ) -> dict[str, float]:
     """Microseconds the busiest SM's issue slots, FP32 pipe, shared memory and L1 need for
     ``blocks`` blocks of ``threads`` threads each executing ``mix`` (every warp issuing each
-    clock: the SASS instrument's issue-bound estimate, :func:`polyfuse.cuda.sass.estimate`)."""
+    clock: the SASS instrument's issue-bound estimate,
+    :func:`polyfuse.cuda.toolchain.sass.estimate`)."""
     d = KernelDesc("estimate", "", blocks, threads, 1, 0, mix)
     return {k: v * 1e6 for k, v in _sm_bounds_s(LaunchDesc.single(d), occ, device).items()}
 

@@ -1,0 +1,174 @@
+"""C text of the float64, int32, int64 and bool kernels, apart from the float-only printer
+text they share (:mod:`polyfuse.cuda.codegen.printer` calls these; it decides nothing here either).
+
+Values of these dtypes live in their own C types (``double``, ``int``, ``long long``,
+``bool``: :func:`polyfuse.graph.dtypes.register_dtype`), so their helpers are templates typed
+by that C type: max/min that propagate NaN like numpy, Python's floor ``//`` and ``%``,
+exact wrapping integer ``**``, and the warp/block combines of a parallel reduction. The
+prelude is printed only where a kernel calls a ``pf_w_`` helper, so float32 kernels keep
+their text. 128-bit vector words hold 4 ints (``int4``) or 2 doubles/int64
+(``double2``/``longlong2``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polyfuse.cuda.codegen.literals import c_int
+from polyfuse.graph.dtypes import numpy_dtype
+
+__all__ = [
+    "REDUCE_OPS",
+    "UNARY_F64",
+    "WIDE_PRELUDE",
+    "WORDS",
+    "cast_from_float",
+    "int_floor",
+    "wide_identity",
+    "word_load",
+    "word_store",
+]
+
+#: The C types of the dtypes this module prints.
+_C = {"float64": "double", "int32": "int", "int64": "long long", "bool": "bool"}
+
+#: Helpers of kernels over float64, int32, int64 and bool tensors (typed by their template
+#: argument), printed only where a kernel calls one (``pf_w_``).
+WIDE_PRELUDE = """\
+// Typed helpers of float64 / integer / bool kernels.
+template <typename T> PF_INLINE T pf_w_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> PF_INLINE T pf_w_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// Python's a // b and a % b of integers (floor; the remainder takes the divisor's sign).
+template <typename T> PF_INLINE T pf_w_fdiv(T a, T b) {
+  const T q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> PF_INLINE T pf_w_mod(T a, T b) {
+  const T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+// a ** b of integers, wrapping like every integer product (numpy's); b < 0 truncates 1 / a**-b.
+template <typename T> PF_INLINE T pf_w_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
+  T r = 1;
+  for (; b > 0; b >>= 1) {
+    if (b & 1) r = r * a;
+    a = a * a;
+  }
+  return r;
+}
+template <typename T> struct pf_w_sum {
+  PF_INLINE T operator()(T a, T b) const { return a + b; }
+};
+template <typename T> struct pf_w_maxop {
+  PF_INLINE T operator()(T a, T b) const { return pf_w_max<T>(a, b); }
+};
+template <typename T> struct pf_w_minop {
+  PF_INLINE T operator()(T a, T b) const { return pf_w_min<T>(a, b); }
+};
+template <typename Op, int LANES, typename T>
+PF_INLINE T pf_w_allreduce_y(T v, T* scratch) {
+  Op op;
+  constexpr int W = LANES < 32 ? LANES : 32;
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+  if constexpr (LANES > 32) {
+    const int warp = threadIdx.x >> 5;
+    const int first = (warp / (LANES / 32)) * (LANES / 32);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[first];
+    for (int w = 1; w < LANES / 32; ++w) v = op(v, scratch[first + w]);
+  }
+  return v;
+}
+template <typename Op, int LANES, int KEPT, typename T>
+PF_INLINE T pf_w_allreduce_x(T v, T* scratch) {
+  Op op;
+  const int t = threadIdx.x;
+  __syncthreads();
+  scratch[t] = v;
+  __syncthreads();
+  for (int s = LANES / 2; s > 0; s >>= 1) {
+    if (t / KEPT < s) scratch[t] = op(scratch[t], scratch[t + s * KEPT]);
+    __syncthreads();
+  }
+  return scratch[t % KEPT];
+}
+"""
+
+
+#: float64 math: the double overloads of the float functions.
+UNARY_F64 = {
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "tanh": "tanh",
+    "erf": "erf",
+    "sigmoid": "pf_w_sigmoid",
+    "round": "rint",
+}
+#: The combine functors of reductions accumulated in a C type other than float.
+REDUCE_OPS = {"sum": "pf_w_sum", "max": "pf_w_maxop", "min": "pf_w_minop"}
+#: 128-bit vector types of the 4- and 8-byte dtypes other than float32, and lanes per word.
+WORDS = {"int32": ("int4", 4), "float64": ("double2", 2), "int64": ("longlong2", 2)}
+
+
+def wide_identity(op: str, dtype: str) -> str:
+    """The start value of reduction ``op`` accumulated in ``dtype`` (float64, an integer or
+    bool)."""
+    if dtype == "float64":
+        return {"sum": "0.0", "max": "(-(double)INFINITY)", "min": "((double)INFINITY)"}[op]
+    if dtype == "bool":
+        return {"sum": "false", "max": "false", "min": "true"}[op]
+    info = np.iinfo(numpy_dtype(dtype))
+    return c_int({"sum": 0, "max": int(info.min), "min": int(info.max)}[op], dtype)
+
+
+def cast_from_float(src: str, dst: str, a: str) -> str | None:
+    """CUDA's saturating, toward-zero conversion of a float or double ``a`` (``src`` a float
+    dtype) to int32/int64 (NaN to 0: a C cast is undefined there), or None for another pair
+    of dtypes."""
+    if dst not in ("int32", "int64") or src not in ("float16", "bfloat16", "float32", "float64"):
+        return None
+    frm = "double" if src == "float64" else "float"
+    return f"__{frm}2{'int' if dst == 'int32' else 'll'}_rz({a})"
+
+
+def int_floor(op: str, a: str, b: int, dtype: str) -> str:
+    """Python's ``a // b`` or ``a % b`` of integer ``a`` of ``dtype`` by nonzero constant
+    ``b``, exact over the whole range (``pf_w_fdiv``/``pf_w_mod``); by ``-1`` the quotient is
+    the wrapping negation and the remainder 0 (C's ``INT_MIN / -1`` traps on x86)."""
+    t = _C[dtype]
+    if b == -1:
+        return f"(-{a})" if op == "floordiv" else f"(({t})0)"
+    return f"pf_w_{'fdiv' if op == 'floordiv' else 'mod'}<{t}>({a}, {c_int(b, dtype)})"
+
+
+def word_load(pad: str, ref: str, dtype: str, qs: list[str]) -> tuple[list[str], str]:
+    """Lines loading one 128-bit word of ``dtype`` (:data:`WORDS`) per name of ``qs`` from
+    ``ref`` on, and the initializer of the lane array."""
+    word, per = WORDS[dtype]
+    lines = [
+        f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref}"
+        + (f" + {per * j}" if j else "")
+        + ");"
+        for j, q in enumerate(qs)
+    ]
+    return lines, ", ".join(f"{q}.{c}" for q in qs for c in "xyzw"[:per])
+
+
+def word_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
+    """Lines storing lane array ``src`` (``width`` lanes of ``dtype``) at ``ref`` as whole
+    128-bit words."""
+    word, per = WORDS[dtype]
+    return [
+        f"{pad}  *reinterpret_cast<{word}*>(&{ref}"
+        + (f" + {per * j}" if j else "")
+        + f") = make_{word}("
+        + ", ".join(f"{src}[{per * j + k}]" for k in range(per))
+        + ");"
+        for j in range(width // per)
+    ]

@@ -1,0 +1,418 @@
+"""Kernel descriptions for the cost model (:mod:`polyfuse.poly.costs`), from SASS or the IR.
+
+Two sources for a kernel's per-thread instruction mix:
+
+- :func:`describe_sass`: what the SASS instrument counted in the cubin
+  (:class:`polyfuse.cuda.toolchain.sass.KernelSass`: every instruction slot along the costliest
+  path,
+  loops at their trip counts; memory instructions by width), with ptxas's registers, spills
+  and shared bytes — used wherever a disassembler is installed;
+- :func:`ir_work`: an estimate on the lowered kernel IR, recorded as a kernel fact
+  (:attr:`polyfuse.stitch.facts.KernelFacts.work`, so the compile cache keeps it): loops at their
+  constant trip counts (a bound that depends on the thread counts one trip, with a note),
+  the costliest arm of each ``if``, and per statement instance the operations of its tensor
+  expression — each read by where the tensor lives (global, shared tile, register fragment,
+  register), each multiply feeding an add as one FFMA, special functions as MUFU plus the
+  FP32 work NVIDIA's math library spends on them — plus the copies, barriers, vector accesses
+  and combines the IR holds.
+
+:func:`describe_kernel` picks SASS when given, else the IR estimate, and says which
+(:attr:`polyfuse.poly.costs.KernelDesc.source`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polyfuse.cuda.codegen.kernel_ast import (
+    KAsyncCopy,
+    KBarrier,
+    KCommit,
+    KCopy,
+    KDef,
+    Kernel,
+    KernelIR,
+    KExpr,
+    KFor,
+    KIf,
+    KInt,
+    KMark,
+    KMma,
+    KOp,
+    KStmt,
+    KVar,
+    KVector,
+    KVectorStore,
+    KVisitor,
+    KWait,
+    MemSpace,
+)
+from polyfuse.graph import expr as ex
+from polyfuse.poly.costs import KernelDesc, Mix, Modelled, Work, model_kernel
+from polyfuse.poly.costs.ops import ADDRESS, ExprOps, count_ops, global_read
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.model import Statement
+from polyfuse.poly.policy import ASSUMED_REGISTERS
+
+__all__ = ["describe_kernel", "describe_kernels", "describe_sass", "ir_work", "kernel_modelled"]
+
+WORD = 4  # bytes of a float32 element
+_LOOP = 3  # slots of one iteration of a loop that is not unrolled (add, compare, branch)
+_UNROLL = 4  # iterations of such a loop whose loads the compiler keeps in flight together
+
+
+class _Walker(KVisitor[Mix]):
+    """Walks a lowered kernel IR once (see :func:`ir_work`): each node's per-thread mix."""
+
+    def __init__(
+        self,
+        ir: KernelIR,
+        statements: dict[str, Statement],
+        spaces: dict[str, str],  # tensor ident -> "global" | "shared" | "register"
+        idents: dict[int, str],
+    ) -> None:
+        self.ir, self.statements, self.spaces, self.idents = ir, statements, spaces, idents
+        self.notes: list[str] = []
+        self.inflight = 0.0
+        self.phases = 0.0  # iterations of the loop that fills shared tiles in sync
+        self.vector: frozenset[tuple[str, str]] = frozenset()  # (tensor, stmt) as vectors
+        self.buffers = {a.name: a.space for a in self.ir.allocs}
+        self.tiled = {(t.tensor, s) for t in self.ir.tiles for s in t.stmts}
+        self.fragment = {(f.tensor, s) for f in self.ir.fragments for s in f.stmts}
+        self.staged = {(t.tensor, s) for t in self.ir.staged for s in t.stmts}
+        self.ctypes = {p.tensor: p.ctype for p in self.ir.params if p.tensor}
+
+    def space(self, buffer: str) -> str:
+        sp = self.buffers.get(buffer)
+        if sp is None:
+            return "global"
+        return "shared" if sp is MemSpace.SHARED else "register"
+
+    def body(self, nodes) -> Mix:
+        total = Mix()
+        for n in nodes:
+            total = total + self.visit(n)
+        return total
+
+    def visit_default(self, n: Any) -> Mix:
+        return Mix()  # allocations: no instructions
+
+    def visit_KFor(self, n: KFor) -> Mix:
+        trips, varying = _trips(n)
+        if trips is None:
+            trips = 1
+            self.notes.append(f"loop {n.var}: bounds not affine, counted once")
+        elif varying:
+            self.notes.append(f"loop {n.var}: trips depend on the thread (counted at 0)")
+        inner = self.body(n.body)
+        if n.unroll:  # integer work folds to constants or is hoisted: once for the nest
+            hoisted = Mix(slots=-inner.ints, ints=-inner.ints).scaled(trips - 1)
+            return inner.scaled(trips) + hoisted
+        inner = inner + Mix(slots=_LOOP, ints=_LOOP)
+        # NVRTC unrolls a loop of constant trips by up to 4: its loads then overlap
+        self.inflight = max(self.inflight, inner.global_read_bytes * min(trips, _UNROLL))
+        if inner.bar and inner.sts and inner.ldg and not inner.ldgsts:
+            self.phases = max(self.phases, float(trips))  # a synchronous tile fill
+        return inner.scaled(trips)
+
+    def visit_KIf(self, n: KIf) -> Mix:
+        then, other = self.body(n.then), self.body(n.orelse)
+        return Mix(slots=2) + (then if then.slots >= other.slots else other)
+
+    def visit_KMark(self, n: KMark) -> Mix:
+        return self.body(n.body)
+
+    def visit_KDef(self, n: KDef) -> Mix:
+        return self.body(n.body) + Mix(slots=1)
+
+    def visit_KAsyncCopy(self, n: KAsyncCopy) -> Mix:
+        return Mix(slots=1 + ADDRESS, ldgsts=n.width * WORD)
+
+    def visit_KCopy(self, n: KCopy) -> Mix:
+        src, dst = self.space(n.src), self.space(n.dst)
+        b = n.width * WORD
+        # one instruction per side in memory; global sides need their address computed
+        # (a register fragment's shared address is a constant offset once unrolled)
+        sides = (src != "register") + (dst != "register")
+        glob = (src == "global") + (dst == "global")
+        m = Mix(slots=sides + ADDRESS * glob + (2 if n.guard is not None else 0))
+        return m + Mix(
+            ldg=b if src == "global" else 0,
+            lds=b if src == "shared" else 0,
+            stg=b if dst == "global" else 0,
+            sts=b if dst == "shared" else 0,
+        )
+
+    def visit_KVectorStore(self, n: KVectorStore) -> Mix:
+        return Mix(slots=1 + ADDRESS, stg=n.width * WORD)
+
+    def visit_KBarrier(self, n: KBarrier) -> Mix:
+        return Mix(slots=1, bar=1)
+
+    def visit_KCommit(self, n: KCommit) -> Mix:
+        return Mix(slots=1)
+
+    def visit_KWait(self, n: KWait) -> Mix:
+        return Mix(slots=1)
+
+    def visit_KMma(self, n: KMma) -> Mix:
+        return Mix(slots=1)
+
+    def visit_KVector(self, n: KVector) -> Mix:
+        """A group of ``width`` lanes whose listed accesses are single vector instructions."""
+        outer = self.vector
+        self.vector = outer | {(a.tensor, a.stmt) for a in (*n.loads, *n.stores)}
+        lanes = self.body(n.body).scaled(n.width)
+        self.vector = outer
+        ldg = sum(n.width * self.itemsize(a.tensor) for a in n.loads)
+        stg = sum(n.width * self.itemsize(a.tensor) for a in n.stores)
+        loads = Mix(slots=len(n.loads) * (1 + ADDRESS), ldg=ldg)
+        stores = Mix(slots=len(n.stores) * (1 + ADDRESS), stg=stg)
+        self.inflight = max(self.inflight, loads.ldg)
+        return lanes + loads + stores
+
+    def visit_KStmt(self, n: KStmt) -> Mix:
+        s = self.statements.get(n.stmt)
+        if s is None:
+            return Mix(slots=1)
+        t = s.tensor
+        assert t.op is not None
+        ident = self.idents.get(t.uid, s.prim)
+        c = ExprOps()
+        red = t.op.reduce
+
+        def on_read(r: ex.Read, c: ExprOps) -> None:
+            key = (self.idents.get(r.tensor.uid, r.tensor.name), s.name)
+            if key in self.fragment or key in self.vector:
+                return
+            space = "shared" if key in self.tiled else self.spaces.get(key[0], "global")
+            if space == "shared":
+                c.lds += WORD
+                c.loads += 1
+                c.ints += ADDRESS
+            elif space == "global":
+                global_read(r, c)
+
+        if s.role == "compute":
+            count_ops(t.op.body, c, on_read)
+        elif s.role == "update" and red is not None:
+            count_ops(red.body, c, on_read)
+            if red.op == "sum":
+                c.adds += 1
+            else:
+                c.other += 1
+        elif s.role == "final" and self.combined(s.prim):
+            assert self.ir.combine is not None
+            lanes = self.ir.combine.lanes
+            steps = max(1, lanes.bit_length() - 1)
+            c.other += 2 * steps
+            c.ints += steps
+            if lanes > 32:  # across warps through shared memory and barriers
+                c.lds += WORD
+                c.loads += 2
+        m = c.mix() + Mix(slots=2 if n.guard is not None else 0)
+        if s.role in ("compute", "final"):
+            m = m + self.store(ident, s.name)
+        return m
+
+    def itemsize(self, tensor: str) -> int:
+        """Bytes per element of global buffer ``tensor`` (from its parameter's C type:
+        ``__half``/``__nv_bfloat16`` are 2, ``double``/``long long`` 8, ``bool`` 1; the
+        shared and register copies of 16-bit tensors hold float32)."""
+        ctype = self.ctypes.get(tensor, "float")
+        if "double" in ctype or "long long" in ctype:
+            return 8
+        if "bool" in ctype:
+            return 1
+        return 2 if "__half" in ctype or "__nv_bfloat16" in ctype else WORD
+
+    def combined(self, prim: str) -> bool:
+        """Whether reduction ``prim``'s lanes combine their partials (shuffles, shared)."""
+        return self.ir.combine is not None and prim in self.ir.combine.reductions
+
+    def store(self, ident: str, stmt: str) -> Mix:
+        if (ident, stmt) in self.vector or (ident, stmt) in self.staged:
+            return Mix(slots=1)  # into the vector's register, written by the group
+        space = self.spaces.get(ident, "global")
+        if space == "global":
+            return Mix(slots=1 + ADDRESS, stg=self.itemsize(ident))
+        if space == "shared":
+            return Mix(slots=1 + ADDRESS, sts=WORD)
+        return Mix(slots=1)
+
+
+class _Affine(KVisitor["dict[str, int] | None"]):
+    """An index expression as {variable: coefficient, "": constant} when it is affine (a
+    ``min``/``max``: its constant argument, else its first affine one — the bound a thread at
+    index 0 meets); None otherwise."""
+
+    def visit_default(self, e: Any) -> dict[str, int] | None:
+        return None
+
+    def visit_KInt(self, e: KInt) -> dict[str, int] | None:
+        return {"": e.value}
+
+    def visit_KVar(self, e: KVar) -> dict[str, int] | None:
+        return {e.name: 1}
+
+    def visit_KOp(self, e: KOp) -> dict[str, int] | None:
+        args = [self.visit(a) for a in e.args]
+        if e.op in ("min", "max"):
+            consts = [a for a in args if a is not None and set(a) <= {""}]
+            pick = consts or [a for a in args if a is not None]
+            if not pick:
+                return None
+            key = min if e.op == "min" else max
+            return key(pick, key=lambda a: a.get("", 0)) if consts else pick[0]
+        if any(a is None for a in args) or len(args) != 2:
+            return None
+        x, y = args
+        assert x is not None and y is not None
+        if e.op in ("+", "-"):
+            sign = 1 if e.op == "+" else -1
+            out = dict(x)
+            for k, v in y.items():
+                out[k] = out.get(k, 0) + sign * v
+            return out
+        if e.op == "*":
+            for c, v in ((x, y), (y, x)):
+                if set(c) <= {""}:
+                    return {k: c.get("", 0) * w for k, w in v.items()}
+        return None
+
+
+def _affine(e: KExpr) -> dict[str, int] | None:
+    return _Affine().visit(e)
+
+
+def _trips(n: KFor) -> tuple[int | None, bool]:
+    """Trip count of ``for (v = init; cond; v += step)`` when its bounds differ by a constant
+    (after dropping what depends on the thread or block index: the count of a thread at 0),
+    and whether it depends on such variables."""
+    cond = n.cond
+    if not isinstance(cond, KOp) or cond.op not in ("<=", "<") or len(cond.args) != 2:
+        return None, False
+    lo, hi = _affine(n.init), _affine(cond.args[1])
+    if lo is None or hi is None or n.step <= 0:
+        return None, False
+    diff = {k: hi.get(k, 0) - lo.get(k, 0) for k in set(lo) | set(hi)}
+    span = diff.pop("", 0)
+    varying = any(diff.values())
+    if cond.op == "<=":
+        return max(0, span // n.step + 1), varying
+    return max(0, -(-span // n.step)), varying
+
+
+def ir_work(
+    ir: KernelIR, statements: list[Statement], spaces: dict[str, str], idents: dict[int, str]
+) -> Work:
+    """The per-thread work of lowered kernel ``ir`` (see the module doc). ``spaces``: where
+    each tensor the kernel touches lives (``global``, ``shared`` or ``register``; a tensor not
+    listed is global)."""
+    w = _Walker(ir, {s.name: s for s in statements}, spaces, idents)
+    mix = w.body(list(ir.body)) + Mix(slots=8)  # block/thread index decomposition
+    inflight = w.inflight or mix.global_read_bytes
+    return Work(mix, inflight, tuple(dict.fromkeys(w.notes)), w.phases)
+
+
+# ------------------------------------------------------------------------ descriptions
+
+
+def describe_sass(
+    ks: Any,
+    bytes_read: int,
+    bytes_written: int,
+    vector_bytes: int = 0,
+    block_read_bytes: int | None = None,
+    name: str | None = None,
+) -> KernelDesc:
+    """The cost model's description of one kernel the SASS instrument analysed (``ks``, a
+    :class:`polyfuse.cuda.toolchain.sass.KernelSass` with its launch and ptxas resources), with the
+    DRAM bytes isl counted for it."""
+    r = ks.resources
+    launch = ks.launch
+    hot = ks.hot
+    per_iter = hot.mix.cost_mix()
+    sync = hot.kind == "k-tile" and per_iter.ldg > 0 and not per_iter.ldgsts and per_iter.bar
+    phases = float(hot.iterations or 0) if sync else 0.0
+    inflight = per_iter.global_read_bytes if hot.loop is not None else 0.0
+    mix = ks.per_thread.cost_mix()
+    return KernelDesc(
+        name=name or ks.kernel,
+        source=f"SASS {ks.arch}",
+        blocks=launch.blocks,
+        threads=launch.threads,
+        registers=r.registers if r else ASSUMED_REGISTERS,
+        shared_bytes=ks.shared_bytes,
+        mix=mix,
+        bytes_read=bytes_read,
+        bytes_written=bytes_written,
+        vector_bytes=vector_bytes,
+        inflight_bytes=inflight or mix.global_read_bytes,
+        block_read_bytes=block_read_bytes,
+        barriers=mix.bar > 0,
+        sync_phases=phases,
+        spills=(r.spill_stores + r.spill_loads) if r else 0,
+        notes=tuple(dict.fromkeys([*ks.notes, *hot.notes])),
+    )
+
+
+def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
+    """The cost model's description of kernel ``k``: from its SASS analysis ``sass`` when
+    given, else from the IR work estimate its facts carry (a kernel without one — written by
+    hand — is described by its bytes alone, one 4-byte access per element, and says so)."""
+    if sass is not None:
+        return describe_sass(sass, k.bytes_read, k.bytes_written, k.vector_bytes, name=k.name)
+    facts = k.facts
+    blocks, threads = k.grid[0] * k.grid[1] * k.grid[2], k.block[0] * k.block[1] * k.block[2]
+    regs = k.registers or (facts.registers if facts else None) or ASSUMED_REGISTERS
+    work = facts.work if facts is not None else None
+    notes: tuple[str, ...] = ()
+    if work is None:
+        per = max(1, blocks * threads)
+        mix = Mix(slots=16 + 4 * (k.bytes_read + k.bytes_written) / per / WORD,
+                  ldg=k.bytes_read / per, stg=k.bytes_written / per)  # fmt: skip
+        work = Work(mix, mix.ldg, ("no IR work estimate: one 4-byte access per element",))
+        source = "bytes estimate"
+    else:
+        source = "kernel IR estimate"
+    notes = work.notes
+    return KernelDesc(
+        name=k.name,
+        source=source,
+        blocks=blocks,
+        threads=threads,
+        registers=regs,
+        shared_bytes=k.shared_bytes,
+        mix=work.mix,
+        bytes_read=k.bytes_read,
+        bytes_written=k.bytes_written,
+        vector_bytes=k.vector_bytes,
+        inflight_bytes=work.inflight_bytes,
+        barriers=bool(facts and facts.barriers),
+        sync_phases=work.sync_phases,
+        spills=(k.spill_stores or 0) + (k.spill_loads or 0),
+        parts=facts.parts if facts else 1,
+        notes=notes,
+    )
+
+
+def describe_kernels(kernels: list[Kernel], source: str, arch: str) -> tuple[list[KernelDesc], str]:
+    """The descriptions of a translation unit's ``kernels`` compiled for ``arch``: from their
+    SASS where NVRTC and a disassembler are installed, else from their IR work estimates; and
+    which of the two, in words (for printed reports)."""
+    from polyfuse.base.errors import CompilerNotFound
+    from polyfuse.cuda.toolchain.sass import analyse
+
+    try:
+        report = analyse(source, (arch,), kernels=kernels)
+    except CompilerNotFound as e:  # DisassemblerNotFound is one
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return [describe_kernel(k) for k in kernels], f"kernel IR estimate (no SASS: {first})"
+    descs = [describe_kernel(k, ks) for k, ks in zip(kernels, report.kernels, strict=True)]
+    return descs, f"SASS {arch} ({report.disassembler})"
+
+
+def kernel_modelled(k: Kernel, device: DeviceSpec, sass: Any = None) -> Modelled:
+    """The modelled time of kernel ``k`` on ``device`` (SASS mix when ``sass`` is given)."""
+    return model_kernel(describe_kernel(k, sass), device)

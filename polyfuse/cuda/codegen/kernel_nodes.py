@@ -1,0 +1,404 @@
+"""The kernel IR's statement nodes and their walkers (:class:`KVisitor`, :class:`KMutator`).
+
+Every node is a frozen dataclass whose child lists are tuples: a pass builds new nodes
+(``dataclasses.replace`` or :func:`map_children`) and never edits one in place.
+:mod:`polyfuse.cuda.codegen.kernel_ast` adds the kernel (:class:`KernelIR`) and re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from polyfuse.base.visitor import R, Visitor
+from polyfuse.cuda.codegen.kernel_access import KLane, KStore
+from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KVar
+
+
+class KNode:
+    """A statement-level node (every one a frozen dataclass: passes build new nodes)."""
+
+
+def _tuples(node: object, *names: str) -> None:
+    """Freeze the child lists ``names`` of a frozen node as tuples (callers may pass lists)."""
+    for name in names:
+        value = getattr(node, name)
+        if not isinstance(value, tuple):
+            object.__setattr__(node, name, tuple(value))
+
+
+@dataclass(frozen=True)
+class KStream:
+    """A pointer ``name = &array[start]`` declared before a loop and advanced by ``step``
+    elements after each iteration: a global address strength-reduced over the loop."""
+
+    name: str
+    array: str
+    start: KExpr
+    step: int
+
+
+@dataclass(frozen=True)
+class KFor(KNode):
+    """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
+    register micro-tile, whose array then lives in registers; by ``unroll_by`` iterations
+    at a time when > 1); ``streams``: its pointers."""
+
+    var: str
+    init: KExpr
+    cond: KExpr
+    step: int
+    body: tuple[KNode, ...]
+    unroll: bool = False
+    streams: tuple[KStream, ...] = ()
+    unroll_by: int = 0
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body", "streams")
+
+
+@dataclass(frozen=True)
+class KIf(KNode):
+    cond: KExpr
+    then: tuple[KNode, ...]
+    orelse: tuple[KNode, ...] = ()
+
+    def __post_init__(self) -> None:
+        _tuples(self, "then", "orelse")
+
+
+@dataclass(frozen=True)
+class KDef(KNode):
+    """``const int var = value;`` (a degenerate loop)."""
+
+    var: str
+    value: KExpr
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body")
+
+
+@dataclass(frozen=True)
+class KMark(KNode):
+    """An isl mark (``part:<micrograph>`` separates the parts of a stitched kernel)."""
+
+    name: str
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body")
+
+
+@dataclass(frozen=True)
+class KLaneAccess:
+    """One statement's access to ``tensor`` at lane 0 of a vector group (``args`` of the
+    statement instance with the lane variable 0): where the group's float4 accesses start."""
+
+    tensor: str
+    stmt: str
+    args: tuple[KExpr, ...]
+
+
+@dataclass(frozen=True)
+class KVector(KNode):
+    """A loop ``for var in [0, width)`` whose global accesses to ``loads`` / ``stores`` are
+    whole 128-bit groups: loaded into per-lane registers before the loop body, stored after.
+    (isl proved contiguity and alignment; see :mod:`polyfuse.cuda.codegen.lower_vectorize`.)"""
+
+    var: str
+    width: int
+    body: tuple[KNode, ...]
+    loads: tuple[KLaneAccess, ...]
+    stores: tuple[KLaneAccess, ...]
+    #: reads inside the loop of a tensor the group stores: they read its lane registers
+    local: tuple[KLaneAccess, ...] = ()
+    #: after :mod:`polyfuse.cuda.codegen.lower_accesses`: the whole-word loads (one per distinct
+    #: element) and stores of the group
+    lane_loads: tuple[KLane, ...] = ()
+    lane_stores: tuple[KLane, ...] = ()
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body", "loads", "stores", "local")
+
+
+@dataclass(frozen=True)
+class KStmt(KNode):
+    """One instance of an isl statement; ``args`` are its domain coordinates. ``guard``: the
+    instance runs only where it holds (a schedule over whole tiles guarded by the domain)."""
+
+    stmt: str
+    args: tuple[KExpr, ...]
+    guard: KExpr | None = None
+    #: after :mod:`polyfuse.cuda.codegen.lower_accesses`: its stores (loads inside their values)
+    stores: tuple[KStore, ...] = ()
+
+    def __post_init__(self) -> None:
+        _tuples(self, "args")
+
+
+@dataclass(frozen=True)
+class KParam:
+    name: str
+    ctype: str  # "const float*" | "float*" | "int"
+    tensor: str | None = None  # buffer name for pointers
+
+
+class MemSpace(StrEnum):
+    """Where a buffer lives."""
+
+    GLOBAL = "global"
+    SHARED = "shared"
+    REGISTER = "register"
+
+
+class Scope(StrEnum):
+    """Which threads a barrier or a combine spans."""
+
+    WARP = "warp"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True)
+class KAlloc(KNode):
+    """A buffer declared in the kernel.
+
+    ``offset`` (elements) places a shared buffer in the kernel's dynamic shared memory; None
+    declares it statically. ``lo`` are the per-dimension lower bounds of a shared tile (the
+    tile holds ``name[i - lo]``).
+    """
+
+    name: str
+    space: MemSpace
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int | None = None
+    lo: tuple[KExpr, ...] = ()
+    #: a register array indexed by these loop variables (the micro-tile), whatever the
+    #: statement's own indices
+    index_vars: tuple[str, ...] = ()
+    align: int = 0  # bytes a shared buffer is aligned to (0: its element's); vector access
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class KTile:
+    """Reads of ``tensor`` by the statements ``stmts`` are served by the shared ``buffer``:
+    its element ``[i]`` holds ``tensor[i + lo]``, where ``lo`` may depend on loop variables
+    (the k-tile) and block coordinates (a promoted GEMM operand)."""
+
+    tensor: str
+    buffer: str
+    lo: tuple[KExpr, ...]
+    stmts: frozenset[str]
+    stage: KExpr | None = None  # multi-stage buffer: the stage these reads use (first dim)
+    #: ``where(c, tensor[..], 0)`` in the readers prints as the read: isl proved that where c
+    #: fails the read lands outside the array, which the tile holds as zeros
+    select_free: bool = False
+    #: the tile's dims over the tensor's: per tile dim, a coefficient per tensor dim (a view
+    #: merging contiguous dims; empty: the tensor's own dims)
+    merge: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class KStage:
+    """Stores of ``tensor`` by the statements ``stmts`` go to the register array ``buffer``
+    at index ``var`` (one vector's elements); a :class:`KVectorStore` writes it out."""
+
+    tensor: str
+    buffer: str
+    var: str
+    stmts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KFragment:
+    """Reads of ``tensor`` by the statements ``stmts`` are served by the register array
+    ``buffer`` at ``index`` (over the micro-tile loop variables): an operand fragment loaded
+    from its shared tile once per reduction step."""
+
+    tensor: str
+    buffer: str
+    index: KExpr
+    stmts: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KVectorStore(KNode):
+    """``dst[dst_index .. + width) = src[0 .. width)`` as one aligned vector store (``src`` a
+    register array), where ``guard`` holds; ``dst_shape``: the global array's shape."""
+
+    dst: str
+    dst_index: tuple[KExpr, ...]
+    dst_shape: tuple[int, ...]
+    src: str
+    width: int
+    guard: KExpr | None = None
+
+
+@dataclass(frozen=True)
+class KThreadGrid:
+    """The block's threads as a grid for the copies into ``buffer``: ``coords`` (name, extent),
+    outermost first, row-major over ``threadIdx.x`` (the last one fastest; the extents'
+    product is the block's threads, so the first needs no modulo)."""
+
+    buffer: str
+    coords: tuple[tuple[str, int], ...]
+
+    def values(self) -> list[tuple[str, str]]:
+        """Each coordinate's name and its C expression over ``threadIdx.x``."""
+        out, inner = [], 1
+        for i, (name, n) in reversed(list(enumerate(self.coords))):
+            e = "threadIdx.x" + (f" / {inner}" if inner > 1 else "") + (f" % {n}" if i else "")
+            out.append((name, e))
+            inner *= n
+        return out[::-1]
+
+
+@dataclass(frozen=True)
+class KBarrier(KNode):
+    """All threads of ``scope`` wait here; ``note`` says which dependence it orders."""
+
+    scope: Scope
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KCombine:
+    """The lanes of a parallel reduction combined at its final statement.
+
+    ``form`` "y": lanes are consecutive threads (warp shuffles, then ``scratch`` across warps);
+    "x": ``lanes`` thread rows of ``kept`` threads each, combined in ``scratch``.
+    ``reductions`` are the primitives whose lanes hold partial results.
+    """
+
+    form: str
+    lanes: int
+    kept: int
+    scope: Scope
+    scratch: str
+    reductions: frozenset[str]
+
+
+@dataclass(frozen=True)
+class KCopy(KNode):
+    """``dst[dst_index] = src[src_index]`` (a promotion copy; ``fill`` outside ``guard``).
+
+    ``src_shape``: the global array's shape (row-major) for its linear index; the destination's
+    shape is its allocation's.
+    """
+
+    dst: str
+    dst_index: tuple[KExpr, ...]
+    src: str
+    src_index: tuple[KExpr, ...]
+    guard: KExpr | None = None
+    fill: float = 0.0
+    src_shape: tuple[int, ...] = ()
+    width: int = 1  # consecutive elements moved at once (4: one 128-bit vector)
+    #: the source read as ``stream[stream_offset]`` (a :class:`KStream` over ``src`` of an
+    #: enclosing loop) instead of ``src[src_index]`` (which the guard still tests)
+    stream: str = ""
+    stream_offset: KExpr | None = None
+
+
+@dataclass(frozen=True)
+class KAsyncCopy(KCopy):
+    """A :class:`KCopy` issued asynchronously (``cp.async``) into commit group ``group``."""
+
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class KCommit(KNode):
+    """The asynchronous copies issued since the last commit form one group."""
+
+
+@dataclass(frozen=True)
+class KWait(KNode):
+    """Wait until at most ``pending`` asynchronous copy groups are in flight."""
+
+    pending: int = 0
+
+
+@dataclass(frozen=True)
+class KMma(KNode):
+    """``acc += a @ b`` on an ``m x n x k`` tensor-core tile (fragments by buffer name)."""
+
+    acc: str
+    a: str
+    b: str
+    shape: tuple[int, int, int]
+
+
+#: Every kernel-IR node class (statements and integer expressions), for visitor dispatch.
+NODE_CLASSES: tuple[type, ...] = (
+    KInt,
+    KVar,
+    KOp,
+    KFor,
+    KIf,
+    KDef,
+    KMark,
+    KVector,
+    KStmt,
+    KAlloc,
+    KVectorStore,
+    KBarrier,
+    KCopy,
+    KAsyncCopy,
+    KCommit,
+    KWait,
+    KMma,
+)
+
+#: Node class with child lists → constructor from (old node, child-list walk).
+_REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode]] = {
+    KMark: lambda n, walk: KMark(n.name, walk(n.body)),
+    KFor: lambda n, walk: replace(n, body=walk(n.body)),
+    KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
+    KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
+    KVector: lambda n, walk: replace(n, body=tuple(walk(n.body))),
+}
+
+
+def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
+    """A copy of ``n`` whose child lists went through ``walk`` (a node without children as is):
+    the one place a pass's tree walk needs to know which nodes nest."""
+    rebuild = _REBUILD.get(type(n))
+    return n if rebuild is None else rebuild(n, walk)
+
+
+class KVisitor(Visitor[R]):
+    """Base of every walker of kernel IR: ``visit(n, *args)`` calls ``visit_<Node>(n, *args)``
+    (:class:`polyfuse.base.visitor.Visitor` over :data:`NODE_CLASSES`; exact-class dispatch, so
+    :class:`KAsyncCopy` needs its own rule apart from :class:`KCopy`)."""
+
+    node_classes = NODE_CLASSES
+
+
+class KMutator(KVisitor["KNode | list[KNode]"]):
+    """A pass's tree rewrite: ``visit_<Node>`` returns a node or a list of nodes (several or
+    none in its place); by default a node is rebuilt with its child lists rewritten
+    (:func:`map_children`). :meth:`body` rewrites a list of nodes."""
+
+    def visit_default(self, n: Any, *args: Any) -> KNode | list[KNode]:
+        return map_children(n, lambda nodes: self.body(nodes, *args))
+
+    def body(self, nodes: list[KNode] | tuple[KNode, ...], *args: Any) -> list[KNode]:
+        out: list[KNode] = []
+        for n in nodes:
+            r = self.visit(n, *args)
+            if isinstance(r, list):
+                out += r
+            else:
+                out.append(r)
+        return out

@@ -1,0 +1,247 @@
+"""The k-tile loop of a tensorized GEMM kernel: shared-tile fills and their pipelining.
+
+Each k-tile's two 16-bit shared tiles (A and B, in the layouts of
+:mod:`polyfuse.poly.swizzle`: XOR-swizzled 32-byte rows, or padded rows where the swizzle does
+not apply; every shared address goes through :meth:`SharedLayout.offset_text`) are filled one
+of two ways (:class:`polyfuse.poly.tensorize.TensorCoreKernel` ``vector_fill``):
+
+- **16-byte chunks** (:func:`chunk_fill`): where the tensorization decision proved every chunk's
+  first element 16-byte aligned, each thread issues ``cp.async`` copies of 8 consecutive
+  elements along the array's innermost dim. Chunk ``c`` of the tile goes to tile row
+  ``c % 8 + 8 * (c / (8 * chunks_per_row))``, chunk column ``(c / 8) % chunks_per_row``: the 8
+  lanes of a quarter-warp (one shared-memory phase of 16-byte accesses) write 8 consecutive rows
+  of one chunk column, which the swizzle (or the row padding) puts on 8 distinct groups of 4 banks
+  (conflict-free), while a warp still reads whole 64- or 128-byte runs of global memory. Past an
+  array's edge the copy's zero-fill argument counts the bytes outside (a chunk wholly outside
+  reads nothing and is all zero);
+- **scalar** (:func:`scalar_fill`): 2-byte guarded copies, single-stage (unaligned arrays).
+
+With chunks the k-tile loop is pipelined over S stages (ALCOP; S from
+:func:`polyfuse.poly.costs.stages.choose_stages`): S buffers per tile; a prologue issues the
+copies of k-tiles 0..S-2, one commit group each; iteration ``kt`` waits until only the S-2
+newest groups may still fly (:func:`wait_pending`; k-tile ``kt``'s group has landed), a
+barrier makes every thread's copies visible and retires the reads of k-tile ``kt-1``, then
+the copies of k-tile ``kt+S-1`` go into the stage ``kt-1`` used (a commit each iteration, empty
+past the last k-tile, so the counts stay exact) and the fragments of k-tile ``kt`` are loaded
+and multiplied. With S = 1 the copies of k-tile ``kt`` are issued, committed and waited for
+(``wait_prior(0)``) between the two barriers of a single-buffered loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from polyfuse.cuda.codegen.c_text import c_offset
+from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, FLOAT_TO_HALF
+from polyfuse.poly.swizzle import SharedLayout
+from polyfuse.poly.tensorize import ITEMSIZE, MmaOperand
+
+
+@dataclass(frozen=True)
+class TileFill:
+    """One operand's shared tile: the buffer, the global array and the tile's extent (``rows``
+    of m or n by ``block_k``), its first row (C text), the last valid row and k, the batch
+    subscripts (C text), the threads and the operand dtype."""
+
+    op: MmaOperand
+    layout: SharedLayout
+    buf: str
+    src: str
+    rows: int
+    block_k: int
+    row0: str
+    row_hi: int
+    k_hi: int
+    batch: tuple[str, ...]
+    nthreads: int
+    dtype: str
+
+    @property
+    def inner(self) -> int:
+        """Elements along the tile's innermost dim (the array's)."""
+        return self.block_k if self.op.k_inner else self.rows
+
+    @property
+    def outer(self) -> int:
+        return self.rows if self.op.k_inner else self.block_k
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a 16-byte chunk (one cp.async)."""
+        return 16 // self.itemsize
+
+    @property
+    def elements(self) -> int:
+        """Elements of one stage of the tile."""
+        return self.layout.elements
+
+    def offset(self) -> str:
+        """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text."""
+        vals = list(self.batch) + ["0", "0", "pf_k"]
+        vals[self.op.outer_dim] = "pf_r"
+        idx = []
+        for coeffs, const in self.op.index:
+            terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
+            idx.append(" + ".join(terms + ([str(const)] if const else [])) or "0")
+        return c_offset(idx, self.op.shape)
+
+
+def scalar_fill(f: TileFill, k0: str) -> list[str]:
+    """The loop that copies the k-tile at ``k0`` into ``f``'s (single) shared tile, every
+    thread a strided share of the elements, the array's innermost dim fastest; zeros outside
+    the array."""
+    inner, outer = f.inner, f.outer
+    if f.op.k_inner:
+        row, k = f"{f.row0} + pf_e / {inner}", f"{k0} + pf_e % {inner}"
+    else:
+        row, k = f"{f.row0} + pf_e % {inner}", f"{k0} + pf_e / {inner}"
+    zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
+    return [
+        f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {f.nthreads}) {{",
+        f"      const int pf_r = {row}, pf_k = {k};",
+        f"      {C_TYPES[f.dtype]} pf_v = {zero};",
+        f"      if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}) pf_v = {f.src}[{f.offset()}];",
+        f"      {f.buf}[{f.layout.offset_text(f'pf_e / {inner}', f'pf_e % {inner}', False)}]"
+        " = pf_v;",
+        "    }",
+    ]
+
+
+def chunk_fill(
+    f: TileFill, k0: str, stage: str, pad: str = "    ", k_inside: bool = False
+) -> list[str]:
+    """``cp.async`` copies of the k-tile at ``k0`` into stage ``stage`` (C text) of ``f``'s
+    tile, 16 bytes each (see the module doc for the chunk-to-lane order and the zero-fill);
+    ``k_inside``: the whole k-tile lies inside the reduction (only rows are guarded, which
+    does not change along the loop)."""
+    per_row = f.inner // f.chunk
+    chunks = f.outer * per_row
+    assert f.outer % 8 == 0 and chunks % f.nthreads == 0, (f.outer, chunks, f.nthreads)
+    row, col = "pf_t", f"{f.chunk} * pf_q"
+    if f.op.k_inner:  # tile row: m or n; chunks run along k
+        r, k = f"{f.row0} + {row}", f"{k0} + {col}"
+        count = f"pf_r <= {f.row_hi} ? {f.k_hi} + 1 - pf_k : 0"
+        if k_inside:
+            count = f"pf_r <= {f.row_hi} ? {f.chunk} : 0"
+    else:  # tile row: k; chunks run along m or n
+        r, k = f"{f.row0} + {col}", f"{k0} + {row}"
+        count = f"pf_k <= {f.k_hi} ? {f.row_hi} + 1 - pf_r : 0"
+        if k_inside:
+            count = f"{f.row_hi} + 1 - pf_r"
+    dst = f"{f.buf}[{stage} * {f.elements} + {f.layout.offset_text('pf_t', f'{f.chunk} * pf_q')}]"
+    return [
+        f"{pad}#pragma unroll",
+        f"{pad}for (int pf_u = 0; pf_u < {chunks // f.nthreads}; ++pf_u) {{",
+        f"{pad}  const int pf_c = pf_tid + pf_u * {f.nthreads};",
+        f"{pad}  const int pf_t = pf_c % 8 + pf_c / {8 * per_row} * 8, "
+        f"pf_q = pf_c / 8 % {per_row};",
+        f"{pad}  const int pf_r = {r}, pf_k = {k};",
+        f"{pad}  int pf_n = {count};",
+        f"{pad}  pf_n = pf_n < 0 ? 0 : pf_n > {f.chunk} ? {f.chunk} : pf_n;  // elements inside",
+        f"{pad}  pf_cp_async16(&{dst}, &{f.src}[pf_n > 0 ? {f.offset()} : 0], "
+        f"{f.itemsize} * pf_n);",
+        f"{pad}}}",
+    ]
+
+
+def wait_pending(stages: int) -> int:
+    """Commit groups that may still fly when iteration ``kt`` of an S-stage loop reads k-tile
+    ``kt``: S-1 prologue groups plus ``kt`` earlier iterations' are committed, k-tile ``kt``'s
+    is group ``kt``, so all but the S-2 newest must have landed."""
+    return stages - 2
+
+
+def k_tile_loop(
+    fills: tuple[TileFill, TileFill],
+    bases: tuple[tuple[str, str], tuple[str, str]],
+    compute: list[str],
+    stages: int,
+    vector: bool,
+    k_lo: int,
+    k_tiles: int,
+) -> list[str]:
+    """The k-tile loop (see the module doc): ``compute`` (lines at loop-body depth) loads the
+    fragments of the k-tile from the shared tiles through ``bases`` (per tile: the pointer it
+    reads, declared here per stage, and the lane's offset added to it) and multiplies them.
+    With 16-byte fills the loop is split where the k-tiles it fills stop lying wholly inside
+    the reduction: the steady state fills without a k guard, the tail with one."""
+    bk = fills[0].block_k
+    point = [
+        f"    const {C_TYPES[f.dtype]}* {b} = {f.buf} + pf_rs * {f.elements} + {off};"
+        for f, (b, off) in zip(fills, bases, strict=True)
+    ]
+    full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
+
+    def loop(lo: int, hi: int, body: list[str], tail: bool = False) -> list[str]:
+        """k-tiles ``lo..hi-1``; ``tail``: a few k-tiles kept rolled (unrolled beside the
+        steady state they raised the register pressure into a spill on sm_90)."""
+        if lo >= hi:
+            return []
+        head = ["#pragma unroll 1"] if tail else []
+        return [*head, f"  for (int pf_kt = {lo}; pf_kt < {hi}; ++pf_kt) {{", *body, "  }"]
+
+    if not vector:
+        return [
+            "  const int pf_rs = 0;",
+            *loop(0, k_tiles, [
+                f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
+                *point,
+                "    __syncthreads();  // the previous k-tile's fragments are loaded",
+                *[line for f in fills for line in scalar_fill(f, "pf_k0")],
+                "    __syncthreads();  // the shared tiles are filled",
+                *compute,
+            ]),
+        ]  # fmt: skip
+    if stages == 1:
+
+        def single(inside: bool) -> list[str]:
+            return [
+                f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
+                *point,
+                "    __syncthreads();  // the previous k-tile's fragments are loaded",
+                *[ln for f in fills for ln in chunk_fill(f, "pf_k0", "0", k_inside=inside)],
+                "    __pipeline_commit();",
+                "    __pipeline_wait_prior(0);",
+                "    __syncthreads();  // the shared tiles are filled",
+                *compute,
+            ]
+
+        return ["  const int pf_rs = 0;", *loop(0, full, single(True)),
+                *loop(full, k_tiles, single(False), True)]  # fmt: skip
+    ahead = stages - 1
+
+    def steady(inside: bool) -> list[str]:
+        fill = [ln for f in fills for ln in chunk_fill(f, "pf_kf", "pf_ws", "      ", inside)]
+        return [
+            f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
+            f"    __pipeline_wait_prior({wait_pending(stages)});  // k-tile pf_kt has landed",
+            "    __syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read",
+            "    {" if inside else f"    if (pf_kt + {ahead} < {k_tiles}) {{",
+            f"      const int pf_kf = pf_k0 + {ahead * bk};",
+            *fill,
+            "    }",
+            "    __pipeline_commit();  // one group per k-tile (empty past the last)",
+            *point,
+            *compute,
+            f"    pf_rs = pf_rs == {stages - 1} ? 0 : pf_rs + 1;",
+            f"    pf_ws = pf_ws == {stages - 1} ? 0 : pf_ws + 1;",
+        ]
+
+    main = max(0, full - ahead)  # iterations whose fill lies wholly inside
+    return [
+        "#pragma unroll",
+        f"  for (int pf_s = 0; pf_s < {ahead}; ++pf_s) {{  // prologue: k-tiles 0..S-2",
+        f"    if (pf_s < {k_tiles}) {{",
+        f"      const int pf_k0 = {k_lo} + pf_s * {bk};",
+        *[line for f in fills for line in chunk_fill(f, "pf_k0", "pf_s", "      ")],
+        "    }",
+        "    __pipeline_commit();",
+        "  }",
+        f"  int pf_rs = 0, pf_ws = {ahead};  // the stages read and filled",
+        *loop(0, main, steady(True)),
+        *loop(main, k_tiles, steady(False), True),
+    ]
