@@ -165,19 +165,22 @@ def test_mixed_operand_dtypes_are_refused_with_the_reason():
     assert "no tensor cores: the operands are not float16 or bfloat16" in k.notes
 
 
-def test_a_two_dim_contraction_is_refused_with_the_reason():
-    """Two reduction dims (a conv-like contraction): the intrinsic has one k."""
+def test_a_two_dim_contraction_is_an_implicit_gemm_on_tensor_cores():
+    """Two reduction dims (a conv-like contraction): flattened into one k of 48, the tiles
+    gathered through the full subscripts (scalar, single-stage, the reason noted); correct in
+    both thread orders."""
     x = te.placeholder((32, 6, 8), "float16", name="x")
     w = te.placeholder((6, 8, 24), "float16", name="w")
     r, s = te.reduce_axis(6, name="r"), te.reduce_axis(8, name="s")
     mm = te.compute((32, 24), lambda i, j: te.sum(x[i, r, s] * w[r, s, j], axis=[r, s]), name="mm")
-    fn = polyfuse.compile([x, w], [mm], check_cuda=False)
-    (k,) = fn.kernels
-    assert "pf_mma_" not in k.source
-    assert "no tensor cores: 2 reduction dims (the intrinsic has one k)" in k.notes
     xs, ws = _array((32, 6, 8), "float16"), _array((6, 8, 24), "float16")
     want = np.einsum("irs,rsj->ij", xs.astype(np.float64), ws.astype(np.float64))
-    assert tolerance("float16").allclose(fn(xs, ws, device="emulate"), want.astype(np.float16))
+    fn = _check("float16", [x, w], mm, [xs, ws], want)
+    _tensorized(fn)
+    assert (
+        "tensor cores: stages: single-stage, scalar 2-byte fills: x and w gathered (implicit "
+        "GEMM: the reduction dims flattened into k, im2col in the fill)" in fn.kernels[0].notes
+    )
 
 
 def test_an_architecture_without_mma_is_refused_with_the_reason():

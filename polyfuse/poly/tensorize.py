@@ -6,8 +6,11 @@ TensorIR's matching (seeds/003), on this compiler's isl model: the intrinsic com
 of reads of micrograph inputs, an elementwise epilogue on the data domain) with 16-bit
 operands, and the update's access relations are the intrinsic's up to renaming and a batch:
 
-- one reduction dimension ``k`` (the intrinsic's), the last two data dimensions ``m`` and
-  ``n`` (rows and columns of the result), any leading ones a batch;
+- one reduction dimension ``k`` (the intrinsic's), two data dimensions ``m`` and ``n`` (rows
+  and columns of the result), every other data dimension a batch: the last two first, else
+  the first other pair ``m`` before ``n`` (``n`` latest) that matches, so a 1x1 stride-1 NCHW
+  conv ``out[b, o, y, x] = w[o, c] * x[b, c, y, x]`` is a GEMM with ``m = o``, ``n = x`` over
+  the batch ``(b, y)``;
 - exactly two factors, both plain reads of the same 16-bit dtype, accumulated in float32;
 - operand ``A`` reads ``m`` and ``k`` with unit coefficients in two distinct array
   dimensions and does not depend on ``n``; ``B`` likewise with ``n``; every other array
@@ -39,7 +42,7 @@ import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import TensorCoreData
-from polyfuse.graph.expr import Binary, Read
+from polyfuse.graph.expr import Binary, Read, Select
 from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
@@ -48,7 +51,9 @@ from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.select_free import select_free_operands
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
+from polyfuse.poly.tensorize_gather import gather_operand, k_extent
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
@@ -74,8 +79,13 @@ class MmaOperand:
     index: tuple[tuple[tuple[int, ...], int], ...]
     outer_dim: int  # the data dim it shares with the result: m (A) or n (B)
     k_inner: bool  # k is the array's innermost dim (else the m / n dim is)
-
-    outer_dim_is_m: bool = True
+    #: the array's innermost dim, trailing dims of extent 1 skipped (a 1x1 conv's weight)
+    inner_dim: int = -1
+    #: filled element by element through the full subscript (an implicit GEMM's im2col:
+    #: :mod:`polyfuse.poly.tensorize_gather`), scalar, single-stage
+    gather: bool = False
+    #: the fill zero-fills elements outside the array (a padding select proven redundant)
+    guarded: bool = False
 
     @property
     def trans(self) -> bool:
@@ -129,6 +139,18 @@ class TensorCoreKernel(MappedKernel):
     a_layout: SharedLayout | None = None
     b_layout: SharedLayout | None = None
 
+    @property
+    def m_dim(self) -> int:
+        """The data dim of the result's rows (A's)."""
+        assert self.a is not None
+        return self.a.outer_dim
+
+    @property
+    def n_dim(self) -> int:
+        """The data dim of the result's columns (B's)."""
+        assert self.b is not None
+        return self.b.outer_dim
+
     def shared_bytes(self) -> int:
         """Bytes of the two 16-bit shared tiles (one stage each)."""
         assert self.a_layout is not None and self.b_layout is not None
@@ -164,13 +186,14 @@ def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
     """Why ``op``'s shared tile cannot be filled by 16-byte chunks, or "" when every chunk's
     first element is 16-byte aligned: the array's innermost extent is a multiple of
     :data:`CHUNK` (every row starts aligned, the base being aligned like every allocation),
-    and the innermost subscript at a chunk's start (``lo``, the lower bound of the dim it
-    runs along, plus its constant, then steps of ``CHUNK``) is a multiple of ``CHUNK``
+    and the innermost subscript (trailing dims of extent 1 skipped) at a chunk's start
+    (``lo``, the lower bound of the dim it runs along, plus its constant, then steps of
+    ``CHUNK``) is a multiple of ``CHUNK``
     (``chunk``: the elements of 16 bytes, 4 for float32)."""
-    inner = op.shape[-1]
+    inner = op.shape[op.inner_dim]
     if inner % chunk:
         return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
-    off = lo + op.index[-1][1]
+    off = lo + op.index[op.inner_dim][1]
     if off % chunk:
         return f"{op.tensor}'s tile rows start at element {off} mod {chunk} (not 16-byte aligned)"
     return ""
@@ -183,7 +206,7 @@ def stage_problem(
     block's multiply-adds over the SM's tensor-core rate (:data:`MMA_FMA_PER_SM_CYCLE`)."""
     t, shape = tk.tiling, tk.shape
     assert t is not None and shape is not None and tk.a is not None and tk.b is not None
-    lk, hk = shape.red[0]
+    lk, hk = k_extent(shape)
     fma = t.block_m * t.block_n * t.block_k
     regs = 4 * t.tiles_m * t.tiles_n + 4 * t.tiles_m + 2 * t.tiles_n + GEMM_REG_OVERHEAD
     model = sm.model
@@ -235,10 +258,10 @@ def _operand(
         return f"{name} mixes its row or k into a batch subscript"
     if sum(1 for c in index[r][0] if c) != 1 or sum(1 for c in index[k][0] if c) != 1:
         return f"{name}'s row or k subscript mixes dims"
-    last = len(shape) - 1
+    last = max(i for i, e in enumerate(shape) if e > 1 or i in (r, k))
     if last not in (r, k):
         return f"neither k nor the row dim is {name}'s innermost dim"
-    return MmaOperand(name, shape, tuple(index), mine, k == last, mine == nd - 2)
+    return MmaOperand(name, shape, tuple(index), mine, k == last, last)
 
 
 def match_mma(
@@ -250,15 +273,14 @@ def match_mma(
     if not isinstance(shape, GemmShape):  # a Refusal: its reason
         return str(shape)
     model = sm.model
-    nd, nr = len(shape.data), len(shape.red)
-    if nr != 1:
-        return f"{nr} reduction dims (the intrinsic has one k)"
+    nd = len(shape.data)
     red = shape.update.tensor.op.reduce
     body = red.body
     if not (isinstance(body, Binary) and body.op == "mul"):
         return "the update is not a product of two reads"
-    if not (isinstance(body.a, Read) and isinstance(body.b, Read)):
-        return "a factor is not a plain read (padding, casts)"
+    reads = [_factor_read(f) for f in (body.a, body.b)]
+    if None in reads:
+        return "a factor is neither a plain read nor a padding select of one (casts)"
     if len(shape.operands) != 2:
         return "the update does not read exactly two operands"
     dtypes = {model.tensors[n].dtype for n, _ in shape.operands}
@@ -267,29 +289,104 @@ def match_mma(
     (dtype,) = dtypes
     if red.accumulate_dtype != "float32":
         return f"accumulates in {red.accumulate_dtype}, not float32"
+    guarded = _guarded(shape, model, body)
+    if isinstance(guarded, str):
+        return guarded
+    first = ""
+    for m, n in _dim_pairs(nd):
+        got = _pair(shape, model, m, n, guarded)
+        if not isinstance(got, str):
+            return shape, dtype, got[0], got[1]
+        first = first or got
+    return f"no A/B operand pair: {first}"
+
+
+def _either(
+    t: str, acc: isl.Map, arr: tuple[int, ...], shape: GemmShape, mine: int, other: int,
+    guarded: bool,
+) -> MmaOperand | str:  # fmt: skip
+    """The plain operand where it matches (one reduction dim, no select), else the gathered
+    one (:mod:`polyfuse.poly.tensorize_gather`), or the plain match's reason."""
+    nd = len(shape.data)
+    plain = _operand(t, acc, arr, nd, mine, other) if len(shape.red) == 1 else ""
+    if isinstance(plain, MmaOperand) and not guarded:
+        return plain
+    got = gather_operand(t, acc, arr, nd, mine, other)
+    if isinstance(got, str):
+        return plain if isinstance(plain, str) and plain else got
+    index, k_inner, inner = got
+    return MmaOperand(t, arr, index, mine, k_inner, inner, gather=True, guarded=guarded)
+
+
+def _dim_pairs(nd: int) -> list[tuple[int, int]]:
+    """The (m, n) data-dim pairs tried, in order: the last two, then ``n`` from the last dim
+    down, ``m`` before it from the nearest down."""
+    return [(m, n) for n in range(nd - 1, 0, -1) for m in range(n - 1, -1, -1)]
+
+
+def _factor_read(f) -> Read | None:
+    """The read of a factor ``read`` or ``where(c, read, 0)``, else None."""
+    if isinstance(f, Select):
+        f = f.a if isinstance(f.a, Read) and _is_zero(f.b) else None
+    return f if isinstance(f, Read) else None
+
+
+def _is_zero(e) -> bool:
+    return getattr(e, "value", None) is not None and float(e.value) == 0.0
+
+
+def _guarded(shape: GemmShape, model, body: Binary) -> set[str] | str:
+    """The operands read under a padding select, each proven by isl to fail only outside its
+    array (the fill's zero-fill is the select's 0), or why not."""
+    selects = [f.a for f in (body.a, body.b) if isinstance(f, Select)]
+    if not selects:
+        return set()
+    box = list(shape.data) + list(shape.red)
+    arrays = {t: tuple(model.tensors[t].shape) for t, _ in shape.operands}
+    access = {t: access_function(m) for t, m in shape.operands}
+    free = select_free_operands(shape, box, arrays, access)
+    mine = {
+        t
+        for t, m in shape.operands
+        if any(r is f and mm is m for f in selects for r, mm in shape.update.reads)
+    }
+    if not mine or not mine <= set(free):
+        return f"a select in the update is not proven to zero only reads outside {sorted(mine)}"
+    return mine
+
+
+def _pair(
+    shape: GemmShape, model, m: int, n: int, guarded: set[str]
+) -> tuple[MmaOperand, MmaOperand] | str:
+    """Operands A (reading data dim ``m`` and k) and B (``n`` and k), or why not: plain tiles
+    (one reduction dim, no select) where :func:`_operand` matches, else gathered."""
     ops: list[MmaOperand | str] = []
-    for mine, other in ((nd - 2, nd - 1), (nd - 1, nd - 2)):
+    for mine, other in ((m, n), (n, m)):
         found = [
-            _operand(n, m, tuple(model.tensors[n].shape), nd, mine, other)
-            for n, m in shape.operands
+            _either(t, acc, tuple(model.tensors[t].shape), shape, mine, other, t in guarded)
+            for t, acc in shape.operands
         ]
         ok = [o for o in found if isinstance(o, MmaOperand)]
         ops.append(ok[0] if len(ok) == 1 else "; ".join(o for o in found if isinstance(o, str)))
     a, b = ops
     if isinstance(a, str) or isinstance(b, str):
-        return f"no A/B operand pair: {a if isinstance(a, str) else b}"
-    return shape, dtype, a, b
+        return a if isinstance(a, str) else str(b)
+    if a.tensor == b.tensor:
+        return f"{a.tensor} is both operands"
+    return a, b
 
 
 def choose_mma_tiling(
-    shape: GemmShape, device: DeviceSpec, tf32: bool = False
+    shape: GemmShape, device: DeviceSpec, tf32: bool = False, mn: tuple[int, int] | None = None
 ) -> tuple[MmaTiling, str]:
     """The largest block tile of :data:`TILINGS` whose blocks still fill the SMs (else the
-    smallest), with the reason."""
-    (lm, hm), (ln, hn) = shape.data[-2], shape.data[-1]
+    smallest), with the reason; ``mn``: the m and n data dims (the last two by default)."""
+    m, n = mn or (len(shape.data) - 2, len(shape.data) - 1)
+    (lm, hm), (ln, hn) = shape.data[m], shape.data[n]
     batch = 1
-    for lo, hi in shape.data[:-2]:
-        batch *= hi - lo + 1
+    for i, (lo, hi) in enumerate(shape.data):
+        if i not in (m, n):
+            batch *= hi - lo + 1
     for bm, bn, wm, wn in TILINGS:  # noqa: B007 (the last tried stays)
         blocks = batch * -(-(hm - lm + 1) // bm) * -(-(hn - ln + 1) // bn)
         if blocks >= device.sms:
@@ -309,9 +406,16 @@ def _pipelining(
     assert tk.shape is not None and tk.a is not None and tk.b is not None
     if pipeline_stages(device.arch) == 1:
         return False, StageChoice(1, f"single-stage: no cp.async on {device.arch}")
-    (lm, _), (ln, _) = tk.shape.data[-2], tk.shape.data[-1]
-    lk = tk.shape.red[0][0]
+    (lm, _), (ln, _) = tk.shape.data[tk.m_dim], tk.shape.data[tk.n_dim]
+    lk = k_extent(tk.shape)[0]
     size = ITEMSIZE[tk.dtype]
+    gathered = [op.tensor for op in (tk.a, tk.b) if op.gather]
+    if gathered:
+        return False, StageChoice(
+            1,
+            f"single-stage, scalar {size}-byte fills: {' and '.join(gathered)} gathered "
+            "(implicit GEMM: the reduction dims flattened into k, im2col in the fill)",
+        )
     why = [
         fill_alignment(op, lk if op.k_inner else lo, 16 // size)
         for op, lo in ((tk.a, lm), (tk.b, ln))
@@ -343,11 +447,12 @@ def map_tensor_core(
     if isinstance(got, str):
         return got
     shape, dtype, a, b = got
-    tiling, why = choose_mma_tiling(shape, device, tf32)
-    grid = [hi - lo + 1 for lo, hi in shape.data[:-2]]
+    mn = (a.outer_dim, b.outer_dim)
+    tiling, why = choose_mma_tiling(shape, device, tf32, mn)
+    grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in mn]
     grid += [
-        -(-(hi - lo + 1) // s)
-        for (lo, hi), s in zip(shape.data[-2:], (tiling.block_m, tiling.block_n), strict=True)
+        -(-(shape.data[d][1] - shape.data[d][0] + 1) // s)
+        for d, s in zip(mn, (tiling.block_m, tiling.block_n), strict=True)
     ]
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
@@ -362,6 +467,14 @@ def map_tensor_core(
         f"{_fragment_load(b, bx, tf32)}",
         f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} (B): "
         f"{lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
+        *(
+            []
+            if mn == (len(shape.data) - 2, len(shape.data) - 1)
+            else [
+                f"tensor cores: the GEMM's rows are data dim {mn[0]}, its columns data dim "
+                f"{mn[1]}, the other data dims a batch (one block tile per batch point)"
+            ]
+        ),
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",

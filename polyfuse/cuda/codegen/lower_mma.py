@@ -46,6 +46,7 @@ from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_TF32
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.swizzle import SharedLayout
 from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, MmaOperand, TensorCoreKernel
+from polyfuse.poly.tensorize_gather import k_extent, k_parts
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 #: the intrinsic per operand dtype (float32: tf32, where the user allowed it)
@@ -138,16 +139,24 @@ def lower_mma_kernel(
     mk = t.mma_k
     ctype = C_TYPES[tk.dtype]
     nthreads = 32 * t.warps
-    nd = len(shape.data)
-    (lm, hm), (ln, hn) = shape.data[-2], shape.data[-1]
-    lk, hk = shape.red[0]
-    batch = [f"(pf_g{i} + {lo})" if lo else f"pf_g{i}" for i, (lo, _) in enumerate(shape.data[:-2])]
+    (lm, hm), (ln, hn) = shape.data[tk.m_dim], shape.data[tk.n_dim]
+    lk, hk = k_extent(shape)
+    kv = tuple(k_parts(shape, "pf_k"))
+    # per data dim its subscript: the batch dims are the grid's first dims, m and n "0" (the
+    # fills and the epilogue put their rows and columns there)
+    batch, nb = [], 0
+    for i, (lo, _) in enumerate(shape.data):
+        if i in (tk.m_dim, tk.n_dim):
+            batch.append("0")
+            continue
+        batch.append(f"(pf_g{nb} + {lo})" if lo else f"pf_g{nb}")
+        nb += 1
     sa, sb = namer.shared(a.tensor), namer.shared(b.tensor)
     la, lb = tk.a_layout, tk.b_layout
     assert la is not None and lb is not None
     ea, eb = la.elements, lb.elements
     tm, tn = t.tiles_m, t.tiles_n
-    gm, gn = f"pf_g{nd - 2}", f"pf_g{nd - 1}"
+    gm, gn = f"pf_g{nb}", f"pf_g{nb + 1}"
     stages = tk.stages if tk.vector_fill else 1
     # B fragments of two mma tiles per ldmatrix.x4 where the warp has pairs of them
     b_step = t.b_step
@@ -210,9 +219,9 @@ def lower_mma_kernel(
     ]
     fills = (
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk,
-                 tuple(batch), nthreads, tk.dtype),
+                 tuple(batch), nthreads, tk.dtype, kv),
         TileFill(b, lb, sb, namer.tensor(b.tensor), t.block_n, t.block_k, "pf_n0", hn, hk,
-                 tuple(batch), nthreads, tk.dtype),
+                 tuple(batch), nthreads, tk.dtype, kv),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
     lines += k_tile_loop(
@@ -226,7 +235,8 @@ def lower_mma_kernel(
     )
     # the epilogue, per accumulator element at its fragment (row, col)
     bp = BodyPrinter(as_global, idents, namer=namer)
-    args = [*batch, "pf_row", "pf_col"]
+    args = list(batch)
+    args[tk.m_dim], args[tk.n_dim] = "pf_row", "pf_col"
     acc = namer.register(f"{shape.update.prim}_acc")
     body = [bp.statement(s, args, s.prim) for s in shape.epilogue]
     lines += [

@@ -41,7 +41,8 @@ from polyfuse.poly.tensorize import ITEMSIZE, MmaOperand
 class TileFill:
     """One operand's shared tile: the buffer, the global array and the tile's extent (``rows``
     of m or n by ``block_k``), its first row (C text), the last valid row and k, the batch
-    subscripts (C text), the threads and the operand dtype."""
+    subscripts (C text, one per data dim: "0" at m and n), the threads and the operand
+    dtype."""
 
     op: MmaOperand
     layout: SharedLayout
@@ -55,6 +56,9 @@ class TileFill:
     batch: tuple[str, ...]
     nthreads: int
     dtype: str
+    #: each reduction dim's value at ``pf_k`` (C text): ``pf_k`` itself for one reduction dim,
+    #: else the flattened k split back (an implicit GEMM's gather)
+    k_vals: tuple[str, ...] = ("pf_k",)
 
     @property
     def inner(self) -> int:
@@ -79,15 +83,33 @@ class TileFill:
         """Elements of one stage of the tile."""
         return self.layout.elements
 
-    def offset(self) -> str:
-        """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text."""
-        vals = list(self.batch) + ["0", "0", "pf_k"]
+    def subscripts(self) -> list[str]:
+        """The array subscripts of the element at (``pf_r``, ``pf_k``) of the update (C)."""
+        vals = [*self.batch, *self.k_vals]  # every data dim's subscript ("0": m, n), then k
         vals[self.op.outer_dim] = "pf_r"
         idx = []
         for coeffs, const in self.op.index:
             terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
-            idx.append(" + ".join(terms + ([str(const)] if const else [])) or "0")
-        return c_offset(idx, self.op.shape)
+            sub = " + ".join(terms + ([str(const)] if const else [])) or "0"
+            idx.append(f"({sub})" if len(terms) + bool(const) > 1 else sub)
+        return idx
+
+    def offset(self) -> str:
+        """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text."""
+        return c_offset(self.subscripts(), self.op.shape)
+
+    def inside(self) -> str:
+        """The guard of a ``guarded`` operand's read (C text, "" for others): every subscript
+        that moves with the reduction inside the array (zero on a conv's padding)."""
+        if not self.op.guarded:
+            return ""
+        nd = len(self.batch)
+        conds = [
+            f"(unsigned)({x}) < {n}u"
+            for x, n, (c, _) in zip(self.subscripts(), self.op.shape, self.op.index, strict=True)
+            if any(c[nd:]) or c[self.op.outer_dim]
+        ]
+        return "".join(f" && {c}" for c in conds)
 
 
 def scalar_fill(f: TileFill, k0: str) -> list[str]:
@@ -104,7 +126,8 @@ def scalar_fill(f: TileFill, k0: str) -> list[str]:
         f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {f.nthreads}) {{",
         f"      const int pf_r = {row}, pf_k = {k};",
         f"      {C_TYPES[f.dtype]} pf_v = {zero};",
-        f"      if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}) pf_v = {f.src}[{f.offset()}];",
+        f"      if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}{f.inside()}) "
+        f"pf_v = {f.src}[{f.offset()}];",
         f"      {f.buf}[{f.layout.offset_text(f'pf_e / {inner}', f'pf_e % {inner}', False)}]"
         " = pf_v;",
         "    }",

@@ -1,0 +1,74 @@
+"""Implicit-GEMM operands of the tensorization (:mod:`polyfuse.poly.tensorize`): convolutions.
+
+A convolution's update ``out[b, o, y, x] += where(pad, x[b, c, s*y + kh - p, s*x + kw - p], 0)
+* w[o, c, kh, kw]`` is a GEMM whose ``k`` is the reduction ``(c, kh, kw)`` flattened
+(row-major over the reduction dims, :func:`k_extent`), ``m = o`` and ``n = x`` with ``(b, y)``
+a batch. Its operands are no plain ``A[m, k]`` tiles: the shared-tile fill gathers them
+element by element through their full affine subscripts (im2col in the fill; ``k`` split back
+into the reduction dims by divisions), scalar and single-stage, so any affine subscript that
+reads the operand's row dim, the reduction dims and batch dims only is accepted
+(:func:`gather_operand`). A padding select ``where(c, x[..], 0)`` is dropped where isl proves
+every update instance on which ``c`` fails reads outside ``x``
+(:func:`polyfuse.poly.select_free.select_free_operands`): the fill zero-fills every element
+outside the array (the operand is ``guarded``), which is the select's 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import islpy as isl
+
+from polyfuse.poly.gemm_shape import GemmShape
+from polyfuse.poly.promote import access_function
+from polyfuse.poly.tiling import affine_coefficients
+
+
+def k_extent(shape: GemmShape) -> tuple[int, int]:
+    """The first and last ``k`` of the GEMM: the reduction's bounds where it has one dim, else
+    ``0 .. prod(extents) - 1`` (the dims flattened row-major)."""
+    if len(shape.red) == 1:
+        return shape.red[0]
+    return 0, math.prod(hi - lo + 1 for lo, hi in shape.red) - 1
+
+
+def k_parts(shape: GemmShape, k: str) -> list[str]:
+    """Each reduction dim's value at the flattened ``k`` (C text): ``k`` itself for one dim."""
+    if len(shape.red) == 1:
+        return [k]
+    ext = [hi - lo + 1 for lo, hi in shape.red]
+    out = []
+    for i, (lo, _) in enumerate(shape.red):
+        inner = math.prod(ext[i + 1 :])
+        v = f"{k} / {inner}" if inner > 1 else k
+        v = f"({v}) % {ext[i]}" if i else f"({v})"
+        out.append(f"({lo} + {v})" if lo else v)
+    return out
+
+
+def gather_operand(
+    name: str, acc: isl.Map, shape: tuple[int, ...], nd: int, mine: int, other: int
+) -> tuple[tuple[tuple[tuple[int, ...], int], ...], bool, int] | str:
+    """``(index, k_inner, inner_dim)`` of an operand gathered into its shared tile (see the
+    module doc): per array dim the affine subscript over the update's dims, whether the tile
+    keeps ``k`` innermost (the array's innermost subscript does not move with the row dim
+    ``mine``), the array's innermost dim (trailing extents of 1 skipped); or why not."""
+    f = access_function(acc)
+    n_in = f.dim(isl.dim_type.in_)
+    try:
+        pma = isl.PwMultiAff.from_map(f)
+    except isl.Error:
+        return f"{name}'s access is not a function"
+    index = []
+    for i in range(pma.dim(isl.dim_type.out)):
+        pieces = pma.get_pw_aff(i).get_pieces()
+        aff = affine_coefficients(pieces[0][1], n_in) if len(pieces) == 1 else None
+        if aff is None:
+            return f"{name}'s subscript {i} is not affine (a grouped conv's channel)"
+        index.append(aff)
+    if any(c[other] for c, _ in index):
+        return f"{name} reads the other operand's dim"
+    if not any(c[mine] for c, _ in index) or not any(any(c[nd:]) for c, _ in index):
+        return f"{name} does not read both its row dim and the reduction"
+    last = max((i for i, e in enumerate(shape) if e > 1), default=len(shape) - 1)
+    return tuple(index), not index[last][0][mine], last

@@ -1,0 +1,172 @@
+"""Convolutions on tensor cores as implicit GEMMs (issue 23 item 4), 16-bit NCHW
+``polyfuse.ops.conv2d``: the GEMM's rows are the output channels, its columns the output's
+innermost spatial dim, the batch and the other spatial dim a batch of block tiles
+(:func:`polyfuse.poly.tensorize.match_mma`'s dim pairs). A 1x1 stride-1 conv reads plain tiles
+(16-byte ``cp.async`` fills where aligned, the same fills and ``ldmatrix`` reads as a GEMM's:
+0 bank conflicts); strided and 3x3 convs flatten the reduction ``(c, kh, kw)`` into k and
+gather their tiles in the fill (im2col; the padding select dropped where isl proves it zeroes
+only reads outside the input). Grouped convs are refused with the reason. Every case is
+checked against float64 numpy at odd sizes (no multiple of 16 in any dim) in every emulator
+mode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyfuse
+from polyfuse import ops, te
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+
+HALVES = ["float16", "bfloat16"]
+MODES = (False, True, "shadow")
+RNG = np.random.default_rng(2323)
+#: batch, in channels, out channels, height, width: no multiple of 16 anywhere
+ODD = (2, 13, 21, 11, 9)
+CASES = {  # kernel, stride, padding
+    "1x1": (1, 1, 0),
+    "1x1_stride2": (1, 2, 0),
+    "3x3_pad1": (3, 1, 1),
+    "3x3_stride2_pad1": (3, 2, 1),
+}
+
+
+def _np_conv(x, w, stride: int, pad: int, groups: int = 1) -> np.ndarray:
+    """float64 NCHW cross-correlation."""
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    w = w.astype(np.float64)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh, ow = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for g in range(groups):
+        xs, ws = x[:, g * cg : (g + 1) * cg], w[g * og : (g + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                win = xs[
+                    :,
+                    :,
+                    i : i + stride * (oh - 1) + 1 : stride,
+                    j : j + stride * (ow - 1) + 1 : stride,
+                ]
+                out[:, g * og : (g + 1) * og] += np.einsum("oc,bchw->bohw", ws[:, :, i, j], win)
+    return out
+
+
+def _conv(dtype: str, size, kernel: int, stride: int, pad: int, groups: int = 1):
+    """(inputs, output, arrays, float64 want) of ``relu(conv2d(x, w) + bias)``."""
+    n, c, o, h, wd = size
+    x = te.placeholder((n, c, h, wd), dtype, name="x")
+    w = te.placeholder((o, c // groups, kernel, kernel), dtype, name="w")
+    bias = te.placeholder((o,), dtype, name="bias")
+    conv = ops.conv2d(x, w, bias, stride=stride, padding=pad, groups=groups, name="conv")
+    y = ops.relu(conv, name="y")
+    nd = numpy_dtype(dtype)
+    arrays = [
+        RNG.standard_normal((n, c, h, wd)).astype(nd),
+        RNG.standard_normal((o, c // groups, kernel, kernel)).astype(nd),
+        RNG.standard_normal((o,)).astype(nd),
+    ]
+    want = _np_conv(arrays[0], arrays[1], stride, pad, groups)
+    want = np.maximum(want + arrays[2].astype(np.float64)[None, :, None, None], 0.0)
+    return [x, w, bias], y, arrays, want
+
+
+def _run_all_modes(fn, dtype, arrays, want) -> None:
+    w = want.astype(numpy_dtype(dtype))
+    for race in MODES:
+        got = fn(*arrays, device="emulate", race_check=race)
+        err = np.abs(got.astype(np.float64) - want).max()
+        assert tolerance(dtype).allclose(got, w), (race, err)
+
+
+def _tensorized(fn):
+    (k,) = fn.kernels
+    assert any(n.startswith("tensor cores: mma.sync.m16n8k16") for n in k.notes), k.notes
+    assert "pf_mma_m16n8k16_f32_" in k.source and "pf_ldmatrix_x4" in k.source
+    # rows: output channels (data dim 1), columns: output width (data dim 3)
+    assert "tensor cores: the GEMM's rows are data dim 1, its columns data dim 3, the other " \
+        "data dims a batch (one block tile per batch point)" in k.notes  # fmt: skip
+    return k
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_convs_are_tensorized_and_match_float64_in_every_mode(dtype, case):
+    kernel, stride, pad = CASES[case]
+    inputs, out, arrays, want = _conv(dtype, ODD, kernel, stride, pad)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    k = _tensorized(fn)
+    gathered = case != "1x1"
+    stage = [n for n in k.notes if n.startswith("tensor cores: stages: ")][0]
+    assert ("gathered (implicit GEMM" in stage) == gathered, stage
+    if pad:  # the padding select is dropped: the gather guards the input's subscripts
+        assert "(unsigned)(" in k.source
+    _run_all_modes(fn, dtype, arrays, want)
+
+
+def test_aligned_1x1_conv_fills_by_cp_async_without_bank_conflicts():
+    """C = 40, W = 24 (rows of whole 16-byte chunks): the weight (k innermost) and the input
+    (n innermost, ``ldmatrix.trans``) are filled by 16-byte ``cp.async`` chunks, pipelined, into
+    the swizzled tiles; the bank counter sees no conflicting cp.async write or ldmatrix read."""
+    inputs, out, arrays, want = _conv("float16", (3, 40, 45, 5, 24), 1, 1, 0)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    k = _tensorized(fn)
+    assert "pf_cp_async16(" in k.source and "__pipeline_commit();" in k.source
+    got = fn(*arrays, race_check="banks")
+    assert tolerance("float16").allclose(got, want.astype(np.float16))
+    lines = fn.cuda_source.splitlines()
+    sites = [s for t in fn.last_traffic for s in t.shared_banks]
+    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    assert len(copies) >= 2 and len(loads) >= 2
+    assert [str(s) for s in copies + loads if s.conflicts] == []
+    _run_all_modes(fn, "float16", arrays, want)
+
+
+def test_grouped_conv_is_refused_with_the_reason_and_stays_correct():
+    """groups = 2: the input channel ``(o // og) * cg + c`` is no affine subscript; the conv
+    keeps the CUDA-core path, the reason in the notes."""
+    inputs, out, arrays, want = _conv("float16", (2, 12, 22, 7, 9), 1, 1, 0, groups=2)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" not in k.source
+    why = [n for n in k.notes if n.startswith("no tensor cores")]
+    assert why and "x's subscript 1 is not affine" in why[0], k.notes
+    _run_all_modes(fn, "float16", arrays, want)
+
+
+def test_a_select_that_zeroes_inside_reads_is_refused():
+    """``where(r < 5, x[i, r], 0) * w[r, j]`` zeroes reads inside ``x``: the gather's
+    zero-fill outside the array is not the select, so it is refused (and stays correct)."""
+    x = te.placeholder((19, 21), "float16", name="x")
+    w = te.placeholder((21, 27), "float16", name="w")
+    r = te.reduce_axis(21, name="r")
+    mm = te.compute(
+        (19, 27), lambda i, j: te.sum(te.where(r < 5, x[i, r], 0.0) * w[r, j], axis=r), name="mm"
+    )
+    fn = polyfuse.compile([x, w], [mm], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" not in k.source
+    why = "no tensor cores: a select in the update is not proven to zero only reads outside ['x']"
+    assert why in k.notes, k.notes
+    xs, ws = RNG.standard_normal((19, 21)), RNG.standard_normal((21, 27))
+    xs, ws = xs.astype(np.float16), ws.astype(np.float16)
+    want = xs[:, :5].astype(np.float64) @ ws[:5].astype(np.float64)
+    got = fn(xs, ws, device="emulate")
+    assert tolerance("float16").allclose(got, want.astype(np.float16))
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_tensorized_convs_without_spills(arch):
+    for dtype, case in (("float16", "3x3_stride2_pad1"), ("bfloat16", "1x1")):
+        inputs, out, _, _ = _conv(dtype, ODD, *CASES[case])
+        fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+        _tensorized(fn)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        assert binary.resources
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
