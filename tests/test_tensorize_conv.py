@@ -5,7 +5,9 @@ innermost spatial dim, the batch and the other spatial dim a batch of block tile
 (16-byte ``cp.async`` fills where aligned, the same fills and ``ldmatrix`` reads as a GEMM's:
 0 bank conflicts); strided and 3x3 convs flatten the reduction ``(c, kh, kw)`` into k and
 gather their tiles in the fill (im2col; the padding select dropped where isl proves it zeroes
-only reads outside the input). Grouped convs are refused with the reason. Every case is
+only reads outside the input). A grouped conv is a batch of GEMMs per group (the output
+channel split into group and channel in the group); depthwise convs are refused with the
+reason. Every case is
 checked against float64 numpy at odd sizes (no multiple of 16 in any dim) in every emulator
 mode.
 """
@@ -127,15 +129,40 @@ def test_aligned_1x1_conv_fills_by_cp_async_without_bank_conflicts():
     _run_all_modes(fn, "float16", arrays, want)
 
 
-def test_grouped_conv_is_refused_with_the_reason_and_stays_correct():
-    """groups = 2: the input channel ``(o // og) * cg + c`` is no affine subscript; the conv
-    keeps the CUDA-core path, the reason in the notes."""
-    inputs, out, arrays, want = _conv("float16", (2, 12, 22, 7, 9), 1, 1, 0, groups=2)
+@pytest.mark.parametrize(
+    "dtype, size, case, groups",
+    [
+        ("float16", (2, 12, 22, 7, 9), "1x1", 2),
+        ("bfloat16", (2, 12, 22, 7, 9), "3x3_stride2_pad1", 2),
+        ("float16", (2, 12, 24, 7, 9), "3x3_pad1", 3),
+    ],
+)
+def test_grouped_convs_are_a_batch_of_gemms_per_group(dtype, size, case, groups):
+    """groups > 1: the input channel ``(o // og) * cg + c`` is no affine subscript, so the
+    output channel is split into (group, channel in the group): the group a batch dim, the
+    channel in it the GEMM's rows, the input's channel affine again; correct in every mode."""
+    inputs, out, arrays, want = _conv(dtype, size, *CASES[case], groups=groups)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_m16n8k16_f32_" in k.source
+    og = size[2] // groups
+    assert (
+        f"tensor cores: data dim 1 split into (group, {og} in the group): a batch of GEMMs, one "
+        "per group (a grouped conv's channels)" in k.notes
+    ), k.notes
+    _run_all_modes(fn, dtype, arrays, want)
+
+
+def test_depthwise_conv_is_refused_with_the_reason_and_stays_correct():
+    """groups = channels: each output channel reads its own input channel, no operand is
+    reused across the result's rows and columns (memory-bound, no GEMM); the conv keeps the
+    CUDA-core path, the reason in the notes."""
+    inputs, out, arrays, want = _conv("float16", (2, 12, 12, 7, 9), 3, 1, 1, groups=12)
     fn = polyfuse.compile(inputs, [out], check_cuda=False)
     (k,) = fn.kernels
     assert "pf_mma_" not in k.source
-    why = [n for n in k.notes if n.startswith("no tensor cores")]
-    assert why and "x's subscript 1 is not affine" in why[0], k.notes
+    why = "no tensor cores: fewer than two operands are reused across threads (memory-bound)"
+    assert why in k.notes, k.notes
     _run_all_modes(fn, "float16", arrays, want)
 
 
@@ -163,10 +190,15 @@ def test_a_select_that_zeroes_inside_reads_is_refused():
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_tensorized_convs_without_spills(arch):
-    for dtype, case in (("float16", "3x3_stride2_pad1"), ("bfloat16", "1x1")):
-        inputs, out, _, _ = _conv(dtype, ODD, *CASES[case])
+    for dtype, case, groups in (
+        ("float16", "3x3_stride2_pad1", 1),
+        ("bfloat16", "1x1", 1),
+        ("bfloat16", "3x3_stride2_pad1", 2),
+    ):
+        size = (2, 12, 22, 7, 9) if groups > 1 else ODD
+        inputs, out, _, _ = _conv(dtype, size, *CASES[case], groups=groups)
         fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
-        _tensorized(fn)
+        assert "pf_mma_m16n8k16_f32_" in fn.kernels[0].source
         binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
         assert binary.resources
         assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())

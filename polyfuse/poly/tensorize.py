@@ -53,7 +53,12 @@ from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.select_free import select_free_operands
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
-from polyfuse.poly.tensorize_gather import gather_operand, k_extent
+from polyfuse.poly.tensorize_gather import (
+    gather_operand,
+    group_splits,
+    k_extent,
+    split_shape,
+)
 from polyfuse.poly.tiling import affine_coefficients, detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
@@ -138,6 +143,9 @@ class TensorCoreKernel(MappedKernel):
     #: the shared layouts of A's and B's tiles (:func:`operand_layouts`)
     a_layout: SharedLayout | None = None
     b_layout: SharedLayout | None = None
+    #: ``(d, og)``: the micrograph's data dim ``d`` is split into ``shape``'s dims ``d`` (the
+    #: group) and ``d + 1`` (``og`` rows in it), ``d = og * g + o`` (a grouped conv)
+    split: tuple[int, int] | None = None
 
     @property
     def m_dim(self) -> int:
@@ -266,7 +274,7 @@ def _operand(
 
 def match_mma(
     sm: ScheduledMicrograph, dtypes: tuple[str, ...] = HALF_DTYPES
-) -> tuple[GemmShape, str, MmaOperand, MmaOperand] | str:
+) -> tuple[GemmShape, str, MmaOperand, MmaOperand, tuple[int, int] | None] | str:
     """The micrograph's GEMM shape, operand dtype and mma operands A and B, or why the
     intrinsic does not match (see the module doc)."""
     shape = detect_gemm(sm, dtypes)
@@ -296,8 +304,14 @@ def match_mma(
     for m, n in _dim_pairs(nd):
         got = _pair(shape, model, m, n, guarded)
         if not isinstance(got, str):
-            return shape, dtype, got[0], got[1]
+            return shape, dtype, got[0], got[1], None
         first = first or got
+    for d, og in group_splits(shape):  # a grouped conv: a batch of GEMMs per group
+        split = split_shape(shape, d, og)
+        for m, n in _dim_pairs(nd + 1):
+            got = _pair(split, model, m, n, guarded)
+            if not isinstance(got, str):
+                return split, dtype, got[0], got[1], (d, og)
     return f"no A/B operand pair: {first}"
 
 
@@ -446,7 +460,7 @@ def map_tensor_core(
     got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES)
     if isinstance(got, str):
         return got
-    shape, dtype, a, b = got
+    shape, dtype, a, b, split = got
     mn = (a.outer_dim, b.outer_dim)
     tiling, why = choose_mma_tiling(shape, device, tf32, mn)
     grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in mn]
@@ -467,6 +481,14 @@ def map_tensor_core(
         f"{_fragment_load(b, bx, tf32)}",
         f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} (B): "
         f"{lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
+        *(
+            [
+                f"tensor cores: data dim {split[0]} split into (group, {split[1]} in the group): "
+                "a batch of GEMMs, one per group (a grouped conv's channels)"
+            ]
+            if split
+            else []
+        ),
         *(
             []
             if mn == (len(shape.data) - 2, len(shape.data) - 1)
@@ -511,6 +533,7 @@ def map_tensor_core(
         thread_order=[("pf_tid", 32 * tiling.warps)],
         a_layout=la,
         b_layout=lb,
+        split=split,
     )
     vector, choice = _pipelining(sm, tk, device, stages)
     size = ITEMSIZE[dtype]

@@ -16,6 +16,7 @@ outside the array (the operand is ``guarded``), which is the select's 0.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import islpy as isl
 
@@ -72,3 +73,54 @@ def gather_operand(
         return f"{name} does not read both its row dim and the reduction"
     last = max((i for i, e in enumerate(shape) if e > 1), default=len(shape) - 1)
     return tuple(index), not index[last][0][mine], last
+
+
+def split_shape(shape: GemmShape, d: int, og: int) -> GemmShape:
+    """``shape`` with data dim ``d`` split into ``(g, o)``, ``d = og * g + o`` (``0 <= o <
+    og``): a grouped conv's output channel into its group (a batch dim) and the channel in the
+    group (the GEMM's rows), on which the input's channel ``(d // og) * cg + c`` is affine. The
+    operands' accesses are composed with the split (the update's tuple keeps its name)."""
+    lo, hi = shape.data[d]
+    assert lo == 0 and (hi + 1) % og == 0
+    name = shape.update.domain.get_tuple_name()
+    nd, nr = len(shape.data), len(shape.red)
+    old = [f"d{i}" for i in range(nd)] + [f"r{i}" for i in range(nr)]
+    new = [*old[:d], "pg", "po", *old[d + 1 :]]
+    src = [*old[:d], f"{og} * pg + po", *old[d + 1 :]]
+    split = isl.Map(
+        f"{{ {name}[{', '.join(new)}] -> {name}[{', '.join(src)}] : 0 <= po < {og} }}",
+        context=shape.update.domain.get_ctx(),
+    )
+    data = [*shape.data[:d], (0, (hi + 1) // og - 1), (0, og - 1), *shape.data[d + 1 :]]
+    operands = [(t, split.apply_range(acc).coalesce()) for t, acc in shape.operands]
+    return replace(shape, data=data, operands=operands)
+
+
+def group_splits(shape: GemmShape) -> list[tuple[int, int]]:
+    """The ``(d, og)`` splits worth trying where no dim pair matched: data dims read through a
+    floor division by some operand (a grouped conv's channel), each divisor ``og`` of the
+    dim's extent from the largest (2 <= og < extent)."""
+    out = []
+    for d, (lo, hi) in enumerate(shape.data):
+        if lo != 0 or not any(_divides_dim(acc, d) for _, acc in shape.operands):
+            continue
+        e = hi + 1
+        out += [(d, og) for og in range(e - 1, 1, -1) if e % og == 0]
+    return out
+
+
+def _divides_dim(acc: isl.Map, d: int) -> bool:
+    """Whether some subscript of ``acc`` is no affine function and involves data dim ``d``."""
+    f = access_function(acc)
+    try:
+        pma = isl.PwMultiAff.from_map(f)
+    except isl.Error:
+        return False
+    n_in = f.dim(isl.dim_type.in_)
+    for i in range(pma.dim(isl.dim_type.out)):
+        pieces = pma.get_pw_aff(i).get_pieces()
+        if len(pieces) == 1 and affine_coefficients(pieces[0][1], n_in) is not None:
+            continue
+        if any(p[1].involves_dims(isl.dim_type.in_, d, 1) for p in pieces):
+            return True
+    return False

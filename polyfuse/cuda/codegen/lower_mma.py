@@ -237,6 +237,9 @@ def lower_mma_kernel(
     bp = BodyPrinter(as_global, idents, namer=namer)
     args = list(batch)
     args[tk.m_dim], args[tk.n_dim] = "pf_row", "pf_col"
+    if tk.split:  # the micrograph's dim d is og * group + row in the group
+        d, og = tk.split
+        args[d : d + 2] = [f"({args[d]} * {og} + {args[d + 1]})"]
     acc = namer.register(f"{shape.update.prim}_acc")
     body = [bp.statement(s, args, s.prim) for s in shape.epilogue]
     lines += [
