@@ -202,3 +202,22 @@ def test_nvrtc_compiles_tensorized_convs_without_spills(arch):
         binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
         assert binary.resources
         assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+@pytest.mark.parametrize("case, groups", [("3x3_stride2_pad1", 1), ("1x1", 1), ("3x3_pad1", 2)])
+def test_float32_convs_take_tf32_tensor_cores_when_allowed(case, groups):
+    """``allow_tf32``: float32 convs on ``m16n8k8`` tf32 by the same implicit GEMM, within the
+    tf32 bound ``2.1 x 2^-10 x conv(|x|, |w|)`` of float64 in both thread orders."""
+    from polyfuse.poly.mapping import MappingConfig
+
+    inputs, out, arrays, want = _conv("float32", (2, 12, 22, 7, 9), *CASES[case], groups=groups)
+    cfg = MappingConfig(allow_tf32=True)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False, mapping=cfg)
+    (k,) = fn.kernels
+    assert any(n.startswith("tensor cores: mma.sync.m16n8k8 tf32") for n in k.notes), k.notes
+    bound = (
+        2.1 * 2.0**-10 * _np_conv(np.abs(arrays[0]), np.abs(arrays[1]), *CASES[case][1:], groups)
+    )
+    for race in (False, True):
+        got = fn(*arrays, device="emulate", race_check=race)
+        assert (np.abs(got - want) <= bound + 1e-6).all(), race
