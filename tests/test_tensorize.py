@@ -234,3 +234,19 @@ def test_sass_has_hmma_in_the_k_tile_loop():
     # 64x64 block, 4 warps of 2x4 mma tiles, two k-steps: 16 HMMA, 8 LDSM per k-tile (A: 2
     # x4, B: 2 x4 of two mma tiles each per k-step)
     assert (hmma, ldsm) == (16, 8), counts
+
+
+def test_an_operand_subscript_of_several_terms_is_parenthesized():
+    """``a[t + 1, i, r]``: the batch subscript ``pf_g0 + 1`` times the row-major stride must be
+    parenthesized in the fill's offset (it read ``pf_g0 + 1 * 399``: wrong rows, issue 23)."""
+    a = te.placeholder((4, 19, 21), "float16", name="a")
+    b = te.placeholder((21, 27), "float16", name="b")
+    r = te.reduce_axis(21, name="r")
+    mm = te.compute(
+        (3, 19, 27), lambda t, i, j: te.sum(a[t + 1, i, r] * b[r, j], axis=r), name="mm"
+    )
+    xs, ws = _array((4, 19, 21), "float16"), _array((21, 27), "float16")
+    want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
+    fn = _check("float16", [a, b], mm, [xs, ws], want)
+    _tensorized(fn)
+    assert "a[(pf_g0 + 1) * 399 + " in fn.kernels[0].source

@@ -18,6 +18,10 @@ operands, and the update's access relations are the intrinsic's up to renaming a
   coefficients). Which of the two array dimensions is innermost fixes the shared layout and
   whether the fragment is loaded with ``ldmatrix`` or ``ldmatrix.trans`` (``x @ W^T``, the
   Linear layout, is B with ``k`` innermost).
+- otherwise an implicit GEMM (:mod:`polyfuse.poly.tensorize_gather`): several reduction dims
+  flattened into one ``k``, operands that are no plain tiles (strided, mixed, a padding select
+  isl proves redundant) gathered element by element by the fill; where no dim pair matches, a
+  data dim read through a floor division (a grouped conv's channel) split into (group, row).
 
 The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of warps,
 each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`. The shared
@@ -42,7 +46,7 @@ import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import TensorCoreData
-from polyfuse.graph.expr import Binary, Read, Select
+from polyfuse.graph.expr import Binary
 from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
@@ -51,11 +55,12 @@ from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.promote import access_function, pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
-from polyfuse.poly.select_free import select_free_operands
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
 from polyfuse.poly.tensorize_gather import (
+    factor_read,
     gather_operand,
     group_splits,
+    guarded_operands,
     k_extent,
     split_shape,
 )
@@ -286,7 +291,7 @@ def match_mma(
     body = red.body
     if not (isinstance(body, Binary) and body.op == "mul"):
         return "the update is not a product of two reads"
-    reads = [_factor_read(f) for f in (body.a, body.b)]
+    reads = [factor_read(f) for f in (body.a, body.b)]
     if None in reads:
         return "a factor is neither a plain read nor a padding select of one (casts)"
     if len(shape.operands) != 2:
@@ -297,7 +302,7 @@ def match_mma(
     (dtype,) = dtypes
     if red.accumulate_dtype != "float32":
         return f"accumulates in {red.accumulate_dtype}, not float32"
-    guarded = _guarded(shape, model, body)
+    guarded = guarded_operands(shape, model, body)
     if isinstance(guarded, str):
         return guarded
     first = ""
@@ -336,37 +341,6 @@ def _dim_pairs(nd: int) -> list[tuple[int, int]]:
     """The (m, n) data-dim pairs tried, in order: the last two, then ``n`` from the last dim
     down, ``m`` before it from the nearest down."""
     return [(m, n) for n in range(nd - 1, 0, -1) for m in range(n - 1, -1, -1)]
-
-
-def _factor_read(f) -> Read | None:
-    """The read of a factor ``read`` or ``where(c, read, 0)``, else None."""
-    if isinstance(f, Select):
-        f = f.a if isinstance(f.a, Read) and _is_zero(f.b) else None
-    return f if isinstance(f, Read) else None
-
-
-def _is_zero(e) -> bool:
-    return getattr(e, "value", None) is not None and float(e.value) == 0.0
-
-
-def _guarded(shape: GemmShape, model, body: Binary) -> set[str] | str:
-    """The operands read under a padding select, each proven by isl to fail only outside its
-    array (the fill's zero-fill is the select's 0), or why not."""
-    selects = [f.a for f in (body.a, body.b) if isinstance(f, Select)]
-    if not selects:
-        return set()
-    box = list(shape.data) + list(shape.red)
-    arrays = {t: tuple(model.tensors[t].shape) for t, _ in shape.operands}
-    access = {t: access_function(m) for t, m in shape.operands}
-    free = select_free_operands(shape, box, arrays, access)
-    mine = {
-        t
-        for t, m in shape.operands
-        if any(r is f and mm is m for f in selects for r, mm in shape.update.reads)
-    }
-    if not mine or not mine <= set(free):
-        return f"a select in the update is not proven to zero only reads outside {sorted(mine)}"
-    return mine
 
 
 def _pair(

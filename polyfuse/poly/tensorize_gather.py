@@ -20,8 +20,10 @@ from dataclasses import replace
 
 import islpy as isl
 
+from polyfuse.graph.expr import Binary, Read, Select
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.promote import access_function
+from polyfuse.poly.select_free import select_free_operands
 from polyfuse.poly.tiling import affine_coefficients
 
 
@@ -124,3 +126,34 @@ def _divides_dim(acc: isl.Map, d: int) -> bool:
         if any(p[1].involves_dims(isl.dim_type.in_, d, 1) for p in pieces):
             return True
     return False
+
+
+def factor_read(f) -> Read | None:
+    """The read of a factor ``read`` or ``where(c, read, 0)``, else None."""
+    if isinstance(f, Select):
+        f = f.a if isinstance(f.a, Read) and _is_zero(f.b) else None
+    return f if isinstance(f, Read) else None
+
+
+def _is_zero(e) -> bool:
+    return getattr(e, "value", None) is not None and float(e.value) == 0.0
+
+
+def guarded_operands(shape: GemmShape, model, body: Binary) -> set[str] | str:
+    """The operands read under a padding select, each proven by isl to fail only outside its
+    array (the fill's zero-fill is the select's 0), or why not."""
+    selects = [f.a for f in (body.a, body.b) if isinstance(f, Select)]
+    if not selects:
+        return set()
+    box = list(shape.data) + list(shape.red)
+    arrays = {t: tuple(model.tensors[t].shape) for t, _ in shape.operands}
+    access = {t: access_function(m) for t, m in shape.operands}
+    free = select_free_operands(shape, box, arrays, access)
+    mine = {
+        t
+        for t, m in shape.operands
+        if any(r is f and mm is m for f in selects for r, mm in shape.update.reads)
+    }
+    if not mine or not mine <= set(free):
+        return f"a select in the update is not proven to zero only reads outside {sorted(mine)}"
+    return mine
