@@ -1,15 +1,15 @@
 """Convolutions on tensor cores as implicit GEMMs (issue 23 item 4), 16-bit NCHW
 ``polyfuse.ops.conv2d``: the GEMM's rows are the output channels, its columns the output's
 innermost spatial dim, the batch and the other spatial dim a batch of block tiles
-(:func:`polyfuse.poly.tensorize.match_mma`'s dim pairs). A 1x1 stride-1 conv reads plain tiles
-(16-byte ``cp.async`` fills where aligned, the same fills and ``ldmatrix`` reads as a GEMM's:
-0 bank conflicts); strided and 3x3 convs flatten the reduction ``(c, kh, kw)`` into k and
-gather their tiles in the fill (im2col; the padding select dropped where isl proves it zeroes
-only reads outside the input). A grouped conv is a batch of GEMMs per group (the output
-channel split into group and channel in the group); depthwise convs are refused with the
-reason. Every case is
-checked against float64 numpy at odd sizes (no multiple of 16 in any dim) in every emulator
-mode.
+(:func:`polyfuse.poly.tensorize.match_mma`'s dim pairs); where the width is narrower than a
+block tile and the input's fill is scalar, the output rows are folded into the columns. A 1x1
+stride-1 conv reads plain tiles (16-byte ``cp.async`` fills where aligned, the same fills and
+``ldmatrix`` reads as a GEMM's: 0 bank conflicts); strided and 3x3 convs flatten the
+reduction ``(c, kh, kw)`` into k and gather their tiles in the fill (im2col; the padding
+select dropped where isl proves it zeroes only reads outside the input). A grouped conv is a
+batch of GEMMs per group (the output channel split into group and channel in the group);
+depthwise convs are refused with the reason. Every case is checked against float64 numpy at
+odd sizes (no multiple of 16 in any dim) in every emulator mode.
 """
 
 from __future__ import annotations
@@ -102,9 +102,15 @@ def test_convs_are_tensorized_and_match_float64_in_every_mode(dtype, case):
     inputs, out, arrays, want = _conv(dtype, ODD, kernel, stride, pad)
     fn = polyfuse.compile(inputs, [out], check_cuda=False)
     k = _tensorized(fn)
-    gathered = case != "1x1"
+    # the output width is narrower than a block tile and the fills are scalar: the output
+    # rows are folded into the GEMM's columns (whole block tiles), the input gathered
+    oh, ow = (11 + 2 * pad - kernel) // stride + 1, (9 + 2 * pad - kernel) // stride + 1
+    assert (
+        f"tensor cores: data dim 2 folded into the columns with data dim 3 ({oh} x {ow} = "
+        f"{oh * ow} columns, the {ow} alone narrower than a block tile)" in k.notes
+    ), k.notes
     stage = [n for n in k.notes if n.startswith("tensor cores: stages: ")][0]
-    assert ("gathered (implicit GEMM" in stage) == gathered, stage
+    assert "gathered (implicit GEMM" in stage, stage
     if pad:  # the padding select is dropped: the gather guards the input's subscripts
         assert "(unsigned)(" in k.source
     _run_all_modes(fn, dtype, arrays, want)
@@ -118,6 +124,7 @@ def test_aligned_1x1_conv_fills_by_cp_async_without_bank_conflicts():
     fn = polyfuse.compile(inputs, [out], check_cuda=False)
     k = _tensorized(fn)
     assert "pf_cp_async16(" in k.source and "__pipeline_commit();" in k.source
+    assert not any("folded into the columns" in n for n in k.notes)  # cp.async kept
     got = fn(*arrays, race_check="banks")
     assert tolerance("float16").allclose(got, want.astype(np.float16))
     lines = fn.cuda_source.splitlines()

@@ -151,6 +151,9 @@ class TensorCoreKernel(MappedKernel):
     #: ``(d, og)``: the micrograph's data dim ``d`` is split into ``shape``'s dims ``d`` (the
     #: group) and ``d + 1`` (``og`` rows in it), ``d = og * g + o`` (a grouped conv)
     split: tuple[int, int] | None = None
+    #: the data dim folded into the columns with ``n`` (outer to it, row-major): a conv's
+    #: output rows beside its narrow output width (:func:`fold_columns`)
+    fold: int | None = None
 
     @property
     def m_dim(self) -> int:
@@ -364,16 +367,44 @@ def _pair(
     return a, b
 
 
+def fold_columns(shape: GemmShape, a: MmaOperand, b: MmaOperand) -> int | None:
+    """The data dim to fold into the GEMM's columns with ``n`` (B's row dim), or None: the
+    dim just outside ``n`` where ``n`` is narrower than the smallest block tile, both start at
+    0, it is not ``m`` and A does not read it (a conv's output rows beside a narrow output
+    width: ``N = rows x width``, so whole block tiles; B is then gathered, so the caller folds
+    only where B's fill is scalar anyway)."""
+    n = b.outer_dim
+    p = n - 1
+    (lp, _), (ln, hn) = shape.data[p] if p >= 0 else (1, 0), shape.data[n]
+    if p < 0 or p == a.outer_dim or lp or ln or hn + 1 >= min(t[1] for t in TILINGS):
+        return None
+    if any(c[p] for c, _ in a.index):
+        return None
+    return p
+
+
+def _extent(shape: GemmShape, d: int) -> int:
+    lo, hi = shape.data[d]
+    return hi - lo + 1
+
+
 def choose_mma_tiling(
-    shape: GemmShape, device: DeviceSpec, tf32: bool = False, mn: tuple[int, int] | None = None
+    shape: GemmShape,
+    device: DeviceSpec,
+    tf32: bool = False,
+    mn: tuple[int, int] | None = None,
+    fold: int | None = None,
 ) -> tuple[MmaTiling, str]:
     """The largest block tile of :data:`TILINGS` whose blocks still fill the SMs (else the
-    smallest), with the reason; ``mn``: the m and n data dims (the last two by default)."""
+    smallest), with the reason; ``mn``: the m and n data dims (the last two by default),
+    ``fold``: a data dim folded into the columns."""
     m, n = mn or (len(shape.data) - 2, len(shape.data) - 1)
     (lm, hm), (ln, hn) = shape.data[m], shape.data[n]
+    if fold is not None:
+        ln, hn = 0, _extent(shape, fold) * _extent(shape, n) - 1
     batch = 1
     for i, (lo, hi) in enumerate(shape.data):
-        if i not in (m, n):
+        if i not in (m, n, fold):
             batch *= hi - lo + 1
     for bm, bn, wm, wn in TILINGS:  # noqa: B007 (the last tried stays)
         blocks = batch * -(-(hm - lm + 1) // bm) * -(-(hn - ln + 1) // bn)
@@ -435,13 +466,17 @@ def map_tensor_core(
     if isinstance(got, str):
         return got
     shape, dtype, a, b, split = got
+    # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
+    lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
+    scalar_b = b.gather or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
+    fold = fold_columns(shape, a, b) if scalar_b else None
+    if fold is not None:
+        b = replace(b, gather=True)
     mn = (a.outer_dim, b.outer_dim)
-    tiling, why = choose_mma_tiling(shape, device, tf32, mn)
-    grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in mn]
-    grid += [
-        -(-(shape.data[d][1] - shape.data[d][0] + 1) // s)
-        for d, s in zip(mn, (tiling.block_m, tiling.block_n), strict=True)
-    ]
+    tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold)
+    grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in (*mn, fold)]
+    cols = _extent(shape, mn[1]) * (1 if fold is None else _extent(shape, fold))
+    grid += [-(-_extent(shape, mn[0]) // tiling.block_m), -(-cols // tiling.block_n)]
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
@@ -462,6 +497,15 @@ def map_tensor_core(
             ]
             if split
             else []
+        ),
+        *(
+            []
+            if fold is None
+            else [
+                f"tensor cores: data dim {fold} folded into the columns with data dim {mn[1]} "
+                f"({_extent(shape, fold)} x {_extent(shape, mn[1])} = {cols} columns, "
+                f"the {_extent(shape, mn[1])} alone narrower than a block tile)"
+            ]
         ),
         *(
             []
@@ -508,6 +552,7 @@ def map_tensor_core(
         a_layout=la,
         b_layout=lb,
         split=split,
+        fold=fold,
     )
     vector, choice = _pipelining(sm, tk, device, stages)
     size = ITEMSIZE[dtype]

@@ -140,13 +140,16 @@ def lower_mma_kernel(
     ctype = C_TYPES[tk.dtype]
     nthreads = 32 * t.warps
     (lm, hm), (ln, hn) = shape.data[tk.m_dim], shape.data[tk.n_dim]
+    fold, width = tk.fold, hn - ln + 1
+    if fold is not None:  # columns: the folded dim and n, row-major, both from 0
+        ln, hn = 0, (shape.data[fold][1] + 1) * width - 1
     lk, hk = k_extent(shape)
     kv = tuple(k_parts(shape, "pf_k"))
     # per data dim its subscript: the batch dims are the grid's first dims, m and n "0" (the
     # fills and the epilogue put their rows and columns there)
     batch, nb = [], 0
     for i, (lo, _) in enumerate(shape.data):
-        if i in (tk.m_dim, tk.n_dim):
+        if i in (tk.m_dim, tk.n_dim, fold):
             batch.append("0")
             continue
         batch.append(f"(pf_g{nb} + {lo})" if lo else f"pf_g{nb}")
@@ -221,7 +224,9 @@ def lower_mma_kernel(
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk,
                  tuple(batch), nthreads, tk.dtype, kv),
         TileFill(b, lb, sb, namer.tensor(b.tensor), t.block_n, t.block_k, "pf_n0", hn, hk,
-                 tuple(batch), nthreads, tk.dtype, kv),
+                 tuple(batch), nthreads, tk.dtype, kv,
+                 () if fold is None else ((fold, f"(pf_r / {width})"),
+                                          (tk.n_dim, f"(pf_r % {width})"))),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
     lines += k_tile_loop(
@@ -237,6 +242,8 @@ def lower_mma_kernel(
     bp = BodyPrinter(as_global, idents, namer=namer)
     args = list(batch)
     args[tk.m_dim], args[tk.n_dim] = "pf_row", "pf_col"
+    if fold is not None:
+        args[fold], args[tk.n_dim] = f"(pf_col / {width})", f"(pf_col % {width})"
     if tk.split:  # the micrograph's dim d is og * group + row in the group
         d, og = tk.split
         args[d : d + 2] = [f"({args[d]} * {og} + {args[d + 1]})"]

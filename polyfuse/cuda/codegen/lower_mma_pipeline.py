@@ -59,6 +59,9 @@ class TileFill:
     #: each reduction dim's value at ``pf_k`` (C text): ``pf_k`` itself for one reduction dim,
     #: else the flattened k split back (an implicit GEMM's gather)
     k_vals: tuple[str, ...] = ("pf_k",)
+    #: each data dim the tile's row ``pf_r`` gives, with its value (C text): the operand's row
+    #: dim ``pf_r`` where empty; a folded dim and ``n`` (``pf_r / width``, ``pf_r % width``)
+    row_vals: tuple[tuple[int, str], ...] = ()
 
     @property
     def inner(self) -> int:
@@ -86,7 +89,8 @@ class TileFill:
     def subscripts(self) -> list[str]:
         """The array subscripts of the element at (``pf_r``, ``pf_k``) of the update (C)."""
         vals = [*self.batch, *self.k_vals]  # every data dim's subscript ("0": m, n), then k
-        vals[self.op.outer_dim] = "pf_r"
+        for d, v in self.row_vals or ((self.op.outer_dim, "pf_r"),):
+            vals[d] = v
         idx = []
         for coeffs, const in self.op.index:
             terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
@@ -107,7 +111,7 @@ class TileFill:
         conds = [
             f"(unsigned)({x}) < {n}u"
             for x, n, (c, _) in zip(self.subscripts(), self.op.shape, self.op.index, strict=True)
-            if any(c[nd:]) or c[self.op.outer_dim]
+            if any(c[nd:]) or any(c[d] for d, _ in self.row_vals or ((self.op.outer_dim, ""),))
         ]
         return "".join(f" && {c}" for c in conds)
 
