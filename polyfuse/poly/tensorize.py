@@ -58,6 +58,7 @@ from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
 from polyfuse.poly.tensorize_gather import (
     factor_read,
+    fold_columns,
     gather_operand,
     group_splits,
     guarded_operands,
@@ -152,7 +153,8 @@ class TensorCoreKernel(MappedKernel):
     #: group) and ``d + 1`` (``og`` rows in it), ``d = og * g + o`` (a grouped conv)
     split: tuple[int, int] | None = None
     #: the data dim folded into the columns with ``n`` (outer to it, row-major): a conv's
-    #: output rows beside its narrow output width (:func:`fold_columns`)
+    #: output rows beside its narrow output width
+    #: (:func:`polyfuse.poly.tensorize_gather.fold_columns`)
     fold: int | None = None
 
     @property
@@ -367,22 +369,6 @@ def _pair(
     return a, b
 
 
-def fold_columns(shape: GemmShape, a: MmaOperand, b: MmaOperand) -> int | None:
-    """The data dim to fold into the GEMM's columns with ``n`` (B's row dim), or None: the
-    dim just outside ``n`` where ``n`` is narrower than the smallest block tile, both start at
-    0, it is not ``m`` and A does not read it (a conv's output rows beside a narrow output
-    width: ``N = rows x width``, so whole block tiles; B is then gathered, so the caller folds
-    only where B's fill is scalar anyway)."""
-    n = b.outer_dim
-    p = n - 1
-    (lp, _), (ln, hn) = shape.data[p] if p >= 0 else (1, 0), shape.data[n]
-    if p < 0 or p == a.outer_dim or lp or ln or hn + 1 >= min(t[1] for t in TILINGS):
-        return None
-    if any(c[p] for c, _ in a.index):
-        return None
-    return p
-
-
 def _extent(shape: GemmShape, d: int) -> int:
     lo, hi = shape.data[d]
     return hi - lo + 1
@@ -469,7 +455,8 @@ def map_tensor_core(
     # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
     lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
     scalar_b = b.gather or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
-    fold = fold_columns(shape, a, b) if scalar_b else None
+    narrow = min(t[1] for t in TILINGS)
+    fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow) if scalar_b else None
     if fold is not None:
         b = replace(b, gather=True)
     mn = (a.outer_dim, b.outer_dim)

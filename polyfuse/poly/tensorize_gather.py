@@ -3,10 +3,11 @@
 A convolution's update ``out[b, o, y, x] += where(pad, x[b, c, s*y + kh - p, s*x + kw - p], 0)
 * w[o, c, kh, kw]`` is a GEMM whose ``k`` is the reduction ``(c, kh, kw)`` flattened
 (row-major over the reduction dims, :func:`k_extent`), ``m = o`` and ``n = x`` with ``(b, y)``
-a batch. Its operands are no plain ``A[m, k]`` tiles: the shared-tile fill gathers them
-element by element through their full affine subscripts (im2col in the fill; ``k`` split back
-into the reduction dims by divisions), scalar and single-stage, so any affine subscript that
-reads the operand's row dim, the reduction dims and batch dims only is accepted
+a batch (or ``y`` folded into the columns beside a narrow ``x``: :func:`fold_columns`). Its
+operands are no plain ``A[m, k]`` tiles: the shared-tile fill gathers them element by element
+through their full affine subscripts (im2col in the fill; ``k`` split back into the reduction
+dims by divisions), scalar and single-stage, so any affine subscript that reads the operand's
+row dim, the reduction dims and batch dims only is accepted
 (:func:`gather_operand`). A padding select ``where(c, x[..], 0)`` is dropped where isl proves
 every update instance on which ``c`` fails reads outside ``x``
 (:func:`polyfuse.poly.select_free.select_free_operands`): the fill zero-fills every element
@@ -157,3 +158,21 @@ def guarded_operands(shape: GemmShape, model, body: Binary) -> set[str] | str:
     if not mine or not mine <= set(free):
         return f"a select in the update is not proven to zero only reads outside {sorted(mine)}"
     return mine
+
+
+def fold_columns(
+    shape: GemmShape, m: int, n: int, a_index: tuple[tuple[tuple[int, ...], int], ...], narrow: int
+) -> int | None:
+    """The data dim to fold into the GEMM's columns with ``n`` (B's row dim; ``m`` A's, whose
+    subscripts are ``a_index``), or None: the dim just outside ``n`` where ``n`` is narrower
+    than ``narrow`` (the smallest block tile's columns), both start at 0, it is not ``m`` and A
+    does not read it (a conv's output rows beside a narrow output width: ``N = rows x width``,
+    so whole block tiles; B is then gathered, so the caller folds only where B's fill is scalar
+    anyway)."""
+    p = n - 1
+    (lp, _), (ln, hn) = shape.data[p] if p >= 0 else (1, 0), shape.data[n]
+    if p < 0 or p == m or lp or ln or hn + 1 >= narrow:
+        return None
+    if any(c[p] for c, _ in a_index):
+        return None
+    return p
