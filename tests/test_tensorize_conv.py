@@ -201,8 +201,10 @@ def test_nvrtc_compiles_tensorized_convs_without_spills(arch):
         ("float16", "3x3_stride2_pad1", 1),
         ("bfloat16", "1x1", 1),
         ("bfloat16", "3x3_stride2_pad1", 2),
+        ("bfloat16", "3x3_pad1", 0),  # a ResNet-sized layer: the rolled gather does not spill
     ):
-        size = (2, 12, 22, 7, 9) if groups > 1 else ODD
+        size = (2, 12, 22, 7, 9) if groups > 1 else ODD if groups else (2, 64, 128, 56, 56)
+        groups = max(groups, 1)
         inputs, out, _, _ = _conv(dtype, size, *CASES[case], groups=groups)
         fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
         assert "pf_mma_m16n8k16_f32_" in fn.kernels[0].source

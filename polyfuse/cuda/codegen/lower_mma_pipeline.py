@@ -126,7 +126,10 @@ def scalar_fill(f: TileFill, k0: str) -> list[str]:
     else:
         row, k = f"{f.row0} + pf_e % {inner}", f"{k0} + pf_e / {inner}"
     zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
+    # a gather's subscripts (divisions, guards) kept rolled: unrolled they spilled on sm_90
+    head = ["#pragma unroll 1"] if f.op.gather else []
     return [
+        *head,
         f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {f.nthreads}) {{",
         f"      const int pf_r = {row}, pf_k = {k};",
         f"      {C_TYPES[f.dtype]} pf_v = {zero};",
