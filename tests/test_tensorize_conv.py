@@ -136,6 +136,21 @@ def test_aligned_1x1_conv_fills_by_cp_async_without_bank_conflicts():
     _run_all_modes(fn, "float16", arrays, want)
 
 
+def test_gathered_conv_tiles_are_read_by_ldmatrix_without_bank_conflicts():
+    """A 3x3 strided conv: its gathered (scalar) fills write the same swizzled tiles as a
+    GEMM's, so the ``ldmatrix`` reads stay conflict-free on the bank counter."""
+    inputs, out, arrays, want = _conv("bfloat16", ODD, *CASES["3x3_stride2_pad1"])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    _tensorized(fn)
+    got = fn(*arrays, race_check="banks")
+    assert tolerance("bfloat16").allclose(got, want.astype(numpy_dtype("bfloat16")))
+    lines = fn.cuda_source.splitlines()
+    sites = [s for t in fn.last_traffic for s in t.shared_banks]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    assert len(loads) >= 2 and {(s.access, s.width) for s in loads} == {("read", 16)}
+    assert [str(s) for s in loads if s.conflicts] == []
+
+
 @pytest.mark.parametrize(
     "dtype, size, case, groups",
     [
