@@ -1,0 +1,448 @@
+"""ATen lowerings that follow torch's type promotion, for every dtype polyfuse stores.
+
+A region may hold float16, bfloat16, float32, float64, int32, int64 and bool tensors
+(:data:`STORED_DTYPES`). Each lowering here computes the dtype torch computes in — found with
+torch's own rule (``torch._prims_common.elementwise_dtypes``) from the operands' dtypes and
+dimensions and the Python numbers beside them — converts every tensor operand to it with an
+inline ``te.cast`` and writes each Python number in it, so the result has the dtype of the
+FX value and the values torch computes:
+
+- ``int + float`` is float (the int converted first, as torch does), ``int / int`` is the
+  default float (true division), a comparison compares in the promoted dtype and gives bool,
+  ``where`` converts both branches to their promoted dtype;
+- ``div(rounding_mode="floor")``, ``floor_divide`` and ``remainder`` of integers are te's
+  ``//`` and ``%`` (Python's floor rule, as torch's); ``rounding_mode="trunc"`` is the floor
+  quotient plus one where the remainder is nonzero and the quotient negative. te divides
+  integers by nonzero constants only: a tensor divisor stays in PyTorch (:func:`dtype_reason`);
+- integer sums count in int64 (torch's rule), bool ``&``/``|``/``^``/``~`` are logical;
+- integer arithmetic wraps in two's complement (int32 at 32 bits, int64 at 64 bits) as
+  torch's CPU and CUDA kernels do in practice.
+
+What polyfuse cannot compute exactly in a dtype (integer division by a tensor, ``&`` of
+integers, a float ``div`` with a rounding mode — torch corrects the rounding of ``a / b``,
+polyfuse floors it) is refused by :func:`dtype_reason`, and the node stays in PyTorch with a
+WARNING naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from polyfuse import te
+from polyfuse.graph import dtypes as dt
+from polyfuse.graph.expr import Expr, Tensor
+from polyfuse.ops._common import bcast, broadcast_shape, op_name
+from polyfuse.ops.reductions import reduce_subscripts
+
+__all__ = [
+    "STORED_DTYPES",
+    "as_dtype",
+    "dtype_reason",
+    "result_dtype",
+    "te_dtype",
+    "torch_dtype",
+]
+
+aten = torch.ops.aten
+
+#: torch dtype → te dtype of the tensors a region may read and write (code generation
+#: stores all of them; uint8, int8, int16, complex and float8 tensors stay in PyTorch)
+STORED_DTYPES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.bool: "bool",
+}
+_TORCH = {v: k for k, v in STORED_DTYPES.items()}
+
+
+def te_dtype(dtype: torch.dtype) -> str:
+    """The te dtype of a region tensor of torch dtype ``dtype`` (one of :data:`STORED_DTYPES`)."""
+    return STORED_DTYPES[dtype]
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of te dtype ``dtype``."""
+    return _TORCH[dtype]
+
+
+def as_dtype(x: Tensor, dtype: str) -> Tensor:
+    """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``."""
+    if x.dtype == dtype:
+        return x
+    return te.compute(x.shape, lambda *i: te.cast(x[i], dtype), name=f"{x.name}_{dtype}")
+
+
+# --------------------------------------------------------------------------------------------
+# torch's promotion
+# --------------------------------------------------------------------------------------------
+
+Operand = Tensor | float | int | bool
+
+
+def _meta(x: Any) -> Any:
+    """A polyfuse tensor, an FX node or a number as ``elementwise_dtypes`` reads it: a meta
+    tensor of the same dtype and dimensionality (a 0-d tensor promotes as a weaker operand
+    than a dimensioned one), or the number itself."""
+    if isinstance(x, torch.fx.Node):
+        x = x.meta.get("val")
+    if isinstance(x, Tensor):
+        return torch.empty(x.shape, dtype=torch_dtype(x.dtype), device="meta")
+    if isinstance(x, torch.Tensor):
+        return torch.empty((1,) if x.dim() else (), dtype=x.dtype, device="meta")
+    return x
+
+
+def result_dtype(*operands: Any, int_to_float: bool = False) -> torch.dtype:
+    """torch's result dtype of an elementwise op on ``operands`` (polyfuse tensors, FX nodes
+    or Python numbers; None is skipped); ``int_to_float`` for true division and math."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
+    from torch._prims_common import elementwise_dtypes
+
+    kind = Kind.INT_TO_FLOAT if int_to_float else Kind.DEFAULT
+    args = [_meta(o) for o in operands if o is not None]
+    return elementwise_dtypes(*args, type_promotion_kind=kind)[1]
+
+
+def _number(v: Any, dtype: str) -> Any:
+    """A Python number as an operand computing in ``dtype``: a weak float beside floats (it
+    takes their dtype, as torch's scalars do), an exact constant of ``dtype`` otherwise."""
+    if dt.is_float(dtype):
+        return float(v)
+    if dtype == "bool":
+        return te.const(bool(v), "bool")
+    return te.const(int(v), dtype)
+
+
+def _typed(dtype: str, *operands: Operand) -> Callable[[tuple[Expr, ...]], list[Any]]:
+    """Read ``operands`` at broadcast loop variables, each converted to ``dtype``."""
+
+    def read(idx: tuple[Expr, ...]) -> list[Any]:
+        out: list[Any] = []
+        for v in operands:
+            if isinstance(v, Tensor):
+                e = v[bcast(v.shape, idx)]
+                out.append(e if v.dtype == dtype else te.cast(e, dtype))
+            else:
+                out.append(_number(v, dtype))
+        return out
+
+    return read
+
+
+def elementwise(op: str, fn: Callable[..., Any], operands: Sequence[Operand], dtype: str) -> Tensor:
+    """One te.compute applying ``fn`` to ``operands`` (numpy broadcasting) converted to
+    ``dtype``; tagged ``op`` as :mod:`polyfuse.ops` tags its composites."""
+    tensors = [t for t in operands if isinstance(t, Tensor)]
+    name = op_name(op, None)
+    shape = broadcast_shape(op, name, [(t.shape, t.name) for t in tensors])
+    read = _typed(dtype, *operands)
+    return te.compute(shape, lambda *idx: fn(*read(idx)), name=name, tag=op)
+
+
+def _promoted(*operands: Any, int_to_float: bool = False) -> str:
+    return te_dtype(result_dtype(*operands, int_to_float=int_to_float))
+
+
+# --------------------------------------------------------------------------------------------
+# Lowerings
+# --------------------------------------------------------------------------------------------
+
+
+def _scaled(b: Operand, alpha: Any, dtype: str) -> Callable[[Any], Any]:
+    return (lambda v: v) if alpha == 1 else (lambda v: v * _number(alpha, dtype))
+
+
+def add(a: Operand, b: Operand, *, alpha: Any = 1) -> Tensor:
+    dtype = _promoted(a, b, alpha if alpha != 1 else None)
+    s = _scaled(b, alpha, dtype)
+    return elementwise("add", lambda x, y: x + s(y), [a, b], dtype)
+
+
+def sub(a: Operand, b: Operand, *, alpha: Any = 1) -> Tensor:
+    dtype = _promoted(a, b, alpha if alpha != 1 else None)
+    s = _scaled(b, alpha, dtype)
+    return elementwise("sub", lambda x, y: x - s(y), [a, b], dtype)
+
+
+def rsub(a: Operand, b: Operand, alpha: Any = 1) -> Tensor:
+    """``b - alpha * a`` (``aten.rsub``: ``1 - x``)."""
+    return sub(b, a, alpha=alpha)
+
+
+def _binary(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Operand, Operand], Tensor]:
+    def lower(a: Operand, b: Operand) -> Tensor:
+        return elementwise(op, fn, [a, b], _promoted(a, b))
+
+    return lower
+
+
+mul = _binary("mul", lambda x, y: x * y)
+maximum = _binary("maximum", te.maximum)
+minimum = _binary("minimum", te.minimum)
+
+
+def pow_(a: Operand, b: Operand) -> Tensor:
+    """``a ** b``: float power, or te's exact integer power (wrapping) for integers."""
+    dtype = _promoted(a, b)
+    return elementwise("pow", lambda x, y: x**y, [a, b], dtype)
+
+
+def div(a: Operand, b: Operand, *, rounding_mode: str | None = None) -> Tensor:
+    """True division (integers give the default float), or an integer ``floor``/``trunc``
+    division by a constant (:func:`dtype_reason` refuses the rest)."""
+    if rounding_mode is None:
+        return elementwise("div", lambda x, y: x / y, [a, b], _promoted(a, b, int_to_float=True))
+    dtype = _promoted(a, b)
+    if rounding_mode == "floor":
+        return elementwise("floordiv", lambda x, y: x // y, [a, b], dtype)
+    c = int(b)  # type: ignore[arg-type]  # a constant: dtype_reason refuses a tensor divisor
+
+    def trunc(x: Any, y: Any) -> Any:
+        # the floor quotient is one below the truncated one where the remainder is nonzero
+        # and the true quotient negative (x and the divisor of opposite signs)
+        opposite = x < 0 if c > 0 else x > 0
+        fix = te.where(te.not_equal(x % y, 0) & opposite, te.const(1, dtype), te.const(0, dtype))
+        return x // y + fix
+
+    return elementwise("truncdiv", trunc, [a, b], dtype)
+
+
+def remainder(a: Operand, b: Operand) -> Tensor:
+    """``torch.remainder`` of integers: te's ``%`` (the divisor's sign)."""
+    return elementwise("remainder", lambda x, y: x % y, [a, b], _promoted(a, b))
+
+
+def compare(op: str) -> Callable[[Operand, Operand], Tensor]:
+    """``aten.eq/ne/lt/le/gt/ge``: compared in the promoted dtype, a bool result."""
+    fn = {
+        "eq": te.equal,
+        "ne": te.not_equal,
+        "lt": lambda x, y: x < y,
+        "le": lambda x, y: x <= y,
+        "gt": lambda x, y: x > y,
+        "ge": lambda x, y: x >= y,
+    }[op]
+
+    def lower(a: Operand, b: Operand) -> Tensor:
+        return elementwise(op, fn, [a, b], _promoted(a, b))
+
+    return lower
+
+
+def where(cond: Tensor, a: Operand, b: Operand) -> Tensor:
+    """``aten.where.self``: the branches in their promoted dtype, the condition as bool."""
+    dtype = _promoted(a, b)
+    c = cond if cond.dtype == "bool" else as_dtype(cond, "bool")
+    read = _typed(dtype, a, b)
+    tensors = [t for t in (c, a, b) if isinstance(t, Tensor)]
+    shape = broadcast_shape("where", "where", [(t.shape, t.name) for t in tensors])
+    return te.compute(
+        shape,
+        lambda *idx: te.where(c[bcast(c.shape, idx)], *read(idx)),
+        name=op_name("where", None),
+        tag="where",
+    )
+
+
+def logical(op: str) -> Callable[..., Tensor]:
+    """``aten.logical_*`` (any dtype, tested ``!= 0``) and ``aten.bitwise_*`` of bools."""
+    fn = {
+        "and": lambda x, y: x & y,
+        "or": lambda x, y: x | y,
+        "xor": te.not_equal,
+        "not": lambda x: te.equal(x, te.const(False, "bool")),
+    }[op]
+
+    def lower(*xs: Operand) -> Tensor:
+        return elementwise(f"logical_{op}", fn, list(xs), "bool")
+
+    return lower
+
+
+def relu(x: Tensor) -> Tensor:
+    return elementwise("relu", lambda v, z: te.maximum(v, z), [x, 0], x.dtype)
+
+
+def clamp(x: Tensor, lo: Any = None, hi: Any = None) -> Tensor:
+    """``min(max(x, lo), hi)`` in the promoted dtype of ``x``, ``lo`` and ``hi``."""
+    dtype = _promoted(x, lo, hi)
+    bounds = [b for b in (lo, hi) if b is not None]
+
+    def body(v: Any, *b: Any) -> Any:
+        it = iter(b)
+        if lo is not None:
+            v = te.maximum(v, next(it))
+        if hi is not None:
+            v = te.minimum(v, next(it))
+        return v
+
+    return elementwise("clamp", body, [x, *bounds], dtype)
+
+
+def float_math(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A float function (``exp``, ``tanh``, …): an integer or bool input is converted to the
+    default float first, as torch does."""
+
+    def lower(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return fn(x if dt.is_float(x.dtype) else as_dtype(x, dt.DEFAULT_FLOAT), *args, **kwargs)
+
+    return lower
+
+
+def scalar_tensor(value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Tensor:
+    """``aten.scalar_tensor``: a 0-d constant (``masked_fill``'s fill value)."""
+    d = te_dtype(dtype) if dtype is not None else dt.DEFAULT_FLOAT
+    return te.compute((), lambda: te.const(value, d), name=op_name("scalar", None))
+
+
+def cat(xs: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat``: the inputs converted to their promoted dtype first."""
+    from polyfuse import ops
+
+    dtype = _promoted(*xs)
+    return ops.concat([as_dtype(x, dtype) for x in xs], axis=dim % len(xs[0].shape))
+
+
+def _axes(x: Tensor, dims: Any) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(len(x.shape)))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % len(x.shape) for d in dims})
+
+
+def reduce(op: str, x: Tensor, dims: Any, keepdim: bool, dtype: str) -> Tensor:
+    """``te.sum/max/min`` of ``x`` converted to ``dtype`` over ``dims`` (all for None)."""
+    axes = _axes(x, dims)
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
+    name = op_name(f"reduce_{op}", None)
+    if not axes:
+        return elementwise(f"reduce_{op}", lambda v: v, [x], dtype)
+    ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+    reducer = {"sum": te.sum, "max": te.max, "min": te.min}[op]
+
+    def body(*idx: Any) -> Any:
+        v = x[reduce_subscripts(len(x.shape), ks, keepdim, idx)]
+        return reducer(v if x.dtype == dtype else te.cast(v, dtype), axis=list(ks.values()))
+
+    return te.compute(shape, body, name=name, tag=f"reduce_{op}")
+
+
+def sum_(x: Tensor, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """``aten.sum``: integers and bools count in int64 (torch's rule) unless ``dtype`` says."""
+    if dtype is not None:
+        d = te_dtype(dtype)
+    else:
+        d = x.dtype if dt.is_float(x.dtype) else "int64"
+    return reduce("sum", x, dims, bool(keepdim), d)
+
+
+def any_all(op: str) -> Callable[..., Tensor]:
+    """``aten.any``/``aten.all``: the max/min of the input tested ``!= 0``."""
+
+    def lower(x: Tensor, dims: Any = None, keepdim: bool = False) -> Tensor:
+        return reduce(op, x, dims, bool(keepdim), "bool")
+
+    return lower
+
+
+def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
+    """``aten.index.Tensor`` with one integer index tensor on the first dimension (an
+    embedding lookup, ``table[ids]``): a gather; negative indices count from the end."""
+    [ids] = indices
+    n = x.shape[0]
+    shape = (*ids.shape, *x.shape[1:])
+    k = len(ids.shape)
+
+    def body(*idx: Any) -> Any:
+        i = ids[idx[:k]]
+        row = te.where(i < 0, i + n, i)
+        return x[(te.data_index(row), *idx[k:])]
+
+    return te.compute(shape, body, name=op_name("index", None), tag="gather")
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals
+# --------------------------------------------------------------------------------------------
+
+
+def _val(a: Any) -> Any:
+    return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+
+def _is_tensor(a: Any) -> bool:
+    return isinstance(_val(a), torch.Tensor)
+
+
+_INT_DIVISION = {
+    aten.div.Tensor_mode,
+    aten.div.Scalar_mode,
+    aten.floor_divide.default,
+    aten.floor_divide.Scalar,
+    aten.remainder.Tensor,
+    aten.remainder.Scalar,
+}
+_BITWISE = {
+    aten.bitwise_and.Tensor,
+    aten.bitwise_and.Scalar,
+    aten.bitwise_or.Tensor,
+    aten.bitwise_or.Scalar,
+    aten.bitwise_xor.Tensor,
+    aten.bitwise_xor.Scalar,
+    aten.bitwise_not.default,
+}
+_BOOL_ARITH = {aten.add.Tensor, aten.add.Scalar, aten.mul.Tensor, aten.mul.Scalar}
+
+
+def dtype_reason(node: torch.fx.Node) -> str | None:
+    """Why a node of a stored dtype cannot be computed exactly in it, else None. Reasons
+    start with ``dtype <name>:`` so that the backend counts and logs them as dtype
+    fallbacks."""
+    target, args, kwargs = node.target, node.args, node.kwargs
+    if target in _INT_DIVISION:
+        mode = kwargs.get("rounding_mode", "floor")
+        if target in (aten.remainder.Tensor, aten.remainder.Scalar):
+            mode = "remainder"
+        if mode is None:
+            return None
+        d = result_dtype(*args[:2])
+        name = str(d).removeprefix("torch.")
+        if d.is_floating_point:
+            return (
+                f"dtype {name}: {mode} division of floats (torch corrects the rounding of "
+                "a / b; polyfuse floors it)"
+            )
+        b = args[1]
+        if _is_tensor(b):
+            return (
+                f"dtype {name}: integer {mode} division by a tensor (polyfuse divides "
+                "integers by nonzero constants)"
+            )
+        if int(b) == 0:
+            return f"dtype {name}: integer division by zero (torch raises)"
+        return None
+    if target in _BITWISE:
+        d = _val(node).dtype
+        if d != torch.bool:
+            name = str(d).removeprefix("torch.")
+            return f"dtype {name}: bitwise operators on integers (polyfuse's & | ~ are logical)"
+        return None
+    if target in _BOOL_ARITH and _val(node).dtype == torch.bool:
+        return "dtype bool: arithmetic on bool tensors"
+    if target is aten.index.Tensor:
+        idx = args[1]
+        if (
+            len(idx) != 1
+            or not isinstance(idx[0], torch.fx.Node)
+            or _val(idx[0]).dtype not in (torch.int32, torch.int64)
+        ):
+            return "index other than one integer tensor on the first dimension"
+    return None

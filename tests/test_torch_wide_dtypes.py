@@ -1,0 +1,264 @@
+"""torch.compile(backend="polyfuse") regions in float64, int32, int64 and bool (issue 22 item
+4): each lowered ATen operator gives torch's result dtype (type promotion, true and floor/trunc
+division, comparisons, ``where``, casts, integer sums), the region runs in polyfuse (no
+operator left in PyTorch for its dtype) and matches eager exactly for integers and bools,
+within float64's tolerance for float64. What polyfuse cannot compute exactly in a dtype stays
+in PyTorch with a WARNING naming the operator and the reason."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import polyfuse.torch as pt  # noqa: E402
+from polyfuse.graph.dtypes import tolerance  # noqa: E402
+from polyfuse.torch import last_compiled  # noqa: E402
+
+EXACT = (torch.int32, torch.int64, torch.bool)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    pt.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _flat(x):
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def _same(got, want) -> None:
+    """Equal dtypes and shapes; integers and bools exactly equal, floats within the float64
+    tolerance (float32 results of mixed operands within float32's)."""
+    for g, w in zip(_flat(got), _flat(want), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
+        if w.dtype in EXACT:
+            assert torch.equal(g, w), (g, w)
+        else:
+            tol = tolerance(str(w.dtype).removeprefix("torch."))
+            assert tol.allclose(g.double().numpy(), w.double().numpy()), (g, w)
+
+
+def _compile_all(fn, *args, dtypes=()):
+    """Compile ``fn``, compare with eager and assert that every operator ran in polyfuse
+    regions (none left in PyTorch, none for its dtype); the regions read ``dtypes``."""
+    with torch.no_grad():
+        got = torch.compile(fn, backend="polyfuse")(*args)
+        want = fn(*args)
+    _same(got, want)
+    g = last_compiled()
+    report = g.polyfuse_report
+    assert g.polyfuse_regions, "no polyfuse region"
+    assert report["eager"] == {}, report["reasons"]
+    assert report["eager_for_dtype"] == {}
+    seen = {t.dtype for r in g.polyfuse_regions for t in r.lowered.inputs}
+    assert set(dtypes) <= seen, seen
+    return report
+
+
+def _warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "polyfuse.torch" and r.levelno == logging.WARNING
+    ]
+
+
+# ----------------------------------------------------------------------------- per dtype
+
+
+def test_float64_mlp_softmax_layer_norm():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4), nn.Softmax(-1)
+    )
+    model = model.double().eval()
+    x = torch.randn(5, 8, dtype=torch.float64)
+    report = _compile_all(model, x, dtypes={"float64"})
+    assert report["polyfuse"]["aten.addmm.default"] == 2
+
+
+def _int_chain(x, y):
+    """Arithmetic, floor/trunc division and remainder by constants (negative operands),
+    clamp/relu/max, integer sums (int64 in torch) and maxima."""
+    a = x * 7 - y + 3
+    q = torch.div(a, 4, rounding_mode="floor")
+    t = torch.div(a, -3, rounding_mode="trunc")
+    r = a % 5
+    c = torch.clamp(a, -20, 20) + torch.relu(y) + torch.maximum(x, y)
+    return q, t, r, c, a.sum(dim=1), a.amax(dim=0), a.amin(dim=1, keepdim=True), x.abs() - y
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_arithmetic_division_and_reductions(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-1000, 1000, (6, 40), generator=g, dtype=dtype)
+    y = torch.randint(-1000, 1000, (6, 40), generator=g, dtype=dtype)
+    _compile_all(_int_chain, x, y, dtypes={str(dtype).removeprefix("torch.")})
+
+
+def test_int32_wraps_in_twos_complement_like_torch():
+    x = torch.tensor([2**31 - 1, -(2**31), 123456789, -987654321], dtype=torch.int32)
+    _compile_all(lambda v: (v * 1000003 + 1, (v + 1) * -1), x, dtypes={"int32"})
+
+
+def test_bool_masks():
+    g = torch.Generator().manual_seed(2)
+    m = torch.rand(6, 33, generator=g) > 0.4
+    k = torch.rand(6, 33, generator=g) > 0.7
+
+    def masks(m, k):
+        both = m & ~k
+        either = m | k
+        diff = m ^ k
+        return both, either, diff, both.any(dim=1), either.all(dim=0), m.sum(dim=1), m == k
+
+    _compile_all(masks, m, k, dtypes={"bool"})
+
+
+def test_bool_mask_selects_floats():
+    # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 24, generator=g, dtype=torch.float64)
+    pad = torch.rand(4, 24, generator=g) > 0.5
+
+    def f(x, pad):
+        scores = x.masked_fill(pad, float("-inf"))
+        keep = (x > 0.25) & ~pad
+        return torch.softmax(scores, -1), torch.where(keep, x, -x * 2), keep.sum(dim=-1)
+
+    pad[:, 0] = False  # every row keeps one score
+    _compile_all(f, x, pad, dtypes={"float64", "bool"})
+
+
+# ------------------------------------------------------------------------------- promotion
+
+
+def test_mixed_int_float_promotion():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 16, generator=g)
+    i = torch.randint(-50, 50, (5, 16), generator=g)  # int64
+    j = torch.randint(1, 9, (16,), generator=g, dtype=torch.int32)
+    d = torch.randn(16, generator=g, dtype=torch.float64)
+
+    def f(x, i, j, d):
+        return (
+            x * i + 1,  # int64 * float32 -> float32
+            i / j,  # true division of integers -> float32
+            i * j + 2,  # int64 * int32 -> int64
+            i + d,  # int64 + float64 -> float64
+            x + d,  # float32 + float64 -> float64
+            i > x,  # compared in float32 -> bool
+            (i * 0.5).exp(),  # int * python float -> float32
+            j.to(torch.float16) * 3,  # cast to half
+            torch.where(i > 0, i, x),  # where promotes its branches -> float32
+        )
+
+    report = _compile_all(f, x, i, j, d, dtypes={"float32", "int64", "int32", "float64"})
+    assert len(last_compiled().polyfuse_regions) == 1, report
+
+
+def test_float_to_int_casts_truncate_toward_zero():
+    x = torch.tensor([-2.7, -2.5, -0.5, 0.5, 2.5, 2.7, 1e9, -1e9], dtype=torch.float64)
+    f = torch.tensor([-2.7, -0.2, 0.0, 0.2, 3.9, 7.0], dtype=torch.float32)
+    _compile_all(
+        lambda x, f: (
+            x.to(torch.int64),
+            x.to(torch.int32),
+            f.to(torch.int64),
+            f.to(torch.bool),
+            x.to(torch.int64).to(torch.float64) - x,
+        ),
+        x,
+        f,
+        dtypes={"float64", "float32"},
+    )
+
+
+def test_int64_beyond_float32_precision():
+    # above 2**40 float32 holds multiples of 2**17 only: a region computing in float32 would
+    # round these values; int64 regions carry them exactly, as torch does
+    base = 2**40 + 12345
+    i = torch.tensor([[base, -base, 7], [base * 3, 1, -(2**62)]], dtype=torch.int64)
+
+    def f(i):
+        return i * 3 + 1, (i + 2**41) // 7, i.sum(dim=1), i.amax(dim=1)
+
+    _compile_all(f, i, dtypes={"int64"})
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(i)
+    through_float32 = (i.float() * 3 + 1).long()
+    assert not torch.equal(through_float32, f(i)[0])
+    assert got[0][0, 0].item() == base * 3 + 1
+
+
+def test_int64_ids_gather_an_embedding():
+    torch.manual_seed(5)
+    table = nn.Embedding(11, 6).double().eval()
+    ids = torch.tensor([[0, 10, 3], [7, 7, 1]])
+
+    def f(ids):
+        return table(ids) * 2 + table.weight[ids[:, :1] - 11].sum(dim=1, keepdim=True)
+
+    _compile_all(f, ids, dtypes={"int64", "float64"})
+
+
+# ------------------------------------------------------------------------------- fallbacks
+
+
+def test_what_is_not_exact_stays_in_pytorch_with_a_warning(caplog):
+    g = torch.Generator().manual_seed(6)
+    a = torch.randint(-100, 100, (4, 8), generator=g)
+    b = torch.randint(1, 9, (4, 8), generator=g)
+    x = torch.randn(4, 8, generator=g, dtype=torch.float64)
+
+    def f(a, b, x):
+        return (a + 1) // b, torch.div(x, 0.1, rounding_mode="floor"), (a + 2) & 6
+
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        got = torch.compile(f, backend="polyfuse")(a, b, x)
+    _same(got, f(a, b, x))
+    report = last_compiled().polyfuse_report
+    by_int = (
+        "dtype int64: integer floor division by a tensor (polyfuse divides integers by "
+        "nonzero constants)"
+    )
+    by_float = (
+        "dtype float64: floor division of floats (torch corrects the rounding of a / b; "
+        "polyfuse floors it)"
+    )
+    bitwise = "dtype int64: bitwise operators on integers (polyfuse's & | ~ are logical)"
+    assert report["eager_for_dtype"] == {
+        f"aten.div.Tensor_mode ({by_int})": 1,
+        f"aten.div.Tensor_mode ({by_float})": 1,
+        f"aten.bitwise_and.Scalar ({bitwise})": 1,
+    }
+    # the additions around them ran in polyfuse
+    assert report["polyfuse"]["aten.add.Tensor"] == 2
+    [msg] = [m for m in _warnings(caplog) if "for their dtype" in m]
+    assert "3 operators stay in PyTorch for their dtype" in msg
+    assert by_int in msg and by_float in msg and bitwise in msg
+
+
+def test_dtypes_polyfuse_lacks_stay_in_pytorch_with_a_warning(caplog):
+    x = torch.arange(-6, 6, dtype=torch.int16).reshape(3, 4)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        got = torch.compile(lambda v: (v * 3 + 1).abs(), backend="polyfuse")(x)
+    assert torch.equal(got, (x * 3 + 1).abs())
+    reason = (
+        "dtype int16 (polyfuse stores float16, bfloat16, float32, float64, int32, int64 and bool)"
+    )
+    report = last_compiled().polyfuse_report
+    assert report["eager_for_dtype"] == {
+        f"aten.mul.Tensor ({reason})": 1,
+        f"aten.add.Tensor ({reason})": 1,
+        f"aten.abs.default ({reason})": 1,
+    }
+    assert last_compiled().polyfuse_regions == []
+    assert any("3 operators stay in PyTorch for their dtype" in m for m in _warnings(caplog))
