@@ -262,3 +262,25 @@ def test_dtypes_polyfuse_lacks_stay_in_pytorch_with_a_warning(caplog):
     }
     assert last_compiled().polyfuse_regions == []
     assert any("3 operators stay in PyTorch for their dtype" in m for m in _warnings(caplog))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_values_are_rounded_before_comparisons_and_integer_casts(dtype):
+    # torch compares a float16 tensor with the float16 rounding of a Python number, and each
+    # eager operator stores a rounded value: (x * 3) is 40.0 in float16 where float32 holds
+    # 39.996, so its int conversion is 40 and ``>= 40`` holds; a fused kernel computing in
+    # float32 registers rounds to the 16-bit dtype before such a discrete step
+    x = (torch.tensor([0.1, 0.2, 0.0999, 13.332, 13.3359375, 1.0 / 3]) * 1).to(dtype)
+
+    def f(x):
+        y = x * 3
+        return x >= 0.1, x == 0.2, x < 0.2, y.to(torch.int32), y >= 40, y.bool(), y.long().sum()
+
+    _compile_all(f, x, dtypes={str(dtype).removeprefix("torch.")})
+
+
+def test_full_reductions_return_0d_tensors():
+    i = torch.arange(-5, 7, dtype=torch.int32).reshape(3, 4)
+    x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
+    # _compile_all compares shapes: 0-d results come back 0-d (not shape (1,))
+    _compile_all(lambda i, x: (i.sum(), (i > 0).sum(), x.mean() + i.sum()), i, x)

@@ -158,8 +158,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
-    """The inverse of :func:`to_numpy` (a C-contiguous copy where ``a`` is not)."""
-    a = np.ascontiguousarray(a)
+    """The inverse of :func:`to_numpy` (a C-contiguous copy where ``a`` is not; a 0-d array
+    stays 0-d, which ``np.ascontiguousarray`` would make 1-d)."""
+    a = a if a.flags.c_contiguous else a.copy(order="C")
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)

@@ -280,6 +280,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.sum.dim_IntList: typed.sum_,
     aten.sum.default: lambda x, *, dtype=None: typed.sum_(x, None, False, dtype=dtype),
     aten.mean.dim: _reduce(ops.reduce_mean),
+    aten.mean.default: lambda x, *, dtype=None: _reduce(ops.reduce_mean)(x, None, dtype=dtype),
     aten.amax.default: lambda x, dims=(), keepdim=False: typed.reduce(
         "max", x, dims, keepdim, x.dtype
     ),

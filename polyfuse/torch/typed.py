@@ -73,11 +73,25 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return _TORCH[dtype]
 
 
+def stored(e: Expr, dtype: str) -> Expr:
+    """``e`` (a read of a tensor of ``dtype``) rounded to ``dtype`` where that is a 16-bit
+    float. A fused kernel holds 16-bit values in float32 registers and rounds them when it
+    stores them; where the next step is discrete (a comparison, a conversion to an integer)
+    the value must be the float16/bfloat16 value torch's eager operator stored, or
+    ``(x * 3).int()`` of a float16 ``x`` could give 39 where torch gives 40."""
+    return te.cast(e, dtype) if dtype in dt.HALF_DTYPES else e
+
+
 def as_dtype(x: Tensor, dtype: str) -> Tensor:
-    """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``."""
+    """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``
+    (a 16-bit float converted to an integer or bool is first rounded, :func:`stored`)."""
     if x.dtype == dtype:
         return x
-    return te.compute(x.shape, lambda *i: te.cast(x[i], dtype), name=f"{x.name}_{dtype}")
+    if dt.is_float(dtype):
+        return te.compute(x.shape, lambda *i: te.cast(x[i], dtype), name=f"{x.name}_{dtype}")
+    return te.compute(
+        x.shape, lambda *i: te.cast(stored(x[i], x.dtype), dtype), name=f"{x.name}_{dtype}"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,39 +125,54 @@ def result_dtype(*operands: Any, int_to_float: bool = False) -> torch.dtype:
     return elementwise_dtypes(*args, type_promotion_kind=kind)[1]
 
 
-def _number(v: Any, dtype: str) -> Any:
+def _number(v: Any, dtype: str, exact: bool = False) -> Any:
     """A Python number as an operand computing in ``dtype``: a weak float beside floats (it
-    takes their dtype, as torch's scalars do), an exact constant of ``dtype`` otherwise."""
+    takes their dtype; beside float16/bfloat16 arithmetic keeps it in float32, as torch's
+    ``opmath`` does), a constant of ``dtype`` otherwise or with ``exact`` (comparisons:
+    torch rounds the number to the compared dtype, ``x_f16 >= 0.1`` compares with float16's
+    0.1)."""
     if dt.is_float(dtype):
-        return float(v)
+        return te.const(float(v), dtype) if exact else float(v)
     if dtype == "bool":
         return te.const(bool(v), "bool")
     return te.const(int(v), dtype)
 
 
-def _typed(dtype: str, *operands: Operand) -> Callable[[tuple[Expr, ...]], list[Any]]:
-    """Read ``operands`` at broadcast loop variables, each converted to ``dtype``."""
+def _typed(
+    dtype: str, *operands: Operand, exact: bool = False
+) -> Callable[[tuple[Expr, ...]], list[Any]]:
+    """Read ``operands`` at broadcast loop variables, each converted to ``dtype`` (numbers
+    as :func:`_number` says; 16-bit floats rounded first where the result is exact or not a
+    float, :func:`stored`)."""
 
     def read(idx: tuple[Expr, ...]) -> list[Any]:
         out: list[Any] = []
         for v in operands:
             if isinstance(v, Tensor):
                 e = v[bcast(v.shape, idx)]
+                if exact or not dt.is_float(dtype):
+                    e = stored(e, v.dtype)
                 out.append(e if v.dtype == dtype else te.cast(e, dtype))
             else:
-                out.append(_number(v, dtype))
+                out.append(_number(v, dtype, exact))
         return out
 
     return read
 
 
-def elementwise(op: str, fn: Callable[..., Any], operands: Sequence[Operand], dtype: str) -> Tensor:
+def elementwise(
+    op: str,
+    fn: Callable[..., Any],
+    operands: Sequence[Operand],
+    dtype: str,
+    exact: bool = False,
+) -> Tensor:
     """One te.compute applying ``fn`` to ``operands`` (numpy broadcasting) converted to
     ``dtype``; tagged ``op`` as :mod:`polyfuse.ops` tags its composites."""
     tensors = [t for t in operands if isinstance(t, Tensor)]
     name = op_name(op, None)
     shape = broadcast_shape(op, name, [(t.shape, t.name) for t in tensors])
-    read = _typed(dtype, *operands)
+    read = _typed(dtype, *operands, exact=exact)
     return te.compute(shape, lambda *idx: fn(*read(idx)), name=name, tag=op)
 
 
@@ -232,7 +261,7 @@ def compare(op: str) -> Callable[[Operand, Operand], Tensor]:
     }[op]
 
     def lower(a: Operand, b: Operand) -> Tensor:
-        return elementwise(op, fn, [a, b], _promoted(a, b))
+        return elementwise(op, fn, [a, b], _promoted(a, b), exact=True)
 
     return lower
 
@@ -330,7 +359,9 @@ def reduce(op: str, x: Tensor, dims: Any, keepdim: bool, dtype: str) -> Tensor:
 
     def body(*idx: Any) -> Any:
         v = x[reduce_subscripts(len(x.shape), ks, keepdim, idx)]
-        return reducer(v if x.dtype == dtype else te.cast(v, dtype), axis=list(ks.values()))
+        if x.dtype != dtype:
+            v = te.cast(v if dt.is_float(dtype) else stored(v, x.dtype), dtype)
+        return reducer(v, axis=list(ks.values()))
 
     return te.compute(shape, body, name=name, tag=f"reduce_{op}")
 
