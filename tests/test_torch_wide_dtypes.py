@@ -284,3 +284,28 @@ def test_full_reductions_return_0d_tensors():
     x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4)
     # _compile_all compares shapes: 0-d results come back 0-d (not shape (1,))
     _compile_all(lambda i, x: (i.sum(), (i > 0).sum(), x.mean() + i.sum()), i, x)
+
+
+def test_float64_transformer_layer_with_a_bool_padding_mask_is_one_region():
+    # the mask's bool -> -inf conversion (full, where) now runs in the region too
+    torch.manual_seed(7)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    _compile_all(lambda x, pad: layer(x, src_key_padding_mask=pad), x, pad, dtypes={"bool"})
+    assert len(last_compiled().polyfuse_regions) == 1
+
+
+def test_constants_alone_make_no_region():
+    # a region reading no tensor would have no device to run on: full(...) * 2, read only by
+    # an operator polyfuse lacks (cumsum), stays eager
+    def f(x):
+        c = torch.full((4,), 3, dtype=torch.int64) * 2
+        return x + c.cumsum(0)
+
+    x = torch.arange(4)
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(x)
+    assert torch.equal(got, f(x))
+    regions = last_compiled().polyfuse_regions
+    assert regions and all(r.lowered.inputs for r in regions)

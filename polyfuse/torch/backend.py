@@ -182,7 +182,10 @@ def _partitions(gm: torch.fx.GraphModule) -> list[Any]:
     keep = []
     for p in partitioner.propose_partitions():
         compute = [n for n in p.nodes if op_name(n) not in DATA_MOVEMENT]
-        if compute:
+        # a region reading no tensor (only constants: full, scalar_tensor) would have no
+        # device to run on; such constants stay in PyTorch, where the model's device is known
+        reads = any(a not in p.nodes for n in p.nodes for a in n.all_input_nodes)
+        if compute and reads:
             keep.append(p)
     return partitioner, keep
 

@@ -230,6 +230,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     **{getattr(aten, c).Scalar: typed.compare(c) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
     aten.where.self: typed.where,
     aten.scalar_tensor.default: typed.scalar_tensor,
+    aten.full.default: typed.full,
+    aten.full_like.default: typed.full_like,
     aten.logical_and.default: typed.logical("and"),
     aten.logical_or.default: typed.logical("or"),
     aten.logical_xor.default: typed.logical("xor"),

@@ -185,19 +185,22 @@ def _promoted(*operands: Any, int_to_float: bool = False) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _scaled(b: Operand, alpha: Any, dtype: str) -> Callable[[Any], Any]:
+def _scaled(alpha: Any, dtype: str) -> Callable[[Any], Any]:
     return (lambda v: v) if alpha == 1 else (lambda v: v * _number(alpha, dtype))
 
 
 def add(a: Operand, b: Operand, *, alpha: Any = 1) -> Tensor:
-    dtype = _promoted(a, b, alpha if alpha != 1 else None)
-    s = _scaled(b, alpha, dtype)
+    """``a + alpha * b`` (``alpha`` takes the operands' dtype; torch refuses a float one for
+    integers)."""
+    dtype = _promoted(a, b)
+    s = _scaled(alpha, dtype)
     return elementwise("add", lambda x, y: x + s(y), [a, b], dtype)
 
 
 def sub(a: Operand, b: Operand, *, alpha: Any = 1) -> Tensor:
-    dtype = _promoted(a, b, alpha if alpha != 1 else None)
-    s = _scaled(b, alpha, dtype)
+    """``a - alpha * b``."""
+    dtype = _promoted(a, b)
+    s = _scaled(alpha, dtype)
     return elementwise("sub", lambda x, y: x - s(y), [a, b], dtype)
 
 
@@ -332,6 +335,27 @@ def scalar_tensor(value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> 
     return te.compute((), lambda: te.const(value, d), name=op_name("scalar", None))
 
 
+def _fill_dtype(value: Any, dtype: torch.dtype | None) -> str:
+    """``dtype``, or torch's dtype for a fill of ``value`` alone (bool, int64, float32)."""
+    if dtype is not None:
+        return te_dtype(dtype)
+    if isinstance(value, bool):
+        return "bool"
+    return "int64" if isinstance(value, int) else dt.DEFAULT_FLOAT
+
+
+def full(size: Sequence[int], value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Tensor:
+    """``aten.full``: a constant tensor of ``size``."""
+    d = _fill_dtype(value, dtype)
+    return te.compute(tuple(size), lambda *i: te.const(value, d), name=op_name("full", None))
+
+
+def full_like(x: Tensor, value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Tensor:
+    """``aten.full_like``: a constant tensor of ``x``'s shape (and dtype unless given)."""
+    d = te_dtype(dtype) if dtype is not None else x.dtype
+    return te.compute(x.shape, lambda *i: te.const(value, d), name=op_name("full", None))
+
+
 def cat(xs: Sequence[Tensor], dim: int = 0) -> Tensor:
     """``torch.cat``: the inputs converted to their promoted dtype first."""
     from polyfuse import ops
@@ -446,16 +470,19 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
             return None
         d = result_dtype(*args[:2])
         name = str(d).removeprefix("torch.")
+        what = "remainder" if mode == "remainder" else f"{mode} division"
         if d.is_floating_point:
-            return (
-                f"dtype {name}: {mode} division of floats (torch corrects the rounding of "
-                "a / b; polyfuse floors it)"
+            how = (
+                "torch's is fmod-based, polyfuse's a - b * floor(a / b)"
+                if mode == "remainder"
+                else "torch corrects the rounding of a / b; polyfuse floors it"
             )
+            return f"dtype {name}: {what} of floats ({how})"
         b = args[1]
         if _is_tensor(b):
             return (
-                f"dtype {name}: integer {mode} division by a tensor (polyfuse divides "
-                "integers by nonzero constants)"
+                f"dtype {name}: integer {what} by a tensor (polyfuse divides integers by "
+                "nonzero constants)"
             )
         if int(b) == 0:
             return f"dtype {name}: integer division by zero (torch raises)"
