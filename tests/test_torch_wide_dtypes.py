@@ -196,6 +196,8 @@ def test_int64_beyond_float32_precision():
     through_float32 = (i.float() * 3 + 1).long()
     assert not torch.equal(through_float32, f(i)[0])
     assert got[0][0, 0].item() == base * 3 + 1
+    # -(2**62) * 3 overflows int64: torch and polyfuse both wrap in two's complement
+    assert got[0][1, 2].item() == 2**62 + 1 == f(i)[0][1, 2].item()
 
 
 def test_int64_ids_gather_an_embedding():
@@ -309,3 +311,30 @@ def test_constants_alone_make_no_region():
     assert torch.equal(got, f(x))
     regions = last_compiled().polyfuse_regions
     assert regions and all(r.lowered.inputs for r in regions)
+
+
+def test_layout_operators_keep_int_and_bool():
+    i = torch.arange(24).reshape(2, 3, 4)
+    b = i % 3 == 0
+
+    def f(i, b):
+        return (
+            i.permute(2, 0, 1) * 2,
+            i[:, 1:, ::2] + 1,
+            i.transpose(0, 1).reshape(3, 8) - 1,
+            i[1] + i.unsqueeze(0).expand(2, 2, 3, 4)[1],
+            torch.cat([i, i + 1], 1) * 1,
+            ~b[:, 1:] | b.permute(0, 1, 2)[:, :2],
+            torch.cat([b, ~b], 2) & True,
+        )
+
+    _compile_all(f, i, b, dtypes={"int64", "bool"})
+
+
+def test_float64_cnn_block():
+    torch.manual_seed(8)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2)
+    )
+    x = torch.randn(1, 2, 6, 6, dtype=torch.float64)
+    _compile_all(model.double().eval(), x, dtypes={"float64"})
