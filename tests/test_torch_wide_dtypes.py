@@ -338,3 +338,14 @@ def test_float64_cnn_block():
     )
     x = torch.randn(1, 2, 6, 6, dtype=torch.float64)
     _compile_all(model.double().eval(), x, dtypes={"float64"})
+
+
+def test_arange_in_a_region():
+    # integer positions (a causal mask's tril decomposes to aranges) and float ranges
+    def f(x):
+        rows = torch.arange(4).unsqueeze(1)
+        cols = torch.arange(1, 13, 2)
+        causal = cols <= rows * 3
+        return torch.where(causal, x, 0.0), x + torch.arange(0.0, 0.6, 0.1, dtype=torch.float64)
+
+    _compile_all(f, torch.randn(4, 6, dtype=torch.float64), dtypes={"float64"})

@@ -26,6 +26,7 @@ WARNING naming it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -354,6 +355,27 @@ def full_like(x: Tensor, value: Any, *, dtype: torch.dtype | None = None, **_: A
     """``aten.full_like``: a constant tensor of ``x``'s shape (and dtype unless given)."""
     d = te_dtype(dtype) if dtype is not None else x.dtype
     return te.compute(x.shape, lambda *i: te.const(value, d), name=op_name("full", None))
+
+
+def arange(
+    start: Any, end: Any = None, step: Any = 1, *, dtype: torch.dtype | None = None, **_: Any
+) -> Tensor:
+    """``aten.arange`` (``arange(end)``, ``arange(start, end[, step])``): ``start + i * step``,
+    integers exactly, floats computed in float64 and rounded once (as torch's kernel)."""
+    if end is None:
+        start, end = 0, start
+    ints = all(isinstance(v, int) for v in (start, end, step))
+    d = te_dtype(dtype) if dtype is not None else ("int64" if ints else dt.DEFAULT_FLOAT)
+    n = len(range(start, end, step)) if ints else max(0, math.ceil((end - start) / step))
+    if dt.is_float(d):
+        return te.compute(
+            (n,),
+            lambda i: te.cast(te.const(float(start), "float64") + te.cast(i, "float64") * step, d),
+            name=op_name("arange", None),
+        )
+    return te.compute(
+        (n,), lambda i: te.const(start, d) + te.cast(i, d) * step, name=op_name("arange", None)
+    )
 
 
 def cat(xs: Sequence[Tensor], dim: int = 0) -> Tensor:
