@@ -349,3 +349,22 @@ def test_arange_in_a_region():
         return torch.where(causal, x, 0.0), x + torch.arange(0.0, 0.6, 0.1, dtype=torch.float64)
 
     _compile_all(f, torch.randn(4, 6, dtype=torch.float64), dtypes={"float64"})
+
+
+def test_argmax_argmin_first_index_and_nan():
+    # ties give the first index, a NaN wins (torch's rule); int64 results, dim or flattened
+    nan = float("nan")
+    x = torch.tensor([[1.0, 3.0, 3.0, -1.0], [nan, 2.0, nan, 9.0], [0.5, 0.5, -2.0, -2.0]])
+    i = torch.tensor([[5, 7, 7, 1], [-3, -3, 0, 2]], dtype=torch.int32)
+
+    def f(x, i):
+        return (
+            x.argmax(dim=1),
+            x.argmin(dim=0, keepdim=True),
+            (x * 2).argmax(),
+            i.argmax(dim=1),
+            i.argmin(dim=1, keepdim=True),
+            i.argmin(),
+        )
+
+    _compile_all(f, x, i, dtypes={"float32", "int32"})

@@ -299,6 +299,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.all.dim: typed.any_all("min"),
     aten.all.dims: typed.any_all("min"),
     aten.index.Tensor: typed.index,
+    aten.argmax.default: typed.arg_extreme("max"),
+    aten.argmin.default: typed.arg_extreme("min"),
     aten.embedding.default: lambda w, ids, *args: typed.index(w, [ids]),
     aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(
         _as_dtype(x, "float32") if half_to_float else x, axis=dim

@@ -430,6 +430,60 @@ def any_all(op: str) -> Callable[..., Tensor]:
     return lower
 
 
+def arg_extreme(op: str) -> Callable[..., Tensor]:
+    """``aten.argmax``/``argmin``: the int64 index of the first maximum (minimum) along
+    ``dim`` (in the flattened tensor for None). Reductions: the extreme value, the first
+    index holding it and, for floats, the first NaN's index — torch's answer where a NaN is
+    present."""
+
+    def lower(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        axes = _axes(x, dim)
+        keepdim = bool(keepdim)
+        ext = reduce(op, x, axes, True, x.dtype)  # unit dims where reduced
+        n = math.prod(x.shape[d] for d in axes)
+        shape = tuple(
+            1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes
+        )
+
+        def at_ext(idx: tuple[Any, ...]) -> tuple[Any, ...]:
+            """Subscripts of ``ext`` from the result's loop variables."""
+            it = iter(idx)
+            out = []
+            for d in range(len(x.shape)):
+                if d in axes:
+                    out.append(0)
+                    if keepdim:
+                        next(it)
+                else:
+                    out.append(next(it))
+            return tuple(out)
+
+        def first(test: Callable[[Any, tuple[Any, ...]], Any], name: str) -> Tensor:
+            ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+
+            def body(*idx: Any) -> Any:
+                v = stored(x[reduce_subscripts(len(x.shape), ks, keepdim, idx)], x.dtype)
+                pos: Any = 0
+                for d in axes:
+                    pos = pos * x.shape[d] + ks[d]
+                return te.min(te.where(test(v, idx), pos, n), axis=list(ks.values()))
+
+            return te.compute(shape, body, name=op_name(name, None), tag=f"arg{op}")
+
+        hit = first(lambda v, idx: te.equal(v, ext[at_ext(idx)]), f"arg{op}")
+        if not dt.is_float(x.dtype):
+            return as_dtype(hit, "int64")
+        nan = first(lambda v, idx: te.isnan(v), f"arg{op}_nan")
+        return te.compute(
+            shape,
+            lambda *i: te.cast(te.where(nan[i] < n, nan[i], hit[i]), "int64"),
+            name=op_name(f"arg{op}", None),
+            tag=f"arg{op}",
+        )
+
+    return lower
+
+
 def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
     """``aten.index.Tensor`` with one integer index tensor on the first dimension (an
     embedding lookup, ``table[ids]``): a gather; negative indices count from the end."""
