@@ -34,7 +34,7 @@ from polyfuse.errors import DtypeError, UnsupportedOpError
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
 
-from . import typed
+from . import reduce, typed
 from .typed import STORED_DTYPES, te_dtype
 from .typed import as_dtype as _as_dtype
 
@@ -282,26 +282,26 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._to_copy.default: lambda x, *, dtype=None, **kw: (
         x if dtype is None else _as_dtype(x, te_dtype(dtype))
     ),
-    aten.sum.dim_IntList: typed.sum_,
-    aten.sum.default: lambda x, *, dtype=None: typed.sum_(x, None, False, dtype=dtype),
+    aten.sum.dim_IntList: reduce.sum_,
+    aten.sum.default: lambda x, *, dtype=None: reduce.sum_(x, None, False, dtype=dtype),
     aten.mean.dim: _reduce(ops.reduce_mean),
     aten.mean.default: lambda x, *, dtype=None: _reduce(ops.reduce_mean)(x, None, dtype=dtype),
-    aten.amax.default: lambda x, dims=(), keepdim=False: typed.reduce(
+    aten.amax.default: lambda x, dims=(), keepdim=False: reduce.reduce(
         "max", x, dims, keepdim, x.dtype
     ),
-    aten.amin.default: lambda x, dims=(), keepdim=False: typed.reduce(
+    aten.amin.default: lambda x, dims=(), keepdim=False: reduce.reduce(
         "min", x, dims, keepdim, x.dtype
     ),
-    aten.any.default: typed.any_all("max"),
-    aten.any.dim: typed.any_all("max"),
-    aten.any.dims: typed.any_all("max"),
-    aten.all.default: typed.any_all("min"),
-    aten.all.dim: typed.any_all("min"),
-    aten.all.dims: typed.any_all("min"),
-    aten.index.Tensor: typed.index,
-    aten.argmax.default: typed.arg_extreme("max"),
-    aten.argmin.default: typed.arg_extreme("min"),
-    aten.embedding.default: lambda w, ids, *args: typed.index(w, [ids]),
+    aten.any.default: reduce.any_all("max"),
+    aten.any.dim: reduce.any_all("max"),
+    aten.any.dims: reduce.any_all("max"),
+    aten.all.default: reduce.any_all("min"),
+    aten.all.dim: reduce.any_all("min"),
+    aten.all.dims: reduce.any_all("min"),
+    aten.index.Tensor: reduce.index,
+    aten.argmax.default: reduce.arg_extreme("max"),
+    aten.argmin.default: reduce.arg_extreme("min"),
+    aten.embedding.default: lambda w, ids, *args: reduce.index(w, [ids]),
     aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(
         _as_dtype(x, "float32") if half_to_float else x, axis=dim
     ),
