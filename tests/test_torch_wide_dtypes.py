@@ -368,3 +368,42 @@ def test_argmax_argmin_first_index_and_nan():
         )
 
     _compile_all(f, x, i, dtypes={"float32", "int32"})
+
+
+def test_integer_hardtanh_keeps_the_dtype_where_clamp_promotes():
+    # hardtanh computes in the input's own dtype (bounds truncated: -0.5 -> 0, 1.7 -> 1);
+    # clamp with a float bound promotes to float32
+    import torch.nn.functional as F
+
+    x = torch.arange(-6, 6).reshape(3, 4)
+    _compile_all(
+        lambda y: (F.hardtanh(y * 2, -0.5, 1.7), torch.clamp_min(y, 0.5)), x, dtypes={"int64"}
+    )
+
+
+def test_integer_conv_and_pools_stay_in_pytorch_with_a_warning(caplog):
+    # torch's integer average pooling truncates its division, and polyfuse's conv and pool
+    # lowerings pad with float constants: integer ones stay in PyTorch, said at WARNING
+    import torch.nn.functional as F
+
+    x = torch.arange(-20, 16).reshape(1, 1, 6, 6)
+    w = torch.tensor([[[[1, -2, 0], [3, 1, -1], [0, 2, 1]]]])
+
+    def f(v, w):
+        y = F.conv2d(v * 3, w, padding=1)
+        return F.avg_pool2d(y, 2) + 1, F.max_pool2d(y, 2, padding=1) - 1
+
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
+        got = torch.compile(f, backend="polyfuse")(x, w)
+    _same(got, f(x, w))
+    report = last_compiled().polyfuse_report
+    ops = ("convolution", "avg_pool2d", "max_pool2d_with_indices")
+    reasons = {
+        f"aten.{op}.default (dtype int64: aten.{op}.default of integers (polyfuse lowers it "
+        "for floats))": 1
+        for op in ops
+    }
+    assert report["eager_for_dtype"] == reasons
+    assert report["polyfuse"] == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1, "aten.sub.Tensor": 1}
+    [msg] = [m for m in _warnings(caplog) if "for their dtype" in m]
+    assert all(r.split(" (", 1)[1][:-1] in msg for r in reasons)

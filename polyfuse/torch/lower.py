@@ -259,7 +259,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.clamp.default: typed.clamp,
     aten.clamp_min.default: lambda x, lo: typed.clamp(x, lo, None),
     aten.clamp_max.default: lambda x, hi: typed.clamp(x, None, hi),
-    aten.hardtanh.default: lambda x, lo=-1.0, hi=1.0: typed.clamp(x, lo, hi),
+    aten.hardtanh.default: typed.hardtanh,
     aten.mm.default: ops.matmul,
     aten.bmm.default: ops.matmul,
     aten.addmm.default: _addmm,

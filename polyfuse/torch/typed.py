@@ -319,6 +319,16 @@ def clamp(x: Tensor, lo: Any = None, hi: Any = None) -> Tensor:
     return elementwise("clamp", body, [x, *bounds], dtype)
 
 
+def hardtanh(x: Tensor, lo: Any = -1.0, hi: Any = 1.0) -> Tensor:
+    """``aten.hardtanh``: a clamp in ``x``'s own dtype (torch converts the bounds to it,
+    truncating a float bound for integers; unlike ``clamp``, nothing promotes)."""
+    if not dt.is_float(x.dtype):
+        lo, hi = int(lo), int(hi)
+    return elementwise(
+        "hardtanh", lambda v, a, b: te.minimum(te.maximum(v, a), b), [x, lo, hi], x.dtype
+    )
+
+
 def float_math(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
     """A float function (``exp``, ``tanh``, …): an integer or bool input is converted to the
     default float first, as torch does."""
@@ -416,6 +426,22 @@ _BITWISE = {
     aten.bitwise_not.default,
 }
 _BOOL_ARITH = {aten.add.Tensor, aten.add.Scalar, aten.mul.Tensor, aten.mul.Scalar}
+#: Lowerings written for float results (their ops use float constants: a mean's 1/n, a
+#: pool's -inf padding, a convolution's 0.0 padding, normalisation): an integer result
+#: (torch's integer avg_pool2d truncates) stays in PyTorch.
+_FLOAT_ONLY = {
+    aten.convolution.default,
+    aten.max_pool2d_with_indices.default,
+    aten.avg_pool2d.default,
+    aten.native_layer_norm.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten._safe_softmax.default,
+    aten.gelu.default,
+    aten.mean.dim,
+    aten.mean.default,
+}
 
 
 def dtype_reason(node: torch.fx.Node) -> str | None:
@@ -454,6 +480,12 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
             name = str(d).removeprefix("torch.")
             return f"dtype {name}: bitwise operators on integers (polyfuse's & | ~ are logical)"
         return None
+    if target in _FLOAT_ONLY:
+        v = _val(node)
+        d = (v[0] if isinstance(v, (list, tuple)) else v).dtype
+        if not d.is_floating_point:
+            name = str(d).removeprefix("torch.")
+            return f"dtype {name}: {target} of integers (polyfuse lowers it for floats)"
     if target in _BOOL_ARITH and _val(node).dtype == torch.bool:
         return "dtype bool: arithmetic on bool tensors"
     if target is aten.index.Tensor:
