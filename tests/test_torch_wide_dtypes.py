@@ -33,25 +33,26 @@ def _flat(x):
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
-def _same(got, want) -> None:
-    """Equal dtypes and shapes; integers and bools exactly equal, floats within the float64
-    tolerance (float32 results of mixed operands within float32's)."""
+def _same(got, want, exact: bool = False) -> None:
+    """Equal dtypes and shapes; integers and bools (and, with ``exact``, everything) exactly
+    equal, floats within their dtype's tolerance."""
     for g, w in zip(_flat(got), _flat(want), strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype)
-        if w.dtype in EXACT:
+        if exact or w.dtype in EXACT:
             assert torch.equal(g, w), (g, w)
         else:
             tol = tolerance(str(w.dtype).removeprefix("torch."))
             assert tol.allclose(g.double().numpy(), w.double().numpy()), (g, w)
 
 
-def _compile_all(fn, *args, dtypes=()):
-    """Compile ``fn``, compare with eager and assert that every operator ran in polyfuse
-    regions (none left in PyTorch, none for its dtype); the regions read ``dtypes``."""
+def _compile_all(fn, *args, dtypes=(), exact: bool = False):
+    """Compile ``fn``, compare with eager (:func:`_same`) and assert that every operator ran
+    in polyfuse regions (none left in PyTorch, none for its dtype); the regions read
+    ``dtypes``."""
     with torch.no_grad():
         got = torch.compile(fn, backend="polyfuse")(*args)
         want = fn(*args)
-    _same(got, want)
+    _same(got, want, exact)
     g = last_compiled()
     report = g.polyfuse_report
     assert g.polyfuse_regions, "no polyfuse region"
@@ -276,9 +277,19 @@ def test_half_values_are_rounded_before_comparisons_and_integer_casts(dtype):
 
     def f(x):
         y = x * 3
-        return x >= 0.1, x == 0.2, x < 0.2, y.to(torch.int32), y >= 40, y.bool(), y.long().sum()
+        return (
+            x >= 0.1,
+            x == 0.2,
+            x < 0.2,
+            y.to(torch.int32),
+            y >= 40,
+            y.bool(),
+            y.long().sum(),
+            y.float(),  # exactly the stored 16-bit value, widened
+            y.double() - 40,
+        )
 
-    _compile_all(f, x, dtypes={str(dtype).removeprefix("torch.")})
+    _compile_all(f, x, dtypes={str(dtype).removeprefix("torch.")}, exact=True)
 
 
 def test_full_reductions_return_0d_tensors():

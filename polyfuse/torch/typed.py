@@ -84,11 +84,10 @@ def stored(e: Expr, dtype: str) -> Expr:
 
 def as_dtype(x: Tensor, dtype: str) -> Tensor:
     """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``
-    (a 16-bit float converted to an integer or bool is first rounded, :func:`stored`)."""
+    of the value torch converts — a 16-bit float rounded first (:func:`stored`), so that
+    ``(x * 3).float()`` or ``.int()`` of a float16 ``x`` is exactly eager's."""
     if x.dtype == dtype:
         return x
-    if dt.is_float(dtype):
-        return te.compute(x.shape, lambda *i: te.cast(x[i], dtype), name=f"{x.name}_{dtype}")
     return te.compute(
         x.shape, lambda *i: te.cast(stored(x[i], x.dtype), dtype), name=f"{x.name}_{dtype}"
     )
