@@ -14,14 +14,17 @@ FX value and the values torch computes:
   ``//`` and ``%`` (Python's floor rule, as torch's); ``rounding_mode="trunc"`` is the floor
   quotient plus one where the remainder is nonzero and the quotient negative. te divides
   integers by nonzero constants only: a tensor divisor stays in PyTorch (:func:`dtype_reason`);
-- integer sums count in int64 (torch's rule), bool ``&``/``|``/``^``/``~`` are logical;
+- bool ``&``/``|``/``^``/``~`` are logical; ``hardtanh`` keeps its input's dtype;
 - integer arithmetic wraps in two's complement (int32 at 32 bits, int64 at 64 bits) as
-  torch's CPU and CUDA kernels do in practice.
+  torch's CPU and CUDA kernels do in practice;
+- a 16-bit float is rounded to its dtype (:func:`stored`) before a comparison or a
+  conversion: a fused kernel holds it in float32, eager torch stored it rounded.
 
-What polyfuse cannot compute exactly in a dtype (integer division by a tensor, ``&`` of
-integers, a float ``div`` with a rounding mode — torch corrects the rounding of ``a / b``,
-polyfuse floors it) is refused by :func:`dtype_reason`, and the node stays in PyTorch with a
-WARNING naming it.
+Reductions, ``argmax`` and gathers are in :mod:`.reduce`. What polyfuse cannot compute
+exactly in a dtype (integer division by a tensor, ``&`` of integers, a float ``div`` with a
+rounding mode — torch corrects the rounding of ``a / b``, polyfuse floors it — arithmetic on
+bools, integer results of lowerings written for floats) is refused by :func:`dtype_reason`,
+and the node stays in PyTorch with a WARNING naming it.
 """
 
 from __future__ import annotations
