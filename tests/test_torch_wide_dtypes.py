@@ -418,3 +418,69 @@ def test_integer_conv_and_pools_stay_in_pytorch_with_a_warning(caplog):
     assert report["polyfuse"] == {"aten.mul.Tensor": 1, "aten.add.Tensor": 1, "aten.sub.Tensor": 1}
     [msg] = [m for m in _warnings(caplog) if "for their dtype" in m]
     assert all(r.split(" (", 1)[1][:-1] in msg for r in reasons)
+
+
+# ------------------------------------------------------------------- every dtype pair (slow)
+
+ALL = [
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
+BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "gt": torch.gt,
+    "eq": torch.eq,
+    "le": torch.le,
+    "where": lambda a, b: torch.where(a > 0, a, b),
+    "logical_and": torch.logical_and,
+    "logical_xor": torch.logical_xor,
+}
+
+
+def _sample(dtype, shape=(3, 4)):
+    g = torch.Generator().manual_seed(ALL.index(dtype))
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-9, 9, shape, generator=g, dtype=dtype)
+    return (torch.randn(shape, generator=g) * 4).to(dtype)
+
+
+def _agrees(fn, *args) -> str | None:
+    """None when the compiled ``fn`` gives eager's dtype and values (or eager refuses the
+    arguments), else what differs."""
+    try:
+        want = fn(*args)
+    except (RuntimeError, TypeError):
+        return None  # torch refuses this combination (sub of bools, a number for logical_xor)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(fn, backend="polyfuse")(*args)
+    try:
+        _same(got, want)
+    except AssertionError as e:
+        return f"{[getattr(a, 'dtype', a) for a in args]}: {e}"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(BINARY))
+def test_binary_operators_agree_with_eager_for_every_dtype_pair(name):
+    # tensor-tensor (broadcast) and tensor-number: torch's result dtype and values, whether
+    # polyfuse computes them or leaves them in PyTorch with a reason
+    fn = BINARY[name]
+    bad = [
+        _agrees(lambda a, b: fn(a, b), _sample(da), _sample(db, (4,))) for da in ALL for db in ALL
+    ]
+    bad += [_agrees(lambda a, s=s: fn(a, s), _sample(d)) for d in ALL for s in (2, 0.5, True)]
+    assert [b for b in bad if b] == []
