@@ -166,6 +166,28 @@ def test_gram_product_folds_its_transpose_and_stays_a_tiled_gemm():
     _check_numbers(fn, [x, w], [g], [_rand(64, 32), _rand(32, 32)])
 
 
+def test_half_precision_gram_product_keeps_one_transpose():
+    """float16 ``q @ transpose(q)``: the tensor-core path stages one shared tile per tensor,
+    so the second relation's move stays a kernel (recorded) and the product still compiles
+    and runs on the tensor cores' path."""
+    x = te.placeholder((64, 32), name="x", dtype="float16")
+    w = te.placeholder((32, 32), name="w", dtype="float16")
+    q = ops.matmul(x, w, name="q")
+    g = ops.matmul(q, ops.transpose(q, name="qt"), name="gram")
+    fn = polyfuse.compile([x, w], [g], check_cuda=True)
+    (line,) = _records(fn, PassAction.REFUSED)
+    assert line == (
+        "qt stays a kernel: folded, gram would read q (float16) through two different "
+        "relations (the tensor-core GEMM stages one shared tile per tensor)"
+    )
+    assert len(_layout_only(fn)) == 1
+    xv = (0.5 * _rand(64, 32)).astype(np.float16)
+    wv = (0.3 * _rand(32, 32)).astype(np.float16)
+    want = reference.evaluate([g], {x: xv, w: wv})[0].astype(np.float64)
+    got = fn(xv, wv, device="emulate").astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
 def test_layout_op_as_graph_output_folds_into_the_producer_store():
     """out = transpose(a @ b) is a graph output: the GEMM computes it in the transposed
     layout (its store through the inverse permutation); one kernel, still a GEMM."""
