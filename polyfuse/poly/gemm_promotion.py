@@ -1,16 +1,18 @@
 """Promotion of a tiled GEMM's operands: shared tiles and their copy statements, or registers
 (PPCG's ``gpu_group.c`` is the reference).
 
-For each operand the update reads, isl computes the footprint of one block tile for one
-k-tile (:attr:`polyfuse.poly.gemm_tile_schedule.TileFrame.tile` under the read's access
-function). Its bounding box (lower bound an affine function of the block and k-tile
-parameters, constant size; :func:`polyfuse.poly.tile_box.tile_box`) becomes a ``__shared__``
-buffer when the operand is reused across the block's threads; its last dimension is padded
-against bank conflicts when its row stride is a multiple of the 32 banks. A copy statement
-``C_x[kt, e]`` whose domain is that footprint moves it in; its elements are partitioned over
-the block's threads, each copied by exactly one, the innermost array dimension fastest
-(coalesced; :mod:`polyfuse.poly.copy_layout`). Elements outside the array (partial tiles,
-conv padding) are copied as zeros, so the padded update terms add 0.
+For each operand access the update reads (:func:`access_groups`: a tensor read through two
+relations, operand A and operand B of one array, is two promotions), isl computes the
+footprint of one block tile for one k-tile
+(:attr:`polyfuse.poly.gemm_tile_schedule.TileFrame.tile` under the read's access function).
+Its bounding box (lower bound an affine function of the block and k-tile parameters,
+constant size; :func:`polyfuse.poly.tile_box.tile_box`) becomes a ``__shared__`` buffer when
+the operand is reused across the block's threads; its last dimension is padded against bank
+conflicts when its row stride is a multiple of the 32 banks. A copy statement ``C_x[kt, e]``
+whose domain is that footprint moves it in; its elements are partitioned over the block's
+threads, each copied by exactly one, the innermost array dimension fastest (coalesced;
+:mod:`polyfuse.poly.copy_layout`). Elements outside the array (partial tiles, conv padding)
+are copied as zeros, so the padded update terms add 0.
 
 An operand the reduction does not index (``s[i]``) is not promoted: each thread holds its
 elements in registers for the whole reduction (:func:`hoist_invariant`,
