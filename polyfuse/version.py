@@ -11,5 +11,6 @@ __version__ = "0.1.0"
 # select-free updates, merged/aligned tile views; 8: GEMM tiles ranked on the loop code they
 # get, under the loop-quality floor; 9: shared tiles pipelined over the S = 2..4 stages the stage
 # model chooses; 10: tensor-core operand tiles XOR-swizzled instead of padded, a tensorized GEMM
-# cached with 2 stages may now take 3), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 10
+# cached with 2 stages may now take 3; 11: 16-bit reductions kept on chip rounded to their dtype,
+# one shared tile per access of a GEMM operand), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 11

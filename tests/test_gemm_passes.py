@@ -25,7 +25,7 @@ from polyfuse.poly.gemm_pipeline import (
     init_ktile,
     pipelined_loop,
 )
-from polyfuse.poly.gemm_promotion import copy_schedule, promote_operands
+from polyfuse.poly.gemm_promotion import access_groups, copy_schedule, promote_operands
 from polyfuse.poly.gemm_tile_schedule import tile_frame
 from polyfuse.poly.kernel_map import map_gemm, map_kernel
 from polyfuse.poly.mapping import MappingConfig
@@ -142,17 +142,38 @@ def test_promotion_copies_each_operands_block_footprint_once():
     assert early.is_equal(sched.apply_range(shift))
 
 
-def test_promotion_refuses_a_tensor_read_through_two_accesses():
+def test_promotion_stages_one_tile_per_access_of_a_tensor():
+    """``sum_r a[i, r] * a[r, j]``: a read at two places is two access groups, each its own
+    shared tile with its own footprint box and copy statement (was: refused, one tile per
+    tensor). The copy domains are isl's footprints of the two accesses: rows of the block's
+    i-tile for the first, rows of the k-tile for the second."""
     a = te.placeholder((16, 16), name="a")
     r = te.reduce_axis(16, name="r")
     sm = one([a], te.compute((16, 16), lambda i, j: te.sum(a[i, r] * a[r, j], axis=r), name="c"))
     shape = detect_gemm(sm)
+    groups = access_groups(shape)
+    assert [(g.tensor, g.key, len(g.reads)) for g in groups] == [("a", "a", 1), ("a", "a__1", 1)]
+    ctx = groups[0].access.get_ctx()
+    s = shape.update.name
+    assert groups[0].access.is_equal(isl.Map(f"{{ {s}[i, j, r] -> a[i, r] }}", context=ctx))
+    assert groups[1].access.is_equal(isl.Map(f"{{ {s}[i, j, r] -> a[r, j] }}", context=ctx))
     (tiling,) = rank_gemm_tiles(shape, H100, (16, 16, 2, 2, 8), limit=1)
     f = tile_frame(shape, sm.model, tiling)
     got = promote_operands(f, shape, sm.model, tiling.nthreads, set(), {})
-    assert got == Refusal(
-        DecisionKind.GEMM_TILE, "a is read through two different accesses: not promoted", ("a",)
-    )
+    assert not isinstance(got, Refusal)
+    proms, copies = got
+    assert [(p.tensor, p.array, p.copy_stmt) for p in proms] == [
+        ("a", "a", "C_a"),
+        ("a__1", "a", "C_a__1"),
+    ]
+    # BM x TK rows of the i-tile; TK whole rows of a for the second (8 x 16, contiguous:
+    # tile_box views them as one dim of 128)
+    assert [p.size for p in proms] == [[16, 8], [128]]
+    assert proms[0].merge == () and proms[1].merge == ((16, 1),)
+    # each tile serves the read of its own access
+    assert [p.reads for p in proms] == [g.reads for g in groups]
+    assert groups[0].reads[0] is not groups[1].reads[0]
+    assert [c.stmt for c in copies] == ["C_a", "C_a__1"]
 
 
 # -------------------------------------------------------------------------- pipeline stages
@@ -208,21 +229,43 @@ def test_barriers_bracket_each_k_tiles_update():
 
 
 def test_map_gemm_keeps_the_refusal_of_a_tiling_it_cannot_build():
-    """matmul(a, a): GEMM-like, but one shared tile per tensor cannot hold a read at two
-    places. The refusal (was dropped: None) names the micrograph and the tiling, and the
-    plain mapping's notes say why there is no GEMM tiling."""
-    a = te.placeholder((64, 64), name="a")
-    sm = one([a], ops.matmul(a, a, name="sq"))
+    """``sum_r a[i, r] * b[r, j] * w[i, j, r]``: GEMM-like, but ``w`` is reused by no thread
+    of the block and cannot be promoted. The refusal (was dropped: None) names the
+    micrograph and the tiling, and the plain mapping's notes say why there is no GEMM
+    tiling."""
+    a, b = te.placeholder((64, 64), name="a"), te.placeholder((64, 64), name="b")
+    w = te.placeholder((64, 64, 64), name="w")
+    r = te.reduce_axis(64, name="r")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, r] * b[r, j] * w[i, j, r], axis=r), name="c")
+    sm = one([a, b, w], c)
     got = map_gemm(sm, H100, MappingConfig())
     assert isinstance(got, Refusal) and got.kind == DecisionKind.GEMM_TILE
     assert got.subject == (sm.name,) and not got.record.made
-    assert got.reason.endswith(": a is read through two different accesses: not promoted")
+    assert got.reason.endswith(": w is not reused across threads: not promoted")
     mapped = map_kernel(None, [sm], None, H100, MappingConfig())  # type: ignore[arg-type]
     assert f"no GEMM tiling: {got.reason}" in mapped.notes
-    fn = polyfuse.compile([a], [ops.matmul(a, a, name="sq")], "sm_90", check_cuda=False)
-    assert any(n.startswith("no GEMM tiling: block tile ") for n in fn.kernels[0].notes)
 
 
+def test_a_square_of_one_tensor_is_a_tiled_gemm_with_two_tiles():
+    """matmul(a, a) reads ``a`` through two relations: one shared tile per access (it was a
+    plain loop nest: 'a is read through two different accesses: not promoted'); NVRTC
+    compiles it and the emulator matches numpy."""
+    import numpy as np
+
+    a = te.placeholder((64, 48), name="a")
+    r = te.reduce_axis(32, name="r")
+    # a[i, r] @ a[j, 16 + r]^T: two boxes of one array, at different column offsets
+    g = te.compute((64, 64), lambda i, j: te.sum(a[i, r] * a[j, 16 + r], axis=r), name="g")
+    fn = polyfuse.compile([a], [g], "sm_90", check_cuda=True)
+    (k,) = fn.kernels
+    assert not any(n.startswith("no GEMM tiling") for n in k.notes)
+    shared = sorted(n.split(":")[0] for n in k.notes if ": shared (" in n)
+    assert shared == ["a", "a__1"]
+    assert "s_a_t1" in k.source and "s_a[" in k.source
+    x = np.random.default_rng(7).standard_normal((64, 48)).astype(np.float32)
+    got = fn(x, device="emulate")
+    want = x[:, :32].astype(np.float64) @ x[:, 16:48].astype(np.float64).T
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 def test_map_gemm_refuses_when_no_tiling_fits_shared_memory():
     """A forced tiling of a contraction over two reduction dims (only the longer is tiled):
     its shared tiles exceed the budget, a FOOTPRINT refusal naming the bytes (was dropped:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import islpy as isl
 import numpy as np
 import pytest
 
@@ -66,7 +67,11 @@ def _gemm_note(fn, prim: str) -> bool:
     micro-tile in its notes: detect_gemm accepted its operands' access relations)."""
     for k, names in zip(fn.kernels, fusion_models.kernel_prims(fn), strict=True):
         if prim in names:
-            return any("block tile" in n and "micro-tile" in n for n in k.notes)
+            # (a refusal's note names the tiling it could not build: "no GEMM tiling: ...")
+            return any(
+                "block tile" in n and "micro-tile" in n and not n.startswith("no GEMM tiling")
+                for n in k.notes
+            )
     raise AssertionError(f"{prim} runs in no kernel")
 
 
@@ -129,22 +134,58 @@ def test_head_split_and_merge_fold_into_the_attention_gemms(bs, s, nh, d):
     _check_numbers(after, ins, [y], [_rand(bs, s, h), *(_rand(h, h) for _ in range(3))])
 
 
-def test_gram_product_keeps_one_transpose():
-    """``q @ transpose(q)`` with both folded would read q through two relations in one
-    GEMM, which shared-memory promotion cannot stage (one tile per tensor): the second move
-    stays a kernel, recorded, and the product stays a tiled GEMM."""
+def test_gram_product_folds_its_transpose_and_stays_a_tiled_gemm():
+    """``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``: one tensor read through
+    two relations. The GEMM promotion stages one shared tile per access relation, so the
+    transpose folds (it stayed a kernel before: 'a GEMM stages one shared tile per tensor')
+    and the product is a tiled GEMM with a tile of q per access."""
     x, w = te.placeholder((64, 32), name="x"), te.placeholder((32, 32), name="w")
     q = ops.matmul(x, w, name="q")
     g = ops.matmul(q, ops.transpose(q, name="qt"), name="gram")
     fn = _compile([x, w], [g])
+    assert _records(fn, PassAction.REFUSED) == []
+    (line,) = _records(fn, PassAction.FOLDED)
+    assert line.startswith("qt folded into the loads of gram (consumer side): they read q")
+    assert _layout_only(fn) == [] and len(fn.launches) == 2
+    # the folded reader, as isl relations: q through {S[i, j, k] -> q[i, k]} and
+    # {S[i, j, k] -> q[j, k]}
+    gp = fn.plan.graph.prims["gram"]
+    rels = [m for r, m in gp.relations.reads if r.tensor.name == "q"]
+    box = "0 <= i < 64 and 0 <= j < 64 and 0 <= k < 32"
+    ctx = rels[0].get_ctx()
+    want = [isl.Map(f"{{ S[i, j, k] -> X[{a}, k] : {box} }}", context=ctx) for a in "ij"]
+    anon = [
+        m.set_tuple_name(isl.dim_type.in_, "S").set_tuple_name(isl.dim_type.out, "X")
+        for m in rels
+    ]
+    assert len(anon) == 2 and all(a.is_equal(b) for a, b in zip(anon, want, strict=True))
+    assert _gemm_note(fn, "gram")
+    kernels = zip(fn.kernels, fusion_models.kernel_prims(fn), strict=True)
+    (k,) = [k for k, names in kernels if "gram" in names]
+    assert sorted(n.split(":")[0] for n in k.notes if ": shared (" in n) == ["q", "q__1"]
+    _check_numbers(fn, [x, w], [g], [_rand(64, 32), _rand(32, 32)])
+
+
+def test_half_precision_gram_product_keeps_one_transpose():
+    """float16 ``q @ transpose(q)``: the tensor-core path stages one shared tile per tensor,
+    so the second relation's move stays a kernel (recorded) and the product still compiles
+    and runs on the tensor cores' path."""
+    x = te.placeholder((64, 32), name="x", dtype="float16")
+    w = te.placeholder((32, 32), name="w", dtype="float16")
+    q = ops.matmul(x, w, name="q")
+    g = ops.matmul(q, ops.transpose(q, name="qt"), name="gram")
+    fn = polyfuse.compile([x, w], [g], check_cuda=True)
     (line,) = _records(fn, PassAction.REFUSED)
     assert line == (
-        "qt stays a kernel: folded, gram would read q through two different relations "
-        "(a GEMM stages one shared tile per tensor)"
+        "qt stays a kernel: folded, gram would read q (float16) through two different "
+        "relations (the tensor-core GEMM stages one shared tile per tensor)"
     )
     assert len(_layout_only(fn)) == 1
-    assert _gemm_note(fn, "gram")
-    _check_numbers(fn, [x, w], [g], [_rand(64, 32), _rand(32, 32)])
+    xv = (0.5 * _rand(64, 32)).astype(np.float16)
+    wv = (0.3 * _rand(32, 32)).astype(np.float16)
+    want = reference.evaluate([g], {x: xv, w: wv})[0].astype(np.float64)
+    got = fn(xv, wv, device="emulate").astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
 def test_layout_op_as_graph_output_folds_into_the_producer_store():

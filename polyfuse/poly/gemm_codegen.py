@@ -89,7 +89,10 @@ def with_codegen(gk: GemmKernel, device: DeviceSpec) -> GemmKernel:
     ]
     access = {n: access_function(m) for n, m in shape.operands}
     tensors = gk.scheduled.model.tensors
-    zero_filled = {p.tensor: tuple(tensors[p.tensor].shape) for p in gk.promotions}
+    # an array read through several accesses keeps its selects (one per tile to prove)
+    zero_filled = {
+        p.tensor: tuple(tensors[p.tensor].shape) for p in gk.promotions if not p.reads
+    }
     free = select_free_operands(shape, padded, zero_filled, access)
     decisions = list(loops.decisions) + [
         Decided((DecisionKind.GEMM_LOOP,), why, GemmLoopData("select free", tensor=t))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.graph.expr import Read
 from polyfuse.poly.fragments import Fragment
 from polyfuse.poly.gemm_loops import GemmLoops
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
@@ -25,7 +26,10 @@ from polyfuse.poly.placement import Placement
 
 @dataclass
 class Promotion:
-    """One operand in shared memory: box lower bounds (C text over b, kt), sizes, copy layout."""
+    """One operand access in shared memory: box lower bounds (C text over b, kt), sizes, copy
+    layout. ``tensor`` keys the tile (the array's name, or ``<array>__<n>`` for a further
+    access of the same array: :func:`polyfuse.poly.gemm_promotion.access_groups`); ``source``
+    is the global array it copies from."""
 
     tensor: str
     copy_stmt: str
@@ -42,6 +46,15 @@ class Promotion:
     #: the tile's view of the array: per tile dim, its coefficient on each array dim (empty:
     #: the array's own dims; :mod:`polyfuse.poly.tile_box`)
     merge: tuple[tuple[int, ...], ...] = ()
+    source: str = ""  # the global array ("": ``tensor``)
+    #: the update's read nodes this tile serves when the array has several accesses (empty:
+    #: every read of the array)
+    reads: tuple[Read, ...] = ()
+
+    @property
+    def array(self) -> str:
+        """The global array the tile copies from."""
+        return self.source or self.tensor
 
     @property
     def floats(self) -> int:

@@ -1,16 +1,18 @@
 """Promotion of a tiled GEMM's operands: shared tiles and their copy statements, or registers
 (PPCG's ``gpu_group.c`` is the reference).
 
-For each operand the update reads, isl computes the footprint of one block tile for one
-k-tile (:attr:`polyfuse.poly.gemm_tile_schedule.TileFrame.tile` under the read's access
-function). Its bounding box (lower bound an affine function of the block and k-tile
-parameters, constant size; :func:`polyfuse.poly.tile_box.tile_box`) becomes a ``__shared__``
-buffer when the operand is reused across the block's threads; its last dimension is padded
-against bank conflicts when its row stride is a multiple of the 32 banks. A copy statement
-``C_x[kt, e]`` whose domain is that footprint moves it in; its elements are partitioned over
-the block's threads, each copied by exactly one, the innermost array dimension fastest
-(coalesced; :mod:`polyfuse.poly.copy_layout`). Elements outside the array (partial tiles,
-conv padding) are copied as zeros, so the padded update terms add 0.
+For each operand access the update reads (:func:`access_groups`: a tensor read through two
+relations, operand A and operand B of one array, is two promotions), isl computes the
+footprint of one block tile for one k-tile
+(:attr:`polyfuse.poly.gemm_tile_schedule.TileFrame.tile` under the read's access function).
+Its bounding box (lower bound an affine function of the block and k-tile parameters,
+constant size; :func:`polyfuse.poly.tile_box.tile_box`) becomes a ``__shared__`` buffer when
+the operand is reused across the block's threads; its last dimension is padded against bank
+conflicts when its row stride is a multiple of the 32 banks. A copy statement ``C_x[kt, e]``
+whose domain is that footprint moves it in; its elements are partitioned over the block's
+threads, each copied by exactly one, the innermost array dimension fastest (coalesced;
+:mod:`polyfuse.poly.copy_layout`). Elements outside the array (partial tiles, conv padding)
+are copied as zeros, so the padded update terms add 0.
 
 An operand the reduction does not index (``s[i]``) is not promoted: each thread holds its
 elements in registers for the whole reduction (:func:`hoist_invariant`,
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.base.decision import DecisionKind, Refusal, refused
+from polyfuse.graph.expr import Read
 from polyfuse.poly.copy_layout import copy_layout
 from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in
 from polyfuse.poly.gemm_kernel import Promotion, access_function
@@ -55,6 +58,55 @@ def invariant_operands(shape: GemmShape, model) -> list[tuple[str, isl.Map, tupl
         if all(a.is_equal(accs[0]) for a in accs) and invariant_in(accs[0], range(nd, nd + nr)):
             out.append((name, accs[0], tuple(model.tensors[name].shape)))
     return out
+
+
+@dataclass(frozen=True)
+class AccessGroup:
+    """The update's reads of one tensor through one access function: one promotion.
+
+    A tensor read through two different relations (``q @ k^T`` of a merged ``qkv``: operand
+    A and operand B of the same array) is two groups, each with its own footprint box and
+    shared tile; the first is keyed by the tensor's name, the others ``<tensor>__<n>``.
+    ``reads`` holds the update's read nodes a multi-access group serves (empty when the
+    tensor has one access: every read of it is the group's)."""
+
+    tensor: str
+    key: str
+    access: isl.Map
+    reads: tuple[Read, ...]
+    reuse: set[int]
+
+
+def access_groups(shape: GemmShape) -> list[AccessGroup]:
+    """The update's operands grouped by (tensor, access function), in read order; isl
+    decides which accesses are equal."""
+    nodes = [r for r, _ in shape.update.reads if r is not None]
+    groups: list[tuple[str, isl.Map, list[Read], set[int]]] = []
+    for node, (name, acc), reuse in zip(nodes, shape.operands, shape.reuse, strict=True):
+        fn = access_function(acc)
+        same = next((g for g in groups if g[0] == name and g[1].is_equal(fn)), None)
+        if same is None:
+            groups.append((name, fn, [node], set(reuse)))
+        else:
+            same[2].append(node)
+    out, seen = [], {}
+    for name, fn, reads, reuse in groups:
+        n = seen[name] = seen.get(name, -1) + 1
+        several = sum(1 for g in groups if g[0] == name) > 1
+        key = name if n == 0 else f"{name}__{n}"
+        out.append(AccessGroup(name, key, fn, tuple(reads) if several else (), reuse))
+    return out
+
+
+def operand_keys(shape: GemmShape) -> list[str]:
+    """Per operand of ``shape`` (in order), the key of its access group (its tile's name)."""
+    nodes = [r for r, _ in shape.update.reads if r is not None]
+    keys = []
+    groups = access_groups(shape)
+    for node, (name, _) in zip(nodes, shape.operands, strict=True):
+        mine = [g for g in groups if g.tensor == name]
+        keys.append(next((g.key for g in mine if node in g.reads), mine[0].key))
+    return keys
 
 
 def hoist_invariant(
@@ -92,23 +144,15 @@ def promote_operands(
     ctx, kts, bnames = frame.ctx, frame.kts, frame.bnames
     promotions: list[Promotion] = []
     copy_doms: list[CopyDomain] = []
-    seen: set[str] = set()
-    for k, ((name, acc), reuse) in enumerate(zip(shape.operands, shape.reuse, strict=True)):
-        if name in seen:
-            first = next(m for n, m in shape.operands if n == name)
-            if not access_function(first).is_equal(access_function(acc)):
-                # One shared tile per tensor: a tensor read at two places (matmul(a, a))
-                # would need the union of two footprints.
-                return _no(name, "is read through two different accesses: not promoted")
-            continue
-        seen.add(name)
+    for k, g in enumerate(access_groups(shape)):
+        name, key, acc, reads, reuse = g.tensor, g.key, g.access, g.reads, g.reuse
         if name in in_registers:
             continue
         if not reuse:
             held = f" nor held in registers ({not_hoisted[name]})" if name in not_hoisted else ""
             return _no(name, f"is not reused across threads{held}: not promoted")
         box = tile_box(
-            name, access_function(acc), frame.tile, frame.ranges, tuple(model.tensors[name].shape)
+            name, acc, frame.tile, frame.ranges, tuple(model.tensors[name].shape)
         )
         if isinstance(box, Refusal):
             return box
@@ -132,7 +176,7 @@ def promote_operands(
         # threads (one instance per vector: its first element).
         es = [f"e{i}" for i in range(len(size))]
         layout = copy_layout(size, lo_t, width, nthreads, f"p{k}", es)
-        cstmt = f"C_{name}"
+        cstmt = f"C_{key}"
         fpk = fp
         for j, kt in enumerate(kts):  # the k-tile parameters become the copy's outer dims
             pos = fpk.get_space().find_dim_by_name(isl.dim_type.param, kt)
@@ -156,7 +200,7 @@ def promote_operands(
         floats = size[0] * stride[0] if size else 1
         promotions.append(
             Promotion(
-                name,
+                key,
                 cstmt,
                 lo_c,
                 size,
@@ -173,6 +217,8 @@ def promote_operands(
                 pad,
                 width,
                 box.merge,
+                name,
+                reads,
             )
         )
     return promotions, copy_doms

@@ -44,6 +44,7 @@ from polyfuse.poly.gemm_promotion import (
     copy_schedule,
     hoist_invariant,
     invariant_operands,
+    operand_keys,
     promote_operands,
 )
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
@@ -123,7 +124,11 @@ def build_gemm_kernel(
         iterators,
         regs,
         frame.reg_shape,
-        [(n, access_function(m)) for n, m in shape.operands if n in promoted],
+        [
+            (key, access_function(m))
+            for key, (_, m) in zip(operand_keys(shape), shape.operands, strict=True)
+            if key in promoted
+        ],
         tiling.accumulators,
         sum(f.floats for f in hoisted),
     )

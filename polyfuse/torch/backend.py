@@ -158,8 +158,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
-    """The inverse of :func:`to_numpy` (a C-contiguous copy where ``a`` is not)."""
-    a = np.ascontiguousarray(a)
+    """The inverse of :func:`to_numpy` (a C-contiguous copy where ``a`` is not; a 0-d array
+    stays 0-d, which ``np.ascontiguousarray`` would make 1-d)."""
+    a = a if a.flags.c_contiguous else a.copy(order="C")
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -181,7 +182,10 @@ def _partitions(gm: torch.fx.GraphModule) -> list[Any]:
     keep = []
     for p in partitioner.propose_partitions():
         compute = [n for n in p.nodes if op_name(n) not in DATA_MOVEMENT]
-        if compute:
+        # a region reading no tensor (only constants: full, scalar_tensor) would have no
+        # device to run on; such constants stay in PyTorch, where the model's device is known
+        reads = any(a not in p.nodes for n in p.nodes for a in n.all_input_nodes)
+        if compute and reads:
             keep.append(p)
     return partitioner, keep
 

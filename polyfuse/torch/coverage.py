@@ -6,7 +6,7 @@ with no speed-up. After every compile, :func:`measure` counts each ATen node's F
 the rest) on both sides of the cut, and :func:`warn_if_low` logs one WARNING line on the
 ``polyfuse.torch`` logger when a graph with computation got no region, or less than
 :data:`MIN_FLOP_SHARE` of its FLOPs in regions, naming the top reasons with their node counts
-("op aten.cumsum.default not supported (3 nodes)", "dtype float16 not supported yet (12
+("op aten.cumsum.default not supported (3 nodes)", "dtype int16 (polyfuse stores ...) (12
 nodes)").
 """
 

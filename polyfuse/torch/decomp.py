@@ -12,11 +12,12 @@ function per fused operator that computes the same thing from ``linear``, ``laye
 ``matmul`` and a softmax (AOT autograd decomposes those further), minus ``_safe_softmax``,
 which polyfuse lowers whole (:mod:`.lower`) rather than as ``where``/``any`` on booleans.
 
-Masks: the work on a mask alone (bool → ``0``/``-inf``) stays a small PyTorch operation ahead
-of the region; the scores get the mask by addition, so the attention itself stays in one
-polyfuse region. Semantics follow the C++ kernels: a multi-head-attention mask is boolean
-(``True`` or non-zero = masked out, as ``_masked_softmax`` reads it); an SDPA ``attn_mask``
-is boolean (``True`` = attend) or additive. Fully masked rows give zeros in SDPA
+Masks: a mask becomes an additive bias (bool → ``0``/``-inf``: ``full`` and ``where``, and a
+causal mask's ``tril`` as ``arange`` comparisons), which polyfuse lowers with the bool
+tensors, so the attention and its masks are one polyfuse region. Semantics follow the C++
+kernels: a multi-head-attention mask is boolean (``True`` or non-zero = masked out, as
+``_masked_softmax`` reads it); an SDPA ``attn_mask`` is boolean (``True`` = attend) or
+additive. Fully masked rows give zeros in SDPA
 (``_safe_softmax``) and NaN in the fast path's ``_masked_softmax``, as in PyTorch.
 """
 

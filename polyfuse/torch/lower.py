@@ -4,16 +4,19 @@ The torch.compile backend sees FX graphs after AOT autograd has decomposed them 
 (``aten.addmm``, ``aten.native_layer_norm``, ``aten.convolution``, ...). :data:`LOWERINGS`
 maps each supported overload to a function building the same computation from
 :mod:`polyfuse.ops`; :func:`unsupported_reason` says why a node must stay in PyTorch (an
-operator not in the table, a dtype other than float32, an argument polyfuse does not
+operator not in the table, a dtype polyfuse lacks, an argument polyfuse does not
 implement — transposed convolution, ``ceil_mode`` pooling, ...). :func:`lower_graph` turns a
 whole FX graph of supported nodes into polyfuse tensors.
 
-Dtypes: nodes whose tensors are float32, float16 or bfloat16 (what code generation stores) are
-taken; each lowered node is given the dtype of its FX value (``meta["val"]``): te's promotion
-is PyTorch's, and where an ATen operator's result dtype differs from what its ops give
-(``_softmax(half_to_float=True)``, ``_to_copy(dtype=...)``, ``sum(dtype=...)``), an explicit
-``te.cast`` makes it so. float64, integer and boolean tensors stay in PyTorch
-(:data:`STORED_DTYPES`; the backend logs them at WARNING, counted).
+Dtypes: nodes whose tensors are float16, bfloat16, float32, float64, int32, int64 or bool
+(:data:`STORED_DTYPES`) are taken. The elementwise operators, comparisons, ``where``,
+division, casts and reductions follow torch's type promotion (:mod:`.typed`); each lowered
+node has the dtype of its FX value (``meta["val"]``), and where a float operator's ops give
+another float (``_softmax(half_to_float=True)``, ``sum(dtype=...)``) an explicit ``te.cast``
+makes it so — an integer or bool is never converted after the fact. What polyfuse cannot
+compute exactly (integer division by a tensor, ``&`` of integers, a float ``div`` with a
+rounding mode) and dtypes it lacks (uint8, int8, int16, complex) stay in PyTorch; the
+backend logs them at WARNING, counted.
 """
 
 from __future__ import annotations
@@ -27,8 +30,13 @@ import torch
 import torch.fx
 
 from polyfuse import ops, te
-from polyfuse.errors import UnsupportedOpError
+from polyfuse.errors import DtypeError, UnsupportedOpError
+from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
+
+from . import reduce, typed
+from .typed import STORED_DTYPES, te_dtype
+from .typed import as_dtype as _as_dtype
 
 __all__ = [
     "LOWERINGS",
@@ -41,26 +49,6 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
-
-#: torch dtype → te dtype of the tensors a region may read and write (code generation stores
-#: these; float64, integers and bool stay in PyTorch)
-STORED_DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-}
-
-
-def te_dtype(dtype: torch.dtype) -> str:
-    """The te dtype of a region tensor of torch dtype ``dtype`` (one of :data:`STORED_DTYPES`)."""
-    return STORED_DTYPES[dtype]
-
-
-def _as_dtype(x: Tensor, dtype: str) -> Tensor:
-    """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``."""
-    if x.dtype == dtype:
-        return x
-    return te.compute(x.shape, lambda *i: te.cast(x[i], dtype), name=f"{x.name}_{dtype}")
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -110,22 +98,13 @@ def _axes(x: Tensor, dims: Any) -> list[int] | None:
     return [d % len(x.shape) for d in dims]
 
 
-def _binary(fn: Callable) -> Callable:
-    def lower(a: Any, b: Any, *, alpha: Any = 1) -> Tensor:
-        if alpha != 1:
-            b = ops.mul(b, float(alpha))
-        return fn(a, b)
-
-    return lower
-
-
 def _addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
     y = ops.matmul(a, b)
     if alpha != 1:
-        y = ops.mul(y, float(alpha))
+        y = typed.mul(y, alpha)
     if beta != 1:
-        bias = ops.mul(bias, float(beta))
-    return ops.add(y, bias)
+        bias = typed.mul(bias, beta)
+    return typed.add(y, bias)
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -196,14 +175,6 @@ def _transpose(x, d0, d1):
     return ops.transpose(x, perm)
 
 
-def _clamp(x, lo=None, hi=None):
-    if lo is not None:
-        x = ops.maximum(x, float(lo))
-    if hi is not None:
-        x = ops.minimum(x, float(hi))
-    return x
-
-
 def _safe_softmax(x: Tensor, dim: int, dtype: Any = None) -> Tensor:
     """``aten._safe_softmax``: softmax, but a row that is all ``-inf`` (fully masked
     attention) gives zeros instead of NaN; ``dtype`` converts the input first, as torch does."""
@@ -235,34 +206,60 @@ def _reduce(fn: Callable) -> Callable:
 
 #: Supported core ATen overloads and how each becomes polyfuse ops.
 LOWERINGS: dict[Any, Callable[..., Any]] = {
-    aten.add.Tensor: _binary(ops.add),
-    aten.add.Scalar: _binary(ops.add),
-    aten.sub.Tensor: _binary(ops.sub),
-    aten.sub.Scalar: _binary(ops.sub),
-    aten.rsub.Scalar: lambda a, b, alpha=1: ops.sub(
-        b, ops.mul(a, float(alpha)) if alpha != 1 else a
-    ),
-    aten.mul.Tensor: ops.mul,
-    aten.mul.Scalar: ops.mul,
-    aten.div.Tensor: ops.div,
-    aten.div.Scalar: ops.div,
-    aten.pow.Tensor_Scalar: ops.pow,
-    aten.maximum.default: ops.maximum,
-    aten.minimum.default: ops.minimum,
+    aten.add.Tensor: typed.add,
+    aten.add.Scalar: typed.add,
+    aten.sub.Tensor: typed.sub,
+    aten.sub.Scalar: typed.sub,
+    aten.rsub.Scalar: typed.rsub,
+    aten.rsub.Tensor: typed.rsub,
+    aten.mul.Tensor: typed.mul,
+    aten.mul.Scalar: typed.mul,
+    aten.div.Tensor: typed.div,
+    aten.div.Scalar: typed.div,
+    aten.div.Tensor_mode: typed.div,
+    aten.div.Scalar_mode: typed.div,
+    aten.floor_divide.default: lambda a, b: typed.div(a, b, rounding_mode="floor"),
+    aten.floor_divide.Scalar: lambda a, b: typed.div(a, b, rounding_mode="floor"),
+    aten.remainder.Tensor: typed.remainder,
+    aten.remainder.Scalar: typed.remainder,
+    aten.pow.Tensor_Scalar: typed.pow_,
+    aten.pow.Tensor_Tensor: typed.pow_,
+    aten.maximum.default: typed.maximum,
+    aten.minimum.default: typed.minimum,
+    **{getattr(aten, c).Tensor: typed.compare(c) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{getattr(aten, c).Scalar: typed.compare(c) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
+    aten.where.self: typed.where,
+    aten.scalar_tensor.default: typed.scalar_tensor,
+    aten.full.default: typed.full,
+    aten.arange.default: typed.arange,
+    aten.arange.start: typed.arange,
+    aten.arange.start_step: typed.arange,
+    aten.full_like.default: typed.full_like,
+    aten.logical_and.default: typed.logical("and"),
+    aten.logical_or.default: typed.logical("or"),
+    aten.logical_xor.default: typed.logical("xor"),
+    aten.logical_not.default: typed.logical("not"),
+    aten.bitwise_and.Tensor: typed.logical("and"),
+    aten.bitwise_and.Scalar: typed.logical("and"),
+    aten.bitwise_or.Tensor: typed.logical("or"),
+    aten.bitwise_or.Scalar: typed.logical("or"),
+    aten.bitwise_xor.Tensor: typed.logical("xor"),
+    aten.bitwise_xor.Scalar: typed.logical("xor"),
+    aten.bitwise_not.default: typed.logical("not"),
     aten.neg.default: ops.neg,
-    aten.exp.default: ops.exp,
-    aten.log.default: ops.log,
-    aten.sqrt.default: ops.sqrt,
-    aten.rsqrt.default: ops.rsqrt,
-    aten.tanh.default: ops.tanh,
-    aten.sigmoid.default: ops.sigmoid,
-    aten.relu.default: ops.relu,
+    aten.exp.default: typed.float_math(ops.exp),
+    aten.log.default: typed.float_math(ops.log),
+    aten.sqrt.default: typed.float_math(ops.sqrt),
+    aten.rsqrt.default: typed.float_math(ops.rsqrt),
+    aten.tanh.default: typed.float_math(ops.tanh),
+    aten.sigmoid.default: typed.float_math(ops.sigmoid),
+    aten.relu.default: typed.relu,
     aten.abs.default: ops.abs,
     aten.gelu.default: lambda x, approximate="none": ops.gelu(x, approximate=approximate),
-    aten.clamp.default: _clamp,
-    aten.clamp_min.default: lambda x, lo: _clamp(x, lo, None),
-    aten.clamp_max.default: lambda x, hi: _clamp(x, None, hi),
-    aten.hardtanh.default: lambda x, lo=-1.0, hi=1.0: _clamp(x, lo, hi),
+    aten.clamp.default: typed.clamp,
+    aten.clamp_min.default: lambda x, lo: typed.clamp(x, lo, None),
+    aten.clamp_max.default: lambda x, hi: typed.clamp(x, None, hi),
+    aten.hardtanh.default: typed.hardtanh,
     aten.mm.default: ops.matmul,
     aten.bmm.default: ops.matmul,
     aten.addmm.default: _addmm,
@@ -285,9 +282,26 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._to_copy.default: lambda x, *, dtype=None, **kw: (
         x if dtype is None else _as_dtype(x, te_dtype(dtype))
     ),
-    aten.sum.dim_IntList: _reduce(ops.reduce_sum),
+    aten.sum.dim_IntList: reduce.sum_,
+    aten.sum.default: lambda x, *, dtype=None: reduce.sum_(x, None, False, dtype=dtype),
     aten.mean.dim: _reduce(ops.reduce_mean),
-    aten.amax.default: _reduce(ops.reduce_max),
+    aten.mean.default: lambda x, *, dtype=None: _reduce(ops.reduce_mean)(x, None, dtype=dtype),
+    aten.amax.default: lambda x, dims=(), keepdim=False: reduce.reduce(
+        "max", x, dims, keepdim, x.dtype
+    ),
+    aten.amin.default: lambda x, dims=(), keepdim=False: reduce.reduce(
+        "min", x, dims, keepdim, x.dtype
+    ),
+    aten.any.default: reduce.any_all("max"),
+    aten.any.dim: reduce.any_all("max"),
+    aten.any.dims: reduce.any_all("max"),
+    aten.all.default: reduce.any_all("min"),
+    aten.all.dim: reduce.any_all("min"),
+    aten.all.dims: reduce.any_all("min"),
+    aten.index.Tensor: reduce.index,
+    aten.argmax.default: reduce.arg_extreme("max"),
+    aten.argmin.default: reduce.arg_extreme("min"),
+    aten.embedding.default: lambda w, ids, *args: reduce.index(w, [ids]),
     aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(
         _as_dtype(x, "float32") if half_to_float else x, axis=dim
     ),
@@ -300,7 +314,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.convolution.default: _convolution,
     aten.max_pool2d_with_indices.default: _max_pool,
     aten.avg_pool2d.default: _avg_pool,
-    aten.cat.default: lambda xs, dim=0: ops.concat(list(xs), axis=dim % len(xs[0].shape)),
+    aten.cat.default: typed.cat,
     aten.slice.Tensor: _slice,
     aten.select.int: _select,
     aten.split_with_sizes.default: _split_with_sizes,
@@ -325,11 +339,11 @@ def _vals(node: torch.fx.Node) -> list[Any]:
 
 
 def _dtype_reason(dtype: torch.dtype) -> str:
-    """Shared by every node of that dtype: code generation stores float32, float16 and
-    bfloat16 tensors only (:data:`STORED_DTYPES`)."""
+    """Shared by every node of that dtype: polyfuse has no such dtype (uint8, int8, int16,
+    complex, float8; :data:`STORED_DTYPES` lists those it has)."""
     return (
-        f"dtype {str(dtype).removeprefix('torch.')} (code generation stores float32, float16 "
-        "and bfloat16)"
+        f"dtype {str(dtype).removeprefix('torch.')} (polyfuse stores float16, bfloat16, "
+        "float32, float64, int32, int64 and bool)"
     )
 
 
@@ -380,8 +394,9 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     if target is aten.avg_pool2d.default:
         if (len(args) > 4 and args[4]) or (len(args) > 6 and args[6] is not None):
             return "avg_pool2d with ceil_mode or divisor_override"
-    if target in (aten.div.Tensor, aten.div.Scalar) and kwargs.get("rounding_mode"):
-        return "div with rounding_mode"
+    why = typed.dtype_reason(node)
+    if why is not None:
+        return why
     if target is aten._to_copy.default:
         src = _vals(args[0])[0] if isinstance(args[0], torch.fx.Node) else None
         dev = kwargs.get("device")
@@ -399,17 +414,31 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
+def _fit(node: torch.fx.Node, out: Tensor, want: torch.dtype) -> Tensor:
+    """``out`` in the dtype torch gives. Between floats a ``te.cast`` rounds
+    (``_softmax(half_to_float=True)`` of a float16 input is float32); an integer or bool on
+    either side would be a wrong lowering, never converted after the fact."""
+    dtype = te_dtype(want)
+    if out.dtype == dtype:
+        return out
+    if not (dt.is_float(out.dtype) and dt.is_float(dtype)):
+        raise DtypeError(
+            f"{op_name(node)} ({node.name}): lowered to {out.dtype} where torch computes "
+            f"{dtype}; a lowering that does not follow torch's promotion (a polyfuse bug)"
+        )
+    return _as_dtype(out, dtype)
+
+
 def _with_dtypes(node: torch.fx.Node, out: Any) -> Any:
     """``out`` (a lowered node's tensor, or tuple of them) with each tensor in the dtype of the
-    FX value it stands for, cast where the ops gave another (``_softmax(half_to_float=True)``
-    of a float16 input is float32)."""
+    FX value it stands for (:func:`_fit`)."""
     vals = _vals(node)
     if isinstance(out, Tensor):
         v = vals[0]
-        return _as_dtype(out, te_dtype(v.dtype)) if isinstance(v, torch.Tensor) else out
+        return _fit(node, out, v.dtype) if isinstance(v, torch.Tensor) else out
     if isinstance(out, tuple):
         return tuple(
-            _as_dtype(o, te_dtype(v.dtype))
+            _fit(node, o, v.dtype)
             if isinstance(o, Tensor) and isinstance(v, torch.Tensor) and v.dtype in STORED_DTYPES
             else o
             for o, v in zip(out, vals, strict=False)

@@ -46,8 +46,9 @@ PF_INLINE float pf_allreduce_x(float v, float* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(float* __restrict__ add5, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_k_w, const float* __restrict__ layer0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_4b5d06e126945314f28c(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
   int _b = blockIdx.x;
+  const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -55,20 +56,21 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
   const int p0r = threadIdx.x / 4;
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_embeddings[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_layer0_attn_k_w[1024];
-  float r_matmul4_acc[4][2][4];
-  float r_matmul4;
+  const int p1r = threadIdx.x / 8;
+  const int p1c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_layer0_attn_q_w_cat[1152];
+  float r_matmul0_merged_acc[4][2][4];
+  float r_matmul0_merged;
   float r_embeddings_frag[4];
-  float r_layer0_attn_k_w_frag[8];
-  float r_add5_v[4];
+  float r_layer0_attn_q_w_cat_frag[8];
+  float r_add1_merged_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul4_acc[ii1][ii2][iv] = 0.0f;
+        r_matmul0_merged_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
@@ -80,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_layer0_attn_q_w_cat[((kt0 + 1) % 2) * 576 + ((((p1r + (16 * kt0)) + (8 * kk0)) + 16) - (16 * (kt0 + 1))) * 36 + (((32 * b2) + (4 * p1c)) - (32 * b2))], &layer0_attn_q_w_cat[(((p1r + (16 * kt0)) + (8 * kk0)) + 16) * 96 + ((32 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
   }
@@ -92,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_layer0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &layer0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_layer0_attn_q_w_cat[((kt0 + 1) % 2) * 576 + ((((p1r + (16 * kt0)) + (8 * kk0)) + 16) - (16 * (kt0 + 1))) * 36 + (((32 * b2) + (4 * p1c)) - (32 * b2))], &layer0_attn_q_w_cat[(((p1r + (16 * kt0)) + (8 * kk0)) + 16) * 96 + ((32 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -107,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_layer0_attn_q_w_cat_frag[((ii2 * 4) + iv)] = s_layer0_attn_q_w_cat[(kt0 % 2) * 576 + (((16 * kt0) + kk0) - (16 * kt0)) * 36 + (((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv) - (32 * b2))];
         }
       }
       #pragma unroll
@@ -116,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
+            r_matmul0_merged_acc[ii1][ii2][iv] = r_matmul0_merged_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_cat_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -138,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_layer0_attn_k_w_frag[((ii2 * 4) + iv)] = s_layer0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_layer0_attn_q_w_cat_frag[((ii2 * 4) + iv)] = s_layer0_attn_q_w_cat[(kt0 % 2) * 576 + (((16 * kt0) + kk0) - (16 * kt0)) * 36 + (((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv) - (32 * b2))];
         }
       }
       #pragma unroll
@@ -147,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul4_acc[ii1][ii2][iv] = r_matmul4_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_k_w_frag[((ii2 * 4) + iv)]);
+            r_matmul0_merged_acc[ii1][ii2][iv] = r_matmul0_merged_acc[ii1][ii2][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_cat_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -160,77 +162,16 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul4 = r_matmul4_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 7) { r_add5_v[iv] = (r_matmul4 + layer0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul0_merged = r_matmul0_merged_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add1_merged_v[iv] = (r_matmul0_merged + layer0_attn_q_bias_cat[((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv)]); }
       }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add5[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add5_v[0], r_add5_v[1], r_add5_v[2], r_add5_v[3]); }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add1_merged[b0 * 768 + (t1 + (16 * ii1)) * 96 + ((((32 * b2) + (4 * t2)) + (16 * ii2)) + 0)]) = make_float4(r_add1_merged_v[0], r_add1_merged_v[1], r_add1_merged_v[2], r_add1_merged_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_embeddings[1028];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_layer0_attn_q_w_cat[2048];
-  float r_matmul0_merged_acc[4][4];
-  float r_matmul0_merged;
-  float r_embeddings_frag[4];
-  float r_layer0_attn_q_w_cat_frag[4];
-  float r_add1_merged_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul0_merged_acc[ii1][iv] = 0.0f;
-    }
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    *reinterpret_cast<float4*>(&s_embeddings[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 256) ? *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-    *reinterpret_cast<float4*>(&s_layer0_attn_q_w_cat[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&layer0_attn_q_w_cat[((4 * p1c) + (512 * kk0))]);
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_embeddings_frag[ii1] = s_embeddings[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_layer0_attn_q_w_cat_frag[iv] = s_layer0_attn_q_w_cat[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul0_merged_acc[ii1][iv] = r_matmul0_merged_acc[ii1][iv] + (r_embeddings_frag[ii1] * r_layer0_attn_q_w_cat_frag[iv]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7) { r_matmul0_merged = r_matmul0_merged_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7) { r_add1_merged_v[iv] = (r_matmul0_merged + layer0_attn_q_bias_cat[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add1_merged[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_add1_merged_v[0], r_add1_merged_v[1], r_add1_merged_v[2], r_add1_merged_v[3]); }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(const float* __restrict__ add1_merged, const float* __restrict__ add5, float* __restrict__ softmax14) {
-  __shared__ __align__(16) unsigned char pf_pool[2048];
+extern "C" __global__ void __launch_bounds__(128, 7) pf_ac96f9643518ae6fcef0(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
+  __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
     const int b1 = _b % 2; _b /= 2;
@@ -248,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(con
     float* const s_add1_merged = reinterpret_cast<float*>(pf_pool + 0);
     const int p1r = threadIdx.x / 2;
     const int p1c = threadIdx.x % 2;
-    float* const s_add5 = reinterpret_cast<float*>(pf_pool + 1024);
+    float* const s_add1_merged_t1 = reinterpret_cast<float*>(pf_pool + 2048);
     float r_matmul12_acc[4];
     float r_add1_merged_frag[1];
     #pragma unroll
@@ -257,37 +198,37 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(con
     }
     {
       const int kt0 = (-1);
-      if (((p0r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 768 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add5[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add1_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], &add1_merged[(p1r >= 0 && p1r < 8) ? b0 * 768 + p1r * 96 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
       }
       __pipeline_commit();
     }
-    const float* pf_gp0_add1_merged = &add1_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
-    const float* pf_gp0_add5 = &add5[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
+    const float* pf_gp0_add1_merged = &add1_merged[((16 * b1) + (4 * p0c) + (96 * p0r) + (768 * b0) + 8)];
+    const float* pf_gp1_add1_merged = &add1_merged[((16 * b1) + (4 * p1c) + (96 * p1r) + (768 * b0) + 40)];
     for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-      if (((p0r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add5[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add5[0] : add5, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add1_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], (p1r >= 0 && p1r < 8) ? &pf_gp1_add1_merged[0] : add1_merged, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
       }
       __pipeline_commit();
       __pipeline_wait_prior(1);
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        r_add1_merged_frag[0] = s_add1_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        r_add1_merged_frag[0] = s_add1_merged[(kt0 % 2) * 256 + (b0 - b0) * 256 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul12_acc[iv] = r_matmul12_acc[iv] + (r_add1_merged_frag[0] * s_add5[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))]);
+          r_matmul12_acc[iv] = r_matmul12_acc[iv] + (r_add1_merged_frag[0] * s_add1_merged_t1[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + ((((b1 * 16) + ((8 * kt0) + kk0)) + 32) - (((16 * b1) + (8 * kt0)) + 32))]);
         }
       }
       __syncthreads();
       pf_gp0_add1_merged += 8;
-      pf_gp0_add5 += 8;
+      pf_gp1_add1_merged += 8;
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
@@ -301,10 +242,10 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(con
     const int pf_g0 = pf_g;
     for (int pf_j = 0; pf_j < 8; ++pf_j) {
       const int pf_r = pf_j;
-      if (pf_r < 4) {  // uniform per block
-        const int pf_rb = pf_g0 * 8 + pf_g1 * 4 + pf_r;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 4 + pf_g1 * 2 + pf_r;
           int _b = pf_rb;
-          const int b2 = _b % 4; _b /= 4;
+          const int b2 = _b % 2; _b /= 2;
           const int b1 = _b % 2; _b /= 2;
           const int b0 = _b;
           int _t = threadIdx.x;
@@ -313,45 +254,45 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(con
           float* const s_mul13 = reinterpret_cast<float*>(pf_pool + 256);
           const int s_mul13_lo0 = b0;
           const int s_mul13_lo1 = b1;
-          const int s_mul13_lo2 = (2 * b2);
+          const int s_mul13_lo2 = (4 * b2);
           const int s_mul13_lo3 = 0;
-          float* const s_softmax14_exp = reinterpret_cast<float*>(pf_pool + 320);
+          float* const s_softmax14_exp = reinterpret_cast<float*>(pf_pool + 384);
           const int s_softmax14_exp_lo0 = b0;
           const int s_softmax14_exp_lo1 = b1;
-          const int s_softmax14_exp_lo2 = (2 * b2);
+          const int s_softmax14_exp_lo2 = (4 * b2);
           const int s_softmax14_exp_lo3 = 0;
           float* const s_matmul12 = reinterpret_cast<float*>(pf_pool + 0);
           const int s_matmul12_lo0 = b0;
           const int s_matmul12_lo1 = b1;
           const int s_matmul12_lo2 = 0;
           const int s_matmul12_lo3 = 0;
-          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 384);
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 512);
           float r_softmax14_max;
           float r_softmax14_max_acc;
           float r_softmax14_sub;
           float r_softmax14_sum;
           float r_softmax14_sum_acc;
-          // part:mg3
+          // part:mg2
           r_softmax14_max_acc = -INFINITY;
           if ((l0 <= 1)) {
             // coarsen:4
             {
               float v_mul13[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                v_mul13[c0] = (s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((2 * b2) + r0) - s_matmul12_lo2) * 8 + (((4 * l0) + c0) - s_matmul12_lo3)] * 0.25f);
+                v_mul13[c0] = (s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((4 * b2) + r0) - s_matmul12_lo2) * 8 + (((4 * l0) + c0) - s_matmul12_lo3)] * 0.25f);
                 r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, v_mul13[c0]);
               }
-              *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 16 + (b1 - s_mul13_lo1) * 16 + (((2 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
+              *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 32 + (b1 - s_mul13_lo1) * 32 + (((4 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
             }
           }
           r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
-          __syncwarp();  // mg4 reads what earlier parts wrote
-          // part:mg4
+          __syncwarp();  // mg3 reads what earlier parts wrote
+          // part:mg3
           r_softmax14_sum_acc = 0.0f;
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 16 + (b1 - s_mul13_lo1) * 16 + (((2 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
+              const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 32 + (b1 - s_mul13_lo1) * 32 + (((4 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
               float v_mul13[4] = {q_mul130.x, q_mul130.y, q_mul130.z, q_mul130.w};
               float v_softmax14_exp[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
@@ -359,22 +300,22 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(con
                 v_softmax14_exp[c0] = expf(r_softmax14_sub);
                 r_softmax14_sum_acc = r_softmax14_sum_acc + v_softmax14_exp[c0];
               }
-              *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 16 + (b1 - s_softmax14_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
+              *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 32 + (b1 - s_softmax14_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
             }
           }
           r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
-          __syncwarp();  // mg5 reads what earlier parts wrote
+          __syncwarp();  // mg4 reads what earlier parts wrote
           if ((l0 <= 1)) {
-            // part:mg5
+            // part:mg4
             // coarsen:4
             {
-              const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 16 + (b1 - s_softmax14_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
+              const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 32 + (b1 - s_softmax14_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
               float v_softmax14_exp[4] = {q_softmax14_exp0.x, q_softmax14_exp0.y, q_softmax14_exp0.z, q_softmax14_exp0.w};
               float v_softmax14[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_softmax14[c0] = (v_softmax14_exp[c0] / r_softmax14_sum);
               }
-              *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + ((2 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
+              *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + ((4 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
             }
           }
       }
@@ -383,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_adad99d7d8500c270d9f(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -410,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
     }
   }
   *reinterpret_cast<float4*>(&s_softmax14[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax14[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_add1_merged[(((8 * b0) + p1r) - (8 * b0)) * 68 + ((((16 * b1) + (4 * p1c)) + 32) - ((16 * b1) + 32))]) = ((((16 * b1) + (4 * p1c)) + 32) >= 0 && (((16 * b1) + (4 * p1c)) + 32) < 64) ? *reinterpret_cast<const float4*>(&add1_merged[((8 * b0) + p1r) * 64 + (((16 * b1) + (4 * p1c)) + 32)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add1_merged[(((8 * b0) + p1r) - (8 * b0)) * 68 + ((((16 * b1) + (4 * p1c)) + 64) - ((16 * b1) + 64))]) = ((((16 * b1) + (4 * p1c)) + 64) >= 0 && (((16 * b1) + (4 * p1c)) + 64) < 96) ? *reinterpret_cast<const float4*>(&add1_merged[((8 * b0) + p1r) * 96 + (((16 * b1) + (4 * p1c)) + 64)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -422,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_add1_merged_frag[((ii3 * 4) + iv)] = s_add1_merged[(((b0 * 8) + kk0) - (8 * b0)) * 68 + ((((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) + 32) - ((16 * b1) + 32))];
+        r_add1_merged_frag[((ii3 * 4) + iv)] = s_add1_merged[(((b0 * 8) + kk0) - (8 * b0)) * 68 + ((((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) + 64) - ((16 * b1) + 64))];
       }
     }
     #pragma unroll
@@ -450,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 14) pf_83c7aca69b1dedc5d99d(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(64, 14) pf_1fcb7982f0279b00afa5(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[5152];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -561,7 +502,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_83c7aca69b1dedc5d99d(con
           float r_layer_norm21_var;
           float r_layer_norm21_var_acc;
           float r_layer_norm21_rstd;
-          // part:mg8
+          // part:mg7
           r_layer_norm21_mean_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -580,8 +521,8 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_83c7aca69b1dedc5d99d(con
             }
           }
           r_layer_norm21_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_mean_acc, pf_scratch); r_layer_norm21_mean = r_layer_norm21_mean_acc;
-          __syncwarp();  // mg9 reads what earlier parts wrote
-          // part:mg9
+          __syncwarp();  // mg8 reads what earlier parts wrote
+          // part:mg8
           r_layer_norm21_var_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -597,8 +538,8 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_83c7aca69b1dedc5d99d(con
             }
           }
           r_layer_norm21_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm21_var_acc, pf_scratch); r_layer_norm21_var = r_layer_norm21_var_acc;
-          __syncwarp();  // mg10 reads what earlier parts wrote
-          // part:mg10
+          __syncwarp();  // mg9 reads what earlier parts wrote
+          // part:mg9
           r_layer_norm21_rstd = rsqrtf((r_layer_norm21_var + 1e-05f));
           if ((l0 <= 7)) {
             // coarsen:4
@@ -685,7 +626,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_0883e63d1632608935b3(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_6dbfe734b2dd573d12d6(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_75b0f86237efd4860189(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -790,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6dbfe734b2dd573d12d6(con
           float r_layer_norm28_var;
           float r_layer_norm28_var_acc;
           float r_layer_norm28_rstd;
-          // part:mg13
+          // part:mg12
           r_layer_norm28_mean_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -809,8 +750,8 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6dbfe734b2dd573d12d6(con
             }
           }
           r_layer_norm28_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_mean_acc, pf_scratch); r_layer_norm28_mean = r_layer_norm28_mean_acc;
-          __syncwarp();  // mg14 reads what earlier parts wrote
-          // part:mg14
+          __syncwarp();  // mg13 reads what earlier parts wrote
+          // part:mg13
           r_layer_norm28_var_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -826,8 +767,8 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6dbfe734b2dd573d12d6(con
             }
           }
           r_layer_norm28_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm28_var_acc, pf_scratch); r_layer_norm28_var = r_layer_norm28_var_acc;
-          __syncwarp();  // mg15 reads what earlier parts wrote
-          // part:mg15
+          __syncwarp();  // mg14 reads what earlier parts wrote
+          // part:mg14
           r_layer_norm28_rstd = rsqrtf((r_layer_norm28_var + 1e-05f));
           if ((l0 <= 7)) {
             // coarsen:4

@@ -114,8 +114,9 @@ extern "C" __global__ void __launch_bounds__(256) pf_36d830df383e21279a87(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(float* __restrict__ add6, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_4b5d06e126945314f28c(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
+  const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -123,20 +124,21 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
   const int p0r = threadIdx.x / 4;
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_layer_norm0[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_k_w[1024];
-  float r_matmul5_acc[4][2][4];
-  float r_matmul5;
+  const int p1r = threadIdx.x / 8;
+  const int p1c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_block0_attn_q_w_cat[1152];
+  float r_matmul1_merged_acc[4][2][4];
+  float r_matmul1_merged;
   float r_layer_norm0_frag[4];
-  float r_block0_attn_k_w_frag[8];
-  float r_add6_v[4];
+  float r_block0_attn_q_w_cat_frag[8];
+  float r_add2_merged_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul5_acc[ii1][ii2][iv] = 0.0f;
+        r_matmul1_merged_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
@@ -148,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_q_w_cat[((kt0 + 1) % 2) * 576 + ((((p1r + (16 * kt0)) + (8 * kk0)) + 16) - (16 * (kt0 + 1))) * 36 + (((32 * b2) + (4 * p1c)) - (32 * b2))], &block0_attn_q_w_cat[(((p1r + (16 * kt0)) + (8 * kk0)) + 16) * 96 + ((32 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
   }
@@ -160,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_q_w_cat[((kt0 + 1) % 2) * 576 + ((((p1r + (16 * kt0)) + (8 * kk0)) + 16) - (16 * (kt0 + 1))) * 36 + (((32 * b2) + (4 * p1c)) - (32 * b2))], &block0_attn_q_w_cat[(((p1r + (16 * kt0)) + (8 * kk0)) + 16) * 96 + ((32 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -175,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w_cat[(kt0 % 2) * 576 + (((16 * kt0) + kk0) - (16 * kt0)) * 36 + (((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv) - (32 * b2))];
         }
       }
       #pragma unroll
@@ -184,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][ii2][iv] = r_matmul5_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
+            r_matmul1_merged_acc[ii1][ii2][iv] = r_matmul1_merged_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -206,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w_cat[(kt0 % 2) * 576 + (((16 * kt0) + kk0) - (16 * kt0)) * 36 + (((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv) - (32 * b2))];
         }
       }
       #pragma unroll
@@ -215,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul5_acc[ii1][ii2][iv] = r_matmul5_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
+            r_matmul1_merged_acc[ii1][ii2][iv] = r_matmul1_merged_acc[ii1][ii2][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -228,77 +230,16 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_0bb2392874445809518a(floa
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 7) { r_matmul5 = r_matmul5_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 7) { r_add6_v[iv] = (r_matmul5 + block0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 7) { r_matmul1_merged = r_matmul1_merged_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 7) { r_add2_merged_v[iv] = (r_matmul1_merged + block0_attn_q_bias_cat[((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv)]); }
       }
-      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add6[b0 * 256 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add6_v[0], r_add6_v[1], r_add6_v[2], r_add6_v[3]); }
+      if ((t1 + (16 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add2_merged[b0 * 768 + (t1 + (16 * ii1)) * 96 + ((((32 * b2) + (4 * t2)) + (16 * ii2)) + 0)]) = make_float4(r_add2_merged_v[0], r_add2_merged_v[1], r_add2_merged_v[2], r_add2_merged_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_ddd3c2fb5888df4866ba(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm0[1028];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_q_w_cat[2048];
-  float r_matmul1_merged_acc[4][4];
-  float r_matmul1_merged;
-  float r_layer_norm0_frag[4];
-  float r_block0_attn_q_w_cat_frag[4];
-  float r_add2_merged_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul1_merged_acc[ii1][iv] = 0.0f;
-    }
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    *reinterpret_cast<float4*>(&s_layer_norm0[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 256) ? *reinterpret_cast<const float4*>(&layer_norm0[b0 * 256 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-    *reinterpret_cast<float4*>(&s_block0_attn_q_w_cat[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&block0_attn_q_w_cat[((4 * p1c) + (512 * kk0))]);
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_layer_norm0_frag[ii1] = s_layer_norm0[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_block0_attn_q_w_cat_frag[iv] = s_block0_attn_q_w_cat[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul1_merged_acc[ii1][iv] = r_matmul1_merged_acc[ii1][iv] + (r_layer_norm0_frag[ii1] * r_block0_attn_q_w_cat_frag[iv]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 7) { r_matmul1_merged = r_matmul1_merged_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 7) { r_add2_merged_v[iv] = (r_matmul1_merged + block0_attn_q_bias_cat[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 7) { *reinterpret_cast<float4*>(&add2_merged[b0 * 512 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_add2_merged_v[0], r_add2_merged_v[1], r_add2_merged_v[2], r_add2_merged_v[3]); }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(const float* __restrict__ add2_merged, const float* __restrict__ add6, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
-  __shared__ __align__(16) unsigned char pf_pool[2048];
+extern "C" __global__ void __launch_bounds__(128, 7) pf_e2b6733b171aa8907bd9(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
+  __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
     const int b1 = _b % 2; _b /= 2;
@@ -316,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(con
     float* const s_add2_merged = reinterpret_cast<float*>(pf_pool + 0);
     const int p1r = threadIdx.x / 2;
     const int p1c = threadIdx.x % 2;
-    float* const s_add6 = reinterpret_cast<float*>(pf_pool + 1024);
+    float* const s_add2_merged_t1 = reinterpret_cast<float*>(pf_pool + 2048);
     float r_matmul13_acc[4];
     float r_add2_merged_frag[1];
     #pragma unroll
@@ -325,37 +266,37 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(con
     }
     {
       const int kt0 = (-1);
-      if (((p0r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 512 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 768 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add6[(p1r >= 0 && p1r < 8) ? b0 * 256 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add2_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], &add2_merged[(p1r >= 0 && p1r < 8) ? b0 * 768 + p1r * 96 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
       }
       __pipeline_commit();
     }
-    const float* pf_gp0_add2_merged = &add2_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (512 * b0) + 8)];
-    const float* pf_gp0_add6 = &add6[((16 * b1) + (4 * p1c) + (32 * p1r) + (256 * b0) + 8)];
+    const float* pf_gp0_add2_merged = &add2_merged[((16 * b1) + (4 * p0c) + (96 * p0r) + (768 * b0) + 8)];
+    const float* pf_gp1_add2_merged = &add2_merged[((16 * b1) + (4 * p1c) + (96 * p1r) + (768 * b0) + 40)];
     for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-      if (((p0r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 31) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add6[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 8) ? &pf_gp0_add6[0] : add6, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add2_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], (p1r >= 0 && p1r < 8) ? &pf_gp1_add2_merged[0] : add2_merged, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
       }
       __pipeline_commit();
       __pipeline_wait_prior(1);
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        r_add2_merged_frag[0] = s_add2_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        r_add2_merged_frag[0] = s_add2_merged[(kt0 % 2) * 256 + (b0 - b0) * 256 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul13_acc[iv] = r_matmul13_acc[iv] + (r_add2_merged_frag[0] * s_add6[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))]);
+          r_matmul13_acc[iv] = r_matmul13_acc[iv] + (r_add2_merged_frag[0] * s_add2_merged_t1[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + ((((b1 * 16) + ((8 * kt0) + kk0)) + 32) - (((16 * b1) + (8 * kt0)) + 32))]);
         }
       }
       __syncthreads();
       pf_gp0_add2_merged += 8;
-      pf_gp0_add6 += 8;
+      pf_gp1_add2_merged += 8;
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
@@ -369,10 +310,10 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(con
     const int pf_g0 = pf_g;
     for (int pf_j = 0; pf_j < 8; ++pf_j) {
       const int pf_r = pf_j;
-      if (pf_r < 4) {  // uniform per block
-        const int pf_rb = pf_g0 * 8 + pf_g1 * 4 + pf_r;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 4 + pf_g1 * 2 + pf_r;
           int _b = pf_rb;
-          const int b2 = _b % 4; _b /= 4;
+          const int b2 = _b % 2; _b /= 2;
           const int b1 = _b % 2; _b /= 2;
           const int b0 = _b;
           int _t = threadIdx.x;
@@ -381,49 +322,49 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(con
           float* const s_add15 = reinterpret_cast<float*>(pf_pool + 256);
           const int s_add15_lo0 = b0;
           const int s_add15_lo1 = b1;
-          const int s_add15_lo2 = (2 * b2);
+          const int s_add15_lo2 = (4 * b2);
           const int s_add15_lo3 = 0;
-          float* const s_softmax16_exp = reinterpret_cast<float*>(pf_pool + 320);
+          float* const s_softmax16_exp = reinterpret_cast<float*>(pf_pool + 384);
           const int s_softmax16_exp_lo0 = b0;
           const int s_softmax16_exp_lo1 = b1;
-          const int s_softmax16_exp_lo2 = (2 * b2);
+          const int s_softmax16_exp_lo2 = (4 * b2);
           const int s_softmax16_exp_lo3 = 0;
           float* const s_matmul13 = reinterpret_cast<float*>(pf_pool + 0);
           const int s_matmul13_lo0 = b0;
           const int s_matmul13_lo1 = b1;
           const int s_matmul13_lo2 = 0;
           const int s_matmul13_lo3 = 0;
-          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 384);
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 512);
           float r_mul14;
           float r_softmax16_max;
           float r_softmax16_max_acc;
           float r_softmax16_sub;
           float r_softmax16_sum;
           float r_softmax16_sum_acc;
-          // part:mg6
+          // part:mg5
           r_softmax16_max_acc = -INFINITY;
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[((2 * b2) + r0) * 8 + (4 * l0)]);
+              const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[((4 * b2) + r0) * 8 + (4 * l0)]);
               float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
               float v_add15[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                r_mul14 = (s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((2 * b2) + r0) - s_matmul13_lo2) * 8 + (((4 * l0) + c0) - s_matmul13_lo3)] * 0.25f);
+                r_mul14 = (s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((4 * b2) + r0) - s_matmul13_lo2) * 8 + (((4 * l0) + c0) - s_matmul13_lo3)] * 0.25f);
                 v_add15[c0] = (r_mul14 + v_causal_mask[c0]);
                 r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, v_add15[c0]);
               }
-              *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 16 + (b1 - s_add15_lo1) * 16 + (((2 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
+              *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 32 + (b1 - s_add15_lo1) * 32 + (((4 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
             }
           }
           r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
-          __syncwarp();  // mg7 reads what earlier parts wrote
-          // part:mg7
+          __syncwarp();  // mg6 reads what earlier parts wrote
+          // part:mg6
           r_softmax16_sum_acc = 0.0f;
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 16 + (b1 - s_add15_lo1) * 16 + (((2 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
+              const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 32 + (b1 - s_add15_lo1) * 32 + (((4 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
               float v_add15[4] = {q_add150.x, q_add150.y, q_add150.z, q_add150.w};
               float v_softmax16_exp[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
@@ -431,22 +372,22 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(con
                 v_softmax16_exp[c0] = expf(r_softmax16_sub);
                 r_softmax16_sum_acc = r_softmax16_sum_acc + v_softmax16_exp[c0];
               }
-              *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 16 + (b1 - s_softmax16_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
+              *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 32 + (b1 - s_softmax16_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
             }
           }
           r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
-          __syncwarp();  // mg8 reads what earlier parts wrote
+          __syncwarp();  // mg7 reads what earlier parts wrote
           if ((l0 <= 1)) {
-            // part:mg8
+            // part:mg7
             // coarsen:4
             {
-              const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 16 + (b1 - s_softmax16_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
+              const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 32 + (b1 - s_softmax16_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
               float v_softmax16_exp[4] = {q_softmax16_exp0.x, q_softmax16_exp0.y, q_softmax16_exp0.z, q_softmax16_exp0.w};
               float v_softmax16[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_softmax16[c0] = (v_softmax16_exp[c0] / r_softmax16_sum);
               }
-              *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + ((2 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
+              *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + ((4 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
             }
           }
       }
@@ -455,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_e1abfcbf3bbe514fc88c(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
+extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -482,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
     }
   }
   *reinterpret_cast<float4*>(&s_softmax16[(b0 - b0) * 516 + (b1 - b1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 64) ? *reinterpret_cast<const float4*>(&softmax16[b0 * 128 + b1 * 64 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<float4*>(&s_add2_merged[(((8 * b0) + p1r) - (8 * b0)) * 68 + ((((16 * b1) + (4 * p1c)) + 32) - ((16 * b1) + 32))]) = ((((16 * b1) + (4 * p1c)) + 32) >= 0 && (((16 * b1) + (4 * p1c)) + 32) < 64) ? *reinterpret_cast<const float4*>(&add2_merged[((8 * b0) + p1r) * 64 + (((16 * b1) + (4 * p1c)) + 32)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_add2_merged[(((8 * b0) + p1r) - (8 * b0)) * 68 + ((((16 * b1) + (4 * p1c)) + 64) - ((16 * b1) + 64))]) = ((((16 * b1) + (4 * p1c)) + 64) >= 0 && (((16 * b1) + (4 * p1c)) + 64) < 96) ? *reinterpret_cast<const float4*>(&add2_merged[((8 * b0) + p1r) * 96 + (((16 * b1) + (4 * p1c)) + 64)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   __syncthreads();
   #pragma unroll
   for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
@@ -494,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_add2_merged_frag[((ii3 * 4) + iv)] = s_add2_merged[(((b0 * 8) + kk0) - (8 * b0)) * 68 + ((((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) + 32) - ((16 * b1) + 32))];
+        r_add2_merged_frag[((ii3 * 4) + iv)] = s_add2_merged[(((b0 * 8) + kk0) - (8 * b0)) * 68 + ((((((16 * b1) + (4 * t3)) + (32 * ii3)) + iv) + 64) - ((16 * b1) + 64))];
       }
     }
     #pragma unroll
@@ -522,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_6ca5177d46b14205b669(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 14) pf_7f9b4a8edd9515633464(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[5152];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -633,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_7f9b4a8edd9515633464(con
           float r_layer_norm23_var;
           float r_layer_norm23_var_acc;
           float r_layer_norm23_rstd;
-          // part:mg11
+          // part:mg10
           r_layer_norm23_mean_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -654,8 +595,8 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_7f9b4a8edd9515633464(con
             }
           }
           r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
-          __syncwarp();  // mg12 reads what earlier parts wrote
-          // part:mg12
+          __syncwarp();  // mg11 reads what earlier parts wrote
+          // part:mg11
           r_layer_norm23_var_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -673,8 +614,8 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_7f9b4a8edd9515633464(con
             }
           }
           r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
-          __syncwarp();  // mg13 reads what earlier parts wrote
-          // part:mg13
+          __syncwarp();  // mg12 reads what earlier parts wrote
+          // part:mg12
           r_layer_norm23_rstd = rsqrtf((r_layer_norm23_var + 1e-05f));
           if ((l0 <= 7)) {
             // coarsen:4
@@ -761,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_6aa3e47c8234c33a977a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_b5ddb763c30127cfb1ce(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_15f0bc479520a6e536b7(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -866,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_b5ddb763c30127cfb1ce(con
           float r_layer_norm30_var;
           float r_layer_norm30_var_acc;
           float r_layer_norm30_rstd;
-          // part:mg16
+          // part:mg15
           r_layer_norm30_mean_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -887,8 +828,8 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_b5ddb763c30127cfb1ce(con
             }
           }
           r_layer_norm30_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_mean_acc, pf_scratch); r_layer_norm30_mean = r_layer_norm30_mean_acc;
-          __syncwarp();  // mg17 reads what earlier parts wrote
-          // part:mg17
+          __syncwarp();  // mg16 reads what earlier parts wrote
+          // part:mg16
           r_layer_norm30_var_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -906,8 +847,8 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_b5ddb763c30127cfb1ce(con
             }
           }
           r_layer_norm30_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm30_var_acc, pf_scratch); r_layer_norm30_var = r_layer_norm30_var_acc;
-          __syncwarp();  // mg18 reads what earlier parts wrote
-          // part:mg18
+          __syncwarp();  // mg17 reads what earlier parts wrote
+          // part:mg17
           r_layer_norm30_rstd = rsqrtf((r_layer_norm30_var + 1e-05f));
           if ((l0 <= 7)) {
             // coarsen:4
@@ -931,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_b5ddb763c30127cfb1ce(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_bf8ea0026d6cb535c1f2(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_ca2bf895e0a5034e1378(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -1036,7 +977,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_bf8ea0026d6cb535c1f2(con
           float r_layer_norm60_var;
           float r_layer_norm60_var_acc;
           float r_layer_norm60_rstd;
-          // part:mg32
+          // part:mg30
           r_layer_norm60_mean_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -1055,8 +996,8 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_bf8ea0026d6cb535c1f2(con
             }
           }
           r_layer_norm60_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_mean_acc, pf_scratch); r_layer_norm60_mean = r_layer_norm60_mean_acc;
-          __syncwarp();  // mg33 reads what earlier parts wrote
-          // part:mg33
+          __syncwarp();  // mg31 reads what earlier parts wrote
+          // part:mg31
           r_layer_norm60_var_acc = 0.0f;
           if ((l0 <= 7)) {
             // coarsen:4
@@ -1072,8 +1013,8 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_bf8ea0026d6cb535c1f2(con
             }
           }
           r_layer_norm60_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm60_var_acc, pf_scratch); r_layer_norm60_var = r_layer_norm60_var_acc;
-          __syncwarp();  // mg34 reads what earlier parts wrote
-          // part:mg34
+          __syncwarp();  // mg32 reads what earlier parts wrote
+          // part:mg32
           r_layer_norm60_rstd = rsqrtf((r_layer_norm60_var + 1e-05f));
           if ((l0 <= 7)) {
             // coarsen:4

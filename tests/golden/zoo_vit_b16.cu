@@ -183,8 +183,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_a52e1c679ba02b49dfa8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(float* __restrict__ add11, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_k_w, const float* __restrict__ block0_attn_k_bias) {
+extern "C" __global__ void __launch_bounds__(64, 8) pf_7472923e59d3e3192ea3(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
+  const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
@@ -192,20 +193,21 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
   const int p0r = threadIdx.x / 4;
   const int p0c = threadIdx.x % 4;
   __shared__ __align__(16) float s_layer_norm5[2048];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_k_w[1024];
-  float r_matmul10_acc[4][2][4];
-  float r_matmul10;
+  const int p1r = threadIdx.x / 8;
+  const int p1c = threadIdx.x % 8;
+  __shared__ __align__(16) float s_block0_attn_q_w_cat[1152];
+  float r_matmul6_merged_acc[4][2][4];
+  float r_matmul6_merged;
   float r_layer_norm5_frag[4];
-  float r_block0_attn_k_w_frag[8];
-  float r_add11_v[4];
+  float r_block0_attn_q_w_cat_frag[8];
+  float r_add7_merged_v[4];
   #pragma unroll
   for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
     #pragma unroll
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul10_acc[ii1][ii2][iv] = 0.0f;
+        r_matmul6_merged_acc[ii1][ii2][iv] = 0.0f;
       }
     }
   }
@@ -217,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_q_w_cat[((kt0 + 1) % 2) * 576 + ((((p1r + (16 * kt0)) + (8 * kk0)) + 16) - (16 * (kt0 + 1))) * 36 + (((32 * b2) + (4 * p1c)) - (32 * b2))], &block0_attn_q_w_cat[(((p1r + (16 * kt0)) + (8 * kk0)) + 16) * 96 + ((32 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
   }
@@ -229,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
     }
     #pragma unroll
     for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-      __pipeline_memcpy_async(&s_block0_attn_k_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_k_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      __pipeline_memcpy_async(&s_block0_attn_q_w_cat[((kt0 + 1) % 2) * 576 + ((((p1r + (16 * kt0)) + (8 * kk0)) + 16) - (16 * (kt0 + 1))) * 36 + (((32 * b2) + (4 * p1c)) - (32 * b2))], &block0_attn_q_w_cat[(((p1r + (16 * kt0)) + (8 * kk0)) + 16) * 96 + ((32 * b2) + (4 * p1c))], 16);
     }
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -244,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w_cat[(kt0 % 2) * 576 + (((16 * kt0) + kk0) - (16 * kt0)) * 36 + (((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv) - (32 * b2))];
         }
       }
       #pragma unroll
@@ -253,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul10_acc[ii1][ii2][iv] = r_matmul10_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
+            r_matmul6_merged_acc[ii1][ii2][iv] = r_matmul6_merged_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -275,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
       for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
-          r_block0_attn_k_w_frag[((ii2 * 4) + iv)] = s_block0_attn_k_w[(kt0 % 2) * 512 + (((((16 * kt0) + kk0) * 32) + (((4 * t2) + (16 * ii2)) + iv)) - (512 * kt0))];
+          r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)] = s_block0_attn_q_w_cat[(kt0 % 2) * 576 + (((16 * kt0) + kk0) - (16 * kt0)) * 36 + (((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv) - (32 * b2))];
         }
       }
       #pragma unroll
@@ -284,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
         for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
           #pragma unroll
           for (int iv = 0; (iv <= 3); iv += 1) {
-            r_matmul10_acc[ii1][ii2][iv] = r_matmul10_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_k_w_frag[((ii2 * 4) + iv)]);
+            r_matmul6_merged_acc[ii1][ii2][iv] = r_matmul6_merged_acc[ii1][ii2][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_cat_frag[((ii2 * 4) + iv)]);
           }
         }
       }
@@ -297,76 +299,15 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_18722656311b96e4ef98(floa
     for (int ii2 = 0; (ii2 <= 1); ii2 += 1) {
       #pragma unroll
       for (int iv = 0; (iv <= 3); iv += 1) {
-        if ((t1 + (16 * ii1)) <= 4) { r_matmul10 = r_matmul10_acc[ii1][ii2][iv]; }
-        if ((t1 + (16 * ii1)) <= 4) { r_add11_v[iv] = (r_matmul10 + block0_attn_k_bias[(((4 * t2) + (16 * ii2)) + iv)]); }
+        if ((t1 + (16 * ii1)) <= 4) { r_matmul6_merged = r_matmul6_merged_acc[ii1][ii2][iv]; }
+        if ((t1 + (16 * ii1)) <= 4) { r_add7_merged_v[iv] = (r_matmul6_merged + block0_attn_q_bias_cat[((((32 * b2) + (4 * t2)) + (16 * ii2)) + iv)]); }
       }
-      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add11[b0 * 160 + (t1 + (16 * ii1)) * 32 + (((4 * t2) + (16 * ii2)) + 0)]) = make_float4(r_add11_v[0], r_add11_v[1], r_add11_v[2], r_add11_v[3]); }
+      if ((t1 + (16 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add7_merged[b0 * 480 + (t1 + (16 * ii1)) * 96 + ((((32 * b2) + (4 * t2)) + (16 * ii2)) + 0)]) = make_float4(r_add7_merged_v[0], r_add7_merged_v[1], r_add7_merged_v[2], r_add7_merged_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_218735dab71ae7857f86(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
-  int _b = blockIdx.x;
-  const int b0 = _b;
-  int _t = threadIdx.x;
-  const int t2 = _t % 16; _t /= 16;
-  const int t1 = _t;
-  const int p0c = threadIdx.x;
-  __shared__ __align__(16) float s_layer_norm5[1028];
-  const int p1c = threadIdx.x;
-  __shared__ __align__(16) float s_block0_attn_q_w_cat[2048];
-  float r_matmul6_merged_acc[4][4];
-  float r_matmul6_merged;
-  float r_layer_norm5_frag[4];
-  float r_block0_attn_q_w_cat_frag[4];
-  float r_add7_merged_v[4];
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_matmul6_merged_acc[ii1][iv] = 0.0f;
-    }
-  }
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
-    *reinterpret_cast<float4*>(&s_layer_norm5[(b0 - b0) * 1028 + (((4 * p0c) + (512 * ii1)) - 0)]) = (((4 * p0c) + (512 * ii1)) >= 0 && ((4 * p0c) + (512 * ii1)) < 160) ? *reinterpret_cast<const float4*>(&layer_norm5[b0 * 160 + ((4 * p0c) + (512 * ii1))]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 3); kk0 += 1) {
-    *reinterpret_cast<float4*>(&s_block0_attn_q_w_cat[(((4 * p1c) + (512 * kk0)) - 0)]) = *reinterpret_cast<const float4*>(&block0_attn_q_w_cat[((4 * p1c) + (512 * kk0))]);
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int kk0 = 0; (kk0 <= 31); kk0 += 1) {
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      r_layer_norm5_frag[ii1] = s_layer_norm5[(b0 - b0) * 1028 + ((((t1 + (8 * ii1)) * 32) + kk0) - 0)];
-    }
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      r_block0_attn_q_w_cat_frag[iv] = s_block0_attn_q_w_cat[(((kk0 * 64) + ((4 * t2) + iv)) - 0)];
-    }
-    #pragma unroll
-    for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-      #pragma unroll
-      for (int iv = 0; (iv <= 3); iv += 1) {
-        r_matmul6_merged_acc[ii1][iv] = r_matmul6_merged_acc[ii1][iv] + (r_layer_norm5_frag[ii1] * r_block0_attn_q_w_cat_frag[iv]);
-      }
-    }
-  }
-  __syncthreads();
-  #pragma unroll
-  for (int ii1 = 0; (ii1 <= 3); ii1 += 1) {
-    #pragma unroll
-    for (int iv = 0; (iv <= 3); iv += 1) {
-      if ((t1 + (8 * ii1)) <= 4) { r_matmul6_merged = r_matmul6_merged_acc[ii1][iv]; }
-      if ((t1 + (8 * ii1)) <= 4) { r_add7_merged_v[iv] = (r_matmul6_merged + block0_attn_q_bias_cat[((4 * t2) + iv)]); }
-    }
-    if ((t1 + (8 * ii1)) <= 4) { *reinterpret_cast<float4*>(&add7_merged[b0 * 320 + (t1 + (8 * ii1)) * 64 + ((4 * t2) + 0)]) = make_float4(r_add7_merged_v[0], r_add7_merged_v[1], r_add7_merged_v[2], r_add7_merged_v[3]); }
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(const float* __restrict__ add7_merged, const float* __restrict__ add11, float* __restrict__ softmax20) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_e5ddf4490d421c37166a(const float* __restrict__ add7_merged, float* __restrict__ softmax20) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -385,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
     float* const s_add7_merged = reinterpret_cast<float*>(pf_pool + 0);
     const int p1r = threadIdx.x / 2;
     const int p1c = threadIdx.x % 2;
-    float* const s_add11 = reinterpret_cast<float*>(pf_pool + 2048);
+    float* const s_add7_merged_t1 = reinterpret_cast<float*>(pf_pool + 2048);
     float r_matmul18_acc[4];
     float r_add7_merged_frag[1];
     #pragma unroll
@@ -395,21 +336,21 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
     {
       const int kt0 = (-1);
       if (((p0r <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7_merged[(p0r >= 0 && p0r < 5) ? b0 * 320 + p0r * 64 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add7_merged[(p0r >= 0 && p0r < 5) ? b0 * 480 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add11[(p1r >= 0 && p1r < 5) ? b0 * 160 + p1r * 32 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add7_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], &add7_merged[(p1r >= 0 && p1r < 5) ? b0 * 480 + p1r * 96 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) : 0], 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
       }
       __pipeline_commit();
     }
-    const float* pf_gp0_add7_merged = &add7_merged[((16 * b1) + (4 * p0c) + (64 * p0r) + (320 * b0) + 8)];
-    const float* pf_gp0_add11 = &add11[((16 * b1) + (4 * p1c) + (32 * p1r) + (160 * b0) + 8)];
+    const float* pf_gp0_add7_merged = &add7_merged[((16 * b1) + (4 * p0c) + (96 * p0r) + (480 * b0) + 8)];
+    const float* pf_gp1_add7_merged = &add7_merged[((16 * b1) + (4 * p1c) + (96 * p1r) + (480 * b0) + 40)];
     for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
       if (((p0r <= 31) && (kt0 <= 0))) {
         __pipeline_memcpy_async(&s_add7_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 5) ? &pf_gp0_add7_merged[0] : add7_merged, 16, (p0r >= 0 && p0r < 5) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add11[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p1r >= 0 && p1r < 5) ? &pf_gp0_add11[0] : add11, 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
+        __pipeline_memcpy_async(&s_add7_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], (p1r >= 0 && p1r < 5) ? &pf_gp1_add7_merged[0] : add7_merged, 16, (p1r >= 0 && p1r < 5) ? 0 : 16);
       }
       __pipeline_commit();
       __pipeline_wait_prior(1);
@@ -419,12 +360,12 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
         r_add7_merged_frag[0] = s_add7_merged[(kt0 % 2) * 256 + (b0 - b0) * 256 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
         #pragma unroll
         for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
-          r_matmul18_acc[ii3] = r_matmul18_acc[ii3] + (r_add7_merged_frag[0] * s_add11[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t3 + (4 * ii3)) - 0) * 8 + (((b1 * 16) + ((8 * kt0) + kk0)) - ((16 * b1) + (8 * kt0)))]);
+          r_matmul18_acc[ii3] = r_matmul18_acc[ii3] + (r_add7_merged_frag[0] * s_add7_merged_t1[(kt0 % 2) * 128 + (b0 - b0) * 128 + ((t3 + (4 * ii3)) - 0) * 8 + ((((b1 * 16) + ((8 * kt0) + kk0)) + 32) - (((16 * b1) + (8 * kt0)) + 32))]);
         }
       }
       __syncthreads();
       pf_gp0_add7_merged += 8;
-      pf_gp0_add11 += 8;
+      pf_gp1_add7_merged += 8;
     }
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 3); ii3 += 1) {
@@ -461,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
           float r_softmax20_sum;
           float r_softmax20_sum_acc;
           if ((((4 * b2) + r0) <= 4)) {
-            // part:mg8
+            // part:mg7
             r_softmax20_max_acc = -INFINITY;
             if ((l0 <= 4)) {
               r_mul19 = (s_matmul18[(b0 - s_matmul18_lo0) * 25 + (b1 - s_matmul18_lo1) * 25 + (((4 * b2) + r0) - s_matmul18_lo2) * 5 + (l0 - s_matmul18_lo3)] * 0.25f);
@@ -469,9 +410,9 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
             }
             r_softmax20_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax20_max_acc, pf_scratch); r_softmax20_max = r_softmax20_max_acc;
           }
-          __syncwarp();  // mg9 reads what earlier parts wrote
+          __syncwarp();  // mg8 reads what earlier parts wrote
           if ((((4 * b2) + r0) <= 4)) {
-            // part:mg9
+            // part:mg8
             r_softmax20_sum_acc = 0.0f;
             if ((l0 <= 4)) {
               r_softmax20_sub = (r_mul19 - r_softmax20_max);
@@ -480,11 +421,11 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
             }
             r_softmax20_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax20_sum_acc, pf_scratch); r_softmax20_sum = r_softmax20_sum_acc;
           }
-          __syncwarp();  // mg10 reads what earlier parts wrote
+          __syncwarp();  // mg9 reads what earlier parts wrote
           if ((((4 * b2) + r0) <= 4)) {
-            __syncwarp();  // mg10 reads what earlier parts wrote
+            __syncwarp();  // mg9 reads what earlier parts wrote
             if ((l0 <= 4)) {
-              // part:mg10
+              // part:mg9
               softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);
             }
           }
@@ -494,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_6f6351ca03ed9a5be6cb(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
+extern "C" __global__ void __launch_bounds__(128, 6) pf_ba17715d6b1e1d4c7dca(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -516,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(flo
     s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (p0c - 0)] = (p0c >= 0 && p0c < 25) ? softmax20[b0 * 50 + b1 * 25 + p0c] : 0.0f;
   }
   if ((p1r <= 4)) {
-    *reinterpret_cast<float4*>(&s_add7_merged[(((5 * b0) + p1r) - (5 * b0)) * 16 + ((((16 * b1) + (4 * p1c)) + 32) - ((16 * b1) + 32))]) = *reinterpret_cast<const float4*>(&add7_merged[((5 * b0) + p1r) * 64 + (((16 * b1) + (4 * p1c)) + 32)]);
+    *reinterpret_cast<float4*>(&s_add7_merged[(((5 * b0) + p1r) - (5 * b0)) * 16 + ((((16 * b1) + (4 * p1c)) + 64) - ((16 * b1) + 64))]) = *reinterpret_cast<const float4*>(&add7_merged[((5 * b0) + p1r) * 96 + (((16 * b1) + (4 * p1c)) + 64)]);
   }
   __syncthreads();
   #pragma unroll
@@ -524,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(flo
     r_softmax20_frag[0] = s_softmax20[(b0 - b0) * 80 + (b1 - b1) * 80 + (((t2 * 5) + kk0) - 0)];
     #pragma unroll
     for (int ii3 = 0; (ii3 <= 1); ii3 += 1) {
-      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_add7_merged[(b0 * 5 + kk0 - (5 * b0)) * 16 + ((((b1 * 16) + (t3 + (8 * ii3))) + 32) - ((16 * b1) + 32))]);
+      r_matmul21_acc[ii3] = r_matmul21_acc[ii3] + (r_softmax20_frag[0] * s_add7_merged[(b0 * 5 + kk0 - (5 * b0)) * 16 + ((((b1 * 16) + (t3 + (8 * ii3))) + 64) - ((16 * b1) + 64))]);
     }
   }
   __syncthreads();
@@ -534,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_3830ab63639844e39ed4(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 14) pf_98d929ac352de8d818ae(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[5152];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -646,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_98d929ac352de8d818ae(con
           float r_layer_norm27_var_acc;
           float r_layer_norm27_rstd;
           if ((((2 * b1) + r0) <= 4)) {
-            // part:mg13
+            // part:mg12
             r_layer_norm27_mean_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
@@ -668,9 +609,9 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_98d929ac352de8d818ae(con
             }
             r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
           }
-          __syncwarp();  // mg14 reads what earlier parts wrote
+          __syncwarp();  // mg13 reads what earlier parts wrote
           if ((((2 * b1) + r0) <= 4)) {
-            // part:mg14
+            // part:mg13
             r_layer_norm27_var_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
@@ -689,9 +630,9 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_98d929ac352de8d818ae(con
             }
             r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
           }
-          __syncwarp();  // mg15 reads what earlier parts wrote
+          __syncwarp();  // mg14 reads what earlier parts wrote
           if ((((2 * b1) + r0) <= 4)) {
-            // part:mg15
+            // part:mg14
             r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
             if ((l0 <= 7)) {
               // coarsen:4
@@ -779,7 +720,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_4436131e74ffd4fd0ab5(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_f090dd924ee105f51228(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_ef145b289a37785a037a(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -885,7 +826,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_f090dd924ee105f51228(con
           float r_layer_norm34_var_acc;
           float r_layer_norm34_rstd;
           if ((((4 * b1) + r0) <= 4)) {
-            // part:mg18
+            // part:mg17
             r_layer_norm34_mean_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
@@ -907,9 +848,9 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_f090dd924ee105f51228(con
             }
             r_layer_norm34_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_mean_acc, pf_scratch); r_layer_norm34_mean = r_layer_norm34_mean_acc;
           }
-          __syncwarp();  // mg19 reads what earlier parts wrote
+          __syncwarp();  // mg18 reads what earlier parts wrote
           if ((((4 * b1) + r0) <= 4)) {
-            // part:mg19
+            // part:mg18
             r_layer_norm34_var_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
@@ -928,9 +869,9 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_f090dd924ee105f51228(con
             }
             r_layer_norm34_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm34_var_acc, pf_scratch); r_layer_norm34_var = r_layer_norm34_var_acc;
           }
-          __syncwarp();  // mg20 reads what earlier parts wrote
+          __syncwarp();  // mg19 reads what earlier parts wrote
           if ((((4 * b1) + r0) <= 4)) {
-            // part:mg20
+            // part:mg19
             r_layer_norm34_rstd = rsqrtf((r_layer_norm34_var + 1e-05f));
             if ((l0 <= 7)) {
               // coarsen:4
@@ -955,7 +896,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_f090dd924ee105f51228(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_94130605ed82deef03c7(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_921c743b2d6dc9b62a10(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -1061,7 +1002,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_94130605ed82deef03c7(con
           float r_layer_norm63_var_acc;
           float r_layer_norm63_rstd;
           if ((((4 * b1) + r0) <= 4)) {
-            // part:mg34
+            // part:mg32
             r_layer_norm63_mean_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
@@ -1081,9 +1022,9 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_94130605ed82deef03c7(con
             }
             r_layer_norm63_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_mean_acc, pf_scratch); r_layer_norm63_mean = r_layer_norm63_mean_acc;
           }
-          __syncwarp();  // mg35 reads what earlier parts wrote
+          __syncwarp();  // mg33 reads what earlier parts wrote
           if ((((4 * b1) + r0) <= 4)) {
-            // part:mg35
+            // part:mg33
             r_layer_norm63_var_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
@@ -1100,9 +1041,9 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_94130605ed82deef03c7(con
             }
             r_layer_norm63_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm63_var_acc, pf_scratch); r_layer_norm63_var = r_layer_norm63_var_acc;
           }
-          __syncwarp();  // mg36 reads what earlier parts wrote
+          __syncwarp();  // mg34 reads what earlier parts wrote
           if ((((4 * b1) + r0) <= 4)) {
-            // part:mg36
+            // part:mg34
             r_layer_norm63_rstd = rsqrtf((r_layer_norm63_var + 1e-05f));
             if ((l0 <= 7)) {
               // coarsen:4

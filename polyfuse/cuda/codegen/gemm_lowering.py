@@ -2,9 +2,9 @@
 its lowering.
 
 A tiled GEMM kernel (:class:`polyfuse.poly.gemm_kernel.GemmKernel`) has its own AST
-generation from the flattened schedule map (:func:`polyfuse.cuda.codegen.astgen.generate_gemm_ast`)
-and lowering (:func:`polyfuse.cuda.codegen.lower.lower_gemm_kernel`: shared tiles and copies,
-barriers,
+generation from the flattened schedule map
+(:func:`polyfuse.cuda.codegen.astgen.generate_gemm_ast`) and lowering
+(:func:`polyfuse.cuda.codegen.lower.lower_gemm_kernel`: shared tiles and copies, barriers,
 register micro-tile, fragments). The driver asks :func:`lower_gemm` for every mapped kernel and
 never tests the kernel's class itself: the question "is this a GEMM kernel" is answered here
 and in :func:`polyfuse.poly.gemm_kernel.as_gemm_kernel` only.

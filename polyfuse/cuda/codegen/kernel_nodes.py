@@ -206,6 +206,10 @@ class KTile:
     #: the tile's dims over the tensor's: per tile dim, a coefficient per tensor dim (a view
     #: merging contiguous dims; empty: the tensor's own dims)
     merge: tuple[tuple[int, ...], ...] = ()
+    #: the readers' read nodes (te ``Read``) this tile serves when the tensor is read
+    #: through several accesses, each with its own tile (empty: all reads of ``tensor``);
+    #: ``tensor`` is then the tile's key, not always the array's name
+    reads: tuple[object, ...] = ()
 
 
 @dataclass(frozen=True)

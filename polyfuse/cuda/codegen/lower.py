@@ -241,6 +241,8 @@ def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
                 p.width,
                 p.tensor in gk.select_free,
                 p.merge,
+                p.array,
+                p.reads,
             )
         )
     return out

@@ -103,6 +103,8 @@ class Resolver:
             if a.space is MemSpace.REGISTER and a.shape
         }
         self.tiles = {t.tensor: t for t in ir.tiles}
+        #: read nodes served by the tile of one of their tensor's several accesses
+        self.by_read = {id(r): t.tensor for t in ir.tiles for r in t.reads}
         self.staged = {t.tensor: t for t in ir.staged}
         self.fragments = {f.tensor: f for f in ir.fragments}
         self.lanes: dict[str, KLoad] = {}  # inside a vector group: tensor -> its lane
@@ -207,7 +209,8 @@ class _Values(ex.ExprVisitor[KVal]):
     def visit_Read(self, e: ex.Read, env: dict[int, KVal]) -> KVal:
         idx = [self.visit(i, env) for i in e.indices]
         t = e.tensor
-        return widened(self.r.access(self.idents[t.uid], t.dtype, t.shape, idx))
+        ident = self.r.by_read.get(id(e)) or self.idents[t.uid]
+        return widened(self.r.access(ident, t.dtype, t.shape, idx))
 
     def visit_Unary(self, e: ex.Unary, env: dict[int, KVal]) -> KVal:
         return KUnary(e.op, self.visit(e.a, env), e.dtype)
@@ -227,7 +230,7 @@ class _Values(ex.ExprVisitor[KVal]):
         # a select-to-zero around a read of a select-free tile (isl proved the tile's zeros
         # are the select's): the bare read, so that the update is one fused multiply-add
         if isinstance(e.a, ex.Read) and isinstance(e.b, ex.Const) and float(e.b.value) == 0:
-            t = self.r.tiles.get(self.idents[e.a.tensor.uid])
+            t = self.r.tiles.get(self.r.by_read.get(id(e.a)) or self.idents[e.a.tensor.uid])
             if t is not None and t.select_free and self.r.stmt in t.stmts:
                 return self.visit(e.a, env)
         cond, a, b = (self.visit(c, env) for c in e.children())

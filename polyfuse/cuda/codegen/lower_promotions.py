@@ -53,6 +53,10 @@ class PromotedTile:
     width: int = 1  # elements per copy instance (4: a 128-bit vector, aligned)
     select_free: bool = False  # selects-to-zero around the readers' reads are dropped
     merge: tuple[tuple[int, ...], ...] = ()  # the tile's dims over the tensor's (KTile.merge)
+    #: a tensor read through several accesses has a tile per access: ``tensor`` is then the
+    #: tile's key, ``source`` the global array and ``reads`` the read nodes it serves
+    source: str = ""
+    reads: tuple[object, ...] = ()
 
 
 def lower_promotions(
@@ -78,7 +82,16 @@ def lower_promotions(
     allocs[first_reg:first_reg] = new
     grids = tuple(KThreadGrid(shared_name(t.tensor), t.grid) for t in tiles)
     records = tuple(
-        KTile(t.tensor, shared_name(t.tensor), t.lo, t.readers, None, t.select_free, t.merge)
+        KTile(
+            t.tensor,
+            shared_name(t.tensor),
+            t.lo,
+            t.readers,
+            None,
+            t.select_free,
+            t.merge,
+            t.reads,
+        )
         for t in tiles
     )
     by_stmt = {t.copy_stmt: t for t in tiles}
@@ -96,7 +109,7 @@ def lower_promotions(
                 conds += [KOp(">=", (e, KInt(0))), KOp("<", (e, KInt(size)))]
         guard = None if not conds else conds[0] if len(conds) == 1 else KOp("&&", tuple(conds))
         dst = tuple(KOp("-", (e, b)) for e, b in zip(es, lo, strict=True))
-        src = ir.namer.tensor(t.tensor)
+        src = ir.namer.tensor(t.source or t.tensor)
         args = (shared_name(t.tensor), dst, src, tuple(es), guard, 0.0, t.global_shape)
         if not pipeline:
             return KCopy(*args, t.width)

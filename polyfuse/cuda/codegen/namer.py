@@ -92,6 +92,8 @@ _DERIVED_SUFFIX = re.compile(r"_(?:acc|lo\d+|frag|v|init|update|final)$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 ACC = "_acc"  # a reduction's accumulator: the model's tensor key ``<ident>_acc``
+#: the key of an array's further access in a GEMM (a tile of its own): ``<ident>__<n>``
+_ACCESS = re.compile(r"^(.+)__(\d+)$")
 CANONICAL_TENSOR = "pfT"  # canonical tensor names pfT0, pfT1, … (the structural key's order)
 CANONICAL_KERNEL = "pfKERNEL"
 
@@ -154,6 +156,10 @@ class Namer:
         accumulator key)."""
         if key.endswith(ACC) and (self.names is None or key not in self.names):
             return self._base(key[: -len(ACC)]) + ACC
+        access = _ACCESS.match(key)
+        if access and self.names is not None and key not in self.names:
+            # a further access of one array (its own GEMM tile): ``<name>_t<n>``
+            return f"{self._base(access.group(1))}_t{access.group(2)}"
         return self._base(key)
 
     def register(self, key: str) -> str:

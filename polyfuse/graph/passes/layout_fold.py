@@ -29,8 +29,11 @@ aligned slice or reshape read by elementwise ops already fuses with them by the 
 rules. A fold into an elementwise, broadcast or reduction reader is refused when the reader
 would turn opaque and lose a fusion a partition or stitching rule makes, unless the move
 itself could not fuse with that reader anyway (rule 4 takes the reader into a reduction
-first). A fold that would make a contraction read one tensor through two different relations
-(``q @ transpose(q)``) is refused too: GEMM promotion stages one shared tile per tensor.
+first). A fold may make a contraction read one tensor through two different relations
+(``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``): the GEMM promotion stages one
+shared tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`), so the
+contraction stays a tiled GEMM. Not for 16-bit tensors: their tensor-core path stages one tile
+per tensor, so that fold is refused (recorded).
 Every fold and refusal is recorded with the relation or the rule that decided it.
 """
 
@@ -286,10 +289,11 @@ def _lost_fusions(graph: Graph, move: Primitive, q: Primitive, kind: OpKind) -> 
 
 
 def _keep_single_access(graph: Graph, rw: Rewriter, folded: dict[int, Tensor]) -> None:
-    """Unfold moves until no contraction would read one tensor through two different
-    relations (``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``): a GEMM's
-    shared-memory promotion stages one tile per tensor (poly/promote.py), so such a fold
-    would turn a tiled GEMM into a plain loop nest. The last such move read stays a kernel."""
+    """Unfold moves until no contraction would read a 16-bit tensor through two different
+    relations (``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``): the float32 GEMM
+    tiles stage a shared tile per access, but 16-bit operands go to the tensor-core path
+    (poly/tensorize.py), which stages one tile per tensor (operand A and B of one array would
+    declare the same buffer). The last such move read stays a kernel."""
     changed = True
     while changed:
         changed = False
@@ -314,18 +318,22 @@ def _keep_single_access(graph: Graph, rw: Rewriter, folded: dict[int, Tensor]) -
             rw.record(
                 PassAction.REFUSED,
                 (mname, name),
-                f"{mname} stays a kernel: folded, {name} would read {graph.ident(dup)} through "
-                "two different relations (a GEMM stages one shared tile per tensor)",
+                f"{mname} stays a kernel: folded, {name} would read {graph.ident(dup)} "
+                f"({dup.dtype}) through two different relations (the tensor-core GEMM stages "
+                "one shared tile per tensor)",
             )
             changed = True
 
 
 def _read_twice(graph: Graph, t: Tensor) -> Tensor | None:
-    """A tensor compute ``t`` reads through two different isl relations, if any."""
+    """A 16-bit tensor compute ``t`` reads through two different isl relations, if any
+    (a float32 one is fine: a shared tile per access)."""
     text, reads = relation_text(t)
     seen: dict[int, isl.Map] = {}
     for (m_s, _), r in zip(text.reads, reads, strict=True):
         m = isl.Map(m_s, context=graph.ctx)
+        if r.tensor.dtype == "float32":
+            continue
         first = seen.setdefault(r.tensor.uid, m)
         if first is not m and not first.is_equal(m):
             return r.tensor

@@ -36,11 +36,15 @@ a graph output (it would become a slice of the merged result, which no store fol
 a slice is not onto the merged tensor, so a copy kernel would remain), a sibling whose slice
 would be read by anything but contractions (an elementwise or reduction reader would take it
 as an epilogue of the merged GEMM reading the accumulator at an offset, which the GEMM path in
-poly/ does not tile: tiled GEMMs would become a plain loop nest), and a sibling reached —
-through moves only — by a contraction that already reads another sibling: folded, that
-contraction would read the merged tensor through two relations (``q @ k^T``), which
-``layout_fold`` refuses (poly/'s promotion stages one shared tile per tensor), leaving a slice
-kernel. So attention merges Q and V and keeps K apart.
+poly/ does not tile: tiled GEMMs would become a plain loop nest).
+
+A contraction that reads two siblings (attention's scores ``q @ k^T``) reads, once the slices
+fold, the merged tensor through two access relations: the GEMM promotion stages one shared
+tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`; isl computes
+each its own footprint box), so it stays a tiled GEMM and attention merges Q, K and V into
+one projection. The merge record names such readers. A 16-bit merged tensor is the exception
+(refused, recorded): its contractions run on the tensor-core path, which stages one shared
+tile per tensor, so 16-bit attention merges Q and V and keeps K apart.
 """
 
 from __future__ import annotations
@@ -437,7 +441,10 @@ def _merge(
     m: _Match,
     chains: dict[str, list[Primitive]],
     length: int,
+    both: dict[str, list[str]],
 ) -> None:
+    """Merge ``group`` (with ``length`` steps of its epilogue chains) into one contraction;
+    ``both``: the contractions that read several members (and which), named in the record."""
     axis = m.axis
     order = graph.topo_order()
     first = min(group, key=lambda g: order.index(g.name))
@@ -479,7 +486,12 @@ def _merge(
         tuple(g.name for g in group),
         f"{names} read {_shared_name(graph, group[0], group[1])} through the same access: one "
         f"contraction {merged_name}{epi} over {'; '.join(made)}; each is a slice along axis "
-        f"{axis} ({', '.join(parts)})",
+        f"{axis} ({', '.join(parts)})"
+        + "".join(
+            f"; {c} reads {' and '.join(gs)}: folded, it reads {cur.name} through "
+            f"{len(gs)} access relations, one shared tile each"
+            for c, gs in sorted(both.items())
+        ),
     )
 
 
@@ -543,7 +555,7 @@ def _take(graph: Graph, rw: Rewriter, group: list[Primitive], matches: dict[str,
             length = k
             break
     kept: list[Primitive] = []
-    reached: dict[str, str] = {}  # contraction -> the kept sibling it reads
+    reached: dict[str, list[str]] = {}  # contraction -> the kept siblings it reads
     for g in group:
         tail = chains[g.name][length - 1] if length else g
         readers, other = _readers(graph, tail.name)
@@ -559,19 +571,23 @@ def _take(graph: Graph, rw: Rewriter, group: list[Primitive], matches: dict[str,
                 "at an offset, as an epilogue of the merged contraction, which the GEMM path "
                 "does not tile (tiled GEMMs would become one plain loop nest)"
             )
-        elif clash := sorted(c for c in readers if c in reached):
+        elif tail.tensor.dtype != "float32" and (
+            clash := sorted(c for c in readers if c in reached)
+        ):
             c = clash[0]
             why = (
-                f"{g.name} not merged with {reached[c]}: {c} reads both, and would read the "
-                "merged tensor through two relations (a GEMM stages one shared tile per "
-                "tensor: layout_fold would keep a slice kernel)"
+                f"{g.name} not merged with {reached[c][0]}: {c} reads both, and would read the "
+                f"merged {tail.tensor.dtype} tensor through two relations (the tensor-core GEMM "
+                "stages one shared tile per tensor: layout_fold would keep a slice kernel)"
             )
         if why:
             rw.record(PassAction.REFUSED, (g.name, tail.name), why)
             continue
         kept.append(g)
-        reached.update(dict.fromkeys(readers, g.name))
+        for c in sorted(readers):
+            reached.setdefault(c, []).append(g.name)
     if len(kept) > 1:
         m = matches.get(kept[1].name) if kept[0] is group[0] else _match(graph, kept[0], kept[1])
         assert isinstance(m, _Match)
-        _merge(graph, rw, kept, m, chains, length)
+        both = {c: gs for c, gs in reached.items() if len(gs) > 1}
+        _merge(graph, rw, kept, m, chains, length, both)

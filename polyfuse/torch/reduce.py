@@ -1,0 +1,138 @@
+"""Reductions and gathers of any stored dtype, with torch's result dtypes.
+
+``sum`` counts integers and bools in int64 (torch's rule) unless ``dtype=`` says otherwise;
+``amax``/``amin`` keep the dtype; ``any``/``all`` are the max/min of the input tested
+``!= 0``; ``argmax``/``argmin`` give the int64 index of the first extreme (a NaN wins, as in
+torch); ``index``/``embedding`` gather rows by an int32/int64 index tensor (negative indices
+count from the end).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from polyfuse import te
+from polyfuse.graph import dtypes as dt
+from polyfuse.graph.expr import Tensor
+from polyfuse.ops._common import op_name
+from polyfuse.ops.reductions import reduce_subscripts
+
+from .typed import as_dtype, elementwise, stored, te_dtype
+
+__all__ = ["any_all", "arg_extreme", "index", "reduce", "sum_"]
+
+
+def _axes(x: Tensor, dims: Any) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(len(x.shape)))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % len(x.shape) for d in dims})
+
+
+def reduce(op: str, x: Tensor, dims: Any, keepdim: bool, dtype: str) -> Tensor:
+    """``te.sum/max/min`` of ``x`` converted to ``dtype`` over ``dims`` (all for None)."""
+    axes = _axes(x, dims)
+    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes)
+    name = op_name(f"reduce_{op}", None)
+    if not axes:
+        return elementwise(f"reduce_{op}", lambda v: v, [x], dtype)
+    ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+    reducer = {"sum": te.sum, "max": te.max, "min": te.min}[op]
+
+    def body(*idx: Any) -> Any:
+        v = x[reduce_subscripts(len(x.shape), ks, keepdim, idx)]
+        if x.dtype != dtype:
+            v = te.cast(v if dt.is_float(dtype) else stored(v, x.dtype), dtype)
+        return reducer(v, axis=list(ks.values()))
+
+    return te.compute(shape, body, name=name, tag=f"reduce_{op}")
+
+
+def sum_(x: Tensor, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """``aten.sum``: integers and bools count in int64 (torch's rule) unless ``dtype`` says."""
+    if dtype is not None:
+        d = te_dtype(dtype)
+    else:
+        d = x.dtype if dt.is_float(x.dtype) else "int64"
+    return reduce("sum", x, dims, bool(keepdim), d)
+
+
+def any_all(op: str) -> Callable[..., Tensor]:
+    """``aten.any``/``aten.all``: the max/min of the input tested ``!= 0``."""
+
+    def lower(x: Tensor, dims: Any = None, keepdim: bool = False) -> Tensor:
+        return reduce(op, x, dims, bool(keepdim), "bool")
+
+    return lower
+
+
+def arg_extreme(op: str) -> Callable[..., Tensor]:
+    """``aten.argmax``/``argmin``: the int64 index of the first maximum (minimum) along
+    ``dim`` (in the flattened tensor for None). Reductions: the extreme value, the first
+    index holding it and, for floats, the first NaN's index — torch's answer where a NaN is
+    present."""
+
+    def lower(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        axes = _axes(x, dim)
+        keepdim = bool(keepdim)
+        ext = reduce(op, x, axes, True, x.dtype)  # unit dims where reduced
+        n = math.prod(x.shape[d] for d in axes)
+        shape = tuple(
+            1 if d in axes else s for d, s in enumerate(x.shape) if keepdim or d not in axes
+        )
+
+        def at_ext(idx: tuple[Any, ...]) -> tuple[Any, ...]:
+            """Subscripts of ``ext`` from the result's loop variables."""
+            it = iter(idx)
+            out = []
+            for d in range(len(x.shape)):
+                if d in axes:
+                    out.append(0)
+                    if keepdim:
+                        next(it)
+                else:
+                    out.append(next(it))
+            return tuple(out)
+
+        def first(test: Callable[[Any, tuple[Any, ...]], Any], name: str) -> Tensor:
+            ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
+
+            def body(*idx: Any) -> Any:
+                v = stored(x[reduce_subscripts(len(x.shape), ks, keepdim, idx)], x.dtype)
+                pos: Any = 0
+                for d in axes:
+                    pos = pos * x.shape[d] + ks[d]
+                return te.min(te.where(test(v, idx), pos, n), axis=list(ks.values()))
+
+            return te.compute(shape, body, name=op_name(name, None), tag=f"arg{op}")
+
+        hit = first(lambda v, idx: te.equal(v, ext[at_ext(idx)]), f"arg{op}")
+        if not dt.is_float(x.dtype):
+            return as_dtype(hit, "int64")
+        nan = first(lambda v, idx: te.isnan(v), f"arg{op}_nan")
+        return te.compute(
+            shape,
+            lambda *i: te.cast(te.where(nan[i] < n, nan[i], hit[i]), "int64"),
+            name=op_name(f"arg{op}", None),
+            tag=f"arg{op}",
+        )
+
+    return lower
+
+
+def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
+    """``aten.index.Tensor`` with one integer index tensor on the first dimension (an
+    embedding lookup, ``table[ids]``): a gather; negative indices count from the end."""
+    [ids] = indices
+    n = x.shape[0]
+    shape = (*ids.shape, *x.shape[1:])
+    k = len(ids.shape)
+
+    def body(*idx: Any) -> Any:
+        i = ids[idx[:k]]
+        row = te.where(i < 0, i + n, i)
+        return x[(te.data_index(row), *idx[k:])]
+
+    return te.compute(shape, body, name=op_name("index", None), tag="gather")
