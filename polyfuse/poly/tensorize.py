@@ -53,10 +53,11 @@ from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
-from polyfuse.poly.promote import access_function, pipeline_stages
+from polyfuse.poly.promote import pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
 from polyfuse.poly.tensorize_gather import (
+    affine_index,
     factor_read,
     fold_columns,
     gather_operand,
@@ -65,7 +66,7 @@ from polyfuse.poly.tensorize_gather import (
     k_extent,
     split_shape,
 )
-from polyfuse.poly.tiling import affine_coefficients, detect_gemm
+from polyfuse.poly.tiling import detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -252,19 +253,9 @@ def _operand(
 ) -> MmaOperand | str:
     """The operand reading data dim ``mine`` and the reduction dim (index ``nd``), or why it
     does not match the intrinsic's operand."""
-    f = access_function(acc)
-    n_in = f.dim(isl.dim_type.in_)
-    try:
-        pma = isl.PwMultiAff.from_map(f)
-    except isl.Error:
-        return f"{name}'s access is not a function"
-    index = []
-    for i in range(pma.dim(isl.dim_type.out)):
-        pieces = pma.get_pw_aff(i).get_pieces()
-        aff = affine_coefficients(pieces[0][1], n_in) if len(pieces) == 1 else None
-        if aff is None:
-            return f"{name}'s subscript {i} is not affine"
-        index.append(aff)
+    index = affine_index(name, acc)
+    if isinstance(index, str):
+        return index
     rows = [i for i, (c, _) in enumerate(index) if c[mine]]
     ks = [i for i, (c, _) in enumerate(index) if c[nd]]
     if len(rows) != 1 or len(ks) != 1 or rows == ks:

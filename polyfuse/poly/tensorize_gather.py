@@ -28,6 +28,27 @@ from polyfuse.poly.select_free import select_free_operands
 from polyfuse.poly.tiling import affine_coefficients
 
 
+def affine_index(
+    name: str, acc: isl.Map, not_affine: str = ""
+) -> list[tuple[tuple[int, ...], int]] | str:
+    """Per array dim of tensor ``name`` read through ``acc``, the subscript's coefficients
+    over the statement's dims and its constant (:func:`affine_coefficients`), or why the
+    access has no such form (``not_affine`` is appended to the reason a subscript gives)."""
+    f = access_function(acc)
+    n_in = f.dim(isl.dim_type.in_)
+    try:
+        pma = isl.PwMultiAff.from_map(f)
+    except isl.Error:
+        return f"{name}'s access is not a function"
+    index = []
+    for i in range(pma.dim(isl.dim_type.out)):
+        pieces = pma.get_pw_aff(i).get_pieces()
+        aff = affine_coefficients(pieces[0][1], n_in) if len(pieces) == 1 else None
+        if aff is None:
+            return f"{name}'s subscript {i} is not affine{not_affine}"
+        index.append(aff)
+    return index
+
 def k_extent(shape: GemmShape) -> tuple[int, int]:
     """The first and last ``k`` of the GEMM: the reduction's bounds where it has one dim, else
     ``0 .. prod(extents) - 1`` (the dims flattened row-major)."""
@@ -57,19 +78,9 @@ def gather_operand(
     module doc): per array dim the affine subscript over the update's dims, whether the tile
     keeps ``k`` innermost (the array's innermost subscript does not move with the row dim
     ``mine``), the array's innermost dim (trailing extents of 1 skipped); or why not."""
-    f = access_function(acc)
-    n_in = f.dim(isl.dim_type.in_)
-    try:
-        pma = isl.PwMultiAff.from_map(f)
-    except isl.Error:
-        return f"{name}'s access is not a function"
-    index = []
-    for i in range(pma.dim(isl.dim_type.out)):
-        pieces = pma.get_pw_aff(i).get_pieces()
-        aff = affine_coefficients(pieces[0][1], n_in) if len(pieces) == 1 else None
-        if aff is None:
-            return f"{name}'s subscript {i} is not affine (a grouped conv's channel)"
-        index.append(aff)
+    index = affine_index(name, acc, " (a grouped conv's channel)")
+    if isinstance(index, str):
+        return index
     if any(c[other] for c, _ in index):
         return f"{name} reads the other operand's dim"
     if not any(c[mine] for c, _ in index) or not any(any(c[nd:]) for c, _ in index):
