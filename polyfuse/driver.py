@@ -38,12 +38,11 @@ from polyfuse.cache import (
 from polyfuse.compiled import CompiledGraph, kernel_order, plan_buffers
 from polyfuse.cuda.codegen.astgen import generate_ast
 from polyfuse.cuda.codegen.dedup import FunctionTable
-from polyfuse.cuda.codegen.gemm_lowering import lower_gemm, shared_as_global
+from polyfuse.cuda.codegen.gemm_lowering import lower_gemm
 from polyfuse.cuda.codegen.kernel_ast import Kernel
 from polyfuse.cuda.codegen.layer3 import stitch_parallel
 from polyfuse.cuda.codegen.lower import lower_kernel, vector_plan
 from polyfuse.cuda.codegen.lower_dtypes import check_codegen_dtypes
-from polyfuse.cuda.codegen.lower_mma import lower_mma_kernel
 from polyfuse.cuda.codegen.printer import prelude_for
 from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
 from polyfuse.errors import ExpressionError, ScheduleError
@@ -68,7 +67,6 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
-from polyfuse.poly.tensorize import TensorCoreKernel
 from polyfuse.reference import evaluate
 from polyfuse.stitch.gemm_rows import GemmRowsGroup, stitch_gemm_rows
 from polyfuse.stitch.memory import stitch_memory
@@ -345,12 +343,9 @@ def _lower(
     """The CUDA kernel of a planned kernel, with its notes and isl global footprint."""
     (mm,) = kp.parts
     pl = kp.placements
-    if isinstance(mm, TensorCoreKernel):  # tensorized: mma.sync on 16-bit shared tiles
-        ast, kernel, notes = None, lower_mma_kernel(kp.name, mm, pl, idents, canonical), mm.notes
-        pl = shared_as_global(pl)
-    elif (gemm := lower_gemm(kp.name, mm, pl, idents, canonical)) is not None:
-        # the GEMM path's own AST generator and lowering (promoted tiles); the footprint
-        # counts the promoted operands' global reads
+    if (gemm := lower_gemm(kp.name, mm, pl, idents, canonical)) is not None:
+        # the GEMM path's own AST generator and lowering (promoted tiles, or mma.sync on
+        # tensor cores); the footprint counts the promoted operands' global reads
         ast, kernel, notes, pl = gemm.ast, gemm.kernel, gemm.notes, gemm.footprint_placements
     else:
         ast, body = generate_ast(mm)

@@ -318,6 +318,7 @@ def test_no_gemm_kernel_class_test_outside_the_gemm_dispatch(path):
 def test_the_gemm_class_check_catches_one_planted_in_the_driver():
     driver = (ROOT / "polyfuse/driver.py").read_text()
     assert gemm_class_tests(driver) == [] and "GemmKernel" not in driver
+    assert "TensorCoreKernel" not in driver  # the tensorized kernel goes through lower_gemm
     planted = driver + (
         "\n\ndef planted(mm):\n    return isinstance(mm, GemmKernel)\n"
         "\n\ndef planted2(mm):\n    return isinstance(mm, (TensorCoreKernel, promote.GemmKernel))\n"
@@ -354,3 +355,27 @@ def test_the_gemm_dispatch_lowers_and_places_gemm_kernels_only():
     plain = map_kernel(graph, [sm], None, H100, MappingConfig(gemm=False))
     assert as_gemm_kernel(plain) is None and kernel_placements(plain) is None
     assert lower_gemm("k0", plain, place_kernel(plain, H100), graph.idents) is None
+
+
+def test_the_gemm_dispatch_lowers_a_tensorized_kernel_onto_mma():
+    """A 16-bit GEMM mapped onto tensor cores is lowered by the same entry: no isl AST (its
+    loops are written by the mma lowering), mma.sync in the kernel, its shared operand tiles
+    counted as global reads."""
+    from polyfuse.cuda.codegen.gemm_lowering import lower_gemm
+    from polyfuse.poly.kernel_map import place_kernel
+    from polyfuse.poly.tensorize import TensorCoreKernel
+
+    a = te.placeholder((64, 48), name="a", dtype="float16")
+    b = te.placeholder((48, 40), name="b", dtype="float16")
+    out = ops.matmul(a, b, name="mm")
+    graph, (sm,) = scheduled([a, b], [out])
+    tk = map_kernel(graph, [sm], None, H100, MappingConfig())
+    assert isinstance(tk, TensorCoreKernel)
+    pl = place_kernel(tk, H100)
+    low = lower_gemm("k0_mm", tk, pl, graph.idents)
+    assert low is not None and low.ast is None and low.kernel.facts.mma
+    assert "pf_mma_m16n8k16_f32_f16" in low.kernel.source
+    assert {t: p.space for t, p in low.footprint_placements.items() if t in ("a", "b")} == {
+        "a": "global",
+        "b": "global",
+    }

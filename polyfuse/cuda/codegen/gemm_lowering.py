@@ -5,9 +5,11 @@ A tiled GEMM kernel (:class:`polyfuse.poly.gemm_kernel.GemmKernel`) has its own 
 generation from the flattened schedule map
 (:func:`polyfuse.cuda.codegen.astgen.generate_gemm_ast`) and lowering
 (:func:`polyfuse.cuda.codegen.lower.lower_gemm_kernel`: shared tiles and copies, barriers,
-register micro-tile, fragments). The driver asks :func:`lower_gemm` for every mapped kernel and
-never tests the kernel's class itself: the question "is this a GEMM kernel" is answered here
-and in :func:`polyfuse.poly.gemm_kernel.as_gemm_kernel` only.
+register micro-tile, fragments); a tensorized GEMM
+(:class:`polyfuse.poly.tensorize.TensorCoreKernel`) is lowered onto mma.sync by
+:mod:`polyfuse.cuda.codegen.lower_mma`. The driver asks :func:`lower_gemm` for every mapped
+kernel and never tests the kernel's class itself: the question "is this a GEMM kernel" is
+answered here and in :func:`polyfuse.poly.gemm_kernel.as_gemm_kernel` only.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import islpy as isl
 from polyfuse.cuda.codegen.astgen import generate_gemm_ast
 from polyfuse.cuda.codegen.kernel_ast import Kernel
 from polyfuse.cuda.codegen.lower import lower_gemm_kernel
+from polyfuse.cuda.codegen.lower_mma import lower_mma_kernel
 from polyfuse.poly.gemm_kernel import as_gemm_kernel
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.tensorize import TensorCoreKernel
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class GemmLowered:
     placements its global footprint is counted under (promoted operands are read from global
     memory once per tile)."""
 
-    ast: isl.AstNode
+    ast: isl.AstNode | None  # None: a tensorized kernel (its loops are written, not isl's)
     kernel: Kernel
     notes: list[str]
     footprint_placements: dict[str, Placement]
@@ -54,7 +58,12 @@ def lower_gemm(
     canonical: Mapping[str, str] | None = None,
 ) -> GemmLowered | None:
     """The GEMM lowering of kernel ``name`` when ``mm`` is a tiled GEMM kernel (its own AST
-    generator and lowering passes, promoted tiles); None for every other mapped kernel."""
+    generator and lowering passes, promoted tiles) or a tensorized one (mma.sync on shared
+    tiles, :func:`polyfuse.cuda.codegen.lower_mma.lower_mma_kernel`); None for every other
+    mapped kernel."""
+    if isinstance(mm, TensorCoreKernel):
+        kernel = lower_mma_kernel(name, mm, placements, idents, canonical)
+        return GemmLowered(None, kernel, list(mm.notes), shared_as_global(placements))
     gk = as_gemm_kernel(mm)
     if gk is None:
         return None
