@@ -22,6 +22,7 @@ from polyfuse.cuda.codegen.c_wide import (
     word_store,
 )
 from polyfuse.cuda.codegen.declared import check_declared
+from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KVal
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAsyncCopy,
@@ -283,14 +284,19 @@ def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[
             + ");"
             for j in range(width // 4)
         ]
-    pair, make = _half2(dtype)
-    word = "uint4" if width == 8 else "uint2"
-    pairs = [f"{src}_h{i}" for i in range(width // 2)]
+    make = _half2(dtype)[1]
+    values = [f"{make}({src}[{2 * i}], {src}[{2 * i + 1}])" for i in range(width // 2)]
+    return _pair_store(pad, ref, dtype, src, values)
+
+
+def _pair_store(pad: str, ref: str, dtype: str, src: str, values: list[str]) -> list[str]:
+    """Lines storing pairs ``values`` (C expressions of the dtype's pair type) at ``ref`` as
+    one 64- or 128-bit word."""
+    pair = _half2(dtype)[0]
+    word = "uint4" if len(values) == 4 else "uint2"
+    pairs = [f"{src}_h{i}" for i in range(len(values))]
     lines = [f"{pad}  {{"]
-    lines += [
-        f"{pad}    const {pair} {h} = {make}({src}[{2 * i}], {src}[{2 * i + 1}]);"
-        for i, h in enumerate(pairs)
-    ]
+    lines += [f"{pad}    const {pair} {h} = {v};" for h, v in zip(pairs, values, strict=True)]
     words = ", ".join(f"*reinterpret_cast<const unsigned*>(&{h})" for h in pairs)
     lines.append(f"{pad}    *reinterpret_cast<{word}*>(&{ref}) = make_{word}({words});")
     return lines + [f"{pad}  }}"]
@@ -302,6 +308,8 @@ def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
     four
     per word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
+    if n.native:
+        return _native_lines(n, pad)
     out = [f"{pad}{{"]
     for lane in n.lane_loads:
         ref, dtype = c_value(lane.target), lane.target.buffer.dtype
@@ -314,6 +322,42 @@ def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
     out.append(f"{pad}  }}")
     for x in n.lane_stores:
         out += _vector_store(pad, c_value(x.target), x.target.buffer.dtype, n.width, x.lanes.name)
+    out.append(f"{pad}}}")
+    return out
+
+
+#: the pair intrinsics of the native operations; the ``_rn`` forms are never contracted into
+#: an fma by ptxas (the float32 path rounds a product before the sum that uses it)
+PAIR_INTRINSICS = {"add": "__hadd2_rn", "sub": "__hsub2_rn", "mul": "__hmul2_rn", "neg": "__hneg2"}
+
+
+def c_pair(v: KVal, words: dict[str, str], comp: str) -> str:
+    """C text of pair tree ``v`` at word component ``comp`` (``words``: lane array name →
+    its loaded word)."""
+    if isinstance(v, KPairLane):
+        return f"*reinterpret_cast<const {_half2(v.dtype)[0]}*>(&{words[v.lanes]}.{comp})"
+    if isinstance(v, KPairConst):
+        fn = "__float2half2_rn" if v.dtype == "float16" else "__float2bfloat162_rn"
+        return f"{fn}({c_float(v.value)})"
+    assert isinstance(v, KPairOp), v
+    return f"{PAIR_INTRINSICS[v.op]}({', '.join(c_pair(a, words, comp) for a in v.args)})"
+
+
+def _native_lines(n: KVector, pad: str) -> list[str]:
+    """A group computed in native 16-bit pairs (:mod:`polyfuse.cuda.codegen.lower_half2`):
+    its words loaded and kept as pairs, each stored word computed pair by pair."""
+    out = [f"{pad}{{"]
+    words: dict[str, str] = {}
+    for lane in n.lane_loads:
+        ref, dtype = c_value(lane.target), lane.target.buffer.dtype
+        out += _vector_load(pad, ref, dtype, n.width, list(lane.words))[0]
+        words[lane.lanes.name] = lane.words[0]
+    values = {p.lanes: p.value for p in n.native}
+    for x in n.lane_stores:
+        dtype = x.target.buffer.dtype
+        tree = values[x.lanes.name]
+        pairs = [c_pair(tree, words, "xyzw"[i]) for i in range(n.width // 2)]
+        out += _pair_store(pad, c_value(x.target), dtype, x.lanes.name, pairs)
     out.append(f"{pad}}}")
     return out
 

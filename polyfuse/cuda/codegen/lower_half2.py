@@ -1,0 +1,202 @@
+"""Lowering pass: native 16-bit pair arithmetic (``__half2``/``__nv_bfloat162``) in the
+vector groups of memory-bound elementwise kernels, where it is bit-identical to float32.
+
+16-bit tensors compute in float32 registers (:mod:`polyfuse.cuda.codegen.lower_dtypes`): a
+vector group (:class:`KVector`, 4 or 8 lanes of float16/bfloat16 per 64/128-bit word) widens
+every lane to float, computes, and rounds each stored lane back with ``__floats2half2_rn``.
+Where a stored value is one operation on 16-bit values, the group can instead keep the loaded
+words as pairs and compute with ``__hadd2_rn``/``__hsub2_rn``/``__hmul2_rn``/``__hneg2``:
+no widening, no rounding conversion, one instruction per two lanes.
+
+Legality (why the result is the same bits):
+
+1. *Double rounding is innocuous.* For ``a op b`` with ``op`` one of + - * of two p-bit
+   values, rounding the exact result to float32 (24 bits) and then to p bits equals rounding
+   it once to p bits, because 24 >= 2p + 2 (p = 11 for float16, 8 for bfloat16; Figueroa,
+   "When is double rounding innocuous?", 1995). float16's whole range is normal in float32;
+   bfloat16's subnormal products were checked exhaustively (every significand pair at every
+   scale, ``tests/test_lower_half2.py``) and its subnormal sums are exact.
+2. *So an operation may go native only where both operands are 16-bit values*: a lane
+   loaded from a tensor of the stored dtype, a constant exactly representable in it, the
+   negation of one, or a value the float32 path itself rounds to the dtype (``te.cast``, a
+   register copy): then the float32 path rounds that operation exactly once, as the native
+   instruction does. An operand that is a float32 intermediate (``(x + y) * z``: the sum is
+   not rounded before the product) makes the group stay in float32 — rounding the sum to 16
+   bits would change the product. The value must be stored to a tensor of the same 16-bit
+   dtype as its operands (the rounding the native instruction does).
+3. *No fused multiply-add.* ``hfma2`` rounds ``a * b + c`` once where float32 rounds the sum
+   to float32 first: not always the same bits, so it is never used, and the ``_rn``
+   intrinsics keep ptxas from contracting a product and a sum (both rounded in float32)
+   into one.
+4. Max/min (NaN rules differ: ``__hmax2`` drops a NaN that ``pf_fmaxf`` keeps), division,
+   square root and the transcendental functions stay in float32.
+
+A group goes native only when every statement of it does (its body is then not printed); the
+scalar tail of a partial group stays in float32, bit-identical by the same argument. Each
+group's decision, made or refused, is a typed record with its reason; the kernel notes show
+them. bfloat16 pairs need sm_80 for native instructions; on older targets the CUDA headers
+compute the same intrinsics through float, which is the float32 path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.cuda.codegen.kernel_access import (
+    KBinary,
+    KCall,
+    KCast,
+    KConst,
+    KLoad,
+    KPairConst,
+    KPairLane,
+    KPairOp,
+    KPairStore,
+    KUnary,
+    KVal,
+)
+from polyfuse.cuda.codegen.kernel_ast import KernelIR, KMutator, KNode, KStmt, KVector
+from polyfuse.cuda.codegen.lower_dtypes import FLOAT_TO_HALF, HALF_TO_FLOAT
+from polyfuse.graph.dtypes import numpy_dtype
+
+#: operations whose single float32 rounding followed by one to 16 bits is a single rounding
+PAIR_OPS = frozenset({"add", "sub", "mul"})
+_KIND = (DecisionKind.ELEMENTS_PER_THREAD,)
+
+
+class _NotPaired(Exception):
+    """Why a value has no bit-identical native pair form (the message)."""
+
+
+def _exact(value: float, dtype: str) -> bool:
+    """Whether float32 constant ``value`` is exactly a ``dtype`` value."""
+    f = np.float32(value)
+    return bool(np.isnan(f)) or float(f.astype(numpy_dtype(dtype))) == float(f)
+
+
+class _Pairs:
+    """Builds the pair form of one group's stored values (``lanes``: lane buffer name → the
+    16-bit dtype of the tensor loaded into it)."""
+
+    def __init__(self, lanes: dict[str, str], dtype: str):
+        self.lanes, self.dtype = lanes, dtype
+        self.ops = 0  # native add/sub/mul built
+
+    def value(self, e: KVal) -> KVal:
+        """``e`` as a pair that holds exactly a ``dtype`` value in the float32 path."""
+        d = self.dtype
+        if isinstance(e, KLoad):
+            if self.lanes.get(e.buffer.name) == d:
+                return KPairLane(e.buffer.name, d)
+            raise _NotPaired(f"operand {e} is not a {d} lane of the group")
+        if isinstance(e, KConst) and isinstance(e.value, float | int) and e.dtype != "bool":
+            if _exact(float(e.value), d):
+                return KPairConst(float(np.float32(e.value)), d)
+            raise _NotPaired(f"constant {e.value!r} is not a {d} value")
+        if isinstance(e, KUnary) and e.op == "neg":  # exact: a sign flip
+            return KPairOp("neg", (self.value(e.a),), d)
+        if isinstance(e, KCast) and e.dtype == d:  # the float32 path rounds to d here
+            return self.rounded(e.a)
+        if (
+            isinstance(e, KCall)
+            and e.fn == HALF_TO_FLOAT.get(d)
+            and isinstance(e.args[0], KCall)
+            and e.args[0].fn == FLOAT_TO_HALF[d]
+        ):  # a register copy of a d tensor: rounded and widened
+            return self.rounded(e.args[0].args[0])
+        if isinstance(e, KBinary) and e.op in PAIR_OPS:
+            raise _NotPaired(
+                f"operand {e} is a float32 intermediate (not rounded to {d} before its use)"
+            )
+        raise _NotPaired(f"{e} has no exact native {d} pair form")
+
+    def rounded(self, e: KVal) -> KVal:
+        """``e`` rounded once to ``dtype``, as pairs (an operation on two ``dtype`` values, the
+        negation of one, or a ``dtype`` value)."""
+        d = self.dtype
+        if isinstance(e, KBinary) and e.op in PAIR_OPS:
+            a, b = self.value(e.a), self.value(e.b)
+            self.ops += 1
+            return KPairOp(e.op, (a, b), d)
+        if isinstance(e, KUnary) and e.op == "neg":
+            return KPairOp("neg", (self.rounded(e.a),), d)
+        return self.value(e)
+
+
+def _pair_stores(n: KVector) -> tuple[KPairStore, ...] | str:
+    """The group's stored lane arrays as pair trees, or why it stays in float32."""
+    if n.width % 2:
+        return f"{n.width} lanes do not make pairs"
+    if n.local:
+        return "the group reads lanes it stores"
+    stored = {x.lanes.name: x.target.buffer.dtype for x in n.lane_stores}
+    dtypes = set(stored.values())
+    if not stored or not dtypes <= set(FLOAT_TO_HALF):
+        return "it stores no 16-bit float lanes" if not stored else "it stores 32-bit lanes"
+    if len(dtypes) > 1:
+        return "it stores float16 and bfloat16 lanes"
+    (dtype,) = dtypes
+    lanes = {x.lanes.name: x.target.buffer.dtype for x in n.lane_loads}
+    pairs = _Pairs(lanes, dtype)
+    out: list[KPairStore] = []
+    for s in n.body:
+        if not isinstance(s, KStmt) or s.guard is not None:
+            return "its body is not plain statements"
+        for st in s.stores:
+            if st.buffer.name not in stored or st.guard is not None:
+                return f"statement {s.stmt} stores outside the group's lanes"
+            if st.buffer.name in {p.lanes for p in out}:
+                return f"statement {s.stmt} stores lanes {st.buffer.name} twice"
+            try:
+                out.append(KPairStore(st.buffer.name, pairs.rounded(st.value)))
+            except _NotPaired as why:
+                return f"statement {s.stmt}: {why}"
+    if {p.lanes for p in out} != set(stored):
+        return "a stored lane array has no statement"
+    if not pairs.ops:
+        return "no arithmetic to pair (copies only)"
+    return tuple(out)
+
+
+def lower_half2(ir: KernelIR) -> tuple[KernelIR, list[Decided]]:
+    """A new IR whose vector groups of 16-bit lanes compute in native pairs where that is
+    bit-identical to the float32 path (see the module doc), and one decision per group of
+    16-bit lanes considered (made, or refused with its reason)."""
+    decisions: list[Decided] = []
+
+    class Walk(KMutator):
+        def visit_KVector(self, n: KVector) -> list[KNode]:
+            held = {x.target.buffer.dtype for x in (*n.lane_loads, *n.lane_stores)}
+            if not held & set(FLOAT_TO_HALF):
+                return [n]
+            tensors = tuple(sorted({x.target.buffer.name for x in n.lane_stores}))
+            got = _pair_stores(n)
+            if isinstance(got, str):
+                decisions.append(
+                    Decided(_KIND, f"native 16-bit pairs: no, {got}", subject=tensors, made=False)
+                )
+                return [n]
+            (dtype,) = {x.target.buffer.dtype for x in n.lane_stores}
+            ops = sorted({o for p in got for o in _ops(p.value)})
+            decisions.append(
+                Decided(
+                    _KIND,
+                    f"native 16-bit pairs: {dtype} {', '.join(ops)} on {n.width // 2} pairs "
+                    "(each operation rounds once in the float32 path too: bit-identical)",
+                    subject=tensors,
+                )
+            )
+            return [replace(n, native=got)]
+
+    body = tuple(Walk().body(ir.body))
+    return ir.with_(body=body), decisions
+
+
+def _ops(v: KVal) -> set[str]:
+    """The pair operations of tree ``v``."""
+    if isinstance(v, KPairOp):
+        return {v.op}.union(*(_ops(a) for a in v.args))
+    return set()
