@@ -243,3 +243,22 @@ def test_nvrtc_compiles_native_pairs_without_spills(arch, monkeypatch):
             assert _native(fn.cuda_source)
             binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
             assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_eight_lanes_per_128_bit_word_make_four_pairs(dtype):
+    """On sm_90 a two-input kernel takes 8 lanes per thread (one uint4 word): four pairs,
+    components x..w, the same bits as numpy's float32 path."""
+    shape = (2048, 4096)
+    x, y = (te.placeholder(shape, dtype, name=n) for n in "xy")
+    o = te.compute(shape, lambda i, j: te.cast(x[i, j] - y[i, j], dtype) * x[i, j], name="o")
+    fn = polyfuse.compile([x, y], [o], arch="sm_90", check_cuda=False)
+    (k,) = fn.kernels
+    assert "8 elements per thread" in k.notes[0]
+    assert k.notes[1].startswith(f"native 16-bit pairs: {dtype} mul, sub on 4 pairs")
+    assert "&q_x0.w)" in k.source and "make_uint4(" in k.source
+    t = numpy_dtype(dtype)
+    a, b = (RNG.standard_normal(shape).astype(t) for _ in range(2))
+    f32 = lambda v: v.astype(np.float32)  # noqa: E731
+    want = (f32((f32(a) - f32(b)).astype(t)) * f32(a)).astype(t)
+    assert _same_bits(fn(a, b, device="emulate"), want)
