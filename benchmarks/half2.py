@@ -8,8 +8,9 @@ round pairs back with ``__floats2half2_rn``; the pass on: ``__hadd2_rn``/``__hmu
 loaded words), then NVRTC → cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU).
 The kernels are straight-line (no loop; the shape fills whole groups, so no scalar tail runs):
 printed per case are the SASS instructions of the reachable code, divided by the elements a
-thread handles, and the conversion instructions among them (``F2F``/``F2FP``/``HADD2.F32``/
-``PRMT``/``SHF``/``IMAD.U32``/``SHL``/``LOP3`` that unpack or pack 16-bit lanes). ``(x + y) * z``
+thread handles, and the unpacking/conversion/integer instructions among them (``F2F``/``F2FP``/
+``HADD2.F32``/``PRMT``/``SHF``/``IMAD.U32``/``SHL``/``LOP3``: the 16-bit lanes' widening and
+packing, plus the address arithmetic both variants share). ``(x + y) * z``
 is refused by the pass (the float32 path does not round the sum), so it is listed with its
 reason and no change. Counts, not times: no GPU ran here.
 """
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 b, a = before["instructions"] / lanes, after["instructions"] / lanes
                 print(
                     f"{arch} {dtype:8} {name:16} {lanes} lanes: {b:5.2f} -> {a:5.2f} "
-                    f"instructions/element (conversions {before['conversions']} -> "
+                    f"instructions/element (convert/integer {before['conversions']} -> "
                     f"{after['conversions']} per thread; {' '.join(after['arith'])}; "
                     f"{after['registers']} regs, {after['spills']} B spills)"
                 )

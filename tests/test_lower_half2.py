@@ -19,7 +19,13 @@ import pytest
 import polyfuse
 import polyfuse.cuda.codegen.lower as lower_mod
 from polyfuse import te
-from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KPairStore
+from polyfuse.cuda.codegen.kernel_access import (
+    KPairConst,
+    KPairLane,
+    KPairOp,
+    KPairSplat,
+    KPairStore,
+)
 from polyfuse.cuda.codegen.kernel_ast import KernelIR, KVector
 from polyfuse.cuda.codegen.lower_half2 import lower_half2
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
@@ -262,3 +268,42 @@ def test_eight_lanes_per_128_bit_word_make_four_pairs(dtype):
     f32 = lambda v: v.astype(np.float32)  # noqa: E731
     want = (f32((f32(a) - f32(b)).astype(t)) * f32(a)).astype(t)
     assert _same_bits(fn(a, b, device="emulate"), want)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_an_element_every_lane_reads_is_a_pair_of_itself(dtype):
+    """x[i, j] * b[i]: b's element is the same for the group's lanes (a row broadcast), read
+    once into both halves (``__half2half2``/``__bfloat162bfloat162``); same bits as numpy's
+    float32 path in every race-check order, and NVRTC compiles it for sm_80 and sm_90."""
+    x = te.placeholder(SHAPE, dtype, name="x")
+    b = te.placeholder(SHAPE[:1], dtype, name="b")
+    o = te.compute(SHAPE, lambda i, j: x[i, j] * b[i], name="o")
+    fn = polyfuse.compile([x, b], [o], check_cuda=False)
+    splat = "__half2half2(b[" if dtype == "float16" else "__bfloat162bfloat162(b["
+    assert splat in fn.cuda_source and "2float" not in fn.kernels[0].source
+    (vec,) = _vectors(fn.kernels[0].body)
+    ((store,),) = [vec.native]
+    assert isinstance(store.value.args[1], KPairSplat)
+    t = numpy_dtype(dtype)
+    xs, bs = _inputs(dtype)[0], _inputs(dtype)[1][:, 0].copy()
+    with np.errstate(all="ignore"):
+        want = (xs.astype(np.float32) * bs.astype(np.float32)[:, None]).astype(t)
+    for race in (False, True, "shadow"):
+        assert _same_bits(fn(xs, bs, device="emulate", race_check=race), want), race
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+            assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+
+
+def test_a_scalar_access_per_lane_is_refused():
+    """x[i, j] * c[j + 1]: c's runs start off a word, so each lane reads its own scalar c
+    element: no pair to build from one load; the group stays in float32."""
+    x = te.placeholder(SHAPE, "float16", name="x")
+    c = te.placeholder((SHAPE[1] + 1,), "float16", name="c")
+    o = te.compute(SHAPE, lambda i, j: x[i, j] * c[j + 1], name="o")
+    fn = polyfuse.compile([x, c], [o], check_cuda=False)
+    (k,) = fn.kernels
+    assert "scalar: c" in k.notes[0]
+    (note,) = [n for n in k.notes if n.startswith("native 16-bit pairs")]
+    assert note.endswith("is a scalar access per lane") and not _native(k.source)

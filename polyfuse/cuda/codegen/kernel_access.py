@@ -310,6 +310,18 @@ class KPairConst(KVal):
 
 
 @dataclass(frozen=True)
+class KPairSplat(KVal):
+    """One 16-bit element ``load`` (the same for every lane of the group: a broadcast) in both
+    halves of a pair of ``dtype``."""
+
+    load: KLoad
+    dtype: str = "float16"
+
+    def __str__(self) -> str:
+        return f"pair({self.load})"
+
+
+@dataclass(frozen=True)
 class KPairOp(KVal):
     """Native 16-bit pair arithmetic (:mod:`polyfuse.cuda.codegen.lower_half2`): ``op`` one of
     add, sub, mul (rounded once each, never contracted into an fma) or neg, on pairs of
@@ -326,7 +338,8 @@ class KPairOp(KVal):
 @dataclass(frozen=True)
 class KPairStore:
     """A vector group's stored lane array ``lanes`` computed pair by pair as ``value`` (a tree
-    of :class:`KPairOp`, :class:`KPairLane`, :class:`KPairConst`) instead of lane by lane."""
+    of :class:`KPairOp`, :class:`KPairLane`, :class:`KPairSplat`, :class:`KPairConst`) instead
+    of lane by lane."""
 
     lanes: str
     value: KVal

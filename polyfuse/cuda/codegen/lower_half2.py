@@ -19,7 +19,8 @@ Legality (why the result is the same bits):
 2. *So an operation may go native only where both operands are 16-bit values*: a lane
    loaded from a tensor of the stored dtype, a constant exactly representable in it, the
    negation of one, or a value the float32 path itself rounds to the dtype (``te.cast``, a
-   register copy): then the float32 path rounds that operation exactly once, as the native
+   register copy) or an element every lane reads (a broadcast, in both halves of the pair):
+   then the float32 path rounds that operation exactly once, as the native
    instruction does. An operand that is a float32 intermediate (``(x + y) * z``: the sum is
    not rounded before the product) makes the group stay in float32 — rounding the sum to 16
    bits would change the product. The value must be stored to a tensor of the same 16-bit
@@ -40,12 +41,13 @@ compute the same intrinsics through float, which is the float32 path.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 import numpy as np
 
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.cuda.codegen.kernel_access import (
+    BufferScope,
     KBinary,
     KCall,
     KCast,
@@ -54,11 +56,12 @@ from polyfuse.cuda.codegen.kernel_access import (
     KPairConst,
     KPairLane,
     KPairOp,
+    KPairSplat,
     KPairStore,
     KUnary,
     KVal,
 )
-from polyfuse.cuda.codegen.kernel_ast import KernelIR, KMutator, KNode, KStmt, KVector
+from polyfuse.cuda.codegen.kernel_ast import KernelIR, KMutator, KNode, KStmt, KVar, KVector
 from polyfuse.cuda.codegen.lower_dtypes import FLOAT_TO_HALF, HALF_TO_FLOAT
 from polyfuse.graph.dtypes import numpy_dtype
 
@@ -77,12 +80,23 @@ def _exact(value: float, dtype: str) -> bool:
     return bool(np.isnan(f)) or float(f.astype(numpy_dtype(dtype))) == float(f)
 
 
+def _mentions(v: object, var: str) -> bool:
+    """Whether value or index tree ``v`` reads loop variable ``var``."""
+    if isinstance(v, KVar):
+        return v.name == var
+    if isinstance(v, tuple):
+        return any(_mentions(x, var) for x in v)
+    if is_dataclass(v):
+        return any(_mentions(getattr(v, f.name), var) for f in fields(v))
+    return False
+
+
 class _Pairs:
     """Builds the pair form of one group's stored values (``lanes``: lane buffer name → the
-    16-bit dtype of the tensor loaded into it)."""
+    16-bit dtype of the tensor loaded into it; ``var``: the lane variable)."""
 
-    def __init__(self, lanes: dict[str, str], dtype: str):
-        self.lanes, self.dtype = lanes, dtype
+    def __init__(self, lanes: dict[str, str], dtype: str, var: str):
+        self.lanes, self.dtype, self.var = lanes, dtype, var
         self.ops = 0  # native add/sub/mul built
 
     def value(self, e: KVal) -> KVal:
@@ -98,6 +112,16 @@ class _Pairs:
             raise _NotPaired(f"constant {e.value!r} is not a {d} value")
         if isinstance(e, KUnary) and e.op == "neg":  # exact: a sign flip
             return KPairOp("neg", (self.value(e.a),), d)
+        if (
+            isinstance(e, KCall)
+            and e.fn == HALF_TO_FLOAT.get(d)
+            and isinstance(e.args[0], KLoad)
+            and e.args[0].buffer.scope is BufferScope.GLOBAL
+            and e.args[0].dtype == d
+        ):  # a widened 16-bit element: a pair of it where every lane reads the same one
+            if _mentions(e.args[0].index, self.var):
+                raise _NotPaired(f"operand {e} is a scalar access per lane")
+            return KPairSplat(e.args[0], d)
         if isinstance(e, KCast) and e.dtype == d:  # the float32 path rounds to d here
             return self.rounded(e.a)
         if (
@@ -140,7 +164,7 @@ def _pair_stores(n: KVector) -> tuple[KPairStore, ...] | str:
         return "it stores float16 and bfloat16 lanes"
     (dtype,) = dtypes
     lanes = {x.lanes.name: x.target.buffer.dtype for x in n.lane_loads}
-    pairs = _Pairs(lanes, dtype)
+    pairs = _Pairs(lanes, dtype, n.var)
     out: list[KPairStore] = []
     for s in n.body:
         if not isinstance(s, KStmt) or s.guard is not None:

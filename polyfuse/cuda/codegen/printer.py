@@ -22,7 +22,7 @@ from polyfuse.cuda.codegen.c_wide import (
     word_store,
 )
 from polyfuse.cuda.codegen.declared import check_declared
-from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KVal
+from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KPairSplat, KVal
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAsyncCopy,
@@ -339,6 +339,9 @@ def c_pair(v: KVal, words: dict[str, str], comp: str) -> str:
     if isinstance(v, KPairConst):
         fn = "__float2half2_rn" if v.dtype == "float16" else "__float2bfloat162_rn"
         return f"{fn}({c_float(v.value)})"
+    if isinstance(v, KPairSplat):
+        fn = "__half2half2" if v.dtype == "float16" else "__bfloat162bfloat162"
+        return f"{fn}({c_value(v.load)})"
     assert isinstance(v, KPairOp), v
     return f"{PAIR_INTRINSICS[v.op]}({', '.join(c_pair(a, words, comp) for a in v.args)})"
 

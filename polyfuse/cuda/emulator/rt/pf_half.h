@@ -132,6 +132,7 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
 inline __half2 __halves2half2(__half a, __half b) { return __half2{a, b}; }
 inline __half2 __floats2half2_rn(float a, float b) { return __half2{__half(a), __half(b)}; }
 inline __half2 __float2half2_rn(float a) { return __half2{__half(a), __half(a)}; }
+inline __half2 __half2half2(__half a) { return __half2{a, a}; }
 inline __half2 __float22half2_rn(float2 v) { return __half2{__half(v.x), __half(v.y)}; }
 inline float2 __half22float2(__half2 v) { return float2{(float)v.x, (float)v.y}; }
 inline float __low2float(__half2 v) { return (float)v.x; }
@@ -147,6 +148,7 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
 inline __nv_bfloat162 __float22bfloat162_rn(float2 v) {
   return __nv_bfloat162{__nv_bfloat16(v.x), __nv_bfloat16(v.y)};
 }
+inline __nv_bfloat162 __bfloat162bfloat162(__nv_bfloat16 a) { return __nv_bfloat162{a, a}; }
 inline __nv_bfloat162 __float2bfloat162_rn(float a) {
   return __nv_bfloat162{__nv_bfloat16(a), __nv_bfloat16(a)};
 }
