@@ -11,6 +11,7 @@ against numpy's float32 path (ml_dtypes for bfloat16).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -196,7 +197,7 @@ def test_a_float32_result_of_16_bit_inputs_is_not_paired(monkeypatch):
     fn = polyfuse.compile([x, y], [o], check_cuda=False)
     assert not _native(fn.cuda_source)
     notes = [n for n in fn.kernels[0].notes if n.startswith("native 16-bit pairs")]
-    assert notes in ([], ["native 16-bit pairs: no, it stores 32-bit lanes"])
+    assert notes in ([], ["native 16-bit pairs: no, statement S_o: it stores 32-bit lanes"])
 
 
 @pytest.mark.parametrize("dtype", HALVES)
@@ -307,3 +308,48 @@ def test_a_scalar_access_per_lane_is_refused():
     assert "scalar: c" in k.notes[0]
     (note,) = [n for n in k.notes if n.startswith("native 16-bit pairs")]
     assert note.endswith("is a scalar access per lane") and not _native(k.source)
+
+
+def test_a_group_goes_native_statement_by_statement(monkeypatch):
+    """Before: a group with S_o = (x + y) * z (a float32 intermediate) and a second statement
+    S_p = x * z storing p; after: p's pairs are native, S_o keeps the widened lanes and the
+    loop (only S_o in it), and the decision says which and why. A statement that reads a
+    native array's float lanes pins it to float32."""
+    from polyfuse.cuda.codegen.kernel_access import (
+        BufferScope,
+        KBinary,
+        KBuffer,
+        KLane,
+        KLoad,
+        KStore,
+    )
+    from polyfuse.cuda.codegen.printer import _Emitter, _vector_lines
+
+    fn = _compile("float16", lambda x, y, z, d: (x + y) * z, False, monkeypatch)
+    (vec,) = _vectors(_ir(fn).body)
+    (s_o,) = vec.body
+    (st,) = s_o.stores
+    v_x, _, v_z = (KLoad(a.lanes, st.index, "float16") for a in vec.lane_loads)
+    v_p = KBuffer("v_p", "float32", BufferScope.LOCAL, (4,))
+    p_store = KStore(v_p, st.index, KBinary("mul", v_x, v_z, "float16", ("float16", "float16")))
+    target = KLoad(KBuffer("p", "float16", BufferScope.GLOBAL, (1 << 18,)), (), "float16")
+    s_p = type(s_o)("S_p", s_o.args, stores=(p_store,))
+    group = type(vec)(
+        vec.var, vec.width, (s_o, s_p), vec.loads, vec.stores, (),
+        vec.lane_loads, (*vec.lane_stores, KLane(target, v_p)),
+    )  # fmt: skip
+    ir = _ir(fn).with_(body=(group,))
+    after, (d,) = lower_half2(ir)
+    (got,) = _vectors(after.body)
+    x, _, z = (KPairLane(a.lanes.name, "float16") for a in vec.lane_loads)
+    assert got.native == (KPairStore("v_p", KPairOp("mul", (x, z), "float16")),)
+    assert d.made and d.reason.startswith("native 16-bit pairs: 1 of 2 stored arrays, float16 mul")
+    assert "; float32: statement S_o: operand add(" in d.reason
+    text = "\n".join(_vector_lines(got, 1, _Emitter({})))
+    assert text.count("for (int c0") == 1 and "v_p[c0]" not in text and "float v_p[4]" not in text
+    assert "__hmul2_rn(" in text and text.count("__floats2half2_rn(") == 2  # o's two pairs
+    # S_o reading p's float lanes keeps p in float32
+    s_o2 = type(s_o)("S_o", s_o.args, stores=(replace(st, value=KLoad(v_p, st.index)),))
+    pinned = replace(group, body=(s_o2, s_p))
+    _, (d2,) = lower_half2(ir.with_(body=(pinned,)))
+    assert not d2.made and "statement S_p: statement S_o reads its lanes in float32" in d2.reason

@@ -32,8 +32,9 @@ Legality (why the result is the same bits):
 4. Max/min (NaN rules differ: ``__hmax2`` drops a NaN that ``pf_fmaxf`` keeps), division,
    square root and the transcendental functions stay in float32.
 
-A group goes native only when every statement of it does (its body is then not printed); the
-scalar tail of a partial group stays in float32, bit-identical by the same argument. Each
+Each statement of a group goes native on its own (a statement that stays in float32 keeps
+the widened lanes and its loop; a lane array such a statement reads stays in float32 too);
+the scalar tail of a partial group stays in float32, bit-identical by the same argument. Each
 group's decision, made or refused, is a typed record with its reason; the kernel notes show
 them. bfloat16 pairs need sm_80 for native instructions; on older targets the CUDA headers
 compute the same intrinsics through float, which is the float32 path.
@@ -150,39 +151,71 @@ class _Pairs:
         return self.value(e)
 
 
-def _pair_stores(n: KVector) -> tuple[KPairStore, ...] | str:
-    """The group's stored lane arrays as pair trees, or why it stays in float32."""
+def _pair_stores(n: KVector) -> tuple[tuple[KPairStore, ...], list[str]] | str:
+    """The group's stored lane arrays that go native, as pair trees, with why each other
+    statement stays in float32; or why none does."""
     if n.width % 2:
         return f"{n.width} lanes do not make pairs"
     if n.local:
         return "the group reads lanes it stores"
+    if not all(isinstance(s, KStmt) and s.guard is None for s in n.body):
+        return "its body is not plain statements"
     stored = {x.lanes.name: x.target.buffer.dtype for x in n.lane_stores}
-    dtypes = set(stored.values())
-    if not stored or not dtypes <= set(FLOAT_TO_HALF):
-        return "it stores no 16-bit float lanes" if not stored else "it stores 32-bit lanes"
-    if len(dtypes) > 1:
-        return "it stores float16 and bfloat16 lanes"
-    (dtype,) = dtypes
     lanes = {x.lanes.name: x.target.buffer.dtype for x in n.lane_loads}
-    pairs = _Pairs(lanes, dtype, n.var)
-    out: list[KPairStore] = []
+    native: dict[str, tuple[str, KPairStore]] = {}  # lanes -> (statement, its pairs)
+    why: dict[str, str] = {}  # statement -> why it stays in float32
     for s in n.body:
-        if not isinstance(s, KStmt) or s.guard is not None:
-            return "its body is not plain statements"
-        for st in s.stores:
-            if st.buffer.name not in stored or st.guard is not None:
-                return f"statement {s.stmt} stores outside the group's lanes"
-            if st.buffer.name in {p.lanes for p in out}:
-                return f"statement {s.stmt} stores lanes {st.buffer.name} twice"
-            try:
-                out.append(KPairStore(st.buffer.name, pairs.rounded(st.value)))
-            except _NotPaired as why:
-                return f"statement {s.stmt}: {why}"
-    if {p.lanes for p in out} != set(stored):
-        return "a stored lane array has no statement"
-    if not pairs.ops:
-        return "no arithmetic to pair (copies only)"
-    return tuple(out)
+        assert isinstance(s, KStmt)
+        if len(s.stores) != 1 or s.stores[0].buffer.name not in stored:
+            why[s.stmt] = "it stores outside the group's lanes"
+            continue
+        (st,) = s.stores
+        dtype = stored[st.buffer.name]
+        if dtype not in FLOAT_TO_HALF or st.guard is not None:
+            why[s.stmt] = "it stores 32-bit lanes" if st.guard is None else "a guarded store"
+            continue
+        pairs = _Pairs(lanes, dtype, n.var)
+        try:
+            tree = pairs.rounded(st.value)
+        except _NotPaired as e:
+            why[s.stmt] = str(e)
+            continue
+        if not pairs.ops:
+            why[s.stmt] = "no arithmetic to pair (copies only)"
+        elif st.buffer.name in native:
+            why[s.stmt] = f"lanes {st.buffer.name} are stored twice"
+        else:
+            native[st.buffer.name] = (s.stmt, KPairStore(st.buffer.name, tree))
+    # a lane array a float32 statement reads stays float32 too (it reads the float lanes)
+    changed = True
+    while changed:
+        changed = False
+        for s in n.body:
+            assert isinstance(s, KStmt)
+            if s.stmt not in why:
+                continue
+            for name in [k for k in native if _reads(s, k)]:
+                why[native.pop(name)[0]] = f"statement {s.stmt} reads its lanes in float32"
+                changed = True
+    reasons = [f"statement {k}: {v}" for k, v in why.items()]
+    if not native:
+        return "; ".join(reasons) or "it stores no lanes"
+    return tuple(p for _, p in native.values()), reasons
+
+
+def _reads(s: KStmt, lanes: str) -> bool:
+    """Whether statement ``s`` reads lane array ``lanes``."""
+    return any(_mentions_buffer(st.value, lanes) for st in s.stores)
+
+
+def _mentions_buffer(v: object, name: str) -> bool:
+    if isinstance(v, KLoad):
+        return v.buffer.name == name or _mentions_buffer(v.index, name)
+    if isinstance(v, tuple):
+        return any(_mentions_buffer(x, name) for x in v)
+    if is_dataclass(v):
+        return any(_mentions_buffer(getattr(v, f.name), name) for f in fields(v))
+    return False
 
 
 def lower_half2(ir: KernelIR) -> tuple[KernelIR, list[Decided]]:
@@ -203,20 +236,30 @@ def lower_half2(ir: KernelIR) -> tuple[KernelIR, list[Decided]]:
                     Decided(_KIND, f"native 16-bit pairs: no, {got}", subject=tensors, made=False)
                 )
                 return [n]
-            (dtype,) = {x.target.buffer.dtype for x in n.lane_stores}
-            ops = sorted({o for p in got for o in _ops(p.value)})
+            native, reasons = got
+            stored = _dt(n)
+            dtypes = "/".join(sorted({stored[p.lanes] for p in native}))
+            ops = sorted({o for p in native for o in _ops(p.value)})
+            some = f" {len(native)} of {len(n.lane_stores)} stored arrays," if reasons else ""
+            rest = f"; float32: {'; '.join(reasons)}" if reasons else ""
             decisions.append(
                 Decided(
                     _KIND,
-                    f"native 16-bit pairs: {dtype} {', '.join(ops)} on {n.width // 2} pairs "
-                    "(each operation rounds once in the float32 path too: bit-identical)",
+                    f"native 16-bit pairs:{some} {dtypes} {', '.join(ops)} on {n.width // 2} "
+                    "pairs (each operation rounds once in the float32 path too: bit-identical)"
+                    + rest,
                     subject=tensors,
                 )
             )
-            return [replace(n, native=got)]
+            return [replace(n, native=native)]
 
     body = tuple(Walk().body(ir.body))
     return ir.with_(body=body), decisions
+
+
+def _dt(n: KVector) -> dict[str, str]:
+    """Stored lane array -> its tensor's dtype."""
+    return {x.lanes.name: x.target.buffer.dtype for x in n.lane_stores}
 
 
 def _ops(v: KVal) -> set[str]:

@@ -309,7 +309,7 @@ def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
     per word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
     if n.native:
-        return _native_lines(n, pad)
+        return _native_lines(n, depth, emit)
     out = [f"{pad}{{"]
     for lane in n.lane_loads:
         ref, dtype = c_value(lane.target), lane.target.buffer.dtype
@@ -346,21 +346,47 @@ def c_pair(v: KVal, words: dict[str, str], comp: str) -> str:
     return f"{PAIR_INTRINSICS[v.op]}({', '.join(c_pair(a, words, comp) for a in v.args)})"
 
 
-def _native_lines(n: KVector, pad: str) -> list[str]:
-    """A group computed in native 16-bit pairs (:mod:`polyfuse.cuda.codegen.lower_half2`):
-    its words loaded and kept as pairs, each stored word computed pair by pair."""
+def _native_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
+    """A group whose stored lane arrays ``n.native`` are computed in native 16-bit pairs
+    (:mod:`polyfuse.cuda.codegen.lower_half2`): its words loaded and kept as pairs, each such
+    word computed pair by pair; statements left in float32 (if any) run on widened lanes in
+    the loop as usual."""
+    pad = "  " * depth
+    values = {p.lanes: p.value for p in n.native}
+    rest = [
+        s
+        for s in n.body
+        if not (
+            isinstance(s, KStmt) and s.stores and {t.buffer.name for t in s.stores} <= set(values)
+        )
+    ]
     out = [f"{pad}{{"]
     words: dict[str, str] = {}
     for lane in n.lane_loads:
         ref, dtype = c_value(lane.target), lane.target.buffer.dtype
-        out += _vector_load(pad, ref, dtype, n.width, list(lane.words))[0]
+        lines, vals = _vector_load(pad, ref, dtype, n.width, list(lane.words))
+        out += lines
         words[lane.lanes.name] = lane.words[0]
-    values = {p.lanes: p.value for p in n.native}
+        if rest:
+            arr = f"{c_type(lane.lanes.dtype)} {lane.lanes.name}[{n.width}]"
+            out.append(f"{pad}  {arr} = {{{vals}}};")
+    if rest:
+        out += [
+            f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];"
+            for x in n.lane_stores
+            if x.lanes.name not in values
+        ]
+        out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
+        out += emit(rest, depth + 2)
+        out.append(f"{pad}  }}")
     for x in n.lane_stores:
-        dtype = x.target.buffer.dtype
+        ref, dtype = c_value(x.target), x.target.buffer.dtype
+        if x.lanes.name not in values:
+            out += _vector_store(pad, ref, dtype, n.width, x.lanes.name)
+            continue
         tree = values[x.lanes.name]
         pairs = [c_pair(tree, words, "xyzw"[i]) for i in range(n.width // 2)]
-        out += _pair_store(pad, c_value(x.target), dtype, x.lanes.name, pairs)
+        out += _pair_store(pad, ref, dtype, x.lanes.name, pairs)
     out.append(f"{pad}}}")
     return out
 
