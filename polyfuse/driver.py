@@ -354,7 +354,7 @@ def _lower(
     fp = global_footprint(mm.scheduled.model, pl)
     kernel = replace(
         kernel,
-        notes=[*kernel.notes, *notes],
+        notes=[*notes, *kernel.notes],  # the mapping's, then lowering's (native pairs)
         bytes_read=sum(fp.reads.values()),
         bytes_written=sum(fp.writes.values()),
         tensor_bytes={

@@ -284,3 +284,65 @@ class KAllReduce(KVal):
 
     def __str__(self) -> str:
         return f"allreduce_{self.form}<{self.op}, {self.lanes}>({self.value}, {self.scratch})"
+
+
+@dataclass(frozen=True)
+class KPairLane(KVal):
+    """Two adjacent lanes of a vector group's loaded 16-bit lane array ``lanes`` (the name of
+    a ``KLane.lanes`` buffer), kept as one ``__half2``/``__nv_bfloat162`` of ``dtype``."""
+
+    lanes: str
+    dtype: str = "float16"
+
+    def __str__(self) -> str:
+        return f"pair({self.lanes})"
+
+
+@dataclass(frozen=True)
+class KPairConst(KVal):
+    """A constant exactly representable in the 16-bit ``dtype``, in both halves of a pair."""
+
+    value: float
+    dtype: str = "float16"
+
+    def __str__(self) -> str:
+        return f"pair({self.value!r})"
+
+
+@dataclass(frozen=True)
+class KPairSplat(KVal):
+    """One 16-bit element ``load`` (the same for every lane of the group: a broadcast) in both
+    halves of a pair of ``dtype``."""
+
+    load: KLoad
+    dtype: str = "float16"
+
+    def __str__(self) -> str:
+        return f"pair({self.load})"
+
+
+@dataclass(frozen=True)
+class KPairOp(KVal):
+    """Native 16-bit pair arithmetic (:mod:`polyfuse.cuda.codegen.lower_half2`): ``op`` one of
+    add, sub, mul (rounded once each, never contracted into an fma) or neg, on pairs of
+    ``dtype``."""
+
+    op: str
+    args: tuple[KVal, ...]
+    dtype: str = "float16"
+
+    def __str__(self) -> str:
+        return f"{self.op}2({', '.join(map(str, self.args))})"
+
+
+@dataclass(frozen=True)
+class KPairStore:
+    """A vector group's stored lane array ``lanes`` computed pair by pair as ``value`` (a tree
+    of :class:`KPairOp`, :class:`KPairLane`, :class:`KPairSplat`, :class:`KPairConst`) instead
+    of lane by lane."""
+
+    lanes: str
+    value: KVal
+
+    def __str__(self) -> str:
+        return f"{self.lanes} = {self.value}"

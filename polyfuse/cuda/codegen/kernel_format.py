@@ -66,6 +66,7 @@ class _Format(KVisitor[list[str]]):
         pad = "  " * (depth + 1)
         moves = [f"{pad}load {x.lanes} = {x.target} x{n.width}" for x in n.lane_loads]
         moves += [f"{pad}store {x.target} x{n.width} = {x.lanes}" for x in n.lane_stores]
+        moves += [f"{pad}pairs {p}" for p in n.native]  # native 16-bit pairs: the body is not run
         return [head] + moves + self.lines(n.body, depth + 1)
 
     def visit_KStmt(self, n: KStmt, depth: int) -> list[str]:

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from polyfuse.base.visitor import R, Visitor
-from polyfuse.cuda.codegen.kernel_access import KLane, KStore
+from polyfuse.cuda.codegen.kernel_access import KLane, KPairStore, KStore
 from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KVar
 
 
@@ -119,9 +119,12 @@ class KVector(KNode):
     #: element) and stores of the group
     lane_loads: tuple[KLane, ...] = ()
     lane_stores: tuple[KLane, ...] = ()
+    #: after :mod:`polyfuse.cuda.codegen.lower_half2`: every stored lane array computed in
+    #: native 16-bit pairs (the body is then not run; empty: lane by lane in float registers)
+    native: tuple[KPairStore, ...] = ()
 
     def __post_init__(self) -> None:
-        _tuples(self, "body", "loads", "stores", "local")
+        _tuples(self, "body", "loads", "stores", "local", "native")
 
 
 @dataclass(frozen=True)

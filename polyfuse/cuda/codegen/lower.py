@@ -4,7 +4,8 @@ The passes, in order: buffers from placements (:mod:`polyfuse.cuda.codegen.lower
 combine (:mod:`polyfuse.cuda.codegen.lower_combines`), barriers between stitched parts
 (:mod:`polyfuse.cuda.codegen.lower_barriers`), element types
 (:mod:`polyfuse.cuda.codegen.lower_dtypes`),
-loads and stores on scoped buffers (:mod:`polyfuse.cuda.codegen.lower_accesses`).
+loads and stores on scoped buffers (:mod:`polyfuse.cuda.codegen.lower_accesses`), native 16-bit
+pair arithmetic where it is bit-identical (:mod:`polyfuse.cuda.codegen.lower_half2`).
 GEMM kernels (:func:`lower_gemm_kernel`): buffers, shared tiles and their copies
 (:mod:`polyfuse.cuda.codegen.lower_promotions`) pipelined over S stages where the schedule asks
 (:mod:`polyfuse.cuda.codegen.lower_pipeline`: buffer expansion, producer and consumer stage indices,
@@ -42,13 +43,14 @@ from polyfuse.cuda.codegen.lower_buffers import BufferPlacement, alloc_buffers
 from polyfuse.cuda.codegen.lower_combines import lower_combines
 from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes, storage_dtypes
 from polyfuse.cuda.codegen.lower_fragments import OperandFragment, lower_fragments
+from polyfuse.cuda.codegen.lower_half2 import lower_half2
 from polyfuse.cuda.codegen.lower_loops import peel_loop, unroll_loops
 from polyfuse.cuda.codegen.lower_pipeline import Pipeline
 from polyfuse.cuda.codegen.lower_promotions import PromotedTile, lower_promotions
 from polyfuse.cuda.codegen.lower_register_tile import lower_register_tile
 from polyfuse.cuda.codegen.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.codegen.lower_vectorize import VectorPlan, vectorize
-from polyfuse.cuda.codegen.namer import CANONICAL_KERNEL, Namer, c_name, slots
+from polyfuse.cuda.codegen.namer import CANONICAL_KERNEL, Namer, c_name, fill, slots
 from polyfuse.cuda.codegen.printer import emit_kernel
 from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
@@ -119,6 +121,7 @@ def instantiate_kernel(kernel: Kernel, canonical: Mapping[str, str] | None, name
         source=print_function(printed, name),
         printed=printed,
         canonical=kernel.printed,
+        notes=[fill(n, real) for n in kernel.notes],
     )
 
 
@@ -215,7 +218,9 @@ def lower_kernel(
     ir = vectorize(ir, vector_plan(mm, placements))  # coarsened kernels and reduction runs
     ir = assign_dtypes(ir, storage_dtypes(mm.scheduled.model))
     ir = lower_accesses(ir, mm.scheduled.model.statements, placements, idents)
+    ir, pairs = lower_half2(ir)  # native 16-bit pairs where bit-identical
     kernel = emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
+    kernel.notes += [d.reason for d in pairs]
     return instantiate_kernel(kernel, canonical, name)
 
 

@@ -22,6 +22,7 @@ from polyfuse.cuda.codegen.c_wide import (
     word_store,
 )
 from polyfuse.cuda.codegen.declared import check_declared
+from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KPairSplat, KVal
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAsyncCopy,
@@ -283,14 +284,19 @@ def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[
             + ");"
             for j in range(width // 4)
         ]
-    pair, make = _half2(dtype)
-    word = "uint4" if width == 8 else "uint2"
-    pairs = [f"{src}_h{i}" for i in range(width // 2)]
+    make = _half2(dtype)[1]
+    values = [f"{make}({src}[{2 * i}], {src}[{2 * i + 1}])" for i in range(width // 2)]
+    return _pair_store(pad, ref, dtype, src, values)
+
+
+def _pair_store(pad: str, ref: str, dtype: str, src: str, values: list[str]) -> list[str]:
+    """Lines storing pairs ``values`` (C expressions of the dtype's pair type) at ``ref`` as
+    one 64- or 128-bit word."""
+    pair = _half2(dtype)[0]
+    word = "uint4" if len(values) == 4 else "uint2"
+    pairs = [f"{src}_h{i}" for i in range(len(values))]
     lines = [f"{pad}  {{"]
-    lines += [
-        f"{pad}    const {pair} {h} = {make}({src}[{2 * i}], {src}[{2 * i + 1}]);"
-        for i, h in enumerate(pairs)
-    ]
+    lines += [f"{pad}    const {pair} {h} = {v};" for h, v in zip(pairs, values, strict=True)]
     words = ", ".join(f"*reinterpret_cast<const unsigned*>(&{h})" for h in pairs)
     lines.append(f"{pad}    *reinterpret_cast<{word}*>(&{ref}) = make_{word}({words});")
     return lines + [f"{pad}  }}"]
@@ -302,6 +308,8 @@ def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
     four
     per word), the lanes on float registers, whole-word stores."""
     pad = "  " * depth
+    if n.native:
+        return _native_lines(n, depth, emit)
     out = [f"{pad}{{"]
     for lane in n.lane_loads:
         ref, dtype = c_value(lane.target), lane.target.buffer.dtype
@@ -314,6 +322,71 @@ def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
     out.append(f"{pad}  }}")
     for x in n.lane_stores:
         out += _vector_store(pad, c_value(x.target), x.target.buffer.dtype, n.width, x.lanes.name)
+    out.append(f"{pad}}}")
+    return out
+
+
+#: the pair intrinsics of the native operations; the ``_rn`` forms are never contracted into
+#: an fma by ptxas (the float32 path rounds a product before the sum that uses it)
+PAIR_INTRINSICS = {"add": "__hadd2_rn", "sub": "__hsub2_rn", "mul": "__hmul2_rn", "neg": "__hneg2"}
+
+
+def c_pair(v: KVal, words: dict[str, str], comp: str) -> str:
+    """C text of pair tree ``v`` at word component ``comp`` (``words``: lane array name →
+    its loaded word)."""
+    if isinstance(v, KPairLane):
+        return f"*reinterpret_cast<const {_half2(v.dtype)[0]}*>(&{words[v.lanes]}.{comp})"
+    if isinstance(v, KPairConst):
+        fn = "__float2half2_rn" if v.dtype == "float16" else "__float2bfloat162_rn"
+        return f"{fn}({c_float(v.value)})"
+    if isinstance(v, KPairSplat):
+        fn = "__half2half2" if v.dtype == "float16" else "__bfloat162bfloat162"
+        return f"{fn}({c_value(v.load)})"
+    assert isinstance(v, KPairOp), v
+    return f"{PAIR_INTRINSICS[v.op]}({', '.join(c_pair(a, words, comp) for a in v.args)})"
+
+
+def _native_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
+    """A group whose stored lane arrays ``n.native`` are computed in native 16-bit pairs
+    (:mod:`polyfuse.cuda.codegen.lower_half2`): its words loaded and kept as pairs, each such
+    word computed pair by pair; statements left in float32 (if any) run on widened lanes in
+    the loop as usual."""
+    pad = "  " * depth
+    values = {p.lanes: p.value for p in n.native}
+    rest = [
+        s
+        for s in n.body
+        if not (
+            isinstance(s, KStmt) and s.stores and {t.buffer.name for t in s.stores} <= set(values)
+        )
+    ]
+    out = [f"{pad}{{"]
+    words: dict[str, str] = {}
+    for lane in n.lane_loads:
+        ref, dtype = c_value(lane.target), lane.target.buffer.dtype
+        lines, vals = _vector_load(pad, ref, dtype, n.width, list(lane.words))
+        out += lines
+        words[lane.lanes.name] = lane.words[0]
+        if rest:
+            arr = f"{c_type(lane.lanes.dtype)} {lane.lanes.name}[{n.width}]"
+            out.append(f"{pad}  {arr} = {{{vals}}};")
+    if rest:
+        out += [
+            f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];"
+            for x in n.lane_stores
+            if x.lanes.name not in values
+        ]
+        out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
+        out += emit(rest, depth + 2)
+        out.append(f"{pad}  }}")
+    for x in n.lane_stores:
+        ref, dtype = c_value(x.target), x.target.buffer.dtype
+        if x.lanes.name not in values:
+            out += _vector_store(pad, ref, dtype, n.width, x.lanes.name)
+            continue
+        tree = values[x.lanes.name]
+        pairs = [c_pair(tree, words, "xyzw"[i]) for i in range(n.width // 2)]
+        out += _pair_store(pad, ref, dtype, x.lanes.name, pairs)
     out.append(f"{pad}}}")
     return out
 

@@ -132,6 +132,7 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
 inline __half2 __halves2half2(__half a, __half b) { return __half2{a, b}; }
 inline __half2 __floats2half2_rn(float a, float b) { return __half2{__half(a), __half(b)}; }
 inline __half2 __float2half2_rn(float a) { return __half2{__half(a), __half(a)}; }
+inline __half2 __half2half2(__half a) { return __half2{a, a}; }
 inline __half2 __float22half2_rn(float2 v) { return __half2{__half(v.x), __half(v.y)}; }
 inline float2 __half22float2(__half2 v) { return float2{(float)v.x, (float)v.y}; }
 inline float __low2float(__half2 v) { return (float)v.x; }
@@ -146,6 +147,10 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
 }
 inline __nv_bfloat162 __float22bfloat162_rn(float2 v) {
   return __nv_bfloat162{__nv_bfloat16(v.x), __nv_bfloat16(v.y)};
+}
+inline __nv_bfloat162 __bfloat162bfloat162(__nv_bfloat16 a) { return __nv_bfloat162{a, a}; }
+inline __nv_bfloat162 __float2bfloat162_rn(float a) {
+  return __nv_bfloat162{__nv_bfloat16(a), __nv_bfloat16(a)};
 }
 inline float2 __bfloat1622float2(__nv_bfloat162 v) { return float2{(float)v.x, (float)v.y}; }
 inline float __low2float(__nv_bfloat162 v) { return (float)v.x; }
@@ -203,6 +208,17 @@ inline float __high2float(__nv_bfloat162 v) { return (float)v.y; }
   inline T2 __hsub2(T2 a, T2 b) { return T2{__hsub(a.x, b.x), __hsub(a.y, b.y)}; }            \
   inline T2 __hmul2(T2 a, T2 b) { return T2{__hmul(a.x, b.x), __hmul(a.y, b.y)}; }            \
   inline T2 __h2div(T2 a, T2 b) { return T2{__hdiv(a.x, b.x), __hdiv(a.y, b.y)}; }            \
+  /* the _rn forms (never contracted into an fma on the device): the exact result rounded  */ \
+  /* once, computed apart from the float path above (in double, rounded to odd float first) */ \
+  inline T2 __hadd2_rn(T2 a, T2 b) {                                                          \
+    return T2{T((double)(float)a.x + (double)(float)b.x), T((double)(float)a.y + (double)(float)b.y)}; \
+  }                                                                                           \
+  inline T2 __hsub2_rn(T2 a, T2 b) {                                                          \
+    return T2{T((double)(float)a.x - (double)(float)b.x), T((double)(float)a.y - (double)(float)b.y)}; \
+  }                                                                                           \
+  inline T2 __hmul2_rn(T2 a, T2 b) {                                                          \
+    return T2{T((double)(float)a.x * (double)(float)b.x), T((double)(float)a.y * (double)(float)b.y)}; \
+  }                                                                                           \
   inline T2 __hfma2(T2 a, T2 b, T2 c) {                                                       \
     return T2{__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)};                                  \
   }                                                                                           \
