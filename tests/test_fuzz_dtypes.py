@@ -203,6 +203,7 @@ def test_mixed_spec_passes():
     assert check_spec(_mixed_spec()).status == "pass"
 
 
+@pytest.mark.slow  # ~40 s: shrinks a planted bug through many compiles
 def test_shrinker_keeps_the_dtype_a_planted_bug_needs(monkeypatch, tmp_path):
     from polyfuse.cuda.codegen import printer
 

@@ -131,6 +131,12 @@ NAMES = {
 }
 
 
+#: the name sets every fast run checks (generated-name collisions and duplicates, the likeliest
+#: to meet); the others run in the slow tier
+FAST_NAMES = ("duplicates", "generated")
+WHICH = [w if w in FAST_NAMES else pytest.param(w, marks=pytest.mark.slow) for w in sorted(NAMES)]
+
+
 def _names(kind: str, which: str) -> list[str]:
     n = KINDS[kind][1]
     pool = NAMES[which] if which != "plain" else PLAIN
@@ -160,7 +166,7 @@ def _check(fn: polyfuse.CompiledGraph, inputs, outputs, what: str) -> None:
 # One test per name set and way of compiling; each runs every kind of kernel.
 
 
-@pytest.mark.parametrize("which", sorted(NAMES))
+@pytest.mark.parametrize("which", WHICH)
 def test_adversarial_names_fresh(which):
     for kind, (build, _, shows) in KINDS.items():
         inputs, outputs = build(_names(kind, which))
@@ -169,7 +175,7 @@ def test_adversarial_names_fresh(which):
         _check(fn, inputs, outputs, f"{kind}/{which} fresh")
 
 
-@pytest.mark.parametrize("which", sorted(NAMES))
+@pytest.mark.parametrize("which", WHICH)
 def test_adversarial_names_through_a_warm_cache(which, tmp_path):
     """The issue's second case: a graph of the same structure under plain names fills the
     on-disk cache, the adversarial graph is served its kernels (and the reverse order)."""
@@ -195,7 +201,7 @@ def _two_blocks(kind: str, first: str, second: str):
     return i1 + i2, o1 + o2
 
 
-@pytest.mark.parametrize("which", sorted(NAMES))
+@pytest.mark.parametrize("which", WHICH)
 def test_adversarial_names_deduplicated(which):
     """The issue's third case (the first block plain, the second's names adversarial), and
     both blocks under the same adversarial names."""
