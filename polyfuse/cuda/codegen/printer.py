@@ -26,6 +26,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAsyncCopy,
     KBarrier,
+    KCombine,
     KCommit,
     KCopy,
     KDef,
@@ -175,6 +176,10 @@ class _Emitter(KVisitor[list[str]]):
 
     def visit_KMark(self, n: KMark, pad: str, depth: int) -> list[str]:
         return [f"{pad}// {n.name}"] + self(n.body, depth)
+
+    def visit_KCombine(self, n: KCombine, pad: str, depth: int) -> list[str]:
+        # the combine is the KAllReduce its final statement stores (a prelude call)
+        return self(n.body, depth)
 
     def visit_KBarrier(self, n: KBarrier, pad: str, depth: int) -> list[str]:
         call = BARRIER[n.scope]
@@ -373,7 +378,6 @@ def emit_kernel(
     """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them;
     its statements hold their loads and stores, :mod:`polyfuse.cuda.codegen.lower_accesses`).
     ``statements``, ``placements`` and ``idents`` feed the work estimate of its facts."""
-    c = ir.combine
     check_declared(ir)
     lines = _allocs(ir.allocs, ir.thread_grids)
     buffers = {a.name: a.shape for a in ir.allocs}
@@ -386,7 +390,7 @@ def emit_kernel(
         ir.grid_dims,
         ir.thread_dims,
         "".join(f"{line}\n" for line in lines),
-        bool(ir.thread_grids) or c is not None,  # copy grids and combines read threadIdx.x
+        bool(ir.thread_grids) or bool(ir.combines),  # copy grids and combines read threadIdx.x
     )
     return Kernel(
         ir.name,
