@@ -7,6 +7,7 @@ and on the new code with the same seeded inputs:
     python tests/golden/emulate.py save /tmp/before    # on the old code
     python tests/golden/emulate.py save /tmp/after     # on the new code
     python tests/golden/emulate.py compare /tmp/before /tmp/after
+    python tests/golden/emulate.py nvrtc sm_80 sm_90    # every golden .cu compiles
 
 Inputs are seeded per graph (normal floats, small non-negative integers, random booleans),
 so both runs feed the same arrays; ``compare`` demands equal bits (NaN where NaN).
@@ -90,12 +91,30 @@ def compare(before: Path, after: Path) -> int:
     return 1 if bad else 0
 
 
+def nvrtc(archs: list[str]) -> int:
+    """Compile every recorded golden with NVRTC for ``archs``; 1 when any fails."""
+    from polyfuse.cuda.toolchain.compiler import compile_cuda
+
+    bad = 0
+    for path in sorted(HERE.glob("*.cu")):
+        for arch in archs:
+            try:
+                compile_cuda(path.read_text(), arch, compiler="nvrtc")
+            except Exception as e:  # noqa: BLE001 (report every failure, then fail)
+                print(f"{path.stem} {arch}: FAILED {str(e).splitlines()[0]}")
+                bad += 1
+    print(f"{len(list(HERE.glob('*.cu')))} goldens x {archs}: {bad} failed")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["save"] and len(argv) >= 2:
         save(Path(argv[1]), argv[2:])
         return 0
     if argv[:1] == ["compare"] and len(argv) == 3:
         return compare(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["nvrtc"]:
+        return nvrtc(argv[1:] or ["sm_80", "sm_90"])
     print(__doc__)
     return 2
 
