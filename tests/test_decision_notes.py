@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 
 import islpy as isl
+from test_gemm_fragments import _micro_tile  # a 2x2 micro-tile reading given accesses
 
 import polyfuse
 from polyfuse import ops, te
@@ -22,30 +23,11 @@ from polyfuse.base.decision import (
 )
 from polyfuse.base.decision_data import FragmentData, SplitData, TileBoxData
 from polyfuse.cache import CompileCache
-from polyfuse.poly.fragments import register_fragments
-from polyfuse.poly.model import Statement
 from polyfuse.poly.tile_box import tile_box
 
 
 def _compile(inputs, outputs, **kw):
     return polyfuse.compile(inputs, outputs, check_cuda=False, cache=None, **kw)
-
-
-def _micro_tile(accesses: dict[str, str], accumulators: int = 4):
-    """A 2x2 micro-tile (t + 4 ii per data dim) in k-tiles of 8, reading ``accesses``
-    (:mod:`tests.test_gemm_fragments`)."""
-    ctx = isl.Context()
-    sched = isl.UnionMap(
-        "[t0, t1] -> { U[d0, d1, r] -> [kt0, 2, 0, kk0, ii0, ii1, 0] : d0 = t0 + 4ii0 and "
-        "d1 = t1 + 4ii1 and r = 8kt0 + kk0 and 0 <= ii0 < 2 and 0 <= ii1 < 2 and "
-        "0 <= kk0 < 8 and 0 <= kt0 < 2 and 0 <= t0 < 4 and 0 <= t1 < 4 }",
-        context=ctx,
-    )
-    update = Statement.__new__(Statement)
-    object.__setattr__(update, "name", "U")
-    ops_ = [(t, isl.Map(f"{{ U[d0, d1, r] -> {a} }}", context=ctx)) for t, a in accesses.items()]
-    iters = ["kt0", "ph", "sub", "kk0", "ii0", "ii1", "pos"]
-    return register_fragments(update, sched, iters, ["ii0", "ii1"], [2, 2], ops_, accumulators)
 
 
 def test_a_note_is_its_record_reason_and_keeps_the_record():
