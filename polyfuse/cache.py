@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import RecomputeData, typed_data
 from polyfuse.base.settings import cache_root
 from polyfuse.base.store import Store
@@ -37,7 +37,7 @@ from polyfuse.stitch.facts import KernelFacts
 from polyfuse.stitch.plan import KernelPlan
 
 #: Bump when what an entry holds changes (older entries then read as misses).
-ENTRY_VERSION = 11  # 3: placements and recomputes carry their decision kinds; 4: layout
+ENTRY_VERSION = 12  # 3: placements and recomputes carry their decision kinds; 4: layout
 # 5: the layout records include the reduction layout and GEMM tiles (REDUCTION_LAYOUT, GEMM_TILE)
 # 6: kernel facts (polyfuse.stitch.facts) and the global read footprints Layer 3 intersects
 # 7: kernel sources printed by the namer with canonical names (escaped C names, float4 streams)
@@ -46,6 +46,7 @@ ENTRY_VERSION = 11  # 3: placements and recomputes carry their decision kinds; 4
 # 10: the kernel as a printed function apart from its launch indices (KFunction), not source,
 #     its tensor names as the namer's slots (polyfuse.cuda.codegen.namer.fill)
 # 11: layout records carry their typed data's family, subject and made (base/decision_data.py)
+# 12: kernel notes that are decisions (base/decision.py DecisionNote) are stored as records
 #: The fields of each kind of entry: a stored value must hold all fields of one of them.
 SCHEDULE_FIELDS = (("schedule", "notes"), ("feedback", "reason"))
 KERNEL_FIELDS = (
@@ -203,7 +204,7 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "bytes_written": kernel.bytes_written,
         "vector_bytes": kernel.vector_bytes,
         "tensor_bytes": {rename(t, canon): list(rw) for t, rw in kernel.tensor_bytes.items()},
-        "notes": [rename(n, canon) for n in kernel.notes],
+        "notes": [_note_json(n, canon) for n in kernel.notes],
         "placements": [
             [
                 rename(p.tensor, canon),
@@ -223,20 +224,49 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
             ]
             for d in kp.recomputes
         ],
-        "layout": [
-            [
-                [k.value for k in d.kinds],
-                rename(d.reason, canon),
-                _renamed(d.data.as_dict(), canon),
-                type(d.data).__name__,
-                [rename(s, canon) for s in d.subject],
-                d.made,
-            ]
-            for d in kp.layout
-        ],
+        "layout": [_record_json(d, canon) for d in kp.layout],
         # isl sets without tensor names: only the keys are renamed
         "shared_reads": {rename(t, canon): fp for t, fp in kp.shared_reads.items()},
     }
+
+
+def _record_json(d: Decided, canon: dict[str, str]) -> list[Any]:
+    """A decision record under canonical names, as JSON (:func:`_record_from` reads it)."""
+    return [
+        [k.value for k in d.kinds],
+        rename(d.reason, canon),
+        _renamed(d.data.as_dict(), canon),
+        type(d.data).__name__,
+        [rename(s, canon) for s in d.subject],
+        d.made,
+    ]
+
+
+def _record_from(entry: list[Any], back: dict[str, str]) -> Decided:
+    """The record :func:`_record_json` wrote, under the current names."""
+    kinds, reason, data, type_name, subject, made = entry
+    typed = tuple(DecisionKind(k) for k in kinds)
+    return Decided(
+        typed,
+        rename(reason, back),
+        typed_data(typed, _renamed(data, back), type_name),
+        tuple(rename(s, back) for s in subject),
+        made,
+    )
+
+
+def _note_json(note: str, canon: dict[str, str]) -> str | list[Any]:
+    """A kernel note as JSON: its text, or its record when it is a decision."""
+    if isinstance(note, DecisionNote):
+        return _record_json(note.record, canon)
+    return rename(note, canon)
+
+
+def _note_from(entry: str | list[Any], back: dict[str, str]) -> str:
+    """The note :func:`_note_json` wrote, under the current names."""
+    if isinstance(entry, str):
+        return rename(entry, back)
+    return DecisionNote(_record_from(entry, back))
 
 
 def _renamed(data: Any, mapping: dict[str, str]) -> Any:
@@ -273,7 +303,7 @@ def kernel_from_entry(
         bytes_written=entry["bytes_written"],
         vector_bytes=entry.get("vector_bytes", 0),
         tensor_bytes={rename(t, back): (r, w) for t, (r, w) in entry["tensor_bytes"].items()},
-        notes=[rename(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
+        notes=[_note_from(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
         printed=printed,
         canonical=canonical,
     )
@@ -291,16 +321,7 @@ def kernel_from_entry(
         )
         for kinds, reason, t, readers in entry["recomputes"]
     ]
-    layout = [
-        Decided(
-            typed := tuple(DecisionKind(k) for k in kinds),
-            rename(reason, back),
-            typed_data(typed, _renamed(data, back), type_name),
-            tuple(rename(s, back) for s in subject),
-            made,
-        )
-        for kinds, reason, data, type_name, subject, made in entry["layout"]
-    ]
+    layout = [_record_from(e, back) for e in entry["layout"]]
     return kernel, KernelPlan(
         name,
         [],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from polyfuse.base.decision import Decided
+from polyfuse.base.decision import Decided, note_records
 from polyfuse.cuda.codegen.kernel_ast import Kernel
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
@@ -37,7 +37,7 @@ class Plan:
     asts: dict[str, Any] = field(repr=False, default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     stitches: list[StitchDecision] = field(default_factory=list)  # Layer 2, made or refused
-    rewrites: list[str] = field(default_factory=list)
+    rewrites: list[str] = field(default_factory=list)  # graph rewrites (split: records)
     packs: list[PackDecision] = field(default_factory=list)  # Layer 3, made or refused
     splits: list[Decided] = field(default_factory=list)  # reductions split across blocks or not
     device: str = ""  # the cost models' device table entry and which figures they used
@@ -49,7 +49,11 @@ class Plan:
     def records(self) -> list[Decided]:
         """Every decision as the one typed record (kinds, subject, made, reason, typed data),
         in plan order: partition edges, stitches, per kernel its placements, recomputes and
-        layout, packs, splits. Each stage's own decision class carries its record."""
+        layout, packs, splits, then the choices the kernels' notes record (register
+        fragments, tile boxes, tensor cores, stages, ...: :func:`note_records`) that no list
+        before holds. Each stage's own decision class carries its record. (The graph
+        rewrites' notes are the splits' records in the rewrite's words: the splits stand
+        for them.)"""
         out = [d.record for d in self.partition.decisions]
         out += [d.record for d in self.stitches]
         for kp in self.kernel_plans:
@@ -58,6 +62,11 @@ class Plan:
             out += kp.layout
         out += [d.record for d in self.packs]
         out += self.splits
+        seen = set(out)
+        for r in note_records([n for k in self.kernels for n in k.notes]):
+            if r not in seen:
+                seen.add(r)
+                out.append(r)
         return out
 
     def __str__(self) -> str:

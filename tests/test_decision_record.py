@@ -19,7 +19,7 @@ from poly_inputs import one
 
 import polyfuse
 from polyfuse import ops, reference, te
-from polyfuse.base.decision import Decided, DecisionKind, Refusal
+from polyfuse.base.decision import Decided, DecisionKind, Refusal, note_records
 from polyfuse.base.decision_data import (
     NO_DATA,
     DecisionData,
@@ -83,8 +83,9 @@ def test_every_decision_of_a_plan_is_the_one_record_with_typed_data(plans):
     families: set[str] = set()
     for plan in plans:
         records = plan.records()
-        # every stage's decisions are in the records, as records
-        assert len(records) == (
+        # every stage's decisions are in the records, as records, then those of the notes
+        # that are decisions (each once)
+        staged = (
             len(plan.partition.decisions)
             + len(plan.stitches)
             + sum(
@@ -93,6 +94,9 @@ def test_every_decision_of_a_plan_is_the_one_record_with_typed_data(plans):
             + len(plan.packs)
             + len(plan.splits)
         )
+        noted = note_records([n for k in plan.kernels for n in k.notes])
+        assert set(noted) <= set(records) and set(records[staged:]) <= set(noted)
+        assert len(records[staged:]) == len(set(records[staged:]))
         for r in records:
             assert type(r) is Decided
             assert isinstance(r.data, DecisionData) and not _untyped(r.data), r

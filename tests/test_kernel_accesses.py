@@ -26,6 +26,7 @@ from polyfuse.cuda.codegen.kernel_access import (
     KTerm,
 )
 from polyfuse.cuda.codegen.kernel_ast import (
+    KCombine,
     KDef,
     KernelIR,
     KFor,
@@ -38,6 +39,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KStmt,
     KVar,
     KVector,
+    Scope,
 )
 from polyfuse.cuda.codegen.printer import emit_kernel
 
@@ -125,6 +127,15 @@ def test_reduction_accumulates_in_local_and_combines_at_its_final_statement(pass
     assert scopes == {BufferScope.LOCAL}
     combines = [s for s in stores if isinstance(s.value, KAllReduce)]
     assert len(combines) == 2  # the max and the sum, each at its final statement
+    # each final statement stands in the body's combine node of its reduction, which
+    # print(ir) shows around it
+    nodes = [n for n in _walk(after.body) if isinstance(n, KCombine)]
+    assert len({n.reduction for n in nodes}) == 2 and after.combines == tuple(nodes)
+    for n in nodes:
+        (stmt,) = n.body
+        assert isinstance(stmt.stores[0].value, KAllReduce)
+        assert (stmt.stores[0].value.form, stmt.stores[0].value.lanes) == (n.form, n.lanes)
+    assert str(after).count(f"combine {nodes[0].form} ") == 2
     for s in combines:
         assert s.buffer.scope is BufferScope.LOCAL and s.buffer.name.endswith("_acc")
         assert s.value.scratch.buffer.scope is BufferScope.SHARED
@@ -229,6 +240,7 @@ def test_nodes_are_frozen_with_tuple_bodies():
         KDef("v", KInt(1), [s]),
         KMark("part:a", [s]),
         KVector("c0", 4, [s], [], []),
+        KCombine("y", 32, 1, Scope.WARP, "pf_scratch", "s", [s]),
         KParam("x", "const", "x"),
         KStore(KBuffer("x", "float32", BufferScope.GLOBAL, (4,)), (), KIdx(KInt(0))),
         KLoad(KBuffer("r", "float32", BufferScope.LOCAL), ()),
@@ -241,4 +253,5 @@ def test_nodes_are_frozen_with_tuple_bodies():
     assert s.args == (KVar("i"),) and loop.body == (s,)
     assert branch.then == (loop,) and branch.orelse == (s,)
     assert isinstance(nodes[5].body, tuple) and nodes[5].loads == ()
+    assert nodes[6].body == (s,)  # the combine's body: a tuple
     hash(loop)  # frozen nodes hash (passes key tables by them)

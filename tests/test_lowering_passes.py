@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KBarrier,
+    KCombine,
     KernelIR,
     KFor,
     KIf,
@@ -79,14 +81,30 @@ def test_alloc_buffers_goes_dynamic_beyond_the_static_limit():
 
 def test_lower_combines_warp_and_block():
     base = alloc_buffers(_ir(), [BufferPlacement("r", MemSpace.REGISTER)], [])
-    assert lower_combines(base, "y", 1, 1, frozenset({"s"})) is base  # one lane: nothing
-    warp = lower_combines(base, "y", 32, 1, frozenset({"s"}))
-    assert warp.combine.scope is Scope.WARP
+    assert lower_combines(base, "y", 1, 1, {"S0": "s"}) is base  # one lane: nothing
+    warp = lower_combines(base, "y", 32, 1, {"S0": "s"})
+    assert [c.scope for c in warp.combines] == [Scope.WARP]
     assert [a.name for a in warp.allocs] == ["pf_scratch", "r_r"]  # before the registers
     assert warp.allocs[0].shape == (1,)
-    block = lower_combines(base, "x", 4, 16, frozenset({"s"}))
-    assert block.combine.scope is Scope.BLOCK and block.allocs[0].shape == (64,)
-    assert base.combine is None and len(base.allocs) == 1
+    block = lower_combines(base, "x", 4, 16, {"S0": "s"})
+    assert block.combines[0].scope is Scope.BLOCK and block.allocs[0].shape == (64,)
+    assert base.combines == () and len(base.allocs) == 1
+
+
+def test_lower_combines_wraps_the_final_statement_in_a_body_node():
+    # before: the final statement of reduction s among other statements; after: that
+    # statement (each instance) stands in a KCombine node, the others as they were
+    final = KStmt("S1", (KVar("t0"),))
+    loop = KFor("c0", KInt(0), KOp("<", (KVar("c0"), KInt(2))), 1, [final])
+    before = _ir(body=(KStmt("S0", (KVar("t0"),)), loop, KStmt("S2", (KVar("t0"),))))
+    after = lower_combines(before, "y", 64, 1, {"S1": "s"})
+    assert before.combines == () and before.body[1].body == (final,)
+    combine = KCombine("y", 64, 1, Scope.BLOCK, "pf_scratch", "s", (final,))
+    assert after.body == (before.body[0], replace(loop, body=(combine,)), before.body[2])
+    assert after.combines == (combine,)
+    text = str(after)
+    assert "combine y s lanes=64 kept=1 block scratch=pf_scratch\n      S1(t0)" in text
+    assert "combine" not in str(before)
 
 
 def test_insert_barriers_before_every_part_but_the_first():
@@ -118,7 +136,7 @@ def test_no_barrier_without_shared_tiles_or_outside_reductions():
     two = _two_parts()
     plain = alloc_buffers(_ir(body=two), [BufferPlacement("t", MemSpace.SHARED)], [])
     assert insert_barriers(plain, Scope.BLOCK) is plain
-    red = lower_combines(_ir(reduction=True, body=two), "x", 4, 16, frozenset())
+    red = lower_combines(_ir(reduction=True, body=two), "x", 4, 16, {})
     assert insert_barriers(red, Scope.BLOCK) is red  # the combine scratch is no tile
 
 

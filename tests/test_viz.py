@@ -121,6 +121,7 @@ def test_every_reason_kind_is_covered_by_these_reports(layer_norm):
     w2_ = te.placeholder((112, 80), name="w2")
     gemms = [ops.matmul(a_, w_), ops.matmul(a_, w2_)]  # GEMM tiles; a staged by both: apart
     seen |= kinds_present(extract(polyfuse.compile([a_, w_, w2_], gemms)))
+    seen |= kinds_present(extract(_half_matmul()))  # no GEMM tiling, no tensor cores
     seen |= {"form mismatch"} if "tile mismatch" in seen else set()  # either names the refusal
     seen |= {"tile mismatch"} if "form mismatch" in seen else set()
     assert seen == set(REASON_KINDS), set(REASON_KINDS) - seen
@@ -323,7 +324,16 @@ def _kind_reports(layer_norm):
     a_, w_ = te.placeholder((96, 112), name="a"), te.placeholder((112, 80), name="w")
     w2_ = te.placeholder((112, 80), name="w2")
     yield extract(polyfuse.compile([a_, w_, w2_], [ops.matmul(a_, w_), ops.matmul(a_, w2_)]))
+    yield extract(_half_matmul())
     yield extract(layer_norm)
+
+
+def _half_matmul():
+    """A float16 x float32 matmul: the float32 GEMM tiles and tensor cores both decline it."""
+    a, w = te.placeholder((32, 48), "float16", name="a16"), te.placeholder((48, 40), name="w")
+    k = te.reduce_axis(48, name="k")
+    mm = te.compute((32, 40), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="mm")
+    return polyfuse.compile([a, w], [mm], check_cuda=False)
 
 
 #: Per reason kind, words its plain line must hold (somewhere among the records of that kind).
@@ -343,6 +353,9 @@ PLAIN_WORDS = {
     "split reduction": "reduced in one pass",
     "reduction layout": "threads share the work of each",
     "gemm tile": "patch in registers",
+    "register fragment": "in registers instead of re-reading shared memory",
+    "tensor cores": "no tensor cores",
+    "pipeline stages": "the next tiles load while",
 }
 
 

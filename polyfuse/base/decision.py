@@ -15,11 +15,18 @@ viz's edge endpoints) and one generic class would hide those types behind ``data
 A function that may decline returns :class:`Refusal` (kind, subject, reason) instead of a bare
 string (Inductor's ``WhyNoFuse``): ``isinstance(r, Refusal)`` is the check, ``str(r)`` the
 reason, ``r.record`` the refused decision.
+
+A choice that the plan shows as a note (a register fragment, a promoted tile's box, tensor
+cores, pipeline stages, a graph rewrite) is a :class:`DecisionNote`: the note's text is its
+record's reason, so lists of notes print and serialise as text did, and ``note.record`` is the
+record (:func:`note_records` filters a list of notes; ``plan.records()`` includes the kernels').
+Notes that are no choice (the cost model's figures, the SASS instrument's remarks) stay text.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from polyfuse.base.decision_data import NO_DATA, DecisionData, typed_data
@@ -45,6 +52,9 @@ class DecisionKind(StrEnum):
     REDUCTION_LAYOUT = "reduction layout"  # a reduction kernel's launch shape (poly/cost.py)
     GEMM_TILE = "gemm tile"  # a GEMM's block / register / k tiles (poly/tiling.py)
     GEMM_LOOP = "gemm loop"  # how a GEMM's loops are emitted (poly/gemm_loops.py)
+    REGISTER_FRAGMENT = "register fragment"  # a GEMM operand read from registers per kk step
+    TENSOR_CORES = "tensor cores"  # a GEMM on warp-level MMA or not (poly/kernel_map.py)
+    PIPELINE_STAGES = "pipeline stages"  # shared-memory stages of a GEMM's operand tiles
 
 
 @dataclass(frozen=True)
@@ -104,4 +114,67 @@ def refused(
     return Refusal(kind, reason, subject, data)
 
 
-__all__ = ["Decided", "DecisionData", "DecisionKind", "NO_DATA", "Refusal", "refused"]
+class DecisionNote(str):
+    """A plan note that is a choice made or refused: its text is its record's reason, so a
+    list of notes prints, joins and serialises as plain text did, and ``record`` is the typed
+    :class:`Decided` that programs filter on (:func:`note_records`). Notes that are no choice
+    (measurements, the cost model's figures, the SASS instrument's remarks) stay plain
+    strings."""
+
+    record: Decided
+
+    def __new__(cls, record: Decided) -> DecisionNote:
+        note = super().__new__(cls, record.reason)
+        note.record = record
+        return note
+
+    def __reduce__(self) -> tuple[type, tuple[Decided]]:  # pickles as its record
+        return (DecisionNote, (self.record,))
+
+    def prefixed(self, prefix: str) -> DecisionNote:
+        """The same record with ``prefix`` before its reason (a pack's ``<kernel>: ``)."""
+        return DecisionNote(replace(self.record, reason=prefix + self.record.reason))
+
+
+def noted(
+    kinds: DecisionKind | tuple[DecisionKind, ...],
+    reason: str,
+    *subject: str,
+    made: bool = True,
+    data: DecisionData = NO_DATA,
+) -> DecisionNote:
+    """A plan note recording a choice (``made``) or a refusal of ``kinds`` about ``subject``."""
+    kinds = (kinds,) if isinstance(kinds, DecisionKind) else tuple(dict.fromkeys(kinds))
+    return DecisionNote(Decided(kinds, reason, data, subject, made))
+
+
+def refusal_note(kind: DecisionKind, reason: str, refusal: Refusal) -> DecisionNote:
+    """A note refusing a choice of ``kind`` for ``refusal`` (whose kind, subject and data the
+    record keeps), worded ``reason`` (which usually quotes it)."""
+    kinds = tuple(dict.fromkeys((kind, refusal.kind)))
+    return DecisionNote(Decided(kinds, reason, refusal.data, refusal.subject, made=False))
+
+
+def prefixed(note: str, prefix: str) -> str:
+    """``prefix + note``, keeping a :class:`DecisionNote`'s record."""
+    return note.prefixed(prefix) if isinstance(note, DecisionNote) else prefix + note
+
+
+def note_records(notes: Iterable[str]) -> list[Decided]:
+    """The records of the notes that are decisions, in order."""
+    return [n.record for n in notes if isinstance(n, DecisionNote)]
+
+
+__all__ = [
+    "Decided",
+    "DecisionData",
+    "DecisionKind",
+    "DecisionNote",
+    "NO_DATA",
+    "Refusal",
+    "note_records",
+    "noted",
+    "prefixed",
+    "refusal_note",
+    "refused",
+]

@@ -262,6 +262,28 @@ class TensorCoreData(DecisionData):
     tile_bytes: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, eq=False)
+class FragmentData(DecisionData):
+    """A GEMM operand held in a register fragment per ``kk`` step (poly/fragments.py): its
+    elements per thread and the reads of it they serve."""
+
+    tensor: str
+    elements: int
+    reads: int
+
+
+@dataclass(frozen=True, eq=False)
+class TileBoxData(DecisionData):
+    """A promoted tile's box (poly/tile_box.py, a GEMM_LOOP decision: how its copies are
+    emitted): the array, the box before and after (dims it covers whole merged into one;
+    widened to start on a vector boundary)."""
+
+    tensor: str
+    what: str  # "merged dims" | "aligned"
+    before: list[int]
+    after: list[int]
+
+
 #: the family a plain dict belongs to, by the first of its decision's kinds listed here
 BY_KIND: dict[str, type[DecisionData]] = {
     "gemm tile": GemmTileData,
@@ -278,7 +300,7 @@ DATA_TYPES: dict[str, type[DecisionData]] = {
     for c in (
         NoData, EdgeData, RowStitchData, StitchData, SmemData, PackData, PlacementData,
         RecomputeData, ReductionLayoutData, GemmTileData, GemmLoopData, SplitData, CoarsenData,
-        TensorCoreData,
+        TensorCoreData, FragmentData, TileBoxData,
     )
 }  # fmt: skip
 

@@ -29,6 +29,7 @@ import itertools
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionNote
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
@@ -410,9 +411,9 @@ def map_reduction_kernel(
     for g in grid_dims:
         blocks *= g
     decision = strategy.decision(blocks)
-    notes = [decision.reason]
+    notes: list[str] = [DecisionNote(decision)]
     if vectors is not None:
-        notes.append(vectors.coarsening.reason)
+        notes.append(DecisionNote(vectors.coarsening.record))
     return MappedKernel(
         union,
         mapped,

@@ -28,9 +28,13 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.base.decision import DecisionKind, Refusal, refused
+from polyfuse.base.decision import DecisionKind, Refusal, noted, refusal_note, refused
+from polyfuse.base.decision_data import FragmentData
 from polyfuse.poly.model import Statement
 from polyfuse.poly.policy import GEMM_REGISTER_ARRAY_FLOATS, fits_register_fragments
+
+#: the kind of every plan note on an operand's register fragment
+KIND = DecisionKind.REGISTER_FRAGMENT
 
 
 @dataclass
@@ -209,12 +213,12 @@ def register_fragments(
         reads = instances * occurrences
         fp = _thread_footprint(update, schedule_map, iterators, reg_iters, reg_shape, acc, ())
         if isinstance(fp, Refusal):
-            notes.append(f"{tensor}: no register fragment ({fp.reason})")
+            notes.append(refusal_note(KIND, f"{tensor}: no register fragment ({fp.reason})", fp))
             continue
         size = math.prod(fp.shape)
         no = _refusal(tensor, size, reads, accumulators, used, "per kk step")
         if no is not None:
-            notes.append(f"{tensor}: no register fragment ({no.reason})")
+            notes.append(refusal_note(KIND, f"{tensor}: no register fragment ({no.reason})", no))
             continue
         used += size
         by = ", ".join(fp.index_vars) or "nothing"
@@ -232,7 +236,9 @@ def register_fragments(
                 f"step instead of {reads}",
             )
         )
-    notes += [f"{fr.tensor}: {fr.reason}" for fr in fragments]
+    for fr in fragments:
+        data = FragmentData(fr.tensor, fr.floats, fr.reads)
+        notes.append(noted(KIND, f"{fr.tensor}: {fr.reason}", fr.tensor, data=data))
     return fragments, notes
 
 

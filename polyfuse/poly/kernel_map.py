@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from polyfuse.base.decision import DecisionKind, Refusal, refused
+from polyfuse.base.decision import DecisionKind, Refusal, noted, refusal_note, refused
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy
-from polyfuse.poly.costs.stages import StageProblem, choose_stages
+from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_codegen import with_codegen
 from polyfuse.poly.gemm_kernel import GemmKernel, kernel_placements
@@ -51,6 +51,9 @@ from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_co
 from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
+#: kinds of the plan notes on tensor cores and on pipeline stages
+TENSOR_CORES, STAGES = DecisionKind.TENSOR_CORES, DecisionKind.PIPELINE_STAGES
+
 
 def map_kernel(
     graph: Graph,
@@ -67,7 +70,12 @@ def map_kernel(
         except CompositionError as e:
             if len(parts) > 1:  # stitching checked this composition: it cannot fail here
                 raise
-            note = f"no parallel reduction layout ({e}); reduction loops stay serial"
+            note = noted(
+                DecisionKind.REDUCTION_LAYOUT,
+                f"no parallel reduction layout ({e}); reduction loops stay serial",
+                parts[0].name,
+                made=False,
+            )
             parts = [replace(parts[0], notes=[*parts[0].notes, note])]
     (sm,) = parts
     tf32 = map_tensor_core(sm, device, cfg.gemm_stages, tf32=True) if cfg.allow_tf32 else None
@@ -76,7 +84,8 @@ def map_kernel(
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if gemm is not None and not isinstance(gemm, Refusal):
         if tf32:
-            gemm.notes.append(f"no tf32 tensor cores: {tf32}")
+            no = noted(TENSOR_CORES, f"no tf32 tensor cores: {tf32}", sm.name, made=False)
+            gemm.notes.append(no)
         return gemm
     half = gemm is not None and gemm.reason == HALF_OPERANDS
     tensorized = map_tensor_core(sm, device, cfg.gemm_stages) if half else None
@@ -84,10 +93,21 @@ def map_kernel(
         return tensorized
     mapped = map_to_gpu(sm, cfg, device)
     if gemm is not None:  # a contraction the GEMM path declined: the plan says why
-        mapped.notes.append(f"no GEMM tiling: {gemm}")
+        mapped.notes.append(refusal_note(DecisionKind.GEMM_TILE, f"no GEMM tiling: {gemm}", gemm))
     if tensorized:
-        mapped.notes.append(f"no tensor cores: {tensorized}")
+        no = noted(TENSOR_CORES, f"no tensor cores: {tensorized}", sm.name, made=False)
+        mapped.notes.append(no)
     return mapped
+
+
+def stage_notes(choice: StageChoice, subject: str) -> list[str]:
+    """The stage model's choice and each candidate as plan notes (``stages: ...``): the
+    choice and the chosen candidate made, the others refused."""
+    out: list[str] = [noted(STAGES, f"stages: {choice.reason}", subject)]
+    for c in choice.candidates:
+        made = c.stages == choice.stages and not c.refused
+        out.append(noted(STAGES, f"stages: {c.label}", subject, made=made))
+    return out
 
 
 #: detect_gemm's reason for a contraction the float32 tiles decline: tensorization's cases
@@ -106,7 +126,7 @@ def map_gemm(
     if isinstance(shape, Refusal):
         return shape if shape.reason == HALF_OPERANDS else None
     budget = gemm_tile_budget(device)
-    rejected: list[str] = []
+    rejected: list[str] = []  # why each tiling tried first was rejected
     ranked = rank_gemm_tiles(
         shape,
         device,
@@ -136,7 +156,10 @@ def map_gemm(
         kind = DecisionKind.FOOTPRINT if over_budget or not ranked else DecisionKind.GEMM_TILE
         why = "; ".join(rejected) if ranked else f"no tiling fits {budget} B per block"
         return refused(kind, f"no ranked tiling is sound and fits: {why}", sm.name)
-    return replace(gk, notes=[*gk.notes, *rejected]) if rejected else gk
+    if not rejected:
+        return gk
+    tile = DecisionKind.GEMM_TILE
+    return replace(gk, notes=[*gk.notes, *(noted(tile, r, sm.name, made=False) for r in rejected)])
 
 
 #: candidates tried in rank order: enough to reach a sound k-tile (one dividing the reduction)
@@ -167,14 +190,15 @@ def gemm_kernel_fitting(
                 if pipeline_stages(device.arch) == 1
                 else "no single k-tile loop of several k-tiles with shared tiles"
             )
-            gk = replace(gk, notes=[*gk.notes, f"stages: 1, not the forced {stages} ({why})"])
+            why = f"stages: 1, not the forced {stages} ({why})"
+            gk = replace(gk, notes=[*gk.notes, noted(STAGES, why, sm.name, made=False)])
         return with_codegen(gk, device)
     choice = choose_stages(stage_problem(gk), device, stages)
     if choice.stages != gk.stages:
         gk = build_gemm_kernel(sm, shape, tiling, choice.stages)
         if isinstance(gk, Refusal):
             return gk
-    gk = replace(gk, notes=[*gk.notes, *(f"stages: {n}" for n in choice.notes)])
+    gk = replace(gk, notes=[*gk.notes, *stage_notes(choice, sm.name)])
     return with_codegen(gk, device)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import SplitData
 from polyfuse.graph.expr import (
     Binary,
@@ -293,8 +293,9 @@ def split_long_reductions(
     decisions: list[Decided] | None = None,
 ) -> list[str]:
     """Rewrite every reduction of ``graph`` that :func:`choose_split` splits into two stages;
-    returns plan notes (and appends every decision, split or not, to ``decisions``)."""
-    notes = []
+    returns the plan's rewrite notes, one split's record each (and appends every decision,
+    split or not, to ``decisions``)."""
+    notes: list[str] = []
     for name in graph.topo_order():
         t = graph.prims[name].tensor
         if t.op is None or t.op.reduce is None:
@@ -308,8 +309,11 @@ def split_long_reductions(
         partial, final = two_stage(t, chunks)
         graph.add(partial)
         graph.replace(name, final)
-        notes.append(
+        why = (
             f"{name}: {form_of(t)} split into {chunks} partial reductions "
             f"({graph.ident(partial)}) and a final reduction over them"
         )
+        rec = choice.record
+        subject = (*rec.subject, graph.ident(partial))
+        notes.append(DecisionNote(replace(rec, reason=why, subject=subject)))
     return notes

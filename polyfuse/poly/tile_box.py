@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.base.decision import DecisionKind, Refusal, refused
+from polyfuse.base.decision import DecisionKind, Refusal, noted, refused
+from polyfuse.base.decision_data import TileBoxData
 from polyfuse.poly.vectorize import VECTOR_WIDTH, VectorProof, prove_vector_copy
 
 
@@ -133,7 +134,7 @@ def tile_box(
         got = _bounds(fp, name)
         if isinstance(got, Refusal):
             return got
-        old = "x".join(map(str, size))
+        old_size, old = list(size), "x".join(map(str, size))
         lo_t, lo_c, size = got
         rows = []
         for g in groups:
@@ -145,16 +146,20 @@ def tile_box(
             rows.append(tuple(coef))
         merge = tuple(rows)
         shape = tuple(math.prod(shape[d] for d in g) for g in groups)
-        notes.append(
+        why = (
             f"box {old} viewed as {'x'.join(map(str, size))} of "
             f"{'x'.join(map(str, shape))} (dims it covers whole are contiguous)"
         )
+        data = TileBoxData(name, "merged dims", old_size, list(size))
+        notes.append(noted(DecisionKind.GEMM_LOOP, why, name, data=data))
     proof = prove_vector_copy(fp, lo_t, size, shape)
     if proof.width == 1:
         wide = _aligned(fp, lo_t, lo_c, size, shape, ranges)
         if wide is not None:
+            before = list(size)
             fp, lo_t, lo_c, size, proof, note = wide
-            notes.append(note)
+            data = TileBoxData(name, "aligned", before, list(size))
+            notes.append(noted(DecisionKind.GEMM_LOOP, note, name, data=data))
     return TileBox(fp, lo_t, lo_c, size, shape, proof, merge, notes)
 
 

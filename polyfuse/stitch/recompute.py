@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import islpy as isl
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import RecomputeData
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.inline import inline
@@ -67,10 +67,10 @@ def recompute_spills(
             view, readers = inline_into_later_parts(view, mm, t)
             why = pl[t].spill_why
             note = f"{t}: recomputed in {', '.join(readers)} instead of a spill ({why})"
-            notes.append(note)
             kinds = (*pl[t].kinds, DecisionKind.COST_MODEL)
             data = RecomputeData(t, list(readers))
             decisions.append(Decided(kinds, note, data, (t, *readers)))
+            notes.append(DecisionNote(decisions[-1]))  # the plan's note is the record
         mm = map_kernel(view, parts, strategy, device, cfg)
         pl = place_kernel(mm, device)
     if notes:

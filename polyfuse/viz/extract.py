@@ -12,7 +12,7 @@ import re
 import time
 from typing import Any
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, note_records
 from polyfuse.base.decision_data import DecisionData
 from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.costs import CONSTANTS
@@ -264,6 +264,21 @@ def extract(fn) -> dict[str, Any]:
         {"kernel": "", "kinds": _kinds(r.kinds), "text": r.reason, "data": _jsonable(r.data)}
         for r in getattr(plan, "splits", [])
     ]
+    # the choices the kernels' notes record (register fragments, tensor cores, stages, ...)
+    # (those the layout holds already are left out: the same kinds, subject, data and outcome)
+    for kp, k in zip(plan.kernel_plans, plan.kernels, strict=True):
+        have = {_same(r) for r in getattr(kp, "layout", [])}
+        layouts += [
+            {
+                "kernel": k.name,
+                "kinds": _kinds(r.kinds),
+                "text": r.reason,
+                "data": _jsonable(r.data),
+                "made": r.made,
+            }
+            for r in dict.fromkeys(note_records(k.notes))
+            if _same(r) not in have
+        ]
 
     placements: dict[tuple[str, str], Any] = {}
     recomputed: dict[str, Decided] = {}
@@ -524,6 +539,11 @@ def extract(fn) -> dict[str, Any]:
     data["groups"] = segments(data)
     data["layout"] = layout(data)
     return data
+
+
+def _same(r: Decided) -> tuple:
+    """What makes two records one decision, whatever their wording."""
+    return (r.kinds, r.subject, r.data, r.made)
 
 
 def kinds_present(data: dict[str, Any]) -> set[str]:

@@ -312,6 +312,24 @@ def pack_line(pk: dict[str, Any]) -> str:
 def layout_line(ix: _Index, lay: dict[str, Any]) -> str:
     """A kernel's launch layout in words (``lay``: a launch-layout record with its data)."""
     kinds, data = _kinds(lay), lay.get("data", {})
+    made = lay.get("made", True)
+    if K.REGISTER_FRAGMENT in kinds:
+        if made:
+            return (
+                f"{data['tensor']}: each thread keeps the {data['elements']} value(s) it reads "
+                f"{data['reads']} times per step in registers instead of re-reading shared memory"
+            )
+        return "an operand read from shared memory at every use: no register copy of it pays"
+    if K.TENSOR_CORES in kinds:
+        if made:
+            return "the multiply-adds run on tensor cores"
+        return "no tensor cores: the multiply-adds run on the ordinary FP32 units"
+    if K.PIPELINE_STAGES in kinds:
+        if made:
+            return "shared-memory stages: the next tiles load while the current ones are used"
+        return "a stage count the pipeline model passed over (it does not fit or does not pay)"
+    if K.GEMM_TILE in kinds and data.get("block_tile") is None:  # a refusal: no tiles
+        return "a GEMM tiling passed over: the kernel runs another tiling or the plain mapping"
     if K.GEMM_TILE in kinds:
         (bm, bn), (tm, tn) = data["block_tile"], data["micro_tile"]
         return (

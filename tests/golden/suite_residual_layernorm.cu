@@ -14,11 +14,12 @@ struct pf_max { PF_INLINE float operator()(float a, float b) const { return pf_f
 struct pf_min { PF_INLINE float operator()(float a, float b) const { return pf_fminf(a, b); } };
 // Combine the partial results of LANES consecutive threads (a warp or a whole row group);
 // every lane returns the total. Called by every thread of the block, outside divergent code.
-template <typename Op, int LANES>
-PF_INLINE float pf_allreduce_y(float v, float* scratch) {
+// T: the accumulator's C type (float; double, int, long long or bool with a pf_w_ functor).
+template <typename Op, int LANES, typename T>
+PF_INLINE T pf_allreduce_y(T v, T* scratch) {
   Op op;
   constexpr int W = LANES < 32 ? LANES : 32;
-  for (int o = W / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
   if constexpr (LANES > 32) {
     const int warp = threadIdx.x >> 5;
     const int first = (warp / (LANES / 32)) * (LANES / 32);
@@ -31,8 +32,8 @@ PF_INLINE float pf_allreduce_y(float v, float* scratch) {
   return v;
 }
 // Combine across LANES thread rows of KEPT threads each (threadIdx.x = lane * KEPT + kept).
-template <typename Op, int LANES, int KEPT>
-PF_INLINE float pf_allreduce_x(float v, float* scratch) {
+template <typename Op, int LANES, int KEPT, typename T>
+PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   Op op;
   const int t = threadIdx.x;
   __syncthreads();

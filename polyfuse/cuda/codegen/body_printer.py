@@ -232,12 +232,14 @@ class ValuePrinter(Visitor[str]):
         return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({acc}, {v})"
 
     def visit_KAllReduce(self, e: KAllReduce) -> str:
-        if is_float_register(e.dtype):
-            op, fn = f"pf_{e.op}", "pf_allreduce"
-        else:
-            op, fn = f"{REDUCE_OPS[e.op]}<{C_TYPES[e.dtype]}>", "pf_w_allreduce"
+        # one helper for every accumulator type (its C type deduced from the arguments),
+        # combining by the float functor or the typed one of a wider type
+        op = f"pf_{e.op}"
+        if not is_float_register(e.dtype):
+            op = f"{REDUCE_OPS[e.op]}<{C_TYPES[e.dtype]}>"
         # lanes across thread rows ("x") or consecutive threads (every other form)
-        fn, args = (f"{fn}_x", f"{e.lanes}, {e.kept}") if e.form == "x" else (f"{fn}_y", e.lanes)
+        x = e.form == "x"
+        fn, args = ("pf_allreduce_x", f"{e.lanes}, {e.kept}") if x else ("pf_allreduce_y", e.lanes)
         return f"{fn}<{op}, {args}>({self.visit(e.value)}, {self.visit(e.scratch)})"
 
     def visit_default(self, e: Any, *args: object) -> str:

@@ -4,9 +4,10 @@ text they share (:mod:`polyfuse.cuda.codegen.printer` calls these; it decides no
 Values of these dtypes live in their own C types (``double``, ``int``, ``long long``,
 ``bool``: :func:`polyfuse.graph.dtypes.register_dtype`), so their helpers are templates typed
 by that C type: max/min that propagate NaN like numpy, Python's floor ``//`` and ``%``,
-exact wrapping integer ``**``, and the warp/block combines of a parallel reduction. The
-prelude is printed only where a kernel calls a ``pf_w_`` helper, so float32 kernels keep
-their text. 128-bit vector words hold 4 ints (``int4``) or 2 doubles/int64
+exact wrapping integer ``**``, and the combine functors of a parallel reduction (the
+warp/block combine itself, ``pf_allreduce_*``, is the float prelude's, typed by its
+argument). The prelude is printed only where a kernel calls a ``pf_w_`` helper, so float32
+kernels keep their text. 128-bit vector words hold 4 ints (``int4``) or 2 doubles/int64
 (``double2``/``longlong2``).
 """
 
@@ -67,35 +68,6 @@ template <typename T> struct pf_w_maxop {
 template <typename T> struct pf_w_minop {
   PF_INLINE T operator()(T a, T b) const { return pf_w_min<T>(a, b); }
 };
-template <typename Op, int LANES, typename T>
-PF_INLINE T pf_w_allreduce_y(T v, T* scratch) {
-  Op op;
-  constexpr int W = LANES < 32 ? LANES : 32;
-  for (int o = W / 2; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
-  if constexpr (LANES > 32) {
-    const int warp = threadIdx.x >> 5;
-    const int first = (warp / (LANES / 32)) * (LANES / 32);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
-    __syncthreads();
-    v = scratch[first];
-    for (int w = 1; w < LANES / 32; ++w) v = op(v, scratch[first + w]);
-  }
-  return v;
-}
-template <typename Op, int LANES, int KEPT, typename T>
-PF_INLINE T pf_w_allreduce_x(T v, T* scratch) {
-  Op op;
-  const int t = threadIdx.x;
-  __syncthreads();
-  scratch[t] = v;
-  __syncthreads();
-  for (int s = LANES / 2; s > 0; s >>= 1) {
-    if (t / KEPT < s) scratch[t] = op(scratch[t], scratch[t + s * KEPT]);
-    __syncthreads();
-  }
-  return scratch[t % KEPT];
-}
 """
 
 

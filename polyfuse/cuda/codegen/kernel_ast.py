@@ -43,6 +43,7 @@ from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
     KWait,
     MemSpace,
     Scope,
+    combines,
     map_children,
 )
 from polyfuse.cuda.codegen.namer import Namer
@@ -65,7 +66,6 @@ class KernelIR:
     micrographs: tuple[str, ...]
     params: tuple[KParam, ...] = ()
     allocs: tuple[KAlloc, ...] = ()
-    combine: KCombine | None = None
     lane_params: tuple[str, ...] = ()
     laneless: frozenset[str] = frozenset()
     reduction: bool = False  # a stitched reduction kernel (parts marked ``part:<name>``)
@@ -85,6 +85,11 @@ class KernelIR:
         for _, size in self.thread_dims:
             n *= size
         return n
+
+    @property
+    def combines(self) -> tuple[KCombine, ...]:
+        """The lane combines standing in the body (:mod:`polyfuse.cuda.codegen.lower_combines`)."""
+        return combines(self.body)
 
     @property
     def blocks(self) -> int:

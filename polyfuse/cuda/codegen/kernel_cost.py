@@ -27,6 +27,7 @@ from typing import Any
 from polyfuse.cuda.codegen.kernel_ast import (
     KAsyncCopy,
     KBarrier,
+    KCombine,
     KCommit,
     KCopy,
     KDef,
@@ -78,6 +79,7 @@ class _Walker(KVisitor[Mix]):
         self.vector: frozenset[tuple[str, str]] = frozenset()  # (tensor, stmt) as vectors
         self.buffers = {a.name: a.space for a in self.ir.allocs}
         self.tiled = {(t.tensor, s) for t in self.ir.tiles for s in t.stmts}
+        self.combine: KCombine | None = None  # the combine the statements stand in
         self.fragment = {(f.tensor, s) for f in self.ir.fragments for s in f.stmts}
         self.staged = {(t.tensor, s) for t in self.ir.staged for s in t.stmts}
         self.ctypes = {p.tensor: p.ctype for p in self.ir.params if p.tensor}
@@ -121,6 +123,13 @@ class _Walker(KVisitor[Mix]):
 
     def visit_KMark(self, n: KMark) -> Mix:
         return self.body(n.body)
+
+    def visit_KCombine(self, n: KCombine) -> Mix:
+        """The lanes' combine: counted with its final statement (shuffles, shared steps)."""
+        outer, self.combine = self.combine, n
+        m = self.body(n.body)
+        self.combine = outer
+        return m
 
     def visit_KDef(self, n: KDef) -> Mix:
         return self.body(n.body) + Mix(slots=1)
@@ -201,9 +210,8 @@ class _Walker(KVisitor[Mix]):
                 c.adds += 1
             else:
                 c.other += 1
-        elif s.role == "final" and self.combined(s.prim):
-            assert self.ir.combine is not None
-            lanes = self.ir.combine.lanes
+        elif s.role == "final" and self.combine is not None and s.prim == self.combine.reduction:
+            lanes = self.combine.lanes
             steps = max(1, lanes.bit_length() - 1)
             c.other += 2 * steps
             c.ints += steps
@@ -225,10 +233,6 @@ class _Walker(KVisitor[Mix]):
         if "bool" in ctype:
             return 1
         return 2 if "__half" in ctype or "__nv_bfloat16" in ctype else WORD
-
-    def combined(self, prim: str) -> bool:
-        """Whether reduction ``prim``'s lanes combine their partials (shuffles, shared)."""
-        return self.ir.combine is not None and prim in self.ir.combine.reductions
 
     def store(self, ident: str, stmt: str) -> Mix:
         if (ident, stmt) in self.vector or (ident, stmt) in self.staged:

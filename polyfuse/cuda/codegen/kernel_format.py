@@ -11,6 +11,7 @@ from polyfuse.cuda.codegen.kernel_nodes import (
     KAlloc,
     KAsyncCopy,
     KBarrier,
+    KCombine,
     KCommit,
     KCopy,
     KDef,
@@ -50,6 +51,13 @@ class _Format(KVisitor[list[str]]):
         if n.orelse:
             out += [f"{pad}else"] + self.lines(n.orelse, depth + 1)
         return out
+
+    def visit_KCombine(self, n: KCombine, depth: int) -> list[str]:
+        head = (
+            f"{'  ' * depth}combine {n.form} {n.reduction} lanes={n.lanes} kept={n.kept} "
+            f"{n.scope.value} scratch={n.scratch}"
+        )
+        return [head] + self.lines(n.body, depth + 1)
 
     def visit_KDef(self, n: KDef, depth: int) -> list[str]:
         return [f"{'  ' * depth}let {n.var} = {n.value}"] + self.lines(n.body, depth + 1)
@@ -118,7 +126,7 @@ def format_nodes(nodes: Sequence[KNode], depth: int) -> list[str]:
 
 def format_ir(ir: Any) -> str:
     """``print(ir)``: launch shape, parameters, copy grids, allocations, the access tables
-    (shared tiles, fragments, staged stores), the combine, then the body."""
+    (shared tiles, fragments, staged stores), then the body (lane combines included)."""
     head = [
         f"kernel {ir.name} grid={ir.blocks} block={ir.threads} "
         f"micrographs={list(ir.micrographs)}",
@@ -149,12 +157,6 @@ def format_ir(ir: Any) -> str:
         f"  staged {st.tensor} -> {st.buffer}[{st.var}] for {sorted(st.stmts)}"
         for st in ir.staged
     ]
-    if ir.combine:
-        c = ir.combine
-        head.append(
-            f"  combine {c.form} lanes={c.lanes} kept={c.kept} {c.scope.value} "
-            f"scratch={c.scratch} of {sorted(c.reductions)}"
-        )
     return "\n".join(head + format_nodes(ir.body, 1))
 
 

@@ -279,12 +279,15 @@ class KBarrier(KNode):
 
 
 @dataclass(frozen=True)
-class KCombine:
-    """The lanes of a parallel reduction combined at its final statement.
+class KCombine(KNode):
+    """The lanes of a parallel reduction combine their partial results of ``reduction`` here,
+    around ``body`` (the reduction's final statement, whose accumulator store becomes the
+    total, a :class:`polyfuse.cuda.codegen.kernel_access.KAllReduce`). Every thread of the
+    block reaches it (placed by :mod:`polyfuse.cuda.codegen.lower_combines`).
 
     ``form`` "y": lanes are consecutive threads (warp shuffles, then ``scratch`` across warps);
-    "x": ``lanes`` thread rows of ``kept`` threads each, combined in ``scratch``.
-    ``reductions`` are the primitives whose lanes hold partial results.
+    "x": ``lanes`` thread rows of ``kept`` threads each, combined in ``scratch``; ``scope``:
+    the threads a combine spans.
     """
 
     form: str
@@ -292,7 +295,11 @@ class KCombine:
     kept: int
     scope: Scope
     scratch: str
-    reductions: frozenset[str]
+    reduction: str
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body")
 
 
 @dataclass(frozen=True)
@@ -365,6 +372,7 @@ NODE_CLASSES: tuple[type, ...] = (
     KCommit,
     KWait,
     KMma,
+    KCombine,
 )
 
 #: Node class with child lists → constructor from (old node, child-list walk).
@@ -374,6 +382,7 @@ _REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode
     KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
     KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
     KVector: lambda n, walk: replace(n, body=tuple(walk(n.body))),
+    KCombine: lambda n, walk: replace(n, body=tuple(walk(n.body))),
 }
 
 
@@ -409,3 +418,19 @@ class KMutator(KVisitor["KNode | list[KNode]"]):
             else:
                 out.append(r)
         return out
+
+
+def combines(nodes: tuple[KNode, ...] | list[KNode]) -> tuple[KCombine, ...]:
+    """The :class:`KCombine` nodes of a body, in order (a kernel's lanes combine the same
+    way at every one: they differ by reduction only)."""
+    out: list[KCombine] = []
+
+    def walk(ns: list[KNode]) -> list[KNode]:
+        for n in ns:
+            if isinstance(n, KCombine):
+                out.append(n)
+            map_children(n, walk)
+        return ns
+
+    walk(list(nodes))
+    return tuple(out)

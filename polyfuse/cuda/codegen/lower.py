@@ -213,7 +213,12 @@ def lower_kernel(
     ir = kernel_ir(printed, mm, body, namer)
     ir = alloc_buffers(ir, buffer_placements(mm, placements), list(mm.scheduled.model.tensors))
     # both passes leave a kernel without lanes (no reduction layout) as it is
-    ir = lower_combines(ir, mm.combine_form, mm.lanes, mm.kept_tile, frozenset(mm.combined))
+    finals = {
+        s.name: s.prim
+        for s in mm.scheduled.model.statements
+        if s.role == "final" and s.prim in mm.combined
+    }
+    ir = lower_combines(ir, mm.combine_form, mm.lanes, mm.kept_tile, finals)
     ir = insert_barriers(ir, barrier_scope(mm.combine_form, mm.lanes))
     ir = vectorize(ir, vector_plan(mm, placements))  # coarsened kernels and reduction runs
     ir = assign_dtypes(ir, storage_dtypes(mm.scheduled.model))

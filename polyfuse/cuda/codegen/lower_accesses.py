@@ -44,6 +44,7 @@ from polyfuse.cuda.codegen.kernel_access import (
     KVal,
 )
 from polyfuse.cuda.codegen.kernel_ast import (
+    KCombine,
     KernelIR,
     KExpr,
     KInt,
@@ -273,17 +274,22 @@ class Accesses:
         if ir.reduction and ir.lane_params:
             eqs = tuple(KOp("==", (KVar(p), KInt(0))) for p in ir.lane_params)
             self.lane_guard = eqs[0] if len(eqs) == 1 else KOp("&&", eqs)
-        c = ir.combine
-        scratch = next((a for a in ir.allocs if c is not None and a.name == c.scratch), None)
-        self.scratch = KBuffer(
-            c.scratch if c else "",
-            scratch.dtype if scratch is not None and scratch.dtype else "float32",
+
+    def scratch(self, c: KCombine) -> KBuffer:
+        """The shared scratch buffer of combine ``c``."""
+        a = next((a for a in self.ir.allocs if a.name == c.scratch), None)
+        return KBuffer(
+            c.scratch,
+            a.dtype if a is not None and a.dtype else "float32",
             BufferScope.SHARED,
-            scratch.shape if scratch is not None else (),
+            a.shape if a is not None else (),
         )
 
-    def statement(self, s: Statement, args: Sequence[KExpr]) -> tuple[KStore, ...]:
-        """The stores of one instance of ``s`` at ``args``."""
+    def statement(
+        self, s: Statement, args: Sequence[KExpr], combine: KCombine | None = None
+    ) -> tuple[KStore, ...]:
+        """The stores of one instance of ``s`` at ``args`` (``combine``: the
+        :class:`KCombine` it stands in, whose lanes its final store combines)."""
         self.r.stmt = s.name
         t, ident = s.tensor, s.prim
         assert t.op is not None
@@ -317,10 +323,10 @@ class Accesses:
         if s.role == "init":
             return (KStore(acc.buffer, acc.index, KIdentity(red.op, held)),)
         if s.role == "final":
-            c = self.ir.combine
-            if c is not None and s.prim in c.reductions:
-                ctype = held if held != self.scratch.dtype else ""
-                scratch = KAddr(self.scratch, ctype)
+            c = combine
+            if c is not None and s.prim == c.reduction:
+                buf = self.scratch(c)
+                scratch = KAddr(buf, held if held != buf.dtype else "")
                 combined = KAllReduce(c.form, c.lanes, c.kept, red.op, acc, scratch, held)
                 return (KStore(acc.buffer, acc.index, combined), *store(acc, wide=True))
             return tuple(store(acc, wide=True))
@@ -377,10 +383,17 @@ class _Lower(KMutator):
     def __init__(self, acc: Accesses):
         self.acc = acc
         self.lanes: dict[str, dict[str, KLoad]] = {}
+        self.combine: KCombine | None = None  # the combine the statements stand in
+
+    def visit_KCombine(self, n: KCombine) -> KNode:
+        self.combine = n
+        body = self.body(n.body)
+        self.combine = None
+        return replace(n, body=tuple(body))
 
     def visit_KStmt(self, n: KStmt) -> KNode:
         self.acc.r.lanes = self.lanes.get(n.stmt, {})
-        stores = self.acc.statement(self.acc.stmts[n.stmt], n.args)
+        stores = self.acc.statement(self.acc.stmts[n.stmt], n.args, self.combine)
         self.acc.r.lanes = {}
         return replace(n, stores=stores)
 

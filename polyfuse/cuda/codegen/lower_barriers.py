@@ -24,7 +24,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     Scope,
     map_children,
 )
-from polyfuse.cuda.codegen.lower_combines import WARP_SIZE
+from polyfuse.cuda.codegen.lower_combines import SCRATCH, WARP_SIZE
 
 PART = "part:"
 
@@ -36,8 +36,7 @@ def barrier_scope(form: str, lanes: int) -> Scope:
 
 def insert_barriers(ir: KernelIR, scope: Scope) -> KernelIR:
     """A new IR with a barrier before every part but the first, where parts share tiles."""
-    scratch = ir.combine.scratch if ir.combine else None
-    tiles = [a for a in ir.allocs if a.space is MemSpace.SHARED and a.name != scratch]
+    tiles = [a for a in ir.allocs if a.space is MemSpace.SHARED and a.name != SCRATCH]
     if not ir.reduction or not tiles:
         return ir
     return ir.with_(body=tuple(_PartBarriers(scope).body(ir.body)))

@@ -114,10 +114,11 @@ def alloc_dtypes(ir: KernelIR, dtypes: Mapping[str, str]) -> dict[str, str]:
     for t, d in dtypes.items():
         reg = register_dtype(d)
         out[namer.shared(t)] = out[namer.register(t)] = reg  # accumulators are tensors too
-    if ir.combine is not None:
-        regs = [register_dtype(dtypes.get(r, BUFFER_DTYPE)) for r in ir.combine.reductions]
+    combines = ir.combines
+    if combines:
+        regs = [register_dtype(dtypes.get(c.reduction, BUFFER_DTYPE)) for c in combines]
         widest = max(regs, key=lambda d: (info(d).itemsize, d), default=BUFFER_DTYPE)
-        out[ir.combine.scratch] = widest if info(widest).itemsize > 4 else BUFFER_DTYPE
+        out[combines[0].scratch] = widest if info(widest).itemsize > 4 else BUFFER_DTYPE
     return out
 
 

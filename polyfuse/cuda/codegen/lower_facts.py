@@ -71,7 +71,7 @@ def kernel_facts(
     """
     uses = _Uses()
     uses._walk(list(ir.body))
-    c = ir.combine
+    c = next(iter(ir.combines), None)  # every combine of a kernel spans the same lanes
     unused = {c.scratch} if c is not None and c.scope is Scope.WARP else set()
     arrays = tuple(
         SharedArray(a.elements * ITEMSIZE[a.dtype], a.align or ITEMSIZE[a.dtype])

@@ -14,6 +14,7 @@ giving its threads their index in the part's block. Which parts and which layout
 
 from __future__ import annotations
 
+from polyfuse.base.decision import prefixed
 from polyfuse.cuda.codegen.kernel_ast import Kernel, KParam
 from polyfuse.cuda.codegen.kernel_dispatch import KDispatch, KPart, dispatch_of, print_dispatch
 from polyfuse.stitch.facts import pack_facts
@@ -70,7 +71,7 @@ def pack_kernels(
         + (f" ({fold} of its {k.block[0]}-thread blocks per block)" if fold > 1 else "")
         for k, (f, n, fold) in zip(parts, ranges, strict=True)
     ]
-    notes += [f"{k.name}: {n}" for k in parts for n in k.notes]
+    notes += [prefixed(n, f"{k.name}: ") for k in parts for n in k.notes]
     return Kernel(
         name,
         list(d.params),

@@ -27,6 +27,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAsyncCopy,
     KBarrier,
+    KCombine,
     KCommit,
     KCopy,
     KDef,
@@ -76,11 +77,12 @@ struct pf_max { PF_INLINE float operator()(float a, float b) const { return pf_f
 struct pf_min { PF_INLINE float operator()(float a, float b) const { return pf_fminf(a, b); } };
 // Combine the partial results of LANES consecutive threads (a warp or a whole row group);
 // every lane returns the total. Called by every thread of the block, outside divergent code.
-template <typename Op, int LANES>
-PF_INLINE float pf_allreduce_y(float v, float* scratch) {
+// T: the accumulator's C type (float; double, int, long long or bool with a pf_w_ functor).
+template <typename Op, int LANES, typename T>
+PF_INLINE T pf_allreduce_y(T v, T* scratch) {
   Op op;
   constexpr int W = LANES < 32 ? LANES : 32;
-  for (int o = W / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
   if constexpr (LANES > 32) {
     const int warp = threadIdx.x >> 5;
     const int first = (warp / (LANES / 32)) * (LANES / 32);
@@ -93,8 +95,8 @@ PF_INLINE float pf_allreduce_y(float v, float* scratch) {
   return v;
 }
 // Combine across LANES thread rows of KEPT threads each (threadIdx.x = lane * KEPT + kept).
-template <typename Op, int LANES, int KEPT>
-PF_INLINE float pf_allreduce_x(float v, float* scratch) {
+template <typename Op, int LANES, int KEPT, typename T>
+PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   Op op;
   const int t = threadIdx.x;
   __syncthreads();
@@ -176,6 +178,10 @@ class _Emitter(KVisitor[list[str]]):
 
     def visit_KMark(self, n: KMark, pad: str, depth: int) -> list[str]:
         return [f"{pad}// {n.name}"] + self(n.body, depth)
+
+    def visit_KCombine(self, n: KCombine, pad: str, depth: int) -> list[str]:
+        # the combine is the KAllReduce its final statement stores (a prelude call)
+        return self(n.body, depth)
 
     def visit_KBarrier(self, n: KBarrier, pad: str, depth: int) -> list[str]:
         call = BARRIER[n.scope]
@@ -446,7 +452,6 @@ def emit_kernel(
     """Print a lowered kernel IR as one ``__global__`` function (no decisions: the IR has them;
     its statements hold their loads and stores, :mod:`polyfuse.cuda.codegen.lower_accesses`).
     ``statements``, ``placements`` and ``idents`` feed the work estimate of its facts."""
-    c = ir.combine
     check_declared(ir)
     lines = _allocs(ir.allocs, ir.thread_grids)
     buffers = {a.name: a.shape for a in ir.allocs}
@@ -459,7 +464,7 @@ def emit_kernel(
         ir.grid_dims,
         ir.thread_dims,
         "".join(f"{line}\n" for line in lines),
-        bool(ir.thread_grids) or c is not None,  # copy grids and combines read threadIdx.x
+        bool(ir.thread_grids) or bool(ir.combines),  # copy grids and combines read threadIdx.x
     )
     return Kernel(
         ir.name,

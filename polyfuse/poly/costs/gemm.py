@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from polyfuse.base.decision import DecisionKind, noted
+from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.costs.desc import KernelDesc, Mix
 from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout, loop_code
 from polyfuse.poly.device import DeviceSpec
@@ -142,11 +144,18 @@ def gemm_tile_desc(p: GemmProblem, code: LoopCode, name: str = "gemm") -> Kernel
     prologue = Mix(slots=PROLOGUE + outputs / 2, ints=PROLOGUE / 2)
     mix = per_ktile.scaled(code.ktiles) + epilogue + prologue
     notes = list(code.notes)
-    if code.min_blocks:
-        notes.append(
+    if code.min_blocks:  # the modelled code's launch bounds (poly/gemm_loops.py chooses them)
+        why = (
             f"__launch_bounds__({code.threads}, {code.min_blocks}): at most "
             f"{code.register_cap} registers"
         )
+        data = GemmLoopData(
+            "launch bounds",
+            threads=code.threads,
+            min_blocks=code.min_blocks,
+            register_cap=code.register_cap,
+        )
+        notes.append(noted(DecisionKind.GEMM_LOOP, why, name, data=data))
     return KernelDesc(
         name=name,
         source="GEMM tile estimate",

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from polyfuse.base.decision import prefixed
 from polyfuse.poly.costs.constants import CONSTANTS, CostConstants
 from polyfuse.poly.costs.desc import KernelDesc, LaunchDesc, Mix
 from polyfuse.poly.device import DeviceSpec, Occupancy, occupancy
@@ -143,8 +144,8 @@ def model_launch(
     bound = max(BOUNDS, key=lambda k: us[k])
     busy = _overlap(list(us.values()), consts.overlap_p)
     waves = n / (occ.blocks_per_sm * sms)
-    notes = [f"{p.name}: {note}" for p in launch.parts for note in p.notes]
-    if issue_eff < 1:
+    notes = [prefixed(note, f"{p.name}: ") for p in launch.parts for note in p.notes]
+    if issue_eff < 1:  # a modelled figure, no choice: a plain note
         notes.append(
             f"{per_scheduler:.2g} warps per scheduler: issue at {issue_eff:.0%} "
             f"(latency not hidden below {consts.issue_warps:g})"
