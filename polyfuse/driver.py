@@ -49,13 +49,13 @@ from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.gemm_rows import generate_gemm_rows
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Tensor
-from polyfuse.graph.graph import build_graph
+from polyfuse.graph.graph import Graph, build_graph
 from polyfuse.graph.partition import PARTITION_RULES, Partition, partition
 from polyfuse.graph.passes import check_passes, run_passes
 from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
 from polyfuse.poly.cost import ReductionConfig
-from polyfuse.poly.device import device_for_arch
+from polyfuse.poly.device import DeviceSpec, device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.model import build_model
@@ -70,7 +70,7 @@ from polyfuse.poly.split import split_long_reductions
 from polyfuse.reference import evaluate
 from polyfuse.stitch.epilogue import EpilogueChoice, epilogue_choices
 from polyfuse.stitch.gemm_rows import GemmRowsGroup, stitch_gemm_rows
-from polyfuse.stitch.memory import stitch_memory
+from polyfuse.stitch.memory import KernelGroup, StitchDecision, stitch_memory
 from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
 from polyfuse.version import CODEGEN_REVISION, __version__
@@ -98,14 +98,14 @@ def _check_constants(
 
 
 def _partition_schedule(
-    graph,
+    graph: Graph,
     preferences: dict[frozenset[str], str],
     separations: set[frozenset[str]],
-    memo,
-    ctx,
-    budget,
-    cache,
-    salt,
+    memo: dict[tuple[str, ...], ScheduledMicrograph],
+    ctx: isl.Context,
+    budget: int,
+    cache: CompileCache,
+    salt: str,
     name: str,
 ) -> tuple[Partition, list[ScheduledMicrograph], list[Feedback]]:
     """Steps 2-3: partition and schedule every micrograph, re-partitioning with isl's
@@ -136,7 +136,16 @@ def _partition_schedule(
     raise ScheduleError(f"compile '{name}': feedback did not converge; raise budget= ({budget})")
 
 
-def _stitch(graph, part, scheduled, device, cfg, stitch: bool, cache, salt):
+def _stitch(
+    graph: Graph,
+    part: Partition,
+    scheduled: list[ScheduledMicrograph],
+    device: DeviceSpec,
+    cfg: MappingConfig,
+    stitch: bool,
+    cache: CompileCache,
+    salt: str,
+) -> tuple[list[KernelGroup], list[StitchDecision]]:
     """Step 4: Layer 2 memory stitching, then a GEMM's whole-row tile taking its row reduction."""
     groups, stitches = stitch_memory(
         graph, part, scheduled, device, enabled=stitch, cache=cache, salt=salt
@@ -147,10 +156,9 @@ def _stitch(graph, part, scheduled, device, cfg, stitch: bool, cache, salt):
     return groups, stitches
 
 
-def _moved(before: Partition, after: Partition, choice: EpilogueChoice) -> bool:
-    """Whether ``after`` put the choice's elementwise part in its GEMM's micrograph."""
-    (gemm,) = [m for m in before.micrographs if m.name == choice.gemm]
-    return len({after.owner[p] for p in (*choice.moved, *gemm.prims)}) == 1
+def _moved(part: Partition, choice: EpilogueChoice) -> bool:
+    """Whether ``part`` put the choice's elementwise part in its GEMM's micrograph."""
+    return len({part.owner[p] for p in (*choice.moved, choice.gemm)}) == 1
 
 
 def compile(  # noqa: A001
@@ -226,7 +234,7 @@ def compile(  # noqa: A001
         prefer = {pair: c.reason for c in choices for pair in c.pairs}
         again = _partition_schedule(graph, prefer, separations, *schedule_args)
         times["partition+schedule"] += time.perf_counter() - t1
-        if all(_moved(part, again[0], c) for c in choices):  # else: kept as first partitioned
+        if all(_moved(again[0], c) for c in choices):  # else: kept as first partitioned
             part, scheduled, round_events = again
             events = events + round_events
             groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)

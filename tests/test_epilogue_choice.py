@@ -76,6 +76,7 @@ def test_pre_ln_bias_and_residual_add_run_in_the_gemm_epilogue():
     ]
     assert not d.fused and d.kinds == (DecisionKind.COST_MODEL,)
     sums = 4 * M * N
+    assert d.reason.startswith("bias, res run in the epilogue of mm: it saves")
     assert f"saves {2 * sums} global bytes, joining the reduction" in d.reason
     assert d.reason.endswith(f"{sums} (Layer 2 feedback, stitch/epilogue.py)")
     _check(fn, ins, outs)

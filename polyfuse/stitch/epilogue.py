@@ -22,8 +22,9 @@ A pre-LN transformer's residual add is the case: its sum is the residual stream,
 the next residual add, so it is written either way, and the layer norm joining it saves one
 read where the GEMM's epilogue saves the GEMM output's round trip. A post-LN (BERT) add is a
 tie: its sum is read by the layer norm only. The preference is handed back to the partition as
-pairs of primitives kept apart (``S`` from the rest of ``M``), with this module's record as the
-reason; rule 5 then takes ``S`` into ``O``.
+pairs of primitives kept apart (``S`` from the rest of ``M``), with the choice's reason (the
+partition records it as a cost-model refusal); rule 5 then takes ``S`` into ``O``. Where the
+partition cannot (a cycle, isl feedback), the driver keeps the first partition.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.graph import dtypes
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.kinds import OpKind
@@ -41,8 +41,9 @@ from polyfuse.stitch.memory import KernelGroup
 
 @dataclass(frozen=True)
 class EpilogueChoice:
-    """One leading elementwise part ``moved`` of reduction micrograph ``reduction`` that runs
-    in the epilogue of opaque micrograph ``gemm`` instead, with the bytes each side saves."""
+    """One leading elementwise part ``moved`` of the reduction micrograph whose last primitive
+    is ``reduction`` that runs in the epilogue of the opaque micrograph holding primitive
+    ``gemm`` instead, with the bytes each side saves."""
 
     gemm: str
     reduction: str
@@ -63,10 +64,6 @@ class EpilogueChoice:
     def pairs(self) -> set[frozenset[str]]:
         """The primitives the partition keeps apart for this choice."""
         return {frozenset((s, r)) for s in self.moved for r in self.rest}
-
-    @property
-    def record(self) -> Decided:
-        return Decided((DecisionKind.COST_MODEL,), self.reason, subject=(self.gemm, *self.moved))
 
 
 def tensor_bytes(graph: Graph, prim: str) -> int:
@@ -106,7 +103,8 @@ def epilogue_choices(
                 best is None or gain - loss > best.epilogue_bytes - best.reduction_bytes
             ):
                 moved = tuple(sorted(s, key=rank.__getitem__))
-                best = EpilogueChoice(f"mg{gemm_mg}", m.name, moved, tuple(rest), gain, loss)
+                gemm = min(gemm_prims, key=rank.__getitem__)
+                best = EpilogueChoice(gemm, m.prims[-1], moved, tuple(rest), gain, loss)
         if best is not None:
             out.append(best)
     return out
