@@ -122,6 +122,8 @@ def test_row_stitched_gemm_keeps_its_adds_and_layer_norm():
     b, r = te.placeholder((96,), name="b"), te.placeholder((37, 96), name="r")
     y = ops.add(ops.add(ops.matmul(x, w, name="mm"), b, name="bias"), r, name="res")
     fn = polyfuse.compile([x, w, b, r], [ops.layer_norm(y, name="ln"), y], check_cuda=False)
+    assert len(fn.kernels) == 1
+    assert [d.stitched for d in fn.plan.stitches if d.rule == GEMM_ROWS_RULE] == [True]
     assert not any(d.kinds == (DecisionKind.COST_MODEL,) for d in fn.plan.partition.decisions)
 
 
