@@ -49,13 +49,13 @@ from polyfuse.errors import ExpressionError, ScheduleError
 from polyfuse.gemm_rows import generate_gemm_rows
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Tensor
-from polyfuse.graph.graph import build_graph
-from polyfuse.graph.partition import PARTITION_RULES, partition
+from polyfuse.graph.graph import Graph, build_graph
+from polyfuse.graph.partition import PARTITION_RULES, Partition, partition
 from polyfuse.graph.passes import check_passes, run_passes
 from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
 from polyfuse.poly.cost import ReductionConfig
-from polyfuse.poly.device import device_for_arch
+from polyfuse.poly.device import DeviceSpec, device_for_arch
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.model import build_model
@@ -68,8 +68,9 @@ from polyfuse.poly.schedule import (
 )
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.reference import evaluate
+from polyfuse.stitch.epilogue import EpilogueChoice, epilogue_choices
 from polyfuse.stitch.gemm_rows import GemmRowsGroup, stitch_gemm_rows
-from polyfuse.stitch.memory import stitch_memory
+from polyfuse.stitch.memory import KernelGroup, StitchDecision, stitch_memory
 from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
 from polyfuse.version import CODEGEN_REVISION, __version__
@@ -94,6 +95,70 @@ def _check_constants(
             )
         out[t] = np.ascontiguousarray(a, dtype=dtypes.numpy_dtype(t.dtype))  # the tensor's
     return out
+
+
+def _partition_schedule(
+    graph: Graph,
+    preferences: dict[frozenset[str], str],
+    separations: set[frozenset[str]],
+    memo: dict[tuple[str, ...], ScheduledMicrograph],
+    ctx: isl.Context,
+    budget: int,
+    cache: CompileCache,
+    salt: str,
+    name: str,
+) -> tuple[Partition, list[ScheduledMicrograph], list[Feedback]]:
+    """Steps 2-3: partition and schedule every micrograph, re-partitioning with isl's
+    separations (added to ``separations``) until every micrograph schedules (``memo`` keeps
+    schedules by primitives)."""
+    events: list[Feedback] = []
+    for _ in range(MAX_FEEDBACK_ROUNDS):
+        part = partition(graph, PARTITION_RULES, separations, preferences)
+        scheduled: list[ScheduledMicrograph] = []
+        round_events: list[Feedback] = []
+        for mg in part.micrographs:  # every micrograph that fails splits in the same round
+            key = tuple(mg.prims)
+            try:
+                if key not in memo:
+                    memo[key] = _schedule(graph, mg, ctx, budget, cache, salt)
+            except Feedback as fb:
+                round_events.append(fb)
+                continue
+            sm = memo[key]  # ids are renumbered per partition: a copy names this round's
+            scheduled.append(replace(sm, model=replace(sm.model, micrograph=mg)))
+        if not round_events:
+            return part, scheduled, events
+        events.extend(round_events)
+        for fb in round_events:
+            for i, g in enumerate(fb.groups):
+                for h in fb.groups[i + 1 :]:
+                    separations.update(frozenset((a, b)) for a in g for b in h)
+    raise ScheduleError(f"compile '{name}': feedback did not converge; raise budget= ({budget})")
+
+
+def _stitch(
+    graph: Graph,
+    part: Partition,
+    scheduled: list[ScheduledMicrograph],
+    device: DeviceSpec,
+    cfg: MappingConfig,
+    stitch: bool,
+    cache: CompileCache,
+    salt: str,
+) -> tuple[list[KernelGroup], list[StitchDecision]]:
+    """Step 4: Layer 2 memory stitching, then a GEMM's whole-row tile taking its row reduction."""
+    groups, stitches = stitch_memory(
+        graph, part, scheduled, device, enabled=stitch, cache=cache, salt=salt
+    )
+    if stitch:
+        groups, row_stitches = stitch_gemm_rows(graph, groups, device, cfg, cache, salt)
+        stitches = stitches + row_stitches
+    return groups, stitches
+
+
+def _moved(part: Partition, choice: EpilogueChoice) -> bool:
+    """Whether ``part`` put the choice's elementwise part in its GEMM's micrograph."""
+    return len({part.owner[p] for p in (*choice.moved, choice.gemm)}) == 1
 
 
 def compile(  # noqa: A001
@@ -153,43 +218,26 @@ def compile(  # noqa: A001
     salt += f"|budget {budget}|{cfg}|stitch {stitch}"
 
     t0 = time.perf_counter()
-    separations: set[frozenset[str]] = set()
-    events: list[Feedback] = []
     memo: dict[tuple[str, ...], ScheduledMicrograph] = {}
-    for _ in range(MAX_FEEDBACK_ROUNDS):
-        part = partition(graph, PARTITION_RULES, separations)
-        scheduled: list[ScheduledMicrograph] = []
-        round_events: list[Feedback] = []
-        for mg in part.micrographs:  # every micrograph that fails splits in the same round
-            key = tuple(mg.prims)
-            try:
-                if key not in memo:
-                    memo[key] = _schedule(graph, mg, ctx, budget, cache, salt)
-            except Feedback as fb:
-                round_events.append(fb)
-                continue
-            sm = memo[key]  # ids are renumbered per partition: a copy names this round's
-            scheduled.append(replace(sm, model=replace(sm.model, micrograph=mg)))
-        if not round_events:
-            break
-        events.extend(round_events)
-        for fb in round_events:
-            for i, g in enumerate(fb.groups):
-                for h in fb.groups[i + 1 :]:
-                    separations.update(frozenset((a, b)) for a in g for b in h)
-    else:
-        raise ScheduleError(
-            f"compile '{name}': feedback did not converge; raise budget= ({budget})"
-        )
+    separations: set[frozenset[str]] = set()
+    schedule_args = (memo, ctx, budget, cache, salt, name)
+    part, scheduled, events = _partition_schedule(graph, {}, separations, *schedule_args)
     times["partition+schedule"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    groups, stitches = stitch_memory(
-        graph, part, scheduled, device, enabled=stitch, cache=cache, salt=salt
-    )
-    if stitch:  # Layer 2 for GEMMs: a whole-row GEMM tile takes the row reduction after it
-        groups, row_stitches = stitch_gemm_rows(graph, groups, device, cfg, cache, salt)
-        stitches = stitches + row_stitches
+    groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)
+    # Layer 2 feedback: elementwise ops before a reduction that save more bytes in the epilogue
+    # of the GEMM before them move there (stitch/epilogue.py); one more partition round
+    choices = epilogue_choices(graph, part, groups) if stitch else []
+    if choices:
+        t1 = time.perf_counter()
+        prefer = {pair: c.reason for c in choices for pair in c.pairs}
+        again = _partition_schedule(graph, prefer, separations, *schedule_args)
+        times["partition+schedule"] += time.perf_counter() - t1
+        if all(_moved(again[0], c) for c in choices):  # else: kept as first partitioned
+            part, scheduled, round_events = again
+            events = events + round_events
+            groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)
     times["stitch"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

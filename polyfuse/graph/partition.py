@@ -116,6 +116,8 @@ class Partition:
     decisions: list[Decision]
     owner: dict[str, int]  # primitive -> micrograph id
     separations: set[frozenset[str]] = field(default_factory=set)
+    #: pairs kept apart by a cost choice handed back by Layer 2 (stitch/epilogue.py), with why
+    preferences: dict[frozenset[str], str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return "\n".join(
@@ -128,16 +130,20 @@ def partition(
     graph: Graph,
     rules: tuple[Rule, ...] = PARTITION_RULES,
     separations: set[frozenset[str]] | None = None,
+    preferences: dict[frozenset[str], str] | None = None,
 ) -> Partition:
-    """Algorithm 1 (aggregation). Steps numbered as in APOLLO's appendix."""
+    """Algorithm 1 (aggregation). Steps numbered as in APOLLO's appendix. ``separations``
+    (isl feedback) and ``preferences`` (a cost choice from Layer 2, pair -> reason) are pairs
+    of primitives that must not share a micrograph."""
     separations = set(separations or ())
+    preferences = dict(preferences or {})
     order = graph.topo_order()
     rank = {p: i for i, p in enumerate(order)}
     # Steps 1-2: one micrograph per primitive, typed by its kind; the quotient DAG over them.
     q = QuotientDag(len(order), [graph.prims[p].kind for p in order])
     for a, b in graph.dag.edges:
         q.add_edge(rank[a], rank[b], (a, b))
-    for pair in separations:
+    for pair in separations | set(preferences):
         if len(pair) == 2 and all(x in rank for x in pair):
             x, y = pair
             q.separate(rank[x], rank[y])
@@ -148,8 +154,12 @@ def partition(
     # Steps 3-4: rules in priority order; each merges the first mergeable pair until none is.
     def accept(rule: Rule, p: int, c: int) -> bool:
         if q.separated(p, c):
+            why = _preferred_apart(q, order, p, c, preferences) or (
+                "isl feedback separated these primitives",
+                DecisionKind.ISL_FEEDBACK,
+            )
             for e in q.payloads(p, c):
-                refusals[e] = ("isl feedback separated these primitives", DecisionKind.ISL_FEEDBACK)
+                refusals[e] = why
             return False
         via = q.cycle_via(p, c)
         if via is not None:
@@ -173,7 +183,19 @@ def partition(
     owner = {p: new_id[q.owner_of(rank[p])] for p in order}
     kinds = {new_id[m]: q.kind[m] for m in mg_order}
     decisions = _decisions(graph, owner, kinds, merged_by, refusals, separations)
-    return Partition(mgs, decisions, owner, separations)
+    return Partition(mgs, decisions, owner, separations, preferences)
+
+
+def _preferred_apart(
+    q: QuotientDag, order: list[str], p: int, c: int, preferences: dict[frozenset[str], str]
+) -> tuple[str, DecisionKind] | None:
+    """The cost reason that keeps groups ``p`` and ``c`` apart, if a preference does."""
+    for a in q.members[p]:
+        for b in q.members[c]:
+            why = preferences.get(frozenset((order[a], order[b])))
+            if why is not None:
+                return why, DecisionKind.COST_MODEL
+    return None
 
 
 def _decisions(graph, owner, kinds, merged_by, refusals, separations) -> list[Decision]:
