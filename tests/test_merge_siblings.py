@@ -327,7 +327,11 @@ def test_siblings_read_by_one_contraction_merge_and_it_reads_a_tile_per_access()
     ("name", "launches_off", "launches_on"),
     # before Layer 3 (UNPACKED); per layer the scores GEMM takes its softmax and the FFN-down
     # GEMM its add + layer norm (stitch/gemm_rows.py)
-    [("bert_base", 16, 12), ("gpt2_small", 17, 13), ("vit_b16", 20, 16)],
+    [
+        ("bert_base", 16, 12),
+        ("gpt2_small", 17, 13),
+        pytest.param("vit_b16", 20, 16, marks=pytest.mark.slow),  # ~25 s on 2 cores
+    ],
 )
 def test_tiny_transformers_merge_their_projections(name, launches_off, launches_on):
     """Zoo transformers at tiny size (2 layers): one projection GEMM per layer instead of
