@@ -85,13 +85,12 @@ def copies(tiled):
 def test_tiling_builds_the_k_tile_band_phases_and_the_micro_tile(tiled):
     """Before: the tiled rows ``[kt0, phase, sub, kk0, ii0, iv, pos]`` of the update, init and
     epilogue. After: a tree whose k-tile band (marked) holds kt0 (init at -1, epilogue at 3),
-    a sequence of the phases (init and epilogue; the update), each a position band over
-    one-member bands, the update's marked as the micro-tile; flattened, the same rows."""
+    a sequence of the phases (init and epilogue; the update), each a position band over the
+    band of its loops, the update's marked as the micro-tile; flattened, the same rows."""
     _, shape, _, _, rows, tree = tiled
-    one = "band1/" * 4
     assert _skeleton(tree.get_root()) == (
-        f"domain/mark {K_TILE}/band1/seq[filter/band1/{one[:-1]} | "
-        f"filter/band1/mark {MICRO_TILE}/{one[:-1]}]"
+        f"domain/mark {K_TILE}/band1/seq[filter/band1/band4 | "
+        f"filter/band1/mark {MICRO_TILE}/band4]"
     )
     band = k_tile_band(tree).band_get_partial_schedule_union_map()
     assert _equal(
@@ -161,7 +160,7 @@ def test_barriers_are_grafted_around_the_update_as_an_extension(tiled):
         f"[kt0] -> {SYNC_AFTER}[kt0] : 0 <= kt0 < 3 }}",
     )
     upd = k_tile_band(after).child(0).child(1)
-    assert _skeleton(upd).startswith("filter/ext/seq[filter | filter/band1/mark micro_tile/")
+    assert _skeleton(upd) == "filter/ext/seq[filter | filter/band1/mark micro_tile/band4 | filter]"
     order = upd.child(0).child(0)
     names = [order.child(i).filter_get_filter().get_set_list().get_at(0).get_tuple_name()
              for i in range(3)]  # fmt: skip
@@ -204,6 +203,6 @@ def test_the_tree_generates_the_ast_of_the_flattened_schedule(tiled, copies):
     assert "for (int c0 = -1; c0 <= 2; c0 += 1)" in was and "Sync_load(c0);" in was
     # the schedule map's iterators count the phase dim; the tree's do not (it is a sequence)
     renamed = now
-    for depth in reversed(range(1, 7)):
+    for depth in reversed(range(1, 6)):
         renamed = renamed.replace(f"c{depth}", f"c{depth + 1}")
     assert renamed == was

@@ -9,11 +9,11 @@ The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances::
           sequence
             filter: init, epilogue         phase 0 ("stage": later also copies and groups)
               band [sub]                   the statement's position in its phase
-                band [x0] ... band [xn]    its loops (registers, epilogue position)
+                band [x0, ..., xn]         its loops (registers, epilogue position)
             filter: update                 phase 1
               band [sub]
                 mark "micro_tile"
-                  band [kk0] ... band [pos]    the k-tile's steps and the register tile
+                  band [kk0, ..., pos]     the k-tile's steps and the register tile
 
 Each later pass is an isl tree operation on it: the promotion pass adds the copy statements
 to the domain and their rows to the bands (:func:`add_statements`), the pipelining pass shifts
@@ -53,10 +53,9 @@ def _union(maps: list[isl.Map], ctx: isl.Context) -> isl.UnionMap:
     return out
 
 
-def columns(rows: isl.UnionMap, first: int, last: int) -> isl.MultiUnionPwAff:
-    """Schedule dims ``first..last-1`` of the fixed-width ``rows`` as a band's partial
+def _slice(m: isl.MultiUnionPwAff, first: int, last: int) -> isl.MultiUnionPwAff:
+    """Schedule dims ``first..last-1`` of ``m`` (fixed-width rows) as a band's partial
     schedule."""
-    m = isl.MultiUnionPwAff.from_union_map(rows)
     n = m.dim(isl.dim_type.out)
     return m.drop_dims(isl.dim_type.out, last, n - last).drop_dims(isl.dim_type.out, 0, first)
 
@@ -74,22 +73,15 @@ def _at(rows: isl.UnionMap, col: int, value: int) -> isl.UnionMap:
     return _union(keep, rows.get_ctx())
 
 
-def _split(node: isl.ScheduleNode) -> isl.ScheduleNode:
-    """The band ``node`` as nested one-member bands (isl's AST generator then names each
-    loop by its depth); returns the innermost."""
-    for _ in range(node.band_n_member() - 1):
-        node = node.band_split(1).child(0)
-    return node
-
-
 def tile_tree(rows: isl.UnionMap, nr: int, update: str) -> isl.Schedule:
     """The tiling pass's tree from the tiled ``rows`` of the update, init and epilogue
     (``[kt x nr, phase, sub, x...]``; the update in phase :data:`UPDATE`, the others in
     :data:`STAGE`); see the module docstring for its shape."""
     ctx = rows.get_ctx()
-    width = rows.get_map_list().get_at(0).dim(isl.dim_type.out)
+    full = isl.MultiUnionPwAff.from_union_map(rows)
+    width = full.dim(isl.dim_type.out)
     root = isl.Schedule.from_domain(rows.domain()).get_root()
-    node = root.child(0).insert_partial_schedule(columns(rows, 0, nr))
+    node = root.child(0).insert_partial_schedule(_slice(full, 0, nr))
     node = node.insert_mark(isl.Id(K_TILE, context=ctx)).child(0)
     phases = [_at(rows, nr, p) for p in (STAGE, UPDATE)]
     filters = isl.UnionSetList.alloc(ctx, 2)
@@ -97,12 +89,12 @@ def tile_tree(rows: isl.UnionMap, nr: int, update: str) -> isl.Schedule:
         filters = filters.add(p.domain())
     node = node.child(0).insert_sequence(filters)
     for i, p in enumerate(phases):
-        inner = node.child(i).child(0).insert_partial_schedule(columns(p, nr + 1, nr + 2))
-        inner = inner.child(0).insert_partial_schedule(columns(p, nr + 2, width))
+        mine = full.intersect_domain(p.domain())
+        inner = node.child(i).child(0).insert_partial_schedule(_slice(mine, nr + 1, nr + 2))
+        inner = inner.child(0).insert_partial_schedule(_slice(mine, nr + 2, width))
         if i == UPDATE:
             inner = inner.insert_mark(isl.Id(MICRO_TILE, context=ctx)).child(0)
-        leaf = _split(inner)
-        node = leaf.ancestor(leaf.get_tree_depth() - node.get_tree_depth())
+        node = inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())
     assert update in {m.get_tuple_name(isl.dim_type.in_) for m in _maps(phases[UPDATE])}
     return node.get_schedule()
 
@@ -124,28 +116,34 @@ def add_statements(tree: isl.Schedule, rows: isl.UnionMap) -> isl.Schedule:
     bands and the filters of its sequences; marks kept. The tree must have no extension node
     yet (the barriers are grafted last)."""
     root = isl.Schedule.from_domain(tree.get_domain().union(rows.domain())).get_root()
-    return _copy(tree.get_root().child(0), root.child(0), rows, 0).get_schedule()
+    full = isl.MultiUnionPwAff.from_union_map(rows)
+    return _copy(tree.get_root().child(0), root.child(0), rows, full, 0).get_schedule()
 
 
 def _copy(
-    old: isl.ScheduleNode, new: isl.ScheduleNode, rows: isl.UnionMap, col: int
+    old: isl.ScheduleNode,
+    new: isl.ScheduleNode,
+    rows: isl.UnionMap,
+    full: isl.MultiUnionPwAff,
+    col: int,
 ) -> isl.ScheduleNode:
-    """Rebuild the subtree ``old`` at the leaf ``new`` with ``rows`` added from schedule dim
-    ``col`` on; returns the node at ``new``'s position."""
+    """Rebuild the subtree ``old`` at the leaf ``new`` with ``rows`` (``full``: as a
+    multi-dimensional function) added from schedule dim ``col`` on; returns the node at
+    ``new``'s position."""
     kind = old.get_type()
     T = isl.schedule_node_type
     if kind == T.leaf:
         return new
     if kind == T.mark:
         new = new.insert_mark(old.mark_get_id())
-        return _copy(old.child(0), new.child(0), rows, col).parent()
+        return _copy(old.child(0), new.child(0), rows, full, col).parent()
     if kind == T.band:
         k = old.band_n_member()
         part = old.band_get_partial_schedule()
         if not rows.is_empty():
-            part = part.union_add(columns(rows, col, col + k).align_params(part.get_space()))
+            part = part.union_add(_slice(full, col, col + k).align_params(part.get_space()))
         new = new.insert_partial_schedule(part)
-        return _copy(old.child(0), new.child(0), rows, col + k).parent()
+        return _copy(old.child(0), new.child(0), rows, full, col + k).parent()
     if kind == T.sequence:
         ctx = old.get_ctx()
         parts = [_at(rows, col, i) for i in range(old.n_children())]
@@ -154,7 +152,8 @@ def _copy(
             filters = filters.add(old.child(i).filter_get_filter().union(p.domain()))
         new = new.insert_sequence(filters)
         for i, p in enumerate(parts):
-            new = _copy(old.child(i).child(0), new.child(i).child(0), p, col + 1)
+            mine = full.intersect_domain(p.domain())
+            new = _copy(old.child(i).child(0), new.child(i).child(0), p, mine, col + 1)
             new = new.parent().parent()
         return new
     raise ValueError(f"add_statements: cannot copy a {kind} node")
@@ -191,21 +190,12 @@ def graft_barriers(
     node = k_tile_band(tree).child(0)
     assert node.get_type() == isl.schedule_node_type.sequence
     upd = node.child(UPDATE)
-    assert not upd.filter_get_filter().intersect(_stmt_universe(update, upd)).is_empty()
+    names = upd.filter_get_filter().get_set_list()
+    assert update in {names.get_at(i).get_tuple_name() for i in range(names.n_set())}
     upd = upd.child(0)
     upd = upd.graft_before(isl.ScheduleNode.from_extension(before))
     upd = upd.graft_after(isl.ScheduleNode.from_extension(after))
     return upd.get_schedule()
-
-
-def _stmt_universe(name: str, node: isl.ScheduleNode) -> isl.UnionSet:
-    dom = node.get_domain()
-    sets = dom.get_set_list()
-    out = isl.UnionSet.empty(dom.get_space())
-    for i in range(sets.n_set()):
-        if sets.get_at(i).get_tuple_name() == name:
-            out = out.union(isl.UnionSet.from_set(sets.get_at(i)))
-    return out
 
 
 def extension_of(tree: isl.Schedule) -> isl.UnionMap | None:
