@@ -14,6 +14,7 @@ its tensors lives. The builder that composes the passes is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import islpy as isl
 
@@ -68,11 +69,10 @@ class GemmKernel(MappedMicrograph):
 
     shape: GemmShape | None = None
     tiling: GemmTiling | None = None
-    #: the statements' flattened schedule ``[kt..., phase, sub, x...]`` (the tree before the
-    #: barriers: ``isl_schedule_get_map``)
-    schedule_map: isl.UnionMap | None = None
     #: the kernel's schedule tree, barriers grafted: what isl generates the AST from
     schedule_tree: isl.Schedule | None = None
+    #: the tree before the barriers were grafted (its statements only; see schedule_map)
+    statement_tree: isl.Schedule | None = None
     #: the flattened schedule's dims (``ph``: the phase, a sequence in the tree)
     iterators: list[str] = field(default_factory=list)
     promotions: list[Promotion] = field(default_factory=list)
@@ -91,6 +91,14 @@ class GemmKernel(MappedMicrograph):
     #: promoted operands whose selects-to-zero the update drops, with isl's reason
     #: (:mod:`polyfuse.poly.select_free`)
     select_free: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def schedule_map(self) -> isl.UnionMap:
+        """The statements' flattened schedule ``[kt..., phase, sub, x...]``
+        (``isl_schedule_get_map`` of the tree before the barriers, which isl cannot flatten
+        with their extension node)."""
+        assert self.statement_tree is not None
+        return self.statement_tree.get_map()
 
 
 def access_function(acc: isl.Map) -> isl.Map:

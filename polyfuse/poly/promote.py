@@ -11,7 +11,7 @@ tree (PPCG style; :mod:`polyfuse.poly.gemm_tree`).
 3. pipelining (:mod:`polyfuse.poly.gemm_pipeline`): the stages of the shared tiles, the copies
    shifted S-1 k-tiles early (a band shift), async groups;
 4. register fragments of the promoted operands (:mod:`polyfuse.poly.fragments`), read off
-   the flattened tree;
+   the update's tiled row;
 5. barriers (:mod:`polyfuse.poly.gemm_barriers`) around each k-tile's update, grafted as an
    extension node.
 
@@ -107,7 +107,8 @@ def build_gemm_kernel(
     params = frame.bnames + frame.tnames + [c for pr in promotions for c, _ in pr.grid]
     P = ", ".join(params)
     stages, loop = pipelined_loop(frame.ktiles, stages, len(copy_doms))
-    tree = tile_tree(frame.statement_schedule(shape, tail_n, P), nr, shape.update.name)
+    rows = frame.statement_schedule(shape, tail_n, P)
+    tree = tile_tree(rows, nr, shape.update.name)
     tree = copy_tree(tree, copy_doms, kts, tail_n)
     if loop is not None:
         copies = [c.stmt for c in copy_doms]
@@ -118,13 +119,13 @@ def build_gemm_kernel(
     cons += [f"0 <= {t} < {n}" for t, n in frame.tused]
     cons += [f"0 <= {c} < {g}" for pr in promotions for c, g in pr.grid]
     context = isl.Set(f"[{P}] -> {{ : {' and '.join(cons)} }}", context=model.ctx)
-    umap = tree.get_map().coalesce()  # the statements' flattened schedule
+    statements = tree  # before the barriers: its flattening is the statements' schedule
 
     notes = _notes(frame, shape, tiling, promotions, hoisted, not_hoisted, stages, loop)
     promoted = {p.tensor for p in promotions}
     fragments, fragment_notes = register_fragments(
         shape.update,
-        umap,
+        rows,  # the update's row (no later pass moves it)
         iterators,
         regs,
         frame.reg_shape,
@@ -140,7 +141,7 @@ def build_gemm_kernel(
     tree = barrier_tree(tree, shape.update.name, kts, frame.ktiles)
     return GemmKernel(
         sm,
-        isl.Schedule.from_domain(umap.domain()),
+        isl.Schedule.from_domain(statements.get_domain().coalesce()),
         context,
         frame.bnames,
         frame.tnames,
@@ -150,8 +151,8 @@ def build_gemm_kernel(
         notes=notes,
         shape=shape,
         tiling=tiling,
-        schedule_map=umap,
         schedule_tree=tree,
+        statement_tree=statements,
         iterators=iterators,
         promotions=promotions,
         reg_iters=regs,
