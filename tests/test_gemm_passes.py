@@ -1,9 +1,9 @@
 """Before/after tests of the GEMM passes that :func:`polyfuse.poly.promote.build_gemm_kernel`
-composes, written with isl strings: tiling of the flattened schedule
-(:mod:`polyfuse.poly.gemm_tile_schedule`), promotion copies (:mod:`polyfuse.poly.gemm_promotion`),
-pipeline stages (:mod:`polyfuse.poly.gemm_pipeline`) and barriers
-(:mod:`polyfuse.poly.gemm_barriers`); and the GEMM mapping's refusals, kept as typed records
-(:func:`polyfuse.poly.kernel_map.map_gemm`)."""
+composes, written with isl strings: the tiled statement rows
+(:mod:`polyfuse.poly.gemm_tile_schedule`), promotion copies (:mod:`polyfuse.poly.gemm_promotion`)
+and pipeline stages (:mod:`polyfuse.poly.gemm_pipeline`); and the GEMM mapping's refusals, kept
+as typed records (:func:`polyfuse.poly.kernel_map.map_gemm`). The passes as transformations of
+the kernel's schedule tree (and the barriers) are tested in ``tests/test_gemm_tree.py``."""
 
 from __future__ import annotations
 
@@ -18,11 +18,9 @@ import polyfuse
 from polyfuse import ops, te
 from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.poly.device import H100
-from polyfuse.poly.gemm_barriers import barrier_schedule
 from polyfuse.poly.gemm_pipeline import (
     async_group_schedule,
-    copy_ktiles,
-    init_ktile,
+    pipeline_shifts,
     pipelined_loop,
 )
 from polyfuse.poly.gemm_promotion import access_groups, copy_schedule, promote_operands
@@ -59,7 +57,7 @@ def test_tiling_maps_the_band_to_blocks_threads_registers_and_k_tiles():
     """Before: isl's band ``S[d0, d1, r0] -> [d0, d1, r0]`` over 32 x 32 x 24. After: block
     tiles 16 x 16 of 4 x 4 threads, each thread 4 rows cyclic and a run of 4 columns (a vector
     store: isl proves every run aligned), k-tiles of 8; init before k-tile 0, the epilogue
-    after the last (k-tile 3)."""
+    after the last (k-tile 3); the update in phase 1, the others in phase 0."""
     sm, shape, _, f = _frame()
     assert _equal(
         f.tile,
@@ -73,10 +71,10 @@ def test_tiling_maps_the_band_to_blocks_threads_registers_and_k_tiles():
         "d0 = 16b0 + t0 + 4ii0 and 0 <= ii0 < 4 and d1 = 16b1 + 4t1 + iv and 0 <= iv < 4 and "
         "0 <= d0 < 32 and 0 <= d1 < 32"
     )
-    got = f.statement_schedule(shape, 4, THREADS, "-1")
+    got = f.statement_schedule(shape, 4, THREADS)
     assert _equal(
         got,
-        f"[{THREADS}] -> {{ S_c_update[d0, d1, r0] -> [kt0, 2, 0, kk0, ii0, iv, 0] : "
+        f"[{THREADS}] -> {{ S_c_update[d0, d1, r0] -> [kt0, 1, 0, kk0, ii0, iv, 0] : "
         f"{on_thread} and r0 = 8kt0 + kk0 and 0 <= kk0 < 8 and 0 <= r0 < 24; "
         f"S_c_init[d0, d1] -> [-1, 0, 0, 0, ii0, iv, 0] : {on_thread}; "
         f"S_c_final[d0, d1] -> [3, 0, 0, 0, ii0, iv, 0] : {on_thread} }}",
@@ -93,7 +91,7 @@ def test_tiling_spreads_columns_cyclically_when_stores_stay_scalar():
     got = f.update_at(shape.update, 3, THREADS)
     assert _equal(
         got,
-        f"[{THREADS}] -> {{ S_c_update[d0, d1, r0] -> [kt0, 2, 0, kk0, ii0, ii1] : "
+        f"[{THREADS}] -> {{ S_c_update[d0, d1, r0] -> [kt0, 1, 0, kk0, ii0, ii1] : "
         "d0 = 16b0 + t0 + 4ii0 and 0 <= ii0 < 4 and d1 = 16b1 + t1 + 8ii1 and 0 <= ii1 < 2 and "
         "r0 = 8kt0 + kk0 and 0 <= kk0 < 8 and 0 <= d0 < 32 and 0 <= d1 < 32 and 0 <= r0 < 24 }",
     )
@@ -196,32 +194,21 @@ def test_pipelined_loop(ktiles, stages, copies, want):
 
 
 def test_pipelining_moves_copies_early_and_groups_them():
-    """Before: copies of k-tile kt0 at kt0, the init at -1. After (3 stages): copies at
-    kt0 - 2, the init at -3, one commit per k-tile from -2 on and a wait per k-tile."""
-    assert copy_ktiles(["kt0"], 3, 0) == ["kt0 - 2"] and copy_ktiles(["kt0"], 1, None) == ["kt0"]
-    assert copy_ktiles(["kt0", "kt1"], 2, 1) == ["kt0", "kt1 - 1"]
-    assert init_ktile(3) == "-3" and init_ktile(1) == "-1"
+    """Before: copies of k-tile kt0 at kt0, the init at -1. After (3 stages): the k-tile
+    band's shift moves the copies to kt0 - 2 along the pipelined loop and the init to -3 along
+    every k-tile loop; one commit per k-tile from -2 on and a wait per k-tile."""
+    assert pipeline_shifts(["C_a", "C_b"], "S_init", 1, 3, 0) == {
+        "C_a": [-2],
+        "C_b": [-2],
+        "S_init": [-2],
+    }
+    assert pipeline_shifts(["C_a"], "S_init", 2, 2, 1) == {"C_a": [0, -1], "S_init": [-1, -1]}
     ctx = isl.Context()
     got = async_group_schedule(isl.UnionMap("{ }", context=ctx), ["kt0"], [4], 0, 3, 2, 3)
     assert _equal(
         got,
         "{ Cp_commit[kt0] -> [kt0, 0, 2, 0, 0, 0] : -2 <= kt0 < 4; "
         "Cp_wait[kt0] -> [kt0, 0, 3, 0, 0, 0] : 0 <= kt0 < 4 }",
-    )
-
-
-# --------------------------------------------------------------------------------- barriers
-
-
-def test_barriers_bracket_each_k_tiles_update():
-    """Before: a k-tile loop of 3 x 2 k-tiles. After: Sync_load at phase 1 (after the copies
-    at phase 0, before the update at phase 2), Sync_use at phase 3, in every k-tile."""
-    ctx = isl.Context()
-    got = barrier_schedule(isl.UnionMap("{ }", context=ctx), ["kt0", "kt1"], [3, 2], 2)
-    assert _equal(
-        got,
-        "{ Sync_load[kt0, kt1] -> [kt0, kt1, 1, 0, 0, 0] : 0 <= kt0 < 3 and 0 <= kt1 < 2; "
-        "Sync_use[kt0, kt1] -> [kt0, kt1, 3, 0, 0, 0] : 0 <= kt0 < 3 and 0 <= kt1 < 2 }",
     )
 
 

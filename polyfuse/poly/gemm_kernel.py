@@ -2,9 +2,10 @@
 
 :class:`GemmKernel` is a :class:`polyfuse.poly.mapping.MappedKernel` with the GEMM path's
 fields: the shape isl found (:class:`polyfuse.poly.gemm_shape.GemmShape`), the tiling, the
-flattened schedule map the passes wrote (:mod:`polyfuse.poly.gemm_tile_schedule`,
-:mod:`polyfuse.poly.gemm_promotion`, :mod:`polyfuse.poly.gemm_pipeline`,
-:mod:`polyfuse.poly.gemm_barriers`), its operands' shared tiles (:class:`Promotion`) and
+schedule tree the passes transformed (:mod:`polyfuse.poly.gemm_tree`;
+:mod:`polyfuse.poly.gemm_tile_schedule`, :mod:`polyfuse.poly.gemm_promotion`,
+:mod:`polyfuse.poly.gemm_pipeline`, :mod:`polyfuse.poly.gemm_barriers`) and its statements'
+flattened schedule, its operands' shared tiles (:class:`Promotion`) and
 register fragments, and how its loops are emitted. :func:`gemm_placements` says where each of
 its tensors lives. The builder that composes the passes is
 :func:`polyfuse.poly.promote.build_gemm_kernel`.
@@ -13,6 +14,7 @@ its tensors lives. The builder that composes the passes is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import islpy as isl
 
@@ -67,7 +69,11 @@ class GemmKernel(MappedMicrograph):
 
     shape: GemmShape | None = None
     tiling: GemmTiling | None = None
-    schedule_map: isl.UnionMap | None = None
+    #: the kernel's schedule tree, barriers grafted: what isl generates the AST from
+    schedule_tree: isl.Schedule | None = None
+    #: the tree before the barriers were grafted (its statements only; see schedule_map)
+    statement_tree: isl.Schedule | None = None
+    #: the flattened schedule's dims (``ph``: the phase, a sequence in the tree)
     iterators: list[str] = field(default_factory=list)
     promotions: list[Promotion] = field(default_factory=list)
     reg_iters: list[str] = field(default_factory=list)  # loop vars indexing the micro-tile
@@ -85,6 +91,14 @@ class GemmKernel(MappedMicrograph):
     #: promoted operands whose selects-to-zero the update drops, with isl's reason
     #: (:mod:`polyfuse.poly.select_free`)
     select_free: dict[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def schedule_map(self) -> isl.UnionMap:
+        """The statements' flattened schedule ``[kt..., phase, sub, x...]``
+        (``isl_schedule_get_map`` of the tree before the barriers, which isl cannot flatten
+        with their extension node)."""
+        assert self.statement_tree is not None
+        return self.statement_tree.get_map()
 
 
 def access_function(acc: isl.Map) -> isl.Map:

@@ -3,10 +3,15 @@
 With S > 1 stages the kernel keeps S shared buffers per tile when exactly one k-tile loop has
 more than one iteration (:func:`pipelined_loop`): the copies of k-tile kt+S-1 are issued
 asynchronously during k-tile kt, so the schedule runs each copy S-1 k-tiles early
-(:func:`copy_ktiles`) and the first S-1 k-tiles' copies run in S-1 iterations before k-tile 0
+(:func:`pipeline_shifts`) and the first S-1 k-tiles' copies run in S-1 iterations before k-tile 0
 (the prologue the loop pass peels). The copies issued in one k-tile form one async group
 (statement ``Cp_commit``); before the update of k-tile kt, ``Cp_wait`` waits for all groups
 but the S-1 newest (:func:`async_group_schedule`).
+
+On the kernel's schedule tree (:func:`pipeline_tree`) the pass is an
+``isl_schedule_node_band_shift`` of the k-tile band (the copies S-1 k-tiles earlier along the
+pipelined loop, the init S-1 earlier along every k-tile loop: before the first copies) and the
+async-group statements added in phase 0.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse.poly.gemm_tile_schedule import ints, tail
+from polyfuse.poly.gemm_tree import add_statements, shift_k_tiles
 
 COMMIT = "Cp_commit"  # pipelined: the copies issued for one k-tile form one async group
 WAIT = "Cp_wait"  # pipelined: all groups but the S-1 newest (k-tiles kt+1..kt+S-1) have landed
@@ -38,18 +44,33 @@ def pipelined_loop(ktiles: list[int], stages: int, copies: int) -> tuple[int, in
     return stages, (multi[0] if stages > 1 else None)
 
 
-def init_ktile(stages: int) -> str:
-    """The k-tile the init runs at: before every copy (the first S-1 k-tiles' copies run at
-    k-tiles 1-S..-1 when pipelined)."""
-    return str(-stages) if stages > 1 else "-1"
+def pipeline_shifts(
+    copies: list[str], init: str, nr: int, stages: int, loop: int
+) -> dict[str, list[int]]:
+    """The k-tile band's shift per statement: each copy S-1 k-tiles early along ``loop`` (the
+    copies of k-tile kt+S-1 run during kt), the init S-1 earlier along every k-tile loop (at
+    -S: before the first copies, which run at k-tiles 1-S..-1)."""
+    early = [-(stages - 1) if j == loop else 0 for j in range(nr)]
+    return {**{c: early for c in copies}, init: [-(stages - 1)] * nr}
 
 
-def copy_ktiles(kts: list[str], stages: int, loop: int | None) -> list[str]:
-    """Where the copies of k-tile ``kts`` run: S-1 k-tiles early along the pipelined loop."""
-    at = list(kts)
-    if loop is not None and stages > 1:
-        at[loop] = f"{kts[loop]} - {stages - 1}"
-    return at
+def pipeline_tree(
+    tree: isl.Schedule,
+    copies: list[str],
+    init: str,
+    kts: list[str],
+    ktiles: list[int],
+    loop: int,
+    stages: int,
+    n: int,
+) -> isl.Schedule:
+    """The pipelining pass on the schedule tree: the k-tile band shifted
+    (:func:`pipeline_shifts`), then the async groups of ``copies`` added in phase 0
+    (:func:`async_group_schedule`; ``n`` tail dims)."""
+    tree = shift_k_tiles(tree, pipeline_shifts(copies, init, len(kts), stages, loop))
+    empty = isl.UnionMap("{ }", context=tree.get_ctx())
+    groups = async_group_schedule(empty, kts, ktiles, loop, stages, len(copies), n)
+    return add_statements(tree, groups)
 
 
 def async_group_schedule(

@@ -17,6 +17,10 @@ are copied as zeros, so the padded update terms add 0.
 An operand the reduction does not index (``s[i]``) is not promoted: each thread holds its
 elements in registers for the whole reduction (:func:`hoist_invariant`,
 :func:`polyfuse.poly.fragments.hoisted_fragments`).
+
+In the kernel's schedule tree (:mod:`polyfuse.poly.gemm_tree`) the copies join phase 0 of
+their own k-tile, before the update (:func:`copy_tree`); the pipelining pass moves them
+earlier.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in
 from polyfuse.poly.gemm_kernel import Promotion, access_function
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
 from polyfuse.poly.gemm_tile_schedule import TileFrame, ints, tail
+from polyfuse.poly.gemm_tree import add_statements
 from polyfuse.poly.tile_box import tile_box
 
 
@@ -249,3 +254,15 @@ def copy_schedule(
         ).intersect_domain(c.domain)
         umap = umap.union(isl.UnionMap.from_map(cm))
     return umap
+
+
+def copy_tree(
+    tree: isl.Schedule, copies: list[CopyDomain], kts: list[str], n: int
+) -> isl.Schedule:
+    """The promotion pass on the schedule tree: ``tree`` with the copy statements in its
+    domain, copy ``sub`` of k-tile ``kts`` in phase 0 of that k-tile at position ``sub``, its
+    loops the copy counters (:func:`copy_schedule`; ``n`` tail dims)."""
+    if not copies:
+        return tree
+    rows = copy_schedule(isl.UnionMap("{ }", context=tree.get_ctx()), copies, kts, kts, n)
+    return add_statements(tree, rows)

@@ -1,11 +1,12 @@
 """Tiling of a GEMM's flattened schedule: isl's band rewritten as block, thread, register and
-k-tile coordinates (the first step of :func:`polyfuse.poly.promote.build_gemm_kernel`).
+k-tile coordinates (the first step of :func:`polyfuse.poly.promote.build_gemm_kernel`; the
+rows become the bands of the kernel's schedule tree, :func:`polyfuse.poly.gemm_tree.tile_tree`).
 
 Every statement of the micrograph runs the data dims of isl's band in order (the update also
 its reduction dims after them; :func:`polyfuse.poly.tiling.detect_gemm` checked it), so one
 affine map per statement turns the loop vector into the tiled schedule::
 
-    update    S[d, r] -> [kt, 2, 0, kk, ii, 0]   d = B*b + t + T*ii, r = TK*kt + kk
+    update    S[d, r] -> [kt, 1, 0, kk, ii, 0]   d = B*b + t + T*ii, r = TK*kt + kk
     init      S[d]    -> [-1, 0, 0, 0, ii, 0]
     epilogue  S[d]    -> [KT, 0, 0, 0, ii, pos]
 
@@ -94,24 +95,25 @@ class TileFrame:
         return isl.UnionMap.from_map(tmap)
 
     def update_at(self, update: Statement, n: int, params: str) -> isl.UnionMap:
-        """The update's schedule ``[kt, 2, 0, kk, ii, 0...]`` with ``n`` tail dims."""
+        """The update's schedule ``[kt, 1, 0, kk, ii, 0...]`` (phase 1) with ``n`` tail dims."""
         return self.tiled(
             update,
-            f"{ints(self.kts)}, 2, 0, {tail(self.kks + self.regs, n)}",
+            f"{ints(self.kts)}, 1, 0, {tail(self.kks + self.regs, n)}",
             self.on_thread + self.on_ktile,
             self.dpad + self.rpad,
             params,
         )
 
-    def statement_schedule(self, shape: GemmShape, n: int, params: str, first: str) -> isl.UnionMap:
-        """The update, the init (at k-tile ``first``, before every copy) and the epilogue
-        (after the last k-tile, one position per statement) in the tiled schedule."""
+    def statement_schedule(self, shape: GemmShape, n: int, params: str) -> isl.UnionMap:
+        """The update, the init (at k-tile -1, before every copy; the pipelining pass moves it
+        earlier) and the epilogue (after the last k-tile, one position per statement) in the
+        tiled schedule."""
         nr = len(self.kts)
         umap = self.update_at(shape.update, n, params)
         umap = umap.union(
             self.tiled(
                 shape.init,
-                f"{ints([first] * nr)}, 0, 0, {tail(['0'] * nr + self.regs, n)}",
+                f"{ints(['-1'] * nr)}, 0, 0, {tail(['0'] * nr + self.regs, n)}",
                 self.on_thread,
                 self.dpad,
                 params,

@@ -1,19 +1,22 @@
-"""The tiled, promoted GEMM kernel: the GEMM passes composed into one flattened isl schedule
-(PPCG style).
+"""The tiled, promoted GEMM kernel: the GEMM passes as transformations of one isl schedule
+tree (PPCG style; :mod:`polyfuse.poly.gemm_tree`).
 
 :func:`build_gemm_kernel` runs the passes in order, each in the module of its concern:
 
 1. tiling (:mod:`polyfuse.poly.gemm_tile_schedule`): isl's band as block, thread, register
-   and k-tile coordinates, vector stores where isl proves them;
+   and k-tile coordinates, vector stores where isl proves them; the tree's k-tile band
+   (marked), phases and in-tile bands (:func:`polyfuse.poly.gemm_tree.tile_tree`);
 2. promotion (:mod:`polyfuse.poly.gemm_promotion`): k-invariant operands into registers, the
-   others into shared tiles with their copy statements;
+   others into shared tiles with their copy statements, added to the tree;
 3. pipelining (:mod:`polyfuse.poly.gemm_pipeline`): the stages of the shared tiles, the copies
-   issued S-1 k-tiles early, async groups;
-4. barriers (:mod:`polyfuse.poly.gemm_barriers`) around each k-tile's update;
-5. register fragments of the promoted operands (:mod:`polyfuse.poly.fragments`).
+   shifted S-1 k-tiles early (a band shift), async groups;
+4. register fragments of the promoted operands (:mod:`polyfuse.poly.fragments`), read off
+   the update's tiled row;
+5. barriers (:mod:`polyfuse.poly.gemm_barriers`) around each k-tile's update, grafted as an
+   extension node.
 
-isl then generates the whole kernel's loop AST from the schedule map (init, k-tile loop with
-copies, barriers and the unrolled micro-tile, epilogue). The record it fills is
+isl then generates the whole kernel's loop AST from the tree (init, k-tile loop with copies,
+barriers and the unrolled micro-tile, epilogue). The record it fills is
 :class:`polyfuse.poly.gemm_kernel.GemmKernel`; the names below are re-exported from the pass
 modules for the code generator.
 """
@@ -26,22 +29,20 @@ import islpy as isl
 
 from polyfuse.base.decision import Refusal
 from polyfuse.poly.fragments import Fragment, register_fragments
-from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_schedule
+from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_tree
 from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, access_function, gemm_placements
 from polyfuse.poly.gemm_pipeline import (
     COMMIT,
     CP_ASYNC_ARCHS,
     PIPELINE_STAGES,
     WAIT,
-    async_group_schedule,
-    copy_ktiles,
-    init_ktile,
     pipeline_note,
     pipeline_stages,
+    pipeline_tree,
     pipelined_loop,
 )
 from polyfuse.poly.gemm_promotion import (
-    copy_schedule,
+    copy_tree,
     hoist_invariant,
     invariant_operands,
     operand_keys,
@@ -54,6 +55,7 @@ from polyfuse.poly.gemm_tile_schedule import (
     padded_reduction_reads,
     tile_frame,
 )
+from polyfuse.poly.gemm_tree import tile_tree
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 __all__ = [
@@ -105,22 +107,25 @@ def build_gemm_kernel(
     params = frame.bnames + frame.tnames + [c for pr in promotions for c, _ in pr.grid]
     P = ", ".join(params)
     stages, loop = pipelined_loop(frame.ktiles, stages, len(copy_doms))
-    umap = frame.statement_schedule(shape, tail_n, P, init_ktile(stages))
-    umap = copy_schedule(umap, copy_doms, kts, copy_ktiles(kts, stages, loop), tail_n)
+    rows = frame.statement_schedule(shape, tail_n, P)
+    tree = tile_tree(rows, nr, shape.update.name)
+    tree = copy_tree(tree, copy_doms, kts, tail_n)
     if loop is not None:
-        umap = async_group_schedule(umap, kts, frame.ktiles, loop, stages, len(copy_doms), tail_n)
-    umap = barrier_schedule(umap, kts, frame.ktiles, tail_n)
+        copies = [c.stmt for c in copy_doms]
+        tree = pipeline_tree(
+            tree, copies, shape.init.name, kts, frame.ktiles, loop, stages, tail_n
+        )
     cons = [f"0 <= {b} < {g}" for b, g in frame.bused]
     cons += [f"0 <= {t} < {n}" for t, n in frame.tused]
     cons += [f"0 <= {c} < {g}" for pr in promotions for c, g in pr.grid]
     context = isl.Set(f"[{P}] -> {{ : {' and '.join(cons)} }}", context=model.ctx)
-    umap = umap.coalesce()  # the context (parameter ranges) goes to the AST build
+    statements = tree  # before the barriers: its flattening is the statements' schedule
 
     notes = _notes(frame, shape, tiling, promotions, hoisted, not_hoisted, stages, loop)
     promoted = {p.tensor for p in promotions}
     fragments, fragment_notes = register_fragments(
         shape.update,
-        umap,
+        rows,  # the update's row (no later pass moves it)
         iterators,
         regs,
         frame.reg_shape,
@@ -133,9 +138,10 @@ def build_gemm_kernel(
         sum(f.floats for f in hoisted),
     )
     notes += fragment_notes
+    tree = barrier_tree(tree, shape.update.name, kts, frame.ktiles)
     return GemmKernel(
         sm,
-        isl.Schedule.from_domain(umap.domain()),
+        isl.Schedule.from_domain(statements.get_domain().coalesce()),
         context,
         frame.bnames,
         frame.tnames,
@@ -145,7 +151,8 @@ def build_gemm_kernel(
         notes=notes,
         shape=shape,
         tiling=tiling,
-        schedule_map=umap,
+        schedule_tree=tree,
+        statement_tree=statements,
         iterators=iterators,
         promotions=promotions,
         reg_iters=regs,

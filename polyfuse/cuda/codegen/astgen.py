@@ -24,6 +24,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KVar,
 )
 from polyfuse.cuda.codegen.namer import loop_variable
+from polyfuse.poly.gemm_tree import PHASE, ast_schedule
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.promote import GemmKernel
 
@@ -197,14 +198,16 @@ def generate_ast(mm: MappedKernel) -> tuple[isl.AstNode, list[KNode]]:
 
 
 def generate_gemm_ast(gk: GemmKernel) -> tuple[isl.AstNode, list[KNode]]:
-    """isl AST generation from the tiled schedule map, loop variables named by role (in the
-    namer's generated space)."""
+    """isl AST generation from the kernel's schedule tree (its marks dropped), loop variables
+    named by role (in the namer's generated space; the phase is a sequence, no loop)."""
     ctx = gk.context.get_ctx()
-    smap = gk.schedule_map.align_params(gk.context.get_space())
-    build = aligned_build(gk.context, smap.get_space())
-    ids = isl.IdList.alloc(ctx, len(gk.iterators))
-    for name in gk.iterators:
+    assert gk.schedule_tree is not None
+    sched = ast_schedule(gk.schedule_tree).align_params(gk.context.get_space())
+    build = aligned_build(gk.context, sched.get_domain().get_space())
+    names = [n for n in gk.iterators if n != PHASE]
+    ids = isl.IdList.alloc(ctx, len(names))
+    for name in names:
         ids = ids.add(isl.Id(loop_variable(name), context=ctx))
     build = build.set_iterators(ids)
-    ast = build.node_from_schedule_map(smap)
+    ast = build.node_from_schedule(sched)
     return ast, convert_node(ast)

@@ -1,0 +1,208 @@
+"""Before/after tests of the GEMM passes as transformations of the kernel's isl schedule tree
+(:mod:`polyfuse.poly.gemm_tree`): tiling builds the tree (k-tile band marked, phases, in-tile
+bands), promotion adds the copies, pipelining shifts the k-tile band and adds the async
+groups, the barriers are grafted as an extension node; isl generates the same AST from the
+tree as from the flattened schedule the passes used to write. Written with isl strings on a
+32 x 24 x 32 matmul in 16 x 16 block tiles of 4 x 4 threads, k-tiles of 8."""
+
+from __future__ import annotations
+
+import islpy as isl
+import pytest
+from test_gemm_passes import THREADS, _frame
+
+from polyfuse.base.decision import Refusal
+from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_tree
+from polyfuse.poly.gemm_pipeline import pipeline_tree
+from polyfuse.poly.gemm_promotion import copy_schedule, copy_tree, promote_operands
+from polyfuse.poly.gemm_tree import (
+    K_TILE,
+    MICRO_TILE,
+    add_statements,
+    ast_schedule,
+    extension_of,
+    k_tile_band,
+    tile_tree,
+)
+
+T = isl.schedule_node_type
+#: one thread's elements: rows t0 + 4 ii0, a vector of columns 4 t1 + iv
+ON_THREAD = (
+    "exists (ii0, iv : d0 = 16b0 + t0 + 4ii0 and 0 <= ii0 < 4 and d1 = 16b1 + 4t1 + iv and "
+    "0 <= iv < 4) and 0 <= d0 < 32 and 0 <= d1 < 32"
+)
+
+
+def _skeleton(node: isl.ScheduleNode) -> str:
+    """The tree's shape: node kinds, mark names, band widths, sequences' children."""
+    kind = node.get_type()
+    if kind == T.leaf:
+        return ""
+    label = {
+        T.domain: "domain",
+        T.mark: f"mark {node.mark_get_id().get_name()}" if kind == T.mark else "",
+        T.band: f"band{node.band_n_member()}" if kind == T.band else "",
+        T.sequence: "seq",
+        T.filter: "filter",
+        T.extension: "ext",
+    }[kind]
+    kids = [_skeleton(node.child(i)) for i in range(node.n_children())]
+    if kind == T.sequence:
+        return f"{label}[{' | '.join(kids)}]"
+    return label + (f"/{kids[0]}" if kids and kids[0] else "")
+
+
+def _equal(got: isl.UnionMap, text: str) -> bool:
+    want = isl.UnionMap(text, context=got.get_ctx())
+    return got.is_equal(want.align_params(got.get_space()))
+
+
+def _stmts(umap: isl.UnionMap, *names: str) -> isl.UnionMap:
+    """``umap`` restricted to the statements ``names``."""
+    lst = umap.get_map_list()
+    out = isl.UnionMap("{ }", context=umap.get_ctx())
+    for i in range(lst.n_map()):
+        if lst.get_at(i).get_tuple_name(isl.dim_type.in_) in names:
+            out = out.union(isl.UnionMap.from_map(lst.get_at(i)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiled():
+    sm, shape, tiling, f = _frame()
+    rows = f.statement_schedule(shape, 4, THREADS)
+    return sm, shape, tiling, f, rows, tile_tree(rows, 1, shape.update.name)
+
+
+@pytest.fixture(scope="module")
+def copies(tiled):
+    sm, shape, tiling, f, _, _ = tiled
+    got = promote_operands(f, shape, sm.model, tiling.nthreads, set(), {})
+    assert not isinstance(got, Refusal), got
+    return got[1]
+
+
+def test_tiling_builds_the_k_tile_band_phases_and_the_micro_tile(tiled):
+    """Before: the tiled rows ``[kt0, phase, sub, kk0, ii0, iv, pos]`` of the update, init and
+    epilogue. After: a tree whose k-tile band (marked) holds kt0 (init at -1, epilogue at 3),
+    a sequence of the phases (init and epilogue; the update), each a position band over the
+    band of its loops, the update's marked as the micro-tile; flattened, the same rows."""
+    _, shape, _, _, rows, tree = tiled
+    assert _skeleton(tree.get_root()) == (
+        f"domain/mark {K_TILE}/band1/seq[filter/band1/band4 | "
+        f"filter/band1/mark {MICRO_TILE}/band4]"
+    )
+    band = k_tile_band(tree).band_get_partial_schedule_union_map()
+    assert _equal(
+        band,
+        f"[{THREADS}] -> {{ S_c_update[d0, d1, r0] -> [kt0] : {ON_THREAD} and "
+        "8kt0 <= r0 < 8kt0 + 8 and 0 <= r0 < 24; "
+        f"S_c_init[d0, d1] -> [-1] : {ON_THREAD}; S_c_final[d0, d1] -> [3] : {ON_THREAD} }}",
+    )
+    phases = k_tile_band(tree).child(0)
+    assert [phases.child(i).filter_get_filter().get_set_list().n_set() for i in (0, 1)] == [2, 1]
+    assert tree.get_map().is_equal(rows)
+
+
+def test_promotion_adds_the_copies_in_phase_zero_of_their_k_tile(tiled, copies):
+    """Before: the tiled tree. After: the copy statements in its domain, in the first phase
+    (before the update) of their own k-tile, at positions 0 and 1, their loops the copy
+    counters: flattened, exactly the copies' rows; the rest unchanged."""
+    _, _, _, _, rows, tree = tiled
+    after = copy_tree(tree, copies, ["kt0"], 4)
+    assert _skeleton(after.get_root()) == _skeleton(tree.get_root())
+    flat = after.get_map()
+    want = copy_schedule(isl.UnionMap("{ }", context=rows.get_ctx()), copies, ["kt0"], ["kt0"], 4)
+    assert _stmts(flat, "C_a", "C_b").is_equal(want)
+    assert _stmts(flat, "S_c_update", "S_c_init", "S_c_final").is_equal(rows)
+    ctx = rows.get_ctx()
+    ca = _stmts(flat, "C_a").range()
+    ca = ca.project_out(isl.dim_type.param, 0, ca.dim(isl.dim_type.param))
+    assert ca.is_subset(isl.Set("{ [kt, 0, 0, q0, q1, 0, 0] : 0 <= kt < 3 }", context=ctx))
+    phase0 = k_tile_band(after).child(0).child(0).filter_get_filter()
+    assert {phase0.get_set_list().get_at(i).get_tuple_name() for i in range(4)} == {
+        "S_c_init", "S_c_final", "C_a", "C_b",
+    }  # fmt: skip
+
+
+def test_pipelining_shifts_the_k_tile_band_and_adds_the_async_groups(tiled, copies):
+    """Before: copies of k-tile kt0 at kt0, the init at -1. After (2 stages): the k-tile band
+    shifted (copies at kt0 - 1, the init at -2), a commit per k-tile from -1 after the copies
+    and a wait per k-tile; the update and epilogue stay."""
+    _, shape, _, f, rows, tree = tiled
+    before = copy_tree(tree, copies, ["kt0"], 4)
+    after = pipeline_tree(before, ["C_a", "C_b"], shape.init.name, ["kt0"], f.ktiles, 0, 2, 4)
+    band = k_tile_band(after).band_get_partial_schedule_union_map()
+    shift = isl.UnionMap("{ [k] -> [k - 1] }", context=rows.get_ctx())
+    old = k_tile_band(before).band_get_partial_schedule_union_map()
+    assert _stmts(band, "C_a", "C_b").is_equal(_stmts(old, "C_a", "C_b").apply_range(shift))
+    init = f"[{THREADS}] -> {{ S_c_init[d0, d1] -> [-2] : {ON_THREAD} }}"
+    assert _equal(_stmts(band, "S_c_init"), init)
+    assert _stmts(band, "S_c_update", "S_c_final").is_equal(
+        _stmts(old, "S_c_update", "S_c_final")
+    )
+    assert _equal(
+        _stmts(after.get_map(), "Cp_commit", "Cp_wait"),
+        "{ Cp_commit[kt0] -> [kt0, 0, 2, 0, 0, 0, 0] : -1 <= kt0 < 3; "
+        "Cp_wait[kt0] -> [kt0, 0, 3, 0, 0, 0, 0] : 0 <= kt0 < 3 }",
+    )
+
+
+def test_barriers_are_grafted_around_the_update_as_an_extension(tiled):
+    """Before: no barrier. After: one extension node under the update's phase introducing
+    ``Sync_load`` and ``Sync_use`` for every k-tile, ordered barrier, update, barrier."""
+    _, shape, _, f, _, tree = tiled
+    assert extension_of(tree) is None
+    after = barrier_tree(tree, shape.update.name, ["kt0"], f.ktiles)
+    assert _equal(
+        extension_of(after),
+        f"{{ [kt0] -> {SYNC_BEFORE}[kt0] : 0 <= kt0 < 3; "
+        f"[kt0] -> {SYNC_AFTER}[kt0] : 0 <= kt0 < 3 }}",
+    )
+    upd = k_tile_band(after).child(0).child(1)
+    assert _skeleton(upd) == "filter/ext/seq[filter | filter/band1/mark micro_tile/band4 | filter]"
+    order = upd.child(0).child(0)
+    names = [order.child(i).filter_get_filter().get_set_list().get_at(0).get_tuple_name()
+             for i in range(3)]  # fmt: skip
+    assert names == [SYNC_BEFORE, shape.update.name, SYNC_AFTER]
+    with pytest.raises(ValueError, match="cannot copy a .*extension"):
+        add_statements(after, isl.UnionMap("{ X[] -> [0, 0, 0, 0, 0, 0, 0] }", context=f.ctx))
+
+
+def test_the_tree_generates_the_ast_of_the_flattened_schedule(tiled, copies):
+    """The whole pipelined kernel's tree (marks dropped) and the fixed-width schedule map the
+    passes wrote before (phases 0 copies, 1 ``Sync_load``, 2 update, 3 ``Sync_use``) give
+    isl's AST generator the same program."""
+    _, shape, _, f, _, tree = tiled
+    tree = copy_tree(tree, copies, ["kt0"], 4)
+    tree = pipeline_tree(tree, ["C_a", "C_b"], shape.init.name, ["kt0"], f.ktiles, 0, 2, 4)
+    flat = tree.get_map()
+    tree = barrier_tree(tree, shape.update.name, ["kt0"], f.ktiles)
+    ctx = flat.get_ctx()
+    # the old layout: the update's phase 1 was 2, the barriers phases 1 and 3
+    spread = isl.UnionMap(
+        "{ [k, p, s, a, b, c, d] -> [k, 2p, s, a, b, c, d] }", context=ctx
+    )  # fmt: skip
+    old = flat.apply_range(spread).union(
+        isl.UnionMap(
+            f"{{ {SYNC_BEFORE}[k] -> [k, 1, 0, 0, 0, 0, 0] : 0 <= k < 3; "
+            f"{SYNC_AFTER}[k] -> [k, 3, 0, 0, 0, 0, 0] : 0 <= k < 3 }}",
+            context=ctx,
+        )
+    )
+    context = isl.Set(
+        "[b0, b1, t0, t1, p0r, p0c, p1r, p1c] -> { : 0 <= b0 < 2 and 0 <= b1 < 2 and "
+        "0 <= t0 < 4 and 0 <= t1 < 4 and 0 <= p0r < 8 and 0 <= p0c < 2 and 0 <= p1r < 4 and "
+        "0 <= p1c < 4 }",
+        context=ctx,
+    )
+    old = old.align_params(context.get_space())
+    was = isl.AstBuild.from_context(context).node_from_schedule_map(old).to_C_str()
+    sched = ast_schedule(tree).align_params(context.get_space())
+    now = isl.AstBuild.from_context(context).node_from_schedule(sched).to_C_str()
+    assert "for (int c0 = -1; c0 <= 2; c0 += 1)" in was and "Sync_load(c0);" in was
+    # the schedule map's iterators count the phase dim; the tree's do not (it is a sequence)
+    renamed = now
+    for depth in reversed(range(1, 6)):
+        renamed = renamed.replace(f"c{depth}", f"c{depth + 1}")
+    assert renamed == was
