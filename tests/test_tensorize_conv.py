@@ -245,3 +245,60 @@ def test_float32_convs_take_tf32_tensor_cores_when_allowed(case, groups):
     for race in (False, True):
         got = fn(*arrays, device="emulate", race_check=race)
         assert (np.abs(got - want) <= bound + 1e-6).all(), race
+
+
+#: C = 24 (no multiple of 16): the OIHW weight's rows of C x 9 = 216 elements start 16-byte
+#: aligned, so its k runs (``(c, kh, kw)`` flattened) are copied by 16-byte cp.async chunks
+ALIGNED_W = (3, 24, 21, 11, 9)
+
+
+def _banks(fn, arrays, want, dtype) -> list:
+    """The shared sites the bank counter saw on one run (its result checked)."""
+    got = fn(*arrays, race_check="banks")
+    assert tolerance(dtype).allclose(got, want.astype(numpy_dtype(dtype)))
+    return [s for t in fn.last_traffic for s in t.shared_banks]
+
+
+@pytest.mark.parametrize("case", ["3x3_pad1", "3x3_stride2_pad1"])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_gathered_conv_weights_fill_by_cp_async_pipelined(case, stages):
+    """Issue 23: the weight ``w[o, c, kh, kw]`` of an implicit GEMM is gathered, but its offset
+    is ``576 o + k`` shaped (isl's coefficients times the array's strides are the flattening's
+    strides): its tile is filled by 16-byte cp.async chunks with no division of k, the k-tile
+    loop pipelined over S stages, the input's gather copied by scalar copies into the same
+    stages, its reduction dims carried along each thread's run of k (one division per k-tile).
+    Before: both operands scalar and single-stage. Correct in every mode, no bank conflict on
+    the cp.async writes and ldmatrix reads."""
+    from polyfuse.poly.mapping import MappingConfig
+
+    inputs, out, arrays, want = _conv("bfloat16", ALIGNED_W, *CASES[case])
+    cfg = MappingConfig(gemm_stages=stages)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False, mapping=cfg)
+    k = _tensorized(fn)
+    stage = [n for n in k.notes if n.startswith("tensor cores: stages: ")][0]
+    assert "x gathered (implicit GEMM" in stage and "w by 16-byte cp.async chunks" in stage
+    assert f"{stages} stages" in stage or f"S={stages}" in stage, stage
+    src = k.source
+    assert "pf_cp_async16(" in src and f"__pipeline_wait_prior({stages - 2})" in src
+    assert "&w[pf_n > 0 ? 216 * pf_r + pf_k : 0]" in src  # linear in k: no division
+    assert "const int pf_kb = " in src and "pf_kb / 9" in src  # once per k-tile
+    lines = fn.cuda_source.splitlines()
+    sites = _banks(fn, arrays, want, "bfloat16")
+    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    assert len(copies) >= 1 and len(loads) >= 2
+    assert [str(s) for s in copies + loads if s.conflicts] == []
+    _run_all_modes(fn, "bfloat16", arrays, want)
+
+
+def test_a_weight_whose_rows_are_not_aligned_keeps_scalar_fills():
+    """C = 13: rows of 117 elements; the linear weight is refused for chunks with the reason
+    (and the conv stays correct: single-stage scalar fills)."""
+    inputs, out, arrays, want = _conv("float16", ODD, *CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    (k,) = fn.kernels
+    stage = [n for n in k.notes if n.startswith("tensor cores: stages: ")][0]
+    assert "w's offset moves by 117 elements (not a multiple of 8)" in stage, stage
+    assert "pf_cp_async16(" not in k.source
+    got = fn(*arrays, device="emulate")
+    assert tolerance("float16").allclose(got, want.astype(np.float16))

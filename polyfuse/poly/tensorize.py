@@ -64,6 +64,8 @@ from polyfuse.poly.tensorize_gather import (
     group_splits,
     guarded_operands,
     k_extent,
+    linear_alignment,
+    linear_k,
     split_shape,
 )
 from polyfuse.poly.tiling import detect_gemm
@@ -98,6 +100,14 @@ class MmaOperand:
     gather: bool = False
     #: the fill zero-fills elements outside the array (a padding select proven redundant)
     guarded: bool = False
+    #: a gathered operand whose array offset is ``data part + k + constant``
+    #: (:func:`polyfuse.poly.tensorize_gather.linear_k`): filled by 16-byte chunks along k
+    linear: tuple[tuple[int, ...], int] | None = None
+
+    @property
+    def scalar(self) -> bool:
+        """Filled element by element (a gather with no contiguous run along k)."""
+        return self.gather and self.linear is None
 
     @property
     def trans(self) -> bool:
@@ -209,6 +219,8 @@ def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
     (``lo``, the lower bound of the dim it runs along, plus its constant, then steps of
     ``CHUNK``) is a multiple of ``CHUNK``
     (``chunk``: the elements of 16 bytes, 4 for float32)."""
+    if op.linear is not None:
+        return linear_alignment(op.tensor, op.linear, chunk)
     inner = op.shape[op.inner_dim]
     if inner % chunk:
         return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
@@ -330,7 +342,8 @@ def _either(
     if isinstance(got, str):
         return plain if isinstance(plain, str) and plain else got
     index, k_inner, inner = got
-    return MmaOperand(t, arr, index, mine, k_inner, inner, gather=True, guarded=guarded)
+    lin = linear_k(index, arr, shape) if k_inner and not guarded else None
+    return MmaOperand(t, arr, index, mine, k_inner, inner, True, guarded, lin)
 
 
 def _dim_pairs(nd: int) -> list[tuple[int, int]]:
@@ -405,8 +418,8 @@ def _pipelining(
     (lm, _), (ln, _) = tk.shape.data[tk.m_dim], tk.shape.data[tk.n_dim]
     lk = k_extent(tk.shape)[0]
     size = ITEMSIZE[tk.dtype]
-    gathered = [op.tensor for op in (tk.a, tk.b) if op.gather]
-    if gathered:
+    gathered = [op.tensor for op in (tk.a, tk.b) if op.scalar]
+    if len(gathered) == 2:
         return False, StageChoice(
             1,
             f"single-stage, scalar {size}-byte fills: {' and '.join(gathered)} gathered "
@@ -415,11 +428,24 @@ def _pipelining(
     why = [
         fill_alignment(op, lk if op.k_inner else lo, 16 // size)
         for op, lo in ((tk.a, lm), (tk.b, ln))
+        if not op.scalar
     ]
     why = [w for w in why if w]
     if why:
+        if gathered:
+            why.insert(0, f"{gathered[0]} gathered (implicit GEMM: the reduction dims "
+                          "flattened into k, im2col in the fill)")  # fmt: skip
         return False, StageChoice(1, f"single-stage, scalar {size}-byte fills: " + "; ".join(why))
-    return True, choose_stages(stage_problem(sm, tk, device), device, forced)
+    choice = choose_stages(stage_problem(sm, tk, device), device, forced)
+    if gathered:  # the other operand's k runs are contiguous: chunks, pipelined
+        chunked = tk.b.tensor if gathered[0] == tk.a.tensor else tk.a.tensor
+        reason = (
+            f"{gathered[0]} gathered (implicit GEMM: the reduction dims flattened into k, "
+            f"im2col in the fill) by scalar {size}-byte copies into the stages, {chunked} by "
+            f"16-byte cp.async chunks; {choice.reason}"
+        )
+        choice = replace(choice, reason=reason)
+    return True, choice
 
 
 def _fragment_load(op: MmaOperand, x: str, tf32: bool) -> str:
@@ -445,11 +471,11 @@ def map_tensor_core(
     shape, dtype, a, b, split = got
     # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
     lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
-    scalar_b = b.gather or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
+    scalar_b = b.scalar or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
     narrow = min(t[1] for t in TILINGS)
     fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow) if scalar_b else None
     if fold is not None:
-        b = replace(b, gather=True)
+        b = replace(b, gather=True, linear=None)
     mn = (a.outer_dim, b.outer_dim)
     tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold)
     grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in (*mn, fold)]

@@ -89,6 +89,39 @@ def gather_operand(
     return tuple(index), not index[last][0][mine], last
 
 
+def linear_k(
+    index: tuple[tuple[tuple[int, ...], int], ...], arr: tuple[int, ...], shape: GemmShape
+) -> tuple[tuple[int, ...], int] | None:
+    """``(coefficients over the data dims, constant)`` of a gathered operand's row-major array
+    offset where it is ``data part + k + constant`` (``k`` the flattened reduction,
+    :func:`k_extent`): the subscripts' reduction coefficients, weighted by the array's strides,
+    are the flattening's own strides (an OIHW weight under the ``(c, kh, kw)`` order), so every
+    run of consecutive ``k`` is contiguous in memory and the fill may copy it by 16-byte
+    chunks; else None. The coefficients are isl's (:func:`affine_index`)."""
+    nd, nr = len(shape.data), len(shape.red)
+    strides = [math.prod(arr[i + 1 :]) for i in range(len(arr))]
+    lin = [sum(c[d] * s for (c, _), s in zip(index, strides, strict=True)) for d in range(nd + nr)]
+    const = sum(k * s for (_, k), s in zip(index, strides, strict=True))
+    ext = [hi - lo + 1 for lo, hi in shape.red]
+    kstr = [math.prod(ext[j + 1 :]) for j in range(nr)]
+    if lin[nd:] != kstr:
+        return None
+    if nr > 1:  # k = sum (r_j - lo_j) * kstr_j: the reduction's lower bounds go to the constant
+        const += sum(lin[nd + j] * lo for j, (lo, _) in enumerate(shape.red))
+    return tuple(lin[:nd]), const
+
+
+def linear_alignment(name: str, lin: tuple[tuple[int, ...], int], chunk: int) -> str:
+    """Why a :func:`linear_k` operand's 16-byte chunks (``chunk`` elements from ``k`` = a
+    multiple of ``chunk``) do not all start 16-byte aligned, or "": every data coefficient
+    and the constant a multiple of ``chunk``."""
+    coeffs, const = lin
+    bad = [c for c in (*coeffs, const) if c % chunk]
+    if bad:
+        return f"{name}'s offset moves by {bad[0]} elements (not a multiple of {chunk})"
+    return ""
+
+
 def split_shape(shape: GemmShape, d: int, og: int) -> GemmShape:
     """``shape`` with data dim ``d`` split into ``(g, o)``, ``d = og * g + o`` (``0 <= o <
     og``): a grouped conv's output channel into its group (a batch dim) and the channel in the

@@ -29,7 +29,8 @@ and multiplied. With S = 1 the copies of k-tile ``kt`` are issued, committed and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from polyfuse.cuda.codegen.c_text import c_offset
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, FLOAT_TO_HALF
@@ -59,6 +60,9 @@ class TileFill:
     #: each reduction dim's value at ``pf_k`` (C text): ``pf_k`` itself for one reduction dim,
     #: else the flattened k split back (an implicit GEMM's gather)
     k_vals: tuple[str, ...] = ("pf_k",)
+    #: the reduction dims' bounds ``(lo, hi)`` (an implicit GEMM's; a gathered k-row fill
+    #: walks their values incrementally: :func:`digit_fill`)
+    red: tuple[tuple[int, int], ...] = ()
     #: each data dim the tile's row ``pf_r`` gives, with its value (C text): the operand's row
     #: dim ``pf_r`` where empty; a folded dim and ``n`` (``pf_r / width``, ``pf_r % width``)
     row_vals: tuple[tuple[int, str], ...] = ()
@@ -99,8 +103,16 @@ class TileFill:
         return idx
 
     def offset(self) -> str:
-        """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text."""
-        return c_offset(self.subscripts(), self.op.shape)
+        """The offset of the array element at (``pf_r``, ``pf_k``) of the update, as C text:
+        ``data part + pf_k + constant`` for an operand linear in k (no division of k)."""
+        if self.op.linear is None:
+            return c_offset(self.subscripts(), self.op.shape)
+        coeffs, const = self.op.linear
+        vals = list(self.batch)
+        for d, v in self.row_vals or ((self.op.outer_dim, "pf_r"),):
+            vals[d] = v
+        terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
+        return " + ".join([*terms, "pf_k", *([str(const)] if const else [])])
 
     def inside(self) -> str:
         """The guard of a ``guarded`` operand's read (C text, "" for others): every subscript
@@ -116,29 +128,100 @@ class TileFill:
         return "".join(f" && {c}" for c in conds)
 
 
-def scalar_fill(f: TileFill, k0: str) -> list[str]:
-    """The loop that copies the k-tile at ``k0`` into ``f``'s (single) shared tile, every
-    thread a strided share of the elements, the array's innermost dim fastest; zeros outside
-    the array."""
+def scalar_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> list[str]:
+    """The loop that copies the k-tile at ``k0`` into ``f``'s shared tile (stage ``stage``, C
+    text; "" for a single-buffered tile), every thread a strided share of the elements, the
+    array's innermost dim fastest; zeros outside the array. Where the threads divide the tile's
+    rows, a thread keeps one position along the innermost dim (``pf_i``) for the whole tile:
+    its part of the subscripts (a gather's column, the fold's divisions) is loop-invariant,
+    computed once before the k-tile loop, and only the other coordinate moves."""
     inner, outer = f.inner, f.outer
-    if f.op.k_inner:
-        row, k = f"{f.row0} + pf_e / {inner}", f"{k0} + pf_e % {inner}"
-    else:
-        row, k = f"{f.row0} + pf_e % {inner}", f"{k0} + pf_e / {inner}"
+    n = inner * outer
+    if f.op.gather and not f.op.k_inner and len(f.red) > 1 and f.nthreads % inner == 0:
+        if n % f.nthreads == 0:
+            return digit_fill(f, k0, stage, pad)
+    base = f"{stage} * {f.elements} + " if stage else ""
     zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
+    if f.nthreads % inner == 0 and n % f.nthreads == 0:
+        head = [
+            f"{pad}for (int pf_u = 0; pf_u < {n // f.nthreads}; ++pf_u) {{",
+            f"{pad}  const int pf_o = pf_tid / {inner} + pf_u * {f.nthreads // inner}, "
+            f"pf_i = pf_tid % {inner};",
+        ]
+        io, ii = "pf_o", "pf_i"
+    else:
+        head = [f"{pad}for (int pf_e = pf_tid; pf_e < {n}; pf_e += {f.nthreads}) {{"]
+        io, ii = f"pf_e / {inner}", f"pf_e % {inner}"
+    if f.op.k_inner:
+        row, k = f"{f.row0} + {io}", f"{k0} + {ii}"
+    else:
+        row, k = f"{f.row0} + {ii}", f"{k0} + {io}"
     # a gather's subscripts (divisions, guards) kept rolled: unrolled they spilled on sm_90
-    head = ["#pragma unroll 1"] if f.op.gather else []
+    unroll = [f"{pad}#pragma unroll 1"] if f.op.gather else []
     return [
+        *unroll,
         *head,
-        f"    for (int pf_e = pf_tid; pf_e < {inner * outer}; pf_e += {f.nthreads}) {{",
-        f"      const int pf_r = {row}, pf_k = {k};",
-        f"      {C_TYPES[f.dtype]} pf_v = {zero};",
-        f"      if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}{f.inside()}) "
+        f"{pad}  const int pf_r = {row}, pf_k = {k};",
+        f"{pad}  {C_TYPES[f.dtype]} pf_v = {zero};",
+        f"{pad}  if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}{f.inside()}) "
         f"pf_v = {f.src}[{f.offset()}];",
-        f"      {f.buf}[{f.layout.offset_text(f'pf_e / {inner}', f'pf_e % {inner}', False)}]"
-        " = pf_v;",
-        "    }",
+        f"{pad}  {f.buf}[{base}{f.layout.offset_text(io, ii, False)}] = pf_v;",
+        f"{pad}}}",
     ]
+
+
+def digit_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> list[str]:
+    """:func:`scalar_fill` of a gathered tile stored in k rows (an implicit GEMM's input):
+    each thread copies one column (``pf_i``, fixed for the whole loop) of a run of ``U``
+    consecutive k rows. The reduction dims' values at the run's first k are computed once per
+    k-tile (the divisions of k), then carried along the run digit by digit (the innermost dim
+    +1, wrapping into the next), so no element divides k; a warp's lanes still write one row
+    of consecutive columns (the same banks as the strided order)."""
+    inner, u = f.inner, f.inner * f.outer // f.nthreads
+    base = f"{stage} * {f.elements} + " if stage else ""
+    zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
+    digits = [f"pf_d{j}" for j in range(len(f.red))]
+    ext = [hi - lo + 1 for lo, hi in f.red]
+    first = []
+    for j, (lo, _) in enumerate(f.red):
+        inner_ext = math.prod(ext[j + 1 :])
+        v = f"pf_kb / {inner_ext}" if inner_ext > 1 else "pf_kb"
+        v = f"({v}) % {ext[j]}" if j else f"({v})"
+        first.append(f"{digits[j]} = {lo} + {v}" if lo else f"{digits[j]} = {v}")
+    carry = []  # branch-free: the innermost +1, each wrap carried outward by selects
+    for j in range(len(f.red) - 1, 0, -1):
+        lo, hi = f.red[j]
+        inc = "1" if j == len(f.red) - 1 else f"pf_c{j + 1}"
+        carry.append(f"const int pf_c{j} = {digits[j]} + {inc} > {hi}; "
+                     f"{digits[j]} = pf_c{j} ? {lo} : {digits[j]} + {inc};")  # fmt: skip
+    carry.append(f"{digits[0]} += pf_c1;")
+    g = replace(f, k_vals=tuple(digits))
+    return [
+        f"{pad}{{",
+        f"{pad}  const int pf_kb = {k0} + pf_tid / {inner} * {u};",
+        f"{pad}  int {', '.join(first)};",
+        f"{pad}#pragma unroll",
+        f"{pad}  for (int pf_u = 0; pf_u < {u}; ++pf_u) {{",
+        f"{pad}    const int pf_o = pf_tid / {inner} * {u} + pf_u, pf_i = pf_tid % {inner};",
+        f"{pad}    const int pf_r = {f.row0} + pf_i, pf_k = pf_kb + pf_u;",
+        f"{pad}    {C_TYPES[f.dtype]} pf_v = {zero};",
+        f"{pad}    if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}{g.inside()}) "
+        f"pf_v = {f.src}[{g.offset()}];",
+        f"{pad}    {f.buf}[{base}{f.layout.offset_text('pf_o', 'pf_i', False)}] = pf_v;",
+        *[f"{pad}    {c}" for c in carry],
+        f"{pad}  }}",
+        f"{pad}}}",
+    ]
+
+
+def fill(f: TileFill, k0: str, stage: str, pad: str = "    ", k_inside: bool = False) -> list[str]:
+    """The copies of the k-tile at ``k0`` into stage ``stage`` of ``f``'s tile in a pipelined
+    loop: 16-byte ``cp.async`` chunks (:func:`chunk_fill`), or scalar copies for a gathered
+    operand with no contiguous run (:func:`scalar_fill`: they land before the barrier that
+    ends the iteration, so the stage is ready as early as the chunks)."""
+    if f.op.scalar:
+        return scalar_fill(f, k0, stage, pad)
+    return chunk_fill(f, k0, stage, pad, k_inside)
 
 
 def chunk_fill(
@@ -233,7 +316,7 @@ def k_tile_loop(
                 f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
                 *point,
                 "    __syncthreads();  // the previous k-tile's fragments are loaded",
-                *[ln for f in fills for ln in chunk_fill(f, "pf_k0", "0", k_inside=inside)],
+                *[ln for f in fills for ln in fill(f, "pf_k0", "0", k_inside=inside)],
                 "    __pipeline_commit();",
                 "    __pipeline_wait_prior(0);",
                 "    __syncthreads();  // the shared tiles are filled",
@@ -245,14 +328,14 @@ def k_tile_loop(
     ahead = stages - 1
 
     def steady(inside: bool) -> list[str]:
-        fill = [ln for f in fills for ln in chunk_fill(f, "pf_kf", "pf_ws", "      ", inside)]
+        fill_ = [ln for f in fills for ln in fill(f, "pf_kf", "pf_ws", "      ", inside)]
         return [
             f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
             f"    __pipeline_wait_prior({wait_pending(stages)});  // k-tile pf_kt has landed",
             "    __syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read",
             "    {" if inside else f"    if (pf_kt + {ahead} < {k_tiles}) {{",
             f"      const int pf_kf = pf_k0 + {ahead * bk};",
-            *fill,
+            *fill_,
             "    }",
             "    __pipeline_commit();  // one group per k-tile (empty past the last)",
             *point,
@@ -267,7 +350,7 @@ def k_tile_loop(
         f"  for (int pf_s = 0; pf_s < {ahead}; ++pf_s) {{  // prologue: k-tiles 0..S-2",
         f"    if (pf_s < {k_tiles}) {{",
         f"      const int pf_k0 = {k_lo} + pf_s * {bk};",
-        *[line for f in fills for line in chunk_fill(f, "pf_k0", "pf_s", "      ")],
+        *[line for f in fills for line in fill(f, "pf_k0", "pf_s", "      ")],
         "    }",
         "    __pipeline_commit();",
         "  }",
