@@ -302,3 +302,49 @@ def test_a_weight_whose_rows_are_not_aligned_keeps_scalar_fills():
     assert "pf_cp_async16(" not in k.source
     got = fn(*arrays, device="emulate")
     assert tolerance("float16").allclose(got, want.astype(np.float16))
+
+
+def _conv_hot_loop(arch: str) -> tuple[int, int, int, int, int]:
+    """(HMMA, LDSM, LDGSTS, other instructions, spilled bytes) per iteration of the first SASS
+    loop holding HMMA (the pipelined k-tile loop's steady state) of the ResNet 3x3 conv."""
+    from polyfuse.cuda.toolchain.sass import (
+        DisassemblerNotFound,
+        find_disassembler,
+        find_loops,
+        parse_listing,
+    )
+
+    try:
+        dis = find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("NVIDIA's disassembler is not installed")
+    inputs, out, _, _ = _conv("bfloat16", (2, 64, 128, 56, 56), *CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+    binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    spills = sum(r.spill_stores + r.spill_loads for r in binary.resources.values())
+    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
+    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
+        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
+        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
+        if hmma:
+            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
+            ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
+            return hmma, ldsm, ldgsts, len(ins) - hmma, spills
+    raise AssertionError("no loop holds HMMA")
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sass_conv3x3_k_tile_loop(arch):
+    """Issue 23's SASS figure for conv 3x3 pad 1 bf16 (2, 64, 128, 56, 56), per iteration of
+    the k-tile loop (64x64x32 block tile): 16 HMMA, 8 LDSM, the weight's 2 LDGSTS (16-byte
+    cp.async chunks, pipelined), no spill. Before: no LDGSTS, both tiles filled by rolled
+    scalar loops of unknown trip count (the listing's 141 others counted their bodies once:
+    ~30 instructions per copied element, 16 elements of each tile per thread). Now the input's
+    16 elements per thread are unrolled with no k division: 488 (sm_80) / 504 (sm_90) others,
+    1 HMMA per 30.5 / 31.5 -- the issue's 1 per 2 is NOT reached for a 3x3 NCHW conv: its
+    input is read at ``x + kw - 1``, no 16-byte chunk is aligned for kw != 1, so its tile
+    stays a scalar gather (the 1x1 conv's tiles are plain GEMM tiles)."""
+    hmma, ldsm, ldgsts, other, spills = _conv_hot_loop(arch)
+    assert (hmma, ldsm, ldgsts, spills) == (16, 8, 2, 0), (hmma, ldsm, ldgsts, other, spills)
+    assert other <= 34 * hmma, (hmma, other)
