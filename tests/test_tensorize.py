@@ -165,22 +165,44 @@ def test_mixed_operand_dtypes_are_refused_with_the_reason():
     assert "no tensor cores: the operands are not float16 or bfloat16" in k.notes
 
 
-def test_a_two_dim_contraction_is_an_implicit_gemm_on_tensor_cores():
-    """Two reduction dims (a conv-like contraction): flattened into one k of 48, the tiles
-    gathered through the full subscripts (scalar, single-stage, the reason noted); correct in
-    both thread orders."""
-    x = te.placeholder((32, 6, 8), "float16", name="x")
-    w = te.placeholder((6, 8, 24), "float16", name="w")
+@pytest.mark.parametrize("linear", [True, False])
+def test_a_two_dim_contraction_is_an_implicit_gemm_on_tensor_cores(linear):
+    """Two reduction dims (a conv-like contraction) flattened into one k of 48 (row-major over
+    ``(r, s)``). Where an operand's offset is ``data + stride * k`` with its tile's inner dim
+    contiguous (``x[i, r, s]``: ``48 i + k``; ``w[r, s, j]``: ``24 k + j``), its tile is
+    copied by 16-byte cp.async chunks with no division of k, pipelined (issue 23; before: both
+    gathered element by element, single-stage); read in the other order (``x[i, s, r]``,
+    ``w[s, r, j]``) k's runs are not contiguous and both stay scalar gathers, the reason
+    noted. Correct in both thread orders."""
     r, s = te.reduce_axis(6, name="r"), te.reduce_axis(8, name="s")
-    mm = te.compute((32, 24), lambda i, j: te.sum(x[i, r, s] * w[r, s, j], axis=[r, s]), name="mm")
-    xs, ws = _array((32, 6, 8), "float16"), _array((6, 8, 24), "float16")
-    want = np.einsum("irs,rsj->ij", xs.astype(np.float64), ws.astype(np.float64))
+    want_note = {
+        True: "tensor cores: the shared tiles are filled by 16-byte cp.async chunks (8 "
+        "elements, zero-filled past the arrays' edges)",
+        False: "tensor cores: stages: single-stage, scalar 2-byte fills: x and w gathered "
+        "(implicit GEMM: the reduction dims flattened into k, im2col in the fill)",
+    }
+    xsh, wsh = ((32, 6, 8), (6, 8, 24)) if linear else ((32, 8, 6), (8, 6, 24))
+    x = te.placeholder(xsh, "float16", name="x")
+    w = te.placeholder(wsh, "float16", name="w")
+
+    def body(i, j):
+        if linear:
+            return te.sum(x[i, r, s] * w[r, s, j], axis=[r, s])
+        return te.sum(x[i, s, r] * w[s, r, j], axis=[r, s])
+
+    mm = te.compute((32, 24), body, name="mm")
+    xs, ws = _array(xsh, "float16"), _array(wsh, "float16")
+    sub = "irs,rsj->ij" if linear else "isr,srj->ij"
+    want = np.einsum(sub, xs.astype(np.float64), ws.astype(np.float64))
     fn = _check("float16", [x, w], mm, [xs, ws], want)
     _tensorized(fn)
-    assert (
-        "tensor cores: stages: single-stage, scalar 2-byte fills: x and w gathered (implicit "
-        "GEMM: the reduction dims flattened into k, im2col in the fill)" in fn.kernels[0].notes
-    )
+    assert want_note[linear] in fn.kernels[0].notes, fn.kernels[0].notes
+    src = fn.kernels[0].source
+    if linear:
+        assert "&x[pf_n > 0 ? 48 * pf_r + pf_k : 0]" in src
+        assert "&w[pf_n > 0 ? pf_r + 24 * pf_k : 0]" in src
+    else:
+        assert "pf_cp_async16(" not in src
 
 
 def test_an_architecture_without_mma_is_refused_with_the_reason():

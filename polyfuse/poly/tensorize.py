@@ -100,9 +100,10 @@ class MmaOperand:
     gather: bool = False
     #: the fill zero-fills elements outside the array (a padding select proven redundant)
     guarded: bool = False
-    #: a gathered operand whose array offset is ``data part + k + constant``
-    #: (:func:`polyfuse.poly.tensorize_gather.linear_k`): filled by 16-byte chunks along k
-    linear: tuple[tuple[int, ...], int] | None = None
+    #: a gathered operand whose array offset is ``data part + s * k + constant``, contiguous
+    #: along its tile's innermost dim (:func:`polyfuse.poly.tensorize_gather.linear_k`):
+    #: filled by 16-byte chunks
+    linear: tuple[tuple[int, ...], int, int] | None = None
 
     @property
     def scalar(self) -> bool:
@@ -220,7 +221,9 @@ def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
     ``CHUNK``) is a multiple of ``CHUNK``
     (``chunk``: the elements of 16 bytes, 4 for float32)."""
     if op.linear is not None:
-        return linear_alignment(op.tensor, op.linear, chunk)
+        return linear_alignment(
+            op.tensor, op.linear, chunk, None if op.k_inner else op.outer_dim, lo
+        )
     inner = op.shape[op.inner_dim]
     if inner % chunk:
         return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
@@ -342,7 +345,7 @@ def _either(
     if isinstance(got, str):
         return plain if isinstance(plain, str) and plain else got
     index, k_inner, inner = got
-    lin = linear_k(index, arr, shape) if k_inner and not guarded else None
+    lin = None if guarded else linear_k(index, arr, shape, mine, k_inner)
     return MmaOperand(t, arr, index, mine, k_inner, inner, True, guarded, lin)
 
 

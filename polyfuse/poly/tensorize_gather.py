@@ -90,35 +90,49 @@ def gather_operand(
 
 
 def linear_k(
-    index: tuple[tuple[tuple[int, ...], int], ...], arr: tuple[int, ...], shape: GemmShape
-) -> tuple[tuple[int, ...], int] | None:
-    """``(coefficients over the data dims, constant)`` of a gathered operand's row-major array
-    offset where it is ``data part + k + constant`` (``k`` the flattened reduction,
-    :func:`k_extent`): the subscripts' reduction coefficients, weighted by the array's strides,
-    are the flattening's own strides (an OIHW weight under the ``(c, kh, kw)`` order), so every
-    run of consecutive ``k`` is contiguous in memory and the fill may copy it by 16-byte
-    chunks; else None. The coefficients are isl's (:func:`affine_index`)."""
+    index: tuple[tuple[tuple[int, ...], int], ...],
+    arr: tuple[int, ...],
+    shape: GemmShape,
+    mine: int,
+    k_inner: bool,
+) -> tuple[tuple[int, ...], int, int] | None:
+    """``(coefficients over the data dims, k's coefficient, constant)`` of a gathered operand's
+    row-major array offset where it is ``data part + s * k + constant`` (``k`` the flattened
+    reduction, :func:`k_extent`: the subscripts' reduction coefficients, weighted by the
+    array's strides, are ``s`` times the flattening's own strides) and consecutive elements
+    along the tile's innermost dim are consecutive in memory (``s = 1`` where k is innermost,
+    else the row dim ``mine``'s coefficient 1): an OIHW weight under the ``(c, kh, kw)``
+    order, whose every run of k is contiguous. Such a tile may be copied by 16-byte chunks
+    with no division of k; else None. The coefficients are isl's (:func:`affine_index`)."""
     nd, nr = len(shape.data), len(shape.red)
     strides = [math.prod(arr[i + 1 :]) for i in range(len(arr))]
     lin = [sum(c[d] * s for (c, _), s in zip(index, strides, strict=True)) for d in range(nd + nr)]
     const = sum(k * s for (_, k), s in zip(index, strides, strict=True))
     ext = [hi - lo + 1 for lo, hi in shape.red]
-    kstr = [math.prod(ext[j + 1 :]) for j in range(nr)]
-    if lin[nd:] != kstr:
+    sk = lin[-1]
+    if lin[nd:] != [sk * math.prod(ext[j + 1 :]) for j in range(nr)]:
+        return None
+    if (sk if k_inner else lin[mine]) != 1:
         return None
     if nr > 1:  # k = sum (r_j - lo_j) * kstr_j: the reduction's lower bounds go to the constant
         const += sum(lin[nd + j] * lo for j, (lo, _) in enumerate(shape.red))
-    return tuple(lin[:nd]), const
+    return tuple(lin[:nd]), sk, const
 
 
-def linear_alignment(name: str, lin: tuple[tuple[int, ...], int], chunk: int) -> str:
-    """Why a :func:`linear_k` operand's 16-byte chunks (``chunk`` elements from ``k`` = a
-    multiple of ``chunk``) do not all start 16-byte aligned, or "": every data coefficient
-    and the constant a multiple of ``chunk``."""
-    coeffs, const = lin
-    bad = [c for c in (*coeffs, const) if c % chunk]
+def linear_alignment(
+    name: str, lin: tuple[tuple[int, ...], int, int], chunk: int, along: int | None, lo: int
+) -> str:
+    """Why a :func:`linear_k` operand's 16-byte chunks do not all start 16-byte aligned, or
+    "": every coefficient but the one the chunks run along (data dim ``along``; None: k) a
+    multiple of ``chunk`` elements, and the first chunk's offset (the constant plus ``lo``,
+    the first value of that dim; chunks then step by ``chunk``) too."""
+    coeffs, sk, const = lin
+    others = [c for d, c in enumerate(coeffs) if d != along] + ([] if along is None else [sk])
+    bad = [c for c in others if c % chunk]
     if bad:
         return f"{name}'s offset moves by {bad[0]} elements (not a multiple of {chunk})"
+    if (const + lo) % chunk:
+        return f"{name}'s tile rows start at element {const + lo} mod {chunk} (not 16-byte aligned)"
     return ""
 
 

@@ -107,12 +107,13 @@ class TileFill:
         ``data part + pf_k + constant`` for an operand linear in k (no division of k)."""
         if self.op.linear is None:
             return c_offset(self.subscripts(), self.op.shape)
-        coeffs, const = self.op.linear
-        vals = list(self.batch)
+        coeffs, sk, const = self.op.linear
+        vals = [*self.batch, "pf_k"]
         for d, v in self.row_vals or ((self.op.outer_dim, "pf_r"),):
             vals[d] = v
-        terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(coeffs, vals, strict=True) if c]
-        return " + ".join([*terms, "pf_k", *([str(const)] if const else [])])
+        pairs = zip((*coeffs, sk), vals, strict=True)
+        terms = [f"{c} * {v}" if c != 1 else v for c, v in pairs if c]
+        return " + ".join([*terms, *([str(const)] if const else [])])
 
     def inside(self) -> str:
         """The guard of a ``guarded`` operand's read (C text, "" for others): every subscript
