@@ -304,9 +304,38 @@ def test_a_weight_whose_rows_are_not_aligned_keeps_scalar_fills():
     assert tolerance("float16").allclose(got, want.astype(np.float16))
 
 
-def _conv_hot_loop(arch: str) -> tuple[int, int, int, int, int]:
+@pytest.mark.parametrize("dtype, case", [("bfloat16", "3x3_pad1"), ("float16", "3x3_stride2_pad1")])
+def test_channel_innermost_order_runs_without_carries(dtype, case):
+    """C = 32 (a multiple of each thread's run of 16 k; every other dim odd): the reduction is
+    flattened as (kh, kw, c), modelled cheaper than (c, kh, kw) (notes); each thread's run of
+    the input's k stays in one (kh, kw): its padding test is one predicate per k-tile
+    (``pf_run``), the channel steps by one, and the tiles wholly inside the reduction drop
+    their k guard. Before: (c, kh, kw) and k divided per element. Correct in every mode; the
+    ldmatrix reads and the weight's scalar writes conflict-free."""
+    inputs, out, arrays, want = _conv(dtype, (3, 32, 21, 11, 9), *CASES[case])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    k = _tensorized(fn)
+    order = [n for n in k.notes if n.startswith("tensor cores: reduction flattened")]
+    assert order and order[0].startswith(
+        "tensor cores: reduction flattened in the order (1, 2, 0) of its dims"
+    ), k.notes
+    assert "const bool pf_run = " in k.source and "++pf_d2;" in k.source
+    lines = fn.cuda_source.splitlines()
+    sites = _banks(fn, arrays, want, dtype)
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    w_writes = [s for s in sites if "s_w[" in lines[s.line - 1] and "= pf_v;" in lines[s.line - 1]]
+    x_writes = [s for s in sites if "s_x[" in lines[s.line - 1] and "= pf_v;" in lines[s.line - 1]]
+    assert len(loads) >= 2 and w_writes and x_writes
+    # the weight's scalar writes: half a warp per 32-byte block row (they were 2-way before)
+    assert [str(s) for s in loads + w_writes if s.conflicts] == []
+    # the input's run writes a warp-wide row across two blocks: 2-way, as before
+    assert all(s.wavefronts <= 2 * s.requests for s in x_writes), [str(s) for s in x_writes]
+    _run_all_modes(fn, dtype, arrays, want)
+
+
+def _conv_hot_loop(arch: str) -> tuple[int, int, int, int, int, list[str]]:
     """(HMMA, LDSM, LDGSTS, other instructions, spilled bytes) per iteration of the first SASS
-    loop holding HMMA (the pipelined k-tile loop's steady state) of the ResNet 3x3 conv."""
+    loop holding HMMA (the k-tile loop's steady state) of the ResNet 3x3 conv, and its notes."""
     from polyfuse.cuda.toolchain.sass import (
         DisassemblerNotFound,
         find_disassembler,
@@ -329,7 +358,7 @@ def _conv_hot_loop(arch: str) -> tuple[int, int, int, int, int]:
         if hmma:
             ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
             ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
-            return hmma, ldsm, ldgsts, len(ins) - hmma, spills
+            return hmma, ldsm, ldgsts, len(ins) - hmma, spills, fn.kernels[0].notes
     raise AssertionError("no loop holds HMMA")
 
 
@@ -337,14 +366,19 @@ def _conv_hot_loop(arch: str) -> tuple[int, int, int, int, int]:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_sass_conv3x3_k_tile_loop(arch):
     """Issue 23's SASS figure for conv 3x3 pad 1 bf16 (2, 64, 128, 56, 56), per iteration of
-    the k-tile loop (64x64x32 block tile): 16 HMMA, 8 LDSM, the weight's 2 LDGSTS (16-byte
-    cp.async chunks, pipelined), no spill. Before: no LDGSTS, both tiles filled by rolled
-    scalar loops of unknown trip count (the listing's 141 others counted their bodies once:
-    ~30 instructions per copied element, 16 elements of each tile per thread). Now the input's
-    16 elements per thread are unrolled with no k division: 488 (sm_80) / 504 (sm_90) others,
-    1 HMMA per 30.5 / 31.5 -- the issue's 1 per 2 is NOT reached for a 3x3 NCHW conv: its
-    input is read at ``x + kw - 1``, no 16-byte chunk is aligned for kw != 1, so its tile
-    stays a scalar gather (the 1x1 conv's tiles are plain GEMM tiles)."""
-    hmma, ldsm, ldgsts, other, spills = _conv_hot_loop(arch)
-    assert (hmma, ldsm, ldgsts, spills) == (16, 8, 2, 0), (hmma, ldsm, ldgsts, other, spills)
-    assert other <= 34 * hmma, (hmma, other)
+    the k-tile loop (64x64x32 block tile, no inner loop left): 16 HMMA, 8 LDSM, no spill.
+
+    Before: both tiles filled by rolled scalar loops of 16 trips splitting every element's k
+    into (c, kh, kw) by divisions (the listing's 135 / 141 others counted their bodies once;
+    with their trips ~1725 per iteration, 1 HMMA per ~108). Now the reduction is flattened
+    as (kh, kw, c) (the order model's choice, in the notes): each thread's run of 16 k of the
+    input stays in one (kh, kw) -- one division and one padding test per k-tile, the elements
+    step by immediates -- and the weight keeps one k per thread: 166 (sm_80) / 168 (sm_90)
+    others, 1 HMMA per 10.4 / 10.5. The issue's 1 per 2 is NOT reached: the NCHW input read at
+    ``x + kw - 1`` has no aligned 16-byte chunk for kw != 1, so both tiles stay scalar copies
+    (32 elements per thread and k-tile: ~4 instructions each)."""
+    hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch)
+    assert (hmma, ldsm, spills) == (16, 8, 0), (hmma, ldsm, ldgsts, other, spills)
+    assert other <= 11 * hmma, (hmma, other)
+    assert any(n.startswith("tensor cores: reduction flattened in the order (1, 2, 0)")
+               for n in notes), notes  # fmt: skip

@@ -68,6 +68,7 @@ from polyfuse.poly.tensorize_gather import (
     linear_k,
     split_shape,
 )
+from polyfuse.poly.tensorize_order import choose_k_order
 from polyfuse.poly.tiling import detect_gemm
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
@@ -481,6 +482,12 @@ def map_tensor_core(
         b = replace(b, gather=True, linear=None)
     mn = (a.outer_dim, b.outer_dim)
     tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold)
+    size = ITEMSIZE[dtype]
+    shape, a, b, order_note = choose_k_order(
+        shape, a, b, (tiling.block_m, tiling.block_n), tiling.block_k, 32 * tiling.warps,
+        lambda op: not fill_alignment(op, 0 if op.k_inner else shape.data[op.outer_dim][0],
+                                      16 // size),
+    )  # fmt: skip
     grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in (*mn, fold)]
     cols = _extent(shape, mn[1]) * (1 if fold is None else _extent(shape, fold))
     grid += [-(-_extent(shape, mn[0]) // tiling.block_m), -(-cols // tiling.block_n)]
@@ -522,6 +529,7 @@ def map_tensor_core(
                 f"{mn[1]}, the other data dims a batch (one block tile per batch point)"
             ]
         ),
+        *([order_note] if order_note else []),
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",

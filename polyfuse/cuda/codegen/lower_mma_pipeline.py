@@ -30,6 +30,7 @@ and multiplied. With S = 1 the copies of k-tile ``kt`` are issued, committed and
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 from polyfuse.cuda.codegen.c_text import c_offset
@@ -115,21 +116,35 @@ class TileFill:
         terms = [f"{c} * {v}" if c != 1 else v for c, v in pairs if c]
         return " + ".join([*terms, *([str(const)] if const else [])])
 
-    def inside(self) -> str:
+    def inside(self, op: str = "&&") -> str:
         """The guard of a ``guarded`` operand's read (C text, "" for others): every subscript
-        that moves with the reduction inside the array (zero on a conv's padding)."""
+        that moves with the reduction inside the array (zero on a conv's padding), joined by
+        ``op`` (``&``: evaluated whole, a predicate rather than a branch per term)."""
+        return "".join(f" {op} {c}" for c in self.inside_conds())
+
+    def inside_conds(self) -> list[str]:
+        """The terms of :meth:`inside`, one per guarded subscript."""
         if not self.op.guarded:
-            return ""
+            return []
         nd = len(self.batch)
-        conds = [
-            f"(unsigned)({x}) < {n}u"
-            for x, n, (c, _) in zip(self.subscripts(), self.op.shape, self.op.index, strict=True)
-            if any(c[nd:]) or any(c[d] for d, _ in self.row_vals or ((self.op.outer_dim, ""),))
-        ]
-        return "".join(f" && {c}" for c in conds)
+        rows = {d for d, _ in self.row_vals or ((self.op.outer_dim, ""),)}
+        out = []
+        for x, n, (c, k) in zip(self.subscripts(), self.op.shape, self.op.index, strict=True):
+            if not (any(c[nd:]) or any(c[d] for d in rows)):
+                continue
+            if self.red and not any(c[:nd]):  # reduction dims only: inside over their box?
+                box = list(zip(c[nd:], self.red, strict=True))
+                lo = k + sum(min(a * r0, a * r1) for a, (r0, r1) in box)
+                hi = k + sum(max(a * r0, a * r1) for a, (r0, r1) in box)
+                if 0 <= lo and hi < n:
+                    continue
+            out.append(f"(unsigned)({x}) < {n}u")
+        return out
 
 
-def scalar_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> list[str]:
+def scalar_fill(
+    f: TileFill, k0: str, stage: str = "", pad: str = "    ", k_inside: bool = False
+) -> list[str]:
     """The loop that copies the k-tile at ``k0`` into ``f``'s shared tile (stage ``stage``, C
     text; "" for a single-buffered tile), every thread a strided share of the elements, the
     array's innermost dim fastest; zeros outside the array. Where the threads divide the tile's
@@ -140,14 +155,22 @@ def scalar_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> lis
     n = inner * outer
     if f.op.gather and not f.op.k_inner and len(f.red) > 1 and f.nthreads % inner == 0:
         if n % f.nthreads == 0:
-            return digit_fill(f, k0, stage, pad)
+            return digit_fill(f, k0, stage, pad, k_inside)
     base = f"{stage} * {f.elements} + " if stage else ""
     zero = f"{FLOAT_TO_HALF[f.dtype]}(0.0f)" if f.dtype in FLOAT_TO_HALF else "0.0f"
     if f.nthreads % inner == 0 and n % f.nthreads == 0:
+        w, step = f.layout.row, f.nthreads // inner
+        o, i = f"pf_tid / {inner}", f"pf_tid % {inner}"
+        if f.layout.blocked and f.nthreads % (2 * inner) == 0 and inner % w == 0:
+            # a blocked layout's rows are w elements (32 bytes): a warp's 16 lanes of one
+            # 16-bit row, the other 16 the next row of the same block (other banks; a
+            # whole-width row across two blocks hit the same banks twice)
+            nb = inner // w
+            o = f"pf_tid / {w} % 2 + pf_tid / {2 * w * nb} * 2"
+            i = f"pf_tid / {2 * w} % {nb} * {w} + pf_tid % {w}"
         head = [
             f"{pad}for (int pf_u = 0; pf_u < {n // f.nthreads}; ++pf_u) {{",
-            f"{pad}  const int pf_o = pf_tid / {inner} + pf_u * {f.nthreads // inner}, "
-            f"pf_i = pf_tid % {inner};",
+            f"{pad}  const int pf_o = {o} + pf_u * {step}, pf_i = {i};",
         ]
         io, ii = "pf_o", "pf_i"
     else:
@@ -157,21 +180,36 @@ def scalar_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> lis
         row, k = f"{f.row0} + {io}", f"{k0} + {ii}"
     else:
         row, k = f"{f.row0} + {ii}", f"{k0} + {io}"
-    # a gather's subscripts (divisions, guards) kept rolled: unrolled they spilled on sm_90
-    unroll = [f"{pad}#pragma unroll 1"] if f.op.gather else []
+    # a gather's subscripts (divisions, guards) kept rolled where k moves along the loop:
+    # unrolled they spilled on sm_90; a k-innermost tile with one k per thread (``pf_i``) has
+    # its divisions once per k-tile, unrolled (the rows step by immediates)
+    fixed_k = f.op.k_inner and ii == "pf_i"
+    unroll = [f"{pad}#pragma unroll 1"] if f.op.gather and not fixed_k else []
+    if fixed_k:
+        unroll = [f"{pad}#pragma unroll"]
+    kc = "" if k_inside else f" && pf_k <= {f.k_hi}"
+    guard = f"pf_r <= {f.row_hi}{kc}{f.inside()}"
+    load = [f"{pad}  if ({guard}) pf_v = {f.src}[{f.offset()}];"]
+    if f.op.gather:  # the guard evaluated whole (one predicate, no branch per term) and the
+        # offset outside it (unconditional: its k part shared by the unrolled elements)
+        kc = "" if k_inside else f" & (pf_k <= {f.k_hi})"
+        guard = f"(pf_r <= {f.row_hi}){kc}{f.inside('&')}"
+        load = [f"{pad}  const int pf_off = {f.offset()};",
+                f"{pad}  if ({guard}) pf_v = {f.src}[pf_off];"]  # fmt: skip
     return [
         *unroll,
         *head,
         f"{pad}  const int pf_r = {row}, pf_k = {k};",
         f"{pad}  {C_TYPES[f.dtype]} pf_v = {zero};",
-        f"{pad}  if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}{f.inside()}) "
-        f"pf_v = {f.src}[{f.offset()}];",
+        *load,
         f"{pad}  {f.buf}[{base}{f.layout.offset_text(io, ii, False)}] = pf_v;",
         f"{pad}}}",
     ]
 
 
-def digit_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> list[str]:
+def digit_fill(
+    f: TileFill, k0: str, stage: str = "", pad: str = "    ", k_inside: bool = False
+) -> list[str]:
     """:func:`scalar_fill` of a gathered tile stored in k rows (an implicit GEMM's input):
     each thread copies one column (``pf_i``, fixed for the whole loop) of a run of ``U``
     consecutive k rows. The reduction dims' values at the run's first k are computed once per
@@ -189,25 +227,40 @@ def digit_fill(f: TileFill, k0: str, stage: str = "", pad: str = "    ") -> list
         v = f"pf_kb / {inner_ext}" if inner_ext > 1 else "pf_kb"
         v = f"({v}) % {ext[j]}" if j else f"({v})"
         first.append(f"{digits[j]} = {lo} + {v}" if lo else f"{digits[j]} = {v}")
-    carry = []  # branch-free: the innermost +1, each wrap carried outward by selects
-    for j in range(len(f.red) - 1, 0, -1):
-        lo, hi = f.red[j]
-        inc = "1" if j == len(f.red) - 1 else f"pf_c{j + 1}"
-        carry.append(f"const int pf_c{j} = {digits[j]} + {inc} > {hi}; "
-                     f"{digits[j]} = pf_c{j} ? {lo} : {digits[j]} + {inc};")  # fmt: skip
-    carry.append(f"{digits[0]} += pf_c1;")
     g = replace(f, k_vals=tuple(digits))
+    kc = [] if k_inside else [f"(pf_k <= {f.k_hi})"]
+    conds = [f"(pf_r <= {f.row_hi})", *kc, *g.inside_conds()]
+    fixed: list[str] = []  # terms the run does not move, one predicate before it
+    if ext[-1] % u == 0 and f.block_k % u == 0:  # runs start on multiples of u: never wrap
+        carry = [f"++{digits[-1]};"]
+        moving = re.compile(rf"\b(pf_k|pf_u|{digits[-1]})\b")
+        fixed = [c for c in conds if not moving.search(c)]
+        conds = [c for c in conds if moving.search(c)] + (["pf_run"] if fixed else [])
+    else:  # branch-free: the innermost +1, each wrap carried outward by selects
+        carry = []
+        for j in range(len(f.red) - 1, 0, -1):
+            lo, hi = f.red[j]
+            inc = "1" if j == len(f.red) - 1 else f"pf_c{j + 1}"
+            carry.append(f"const int pf_c{j} = {digits[j]} + {inc} > {hi}; "
+                         f"{digits[j]} = pf_c{j} ? {lo} : {digits[j]} + {inc};")  # fmt: skip
+        carry.append(f"{digits[0]} += pf_c1;")
+    head = []
+    if fixed:
+        head = [f"{pad}  const int pf_r = {f.row0} + pf_tid % {inner};",
+                f"{pad}  const bool pf_run = {' & '.join(fixed)};"]  # fmt: skip
     return [
         f"{pad}{{",
         f"{pad}  const int pf_kb = {k0} + pf_tid / {inner} * {u};",
         f"{pad}  int {', '.join(first)};",
+        *head,
         f"{pad}#pragma unroll",
         f"{pad}  for (int pf_u = 0; pf_u < {u}; ++pf_u) {{",
         f"{pad}    const int pf_o = pf_tid / {inner} * {u} + pf_u, pf_i = pf_tid % {inner};",
-        f"{pad}    const int pf_r = {f.row0} + pf_i, pf_k = pf_kb + pf_u;",
+        f"{pad}    const int pf_k = pf_kb + pf_u;",
+        *([] if fixed else [f"{pad}    const int pf_r = {f.row0} + pf_i;"]),
         f"{pad}    {C_TYPES[f.dtype]} pf_v = {zero};",
-        f"{pad}    if (pf_r <= {f.row_hi} && pf_k <= {f.k_hi}{g.inside()}) "
-        f"pf_v = {f.src}[{g.offset()}];",
+        f"{pad}    const int pf_off = {g.offset()};",
+        f"{pad}    if ({' & '.join(conds)}) pf_v = {f.src}[pf_off];",
         f"{pad}    {f.buf}[{base}{f.layout.offset_text('pf_o', 'pf_i', False)}] = pf_v;",
         *[f"{pad}    {c}" for c in carry],
         f"{pad}  }}",
@@ -221,7 +274,7 @@ def fill(f: TileFill, k0: str, stage: str, pad: str = "    ", k_inside: bool = F
     operand with no contiguous run (:func:`scalar_fill`: they land before the barrier that
     ends the iteration, so the stage is ready as early as the chunks)."""
     if f.op.scalar:
-        return scalar_fill(f, k0, stage, pad)
+        return scalar_fill(f, k0, stage, pad, k_inside)
     return chunk_fill(f, k0, stage, pad, k_inside)
 
 
@@ -299,17 +352,19 @@ def k_tile_loop(
         return [*head, f"  for (int pf_kt = {lo}; pf_kt < {hi}; ++pf_kt) {{", *body, "  }"]
 
     if not vector:
-        return [
-            "  const int pf_rs = 0;",
-            *loop(0, k_tiles, [
+
+        def scalar(inside: bool) -> list[str]:
+            return [
                 f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
                 *point,
                 "    __syncthreads();  // the previous k-tile's fragments are loaded",
-                *[line for f in fills for line in scalar_fill(f, "pf_k0")],
+                *[ln for f in fills for ln in scalar_fill(f, "pf_k0", k_inside=inside)],
                 "    __syncthreads();  // the shared tiles are filled",
                 *compute,
-            ]),
-        ]  # fmt: skip
+            ]
+
+        return ["  const int pf_rs = 0;", *loop(0, full, scalar(True)),
+                *loop(full, k_tiles, scalar(False), True)]  # fmt: skip
     if stages == 1:
 
         def single(inside: bool) -> list[str]:
