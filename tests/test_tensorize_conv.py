@@ -260,7 +260,7 @@ def _banks(fn, arrays, want, dtype) -> list:
 
 
 @pytest.mark.parametrize("case", ["3x3_pad1", "3x3_stride2_pad1"])
-@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_gathered_conv_weights_fill_by_cp_async_pipelined(case, stages):
     """Issue 23: the weight ``w[o, c, kh, kw]`` of an implicit GEMM is gathered, but its offset
     is ``576 o + k`` shaped (isl's coefficients times the array's strides are the flattening's
