@@ -6,9 +6,12 @@ A convolution's update ``out[b, o, y, x] += where(pad, x[b, c, s*y + kh - p, s*x
 a batch (or ``y`` folded into the columns beside a narrow ``x``: :func:`fold_columns`). Its
 operands are no plain ``A[m, k]`` tiles: the shared-tile fill gathers them element by element
 through their full affine subscripts (im2col in the fill; ``k`` split back into the reduction
-dims by divisions), scalar and single-stage, so any affine subscript that reads the operand's
-row dim, the reduction dims and batch dims only is accepted
-(:func:`gather_operand`). A padding select ``where(c, x[..], 0)`` is dropped where isl proves
+dims once per k-tile and thread run), so any affine subscript that reads the operand's row
+dim, the reduction dims and batch dims only is accepted (:func:`gather_operand`). Where the
+operand's array offset is linear in the flattened ``k`` and contiguous along its tile's inner
+dim (:func:`linear_k`: an OIHW weight under ``(c, kh, kw)``), its tile is copied by 16-byte
+``cp.async`` chunks instead, pipelined; the reduction's order is chosen by
+:mod:`polyfuse.poly.tensorize_order`. A padding select ``where(c, x[..], 0)`` is dropped where isl proves
 every update instance on which ``c`` fails reads outside ``x``
 (:func:`polyfuse.poly.select_free.select_free_operands`): the fill zero-fills every element
 outside the array (the operand is ``guarded``), which is the select's 0.

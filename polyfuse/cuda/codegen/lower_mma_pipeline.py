@@ -14,7 +14,14 @@ of two ways (:class:`polyfuse.poly.tensorize.TensorCoreKernel` ``vector_fill``):
   (conflict-free), while a warp still reads whole 64- or 128-byte runs of global memory. Past an
   array's edge the copy's zero-fill argument counts the bytes outside (a chunk wholly outside
   reads nothing and is all zero);
-- **scalar** (:func:`scalar_fill`): 2-byte guarded copies, single-stage (unaligned arrays).
+- **scalar** (:func:`scalar_fill`): 2-byte guarded copies (unaligned arrays; an implicit
+  GEMM's gathered operand). A thread keeps one position along the tile's innermost dim for
+  the whole loop (its subscript part is loop-invariant); a gathered tile stored in k rows walks
+  a run of consecutive k per thread (:func:`digit_fill`: the reduction dims' values once per
+  k-tile, then carried, or -- where the runs never wrap the innermost reduction dim -- only it
+  steps, the other guards one predicate per run). Where the other operand's tile takes
+  chunks, the scalar copies go into the same S stages (:func:`fill`); else single-stage, the
+  k-tiles wholly inside the reduction without the k guard.
 
 With chunks the k-tile loop is pipelined over S stages (ALCOP; S from
 :func:`polyfuse.poly.costs.stages.choose_stages`): S buffers per tile; a prologue issues the
