@@ -11,8 +11,8 @@ dim, the reduction dims and batch dims only is accepted (:func:`gather_operand`)
 operand's array offset is linear in the flattened ``k`` and contiguous along its tile's inner
 dim (:func:`linear_k`: an OIHW weight under ``(c, kh, kw)``), its tile is copied by 16-byte
 ``cp.async`` chunks instead, pipelined; the reduction's order is chosen by
-:mod:`polyfuse.poly.tensorize_order`. A padding select ``where(c, x[..], 0)`` is dropped where isl proves
-every update instance on which ``c`` fails reads outside ``x``
+:mod:`polyfuse.poly.tensorize_order`. A padding select ``where(c, x[..], 0)`` is dropped where
+isl proves every update instance on which ``c`` fails reads outside ``x``
 (:func:`polyfuse.poly.select_free.select_free_operands`): the fill zero-fills every element
 outside the array (the operand is ``guarded``), which is the select's 0.
 """
