@@ -226,6 +226,13 @@ def test_nvrtc_compiles_tensorized_convs_without_spills(arch):
         binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
         assert binary.resources
         assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+    # the weight by pipelined cp.async beside the input's scalar gather (C = 24), and the
+    # (kh, kw, c) order's carry-free runs (C = 32)
+    for size in (ALIGNED_W, (3, 32, 21, 11, 9)):
+        inputs, out, _, _ = _conv("bfloat16", size, *CASES["3x3_pad1"])
+        fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
 
 
 @pytest.mark.parametrize("case, groups", [("3x3_stride2_pad1", 1), ("1x1", 1), ("3x3_pad1", 2)])
