@@ -52,6 +52,7 @@ def affine_index(
         index.append(aff)
     return index
 
+
 def k_extent(shape: GemmShape) -> tuple[int, int]:
     """The first and last ``k`` of the GEMM: the reduction's bounds where it has one dim, else
     ``0 .. prod(extents) - 1`` (the dims flattened row-major)."""

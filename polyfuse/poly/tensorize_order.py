@@ -80,6 +80,23 @@ def k_orders(n: int) -> list[tuple[int, ...]]:
     return [ident] + [(*(i for i in ident if i != j), j) for j in range(n - 1)]
 
 
+def price_k_orders(
+    shape: GemmShape, a, b, rows: tuple[int, int], block_k: int, nthreads: int,
+    aligned: Callable[[object], bool],
+) -> list[tuple[float, tuple[int, ...], GemmShape, object, object]]:  # fmt: skip
+    """Each order of :func:`k_orders` priced: (modelled fill instructions per thread and
+    k-tile of ``a`` and ``b``, the order, ``shape``, ``a``, ``b`` in it)."""
+    priced = []
+    for order in k_orders(len(shape.red)):
+        s, (pa, pb) = permute_reduction(shape, [a, b], order)
+        cost = sum(
+            fill_cost(op, s, r, block_k, nthreads, aligned(op))
+            for op, r in ((pa, rows[0]), (pb, rows[1]))
+        )
+        priced.append((cost, order, s, pa, pb))
+    return priced
+
+
 def choose_k_order(
     shape: GemmShape, a, b, rows: tuple[int, int], block_k: int, nthreads: int,
     aligned: Callable[[object], bool],
@@ -89,14 +106,7 @@ def choose_k_order(
     and the note (every order's modelled cost); unchanged with one reduction dim."""
     if len(shape.red) < 2:
         return shape, a, b, ""
-    priced = []
-    for order in k_orders(len(shape.red)):
-        s, (pa, pb) = permute_reduction(shape, [a, b], order)
-        cost = sum(
-            fill_cost(op, s, r, block_k, nthreads, aligned(op))
-            for op, r in ((pa, rows[0]), (pb, rows[1]))
-        )
-        priced.append((cost, order, s, pa, pb))
+    priced = price_k_orders(shape, a, b, rows, block_k, nthreads, aligned)
     cost, order, s, pa, pb = min(priced, key=lambda p: p[0])
     costs = ", ".join(f"{o}: {c:.0f}" for c, o, *_ in priced)
     note = (
