@@ -15,7 +15,7 @@ import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
-from polyfuse.poly import tensorize
+from polyfuse.poly import tensorize_tiling
 
 HALVES = ["float16", "bfloat16"]
 RNG = np.random.default_rng(23)
@@ -118,11 +118,13 @@ def test_half_matmuls_run_on_tensor_cores_and_match_float64(dtype, case, size):
 
 
 def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
-    """128x128 tiles of 8 warps where they still give one block per SM (A100: 108), else
-    64x64; the 8-warp kernel is correct at odd sizes too (forced here)."""
+    """A larger tile where its blocks still give one block per SM (A100: 108): 1000x1700x40
+    takes 256x64 of 4 warps, 4x8 mma tiles each (the tiling model's least modelled others per
+    HMMA; before, the fixed list's 128x128), else 64x64; the 8-warp kernel is correct at odd
+    sizes too (forced here)."""
     inputs, out, _, _ = _matmul("bfloat16", 1000, 1700, 40)
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
-    assert "block tile 128x128x32 of 8 warps, each 4x4 mma tiles" in fn.kernels[0].notes[0]
+    assert "block tile 256x64x32 of 4 warps, each 4x8 mma tiles" in fn.kernels[0].notes[0]
     inputs, out, _, _ = _matmul("bfloat16", 200, 1100, 40)
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
     assert "block tile 64x64x32 of 4 warps, each 2x4 mma tiles (18" not in fn.kernels[0].notes[0]
@@ -138,7 +140,7 @@ def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
 
 
 def test_the_eight_warp_tile_is_correct_at_odd_sizes(monkeypatch):
-    monkeypatch.setattr(tensorize, "TILINGS", ((128, 128, 2, 4),))
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 128, 2, 4),))
     inputs, out, arrays, want = _matmul("float16", *ODD, batch=2, trans_b=True, epilogue=True)
     fn = _check("float16", inputs, out, arrays, want)
     _tensorized(fn)
