@@ -5,14 +5,17 @@
 Per case (conv 3x3 pad 1, 1x1, 3x3 stride 2; NCHW, bias + ReLU epilogue) and arch: NVRTC →
 cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU), then the first SASS loop that
 holds HMMA (the k-tile loop's steady state; its fills unrolled): HMMA, LDSM, LDGSTS and the
-other instructions per iteration, other per HMMA (the issue asks at most 2), registers and
-spills; and the instrument's hot loop (trip counts applied; ``body`` where the k-tile loop was
-unrolled whole, e.g. a 1x1 conv of two k-tiles). Without NVRTC or nvdisasm it says so.
+other instructions per iteration, other per HMMA (the issue asks at most 2) and per useful HMMA
+(those of the block tile inside the GEMM: a 128-row tile on 64 channels computes half zeros),
+registers and spills; and the instrument's hot loop (trip counts applied; ``body`` where the
+k-tile loop was unrolled whole, e.g. a 1x1 conv of two k-tiles). Without NVRTC or nvdisasm it
+says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import polyfuse
@@ -57,6 +60,21 @@ def measure(size, case: str, arch: str, dtype: str) -> dict:
     mix = k.hot.mix
     out["hot"] = (k.hot.kind, mix["HMMA"], mix.total - mix["HMMA"])
     out["notes"] = [n for n in fn.kernels[0].notes if "block tile" in n or "order" in n]
+    # the share of the block tile's HMMA on the GEMM (rows: output channels; columns: the
+    # output width, or height x width where folded)
+    n, c, o, h, w = size
+    kk, stride, pad = CASES[case]
+    oh, ow = (h + 2 * pad - kk) // stride + 1, (w + 2 * pad - kk) // stride + 1
+    (layout,) = [d for kp in fn.plan.kernel_plans for d in kp.layout]
+    bm, bn = layout.data.block[:2]
+    folded = any("folded into the columns" in n for n in fn.kernels[0].notes)
+    cols = oh * ow if folded else ow
+    out["useful"] = o / (-(-o // bm) * bm) * cols / (-(-cols // bn) * bn)
+    out["tile"] = f"{bm}x{bn}"
+    # HMMA per warp and k-tile the source issues (ptxas drops those whose results no store
+    # reads: a column tile past a single column block), and of them on the GEMM
+    bk = layout.data.block[2]
+    out["useful_hmma"] = bm * bn // math.prod(layout.data.warps) // 128 * bk // 16 * out["useful"]
     return out
 
 
@@ -82,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                 line += (
                     f"k-tile loop per iteration: HMMA {lp['HMMA']}, LDSM {lp['LDSM']}, LDGSTS "
                     f"{lp['LDGSTS']}, other {lp['other']} ({lp['other'] / lp['HMMA']:.2f} per "
-                    "HMMA)"
+                    f"HMMA, {lp['other'] / r['useful_hmma']:.2f} per useful HMMA: {r['tile']} "
+                    f"tile, {r['useful']:.0%} of its HMMA on the GEMM)"
                 )
             else:
                 line += "no loop holds HMMA"
