@@ -15,7 +15,7 @@ import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
-from polyfuse.poly import tensorize
+from polyfuse.poly import tensorize_tiling
 
 HALVES = ["float16", "bfloat16"]
 RNG = np.random.default_rng(23)
@@ -118,11 +118,13 @@ def test_half_matmuls_run_on_tensor_cores_and_match_float64(dtype, case, size):
 
 
 def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
-    """128x128 tiles of 8 warps where they still give one block per SM (A100: 108), else
-    64x64; the 8-warp kernel is correct at odd sizes too (forced here)."""
+    """A larger tile where its blocks still give one block per SM (A100: 108): 1000x1700x40
+    takes 256x64 of 4 warps, 4x8 mma tiles each (the tiling model's least modelled others per
+    HMMA; before, the fixed list's 128x128), else 64x64; the 8-warp kernel is correct at odd
+    sizes too (forced here)."""
     inputs, out, _, _ = _matmul("bfloat16", 1000, 1700, 40)
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
-    assert "block tile 128x128x32 of 8 warps, each 4x4 mma tiles" in fn.kernels[0].notes[0]
+    assert "block tile 256x64x32 of 4 warps, each 4x8 mma tiles" in fn.kernels[0].notes[0]
     inputs, out, _, _ = _matmul("bfloat16", 200, 1100, 40)
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
     assert "block tile 64x64x32 of 4 warps, each 2x4 mma tiles (18" not in fn.kernels[0].notes[0]
@@ -138,7 +140,7 @@ def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
 
 
 def test_the_eight_warp_tile_is_correct_at_odd_sizes(monkeypatch):
-    monkeypatch.setattr(tensorize, "TILINGS", ((128, 128, 2, 4),))
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 128, 2, 4),))
     inputs, out, arrays, want = _matmul("float16", *ODD, batch=2, trans_b=True, epilogue=True)
     fn = _check("float16", inputs, out, arrays, want)
     _tensorized(fn)
@@ -165,22 +167,44 @@ def test_mixed_operand_dtypes_are_refused_with_the_reason():
     assert "no tensor cores: the operands are not float16 or bfloat16" in k.notes
 
 
-def test_a_two_dim_contraction_is_an_implicit_gemm_on_tensor_cores():
-    """Two reduction dims (a conv-like contraction): flattened into one k of 48, the tiles
-    gathered through the full subscripts (scalar, single-stage, the reason noted); correct in
-    both thread orders."""
-    x = te.placeholder((32, 6, 8), "float16", name="x")
-    w = te.placeholder((6, 8, 24), "float16", name="w")
+@pytest.mark.parametrize("linear", [True, False])
+def test_a_two_dim_contraction_is_an_implicit_gemm_on_tensor_cores(linear):
+    """Two reduction dims (a conv-like contraction) flattened into one k of 48 (row-major over
+    ``(r, s)``). Where an operand's offset is ``data + stride * k`` with its tile's inner dim
+    contiguous (``x[i, r, s]``: ``48 i + k``; ``w[r, s, j]``: ``24 k + j``), its tile is
+    copied by 16-byte cp.async chunks with no division of k, pipelined (issue 23; before: both
+    gathered element by element, single-stage); read in the other order (``x[i, s, r]``,
+    ``w[s, r, j]``) k's runs are not contiguous and both stay scalar gathers, the reason
+    noted. Correct in both thread orders."""
     r, s = te.reduce_axis(6, name="r"), te.reduce_axis(8, name="s")
-    mm = te.compute((32, 24), lambda i, j: te.sum(x[i, r, s] * w[r, s, j], axis=[r, s]), name="mm")
-    xs, ws = _array((32, 6, 8), "float16"), _array((6, 8, 24), "float16")
-    want = np.einsum("irs,rsj->ij", xs.astype(np.float64), ws.astype(np.float64))
+    want_note = {
+        True: "tensor cores: the shared tiles are filled by 16-byte cp.async chunks (8 "
+        "elements, zero-filled past the arrays' edges)",
+        False: "tensor cores: stages: single-stage, scalar 2-byte fills: x and w gathered "
+        "(implicit GEMM: the reduction dims flattened into k, im2col in the fill)",
+    }
+    xsh, wsh = ((32, 6, 8), (6, 8, 24)) if linear else ((32, 8, 6), (8, 6, 24))
+    x = te.placeholder(xsh, "float16", name="x")
+    w = te.placeholder(wsh, "float16", name="w")
+
+    def body(i, j):
+        if linear:
+            return te.sum(x[i, r, s] * w[r, s, j], axis=[r, s])
+        return te.sum(x[i, s, r] * w[s, r, j], axis=[r, s])
+
+    mm = te.compute((32, 24), body, name="mm")
+    xs, ws = _array(xsh, "float16"), _array(wsh, "float16")
+    sub = "irs,rsj->ij" if linear else "isr,srj->ij"
+    want = np.einsum(sub, xs.astype(np.float64), ws.astype(np.float64))
     fn = _check("float16", [x, w], mm, [xs, ws], want)
     _tensorized(fn)
-    assert (
-        "tensor cores: stages: single-stage, scalar 2-byte fills: x and w gathered (implicit "
-        "GEMM: the reduction dims flattened into k, im2col in the fill)" in fn.kernels[0].notes
-    )
+    assert want_note[linear] in fn.kernels[0].notes, fn.kernels[0].notes
+    src = fn.kernels[0].source
+    if linear:
+        assert "&x[pf_n > 0 ? 48 * pf_r + pf_k : 0]" in src
+        assert "&w[pf_n > 0 ? pf_r + 24 * pf_k : 0]" in src
+    else:
+        assert "pf_cp_async16(" not in src
 
 
 def test_an_architecture_without_mma_is_refused_with_the_reason():

@@ -226,6 +226,13 @@ def test_nvrtc_compiles_tensorized_convs_without_spills(arch):
         binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
         assert binary.resources
         assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+    # the weight by pipelined cp.async beside the input's scalar gather (C = 24), and the
+    # (kh, kw, c) order's carry-free runs (C = 32)
+    for size in (ALIGNED_W, (3, 32, 21, 11, 9)):
+        inputs, out, _, _ = _conv("bfloat16", size, *CASES["3x3_pad1"])
+        fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
 
 
 @pytest.mark.parametrize("case, groups", [("3x3_stride2_pad1", 1), ("1x1", 1), ("3x3_pad1", 2)])
@@ -245,3 +252,157 @@ def test_float32_convs_take_tf32_tensor_cores_when_allowed(case, groups):
     for race in (False, True):
         got = fn(*arrays, device="emulate", race_check=race)
         assert (np.abs(got - want) <= bound + 1e-6).all(), race
+
+
+#: C = 24 (no multiple of 16): the OIHW weight's rows of C x 9 = 216 elements start 16-byte
+#: aligned, so its k runs (``(c, kh, kw)`` flattened) are copied by 16-byte cp.async chunks
+ALIGNED_W = (3, 24, 21, 11, 9)
+
+
+def _banks(fn, arrays, want, dtype) -> list:
+    """The shared sites the bank counter saw on one run (its result checked)."""
+    got = fn(*arrays, race_check="banks")
+    assert tolerance(dtype).allclose(got, want.astype(numpy_dtype(dtype)))
+    return [s for t in fn.last_traffic for s in t.shared_banks]
+
+
+@pytest.mark.parametrize("case", ["3x3_pad1", "3x3_stride2_pad1"])
+@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_gathered_conv_weights_fill_by_cp_async_pipelined(case, stages):
+    """Issue 23: the weight ``w[o, c, kh, kw]`` of an implicit GEMM is gathered, but its offset
+    is ``576 o + k`` shaped (isl's coefficients times the array's strides are the flattening's
+    strides): its tile is filled by 16-byte cp.async chunks with no division of k, the k-tile
+    loop pipelined over S stages, the input's gather copied by scalar copies into the same
+    stages, its reduction dims carried along each thread's run of k (one division per k-tile).
+    Before: both operands scalar and single-stage. Correct in every mode, no bank conflict on
+    the cp.async writes and ldmatrix reads."""
+    from polyfuse.poly.mapping import MappingConfig
+
+    inputs, out, arrays, want = _conv("bfloat16", ALIGNED_W, *CASES[case])
+    cfg = MappingConfig(gemm_stages=stages)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False, mapping=cfg)
+    k = _tensorized(fn)
+    stage = [n for n in k.notes if n.startswith("tensor cores: stages: ")][0]
+    assert "x gathered (implicit GEMM" in stage and "w by 16-byte cp.async chunks" in stage
+    assert f"{stages} stages" in stage or f"S={stages}" in stage, stage
+    src = k.source
+    assert "pf_cp_async16(" in src and f"__pipeline_wait_prior({stages - 2})" in src
+    assert "&w[pf_n > 0 ? 216 * pf_r + pf_k : 0]" in src  # linear in k: no division
+    assert "const int pf_kb = " in src and "pf_kb / 9" in src  # once per k-tile
+    lines = fn.cuda_source.splitlines()
+    sites = _banks(fn, arrays, want, "bfloat16")
+    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    assert len(copies) >= 1 and len(loads) >= 2
+    assert [str(s) for s in copies + loads if s.conflicts] == []
+    _run_all_modes(fn, "bfloat16", arrays, want)
+
+
+def test_a_weight_whose_rows_are_not_aligned_keeps_scalar_fills():
+    """C = 13: rows of 117 elements; the linear weight is refused for chunks with the reason
+    (and the conv stays correct: single-stage scalar fills)."""
+    inputs, out, arrays, want = _conv("float16", ODD, *CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    (k,) = fn.kernels
+    stage = [n for n in k.notes if n.startswith("tensor cores: stages: ")][0]
+    assert "w's offset moves by 117 elements (not a multiple of 8)" in stage, stage
+    assert "pf_cp_async16(" not in k.source
+    got = fn(*arrays, device="emulate")
+    assert tolerance("float16").allclose(got, want.astype(np.float16))
+
+
+@pytest.mark.parametrize("dtype, case", [("bfloat16", "3x3_pad1"), ("float16", "3x3_stride2_pad1")])
+def test_channel_innermost_order_runs_without_carries(dtype, case):
+    """C = 32 (a multiple of each thread's run of 16 k; every other dim odd): the reduction is
+    flattened as (kh, kw, c), modelled cheaper than (c, kh, kw) (notes); each thread's run of
+    the input's k stays in one (kh, kw): its padding test is one predicate per k-tile
+    (``pf_run``), the channel steps by one, and the tiles wholly inside the reduction drop
+    their k guard. Before: (c, kh, kw) and k divided per element. Correct in every mode; the
+    ldmatrix reads and the weight's scalar writes conflict-free."""
+    inputs, out, arrays, want = _conv(dtype, (3, 32, 21, 11, 9), *CASES[case])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    k = _tensorized(fn)
+    order = [n for n in k.notes if n.startswith("tensor cores: reduction flattened")]
+    assert order and order[0].startswith(
+        "tensor cores: reduction flattened in the order (1, 2, 0) of its dims"
+    ), k.notes
+    assert "const bool pf_run = " in k.source and "++pf_d2;" in k.source
+    lines = fn.cuda_source.splitlines()
+    sites = _banks(fn, arrays, want, dtype)
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    w_writes = [s for s in sites if "s_w[" in lines[s.line - 1] and "= pf_v;" in lines[s.line - 1]]
+    x_writes = [s for s in sites if "s_x[" in lines[s.line - 1] and "= pf_v;" in lines[s.line - 1]]
+    assert len(loads) >= 2 and w_writes and x_writes
+    # the weight's scalar writes: half a warp per 32-byte block row (they were 2-way before)
+    assert [str(s) for s in loads + w_writes if s.conflicts] == []
+    # the input's run writes a warp-wide row across two blocks: 2-way, as before
+    assert all(s.wavefronts <= 2 * s.requests for s in x_writes), [str(s) for s in x_writes]
+    _run_all_modes(fn, dtype, arrays, want)
+
+
+def _conv_hot_loop(
+    arch: str, size: tuple[int, ...] = (2, 64, 128, 56, 56)
+) -> tuple[int, int, int, int, int, list[str]]:
+    """(HMMA, LDSM, LDGSTS, other instructions, spilled bytes) per iteration of the first SASS
+    loop holding HMMA (the k-tile loop's steady state) of the ResNet 3x3 conv, and its notes."""
+    from polyfuse.cuda.toolchain.sass import (
+        DisassemblerNotFound,
+        find_disassembler,
+        find_loops,
+        parse_listing,
+    )
+
+    try:
+        dis = find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("NVIDIA's disassembler is not installed")
+    inputs, out, _, _ = _conv("bfloat16", size, *CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+    binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    spills = sum(r.spill_stores + r.spill_loads for r in binary.resources.values())
+    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
+    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
+        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
+        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
+        if hmma:
+            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
+            ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
+            return hmma, ldsm, ldgsts, len(ins) - hmma, spills, fn.kernels[0].notes
+    raise AssertionError("no loop holds HMMA")
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sass_conv3x3_k_tile_loop(arch):
+    """Issue 23's SASS figure for conv 3x3 pad 1 bf16 (2, 64, 128, 56, 56), per iteration of
+    the k-tile loop (64x64x32 block tile, no inner loop left): 16 HMMA, 8 LDSM, no spill.
+
+    Before: both tiles filled by rolled scalar loops of 16 trips splitting every element's k
+    into (c, kh, kw) by divisions (the listing's 135 / 141 others counted their bodies once;
+    with their trips ~1725 per iteration, 1 HMMA per ~108). Now the reduction is flattened
+    as (kh, kw, c) (the order model's choice, in the notes): each thread's run of 16 k of the
+    input stays in one (kh, kw) -- one division and one padding test per k-tile, the elements
+    step by immediates -- and the weight keeps one k per thread: 166 (sm_80) / 168 (sm_90)
+    others, 1 HMMA per 10.4 / 10.5. The issue's 1 per 2 is NOT reached: the NCHW input read at
+    ``x + kw - 1`` has no aligned 16-byte chunk for kw != 1, so both tiles stay scalar copies
+    (32 elements per thread and k-tile: ~4 instructions each)."""
+    hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch)
+    assert (hmma, ldsm, spills) == (16, 8, 0), (hmma, ldsm, ldgsts, other, spills)
+    assert other <= 11 * hmma, (hmma, other)
+    assert any(n.startswith("tensor cores: reduction flattened in the order (1, 2, 0)")
+               for n in notes), notes  # fmt: skip
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sass_conv3x3_gpu_day_k_tile_loop(arch):
+    """The GPU-day conv 3x3 pad 1 bf16 (32, 64, 64, 56, 56) per k-tile loop iteration. Before:
+    the fixed 128x128 tile on 64 output channels, 32 HMMA per warp of which half on zero rows,
+    169 / 171 others: 1 HMMA per 5.28 / 5.34, 1 useful HMMA per 10.6 / 10.7. Now the tiling
+    model's 64x256 of 8 warps (2x8 mma tiles each, every HMMA useful): 32 HMMA, 12 LDSM, 185 /
+    187 others, 1 HMMA per 5.78 / 5.84, no spill. The issue's 1 per 2 is NOT reached: both
+    tiles are scalar copies (40 elements per thread and k-tile, ~4 instructions each)."""
+    hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch, (32, 64, 64, 56, 56))
+    assert (hmma, ldsm, spills) == (32, 12, 0), (hmma, ldsm, ldgsts, other, spills)
+    assert other <= 6 * hmma, (hmma, other)
+    assert "block tile 64x256x32 of 8 warps, each 2x8 mma tiles" in notes[0], notes[0]

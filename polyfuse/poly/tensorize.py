@@ -24,7 +24,8 @@ operands, and the update's access relations are the intrinsic's up to renaming a
   data dim read through a floor division (a grouped conv's channel) split into (group, row).
 
 The decision (:func:`map_tensor_core`) gives a :class:`TensorCoreKernel`: a block tile of warps,
-each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of :data:`BLOCK_K`. The shared
+each warp a grid of 16x8 mma tiles, k-steps of 16 over k-tiles of ``BLOCK_K``, the tiling
+chosen by the model of :mod:`polyfuse.poly.tensorize_tiling`. The shared
 tiles are unpadded and XOR-swizzled (:func:`operand_layouts`, the rule in
 :mod:`polyfuse.poly.swizzle`; padded rows where it does not apply, the layout and reason noted).
 Out-of-range elements (odd M, N, K) are zero-filled in shared memory so whole mma tiles are
@@ -47,12 +48,12 @@ import islpy as isl
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import TensorCoreData
 from polyfuse.graph.expr import Binary
+from polyfuse.poly import tensorize_tiling
 from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.promote import pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
@@ -64,21 +65,22 @@ from polyfuse.poly.tensorize_gather import (
     group_splits,
     guarded_operands,
     k_extent,
+    linear_alignment,
+    linear_k,
     split_shape,
+)
+from polyfuse.poly.tensorize_order import choose_k_order
+from polyfuse.poly.tensorize_tiling import (
+    MMA_M,
+    MMA_N,
+    MmaTiling,
+    choose_mma_tiling,
+    extent,
 )
 from polyfuse.poly.tiling import detect_gemm
 
-#: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
-MMA_M, MMA_N, MMA_K = 16, 8, 16
-BLOCK_K = 32
 HALF_DTYPES = ("float16", "bfloat16")
-#: float32 GEMMs on ``mma.sync.m16n8k8`` tf32 where the user opts in (``allow_tf32``, off by
-#: default like torch): k-steps of 8 over k-tiles of 16 (64-byte rows, as many bytes as the
-#: 16-bit k-tile); tf32 keeps float32's exponent and 10 of its 23 mantissa bits
-TF32_MMA_K, TF32_BLOCK_K = 8, 16
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-#: (block M, block N, warps along M, warps along N): the larger where it still fills the SMs
-TILINGS = ((128, 128, 2, 4), (64, 64, 2, 2))
 
 
 @dataclass(frozen=True)
@@ -98,41 +100,21 @@ class MmaOperand:
     gather: bool = False
     #: the fill zero-fills elements outside the array (a padding select proven redundant)
     guarded: bool = False
+    #: a gathered operand whose array offset is ``data part + s * k + constant``, contiguous
+    #: along its tile's innermost dim (:func:`polyfuse.poly.tensorize_gather.linear_k`):
+    #: filled by 16-byte chunks
+    linear: tuple[tuple[int, ...], int, int] | None = None
+
+    @property
+    def scalar(self) -> bool:
+        """Filled element by element (a gather with no contiguous run along k)."""
+        return self.gather and self.linear is None
 
     @property
     def trans(self) -> bool:
         """Loaded with ``ldmatrix.trans``: stored m- or n-innermost (both fragments hold
         pairs of consecutive k in a register)."""
         return not self.k_inner
-
-
-@dataclass(frozen=True)
-class MmaTiling:
-    """Block tile, warp grid and k-tile of a tensorized kernel."""
-
-    block_m: int
-    block_n: int
-    warps_m: int
-    warps_n: int
-    block_k: int = BLOCK_K
-    mma_k: int = MMA_K  # the intrinsic's k (8: tf32)
-
-    @property
-    def warps(self) -> int:
-        return self.warps_m * self.warps_n
-
-    @property
-    def tiles_m(self) -> int:  # 16-row mma tiles per warp
-        return self.block_m // self.warps_m // MMA_M
-
-    @property
-    def tiles_n(self) -> int:  # 8-column mma tiles per warp
-        return self.block_n // self.warps_n // MMA_N
-
-    @property
-    def b_step(self) -> int:
-        """B's mma tiles per ``ldmatrix``: two (x4) where a warp has pairs of them, else one."""
-        return 2 if self.tiles_n % 2 == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -209,6 +191,10 @@ def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
     (``lo``, the lower bound of the dim it runs along, plus its constant, then steps of
     ``CHUNK``) is a multiple of ``CHUNK``
     (``chunk``: the elements of 16 bytes, 4 for float32)."""
+    if op.linear is not None:
+        return linear_alignment(
+            op.tensor, op.linear, chunk, None if op.k_inner else op.outer_dim, lo
+        )
     inner = op.shape[op.inner_dim]
     if inner % chunk:
         return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
@@ -227,7 +213,7 @@ def stage_problem(
     assert t is not None and shape is not None and tk.a is not None and tk.b is not None
     lk, hk = k_extent(shape)
     fma = t.block_m * t.block_n * t.block_k
-    regs = 4 * t.tiles_m * t.tiles_n + 4 * t.tiles_m + 2 * t.tiles_n + GEMM_REG_OVERHEAD
+    regs = t.registers
     model = sm.model
     dram = sum(
         math.prod(model.tensors[n].shape) * model.tensors[n].itemsize
@@ -330,7 +316,8 @@ def _either(
     if isinstance(got, str):
         return plain if isinstance(plain, str) and plain else got
     index, k_inner, inner = got
-    return MmaOperand(t, arr, index, mine, k_inner, inner, gather=True, guarded=guarded)
+    lin = None if guarded else linear_k(index, arr, shape, mine, k_inner)
+    return MmaOperand(t, arr, index, mine, k_inner, inner, True, guarded, lin)
 
 
 def _dim_pairs(nd: int) -> list[tuple[int, int]]:
@@ -360,40 +347,6 @@ def _pair(
     return a, b
 
 
-def _extent(shape: GemmShape, d: int) -> int:
-    lo, hi = shape.data[d]
-    return hi - lo + 1
-
-
-def choose_mma_tiling(
-    shape: GemmShape,
-    device: DeviceSpec,
-    tf32: bool = False,
-    mn: tuple[int, int] | None = None,
-    fold: int | None = None,
-) -> tuple[MmaTiling, str]:
-    """The largest block tile of :data:`TILINGS` whose blocks still fill the SMs (else the
-    smallest), with the reason; ``mn``: the m and n data dims (the last two by default),
-    ``fold``: a data dim folded into the columns."""
-    m, n = mn or (len(shape.data) - 2, len(shape.data) - 1)
-    (lm, hm), (ln, hn) = shape.data[m], shape.data[n]
-    if fold is not None:
-        ln, hn = 0, _extent(shape, fold) * _extent(shape, n) - 1
-    batch = 1
-    for i, (lo, hi) in enumerate(shape.data):
-        if i not in (m, n, fold):
-            batch *= hi - lo + 1
-    for bm, bn, wm, wn in TILINGS:  # noqa: B007 (the last tried stays)
-        blocks = batch * -(-(hm - lm + 1) // bm) * -(-(hn - ln + 1) // bn)
-        if blocks >= device.sms:
-            break
-    t = MmaTiling(bm, bn, wm, wn, TF32_BLOCK_K, TF32_MMA_K) if tf32 else MmaTiling(bm, bn, wm, wn)
-    return t, (
-        f"block tile {bm}x{bn}x{t.block_k} of {t.warps} warps, each {t.tiles_m}x{t.tiles_n} "
-        f"mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs)"
-    )
-
-
 def _pipelining(
     sm: ScheduledMicrograph, tk: TensorCoreKernel, device: DeviceSpec, forced: int | None
 ) -> tuple[bool, StageChoice]:
@@ -405,8 +358,8 @@ def _pipelining(
     (lm, _), (ln, _) = tk.shape.data[tk.m_dim], tk.shape.data[tk.n_dim]
     lk = k_extent(tk.shape)[0]
     size = ITEMSIZE[tk.dtype]
-    gathered = [op.tensor for op in (tk.a, tk.b) if op.gather]
-    if gathered:
+    gathered = [op.tensor for op in (tk.a, tk.b) if op.scalar]
+    if len(gathered) == 2:
         return False, StageChoice(
             1,
             f"single-stage, scalar {size}-byte fills: {' and '.join(gathered)} gathered "
@@ -415,11 +368,24 @@ def _pipelining(
     why = [
         fill_alignment(op, lk if op.k_inner else lo, 16 // size)
         for op, lo in ((tk.a, lm), (tk.b, ln))
+        if not op.scalar
     ]
     why = [w for w in why if w]
     if why:
+        if gathered:
+            why.insert(0, f"{gathered[0]} gathered (implicit GEMM: the reduction dims "
+                          "flattened into k, im2col in the fill)")  # fmt: skip
         return False, StageChoice(1, f"single-stage, scalar {size}-byte fills: " + "; ".join(why))
-    return True, choose_stages(stage_problem(sm, tk, device), device, forced)
+    choice = choose_stages(stage_problem(sm, tk, device), device, forced)
+    if gathered:  # the other operand's k runs are contiguous: chunks, pipelined
+        chunked = tk.b.tensor if gathered[0] == tk.a.tensor else tk.a.tensor
+        reason = (
+            f"{gathered[0]} gathered (implicit GEMM: the reduction dims flattened into k, "
+            f"im2col in the fill) by scalar {size}-byte copies into the stages, {chunked} by "
+            f"16-byte cp.async chunks; {choice.reason}"
+        )
+        choice = replace(choice, reason=reason)
+    return True, choice
 
 
 def _fragment_load(op: MmaOperand, x: str, tf32: bool) -> str:
@@ -445,16 +411,25 @@ def map_tensor_core(
     shape, dtype, a, b, split = got
     # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
     lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
-    scalar_b = b.gather or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
-    narrow = min(t[1] for t in TILINGS)
+    scalar_b = b.scalar or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
+    narrow = min(t[1] for t in tensorize_tiling.TILINGS)
     fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow) if scalar_b else None
     if fold is not None:
-        b = replace(b, gather=True)
+        b = replace(b, gather=True, linear=None)
     mn = (a.outer_dim, b.outer_dim)
-    tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold)
+    size = ITEMSIZE[dtype]
+
+    def aligned(op: MmaOperand) -> bool:
+        lo = 0 if op.k_inner else shape.data[op.outer_dim][0]
+        return not fill_alignment(op, lo, 16 // size)
+
+    tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold, (a, b), aligned)
+    shape, a, b, order_note = choose_k_order(
+        shape, a, b, (tiling.block_m, tiling.block_n), tiling.block_k, 32 * tiling.warps, aligned
+    )
     grid = [hi - lo + 1 for i, (lo, hi) in enumerate(shape.data) if i not in (*mn, fold)]
-    cols = _extent(shape, mn[1]) * (1 if fold is None else _extent(shape, fold))
-    grid += [-(-_extent(shape, mn[0]) // tiling.block_m), -(-cols // tiling.block_n)]
+    cols = extent(shape, mn[1]) * (1 if fold is None else extent(shape, fold))
+    grid += [-(-extent(shape, mn[0]) // tiling.block_m), -(-cols // tiling.block_n)]
     names = [f"pf_g{i}" for i in range(len(grid))]
     lay = "k" if a.k_inner else "m"
     lbt = "k" if b.k_inner else "n"
@@ -481,8 +456,8 @@ def map_tensor_core(
             if fold is None
             else [
                 f"tensor cores: data dim {fold} folded into the columns with data dim {mn[1]} "
-                f"({_extent(shape, fold)} x {_extent(shape, mn[1])} = {cols} columns, "
-                f"the {_extent(shape, mn[1])} alone narrower than a block tile)"
+                f"({extent(shape, fold)} x {extent(shape, mn[1])} = {cols} columns, "
+                f"the {extent(shape, mn[1])} alone narrower than a block tile)"
             ]
         ),
         *(
@@ -493,6 +468,7 @@ def map_tensor_core(
                 f"{mn[1]}, the other data dims a batch (one block tile per batch point)"
             ]
         ),
+        *([order_note] if order_note else []),
         "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
         "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
         "guarded by the result's extents",

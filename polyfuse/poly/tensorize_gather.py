@@ -6,10 +6,13 @@ A convolution's update ``out[b, o, y, x] += where(pad, x[b, c, s*y + kh - p, s*x
 a batch (or ``y`` folded into the columns beside a narrow ``x``: :func:`fold_columns`). Its
 operands are no plain ``A[m, k]`` tiles: the shared-tile fill gathers them element by element
 through their full affine subscripts (im2col in the fill; ``k`` split back into the reduction
-dims by divisions), scalar and single-stage, so any affine subscript that reads the operand's
-row dim, the reduction dims and batch dims only is accepted
-(:func:`gather_operand`). A padding select ``where(c, x[..], 0)`` is dropped where isl proves
-every update instance on which ``c`` fails reads outside ``x``
+dims once per k-tile and thread run), so any affine subscript that reads the operand's row
+dim, the reduction dims and batch dims only is accepted (:func:`gather_operand`). Where the
+operand's array offset is linear in the flattened ``k`` and contiguous along its tile's inner
+dim (:func:`linear_k`: an OIHW weight under ``(c, kh, kw)``), its tile is copied by 16-byte
+``cp.async`` chunks instead, pipelined; the reduction's order is chosen by
+:mod:`polyfuse.poly.tensorize_order`. A padding select ``where(c, x[..], 0)`` is dropped where
+isl proves every update instance on which ``c`` fails reads outside ``x``
 (:func:`polyfuse.poly.select_free.select_free_operands`): the fill zero-fills every element
 outside the array (the operand is ``guarded``), which is the select's 0.
 """
@@ -49,6 +52,7 @@ def affine_index(
         index.append(aff)
     return index
 
+
 def k_extent(shape: GemmShape) -> tuple[int, int]:
     """The first and last ``k`` of the GEMM: the reduction's bounds where it has one dim, else
     ``0 .. prod(extents) - 1`` (the dims flattened row-major)."""
@@ -87,6 +91,53 @@ def gather_operand(
         return f"{name} does not read both its row dim and the reduction"
     last = max((i for i, e in enumerate(shape) if e > 1), default=len(shape) - 1)
     return tuple(index), not index[last][0][mine], last
+
+
+def linear_k(
+    index: tuple[tuple[tuple[int, ...], int], ...],
+    arr: tuple[int, ...],
+    shape: GemmShape,
+    mine: int,
+    k_inner: bool,
+) -> tuple[tuple[int, ...], int, int] | None:
+    """``(coefficients over the data dims, k's coefficient, constant)`` of a gathered operand's
+    row-major array offset where it is ``data part + s * k + constant`` (``k`` the flattened
+    reduction, :func:`k_extent`: the subscripts' reduction coefficients, weighted by the
+    array's strides, are ``s`` times the flattening's own strides) and consecutive elements
+    along the tile's innermost dim are consecutive in memory (``s = 1`` where k is innermost,
+    else the row dim ``mine``'s coefficient 1): an OIHW weight under the ``(c, kh, kw)``
+    order, whose every run of k is contiguous. Such a tile may be copied by 16-byte chunks
+    with no division of k; else None. The coefficients are isl's (:func:`affine_index`)."""
+    nd, nr = len(shape.data), len(shape.red)
+    strides = [math.prod(arr[i + 1 :]) for i in range(len(arr))]
+    lin = [sum(c[d] * s for (c, _), s in zip(index, strides, strict=True)) for d in range(nd + nr)]
+    const = sum(k * s for (_, k), s in zip(index, strides, strict=True))
+    ext = [hi - lo + 1 for lo, hi in shape.red]
+    sk = lin[-1]
+    if lin[nd:] != [sk * math.prod(ext[j + 1 :]) for j in range(nr)]:
+        return None
+    if (sk if k_inner else lin[mine]) != 1:
+        return None
+    if nr > 1:  # k = sum (r_j - lo_j) * kstr_j: the reduction's lower bounds go to the constant
+        const += sum(lin[nd + j] * lo for j, (lo, _) in enumerate(shape.red))
+    return tuple(lin[:nd]), sk, const
+
+
+def linear_alignment(
+    name: str, lin: tuple[tuple[int, ...], int, int], chunk: int, along: int | None, lo: int
+) -> str:
+    """Why a :func:`linear_k` operand's 16-byte chunks do not all start 16-byte aligned, or
+    "": every coefficient but the one the chunks run along (data dim ``along``; None: k) a
+    multiple of ``chunk`` elements, and the first chunk's offset (the constant plus ``lo``,
+    the first value of that dim; chunks then step by ``chunk``) too."""
+    coeffs, sk, const = lin
+    others = [c for d, c in enumerate(coeffs) if d != along] + ([] if along is None else [sk])
+    bad = [c for c in others if c % chunk]
+    if bad:
+        return f"{name}'s offset moves by {bad[0]} elements (not a multiple of {chunk})"
+    if (const + lo) % chunk:
+        return f"{name}'s tile rows start at element {const + lo} mod {chunk} (not 16-byte aligned)"
+    return ""
 
 
 def split_shape(shape: GemmShape, d: int, og: int) -> GemmShape:

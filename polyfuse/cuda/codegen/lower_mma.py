@@ -145,6 +145,7 @@ def lower_mma_kernel(
         ln, hn = 0, (shape.data[fold][1] + 1) * width - 1
     lk, hk = k_extent(shape)
     kv = tuple(k_parts(shape, "pf_k"))
+    red = tuple(shape.red) if len(shape.red) > 1 else ()
     # per data dim its subscript: the batch dims are the grid's first dims, m and n "0" (the
     # fills and the epilogue put their rows and columns there)
     batch, nb = [], 0
@@ -222,9 +223,9 @@ def lower_mma_kernel(
     ]
     fills = (
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk,
-                 tuple(batch), nthreads, tk.dtype, kv),
+                 tuple(batch), nthreads, tk.dtype, kv, red),
         TileFill(b, lb, sb, namer.tensor(b.tensor), t.block_n, t.block_k, "pf_n0", hn, hk,
-                 tuple(batch), nthreads, tk.dtype, kv,
+                 tuple(batch), nthreads, tk.dtype, kv, red,
                  () if fold is None else ((fold, f"(pf_r / {width})"),
                                           (tk.n_dim, f"(pf_r % {width})"))),
     )  # fmt: skip

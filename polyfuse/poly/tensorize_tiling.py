@@ -1,0 +1,168 @@
+"""The block and warp tiling of a tensorized kernel (:mod:`polyfuse.poly.tensorize`).
+
+A block tile of ``block_m x block_n`` is split over a grid of warps, each warp a grid of 16x8
+mma tiles, k-steps of the intrinsic's k over k-tiles of :data:`BLOCK_K`. Per k-tile every
+thread copies its share of both shared tiles, ``(block_m + block_n) x block_k / threads``
+elements, and every warp issues ``tiles_m x tiles_n`` mma per k-step, so a larger warp tile
+feeds more HMMA per copied element: what decides the hot loop's HMMA share where the fills are
+scalar (an implicit GEMM's im2col gather, ~4 instructions per element) rather than 16-byte
+``cp.async`` chunks (~6 per 8 elements).
+
+:func:`choose_mma_tiling` prices every candidate of :data:`TILINGS` whose blocks fill the SMs
+and whose registers fit: the modelled non-HMMA instructions per HMMA of one k-tile (the fills
+by :func:`polyfuse.poly.tensorize_order.price_k_orders`, the ``ldmatrix`` of the fragments, a
+fixed loop overhead) over the share of the block tile inside the GEMM (a 128-row tile of a
+64-row GEMM computes half zeros), and takes the cheapest; the figures are in its note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.gemm_shape import GemmShape
+from polyfuse.poly.policy import GEMM_REG_OVERHEAD
+from polyfuse.poly.tensorize_order import price_k_orders
+
+#: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+BLOCK_K = 32
+#: float32 GEMMs on ``mma.sync.m16n8k8`` tf32 where the user opts in (``allow_tf32``, off by
+#: default like torch): k-steps of 8 over k-tiles of 16 (64-byte rows, as many bytes as the
+#: 16-bit k-tile); tf32 keeps float32's exponent and 10 of its 23 mantissa bits
+TF32_MMA_K, TF32_BLOCK_K = 8, 16
+#: candidate (block M, block N, warps along M, warps along N), the fallback (where none fills
+#: the SMs) last: warp tiles of 64x64 (4x8 mma tiles), 64x32 and 32x64, 32x32; blocks of 4
+#: or 8 warps (fewer leave a block's fill latency to too few warps)
+TILINGS = (
+    (128, 256, 2, 4),
+    (256, 128, 4, 2),
+    (256, 64, 4, 1),
+    (64, 256, 1, 4),
+    (128, 128, 2, 4),
+    (64, 256, 2, 4),
+    (256, 64, 4, 2),
+    (128, 64, 2, 2),
+    (64, 128, 2, 2),
+    (64, 64, 2, 2),
+)
+#: SASS instructions of a k-tile outside its fills and ldmatrix (loop counter, barriers,
+#: shared addresses): 169 others of the 128x128 3x3 conv's k-tile (sm_80) less its modelled
+#: 128 fill instructions and 12 ldmatrix
+KTILE_OVERHEAD = 29.0
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    """Block tile, warp grid and k-tile of a tensorized kernel."""
+
+    block_m: int
+    block_n: int
+    warps_m: int
+    warps_n: int
+    block_k: int = BLOCK_K
+    mma_k: int = MMA_K  # the intrinsic's k (8: tf32)
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    @property
+    def tiles_m(self) -> int:  # 16-row mma tiles per warp
+        return self.block_m // self.warps_m // MMA_M
+
+    @property
+    def tiles_n(self) -> int:  # 8-column mma tiles per warp
+        return self.block_n // self.warps_n // MMA_N
+
+    @property
+    def b_step(self) -> int:
+        """B's mma tiles per ``ldmatrix``: two (x4) where a warp has pairs of them, else one."""
+        return 2 if self.tiles_n % 2 == 0 else 1
+
+    @property
+    def registers(self) -> int:
+        """Modelled registers per thread: accumulators, one k-step's fragments, the rest."""
+        return (
+            4 * self.tiles_m * self.tiles_n
+            + 4 * self.tiles_m
+            + 2 * self.tiles_n
+            + (GEMM_REG_OVERHEAD)
+        )
+
+
+def extent(shape: GemmShape, d: int) -> int:
+    """The extent of ``shape``'s data dim ``d``."""
+    lo, hi = shape.data[d]
+    return hi - lo + 1
+
+
+def hot_figure(
+    t: MmaTiling, shape: GemmShape, ops: tuple | None, rows: int, cols: int,
+    aligned: Callable[[object], bool],
+) -> float:  # fmt: skip
+    """Modelled non-HMMA instructions per useful HMMA of one k-tile of ``t`` (the module
+    doc); ``ops``: the (A, B) operands (plain chunked tiles where None), ``rows`` x ``cols``
+    the GEMM's result."""
+    threads = 32 * t.warps
+    if ops is None:
+        fill = (t.block_m + t.block_n) * t.block_k / threads / 8 * 6.0
+    else:
+        priced = price_k_orders(shape, *ops, (t.block_m, t.block_n), t.block_k, threads, aligned)
+        fill = min(p[0] for p in priced)
+    steps = t.block_k // t.mma_k
+    ldsm = (t.tiles_m + t.tiles_n // t.b_step) * steps
+    hmma = t.tiles_m * t.tiles_n * steps
+    useful = rows / (-(-rows // t.block_m) * t.block_m) * cols / (-(-cols // t.block_n) * t.block_n)
+    return (fill + ldsm + KTILE_OVERHEAD) / (hmma * useful)
+
+
+def _label(t: MmaTiling) -> str:
+    return f"{t.block_m}x{t.block_n} ({t.warps} warps)"
+
+
+def choose_mma_tiling(
+    shape: GemmShape,
+    device: DeviceSpec,
+    tf32: bool = False,
+    mn: tuple[int, int] | None = None,
+    fold: int | None = None,
+    ops: tuple | None = None,
+    aligned: Callable[[object], bool] = lambda op: True,
+) -> tuple[MmaTiling, str]:
+    """The candidate of :data:`TILINGS` with the fewest modelled non-HMMA instructions per
+    useful HMMA (:func:`hot_figure`) among those whose blocks fill the SMs and whose
+    registers fit (else the last, the smallest), with the reason; ``mn``: the m and n data
+    dims (the last two by default), ``fold``: a data dim folded into the columns, ``ops``:
+    the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned."""
+    m, n = mn or (len(shape.data) - 2, len(shape.data) - 1)
+    rows = extent(shape, m)
+    cols = extent(shape, n) * (1 if fold is None else extent(shape, fold))
+    batch = 1
+    for i in range(len(shape.data)):
+        if i not in (m, n, fold):
+            batch *= extent(shape, i)
+    priced, refused = [], []
+    for i, (bm, bn, wm, wn) in enumerate(TILINGS):
+        t = MmaTiling(bm, bn, wm, wn)
+        if tf32:
+            t = MmaTiling(bm, bn, wm, wn, TF32_BLOCK_K, TF32_MMA_K)
+        blocks = batch * -(-rows // bm) * -(-cols // bn)
+        if t.registers > device.max_regs_per_thread:
+            refused.append(f"{_label(t)}: {t.registers} registers")
+        elif blocks < device.sms and i < len(TILINGS) - 1:
+            refused.append(f"{_label(t)}: {blocks} blocks")
+        else:
+            priced.append((hot_figure(t, shape, ops, rows, cols, aligned), i, t, blocks))
+    fills = [p for p in priced if p[3] >= device.sms] or priced[-1:]
+    figure, _, t, blocks = min(fills, key=lambda p: p[:2])
+    others = ", ".join(f"{_label(p[2])}: {p[0]:.2f}" for p in fills if p[2] != t)
+    return t, (
+        f"block tile {t.block_m}x{t.block_n}x{t.block_k} of {t.warps} warps, each "
+        f"{t.tiles_m}x{t.tiles_n} mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs; "
+        f"modelled {figure:.2f} other instructions per useful HMMA"
+        + (f", vs {others}" if others else "")
+        + (f"; too few blocks or registers: {', '.join(refused)}" if refused else "")
+        + ")"
+    )

@@ -1,0 +1,110 @@
+"""The tensor-core tiling model (:mod:`polyfuse.poly.tensorize_tiling`): among the block
+tiles whose blocks fill the SMs and whose registers fit, the fewest modelled non-HMMA
+instructions per useful HMMA of a k-tile -- larger warp tiles (4x8 mma tiles, 64x64) where
+there are blocks enough, no 128-row tile on a 64-row GEMM (half its HMMA on zero rows). The
+chosen tilings are correct at odd sizes in every emulator mode and read without bank
+conflicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_tensorize import ODD, _check, _matmul
+from test_tensorize_conv import CASES as CONV_CASES
+from test_tensorize_conv import ODD as CONV_ODD
+from test_tensorize_conv import _conv, _run_all_modes
+
+import polyfuse
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.poly import tensorize_tiling
+
+
+def _note(fn) -> str:
+    return fn.kernels[0].notes[0]
+
+
+def test_a_large_gemm_takes_64x64_warp_tiles():
+    """4096^3 bf16 x @ W^T: 128x256 of 8 warps, each 4x8 mma tiles (modelled 1.27 others per
+    HMMA against 128x128's 2.03: 48 copied elements per thread feed 64 HMMA per warp instead
+    of 32 for 32); before, the fixed list's 128x128. 1024x1024x2048 has too few blocks for
+    128x128 (64 on 108 SMs): 128x64 of 4 warps, each 4x4 mma tiles (128 blocks); before 64x64."""
+    inputs, out, _, _ = _matmul("bfloat16", 4096, 4096, 4096, trans_b=True, epilogue=True)
+    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
+    note = _note(fn)
+    assert "block tile 128x256x32 of 8 warps, each 4x8 mma tiles of 16x8 (512 blocks" in note
+    assert "modelled 1.27 other instructions per useful HMMA" in note
+    assert "128x128 (8 warps): 2.03" in note
+    inputs, out, _, _ = _matmul("bfloat16", 1024, 1024, 2048, trans_b=True)
+    note = _note(polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False))
+    assert "block tile 128x64x32 of 4 warps, each 4x4 mma tiles of 16x8 (128 blocks" in note
+    assert "too few blocks or registers: 128x256 (8 warps): 32 blocks" in note
+    assert "128x128 (8 warps): 64 blocks" in note
+
+
+def test_a_64_row_conv_takes_no_128_row_tile():
+    """The GPU-day conv (bf16 3x3 pad 1, N32 C64 -> O64, 56x56): 64 output channels, so a
+    128-row tile computes half of its HMMA on zero rows (before: 128x128, 1 HMMA per 5.3
+    others in SASS, 1 useful per 10.6); the model prices the useful share and takes 64x256 of
+    8 warps, each 2x8 mma tiles (every HMMA useful, 416 blocks)."""
+    inputs, out, _, _ = _conv("bfloat16", (32, 64, 64, 56, 56), *CONV_CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
+    note = _note(fn)
+    assert "block tile 64x256x32 of 8 warps, each 2x8 mma tiles of 16x8 (416 blocks" in note, note
+    assert "128x128 (8 warps): 10.78" in note
+
+
+def test_a_tiling_over_the_register_budget_is_refused_with_the_reason(monkeypatch):
+    """A warp of 8x16 mma tiles (128x128) needs 616 modelled registers (> 255): refused in
+    the note, the next candidate taken."""
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 256, 1, 2), (64, 64, 2, 2)))
+    inputs, out, _, _ = _matmul("bfloat16", 4096, 4096, 4096, trans_b=True)
+    note = _note(polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False))
+    assert "block tile 64x64x32" in note and "128x256 (2 warps): 616 registers" in note, note
+
+
+@pytest.mark.parametrize(
+    "dtype, tiling, warps",
+    [
+        ("float16", (128, 256, 2, 4), 8),
+        ("bfloat16", (128, 256, 2, 4), 8),
+        ("bfloat16", (256, 64, 4, 1), 4),
+        ("float16", (64, 256, 1, 4), 4),
+    ],
+)
+def test_the_4x8_warp_tiles_are_correct_at_odd_sizes(monkeypatch, dtype, tiling, warps):
+    """Warps of 4x8 mma tiles (64x64) in 8- and 4-warp blocks, one warp row or column
+    included (forced at a size that has too few blocks for them), batched x @ W^T + epilogue
+    at odd sizes, plain and race-checked."""
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", (tiling,))
+    inputs, out, arrays, want = _matmul(dtype, *ODD, batch=2, trans_b=True, epilogue=True)
+    fn = _check(dtype, inputs, out, arrays, want)
+    bm, bn = tiling[:2]
+    assert f"block tile {bm}x{bn}x32 of {warps} warps, each 4x8 mma tiles" in _note(fn)
+    assert "pf_acc[4][8][4]" in fn.kernels[0].source
+
+
+def test_the_2x8_warp_tile_of_a_gathered_conv_is_correct_in_every_mode(monkeypatch):
+    """64x256 of 8 warps, 2x8 mma tiles each (the GPU-day conv's choice), on a 3x3 pad 1 conv
+    at odd sizes: im2col gathered into the 256-column tile, every emulator mode."""
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", ((64, 256, 2, 4),))
+    inputs, out, arrays, want = _conv("bfloat16", CONV_ODD, *CONV_CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    assert "block tile 64x256x32 of 8 warps, each 2x8 mma tiles" in _note(fn)
+    _run_all_modes(fn, "bfloat16", arrays, want)
+
+
+def test_the_4x8_warp_tile_reads_and_writes_shared_without_bank_conflicts(monkeypatch):
+    """The 128x256 tile's cp.async writes and ldmatrix reads (A k-innermost, B k-innermost:
+    x @ W^T) on the emulator's bank counter: no conflict."""
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 256, 2, 4),))
+    inputs, out, arrays, want = _matmul("float16", 96, 80, 112, trans_b=True)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    got = fn(*arrays, race_check="banks")
+    assert tolerance("float16").allclose(got, want.astype(numpy_dtype("float16")))
+    lines = fn.cuda_source.splitlines()
+    sites = [s for t in fn.last_traffic for s in t.shared_banks]
+    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    assert copies and loads
+    assert [str(s) for s in copies + loads if s.conflicts] == []
+    assert np.isfinite(got).all()
