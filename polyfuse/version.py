@@ -12,5 +12,7 @@ __version__ = "0.1.0"
 # get, under the loop-quality floor; 9: shared tiles pipelined over the S = 2..4 stages the stage
 # model chooses; 10: tensor-core operand tiles XOR-swizzled instead of padded, a tensorized GEMM
 # cached with 2 stages may now take 3; 11: 16-bit reductions kept on chip rounded to their dtype,
-# one shared tile per access of a GEMM operand), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 11
+# one shared tile per access of a GEMM operand; 12: native 16-bit pair arithmetic, one typed
+# lane-combine prelude, tensor-core tiles and conv fill orders from their models, gathered fills
+# by cp.async), so kernels cached by an older compiler miss.
+CODEGEN_REVISION = 12
