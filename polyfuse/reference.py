@@ -33,6 +33,14 @@ Precision (``precision="storage"``, the default)
     positive divisor); a cast to int truncates. ``te.maximum``/``te.minimum`` propagate NaN
     like numpy.
 
+Precision ``"operation"``: the kernels' own arithmetic
+    As ``"storage"``, and every float operation (unary, binary) of a float16, bfloat16 or
+    float32 node is rounded to float32, the precision kernels compute those dtypes in (numpy's
+    ``float32_array * c``). Where one rounding matters — a float32 product that underflows to
+    a subnormal and is then divided by a tiny constant in a float64 compute (fuzz seed 740066)
+    — a kernel legitimately lands here rather than on the storage reference; comparisons use
+    it as a second reference (:func:`polyfuse.testing.run.compare`).
+
 Precision ``"float64"``: the oracle
     Inputs are still the values of their dtype (a float16 input holds float16 values), but
     every float tensor, cast and accumulator after them is kept in float64: the exact answer
@@ -63,8 +71,10 @@ from polyfuse.graph.dtypes import tolerance
 
 __all__ = ["CHUNK_ELEMENTS", "PRECISIONS", "evaluate", "tolerance"]
 
-#: ``evaluate(precision=...)``: round to each dtype, or the float64 oracle.
-PRECISIONS = ("storage", "float64")
+#: ``evaluate(precision=...)``: round to each dtype, the float64 oracle, or also each operation.
+PRECISIONS = ("storage", "float64", "operation")
+#: node dtypes whose operations ``precision="operation"`` rounds to float32
+_FLOAT32_ARITHMETIC = frozenset({"float16", "bfloat16", "float32"})
 
 #: Largest number of iteration points (data x reduction) evaluated in one vectorised block.
 CHUNK_ELEMENTS = 1 << 22
@@ -264,7 +274,7 @@ def _serial(precision: str, red: ex.Reduce) -> bool:
     """Whether reduction ``red`` must add one value at a time: its accumulator is a float
     narrower than float32 (whose rounding of the running sum is the point of the dtype)."""
     acc = dt.DTYPES[red.accumulate_dtype]
-    return precision == "storage" and acc.kind == "f" and acc.itemsize < 4
+    return precision != "float64" and acc.kind == "f" and acc.itemsize < 4
 
 
 def _eval_compute(t: ex.Tensor, values: Mapping[int, np.ndarray], precision: str) -> np.ndarray:
@@ -360,10 +370,19 @@ class _Body(ex.ExprVisitor[Any]):
         return self._read(e, mask)
 
     def visit_Unary(self, e: ex.Unary, mask: Any) -> Any:
-        return _wrap32(_unary(e.op, self.eval(e.a, mask)), e.dtype)
+        return self._operation(_wrap32(_unary(e.op, self.eval(e.a, mask)), e.dtype), e.dtype)
 
     def visit_Binary(self, e: ex.Binary, mask: Any) -> Any:
-        return _wrap32(_binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype), e.dtype)
+        value = _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
+        return self._operation(_wrap32(value, e.dtype), e.dtype)
+
+    def _operation(self, value: Any, dtype: str) -> Any:
+        """``value`` rounded to float32 where ``precision="operation"`` and ``dtype`` is
+        computed in float32 by the kernels; else unchanged."""
+        if self.precision != "operation" or dtype not in _FLOAT32_ARITHMETIC:
+            return value
+        with np.errstate(over="ignore"):
+            return _store(value, "float32", "storage")
 
     def visit_Compare(self, e: ex.Compare, mask: Any) -> Any:
         return _COMPARE[e.op](self.eval(e.a, mask), self.eval(e.b, mask))

@@ -139,6 +139,35 @@ def test_compare_allows_the_gap_to_the_float64_oracle():
     assert compare("y", g16, w16, dtype="float16", oracle=np.array([7.0e4, 1.0])) == ""
 
 
+def test_a_float32_product_that_underflows_is_compared_with_the_operation_reference():
+    """fuzz seed 740066: ``float64(u * 1.4e-45) / 1e-45`` of a float32 ``u``. The product is
+    float32 (a weak Python float), so the kernel — like numpy — rounds it to the subnormal
+    1.4e-45 before the float64 division: 1.401. The storage reference keeps the compute body
+    in float64 (0.949). ``precision="operation"`` rounds every float32 operation as the kernel
+    does; its gap to the storage reference is the slack (the mismatch was reported before)."""
+    import polyfuse
+
+    u = te.placeholder((1, 1), "float32", name="u")
+    e5 = te.compute((1, 1), lambda i, j: u[i, j] * 1.4e-45, name="e5", dtype="float64")
+    e6 = te.compute((1, 1), lambda i, j: e5[i, j] / 1e-45, name="e6", dtype="float32")
+    x = np.array([[0.6770800352096558]], np.float32)
+    got = polyfuse.compile([u], [e6], check_cuda=False)(x, device="emulate")
+    (want,) = evaluate([e6], {u: x})
+    (oracle,) = evaluate([e6], {u: x}, precision="float64")
+    (rounded,) = evaluate([e6], {u: x}, precision="operation")
+    numpy_way = ((x * np.float32(1.4e-45)).astype(np.float64) / 1e-45).astype(np.float32)
+    np.testing.assert_array_equal(rounded, numpy_way)
+    np.testing.assert_array_equal(got, rounded)
+    assert abs(float(want[0, 0]) - 0.9488) < 1e-3 and abs(float(got[0, 0]) - 1.4013) < 1e-3
+    assert "differ" in compare("e6", got, want, oracle=oracle)
+    assert compare("e6", got, want, oracle=[oracle, rounded]) == ""
+    assert "differ" in compare("e6", got * 2, want, oracle=[oracle, rounded])
+
+
+def test_fuzz_seed_740066_passes():
+    assert check_spec(with_dtypes(draw(740066), ALL)).status == "pass"
+
+
 def _stored_spec(dtype: str) -> GraphSpec:
     nodes = [
         Node("x", "input", ("a",), fill="normal", seed=1, dtype="float16"),
