@@ -180,6 +180,58 @@ def shift_k_tiles(tree: isl.Schedule, shifts: dict[str, list[int]]) -> isl.Sched
     return band.band_shift(shift).get_schedule()
 
 
+def phase_sequence(tree: isl.Schedule) -> isl.ScheduleNode:
+    """The sequence of the phases under the k-tile band (below the copies' extension node
+    once they are grafted: ``ext / seq[copies | phases]``)."""
+    node = k_tile_band(tree).child(0)
+    if node.get_type() == isl.schedule_node_type.extension:
+        node = node.child(0).child(1).child(0)
+    assert node.get_type() == isl.schedule_node_type.sequence
+    return node
+
+
+def graft_copies(tree: isl.Schedule, extension: isl.UnionMap, rows: isl.UnionMap) -> isl.Schedule:
+    """``tree`` with the copy statements introduced by ``extension`` (``{ [kt...] ->
+    C[...] }``: the copies each k-tile runs) grafted before the phases, as PPCG grafts its
+    copies: one extension node over a sequence (copies, phases). Under it each copy runs at
+    its position and loops, dims ``sub`` and ``x...`` of its fixed-width ``rows``.
+
+    The graft sits at the k-tile band's child, not in phase 0: isl builds an extension's
+    instances only at the schedule points its subtree already runs, and a filter restricts
+    those to the points where its own statements run (phase 0 runs the init and epilogue
+    only at the first and last k-tile, and the async groups when pipelined)."""
+    band = k_tile_band(tree)
+    nr = band.band_n_member()
+    full = isl.MultiUnionPwAff.from_union_map(rows)
+    width = full.dim(isl.dim_type.out)
+    node = isl.ScheduleNode.from_extension(extension).child(0)
+    node = node.insert_partial_schedule(_slice(full, nr + 1, nr + 2)).child(0)
+    node = node.insert_partial_schedule(_slice(full, nr + 2, width))
+    graft = node.ancestor(node.get_tree_depth())
+    return band.child(0).graft_before(graft).get_schedule()
+
+
+def flat_map(tree: isl.Schedule) -> isl.UnionMap:
+    """The flattened schedule ``[kt..., phase, sub, x...]`` of ``tree`` (before the barriers):
+    ``isl_schedule_get_map``, which isl refuses with an extension node, plus the grafted
+    copies' rows: the k-tile their extension runs them in, phase :data:`STAGE`, then their
+    own bands."""
+    band = k_tile_band(tree)
+    node = band.child(0)
+    if node.get_type() != isl.schedule_node_type.extension:
+        return tree.get_map()
+    seq = node.child(0)
+    rest = band.band_get_partial_schedule_union_map().flat_range_product(
+        seq.child(1).child(0).get_subtree_schedule_union_map()
+    )
+    inner = seq.child(0).child(0).get_subtree_schedule_union_map()
+    width = _maps(inner)[0].dim(isl.dim_type.out)
+    xs = ", ".join(f"x{i}" for i in range(width))
+    staged = isl.UnionMap(f"{{ [{xs}] -> [{STAGE}, {xs}] }}", context=tree.get_ctx())
+    copies = node.extension_get_extension().reverse()
+    return rest.union(copies.flat_range_product(inner.apply_range(staged)))
+
+
 def graft_barriers(
     tree: isl.Schedule, update: str, before: isl.UnionMap, after: isl.UnionMap
 ) -> isl.Schedule:
@@ -187,9 +239,7 @@ def graft_barriers(
     Sync[kt...] }`` from the k-tile band's schedule) grafted before and after the update:
     one extension node over a sequence (barrier, update, barrier), as PPCG inserts its
     synchronisation."""
-    node = k_tile_band(tree).child(0)
-    assert node.get_type() == isl.schedule_node_type.sequence
-    upd = node.child(UPDATE)
+    upd = phase_sequence(tree).child(UPDATE)
     names = upd.filter_get_filter().get_set_list()
     assert update in {names.get_at(i).get_tuple_name() for i in range(names.n_set())}
     upd = upd.child(0)
@@ -198,14 +248,16 @@ def graft_barriers(
     return upd.get_schedule()
 
 
-def extension_of(tree: isl.Schedule) -> isl.UnionMap | None:
-    """The extension relation the barrier pass grafted (``{ [kt...] -> Sync[kt...] }``), or
-    None."""
+def extension_of(tree: isl.Schedule, stmt: str) -> isl.UnionMap | None:
+    """The extension relation of ``tree`` that introduces ``stmt`` (the copies' ``{ [kt...]
+    -> C[...] }``, the barriers' ``{ [kt...] -> Sync[kt...] }``), or None."""
     found: list[isl.UnionMap] = []
 
     def visit(node: isl.ScheduleNode) -> bool:
         if node.get_type() == isl.schedule_node_type.extension:
-            found.append(node.extension_get_extension())
+            ext = node.extension_get_extension()
+            if stmt in {m.get_tuple_name(isl.dim_type.out) for m in _maps(ext)}:
+                found.append(ext)
         return True
 
     tree.get_root().foreach_descendant_top_down(visit)
