@@ -72,7 +72,8 @@ def _stmts(umap: isl.UnionMap, *names: str) -> isl.UnionMap:
 def tiled():
     sm, shape, tiling, f = _frame()
     rows = f.statement_schedule(shape, 4, THREADS)
-    return sm, shape, tiling, f, rows, tile_tree(rows, 1, shape.update.name)
+    red = f.reduction_band(shape, tiling.tk, THREADS)
+    return sm, shape, tiling, f, rows, tile_tree(rows, red, tiling.tk, shape.update.name)
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +249,30 @@ def test_the_tree_generates_the_ast_of_the_flattened_schedule(tiled, copies):
     for depth in reversed(range(1, 6)):
         renamed = renamed.replace(f"c{depth}", f"c{depth + 1}")
     assert renamed == was
+
+
+def test_band_tile_of_the_reduction_band_is_the_k_tile_split(tiled):
+    """isl's ``band_tile`` (sizes TK = 8, point loops shifted) of the reduction band (``r0``
+    for the update, -TK for the init, KT x TK for the epilogue) gives the tiling pass's
+    k-tile band as its tile band and the update's in-tile steps ``kk0`` as its point band
+    (:func:`tile_tree` tiles the band :meth:`TileFrame.reduction_band` so and moves the point
+    band into the micro-tile band, whose first dim is then ``kk0``)."""
+    _, shape, tiling, f, rows, tree = tiled
+    ctx = rows.get_ctx()
+    assert (ctx.get_tile_scale_tile_loops(), ctx.get_tile_shift_point_loops()) == (0, 1)
+    dom = tree.get_domain()
+    red = isl.UnionMap(
+        f"[{THREADS}] -> {{ S_c_update[d0, d1, r0] -> [r0]; S_c_init[d0, d1] -> [-8]; "
+        "S_c_final[d0, d1] -> [24] }",
+        context=ctx,
+    ).intersect_domain(dom)
+    band = isl.Schedule.from_domain(dom).get_root().child(0)
+    band = band.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(red))
+    sizes = isl.MultiVal.zero(band.band_get_space()).set_val(0, isl.Val.int_from_si(ctx, 8))
+    tiles = band.band_tile(sizes)
+    assert tiles.band_get_partial_schedule_union_map().is_equal(
+        k_tile_band(tree).band_get_partial_schedule_union_map()
+    )
+    kk = rows.apply_range(isl.UnionMap("{ [k, p, s, a, b, c, d] -> [a] }", context=ctx))
+    assert tiles.child(0).band_get_partial_schedule_union_map().is_equal(kk)
+    assert _equal(red, f.reduction_band(shape, tiling.tk, THREADS).intersect_domain(dom).to_str())

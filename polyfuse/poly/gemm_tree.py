@@ -1,7 +1,8 @@
 """The tiled GEMM kernel's isl schedule tree and the tree operations the GEMM passes apply to
 it (PPCG's ``gpu_tree.c`` / ``gpu_group.c`` are the reference).
 
-The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances::
+The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances (the k-tile band
+and the update's ``kk`` steps: isl's ``band_tile`` of the reduction band)::
 
     domain: update, init, epilogue (one thread's instances; b*, t* parameters)
       mark "k_tile"
@@ -15,19 +16,28 @@ The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances::
                 mark "micro_tile"
                   band [kk0, ..., pos]     the k-tile's steps and the register tile
 
-Each later pass is an isl tree operation on it: the promotion pass adds the copy statements
-to the domain and their rows to the bands (:func:`add_statements`), the pipelining pass shifts
-the copies (and the init) S-1 k-tiles early with ``isl_schedule_node_band_shift``
-(:func:`shift_k_tiles`) and adds the async-group statements, and the barrier pass grafts the
-barriers before and after the update as an extension node (:func:`graft_barriers`), as PPCG
-grafts its synchronisation. isl generates the kernel's AST from the tree
-(:func:`ast_schedule` drops the marks first: they name levels, the AST does not need them).
+Each later pass is an isl tree operation on it: the pipelining pass (decided first) shifts
+the init S-1 k-tiles early with ``isl_schedule_node_band_shift`` (:func:`shift_k_tiles`) and
+adds the async-group statements (:func:`add_statements`), the promotion pass grafts the copies
+before the phases as an extension node whose relation runs k-tile kt+S-1's copies in kt
+(:func:`graft_copies`), and the barrier pass grafts the barriers before and after the update
+as another (:func:`graft_barriers`), as PPCG grafts its copies and synchronisation::
 
-Copies are domain statements rather than extension nodes: isl adds an extension's instances
-only at the outer schedule points that already run (``build_ast_from_extension`` intersects
-with the build's domain), and the pipelined prologue's k-tiles 1-S..-1 run copies only.
+    mark "k_tile" / band [kt...]
+      extension { [kt...] -> C_x[kt + S-1, e...] }
+        sequence
+          filter: C_x ...                  band [sub] / band [q...]  (the copies)
+          filter: the rest                 the phases, the update's around the barriers'
+                                           extension (Sync_load, update, Sync_use)
 
-The flattened schedule (``isl_schedule_get_map`` of the tree before the barriers) keeps the
+isl generates the kernel's AST from the tree (:func:`ast_schedule` drops the marks first: they
+name levels, the AST does not need them).
+
+isl adds an extension's instances only at the outer schedule points that already run
+(``build_ast_from_extension`` intersects with the build's domain): the async-group commits stay
+domain statements, so the pipelined prologue's k-tiles 1-S..-1 run and build their copies.
+
+The flattened schedule (:func:`flat_map` of the tree before the barriers) keeps the
 fixed-width layout ``[kt..., phase, sub, x...]`` the fragment pass and the loop planner read.
 """
 
@@ -73,16 +83,33 @@ def _at(rows: isl.UnionMap, col: int, value: int) -> isl.UnionMap:
     return _union(keep, rows.get_ctx())
 
 
-def tile_tree(rows: isl.UnionMap, nr: int, update: str) -> isl.Schedule:
+def tile_tree(
+    rows: isl.UnionMap, red: isl.UnionMap, tk: list[int], update: str
+) -> isl.Schedule:
     """The tiling pass's tree from the tiled ``rows`` of the update, init and epilogue
-    (``[kt x nr, phase, sub, x...]``; the update in phase :data:`UPDATE`, the others in
-    :data:`STAGE`); see the module docstring for its shape."""
+    (``[kt x nr, phase, sub, kk x nr, x...]``; the update in phase :data:`UPDATE`, the others
+    in :data:`STAGE`); see the module docstring for its shape.
+
+    The k-tile split is isl's ``band_tile`` of the reduction band ``red`` (``r - lo`` per
+    reduction dim for the update, -TK for the init, KT x TK for the epilogue) with sizes
+    ``tk``: the tile band is the k-tile band, the point band (the context's shifted point
+    loops: ``kk``) moves into the micro-tile band below the phases (isl sinks a band only to
+    the leaves), ahead of the register loops from ``rows``."""
     ctx = rows.get_ctx()
+    nr = len(tk)
     full = isl.MultiUnionPwAff.from_union_map(rows)
     width = full.dim(isl.dim_type.out)
-    root = isl.Schedule.from_domain(rows.domain()).get_root()
-    node = root.child(0).insert_partial_schedule(_slice(full, 0, nr))
-    node = node.insert_mark(isl.Id(K_TILE, context=ctx)).child(0)
+    dom = rows.domain()
+    node = isl.Schedule.from_domain(dom).get_root().child(0)
+    node = node.insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(red.intersect_domain(dom))
+    )
+    sizes = isl.MultiVal.zero(node.band_get_space())
+    for j, k in enumerate(tk):
+        sizes = sizes.set_val(j, isl.Val.int_from_si(ctx, k))
+    node = node.band_tile(sizes).child(0)
+    point = node.band_get_partial_schedule()
+    node = node.delete().parent().insert_mark(isl.Id(K_TILE, context=ctx)).child(0)
     phases = [_at(rows, nr, p) for p in (STAGE, UPDATE)]
     filters = isl.UnionSetList.alloc(ctx, 2)
     for p in phases:
@@ -90,8 +117,11 @@ def tile_tree(rows: isl.UnionMap, nr: int, update: str) -> isl.Schedule:
     node = node.child(0).insert_sequence(filters)
     for i, p in enumerate(phases):
         mine = full.intersect_domain(p.domain())
+        steps = point.intersect_domain(p.domain()).flat_range_product(
+            _slice(mine, 2 * nr + 2, width)
+        )
         inner = node.child(i).child(0).insert_partial_schedule(_slice(mine, nr + 1, nr + 2))
-        inner = inner.child(0).insert_partial_schedule(_slice(mine, nr + 2, width))
+        inner = inner.child(0).insert_partial_schedule(steps)
         if i == UPDATE:
             inner = inner.insert_mark(isl.Id(MICRO_TILE, context=ctx)).child(0)
         node = inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())

@@ -109,7 +109,8 @@ def build_gemm_kernel(
     P = ", ".join(params)
     stages, loop = pipelined_loop(frame.ktiles, stages, len(copy_doms))
     rows = frame.statement_schedule(shape, tail_n, P)
-    tree = tile_tree(rows, nr, shape.update.name)
+    red = frame.reduction_band(shape, tiling.tk, P)
+    tree = tile_tree(rows, red, tiling.tk, shape.update.name)
     early = [0] * nr
     if loop is not None:  # decided before the copies are grafted: it shifts their extension
         tree = pipeline_tree(
