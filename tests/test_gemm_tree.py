@@ -23,6 +23,7 @@ from polyfuse.poly.gemm_tree import (
     extension_of,
     flat_map,
     k_tile_band,
+    shift_k_tiles,
     tile_tree,
 )
 
@@ -276,3 +277,28 @@ def test_band_tile_of_the_reduction_band_is_the_k_tile_split(tiled):
     kk = rows.apply_range(isl.UnionMap("{ [k, p, s, a, b, c, d] -> [a] }", context=ctx))
     assert tiles.child(0).band_get_partial_schedule_union_map().is_equal(kk)
     assert _equal(red, f.reduction_band(shape, tiling.tk, THREADS).intersect_domain(dom).to_str())
+
+
+def test_the_prologue_builds_its_copies_only_because_the_commits_run_there(tiled, copies):
+    """The copies' extension (shifted by S-1 = 1) adds k-tile 0's copies at k-tile -1 only
+    where that k-tile already runs: with the init shifted alone the k-tile loop starts at 0
+    and those copies vanish; with the pipelining pass's commits (domain statements from -1 on)
+    the loop starts at -1 and runs them."""
+    _, shape, _, f, _, tree = tiled
+    ctx = tree.get_ctx()
+    context = isl.Set(
+        "[b0, b1, t0, t1, p0r, p0c, p1r, p1c] -> { : 0 <= b0 < 2 and 0 <= b1 < 2 and "
+        "0 <= t0 < 4 and 0 <= t1 < 4 and 0 <= p0r < 8 and 0 <= p0c < 2 and 0 <= p1r < 4 and "
+        "0 <= p1c < 4 }",
+        context=ctx,
+    )
+    shifted = shift_k_tiles(tree, {shape.init.name: [-1]})
+    piped = pipeline_tree(tree, 2, shape.init.name, ["kt0"], f.ktiles, 0, 2, 4)
+    code = []
+    for t in (shifted, piped):
+        t = ast_schedule(copy_tree(t, copies, ["kt0"], 4, copy_shift(1, 2, 0)))
+        sched = t.align_params(context.get_space())
+        code.append(isl.AstBuild.from_context(context).node_from_schedule(sched).to_C_str())
+    assert "for (int c0 = 0; c0 <= 2; c0 += 1)" in code[0] and "Cp_commit" not in code[0]
+    assert "for (int c0 = -1; c0 <= 2; c0 += 1)" in code[1] and "Cp_commit(c0);" in code[1]
+    assert "C_a(c0 + 1," in code[0] and "C_a(c0 + 1," in code[1]
