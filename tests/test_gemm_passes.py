@@ -20,6 +20,7 @@ from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_pipeline import (
     async_group_schedule,
+    copy_shift,
     pipeline_shifts,
     pipelined_loop,
 )
@@ -194,15 +195,14 @@ def test_pipelined_loop(ktiles, stages, copies, want):
 
 
 def test_pipelining_moves_copies_early_and_groups_them():
-    """Before: copies of k-tile kt0 at kt0, the init at -1. After (3 stages): the k-tile
-    band's shift moves the copies to kt0 - 2 along the pipelined loop and the init to -3 along
-    every k-tile loop; one commit per k-tile from -2 on and a wait per k-tile."""
-    assert pipeline_shifts(["C_a", "C_b"], "S_init", 1, 3, 0) == {
-        "C_a": [-2],
-        "C_b": [-2],
-        "S_init": [-2],
-    }
-    assert pipeline_shifts(["C_a"], "S_init", 2, 2, 1) == {"C_a": [0, -1], "S_init": [-1, -1]}
+    """Before: copies of k-tile kt0 at kt0, the init at -1. After (3 stages): the copies'
+    extension is shifted to kt0 - 2 along the pipelined loop and the k-tile band's shift moves
+    the init to -3 along every k-tile loop; one commit per k-tile from -2 on and a wait per
+    k-tile."""
+    assert copy_shift(1, 3, 0) == [-2]
+    assert pipeline_shifts("S_init", 1, 3) == {"S_init": [-2]}
+    assert copy_shift(2, 2, 1) == [0, -1]
+    assert pipeline_shifts("S_init", 2, 2) == {"S_init": [-1, -1]}
     ctx = isl.Context()
     got = async_group_schedule(isl.UnionMap("{ }", context=ctx), ["kt0"], [4], 0, 3, 2, 3)
     assert _equal(

@@ -156,7 +156,7 @@ def test_each_copy_instance_is_one_vector_of_the_k_tiles_footprint(mm):
     assert inst.project_out(isl.dim_type.set, 2, 3).count_val().to_python() == 64
     # and isl schedules the copies of k-tile kt0 first (phase 0), before its barrier and the
     # update (phase 1): the barriers are grafted around the update in every k-tile
-    ext = extension_of(mm.schedule_tree)
+    ext = extension_of(mm.schedule_tree, SYNC_BEFORE)
     assert ext is not None and ext.is_equal(
         isl.UnionMap(
             f"{{ [kt0] -> {SYNC_BEFORE}[kt0] : 0 <= kt0 <= 4; "

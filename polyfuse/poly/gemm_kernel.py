@@ -22,6 +22,7 @@ from polyfuse.graph.expr import Read
 from polyfuse.poly.fragments import Fragment
 from polyfuse.poly.gemm_loops import GemmLoops
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
+from polyfuse.poly.gemm_tree import flat_map
 from polyfuse.poly.mapping import MappedMicrograph
 from polyfuse.poly.placement import Placement
 
@@ -95,10 +96,10 @@ class GemmKernel(MappedMicrograph):
     @cached_property
     def schedule_map(self) -> isl.UnionMap:
         """The statements' flattened schedule ``[kt..., phase, sub, x...]``
-        (``isl_schedule_get_map`` of the tree before the barriers, which isl cannot flatten
-        with their extension node)."""
+        (:func:`polyfuse.poly.gemm_tree.flat_map` of the tree before the barriers: the
+        grafted copies' rows included)."""
         assert self.statement_tree is not None
-        return self.statement_tree.get_map()
+        return flat_map(self.statement_tree)
 
 
 def access_function(acc: isl.Map) -> isl.Map:

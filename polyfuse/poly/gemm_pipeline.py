@@ -3,15 +3,15 @@
 With S > 1 stages the kernel keeps S shared buffers per tile when exactly one k-tile loop has
 more than one iteration (:func:`pipelined_loop`): the copies of k-tile kt+S-1 are issued
 asynchronously during k-tile kt, so the schedule runs each copy S-1 k-tiles early
-(:func:`pipeline_shifts`) and the first S-1 k-tiles' copies run in S-1 iterations before k-tile 0
+(:func:`copy_shift`) and the first S-1 k-tiles' copies run in S-1 iterations before k-tile 0
 (the prologue the loop pass peels). The copies issued in one k-tile form one async group
 (statement ``Cp_commit``); before the update of k-tile kt, ``Cp_wait`` waits for all groups
 but the S-1 newest (:func:`async_group_schedule`).
 
-On the kernel's schedule tree (:func:`pipeline_tree`) the pass is an
-``isl_schedule_node_band_shift`` of the k-tile band (the copies S-1 k-tiles earlier along the
-pipelined loop, the init S-1 earlier along every k-tile loop: before the first copies) and the
-async-group statements added in phase 0.
+On the kernel's schedule tree (:func:`pipeline_tree`) the pass runs before the copies are
+grafted: an ``isl_schedule_node_band_shift`` of the k-tile band (the init S-1 earlier along
+every k-tile loop: before the first copies) and the async-group statements added in phase 0;
+the copies' extension then maps k-tile kt to the copies of kt+S-1 (:func:`copy_shift`).
 """
 
 from __future__ import annotations
@@ -44,19 +44,22 @@ def pipelined_loop(ktiles: list[int], stages: int, copies: int) -> tuple[int, in
     return stages, (multi[0] if stages > 1 else None)
 
 
-def pipeline_shifts(
-    copies: list[str], init: str, nr: int, stages: int, loop: int
-) -> dict[str, list[int]]:
-    """The k-tile band's shift per statement: each copy S-1 k-tiles early along ``loop`` (the
-    copies of k-tile kt+S-1 run during kt), the init S-1 earlier along every k-tile loop (at
-    -S: before the first copies, which run at k-tiles 1-S..-1)."""
-    early = [-(stages - 1) if j == loop else 0 for j in range(nr)]
-    return {**{c: early for c in copies}, init: [-(stages - 1)] * nr}
+def copy_shift(nr: int, stages: int, loop: int) -> list[int]:
+    """The copies' k-tile shift: S-1 k-tiles early along ``loop`` (the copies of k-tile
+    kt+S-1 run during kt)."""
+    return [-(stages - 1) if j == loop else 0 for j in range(nr)]
+
+
+def pipeline_shifts(init: str, nr: int, stages: int) -> dict[str, list[int]]:
+    """The k-tile band's shift per domain statement: the init S-1 earlier along every k-tile
+    loop (at -S: before the first copies, which run at k-tiles 1-S..-1; the copies are
+    grafted with :func:`copy_shift` applied to their extension)."""
+    return {init: [-(stages - 1)] * nr}
 
 
 def pipeline_tree(
     tree: isl.Schedule,
-    copies: list[str],
+    copies: int,
     init: str,
     kts: list[str],
     ktiles: list[int],
@@ -64,12 +67,14 @@ def pipeline_tree(
     stages: int,
     n: int,
 ) -> isl.Schedule:
-    """The pipelining pass on the schedule tree: the k-tile band shifted
-    (:func:`pipeline_shifts`), then the async groups of ``copies`` added in phase 0
-    (:func:`async_group_schedule`; ``n`` tail dims)."""
-    tree = shift_k_tiles(tree, pipeline_shifts(copies, init, len(kts), stages, loop))
+    """The pipelining pass on the schedule tree, before the copies are grafted: the k-tile
+    band shifted (:func:`pipeline_shifts`), then the async groups of the ``copies`` copies
+    added in phase 0 (:func:`async_group_schedule`; ``n`` tail dims). The commits run in every
+    k-tile from 1-S on, so the prologue's k-tiles run something and isl builds the copies
+    grafted there (an extension's instances exist only where its subtree runs)."""
+    tree = shift_k_tiles(tree, pipeline_shifts(init, len(kts), stages))
     empty = isl.UnionMap("{ }", context=tree.get_ctx())
-    groups = async_group_schedule(empty, kts, ktiles, loop, stages, len(copies), n)
+    groups = async_group_schedule(empty, kts, ktiles, loop, stages, copies, n)
     return add_statements(tree, groups)
 
 

@@ -18,9 +18,9 @@ An operand the reduction does not index (``s[i]``) is not promoted: each thread 
 elements in registers for the whole reduction (:func:`hoist_invariant`,
 :func:`polyfuse.poly.fragments.hoisted_fragments`).
 
-In the kernel's schedule tree (:mod:`polyfuse.poly.gemm_tree`) the copies join phase 0 of
-their own k-tile, before the update (:func:`copy_tree`); the pipelining pass moves them
-earlier.
+In the kernel's schedule tree (:mod:`polyfuse.poly.gemm_tree`) the copies are grafted as an
+extension node under the k-tile band, before the phases (:func:`copy_tree`, PPCG's way): each
+k-tile runs its own copies, or (pipelined) those of k-tile kt+S-1.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in
 from polyfuse.poly.gemm_kernel import Promotion, access_function
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
 from polyfuse.poly.gemm_tile_schedule import TileFrame, ints, tail
-from polyfuse.poly.gemm_tree import add_statements
+from polyfuse.poly.gemm_tree import graft_copies
 from polyfuse.poly.tile_box import tile_box
 
 
@@ -256,13 +256,39 @@ def copy_schedule(
     return umap
 
 
+def copy_extension(copies: list[CopyDomain], kts: list[str], early: list[int]) -> isl.UnionMap:
+    """``{ [kt...] -> C_x[kt' ..., e...] : kt = kt' + early }`` for every copy: the copies of
+    k-tile kt' run in k-tile kt' + ``early`` (0: their own; -(S-1) along the pipelined loop),
+    over the k-tile band's schedule."""
+    out = isl.UnionMap("{ }", context=copies[0].domain.get_ctx())
+    us = [f"u{j}" for j in range(len(kts))]
+    for c in copies:
+        es = [f"e{i}" for i in range(c.rank)]
+        shift = " and ".join(f"{k} = {u} + {d}" for k, u, d in zip(kts, us, early, strict=True))
+        m = isl.Map(
+            f"{{ [{ints(kts)}] -> {c.stmt}[{ints(us + es)}] : {shift or '0 = 0'} }}",
+            context=c.domain.get_ctx(),
+        )
+        m = m.align_params(c.domain.get_space()).intersect_range(c.domain)
+        out = out.union(isl.UnionMap.from_map(m))
+    return out
+
+
 def copy_tree(
-    tree: isl.Schedule, copies: list[CopyDomain], kts: list[str], n: int
+    tree: isl.Schedule,
+    copies: list[CopyDomain],
+    kts: list[str],
+    n: int,
+    early: list[int] | None = None,
 ) -> isl.Schedule:
-    """The promotion pass on the schedule tree: ``tree`` with the copy statements in its
-    domain, copy ``sub`` of k-tile ``kts`` in phase 0 of that k-tile at position ``sub``, its
-    loops the copy counters (:func:`copy_schedule`; ``n`` tail dims)."""
+    """The promotion pass on the schedule tree: the copy statements grafted before the
+    phases as an extension node (:func:`copy_extension`; PPCG's way), copy ``sub`` of k-tile
+    kt' run in k-tile kt' + ``early`` (the pipelining pass's shift, decided before the graft)
+    at position ``sub``, its loops the copy counters (:func:`copy_schedule`; ``n`` tail
+    dims). Pipelined, the async-group statements are in phase 0 of every k-tile from 1-S on,
+    so the prologue k-tiles run and build their copies."""
     if not copies:
         return tree
+    early = early or [0] * len(kts)
     rows = copy_schedule(isl.UnionMap("{ }", context=tree.get_ctx()), copies, kts, kts, n)
-    return add_statements(tree, rows)
+    return graft_copies(tree, copy_extension(copies, kts, early), rows)

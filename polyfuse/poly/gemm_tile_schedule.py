@@ -104,6 +104,22 @@ class TileFrame:
             params,
         )
 
+    def reduction_band(self, shape: GemmShape, tk: list[int], params: str) -> isl.UnionMap:
+        """The reduction band the k-tiles tile (:func:`polyfuse.poly.gemm_tree.tile_tree`):
+        ``r - lo`` per reduction dim for the update, -TK for the init (k-tile -1), KT x TK
+        for the epilogue (after the last k-tile)."""
+        ups = ", ".join(
+            f"{r} - {lo}" if lo >= 0 else f"{r} + {-lo}"
+            for r, (lo, _) in zip(self.rs, shape.red, strict=True)
+        )
+        before = ", ".join(str(-k) for k in tk)
+        after = ", ".join(str(n * k) for n, k in zip(self.ktiles, tk, strict=True))
+        dims = ints(self.ds)
+        text = [f"{shape.update.name}[{ints(self.ds + self.rs)}] -> [{ups}]"]
+        text.append(f"{shape.init.name}[{dims}] -> [{before}]")
+        text += [f"{s.name}[{dims}] -> [{after}]" for s in shape.epilogue]
+        return isl.UnionMap(f"[{params}] -> {{ {'; '.join(text)} }}", context=self.ctx)
+
     def statement_schedule(self, shape: GemmShape, n: int, params: str) -> isl.UnionMap:
         """The update, the init (at k-tile -1, before every copy; the pipelining pass moves it
         earlier) and the epilogue (after the last k-tile, one position per statement) in the

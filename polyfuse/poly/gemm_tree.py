@@ -1,7 +1,8 @@
 """The tiled GEMM kernel's isl schedule tree and the tree operations the GEMM passes apply to
 it (PPCG's ``gpu_tree.c`` / ``gpu_group.c`` are the reference).
 
-The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances::
+The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances (the k-tile band
+and the update's ``kk`` steps: isl's ``band_tile`` of the reduction band)::
 
     domain: update, init, epilogue (one thread's instances; b*, t* parameters)
       mark "k_tile"
@@ -15,19 +16,28 @@ The tiling pass (:func:`tile_tree`) builds the tree of one thread's instances::
                 mark "micro_tile"
                   band [kk0, ..., pos]     the k-tile's steps and the register tile
 
-Each later pass is an isl tree operation on it: the promotion pass adds the copy statements
-to the domain and their rows to the bands (:func:`add_statements`), the pipelining pass shifts
-the copies (and the init) S-1 k-tiles early with ``isl_schedule_node_band_shift``
-(:func:`shift_k_tiles`) and adds the async-group statements, and the barrier pass grafts the
-barriers before and after the update as an extension node (:func:`graft_barriers`), as PPCG
-grafts its synchronisation. isl generates the kernel's AST from the tree
-(:func:`ast_schedule` drops the marks first: they name levels, the AST does not need them).
+Each later pass is an isl tree operation on it: the pipelining pass (decided first) shifts
+the init S-1 k-tiles early with ``isl_schedule_node_band_shift`` (:func:`shift_k_tiles`) and
+adds the async-group statements (:func:`add_statements`), the promotion pass grafts the copies
+before the phases as an extension node whose relation runs k-tile kt+S-1's copies in kt
+(:func:`graft_copies`), and the barrier pass grafts the barriers before and after the update
+as another (:func:`graft_barriers`), as PPCG grafts its copies and synchronisation::
 
-Copies are domain statements rather than extension nodes: isl adds an extension's instances
-only at the outer schedule points that already run (``build_ast_from_extension`` intersects
-with the build's domain), and the pipelined prologue's k-tiles 1-S..-1 run copies only.
+    mark "k_tile" / band [kt...]
+      extension { [kt...] -> C_x[kt + S-1, e...] }
+        sequence
+          filter: C_x ...                  band [sub] / band [q...]  (the copies)
+          filter: the rest                 the phases, the update's around the barriers'
+                                           extension (Sync_load, update, Sync_use)
 
-The flattened schedule (``isl_schedule_get_map`` of the tree before the barriers) keeps the
+isl generates the kernel's AST from the tree (:func:`ast_schedule` drops the marks first: they
+name levels, the AST does not need them).
+
+isl adds an extension's instances only at the outer schedule points that already run
+(``build_ast_from_extension`` intersects with the build's domain): the async-group commits stay
+domain statements, so the pipelined prologue's k-tiles 1-S..-1 run and build their copies.
+
+The flattened schedule (:func:`flat_map` of the tree before the barriers) keeps the
 fixed-width layout ``[kt..., phase, sub, x...]`` the fragment pass and the loop planner read.
 """
 
@@ -73,16 +83,33 @@ def _at(rows: isl.UnionMap, col: int, value: int) -> isl.UnionMap:
     return _union(keep, rows.get_ctx())
 
 
-def tile_tree(rows: isl.UnionMap, nr: int, update: str) -> isl.Schedule:
+def tile_tree(
+    rows: isl.UnionMap, red: isl.UnionMap, tk: list[int], update: str
+) -> isl.Schedule:
     """The tiling pass's tree from the tiled ``rows`` of the update, init and epilogue
-    (``[kt x nr, phase, sub, x...]``; the update in phase :data:`UPDATE`, the others in
-    :data:`STAGE`); see the module docstring for its shape."""
+    (``[kt x nr, phase, sub, kk x nr, x...]``; the update in phase :data:`UPDATE`, the others
+    in :data:`STAGE`); see the module docstring for its shape.
+
+    The k-tile split is isl's ``band_tile`` of the reduction band ``red`` (``r - lo`` per
+    reduction dim for the update, -TK for the init, KT x TK for the epilogue) with sizes
+    ``tk``: the tile band is the k-tile band, the point band (the context's shifted point
+    loops: ``kk``) moves into the micro-tile band below the phases (isl sinks a band only to
+    the leaves), ahead of the register loops from ``rows``."""
     ctx = rows.get_ctx()
+    nr = len(tk)
     full = isl.MultiUnionPwAff.from_union_map(rows)
     width = full.dim(isl.dim_type.out)
-    root = isl.Schedule.from_domain(rows.domain()).get_root()
-    node = root.child(0).insert_partial_schedule(_slice(full, 0, nr))
-    node = node.insert_mark(isl.Id(K_TILE, context=ctx)).child(0)
+    dom = rows.domain()
+    node = isl.Schedule.from_domain(dom).get_root().child(0)
+    node = node.insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(red.intersect_domain(dom))
+    )
+    sizes = isl.MultiVal.zero(node.band_get_space())
+    for j, k in enumerate(tk):
+        sizes = sizes.set_val(j, isl.Val.int_from_si(ctx, k))
+    node = node.band_tile(sizes).child(0)
+    point = node.band_get_partial_schedule()
+    node = node.delete().parent().insert_mark(isl.Id(K_TILE, context=ctx)).child(0)
     phases = [_at(rows, nr, p) for p in (STAGE, UPDATE)]
     filters = isl.UnionSetList.alloc(ctx, 2)
     for p in phases:
@@ -90,8 +117,11 @@ def tile_tree(rows: isl.UnionMap, nr: int, update: str) -> isl.Schedule:
     node = node.child(0).insert_sequence(filters)
     for i, p in enumerate(phases):
         mine = full.intersect_domain(p.domain())
+        steps = point.intersect_domain(p.domain()).flat_range_product(
+            _slice(mine, 2 * nr + 2, width)
+        )
         inner = node.child(i).child(0).insert_partial_schedule(_slice(mine, nr + 1, nr + 2))
-        inner = inner.child(0).insert_partial_schedule(_slice(mine, nr + 2, width))
+        inner = inner.child(0).insert_partial_schedule(steps)
         if i == UPDATE:
             inner = inner.insert_mark(isl.Id(MICRO_TILE, context=ctx)).child(0)
         node = inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())
@@ -180,6 +210,58 @@ def shift_k_tiles(tree: isl.Schedule, shifts: dict[str, list[int]]) -> isl.Sched
     return band.band_shift(shift).get_schedule()
 
 
+def phase_sequence(tree: isl.Schedule) -> isl.ScheduleNode:
+    """The sequence of the phases under the k-tile band (below the copies' extension node
+    once they are grafted: ``ext / seq[copies | phases]``)."""
+    node = k_tile_band(tree).child(0)
+    if node.get_type() == isl.schedule_node_type.extension:
+        node = node.child(0).child(1).child(0)
+    assert node.get_type() == isl.schedule_node_type.sequence
+    return node
+
+
+def graft_copies(tree: isl.Schedule, extension: isl.UnionMap, rows: isl.UnionMap) -> isl.Schedule:
+    """``tree`` with the copy statements introduced by ``extension`` (``{ [kt...] ->
+    C[...] }``: the copies each k-tile runs) grafted before the phases, as PPCG grafts its
+    copies: one extension node over a sequence (copies, phases). Under it each copy runs at
+    its position and loops, dims ``sub`` and ``x...`` of its fixed-width ``rows``.
+
+    The graft sits at the k-tile band's child, not in phase 0: isl builds an extension's
+    instances only at the schedule points its subtree already runs, and a filter restricts
+    those to the points where its own statements run (phase 0 runs the init and epilogue
+    only at the first and last k-tile, and the async groups when pipelined)."""
+    band = k_tile_band(tree)
+    nr = band.band_n_member()
+    full = isl.MultiUnionPwAff.from_union_map(rows)
+    width = full.dim(isl.dim_type.out)
+    node = isl.ScheduleNode.from_extension(extension).child(0)
+    node = node.insert_partial_schedule(_slice(full, nr + 1, nr + 2)).child(0)
+    node = node.insert_partial_schedule(_slice(full, nr + 2, width))
+    graft = node.ancestor(node.get_tree_depth())
+    return band.child(0).graft_before(graft).get_schedule()
+
+
+def flat_map(tree: isl.Schedule) -> isl.UnionMap:
+    """The flattened schedule ``[kt..., phase, sub, x...]`` of ``tree`` (before the barriers):
+    ``isl_schedule_get_map``, which isl refuses with an extension node, plus the grafted
+    copies' rows: the k-tile their extension runs them in, phase :data:`STAGE`, then their
+    own bands."""
+    band = k_tile_band(tree)
+    node = band.child(0)
+    if node.get_type() != isl.schedule_node_type.extension:
+        return tree.get_map()
+    seq = node.child(0)
+    rest = band.band_get_partial_schedule_union_map().flat_range_product(
+        seq.child(1).child(0).get_subtree_schedule_union_map()
+    )
+    inner = seq.child(0).child(0).get_subtree_schedule_union_map()
+    width = _maps(inner)[0].dim(isl.dim_type.out)
+    xs = ", ".join(f"x{i}" for i in range(width))
+    staged = isl.UnionMap(f"{{ [{xs}] -> [{STAGE}, {xs}] }}", context=tree.get_ctx())
+    copies = node.extension_get_extension().reverse()
+    return rest.union(copies.flat_range_product(inner.apply_range(staged)))
+
+
 def graft_barriers(
     tree: isl.Schedule, update: str, before: isl.UnionMap, after: isl.UnionMap
 ) -> isl.Schedule:
@@ -187,9 +269,7 @@ def graft_barriers(
     Sync[kt...] }`` from the k-tile band's schedule) grafted before and after the update:
     one extension node over a sequence (barrier, update, barrier), as PPCG inserts its
     synchronisation."""
-    node = k_tile_band(tree).child(0)
-    assert node.get_type() == isl.schedule_node_type.sequence
-    upd = node.child(UPDATE)
+    upd = phase_sequence(tree).child(UPDATE)
     names = upd.filter_get_filter().get_set_list()
     assert update in {names.get_at(i).get_tuple_name() for i in range(names.n_set())}
     upd = upd.child(0)
@@ -198,14 +278,16 @@ def graft_barriers(
     return upd.get_schedule()
 
 
-def extension_of(tree: isl.Schedule) -> isl.UnionMap | None:
-    """The extension relation the barrier pass grafted (``{ [kt...] -> Sync[kt...] }``), or
-    None."""
+def extension_of(tree: isl.Schedule, stmt: str) -> isl.UnionMap | None:
+    """The extension relation of ``tree`` that introduces ``stmt`` (the copies' ``{ [kt...]
+    -> C[...] }``, the barriers' ``{ [kt...] -> Sync[kt...] }``), or None."""
     found: list[isl.UnionMap] = []
 
     def visit(node: isl.ScheduleNode) -> bool:
         if node.get_type() == isl.schedule_node_type.extension:
-            found.append(node.extension_get_extension())
+            ext = node.extension_get_extension()
+            if stmt in {m.get_tuple_name(isl.dim_type.out) for m in _maps(ext)}:
+                found.append(ext)
         return True
 
     tree.get_root().foreach_descendant_top_down(visit)

@@ -36,6 +36,7 @@ from polyfuse.poly.gemm_pipeline import (
     CP_ASYNC_ARCHS,
     PIPELINE_STAGES,
     WAIT,
+    copy_shift,
     pipeline_note,
     pipeline_stages,
     pipeline_tree,
@@ -55,7 +56,7 @@ from polyfuse.poly.gemm_tile_schedule import (
     padded_reduction_reads,
     tile_frame,
 )
-from polyfuse.poly.gemm_tree import tile_tree
+from polyfuse.poly.gemm_tree import flat_map, tile_tree
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 __all__ = [
@@ -108,13 +109,15 @@ def build_gemm_kernel(
     P = ", ".join(params)
     stages, loop = pipelined_loop(frame.ktiles, stages, len(copy_doms))
     rows = frame.statement_schedule(shape, tail_n, P)
-    tree = tile_tree(rows, nr, shape.update.name)
-    tree = copy_tree(tree, copy_doms, kts, tail_n)
-    if loop is not None:
-        copies = [c.stmt for c in copy_doms]
+    red = frame.reduction_band(shape, tiling.tk, P)
+    tree = tile_tree(rows, red, tiling.tk, shape.update.name)
+    early = [0] * nr
+    if loop is not None:  # decided before the copies are grafted: it shifts their extension
         tree = pipeline_tree(
-            tree, copies, shape.init.name, kts, frame.ktiles, loop, stages, tail_n
+            tree, len(copy_doms), shape.init.name, kts, frame.ktiles, loop, stages, tail_n
         )
+        early = copy_shift(nr, stages, loop)
+    tree = copy_tree(tree, copy_doms, kts, tail_n, early)
     cons = [f"0 <= {b} < {g}" for b, g in frame.bused]
     cons += [f"0 <= {t} < {n}" for t, n in frame.tused]
     cons += [f"0 <= {c} < {g}" for pr in promotions for c, g in pr.grid]
@@ -141,7 +144,7 @@ def build_gemm_kernel(
     tree = barrier_tree(tree, shape.update.name, kts, frame.ktiles)
     return GemmKernel(
         sm,
-        isl.Schedule.from_domain(statements.get_domain().coalesce()),
+        isl.Schedule.from_domain(flat_map(statements).domain().coalesce()),
         context,
         frame.bnames,
         frame.tnames,
