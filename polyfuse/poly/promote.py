@@ -27,8 +27,8 @@ import math
 
 import islpy as isl
 
-from polyfuse.base.decision import DecisionKind, Refusal, noted
-from polyfuse.base.decision_data import FragmentData
+from polyfuse.base.decision import DecisionKind, DecisionNote, Refusal, note_records, noted
+from polyfuse.base.decision_data import NO_DATA, FragmentData
 from polyfuse.poly.fragments import Fragment, register_fragments
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_tree
 from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, access_function, gemm_placements
@@ -168,6 +168,16 @@ def build_gemm_kernel(
     )
 
 
+def _promotion_note(p: Promotion) -> DecisionNote:
+    """The plan's note on promoted tile ``p``: a GEMM-tile record, a GEMM-loop one too when its
+    tile box was reshaped (its data: the last reshaping's :class:`TileBoxData`, the box as
+    copied), as the reason quotes the tile box's notes."""
+    box = note_records(p.box_notes)
+    kinds = (DecisionKind.GEMM_TILE, *(DecisionKind.GEMM_LOOP for _ in box[:1]))
+    data = box[-1].data if box else NO_DATA
+    return noted(kinds, f"{p.tensor}: shared ({p.reason})", p.tensor, data=data)
+
+
 def _notes(
     frame: TileFrame,
     shape: GemmShape,
@@ -180,9 +190,9 @@ def _notes(
 ) -> list[str]:
     """The plan's notes on the kernel: the tiling's reasons, then each pass's choice (each a
     decision record: :class:`~polyfuse.base.decision.DecisionNote`)."""
-    tile, loop_kind = DecisionKind.GEMM_TILE, DecisionKind.GEMM_LOOP
+    loop_kind = DecisionKind.GEMM_LOOP
     notes = list(tiling.reasons)
-    notes += [noted(tile, f"{p.tensor}: shared ({p.reason})", p.tensor) for p in promotions]
+    notes += [_promotion_note(p) for p in promotions]
     notes += [
         noted(
             DecisionKind.REGISTER_FRAGMENT,
@@ -202,14 +212,14 @@ def _notes(
         for t, why in not_hoisted.items()
         if any(p.tensor == t for p in promotions)
     ]
-    notes.append(noted(loop_kind, frame.store_why, shape.update.name))
+    notes.append(noted(loop_kind, frame.store_why, shape.update.prim))
     if loop is not None:
         stage_bytes = 4 * sum(p.floats for p in promotions)
         notes.append(
             noted(
                 DecisionKind.PIPELINE_STAGES,
                 pipeline_note(stages, frame.kts[loop], stage_bytes),
-                shape.update.name,
+                shape.update.prim,
             )
         )
     notes.append(

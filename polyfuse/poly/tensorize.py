@@ -438,7 +438,7 @@ def map_tensor_core(
     bx = "x4 (two mma tiles)" if tiling.b_step == 2 else "x2"
     la, lb = operand_layouts(a, b, tiling, ITEMSIZE[dtype])
     kind = "tf32 (float32 operands, allow_tf32)" if tf32 else dtype
-    tc, gemm = DecisionKind.TENSOR_CORES, shape.update.name
+    tc, gemm = DecisionKind.TENSOR_CORES, shape.update.prim
     notes: list[str] = [
         f"tensor cores: mma.sync.{shape_name} {kind} -> float32 accumulators; {why}",
         noted(
@@ -547,17 +547,11 @@ def map_tensor_core(
         else f"tensor cores: scalar {size}-byte shared fills",
         gemm,
     )
-    stage = DecisionKind.PIPELINE_STAGES
-    tk.notes.extend([fill, noted(stage, f"tensor cores: stages: {choice.reason}", sm.name)])
-    tk.notes.extend(
-        noted(
-            stage,
-            f"tensor cores: stages: {c.label}",
-            sm.name,
-            made=c.stages == choice.stages and not c.refused,
-        )
-        for c in choice.candidates
-    )
+    made = [True] + [c.stages == choice.stages and not c.refused for c in choice.candidates]
+    stage = DecisionKind.PIPELINE_STAGES  # the choice, then each candidate (made: the chosen)
+    tk.notes.append(fill)
+    for n, m in zip(choice.notes, made, strict=True):
+        tk.notes.append(noted(stage, f"tensor cores: stages: {n}", sm.name, made=m))
     data = replace(
         decision.data, stages=choice.stages, fill="cp.async 16 B" if vector else "scalar"
     )

@@ -116,7 +116,7 @@ def choose_k_order(
         DecisionKind.GEMM_LOOP,
         f"tensor cores: reduction flattened in the order {order} of its dims (modelled fill "
         f"instructions per thread and k-tile: {costs})",
-        shape.update.name,
+        shape.update.prim,
         data=GemmLoopData("k order", loops=[str(d) for d in order]),
     )
     return s, pa, pb, note

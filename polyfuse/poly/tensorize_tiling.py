@@ -174,6 +174,6 @@ def choose_mma_tiling(
         + (f", vs {others}" if others else "")
         + (f"; too few blocks or registers: {', '.join(refused)}" if refused else "")
         + ")",
-        shape.update.name,
+        shape.update.prim,
         data=data,
     )

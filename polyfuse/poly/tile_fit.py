@@ -72,6 +72,6 @@ def fit_tiling(shape: GemmShape, tiling: GemmTiling) -> GemmTiling:
         f"(extents {ext[h]}x{ext[n]}; {threads} threads x {regs} registers as "
         f"{th}x{tw} x {regs // rw}x{rw}): padding {before:.1%} -> {waste:.1%} of the "
         "multiply-adds, threads, accumulators and shared words per multiply-add unchanged",
-        shape.update.name,
+        shape.update.prim,
     )
     return replace(tiling, block=block, threads=thr, reasons=[*tiling.reasons, note])

@@ -354,7 +354,7 @@ def rank_gemm_tiles(
     col_ops = [r for r in shape.reuse if n_dim not in r and r]
     rows = sorted({d for r in col_ops for d in r if d != n_dim and ext[d] > 1})
     m_dim = rows[-1] if rows else next((d for d in reversed(range(nd - 1)) if ext[d] > 1), nd - 2)
-    gemm = shape.update.name
+    gemm = shape.update.prim
     reasons: list[str] = [
         noted(
             DecisionKind.GEMM_TILE,
