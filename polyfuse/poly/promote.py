@@ -28,7 +28,7 @@ import math
 import islpy as isl
 
 from polyfuse.base.decision import DecisionKind, DecisionNote, Refusal, note_records, noted
-from polyfuse.base.decision_data import NO_DATA, FragmentData
+from polyfuse.base.decision_data import NO_DATA, FragmentData, GemmLoopData
 from polyfuse.poly.fragments import Fragment, register_fragments
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_tree
 from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, access_function, gemm_placements
@@ -169,13 +169,12 @@ def build_gemm_kernel(
 
 
 def _promotion_note(p: Promotion) -> DecisionNote:
-    """The plan's note on promoted tile ``p``: a GEMM-tile record, a GEMM-loop one too when its
-    tile box was reshaped (its data: the last reshaping's :class:`TileBoxData`, the box as
-    copied), as the reason quotes the tile box's notes."""
+    """The plan's note on promoted tile ``p``: a GEMM-tile record; when its tile box was
+    reshaped (the reason quotes the tile box's notes) its data is the last reshaping's
+    :class:`TileBoxData` (the box as copied), so that record is kept."""
     box = note_records(p.box_notes)
-    kinds = (DecisionKind.GEMM_TILE, *(DecisionKind.GEMM_LOOP for _ in box[:1]))
     data = box[-1].data if box else NO_DATA
-    return noted(kinds, f"{p.tensor}: shared ({p.reason})", p.tensor, data=data)
+    return noted(DecisionKind.GEMM_TILE, f"{p.tensor}: shared ({p.reason})", p.tensor, data=data)
 
 
 def _notes(
@@ -212,7 +211,8 @@ def _notes(
         for t, why in not_hoisted.items()
         if any(p.tensor == t for p in promotions)
     ]
-    notes.append(noted(loop_kind, frame.store_why, shape.update.prim))
+    store = GemmLoopData("store", tensor=shape.update.prim)
+    notes.append(noted(loop_kind, frame.store_why, shape.update.prim, data=store))
     if loop is not None:
         stage_bytes = 4 * sum(p.floats for p in promotions)
         notes.append(
@@ -228,6 +228,7 @@ def _notes(
             f"epilogue on the register tile before the single store: "
             f"{', '.join(s.prim for s in shape.epilogue)}",
             *(s.prim for s in shape.epilogue),
+            data=GemmLoopData("epilogue"),
         )
     )
     return notes
