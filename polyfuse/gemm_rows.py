@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.cuda.codegen.astgen import generate_ast, generate_gemm_ast
 from polyfuse.cuda.codegen.lower import lower_gemm_kernel, lower_kernel, vector_plan
 from polyfuse.cuda.codegen.lower_gemm_rows import RowBlocks, join_kernels
@@ -66,7 +66,7 @@ def generate_gemm_rows(
         g.figures,
         (g.gemm.name, *(p.name for p in g.rows), g.tensor),
     )
-    notes = [decision.reason, *gk.notes, *plan.rows.notes]
+    notes = [DecisionNote(decision), *gk.notes, *plan.rows.notes]
     notes += [n for p in g.rows for n in p.notes]
     kernel = replace(
         kernel,

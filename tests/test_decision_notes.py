@@ -126,3 +126,144 @@ def test_note_records_survive_the_compile_cache(tmp_path):
     assert [n for n in again.kernels[0].notes if isinstance(n, DecisionNote)] == [
         n for n in first.kernels[0].notes if isinstance(n, DecisionNote)
     ]
+
+
+# --- issue 21 item 4: the GEMM, tensor-core and stage notes are records too -----------------
+
+#: plan notes that are measurements, not choices (they stay plain text): the GEMM tile
+#: estimate's occupancy and loop-code figures, the compile cache's provenance remark and the
+#: SASS instrument's remarks
+MEASUREMENTS = (
+    "estimated ",  # registers/thread, shared bytes/block -> blocks/SM, waves (cost model)
+    "loop code (GEMM tile estimate)",  # the loop-code estimate's instruction mix
+    "generated earlier (compile cache)",
+    "SASS",  # the SASS instrument's remarks
+)
+
+
+def _is_measurement(note: str) -> bool:
+    text = note.split(": ", 1)[1] if note.split(": ", 1)[0].isidentifier() else note
+    return note.startswith(MEASUREMENTS) or text.startswith(MEASUREMENTS)
+
+
+def test_a_tensor_core_refusal_is_a_typed_refusal_about_the_micrograph():
+    from poly_inputs import matmul, one
+
+    from polyfuse.poly.device import H100, V100
+    from polyfuse.poly.tensorize import map_tensor_core
+
+    sm = one(*matmul(32, 48, 40))  # float32 operands: no 16-bit mma
+    got = map_tensor_core(sm, H100)
+    assert isinstance(got, Refusal) and got.kind is DecisionKind.TENSOR_CORES
+    assert got.subject == (sm.name,) and str(got) == "the operands are not float16 or bfloat16"
+    rec = got.record
+    assert not rec.made and rec.kinds == (DecisionKind.TENSOR_CORES,)
+    old = map_tensor_core(sm, V100, tf32=True)  # no mma.sync before sm_80
+    assert isinstance(old, Refusal) and str(old) == "no m16n8k8 mma.sync on sm_70 (sm_80 and " \
+        "later)"  # fmt: skip
+    assert old.subject == (sm.name,)
+
+
+def test_the_float32_gemm_tile_choice_and_promotions_are_records():
+    a = te.placeholder((64, 96), name="a")
+    w = te.placeholder((96, 80), name="w")
+    fn = _compile([a, w], [ops.matmul(a, w, name="mm")])
+    (k,) = fn.kernels
+    recs = note_records(k.notes)
+    (tile,) = [r for r in recs if r.reason.startswith("block tile ")]
+    assert tile.made and DecisionKind.GEMM_TILE in tile.kinds and tile.subject == ("mm",)
+    (layout,) = [d for d in fn.plan.kernel_plans[0].layout if DecisionKind.GEMM_TILE in d.kinds]
+    assert tile.data.block_tile == layout.data.block_tile
+    assert tile.data.micro_tile == layout.data.micro_tile
+    assert tile.data.k_tile == layout.data.k_tile
+    plane = next(r for r in recs if r.reason.startswith("matrix plane: "))
+    assert plane.kinds == (DecisionKind.GEMM_TILE,)
+    shared = {r.subject: r for r in recs if ": shared (reused across threads" in r.reason}
+    assert set(shared) == {("a",), ("w",)}  # each promoted operand's tile is a record
+    assert all(r.made and r.kinds == (DecisionKind.GEMM_TILE,) for r in shared.values())
+    assert f"    note: {shared[('a',)].reason}" in str(fn.plan).splitlines()
+    epilogue = next(r for r in recs if r.reason.startswith("epilogue on the register tile"))
+    assert epilogue.kinds == (DecisionKind.GEMM_LOOP,)
+
+
+def test_tensor_core_tile_stage_and_k_order_notes_are_records():
+    from polyfuse.base.decision_data import GemmLoopData
+
+    x = te.placeholder((2, 13, 11, 9), "bfloat16", name="x")
+    w = te.placeholder((21, 13, 3, 3), "bfloat16", name="w")
+    fn = _compile([x, w], [ops.conv2d(x, w, padding=1, name="conv")])
+    notes = [n for k in fn.kernels for n in k.notes]
+    (mma,) = [n for n in notes if n.startswith("tensor cores: mma.sync")]
+    assert isinstance(mma, DecisionNote) and "block tile " in mma  # the tile choice's words
+    assert mma.record.data["what"] == "tensorize"
+    assert mma.record in fn.plan.records()  # the layout's record, listed once
+    (order,) = [n for n in notes if "reduction flattened in the order" in n]
+    assert isinstance(order, DecisionNote)
+    assert order.record.kinds == (DecisionKind.GEMM_LOOP,) and order.record.subject == ("conv",)
+    assert isinstance(order.record.data, GemmLoopData) and order.record.data.what == "k order"
+    stages = [n for n in notes if n.startswith("tensor cores: stages: ")]
+    assert stages and all(isinstance(n, DecisionNote) for n in stages)
+    assert all(n.record.kinds == (DecisionKind.PIPELINE_STAGES,) for n in stages)
+    assert stages[0].record.made  # the choice first, then each candidate
+
+
+def test_the_mma_tile_choice_is_a_record():
+    from poly_inputs import one
+
+    from polyfuse.base.decision_data import TensorCoreData
+    from polyfuse.poly.device import A100
+    from polyfuse.poly.tensorize import match_mma
+    from polyfuse.poly.tensorize_tiling import choose_mma_tiling
+
+    a = te.placeholder((200, 40), "float16", name="a")
+    b = te.placeholder((40, 1100), "float16", name="b")
+    r = te.reduce_axis(40, name="r")
+    c = te.compute((200, 1100), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
+    shape = match_mma(one([a, b], c))[0]
+    tiling, why = choose_mma_tiling(shape, A100)
+    assert isinstance(why, DecisionNote) and why.startswith("block tile ")
+    assert why.record.subject == ("c",) and DecisionKind.GEMM_TILE in why.record.kinds
+    assert why.record.data == TensorCoreData(
+        "tile", "m16n8k16", [tiling.block_m, tiling.block_n, tiling.block_k],
+        [tiling.warps_m, tiling.warps_n],
+    )  # fmt: skip
+
+
+def _representative():
+    """matmul + bias + GELU, a bf16 matmul, a float32 conv + ReLU, a softmax."""
+    from polyfuse.examples import EXAMPLES
+
+    yield EXAMPLES["matmul_bias_gelu"].build()[:2]
+    a = te.placeholder((67, 53), "bfloat16", name="a")
+    b = te.placeholder((53, 45), "bfloat16", name="b")
+    yield [a, b], [ops.matmul(a, b, name="mm16")]
+    yield EXAMPLES["conv2d_relu"].build()[:2]
+    yield EXAMPLES["softmax"].build()[:2]
+
+
+def test_every_kernel_note_is_a_record_but_the_measurements():
+    plain = []
+    for inputs, outputs in _representative():
+        fn = _compile(inputs, outputs)
+        for k in fn.kernels:
+            plain += [n for n in k.notes if not isinstance(n, DecisionNote)]
+            assert all(n.record.reason == n for n in k.notes if isinstance(n, DecisionNote))
+    assert [n for n in plain if not _is_measurement(n)] == []
+    assert any(n.startswith("loop code (GEMM tile estimate)") for n in plain)
+
+
+def test_a_promotion_note_keeps_its_reshaped_tile_box_record():
+    from polyfuse.examples import EXAMPLES
+
+    inputs, outputs = EXAMPLES["conv2d_relu"].build()[:2]
+    fn = _compile(inputs, outputs)
+    recs = {
+        r.subject: r
+        for k in fn.kernels
+        for r in note_records(k.notes)
+        if ": shared (reused across threads" in r.reason
+    }
+    x = recs[("x",)]
+    assert x.made and x.kinds == (DecisionKind.GEMM_TILE,)
+    assert x.data == TileBoxData("x", "merged dims", [1, 3, 3, 18], [3, 3, 18])
+    assert "box 1x3x3x18 viewed as 3x3x18 of 3x14x14" in x.reason  # the words it quotes

@@ -83,7 +83,7 @@ def test_4096_matmul_kk_loop_reads_registers_only():
     ins, outs = _matmul_4096()
     fn = polyfuse.compile(inputs=ins, outputs=outs, arch="sm_80", check_cuda=False)
     (k,) = fn.kernels
-    (tile,) = [r for r in fn.plan.records() if DecisionKind.GEMM_TILE in r.kinds]
+    (tile,) = [r for r in fn.plan.kernel_plans[0].layout if DecisionKind.GEMM_TILE in r.kinds]
     tm, tn = tile.data["micro_tile"]
     assert tm * tn == 64  # 8x8 (or 4x16 ...) register micro-tiles, whichever the model ranks
     notes = "\n".join(_fragment_notes(fn))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_kernel import GemmKernel, access_function
@@ -104,5 +104,5 @@ def with_codegen(gk: GemmKernel, device: DeviceSpec) -> GemmKernel:
         loops=loops,
         select_free=free,
         codegen=tuple(decisions),
-        notes=[*gk.notes, *(d.reason for d in decisions)],
+        notes=[*gk.notes, *(DecisionNote(d) for d in decisions)],
     )

@@ -53,6 +53,9 @@ class Promotion:
     #: the update's read nodes this tile serves when the array has several accesses (empty:
     #: every read of the array)
     reads: tuple[Read, ...] = ()
+    #: the tile box's decision notes (dims merged, box widened: :mod:`polyfuse.poly.tile_box`),
+    #: whose words the reason quotes; their records reach the promotion's plan note
+    box_notes: tuple[str, ...] = ()
 
     @property
     def array(self) -> str:

@@ -224,6 +224,7 @@ def promote_operands(
                 box.merge,
                 name,
                 reads,
+                box_notes=tuple(box.notes),
             )
         )
     return promotions, copy_doms

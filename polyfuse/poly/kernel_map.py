@@ -84,7 +84,7 @@ def map_kernel(
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if gemm is not None and not isinstance(gemm, Refusal):
         if tf32:
-            no = noted(TENSOR_CORES, f"no tf32 tensor cores: {tf32}", sm.name, made=False)
+            no = refusal_note(TENSOR_CORES, f"no tf32 tensor cores: {tf32}", tf32)
             gemm.notes.append(no)
         return gemm
     half = gemm is not None and gemm.reason == HALF_OPERANDS
@@ -95,7 +95,7 @@ def map_kernel(
     if gemm is not None:  # a contraction the GEMM path declined: the plan says why
         mapped.notes.append(refusal_note(DecisionKind.GEMM_TILE, f"no GEMM tiling: {gemm}", gemm))
     if tensorized:
-        no = noted(TENSOR_CORES, f"no tensor cores: {tensorized}", sm.name, made=False)
+        no = refusal_note(TENSOR_CORES, f"no tensor cores: {tensorized}", tensorized)
         mapped.notes.append(no)
     return mapped
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.base.decision import Decided
+from polyfuse.base.decision import Decided, DecisionNote
 from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine, whole_warps
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
@@ -251,7 +251,7 @@ def map_to_gpu(
     cons = [f"0 <= {b} < {g}" for b, g in zip(bs, grid_dims, strict=True)]
     cons += [f"0 <= {t} < {s}" for t, s in zip(ts, sizes, strict=True)]
     context = isl.Set(f"[{params}] -> {{ : {' and '.join(cons)} }}", context=ctx)
-    notes = [str(coarsening)] if coarsening is not None else []
+    notes: list[str] = [DecisionNote(coarsening.record)] if coarsening is not None else []
     return MappedKernel(
         sm, mapped, context, bs, ts, grid_dims, sizes, ranges, notes, coarsening=coarsening
     )

@@ -27,7 +27,8 @@ import math
 
 import islpy as isl
 
-from polyfuse.base.decision import Refusal
+from polyfuse.base.decision import DecisionKind, DecisionNote, Refusal, note_records, noted
+from polyfuse.base.decision_data import NO_DATA, FragmentData, GemmLoopData
 from polyfuse.poly.fragments import Fragment, register_fragments
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_tree
 from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, access_function, gemm_placements
@@ -170,6 +171,15 @@ def build_gemm_kernel(
     )
 
 
+def _promotion_note(p: Promotion) -> DecisionNote:
+    """The plan's note on promoted tile ``p``: a GEMM-tile record; when its tile box was
+    reshaped (the reason quotes the tile box's notes) its data is the last reshaping's
+    :class:`TileBoxData` (the box as copied), so that record is kept."""
+    box = note_records(p.box_notes)
+    data = box[-1].data if box else NO_DATA
+    return noted(DecisionKind.GEMM_TILE, f"{p.tensor}: shared ({p.reason})", p.tensor, data=data)
+
+
 def _notes(
     frame: TileFrame,
     shape: GemmShape,
@@ -180,20 +190,48 @@ def _notes(
     stages: int,
     loop: int | None,
 ) -> list[str]:
-    """The plan's notes on the kernel: the tiling's reasons, then each pass's choice."""
-    notes = list(tiling.reasons) + [f"{p.tensor}: shared ({p.reason})" for p in promotions]
-    notes += [f"{f.tensor}: {f.reason}" for f in hoisted]
+    """The plan's notes on the kernel: the tiling's reasons, then each pass's choice (each a
+    decision record: :class:`~polyfuse.base.decision.DecisionNote`)."""
+    loop_kind = DecisionKind.GEMM_LOOP
+    notes = list(tiling.reasons)
+    notes += [_promotion_note(p) for p in promotions]
     notes += [
-        f"{t}: not held in registers ({why}); a shared tile instead"
+        noted(
+            DecisionKind.REGISTER_FRAGMENT,
+            f"{f.tensor}: {f.reason}",
+            f.tensor,
+            data=FragmentData(f.tensor, f.floats, f.reads),
+        )
+        for f in hoisted
+    ]
+    notes += [
+        noted(
+            DecisionKind.REGISTER_FRAGMENT,
+            f"{t}: not held in registers ({why}); a shared tile instead",
+            t,
+            made=False,
+        )
         for t, why in not_hoisted.items()
         if any(p.tensor == t for p in promotions)
     ]
-    notes.append(frame.store_why)
+    store = GemmLoopData("store", tensor=shape.update.prim)
+    notes.append(noted(loop_kind, frame.store_why, shape.update.prim, data=store))
     if loop is not None:
         stage_bytes = 4 * sum(p.floats for p in promotions)
-        notes.append(pipeline_note(stages, frame.kts[loop], stage_bytes))
+        notes.append(
+            noted(
+                DecisionKind.PIPELINE_STAGES,
+                pipeline_note(stages, frame.kts[loop], stage_bytes),
+                shape.update.prim,
+            )
+        )
     notes.append(
-        f"epilogue on the register tile before the single store: "
-        f"{', '.join(s.prim for s in shape.epilogue)}"
+        noted(
+            loop_kind,
+            f"epilogue on the register tile before the single store: "
+            f"{', '.join(s.prim for s in shape.epilogue)}",
+            *(s.prim for s in shape.epilogue),
+            data=GemmLoopData("epilogue"),
+        )
     )
     return notes

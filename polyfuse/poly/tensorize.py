@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 import islpy as isl
 
-from polyfuse.base.decision import Decided, DecisionKind
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote, Refusal, noted, refused
 from polyfuse.base.decision_data import TensorCoreData
 from polyfuse.graph.expr import Binary
 from polyfuse.poly import tensorize_tiling
@@ -397,17 +397,19 @@ def _fragment_load(op: MmaOperand, x: str, tf32: bool) -> str:
 
 def map_tensor_core(
     sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None, tf32: bool = False
-) -> TensorCoreKernel | str:
-    """The tensorized mapping of ``sm`` on ``device``, or why not (a string); ``stages``
+) -> TensorCoreKernel | Refusal:
+    """The tensorized mapping of ``sm`` on ``device``, or why not (a :class:`Refusal` of
+    tensor cores about the micrograph); ``stages``
     forces the k-tile pipeline's stage count (refused over the shared budget, noted);
     ``tf32``: a float32 GEMM on ``m16n8k8`` tf32 (the user's ``allow_tf32``) instead of a
     16-bit one."""
     shape_name = "m16n8k8" if tf32 else "m16n8k16"
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
-        return f"no {shape_name} mma.sync on {device.arch} (sm_80 and later)"
+        why = f"no {shape_name} mma.sync on {device.arch} (sm_80 and later)"
+        return refused(DecisionKind.TENSOR_CORES, why, sm.name)
     got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES)
     if isinstance(got, str):
-        return got
+        return refused(DecisionKind.TENSOR_CORES, got, sm.name)
     shape, dtype, a, b, split = got
     # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
     lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
@@ -436,17 +438,32 @@ def map_tensor_core(
     bx = "x4 (two mma tiles)" if tiling.b_step == 2 else "x2"
     la, lb = operand_layouts(a, b, tiling, ITEMSIZE[dtype])
     kind = "tf32 (float32 operands, allow_tf32)" if tf32 else dtype
-    notes = [
+    tc, gemm = DecisionKind.TENSOR_CORES, shape.update.prim
+    notes: list[str] = [
         f"tensor cores: mma.sync.{shape_name} {kind} -> float32 accumulators; {why}",
-        f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, "
-        f"{_fragment_load(a, 'x4', tf32)}; {b.tensor} (B) {lbt} innermost, "
-        f"{_fragment_load(b, bx, tf32)}",
-        f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} (B): "
-        f"{lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
+        noted(
+            tc,
+            f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, "
+            f"{_fragment_load(a, 'x4', tf32)}; {b.tensor} (B) {lbt} innermost, "
+            f"{_fragment_load(b, bx, tf32)}",
+            a.tensor,
+            b.tensor,
+        ),
+        noted(
+            tc,
+            f"tensor cores: shared layout of {a.tensor} (A): {la.describe()}; of {b.tensor} "
+            f"(B): {lb.describe()} (bank-conflict-free cp.async writes and ldmatrix reads)",
+            a.tensor,
+            b.tensor,
+        ),
         *(
             [
-                f"tensor cores: data dim {split[0]} split into (group, {split[1]} in the group): "
-                "a batch of GEMMs, one per group (a grouped conv's channels)"
+                noted(
+                    tc,
+                    f"tensor cores: data dim {split[0]} split into (group, {split[1]} in the "
+                    "group): a batch of GEMMs, one per group (a grouped conv's channels)",
+                    gemm,
+                )
             ]
             if split
             else []
@@ -455,23 +472,35 @@ def map_tensor_core(
             []
             if fold is None
             else [
-                f"tensor cores: data dim {fold} folded into the columns with data dim {mn[1]} "
-                f"({extent(shape, fold)} x {extent(shape, mn[1])} = {cols} columns, "
-                f"the {extent(shape, mn[1])} alone narrower than a block tile)"
+                noted(
+                    tc,
+                    f"tensor cores: data dim {fold} folded into the columns with data dim "
+                    f"{mn[1]} ({extent(shape, fold)} x {extent(shape, mn[1])} = {cols} columns, "
+                    f"the {extent(shape, mn[1])} alone narrower than a block tile)",
+                    gemm,
+                )
             ]
         ),
         *(
             []
             if mn == (len(shape.data) - 2, len(shape.data) - 1)
             else [
-                f"tensor cores: the GEMM's rows are data dim {mn[0]}, its columns data dim "
-                f"{mn[1]}, the other data dims a batch (one block tile per batch point)"
+                noted(
+                    tc,
+                    f"tensor cores: the GEMM's rows are data dim {mn[0]}, its columns data dim "
+                    f"{mn[1]}, the other data dims a batch (one block tile per batch point)",
+                    gemm,
+                )
             ]
         ),
         *([order_note] if order_note else []),
-        "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
-        "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
-        "guarded by the result's extents",
+        noted(
+            tc,
+            "tensor cores: out-of-range elements of the shared tiles are zero-filled (whole mma "
+            "tiles); the epilogue runs per accumulator element at its fragment (row, col), "
+            "guarded by the result's extents",
+            gemm,
+        ),
     ]
     decision = Decided(
         (DecisionKind.GEMM_LOOP,),
@@ -510,22 +539,25 @@ def map_tensor_core(
     )
     vector, choice = _pipelining(sm, tk, device, stages)
     size = ITEMSIZE[dtype]
-    fill = (
+    fill = noted(
+        tc,
         f"tensor cores: the shared tiles are filled by 16-byte cp.async chunks ({16 // size} "
         "elements, zero-filled past the arrays' edges)"
         if vector
-        else f"tensor cores: scalar {size}-byte shared fills"
+        else f"tensor cores: scalar {size}-byte shared fills",
+        gemm,
     )
-    tk.notes.extend([fill, *(f"tensor cores: stages: {n}" for n in choice.notes)])
+    made = [True] + [c.stages == choice.stages and not c.refused for c in choice.candidates]
+    stage = DecisionKind.PIPELINE_STAGES  # the choice, then each candidate (made: the chosen)
+    tk.notes.append(fill)
+    for n, m in zip(choice.notes, made, strict=True):
+        tk.notes.append(noted(stage, f"tensor cores: stages: {n}", sm.name, made=m))
     data = replace(
         decision.data, stages=choice.stages, fill="cp.async 16 B" if vector else "scalar"
     )
-    return replace(
-        tk,
-        stages=choice.stages,
-        vector_fill=vector,
-        layout=Decided(decision.kinds, decision.reason, data),
-    )
+    layout = Decided(decision.kinds, decision.reason, data)
+    tk.notes[0] = DecisionNote(layout)  # the note is the layout's record
+    return replace(tk, stages=choice.stages, vector_fill=vector, layout=layout)
 
 
 def tensor_core_placements(tk: TensorCoreKernel) -> dict[str, Placement]:

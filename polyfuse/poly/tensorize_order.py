@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from polyfuse.base.decision import DecisionKind, noted
+from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.tensorize_gather import linear_k
 
@@ -103,14 +105,18 @@ def choose_k_order(
 ) -> tuple[GemmShape, object, object, str]:  # fmt: skip
     """The cheapest order of ``shape``'s reduction dims for the fills of ``a`` and ``b`` (tiles
     of ``rows`` = (block m, block n) by ``block_k``): ``shape``, ``a``, ``b`` in that order
-    and the note (every order's modelled cost); unchanged with one reduction dim."""
+    and the note (a k-order decision record: every order's modelled cost); unchanged with one
+    reduction dim."""
     if len(shape.red) < 2:
         return shape, a, b, ""
     priced = price_k_orders(shape, a, b, rows, block_k, nthreads, aligned)
     cost, order, s, pa, pb = min(priced, key=lambda p: p[0])
     costs = ", ".join(f"{o}: {c:.0f}" for c, o, *_ in priced)
-    note = (
+    note = noted(
+        DecisionKind.GEMM_LOOP,
         f"tensor cores: reduction flattened in the order {order} of its dims (modelled fill "
-        f"instructions per thread and k-tile: {costs})"
+        f"instructions per thread and k-tile: {costs})",
+        shape.update.prim,
+        data=GemmLoopData("k order", loops=[str(d) for d in order]),
     )
     return s, pa, pb, note

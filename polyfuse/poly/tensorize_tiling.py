@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from polyfuse.base.decision import DecisionKind, noted
+from polyfuse.base.decision_data import TensorCoreData
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
@@ -158,11 +160,20 @@ def choose_mma_tiling(
     fills = [p for p in priced if p[3] >= device.sms] or priced[-1:]
     figure, _, t, blocks = min(fills, key=lambda p: p[:2])
     others = ", ".join(f"{_label(p[2])}: {p[0]:.2f}" for p in fills if p[2] != t)
-    return t, (
+    data = TensorCoreData(
+        "tile",
+        "m16n8k8.tf32" if tf32 else "m16n8k16",
+        [t.block_m, t.block_n, t.block_k],
+        [t.warps_m, t.warps_n],
+    )
+    return t, noted(
+        (DecisionKind.COST_MODEL, DecisionKind.GEMM_TILE),
         f"block tile {t.block_m}x{t.block_n}x{t.block_k} of {t.warps} warps, each "
         f"{t.tiles_m}x{t.tiles_n} mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs; "
         f"modelled {figure:.2f} other instructions per useful HMMA"
         + (f", vs {others}" if others else "")
         + (f"; too few blocks or registers: {', '.join(refused)}" if refused else "")
-        + ")"
+        + ")",
+        shape.update.prim,
+        data=data,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from polyfuse.base.decision import DecisionKind, noted
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
 from polyfuse.poly.vectorize import VECTOR_WIDTH
 
@@ -65,10 +66,12 @@ def fit_tiling(shape: GemmShape, tiling: GemmTiling) -> GemmTiling:
         return tiling
     block, thr = list(tiling.block), list(tiling.threads)
     block[h], thr[h], block[n], thr[n] = bh, th, -nbw, tw
-    note = (
+    note = noted(
+        DecisionKind.GEMM_TILE,
         f"column tile of {tiling.block[n]} folded into {bh}x{-nbw} over data dims {h}x{n} "
         f"(extents {ext[h]}x{ext[n]}; {threads} threads x {regs} registers as "
         f"{th}x{tw} x {regs // rw}x{rw}): padding {before:.1%} -> {waste:.1%} of the "
-        "multiply-adds, threads, accumulators and shared words per multiply-add unchanged"
+        "multiply-adds, threads, accumulators and shared words per multiply-add unchanged",
+        shape.update.prim,
     )
     return replace(tiling, block=block, threads=thr, reasons=[*tiling.reasons, note])

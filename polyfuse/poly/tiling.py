@@ -34,7 +34,8 @@ import math
 
 import islpy as isl
 
-from polyfuse.base.decision import DecisionKind, Refusal, refused
+from polyfuse.base.decision import DecisionKind, Refusal, noted, refused
+from polyfuse.base.decision_data import GemmTileData
 from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.expr import Binary, Const, Read, Select
 from polyfuse.poly.costs import KernelDesc, model_kernel
@@ -353,9 +354,14 @@ def rank_gemm_tiles(
     col_ops = [r for r in shape.reuse if n_dim not in r and r]
     rows = sorted({d for r in col_ops for d in r if d != n_dim and ext[d] > 1})
     m_dim = rows[-1] if rows else next((d for d in reversed(range(nd - 1)) if ext[d] > 1), nd - 2)
-    reasons = [
-        f"matrix plane: data dims {m_dim} (rows, extent {ext[m_dim]}) x {n_dim} "
-        f"(columns, extent {ext[n_dim]}); reused dims {reused}"
+    gemm = shape.update.prim
+    reasons: list[str] = [
+        noted(
+            DecisionKind.GEMM_TILE,
+            f"matrix plane: data dims {m_dim} (rows, extent {ext[m_dim]}) x {n_dim} "
+            f"(columns, extent {ext[n_dim]}); reused dims {reused}",
+            gemm,
+        )
     ]
     # Reduction tiles: the innermost reduction dim by TK, outer ones whole if short.
     kin = max(range(len(rext)), key=lambda j: rext[j])  # the longest reduction dim is tiled
@@ -371,7 +377,7 @@ def rank_gemm_tiles(
     ]
     if forced is not None:
         space = [tuple(forced)]
-        reasons.append(f"{forced_reason}={tuple(forced)}")
+        reasons.append(noted(DecisionKind.GEMM_TILE, f"{forced_reason}={tuple(forced)}", gemm))
     budget = gemm_tile_budget(device)
     for bm, bn, tm, tn, tk in space:
         thr = (bm // tm) * (bn // tn)
@@ -405,10 +411,15 @@ def rank_gemm_tiles(
         low = [c for c in ranked if loop_share(c[8]) < LOOP_FFMA_FLOOR]
         t0, c0 = low[0][0], low[0][8]
         reasons.append(
-            f"{len(low)} tilings not ranked: their k-tile loop would be below "
-            f"{LOOP_FFMA_FLOOR:.0%} FFMA (the loop-quality floor of GEMM-like loops, issue 20 "
-            f"item 2; the best of them, {tile_label(*low[0][2:7])}, modelled {t0:.1f} us at "
-            f"{loop_share(c0):.0%} FFMA)"
+            noted(
+                DecisionKind.GEMM_TILE,
+                f"{len(low)} tilings not ranked: their k-tile loop would be below "
+                f"{LOOP_FFMA_FLOOR:.0%} FFMA (the loop-quality floor of GEMM-like loops, issue "
+                f"20 item 2; the best of them, {tile_label(*low[0][2:7])}, modelled {t0:.1f} us "
+                f"at {loop_share(c0):.0%} FFMA)",
+                gemm,
+                made=False,
+            )
         )
         ranked = good
     out = []
@@ -416,9 +427,23 @@ def rank_gemm_tiles(
         t, _, bm, bn, tm, tn, kt, tiling, code, desc, m = cand
         why = list(reasons)
         if rank:
-            why.append(f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)")
+            why.append(
+                noted(
+                    DecisionKind.GEMM_TILE,
+                    f"cost-model rank {rank + 1} (better-ranked tiles did not fit, see below)",
+                    gemm,
+                )
+            )
+        data = GemmTileData(
+            [bm, bn], [tm, tn], kt, (bm // tm) * (bn // tn), desc.blocks, stages, t
+        )
         why += [
-            f"{tile_label(bm, bn, tm, tn, kt)}: {m} on {device.name}",
+            noted(
+                (DecisionKind.COST_MODEL, DecisionKind.GEMM_TILE),
+                f"{tile_label(bm, bn, tm, tn, kt)}: {m} on {device.name}",
+                gemm,
+                data=data,
+            ),
             f"estimated {desc.registers} registers/thread, {desc.shared_bytes} B shared/block -> "
             f"{m.occupancy.blocks_per_sm} blocks/SM ({m.occupancy.limiter}); {desc.blocks} "
             f"blocks = {m.waves:.2f} waves over {device.sms} SMs",

@@ -328,9 +328,9 @@ def layout_line(ix: _Index, lay: dict[str, Any]) -> str:
         if made:
             return "shared-memory stages: the next tiles load while the current ones are used"
         return "a stage count the pipeline model passed over (it does not fit or does not pay)"
-    if K.GEMM_TILE in kinds and data.get("block_tile") is None:  # a refusal: no tiles
+    if K.GEMM_TILE in kinds and not made:  # a refusal: no tiles
         return "a GEMM tiling passed over: the kernel runs another tiling or the plain mapping"
-    if K.GEMM_TILE in kinds:
+    if K.GEMM_TILE in kinds and data.get("block_tile") is not None:
         (bm, bn), (tm, tn) = data["block_tile"], data["micro_tile"]
         return (
             f"each block computes a {bm}×{bn} tile of the output with "

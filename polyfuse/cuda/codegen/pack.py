@@ -14,7 +14,7 @@ giving its threads their index in the part's block. Which parts and which layout
 
 from __future__ import annotations
 
-from polyfuse.base.decision import prefixed
+from polyfuse.base.decision import DecisionKind, noted, prefixed
 from polyfuse.cuda.codegen.kernel_ast import Kernel, KParam
 from polyfuse.cuda.codegen.kernel_dispatch import KDispatch, KPart, dispatch_of, print_dispatch
 from polyfuse.stitch.facts import pack_facts
@@ -66,9 +66,13 @@ def pack_kernels(
     assert len(facts) == len(parts), "the parts are lowered kernels (with facts)"
     d = dispatch_node(parts, block, ranges)
     grid = sum(n for _, n, _ in ranges)
-    notes = [
-        f"parallel stitch: blocks [{f}, {f + n}) run {k.name}"
-        + (f" ({fold} of its {k.block[0]}-thread blocks per block)" if fold > 1 else "")
+    notes: list[str] = [
+        noted(
+            DecisionKind.PACKED,
+            f"parallel stitch: blocks [{f}, {f + n}) run {k.name}"
+            + (f" ({fold} of its {k.block[0]}-thread blocks per block)" if fold > 1 else ""),
+            k.name,
+        )
         for k, (f, n, fold) in zip(parts, ranges, strict=True)
     ]
     notes += [prefixed(n, f"{k.name}: ") for k in parts for n in k.notes]
