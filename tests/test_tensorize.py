@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hmma_loops import hmma_loop
 
 import polyfuse
 from polyfuse import ops, te
@@ -231,30 +232,10 @@ def test_nvrtc_compiles_tensorized_kernels_without_spills(arch, dtype):
 def test_sass_has_hmma_in_the_k_tile_loop():
     """The SASS instrument's question: HMMA instructions in the k-tile loop (the figure:
     HMMA to other instructions in that loop, fill loops included)."""
-    from polyfuse.cuda.toolchain.sass import (
-        DisassemblerNotFound,
-        find_disassembler,
-        find_loops,
-        parse_listing,
-    )
-
-    try:
-        dis = find_disassembler()
-    except DisassemblerNotFound:
-        pytest.skip("NVIDIA's disassembler is not installed")
     inputs, out, _, _ = _matmul("bfloat16", 1024, 1024, 512, trans_b=True, epilogue=True)
     fn = polyfuse.compile(inputs, [out], arch="sm_90", check_cuda=False)
     binary = compile_cuda(fn.cuda_source, "sm_90", compiler="nvrtc")
-    (f,) = parse_listing(dis.disassemble(binary.image), "sm_90").values()
-    counts = []
-    for lp in find_loops(f):
-        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
-        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
-        if hmma:
-            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
-            counts.append((hmma, ldsm, len(ins) - hmma))
-    assert counts, "no loop holds HMMA"
-    hmma, ldsm, other = counts[0]
+    hmma, ldsm, _, other = counts = hmma_loop(binary, "sm_90")
     # 64x64 block, 4 warps of 2x4 mma tiles, two k-steps: 16 HMMA, 8 LDSM per k-tile (A: 2
     # x4, B: 2 x4 of two mma tiles each per k-step)
     assert (hmma, ldsm) == (16, 8), counts

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hmma_loops import hmma_loop
 
 import polyfuse
 from polyfuse import ops, te
@@ -345,30 +346,11 @@ def _conv_hot_loop(
 ) -> tuple[int, int, int, int, int, list[str]]:
     """(HMMA, LDSM, LDGSTS, other instructions, spilled bytes) per iteration of the first SASS
     loop holding HMMA (the k-tile loop's steady state) of the ResNet 3x3 conv, and its notes."""
-    from polyfuse.cuda.toolchain.sass import (
-        DisassemblerNotFound,
-        find_disassembler,
-        find_loops,
-        parse_listing,
-    )
-
-    try:
-        dis = find_disassembler()
-    except DisassemblerNotFound:
-        pytest.skip("NVIDIA's disassembler is not installed")
     inputs, out, _, _ = _conv("bfloat16", size, *CASES["3x3_pad1"])
     fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
     binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
     spills = sum(r.spill_stores + r.spill_loads for r in binary.resources.values())
-    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
-    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
-        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
-        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
-        if hmma:
-            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
-            ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
-            return hmma, ldsm, ldgsts, len(ins) - hmma, spills, fn.kernels[0].notes
-    raise AssertionError("no loop holds HMMA")
+    return (*hmma_loop(binary, arch), spills, fn.kernels[0].notes)
 
 
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hmma_loops import hmma_loop
 from test_tensorize import CASES, HALVES, ODD, _array, _matmul
 
 import polyfuse
@@ -217,29 +218,10 @@ def test_nvrtc_compiles_every_stage_count_without_spills(arch):
 def _hot_loop(m: int, n: int, k: int, arch: str, stages: int | None):
     """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop holding HMMA: the
     steady state of the k-tile loop (its guarded tail is unrolled after it)."""
-    from polyfuse.cuda.toolchain.sass import (
-        DisassemblerNotFound,
-        find_disassembler,
-        find_loops,
-        parse_listing,
-    )
-
-    try:
-        dis = find_disassembler()
-    except DisassemblerNotFound:
-        pytest.skip("NVIDIA's disassembler is not installed")
     inputs, out, _, _ = _matmul("bfloat16", m, n, k, trans_b=True, epilogue=True)
     fn = _compile(inputs, out, stages, arch)
     binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
-    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
-    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
-        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
-        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
-        if hmma:
-            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
-            ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
-            return hmma, ldsm, ldgsts, len(ins) - hmma
-    raise AssertionError("no loop holds HMMA")
+    return hmma_loop(binary, arch)
 
 
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")

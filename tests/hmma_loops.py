@@ -1,0 +1,31 @@
+"""The tensor-core tests' SASS question: what the k-tile loop of a compiled kernel holds."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def hmma_loop(binary, arch: str) -> tuple[int, int, int, int]:
+    """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop (in block order) of
+    ``binary`` (one kernel) that holds HMMA: the k-tile loop's steady state. Skips the test
+    when NVIDIA's disassembler is not installed."""
+    from polyfuse.cuda.toolchain.sass import (
+        DisassemblerNotFound,
+        find_disassembler,
+        find_loops,
+        parse_listing,
+    )
+
+    try:
+        dis = find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("NVIDIA's disassembler is not installed")
+    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
+    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
+        ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
+        hmma = sum(i.opcode.startswith("HMMA") for i in ins)
+        if hmma:
+            ldsm = sum(i.opcode.startswith("LDSM") for i in ins)
+            ldgsts = sum(i.opcode.startswith("LDGSTS") for i in ins)
+            return hmma, ldsm, ldgsts, len(ins) - hmma
+    raise AssertionError("no loop holds HMMA")
