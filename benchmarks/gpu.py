@@ -71,18 +71,20 @@ from gpu_artifacts import (  # noqa: E402
     load_cases,
     prepare,
 )
-from gpu_cases import CASES, COMPUTE, PEERS, SUITE, Ops  # noqa: E402
+from gpu_cases import CASES, COMPUTE, PEERS, SUITE, TENSOR_CORE, Ops  # noqa: E402
 from gpu_measure import (  # noqa: E402
     CaseResult,
     _peer_outputs,
     bench,
     case_program,
+    check_case_on_host,
     draw_inputs,
     fake_device,
     import_runtime,
     overhead,
     rel_err,
     run,
+    typed,
 )
 from gpu_models import MODELS, run_models  # noqa: E402
 
@@ -90,10 +92,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 __all__ = [
-    "CASES", "COMPUTE", "PEERS", "SUITE", "CaseResult", "KernelInfo", "Ops", "Prepared",
-    "PreparedCase", "_peer_outputs", "bench", "case_program", "compile_case", "draw_inputs",
-    "fake_device", "import_runtime", "kernel_kind", "load_cases", "overhead", "prepare",
-    "rel_err", "run",
+    "CASES", "COMPUTE", "PEERS", "SUITE", "TENSOR_CORE", "CaseResult", "KernelInfo", "Ops",
+    "Prepared", "PreparedCase", "_peer_outputs", "bench", "case_program", "check_case_on_host",
+    "compile_case", "draw_inputs", "fake_device", "import_runtime", "kernel_kind", "load_cases",
+    "overhead", "prepare", "rel_err", "run", "typed",
 ]  # fmt: skip
 
 
@@ -124,6 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-wheels", action="store_true", help="--prepare-all without wheels")
     p.add_argument("--budget-s", type=float, default=540, help="--all: seconds for all steps")
     p.add_argument(
+        "--steps",
+        default="run,overhead,tune,tests,models",
+        help="--all: comma-separated steps to run (run, overhead, tune, tests, models)",
+    )
+    p.add_argument(
         "--fake-driver",
         action="store_true",
         help="--run/--all on tests/fake_cuda.py's driver (CPU emulator; checks, no timings)",
@@ -144,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.all:
         from gpu_day import run_all
 
-        day = run_all(args.all, args.out, args.budget_s, args.fake_driver)
+        steps = tuple(s for s in args.steps.split(",") if s)
+        day = run_all(args.all, args.out, args.budget_s, args.fake_driver, steps)
         return 0 if all(not s.status.startswith("failed") for s in day.steps) else 1
     elif args.tune:
         from gpu_tune import run_tune

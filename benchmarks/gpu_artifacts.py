@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_cases import COMPUTE, SUITE, _compute_args, _flops
+from gpu_cases import SUITE, TENSOR_CORE, _compute_args, _example, _flops
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The graph whose per-call host overhead --overhead measures: the attention example.
@@ -88,6 +88,24 @@ class PreparedCase:
         return self.meta["flops"]
 
     @property
+    def input_dtypes(self) -> list[str]:
+        return [str(t.dtype) for t in self.graph.inputs]
+
+    @property
+    def output_dtypes(self) -> list[str]:
+        return [str(t.dtype) for t in self.graph.outputs]
+
+    @property
+    def math(self) -> str:
+        """What bounds the case's FLOPs: ``fp32`` (CUDA cores), ``bf16`` or ``tf32``."""
+        return self.meta.get("math", "fp32")
+
+    @property
+    def peers(self) -> list[str] | None:
+        """The peers this case is timed beside (None: every peer asked for)."""
+        return self.meta.get("peers")
+
+    @property
     def kernels(self) -> list[KernelInfo]:
         """Per kernel: launch shape, shared memory, the cubin's ptxas registers and spills."""
         binary = self.graph.binaries.get(self.arch)
@@ -140,6 +158,15 @@ def kernel_kind(fn: Any, kernel: Any) -> str:
     return "elementwise"
 
 
+def _matmul(m: int, k: int, n: int, dtype: str = "float32") -> tuple[list, list, None]:
+    """A plain ``a @ w`` (the tensor-core cases' cuBLAS comparison)."""
+    from polyfuse import ops, te
+
+    a = te.placeholder((m, k), dtype, name="a")
+    w = te.placeholder((k, n), dtype, name="w")
+    return [a, w], [ops.matmul(a, w, name="matmul")], None
+
+
 def _build_case(name: str, scale: int):
     """(inputs, outputs, positive input names, config) of a case at ``scale``."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -152,7 +179,10 @@ def _build_case(name: str, scale: int):
         positive = [t.name for t in inputs if name == "adam3" and t.name.startswith("v")]
         return inputs, outputs, positive, {"scale": scale}
     args = _compute_args(name, scale)
-    inputs, outputs, _ = getattr(examples, COMPUTE[name][0])(**args)
+    example = _example(name)[0]
+    build = _matmul if example == "matmul" else getattr(examples, example)
+    dtype = {"dtype": TENSOR_CORE[name].dtype} if name in TENSOR_CORE else {}
+    inputs, outputs, _ = build(**args, **dtype)
     return inputs, outputs, [], args
 
 
@@ -175,6 +205,13 @@ def compile_case(
     import polyfuse
 
     config = dict(config or {})
+    extra: dict[str, Any] = {}
+    if name in TENSOR_CORE and mapping is None:
+        from polyfuse.poly.mapping import MappingConfig
+
+        tc = TENSOR_CORE[name]
+        mapping = MappingConfig(**tc.mapping)
+        extra = {"math": tc.math, "peers": list(tc.peers), "mapping": dict(tc.mapping)}
     t0 = time.perf_counter()
     fn = polyfuse.compile(inputs, outputs, arch=arch, passes=passes, mapping=mapping)
     seconds = time.perf_counter() - t0
@@ -192,6 +229,7 @@ def compile_case(
         "scale": scale,
         "config": config,
         "commit": _commit(),
+        **extra,
     }
     path = fn.save(directory / f"{name}.pfa", archs=[arch], metadata=meta)
     return PreparedCase(polyfuse.load(path), path)

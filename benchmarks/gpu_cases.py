@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 LN_EPS = BN_EPS = 1e-5
@@ -140,6 +141,16 @@ PEERS: dict[str, Callable[..., Any]] = {
     "conv3x3_relu": lambda o, x, w, bias: o.relu(o.conv2d(x, w, 1) + bias[None, :, None, None]),
     "attention_s128": _attention,
     "attention_s512": _attention,
+    "matmul_bf16": lambda o, a, w: a @ w,
+    "matmul_bf16_s1": lambda o, a, w: a @ w,
+    "matmul_bf16_s3": lambda o, a, w: a @ w,
+    "matmul_bf16_s4": lambda o, a, w: a @ w,
+    "matmul_tf32": lambda o, a, w: a @ w,
+    "ffn_up_gelu_bf16": lambda o, a, w, bias: _gelu_erf(o, a @ w + bias),
+    "conv3x3_relu_bf16": lambda o, x, w, bias: o.relu(
+        o.conv2d(x, w, 1) + bias[None, :, None, None]
+    ),
+    "attention_s512_bf16": _attention,
 }
 
 SUITE = (
@@ -164,14 +175,59 @@ COMPUTE: dict[str, tuple[str, dict[str, int]]] = {
     "attention_s128": ("attention", {"batch": 16, "heads": 12, "seq": 128, "dim": 64}),
     "attention_s512": ("attention", {"batch": 8, "heads": 12, "seq": 512, "dim": 64}),
 }
-CASES = (*SUITE, *COMPUTE)
+
+
+@dataclass(frozen=True)
+class TensorCase:
+    """A tensor-core case (issue 23): an example (``matmul``: a plain ``a @ w``) at full size,
+    the dtype of every tensor, the ``MappingConfig`` fields it compiles with, the math that
+    bounds it (``bf16`` / ``tf32``: its floor uses the cuBLAS rate measured in that math) and
+    the peers timed beside it (a stage variant times polyfuse alone: it is compared with its
+    sibling)."""
+
+    example: str
+    args: dict[str, int]
+    dtype: str
+    math: str
+    mapping: dict[str, Any] = field(default_factory=dict)
+    peers: tuple[str, ...] = ("eager", "inductor")
+
+
+_MM4096 = {"m": 4096, "k": 4096, "n": 4096}
+#: Tensor-core cases: bf16 4096³ at the stage model's S and at S = 1, 3, 4 (pipelined vs one
+#: stage), tf32 4096³ (``allow_tf32``; its peers run with TF32 on), the BERT-base FFN, a conv
+#: and attention in bf16. JAX is not timed for them (its float32 precision is set globally).
+TENSOR_CORE: dict[str, TensorCase] = {
+    "matmul_bf16": TensorCase("matmul", _MM4096, "bfloat16", "bf16"),
+    "matmul_bf16_s1": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 1}, ()),
+    "matmul_bf16_s3": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 3}, ()),
+    "matmul_bf16_s4": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 4}, ()),
+    "matmul_tf32": TensorCase("matmul", _MM4096, "float32", "tf32", {"allow_tf32": True}),
+    "ffn_up_gelu_bf16": TensorCase(
+        "matmul_bias_gelu", {"m": 8192, "k": 768, "n": 3072}, "bfloat16", "bf16"
+    ),
+    "conv3x3_relu_bf16": TensorCase(
+        "conv2d_relu", COMPUTE["conv3x3_relu"][1], "bfloat16", "bf16", {}, ("eager",)
+    ),
+    "attention_s512_bf16": TensorCase(
+        "attention", COMPUTE["attention_s512"][1], "bfloat16", "bf16", {}, ("eager",)
+    ),
+}
+CASES = (*SUITE, *COMPUTE, *TENSOR_CORE)
+_BATCH_KEY = {"matmul": "m", "matmul_bias_gelu": "m", "conv2d_relu": "batch", "attention": "batch"}
+
+
+def _example(name: str) -> tuple[str, dict[str, int]]:
+    if name in TENSOR_CORE:
+        return TENSOR_CORE[name].example, TENSOR_CORE[name].args
+    return COMPUTE[name]
 
 
 def _compute_args(name: str, scale: int) -> dict[str, int]:
     """A compute case's example arguments; ``scale`` divides the batch-like dimension."""
-    example, args = COMPUTE[name]
+    example, args = _example(name)
     args = dict(args)
-    key = {"matmul_bias_gelu": "m", "conv2d_relu": "batch", "attention": "batch"}[example]
+    key = _BATCH_KEY[example]
     args[key] = max(1, args[key] // scale)
     if example == "attention" and scale > 1:
         args["heads"] = max(1, args["heads"] // 4)
@@ -180,10 +236,10 @@ def _compute_args(name: str, scale: int) -> dict[str, int]:
 
 def _flops(name: str, args: dict[str, int]) -> float:
     """Multiply-add FLOPs of a compute case (2 per MAC); 0 for the memory-bound suite."""
-    if name not in COMPUTE:
+    if name not in COMPUTE and name not in TENSOR_CORE:
         return 0.0
-    example = COMPUTE[name][0]
-    if example == "matmul_bias_gelu":
+    example = _example(name)[0]
+    if example in ("matmul", "matmul_bias_gelu"):
         return 2.0 * args["m"] * args["k"] * args["n"]
     if example == "conv2d_relu":
         s = args["size"]

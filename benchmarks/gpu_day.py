@@ -44,6 +44,10 @@ from gpu_cases import CASES
 
 DAY = "day.json"
 PYTEST_ARGS = ("-q", "-rs", "-p", "no:cacheprovider")
+#: The tests that need the GPU: the runtime against the emulator, the tensor-core kernels.
+GPU_TESTS = ("tests/test_gpu.py", "tests/test_gpu_tensor_cores.py")
+#: Every step of the day, in the order it runs (``--steps`` picks some).
+STEPS = ("run", "overhead", "tune", "tests", "models")
 DAY_FORMAT = 1
 #: The most DIR may weigh: it travels with the working tree to the GPU machine.
 MAX_BYTES = 60 * 1024 * 1024
@@ -248,7 +252,7 @@ def steps_for(directory: Path, results: Path, fake: bool) -> list[Step]:
         Step("run", run + (["--fake-driver"] if fake else []), 300),
         Step("overhead", [*gpu, "--overhead", cases, "--out", str(results / "overhead.json")], 60),
         Step("tune", [*gpu, "--tune", "--out", str(results / "tune.json")], 150),
-        Step("tests", [sys.executable, "-m", "pytest", *PYTEST_ARGS, "tests/test_gpu.py"], 150),
+        Step("tests", [sys.executable, "-m", "pytest", *PYTEST_ARGS, *GPU_TESTS], 180),
         Step("models", [*gpu, "--models", "--out", str(results / "models.json")], 240),
     ]
     if fake:
@@ -266,9 +270,17 @@ def _load(path: Path) -> Any:
 
 
 def run_all(
-    directory: Path, out: Path | None = None, budget_s: float = 540, fake: bool = False
+    directory: Path,
+    out: Path | None = None,
+    budget_s: float = 540,
+    fake: bool = False,
+    steps: tuple[str, ...] = STEPS,
 ) -> Day:
-    """Run every step of the day within ``budget_s`` seconds; write and return the report."""
+    """Run the day's ``steps`` (default: all) within ``budget_s`` seconds; write and return
+    the report (a step left out is reported as skipped)."""
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        raise SystemExit(f"--steps: unknown step(s) {', '.join(unknown)}; choose from {STEPS}")
     t_end = time.perf_counter() + budget_s
     day_info = _load(directory / DAY) or {}
     results = directory / "results"
@@ -278,6 +290,9 @@ def run_all(
         print(f"note: {n}", flush=True)
     day = Day(str(directory), _commit(), day_info.get("commit", "?"))
     day.steps = steps_for(directory, results, fake)
+    for step in day.steps:
+        if step.name not in steps:
+            step.status = "skipped: not in --steps"
     for step in day.steps:
         if step.status.startswith("skipped"):
             continue

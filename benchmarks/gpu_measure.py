@@ -36,13 +36,33 @@ def case_program(device: Any, case: PreparedCase, *, graphs: bool = True) -> Any
 
 
 def draw_inputs(case: PreparedCase, seed: int = 0) -> list[np.ndarray]:
-    """The case's float32 inputs: standard normal, |normal| for Adam's second moments."""
+    """The case's inputs as float32 arrays: standard normal, |normal| for Adam's second
+    moments, rounded to each input's dtype (a bfloat16 input holds bfloat16 values, so the
+    float64 reference starts from what the kernels read); :func:`typed` stores them."""
     rng = np.random.default_rng(seed)
     out = []
-    for name, shape in zip(case.input_names, case.input_shapes, strict=True):
+    for name, shape, dtype in zip(
+        case.input_names, case.input_shapes, case.input_dtypes, strict=True
+    ):
         a = rng.standard_normal(tuple(shape), dtype=np.float32)
-        out.append(np.abs(a) if name in case.positive_inputs else a)
+        a = np.abs(a) if name in case.positive_inputs else a
+        out.append(typed(a, dtype).astype(np.float32) if dtype != "float32" else a)
     return out
+
+
+def typed(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` stored as ``dtype`` (bfloat16 through ml_dtypes)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return a.astype(ml_dtypes.bfloat16)
+    return a.astype(dtype)
+
+
+def torch_dtype(dtype: str) -> Any:
+    import torch
+
+    return getattr(torch, dtype)
 
 
 def rel_err(got: Any, want: Any) -> float:
@@ -102,7 +122,8 @@ def bench_host(fn: Callable[[], Any], sync: Callable[[], Any], reps: int = 20) -
 
 
 def ceilings() -> dict[str, float]:
-    """Measured device-to-device copy bandwidth (bytes read + written) and cuBLAS FP32 rate."""
+    """Measured device-to-device copy bandwidth (bytes read + written) and cuBLAS's 8192³
+    rates: FP32 (TF32 off), TF32 and bf16 (tensor cores; the tensor-core cases' floors)."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -114,10 +135,25 @@ def ceilings() -> dict[str, float]:
     x = torch.randn(n, n, device="cuda")
     y = torch.randn(n, n, device="cuda")
     t_mm = bench(lambda: x @ y, rep_ms=500)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        t_tf32 = bench(lambda: x @ y, rep_ms=300)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    xb, yb = x.bfloat16(), y.bfloat16()
+    t_bf16 = bench(lambda: xb @ yb, rep_ms=300)
     return {
         "copy_bytes_per_s": 2 * 256 * 1024 * 1024 * 4 / (t_copy * 1e-3),
         "fp32_flops_per_s": 2.0 * n**3 / (t_mm * 1e-3),
+        "tf32_flops_per_s": 2.0 * n**3 / (t_tf32 * 1e-3),
+        "bf16_flops_per_s": 2.0 * n**3 / (t_bf16 * 1e-3),
     }
+
+
+def _floor_ms(case: PreparedCase, ceil: dict[str, float]) -> float:
+    """max(compulsory bytes / copy rate, FLOPs / cuBLAS's rate in the case's math)."""
+    rate = ceil.get(f"{case.math}_flops_per_s", ceil["fp32_flops_per_s"])
+    return 1e3 * max(case.compulsory_bytes / ceil["copy_bytes_per_s"], case.flops / rate)
 
 
 @dataclass
@@ -155,8 +191,38 @@ def run_case(
     import torch
 
     res = CaseResult(case.name, len(case.kernels))
+    if case.peers is not None:
+        peers = [p for p in peers if p in case.peers]
+    # a tf32 case's peers run in TF32 too (cuBLAS TF32 is what it is compared with)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = case.math == "tf32"
+    try:
+        return _run_case(device, case, ceil, peers, seed, res)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
+def _host(t: Any) -> np.ndarray:
+    """A torch tensor as a float32 (or wider) numpy array on the host."""
+    import torch
+
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).cpu().numpy()
+
+
+def _run_case(
+    device: Any,
+    case: PreparedCase,
+    ceil: dict[str, float] | None,
+    peers: Sequence[str],
+    seed: int,
+    res: CaseResult,
+) -> CaseResult:
+    import torch
+
     arrays = draw_inputs(case, seed)
-    xs = [torch.from_numpy(a).cuda() for a in arrays]
+    xs = [
+        torch.from_numpy(a).cuda().to(torch_dtype(d))
+        for a, d in zip(arrays, case.input_dtypes, strict=True)
+    ]
     peer = PEERS[case.name]
     tops = Ops("torch")
     with torch.no_grad():
@@ -164,23 +230,23 @@ def run_case(
     prog = case_program(device, case)
     args = dict(zip(case.inputs, xs, strict=True))
     outs = {
-        n: torch.full(tuple(r.shape), float("nan"), device="cuda")
-        for n, r in zip(case.outputs, ref, strict=True)
+        n: torch.full(tuple(r.shape), float("nan"), device="cuda", dtype=torch_dtype(d))
+        for n, r, d in zip(case.outputs, ref, case.output_dtypes, strict=True)
     }
     got = prog(args, outs)
     torch.cuda.synchronize()
-    first = [g.cpu().numpy() for g in got]
+    first = [_host(g) for g in got]
     res.rel_err = max(rel_err(g, r) for g, r in zip(first, ref, strict=True))
     for o in outs.values():
         o.fill_(float("nan"))
-    again = [g.cpu().numpy() for g in prog(args, outs)]
+    again = [_host(g) for g in prog(args, outs)]
     res.rerun_identical = all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     res.polyfuse_ms = bench(lambda: prog(args, outs))
     if "eager" in peers:
         with torch.no_grad():
             out = _peer_outputs(peer(tops, *xs))
             res.peer_rel_err["eager"] = max(
-                rel_err(o.cpu().numpy(), r) for o, r in zip(out, ref, strict=True)
+                rel_err(_host(o), r) for o, r in zip(out, ref, strict=True)
             )
             res.eager_ms = bench(lambda: peer(tops, *xs))
     if "inductor" in peers:
@@ -190,7 +256,7 @@ def run_case(
             with torch.no_grad():
                 out = _peer_outputs(compiled(*xs))
                 res.peer_rel_err["inductor"] = max(
-                    rel_err(o.cpu().numpy(), r) for o, r in zip(out, ref, strict=True)
+                    rel_err(_host(o), r) for o, r in zip(out, ref, strict=True)
                 )
                 res.inductor_ms = bench(lambda: compiled(*xs))
         except Exception as e:  # report, keep going
@@ -212,10 +278,7 @@ def run_case(
         except Exception as e:
             res.notes.append(f"jax: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     if ceil:
-        res.floor_ms = 1e3 * max(
-            case.compulsory_bytes / ceil["copy_bytes_per_s"],
-            case.flops / ceil["fp32_flops_per_s"],
-        )
+        res.floor_ms = _floor_ms(case, ceil)
     prog.close()
     return res
 
@@ -289,10 +352,11 @@ def check_case_on_host(device: Any, case: PreparedCase, seed: int = 0) -> CaseRe
         out = PEERS[case.name](Ops("torch"), *[torch.from_numpy(a).double() for a in arrays])
     ref = [r.numpy() for r in _peer_outputs(out)]
     prog = case_program(device, case)
-    args = dict(zip(case.inputs, arrays, strict=True))
-    first = [np.array(g) for g in prog(args)]
+    stored = [typed(a, d) for a, d in zip(arrays, case.input_dtypes, strict=True)]
+    args = dict(zip(case.inputs, stored, strict=True))
+    first = [np.array(g, np.float32 if g.dtype.itemsize == 2 else g.dtype) for g in prog(args)]
     res.rel_err = max(rel_err(g, r) for g, r in zip(first, ref, strict=True))
-    again = [np.array(g) for g in prog(args)]
+    again = [np.array(g, a.dtype) for g, a in zip(prog(args), first, strict=True)]
     res.rerun_identical = all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     prog.close()
     return res
@@ -318,7 +382,8 @@ def run(
         ceil = ceilings()
         print(
             f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, cuBLAS FP32 "
-            f"{ceil['fp32_flops_per_s'] / 1e12:.1f} TFLOP/s",
+            f"{ceil['fp32_flops_per_s'] / 1e12:.1f}, TF32 {ceil['tf32_flops_per_s'] / 1e12:.1f}, "
+            f"bf16 {ceil['bf16_flops_per_s'] / 1e12:.1f} TFLOP/s",
             flush=True,
         )
     selected = [c for c in prepared.cases if not cases or c.name in cases]

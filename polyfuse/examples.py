@@ -114,11 +114,12 @@ def layer_norm(rows: int = 12, features: int = 72, eps: float = 1e-5) -> Built:
     return [x, gamma, beta], [y], reference
 
 
-def matmul_bias_gelu(m: int = 33, k: int = 40, n: int = 50) -> Built:
-    """A dense layer: ``gelu(a @ w + bias)`` (exact, erf-based GELU)."""
-    a = te.placeholder((m, k), name="a")
-    w = te.placeholder((k, n), name="w")
-    bias = te.placeholder((n,), name="bias")
+def matmul_bias_gelu(m: int = 33, k: int = 40, n: int = 50, dtype: str = "float32") -> Built:
+    """A dense layer: ``gelu(a @ w + bias)`` (exact, erf-based GELU); every tensor ``dtype``
+    (16-bit floats run on tensor cores)."""
+    a = te.placeholder((m, k), dtype, name="a")
+    w = te.placeholder((k, n), dtype, name="w")
+    bias = te.placeholder((n,), dtype, name="bias")
     y = ops.gelu(ops.add(ops.matmul(a, w, name="matmul"), bias, name="bias_add"), name="gelu")
 
     def reference(a: np.ndarray, w: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -129,12 +130,17 @@ def matmul_bias_gelu(m: int = 33, k: int = 40, n: int = 50) -> Built:
 
 
 def conv2d_relu(
-    batch: int = 1, channels: int = 3, size: int = 14, filters: int = 8, kernel: int = 3
+    batch: int = 1,
+    channels: int = 3,
+    size: int = 14,
+    filters: int = 8,
+    kernel: int = 3,
+    dtype: str = "float32",
 ) -> Built:
-    """``relu(conv2d(x, w) + bias)``, NCHW, stride 1, zero padding 1."""
-    x = te.placeholder((batch, channels, size, size), name="x")
-    w = te.placeholder((filters, channels, kernel, kernel), name="w")
-    bias = te.placeholder((filters,), name="bias")
+    """``relu(conv2d(x, w) + bias)``, NCHW, stride 1, zero padding 1; every tensor ``dtype``."""
+    x = te.placeholder((batch, channels, size, size), dtype, name="x")
+    w = te.placeholder((filters, channels, kernel, kernel), dtype, name="w")
+    bias = te.placeholder((filters,), dtype, name="bias")
     y = ops.relu(ops.conv2d(x, w, bias, stride=1, padding=1, name="conv2d"), name="relu")
 
     def reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -144,12 +150,15 @@ def conv2d_relu(
     return [x, w, bias], [y], reference
 
 
-def attention(batch: int = 1, heads: int = 2, seq: int = 16, dim: int = 8) -> Built:
-    """Scaled dot-product attention: ``softmax(Q·Kᵀ / sqrt(D)) · V`` on ``[B, H, S, D]``."""
+def attention(
+    batch: int = 1, heads: int = 2, seq: int = 16, dim: int = 8, dtype: str = "float32"
+) -> Built:
+    """Scaled dot-product attention: ``softmax(Q·Kᵀ / sqrt(D)) · V`` on ``[B, H, S, D]``;
+    every tensor ``dtype``."""
     shape = (batch, heads, seq, dim)
-    q = te.placeholder(shape, name="q")
-    k = te.placeholder(shape, name="k")
-    v = te.placeholder(shape, name="v")
+    q = te.placeholder(shape, dtype, name="q")
+    k = te.placeholder(shape, dtype, name="k")
+    v = te.placeholder(shape, dtype, name="v")
     scale = 1.0 / math.sqrt(dim)
     kt = ops.transpose(k, (0, 1, 3, 2), name="k_t")
     scores = ops.mul(ops.matmul(q, kt, name="qk"), scale, name="scores")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from polyfuse.cuda.emulator import Emulator
@@ -104,6 +105,8 @@ class FakeMemory:
 
 
 _KIND_DTYPE = {
+    ("f", 2): np.float16,
+    ("g", 2): np.dtype(ml_dtypes.bfloat16),
     ("f", 4): np.float32,
     ("f", 8): np.float64,
     ("i", 4): np.int32,

@@ -176,3 +176,40 @@ def test_gpu_cli_has_the_day_flags(capsys):
     with pytest.raises(SystemExit) as e:
         gpu.main(["--all"])
     assert e.value.code == 2  # DIR is required
+
+
+@pytest.mark.slow  # two 16x4096x4096 GEMMs in the emulator: ~40 s on 2 cores
+def test_tensor_core_cases_are_stored_and_checked_in_their_dtypes(tmp_path):
+    """The tensor-core cases (issue 23's GPU figures): bfloat16 / tf32 artifacts whose inputs
+    are drawn in their dtype and run on the fake driver (its 16-bit buffers failed before with
+    KeyError ('g', 2)), each case's math naming the cuBLAS rate of its floor."""
+    cases = ["matmul_bf16", "matmul_tf32"]
+    gpu.prepare(tmp_path, cases, "sm_90", scale=256, overhead=False)
+    loaded = gpu.load_cases(tmp_path)
+    bf16, tf32 = loaded.cases
+    assert (bf16.math, tf32.math) == ("bf16", "tf32")
+    assert bf16.input_dtypes == ["bfloat16", "bfloat16"] and tf32.input_dtypes == ["float32"] * 2
+    assert bf16.peers == ["eager", "inductor"] and bf16.flops == 2.0 * 16 * 4096 * 4096
+    assert "mma.sync.m16n8k16 bfloat16" in str(bf16.graph.plan)
+    drawn = gpu.draw_inputs(bf16)[0]
+    assert np.array_equal(drawn, gpu.typed(drawn, "bfloat16").astype(np.float32)), "rounded"
+    device = gpu.fake_device(loaded.cases)
+    for case, tol in ((bf16, 4e-3), (tf32, 2e-3)):
+        r = gpu.check_case_on_host(device, case)
+        assert r.rel_err < tol and r.rerun_identical, (case.name, r.rel_err)
+
+
+@pytest.mark.parametrize("name", list(gpu.TENSOR_CORE))
+def test_tensor_core_peers_match_the_example_references(name):
+    tc = gpu.TENSOR_CORE[name]
+    small = {"matmul": {"m": 9, "k": 20, "n": 7}}.get(tc.example, {})
+    if tc.example == "matmul":
+        a, w = (np.random.default_rng(4).standard_normal(s) for s in ((9, 20), (20, 7)))
+        (got,) = _peer64(name, [a, w])
+        assert gpu.rel_err(got, a @ w) < 1e-12
+        return
+    inputs, outputs, reference = getattr(examples, tc.example)(**small)
+    arrays = examples.random_inputs(inputs, seed=2)
+    (got,) = _peer64(name, arrays)
+    (want,) = reference(*arrays)
+    assert gpu.rel_err(got, want) < 1e-12
