@@ -145,8 +145,13 @@ PEERS: dict[str, Callable[..., Any]] = {
     "matmul_bf16_s1": lambda o, a, w: a @ w,
     "matmul_bf16_s3": lambda o, a, w: a @ w,
     "matmul_bf16_s4": lambda o, a, w: a @ w,
+    "matmul_bf16_k64_s2": lambda o, a, w: a @ w,
+    "matmul_bf16_k64_s3": lambda o, a, w: a @ w,
+    "matmul_bf16_k64_s4": lambda o, a, w: a @ w,
     "matmul_tf32": lambda o, a, w: a @ w,
+    "matmul_tf32_k32_s3": lambda o, a, w: a @ w,
     "ffn_up_gelu_bf16": lambda o, a, w, bias: _gelu_erf(o, a @ w + bias),
+    "ffn_up_gelu_bf16_k64_s3": lambda o, a, w, bias: _gelu_erf(o, a @ w + bias),
     "conv3x3_relu_bf16": lambda o, x, w, bias: o.relu(
         o.conv2d(x, w, 1) + bias[None, :, None, None]
     ),
@@ -194,17 +199,33 @@ class TensorCase:
 
 
 _MM4096 = {"m": 4096, "k": 4096, "n": 4096}
+_FFN = {"m": 8192, "k": 768, "n": 3072}
+
+
+def _k(block_k: int, stages: int) -> dict[str, int]:
+    """A forced k-tile and stage count (a variant timed beside the model's choice)."""
+    return {"mma_block_k": block_k, "gemm_stages": stages}
+
+
 #: Tensor-core cases: bf16 4096³ at the stage model's S and at S = 1, 3, 4 (pipelined vs one
-#: stage), tf32 4096³ (``allow_tf32``; its peers run with TF32 on), the BERT-base FFN, a conv
+#: stage) and with 64-deep k-tiles at S = 2..4 (dynamic shared memory past 48 KB), tf32
+#: 4096³ (``allow_tf32``; its peers run with TF32 on), the BERT-base FFN, a conv
 #: and attention in bf16. JAX is not timed for them (its float32 precision is set globally).
 TENSOR_CORE: dict[str, TensorCase] = {
     "matmul_bf16": TensorCase("matmul", _MM4096, "bfloat16", "bf16"),
     "matmul_bf16_s1": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 1}, ()),
     "matmul_bf16_s3": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 3}, ()),
     "matmul_bf16_s4": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 4}, ()),
+    "matmul_bf16_k64_s2": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 2), ()),
+    "matmul_bf16_k64_s3": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 3), ()),
+    "matmul_bf16_k64_s4": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 4), ()),
     "matmul_tf32": TensorCase("matmul", _MM4096, "float32", "tf32", {"allow_tf32": True}),
-    "ffn_up_gelu_bf16": TensorCase(
-        "matmul_bias_gelu", {"m": 8192, "k": 768, "n": 3072}, "bfloat16", "bf16"
+    "matmul_tf32_k32_s3": TensorCase(
+        "matmul", _MM4096, "float32", "tf32", {"allow_tf32": True, **_k(32, 3)}, ()
+    ),
+    "ffn_up_gelu_bf16": TensorCase("matmul_bias_gelu", _FFN, "bfloat16", "bf16"),
+    "ffn_up_gelu_bf16_k64_s3": TensorCase(
+        "matmul_bias_gelu", _FFN, "bfloat16", "bf16", _k(64, 3), ()
     ),
     "conv3x3_relu_bf16": TensorCase(
         "conv2d_relu", COMPUTE["conv3x3_relu"][1], "bfloat16", "bf16", {}, ("eager",)

@@ -205,7 +205,7 @@ def environment(directory: Path) -> tuple[dict[str, str], list[str]]:
     wheels = sorted((directory / "wheels").glob("*.whl"))
     if not wheels:
         return env, [f"{' and '.join(missing)} missing and DIR/wheels is empty: steps will fail"]
-    site = directory / "site"
+    site = (directory / "site").resolve()  # absolute: steps run subprocesses in other folders
     r = _pip(
         "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade",
         "--target", str(site), *map(str, wheels),

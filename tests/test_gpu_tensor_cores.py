@@ -92,6 +92,15 @@ def test_large_tensor_core_matmul_with_the_models_tiles():
     _on_both(_compile(inputs, out), arrays, want, "bfloat16", emulate=False)
 
 
+@pytest.mark.parametrize("block_k", [32, 64])
+def test_stages_in_the_dynamic_pool(block_k):
+    """Four stages past the static 48 KB (the launch raises the function's limit)."""
+    inputs, out, arrays, want = _matmul("bfloat16", 2000, 1032, 1048, trans_b=True)
+    fn = _compile(inputs, out, gemm_stages=4, mma_block_k=block_k)
+    assert fn.kernels[0].dynamic_shared_bytes > 48 * 1024, fn.kernels[0].notes
+    _on_both(fn, arrays, want, "bfloat16", emulate=False)
+
+
 def test_tf32_matmul_on_the_gpu():
     inputs, out, arrays, want = _matmul("float32", *ODD_ALIGNED)
     fn = _compile(inputs, out, allow_tf32=True)

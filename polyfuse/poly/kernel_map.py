@@ -78,7 +78,8 @@ def map_kernel(
             )
             parts = [replace(parts[0], notes=[*parts[0].notes, note])]
     (sm,) = parts
-    tf32 = map_tensor_core(sm, device, cfg.gemm_stages, tf32=True) if cfg.allow_tf32 else None
+    bk = cfg.mma_block_k
+    tf32 = map_tensor_core(sm, device, cfg.gemm_stages, True, bk) if cfg.allow_tf32 else None
     if isinstance(tf32, TensorCoreKernel):
         return tf32
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
@@ -88,7 +89,7 @@ def map_kernel(
             gemm.notes.append(no)
         return gemm
     half = gemm is not None and gemm.reason == HALF_OPERANDS
-    tensorized = map_tensor_core(sm, device, cfg.gemm_stages) if half else None
+    tensorized = map_tensor_core(sm, device, cfg.gemm_stages, block_k=bk) if half else None
     if isinstance(tensorized, TensorCoreKernel):
         return tensorized
     mapped = map_to_gpu(sm, cfg, device)

@@ -48,6 +48,9 @@ class MappingConfig:
     #: float32 GEMMs on tf32 tensor cores (mma.sync.m16n8k8: 10 mantissa bits per operand,
     #: float32 accumulators); off by default like torch's allow_tf32 (poly/tensorize.py)
     allow_tf32: bool = False
+    #: tensorized GEMMs: force the k-tile (a multiple of the intrinsic's k: 32 or 64 for
+    #: 16-bit operands, 16 or 32 for tf32) instead of the tile model's; None = the model's
+    mma_block_k: int | None = None
     #: False: no GEMM takes the row reduction after it (rule 9, polyfuse.stitch.gemm_rows)
     gemm_rows: bool = True
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,

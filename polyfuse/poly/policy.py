@@ -58,6 +58,14 @@ def gemm_tile_budget(device: DeviceSpec) -> int:
     return device.smem_per_block
 
 
+def tensor_core_tile_budget(device: DeviceSpec) -> int:
+    """Bytes of shared memory a tensorized GEMM's stages may take per block: the opt-in
+    dynamic maximum (its stages past :data:`STATIC_SMEM_LIMIT` live in the dynamic pool, the
+    launch raising the function's limit), so the stage model can pick 3-4 stages of large
+    tiles as ALCOP does instead of being capped at the static 48 KB."""
+    return device.smem_per_block_optin
+
+
 def gemm_tile_registers(tm: int, tn: int) -> int:
     """Registers per thread a GEMM micro-tile ``tm x tn`` is estimated to need."""
     return tm * tn + tm + tn + GEMM_REG_OVERHEAD

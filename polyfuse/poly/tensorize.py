@@ -54,6 +54,7 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.policy import tensor_core_tile_budget
 from polyfuse.poly.promote import pipeline_stages
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
@@ -231,6 +232,7 @@ def stage_problem(
         registers=regs,
         dram_bytes=dram,
         use_cycles=fma / rate,
+        shared_budget=tensor_core_tile_budget(device),
     )
 
 
@@ -396,13 +398,17 @@ def _fragment_load(op: MmaOperand, x: str, tf32: bool) -> str:
 
 
 def map_tensor_core(
-    sm: ScheduledMicrograph, device: DeviceSpec, stages: int | None = None, tf32: bool = False
+    sm: ScheduledMicrograph,
+    device: DeviceSpec,
+    stages: int | None = None,
+    tf32: bool = False,
+    block_k: int | None = None,
 ) -> TensorCoreKernel | Refusal:
     """The tensorized mapping of ``sm`` on ``device``, or why not (a :class:`Refusal` of
     tensor cores about the micrograph); ``stages``
     forces the k-tile pipeline's stage count (refused over the shared budget, noted);
     ``tf32``: a float32 GEMM on ``m16n8k8`` tf32 (the user's ``allow_tf32``) instead of a
-    16-bit one."""
+    16-bit one; ``block_k`` forces the k-tile (``MappingConfig.mma_block_k``)."""
     shape_name = "m16n8k8" if tf32 else "m16n8k16"
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
         why = f"no {shape_name} mma.sync on {device.arch} (sm_80 and later)"
@@ -425,7 +431,7 @@ def map_tensor_core(
         lo = 0 if op.k_inner else shape.data[op.outer_dim][0]
         return not fill_alignment(op, lo, 16 // size)
 
-    tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold, (a, b), aligned)
+    tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold, (a, b), aligned, block_k)
     shape, a, b, order_note = choose_k_order(
         shape, a, b, (tiling.block_m, tiling.block_n), tiling.block_k, 32 * tiling.warps, aligned
     )

@@ -18,7 +18,7 @@ fixed loop overhead) over the share of the block tile inside the GEMM (a 128-row
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polyfuse.base.decision import DecisionKind, noted
 from polyfuse.base.decision_data import TensorCoreData
@@ -132,12 +132,19 @@ def choose_mma_tiling(
     fold: int | None = None,
     ops: tuple | None = None,
     aligned: Callable[[object], bool] = lambda op: True,
+    block_k: int | None = None,
 ) -> tuple[MmaTiling, str]:
     """The candidate of :data:`TILINGS` with the fewest modelled non-HMMA instructions per
     useful HMMA (:func:`hot_figure`) among those whose blocks fill the SMs and whose
     registers fit (else the last, the smallest), with the reason; ``mn``: the m and n data
     dims (the last two by default), ``fold``: a data dim folded into the columns, ``ops``:
-    the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned."""
+    the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned,
+    ``block_k``: a forced k-tile (a multiple of the intrinsic's k; the model's otherwise)."""
+    mma_k = TF32_MMA_K if tf32 else MMA_K
+    if block_k is not None and (block_k <= 0 or block_k % mma_k or block_k > 4 * mma_k):
+        raise ValueError(
+            f"mma_block_k={block_k}: a tensorized k-tile is 1 to 4 k-steps of {mma_k}"
+        )
     m, n = mn or (len(shape.data) - 2, len(shape.data) - 1)
     rows = extent(shape, m)
     cols = extent(shape, n) * (1 if fold is None else extent(shape, fold))
@@ -150,6 +157,8 @@ def choose_mma_tiling(
         t = MmaTiling(bm, bn, wm, wn)
         if tf32:
             t = MmaTiling(bm, bn, wm, wn, TF32_BLOCK_K, TF32_MMA_K)
+        if block_k is not None:
+            t = replace(t, block_k=block_k)
         blocks = batch * -(-rows // bm) * -(-cols // bn)
         if t.registers > device.max_regs_per_thread:
             refused.append(f"{_label(t)}: {t.registers} registers")

@@ -42,8 +42,10 @@ from polyfuse.cuda.codegen.lower import (
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, assign_dtypes, storage_dtypes
 from polyfuse.cuda.codegen.lower_mma_pipeline import TileFill, k_tile_loop
+from polyfuse.cuda.codegen.printer import DYNAMIC_POOL
 from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_TF32
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.policy import STATIC_SMEM_LIMIT
 from polyfuse.poly.swizzle import SharedLayout
 from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, MmaOperand, TensorCoreKernel
 from polyfuse.poly.tensorize_gather import k_extent, k_parts
@@ -192,9 +194,22 @@ def lower_mma_kernel(
             f"      for (int pf_j = 0; pf_j < {tn}; pf_j += {b_step}) {_loader(b, 2 * b_step)}("
             f"pf_fb[pf_j / {b_step}], &pf_sb[{_step_offset(lb, b, 'pf_j', MMA_N, mk)}]);"
         )
+    itemsize = ITEMSIZE[tk.dtype]
+    shared_bytes = stages * (ea + eb) * itemsize
+    dynamic = shared_bytes > STATIC_SMEM_LIMIT
+    if dynamic:  # past the static 48 KB: the launch's dynamic pool (the runtime raises the limit)
+        tiles = [
+            f"  extern __shared__ __align__(16) {ctype} {DYNAMIC_POOL}[];",
+            f"  {ctype}* const {sa} = {DYNAMIC_POOL};",
+            f"  {ctype}* const {sb} = {DYNAMIC_POOL} + {stages * ea};",
+        ]
+    else:
+        tiles = [
+            f"  __shared__ __align__(16) {ctype} {sa}[{stages * ea}];",
+            f"  __shared__ __align__(16) {ctype} {sb}[{stages * eb}];",
+        ]
     lines = [
-        f"  __shared__ __align__(16) {ctype} {sa}[{stages * ea}];",
-        f"  __shared__ __align__(16) {ctype} {sb}[{stages * eb}];",
+        *tiles,
         *[f"  float {x.name};" for x in ir.allocs if x.space is MemSpace.REGISTER],
         "  const int pf_lane = pf_tid & 31, pf_warp = pf_tid >> 5;",
         f"  const int pf_wm = (pf_warp / {t.warps_n}) * {t.block_m // t.warps_m}, "
@@ -275,12 +290,10 @@ def lower_mma_kernel(
         ir.thread_dims,
         "".join(f"{line}\n" for line in lines),
     )
-    itemsize = ITEMSIZE[tk.dtype]
+    arrays = (SharedArray(stages * ea * itemsize, 16), SharedArray(stages * eb * itemsize, 16))
     facts = KernelFacts(
-        shared_arrays=(
-            SharedArray(stages * ea * itemsize, 16),
-            SharedArray(stages * eb * itemsize, 16),
-        ),
+        shared_arrays=() if dynamic else arrays,
+        dynamic_shared_bytes=shared_bytes if dynamic else 0,
         barriers=True,
         mma=True,
         async_copies=tk.vector_fill,  # the tiles are filled by cp.async chunks

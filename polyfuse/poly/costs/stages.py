@@ -20,8 +20,10 @@ of one block (cycles of the SM clock):
   calculator's arithmetic, :func:`polyfuse.poly.device.occupancy`), at most the grid's share.
 
 S is the count in 2..:data:`MAX_STAGES` of least modelled kernel time (ties: fewer stages,
-less shared memory), among those whose tiles fit :func:`polyfuse.poly.policy.gemm_tile_budget`
-and that do not exceed the k-tiles (a stage past the last k-tile holds nothing). Every
+less shared memory), among those whose tiles fit the problem's shared budget
+(:func:`polyfuse.poly.policy.gemm_tile_budget`, static, for CUDA-core GEMMs;
+:func:`polyfuse.poly.policy.tensor_core_tile_budget`, dynamic, for tensorized ones) and that
+do not exceed the k-tiles (a stage past the last k-tile holds nothing). Every
 candidate's figures and every refusal are kept as the choice's reasons. The two latencies are
 assumptions (no GPU measured them here): the order of the L2-hit and DRAM round trips that
 microbenchmarks of A100/H100 report.
@@ -60,6 +62,8 @@ class StageProblem:
     #: cycles of one k-tile's multiply-adds where the caller models them (tensor cores);
     #: 0: the FP32 CUDA-core rate below
     use_cycles: float = 0.0
+    #: bytes of shared memory the stages may take; 0: :func:`gemm_tile_budget` (static)
+    shared_budget: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def pipeline_latency(t_load: float, t_use: float, n_loop: int, n_pipe: int, n_mp
 
 def _candidate(p: StageProblem, s: int, device: DeviceSpec) -> StageCandidate:
     smem = p.stage_bytes * s
-    budget = gemm_tile_budget(device)
+    budget = p.shared_budget or gemm_tile_budget(device)
     if smem > budget:
         return StageCandidate(
             s, smem, refused=f"{s} x {p.stage_bytes} B = {smem} B > {budget} B budget"
