@@ -180,8 +180,12 @@ def operand_layouts(
 CHUNK = 8
 #: mma.sync m16n8k16 multiply-adds per SM and cycle (dense 16-bit): the datasheets' tensor
 #: rates (A100 312 TFLOP/s at 108 SMs x 1.41 GHz: 1024; GA10x/AD10x half that). Hopper's
-#: 2048 are wgmma's; mma.sync is assumed to reach half of them (no GPU measured it here).
-MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 1024}
+#: 2048 are wgmma's; for mma.sync the figure is measured: on an H100 (2026-11-26,
+#: ``benchmarks/gpu.py``) the 4096^3 bf16 GEMM's 128x256x32 loop ran 0.587 ms at two stages,
+#: 0.575 at three and four (its load hidden: the loop is use-bound), 510 multiply-adds per
+#: SM-cycle at the 1739 MHz sustained clock; with it the model gives 0.605 ms (S=2) and
+#: 0.858 ms (S=1, measured 0.859).
+MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 512}
 
 
 def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
