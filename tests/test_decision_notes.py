@@ -267,3 +267,15 @@ def test_a_promotion_note_keeps_its_reshaped_tile_box_record():
     assert x.made and x.kinds == (DecisionKind.GEMM_TILE,)
     assert x.data == TileBoxData("x", "merged dims", [1, 3, 3, 18], [3, 3, 18])
     assert "box 1x3x3x18 viewed as 3x3x18 of 3x14x14" in x.reason  # the words it quotes
+
+
+def test_a_micrograph_without_a_parallel_loop_records_why_it_runs_in_one_thread():
+    """A one-point result has no coincident band member: the note was a plain string."""
+    x = te.placeholder((5,), name="x")
+    y = te.compute((1,), lambda i: x[0] * 2.0, name="y")
+    fn = _compile([x], [y])
+    (k,) = fn.kernels
+    (rec,) = [r for r in note_records(k.notes) if "one thread" in r.reason]
+    assert rec.reason == "no coincident outer band member: the micrograph runs in one thread"
+    assert rec.kinds == (DecisionKind.TILE_MISMATCH,) and not rec.made
+    assert rec.subject == (fn.plan.micrographs[0].name,)

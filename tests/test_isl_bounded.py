@@ -29,6 +29,7 @@ import pytest
 import polyfuse
 import polyfuse.poly.guard as guard
 import polyfuse.poly.schedule as schedule
+from polyfuse.base.decision import DecisionKind, note_records
 from polyfuse.cache import CompileCache
 from polyfuse.reference import evaluate
 
@@ -371,6 +372,10 @@ def test_deadline_feedback_splits_remembers_and_says_why(monkeypatch):
     assert all(len(m.prims) == 1 for m in fn.plan.micrographs)
     notes = [n for sm in fn.plan.scheduled for n in sm.notes]
     assert notes and all("kept the original loop order" in n for n in notes)
+    recs = note_records(notes)  # typed records (plain strings before)
+    assert len(recs) == len(notes)
+    assert all(r.kinds == (DecisionKind.ISL_FEEDBACK,) and not r.made for r in recs)
+    assert {r.subject for r in recs} == {(m.name,) for m in fn.plan.micrographs}
 
     calls = []
     run = schedule._run_scheduler

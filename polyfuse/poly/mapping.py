@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from polyfuse.base.decision import Decided, DecisionNote
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote, noted
 from polyfuse.poly.coarsen import Coarsening, choose_coarsening, strip_mine, whole_warps
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
@@ -225,7 +225,8 @@ def map_to_gpu(
     node = top_band(sched)
     nc = parallel_depth(sched)
     if nc == 0:
-        note = "no coincident outer band member: the micrograph runs in one thread"
+        why = "no coincident outer band member: the micrograph runs in one thread"
+        note = noted(DecisionKind.TILE_MISMATCH, why, sm.name, made=False)
         return MappedKernel(
             sm, sched, isl.Set("{ : }", context=ctx), [], [], [], [], [], notes=[note]
         )

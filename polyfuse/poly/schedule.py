@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionKind, noted
 from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
@@ -293,7 +294,14 @@ def compute_schedule(
             return ScheduledMicrograph(
                 model,
                 identity_schedule(model),
-                notes=[f"{why.reason}; kept the original loop order"],
+                notes=[
+                    noted(
+                        DecisionKind.ISL_FEEDBACK,
+                        f"{why.reason}; kept the original loop order",
+                        mg.name,
+                        made=False,
+                    )
+                ],
             )
         raise Feedback(_label(mg), why.reason, _halves(model), why.limit)
     sched = sched.pullback_union_pw_multi_aff(back)
