@@ -30,8 +30,8 @@ ODD_ALIGNED_T = (72, 40, 200)
 MODES = (False, True, "shadow")
 
 
-def _compile(inputs, out, stages, arch="sm_80"):
-    cfg = MappingConfig(gemm_stages=stages)
+def _compile(inputs, out, stages, arch="sm_80", buffers=None):
+    cfg = MappingConfig(gemm_stages=stages, mma_fragment_buffers=buffers)
     return polyfuse.compile(inputs, [out], arch=arch, check_cuda=False, mapping=cfg)
 
 
@@ -122,25 +122,31 @@ def test_a_planted_wrong_wait_count_is_caught(monkeypatch, stages):
     assert np.isnan(got.astype(np.float32)).any()
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_a_planted_missing_barrier_is_a_race(monkeypatch, stages):
+@pytest.mark.parametrize("stages, buffers", [(2, 1), (2, 2), (3, 2)])
+def test_a_planted_missing_barrier_is_a_race(monkeypatch, stages, buffers):
     """Without the barrier after the wait, a warp reads with ldmatrix the words another
     thread's cp.async just landed, and the next k-tile's copies overwrite the stage a slower
-    warp still reads: the shadow race check reports it. (The reverse-order ThreadSanitizer
-    build, ``race_check=True``, does not: the ldmatrix reads go unseen there.)"""
-    from polyfuse.cuda.codegen import lower_mma
+    warp still reads: the shadow race check reports it, with single- and double-buffered
+    fragments (the barrier then ends each k-tile, :mod:`lower_mma_fragments`). (The
+    reverse-order ThreadSanitizer build, ``race_check=True``, does not: the ldmatrix reads go
+    unseen there.)"""
+    from polyfuse.cuda.codegen import lower_mma, lower_mma_fragments
     from polyfuse.errors import RaceError
 
     inputs, out, arrays, want = _matmul("float16", *ODD_ALIGNED)
-    fn = _compile(inputs, out, stages)
+    fn = _compile(inputs, out, stages, buffers=buffers)
+    assert ("// two fragment buffers" in fn.kernels[0].source) == (buffers == 2)
     fn(*arrays, device="emulate", race_check="shadow")  # the intact kernel is race-free
     barrier = "__syncthreads();  // ... for every thread"
 
-    def planted(*args, **kwargs):
-        return [ln for ln in lower_mma_pipeline.k_tile_loop(*args, **kwargs) if barrier not in ln]
+    def without(loop):
+        return lambda *args, **kwargs: [ln for ln in loop(*args, **kwargs) if barrier not in ln]
 
-    monkeypatch.setattr(lower_mma, "k_tile_loop", planted)
-    fn = _compile(inputs, out, stages)
+    monkeypatch.setattr(lower_mma, "k_tile_loop", without(lower_mma_pipeline.k_tile_loop))
+    monkeypatch.setattr(
+        lower_mma, "double_buffered_loop", without(lower_mma_fragments.double_buffered_loop)
+    )
+    fn = _compile(inputs, out, stages, buffers=buffers)
     assert barrier not in fn.kernels[0].source
     with pytest.raises(RaceError, match="race on __shared__ 's_a'|race on __shared__ 's_b'"):
         fn(*arrays, device="emulate", race_check="shadow")
@@ -214,17 +220,21 @@ def test_nvrtc_compiles_every_stage_count_without_spills(arch):
             size = ODD_ALIGNED_T if case == "trans_a" else ODD_ALIGNED
             inputs, out, _, _ = _matmul(dtype, *size, **CASES[case])
             fn = _compile(inputs, out, stages, arch)
+            # ALCOP's second level where there are stages: register fragments double-buffered
+            assert ("// two fragment buffers" in fn.kernels[0].source) == (stages > 1)
             binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
             for r in binary.resources.values():
                 assert r.spill_stores == r.spill_loads == 0, (stages, case, r)
 
 
-def _hot_loop(m: int, n: int, k: int, arch: str, stages: int | None):
+def _hot_loop(m: int, n: int, k: int, arch: str, stages: int | None, buffers: int | None = None):
     """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop holding HMMA: the
     steady state of the k-tile loop (its guarded tail is unrolled after it)."""
     inputs, out, _, _ = _matmul("bfloat16", m, n, k, trans_b=True, epilogue=True)
-    fn = _compile(inputs, out, stages, arch)
+    fn = _compile(inputs, out, stages, arch, buffers)
     binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    for r in binary.resources.values():
+        assert r.spill_stores == r.spill_loads == 0, r
     return hmma_loop(binary, arch)
 
 
@@ -235,18 +245,35 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
     16-byte fills (scalar 2-byte copies, one stage, B by ldmatrix.x2): 1 HMMA to 10.2 (sm_80)
     / 11.0 (sm_90) other instructions for the 128x128 tile (4096^3), 1 to 19.3 / 21.1 for
     64x64 (1024x1024x512). Then: 128x128, 2 stages, 1 to 1.62 / 1.72 -- the issue's at most 2;
-    now the tiling model's 128x256 of 8 warps, each 4x8 mma tiles (64x64): 2 stages, 1 to
+    then the tiling model's 128x256 of 8 warps, each 4x8 mma tiles (64x64): 2 stages, 1 to
     1.20 / 1.22 (77 / 78 others), 221 / 228 registers, no spill; 64x64 (1024x1024x2048, 2
     stages; sm_90: too few blocks for more) 1 to 3.0 / 3.2 (its 2x4 mma tiles per warp need 4
-    ldmatrix per 8 mma); sm_80 takes 128x64 there (128 blocks on 108 SMs): 1 to 2.09."""
+    ldmatrix per 8 mma); sm_80 takes 128x64 there (128 blocks on 108 SMs): 1 to 2.09. Now the
+    fragments are double-buffered (test_tensorize_fragments): the next k-tile's ldmatrix run
+    under the last k-step's HMMA, for 246 / 250 registers (no spill) and ptxas recomputing
+    more of the fill addresses: 128x256 1 to 1.28 / 1.38 (82 / 88 others), 128x64 1 to 2.22,
+    64x64 1 to 3.69 (the single-buffered figures: test_sass_double_buffering_before_after)."""
     hmma, ldsm, ldgsts, other = _hot_loop(4096, 4096, 4096, arch, None)
     # 2 k-steps of 4x8 mma tiles: A 4 ldmatrix.x4, B 4 x4 (two mma tiles each); 2 + 4 chunks
     assert (hmma, ldsm, ldgsts) == (64, 16, 6)
-    assert other <= 1.25 * hmma, (hmma, other)
+    assert other <= 1.4 * hmma, (hmma, other)
     hmma, ldsm, ldgsts, other = _hot_loop(1024, 1024, 2048, arch, 2)
-    if arch == "sm_80":  # 128 blocks of 128x64 fill 108 SMs: 4x4 mma tiles, 1 to 2.09
+    if arch == "sm_80":  # 128 blocks of 128x64 fill 108 SMs: 4x4 mma tiles, 1 to 2.22
         assert (hmma, ldsm, ldgsts) == (32, 12, 6)
-        assert other <= 2.2 * hmma, (hmma, other)
+        assert other <= 2.3 * hmma, (hmma, other)
     else:  # not 132: 64x64
         assert (hmma, ldsm, ldgsts) == (16, 8, 4)
         assert other <= 4 * hmma, (hmma, other)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sass_double_buffering_before_after(arch):
+    """bf16 4096^3 x @ W^T + bias + GELU (128x256, 2 stages), fragments single- then
+    double-buffered: the same HMMA, LDSM and LDGSTS per k-tile, no spill either way; others
+    77 / 78 (sm_80 / sm_90) before, 82 / 88 after (1 HMMA to 1.20 / 1.22, then 1.28 / 1.38)."""
+    before = _hot_loop(4096, 4096, 4096, arch, None, 1)
+    after = _hot_loop(4096, 4096, 4096, arch, None, 2)
+    assert before[:3] == after[:3] == (64, 16, 6), (before, after)
+    assert before[3] <= 1.25 * 64 and after[3] <= 1.4 * 64, (before, after)

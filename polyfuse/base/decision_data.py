@@ -260,6 +260,8 @@ class TensorCoreData(DecisionData):
     layouts: list[str] = field(default_factory=list)
     #: per operand: bytes of its shared tile in one stage
     tile_bytes: list[int] = field(default_factory=list)
+    #: register fragment buffers (2: double-buffered across the k-steps)
+    fragment_buffers: int = 1
 
 
 @dataclass(frozen=True, eq=False)

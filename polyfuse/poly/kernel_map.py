@@ -48,6 +48,7 @@ from polyfuse.poly.policy import (
 from polyfuse.poly.promote import build_gemm_kernel
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
+from polyfuse.poly.tensorize_fragments import with_fragment_buffers
 from polyfuse.poly.tile_fit import fit_tiling
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
 
@@ -81,7 +82,7 @@ def map_kernel(
     bk = cfg.mma_block_k
     tf32 = map_tensor_core(sm, device, cfg.gemm_stages, True, bk) if cfg.allow_tf32 else None
     if isinstance(tf32, TensorCoreKernel):
-        return tf32
+        return with_fragment_buffers(tf32, device, cfg.mma_fragment_buffers)
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
     if gemm is not None and not isinstance(gemm, Refusal):
         if tf32:
@@ -91,7 +92,7 @@ def map_kernel(
     half = gemm is not None and gemm.reason == HALF_OPERANDS
     tensorized = map_tensor_core(sm, device, cfg.gemm_stages, block_k=bk) if half else None
     if isinstance(tensorized, TensorCoreKernel):
-        return tensorized
+        return with_fragment_buffers(tensorized, device, cfg.mma_fragment_buffers)
     mapped = map_to_gpu(sm, cfg, device)
     if gemm is not None:  # a contraction the GEMM path declined: the plan says why
         mapped.notes.append(refusal_note(DecisionKind.GEMM_TILE, f"no GEMM tiling: {gemm}", gemm))

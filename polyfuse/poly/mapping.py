@@ -44,6 +44,9 @@ class MappingConfig:
     # GEMM shared-tile stages over the k-tile loop (1..4, 2+ with cp.async only); None = the
     # stage model decides (poly/costs/stages.py). A count over the budget is refused, noted.
     gemm_stages: int | None = None
+    # tensorized GEMMs: register fragment buffers over the k-steps (2: double-buffered, 1:
+    # not); None = decided by the register budget (poly/tensorize_fragments.py)
+    mma_fragment_buffers: int | None = None
     gemm: bool = True  # False: GEMM-like micrographs keep the one-element-per-thread mapping
     #: float32 GEMMs on tf32 tensor cores (mma.sync.m16n8k8: 10 mantissa bits per operand,
     #: float32 accumulators); off by default like torch's allow_tf32 (poly/tensorize.py)

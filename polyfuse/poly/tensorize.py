@@ -140,6 +140,8 @@ class TensorCoreKernel(MappedKernel):
     #: output rows beside its narrow output width
     #: (:func:`polyfuse.poly.tensorize_gather.fold_columns`)
     fold: int | None = None
+    #: register fragment buffers (2: double-buffered across the k-steps, tensorize_fragments)
+    fragment_buffers: int = 1
 
     @property
     def m_dim(self) -> int:

@@ -313,6 +313,13 @@ def layout_line(ix: _Index, lay: dict[str, Any]) -> str:
     """A kernel's launch layout in words (``lay``: a launch-layout record with its data)."""
     kinds, data = _kinds(lay), lay.get("data", {})
     made = lay.get("made", True)
+    if K.REGISTER_FRAGMENT in kinds and K.TENSOR_CORES in kinds:  # poly/tensorize_fragments.py
+        if made:
+            return (
+                "tensor-core operand fragments double-buffered in registers: the next step's "
+                "load from shared memory while the current ones multiply"
+            )
+        return "tensor-core operand fragments single-buffered: one step's at a time"
     if K.REGISTER_FRAGMENT in kinds:
         if made:
             return (

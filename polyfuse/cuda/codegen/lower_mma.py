@@ -11,6 +11,12 @@ The kernel each block runs, for its block tile of the result (and its batch coor
             mma.sync.m16n8k16 on every (A, B) fragment pair
     for each accumulator element (fragment row, col): if inside the result, the epilogue
 
+With S >= 2 stages the fragments are double-buffered across the k-steps where the register
+model allows (``fragment_buffers``: :mod:`polyfuse.poly.tensorize_fragments`): the loop above,
+rotated so each k-step's ``ldmatrix`` runs a k-step ahead of the mma, by
+:mod:`polyfuse.cuda.codegen.lower_mma_fragments` (which writes both forms from one
+:class:`~polyfuse.cuda.codegen.lower_mma_fragments.KStep`).
+
 Fragments and addresses follow :mod:`polyfuse.cuda.codegen.tensor_core`'s layouts (PTX ISA): lane
 ``l``
 gives ``ldmatrix`` the address of row ``l % 8`` of matrix ``l / 8``; accumulator element ``e``
@@ -41,6 +47,7 @@ from polyfuse.cuda.codegen.lower import (
 )
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, assign_dtypes, storage_dtypes
+from polyfuse.cuda.codegen.lower_mma_fragments import KStep, double_buffered_loop, single_buffered
 from polyfuse.cuda.codegen.lower_mma_pipeline import TileFill, k_tile_loop
 from polyfuse.cuda.codegen.printer import DYNAMIC_POOL
 from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_TF32
@@ -168,7 +175,7 @@ def lower_mma_kernel(
     b_step = t.b_step
     b_role = "B2" if b_step == 2 else "B"
     tf32 = tk.dtype == "float32"
-    lane_lines, loads = [], []
+    lane_lines, loads = [], ["#pragma unroll"]
     if tf32 and a.trans:
         lo, delta = _tf32_lane(la, "pf_wm")
         lane_lines += [f"  const int pf_la = {lo};", f"  const int pf_da = {delta};"]
@@ -222,20 +229,20 @@ def lower_mma_kernel(
         "#pragma unroll\n      for (int pf_x = 0; pf_x < 4; ++pf_x)",
         "        pf_acc[pf_i][pf_j][pf_x] = 0.0f;",
     ]
-    compute = [
-        "#pragma unroll",
-        f"    for (int pf_ks = 0; pf_ks < {t.block_k}; pf_ks += {mk}) {{",
-        f"      unsigned pf_fa[{tm}][4], pf_fb[{tn // b_step}][{2 * b_step}];",
-        "#pragma unroll",
-        *loads,
-        "#pragma unroll",
-        f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
-        "#pragma unroll",
-        f"        for (int pf_j = 0; pf_j < {tn}; ++pf_j) "
-        f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], "
-        f"&pf_fb[pf_j / {b_step}][2 * (pf_j % {b_step})], pf_acc[pf_i][pf_j]);",
-        "    }",
-    ]
+    step = KStep(
+        (("pf_fa", f"[{tm}][4]"), ("pf_fb", f"[{tn // b_step}][{2 * b_step}]")),
+        tuple(loads),
+        (
+            "#pragma unroll",
+            f"      for (int pf_i = 0; pf_i < {tm}; ++pf_i)",
+            "#pragma unroll",
+            f"        for (int pf_j = 0; pf_j < {tn}; ++pf_j) "
+            f"{mma.name}(pf_acc[pf_i][pf_j], pf_fa[pf_i], "
+            f"&pf_fb[pf_j / {b_step}][2 * (pf_j % {b_step})], pf_acc[pf_i][pf_j]);",
+        ),
+        t.block_k,
+        mk,
+    )
     fills = (
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, "pf_m0", hm, hk,
                  tuple(batch), nthreads, tk.dtype, kv, red),
@@ -245,15 +252,13 @@ def lower_mma_kernel(
                                           (tk.n_dim, f"(pf_r % {width})"))),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
-    lines += k_tile_loop(
-        fills,
-        (("pf_sa", "pf_la"), ("pf_sb", "pf_lb")),
-        compute,
-        stages,
-        tk.vector_fill,
-        lk,
-        k_tiles,
-    )
+    bases = (("pf_sa", "pf_la"), ("pf_sb", "pf_lb"))
+    if tk.fragment_buffers == 2:  # ALCOP's second level: lower_mma_fragments
+        lines += double_buffered_loop(fills, bases, step, stages, lk, k_tiles)
+    else:
+        lines += k_tile_loop(
+            fills, bases, single_buffered(step), stages, tk.vector_fill, lk, k_tiles
+        )
     # the epilogue, per accumulator element at its fragment (row, col)
     bp = BodyPrinter(as_global, idents, namer=namer)
     args = list(batch)

@@ -1,0 +1,94 @@
+"""Whether a tensorized kernel double-buffers its register fragments (ALCOP's second level).
+
+ALCOP pipelines two levels: global -> shared over S stages (:mod:`polyfuse.poly.costs.stages`,
+:func:`polyfuse.poly.tensorize.map_tensor_core`), and shared -> registers over the k-steps of
+a k-tile: two fragment buffers, the ``ldmatrix`` loads of k-step ``kk + 1`` issued before the
+``mma.sync`` of k-step ``kk``, the first k-step's loaded before the k-tile loop and, across a
+k-tile boundary, the next k-tile's first fragments loaded right after its ``wait_group`` and
+barrier, before the last k-step's mma (the code: :mod:`polyfuse.cuda.codegen.lower_mma_fragments`).
+The loads' shared-memory latency then runs under mma work instead of in front of it, the
+barrier's included.
+
+The price is one more k-step's fragments live per thread (``4 tiles_m + 2 tiles_n``
+registers); :func:`choose_fragment_buffers` takes two buffers where that stays inside the
+register budget and the k-tile loop has the shape the second level needs, else one, with the
+reason either way (a plan note of kind ``register fragment``; the tensorize record's
+``fragment_buffers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from polyfuse.base.decision import DecisionKind, DecisionNote, noted
+from polyfuse.base.decision_data import TensorCoreData
+from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.tensorize import TensorCoreKernel
+from polyfuse.poly.tensorize_tiling import MmaTiling
+
+#: the note's kinds: a decision about tensor cores' register fragments
+KINDS = (DecisionKind.TENSOR_CORES, DecisionKind.REGISTER_FRAGMENT)
+
+
+def fragment_registers(t: MmaTiling) -> int:
+    """32-bit registers one k-step's fragments take per thread: A 4 per 16x16 mma tile, B 2
+    per 16x8 one."""
+    return 4 * t.tiles_m + 2 * t.tiles_n
+
+
+def fragment_buffers(
+    tk: TensorCoreKernel, device: DeviceSpec, forced: int | None = None
+) -> tuple[int, str]:
+    """The fragment buffers of ``tk`` (2: double-buffered across the k-steps; 1: each
+    k-step's loaded before its mma) and the reason; ``forced``: 1 or 2 asked by the user
+    (``MappingConfig.mma_fragment_buffers``; 2 is still refused where it does not apply)."""
+    t = tk.tiling
+    assert t is not None
+    if forced not in (None, 1, 2):
+        raise ValueError(f"mma_fragment_buffers={forced}: 1 or 2 (None: the model decides)")
+    if forced == 1:
+        return 1, "single-buffered fragments (forced: mma_fragment_buffers=1)"
+    how = "forced" if forced else "the register model"
+    steps = t.block_k // t.mma_k
+    extra = fragment_registers(t)
+    need = t.registers + extra
+    if not tk.vector_fill or tk.stages < 2:
+        return 1, (
+            f"single-buffered fragments: double buffering refused ({how}): one shared stage "
+            "(the next k-tile's fragments are only ready after the fill that overwrites it)"
+        )
+    if steps % 2:
+        return 1, (
+            f"single-buffered fragments: double buffering refused ({how}): {steps} k-steps "
+            "per k-tile (odd: the next k-tile's first k-step would not start in buffer 0)"
+        )
+    if need > device.max_regs_per_thread:
+        return 1, (
+            f"single-buffered fragments: double buffering refused ({how}): {t.registers} + "
+            f"{extra} = {need} modelled registers > {device.max_regs_per_thread} per thread"
+        )
+    return 2, (
+        f"fragments double-buffered across the {steps} k-steps ({how}): k-step kk+1's "
+        "fragment loads before k-step kk's mma, the next k-tile's first after its wait_group and "
+        f"barrier; {t.registers} + {extra} = {need} modelled registers <= "
+        f"{device.max_regs_per_thread} per thread"
+    )
+
+
+def with_fragment_buffers(
+    tk: TensorCoreKernel, device: DeviceSpec, forced: int | None = None
+) -> TensorCoreKernel:
+    """``tk`` with its fragment buffers decided (:func:`fragment_buffers`): the note, and the
+    count in the tensorize record's data."""
+    n, why = fragment_buffers(tk, device, forced)
+    note = noted(KINDS, f"tensor cores: {why}", tk.scheduled.name, made=n == 2)
+    layout = tk.layout
+    if layout is not None and isinstance(layout.data, TensorCoreData):
+        layout = replace(layout, data=replace(layout.data, fragment_buffers=n))
+        notes = [DecisionNote(layout), *tk.notes[1:], note]
+    else:
+        notes = [*tk.notes, note]
+    return replace(tk, fragment_buffers=n, layout=layout, notes=notes)
+
+
+__all__ = ["fragment_buffers", "fragment_registers", "with_fragment_buffers"]

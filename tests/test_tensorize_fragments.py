@@ -1,0 +1,168 @@
+"""Register fragments double-buffered across the k-steps (issue 23 item 2, ALCOP's second
+level: :mod:`polyfuse.poly.tensorize_fragments` decides, :mod:`polyfuse.cuda.codegen.
+lower_mma_fragments` writes the loop).
+
+Correct against float64 numpy in the emulator's race-check modes at S = 2 and 3, bit for bit
+what the single-buffered kernel computes (the mma order is the same); the pass's text before
+and after; the register budget's refusal and the other refusals with their reasons; a planted
+wrong buffer index is caught. NVRTC sm_80 / sm_90 without spills and the SASS figures:
+test_tensorize_pipeline (its default-mapped kernels are double-buffered).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_tensorize import CASES, ODD, _matmul
+from test_tensorize_pipeline import MODES, ODD_ALIGNED, ODD_ALIGNED_T
+
+import polyfuse
+from polyfuse.cuda.codegen import lower_mma_fragments
+from polyfuse.cuda.codegen.lower_mma_fragments import KStep, buffered, single_buffered
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.poly import tensorize_tiling
+from polyfuse.poly.mapping import MappingConfig
+
+DOUBLE = "tensor cores: fragments double-buffered across the 2 k-steps"
+
+
+def _compile(inputs, out, stages, buffers, arch="sm_80"):
+    cfg = MappingConfig(gemm_stages=stages, mma_fragment_buffers=buffers)
+    return polyfuse.compile(inputs, [out], arch=arch, check_cuda=False, mapping=cfg)
+
+
+def _note(fn) -> str:
+    (note,) = [n for n in fn.kernels[0].notes if "fragments" in n and "buffer" in n]
+    return note
+
+
+@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_double_buffered_fragments_match_float64_and_the_single_buffered_bits(dtype, stages):
+    """Batched x @ W^T + bias + GELU, and A stored k-by-m (ldmatrix.trans), at odd M, N, K
+    over 7 k-tiles (a partial last one): every race-check mode against float64 numpy, and
+    the same bits as the single-buffered kernel. (S = 3 in the slow tier; the fast tier's
+    default-mapped S = 2..4 kernels of test_tensorize_pipeline are double-buffered too.)"""
+    for case, modes in (("batched_trans_b_epilogue", MODES), ("trans_a", (True,))):
+        size = ODD_ALIGNED_T if case == "trans_a" else ODD_ALIGNED
+        inputs, out, arrays, want = _matmul(dtype, *size, **CASES[case])
+        fn = _compile(inputs, out, stages, 2)
+        assert _note(fn).startswith(DOUBLE + " (forced)")
+        assert "// two fragment buffers" in fn.kernels[0].source
+        w = want.astype(numpy_dtype(dtype))
+        for race in modes:
+            got = fn(*arrays, device="emulate", race_check=race)
+            err = np.abs(got.astype(np.float64) - w.astype(np.float64)).max()
+            assert tolerance(dtype).allclose(got, w), (case, race, err)
+        single = _compile(inputs, out, stages, 1)
+        assert "// two fragment buffers" not in single.kernels[0].source
+        assert np.array_equal(single(*arrays, device="emulate"), got, equal_nan=True), case
+
+
+def test_the_pass_text_before_and_after():
+    """One k-step's text (a hand-written KStep), single-buffered as the k-tile loop had it,
+    then on a buffer and k-step of the double-buffered loop; and in a kernel the loop's
+    order: k-step 0 loaded before the loop, k-step 1 loaded into buffer 1 before k-step 0's
+    mma on buffer 0, then the wait, the barrier, the next k-tile's k-step 0 into buffer 0
+    from the next stage, and k-step 1's mma on buffer 1."""
+    step = KStep(
+        (("pf_fa", "[1][4]"), ("pf_fb", "[1][4]")),
+        ("#pragma unroll", "      lda(pf_fa[0], &pf_sa[64 * (pf_ks / 16)]);",
+         "      ldb(pf_fb[0], &pf_sb[pf_ks]);"),
+        ("      mma(pf_acc, pf_fa[0], pf_fb[0]);",),
+        32,
+        16,
+    )  # fmt: skip
+    assert single_buffered(step) == [
+        "#pragma unroll",
+        "    for (int pf_ks = 0; pf_ks < 32; pf_ks += 16) {",
+        "      unsigned pf_fa[1][4], pf_fb[1][4];",
+        "#pragma unroll",
+        "      lda(pf_fa[0], &pf_sa[64 * (pf_ks / 16)]);",
+        "      ldb(pf_fb[0], &pf_sb[pf_ks]);",
+        "      mma(pf_acc, pf_fa[0], pf_fb[0]);",
+        "    }",
+    ]
+    assert buffered(step, step.loads, "(pf_ks / 16 + 1) & 1", "(pf_ks + 16)", -2) == [
+        "#pragma unroll",
+        "    lda(pf_fa[(pf_ks / 16 + 1) & 1][0], &pf_sa[64 * ((pf_ks + 16) / 16)]);",
+        "    ldb(pf_fb[(pf_ks / 16 + 1) & 1][0], &pf_sb[(pf_ks + 16)]);",
+    ]
+    assert lower_mma_fragments.mma_buffers(step) == ("(pf_ks / 16) & 1", "1")
+    inputs, out, _, _ = _matmul("bfloat16", *ODD_ALIGNED)
+    before = _compile(inputs, out, 2, 1).kernels[0].source
+    after = _compile(inputs, out, 2, 2).kernels[0].source
+    assert "unsigned pf_fa[2][4], pf_fb[2][4];" in before  # per k-step, in its loop
+    assert "// two fragment buffers" not in before
+    assert "__syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read" in before
+    steady = after[after.index("  for (int pf_kt = 0;") :].split("\n  }\n")[0].splitlines()
+
+    def at(text: str, start: int = 0) -> int:
+        return next(i for i, ln in enumerate(steady) if i >= start and text in ln)
+
+    assert "  unsigned pf_fa[2][2][4], pf_fb[2][2][4];  // two fragment buffers" in after
+    prologue = after[: after.index("  for (int pf_kt = 0;")]
+    assert "pf_ldmatrix_x4(pf_fa[0][pf_i], &pf_sa[" in prologue  # k-step 0 of k-tile 0
+    commit = at("__pipeline_commit();")
+    ahead = at("pf_ldmatrix_x4(pf_fa[(pf_ks / 16 + 1) & 1][pf_i]", commit)
+    now = at("pf_fa[(pf_ks / 16) & 1][pf_i], &pf_fb[(pf_ks / 16) & 1][pf_j / 2]", ahead)
+    wait = at("__pipeline_wait_prior(0);  // k-tile pf_kt + 1 has landed", now)
+    barrier = at("__syncthreads();  // ... for every thread; k-tile pf_kt is read", wait)
+    stage = at("pf_sa = s_a + pf_rs * ", barrier)
+    first = at("pf_ldmatrix_x4(pf_fa[0][pf_i], &pf_sa[", stage)
+    last = at("pf_fa[1][pf_i], &pf_fb[1][pf_j / 2]", first)
+    assert last == len(steady) - 1 and "__syncthreads" not in "".join(steady[:barrier])
+
+
+def test_the_register_budget_and_the_loop_shape_refuse_with_the_reason(monkeypatch):
+    """Warps of 6x6 mma tiles: 220 modelled registers, 36 more for the second buffer: over
+    255, refused (model and forced alike), the kernel single-buffered; one stage or scalar
+    fills: refused (the next k-tile's fragments come after the fill that overwrites its
+    stage); the model takes two buffers where they fit, forced 1 keeps one."""
+    inputs, out, _, _ = _matmul("bfloat16", *ODD_ALIGNED, trans_b=True)
+    fn = _compile(inputs, out, 2, None)
+    assert _note(fn).startswith(DOUBLE + " (the register model)"), _note(fn)
+    (rec,) = [r for r in fn.plan.records() if r.data.get("what") == "tensorize"]
+    assert rec.data["fragment_buffers"] == 2
+    assert _note(_compile(inputs, out, 2, 1)) == (
+        "tensor cores: single-buffered fragments (forced: mma_fragment_buffers=1)"
+    )
+    one = _compile(inputs, out, 1, 2)
+    assert _note(one) == (
+        "tensor cores: single-buffered fragments: double buffering refused (forced): one "
+        "shared stage (the next k-tile's fragments are only ready after the fill that "
+        "overwrites it)"
+    )
+    assert "// two fragment buffers" not in one.kernels[0].source
+    scalar_in, scalar_out, _, _ = _matmul("float16", *ODD)  # unaligned rows: scalar fills
+    assert "one shared stage" in _note(_compile(scalar_in, scalar_out, None, None))
+    monkeypatch.setattr(tensorize_tiling, "TILINGS", ((96, 96, 1, 2),))
+    for forced, how in ((None, "the register model"), (2, "forced")):
+        fn = _compile(inputs, out, 2, forced)
+        assert "block tile 96x96x32 of 2 warps, each 6x6 mma tiles" in fn.kernels[0].notes[0]
+        assert _note(fn) == (
+            f"tensor cores: single-buffered fragments: double buffering refused ({how}): "
+            "220 + 36 = 256 modelled registers > 255 per thread"
+        )
+        assert "// two fragment buffers" not in fn.kernels[0].source
+    with pytest.raises(ValueError, match="mma_fragment_buffers=3: 1 or 2"):
+        _compile(inputs, out, 2, 3)
+
+
+@pytest.mark.parametrize("where", ["k-step loop", "last k-step"])
+def test_a_planted_wrong_buffer_index_is_caught(monkeypatch, where):
+    """The mma reading the buffer being loaded (in the k-step loop: k-step kk+1's fragments
+    multiplied at kk; at the last k-step: the next k-tile's first) gives a wrong product."""
+    inputs, out, arrays, want = _matmul("bfloat16", *ODD_ALIGNED, trans_b=True)
+    good = lower_mma_fragments.mma_buffers
+
+    def planted(step):
+        now, last = good(step)
+        if where == "k-step loop":
+            return f"(pf_ks / {step.mma_k} + 1) & 1", last
+        return now, str(1 - int(last))
+
+    monkeypatch.setattr(lower_mma_fragments, "mma_buffers", planted)
+    fn = _compile(inputs, out, 2, 2)
+    got = fn(*arrays, device="emulate")
+    assert not tolerance("bfloat16").allclose(got, want.astype(numpy_dtype("bfloat16")))
