@@ -10,12 +10,23 @@ variable fails here until its pattern is registered with the namer.
 
 from __future__ import annotations
 
-from polyfuse.cuda.codegen.kernel_ast import KDef, KernelIR, KFor, KNode, KVector, KVisitor
+from polyfuse.cuda.codegen.kernel_ast import (
+    ROW_BLOCK,
+    KDef,
+    KernelIR,
+    KFor,
+    KNode,
+    KRowBlocks,
+    KSection,
+    KVector,
+    KVisitor,
+)
 from polyfuse.cuda.codegen.namer import is_generated
 
 
 class _Declared(KVisitor[None]):
-    """Collects the variables of the loops, definitions and vector groups of an IR body."""
+    """Collects the variables of the loops, definitions, vector groups and sections (their
+    launch coordinates, copy grids and row-block loops) of an IR body."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -39,6 +50,16 @@ class _Declared(KVisitor[None]):
 
     def visit_KVector(self, n: KVector) -> None:
         self.names.add(n.var)
+        self.walk(n.body)
+
+    def visit_KSection(self, n: KSection) -> None:
+        self.names |= {v for v, _ in n.grid_dims + n.thread_dims}
+        self.names |= {name for g in n.thread_grids for name, _ in g.coords}
+        self.walk(n.body)
+
+    def visit_KRowBlocks(self, n: KRowBlocks) -> None:
+        self.names |= {f"pf_g{i}" for i in range(len(n.gemm_grid))}
+        self.names |= {"pf_j", "pf_r", ROW_BLOCK}
         self.walk(n.body)
 
 

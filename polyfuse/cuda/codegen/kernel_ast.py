@@ -16,6 +16,7 @@ from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KVar, substitute
 from polyfuse.cuda.codegen.kernel_function import KFunction
 from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
     NODE_CLASSES,
+    ROW_BLOCK,
     KAlloc,
     KAsyncCopy,
     KBarrier,
@@ -32,6 +33,9 @@ from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
     KMutator,
     KNode,
     KParam,
+    KRowBlocks,
+    KScope,
+    KSection,
     KStage,
     KStmt,
     KStream,
@@ -45,6 +49,7 @@ from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
     Scope,
     combines,
     map_children,
+    nodes_of,
 )
 from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.stitch.facts import KernelFacts

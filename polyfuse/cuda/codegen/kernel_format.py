@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from polyfuse.cuda.codegen.kernel_nodes import (
+    ROW_BLOCK,
     KAlloc,
     KAsyncCopy,
     KBarrier,
@@ -20,6 +21,9 @@ from polyfuse.cuda.codegen.kernel_nodes import (
     KMark,
     KMma,
     KNode,
+    KRowBlocks,
+    KScope,
+    KSection,
     KStmt,
     KVector,
     KVectorStore,
@@ -87,6 +91,7 @@ class _Format(KVisitor[list[str]]):
 
     def visit_KAlloc(self, n: KAlloc, depth: int) -> list[str]:
         where = "static" if n.offset is None else f"dynamic+{n.offset}"
+        where = f"pool {n.pool}+{n.offset}B" if n.pool else where
         lo = f" lo=({', '.join(map(str, n.lo))})" if n.lo else ""
         dims = "x".join(map(str, n.shape)) or "scalar"
         by = f" indexed by ({', '.join(n.index_vars)})" if n.index_vars else ""
@@ -117,6 +122,27 @@ class _Format(KVisitor[list[str]]):
 
     def visit_KMma(self, n: KMma, depth: int) -> list[str]:
         return [f"{'  ' * depth}mma{n.shape} {n.acc} += {n.a} @ {n.b}"]
+
+    def visit_KScope(self, n: KScope, depth: int) -> list[str]:
+        return [f"{'  ' * depth}scope  // {n.note}"] + self.lines(n.body, depth + 1)
+
+    def visit_KSection(self, n: KSection, depth: int) -> list[str]:
+        pad = "  " * (depth + 1)
+        dims = ", ".join(f"{c} < {s}" for c, s in n.grid_dims)
+        threads = ", ".join(f"{c} < {s}" for c, s in n.thread_dims)
+        head = [f"{'  ' * depth}section block {n.block} -> ({dims}) threads ({threads})"]
+        head += [
+            f"{pad}grid {', '.join(f'{c} = {e}' for c, e in g.values())} (copies to {g.buffer})"
+            for g in n.thread_grids
+        ]
+        return head + self.lines(n.allocs, depth + 1) + self.lines(n.body, depth + 1)
+
+    def visit_KRowBlocks(self, n: KRowBlocks, depth: int) -> list[str]:
+        head = (
+            f"{'  ' * depth}row_blocks {ROW_BLOCK} x{n.repeat} of gemm grid {list(n.gemm_grid)} "
+            f"rows grid {list(n.rows_grid)}"
+        )
+        return [head] + self.lines(n.body, depth + 1)
 
 
 def format_nodes(nodes: Sequence[KNode], depth: int) -> list[str]:

@@ -53,9 +53,9 @@ class KFunction:
     thread_dims: tuple[tuple[str, int], ...]
     body: str
     own_thread_index: bool = False
-    #: the body reads ``blockIdx.x`` itself (a GEMM + row-reduction kernel joined as text,
-    #: :mod:`polyfuse.cuda.codegen.lower_gemm_rows`): printed only as its own ``__global__``
-    # function
+    #: the body reads ``blockIdx.x`` itself (its sections split it, a GEMM + row-reduction
+    #: kernel, :mod:`polyfuse.cuda.codegen.lower_gemm_rows`): printed only as its own
+    #: ``__global__`` function
     own_block_index: bool = False
 
     def to_json(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from polyfuse.base.visitor import R, Visitor
 from polyfuse.cuda.codegen.kernel_access import KLane, KPairStore, KStore
@@ -19,6 +19,9 @@ from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KVar
 
 class KNode:
     """A statement-level node (every one a frozen dataclass: passes build new nodes)."""
+
+
+N = TypeVar("N", bound=KNode)
 
 
 def _tuples(node: object, *names: str) -> None:
@@ -183,6 +186,9 @@ class KAlloc(KNode):
     #: statement's own indices
     index_vars: tuple[str, ...] = ()
     align: int = 0  # bytes a shared buffer is aligned to (0: its element's); vector access
+    #: a shared buffer sliced from the static byte pool of this name at byte ``offset``
+    #: (a GEMM + row-reduction kernel's halves, :mod:`polyfuse.cuda.codegen.lower_gemm_rows`)
+    pool: str = ""
 
     @property
     def elements(self) -> int:
@@ -344,6 +350,60 @@ class KWait(KNode):
 
 
 @dataclass(frozen=True)
+class KScope(KNode):
+    """``body`` in a C scope of its own (its declarations stay apart from its siblings'),
+    ``note`` saying what it runs."""
+
+    note: str
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "body")
+
+
+@dataclass(frozen=True)
+class KSection(KNode):
+    """A lowered kernel run as a part of another kernel (a GEMM + row-reduction kernel's
+    halves, :mod:`polyfuse.cuda.codegen.lower_gemm_rows`): its block coordinates
+    ``grid_dims`` split from the linear block index ``block``, its thread coordinates
+    ``thread_dims`` from the thread index, its allocations (shared ones slices of the
+    enclosing kernel's pool) after their copy thread grids, then its ``body``."""
+
+    block: KExpr
+    grid_dims: tuple[tuple[str, int], ...]
+    thread_dims: tuple[tuple[str, int], ...]
+    allocs: tuple[KAlloc, ...]
+    thread_grids: tuple[KThreadGrid, ...]
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "grid_dims", "thread_dims", "allocs", "thread_grids", "body")
+
+
+#: the linear index of the reduction block a :class:`KRowBlocks` body runs as
+ROW_BLOCK = "pf_rb"
+
+
+@dataclass(frozen=True)
+class KRowBlocks(KNode):
+    """``body`` run for each of the ``repeat`` reduction blocks one GEMM block covers, with
+    :data:`ROW_BLOCK` the reduction block's linear index: the GEMM's block grid
+    ``gemm_grid`` and the reduction's ``rows_grid`` (slowest first) correspond along their
+    last (rows) coordinate, ``repeat`` reduction blocks per GEMM block
+    (:func:`polyfuse.stitch.gemm_rows.block_correspondence`, checked by isl). The bounds are
+    uniform per block, so the body's barriers stay convergent; a block barrier ends each
+    iteration (the next rows reuse the reduction's shared arrays)."""
+
+    gemm_grid: tuple[int, ...]
+    rows_grid: tuple[int, ...]
+    repeat: int
+    body: tuple[KNode, ...]
+
+    def __post_init__(self) -> None:
+        _tuples(self, "gemm_grid", "rows_grid", "body")
+
+
+@dataclass(frozen=True)
 class KMma(KNode):
     """``acc += a @ b`` on an ``m x n x k`` tensor-core tile (fragments by buffer name)."""
 
@@ -373,6 +433,9 @@ NODE_CLASSES: tuple[type, ...] = (
     KWait,
     KMma,
     KCombine,
+    KScope,
+    KSection,
+    KRowBlocks,
 )
 
 #: Node class with child lists → constructor from (old node, child-list walk).
@@ -383,6 +446,9 @@ _REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode
     KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
     KVector: lambda n, walk: replace(n, body=tuple(walk(n.body))),
     KCombine: lambda n, walk: replace(n, body=tuple(walk(n.body))),
+    KScope: lambda n, walk: replace(n, body=tuple(walk(n.body))),
+    KSection: lambda n, walk: replace(n, body=tuple(walk(n.body))),
+    KRowBlocks: lambda n, walk: replace(n, body=tuple(walk(n.body))),
 }
 
 
@@ -420,17 +486,22 @@ class KMutator(KVisitor["KNode | list[KNode]"]):
         return out
 
 
-def combines(nodes: tuple[KNode, ...] | list[KNode]) -> tuple[KCombine, ...]:
-    """The :class:`KCombine` nodes of a body, in order (a kernel's lanes combine the same
-    way at every one: they differ by reduction only)."""
-    out: list[KCombine] = []
+def nodes_of(nodes: tuple[KNode, ...] | list[KNode], cls: type[N]) -> tuple[N, ...]:
+    """The nodes of class ``cls`` in a body, at any depth, in order."""
+    out: list[N] = []
 
     def walk(ns: list[KNode]) -> list[KNode]:
         for n in ns:
-            if isinstance(n, KCombine):
+            if isinstance(n, cls):
                 out.append(n)
             map_children(n, walk)
         return ns
 
     walk(list(nodes))
     return tuple(out)
+
+
+def combines(nodes: tuple[KNode, ...] | list[KNode]) -> tuple[KCombine, ...]:
+    """The :class:`KCombine` nodes of a body, in order (a kernel's lanes combine the same
+    way at every one: they differ by reduction only)."""
+    return nodes_of(nodes, KCombine)

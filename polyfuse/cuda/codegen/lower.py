@@ -24,7 +24,7 @@ names, so the compile cache stores exactly the text every structurally equal ker
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
@@ -51,7 +51,7 @@ from polyfuse.cuda.codegen.lower_register_tile import lower_register_tile
 from polyfuse.cuda.codegen.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.codegen.lower_vectorize import VectorPlan, vectorize
 from polyfuse.cuda.codegen.namer import CANONICAL_KERNEL, Namer, c_name, fill, slots
-from polyfuse.cuda.codegen.printer import emit_kernel
+from polyfuse.cuda.codegen.printer import ir_facts, kernel_of
 from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
@@ -66,6 +66,7 @@ from polyfuse.poly.promote import (
     GemmKernel,
 )
 from polyfuse.poly.vectorize import VECTOR_WIDTH
+from polyfuse.stitch.facts import KernelFacts
 
 INT_LIMIT = 2**31 - 1
 
@@ -199,6 +200,16 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     return VectorPlan(c.factor, loads, stores, writes, reads, shared)
 
 
+@dataclass(frozen=True)
+class Lowered:
+    """A kernel through the lowering passes, not printed yet: its final IR (with the
+    canonical names when it has them, :func:`kernel_namer`), its facts and its notes."""
+
+    ir: KernelIR
+    facts: KernelFacts
+    notes: tuple[str, ...] = ()
+
+
 def lower_kernel(
     name: str,
     mm: MappedKernel,
@@ -209,6 +220,19 @@ def lower_kernel(
 ) -> Kernel:
     """Lower one mapped kernel's AST through the passes and print it (through ``canonical``
     names when given, see :func:`instantiate_kernel`)."""
+    low = lower_kernel_ir(name, mm, body, placements, idents, canonical)
+    return instantiate_kernel(kernel_of(low.ir, low.facts, low.notes), canonical, name)
+
+
+def lower_kernel_ir(
+    name: str,
+    mm: MappedKernel,
+    body: list[KNode],
+    placements: dict[str, Placement],
+    idents: dict[int, str],
+    canonical: Mapping[str, str] | None = None,
+) -> Lowered:
+    """One mapped kernel's AST through the passes (see :func:`lower_kernel`)."""
     printed, namer = kernel_namer(name, canonical)
     ir = kernel_ir(printed, mm, body, namer)
     ir = alloc_buffers(ir, buffer_placements(mm, placements), list(mm.scheduled.model.tensors))
@@ -224,9 +248,8 @@ def lower_kernel(
     ir = assign_dtypes(ir, storage_dtypes(mm.scheduled.model))
     ir = lower_accesses(ir, mm.scheduled.model.statements, placements, idents)
     ir, pairs = lower_half2(ir)  # native 16-bit pairs where bit-identical
-    kernel = emit_kernel(ir, mm.scheduled.model.statements, placements, idents)
-    kernel.notes += [d.reason for d in pairs]
-    return instantiate_kernel(kernel, canonical, name)
+    facts = ir_facts(ir, mm.scheduled.model.statements, placements, idents)
+    return Lowered(ir, facts, tuple(d.reason for d in pairs))
 
 
 def promoted_tiles(gk: GemmKernel) -> list[PromotedTile]:
@@ -292,6 +315,19 @@ def lower_gemm_kernel(
     """Lower a GEMM kernel's AST through the passes (buffers, shared tiles and copies,
     barriers, register micro-tile, operand fragments, element types) and print it (through
     ``canonical`` names when given, see :func:`instantiate_kernel`)."""
+    low = lower_gemm_ir(name, gk, body, placements, idents, canonical)
+    return instantiate_kernel(kernel_of(low.ir, low.facts, low.notes), canonical, name)
+
+
+def lower_gemm_ir(
+    name: str,
+    gk: GemmKernel,
+    body: list[KNode],
+    placements: dict[str, Placement],
+    idents: dict[int, str],
+    canonical: Mapping[str, str] | None = None,
+) -> Lowered:
+    """A GEMM kernel's AST through the passes (see :func:`lower_gemm_kernel`)."""
     model = gk.scheduled.model
     assert gk.shape is not None and gk.tiling is not None
     # A promoted operand is a global array (a parameter); its shared tile comes from the
@@ -325,10 +361,7 @@ def lower_gemm_kernel(
     ir = lower_vector_stores(ir, VECTOR_VAR, VECTOR_WIDTH, gk.vector_stores, shapes)
     ir = assign_dtypes(ir, storage_dtypes(model))
     ir = lower_accesses(ir, model.statements, as_global, idents)
-    kernel = emit_kernel(ir, model.statements, as_global, idents)
     # the tile model's register estimate (the same figure its ranking used)
     choice = gk.tiling.choice
     regs = gemm_tile_registers(choice[2], choice[3]) if choice is not None else None
-    assert kernel.facts is not None
-    kernel = replace(kernel, facts=replace(kernel.facts, registers=regs))
-    return instantiate_kernel(kernel, canonical, name)
+    return Lowered(ir, ir_facts(ir, model.statements, as_global, idents, regs))

@@ -37,7 +37,6 @@ and multiplied. With S = 1 the copies of k-tile ``kt`` are issued, committed and
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from polyfuse.cuda.codegen.c_text import c_offset
@@ -131,6 +130,11 @@ class TileFill:
 
     def inside_conds(self) -> list[str]:
         """The terms of :meth:`inside`, one per guarded subscript."""
+        return [cond for cond, _ in self.inside_terms()]
+
+    def inside_terms(self) -> list[tuple[str, frozenset[int]]]:
+        """The terms of :meth:`inside`, each with the values it reads: positions in the
+        subscripts' values (the data dims, then the reduction dims' ``k_vals``)."""
         if not self.op.guarded:
             return []
         nd = len(self.batch)
@@ -145,7 +149,7 @@ class TileFill:
                 hi = k + sum(max(a * r0, a * r1) for a, (r0, r1) in box)
                 if 0 <= lo and hi < n:
                     continue
-            out.append(f"(unsigned)({x}) < {n}u")
+            out.append((f"(unsigned)({x}) < {n}u", frozenset(i for i, a in enumerate(c) if a)))
         return out
 
 
@@ -235,14 +239,18 @@ def digit_fill(
         v = f"({v}) % {ext[j]}" if j else f"({v})"
         first.append(f"{digits[j]} = {lo} + {v}" if lo else f"{digits[j]} = {v}")
     g = replace(f, k_vals=tuple(digits))
-    kc = [] if k_inside else [f"(pf_k <= {f.k_hi})"]
-    conds = [f"(pf_r <= {f.row_hi})", *kc, *g.inside_conds()]
+    # each guard term with whether a run moves it: ``pf_k`` and the innermost digit (value
+    # position ``last``) step along the run; the rows, batch and outer digits do not
+    last = len(f.batch) + len(digits) - 1
+    terms = [(f"(pf_r <= {f.row_hi})", False)]
+    terms += [] if k_inside else [(f"(pf_k <= {f.k_hi})", True)]
+    terms += [(c, last in reads) for c, reads in g.inside_terms()]
+    conds = [c for c, _ in terms]
     fixed: list[str] = []  # terms the run does not move, one predicate before it
     if ext[-1] % u == 0 and f.block_k % u == 0:  # runs start on multiples of u: never wrap
         carry = [f"++{digits[-1]};"]
-        moving = re.compile(rf"\b(pf_k|pf_u|{digits[-1]})\b")
-        fixed = [c for c in conds if not moving.search(c)]
-        conds = [c for c in conds if moving.search(c)] + (["pf_run"] if fixed else [])
+        fixed = [c for c, moves in terms if not moves]
+        conds = [c for c, moves in terms if moves] + (["pf_run"] if fixed else [])
     else:  # branch-free: the innermost +1, each wrap carried outward by selects
         carry = []
         for j in range(len(f.red) - 1, 0, -1):
