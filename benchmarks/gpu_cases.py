@@ -145,6 +145,7 @@ PEERS: dict[str, Callable[..., Any]] = {
     "matmul_bf16_s1": lambda o, a, w: a @ w,
     "matmul_bf16_s3": lambda o, a, w: a @ w,
     "matmul_bf16_s4": lambda o, a, w: a @ w,
+    "matmul_bf16_f1": lambda o, a, w: a @ w,
     "matmul_bf16_k64_s2": lambda o, a, w: a @ w,
     "matmul_bf16_k64_s3": lambda o, a, w: a @ w,
     "matmul_bf16_k64_s4": lambda o, a, w: a @ w,
@@ -208,14 +209,18 @@ def _k(block_k: int, stages: int) -> dict[str, int]:
 
 
 #: Tensor-core cases: bf16 4096³ at the stage model's S and at S = 1, 3, 4 (pipelined vs one
-#: stage) and with 64-deep k-tiles at S = 2..4 (dynamic shared memory past 48 KB), tf32
-#: 4096³ (``allow_tf32``; its peers run with TF32 on), the BERT-base FFN, a conv
-#: and attention in bf16. JAX is not timed for them (its float32 precision is set globally).
+#: stage), with single-buffered register fragments (``_f1``), with 64-deep k-tiles at
+#: S = 2..4 (dynamic shared memory past 48 KB), tf32 4096³ (``allow_tf32``; its peers run
+#: with TF32 on), the BERT-base FFN, a conv and attention in bf16. JAX is not timed for them
+#: (its float32 precision is set globally).
 TENSOR_CORE: dict[str, TensorCase] = {
     "matmul_bf16": TensorCase("matmul", _MM4096, "bfloat16", "bf16"),
     "matmul_bf16_s1": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 1}, ()),
     "matmul_bf16_s3": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 3}, ()),
     "matmul_bf16_s4": TensorCase("matmul", _MM4096, "bfloat16", "bf16", {"gemm_stages": 4}, ()),
+    "matmul_bf16_f1": TensorCase(
+        "matmul", _MM4096, "bfloat16", "bf16", {"mma_fragment_buffers": 1}, ()
+    ),
     "matmul_bf16_k64_s2": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 2), ()),
     "matmul_bf16_k64_s3": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 3), ()),
     "matmul_bf16_k64_s4": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 4), ()),
