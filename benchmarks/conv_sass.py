@@ -69,7 +69,8 @@ def measure(size, case: str, arch: str, dtype: str) -> dict:
     n, c, o, h, w = size
     kk, stride, pad = CASES[case]
     oh, ow = (h + 2 * pad - kk) // stride + 1, (w + 2 * pad - kk) // stride + 1
-    (layout,) = [d for kp in fn.plan.kernel_plans for d in kp.layout if getattr(d.data, "block", None)]
+    plans = [d for kp in fn.plan.kernel_plans for d in kp.layout]
+    (layout,) = [d for d in plans if getattr(d.data, "block", None)]
     bm, bn = layout.data.block[:2]
     folded = any("folded into the columns" in n for n in tk.notes)
     cols = oh * ow if folded else ow
