@@ -52,7 +52,6 @@ from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import Graph, build_graph
 from polyfuse.graph.partition import PARTITION_RULES, Partition, partition
 from polyfuse.graph.passes import check_passes, run_passes
-from polyfuse.graph.passes.channels_last import channels_last
 from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
 from polyfuse.poly.cost import ReductionConfig
@@ -205,9 +204,7 @@ def compile(  # noqa: A001
     ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx, constants=consts)
     t1 = time.perf_counter()
-    graph = run_passes(graph, selected, evaluate=_evaluate)
-    if selected:  # a layout for tensor cores, after the fold that would undo it
-        graph = channels_last(graph, arch)
+    graph = run_passes(graph, selected, evaluate=_evaluate, arch=arch)
     times["passes"] = time.perf_counter() - t1
     device = device_for_arch(arch)
     splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)

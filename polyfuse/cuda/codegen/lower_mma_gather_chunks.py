@@ -95,8 +95,8 @@ def split_subscripts(f: TileFill, digits: list[str]) -> tuple[list[str], list[st
     nd = len(f.batch)
     row_vals = dict(f.row_vals or ((f.op.outer_dim, "pf_r"),))
     vals = [*f.batch, *digits]
-    rows, rest, guarded = [], [], []
-    for i, (c, k) in enumerate(f.op.index):
+    rows, rest = [], []
+    for c, k in f.op.index:
         row = [f"{a} * {row_vals[d]}" if a != 1 else row_vals[d]
                for d, a in enumerate(c[:nd]) if a and d in row_vals]  # fmt: skip
         oth = [f"{a} * {v}" if a != 1 else v
