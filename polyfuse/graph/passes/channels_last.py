@@ -68,18 +68,19 @@ def _plain_dims(r: Read, v: IterVar) -> list[int]:
     return [i for i, s in enumerate(r.indices) if isinstance(s, IterVar) and s.uid == v.uid]
 
 
-def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str:
+def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
     """``(input read, weight read, channel axis)`` of a 16-bit convolution worth a
-    channels-last layout (see the module doc), or why not."""
+    channels-last layout (see the module doc), why such a convolution is not, or None where
+    ``t`` is no 16-bit sum of products over several reduction dims."""
     red = t.op.reduce if t.op is not None else None
     if red is None or red.op != "sum" or len(red.axes) < 2:
-        return "not a sum over several reduction dims"
+        return None
     body = red.body
     if not (isinstance(body, Binary) and body.op == "mul"):
-        return "not a product of two reads"
+        return None
     reads = [_factor(body.a), _factor(body.b)]
     if None in reads or any(r.tensor.dtype not in HALF for r in reads):  # type: ignore[union-attr]
-        return "not a product of two 16-bit reads"
+        return None
     for x, w in (reads, reads[::-1]):
         assert x is not None and w is not None
         inner = loop_vars(x.indices[-1])
@@ -91,11 +92,12 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str:
             if not window:
                 continue
             if x.tensor.shape[dx[0]] % CHUNK:
-                return f"{x.tensor.name}'s {x.tensor.shape[dx[0]]} channels are not a multiple of 8"
+                return (f"{x.tensor.name}'s {x.tensor.shape[dx[0]]} channels are not a multiple "
+                        "of 8 (no aligned 16-byte chunk of channels)")  # fmt: skip
             if c.lo or c.extent != x.tensor.shape[dx[0]]:
                 return f"the reduction reads part of {x.tensor.name}'s channels"
             return x, w, c
-    return "no channel dim read plainly by both operands beside a window on the innermost dim"
+    return None  # no channel dim read plainly by both beside a window (a 1x1 or grouped conv)
 
 
 def _last(n: int, d: int) -> list[int]:
@@ -138,6 +140,8 @@ def channels_last(graph: Graph, arch: str) -> Graph:
         t = graph.prims[name].tensor
         got = conv_operands(t)
         if isinstance(got, str):
+            rw.record(PassAction.REFUSED, [name], f"{name} stays NCHW: {got}")
+        if got is None or isinstance(got, str):
             continue
         x, w, c = got
         assert t.op is not None and isinstance(t.op.body, Reduce)
