@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from polyfuse.cuda.codegen.lower_mma_pipeline import TileFill
+#: a :class:`polyfuse.cuda.codegen.lower_mma_pipeline.TileFill` (that module dispatches here:
+#: not imported, not even for typing, so the import graph stays acyclic)
+TileFill = Any
 
 
 def gather_chunk_fill(

@@ -88,8 +88,9 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
             dx, dw = _plain_dims(x, c), _plain_dims(w, c)
             if len(dx) != 1 or len(dw) != 1 or dx[0] == x.tensor.ndim - 1:
                 continue
+            # a window: the innermost subscript slides with an output dim and a reduction dim
             window = [a for a in red.axes if a.uid != c.uid and a.uid in inner and a.extent > 1]
-            if not window:
+            if not window or not any(a.uid in inner for a in t.op.axes):
                 continue
             if x.tensor.shape[dx[0]] % CHUNK:
                 return (f"{x.tensor.name}'s {x.tensor.shape[dx[0]]} channels are not a multiple "
