@@ -121,3 +121,25 @@ def test_two_convs_of_one_input_share_its_channels_last_copy():
     c1, c2 = (_np_conv(arrays[0], a, 1, 1).astype(nd).astype(np.float64) for a in arrays[1:])
     got = fn(*arrays, device="emulate", race_check=True)
     assert tolerance(dtype).allclose(got, (c1 + c2).astype(nd))
+
+
+def test_an_elementwise_producer_computes_the_input_channels_last():
+    """``conv(relu(x))``: relu, read only by the conv, computes NHWC itself (its loop nest
+    permuted, no transposing copy of its result); correct in every mode."""
+    dtype = "bfloat16"
+    n, c, o, h, wd = SIZE
+    nd = numpy_dtype(dtype)
+    x = te.placeholder((n, c, h, wd), dtype, name="x")
+    w = te.placeholder((o, c, 3, 3), dtype, name="w")
+    y = ops.conv2d(ops.relu(x, name="a"), w, padding=1, name="conv")
+    fn = polyfuse.compile([x, w], [y], check_cuda=False)
+    (made,) = _records(fn, PassAction.SIMPLIFIED)
+    assert made.startswith(
+        "conv reads a (its producer a stores it channels-last, no copy), w ("
+    ), made
+    assert "for 12096 bytes of copies" in made  # the weight's only
+    assert fn.plan.graph.prims["a"].tensor.shape == (n, h, wd, c)
+    xs = RNG.standard_normal((n, c, h, wd)).astype(nd)
+    ws = RNG.standard_normal((o, c, 3, 3)).astype(nd)
+    want = _np_conv(np.maximum(xs.astype(np.float64), 0.0), ws, 1, 1)
+    _run_all_modes(fn, dtype, [xs, ws], want)

@@ -17,8 +17,12 @@ convolution on a target with ``mma.sync`` (sm_80 and later) whose input channels
 multiple of 8 (16-byte chunks) and whose input is read through a window along its innermost
 dim (a 1x1 conv's rows are already aligned), the input and the weight are read through
 permuted copies with the channel dim innermost: a constant weight is permuted at compile
-time; another operand gets a transposing primitive (a kernel of its own, one read and one
-write of the tensor). The record gives the reason: the copy's bytes against the fill
+time; an operand computed by a primitive without reduction that only the convolution reads
+(an activation of a graph input) is computed channels-last by that primitive itself (its loop
+nest permuted: no copy); another operand gets a transposing primitive (a kernel of its own,
+one read and one write of the tensor; parallel stitching may pack two side by side). Not
+done: a producer that is itself a contraction (a conv chain's previous conv) keeps its NCHW
+store and the copy follows it. The record gives the reason: the copy's bytes against the fill
 instructions saved (modelled per copied element: ~4 for a scalar gather, ~10 per 8-element
 chunk).
 """
@@ -37,6 +41,7 @@ from polyfuse.graph.expr import (
     Reduce,
     Select,
     Tensor,
+    substitute,
 )
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
@@ -130,6 +135,27 @@ def _transpose(x: Tensor, p: list[int], name: str) -> Tensor:
     return out
 
 
+def _producer(graph: Graph, src: Tensor, reader: str) -> str | None:
+    """The primitive computing ``src`` where it can compute channels-last itself: no graph
+    output, read by ``reader`` alone, no reduction (its loop nest permuted is the same
+    computation stored in the other layout)."""
+    name = graph.idents.get(src.uid)
+    if name not in graph.prims or graph.is_output(src) or src.op is None or src.op.reduce:
+        return None
+    return name if graph.consumers(name) == [reader] else None
+
+
+def _permuted(src: Tensor, p: list[int]) -> Tensor:
+    """``src``'s computation in the layout whose dim ``k`` is ``src``'s dim ``p[k]`` (same
+    uid: its readers are re-pointed; its loop variables permuted alike)."""
+    assert src.op is not None
+    axes = tuple(IterVar(a.name, a.lo, a.hi) for a in (src.op.axes[d] for d in p))
+    env: dict[int, Expr] = {src.op.axes[d].uid: axes[k] for k, d in enumerate(p)}
+    out = Tensor(tuple(src.shape[d] for d in p), src.dtype, src.name, uid=src.uid)
+    out.op = ComputeOp(axes, substitute(src.op.body, env), src.op.tag)
+    return out
+
+
 def channels_last(graph: Graph, arch: str) -> Graph:
     """``graph`` with each 16-bit convolution's input and weight read channels-last where
     ``arch`` has tensor cores (see the module doc); each change recorded with its reason."""
@@ -147,7 +173,7 @@ def channels_last(graph: Graph, arch: str) -> Graph:
         x, w, c = got
         assert t.op is not None and isinstance(t.op.body, Reduce)
         perms: dict[int, tuple[Tensor, list[int]]] = {}
-        moved = []
+        moved, copied = [], 0
         for r in (x, w):
             (d,) = _plain_dims(r, c)
             p = _last(r.tensor.ndim, d)
@@ -158,9 +184,15 @@ def channels_last(graph: Graph, arch: str) -> Graph:
                     value = np.transpose(graph.constants[src.uid], p)
                     made[src.uid] = rw.constant(cname, value, src.dtype)
                     moved.append(f"{src.name} (constant, permuted at compile time)")
+                elif (prod := _producer(graph, src, name)) is not None:
+                    made[src.uid] = _permuted(src, p)
+                    rw.define(made[src.uid])
+                    moved.append(f"{src.name} (its producer {prod} stores it channels-last, "
+                                 "no copy)")  # fmt: skip
                 else:
                     made[src.uid] = _transpose(src, p, cname)
                     rw.add(made[src.uid], before=t)
+                    copied += 2 * src.size * 2
                     moved.append(f"{src.name} (a transposing primitive, {2 * src.size * 2} bytes "
                                  "moved)")  # fmt: skip
             perms[r.tensor.uid] = (made[src.uid], p)
@@ -176,6 +208,6 @@ def channels_last(graph: Graph, arch: str) -> Graph:
             f"gives 16-byte cp.async chunks of 8 channels for the im2col fill (its NCHW rows "
             f"start at the window's offset, unaligned), ~{saved:.3g} fill instructions saved "
             f"(modelled: {SCALAR_PER_ELEMENT:g} per gathered element against {CHUNK_COST:g} per "
-            f"chunk) for one read and one write of the copied tensors",
+            f"chunk) for {copied} bytes of copies (one read and one write each)",
         )
     return rw.result()
