@@ -134,9 +134,8 @@ def test_an_elementwise_producer_computes_the_input_channels_last():
     y = ops.conv2d(ops.relu(x, name="a"), w, padding=1, name="conv")
     fn = polyfuse.compile([x, w], [y], check_cuda=False)
     (made,) = _records(fn, PassAction.SIMPLIFIED)
-    assert made.startswith(
-        "conv reads a (its producer a stores it channels-last, no copy), w ("
-    ), made
+    head = "conv reads a (its producer a stores it channels-last, no copy), w ("
+    assert made.startswith(head), made
     assert "for 12096 bytes of copies" in made  # the weight's only
     assert fn.plan.graph.prims["a"].tensor.shape == (n, h, wd, c)
     xs = RNG.standard_normal((n, c, h, wd)).astype(nd)
