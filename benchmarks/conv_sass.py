@@ -3,7 +3,9 @@
     python benchmarks/conv_sass.py [--arch sm_80,sm_90] [--size N,C,O,H,W] [--dtype bfloat16]
 
 Per case (conv 3x3 pad 1, 1x1, 3x3 stride 2; NCHW, bias + ReLU epilogue) and arch: NVRTC →
-cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU), then the first SASS loop that
+cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU), the tensorized kernel (a 3x3
+conv's input and weight go through channels-last copies first: the ``channels_last`` graph
+pass; those kernels are named at the end of the line), then the first SASS loop that
 holds HMMA (the k-tile loop's steady state; its fills unrolled): HMMA, LDSM, LDGSTS and the
 other instructions per iteration, other per HMMA (the issue asks at most 2) and per useful HMMA
 (those of the block tile inside the GEMM: a 128-row tile on 64 channels computes half zeros),
