@@ -3,7 +3,9 @@
     python benchmarks/conv_sass.py [--arch sm_80,sm_90] [--size N,C,O,H,W] [--dtype bfloat16]
 
 Per case (conv 3x3 pad 1, 1x1, 3x3 stride 2; NCHW, bias + ReLU epilogue) and arch: NVRTC →
-cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU), then the first SASS loop that
+cubin → nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU), the tensorized kernel (a 3x3
+conv's input and weight go through channels-last copies first: the ``channels_last`` graph
+pass; those kernels are named at the end of the line), then the first SASS loop that
 holds HMMA (the k-tile loop's steady state; its fills unrolled): HMMA, LDSM, LDGSTS and the
 other instructions per iteration, other per HMMA (the issue asks at most 2) and per useful HMMA
 (those of the block tile inside the GEMM: a 128-row tile on 64 channels computes half zeros),
@@ -42,8 +44,11 @@ def measure(size, case: str, arch: str, dtype: str) -> dict:
     ins, outs = conv(size, *CASES[case], dtype)
     fn = polyfuse.compile(ins, outs, arch=arch, check_cuda=False)
     binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
-    (res,) = binary.resources.values()
-    (f,) = parse_listing(find_disassembler().disassemble(binary.image), arch).values()
+    # the tensorized kernel (a channels-last conv also has its operands' transposing kernels)
+    ks = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
+    (k,) = [k for k in ks if k.hot.mix["HMMA"] or k.per_thread["HMMA"]]
+    res = binary.resources[k.function]
+    f = parse_listing(find_disassembler().disassemble(binary.image), arch)[k.function]
     out: dict = {"regs": res.registers, "spills": res.spill_stores + res.spill_loads}
     for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
         ins_ = [i for b in lp.blocks for i in f.blocks[b].instructions]
@@ -56,18 +61,20 @@ def measure(size, case: str, arch: str, dtype: str) -> dict:
                 "other": len(ins_) - hmma,
             }
             break
-    (k,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
     mix = k.hot.mix
     out["hot"] = (k.hot.kind, mix["HMMA"], mix.total - mix["HMMA"])
-    out["notes"] = [n for n in fn.kernels[0].notes if "block tile" in n or "order" in n]
+    out["copies"] = [c.kernel for c in ks if c is not k]
+    (tk,) = [t for t in fn.kernels if t.name == k.kernel]
+    out["notes"] = [n for n in tk.notes if "block tile" in n or "order" in n]
     # the share of the block tile's HMMA on the GEMM (rows: output channels; columns: the
     # output width, or height x width where folded)
     n, c, o, h, w = size
     kk, stride, pad = CASES[case]
     oh, ow = (h + 2 * pad - kk) // stride + 1, (w + 2 * pad - kk) // stride + 1
-    (layout,) = [d for kp in fn.plan.kernel_plans for d in kp.layout]
+    plans = [d for kp in fn.plan.kernel_plans for d in kp.layout]
+    (layout,) = [d for d in plans if getattr(d.data, "block", None)]
     bm, bn = layout.data.block[:2]
-    folded = any("folded into the columns" in n for n in fn.kernels[0].notes)
+    folded = any("folded into the columns" in n for n in tk.notes)
     cols = oh * ow if folded else ow
     out["useful"] = o / (-(-o // bm) * bm) * cols / (-(-cols // bn) * bn)
     out["tile"] = f"{bm}x{bn}"
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 line += "no loop holds HMMA"
             line += f"; instrument hot {hot[0]}: HMMA {hot[1]}, other {hot[2]}"
+            if r["copies"]:
+                line += f"; other kernels: {', '.join(r['copies'])}"
             print(line)
     return 0
 

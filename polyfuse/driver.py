@@ -204,7 +204,7 @@ def compile(  # noqa: A001
     ctx = configure(isl.Context())  # options every stage relies on, cached schedules or not
     graph = build_graph(inputs + list(consts), outputs, ctx, constants=consts)
     t1 = time.perf_counter()
-    graph = run_passes(graph, selected, evaluate=_evaluate)
+    graph = run_passes(graph, selected, evaluate=_evaluate, arch=arch)
     times["passes"] = time.perf_counter() - t1
     device = device_for_arch(arch)
     splits: list[Decided] = []  # reductions split across blocks or not (poly/split.py)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 
-def hmma_loop(binary, arch: str) -> tuple[int, int, int, int]:
+def hmma_loop(binary, arch: str, function: str | None = None) -> tuple[int, int, int, int]:
     """(HMMA, LDSM, LDGSTS, other instructions) of the first SASS loop (in block order) of
-    ``binary`` (one kernel) that holds HMMA: the k-tile loop's steady state. Skips the test
-    when NVIDIA's disassembler is not installed."""
+    ``binary`` (one kernel, or its function ``function``) that holds HMMA: the k-tile loop's
+    steady state. Skips the test when NVIDIA's disassembler is not installed."""
     from polyfuse.cuda.toolchain.sass import (
         DisassemblerNotFound,
         find_disassembler,
@@ -20,7 +20,8 @@ def hmma_loop(binary, arch: str) -> tuple[int, int, int, int]:
         dis = find_disassembler()
     except DisassemblerNotFound:
         pytest.skip("NVIDIA's disassembler is not installed")
-    (f,) = parse_listing(dis.disassemble(binary.image), arch).values()
+    listing = parse_listing(dis.disassemble(binary.image), arch)
+    (f,) = listing.values() if function is None else (listing[function],)
     for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
         ins = [i for b in lp.blocks for i in f.blocks[b].instructions]
         hmma = sum(i.opcode.startswith("HMMA") for i in ins)

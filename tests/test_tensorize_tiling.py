@@ -16,11 +16,13 @@ from test_tensorize_conv import _conv, _run_all_modes
 
 import polyfuse
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.graph.passes import DEFAULT_PASSES
 from polyfuse.poly import tensorize_tiling
 
 
 def _note(fn) -> str:
-    return fn.kernels[0].notes[0]
+    """The tensorized kernel's tiling note (the last kernel: channels-last copies come first)."""
+    return fn.kernels[-1].notes[0]
 
 
 def test_a_large_gemm_takes_64x64_warp_tiles():
@@ -45,12 +47,17 @@ def test_a_64_row_conv_takes_no_128_row_tile():
     """The GPU-day conv (bf16 3x3 pad 1, N32 C64 -> O64, 56x56): 64 output channels, so a
     128-row tile computes half of its HMMA on zero rows (before: 128x128, 1 HMMA per 5.3
     others in SASS, 1 useful per 10.6); the model prices the useful share and takes 64x256 of
-    8 warps, each 2x8 mma tiles (every HMMA useful, 416 blocks)."""
+    8 warps, each 2x8 mma tiles (every HMMA useful, 416 blocks) for the NCHW scalar fills, and
+    64x256 of 4 warps, each 4x8 mma tiles, for the channels-last chunk fills (the default)."""
     inputs, out, _, _ = _conv("bfloat16", (32, 64, 64, 56, 56), *CONV_CASES["3x3_pad1"])
-    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
+    nchw = tuple(p for p in DEFAULT_PASSES if p != "channels_last")
+    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False, passes=nchw)
     note = _note(fn)
     assert "block tile 64x256x32 of 8 warps, each 2x8 mma tiles of 16x8 (416 blocks" in note, note
     assert "128x128 (8 warps): 10.78" in note
+    fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
+    note = _note(fn)
+    assert "block tile 64x256x32 of 4 warps, each 4x8 mma tiles of 16x8 (416 blocks" in note, note
 
 
 def test_a_tiling_over_the_register_budget_is_refused_with_the_reason(monkeypatch):

@@ -60,6 +60,7 @@ from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.swizzle import ROW_PAD, SharedLayout, operand_layout
 from polyfuse.poly.tensorize_gather import (
     affine_index,
+    chunked_k,
     factor_read,
     fold_columns,
     gather_operand,
@@ -105,11 +106,15 @@ class MmaOperand:
     #: along its tile's innermost dim (:func:`polyfuse.poly.tensorize_gather.linear_k`):
     #: filled by 16-byte chunks
     linear: tuple[tuple[int, ...], int, int] | None = None
+    #: a gathered operand stored k-innermost whose runs of 8 consecutive k are 16-byte aligned
+    #: runs of its innermost dim (:func:`polyfuse.poly.tensorize_gather.chunked_k`: a
+    #: channels-last conv input): filled by 16-byte chunks, each one gather
+    chunked: bool = False
 
     @property
     def scalar(self) -> bool:
         """Filled element by element (a gather with no contiguous run along k)."""
-        return self.gather and self.linear is None
+        return self.gather and self.linear is None and not self.chunked
 
     @property
     def trans(self) -> bool:
@@ -325,7 +330,8 @@ def _either(
         return plain if isinstance(plain, str) and plain else got
     index, k_inner, inner = got
     lin = None if guarded else linear_k(index, arr, shape, mine, k_inner)
-    return MmaOperand(t, arr, index, mine, k_inner, inner, True, guarded, lin)
+    chunked = lin is None and chunked_k(index, arr, shape, k_inner)
+    return MmaOperand(t, arr, index, mine, k_inner, inner, True, guarded, lin, chunked)
 
 
 def _dim_pairs(nd: int) -> list[tuple[int, int]]:

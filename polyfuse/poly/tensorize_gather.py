@@ -123,6 +123,33 @@ def linear_k(
     return tuple(lin[:nd]), sk, const
 
 
+def chunked_k(
+    index: tuple[tuple[tuple[int, ...], int], ...],
+    arr: tuple[int, ...],
+    shape: GemmShape,
+    k_inner: bool,
+    chunk: int = 8,
+) -> bool:
+    """Whether a gathered operand stored k-innermost is filled by 16-byte chunks, each run of
+    ``chunk`` consecutive ``k`` (from a multiple of ``chunk``) one aligned run of its innermost
+    dim: that dim's subscript is the innermost reduction dim alone (coefficient 1; isl's
+    coefficients, :func:`affine_index`), no other subscript reads that reduction dim (the
+    padding test is the same for the chunk's elements), its extent and the innermost extent
+    of the array are multiples of ``chunk`` (a run stays in one value of the outer reduction
+    dims; every array row starts aligned), and its first element ``constant + lo`` too: a
+    channels-last conv input under the ``(kh, kw, c)`` order."""
+    if not k_inner or not shape.red:
+        return False
+    nd, nr = len(shape.data), len(shape.red)
+    last = max((i for i, e in enumerate(arr) if e > 1), default=len(arr) - 1)
+    coeffs, const = index[last]
+    want = [0] * (nd + nr - 1) + [1]
+    if list(coeffs) != want or any(c[-1] for i, (c, _) in enumerate(index) if i != last):
+        return False
+    lo, hi = shape.red[-1]
+    return (hi - lo + 1) % chunk == 0 and arr[last] % chunk == 0 and (const + lo) % chunk == 0
+
+
 def linear_alignment(
     name: str, lin: tuple[tuple[int, ...], int, int], chunk: int, along: int | None, lo: int
 ) -> str:

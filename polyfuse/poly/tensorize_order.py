@@ -29,13 +29,16 @@ from dataclasses import replace
 from polyfuse.base.decision import DecisionKind, noted
 from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.gemm_shape import GemmShape
-from polyfuse.poly.tensorize_gather import linear_k
+from polyfuse.poly.tensorize_gather import chunked_k, linear_k
 
 #: SASS instructions per copied element, measured (see the module doc): a 16-byte chunk (8
 #: elements, address and zero-fill count), a scalar gather with one k per thread, a k-row
 #: gather whose run stays in one value of the outer dims, one that carries per element
 #: (per chunk)
 COST_CHUNK, COST_FIXED_K, COST_RUN, COST_CARRY = 6.0, 4.0, 4.0, 26.0
+#: a gathered 16-byte chunk (:func:`polyfuse.poly.tensorize_gather.chunked_k`: its address
+#: through the full subscripts, the padding test, the cp.async)
+COST_GATHER_CHUNK = 10.0
 
 
 def permute_reduction(
@@ -49,10 +52,12 @@ def permute_reduction(
     out = []
     for op in ops:
         index = tuple(((*c[:nd], *(c[nd + i] for i in order)), k) for c, k in op.index)
-        lin = None
-        if op.linear is not None:
+        lin, chunked = None, False
+        if op.linear is not None or (op.gather and not op.guarded):
             lin = linear_k(index, op.shape, new, op.outer_dim, op.k_inner)
-        out.append(replace(op, index=index, linear=lin))
+        if op.gather and lin is None:
+            chunked = chunked_k(index, op.shape, new, op.k_inner)
+        out.append(replace(op, index=index, linear=lin, chunked=chunked))
     return new, out
 
 
@@ -70,6 +75,8 @@ def fill_cost(op, shape: GemmShape, rows: int, block_k: int, nthreads: int, alig
     elems = rows * block_k / nthreads
     if not op.gather or (op.linear is not None and aligned):
         return elems / 8 * COST_CHUNK
+    if op.chunked:
+        return elems / 8 * COST_GATHER_CHUNK
     if op.k_inner:
         return elems * COST_FIXED_K
     flat = run_is_flat(shape, rows, block_k, nthreads)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.cuda.codegen.c_text import c_offset
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, FLOAT_TO_HALF
+from polyfuse.cuda.codegen.lower_mma_gather_chunks import gather_chunk_fill
 from polyfuse.poly.swizzle import SharedLayout
 from polyfuse.poly.tensorize import ITEMSIZE, MmaOperand
 
@@ -290,6 +291,8 @@ def fill(f: TileFill, k0: str, stage: str, pad: str = "    ", k_inside: bool = F
     ends the iteration, so the stage is ready as early as the chunks)."""
     if f.op.scalar:
         return scalar_fill(f, k0, stage, pad, k_inside)
+    if f.op.chunked:  # a gather by 16-byte chunks (a channels-last conv input)
+        return gather_chunk_fill(f, k0, stage, pad, k_inside)
     return chunk_fill(f, k0, stage, pad, k_inside)
 
 

@@ -8,7 +8,9 @@ identities, copies forwarded, transposes of transposes and reshapes of reshapes 
 folded into their readers' loads or, as graph outputs, into their producer's store),
 ``merge_siblings`` (contractions of one input with different constant weights — attention's
 Q, K, V — merged into one over the concatenated weights, each a slice of it) and
-``dce`` (dead primitives and unread constants). :func:`run_passes` runs them to a fixed point;
+``dce`` (dead primitives and unread constants); after them, for a target with tensor cores,
+``channels_last`` (a 16-bit convolution's input and weight read through channels-last copies,
+so the im2col fill takes 16-byte chunks). :func:`run_passes` runs them to a fixed point;
 every pass records what it did (:class:`PassRecord`), and the plan prints the records.
 """
 

@@ -10,7 +10,8 @@ another (a collapsed chain then folds into its convolution), so rounds repeat un
 nothing — at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form
 into a simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting
 it is recorded).
-Refusals repeat every round; each is recorded once.
+Refusals repeat every round; each is recorded once. ``channels_last`` (:data:`AFTER_ROUNDS`)
+runs once after the rounds, for the target ``arch``: the layout fold would fold its copies back.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from functools import partial
 from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
+from polyfuse.graph.passes.channels_last import channels_last
 from polyfuse.graph.passes.constant_fold import constant_fold
 from polyfuse.graph.passes.cse import cse
 from polyfuse.graph.passes.dce import dce
@@ -40,7 +42,11 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "merge_siblings",
     "layout_fold",
     "dce",
+    "channels_last",
 )
+#: Passes run once after the rounds, for a target (``arch``): the layout decisions the folds
+#: would undo (:mod:`polyfuse.graph.passes.channels_last`)
+AFTER_ROUNDS = ("channels_last",)
 #: Passes that evaluate constants at compile time (they need an evaluator).
 EVALUATING = ("constant_fold", "batchnorm_fold")
 MAX_ROUNDS = 8
@@ -70,14 +76,18 @@ def run_passes(
     passes: Sequence[str] = DEFAULT_PASSES,
     evaluate: Evaluator | None = None,
     max_rounds: int = MAX_ROUNDS,
+    arch: str | None = None,
 ) -> Graph:
-    """``graph`` after running ``passes`` to a fixed point (at most ``max_rounds`` rounds).
+    """``graph`` after running ``passes`` to a fixed point (at most ``max_rounds`` rounds),
+    then those of :data:`AFTER_ROUNDS` once for ``arch`` (none without it).
 
     ``evaluate`` computes constant primitives (``polyfuse.reference`` semantics); the folding
     passes need it. The result's ``pass_records`` end with one summary record.
     """
     names = check_passes(passes)
-    if not names:
+    after = [n for n in names if n in AFTER_ROUNDS]
+    names = tuple(n for n in names if n not in AFTER_ROUNDS)
+    if not names and not (after and arch):
         return graph
     if evaluate is None and any(n in EVALUATING for n in names):
         folding = ", ".join(n for n in names if n in EVALUATING)
@@ -94,6 +104,8 @@ def run_passes(
         "layout_fold": layout_fold,
         "dce": dce,
     }
+    if not names:  # only the passes after the rounds
+        return channels_last(graph, arch) if arch else graph
     start = len(graph.pass_records)
     prims0, consts0 = len(graph.prims), len(graph.constants)
     g = graph
@@ -108,6 +120,8 @@ def run_passes(
             break
     else:
         rounds = max_rounds + 1
+    if after and arch:
+        g = channels_last(g, arch)
     records = list(dict.fromkeys(g.pass_records[start:]))
     bound = f" (stopped at the bound of {max_rounds} rounds)" if rounds > max_rounds else ""
     summary = PassRecord(

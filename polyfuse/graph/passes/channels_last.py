@@ -1,0 +1,213 @@
+"""Channels-last operands for 16-bit convolutions on tensor cores (issue 23).
+
+A 16-bit convolution ``out[b, o, y, x] += where(pad, in[b, c, s*y + kh - p, s*x + kw - p], 0)
+* w[o, c, kh, kw]`` runs on tensor cores as an implicit GEMM (:mod:`polyfuse.poly.tensorize`)
+whose shared tiles are filled per k-tile. In NCHW the input's innermost subscript moves with
+``kw``: its rows start at ``x + kw - p``, so no 16-byte chunk is aligned for ``kw != p`` and the
+im2col tile is copied element by element (a load, a byte permute and a shared store each), and
+the OIHW weight is contiguous along ``k`` only in the order ``(c, kh, kw)`` that makes the input
+carry per element. With the channel innermost (NHWC input, OHWI weight) and the reduction
+flattened as ``(kh, kw, c)``, every run of 8 consecutive ``k`` is 8 consecutive channels at one
+``(kh, kw)``: one 16-byte ``cp.async`` (the padding test once per chunk), and the weight's
+``k`` runs are contiguous, so both tiles take chunks and the k-tile loop is pipelined.
+
+:func:`channels_last` makes that layout decision on the graph, once, after the other passes
+(the layout fold would fold the copies back into the convolution's loads): for each such
+convolution on a target with ``mma.sync`` (sm_80 and later) whose input channels are a
+multiple of 8 (16-byte chunks) and whose input is read through a window along its innermost
+dim (a 1x1 conv's rows are already aligned), the input and the weight are read through
+permuted copies with the channel dim innermost: a constant weight is permuted at compile
+time; an operand computed by a primitive without reduction that only the convolution reads
+(an activation of a graph input) is computed channels-last by that primitive itself (its loop
+nest permuted: no copy); another operand gets a transposing primitive (a kernel of its own,
+one read and one write of the tensor; parallel stitching may pack two side by side). Not
+done: a producer that is itself a contraction (a conv chain's previous conv) keeps its NCHW
+store and the copy follows it. The record gives the reason: the copy's bytes against the fill
+instructions saved (modelled per copied element: ~4 for a scalar gather, ~10 per 8-element
+chunk).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polyfuse.graph.expr import (
+    Binary,
+    ComputeOp,
+    Expr,
+    ExprMutator,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    Tensor,
+    substitute,
+)
+from polyfuse.graph.graph import Graph
+from polyfuse.graph.passes.record import PassAction
+from polyfuse.graph.passes.rewrite import Rewriter, loop_vars, with_body
+
+HALF = ("float16", "bfloat16")
+#: elements of a 16-byte chunk of a 16-bit tensor
+CHUNK = 8
+#: modelled SASS instructions per copied element of a scalar gather fill, and per 16-byte
+#: chunk of a channels-last gathered fill (address, padding test, cp.async)
+SCALAR_PER_ELEMENT, CHUNK_COST = 4.0, 10.0
+
+
+def _has_mma(arch: str) -> bool:
+    """Whether ``arch`` has ``mma.sync`` m16n8k16 (sm_80 and later)."""
+    digits = arch[3:].rstrip("a") if arch.startswith("sm_") else ""
+    return digits.isdigit() and int(digits) >= 80
+
+
+def _factor(e: Expr) -> Read | None:
+    """The read of a factor ``read`` or ``where(c, read, 0)``."""
+    if isinstance(e, Select):
+        e = e.a
+    return e if isinstance(e, Read) else None
+
+
+def _plain_dims(r: Read, v: IterVar) -> list[int]:
+    """The dims of ``r`` whose whole subscript is loop variable ``v``."""
+    return [i for i, s in enumerate(r.indices) if isinstance(s, IterVar) and s.uid == v.uid]
+
+
+def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
+    """``(input read, weight read, channel axis)`` of a 16-bit convolution worth a
+    channels-last layout (see the module doc), why such a convolution is not, or None where
+    ``t`` is no 16-bit sum of products over several reduction dims."""
+    red = t.op.reduce if t.op is not None else None
+    if red is None or red.op != "sum" or len(red.axes) < 2:
+        return None
+    body = red.body
+    if not (isinstance(body, Binary) and body.op == "mul"):
+        return None
+    reads = [_factor(body.a), _factor(body.b)]
+    if None in reads or any(r.tensor.dtype not in HALF for r in reads):  # type: ignore[union-attr]
+        return None
+    for x, w in (reads, reads[::-1]):
+        assert x is not None and w is not None
+        inner = loop_vars(x.indices[-1])
+        for c in red.axes:
+            dx, dw = _plain_dims(x, c), _plain_dims(w, c)
+            if len(dx) != 1 or len(dw) != 1 or dx[0] == x.tensor.ndim - 1:
+                continue
+            # a window: the innermost subscript slides with an output dim and a reduction dim
+            window = [a for a in red.axes if a.uid != c.uid and a.uid in inner and a.extent > 1]
+            if not window or not any(a.uid in inner for a in t.op.axes):
+                continue
+            if x.tensor.shape[dx[0]] % CHUNK:
+                return (f"{x.tensor.name}'s {x.tensor.shape[dx[0]]} channels are not a multiple "
+                        "of 8 (no aligned 16-byte chunk of channels)")  # fmt: skip
+            if c.lo or c.extent != x.tensor.shape[dx[0]]:
+                return f"the reduction reads part of {x.tensor.name}'s channels"
+            return x, w, c
+    return None  # no channel dim read plainly by both beside a window (a 1x1 or grouped conv)
+
+
+def _last(n: int, d: int) -> list[int]:
+    """The permutation of ``n`` dims moving dim ``d`` innermost (new dim i is old dim p[i])."""
+    return [i for i in range(n) if i != d] + [d]
+
+
+class _Permute(ExprMutator):
+    """Reads of the tensors in ``perms`` (uid -> (new tensor, permutation)) re-pointed."""
+
+    def __init__(self, perms: dict[int, tuple[Tensor, list[int]]]) -> None:
+        self.perms = perms
+
+    def visit_Read(self, e: Read) -> Expr:
+        if e.tensor.uid not in self.perms:
+            return e
+        new, p = self.perms[e.tensor.uid]
+        return Read(new, tuple(e.indices[i] for i in p))
+
+
+def _transpose(x: Tensor, p: list[int], name: str) -> Tensor:
+    """A primitive ``out[i] = x[j]`` with ``out``'s dim ``k`` being ``x``'s dim ``p[k]``."""
+    axes = tuple(IterVar(f"i{k}", 0, x.shape[d]) for k, d in enumerate(p))
+    idx: list[Expr] = [axes[0]] * x.ndim
+    for k, d in enumerate(p):
+        idx[d] = axes[k]
+    out = Tensor(tuple(x.shape[d] for d in p), x.dtype, name)
+    out.op = ComputeOp(axes, Read(x, tuple(idx)), "channels_last")
+    return out
+
+
+def _producer(graph: Graph, src: Tensor, reader: str) -> str | None:
+    """The primitive computing ``src`` where it can compute channels-last itself: no graph
+    output, read by ``reader`` alone, no reduction (its loop nest permuted is the same
+    computation stored in the other layout)."""
+    name = graph.idents.get(src.uid)
+    if name not in graph.prims or graph.is_output(src) or src.op is None or src.op.reduce:
+        return None
+    return name if graph.consumers(name) == [reader] else None
+
+
+def _permuted(src: Tensor, p: list[int]) -> Tensor:
+    """``src``'s computation in the layout whose dim ``k`` is ``src``'s dim ``p[k]`` (same
+    uid: its readers are re-pointed; its loop variables permuted alike)."""
+    assert src.op is not None
+    axes = tuple(IterVar(a.name, a.lo, a.hi) for a in (src.op.axes[d] for d in p))
+    env: dict[int, Expr] = {src.op.axes[d].uid: axes[k] for k, d in enumerate(p)}
+    out = Tensor(tuple(src.shape[d] for d in p), src.dtype, src.name, uid=src.uid)
+    out.op = ComputeOp(axes, substitute(src.op.body, env), src.op.tag)
+    return out
+
+
+def channels_last(graph: Graph, arch: str) -> Graph:
+    """``graph`` with each 16-bit convolution's input and weight read channels-last where
+    ``arch`` has tensor cores (see the module doc); each change recorded with its reason."""
+    rw = Rewriter(graph, "channels_last")
+    if not _has_mma(arch):
+        return graph
+    made: dict[int, Tensor] = {}  # an operand's channels-last copy, shared by its readers
+    for name in graph.topo_order():
+        t = graph.prims[name].tensor
+        got = conv_operands(t)
+        if isinstance(got, str):
+            rw.record(PassAction.REFUSED, [name], f"{name} stays NCHW: {got}")
+        if got is None or isinstance(got, str):
+            continue
+        x, w, c = got
+        assert t.op is not None and isinstance(t.op.body, Reduce)
+        perms: dict[int, tuple[Tensor, list[int]]] = {}
+        moved, copied = [], 0
+        for r in (x, w):
+            (d,) = _plain_dims(r, c)
+            p = _last(r.tensor.ndim, d)
+            src = r.tensor
+            if src.uid not in made:
+                cname = f"{src.name}_cl"
+                if graph.is_constant(src):
+                    value = np.transpose(graph.constants[src.uid], p)
+                    made[src.uid] = rw.constant(cname, value, src.dtype)
+                    moved.append(f"{src.name} (constant, permuted at compile time)")
+                elif (prod := _producer(graph, src, name)) is not None:
+                    made[src.uid] = _permuted(src, p)
+                    rw.define(made[src.uid])
+                    moved.append(f"{src.name} (its producer {prod} stores it channels-last, "
+                                 "no copy)")  # fmt: skip
+                else:
+                    made[src.uid] = _transpose(src, p, cname)
+                    rw.add(made[src.uid], before=t)
+                    copied += 2 * src.size * 2
+                    moved.append(f"{src.name} (a transposing primitive, {2 * src.size * 2} bytes "
+                                 "moved)")  # fmt: skip
+            perms[r.tensor.uid] = (made[src.uid], p)
+        rw.define(with_body(t, _Permute(perms).visit(t.op.body)))
+        ext = [a.extent for a in t.op.reduce_axes]
+        k = int(np.prod(ext))
+        out = int(np.prod(t.shape)) // w.tensor.shape[0]  # the GEMM's columns
+        saved = out * k * (SCALAR_PER_ELEMENT - CHUNK_COST / CHUNK)
+        rw.record(
+            PassAction.SIMPLIFIED,
+            [name],
+            f"{name} reads {', '.join(moved)} channels-last: the reduction's {c.name} innermost "
+            f"gives 16-byte cp.async chunks of 8 channels for the im2col fill (its NCHW rows "
+            f"start at the window's offset, unaligned), ~{saved:.3g} fill instructions saved "
+            f"(modelled: {SCALAR_PER_ELEMENT:g} per gathered element against {CHUNK_COST:g} per "
+            f"chunk) for {copied} bytes of copies (one read and one write each)",
+        )
+    return rw.result()

@@ -1,0 +1,144 @@
+"""Channels-last 16-bit convolutions on tensor cores (issue 23's HMMA share of the 3x3 conv).
+
+The ``channels_last`` graph pass reads a 16-bit conv's input and weight through NHWC / OHWI
+copies (a transposing primitive, or a constant permuted at compile time) where the target has
+``mma.sync`` and the channels are a multiple of 8; the tensorization flattens the reduction
+as ``(kh, kw, c)`` and fills the input's im2col tile by gathered 16-byte ``cp.async`` chunks
+(8 channels at one ``(kh, kw)``: :func:`polyfuse.poly.tensorize_gather.chunked_k`), the
+weight's by linear ones, pipelined. Checked against float64 numpy at odd spatial sizes in
+every emulator mode; the NCHW path stays where the pass does not apply (recorded).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_tensorize_conv import CASES, RNG, _banks, _conv, _np_conv, _run_all_modes
+
+import polyfuse
+from polyfuse import ops, te
+from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.graph.passes import PassAction
+
+#: batch, channels (a multiple of 8), out channels, height, width: the rest odd
+SIZE = (2, 16, 21, 11, 9)
+
+
+def _records(fn, action: PassAction) -> list[str]:
+    return [r.reason for r in fn.plan.graph.pass_records
+            if r.pass_name == "channels_last" and r.action == action]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "dtype, case",
+    [("bfloat16", "3x3_pad1"), ("float16", "3x3_stride2_pad1"), ("bfloat16", "3x3")],
+)
+def test_channels_last_conv_fills_by_gathered_chunks_and_matches_float64(dtype, case):
+    """The input's im2col tile by gathered 16-byte cp.async chunks (its padding test once per
+    chunk), the weight's by linear chunks, pipelined; the reduction flattened as (kh, kw, c).
+    Before: NCHW, both tiles scalar 2-byte copies. Correct in every mode, no bank conflict on
+    the chunks' writes and the ldmatrix reads."""
+    kernel, stride, pad = CASES.get(case, (3, 1, 0))
+    inputs, out, arrays, want = _conv(dtype, SIZE, kernel, stride, pad)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    # the two copies packed side by side in one kernel (parallel stitching), then the conv
+    copies, k = fn.kernels
+    assert k.name == "k2_conv_conv" and "x_cl[" in copies.source and "w_cl[" in copies.source
+    (made,) = _records(fn, PassAction.SIMPLIFIED)
+    assert made.startswith(
+        "conv_conv reads x (a transposing primitive, 12672 bytes moved), "
+        "w (a transposing primitive, 12096 bytes moved) channels-last"
+    ), made
+    assert "tensor cores: reduction flattened in the order (1, 2, 0) of its dims" in " ".join(
+        k.notes
+    )
+    assert any(n.startswith("tensor cores: the shared tiles are filled by 16-byte cp.async")
+               for n in k.notes), k.notes  # fmt: skip
+    assert "pf_scalar" not in k.source and "pf_v = " not in k.source  # no scalar copy left
+    assert "const int pf_kp = " in k.source and "x_cl + pf_off, pf_in ? 16 : 0);" in k.source
+    assert ("const int pf_e" in k.source) == bool(pad)  # the padding test, once per chunk
+    lines = fn.cuda_source.splitlines()
+    sites = _banks(fn, arrays, want, dtype)
+    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    assert len(copies) >= 2 and len(loads) >= 2
+    assert [str(s) for s in copies + loads if s.conflicts] == []
+    _run_all_modes(fn, dtype, arrays, want)
+
+
+def test_a_constant_weight_is_permuted_at_compile_time():
+    """A constant OIHW weight becomes an OHWI constant (no kernel); the input still gets its
+    transposing kernel, and the conv matches float64."""
+    dtype = "float16"
+    inputs, out, arrays, want = _conv(dtype, SIZE, *CASES["3x3_pad1"])
+    x, w, bias = inputs
+    fn = polyfuse.compile([x, bias], [out], constants={w: arrays[1]}, check_cuda=False)
+    assert [k.name for k in fn.kernels] == ["k0_x_cl", "k1_conv_conv"]
+    (made,) = _records(fn, PassAction.SIMPLIFIED)
+    assert "w (constant, permuted at compile time)" in made
+    got = fn(arrays[0], arrays[2], device="emulate", race_check=True)
+    assert tolerance(dtype).allclose(got, want.astype(numpy_dtype(dtype)))
+
+
+def test_convs_the_pass_leaves_alone_keep_their_layout():
+    """Not applied: channels that are no multiple of 8 (recorded with the reason), a float32
+    conv (the CUDA-core path), a target without mma.sync, a 1x1 conv (its rows already
+    aligned); the pass deselected keeps the NCHW fills."""
+    inputs, out, _, _ = _conv("bfloat16", (2, 13, 21, 11, 9), *CASES["3x3_pad1"])
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    assert len(fn.kernels) == 1
+    assert _records(fn, PassAction.REFUSED) == [
+        "conv_conv stays NCHW: x's 13 channels are not a multiple of 8 (no aligned 16-byte "
+        "chunk of channels)"
+    ]
+    for dtype, kernel, arch in (("float32", 3, "sm_80"), ("float16", 3, "sm_75"),
+                                ("float16", 1, "sm_80")):  # fmt: skip
+        inputs, out, _, _ = _conv(dtype, SIZE, kernel, 1, kernel // 2)
+        fn = polyfuse.compile(inputs, [out], arch=arch, check_cuda=False)
+        assert len(fn.kernels) == 1 and not _records(fn, PassAction.SIMPLIFIED), (dtype, arch)
+    inputs, out, _, _ = _conv("float16", SIZE, *CASES["3x3_pad1"])
+    off = tuple(p for p in polyfuse.graph.passes.DEFAULT_PASSES if p != "channels_last")
+    fn = polyfuse.compile(inputs, [out], check_cuda=False, passes=off)
+    assert len(fn.kernels) == 1 and "pf_cp_async16(&s_x" not in fn.kernels[0].source
+
+
+def test_two_convs_of_one_input_share_its_channels_last_copy():
+    """Two 3x3 convs of one input (different weights): one transposing kernel of the input."""
+    dtype = "bfloat16"
+    n, c, o, h, wd = SIZE
+    nd = numpy_dtype(dtype)
+    x = te.placeholder((n, c, h, wd), dtype, name="x")
+    w1 = te.placeholder((o, c, 3, 3), dtype, name="w1")
+    w2 = te.placeholder((o, c, 3, 3), dtype, name="w2")
+    y = ops.add(ops.conv2d(x, w1, padding=1, name="c1"), ops.conv2d(x, w2, padding=1, name="c2"),
+                name="y")  # fmt: skip
+    fn = polyfuse.compile([x, w1, w2], [y], check_cuda=False)
+    names = [k.name for k in fn.kernels]
+    assert sum("x_cl" in k for k in names) == 1, names
+    shapes = ((n, c, h, wd), (o, c, 3, 3), (o, c, 3, 3))
+    arrays = [RNG.standard_normal(s).astype(nd) for s in shapes]
+    # each conv's result is rounded to bfloat16 before the add
+    c1, c2 = (_np_conv(arrays[0], a, 1, 1).astype(nd).astype(np.float64) for a in arrays[1:])
+    got = fn(*arrays, device="emulate", race_check=True)
+    assert tolerance(dtype).allclose(got, (c1 + c2).astype(nd))
+
+
+def test_an_elementwise_producer_computes_the_input_channels_last():
+    """``conv(relu(x))``: relu, read only by the conv, computes NHWC itself (its loop nest
+    permuted, no transposing copy of its result); correct in every mode."""
+    dtype = "bfloat16"
+    n, c, o, h, wd = SIZE
+    nd = numpy_dtype(dtype)
+    x = te.placeholder((n, c, h, wd), dtype, name="x")
+    w = te.placeholder((o, c, 3, 3), dtype, name="w")
+    y = ops.conv2d(ops.relu(x, name="a"), w, padding=1, name="conv")
+    fn = polyfuse.compile([x, w], [y], check_cuda=False)
+    (made,) = _records(fn, PassAction.SIMPLIFIED)
+    head = "conv reads a (its producer a stores it channels-last, no copy), w ("
+    assert made.startswith(head), made
+    assert "for 12096 bytes of copies" in made  # the weight's only
+    assert fn.plan.graph.prims["a"].tensor.shape == (n, h, wd, c)
+    xs = RNG.standard_normal((n, c, h, wd)).astype(nd)
+    ws = RNG.standard_normal((o, c, 3, 3)).astype(nd)
+    want = _np_conv(np.maximum(xs.astype(np.float64), 0.0), ws, 1, 1)
+    _run_all_modes(fn, dtype, [xs, ws], want)
