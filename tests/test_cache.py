@@ -1,6 +1,7 @@
 """The compile cache: identical layers are scheduled and generated once, in memory and on disk."""
 
 import numpy as np
+import pytest
 
 import polyfuse
 from polyfuse import ops, te
@@ -95,6 +96,7 @@ def _graphs():
     return out
 
 
+@pytest.mark.slow  # ~17 s on 2 cores (fast tier near its 15-minute limit)
 def test_kernels_from_cached_schedules_are_byte_identical_to_fresh_ones():
     """A crash between the schedule and the kernel writes leaves schedules without kernels:
     regenerating from them must give the very kernels a fresh compile gives (the isl options

@@ -25,7 +25,9 @@ def _sums(k) -> tuple[int, int]:
     return sum(r for r, _ in k.tensor_bytes.values()), sum(w for _, w in k.tensor_bytes.values())
 
 
-@pytest.mark.parametrize("name", ["bert_base", "resnet50"])
+@pytest.mark.parametrize(
+    "name", [pytest.param("bert_base", marks=pytest.mark.slow), "resnet50"]  # bert: ~11 s
+)
 def test_tensor_bytes_sum_to_kernel_bytes_fresh_and_cached(name, tmp_path):
     """Every kernel's per-tensor bytes add up to its isl totals, whether it was generated,
     reused within the compile or served by the disk cache (the entry keeps them, renamed)."""

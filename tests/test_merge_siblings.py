@@ -328,7 +328,7 @@ def test_siblings_read_by_one_contraction_merge_and_it_reads_a_tile_per_access()
     # before Layer 3 (UNPACKED); per layer the scores GEMM takes its softmax and the FFN-down
     # GEMM its add + layer norm (stitch/gemm_rows.py)
     [
-        ("bert_base", 16, 12),
+        pytest.param("bert_base", 16, 12, marks=pytest.mark.slow),  # ~10 s on 2 cores
         pytest.param("gpt2_small", 17, 13, marks=pytest.mark.slow),  # ~14 s on 2 cores
         pytest.param("vit_b16", 20, 16, marks=pytest.mark.slow),  # ~25 s on 2 cores
     ],

@@ -47,6 +47,7 @@ def test_stages_past_48_kb_live_in_the_dynamic_pool():
     assert any(n.startswith("tensor cores: stages: S=4: 98304 B shared") for n in k.notes)
 
 
+@pytest.mark.slow  # two 4096^3 compiles: ~7 s
 def test_the_budget_is_the_devices_opt_in_maximum():
     """64-deep k-tiles: 49152 B per stage of 128x256; four stages (196608 B) fit the H100's
     opt-in 232448 B but not the A100's 166912 B, where the forced count falls to three."""

@@ -25,6 +25,7 @@ def _note(fn) -> str:
     return fn.kernels[-1].notes[0]
 
 
+@pytest.mark.slow  # ~14 s on 2 cores (fast tier near its 15-minute limit)
 def test_a_large_gemm_takes_64x64_warp_tiles():
     """4096^3 bf16 x @ W^T: 128x256 of 8 warps, each 4x8 mma tiles (modelled 1.27 others per
     HMMA against 128x128's 2.03: 48 copied elements per thread feed 64 HMMA per warp instead
