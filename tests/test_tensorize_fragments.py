@@ -36,13 +36,13 @@ def _note(fn) -> str:
     return note
 
 
-@pytest.mark.parametrize("stages", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("stages", [3, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_double_buffered_fragments_match_float64_and_the_single_buffered_bits(dtype, stages):
     """Batched x @ W^T + bias + GELU, and A stored k-by-m (ldmatrix.trans), at odd M, N, K
     over 7 k-tiles (a partial last one): every race-check mode against float64 numpy, and
-    the same bits as the single-buffered kernel. (S = 3 in the slow tier; the fast tier's
-    default-mapped S = 2..4 kernels of test_tensorize_pipeline are double-buffered too.)"""
+    the same bits as the single-buffered kernel. (S = 4 in the slow tier; the fast tier's
+    default-mapped S = 3..4 kernels of test_tensorize_pipeline are double-buffered too.)"""
     for case, modes in (("batched_trans_b_epilogue", MODES), ("trans_a", (True,))):
         size = ODD_ALIGNED_T if case == "trans_a" else ODD_ALIGNED
         inputs, out, arrays, want = _matmul(dtype, *size, **CASES[case])
@@ -90,8 +90,8 @@ def test_the_pass_text_before_and_after():
     ]
     assert lower_mma_fragments.mma_buffers(step) == ("(pf_ks / 16) & 1", "1")
     inputs, out, _, _ = _matmul("bfloat16", *ODD_ALIGNED)
-    before = _compile(inputs, out, 2, 1).kernels[0].source
-    after = _compile(inputs, out, 2, 2).kernels[0].source
+    before = _compile(inputs, out, 3, 1).kernels[0].source
+    after = _compile(inputs, out, 3, 2).kernels[0].source
     assert "unsigned pf_fa[2][4], pf_fb[2][4];" in before  # per k-step, in its loop
     assert "// two fragment buffers" not in before
     assert "__syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read" in before
@@ -106,7 +106,7 @@ def test_the_pass_text_before_and_after():
     commit = at("__pipeline_commit();")
     ahead = at("pf_ldmatrix_x4(pf_fa[(pf_ks / 16 + 1) & 1][pf_i]", commit)
     now = at("pf_fa[(pf_ks / 16) & 1][pf_i], &pf_fb[(pf_ks / 16) & 1][pf_j / 2]", ahead)
-    wait = at("__pipeline_wait_prior(0);  // k-tile pf_kt + 1 has landed", now)
+    wait = at("__pipeline_wait_prior(1);  // k-tile pf_kt + 1 has landed", now)
     barrier = at("__syncthreads();  // ... for every thread; k-tile pf_kt is read", wait)
     stage = at("pf_sa = s_a + pf_rs * ", barrier)
     first = at("pf_ldmatrix_x4(pf_fa[0][pf_i], &pf_sa[", stage)
@@ -120,11 +120,11 @@ def test_the_register_budget_and_the_loop_shape_refuse_with_the_reason(monkeypat
     fills: refused (the next k-tile's fragments come after the fill that overwrites its
     stage); the model takes two buffers where they fit, forced 1 keeps one."""
     inputs, out, _, _ = _matmul("bfloat16", *ODD_ALIGNED, trans_b=True)
-    fn = _compile(inputs, out, 2, None)
+    fn = _compile(inputs, out, 3, None)
     assert _note(fn).startswith(DOUBLE + " (the register model)"), _note(fn)
     (rec,) = [r for r in fn.plan.records() if r.data.get("what") == "tensorize"]
     assert rec.data["fragment_buffers"] == 2
-    assert _note(_compile(inputs, out, 2, 1)) == (
+    assert _note(_compile(inputs, out, 3, 1)) == (
         "tensor cores: single-buffered fragments (forced: mma_fragment_buffers=1)"
     )
     one = _compile(inputs, out, 1, 2)
@@ -134,19 +134,26 @@ def test_the_register_budget_and_the_loop_shape_refuse_with_the_reason(monkeypat
         "overwrites it)"
     )
     assert "// two fragment buffers" not in one.kernels[0].source
+    two = _compile(inputs, out, 2, 2)  # two stages: measured slower double-buffered (H100)
+    assert _note(two) == (
+        "tensor cores: single-buffered fragments: double buffering refused (forced): 2 shared "
+        "stages (the next k-tile is waited for before the last k-step, half a k-tile early: "
+        "measured on an H100, 4096^3 bf16, 0.684 ms against 0.589 single-buffered; at three "
+        "stages 0.477)"
+    )
     scalar_in, scalar_out, _, _ = _matmul("float16", *ODD)  # unaligned rows: scalar fills
     assert "one shared stage" in _note(_compile(scalar_in, scalar_out, None, None))
     monkeypatch.setattr(tensorize_tiling, "TILINGS", ((96, 96, 1, 2),))
     for forced, how in ((None, "the register model"), (2, "forced")):
-        fn = _compile(inputs, out, 2, forced)
+        fn = _compile(inputs, out, 3, forced)
         assert "block tile 96x96x32 of 2 warps, each 6x6 mma tiles" in fn.kernels[0].notes[0]
         assert _note(fn) == (
             f"tensor cores: single-buffered fragments: double buffering refused ({how}): "
-            "220 + 36 = 256 modelled registers > 255 per thread"
+            "220 + 36 + 18 (ptxas, 2 k-steps) = 274 modelled registers > 255 per thread"
         )
         assert "// two fragment buffers" not in fn.kernels[0].source
     with pytest.raises(ValueError, match="mma_fragment_buffers=3: 1 or 2"):
-        _compile(inputs, out, 2, 3)
+        _compile(inputs, out, 3, 3)
 
 
 @pytest.mark.parametrize("where", ["k-step loop", "last k-step"])
@@ -163,6 +170,6 @@ def test_a_planted_wrong_buffer_index_is_caught(monkeypatch, where):
         return now, str(1 - int(last))
 
     monkeypatch.setattr(lower_mma_fragments, "mma_buffers", planted)
-    fn = _compile(inputs, out, 2, 2)
+    fn = _compile(inputs, out, 3, 2)
     got = fn(*arrays, device="emulate")
     assert not tolerance("bfloat16").allclose(got, want.astype(numpy_dtype("bfloat16")))

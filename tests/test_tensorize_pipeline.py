@@ -122,7 +122,7 @@ def test_a_planted_wrong_wait_count_is_caught(monkeypatch, stages):
     assert np.isnan(got.astype(np.float32)).any()
 
 
-@pytest.mark.parametrize("stages, buffers", [(2, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize("stages, buffers", [(2, 1), (3, 1), (3, 2)])
 def test_a_planted_missing_barrier_is_a_race(monkeypatch, stages, buffers):
     """Without the barrier after the wait, a warp reads with ldmatrix the words another
     thread's cp.async just landed, and the next k-tile's copies overwrite the stage a slower
@@ -178,8 +178,9 @@ def test_cp_async_writes_and_ldmatrix_reads_are_bank_conflict_free(monkeypatch):
 def test_the_stage_model_chooses_inside_the_shared_budget(monkeypatch):
     """ALCOP's model with the tensor-core use time: the 128x128 tile's swizzled stages
     (16384 B each; 20480 B padded, see test_tensorize_swizzle) fit three under a 48 KiB
-    budget, S=4 refused, also when forced; at 4096^3 two already hide the load (a tie keeps
-    the fewer). The 64x64 tile (8192 B per stage) takes more where its loads are not hidden
+    budget, S=4 refused, also when forced; at 4096^3 two already hide the load (a tie takes
+    the most that fit: on an H100 three ran faster than two, test_tensorize_measured). The
+    64x64 tile (8192 B per stage) takes more where its loads are not hidden
     by fewer. (The tilings pinned to 128x128 and 64x64: the tiling model's own choice at
     4096^3 is 128x256, test_tensorize_tiling.)"""
     import polyfuse.poly.tensorize as tzm
@@ -192,14 +193,15 @@ def test_the_stage_model_chooses_inside_the_shared_budget(monkeypatch):
     inputs, out, _, _ = _matmul("bfloat16", 4096, 4096, 4096, trans_b=True)
     fn = _compile(inputs, out, None)
     notes = fn.kernels[0].notes
-    assert _stage_note(fn).startswith("tensor cores: stages: 2 stages by ALCOP's latency model")
+    # two stages already hide the load; on the tie the most that fit (measured faster)
+    assert _stage_note(fn).startswith("tensor cores: stages: 3 stages by ALCOP's latency model")
     assert any(n.startswith("tensor cores: stages: S=3: 49152 B shared") for n in notes)
     assert "tensor cores: stages: S=4 refused: 4 x 16384 B = 65536 B > 49152 B budget" in notes
     assert "block tile 128x128x32" in notes[0]
-    # two stages of 128 rows of 32 elements (A; B alike), no padding: 32768 B in all
-    assert "__shared__ __align__(16) __nv_bfloat16 s_a[8192];" in fn.kernels[0].source
+    # three stages of 128 rows of 32 elements (A; B alike), no padding: 49152 B in all
+    assert "__shared__ __align__(16) __nv_bfloat16 s_a[12288];" in fn.kernels[0].source
     (rec,) = [r for r in fn.plan.records() if r.data.get("what") == "tensorize"]
-    assert (rec.data["stages"], rec.data["fill"]) == (2, "cp.async 16 B")
+    assert (rec.data["stages"], rec.data["fill"]) == (3, "cp.async 16 B")
     forced = _compile(inputs, out, 4)
     assert _stage_note(forced) == (
         "tensor cores: stages: 4 stages forced, refused (4 x 16384 B = 65536 B > 49152 B budget): 3"
@@ -220,8 +222,8 @@ def test_nvrtc_compiles_every_stage_count_without_spills(arch):
             size = ODD_ALIGNED_T if case == "trans_a" else ODD_ALIGNED
             inputs, out, _, _ = _matmul(dtype, *size, **CASES[case])
             fn = _compile(inputs, out, stages, arch)
-            # ALCOP's second level where there are stages: register fragments double-buffered
-            assert ("// two fragment buffers" in fn.kernels[0].source) == (stages > 1)
+            # ALCOP's second level from three stages: register fragments double-buffered
+            assert ("// two fragment buffers" in fn.kernels[0].source) == (stages > 2)
             binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
             for r in binary.resources.values():
                 assert r.spill_stores == r.spill_loads == 0, (stages, case, r)

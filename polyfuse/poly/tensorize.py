@@ -244,6 +244,7 @@ def stage_problem(
         dram_bytes=dram,
         use_cycles=fma / rate,
         shared_budget=tensor_core_tile_budget(device),
+        more_stages_on_ties=True,
     )
 
 

@@ -20,8 +20,9 @@ of one block (cycles of the SM clock):
   calculator's arithmetic, :func:`polyfuse.poly.device.occupancy`), at most the grid's share.
 
 S is the count in 2..:data:`MAX_STAGES` of least modelled kernel time (ties: fewer stages,
-less shared memory), among those whose tiles fit the problem's shared budget
-(:func:`polyfuse.poly.policy.gemm_tile_budget`, static, for CUDA-core GEMMs;
+less shared memory; for tensor cores more, as measured:
+:attr:`StageProblem.more_stages_on_ties`), among those whose tiles fit the problem's shared
+budget (:func:`polyfuse.poly.policy.gemm_tile_budget`, static, for CUDA-core GEMMs;
 :func:`polyfuse.poly.policy.tensor_core_tile_budget`, dynamic, for tensorized ones) and that
 do not exceed the k-tiles (a stage past the last k-tile holds nothing). Every
 candidate's figures and every refusal are kept as the choice's reasons. The two latencies are
@@ -64,6 +65,11 @@ class StageProblem:
     use_cycles: float = 0.0
     #: bytes of shared memory the stages may take; 0: :func:`gemm_tile_budget` (static)
     shared_budget: int = 0
+    #: where modelled times tie, take the most stages (tensor cores: measured on an H100,
+    #: 2026-11-26, the 4096^3 bf16 loop whose load two stages already hide ran 0.587 ms at two,
+    #: 0.575 at three; with double-buffered register fragments 0.684 at two, 0.477 at three
+    #: and four); False: the fewest (CUDA-core GEMMs, less shared memory)
+    more_stages_on_ties: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,8 @@ def choose_stages(p: StageProblem, device: DeviceSpec, forced: int | None = None
     ok = [c for c in cands if not c.refused]
     if not ok:
         return StageChoice(1, "single-buffered: " + "; ".join(c.label for c in cands), cands)
-    best = min(ok, key=lambda c: (round(c.t_kernel), c.stages))
+    more = -1 if p.more_stages_on_ties else 1
+    best = min(ok, key=lambda c: (round(c.t_kernel), more * c.stages))
     how = "its load is hidden" if best.hidden else "the loop stays load-bound; fewer stages wait"
     return StageChoice(
         best.stages,
