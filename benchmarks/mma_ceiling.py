@@ -17,8 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-SOURCE = r"""
-extern "C" __global__ void __launch_bounds__(256) mma_bf16(float* out, int iters) {
+KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(256) NAME(float* out, int iters) {
   unsigned a[4] = {threadIdx.x, threadIdx.x + 1, threadIdx.x + 2, threadIdx.x + 3};
   unsigned b[2] = {threadIdx.x * 3, threadIdx.x * 5};
   float c[CHAINS][4] = {};
@@ -26,25 +26,7 @@ extern "C" __global__ void __launch_bounds__(256) mma_bf16(float* out, int iters
 #pragma unroll
     for (int j = 0; j < CHAINS; ++j)
       asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-          "{%8,%9}, {%0,%1,%2,%3};"
-          : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < CHAINS; ++j) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
-  out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-}
-extern "C" __global__ void __launch_bounds__(256) mma_tf32(float* out, int iters) {
-  unsigned a[4] = {threadIdx.x, threadIdx.x + 1, threadIdx.x + 2, threadIdx.x + 3};
-  unsigned b[2] = {threadIdx.x * 3, threadIdx.x * 5};
-  float c[CHAINS][4] = {};
-  for (int i = 0; i < iters; ++i) {
-#pragma unroll
-    for (int j = 0; j < CHAINS; ++j)
-      asm volatile(
-          "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+          "mma.sync.aligned.SHAPE.row.col.f32.TYPE.TYPE.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
           "{%8,%9}, {%0,%1,%2,%3};"
           : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -55,6 +37,12 @@ extern "C" __global__ void __launch_bounds__(256) mma_tf32(float* out, int iters
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 """
+#: kernel name -> (mma shape, operand type)
+SHAPES = {"mma_bf16": ("m16n8k16", "bf16"), "mma_tf32": ("m16n8k8", "tf32")}
+SOURCE = "".join(
+    KERNEL.replace("NAME", name).replace("SHAPE", shape).replace("TYPE", kind)
+    for name, (shape, kind) in SHAPES.items()
+)
 #: multiply-adds of one mma per warp
 MACS = {"mma_bf16": 16 * 8 * 16, "mma_tf32": 16 * 8 * 8}
 

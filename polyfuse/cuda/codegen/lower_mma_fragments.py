@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from polyfuse.cuda.codegen import lower_mma_pipeline
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES
-from polyfuse.cuda.codegen.lower_mma_pipeline import TileFill, fill
+from polyfuse.cuda.codegen.lower_mma_pipeline import TileFill, fill, prologue
 
 
 @dataclass(frozen=True)
@@ -153,15 +153,7 @@ def double_buffered_loop(
     ctype = C_TYPES[fills[0].dtype]
     main = max(0, full - ahead)  # iterations whose fill lies wholly inside
     return [
-        "#pragma unroll",
-        f"  for (int pf_s = 0; pf_s < {ahead}; ++pf_s) {{  // prologue: k-tiles 0..S-2",
-        f"    if (pf_s < {k_tiles}) {{",
-        f"      const int pf_k0 = {k_lo} + pf_s * {bk};",
-        *[line for f in fills for line in fill(f, "pf_k0", "pf_s", "      ")],
-        "    }",
-        "    __pipeline_commit();",
-        "  }",
-        f"  int pf_rs = 0, pf_ws = {ahead};  // the stages read and filled",
+        *prologue(fills, ahead, k_tiles, k_lo, bk),
         f"  __pipeline_wait_prior({wait});  // k-tile 0 has landed",
         "  __syncthreads();  // ... for every thread",
         f"  unsigned {decl};  // two fragment buffers",

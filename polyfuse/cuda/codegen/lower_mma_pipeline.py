@@ -37,6 +37,7 @@ and multiplied. With S = 1 the copies of k-tile ``kt`` are issued, committed and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from polyfuse.cuda.codegen.c_text import c_offset
@@ -420,6 +421,16 @@ def k_tile_loop(
 
     main = max(0, full - ahead)  # iterations whose fill lies wholly inside
     return [
+        *prologue(fills, ahead, k_tiles, k_lo, bk),
+        *loop(0, main, steady(True)),
+        *loop(main, k_tiles, steady(False), True),
+    ]
+
+
+def prologue(fills: Sequence[TileFill], ahead: int, k_tiles: int, k_lo: int, bk: int) -> list[str]:
+    """The pipelined loop's prologue: k-tiles 0..S-2 filled into their stages, one commit
+    group each (empty past the last k-tile), and the read and fill stage counters."""
+    return [
         "#pragma unroll",
         f"  for (int pf_s = 0; pf_s < {ahead}; ++pf_s) {{  // prologue: k-tiles 0..S-2",
         f"    if (pf_s < {k_tiles}) {{",
@@ -429,6 +440,4 @@ def k_tile_loop(
         "    __pipeline_commit();",
         "  }",
         f"  int pf_rs = 0, pf_ws = {ahead};  // the stages read and filled",
-        *loop(0, main, steady(True)),
-        *loop(main, k_tiles, steady(False), True),
     ]
