@@ -39,10 +39,10 @@ from polyfuse.cuda.codegen.kernel_ast import (
     MemSpace,
     Scope,
 )
-from polyfuse.cuda.codegen.kernel_function import BLOCK_INDEX, print_function
+from polyfuse.cuda.codegen.kernel_function import BLOCK_INDEX
 from polyfuse.cuda.codegen.lower import Lowered
 from polyfuse.cuda.codegen.lower_facts import ITEMSIZE
-from polyfuse.cuda.codegen.printer import print_ir
+from polyfuse.cuda.codegen.printer import kernel_of
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 POOL = "pf_pool"  # the joined kernel's shared memory
@@ -152,16 +152,4 @@ def join_kernels(gemm: Lowered, rows: Lowered, tensor: str, blocks: RowBlocks) -
     assert gemm.ir.threads == rows.ir.threads, (gemm.ir.threads, rows.ir.threads)
     assert not gemm.facts.dynamic_shared_bytes and not rows.facts.dynamic_shared_bytes
     ir, pool = join_irs(gemm.ir, rows.ir, tensor, blocks)
-    printed = print_ir(ir)
-    return Kernel(
-        ir.name,
-        list(ir.params),
-        list(ir.body),
-        (ir.blocks, 1, 1),
-        (ir.threads, 1, 1),
-        list(ir.micrographs),
-        facts=join_facts(gemm.facts, rows.facts, pool),
-        source=print_function(printed, ir.name),
-        notes=[*gemm.notes, *rows.notes],
-        printed=printed,
-    )
+    return kernel_of(ir, join_facts(gemm.facts, rows.facts, pool), (*gemm.notes, *rows.notes))
