@@ -323,7 +323,8 @@ def test_a_group_goes_native_statement_by_statement(monkeypatch):
         KLoad,
         KStore,
     )
-    from polyfuse.cuda.codegen.printer import _Emitter, _vector_lines
+    from polyfuse.cuda.codegen.print_vectors import vector_lines
+    from polyfuse.cuda.codegen.printer import _Emitter
 
     fn = _compile("float16", lambda x, y, z, d: (x + y) * z, False, monkeypatch)
     (vec,) = _vectors(_ir(fn).body)
@@ -345,7 +346,7 @@ def test_a_group_goes_native_statement_by_statement(monkeypatch):
     assert got.native == (KPairStore("v_p", KPairOp("mul", (x, z), "float16")),)
     assert d.made and d.reason.startswith("native 16-bit pairs: 1 of 2 stored arrays, float16 mul")
     assert "; float32: statement S_o: operand add(" in d.reason
-    text = "\n".join(_vector_lines(got, 1, _Emitter({})))
+    text = "\n".join(vector_lines(got, 1, _Emitter({})))
     assert text.count("for (int c0") == 1 and "v_p[c0]" not in text and "float v_p[4]" not in text
     assert "__hmul2_rn(" in text and text.count("__floats2half2_rn(") == 2  # o's two pairs
     # S_o reading p's float lanes keeps p in float32

@@ -4,7 +4,7 @@ them)."""
 
 from __future__ import annotations
 
-from polyfuse.cuda.codegen.kernel_ast import KExpr, KInt, KOp, KVar, KVisitor
+from polyfuse.cuda.codegen.kernel_ast import KExpr, KInt, KOp, KRef, KVar, KVisitor
 
 
 class _CIndex(KVisitor[str]):
@@ -16,12 +16,19 @@ class _CIndex(KVisitor[str]):
     def visit_KVar(self, e: KVar) -> str:
         return e.name
 
+    def visit_KRef(self, e: KRef) -> str:
+        return e.name + "".join(f"[{self.visit(i)}]" for i in e.index)
+
     def visit_KOp(self, e: KOp) -> str:
         a = [self.visit(x) for x in e.args]
         if e.op == "neg":
             return f"(-{a[0]})"
         if e.op == "?:":
             return f"({a[0]} ? {a[1]} : {a[2]})"
+        if e.op == "ult":
+            return f"((unsigned)({a[0]}) < {a[1]}u)"
+        if e.op == "addr":
+            return f"&{a[0]}"
         if e.op in ("min", "max"):
             return f"{e.op}({a[0]}, {a[1]})"
         if e.op == "fdiv":

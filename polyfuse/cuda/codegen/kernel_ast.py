@@ -12,27 +12,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KVar, substitute  # noqa: F401 (re-export)
+from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KRef, KVar, substitute  # noqa: F401 (re-export)
 from polyfuse.cuda.codegen.kernel_function import KFunction
 from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
-    NODE_CLASSES,
     ROW_BLOCK,
     KAlloc,
+    KAssign,
     KAsyncCopy,
     KBarrier,
+    KChunkCopy,
     KCombine,
     KCommit,
     KCopy,
     KDef,
     KFor,
     KFragment,
+    KFragmentLoad,
+    KGuardedCopy,
     KIf,
     KLaneAccess,
+    KLdmatrix,
+    KLet,
     KMark,
     KMma,
-    KMutator,
     KNode,
     KParam,
+    KRegisters,
     KRowBlocks,
     KScope,
     KSection,
@@ -43,10 +48,14 @@ from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
     KTile,
     KVector,
     KVectorStore,
-    KVisitor,
     KWait,
     MemSpace,
     Scope,
+)
+from polyfuse.cuda.codegen.kernel_walk import (  # noqa: F401 (re-export)
+    NODE_CLASSES,
+    KMutator,
+    KVisitor,
     combines,
     map_children,
     nodes_of,

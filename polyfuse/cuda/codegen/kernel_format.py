@@ -10,26 +10,33 @@ from typing import Any
 from polyfuse.cuda.codegen.kernel_nodes import (
     ROW_BLOCK,
     KAlloc,
+    KAssign,
     KAsyncCopy,
     KBarrier,
+    KChunkCopy,
     KCombine,
     KCommit,
     KCopy,
     KDef,
     KFor,
+    KFragmentLoad,
+    KGuardedCopy,
     KIf,
+    KLdmatrix,
+    KLet,
     KMark,
     KMma,
     KNode,
+    KRegisters,
     KRowBlocks,
     KScope,
     KSection,
     KStmt,
     KVector,
     KVectorStore,
-    KVisitor,
     KWait,
 )
+from polyfuse.cuda.codegen.kernel_walk import KVisitor
 
 
 class _Format(KVisitor[list[str]]):
@@ -121,7 +128,32 @@ class _Format(KVisitor[list[str]]):
         return [f"{'  ' * depth}wait pending<={n.pending}"]
 
     def visit_KMma(self, n: KMma, depth: int) -> list[str]:
-        return [f"{'  ' * depth}mma{n.shape} {n.acc} += {n.a} @ {n.b}"]
+        return [f"{'  ' * depth}mma{n.shape} {n.acc} += {n.a} @ {n.b}  // {n.intrinsic}"]
+
+    def visit_KLet(self, n: KLet, depth: int) -> list[str]:
+        value = f" = {n.value}" if n.value is not None else ""
+        return [f"{'  ' * depth}{'let' if n.const else 'var'} {n.ctype} {n.name}{value}"]
+
+    def visit_KAssign(self, n: KAssign, depth: int) -> list[str]:
+        return [f"{'  ' * depth}{n.target} {n.op} {n.value}"]
+
+    def visit_KRegisters(self, n: KRegisters, depth: int) -> list[str]:
+        dims = "x".join(map(str, n.shape))
+        return [f"{'  ' * depth}alloc {n.scope} {n.ctype} {n.name}[{dims}]"]
+
+    def visit_KLdmatrix(self, n: KLdmatrix, depth: int) -> list[str]:
+        tr = ".trans" if n.trans else ""
+        return [f"{'  ' * depth}ldmatrix.x{n.count}{tr} {n.dst} <- shared:{n.src}"]
+
+    def visit_KFragmentLoad(self, n: KFragmentLoad, depth: int) -> list[str]:
+        return [f"{'  ' * depth}fragment {n.dst} <- shared:{n.src} (32-bit)"]
+
+    def visit_KChunkCopy(self, n: KChunkCopy, depth: int) -> list[str]:
+        return [f"{'  ' * depth}cp.async16 shared:{n.dst} <- global:{n.src} ({n.src_bytes} B read)"]
+
+    def visit_KGuardedCopy(self, n: KGuardedCopy, depth: int) -> list[str]:
+        guard = f" if {n.guard} else 0" if n.guard is not None else ""
+        return [f"{'  ' * depth}copy {n.dtype} shared:{n.dst} = global:{n.src}{guard}"]
 
     def visit_KScope(self, n: KScope, depth: int) -> list[str]:
         return [f"{'  ' * depth}scope  // {n.note}"] + self.lines(n.body, depth + 1)
@@ -154,8 +186,7 @@ def format_ir(ir: Any) -> str:
     """``print(ir)``: launch shape, parameters, copy grids, allocations, the access tables
     (shared tiles, fragments, staged stores), then the body (lane combines included)."""
     head = [
-        f"kernel {ir.name} grid={ir.blocks} block={ir.threads} "
-        f"micrographs={list(ir.micrographs)}",
+        f"kernel {ir.name} grid={ir.blocks} block={ir.threads} micrographs={list(ir.micrographs)}",
     ]
     if ir.reduction or ir.lane_params:
         head.append(f"  lanes ({', '.join(ir.lane_params)}) laneless {sorted(ir.laneless)}")
@@ -176,12 +207,10 @@ def format_ir(ir: Any) -> str:
             f"for {sorted(t.stmts)}{extra}"
         )
     head += [
-        f"  fragment {f.buffer}[{f.index}] = {f.tensor} for {sorted(f.stmts)}"
-        for f in ir.fragments
+        f"  fragment {f.buffer}[{f.index}] = {f.tensor} for {sorted(f.stmts)}" for f in ir.fragments
     ]
     head += [
-        f"  staged {st.tensor} -> {st.buffer}[{st.var}] for {sorted(st.stmts)}"
-        for st in ir.staged
+        f"  staged {st.tensor} -> {st.buffer}[{st.var}] for {sorted(st.stmts)}" for st in ir.staged
     ]
     return "\n".join(head + format_nodes(ir.body, 1))
 

@@ -1,27 +1,22 @@
-"""The kernel IR's statement nodes and their walkers (:class:`KVisitor`, :class:`KMutator`).
+"""The kernel IR's statement nodes (their walkers: :mod:`polyfuse.cuda.codegen.kernel_walk`).
 
 Every node is a frozen dataclass whose child lists are tuples: a pass builds new nodes
-(``dataclasses.replace`` or :func:`map_children`) and never edits one in place.
+(``dataclasses.replace`` or :func:`~polyfuse.cuda.codegen.kernel_walk.map_children`) and never
+edits one in place.
 :mod:`polyfuse.cuda.codegen.kernel_ast` adds the kernel (:class:`KernelIR`) and re-exports them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
 
-from polyfuse.base.visitor import R, Visitor
 from polyfuse.cuda.codegen.kernel_access import KLane, KPairStore, KStore
-from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KVar
+from polyfuse.cuda.codegen.kernel_expr import KExpr, KRef
 
 
 class KNode:
     """A statement-level node (every one a frozen dataclass: passes build new nodes)."""
-
-
-N = TypeVar("N", bound=KNode)
 
 
 def _tuples(node: object, *names: str) -> None:
@@ -404,104 +399,92 @@ class KRowBlocks(KNode):
 
 
 @dataclass(frozen=True)
+class KLet(KNode):
+    """``[const] ctype name = value;``: a scalar or pointer the kernel declares (no value: a
+    declaration only). The tensor-core lowering's index arithmetic is made of these
+    (:mod:`polyfuse.cuda.codegen.lower_mma`)."""
+
+    name: str
+    value: KExpr | None
+    ctype: str = "int"
+    const: bool = True
+
+
+@dataclass(frozen=True)
+class KAssign(KNode):
+    """``target = value;`` (``op`` "+=": ``target += value;``) on a declared scalar, pointer
+    or register element."""
+
+    target: KRef
+    value: KExpr
+    op: str = "="
+
+
+@dataclass(frozen=True)
+class KRegisters(KNode):
+    """``ctype name[d0][d1]...;``: a thread's register array (mma operand fragments,
+    accumulators) of ``scope`` (:class:`polyfuse.cuda.codegen.kernel_access.BufferScope`
+    value: "fragment" for operand fragments, "local" for accumulators)."""
+
+    name: str
+    ctype: str
+    shape: tuple[int, ...]
+    scope: str = "local"
+
+
+@dataclass(frozen=True)
+class KLdmatrix(KNode):
+    """``ldmatrix.sync.aligned.x{count}[.trans]``: ``count`` 8x8 16-bit matrices from the
+    shared element ``src`` (the lane's row address) into fragment registers ``dst`` (a
+    register array's row: ``count`` 32-bit registers)."""
+
+    dst: KRef
+    src: KRef
+    count: int
+    trans: bool = False
+
+
+@dataclass(frozen=True)
+class KFragmentLoad(KNode):
+    """``dst = bits of src``: one 32-bit fragment register loaded from a shared float (a tf32
+    operand stored k-outside, which ``ldmatrix`` cannot transpose)."""
+
+    dst: KRef
+    src: KRef
+
+
+@dataclass(frozen=True)
 class KMma(KNode):
-    """``acc += a @ b`` on an ``m x n x k`` tensor-core tile (fragments by buffer name)."""
+    """``acc += a @ b`` on an ``m x n x k`` tensor-core tile by ``intrinsic`` (the prelude's
+    ``mma.sync`` wrapper): the accumulator row ``acc`` (4 floats), A fragment ``a`` and the
+    first B register ``b``."""
 
-    acc: str
-    a: str
-    b: str
+    intrinsic: str
     shape: tuple[int, int, int]
+    acc: KRef
+    a: KRef
+    b: KRef
 
 
-#: Every kernel-IR node class (statements and integer expressions), for visitor dispatch.
-NODE_CLASSES: tuple[type, ...] = (
-    KInt,
-    KVar,
-    KOp,
-    KFor,
-    KIf,
-    KDef,
-    KMark,
-    KVector,
-    KStmt,
-    KAlloc,
-    KVectorStore,
-    KBarrier,
-    KCopy,
-    KAsyncCopy,
-    KCommit,
-    KWait,
-    KMma,
-    KCombine,
-    KScope,
-    KSection,
-    KRowBlocks,
-)
+@dataclass(frozen=True)
+class KChunkCopy(KNode):
+    """``cp.async`` of one 16-byte chunk from global ``src`` to shared ``dst``: ``src_bytes``
+    of it read, the rest zero-filled (0: nothing read; ``src`` must still be an address in
+    the array). Committed by the next :class:`KCommit`."""
 
-#: Node class with child lists → constructor from (old node, child-list walk).
-_REBUILD: dict[type, Callable[[Any, Callable[[list[KNode]], list[KNode]]], KNode]] = {
-    KMark: lambda n, walk: KMark(n.name, walk(n.body)),
-    KFor: lambda n, walk: replace(n, body=walk(n.body)),
-    KIf: lambda n, walk: KIf(n.cond, walk(n.then), walk(n.orelse)),
-    KDef: lambda n, walk: KDef(n.var, n.value, walk(n.body)),
-    KVector: lambda n, walk: replace(n, body=tuple(walk(n.body))),
-    KCombine: lambda n, walk: replace(n, body=tuple(walk(n.body))),
-    KScope: lambda n, walk: replace(n, body=tuple(walk(n.body))),
-    KSection: lambda n, walk: replace(n, body=tuple(walk(n.body))),
-    KRowBlocks: lambda n, walk: replace(n, body=tuple(walk(n.body))),
-}
+    dst: KRef
+    src: KRef
+    src_bytes: KExpr
 
 
-def map_children(n: KNode, walk: Callable[[list[KNode]], list[KNode]]) -> KNode:
-    """A copy of ``n`` whose child lists went through ``walk`` (a node without children as is):
-    the one place a pass's tree walk needs to know which nodes nest."""
-    rebuild = _REBUILD.get(type(n))
-    return n if rebuild is None else rebuild(n, walk)
+@dataclass(frozen=True)
+class KGuardedCopy(KNode):
+    """``dst = guard ? src : 0`` of one ``dtype`` element, loaded under a predicate into the
+    register ``temp`` first (so the load is predicated, not the store): a scalar shared-tile
+    fill."""
 
-
-class KVisitor(Visitor[R]):
-    """Base of every walker of kernel IR: ``visit(n, *args)`` calls ``visit_<Node>(n, *args)``
-    (:class:`polyfuse.base.visitor.Visitor` over :data:`NODE_CLASSES`; exact-class dispatch, so
-    :class:`KAsyncCopy` needs its own rule apart from :class:`KCopy`)."""
-
-    node_classes = NODE_CLASSES
-
-
-class KMutator(KVisitor["KNode | list[KNode]"]):
-    """A pass's tree rewrite: ``visit_<Node>`` returns a node or a list of nodes (several or
-    none in its place); by default a node is rebuilt with its child lists rewritten
-    (:func:`map_children`). :meth:`body` rewrites a list of nodes."""
-
-    def visit_default(self, n: Any, *args: Any) -> KNode | list[KNode]:
-        return map_children(n, lambda nodes: self.body(nodes, *args))
-
-    def body(self, nodes: list[KNode] | tuple[KNode, ...], *args: Any) -> list[KNode]:
-        out: list[KNode] = []
-        for n in nodes:
-            r = self.visit(n, *args)
-            if isinstance(r, list):
-                out += r
-            else:
-                out.append(r)
-        return out
-
-
-def nodes_of(nodes: tuple[KNode, ...] | list[KNode], cls: type[N]) -> tuple[N, ...]:
-    """The nodes of class ``cls`` in a body, at any depth, in order."""
-    out: list[N] = []
-
-    def walk(ns: list[KNode]) -> list[KNode]:
-        for n in ns:
-            if isinstance(n, cls):
-                out.append(n)
-            map_children(n, walk)
-        return ns
-
-    walk(list(nodes))
-    return tuple(out)
-
-
-def combines(nodes: tuple[KNode, ...] | list[KNode]) -> tuple[KCombine, ...]:
-    """The :class:`KCombine` nodes of a body, in order (a kernel's lanes combine the same
-    way at every one: they differ by reduction only)."""
-    return nodes_of(nodes, KCombine)
+    dst: KRef
+    src: KRef
+    guard: KExpr | None
+    dtype: str
+    temp: str

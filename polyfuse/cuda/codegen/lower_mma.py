@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from polyfuse.cuda.codegen.body_printer import BodyPrinter
-from polyfuse.cuda.codegen.kernel_ast import KBarrier, Kernel, KMma, MemSpace, Scope
+from polyfuse.cuda.codegen.kernel_ast import KBarrier, Kernel, KMma, KRef, MemSpace, Scope
 from polyfuse.cuda.codegen.kernel_function import KFunction, print_function
 from polyfuse.cuda.codegen.lower import (
     buffer_placements,
@@ -306,7 +306,10 @@ def lower_mma_kernel(
     kernel = Kernel(
         printed,
         list(ir.params),
-        [KBarrier(Scope.BLOCK), KMma(acc, sa, sb, (MMA_M, MMA_N, mk))],
+        [
+            KBarrier(Scope.BLOCK),
+            KMma(mma.name, (MMA_M, MMA_N, mk), KRef("pf_acc"), KRef("pf_fa"), KRef("pf_fb")),
+        ],
         (ir.blocks, 1, 1),
         (nthreads, 1, 1),
         list(ir.micrographs),

@@ -13,21 +13,19 @@ the statements (the prelude, parameters, allocations, loops, barriers, copies, v
 
 from __future__ import annotations
 
-from polyfuse.cuda.codegen.body_printer import c_stores, c_type, c_value
+from polyfuse.cuda.codegen.body_printer import c_stores
 from polyfuse.cuda.codegen.c_text import c_cond, c_index, c_linear, c_offset  # noqa: F401 (re-export)
 from polyfuse.cuda.codegen.c_wide import (
     WIDE_PRELUDE,
-    WORDS,
-    word_load,
-    word_store,
 )
 from polyfuse.cuda.codegen.declared import check_declared
-from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KPairSplat, KVal
 from polyfuse.cuda.codegen.kernel_ast import (
     ROW_BLOCK,
     KAlloc,
+    KAssign,
     KAsyncCopy,
     KBarrier,
+    KChunkCopy,
     KCombine,
     KCommit,
     KCopy,
@@ -35,9 +33,15 @@ from polyfuse.cuda.codegen.kernel_ast import (
     Kernel,
     KernelIR,
     KFor,
+    KFragmentLoad,
+    KGuardedCopy,
     KIf,
     KInt,
+    KLdmatrix,
+    KLet,
     KMark,
+    KMma,
+    KRegisters,
     KRowBlocks,
     KScope,
     KSection,
@@ -60,13 +64,11 @@ from polyfuse.cuda.codegen.kernel_function import (  # noqa: F401 (re-export)
     print_function,
 )
 from polyfuse.cuda.codegen.literals import c_float
-from polyfuse.cuda.codegen.lower_dtypes import (
-    C_TYPES,
-    FLOAT_TO_HALF,
-    HALF_TO_FLOAT,
-)
+from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, FLOAT_TO_HALF
 from polyfuse.cuda.codegen.lower_facts import kernel_facts
 from polyfuse.cuda.codegen.namer import Namer
+from polyfuse.cuda.codegen.print_vectors import vector_lines
+from polyfuse.cuda.codegen.tensor_core import CP_ASYNC16, LDMATRIX
 from polyfuse.cuda.codegen.tensor_core import PRELUDE as TENSOR_CORE_PRELUDE
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
@@ -257,7 +259,44 @@ class _Emitter(KVisitor[list[str]]):
         return [pad + text]
 
     def visit_KVector(self, n: KVector, pad: str, depth: int) -> list[str]:
-        return _vector_lines(n, depth, self)
+        return vector_lines(n, depth, self)
+
+    def visit_KLet(self, n: KLet, pad: str, depth: int) -> list[str]:
+        const = "const " if n.const else ""
+        value = f" = {c_index(n.value)}" if n.value is not None else ""
+        return [f"{pad}{const}{n.ctype} {n.name}{value};"]
+
+    def visit_KAssign(self, n: KAssign, pad: str, depth: int) -> list[str]:
+        return [f"{pad}{c_index(n.target)} {n.op} {c_index(n.value)};"]
+
+    def visit_KRegisters(self, n: KRegisters, pad: str, depth: int) -> list[str]:
+        return [f"{pad}{n.ctype} {n.name}{''.join(f'[{d}]' for d in n.shape)};"]
+
+    def visit_KLdmatrix(self, n: KLdmatrix, pad: str, depth: int) -> list[str]:
+        fn = f"{LDMATRIX}{n.count}" + ("_trans" if n.trans else "")
+        return [f"{pad}{fn}({c_index(n.dst)}, &{c_index(n.src)});"]
+
+    def visit_KFragmentLoad(self, n: KFragmentLoad, pad: str, depth: int) -> list[str]:
+        return [f"{pad}{c_index(n.dst)} = __float_as_uint({c_index(n.src)});"]
+
+    def visit_KMma(self, n: KMma, pad: str, depth: int) -> list[str]:
+        acc = c_index(n.acc)
+        return [f"{pad}{n.intrinsic}({acc}, {c_index(n.a)}, &{c_index(n.b)}, {acc});"]
+
+    def visit_KChunkCopy(self, n: KChunkCopy, pad: str, depth: int) -> list[str]:
+        dst, src, size = c_index(n.dst), c_index(n.src), c_index(n.src_bytes)
+        return [f"{pad}{CP_ASYNC16}(&{dst}, &{src}, {size});"]
+
+    def visit_KGuardedCopy(self, n: KGuardedCopy, pad: str, depth: int) -> list[str]:
+        zero = f"{FLOAT_TO_HALF[n.dtype]}(0.0f)" if n.dtype in FLOAT_TO_HALF else "0.0f"
+        load = f"{n.temp} = {c_index(n.src)};"
+        if n.guard is not None:
+            load = f"if ({c_index(n.guard)}) {load}"
+        return [
+            f"{pad}{C_TYPES[n.dtype]} {n.temp} = {zero};",
+            pad + load,
+            f"{pad}{c_index(n.dst)} = {n.temp};",
+        ]
 
     def visit_KScope(self, n: KScope, pad: str, depth: int) -> list[str]:
         return [f"{pad}{{  // {n.note}", *self(n.body, depth + 1), f"{pad}}}"]
@@ -297,158 +336,6 @@ def _row_block_lines(n: KRowBlocks, pad: str, body: list[str]) -> list[str]:
         f"{pad}  __syncthreads();  // the next rows reuse the reduction's shared arrays",
         f"{pad}}}",
     ]
-
-
-def _half2(dtype: str) -> tuple[str, str]:
-    """The pair type of a 16-bit float dtype and its rounding constructor from two floats."""
-    if dtype == "float16":
-        return "__half2", "__floats2half2_rn"
-    return "__nv_bfloat162", "__floats2bfloat162_rn"
-
-
-def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> tuple[list, str]:
-    """Lines loading ``width`` lanes at ``ref`` as 128-bit (or, for four 16-bit lanes,
-    64-bit) words, and the initializer of the lane array (of the dtype's register type)."""
-    if dtype in WORDS:  # int4, double2, longlong2
-        return word_load(pad, ref, dtype, qs)
-    if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
-        lines = [
-            f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
-            + (f" + {4 * j}" if j else "")
-            + ");"
-            for j, q in enumerate(qs)
-        ]
-        return lines, ", ".join(f"{q}.{c}" for q in qs for c in "xyzw")
-    word, comps = ("uint4", "xyzw") if width == 8 else ("uint2", "xy")
-    (q,) = qs[:1]
-    pair = _half2(dtype)[0]
-    line = f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref});"
-    vals = ", ".join(
-        f"__{half}2float(*reinterpret_cast<const {pair}*>(&{q}.{c}))"
-        for c in comps[: width // 2]
-        for half in ("low", "high")
-    )
-    return [line], vals
-
-
-def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
-    """Lines storing lane array ``src`` (``width`` lanes) at ``ref`` as whole words."""
-    if dtype in WORDS:
-        return word_store(pad, ref, dtype, width, src)
-    if dtype not in FLOAT_TO_HALF:
-        return [
-            f"{pad}  *reinterpret_cast<float4*>(&{ref}"
-            + (f" + {4 * j}" if j else "")
-            + ") = make_float4("
-            + ", ".join(f"{src}[{4 * j + k}]" for k in range(4))
-            + ");"
-            for j in range(width // 4)
-        ]
-    make = _half2(dtype)[1]
-    values = [f"{make}({src}[{2 * i}], {src}[{2 * i + 1}])" for i in range(width // 2)]
-    return _pair_store(pad, ref, dtype, src, values)
-
-
-def _pair_store(pad: str, ref: str, dtype: str, src: str, values: list[str]) -> list[str]:
-    """Lines storing pairs ``values`` (C expressions of the dtype's pair type) at ``ref`` as
-    one 64- or 128-bit word."""
-    pair = _half2(dtype)[0]
-    word = "uint4" if len(values) == 4 else "uint2"
-    pairs = [f"{src}_h{i}" for i in range(len(values))]
-    lines = [f"{pad}  {{"]
-    lines += [f"{pad}    const {pair} {h} = {v};" for h, v in zip(pairs, values, strict=True)]
-    words = ", ".join(f"*reinterpret_cast<const unsigned*>(&{h})" for h in pairs)
-    lines.append(f"{pad}    *reinterpret_cast<{word}*>(&{ref}) = make_{word}({words});")
-    return lines + [f"{pad}  }}"]
-
-
-def _vector_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
-    """A group of ``n.width`` lanes (its loads and stores lowered by
-    :mod:`polyfuse.cuda.codegen.lower_accesses`): whole-word loads (float4; 16-bit lanes eight or
-    four
-    per word), the lanes on float registers, whole-word stores."""
-    pad = "  " * depth
-    if n.native:
-        return _native_lines(n, depth, emit)
-    out = [f"{pad}{{"]
-    for lane in n.lane_loads:
-        ref, dtype = c_value(lane.target), lane.target.buffer.dtype
-        lines, vals = _vector_load(pad, ref, dtype, n.width, list(lane.words))
-        out += lines
-        out.append(f"{pad}  {c_type(lane.lanes.dtype)} {lane.lanes.name}[{n.width}] = {{{vals}}};")
-    out += [f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];" for x in n.lane_stores]
-    out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
-    out += emit(n.body, depth + 2)
-    out.append(f"{pad}  }}")
-    for x in n.lane_stores:
-        out += _vector_store(pad, c_value(x.target), x.target.buffer.dtype, n.width, x.lanes.name)
-    out.append(f"{pad}}}")
-    return out
-
-
-#: the pair intrinsics of the native operations; the ``_rn`` forms are never contracted into
-#: an fma by ptxas (the float32 path rounds a product before the sum that uses it)
-PAIR_INTRINSICS = {"add": "__hadd2_rn", "sub": "__hsub2_rn", "mul": "__hmul2_rn", "neg": "__hneg2"}
-
-
-def c_pair(v: KVal, words: dict[str, str], comp: str) -> str:
-    """C text of pair tree ``v`` at word component ``comp`` (``words``: lane array name →
-    its loaded word)."""
-    if isinstance(v, KPairLane):
-        return f"*reinterpret_cast<const {_half2(v.dtype)[0]}*>(&{words[v.lanes]}.{comp})"
-    if isinstance(v, KPairConst):
-        fn = "__float2half2_rn" if v.dtype == "float16" else "__float2bfloat162_rn"
-        return f"{fn}({c_float(v.value)})"
-    if isinstance(v, KPairSplat):
-        fn = "__half2half2" if v.dtype == "float16" else "__bfloat162bfloat162"
-        return f"{fn}({c_value(v.load)})"
-    assert isinstance(v, KPairOp), v
-    return f"{PAIR_INTRINSICS[v.op]}({', '.join(c_pair(a, words, comp) for a in v.args)})"
-
-
-def _native_lines(n: KVector, depth: int, emit: _Emitter) -> list[str]:
-    """A group whose stored lane arrays ``n.native`` are computed in native 16-bit pairs
-    (:mod:`polyfuse.cuda.codegen.lower_half2`): its words loaded and kept as pairs, each such
-    word computed pair by pair; statements left in float32 (if any) run on widened lanes in
-    the loop as usual."""
-    pad = "  " * depth
-    values = {p.lanes: p.value for p in n.native}
-    rest = [
-        s
-        for s in n.body
-        if not (
-            isinstance(s, KStmt) and s.stores and {t.buffer.name for t in s.stores} <= set(values)
-        )
-    ]
-    out = [f"{pad}{{"]
-    words: dict[str, str] = {}
-    for lane in n.lane_loads:
-        ref, dtype = c_value(lane.target), lane.target.buffer.dtype
-        lines, vals = _vector_load(pad, ref, dtype, n.width, list(lane.words))
-        out += lines
-        words[lane.lanes.name] = lane.words[0]
-        if rest:
-            arr = f"{c_type(lane.lanes.dtype)} {lane.lanes.name}[{n.width}]"
-            out.append(f"{pad}  {arr} = {{{vals}}};")
-    if rest:
-        out += [
-            f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];"
-            for x in n.lane_stores
-            if x.lanes.name not in values
-        ]
-        out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
-        out += emit(rest, depth + 2)
-        out.append(f"{pad}  }}")
-    for x in n.lane_stores:
-        ref, dtype = c_value(x.target), x.target.buffer.dtype
-        if x.lanes.name not in values:
-            out += _vector_store(pad, ref, dtype, n.width, x.lanes.name)
-            continue
-        tree = values[x.lanes.name]
-        pairs = [c_pair(tree, words, "xyzw"[i]) for i in range(n.width // 2)]
-        out += _pair_store(pad, ref, dtype, x.lanes.name, pairs)
-    out.append(f"{pad}}}")
-    return out
 
 
 def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> list[str]:

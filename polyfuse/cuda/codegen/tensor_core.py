@@ -109,8 +109,14 @@ def _mma_function(mma: Intrinsic) -> str:
     )
 
 
+#: the prelude's ``ldmatrix`` wrappers: this prefix, the matrix count, ``_trans`` if transposed
+LDMATRIX = "pf_ldmatrix_x"
+#: the prelude's 16-byte ``cp.async`` with a run-time source size
+CP_ASYNC16 = "pf_cp_async16"
+
+
 def _ldmatrix_function(matrices: int, trans: bool) -> str:
-    name = f"pf_ldmatrix_x{matrices}" + ("_trans" if trans else "")
+    name = f"{LDMATRIX}{matrices}" + ("_trans" if trans else "")
     ptx = f"ldmatrix.sync.aligned.m8n8.x{matrices}" + (".trans" if trans else "") + ".shared.b16"
     outs = ", ".join(f'"=r"(r[{i}])' for i in range(matrices))
     regs = ",".join(f"%{i}" for i in range(matrices))
@@ -125,7 +131,7 @@ def _ldmatrix_function(matrices: int, trans: bool) -> str:
 #: a 16-byte cp.async whose first ``bytes`` come from ``src`` and the rest are zero (a run-time
 #: src-size: ``__pipeline_memcpy_async``'s zero-fill argument compiles to a branch per value)
 _CP_ASYNC16 = (
-    "PF_INLINE void pf_cp_async16(void* dst, const void* src, int bytes) {\n"
+    f"PF_INLINE void {CP_ASYNC16}(void* dst, const void* src, int bytes) {{\n"
     "  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));\n"
     '  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(s), "l"(src), '
     '"r"(bytes) : "memory");\n'
