@@ -53,6 +53,13 @@ from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
+from polyfuse.poly.mma_operand import (  # noqa: F401 (re-export)
+    CHUNK,
+    HALF_DTYPES,
+    ITEMSIZE,
+    MmaOperand,
+    fill_alignment,
+)
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import tensor_core_tile_budget
 from polyfuse.poly.promote import pipeline_stages
@@ -67,7 +74,6 @@ from polyfuse.poly.tensorize_gather import (
     group_splits,
     guarded_operands,
     k_extent,
-    linear_alignment,
     linear_k,
     split_shape,
 )
@@ -80,47 +86,6 @@ from polyfuse.poly.tensorize_tiling import (
     extent,
 )
 from polyfuse.poly.tiling import detect_gemm
-
-HALF_DTYPES = ("float16", "bfloat16")
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-
-
-@dataclass(frozen=True)
-class MmaOperand:
-    """One mma operand as the update reads it: per array dimension its affine subscript
-    (coefficients over the update's dims ``[d0 .. d_{nd-1}, k]`` and a constant)."""
-
-    tensor: str
-    shape: tuple[int, ...]
-    index: tuple[tuple[tuple[int, ...], int], ...]
-    outer_dim: int  # the data dim it shares with the result: m (A) or n (B)
-    k_inner: bool  # k is the array's innermost dim (else the m / n dim is)
-    #: the array's innermost dim, trailing dims of extent 1 skipped (a 1x1 conv's weight)
-    inner_dim: int = -1
-    #: filled element by element through the full subscript (an implicit GEMM's im2col:
-    #: :mod:`polyfuse.poly.tensorize_gather`), scalar, single-stage
-    gather: bool = False
-    #: the fill zero-fills elements outside the array (a padding select proven redundant)
-    guarded: bool = False
-    #: a gathered operand whose array offset is ``data part + s * k + constant``, contiguous
-    #: along its tile's innermost dim (:func:`polyfuse.poly.tensorize_gather.linear_k`):
-    #: filled by 16-byte chunks
-    linear: tuple[tuple[int, ...], int, int] | None = None
-    #: a gathered operand stored k-innermost whose runs of 8 consecutive k are 16-byte aligned
-    #: runs of its innermost dim (:func:`polyfuse.poly.tensorize_gather.chunked_k`: a
-    #: channels-last conv input): filled by 16-byte chunks, each one gather
-    chunked: bool = False
-
-    @property
-    def scalar(self) -> bool:
-        """Filled element by element (a gather with no contiguous run along k)."""
-        return self.gather and self.linear is None and not self.chunked
-
-    @property
-    def trans(self) -> bool:
-        """Loaded with ``ldmatrix.trans``: stored m- or n-innermost (both fragments hold
-        pairs of consecutive k in a register)."""
-        return not self.k_inner
 
 
 @dataclass(frozen=True)
@@ -184,7 +149,6 @@ def operand_layouts(
 
 
 #: 16-bit elements per 16-byte chunk of a shared-tile fill (one cp.async)
-CHUNK = 8
 #: mma.sync m16n8k16 multiply-adds per SM and cycle (dense 16-bit): the datasheets' tensor
 #: rates (A100 312 TFLOP/s at 108 SMs x 1.41 GHz: 1024; GA10x/AD10x half that). Hopper's
 #: 2048 are wgmma's; for mma.sync the figure is measured: on an H100 (2026-11-26,
@@ -193,27 +157,6 @@ CHUNK = 8
 #: SM-cycle at the 1739 MHz sustained clock; with it the model gives 0.605 ms (S=2) and
 #: 0.858 ms (S=1, measured 0.859).
 MMA_FMA_PER_SM_CYCLE = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 512}
-
-
-def fill_alignment(op: MmaOperand, lo: int, chunk: int = CHUNK) -> str:
-    """Why ``op``'s shared tile cannot be filled by 16-byte chunks, or "" when every chunk's
-    first element is 16-byte aligned: the array's innermost extent is a multiple of
-    :data:`CHUNK` (every row starts aligned, the base being aligned like every allocation),
-    and the innermost subscript (trailing dims of extent 1 skipped) at a chunk's start
-    (``lo``, the lower bound of the dim it runs along, plus its constant, then steps of
-    ``CHUNK``) is a multiple of ``CHUNK``
-    (``chunk``: the elements of 16 bytes, 4 for float32)."""
-    if op.linear is not None:
-        return linear_alignment(
-            op.tensor, op.linear, chunk, None if op.k_inner else op.outer_dim, lo
-        )
-    inner = op.shape[op.inner_dim]
-    if inner % chunk:
-        return f"{op.tensor}'s innermost extent {inner} is not a multiple of {chunk} elements"
-    off = lo + op.index[op.inner_dim][1]
-    if off % chunk:
-        return f"{op.tensor}'s tile rows start at element {off} mod {chunk} (not 16-byte aligned)"
-    return ""
 
 
 def stage_problem(
