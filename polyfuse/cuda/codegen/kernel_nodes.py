@@ -336,14 +336,19 @@ class KAsyncCopy(KCopy):
 
 @dataclass(frozen=True)
 class KCommit(KNode):
-    """The asynchronous copies issued since the last commit form one group."""
+    """The asynchronous copies issued since the last commit form one group (``note``: a
+    comment saying which)."""
+
+    note: str = ""
 
 
 @dataclass(frozen=True)
 class KWait(KNode):
-    """Wait until at most ``pending`` asynchronous copy groups are in flight."""
+    """Wait until at most ``pending`` asynchronous copy groups are in flight (``note``: a
+    comment saying what has landed)."""
 
     pending: int = 0
+    note: str = ""
 
 
 @dataclass(frozen=True)

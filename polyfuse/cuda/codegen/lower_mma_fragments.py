@@ -163,10 +163,10 @@ def double_buffered_loop(
         return [
             KLet("pf_k0", add(k_lo, mul("pf_kt", bk))),
             ahead_fills(fills, ahead, bk, k_tiles, inside),
-            KCommit(),  # one group per k-tile (empty past the last)
+            KCommit(lower_mma_pipeline.ONE_GROUP),
             # all k-steps but the last
             KFor("pf_ks", zero, cmp("<", "pf_ks", bk - mk), mk, steps, unroll=True),
-            KWait(wait),  # k-tile pf_kt + 1 has landed
+            KWait(wait, "k-tile pf_kt + 1 has landed"),
             KBarrier(Scope.BLOCK, "... for every thread; k-tile pf_kt is read"),
             advance("pf_rs", stages),
             advance("pf_ws", stages),
@@ -179,7 +179,7 @@ def double_buffered_loop(
     main = max(0, full - ahead)  # iterations whose fill lies wholly inside
     return [
         *prologue(fills, ahead, k_tiles, k_lo, bk),
-        KWait(wait),  # k-tile 0 has landed
+        KWait(wait, "k-tile 0 has landed"),
         KBarrier(Scope.BLOCK, "... for every thread"),
         *[replace(r, shape=(2, *r.shape), note="two fragment buffers" if not i else "")
           for i, r in enumerate(step.fragments)],

@@ -42,6 +42,9 @@ from polyfuse.cuda.codegen.kernel_ast import (
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, fill, scalar_fill
 
+#: the note of the k-tile loop's commit
+ONE_GROUP = "one group per k-tile (empty past the last)"
+
 
 def wait_pending(stages: int) -> int:
     """Commit groups that may still fly when iteration ``kt`` of an S-stage loop reads k-tile
@@ -137,10 +140,10 @@ def k_tile_loop(
     def steady(inside: bool) -> list[KNode]:
         return [
             k0,
-            KWait(wait_pending(stages)),  # k-tile pf_kt has landed
+            KWait(wait_pending(stages), "k-tile pf_kt has landed"),
             KBarrier(Scope.BLOCK, "... for every thread; k-tile pf_kt - 1 is read"),
             ahead_fills(fills, ahead, bk, k_tiles, inside),
-            KCommit(),  # one group per k-tile (empty past the last)
+            KCommit(ONE_GROUP),
             *point,
             *compute,
             advance("pf_rs", stages),

@@ -247,10 +247,11 @@ class _Emitter(KVisitor[list[str]]):
         return [pad + self.copy(n)]
 
     def visit_KCommit(self, n: KCommit, pad: str, depth: int) -> list[str]:
-        return [f"{pad}__pipeline_commit();"]
+        return [f"{pad}__pipeline_commit();" + (f"  // {n.note}" if n.note else "")]
 
     def visit_KWait(self, n: KWait, pad: str, depth: int) -> list[str]:
-        return [f"{pad}__pipeline_wait_prior({n.pending});"]
+        note = f"  // {n.note}" if n.note else ""
+        return [f"{pad}__pipeline_wait_prior({n.pending});{note}"]
 
     def visit_KVectorStore(self, n: KVectorStore, pad: str, depth: int) -> list[str]:
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
