@@ -25,6 +25,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     nodes_of,
 )
 from polyfuse.cuda.codegen.kernel_function import print_function
+from polyfuse.cuda.codegen.lower_facts import kernel_facts
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, chunk_fill, scalar_fill
 from polyfuse.cuda.codegen.printer import _Emitter, print_ir
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
@@ -94,6 +95,12 @@ def test_the_tensor_core_kernel_is_its_ir_printed(monkeypatch):
     assert [r.shape for r in nodes_of(k.body, KRegisters) if r.name == "pf_acc"] == [(2, 4, 4)]
     (guard,) = [n for n in nodes_of(k.body, KIf) if nodes_of(n.then, KStmt)]
     assert all(s.stores for s in nodes_of(guard.then, KStmt))
+    # the facts read from the IR: two static 3-stage tiles of 64x32 bf16 (swizzled, no
+    # padding), the barrier, the mma and the cp.async chunks
+    assert k.facts == kernel_facts(ir)
+    assert [(a.bytes, a.align) for a in k.facts.shared_arrays] == [(3 * 64 * 32 * 2, 16)] * 2
+    assert k.facts.barriers and k.facts.mma and k.facts.async_copies
+    assert k.facts.dynamic_shared_bytes == 0
     printed = print_ir(ir)
     assert (k.canonical or k.printed) == printed
     if k.canonical is None:

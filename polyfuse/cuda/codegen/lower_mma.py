@@ -59,6 +59,7 @@ from polyfuse.cuda.codegen.lower import (
 from polyfuse.cuda.codegen.lower_accesses import Accesses
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes, storage_dtypes
+from polyfuse.cuda.codegen.lower_facts import kernel_facts
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, k_values
 from polyfuse.cuda.codegen.lower_mma_fragments import double_buffered_loop, single_buffered
 from polyfuse.cuda.codegen.lower_mma_pipeline import k_tile_loop
@@ -70,7 +71,6 @@ from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT
 from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, TensorCoreKernel
 from polyfuse.poly.tensorize_gather import k_extent
-from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 #: the intrinsic per operand dtype (float32: tf32, where the user allowed it)
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16, "float32": MMA_TF32}
@@ -165,20 +165,14 @@ def lower_mma_kernel(
             fills, bases, single_buffered(step), stages, tk.vector_fill, lk, k_tiles
         )
     body.append(_epilogue(tk, batch, as_global, idents, namer, hm, hn))
-    arrays = (SharedArray(stages * ea * itemsize, 16), SharedArray(stages * eb * itemsize, 16))
-    facts = KernelFacts(
-        shared_arrays=() if dynamic else arrays,
-        dynamic_shared_bytes=shared_bytes if dynamic else 0,
-        barriers=True,
-        mma=True,
-        async_copies=tk.vector_fill,  # the tiles are filled by cp.async chunks
-    )
     ir = ir.with_(
         body=tuple(body),
         allocs=(*tiles, *regs),
         dynamic_smem_bytes=shared_bytes if dynamic else 0,
     )
-    return instantiate_kernel(kernel_of(ir, facts), canonical, name)
+    # the facts from the IR: the static tiles (or the dynamic pool), the barrier, mma and
+    # cp.async nodes (none with scalar fills)
+    return instantiate_kernel(kernel_of(ir, kernel_facts(ir)), canonical, name)
 
 
 def _loop(var: str, trips: int, body: list[KNode]) -> KFor:
