@@ -124,3 +124,22 @@ def test_the_vocabulary_added_for_the_tensor_core_kernel():
     assert _lines([rolled])[0] == "#pragma unroll 1"
     regs = KRegisters("pf_fa", "unsigned", (2, 4), "fragment", note="two fragment buffers")
     assert _lines([regs]) == ["unsigned pf_fa[2][4];  // two fragment buffers"]
+
+
+def test_lets_and_register_arrays_are_checked_against_the_generated_names():
+    """A let or a register array the kernel declares under a name a tensor could have is an
+    internal error (it could shadow the tensor's C name); the tensor-core kernel's own
+    ``pf_`` names pass."""
+    import pytest
+
+    from polyfuse.cuda.codegen.declared import check_declared
+    from polyfuse.cuda.codegen.kernel_ast import KernelIR, KInt, KLet
+
+    def ir(*body):
+        return KernelIR("k", (), (), tuple(body), ())
+
+    check_declared(ir(KLet("pf_lane", KInt(0)), KRegisters("pf_acc", "float", (2,))))
+    with pytest.raises(AssertionError, match=r"variables \['x'\]"):
+        check_declared(ir(KLet("x", KInt(0))))
+    with pytest.raises(AssertionError, match=r"variables \['acc'\]"):
+        check_declared(ir(KRegisters("acc", "float", (2,))))
