@@ -55,7 +55,7 @@ def test_channels_last_conv_fills_by_gathered_chunks_and_matches_float64(dtype, 
     assert any(n.startswith("tensor cores: the shared tiles are filled by 16-byte cp.async")
                for n in k.notes), k.notes  # fmt: skip
     assert "pf_scalar" not in k.source and "pf_v = " not in k.source  # no scalar copy left
-    assert "const int pf_kp = " in k.source and "x_cl + pf_off, pf_in ? 16 : 0);" in k.source
+    assert "const int pf_kp = " in k.source and "&x_cl[pf_off], (pf_in ? 16 : 0));" in k.source
     assert ("const int pf_e" in k.source) == bool(pad)  # the padding test, once per chunk
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, dtype)

@@ -205,8 +205,8 @@ def test_a_two_dim_contraction_is_an_implicit_gemm_on_tensor_cores(linear):
     assert any(n.startswith(f"tensor cores: reduction flattened in the order {order}")
                for n in notes), notes  # fmt: skip
     src = fn.kernels[0].source
-    assert "&x[pf_n > 0 ? 48 * pf_r + pf_k : 0]" in src
-    assert "&w[pf_n > 0 ? pf_r + 24 * pf_k : 0]" in src
+    assert "&x[((pf_n > 0) ? ((48 * pf_r) + pf_k) : 0)]" in src
+    assert "&w[((pf_n > 0) ? (pf_r + (24 * pf_k)) : 0)]" in src
 
 
 def test_an_architecture_without_mma_is_refused_with_the_reason():
@@ -255,4 +255,4 @@ def test_an_operand_subscript_of_several_terms_is_parenthesized():
     want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
     fn = _check("float16", [a, b], mm, [xs, ws], want)
     _tensorized(fn)
-    assert "a[(pf_g0 + 1) * 399 + " in fn.kernels[0].source
+    assert "a[(((pf_g0 + 1) * 399) + " in fn.kernels[0].source

@@ -292,7 +292,7 @@ def test_gathered_conv_weights_fill_by_cp_async_pipelined(case, stages):
     assert f"{stages} stages" in stage or f"S={stages}" in stage, stage
     src = k.source
     assert "pf_cp_async16(" in src and f"__pipeline_wait_prior({stages - 2})" in src
-    assert "&w[pf_n > 0 ? 216 * pf_r + pf_k : 0]" in src  # linear in k: no division
+    assert "&w[((pf_n > 0) ? ((216 * pf_r) + pf_k) : 0)]" in src  # linear in k: no division
     assert "const int pf_kb = " in src and "pf_kb / 9" in src  # once per k-tile
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, "bfloat16")
@@ -331,7 +331,7 @@ def test_channel_innermost_order_runs_without_carries(dtype, case):
     assert order and order[0].startswith(
         "tensor cores: reduction flattened in the order (1, 2, 0) of its dims"
     ), k.notes
-    assert "const bool pf_run = " in k.source and "++pf_d2;" in k.source
+    assert "const bool pf_run = " in k.source and "pf_d2 += 1;" in k.source
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, dtype)
     loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]

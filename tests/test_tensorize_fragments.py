@@ -18,7 +18,11 @@ from test_tensorize_pipeline import MODES, ODD_ALIGNED, ODD_ALIGNED_T
 
 import polyfuse
 from polyfuse.cuda.codegen import lower_mma_fragments
+from polyfuse.cuda.codegen.c_text import c_index
+from polyfuse.cuda.codegen.kernel_arith import add, band, div, mul
+from polyfuse.cuda.codegen.kernel_ast import KInt, KLdmatrix, KMma, KRef, KRegisters, KVar
 from polyfuse.cuda.codegen.lower_mma_fragments import KStep, buffered, single_buffered
+from polyfuse.cuda.codegen.printer import _Emitter
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.poly import tensorize_tiling
 from polyfuse.poly.mapping import MappingConfig
@@ -59,40 +63,54 @@ def test_double_buffered_fragments_match_float64_and_the_single_buffered_bits(dt
         assert np.array_equal(single(*arrays, device="emulate"), got, equal_nan=True), case
 
 
+def _print(nodes) -> list[str]:
+    """Nodes as the kernel printer writes them, unindented."""
+    return [ln.strip() for ln in _Emitter({})(list(nodes), 0)]
+
+
 def test_the_pass_text_before_and_after():
-    """One k-step's text (a hand-written KStep), single-buffered as the k-tile loop had it,
-    then on a buffer and k-step of the double-buffered loop; and in a kernel the loop's
-    order: k-step 0 loaded before the loop, k-step 1 loaded into buffer 1 before k-step 0's
-    mma on buffer 0, then the wait, the barrier, the next k-tile's k-step 0 into buffer 0
-    from the next stage, and k-step 1's mma on buffer 1."""
+    """One k-step's nodes (a hand-built KStep), single-buffered as the k-tile loop has it,
+    then on a buffer and k-step of the double-buffered loop: the rotation substitutes the
+    buffer index and ``pf_ks`` on the nodes (the buffer expression itself may read the loop's
+    ``pf_ks``: not substituted); and in a kernel the loop's order: k-step 0 loaded before
+    the loop, k-step 1 loaded into buffer 1 before k-step 0's mma on buffer 0, then the wait,
+    the barrier, the next k-tile's k-step 0 into buffer 0 from the next stage, and k-step 1's
+    mma on buffer 1."""
+    ks = KVar("pf_ks")
     step = KStep(
-        (("pf_fa", "[1][4]"), ("pf_fb", "[1][4]")),
-        ("#pragma unroll", "      lda(pf_fa[0], &pf_sa[64 * (pf_ks / 16)]);",
-         "      ldb(pf_fb[0], &pf_sb[pf_ks]);"),
-        ("      mma(pf_acc, pf_fa[0], pf_fb[0]);",),
+        (KRegisters("pf_fa", "unsigned", (1, 4), "fragment"),
+         KRegisters("pf_fb", "unsigned", (1, 4), "fragment")),
+        (KLdmatrix(KRef("pf_fa", (KInt(0),)), KRef("pf_sa", (mul(64, div(ks, 16)),)), 4),
+         KLdmatrix(KRef("pf_fb", (KInt(0),)), KRef("pf_sb", (ks,)), 4, True)),
+        (KMma("mma", (16, 8, 16), KRef("pf_acc"), KRef("pf_fa", (KInt(0),)),
+              KRef("pf_fb", (KInt(0),))),),
         32,
         16,
     )  # fmt: skip
-    assert single_buffered(step) == [
+    assert _print(single_buffered(step)) == [
         "#pragma unroll",
-        "    for (int pf_ks = 0; pf_ks < 32; pf_ks += 16) {",
-        "      unsigned pf_fa[1][4], pf_fb[1][4];",
-        "#pragma unroll",
-        "      lda(pf_fa[0], &pf_sa[64 * (pf_ks / 16)]);",
-        "      ldb(pf_fb[0], &pf_sb[pf_ks]);",
-        "      mma(pf_acc, pf_fa[0], pf_fb[0]);",
-        "    }",
+        "for (int pf_ks = 0; (pf_ks < 32); pf_ks += 16) {",
+        "unsigned pf_fa[1][4];",
+        "unsigned pf_fb[1][4];",
+        "pf_ldmatrix_x4(pf_fa[0], &pf_sa[(64 * (pf_ks / 16))]);",
+        "pf_ldmatrix_x4_trans(pf_fb[0], &pf_sb[pf_ks]);",
+        "mma(pf_acc, pf_fa[0], &pf_fb[0], pf_acc);",
+        "}",
     ]
-    assert buffered(step, step.loads, "(pf_ks / 16 + 1) & 1", "(pf_ks + 16)", -2) == [
-        "#pragma unroll",
-        "    lda(pf_fa[(pf_ks / 16 + 1) & 1][0], &pf_sa[64 * ((pf_ks + 16) / 16)]);",
-        "    ldb(pf_fb[(pf_ks / 16 + 1) & 1][0], &pf_sb[(pf_ks + 16)]);",
+    now, last = lower_mma_fragments.mma_buffers(step)
+    assert (c_index(now), c_index(last)) == ("((pf_ks / 16) & 1)", "1")
+    ahead = buffered(step, step.loads, band(add(div(ks, 16), 1), 1), add(ks, 16))
+    assert _print(ahead) == [
+        "pf_ldmatrix_x4(pf_fa[(((pf_ks / 16) + 1) & 1)][0], &pf_sa[(64 * ((pf_ks + 16) / 16))]);",
+        "pf_ldmatrix_x4_trans(pf_fb[(((pf_ks / 16) + 1) & 1)][0], &pf_sb[(pf_ks + 16)]);",
     ]
-    assert lower_mma_fragments.mma_buffers(step) == ("(pf_ks / 16) & 1", "1")
+    assert _print(buffered(step, step.mma, last, KInt(16))) == [
+        "mma(pf_acc, pf_fa[1][0], &pf_fb[1][0], pf_acc);"
+    ]
     inputs, out, _, _ = _matmul("bfloat16", *ODD_ALIGNED)
     before = _compile(inputs, out, 3, 1).kernels[0].source
     after = _compile(inputs, out, 3, 2).kernels[0].source
-    assert "unsigned pf_fa[2][4], pf_fb[2][4];" in before  # per k-step, in its loop
+    assert "unsigned pf_fa[2][4];" in before  # per k-step, in its loop
     assert "// two fragment buffers" not in before
     assert "__syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read" in before
     steady = after[after.index("  for (int pf_kt = 0;") :].split("\n  }\n")[0].splitlines()
@@ -100,18 +118,20 @@ def test_the_pass_text_before_and_after():
     def at(text: str, start: int = 0) -> int:
         return next(i for i, ln in enumerate(steady) if i >= start and text in ln)
 
-    assert "  unsigned pf_fa[2][2][4], pf_fb[2][2][4];  // two fragment buffers" in after
+    assert "  unsigned pf_fa[2][2][4];  // two fragment buffers" in after
+    assert "  unsigned pf_fb[2][2][4];" in after
     prologue = after[: after.index("  for (int pf_kt = 0;")]
     assert "pf_ldmatrix_x4(pf_fa[0][pf_i], &pf_sa[" in prologue  # k-step 0 of k-tile 0
     commit = at("__pipeline_commit();")
-    ahead = at("pf_ldmatrix_x4(pf_fa[(pf_ks / 16 + 1) & 1][pf_i]", commit)
-    now = at("pf_fa[(pf_ks / 16) & 1][pf_i], &pf_fb[(pf_ks / 16) & 1][pf_j / 2]", ahead)
-    wait = at("__pipeline_wait_prior(1);  // k-tile pf_kt + 1 has landed", now)
+    ahead = at("pf_ldmatrix_x4(pf_fa[(((pf_ks / 16) + 1) & 1)][pf_i]", commit)
+    now = at("pf_fa[((pf_ks / 16) & 1)][pf_i], &pf_fb[((pf_ks / 16) & 1)][(pf_j / 2)]", ahead)
+    wait = at("__pipeline_wait_prior(1);", now)
     barrier = at("__syncthreads();  // ... for every thread; k-tile pf_kt is read", wait)
-    stage = at("pf_sa = s_a + pf_rs * ", barrier)
+    stage = at("pf_sa = (s_a + (pf_rs * ", barrier)
     first = at("pf_ldmatrix_x4(pf_fa[0][pf_i], &pf_sa[", stage)
-    last = at("pf_fa[1][pf_i], &pf_fb[1][pf_j / 2]", first)
-    assert last == len(steady) - 1 and "__syncthreads" not in "".join(steady[:barrier])
+    last = at("pf_fa[1][pf_i], &pf_fb[1][(pf_j / 2)]", first)
+    # the last k-step's mma: its loop's lines (the mma, two closing braces) end the k-tile
+    assert last == len(steady) - 3 and "__syncthreads" not in "".join(steady[:barrier])
 
 
 def test_the_register_budget_and_the_loop_shape_refuse_with_the_reason(monkeypatch):
@@ -166,8 +186,8 @@ def test_a_planted_wrong_buffer_index_is_caught(monkeypatch, where):
     def planted(step):
         now, last = good(step)
         if where == "k-step loop":
-            return f"(pf_ks / {step.mma_k} + 1) & 1", last
-        return now, str(1 - int(last))
+            return band(add(div("pf_ks", step.mma_k), 1), 1), last
+        return now, KInt(1 - last.value)
 
     monkeypatch.setattr(lower_mma_fragments, "mma_buffers", planted)
     fn = _compile(inputs, out, 3, 2)

@@ -9,7 +9,7 @@ the fills cost per element:
 - a gathered operand stored k-innermost keeps one k per thread for a whole k-tile (its
   divisions of k once per k-tile);
 - a gathered operand stored in k rows (the input, im2col) walks a run of consecutive k per
-  thread (:func:`polyfuse.cuda.codegen.lower_mma_pipeline.digit_fill`): where the innermost
+  thread (:func:`polyfuse.cuda.codegen.lower_mma_fills.digit_fill`): where the innermost
   reduction dim's extent is a multiple of the run and the runs start on multiples of it, the
   run never carries into the outer dims: the guards on the outer dims and the offset's other
   terms stay fixed along the run (NCHW under ``(kh, kw, c)``: one channel per element);

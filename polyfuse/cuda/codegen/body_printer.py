@@ -12,7 +12,7 @@ element types and typed integer arithmetic follow the dtype passes
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from polyfuse.base.errors import UnsupportedOpError
@@ -45,18 +45,14 @@ from polyfuse.cuda.codegen.kernel_access import (
     KUnary,
     KVal,
 )
-from polyfuse.cuda.codegen.kernel_ast import KernelIR, KInt, KVar
 from polyfuse.cuda.codegen.literals import c_double, c_float, c_int
-from polyfuse.cuda.codegen.lower_accesses import Accesses
 from polyfuse.cuda.codegen.lower_dtypes import (
     C_TYPES,
     FLOAT_TO_HALF,
     HALF_TO_FLOAT,
     is_float_register,
 )
-from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.graph.dtypes import is_float, numpy_dtype
-from polyfuse.poly.model import Statement
 
 _UNARY = {
     "exp": "expf",
@@ -264,25 +260,3 @@ def c_store(s: KStore) -> str:
 def c_stores(stores: Sequence[KStore]) -> str:
     """A statement instance's stores on one line."""
     return " ".join(c_store(s) for s in stores)
-
-
-class BodyPrinter:
-    """One statement instance as C outside a lowered kernel IR (the tensor-core epilogue of
-    :mod:`polyfuse.cuda.codegen.lower_mma`): lowered by
-    :class:`polyfuse.cuda.codegen.lower_accesses.Accesses`
-    over ``placements`` and printed by :func:`c_stores`."""
-
-    def __init__(self, placements: Mapping[str, Any], idents: Mapping[int, str],
-                 namer: Namer | None = None):  # fmt: skip
-        ir = KernelIR("", (), (), (), (), namer=namer or Namer())
-        self.accesses = Accesses(ir, [], placements, idents)
-
-    def statement(self, s: Statement, args: Sequence[str], ident: str) -> str:
-        """``s`` at the C expressions ``args`` (loop variables) storing tensor ``ident``."""
-        assert ident == s.prim, (ident, s.prim)
-        return c_stores(self.accesses.statement(s, [_arg(a) for a in args]))
-
-
-def _arg(a: str) -> KInt | KVar:
-    """A coordinate the caller wrote as C (a variable, or ``(pf_g0 + 3)``), kept as written."""
-    return KInt(int(a)) if a.lstrip("-").isdigit() else KVar(a)

@@ -15,7 +15,10 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KDef,
     KernelIR,
     KFor,
+    KGuardedCopy,
+    KLet,
     KNode,
+    KRegisters,
     KRowBlocks,
     KSection,
     KVector,
@@ -25,8 +28,8 @@ from polyfuse.cuda.codegen.namer import is_generated
 
 
 class _Declared(KVisitor[None]):
-    """Collects the variables of the loops, definitions, vector groups and sections (their
-    launch coordinates, copy grids and row-block loops) of an IR body."""
+    """Collects the variables of the loops, definitions, lets, register arrays, vector groups
+    and sections (their launch coordinates, copy grids and row-block loops) of an IR body."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -47,6 +50,15 @@ class _Declared(KVisitor[None]):
     def visit_KDef(self, n: KDef) -> None:
         self.names.add(n.var)
         self.walk(n.body)
+
+    def visit_KLet(self, n: KLet) -> None:
+        self.names.add(n.name)
+
+    def visit_KRegisters(self, n: KRegisters) -> None:
+        self.names.add(n.name)
+
+    def visit_KGuardedCopy(self, n: KGuardedCopy) -> None:
+        self.names.add(n.temp)
 
     def visit_KVector(self, n: KVector) -> None:
         self.names.add(n.var)

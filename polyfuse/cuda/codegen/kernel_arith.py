@@ -30,14 +30,16 @@ def _const(x: KExpr) -> int | None:
 
 
 def add(*xs: Operand) -> KExpr:
-    """The sum (constants folded into one trailing term, zeros dropped)."""
+    """The sum (constants folded into one trailing term, zeros dropped, nested sums
+    flattened: C adds left to right, so ``a + (b + c)`` is written ``a + b + c``)."""
     terms, const = [], 0
     for x in map(e, xs):
-        c = _const(x)
-        if c is None:
-            terms.append(x)
-        else:
-            const += c
+        for y in x.args if isinstance(x, KOp) and x.op == "+" else (x,):
+            c = _const(y)
+            if c is None:
+                terms.append(y)
+            else:
+                const += c
     if const or not terms:
         terms.append(KInt(const))
     return terms[0] if len(terms) == 1 else KOp("+", tuple(terms))

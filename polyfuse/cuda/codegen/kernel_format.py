@@ -51,6 +51,7 @@ class _Format(KVisitor[list[str]]):
 
     def visit_KFor(self, n: KFor, depth: int) -> list[str]:
         unroll = f"  // unrolled{f' by {n.unroll_by}' if n.unroll_by else ''}" if n.unroll else ""
+        unroll += "  // rolled" if n.rolled else ""
         head = f"{'  ' * depth}for {n.var} = {n.init}; {n.cond}; += {n.step}{unroll}"
         pad = "  " * (depth + 1)
         ptrs = [f"{pad}stream {p.name} = &{p.array}[{p.start}] += {p.step}" for p in n.streams]

@@ -42,7 +42,8 @@ class KStream:
 class KFor(KNode):
     """A loop; ``unroll``: printed with ``#pragma unroll`` (constant trip count, e.g. the
     register micro-tile, whose array then lives in registers; by ``unroll_by`` iterations
-    at a time when > 1); ``streams``: its pointers."""
+    at a time when > 1); ``rolled``: printed with ``#pragma unroll 1`` (kept rolled where
+    unrolling would raise the register pressure); ``streams``: its pointers."""
 
     var: str
     init: KExpr
@@ -52,6 +53,7 @@ class KFor(KNode):
     unroll: bool = False
     streams: tuple[KStream, ...] = ()
     unroll_by: int = 0
+    rolled: bool = False
 
     def __post_init__(self) -> None:
         _tuples(self, "body", "streams")
@@ -334,14 +336,19 @@ class KAsyncCopy(KCopy):
 
 @dataclass(frozen=True)
 class KCommit(KNode):
-    """The asynchronous copies issued since the last commit form one group."""
+    """The asynchronous copies issued since the last commit form one group (``note``: a
+    comment saying which)."""
+
+    note: str = ""
 
 
 @dataclass(frozen=True)
 class KWait(KNode):
-    """Wait until at most ``pending`` asynchronous copy groups are in flight."""
+    """Wait until at most ``pending`` asynchronous copy groups are in flight (``note``: a
+    comment saying what has landed)."""
 
     pending: int = 0
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -430,6 +437,7 @@ class KRegisters(KNode):
     ctype: str
     shape: tuple[int, ...]
     scope: str = "local"
+    note: str = ""  # printed as a comment
 
 
 @dataclass(frozen=True)

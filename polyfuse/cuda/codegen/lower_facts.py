@@ -13,6 +13,7 @@ from typing import Any
 from polyfuse.cuda.codegen.kernel_ast import (
     KAsyncCopy,
     KBarrier,
+    KChunkCopy,
     KCommit,
     KernelIR,
     KMma,
@@ -26,7 +27,8 @@ from polyfuse.poly.costs import Work
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 #: bytes per element of each buffer dtype (:data:`polyfuse.cuda.codegen.lower_dtypes.C_TYPES`)
-ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1, "float64": 8, "int64": 8}
+ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1, "float64": 8, "int64": 8, "float16": 2,
+            "bfloat16": 2}
 
 
 class _Uses(KVisitor[None]):
@@ -50,6 +52,9 @@ class _Uses(KVisitor[None]):
         self.mma = True
 
     def visit_KAsyncCopy(self, n: KAsyncCopy) -> None:
+        self.async_copies = True
+
+    def visit_KChunkCopy(self, n: KChunkCopy) -> None:
         self.async_copies = True
 
     def visit_KCommit(self, n: KCommit) -> None:

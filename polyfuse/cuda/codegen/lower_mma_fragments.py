@@ -2,8 +2,8 @@
 double-buffered in registers (ALCOP's shared -> register level; the decision:
 :mod:`polyfuse.poly.tensorize_fragments`).
 
-A k-step (:class:`KStep`) is the text :mod:`polyfuse.cuda.codegen.lower_mma` writes for one
-``pf_ks``: ``ldmatrix`` (or tf32 32-bit) loads of the A and B fragments (``pf_fa``,
+A k-step (:class:`KStep`) is the kernel-IR nodes :mod:`polyfuse.cuda.codegen.lower_mma` builds
+for one ``pf_ks``: ``ldmatrix`` (or tf32 32-bit) loads of the A and B fragments (``pf_fa``,
 ``pf_fb``) from the k-tile's stage (pointers ``pf_sa``, ``pf_sb``), then the ``mma.sync`` of
 every fragment pair. Single-buffered (:func:`single_buffered`), each k-step declares its
 fragments, loads them and multiplies them, inside the k-tile loop of
@@ -34,24 +34,48 @@ last k-step's mma. The k-steps per k-tile are even, so k-step 0 is always buffer
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 
 from polyfuse.cuda.codegen import lower_mma_pipeline
-from polyfuse.cuda.codegen.lower_dtypes import C_TYPES
-from polyfuse.cuda.codegen.lower_mma_pipeline import TileFill, fill, prologue
+from polyfuse.cuda.codegen.kernel_arith import add, band, cmp, div, mul
+from polyfuse.cuda.codegen.kernel_ast import (
+    KAssign,
+    KBarrier,
+    KCommit,
+    KExpr,
+    KFor,
+    KIf,
+    KInt,
+    KLet,
+    KNode,
+    KOp,
+    KRef,
+    KRegisters,
+    KVar,
+    KWait,
+    Scope,
+)
+from polyfuse.cuda.codegen.lower_mma_fills import TileFill
+from polyfuse.cuda.codegen.lower_mma_pipeline import (
+    advance,
+    ahead_fills,
+    k_tile,
+    pointer_type,
+    prologue,
+    stage_pointers,
+)
 
 
 @dataclass(frozen=True)
 class KStep:
-    """One k-step of a k-tile as C text at the k-step loop's body depth (6 spaces), the
-    k-step's first k ``pf_ks``: the fragment arrays (name, C extents), their loads from the
-    stage pointers ``pf_sa`` / ``pf_sb`` (from an unroll pragma), the mma on them; the
-    k-tile's depth and the intrinsic's k."""
+    """One k-step of a k-tile as kernel-IR nodes, the k-step's first k ``pf_ks``: the
+    fragment register arrays, their loads from the stage pointers ``pf_sa`` / ``pf_sb``, the
+    mma on them; the k-tile's depth and the intrinsic's k."""
 
-    fragments: tuple[tuple[str, str], ...]
-    loads: tuple[str, ...]
-    mma: tuple[str, ...]
+    fragments: tuple[KRegisters, ...]
+    loads: tuple[KNode, ...]
+    mma: tuple[KNode, ...]
     block_k: int
     mma_k: int
 
@@ -60,38 +84,51 @@ class KStep:
         return self.block_k // self.mma_k
 
 
-def buffered(step: KStep, lines: tuple[str, ...], buf: str, ks: str, shift: int = 0) -> list[str]:
-    """``lines`` of ``step`` on fragment buffer ``buf`` (C text) at k-step ``ks`` (C text for
-    ``pf_ks``), indented by ``shift`` spaces (negative: fewer)."""
-    names = "|".join(re.escape(n) for n, _ in step.fragments)
-    out = []
-    for line in lines:
-        line = re.sub(r"\bpf_ks\b", ks, line)  # first: ``buf`` may name the loop's pf_ks
-        line = re.sub(rf"\b({names})\[", rf"\1[{buf}][", line)
-        if not line.startswith("#"):
-            line = " " * shift + line if shift >= 0 else line[-shift:]
-        out.append(line)
-    return out
+def map_exprs(n: KNode, fn: Callable[[KExpr], KExpr]) -> KNode:
+    """``n`` with every expression (its fields and its children's, at any depth) through
+    ``fn``; ``fn`` sees a whole expression and rewrites inside it itself."""
+    changes = {}
+    for f in fields(n):  # type: ignore[arg-type]
+        v = getattr(n, f.name)
+        if isinstance(v, KExpr):
+            changes[f.name] = fn(v)
+        elif isinstance(v, tuple) and v and all(isinstance(x, KNode) for x in v):
+            changes[f.name] = tuple(map_exprs(x, fn) for x in v)
+    return replace(n, **changes)  # type: ignore[type-var]
 
 
-def single_buffered(step: KStep) -> list[str]:
+def buffered(step: KStep, nodes: Sequence[KNode], buf: KExpr, ks: KExpr) -> list[KNode]:
+    """``nodes`` of ``step`` on fragment buffer ``buf`` at k-step ``ks`` (for ``pf_ks``): each
+    fragment reference gets ``buf`` as its leading index (``buf`` may read the loop's own
+    ``pf_ks``: it is not substituted)."""
+    names = {r.name for r in step.fragments}
+
+    def sub(x: KExpr) -> KExpr:
+        if isinstance(x, KVar):
+            return ks if x.name == "pf_ks" else x
+        if isinstance(x, KOp):
+            return KOp(x.op, tuple(map(sub, x.args)))
+        if isinstance(x, KRef):
+            index = tuple(map(sub, x.index))
+            return KRef(x.name, (buf, *index) if x.name in names else index)
+        return x
+
+    return [map_exprs(n, sub) for n in nodes]
+
+
+def single_buffered(step: KStep) -> tuple[KNode, ...]:
     """The k-steps of one k-tile, each declaring, loading and multiplying its fragments (the
     compute of :func:`polyfuse.cuda.codegen.lower_mma_pipeline.k_tile_loop`)."""
-    decl = ", ".join(f"{n}{ext}" for n, ext in step.fragments)
-    return [
-        "#pragma unroll",
-        f"    for (int pf_ks = 0; pf_ks < {step.block_k}; pf_ks += {step.mma_k}) {{",
-        f"      unsigned {decl};",
-        *step.loads,
-        *step.mma,
-        "    }",
-    ]
+    body = (*step.fragments, *step.loads, *step.mma)
+    return (
+        KFor("pf_ks", KInt(0), cmp("<", "pf_ks", step.block_k), step.mma_k, body, unroll=True),
+    )
 
 
-def mma_buffers(step: KStep) -> tuple[str, str]:
-    """The buffer k-step ``pf_ks`` of the k-step loop multiplies (C text), and the last
-    k-step's (its loads went in before the boundary)."""
-    return f"(pf_ks / {step.mma_k}) & 1", str((step.steps - 1) % 2)
+def mma_buffers(step: KStep) -> tuple[KExpr, KExpr]:
+    """The buffer k-step ``pf_ks`` of the k-step loop multiplies, and the last k-step's (its
+    loads went in before the boundary)."""
+    return band(div("pf_ks", step.mma_k), 1), KInt((step.steps - 1) % 2)
 
 
 def double_buffered_loop(
@@ -101,7 +138,7 @@ def double_buffered_loop(
     stages: int,
     k_lo: int,
     k_tiles: int,
-) -> list[str]:
+) -> list[KNode]:
     """The k-tile loop of an S-stage (S >= 2) cp.async pipeline with double-buffered
     fragments (the module doc); ``fills``, ``bases``, ``k_lo`` and ``k_tiles`` as for
     :func:`polyfuse.cuda.codegen.lower_mma_pipeline.k_tile_loop` (its steady state fills
@@ -111,57 +148,47 @@ def double_buffered_loop(
     ahead = stages - 1
     wait = lower_mma_pipeline.wait_pending(stages)
     now, last = mma_buffers(step)
-    decl = ", ".join(f"{n}[2]{ext}" for n, ext in step.fragments)
-    point = [
-        f"{b} = {f.buf} + pf_rs * {f.elements} + {off};"
-        for f, (b, off) in zip(fills, bases, strict=True)
-    ]
+    pointers = stage_pointers(fills, bases)
+    point = [KAssign(KRef(b), v) for b, v in pointers]
     full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
+    zero = KInt(0)
+    first = buffered(step, step.loads, zero, zero)  # k-step 0 into buffer 0
 
-    def body(inside: bool) -> list[str]:
+    def body(inside: bool) -> list[KNode]:
         """One k-tile; ``inside``: its fill lies inside the reduction, and a next k-tile
         exists (the steady state)."""
-        fill_ = [ln for f in fills for ln in fill(f, "pf_kf", "pf_ws", "      ", inside)]
-        first = buffered(step, step.loads, "0", "0", -2 if inside else 0)
+        ahead_loads = buffered(step, step.loads, band(add(div("pf_ks", mk), 1), 1),
+                               add("pf_ks", mk))  # fmt: skip
+        steps = (*ahead_loads, *buffered(step, step.mma, now, KVar("pf_ks")))
         return [
-            f"    const int pf_k0 = {k_lo} + pf_kt * {bk};",
-            "    {" if inside else f"    if (pf_kt + {ahead} < {k_tiles}) {{",
-            f"      const int pf_kf = pf_k0 + {ahead * bk};",
-            *fill_,
-            "    }",
-            "    __pipeline_commit();  // one group per k-tile (empty past the last)",
-            "#pragma unroll",
-            f"    for (int pf_ks = 0; pf_ks < {bk - mk}; pf_ks += {mk}) {{  // all but the last",
-            *buffered(step, step.loads, f"(pf_ks / {mk} + 1) & 1", f"(pf_ks + {mk})"),
-            *buffered(step, step.mma, now, "pf_ks"),
-            "    }",
-            f"    __pipeline_wait_prior({wait});  // k-tile pf_kt + 1 has landed",
-            "    __syncthreads();  // ... for every thread; k-tile pf_kt is read",
-            f"    pf_rs = pf_rs == {stages - 1} ? 0 : pf_rs + 1;",
-            f"    pf_ws = pf_ws == {stages - 1} ? 0 : pf_ws + 1;",
-            *[f"    {p}" for p in point],
-            *(first if inside else [f"    if (pf_kt + 1 < {k_tiles}) {{", *first, "    }"]),
-            *buffered(step, step.mma, last, str(bk - mk), -2),
+            KLet("pf_k0", add(k_lo, mul("pf_kt", bk))),
+            ahead_fills(fills, ahead, bk, k_tiles, inside),
+            KCommit(lower_mma_pipeline.ONE_GROUP),
+            # all k-steps but the last
+            KFor("pf_ks", zero, cmp("<", "pf_ks", bk - mk), mk, steps, unroll=True),
+            KWait(wait, "k-tile pf_kt + 1 has landed"),
+            KBarrier(Scope.BLOCK, "... for every thread; k-tile pf_kt is read"),
+            advance("pf_rs", stages),
+            advance("pf_ws", stages),
+            *point,
+            *(first if inside else [KIf(cmp("<", add("pf_kt", 1), k_tiles), tuple(first))]),
+            *buffered(step, step.mma, last, KInt(bk - mk)),
         ]
 
-    def loop(lo: int, hi: int, inside: bool) -> list[str]:
-        if lo >= hi:
-            return []
-        head = [] if inside else ["#pragma unroll 1"]
-        return [*head, f"  for (int pf_kt = {lo}; pf_kt < {hi}; ++pf_kt) {{", *body(inside), "  }"]
-
-    ctype = C_TYPES[fills[0].dtype]
+    ptype = pointer_type(fills[0])
     main = max(0, full - ahead)  # iterations whose fill lies wholly inside
     return [
         *prologue(fills, ahead, k_tiles, k_lo, bk),
-        f"  __pipeline_wait_prior({wait});  // k-tile 0 has landed",
-        "  __syncthreads();  // ... for every thread",
-        f"  unsigned {decl};  // two fragment buffers",
-        f"  const {ctype} " + ", ".join(f"*{p[:-1]}" for p in point) + ";",
-        *buffered(step, step.loads, "0", "0", -4),  # k-step 0 of k-tile 0
-        *loop(0, main, True),
-        *loop(main, k_tiles, False),
+        KWait(wait, "k-tile 0 has landed"),
+        KBarrier(Scope.BLOCK, "... for every thread"),
+        *[replace(r, shape=(2, *r.shape), note="two fragment buffers" if not i else "")
+          for i, r in enumerate(step.fragments)],
+        *[KLet(b, v, ptype, const=False) for b, v in pointers],
+        *first,
+        *k_tile(0, main, body(True)),
+        *k_tile(main, k_tiles, body(False), True),
     ]
 
 
-__all__ = ["KStep", "buffered", "double_buffered_loop", "mma_buffers", "single_buffered"]
+__all__ = ["KStep", "buffered", "double_buffered_loop", "map_exprs", "mma_buffers",
+           "single_buffered"]

@@ -70,6 +70,7 @@ from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.cuda.codegen.print_vectors import vector_lines
 from polyfuse.cuda.codegen.tensor_core import CP_ASYNC16, LDMATRIX
 from polyfuse.cuda.codegen.tensor_core import PRELUDE as TENSOR_CORE_PRELUDE
+from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.facts import KernelFacts
@@ -209,6 +210,7 @@ class _Emitter(KVisitor[list[str]]):
         out = [f"{pad}const float* {p.name} = &{p.array}[{c_index(p.start)}];" for p in n.streams]
         by = f" {n.unroll_by}" if n.unroll_by > 1 else ""
         out += [f"{pad}#pragma unroll{by}"] if n.unroll else []
+        out += [f"{pad}#pragma unroll 1"] if n.rolled else []
         out.append(f"{pad}for (int {n.var} = {init}; {cond}; {n.var} += {n.step}) {{")
         out += self(n.body, depth + 1)
         out += [f"{pad}  {p.name} += {p.step};" for p in n.streams if p.step]
@@ -245,10 +247,11 @@ class _Emitter(KVisitor[list[str]]):
         return [pad + self.copy(n)]
 
     def visit_KCommit(self, n: KCommit, pad: str, depth: int) -> list[str]:
-        return [f"{pad}__pipeline_commit();"]
+        return [f"{pad}__pipeline_commit();" + (f"  // {n.note}" if n.note else "")]
 
     def visit_KWait(self, n: KWait, pad: str, depth: int) -> list[str]:
-        return [f"{pad}__pipeline_wait_prior({n.pending});"]
+        note = f"  // {n.note}" if n.note else ""
+        return [f"{pad}__pipeline_wait_prior({n.pending});{note}"]
 
     def visit_KVectorStore(self, n: KVectorStore, pad: str, depth: int) -> list[str]:
         dst = c_linear(n.dst, [c_index(i) for i in n.dst_index], n.dst_shape)
@@ -270,7 +273,8 @@ class _Emitter(KVisitor[list[str]]):
         return [f"{pad}{c_index(n.target)} {n.op} {c_index(n.value)};"]
 
     def visit_KRegisters(self, n: KRegisters, pad: str, depth: int) -> list[str]:
-        return [f"{pad}{n.ctype} {n.name}{''.join(f'[{d}]' for d in n.shape)};"]
+        note = f"  // {n.note}" if n.note else ""
+        return [f"{pad}{n.ctype} {n.name}{''.join(f'[{d}]' for d in n.shape)};{note}"]
 
     def visit_KLdmatrix(self, n: KLdmatrix, pad: str, depth: int) -> list[str]:
         fn = f"{LDMATRIX}{n.count}" + ("_trans" if n.trans else "")
@@ -344,7 +348,8 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
     pool = _dynamic_dtype(allocs)
     if any(_dynamic(a) for a in allocs):
         mixed = any(_dynamic(a) and a.dtype != pool for a in allocs)
-        align = "__align__(16) " if mixed else ""  # a slice may hold doubles
+        aligned = any(_dynamic(a) and a.align >= 16 for a in allocs)  # 16-byte copies
+        align = "__align__(16) " if mixed or aligned else ""  # a slice may hold doubles
         lines.append(f"  extern __shared__ {align}{C_TYPES[pool]} {DYNAMIC_POOL}[];")
     for a in allocs:
         for g in grids:
@@ -361,8 +366,9 @@ def _allocs(allocs: tuple[KAlloc, ...], grids: tuple[KThreadGrid, ...] = ()) -> 
         elif a.offset is None:
             align = f"__align__({a.align}) " if a.align else ""
             lines.append(f"  __shared__ {align}{ctype} {a.name}[{a.elements}];")
-        elif a.dtype == pool:
-            lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {a.offset};")
+        elif a.dtype == pool:  # the offset in the pool's elements
+            offset = a.offset * 4 // dtype_info(pool).itemsize
+            lines.append(f"  {ctype}* {a.name} = {DYNAMIC_POOL} + {offset};")
         else:  # the pool is in 4-byte words; the offset too
             slice_ = f"reinterpret_cast<{ctype}*>({DYNAMIC_POOL} + {a.offset})"
             lines.append(f"  {ctype}* {a.name} = {slice_};")
@@ -380,11 +386,16 @@ def _dynamic(a: KAlloc) -> bool:
 
 def _dynamic_dtype(allocs: tuple[KAlloc, ...]) -> str:
     """The element type of the dynamic shared pool, whose offsets count 4-byte words: its
-    slices' one dtype when that is a 4-byte one, float words otherwise (slices of other
-    dtypes are cast from it)."""
-    dtypes = {a.dtype for a in allocs if _dynamic(a)}
+    slices' one dtype when that is a 4-byte one (or a 16-bit one of 16-byte aligned slices),
+    float words otherwise (slices of other dtypes are cast from it)."""
+    dynamic = [a for a in allocs if _dynamic(a)]
+    dtypes = {a.dtype for a in dynamic}
     one = dtypes.pop() if len(dtypes) == 1 else "float32"
-    return one if one in ("float32", "int32") else "float32"
+    if one in ("float32", "int32"):
+        return one
+    # one 16-bit dtype whose slices are all 16-byte aligned (the tensor-core tiles, whose
+    # offsets are whole words): the pool typed as it, so its addresses need no cast
+    return one if all(a.align >= 16 for a in dynamic) else "float32"
 
 
 def _spaces(placements: dict[str, Placement]) -> dict[str, str]:
