@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KRef, KVar, substitute  # noqa: F401 (re-export)
+from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KRef, KVar  # noqa: F401 (re-export)
 from polyfuse.cuda.codegen.kernel_function import KFunction
 from polyfuse.cuda.codegen.kernel_nodes import (  # noqa: F401 (re-export)
     ROW_BLOCK,
@@ -59,6 +59,7 @@ from polyfuse.cuda.codegen.kernel_walk import (  # noqa: F401 (re-export)
     combines,
     map_children,
     nodes_of,
+    substitute,
 )
 from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.stitch.facts import KernelFacts

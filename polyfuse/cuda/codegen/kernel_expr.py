@@ -69,14 +69,3 @@ class KRef(KExpr):
 
     def __str__(self) -> str:
         return self.name + "".join(f"[{i}]" for i in self.index)
-
-
-def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
-    """``e`` with variable ``var`` replaced by ``value``."""
-    if isinstance(e, KVar):
-        return value if e.name == var else e
-    if isinstance(e, KOp):
-        return KOp(e.op, tuple(substitute(a, var, value) for a in e.args))
-    if isinstance(e, KRef):
-        return KRef(e.name, tuple(substitute(a, var, value) for a in e.index))
-    return e

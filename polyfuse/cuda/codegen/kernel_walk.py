@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from polyfuse.base.visitor import R, Visitor
-from polyfuse.cuda.codegen.kernel_expr import KInt, KOp, KRef, KVar
+from polyfuse.cuda.codegen.kernel_expr import KExpr, KInt, KOp, KRef, KVar
 from polyfuse.cuda.codegen.kernel_nodes import (
     KAlloc,
     KAssign,
@@ -141,3 +141,33 @@ def combines(nodes: tuple[KNode, ...] | list[KNode]) -> tuple[KCombine, ...]:
     """The :class:`KCombine` nodes of a body, in order (a kernel's lanes combine the same
     way at every one: they differ by reduction only)."""
     return nodes_of(nodes, KCombine)
+
+
+class KExprMapper(KVisitor[KExpr]):
+    """An integer expression rebuilt bottom-up: override ``visit_KVar`` / ``visit_KRef`` to
+    replace variables or array references (the others are rebuilt from their children)."""
+
+    def visit_KInt(self, x: KInt) -> KExpr:
+        return x
+
+    def visit_KVar(self, x: KVar) -> KExpr:
+        return x
+
+    def visit_KOp(self, x: KOp) -> KExpr:
+        return KOp(x.op, tuple(self.visit(a) for a in x.args))
+
+    def visit_KRef(self, x: KRef) -> KExpr:
+        return KRef(x.name, tuple(self.visit(i) for i in x.index))
+
+
+class _Substitute(KExprMapper):
+    def __init__(self, var: str, value: KExpr):
+        self.var, self.value = var, value
+
+    def visit_KVar(self, x: KVar) -> KExpr:
+        return self.value if x.name == self.var else x
+
+
+def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
+    """``e`` with variable ``var`` replaced by ``value``."""
+    return _Substitute(var, value).visit(e)

@@ -49,13 +49,13 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KInt,
     KLet,
     KNode,
-    KOp,
     KRef,
     KRegisters,
     KVar,
     KWait,
     Scope,
 )
+from polyfuse.cuda.codegen.kernel_walk import KExprMapper
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill
 from polyfuse.cuda.codegen.lower_mma_pipeline import (
     advance,
@@ -103,15 +103,15 @@ def buffered(step: KStep, nodes: Sequence[KNode], buf: KExpr, ks: KExpr) -> list
     ``pf_ks``: it is not substituted)."""
     names = {r.name for r in step.fragments}
 
-    def sub(x: KExpr) -> KExpr:
-        if isinstance(x, KVar):
+    class Sub(KExprMapper):
+        def visit_KVar(self, x: KVar) -> KExpr:
             return ks if x.name == "pf_ks" else x
-        if isinstance(x, KOp):
-            return KOp(x.op, tuple(map(sub, x.args)))
-        if isinstance(x, KRef):
-            index = tuple(map(sub, x.index))
+
+        def visit_KRef(self, x: KRef) -> KExpr:
+            index = tuple(map(self.visit, x.index))
             return KRef(x.name, (buf, *index) if x.name in names else index)
-        return x
+
+    sub = Sub().visit
 
     return [map_exprs(n, sub) for n in nodes]
 
