@@ -234,7 +234,7 @@ def test_mixed_spec_passes():
 
 @pytest.mark.slow  # ~40 s: shrinks a planted bug through many compiles
 def test_shrinker_keeps_the_dtype_a_planted_bug_needs(monkeypatch, tmp_path):
-    from polyfuse.cuda.codegen import printer
+    from polyfuse.cuda.codegen import print_vectors as printer
 
     spec = _mixed_spec()
     # the planted bug: bfloat16 widened negated (loads and casts; float16 and float32 right)
