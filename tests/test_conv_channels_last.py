@@ -34,8 +34,9 @@ def _records(fn, action: PassAction) -> list[str]:
     [("bfloat16", "3x3_pad1"), ("float16", "3x3_stride2_pad1"), ("bfloat16", "3x3")],
 )
 def test_channels_last_conv_fills_by_gathered_chunks_and_matches_float64(dtype, case):
-    """The input's im2col tile by gathered 16-byte cp.async chunks (its padding test once per
-    chunk), the weight's by linear chunks, pipelined; the reduction flattened as (kh, kw, c).
+    """The input's im2col tile by gathered 16-byte cp.async chunks (each chunk's padding mask
+    precomputed, one bit test per k-tile), the weight's by linear chunks, pipelined; the
+    reduction flattened as (kh, kw, c).
     Before: NCHW, both tiles scalar 2-byte copies. Correct in every mode, no bank conflict on
     the chunks' writes and the ldmatrix reads."""
     kernel, stride, pad = CASES.get(case, (3, 1, 0))
@@ -56,7 +57,10 @@ def test_channels_last_conv_fills_by_gathered_chunks_and_matches_float64(dtype, 
                for n in k.notes), k.notes  # fmt: skip
     assert "pf_scalar" not in k.source and "pf_v = " not in k.source  # no scalar copy left
     assert "const int pf_kp = " in k.source and "&x_cl[pf_off], (pf_in ? 16 : 0));" in k.source
-    assert ("const int pf_e" in k.source) == bool(pad)  # the padding test, once per chunk
+    # per chunk its row offset and padding mask once (a bit per filter position, a loop
+    # over the positions where padding is tested), then one bit test per chunk and k-tile
+    assert "pf_pm_s_x_cl[pf_u] & pf_bit" in k.source and "pf_ro_s_x_cl[pf_u] + pf_kp" in k.source
+    assert ("for (int pf_d0 = 0; (pf_d0 <= 2); pf_d0 += 1)" in k.source) == bool(pad)
     lines = fn.cuda_source.splitlines()
     sites = _banks(fn, arrays, want, dtype)
     copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
@@ -142,3 +146,21 @@ def test_an_elementwise_producer_computes_the_input_channels_last():
     ws = RNG.standard_normal((o, c, 3, 3)).astype(nd)
     want = _np_conv(np.maximum(xs.astype(np.float64), 0.0), ws, 1, 1)
     _run_all_modes(fn, dtype, [xs, ws], want)
+
+
+@pytest.mark.parametrize("kernel, pad, masked", [(5, 2, True), (7, 3, False)])
+def test_padding_masks_cover_the_filter_positions_that_fit_one_word(kernel, pad, masked):
+    """A chunk's padding mask holds one bit per filter position (``MASK_BITS`` = 31): a 5x5
+    filter's 25 positions take the mask; a 7x7's 49 do not, and its chunks test each guarded
+    subscript per k-tile as before. Both match float64 with the race checker on."""
+    dtype = "bfloat16"
+    inputs, out, arrays, want = _conv(dtype, (1, 8, 9, 13, 11), kernel, 1, pad)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False)
+    k = fn.kernels[-1]
+    assert "&x_cl[pf_off], (pf_in ? 16 : 0));" in k.source
+    assert ("pf_pm_s_x_cl[pf_u] & pf_bit" in k.source) == masked
+    assert ("const int pf_e1 = " in k.source) == (not masked)
+    if masked:  # the bit of (kh, kw) = (pf_d0, pf_d1)
+        assert "(1 << (pf_d1 + (pf_d0 * 5)))" in k.source
+    got = fn(*arrays, device="emulate", race_check=True)
+    assert tolerance(dtype).allclose(got, want.astype(numpy_dtype(dtype)))

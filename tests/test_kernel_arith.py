@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from polyfuse.cuda.codegen.c_text import c_index
-from polyfuse.cuda.codegen.kernel_arith import add, layout_offset, mul, select, shr
+from polyfuse.cuda.codegen.kernel_arith import add, bor, layout_offset, mul, select, shl, shr
 from polyfuse.cuda.codegen.kernel_ast import (
     KAssign,
     KChunkCopy,
@@ -34,6 +34,8 @@ def test_constructors_fold_constants_and_identities():
     assert mul("x", 1) == KVar("x") and mul(0, "x") == KInt(0)
     assert shr("x", 0) == KVar("x")
     assert c_index(select(KVar("p"), 1, 0)) == "(p ? 1 : 0)"
+    assert shl("x", 0) == KVar("x")
+    assert c_index(bor("m", shl(1, "b"))) == "(m | (1 << b))"
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,13 @@ kernel's source is the one printer's (:func:`polyfuse.cuda.codegen.printer.print
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from test_tensorize import _matmul
 from test_tensorize_pipeline import ODD_ALIGNED, _compile
 
 from polyfuse.cuda.codegen import lower_mma
+from polyfuse.cuda.codegen.c_text import c_index
+from polyfuse.cuda.codegen.kernel_arith import mul
 from polyfuse.cuda.codegen.kernel_ast import (
     KChunkCopy,
     KFor,
@@ -26,6 +29,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
 )
 from polyfuse.cuda.codegen.kernel_function import print_function
 from polyfuse.cuda.codegen.lower_facts import kernel_facts
+from polyfuse.cuda.codegen.lower_mma_chunk_dst import chunk_destination, chunk_step
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, chunk_fill, scalar_fill
 from polyfuse.cuda.codegen.printer import _Emitter, print_ir
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
@@ -143,3 +147,41 @@ def test_lets_and_register_arrays_are_checked_against_the_generated_names():
         check_declared(ir(KLet("x", KInt(0))))
     with pytest.raises(AssertionError, match=r"variables \['acc'\]"):
         check_declared(ir(KRegisters("acc", "float", (2,))))
+
+
+def _eval(x, **env) -> int:
+    """C's integer semantics on non-negative values are Python's."""
+    return eval(c_index(x).replace("/", "//"), env)  # noqa: S307
+
+
+@pytest.mark.parametrize(
+    "block_k, pad, threads, stepped", [(32, 0, 64, True), (32, 8, 64, True), (64, 0, 32, False)]
+)
+def test_a_threads_chunks_go_through_one_pointer_where_the_layout_steps_evenly(
+    block_k, pad, threads, stepped
+):
+    """64 rows x 4 chunks of a 32-deep k-innermost tile (swizzled, or padded rows): with 64
+    threads each thread's 4 chunks lie in one chunk column, 16 rows apart; the destination is
+    one pointer per k-tile plus ``pf_u`` times the step, the same element as the chunk's own
+    (row, column) destination for every thread and chunk. 64-deep rows of 8 chunks over 32
+    threads: a thread's chunks change column, so the per-chunk form stays."""
+    op = MmaOperand("a", (64, 80), (((1, 0, 0), 0), ((0, 0, 1), 0)), 0, True)
+    lay = SharedLayout(64, block_k, block_k, pad=pad)
+    f = TileFill(op, lay, "s_a", "a", 64, block_k, KVar("pf_m0"), 63, 79, (0, 0), threads,
+                 "bfloat16")  # fmt: skip
+    first, dst = chunk_destination(f, "pf_ws")
+    assert (chunk_step(f) is not None) == stepped == bool(first)
+    if not stepped:
+        assert dst == f.dst("pf_ws", "pf_t", mul(8, "pf_q"), True)
+        return
+    t0, ptr = (n.value for n in first)
+    assert dst.name == "pf_dst"
+    per_row = block_k // 8
+    for tid in range(threads):
+        env = {"pf_tid": tid, "pf_ws": 1, "s_a": 0}
+        base = _eval(ptr, pf_t0=_eval(t0, **env), **env)
+        for u in range(64 * per_row // threads):
+            c = tid + u * threads
+            row, col = c % 8 + c // (8 * per_row) * 8, 8 * (c // 8 % per_row)
+            want = f.layout.offset(row, col) + f.elements
+            assert base + _eval(dst.index[0], pf_u=u) == want, (tid, u)

@@ -261,18 +261,22 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
     fragments are double-buffered (test_tensorize_fragments): the next k-tile's ldmatrix run
     under the last k-step's HMMA, for 246 / 250 registers (no spill) and ptxas recomputing
     more of the fill addresses: 128x256 1 to 1.28 / 1.38 (82 / 88 others), 128x64 1 to 2.22,
-    64x64 1 to 3.69 (the single-buffered figures: test_sass_double_buffering_before_after)."""
+    64x64 1 to 3.69 (the single-buffered figures: test_sass_double_buffering_before_after).
+    Then 80 / 86 others (1.25 / 1.34), 128x64 67 (2.09), 64x64 51 (3.19). Now a thread's
+    chunks of a k-innermost tile are copied through one shared pointer per k-tile plus a
+    constant step (``lower_mma_chunk_dst``): 70 / 76 others (1.09 / 1.19), 128x64 59 (1.84),
+    64x64 48 (3.0)."""
     hmma, ldsm, ldgsts, other = _hot_loop(4096, 4096, 4096, arch, None)
     # 2 k-steps of 4x8 mma tiles: A 4 ldmatrix.x4, B 4 x4 (two mma tiles each); 2 + 4 chunks
     assert (hmma, ldsm, ldgsts) == (64, 16, 6)
-    assert other <= 1.4 * hmma, (hmma, other)
+    assert other <= 1.2 * hmma, (hmma, other)
     hmma, ldsm, ldgsts, other = _hot_loop(1024, 1024, 2048, arch, 2)
-    if arch == "sm_80":  # 128 blocks of 128x64 fill 108 SMs: 4x4 mma tiles, 1 to 2.22
+    if arch == "sm_80":  # 128 blocks of 128x64 fill 108 SMs: 4x4 mma tiles, 1 to 1.84
         assert (hmma, ldsm, ldgsts) == (32, 12, 6)
-        assert other <= 2.3 * hmma, (hmma, other)
+        assert other <= 1.9 * hmma, (hmma, other)
     else:  # not 132: 64x64
         assert (hmma, ldsm, ldgsts) == (16, 8, 4)
-        assert other <= 4 * hmma, (hmma, other)
+        assert other <= 3 * hmma, (hmma, other)
 
 
 @pytest.mark.slow
@@ -281,8 +285,10 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
 def test_sass_double_buffering_before_after(arch):
     """bf16 4096^3 x @ W^T + bias + GELU (128x256, 2 stages), fragments single- then
     double-buffered: the same HMMA, LDSM and LDGSTS per k-tile, no spill either way; others
-    77 / 78 (sm_80 / sm_90) before, 82 / 88 after (1 HMMA to 1.20 / 1.22, then 1.28 / 1.38)."""
+    77 / 78 (sm_80 / sm_90) before, 80 / 86 after (1 HMMA to 1.20 / 1.22, then 1.25 / 1.34).
+    With the chunks' shared pointer (``lower_mma_chunk_dst``): 66 / 67 single-buffered, 70 /
+    76 double-buffered (1.03 / 1.05, 1.09 / 1.19)."""
     before = _hot_loop(4096, 4096, 4096, arch, None, 1)
     after = _hot_loop(4096, 4096, 4096, arch, None, 2)
     assert before[:3] == after[:3] == (64, 16, 6), (before, after)
-    assert before[3] <= 1.25 * 64 and after[3] <= 1.4 * 64, (before, after)
+    assert before[3] <= 1.06 * 64 and after[3] <= 1.2 * 64, (before, after)

@@ -48,7 +48,11 @@ def fold_registers(tk: TensorCoreKernel) -> int:
     32, 64 -> 64 channels, 56x56 (columns folded: 56 x 56 at stride 1, 28 x 28 at stride 2),
     a 64x256x32 tile double-buffered at a modelled 250 registers: ptxas took all 255 at
     stride 1 and spilled 48 bytes at stride 2. With this term both are modelled at 258 and
-    keep single-buffered fragments (242 registers, no spill)."""
+    keep single-buffered fragments (242 registers, no spill). The chunks' precomputed row
+    offsets and padding masks (:func:`polyfuse.cuda.codegen.lower_mma_gather_chunks.gather_
+    setup`: two registers per chunk, in place of the row's two coordinates) took them to 225;
+    double-buffered they take 254 of 255 without a spill (NVRTC 13.0, sm_80 and sm_90), too
+    close to the limit to drop the term."""
     t, b = tk.tiling, tk.b
     if tk.fold is None or t is None or b is None or not b.chunked:
         return 0

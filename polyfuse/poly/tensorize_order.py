@@ -36,9 +36,13 @@ from polyfuse.poly.tensorize_gather import chunked_k, linear_k
 #: gather whose run stays in one value of the outer dims, one that carries per element
 #: (per chunk)
 COST_CHUNK, COST_FIXED_K, COST_RUN, COST_CARRY = 6.0, 4.0, 4.0, 26.0
-#: a gathered 16-byte chunk (:func:`polyfuse.poly.tensorize_gather.chunked_k`: its address
-#: through the full subscripts, the padding test, the cp.async)
-COST_GATHER_CHUNK = 10.0
+#: a gathered 16-byte chunk (:func:`polyfuse.poly.tensorize_gather.chunked_k`) where each
+#: chunk's row offset and padding mask are precomputed
+#: (:func:`polyfuse.cuda.codegen.lower_mma_gather_chunks.gather_setup`): the mask test, the
+#: offset, the cp.async; and once per k-tile the k split into the reduction dims, the mask bit
+#: and the offset's k part (the GPU-day 3x3 conv's 64x256 k-tile, sm_80: 100 others, of
+#: which 16 ldmatrix, 2 weight chunks and ~30 loop overhead)
+COST_GATHER_CHUNK, COST_GATHER_KTILE = 5.0, 16.0
 
 
 def permute_reduction(
@@ -76,7 +80,7 @@ def fill_cost(op, shape: GemmShape, rows: int, block_k: int, nthreads: int, alig
     if not op.gather or (op.linear is not None and aligned):
         return elems / 8 * COST_CHUNK
     if op.chunked:
-        return elems / 8 * COST_GATHER_CHUNK
+        return elems / 8 * COST_GATHER_CHUNK + COST_GATHER_KTILE
     if op.k_inner:
         return elems * COST_FIXED_K
     flat = run_is_flat(shape, rows, block_k, nthreads)

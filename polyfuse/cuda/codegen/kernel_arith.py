@@ -89,6 +89,14 @@ def shr(a: Operand, b: Operand) -> KExpr:
     return e(a) if _const(e(b)) == 0 else _binary(">>", a, b)
 
 
+def shl(a: Operand, b: Operand) -> KExpr:
+    return e(a) if _const(e(b)) == 0 else _binary("<<", a, b)
+
+
+def bor(a: Operand, b: Operand) -> KExpr:
+    return _binary("|", a, b)
+
+
 def xor(a: Operand, b: Operand) -> KExpr:
     return _binary("^", a, b)
 
@@ -140,6 +148,7 @@ __all__ = [
     "addr",
     "all_of",
     "band",
+    "bor",
     "cmp",
     "div",
     "e",
@@ -148,6 +157,7 @@ __all__ = [
     "mod",
     "mul",
     "select",
+    "shl",
     "shr",
     "sub",
     "xor",

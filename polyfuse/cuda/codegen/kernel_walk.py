@@ -171,3 +171,23 @@ class _Substitute(KExprMapper):
 def substitute(e: KExpr, var: str, value: KExpr) -> KExpr:
     """``e`` with variable ``var`` replaced by ``value``."""
     return _Substitute(var, value).visit(e)
+
+
+class _Variables(KExprMapper):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_KVar(self, x: KVar) -> KExpr:
+        self.names.add(x.name)
+        return x
+
+    def visit_KRef(self, x: KRef) -> KExpr:
+        self.names.add(x.name)
+        return super().visit_KRef(x)
+
+
+def variables(e: KExpr) -> frozenset[str]:
+    """The names ``e`` reads (variables and arrays)."""
+    v = _Variables()
+    v.visit(e)
+    return frozenset(v.names)

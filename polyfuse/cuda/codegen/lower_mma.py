@@ -60,7 +60,7 @@ from polyfuse.cuda.codegen.lower_accesses import Accesses
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes, storage_dtypes
 from polyfuse.cuda.codegen.lower_facts import kernel_facts
-from polyfuse.cuda.codegen.lower_mma_fills import TileFill, k_values
+from polyfuse.cuda.codegen.lower_mma_fills import TileFill, fill_setup, k_values
 from polyfuse.cuda.codegen.lower_mma_fragments import double_buffered_loop, single_buffered
 from polyfuse.cuda.codegen.lower_mma_pipeline import k_tile_loop
 from polyfuse.cuda.codegen.lower_mma_steps import k_step
@@ -158,6 +158,8 @@ def lower_mma_kernel(
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
     bases = (("pf_sa", "pf_la"), ("pf_sb", "pf_lb"))
+    if tk.vector_fill:  # what the fills compute once (a gather's masks)
+        body += [n for f in fills for n in fill_setup(f)]
     if tk.fragment_buffers == 2:  # ALCOP's second level: lower_mma_fragments
         body += double_buffered_loop(fills, bases, step, stages, lk, k_tiles)
     else:

@@ -57,7 +57,8 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KScope,
     KVar,
 )
-from polyfuse.cuda.codegen.lower_mma_gather_chunks import gather_chunk_fill
+from polyfuse.cuda.codegen.lower_mma_chunk_dst import chunk_destination
+from polyfuse.cuda.codegen.lower_mma_gather_chunks import gather_chunk_fill, gather_setup
 from polyfuse.poly.swizzle import SharedLayout
 from polyfuse.poly.tensorize import ITEMSIZE, MmaOperand
 
@@ -337,6 +338,12 @@ def fill(
     return chunk_fill(f, k0, stage, k_inside)
 
 
+def fill_setup(f: TileFill) -> tuple[KNode, ...]:
+    """What ``f``'s fills precompute once before the k-tile loop (a gathered chunk fill's
+    per-chunk row offsets and padding masks: :func:`gather_setup`); none for the others."""
+    return gather_setup(f) if f.op.chunked and not f.op.scalar else ()
+
+
 def chunk_fill(
     f: TileFill, k0: Operand, stage: Operand, k_inside: bool = False
 ) -> tuple[KNode, ...]:
@@ -359,6 +366,7 @@ def chunk_fill(
         if not k_inside:
             count = select(cmp("<=", "pf_k", f.k_hi), count, 0)
     n = KVar("pf_n")
+    first, dst = chunk_destination(f, stage)
     body = [
         _let("pf_c", add(TID, mul("pf_u", f.nthreads))),
         _let("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8))),
@@ -368,13 +376,13 @@ def chunk_fill(
         KLet("pf_n", count, const=False),
         # the elements inside, clamped to the chunk
         KAssign(KRef("pf_n"), select(cmp("<", n, 0), 0, select(cmp(">", n, f.chunk), f.chunk, n))),
-        KChunkCopy(
-            f.dst(stage, "pf_t", col, True),
-            KRef(f.src, (select(cmp(">", n, 0), f.offset(), 0),)),
-            mul(f.itemsize, n),
-        ),
-    ]
-    return (_loop("pf_u", chunks // f.nthreads, body),)
+        KChunkCopy(dst, KRef(f.src, (select(cmp(">", n, 0), f.offset(), 0),)),
+                   mul(f.itemsize, n)),
+    ]  # fmt: skip
+    loop = _loop("pf_u", chunks // f.nthreads, body)
+    if not first:
+        return (loop,)
+    return (KScope("the chunks' destination once per k-tile", (*first, loop)),)
 
 
 __all__ = [
@@ -382,6 +390,7 @@ __all__ = [
     "chunk_fill",
     "digit_fill",
     "fill",
+    "fill_setup",
     "k_values",
     "scalar_fill",
 ]

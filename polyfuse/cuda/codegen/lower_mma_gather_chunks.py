@@ -22,6 +22,8 @@ from polyfuse.cuda.codegen.kernel_arith import (
     Operand,
     add,
     all_of,
+    band,
+    bor,
     cmp,
     div,
     e,
@@ -29,8 +31,11 @@ from polyfuse.cuda.codegen.kernel_arith import (
     mod,
     mul,
     select,
+    shl,
+    sub,
 )
 from polyfuse.cuda.codegen.kernel_ast import (
+    KAssign,
     KChunkCopy,
     KExpr,
     KFor,
@@ -38,13 +43,20 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KLet,
     KNode,
     KRef,
+    KRegisters,
     KScope,
     KVar,
 )
+from polyfuse.cuda.codegen.kernel_walk import variables
+from polyfuse.cuda.codegen.lower_mma_chunk_dst import chunk_destination, fixed_column
 
 #: a :class:`polyfuse.cuda.codegen.lower_mma_fills.TileFill` (that module dispatches here:
 #: not imported, not even for typing, so the import graph stays acyclic)
 TileFill = Any
+
+
+#: the most reduction-digit combinations a chunk's padding mask holds (one bit each)
+MASK_BITS = 31
 
 
 def gather_chunk_fill(
@@ -54,8 +66,9 @@ def gather_chunk_fill(
     gathered tile ``f`` (see the module doc); ``k_inside``: the whole k-tile lies inside the
     reduction (no k test). Each subscript is split into its row part (the chunk's tile row:
     the same in every k-tile) and the rest (batch, reduction digits, constant: the same for
-    every chunk of a thread where its chunk column is fixed), so a chunk's padding test is an
-    add and a compare per guarded subscript and its offset one add."""
+    every chunk of a thread where its chunk column is fixed). Where :func:`gather_setup`
+    precomputed each chunk's row offset and padding mask, a chunk costs a mask test, an add
+    and the copy; else its padding test is an add and a compare per guarded subscript."""
     assert f.op.chunked and f.op.k_inner
     per_row = f.inner // f.chunk
     chunks = f.outer * per_row
@@ -65,17 +78,21 @@ def gather_chunk_fill(
     arr = f.op.shape
     strides = [math.prod(arr[i + 1 :]) for i in range(len(arr))]
     kc = [] if k_inside else [cmp("<=", "pf_k", f.k_hi)]
-    conds = [cmp("<=", "pf_r", f.row_hi), *kc]
-    conds += [in_range(add(rows[i], f"pf_e{i}"), arr[i]) for i in guarded]
+    masked = mask_digits(f) is not None
     k_part: list[KNode] = [
         KLet("pf_k", add(k0, mul(f.chunk, "pf_q"))),
         *[KLet(d, v) for d, v in zip(digits, f.k_vals, strict=True)],
-        *[KLet(f"pf_e{i}", rest[i]) for i in guarded],
+        *([] if masked else [KLet(f"pf_e{i}", rest[i]) for i in guarded]),
         KLet("pf_kp", _weighted(rest, strides)),  # the offset but the row's part
     ]
-    fixed_q = (f.nthreads // 8) % per_row == 0  # every chunk of a thread in one column
+    fixed_q = fixed_column(f)
     q = KLet("pf_q", mod(div("pf_tid" if fixed_q else "pf_c", 8), per_row))
     inside = KVar("pf_in")
+    if masked:
+        return (_masked_fill(f, stage, [q, *k_part], kc),)
+    first, dst = chunk_destination(f, stage)
+    conds = [cmp("<=", "pf_r", f.row_hi), *kc]
+    conds += [in_range(add(rows[i], f"pf_e{i}"), arr[i]) for i in guarded]
     body: list[KNode] = [
         KLet("pf_c", add("pf_tid", mul("pf_u", f.nthreads))),
         KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8))),
@@ -84,19 +101,116 @@ def gather_chunk_fill(
         KLet("pf_in", all_of(*conds, op="&"), "bool"),
         # unsigned: the address is the array's plus a zero-extended offset, as before
         KLet("pf_off", select(inside, add(_weighted(rows, strides), "pf_kp"), 0), "unsigned"),
-        KChunkCopy(
-            f.dst(stage, "pf_t", mul(f.chunk, "pf_q"), True),
-            KRef(f.src, (KVar("pf_off"),)),
-            select(inside, 16, 0),
-        ),
+        KChunkCopy(dst, KRef(f.src, (KVar("pf_off"),)), select(inside, 16, 0)),
     ]
-    loop = KFor(
-        "pf_u", KInt(0), cmp("<", "pf_u", chunks // f.nthreads), 1, tuple(body), unroll=True
-    )
+    loop = _chunks(f, body)
     if fixed_q:
         return (KScope("the thread's chunk column and its k, once per k-tile",
-                       (q, *k_part, loop)),)  # fmt: skip
+                       (q, *k_part, *first, loop)),)  # fmt: skip
     return (loop,)
+
+
+def _chunks(f: TileFill, body: list[KNode]) -> KFor:
+    """The unrolled loop over a thread's chunks ``pf_u``."""
+    n = f.outer * (f.inner // f.chunk) // f.nthreads
+    return KFor("pf_u", KInt(0), cmp("<", "pf_u", n), 1, tuple(body), unroll=True)
+
+
+def _names(f: TileFill) -> tuple[str, str]:
+    """The registers of :func:`gather_setup`: per chunk its row offset and padding mask."""
+    return f"pf_ro_{f.buf}", f"pf_pm_{f.buf}"
+
+
+def mask_digits(f: TileFill) -> tuple[tuple[str, int, int], ...] | None:
+    """The reduction digits (name, lo, hi) a chunk's padding test reads, where a per-chunk
+    mask over their values (CUTLASS's precomputed filter masks) replaces the test: the
+    threads' chunk columns are fixed, the reduction is split into digits and their
+    combinations fit :data:`MASK_BITS`. None where not."""
+    if not (f.op.chunked and f.op.k_inner and f.red and fixed_column(f)):
+        return None
+    digits = [f"pf_d{j}" for j in range(len(f.k_vals))]
+    _, rest, guarded = split_subscripts(f, digits)
+    read = set().union(*[variables(rest[i]) for i in guarded])
+    used = tuple((d, lo, hi) for d, (lo, hi) in zip(digits, f.red, strict=True) if d in read)
+    if math.prod(hi - lo + 1 for _, lo, hi in used) > MASK_BITS:
+        return None
+    return used
+
+
+def _mask_bit(used: tuple[tuple[str, int, int], ...]) -> KExpr:
+    """The bit of the digits' current values in a padding mask (the first digit outermost)."""
+    index, stride = [], 1
+    for d, lo, hi in reversed(used):
+        index.append(mul(sub(d, lo), stride))
+        stride *= hi - lo + 1
+    return shl(1, add(*index))
+
+
+def gather_setup(f: TileFill) -> tuple[KNode, ...]:
+    """Before the k-tile loop, per chunk of the thread (:func:`mask_digits`; none where it
+    does not apply): its row's part of the offset, and its padding mask, one bit per
+    combination of the guarded subscripts' reduction digits, set where the chunk lies
+    inside the array there (all clear past the last row). The k-tiles then test one bit."""
+    used = mask_digits(f)
+    if used is None:
+        return ()
+    per_row = f.inner // f.chunk
+    digits = [f"pf_d{j}" for j in range(len(f.k_vals))]
+    rows, rest, guarded = split_subscripts(f, digits)
+    arr = f.op.shape
+    strides = [math.prod(arr[i + 1 :]) for i in range(len(arr))]
+    ro, pm = _names(f)
+    mask = KRef(pm, (KVar("pf_u"),))
+    nest: KNode = KAssign(mask, KInt(1))  # no padding test: the one bit
+    if guarded:
+        inside = all_of(*[in_range(add(rows[i], rest[i]), arr[i]) for i in guarded], op="&")
+        nest = KAssign(mask, bor(mask, select(inside, _mask_bit(used), 0)))
+    for d, lo, hi in reversed(used):
+        nest = KFor(d, KInt(lo), cmp("<=", d, hi), 1, (nest,), unroll=True)
+    n = f.outer * per_row // f.nthreads
+    body: list[KNode] = [
+        KLet("pf_c", add("pf_tid", mul("pf_u", f.nthreads))),
+        KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8))),
+        KLet("pf_r", add(f.row0, "pf_t")),
+        KAssign(KRef(ro, (KVar("pf_u"),)), _weighted(rows, strides)),
+        KAssign(mask, KInt(0)),
+        nest,
+        KAssign(mask, select(cmp("<=", "pf_r", f.row_hi), mask, 0)),
+    ]
+    return (
+        KRegisters(ro, "int", (n,), note=f"{f.src}: each chunk's row offset"),
+        KRegisters(pm, "unsigned", (n,), note=f"{f.src}: each chunk's padding mask"),
+        _chunks(f, body),
+    )
+
+
+def _masked_fill(f: TileFill, stage: Operand, k_part: list[KNode], kc: list[KExpr]) -> KNode:
+    """The k-tile's chunks through :func:`gather_setup`'s registers: the k-tile's bit
+    (none past the reduction), then per chunk a mask test, the offset and the copy. Where
+    a thread's chunks lie a constant step apart in the shared layout (checked on every
+    thread), the destination is the first chunk's plus that step."""
+    used = mask_digits(f)
+    assert used is not None
+    per_row = f.inner // f.chunk
+    ro, pm = _names(f)
+    u = KVar("pf_u")
+    bit = _mask_bit(used)
+    inside = KVar("pf_in")
+    first, dst = chunk_destination(f, stage)
+    body: list[KNode] = [
+        *([] if first else [
+            KLet("pf_c", add("pf_tid", mul(u, f.nthreads))),
+            KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8)))]),
+        KLet("pf_in", cmp("!=", band(KRef(pm, (u,)), "pf_bit"), 0), "bool"),
+        # unsigned: the address is the array's plus a zero-extended offset, as before
+        KLet("pf_off", select(inside, add(KRef(ro, (u,)), "pf_kp"), 0), "unsigned"),
+        KChunkCopy(dst, KRef(f.src, (KVar("pf_off"),)), select(inside, 16, 0)),
+    ]  # fmt: skip
+    return KScope(
+        "the thread's chunk column, its k and its mask bit, once per k-tile",
+        (*k_part, KLet("pf_bit", select(all_of(*kc), bit, 0) if kc else bit), *first,
+         _chunks(f, body)),
+    )  # fmt: skip
 
 
 def _weighted(parts: list[KExpr], strides: list[int]) -> KExpr:
