@@ -23,7 +23,7 @@ import sys
 import polyfuse
 from polyfuse import ops, te
 from polyfuse.cuda.toolchain.compiler import compile_cuda
-from polyfuse.cuda.toolchain.sass import analyse, find_disassembler, find_loops, parse_listing
+from polyfuse.cuda.toolchain.sass import analyse, find_disassembler, hmma_loop, parse_listing
 from polyfuse.errors import CompilerNotFound
 
 CASES = {"3x3 pad 1": (3, 1, 1), "1x1": (1, 1, 0), "3x3 stride 2": (3, 2, 1)}
@@ -50,17 +50,10 @@ def measure(size, case: str, arch: str, dtype: str) -> dict:
     res = binary.resources[k.function]
     f = parse_listing(find_disassembler().disassemble(binary.image), arch)[k.function]
     out: dict = {"regs": res.registers, "spills": res.spill_stores + res.spill_loads}
-    for lp in sorted(find_loops(f), key=lambda lp: min(lp.blocks)):
-        ins_ = [i for b in lp.blocks for i in f.blocks[b].instructions]
-        hmma = sum(i.opcode.startswith("HMMA") for i in ins_)
-        if hmma:
-            out["loop"] = {
-                "HMMA": hmma,
-                "LDSM": sum(i.opcode.startswith("LDSM") for i in ins_),
-                "LDGSTS": sum(i.opcode.startswith("LDGSTS") for i in ins_),
-                "other": len(ins_) - hmma,
-            }
-            break
+    loop = hmma_loop(f)
+    if loop is not None:
+        out["loop"] = {"HMMA": loop.hmma, "LDSM": loop.ldsm, "LDGSTS": loop.ldgsts,
+                       "other": loop.other}  # fmt: skip
     mix = k.hot.mix
     out["hot"] = (k.hot.kind, mix["HMMA"], mix.total - mix["HMMA"])
     out["copies"] = [c.kernel for c in ks if c is not k]

@@ -12,6 +12,7 @@ import pytest
 from test_tensorize import _matmul
 from test_tensorize_pipeline import ODD_ALIGNED, _compile
 
+import polyfuse
 from polyfuse.cuda.codegen import lower_mma
 from polyfuse.cuda.codegen.c_text import c_index
 from polyfuse.cuda.codegen.kernel_arith import mul
@@ -33,6 +34,7 @@ from polyfuse.cuda.codegen.lower_mma_chunk_dst import chunk_destination, chunk_s
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, chunk_fill, scalar_fill
 from polyfuse.cuda.codegen.printer import _Emitter, print_ir
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
+from polyfuse.poly.mapping import MappingConfig
 from polyfuse.poly.swizzle import SharedLayout
 from polyfuse.poly.tensorize import MmaOperand
 
@@ -185,3 +187,18 @@ def test_a_threads_chunks_go_through_one_pointer_where_the_layout_steps_evenly(
             row, col = c % 8 + c // (8 * per_row) * 8, 8 * (c // 8 % per_row)
             want = f.layout.offset(row, col) + f.elements
             assert base + _eval(dst.index[0], pf_u=u) == want, (tid, u)
+
+
+def test_a_k_outside_tf32_fragment_loads_through_a_second_pointer():
+    """A tf32 ``a @ b`` with ``b`` stored k-by-n: lane l's second B register is 4 k further,
+    whose XOR bit differs, so it is loaded through a second stage pointer (``pf_sb4``, its
+    lane offset ``pf_lb4``) and every fragment load is a pointer plus a constant. Before:
+    ``pf_sb[pf_db + ...]``, an address per load in SASS (sm_90: 137 others per 64 HMMA)."""
+    inputs, out, arrays, want = _matmul("float32", 67, 40, 200)
+    cfg = MappingConfig(allow_tf32=True)
+    fn = polyfuse.compile(inputs, [out], check_cuda=False, mapping=cfg)
+    (k,) = fn.kernels
+    assert "pf_db" not in k.source and "const int pf_lb4 = " in k.source
+    assert "pf_sb4 = (s_b + (pf_rs * " in k.source and "__float_as_uint(pf_sb4[" in k.source
+    got = fn(*arrays, device="emulate", race_check=True)
+    assert np.allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max())

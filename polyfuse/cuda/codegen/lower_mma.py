@@ -157,7 +157,7 @@ def lower_mma_kernel(
                                           (tk.n_dim, mod("pf_r", width)))),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
-    bases = (("pf_sa", "pf_la"), ("pf_sb", "pf_lb"))
+    bases = step.pointers
     if tk.vector_fill:  # what the fills compute once (a gather's masks)
         body += [n for f in fills for n in fill_setup(f)]
     if tk.fragment_buffers == 2:  # ALCOP's second level: lower_mma_fragments

@@ -7,9 +7,7 @@ rows apart; where the shared layout (swizzled or padded) puts every such pair th
 of elements apart, on every thread (checked by evaluating the layout), a chunk's destination is
 one pointer per k-tile plus ``u`` times that step: a constant the compiler folds into the
 copy's shared address instead of recomputing the swizzle per chunk (CUTLASS's iterators
-advance the same way). Only for tiles stored k-innermost (rows of m or n): a k-row tile through
-the pointer made ptxas spill 4 bytes (at 96 registers) of the odd-size tf32 ``a @ b`` on sm_90
-(NVRTC 13.0), for a few instructions of its two chunks per thread.
+advance the same way).
 """
 
 from __future__ import annotations
@@ -33,10 +31,10 @@ def fixed_column(f: TileFill) -> bool:
 def chunk_step(f: TileFill) -> int | None:
     """The layout distance between a thread's consecutive chunks where it is the same for
     every thread and chunk, else None (see the module doc; None too for one chunk per
-    thread, and for k-row tiles)."""
+    thread)."""
     per_row = f.inner // f.chunk
     n = f.outer * per_row // f.nthreads
-    if n < 2 or not fixed_column(f) or not f.op.k_inner:
+    if n < 2 or not fixed_column(f):
         return None
     apart = f.nthreads // per_row  # tile rows between a thread's consecutive chunks
     step = f.layout.offset(apart, 0) - f.layout.offset(0, 0)

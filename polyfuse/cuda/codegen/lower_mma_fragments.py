@@ -58,6 +58,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
 from polyfuse.cuda.codegen.kernel_walk import KExprMapper
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill
 from polyfuse.cuda.codegen.lower_mma_pipeline import (
+    Bases,
     advance,
     ahead_fills,
     k_tile,
@@ -78,6 +79,9 @@ class KStep:
     mma: tuple[KNode, ...]
     block_k: int
     mma_k: int
+    #: per shared tile (A, B) the pointers its loads read, each with the lane's offset into
+    #: the tile (:func:`polyfuse.cuda.codegen.lower_mma_pipeline.stage_pointers`)
+    pointers: Bases = ((("pf_sa", "pf_la"),), (("pf_sb", "pf_lb"),))
 
     @property
     def steps(self) -> int:
@@ -133,7 +137,7 @@ def mma_buffers(step: KStep) -> tuple[KExpr, KExpr]:
 
 def double_buffered_loop(
     fills: tuple[TileFill, TileFill],
-    bases: tuple[tuple[str, str], tuple[str, str]],
+    bases: Bases,
     step: KStep,
     stages: int,
     k_lo: int,

@@ -53,14 +53,18 @@ def wait_pending(stages: int) -> int:
     return stages - 2
 
 
-def stage_pointers(
-    fills: Sequence[TileFill], bases: tuple[tuple[str, str], ...]
-) -> list[tuple[str, KExpr]]:
-    """Per tile the pointer its fragments are loaded through and its value: the stage
-    ``pf_rs`` of the tile plus the lane's offset."""
+#: per shared tile, the pointers its fragment loads read and the lane's offset of each (a
+#: tf32 operand stored k-outside reads a second one, 4 k further)
+Bases = tuple[tuple[tuple[str, str], ...], ...]
+
+
+def stage_pointers(fills: Sequence[TileFill], bases: Bases) -> list[tuple[str, KExpr]]:
+    """Each pointer the fragments are loaded through and its value: the stage ``pf_rs`` of
+    its tile plus the lane's offset."""
     return [
         (b, add(KVar(f.buf), mul("pf_rs", f.elements), KVar(off)))
-        for f, (b, off) in zip(fills, bases, strict=True)
+        for f, pairs in zip(fills, bases, strict=True)
+        for b, off in pairs
     ]
 
 
@@ -96,7 +100,7 @@ def ahead_fills(
 
 def k_tile_loop(
     fills: tuple[TileFill, TileFill],
-    bases: tuple[tuple[str, str], tuple[str, str]],
+    bases: Bases,
     compute: Sequence[KNode],
     stages: int,
     vector: bool,
@@ -109,10 +113,8 @@ def k_tile_loop(
     is split where the k-tiles it fills stop lying wholly inside the reduction: the steady
     state fills without a k guard, the tail with one."""
     bk = fills[0].block_k
-    point = [
-        KLet(b, v, pointer_type(f), const=False)
-        for f, (b, v) in zip(fills, stage_pointers(fills, bases), strict=True)
-    ]
+    point = [KLet(b, v, pointer_type(fills[0]), const=False)
+             for b, v in stage_pointers(fills, bases)]  # fmt: skip
     full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
     k0 = KLet("pf_k0", add(k_lo, mul("pf_kt", bk)))
     loaded = KBarrier(Scope.BLOCK, "the previous k-tile's fragments are loaded")

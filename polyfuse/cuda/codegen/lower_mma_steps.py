@@ -23,7 +23,6 @@ from polyfuse.cuda.codegen.kernel_arith import (
     mod,
     mul,
     shr,
-    sub,
 )
 from polyfuse.cuda.codegen.kernel_ast import (
     KExpr,
@@ -85,25 +84,22 @@ def step_offset(lay: SharedLayout, op: MmaOperand, tile: KExpr, size: int, k: in
 def tf32_lane(lay: SharedLayout, first: str) -> tuple[KExpr, KExpr]:
     """A tf32 operand stored k-outside (k rows; ``ldmatrix`` has no ``.trans`` of 32-bit
     elements): lane ``l`` reads element (k ``l % 4``, column ``first + l / 4``) and the one 4 k
-    further, by plain 32-bit loads; their offsets through the layout (the second as the
-    difference: the XOR bit differs)."""
+    further, by plain 32-bit loads; their offsets through the layout (they differ in the XOR
+    bit, so the second is a lane offset of its own)."""
     col = add(first, shr(LANE, 2))
     lo = layout_offset(lay, band(LANE, 3), col, False)
     hi = layout_offset(lay, add(band(LANE, 3), 4), col, False)
-    return lo, sub(hi, lo)
+    return lo, hi
 
 
-def tf32_loads(lay: SharedLayout, frag: Callable[[int], KRef], buf: str, delta: str,
+def tf32_loads(lay: SharedLayout, frag: Callable[[int], KRef], bufs: tuple[str, str],
                regs: list[tuple[int, int]], cols: KExpr, k: int) -> list[KNode]:  # fmt: skip
     """Plain loads of a k-outside tf32 fragment: register ``r`` of ``regs`` (``frag(r)``) from
-    8-column group ``cols`` + its ``h`` (A's second 8 rows of m), 4 k further when its
-    ``v``."""
+    8-column group ``cols`` + its ``h`` (A's second 8 rows of m), through the second pointer
+    of ``bufs`` (4 k further) when its ``v``: every address a pointer plus a constant."""
     rc, cc = lay.step_coefficients(k, 8)
     return [
-        KFragmentLoad(
-            frag(r), KRef(buf, (add(*([delta] if v else []), mul(rc, div(KS, k)),
-                                    mul(cc, add(cols, h))),))  # fmt: skip
-        )
+        KFragmentLoad(frag(r), KRef(bufs[v], (add(mul(rc, div(KS, k)), mul(cc, add(cols, h))),)))
         for r, (h, v) in enumerate(regs)
     ]
 
@@ -113,8 +109,9 @@ def _loop(var: str, trips: int, body: list[KNode], step: int = 1) -> KFor:
 
 
 def k_step(tk: TensorCoreKernel, mma: Intrinsic) -> tuple[list[KNode], KStep]:
-    """The lane's offsets into the shared tiles (``pf_la``/``pf_lb``, tf32's ``pf_da``/
-    ``pf_db``: lets before the loop) and one k-step of the k-tile loop."""
+    """The lane's offsets into the shared tiles (``pf_la``/``pf_lb``, and a k-outside tf32
+    operand's second, ``pf_la4``/``pf_lb4``: lets before the loop) and one k-step of the
+    k-tile loop (with the pointers its loads read)."""
     t, a, b, la, lb = tk.tiling, tk.a, tk.b, tk.a_layout, tk.b_layout
     assert t is not None and a is not None and b is not None
     assert la is not None and lb is not None
@@ -125,11 +122,13 @@ def k_step(tk: TensorCoreKernel, mma: Intrinsic) -> tuple[list[KNode], KStep]:
     tf32 = tk.dtype == "float32"
     i, j = KVar("pf_i"), KVar("pf_j")
     lanes: list[KNode] = []
+    pointers: list[tuple[tuple[str, str], ...]] = [(("pf_sa", "pf_la"),), (("pf_sb", "pf_lb"),)]
     if tf32 and a.trans:
-        lo, delta = tf32_lane(la, "pf_wm")
-        lanes += [KLet("pf_la", lo), KLet("pf_da", delta)]
+        lo, hi = tf32_lane(la, "pf_wm")
+        lanes += [KLet("pf_la", lo), KLet("pf_la4", hi)]
+        pointers[0] += (("pf_sa4", "pf_la4"),)
         regs = [(0, 0), (1, 0), (0, 1), (1, 1)]  # a0..a3: (m g, k t) (g+8, t) (g, t+4) (g+8, t+4)
-        body = tf32_loads(la, lambda r: KRef("pf_fa", (i, KInt(r))), "pf_sa", "pf_da", regs,
+        body = tf32_loads(la, lambda r: KRef("pf_fa", (i, KInt(r))), ("pf_sa", "pf_sa4"), regs,
                           mul(2, i), mk)  # fmt: skip
         loads = [_loop("pf_i", tm, body)]
     else:
@@ -138,13 +137,14 @@ def k_step(tk: TensorCoreKernel, mma: Intrinsic) -> tuple[list[KNode], KStep]:
         loads = [_loop("pf_i", tm, [KLdmatrix(KRef("pf_fa", (i,)), src, 4, a.trans)])]
     fb = div(j, b_step)
     if tf32 and b.trans:
-        lo, delta = tf32_lane(lb, "pf_wn")
-        lanes += [KLet("pf_lb", lo), KLet("pf_db", delta)]
+        lo, hi = tf32_lane(lb, "pf_wn")
+        lanes += [KLet("pf_lb", lo), KLet("pf_lb4", hi)]
+        pointers[1] += (("pf_sb4", "pf_lb4"),)
 
         def frag(r: int) -> KRef:
             return KRef("pf_fb", (fb, add(mul(2, mod(j, b_step)), r)))
 
-        body = tf32_loads(lb, frag, "pf_sb", "pf_db", [(0, 0), (0, 1)], j, mk)
+        body = tf32_loads(lb, frag, ("pf_sb", "pf_sb4"), [(0, 0), (0, 1)], j, mk)
         loads.append(_loop("pf_j", tn, body))
     else:
         lanes.append(KLet("pf_lb", lane_offset(lb, b, "pf_wn", b_role)))
@@ -168,6 +168,7 @@ def k_step(tk: TensorCoreKernel, mma: Intrinsic) -> tuple[list[KNode], KStep]:
         (_loop("pf_i", tm, [_loop("pf_j", tn, [mma_node])]),),
         t.block_k,
         mk,
+        tuple(pointers),
     )
     return lanes, step
 

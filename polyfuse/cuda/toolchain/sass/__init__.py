@@ -15,7 +15,14 @@ results and prints them.
 """
 
 from polyfuse.cuda.toolchain.sass.analyse import DEFAULT_ARCHS, analyse, analyse_function, estimate
-from polyfuse.cuda.toolchain.sass.loops import HotLoop, Loop, find_loops, hot_loop
+from polyfuse.cuda.toolchain.sass.loops import (
+    HmmaLoop,
+    HotLoop,
+    Loop,
+    find_loops,
+    hmma_loop,
+    hot_loop,
+)
 from polyfuse.cuda.toolchain.sass.mix import CLASSES, InstrMix, classify
 from polyfuse.cuda.toolchain.sass.parse import Block, Instruction, SassFunction, parse_listing
 from polyfuse.cuda.toolchain.sass.records import (
@@ -46,6 +53,7 @@ __all__ = [
     "DisassemblerNotFound",
     "DisassemblyError",
     "Estimate",
+    "HmmaLoop",
     "HotLoop",
     "InstrMix",
     "Instruction",
@@ -64,6 +72,7 @@ __all__ = [
     "find_disassembler",
     "find_loops",
     "format_table",
+    "hmma_loop",
     "hot_loop",
     "parse_listing",
     "vector_check",

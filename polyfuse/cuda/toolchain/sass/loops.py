@@ -34,12 +34,14 @@ from polyfuse.cuda.toolchain.sass.parse import SassFunction
 from polyfuse.cuda.toolchain.sass.trips import TripCount, trip_count
 
 __all__ = [
+    "HmmaLoop",
     "HotLoop",
     "Loop",
     "TripCount",
     "body_mix",
     "dominators",
     "find_loops",
+    "hmma_loop",
     "hot_loop",
     "loop_mix",
     "path_mix",
@@ -346,3 +348,34 @@ def hot_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HotLoop:
         mixes[kk] if kk is not None else None,
         notes,
     )
+
+
+@dataclass(frozen=True)
+class HmmaLoop:
+    """One iteration of a tensor-core kernel's k-tile loop, every instruction of its blocks
+    counted once (issue 23's "HMMA per non-HMMA" figure): HMMA, LDSM, LDGSTS and the rest
+    (``other``: every non-HMMA instruction, the LDSM and LDGSTS included)."""
+
+    hmma: int
+    ldsm: int
+    ldgsts: int
+    other: int
+
+    @property
+    def per_hmma(self) -> float:
+        """Non-HMMA instructions per HMMA."""
+        return self.other / self.hmma
+
+
+def hmma_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HmmaLoop | None:
+    """The first loop of ``fn`` in block order that holds HMMA (a tensor-core kernel's k-tile
+    loop steady state: its prologue and guarded tail are outside it, or unrolled), or None."""
+    loops = find_loops(fn) if loops is None else loops
+    for lp in sorted(loops, key=lambda lp: min(lp.blocks)):
+        ops = [i.opcode for b in lp.blocks for i in fn.blocks[b].instructions]
+        hmma = sum(o.startswith("HMMA") for o in ops)
+        if hmma:
+            ldsm = sum(o.startswith("LDSM") for o in ops)
+            ldgsts = sum(o.startswith("LDGSTS") for o in ops)
+            return HmmaLoop(hmma, ldsm, ldgsts, len(ops) - hmma)
+    return None
