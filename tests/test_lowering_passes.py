@@ -6,8 +6,11 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import polyfuse
+from polyfuse import te
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KBarrier,
@@ -130,6 +133,51 @@ def test_barrier_of_a_lane_guarded_part_stands_before_the_guard():
     assert [type(n).__name__ for n in after.body] == ["KMark", "KBarrier", "KIf"]
     assert after.body[1].note == "use reads what earlier parts wrote"
     assert not any(isinstance(n, KBarrier) for n in after.body[2].then)
+
+
+def test_a_part_under_nested_lane_guards_gets_one_barrier_before_the_outer_guard():
+    """isl's guards ``if (l0 <= 1) { part:mg1; if (l0 == 0) { part:mg2 } }`` (fuzz seed
+    770052: a column total, a 4x2 product and a broadcast stitched into one kernel): mg2's
+    barrier stands before the outer guard only. Before: a second one inside ``l0 <= 1``, a
+    divergent __syncthreads (the emulator: 62 threads exited while 2 wait)."""
+    red, use = _two_parts()
+    (uses,) = use.body
+    third = KMark("part:more", [uses])
+    t0 = KVar("t0")
+    nested = KIf(KOp("<=", (t0, KInt(1))), [use, KIf(KOp("==", (t0, KInt(0))), [third])])
+    tiles = [BufferPlacement("t", MemSpace.SHARED, box=((KInt(0), 8),))]
+    before = alloc_buffers(_ir(reduction=True, body=(red, nested)), tiles, [])
+    after = insert_barriers(before, Scope.BLOCK)
+    assert [type(n).__name__ for n in after.body] == ["KMark", "KBarrier", "KIf", "KBarrier",
+                                                       "KIf"]  # fmt: skip
+    assert [n.note for n in after.body if isinstance(n, KBarrier)] == [
+        "use reads what earlier parts wrote", "more reads what earlier parts wrote"]
+    inner = after.body[4].then
+    assert [type(n).__name__ for n in inner] == ["KIf"], inner
+    assert not any(isinstance(n, KBarrier) for n in inner[0].then), inner
+
+
+def test_the_fuzz_graph_of_nested_guards_runs_without_a_divergent_barrier():
+    """The graph of fuzz seed 770052, shrunk: correct on the emulator (before: "divergent
+    __syncthreads in block (0,0,0)")."""
+    x0 = te.placeholder((4, 1), name="x0")
+    b1 = te.compute((4, 1), lambda i, j: x0[i, j] + x0[i, j], name="b1")
+    k0, k1 = te.reduce_axis(4, name="k0"), te.reduce_axis(1, name="k1")
+    r4 = te.compute((1, 1), lambda i, j: te.sum(b1[k0, k1], axis=[k0, k1]), name="r4")
+    x6 = te.placeholder((2, 1), name="x6")
+    k = te.reduce_axis(1, name="k")
+    m7 = te.compute((4, 2), lambda i, j: te.sum(b1[i, k] * x6[j, k], axis=k), name="m7")
+    x8 = te.placeholder((1,), name="x8")
+    b9 = te.compute((4, 1), lambda i, j: x8[0] + b1[i, j], name="b9")
+    fn = polyfuse.compile([x0, x6, x8], [r4, m7, b9], check_cuda=False)
+    rng = np.random.default_rng(0)
+    a0, a6, a8 = (rng.standard_normal(s).astype(np.float32) for s in ((4, 1), (2, 1), (1,)))
+    got = fn(a0, a6, a8, device="emulate", race_check=True)
+    want = [np.full((1, 1), 2 * a0.sum()), (2 * a0) @ a6.T, a8[0] + 2 * a0]
+    for g, w in zip(got, want, strict=True):
+        assert np.allclose(g, w, rtol=1e-5, atol=1e-6), (g, w)
+    for kern in fn.kernels:  # no barrier under a lane guard
+        assert not re.search(r"if \(\(l0 <= 1\)\) \{\n\s*__syncthreads", kern.source)
 
 
 def test_no_barrier_without_shared_tiles_or_outside_reductions():

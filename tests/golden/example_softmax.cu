@@ -46,7 +46,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_a67ed6ff0f053cae0af1(float* __restrict__ softmax, const float* __restrict__ x) {
+extern "C" __global__ void __launch_bounds__(256) pf_20e3ce07cfe1004974a4(float* __restrict__ softmax, const float* __restrict__ x) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -98,7 +98,6 @@ extern "C" __global__ void __launch_bounds__(256) pf_a67ed6ff0f053cae0af1(float*
   }
   __syncwarp();  // mg2 reads what earlier parts wrote
   if ((((8 * b0) + r0) <= 9)) {
-    __syncwarp();  // mg2 reads what earlier parts wrote
     if ((l0 <= 24)) {
       // part:mg2
       // coarsen:4

@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_7472923e59d3e3192ea3(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_e5ddf4490d421c37166a(const float* __restrict__ add7_merged, float* __restrict__ softmax20) {
+extern "C" __global__ void __launch_bounds__(128, 7) pf_2956ea077bc18f594ac6(const float* __restrict__ add7_merged, float* __restrict__ softmax20) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -424,7 +424,6 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_e5ddf4490d421c37166a(con
           }
           __syncwarp();  // mg9 reads what earlier parts wrote
           if ((((4 * b2) + r0) <= 4)) {
-            __syncwarp();  // mg9 reads what earlier parts wrote
             if ((l0 <= 4)) {
               // part:mg9
               softmax20[b0 * 50 + b1 * 25 + ((4 * b2) + r0) * 5 + l0] = (r_softmax20_exp / r_softmax20_sum);

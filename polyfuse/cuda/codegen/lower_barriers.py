@@ -68,7 +68,8 @@ class _PartBarriers(KMutator):
             return self.body([KIf(n.cond, [c]) for c in n.then])
         out: list[KNode] = []
         lead = _leading_part(n)
-        if self.seen and lead is not None:
+        # nested guards lead to the same part: its barrier stands before the outermost
+        if self.seen and lead is not None and not self.hoisted:
             out.append(KBarrier(self.scope, _note(lead)))
             self.hoisted = True
         r = super().visit_default(n)
