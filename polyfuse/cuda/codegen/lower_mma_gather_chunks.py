@@ -94,8 +94,7 @@ def gather_chunk_fill(
     conds = [cmp("<=", "pf_r", f.row_hi), *kc]
     conds += [in_range(add(rows[i], f"pf_e{i}"), arr[i]) for i in guarded]
     body: list[KNode] = [
-        KLet("pf_c", add("pf_tid", mul("pf_u", f.nthreads))),
-        KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8))),
+        *_chunk_row(f),
         *([] if fixed_q else [q, *k_part]),
         KLet("pf_r", add(f.row0, "pf_t")),
         KLet("pf_in", all_of(*conds, op="&"), "bool"),
@@ -108,6 +107,14 @@ def gather_chunk_fill(
         return (KScope("the thread's chunk column and its k, once per k-tile",
                        (q, *k_part, *first, loop)),)  # fmt: skip
     return (loop,)
+
+
+def _chunk_row(f: TileFill) -> list[KNode]:
+    """Chunk ``pf_u``'s index ``pf_c`` among the tile's and its tile row ``pf_t`` (the
+    chunk-to-lane order of :mod:`polyfuse.cuda.codegen.lower_mma_fills`)."""
+    per_row = f.inner // f.chunk
+    return [KLet("pf_c", add("pf_tid", mul("pf_u", f.nthreads))),
+            KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8)))]  # fmt: skip
 
 
 def _chunks(f: TileFill, body: list[KNode]) -> KFor:
@@ -169,8 +176,7 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
         nest = KFor(d, KInt(lo), cmp("<=", d, hi), 1, (nest,), unroll=True)
     n = f.outer * per_row // f.nthreads
     body: list[KNode] = [
-        KLet("pf_c", add("pf_tid", mul("pf_u", f.nthreads))),
-        KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8))),
+        *_chunk_row(f),
         KLet("pf_r", add(f.row0, "pf_t")),
         KAssign(KRef(ro, (KVar("pf_u"),)), _weighted(rows, strides)),
         KAssign(mask, KInt(0)),
@@ -191,16 +197,13 @@ def _masked_fill(f: TileFill, stage: Operand, k_part: list[KNode], kc: list[KExp
     thread), the destination is the first chunk's plus that step."""
     used = mask_digits(f)
     assert used is not None
-    per_row = f.inner // f.chunk
     ro, pm = _names(f)
     u = KVar("pf_u")
     bit = _mask_bit(used)
     inside = KVar("pf_in")
     first, dst = chunk_destination(f, stage)
     body: list[KNode] = [
-        *([] if first else [
-            KLet("pf_c", add("pf_tid", mul(u, f.nthreads))),
-            KLet("pf_t", add(mod("pf_c", 8), mul(div("pf_c", 8 * per_row), 8)))]),
+        *([] if first else _chunk_row(f)),
         KLet("pf_in", cmp("!=", band(KRef(pm, (u,)), "pf_bit"), 0), "bool"),
         # unsigned: the address is the array's plus a zero-extended offset, as before
         KLet("pf_off", select(inside, add(KRef(ro, (u,)), "pf_kp"), 0), "unsigned"),
