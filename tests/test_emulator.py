@@ -484,3 +484,20 @@ def test_race_check_reverse_order(emu):
         y[:] = 0
         fixed.run([launch], {"x": x, "y": y}, order=order, seed=seed)
         np.testing.assert_array_equal(y, ref)
+
+
+def test_kernel_builds_include_the_precompiled_header(tmp_path):
+    """A kernel library (plain and race-check) ``-include``s a stub beside GCC's precompiled
+    ``pf_emu.h`` (built once per cache), and runs as with the text header."""
+    e = Emulator(cache_dir=tmp_path, workers=2)
+    for racecheck in (False, True):
+        mod = e.load(GENERATED, racecheck=racecheck)
+        stub = e._include(racecheck)
+        assert stub.parent == tmp_path and stub.name.startswith("pch-")
+        assert stub.with_name(stub.name + ".gch").stat().st_size > 1_000_000
+        x = rand(300, 64)
+        out = np.full(300, np.nan, np.float32)
+        launch = Launch("k0_row_max", (2, 1, 1), (256, 1, 1), ("x", "m"))
+        mod.run([launch], {"x": x, "m": out})
+        np.testing.assert_array_equal(out, x.max(axis=1))
+    assert len(list(tmp_path.glob("pch-*.h.gch"))) == 2

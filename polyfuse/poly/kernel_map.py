@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import islpy as isl
+
 from polyfuse.base.decision import DecisionKind, Refusal, noted, refusal_note, refused
+from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy
@@ -36,6 +39,7 @@ from polyfuse.poly.gemm_codegen import with_codegen
 from polyfuse.poly.gemm_kernel import GemmKernel, kernel_placements
 from polyfuse.poly.gemm_pipeline import pipeline_stages
 from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
+from polyfuse.poly.guard import operation_budget
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
 from polyfuse.poly.policy import (
@@ -227,6 +231,13 @@ def stage_problem(gk: GemmKernel) -> StageProblem:
     )
 
 
+#: isl operations placing one plain or reduction kernel's tensors may take (registers, shared
+#: footprints). Every kernel of the tests, suite and zoo takes far fewer; a lane layout whose
+#: sets isl cannot project cheaply (fuzz seed 790008: an elementwise producer fused into a
+#: 3-axis all-reduce over 512 lanes) ran for hours without it.
+PLACEMENT_BUDGET = 1_000_000
+
+
 def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     """Where every tensor of the mapped kernel lives, with the reason.
 
@@ -239,11 +250,22 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
         return gemm
     if isinstance(mm, TensorCoreKernel):
         return tensor_core_placements(mm)
-    placements = place_tensors(mm)
-    if mm.strategy is None:
-        return placements
-    wide = any(
-        r.role == "accumulator" and r.itemsize == 8 for r in mm.scheduled.model.tensors.values()
-    )
-    budget = reduction_tile_budget(device, mm.strategy.threads, 8 if wide else 4)
-    return place_shared(mm, placements, budget)
+    try:
+        with operation_budget(mm.scheduled.model.ctx, PLACEMENT_BUDGET):
+            placements = place_tensors(mm)
+            if mm.strategy is None:
+                return placements
+            wide = any(
+                r.role == "accumulator" and r.itemsize == 8
+                for r in mm.scheduled.model.tensors.values()
+            )
+            budget = reduction_tile_budget(device, mm.strategy.threads, 8 if wide else 4)
+            return place_shared(mm, placements, budget)
+    except isl.Error as e:
+        if "maximal number of operations" not in str(e):
+            raise
+        raise ScheduleError(
+            f"{mm.scheduled.name}: placing its tensors exceeded {PLACEMENT_BUDGET} isl "
+            "operations (a lane layout isl cannot project cheaply); compile the reduction "
+            "apart from its producers (e.g. pass its input as a graph input)"
+        ) from None

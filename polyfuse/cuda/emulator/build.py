@@ -18,7 +18,7 @@ from pathlib import Path
 
 from polyfuse.base.errors import CompilerNotFound, EmulatorError
 from polyfuse.base.settings import cache_root
-from polyfuse.base.store import Store
+from polyfuse.base.store import Store, write_atomic
 
 from .wire import ABI_VERSION
 
@@ -118,6 +118,31 @@ def compile_cxx(
         first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "failed")
         raise EmulatorError(f"emulator: {Path(cxx).name} rejected {src.name}: {first} (log: {log})")
     os.replace(tmp, out)
+
+
+def precompiled_header(
+    directory: Path, cxx: str, cxx_id: str, flags: Sequence[str], header_text: str
+) -> Path:
+    """The ``-include`` argument of a kernel build with ``flags``: a stub header next to its
+    GCC precompiled form (``<stub>.gch``, cached like a library), so each build skips
+    parsing ``pf_emu.h`` and the standard headers (~0.3 s of a ~1 s build). The stub includes
+    the real header, so a compiler that does not take the ``.gch`` (another GCC, clang) reads
+    the text instead and builds the same library. A failed precompile falls back to the
+    header itself: slower, never different."""
+    flags = [f for f in flags if f not in ("-shared", "-c")]
+    key = build_key("pch", str(ABI_VERSION), cxx_id, " ".join(flags), header_text, str(HEADER))
+    stub = directory / f"pch-{key}.h"
+    if not stub.exists():
+        write_atomic(stub, f'#include "{HEADER}"\n'.encode())
+    try:
+        cached_build(
+            directory,
+            f"pch-{key}.h.gch",
+            lambda out: compile_cxx(cxx, [*flags, "-x", "c++-header"], stub, out),
+        )
+    except EmulatorError:
+        return HEADER
+    return stub
 
 
 def cached_build(directory: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
