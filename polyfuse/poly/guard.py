@@ -120,8 +120,13 @@ def operation_budget(ctx: isl.Context, operations: int) -> Iterator[None]:
         ctx.set_max_operations(0)
 
 
+def over_budget(err: Exception | str) -> bool:
+    """Whether isl's error ``err`` is its operation budget running out."""
+    return _QUOTA in str(err)
+
+
 def _classify(err: Exception | str) -> str:
-    return "operations" if _QUOTA in str(err) else "error"
+    return "operations" if over_budget(err) else "error"
 
 
 def bounded(

@@ -39,7 +39,7 @@ from polyfuse.poly.gemm_codegen import with_codegen
 from polyfuse.poly.gemm_kernel import GemmKernel, kernel_placements
 from polyfuse.poly.gemm_pipeline import pipeline_stages
 from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
-from polyfuse.poly.guard import operation_budget
+from polyfuse.poly.guard import operation_budget, over_budget
 from polyfuse.poly.mapping import MappedKernel, MappingConfig, map_to_gpu
 from polyfuse.poly.placement import Placement, place_shared, place_tensors
 from polyfuse.poly.policy import (
@@ -232,7 +232,7 @@ def stage_problem(gk: GemmKernel) -> StageProblem:
 
 
 #: isl operations placing one plain or reduction kernel's tensors may take (registers, shared
-#: footprints). Every kernel of the tests, suite and zoo takes far fewer; a lane layout whose
+#: footprints). The 53 golden graphs pass at 300k (six need more than 60k); a lane layout whose
 #: sets isl cannot project cheaply (fuzz seed 790008: an elementwise producer fused into a
 #: 3-axis all-reduce over 512 lanes) ran for hours without it.
 PLACEMENT_BUDGET = 1_000_000
@@ -262,7 +262,7 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
             budget = reduction_tile_budget(device, mm.strategy.threads, 8 if wide else 4)
             return place_shared(mm, placements, budget)
     except isl.Error as e:
-        if "maximal number of operations" not in str(e):
+        if not over_budget(e):
             raise
         raise ScheduleError(
             f"{mm.scheduled.name}: placing its tensors exceeded {PLACEMENT_BUDGET} isl "
