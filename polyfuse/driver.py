@@ -10,7 +10,8 @@ Stages, each producing a printable object kept on the :class:`Plan`:
    kernel (Algorithm 2) (stitch/);
 5. ``plan_kernel`` per kernel (stitch/): ``map_kernel`` (poly/, one interface for plain,
    reduction and GEMM kernels: tiling, block/thread mapping), ``place_kernel`` (registers,
-   shared or global memory) and recompute instead of spilling — decided before lowering;
+   shared or global memory) and recompute instead of spilling — decided before lowering; a
+   placement over its isl budget is a :class:`Feedback` too (steps 2-5 run again);
 5b. ``stitch_parallel``: Layer 3 — independent kernels share one launch (Algorithm 3);
 6. isl AST generation and the CUDA printer (cuda/).
 """
@@ -130,10 +131,104 @@ def _partition_schedule(
             return part, scheduled, events
         events.extend(round_events)
         for fb in round_events:
-            for i, g in enumerate(fb.groups):
-                for h in fb.groups[i + 1 :]:
-                    separations.update(frozenset((a, b)) for a in g for b in h)
-    raise ScheduleError(f"compile '{name}': feedback did not converge; raise budget= ({budget})")
+            _separate(separations, fb)
+    raise _not_converged(name, budget)
+
+
+def _not_converged(name: str, budget: int) -> ScheduleError:
+    return ScheduleError(f"compile '{name}': feedback did not converge; raise budget= ({budget})")
+
+
+def _separate(separations: set[frozenset[str]], fb: Feedback) -> None:
+    """Keep the groups of a feedback event apart in every later partition."""
+    for i, g in enumerate(fb.groups):
+        for h in fb.groups[i + 1 :]:
+            separations.update(frozenset((a, b)) for a in g for b in h)
+
+
+def _fuse(
+    graph: Graph,
+    separations: set[frozenset[str]],
+    schedule_args: tuple,
+    device: DeviceSpec,
+    cfg: MappingConfig,
+    stitch: bool,
+    cache: CompileCache,
+    salt: str,
+    times: dict[str, float],
+) -> tuple[Partition, list[ScheduledMicrograph], list[Feedback], list[KernelGroup], list]:
+    """Steps 2-4: partition and schedule (:func:`_partition_schedule`), stitch, and one more
+    partition round when Layer 2 moves elementwise ops into a GEMM's epilogue. Returns the
+    partition, its schedules, the feedback events, the kernel groups and the stitch
+    decisions; ``times`` gains the stages' seconds."""
+    t0 = time.perf_counter()
+    part, scheduled, events = _partition_schedule(graph, {}, separations, *schedule_args)
+    times["partition+schedule"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)
+    # Layer 2 feedback: elementwise ops before a reduction that save more bytes in the epilogue
+    # of the GEMM before them move there (stitch/epilogue.py); one more partition round
+    choices = epilogue_choices(graph, part, groups) if stitch else []
+    if choices:
+        t1 = time.perf_counter()
+        prefer = {pair: c.reason for c in choices for pair in c.pairs}
+        again = _partition_schedule(graph, prefer, separations, *schedule_args)
+        times["partition+schedule"] += time.perf_counter() - t1
+        t0 += time.perf_counter() - t1
+        if all(_moved(again[0], c) for c in choices):  # else: kept as first partitioned
+            part, scheduled, round_events = again
+            events = events + round_events
+            groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)
+    times["stitch"] += time.perf_counter() - t0
+    return part, scheduled, events, groups, stitches
+
+
+def _kernels(
+    graph: Graph,
+    groups: list[KernelGroup],
+    device: DeviceSpec,
+    cfg: MappingConfig,
+    cache: CompileCache,
+    salt: str,
+    arch: str,
+) -> tuple[list[Kernel], list[KernelPlan], list[MappedKernel | None], dict]:
+    """Step 5: map, place and generate every kernel group (from the cache by structural key
+    where it has them), in launch order; returns the kernels, their plans, their mapped
+    kernels (None: from the cache) and the isl ASTs generated."""
+    kernels: list[Kernel] = []
+    plans: list[KernelPlan] = []
+    mapped: list[MappedKernel | None] = []
+    asts = {}
+    for i, g in enumerate(groups):
+        prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
+        tuned = _tuned(cache, graph, g, prims, arch)
+        ksalt = f"{salt}|kernel" + (f"|tuned {tuned['tile']}" if tuned else "")
+        key = structural_key(graph, prims, ksalt)
+        kname = f"k{i}_{prims[0]}"
+        entry = cache.get(key.digest, KERNEL_FIELDS)
+        if entry is None and isinstance(g, GemmRowsGroup):
+            kernel, kp, mm, ast = generate_gemm_rows(graph, g, kname, device, cfg, key.canonical())
+            entry = kernel_entry(kernel, kp, key)
+            cache.put(key.digest, entry)
+            asts[kname] = ast
+        elif entry is None:
+            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned, key.canonical())
+            entry = kernel_entry(kernel, kp, key)
+            cache.put(key.digest, entry)
+            asts[kname] = ast
+        else:
+            kernel, kp = kernel_from_entry(entry, key, kname, g.names)
+            mm = None
+        kernels.append(kernel)
+        plans.append(kp)
+        mapped.append(mm)
+    order = kernel_order(kernels)  # launches follow the buffers' dependences
+    return (
+        [kernels[i] for i in order],
+        [plans[i] for i in order],
+        [mapped[i] for i in order],
+        asts,
+    )
 
 
 def _stitch(
@@ -217,62 +312,28 @@ def compile(  # noqa: A001
     salt = f"polyfuse {__version__}|codegen {CODEGEN_REVISION}|{arch}"
     salt += f"|budget {budget}|{cfg}|stitch {stitch}"
 
-    t0 = time.perf_counter()
     memo: dict[tuple[str, ...], ScheduledMicrograph] = {}
     separations: set[frozenset[str]] = set()
     schedule_args = (memo, ctx, budget, cache, salt, name)
-    part, scheduled, events = _partition_schedule(graph, {}, separations, *schedule_args)
-    times["partition+schedule"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)
-    # Layer 2 feedback: elementwise ops before a reduction that save more bytes in the epilogue
-    # of the GEMM before them move there (stitch/epilogue.py); one more partition round
-    choices = epilogue_choices(graph, part, groups) if stitch else []
-    if choices:
-        t1 = time.perf_counter()
-        prefer = {pair: c.reason for c in choices for pair in c.pairs}
-        again = _partition_schedule(graph, prefer, separations, *schedule_args)
-        times["partition+schedule"] += time.perf_counter() - t1
-        if all(_moved(again[0], c) for c in choices):  # else: kept as first partitioned
-            part, scheduled, round_events = again
-            events = events + round_events
-            groups, stitches = _stitch(graph, part, scheduled, device, cfg, stitch, cache, salt)
-    times["stitch"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    kernels: list[Kernel] = []
-    plans: list[KernelPlan] = []
-    mapped: list[MappedKernel | None] = []
-    asts = {}
-    for i, g in enumerate(groups):
-        prims = [p for sm in g.parts for p in sm.model.micrograph.prims]
-        tuned = _tuned(cache, graph, g, prims, arch)
-        ksalt = f"{salt}|kernel" + (f"|tuned {tuned['tile']}" if tuned else "")
-        key = structural_key(graph, prims, ksalt)
-        kname = f"k{i}_{prims[0]}"
-        entry = cache.get(key.digest, KERNEL_FIELDS)
-        if entry is None and isinstance(g, GemmRowsGroup):
-            kernel, kp, mm, ast = generate_gemm_rows(graph, g, kname, device, cfg, key.canonical())
-            entry = kernel_entry(kernel, kp, key)
-            cache.put(key.digest, entry)
-            asts[kname] = ast
-        elif entry is None:
-            kernel, kp, mm, ast = _generate(graph, g, kname, device, cfg, tuned, key.canonical())
-            entry = kernel_entry(kernel, kp, key)
-            cache.put(key.digest, entry)
-            asts[kname] = ast
-        else:
-            kernel, kp = kernel_from_entry(entry, key, kname, g.names)
-            mm = None
-        kernels.append(kernel)
-        plans.append(kp)
-        mapped.append(mm)
-    order = kernel_order(kernels)  # launches follow the buffers' dependences
-    kernels = [kernels[i] for i in order]
-    plans = [plans[i] for i in order]
-    mapped = [mapped[i] for i in order]
-    times["map+place+codegen"] = time.perf_counter() - t0
+    events: list[Feedback] = []
+    times.update({"partition+schedule": 0.0, "stitch": 0.0, "map+place+codegen": 0.0})
+    for _ in range(MAX_FEEDBACK_ROUNDS):
+        try:
+            fused = _fuse(
+                graph, separations, schedule_args, device, cfg, stitch, cache, salt, times
+            )
+            part, scheduled, round_events, groups, stitches = fused
+            events += round_events
+            t0 = time.perf_counter()
+            built = _kernels(graph, groups, device, cfg, cache, salt, arch)
+            times["map+place+codegen"] += time.perf_counter() - t0
+            break
+        except Feedback as fb:  # placement over budget: split the micrograph, compile again
+            events.append(fb)
+            _separate(separations, fb)
+    else:
+        raise _not_converged(name, budget)
+    kernels, plans, mapped, asts = built
     t0 = time.perf_counter()
     packs: list[PackDecision] = []
     if pack:  # Layer 3: independent kernels share one launch

@@ -14,5 +14,6 @@ __version__ = "0.1.0"
 # cached with 2 stages may now take 3; 11: 16-bit reductions kept on chip rounded to their dtype,
 # one shared tile per access of a GEMM operand; 12: native 16-bit pair arithmetic, one typed
 # lane-combine prelude, tensor-core tiles and conv fill orders from their models, gathered fills
-# by cp.async), so kernels cached by an older compiler miss.
-CODEGEN_REVISION = 12
+# by cp.async; 13: a reduction isl skews keeps its original loop order or is split), so kernels
+# and schedules cached by an older compiler miss.
+CODEGEN_REVISION = 13

@@ -50,7 +50,7 @@ from polyfuse.poly.policy import (
     reduction_tile_budget,
 )
 from polyfuse.poly.promote import build_gemm_kernel
-from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.schedule import Feedback, ScheduledMicrograph, halves, micrograph_label
 from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
 from polyfuse.poly.tensorize_fragments import with_fragment_buffers
 from polyfuse.poly.tile_fit import fit_tiling
@@ -244,6 +244,11 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     Registers or global memory (:func:`place_tensors`); a parallel reduction layout then moves
     scratch tensors into shared memory within :func:`reduction_tile_budget` (Layer 2); a GEMM
     kernel's promoted operands are its shared tiles.
+
+    Placement runs under :data:`PLACEMENT_BUDGET` isl operations. Past it, a kernel of one
+    micrograph of several primitives goes back to the partitioner (:class:`Feedback`: the
+    driver splits the micrograph in two and compiles again); any other kernel ends in a
+    one-line :class:`ScheduleError`.
     """
     gemm = kernel_placements(mm)
     if gemm is not None:
@@ -264,8 +269,14 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
     except isl.Error as e:
         if not over_budget(e):
             raise
+        why = f"placing its tensors exceeded {PLACEMENT_BUDGET} isl operations"
+        if len(mm.parts) == 1 and len(mm.parts[0].model.micrograph.prims) > 1:
+            # back to the partitioner, like a schedule over budget: the split's kernels have
+            # lane layouts of their own
+            model = mm.parts[0].model
+            label = micrograph_label(model.micrograph)
+            raise Feedback(label, why, halves(model), "operations") from None
         raise ScheduleError(
-            f"{mm.scheduled.name}: placing its tensors exceeded {PLACEMENT_BUDGET} isl "
-            "operations (a lane layout isl cannot project cheaply); compile the reduction "
-            "apart from its producers (e.g. pass its input as a graph input)"
+            f"{mm.scheduled.name}: {why} (a lane layout isl cannot project cheaply); compile "
+            "the reduction apart from its producers (e.g. pass its input as a graph input)"
         ) from None

@@ -171,7 +171,8 @@ def identity_schedule(model: PolyModel) -> isl.Schedule:
     return node.get_schedule()
 
 
-def _label(mg) -> str:
+def micrograph_label(mg) -> str:
+    """``mg3 [a, b, c]``: a micrograph and its primitives, as feedback events name them."""
     return f"{mg.name} [{', '.join(mg.prims)}]"
 
 
@@ -192,10 +193,12 @@ def _split_groups(model: PolyModel, node: isl.ScheduleNode) -> list[list[str]]:
         seen.update(g)
         if g:
             out.append(g)
-    return out if len(out) > 1 else _halves(model)
+    return out if len(out) > 1 else halves(model)
 
 
-def _halves(model: PolyModel) -> list[list[str]]:
+def halves(model: PolyModel) -> list[list[str]]:
+    """The micrograph's primitives cut in two in dependence order: the split of a feedback
+    event that has no better one (each round separates more, so feedback makes progress)."""
     prims = model.micrograph.prims
     h = max(1, len(prims) // 2)
     return [prims[:h], prims[h:]]
@@ -247,8 +250,36 @@ def _dependences(model: PolyModel) -> None:
         mg = model.micrograph
         why = f"dependence analysis exceeded {DEPENDENCE_BUDGET} isl operations"
         if len(mg.prims) > 1:
-            raise Feedback(_label(mg), why, _halves(model), "operations") from None
-        raise ScheduleError(f"{_label(mg)}: {why} ({e}); this primitive is too complex") from None
+            raise Feedback(micrograph_label(mg), why, halves(model), "operations") from None
+        label = micrograph_label(mg)
+        raise ScheduleError(f"{label}: {why} ({e}); this primitive is too complex") from None
+
+
+def _skewed_update(model: PolyModel, sched: isl.Schedule) -> str | None:
+    """A band member that combines several loop dimensions of a reduction's update (isl
+    skews e.g. ``(r1, r1 + r2)`` over a reduced extent of 2 to keep the band permutable
+    under the accumulator's dependences), as text; None when every member of the updates is
+    one dimension or a constant. Lane mapping flattens the band by its members' ranges, so a
+    skewed one leaves most lanes idle and gives placement sets isl cannot project cheaply
+    (fuzz seed 790008: ``sum`` over a 7x97x2 tensor)."""
+    ups = {s.name for s in model.statements if s.role == "update"}
+    todo = [sched.get_root()]
+    while todo:
+        node = todo.pop()
+        todo += [node.child(i) for i in range(node.n_children())]
+        if node.get_type() != isl.schedule_node_type.band:
+            continue
+        partial = node.band_get_partial_schedule()
+        for i in range(node.band_n_member()):
+            pas = partial.get_union_pw_aff(i).get_pw_aff_list()
+            for k in range(pas.n_pw_aff()):
+                pa = pas.get_at(k)
+                if pa.get_domain_space().get_tuple_name(isl.dim_type.set) not in ups:
+                    continue
+                n = pa.dim(isl.dim_type.in_)
+                if sum(pa.involves_dims(isl.dim_type.in_, d, 1) for d in range(n)) > 1:
+                    return str(pa)
+    return None
 
 
 def _single_band(sched: isl.Schedule) -> bool:
@@ -303,7 +334,7 @@ def compute_schedule(
                     )
                 ],
             )
-        raise Feedback(_label(mg), why.reason, _halves(model), why.limit)
+        raise Feedback(micrograph_label(mg), why.reason, halves(model), why.limit)
     sched = sched.pullback_union_pw_multi_aff(back)
     small = len(model.statements) <= WHOLE_COMPONENT_MAX_STATEMENTS
     retry_note = ""
@@ -324,7 +355,18 @@ def compute_schedule(
         if len(groups) > 1:
             kind = "sequence" if top.get_type() == isl.schedule_node_type.sequence else "set"
             why = f"isl did not fuse the micrograph (top-level {kind})"
-            raise Feedback(_label(mg), why + (f"; {retry_note}" if retry_note else ""), groups)
+            why += f"; {retry_note}" if retry_note else ""
+            raise Feedback(micrograph_label(mg), why, groups)
+    skew = _skewed_update(model, sched) if relax else None
+    if skew is not None:
+        why = (
+            f"isl skewed a reduction's loops ({skew}): flattened onto lanes, a skewed band "
+            "strides them sparsely"
+        )
+        if len(mg.prims) > 1:
+            raise Feedback(micrograph_label(mg), why, halves(model))
+        note = noted(DecisionKind.ISL_FEEDBACK, f"{why}; kept the original loop order", mg.name)
+        return ScheduledMicrograph(model, identity_schedule(model), notes=[note])
     if relax:
         sched = strict_coincidence(sched, model.validity)
     need, have = _parallelism_needed(model), parallel_depth(sched)
@@ -332,9 +374,9 @@ def compute_schedule(
         if len(mg.prims) == 1:
             return ScheduledMicrograph(model, identity_schedule(model))
         raise Feedback(
-            _label(mg),
+            micrograph_label(mg),
             f"isl fused the micrograph only without parallel outer loops ({have} < {need})",
-            _halves(model),
+            halves(model),
         )
     return ScheduledMicrograph(model, sched)
 
