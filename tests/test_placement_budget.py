@@ -13,12 +13,15 @@ ScheduleError.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import polyfuse
 import polyfuse.poly.kernel_map as kernel_map
 from polyfuse import te
+from polyfuse.cuda.toolchain.compiler import available_compilers
 from polyfuse.errors import ScheduleError
 from polyfuse.poly.guard import operation_budget
 from polyfuse.reference import evaluate
@@ -32,6 +35,15 @@ def _sum_all(x, dtype: str, out_dtype: str):
 
 
 def _check(fn, ins, outs, feeds):
+    """Emulator results against the reference (plain and race-check), and every kernel
+    compiled for sm_80 and sm_90 without spills where a CUDA compiler is installed."""
+    if available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            binary = fn.check_cuda(arch)
+            for k in fn.kernels:
+                assert binary.resources[k.function].spill_stores == 0
+    elif os.environ.get("CI"):
+        pytest.fail("CI must have NVRTC or nvcc (pip install 'polyfuse[nvrtc]')")
     ref = evaluate(outs, dict(zip(ins, feeds, strict=True)))
     for race_check in (False, True):
         got = fn(*feeds, device="emulate", race_check=race_check)

@@ -276,7 +276,11 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
             model = mm.parts[0].model
             label = micrograph_label(model.micrograph)
             raise Feedback(label, why, halves(model), "operations") from None
+        fix = (
+            "compile with stitch=False"
+            if len(mm.parts) > 1
+            else "it cannot be split; please report the graph with its shapes"
+        )
         raise ScheduleError(
-            f"{mm.scheduled.name}: {why} (a lane layout isl cannot project cheaply); compile "
-            "the reduction apart from its producers (e.g. pass its input as a graph input)"
+            f"{mm.scheduled.name}: {why} (a lane layout isl cannot project cheaply); {fix}"
         ) from None
