@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Generator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,3 +30,25 @@ def _is_root(entry: str) -> bool:
 
 sys.path[:] = [p for p in sys.path if not _is_root(p)]
 os.environ.setdefault("PYTHONSAFEPATH", "1")
+
+
+# Tests that need an optional extra (README, "Optional extras") carry ``pytest.mark.extra``:
+# CI's extras step runs only those (``-m "extra and not slow"``) once PyTorch and Chromium are
+# installed. A test that skips for a missing extra without the mark would never run there, so
+# the skip fails instead, naming the fix.
+EXTRA_SKIP_REASONS = ("could not import 'torch'", "chromium/chromium-driver not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or item.get_closest_marker("extra") is not None:
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if any(r in reason for r in EXTRA_SKIP_REASONS):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} skips for a missing optional extra ({reason}) but is not marked "
+            "pytest.mark.extra: mark it, or CI's extras step never runs it"
+        )

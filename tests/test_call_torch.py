@@ -11,6 +11,7 @@ import polyfuse
 from polyfuse import examples
 from polyfuse.errors import CallError
 
+pytestmark = pytest.mark.extra  # needs PyTorch (CI's extras step)
 torch = pytest.importorskip("torch")
 
 

@@ -197,6 +197,49 @@ def test_shared_wavefronts_see_bank_conflicts_and_l1_whole_lines():
     assert _line_waste(4, 4) == 512  # 64-byte rows: 8 half-used lines for 512 B
 
 
+def test_vector_groups_match_the_word_by_word_grouping():
+    """The fragment loads' grouping (array masks, for speed: ranking prices some 300 tilings a
+    GEMM) gives the groups of the plain definition: w consecutive words from a multiple of w,
+    128-bit first, then 64-bit, the rest one by one, where the run-time offset allows."""
+    import numpy as np
+
+    from polyfuse.poly.costs.gemm_code import _vector_groups
+
+    def plain(addresses, align):
+        left, out = sorted(set(int(a) for a in addresses)), []
+        for w in (4, 2):
+            if align % w or len(left) < w:
+                continue
+            have = set(left)
+            starts = [a for a in left if a % w == 0 and all(a + i in have for i in range(w))]
+            taken = {a + i for a in starts for i in range(w)}
+            left = [a for a in left if a not in taken]
+            out += [(a, w) for a in starts]
+        return out + [(a, 1) for a in left]
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        lo = int(rng.integers(-40, 40))
+        addr = lo + rng.choice(64, size=int(rng.integers(1, 40)))
+        for align in (1, 2, 4, 8):
+            assert _vector_groups(addr, align) == plain(addr, align), (addr, align)
+    assert _vector_groups(np.arange(8), 4) == [(0, 4), (4, 4)]
+    assert _vector_groups(np.array([1, 2, 3, 4, 5, 6]), 4) == [(2, 2), (4, 2), (1, 1), (6, 1)]
+
+
+def test_loop_code_is_memoized_and_shared():
+    """A tiling priced again (another rank of the same micrograph) costs a lookup."""
+    from polyfuse.poly.costs.gemm_code import Operand, TileLayout, loop_code
+    from polyfuse.poly.device import device_for_arch
+
+    a = Operand("A", (64, 32), (((1, 0, 0), 0), ((0, 0, 1), 0)))
+    b = Operand("B", (32, 64), (((0, 0, 1), 0), ((0, 1, 0), 0)))
+    args = ((a, b), (64, 64), (32,), TileLayout((64, 64), (8, 8), (16,)), (8, 8))
+    first = loop_code(*args, device_for_arch("sm_80"))
+    assert loop_code(*args, device_for_arch("sm_80")) is first
+    assert first.accumulators == 64 and first.fragment_loads
+
+
 def test_unbounded_8x8_tiles_are_modelled_at_the_registers_ptxas_takes():
     """Without a launch bound ptxas took 124-130 registers for the 256-thread 8x8 tiles (two
     blocks of 256 threads at <= 128); the model took the estimate plus the bound's margin

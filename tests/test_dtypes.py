@@ -57,6 +57,7 @@ def test_promotion_table_in_expressions():
             assert e.dtype == want, (a, b, e)
 
 
+@pytest.mark.extra  # needs PyTorch
 def test_promotion_table_matches_torch():
     torch = pytest.importorskip("torch")
     tt = {n: getattr(torch, n) for n in ALL}

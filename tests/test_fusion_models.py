@@ -184,6 +184,7 @@ class Runner:
     }
 
 
+@pytest.mark.extra  # needs PyTorch
 @pytest.mark.slow
 def test_inductor_counts_on_a_tiny_model():
     """torch.compile of tiny DeepFM on the CPU: Inductor's kernels counted from its code."""

@@ -22,7 +22,10 @@ from polyfuse import examples
 from polyfuse.cuda.runtime import gpu_available
 from polyfuse.errors import CallError, CompilerNotFound
 
-pytestmark = pytest.mark.skipif(not gpu_available(), reason="no GPU (cuda-bindings or pycuda)")
+pytestmark = [
+    pytest.mark.skipif(not gpu_available(), reason="no GPU (cuda-bindings or pycuda)"),
+    pytest.mark.extra,  # the peers need PyTorch (CI's extras step)
+]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import suite  # noqa: E402

@@ -18,6 +18,7 @@ import pytest
 
 from polyfuse import examples
 
+pytestmark = pytest.mark.extra  # needs PyTorch (CI's extras step)
 torch = pytest.importorskip("torch")
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -184,6 +184,7 @@ example = torch.randn(1, 1, 8000)
 }
 
 
+@pytest.mark.extra  # needs PyTorch
 @pytest.mark.parametrize("model", list(_TORCH_MODELS))
 def test_torch_onnx_reproductions_prepare_within_seconds(model, tmp_path):
     """The reproductions as reported: exported by torch.onnx (opset 17, TorchScript exporter)

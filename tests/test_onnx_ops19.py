@@ -486,6 +486,7 @@ def test_embedding_bag_like_loop_without_a_reduction_is_listed_up_front(tail, wh
         PolyfuseBackend.prepare(m)
 
 
+@pytest.mark.extra  # needs PyTorch
 def test_torch_embedding_bag_mean_export(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

@@ -65,6 +65,19 @@ def test_every_test_that_needs_an_extra_runs_after_the_extras_are_installed():
     assert all((ROOT / t).exists() for t in _extra_tests())
 
 
+def test_the_extras_step_runs_the_marked_tests_and_whole_modules_are_marked():
+    """.ci/run's extras step selects ``-m "extra and not slow"`` (conftest.py fails a test
+    that skips for a missing extra without the mark); a module that skips as a whole at import
+    (``importorskip`` at top level) has no test to fail, so it must carry the mark itself."""
+    assert re.search(r'pytest -q -m "extra and not slow" \$EXTRA_TESTS', CI.read_text())
+    for t in sorted(_extra_tests()):
+        src = (ROOT / t).read_text()
+        if re.search(r"^\w+ = pytest\.importorskip\(\s*[\"']torch", src, re.M):
+            assert re.search(r"^pytestmark = .*pytest\.mark\.extra", src, re.M), (
+                f"{t} skips as a whole without torch: give it pytestmark = pytest.mark.extra"
+            )
+
+
 def test_fast_tier_collects_and_checks_imports_without_torch():
     """With torch unimportable (the README's commands do not install it), the test modules
     that mention torch are collected and the import-graph test passes (it used to import
@@ -91,3 +104,27 @@ def test_fast_tier_collects_and_checks_imports_without_torch():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_a_test_that_skips_for_a_missing_extra_without_the_mark_fails(tmp_path):
+    """conftest.py turns such a skip into a failure (CI's extras step would never run it); with
+    the mark it stays a skip."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_needs_torch.py").write_text(
+        "import sys\nimport pytest\n\n"
+        "def test_unmarked():\n"
+        "    sys.modules['torch'] = None\n"
+        "    pytest.importorskip('torch')\n\n"
+        "@pytest.mark.extra\n"
+        "def test_marked():\n"
+        "    sys.modules['torch'] = None\n"
+        "    pytest.importorskip('torch')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+         "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "1 failed, 1 skipped" in r.stdout, r.stdout[-2000:]
+    assert "test_unmarked skips for a missing optional extra" in r.stdout, r.stdout[-2000:]

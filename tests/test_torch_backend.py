@@ -14,6 +14,7 @@ import logging
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra  # needs PyTorch (CI's extras step)
 torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.extra  # needs PyTorch (CI's extras step)
 torch = pytest.importorskip("torch")
 nn = torch.nn
 

@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+pytestmark = pytest.mark.extra  # needs PyTorch (CI's extras step)
 torch = pytest.importorskip("torch")
 nn = torch.nn
 

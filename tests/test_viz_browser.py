@@ -50,6 +50,9 @@ def _find(*names):
     return None
 
 
+pytestmark = pytest.mark.extra  # needs Chromium (CI's extras step)
+
+
 @pytest.fixture(scope="module")
 def browser():
     chrome = _find("chromium", "chromium-browser", "google-chrome")

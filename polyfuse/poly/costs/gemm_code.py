@@ -40,6 +40,7 @@ against the SASS of generated kernels by ``python benchmarks/tile_check.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -189,10 +190,15 @@ def _span(coef: int, n: int) -> tuple[int, int]:
 def _values(terms: list[tuple[int, int]]) -> np.ndarray:
     """The distinct values of ``sum coef * x_i`` over ``0 <= x_i < n_i`` (``terms``: the
     (coef, n) pairs)."""
+    return _distinct_sums(tuple((c, n) for c, n in terms if c and n > 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _distinct_sums(terms: tuple[tuple[int, int], ...]) -> np.ndarray:
     v = np.zeros(1, dtype=np.int64)
     for c, n in terms:
-        if c and n > 1:
-            v = np.unique((v[:, None] + c * np.arange(n)[None, :]).ravel())
+        v = np.unique((v[:, None] + c * np.arange(n)[None, :]).ravel())
+    v.setflags(write=False)  # shared between callers
     return v
 
 
@@ -201,17 +207,22 @@ def _vector_groups(addresses: np.ndarray, align: int) -> list[tuple[int, int]]:
     vectors of 4, 2, 1 words: ``w`` consecutive words whose first is a multiple of ``w``, with
     a run-time offset that is a multiple of ``align`` (at least ``w``)."""
     left = np.unique(addresses)
+    if not len(left):
+        return []
+    lo = int(left[0]) - int(left[0]) % 4  # a multiple of 4: w-alignment is kept in the mask
+    present = np.zeros(int(left[-1]) - lo + 4, dtype=bool)  # the words not yet loaded
+    present[left - lo] = True
     out: list[tuple[int, int]] = []
     for w in (4, 2):
-        if align % w or len(left) < w:
+        if align % w or int(present.sum()) < w:
             continue
-        s = set(left.tolist())
-        starts = [a for a in left.tolist() if a % w == 0 and all(a + i in s for i in range(w))]
-        if starts:
-            taken = np.array([a + i for a in starts for i in range(w)])
-            left = np.setdiff1d(left, taken)
-            out += [(a, w) for a in starts]
-    return out + [(int(a), 1) for a in left]
+        # w-aligned runs of w words all present (runs are disjoint: each starts on a multiple)
+        whole = present[: len(present) // w * w].reshape(-1, w).all(axis=1)
+        starts = np.nonzero(whole)[0] * w
+        if len(starts):
+            present[(starts[:, None] + np.arange(w)[None, :]).ravel()] = False
+            out += [(int(a) + lo, w) for a in starts]
+    return out + [(int(a) + lo, 1) for a in np.nonzero(present)[0]]
 
 
 def _wavefronts(loads: list[tuple[int, int]], lanes: np.ndarray) -> int:
@@ -220,20 +231,24 @@ def _wavefronts(loads: list[tuple[int, int]], lanes: np.ndarray) -> int:
     of ``32 / w`` lanes (quarter-warps for 128 bits), each one wavefront unless distinct words
     of its lanes fall in one of the 32 banks (lanes reading one word share it); without such
     conflicts, ``w`` wavefronts: the bytes the load moves."""
-    seen: dict[tuple[int, int], int] = {}
-    total = 0
+    key = tuple(lanes.tolist())
+    kinds: dict[tuple[int, int], int] = {}
     for a, w in loads:
-        key = (a % BANKS, w)
-        if key not in seen:
-            n = 0
-            for phase in lanes.reshape(w, -1):
-                words = np.unique((key[0] + phase[:, None] + np.arange(w)[None, :]).ravel())
-                n += int(np.bincount(words % BANKS, minlength=BANKS).max())
-            seen[key] = n
-        total += seen[key]
-    return total
+        kinds[(a % BANKS, w)] = kinds.get((a % BANKS, w), 0) + 1
+    return sum(n * _load_wavefronts(bank, w, key) for (bank, w), n in kinds.items())
 
 
+@functools.lru_cache(maxsize=65536)
+def _load_wavefronts(bank: int, w: int, lanes: tuple[int, ...]) -> int:
+    """Wavefronts of one ``w``-word load at ``bank`` (see :func:`_wavefronts`)."""
+    n = 0
+    for phase in np.asarray(lanes, dtype=np.int64).reshape(w, -1):
+        words = np.unique((bank + phase[:, None] + np.arange(w)[None, :]).ravel())
+        n += int(np.bincount(words % BANKS, minlength=BANKS).max())
+    return n
+
+
+@functools.lru_cache(maxsize=16384)
 def loop_code(
     operands: tuple[Operand, ...],
     data: tuple[int, ...],
@@ -243,7 +258,12 @@ def loop_code(
     device: DeviceSpec,
 ) -> LoopCode:
     """The loop code of ``lay`` for an update over ``data`` x ``red`` (extents) reading
-    ``operands``; ``micro``: its micro-tile as rows x columns (see the module doc)."""
+    ``operands``; ``micro``: its micro-tile as rows x columns (see the module doc).
+
+    A pure function of its (hashable) arguments, memoized: a compile ranks some 30 tilings of
+    each GEMM-like micrograph, several times over (stitching, recompute, the partitioner's
+    rounds), and a process compiles the same micrographs again (a zoo, a test run). The
+    result is shared between callers and must not be changed."""
     nd, nr = len(data), len(red)
     regs = lay.regs
     grid = [-(-e // b) for e, b in zip(data, lay.block, strict=True)]
@@ -332,11 +352,15 @@ class _View:
 
     def coefficient(self, row: int) -> int:
         """Words in the tile per unit of array dim ``row``."""
+        return self._coefficients[row]
+
+    @functools.cached_property
+    def _coefficients(self) -> tuple[int, ...]:
+        out = {}
         for g, stride in zip(self.groups, self.strides, strict=True):
-            if row in g:
-                inner = g[g.index(row) + 1 :]
-                return stride * math.prod(self.shape[a] for a in inner)
-        raise AssertionError(row)
+            for i, row in enumerate(g):
+                out[row] = stride * math.prod(self.shape[a] for a in g[i + 1 :])
+        return tuple(out[row] for row in range(len(self.shape)))
 
 
 def _box(
