@@ -127,9 +127,8 @@ def test_row_stitched_gemm_keeps_its_adds_and_layer_norm():
     assert not any(d.kinds == (DecisionKind.COST_MODEL,) for d in fn.plan.partition.decisions)
 
 
-@pytest.mark.parametrize(
-    "name", ["gpt2_small", pytest.param("vit_b16", marks=pytest.mark.slow)]  # ~12 s each
-)
+@pytest.mark.slow  # whole models, ~12 s each
+@pytest.mark.parametrize("name", ["gpt2_small", "vit_b16"])
 def test_full_pre_ln_transformers_add_in_the_projection_epilogues(name):
     """GPT-2 small and ViT-B/16 at full size (compile only): the attention output projection
     and the FFN down projection of every layer store the residual stream with their bias and

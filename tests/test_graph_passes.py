@@ -501,9 +501,9 @@ def test_every_pass_returns_a_consistent_graph_on_a_zoo_model():
         _consistent(g)
 
 
+@pytest.mark.slow  # two zoo CNNs compiled twice each, ~15 s apiece
 @pytest.mark.parametrize(
-    ("name", "kernels_off", "kernels_on"),
-    [("resnet50", 19, 12), pytest.param("mobilenet_v2", 22, 12, marks=pytest.mark.slow)],
+    ("name", "kernels_off", "kernels_on"), [("resnet50", 19, 12), ("mobilenet_v2", 22, 12)]
 )
 def test_zoo_cnn_batch_norm_kernels_disappear(name, kernels_off, kernels_on):
     """Every batch norm folds into its conv. ``kernels_on`` is a bound, not a count: which

@@ -421,6 +421,7 @@ def test_fuzzer_draws_the_stencil_family():
     assert draw(seed).nodes == generate(seed).nodes  # the random family is generate's graphs
 
 
+@pytest.mark.slow  # ~12 s
 def test_stencil_family_graphs_pass_and_print_as_scripts(tmp_path):
     """A fast tier of the family: 16 graphs, 8 per compile, emulator vs reference; and the
     failure script of a norm chain and of a conv chain runs and agrees."""

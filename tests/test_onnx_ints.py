@@ -175,7 +175,9 @@ def test_comparison_and_logic_family(dt):
     _check(m, {"a": a, "b": a[0].copy()})
 
 
-@pytest.mark.parametrize("dt", ["int32", "int64"])
+@pytest.mark.parametrize(
+    "dt", ["int32", pytest.param("int64", marks=pytest.mark.slow)]  # int64: see below
+)
 def test_div_truncates_toward_zero_and_mod_in_both_modes(dt):
     # negative operands in every sign combination; run-time divisors and a constant one
     a = np.array([7, -7, 7, -7, 0, 13, -13, 1, -1, 100], dt)
@@ -197,6 +199,7 @@ def test_div_truncates_toward_zero_and_mod_in_both_modes(dt):
     assert got[2][:4].tolist() == [1, -1, 1, -1]  # the dividend's sign
 
 
+@pytest.mark.slow  # int64 Div/Mod print as ~15 KB expressions: ~15 s of g++ each
 def test_int64_div_mod_exact_beyond_2_53():
     # run-time int64 divisors: float64 alone would round these operands
     a = np.array([2**62 + 7, -(2**62) - 9, 2**53 + 1, -(2**63), 2**63 - 1, BIG, -BIG, 5], np.int64)
@@ -424,6 +427,7 @@ def test_int_result_computed_in_floats_is_refused_naming_node_and_dtype():
         po.load(m)
 
 
+@pytest.mark.slow  # int64 Div/Mod print as ~15 KB expressions: ~15 s of g++ each
 def test_uint64_from_2_63_keeps_its_unsigned_order_and_division():
     # uint64 is held in int64 (same bits): values from 2**63 read as negative unless ordered
     # operators flip the top bit, Div/Mod divide unsigned and Cast converts unsigned

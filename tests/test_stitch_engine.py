@@ -31,7 +31,13 @@ def assert_same_plan(fn) -> None:
     assert [d.tensors for d in new_dec] == [d.tensors for d in old_dec]
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize(
+    "name",  # the two largest tiny transformers (~10 s each) in the slow tier
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in ("gpt2_small", "vit_b16") else n
+        for n in MODELS
+    ],
+)
 def test_zoo_tiny_stitching_matches_reference(name):
     assert_same_stitching(name, "tiny")
 

@@ -31,6 +31,7 @@ def _compile(size, arch="sm_90", check=False, **mapping):
     )
 
 
+@pytest.mark.slow  # ~20 s
 def test_stages_past_48_kb_live_in_the_dynamic_pool():
     """128x256x32 bf16 tiles take 24576 B per stage: S = 3 and 4 (73728, 98304 B) were refused
     over the static 48 KB before; now they fit the H100's 232448 B and the A100's 166912 B."""

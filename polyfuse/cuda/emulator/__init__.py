@@ -10,7 +10,7 @@
    bytes, so unwritten shared memory reads as NaN), ``reinterpret_cast`` becomes a version that
    understands instrumented pointers, CUDA ``#include`` lines are dropped, and one exported
    launch entry per kernel (cuLaunchKernel-like ABI) plus a module descriptor are appended.
-2. ``g++ -O2 -std=c++20 -shared -fPIC -include pf_emu.h -fvisibility=hidden`` compiles it. The
+2. ``g++ -O1 -std=c++20 -shared -fPIC -include pf_emu.h -fvisibility=hidden`` compiles it. The
    header (``rt/pf_emu.h``) maps ``threadIdx``, barriers, warp operations, cp.async,
    atomics and device math onto the runtime; the runtime (fibers, scheduler, workers:
    ``rt/pf_emu_rt.cpp``) is compiled separately, once, into a small server program, so a

@@ -27,12 +27,15 @@ HEADER = RT_DIR / "pf_emu.h"
 RUNTIME_SOURCE = RT_DIR / "pf_emu_rt.cpp"
 
 
-#: Flags of a kernel library. -fno-strict-aliasing: CUDA code type-puns through
-#: reinterpret_cast; -fno-math-errno: device math has no errno (lets sqrtf inline);
-#: -fwrapv: signed integer arithmetic wraps in two's complement, as the GPU's does (int32
-#: overflow is defined in polyfuse's kernels and the reference: README, *Dtypes*).
+#: Flags of a kernel library. -O1: a library is built for a few runs, and building is most
+#: of its cost (the fast test tier spends 14x longer in g++ than in kernels); -O1 builds a
+#: tenth faster than -O2 and whole emulated models ran no slower (ISO C++ keeps floating-point
+#: contraction off at every level, so results are the same bits). -fno-strict-aliasing: CUDA
+#: code type-puns through reinterpret_cast; -fno-math-errno: device math has no errno (lets
+#: sqrtf inline); -fwrapv: signed integer arithmetic wraps in two's complement, as the GPU's
+#: does (int32 overflow is defined in polyfuse's kernels and the reference: README, *Dtypes*).
 KERNEL_FLAGS = (
-    "-O2",
+    "-O1",
     "-fwrapv",
     "-std=c++20",
     "-shared",
@@ -47,11 +50,11 @@ KERNEL_FLAGS = (
 SERVER_FLAGS = ("-O2", "-std=c++20", "-pthread")
 #: Flags of a race-check kernel library (compiled to an object, then linked without libtsan):
 #: GCC's ThreadSanitizer instrumentation calls the hooks pf_emu.h defines under PF_RACECHECK,
-#: and -g lets a race report name source lines.
+#: and -g1 (line tables) lets a race report name source lines (full -g builds a fifth slower).
 RACECHECK_FLAGS = (
     *(f for f in KERNEL_FLAGS if f != "-shared"),
     "-c",
-    "-g",
+    "-g1",
     "-fsanitize=thread",
     "--param=tsan-instrument-func-entry-exit=0",
     "-fno-tree-sra",
