@@ -30,7 +30,7 @@ RUNTIME_SOURCE = RT_DIR / "pf_emu_rt.cpp"
 #: Flags of a kernel library. -O1: a library is built for a few runs, and building is most
 #: of its cost (the fast test tier spends 14x longer in g++ than in kernels); -O1 builds a
 #: tenth faster than -O2 and whole emulated models ran no slower (ISO C++ keeps floating-point
-#: contraction off at every level, so results are the same bits). -fno-strict-aliasing: CUDA
+#: contraction off at every level, so results do not change). -fno-strict-aliasing: CUDA
 #: code type-puns through reinterpret_cast; -fno-math-errno: device math has no errno (lets
 #: sqrtf inline); -fwrapv: signed integer arithmetic wraps in two's complement, as the GPU's
 #: does (int32 overflow is defined in polyfuse's kernels and the reference: README, *Dtypes*).

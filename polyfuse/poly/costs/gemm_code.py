@@ -260,8 +260,8 @@ def loop_code(
     """The loop code of ``lay`` for an update over ``data`` x ``red`` (extents) reading
     ``operands``; ``micro``: its micro-tile as rows x columns (see the module doc).
 
-    A pure function of its (hashable) arguments, memoized: a compile ranks some 30 tilings of
-    each GEMM-like micrograph, several times over (stitching, recompute, the partitioner's
+    A pure function of its (hashable) arguments, memoized: a compile ranks up to 345 tilings
+    of each GEMM-like micrograph, several times over (stitching, recompute, the partitioner's
     rounds), and a process compiles the same micrographs again (a zoo, a test run). The
     result is shared between callers and must not be changed."""
     nd, nr = len(data), len(red)
