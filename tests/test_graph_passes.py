@@ -19,6 +19,7 @@ import pytest
 import polyfuse
 from polyfuse import ops, reference, te, zoo
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.dtypes import numpy_dtype as dt_numpy
 from polyfuse.graph.expr import Read, as_expr, walk
 from polyfuse.graph.graph import Graph, build_graph
 from polyfuse.graph.passes import (
@@ -159,6 +160,29 @@ def test_constant_fold_evaluates_computations_on_constants():
     got, fn = _emulated([x], [y], consts, [xv], passes=["constant_fold", "dce"])
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
     assert set(fn.constants) == {"wt_folded", "ek_folded"}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value"), [("int64", 2**40 + 1), ("float64", 1 + 2**-40), ("int32", 2**30 + 1)]
+)
+def test_constant_fold_keeps_the_folded_primitive_s_dtype(dtype, value):
+    """Regression: a folded primitive became a float32 constant whatever its dtype, so an
+    int64 beyond 2**24 or a float64 lost its low bits (a silent wrong result)."""
+    x = te.placeholder((3,), dtype, name="x")
+    c = te.placeholder((3,), dtype, name="c")
+    c2 = te.compute((3,), lambda i: c[2 - i] + 1, name="c2")  # reads only a constant
+    y = te.compute((3,), lambda i: x[i] + c2[i], name="y")
+    cv = np.array([value, -value, 7], dt_numpy(dtype))
+    consts = {c: cv}
+    g1 = dce(constant_fold(_graph([x], [y], consts), _evaluate))
+    (c2c,) = [t for t in g1.inputs if t.name.endswith("_folded")]
+    assert c2c.dtype == dtype and g1.constants[c2c.uid].dtype == dt_numpy(dtype)
+    np.testing.assert_array_equal(g1.constants[c2c.uid], cv[::-1] + 1)
+    xv = np.array([1, 2, 3], dt_numpy(dtype))
+    want = _original([y], {x: xv}, consts)[0]
+    np.testing.assert_array_equal(want, xv + cv[::-1] + 1)
+    got, _ = _emulated([x], [y], consts, [xv], passes=["constant_fold", "dce"])
+    np.testing.assert_array_equal(got[0], want)
 
 
 def test_constant_fold_refusals():

@@ -48,7 +48,7 @@ def constant_fold(graph: Graph, evaluate: Evaluator) -> Graph:
         feeds = {s: values[s.uid] for s in local.op.inputs()}  # type: ignore[union-attr]
         value = evaluate(local, feeds)
         assert value.shape == t.shape, (name, value.shape)
-        c = rw.constant(f"{name}_folded", value)
+        c = rw.constant(f"{name}_folded", value, t.dtype)
         folded[t.uid] = c
         values[c.uid] = value
         rw.forward(t, c)

@@ -20,6 +20,7 @@ import networkx as nx
 import numpy as np
 
 from polyfuse.graph.access import isl_ident
+from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.graph.expr import (
     ComputeOp,
     Const,
@@ -140,7 +141,7 @@ class Rewriter:
     def constant(self, name: str, value: np.ndarray, dtype: str = "float32") -> Tensor:
         """A new constant placeholder bound to ``value`` (stored as ``dtype``, float32 unless
         told: a concatenation of weights keeps theirs)."""
-        a = np.ascontiguousarray(value, dtype=np.float32 if dtype == "float32" else value.dtype)
+        a = np.ascontiguousarray(value, dtype=numpy_dtype(dtype))
         t = Tensor(tuple(a.shape), dtype, name)
         self._new_constants.append((t, a))
         return t
