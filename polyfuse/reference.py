@@ -507,11 +507,28 @@ _BINARY_UFUNC = {
 }
 
 
+def _trunc_divide(op: str, a: Any, b: Any) -> np.ndarray:
+    """``te.truncdiv``/``truncmod`` of integers held as int64: the floor quotient moved one
+    toward zero where the operands' signs differ and the division is inexact; 0 by a zero
+    divisor; ``INT64_MIN // -1`` wraps (an int32 ``INT_MIN / -1`` wraps when stored)."""
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    zero = b == 0
+    b1 = np.where(zero, 1, b)
+    with np.errstate(over="ignore"):
+        q = np.floor_divide(a, b1)
+        r = a - q * b1
+        q = q + ((r != 0) & ((a < 0) != (b1 < 0)))
+        out = q if op == "tdiv" else a - q * b1
+    return np.where(zero, 0, out)
+
+
 def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
     if op in _BINARY_UFUNC:
         return _BINARY_UFUNC[op](a, b)
     if op == "div":  # true division, also of integers
         return np.true_divide(np.asarray(a, np.float64), b)
+    if op in ("tdiv", "tmod"):
+        return _trunc_divide(op, a, b)
     ints = not dt.is_float(dtype) and _is_int(a) and _is_int(b)
     if op == "pow":
         if ints:  # numpy refuses negative integer exponents: 1 / a**-b truncated, as kernels

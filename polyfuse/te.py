@@ -82,6 +82,8 @@ __all__ = [
     "sqrt",
     "sum",
     "tanh",
+    "truncdiv",
+    "truncmod",
     "where",
 ]
 
@@ -231,6 +233,21 @@ def maximum(a: Any, b: Any) -> Expr:
 def minimum(a: Any, b: Any) -> Expr:
     """Elementwise minimum."""
     return Binary("min", as_expr(a), as_expr(b))
+
+
+def truncdiv(a: Any, b: Any) -> Expr:
+    """Integer division rounding toward zero (C's ``a / b``; ``truncdiv(-7, 2) == -3``) by
+    any integer divisor, a tensor value too (``//`` takes constants only). Defined for every
+    pair of operands, as numpy's integer ``//`` is: a zero divisor gives 0, and ``INT_MIN``
+    divided by -1 wraps to ``INT_MIN`` (C leaves both undefined; the emulator would trap)."""
+    return Binary("tdiv", as_expr(a), as_expr(b))
+
+
+def truncmod(a: Any, b: Any) -> Expr:
+    """The remainder of :func:`truncdiv`, ``a - b * truncdiv(a, b)`` (C's ``a % b``: the
+    dividend's sign; ``truncmod(-7, 2) == -1``); 0 for a zero divisor (numpy's integer ``%``)
+    and for a divisor of -1."""
+    return Binary("tmod", as_expr(a), as_expr(b))
 
 
 def where(cond: Any, a: Any, b: Any) -> Expr:
@@ -395,13 +412,20 @@ class _BodyCheck(ExprVisitor[None]):
             )
 
     def visit_Binary(self, e: Binary) -> None:
+        if e.op in ("tdiv", "tmod") and not dt.is_int(e.dtype):
+            fn = "truncdiv" if e.op == "tdiv" else "truncmod"
+            raise ExpressionError(
+                f"compute '{self.name}': te.{fn} takes integer operands, got {e.a.dtype} and "
+                f"{e.b.dtype}; cast them with te.cast(x, 'int32') or divide floats with /"
+            )
         if e.op not in ("floordiv", "mod") or dt.is_float(e.dtype):
             return
         sym = "//" if e.op == "floordiv" else "%"
         if not _is_int_const(e.b) or e.b.value == 0:  # type: ignore[attr-defined]
             raise ExpressionError(
                 f"compute '{self.name}': integer {e!r} needs a nonzero constant divisor; "
-                f"cast to float32 for a general {sym}"
+                f"for a run-time divisor use te.{'truncdiv' if sym == '//' else 'truncmod'} "
+                "(rounds toward zero, 0 by zero) or cast to float32"
             )
 
     def visit_default(self, e: Expr, *args: object) -> None:

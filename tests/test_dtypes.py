@@ -157,7 +157,7 @@ def test_integer_division_rule():
     np.testing.assert_array_equal(got_q, (av / bv).astype(np.float32))
     np.testing.assert_array_equal(got_f, [int(v) // 3 for v in av])
     np.testing.assert_array_equal(got_m, [int(v) % -3 for v in av])
-    with pytest.raises(ExpressionError, match="needs a nonzero constant divisor"):
+    with pytest.raises(ExpressionError, match="needs a nonzero constant divisor.*te.truncdiv"):
         te.compute((8,), lambda i: a[i] // b[i], name="bad")
 
 

@@ -1,13 +1,16 @@
 """ONNX integer and boolean tensors (issue 22 item 4): int32/int64/bool inputs, initializers and
 results are te tensors of their dtype, operators give ONNX's output dtype, and results are
-exact — compared for equality with onnxruntime (or the ONNX reference evaluator where
-onnxruntime's behaviour is undefined), with values beyond float32's 2**24 that the float32
+exact — compared for equality with onnxruntime where it is installed (an optional
+cross-check) and the ONNX reference evaluator otherwise and where onnxruntime's behaviour is
+undefined, with values beyond float32's 2**24 that the float32
 representation of integers rounded before. Integer ``Div`` truncates toward zero, ``Mod``
 follows ``fmod``, ``Cast`` truncates floats and wraps integers; a result a handler could
 only compute in floats is refused with the node and dtype named.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 import pytest
@@ -47,8 +50,10 @@ def _model(nodes, inputs, outputs, inits=None, opset=18):
 
 
 def _expected(model, feeds, oracle):
-    if oracle == "ort":
-        ort = pytest.importorskip("onnxruntime")
+    """The oracle's outputs: onnxruntime where ``oracle`` is "ort" and it is installed (an
+    optional cross-check), else the ONNX reference evaluator, which agrees on every case here."""
+    if oracle == "ort" and importlib.util.find_spec("onnxruntime") is not None:
+        import onnxruntime as ort
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)
     return ReferenceEvaluator(model).run(None, feeds)
@@ -176,7 +181,7 @@ def test_comparison_and_logic_family(dt):
 
 
 @pytest.mark.parametrize(
-    "dt", ["int32", pytest.param("int64", marks=pytest.mark.slow)]  # int64: see below
+    "dt", ["int32", "int64"]
 )
 def test_div_truncates_toward_zero_and_mod_in_both_modes(dt):
     # negative operands in every sign combination; run-time divisors and a constant one
@@ -199,7 +204,6 @@ def test_div_truncates_toward_zero_and_mod_in_both_modes(dt):
     assert got[2][:4].tolist() == [1, -1, 1, -1]  # the dividend's sign
 
 
-@pytest.mark.slow  # int64 Div/Mod print as ~15 KB expressions: ~15 s of g++ each
 def test_int64_div_mod_exact_beyond_2_53():
     # run-time int64 divisors: float64 alone would round these operands
     a = np.array([2**62 + 7, -(2**62) - 9, 2**53 + 1, -(2**63), 2**63 - 1, BIG, -BIG, 5], np.int64)
@@ -410,7 +414,12 @@ def test_maxpool_of_uint8_is_exact_in_its_dtype():
         [("x", "uint8", [1, 2, 5, 5])],
         [("y", "uint8", None)],
     )
-    _check(m, {"x": x})
+    # numpy oracle (the ONNX reference pads uint8 with NaN): padding never wins the max
+    pad = np.pad(x.astype(np.int32), ((0, 0), (0, 0), (1, 0), (1, 0)), constant_values=-1)
+    want = np.max([pad[:, :, di : di + 5, dj : dj + 5] for di in (0, 1) for dj in (0, 1)], 0)
+    (got,) = PolyfuseBackend.prepare(m, "CPU").run({"x": x})
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, want.astype(np.uint8))
 
 
 # --------------------------------------------------------------------- refusals
@@ -427,7 +436,6 @@ def test_int_result_computed_in_floats_is_refused_naming_node_and_dtype():
         po.load(m)
 
 
-@pytest.mark.slow  # int64 Div/Mod print as ~15 KB expressions: ~15 s of g++ each
 def test_uint64_from_2_63_keeps_its_unsigned_order_and_division():
     # uint64 is held in int64 (same bits): values from 2**63 read as negative unless ordered
     # operators flip the top bit, Div/Mod divide unsigned and Cast converts unsigned

@@ -21,7 +21,7 @@ import polyfuse
 from polyfuse import ops, reference, te
 from polyfuse.cuda.codegen.literals import c_double
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
-from polyfuse.errors import CallError, UnsupportedDtypeError
+from polyfuse.errors import CallError, ExpressionError, UnsupportedDtypeError
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 
 RNG = np.random.default_rng(2264)
@@ -266,7 +266,12 @@ def test_nvrtc_compiles_every_wide_kernel_without_spills(arch):
             assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
     x = te.placeholder((24, 333), "float64", name="x")
     a = te.placeholder((16,), "int64", name="a")
-    q = te.compute((16,), lambda i: te.cast(a[i] // -3 + a[i] % 5, "float64"), name="q")
+    q = te.compute(
+        (16,),
+        lambda i: te.cast(a[i] // -3 + a[i] % 5 + te.truncdiv(a[i], a[15 - i]), "float64")
+        + te.cast(te.truncmod(te.cast(a[i], "int32"), te.cast(a[15 - i], "int32")), "float64"),
+        name="q",
+    )
     for ins, outs in (([x], [ops.softmax(x, axis=-1, name="sm")]), ([a], [q])):
         fn = polyfuse.compile(ins, outs, arch=arch, check_cuda=False)
         binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
@@ -435,3 +440,71 @@ def test_integer_powers_are_exact_and_wrap():
         np.testing.assert_array_equal(cube, av * av * av)
     np.testing.assert_array_equal(bcube, bv**3)
     np.testing.assert_array_equal(inv, [0, 1, -1] + [0] * 13)
+
+
+def _c_quotient(x: int, y: int, bits: int, rem: bool) -> int:
+    """C's truncating ``x / y`` (or ``x % y``) in Python integers, wrapped to ``bits``; 0 by
+    zero, as te.truncdiv/truncmod define it."""
+    if y == 0:
+        return 0
+    q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+    v = x - y * q if rem else q
+    return (v + 2 ** (bits - 1)) % 2**bits - 2 ** (bits - 1)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_truncating_division_by_tensor_values_over_the_whole_range(dtype):
+    """``te.truncdiv``/``truncmod`` by run-time divisors: C's rounding toward zero (not the
+    floor), 0 by zero, ``INT_MIN / -1`` wrapping, extremes of the range, a constant divisor;
+    against Python's integers, the reference, in both thread orders."""
+    info = np.iinfo(dtype)
+    n = 48
+    a = te.placeholder((n,), dtype, name="a")
+    b = te.placeholder((n,), dtype, name="b")
+    q = te.compute((n,), lambda i: te.truncdiv(a[i], b[i]), name="q")
+    r = te.compute((n,), lambda i: te.truncmod(a[i], b[i]), name="r")
+    q3 = te.compute((n,), lambda i: te.truncdiv(a[i], -3) + te.truncmod(a[i], 7), name="q3")
+    rng = np.random.default_rng(7)
+    av = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    bv = np.where(rng.random(n) < 0.5, rng.integers(-9, 10, n), av[::-1] // 3).astype(dtype)
+    fixed = [(7, 2), (-7, 2), (7, -2), (-7, -2), (info.min, -1), (info.min, 1), (5, 0),
+             (info.min, info.min), (info.max, info.min), (info.min, info.max), (0, -5)]  # fmt: skip
+    for k, (x, y) in enumerate(fixed):
+        av[k], bv[k] = x, y
+    fn = _run([a, b], [q, r, q3], [av, bv])
+    got = fn(av, bv)
+    bits = info.bits
+    pairs = list(zip(av.tolist(), bv.tolist(), strict=True))
+    want_q = [_c_quotient(x, y, bits, False) for x, y in pairs]
+    want_r = [_c_quotient(x, y, bits, True) for x, y in pairs]
+    want_3 = [_c_quotient(_c_quotient(x, -3, bits, False) + _c_quotient(x, 7, bits, True), 1,
+                          bits, False) for x, _ in pairs]  # fmt: skip
+    for g, w, name in zip(got, (want_q, want_r, want_3), "q r q3".split(), strict=True):
+        np.testing.assert_array_equal(g, np.array(w, dtype), err_msg=name)
+    assert got[0][:5].tolist() == [3, -3, -3, 3, info.min]  # toward zero; INT_MIN / -1 wraps
+
+
+def test_truncating_division_prints_one_helper_call_not_a_float_refinement():
+    """Regression: ONNX's int64 ``Div``/``Mod`` by a tensor printed as a 15 KB expression (a
+    float64 estimate refined twice, written out as a tree): ~15 s of g++ per kernel. Now each
+    is one ``pf_w_tdiv``/``pf_w_tmod`` call."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from polyfuse.onnx import load
+
+    nodes = [helper.make_node("Div", ["a", "b"], ["q"]),
+             helper.make_node("Mod", ["a", "b"], ["r"], fmod=0)]  # fmt: skip
+    vi = [helper.make_tensor_value_info(n, TensorProto.INT64, [8]) for n in "abqr"]
+    g = helper.make_graph(nodes, "div", vi[:2], vi[2:])
+    fn = load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).compile()
+    src = fn.cuda_source
+    assert "pf_w_tdiv<long long>(" in src and "pf_w_tmod<long long>(" in src
+    assert "(double)" not in src
+    assert len(src) < 8000, len(src)  # was over 30 KB
+
+
+def test_truncating_division_of_floats_is_an_error_naming_the_compute():
+    x = te.placeholder((4,), name="x")
+    with pytest.raises(ExpressionError, match=r"compute 'h': te.truncdiv takes integer operands"):
+        te.compute((4,), lambda i: te.truncdiv(x[i], 2), name="h")

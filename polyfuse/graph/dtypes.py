@@ -28,7 +28,9 @@ An int literal that does not fit int32 is int64.
 Division: ``/`` is true division; of two integer or bool operands it gives float32, otherwise
 the promoted float dtype. ``//`` and ``%`` floor (Python, numpy, ``torch.floor_divide`` and
 ``torch.remainder``): ``-7 // 2 == -4``, ``-7 % 2 == 1``, the remainder takes the divisor's
-sign. Integer ``//`` and ``%`` need a nonzero constant divisor (``te.compute`` checks).
+sign. Integer ``//`` and ``%`` need a nonzero constant divisor (``te.compute`` checks);
+``te.truncdiv``/``te.truncmod`` take any integer divisor and round toward zero (C's ``/`` and
+``%``), 0 by zero and ``INT_MIN / -1`` wrapping.
 
 Integer overflow: int32 arithmetic wraps in two's complement at every operation (numpy's
 int32, CUDA's integer units); kernels and :func:`polyfuse.reference.evaluate` agree.

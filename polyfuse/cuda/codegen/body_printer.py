@@ -167,6 +167,9 @@ class ValuePrinter(Visitor[str]):
             if e.dtype == "int32":
                 return f"{e.op}({a}, {b})"
             return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
+        if e.op in ("tdiv", "tmod"):  # integers only (te checks)
+            t = C_TYPES[e.dtype]
+            return f"pf_w_{e.op}<{t}>(({t}){a}, ({t}){b})"
         if e.op in ("floordiv", "mod") and not fl and e.dtype != "float64":
             assert isinstance(e.b, KConst)  # by a nonzero constant (te checks)
             return _int_floor(e.op, a, int(e.b.value), e.dtype, e.data)

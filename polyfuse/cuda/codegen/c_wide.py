@@ -48,6 +48,14 @@ template <typename T> PF_INLINE T pf_w_mod(T a, T b) {
   const T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+// C's a / b and a % b of integers (toward zero; te.truncdiv/truncmod), defined everywhere:
+// 0 by a zero divisor, INT_MIN / -1 wraps to INT_MIN (-fwrapv on the emulator, as the GPU).
+template <typename T> PF_INLINE T pf_w_tdiv(T a, T b) {
+  return b == 0 ? T(0) : b == T(-1) ? T(0) - a : a / b;
+}
+template <typename T> PF_INLINE T pf_w_tmod(T a, T b) {
+  return (b == 0 || b == T(-1)) ? T(0) : a % b;
+}
 PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 // a ** b of integers, wrapping like every integer product (numpy's); b < 0 truncates 1 / a**-b.
 template <typename T> PF_INLINE T pf_w_ipow(T a, T b) {
