@@ -227,6 +227,38 @@ def test_vector_groups_match_the_word_by_word_grouping():
     assert _vector_groups(np.array([1, 2, 3, 4, 5, 6]), 4) == [(2, 2), (4, 2), (1, 1), (6, 1)]
 
 
+def test_fragment_loads_do_not_depend_on_the_dims_an_operand_does_not_move_along():
+    """The fragment-load memo keys a dim the operand's tile does not move along (zero words per
+    unit) as one value; the loads priced with the dim's real extent, vector width and kept
+    loop are the same, so candidates that differ in the other operand share the result."""
+    import itertools
+
+    from polyfuse.poly.costs.gemm_code import _loads_of
+
+    _loads_of.cache_clear()
+    rng = __import__("numpy").random.default_rng(11)
+    checked = 0
+    for _ in range(150):
+        nd, nr = int(rng.integers(2, 4)), int(rng.integers(1, 3))
+        k = tuple(int(rng.choice([0, 0, 1, 4, 33, 65])) for _ in range(nd + nr))
+        threads = tuple(int(rng.choice([1, 2, 4, 8, 16])) for _ in range(nd))
+        regs = tuple(int(rng.choice([1, 2, 4, 8])) for _ in range(nd))
+        body = tuple(int(rng.choice([1, 2, 4, 8])) for _ in range(nr))
+        vw = 4 if regs[-1] % 4 == 0 else 1
+        kept = tuple(j for j in range(nr) if rng.random() < 0.4)
+        base, sf = int(rng.integers(0, 70)), int(rng.choice([0, 1056]))
+        for unit, window in itertools.product((False, True), repeat=2):
+            full = _loads_of(k, base, regs, threads, vw, body, kept, sf, unit, window, nd)
+            norm = _loads_of(
+                k, base, tuple(r if k[d] else 1 for d, r in enumerate(regs)), threads,
+                vw if k[nd - 1] else 1, tuple(b if k[nd + j] else 1 for j, b in enumerate(body)),
+                tuple(j for j in kept if k[nd + j]), sf, unit, window, nd,
+            )  # fmt: skip
+            assert full == norm, (k, regs, threads, vw, body, kept)
+            checked += 0 in k
+    assert checked > 100  # most cases have a dim the operand does not move along
+
+
 def test_loop_code_is_memoized_and_shared():
     """A tiling priced again (another rank of the same micrograph) costs a lookup."""
     from polyfuse.poly.costs.gemm_code import Operand, TileLayout, loop_code

@@ -84,7 +84,7 @@ def test_fast_tier_collects_and_checks_imports_without_torch():
     polyfuse.torch, which imports torch)."""
     code = (
         "import sys; sys.modules['torch'] = None; import pytest; "
-        "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', "
+        "sys.exit(pytest.main(['-q', '-n', '0', '-p', 'no:cacheprovider', "
         "'tests/test_import_graph.py', 'tests/test_packaging.py']))"
     )
     r = subprocess.run(
@@ -98,7 +98,8 @@ def test_fast_tier_collects_and_checks_imports_without_torch():
     ]
     code = (
         "import sys; sys.modules['torch'] = None; import pytest; "
-        f"sys.exit(pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', *{mention}]))"
+        "sys.exit(pytest.main(['-q', '-n', '0', '--collect-only', '-p', 'no:cacheprovider', "
+        f"*{mention}]))"
     )
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False

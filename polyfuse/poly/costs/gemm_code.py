@@ -290,7 +290,10 @@ def loop_code(
     # 1. shared tiles (one stage each; the stages follow once their size is known)
     # an operand no reduction dim indexes is loaded into registers once, before the loop
     tiled_ops = tuple(op for op in operands if not op.rows or any(any(c[nd:]) for c, _ in op.rows))
-    boxes = [_box(op, extent, padded, grid, ktile, nd, threads) for op in tiled_ops]
+    boxes = [
+        _box(op, tuple(extent), tuple(padded), tuple(grid), tuple(ktile), nd, threads)
+        for op in tiled_ops
+    ]
     floats = sum(b[0].floats for b in boxes)
     stages = lay.stages
     if FLOAT_BYTES * floats * stages > gemm_tile_budget(device):
@@ -302,7 +305,10 @@ def loop_code(
     worst: dict[int, int] = {}
     waves = [0, 0]
     for op, (tile, view) in zip(tiled_ops, boxes, strict=True):
-        got = _fragment_loads(op, view, tile, lay, vw, body, kept, stages, nd)
+        got = _fragment_loads(
+            op, view, tile.floats if stages > 1 else 0, lay.regs, lay.threads, len(lay.tk), vw,
+            tuple(body), tuple(kept), stages, nd,
+        )  # fmt: skip
         for counts, into in ((got.widths, frag), (got.worst, worst)):
             for w, c in counts.items():
                 into[w] = into.get(w, 0) + c * bodies
@@ -363,16 +369,18 @@ class _View:
         return tuple(out[row] for row in range(len(self.shape)))
 
 
+@functools.lru_cache(maxsize=16384)
 def _box(
     op: Operand,
-    extent: list[int],
-    padded: list[int],
-    grid: list[int],
-    ktile: list[int],
+    extent: tuple[int, ...],
+    padded: tuple[int, ...],
+    grid: tuple[int, ...],
+    ktile: tuple[int, ...],
     nd: int,
     threads: int,
 ) -> tuple[TileCopy, _View | None]:
-    """``op``'s shared tile for one block tile and k-tile (see the module doc, 1)."""
+    """``op``'s shared tile for one block tile and k-tile (see the module doc, 1). Memoized
+    (pure; the candidates of one GEMM share an operand's box where they share its tile)."""
     if not op.rows:  # subscripts not affine: the box of its dims' extents, copied in scalars
         size = (math.prod(extent),)
         copies = -(-size[0] // threads)
@@ -480,33 +488,69 @@ def _counts(loads: list[tuple[int, int]]) -> dict[int, int]:
 def _fragment_loads(
     op: Operand,
     view: _View | None,
-    tile: TileCopy,
-    lay: TileLayout,
+    stage_floats: int,
+    regs: tuple[int, ...],
+    threads: tuple[int, ...],
+    nr: int,
     vw: int,
-    body: list[int],
-    kept: list[int],
+    body: tuple[int, ...],
+    kept: tuple[int, ...],
     stages: int,
     nd: int,
 ) -> _Loads:
-    """Shared loads of ``op`` one thread issues per unrolled body (see the module doc, 3)."""
-    regs = lay.regs
+    """Shared loads of ``op`` one thread issues per unrolled body (see the module doc, 3):
+    ``regs`` and ``threads`` per data dim, ``nr`` reduction dims, ``stage_floats`` the floats
+    of one stage of its tile."""
     if view is None:  # no affine subscripts: one scalar load per multiply-add
         n = math.prod(regs) * math.prod(body)
         return _Loads({1: n}, n, {1: n}, n)
-    # the tile's words per unit of each update dim, and each dim's values in one body
-    k = [sum(view.coefficient(a) * op.rows[a][0][x] for a in range(len(op.rows)))
-         for x in range(len(lay.block) + len(lay.tk))]  # fmt: skip
+    # the tile's words per unit of each update dim
+    k = tuple(sum(view.coefficient(a) * op.rows[a][0][x] for a in range(len(op.rows)))
+              for x in range(nd + nr))  # fmt: skip
+    base = sum(view.coefficient(a) * (op.rows[a][1] - view.lo[a]) for a in range(len(op.rows)))
+    coef = op.rows[-1][0]
+    # a unit-stride window (a conv's input row, ow + kw): each step reads the run one word
+    # further; NVRTC loads such fragments word by word (SASS of every stride-1 conv tiling
+    # measured: LDS.32 only), whatever their alignment
+    unit = any(c == 1 for c in coef[:nd]) and any(c == 1 for c in coef[nd:])
+    # a dim the operand does not move along only repeats its words: keyed as one value, so
+    # the candidates that differ in the other operand's tiling share this one's loads
+    return _loads_of(
+        k, base, tuple(r if k[d] else 1 for d, r in enumerate(regs)), threads,
+        vw if k[nd - 1] else 1, tuple(b if k[nd + j] else 1 for j, b in enumerate(body)),
+        tuple(j for j in kept if k[nd + j]), stage_floats if stages > 1 else 0, unit,
+        _window(op, nd), nd,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16384)
+def _loads_of(
+    k: tuple[int, ...],
+    base: int,
+    regs: tuple[int, ...],
+    threads: tuple[int, ...],
+    vw: int,
+    body: tuple[int, ...],
+    kept: tuple[int, ...],
+    stage_floats: int,
+    unit: bool,
+    window: bool,
+    nd: int,
+) -> _Loads:
+    """:func:`_fragment_loads` of a tile with ``k`` words per unit of each update dim and its
+    fragment's first word at ``base`` (``stage_floats`` 0: single-buffered; ``unit``: word by
+    word; ``window``: also the word-by-word worst case). Memoized: a pure function."""
     addr = np.zeros(1, dtype=np.int64)
     offsets = []  # run-time offsets between threads, kept-loop iterations, stages
     lane = np.arange(32)
     lanes = np.zeros(32, dtype=np.int64)  # each lane's offset: threads, innermost dim fastest
     for d in reversed(range(nd)):
-        t = lay.threads[d]
+        t = threads[d]
         step = vw if d == nd - 1 and vw > 1 else 1
         lanes += k[d] * step * (lane % t)
         lane //= t
-    for d in range(nd):
-        t = lay.threads[d]
+    for d in range(nd):  # each dim's values in one body
+        t = threads[d]
         if d == nd - 1 and vw > 1:  # runs of vw columns, vw * T apart
             vals = (np.arange(regs[d] // vw)[:, None] * vw * t + np.arange(vw)[None, :]).ravel()
             step = vw
@@ -519,19 +563,12 @@ def _fragment_loads(
         addr = (addr[:, None] + k[nd + j] * np.arange(b)[None, :]).ravel()
         if j in kept:
             offsets.append(k[nd + j] * b)
-    base = sum(view.coefficient(a) * (op.rows[a][1] - view.lo[a]) for a in range(len(op.rows)))
     addr = addr + base
-    if stages > 1:
-        offsets.append(tile.floats)
-    align = math.gcd(VECTOR_WIDTH, *offsets) if offsets else VECTOR_WIDTH
-    coef = op.rows[-1][0]
-    if any(c == 1 for c in coef[:nd]) and any(c == 1 for c in coef[nd:]):
-        # a unit-stride window (a conv's input row, ow + kw): each step reads the run one
-        # word further; NVRTC loads such fragments word by word (SASS of every stride-1 conv
-        # tiling measured: LDS.32 only), whatever their alignment
-        align = 1
+    if stage_floats:
+        offsets.append(stage_floats)
+    align = 1 if unit else math.gcd(VECTOR_WIDTH, *offsets) if offsets else VECTOR_WIDTH
     loads = _vector_groups(addr, align)
-    worst = _vector_groups(addr, 1) if _window(op, nd) else loads
+    worst = _vector_groups(addr, 1) if window else loads
     return _Loads(
         _counts(loads), _wavefronts(loads, lanes), _counts(worst), _wavefronts(worst, lanes)
     )
