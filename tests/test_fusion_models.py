@@ -26,8 +26,8 @@ def _sums(k) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param("bert_base", marks=pytest.mark.slow), "resnet50"]  # bert: ~11 s
-)
+    "name", [pytest.param(n, marks=pytest.mark.slow) for n in ("bert_base", "resnet50")]
+)  # whole models: 9-11 s each
 def test_tensor_bytes_sum_to_kernel_bytes_fresh_and_cached(name, tmp_path):
     """Every kernel's per-tensor bytes add up to its isl totals, whether it was generated,
     reused within the compile or served by the disk cache (the entry keeps them, renamed)."""
@@ -127,6 +127,7 @@ def test_boundary_rereads_are_intermediate():
     assert s["boundary_rereads"] >= 4 * 256 * 256  # w read again by the second product
 
 
+@pytest.mark.slow  # five tiny models compiled and benchmarked: ~7 s
 def test_benchmark_on_tiny_zoo_models(tmp_path, capsys):
     """``fusion.py --models`` on two tiny zoo models: the table, the JSON and consistent
     counts (launches >= functions, compulsory + intermediate == global)."""
