@@ -10,7 +10,7 @@ and casts to float16/bfloat16 round inside fused bodies.
 
 Value ranges: the value interval of each node (as the generator tracks it) decides where
 float16 may store or round a value: only below :data:`HALF_MAX` (float16's largest is 65504),
-so that no tensor overflows in the reference's rounding while a fused kernel, which keeps the
+so that no tensor overflows in the reference's rounding while a kernel, which computes the
 value in a float32 register, does not.
 
 float64 is one of the float dtypes drawn when named (uniform float64 graphs are compared with
@@ -105,14 +105,14 @@ def perturbation(spec: GraphSpec) -> dict[str, float]:
 
 
 def precision(spec: GraphSpec, name: str) -> str:
-    """The dtype whose tolerance output ``name`` of ``spec`` is compared with: the coarsest
-    float dtype a compute upstream of it (itself included) stores or casts to, or computes
-    in. A fused kernel keeps a 16-bit intermediate in a float32 register where the reference
-    rounds it, so a float32 result of a bfloat16 tensor is as close to the reference as
-    bfloat16's rounding, not float32's (inputs hold the same values on both sides and do not
-    count). A compute whose operands are not float64 computes in float32 registers (te's
-    dtype of ``tanh(x_bf16)`` is bfloat16), where the reference's body is float64: its
-    float64 result is as close as float32's rounding."""
+    """The dtype whose tolerance output ``name`` of ``spec`` is compared with: the coarsest float
+    dtype a compute upstream of it (itself included) stores or casts to, or computes in. A
+    kernel computes a 16-bit tensor's body in float32 where the reference computes in float64,
+    and the two may round it one unit apart, so a float32 result of a bfloat16 tensor is as
+    close to the reference as bfloat16's rounding, not float32's (inputs hold the same values on
+    both sides and do not count). A compute whose operands are not float64 computes in float32
+    registers (te's dtype of ``tanh(x_bf16)`` is bfloat16), where the reference's body is
+    float64: its float64 result is as close as float32's rounding."""
     seen: set[str] = set()
     stack, used = [name], set()
     while stack:

@@ -13,12 +13,12 @@ perturbed by a relative ``PERTURB`` (three trials; half a unit of roundoff of th
 16-bit float dtype downstream of an input, :func:`.dtypes.perturbation`). A graph that
 amplifies rounding — a sum that cancels, a comparison on a computed value that sits on its
 threshold — thereby gets the slack it needs at exactly the elements that need it, and no slack
-anywhere else. Likewise for the roundings of 16-bit tensors: the reference rounds every tensor
-to its dtype where a fused kernel keeps some in float32 registers, so an element may also be off
-by ``ORACLE_SLACK`` times the gap between the reference and its float64 oracle
-(``evaluate(..., precision="float64")``, which rounds nothing after the inputs), and its
+anywhere else. Likewise for the roundings of 16-bit tensors: kernel and reference round every
+tensor to its dtype, but from float32 and float64 bodies (one unit apart at times), so an
+element may also be off by ``ORACLE_SLACK`` times the gap between the reference and its float64
+oracle (``evaluate(..., precision="float64")``, which rounds nothing after the inputs), and its
 NaN-ness or infinity may differ where the two differ (an int32 cast of a bfloat16 ``erf`` that
-rounds to 1.0 in the reference and stays 0.998 in the kernel: fuzz seed 710032). The same
+rounds to 1.0 in the reference and stayed 0.998 in a kernel: fuzz seed 710032). The same
 holds for a second reference, ``precision="operation"`` (every float32 operation rounded to
 float32, as the kernels compute it, where the storage reference keeps a compute body in
 float64): a float32 product that underflows to a subnormal before a division by a tiny

@@ -18,7 +18,8 @@ FX value and the values torch computes:
 - integer arithmetic wraps in two's complement (int32 at 32 bits, int64 at 64 bits) as
   torch's CPU and CUDA kernels do in practice;
 - a 16-bit float is rounded to its dtype (:func:`stored`) before a comparison or a
-  conversion: a fused kernel holds it in float32, eager torch stored it rounded.
+  conversion, as eager torch stored it (kernels also hold 16-bit tensors rounded; the
+  explicit cast keeps the lowering's meaning independent of that).
 
 Reductions, ``argmax`` and gathers are in :mod:`.reduce`. What polyfuse cannot compute
 exactly in a dtype (integer division by a tensor, ``&`` of integers, a float ``div`` with a
@@ -78,8 +79,7 @@ def torch_dtype(dtype: str) -> torch.dtype:
 
 def stored(e: Expr, dtype: str) -> Expr:
     """``e`` (a read of a tensor of ``dtype``) rounded to ``dtype`` where that is a 16-bit
-    float. A fused kernel holds 16-bit values in float32 registers and rounds them when it
-    stores them; where the next step is discrete (a comparison, a conversion to an integer)
+    float. Where the next step is discrete (a comparison, a conversion to an integer)
     the value must be the float16/bfloat16 value torch's eager operator stored, or
     ``(x * 3).int()`` of a float16 ``x`` could give 39 where torch gives 40."""
     return te.cast(e, dtype) if dtype in dt.HALF_DTYPES else e

@@ -184,6 +184,16 @@ def rounded(target: KLoad, value: KVal) -> KVal:
     return value
 
 
+def _exact(body: ex.Expr, dtype: str) -> bool:
+    """Whether a compute body's register value is already exactly a ``dtype`` value: a read
+    of a tensor of that dtype or a conversion to it (or ``dtype`` is not 16-bit)."""
+    if dtype not in FLOAT_TO_HALF:
+        return True
+    if isinstance(body, ex.Read):
+        return body.tensor.dtype == dtype
+    return isinstance(body, ex.Cast) and body.dtype == dtype
+
+
 def narrowed(value: KVal, dtype: str) -> KVal:
     """A float register value held as exactly a ``dtype`` value: a 16-bit tensor's value is
     rounded to nearest even and widened back (what a register or shared copy of it holds)."""
@@ -314,8 +324,8 @@ class Accesses:
                 value = held
             return [KStore(out.buffer, out.index, rounded(out, value), guard)]
 
-        if s.role == "compute":
-            return tuple(store(self.values.visit(t.op.body, env)))
+        if s.role == "compute":  # a body computed in float registers is wider than 16 bits
+            return tuple(store(self.values.visit(t.op.body, env), not _exact(t.op.body, t.dtype)))
         red = t.op.reduce
         assert red is not None
         acc = self.r.access(f"{ident}_acc", t.dtype, t.shape, out_idx)

@@ -3,13 +3,15 @@
 A global buffer holds its tensor's dtype: float32, float16/bfloat16 (``__half``,
 ``__nv_bfloat16``), float64 (``double``), int32 (``int``), int64 (``long long``) or bool.
 16-bit arithmetic runs in float32 registers: a 16-bit value is widened when it is loaded and
-rounded to nearest even when it is stored or cast, so a fused chain of 16-bit operations
-rounds once, at its end (reductions of 16-bit values accumulate in float32, the default of
-:func:`polyfuse.graph.dtypes.accumulate_dtype`). Every other dtype is computed in its own C
-type (float64 in doubles, int32 arithmetic wrapping in 32 bits). Shared-memory and register
-allocations hold :func:`polyfuse.graph.dtypes.register_dtype` of their tensor (float32 for
-the 16-bit floats). Parameters get their C pointer type: :mod:`polyfuse.cuda.codegen.lower_buffers`
-leaves their ``ctype`` as ``"const"`` (read-only) or ``""``.
+rounded to nearest even when it is stored or cast, so the operations of one body round once, at
+its end; a 16-bit tensor kept in a register or shared memory holds its rounded value too
+(``lower_accesses.narrowed``), as the reference rounds every tensor (reductions of 16-bit values
+accumulate in float32, the default of :func:`polyfuse.graph.dtypes.accumulate_dtype`). Every
+other dtype is computed in its own C type (float64 in doubles, int32 arithmetic wrapping in 32
+bits). Shared-memory and register allocations hold :func:`polyfuse.graph.dtypes.register_dtype`
+of their tensor (float32 for the 16-bit floats). Parameters get their C pointer type:
+:mod:`polyfuse.cuda.codegen.lower_buffers` leaves their ``ctype`` as ``"const"`` (read-only) or
+``""``.
 :func:`check_codegen_dtypes` is where a graph the printer cannot emit is refused, at the
 start of ``polyfuse.compile``.
 """
