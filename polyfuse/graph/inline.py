@@ -2,16 +2,18 @@
 
 ``inline(consumer, producer)`` returns a new compute tensor equal to ``consumer`` in which
 every read ``producer[idx]`` is replaced by the producer's body with its loop variables set to
-``idx`` (affine substitutions compose, so the result stays affine). Stitching uses this when an
+``idx`` (affine substitutions compose, so the result stays affine), converted to the
+producer's dtype as its store would (:func:`stored`). Stitching uses this when an
 intermediate's per-block footprint does not fit in shared memory: the consumer recomputes it
 from the producer's inputs instead of reading it back from global memory.
 """
 
 from __future__ import annotations
 
-from polyfuse.graph.expr import ComputeOp, Expr, ExprMutator, Read, Tensor, substitute
+from polyfuse.graph.dtypes import HALF_DTYPES
+from polyfuse.graph.expr import Cast, ComputeOp, Expr, ExprMutator, Read, Tensor, substitute
 
-__all__ = ["inline", "substitute"]
+__all__ = ["inline", "stored", "substitute"]
 
 
 class _Inline(ExprMutator):
@@ -27,7 +29,17 @@ class _Inline(ExprMutator):
         kids = tuple(self.visit(i) for i in e.indices)
         if e.tensor.uid != self.producer.uid:
             return self.rebuild(e, kids)
-        return substitute(self.body, {a.uid: i for a, i in zip(self.axes, kids, strict=True)})
+        value = substitute(self.body, {a.uid: i for a, i in zip(self.axes, kids, strict=True)})
+        return stored(value, self.producer.dtype)
+
+
+def stored(value: Expr, dtype: str) -> Expr:
+    """``value`` as a tensor of ``dtype`` holds it: converted where its body computes in
+    another dtype (an int32 compute of a float body truncates), and rounded where ``dtype`` is
+    a 16-bit float (its body computes in float32 registers)."""
+    if value.dtype != dtype or dtype in HALF_DTYPES:
+        return Cast(value, dtype)
+    return value
 
 
 def inline(consumer: Tensor, producer: Tensor) -> Tensor:
