@@ -105,6 +105,39 @@ def test_integer_arithmetic_division_and_reductions(dtype):
     _compile_all(_int_chain, x, y, dtypes={str(dtype).removeprefix("torch.")})
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_division_and_remainder_by_a_tensor(dtype):
+    """Floor, trunc and remainder of integers by a tensor divisor, every sign pair and exact
+    multiples; a zero divisor gives 0 (eager torch raises, so eager is given 1 there)."""
+    g = torch.Generator().manual_seed(7)
+    a = torch.randint(-1000, 1000, (5, 64), generator=g, dtype=dtype)
+    b = torch.randint(-9, 10, (5, 64), generator=g, dtype=dtype)
+    a[0, :8] = b[0, :8] * 3  # exact multiples: no rounding either way
+
+    def f(a, b):
+        return (
+            torch.div(a, b, rounding_mode="floor"),
+            torch.div(a, b, rounding_mode="trunc"),
+            a // b,
+            a % b,
+            torch.remainder(a + 1, b) * 2,
+            7 // b,
+        )
+
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(a, b)
+        want = f(a, torch.where(b == 0, 1, b))
+    report = last_compiled().polyfuse_report
+    assert report["eager"] == {} and report["eager_for_dtype"] == {}, report["reasons"]
+    zero = b == 0
+    assert zero.any()
+    for got_t, want_t in zip(got, want, strict=True):
+        assert got_t.dtype == want_t.dtype == dtype
+        assert torch.equal(got_t[~zero], want_t[~zero])
+    for got_t in got[:4]:
+        assert torch.equal(got_t[zero], torch.zeros_like(got_t[zero]))
+
+
 def test_int32_wraps_in_twos_complement_like_torch():
     x = torch.tensor([2**31 - 1, -(2**31), 123456789, -987654321], dtype=torch.int32)
     _compile_all(lambda v: (v * 1000003 + 1, (v + 1) * -1), x, dtypes={"int32"})
@@ -219,35 +252,43 @@ def test_int64_ids_gather_an_embedding():
 def test_what_is_not_exact_stays_in_pytorch_with_a_warning(caplog):
     g = torch.Generator().manual_seed(6)
     a = torch.randint(-100, 100, (4, 8), generator=g)
-    b = torch.randint(1, 9, (4, 8), generator=g)
     x = torch.randn(4, 8, generator=g, dtype=torch.float64)
 
-    def f(a, b, x):
-        return (a + 1) // b, torch.div(x, 0.1, rounding_mode="floor"), (a + 2) & 6
+    def f(a, x):
+        return torch.div(x, 0.1, rounding_mode="floor"), (a + 2) & 6, (a + 1) * 3
 
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
-        got = torch.compile(f, backend="polyfuse")(a, b, x)
-    _same(got, f(a, b, x))
+        got = torch.compile(f, backend="polyfuse")(a, x)
+    _same(got, f(a, x))
     report = last_compiled().polyfuse_report
-    by_int = (
-        "dtype int64: integer floor division by a tensor (polyfuse divides integers by "
-        "nonzero constants)"
-    )
     by_float = (
         "dtype float64: floor division of floats (torch corrects the rounding of a / b; "
         "polyfuse floors it)"
     )
     bitwise = "dtype int64: bitwise operators on integers (polyfuse's & | ~ are logical)"
     assert report["eager_for_dtype"] == {
-        f"aten.div.Tensor_mode ({by_int})": 1,
         f"aten.div.Tensor_mode ({by_float})": 1,
         f"aten.bitwise_and.Scalar ({bitwise})": 1,
     }
     # the additions around them ran in polyfuse
     assert report["polyfuse"]["aten.add.Tensor"] == 2
     [msg] = [m for m in _warnings(caplog) if "for their dtype" in m]
-    assert "3 operators stay in PyTorch for their dtype" in msg
-    assert by_int in msg and by_float in msg and bitwise in msg
+    assert "2 operators stay in PyTorch for their dtype" in msg
+    assert by_float in msg and bitwise in msg
+
+
+def test_integer_division_by_a_constant_zero_stays_in_pytorch_and_raises_there(caplog):
+    a = torch.arange(-6, 6).reshape(3, 4)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        (a + 1) // 0
+    with (
+        torch.no_grad(),
+        caplog.at_level(logging.WARNING, logger="polyfuse.torch"),
+        pytest.raises(RuntimeError, match="ZeroDivisionError"),
+    ):
+        torch.compile(lambda v: (v + 1) // 0, backend="polyfuse")(a)
+    reason = "dtype int64: integer division by zero (torch raises)"
+    assert any(reason in m for m in _warnings(caplog))
 
 
 def test_dtypes_polyfuse_lacks_stay_in_pytorch_with_a_warning(caplog):

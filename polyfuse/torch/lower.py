@@ -14,7 +14,7 @@ division, casts and reductions follow torch's type promotion (:mod:`.typed`); ea
 node has the dtype of its FX value (``meta["val"]``), and where a float operator's ops give
 another float (``_softmax(half_to_float=True)``, ``sum(dtype=...)``) an explicit ``te.cast``
 makes it so — an integer or bool is never converted after the fact. What polyfuse cannot
-compute exactly (integer division by a tensor, ``&`` of integers, a float ``div`` with a
+compute exactly (integer division by a constant 0, ``&`` of integers, a float ``div`` with a
 rounding mode) and dtypes it lacks (uint8, int8, int16, complex) stay in PyTorch; the
 backend logs them at WARNING, counted.
 """

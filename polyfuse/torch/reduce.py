@@ -16,10 +16,11 @@ from typing import Any
 from polyfuse import te
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
+from polyfuse.graph.inline import stored
 from polyfuse.ops._common import op_name
 from polyfuse.ops.reductions import reduce_subscripts
 
-from .typed import as_dtype, elementwise, stored, te_dtype
+from .typed import as_dtype, elementwise, te_dtype
 
 __all__ = ["any_all", "arg_extreme", "index", "reduce", "sum_"]
 

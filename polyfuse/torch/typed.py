@@ -10,10 +10,11 @@ FX value and the values torch computes:
 - ``int + float`` is float (the int converted first, as torch does), ``int / int`` is the
   default float (true division), a comparison compares in the promoted dtype and gives bool,
   ``where`` converts both branches to their promoted dtype;
-- ``div(rounding_mode="floor")``, ``floor_divide`` and ``remainder`` of integers are te's
-  ``//`` and ``%`` (Python's floor rule, as torch's); ``rounding_mode="trunc"`` is the floor
-  quotient plus one where the remainder is nonzero and the quotient negative. te divides
-  integers by nonzero constants only: a tensor divisor stays in PyTorch (:func:`dtype_reason`);
+- ``div(rounding_mode="trunc")`` of integers is ``te.truncdiv``; ``div(rounding_mode="floor")``,
+  ``floor_divide`` and ``remainder`` are te's ``//`` and ``%`` by a constant (Python's floor
+  rule, as torch's) and ``te.truncdiv``/``te.truncmod`` moved by one where the truncated
+  remainder's sign is not the divisor's, by a tensor. A zero divisor in a tensor gives 0
+  (eager torch raises on the CPU; a kernel cannot), a constant zero stays in PyTorch;
 - bool ``&``/``|``/``^``/``~`` are logical; ``hardtanh`` keeps its input's dtype;
 - integer arithmetic wraps in two's complement (int32 at 32 bits, int64 at 64 bits) as
   torch's CPU and CUDA kernels do in practice;
@@ -22,7 +23,7 @@ FX value and the values torch computes:
   explicit cast keeps the lowering's meaning independent of that).
 
 Reductions, ``argmax`` and gathers are in :mod:`.reduce`. What polyfuse cannot compute
-exactly in a dtype (integer division by a tensor, ``&`` of integers, a float ``div`` with a
+exactly in a dtype (integer division by a constant 0, ``&`` of integers, a float ``div`` with a
 rounding mode — torch corrects the rounding of ``a / b``, polyfuse floors it — arithmetic on
 bools, integer results of lowerings written for floats) is refused by :func:`dtype_reason`,
 and the node stays in PyTorch with a WARNING naming it.
@@ -40,6 +41,7 @@ import torch.fx
 from polyfuse import te
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Expr, Tensor
+from polyfuse.graph.inline import stored
 from polyfuse.ops._common import bcast, broadcast_shape, op_name
 
 __all__ = [
@@ -77,18 +79,12 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return _TORCH[dtype]
 
 
-def stored(e: Expr, dtype: str) -> Expr:
-    """``e`` (a read of a tensor of ``dtype``) rounded to ``dtype`` where that is a 16-bit
-    float. Where the next step is discrete (a comparison, a conversion to an integer)
-    the value must be the float16/bfloat16 value torch's eager operator stored, or
-    ``(x * 3).int()`` of a float16 ``x`` could give 39 where torch gives 40."""
-    return te.cast(e, dtype) if dtype in dt.HALF_DTYPES else e
-
-
 def as_dtype(x: Tensor, dtype: str) -> Tensor:
     """``x`` converted to ``dtype`` (itself when it has it): one elementwise ``te.cast``
     of the value torch converts — a 16-bit float rounded first (:func:`stored`), so that
-    ``(x * 3).float()`` or ``.int()`` of a float16 ``x`` is exactly eager's."""
+    ``(x * 3).float()`` or ``.int()`` of a float16 ``x`` is exactly eager's (39 against
+    eager's 40 otherwise: where the next step is discrete, the value must be the one eager's
+    operator stored)."""
     if x.dtype == dtype:
         return x
     return te.compute(
@@ -231,27 +227,40 @@ def pow_(a: Operand, b: Operand) -> Tensor:
 
 def div(a: Operand, b: Operand, *, rounding_mode: str | None = None) -> Tensor:
     """True division (integers give the default float), or an integer ``floor``/``trunc``
-    division by a constant (:func:`dtype_reason` refuses the rest)."""
+    division (:func:`dtype_reason` refuses floats' and a constant zero divisor)."""
     if rounding_mode is None:
         return elementwise("div", lambda x, y: x / y, [a, b], _promoted(a, b, int_to_float=True))
     dtype = _promoted(a, b)
-    if rounding_mode == "floor":
+    if rounding_mode == "trunc":
+        return elementwise("truncdiv", te.truncdiv, [a, b], dtype)
+    if not isinstance(b, Tensor):
         return elementwise("floordiv", lambda x, y: x // y, [a, b], dtype)
-    c = int(b)  # type: ignore[arg-type]  # a constant: dtype_reason refuses a tensor divisor
 
-    def trunc(x: Any, y: Any) -> Any:
-        # the floor quotient is one below the truncated one where the remainder is nonzero
-        # and the true quotient negative (x and the divisor of opposite signs)
-        opposite = x < 0 if c > 0 else x > 0
-        fix = te.where(te.not_equal(x % y, 0) & opposite, te.const(1, dtype), te.const(0, dtype))
-        return x // y + fix
+    def floor(x: Any, y: Any) -> Any:
+        one, zero = te.const(1, dtype), te.const(0, dtype)
+        return te.truncdiv(x, y) - te.where(_below_floor(x, y), one, zero)
 
-    return elementwise("truncdiv", trunc, [a, b], dtype)
+    return elementwise("floordiv", floor, [a, b], dtype)
 
 
 def remainder(a: Operand, b: Operand) -> Tensor:
-    """``torch.remainder`` of integers: te's ``%`` (the divisor's sign)."""
-    return elementwise("remainder", lambda x, y: x % y, [a, b], _promoted(a, b))
+    """``torch.remainder`` of integers: the divisor's sign (te's ``%`` by a constant, the
+    truncated remainder moved by one divisor where its sign is the dividend's otherwise)."""
+    dtype = _promoted(a, b)
+    if not isinstance(b, Tensor):
+        return elementwise("remainder", lambda x, y: x % y, [a, b], dtype)
+
+    def floor_mod(x: Any, y: Any) -> Any:
+        return te.truncmod(x, y) + te.where(_below_floor(x, y), y, te.const(0, dtype))
+
+    return elementwise("remainder", floor_mod, [a, b], dtype)
+
+
+def _below_floor(x: Any, y: Any) -> Any:
+    """Where the floor quotient of integers is one below the truncated one: a nonzero
+    truncated remainder (the dividend's sign) of the divisor's opposite sign."""
+    r = te.truncmod(x, y)
+    return te.where(r < 0, y > 0, (r > 0) & (y < 0))
 
 
 def compare(op: str) -> Callable[[Operand, Operand], Tensor]:
@@ -468,12 +477,7 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
             )
             return f"dtype {name}: {what} of floats ({how})"
         b = args[1]
-        if _is_tensor(b):
-            return (
-                f"dtype {name}: integer {what} by a tensor (polyfuse divides integers by "
-                "nonzero constants)"
-            )
-        if int(b) == 0:
+        if not _is_tensor(b) and int(b) == 0:
             return f"dtype {name}: integer division by zero (torch raises)"
         return None
     if target in _BITWISE:
