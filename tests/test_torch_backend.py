@@ -153,6 +153,25 @@ def test_unsupported_operator_is_a_graph_break(caplog):
     ), messages
 
 
+def test_tensors_with_no_elements_stay_in_pytorch():
+    """Regression: a zero-row batch raised BackendCompilerFailed (a placeholder of shape
+    (0, 3)); its nodes now stay in PyTorch, the rest of the graph still compiles."""
+
+    def f(a, b):
+        return (a * 2 + 1).sum(0) + b.relu(), b * 3
+
+    a, b = torch.randn(0, 3), torch.randn(3)
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(a, b)
+    close(got, f(a, b))
+    report = last_compiled().polyfuse_report
+    assert report["reasons"]["aten.mul.Tensor"] == "a tensor with no elements"
+    eager = {"aten.mul.Tensor": 1, "aten.add.Tensor": 1, "aten.sum.dim_IntList": 1}
+    assert report["eager"] == eager
+    ran = {"aten.relu.default": 1, "aten.add.Tensor": 1, "aten.mul.Tensor": 1}
+    assert report["polyfuse"] == ran
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

@@ -347,6 +347,11 @@ def _dtype_reason(dtype: torch.dtype) -> str:
     )
 
 
+#: Why a node reading or writing a tensor of no elements stays in PyTorch: kernels need one
+#: (a batch of 0 rows is a shape eager handles for free; there is nothing to fuse).
+_EMPTY = "a tensor with no elements"
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None when polyfuse can compute ``node`` (a call_function), else why it cannot.
 
@@ -377,10 +382,14 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             return _dtype_reason(v.dtype)
         if any(not isinstance(s, int) for s in v.shape):
             return "dynamic shape"
+        if v.numel() == 0:
+            return _EMPTY
     for a in node.all_input_nodes:
         for v in _vals(a):
             if isinstance(v, torch.Tensor) and v.dtype not in STORED_DTYPES:
                 return _dtype_reason(v.dtype)
+            if isinstance(v, torch.Tensor) and v.numel() == 0:
+                return _EMPTY
     args, kwargs = node.args, node.kwargs
     if target is aten.convolution.default:
         if args[6] or len(_vals(node)[0].shape) != 4:
