@@ -423,3 +423,16 @@ def test_pad(pads):
     run(ops.pad(x, pads, value=-0.5), {x: xv}, np.pad(xv, pads, constant_values=-0.5), "pad")
     with pytest.raises(ExpressionError, match=r"pad 'p': pads"):
         ops.pad(x, [(1, 1)] * 3, name="p")
+
+
+@pytest.mark.parametrize(("dtype", "value"), [("int64", 7), ("int32", -2.0), ("bool", True)])
+def test_pad_keeps_an_integer_or_bool_tensor_s_dtype(dtype, value):
+    """Regression: ops.pad padded with a float, so an int64 or bool tensor's pad was float32
+    (torch's constant_pad_nd of an int64 tensor failed its dtype check)."""
+    x = te.placeholder((2, 3), dtype, name="x")
+    xv = (np.arange(6).reshape(2, 3) % 2).astype(dtype)
+    y = ops.pad(x, [(1, 0), (0, 2)], value=value)
+    assert y.dtype == dtype
+    (got,) = evaluate([y], {x: xv})
+    want = np.pad(xv, [(1, 0), (0, 2)], constant_values=value)
+    assert got.dtype == want.dtype and np.array_equal(got, want)

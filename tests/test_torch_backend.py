@@ -172,6 +172,34 @@ def test_tensors_with_no_elements_stay_in_pytorch():
     assert report["polyfuse"] == ran
 
 
+def test_erf_leaky_relu_var_pad_group_norm_run_in_polyfuse():
+    """Operators models use beside the common ones (hand-written GELU's erf, a hand-written
+    norm's var, GANs' leaky_relu, padding that crops too, diffusion's GroupNorm, addmm with
+    beta=0 over a NaN bias) lower to regions and match eager."""
+    torch.manual_seed(4)
+    gn = nn.GroupNorm(2, 6).eval()
+    nn.init.normal_(gn.weight)
+    nn.init.normal_(gn.bias)
+
+    def f(x, c, a, b, ids):
+        h = x * 0.5 * (1 + torch.erf(x / 1.4142135))
+        v = torch.var(h, dim=(1, 2), keepdim=True) + h.var(-1, correction=0)[:, :, None]
+        p = F.pad(F.leaky_relu(x, 0.2), (1, -2, 0, 3), value=-0.5)
+        return h * v, p, gn(x), torch.addmm(c, a, b, beta=0), F.pad(ids, (2, 1), value=7) * 2
+
+    args = (torch.randn(2, 6, 9), torch.full((3, 4), float("nan")), torch.randn(3, 5),
+            torch.randn(5, 4), torch.arange(6).reshape(2, 3))  # fmt: skip
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(*args)
+        want = f(*args)
+    close(got[:4], want[:4], tol=1e-4)
+    assert torch.equal(got[4], want[4])
+    report = last_compiled().polyfuse_report
+    assert report["eager"] == {}, report["reasons"]
+    for op in ("erf", "leaky_relu", "var.correction", "constant_pad_nd", "native_group_norm"):
+        assert any(k.startswith(f"aten.{op}") for k in report["polyfuse"]), op
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

@@ -210,30 +210,12 @@ def _pad(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         pw = [(max(b, 0), max(e, 0)) for b, e in pw]
     if all(b == 0 and e == 0 for b, e in pw):
         return [x]
-    if mode == "constant" and dtypes.is_int(x.dtype):  # an integer value (exact)
-        return [_pad_const(ctx, x, pw, int(value))]
     if mode == "constant":
-        return [ops.pad(x, pw, value=float(value), name=ctx.fresh("pad"))]
+        return [ops.pad(x, pw, value=value, name=ctx.fresh("pad"))]
     for d, (b, e) in enumerate(pw):  # one axis at a time: every read stays affine
         if b or e:
             x = _pad_axis(ctx, x, d, b, e, mode)
     return [x]
-
-
-def _pad_const(ctx: Ctx, x: Tensor, pw: list[tuple[int, int]], value: int) -> Tensor:
-    """Constant padding of integer data by an integer ``value`` (``ops.pad`` pads with a
-    float, which would make the result float32)."""
-    shape = [s + b + e for s, (b, e) in zip(x.shape, pw, strict=True)]
-
-    def body(*i: IterVar) -> Expr:
-        cond: Expr | None = None
-        for k, s, (b, e) in zip(i, x.shape, pw, strict=True):
-            for c in ([k >= b] if b else []) + ([k < b + s] if e else []):
-                cond = c if cond is None else (cond & c)
-        v = x[tuple(k - b if b else k for k, (b, _) in zip(i, pw, strict=True))]
-        return v if cond is None else te.where(cond, v, value)
-
-    return ctx.compute(shape, body, "pad")
 
 
 def _pad_axis(ctx: Ctx, x: Tensor, d: int, b: int, e: int, mode: str) -> Tensor:

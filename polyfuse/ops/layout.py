@@ -7,9 +7,11 @@ import builtins
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.dtypes import is_float
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.graph.passes.layout import reshape_subscripts
 from polyfuse.ops._common import (
@@ -171,7 +173,9 @@ def pad(
     """Constant padding like ``np.pad(x, pads, constant_values=value)``; one primitive.
 
     ``pads`` is numpy's ``pad_width``: an int, one ``(before, after)`` pair for every dim, or a
-    list of ``(before, after)`` pairs, one per dim. Reads are guarded by ``te.where``.
+    list of ``(before, after)`` pairs, one per dim. Reads are guarded by ``te.where``. The
+    result has ``x``'s dtype: ``value`` is converted to it as numpy converts it (an integer
+    tensor's value truncated toward zero).
     """
     op = "pad"
     name = op_name(op, name)
@@ -198,6 +202,11 @@ def pad(
     if len(pw) != x.ndim or any(b < 0 or a < 0 for b, a in pw):
         raise bad
     shape = tuple(s + b + a for s, (b, a) in zip(x.shape, pw, strict=True))
+    fill: Any = float(value)
+    if x.dtype == "bool":
+        fill = te.const(bool(value), "bool")
+    elif not is_float(x.dtype):
+        fill = te.const(int(value), x.dtype)
 
     def body(*idx: IterVar) -> Expr:
         subs = tuple(affine_expr(i, 1, (), -b) for i, (b, _) in zip(idx, pw, strict=True))
@@ -208,6 +217,6 @@ def pad(
             if a:
                 conds.append(i < b + s)
         cond = all_of(conds)
-        return x[subs] if cond is None else te.where(cond, x[subs], float(value))
+        return x[subs] if cond is None else te.where(cond, x[subs], fill)
 
     return compute_op(shape, body, name, op)

@@ -102,9 +102,57 @@ def _addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1)
     y = ops.matmul(a, b)
     if alpha != 1:
         y = typed.mul(y, alpha)
+    if beta == 0:  # torch ignores the bias then, NaN and inf included
+        return y
     if beta != 1:
         bias = typed.mul(bias, beta)
     return typed.add(y, bias)
+
+
+def _group_norm(x, weight, bias, n, c, hw, groups, eps):
+    """``aten.native_group_norm``: a layer norm over each group's channels and positions
+    (the input viewed as (N, G, C/G * HW)), then the per-channel scale and shift."""
+    shape = x.shape
+    y = _reshape(ops.layer_norm(_reshape(x, [n, groups, -1]), axis=-1, eps=eps), shape)
+    per_channel = [c] + [1] * (len(shape) - 2)
+    if weight is not None:
+        y = typed.mul(y, _reshape(weight, per_channel))
+    if bias is not None:
+        y = typed.add(y, _reshape(bias, per_channel))
+    return (y, None, None)
+
+
+def _var(x, dims=None, *, correction=None, keepdim=False):
+    """``aten.var.correction``: the mean of squared deviations over ``dims``, divided by
+    (count - correction) as torch does (correction 1 when not given)."""
+    dtype = x.dtype
+    if dtype in dt.HALF_DTYPES:  # torch's opmath: 16-bit inputs compute in float32
+        x = _as_dtype(x, "float32")
+    axes = _axes(x, dims) or list(range(len(x.shape)))
+    count = math.prod(x.shape[d] for d in axes)
+    mean = ops.reduce_mean(x, axis=axes, keepdims=True)
+    dev = typed.sub(x, mean)
+    total = ops.reduce_sum(typed.mul(dev, dev), axis=axes, keepdims=bool(keepdim))
+    dof = count - (1 if correction is None else correction)
+    # torch divides by max(0, dof): a zero gives inf, or NaN where every deviation is 0
+    return _as_dtype(typed.div(total, dof) if dof > 0 else typed.mul(total, math.inf), dtype)
+
+
+def _constant_pad(x, pad, value=0):
+    """``aten.constant_pad_nd``: ``pad`` lists (before, after) from the last dim backwards;
+    a negative amount crops."""
+    pairs = [(0, 0)] * len(x.shape)
+    for k in range(len(pad) // 2):
+        pairs[len(x.shape) - 1 - k] = (pad[2 * k], pad[2 * k + 1])
+    for d, (b, e) in enumerate(pairs):
+        if b < 0 or e < 0:
+            x = _slice(x, d, max(-b, 0), x.shape[d] - max(-e, 0))
+    return ops.pad(x, [(max(b, 0), max(e, 0)) for b, e in pairs], value)
+
+
+def _leaky_relu(x, negative_slope=0.01):
+    slope = float(negative_slope)
+    return typed.elementwise("leaky_relu", lambda v: te.where(v > 0, v, v * slope), [x], x.dtype)
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -253,6 +301,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.rsqrt.default: typed.float_math(ops.rsqrt),
     aten.tanh.default: typed.float_math(ops.tanh),
     aten.sigmoid.default: typed.float_math(ops.sigmoid),
+    aten.erf.default: typed.float_math(lambda x: typed.elementwise("erf", te.erf, [x], x.dtype)),
+    aten.leaky_relu.default: _leaky_relu,
     aten.relu.default: typed.relu,
     aten.abs.default: ops.abs,
     aten.gelu.default: lambda x, approximate="none": ops.gelu(x, approximate=approximate),
@@ -311,6 +361,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._safe_softmax.default: _safe_softmax,
     aten.native_layer_norm.default: _layer_norm,
     aten._native_batch_norm_legit_no_training.default: _batch_norm,
+    aten.native_group_norm.default: _group_norm,
+    aten.var.correction: _var,
+    aten.constant_pad_nd.default: _constant_pad,
     aten.convolution.default: _convolution,
     aten.max_pool2d_with_indices.default: _max_pool,
     aten.avg_pool2d.default: _avg_pool,
@@ -326,6 +379,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
 #: indices a forward pass in inference does not use).
 _FIRST_OUTPUT_ONLY = {
     aten.native_layer_norm.default,
+    aten.native_group_norm.default,
     aten._native_batch_norm_legit_no_training.default,
     aten.max_pool2d_with_indices.default,
 }
