@@ -468,6 +468,10 @@ def _unary(op: str, a: Any) -> Any:
         return np.exp(x)
     if op == "log":
         return np.log(x)
+    if op == "log1p":
+        return np.log1p(x)
+    if op == "expm1":
+        return np.expm1(x)
     if op == "sqrt":
         return np.sqrt(x)
     if op == "rsqrt":

@@ -66,9 +66,11 @@ __all__ = [
     "equal",
     "erf",
     "exp",
+    "expm1",
     "isinf",
     "isnan",
     "log",
+    "log1p",
     "max",
     "maximum",
     "min",
@@ -199,6 +201,10 @@ sqrt = _unary("sqrt")
 rsqrt = _unary("rsqrt")
 tanh = _unary("tanh")
 erf = _unary("erf")
+log1p = _unary("log1p")
+log1p.__doc__ = "Elementwise ``log(1 + x)``, accurate for small ``x`` (where ``1 + x`` rounds)."
+expm1 = _unary("expm1")
+expm1.__doc__ = "Elementwise ``exp(x) - 1``, accurate for small ``x`` (where ``- 1`` cancels)."
 sigmoid = _unary("sigmoid")
 abs = _unary("abs")  # noqa: A001
 

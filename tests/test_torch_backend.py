@@ -200,6 +200,27 @@ def test_erf_leaky_relu_var_pad_group_norm_run_in_polyfuse():
         assert any(k.startswith(f"aten.{op}") for k in report["polyfuse"]), op
 
 
+def test_elu_softplus_mish_log1p_expm1_run_in_polyfuse_accurately_near_zero():
+    """elu (and selu/celu, which decompose to it), softplus and mish (log1p) lower to regions;
+    log1p/expm1 of values below float32's epsilon keep their precision (log(1 + x) would
+    give 0 or 1.19e-7 for x = 1e-7)."""
+
+    def f(x):
+        small = x * 1e-7
+        return (F.elu(x, 0.7) + F.selu(x) + F.celu(x, 1.3), F.softplus(x * 30) + F.mish(x),
+                torch.log1p(small) / small, torch.expm1(small) / small)  # fmt: skip
+
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(x)
+        want = f(x)
+    close(got, want, tol=1e-5)
+    report = last_compiled().polyfuse_report
+    assert report["eager"] == {}, report["reasons"]
+    for op in ("elu", "log1p", "expm1"):
+        assert f"aten.{op}.default" in report["polyfuse"], op
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

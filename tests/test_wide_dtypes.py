@@ -508,3 +508,30 @@ def test_truncating_division_of_floats_is_an_error_naming_the_compute():
     x = te.placeholder((4,), name="x")
     with pytest.raises(ExpressionError, match=r"compute 'h': te.truncdiv takes integer operands"):
         te.compute((4,), lambda i: te.truncdiv(x[i], 2), name="h")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rel"),
+    [("float32", 1e-6), ("float64", 1e-14), ("float16", 2.0**-10), ("bfloat16", 2.0**-7)],
+)
+def test_log1p_and_expm1_are_accurate_near_zero(dtype, rel):
+    """``te.log1p``/``te.expm1`` keep their relative precision where ``log(1 + x)`` and
+    ``exp(x) - 1`` lose all of it (``x`` below the dtype's epsilon: ``1 + x`` rounds to 1),
+    and agree with the oracle elsewhere; NVRTC compiles them for sm_80."""
+    n = 64
+    x = te.placeholder((n,), dtype, name="x")
+    lp = te.compute((n,), lambda i: te.log1p(x[i]), name="lp")
+    em = te.compute((n,), lambda i: te.expm1(x[i]) * 2.0, name="em")
+    eps = float(np.finfo(numpy_dtype(dtype)).eps) if dtype != "bfloat16" else 2.0**-7
+    tiny = np.geomspace(eps / 64, eps / 2, n // 2) * np.where(np.arange(n // 2) % 2, 1, -1)
+    xv = np.concatenate([tiny, RNG.uniform(-0.9, 3.0, n // 2)]).astype(numpy_dtype(dtype))
+    fn = _run([x], [lp, em], [xv])
+    got_lp, got_em = (np.asarray(g, np.float64) for g in fn(xv))
+    x64 = np.asarray(xv, np.float64)
+    small = slice(0, n // 2)
+    np.testing.assert_allclose(got_lp[small], np.log1p(x64[small]), rtol=rel, atol=0)
+    np.testing.assert_allclose(got_em[small], 2 * np.expm1(x64[small]), rtol=rel, atol=0)
+    if "nvrtc" in available_compilers() and dtype in ("float32", "float16"):
+        fn = polyfuse.compile([x], [lp, em], arch="sm_80", check_cuda=False)
+        assert "log1pf(" in fn.cuda_source and "expm1f(" in fn.cuda_source
+        compile_cuda(fn.cuda_source, "sm_80", compiler="nvrtc")

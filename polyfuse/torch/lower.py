@@ -150,6 +150,17 @@ def _constant_pad(x, pad, value=0):
     return ops.pad(x, [(max(b, 0), max(e, 0)) for b, e in pairs], value)
 
 
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """``aten.elu`` (selu and celu decompose to it): ``scale * x`` above 0, else
+    ``scale * alpha * expm1(input_scale * x)``."""
+    neg, pos, inner = float(alpha) * float(scale), float(scale), float(input_scale)
+
+    def body(v: Any) -> Any:
+        return te.where(v <= 0, te.expm1(v * inner) * neg, v * pos)
+
+    return typed.elementwise("elu", body, [x], x.dtype)
+
+
 def _leaky_relu(x, negative_slope=0.01):
     slope = float(negative_slope)
     return typed.elementwise("leaky_relu", lambda v: te.where(v > 0, v, v * slope), [x], x.dtype)
@@ -303,6 +314,13 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.sigmoid.default: typed.float_math(ops.sigmoid),
     aten.erf.default: typed.float_math(lambda x: typed.elementwise("erf", te.erf, [x], x.dtype)),
     aten.leaky_relu.default: _leaky_relu,
+    aten.elu.default: _elu,
+    aten.log1p.default: typed.float_math(
+        lambda x: typed.elementwise("log1p", te.log1p, [x], x.dtype)
+    ),
+    aten.expm1.default: typed.float_math(
+        lambda x: typed.elementwise("expm1", te.expm1, [x], x.dtype)
+    ),
     aten.relu.default: typed.relu,
     aten.abs.default: ops.abs,
     aten.gelu.default: lambda x, approximate="none": ops.gelu(x, approximate=approximate),

@@ -61,6 +61,8 @@ _UNARY = {
     "rsqrt": "rsqrtf",
     "tanh": "tanhf",
     "erf": "erff",
+    "log1p": "log1pf",
+    "expm1": "expm1f",
     "sigmoid": "pf_sigmoid",
     "round": "rintf",  # halves to even (the default rounding mode), as numpy.rint
 }

@@ -87,6 +87,8 @@ UNARY_F64 = {
     "rsqrt": "rsqrt",
     "tanh": "tanh",
     "erf": "erf",
+    "log1p": "log1p",
+    "expm1": "expm1",
     "sigmoid": "pf_w_sigmoid",
     "round": "rint",
 }
