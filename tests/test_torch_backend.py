@@ -221,6 +221,45 @@ def test_elu_softplus_mish_log1p_expm1_run_in_polyfuse_accurately_near_zero():
         assert f"aten.{op}.default" in report["polyfuse"], op
 
 
+def test_advanced_indexing_interpolate_and_roll_run_in_polyfuse():
+    """Index tensors on any dims (adjacent: their shape in place; separated: in front),
+    index_select, integer fmod, and what decomposes into them — nearest and bilinear
+    interpolation, torch.roll — lower to gathers in regions (they stayed in PyTorch: only
+    one index tensor on the first dim was lowered); a float fmod stays in PyTorch."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 4, 5, 3, generator=g)
+    i = torch.tensor([[0, 3], [-1, 2]])
+    j = torch.tensor([1, -2])
+    a = torch.arange(-7, 8)
+    b = torch.tensor([2, -3, 5, 1, -1, 4, 7, 2, -3, 5, 1, -1, 4, 7, 3])
+
+    def f(x, i, j, a, b):
+        img = x[:, :, :, :2].permute(0, 3, 1, 2)
+        return (
+            x[:, i, j] * 2,  # adjacent: (2, 2, 2, 3)
+            x[j, :, i] + 1,  # separated: (2, 2, 4, 3)
+            x[1, :, i] - torch.index_select(x, 2, j.abs())[1, :, None, :1],
+            F.interpolate(img, scale_factor=2, mode="nearest"),
+            F.interpolate(img, size=(7, 9), mode="bilinear"),
+            torch.roll(x, (-2, 3), (1, 2)) * 2,
+            torch.fmod(a, b) + torch.fmod(a, -3),
+            torch.fmod(x, 1.5),
+        )
+
+    args = (x, i, j, a, b)
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(*args)
+        want = f(*args)
+    close(got[:6], want[:6], tol=1e-5)
+    assert torch.equal(got[6], want[6]) and torch.equal(got[7], want[7])
+    report = last_compiled().polyfuse_report
+    why = "dtype float32: fmod of floats (te has no float fmod)"
+    assert report["eager"] == {"aten.fmod.Scalar": 1}
+    assert report["eager_for_dtype"] == {f"aten.fmod.Scalar ({why})": 1}
+    for op in ("index.Tensor", "index_select.default", "fmod.Tensor"):
+        assert report["polyfuse"][f"aten.{op}"] >= 1, op
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

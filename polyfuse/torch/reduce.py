@@ -3,8 +3,8 @@
 ``sum`` counts integers and bools in int64 (torch's rule) unless ``dtype=`` says otherwise;
 ``amax``/``amin`` keep the dtype; ``any``/``all`` are the max/min of the input tested
 ``!= 0``; ``argmax``/``argmin`` give the int64 index of the first extreme (a NaN wins, as in
-torch); ``index``/``embedding`` gather rows by an int32/int64 index tensor (negative indices
-count from the end).
+torch); ``index``/``index_select``/``embedding`` gather by int32/int64 index tensors
+(negative indices count from the end).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from polyfuse import te
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.inline import stored
-from polyfuse.ops._common import op_name
+from polyfuse.ops._common import bcast, op_name
 from polyfuse.ops.reductions import reduce_subscripts
 
 from .typed import as_dtype, elementwise, te_dtype
 
-__all__ = ["any_all", "arg_extreme", "index", "reduce", "sum_"]
+__all__ = ["any_all", "arg_extreme", "index", "index_select", "reduce", "sum_"]
 
 
 def _axes(x: Tensor, dims: Any) -> list[int]:
@@ -124,16 +124,40 @@ def arg_extreme(op: str) -> Callable[..., Tensor]:
 
 
 def index(x: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
-    """``aten.index.Tensor`` with one integer index tensor on the first dimension (an
-    embedding lookup, ``table[ids]``): a gather; negative indices count from the end."""
-    [ids] = indices
-    n = x.shape[0]
-    shape = (*ids.shape, *x.shape[1:])
-    k = len(ids.shape)
+    """``aten.index.Tensor``: advanced indexing by int32/int64 index tensors on any dims
+    (``None`` keeps a dim whole), a gather; negative indices count from the end. The index
+    tensors broadcast together; their shape replaces the indexed dims where those are
+    adjacent, and leads the result otherwise (numpy's and torch's rule)."""
+    ndim = len(x.shape)
+    indices = [*indices, *[None] * (ndim - len(indices))]
+    pos = [d for d, t in enumerate(indices) if t is not None]
+    tensors = [t for t in indices if t is not None]
+    rank = max(len(t.shape) for t in tensors)
+    full = [1] * rank
+    for t in tensors:  # the lowering's node passed torch, so the shapes broadcast
+        for d, s in enumerate(t.shape):
+            full[rank - len(t.shape) + d] = max(full[rank - len(t.shape) + d], s)
+    kept = [d for d in range(ndim) if indices[d] is None]
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    at = pos[0] if adjacent else 0  # where the broadcast index dims sit in the result
+    rest = [x.shape[d] for d in kept]
+    shape = (*rest[:at], *full, *rest[at:]) if adjacent else (*full, *rest)
 
     def body(*idx: Any) -> Any:
-        i = ids[idx[:k]]
-        row = te.where(i < 0, i + n, i)
-        return x[(te.data_index(row), *idx[k:])]
+        b = idx[at : at + rank]
+        others = iter(idx[:at] + idx[at + rank :])
+        subs: list[Any] = []
+        for d, t in enumerate(indices):
+            if t is None:
+                subs.append(next(others))
+                continue
+            i = t[bcast(t.shape, b)]
+            subs.append(te.data_index(te.where(i < 0, i + x.shape[d], i)))
+        return x[tuple(subs)]
 
     return te.compute(shape, body, name=op_name("index", None), tag="gather")
+
+
+def index_select(x: Tensor, dim: int, ids: Tensor) -> Tensor:
+    """``aten.index_select``: the rows of dim ``dim`` that the 1-D ``ids`` name."""
+    return index(x, [None] * (dim % len(x.shape)) + [ids])

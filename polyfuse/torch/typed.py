@@ -263,6 +263,12 @@ def _below_floor(x: Any, y: Any) -> Any:
     return te.where(r < 0, y > 0, (r > 0) & (y < 0))
 
 
+def fmod(a: Operand, b: Operand) -> Tensor:
+    """``torch.fmod`` of integers: the truncated remainder (the dividend's sign),
+    ``te.truncmod``; :func:`dtype_reason` refuses floats."""
+    return elementwise("fmod", te.truncmod, [a, b], _promoted(a, b))
+
+
 def compare(op: str) -> Callable[[Operand, Operand], Tensor]:
     """``aten.eq/ne/lt/le/gt/ge``: compared in the promoted dtype, a bool result."""
     fn = {
@@ -426,6 +432,8 @@ _INT_DIVISION = {
     aten.floor_divide.Scalar,
     aten.remainder.Tensor,
     aten.remainder.Scalar,
+    aten.fmod.Tensor,
+    aten.fmod.Scalar,
 }
 _BITWISE = {
     aten.bitwise_and.Tensor,
@@ -464,17 +472,18 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
         mode = kwargs.get("rounding_mode", "floor")
         if target in (aten.remainder.Tensor, aten.remainder.Scalar):
             mode = "remainder"
+        if target in (aten.fmod.Tensor, aten.fmod.Scalar):
+            mode = "fmod"
         if mode is None:
             return None
         d = result_dtype(*args[:2])
         name = str(d).removeprefix("torch.")
-        what = "remainder" if mode == "remainder" else f"{mode} division"
+        what = mode if mode in ("remainder", "fmod") else f"{mode} division"
         if d.is_floating_point:
-            how = (
-                "torch's is fmod-based, polyfuse's a - b * floor(a / b)"
-                if mode == "remainder"
-                else "torch corrects the rounding of a / b; polyfuse floors it"
-            )
+            how = {
+                "remainder": "torch's is fmod-based, polyfuse's a - b * floor(a / b)",
+                "fmod": "te has no float fmod",
+            }.get(mode, "torch corrects the rounding of a / b; polyfuse floors it")
             return f"dtype {name}: {what} of floats ({how})"
         b = args[1]
         if not _is_tensor(b) and int(b) == 0:
@@ -495,11 +504,10 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
     if target in _BOOL_ARITH and _val(node).dtype == torch.bool:
         return "dtype bool: arithmetic on bool tensors"
     if target is aten.index.Tensor:
-        idx = args[1]
-        if (
-            len(idx) != 1
-            or not isinstance(idx[0], torch.fx.Node)
-            or _val(idx[0]).dtype not in (torch.int32, torch.int64)
+        idx = [t for t in args[1] if t is not None]
+        if not idx or any(
+            not isinstance(t, torch.fx.Node) or _val(t).dtype not in (torch.int32, torch.int64)
+            for t in idx
         ):
-            return "index other than one integer tensor on the first dimension"
+            return "index by a bool mask (a data-dependent shape)"
     return None
