@@ -260,6 +260,26 @@ def test_advanced_indexing_interpolate_and_roll_run_in_polyfuse():
         assert report["polyfuse"][f"aten.{op}"] >= 1, op
 
 
+@pytest.mark.parametrize(
+    "conv",
+    [
+        lambda: nn.Conv1d(3, 6, 3, stride=2, padding=1, groups=3, dilation=2),
+        lambda: nn.Conv3d(2, 4, 3, padding=1, stride=(1, 2, 2)),
+        lambda: nn.ConvTranspose2d(4, 6, 4, stride=2, padding=1, output_padding=1, groups=2),
+        lambda: nn.ConvTranspose1d(3, 2, 5, stride=3, padding=2, output_padding=2, dilation=2),
+    ],
+    ids=["conv1d", "conv3d", "conv_transpose2d", "conv_transpose1d"],
+)
+def test_1d_3d_and_transposed_convolutions_run_in_polyfuse(conv):
+    """They stayed in PyTorch ("only 2-D, non-transposed convolution")."""
+    torch.manual_seed(9)
+    m = conv()
+    x = torch.randn(2, m.in_channels, *[5 + d for d in range(len(m.kernel_size))])
+    got, want = run_both(m, x)
+    close(got, want, tol=1e-4)
+    assert last_compiled().polyfuse_report["eager"] == {}
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

@@ -175,7 +175,19 @@ def _batch_norm(x, weight, bias, mean, var, momentum, eps):
 
 
 def _convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    return ops.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    """``aten.convolution``: 2-D through :func:`ops.conv2d`; 1-D, 3-D and transposed ones
+    through ONNX's :func:`ops.conv`/:func:`ops.conv_transpose` (torch's symmetric padding is
+    ONNX's ``pads`` with the same amount before and after; the weight layouts agree)."""
+    if not transposed and len(x.shape) == 4:
+        return ops.conv2d(
+            x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups
+        )
+    pads = [*padding, *padding]
+    if transposed:
+        return ops.conv_transpose(
+            x, w, bias, stride, pads, dilation, groups, output_padding=list(output_padding)
+        )
+    return ops.conv(x, w, bias, stride, pads, dilation, groups)
 
 
 def _max_pool(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -466,9 +478,6 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             if isinstance(v, torch.Tensor) and v.numel() == 0:
                 return _EMPTY
     args, kwargs = node.args, node.kwargs
-    if target is aten.convolution.default:
-        if args[6] or len(_vals(node)[0].shape) != 4:
-            return "only 2-D, non-transposed convolution"
     if target is aten.max_pool2d_with_indices.default:
         dilation = args[4] if len(args) > 4 else 1
         if (len(args) > 5 and args[5]) or any(
