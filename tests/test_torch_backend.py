@@ -280,6 +280,44 @@ def test_1d_3d_and_transposed_convolutions_run_in_polyfuse(conv):
     assert last_compiled().polyfuse_report["eager"] == {}
 
 
+def test_max_dim_var_mean_flip_gather_repeat_instance_norm_adaptive_pool_run_in_polyfuse():
+    """More operators models use lower to regions: torch.max/min (whole, and by dim with the
+    first index, a NaN winning), var_mean, flip, gather, repeat, InstanceNorm (batch norm
+    without running statistics), adaptive average pooling with even windows; an uneven
+    adaptive pool stays in PyTorch with its reason."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 4, 6, 6, generator=g)
+    x[0, 1, 2, 3] = float("nan")
+    ids = torch.randint(0, 6, (2, 4, 6, 2), generator=g)
+    inorm = nn.InstanceNorm2d(4, affine=True).eval()
+    nn.init.normal_(inorm.weight)
+
+    def f(x, ids):
+        top = torch.max(x, 3)
+        low = torch.min(x, 1, keepdim=True)
+        var, mean = torch.var_mean(x, (2, 3))
+        clean = torch.nan_to_num(x, 0.0)
+        return (top.values, top.indices, low.values, low.indices, var, mean, x.max(),
+                torch.flip(x, [1, -1]), torch.gather(x, 3, ids), x.repeat(1, 1, 2, 1),
+                inorm(clean), F.adaptive_avg_pool2d(clean, (3, 2)),
+                F.adaptive_avg_pool2d(clean, 4))  # fmt: skip
+
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(x, ids)
+        want = f(x, ids)
+    for k, (gt, wt) in enumerate(zip(got, want, strict=True)):
+        assert gt.dtype == wt.dtype and gt.shape == wt.shape, k
+        assert torch.allclose(gt, wt, rtol=1e-4, atol=1e-5, equal_nan=True), k
+    report = last_compiled().polyfuse_report
+    uneven = "adaptive_avg_pool2d with windows of different sizes"
+    assert report["reasons"]["aten._adaptive_avg_pool2d.default"] == uneven
+    assert report["eager"].get("aten._adaptive_avg_pool2d.default") == 1
+    for op in ("max.dim", "min.dim", "max.default", "var_mean.correction", "flip.default",
+               "gather.default", "repeat.default", "_native_batch_norm_legit.no_stats",
+               "_adaptive_avg_pool2d.default"):  # fmt: skip
+        assert report["polyfuse"].get(f"aten.{op}", 0) >= 1, op
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

@@ -138,6 +138,86 @@ def _var(x, dims=None, *, correction=None, keepdim=False):
     return _as_dtype(typed.div(total, dof) if dof > 0 else typed.mul(total, math.inf), dtype)
 
 
+def _var_mean(x, dims=None, *, correction=None, keepdim=False):
+    """``aten.var_mean.correction``: :func:`_var` and the mean over the same dims."""
+    mean = x if x.dtype not in dt.HALF_DTYPES else _as_dtype(x, "float32")
+    mean = ops.reduce_mean(mean, axis=_axes(x, dims), keepdims=bool(keepdim))
+    var = _var(x, dims, correction=correction, keepdim=keepdim)
+    return var, _as_dtype(mean, x.dtype)
+
+
+def _extreme_dim(op: str) -> Callable[..., Any]:
+    """``aten.max.dim``/``min.dim``: the extreme values and the first index holding each (a
+    NaN is the extreme and its first index the index, as in torch)."""
+
+    def lower(x, dim, keepdim=False):
+        values = reduce.reduce(op, x, [dim], bool(keepdim), x.dtype)
+        return values, reduce.arg_extreme(op)(x, dim, keepdim)
+
+    return lower
+
+
+def _flip(x, dims):
+    """``aten.flip``: each of ``dims`` read backwards (an affine subscript)."""
+    flipped = {d % len(x.shape) for d in dims}
+
+    def body(*i: Any) -> Any:
+        return x[tuple(x.shape[d] - 1 - v if d in flipped else v for d, v in enumerate(i))]
+
+    return te.compute(x.shape, body, name=f"{x.name}_flip", tag="flip")
+
+
+def _gather(x, dim, index, sparse_grad=False):
+    """``aten.gather``: ``out[i] = x[i with i[dim] = index[i]]`` (a data subscript)."""
+    ax = dim % len(x.shape)
+
+    def body(*i: Any) -> Any:
+        at = te.data_index(index[i])
+        return x[tuple(at if d == ax else v for d, v in enumerate(i))]
+
+    return te.compute(index.shape, body, name=f"{x.name}_gather", tag="gather")
+
+
+def _repeat(x, repeats):
+    """``aten.repeat``: ``x`` tiled ``repeats`` times per dim (leading repeats add dims);
+    the subscript ``i % size`` is quasi-affine."""
+    shape = [1] * (len(repeats) - len(x.shape)) + list(x.shape)
+    x = _reshape(x, shape)
+    out = [s * r for s, r in zip(shape, repeats, strict=True)]
+
+    def body(*i: Any) -> Any:
+        return x[tuple(v % s if r > 1 else v for v, s, r in zip(i, shape, repeats, strict=True))]
+
+    return te.compute(out, body, name=f"{x.name}_repeat", tag="repeat")
+
+
+def _instance_stats_norm(x, weight, bias, training, momentum, eps):
+    """``aten._native_batch_norm_legit.no_stats`` (InstanceNorm, batch norm without running
+    statistics): normalised by the biased statistics over every dim but the channels (1),
+    16-bit inputs computed in float32 as torch does."""
+    dtype = x.dtype
+    if dtype in dt.HALF_DTYPES:
+        x = _as_dtype(x, "float32")
+    axes = [d for d in range(len(x.shape)) if d != 1]
+    mean = ops.reduce_mean(x, axis=axes, keepdims=True)
+    dev = typed.sub(x, mean)
+    var = ops.reduce_mean(typed.mul(dev, dev), axis=axes, keepdims=True)
+    y = typed.mul(dev, ops.rsqrt(typed.add(var, float(eps))))
+    per_channel = [x.shape[1]] + [1] * (len(x.shape) - 2)
+    if weight is not None:
+        y = typed.mul(y, _reshape(weight, per_channel))
+    if bias is not None:
+        y = typed.add(y, _reshape(bias, per_channel))
+    return (_as_dtype(y, dtype), None, None)
+
+
+def _adaptive_avg_pool(x, output_size):
+    """``aten._adaptive_avg_pool2d`` where each output size divides its input size: an average
+    pool with equal windows (:func:`unsupported_reason` refuses uneven ones)."""
+    kh, kw = x.shape[-2] // output_size[0], x.shape[-1] // output_size[1]
+    return ops.avg_pool2d(x, (kh, kw), (kh, kw))
+
+
 def _constant_pad(x, pad, value=0):
     """``aten.constant_pad_nd``: ``pad`` lists (before, after) from the last dim backwards;
     a negative amount crops."""
@@ -374,6 +454,16 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.amin.default: lambda x, dims=(), keepdim=False: reduce.reduce(
         "min", x, dims, keepdim, x.dtype
     ),
+    aten.max.default: lambda x: reduce.reduce("max", x, None, False, x.dtype),
+    aten.min.default: lambda x: reduce.reduce("min", x, None, False, x.dtype),
+    aten.max.dim: _extreme_dim("max"),
+    aten.min.dim: _extreme_dim("min"),
+    aten.var_mean.correction: _var_mean,
+    aten.flip.default: _flip,
+    aten.repeat.default: _repeat,
+    aten.gather.default: _gather,
+    aten._native_batch_norm_legit.no_stats: _instance_stats_norm,
+    aten._adaptive_avg_pool2d.default: _adaptive_avg_pool,
     aten.any.default: reduce.any_all("max"),
     aten.any.dim: reduce.any_all("max"),
     aten.any.dims: reduce.any_all("max"),
@@ -412,6 +502,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
 #: indices a forward pass in inference does not use).
 _FIRST_OUTPUT_ONLY = {
     aten.native_layer_norm.default,
+    aten._native_batch_norm_legit.no_stats,
     aten.native_group_norm.default,
     aten._native_batch_norm_legit_no_training.default,
     aten.max_pool2d_with_indices.default,
@@ -484,6 +575,10 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             d != 1 for d in (dilation if isinstance(dilation, (list, tuple)) else [dilation])
         ):
             return "max_pool2d with ceil_mode or dilation"
+    if target is aten._adaptive_avg_pool2d.default:
+        *_, h, w = _vals(args[0])[0].shape
+        if h % args[1][0] or w % args[1][1]:
+            return "adaptive_avg_pool2d with windows of different sizes"
     if target is aten.avg_pool2d.default:
         if (len(args) > 4 and args[4]) or (len(args) > 6 and args[6] is not None):
             return "avg_pool2d with ceil_mode or divisor_override"
