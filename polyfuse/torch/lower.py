@@ -109,6 +109,35 @@ def _addmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1)
     return typed.add(y, bias)
 
 
+def _opmath(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A normalisation's lowering that computes a float16/bfloat16 input in float32 and
+    rounds its result once, as torch's kernels do (their "opmath" type, and inductor's
+    upcast): lowered in the 16-bit dtype, every intermediate (the centred values, the
+    exponentials) would be rounded too, a unit or two of the result apart from eager."""
+
+    def lower(x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if x.dtype not in dt.HALF_DTYPES:
+            return fn(x, *args, **kwargs)
+        out = fn(_as_dtype(x, "float32"), *args, **kwargs)
+        if isinstance(out, tuple):
+            return (_as_dtype(out[0], x.dtype), *out[1:])
+        return _as_dtype(out, x.dtype)
+
+    return lower
+
+
+def _softmax_of(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``aten._softmax``/``_log_softmax``: a 16-bit input computes in float32, its result
+    rounded back unless ``half_to_float`` keeps it float32."""
+
+    def lower(x: Tensor, dim: int, half_to_float: bool = False) -> Tensor:
+        y = fn(_as_dtype(x, "float32") if x.dtype in dt.HALF_DTYPES else x, axis=dim)
+        return y if half_to_float else _as_dtype(y, x.dtype)
+
+    return lower
+
+
+@_opmath
 def _group_norm(x, weight, bias, n, c, hw, groups, eps):
     """``aten.native_group_norm``: a layer norm over each group's channels and positions
     (the input viewed as (N, G, C/G * HW)), then the per-channel scale and shift."""
@@ -191,13 +220,10 @@ def _repeat(x, repeats):
     return te.compute(out, body, name=f"{x.name}_repeat", tag="repeat")
 
 
+@_opmath
 def _instance_stats_norm(x, weight, bias, training, momentum, eps):
     """``aten._native_batch_norm_legit.no_stats`` (InstanceNorm, batch norm without running
-    statistics): normalised by the biased statistics over every dim but the channels (1),
-    16-bit inputs computed in float32 as torch does."""
-    dtype = x.dtype
-    if dtype in dt.HALF_DTYPES:
-        x = _as_dtype(x, "float32")
+    statistics): normalised by the biased statistics over every dim but the channels (1)."""
     axes = [d for d in range(len(x.shape)) if d != 1]
     mean = ops.reduce_mean(x, axis=axes, keepdims=True)
     dev = typed.sub(x, mean)
@@ -208,7 +234,7 @@ def _instance_stats_norm(x, weight, bias, training, momentum, eps):
         y = typed.mul(y, _reshape(weight, per_channel))
     if bias is not None:
         y = typed.add(y, _reshape(bias, per_channel))
-    return (_as_dtype(y, dtype), None, None)
+    return (y, None, None)
 
 
 def _adaptive_avg_pool(x, output_size):
@@ -246,6 +272,7 @@ def _leaky_relu(x, negative_slope=0.01):
     return typed.elementwise("leaky_relu", lambda v: te.where(v > 0, v, v * slope), [x], x.dtype)
 
 
+@_opmath
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return (ops.layer_norm(x, weight, bias, axis=-len(normalized_shape), eps=eps), None, None)
 
@@ -331,6 +358,8 @@ def _safe_softmax(x: Tensor, dim: int, dtype: Any = None) -> Tensor:
     attention) gives zeros instead of NaN; ``dtype`` converts the input first, as torch does."""
     if dtype is not None:
         x = _as_dtype(x, te_dtype(dtype))
+    elif x.dtype in dt.HALF_DTYPES:  # torch's opmath: computed in float32, rounded once
+        return _as_dtype(_safe_softmax(_as_dtype(x, "float32"), dim), x.dtype)
     ax = dim % len(x.shape)
     y = ops.softmax(x, axis=ax)
     mx = ops.reduce_max(x, axis=[ax], keepdims=True)
@@ -475,12 +504,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.argmax.default: reduce.arg_extreme("max"),
     aten.argmin.default: reduce.arg_extreme("min"),
     aten.embedding.default: lambda w, ids, *args: reduce.index(w, [ids]),
-    aten._softmax.default: lambda x, dim, half_to_float=False: ops.softmax(
-        _as_dtype(x, "float32") if half_to_float else x, axis=dim
-    ),
-    aten._log_softmax.default: lambda x, dim, half_to_float=False: ops.log_softmax(
-        _as_dtype(x, "float32") if half_to_float else x, axis=dim
-    ),
+    aten._softmax.default: _softmax_of(ops.softmax),
+    aten._log_softmax.default: _softmax_of(ops.log_softmax),
     aten._safe_softmax.default: _safe_softmax,
     aten.native_layer_norm.default: _layer_norm,
     aten._native_batch_norm_legit_no_training.default: _batch_norm,
