@@ -318,6 +318,23 @@ def test_max_dim_var_mean_flip_gather_repeat_instance_norm_adaptive_pool_run_in_
         assert report["polyfuse"].get(f"aten.{op}", 0) >= 1, op
 
 
+def test_reductions_softmax_and_flip_of_a_0_d_tensor():
+    """Regression (``polyfuse fuzz --torch`` seed 8): argmax of a 0-d tensor over dim 0 raised
+    ZeroDivisionError in the lowering (``dim % 0``); so did the other reductions, softmax and
+    flip of a scalar, which torch defines (a scalar reduces to itself, its softmax is 1)."""
+    s = torch.tensor(2.5)
+
+    def f(s):
+        return (torch.argmax(s, 0), s.sum(0) + s.amax(-1), torch.softmax(s, 0),
+                torch.log_softmax(s, -1), torch.flip(s, [0]), torch.max(s, 0).indices)  # fmt: skip
+
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(s)
+    for g, w in zip(got, f(s), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape == () and torch.equal(g, w)
+    assert last_compiled().polyfuse_report["eager"] == {}
+
+
 def test_cuda_tensors_without_a_gpu_are_refused():
     from polyfuse.cuda.runtime import gpu_available
 

@@ -4,6 +4,8 @@ Generates ``--n`` random graphs from ``--seed`` on, compiles them ``--batch`` at
 them on the emulator (threads in order and in reverse order) against the reference evaluator,
 shrinks every failure to a minimal graph and prints it as a runnable script (also written to
 ``--out``). Exit status 0 when nothing failed, 1 when something did, 2 on bad arguments.
+``--torch`` fuzzes the torch.compile backend with random PyTorch programs instead
+(:mod:`.torch_programs`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .run import FuzzReport, Outcome, fuzz
 from .script import to_script
 from .shrink import shrink
 
-__all__ = ["add_fuzz_parser", "run_fuzz"]
+__all__ = ["add_fuzz_parser", "run_fuzz", "run_torch_fuzz"]
 
 
 def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
@@ -86,6 +88,20 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         help="compile every N-th batch twice through one compile cache, cold then warm, and "
         "require the same CUDA (0: never; default: 4)",
     )
+    p.add_argument(
+        "--torch",
+        action="store_true",
+        help="fuzz the torch.compile backend instead: random PyTorch programs of the operators "
+        "it lowers, over inputs of --dtypes, compiled with backend='polyfuse' and compared with "
+        "eager, every failure printed as a runnable script (needs PyTorch; --batch, "
+        "--families, --max-elements and shrinking do not apply)",
+    )
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=6,
+        help="with --torch: operators per program (default: 6)",
+    )
     p.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     p.add_argument("--out", metavar="DIR", default=None, help="write each failure's script to DIR")
     add_common(p, json="the counts and every failure (seed, status, detail, script)")
@@ -118,8 +134,52 @@ def _progress(quiet: bool = False) -> Any:
     return show
 
 
+def run_torch_fuzz(args: argparse.Namespace) -> int:
+    """``polyfuse fuzz --torch``: check random PyTorch programs, print each failure's script
+    and the counts; exit status 1 on a failure, 2 without PyTorch."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("polyfuse fuzz --torch needs PyTorch: pip install 'polyfuse[torch]'", file=sys.stderr)
+        return 2
+    from .torch_programs import fuzz_torch
+
+    t0 = time.perf_counter()
+
+    def show(done: int, o: Any) -> None:
+        if o.failed and not args.quiet:
+            print(f"{o.status.upper()} seed {o.program.seed}: {o.detail}", file=sys.stderr)
+
+    outcomes = fuzz_torch(args.n, args.seed, args.dtypes, show, steps=args.steps)
+    failures = []
+    for k, o in enumerate(o for o in outcomes if o.failed):
+        text = o.program.script()
+        print(f"# ---- failure {k + 1}: {o.status}: {o.detail}\n{text}")
+        failures.append({"seed": o.program.seed, "status": o.status, "detail": o.detail,
+                         "script": text})  # fmt: skip
+        if args.out:
+            path = Path(args.out) / f"fuzz-torch-failure-{o.program.seed}.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    ran = sum(o.in_polyfuse for o in outcomes)
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "nothing run"
+    print(
+        f"polyfuse fuzz --torch: {len(outcomes)} programs (seeds {args.seed}.."
+        f"{args.seed + args.n - 1}), {ran} operators run in polyfuse, "
+        f"{time.perf_counter() - t0:.1f} s: {summary}"
+    )
+    write_json(args, {"programs": len(outcomes), "seed": args.seed, "operators": ran,
+                      "counts": counts, "failures": failures})  # fmt: skip
+    return 1 if failures else 0
+
+
 def run_fuzz(args: argparse.Namespace) -> int:
     """``polyfuse fuzz``: run, shrink and print failures, print the counts; exit status."""
+    if args.torch:
+        return run_torch_fuzz(args)
     t0 = time.perf_counter()
     rep: FuzzReport = fuzz(
         args.n,

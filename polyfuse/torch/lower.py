@@ -92,7 +92,7 @@ def _reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def _axes(x: Tensor, dims: Any) -> list[int] | None:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0) or not x.shape:
         return None
     dims = [dims] if isinstance(dims, int) else list(dims)
     return [d % len(x.shape) for d in dims]
@@ -131,6 +131,8 @@ def _softmax_of(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     rounded back unless ``half_to_float`` keeps it float32."""
 
     def lower(x: Tensor, dim: int, half_to_float: bool = False) -> Tensor:
+        if not x.shape:  # a scalar: its softmax over dim 0 (or -1) as a 1-element row's
+            return _reshape(lower(_reshape(x, [1]), 0, half_to_float), [])
         y = fn(_as_dtype(x, "float32") if x.dtype in dt.HALF_DTYPES else x, axis=dim)
         return y if half_to_float else _as_dtype(y, x.dtype)
 
@@ -188,6 +190,8 @@ def _extreme_dim(op: str) -> Callable[..., Any]:
 
 def _flip(x, dims):
     """``aten.flip``: each of ``dims`` read backwards (an affine subscript)."""
+    if not x.shape:
+        return x
     flipped = {d % len(x.shape) for d in dims}
 
     def body(*i: Any) -> Any:

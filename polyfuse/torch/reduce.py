@@ -26,7 +26,9 @@ __all__ = ["any_all", "arg_extreme", "index", "index_select", "reduce", "sum_"]
 
 
 def _axes(x: Tensor, dims: Any) -> list[int]:
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+    """The dims a reduction of ``x`` reduces (a 0-d tensor's dim 0 or -1 is none: torch
+    reduces a scalar to itself)."""
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0) or not x.shape:
         return list(range(len(x.shape)))
     dims = [dims] if isinstance(dims, int) else list(dims)
     return sorted({d % len(x.shape) for d in dims})
@@ -76,6 +78,8 @@ def arg_extreme(op: str) -> Callable[..., Tensor]:
     present."""
 
     def lower(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        if not x.shape:  # a scalar's only index
+            return te.compute((), lambda: te.const(0, "int64"), name=op_name(f"arg{op}", None))
         axes = _axes(x, dim)
         keepdim = bool(keepdim)
         ext = reduce(op, x, axes, True, x.dtype)  # unit dims where reduced

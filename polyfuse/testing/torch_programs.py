@@ -1,0 +1,303 @@
+"""Random PyTorch programs for the ``torch.compile(backend="polyfuse")`` backend:
+``polyfuse fuzz --torch``.
+
+The te fuzzer (:mod:`.run`) checks the compiler under the backend; this one checks the
+backend's lowerings (:mod:`polyfuse.torch.lower`, :mod:`polyfuse.torch.typed`): torch's type
+promotion, its 16-bit rounding, views and layouts, gathers, what decomposes into what. A
+program is Python source — inputs of drawn shapes and dtypes, then a chain of steps drawn from
+:data:`STEPS`, each applied to earlier values — so a failure prints as a runnable script.
+
+Steps are drawn against the values' real shapes: the generator runs each candidate step in
+eager PyTorch and keeps it only where it runs and its result is finite and moderate (so no
+program depends on an overflow or on which side of a rounding boundary a value lands). The
+program returns every value it computed; :func:`check` compiles it, runs it on the emulator
+and compares each value with eager's: same dtype and shape, integers and bools exactly,
+floats within the tolerance of the coarsest float dtype the program holds
+(:func:`polyfuse.graph.dtypes.tolerance`), relative to the value's magnitude.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["STEPS", "Program", "TorchOutcome", "check", "draw", "fuzz_torch"]
+
+#: dtypes a program draws its inputs from (of those named with ``--dtypes``)
+INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
+#: Largest magnitude a float value may have (float16 holds 65504; products of two stay finite).
+LIMIT = 200.0
+
+#: Step templates: (name, kinds of operands, template). ``{a}``/``{b}`` are operand names,
+#: ``{d}``/``{e}`` dims of ``a``, ``{n}`` a size along ``{d}``, ``{k}`` a small positive int.
+#: Kinds: "f" float, "i" integer, "b" bool, "x" any.
+STEPS: tuple[tuple[str, str, str], ...] = (
+    ("tanh", "f", "torch.tanh({a})"),
+    ("sigmoid", "f", "torch.sigmoid({a})"),
+    ("erf", "f", "torch.erf({a})"),
+    ("relu", "x", "torch.relu({a})"),
+    ("gelu", "f", "F.gelu({a})"),
+    ("gelu_tanh", "f", "F.gelu({a}, approximate='tanh')"),
+    ("elu", "f", "F.elu({a}, 0.7)"),
+    ("leaky_relu", "f", "F.leaky_relu({a}, 0.2)"),
+    ("silu", "f", "F.silu({a})"),
+    ("hardswish", "f", "F.hardswish({a})"),
+    ("softplus", "f", "F.softplus({a})"),
+    ("exp", "f", "torch.exp({a}.clamp(-4, 4))"),
+    ("log1p", "f", "torch.log1p({a}.abs())"),
+    ("expm1", "f", "torch.expm1({a}.clamp(-3, 3))"),
+    ("rsqrt", "f", "torch.rsqrt({a}.abs() + 1)"),
+    ("abs", "x", "{a}.abs()"),
+    ("neg", "x", "-{a}"),
+    ("clamp", "x", "torch.clamp({a}, -3, 5)"),
+    ("add", "xx", "{a} + {b}"),
+    ("sub", "xx", "{a} - {b}"),
+    ("mul", "xx", "{a} * {b}"),
+    ("maximum", "xx", "torch.maximum({a}, {b})"),
+    ("minimum", "xx", "torch.minimum({a}, {b})"),
+    ("div", "xx", "{a} / ({b}.abs() + 1)"),
+    ("scale", "x", "{a} * 3 - 2"),
+    ("where", "xx", "torch.where({a} > 0, {a}, {b})"),
+    ("floordiv", "ii", "torch.div({a}, {b}.abs() + 1, rounding_mode='floor')"),
+    ("truncdiv", "ii", "torch.div({a}, -{b}.abs() - 1, rounding_mode='trunc')"),
+    ("remainder", "ii", "{a} % ({b}.abs() + 2)"),
+    ("fmod", "i", "torch.fmod({a}, 3)"),
+    ("gt", "xx", "{a} > {b}"),
+    ("and", "bb", "{a} & {b}"),
+    ("not", "b", "~{a}"),
+    ("bool_where", "b", "torch.where({a}, 1.5, -0.5)"),
+    ("to_int", "f", "({a} * 4).to(torch.int32)"),
+    ("to_f16", "x", "{a}.to(torch.float16)"),
+    ("to_bf16", "x", "{a}.to(torch.bfloat16)"),
+    ("to_f32", "x", "{a}.float()"),
+    ("to_f64", "x", "{a}.double()"),
+    ("sum", "x", "{a}.sum({d})"),
+    ("mean", "f", "{a}.mean({d}, keepdim=True)"),
+    ("amax", "x", "{a}.amax({d})"),
+    ("amin", "x", "{a}.amin({d}, keepdim=True)"),
+    ("var", "f", "torch.var({a}, {d})"),
+    ("max_dim", "x", "torch.max({a}, {d}).values"),
+    ("argmax", "x", "torch.argmax({a}, {d})"),
+    ("any", "x", "{a}.any({d})"),
+    ("softmax", "f", "torch.softmax({a}, {d})"),
+    ("log_softmax", "f", "torch.log_softmax({a}, {d})"),
+    ("layer_norm", "f", "F.layer_norm({a}, ({last},))"),
+    ("transpose", "x", "{a}.transpose({d}, {e})"),
+    ("flatten", "x", "{a}.reshape(-1)"),
+    ("unsqueeze", "x", "{a}.unsqueeze({d})"),
+    ("stride2", "x", "{a}[..., ::2]"),
+    ("narrow", "x", "{a}.narrow({d}, 1, {n} - 1)"),
+    ("select", "x", "{a}.select({d}, -1)"),
+    ("flip", "x", "torch.flip({a}, [{d}])"),
+    ("roll", "x", "torch.roll({a}, {k}, {d})"),
+    ("repeat", "x", "{a}.repeat({reps})"),
+    ("pad", "x", "F.pad({a}, (1, {k}))"),
+    ("cat", "x", "torch.cat([{a}, {a} * 2], {d})"),
+    ("index_select", "x", "torch.index_select({a}, {d}, torch.tensor([{n} - 1, 0, {n} // 2]))"),
+    ("gather_rows", "x", "{a}[torch.tensor([[0, -1], [1, 0]])]"),
+    ("matmul", "f", "{a} @ {a}.transpose(-1, -2)"),
+    ("bmm", "ff", "torch.matmul({a}, {b}.transpose(-1, -2))"),
+)
+
+
+@dataclass
+class Program:
+    """A drawn program: its ``seed``, ``source`` (defines ``make_inputs()`` and ``f``), and
+    the dtypes its values hold."""
+
+    seed: int
+    source: str
+    dtypes: set[str] = field(default_factory=set)
+
+    def script(self) -> str:
+        """A runnable script: the program, then the comparison :func:`check` makes."""
+        return (
+            f"# polyfuse fuzz --torch, seed {self.seed}\n{self.source}\n"
+            "with torch.no_grad():\n"
+            "    want = f(*make_inputs())\n"
+            "    got = torch.compile(f, backend='polyfuse')(*make_inputs())\n"
+            "for k, (g, w) in enumerate(zip(got, want)):\n"
+            "    print(k, w.dtype, g.dtype, (g.double() - w.double()).abs().max().item())\n"
+        )
+
+
+@dataclass
+class TorchOutcome:
+    """What happened to one program: "pass", "mismatch" (a value differs from eager's) or
+    "crash" (compiling or running it raised)."""
+
+    program: Program
+    status: str
+    detail: str = ""
+    in_polyfuse: int = 0  # operators the backend ran in regions
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "pass"
+
+
+_HEADER = "import torch\nimport torch.nn.functional as F\n"
+
+
+def _kind(t: Any) -> str:
+    import torch
+
+    if t.dtype == torch.bool:
+        return "b"
+    return "f" if t.dtype.is_floating_point else "i"
+
+
+def _fits(kinds: str, t: Any) -> bool:
+    k = _kind(t)
+    return kinds == "x" or kinds == k
+
+
+def _ok(v: Any) -> bool:
+    """A value a program may keep: a tensor of 1 to 4096 elements, finite and moderate."""
+    import torch
+
+    if not isinstance(v, torch.Tensor) or not 0 < v.numel() <= 4096 or v.dim() > 4:
+        return False
+    if v.dtype.is_floating_point:
+        d = v.double()
+        return bool(torch.isfinite(d).all()) and float(d.abs().max()) <= LIMIT
+    return v.dtype == torch.bool or int(v.abs().max()) <= 100_000
+
+
+def _input(rng: random.Random, name: str, dtype: str) -> str:
+    shape = tuple(rng.choice((1, 2, 3, 4, 5, 7, 8)) for _ in range(rng.randint(1, 3)))
+    g = f"torch.Generator().manual_seed({rng.randrange(1 << 30)})"
+    if dtype == "bool":
+        return f"    {name} = torch.rand({shape}, generator={g}) > 0.5"
+    if dtype in ("int32", "int64"):
+        return f"    {name} = torch.randint(-20, 20, {shape}, generator={g}, dtype=torch.{dtype})"
+    return f"    {name} = (torch.randn({shape}, generator={g}) * 2).to(torch.{dtype})"
+
+
+def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Program:
+    """A program of about ``steps`` steps over inputs of ``dtypes`` (float32 alone by
+    default; see the module docstring)."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    rng = random.Random(f"torch program {seed}")
+    pool = [d for d in INPUT_DTYPES if d in (dtypes or ("float32",))] or ["float32"]
+    n_in = rng.randint(1, 3)
+    lines = [_input(rng, f"x{k}", rng.choice(pool)) for k in range(n_in)]
+    args = ", ".join(f"x{k}" for k in range(n_in))
+    head = "def make_inputs():\n" + "\n".join(lines) + f"\n    return ({args},)\n"
+    env: dict[str, Any] = {"torch": torch, "F": F}
+    exec(head, env)  # noqa: S102 - our own generated source
+    inputs = env["make_inputs"]()
+    values: dict[str, Any] = {f"x{k}": t for k, t in enumerate(inputs)}
+    body: list[str] = []
+    tries = 0
+    while len(body) < steps and tries < steps * 20:
+        tries += 1
+        name, kinds, template = rng.choice(STEPS)
+        names = list(values)
+        a = rng.choice(names[-3:] if rng.random() < 0.7 else names)
+        if not _fits(kinds[0], values[a]):
+            continue
+        b = a
+        if len(kinds) > 1:
+            fits = [n for n in names if _fits(kinds[1], values[n])]
+            b = rng.choice(fits) if fits else a
+            if not _fits(kinds[1], values[b]):
+                continue
+        t = values[a]
+        shape = tuple(t.shape) or (1,)  # a 0-d value: steps naming a dim fail, are skipped
+        d, e = rng.randrange(len(shape)), rng.randrange(len(shape))
+        reps = ", ".join(str(rng.choice((1, 2))) for _ in shape)
+        expr = template.format(a=a, b=b, d=d, e=e, n=shape[d], k=rng.randint(1, 2),
+                               last=shape[-1], reps=reps)  # fmt: skip
+        try:
+            with torch.no_grad():
+                v = eval(expr, env, dict(values))  # noqa: S307 - our own generated source
+        except Exception:
+            continue
+        if not _ok(v):
+            continue
+        out = f"v{len(body)}"
+        values[out] = v
+        body.append(f"    {out} = {expr}  # {name}")
+    outs = [n for n in values if n.startswith("v")] or [next(iter(values))]
+    src = (
+        _HEADER
+        + "\n\n"
+        + head
+        + "\n\n"
+        + f"def f({args}):\n"
+        + "\n".join(body)
+        + ("\n" if body else "")
+        + f"    return ({', '.join(outs)},)\n"
+    )
+    held = {str(v.dtype).removeprefix("torch.") for v in values.values()}
+    return Program(seed, src, held)
+
+
+def _close(got: Any, want: Any, rtol: float, atol: float) -> str:
+    """"" when ``got`` matches eager's ``want``, else why not."""
+    import torch
+
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"{got.dtype}{tuple(got.shape)} where eager gives {want.dtype}{tuple(want.shape)}"
+    if not want.dtype.is_floating_point:
+        return "" if torch.equal(got, want) else "differs"
+    g, w = got.double(), want.double()
+    scale = max(1.0, float(w.abs().max()))
+    bad = (g - w).abs() > atol * scale + rtol * w.abs()
+    if bad.any():
+        k = int(bad.flatten().nonzero()[0])
+        return f"{g.flatten()[k].item():.6g} where eager gives {w.flatten()[k].item():.6g}"
+    return ""
+
+
+def check(program: Program) -> TorchOutcome:
+    """Compile ``program`` with the polyfuse backend, run it on the emulator and compare
+    every value with eager's (see the module docstring)."""
+    import torch
+
+    import polyfuse.torch as pt
+    from polyfuse.graph.dtypes import tolerance
+
+    env: dict[str, Any] = {}
+    exec(program.source, env)  # noqa: S102 - our own generated source
+    floats = [d for d in ("bfloat16", "float16", "float32", "float64") if d in program.dtypes]
+    tol = tolerance(floats[0] if floats else "float32")
+    torch._dynamo.reset()
+    pt.reset()
+    try:
+        with torch.no_grad():
+            want = env["f"](*env["make_inputs"]())
+            got = torch.compile(env["f"], backend="polyfuse")(*env["make_inputs"]())
+    except Exception as e:  # a crash is a finding: report it, go on
+        tb = traceback.format_exception_only(type(e), e)[-1].strip()
+        return TorchOutcome(program, "crash", tb[:500])
+    ran = sum(sum(g.polyfuse_report["polyfuse"].values()) for g in pt.compiled_graphs())
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        why = _close(g, w, tol.rtol, tol.atol)
+        if why:
+            line = program.source.split(f"    v{k} = ")[-1].splitlines()[0] if k else ""
+            return TorchOutcome(program, "mismatch", f"value {k} ({line}): {why}", ran)
+    return TorchOutcome(program, "pass", "", ran)
+
+
+def fuzz_torch(
+    n: int,
+    seed: int = 0,
+    dtypes: Sequence[str] | None = None,
+    progress: Callable[[int, TorchOutcome], None] | None = None,
+    steps: int = 6,
+) -> list[TorchOutcome]:
+    """Draw and check ``n`` programs of about ``steps`` steps from ``seed`` on."""
+    outcomes = []
+    for k in range(n):
+        o = check(draw(seed + k, dtypes, steps))
+        outcomes.append(o)
+        if progress is not None:
+            progress(k + 1, o)
+    return outcomes
