@@ -74,3 +74,35 @@ def test_a_shifted_row_is_dropped_a_select_inside_the_array_is_kept():
     )
     shape, access = _shape([a, b], square)
     assert select_free_operands(shape, box, zero, access) == {}
+
+
+def test_a_padded_input_dim_of_extent_1_keeps_the_select():
+    """Regression (``polyfuse fuzz --torch`` seed 4051): a padded conv over an input of one
+    row. The guard pins its row (``h + r - 1 = 0``), the access function keeps that equality
+    and is undefined where the select fails, so the vacuous image proved nothing: the tile
+    held the one row, every kernel row read it, and the conv summed it twice (0.6 for 0.3)."""
+    x = te.placeholder((1, 1, 1, 7), name="x")
+    w = te.placeholder((2, 1, 2, 2), name="w")
+    shape, access = _shape([x, w], ops.conv2d(x, w, padding=1))
+    padded = [(0, 63), (0, 1), (0, 31), (0, 1), (0, 1)]  # co, oh, ow, kh, kw (ci of 1 folded)
+    assert select_free_operands(shape, padded, {"x": (1, 1, 1, 7)}, access) == {}
+
+
+@pytest.mark.parametrize("hw", [(1, 7), (1, 3), (5, 1)])
+def test_a_padded_conv_over_one_row_or_column_matches_the_reference(hw):
+    import numpy as np
+
+    import polyfuse
+    from polyfuse import reference
+
+    x = te.placeholder((1, 1, *hw), name="x")
+    w = te.placeholder((3, 1, 2, 2), name="w")
+    y = ops.conv2d(x, w, padding=1)
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((1, 1, *hw)).astype(np.float32)
+    wv = rng.standard_normal((3, 1, 2, 2)).astype(np.float32)
+    fn = polyfuse.compile([x, w], [y], check_cuda=False)
+    want = reference.evaluate([y], {x: xv, w: wv})[0]
+    for race in (False, True):
+        got = fn(xv, wv, device="emulate", race_check=race)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

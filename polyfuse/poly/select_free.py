@@ -9,8 +9,11 @@ When ``x`` is promoted to a shared tile (:mod:`polyfuse.poly.promote`), the tile
 for every footprint element outside the array. If, on the padded tiles the kernel runs,
 every update instance where ``c`` fails reads an element outside the array, the tile already
 holds the select's 0 there: the term is ``x_tile * w`` in both cases, bit for bit (0 * inf is
-NaN either way). isl proves it: the image of ``{ padded update instances : not c }`` under the
-read's access function has no element inside the array. Then the select is dropped for that
+NaN either way). isl proves it: the read's access function (the one the tile's copies and
+readers use) is defined on ``{ padded update instances : not c }``, and their image under it
+has no element inside the array. (Where the guard pins an input dim of extent 1 — a padded
+conv over one row — that function keeps the guard's equality, is undefined where the select
+fails, and the select stays.) Then the select is dropped for that
 operand (:attr:`polyfuse.cuda.codegen.kernel_ast.KTile.select_free`) and the update is one FFMA.
 """
 
@@ -83,6 +86,12 @@ def select_free_operands(
             + " }",
             context=ctx,
         )
+        if not failing.is_subset(access[tensor].domain()):
+            # the footprint function is not defined where the select fails: the guard made
+            # it an equality (an input dim of extent 1 padded: `h + r - 1 = 0`), so the tile
+            # holds no zeros for those reads, which alias the rows it does hold
+            refused.add(tensor)
+            continue
         hit = failing.apply(access[tensor]).intersect(inside)
         if hit.is_empty():
             found.setdefault(tensor, []).append(cond)

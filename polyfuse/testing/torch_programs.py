@@ -100,6 +100,19 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("gather_rows", "x", "{a}[torch.tensor([[0, -1], [1, 0]])]"),
     ("matmul", "f", "{a} @ {a}.transpose(-1, -2)"),
     ("bmm", "ff", "torch.matmul({a}, {b}.transpose(-1, -2))"),
+    ("eq", "xx", "{a} == {b}"),
+    ("masked_fill", "x", "{a}.masked_fill({a} > 1, 0)"),
+    ("int_times_float", "i", "{a} * 0.5"),
+    ("std", "f", "{a}.std({d}, keepdim=True)"),
+    ("expand", "x", "{a}.unsqueeze(0).expand(2, *{a}.shape)"),
+    ("cumsum", "x", "torch.cumsum({a}, {d})"),  # stays in PyTorch: a graph break mid-program
+    ("conv2d", "f", "F.conv2d({a}.reshape(1, 1, -1, {last}), "
+                    "torch.full((2, 1, 2, 2), 0.3, dtype={a}.dtype), padding=1)"),
+    ("max_pool", "f", "F.max_pool2d({a}.reshape(1, 1, -1, {last}), 2, 1, 1)"),
+    ("avg_pool", "f", "F.avg_pool2d({a}.reshape(1, 1, -1, {last}), 2, 1)"),
+    ("interpolate", "f", "F.interpolate({a}.reshape(1, 1, -1, {last}), scale_factor=2)"),
+    ("group_norm", "f", "F.group_norm({a}.reshape(1, 2, -1), 2)"),
+    ("attention", "f", "F.scaled_dot_product_attention(*[{a}.reshape(1, -1, {last})] * 3)"),
 )
 
 
