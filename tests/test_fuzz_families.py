@@ -114,3 +114,43 @@ def test_script_of_a_names_graph_reproduces_it(tmp_path):
     path.write_text(to_script(adversarial.generate_names(5)))
     r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_conv_family_draws_rows_of_one_and_checks_its_graphs():
+    """The conv family (polyfuse/testing/conv.py) draws inputs of one row or column with
+    padding — the shape behind the select-free bug of ``fuzz --torch`` seed 4051 — and its
+    graphs pass; the shrinker's inconsistent dims are refused by the builder."""
+    from polyfuse.testing.conv import generate_conv
+
+    specs = [generate_conv(seed, prefix=f"g{seed}_") for seed in range(40)]
+    one_row = [
+        s for s in specs for n in s.nodes
+        if n.kind == "conv2d" and 1 in s.size(s.node(n.args[0]).shape)[2:] and any(n.params[2:4])
+    ]  # fmt: skip
+    assert len(one_row) >= 3
+    rep = fuzz(16, 0, batch=8, families=["conv"])
+    assert rep.counts == {"pass": 16}, [o.detail for o in rep.failures]
+    spec = specs[0]
+    v = next(n for n in spec.nodes if n.kind == "conv2d")
+    bad = spec.copy(dims={**spec.dims, v.shape[-1]: spec.size(v.shape)[-1] + 1})
+    with pytest.raises(ValueError, match="does not follow from its operands"):
+        build(bad)
+
+
+def test_a_conv_whose_windows_all_fall_on_the_padding_is_not_tiled_as_a_gemm():
+    """Regression (conv fuzz family seed 22): a strided 1x1 conv over a one-column input with
+    padding reads the input only on the padding; the GEMM path boxed its empty footprint and
+    crashed inside isl. The GEMM path now refuses it; the result is the bias."""
+    import numpy as np
+
+    from polyfuse import ops, reference, te
+
+    x = te.placeholder((1, 9, 7, 1), name="x")
+    w = te.placeholder((2, 9, 1, 1), name="w")
+    b = te.placeholder((2,), name="b")
+    y = ops.conv2d(x, w, b, stride=(2, 2), padding=(1, 1), dilation=(2, 1))
+    fn = polyfuse.compile([x, w, b], [y], check_cuda=False)
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal(t.shape).astype(np.float32) for t in (x, w, b)]
+    want = reference.evaluate([y], dict(zip((x, w, b), feeds, strict=True)))[0]
+    np.testing.assert_allclose(fn(*feeds, device="emulate"), want, rtol=1e-6)

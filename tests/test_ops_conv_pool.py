@@ -232,3 +232,23 @@ def test_conv_pads_of_the_wrong_length_are_an_expression_error(fn):
     w = te.placeholder((2, 2, 3, 3), name="w")
     with pytest.raises(ExpressionError, match=r"pads \[1, 1, 1\] must hold 4 ints"):
         fn(x, w, pads=[1, 1, 1], name="c")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_conv_of_a_reshaped_0_d_tensor(dtype):
+    """Regression (``polyfuse fuzz --torch`` seeds 5002, 5087): a conv whose input is a 0-d
+    tensor reshaped to (1, 1, 1, 1) reads a scalar. The GEMM path staged it as a shared tile
+    of no dims (a zip mismatch in the copy) and the channels-last pass indexed its last
+    subscript (IndexError); the GEMM path now refuses a 0-d operand, the pass skips it."""
+    import polyfuse
+    from polyfuse.graph.dtypes import numpy_dtype, tolerance
+
+    s = te.placeholder((), dtype, name="s")
+    w = te.placeholder((2, 1, 2, 2), dtype, name="w")
+    y = ops.conv2d(ops.reshape(s, (1, 1, 1, 1)), w, padding=1)
+    sv = np.array(0.7, numpy_dtype(dtype))
+    wv = (np.arange(8).reshape(2, 1, 2, 2) / 8).astype(numpy_dtype(dtype))
+    fn = polyfuse.compile([s, w], [y], check_cuda=False)
+    got = np.asarray(fn(sv, wv, device="emulate"), np.float64)
+    want = np.asarray(evaluate([y], {s: sv, w: wv})[0], np.float64)
+    assert got.shape == (1, 2, 2, 2) and tolerance(dtype).allclose(got, want)

@@ -168,6 +168,10 @@ def detect_gemm(
         name = m.get_tuple_name(isl.dim_type.out)
         if model.tensors[name].role != "input":
             return no(f"the update reads {name}, which the micrograph computes")
+        if m.intersect_domain(up.domain).range().is_empty():  # every read on the padding
+            return no(f"the update never reads {name} inside its array")
+        if m.dim(isl.dim_type.out) == 0:  # no shared tile to stage it in
+            return no(f"the update reads {name}, a 0-d tensor (a scalar, not a matrix)")
         operands.append((name, m))
         reuse.append({d for d in _independent_dims(m, nd) if data[d][1] > data[d][0]})
     if sum(1 for r in reuse if r) < 2:

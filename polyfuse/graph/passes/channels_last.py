@@ -88,6 +88,8 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
         return None
     for x, w in (reads, reads[::-1]):
         assert x is not None and w is not None
+        if not x.indices:  # a 0-d input (a scalar read as a map): no channels to move
+            continue
         inner = loop_vars(x.indices[-1])
         for c in red.axes:
             dx, dw = _plain_dims(x, c), _plain_dims(w, c)
