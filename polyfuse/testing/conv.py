@@ -19,7 +19,8 @@ import random
 
 from polyfuse import ops, te
 
-from .generate import FAMILIES, FILLS, ONE, Family, GraphSpec, Node, rename
+from .generate import FAMILIES, ONE, Family, GraphSpec, Node, rename
+from .stencil import Draft
 
 __all__ = ["generate_conv"]
 
@@ -31,33 +32,13 @@ def _out(n: int, k: int, stride: int, pad: int, dil: int) -> int:
     return (n + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-class _Convs:
-    """The spec being drawn: its dims and nodes."""
-
-    def __init__(self, rng: random.Random, max_elements: int) -> None:
-        self.rng = rng
-        self.max_elements = max_elements
-        self.dims: dict[str, int] = {}
-        self.nodes: list[Node] = []
+class _Convs(Draft):
+    """The spec being drawn; a dim of size 1 is the broadcast dim ``ONE`` half the time."""
 
     def dim(self, size: int) -> str:
         if size == 1 and self.rng.random() < 0.5:
             return ONE
-        name = f"s{len(self.dims)}"
-        self.dims[name] = size
-        return name
-
-    def size(self, d: str) -> int:
-        return 1 if d == ONE else self.dims[d]
-
-    def node(self, prefix: str, kind: str, shape: tuple[str, ...], **kw) -> Node:
-        node = Node(f"{prefix}{len(self.nodes)}", kind, shape, **kw)
-        self.nodes.append(node)
-        return node
-
-    def input(self, shape: tuple[str, ...]) -> Node:
-        fill = self.rng.choices(FILLS, weights=(8, 2, 1))[0]
-        return self.node("x", "input", shape, fill=fill, seed=self.rng.randrange(1 << 31))
+        return super().dim(size)
 
     def conv(self, src: Node) -> Node | None:
         """A convolution of ``src`` (N, C, H, W) with drawn parameters, or None where none
@@ -82,7 +63,7 @@ class _Convs:
             args.append(self.input((o,)).name)
         shape = (src.shape[0], o, self.dim(oh), self.dim(ow))
         params = (sh, sw, ph, pw, dh, dw, groups)
-        return self.node("v", "conv2d", shape, args=tuple(args), params=params)
+        return self.add("v", "conv2d", shape, args=tuple(args), params=params)
 
 
 def generate_conv(seed: int, *, max_elements: int = 4096, prefix: str = "") -> GraphSpec:
@@ -104,7 +85,7 @@ def generate_conv(seed: int, *, max_elements: int = 4096, prefix: str = "") -> G
         raise ValueError(f"conv family: no convolution fits {max_elements} elements")
     for _ in range(rng.choice((0, 1, 1))):
         if rng.random() < 0.6:
-            cur = g.node("b", "binary", cur.shape, args=(cur.name,), op="maximum", const=0.0)
+            cur = g.add("b", "binary", cur.shape, args=(cur.name,), op="maximum", const=0.0)
         nxt = g.conv(cur)
         if nxt is None:
             break

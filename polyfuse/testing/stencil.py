@@ -33,7 +33,7 @@ from polyfuse import ops, te
 
 from .generate import FAMILIES, FILLS, ONE, Family, GraphSpec, Node, rename
 
-__all__ = ["KINDS", "generate_stencil"]
+__all__ = ["KINDS", "Draft", "generate_stencil"]
 
 KINDS = ("layer_norm", "pad", "roll", "concat", "conv1d", "pool1d")
 SPATIAL = (2, 3, 4, 5, 7, 8, 9, 13, 16)  # rows and columns of the normalised maps
@@ -43,8 +43,9 @@ KERNELS = (1, 2, 3, 5, 8, 16)
 STRIDES = (1, 1, 2, 4, 16)
 
 
-class _Chain:
-    """The spec being drawn: dims, nodes, and the helpers both chains use."""
+class Draft:
+    """A spec being drawn by a family: its dims, its nodes, and the helpers that add them
+    (the stencil chains below and :mod:`.conv` draw with it)."""
 
     def __init__(self, rng: random.Random, max_elements: int) -> None:
         self.rng = rng
@@ -68,6 +69,11 @@ class _Chain:
     def input(self, shape: tuple[str, ...]) -> Node:
         fill = self.rng.choices(FILLS, weights=(6, 2, 1))[0]
         return self.add("x", "input", shape, fill=fill, seed=self.rng.randrange(1 << 31))
+
+
+
+class _Chain(Draft):
+    """The stencil family's two chains."""
 
     # ---- layer norm -> pad -> roll / concat
     def norm_chain(self) -> list[str]:
