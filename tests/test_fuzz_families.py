@@ -128,8 +128,8 @@ def test_conv_family_draws_rows_of_one_and_checks_its_graphs():
         if n.kind == "conv2d" and 1 in s.size(s.node(n.args[0]).shape)[2:] and any(n.params[2:4])
     ]  # fmt: skip
     assert len(one_row) >= 3
-    rep = fuzz(16, 0, batch=8, families=["conv"])
-    assert rep.counts == {"pass": 16}, [o.detail for o in rep.failures]
+    rep = fuzz(8, 0, batch=8, families=["conv"])
+    assert rep.counts == {"pass": 8}, [o.detail for o in rep.failures]
     spec = specs[0]
     v = next(n for n in spec.nodes if n.kind == "conv2d")
     bad = spec.copy(dims={**spec.dims, v.shape[-1]: spec.size(v.shape)[-1] + 1})

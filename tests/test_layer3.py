@@ -183,6 +183,7 @@ def test_packing_never_closes_a_path():
     _check(groups, acc, 4)
 
 
+@pytest.mark.slow  # 6 s
 def test_deep_kernel_chains_need_no_recursion():
     """A 2200-kernel chain with a side branch per link (a deep model's shape): reachability is
     folded iteratively (it recursed once per kernel and hit Python's limit at ~1000)."""

@@ -388,6 +388,7 @@ def _implied_band_schedule(ctx, ext, outer, sel):
     return isl.Schedule.read_from_str(ctx, text)
 
 
+@pytest.mark.slow  # 11 s
 def test_ast_runs_every_instance_once_when_inner_bands_are_implied():
     import islpy as isl
 

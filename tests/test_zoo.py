@@ -68,7 +68,14 @@ def test_bert_base_full_config():
     assert 84_000_000 < n_weights < 86_000_000  # BERT-base encoder weights
 
 
-@pytest.mark.parametrize("name", list(zoo.MODELS))
+#: tiny models of 7-11 s each, run in the slow tier (as their goldens are)
+SLOW_MODELS = {"vit_b16", "gpt2_small", "bert_base"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n for n in zoo.MODELS],
+)
 def test_tiny_model_compiles_and_matches_numpy(name):
     m = zoo.build(name, "tiny")
     inputs, outputs, constants, reference = m
