@@ -31,7 +31,7 @@ from polyfuse.testing.shrink import shrink
 
 ALL = parse_dtypes("all")
 #: The fast tier's dtype fuzz run: graphs, first seed, graphs per emulator build.
-FAST_N, FAST_SEED, FAST_BATCH = 40, 710_000, 20
+FAST_N, FAST_SEED, FAST_BATCH = 24, 710_000, 12
 
 # --------------------------------------------------------------------------- drawing
 

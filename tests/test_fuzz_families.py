@@ -25,7 +25,9 @@ def test_every_family_is_drawn():
     assert set(NEW) | {"random", "stencil"} <= drawn
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=pytest.mark.slow) if f == "branches" else f for f in NEW]
+)
 def test_family_graphs_pass_and_print_as_scripts(family):
     for seed in range(4):
         spec = FAMILIES[family].generate(seed, prefix=f"g{seed}_")

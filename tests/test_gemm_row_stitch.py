@@ -262,6 +262,7 @@ def test_joined_kernel_compiles_with_nvrtc(arch):
     assert "__syncthreads();  // the row tile is complete" in fn.cuda_source
 
 
+@pytest.mark.slow  # 6 s
 def test_tiny_transformer_out_projection_add_layer_norm_is_one_kernel():
     """A small BERT layer (zoo ``bert_base`` tiny: batch 2, seq 8, hidden 32, 2 heads): the
     attention output projection — its input the heads merged back by a transpose + reshape

@@ -175,6 +175,7 @@ def test_adversarial_names_fresh(which):
         _check(fn, inputs, outputs, f"{kind}/{which} fresh")
 
 
+@pytest.mark.slow  # 6-9 s per name set; the fresh compiles of the fast names stay fast
 @pytest.mark.parametrize("which", WHICH)
 def test_adversarial_names_through_a_warm_cache(which, tmp_path):
     """The issue's second case: a graph of the same structure under plain names fills the

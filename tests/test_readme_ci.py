@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CI = ROOT / ".ci" / "run"
 
@@ -78,6 +80,7 @@ def test_the_extras_step_runs_the_marked_tests_and_whole_modules_are_marked():
             )
 
 
+@pytest.mark.slow  # 25 s of collection in subprocesses; CI's fast tier runs without torch anyway
 def test_fast_tier_collects_and_checks_imports_without_torch():
     """With torch unimportable (the README's commands do not install it), the test modules
     that mention torch are collected and the import-graph test passes (it used to import

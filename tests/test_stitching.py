@@ -150,6 +150,7 @@ def test_pattern_compiles(name, arch):
     assert binary.resources[fn.kernels[0].name].registers > 0
 
 
+@pytest.mark.slow  # 6 s each
 @pytest.mark.parametrize("which", ["softmax", "layer_norm"])
 def test_rows_too_long_for_shared_memory(which):
     M, N = 64, 262144

@@ -52,7 +52,10 @@ def _products(fn) -> list:
 
 
 @pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("seq", [77, 128, pytest.param(512, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "seq",
+    [pytest.param(77, marks=pytest.mark.slow), 128, pytest.param(512, marks=pytest.mark.slow)],
+)
 def test_attention_products_are_tensorized_and_match_float64(dtype, seq):
     """Both products on mma.sync (Q·Kᵀ with K k-innermost, P·V with V loaded ``.trans``),
     correct in every emulator mode (in-order, reversed thread order, shadow race check)."""

@@ -215,6 +215,7 @@ def test_segment_labels_are_whole_name_components():
     assert label("fc_w") == ""  # one weight names nothing in common
 
 
+@pytest.mark.slow  # 6 s
 def test_segments_between_repeats_fold_too():
     """Where layers repeat, what lies between them folds as well (a column of cards)."""
     from polyfuse import zoo

@@ -69,7 +69,7 @@ def test_bert_base_full_config():
 
 
 #: tiny models of 7-11 s each, run in the slow tier (as their goldens are)
-SLOW_MODELS = {"vit_b16", "gpt2_small", "bert_base"}
+SLOW_MODELS = {"vit_b16", "gpt2_small", "bert_base", "resnet50"}
 
 
 @pytest.mark.parametrize(
