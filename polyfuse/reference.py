@@ -484,6 +484,10 @@ def _unary(op: str, a: Any) -> Any:
         return _sigmoid(x)
     if op == "round":  # halves to even, as rintf
         return np.rint(x)
+    if op == "floor":
+        return np.floor(x)
+    if op == "ceil":
+        return np.ceil(x)
     raise ExpressionError(f"reference: unknown unary op '{op}'")
 
 

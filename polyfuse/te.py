@@ -66,7 +66,9 @@ __all__ = [
     "equal",
     "erf",
     "exp",
+    "ceil",
     "expm1",
+    "floor",
     "isinf",
     "isnan",
     "log",
@@ -207,6 +209,20 @@ expm1 = _unary("expm1")
 expm1.__doc__ = "Elementwise ``exp(x) - 1``, accurate for small ``x`` (where ``- 1`` cancels)."
 sigmoid = _unary("sigmoid")
 abs = _unary("abs")  # noqa: A001
+
+
+def floor(x: Any) -> Expr:
+    """The largest integer not above ``x`` (C ``floor``), in ``x``'s float dtype; an integer
+    ``x`` is its own floor. NaN and infinities pass through."""
+    e = as_expr(x)
+    return e if not e.dtype.startswith(("float", "bfloat")) else Unary("floor", e)
+
+
+def ceil(x: Any) -> Expr:
+    """The smallest integer not below ``x`` (C ``ceil``), in ``x``'s float dtype; an integer
+    ``x`` is its own ceiling. NaN and infinities pass through."""
+    e = as_expr(x)
+    return e if not e.dtype.startswith(("float", "bfloat")) else Unary("ceil", e)
 
 
 def round(x: Any) -> Expr:  # noqa: A001

@@ -348,6 +348,7 @@ def test_tilings_below_the_loop_quality_floor_are_not_ranked():
     assert loop_share(low.code) < LOOP_FFMA_FLOOR  # the 4x8 micro-tile: 288 window words
 
 
+@pytest.mark.slow  # 10 s (the fast tier's budget)
 @pytest.mark.skipif(not _has_disassembler(), reason="needs NVRTC and nvdisasm (polyfuse[sass])")
 def test_tile_estimate_agrees_with_the_sass_of_the_kernels_it_ranks():
     """The ranking's estimate against the instrument on the built kernels of its first

@@ -400,3 +400,19 @@ def test_a_column_max_with_a_transposed_store_runs_in_both_thread_orders():
     fn = _compile([x], [g, t])
     xs = [RNG.uniform(0.5, 2.5, (8, 32, 3)).astype(np.float32)]
     _check_numbers(fn, [x], [g, t], xs, race_check=True)
+
+
+def test_a_gather_along_a_dimension_of_extent_1_folds_the_move_and_drops_its_table():
+    """Found by ``polyfuse fuzz --onnx`` (seed 127: a nearest Resize of a reshaped input):
+    the composed subscript of a data index into a dimension of extent 1 is 0, so the
+    rewritten reader no longer reads the index table. The fold's isl check raised an
+    AssertionError ("it reads other tensors than the composition says"); a table read only
+    inside data indices may go."""
+    x = te.placeholder((2, 3, 1), name="x")
+    ids = te.placeholder((2,), name="ids")
+    r = ops.reshape(ops.exp(x, name="ex"), (1, 1, 6, 1), name="r")
+    g = te.compute((1, 1, 6, 2), lambda a, b, c, d: r[a, b, c, te.data_index(ids[d])] * 2.0,
+                   name="g")  # fmt: skip
+    fn = _compile([x, ids], [g])
+    assert "r" not in fn.plan.graph.prims
+    _check_numbers(fn, [x, ids], [g], [_rand(2, 3, 1), np.zeros(2, np.float32)])

@@ -85,6 +85,74 @@ def test_proof_refuses_a_guarded_read():
     assert c.why_scalar == {"x": "not touched at every band point (a guarded access)"}
 
 
+def test_proof_refuses_a_tensor_read_through_two_subscripts_of_a_select():
+    """``where(j < 512, x[i, j + 512], x[i, j - 512])`` (a roll, a concat of two slices of
+    ``x``): the read relation is one aligned, contiguous run per group, but the vector form
+    loads one run per statement and tensor, and the other branch read the same registers."""
+    x = te.placeholder((8, 1024), name="x")
+    y = te.compute((8, 1024), lambda i, j: te.where(j < 512, x[i, j + 512], x[i, j - 512]),
+                   name="y")  # fmt: skip
+    sm = one([x], y)
+    band = _points(sm, "{ S_y[d0, d1] -> [d0, d1] : 0 <= d0 < 8 and 0 <= d1 < 1024 }")
+    c = prove(sm, band, 2, 4)
+    assert c.vector == {"y": True, "x": False}
+    assert c.why_scalar["x"].startswith("S_y reads it through several subscripts")
+    # the same subscript in both branches is one access
+    y2 = te.compute((8, 1024), lambda i, j: te.where(j < 512, x[i, j], -x[i, j]), name="y2")
+    sm2 = one([x], y2)
+    band2 = _points(sm2, "{ S_y2[d0, d1] -> [d0, d1] : 0 <= d0 < 8 and 0 <= d1 < 1024 }")
+    assert prove(sm2, band2, 2, 4).vector == {"y2": True, "x": True}
+
+
+def test_a_proof_beyond_its_isl_limits_is_a_refusal(monkeypatch):
+    """The float4 proof runs under ``PROOF_LIMITS`` (fuzz seed 2075's quasi-affine chain ran
+    for hours in it); a proof that runs out is a refusal naming the limit, not a hang."""
+    from polyfuse.poly import coarsen
+    from polyfuse.poly.guard import Limits
+
+    sm = _scale((8, 1024))
+    band = _points(sm, "{ S_y[d0, d1] -> [d0, d1] : 0 <= d0 < 8 and 0 <= d1 < 1024 }")
+    assert prove(sm, band, 2, 4).vector == {"y": True, "x": True}
+    monkeypatch.setattr(coarsen, "PROOF_LIMITS", Limits(operations=5, seconds=1.0, inline=5))
+    c = prove(sm, band, 2, 4)
+    assert c.vector == {"y": False, "x": False}
+    assert c.why_scalar["x"].startswith("no proof within isl's limits (isl budget of 5 operations")
+
+
+def test_a_rolled_read_runs_right_with_elements_per_thread_and_reduction_runs():
+    """Found by ``polyfuse fuzz --onnx`` (seed 117: ReduceSumSquare of a Concat of a tensor
+    with itself read ``x`` out of bounds on the emulator). A plain kernel with 4 elements per
+    thread and a reduction with 4-element runs per lane loaded ``x[i + 2h]`` as float4 and
+    used it for the ``x[i]`` branch too: wrong in bounds (error 5472 here), out of bounds
+    where the other subscript runs past the end."""
+    import numpy as np
+
+    import polyfuse
+    from polyfuse import reference
+
+    n = 1 << 21
+    h = n // 2
+    x, w = te.placeholder((2 * n,), name="x"), te.placeholder((n,), name="w")
+    y = te.compute((n,), lambda i: te.where(i < h, x[i + 2 * h], x[i]) * 2.0, name="y")
+    k = te.reduce_axis(n, name="k")
+    s = te.compute((1,), lambda i: te.sum(te.where(k < h, x[k + 2 * h], x[k]) * w[k], axis=[k]),
+                   name="s")  # fmt: skip
+    fn = polyfuse.compile([x, w], [y, s], check_cuda=False, pack=False)
+    assert "4 elements per thread" in str(fn.plan)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(2 * n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    for got, want in zip(fn(a, b, device="emulate"), reference.evaluate([y, s], {x: a, w: b}),
+                         strict=True):  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-2)
+    # the fuzz case: a concat of x with itself into a reduction's 8-element runs
+    x8 = te.placeholder((8,), name="x8")
+    cat = ops.concat([x8, x8], axis=0)
+    r = te.reduce_axis(16, name="r")
+    sq = te.compute((1,), lambda i: te.sum(cat[r] * cat[r], axis=[r]), name="sq")
+    a8 = np.arange(8, dtype=np.float32)
+    assert polyfuse.compile([x8], [sq], check_cuda=False)(a8, device="emulate")[0] == 280.0
+
+
 # ------------------------------------------------------------------------------ refusals
 
 

@@ -247,6 +247,7 @@ def _hot_loop(m: int, n: int, k: int, arch: str, stages: int | None, buffers: in
     return hmma_loop(binary, arch)
 
 
+@pytest.mark.slow  # 16-17 s each (the fast tier's budget); `benchmarks/tensor_core_sass.py` too
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_sass_hot_loop_is_mostly_hmma(arch):

@@ -200,6 +200,29 @@ def test_erf_leaky_relu_var_pad_group_norm_run_in_polyfuse():
         assert any(k.startswith(f"aten.{op}") for k in report["polyfuse"]), op
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_floor_ceil_round_trunc_run_in_polyfuse_in_every_float_dtype(dtype):
+    """``torch.floor``/``ceil``/``round``/``trunc`` (quantisation, position buckets) lower
+    to regions in the input's dtype: halves to even, huge values, inf and NaN as eager; an
+    integer input is its own rounding."""
+
+    def f(x, i):
+        return (torch.floor(x * 3), torch.ceil(x), torch.round(x * 2), torch.trunc(x * 5),
+                torch.floor(i), torch.round(i) + torch.trunc(i))  # fmt: skip
+
+    x = torch.tensor([-2.5, -0.5, 0.5, 1.5, 3e4, float("inf"), float("nan"), 0.7]).repeat(4)
+    args = (x.to(dtype), torch.arange(-5, 27))
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(*args)
+        want = f(*args)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(torch.nan_to_num(g), torch.nan_to_num(w))
+    report = last_compiled().polyfuse_report
+    assert report["eager"] == {}, report["reasons"]
+    for op in ("floor", "ceil", "round", "trunc"):
+        assert any(k.startswith(f"aten.{op}") for k in report["polyfuse"]), op
+
+
 def test_elu_softplus_mish_log1p_expm1_run_in_polyfuse_accurately_near_zero():
     """elu (and selu/celu, which decompose to it), softplus and mish (log1p) lower to regions;
     log1p/expm1 of values below float32's epsilon keep their precision (log(1 + x) would

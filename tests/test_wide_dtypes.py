@@ -535,3 +535,28 @@ def test_log1p_and_expm1_are_accurate_near_zero(dtype, rel):
         fn = polyfuse.compile([x], [lp, em], arch="sm_80", check_cuda=False)
         assert "log1pf(" in fn.cuda_source and "expm1f(" in fn.cuda_source
         compile_cuda(fn.cuda_source, "sm_80", compiler="nvrtc")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_floor_and_ceil_keep_the_dtype_huge_values_inf_and_nan(dtype):
+    """``te.floor``/``te.ceil`` compute in the tensor's dtype. ONNX's Floor and Ceil used to
+    go through an int32 and back to float32 (a float64 result lost its precision downstream,
+    values beyond 2^31 overflowed, inf and NaN came back as garbage); NVRTC compiles them."""
+    n = 10
+    x = te.placeholder((n,), dtype, name="x")
+    fl = te.compute((n,), lambda i: te.floor(x[i]), name="fl")
+    ce = te.compute((n,), lambda i: te.ceil(x[i]) + te.floor(x[i] * 0.5), name="ce")
+    big = 3e4 if dtype == "float16" else 3e9
+    xv = np.array([-2.5, -0.5, 0.5, 1.0, 2.75, -big, big, np.inf, -np.inf, np.nan])
+    fn = _run([x], [fl, ce], [xv.astype(numpy_dtype(dtype))])
+    got_fl, got_ce = fn(xv.astype(numpy_dtype(dtype)))
+    assert got_fl.dtype == numpy_dtype(dtype)
+    x64 = np.asarray(xv.astype(numpy_dtype(dtype)), np.float64)
+    np.testing.assert_array_equal(np.asarray(got_fl, np.float64), np.floor(x64))
+    want_ce = np.asarray((np.ceil(x64) + np.floor(x64 * 0.5)).astype(numpy_dtype(dtype)))
+    np.testing.assert_array_equal(np.asarray(got_ce, np.float64), np.asarray(want_ce, np.float64))
+    i = te.placeholder((n,), "int32", name="i")
+    assert te.floor(i[0]) is not None and te.floor(i[0]).dtype == "int32"  # its own floor
+    if "nvrtc" in available_compilers():
+        fn = polyfuse.compile([x], [fl, ce], arch="sm_80", check_cuda=False)
+        compile_cuda(fn.cuda_source, "sm_80", compiler="nvrtc")

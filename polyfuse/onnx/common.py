@@ -268,10 +268,13 @@ def reduce_op(
     pre: Callable[[Expr], Expr] | None = None,
     post: Callable[[Expr], Expr] | None = None,
 ) -> Tensor:
-    if not axes:
-        return map_elementwise(
-            ctx, [x], lambda v: post(pre(v) if pre else v) if post else v, "reduce"
-        )
+    if not axes:  # noop_with_empty_axes: the elementwise steps still apply (x*x, |x|, log)
+
+        def each(v: Expr) -> Expr:
+            v = pre(v) if pre else v
+            return post(v) if post else v
+
+        return map_elementwise(ctx, [x], each, "reduce")
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keep or d not in axes)
     ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
     red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]

@@ -110,8 +110,8 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
             te.where(x > float(at.get("lambd", 0.5)), x - float(at.get("bias", 0.0)), 0.0),
         ),
         "Sign": lambda x: te.cast(te.where(x > 0, 1, te.where(x < 0, -1, 0)), x.dtype),
-        "Floor": lambda x: _floor(x),
-        "Ceil": lambda x: -_floor(-x),
+        "Floor": te.floor,
+        "Ceil": te.ceil,
         "Identity": lambda x: x,
         "Round": te.round,  # halves to even (rintf), as the ONNX reference's numpy.round
         # bool outputs, as comparisons
@@ -131,11 +131,6 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
             )
         ),
     }
-
-
-def _floor(x: Expr) -> Expr:
-    t = te.cast(te.cast(x, "int32"), "float32")  # truncation toward zero
-    return te.where(t > x, t - 1.0, t)
 
 
 UNARY_NAMES = list(unary_table({}))

@@ -198,10 +198,11 @@ def _pool(
         lo_lim = -lo[i] if include else 0
         c1 = ((o >= lo_lim) & (o < lim)).sum(axis=1).astype(np.float64)
         cnt = cnt * c1.reshape([-1 if j == i else 1 for j in range(nd)])
-    inv = (1.0 / cnt).astype(np.float32)
-    if np.all(inv == inv.reshape(-1)[0]):
-        return map_elementwise(ctx, [y], lambda v: v * float(inv.reshape(-1)[0]), "avgpool_div")
-    return map_elementwise(ctx, [y, inv], lambda v, c: v * c, "avgpool_div")
+    # a division by the count, as the definition: a product with a float32 reciprocal is a
+    # unit off in float32 and 1e-8 off in float64 (counts are small integers: exact in any dtype)
+    if np.all(cnt == cnt.reshape(-1)[0]):
+        return map_elementwise(ctx, [y], lambda v: v / float(cnt.reshape(-1)[0]), "avgpool_div")
+    return map_elementwise(ctx, [y, cnt.astype(np.float32)], lambda v, c: v / c, "avgpool_div")
 
 
 @register_op("MaxPool", "AveragePool")

@@ -143,6 +143,8 @@ def _bn_training(ctx: Ctx, ins: list[Any], at: dict[str, Any]) -> list[Value]:
 
 @register_op("LayerNormalization")
 def _ln(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """A 16-bit input computes in float32 (:func:`polyfuse.ops.layer_norm_parts`), as the
+    default ``stash_type`` 1 asks; Mean and InvStdDev are float32 then."""
     x = ctx.tensor(ins[0])
     gamma = ctx.tensor(ins[1])
     beta = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None

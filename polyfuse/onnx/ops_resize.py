@@ -72,11 +72,13 @@ def _resize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
         for v, nm in zip(ins[1:], ("roi", "scales", "sizes"), strict=False)
     ]
     y: Tensor = x
+    # weights in float64 for float64 data (float32 ones are 1e-7 off there)
+    wdt = np.float64 if x.dtype == "float64" else np.float32
     for axis, m, c in _resize_axis_maps(node, [None, *host], x.shape, ctx.opset):
         nz = m != 0
         taps = max(1, int(nz.sum(axis=1).max()))
         idx = np.zeros((taps, m.shape[0]), np.float32)
-        w = np.zeros((taps, m.shape[0]), np.float32)
+        w = np.zeros((taps, m.shape[0]), wdt)
         for o in range(m.shape[0]):
             cols = np.flatnonzero(nz[o])
             idx[: len(cols), o] = cols
@@ -85,7 +87,7 @@ def _resize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
         shape[axis] = m.shape[0]
         src = y
         ones = taps == 1 and bool(np.all(nz.sum(axis=1) == 1) and np.all(w[0] == 1.0))
-        cvec = c.astype(np.float32)
+        cvec = c.astype(wdt)
         it, wt = ctx.tensor(idx), ctx.tensor(w)
         ct = ctx.tensor(cvec) if np.any(cvec != 0) else None
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.ops._common import (
     as_operand,
@@ -70,6 +72,10 @@ def layer_norm_parts(
     """:func:`layer_norm` plus its ``mean`` and ``rstd`` (1/sqrt(var+eps)) over ``x.shape[:axis]``.
 
     ONNX ``LayerNormalization`` has these as its optional outputs ``Mean`` and ``InvStdDev``.
+    A float16/bfloat16 ``x`` computes in float32 (``mean``, ``rstd`` and the centred values
+    float32, as torch's kernels and ONNX's default ``stash_type``), its result rounded once:
+    a 16-bit mean would round before it is subtracted (1000.125 to 1000 in float16, the row
+    normalised 0.28 off).
     """
     name = op_name("layer_norm", name)
     op = "layer_norm"
@@ -77,8 +83,10 @@ def layer_norm_parts(
     _check_param(op, name, "gamma", gamma, norm)
     _check_param(op, name, "beta", beta, norm)
     red = x.shape[:ax]
-    mean = compute_op(red, lambda *i: te.sum(x[(*i, *ks)] * inv_n, axis=ks), f"{name}_mean", op)
-    cen = compute_op(x.shape, lambda *i: x[i] - mean[i[:ax]], f"{name}_centered", op)
+    wide = _wide(x)
+    mean = compute_op(red, lambda *i: te.sum(wide(x[(*i, *ks)]) * inv_n, axis=ks),
+                      f"{name}_mean", op)  # fmt: skip
+    cen = compute_op(x.shape, lambda *i: wide(x[i]) - mean[i[:ax]], f"{name}_centered", op)
     k2 = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(norm)]
 
     def var_body(*i: IterVar) -> Expr:
@@ -91,12 +99,20 @@ def layer_norm_parts(
     def out_body(*i: IterVar) -> Expr:
         y = cen[i] * rstd[i[:ax]]
         if gamma is not None:
-            y = y * gamma[bcast(gamma.shape, i)]
+            y = y * wide(gamma[bcast(gamma.shape, i)])
         if beta is not None:
-            y = y + beta[bcast(beta.shape, i)]
-        return y
+            y = y + wide(beta[bcast(beta.shape, i)])
+        return y if x.dtype not in HALF_DTYPES else te.cast(y, x.dtype)
 
     return compute_op(x.shape, out_body, name, op), mean, rstd
+
+
+def _wide(x: Tensor) -> Callable[[Expr], Expr]:
+    """A 16-bit tensor's values as float32 (what its statistics compute in); others as they
+    are."""
+    if x.dtype in HALF_DTYPES:
+        return lambda v: te.cast(v, "float32")
+    return lambda v: v
 
 
 def rms_norm(

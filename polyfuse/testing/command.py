@@ -24,7 +24,7 @@ from .run import FuzzReport, Outcome, fuzz
 from .script import to_script
 from .shrink import shrink
 
-__all__ = ["add_fuzz_parser", "run_fuzz", "run_torch_fuzz"]
+__all__ = ["add_fuzz_parser", "run_fuzz", "run_program_fuzz"]
 
 
 def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
@@ -43,7 +43,9 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
             "dtype's tolerance). "
             "Failures are shrunk to "
             "a minimal graph and printed as a runnable Python script. Exit status 1 if any "
-            "graph failed."
+            "graph failed. With --torch or --onnx: random PyTorch programs through the "
+            "torch.compile backend, or random ONNX models through the ONNX importer, compared "
+            "with eager PyTorch or ONNX's reference evaluator."
         ),
     )
     p.add_argument("--n", type=non_negative_int, default=100, help="graphs to check (default: 100)")
@@ -98,10 +100,19 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         "--families, --max-elements and shrinking do not apply)",
     )
     p.add_argument(
+        "--onnx",
+        action="store_true",
+        help="fuzz the ONNX importer instead: random ONNX models (opset 20) of the operators "
+        "it imports with drawn attributes, over inputs of --dtypes, run through the ONNX "
+        "backend on the emulator and compared with ONNX's reference evaluator, every failure "
+        "printed as a runnable script (needs onnx; --batch, --families, --max-elements and "
+        "shrinking do not apply)",
+    )
+    p.add_argument(
         "--steps",
         type=positive_int,
         default=6,
-        help="with --torch: operators per program (default: 6)",
+        help="with --torch or --onnx: steps (operators) per program (default: 6)",
     )
     p.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     p.add_argument("--out", metavar="DIR", default=None, help="write each failure's script to DIR")
@@ -135,23 +146,32 @@ def _progress(quiet: bool = False) -> Any:
     return show
 
 
-def run_torch_fuzz(args: argparse.Namespace) -> int:
-    """``polyfuse fuzz --torch``: check random PyTorch programs, print each failure's script
-    and the counts; exit status 1 on a failure, 2 without PyTorch."""
+def run_program_fuzz(args: argparse.Namespace) -> int:
+    """``polyfuse fuzz --torch`` / ``--onnx``: check random PyTorch programs or ONNX models,
+    print each failure's script and the counts; exit status 1 on a failure, 2 without the
+    framework."""
+    kind = "torch" if args.torch else "onnx"
     try:
-        import torch  # noqa: F401
+        __import__(kind)
     except ImportError:
-        print("polyfuse fuzz --torch needs PyTorch: pip install 'polyfuse[torch]'", file=sys.stderr)
+        print(f"polyfuse fuzz --{kind} needs {'PyTorch' if kind == 'torch' else 'ONNX'}: "
+              f"pip install 'polyfuse[{kind}]'", file=sys.stderr)  # fmt: skip
         return 2
-    from .torch_programs import fuzz_torch
+    if kind == "torch":
+        from .torch_programs import fuzz_torch as fuzz_programs
 
+        unit, counted = "programs", "operators run in polyfuse"
+    else:
+        from .onnx_programs import fuzz_onnx as fuzz_programs
+
+        unit, counted = "models", "nodes"
     t0 = time.perf_counter()
 
     def show(done: int, o: Any) -> None:
         if o.failed and not args.quiet:
             print(f"{o.status.upper()} seed {o.program.seed}: {o.detail}", file=sys.stderr)
 
-    outcomes = fuzz_torch(args.n, args.seed, args.dtypes, show, steps=args.steps)
+    outcomes = fuzz_programs(args.n, args.seed, args.dtypes, show, steps=args.steps)
     failures = []
     for k, o in enumerate(o for o in outcomes if o.failed):
         text = o.program.script()
@@ -159,28 +179,28 @@ def run_torch_fuzz(args: argparse.Namespace) -> int:
         failures.append({"seed": o.program.seed, "status": o.status, "detail": o.detail,
                          "script": text})  # fmt: skip
         if args.out:
-            path = Path(args.out) / f"fuzz-torch-failure-{o.program.seed}.py"
+            path = Path(args.out) / f"fuzz-{kind}-failure-{o.program.seed}.py"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
-    ran = sum(o.in_polyfuse for o in outcomes)
+    ran = sum(o.size for o in outcomes)
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "nothing run"
     print(
-        f"polyfuse fuzz --torch: {len(outcomes)} programs (seeds {args.seed}.."
-        f"{args.seed + args.n - 1}), {ran} operators run in polyfuse, "
+        f"polyfuse fuzz --{kind}: {len(outcomes)} {unit} (seeds {args.seed}.."
+        f"{args.seed + args.n - 1}), {ran} {counted}, "
         f"{time.perf_counter() - t0:.1f} s: {summary}"
     )
-    write_json(args, {"programs": len(outcomes), "seed": args.seed, "operators": ran,
+    write_json(args, {unit: len(outcomes), "seed": args.seed, counted.split()[0]: ran,
                       "counts": counts, "failures": failures})  # fmt: skip
     return 1 if failures else 0
 
 
 def run_fuzz(args: argparse.Namespace) -> int:
     """``polyfuse fuzz``: run, shrink and print failures, print the counts; exit status."""
-    if args.torch:
-        return run_torch_fuzz(args)
+    if args.torch or args.onnx:
+        return run_program_fuzz(args)
     t0 = time.perf_counter()
     rep: FuzzReport = fuzz(
         args.n,

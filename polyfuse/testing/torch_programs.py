@@ -145,7 +145,7 @@ class TorchOutcome:
     program: Program
     status: str
     detail: str = ""
-    in_polyfuse: int = 0  # operators the backend ran in regions
+    size: int = 0  # operators the backend ran in regions
 
     @property
     def failed(self) -> bool:

@@ -375,6 +375,16 @@ def _safe_softmax(x: Tensor, dim: int, dtype: Any = None) -> Tensor:
     return te.compute(y.shape, body, name=f"{y.name}_safe", tag="softmax")
 
 
+def _round(x: Any) -> Any:
+    """``torch.round``: halves to even; an integer is its own rounding."""
+    return te.round(x) if x.dtype.startswith(("float", "bfloat")) else x
+
+
+def _trunc(x: Any) -> Any:
+    """``torch.trunc``: toward zero (``floor`` above 0, ``ceil`` below; NaN passes)."""
+    return te.where(x < 0, te.ceil(x), te.floor(x))
+
+
 def _identity(x, *args, **kwargs):
     return x
 
@@ -450,6 +460,10 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     ),
     aten.relu.default: typed.relu,
     aten.abs.default: ops.abs,
+    aten.floor.default: lambda x: typed.elementwise("floor", te.floor, [x], x.dtype),
+    aten.ceil.default: lambda x: typed.elementwise("ceil", te.ceil, [x], x.dtype),
+    aten.round.default: lambda x: typed.elementwise("round", _round, [x], x.dtype),
+    aten.trunc.default: lambda x: typed.elementwise("trunc", _trunc, [x], x.dtype),
     aten.gelu.default: lambda x, approximate="none": ops.gelu(x, approximate=approximate),
     aten.clamp.default: typed.clamp,
     aten.clamp_min.default: lambda x, lo: typed.clamp(x, lo, None),

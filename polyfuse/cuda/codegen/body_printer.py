@@ -65,6 +65,8 @@ _UNARY = {
     "expm1": "expm1f",
     "sigmoid": "pf_sigmoid",
     "round": "rintf",  # halves to even (the default rounding mode), as numpy.rint
+    "floor": "floorf",
+    "ceil": "ceilf",
 }
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}

@@ -91,6 +91,8 @@ UNARY_F64 = {
     "expm1": "expm1",
     "sigmoid": "pf_w_sigmoid",
     "round": "rint",
+    "floor": "floor",
+    "ceil": "ceil",
 }
 #: The combine functors of reductions accumulated in a C type other than float.
 REDUCE_OPS = {"sum": "pf_w_sum", "max": "pf_w_maxop", "min": "pf_w_minop"}

@@ -1,0 +1,987 @@
+"""Random ONNX models for the importer (:mod:`polyfuse.onnx`): ``polyfuse fuzz --onnx``.
+
+The te fuzzer (:mod:`.run`) checks the compiler; this one checks what the importer makes of
+ONNX's operators and their attributes: axes (negative ones too), keepdims, pads, strides,
+dilations, groups, ceil modes, coordinate transformations, slices with negative steps,
+broadcasting, integer division and casts between the six ONNX dtypes the backend takes. The
+ONNX conformance suite runs a few hand-picked attribute sets per operator; this draws them.
+
+A model is drawn step by step against real values: each step is one node (or a short chain:
+``Exp`` of a ``Clip``, a ``Conv`` of a ``Reshape``) with drawn attributes and constant inputs
+(initializers), run with ONNX's own reference evaluator (``onnx.reference``) on the values so
+far and kept only where the node is well typed (strict shape inference), runs, and gives a
+finite, moderate result. The model outputs every step's value; :func:`check` runs it through
+the ONNX backend (:mod:`polyfuse.onnx.backend`, the CPU emulator) and compares each output
+with the reference evaluator's: same dtype and shape, integers and bools exactly, floats
+within the tolerance of the coarsest float dtype the model holds
+(:func:`polyfuse.graph.dtypes.tolerance`), relative to the output's magnitude. Each model is
+Python source (``make_inputs()``, ``make_model()``), so a failure prints as a script.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "OPSET",
+    "STEPS",
+    "OnnxOutcome",
+    "OnnxProgram",
+    "check",
+    "draw",
+    "fuzz_onnx",
+    "reference_evaluator",
+]
+
+#: the opset drawn models import (Reduce* take axes as an input, Gelu exists)
+OPSET = 20
+#: dtypes a model draws its inputs from (of those named with ``--dtypes``)
+INPUT_DTYPES = ("float32", "float16", "float64", "int32", "int64", "bool")
+#: largest magnitude a float value may have (float16 holds 65504; products of two stay finite)
+LIMIT = 200.0
+
+
+@dataclass
+class N:
+    """One node of a step: ``inputs`` name values, constants, or ``@k`` (the output of the
+    step's k-th node); ``take`` is the output a multi-output node passes on."""
+
+    op: str
+    inputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    outputs: int = 1
+    take: int = 0
+
+
+class Draw:
+    """What a step template draws with: operands ``a``, ``b`` (names), their values ``va``,
+    ``vb``, the random source, and :meth:`const` for constant inputs."""
+
+    def __init__(self, rng: random.Random, a: str, b: str, va: np.ndarray, vb: np.ndarray,
+                 consts: dict[str, np.ndarray]) -> None:  # fmt: skip
+        self.rng, self.a, self.b, self.va, self.vb = rng, a, b, va, vb
+        self._consts = consts
+        self.new: dict[str, np.ndarray] = {}
+
+    @property
+    def rank(self) -> int:
+        return self.va.ndim
+
+    def const(self, v: Any, dtype: Any = "int64") -> str:
+        """A constant input (an initializer) holding ``v``."""
+        name = f"c{len(self._consts) + len(self.new)}"
+        self.new[name] = np.asarray(v, dtype=dtype)
+        return name
+
+    def like_a(self, v: Any) -> str:
+        """A constant of ``a``'s dtype."""
+        return self.const(v, self.va.dtype)
+
+    def axis(self) -> int:
+        """An axis of ``a``, negative half the time."""
+        r = max(self.rank, 1)
+        k = self.rng.randrange(r)
+        return k - r if self.rng.random() < 0.5 else k
+
+    def floats(self, shape: Sequence[int], dtype: Any = None) -> str:
+        """A constant of random multiples of 0.25 in [-1.5, 1.5]."""
+        v = np.array([self.rng.randint(-6, 6) / 4 for _ in range(int(np.prod(shape)))])
+        return self.const(v.reshape(tuple(shape)), dtype or self.va.dtype)
+
+    def choice(self, seq: Sequence[Any]) -> Any:
+        return self.rng.choice(seq)
+
+
+def _as_4d(s: Draw, channels: int = 1) -> list[N] | None:
+    """A reshape of ``a`` to (1, channels, H, W), W its last dim (None where its elements
+    do not divide so)."""
+    last = s.va.shape[-1] if s.rank else 1
+    if s.va.size % (channels * last):
+        return None
+    return [N("Reshape", [s.a, s.const([1, channels, -1, last])])]
+
+
+def _unary(op: str, **attrs: Callable[[Draw], Any]) -> Callable[[Draw], list[N]]:
+    return lambda s: [N(op, [s.a], {k: f(s) for k, f in attrs.items()})]
+
+
+def _positive(op: str) -> Callable[[Draw], list[N]]:
+    """``op(|a| + 1)``: a domain of positive values (Log, Sqrt, Reciprocal)."""
+    return lambda s: [N("Abs", [s.a]), N("Add", ["@0", s.like_a(1)]), N(op, ["@1"])]
+
+
+def _reduce(op: str) -> Callable[[Draw], list[N] | None]:
+    def step(s: Draw) -> list[N] | None:
+        if not s.rank:
+            return None
+        axes = sorted({s.axis() for _ in range(s.rng.randint(0, 2))})
+        attrs = {"keepdims": s.choice((0, 1))}
+        if not axes:
+            attrs["noop_with_empty_axes"] = s.choice((0, 1))
+        x = s.a
+        pre: list[N] = []
+        if op == "ReduceLogSum":  # positive operands
+            pre = [N("Abs", [s.a]), N("Clip", ["@0", s.like_a(0.5), s.like_a(2)])]
+            x = "@1"
+        ins = [x, s.const(axes)] if axes else [x]
+        return [*pre, N(op, ins, attrs)]
+
+    return step
+
+
+def _divisor(s: Draw) -> list[N]:
+    """``|b| + 1``: a divisor that is never 0."""
+    return [N("Abs", [s.b]), N("Add", ["@0", s.const(1, s.vb.dtype)])]
+
+
+def _slice(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    axes = sorted({s.axis() % s.rank for _ in range(s.rng.randint(1, 2))})
+    starts, ends, steps = [], [], []
+    for ax in axes:
+        n = s.va.shape[ax]
+        step = s.choice((1, 1, 2, -1, -2))
+        lo, hi = s.rng.randint(-n - 1, n + 1), s.rng.randint(-n - 1, n + 1)
+        if step < 0:
+            lo, hi = max(lo, hi), min(lo, hi)
+        starts.append(lo if s.rng.random() < 0.8 else (-(2**62) if step < 0 else 0))
+        ends.append(hi if s.rng.random() < 0.8 else (-(2**62) if step < 0 else 2**62))
+        steps.append(step)
+    ins = [s.a, s.const(starts), s.const(ends), s.const([a - s.rank if s.rng.random() < 0.3
+                                                          else a for a in axes])]  # fmt: skip
+    if steps != [1] * len(steps) or s.rng.random() < 0.5:
+        ins.append(s.const(steps))
+    return [N("Slice", ins)]
+
+
+def _gather(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    ax = s.axis()
+    n = s.va.shape[ax]
+    shape = s.choice(((), (3,), (2, 2)))
+    idx = np.array([s.rng.randint(-n, n - 1) for _ in range(int(np.prod(shape)))])
+    return [N("Gather", [s.a, s.const(idx.reshape(shape), s.choice(("int64", "int32")))],
+              {"axis": ax})]  # fmt: skip
+
+
+def _gather_nd(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    m = s.rng.randint(1, s.rank)
+    rows = [[s.rng.randint(-d, d - 1) for d in s.va.shape[:m]] for _ in range(s.rng.randint(1, 3))]
+    return [N("GatherND", [s.a, s.const(rows)])]
+
+
+def _split(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    ax = s.axis()
+    n = s.va.shape[ax]
+    if n < 2:
+        return None
+    cut = s.rng.randint(1, n - 1)
+    if s.rng.random() < 0.5:
+        return [N("Split", [s.a, s.const([cut, n - cut])], {"axis": ax}, 2, s.rng.randint(0, 1))]
+    k = s.rng.randint(2, min(n, 3))
+    return [N("Split", [s.a], {"axis": ax, "num_outputs": k}, k, s.rng.randrange(k))]
+
+
+def _pad(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    mode = s.choice(("constant", "constant", "reflect", "edge"))
+    top = [(d - 1 if mode == "reflect" else 2) for d in s.va.shape]
+    pads = [s.rng.randint(-1 if mode == "constant" else 0, max(t, 0)) for t in top]
+    pads += [s.rng.randint(0, max(t, 0)) for t in top]
+    ins = [s.a, s.const(pads)]
+    if mode == "constant" and s.rng.random() < 0.5:
+        ins.append(s.like_a(s.choice((0, 1, -2))))
+    return [N("Pad", ins, {"mode": mode})]
+
+
+def _reshape(s: Draw) -> list[N] | None:
+    shape = list(s.va.shape)
+    options = [[-1], [*shape[::-1]], [0, -1] if shape else [-1], [1, *shape, 1]]
+    if len(shape) >= 2:
+        options.append([shape[0] * shape[1], *shape[2:]])
+    return [N("Reshape", [s.a, s.const(s.choice(options))])]
+
+
+def _transpose(s: Draw) -> list[N] | None:
+    perm = list(range(s.rank))
+    s.rng.shuffle(perm)
+    return [N("Transpose", [s.a], {"perm": perm} if s.rng.random() < 0.8 else {})]
+
+
+def _unsqueeze(s: Draw) -> list[N]:
+    r = s.rank + 1
+    ax = s.rng.randrange(r)
+    return [N("Unsqueeze", [s.a, s.const([ax - r if s.rng.random() < 0.5 else ax])])]
+
+
+def _squeeze(s: Draw) -> list[N] | None:
+    ones = [k for k, d in enumerate(s.va.shape) if d == 1]
+    if not ones:
+        return None
+    if s.rng.random() < 0.3:
+        return [N("Squeeze", [s.a])]
+    return [N("Squeeze", [s.a, s.const([s.choice(ones)])])]
+
+
+def _concat(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    other = s.b if s.vb.shape == s.va.shape and s.vb.dtype == s.va.dtype else s.a
+    return [N("Concat", [s.a, other, s.a][: s.rng.randint(2, 3)], {"axis": s.axis()})]
+
+
+def _expand(s: Draw) -> list[N]:
+    shape = [2, *[d if s.rng.random() < 0.7 else 1 for d in s.va.shape]]
+    if s.va.shape and s.va.shape[-1] == 1:
+        shape[-1] = 3
+    return [N("Expand", [s.a, s.const(shape)])]
+
+
+def _tile(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    return [N("Tile", [s.a, s.const([s.choice((1, 2)) for _ in s.va.shape])])]
+
+
+def _cumsum(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    attrs = {"exclusive": s.choice((0, 1)), "reverse": s.choice((0, 1))}
+    return [N("CumSum", [s.a, s.const(s.axis(), s.choice(("int64", "int32")))], attrs)]
+
+
+def _topk(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    ax = s.axis()
+    k = s.rng.randint(1, s.va.shape[ax])
+    attrs = {"axis": ax, "largest": s.choice((0, 1))}
+    return [N("TopK", [s.a, s.const([k])], attrs, 2, s.choice((0, 1)))]
+
+
+def _arg(op: str) -> Callable[[Draw], list[N] | None]:
+    def step(s: Draw) -> list[N] | None:
+        if not s.rank:
+            return None
+        attrs = {"axis": s.axis(), "keepdims": s.choice((0, 1)),
+                 "select_last_index": s.choice((0, 1))}  # fmt: skip
+        return [N(op, [s.a], attrs)]
+
+    return step
+
+
+def _layer_norm(s: Draw) -> list[N] | None:
+    if not s.rank:
+        return None
+    ax = s.axis()
+    shape = s.va.shape[ax:]
+    ins = [s.a, s.floats(shape)]
+    if s.rng.random() < 0.5:
+        ins.append(s.floats(shape))
+    return [N("LayerNormalization", ins, {"axis": ax, "epsilon": s.choice((1e-5, 0.1))})]
+
+
+def _channel_params(s: Draw, c: int, k: int) -> list[str]:
+    return [s.floats((c,)) for _ in range(k)]
+
+
+def _batch_norm(s: Draw) -> list[N] | None:
+    if s.rank < 2:
+        return None
+    c = s.va.shape[1]
+    var = s.const(np.array([s.rng.randint(1, 8) / 4 for _ in range(c)]), s.va.dtype)
+    return [N("BatchNormalization", [s.a, *_channel_params(s, c, 3), var],
+              {"epsilon": s.choice((1e-5, 0.01))})]  # fmt: skip
+
+
+def _instance_norm(s: Draw) -> list[N] | None:
+    if s.rank < 3:
+        return None
+    return [N("InstanceNormalization", [s.a, *_channel_params(s, s.va.shape[1], 2)])]
+
+
+def _matmul(s: Draw) -> list[N] | None:
+    if s.rank == 0:
+        return None
+    if s.vb.dtype == s.va.dtype and s.rng.random() < 0.5:
+        return [N("MatMul", [s.a, s.b])]  # kept where the shapes multiply
+    perm = list(range(s.rank))
+    if s.rank >= 2:
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+    return [N("Transpose", [s.a], {"perm": perm}), N("MatMul", [s.a, "@0"])]
+
+
+def _gemm(s: Draw) -> list[N] | None:
+    if s.rank != 2:
+        return None
+    ta, tb = s.choice((0, 1)), s.choice((0, 1))
+    m, k = s.va.shape[::-1] if ta else s.va.shape
+    n = s.rng.randint(1, 6)
+    ins = [s.a, s.floats((n, k) if tb else (k, n))]
+    if s.rng.random() < 0.7:
+        ins.append(s.floats(s.choice(((n,), (m, n), (1,), (m, 1)))))
+    attrs: dict[str, Any] = {"transA": ta, "transB": tb}
+    if s.rng.random() < 0.5:
+        attrs |= {"alpha": s.choice((0.5, 2.0)), "beta": s.choice((0.0, 0.5, 1.5))}
+    return [N("Gemm", ins, attrs)]
+
+
+def _window(s: Draw, h: int, w: int) -> dict[str, Any]:
+    """Kernel, strides, dilations and pads of a 2-D window over an (h, w) image."""
+    kh, kw = s.rng.randint(1, min(3, h + 2)), s.rng.randint(1, min(3, w + 2))
+    attrs: dict[str, Any] = {"strides": [s.choice((1, 2)), s.choice((1, 2))]}
+    if s.rng.random() < 0.3:
+        attrs["dilations"] = [s.choice((1, 2)), s.choice((1, 2))]
+    if s.rng.random() < 0.2:
+        attrs["auto_pad"] = s.choice(("SAME_UPPER", "SAME_LOWER", "VALID"))
+    else:
+        attrs["pads"] = [s.rng.randint(0, k - 1) for k in (kh, kw, kh, kw)]
+    attrs["kernel_shape"] = [kh, kw]
+    return attrs
+
+
+def _conv(s: Draw) -> list[N] | None:
+    four = s.rank == 4
+    c = s.va.shape[1] if four else s.choice((1, 2))
+    pre = [] if four else _as_4d(s, c)
+    if pre is None:
+        return None
+    h, w = (s.va.shape[2:] if four else (s.va.size // (c * s.va.shape[-1]), s.va.shape[-1]))
+    attrs = _window(s, h, w)
+    groups = s.choice([g for g in (1, 2, c) if c % g == 0])
+    m = groups * s.choice((1, 2))
+    kh, kw = attrs["kernel_shape"]
+    if s.rng.random() < 0.5:
+        del attrs["kernel_shape"]  # inferred from the weights
+    ins = [s.a if four else "@0", s.floats((m, c // groups, kh, kw))]
+    if s.rng.random() < 0.5:
+        ins.append(s.floats((m,)))
+    return [*pre, N("Conv", ins, {**attrs, "group": groups})]
+
+
+def _conv_transpose(s: Draw) -> list[N] | None:
+    c = s.choice((1, 2))
+    pre = _as_4d(s, c)
+    if pre is None:
+        return None
+    kh, kw = s.rng.randint(1, 3), s.rng.randint(1, 3)
+    st = [s.choice((1, 2)), s.choice((1, 2))]
+    attrs: dict[str, Any] = {"strides": st, "pads": [s.rng.randint(0, k - 1) for k in
+                                                     (kh, kw, kh, kw)]}  # fmt: skip
+    if s.rng.random() < 0.3:
+        attrs["output_padding"] = [s.rng.randint(0, x - 1) for x in st]
+    if s.rng.random() < 0.3:
+        attrs["dilations"] = [s.choice((1, 2)), s.choice((1, 2))]
+    groups = s.choice((1, c))
+    w = s.floats((c, s.choice((1, 2)), kh, kw))
+    return [*pre, N("ConvTranspose", ["@0", w], {**attrs, "group": groups})]
+
+
+def _pool(op: str) -> Callable[[Draw], list[N] | None]:
+    def step(s: Draw) -> list[N] | None:
+        four = s.rank == 4
+        pre = [] if four else _as_4d(s)
+        if pre is None:
+            return None
+        h, w = (s.va.shape[2:] if four else (s.va.size // s.va.shape[-1], s.va.shape[-1]))
+        attrs = _window(s, h, w)
+        if op == "AveragePool":
+            attrs.pop("dilations", None)
+            attrs["count_include_pad"] = s.choice((0, 1))
+        if s.rng.random() < 0.3:
+            attrs["ceil_mode"] = 1
+        if any(_padding_window(n, axis, attrs) for axis, n in enumerate((h, w))):
+            return None  # its value is not defined (the reference gives 0, polyfuse -inf)
+        return [*pre, N(op, [s.a if four else "@0"], attrs)]
+
+    return step
+
+
+def _padding_window(n: int, axis: int, attrs: dict[str, Any]) -> bool:
+    """Whether a pool window along ``axis`` (extent ``n``) lies wholly in the padding (or
+    between the taps of a dilated kernel), by ONNX's output-size rules."""
+    k, st = attrs["kernel_shape"][axis], attrs["strides"][axis]
+    d = attrs.get("dilations", [1, 1])[axis]
+    span = (k - 1) * d + 1
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto.startswith("SAME"):
+        out = -(-n // st)
+        total = max(0, (out - 1) * st + span - n)
+        lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+    elif auto == "VALID":
+        out, lo = -(-(n - span + 1) // st), 0
+    else:
+        lo, hi = attrs["pads"][axis], attrs["pads"][axis + 2]
+        room = n + lo + hi - span
+        out = (-(-room // st) if attrs.get("ceil_mode") else room // st) + 1
+        if attrs.get("ceil_mode") and (out - 1) * st >= n + lo:
+            out -= 1  # a last window starting in the right padding is dropped
+    return any(all(not 0 <= o * st + j * d - lo < n for j in range(k)) for o in range(out))
+
+
+def _global_pool(op: str) -> Callable[[Draw], list[N] | None]:
+    return lambda s: [N(op, [s.a])] if s.rank >= 3 else None
+
+
+def _resize(s: Draw) -> list[N] | None:
+    four = s.rank == 4
+    pre = [] if four else _as_4d(s)
+    if pre is None:
+        return None
+    mode = s.choice(("nearest", "linear", "cubic"))
+    ctm = s.choice(("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
+                    "half_pixel_symmetric"))  # fmt: skip
+    attrs: dict[str, Any] = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if mode == "nearest":
+        attrs["nearest_mode"] = s.choice(("round_prefer_floor", "round_prefer_ceil", "floor",
+                                          "ceil"))  # fmt: skip
+    x = s.a if four else "@0"
+    if s.rng.random() < 0.5:
+        scales = [1.0, 1.0, s.choice((0.5, 1.0, 1.5, 2.0)), s.choice((0.5, 2.0, 3.0))]
+        return [*pre, N("Resize", [x, "", s.const(scales, "float32")], attrs)]
+    h, w = s.va.shape[2:] if four else (s.va.size // s.va.shape[-1], s.va.shape[-1])
+    sizes = [1 if not four else s.va.shape[0], 1 if not four else s.va.shape[1],
+             s.rng.randint(1, 2 * h + 1), s.rng.randint(1, 2 * w + 1)]  # fmt: skip
+    return [*pre, N("Resize", [x, "", "", s.const(sizes)], attrs)]
+
+
+def _depth_to_space(s: Draw) -> list[N] | None:
+    pre = _as_4d(s, 4)
+    if pre is None:
+        return None
+    return [*pre, N("DepthToSpace", ["@0"], {"blocksize": 2, "mode": s.choice(("DCR", "CRD"))})]
+
+
+def _space_to_depth(s: Draw) -> list[N] | None:
+    if s.va.size % 4:
+        return None
+    return [N("Reshape", [s.a, s.const([1, -1, 2, 2])]),
+            N("SpaceToDepth", ["@0"], {"blocksize": 2})]  # fmt: skip
+
+
+def _einsum(s: Draw) -> list[N] | None:
+    eq = {1: ("i->", "i,i->i", "i->i"), 2: ("ij->ji", "ij->i", "ij,ij->j", "ij,kj->ik"),
+          3: ("bij->bji", "bij,bkj->bik", "bij->j")}.get(s.rank)  # fmt: skip
+    if eq is None:
+        return None
+    e = s.choice(eq)
+    return [N("Einsum", [s.a, s.a] if "," in e else [s.a], {"equation": e})]
+
+
+def _one_hot(s: Draw) -> list[N]:
+    depth = s.rng.randint(2, 25)
+    vals = s.const([s.choice((0, -1)), s.choice((1, 3))], s.choice(("float32", "int64")))
+    return [N("OneHot", [s.a, s.const(depth), vals], {"axis": s.rng.randint(-1, s.rank)})]
+
+
+def _exponent(s: Draw) -> str:
+    """A float exponent of ``a``'s dtype, or an int64 one (Pow's two type constraints)."""
+    return s.like_a(1.5) if s.rng.random() < 0.5 else s.const(2)
+
+
+def _where(s: Draw) -> list[N]:
+    return [N("Greater", [s.a, s.like_a(0)]), N("Where", ["@0", s.a, s.b])]
+
+
+def _cast(s: Draw) -> list[N]:
+    from onnx import TensorProto
+
+    to = s.choice(("FLOAT", "FLOAT16", "DOUBLE", "INT32", "INT64", "BOOL", "INT8", "UINT8"))
+    return [N("Cast", [s.a], {"to": int(getattr(TensorProto, to))})]
+
+
+def _clip(s: Draw) -> list[N]:
+    lo, hi = s.choice((-3, -1, 0)), s.choice((1, 5))
+    ins = [s.a, s.like_a(lo) if s.rng.random() < 0.8 else ""]
+    if s.rng.random() < 0.8:
+        ins.append(s.like_a(hi))
+    return [N("Clip", ins)]
+
+
+def _mod(s: Draw) -> list[N]:
+    fmod = 1 if s.va.dtype.kind == "f" else s.choice((0, 1))
+    return [*_divisor(s), N("Mod", [s.a, "@1"], {"fmod": fmod})]
+
+
+#: Step templates: (name, kinds of operands, template). Kinds: "f" float, "i" integer,
+#: "b" bool, "n" float or integer, "x" any; a second letter is ``b``'s kind.
+STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
+    ("Relu", "n", _unary("Relu")),
+    ("Sigmoid", "f", _unary("Sigmoid")),
+    ("Tanh", "f", _unary("Tanh")),
+    ("Erf", "f", _unary("Erf")),
+    ("Softsign", "f", _unary("Softsign")),
+    ("Softplus", "f", _unary("Softplus")),
+    ("Elu", "f", _unary("Elu", alpha=lambda s: s.choice((0.5, 1.0)))),
+    ("Selu", "f", _unary("Selu", alpha=lambda s: s.choice((1.5, 1.67)),
+                         gamma=lambda s: s.choice((1.0, 1.05)))),  # fmt: skip
+    ("LeakyRelu", "f", _unary("LeakyRelu", alpha=lambda s: s.choice((0.01, 0.3)))),
+    ("HardSigmoid", "f", _unary("HardSigmoid", alpha=lambda s: s.choice((0.2, 0.5)),
+                                beta=lambda s: s.choice((0.5, 0.6)))),  # fmt: skip
+    ("HardSwish", "f", _unary("HardSwish")),
+    ("Gelu", "f", _unary("Gelu", approximate=lambda s: s.choice(("none", "tanh")))),
+    ("Shrink", "f", _unary("Shrink", lambd=lambda s: s.choice((0.5, 1.0)),
+                           bias=lambda s: s.choice((0.0, 0.5)))),  # fmt: skip
+    ("Floor", "f", _unary("Floor")),
+    ("Ceil", "f", _unary("Ceil")),
+    ("Round", "f", _unary("Round")),
+    ("Sign", "n", _unary("Sign")),
+    ("Abs", "n", _unary("Abs")),
+    ("Neg", "n", _unary("Neg")),
+    ("IsNaN", "f", _unary("IsNaN")),
+    ("IsInf", "f", _unary("IsInf", detect_negative=lambda s: s.choice((0, 1)))),
+    ("Exp", "f", lambda s: [N("Clip", [s.a, s.like_a(-4), s.like_a(4)]), N("Exp", ["@0"])]),
+    ("Log", "f", _positive("Log")),
+    ("Sqrt", "f", _positive("Sqrt")),
+    ("Reciprocal", "f", _positive("Reciprocal")),
+    ("Pow", "f", lambda s: [N("Abs", [s.a]), N("Pow", ["@0", _exponent(s)])]),
+    ("Clip", "n", _clip),
+    ("Cast", "x", _cast),
+    ("CastLike", "xx", lambda s: [N("CastLike", [s.a, s.b])]),
+    ("Add", "nn", lambda s: [N("Add", [s.a, s.b])]),
+    ("Sub", "nn", lambda s: [N("Sub", [s.a, s.b])]),
+    ("Mul", "nn", lambda s: [N("Mul", [s.a, s.b])]),
+    ("Div", "nn", lambda s: [*_divisor(s), N("Div", [s.a, "@1"])]),
+    ("Mod", "nn", _mod),
+    ("Max", "nn", lambda s: [N("Max", [s.a, s.b, s.a][: s.rng.randint(1, 3)])]),
+    ("Min", "nn", lambda s: [N("Min", [s.a, s.b])]),
+    ("Sum", "nn", lambda s: [N("Sum", [s.a, s.b, s.b])]),
+    ("Mean", "ff", lambda s: [N("Mean", [s.a, s.b])]),
+    ("PRelu", "f", lambda s: [N("PRelu", [s.a, s.floats(s.va.shape[-1:] if s.rank else ())])]),
+    ("Equal", "xx", lambda s: [N("Equal", [s.a, s.b])]),
+    ("Greater", "nn", lambda s: [N("Greater", [s.a, s.b])]),
+    ("LessOrEqual", "nn", lambda s: [N("LessOrEqual", [s.a, s.b])]),
+    ("And", "bb", lambda s: [N("And", [s.a, s.b])]),
+    ("Xor", "bb", lambda s: [N("Xor", [s.a, s.b])]),
+    ("Not", "b", lambda s: [N("Not", [s.a])]),
+    ("Where", "xx", _where),
+    ("ReduceSum", "n", _reduce("ReduceSum")),
+    ("ReduceMean", "n", _reduce("ReduceMean")),
+    ("ReduceMax", "n", _reduce("ReduceMax")),
+    ("ReduceMin", "n", _reduce("ReduceMin")),
+    ("ReduceL1", "n", _reduce("ReduceL1")),
+    ("ReduceL2", "f", _reduce("ReduceL2")),
+    ("ReduceSumSquare", "n", _reduce("ReduceSumSquare")),
+    ("ReduceLogSum", "f", _reduce("ReduceLogSum")),
+    ("ReduceLogSumExp", "f", _reduce("ReduceLogSumExp")),
+    ("ArgMax", "n", _arg("ArgMax")),
+    ("ArgMin", "n", _arg("ArgMin")),
+    ("Softmax", "f", lambda s: [N("Softmax", [s.a], {"axis": s.axis()})]),
+    ("LogSoftmax", "f", lambda s: [N("LogSoftmax", [s.a], {"axis": s.axis()})]),
+    ("LayerNormalization", "f", _layer_norm),
+    ("BatchNormalization", "f", _batch_norm),
+    ("InstanceNormalization", "f", _instance_norm),
+    ("CumSum", "n", _cumsum),
+    ("TopK", "f", _topk),
+    ("Transpose", "x", _transpose),
+    ("Reshape", "x", _reshape),
+    ("Flatten", "x", lambda s: [N("Flatten", [s.a], {"axis": s.rng.randint(-s.rank,
+                                                                           s.rank)})]),  # fmt: skip
+    ("Squeeze", "x", _squeeze),
+    ("Unsqueeze", "x", _unsqueeze),
+    ("Slice", "x", _slice),
+    ("Gather", "x", _gather),
+    ("GatherND", "x", _gather_nd),
+    ("Concat", "x", _concat),
+    ("Split", "x", _split),
+    ("Pad", "n", _pad),
+    ("Tile", "x", _tile),
+    ("Expand", "x", _expand),
+    ("DepthToSpace", "x", _depth_to_space),
+    ("SpaceToDepth", "x", _space_to_depth),
+    ("Einsum", "f", _einsum),
+    ("OneHot", "i", _one_hot),
+    ("MatMul", "f", _matmul),
+    ("Gemm", "f", _gemm),
+    ("Conv", "f", _conv),
+    ("ConvTranspose", "f", _conv_transpose),
+    ("MaxPool", "f", _pool("MaxPool")),
+    ("AveragePool", "f", _pool("AveragePool")),
+    ("GlobalAveragePool", "f", _global_pool("GlobalAveragePool")),
+    ("GlobalMaxPool", "f", _global_pool("GlobalMaxPool")),
+    ("Resize", "f", _resize),
+    ("LRN", "f", lambda s: [N("LRN", [s.a], {"size": s.choice((1, 3, 5)),
+                                              "alpha": 0.01})] if s.rank >= 3 else None),
+)
+
+
+@dataclass
+class OnnxProgram:
+    """A drawn model: its ``seed``, ``source`` (defines ``make_inputs()`` and
+    ``make_model()``), and the dtypes its values hold."""
+
+    seed: int
+    source: str
+    dtypes: set[str] = field(default_factory=set)
+
+    def script(self) -> str:
+        """A runnable script: the model, then the comparison :func:`check` makes."""
+        return (
+            f"# polyfuse fuzz --onnx, seed {self.seed}\n{self.source}\n"
+            "from polyfuse.onnx.backend import prepare\n"
+            "from polyfuse.testing.onnx_programs import reference_evaluator\n\n"
+            "model, feeds = make_model(), make_inputs()\n"
+            "want = reference_evaluator(model).run(None, feeds)\n"
+            "got = prepare(model, 'CPU').run(feeds)\n"
+            "for k, (g, w) in enumerate(zip(got, want)):\n"
+            "    print(k, w.dtype, g.dtype, g.shape == w.shape and "
+            "float(abs(g.astype('float64') - w.astype('float64')).max(initial=0)))\n"
+        )
+
+
+@dataclass
+class OnnxOutcome:
+    """What happened to one model: "pass", "mismatch" (an output differs from the reference
+    evaluator's) or "crash" (importing, compiling or running it raised)."""
+
+    program: OnnxProgram
+    status: str
+    detail: str = ""
+    size: int = 0  # nodes in the model
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "pass"
+
+
+_HEADER = (
+    "import numpy as np\n"
+    "from onnx import TensorProto, helper, numpy_helper\n"
+)
+
+
+def _kind(v: np.ndarray) -> str:
+    return "b" if v.dtype == np.bool_ else ("f" if v.dtype.kind == "f" else "i")
+
+
+def _fits(kind: str, v: np.ndarray) -> bool:
+    return kind == "x" or kind == _kind(v) or (kind == "n" and _kind(v) != "b")
+
+
+def _ok(v: Any) -> bool:
+    """A value a model may keep: 1 to 4096 elements, rank ≤ 4, finite and moderate."""
+    if not isinstance(v, np.ndarray) or not 0 < v.size <= 4096 or v.ndim > 4:
+        return False
+    if v.dtype.kind == "f":
+        d = v.astype(np.float64)
+        return bool(np.isfinite(d).all()) and float(np.abs(d).max()) <= LIMIT
+    return v.dtype == np.bool_ or (v.dtype.kind in "iu" and int(np.abs(v).max()) <= 100_000)
+
+
+def _literal(a: np.ndarray) -> str:
+    return f"np.array({a.tolist()!r}, dtype='{a.dtype}')"
+
+
+def _input(rng: random.Random, dtype: str) -> str:
+    shape = tuple(rng.choice((1, 2, 3, 4, 5, 7, 8)) for _ in range(rng.randint(1, 4)))
+    g = f"np.random.default_rng({rng.randrange(1 << 30)})"
+    if dtype == "bool":
+        return f"{g}.random({shape}) > 0.5"
+    if dtype in ("int32", "int64"):
+        return f"{g}.integers(-20, 20, {shape}).astype('{dtype}')"
+    return f"({g}.standard_normal({shape}) * 2).astype('{dtype}')"
+
+
+def _model_source(inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray],
+                  nodes: list[tuple[str, str]], outputs: dict[str, np.ndarray]) -> str:  # fmt: skip
+    from onnx import helper
+
+    def vi(name: str, v: np.ndarray) -> str:
+        t = helper.tensor_dtype_to_string(helper.np_dtype_to_tensor_dtype(v.dtype))
+        return f"helper.make_tensor_value_info({name!r}, {t}, {list(v.shape)!r})"
+
+    lines = ["def make_model():", "    consts = ["]
+    lines += [f"        numpy_helper.from_array({_literal(v)}, {n!r})," for n, v in consts.items()]
+    lines += ["    ]", "    nodes = ["]
+    lines += [f"        {n},{f'  # {why}' if why else ''}" for n, why in nodes] + ["    ]"]
+    lines += ["    inputs = ["] + [f"        {vi(n, v)}," for n, v in inputs.items()] + ["    ]"]
+    lines += ["    outputs = ["] + [f"        {vi(n, v)}," for n, v in outputs.items()] + ["    ]"]
+    lines += [
+        "    graph = helper.make_graph(nodes, 'fuzz', inputs, outputs, consts)",
+        f"    return helper.make_model(graph, opset_imports=[helper.make_opsetid('', {OPSET})])",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _node_source(n: N, ins: list[str], outs: list[str]) -> str:
+    attrs = "".join(f", {k}={v!r}" for k, v in n.attrs.items())
+    return f"helper.make_node({n.op!r}, {ins!r}, {outs!r}{attrs})"
+
+
+_FIXED_OPS: list[type] = []
+
+
+def reference_evaluator(model: Any) -> Any:
+    """ONNX's reference evaluator for ``model``, with the operators it gets wrong replaced
+    (onnx 1.16-1.23): ``Erf``, ``Gelu`` and ``HardSwish`` computed in the input's dtype (its
+    own round to float32 values or constants: a float64 result 1e-8 off);
+    ``LayerNormalization`` of a 16-bit input in float32 (``stash_type`` 1, stage one's
+    computation precision; its own rounds every intermediate to float16); ``GlobalMaxPool``
+    over the spatial axes of any rank (its own reduces axes 1 and 2 of a 3-D input); ``LRN``
+    over every channel (its own sums the squares of the first N channels only)."""
+    import math
+
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops.op_layer_normalization import _layer_normalization
+
+    if not _FIXED_OPS:
+
+        class Erf(OpRun):
+            def _run(self, x: np.ndarray) -> tuple[np.ndarray]:
+                return (np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype),)
+
+        class LayerNormalization(OpRun):
+            def _run(self, x, scale, b=None, axis=-1, epsilon=1e-5, stash_type=1):  # noqa: ANN001, ANN202
+                if x.dtype.itemsize > 2 or stash_type != 1:
+                    return _layer_normalization(x, scale, b, axis=axis, epsilon=epsilon)
+                wide = [None if v is None else v.astype(np.float32) for v in (x, scale, b)]
+                y, mean, rstd = _layer_normalization(*wide, axis=axis, epsilon=epsilon)
+                return y.astype(x.dtype), mean, rstd
+
+        class Gelu(OpRun):
+            def _run(self, x, approximate="none"):  # noqa: ANN001, ANN202
+                v = x.astype(np.float64)
+                if approximate == "tanh":
+                    y = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
+                else:
+                    y = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+                return (y.astype(x.dtype),)
+
+        class HardSwish(OpRun):
+            def _run(self, x):  # noqa: ANN001, ANN202
+                v = x.astype(np.float64)
+                return ((v * np.clip(v / 6 + 0.5, 0, 1)).astype(x.dtype),)
+
+        class GlobalMaxPool(OpRun):
+            def _run(self, x):  # noqa: ANN001, ANN202
+                return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+        class LRN(OpRun):
+            def _run(self, x, alpha=1e-4, beta=0.75, bias=1.0, size=1):  # noqa: ANN001, ANN202
+                v = x.astype(np.float64)
+                sq = np.zeros_like(v)
+                lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+                for c in range(x.shape[1]):
+                    sq[:, c] = (v[:, max(0, c - lo) : c + hi + 1] ** 2).sum(axis=1)
+                return ((v / (bias + alpha / size * sq) ** beta).astype(x.dtype),)
+
+        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN))
+    return ReferenceEvaluator(model, new_ops=_FIXED_OPS)
+
+
+def _run_step(nodes: list[str], env: dict[str, np.ndarray], values: set[str] | dict,
+              outs: list[str]) -> list[np.ndarray]:  # fmt: skip
+    """Run one step's nodes (reading ``env``: the names in ``values`` graph inputs, the rest
+    constants) with :func:`reference_evaluator` after strict type and shape
+    inference; raises where the step is not a valid model, or where the reference's result
+    has another shape or dtype than ONNX's own shape inference gives (the reference's bug,
+    e.g. a MaxPool with ``auto_pad`` and dilations: the step is not drawn)."""
+    import onnx
+    from onnx import helper, numpy_helper, shape_inference
+
+    made = [eval(n, {"helper": helper})  # noqa: S307 - our own generated source
+            for n in nodes]  # fmt: skip
+    names = {i for n in made for i in n.input if i} - {o for n in made for o in n.output}
+    feeds = {k: env[k] for k in sorted(names) if k in values}
+    consts = [numpy_helper.from_array(env[k], k) for k in sorted(names) if k not in values]
+    vis = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for k, v in feeds.items()]  # fmt: skip
+    graph = helper.make_graph(made, "step", vis, [helper.make_value_info(o, onnx.TypeProto())
+                                                  for o in outs], consts)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    typed = shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    got = list(reference_evaluator(model).run(outs, feeds))
+    for vi, v in zip(typed.graph.output, got, strict=True):  # the reference against the types
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if t.elem_type and t.elem_type != helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype):
+            raise ValueError(f"the reference's {vi.name} is not of the inferred type")
+        if t.HasField("shape") and None not in dims and tuple(dims) != np.shape(v):
+            raise ValueError(f"the reference's {vi.name} is {np.shape(v)}, inferred {dims}")
+    return got
+
+
+def _coarsest(dtypes: set[str]) -> str:
+    """The coarsest float dtype of ``dtypes`` (float32 when none): whose tolerance applies."""
+    return next((d for d in ("float16", "float32", "float64") if d in dtypes), "float32")
+
+
+def _stable(src: list[str], env: dict[str, np.ndarray], inputs: dict, out: str,
+            base: np.ndarray, moved: list[str], tol: Any, seed: Any) -> bool:  # fmt: skip
+    """Whether a step's result stays within half the tolerance ``tol`` when each computed
+    float operand in ``moved`` moves by up to the tolerance (three random moves). Where not,
+    the comparison would hang on rounding noise the tolerance allows upstream: a value at a
+    rounding boundary of Floor or a cast to int, a near tie of ArgMax or a comparison, a
+    normalisation of a nearly constant row."""
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        env2 = dict(env)
+        for n in moved:
+            v = env[n].astype(np.float64)
+            room = tol.atol * max(1.0, float(np.abs(v).max())) + tol.rtol * np.abs(v)
+            env2[n] = (v + room * rng.uniform(-1, 1, v.shape)).astype(env[n].dtype)
+        try:
+            got = _run_step(src, env2, inputs, [out])[0]
+        except Exception:  # noqa: BLE001 - e.g. a moved value outside an op's domain
+            return False
+        if got.shape != base.shape or got.dtype != base.dtype:
+            return False
+        if base.dtype.kind != "f":
+            if not np.array_equal(got, base):
+                return False
+            continue
+        g, w = got.astype(np.float64), base.astype(np.float64)
+        room = tol.atol * max(1.0, float(np.abs(w).max(initial=0))) + tol.rtol * np.abs(w)
+        if not np.all(np.abs(g - w) <= 0.5 * room):
+            return False
+    return True
+
+
+def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> OnnxProgram:
+    """A model of about ``steps`` steps over inputs of ``dtypes`` (float32 alone by
+    default; see the module docstring)."""
+    from polyfuse.graph.dtypes import tolerance
+
+    rng = random.Random(f"onnx program {seed}")
+    pool = [d for d in INPUT_DTYPES if d in (dtypes or ("float32",))] or ["float32"]
+    inputs: dict[str, np.ndarray] = {}
+    in_src = []
+    for k in range(rng.randint(1, 3)):
+        src = _input(rng, rng.choice(pool))
+        in_src.append(f"        'x{k}': {src},")
+        inputs[f"x{k}"] = eval(src, {"np": np})  # noqa: S307 - our own generated source
+    values: dict[str, np.ndarray] = dict(inputs)
+    consts: dict[str, np.ndarray] = {}
+    nodes: list[tuple[str, str]] = []  # (source, the step it ends)
+    outputs: dict[str, np.ndarray] = {}
+    tries = 0
+    while len(outputs) < steps and tries < steps * 25:
+        tries += 1
+        name, kinds, template = rng.choice(STEPS)
+        names = list(values)
+        a = rng.choice(names[-3:] if rng.random() < 0.7 else names)
+        if not _fits(kinds[0], values[a]):
+            continue
+        b = a
+        if len(kinds) > 1:
+            fits = [n for n in names if _fits(kinds[1], values[n])]
+            b = rng.choice(fits) if fits else a
+            if not _fits(kinds[1], values[b]):
+                continue
+        s = Draw(rng, a, b, values[a], values[b], consts)
+        try:
+            made = template(s)
+        except (ValueError, IndexError, ZeroDivisionError):
+            continue
+        if not made:
+            continue
+        out = f"v{len(outputs)}"
+        src: list[str] = []
+        passed: list[str] = []  # the value each node of the step passes on
+        for k, n in enumerate(made):
+            names_k = [f"t{len(nodes)}_{k}_{j}" for j in range(n.outputs)]
+            if k == len(made) - 1:
+                names_k[n.take] = out
+            ins = [passed[int(i[1:])] if i.startswith("@") else i for i in n.inputs]
+            passed.append(names_k[n.take])
+            src.append(_node_source(n, ins, names_k))
+        try:
+            got = _run_step(src, {**values, **s.new}, values, [out])
+        except Exception:  # noqa: BLE001 - an invalid draw: drop it
+            continue
+        if not _ok(got[0]):
+            continue
+        tol = tolerance(_coarsest({str(v.dtype) for v in values.values()} | {str(got[0].dtype)}))
+        moved = [n for n in dict.fromkeys((a, b))
+                 if n.startswith("v") and values[n].dtype.kind == "f"]  # fmt: skip
+        env = {**values, **s.new}
+        if moved and not _stable(src, env, values, out, got[0], moved, tol, [seed, tries]):
+            continue
+        consts.update(s.new)
+        values[out] = outputs[out] = got[0]
+        nodes += [(line, name if k == len(src) - 1 else "") for k, line in enumerate(src)]
+    if not outputs:  # nothing drew: the model passes an input through
+        nodes.append((_node_source(N("Identity", ["x0"]), ["x0"], ["v0"]), "Identity"))
+        outputs["v0"] = inputs["x0"]
+    source = (
+        _HEADER
+        + "\n\ndef make_inputs():\n    return {\n"
+        + "\n".join(in_src)
+        + "\n    }\n\n\n"
+        + _model_source(inputs, consts, nodes, outputs)
+    )
+    held = {str(v.dtype) for v in values.values()}
+    return OnnxProgram(seed, source, held)
+
+
+def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str:
+    """"" when ``got`` matches the reference's ``want``, else why not."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"{got.dtype}{got.shape} where the reference gives {want.dtype}{want.shape}"
+    if want.dtype.kind != "f":
+        return "" if np.array_equal(got, want) else "differs"
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    scale = max(1.0, float(np.abs(w).max(initial=0)))
+    bad = ~(np.abs(g - w) <= atol * scale + rtol * np.abs(w))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        return f"{g.flat[k]:.6g} at {np.unravel_index(k, w.shape)} where the reference " \
+               f"gives {w.flat[k]:.6g}"
+    return ""
+
+
+def check(program: OnnxProgram) -> OnnxOutcome:
+    """Import ``program``'s model, run it on the emulator and compare every output with the
+    reference evaluator's (see the module docstring)."""
+    from polyfuse.graph.dtypes import tolerance
+    from polyfuse.onnx.backend import prepare
+
+    env: dict[str, Any] = {}
+    exec(program.source, env)  # noqa: S102 - our own generated source
+    model, feeds = env["make_model"](), env["make_inputs"]()
+    tol = tolerance(_coarsest(program.dtypes))
+    want = reference_evaluator(model).run(None, feeds)
+    nodes = len(model.graph.node)
+    try:
+        got = prepare(model, "CPU").run(feeds)
+    except Exception as e:  # a crash is a finding: report it, go on
+        tb = traceback.format_exception_only(type(e), e)[-1].strip()
+        return OnnxOutcome(program, "crash", tb[:500], nodes)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        why = _close(np.asarray(g), np.asarray(w), tol.rtol, tol.atol)
+        if why:
+            line = next((ln.split("  # ")[-1] for ln in program.source.splitlines()
+                         if f"['v{k}']" in ln), "")  # fmt: skip
+            return OnnxOutcome(program, "mismatch", f"output v{k} ({line}): {why}", nodes)
+    return OnnxOutcome(program, "pass", "", nodes)
+
+
+def fuzz_onnx(
+    n: int,
+    seed: int = 0,
+    dtypes: Sequence[str] | None = None,
+    progress: Callable[[int, OnnxOutcome], None] | None = None,
+    steps: int = 6,
+) -> list[OnnxOutcome]:
+    """Draw and check ``n`` models of about ``steps`` steps from ``seed`` on."""
+    outcomes = []
+    for k in range(n):
+        o = check(draw(seed + k, dtypes, steps))
+        outcomes.append(o)
+        if progress is not None:
+            progress(k + 1, o)
+    return outcomes
