@@ -21,12 +21,13 @@ Python source (``make_inputs()``, ``make_model()``), so a failure prints as a sc
 from __future__ import annotations
 
 import random
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .programs import crash_detail, run_programs
 
 __all__ = [
     "OPSET",
@@ -959,8 +960,7 @@ def check(program: OnnxProgram) -> OnnxOutcome:
     try:
         got = prepare(model, "CPU").run(feeds)
     except Exception as e:  # a crash is a finding: report it, go on
-        tb = traceback.format_exception_only(type(e), e)[-1].strip()
-        return OnnxOutcome(program, "crash", tb[:500], nodes)
+        return OnnxOutcome(program, "crash", crash_detail(e), nodes)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         why = _close(np.asarray(g), np.asarray(w), tol.rtol, tol.atol)
         if why:
@@ -978,10 +978,4 @@ def fuzz_onnx(
     steps: int = 6,
 ) -> list[OnnxOutcome]:
     """Draw and check ``n`` models of about ``steps`` steps from ``seed`` on."""
-    outcomes = []
-    for k in range(n):
-        o = check(draw(seed + k, dtypes, steps))
-        outcomes.append(o)
-        if progress is not None:
-            progress(k + 1, o)
-    return outcomes
+    return run_programs(n, seed, lambda s: draw(s, dtypes, steps), check, progress)

@@ -19,10 +19,11 @@ floats within the tolerance of the coarsest float dtype the program holds
 from __future__ import annotations
 
 import random
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .programs import crash_detail, run_programs
 
 __all__ = ["STEPS", "Program", "TorchOutcome", "check", "draw", "fuzz_torch"]
 
@@ -288,8 +289,7 @@ def check(program: Program) -> TorchOutcome:
             want = env["f"](*env["make_inputs"]())
             got = torch.compile(env["f"], backend="polyfuse")(*env["make_inputs"]())
     except Exception as e:  # a crash is a finding: report it, go on
-        tb = traceback.format_exception_only(type(e), e)[-1].strip()
-        return TorchOutcome(program, "crash", tb[:500])
+        return TorchOutcome(program, "crash", crash_detail(e))
     ran = sum(sum(g.polyfuse_report["polyfuse"].values()) for g in pt.compiled_graphs())
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         why = _close(g, w, tol.rtol, tol.atol)
@@ -307,10 +307,4 @@ def fuzz_torch(
     steps: int = 6,
 ) -> list[TorchOutcome]:
     """Draw and check ``n`` programs of about ``steps`` steps from ``seed`` on."""
-    outcomes = []
-    for k in range(n):
-        o = check(draw(seed + k, dtypes, steps))
-        outcomes.append(o)
-        if progress is not None:
-            progress(k + 1, o)
-    return outcomes
+    return run_programs(n, seed, lambda s: draw(s, dtypes, steps), check, progress)
