@@ -25,7 +25,7 @@ from polyfuse.testing.script import to_script
 from polyfuse.testing.shrink import shrink
 
 #: The fast tier's fuzz run: graphs, first seed, graphs per emulator build.
-FAST_N, FAST_SEED, FAST_BATCH = 48, 5000, 16
+FAST_N, FAST_SEED, FAST_BATCH = 32, 5000, 16
 
 # --------------------------------------------------------------------------- bugs found
 
