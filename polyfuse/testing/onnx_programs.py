@@ -406,9 +406,22 @@ def _pool(op: str) -> Callable[[Draw], list[N] | None]:
             attrs["ceil_mode"] = 1
         if any(_padding_window(n, axis, attrs) for axis, n in enumerate((h, w))):
             return None  # its value is not defined (the reference gives 0, polyfuse -inf)
+        if any(_negative_same_pad(n, axis, attrs) for axis, n in enumerate((h, w))):
+            return None  # the reference shifts such windows (onnx 1.23; fuzz seed 4164)
         return [*pre, N(op, [s.a if four else "@0"], attrs)]
 
     return step
+
+
+def _negative_same_pad(n: int, axis: int, attrs: dict[str, Any]) -> bool:
+    """Whether ``auto_pad`` SAME along ``axis`` pads by less than nothing (a stride beyond
+    the kernel: ``(out - 1) * stride + span < n``). No padding is right; the reference
+    evaluator pads by the negative amount and shifts the windows by one."""
+    if not attrs.get("auto_pad", "NOTSET").startswith("SAME"):
+        return False
+    k, st = attrs["kernel_shape"][axis], attrs["strides"][axis]
+    span = (k - 1) * attrs.get("dilations", [1, 1])[axis] + 1
+    return (-(-n // st) - 1) * st + span < n
 
 
 def _padding_window(n: int, axis: int, attrs: dict[str, Any]) -> bool:
