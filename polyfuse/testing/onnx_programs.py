@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .programs import crash_detail, run_programs
+from .programs import crash_detail, pick_operands, run_programs
 
 __all__ = [
     "OPSET",
@@ -886,16 +886,10 @@ def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Onnx
     while len(outputs) < steps and tries < steps * 25:
         tries += 1
         name, kinds, template = rng.choice(STEPS)
-        names = list(values)
-        a = rng.choice(names[-3:] if rng.random() < 0.7 else names)
-        if not _fits(kinds[0], values[a]):
+        picked = pick_operands(rng, kinds, values, _fits)
+        if picked is None:
             continue
-        b = a
-        if len(kinds) > 1:
-            fits = [n for n in names if _fits(kinds[1], values[n])]
-            b = rng.choice(fits) if fits else a
-            if not _fits(kinds[1], values[b]):
-                continue
+        a, b = picked
         s = Draw(rng, a, b, values[a], values[b], consts)
         try:
             made = template(s)

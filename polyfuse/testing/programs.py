@@ -15,6 +15,25 @@ def crash_detail(e: BaseException) -> str:
     return traceback.format_exception_only(type(e), e)[-1].strip()[:500]
 
 
+def pick_operands(
+    rng: Any, kinds: str, values: dict[str, Any], fits: Callable[[str, Any], bool]
+) -> tuple[str, str] | None:
+    """Names of a step's operands ``a`` (mostly one of the last three values) and ``b`` (of
+    ``kinds[1]``, or ``a``), or None where ``a`` is not of ``kinds[0]`` (the draw is
+    skipped)."""
+    names = list(values)
+    a = rng.choice(names[-3:] if rng.random() < 0.7 else names)
+    if not fits(kinds[0], values[a]):
+        return None
+    b = a
+    if len(kinds) > 1:
+        ok = [n for n in names if fits(kinds[1], values[n])]
+        b = rng.choice(ok) if ok else a
+        if not fits(kinds[1], values[b]):
+            return None
+    return a, b
+
+
 def run_programs(
     n: int,
     seed: int,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .programs import crash_detail, run_programs
+from .programs import crash_detail, pick_operands, run_programs
 
 __all__ = ["STEPS", "Program", "TorchOutcome", "check", "draw", "fuzz_torch"]
 
@@ -212,16 +212,10 @@ def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Prog
     while len(body) < steps and tries < steps * 20:
         tries += 1
         name, kinds, template = rng.choice(STEPS)
-        names = list(values)
-        a = rng.choice(names[-3:] if rng.random() < 0.7 else names)
-        if not _fits(kinds[0], values[a]):
+        picked = pick_operands(rng, kinds, values, _fits)
+        if picked is None:
             continue
-        b = a
-        if len(kinds) > 1:
-            fits = [n for n in names if _fits(kinds[1], values[n])]
-            b = rng.choice(fits) if fits else a
-            if not _fits(kinds[1], values[b]):
-                continue
+        a, b = picked
         t = values[a]
         shape = tuple(t.shape) or (1,)  # a 0-d value: steps naming a dim fail, are skipped
         d, e = rng.randrange(len(shape)), rng.randrange(len(shape))
