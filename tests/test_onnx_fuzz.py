@@ -189,6 +189,23 @@ def test_average_pool_divides_by_the_count_in_float64():
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
 
 
+def test_float64_lrn_reference_divides_alpha_in_float64():
+    """Seed 8003: onnx's attributes reach the reference LRN as float32 scalars, so its
+    ``alpha / size`` was a float32 (a float64 result 1e-8 off polyfuse's, which was right).
+    The reference now agrees with a float64 numpy formula to the last bit or two."""
+    import numpy as np
+    from onnx import helper
+
+    x = np.random.default_rng(3).standard_normal((2, 6, 3)) * 2
+    node = helper.make_node("LRN", ["x"], ["y"], size=5, alpha=0.01, beta=0.6, bias=1.5)
+    got, want = _run([node], {"x": x})
+    a, b, k = float(np.float32(0.01)), float(np.float32(0.6)), 1.5
+    sq = np.stack([(x[:, max(0, c - 2) : c + 3] ** 2).sum(axis=1) for c in range(6)], axis=1)
+    exact = x / (k + a / 5 * sq) ** b
+    np.testing.assert_allclose(want, exact, rtol=1e-14)
+    np.testing.assert_allclose(got, exact, rtol=1e-14)
+
+
 def test_16_bit_layer_normalization_computes_in_float32():
     """``stash_type`` 1 (the default) computes stage one in float32. In float16 the mean
     rounded (1000.125 to 1000) before it was subtracted: 0.28 off on a row near 1000."""

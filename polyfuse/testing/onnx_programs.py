@@ -745,7 +745,8 @@ def reference_evaluator(model: Any) -> Any:
     ``LayerNormalization`` of a 16-bit input in float32 (``stash_type`` 1, stage one's
     computation precision; its own rounds every intermediate to float16); ``GlobalMaxPool``
     over the spatial axes of any rank (its own reduces axes 1 and 2 of a 3-D input); ``LRN``
-    over every channel (its own sums the squares of the first N channels only)."""
+    over every channel (its own sums the squares of the first N channels only, and divides
+    ``alpha`` by ``size`` in float32: a float64 result 1e-8 off, fuzz seed 8003)."""
     import math
 
     from onnx.reference import ReferenceEvaluator
@@ -787,6 +788,7 @@ def reference_evaluator(model: Any) -> Any:
         class LRN(OpRun):
             def _run(self, x, alpha=1e-4, beta=0.75, bias=1.0, size=1):  # noqa: ANN001, ANN202
                 v = x.astype(np.float64)
+                alpha, beta, bias = float(alpha), float(beta), float(bias)  # not float32 scalars
                 sq = np.zeros_like(v)
                 lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
                 for c in range(x.shape[1]):
