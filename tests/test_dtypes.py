@@ -487,3 +487,42 @@ def test_two_stage_split_keeps_the_accumulator():
     (whole,) = reference.evaluate([s], {x: v})
     (split,) = reference.evaluate([final], {x: v})
     assert whole[0] == 2048 and split[0] == 4096  # running float16 sums of 512 ones are exact
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_softmax_and_norms_round_once(dtype):
+    """A float16/bfloat16 softmax, log-softmax, RMS norm and layer norm compute in float32
+    and round their result once (torch's opmath): each element is the exact value rounded
+    to the dtype, or one unit off where float32 itself sits on a rounding boundary. Their
+    16-bit intermediates (exponentials, sums, rstd) rounded each before: several units off in
+    the graph as written, and a kernel's result depended on which of them it kept in
+    registers."""
+    from polyfuse import ops
+
+    rng = np.random.default_rng(5)
+    x = te.placeholder((6, 96), dtype, name="x")
+    g = te.placeholder((96,), dtype, name="g")
+    outs = [
+        ops.softmax(x, axis=-1),
+        ops.log_softmax(x, axis=-1),
+        ops.rms_norm(x, g, axis=-1),
+        ops.layer_norm(x, g, None, axis=-1),
+    ]
+    npd = dt.numpy_dtype(dtype)
+    feeds = {
+        x: (rng.standard_normal(x.shape) * 3).astype(npd),
+        g: rng.uniform(0.5, 2, 96).astype(npd),
+    }
+    stored = reference.evaluate(outs, feeds)
+    exact = reference.evaluate(outs, feeds, precision="float64")
+    fn = polyfuse.compile([x, g], outs, check_cuda=False)
+    got = fn(feeds[x], feeds[g], device="emulate")
+    finfo = ml_dtypes.finfo(npd)
+    for o, s, e, k in zip(outs, stored, exact, got, strict=True):
+        assert o.dtype == dtype and k.dtype == npd
+        e = np.asarray(e, np.float64)
+        unit = np.maximum(np.abs(e), float(finfo.smallest_normal)) * float(finfo.eps)
+        for what in (s, k):
+            off = np.abs(what.astype(np.float64) - e) / unit
+            assert off.max() <= 1.0, (o.name, float(off.max()))
+            assert np.mean(what == e.astype(npd)) >= 0.98, o.name

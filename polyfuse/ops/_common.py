@@ -10,6 +10,7 @@ from typing import Any
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import Expr, Tensor, as_expr
 
 Operand = Tensor | float | int
@@ -31,6 +32,22 @@ def as_operand(op: str, name: str, what: str, t: Any) -> Tensor:
 def compute_op(shape: Sequence[int], fcompute: Callable[..., Any], name: str, tag: str) -> Tensor:
     """``te.compute`` with variadic loop variables (``*idx``) and the composite's tag."""
     return te.compute(tuple(shape), fcompute, name=name, tag=tag)
+
+
+def wide(x: Tensor) -> Callable[[Expr], Expr]:
+    """A float16/bfloat16 tensor's values as float32, what a normalisation or a softmax of
+    it computes in (torch's "opmath" type); other tensors' values as they are."""
+    if x.dtype in HALF_DTYPES:
+        return lambda v: te.cast(v, "float32")
+    return lambda v: v
+
+
+def narrow(x: Tensor) -> Callable[[Expr], Expr]:
+    """The inverse of :func:`wide`: a float32 result rounded once to ``x``'s 16-bit dtype
+    (other dtypes: as it is)."""
+    if x.dtype in HALF_DTYPES:
+        return lambda v: te.cast(v, x.dtype)
+    return lambda v: v
 
 
 def desc(t: Tensor) -> str:

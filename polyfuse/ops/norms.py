@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
-from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.ops._common import (
     as_operand,
     bcast,
     compute_op,
     desc,
+    narrow,
     norm_axis,
     op_name,
+    wide,
 )
 
 
@@ -83,10 +83,10 @@ def layer_norm_parts(
     _check_param(op, name, "gamma", gamma, norm)
     _check_param(op, name, "beta", beta, norm)
     red = x.shape[:ax]
-    wide = _wide(x)
-    mean = compute_op(red, lambda *i: te.sum(wide(x[(*i, *ks)]) * inv_n, axis=ks),
+    w, back = wide(x), narrow(x)
+    mean = compute_op(red, lambda *i: te.sum(w(x[(*i, *ks)]) * inv_n, axis=ks),
                       f"{name}_mean", op)  # fmt: skip
-    cen = compute_op(x.shape, lambda *i: wide(x[i]) - mean[i[:ax]], f"{name}_centered", op)
+    cen = compute_op(x.shape, lambda *i: w(x[i]) - mean[i[:ax]], f"{name}_centered", op)
     k2 = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(norm)]
 
     def var_body(*i: IterVar) -> Expr:
@@ -99,20 +99,12 @@ def layer_norm_parts(
     def out_body(*i: IterVar) -> Expr:
         y = cen[i] * rstd[i[:ax]]
         if gamma is not None:
-            y = y * wide(gamma[bcast(gamma.shape, i)])
+            y = y * w(gamma[bcast(gamma.shape, i)])
         if beta is not None:
-            y = y + wide(beta[bcast(beta.shape, i)])
-        return y if x.dtype not in HALF_DTYPES else te.cast(y, x.dtype)
+            y = y + w(beta[bcast(beta.shape, i)])
+        return back(y)
 
     return compute_op(x.shape, out_body, name, op), mean, rstd
-
-
-def _wide(x: Tensor) -> Callable[[Expr], Expr]:
-    """A 16-bit tensor's values as float32 (what its statistics compute in); others as they
-    are."""
-    if x.dtype in HALF_DTYPES:
-        return lambda v: te.cast(v, "float32")
-    return lambda v: v
 
 
 def rms_norm(
@@ -125,7 +117,10 @@ def rms_norm(
     """RMS normalisation: ``x * rsqrt(mean(x**2 over dims axis..) + eps) * weight``.
 
     ``weight`` (optional) broadcasts to ``x.shape[axis:]``. Three primitives: ``ms`` (mean of
-    squares), ``rstd``, and the scaled output.
+    squares), ``rstd``, and the scaled output. A float16/bfloat16 ``x`` computes in float32
+    (``ms`` and ``rstd`` float32) and its result, weight included, is rounded once, as ONNX's
+    default ``stash_type`` (torch rounds before the weight too): a 16-bit ``rstd`` alone is
+    up to half a unit off.
     """
     name = op_name("rms_norm", name)
     op = "rms_norm"
@@ -133,16 +128,18 @@ def rms_norm(
     _check_param(op, name, "weight", weight, norm)
     red = x.shape[:ax]
 
+    w, back = wide(x), narrow(x)
+
     def ms_body(*i: IterVar) -> Expr:
-        v = x[(*i, *ks)]
+        v = w(x[(*i, *ks)])
         return te.sum(v * v * inv_n, axis=ks)
 
     ms = compute_op(red, ms_body, f"{name}_ms", op)
     rstd = compute_op(red, lambda *i: te.rsqrt(ms[i] + eps), f"{name}_rstd", op)
 
     def out_body(*i: IterVar) -> Expr:
-        y = x[i] * rstd[i[:ax]]
-        return y * weight[bcast(weight.shape, i)] if weight is not None else y
+        y = w(x[i]) * rstd[i[:ax]]
+        return back(y * w(weight[bcast(weight.shape, i)]) if weight is not None else y)
 
     return compute_op(x.shape, out_body, name, op)
 

@@ -11,9 +11,11 @@ from polyfuse.ops._common import (
     Index,
     as_operand,
     compute_op,
+    narrow,
     norm_axes,
     norm_axis,
     op_name,
+    wide,
 )
 
 
@@ -104,14 +106,17 @@ def _drop(idx: Sequence[Expr], axis: int) -> Index:
 
 
 def _softmax_parts(op: str, x: Tensor, axis: int, name: str) -> tuple[Tensor, Tensor, Tensor, int]:
-    """max, x - max, exp, sum: the common head of softmax and log_softmax."""
+    """max, x - max, exp, sum: the common head of softmax and log_softmax. The max is in
+    ``x``'s dtype (exact); for a float16/bfloat16 ``x`` the rest is float32, so that the
+    caller rounds its result once (:func:`wide`)."""
     x = as_operand(op, name, "input", x)
     ax = norm_axis(op, name, x, axis)
     n = x.shape[ax]
     red = _drop(x.shape, ax)
     k1 = te.reduce_axis(n, name="r")
     mx = compute_op(red, lambda *i: te.max(x[_insert(i, ax, k1)], axis=k1), f"{name}_max", op)
-    sh = compute_op(x.shape, lambda *i: x[i] - mx[_drop(i, ax)], f"{name}_sub", op)
+    w = wide(x)
+    sh = compute_op(x.shape, lambda *i: w(x[i]) - w(mx[_drop(i, ax)]), f"{name}_sub", op)
     ex = compute_op(x.shape, lambda *i: te.exp(sh[i]), f"{name}_exp", op)
     k2 = te.reduce_axis(n, name="r")
     sm = compute_op(red, lambda *i: te.sum(ex[_insert(i, ax, k2)], axis=k2), f"{name}_sum", op)
@@ -122,18 +127,23 @@ def softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``.
 
     Five primitives: ``max`` (reduce), ``sub`` (x - max), ``exp``, ``sum`` (reduce), ``div``.
+    A float16/bfloat16 ``x`` computes in float32 and its result is rounded once, as torch's
+    kernels do: 16-bit exponentials and sums would round each (a unit or two off).
     """
     name = op_name("softmax", name)
     _, ex, sm, ax = _softmax_parts("softmax", x, axis, name)
-    return compute_op(ex.shape, lambda *i: ex[i] / sm[_drop(i, ax)], name, "softmax")
+    back = narrow(x)
+    return compute_op(ex.shape, lambda *i: back(ex[i] / sm[_drop(i, ax)]), name, "softmax")
 
 
 def log_softmax(x: Tensor, axis: int = -1, name: str | None = None) -> Tensor:
     """``(x - max) - log(sum(exp(x - max)))`` along ``axis``.
 
     Six primitives: ``max``, ``sub``, ``exp``, ``sum``, ``log`` (of the sum), final ``sub``.
+    A float16/bfloat16 ``x`` computes in float32, its result rounded once (as :func:`softmax`).
     """
     name = op_name("log_softmax", name)
     sh, _, sm, ax = _softmax_parts("log_softmax", x, axis, name)
     lg = compute_op(sm.shape, lambda *i: te.log(sm[i]), f"{name}_log", "log_softmax")
-    return compute_op(sh.shape, lambda *i: sh[i] - lg[_drop(i, ax)], name, "log_softmax")
+    back = narrow(x)
+    return compute_op(sh.shape, lambda *i: back(sh[i] - lg[_drop(i, ax)]), name, "log_softmax")

@@ -276,8 +276,9 @@ def _leaky_relu(x, negative_slope=0.01):
     return typed.elementwise("leaky_relu", lambda v: te.where(v > 0, v, v * slope), [x], x.dtype)
 
 
-@_opmath
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """``aten.native_layer_norm``: a 16-bit input computes in float32 and rounds once inside
+    :func:`ops.layer_norm` itself."""
     return (ops.layer_norm(x, weight, bias, axis=-len(normalized_shape), eps=eps), None, None)
 
 
