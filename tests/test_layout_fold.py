@@ -383,7 +383,7 @@ def test_a_reduction_takes_an_output_move_into_its_store_and_its_combine_stays_u
     fn = _compile([x], [t])
     assert len(fn.kernels) == 1
     assert any("'t'" in line or " t " in line for line in _records(fn, PassAction.FOLDED))
-    assert "tiles the band's range" in " ".join(fn.kernels[0].notes)
+    assert "tiles the kept ranges" in " ".join(fn.kernels[0].notes)
     _check_numbers(
         fn, [x], [t], [RNG.uniform(0.5, 2.5, (2, 2, 3)).astype(np.float32)], race_check=True
     )

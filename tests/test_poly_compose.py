@@ -221,3 +221,28 @@ def test_row_sum_lanes_take_runs_of_four_where_proven():
     )
     assert upd.is_equal(isl.Set(want, context=ctx))
     assert mk.notes[1] == mk.coarsening.reason
+
+
+def test_an_x_reduction_fused_with_a_padding_aligns_its_kept_tile_to_its_own_columns():
+    """torch fuzz seed 7262: a column max fused with a padding of its input. The kernel's
+    kept band spans the padded columns 0..3, the reduction's only 1..2; a kept tile of 2
+    put columns 1 and 2 in different tiles, so half of each block skipped the combine's
+    barriers (a divergent ``__syncthreads``: a hang on a GPU). The kept tile now tiles the
+    reduction's range too."""
+    import numpy as np
+
+    import polyfuse
+
+    x = te.placeholder((4, 2), "float16", name="x")
+    n = te.compute((4, 2), lambda i, j: -x[i, j], name="neg")
+    w = te.compute((4, 2), lambda i, j: te.cast(n[i, j], "float32"), name="w")
+    m = ops.reduce_max(w, axis=0, name="colmax")
+    p = ops.pad(te.compute((4, 2), lambda i, j: n[i, j] * 2.0, name="b"), [(0, 0), (1, 1)])
+    fn = polyfuse.compile([x], [m, p], check_cuda=False)
+    (k,) = fn.kernels
+    assert "kept tile 1, not 2, tiles the kept ranges [0, 3], [1, 2]" in " ".join(k.notes)
+    xv = np.random.default_rng(0).standard_normal((4, 2)).astype(np.float16)
+    for order in (False, True):
+        got_m, got_p = fn(xv, device="emulate", race_check=order)
+        np.testing.assert_array_equal(got_m, (-xv).astype(np.float32).max(0))
+        np.testing.assert_array_equal(got_p, np.pad(-xv * 2, [(0, 0), (1, 1)]))

@@ -344,7 +344,7 @@ def map_reduction_kernel(
     if k:
         node = root.child(0)
         ranges = band_ranges(node, domain, k)
-        strategy = fit_kept_tile(strategy, *ranges[-1])
+        strategy = fit_kept_tile(strategy, [ranges[-1], *_reduction_ranges(model, node, k)])
         kept_tile = strategy.kept_tile
         sizes = [1] * k
         sizes[-1] = kept_tile
@@ -433,6 +433,23 @@ def map_reduction_kernel(
         coarsening=vectors.coarsening if vectors is not None else None,
         layout=decision,
     )
+
+
+def _reduction_ranges(
+    model: PolyModel, node: isl.ScheduleNode, k: int
+) -> list[tuple[int, int]]:
+    """[min, max] of the innermost kept member over each reduction's statements (its init,
+    updates and final): where the kernel combines its lanes."""
+    domain = node.get_domain()
+    out = []
+    for prim in dict.fromkeys(s.prim for s in model.statements if s.role == "final"):
+        stmts = [s for s in model.statements if s.prim == prim]
+        dom = isl.UnionSet.empty(domain.get_space())
+        for s in stmts:
+            dom = dom.union(isl.UnionSet.from_set(domain.extract_set(s.domain.get_space())))
+        if not dom.is_empty():
+            out.append(band_ranges(node, dom, k)[-1])
+    return out
 
 
 def _inner_runs(node: isl.ScheduleNode, domain: isl.UnionSet, run: int) -> isl.ScheduleNode | None:

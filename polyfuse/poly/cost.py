@@ -22,6 +22,7 @@ the one cost model (:mod:`polyfuse.poly.costs`); none is a measurement.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from polyfuse.base.decision import Decided, DecisionKind
@@ -93,20 +94,30 @@ class ReductionStrategy:
         )
 
 
-def fit_kept_tile(strategy: ReductionStrategy, lo: int, hi: int) -> ReductionStrategy:
-    """``strategy`` with its kept tile cut to tile the kept band's range ``[lo, hi]`` exactly.
+def fit_kept_tile(
+    strategy: ReductionStrategy, ranges: Sequence[tuple[int, int]]
+) -> ReductionStrategy:
+    """``strategy`` with its kept tile cut to tile each of the kept band's ``ranges`` exactly:
+    the band's own, and that of each reduction's statements.
 
     An x-reduction combines across thread rows with block barriers, so a partial tile would
     put the combine under a thread guard (a divergent ``__syncthreads``). The form's kept
     extents come from the reduction's output axes; the band's range is the statement's, and
-    the two differ when a layout fold stores the result through a permutation. Other forms
-    combine within a warp per kept point (or keep one point per block) and are returned as
-    they are."""
+    the two differ when a layout fold stores the result through a permutation. A reduction
+    whose statements cover only a part of the band (fused with a padding that widens it: the
+    reduction's kept points 1..2 of a band 0..3, torch fuzz seed 7262) needs tiles aligned to
+    its own range too, or some threads of a tile skip the combine. Other forms combine within
+    a warp per kept point (or keep one point per block) and are returned as they are."""
     kt = strategy.kept_tile
-    if strategy.form.kind != "x" or (lo % kt == 0 and (hi + 1) % kt == 0):
+
+    def tiles(d: int) -> bool:
+        return all(lo % d == 0 and (hi + 1) % d == 0 for lo, hi in ranges)
+
+    if strategy.form.kind != "x" or tiles(kt):
         return strategy
-    fit = next(d for d in range(kt, 0, -1) if lo % d == 0 and (hi + 1) % d == 0)
-    why = f"{strategy.reason}; kept tile {fit}, not {kt}, tiles the band's range [{lo}, {hi}]"
+    fit = next(d for d in range(kt, 0, -1) if tiles(d))
+    spans = ", ".join(f"[{lo}, {hi}]" for lo, hi in ranges)
+    why = f"{strategy.reason}; kept tile {fit}, not {kt}, tiles the kept ranges {spans}"
     return replace(strategy, kept_tile=fit, reason=why)
 
 
