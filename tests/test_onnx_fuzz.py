@@ -206,6 +206,26 @@ def test_float64_lrn_reference_divides_alpha_in_float64():
     np.testing.assert_allclose(got, exact, rtol=1e-14)
 
 
+@pytest.mark.parametrize("auto_pad", ["SAME_LOWER", "SAME_UPPER"])
+def test_strided_same_max_pool_pads_its_odd_total_on_the_specified_side(auto_pad):
+    """Seed 8161: onnx's reference pads a strided SAME_LOWER max pool's odd total at the end
+    (as SAME_UPPER); the specification puts it at the beginning. polyfuse was right; the
+    replaced reference now agrees with it and with a numpy formula."""
+    import numpy as np
+    from onnx import helper
+
+    x = np.random.default_rng(4).standard_normal((1, 1, 12, 4)).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                            auto_pad=auto_pad)  # fmt: skip
+    got, want = _run([node], {"x": x})
+    lo = 1 if auto_pad == "SAME_LOWER" else 0  # a total of 1 along each axis
+    padded = np.pad(x[0, 0], [(lo, 1 - lo)] * 2, constant_values=-np.inf)
+    exact = np.array([[padded[2 * i : 2 * i + 3, 2 * j : 2 * j + 3].max() for j in range(2)]
+                      for i in range(6)])  # fmt: skip
+    np.testing.assert_array_equal(want[0, 0], exact)
+    np.testing.assert_array_equal(got[0, 0], exact)
+
+
 def test_16_bit_layer_normalization_computes_in_float32():
     """``stash_type`` 1 (the default) computes stage one in float32. In float16 the mean
     rounded (1000.125 to 1000) before it was subtracted: 0.28 off on a row near 1000."""

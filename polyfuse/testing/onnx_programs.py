@@ -746,12 +746,16 @@ def reference_evaluator(model: Any) -> Any:
     computation precision; its own rounds every intermediate to float16); ``GlobalMaxPool``
     over the spatial axes of any rank (its own reduces axes 1 and 2 of a 3-D input); ``LRN``
     over every channel (its own sums the squares of the first N channels only, and divides
-    ``alpha`` by ``size`` in float32: a float64 result 1e-8 off, fuzz seed 8003)."""
+    ``alpha`` by ``size`` in float32: a float64 result 1e-8 off, fuzz seed 8003); ``MaxPool``
+    with ``auto_pad`` SAME or VALID through the explicit pads the specification gives (its own
+    pads a SAME_LOWER pool's odd total at the end when strided, and sizes its output by
+    ``floor(n / stride)``: fuzz seed 8161)."""
     import math
 
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.op_run import OpRun
     from onnx.reference.ops.op_layer_normalization import _layer_normalization
+    from onnx.reference.ops.op_max_pool import MaxPool as _MaxPool
 
     if not _FIXED_OPS:
 
@@ -795,8 +799,40 @@ def reference_evaluator(model: Any) -> Any:
                     sq[:, c] = (v[:, max(0, c - lo) : c + hi + 1] ** 2).sum(axis=1)
                 return ((v / (bias + alpha / size * sq) ** beta).astype(x.dtype),)
 
-        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN))
+        class MaxPool(_MaxPool):
+            def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None,  # noqa: ANN001, ANN202
+                     kernel_shape=None, pads=None, storage_order=None, strides=None):  # fmt: skip
+                if auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+                    pads = _explicit_pads(x.shape[2:], auto_pad, kernel_shape, strides, dilations)
+                    auto_pad, ceil_mode = "NOTSET", 0
+                return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads,
+                                    storage_order, strides)  # fmt: skip
+
+        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN, MaxPool))
     return ReferenceEvaluator(model, new_ops=_FIXED_OPS)
+
+
+def _explicit_pads(
+    spatial: Sequence[int],
+    auto_pad: str,
+    kernel: Sequence[int],
+    strides: Sequence[int] | None,
+    dilations: Sequence[int] | None,
+) -> list[int]:
+    """ONNX's pads (all begins, then all ends) for ``auto_pad``: none for VALID; for SAME the
+    total that makes the output ``ceil(n / stride)`` long, split evenly with the odd one at
+    the end (SAME_UPPER) or at the beginning (SAME_LOWER)."""
+    n = len(spatial)
+    strides, dilations = strides or [1] * n, dilations or [1] * n
+    begins, ends = [0] * n, [0] * n
+    if auto_pad == "VALID":
+        return begins + ends
+    for i, size in enumerate(spatial):
+        span = (kernel[i] - 1) * dilations[i] + 1
+        total = max(0, (-(-size // strides[i]) - 1) * strides[i] + span - size)
+        begins[i] = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        ends[i] = total - begins[i]
+    return begins + ends
 
 
 def _run_step(nodes: list[str], env: dict[str, np.ndarray], values: set[str] | dict,
