@@ -9,15 +9,19 @@ analytic count works at full size where emulation would be slow.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import islpy as isl
 
+from polyfuse.poly.guard import Exhausted, Limits, bounded
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.model import PolyModel
 from polyfuse.poly.placement import Placement
 
 ITEMSIZE = 4  # float32: the element size where a tensor's own is not at hand
+#: isl's bounds on one count: 30k operations in-process, 200k in a child stopped after 1 s
+COUNT_LIMITS = Limits(operations=200_000, seconds=1.0, inline=30_000)
 
 
 @dataclass
@@ -39,9 +43,11 @@ def global_footprint(model: PolyModel, placements: dict[str, Placement]) -> Foot
     for name, p in placements.items():
         if p.space != "global":
             continue
-        r = 0 if p.register_copy else _images(model.reads, model.domain, name)
-        w = _images(model.writes, model.domain, name)
-        size = model.tensors[name].itemsize if name in model.tensors else ITEMSIZE
+        t = model.tensors.get(name)
+        most = math.prod(t.shape) if t is not None else None
+        r = 0 if p.register_copy else _images(model.reads, model.domain, name, most)
+        w = _images(model.writes, model.domain, name, most)
+        size = t.itemsize if t is not None else ITEMSIZE
         if r:
             reads[name] = r * size
         if w:
@@ -69,8 +75,10 @@ def read_overlap(parts: list[tuple[PolyModel, dict[str, Placement]]], tensor: st
     union = sets[0]
     for s in sets[1:]:
         union = union.union(s)
-    each = sum(count_points(s) for s in sets)
-    return (each - count_points(union.coalesce())) * size
+    counts = [count_points(s) for s in [*sets, union.coalesce()]]
+    if any(c is None for c in counts):
+        return 0  # isl cannot count them: no overlap is claimed
+    return (sum(counts[:-1]) - counts[-1]) * size
 
 
 def _image(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> isl.Set | None:
@@ -81,20 +89,38 @@ def _image(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> isl.Set | Non
     return None if img is None else img.coalesce()
 
 
-def _images(um: isl.UnionMap, domain: isl.UnionSet, tensor: str) -> int:
+def _images(um: isl.UnionMap, domain: isl.UnionSet, tensor: str, most: int | None) -> int:
+    """Distinct elements of ``tensor`` that ``um`` touches; ``most`` (the tensor's size) when
+    isl cannot count them."""
     img = _image(um, domain, tensor)
-    return 0 if img is None else count_points(img)
+    if img is None:
+        return 0
+    n = count_points(img)
+    return n if n is not None or most is None else most
 
 
-def count_points(s: isl.Set) -> int:
-    """The number of points of the parameter-free set ``s``.
+def count_points(s: isl.Set) -> int | None:
+    """The number of points of the parameter-free set ``s``; None when isl cannot count them
+    within :data:`COUNT_LIMITS`.
 
     Most footprints are boxes (a whole tensor or a slice of it): their count is the product of
     the extents, checked by isl (the box is a subset of ``s``) instead of ``isl_set_count_val``,
     which enumerates millions of points at full size. Anything else is counted by isl.
     """
-    box = _box_count(s)
-    return box if box is not None else s.count_val().to_python()
+
+    def count() -> int:
+        box = _box_count(s)
+        if box is not None:
+            return box
+        text = s.count_val().to_str()
+        if text is None or not text.lstrip("-").isdigit():  # isl gave up without an error
+            raise isl.Error(f"isl could not count the set ({text})")
+        return int(text)
+
+    try:
+        return bounded(s.get_ctx(), count, COUNT_LIMITS, str, int).value
+    except Exhausted:
+        return None
 
 
 def _box_count(s: isl.Set) -> int | None:

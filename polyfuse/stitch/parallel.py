@@ -427,4 +427,7 @@ def read_overlap(footprints: list[str]) -> int:
     distinct reads of all together (one launch running them reads each element once)."""
     sets = [isl.Set(f) for f in footprints]
     union = reduce(lambda a, b: a.union(b), sets).coalesce()
-    return (sum(count_points(s) for s in sets) - count_points(union)) * ITEMSIZE
+    counts = [count_points(s) for s in [*sets, union]]
+    if any(c is None for c in counts):
+        return 0  # isl cannot count them (poly/footprint.COUNT_LIMITS): no overlap is claimed
+    return (sum(counts[:-1]) - counts[-1]) * ITEMSIZE
