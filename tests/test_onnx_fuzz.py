@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
@@ -86,6 +87,29 @@ def test_fuzz_onnx_command_runs_models_of_every_dtype(tmp_path, capsys):
     assert "polyfuse fuzz --onnx: 5 models (seeds 40..44)" in text and "5 pass" in text
     doc = json.loads(out.read_text())
     assert doc["counts"] == {"pass": 5} and doc["nodes"] > 10
+
+
+def test_max_elements_draws_larger_inputs_and_the_command_runs_them(capsys):
+    """``--max-elements`` beyond 4096 draws inputs of dims up to 513 (the sizes where two
+    compiles ran for hours, seeds 9111 and 9147); the default draws stay as they were."""
+    import re
+
+    from polyfuse.testing.programs import LARGE_DIMS, SMALL_ELEMENTS
+
+    def elements(source: str) -> list[int]:
+        pattern = r"(?:standard_normal|random|integers\(-20, 20,) ?\(\(([0-9, ]+)\)"
+        shapes = re.findall(pattern, source)
+        return [int(np.prod([int(d) for d in sh.split(",") if d.strip()])) for sh in shapes]
+
+    big = [n for s in range(20) for n in elements(draw(s, max_elements=1 << 18).source)]
+    small = [n for s in range(20) for n in elements(draw(s).source)]
+    assert max(big) > SMALL_ELEMENTS and max(big) <= 1 << 18 and max(small) <= SMALL_ELEMENTS
+    assert draw(7).source == draw(7, max_elements=SMALL_ELEMENTS).source
+    assert 513 in LARGE_DIMS
+    rc = main(["fuzz", "--onnx", "--n", "2", "--seed", "9000", "--max-elements", "100000",
+               "--steps", "4"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0 and "2 pass" in text, text
 
 
 def test_fuzz_onnx_without_onnx_says_how_to_install_it(monkeypatch, capsys):

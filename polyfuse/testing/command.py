@@ -60,7 +60,9 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         "--max-elements",
         type=positive_int,
         default=4096,
-        help="largest tensor, in elements (default: 4096)",
+        help="largest tensor, in elements (default: 4096); with --torch or --onnx, a larger "
+        "value draws inputs of dims up to 513 (multi-block, elements-per-thread and long-row "
+        "paths)",
     )
     p.add_argument(
         "--no-race-check",
@@ -97,7 +99,7 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         help="fuzz the torch.compile backend instead: random PyTorch programs of the operators "
         "it lowers, over inputs of --dtypes, compiled with backend='polyfuse' and compared with "
         "eager, every failure printed as a runnable script (needs PyTorch; --batch, "
-        "--families, --max-elements and shrinking do not apply)",
+        "--families and shrinking do not apply)",
     )
     p.add_argument(
         "--onnx",
@@ -105,8 +107,8 @@ def add_fuzz_parser(sub: Any) -> argparse.ArgumentParser:
         help="fuzz the ONNX importer instead: random ONNX models (opset 20) of the operators "
         "it imports with drawn attributes, over inputs of --dtypes, run through the ONNX "
         "backend on the emulator and compared with ONNX's reference evaluator, every failure "
-        "printed as a runnable script (needs onnx; --batch, --families, --max-elements and "
-        "shrinking do not apply)",
+        "printed as a runnable script (needs onnx; --batch, --families and shrinking do not "
+        "apply)",
     )
     p.add_argument(
         "--steps",
@@ -171,7 +173,9 @@ def run_program_fuzz(args: argparse.Namespace) -> int:
         if o.failed and not args.quiet:
             print(f"{o.status.upper()} seed {o.program.seed}: {o.detail}", file=sys.stderr)
 
-    outcomes = fuzz_programs(args.n, args.seed, args.dtypes, show, steps=args.steps)
+    outcomes = fuzz_programs(
+        args.n, args.seed, args.dtypes, show, steps=args.steps, max_elements=args.max_elements
+    )
     failures = []
     for k, o in enumerate(o for o in outcomes if o.failed):
         text = o.program.script()

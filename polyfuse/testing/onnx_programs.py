@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .programs import crash_detail, pick_operands, run_programs
+from .programs import SMALL_ELEMENTS, crash_detail, input_shape, pick_operands, run_programs
 
 __all__ = [
     "OPSET",
@@ -685,9 +685,10 @@ def _fits(kind: str, v: np.ndarray) -> bool:
     return kind == "x" or kind == _kind(v) or (kind == "n" and _kind(v) != "b")
 
 
-def _ok(v: Any) -> bool:
-    """A value a model may keep: 1 to 4096 elements, rank ≤ 4, finite and moderate."""
-    if not isinstance(v, np.ndarray) or not 0 < v.size <= 4096 or v.ndim > 4:
+def _ok(v: Any, max_elements: int = SMALL_ELEMENTS) -> bool:
+    """A value a model may keep: 1 to ``max_elements`` elements, rank ≤ 4, finite and
+    moderate."""
+    if not isinstance(v, np.ndarray) or not 0 < v.size <= max_elements or v.ndim > 4:
         return False
     if v.dtype.kind == "f":
         d = v.astype(np.float64)
@@ -699,8 +700,8 @@ def _literal(a: np.ndarray) -> str:
     return f"np.array({a.tolist()!r}, dtype='{a.dtype}')"
 
 
-def _input(rng: random.Random, dtype: str) -> str:
-    shape = tuple(rng.choice((1, 2, 3, 4, 5, 7, 8)) for _ in range(rng.randint(1, 4)))
+def _input(rng: random.Random, dtype: str, max_elements: int = SMALL_ELEMENTS) -> str:
+    shape = input_shape(rng, 4, max_elements)
     g = f"np.random.default_rng({rng.randrange(1 << 30)})"
     if dtype == "bool":
         return f"{g}.random({shape}) > 0.5"
@@ -903,9 +904,14 @@ def _stable(src: list[str], env: dict[str, np.ndarray], inputs: dict, out: str,
     return True
 
 
-def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> OnnxProgram:
+def draw(
+    seed: int,
+    dtypes: Sequence[str] | None = None,
+    steps: int = 6,
+    max_elements: int = SMALL_ELEMENTS,
+) -> OnnxProgram:
     """A model of about ``steps`` steps over inputs of ``dtypes`` (float32 alone by
-    default; see the module docstring)."""
+    default; see the module docstring), no tensor beyond ``max_elements``."""
     from polyfuse.graph.dtypes import tolerance
 
     rng = random.Random(f"onnx program {seed}")
@@ -913,7 +919,7 @@ def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Onnx
     inputs: dict[str, np.ndarray] = {}
     in_src = []
     for k in range(rng.randint(1, 3)):
-        src = _input(rng, rng.choice(pool))
+        src = _input(rng, rng.choice(pool), max_elements)
         in_src.append(f"        'x{k}': {src},")
         inputs[f"x{k}"] = eval(src, {"np": np})  # noqa: S307 - our own generated source
     values: dict[str, np.ndarray] = dict(inputs)
@@ -949,7 +955,7 @@ def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Onnx
             got = _run_step(src, {**values, **s.new}, values, [out])
         except Exception:  # noqa: BLE001 - an invalid draw: drop it
             continue
-        if not _ok(got[0]):
+        if not _ok(got[0], max_elements):
             continue
         tol = tolerance(_coarsest({str(v.dtype) for v in values.values()} | {str(got[0].dtype)}))
         moved = [n for n in dict.fromkeys((a, b))
@@ -1021,6 +1027,7 @@ def fuzz_onnx(
     dtypes: Sequence[str] | None = None,
     progress: Callable[[int, OnnxOutcome], None] | None = None,
     steps: int = 6,
+    max_elements: int = SMALL_ELEMENTS,
 ) -> list[OnnxOutcome]:
     """Draw and check ``n`` models of about ``steps`` steps from ``seed`` on."""
-    return run_programs(n, seed, lambda s: draw(s, dtypes, steps), check, progress)
+    return run_programs(n, seed, lambda s: draw(s, dtypes, steps, max_elements), check, progress)

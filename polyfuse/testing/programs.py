@@ -1,13 +1,36 @@
 """What the program fuzzers share (``polyfuse fuzz --torch``, :mod:`.torch_programs`;
-``--onnx``, :mod:`.onnx_programs`): the draw-and-check loop and how a crash reads."""
+``--onnx``, :mod:`.onnx_programs`): the draw-and-check loop, how a crash reads, and the shapes
+of the inputs they draw."""
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 O = TypeVar("O")  # noqa: E741 - an outcome
+
+
+#: The largest tensor a program keeps by default, and the dims its inputs draw then.
+SMALL_ELEMENTS = 4096
+SMALL_DIMS = (1, 2, 3, 4, 5, 7, 8)
+#: Dims of inputs beyond :data:`SMALL_ELEMENTS` (``--max-elements``): around warp, block,
+#: tile and row-length thresholds, so tensors reach the multi-block, elements-per-thread and
+#: long-reduction paths (two compiles that ran for hours were found only there).
+LARGE_DIMS = (1, 3, 8, 17, 64, 130, 256, 513)
+
+
+def input_shape(rng: Any, max_rank: int, max_elements: int = SMALL_ELEMENTS) -> tuple[int, ...]:
+    """An input's shape of rank 1..``max_rank``: of :data:`SMALL_DIMS` (the default), or of
+    :data:`LARGE_DIMS` with 8 to ``max_elements`` elements when that exceeds
+    :data:`SMALL_ELEMENTS`."""
+    if max_elements <= SMALL_ELEMENTS:
+        return tuple(rng.choice(SMALL_DIMS) for _ in range(rng.randint(1, max_rank)))
+    while True:
+        shape = tuple(rng.choice(LARGE_DIMS) for _ in range(rng.randint(1, max_rank)))
+        if 8 <= math.prod(shape) <= max_elements:
+            return shape
 
 
 def crash_detail(e: BaseException) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .programs import crash_detail, pick_operands, run_programs
+from .programs import SMALL_ELEMENTS, crash_detail, input_shape, pick_operands, run_programs
 
 __all__ = ["STEPS", "Program", "TorchOutcome", "check", "draw", "fuzz_torch"]
 
@@ -169,11 +169,12 @@ def _fits(kinds: str, t: Any) -> bool:
     return kinds == "x" or kinds == k
 
 
-def _ok(v: Any) -> bool:
-    """A value a program may keep: a tensor of 1 to 4096 elements, finite and moderate."""
+def _ok(v: Any, max_elements: int = SMALL_ELEMENTS) -> bool:
+    """A value a program may keep: a tensor of 1 to ``max_elements`` elements, finite and
+    moderate."""
     import torch
 
-    if not isinstance(v, torch.Tensor) or not 0 < v.numel() <= 4096 or v.dim() > 4:
+    if not isinstance(v, torch.Tensor) or not 0 < v.numel() <= max_elements or v.dim() > 4:
         return False
     if v.dtype.is_floating_point:
         d = v.double()
@@ -181,8 +182,8 @@ def _ok(v: Any) -> bool:
     return v.dtype == torch.bool or int(v.abs().max()) <= 100_000
 
 
-def _input(rng: random.Random, name: str, dtype: str) -> str:
-    shape = tuple(rng.choice((1, 2, 3, 4, 5, 7, 8)) for _ in range(rng.randint(1, 3)))
+def _input(rng: random.Random, name: str, dtype: str, max_elements: int = SMALL_ELEMENTS) -> str:
+    shape = input_shape(rng, 3, max_elements)
     g = f"torch.Generator().manual_seed({rng.randrange(1 << 30)})"
     if dtype == "bool":
         return f"    {name} = torch.rand({shape}, generator={g}) > 0.5"
@@ -191,16 +192,21 @@ def _input(rng: random.Random, name: str, dtype: str) -> str:
     return f"    {name} = (torch.randn({shape}, generator={g}) * 2).to(torch.{dtype})"
 
 
-def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Program:
+def draw(
+    seed: int,
+    dtypes: Sequence[str] | None = None,
+    steps: int = 6,
+    max_elements: int = SMALL_ELEMENTS,
+) -> Program:
     """A program of about ``steps`` steps over inputs of ``dtypes`` (float32 alone by
-    default; see the module docstring)."""
+    default; see the module docstring), no tensor beyond ``max_elements``."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
     rng = random.Random(f"torch program {seed}")
     pool = [d for d in INPUT_DTYPES if d in (dtypes or ("float32",))] or ["float32"]
     n_in = rng.randint(1, 3)
-    lines = [_input(rng, f"x{k}", rng.choice(pool)) for k in range(n_in)]
+    lines = [_input(rng, f"x{k}", rng.choice(pool), max_elements) for k in range(n_in)]
     args = ", ".join(f"x{k}" for k in range(n_in))
     head = "def make_inputs():\n" + "\n".join(lines) + f"\n    return ({args},)\n"
     env: dict[str, Any] = {"torch": torch, "F": F}
@@ -227,7 +233,7 @@ def draw(seed: int, dtypes: Sequence[str] | None = None, steps: int = 6) -> Prog
                 v = eval(expr, env, dict(values))  # noqa: S307 - our own generated source
         except Exception:
             continue
-        if not _ok(v):
+        if not _ok(v, max_elements):
             continue
         out = f"v{len(body)}"
         values[out] = v
@@ -299,6 +305,7 @@ def fuzz_torch(
     dtypes: Sequence[str] | None = None,
     progress: Callable[[int, TorchOutcome], None] | None = None,
     steps: int = 6,
+    max_elements: int = SMALL_ELEMENTS,
 ) -> list[TorchOutcome]:
     """Draw and check ``n`` programs of about ``steps`` steps from ``seed`` on."""
-    return run_programs(n, seed, lambda s: draw(s, dtypes, steps), check, progress)
+    return run_programs(n, seed, lambda s: draw(s, dtypes, steps, max_elements), check, progress)
