@@ -750,7 +750,9 @@ def reference_evaluator(model: Any) -> Any:
     ``alpha`` by ``size`` in float32: a float64 result 1e-8 off, fuzz seed 8003); ``MaxPool``
     with ``auto_pad`` SAME or VALID through the explicit pads the specification gives (its own
     pads a SAME_LOWER pool's odd total at the end when strided, and sizes its output by
-    ``floor(n / stride)``: fuzz seed 8161)."""
+    ``floor(n / stride)``: fuzz seed 8161); ``Softmax`` and ``LogSoftmax`` (opset 13's) of a 16-bit
+    input in float64, rounded once (its own computes in float16: a log-softmax of float16 values
+    0.52 off, fuzz seed 20098 at ``--max-elements``; polyfuse computes in float32, as torch)."""
     import math
 
     from onnx.reference import ReferenceEvaluator
@@ -809,7 +811,22 @@ def reference_evaluator(model: Any) -> Any:
                 return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads,
                                     storage_order, strides)  # fmt: skip
 
-        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN, MaxPool))
+        def _softmax(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
+            d = x.astype(np.float64)
+            d = d - d.max(axis=axis, keepdims=True)
+            s = np.exp(d).sum(axis=axis, keepdims=True)
+            return (d - np.log(s) if log else np.exp(d) / s).astype(x.dtype)
+
+        class Softmax(OpRun):
+            def _run(self, x, axis=-1):  # noqa: ANN001, ANN202
+                return (_softmax(x, axis, False),)
+
+        class LogSoftmax(OpRun):
+            def _run(self, x, axis=-1):  # noqa: ANN001, ANN202
+                return (_softmax(x, axis, True),)
+
+        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN, MaxPool,
+                           Softmax, LogSoftmax))  # fmt: skip
     return ReferenceEvaluator(model, new_ops=_FIXED_OPS)
 
 
