@@ -268,6 +268,25 @@ def test_16_bit_softmax_rounds_once_in_polyfuse_and_the_reference(op):
         assert y.dtype == np.float16 and np.all(np.abs(y - exact) <= unit)
 
 
+@pytest.mark.parametrize(("exclusive", "reverse"), [(0, 1), (1, 0)])
+def test_16_bit_cumsum_reference_sums_in_float64(exclusive, reverse):
+    """Seed 20263 (``--max-elements``): onnx's reference adds a float16 running sum in
+    float16, 0.48 off after 513 values; polyfuse sums in float32 and was within a unit. The
+    replaced reference sums in float64 and rounds once."""
+    import numpy as np
+    from onnx import helper
+
+    x = (np.random.default_rng(613813065).standard_normal((513, 17)) * 2).astype(np.float16)
+    node = helper.make_node("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
+    got, want = _run([node], {"x": x}, {"a": np.array(0, np.int32)})
+    d = np.flip(x.astype(np.float64), 0) if reverse else x.astype(np.float64)
+    c = np.cumsum(d, 0) - (d if exclusive else 0)
+    exact = np.flip(c, 0) if reverse else c
+    unit = np.maximum(np.abs(exact), 2.0**-14) * 2.0**-10
+    for y in (got, want):
+        assert y.dtype == np.float16 and np.all(np.abs(y - exact) <= unit + 1e-3)
+
+
 def test_16_bit_layer_normalization_computes_in_float32():
     """``stash_type`` 1 (the default) computes stage one in float32. In float16 the mean
     rounded (1000.125 to 1000) before it was subtracted: 0.28 off on a row near 1000."""
