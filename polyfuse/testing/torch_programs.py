@@ -231,6 +231,8 @@ def draw(
         reps = ", ".join(str(rng.choice((1, 2))) for _ in shape)
         expr = template.format(a=a, b=b, d=d, e=e, n=shape[d], k=rng.randint(1, 2),
                                last=shape[-1], reps=reps)  # fmt: skip
+        if max_elements > SMALL_ELEMENTS and _quadratic(name, shape) > 16 * max_elements:
+            continue  # eager would build it first (8.9 GB, seed 20817) and _ok refuse it after
         try:
             with torch.no_grad():
                 v = eval(expr, env, dict(values))  # noqa: S307 - our own generated source
@@ -259,6 +261,20 @@ def draw(
     )
     held = {str(v.dtype).removeprefix("torch.") for v in values.values()}
     return Program(seed, src, held)
+
+
+def _quadratic(name: str, shape: tuple[int, ...]) -> int:
+    """About the elements of the square a step builds from its operand of ``shape``: a
+    matmul's result (rows x rows per batch) or attention's weights (positions x positions);
+    0 for other steps."""
+    import math
+
+    rows = math.prod(shape) // shape[-1]
+    if name == "attention":
+        return rows * rows
+    if name in ("matmul", "bmm") and len(shape) >= 2:
+        return rows * shape[-2]
+    return 0
 
 
 def _tolerance(dtypes: set[str]) -> Any:
