@@ -516,7 +516,15 @@ def test_16_bit_softmax_and_norms_round_once(dtype):
     stored = reference.evaluate(outs, feeds)
     exact = reference.evaluate(outs, feeds, precision="float64")
     fn = polyfuse.compile([x, g], outs, check_cuda=False)
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
     got = fn(feeds[x], feeds[g], device="emulate")
+    again = fn(feeds[x], feeds[g], device="emulate", race_check=True)
+    for a, b in zip(got, again, strict=True):
+        np.testing.assert_array_equal(a, b)
     finfo = ml_dtypes.finfo(npd)
     for o, s, e, k in zip(outs, stored, exact, got, strict=True):
         assert o.dtype == dtype and k.dtype == npd

@@ -241,6 +241,11 @@ def test_an_x_reduction_fused_with_a_padding_aligns_its_kept_tile_to_its_own_col
     fn = polyfuse.compile([x], [m, p], check_cuda=False)
     (k,) = fn.kernels
     assert "kept tile 1, not 2, tiles the kept ranges [0, 3], [1, 2]" in " ".join(k.notes)
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
     xv = np.random.default_rng(0).standard_normal((4, 2)).astype(np.float16)
     for order in (False, True):
         got_m, got_p = fn(xv, device="emulate", race_check=order)
