@@ -287,6 +287,35 @@ def test_16_bit_cumsum_reference_sums_in_float64(exclusive, reverse):
         assert y.dtype == np.float16 and np.all(np.abs(y - exact) <= unit + 1e-3)
 
 
+@pytest.mark.parametrize(
+    ("op", "attrs", "exact"),
+    [
+        ("ReduceSum", {}, lambda d: d.sum(1, keepdims=True)),
+        ("ReduceL1", {}, lambda d: np.abs(d).sum(1, keepdims=True)),
+        ("ReduceSumSquare", {}, lambda d: (d * d).sum(1, keepdims=True)),
+        ("ReduceL2", {}, lambda d: np.sqrt((d * d).sum(1, keepdims=True))),
+        ("Einsum", {"equation": "abc->ac"}, lambda d: d.sum(1)),
+    ],
+)
+def test_16_bit_sums_reference_in_float64(op, attrs, exact):
+    """Seed 20676 (``--max-elements``): onnx's reference sums a float16 ReduceSum over a
+    strided axis of 64 values in float16, 13 units off; polyfuse sums in float32 and was within
+    a unit. The replaced reference sums in float64 and rounds once, for every summing operator
+    (``_SUMMED_IN_FLOAT64``)."""
+    from onnx import helper
+
+    x = (np.random.default_rng(855830101).standard_normal((8, 64, 130)) * 2).astype(np.float16)
+    reduce = op.startswith("Reduce")
+    node = helper.make_node(op, ["x", "a"] if reduce else ["x"], ["y"], **attrs)
+    consts = {"a": np.array([1], np.int64)} if reduce else {}
+    got, want = _run([node], {"x": x}, consts)
+    e = exact(x.astype(np.float64))
+    unit = np.maximum(np.abs(e), 2.0**-14) * 2.0**-10
+    assert want.dtype == got.dtype == np.float16
+    assert np.all(np.abs(want - e) <= unit / 2 + 1e-7), op
+    assert np.all(np.abs(got - e) <= 2 * unit), op
+
+
 def test_16_bit_layer_normalization_computes_in_float32():
     """``stash_type`` 1 (the default) computes stage one in float32. In float16 the mean
     rounded (1000.125 to 1000) before it was subtracted: 0.28 off on a row near 1000."""

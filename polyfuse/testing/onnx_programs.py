@@ -738,6 +738,31 @@ def _node_source(n: N, ins: list[str], outs: list[str]) -> str:
 
 _FIXED_OPS: list[type] = []
 
+#: operators whose onnx reference sums its 16-bit inputs in their own dtype
+_SUMMED_IN_FLOAT64 = ("ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+                      "ReduceLogSum", "ReduceLogSumExp", "Softmax", "LogSoftmax", "CumSum",
+                      "Einsum", "InstanceNormalization")  # fmt: skip
+
+
+def _in_float64(base: type) -> type:
+    """``base`` (an onnx reference operator) run on float64 copies of its 16-bit float inputs,
+    its float64 results rounded once to their dtype: the exact result, which any accumulation
+    order of a correct compiler is within its tolerance of."""
+
+    def _run(self: Any, *inputs: Any, **attrs: Any) -> tuple:
+        narrow = next((v.dtype for v in inputs if _is_16_bit(v)), None)
+        if narrow is None:
+            return base._run(self, *inputs, **attrs)
+        wide = [v.astype(np.float64) if _is_16_bit(v) else v for v in inputs]
+        out = base._run(self, *wide, **attrs)
+        return tuple(v.astype(narrow) if v.dtype == np.float64 else v for v in out)
+
+    return type(base.__name__.split("_")[0], (base,), {"_run": _run})
+
+
+def _is_16_bit(v: Any) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.dtype.itemsize == 2
+
 
 def reference_evaluator(model: Any) -> Any:
     """ONNX's reference evaluator for ``model``, with the operators it gets wrong replaced
@@ -750,15 +775,16 @@ def reference_evaluator(model: Any) -> Any:
     ``alpha`` by ``size`` in float32: a float64 result 1e-8 off, fuzz seed 8003); ``MaxPool``
     with ``auto_pad`` SAME or VALID through the explicit pads the specification gives (its own
     pads a SAME_LOWER pool's odd total at the end when strided, and sizes its output by
-    ``floor(n / stride)``: fuzz seed 8161); ``Softmax`` and ``LogSoftmax`` (opset 13's) of a 16-bit
-    input in float64, rounded once (its own computes in float16: a log-softmax of float16 values
-    0.52 off, fuzz seed 20098 at ``--max-elements``; polyfuse computes in float32, as torch);
-    ``CumSum`` of floats in float64, rounded once (its own adds in the input's dtype: a float16
-    running sum of 513 values 0.48 off, seed 20263)."""
+    ``floor(n / stride)``: fuzz seed 8161); and the operators that sum many values
+    (:data:`_SUMMED_IN_FLOAT64`) of 16-bit inputs in float64, rounded once (onnx's own add in
+    float16: a log-softmax of float16 values 0.52 off, fuzz seed 20098 at ``--max-elements``; a
+    running sum of 513 values 0.48 off, seed 20263; a sum of 64 values 13 units off, seed
+    20676; polyfuse sums in float32, as torch)."""
     import math
 
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.op_run import OpRun
+    from onnx.reference.ops import load_op
     from onnx.reference.ops.op_layer_normalization import _layer_normalization
     from onnx.reference.ops.op_max_pool import MaxPool as _MaxPool
 
@@ -813,33 +839,8 @@ def reference_evaluator(model: Any) -> Any:
                 return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads,
                                     storage_order, strides)  # fmt: skip
 
-        def _softmax(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
-            d = x.astype(np.float64)
-            d = d - d.max(axis=axis, keepdims=True)
-            s = np.exp(d).sum(axis=axis, keepdims=True)
-            return (d - np.log(s) if log else np.exp(d) / s).astype(x.dtype)
-
-        class Softmax(OpRun):
-            def _run(self, x, axis=-1):  # noqa: ANN001, ANN202
-                return (_softmax(x, axis, False),)
-
-        class LogSoftmax(OpRun):
-            def _run(self, x, axis=-1):  # noqa: ANN001, ANN202
-                return (_softmax(x, axis, True),)
-
-        class CumSum(OpRun):
-            def _run(self, x, axis, exclusive=0, reverse=0):  # noqa: ANN001, ANN202
-                ax = int(np.asarray(axis).reshape(-1)[0]) % x.ndim
-                d = x.astype(np.float64) if x.dtype.kind == "f" else x
-                d = np.flip(d, ax) if reverse else d
-                c = np.cumsum(d, axis=ax)
-                if exclusive:  # each position sums the ones before it
-                    c = np.concatenate([np.zeros_like(np.take(c, [0], ax)),
-                                        np.take(c, range(c.shape[ax] - 1), ax)], ax)  # fmt: skip
-                return ((np.flip(c, ax) if reverse else c).astype(x.dtype),)
-
-        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN, MaxPool,
-                           Softmax, LogSoftmax, CumSum))  # fmt: skip
+        _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN, MaxPool))
+        _FIXED_OPS.extend(_in_float64(load_op("", op, OPSET)) for op in _SUMMED_IN_FLOAT64)
     return ReferenceEvaluator(model, new_ops=_FIXED_OPS)
 
 
