@@ -104,6 +104,37 @@ def test_proof_refuses_a_tensor_read_through_two_subscripts_of_a_select():
     assert prove(sm2, band2, 2, 4).vector == {"y2": True, "x": True}
 
 
+def test_subscripts_equal_only_under_their_guards_are_two_subscripts():
+    """Fuzz seed 20736 (``--onnx --max-elements``): an edge Pad of an extent-1 axis reads
+    ``p[i, j, h, w]`` where ``j < 1`` and ``p[i, 0, h, w]`` where ``j >= 1``. Under their guards
+    the two are one function, so the proof loaded one float4 run, written ``p[i, j, h, w]``, for
+    both branches: past ``p``'s end where ``j = 1`` (an out-of-bounds read on the emulator),
+    another row's elements where ``i = 0``. Subscripts are compared as written."""
+    import numpy as np
+
+    import polyfuse
+
+    p = te.placeholder((2, 1, 4096, 16), name="p")
+    y = te.compute((2, 2, 4096, 16),
+                   lambda i, j, h, w: te.where(j < 1, p[i, j, h, w], p[i, 0, h, w]), name="y")
+    sm = one([p], y)
+    band = _points(sm, "{ S_y[d0, d1, d2, d3] -> [d0, d1, d2, d3] : 0 <= d0 < 2 and "
+                       "0 <= d1 < 2 and 0 <= d2 < 4096 and 0 <= d3 < 16 }")  # fmt: skip
+    c = prove(sm, band, 4, 4)
+    assert c.vector == {"y": True, "p": False}
+    assert c.why_scalar["p"].startswith("S_y reads it through several subscripts")
+    fn = polyfuse.compile([p], [y], check_cuda=False)
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+    a = np.random.default_rng(0).standard_normal(p.shape).astype(np.float32)
+    for order in (False, True):
+        got = fn(a, device="emulate", race_check=order)
+        np.testing.assert_array_equal(got, np.concatenate([a, a], axis=1))
+
+
 def test_a_proof_beyond_its_isl_limits_is_a_refusal(monkeypatch):
     """The float4 proof runs under ``PROOF_LIMITS`` (fuzz seed 2075's quasi-affine chain ran
     for hours in it); a proof that runs out is a refusal naming the limit, not a hang."""

@@ -42,12 +42,14 @@ import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind, Refusal, refused
 from polyfuse.base.decision_data import CoarsenData
+from polyfuse.graph.access import affine_str, axis_names
+from polyfuse.graph.expr import DataIndex, Read
 from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.guard import Exhausted, Limits, bounded
 from polyfuse.poly.islutil import maps_of, sets_of
-from polyfuse.poly.model import PolyModel
+from polyfuse.poly.model import PolyModel, Statement
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 VECTOR = 4  # floats per 128-bit access
@@ -150,7 +152,12 @@ def _read_through_several_subscripts(model: PolyModel) -> dict[str, str]:
     """Tensor -> a statement that reads it through more than one distinct access (``where(i <
     8, x[i], x[i - 8])``, a concat of ``x`` with itself). Its read relation can still be one
     aligned, contiguous run per group, but the vector form loads one run per statement and
-    tensor, so the other subscript would read the registers of the wrong elements."""
+    tensor, so the other subscript would read the registers of the wrong elements.
+
+    Subscripts are compared as written, over the statement's whole domain: the vector load
+    runs for every band point, whichever branch it feeds. On their guarded domains ``x[i0, i1]``
+    under ``i1 < 1`` and ``x[i0, 0]`` under ``i1 >= 1`` (an edge pad of an extent-1 axis) are
+    the same function, but a load written ``x[i0, i1]`` reads past ``x`` where ``i1 = 1``."""
     out: dict[str, str] = {}
     for st in model.statements:
         seen: dict[str, isl.MultiAff | None] = {}
@@ -158,12 +165,25 @@ def _read_through_several_subscripts(model: PolyModel) -> dict[str, str]:
             if r is None:
                 continue
             ident = m.get_tuple_name(isl.dim_type.out)
-            f = _subscript(m)
+            f = _subscript(_unguarded(st, r, m))
             if ident in seen and (f is None or seen[ident] is None
                                   or not f.plain_is_equal(seen[ident])):  # fmt: skip
                 out.setdefault(ident, st.name)
             seen.setdefault(ident, f)
     return out
+
+
+def _unguarded(st: Statement, r: Read, m: isl.Map) -> isl.Map:
+    """Read ``r`` of statement ``st`` (``m``: its relation under its guard) without the guard:
+    its subscripts as written, over the statement's domain. A data-dependent subscript keeps
+    ``m`` (its relation is not a function either way)."""
+    if any(isinstance(i, DataIndex) for i in r.indices):
+        return m
+    names = axis_names(st.tensor)
+    ins = [m.get_dim_name(isl.dim_type.in_, i) for i in range(m.dim(isl.dim_type.in_))]
+    subs = ", ".join(affine_str(i, names) for i in r.indices)
+    text = f"{{ {st.name}[{', '.join(ins)}] -> {m.get_tuple_name(isl.dim_type.out)}[{subs}] }}"
+    return isl.Map(text, context=m.get_ctx()).intersect_domain(st.domain)
 
 
 def _subscript(m: isl.Map) -> isl.MultiAff | None:
