@@ -316,6 +316,31 @@ def test_16_bit_sums_reference_in_float64(op, attrs, exact):
     assert np.all(np.abs(got - e) <= 2 * unit), op
 
 
+@pytest.mark.parametrize(
+    ("op", "n", "exact"),
+    [
+        ("ReduceL2", 64, lambda d: np.sqrt((d * d).sum(1, keepdims=True))),
+        ("ReduceLogSum", 400, lambda d: np.log(d.sum(1, keepdims=True))),
+        ("ReduceLogSumExp", 100000, lambda d: np.log(np.exp(d).sum(1, keepdims=True))),
+    ],
+)
+def test_16_bit_sum_that_overflows_before_its_log_or_root_stays_in_float32(op, n, exact):
+    """Seed 21141 (``--max-elements``): a float16 ReduceLogSum whose sum (88 000) overflows
+    float16 gave inf where the log (11.39) is representable. The sum under a log or a root now
+    stays in float32 and the result rounds once, as the reference's float64 and as torch."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(150, 250, (2, n)) if op != "ReduceLogSumExp"
+         else rng.uniform(-0.2, 0, (2, n))).astype(np.float16)  # fmt: skip
+    node = helper.make_node(op, ["x", "a"], ["y"])
+    got, want = _run([node], {"x": x}, {"a": np.array([1], np.int64)})
+    e = exact(x.astype(np.float64))
+    assert got.dtype == np.float16 and np.all(np.isfinite(got)), got
+    unit = np.abs(e) * 2.0**-10
+    assert np.all(np.abs(got - e) <= unit) and np.all(np.abs(want - e) <= unit / 2)
+
+
 def test_16_bit_layer_normalization_computes_in_float32():
     """``stash_type`` 1 (the default) computes stage one in float32. In float16 the mean
     rounded (1000.125 to 1000) before it was subtracted: 0.28 off on a row near 1000."""

@@ -14,7 +14,9 @@ from onnx import helper
 from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, PolyfuseError, UnsupportedOpError
 from polyfuse.graph import dtypes
+from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+from polyfuse.ops._common import narrow, wide
 
 Value = Tensor | np.ndarray
 
@@ -268,6 +270,18 @@ def reduce_op(
     pre: Callable[[Expr], Expr] | None = None,
     post: Callable[[Expr], Expr] | None = None,
 ) -> Tensor:
+    """``kind`` (sum, max, min) of ``pre(x)`` over ``axes``, then ``post`` elementwise. A 16-bit
+    float sum that feeds a ``post`` (a log, a square root) stays in float32 until ``post``'s
+    result is rounded once: a float16 sum of squares overflows where its root does not."""
+    if post is not None and x.dtype in HALF_DTYPES:
+        up, down, pre_, post_ = wide(x), narrow(x), pre, post
+
+        def pre(v: Expr) -> Expr:
+            return pre_(up(v)) if pre_ else up(v)
+
+        def post(v: Expr) -> Expr:
+            return down(post_(v))
+
     if not axes:  # noop_with_empty_axes: the elementwise steps still apply (x*x, |x|, log)
 
         def each(v: Expr) -> Expr:

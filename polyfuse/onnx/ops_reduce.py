@@ -26,6 +26,7 @@ from polyfuse.onnx.common import (
     reshape_to,
 )
 from polyfuse.onnx.intmath import int_div
+from polyfuse.ops._common import narrow, wide
 
 
 def _reduce_axes(
@@ -79,11 +80,12 @@ def _reduce_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
         return [reduce_op(ctx, x, axes, keep, "sum", pre=lambda v: v * v, post=te.sqrt)]
     if op == "ReduceLogSum":
         return [reduce_op(ctx, x, axes, keep, "sum", post=te.log)]
-    # ReduceLogSumExp: max-shifted
+    # ReduceLogSumExp: max-shifted, a 16-bit input's exponentials and sum in float32
+    up, down = wide(x), narrow(x)
     m = reduce_op(ctx, x, axes, True, "max")
-    sh = map_elementwise(ctx, [x, m], lambda a, b: te.exp(a - b), "lse_exp")
+    sh = map_elementwise(ctx, [x, m], lambda a, b: te.exp(up(a) - up(b)), "lse_exp")
     s = reduce_op(ctx, sh, axes, True, "sum")
-    out = map_elementwise(ctx, [s, m], lambda a, b: te.log(a) + b, "lse")
+    out = map_elementwise(ctx, [s, m], lambda a, b: down(te.log(a) + up(b)), "lse")
     if not keep:
         out = ops.reshape(out, [d for i, d in enumerate(x.shape) if i not in axes] or [1])
         if all(i in axes for i in range(x.ndim)):
