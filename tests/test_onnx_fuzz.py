@@ -112,6 +112,16 @@ def test_max_elements_draws_larger_inputs_and_the_command_runs_them(capsys):
     assert rc == 0 and "2 pass" in text, text
 
 
+def test_a_clip_of_a_uint8_cast_draws_its_bounds_at_least_0():
+    """Seed 21262 (``--max-elements``) drew a Clip from -3 of a tensor cast to uint8: numpy 2
+    refuses ``np.asarray(-3, dtype='uint8')`` and the fuzz run died in the draw."""
+    from polyfuse.testing.onnx_programs import INPUT_DTYPES
+
+    source = draw(21262, INPUT_DTYPES, 8, 1_000_000).source
+    assert "helper.make_node('Clip', ['v3', 'c5', 'c6']" in source
+    assert "np.array(0, dtype='uint8'), 'c5'" in source
+
+
 def test_fuzz_onnx_without_onnx_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "onnx", None)
     assert main(["fuzz", "--onnx", "--n", "1"]) == 2

@@ -81,7 +81,10 @@ class Draw:
         return name
 
     def like_a(self, v: Any) -> str:
-        """A constant of ``a``'s dtype."""
+        """A constant of ``a``'s dtype (of an unsigned one: at least 0, as numpy 2 refuses to
+        wrap a negative value; seed 21262's Clip of a uint8 from -3)."""
+        if self.va.dtype.kind == "u":
+            v = np.maximum(v, 0)
         return self.const(v, self.va.dtype)
 
     def axis(self) -> int:
