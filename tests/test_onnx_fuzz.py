@@ -153,11 +153,18 @@ def test_fuzz_onnx_slow_tier():
 def _run(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
     """Polyfuse's and the reference's outputs of a model of ``nodes`` (output: the last
     node's first output)."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
     from polyfuse.onnx.backend import prepare
     from polyfuse.testing.onnx_programs import reference_evaluator
+
+    model = _model(nodes, inputs, consts, opset)
+    want = reference_evaluator(model).run(None, inputs)[0]
+    got = prepare(model, "CPU").run(inputs)[0]
+    return np.asarray(got), np.asarray(want)
+
+
+def _model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
+    """A model of ``nodes`` over ``inputs`` and constant initializers ``consts``."""
+    from onnx import helper, numpy_helper
 
     def vi(name, v):
         return helper.make_tensor_value_info(
@@ -169,10 +176,7 @@ def _run(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
     graph = helper.make_graph(nodes, "t", [vi(k, v) for k, v in inputs.items()],
                               [helper.make_value_info(out, onnx.TypeProto())], inits)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    want = reference_evaluator(model).run(None, inputs)[0]
-    got = prepare(model, "CPU").run(inputs)[0]
-    return np.asarray(got), np.asarray(want)
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
 
 @pytest.mark.parametrize("op", ["ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum"])
@@ -344,11 +348,20 @@ def test_16_bit_sum_that_overflows_before_its_log_or_root_stays_in_float32(op, n
     x = (rng.uniform(150, 250, (2, n)) if op != "ReduceLogSumExp"
          else rng.uniform(-0.2, 0, (2, n))).astype(np.float16)  # fmt: skip
     node = helper.make_node(op, ["x", "a"], ["y"])
-    got, want = _run([node], {"x": x}, {"a": np.array([1], np.int64)})
+    consts = {"a": np.array([1], np.int64)}
+    got, want = _run([node], {"x": x}, consts)
     e = exact(x.astype(np.float64))
     assert got.dtype == np.float16 and np.all(np.isfinite(got)), got
     unit = np.abs(e) * 2.0**-10
     assert np.all(np.abs(got - e) <= unit) and np.all(np.abs(want - e) <= unit / 2)
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+    from polyfuse.onnx.backend import prepare
+
+    fn = prepare(_model([node], {"x": x}, consts), "CPU").fn
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+    np.testing.assert_array_equal(fn(x, device="emulate", race_check=True), got)
 
 
 def test_16_bit_layer_normalization_computes_in_float32():
