@@ -190,8 +190,9 @@ def _instnorm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     axes = list(range(2, x.ndim))
     n = math.prod(x.shape[2:])
     eps = float(at.get("epsilon", 1e-5))
-    mean = reduce_op(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))
-    cen = map_elementwise(ctx, [x, mean], lambda a, m: a - m, "in_cen")
+    up, down = wide(x), narrow(x)  # a 16-bit input's statistics in float32, rounded once
+    mean = reduce_op(ctx, x, axes, True, "sum", pre=lambda v: up(v) * (1.0 / n))
+    cen = map_elementwise(ctx, [x, mean], lambda a, m: up(a) - m, "in_cen")
     var = reduce_op(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
     cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
     sc = np.asarray(ins[1]).reshape(cshape) if isinstance(ins[1], np.ndarray) else ins[1]
@@ -202,7 +203,10 @@ def _instnorm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
         bi = ops.reshape(bi, cshape, ctx.fresh("bi"))
     return [
         map_elementwise(
-            ctx, [cen, var, sc, bi], lambda c_, v, s, b: c_ * te.rsqrt(v + eps) * s + b, "inorm"
+            ctx,
+            [cen, var, sc, bi],
+            lambda c_, v, s, b: down(c_ * te.rsqrt(v + eps) * up(s) + up(b)),
+            "inorm",
         )
     ]
 
