@@ -49,7 +49,7 @@ from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.guard import Exhausted, Limits, bounded
 from polyfuse.poly.islutil import maps_of, sets_of
-from polyfuse.poly.model import PolyModel, Statement
+from polyfuse.poly.model import PolyModel
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 VECTOR = 4  # floats per 128-bit access
@@ -154,46 +154,32 @@ def _read_through_several_subscripts(model: PolyModel) -> dict[str, str]:
     aligned, contiguous run per group, but the vector form loads one run per statement and
     tensor, so the other subscript would read the registers of the wrong elements.
 
-    Subscripts are compared as written, over the statement's whole domain: the vector load
-    runs for every band point, whichever branch it feeds. On their guarded domains ``x[i0, i1]``
-    under ``i1 < 1`` and ``x[i0, 0]`` under ``i1 >= 1`` (an edge pad of an extent-1 axis) are
-    the same function, but a load written ``x[i0, i1]`` reads past ``x`` where ``i1 = 1``."""
+    Subscripts are compared as written (their isl text), not as isl's functions on their
+    guarded domains: the vector load runs for every band point, whichever branch it feeds. On
+    their guards ``x[i0, i1]`` under ``i1 < 1`` and ``x[i0, 0]`` under ``i1 >= 1`` (an edge pad
+    of an extent-1 axis) are one function, but a load written ``x[i0, i1]`` reads past ``x``
+    where ``i1 = 1``. Text costs no isl work (a reshape fold's quasi-affine subscripts can make
+    isl's comparison run for minutes) and only errs toward refusing."""
     out: dict[str, str] = {}
     for st in model.statements:
-        seen: dict[str, isl.MultiAff | None] = {}
+        names = axis_names(st.tensor)
+        seen: dict[str, tuple[str, ...] | None] = {}
         for r, m in st.reads:
             if r is None:
                 continue
             ident = m.get_tuple_name(isl.dim_type.out)
-            f = _subscript(_unguarded(st, r, m))
-            if ident in seen and (f is None or seen[ident] is None
-                                  or not f.plain_is_equal(seen[ident])):  # fmt: skip
+            written = _written(r, names)
+            if ident in seen and (written is None or written != seen[ident]):
                 out.setdefault(ident, st.name)
-            seen.setdefault(ident, f)
+            seen.setdefault(ident, written)
     return out
 
 
-def _unguarded(st: Statement, r: Read, m: isl.Map) -> isl.Map:
-    """Read ``r`` of statement ``st`` (``m``: its relation under its guard) without the guard:
-    its subscripts as written, over the statement's domain. A data-dependent subscript keeps
-    ``m`` (its relation is not a function either way)."""
+def _written(r: Read, names: dict[int, str]) -> tuple[str, ...] | None:
+    """Read ``r``'s subscripts as isl text, or None for a data-dependent one (a gather)."""
     if any(isinstance(i, DataIndex) for i in r.indices):
-        return m
-    names = axis_names(st.tensor)
-    ins = [m.get_dim_name(isl.dim_type.in_, i) for i in range(m.dim(isl.dim_type.in_))]
-    subs = ", ".join(affine_str(i, names) for i in r.indices)
-    text = f"{{ {st.name}[{', '.join(ins)}] -> {m.get_tuple_name(isl.dim_type.out)}[{subs}] }}"
-    return isl.Map(text, context=m.get_ctx()).intersect_domain(st.domain)
-
-
-def _subscript(m: isl.Map) -> isl.MultiAff | None:
-    """The one quasi-affine function a read relation applies (whatever its domain), or None
-    (a gather, or several pieces)."""
-    if not m.is_single_valued():
         return None
-    pieces: list[isl.MultiAff] = []
-    m.as_pw_multi_aff().foreach_piece(lambda _, ma: pieces.append(ma))
-    return pieces[0] if len(pieces) == 1 else None
+    return tuple(affine_str(i, names) for i in r.indices)
 
 
 def vector_access(rel: isl.Map, n: int, factor: int, align: int = VECTOR) -> str:
