@@ -163,7 +163,8 @@ def _run(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
 
 
 def _model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
-    """A model of ``nodes`` over ``inputs`` and constant initializers ``consts``."""
+    """A model of ``nodes`` over ``inputs`` and constant initializers ``consts``; its outputs
+    are the last node's."""
     from onnx import helper, numpy_helper
 
     def vi(name, v):
@@ -172,9 +173,8 @@ def _model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
         )
 
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (consts or {}).items()]
-    out = nodes[-1].output[0]
-    graph = helper.make_graph(nodes, "t", [vi(k, v) for k, v in inputs.items()],
-                              [helper.make_value_info(out, onnx.TypeProto())], inits)  # fmt: skip
+    outs = [helper.make_value_info(o, onnx.TypeProto()) for o in nodes[-1].output]
+    graph = helper.make_graph(nodes, "t", [vi(k, v) for k, v in inputs.items()], outs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     return onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
@@ -382,6 +382,31 @@ def test_16_bit_instance_normalization_computes_in_float32():
     assert got.dtype == np.float16
     assert np.all(np.abs(want - e) <= unit / 2 + 1e-7)
     assert np.all(np.abs(got - e) <= 2 * unit)
+
+
+def test_16_bit_training_batch_normalization_computes_in_float32():
+    """Training-mode BatchNormalization shares InstanceNormalization's statistics
+    (``_moments``): of a float16 batch near 1000 its float16 mean rounded by up to 0.25, as
+    much as the values' spread. All three outputs now round once and stay float16."""
+    from onnx import helper
+
+    from polyfuse.onnx.backend import prepare
+
+    rng = np.random.default_rng(5)
+    x = (1000 + rng.standard_normal((64, 4, 3)) * 0.5).astype(np.float16)
+    sc, bi = rng.uniform(0.5, 1.5, 4).astype(np.float16), rng.uniform(-1, 1, 4).astype(np.float16)
+    rm, rv = np.full(4, 999, np.float16), np.full(4, 0.5, np.float16)
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                            training_mode=1, momentum=0.5)  # fmt: skip
+    consts = {"s": sc, "b": bi, "m": rm, "v": rv}
+    y, m1, v1 = prepare(_model([node], {"x": x}, consts), "CPU").run({"x": x})
+    d = x.astype(np.float64)
+    mean, var = d.mean((0, 2), keepdims=True), d.var((0, 2), keepdims=True)
+    e = (d - mean) / np.sqrt(var + 1e-5) * sc[:, None] + bi[:, None]
+    assert y.dtype == m1.dtype == v1.dtype == np.float16
+    assert np.all(np.abs(y - e) <= 2 * np.maximum(np.abs(e), 2.0**-14) * 2.0**-10)
+    np.testing.assert_allclose(m1, 999 * 0.5 + mean.ravel() * 0.5, rtol=2**-10)
+    np.testing.assert_allclose(v1, 0.5 * 0.5 + var.ravel() * 0.5, rtol=2**-10)
 
 
 def test_16_bit_layer_normalization_computes_in_float32():
