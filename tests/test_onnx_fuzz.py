@@ -156,13 +156,13 @@ def _run(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
     from polyfuse.onnx.backend import prepare
     from polyfuse.testing.onnx_programs import reference_evaluator
 
-    model = _model(nodes, inputs, consts, opset)
+    model = _nodes_model(nodes, inputs, consts, opset)
     want = reference_evaluator(model).run(None, inputs)[0]
     got = prepare(model, "CPU").run(inputs)[0]
     return np.asarray(got), np.asarray(want)
 
 
-def _model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
+def _nodes_model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
     """A model of ``nodes`` over ``inputs`` and constant initializers ``consts``; its outputs
     are the last node's."""
     from onnx import helper, numpy_helper
@@ -357,7 +357,7 @@ def test_16_bit_sum_that_overflows_before_its_log_or_root_stays_in_float32(op, n
     from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
     from polyfuse.onnx.backend import prepare
 
-    fn = prepare(_model([node], {"x": x}, consts), "CPU").fn
+    fn = prepare(_nodes_model([node], {"x": x}, consts), "CPU").fn
     if "nvrtc" in available_compilers():
         for arch in ("sm_80", "sm_90"):
             assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
@@ -399,7 +399,7 @@ def test_16_bit_training_batch_normalization_computes_in_float32():
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
                             training_mode=1, momentum=0.5)  # fmt: skip
     consts = {"s": sc, "b": bi, "m": rm, "v": rv}
-    y, m1, v1 = prepare(_model([node], {"x": x}, consts), "CPU").run({"x": x})
+    y, m1, v1 = prepare(_nodes_model([node], {"x": x}, consts), "CPU").run({"x": x})
     d = x.astype(np.float64)
     mean, var = d.mean((0, 2), keepdims=True), d.var((0, 2), keepdims=True)
     e = (d - mean) / np.sqrt(var + 1e-5) * sc[:, None] + bi[:, None]
