@@ -162,6 +162,21 @@ def _run(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
     return np.asarray(got), np.asarray(want)
 
 
+def _compiles_and_runs_race_free(nodes, inputs: dict, consts: dict, got) -> None:
+    """The model's CUDA compiles with NVRTC for sm_80 and sm_90 (where installed) and gives
+    ``got`` again in race-check mode."""
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+    from polyfuse.onnx.backend import prepare
+
+    fn = prepare(_nodes_model(nodes, inputs, consts), "CPU").fn
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+    again = fn(*inputs.values(), device="emulate", race_check=True)
+    for a, b in zip(again if isinstance(again, tuple) else (again,), got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def _nodes_model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20):
     """A model of ``nodes`` over ``inputs`` and constant initializers ``consts``; its outputs
     are the last node's."""
@@ -354,14 +369,7 @@ def test_16_bit_sum_that_overflows_before_its_log_or_root_stays_in_float32(op, n
     assert got.dtype == np.float16 and np.all(np.isfinite(got)), got
     unit = np.abs(e) * 2.0**-10
     assert np.all(np.abs(got - e) <= unit) and np.all(np.abs(want - e) <= unit / 2)
-    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
-    from polyfuse.onnx.backend import prepare
-
-    fn = prepare(_nodes_model([node], {"x": x}, consts), "CPU").fn
-    if "nvrtc" in available_compilers():
-        for arch in ("sm_80", "sm_90"):
-            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
-    np.testing.assert_array_equal(fn(x, device="emulate", race_check=True), got)
+    _compiles_and_runs_race_free([node], {"x": x}, consts, [got])
 
 
 def test_16_bit_instance_normalization_computes_in_float32():
@@ -375,6 +383,7 @@ def test_16_bit_instance_normalization_computes_in_float32():
     scale, bias = (rng.uniform(-1.5, 1.5, 16).astype(np.float16) for _ in range(2))
     node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"])
     got, want = _run([node], {"x": x}, {"s": scale, "b": bias})
+    _compiles_and_runs_race_free([node], {"x": x}, {"s": scale, "b": bias}, [got])
     d = x.astype(np.float64)
     c = d - d.mean(2, keepdims=True)
     e = c / np.sqrt((c * c).mean(2, keepdims=True) + 1e-5) * scale[:, None] + bias[:, None]
@@ -400,6 +409,7 @@ def test_16_bit_training_batch_normalization_computes_in_float32():
                             training_mode=1, momentum=0.5)  # fmt: skip
     consts = {"s": sc, "b": bi, "m": rm, "v": rv}
     y, m1, v1 = prepare(_nodes_model([node], {"x": x}, consts), "CPU").run({"x": x})
+    _compiles_and_runs_race_free([node], {"x": x}, consts, [y, m1, v1])
     d = x.astype(np.float64)
     mean, var = d.mean((0, 2), keepdims=True), d.var((0, 2), keepdims=True)
     e = (d - mean) / np.sqrt(var + 1e-5) * sc[:, None] + bi[:, None]
