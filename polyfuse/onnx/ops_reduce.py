@@ -128,26 +128,14 @@ def _bn_training(ctx: Ctx, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     mean, cen, var = _moments(ctx, x, axes, "bn_cen")
     cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
     sc, bi = (reshape_to(ctx, v, cshape) for v in ins[1:3])
-    y = map_elementwise(
-        ctx,
-        [cen, var, sc, bi],
-        lambda c, v, s_, b: down(c * te.rsqrt(v + eps) * up(s_) + up(b)),
-        "bn",
-    )
+    y = _normalized(ctx, x, cen, var, sc, bi, eps, "bn")
     c = x.shape[1]
-    m1 = map_elementwise(
-        ctx,
-        [reshape_to(ctx, mean, (c,)), ins[3]],
-        lambda m, r: down(up(r) * mom + m * (1 - mom)),
-        "bn_rm",
-    )
-    v1 = map_elementwise(
-        ctx,
-        [reshape_to(ctx, var, (c,)), ins[4]],
-        lambda v, r: down(up(r) * mom + v * (1 - mom)),
-        "bn_rv",
-    )
-    return [y, m1, v1]
+    running = [
+        map_elementwise(ctx, [reshape_to(ctx, batch, (c,)), old],
+                        lambda b, r: down(up(r) * mom + b * (1 - mom)), hint)  # fmt: skip
+        for batch, old, hint in ((mean, ins[3], "bn_rm"), (var, ins[4], "bn_rv"))
+    ]
+    return [y, *running]
 
 
 def _moments(ctx: Ctx, x: Tensor, axes: list[int], hint: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -159,6 +147,19 @@ def _moments(ctx: Ctx, x: Tensor, axes: list[int], hint: str) -> tuple[Tensor, T
     cen = map_elementwise(ctx, [x, mean], lambda a, m: up(a) - m, hint)
     var = reduce_op(ctx, cen, axes, True, "sum", pre=lambda v: v * v * (1.0 / n))
     return mean, cen, var
+
+
+def _normalized(
+    ctx: Ctx, x: Tensor, cen: Tensor, var: Tensor, sc: Value, bi: Value, eps: float, hint: str
+) -> Tensor:
+    """``cen / sqrt(var + eps) * sc + bi`` (the :func:`_moments` of ``x``), in float32 for a
+    16-bit ``x`` and rounded once to its dtype."""
+    up, down = wide(x), narrow(x)
+
+    def body(c: Expr, v: Expr, s: Expr, b: Expr) -> Expr:
+        return down(c * te.rsqrt(v + eps) * up(s) + up(b))
+
+    return map_elementwise(ctx, [cen, var, sc, bi], body, hint)
 
 
 @register_op("LayerNormalization")
@@ -206,7 +207,6 @@ def _lrn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
 def _instnorm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     eps = float(at.get("epsilon", 1e-5))
-    up, down = wide(x), narrow(x)
     _, cen, var = _moments(ctx, x, list(range(2, x.ndim)), "in_cen")
     cshape = (x.shape[1],) + (1,) * (x.ndim - 2)
     sc = np.asarray(ins[1]).reshape(cshape) if isinstance(ins[1], np.ndarray) else ins[1]
@@ -215,14 +215,7 @@ def _instnorm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
         sc = ops.reshape(sc, cshape, ctx.fresh("sc"))
     if isinstance(bi, Tensor):
         bi = ops.reshape(bi, cshape, ctx.fresh("bi"))
-    return [
-        map_elementwise(
-            ctx,
-            [cen, var, sc, bi],
-            lambda c_, v, s, b: down(c_ * te.rsqrt(v + eps) * up(s) + up(b)),
-            "inorm",
-        )
-    ]
+    return [_normalized(ctx, x, cen, var, sc, bi, eps, "inorm")]
 
 
 def _arg_reduce(
