@@ -509,6 +509,52 @@ def test_a_larger_depth_to_space_chain_that_folds_compiles_in_seconds():
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+
+def _topk_rows(dtype: str, n: int) -> np.ndarray:
+    """Rows of ``n`` values of ``dtype`` with ties, and for a float NaNs (first, middle,
+    everywhere), +-inf and signed zeros where TopK's order has to choose."""
+    rng = np.random.default_rng(11)
+    x = rng.integers(-6, 6, (5, n)).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[0, [0, n // 2, n - 1]] = np.nan
+        x[1, :] = np.nan
+        x[1, [3, n - 2]] = [np.inf, -np.inf]
+        x[2, [1, 4, 7]] = [np.inf, -np.inf, -0.0]
+        x[3, 2:] = np.nan
+    else:
+        x[1, :] = np.iinfo(dtype).max
+        x[2, [0, n - 1]] = np.iinfo(dtype).min
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int64"])
+def test_topk_of_a_small_k_over_a_long_row_takes_rounds_in_onnx_order(dtype):
+    """TopK's ranks compare every pair of a row: at n = 32000 and k = 1 that took 25 s of
+    emulator time for one row. A small k over a long row now takes k rounds (the extreme
+    value after the previous round's element, then its first index), 2 n k comparisons. Both
+    lowerings give ONNX's reference order: NaN largest (first with largest=1, last with
+    largest=0), ties to the lower index, whichever axis; the kernels compile with NVRTC for
+    sm_80 and sm_90 and agree in race-check mode."""
+    from polyfuse.onnx.backend import prepare
+    from polyfuse.onnx.ops_reduce import TOPK_ROUNDS_MAX_K
+    from polyfuse.testing.onnx_programs import reference_evaluator
+
+    x = _topk_rows(dtype, 40)
+    for axis, k, largest in ((-1, 1, 1), (-1, 3, 0), (1, TOPK_ROUNDS_MAX_K, 1), (0, 2, 0),
+                             (-1, 19, 1)):  # fmt: skip
+        node = onnx.helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)
+        model = _nodes_model([node], {"x": x}, {"k": np.array([k], np.int64)})
+        rep = prepare(model, "CPU")
+        names = " ".join(p.tensor.name for p in rep.fn.plan.graph.prims.values())
+        rounds = k <= TOPK_ROUNDS_MAX_K and 2 * k < x.shape[axis]
+        assert ("topk_round" in names) == rounds and ("topk_rank" in names) != rounds, names
+        got, want = rep.run({"x": x}), reference_evaluator(model).run(None, {"x": x})
+        np.testing.assert_array_equal(got[1], want[1], err_msg=f"{axis=} {k=} {largest=}")
+        np.testing.assert_array_equal(got[0], want[0])
+        if k == 3:
+            _compiles_and_runs_race_free([node], {"x": x}, {"k": np.array([k], np.int64)}, got)
+
+
 ALL_REDUCE = """
 import numpy as np
 from onnx import TensorProto, helper
