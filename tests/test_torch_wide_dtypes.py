@@ -157,6 +157,21 @@ def test_bool_masks():
     _compile_all(masks, m, k, dtypes={"bool"})
 
 
+
+def test_bool_products_and_sums_are_logical_and_and_or():
+    """torch fuzz (default size, from seed 8800): ``mask * mask`` and ``mask + mask`` stayed in
+    PyTorch ("arithmetic on bool tensors"), splitting the region. Of two bools torch's
+    product is their and, their sum their or (a False ``alpha`` drops the second)."""
+    g = torch.Generator().manual_seed(3)
+    a, b, c = (torch.randn(5, 7, generator=g) for _ in range(3))
+
+    def f(a, b, c):
+        m, n = a > 0, b > 0
+        added = torch.add(m, n, alpha=False), torch.add(m, n, alpha=True)
+        return (m * n, m + n, m * True, m + False, m * False, m + True, *added, (m * n + m) * c)
+
+    _compile_all(f, a, b, c, dtypes={"float32"})
+
 def test_bool_mask_selects_floats():
     # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
     g = torch.Generator().manual_seed(3)

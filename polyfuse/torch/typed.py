@@ -191,6 +191,8 @@ def add(a: Operand, b: Operand, *, alpha: Any = 1) -> Tensor:
     """``a + alpha * b`` (``alpha`` takes the operands' dtype; torch refuses a float one for
     integers)."""
     dtype = _promoted(a, b)
+    if dtype == "bool":  # torch: logical or (alpha, a bool, drops b when False)
+        return elementwise("add", lambda x, y: (x | y) if alpha else x, [a, b], dtype)
     s = _scaled(alpha, dtype)
     return elementwise("add", lambda x, y: x + s(y), [a, b], dtype)
 
@@ -214,7 +216,18 @@ def _binary(op: str, fn: Callable[[Any, Any], Any]) -> Callable[[Operand, Operan
     return lower
 
 
-mul = _binary("mul", lambda x, y: x * y)
+
+
+def mul(a: Operand, b: Operand) -> Tensor:
+    """``a * b``; of two bools, their logical and (as torch)."""
+    dtype = _promoted(a, b)
+    return elementwise("mul", (lambda x, y: x & y) if dtype == "bool" else _times, [a, b], dtype)
+
+
+def _times(x: Any, y: Any) -> Any:
+    return x * y
+
+
 maximum = _binary("maximum", te.maximum)
 minimum = _binary("minimum", te.minimum)
 
@@ -444,7 +457,6 @@ _BITWISE = {
     aten.bitwise_xor.Scalar,
     aten.bitwise_not.default,
 }
-_BOOL_ARITH = {aten.add.Tensor, aten.add.Scalar, aten.mul.Tensor, aten.mul.Scalar}
 #: Lowerings written for float results (their ops use float constants: a mean's 1/n, a
 #: pool's -inf padding, a convolution's 0.0 padding, normalisation): an integer result
 #: (torch's integer avg_pool2d truncates) stays in PyTorch.
@@ -504,8 +516,6 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
         if not d.is_floating_point:
             name = str(d).removeprefix("torch.")
             return f"dtype {name}: {target} of integers (polyfuse lowers it for floats)"
-    if target in _BOOL_ARITH and _val(node).dtype == torch.bool:
-        return "dtype bool: arithmetic on bool tensors"
     if target is aten.index.Tensor:
         idx = [t for t in args[1] if t is not None]
         if not idx or any(
