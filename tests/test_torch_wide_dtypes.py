@@ -172,6 +172,25 @@ def test_bool_products_and_sums_are_logical_and_and_or():
 
     _compile_all(f, a, b, c, dtypes={"float32"})
 
+
+def test_cumsum_of_every_dtype_runs_in_polyfuse():
+    """``torch.cumsum`` stayed in PyTorch (a graph break; HF models number positions with
+    ``mask.cumsum(-1)``). It is one reduction per row under ``k <= j``: floats keep their
+    dtype (16-bit accumulate in float32), integers and bools count in int64 unless
+    ``dtype=`` says, a 0-d tensor is its own prefix."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(5, 300, generator=g)
+    h = torch.randn(7, 3, generator=g).half()
+    i = torch.randint(-9, 9, (5, 300), dtype=torch.int32, generator=g)
+
+    def f(a, h, i):
+        m = a > 0
+        return (torch.cumsum(a, 1), torch.cumsum(h, 0), torch.cumsum(i, -1), m.cumsum(1),
+                a.cumsum(1, dtype=torch.float64), torch.cumsum(i, 0, dtype=torch.int32),
+                torch.cumsum(a[0, 0], 0), i.cumsum(1).to(torch.float32) * a)  # fmt: skip
+
+    _compile_all(f, a, h, i, dtypes={"float32", "float16", "int32"})
+
 def test_bool_mask_selects_floats():
     # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
     g = torch.Generator().manual_seed(3)
@@ -368,10 +387,10 @@ def test_float64_transformer_layer_with_a_bool_padding_mask_is_one_region():
 
 def test_constants_alone_make_no_region():
     # a region reading no tensor would have no device to run on: full(...) * 2, read only by
-    # an operator polyfuse lacks (cumsum), stays eager
+    # an operator polyfuse lacks (cummax), stays eager
     def f(x):
         c = torch.full((4,), 3, dtype=torch.int64) * 2
-        return x + c.cumsum(0)
+        return x + c.cummax(0).values
 
     x = torch.arange(4)
     with torch.no_grad():

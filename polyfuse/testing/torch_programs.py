@@ -109,7 +109,8 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("int_times_float", "i", "{a} * 0.5"),
     ("std", "f", "{a}.std({d}, keepdim=True)"),
     ("expand", "x", "{a}.unsqueeze(0).expand(2, *{a}.shape)"),
-    ("cumsum", "x", "torch.cumsum({a}, {d})"),  # stays in PyTorch: a graph break mid-program
+    # cummax stays in PyTorch: a graph break mid-program
+    ("cumsum", "x", "torch.cumsum({a}, {d}) + torch.cummax({a}, {d}).values"),
     ("conv2d", "f", "F.conv2d({a}.reshape(1, 1, -1, {last}), "
                     "torch.full((2, 1, 2, 2), 0.3, dtype={a}.dtype), padding=1)"),
     ("max_pool", "f", "F.max_pool2d({a}.reshape(1, 1, -1, {last}), 2, 1, 1)"),

@@ -493,6 +493,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
         x if dtype is None else _as_dtype(x, te_dtype(dtype))
     ),
     aten.sum.dim_IntList: reduce.sum_,
+    aten.cumsum.default: reduce.cumsum,
     aten.sum.default: lambda x, *, dtype=None: reduce.sum_(x, None, False, dtype=dtype),
     aten.mean.dim: _reduce(ops.reduce_mean),
     aten.mean.default: lambda x, *, dtype=None: _reduce(ops.reduce_mean)(x, None, dtype=dtype),

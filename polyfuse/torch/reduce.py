@@ -2,7 +2,8 @@
 
 ``sum`` counts integers and bools in int64 (torch's rule) unless ``dtype=`` says otherwise;
 ``amax``/``amin`` keep the dtype; ``any``/``all`` are the max/min of the input tested
-``!= 0``; ``argmax``/``argmin`` give the int64 index of the first extreme (a NaN wins, as in
+``!= 0``; ``cumsum`` sums each prefix (integers and bools in int64, as ``sum``);
+``argmax``/``argmin`` give the int64 index of the first extreme (a NaN wins, as in
 torch); ``index``/``index_select``/``embedding`` gather by int32/int64 index tensors
 (negative indices count from the end).
 """
@@ -22,7 +23,7 @@ from polyfuse.ops.reductions import reduce_subscripts
 
 from .typed import as_dtype, elementwise, te_dtype
 
-__all__ = ["any_all", "arg_extreme", "index", "index_select", "reduce", "sum_"]
+__all__ = ["any_all", "arg_extreme", "cumsum", "index", "index_select", "reduce", "sum_"]
 
 
 def _axes(x: Tensor, dims: Any) -> list[int]:
@@ -61,6 +62,25 @@ def sum_(x: Tensor, dims: Any = None, keepdim: bool = False, *, dtype: Any = Non
         d = x.dtype if dt.is_float(x.dtype) else "int64"
     return reduce("sum", x, dims, bool(keepdim), d)
 
+
+
+def cumsum(x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
+    """``aten.cumsum``: element j along ``dim`` is the sum of elements 0..j, one reduction
+    over the row under ``k <= j`` (n * n additions per row; a 16-bit float accumulates in
+    float32 as every te sum). Integers and bools count in int64 unless ``dtype`` says."""
+    d = te_dtype(dtype) if dtype is not None else (x.dtype if dt.is_float(x.dtype) else "int64")
+    if not x.shape:  # a scalar's prefix is itself
+        return elementwise("cumsum", lambda v: v, [x], d)
+    ax = dim % len(x.shape)
+    k = te.reduce_axis(x.shape[ax], name="kc")
+
+    def body(*i: Any) -> Any:
+        v = x[(*i[:ax], k, *i[ax + 1 :])]
+        if x.dtype != d:
+            v = te.cast(v if dt.is_float(d) else stored(v, x.dtype), d)
+        return te.sum(te.where(k <= i[ax], v, 0), axis=k)
+
+    return te.compute(x.shape, body, name=op_name("cumsum", None), tag="cumsum")
 
 def any_all(op: str) -> Callable[..., Tensor]:
     """``aten.any``/``aten.all``: the max/min of the input tested ``!= 0``."""
