@@ -191,6 +191,21 @@ def test_cumsum_of_every_dtype_runs_in_polyfuse():
 
     _compile_all(f, a, h, i, dtypes={"float32", "float16", "int32"})
 
+
+def test_tensors_made_in_the_traced_code_run_in_polyfuse():
+    """``torch.tensor([...])`` inside a compiled function traces to ``aten.lift_fresh_copy``
+    of a constant, which stayed in PyTorch (torch fuzz: index tensors of an index_select after
+    a graph break). It is a copy: the region reads the constant itself."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, generator=g)
+
+    def f(x):
+        picked = x[torch.tensor([0, -1]), torch.tensor([2, 1])]
+        scaled = x.half() * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
+        return x + torch.tensor([1.0, 2.0, 3.0]) * 2, picked, scaled
+
+    _compile_all(f, x, dtypes={"float32", "int64", "float16"})
+
 def test_bool_mask_selects_floats():
     # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
     g = torch.Generator().manual_seed(3)

@@ -51,6 +51,7 @@ DATA_MOVEMENT = frozenset(
         "aten.clone.default",
         "aten.alias.default",
         "aten.detach.default",
+        "aten.lift_fresh_copy.default",
         "aten._to_copy.default",
         "aten.slice.Tensor",
         "aten.select.int",

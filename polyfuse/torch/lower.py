@@ -489,6 +489,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.clone.default: _identity,
     aten.alias.default: _identity,
     aten.detach.default: _identity,
+    aten.lift_fresh_copy.default: _identity,  # torch.tensor([...]) in the traced code
     aten._to_copy.default: lambda x, *, dtype=None, **kw: (
         x if dtype is None else _as_dtype(x, te_dtype(dtype))
     ),
