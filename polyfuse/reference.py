@@ -456,6 +456,15 @@ def _sigmoid(x: Any) -> Any:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+#: te's trigonometric, hyperbolic and base-2/10 functions, as numpy computes them (float64).
+_NUMPY_MATH = {
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+    "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+    "acosh": np.arccosh, "atanh": np.arctanh, "exp2": np.exp2, "log2": np.log2,
+    "log10": np.log10,
+}  # fmt: skip
+
+
 def _unary(op: str, a: Any) -> Any:
     if op == "neg":
         return np.negative(a)
@@ -488,6 +497,8 @@ def _unary(op: str, a: Any) -> Any:
         return np.floor(x)
     if op == "ceil":
         return np.ceil(x)
+    if op in _NUMPY_MATH:
+        return _NUMPY_MATH[op](x)
     raise ExpressionError(f"reference: unknown unary op '{op}'")
 
 

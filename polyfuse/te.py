@@ -15,8 +15,7 @@ primitive is a single loop nest isl can model.
 Dtypes: placeholders, computes and constants take any of float16, bfloat16, float32, float64,
 int32, int64 and bool; the typing rules (promotion, Python numbers, division, reductions and
 their float32 accumulators for half precision) are those of :mod:`polyfuse.graph.dtypes`.
-Code generation supports float32 tensors only for now; ``polyfuse.reference.evaluate`` runs
-every dtype.
+Code generation and ``polyfuse.reference.evaluate`` run every one of them.
 """
 
 from __future__ import annotations
@@ -59,20 +58,31 @@ __all__ = [
     "IterVar",
     "Tensor",
     "abs",
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
     "cast",
+    "ceil",
     "compute",
     "const",
+    "cos",
+    "cosh",
     "data_index",
     "equal",
     "erf",
     "exp",
-    "ceil",
+    "exp2",
     "expm1",
     "floor",
     "isinf",
     "isnan",
     "log",
+    "log10",
     "log1p",
+    "log2",
     "max",
     "maximum",
     "min",
@@ -83,8 +93,11 @@ __all__ = [
     "round",
     "rsqrt",
     "sigmoid",
+    "sin",
+    "sinh",
     "sqrt",
     "sum",
+    "tan",
     "tanh",
     "truncdiv",
     "truncmod",
@@ -209,6 +222,25 @@ expm1 = _unary("expm1")
 expm1.__doc__ = "Elementwise ``exp(x) - 1``, accurate for small ``x`` (where ``- 1`` cancels)."
 sigmoid = _unary("sigmoid")
 abs = _unary("abs")  # noqa: A001
+sin = _unary("sin")
+cos = _unary("cos")
+tan = _unary("tan")
+asin = _unary("asin")
+asin.__doc__ = "Elementwise arcsine (NaN outside [-1, 1])."
+acos = _unary("acos")
+acos.__doc__ = "Elementwise arccosine (NaN outside [-1, 1])."
+atan = _unary("atan")
+sinh = _unary("sinh")
+cosh = _unary("cosh")
+asinh = _unary("asinh")
+acosh = _unary("acosh")
+acosh.__doc__ = "Elementwise inverse hyperbolic cosine (NaN below 1)."
+atanh = _unary("atanh")
+atanh.__doc__ = "Elementwise inverse hyperbolic tangent (NaN outside [-1, 1], +-inf at +-1)."
+exp2 = _unary("exp2")
+exp2.__doc__ = "Elementwise ``2 ** x``."
+log2 = _unary("log2")
+log10 = _unary("log10")
 
 
 def floor(x: Any) -> Expr:

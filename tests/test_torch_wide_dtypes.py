@@ -14,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.extra  # needs PyTorch (CI's extras step)
 torch = pytest.importorskip("torch")
 nn = torch.nn
+F = torch.nn.functional
 
 import polyfuse.torch as pt  # noqa: E402
 from polyfuse.graph.dtypes import tolerance  # noqa: E402
@@ -205,6 +206,42 @@ def test_tensors_made_in_the_traced_code_run_in_polyfuse():
         return x + torch.tensor([1.0, 2.0, 3.0]) * 2, picked, scaled
 
     _compile_all(f, x, dtypes={"float32", "int64", "float16"})
+
+
+def test_math_norms_diagonals_and_rounding_run_in_polyfuse():
+    """Operators that stayed in PyTorch though te computes them: ``sin`` ... ``atanh``,
+    ``exp2``/``log2``/``log10`` (RoPE's angles), ``reciprocal``, ``isnan`` (``nan_to_num``),
+    ``sign`` (0 for NaN, as torch), ``linalg_vector_norm`` (``F.normalize``,
+    ``cosine_similarity``; a float16 sum of squares in float32), ``clamp`` by tensors,
+    ``round(decimals=)`` and ``diagonal``. Each runs in polyfuse and matches eager."""
+    g = torch.Generator().manual_seed(8)
+    v = torch.randn(4, 10, generator=g)
+    v[0, :4] = torch.tensor([0.0, -0.0, float("nan"), float("inf")])
+    h = (torch.randn(3, 300, generator=g) * 100).half()
+    x = torch.randn(2, 5, 6, 7, generator=g)
+    i = torch.arange(-3, 9).reshape(3, 4)
+
+    def f(v, h, x, i):
+        pos = i.float()[:, :, None] * torch.exp2(-torch.arange(4.0))
+        math_ = (v.sin(), v.cos(), torch.tan(v), torch.asin(v / 4), torch.acos(v / 4),
+                 v.atan(), v.sinh(), v.cosh(), v.asinh(), (v.abs() + 1).acosh(),
+                 torch.atanh(v / 3), torch.log2(v), torch.log10(v), h.sin(), i.cos(),
+                 torch.cat([pos, pos], -1).cos(), torch.reciprocal(i), torch.reciprocal(v))
+        nans = (torch.isnan(v.log()), torch.nan_to_num(v.log(), 0.5, 1e3, -1e3), v.sign(),
+                i.sign(), (i > 0).sign())
+        norms = (torch.linalg.vector_norm(v, dim=1), v.norm(dim=0), h.norm(dim=1),
+                 torch.linalg.vector_norm(v, 1, dim=(0, 1), keepdim=True),
+                 torch.linalg.vector_norm(v.nan_to_num(), float("inf"), dim=0),
+                 torch.linalg.vector_norm(v, float("-inf")), torch.linalg.vector_norm(v, 0, 1),
+                 torch.linalg.vector_norm(v, 3, dim=1),
+                 torch.linalg.vector_norm(h, dtype=torch.float32),
+                 F.normalize(x, dim=1), F.cosine_similarity(x, x.flip(0)))
+        rest = (torch.clamp(x, x.flip(0), x.flip(1) + 1), torch.round(v * 10, decimals=1),
+                torch.round(h, decimals=-2), torch.diagonal(x, 2, 1, 3) + 1,
+                torch.diagonal(x, -1, -1, 2) * 2, torch.diag(v[:, :4]) + 1)
+        return (*math_, *nans, *norms, *rest)
+
+    _compile_all(f, v, h, x, i, dtypes={"float32", "float16", "int64"})
 
 def test_bool_mask_selects_floats():
     # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
@@ -475,8 +512,6 @@ def test_argmax_argmin_first_index_and_nan():
 def test_integer_hardtanh_keeps_the_dtype_where_clamp_promotes():
     # hardtanh computes in the input's own dtype (bounds truncated: -0.5 -> 0, 1.7 -> 1);
     # clamp with a float bound promotes to float32
-    import torch.nn.functional as F
-
     x = torch.arange(-6, 6).reshape(3, 4)
     _compile_all(
         lambda y: (F.hardtanh(y * 2, -0.5, 1.7), torch.clamp_min(y, 0.5)), x, dtypes={"int64"}
@@ -486,8 +521,6 @@ def test_integer_hardtanh_keeps_the_dtype_where_clamp_promotes():
 def test_integer_conv_and_pools_stay_in_pytorch_with_a_warning(caplog):
     # torch's integer average pooling truncates its division, and polyfuse's conv and pool
     # lowerings pad with float constants: integer ones stay in PyTorch, said at WARNING
-    import torch.nn.functional as F
-
     x = torch.arange(-20, 16).reshape(1, 1, 6, 6)
     w = torch.tensor([[[[1, -2, 0], [3, 1, -1], [0, 2, 1]]]])
 

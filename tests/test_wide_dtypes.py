@@ -537,6 +537,33 @@ def test_log1p_and_expm1_are_accurate_near_zero(dtype, rel):
         compile_cuda(fn.cuda_source, "sm_80", compiler="nvrtc")
 
 
+TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32"])
+def test_trigonometric_hyperbolic_and_base_2_and_10_functions(dtype):
+    """``te.sin`` ... ``te.atanh``, ``te.exp2``, ``te.log2``, ``te.log10`` (ONNX Sin ... Atanh
+    and torch's ``aten.sin`` ... were unsupported: RoPE computes ``cos``/``sin`` of its
+    angles in the graph). Each agrees with numpy's float64 value within the dtype's tolerance,
+    NaN outside the domain and at NaN, in both thread orders; an integer operand computes in
+    float32; NVRTC compiles them for sm_80 and sm_90."""
+    names = (*TRIG, "exp2", "log2", "log10")
+    x = te.placeholder((5, 40), dtype, name="x")
+    outs = [te.compute(x.shape, lambda i, j, f=f: getattr(te, f)(x[i, j]), name=f"y_{f}")
+            for f in names]  # fmt: skip
+    if dtype == "int32":
+        xv = RNG.integers(-4, 5, x.shape).astype(np.int32)
+    else:
+        v = RNG.standard_normal(x.shape) * 3
+        v[0, :9] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.999, 40.0]
+        xv = v.astype(numpy_dtype(dtype))
+    fn = _run([x], outs, [xv], precision="storage")  # sinh(12) is inf in float16
+    assert [o.dtype for o in outs] == [dtype if dtype != "int32" else "float32"] * len(names)
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_floor_and_ceil_keep_the_dtype_huge_values_inf_and_nan(dtype):
     """``te.floor``/``te.ceil`` compute in the tensor's dtype. ONNX's Floor and Ceil used to

@@ -55,6 +55,7 @@ DATA_MOVEMENT = frozenset(
         "aten._to_copy.default",
         "aten.slice.Tensor",
         "aten.select.int",
+        "aten.diagonal.default",
         "aten.split_with_sizes.default",
         "aten.split.Tensor",
         "getitem",

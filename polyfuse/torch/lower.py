@@ -177,6 +177,65 @@ def _var_mean(x, dims=None, *, correction=None, keepdim=False):
     return var, _as_dtype(mean, x.dtype)
 
 
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    """``aten.linalg_vector_norm`` (``F.normalize``, ``cosine_similarity``): ``ord`` 2 the
+    root of the sum of squares, 1 the sum of magnitudes, inf/-inf their max/min, 0 the count
+    of nonzeros, any other p ``sum(|x|**p) ** (1/p)``; a 16-bit input sums in float32 and
+    rounds once (its sum of squares overflows float16 where the root does not), as torch."""
+    if dtype is not None:
+        x = _as_dtype(x, te_dtype(dtype))
+    out = x.dtype
+    if out in dt.HALF_DTYPES:
+        x = _as_dtype(x, "float32")
+    axes, keep, p = _axes(x, dim) or list(range(len(x.shape))), bool(keepdim), float(ord)
+    mag = ops.abs(x)
+    if math.isinf(p):
+        y = reduce.reduce("max" if p > 0 else "min", mag, axes, keep, x.dtype)
+    elif p == 0:
+        nonzero = typed.elementwise("ne", lambda v: te.cast(te.not_equal(v, 0), x.dtype), [x],
+                                    x.dtype)  # fmt: skip
+        y = reduce.reduce("sum", nonzero, axes, keep, x.dtype)
+    elif p == 1:
+        y = reduce.reduce("sum", mag, axes, keep, x.dtype)
+    elif p == 2:
+        y = ops.sqrt(reduce.reduce("sum", typed.mul(x, x), axes, keep, x.dtype))
+    else:
+        total = reduce.reduce("sum", typed.pow_(mag, p), axes, keep, x.dtype)
+        y = typed.pow_(total, 1.0 / p)
+    return _as_dtype(y, out)
+
+
+def _round_decimals(x, *, decimals=0):
+    """``torch.round(x, decimals=d)``: ``rint(x * 10**d) / 10**d`` (for d < 0,
+    ``rint(x / 10**-d) * 10**-d``), in ``x``'s dtype, as torch computes it."""
+    if decimals == 0:
+        return typed.elementwise("round", _round, [x], x.dtype)
+    scale = te.const(10.0 ** abs(decimals), x.dtype)
+    if decimals > 0:
+        return typed.elementwise("round", lambda v: te.round(v * scale) / scale, [x], x.dtype)
+    return typed.elementwise("round", lambda v: te.round(v / scale) * scale, [x], x.dtype)
+
+
+def _diagonal(x, offset=0, dim1=0, dim2=1):
+    """``aten.diagonal``: ``dim1`` and ``dim2`` dropped, the diagonal (shifted by ``offset``)
+    appended as the last dim: an affine read."""
+    n = len(x.shape)
+    d1, d2 = dim1 % n, dim2 % n
+    r0, c0 = max(0, -offset), max(0, offset)
+    length = max(0, min(x.shape[d1] - r0, x.shape[d2] - c0))
+    if length == 0:
+        raise UnsupportedOpError(f"diagonal of {x.name}: offset {offset} leaves no elements")
+    rest = [d for d in range(n) if d not in (d1, d2)]
+
+    def body(*i: Any) -> Any:
+        at = dict(zip(rest, i[:-1], strict=True))
+        at[d1], at[d2] = i[-1] + r0, i[-1] + c0
+        return x[tuple(at[d] for d in range(n))]
+
+    shape = (*(x.shape[d] for d in rest), length)
+    return te.compute(shape, body, name=f"{x.name}_diagonal", tag="diagonal")
+
+
 def _extreme_dim(op: str) -> Callable[..., Any]:
     """``aten.max.dim``/``min.dim``: the extreme values and the first index holding each (a
     NaN is the extreme and its first index the index, as in torch)."""
@@ -381,6 +440,14 @@ def _round(x: Any) -> Any:
     return te.round(x) if x.dtype.startswith(("float", "bfloat")) else x
 
 
+def _sign(x: Any) -> Any:
+    """``torch.sign``: 1, -1 or 0 in ``x``'s dtype (0 for NaN and -0.0, as torch); a bool is
+    its own sign."""
+    if x.dtype == "bool":
+        return x
+    return te.cast(te.where(x > 0, 1, te.where(x < 0, -1, 0)), x.dtype)
+
+
 def _trunc(x: Any) -> Any:
     """``torch.trunc``: toward zero (``floor`` above 0, ``ceil`` below; NaN passes)."""
     return te.where(x < 0, te.ceil(x), te.floor(x))
@@ -459,14 +526,28 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.expm1.default: typed.float_math(
         lambda x: typed.elementwise("expm1", te.expm1, [x], x.dtype)
     ),
+    **{
+        getattr(aten, f).default: typed.float_math(
+            lambda x, f=f: typed.elementwise(f, getattr(te, f), [x], x.dtype)
+        )
+        for f in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh")
+        + ("acosh", "atanh", "exp2", "log2", "log10")
+    },
+    aten.reciprocal.default: typed.float_math(
+        lambda x: typed.elementwise("reciprocal", lambda v: 1 / v, [x], x.dtype)
+    ),
+    aten.isnan.default: lambda x: typed.elementwise("isnan", te.isnan, [x], x.dtype),
+    aten.sign.default: lambda x: typed.elementwise("sign", _sign, [x], x.dtype),
     aten.relu.default: typed.relu,
     aten.abs.default: ops.abs,
     aten.floor.default: lambda x: typed.elementwise("floor", te.floor, [x], x.dtype),
     aten.ceil.default: lambda x: typed.elementwise("ceil", te.ceil, [x], x.dtype),
     aten.round.default: lambda x: typed.elementwise("round", _round, [x], x.dtype),
+    aten.round.decimals: _round_decimals,
     aten.trunc.default: lambda x: typed.elementwise("trunc", _trunc, [x], x.dtype),
     aten.gelu.default: lambda x, approximate="none": ops.gelu(x, approximate=approximate),
     aten.clamp.default: typed.clamp,
+    aten.clamp.Tensor: typed.clamp,
     aten.clamp_min.default: lambda x, lo: typed.clamp(x, lo, None),
     aten.clamp_max.default: lambda x, hi: typed.clamp(x, None, hi),
     aten.hardtanh.default: typed.hardtanh,
@@ -532,6 +613,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._native_batch_norm_legit_no_training.default: _batch_norm,
     aten.native_group_norm.default: _group_norm,
     aten.var.correction: _var,
+    aten.linalg_vector_norm.default: _vector_norm,
+    aten.diagonal.default: _diagonal,
     aten.constant_pad_nd.default: _constant_pad,
     aten.convolution.default: _convolution,
     aten.max_pool2d_with_indices.default: _max_pool,

@@ -67,6 +67,20 @@ _UNARY = {
     "round": "rintf",  # halves to even (the default rounding mode), as numpy.rint
     "floor": "floorf",
     "ceil": "ceilf",
+    "sin": "sinf",
+    "cos": "cosf",
+    "tan": "tanf",
+    "asin": "asinf",
+    "acos": "acosf",
+    "atan": "atanf",
+    "sinh": "sinhf",
+    "cosh": "coshf",
+    "asinh": "asinhf",
+    "acosh": "acoshf",
+    "atanh": "atanhf",
+    "exp2": "exp2f",
+    "log2": "log2f",
+    "log10": "log10f",
 }
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}

@@ -93,6 +93,20 @@ UNARY_F64 = {
     "round": "rint",
     "floor": "floor",
     "ceil": "ceil",
+    "sin": "sin",
+    "cos": "cos",
+    "tan": "tan",
+    "asin": "asin",
+    "acos": "acos",
+    "atan": "atan",
+    "sinh": "sinh",
+    "cosh": "cosh",
+    "asinh": "asinh",
+    "acosh": "acosh",
+    "atanh": "atanh",
+    "exp2": "exp2",
+    "log2": "log2",
+    "log10": "log10",
 }
 #: The combine functors of reductions accumulated in a C type other than float.
 REDUCE_OPS = {"sum": "pf_w_sum", "max": "pf_w_maxop", "min": "pf_w_minop"}
