@@ -201,12 +201,12 @@ def min(  # noqa: A001
     return _reduce("min", expr, axis, accumulate)
 
 
-def _unary(op: str) -> Callable[[Any], Expr]:
+def _unary(op: str, doc: str | None = None) -> Callable[[Any], Expr]:
     def f(x: Any) -> Expr:
         return Unary(op, as_expr(x))
 
     f.__name__ = op
-    f.__doc__ = f"Elementwise ``{op}``."
+    f.__doc__ = doc or f"Elementwise ``{op}``."
     return f
 
 
@@ -216,29 +216,22 @@ sqrt = _unary("sqrt")
 rsqrt = _unary("rsqrt")
 tanh = _unary("tanh")
 erf = _unary("erf")
-log1p = _unary("log1p")
-log1p.__doc__ = "Elementwise ``log(1 + x)``, accurate for small ``x`` (where ``1 + x`` rounds)."
-expm1 = _unary("expm1")
-expm1.__doc__ = "Elementwise ``exp(x) - 1``, accurate for small ``x`` (where ``- 1`` cancels)."
+log1p = _unary("log1p", "Elementwise ``log(1 + x)``, accurate where ``1 + x`` rounds.")
+expm1 = _unary("expm1", "Elementwise ``exp(x) - 1``, accurate where ``- 1`` cancels.")
 sigmoid = _unary("sigmoid")
 abs = _unary("abs")  # noqa: A001
 sin = _unary("sin")
 cos = _unary("cos")
 tan = _unary("tan")
-asin = _unary("asin")
-asin.__doc__ = "Elementwise arcsine (NaN outside [-1, 1])."
-acos = _unary("acos")
-acos.__doc__ = "Elementwise arccosine (NaN outside [-1, 1])."
+asin = _unary("asin", "Elementwise arcsine (NaN outside [-1, 1]).")
+acos = _unary("acos", "Elementwise arccosine (NaN outside [-1, 1]).")
 atan = _unary("atan")
 sinh = _unary("sinh")
 cosh = _unary("cosh")
 asinh = _unary("asinh")
-acosh = _unary("acosh")
-acosh.__doc__ = "Elementwise inverse hyperbolic cosine (NaN below 1)."
-atanh = _unary("atanh")
-atanh.__doc__ = "Elementwise inverse hyperbolic tangent (NaN outside [-1, 1], +-inf at +-1)."
-exp2 = _unary("exp2")
-exp2.__doc__ = "Elementwise ``2 ** x``."
+acosh = _unary("acosh", "Elementwise inverse hyperbolic cosine (NaN below 1).")
+atanh = _unary("atanh", "Elementwise inverse hyperbolic tangent (NaN outside [-1, 1]).")
+exp2 = _unary("exp2", "Elementwise ``2 ** x``.")
 log2 = _unary("log2")
 log10 = _unary("log10")
 

@@ -303,6 +303,29 @@ def test_1d_3d_and_transposed_convolutions_run_in_polyfuse(conv):
     assert last_compiled().polyfuse_report["eager"] == {}
 
 
+
+def test_ceil_mode_dilated_and_divisor_override_pools_run_in_polyfuse():
+    """Pools with ``ceil_mode`` (GoogLeNet's, Inception's), dilation or ``divisor_override``
+    stayed in PyTorch. ceil_mode adds a last window that overhangs the input (dropped where it
+    would start in the right padding); an average over it divides by its elements inside the
+    padded input (``count_include_pad``) or inside the input, as torch does."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 3, 7, 9, generator=g)
+
+    def f(x):
+        return (F.max_pool2d(x, 3, 2, ceil_mode=True), F.max_pool2d(x, 2, 2, 1, ceil_mode=True),
+                F.max_pool2d(x, 3, 1, 1, dilation=2), F.max_pool2d(x, 2, 3, 1, 2, True),
+                F.avg_pool2d(x, 3, 2, ceil_mode=True), F.avg_pool2d(x, 2, 3, 1, ceil_mode=True),
+                F.avg_pool2d(x, 3, 2, 1, True, count_include_pad=False),
+                F.avg_pool2d(x, 2, 2, 1, ceil_mode=True, divisor_override=3))  # fmt: skip
+
+    with torch.no_grad():
+        got = torch.compile(f, backend="polyfuse")(x)
+        want = f(x)
+    for k, (gt, wt) in enumerate(zip(got, want, strict=True)):
+        assert gt.shape == wt.shape and torch.allclose(gt, wt, atol=1e-6), k
+    assert last_compiled().polyfuse_report["eager"] == {}
+
 def test_max_dim_var_mean_flip_gather_repeat_instance_norm_adaptive_pool_run_in_polyfuse():
     """More operators models use lower to regions: torch.max/min (whole, and by dim with the
     first index, a NaN winning), var_mean, flip, gather, repeat, InstanceNorm (batch norm

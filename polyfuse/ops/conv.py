@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
@@ -315,24 +316,40 @@ def _pool_setup(
     kernel: int | Sequence[int],
     stride: int | Sequence[int] | None,
     padding: int | Sequence[int],
-) -> tuple[Tensor, tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, ...]]:
+    dilation: int | Sequence[int] = 1,
+    ceil_mode: bool = False,
+) -> tuple[Tensor, _Window, tuple[int, ...]]:
     x = as_operand(op, name, "input", x)
     if x.ndim < 2:
         raise ExpressionError(f"{op} '{name}': input {desc(x)} needs two spatial (last) dims")
     k = int_pair(op, name, "kernel", kernel, 1)
     s = k if stride is None else int_pair(op, name, "stride", stride, 1)
     p = int_pair(op, name, "padding", padding, 0)
-    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
+    d = int_pair(op, name, "dilation", dilation, 1)
+    span = tuple((kk - 1) * dd + 1 for kk, dd in zip(k, d, strict=True))
+    if p[0] > span[0] // 2 or p[1] > span[1] // 2:
         raise ExpressionError(f"{op} '{name}': padding {p} must be at most half the kernel {k}")
-    h, w = x.shape[-2:]
-    out_hw = tuple(
-        (n + 2 * pp - kk) // ss + 1 for n, pp, kk, ss in zip((h, w), p, k, s, strict=True)
-    )
+    out_hw = []
+    for n, pp, sp, ss in zip(x.shape[-2:], p, span, s, strict=True):
+        o = (n + 2 * pp - sp + (ss - 1 if ceil_mode else 0)) // ss + 1
+        if ceil_mode and (o - 1) * ss >= n + pp:  # the last window must start inside
+            o -= 1
+        out_hw.append(o)
     if builtins.min(out_hw) <= 0:
         raise ExpressionError(
             f"{op} '{name}': kernel {k} does not fit input {desc(x)} with padding {p}"
         )
-    return x, k, s, p, (*x.shape[:-2], *out_hw)
+    return x, _Window(k, s, p, d), (*x.shape[:-2], *out_hw)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A pooling window: kernel, stride, padding and dilation per spatial dim."""
+
+    k: tuple[int, int]
+    s: tuple[int, int]
+    p: tuple[int, int]
+    d: tuple[int, int]
 
 
 def _pool_read(
@@ -340,15 +357,14 @@ def _pool_read(
     idx: Sequence[Expr],
     rh: IterVar,
     rw: IterVar,
-    k: tuple[int, int],
-    s: tuple[int, int],
-    p: tuple[int, int],
+    win: _Window,
     out_shape: tuple[int, ...],
     fill: float,
 ) -> Expr:
     h, w = x.shape[-2:]
-    ih, ch = _window(idx[-2], rh, s[0], 1, p[0], out_shape[-2], k[0], h)
-    iw, cw = _window(idx[-1], rw, s[1], 1, p[1], out_shape[-1], k[1], w)
+    k, s, p, d = win.k, win.s, win.p, win.d
+    ih, ch = _window(idx[-2], rh, s[0], d[0], p[0], out_shape[-2], k[0], h)
+    iw, cw = _window(idx[-1], rw, s[1], d[1], p[1], out_shape[-1], k[1], w)
     v: Expr = x[(*idx[:-2], ih, iw)]
     cond = all_of(ch + cw)
     return v if cond is None else te.where(cond, v, fill)
@@ -360,20 +376,25 @@ def max_pool2d(
     stride: int | Sequence[int] | None = None,
     padding: int | Sequence[int] = 0,
     name: str | None = None,
+    *,
+    dilation: int | Sequence[int] = 1,
+    ceil_mode: bool = False,
 ) -> Tensor:
     """Max pooling over the last two dims (NCHW), like ``torch.nn.functional.max_pool2d``.
 
-    ``stride`` defaults to ``kernel``; padding (at most half the kernel) reads as ``-inf``;
-    output size ``(H + 2p - k) // s + 1``. One primitive.
+    ``stride`` defaults to ``kernel``; padding (at most half the dilated kernel) reads as
+    ``-inf``; output size ``(H + 2p - d(k-1) - 1) // s + 1``, rounded up with ``ceil_mode``
+    (a last window that would start in the right padding is dropped, as torch). One
+    primitive.
     """
     op = "max_pool2d"
     name = op_name(op, name)
-    x, k, s, p, shape = _pool_setup(op, name, x, kernel, stride, padding)
-    rh = te.reduce_axis(k[0], name="rh")
-    rw = te.reduce_axis(k[1], name="rw")
+    x, win, shape = _pool_setup(op, name, x, kernel, stride, padding, dilation, ceil_mode)
+    rh = te.reduce_axis(win.k[0], name="rh")
+    rw = te.reduce_axis(win.k[1], name="rw")
     return compute_op(
         shape,
-        lambda *i: te.max(_pool_read(x, i, rh, rw, k, s, p, shape, -math.inf), axis=[rh, rw]),
+        lambda *i: te.max(_pool_read(x, i, rh, rw, win, shape, -math.inf), axis=[rh, rw]),
         name,
         op,
     )
@@ -386,40 +407,47 @@ def avg_pool2d(
     padding: int | Sequence[int] = 0,
     count_include_pad: bool = True,
     name: str | None = None,
+    *,
+    ceil_mode: bool = False,
+    divisor_override: int | None = None,
 ) -> Tensor:
     """Average pooling over the last two dims (NCHW), like ``torch.nn.functional.avg_pool2d``.
 
-    Padding reads as 0; with ``count_include_pad=True`` the divisor is ``kh*kw``, otherwise the
-    number of in-bounds elements of each window. Two primitives: the window sum
-    (``f"{name}_sum"``) and the division.
+    Padding reads as 0. The divisor of each window: ``divisor_override`` where given; else
+    with ``count_include_pad=True`` its elements inside the padded input (``kh*kw``, less
+    for a ``ceil_mode`` window that overhangs the right padding, as torch), otherwise its
+    in-bounds elements. Two primitives: the window sum (``f"{name}_sum"``) and the division.
     """
     op = "avg_pool2d"
     name = op_name(op, name)
-    x, k, s, p, shape = _pool_setup(op, name, x, kernel, stride, padding)
+    x, win, shape = _pool_setup(op, name, x, kernel, stride, padding, 1, ceil_mode)
+    k, s, p = win.k, win.s, win.p
     rh = te.reduce_axis(k[0], name="rh")
     rw = te.reduce_axis(k[1], name="rw")
     total = compute_op(
         shape,
-        lambda *i: te.sum(_pool_read(x, i, rh, rw, k, s, p, shape, 0.0), axis=[rh, rw]),
+        lambda *i: te.sum(_pool_read(x, i, rh, rw, win, shape, 0.0), axis=[rh, rw]),
         f"{name}_sum",
         op,
     )
     h, w = x.shape[-2:]
 
     def count(o: Expr, kk: int, ss: int, pp: int, n: int, out_n: int) -> Expr | int:
+        """Elements of window ``o`` inside ``[0, n)`` (with the padding: ``[-pp, n + pp)``)."""
         lo = affine_expr(o, ss, (), -pp)
         hi = affine_expr(o, ss, (), kk - pp)
-        clip_lo = pp > 0
-        clip_hi = (out_n - 1) * ss + kk - pp > n
+        top = n + pp if count_include_pad else n
+        clip_lo = pp > 0 and not count_include_pad
+        clip_hi = (out_n - 1) * ss + kk - pp > top
         if not clip_lo and not clip_hi:
             return kk
-        e_hi = te.minimum(hi, n) if clip_hi else hi
+        e_hi = te.minimum(hi, top) if clip_hi else hi
         e_lo = te.maximum(lo, 0) if clip_lo else lo
         return e_hi - e_lo
 
     def body(*i: IterVar) -> Expr:
-        if count_include_pad:
-            return total[i] / float(k[0] * k[1])
+        if divisor_override:
+            return total[i] / float(divisor_override)
         ch = count(i[-2], k[0], s[0], p[0], h, shape[-2])
         cw = count(i[-1], k[1], s[1], p[1], w, shape[-1])
         if isinstance(ch, int) and isinstance(cw, int):

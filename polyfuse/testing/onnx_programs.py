@@ -120,6 +120,12 @@ def _positive(op: str) -> Callable[[Draw], list[N]]:
     return lambda s: [N("Abs", [s.a]), N("Add", ["@0", s.like_a(1)]), N(op, ["@1"])]
 
 
+def _clipped(op: str, bound: float) -> Callable[[Draw], list[N]]:
+    """``op(clip(a, -bound, bound))``: inside the domain (Asin), away from a pole (Tan) or
+    from overflow (Sinh)."""
+    return lambda s: [N("Clip", [s.a, s.like_a(-bound), s.like_a(bound)]), N(op, ["@0"])]
+
+
 def _reduce(op: str) -> Callable[[Draw], list[N] | None]:
     def step(s: Draw) -> list[N] | None:
         if not s.rank:
@@ -632,6 +638,17 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
     ("Resize", "f", _resize),
     ("LRN", "f", lambda s: [N("LRN", [s.a], {"size": s.choice((1, 3, 5)),
                                               "alpha": 0.01})] if s.rank >= 3 else None),
+    ("Sin", "f", _unary("Sin")),
+    ("Cos", "f", _unary("Cos")),
+    ("Atan", "f", _unary("Atan")),
+    ("Asinh", "f", _unary("Asinh")),
+    ("Tan", "f", _clipped("Tan", 1.2)),
+    ("Sinh", "f", _clipped("Sinh", 4)),
+    ("Cosh", "f", _clipped("Cosh", 4)),
+    ("Asin", "f", _clipped("Asin", 0.9)),
+    ("Acos", "f", _clipped("Acos", 0.9)),
+    ("Atanh", "f", _clipped("Atanh", 0.9)),
+    ("Acosh", "f", _positive("Acosh")),
 )
 
 

@@ -118,6 +118,21 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("interpolate", "f", "F.interpolate({a}.reshape(1, 1, -1, {last}), scale_factor=2)"),
     ("group_norm", "f", "F.group_norm({a}.reshape(1, 2, -1), 2)"),
     ("attention", "f", "F.scaled_dot_product_attention(*[{a}.reshape(1, -1, {last})] * 3)"),
+    ("sin", "f", "torch.sin({a})"),
+    ("cos", "f", "torch.cos({a})"),
+    ("atan", "f", "torch.atan({a})"),
+    ("asinh", "f", "torch.asinh({a})"),
+    ("log2", "f", "torch.log2({a}.abs() + 1)"),
+    ("reciprocal", "f", "torch.reciprocal({a}.abs() + 1)"),
+    ("sign", "x", "torch.sign({a})"),
+    ("isnan", "f", "torch.isnan({a})"),
+    ("round_decimals", "f", "torch.round({a}, decimals=1)"),
+    ("vector_norm", "f", "torch.linalg.vector_norm({a}, 2, {d})"),
+    ("normalize", "f", "F.normalize({a}, dim={d})"),
+    ("clamp_tensor", "ff", "torch.clamp({a}, min={b})"),
+    ("max_pool_ceil", "f", "F.max_pool2d({a}.reshape(1, 1, -1, {last}), 3, 2, 1, ceil_mode=True)"),
+    ("avg_pool_ceil", "f", "F.avg_pool2d({a}.reshape(1, 1, -1, {last}), 3, 2, 1, ceil_mode=True, "
+                           "count_include_pad={k} > 2)"),
 )
 
 

@@ -5,7 +5,7 @@ The torch.compile backend sees FX graphs after AOT autograd has decomposed them 
 maps each supported overload to a function building the same computation from
 :mod:`polyfuse.ops`; :func:`unsupported_reason` says why a node must stay in PyTorch (an
 operator not in the table, a dtype polyfuse lacks, an argument polyfuse does not
-implement — transposed convolution, ``ceil_mode`` pooling, ...). :func:`lower_graph` turns a
+implement — an adaptive pool of uneven windows, ...). :func:`lower_graph` turns a
 whole FX graph of supported nodes into polyfuse tensors.
 
 Dtypes: nodes whose tensors are float16, bfloat16, float32, float64, int32, int64 or bool
@@ -362,11 +362,15 @@ def _convolution(x, w, bias, stride, padding, dilation, transposed, output_paddi
 
 
 def _max_pool(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return (ops.max_pool2d(x, kernel, list(stride) or None, padding), None)
+    y = ops.max_pool2d(
+        x, kernel, list(stride) or None, padding, dilation=dilation, ceil_mode=bool(ceil_mode)
+    )
+    return (y, None)
 
 
 def _avg_pool(x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, div=None):
-    return ops.avg_pool2d(x, kernel, list(stride) or None, padding, count_include_pad)
+    return ops.avg_pool2d(x, kernel, list(stride) or None, padding, count_include_pad,
+                          ceil_mode=bool(ceil_mode), divisor_override=div)  # fmt: skip
 
 
 def _slice(x, dim=0, start=None, end=None, step=1):
@@ -698,19 +702,10 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             if isinstance(v, torch.Tensor) and v.numel() == 0:
                 return _EMPTY
     args, kwargs = node.args, node.kwargs
-    if target is aten.max_pool2d_with_indices.default:
-        dilation = args[4] if len(args) > 4 else 1
-        if (len(args) > 5 and args[5]) or any(
-            d != 1 for d in (dilation if isinstance(dilation, (list, tuple)) else [dilation])
-        ):
-            return "max_pool2d with ceil_mode or dilation"
     if target is aten._adaptive_avg_pool2d.default:
         *_, h, w = _vals(args[0])[0].shape
         if h % args[1][0] or w % args[1][1]:
             return "adaptive_avg_pool2d with windows of different sizes"
-    if target is aten.avg_pool2d.default:
-        if (len(args) > 4 and args[4]) or (len(args) > 6 and args[6] is not None):
-            return "avg_pool2d with ceil_mode or divisor_override"
     why = typed.dtype_reason(node)
     if why is not None:
         return why
