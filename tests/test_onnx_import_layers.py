@@ -246,3 +246,23 @@ def test_cast_to_narrow_float_types_is_refused():
     ]
     with pytest.raises(UnsupportedOpError, match="node #0 .*float8"):
         po.load(_model(nodes, [("x", F, [4])], ["y"]))
+
+
+def test_an_output_of_undeclared_type_keeps_its_own_dtype():
+    """A graph output with no element type was returned as float32 whatever it held: an
+    int64 ArgMax came back as floats (exact only below 2**24), a float16 Relu widened. It is
+    now the value's own dtype; an integer takes the type ONNX infers (uint8 held in int32)."""
+    from polyfuse.onnx.backend import prepare
+
+    vi = helper.make_tensor_value_info
+    cases = (("ArgMax", {"axis": 1}, TensorProto.FLOAT, np.float32, np.int64),
+             ("Relu", {}, TensorProto.FLOAT16, np.float16, np.float16),
+             ("Cast", {"to": TensorProto.UINT8}, TensorProto.FLOAT, np.float32, np.uint8),
+             ("Not", {}, TensorProto.BOOL, np.bool_, np.bool_))  # fmt: skip
+    for op, at, et, dtype, want in cases:
+        untyped = helper.make_value_info("y", onnx.TypeProto())
+        g = helper.make_graph([helper.make_node(op, ["x"], ["y"], **at)], "g",
+                              [vi("x", et, [3, 4])], [untyped])  # fmt: skip
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+        x = (np.arange(12).reshape(3, 4) * 7.3).astype(dtype)
+        assert prepare(m, "CPU").run({"x": x})[0].dtype == want, op

@@ -199,6 +199,20 @@ def _inferred_types(m: onnx.ModelProto) -> dict[str, np.dtype]:
     return out
 
 
+def _output_dtype(vi: onnx.ValueInfoProto, v: Value, types: dict[str, np.dtype]) -> np.dtype:
+    """The dtype graph output ``vi`` is returned in: its declared type; undeclared, the
+    value's own (an integer: the type ONNX infers, int32 held for uint8 going back to
+    uint8). It was float32 whatever the value: an int64 ArgMax came back as floats."""
+    et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+    if et:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(et))
+    own = v.dtype if isinstance(v, np.ndarray) else np.dtype(dtypes.numpy_dtype(v.dtype))
+    inferred = types.get(vi.name)
+    if inferred is not None and inferred.kind in "iu" and own.kind in "iu":
+        return inferred
+    return own
+
+
 #: operators whose integer result can leave the range of its ONNX type (int8 100 + 100)
 _OVERFLOWING = frozenset(
     ("Add", "Sub", "Mul", "Neg", "Abs", "Pow", "Sum", "Div", "CumSum", "ReduceSum")
@@ -327,10 +341,7 @@ def load(
     const_outs: dict[str, np.ndarray] = {}
     for vi in m.graph.output:
         v = ctx.values[vi.name]
-        et = vi.type.tensor_type.elem_type
-        out_dtypes.append(
-            np.dtype(helper.tensor_dtype_to_np_dtype(et)) if et else np.dtype("float32")
-        )
+        out_dtypes.append(_output_dtype(vi, v, types))
         out_names.append(vi.name)
         if isinstance(v, np.ndarray):
             const_outs[vi.name] = v

@@ -78,6 +78,11 @@ def _binary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     return [map_elementwise(ctx, ins[:2], BINARY_OPS[node.op_type], node.op_type.lower())]
 
 
+def _softplus(x: Expr) -> Expr:
+    """``log(1 + exp(x))`` without overflow: ``max(x, 0) + log1p(exp(-|x|))``."""
+    return te.maximum(x, 0.0) + te.log1p(te.exp(-te.abs(x)))
+
+
 def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
     alpha = float(at.get("alpha", 0.01))
     return {
@@ -108,12 +113,18 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
             float(at.get("gamma", 1.0507009873554805))
             * te.where(x <= 0.0, float(at.get("alpha", 1.6732632423543772)) * (te.exp(x) - 1.0), x)
         ),
-        "Softplus": lambda x: te.log(te.exp(x) + 1.0),
+        "Softplus": _softplus,  # stable where exp(x) overflows (as onnxruntime)
         "Softsign": lambda x: x / (te.abs(x) + 1.0),
         "HardSigmoid": lambda x: te.maximum(
             te.minimum(x * float(at.get("alpha", 0.2)) + float(at.get("beta", 0.5)), 1.0), 0.0
         ),
         "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
+        "Mish": lambda x: x * te.tanh(_softplus(x)),
+        "Swish": lambda x: x * te.sigmoid(x * float(at.get("alpha", 1.0))),
+        "Celu": lambda x: te.maximum(x, 0.0) + te.minimum(
+            float(at.get("alpha", 1.0)) * te.expm1(x / float(at.get("alpha", 1.0))), 0.0
+        ),
+        "ThresholdedRelu": lambda x: te.where(x > float(at.get("alpha", 1.0)), x, 0.0),
         "Not": lambda x: te.equal(x, 0),
         "Shrink": lambda x: te.where(
             x < -float(at.get("lambd", 0.5)),

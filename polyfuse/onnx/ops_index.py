@@ -1,4 +1,4 @@
-"""ONNX index-valued operators: OneHot and GatherND.
+"""ONNX index-valued operators: OneHot, EyeLike, GatherND and GatherElements.
 
 Run-time indices are tensors of their ONNX integer dtype (int32/int64). Constant GatherND
 indices that follow an affine pattern become affine subscripts (isl sees the access);
@@ -15,6 +15,7 @@ import onnx
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
+from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import Ctx, Value, host_value, iota64, register_op, storage_dtype
 
@@ -134,3 +135,49 @@ def _gather_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
         return data[(*pos[:b], *comps, *tail)]
 
     return [ctx.compute((*lead, *rest), body, "gathernd")]
+
+
+@register_op("GatherElements")
+def _gather_elements(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """``out[i..] = data[i..]`` with coordinate ``axis`` replaced by ``indices[i..]``
+    (``torch.gather``): the output has the indices' shape, each index read at run time
+    (negative ones count from the end)."""
+    data = ctx.tensor(ins[0])
+    idx = ins[1]
+    ax = int(at.get("axis", 0)) % data.ndim
+    if len(idx.shape) != data.ndim or any(
+        q > d for a, (q, d) in enumerate(zip(idx.shape, data.shape, strict=True)) if a != ax
+    ):
+        raise ExpressionError(
+            f"GatherElements: indices of shape {tuple(idx.shape)} do not fit data of shape "
+            f"{data.shape} outside axis {ax}"
+        )
+    if isinstance(idx, np.ndarray):
+        ind = np.asarray(idx).astype(np.int64)
+        idx = ctx.tensor(ind.astype(_index_dtype(ind)))
+    n = data.shape[ax]
+
+    def body(*i: IterVar) -> Expr:
+        v = idx[i]
+        return data[(*i[:ax], te.data_index(te.where(v < 0, v + n, v)), *i[ax + 1 :])]
+
+    return [ctx.compute(tuple(idx.shape), body, "gather_elements")]
+
+
+@register_op("EyeLike")
+def _eye_like(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """Ones on diagonal ``k`` of a matrix of the input's shape: a constant (it depends on the
+    shape alone), in ``dtype`` or the input's."""
+    shape = tuple(int(d) for d in np.shape(ins[0]))
+    if len(shape) != 2:
+        raise ExpressionError(f"EyeLike: input of shape {shape} is not 2-D")
+    code = at.get("dtype")
+    if code is not None:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(int(code))
+    elif isinstance(ins[0], np.ndarray):
+        dtype = ins[0].dtype
+    else:
+        dtype = numpy_dtype(ins[0].dtype)
+    return [np.eye(*shape, k=int(at.get("k", 0)), dtype=dtype)]

@@ -1,4 +1,5 @@
-"""ONNX layout operators: reshapes, transposes, slices, pads, gathers, depth/space, Einsum."""
+"""ONNX layout operators: reshapes, transposes, slices, pads, gathers, depth/space, Trilu,
+Einsum."""
 
 from __future__ import annotations
 
@@ -356,6 +357,26 @@ def _depth_space(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, A
         y = ops.transpose(y, (0, 1, 4, 2, 5, 3), ctx.fresh("d2s"))
     return [ops.reshape(y, (b, co, h * bs, w * bs), ctx.fresh("d2s"))]
 
+
+
+@register_op("Trilu")
+def _trilu(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The upper (``upper=1``: ``j - i >= k``) or lower (``j - i <= k``) triangle of the last
+    two dims, zeros elsewhere: an affine guard."""
+    x = ctx.tensor(ins[0])
+    k = 0
+    if len(ins) > 1 and ins[1] is not None:
+        k = int(host_value(ctx, node, ins[1], "k").reshape(-1)[0])
+    upper = bool(at.get("upper", 1))
+    if x.ndim < 2:
+        raise ExpressionError(f"Trilu: input of shape {x.shape} needs two dims")
+
+    def body(*i: IterVar) -> Expr:
+        d = i[-1] - i[-2]
+        keep = d >= k if upper else d <= k
+        return te.where(keep, x[i], te.const(0, x.dtype))
+
+    return [ctx.compute(x.shape, body, "trilu")]
 
 @register_op("Einsum")
 def _einsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:

@@ -1,4 +1,4 @@
-"""ONNX reductions, softmax, normalisations, ArgMax/ArgMin, CumSum and TopK."""
+"""ONNX reductions, softmax, normalisations, ArgMax/ArgMin, Hardmax, CumSum and TopK."""
 
 from __future__ import annotations
 
@@ -177,6 +177,97 @@ def _ln(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> l
     stat = (*x.shape[:ax], *([1] * (x.ndim - ax)))  # Mean / InvStdDev keep the normalized dims
     return [y, reshape_to(ctx, mean, stat), reshape_to(ctx, rstd, stat)]
 
+
+
+@register_op("RMSNormalization")
+def _rms(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``x * rsqrt(mean(x**2 over dims axis..) + epsilon) * scale`` (:func:`ops.rms_norm`: a
+    16-bit input computes in float32 and rounds once, the default ``stash_type``)."""
+    x = ctx.tensor(ins[0])
+    ax = int(at.get("axis", -1))
+    ax = ax + x.ndim if ax < 0 else ax
+    scale = reshape_to(ctx, ctx.tensor(ins[1]), _trailing(ins[1], x.ndim - ax))
+    eps = float(at.get("epsilon", 1e-5))
+    return [ops.rms_norm(x, scale, eps=eps, axis=ax, name=ctx.fresh("rms"))]
+
+
+def _trailing(v: Any, n: int) -> tuple[int, ...]:
+    """``v``'s shape with leading 1s dropped or added to ``n`` dims (a scale that broadcasts
+    against the normalized dims)."""
+    shape = tuple(int(d) for d in np.shape(v))
+    while len(shape) > n and shape[0] == 1:
+        shape = shape[1:]
+    return (1,) * (n - len(shape)) + shape
+
+
+@register_op("GroupNormalization")
+def _group_norm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """Each (sample, group of ``C / num_groups`` channels) normalized over its channels and
+    spatial dims, then scaled and shifted per channel (opset 21; opset 18's per-group
+    ``scale``/``bias`` are repeated over each group's channels)."""
+    x = ctx.tensor(ins[0])
+    g = int(at["num_groups"])
+    n, c, *sp = x.shape
+    if g < 1 or c % g:
+        raise ExpressionError(f"GroupNormalization: {c} channels do not split into {g} groups")
+    eps = float(at.get("epsilon", 1e-5))
+    xg = reshape_to(ctx, x, (n, g, c // g, *sp))
+    axes = list(range(2, xg.ndim))
+    _, cen, var = _moments(ctx, xg, axes, "gn_cen")
+    params = []
+    for v in ins[1:3]:
+        per_group = int(np.prod(np.shape(v))) == g and g != c
+        shape = (1, g, 1) if per_group else (1, g, c // g)
+        params.append(reshape_to(ctx, v, shape + (1,) * len(sp)))
+    y = _normalized(ctx, xg, cen, var, params[0], params[1], eps, "gnorm")
+    return [reshape_to(ctx, y, x.shape)]
+
+
+@register_op("MeanVarianceNormalization")
+def _mvn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``(x - mean) / (sqrt(var) + 1e-9)`` over ``axes`` (default 0, 2, 3), the function
+    ONNX defines it by (the variance of the centred values)."""
+    x = ctx.tensor(ins[0])
+    axes = sorted(a % x.ndim for a in at.get("axes", [0, 2, 3]))
+    _, cen, var = _moments(ctx, x, axes, "mvn_cen")
+    down = narrow(x)
+    return [map_elementwise(ctx, [cen, var], lambda a, v: down(a / (te.sqrt(v) + 1e-9)), "mvn")]
+
+
+@register_op("LpNormalization")
+def _lp_norm(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``x / ||x||_p`` along ``axis`` (p 1: the sum of magnitudes, 2: the root of the sum
+    of squares), 0 where the norm is 0 (as ONNX's reference); a 16-bit ``x`` in float32,
+    rounded once."""
+    x = ctx.tensor(ins[0])
+    ax = int(at.get("axis", -1)) % x.ndim
+    p = int(at.get("p", 2))
+    if p not in (1, 2):
+        raise ExpressionError(f"LpNormalization: p={p} (ONNX allows 1 and 2)")
+    up, down = wide(x), narrow(x)
+    total = reduce_op(ctx, x, [ax], True, "sum",
+                      pre=lambda v: up(te.abs(v)) if p == 1 else up(v) * up(v))  # fmt: skip
+
+    def body(a: Expr, t: Expr) -> Expr:
+        return down(te.where(te.equal(t, 0), 0.0, up(a) / (t if p == 1 else te.sqrt(t))))
+
+    return [map_elementwise(ctx, [x, total], body, "lpnorm")]
+
+
+@register_op("Hardmax")
+def _hardmax(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """1 at the first maximum along ``axis`` (a NaN counts as the maximum, as numpy's
+    argmax), 0 elsewhere, in ``x``'s dtype."""
+    x = ctx.tensor(ins[0])
+    ax = int(at.get("axis", -1)) % x.ndim
+    idx = _arg_reduce(ctx, x, ax, True, False, True, "hardmax_idx")
+
+    def body(*i: IterVar) -> Expr:
+        at_row = tuple(as_expr(0) if d == ax else v for d, v in enumerate(i))
+        hit = te.equal(iota64(i[ax]), idx[at_row])
+        return te.where(hit, te.const(1, x.dtype), te.const(0, x.dtype))
+
+    return [ctx.compute(x.shape, body, "hardmax")]
 
 @register_op("LRN")
 def _lrn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:

@@ -649,6 +649,14 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
     ("Acos", "f", _clipped("Acos", 0.9)),
     ("Atanh", "f", _clipped("Atanh", 0.9)),
     ("Acosh", "f", _positive("Acosh")),
+    ("Mish", "f", _unary("Mish")),
+    ("Celu", "f", _unary("Celu", alpha=lambda s: s.choice((0.5, 1.0, 2.0)))),
+    ("ThresholdedRelu", "f", _unary("ThresholdedRelu", alpha=lambda s: s.choice((0.1, 1.0)))),
+    ("Hardmax", "f", lambda s: [N("Hardmax", [s.a], {"axis": s.axis()})] if s.rank else None),
+    ("LpNormalization", "f", lambda s: [N("LpNormalization", [s.a], {
+        "axis": s.axis(), "p": s.choice((1, 2))})] if s.rank else None),  # fmt: skip
+    ("Trilu", "x", lambda s: [N("Trilu", [s.a, s.const(s.rng.randint(-2, 2))], {
+        "upper": s.choice((0, 1))})] if s.rank >= 2 else None),  # fmt: skip
 )
 
 
@@ -795,7 +803,11 @@ def reference_evaluator(model: Any) -> Any:
     ``alpha`` by ``size`` in float32: a float64 result 1e-8 off, fuzz seed 8003); ``MaxPool``
     with ``auto_pad`` SAME or VALID through the explicit pads the specification gives (its own
     pads a SAME_LOWER pool's odd total at the end when strided, and sizes its output by
-    ``floor(n / stride)``: fuzz seed 8161); and the operators that sum many values
+    ``floor(n / stride)``: fuzz seed 8161); ``LpNormalization`` with the magnitudes the
+    specification names (its own p=1 sums signed values); ``MeanVarianceNormalization``,
+    ``GroupNormalization`` and ``RMSNormalization`` in float64, rounded once (their function
+    bodies round every intermediate to float16, and MVN's adds a float32 epsilon a float16
+    graph refuses); and the operators that sum many values
     (:data:`_SUMMED_IN_FLOAT64`) of 16-bit inputs in float64, rounded once (onnx's own add in
     float16: a log-softmax of float16 values 0.52 off, fuzz seed 20098 at ``--max-elements``; a
     running sum of 513 values 0.48 off, seed 20263; a sum of 64 values 13 units off, seed
@@ -859,7 +871,41 @@ def reference_evaluator(model: Any) -> Any:
                 return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads,
                                     storage_order, strides)  # fmt: skip
 
+        class LpNormalization(OpRun):
+            def _run(self, x, axis=-1, p=2):  # noqa: ANN001, ANN202
+                v = x.astype(np.float64)
+                n = (np.abs(v) ** p).sum(axis=axis, keepdims=True) ** (1.0 / p)
+                return (np.where(n == 0, 0.0, v / np.where(n == 0, 1.0, n)).astype(x.dtype),)
+
+        class MeanVarianceNormalization(OpRun):
+            def _run(self, x, axes=(0, 2, 3)):  # noqa: ANN001, ANN202
+                v = x.astype(np.float64)
+                c = v - v.mean(axis=tuple(axes), keepdims=True)
+                sd = np.sqrt((c * c).mean(axis=tuple(axes), keepdims=True))
+                return ((c / (sd + 1e-9)).astype(x.dtype),)
+
+        class GroupNormalization(OpRun):
+            def _run(self, x, scale, bias, epsilon=1e-5, num_groups=1, stash_type=1):  # noqa: ANN001, ANN202
+                n, c, g = x.shape[0], x.shape[1], int(num_groups)
+                v = x.astype(np.float64).reshape(n, g, -1)
+                c_ = v - v.mean(axis=2, keepdims=True)
+                y = (c_ / np.sqrt((c_ * c_).mean(axis=2, keepdims=True) + epsilon)).reshape(x.shape)
+                per = (1, c) + (1,) * (x.ndim - 2)
+                sc, bi = (np.asarray(t, np.float64) for t in (scale, bias))
+                if sc.size == g != c:  # opset 18: one scale and bias per group
+                    sc, bi = np.repeat(sc, c // g), np.repeat(bi, c // g)
+                return ((y * sc.reshape(per) + bi.reshape(per)).astype(x.dtype),)
+
+        class RMSNormalization(OpRun):
+            def _run(self, x, scale, axis=-1, epsilon=1e-5, stash_type=1):  # noqa: ANN001, ANN202
+                v = x.astype(np.float64)
+                axes = tuple(range(axis % x.ndim, x.ndim))
+                ms = (v * v).mean(axis=axes, keepdims=True)
+                return ((v / np.sqrt(ms + epsilon) * scale).astype(x.dtype),)
+
         _FIXED_OPS.extend((Erf, LayerNormalization, Gelu, HardSwish, GlobalMaxPool, LRN, MaxPool))
+        _FIXED_OPS.extend((LpNormalization, MeanVarianceNormalization, GroupNormalization,
+                           RMSNormalization))  # fmt: skip
         _FIXED_OPS.extend(_in_float64(load_op("", op, OPSET)) for op in _SUMMED_IN_FLOAT64)
     return ReferenceEvaluator(model, new_ops=_FIXED_OPS)
 

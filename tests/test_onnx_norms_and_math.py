@@ -1,0 +1,133 @@
+"""ONNX operators the importer took on at stop 43: the trigonometric and hyperbolic family,
+Mish/Swish/Celu/ThresholdedRelu (and a Softplus that does not overflow), Trilu,
+GatherElements, EyeLike, Hardmax and the RMS/Group/MeanVariance/Lp normalizations. Each is
+checked against ONNX's reference evaluator (16-bit sums in float64, rounded once), its CUDA
+compiled with NVRTC for sm_80 and sm_90 and rerun in race-check mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from onnx import helper  # noqa: E402
+from test_onnx_fuzz import _compiles_and_runs_race_free, _nodes_model  # noqa: E402
+
+from polyfuse.graph.dtypes import tolerance  # noqa: E402
+from polyfuse.onnx.backend import prepare  # noqa: E402
+from polyfuse.testing.onnx_programs import reference_evaluator  # noqa: E402
+
+RNG = np.random.default_rng(43)
+
+
+def _agrees(nodes, inputs: dict, consts: dict | None = None, exact: bool = False, opset=20,
+            infer: bool = True):  # fmt: skip
+    """The model of ``nodes`` runs on the emulator within its dtype's tolerance of the
+    reference (``exact``: equal), then again race-free with NVRTC's compile; returns the
+    outputs. (``infer=False`` where ONNX's shape inference fails on the operator's own
+    function body: MeanVarianceNormalization, or types a float16 GroupNormalization
+    float32.)"""
+    consts = consts or {}
+    model = _nodes_model(nodes, inputs, consts, opset, infer)
+    got = prepare(model, "CPU").run(inputs)
+    want = reference_evaluator(model).run(None, inputs)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        if exact or g.dtype.kind in "biu":
+            np.testing.assert_array_equal(g, w)
+        else:
+            tol = tolerance(str(g.dtype))
+            assert tol.allclose(np.asarray(g, np.float64), np.asarray(w, np.float64)), (g, w)
+    _compiles_and_runs_race_free(nodes, inputs, consts, got, model)
+    return got
+
+
+def _x(shape, dtype="float32", scale=2.0):
+    return (RNG.standard_normal(shape) * scale).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize(
+    ("op", "lo", "hi"),
+    [("Sin", -9, 9), ("Cos", -9, 9), ("Tan", -1.2, 1.2), ("Asin", -1, 1), ("Acos", -1, 1),
+     ("Atan", -9, 9), ("Sinh", -4, 4), ("Cosh", -4, 4), ("Asinh", -9, 9), ("Acosh", 1, 9),
+     ("Atanh", -0.95, 0.95)],  # fmt: skip
+)
+def test_trigonometric_and_hyperbolic_operators(op, lo, hi, dtype):
+    x = RNG.uniform(lo, hi, (33, 17)).astype(dtype)
+    _agrees([helper.make_node(op, ["x"], ["y"])], {"x": x})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_mish_swish_celu_thresholded_relu_and_a_softplus_that_does_not_overflow(dtype):
+    """Softplus was ``log(exp(x) + 1)``: inf from x = 89 in float32 (11 in float16), where
+    the answer is x. It is now ``max(x, 0) + log1p(exp(-|x|))`` (as onnxruntime)."""
+    x = _x((7, 40), dtype, 4.0)
+    for op, at in (("Mish", {}), ("Celu", {"alpha": 1.5}), ("ThresholdedRelu", {"alpha": 0.3}),
+                   ("Softplus", {})):  # fmt: skip
+        _agrees([helper.make_node(op, ["x"], ["y"], **at)], {"x": x})
+    _agrees([helper.make_node("Swish", ["x"], ["y"], alpha=0.7)], {"x": x}, opset=24)
+    big = np.array([-100, -20, 0, 20, 100 if dtype == "float32" else 60000], dtype)
+    model = _nodes_model([helper.make_node("Softplus", ["x"], ["y"])], {"x": big})
+    got = prepare(model, "CPU").run({"x": big})[0].astype(np.float64)
+    want = np.logaddexp(0, big.astype(np.float64)).astype(dtype).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-40)
+
+
+def test_trilu_upper_and_lower_with_k_of_any_dtype():
+    for x in (_x((2, 5, 7)), RNG.integers(-9, 9, (6, 4)).astype(np.int64), _x((3, 3)) > 0):
+        for upper in (0, 1):
+            for k in (-2, 0, 3):
+                node = helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)
+                _agrees([node], {"x": x}, {"k": np.array(k, np.int64)}, exact=True)
+    _agrees([helper.make_node("Trilu", ["x"], ["y"])], {"x": _x((4, 6))}, exact=True)
+
+
+def test_gather_elements_by_runtime_and_constant_indices():
+    """``torch.gather``'s export: indices of the output's shape, negative ones from the
+    end, along any axis, given at run time or as an initializer."""
+    x = _x((4, 5, 6))
+    idx = RNG.integers(-5, 5, (4, 3, 6)).astype(np.int64)
+    node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)
+    _agrees([node], {"x": x, "i": idx}, exact=True)
+    node = helper.make_node("GatherElements", ["x", "c"], ["y"], axis=2)  # (its reference
+    # mishandles a negative axis)
+    c = RNG.integers(-6, 6, (4, 5, 3)).astype(np.int32)
+    _agrees([node], {"x": x}, {"c": c}, exact=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rms_group_mean_variance_and_lp_normalizations(dtype):
+    """16-bit inputs compute their statistics in float32 and round once (the reference
+    computes in float64); LpNormalization's p=1 norm sums magnitudes (the specification;
+    onnx's reference summed signed values) and a zero norm gives 0."""
+    x = _x((2, 6, 5, 4), dtype) + 3
+    scale, bias = _x((6,), dtype), _x((6,), dtype)
+    for axis in (-1, 1):
+        s = _x(x.shape[axis:], dtype)
+        node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-4)
+        _agrees([node], {"x": x, "s": s}, opset=23)
+    for groups in (3, 6):  # opset 21: a scale and bias per channel
+        node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=groups)
+        _agrees([node], {"x": x, "s": scale, "b": bias}, opset=21, infer=False)
+    node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)
+    _agrees([node], {"x": x, "s": scale[:3], "b": bias[:3]}, opset=18, infer=False)  # per group
+    _agrees([helper.make_node("MeanVarianceNormalization", ["x"], ["y"])], {"x": x}, infer=False)
+    mvn = helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[1, 3])
+    _agrees([mvn], {"x": x}, infer=False)
+    x[0, 0] = 0  # a zero norm along axis 2
+    for p in (1, 2):
+        _agrees([helper.make_node("LpNormalization", ["x"], ["y"], axis=2, p=p)], {"x": x - 3})
+
+
+def test_hardmax_marks_the_first_maximum_and_eye_like_is_a_constant():
+    x = RNG.integers(-3, 3, (4, 5, 6)).astype(np.float32)  # ties: the first maximum wins
+    x[0, 0, 2] = np.nan
+    for axis in (0, -1):
+        _agrees([helper.make_node("Hardmax", ["x"], ["y"], axis=axis)], {"x": x}, exact=True)
+    for k, dtype in ((0, None), (2, onnx.TensorProto.INT32), (-1, onnx.TensorProto.DOUBLE)):
+        at = {"k": k} | ({"dtype": dtype} if dtype else {})
+        nodes = [helper.make_node("EyeLike", ["x"], ["e"], **at),
+                 helper.make_node("Add", ["e", "e"], ["y"])]  # fmt: skip
+        _agrees(nodes, {"x": _x((4, 6))}, exact=True)
