@@ -416,3 +416,24 @@ def test_a_gather_along_a_dimension_of_extent_1_folds_the_move_and_drops_its_tab
     fn = _compile([x, ids], [g])
     assert "r" not in fn.plan.graph.prims
     _check_numbers(fn, [x, ids], [g], [_rand(2, 3, 1), np.zeros(2, np.float32)])
+
+
+def test_a_reduction_reading_an_index_table_per_column_beside_a_folded_move_compiles():
+    """A reduction reading an int64 table at ``t[j, 0]`` and ``t[j, 1]`` beside a folded
+    transpose crashed layout folding with a bare StopIteration (found by ONNX ScatterND's
+    import): the single-access rule for 16-bit tensor-core operands took the int64 table for
+    one and looked for a fold to undo among the reads of other tensors."""
+    x = te.placeholder((6, 4), "float32", name="x")
+    t = te.placeholder((6, 2), "int64", name="t")
+    xt = ops.transpose(x, [1, 0], name="xt")
+
+    def body(i):
+        j = te.reduce_axis(6, name="j")
+        hit = te.equal(t[j, 0], te.cast(i, "int64")) & (t[j, 1] >= 0)
+        return te.sum(te.where(hit, xt[0, j], 0.0), axis=j)
+
+    s = te.compute((4,), body, name="s")
+    fn = polyfuse.compile([x, t], [s])
+    xv = np.arange(24, dtype=np.float32).reshape(6, 4)
+    tv = np.array([[0, 1], [1, 1], [0, -1], [3, 0], [2, 2], [0, 0]], np.int64)
+    np.testing.assert_array_equal(fn(xv, tv, device="emulate"), [20, 4, 16, 12])

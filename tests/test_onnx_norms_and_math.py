@@ -131,3 +131,49 @@ def test_hardmax_marks_the_first_maximum_and_eye_like_is_a_constant():
         nodes = [helper.make_node("EyeLike", ["x"], ["e"], **at),
                  helper.make_node("Add", ["e", "e"], ["y"])]  # fmt: skip
         _agrees(nodes, {"x": _x((4, 6))}, exact=True)
+
+
+def _kv_cache_indices(b: int, h: int, pos: int) -> np.ndarray:
+    """ScatterND indices writing one position of a (b, h, seq, d) cache per (b, h)."""
+    ii = np.stack(np.meshgrid(np.arange(b), np.arange(h), indexing="ij"), -1)
+    return np.concatenate([ii, np.full((b, h, 1), pos)], -1).reshape(b, h, 1, 3)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max", "min"])
+def test_scatter_nd_writes_rows_and_the_last_duplicate_wins(reduction):
+    """A KV cache's update (one position per batch and head, at run time and as a
+    constant), and rows with duplicate and negative index tuples: the last row wins
+    (``none``, as the reference applies them in order) or all combine with the old value."""
+    cache = _x((2, 3, 7, 4))
+    new = _x((2, 3, 1, 4))
+    node = helper.make_node("ScatterND", ["c", "i", "u"], ["y"], reduction=reduction)
+    idx = _kv_cache_indices(2, 3, 5).astype(np.int64)
+    _agrees([node], {"c": cache, "i": idx, "u": new}, exact=reduction != "add")
+    rows = np.array([[1, 2], [-1, 0], [1, 2], [0, -5]], np.int64)  # rows 0 and 2 collide
+    ints = RNG.integers(-50, 50, (2, 7, 3)).astype(np.int32)
+    updates = RNG.integers(-50, 50, (4, 3)).astype(np.int32)
+    _agrees([helper.make_node("ScatterND", ["d", "r", "u"], ["y"], reduction=reduction)],
+            {"d": ints, "u": updates}, {"r": rows}, exact=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max", "min"])
+def test_scatter_elements_along_any_axis_with_duplicates(reduction):
+    """``torch.scatter``'s export: indices smaller than the data on the other axes (the
+    rest of the data passes through), negative and duplicate indices, any axis."""
+    data = _x((5, 6, 4))
+    for axis, shape in ((1, (3, 4, 2)), (0, (7, 6, 4)), (-1, (5, 2, 9))):
+        n = data.shape[axis]
+        idx = RNG.integers(-n, n, shape).astype(np.int64)
+        node = helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], axis=axis,
+                                reduction=reduction)  # fmt: skip
+        _agrees([node], {"d": data, "i": idx, "u": _x(shape)}, exact=reduction != "add")
+
+
+def test_a_scatter_with_a_product_is_refused_naming_the_node():
+    from polyfuse.errors import UnsupportedOpError
+
+    node = helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], reduction="mul")
+    model = _nodes_model([node], {"d": _x((3, 3)), "i": np.zeros((1, 3), np.int64),
+                                  "u": _x((1, 3))})  # fmt: skip
+    with pytest.raises(UnsupportedOpError, match=r"ScatterElements 'y': reduction 'mul' is not"):
+        prepare(model, "CPU")

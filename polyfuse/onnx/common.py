@@ -3,6 +3,7 @@ registry, broadcasting maps and the reductions/reshapes several operator familie
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -313,6 +314,20 @@ def reshape_to(ctx: Ctx, v: Value, shape: Sequence[int]) -> Value:
     if not v.shape:
         return ctx.compute(shape, lambda *i: v[()], "reshape")
     return ops.reshape(v, shape, ctx.fresh("reshape"))
+
+
+def lowest(dtype: str) -> Expr:
+    """The smallest value of ``dtype`` (-inf for a float): a max's identity."""
+    if dtypes.is_float(dtype):
+        return te.const(-math.inf, dtype)
+    return te.const(int(np.iinfo(dtypes.numpy_dtype(dtype)).min), dtype)
+
+
+def highest(dtype: str) -> Expr:
+    """The largest value of ``dtype`` (+inf for a float): a min's identity."""
+    if dtypes.is_float(dtype):
+        return te.const(math.inf, dtype)
+    return te.const(int(np.iinfo(dtypes.numpy_dtype(dtype)).max), dtype)
 
 
 def iota64(k: Expr) -> Expr:

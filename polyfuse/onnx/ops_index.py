@@ -1,4 +1,5 @@
-"""ONNX index-valued operators: OneHot, EyeLike, GatherND and GatherElements.
+"""ONNX index-valued operators: OneHot, EyeLike, GatherND, GatherElements, ScatterND and
+ScatterElements.
 
 Run-time indices are tensors of their ONNX integer dtype (int32/int64). Constant GatherND
 indices that follow an affine pattern become affine subscripts (isl sees the access);
@@ -8,16 +9,27 @@ any other indices are read at run time (``te.data_index``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
 from polyfuse import te
-from polyfuse.errors import ExpressionError
+from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
-from polyfuse.onnx.common import Ctx, Value, host_value, iota64, register_op, storage_dtype
+from polyfuse.onnx.common import (
+    Ctx,
+    Value,
+    highest,
+    host_value,
+    iota64,
+    lowest,
+    register_op,
+    reshape_to,
+    storage_dtype,
+)
 
 
 def _operand(ctx: Ctx, v: Value, k: int) -> Expr:
@@ -181,3 +193,157 @@ def _eye_like(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     else:
         dtype = numpy_dtype(ins[0].dtype)
     return [np.eye(*shape, k=int(at.get("k", 0)), dtype=dtype)]
+
+
+def _scatter_combine(
+    ctx: Ctx, node: onnx.NodeProto, at: dict[str, Any]
+) -> Callable[[Expr, Expr, list[IterVar]], Expr] | None:
+    """A scatter's ``reduction`` as (old value, matching-updates expression, reduce axes) →
+    value: None for ``none`` (the last matching update replaces); ``mul`` is refused (te has
+    no product reduction)."""
+    how = at.get("reduction", b"none")
+    how = how.decode() if isinstance(how, bytes) else str(how)
+    if how == "none":
+        return None
+    if how == "add":
+        return lambda old, v, ks: old + te.sum(v, axis=ks)
+    if how in ("max", "min"):
+        red, pick = (te.max, te.maximum) if how == "max" else (te.min, te.minimum)
+        return lambda old, v, ks: pick(old, red(v, axis=ks))
+    raise UnsupportedOpError(
+        f"{node.op_type} '{node.name or node.output[0]}': reduction '{how}' is not supported "
+        "(none, add, max and min are)"
+    )
+
+
+@register_op("ScatterND")
+def _scatter_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``out = data`` with each row ``updates[j]`` written at ``data[indices[j]]`` (a KV
+    cache's update): per output element, the last ``j`` whose index tuple (negative entries
+    from the end) names it (a reduction over the update rows), its update read at run time;
+    with ``reduction`` add/max/min, the matching updates combined with the old value.
+    ``|data| * rows`` comparisons: cheap for the few rows of a cache update."""
+    data = ctx.tensor(ins[0])
+    idx, upd = ins[1], ins[2]
+    k = int(idx.shape[-1])
+    rows = math.prod(idx.shape[:-1])
+    rest = data.shape[k:]
+    if not 1 <= k <= data.ndim or tuple(upd.shape) != (*idx.shape[:-1], *rest):
+        raise ExpressionError(
+            f"ScatterND: indices {tuple(idx.shape)} and updates {tuple(upd.shape)} do not fit "
+            f"data {data.shape}"
+        )
+    if isinstance(idx, np.ndarray):
+        ind = np.asarray(idx).astype(np.int64)
+        idx = ctx.tensor(ind.astype(_index_dtype(ind)))
+    ind2 = reshape_to(ctx, idx, (rows, k))
+    upd2 = ctx.tensor(reshape_to(ctx, upd, (rows, *rest)))
+    combine = _scatter_combine(ctx, node, at)
+
+    def hits(p: Sequence[Expr], j: Expr) -> Expr:
+        match: Expr | None = None
+        for c in range(k):
+            v = ind2[(j, as_expr(c))]
+            eq = te.equal(te.where(v < 0, v + data.shape[c], v), iota64(p[c]))
+            match = eq if match is None else match & eq
+        assert match is not None
+        return match
+
+    if combine is not None:
+        ident = _identity(at, data.dtype)
+
+        def reduced(*p: IterVar) -> Expr:
+            j = te.reduce_axis(rows, name="js")
+            v = te.where(hits(p, j), upd2[(j, *p[k:])], ident)
+            return combine(data[p], v, [j])
+
+        return [ctx.compute(data.shape, reduced, "scatternd")]
+
+    def last_row(*p: IterVar) -> Expr:
+        j = te.reduce_axis(rows, name="js")
+        return te.max(te.where(hits(p, j), iota64(j), te.const(-1, "int64")), axis=j)
+
+    last = ctx.compute(data.shape, last_row, "scatternd_row")
+
+    def body(*p: IterVar) -> Expr:
+        row = te.data_index(te.maximum(last[p], 0))
+        return te.where(last[p] >= 0, upd2[(row, *p[k:])], data[p])
+
+    return [ctx.compute(data.shape, body, "scatternd")]
+
+
+def _identity(at: dict[str, Any], dtype: str) -> Expr:
+    """The neutral value of a scatter's ``reduction`` (0, or the dtype's extreme)."""
+    how = at.get("reduction", b"none")
+    how = how.decode() if isinstance(how, bytes) else str(how)
+    return {"max": lowest, "min": highest}.get(how, lambda d: te.const(0, d))(dtype)
+
+
+@register_op("ScatterElements", "Scatter")
+def _scatter_elements(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """``out = data`` with ``out[q with q[axis] = indices[q]] = updates[q]`` for each ``q``
+    of ``indices`` (``torch.scatter``; negative indices from the end): per output element,
+    the last ``q`` along ``axis`` that names it, where the element lies inside the indices'
+    extent on the other axes; with ``reduction`` add/max/min, the matching updates combined
+    with the old value."""
+    data = ctx.tensor(ins[0])
+    idx, upd = ins[1], ins[2]
+    ax = int(at.get("axis", 0)) % data.ndim
+    if (len(idx.shape) != data.ndim or tuple(upd.shape) != tuple(idx.shape)
+            or any(q > d for a, (q, d) in enumerate(zip(idx.shape, data.shape, strict=True))
+                   if a != ax)):  # fmt: skip
+        raise ExpressionError(
+            f"ScatterElements: indices {tuple(idx.shape)} and updates {tuple(upd.shape)} do "
+            f"not fit data {data.shape} along axis {ax}"
+        )
+    if isinstance(idx, np.ndarray):
+        ind = np.asarray(idx).astype(np.int64)
+        idx = ctx.tensor(ind.astype(_index_dtype(ind)))
+    upd = ctx.tensor(upd)
+    n, span = data.shape[ax], int(idx.shape[ax])
+    combine = _scatter_combine(ctx, node, at)
+
+    def inside(p: Sequence[Expr]) -> Expr | None:
+        """``p`` lies inside the indices' extent on every axis but ``axis`` (affine: it
+        guards the reads of ``indices`` and ``updates`` at ``p``'s coordinates)."""
+        c: Expr | None = None
+        for d, (q, m) in enumerate(zip(idx.shape, data.shape, strict=True)):
+            if d != ax and q < m:
+                c = p[d] < q if c is None else c & (p[d] < q)
+        return c
+
+    def hit(p: Sequence[Expr], r: Expr) -> Expr:
+        """Indices entry ``r`` along ``axis`` of ``p``'s line names ``p``."""
+        v = idx[(*p[:ax], r, *p[ax + 1 :])]
+        h = te.equal(te.where(v < 0, v + n, v), iota64(p[ax]))
+        c = inside(p)
+        return h if c is None else c & h
+
+    def guarded(p: Sequence[Expr], value: Expr) -> Expr:
+        c = inside(p)
+        return value if c is None else te.where(c, value, data[tuple(p)])
+
+    if combine is not None:
+        ident = _identity(at, data.dtype)
+
+        def reduced(*p: IterVar) -> Expr:
+            r = te.reduce_axis(span, name="rs")
+            v = te.where(hit(p, r), upd[(*p[:ax], r, *p[ax + 1 :])], ident)
+            return combine(data[p], v, [r])
+
+        return [ctx.compute(data.shape, reduced, "scatter")]
+
+    def last_row(*p: IterVar) -> Expr:
+        r = te.reduce_axis(span, name="rs")
+        return te.max(te.where(hit(p, r), iota64(r), te.const(-1, "int64")), axis=r)
+
+    last = ctx.compute(data.shape, last_row, "scatter_row")
+
+    def body(*p: IterVar) -> Expr:
+        r = te.data_index(te.maximum(last[p], 0))
+        new = te.where(last[p] >= 0, upd[(*p[:ax], r, *p[ax + 1 :])], data[p])
+        return guarded(p, new)
+
+    return [ctx.compute(data.shape, body, "scatter")]

@@ -15,10 +15,12 @@ from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
     Value,
+    highest,
     host_value,
     ints_of,
     iota64,
     is_int_value,
+    lowest,
     map_elementwise,
     norm_axes,
     reduce_op,
@@ -470,10 +472,10 @@ class _TopKOrder:
                 j = te.reduce_axis(n, name="kv")
                 v, cand = x[self.at_axis(i, j)], after(i, j)
                 if self.largest:  # te.max propagates NaN: NaN comes first
-                    return te.max(v if cand is None else te.where(cand, v, _lowest(dtype)), axis=j)
+                    return te.max(v if cand is None else te.where(cand, v, lowest(dtype)), axis=j)
                 if self.floating:  # NaN comes last: only when nothing else is left
                     cand = te.equal(v, v) if cand is None else cand & te.equal(v, v)
-                return te.min(v if cand is None else te.where(cand, v, _highest(dtype)), axis=j)
+                return te.min(v if cand is None else te.where(cand, v, highest(dtype)), axis=j)
 
             m = ctx.compute(one_row, extreme, "topk_round_value")
 
@@ -505,17 +507,3 @@ class _TopKOrder:
 
     def _shape(self, kk: int) -> tuple[int, ...]:
         return tuple(kk if d == self.ax else s for d, s in enumerate(self.x.shape))
-
-
-def _lowest(dtype: str) -> Expr:
-    """The smallest value of ``dtype`` (-inf for a float)."""
-    if dtype.startswith(("float", "bfloat")):
-        return te.const(-math.inf, dtype)
-    return te.const(int(np.iinfo(dtype).min), dtype)
-
-
-def _highest(dtype: str) -> Expr:
-    """The largest value of ``dtype`` (+inf for a float)."""
-    if dtype.startswith(("float", "bfloat")):
-        return te.const(math.inf, dtype)
-    return te.const(int(np.iinfo(dtype).max), dtype)

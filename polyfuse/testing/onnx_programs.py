@@ -190,6 +190,33 @@ def _gather_nd(s: Draw) -> list[N] | None:
     return [N("GatherND", [s.a, s.const(rows)])]
 
 
+def _scatter_elements(s: Draw) -> list[N] | None:
+    """ScatterElements of a few updates (duplicates too) along an axis, with a reduction."""
+    if not s.rank:
+        return None
+    ax = s.axis()
+    n = s.va.shape[ax]
+    shape = [s.rng.randint(1, 3) if d == ax % s.rank else min(v, s.rng.randint(1, 3))
+             for d, v in enumerate(s.va.shape)]  # fmt: skip
+    idx = np.array([s.rng.randint(-n, n - 1) for _ in range(int(np.prod(shape)))])
+    red = s.choice(("none", "add", "max", "min"))
+    return [N("ScatterElements", [s.a, s.const(idx.reshape(shape)), s.floats(shape)],
+              {"axis": ax, "reduction": red})]  # fmt: skip
+
+
+def _scatter_nd(s: Draw) -> list[N] | None:
+    """ScatterND of one to three rows (duplicates too) of a small trailing block."""
+    if not s.rank:
+        return None
+    m = s.rng.randint(1, s.rank)
+    if int(np.prod(s.va.shape[m:])) > 64:
+        return None
+    rows = [[s.rng.randint(-d, d - 1) for d in s.va.shape[:m]] for _ in range(s.rng.randint(1, 3))]
+    red = s.choice(("none", "add", "max", "min"))
+    upd = s.floats((len(rows), *s.va.shape[m:]))
+    return [N("ScatterND", [s.a, s.const(rows), upd], {"reduction": red})]
+
+
 def _split(s: Draw) -> list[N] | None:
     if not s.rank:
         return None
@@ -657,6 +684,8 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
         "axis": s.axis(), "p": s.choice((1, 2))})] if s.rank else None),  # fmt: skip
     ("Trilu", "x", lambda s: [N("Trilu", [s.a, s.const(s.rng.randint(-2, 2))], {
         "upper": s.choice((0, 1))})] if s.rank >= 2 else None),  # fmt: skip
+    ("ScatterElements", "n", _scatter_elements),
+    ("ScatterND", "n", _scatter_nd),
 )
 
 

@@ -43,6 +43,7 @@ import islpy as isl
 
 from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.access import relation_text
+from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import (
     DataIndex,
     Expr,
@@ -350,10 +351,15 @@ def _keep_single_access(graph: Graph, rw: Rewriter, folded: dict[int, Tensor]) -
             if dup is None:
                 continue
             culprit = next(
-                r.tensor
-                for r in reversed(direct)
-                if any(n.tensor.uid == dup.uid for n in _reads(_Expand(folded).visit(r)))
+                (
+                    r.tensor
+                    for r in reversed(direct)
+                    if any(n.tensor.uid == dup.uid for n in _reads(_Expand(folded).visit(r)))
+                ),
+                None,
             )
+            if culprit is None:  # read twice without any fold: nothing to unfold
+                continue
             del folded[culprit.uid]
             mname = graph.ident(culprit)
             rw.record(
@@ -367,14 +373,16 @@ def _keep_single_access(graph: Graph, rw: Rewriter, folded: dict[int, Tensor]) -
 
 
 def _read_twice(graph: Graph, t: Tensor) -> Tensor | None:
-    """A 16-bit tensor compute ``t`` reads through two different isl relations, if any
-    (a float32 one is fine: a shared tile per access)."""
+    """A 16-bit float tensor compute ``t`` reads through two different isl relations, if any
+    (another dtype is fine: float32 GEMMs stage a shared tile per access, and integers are
+    no GEMM operands: ONNX's ScatterND reads its int64 indices once per column, and that
+    crashed the pass, which looked for a fold to undo among reads of other tensors)."""
     text, reads = relation_text(t)
     seen: dict[int, isl.Map] = {}
     for (m_s, _), r in zip(text.reads, reads, strict=True):
-        m = isl.Map(m_s, context=graph.ctx)
-        if r.tensor.dtype == "float32":
+        if r.tensor.dtype not in HALF_DTYPES:  # (an int64 index table read per column: fine)
             continue
+        m = isl.Map(m_s, context=graph.ctx)
         first = seen.setdefault(r.tensor.uid, m)
         if first is not m and not first.is_equal(m):
             return r.tensor
