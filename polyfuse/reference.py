@@ -472,6 +472,8 @@ def _unary(op: str, a: Any) -> Any:
         return np.abs(a)
     if op == "not":
         return np.logical_not(a)
+    if op == "bitnot":  # integers held as int64: ~ of the int64 is the same bits
+        return np.invert(np.asarray(a))
     x = np.asarray(a, np.float64)
     if op == "exp":
         return np.exp(x)
@@ -523,6 +525,9 @@ _BINARY_UFUNC = {
     "min": np.minimum,
     "floordiv": np.floor_divide,
     "mod": np.mod,
+    "bitand": np.bitwise_and,
+    "bitor": np.bitwise_or,
+    "bitxor": np.bitwise_xor,
 }
 
 

@@ -64,6 +64,10 @@ __all__ = [
     "asinh",
     "atan",
     "atanh",
+    "bitwise_and",
+    "bitwise_not",
+    "bitwise_or",
+    "bitwise_xor",
     "cast",
     "ceil",
     "compute",
@@ -201,6 +205,10 @@ def min(  # noqa: A001
     return _reduce("min", expr, axis, accumulate)
 
 
+#: te's bitwise binary ops and the functions that make them
+BITWISE = {"bitand": "bitwise_and", "bitor": "bitwise_or", "bitxor": "bitwise_xor"}
+
+
 def _unary(op: str, doc: str | None = None) -> Callable[[Any], Expr]:
     def f(x: Any) -> Expr:
         return Unary(op, as_expr(x))
@@ -295,6 +303,27 @@ def truncmod(a: Any, b: Any) -> Expr:
     dividend's sign; ``truncmod(-7, 2) == -1``); 0 for a zero divisor (numpy's integer ``%``)
     and for a divisor of -1."""
     return Binary("tmod", as_expr(a), as_expr(b))
+
+
+def bitwise_and(a: Any, b: Any) -> Expr:
+    """Bitwise ``a & b`` of integers (two's complement; of bools, their and). ``&`` on
+    expressions is the logical and of conditions."""
+    return Binary("bitand", as_expr(a), as_expr(b))
+
+
+def bitwise_or(a: Any, b: Any) -> Expr:
+    """Bitwise ``a | b`` of integers (of bools, their or)."""
+    return Binary("bitor", as_expr(a), as_expr(b))
+
+
+def bitwise_xor(a: Any, b: Any) -> Expr:
+    """Bitwise ``a ^ b`` of integers (of bools, whether they differ)."""
+    return Binary("bitxor", as_expr(a), as_expr(b))
+
+
+def bitwise_not(x: Any) -> Expr:
+    """Bitwise ``~x`` of an integer (``-x - 1``); of a bool, its negation."""
+    return Unary("bitnot", as_expr(x))
 
 
 def where(cond: Any, a: Any, b: Any) -> Expr:
@@ -458,7 +487,19 @@ class _BodyCheck(ExprVisitor[None]):
                 "write it as a float (or combine it with a float operand)"
             )
 
+    def visit_Unary(self, e: Unary) -> None:
+        if e.op == "bitnot" and dt.is_float(e.a.dtype):
+            raise ExpressionError(
+                f"compute '{self.name}': te.bitwise_not takes an integer or bool operand, got "
+                f"{e.a.dtype}"
+            )
+
     def visit_Binary(self, e: Binary) -> None:
+        if e.op in BITWISE and dt.is_float(e.dtype):
+            raise ExpressionError(
+                f"compute '{self.name}': te.{BITWISE[e.op]} takes integer or bool operands, "
+                f"got {e.a.dtype} and {e.b.dtype}"
+            )
         if e.op in ("tdiv", "tmod") and not dt.is_int(e.dtype):
             fn = "truncdiv" if e.op == "tdiv" else "truncmod"
             raise ExpressionError(

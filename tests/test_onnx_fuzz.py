@@ -171,17 +171,20 @@ def _compiles_and_runs_race_free(nodes, inputs: dict, consts: dict, got, model=N
     """The model's (``model``, else that of ``nodes``) CUDA compiles with NVRTC for sm_80 and
     sm_90 (where installed) and gives ``got`` again in race-check mode."""
     from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
-    from polyfuse.onnx.backend import prepare
+    from polyfuse.onnx.backend import _feed, prepare
 
-    fn = prepare(model or _nodes_model(nodes, inputs, consts), "CPU").fn
+    rep = prepare(model or _nodes_model(nodes, inputs, consts), "CPU")
+    fn = rep.fn
     if fn is None:  # every output a constant: no kernel
         return
     if "nvrtc" in available_compilers():
         for arch in ("sm_80", "sm_90"):
             assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
-    again = fn(*inputs.values(), device="emulate", race_check=True)
+    m = rep.model  # inputs as the backend feeds them (an int8 held in int32, ...)
+    arrays = [_feed(inputs[n], t.dtype) for n, t in zip(m.input_names, m.inputs, strict=True)]
+    again = fn(*arrays, device="emulate", race_check=True)
     for a, b in zip(again if isinstance(again, tuple) else (again,), got, strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(np.asarray(a).astype(b.dtype), b)
 
 
 def _nodes_model(nodes, inputs: dict, consts: dict | None = None, opset: int = 20,

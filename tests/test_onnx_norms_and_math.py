@@ -177,3 +177,16 @@ def test_a_scatter_with_a_product_is_refused_naming_the_node():
                                   "u": _x((1, 3))})  # fmt: skip
     with pytest.raises(UnsupportedOpError, match=r"ScatterElements 'y': reduction 'mul' is not"):
         prepare(model, "CPU")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "uint32", "int64", "uint64"])
+def test_bitwise_operators_of_every_integer_type(dtype):
+    """BitwiseAnd/Or/Xor/Not on the bits of each ONNX integer type (held widened, a uint64
+    in int64 bits): ``~`` of a uint8 held in int32 wraps back to 0..255."""
+    info = np.iinfo(dtype)
+    a = RNG.integers(info.min, info.max, (5, 8), dtype=dtype, endpoint=True)
+    b = RNG.integers(info.min, info.max, (8,), dtype=dtype, endpoint=True)
+    for op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor"):
+        _agrees([helper.make_node(op, ["a", "b"], ["y"])], {"a": a, "b": b}, exact=True)
+    got = _agrees([helper.make_node("BitwiseNot", ["a"], ["y"])], {"a": a}, exact=True)
+    np.testing.assert_array_equal(got[0], ~a)

@@ -243,6 +243,19 @@ def test_math_norms_diagonals_and_rounding_run_in_polyfuse():
 
     _compile_all(f, v, h, x, i, dtypes={"float32", "float16", "int64"})
 
+
+def test_bitwise_operators_on_integers_run_in_polyfuse():
+    """``&``, ``|``, ``^`` and ``~`` of integers stayed in PyTorch (te's ``&`` and ``|`` are
+    logical); they are bitwise now, two's complement as torch, by a tensor or a number."""
+    g = torch.Generator().manual_seed(9)
+    a = torch.randint(-2**31, 2**31 - 1, (4, 8), generator=g, dtype=torch.int32)
+    b = torch.randint(-2**62, 2**62, (8,), generator=g)
+
+    def f(a, b):
+        return a & b, a | 0x0F0F, a ^ b, ~a, ~b, (a + 2) & 6, (a > 0) & (b < 0), ~(a > 0)
+
+    _compile_all(f, a, b, dtypes={"int32", "int64"})
+
 def test_bool_mask_selects_floats():
     # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
     g = torch.Generator().manual_seed(3)
@@ -341,7 +354,7 @@ def test_what_is_not_exact_stays_in_pytorch_with_a_warning(caplog):
     x = torch.randn(4, 8, generator=g, dtype=torch.float64)
 
     def f(a, x):
-        return torch.div(x, 0.1, rounding_mode="floor"), (a + 2) & 6, (a + 1) * 3
+        return torch.div(x, 0.1, rounding_mode="floor"), torch.fmod(x + 2, 0.3), (a + 1) * 3
 
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
         got = torch.compile(f, backend="polyfuse")(a, x)
@@ -351,16 +364,16 @@ def test_what_is_not_exact_stays_in_pytorch_with_a_warning(caplog):
         "dtype float64: floor division of floats (torch corrects the rounding of a / b; "
         "polyfuse floors it)"
     )
-    bitwise = "dtype int64: bitwise operators on integers (polyfuse's & | ~ are logical)"
+    fmod = "dtype float64: fmod of floats (te has no float fmod)"
     assert report["eager_for_dtype"] == {
         f"aten.div.Tensor_mode ({by_float})": 1,
-        f"aten.bitwise_and.Scalar ({bitwise})": 1,
+        f"aten.fmod.Scalar ({fmod})": 1,
     }
     # the additions around them ran in polyfuse
     assert report["polyfuse"]["aten.add.Tensor"] == 2
     [msg] = [m for m in _warnings(caplog) if "for their dtype" in m]
     assert "2 operators stay in PyTorch for their dtype" in msg
-    assert by_float in msg and bitwise in msg
+    assert by_float in msg and fmod in msg
 
 
 def test_integer_division_by_a_constant_zero_stays_in_pytorch_and_raises_there(caplog):

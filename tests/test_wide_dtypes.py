@@ -537,6 +537,34 @@ def test_log1p_and_expm1_are_accurate_near_zero(dtype, rel):
         compile_cuda(fn.cuda_source, "sm_80", compiler="nvrtc")
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_bitwise_and_or_xor_not(dtype):
+    """``te.bitwise_*`` of integers over their whole range (two's complement, as numpy) and
+    of bools (logical: ``~`` of a bool is its negation, not ``-2``); a float operand is an
+    error naming the compute; NVRTC compiles them for sm_80 and sm_90."""
+    a = te.placeholder((37, 9), dtype, name="a")
+    b = te.placeholder((9,), dtype, name="b")
+    fns = (te.bitwise_and, te.bitwise_or, te.bitwise_xor)
+    outs = [te.compute(a.shape, lambda i, j, f=f: f(a[i, j], b[j]), name=f.__name__)
+            for f in fns]  # fmt: skip
+    outs.append(te.compute(a.shape, lambda i, j: te.bitwise_not(a[i, j]), name="bnot"))
+    if dtype == "bool":
+        av, bv = RNG.random(a.shape) > 0.5, RNG.random(9) > 0.5
+    else:
+        info = np.iinfo(dtype)
+        av = RNG.integers(info.min, info.max, a.shape, dtype=dtype, endpoint=True)
+        bv = RNG.integers(info.min, info.max, 9, dtype=dtype, endpoint=True)
+    fn = _run([a, b], outs, [av, bv])
+    for g, w in zip(fn(av, bv), (av & bv, av | bv, av ^ bv, ~av), strict=True):
+        np.testing.assert_array_equal(g, w)
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+    x = te.placeholder((4,), "float32", name="x")
+    with pytest.raises(ExpressionError, match=r"compute 'h': te.bitwise_or takes integer"):
+        te.compute((4,), lambda i: te.bitwise_or(x[i], 1), name="h")
+
+
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 
 

@@ -177,11 +177,11 @@ class Unary(Expr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        """``not`` gives bool, ``-x`` and ``abs`` keep the dtype, math keeps a float dtype
-        and gives float32 for an integer or bool operand."""
+        """``not`` gives bool, ``-x``, ``abs`` and ``bitnot`` keep the dtype, math keeps a
+        float dtype and gives float32 for an integer or bool operand."""
         if self.op == "not":
             return "bool"
-        if self.op in ("neg", "abs") or dt.is_float(self.a.dtype):
+        if self.op in ("neg", "abs", "bitnot") or dt.is_float(self.a.dtype):
             return self.a.dtype
         return dt.DEFAULT_FLOAT
 

@@ -216,7 +216,7 @@ def _output_dtype(vi: onnx.ValueInfoProto, v: Value, types: dict[str, np.dtype])
 #: operators whose integer result can leave the range of its ONNX type (int8 100 + 100)
 _OVERFLOWING = frozenset(
     ("Add", "Sub", "Mul", "Neg", "Abs", "Pow", "Sum", "Div", "CumSum", "ReduceSum")
-    + ("ReduceSumSquare", "MatMul", "Einsum")
+    + ("ReduceSumSquare", "MatMul", "Einsum", "BitwiseNot")
 )
 
 

@@ -63,6 +63,9 @@ BINARY_OPS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "Or": lambda a, b: as_bool(a) | as_bool(b),
     "Xor": lambda a, b: te.not_equal(as_bool(a), as_bool(b)),
     "PRelu": lambda x, s: te.where(x < 0, x * s, x),
+    "BitwiseAnd": te.bitwise_and,
+    "BitwiseOr": te.bitwise_or,
+    "BitwiseXor": te.bitwise_xor,
 }
 
 
@@ -126,6 +129,7 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         ),
         "ThresholdedRelu": lambda x: te.where(x > float(at.get("alpha", 1.0)), x, 0.0),
         "Not": lambda x: te.equal(x, 0),
+        "BitwiseNot": te.bitwise_not,
         "Shrink": lambda x: te.where(
             x < -float(at.get("lambd", 0.5)),
             x + float(at.get("bias", 0.0)),

@@ -39,7 +39,8 @@ SAME_BITS = frozenset(
     ("Add", "Sub", "Mul", "Sum", "MatMul", "Einsum", "Equal", "Where", "Identity", "Pow")
     + ("ReduceSum", "CumSum", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
     + ("Concat", "Slice", "Split", "Pad", "Expand", "Tile", "Gather", "GatherND", "OneHot")
-    + ("Dropout", "DepthToSpace", "SpaceToDepth", "Shape", "Size")
+    + ("Dropout", "DepthToSpace", "SpaceToDepth", "Shape", "Size", "GatherElements", "Trilu")
+    + ("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
 )
 
 

@@ -329,6 +329,22 @@ def logical(op: str) -> Callable[..., Tensor]:
     return lower
 
 
+def bitwise(op: str) -> Callable[..., Tensor]:
+    """``aten.bitwise_*``: of integers, bitwise in the promoted dtype (two's complement, as
+    torch); of bools, logical."""
+    fn = {"and": te.bitwise_and, "or": te.bitwise_or, "xor": te.bitwise_xor}.get(op)
+
+    def lower(*xs: Operand) -> Tensor:
+        dtype = _promoted(*xs)
+        if dtype == "bool":
+            return logical(op)(*xs)
+        if fn is None:
+            return elementwise("bitwise_not", te.bitwise_not, list(xs), dtype)
+        return elementwise(f"bitwise_{op}", fn, list(xs), dtype)
+
+    return lower
+
+
 def relu(x: Tensor) -> Tensor:
     return elementwise("relu", lambda v, z: te.maximum(v, z), [x, 0], x.dtype)
 
@@ -448,15 +464,6 @@ _INT_DIVISION = {
     aten.fmod.Tensor,
     aten.fmod.Scalar,
 }
-_BITWISE = {
-    aten.bitwise_and.Tensor,
-    aten.bitwise_and.Scalar,
-    aten.bitwise_or.Tensor,
-    aten.bitwise_or.Scalar,
-    aten.bitwise_xor.Tensor,
-    aten.bitwise_xor.Scalar,
-    aten.bitwise_not.default,
-}
 #: Lowerings written for float results (their ops use float constants: a mean's 1/n, a
 #: pool's -inf padding, a convolution's 0.0 padding, normalisation): an integer result
 #: (torch's integer avg_pool2d truncates) stays in PyTorch.
@@ -503,12 +510,6 @@ def dtype_reason(node: torch.fx.Node) -> str | None:
         b = args[1]
         if not _is_tensor(b) and int(b) == 0:
             return f"dtype {name}: integer division by zero (torch raises)"
-        return None
-    if target in _BITWISE:
-        d = _val(node).dtype
-        if d != torch.bool:
-            name = str(d).removeprefix("torch.")
-            return f"dtype {name}: bitwise operators on integers (polyfuse's & | ~ are logical)"
         return None
     if target in _FLOAT_ONLY:
         v = _val(node)

@@ -82,6 +82,7 @@ _UNARY = {
     "log2": "log2f",
     "log10": "log10f",
 }
+_BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
 
@@ -151,8 +152,10 @@ class ValuePrinter(Visitor[str]):
         a = self.visit(e.a)
         if e.op == "neg":
             return f"(-{a})"
-        if e.op == "not":
+        if e.op == "not" or (e.op == "bitnot" and e.dtype == "bool"):
             return f"(!{a})"
+        if e.op == "bitnot":
+            return f"(~{a})"
         if e.op == "abs":
             if e.dtype == "float64":
                 return f"fabs({a})"
@@ -185,6 +188,8 @@ class ValuePrinter(Visitor[str]):
             if e.dtype == "int32":
                 return f"{e.op}({a}, {b})"
             return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
+        if e.op in _BITWISE:  # integers or bools (te checks)
+            return f"({a} {_BITWISE[e.op]} {b})"
         if e.op in ("tdiv", "tmod"):  # integers only (te checks)
             t = C_TYPES[e.dtype]
             return f"pf_w_{e.op}<{t}>(({t}){a}, ({t}){b})"
