@@ -190,3 +190,33 @@ def test_bitwise_operators_of_every_integer_type(dtype):
         _agrees([helper.make_node(op, ["a", "b"], ["y"])], {"a": a, "b": b}, exact=True)
     got = _agrees([helper.make_node("BitwiseNot", ["a"], ["y"])], {"a": a}, exact=True)
     np.testing.assert_array_equal(got[0], ~a)
+
+
+def test_resize_of_a_long_axis_tabulates_its_taps_sparsely():
+    """onnx fuzz seed 25241 (``--max-elements``): a linear Resize of a 66 690-long axis built
+    the reference's dense 66 690 x 66 690 map (33 GiB) and failed. The taps are now probed
+    a few columns at a time (:func:`polyfuse.onnx.ops_resize._taps`); a wide antialiased
+    window (more taps than the first probe tells apart) grows the probe, and the tables
+    equal the dense map's."""
+    from polyfuse.onnx.ops_resize import _taps
+
+    x = _x((1, 1, 40000, 2))
+    sizes = np.array([1, 1, 60001, 3], np.int64)
+    node = helper.make_node("Resize", ["x", "", "", "s"], ["y"], mode="linear",
+                            coordinate_transformation_mode="align_corners")  # fmt: skip
+    _agrees([node], {"x": x}, {"s": sizes})
+    small = _x((1, 2, 57, 40))
+    for mode, out in (("cubic", (1, 2, 8, 40)), ("linear", (1, 2, 17, 13))):
+        node = helper.make_node("Resize", ["x", "", "", "s"], ["y"], mode=mode, antialias=1)
+        _agrees([node], {"x": small}, {"s": np.array(out, np.int64)})
+
+    def window(d, taps=27, stride=3):  # a clamped moving window of 27 taps
+        o = np.arange(19)[:, None] * stride + np.arange(taps)[None, :] - 5
+        wts = np.linspace(1, 2, taps)
+        return (d[np.clip(o, 0, len(d) - 1)] * wts[None, :, None]).sum(axis=1) + 0.5
+
+    idx, w, c = _taps(window, 57)
+    dense = np.zeros((19, 57))
+    np.add.at(dense, (np.arange(19)[None, :].repeat(len(idx), 0), idx), w)
+    np.testing.assert_allclose(dense, window(np.eye(57)) - 0.5, atol=1e-12)
+    np.testing.assert_allclose(c, 0.5)

@@ -21,15 +21,15 @@ from polyfuse.onnx.common import (
 from polyfuse.onnx.fold import fold_node
 
 
-def _resize_axis_maps(
+def _resize_axis_taps(
     node: onnx.NodeProto, ins: list[Any], shape: Sequence[int], opset: int
-) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per resized axis: ``(axis, M, c)`` with ``out = M @ in + c`` along that axis.
+) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per resized axis: ``(axis, idx, w, c)`` with ``out[o] = c[o] + sum_t w[t, o] *
+    in[idx[t, o]]`` along that axis.
 
     Resize is separable and affine along each axis (nearest, linear, cubic, antialias,
-    extrapolation). The ONNX reference resizes one axis at a time; its 1-D step is run on an
-    identity matrix (giving ``M``) and on zeros (giving ``c``), so every mode and coordinate
-    transformation is exactly the reference's.
+    extrapolation). The ONNX reference resizes one axis at a time; its 1-D step is probed
+    (:func:`_taps`), so every mode and coordinate transformation is exactly the reference's.
     """
     import onnx.reference.ops.op_resize as ref
 
@@ -43,23 +43,52 @@ def _resize_axis_maps(
     one = helper.make_node(node.op_type, list(node.input), [node.output[0]], domain=node.domain)
     one.attribute.extend(node.attribute)
     ref._interpolate_1d_along_axis = spy
-    try:
+    try:  # (one row per axis is enough to record the calls: their sizes are the axes')
         fold_node(one, [np.zeros(shape, np.float32), *ins[1:]], opset)
     finally:
         ref._interpolate_1d_along_axis = orig
     at = attrs_of(node)
     axes = [int(a) % len(shape) for a in at["axes"]] if "axes" in at else None
-    maps: list[tuple[int, np.ndarray, np.ndarray]] = []
+    out: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
     seen: set[int] = set()
     for n_in, axis, a, k in calls:
         real = axes[axis] if axes is not None else axis
         if real in seen:  # the reference repeats the axes for every slice
             continue
         seen.add(real)
-        m = np.asarray(orig(np.eye(n_in), 0, *a, **k), dtype=np.float64)
-        c = np.asarray(orig(np.zeros((n_in, 1)), 0, *a, **k), dtype=np.float64)[:, 0]
-        maps.append((real, m - c[:, None], c))
-    return maps
+        out.append((real, *_taps(lambda d, a=a, k=k: orig(d, 0, *a, **k), n_in)))
+    return out
+
+
+def _taps(step: Any, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The taps ``(idx, w, c)`` of the 1-D affine map ``step`` (columns of an ``(n_in, k)``
+    array in, ``(n_out, k)`` out), without its dense ``n_out x n_in`` matrix (an axis of
+    66 690 made that 33 GiB; onnx fuzz seed 25241).
+
+    Probe with ``P`` columns, column ``p`` the indicator of the inputs ``j = p (mod P)``, and
+    the same times ``j``: an output's window of fewer than ``P`` contiguous inputs puts each
+    tap in its own column, whose first probe gives the weight and whose ratio of the two gives
+    ``j``. The taps are checked against a random input, ``P`` growing until they agree (at
+    ``P = n_in`` the probe is the identity)."""
+    c = np.asarray(step(np.zeros((n_in, 1))), np.float64)[:, 0]
+    x = np.random.default_rng(0).standard_normal((n_in, 1))
+    want = np.asarray(step(x), np.float64)[:, 0] - c
+    j = np.arange(n_in)
+    period = 8
+    while True:
+        period = min(period, n_in)
+        ind = (j[:, None] % period == np.arange(period)[None, :]).astype(np.float64)
+        a = np.asarray(step(ind), np.float64) - c[:, None]
+        b = np.asarray(step(ind * j[:, None]), np.float64) - c[:, None]
+        nz = a != 0
+        cols = np.rint(b / np.where(nz, a, 1.0))
+        order = np.argsort(~nz, axis=1, kind="stable")[:, : max(1, int(nz.sum(axis=1).max()))]
+        w = np.take_along_axis(np.where(nz, a, 0.0), order, 1).T
+        idx = np.clip(np.take_along_axis(np.where(nz, cols, 0.0), order, 1).T, 0, n_in - 1)
+        idx = idx.astype(np.int64)
+        if period >= n_in or np.allclose((w * x[idx, 0]).sum(axis=0), want, rtol=1e-9, atol=1e-9):
+            return idx, w, c
+        period *= 4
 
 
 @register_op("Resize")
@@ -74,21 +103,15 @@ def _resize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     y: Tensor = x
     # weights in float64 for float64 data (float32 ones are 1e-7 off there)
     wdt = np.float64 if x.dtype == "float64" else np.float32
-    for axis, m, c in _resize_axis_maps(node, [None, *host], x.shape, ctx.opset):
-        nz = m != 0
-        taps = max(1, int(nz.sum(axis=1).max()))
-        idx = np.zeros((taps, m.shape[0]), np.float32)
-        w = np.zeros((taps, m.shape[0]), wdt)
-        for o in range(m.shape[0]):
-            cols = np.flatnonzero(nz[o])
-            idx[: len(cols), o] = cols
-            w[: len(cols), o] = m[o, cols]
+    for axis, idx, w64, c in _resize_axis_taps(node, [None, *host], x.shape, ctx.opset):
+        taps, n_out = idx.shape
+        w = w64.astype(wdt)
         shape = list(y.shape)
-        shape[axis] = m.shape[0]
+        shape[axis] = n_out
         src = y
-        ones = taps == 1 and bool(np.all(nz.sum(axis=1) == 1) and np.all(w[0] == 1.0))
+        ones = taps == 1 and bool(np.all(w[0] == 1.0))
         cvec = c.astype(wdt)
-        it, wt = ctx.tensor(idx), ctx.tensor(w)
+        it, wt = ctx.tensor(idx.astype(np.int32)), ctx.tensor(w)
         ct = ctx.tensor(cvec) if np.any(cvec != 0) else None
 
         def body(
