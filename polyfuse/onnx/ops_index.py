@@ -195,25 +195,53 @@ def _eye_like(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     return [np.eye(*shape, k=int(at.get("k", 0)), dtype=dtype)]
 
 
-def _scatter_combine(
-    ctx: Ctx, node: onnx.NodeProto, at: dict[str, Any]
-) -> Callable[[Expr, Expr, list[IterVar]], Expr] | None:
-    """A scatter's ``reduction`` as (old value, matching-updates expression, reduce axes) →
-    value: None for ``none`` (the last matching update replaces); ``mul`` is refused (te has
-    no product reduction)."""
+def _scatter(
+    ctx: Ctx,
+    node: onnx.NodeProto,
+    at: dict[str, Any],
+    data: Tensor,
+    extent: int,
+    hit: Callable[[Sequence[Expr], Expr], Expr],
+    update: Callable[[Sequence[Expr], Expr], Expr],
+    guard: Callable[[Sequence[Expr], Expr], Expr],
+    hint: str,
+) -> Tensor:
+    """A scatter into ``data``: per output element ``p``, the updates ``r < extent`` that
+    ``hit(p, r)`` names it (``update(p, r)`` reads one). ``reduction`` none: the last of them
+    replaces the element (a max over ``r``, the update read at run time; ``guard`` keeps
+    ``data`` where no update can reach); add/max/min: all of them combine with it; ``mul``
+    is refused (te has no product reduction)."""
     how = at.get("reduction", b"none")
     how = how.decode() if isinstance(how, bytes) else str(how)
-    if how == "none":
-        return None
-    if how == "add":
-        return lambda old, v, ks: old + te.sum(v, axis=ks)
-    if how in ("max", "min"):
-        red, pick = (te.max, te.maximum) if how == "max" else (te.min, te.minimum)
-        return lambda old, v, ks: pick(old, red(v, axis=ks))
-    raise UnsupportedOpError(
-        f"{node.op_type} '{node.name or node.output[0]}': reduction '{how}' is not supported "
-        "(none, add, max and min are)"
-    )
+    if how not in ("none", "add", "max", "min"):
+        raise UnsupportedOpError(
+            f"{node.op_type} '{node.name or node.output[0]}': reduction '{how}' is not "
+            "supported (none, add, max and min are)"
+        )
+    if how != "none":
+        ident = {"max": lowest, "min": highest}.get(how, lambda d: te.const(0, d))(data.dtype)
+
+        def reduced(*p: IterVar) -> Expr:
+            r = te.reduce_axis(extent, name="rs")
+            v = te.where(hit(p, r), update(p, r), ident)
+            if how == "add":
+                return data[p] + te.sum(v, axis=r)
+            red, pick = (te.max, te.maximum) if how == "max" else (te.min, te.minimum)
+            return pick(data[p], red(v, axis=r))
+
+        return ctx.compute(data.shape, reduced, hint)
+
+    def last_row(*p: IterVar) -> Expr:
+        r = te.reduce_axis(extent, name="rs")
+        return te.max(te.where(hit(p, r), iota64(r), te.const(-1, "int64")), axis=r)
+
+    last = ctx.compute(data.shape, last_row, f"{hint}_row")
+
+    def body(*p: IterVar) -> Expr:
+        r = te.data_index(te.maximum(last[p], 0))
+        return guard(p, te.where(last[p] >= 0, update(p, r), data[p]))
+
+    return ctx.compute(data.shape, body, hint)
 
 
 @register_op("ScatterND")
@@ -238,7 +266,6 @@ def _scatter_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, An
         idx = ctx.tensor(ind.astype(_index_dtype(ind)))
     ind2 = reshape_to(ctx, idx, (rows, k))
     upd2 = ctx.tensor(reshape_to(ctx, upd, (rows, *rest)))
-    combine = _scatter_combine(ctx, node, at)
 
     def hits(p: Sequence[Expr], j: Expr) -> Expr:
         match: Expr | None = None
@@ -249,34 +276,10 @@ def _scatter_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, An
         assert match is not None
         return match
 
-    if combine is not None:
-        ident = _identity(at, data.dtype)
+    def update(p: Sequence[Expr], j: Expr) -> Expr:
+        return upd2[(j, *p[k:])]
 
-        def reduced(*p: IterVar) -> Expr:
-            j = te.reduce_axis(rows, name="js")
-            v = te.where(hits(p, j), upd2[(j, *p[k:])], ident)
-            return combine(data[p], v, [j])
-
-        return [ctx.compute(data.shape, reduced, "scatternd")]
-
-    def last_row(*p: IterVar) -> Expr:
-        j = te.reduce_axis(rows, name="js")
-        return te.max(te.where(hits(p, j), iota64(j), te.const(-1, "int64")), axis=j)
-
-    last = ctx.compute(data.shape, last_row, "scatternd_row")
-
-    def body(*p: IterVar) -> Expr:
-        row = te.data_index(te.maximum(last[p], 0))
-        return te.where(last[p] >= 0, upd2[(row, *p[k:])], data[p])
-
-    return [ctx.compute(data.shape, body, "scatternd")]
-
-
-def _identity(at: dict[str, Any], dtype: str) -> Expr:
-    """The neutral value of a scatter's ``reduction`` (0, or the dtype's extreme)."""
-    how = at.get("reduction", b"none")
-    how = how.decode() if isinstance(how, bytes) else str(how)
-    return {"max": lowest, "min": highest}.get(how, lambda d: te.const(0, d))(dtype)
+    return [_scatter(ctx, node, at, data, rows, hits, update, lambda p, v: v, "scatternd")]
 
 
 @register_op("ScatterElements", "Scatter")
@@ -303,7 +306,6 @@ def _scatter_elements(
         idx = ctx.tensor(ind.astype(_index_dtype(ind)))
     upd = ctx.tensor(upd)
     n, span = data.shape[ax], int(idx.shape[ax])
-    combine = _scatter_combine(ctx, node, at)
 
     def inside(p: Sequence[Expr]) -> Expr | None:
         """``p`` lies inside the indices' extent on every axis but ``axis`` (affine: it
@@ -321,29 +323,11 @@ def _scatter_elements(
         c = inside(p)
         return h if c is None else c & h
 
-    def guarded(p: Sequence[Expr], value: Expr) -> Expr:
+    def update(p: Sequence[Expr], r: Expr) -> Expr:
+        return upd[(*p[:ax], r, *p[ax + 1 :])]
+
+    def guard(p: Sequence[Expr], value: Expr) -> Expr:
         c = inside(p)
         return value if c is None else te.where(c, value, data[tuple(p)])
 
-    if combine is not None:
-        ident = _identity(at, data.dtype)
-
-        def reduced(*p: IterVar) -> Expr:
-            r = te.reduce_axis(span, name="rs")
-            v = te.where(hit(p, r), upd[(*p[:ax], r, *p[ax + 1 :])], ident)
-            return combine(data[p], v, [r])
-
-        return [ctx.compute(data.shape, reduced, "scatter")]
-
-    def last_row(*p: IterVar) -> Expr:
-        r = te.reduce_axis(span, name="rs")
-        return te.max(te.where(hit(p, r), iota64(r), te.const(-1, "int64")), axis=r)
-
-    last = ctx.compute(data.shape, last_row, "scatter_row")
-
-    def body(*p: IterVar) -> Expr:
-        r = te.data_index(te.maximum(last[p], 0))
-        new = te.where(last[p] >= 0, upd[(*p[:ax], r, *p[ax + 1 :])], data[p])
-        return guarded(p, new)
-
-    return [ctx.compute(data.shape, body, "scatter")]
+    return [_scatter(ctx, node, at, data, span, hit, update, guard, "scatter")]
