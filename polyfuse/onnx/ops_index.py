@@ -149,6 +149,22 @@ def _gather_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     return [ctx.compute((*lead, *rest), body, "gathernd")]
 
 
+def _index_tensor(ctx: Ctx, idx: Value) -> Tensor:
+    """Indices as a tensor read at run time (constant ones of int32 where they fit)."""
+    if isinstance(idx, np.ndarray):
+        ind = np.asarray(idx).astype(np.int64)
+        return ctx.tensor(ind.astype(_index_dtype(ind)))
+    return idx
+
+
+def _fits_outside(idx_shape: Sequence[int], shape: Sequence[int], ax: int) -> bool:
+    """Indices of ``idx_shape`` address a tensor of ``shape`` element by element: the same
+    rank, no larger on the axes but ``ax`` (GatherElements, ScatterElements)."""
+    return len(idx_shape) == len(shape) and all(
+        q <= d for a, (q, d) in enumerate(zip(idx_shape, shape, strict=True)) if a != ax
+    )
+
+
 @register_op("GatherElements")
 def _gather_elements(
     ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
@@ -159,16 +175,12 @@ def _gather_elements(
     data = ctx.tensor(ins[0])
     idx = ins[1]
     ax = int(at.get("axis", 0)) % data.ndim
-    if len(idx.shape) != data.ndim or any(
-        q > d for a, (q, d) in enumerate(zip(idx.shape, data.shape, strict=True)) if a != ax
-    ):
+    if not _fits_outside(idx.shape, data.shape, ax):
         raise ExpressionError(
             f"GatherElements: indices of shape {tuple(idx.shape)} do not fit data of shape "
             f"{data.shape} outside axis {ax}"
         )
-    if isinstance(idx, np.ndarray):
-        ind = np.asarray(idx).astype(np.int64)
-        idx = ctx.tensor(ind.astype(_index_dtype(ind)))
+    idx = _index_tensor(ctx, idx)
     n = data.shape[ax]
 
     def body(*i: IterVar) -> Expr:
@@ -261,9 +273,7 @@ def _scatter_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, An
             f"ScatterND: indices {tuple(idx.shape)} and updates {tuple(upd.shape)} do not fit "
             f"data {data.shape}"
         )
-    if isinstance(idx, np.ndarray):
-        ind = np.asarray(idx).astype(np.int64)
-        idx = ctx.tensor(ind.astype(_index_dtype(ind)))
+    idx = _index_tensor(ctx, idx)
     ind2 = reshape_to(ctx, idx, (rows, k))
     upd2 = ctx.tensor(reshape_to(ctx, upd, (rows, *rest)))
 
@@ -294,16 +304,12 @@ def _scatter_elements(
     data = ctx.tensor(ins[0])
     idx, upd = ins[1], ins[2]
     ax = int(at.get("axis", 0)) % data.ndim
-    if (len(idx.shape) != data.ndim or tuple(upd.shape) != tuple(idx.shape)
-            or any(q > d for a, (q, d) in enumerate(zip(idx.shape, data.shape, strict=True))
-                   if a != ax)):  # fmt: skip
+    if tuple(upd.shape) != tuple(idx.shape) or not _fits_outside(idx.shape, data.shape, ax):
         raise ExpressionError(
             f"ScatterElements: indices {tuple(idx.shape)} and updates {tuple(upd.shape)} do "
             f"not fit data {data.shape} along axis {ax}"
         )
-    if isinstance(idx, np.ndarray):
-        ind = np.asarray(idx).astype(np.int64)
-        idx = ctx.tensor(ind.astype(_index_dtype(ind)))
+    idx = _index_tensor(ctx, idx)
     upd = ctx.tensor(upd)
     n, span = data.shape[ax], int(idx.shape[ax])
 
