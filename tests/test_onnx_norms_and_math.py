@@ -220,3 +220,22 @@ def test_resize_of_a_long_axis_tabulates_its_taps_sparsely():
     np.add.at(dense, (np.arange(19)[None, :].repeat(len(idx), 0), idx), w)
     np.testing.assert_allclose(dense, window(np.eye(57)) - 0.5, atol=1e-12)
     np.testing.assert_allclose(c, 0.5)
+
+
+def test_the_deprecated_upsample_of_older_exports():
+    """Upsample (opsets 7-9; YOLOv3-era exports): scales as an input (opset 9) or an
+    attribute (opset 7), nearest and linear: the Resize it defines (asymmetric coordinates,
+    nearest rounding down), as the reference computes that (its own Upsample cannot run an
+    attribute or linear mode)."""
+    x = _x((1, 2, 5, 7))
+    scales = np.array([1, 1, 2, 3], np.float32)
+    for mode in ("nearest", "linear"):
+        resize = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, nearest_mode="floor",
+                                  coordinate_transformation_mode="asymmetric")  # fmt: skip
+        as_resize = _nodes_model([resize], {"x": x}, {"s": scales}, opset=13)
+        want = reference_evaluator(as_resize).run(None, {"x": x})[0]
+        for opset, ins, at in ((9, ["x", "s"], {}), (7, ["x"], {"scales": scales.tolist()})):
+            node = helper.make_node("Upsample", ins, ["y"], mode=mode, **at)
+            model = _nodes_model([node], {"x": x}, {"s": scales} if opset == 9 else {}, opset)
+            got = prepare(model, "CPU").run({"x": x})[0]
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{mode} {opset}")

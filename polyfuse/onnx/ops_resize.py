@@ -1,4 +1,5 @@
-"""ONNX Resize: per-axis affine maps taken from the reference implementation."""
+"""ONNX Resize (and the deprecated Upsample): per-axis taps taken from the reference
+implementation."""
 
 from __future__ import annotations
 
@@ -100,10 +101,34 @@ def _resize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
         None if v is None else host_value(ctx, node, v, nm)
         for v, nm in zip(ins[1:], ("roi", "scales", "sizes"), strict=False)
     ]
+    return [_resized(ctx, node, x, host, ctx.opset)]
+
+
+@register_op("Upsample")
+def _upsample(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The deprecated Upsample (opsets 7-9, older detectors' exports): a Resize by ``scales``
+    (an input from opset 9, an attribute before) in ``nearest`` (floor) or ``linear`` mode
+    with the ``asymmetric`` coordinates it defines."""
+    x = ctx.tensor(ins[0])
+    scales = at.get("scales") if len(ins) < 2 else host_value(ctx, node, ins[1], "scales")
+    mode = at.get("mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    resize = helper.make_node(
+        "Resize", ["x", "", "scales"], [node.output[0]], name=node.name, mode=mode,
+        coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+    )  # fmt: skip
+    host = [None, np.asarray(scales, np.float32).reshape(-1)]
+    return [_resized(ctx, resize, x, host, max(ctx.opset, 13))]
+
+
+def _resized(
+    ctx: Ctx, node: onnx.NodeProto, x: Tensor, host: list[Any], opset: int
+) -> Tensor:
+    """``x`` resized as Resize ``node`` with host ``roi``/``scales``/``sizes`` asks."""
     y: Tensor = x
     # weights in float64 for float64 data (float32 ones are 1e-7 off there)
     wdt = np.float64 if x.dtype == "float64" else np.float32
-    for axis, idx, w64, c in _resize_axis_taps(node, [None, *host], x.shape, ctx.opset):
+    for axis, idx, w64, c in _resize_axis_taps(node, [None, *host], x.shape, opset):
         taps, n_out = idx.shape
         w = w64.astype(wdt)
         shape = list(y.shape)
@@ -134,4 +159,4 @@ def _resize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
             return acc + ct[o] if ct is not None else acc
 
         y = ctx.compute(shape, body, "resize")
-    return [y]
+    return y
