@@ -551,6 +551,8 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         return _BINARY_UFUNC[op](a, b)
     if op == "div":  # true division, also of integers
         return np.true_divide(np.asarray(a, np.float64), b)
+    if op == "atan2":
+        return np.arctan2(np.asarray(a, np.float64), np.asarray(b, np.float64))
     if op in ("tdiv", "tmod"):
         return _trunc_divide(op, a, b)
     ints = not dt.is_float(dtype) and _is_int(a) and _is_int(b)

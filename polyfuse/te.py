@@ -63,6 +63,7 @@ __all__ = [
     "asin",
     "asinh",
     "atan",
+    "atan2",
     "atanh",
     "bitwise_and",
     "bitwise_not",
@@ -278,6 +279,12 @@ def isinf(x: Any, positive: bool = True, negative: bool = True) -> Expr:
     if positive or negative:
         return Compare("eq", e, as_expr(float("inf") if positive else float("-inf")))
     return Compare("ne", as_expr(0.0), as_expr(0.0))  # neither flag: always false
+
+
+def atan2(y: Any, x: Any) -> Expr:
+    """The angle of the point ``(x, y)``, in ``[-pi, pi]`` (C ``atan2``; float32 for
+    integers)."""
+    return Binary("atan2", as_expr(y), as_expr(x))
 
 
 def maximum(a: Any, b: Any) -> Expr:

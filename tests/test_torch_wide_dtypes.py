@@ -210,6 +210,7 @@ def test_tensors_made_in_the_traced_code_run_in_polyfuse():
 
 def test_math_norms_diagonals_and_rounding_run_in_polyfuse():
     """Operators that stayed in PyTorch though te computes them: ``sin`` ... ``atanh``,
+    ``atan2``,
     ``exp2``/``log2``/``log10`` (RoPE's angles), ``reciprocal``, ``isnan`` (``nan_to_num``),
     ``sign`` (0 for NaN, as torch), ``linalg_vector_norm`` (``F.normalize``,
     ``cosine_similarity``; a float16 sum of squares in float32), ``clamp`` by tensors,
@@ -226,7 +227,8 @@ def test_math_norms_diagonals_and_rounding_run_in_polyfuse():
         math_ = (v.sin(), v.cos(), torch.tan(v), torch.asin(v / 4), torch.acos(v / 4),
                  v.atan(), v.sinh(), v.cosh(), v.asinh(), (v.abs() + 1).acosh(),
                  torch.atanh(v / 3), torch.log2(v), torch.log10(v), h.sin(), i.cos(),
-                 torch.cat([pos, pos], -1).cos(), torch.reciprocal(i), torch.reciprocal(v))
+                 torch.cat([pos, pos], -1).cos(), torch.reciprocal(i), torch.reciprocal(v),
+                 torch.atan2(v, v.flip(0)), torch.atan2(h, h.flip(1)), torch.atan2(i, i.flip(1)))
         nans = (torch.isnan(v.log()), torch.nan_to_num(v.log(), 0.5, 1e3, -1e3), v.sign(),
                 i.sign(), (i > 0).sign())
         norms = (torch.linalg.vector_norm(v, dim=1), v.norm(dim=0), h.norm(dim=1),

@@ -565,6 +565,29 @@ def test_bitwise_and_or_xor_not(dtype):
         te.compute((4,), lambda i: te.bitwise_or(x[i], 1), name="h")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+def test_atan2_of_every_quadrant_and_signed_zeros(dtype):
+    """``te.atan2(y, x)``: C's angle, signed zeros and infinities included; integers give
+    float32; NVRTC compiles it for sm_80 and sm_90."""
+    y = te.placeholder((12,), dtype, name="y")
+    x = te.placeholder((12,), dtype, name="x")
+    out = te.compute((12,), lambda k: te.atan2(y[k], x[k]), name="angle")
+    if dtype == "int32":
+        yv = np.array([0, 0, 1, -1, 3, 7, 2, -5, 1, 0, -2, 4], np.int32)
+        xv = np.array([-1, 1, 0, 0, 2, 1, -2, 3, 1, 0, -3, -4], np.int32)
+    else:
+        yv = np.array([0, -0.0, 1, -1, 3, np.inf, 2, -5, np.nan, 0, -2, -np.inf]).astype(dtype)
+        xv = np.array([-0.0, -1, 0, -0.0, 2, np.inf, -2, 3, 1, 0.0, -3, -4]).astype(dtype)
+    fn = _run([y, x], [out], [yv, xv])
+    got = fn(yv, xv).astype(np.float64)
+    want = np.arctan2(yv.astype(np.float64), xv.astype(np.float64))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert out.dtype == ("float32" if dtype == "int32" else dtype)
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+
+
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 
 

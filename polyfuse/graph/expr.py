@@ -236,7 +236,7 @@ class Binary(Expr):
     @property
     def dtype(self) -> str:  # type: ignore[override]
         joined = _join_dtype(self.a, self.b)
-        if self.op == "div":  # true division: float32 for integers (as true_divide_dtype)
+        if self.op in ("div", "atan2"):  # float32 for integers (as true_divide_dtype)
             return joined if dt.is_float(joined) else dt.DEFAULT_FLOAT
         return joined
 

@@ -493,6 +493,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.pow.Tensor_Scalar: typed.pow_,
     aten.pow.Tensor_Tensor: typed.pow_,
     aten.maximum.default: typed.maximum,
+    aten.atan2.default: lambda a, b: typed.elementwise(
+        "atan2", te.atan2, [a, b], typed.te_dtype(typed.result_dtype(a, b, int_to_float=True))
+    ),
     aten.minimum.default: typed.minimum,
     **{getattr(aten, c).Tensor: typed.compare(c) for c in ("eq", "ne", "lt", "le", "gt", "ge")},
     **{getattr(aten, c).Scalar: typed.compare(c) for c in ("eq", "ne", "lt", "le", "gt", "ge")},

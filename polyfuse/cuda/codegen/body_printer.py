@@ -175,6 +175,10 @@ class ValuePrinter(Visitor[str]):
             if is_float(e.operands[0]) or is_float(e.operands[1]):
                 return f"({a} / {b})"
             return f"((float){a} / (float){b})"
+        if e.op == "atan2":
+            if e.dtype == "float64":
+                return f"atan2((double){a}, (double){b})"
+            return f"atan2f((float){a}, (float){b})"
         if e.op == "pow":
             if e.dtype == "float64":
                 return f"pow((double){a}, (double){b})"

@@ -47,6 +47,7 @@ SPECIAL = {
     "log2": (1, 2, 2),
     "log10": (1, 3, 2),
     "pow": (2, 4, 4),
+    "atan2": (1, 16, 8),
     "div": (1, 3, 2),
 }
 #: integer slots to address one global or shared element
@@ -103,8 +104,8 @@ class _OpCounter(ex.ExprVisitor[None]):
             c.muls += 1
         elif e.op in ("add", "sub"):
             c.adds += 1
-        elif e.op == "pow":
-            c.special("pow")
+        elif e.op in ("pow", "atan2"):
+            c.special(e.op)
         elif e.op in ("div", "floordiv", "mod"):
             c.special("div")
         else:
