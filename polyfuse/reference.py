@@ -252,7 +252,7 @@ def _blocks(ext: Sequence[int], limit: int) -> Iterator[list[tuple[int, int]]]:
             )
 
 
-_REDUCERS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_REDUCERS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
 def _work_dtype(dtype: str) -> np.dtype:
@@ -262,8 +262,8 @@ def _work_dtype(dtype: str) -> np.dtype:
 
 def _identity(op: str, work: np.dtype) -> Any:
     """The start value of reduction ``op`` over values held in ``work``."""
-    if op == "sum":
-        return work.type(0)
+    if op in ("sum", "prod"):
+        return work.type(op == "prod")
     if work.kind == "b":
         return op == "min"
     big = np.inf if work.kind == "f" else np.iinfo(work).max

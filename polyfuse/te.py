@@ -94,6 +94,7 @@ __all__ = [
     "minimum",
     "not_equal",
     "placeholder",
+    "prod",
     "reduce_axis",
     "round",
     "rsqrt",
@@ -145,7 +146,12 @@ def reduce_axis(dom: int | tuple[int, int], name: str | None = None) -> IterVar:
 
 
 #: What to write instead of a reduction called with a value where its axis goes.
-_ELEMENTWISE = {"sum": "a + b", "max": "te.maximum(a, b)", "min": "te.minimum(a, b)"}
+_ELEMENTWISE = {
+    "sum": "a + b",
+    "prod": "a * b",
+    "max": "te.maximum(a, b)",
+    "min": "te.minimum(a, b)",
+}
 
 
 def _accumulator(op: str, body: Expr, accumulate: str | None) -> str | None:
@@ -190,6 +196,14 @@ def sum(  # noqa: A001
     values (a float16 running sum stops growing at 2048 when adding ones), else the result's
     dtype."""
     return _reduce("sum", expr, axis, accumulate)
+
+
+def prod(
+    expr: Any, axis: IterVar | Sequence[IterVar], accumulate: str | None = None
+) -> Reduce:
+    """Product of ``expr`` over the reduce axes, in its dtype (integers wrap, as numpy's;
+    of bools, their and); ``accumulate`` as for :func:`sum` (float32 for 16-bit floats)."""
+    return _reduce("prod", expr, axis, accumulate)
 
 
 def max(  # noqa: A001

@@ -588,6 +588,54 @@ def test_atan2_of_every_quadrant_and_signed_zeros(dtype):
             assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int32", "int64", "bool"])
+def test_products_over_rows_columns_and_everything(dtype):
+    """``te.prod``: a row product (one warp per row), a column product (a tree across thread
+    rows) and a product of everything (split into partials), in both thread orders against
+    the float64 oracle; integers wrap (exact), bools are their and; NVRTC compiles it."""
+    shape = (70, 130)
+    x = te.placeholder(shape, dtype, name="x")
+    k1, k0 = te.reduce_axis(shape[1], name="k1"), te.reduce_axis(shape[0], name="k0")
+    a, b = te.reduce_axis(shape[0], name="a"), te.reduce_axis(shape[1], name="b")
+    outs = [te.compute((shape[0],), lambda i: te.prod(x[i, k1], axis=k1), name="row"),
+            te.compute((shape[1],), lambda j: te.prod(x[k0, j], axis=k0), name="col"),
+            te.compute((1,), lambda z: te.prod(x[a, b], axis=[a, b]), name="all")]  # fmt: skip
+    if dtype == "bool":
+        xv = RNG.random(shape) > 0.0005
+    elif dtype.startswith("int"):
+        xv = RNG.choice(np.array([-3, -1, 1, 1, 1, 2, 5]), shape).astype(dtype)
+    else:
+        xv = (1 + RNG.standard_normal(shape) * 0.01).astype(numpy_dtype(dtype))
+    fn = _run([x], outs, [xv])
+    assert [o.dtype for o in outs] == [dtype] * 3
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_an_integer_reduction_long_enough_to_split_stays_integer(dtype, op):
+    """A reduction over 257 x 513 values splits into partials; their out-of-range lanes
+    read the reduction's identity, which was a weak float constant: an integer sum's
+    partials became float ones, and the kernel did not compile (``pf_allreduce_y`` of an int
+    with a float scratch). The identity now has the body's dtype; the result is exact."""
+    x = te.placeholder((257, 513), dtype, name="x")
+    a, b = te.reduce_axis(257, name="a"), te.reduce_axis(513, name="b")
+    out = te.compute((1,), lambda z: getattr(te, op)(x[a, b], axis=[a, b]), name="total")
+    if dtype == "bool":
+        xv = RNG.random(x.shape) > (0.001 if op in ("prod", "min") else 0.999)
+    elif op == "prod":
+        xv = np.where(RNG.random(x.shape) < 0.01, RNG.integers(-3, 4, x.shape), 1).astype(dtype)
+    else:
+        hi = 2**40 if dtype == "int64" else 2**12  # (an int32 total stays in range)
+        xv = RNG.integers(-hi, hi, x.shape).astype(dtype)
+    fn = _run([x], [out], [xv])
+    want = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}[op](xv)
+    assert fn(xv)[0] == (want if dtype != "bool" or op == "sum" else bool(want))
+    assert "_partial" in fn.cuda_source
+
+
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 
 

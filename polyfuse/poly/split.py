@@ -26,8 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import SplitData
+from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import (
     Binary,
     Compare,
@@ -49,7 +52,21 @@ from polyfuse.poly.costs import model_kernel
 from polyfuse.poly.costs.stream import stream_desc
 from polyfuse.poly.device import DeviceSpec
 
-_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
+def _identity(op: str, dtype: str) -> Const:
+    """The neutral value of reduction ``op`` as a constant of the body's ``dtype``. (A weak
+    float one turned an int32 sum's partials into float ones: their kernel did not compile,
+    ``pf_allreduce_y`` got an int and a float scratch, and float partials of an int sum
+    lose exactness past 2**24.)"""
+    if dt.is_float(dtype):
+        return Const(_IDENTITY[op], dtype, weak=False)
+    if dtype == "bool":
+        return Const(op in ("prod", "min"), "bool", weak=False)
+    info = np.iinfo(dt.numpy_dtype(dtype))
+    value = {"sum": 0, "prod": 1, "max": int(info.min), "min": int(info.max)}[op]
+    return Const(value, dtype, weak=False)
 
 
 @dataclass(frozen=True)
@@ -271,7 +288,7 @@ def two_stage(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
     for a in red.axes:
         env.setdefault(a.uid, Const(a.lo, "int32"))
     body = substitute(red.body, env)
-    guarded = Select(Compare("lt", q, Const(total, "int32")), body, Const(_IDENTITY[red.op]))
+    guarded = Select(Compare("lt", q, Const(total, "int32")), body, _identity(red.op, body.dtype))
     # p goes first so the innermost kept dimension (the contiguous one of an x-reduce) stays last
     partial = Tensor((chunks,) + t.shape, t.dtype, f"{t.name}_partial")
     partial.op = ComputeOp((p,) + axes, Reduce(red.op, guarded, (c,), red.accumulate), t.op.tag)

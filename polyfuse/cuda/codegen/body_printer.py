@@ -84,7 +84,7 @@ _UNARY = {
 }
 _BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}
+_IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "-INFINITY", "min": "INFINITY"}
 
 
 def _int_floor(op: str, a: str, b: int, dtype: str = "int32", data: bool = False) -> str:
@@ -253,6 +253,8 @@ class ValuePrinter(Visitor[str]):
         acc, v = self.visit(e.acc), self.visit(e.value)
         if e.op == "sum":
             return f"{acc} + {v}"
+        if e.op == "prod":
+            return f"{acc} * {v}"
         if is_float_register(e.dtype):
             return f"pf_f{e.op}f({acc}, {v})"
         return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({acc}, {v})"

@@ -70,6 +70,9 @@ template <typename T> PF_INLINE T pf_w_ipow(T a, T b) {
 template <typename T> struct pf_w_sum {
   PF_INLINE T operator()(T a, T b) const { return a + b; }
 };
+template <typename T> struct pf_w_prod {
+  PF_INLINE T operator()(T a, T b) const { return a * b; }
+};
 template <typename T> struct pf_w_maxop {
   PF_INLINE T operator()(T a, T b) const { return pf_w_max<T>(a, b); }
 };
@@ -109,7 +112,7 @@ UNARY_F64 = {
     "log10": "log10",
 }
 #: The combine functors of reductions accumulated in a C type other than float.
-REDUCE_OPS = {"sum": "pf_w_sum", "max": "pf_w_maxop", "min": "pf_w_minop"}
+REDUCE_OPS = {"sum": "pf_w_sum", "prod": "pf_w_prod", "max": "pf_w_maxop", "min": "pf_w_minop"}
 #: 128-bit vector types of the 4- and 8-byte dtypes other than float32, and lanes per word.
 WORDS = {"int32": ("int4", 4), "float64": ("double2", 2), "int64": ("longlong2", 2)}
 
@@ -118,11 +121,12 @@ def wide_identity(op: str, dtype: str) -> str:
     """The start value of reduction ``op`` accumulated in ``dtype`` (float64, an integer or
     bool)."""
     if dtype == "float64":
-        return {"sum": "0.0", "max": "(-(double)INFINITY)", "min": "((double)INFINITY)"}[op]
+        return {"sum": "0.0", "prod": "1.0", "max": "(-(double)INFINITY)",
+                "min": "((double)INFINITY)"}[op]  # fmt: skip
     if dtype == "bool":
-        return {"sum": "false", "max": "false", "min": "true"}[op]
+        return {"sum": "false", "prod": "true", "max": "false", "min": "true"}[op]
     info = np.iinfo(numpy_dtype(dtype))
-    return c_int({"sum": 0, "max": int(info.min), "min": int(info.max)}[op], dtype)
+    return c_int({"sum": 0, "prod": 1, "max": int(info.min), "min": int(info.max)}[op], dtype)
 
 
 def cast_from_float(src: str, dst: str, a: str) -> str | None:

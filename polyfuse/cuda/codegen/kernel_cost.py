@@ -208,6 +208,8 @@ class _Walker(KVisitor[Mix]):
             count_ops(red.body, c, on_read)
             if red.op == "sum":
                 c.adds += 1
+            elif red.op == "prod":
+                c.muls += 1
             else:
                 c.other += 1
         elif s.role == "final" and self.combine is not None and s.prim == self.combine.reduction:
