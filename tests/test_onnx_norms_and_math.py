@@ -169,13 +169,13 @@ def test_scatter_elements_along_any_axis_with_duplicates(reduction):
         _agrees([node], {"d": data, "i": idx, "u": _x(shape)}, exact=reduction != "add")
 
 
-def test_a_scatter_with_a_product_is_refused_naming_the_node():
+def test_a_scatter_with_an_unknown_reduction_is_refused_naming_the_node():
     from polyfuse.errors import UnsupportedOpError
 
-    node = helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], reduction="mul")
+    node = helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], reduction="mean")
     model = _nodes_model([node], {"d": _x((3, 3)), "i": np.zeros((1, 3), np.int64),
-                                  "u": _x((1, 3))})  # fmt: skip
-    with pytest.raises(UnsupportedOpError, match=r"ScatterElements 'y': reduction 'mul' is not"):
+                                  "u": _x((1, 3))}, infer=False)  # fmt: skip
+    with pytest.raises(UnsupportedOpError, match=r"ScatterElements 'y': reduction 'mean' is not"):
         prepare(model, "CPU")
 
 
@@ -239,3 +239,33 @@ def test_the_deprecated_upsample_of_older_exports():
             model = _nodes_model([node], {"x": x}, {"s": scales} if opset == 9 else {}, opset)
             got = prepare(model, "CPU").run({"x": x})[0]
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{mode} {opset}")
+
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int32", "int64"])
+def test_reduce_prod_and_cum_prod(dtype):
+    """ReduceProd over any axes and CumProd (exclusive, reverse) by te's product reduction;
+    a 16-bit product in float32, rounded once (its reference in float64)."""
+    if dtype.startswith("int"):
+        x = RNG.choice(np.array([-2, -1, 1, 1, 3]), (4, 6, 5)).astype(dtype)
+    else:
+        x = (1 + RNG.standard_normal((4, 6, 5)) * 0.2).astype(dtype)
+    for axes, keep in (([1], 1), ([0, 2], 0), (None, 1)):
+        consts = {} if axes is None else {"a": np.array(axes, np.int64)}
+        node = helper.make_node("ReduceProd", ["x", *consts], ["y"], keepdims=keep)
+        _agrees([node], {"x": x}, consts)
+    for excl, rev in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        node = helper.make_node("CumProd", ["x", "ax"], ["y"], exclusive=excl, reverse=rev)
+        _agrees([node], {"x": x}, {"ax": np.array(1, np.int64)}, opset=24)
+
+
+def test_scatter_with_a_product():
+    """ScatterND and ScatterElements with ``reduction='mul'`` (refused before te had a
+    product reduction): the old value times every matching update."""
+    data = _x((5, 6))
+    node = helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], axis=1, reduction="mul")
+    idx = RNG.integers(-6, 6, (5, 4)).astype(np.int64)
+    _agrees([node], {"d": data, "i": idx, "u": _x((5, 4))})
+    node = helper.make_node("ScatterND", ["d", "i", "u"], ["y"], reduction="mul")
+    rows = np.array([[1], [-1], [1]], np.int64)
+    _agrees([node], {"d": data, "u": _x((3, 6))}, {"i": rows})

@@ -258,6 +258,23 @@ def test_bitwise_operators_on_integers_run_in_polyfuse():
 
     _compile_all(f, a, b, dtypes={"int32", "int64"})
 
+
+def test_products_and_running_products_run_in_polyfuse():
+    """``prod`` and ``cumprod`` stayed in PyTorch (te had no product reduction): floats keep
+    their dtype (16-bit accumulate in float32), integers and bools multiply in int64 unless
+    ``dtype=`` says, over a dim or everything."""
+    g = torch.Generator().manual_seed(10)
+    a = 1 + torch.randn(5, 30, generator=g) * 0.1
+    h = (1 + torch.randn(7, 3, generator=g) * 0.1).half()
+    i = torch.randint(-2, 3, (5, 30), dtype=torch.int32, generator=g)
+
+    def f(a, h, i):
+        return (torch.prod(a, 1), a.prod(), torch.prod(h, 0, keepdim=True), i.prod(1),
+                (a > 0.9).prod(0), torch.cumprod(a, 1), torch.cumprod(i, 0), torch.cumprod(h, 1),
+                a.prod(1, dtype=torch.float64), torch.cumprod(a[0, 0], 0))  # fmt: skip
+
+    _compile_all(f, a, h, i, dtypes={"float32", "float16", "int32"})
+
 def test_bool_mask_selects_floats():
     # masked_fill (where + scalar_tensor), a comparison and its count, as attention masks do
     g = torch.Generator().manual_seed(3)

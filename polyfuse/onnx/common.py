@@ -271,9 +271,10 @@ def reduce_op(
     pre: Callable[[Expr], Expr] | None = None,
     post: Callable[[Expr], Expr] | None = None,
 ) -> Tensor:
-    """``kind`` (sum, max, min) of ``pre(x)`` over ``axes``, then ``post`` elementwise. A 16-bit
-    float sum that feeds a ``post`` (a log, a square root) stays in float32 until ``post``'s
-    result is rounded once: a float16 sum of squares overflows where its root does not."""
+    """``kind`` (sum, prod, max, min) of ``pre(x)`` over ``axes``, then ``post`` elementwise.
+    A 16-bit float sum that feeds a ``post`` (a log, a square root) stays in float32 until
+    ``post``'s result is rounded once: a float16 sum of squares overflows where its root does
+    not."""
     if post is not None and x.dtype in HALF_DTYPES:
         up, down, pre_, post_ = wide(x), narrow(x), pre, post
 
@@ -292,7 +293,7 @@ def reduce_op(
         return map_elementwise(ctx, [x], each, "reduce")
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape) if keep or d not in axes)
     ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
-    red = {"sum": te.sum, "max": te.max, "min": te.min}[kind]
+    red = {"sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min}[kind]
 
     def body(*idx: IterVar) -> Expr:
         v: Expr = x[ops.reduce_subscripts(x.ndim, ks, keep, idx)]

@@ -221,25 +221,23 @@ def _scatter(
     """A scatter into ``data``: per output element ``p``, the updates ``r < extent`` that
     ``hit(p, r)`` names it (``update(p, r)`` reads one). ``reduction`` none: the last of them
     replaces the element (a max over ``r``, the update read at run time; ``guard`` keeps
-    ``data`` where no update can reach); add/max/min: all of them combine with it; ``mul``
-    is refused (te has no product reduction)."""
+    ``data`` where no update can reach); add/mul/max/min: all of them combine with it."""
     how = at.get("reduction", b"none")
     how = how.decode() if isinstance(how, bytes) else str(how)
-    if how not in ("none", "add", "max", "min"):
+    if how not in ("none", "add", "mul", "max", "min"):
         raise UnsupportedOpError(
             f"{node.op_type} '{node.name or node.output[0]}': reduction '{how}' is not "
-            "supported (none, add, max and min are)"
+            "supported (none, add, mul, max and min are)"
         )
     if how != "none":
-        ident = {"max": lowest, "min": highest}.get(how, lambda d: te.const(0, d))(data.dtype)
+        neutral = {"add": lambda d: te.const(0, d), "mul": lambda d: te.const(1, d),
+                   "max": lowest, "min": highest}[how](data.dtype)  # fmt: skip
+        red, pick = {"add": (te.sum, lambda a, b: a + b), "mul": (te.prod, lambda a, b: a * b),
+                     "max": (te.max, te.maximum), "min": (te.min, te.minimum)}[how]  # fmt: skip
 
         def reduced(*p: IterVar) -> Expr:
             r = te.reduce_axis(extent, name="rs")
-            v = te.where(hit(p, r), update(p, r), ident)
-            if how == "add":
-                return data[p] + te.sum(v, axis=r)
-            red, pick = (te.max, te.maximum) if how == "max" else (te.min, te.minimum)
-            return pick(data[p], red(v, axis=r))
+            return pick(data[p], red(te.where(hit(p, r), update(p, r), neutral), axis=r))
 
         return ctx.compute(data.shape, reduced, hint)
 
@@ -261,7 +259,7 @@ def _scatter_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, An
     """``out = data`` with each row ``updates[j]`` written at ``data[indices[j]]`` (a KV
     cache's update): per output element, the last ``j`` whose index tuple (negative entries
     from the end) names it (a reduction over the update rows), its update read at run time;
-    with ``reduction`` add/max/min, the matching updates combined with the old value.
+    with ``reduction`` add/mul/max/min, the matching updates combined with the old value.
     ``|data| * rows`` comparisons: cheap for the few rows of a cache update."""
     data = ctx.tensor(ins[0])
     idx, upd = ins[1], ins[2]
@@ -299,7 +297,7 @@ def _scatter_elements(
     """``out = data`` with ``out[q with q[axis] = indices[q]] = updates[q]`` for each ``q``
     of ``indices`` (``torch.scatter``; negative indices from the end): per output element,
     the last ``q`` along ``axis`` that names it, where the element lies inside the indices'
-    extent on the other axes; with ``reduction`` add/max/min, the matching updates combined
+    extent on the other axes; with ``reduction`` add/mul/max/min, the matching updates combined
     with the old value."""
     data = ctx.tensor(ins[0])
     idx, upd = ins[1], ins[2]

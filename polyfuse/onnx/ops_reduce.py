@@ -54,6 +54,7 @@ REDUCE_OPS = (
     "ReduceL2",
     "ReduceLogSum",
     "ReduceLogSumExp",
+    "ReduceProd",
 )
 
 
@@ -74,6 +75,8 @@ def _reduce_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
         return [reduce_op(ctx, x, axes, keep, "max")]
     if op == "ReduceMin":
         return [reduce_op(ctx, x, axes, keep, "min")]
+    if op == "ReduceProd":
+        return [reduce_op(ctx, x, axes, keep, "prod")]
     if op == "ReduceSumSquare":
         return [reduce_op(ctx, x, axes, keep, "sum", pre=lambda v: v * v)]
     if op == "ReduceL1":
@@ -352,9 +355,12 @@ def _argmax(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     ]
 
 
-@register_op("CumSum")
+@register_op("CumSum", "CumProd")
 def _cumsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """Running sums (products) along an axis: one reduction per element over the positions
+    before it (``exclusive``: strictly), from the end with ``reverse``."""
     x = ctx.tensor(ins[0])
+    prod = node.op_type == "CumProd"
     ax = int(host_value(ctx, node, ins[1], "axis").reshape(-1)[0])
     ax = ax + x.ndim if ax < 0 else ax
     excl, rev = bool(at.get("exclusive", 0)), bool(at.get("reverse", 0))
@@ -363,7 +369,10 @@ def _cumsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     def body(*i: IterVar) -> Expr:
         j = i[ax]
         inside = (k > j if excl else k >= j) if rev else (k < j if excl else k <= j)
-        return te.sum(te.where(inside, x[(*i[:ax], k, *i[ax + 1 :])], 0), axis=k)
+        v = x[(*i[:ax], k, *i[ax + 1 :])]
+        if prod:
+            return te.prod(te.where(inside, v, 1), axis=k)
+        return te.sum(te.where(inside, v, 0), axis=k)
 
     return [ctx.compute(x.shape, body, "cumsum")]
 

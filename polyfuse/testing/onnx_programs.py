@@ -199,7 +199,7 @@ def _scatter_elements(s: Draw) -> list[N] | None:
     shape = [s.rng.randint(1, 3) if d == ax % s.rank else min(v, s.rng.randint(1, 3))
              for d, v in enumerate(s.va.shape)]  # fmt: skip
     idx = np.array([s.rng.randint(-n, n - 1) for _ in range(int(np.prod(shape)))])
-    red = s.choice(("none", "add", "max", "min"))
+    red = s.choice(("none", "add", "mul", "max", "min"))
     return [N("ScatterElements", [s.a, s.const(idx.reshape(shape)), s.floats(shape)],
               {"axis": ax, "reduction": red})]  # fmt: skip
 
@@ -212,7 +212,7 @@ def _scatter_nd(s: Draw) -> list[N] | None:
     if int(np.prod(s.va.shape[m:])) > 64:
         return None
     rows = [[s.rng.randint(-d, d - 1) for d in s.va.shape[:m]] for _ in range(s.rng.randint(1, 3))]
-    red = s.choice(("none", "add", "max", "min"))
+    red = s.choice(("none", "add", "mul", "max", "min"))
     upd = s.floats((len(rows), *s.va.shape[m:]))
     return [N("ScatterND", [s.a, s.const(rows), upd], {"reduction": red})]
 
@@ -686,6 +686,7 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
         "upper": s.choice((0, 1))})] if s.rank >= 2 else None),  # fmt: skip
     ("ScatterElements", "n", _scatter_elements),
     ("ScatterND", "n", _scatter_nd),
+    ("ReduceProd", "n", _reduce("ReduceProd")),
 )
 
 
@@ -798,7 +799,7 @@ _FIXED_OPS: list[type] = []
 #: operators whose onnx reference sums its 16-bit inputs in their own dtype
 _SUMMED_IN_FLOAT64 = ("ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare",
                       "ReduceLogSum", "ReduceLogSumExp", "Softmax", "LogSoftmax", "CumSum",
-                      "Einsum", "InstanceNormalization")  # fmt: skip
+                      "Einsum", "InstanceNormalization", "ReduceProd", "CumProd")  # fmt: skip
 
 
 def _in_float64(base: type) -> type:

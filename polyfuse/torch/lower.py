@@ -583,6 +583,13 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     ),
     aten.sum.dim_IntList: reduce.sum_,
     aten.cumsum.default: reduce.cumsum,
+    aten.cumprod.default: lambda x, dim, *, dtype=None: reduce.cumsum(
+        x, dim, dtype=dtype, op="prod"
+    ),
+    aten.prod.dim_int: lambda x, dim, keepdim=False, *, dtype=None: reduce.sum_(
+        x, [dim], keepdim, dtype=dtype, op="prod"
+    ),
+    aten.prod.default: lambda x, *, dtype=None: reduce.sum_(x, None, False, dtype=dtype, op="prod"),
     aten.sum.default: lambda x, *, dtype=None: reduce.sum_(x, None, False, dtype=dtype),
     aten.mean.dim: _reduce(ops.reduce_mean),
     aten.mean.default: lambda x, *, dtype=None: _reduce(ops.reduce_mean)(x, None, dtype=dtype),

@@ -43,7 +43,7 @@ def reduce(op: str, x: Tensor, dims: Any, keepdim: bool, dtype: str) -> Tensor:
     if not axes:
         return elementwise(f"reduce_{op}", lambda v: v, [x], dtype)
     ks = {d: te.reduce_axis(x.shape[d], name=f"r{d}") for d in axes}
-    reducer = {"sum": te.sum, "max": te.max, "min": te.min}[op]
+    reducer = {"sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min}[op]
 
     def body(*idx: Any) -> Any:
         v = x[reduce_subscripts(len(x.shape), ks, keepdim, idx)]
@@ -54,23 +54,27 @@ def reduce(op: str, x: Tensor, dims: Any, keepdim: bool, dtype: str) -> Tensor:
     return te.compute(shape, body, name=name, tag=f"reduce_{op}")
 
 
-def sum_(x: Tensor, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
-    """``aten.sum``: integers and bools count in int64 (torch's rule) unless ``dtype`` says."""
+def sum_(
+    x: Tensor, dims: Any = None, keepdim: bool = False, *, dtype: Any = None, op: str = "sum"
+) -> Tensor:
+    """``aten.sum`` (``op`` prod: ``aten.prod``): integers and bools count in int64 (torch's
+    rule) unless ``dtype`` says."""
     if dtype is not None:
         d = te_dtype(dtype)
     else:
         d = x.dtype if dt.is_float(x.dtype) else "int64"
-    return reduce("sum", x, dims, bool(keepdim), d)
+    return reduce(op, x, dims, bool(keepdim), d)
 
 
 
-def cumsum(x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
-    """``aten.cumsum``: element j along ``dim`` is the sum of elements 0..j, one reduction
-    over the row under ``k <= j`` (n * n additions per row; a 16-bit float accumulates in
-    float32 as every te sum). Integers and bools count in int64 unless ``dtype`` says."""
+def cumsum(x: Tensor, dim: int, *, dtype: Any = None, op: str = "sum") -> Tensor:
+    """``aten.cumsum`` (``op`` prod: ``aten.cumprod``): element j along ``dim`` is the sum
+    (product) of elements 0..j, one reduction over the row under ``k <= j`` (n * n
+    operations per row; a 16-bit float accumulates in float32 as every te reduction).
+    Integers and bools count in int64 unless ``dtype`` says."""
     d = te_dtype(dtype) if dtype is not None else (x.dtype if dt.is_float(x.dtype) else "int64")
     if not x.shape:  # a scalar's prefix is itself
-        return elementwise("cumsum", lambda v: v, [x], d)
+        return elementwise(f"cum{op}", lambda v: v, [x], d)
     ax = dim % len(x.shape)
     k = te.reduce_axis(x.shape[ax], name="kc")
 
@@ -78,9 +82,11 @@ def cumsum(x: Tensor, dim: int, *, dtype: Any = None) -> Tensor:
         v = x[(*i[:ax], k, *i[ax + 1 :])]
         if x.dtype != d:
             v = te.cast(v if dt.is_float(d) else stored(v, x.dtype), d)
+        if op == "prod":
+            return te.prod(te.where(k <= i[ax], v, 1), axis=k)
         return te.sum(te.where(k <= i[ax], v, 0), axis=k)
 
-    return te.compute(x.shape, body, name=op_name("cumsum", None), tag="cumsum")
+    return te.compute(x.shape, body, name=op_name(f"cum{op}", None), tag=f"cum{op}")
 
 def any_all(op: str) -> Callable[..., Tensor]:
     """``aten.any``/``aten.all``: the max/min of the input tested ``!= 0``."""
