@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # cached with 2 stages may now take 3; 11: 16-bit reductions kept on chip rounded to their dtype,
 # one shared tile per access of a GEMM operand; 12: native 16-bit pair arithmetic, one typed
 # lane-combine prelude, tensor-core tiles and conv fill orders from their models, gathered fills
-# by cp.async; 13: a reduction isl skews keeps its original loop order or is split), so kernels
+# by cp.async; 13: a reduction isl skews keeps its original loop order or is split; 14: split
+# partials read the identity in the body's dtype, a product reduction in the prelude), so kernels
 # and schedules cached by an older compiler miss.
-CODEGEN_REVISION = 13
+CODEGEN_REVISION = 14

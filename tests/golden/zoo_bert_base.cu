@@ -8,6 +8,7 @@ PF_INLINE int pf_fdiv(int a, int b) { return (a >= 0) ? (a / b) : -((-a + b - 1)
 PF_INLINE int pf_mod(int a, int b) { int r = a % b; return (r < 0) ? r + b : r; }
 PF_INLINE float pf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 struct pf_sum { PF_INLINE float operator()(float a, float b) const { return a + b; } };
+struct pf_prod { PF_INLINE float operator()(float a, float b) const { return a * b; } };
 // max/min that propagate NaN like numpy, PyTorch and ONNX (fmaxf/fminf drop it).
 PF_INLINE float pf_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
 PF_INLINE float pf_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
