@@ -49,7 +49,29 @@ SAMPLE = [
     "test_acosh",
     "test_atanh_example",
     "test_tan",
+    "test_attention_3d_gqa_with_past_and_present",  # opset 23: 3-D heads, caches, mask
+    "test_attention_4d_causal_nonpad_attn_mask_composition",  # opset 24: run-time lengths
+    "test_attention_local_window_ext_cache_rank3_head_mask",  # opset 25: windows
 ]
+
+
+def test_a_bfloat16_case_passes_by_float64_only_where_no_farther_from_it_than_expected():
+    """The onnx reference computes a bfloat16 Attention in bfloat16 step by step (its
+    matmul rounds after every addition): polyfuse's output, rounded once, is a unit off the
+    expected one but nearer the float64 evaluation, and counts as passed, marked."""
+    import numpy as np
+
+    from polyfuse.onnx.conformance import closer_than_expected
+
+    r = run_case("node", "test_attention_4d_causal_bf16")
+    assert r.passed and r.by_float64, r.reason
+    assert not run_case("node", "test_attention_4d").by_float64  # float32: the tolerance
+    e = np.array([1.0, 2.0, -3.0], np.float16)
+    t = np.array([1.0004, 2.0, -3.0])
+    assert closer_than_expected(np.array([1.0, 2.0, -3.0], np.float16), e, t)
+    assert closer_than_expected(np.array([1.001, 2.0, -3.0], np.float16), e, t)  # one unit
+    assert not closer_than_expected(np.array([1.002, 2.0, -3.0], np.float16), e, t)
+    assert not closer_than_expected(e.astype(np.float32), e.astype(np.float32), t)  # 16-bit only
 
 
 @pytest.mark.parametrize("name", SAMPLE)

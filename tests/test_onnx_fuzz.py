@@ -199,7 +199,7 @@ def _nodes_model(nodes, inputs: dict, consts: dict | None = None, opset: int = 2
         )
 
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (consts or {}).items()]
-    outs = [helper.make_value_info(o, onnx.TypeProto()) for o in nodes[-1].output]
+    outs = [helper.make_value_info(o, onnx.TypeProto()) for o in nodes[-1].output if o]
     graph = helper.make_graph(nodes, "t", [vi(k, v) for k, v in inputs.items()], outs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     return onnx.shape_inference.infer_shapes(model, strict_mode=True) if infer else model

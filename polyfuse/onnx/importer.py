@@ -18,10 +18,10 @@ gives it (:func:`_settle`): an integer result that a handler could only compute 
 refused, never rounded. The backend converts outputs back to the ONNX output types.
 
 The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
-``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each registering its
-handlers in ``HANDLERS``; :mod:`~polyfuse.onnx.analysis` decides before any conversion what folds
-and what cannot be imported (values captured by Loop/If/Scan bodies count as node inputs), and
-:mod:`~polyfuse.onnx.convert` converts one node.
+``ops_attention``, ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each
+registering its handlers in ``HANDLERS``; :mod:`~polyfuse.onnx.analysis` decides before any
+conversion what folds and what cannot be imported (values captured by Loop/If/Scan bodies count
+as node inputs), and :mod:`~polyfuse.onnx.convert` converts one node.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from polyfuse.graph.expr import Tensor
 
 # the operator families register their handlers in HANDLERS on import
 from polyfuse.onnx import (
+    ops_attention,
     ops_elementwise,
     ops_index,
     ops_layout,
@@ -72,6 +73,7 @@ from polyfuse.onnx.fold import HOST_ONLY_ALWAYS
 from polyfuse.onnx.unsigned import convert_uint64, reads_uint64
 
 _FAMILIES = (
+    ops_attention,
     ops_elementwise,
     ops_index,
     ops_layout,

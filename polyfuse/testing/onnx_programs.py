@@ -819,7 +819,10 @@ def _in_float64(base: type) -> type:
 
 
 def _is_16_bit(v: Any) -> bool:
-    return isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.dtype.itemsize == 2
+    """A float16 or bfloat16 (ml_dtypes) array."""
+    return isinstance(v, np.ndarray) and v.dtype.itemsize == 2 and (
+        v.dtype.kind == "f" or v.dtype.name == "bfloat16"
+    )
 
 
 def reference_evaluator(model: Any) -> Any:
@@ -841,7 +844,8 @@ def reference_evaluator(model: Any) -> Any:
     (:data:`_SUMMED_IN_FLOAT64`) of 16-bit inputs in float64, rounded once (onnx's own add in
     float16: a log-softmax of float16 values 0.52 off, fuzz seed 20098 at ``--max-elements``; a
     running sum of 513 values 0.48 off, seed 20263; a sum of 64 values 13 units off, seed
-    20676; polyfuse sums in float32, as torch)."""
+    20676; polyfuse sums in float32, as torch); ``Attention`` (opset 23-25) of 16-bit inputs
+    likewise (its own matmuls, softmax and sums round every step to the 16-bit dtype)."""
     import math
 
     from onnx.reference import ReferenceEvaluator
@@ -937,6 +941,7 @@ def reference_evaluator(model: Any) -> Any:
         _FIXED_OPS.extend((LpNormalization, MeanVarianceNormalization, GroupNormalization,
                            RMSNormalization))  # fmt: skip
         _FIXED_OPS.extend(_in_float64(load_op("", op, OPSET)) for op in _SUMMED_IN_FLOAT64)
+        _FIXED_OPS.append(_in_float64(load_op("", "Attention", 25)))
     return ReferenceEvaluator(model, new_ops=_FIXED_OPS)
 
 
