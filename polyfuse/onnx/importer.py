@@ -18,10 +18,10 @@ gives it (:func:`_settle`): an integer result that a handler could only compute 
 refused, never rounded. The backend converts outputs back to the ONNX output types.
 
 The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
-``ops_attention``, ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``, ``ops_loop``), each
-registering its handlers in ``HANDLERS``; :mod:`~polyfuse.onnx.analysis` decides before any
-conversion what folds and what cannot be imported (values captured by Loop/If/Scan bodies count
-as node inputs), and :mod:`~polyfuse.onnx.convert` converts one node.
+``ops_attention``, ``ops_loss``, ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``,
+``ops_loop``), each registering its handlers in ``HANDLERS``; :mod:`~polyfuse.onnx.analysis`
+decides before any conversion what folds and what cannot be imported (values captured by
+Loop/If/Scan bodies count as node inputs), and :mod:`~polyfuse.onnx.convert` converts one node.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from polyfuse.onnx import (
     ops_index,
     ops_layout,
     ops_loop,
+    ops_loss,
     ops_nn,
     ops_reduce,
     ops_resize,
@@ -78,6 +79,7 @@ _FAMILIES = (
     ops_index,
     ops_layout,
     ops_loop,
+    ops_loss,
     ops_nn,
     ops_reduce,
     ops_resize,

@@ -799,7 +799,8 @@ _FIXED_OPS: list[type] = []
 #: operators whose onnx reference sums its 16-bit inputs in their own dtype
 _SUMMED_IN_FLOAT64 = ("ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare",
                       "ReduceLogSum", "ReduceLogSumExp", "Softmax", "LogSoftmax", "CumSum",
-                      "Einsum", "InstanceNormalization", "ReduceProd", "CumProd")  # fmt: skip
+                      "Einsum", "InstanceNormalization", "ReduceProd", "CumProd",
+                      "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")  # fmt: skip
 
 
 def _in_float64(base: type) -> type:
