@@ -76,6 +76,16 @@ class Ctx:
         self.node_name = "node"
         #: id(placeholder) -> ONNX graph input name (to ask for its value when needed)
         self.graph_inputs: dict[int, str] = {}
+        #: value name -> the numpy dtype ONNX's type inference gives it (the importer's)
+        self.types: dict[str, np.dtype] = {}
+
+    def onnx_dtype(self, name: str, v: Value) -> str:
+        """The ONNX dtype name of value ``name``: what type inference says, else a host
+        array's own, else a run-time tensor's storage dtype (a uint8 held in int32 is only
+        known as uint8 from the model's types)."""
+        if name in self.types:
+            return self.types[name].name
+        return v.dtype.name if isinstance(v, np.ndarray) else v.dtype
 
     def fresh(self, hint: str) -> str:
         self._n += 1

@@ -18,10 +18,11 @@ gives it (:func:`_settle`): an integer result that a handler could only compute 
 refused, never rounded. The backend converts outputs back to the ONNX output types.
 
 The operators live in modules by family (``ops_elementwise``, ``ops_reduce``, ``ops_nn``,
-``ops_attention``, ``ops_loss``, ``ops_layout``, ``ops_index``, ``ops_resize``, ``ops_rnn``,
-``ops_loop``), each registering its handlers in ``HANDLERS``; :mod:`~polyfuse.onnx.analysis`
-decides before any conversion what folds and what cannot be imported (values captured by
-Loop/If/Scan bodies count as node inputs), and :mod:`~polyfuse.onnx.convert` converts one node.
+``ops_attention``, ``ops_loss``, ``ops_quant``, ``ops_layout``, ``ops_index``, ``ops_resize``,
+``ops_rnn``, ``ops_loop``), each registering its handlers in ``HANDLERS``;
+:mod:`~polyfuse.onnx.analysis` decides before any conversion what folds and what cannot be
+imported (values captured by Loop/If/Scan bodies count as node inputs), and
+:mod:`~polyfuse.onnx.convert` converts one node.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from polyfuse.onnx import (
     ops_loop,
     ops_loss,
     ops_nn,
+    ops_quant,
     ops_reduce,
     ops_resize,
     ops_rnn,
@@ -81,6 +83,7 @@ _FAMILIES = (
     ops_loop,
     ops_loss,
     ops_nn,
+    ops_quant,
     ops_reduce,
     ops_resize,
     ops_rnn,
@@ -321,6 +324,7 @@ def load(
         input_names.append(vi.name)
 
     types = _inferred_types(m)
+    ctx.types = types
     for pos, node in enumerate(m.graph.node):
         where = f"model '{name}', node #{pos} '{node_label(node)}' ({node.op_type})"
         ins, caps = node_inputs(node, ctx.values, where)

@@ -76,6 +76,12 @@ def _conv_pads(
 def _conv(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
     bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    return [conv_node(ctx, x, w, bias, at)]
+
+
+def conv_node(ctx: Ctx, x: Tensor, w: Tensor, bias: Tensor | None, at: dict[str, Any]) -> Tensor:
+    """The convolution of an ONNX ``Conv``-like node's attributes (pads or auto_pad, strides,
+    dilations, group; ConvInteger and QLinearConv share them)."""
     nd = x.ndim - 2
     k = list(at.get("kernel_shape", w.shape[2:]))
     s = list(at.get("strides", [1] * nd))
@@ -83,13 +89,13 @@ def _conv(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
     g = int(at.get("group", 1))
     if nd != 2:  # N-D (1-D, 3-D, ...): asymmetric pads are guards of the affine window
-        y = ops.conv(x, w, bias, s, [*lo, *hi], d, g, name=ctx.fresh("conv"))
-        return [y]
+        return ops.conv(x, w, bias, s, [*lo, *hi], d, g, name=ctx.fresh("conv"))
     if lo != hi:
         x = ops.pad(x, [(0, 0), (0, 0), *zip(lo, hi, strict=True)], name=ctx.fresh("cpad"))
         lo = [0, 0]
-    y = ops.conv2d(x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv"))
-    return [y]
+    return ops.conv2d(
+        x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv")
+    )
 
 
 @register_op("ConvTranspose")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from polyfuse import te
 from polyfuse.errors import ExpressionError
+from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.ops._common import (
     affine_expr,
@@ -144,7 +145,7 @@ def conv2d(
         v: Expr = x[b, chan, ih, iw]
         cond = all_of(ch + cw)
         if cond is not None:
-            v = te.where(cond, v, 0.0)
+            v = te.where(cond, v, 0 if dt.is_int(x.dtype) else 0.0)  # an int conv stays int
         return te.sum(v * w[oc, rc, rh, rw], axis=[rc, rh, rw])
 
     shape = (n, o, oh, ow)
@@ -237,7 +238,7 @@ def conv(
         v: Expr = x[(b, chan, *subs)]
         cond = all_of(conds)
         if cond is not None:
-            v = te.where(cond, v, 0.0)
+            v = te.where(cond, v, 0 if dt.is_int(x.dtype) else 0.0)  # an int conv stays int
         return te.sum(v * w[(oc, rc, *rs)], axis=[rc, *rs])
 
     shape = (n, o, *out)

@@ -1,0 +1,263 @@
+"""ONNX quantization: ``QuantizeLinear``, ``DequantizeLinear``, ``DynamicQuantizeLinear``,
+``MatMulInteger``, ``QLinearMatMul``, ``ConvInteger`` and ``QLinearConv``.
+
+Scales and zero points are per tensor (one value), per axis (one per index of ``axis``) or
+blocked (``block_size`` consecutive indices of ``axis`` share one); :func:`_per_element` reads
+the one that applies to each element, so nothing is replicated in memory.
+
+- ``DequantizeLinear``: ``(x - zero_point) * scale`` computed in float32, rounded to the
+  scale's dtype (or ``output_dtype``).
+- ``QuantizeLinear`` to an integer type (8, 16, 4 and 2 bits, signed or not):
+  ``clip(rint(x / scale) + zero_point)`` to the type's range, halves to even, as the
+  specification says; the result is held as :func:`~polyfuse.onnx.common.storage_dtype` holds
+  that type. Float8/float4 outputs are refused (they need a rounding to their grid that the
+  kernels do not have yet).
+- The integer products (``MatMulInteger``, ``ConvInteger`` and the two ``QLinear`` forms)
+  subtract the zero points and sum exactly in int32; ``QLinear*`` then requantize with
+  ``a_scale * b_scale / y_scale`` (in float64: the reference multiplies an int32 array by it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from polyfuse import ops, te
+from polyfuse.errors import ExpressionError, UnsupportedOpError
+from polyfuse.graph import dtypes
+from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
+from polyfuse.onnx.common import Ctx, Value, register_op, storage_dtype
+from polyfuse.onnx.ops_nn import conv_node
+
+#: the integer types a quantization produces, with their ranges
+_RANGES = {
+    "uint8": (0, 255),
+    "int8": (-128, 127),
+    "uint16": (0, 65535),
+    "int16": (-32768, 32767),
+    "uint4": (0, 15),
+    "int4": (-8, 7),
+    "uint2": (0, 3),
+    "int2": (-2, 1),
+}
+
+Reader = Callable[[tuple[Expr, ...]], Expr]
+
+
+def _per_element(
+    ctx: Ctx, p: Value | None, shape: tuple[int, ...], axis: int, block: int, what: str
+) -> Reader | None:
+    """A reader of scale or zero point ``p`` for the element at ``idx`` of a tensor of
+    ``shape``: per tensor, per ``axis`` or per block of ``block`` indices along it."""
+    if p is None:
+        return None
+    t = ctx.tensor(p)
+    ax = axis % len(shape) if shape else 0
+    if t.ndim == 0 or math.prod(t.shape) == 1:
+        zero = (as_expr(0),) * t.ndim
+        return lambda idx: t[zero]
+    if block:
+        want = tuple(-(-s // block) if d == ax else s for d, s in enumerate(shape))
+        if t.shape != want:
+            raise ExpressionError(f"{what} {t.shape} does not block {shape} by {block} on {ax}")
+        return lambda idx: t[tuple(i // block if d == ax else i for d, i in enumerate(idx))]
+    if t.shape != (shape[ax],):
+        raise ExpressionError(
+            f"{what} {t.shape} is neither one value nor one per index of axis {ax}"
+        )
+    return lambda idx: t[(idx[ax],)]
+
+
+def _attr_dtype(at: dict[str, Any], name: str) -> str | None:
+    code = int(at.get(name, 0))
+    return np.dtype(helper.tensor_dtype_to_np_dtype(code)).name if code else None
+
+
+@register_op("DequantizeLinear")
+def _dequantize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    zp_in = ins[2] if len(ins) > 2 else None
+    axis, block = int(at.get("axis", 1)), int(at.get("block_size", 0))
+    scale = _per_element(ctx, ins[1], x.shape, axis, block, "x_scale")
+    zp = _per_element(ctx, zp_in, x.shape, axis, block, "x_zero_point")
+    out = storage_dtype(_attr_dtype(at, "output_dtype") or ctx.onnx_dtype(node.input[1], ins[1]))
+
+    def body(*i: IterVar) -> Expr:
+        v = te.cast(x[i], "float32")
+        if zp is not None:
+            v = v - te.cast(zp(i), "float32")
+        return te.cast(v * te.cast(scale(i), "float32"), out)  # type: ignore[misc]
+
+    return [ctx.compute(x.shape, body, "dequantize")]
+
+
+def _requantized(v: Expr, zp: Expr | None, to: str) -> Expr:
+    """``clip(rint(v) + zp)`` to the range of integer type ``to``, in its storage dtype."""
+    lo, hi = _RANGES[to]
+    q = te.round(v)
+    if zp is not None:
+        q = q + te.cast(zp, q.dtype)
+    q = te.minimum(te.maximum(q, float(lo)), float(hi))
+    return te.cast(q, storage_dtype(to))
+
+
+def _quant_type(ctx: Ctx, node: onnx.NodeProto, k: int, at: dict[str, Any], default: str) -> str:
+    """The integer type quantized values take: zero point ``k``'s, else ``output_dtype``."""
+    has_zp = len(node.input) > k and node.input[k]
+    to = _attr_dtype(at, "output_dtype") or default
+    if has_zp:
+        to = ctx.onnx_dtype(node.input[k], ctx.values[node.input[k]])
+    if to not in _RANGES:
+        raise UnsupportedOpError(
+            f"{node.op_type} to {to} is not supported (to 8-, 16-, 4- and 2-bit integers is)"
+        )
+    return to
+
+
+@register_op("QuantizeLinear")
+def _quantize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    x = ctx.tensor(ins[0])
+    zp_in = ins[2] if len(ins) > 2 else None
+    to = _quant_type(ctx, node, 2, at, "uint8")
+    axis, block = int(at.get("axis", 1)), int(at.get("block_size", 0))
+    scale = _per_element(ctx, ins[1], x.shape, axis, block, "y_scale")
+    zp = _per_element(ctx, zp_in, x.shape, axis, block, "y_zero_point")
+    work = storage_dtype(_attr_dtype(at, "precision") or "float32")
+    if work not in ("float32", "float64"):
+        work = "float32"  # a 16-bit precision divides in float32 (rounded once)
+
+    def body(*i: IterVar) -> Expr:
+        v = te.cast(x[i], work) / te.cast(scale(i), work)  # type: ignore[misc]
+        return _requantized(v, zp(i) if zp is not None else None, to)
+
+    return [ctx.compute(x.shape, body, "quantize")]
+
+
+@register_op("DynamicQuantizeLinear")
+def _dynamic_quantize(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """uint8 quantization of ``x`` over its range widened to hold 0: ``scale = (max - min) /
+    255``, ``zero_point = clip(rint(-min / scale))``."""
+    x = ctx.tensor(ins[0])
+    if x.dtype != "float32":
+        raise UnsupportedOpError(f"DynamicQuantizeLinear of {x.dtype} (float32 only)")
+    axes = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(x.shape)]
+    lo = ctx.compute((), lambda: te.min(x[tuple(axes)], axis=axes), "dq_min")
+    axes2 = [te.reduce_axis(s, name=f"r{d}") for d, s in enumerate(x.shape)]
+    hi = ctx.compute((), lambda: te.max(x[tuple(axes2)], axis=axes2), "dq_max")
+    scale = ctx.compute(
+        (), lambda: (te.maximum(hi[()], 0.0) - te.minimum(lo[()], 0.0)) / 255.0, "dq_scale"
+    )
+    zp = ctx.compute(
+        (), lambda: _requantized(-te.minimum(lo[()], 0.0) / scale[()], None, "uint8"), "dq_zp"
+    )
+    y = ctx.compute(x.shape, lambda *i: _requantized(x[i] / scale[()], zp[()], "uint8"), "dq")
+    return [y, scale, zp]
+
+
+def _shifted(ctx: Ctx, v: Value, zp: Value | None, axis: int | None, what: str) -> Tensor:
+    """``v - zero_point`` in int32 (the zero point one value, or one per index of ``axis``)."""
+    t = ctx.tensor(v)
+    if not dtypes.is_int(t.dtype):
+        raise UnsupportedOpError(f"{what} of {t.dtype} (integers only)")
+    if zp is None:
+        return (
+            t
+            if t.dtype == "int32"
+            else ctx.compute(t.shape, lambda *i: te.cast(t[i], "int32"), what)
+        )
+    z = _per_element(ctx, zp, t.shape, axis if axis is not None else 0, 0, f"{what} zero point")
+    assert z is not None
+    return ctx.compute(t.shape, lambda *i: te.cast(t[i], "int32") - te.cast(z(i), "int32"), what)
+
+
+@register_op("MatMulInteger")
+def _matmul_integer(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    a = _shifted(ctx, ins[0], _opt(ins, 2), -2 if np.ndim(ins[0]) >= 2 else -1, "a")
+    b = _shifted(ctx, ins[1], _opt(ins, 3), -1, "b")
+    return [ops.matmul(a, b, name=ctx.fresh("matmul_int"))]
+
+
+def _opt(ins: list[Any], k: int) -> Any:
+    return ins[k] if len(ins) > k and ins[k] is not None else None
+
+
+def _requant_factor(ctx: Ctx, scales: list[Value], axes: list[int]) -> Reader:
+    """``s0 * s1 / s2`` per output element (a vector scale ``k`` runs along output axis
+    ``axes[k]``), in float64; the product and the quotient are rounded in the scales' dtype
+    first, as the reference computes them."""
+    ts = [ctx.tensor(s) for s in scales]
+    dt = ts[0].dtype
+
+    def one(k: int, idx: tuple[Expr, ...]) -> Expr:
+        t = ts[k]
+        if math.prod(t.shape) == 1:
+            return t[(as_expr(0),) * t.ndim]
+        return t[(idx[axes[k]],)]
+
+    def f(idx: tuple[Expr, ...]) -> Expr:
+        s = te.cast(one(0, idx) * one(1, idx), dt)
+        return te.cast(te.cast(s / one(2, idx), dt), "float64")
+
+    return f
+
+
+@register_op("QLinearMatMul")
+def _qlinear_matmul(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    a = _shifted(ctx, ins[0], ins[2], -2 if np.ndim(ins[0]) >= 2 else -1, "a")
+    b = _shifted(ctx, ins[3], ins[5], -1, "b")
+    to = _quant_type(ctx, node, 7, at, ctx.onnx_dtype(node.input[0], ins[0]))
+    acc = ops.matmul(a, b, name=ctx.fresh("qmatmul"))
+    rows, cols = acc.ndim - 2, acc.ndim - 1
+    factor = _requant_factor(ctx, [ins[1], ins[4], ins[6]], [rows, cols, cols])
+    zp = _per_element(ctx, ins[7], acc.shape, -1, 0, "y_zero_point")
+
+    def body(*i: IterVar) -> Expr:
+        v = te.cast(acc[i], "float64") * factor(i)
+        return _requantized(v, zp(i) if zp is not None else None, to)
+
+    return [ctx.compute(acc.shape, body, "qlinear_matmul")]
+
+
+def _conv_int(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any],
+              x_at: tuple[int, int], w_at: tuple[int, int]) -> Tensor:  # fmt: skip
+    """The int32 convolution of ``x - x_zero_point`` and ``w - w_zero_point`` (per output
+    channel); padding reads the zero point, i.e. contributes 0."""
+    x = _shifted(ctx, ins[x_at[0]], _opt(ins, x_at[1]), 1, "x")
+    w = _shifted(ctx, ins[w_at[0]], _opt(ins, w_at[1]), 0, "w")
+    return conv_node(ctx, x, w, None, at)
+
+
+@register_op("ConvInteger")
+def _conv_integer(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    return [_conv_int(ctx, node, ins, at, (0, 2), (1, 3))]
+
+
+@register_op("QLinearConv")
+def _qlinear_conv(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    acc = _conv_int(ctx, node, ins, at, (0, 2), (3, 5))
+    to = _quant_type(ctx, node, 7, at, ctx.onnx_dtype(node.input[0], ins[0]))
+    bias = ctx.tensor(ins[8]) if _opt(ins, 8) is not None else None
+    factor = _requant_factor(ctx, [ins[1], ins[4], ins[6]], [1, 1, 1])
+    zp = _per_element(ctx, ins[7], acc.shape, 1, 0, "y_zero_point")
+
+    def body(*i: IterVar) -> Expr:
+        v: Expr = acc[i] if bias is None else acc[i] + te.cast(bias[(i[1],)], "int32")
+        v = te.cast(v, "float64") * factor(i)
+        return _requantized(v, zp(i) if zp is not None else None, to)
+
+    return [ctx.compute(acc.shape, body, "qlinear_conv")]
