@@ -31,6 +31,7 @@ from polyfuse.onnx.common import (
     wrap_int,
 )
 from polyfuse.onnx.intmath import int_div, int_mod
+from polyfuse.onnx.narrow_types import FLOAT_FORMATS, INT_BITS, round_to_float, wrap_to_int
 
 
 def _div(a: Expr, b: Expr) -> Expr:
@@ -124,8 +125,11 @@ def unary_table(at: dict[str, Any]) -> dict[str, Callable[[Expr], Expr]]:
         "HardSwish": lambda x: x * te.maximum(te.minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0),
         "Mish": lambda x: x * te.tanh(_softplus(x)),
         "Swish": lambda x: x * te.sigmoid(x * float(at.get("alpha", 1.0))),
-        "Celu": lambda x: te.maximum(x, 0.0) + te.minimum(
-            float(at.get("alpha", 1.0)) * te.expm1(x / float(at.get("alpha", 1.0))), 0.0
+        "Celu": lambda x: (
+            te.maximum(x, 0.0)
+            + te.minimum(
+                float(at.get("alpha", 1.0)) * te.expm1(x / float(at.get("alpha", 1.0))), 0.0
+            )
         ),
         "ThresholdedRelu": lambda x: te.where(x > float(at.get("alpha", 1.0)), x, 0.0),
         "Not": lambda x: te.equal(x, 0),
@@ -194,8 +198,9 @@ def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     To float16, bfloat16, float32 or float64: ``te.cast`` (round to nearest even). To an
     integer: a float truncates toward zero (``te.cast``; out of range saturates, NaN gives 0:
     ONNX leaves both undefined), an integer keeps its low bits (two's complement: int16 200
-    → int8 -56, as the spec says), held in its :func:`storage_dtype`; to bool: ``!= 0``. Other
-    targets (float8, 4-bit, strings) are refused.
+    → int8 -56, as the spec says), held in its :func:`storage_dtype`; to bool: ``!= 0``. To
+    float8/float4 (``saturate`` as given) and 4/2-bit integers: onto their grids, held in
+    float32 (:mod:`~polyfuse.onnx.narrow_types`). Others (float8e8m0, strings) are refused.
     """
     if node.op_type == "CastLike":
         like = ins[1]
@@ -224,9 +229,14 @@ def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
         if x.dtype == want and not narrow:
             return [x]
         return [map_elementwise(ctx, [x], f, "cast")]
+    if to.name in FLOAT_FORMATS:
+        sat = bool(int(at.get("saturate", 1)))
+        return [map_elementwise(ctx, [x], lambda v: round_to_float(v, to.name, sat), "cast")]
+    if to.name in INT_BITS:
+        return [map_elementwise(ctx, [x], lambda v: wrap_to_int(v, to.name), "cast")]
     raise UnsupportedOpError(
         f"{node.op_type} to {to.name} is not supported (to float16, bfloat16, float32, float64, "
-        "integers and bool are)"
+        "float8, float4, integers and bool are)"
     )
 
 

@@ -10,8 +10,8 @@ the one that applies to each element, so nothing is replicated in memory.
 - ``QuantizeLinear`` to an integer type (8, 16, 4 and 2 bits, signed or not):
   ``clip(rint(x / scale) + zero_point)`` to the type's range, halves to even, as the
   specification says; the result is held as :func:`~polyfuse.onnx.common.storage_dtype` holds
-  that type. Float8/float4 outputs are refused (they need a rounding to their grid that the
-  kernels do not have yet).
+  that type. To float8 (``saturate`` as given) and float4: ``x / scale`` onto their grid
+  (:mod:`~polyfuse.onnx.narrow_types`), held in float32.
 - The integer products (``MatMulInteger``, ``ConvInteger`` and the two ``QLinear`` forms)
   subtract the zero points and sum exactly in int32; ``QLinear*`` then requantize with
   ``a_scale * b_scale / y_scale`` (in float64: the reference multiplies an int32 array by it).
@@ -32,6 +32,7 @@ from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import Ctx, Value, register_op, storage_dtype
+from polyfuse.onnx.narrow_types import FLOAT_FORMATS, round_to_float
 from polyfuse.onnx.ops_nn import conv_node
 
 #: the integer types a quantization produces, with their ranges
@@ -112,10 +113,13 @@ def _quant_type(ctx: Ctx, node: onnx.NodeProto, k: int, at: dict[str, Any], defa
     to = _attr_dtype(at, "output_dtype") or default
     if has_zp:
         to = ctx.onnx_dtype(node.input[k], ctx.values[node.input[k]])
-    if to not in _RANGES:
+    if to not in _RANGES and to not in FLOAT_FORMATS:
         raise UnsupportedOpError(
-            f"{node.op_type} to {to} is not supported (to 8-, 16-, 4- and 2-bit integers is)"
+            f"{node.op_type} to {to} is not supported (to 8-, 16-, 4- and 2-bit integers, "
+            "float8 and float4 is)"
         )
+    if to in FLOAT_FORMATS and node.op_type != "QuantizeLinear":
+        raise UnsupportedOpError(f"{node.op_type} to {to} (integer outputs only)")
     return to
 
 
@@ -131,8 +135,12 @@ def _quantize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     if work not in ("float32", "float64"):
         work = "float32"  # a 16-bit precision divides in float32 (rounded once)
 
+    sat = bool(int(at.get("saturate", 1)))
+
     def body(*i: IterVar) -> Expr:
         v = te.cast(x[i], work) / te.cast(scale(i), work)  # type: ignore[misc]
+        if to in FLOAT_FORMATS:  # a float8 zero point is 0; float4's is added
+            return round_to_float(v + zp(i) if zp is not None else v, to, sat)
         return _requantized(v, zp(i) if zp is not None else None, to)
 
     return [ctx.compute(x.shape, body, "quantize")]
