@@ -185,6 +185,23 @@ def test_constant_fold_keeps_the_folded_primitive_s_dtype(dtype, value):
     np.testing.assert_array_equal(got[0], want)
 
 
+def test_a_folded_scalar_keeps_its_zero_dimensions():
+    """ONNX fuzz seed 12709: a loss's weight total over constant targets is a 0-d sum of
+    constants; its folded constant came out of shape (1,) (``np.ascontiguousarray`` adds a
+    dimension to a 0-d array) and the rewrite's shape check failed with an AssertionError."""
+    x = te.placeholder((3,), name="x")
+    c = te.placeholder((4,), name="c")
+    k = te.reduce_axis(4, name="k")
+    total = te.compute((), lambda: te.sum(c[k], axis=k), name="total")
+    y = te.compute((3,), lambda i: x[i] / total[()], name="y")
+    cv, xv = np.array([1, 2, 3, 4], np.float32), _rand(3)
+    g1 = dce(constant_fold(_graph([x], [y], {c: cv}), _evaluate))
+    (tc,) = [t for t in g1.inputs if t.name.endswith("_folded")]
+    assert tc.shape == () and g1.constants[tc.uid].shape == ()
+    got, _ = _emulated([x], [y], {c: cv}, [xv], passes=["constant_fold", "dce"])
+    np.testing.assert_allclose(got[0], xv / 10, rtol=1e-6)
+
+
 def test_constant_fold_refusals():
     x = te.placeholder((4, 3), name="x")
     c = te.placeholder((3,), name="c")

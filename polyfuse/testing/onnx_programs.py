@@ -566,6 +566,55 @@ def _mod(s: Draw) -> list[N]:
     return [*_divisor(s), N("Mod", [s.a, "@1"], {"fmod": fmod})]
 
 
+def _quantize_dequantize(s: Draw) -> list[N] | None:
+    """QuantizeLinear to uint8/int8/int16 (per tensor, or per axis) and back."""
+    if s.va.dtype not in (np.float32, np.float16):
+        return None
+    to = s.choice(("uint8", "int8", "int16"))
+    per_axis = s.rank and s.rng.random() < 0.5
+    ax = s.axis() if per_axis else 1
+    n = s.va.shape[ax] if per_axis else 1
+    scale = np.array([s.choice((0.01, 0.05, 0.25, 1.0)) for _ in range(n)])
+    zp = np.array([s.rng.randint(0, 9) for _ in range(n)])
+    shape = (n,) if per_axis else ()
+    sc, z = s.const(scale.reshape(shape), s.va.dtype), s.const(zp.reshape(shape), to)
+    at = {"axis": ax} if per_axis else {}
+    return [N("QuantizeLinear", [s.a, sc, z], at), N("DequantizeLinear", ["@0", sc, z], at)]
+
+
+def _cast_float8(s: Draw) -> list[N] | None:
+    """A round trip through a float8 (saturating or not) or float4."""
+    from onnx import TensorProto, helper
+
+    if s.va.dtype.kind != "f":
+        return None
+    to = s.choice(("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT4E2M1"))
+    at = {"to": int(getattr(TensorProto, to))}
+    if to != "FLOAT4E2M1":
+        at["saturate"] = s.choice((0, 1))
+    back = helper.np_dtype_to_tensor_dtype(s.va.dtype)
+    return [N("Cast", [s.a], at), N("Cast", ["@0"], {"to": int(back)})]
+
+
+def _loss(op: str) -> Callable[[Draw], list[N] | None]:
+    """A loss over ``a`` as scores (N, C, ...) with drawn targets, weights and ignore_index."""
+
+    def step(s: Draw) -> list[N] | None:
+        if s.rank < 2 or s.va.dtype not in (np.float32, np.float16):
+            return None
+        c = s.va.shape[1]
+        t = np.array([s.rng.randrange(c) for _ in range(s.va.size // c)])
+        ins = [s.a, s.const(t.reshape((s.va.shape[0], *s.va.shape[2:])))]
+        if s.rng.random() < 0.5:
+            ins.append(s.const([s.choice((0.5, 1.0, 2.0)) for _ in range(c)], s.va.dtype))
+        at: dict[str, Any] = {"reduction": s.choice(("none", "sum", "mean"))}
+        if s.rng.random() < 0.5:
+            at["ignore_index"] = s.rng.randrange(c)
+        return [N(op, ins, at)]
+
+    return step
+
+
 #: Step templates: (name, kinds of operands, template). Kinds: "f" float, "i" integer,
 #: "b" bool, "n" float or integer, "x" any; a second letter is ``b``'s kind.
 STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
@@ -687,6 +736,10 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
     ("ScatterElements", "n", _scatter_elements),
     ("ScatterND", "n", _scatter_nd),
     ("ReduceProd", "n", _reduce("ReduceProd")),
+    ("QuantizeDequantize", "f", _quantize_dequantize),
+    ("CastFloat8", "f", _cast_float8),
+    ("NegativeLogLikelihoodLoss", "f", _loss("NegativeLogLikelihoodLoss")),
+    ("SoftmaxCrossEntropyLoss", "f", _loss("SoftmaxCrossEntropyLoss")),
 )
 
 

@@ -141,7 +141,7 @@ class Rewriter:
     def constant(self, name: str, value: np.ndarray, dtype: str = "float32") -> Tensor:
         """A new constant placeholder bound to ``value`` (stored as ``dtype``, float32 unless
         told: a concatenation of weights keeps theirs)."""
-        a = np.ascontiguousarray(value, dtype=numpy_dtype(dtype))
+        a = np.asarray(value, dtype=numpy_dtype(dtype), order="C")  # a 0-d value stays 0-d
         t = Tensor(tuple(a.shape), dtype, name)
         self._new_constants.append((t, a))
         return t
