@@ -1,7 +1,8 @@
-"""ONNX ``Attention`` (opsets 23-25): multi-head, grouped-query and multi-query heads, 3-D and
-4-D inputs, past/present caches, boolean and float masks (shorter than the keys too), the
+"""ONNX ``Attention`` (opsets 23-25): multi-head, grouped-query and multi-query heads, 3-D
+and 4-D inputs, past/present caches, boolean and float masks (shorter than the keys too), the
 causal frontier and sliding windows with their offsets, ``nonpad_kv_seqlen`` as a run-time
-input, soft caps, ``softmax_precision`` and the four ``qk_matmul_output`` modes. Each case runs
+input, soft caps, ``softmax_precision`` and the four ``qk_matmul_output`` modes; and
+``RotaryEmbedding`` (opset 23: partial, interleaved, positions at run time). Each case runs
 against ONNX's reference evaluator (16-bit in float64, rounded once) at sizes that are no
 multiple of anything, then compiles with NVRTC for sm_80 and sm_90 and reruns race-free."""
 
@@ -156,3 +157,31 @@ def test_attention_that_does_not_fit_is_a_one_line_error_naming_the_node(inputs,
     with pytest.raises(PolyfuseError) as e:
         prepare(model, "CPU")
     assert message in str(e.value) and "attn7" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("layout", ["3d", "4d"])
+def test_rotary_embedding_partial_with_run_time_positions(interleaved, layout):
+    """Six of ten features per head turn (halves or even/odd pairs) by the angles at each
+    token's position, read from ``position_ids`` at run time; the rest pass through."""
+    nb, heads, seq, d, rd = 2, 3, 5, 10, 6
+    x = _x(nb, seq, heads * d) if layout == "3d" else _x(nb, heads, seq, d)
+    ang = RNG.uniform(0, 6.3, (11, rd // 2))
+    inputs = {"x": x, "pos": RNG.integers(0, 11, (nb, seq)).astype(np.int64)}
+    consts = {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
+    at = {"interleaved": interleaved, "rotary_embedding_dim": rd}
+    if layout == "3d":
+        at["num_heads"] = heads
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], **at)
+    (y,) = _agrees([node], inputs, consts, opset=23)
+    keep = y.reshape(nb, seq, heads, d)[..., rd:] if layout == "3d" else y[..., rd:]
+    was = x.reshape(nb, seq, heads, d)[..., rd:] if layout == "3d" else x[..., rd:]
+    np.testing.assert_array_equal(keep, was)
+
+
+def test_rotary_embedding_with_caches_per_token():
+    x = _x(2, 2, 4, 8)
+    ang = RNG.uniform(0, 6.3, (2, 4, 4))
+    consts = {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
+    _agrees([helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"])], {"x": x},
+            consts, opset=23)  # fmt: skip

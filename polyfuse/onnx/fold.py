@@ -14,7 +14,17 @@ from polyfuse.onnx.common import attrs_of
 
 # Ops that fold on the host when all inputs are constants but have no runtime form.
 HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "NonZero"}
-HOST_ONLY_ALWAYS = {"Constant", "ConstantOfShape", "Range"}
+#: operators always evaluated at import time: their outputs are shapes' worth of values made
+#: from attributes and scalar inputs (a graph input there is specialized on its value)
+HOST_ONLY_ALWAYS = {
+    "Constant",
+    "ConstantOfShape",
+    "Range",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
+    "MelWeightMatrix",
+}
 
 
 def fold_node(

@@ -313,3 +313,54 @@ def _softmax(ctx: Ctx, scores: Tensor, work: str, dt: str, mk: _Mask) -> Tensor:
         return te.cast(p, dt) if work != dt else p
 
     return ctx.compute(scores.shape, prob, "attn_probs")
+
+
+@register_op("RotaryEmbedding")
+def _rotary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """Rotary position embedding (opset 23): the first ``rotary_embedding_dim`` features of
+    each head turn by the angles of ``cos_cache``/``sin_cache`` at the token's position
+    (``position_ids``, a run-time gather, or the caches' own ``(B, S)`` rows); halves or,
+    with ``interleaved``, even/odd pairs; the remaining features pass through."""
+    x, cos, sin = (ctx.tensor(v) for v in ins[:3])
+    pos = ctx.tensor(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+    if x.ndim == 4:
+        nb, heads, seq, d = x.shape
+    elif x.ndim == 3:
+        heads = int(at.get("num_heads", 0))
+        if heads <= 0 or x.shape[2] % heads:
+            raise ExpressionError(
+                f"RotaryEmbedding: a 3-D input {x.shape} needs num_heads dividing its last axis"
+            )
+        nb, seq, d = x.shape[0], x.shape[1], x.shape[2] // heads
+    else:
+        raise ExpressionError(f"RotaryEmbedding: input {x.shape} must be 3-D or 4-D")
+    rd = int(at.get("rotary_embedding_dim", 0)) or d
+    half = rd // 2
+    want = (cos.shape[0], half) if pos is not None else (nb, seq, half)
+    if rd % 2 or rd > d or cos.shape != sin.shape or tuple(cos.shape) != tuple(want):
+        raise ExpressionError(
+            f"RotaryEmbedding: caches {cos.shape} / {sin.shape} do not fit a rotation of "
+            f"{rd} of {d} features (want {want})"
+        )
+    inter = bool(int(at.get("interleaved", 0)))
+
+    def angle(t: Tensor, b: Expr, s: Expr, k: Expr) -> Expr:
+        return t[te.data_index(pos[b, s]), k] if pos is not None else t[b, s, k]
+
+    def rotated(read: Callable[[Expr], Expr], b: Expr, s: Expr, f: Expr) -> Expr:
+        if inter:
+            k, first = f // 2, te.equal(f % 2, 0)
+            x1, x2 = read(k * 2), read(k * 2 + 1)
+        else:
+            k, first = f % half, f < half
+            x1 = te.where(first, read(f), read(f - half))
+            x2 = te.where(first, read(f + half), read(f))
+        c, sn = angle(cos, b, s, k), angle(sin, b, s, k)
+        v = te.where(first, c * x1 - sn * x2, sn * x1 + c * x2)
+        return v if rd == d else te.where(f < rd, v, read(f))
+
+    if x.ndim == 4:
+        return [ctx.compute(x.shape, lambda b, h, s, f: rotated(
+            lambda g: x[b, h, s, g], b, s, f), "rotary")]  # fmt: skip
+    return [ctx.compute(x.shape, lambda b, s, c: rotated(
+        lambda g: x[b, s, (c // d) * d + g], b, s, c % d), "rotary")]  # fmt: skip
