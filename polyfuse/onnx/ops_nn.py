@@ -169,14 +169,20 @@ def _pool(
             c = c & cc
         return subs, c
 
+    p = float(at.get("p", 2))
+
     def body(*idx: IterVar) -> Expr:
         subs, c = window(idx, rs)
         v: Expr = x[tuple(subs)]
         if c is not None:
             v = te.where(c, v, fill)
+        if kind == "lp":  # sum |v|^p (padding adds 0)
+            v = v * v if p == 2 else te.abs(v) ** p
         return te.max(v, axis=rs) if kind == "max" else te.sum(v, axis=rs)
 
     y = ctx.compute(shape, body, f"{kind}pool")
+    if kind == "lp":
+        return map_elementwise(ctx, [y], lambda v: te.sqrt(v) if p == 2 else v ** (1.0 / p), "lp")
     if kind == "max" and indices:  # the first flat (NC...-major) position holding the max
         rs2 = [te.reduce_axis(kk, name=f"q{i}") for i, kk in enumerate(k)]
         strides = [math.prod(x.shape[j + 1 :]) for j in range(x.ndim)]
@@ -211,20 +217,26 @@ def _pool(
     return map_elementwise(ctx, [y, cnt.astype(np.float32)], lambda v, c: v / c, "avgpool_div")
 
 
-@register_op("MaxPool", "AveragePool")
+@register_op("MaxPool", "AveragePool", "LpPool")
 def _pool_op(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    kind = "max" if node.op_type == "MaxPool" else "avg"
+    kind = {"MaxPool": "max", "AveragePool": "avg", "LpPool": "lp"}[node.op_type]
     if kind == "max" and len([o for o in node.output if o]) > 1:
         y, idx = _pool(ctx, node, ctx.tensor(ins[0]), at, kind, indices=True)  # type: ignore[misc]
         return [y, idx]
     return [_pool(ctx, node, ctx.tensor(ins[0]), at, kind)]
 
 
-@register_op("GlobalAveragePool", "GlobalMaxPool")
+@register_op("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
 def _gpool(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
     axes = list(range(2, x.ndim))
     if node.op_type == "GlobalMaxPool":
         return [reduce_op(ctx, x, axes, True, "max")]
+    if node.op_type == "GlobalLpPool":
+        p = float(at.get("p", 2))
+        return [
+            reduce_op(ctx, x, axes, True, "sum", pre=lambda v: te.abs(v) ** p,
+                      post=lambda v: v ** (1.0 / p))
+        ]  # fmt: skip
     n = math.prod(x.shape[2:])
     return [reduce_op(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))]

@@ -1,4 +1,4 @@
-"""ONNX recurrent layers (LSTM, GRU), unrolled over the static sequence length."""
+"""ONNX recurrent layers (LSTM, GRU, RNN), unrolled over the static sequence length."""
 
 from __future__ import annotations
 
@@ -270,6 +270,41 @@ def _gru(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         out: dict[int, Tensor] = {}
         for t in range(seq) if di == 0 else range(seq - 1, -1, -1):
             h = _gru_step(ctx, cl, t, h, lbr)
+            out[t] = h
+        hs.append([out[t] for t in range(seq)])
+        finals.append([h])  # type: ignore[list-item]
+    return _rnn_outputs(ctx, at, hs, finals)
+
+
+def _rnn_step(
+    ctx: Ctx, xw: Tensor, r: Tensor, dw: int, t: int, h: Tensor | None, f: Callable[[Expr], Expr]
+) -> Tensor:
+    """One simple-RNN step: ``f(X_t W^T + biases + H_{t-1} R^T)``."""
+    batch, hid = xw.shape[1], r.shape[-1]
+    hr = _recur(ctx, h, r, dw, hid, "rnn_hr")
+
+    def body(i: IterVar, j: IterVar) -> Expr:
+        v = xw[t, i, j]
+        return f(v + hr[i, j] if hr is not None else v)
+
+    return ctx.compute((batch, hid), body, "rnn_h")
+
+
+@register_op("RNN")
+def _rnn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The simple recurrence ``H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)`` (f: Tanh unless
+    ``activations`` says otherwise), per direction."""
+    x, w, r, b, seq, batch, hid, _, dirs = _rnn_common(ctx, node, ins, at, 1)
+    acts = _rnn_acts(at, ["Tanh"], len(dirs))
+    hs: list[list[Tensor]] = []
+    finals: list[list[Tensor]] = []
+    for n, di in enumerate(dirs):
+        xw = _gate_inputs(ctx, x, w, b, n, hid, "rnn_xw")
+        f = acts[n]
+        h = _state0(ctx, ins, 5, n, batch, hid)
+        out: dict[int, Tensor] = {}
+        for t in range(seq) if di == 0 else range(seq - 1, -1, -1):
+            h = _rnn_step(ctx, xw, r, n, t, h, f)
             out[t] = h
         hs.append([out[t] for t in range(seq)])
         finals.append([h])  # type: ignore[list-item]
