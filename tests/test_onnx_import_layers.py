@@ -13,8 +13,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from test_onnx_import import F, _check, _feed, _model, _x  # noqa: E402, F401
 
-import polyfuse.onnx as po  # noqa: E402
-from polyfuse.errors import PolyfuseError, UnsupportedOpError  # noqa: E402
+from polyfuse.errors import PolyfuseError  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -238,14 +237,22 @@ def test_max_pool_indices(order):
     _check(_model([node], [("x", F, [2, 2, 5, 4])], ["y", "i"]), {"x": _x(2, 2, 5, 4)})
 
 
-def test_cast_to_narrow_float_types_is_refused():
-    # float32 -> float8 -> float32 mid-graph would silently skip the float8 rounding
+def test_a_cast_through_float8_mid_graph_rounds_onto_its_grid():
+    """float32 -> float8 -> float32 must round (it was refused, so as not to skip the
+    rounding silently); saturating, as ONNX's default."""
+    import ml_dtypes
+
+    from polyfuse.onnx.backend import prepare
+
     nodes = [
         helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT8E4M3FN),
         helper.make_node("Cast", ["c"], ["y"], to=F),
     ]
-    with pytest.raises(UnsupportedOpError, match="node #0 .*float8"):
-        po.load(_model(nodes, [("x", F, [4])], ["y"]))
+    x = np.array([0.3, 1000.0, 0.1, -3.3], np.float32)
+    (y,) = prepare(_model(nodes, [("x", F, [4])], ["y"]), "CPU").run({"x": x})
+    want = np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    np.testing.assert_array_equal(y, want)
+    assert y[1] == 448 and y[0] == 0.3125
 
 
 def test_an_output_of_undeclared_type_keeps_its_own_dtype():

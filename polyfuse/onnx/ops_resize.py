@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from polyfuse import te
+from polyfuse import ops, te
 from polyfuse.graph.expr import Expr, IterVar, Tensor
 from polyfuse.onnx.common import (
     Ctx,
@@ -121,9 +121,7 @@ def _upsample(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     return [_resized(ctx, resize, x, host, max(ctx.opset, 13))]
 
 
-def _resized(
-    ctx: Ctx, node: onnx.NodeProto, x: Tensor, host: list[Any], opset: int
-) -> Tensor:
+def _resized(ctx: Ctx, node: onnx.NodeProto, x: Tensor, host: list[Any], opset: int) -> Tensor:
     """``x`` resized as Resize ``node`` with host ``roi``/``scales``/``sizes`` asks."""
     y: Tensor = x
     # weights in float64 for float64 data (float32 ones are 1e-7 off there)
@@ -160,3 +158,17 @@ def _resized(
 
         y = ctx.compute(shape, body, "resize")
     return y
+
+
+@register_op("GridSample")
+def _grid_sample(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``ops.grid_sample``: opset 20's modes linear/nearest/cubic (opset 16's bilinear and
+    bicubic are the same), zeros/border/reflection padding, ``align_corners``."""
+    mode = at.get("mode", b"linear" if ctx.opset >= 20 else b"bilinear")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    pad = at.get("padding_mode", b"zeros")
+    pad = pad.decode() if isinstance(pad, bytes) else str(pad)
+    x, grid = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    align = bool(int(at.get("align_corners", 0)))
+    return [ops.grid_sample(x, grid, mode, pad, align, name=ctx.fresh("grid_sample"))]

@@ -69,6 +69,7 @@ from polyfuse.ops.reductions import (
     reduce_sum,
     softmax,
 )
+from polyfuse.ops.sampling import grid_sample  # noqa: F401  (public, not in __all__)
 
 __all__ = [
     "abs",

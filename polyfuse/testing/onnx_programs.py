@@ -853,7 +853,8 @@ _FIXED_OPS: list[type] = []
 _SUMMED_IN_FLOAT64 = ("ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare",
                       "ReduceLogSum", "ReduceLogSumExp", "Softmax", "LogSoftmax", "CumSum",
                       "Einsum", "InstanceNormalization", "ReduceProd", "CumProd",
-                      "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")  # fmt: skip
+                      "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss",
+                      "GridSample")  # fmt: skip
 
 
 def _in_float64(base: type) -> type:
@@ -898,8 +899,10 @@ def reference_evaluator(model: Any) -> Any:
     (:data:`_SUMMED_IN_FLOAT64`) of 16-bit inputs in float64, rounded once (onnx's own add in
     float16: a log-softmax of float16 values 0.52 off, fuzz seed 20098 at ``--max-elements``; a
     running sum of 513 values 0.48 off, seed 20263; a sum of 64 values 13 units off, seed
-    20676; polyfuse sums in float32, as torch); ``Attention`` (opset 23-25) of 16-bit inputs
-    likewise (its own matmuls, softmax and sums round every step to the 16-bit dtype)."""
+    20676; polyfuse sums in float32, as torch; the losses likewise, and ``GridSample``,
+    whose float16 reference rounds the sample coordinates and moves the samples);
+    ``Attention`` (opset 23-25) of 16-bit inputs likewise (its own matmuls, softmax and sums
+    round every step to the 16-bit dtype)."""
     import math
 
     from onnx.reference import ReferenceEvaluator

@@ -361,6 +361,16 @@ def _convolution(x, w, bias, stride, padding, dilation, transposed, output_paddi
     return ops.conv(x, w, bias, stride, pads, dilation, groups)
 
 
+def _grid_sampler(
+    x: Tensor, grid: Tensor, interpolation: int, padding: int, align_corners: bool
+) -> Tensor:
+    """``F.grid_sample`` (``aten.grid_sampler_2d/3d``: 0 bilinear, 1 nearest, 2 bicubic; 0
+    zeros, 1 border, 2 reflection) in torch's order of steps."""
+    mode = ("linear", "nearest", "cubic")[interpolation]
+    pad = ("zeros", "border", "reflection")[padding]
+    return ops.grid_sample(x, grid, mode, pad, bool(align_corners), convention="torch")
+
+
 def _max_pool(x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
     y = ops.max_pool2d(
         x, kernel, list(stride) or None, padding, dilation=dilation, ceil_mode=bool(ceil_mode)
@@ -632,6 +642,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.constant_pad_nd.default: _constant_pad,
     aten.convolution.default: _convolution,
     aten.max_pool2d_with_indices.default: _max_pool,
+    aten.grid_sampler_2d.default: _grid_sampler,
+    aten.grid_sampler_3d.default: _grid_sampler,
     aten.avg_pool2d.default: _avg_pool,
     aten.cat.default: typed.cat,
     aten.slice.Tensor: _slice,
