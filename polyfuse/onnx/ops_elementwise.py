@@ -290,3 +290,15 @@ def _mod(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
         return te.where(big, inf_b, r)
 
     return [map_elementwise(ctx, ins[:2], f, "mod")]
+
+
+@register_op("SwiGLU")
+def _swiglu(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``a * sigmoid(alpha * a) * b`` (a gated linear unit with a Swish gate)."""
+    alpha = float(at.get("alpha", 1.0))
+    if tuple(np.shape(ins[0])) != tuple(np.shape(ins[1])):
+        raise ExpressionError(
+            f"SwiGLU: A {tuple(np.shape(ins[0]))} and B {tuple(np.shape(ins[1]))} must have one "
+            "shape (the operator does not broadcast)"
+        )
+    return [map_elementwise(ctx, ins[:2], lambda a, b: a * te.sigmoid(a * alpha) * b, "swiglu")]

@@ -335,3 +335,64 @@ def _scatter_elements(
         return value if c is None else te.where(c, value, data[tuple(p)])
 
     return [_scatter(ctx, node, at, data, span, hit, update, guard, "scatter")]
+
+
+@register_op("ReverseSequence")
+def _reverse_sequence(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """The first ``sequence_lens[b]`` steps of batch ``b`` reversed along ``time_axis`` (the
+    lengths read at run time; the rest of each sequence stays where it is)."""
+    x, lens = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    bax, tax = int(at.get("batch_axis", 1)), int(at.get("time_axis", 0))
+    if {bax, tax} != {0, 1} or lens.shape != (x.shape[bax],):
+        raise ExpressionError(
+            f"ReverseSequence: batch_axis {bax} and time_axis {tax} must be 0 and 1, and "
+            f"sequence_lens {lens.shape} one per batch of {x.shape}"
+        )
+
+    def body(*i: IterVar) -> Expr:
+        n = te.cast(lens[(i[bax],)], "int64")
+        t = te.cast(i[tax], "int64")
+        src = te.where(t < n, n - 1 - t, t)
+        sub = list(i)
+        sub[tax] = te.data_index(src)
+        return x[tuple(sub)]
+
+    return [ctx.compute(x.shape, body, "reverse_sequence")]
+
+
+@register_op("TensorScatter")
+def _tensor_scatter(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """A cache update: ``update`` written into ``past_cache`` along ``axis`` from
+    ``write_indices[b]`` on (per batch, read at run time; ``mode="circular"`` wraps around
+    the cache). As a gather: each cache slot reads the update step that lands on it, if any."""
+    past, upd = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    w = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    ax = int(at.get("axis", -2)) % past.ndim
+    mode = at.get("mode", b"linear")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    size, steps = past.shape[ax], upd.shape[ax]
+    fits = all(
+        (p == u) if d != ax else (u <= p)
+        for d, (p, u) in enumerate(zip(past.shape, upd.shape, strict=True))
+    )
+    if ax == 0 or mode not in ("linear", "circular") or upd.ndim != past.ndim or not fits:
+        raise ExpressionError(
+            f"TensorScatter: update {upd.shape} does not fit cache {past.shape} along axis "
+            f"{ax} (mode {mode!r}; axis 0 is the batch)"
+        )
+
+    def body(*i: IterVar) -> Expr:
+        start = te.cast(w[(i[0],)], "int64") if w is not None else te.const(0, "int64")
+        s = te.cast(i[ax], "int64") - start
+        if mode == "circular":
+            s = (s % size + size) % size
+        hit = (s >= 0) & (s < steps)
+        sub = list(i)
+        sub[ax] = te.data_index(te.minimum(te.maximum(s, 0), steps - 1))
+        return te.where(hit, upd[tuple(sub)], past[i])
+
+    return [ctx.compute(past.shape, body, "tensor_scatter")]

@@ -358,7 +358,6 @@ def _depth_space(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, A
     return [ops.reshape(y, (b, co, h * bs, w * bs), ctx.fresh("d2s"))]
 
 
-
 @register_op("Trilu")
 def _trilu(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """The upper (``upper=1``: ``j - i >= k``) or lower (``j - i <= k``) triangle of the last
@@ -377,6 +376,7 @@ def _trilu(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
         return te.where(keep, x[i], te.const(0, x.dtype))
 
     return [ctx.compute(x.shape, body, "trilu")]
+
 
 @register_op("Einsum")
 def _einsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
@@ -436,3 +436,36 @@ def _einsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
         return te.sum(prod, axis=list(raxes.values())) if raxes else prod
 
     return [ctx.compute(tuple(sizes[ch] for ch in out), body, "einsum")]
+
+
+@register_op("CenterCropPad")
+def _center_crop_pad(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """Each named axis cropped or zero-padded to its new size, centred (an odd difference
+    puts the extra element at the end)."""
+    x = ctx.tensor(ins[0])
+    want = ints_of(host_value(ctx, node, ins[1], "shape"))
+    axes = [a % x.ndim for a in at.get("axes", range(x.ndim))]
+    if len(axes) != len(want):
+        raise ExpressionError(f"CenterCropPad: shape {want} does not name axes {axes}")
+    shape, shift = list(x.shape), [0] * x.ndim
+    padded = [a for a, n in zip(axes, want, strict=True) if n > x.shape[a]]
+    for a, n in zip(axes, want, strict=True):
+        shape[a], shift[a] = (
+            n,
+            (x.shape[a] - n) // 2 if n < x.shape[a] else -((n - x.shape[a]) // 2),
+        )
+
+    def body(*i: IterVar) -> Expr:
+        sub = [v + s if s else v for v, s in zip(i, shift, strict=True)]
+        conds = [(sub[d] >= 0) & (sub[d] < x.shape[d]) for d in padded]
+        v = x[tuple(sub)]
+        if conds:  # one guard on the read: every padded axis at once
+            ok = conds[0]
+            for c in conds[1:]:
+                ok = ok & c
+            v = te.where(ok, v, 0)
+        return v
+
+    return [ctx.compute(shape, body, "center_crop_pad")]

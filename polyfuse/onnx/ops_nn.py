@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from polyfuse import ops, te
+from polyfuse.errors import ExpressionError
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
@@ -240,3 +241,49 @@ def _gpool(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -
         ]  # fmt: skip
     n = math.prod(x.shape[2:])
     return [reduce_op(ctx, x, axes, True, "sum", pre=lambda v: v * (1.0 / n))]
+
+
+@register_op("CausalConvWithState")
+def _causal_conv_with_state(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """A depthwise causal 1-D convolution over ``past_state`` (zeros when absent) followed by
+    the input, optionally Swish-activated; also the new state (the last ``k - 1`` steps)."""
+    x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
+    bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    past = ctx.tensor(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+    act = at.get("activation", b"none")
+    act = act.decode() if isinstance(act, bytes) else str(act)
+    nb, ch, n = x.shape
+    k = w.shape[2]
+    if x.ndim != 3 or w.shape != (ch, 1, k) or act not in ("none", "silu", "swish"):
+        raise ExpressionError(
+            f"CausalConvWithState: input {x.shape} and weight {w.shape} must be (N, C, L) and "
+            f"(C, 1, k); activation {act!r} none, silu or swish"
+        )
+    if past is not None and past.shape != (nb, ch, k - 1):
+        raise ExpressionError(
+            f"CausalConvWithState: past_state {past.shape} is not {(nb, ch, k - 1)}"
+        )
+
+    def padded(b: Expr, c: Expr, t: Expr) -> Expr:  # position t of [past, x]
+        cur = x[b, c, t - (k - 1)]
+        if k == 1:
+            return cur
+        old = past[b, c, t] if past is not None else 0.0
+        return te.where(t >= k - 1, cur, old)
+
+    r = te.reduce_axis(k, name="rk")
+    conv = ctx.compute(
+        (nb, ch, n), lambda b, c, t: te.sum(padded(b, c, t + r) * w[c, 0, r], axis=r), "causal_conv"
+    )
+
+    def out(b: IterVar, c: IterVar, t: IterVar) -> Expr:
+        v = conv[b, c, t] + bias[c] if bias is not None else conv[b, c, t]
+        return v * te.sigmoid(v) if act != "none" else v
+
+    y = ctx.compute((nb, ch, n), out, "causal_conv_out")
+    if k == 1:  # no state to carry: an empty host array
+        return [y, np.zeros((nb, ch, 0), dtypes.numpy_dtype(x.dtype))]
+    state = ctx.compute((nb, ch, k - 1), lambda b, c, t: padded(b, c, t + n), "conv_state")
+    return [y, state]

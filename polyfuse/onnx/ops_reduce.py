@@ -136,8 +136,12 @@ def _bn_training(ctx: Ctx, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     y = _normalized(ctx, x, cen, var, sc, bi, eps, "bn")
     c = x.shape[1]
     running = [
-        map_elementwise(ctx, [reshape_to(ctx, batch, (c,)), old],
-                        lambda b, r: down(up(r) * mom + b * (1 - mom)), hint)  # fmt: skip
+        map_elementwise(
+            ctx,
+            [reshape_to(ctx, batch, (c,)), old],
+            lambda b, r: down(up(r) * mom + b * (1 - mom)),
+            hint,
+        )  # fmt: skip
         for batch, old, hint in ((mean, ins[3], "bn_rm"), (var, ins[4], "bn_rv"))
     ]
     return [y, *running]
@@ -181,7 +185,6 @@ def _ln(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> l
     )
     stat = (*x.shape[:ax], *([1] * (x.ndim - ax)))  # Mean / InvStdDev keep the normalized dims
     return [y, reshape_to(ctx, mean, stat), reshape_to(ctx, rstd, stat)]
-
 
 
 @register_op("RMSNormalization")
@@ -273,6 +276,7 @@ def _hardmax(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any])
         return te.where(hit, te.const(1, x.dtype), te.const(0, x.dtype))
 
     return [ctx.compute(x.shape, body, "hardmax")]
+
 
 @register_op("LRN")
 def _lrn(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
