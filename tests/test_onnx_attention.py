@@ -185,3 +185,37 @@ def test_rotary_embedding_with_caches_per_token():
     consts = {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
     _agrees([helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"])], {"x": x},
             consts, opset=23)  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+def test_linear_attention_update_rules_with_grouped_heads_and_a_past_state(rule):
+    """Six query heads on two key/value heads over five steps, from a given state; decay
+    per head or per key feature, beta per head or shared."""
+    nb, steps, hq, hkv, dk, dv = 2, 5, 6, 2, 4, 3
+    inputs = {"q": _x(nb, steps, hq * dk), "k": _x(nb, steps, hkv * dk) * 0.5,
+              "v": _x(nb, steps, hkv * dv), "s": _x(nb, hkv, dk, dv)}  # fmt: skip
+    names = ["q", "k", "v", "s"]
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    names += ["g" if gated else "", "b" if delta else ""]
+    if gated:
+        inputs["g"] = -np.abs(_x(nb, steps, hkv * dk if rule == "gated" else hkv))
+    if delta:
+        inputs["b"] = RNG.uniform(0, 1, (nb, steps, 1 if rule == "delta" else hkv)).astype(
+            np.float32
+        )
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node("LinearAttention", names, ["y", "state"], q_num_heads=hq,
+                            kv_num_heads=hkv, update_rule=rule)  # fmt: skip
+    _agrees([node], inputs, opset=26)
+
+
+def test_linear_attention_over_too_many_steps_is_a_one_line_refusal():
+    from polyfuse.errors import UnsupportedOpError
+
+    inputs = {"q": _x(1, 65, 4), "k": _x(1, 65, 4), "v": _x(1, 65, 4)}
+    node = helper.make_node("LinearAttention", ["q", "k", "v"], ["y"], q_num_heads=1,
+                            kv_num_heads=1, update_rule="linear", name="la")  # fmt: skip
+    with pytest.raises(UnsupportedOpError) as e:
+        prepare(_nodes_model([node], inputs, opset=26, infer=False), "CPU")
+    assert "LinearAttention over 65 steps (it is unrolled; up to 64)" in str(e.value)

@@ -364,3 +364,148 @@ def _rotary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
             lambda g: x[b, h, s, g], b, s, f), "rotary")]  # fmt: skip
     return [ctx.compute(x.shape, lambda b, s, c: rotated(
         lambda g: x[b, s, (c // d) * d + g], b, s, c % d), "rotary")]  # fmt: skip
+
+
+#: the longest sequence ``LinearAttention`` unrolls (each step is a few small computes)
+LINEAR_ATTENTION_MAX_STEPS = 64
+
+
+@register_op("LinearAttention")
+def _linear_attention(
+    ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
+) -> list[Value]:
+    """Linear attention with a recurrent state ``S`` (B, Hkv, dk, dv), unrolled over the
+    (static) steps as the recurrent layers are: per step, ``S *= exp(decay)`` (gated rules),
+    ``v <- beta * (v - S^T k)`` (delta rules), ``S += k v^T``, and the output
+    ``scale * q^T S`` (grouped-query heads read head ``h // (Hq / Hkv)``); in float32, the
+    output rounded to the query's dtype, the final state to ``past_state``'s."""
+    q3, k3, v3 = (ctx.tensor(x) for x in ins[:3])
+    past, decay, beta = (
+        ctx.tensor(ins[j]) if _optional(ins, j) is not None else None for j in (3, 4, 5)
+    )
+    rule = at.get("update_rule", b"gated_delta")
+    rule = rule.decode() if isinstance(rule, bytes) else str(rule)
+    hq, hkv = int(at.get("q_num_heads", 0)), int(at.get("kv_num_heads", 0))
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if (
+        rule not in ("linear", "gated", "delta", "gated_delta")
+        or hq <= 0 or hkv <= 0 or hq % hkv
+        or q3.ndim != 3 or k3.ndim != 3 or v3.ndim != 3
+        or gating != (decay is not None) or delta != (beta is not None)
+    ):  # fmt: skip
+        raise ExpressionError(
+            f"LinearAttention: update_rule {rule!r}, heads {hq}/{hkv} and inputs "
+            f"{q3.shape}, {k3.shape}, {v3.shape} do not fit (3-D inputs; decay for gated "
+            "rules, beta for delta rules)"
+        )
+    nb, steps, _ = q3.shape
+    if steps > LINEAR_ATTENTION_MAX_STEPS:
+        raise UnsupportedOpError(
+            f"LinearAttention over {steps} steps (it is unrolled; up to "
+            f"{LINEAR_ATTENTION_MAX_STEPS})"
+        )
+    dk, dv, grp = q3.shape[2] // hq, v3.shape[2] // hkv, hq // hkv
+    scale = float(at.get("scale", 0.0)) or 1.0 / math.sqrt(dk)
+    f32 = "float32"
+
+    def up(e: Expr) -> Expr:
+        return te.cast(e, f32) if e.dtype != f32 else e
+
+    s_shape = (nb, hkv, dk, dv)
+    if past is not None:
+        state = ctx.compute(s_shape, lambda b, h, d, m: up(past[b, h, d, m]), "la_state0")
+    else:
+        state = None
+    outs: list[Tensor] = []
+    for t in range(steps):
+        state, y = _linear_attention_step(
+            ctx, t, state, (q3, k3, v3, decay, beta), (hq, hkv, dk, dv, grp), scale, up
+        )
+        outs.append(y)
+
+    def merged(b: IterVar, t: IterVar, c: IterVar) -> Expr:
+        v: Expr = outs[0][b, c]
+        for n, y in enumerate(outs[1:], 1):
+            v = te.where(te.equal(t, n), y[b, c], v)
+        return te.cast(v, q3.dtype) if q3.dtype != f32 else v
+
+    y_all = ctx.compute((nb, steps, hq * dv), merged, "la_out")
+    dt_state = past.dtype if past is not None else q3.dtype
+    assert state is not None
+    final = state
+    if dt_state != f32:
+        final = ctx.compute(s_shape, lambda *i: te.cast(state[i], dt_state), "la_state")
+    return [y_all, final]
+
+
+def _linear_attention_step(
+    ctx: Ctx,
+    t: int,
+    state: Tensor | None,
+    data: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None],
+    dims: tuple[int, int, int, int, int],
+    scale: float,
+    up: Callable[[Expr], Expr],
+) -> tuple[Tensor, Tensor]:
+    """One step of :func:`_linear_attention`: the new state, and the output (B, Hq*dv)."""
+    q3, k3, v3, decay, beta = data
+    hq, hkv, dk, dv, grp = dims
+    nb = q3.shape[0]
+    s_shape = (nb, hkv, dk, dv)
+
+    def key(b: Expr, h: Expr, d: Expr) -> Expr:
+        return up(k3[b, t, h * dk + d])
+
+    def value(b: Expr, h: Expr, m: Expr) -> Expr:
+        return up(v3[b, t, h * dv + m])
+
+    if state is not None and decay is not None:
+        per_dk = decay.shape[2] == hkv * dk
+        s_prev = state
+        state = ctx.compute(
+            s_shape,
+            lambda b, h, d, m: (
+                s_prev[b, h, d, m]
+                * te.exp(up(decay[b, t, h * dk + d] if per_dk else decay[b, t, h]))
+            ),
+            "la_decay",
+        )
+    vt: Callable[[Expr, Expr, Expr], Expr] = value
+    if beta is not None:
+        one = beta.shape[2] == 1
+        if state is not None:
+            s_cur = state
+            r = te.reduce_axis(dk, name="rd")
+            got = ctx.compute(
+                (nb, hkv, dv),
+                lambda b, h, m: te.sum(s_cur[b, h, r, m] * key(b, h, r), axis=r),
+                "la_retrieved",
+            )
+        else:
+            got = None
+
+        def vt(b: Expr, h: Expr, m: Expr) -> Expr:  # noqa: F811
+            bt = up(beta[b, t, 0] if one else beta[b, t, h])
+            return bt * (value(b, h, m) - got[b, h, m]) if got is not None else bt * value(b, h, m)
+
+    s_old = state
+    state = ctx.compute(
+        s_shape,
+        lambda b, h, d, m: (
+            (s_old[b, h, d, m] if s_old is not None else 0.0) + key(b, h, d) * vt(b, h, m)
+        ),
+        "la_state",
+    )
+    s_new = state
+    r2 = te.reduce_axis(dk, name="rq")
+    y = ctx.compute(
+        (nb, hq * dv),
+        lambda b, c: (
+            te.sum(
+                up(q3[b, t, (c // dv) * dk + r2]) * s_new[b, (c // dv) // grp, r2, c % dv], axis=r2
+            )
+            * scale
+        ),
+        "la_y",
+    )
+    return state, y
