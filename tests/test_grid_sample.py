@@ -105,3 +105,18 @@ def test_torch_grid_sample_runs_in_polyfuse(dims):
         report = polyfuse.torch.compiled_graphs()[-1].polyfuse_report
         assert not report["eager"], (mode, pad, align, report["reasons"])
         torch.testing.assert_close(got, f(x, g), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_affine_grid_then_grid_sample_a_spatial_transformer(align, dims):
+    """The spatial transformer's pair: AffineGrid's grid of rotated, scaled points (sizes
+    1 on one axis too), sampled by GridSample."""
+    size = [2, 3, 5, 1, 7] if dims == 3 else [2, 3, 6, 1]
+    theta = RNG.uniform(-1.2, 1.2, (2, dims, dims + 1)).astype(np.float32)
+    x = RNG.standard_normal((2, 3, 4, 5, 6) if dims == 3 else (2, 3, 5, 7)).astype(np.float32)
+    nodes = [helper.make_node("AffineGrid", ["t", "s"], ["g"], align_corners=align),
+             helper.make_node("GridSample", ["x", "g"], ["y"], align_corners=align)]  # fmt: skip
+    consts = {"s": np.array(size, np.int64)}
+    _agrees(nodes[:1], {"t": theta}, consts, opset=20)
+    _agrees(nodes, {"t": theta, "x": x}, consts, opset=20)

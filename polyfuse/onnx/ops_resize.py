@@ -11,12 +11,14 @@ import onnx
 from onnx import helper
 
 from polyfuse import ops, te
-from polyfuse.graph.expr import Expr, IterVar, Tensor
+from polyfuse.errors import ExpressionError
+from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
     Value,
     attrs_of,
     host_value,
+    ints_of,
     register_op,
 )
 from polyfuse.onnx.fold import fold_node
@@ -172,3 +174,34 @@ def _grid_sample(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, A
     x, grid = ctx.tensor(ins[0]), ctx.tensor(ins[1])
     align = bool(int(at.get("align_corners", 0)))
     return [ops.grid_sample(x, grid, mode, pad, align, name=ctx.fresh("grid_sample"))]
+
+
+@register_op("AffineGrid")
+def _affine_grid(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The sampling grid of affine maps ``theta`` (N, d, d+1) over an output of ``size``
+    (N, C, *S): each point's normalised coordinates (last axis first, then 1) times
+    ``theta``; the grid ``GridSample`` reads."""
+    theta = ctx.tensor(ins[0])
+    size = ints_of(host_value(ctx, node, ins[1], "size"))
+    nd = len(size) - 2
+    if nd not in (2, 3) or theta.shape != (size[0], nd, nd + 1):
+        raise ExpressionError(
+            f"AffineGrid: theta {theta.shape} must be (N, {nd}, {nd + 1}) for size {size}"
+        )
+    sp = size[2:]
+    align = bool(int(at.get("align_corners", 0)))
+
+    def base(i: Expr, s: int) -> Expr:  # the normalised coordinate of index i of s
+        if s == 1:
+            return as_expr(-1.0 if align else 0.0)
+        v = te.cast(i, "float32")
+        return v * (2.0 / (s - 1)) - 1.0 if align else (v * 2.0 + 1.0) * (1.0 / s) - 1.0
+
+    def body(n: IterVar, *rest: IterVar) -> Expr:
+        *pts, c = rest
+        total: Expr = theta[n, c, nd]
+        for j in range(nd):  # component j runs along spatial axis nd - 1 - j
+            total = total + theta[n, c, j] * base(pts[nd - 1 - j], sp[nd - 1 - j])
+        return total
+
+    return [ctx.compute((size[0], *sp, nd), body, "affine_grid")]
