@@ -58,6 +58,7 @@ def test_opset_16_names_and_float16():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.extra
 def test_the_two_conventions_part_at_an_exact_half_beyond_the_edge():
     """W = 4, corners not aligned: grid -1.5 maps to exactly -1.5. ONNX rounds it to -2 and
     reflects that onto 1; torch reflects -1.5 onto 0.5 and rounds that to 0. Each path
@@ -83,6 +84,7 @@ def test_the_two_conventions_part_at_an_exact_half_beyond_the_edge():
     assert np.asarray(got).reshape(-1)[0] == 0.0
 
 
+@pytest.mark.extra
 @pytest.mark.parametrize("dims", [2, 3])
 def test_torch_grid_sample_runs_in_polyfuse(dims):
     torch = pytest.importorskip("torch")

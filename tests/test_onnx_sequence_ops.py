@@ -65,3 +65,22 @@ def test_causal_conv_with_state(k, activation):
         names.append("s")
     node = helper.make_node("CausalConvWithState", names, ["y", "state"], activation=activation)
     _agrees([node], inputs, opset=26, infer=k > 1)
+
+
+@pytest.mark.parametrize(
+    ("components", "axis", "length", "inverse", "onesided"),
+    [(1, 1, None, 0, 0), (2, 1, None, 0, 0), (1, 2, None, 0, 1), (2, 2, 12, 0, 0),
+     (1, 1, 5, 0, 1), (2, 1, None, 1, 0), (2, 2, 9, 1, 0), (2, 1, None, 1, 1),
+     (2, 2, 11, 1, 1), (2, 1, 14, 1, 1)],  # fmt: skip
+)
+def test_dft_forward_inverse_padded_truncated_and_one_sided(
+    components, axis, length, inverse, onesided
+):
+    x = _x(2, 8, 7, components)
+    inputs = {"x": x}
+    consts = {"a": np.array(axis, np.int64)}
+    names = ["x", "n" if length else "", "a"]
+    if length:
+        consts["n"] = np.array(length, np.int64)
+    node = helper.make_node("DFT", names, ["y"], inverse=inverse, onesided=onesided)
+    _agrees([node], inputs, consts, opset=20)

@@ -10,12 +10,13 @@ import numpy as np
 import onnx
 
 from polyfuse import ops, te
-from polyfuse.errors import ExpressionError
+from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
     Value,
+    host_value,
     iota64,
     map_elementwise,
     reduce_op,
@@ -287,3 +288,75 @@ def _causal_conv_with_state(
         return [y, np.zeros((nb, ch, 0), dtypes.numpy_dtype(x.dtype))]
     state = ctx.compute((nb, ch, k - 1), lambda b, c, t: padded(b, c, t + n), "conv_state")
     return [y, state]
+
+
+#: the largest twiddle table (input length x output length) a DFT builds
+DFT_MAX_TABLE = 1 << 22
+
+
+@register_op("DFT")
+def _dft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The discrete Fourier transform along ``axis`` as sums against twiddle tables
+    (``cos``/``sin`` of ``2 pi k j / n``, made on the host in float64): real or complex
+    (trailing 2) input, ``dft_length`` padding or truncating it, ``onesided`` halves,
+    ``inverse`` (scaled by ``1/n``; one-sided: the real signal of a Hermitian spectrum)."""
+    x = ctx.tensor(ins[0])
+    if len(ins) > 2 and ins[2] is not None:  # opset 20: the axis is an input
+        axis = int(np.asarray(host_value(ctx, node, ins[2], "axis")).reshape(-1)[0])
+    else:
+        axis = int(at.get("axis", 1 if ctx.opset < 20 else -2))
+    axis %= x.ndim
+    inverse, onesided = bool(int(at.get("inverse", 0))), bool(int(at.get("onesided", 0)))
+    if x.ndim < 2 or x.shape[-1] not in (1, 2) or axis == x.ndim - 1:
+        raise ExpressionError(
+            f"DFT: input {x.shape} must end in 1 (real) or 2 (complex) components and "
+            f"transform another axis than that (axis {axis})"
+        )
+    if onesided and x.shape[-1] != (2 if inverse else 1):
+        raise ExpressionError(
+            f"DFT: a one-sided {'inverse' if inverse else 'forward'} transform needs a "
+            f"{'complex' if inverse else 'real'} input (it is {x.shape})"
+        )
+    m = x.shape[axis]
+    if len(ins) > 1 and ins[1] is not None:
+        n = int(np.asarray(host_value(ctx, node, ins[1], "dft_length")).reshape(-1)[0])
+    else:
+        n = 2 * (m - 1) if inverse and onesided else m
+    real_out = inverse and onesided
+    k_out = n if (inverse or not onesided) else n // 2 + 1
+    j_in = min(m, n // 2 + 1) if real_out else min(m, n)
+    if j_in * k_out > DFT_MAX_TABLE:
+        raise UnsupportedOpError(
+            f"DFT of length {n}: its {j_in} x {k_out} twiddle table exceeds {DFT_MAX_TABLE} "
+            "entries (the transform is a sum against a table, not an FFT)"
+        )
+    jj, kk = np.arange(j_in)[:, None], np.arange(k_out)[None, :]
+    theta = 2.0 * np.pi * ((jj * kk) % n) / n
+    cos, sin = np.cos(theta), np.sin(theta)
+    if real_out:  # Hermitian: the inner frequencies stand for two
+        w = np.where((jj == 0) | ((n % 2 == 0) & (jj == n // 2)), 1.0, 2.0)
+        cos, sin = cos * w, sin * w
+    if inverse:
+        cos, sin = cos / n, sin / n
+    like = x.dtype if x.dtype != "float64" else None
+    c_t = ctx.tensor(cos.astype(np.float64 if x.dtype == "float64" else np.float32), like=like)
+    s_t = ctx.tensor(sin.astype(np.float64 if x.dtype == "float64" else np.float32), like=like)
+    cplx = x.shape[-1] == 2
+    r = te.reduce_axis(j_in, name="rj")
+    sign = 1.0 if inverse else -1.0  # e^{-i theta} forward, e^{+i theta} inverse
+
+    def body(*idx: IterVar) -> Expr:
+        src = list(idx)
+        src[axis] = r
+        xr = x[(*src[:-1], 0)]
+        xi = x[(*src[:-1], 1)] if cplx else None
+        c, s = c_t[r, idx[axis]], s_t[r, idx[axis]]
+        re = xr * c - xi * s * sign if xi is not None else xr * c
+        im = (xi * c if xi is not None else 0.0) + xr * s * sign
+        if real_out:
+            return te.sum(re, axis=r)
+        return te.sum(te.where(te.equal(idx[-1], 0), re, im), axis=r)
+
+    shape = list(x.shape)
+    shape[axis], shape[-1] = k_out, 1 if real_out else 2
+    return [ctx.compute(shape, body, "dft")]
