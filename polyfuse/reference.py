@@ -546,6 +546,22 @@ def _trunc_divide(op: str, a: Any, b: Any) -> np.ndarray:
     return np.where(zero, 0, out)
 
 
+def _shift(op: str, a: Any, b: Any, dtype: str) -> np.ndarray:
+    """``te.shift_left``/``shift_right`` of integers held as int64: on the unsigned bits of
+    ``dtype``'s width (a logical right shift), 0 for a shift outside ``[0, width)``; the
+    result read back as ``dtype`` (two's complement)."""
+    bits = 32 if dtype in ("int32", "bool") else 64
+    mask = np.uint64((1 << bits) - 1)
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    u = a.astype(np.uint64) & mask
+    ok = (b >= 0) & (b < bits)
+    s = np.where(ok, b, 0).astype(np.uint64)
+    r = ((u << s) if op == "shl" else (u >> s)) & mask
+    r = np.where(ok, r, np.uint64(0))
+    signed = r.astype(np.int64) if bits == 64 else r.astype(np.uint32).view(np.int32)
+    return signed.astype(np.int64)
+
+
 def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
     if op in _BINARY_UFUNC:
         return _BINARY_UFUNC[op](a, b)
@@ -555,6 +571,8 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         return np.arctan2(np.asarray(a, np.float64), np.asarray(b, np.float64))
     if op in ("tdiv", "tmod"):
         return _trunc_divide(op, a, b)
+    if op in ("shl", "shr"):
+        return _shift(op, a, b, dtype)
     ints = not dt.is_float(dtype) and _is_int(a) and _is_int(b)
     if op == "pow":
         if ints:  # numpy refuses negative integer exponents: 1 / a**-b truncated, as kernels

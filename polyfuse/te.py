@@ -221,7 +221,13 @@ def min(  # noqa: A001
 
 
 #: te's bitwise binary ops and the functions that make them
-BITWISE = {"bitand": "bitwise_and", "bitor": "bitwise_or", "bitxor": "bitwise_xor"}
+BITWISE = {
+    "bitand": "bitwise_and",
+    "bitor": "bitwise_or",
+    "bitxor": "bitwise_xor",
+    "shl": "shift_left",
+    "shr": "shift_right",
+}
 
 
 def _unary(op: str, doc: str | None = None) -> Callable[[Any], Expr]:
@@ -340,6 +346,27 @@ def bitwise_or(a: Any, b: Any) -> Expr:
 def bitwise_xor(a: Any, b: Any) -> Expr:
     """Bitwise ``a ^ b`` of integers (of bools, whether they differ)."""
     return Binary("bitxor", as_expr(a), as_expr(b))
+
+
+def shift_left(a: Any, b: Any) -> Expr:
+    """``a << b`` of integers: the bits of ``a`` moved ``b`` places up, zeros in, wrapping at
+    the dtype's width; 0 for a shift outside ``[0, width)`` (C leaves it undefined)."""
+    return Binary("shl", as_expr(a), as_expr(b))
+
+
+def shift_right(a: Any, b: Any) -> Expr:
+    """``a >> b`` of integers, logical: the bits of ``a`` (read as unsigned, so an int64
+    holding a uint64 shifts right) moved ``b`` places down, zeros in; 0 for a shift outside
+    ``[0, width)``."""
+    return Binary("shr", as_expr(a), as_expr(b))
+
+
+def shift_right_arithmetic(a: Any, b: Any) -> Expr:
+    """``a >> b`` of signed integers: the sign fills in from the top (``~(~a >> b)`` for a
+    negative ``a``, logical shifts both); a shift outside ``[0, width)`` gives the sign,
+    -1 or 0."""
+    a, b = as_expr(a), as_expr(b)
+    return where(a < 0, bitwise_not(shift_right(bitwise_not(a), b)), shift_right(a, b))
 
 
 def bitwise_not(x: Any) -> Expr:

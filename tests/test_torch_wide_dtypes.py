@@ -259,6 +259,22 @@ def test_bitwise_operators_on_integers_run_in_polyfuse():
     _compile_all(f, a, b, dtypes={"int32", "int64"})
 
 
+def test_shifts_of_integers_run_in_polyfuse():
+    """``<<`` and ``>>`` of int32 and int64 stayed in PyTorch; they are te shifts now: a left
+    shift wraps, a right shift is arithmetic, a count outside [0, width) gives 0 (right: the
+    sign), as torch."""
+    g = torch.Generator().manual_seed(11)
+    a = torch.randint(-2**31, 2**31 - 1, (4, 16), generator=g, dtype=torch.int32)
+    n = torch.randint(-3, 40, (16,), generator=g, dtype=torch.int32)
+    b = torch.randint(-2**62, 2**62, (16,), generator=g)
+    m = torch.randint(-3, 70, (16,), generator=g)
+
+    def f(a, n, b, m):
+        return a << n, a >> n, b << m, b >> m, a >> 3, torch.bitwise_left_shift(b, 5)
+
+    _compile_all(f, a, n, b, m, dtypes={"int32", "int64"}, exact=True)
+
+
 def test_products_and_running_products_run_in_polyfuse():
     """``prod`` and ``cumprod`` stayed in PyTorch (te had no product reduction): floats keep
     their dtype (16-bit accumulate in float32), integers and bools multiply in int64 unless

@@ -302,3 +302,31 @@ def _swiglu(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
             "shape (the operator does not broadcast)"
         )
     return [map_elementwise(ctx, ins[:2], lambda a, b: a * te.sigmoid(a * alpha) * b, "swiglu")]
+
+
+@register_op("BitShift")
+def _bit_shift(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """``x << y`` or ``x >> y`` of integers (``te.shift_left``/``shift_right``): a left shift
+    wraps at the declared type's width (uint8 1 << 8 is 0); a right shift is logical for
+    unsigned types and arithmetic for signed ones (``te.shift_right_arithmetic``); a
+    shift outside ``[0, width)`` gives 0 (a signed right shift: its sign, -1 or 0)."""
+    d = at.get("direction", b"")
+    d = d.decode() if isinstance(d, bytes) else str(d)
+    name = ctx.onnx_dtype(node.input[0], ins[0])
+    if d not in ("LEFT", "RIGHT") or np.dtype(name).kind not in "iu":
+        raise UnsupportedOpError(f"BitShift direction {d!r} of {name} (LEFT or RIGHT of integers)")
+    bits = np.iinfo(np.dtype(name)).bits
+    narrow = name in WIDENED_INTS and name != "uint64"
+    signed = np.dtype(name).kind == "i"
+
+    def f(x: Expr, y: Expr) -> Expr:
+        out = (y < 0) | (y >= bits)
+        if d == "LEFT":
+            v = te.shift_left(x, y)
+            v = wrap_int(v, name) if narrow else v
+            return te.where(out, te.const(0, x.dtype), v)
+        if not signed:
+            return te.where(out, te.const(0, x.dtype), te.shift_right(x, y))
+        return te.shift_right_arithmetic(x, y)
+
+    return [map_elementwise(ctx, ins[:2], f, "bitshift")]

@@ -40,7 +40,7 @@ SAME_BITS = frozenset(
     + ("ReduceSum", "CumSum", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
     + ("Concat", "Slice", "Split", "Pad", "Expand", "Tile", "Gather", "GatherND", "OneHot")
     + ("Dropout", "DepthToSpace", "SpaceToDepth", "Shape", "Size", "GatherElements", "Trilu")
-    + ("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
+    + ("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift")
 )
 
 

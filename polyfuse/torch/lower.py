@@ -527,6 +527,13 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.bitwise_xor.Tensor: typed.bitwise("xor"),
     aten.bitwise_xor.Scalar: typed.bitwise("xor"),
     aten.bitwise_not.default: typed.bitwise("not"),
+    **{
+        getattr(getattr(aten, name), overload): typed.shift(direction)
+        for name, direction in (("bitwise_left_shift", "left"), ("bitwise_right_shift", "right"),
+                                ("__lshift__", "left"), ("__rshift__", "right"))
+        for overload in ("Tensor", "Tensor_Scalar", "Scalar")
+        if hasattr(getattr(aten, name), overload)
+    },  # fmt: skip
     aten.neg.default: ops.neg,
     aten.exp.default: typed.float_math(ops.exp),
     aten.log.default: typed.float_math(ops.log),

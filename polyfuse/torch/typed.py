@@ -345,6 +345,18 @@ def bitwise(op: str) -> Callable[..., Tensor]:
     return lower
 
 
+def shift(direction: str) -> Callable[..., Tensor]:
+    """``aten.bitwise_left_shift`` / ``bitwise_right_shift`` (``<<``, ``>>``) of integers in
+    the promoted dtype: a left shift wraps, a right shift is arithmetic (torch's ints are
+    signed); a shift outside ``[0, width)`` gives 0 (right: the sign), as torch."""
+    fn = te.shift_left if direction == "left" else te.shift_right_arithmetic
+
+    def lower(a: Operand, b: Operand) -> Tensor:
+        return elementwise(f"shift_{direction}", fn, [a, b], _promoted(a, b))
+
+    return lower
+
+
 def relu(x: Tensor) -> Tensor:
     return elementwise("relu", lambda v, z: te.maximum(v, z), [x, 0], x.dtype)
 

@@ -194,7 +194,7 @@ class ValuePrinter(Visitor[str]):
             return f"pf_w_{e.op}<{C_TYPES[e.dtype]}>({a}, {b})"
         if e.op in _BITWISE:  # integers or bools (te checks)
             return f"({a} {_BITWISE[e.op]} {b})"
-        if e.op in ("tdiv", "tmod"):  # integers only (te checks)
+        if e.op in ("tdiv", "tmod", "shl", "shr"):  # integers only (te checks)
             t = C_TYPES[e.dtype]
             return f"pf_w_{e.op}<{t}>(({t}){a}, ({t}){b})"
         if e.op in ("floordiv", "mod") and not fl and e.dtype != "float64":

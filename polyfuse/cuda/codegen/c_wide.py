@@ -56,6 +56,21 @@ template <typename T> PF_INLINE T pf_w_tdiv(T a, T b) {
 template <typename T> PF_INLINE T pf_w_tmod(T a, T b) {
   return (b == 0 || b == T(-1)) ? T(0) : a % b;
 }
+// te.shift_left / shift_right (logical): through the unsigned type, 0 outside [0, width).
+template <typename T> PF_INLINE T pf_w_shl(T a, T b);
+template <typename T> PF_INLINE T pf_w_shr(T a, T b);
+template <> PF_INLINE int pf_w_shl<int>(int a, int b) {
+  return (b < 0 || b > 31) ? 0 : (int)((unsigned int)a << b);
+}
+template <> PF_INLINE long long pf_w_shl<long long>(long long a, long long b) {
+  return (b < 0 || b > 63) ? 0LL : (long long)((unsigned long long)a << b);
+}
+template <> PF_INLINE int pf_w_shr<int>(int a, int b) {
+  return (b < 0 || b > 31) ? 0 : (int)((unsigned int)a >> b);
+}
+template <> PF_INLINE long long pf_w_shr<long long>(long long a, long long b) {
+  return (b < 0 || b > 63) ? 0LL : (long long)((unsigned long long)a >> b);
+}
 PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 // a ** b of integers, wrapping like every integer product (numpy's); b < 0 truncates 1 / a**-b.
 template <typename T> PF_INLINE T pf_w_ipow(T a, T b) {
