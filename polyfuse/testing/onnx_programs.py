@@ -615,6 +615,50 @@ def _loss(op: str) -> Callable[[Draw], list[N] | None]:
     return step
 
 
+def _grid_sample(s: Draw) -> list[N] | None:
+    """``a`` as (1, 1, H, W) sampled at a drawn grid (multiples of 1/8 in [-1.25, 1.25])."""
+    if s.va.dtype not in (np.float32, np.float16):
+        return None
+    pre = [] if s.rank == 4 else _as_4d(s)
+    if pre is None:
+        return None
+    ho, wo = s.rng.randint(1, 5), s.rng.randint(1, 5)
+    n = s.va.shape[0] if s.rank == 4 else 1
+    g = np.array([s.rng.randint(-10, 10) / 8 for _ in range(n * ho * wo * 2)])
+    at = {"mode": s.choice(("linear", "nearest", "cubic")),
+          "padding_mode": s.choice(("zeros", "border", "reflection")),
+          "align_corners": s.choice((0, 1))}  # fmt: skip
+    grid = s.const(g.reshape(n, ho, wo, 2), s.va.dtype)
+    return [*pre, N("GridSample", [s.a if s.rank == 4 else "@0", grid], at)]
+
+
+def _lp_pool(s: Draw) -> list[N] | None:
+    """An LpPool (p = 1, 2 or 3) of ``a`` as (1, 1, H, W), without ceil mode or auto_pad."""
+    pre = [] if s.rank == 4 else _as_4d(s)
+    if pre is None or s.va.dtype.kind != "f":
+        return None
+    h, w = s.va.shape[2:] if s.rank == 4 else (s.va.size // s.va.shape[-1], s.va.shape[-1])
+    kh, kw = s.rng.randint(1, min(h, 3)), s.rng.randint(1, min(w, 3))
+    at = {"kernel_shape": [kh, kw], "p": s.choice((1, 2, 3)),
+          "strides": [s.rng.randint(1, 2), s.rng.randint(1, 2)]}  # fmt: skip
+    return [*pre, N("LpPool", [s.a if s.rank == 4 else "@0"], at)]
+
+
+def _dft(s: Draw) -> list[N] | None:
+    """A DFT of ``a`` (as real samples along a drawn axis), forward or inverse, one-sided
+    or not, at its length or another."""
+    if s.rank < 1 or s.va.dtype not in (np.float32, np.float64) or s.va.size > 4096:
+        return None
+    ax = s.rng.randrange(s.rank)
+    n = s.va.shape[ax]
+    length = s.choice((n, n, max(1, n - 2), n + 3))
+    inverse = s.choice((0, 1))
+    onesided = 0 if inverse else s.choice((0, 1))
+    pre = [N("Unsqueeze", [s.a, s.const([s.rank])])]
+    return [*pre, N("DFT", ["@0", s.const(length), s.const(ax)],
+                    {"inverse": inverse, "onesided": onesided})]  # fmt: skip
+
+
 #: Step templates: (name, kinds of operands, template). Kinds: "f" float, "i" integer,
 #: "b" bool, "n" float or integer, "x" any; a second letter is ``b``'s kind.
 STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
@@ -740,6 +784,9 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
     ("CastFloat8", "f", _cast_float8),
     ("NegativeLogLikelihoodLoss", "f", _loss("NegativeLogLikelihoodLoss")),
     ("SoftmaxCrossEntropyLoss", "f", _loss("SoftmaxCrossEntropyLoss")),
+    ("GridSample", "f", _grid_sample),
+    ("LpPool", "f", _lp_pool),
+    ("DFT", "f", _dft),
 )
 
 
