@@ -133,6 +133,19 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("max_pool_ceil", "f", "F.max_pool2d({a}.reshape(1, 1, -1, {last}), 3, 2, 1, ceil_mode=True)"),
     ("avg_pool_ceil", "f", "F.avg_pool2d({a}.reshape(1, 1, -1, {last}), 3, 2, 1, ceil_mode=True, "
                            "count_include_pad={k} > 2)"),
+    # grids of exact binary fractions (a 16-bit linspace rounds differently in eager's kernel
+    # and in its decomposition, and a sample amplifies that); sampled in float32 (eager's
+    # 16-bit bicubic computes in 16 bits, 0.18 off at bfloat16 where polyfuse is 0.003 off)
+    ("grid_sample", "f", "F.grid_sample({a}.float().reshape(1, 1, -1, {last}), "
+                         "(torch.arange(12.0) * 0.25 - 1.3125).reshape(1, 2, 3, 2), "
+                         "mode=('bilinear', 'nearest')[{k} - 1], "
+                         "padding_mode=('zeros', 'reflection')[{k} - 1], "
+                         "align_corners={k} == 2).to({a}.dtype)"),
+    ("grid_sample_cubic", "f", "F.grid_sample({a}.float().reshape(1, 1, -1, {last}), "
+                               "(1.3125 - torch.arange(8.0) * 0.3125).reshape(1, 2, 2, 2), "
+                               "mode='bicubic', padding_mode='border', "
+                               "align_corners={k} == 1).to({a}.dtype)"),
+    ("shifts", "ii", "({a} << ({b} % 5).abs()) + ({a} >> 2)"),
 )
 
 
