@@ -134,16 +134,17 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("avg_pool_ceil", "f", "F.avg_pool2d({a}.reshape(1, 1, -1, {last}), 3, 2, 1, ceil_mode=True, "
                            "count_include_pad={k} > 2)"),
     # grids of exact binary fractions (a 16-bit linspace rounds differently in eager's kernel
-    # and in its decomposition, and a sample amplifies that); sampled in float32 (eager's
-    # 16-bit bicubic computes in 16 bits, 0.18 off at bfloat16 where polyfuse is 0.003 off)
-    ("grid_sample", "f", "F.grid_sample({a}.float().reshape(1, 1, -1, {last}), "
-                         "(torch.arange(12.0) * 0.25 - 1.3125).reshape(1, 2, 3, 2), "
+    # and in its decomposition, and a sample amplifies that); 16-bit data sampled in float32
+    # (eager's 16-bit bicubic computes in 16 bits, 0.18 off at bfloat16 where polyfuse is
+    # 0.003 off), float64 in float64
+    ("grid_sample", "f", "F.grid_sample({a}.to(_wide({a})).reshape(1, 1, -1, {last}), "
+                         "(torch.arange(12.0) * 0.25 - 1.3125).to(_wide({a})).reshape(1, 2, 3, 2), "
                          "mode=('bilinear', 'nearest')[{k} - 1], "
                          "padding_mode=('zeros', 'reflection')[{k} - 1], "
                          "align_corners={k} == 2).to({a}.dtype)"),
-    ("grid_sample_cubic", "f", "F.grid_sample({a}.float().reshape(1, 1, -1, {last}), "
-                               "(1.3125 - torch.arange(8.0) * 0.3125).reshape(1, 2, 2, 2), "
-                               "mode='bicubic', padding_mode='border', "
+    ("grid_sample_cubic", "f", "F.grid_sample({a}.to(_wide({a})).reshape(1, 1, -1, {last}), "
+                               "(1.3125 - torch.arange(8.0) * 0.3125).to(_wide({a}))"
+                               ".reshape(1, 2, 2, 2), mode='bicubic', padding_mode='border', "
                                "align_corners={k} == 1).to({a}.dtype)"),
     ("shifts", "ii", "({a} << ({b} % 5).abs()) + ({a} >> 2)"),
 )
@@ -185,7 +186,9 @@ class TorchOutcome:
         return self.status != "pass"
 
 
-_HEADER = "import torch\nimport torch.nn.functional as F\n"
+#: ``_wide(t)``: the dtype a grid sample of ``t`` computes in (float32 for 16-bit data)
+_WIDE = "def _wide(t):\n    return torch.promote_types(t.dtype, torch.float32)\n"
+_HEADER = "import torch\nimport torch.nn.functional as F\n\n\n" + _WIDE
 
 
 def _kind(t: Any) -> str:
@@ -242,7 +245,7 @@ def draw(
     args = ", ".join(f"x{k}" for k in range(n_in))
     head = "def make_inputs():\n" + "\n".join(lines) + f"\n    return ({args},)\n"
     env: dict[str, Any] = {"torch": torch, "F": F}
-    exec(head, env)  # noqa: S102 - our own generated source
+    exec(_WIDE + head, env)  # noqa: S102 - our own generated source
     inputs = env["make_inputs"]()
     values: dict[str, Any] = {f"x{k}": t for k, t in enumerate(inputs)}
     body: list[str] = []
