@@ -1,8 +1,8 @@
 """ONNX operators of sequence models and caches: SwiGLU, ReverseSequence (lengths at run
 time), TensorScatter (a KV-cache write, linear and circular, positions at run time),
-CenterCropPad (crop and pad at once, odd differences) and CausalConvWithState (a depthwise
-causal convolution carrying its state), against ONNX's reference evaluator, compiled with
-NVRTC for sm_80 and sm_90 and rerun race-free."""
+CenterCropPad (crop and pad at once, odd differences), CausalConvWithState (a depthwise
+causal convolution carrying its state), DFT, STFT and Col2Im, against ONNX's reference
+evaluator, compiled with NVRTC for sm_80 and sm_90 and rerun race-free."""
 
 from __future__ import annotations
 
@@ -84,3 +84,35 @@ def test_dft_forward_inverse_padded_truncated_and_one_sided(
         consts["n"] = np.array(length, np.int64)
     node = helper.make_node("DFT", names, ["y"], inverse=inverse, onesided=onesided)
     _agrees([node], inputs, consts, opset=20)
+
+
+@pytest.mark.parametrize(("components", "onesided", "window"), [(1, 1, True), (1, 0, False),
+                                                                 (2, 0, True)])  # fmt: skip
+def test_stft_frames_windows_and_sides(components, onesided, window):
+    inputs = {"x": _x(2, 50, components)}
+    consts = {"step": np.array(7, np.int64), "n": np.array(12, np.int64)}
+    names = ["x", "step", "", "n"]
+    if window:
+        inputs["w"] = np.hanning(12).astype(np.float32)  # a run-time window
+        names[2] = "w"
+    node = helper.make_node("STFT", names, ["y"], onesided=onesided)
+    (y,) = _agrees([node], inputs, consts, opset=17)
+    assert y.shape == (2, 1 + (50 - 12) // 7, 7 if onesided else 12, 2)
+
+
+@pytest.mark.parametrize(
+    ("image", "block", "at"),
+    [([5, 6], [2, 3], {}), ([7, 8], [3, 2], {"strides": [2, 3], "pads": [1, 0, 2, 1]}),
+     ([9, 5], [2, 2], {"dilations": [3, 1], "strides": [1, 2]}),
+     ([3, 4, 5], [2, 1, 3], {"pads": [0, 1, 1, 1, 0, 1]})],  # fmt: skip
+)
+def test_col2im_strides_pads_dilations(image, block, at):
+    nd = len(image)
+    dil, st = at.get("dilations", [1] * nd), at.get("strides", [1] * nd)
+    pads = at.get("pads", [0] * 2 * nd)
+    pos = [(image[d] + pads[d] + pads[nd + d] - dil[d] * (block[d] - 1) - 1) // st[d] + 1
+           for d in range(nd)]  # fmt: skip
+    x = _x(2, 3 * int(np.prod(block)), int(np.prod(pos)))
+    node = helper.make_node("Col2Im", ["x", "i", "b"], ["y"], **at)
+    consts = {"i": np.array(image, np.int64), "b": np.array(block, np.int64)}
+    _agrees([node], {"x": x}, consts, opset=18)

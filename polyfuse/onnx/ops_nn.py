@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from polyfuse.onnx.common import (
     Ctx,
     Value,
     host_value,
+    ints_of,
     iota64,
     map_elementwise,
     reduce_op,
@@ -294,6 +296,30 @@ def _causal_conv_with_state(
 DFT_MAX_TABLE = 1 << 22
 
 
+def _twiddles(
+    ctx: Ctx, dtype: str, j_in: int, k_out: int, n: int, inverse: bool, real_out: bool
+) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of ``2 pi j k / n`` (j < ``j_in`` inputs, k < ``k_out`` outputs), made
+    on the host in float64: scaled by ``1/n`` for an inverse, doubled for the inner
+    frequencies of a Hermitian spectrum (``real_out``); constants of ``dtype``."""
+    if j_in * k_out > DFT_MAX_TABLE:
+        raise UnsupportedOpError(
+            f"a DFT of length {n}: its {j_in} x {k_out} twiddle table exceeds {DFT_MAX_TABLE} "
+            "entries (the transform is a sum against a table, not an FFT)"
+        )
+    jj, kk = np.arange(j_in)[:, None], np.arange(k_out)[None, :]
+    theta = 2.0 * np.pi * ((jj * kk) % n) / n
+    cos, sin = np.cos(theta), np.sin(theta)
+    if real_out:  # Hermitian: the inner frequencies stand for two
+        w = np.where((jj == 0) | ((n % 2 == 0) & (jj == n // 2)), 1.0, 2.0)
+        cos, sin = cos * w, sin * w
+    if inverse:
+        cos, sin = cos / n, sin / n
+    wide = np.float64 if dtype == "float64" else np.float32
+    like = dtype if dtype != "float64" else None
+    return ctx.tensor(cos.astype(wide), like=like), ctx.tensor(sin.astype(wide), like=like)
+
+
 @register_op("DFT")
 def _dft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     """The discrete Fourier transform along ``axis`` as sums against twiddle tables
@@ -325,22 +351,7 @@ def _dft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     real_out = inverse and onesided
     k_out = n if (inverse or not onesided) else n // 2 + 1
     j_in = min(m, n // 2 + 1) if real_out else min(m, n)
-    if j_in * k_out > DFT_MAX_TABLE:
-        raise UnsupportedOpError(
-            f"DFT of length {n}: its {j_in} x {k_out} twiddle table exceeds {DFT_MAX_TABLE} "
-            "entries (the transform is a sum against a table, not an FFT)"
-        )
-    jj, kk = np.arange(j_in)[:, None], np.arange(k_out)[None, :]
-    theta = 2.0 * np.pi * ((jj * kk) % n) / n
-    cos, sin = np.cos(theta), np.sin(theta)
-    if real_out:  # Hermitian: the inner frequencies stand for two
-        w = np.where((jj == 0) | ((n % 2 == 0) & (jj == n // 2)), 1.0, 2.0)
-        cos, sin = cos * w, sin * w
-    if inverse:
-        cos, sin = cos / n, sin / n
-    like = x.dtype if x.dtype != "float64" else None
-    c_t = ctx.tensor(cos.astype(np.float64 if x.dtype == "float64" else np.float32), like=like)
-    s_t = ctx.tensor(sin.astype(np.float64 if x.dtype == "float64" else np.float32), like=like)
+    c_t, s_t = _twiddles(ctx, x.dtype, j_in, k_out, n, inverse, real_out)
     cplx = x.shape[-1] == 2
     r = te.reduce_axis(j_in, name="rj")
     sign = 1.0 if inverse else -1.0  # e^{-i theta} forward, e^{+i theta} inverse
@@ -360,3 +371,86 @@ def _dft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     shape = list(x.shape)
     shape[axis], shape[-1] = k_out, 1 if real_out else 2
     return [ctx.compute(shape, body, "dft")]
+
+
+@register_op("STFT")
+def _stft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The short-time Fourier transform: frames of ``frame_length`` every ``frame_step``
+    samples, weighted by ``window`` (ones when absent), each a DFT against twiddle tables
+    (``onesided``: the first ``n // 2 + 1`` frequencies). (B, L, 1|2) -> (B, frames, K, 2)."""
+    x = ctx.tensor(ins[0])
+    step = int(np.asarray(host_value(ctx, node, ins[1], "frame_step")).reshape(-1)[0])
+    win = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    if len(ins) > 3 and ins[3] is not None:
+        n = int(np.asarray(host_value(ctx, node, ins[3], "frame_length")).reshape(-1)[0])
+    else:
+        n = win.shape[0] if win is not None else x.shape[1]
+    if x.ndim != 3 or x.shape[2] not in (1, 2) or step < 1 or n > x.shape[1]:
+        raise ExpressionError(
+            f"STFT: signal {x.shape} must be (B, L, 1|2) with frames of {n} <= L every "
+            f"{step} >= 1 samples"
+        )
+    if win is not None and win.shape != (n,):
+        raise ExpressionError(f"STFT: window {win.shape} is not one weight per sample ({n})")
+    onesided = bool(int(at.get("onesided", 1)))
+    k_out = n // 2 + 1 if onesided else n
+    frames = 1 + (x.shape[1] - n) // step
+    c_t, s_t = _twiddles(ctx, x.dtype, n, k_out, n, False, False)
+    r = te.reduce_axis(n, name="rj")
+    cplx = x.shape[2] == 2
+
+    def body(b: IterVar, f: IterVar, k: IterVar, part: IterVar) -> Expr:
+        t = f * step + r
+        w = win[r] if win is not None else None
+        xr = x[b, t, 0] if w is None else x[b, t, 0] * w
+        xi = (x[b, t, 1] if w is None else x[b, t, 1] * w) if cplx else None
+        c, s = c_t[r, k], s_t[r, k]
+        re = xr * c + xi * s if xi is not None else xr * c
+        im = (xi * c if xi is not None else 0.0) - xr * s
+        return te.sum(te.where(te.equal(part, 0), re, im), axis=r)
+
+    return [ctx.compute((x.shape[0], frames, k_out, 2), body, "stft")]
+
+
+@register_op("Col2Im")
+def _col2im(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
+    """The inverse of an unfold: each image element sums the columns' entries of the block
+    offsets that land on it (a gather with static block offsets: an offset lands where
+    ``pixel + pad - offset * dilation`` is a multiple of the stride inside the positions)."""
+    x = ctx.tensor(ins[0])
+    image = ints_of(host_value(ctx, node, ins[1], "image_shape"))
+    block = ints_of(host_value(ctx, node, ins[2], "block_shape"))
+    nd = len(image)
+    dil = [int(v) for v in at.get("dilations", [1] * nd)]
+    st = [int(v) for v in at.get("strides", [1] * nd)]
+    pads = [int(v) for v in at.get("pads", [0] * (2 * nd))]
+    lo, hi = pads[:nd], pads[nd:]
+    pos = [(image[d] + lo[d] + hi[d] - dil[d] * (block[d] - 1) - 1) // st[d] + 1 for d in range(nd)]
+    nb = math.prod(block)
+    if x.ndim != 3 or x.shape[1] % nb or x.shape[2] != math.prod(pos) or min(pos) < 1:
+        raise ExpressionError(
+            f"Col2Im: input {x.shape} must be (N, C*{nb}, {math.prod(pos)}) for image {image}, "
+            f"block {block}, pads {pads}, strides {st}, dilations {dil}"
+        )
+    chans = x.shape[1] // nb
+    blocks = list(itertools.product(*[range(b) for b in block]))
+
+    def body(n: IterVar, c: IterVar, *pix: IterVar) -> Expr:
+        total: Expr | None = None
+        for off, bo in enumerate(blocks):
+            conds, col = [], as_expr(0)
+            for d in range(nd):
+                t = pix[d] + (lo[d] - bo[d] * dil[d])
+                if st[d] > 1:
+                    conds.append(te.equal(t % st[d], 0))
+                conds += [t >= 0, t < pos[d] * st[d]]
+                col = col * pos[d] + (t // st[d] if st[d] > 1 else t)
+            ok = conds[0]
+            for cc in conds[1:]:
+                ok = ok & cc
+            v = te.where(ok, x[n, c * nb + off, col], 0.0)
+            total = v if total is None else total + v
+        assert total is not None
+        return total
+
+    return [ctx.compute((x.shape[0], chans, *image), body, "col2im")]
