@@ -33,6 +33,7 @@ from polyfuse import ops, te
 from polyfuse.errors import DtypeError, UnsupportedOpError
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
+from polyfuse.ops._common import op_name as fresh_name
 
 from . import reduce, typed
 from .typed import STORED_DTYPES, te_dtype
@@ -300,11 +301,39 @@ def _instance_stats_norm(x, weight, bias, training, momentum, eps):
     return (y, None, None)
 
 
-def _adaptive_avg_pool(x, output_size):
-    """``aten._adaptive_avg_pool2d`` where each output size divides its input size: an average
-    pool with equal windows (:func:`unsupported_reason` refuses uneven ones)."""
-    kh, kw = x.shape[-2] // output_size[0], x.shape[-1] // output_size[1]
-    return ops.avg_pool2d(x, (kh, kw), (kh, kw))
+def _adaptive_pool(kind: str) -> Callable[..., Tensor]:
+    """``aten._adaptive_avg_pool2d`` / ``adaptive_max_pool2d`` (its values): output ``i`` of
+    ``o`` along an axis of ``n`` covers ``[floor(i n / o), ceil((i + 1) n / o))``; windows of
+    different sizes are one reduction over the largest, guarded (quasi-affine bounds), an
+    average dividing by its own window's size."""
+
+    def lower(x: Tensor, output_size: Any) -> Any:
+        y = _adaptive(x, output_size)
+        return y if kind == "avg" else (y, None)  # max: its indices are not computed
+
+    def _adaptive(x: Tensor, output_size: Any) -> Tensor:
+        *lead, h, w = x.shape
+        oh, ow = (int(v) for v in output_size)
+        span = [max(-(-((i + 1) * n) // o) - (i * n) // o for i in range(o))
+                for n, o in ((h, oh), (w, ow))]  # fmt: skip
+        kh, kw = te.reduce_axis(span[0], name="ah"), te.reduce_axis(span[1], name="aw")
+
+        def bounds(i: Any, n: int, o: int) -> tuple[Any, Any]:
+            return (i * n) // o, ((i + 1) * n + o - 1) // o
+
+        def body(*idx: Any) -> Any:
+            *b, i, j = idx
+            (h0, h1), (w0, w1) = bounds(i, h, oh), bounds(j, w, ow)
+            inside = (h0 + kh < h1) & (w0 + kw < w1)
+            v = x[(*b, h0 + kh, w0 + kw)]
+            if kind == "max":
+                return te.max(te.where(inside, v, te.const(-math.inf, x.dtype)), axis=[kh, kw])
+            acc = te.sum(te.where(inside, v, 0.0), axis=[kh, kw])
+            return acc / te.cast((h1 - h0) * (w1 - w0), "float32")
+
+        return te.compute((*lead, oh, ow), body, name=fresh_name(f"adaptive_{kind}_pool", None))
+
+    return lower
 
 
 def _constant_pad(x, pad, value=0):
@@ -625,7 +654,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.repeat.default: _repeat,
     aten.gather.default: _gather,
     aten._native_batch_norm_legit.no_stats: _instance_stats_norm,
-    aten._adaptive_avg_pool2d.default: _adaptive_avg_pool,
+    aten._adaptive_avg_pool2d.default: _adaptive_pool("avg"),
+    aten.adaptive_max_pool2d.default: _adaptive_pool("max"),
     aten.any.default: reduce.any_all("max"),
     aten.any.dim: reduce.any_all("max"),
     aten.any.dims: reduce.any_all("max"),
@@ -668,6 +698,7 @@ _FIRST_OUTPUT_ONLY = {
     aten.native_group_norm.default,
     aten._native_batch_norm_legit_no_training.default,
     aten.max_pool2d_with_indices.default,
+    aten.adaptive_max_pool2d.default,
 }
 
 
@@ -731,10 +762,6 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
             if isinstance(v, torch.Tensor) and v.numel() == 0:
                 return _EMPTY
     args, kwargs = node.args, node.kwargs
-    if target is aten._adaptive_avg_pool2d.default:
-        *_, h, w = _vals(args[0])[0].shape
-        if h % args[1][0] or w % args[1][1]:
-            return "adaptive_avg_pool2d with windows of different sizes"
     why = typed.dtype_reason(node)
     if why is not None:
         return why
