@@ -49,6 +49,18 @@ def test_quantize_then_dequantize(to, mode):
     _agrees(nodes, {"x": x}, {"s": scale, "z": zp}, opset=21)
 
 
+def test_a_float16_scale_divides_in_float16():
+    """ONNX fuzz seed 14000: the quotient ``x / scale`` is in the scale's type when no
+    ``precision`` is given (the specification); a float16 one rounds before ``rint``. The
+    importer divided in float32, so quotients within a float16 rounding of a half landed on
+    the other integer (one quantization step off)."""
+    x = (np.random.default_rng(671914575).standard_normal((4, 7, 7, 5)) * 2).astype("float16")
+    consts = {"s": np.array(0.04998779296875, np.float16), "z": np.array(3, np.uint8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]  # fmt: skip
+    _agrees(nodes[:1], {"x": x}, consts, exact=True, opset=20)
+
+
 @pytest.mark.parametrize("to", ["int4", "uint4", "int2"])
 def test_quantize_to_narrow_integers_saturates(to):
     x = (RNG.standard_normal((5, 6)) * 8).astype(np.float32)

@@ -8,8 +8,9 @@ the one that applies to each element, so nothing is replicated in memory.
 - ``DequantizeLinear``: ``(x - zero_point) * scale`` computed in float32, rounded to the
   scale's dtype (or ``output_dtype``).
 - ``QuantizeLinear`` to an integer type (8, 16, 4 and 2 bits, signed or not):
-  ``clip(rint(x / scale) + zero_point)`` to the type's range, halves to even, as the
-  specification says; the result is held as :func:`~polyfuse.onnx.common.storage_dtype` holds
+  ``clip(rint(x / scale) + zero_point)`` to the type's range, halves to even, the division in
+  ``precision`` or the scale's type (a float16 quotient rounded to float16 before ``rint``),
+  as the specification says; the result is held as :func:`~polyfuse.onnx.common.storage_dtype` holds
   that type. To float8 (``saturate`` as given) and float4: ``x / scale`` onto their grid
   (:mod:`~polyfuse.onnx.narrow_types`), held in float32.
 - The integer products (``MatMulInteger``, ``ConvInteger`` and the two ``QLinear`` forms)
@@ -131,14 +132,17 @@ def _quantize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     axis, block = int(at.get("axis", 1)), int(at.get("block_size", 0))
     scale = _per_element(ctx, ins[1], x.shape, axis, block, "y_scale")
     zp = _per_element(ctx, zp_in, x.shape, axis, block, "y_zero_point")
-    work = storage_dtype(_attr_dtype(at, "precision") or "float32")
-    if work not in ("float32", "float64"):
-        work = "float32"  # a 16-bit precision divides in float32 (rounded once)
+    # the division's precision: the attribute's, else the scale's type (the specification);
+    # a 16-bit quotient is the float32 one rounded to it
+    prec = storage_dtype(_attr_dtype(at, "precision") or ctx.onnx_dtype(node.input[1], ins[1]))
+    work = "float64" if prec == "float64" else "float32"
 
     sat = bool(int(at.get("saturate", 1)))
 
     def body(*i: IterVar) -> Expr:
         v = te.cast(x[i], work) / te.cast(scale(i), work)  # type: ignore[misc]
+        if prec in dtypes.HALF_DTYPES:
+            v = te.cast(te.cast(v, prec), work)
         if to in FLOAT_FORMATS:  # a float8 zero point is 0; float4's is added
             return round_to_float(v + zp(i) if zp is not None else v, to, sat)
         return _requantized(v, zp(i) if zp is not None else None, to)
