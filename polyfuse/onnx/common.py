@@ -47,6 +47,12 @@ def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def str_attr(at: dict[str, Any], name: str, default: str) -> str:
+    """A string attribute (ONNX stores bytes), or ``default`` where it is absent."""
+    v = at.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def ints_of(v: Any) -> list[int]:
     return [int(x) for x in np.asarray(v).reshape(-1)]
 
@@ -243,6 +249,11 @@ NODE_CHECKS: dict[str, Callable[[onnx.NodeProto], str | None]] = {}
 def node_label(node: onnx.NodeProto) -> str:
     """How errors name a node: its name, else ``<op>_<first output>``."""
     return node.name or f"{node.op_type}_{node.output[0] if node.output else ''}"
+
+
+def optional_input(ins: Sequence[Any], k: int) -> Any:
+    """Input ``k`` of a node, or None where it is omitted (absent, or named '')."""
+    return ins[k] if len(ins) > k and ins[k] is not None else None
 
 
 def register_op(*names: str) -> Callable[[Handler], Handler]:

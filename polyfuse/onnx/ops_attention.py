@@ -40,7 +40,7 @@ from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
-from polyfuse.onnx.common import Ctx, Value, register_op, storage_dtype
+from polyfuse.onnx.common import Ctx, Value, optional_input, register_op, storage_dtype, str_attr
 
 _Index = tuple[Expr, Expr, Expr, Expr]
 
@@ -140,10 +140,6 @@ def _heads(ctx: Ctx, x: Tensor, heads: int, what: str) -> Tensor:
     )
 
 
-def _optional(ins: list[Any], k: int) -> Any:
-    return ins[k] if len(ins) > k and ins[k] is not None else None
-
-
 def _int_attr(at: dict[str, Any], name: str, default: int) -> int:
     return int(at.get(name, default))
 
@@ -166,10 +162,10 @@ def _attention(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     q = _heads(ctx, q3, _int_attr(at, "q_num_heads", 0), "q")
     k = _heads(ctx, k3, _int_attr(at, "kv_num_heads", 0), "k")
     v = _heads(ctx, v3, _int_attr(at, "kv_num_heads", 0), "v")
-    past_k, past_v = _optional(ins, 4), _optional(ins, 5)
+    past_k, past_v = optional_input(ins, 4), optional_input(ins, 5)
     if (past_k is None) != (past_v is None):
         raise ExpressionError("Attention: past_key and past_value must be given together")
-    nonpad = _optional(ins, 6)
+    nonpad = optional_input(ins, 6)
     if nonpad is not None and past_k is not None:
         raise ExpressionError("Attention: nonpad_kv_seqlen cannot be combined with past_key")
     past = 0
@@ -189,7 +185,7 @@ def _attention(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     def kv_head(h: Expr) -> Expr:  # grouped-query: each key/value head serves `reps` heads
         return h // reps if reps > 1 else h
 
-    mask_in = _optional(ins, 3)
+    mask_in = optional_input(ins, 3)
     mask = None
     if mask_in is not None:
         given = ctx.tensor(mask_in, like=dt)
@@ -322,7 +318,7 @@ def _rotary(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     (``position_ids``, a run-time gather, or the caches' own ``(B, S)`` rows); halves or,
     with ``interleaved``, even/odd pairs; the remaining features pass through."""
     x, cos, sin = (ctx.tensor(v) for v in ins[:3])
-    pos = ctx.tensor(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+    pos = ctx.tensor(ins[3]) if optional_input(ins, 3) is not None else None
     if x.ndim == 4:
         nb, heads, seq, d = x.shape
     elif x.ndim == 3:
@@ -381,10 +377,9 @@ def _linear_attention(
     output rounded to the query's dtype, the final state to ``past_state``'s."""
     q3, k3, v3 = (ctx.tensor(x) for x in ins[:3])
     past, decay, beta = (
-        ctx.tensor(ins[j]) if _optional(ins, j) is not None else None for j in (3, 4, 5)
+        ctx.tensor(ins[j]) if optional_input(ins, j) is not None else None for j in (3, 4, 5)
     )
-    rule = at.get("update_rule", b"gated_delta")
-    rule = rule.decode() if isinstance(rule, bytes) else str(rule)
+    rule = str_attr(at, "update_rule", "gated_delta")
     hq, hkv = int(at.get("q_num_heads", 0)), int(at.get("kv_num_heads", 0))
     gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
     if (

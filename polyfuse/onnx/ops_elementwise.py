@@ -28,6 +28,7 @@ from polyfuse.onnx.common import (
     register_op,
     reshape_to,
     storage_dtype,
+    str_attr,
     wrap_int,
 )
 from polyfuse.onnx.intmath import int_div, int_mod
@@ -310,8 +311,7 @@ def _bit_shift(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any
     wraps at the declared type's width (uint8 1 << 8 is 0); a right shift is logical for
     unsigned types and arithmetic for signed ones (``te.shift_right_arithmetic``); a
     shift outside ``[0, width)`` gives 0 (a signed right shift: its sign, -1 or 0)."""
-    d = at.get("direction", b"")
-    d = d.decode() if isinstance(d, bytes) else str(d)
+    d = str_attr(at, "direction", "")
     name = ctx.onnx_dtype(node.input[0], ins[0])
     if d not in ("LEFT", "RIGHT") or np.dtype(name).kind not in "iu":
         raise UnsupportedOpError(f"BitShift direction {d!r} of {name} (LEFT or RIGHT of integers)")

@@ -26,9 +26,11 @@ from polyfuse.onnx.common import (
     host_value,
     iota64,
     lowest,
+    optional_input,
     register_op,
     reshape_to,
     storage_dtype,
+    str_attr,
 )
 
 
@@ -222,8 +224,7 @@ def _scatter(
     ``hit(p, r)`` names it (``update(p, r)`` reads one). ``reduction`` none: the last of them
     replaces the element (a max over ``r``, the update read at run time; ``guard`` keeps
     ``data`` where no update can reach); add/mul/max/min: all of them combine with it."""
-    how = at.get("reduction", b"none")
-    how = how.decode() if isinstance(how, bytes) else str(how)
+    how = str_attr(at, "reduction", "none")
     if how not in ("none", "add", "mul", "max", "min"):
         raise UnsupportedOpError(
             f"{node.op_type} '{node.name or node.output[0]}': reduction '{how}' is not "
@@ -370,10 +371,9 @@ def _tensor_scatter(
     ``write_indices[b]`` on (per batch, read at run time; ``mode="circular"`` wraps around
     the cache). As a gather: each cache slot reads the update step that lands on it, if any."""
     past, upd = ctx.tensor(ins[0]), ctx.tensor(ins[1])
-    w = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+    w = ctx.tensor(ins[2]) if optional_input(ins, 2) is not None else None
     ax = int(at.get("axis", -2)) % past.ndim
-    mode = at.get("mode", b"linear")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = str_attr(at, "mode", "linear")
     size, steps = past.shape[ax], upd.shape[ax]
     fits = all(
         (p == u) if d != ax else (u <= p)

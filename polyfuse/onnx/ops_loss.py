@@ -23,14 +23,22 @@ from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import Expr, IterVar
-from polyfuse.onnx.common import Ctx, Value, map_elementwise, reduce_op, register_op
+from polyfuse.onnx.common import (
+    Ctx,
+    Value,
+    map_elementwise,
+    optional_input,
+    reduce_op,
+    register_op,
+    str_attr,
+)
 from polyfuse.ops._common import narrow, wide
 
 
 @register_op("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
 def _loss(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x, target = ctx.tensor(ins[0]), ctx.tensor(ins[1])
-    weight = ctx.tensor(ins[2], like=x.dtype) if len(ins) > 2 and ins[2] is not None else None
+    weight = ctx.tensor(ins[2], like=x.dtype) if optional_input(ins, 2) is not None else None
     op = node.op_type
     if not dtypes.is_float(x.dtype):
         raise UnsupportedOpError(f"{op} of {x.dtype} scores (floating point only)")
@@ -45,8 +53,7 @@ def _loss(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
         raise ExpressionError(
             f"{op}: weight {weight.shape} must have one entry per class ({classes})"
         )
-    red = at.get("reduction", b"mean")
-    red = red.decode() if isinstance(red, bytes) else str(red)
+    red = str_attr(at, "reduction", "mean")
     if red not in ("none", "sum", "mean"):
         raise UnsupportedOpError(f"{op} reduction='{red}' (none, sum and mean are defined)")
     ignore = int(at["ignore_index"]) if "ignore_index" in at else None

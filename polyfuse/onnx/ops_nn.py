@@ -21,8 +21,10 @@ from polyfuse.onnx.common import (
     ints_of,
     iota64,
     map_elementwise,
+    optional_input,
     reduce_op,
     register_op,
+    str_attr,
 )
 
 
@@ -253,10 +255,9 @@ def _causal_conv_with_state(
     """A depthwise causal 1-D convolution over ``past_state`` (zeros when absent) followed by
     the input, optionally Swish-activated; also the new state (the last ``k - 1`` steps)."""
     x, w = ctx.tensor(ins[0]), ctx.tensor(ins[1])
-    bias = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
-    past = ctx.tensor(ins[3]) if len(ins) > 3 and ins[3] is not None else None
-    act = at.get("activation", b"none")
-    act = act.decode() if isinstance(act, bytes) else str(act)
+    bias = ctx.tensor(ins[2]) if optional_input(ins, 2) is not None else None
+    past = ctx.tensor(ins[3]) if optional_input(ins, 3) is not None else None
+    act = str_attr(at, "activation", "none")
     nb, ch, n = x.shape
     k = w.shape[2]
     if x.ndim != 3 or w.shape != (ch, 1, k) or act not in ("none", "silu", "swish"):
@@ -327,7 +328,7 @@ def _dft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
     (trailing 2) input, ``dft_length`` padding or truncating it, ``onesided`` halves,
     ``inverse`` (scaled by ``1/n``; one-sided: the real signal of a Hermitian spectrum)."""
     x = ctx.tensor(ins[0])
-    if len(ins) > 2 and ins[2] is not None:  # opset 20: the axis is an input
+    if optional_input(ins, 2) is not None:  # opset 20: the axis is an input
         axis = int(np.asarray(host_value(ctx, node, ins[2], "axis")).reshape(-1)[0])
     else:
         axis = int(at.get("axis", 1 if ctx.opset < 20 else -2))
@@ -344,7 +345,7 @@ def _dft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> 
             f"{'complex' if inverse else 'real'} input (it is {x.shape})"
         )
     m = x.shape[axis]
-    if len(ins) > 1 and ins[1] is not None:
+    if optional_input(ins, 1) is not None:
         n = int(np.asarray(host_value(ctx, node, ins[1], "dft_length")).reshape(-1)[0])
     else:
         n = 2 * (m - 1) if inverse and onesided else m
@@ -380,8 +381,8 @@ def _stft(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     (``onesided``: the first ``n // 2 + 1`` frequencies). (B, L, 1|2) -> (B, frames, K, 2)."""
     x = ctx.tensor(ins[0])
     step = int(np.asarray(host_value(ctx, node, ins[1], "frame_step")).reshape(-1)[0])
-    win = ctx.tensor(ins[2]) if len(ins) > 2 and ins[2] is not None else None
-    if len(ins) > 3 and ins[3] is not None:
+    win = ctx.tensor(ins[2]) if optional_input(ins, 2) is not None else None
+    if optional_input(ins, 3) is not None:
         n = int(np.asarray(host_value(ctx, node, ins[3], "frame_length")).reshape(-1)[0])
     else:
         n = win.shape[0] if win is not None else x.shape[1]

@@ -32,7 +32,7 @@ from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
-from polyfuse.onnx.common import Ctx, Value, register_op, storage_dtype
+from polyfuse.onnx.common import Ctx, Value, optional_input, register_op, storage_dtype
 from polyfuse.onnx.narrow_types import FLOAT_FORMATS, round_to_float
 from polyfuse.onnx.ops_nn import conv_node
 
@@ -83,7 +83,7 @@ def _attr_dtype(at: dict[str, Any], name: str) -> str | None:
 @register_op("DequantizeLinear")
 def _dequantize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    zp_in = ins[2] if len(ins) > 2 else None
+    zp_in = optional_input(ins, 2)
     axis, block = int(at.get("axis", 1)), int(at.get("block_size", 0))
     scale = _per_element(ctx, ins[1], x.shape, axis, block, "x_scale")
     zp = _per_element(ctx, zp_in, x.shape, axis, block, "x_zero_point")
@@ -127,7 +127,7 @@ def _quant_type(ctx: Ctx, node: onnx.NodeProto, k: int, at: dict[str, Any], defa
 @register_op("QuantizeLinear")
 def _quantize(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
     x = ctx.tensor(ins[0])
-    zp_in = ins[2] if len(ins) > 2 else None
+    zp_in = optional_input(ins, 2)
     to = _quant_type(ctx, node, 2, at, "uint8")
     axis, block = int(at.get("axis", 1)), int(at.get("block_size", 0))
     scale = _per_element(ctx, ins[1], x.shape, axis, block, "y_scale")
@@ -193,13 +193,9 @@ def _shifted(ctx: Ctx, v: Value, zp: Value | None, axis: int | None, what: str) 
 def _matmul_integer(
     ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 ) -> list[Value]:
-    a = _shifted(ctx, ins[0], _opt(ins, 2), -2 if np.ndim(ins[0]) >= 2 else -1, "a")
-    b = _shifted(ctx, ins[1], _opt(ins, 3), -1, "b")
+    a = _shifted(ctx, ins[0], optional_input(ins, 2), -2 if np.ndim(ins[0]) >= 2 else -1, "a")
+    b = _shifted(ctx, ins[1], optional_input(ins, 3), -1, "b")
     return [ops.matmul(a, b, name=ctx.fresh("matmul_int"))]
-
-
-def _opt(ins: list[Any], k: int) -> Any:
-    return ins[k] if len(ins) > k and ins[k] is not None else None
 
 
 def _requant_factor(ctx: Ctx, scales: list[Value], axes: list[int]) -> Reader:
@@ -245,8 +241,8 @@ def _conv_int(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
               x_at: tuple[int, int], w_at: tuple[int, int]) -> Tensor:  # fmt: skip
     """The int32 convolution of ``x - x_zero_point`` and ``w - w_zero_point`` (per output
     channel); padding reads the zero point, i.e. contributes 0."""
-    x = _shifted(ctx, ins[x_at[0]], _opt(ins, x_at[1]), 1, "x")
-    w = _shifted(ctx, ins[w_at[0]], _opt(ins, w_at[1]), 0, "w")
+    x = _shifted(ctx, ins[x_at[0]], optional_input(ins, x_at[1]), 1, "x")
+    w = _shifted(ctx, ins[w_at[0]], optional_input(ins, w_at[1]), 0, "w")
     return conv_node(ctx, x, w, None, at)
 
 
@@ -263,7 +259,7 @@ def _qlinear_conv(
 ) -> list[Value]:
     acc = _conv_int(ctx, node, ins, at, (0, 2), (3, 5))
     to = _quant_type(ctx, node, 7, at, ctx.onnx_dtype(node.input[0], ins[0]))
-    bias = ctx.tensor(ins[8]) if _opt(ins, 8) is not None else None
+    bias = ctx.tensor(ins[8]) if optional_input(ins, 8) is not None else None
     factor = _requant_factor(ctx, [ins[1], ins[4], ins[6]], [1, 1, 1])
     zp = _per_element(ctx, ins[7], acc.shape, 1, 0, "y_zero_point")
 

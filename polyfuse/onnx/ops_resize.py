@@ -20,6 +20,7 @@ from polyfuse.onnx.common import (
     host_value,
     ints_of,
     register_op,
+    str_attr,
 )
 from polyfuse.onnx.fold import fold_node
 
@@ -113,8 +114,7 @@ def _upsample(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     with the ``asymmetric`` coordinates it defines."""
     x = ctx.tensor(ins[0])
     scales = at.get("scales") if len(ins) < 2 else host_value(ctx, node, ins[1], "scales")
-    mode = at.get("mode", b"nearest")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = str_attr(at, "mode", "nearest")
     resize = helper.make_node(
         "Resize", ["x", "", "scales"], [node.output[0]], name=node.name, mode=mode,
         coordinate_transformation_mode="asymmetric", nearest_mode="floor",
@@ -169,8 +169,7 @@ def _grid_sample(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, A
     mode = at.get("mode", b"linear" if ctx.opset >= 20 else b"bilinear")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
-    pad = at.get("padding_mode", b"zeros")
-    pad = pad.decode() if isinstance(pad, bytes) else str(pad)
+    pad = str_attr(at, "padding_mode", "zeros")
     x, grid = ctx.tensor(ins[0]), ctx.tensor(ins[1])
     align = bool(int(at.get("align_corners", 0)))
     return [ops.grid_sample(x, grid, mode, pad, align, name=ctx.fresh("grid_sample"))]
