@@ -14,21 +14,21 @@ How a compute is evaluated
     :class:`~polyfuse.errors.ExpressionError` (the graph is wrong).
 
 Precision (``precision="storage"``, the default)
-    Every dtype of :mod:`polyfuse.graph.dtypes` is computed faithfully to its storage.
-    Arithmetic inside one compute body is done in float64 (float values) or int64 (integer
-    values), at least as precise as any kernel, except that int32 arithmetic wraps at every
-    operation (two's complement, as numpy's int32 and the kernels: ``a * b // 3`` of int32
-    ``a``, ``b`` divides the wrapped product); every tensor (inputs and each compute's
-    result) is rounded to its dtype before the next compute reads it, so a float16 compute
-    loses what float16 storage loses (``ml_dtypes`` gives bfloat16), an int32 one wraps. An
-    explicit ``te.cast`` rounds the same way. A reduction accumulates in its accumulator's
-    dtype (``Reduce.accumulate_dtype``): a float32 or float64 accumulator is computed in
-    float64, a half-precision one (``accumulate="float16"``) adds the values one by one in
-    the reduction order, rounding the running sum to float16 after each step, as a serial
-    loop would. A float constant is its value in its dtype (a float32 ``1e39`` is inf, ``1e-50``
-    is 0), as in the kernel. Results are numpy arrays of each output's dtype (float32 arrays
-    for float32 tensors). Integer expressions (loop variables, subscripts,
-    ``te.cast(..., "int32")``) follow Python: ``/`` is true division (a float even for ints),
+    Every dtype of :mod:`polyfuse.graph.dtypes` is computed faithfully to its storage. Arithmetic
+    inside one compute body is done in float64 (float values) or int64 (integer values), at least as
+    precise as any kernel, except that int32, int16, int8 and uint8 arithmetic wraps at every
+    operation (two's complement, as numpy's integers and the kernels: ``a * b // 3`` of int32 ``a``,
+    ``b`` divides the wrapped product); every tensor (inputs and each compute's result) is rounded
+    to its dtype before the next compute reads it, so a float16 compute loses what float16 storage
+    loses (``ml_dtypes`` gives bfloat16), an int32 one wraps. An explicit ``te.cast`` rounds the
+    same way. A reduction accumulates in its accumulator's dtype (``Reduce.accumulate_dtype``): a
+    float32 or float64 accumulator is computed in float64, a half-precision one
+    (``accumulate="float16"``) adds the values one by one in the reduction order, rounding the
+    running sum to float16 after each step, as a serial loop would. A float constant is its value in
+    its dtype (a float32 ``1e39`` is inf, ``1e-50`` is 0), as in the kernel. Results are numpy
+    arrays of each output's dtype (float32 arrays for float32 tensors). Integer expressions (loop
+    variables, subscripts, ``te.cast(..., "int32")``) follow Python: ``/`` is true division (a float
+    even for ints),
     ``//`` and ``%`` are floor division and its remainder (isl's ``floor`` and ``mod`` for a
     positive divisor); a cast to int truncates. ``te.maximum``/``te.minimum`` propagate NaN
     like numpy.
@@ -370,11 +370,11 @@ class _Body(ex.ExprVisitor[Any]):
         return self._read(e, mask)
 
     def visit_Unary(self, e: ex.Unary, mask: Any) -> Any:
-        return self._operation(_wrap32(_unary(e.op, self.eval(e.a, mask)), e.dtype), e.dtype)
+        return self._operation(_wrap(_unary(e.op, self.eval(e.a, mask)), e.dtype), e.dtype)
 
     def visit_Binary(self, e: ex.Binary, mask: Any) -> Any:
         value = _binary(e.op, self.eval(e.a, mask), self.eval(e.b, mask), e.dtype)
-        return self._operation(_wrap32(value, e.dtype), e.dtype)
+        return self._operation(_wrap(value, e.dtype), e.dtype)
 
     def _operation(self, value: Any, dtype: str) -> Any:
         """``value`` rounded to float32 where ``precision="operation"`` and ``dtype`` is
@@ -504,12 +504,17 @@ def _unary(op: str, a: Any) -> Any:
     raise ExpressionError(f"reference: unknown unary op '{op}'")
 
 
-def _wrap32(v: Any, dtype: str) -> Any:
-    """An int32 operation's result wrapped to 32 bits (two's complement, as numpy's int32
-    and the GPU's integer units), held in int64 like every integer value here."""
-    if dtype != "int32" or not _is_int(v):
+def _wrap(v: Any, dtype: str) -> Any:
+    """An int32, int16, int8 or uint8 operation's result wrapped to its width (two's
+    complement, as numpy's and torch's integers and the kernels), held in int64 like every
+    integer value here."""
+    if dtype not in _WRAPPED or not _is_int(v):
         return v
-    return np.asarray(v).astype(np.int32).astype(np.int64)
+    return np.asarray(v).astype(dt.numpy_dtype(dtype)).astype(np.int64)
+
+
+#: integer dtypes narrower than the int64 integers are held in
+_WRAPPED = ("int32", *dt.NARROW_INTS)
 
 
 def _is_int(v: Any) -> bool:
@@ -550,7 +555,7 @@ def _shift(op: str, a: Any, b: Any, dtype: str) -> np.ndarray:
     """``te.shift_left``/``shift_right`` of integers held as int64: on the unsigned bits of
     ``dtype``'s width (a logical right shift), 0 for a shift outside ``[0, width)``; the
     result read back as ``dtype`` (two's complement)."""
-    bits = 32 if dtype in ("int32", "bool") else 64
+    bits = 32 if dtype == "bool" else 8 * dt.DTYPES[dtype].itemsize
     mask = np.uint64((1 << bits) - 1)
     a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
     u = a.astype(np.uint64) & mask
@@ -558,8 +563,9 @@ def _shift(op: str, a: Any, b: Any, dtype: str) -> np.ndarray:
     s = np.where(ok, b, 0).astype(np.uint64)
     r = ((u << s) if op == "shl" else (u >> s)) & mask
     r = np.where(ok, r, np.uint64(0))
-    signed = r.astype(np.int64) if bits == 64 else r.astype(np.uint32).view(np.int32)
-    return signed.astype(np.int64)
+    if dtype == "bool":
+        return r.astype(np.uint32).view(np.int32).astype(np.int64)
+    return r.astype(np.int64).astype(dt.numpy_dtype(dtype)).astype(np.int64)
 
 
 def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:

@@ -542,7 +542,27 @@ class _BodyCheck(ExprVisitor[None]):
                 f"{e.a.dtype}"
             )
 
+    def _narrow_literal(self, e: Binary | Compare | Select) -> None:
+        """A Python int beside a uint8/int8/int16 value takes its dtype: it must fit it."""
+        for c, other in ((e.a, e.b), (e.b, e.a)):
+            if not (isinstance(c, Const) and c.weak and dt.is_int(c.dtype)):
+                continue
+            if other.dtype in dt.NARROW_INTS:
+                lim = np.iinfo(dt.numpy_dtype(other.dtype))
+                if not lim.min <= c.value <= lim.max:
+                    raise ExpressionError(
+                        f"compute '{self.name}': {c.value} does not fit {other.dtype} (beside "
+                        f"{other!r}); cast that operand to a wider dtype first"
+                    )
+
+    def visit_Compare(self, e: Compare) -> None:
+        self._narrow_literal(e)
+
+    def visit_Select(self, e: Select) -> None:
+        self._narrow_literal(e)
+
     def visit_Binary(self, e: Binary) -> None:
+        self._narrow_literal(e)
         if e.op in BITWISE and dt.is_float(e.dtype):
             raise ExpressionError(
                 f"compute '{self.name}': te.{BITWISE[e.op]} takes integer or bool operands, "

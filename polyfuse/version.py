@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # one shared tile per access of a GEMM operand; 12: native 16-bit pair arithmetic, one typed
 # lane-combine prelude, tensor-core tiles and conv fill orders from their models, gathered fills
 # by cp.async; 13: a reduction isl skews keeps its original loop order or is split; 14: split
-# partials read the identity in the body's dtype, a product reduction in the prelude), so kernels
+# partials read the identity in the body's dtype, a product reduction in the prelude; 15: uint8,
+# int8 and int16 stored in their width, shifts through one unsigned-type template), so kernels
 # and schedules cached by an older compiler miss.
-CODEGEN_REVISION = 14
+CODEGEN_REVISION = 15

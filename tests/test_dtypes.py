@@ -17,18 +17,22 @@ from polyfuse.errors import DtypeError, ExpressionError, UnsupportedDtypeError
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Cast, Const, Reduce
 
-ALL = ["bool", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+ALL = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+       "float64"]  # fmt: skip
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 
 #: The promotion table, written out independently of graph/dtypes.py (rows × columns of ALL).
 TABLE = """
-bool      int32     int64     float16   bfloat16  float32   float64
-int32     int32     int64     float16   bfloat16  float32   float64
-int64     int64     int64     float16   bfloat16  float32   float64
-float16   float16   float16   float16   float32   float32   float64
-bfloat16  bfloat16  bfloat16  float32   bfloat16  float32   float64
-float32   float32   float32   float32   float32   float32   float64
-float64   float64   float64   float64   float64   float64   float64
+bool      uint8     int8      int16     int32     int64     float16   bfloat16  float32   float64
+uint8     uint8     int16     int16     int32     int64     float16   bfloat16  float32   float64
+int8      int16     int8      int16     int32     int64     float16   bfloat16  float32   float64
+int16     int16     int16     int16     int32     int64     float16   bfloat16  float32   float64
+int32     int32     int32     int32     int32     int64     float16   bfloat16  float32   float64
+int64     int64     int64     int64     int64     int64     float16   bfloat16  float32   float64
+float16   float16   float16   float16   float16   float16   float16   float32   float32   float64
+bfloat16  bfloat16  bfloat16  bfloat16  bfloat16  bfloat16  float32   bfloat16  float32   float64
+float32   float32   float32   float32   float32   float32   float32   float32   float32   float64
+float64   float64   float64   float64   float64   float64   float64   float64   float64   float64
 """
 
 
@@ -69,8 +73,11 @@ def test_promotion_table_matches_torch():
 def test_the_docstring_table_is_the_rule():
     """graph/dtypes.py's docstring table (what the README copies) is what promote computes."""
     doc = dt.__doc__ or ""
+    legend = dict(re.findall(r"(\w+) = (\w+)", doc.split("(u8 = ")[1].split(")")[0]))
+    legend = {"u8": "uint8", "bool": "bool", **legend}
     lines = [ln.split("|") for ln in doc.splitlines() if "|" in ln and "promote" not in ln]
-    rows = {ln[0].strip(): ln[1].split() for ln in lines if ln[0].strip() in ALL}
+    lines = [[legend.get(w, w) for w in (ln[0].strip(), *ln[1].split())] for ln in lines]
+    rows = {ln[0]: ln[1:] for ln in lines if ln[0] in ALL}
     assert set(rows) == set(ALL)
     for a in ALL:
         assert rows[a] == [dt.promote(a, b) for b in ALL], a
@@ -111,6 +118,9 @@ def test_cast_every_dtype_and_its_values():
             want = vals != 0
         elif dtype in ("int32", "int64"):
             want = np.trunc(vals).astype(dtype)  # toward zero
+        elif dtype in dt.NARROW_INTS:  # toward zero, saturated (70000)
+            info = np.iinfo(dtype)
+            want = np.clip(np.trunc(vals), info.min, info.max).astype(dtype)
         else:
             with np.errstate(over="ignore"):  # 70000 is inf in float16
                 want = vals.astype(dt.numpy_dtype(dtype))  # round to nearest even
@@ -246,7 +256,7 @@ def test_numpy_dtypes_accepted():
     assert te.placeholder((2,), np.float16).dtype == "float16"
     assert te.placeholder((2,), ml_dtypes.bfloat16).dtype == "bfloat16"
     assert dt.info("bfloat16").itemsize == 2 and dt.numpy_dtype("bfloat16") == ml_dtypes.bfloat16
-    assert [dt.info(d).itemsize for d in ALL] == [1, 4, 8, 2, 2, 4, 8]
+    assert [dt.info(d).itemsize for d in ALL] == [1, 1, 1, 2, 4, 8, 2, 2, 4, 8]
 
 
 # --------------------------------------------------------------------------- reference per dtype

@@ -136,3 +136,32 @@ def test_quantize_to_float8e8m0_is_a_one_line_refusal():
         prepare(model, "CPU")
     assert "QuantizeLinear to float8_e8m0fnu is not supported" in str(e.value)
     assert "q8" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_int8_and_uint8_tensors_move_one_byte_each_and_wrap_as_onnx():
+    """uint8/int8/int16 run in their own dtype (they were held in int32: four bytes moved per
+    byte of a quantized weight): the kernel's parameters are ``unsigned char``/``signed
+    char``/``short``, int8 arithmetic wraps as ONNX's, and MatMulInteger still sums in
+    int32, exactly."""
+    a, w = _ints("uint8", (6, 40)), _ints("int8", (40, 9))
+    s = _ints("int16", (6, 9))
+    consts = {"az": np.array(128, np.uint8)}
+    mm = [helper.make_node("MatMulInteger", ["a", "w", "az"], ["acc"]),
+          helper.make_node("Cast", ["acc"], ["c8"], to=onnx.TensorProto.INT8)]  # fmt: skip
+    (c8,) = _agrees(mm, {"a": a, "w": w}, consts, exact=True, opset=21)
+    acc = (a.astype(np.int32) - 128) @ w.astype(np.int32)
+    assert np.abs(acc).max() > 127  # the cast keeps the low 8 bits
+    np.testing.assert_array_equal(c8, acc.astype(np.int8))
+    src = prepare(_nodes_model(mm, {"a": a, "w": w}, consts, 21), "CPU").fn.cuda_source
+    assert "const unsigned char* __restrict__ a" in src
+    assert "const signed char* __restrict__ w" in src
+    add = [helper.make_node("Add", ["w", "w"], ["ww"])]
+    (ww,) = _agrees(add, {"w": w}, exact=True, opset=21)
+    mul = [helper.make_node("Mul", ["s", "s"], ["ss"])]
+    (ss,) = _agrees(mul, {"s": s}, exact=True, opset=21)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(ww, w + w)  # int8: wraps at 8 bits
+        np.testing.assert_array_equal(ss, s * s)  # int16: wraps at 16 bits
+    assert ww.dtype == np.int8 and ss.dtype == np.int16
+    src = prepare(_nodes_model(mul, {"s": s}, {}, 21), "CPU").fn.cuda_source
+    assert "const short* __restrict__ s" in src

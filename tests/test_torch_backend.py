@@ -738,24 +738,25 @@ def test_parse_options_values():
 # ------------------------------------------------------------------------ coverage warning
 
 
-class Int16Ops(nn.Module):
+class ComplexOps(nn.Module):
     def forward(self, x):
         return (x * 3 + 1).abs()
 
 
 def test_coverage_warning_dtype_polyfuse_lacks(caplog):
-    # int16 stays in PyTorch (polyfuse has no int16; float64, int32/int64 and bool compile:
-    # tests/test_torch_wide_dtypes.py): said at WARNING, twice over — the operators left for
-    # their dtype, and the coverage
-    x = torch.arange(-12, 12, dtype=torch.int16).reshape(3, 8)
+    # complex64 stays in PyTorch (polyfuse has no complex type; the float, integer and bool
+    # dtypes compile: tests/test_torch_wide_dtypes.py, tests/test_narrow_ints.py): said at
+    # WARNING, twice over — the operators left for their dtype, and the coverage
+    x = torch.arange(-12, 12).reshape(3, 8).to(torch.complex64)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
-        got = torch.compile(Int16Ops(), backend="polyfuse")(x)
-    assert torch.equal(got, Int16Ops()(x))  # runs eagerly: the same numbers
+        got = torch.compile(ComplexOps(), backend="polyfuse")(x)
+    assert torch.equal(got, ComplexOps()(x))  # runs eagerly: the same numbers
     dtype_msg, msg = polyfuse_warnings(caplog)
     assert "stay in PyTorch for their dtype" in dtype_msg
     assert "has no polyfuse region" in msg
     reason = (
-        "dtype int16 (polyfuse stores float16, bfloat16, float32, float64, int32, int64 and bool)"
+        "dtype complex64 (polyfuse stores float32, float16, bfloat16, float64, uint8, int8, "
+        "int16, int32, int64, bool)"
     )
     assert f"{reason} (3 nodes)" in msg
     assert last_compiled().polyfuse_regions == []

@@ -142,7 +142,7 @@ def test_mixed_precision_conversions_compile():
 
 def test_float64_compiles_and_only_a_dtype_polyfuse_lacks_stays_in_pytorch(caplog):
     # float64 regions compile (tests/test_torch_wide_dtypes.py has the int and bool ones);
-    # a dtype polyfuse has no type for (int16) stays in PyTorch, said at WARNING and counted
+    # a dtype polyfuse has no type for (complex64) stays in PyTorch, said at WARNING and counted
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).double().eval()
     x = torch.randn(3, 8).double()
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
@@ -154,11 +154,12 @@ def test_float64_compiles_and_only_a_dtype_polyfuse_lacks_stays_in_pytorch(caplo
     assert report["eager_for_dtype"] == {} and report["eager"] == {}
     assert report["polyfuse"]["aten.addmm.default"] == 2
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    v = torch.arange(6, dtype=torch.int16)
+    v = torch.ones(6, dtype=torch.complex64)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
         torch.compile(lambda t: t * 2 + 1, backend="polyfuse")(v)
     reason = (
-        "dtype int16 (polyfuse stores float16, bfloat16, float32, float64, int32, int64 and bool)"
+        "dtype complex64 (polyfuse stores float32, float16, bfloat16, float64, uint8, int8, "
+        "int16, int32, int64, bool)"
     )
     assert last_compiled().polyfuse_report["eager_for_dtype"] == {
         f"aten.mul.Tensor ({reason})": 1,

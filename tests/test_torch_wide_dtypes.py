@@ -426,12 +426,13 @@ def test_integer_division_by_a_constant_zero_stays_in_pytorch_and_raises_there(c
 
 
 def test_dtypes_polyfuse_lacks_stay_in_pytorch_with_a_warning(caplog):
-    x = torch.arange(-6, 6, dtype=torch.int16).reshape(3, 4)
+    x = torch.arange(-6, 6).reshape(3, 4).to(torch.complex64)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="polyfuse.torch"):
         got = torch.compile(lambda v: (v * 3 + 1).abs(), backend="polyfuse")(x)
     assert torch.equal(got, (x * 3 + 1).abs())
     reason = (
-        "dtype int16 (polyfuse stores float16, bfloat16, float32, float64, int32, int64 and bool)"
+        "dtype complex64 (polyfuse stores float32, float16, bfloat16, float64, uint8, int8, "
+        "int16, int32, int64, bool)"
     )
     report = last_compiled().polyfuse_report
     assert report["eager_for_dtype"] == {
@@ -656,3 +657,25 @@ def test_binary_operators_agree_with_eager_for_every_dtype_pair(name):
     ]
     bad += [_agrees(lambda a, s=s: fn(a, s), _sample(d)) for d in ALL for s in (2, 0.5, True)]
     assert [b for b in bad if b] == []
+
+
+def test_uint8_int8_int16_regions_compile_and_wrap_as_torch():
+    # they stayed in PyTorch ("dtype uint8 (polyfuse stores ...)"); now each operator runs in
+    # polyfuse with torch's dtypes and values: arithmetic wraps at the width, a Python number
+    # is wrapped into the type (x_u8 > -3 compares with 253; where(..., -1) fills 255), any/all
+    # of uint8 are uint8, sums count in int64, an image's bytes normalise to float32
+    g = torch.Generator().manual_seed(3)
+    img = torch.randint(0, 256, (2, 3, 9, 11), generator=g, dtype=torch.uint8)
+    q = torch.randint(-128, 128, (2, 3, 9, 11), generator=g, dtype=torch.int8)
+    m = torch.randint(-32768, 32767, (2, 3, 9, 11), generator=g, dtype=torch.int16)
+    img.view(-1)[:3] = torch.tensor([0, 255, 128], dtype=torch.uint8)
+
+    def f(img, q, m):
+        x = img.float() / 255.0 - 0.5
+        y = (q * 3 + 1) >> 1
+        z = (q.to(torch.int16) * q) - m + (img // 3)
+        fills = (torch.where(img > 3, img, -1), img > -3, img - 300, torch.clamp(img, -3, 5))
+        flags = (img.any(), (img > 100).all(1), img.all(-1), q.abs() + (-q), m.sum(dim=-1))
+        return (x, y, z, *fills, *flags, torch.maximum(img, 100 - img), img.max(dim=1).values)
+
+    _compile_all(f, img, q, m, dtypes=("uint8", "int8", "int16"), exact=True)

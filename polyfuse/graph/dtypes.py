@@ -5,17 +5,24 @@ Every tensor (placeholder, compute, constant) and every expression node has one 
 
 Promotion of two operands (``+ - * max min pow``, ``where``'s branches) follows PyTorch:
 categories rank bool < integer < floating; a higher category wins, and within a category the
-wider dtype wins. float16 with bfloat16 gives float32 (neither holds the other)::
+wider dtype wins. float16 with bfloat16 gives float32 and uint8 with int8 gives int16 (neither
+holds the other)::
 
-    promote   | bool      int32     int64     float16   bfloat16  float32   float64
-    ----------+-----------------------------------------------------------------------
-    bool      | bool      int32     int64     float16   bfloat16  float32   float64
-    int32     | int32     int32     int64     float16   bfloat16  float32   float64
-    int64     | int64     int64     int64     float16   bfloat16  float32   float64
-    float16   | float16   float16   float16   float16   float32   float32   float64
-    bfloat16  | bfloat16  bfloat16  bfloat16  float32   bfloat16  float32   float64
-    float32   | float32   float32   float32   float32   float32   float32   float64
-    float64   | float64   float64   float64   float64   float64   float64   float64
+    promote | bool  u8    i8    i16   i32   i64   f16   bf16  f32   f64
+    --------+------------------------------------------------------------
+    bool    | bool  u8    i8    i16   i32   i64   f16   bf16  f32   f64
+    u8      | u8    u8    i16   i16   i32   i64   f16   bf16  f32   f64
+    i8      | i8    i16   i8    i16   i32   i64   f16   bf16  f32   f64
+    i16     | i16   i16   i16   i16   i32   i64   f16   bf16  f32   f64
+    i32     | i32   i32   i32   i32   i32   i64   f16   bf16  f32   f64
+    i64     | i64   i64   i64   i64   i64   i64   f16   bf16  f32   f64
+    f16     | f16   f16   f16   f16   f16   f16   f16   f32   f32   f64
+    bf16    | bf16  bf16  bf16  bf16  bf16  bf16  f32   bf16  f32   f64
+    f32     | f32   f32   f32   f32   f32   f32   f32   f32   f32   f64
+    f64     | f64   f64   f64   f64   f64   f64   f64   f64   f64   f64
+
+(u8 = uint8, i8 = int8, i16 = int16, i32 = int32, i64 = int64, f16 = float16,
+bf16 = bfloat16, f32 = float32, f64 = float64.)
 
 (numpy differs in one corner: int32 with float16 is float64 there; here, as in torch, the
 float operand's dtype wins.)
@@ -23,7 +30,9 @@ float operand's dtype wins.)
 Python numbers are *weak*: beside a tensor value of the same or a higher category they take
 that value's dtype (``x_f16 * 2.5`` is float16, ``i + 1`` stays int32); beside a lower category
 they take the default dtype of their own category, float32 or int32 (``i * 0.5`` is float32).
-An int literal that does not fit int32 is int64.
+An int literal that does not fit int32 is int64. Beside a uint8, int8 or int16 value an int
+keeps that dtype (``x_u8 + 1`` is uint8) and must fit it (``te.compute`` refuses ``x_u8 + 300``,
+as torch does).
 
 Division: ``/`` is true division; of two integer or bool operands it gives float32, otherwise
 the promoted float dtype. ``//`` and ``%`` floor (Python, numpy, ``torch.floor_divide`` and
@@ -32,13 +41,17 @@ sign. Integer ``//`` and ``%`` need a nonzero constant divisor (``te.compute`` c
 ``te.truncdiv``/``te.truncmod`` take any integer divisor and round toward zero (C's ``/`` and
 ``%``), 0 by zero and ``INT_MIN / -1`` wrapping.
 
-Integer overflow: int32 arithmetic wraps in two's complement at every operation (numpy's
-int32, CUDA's integer units); kernels and :func:`polyfuse.reference.evaluate` agree.
+Integer overflow: integer arithmetic wraps in two's complement at every operation (numpy's
+and torch's integers, CUDA's integer units); kernels compute uint8, int8 and int16 in C's
+``int`` and wrap the result of each operation to its width; kernels and
+:func:`polyfuse.reference.evaluate` agree.
 
 Comparisons, ``te.isnan``/``isinf`` and ``&``/``|`` give bool. ``te.cast(x, dtype)`` converts
-explicitly: to an integer it truncates toward zero, to bool it tests ``!= 0``, to a float it
-rounds to nearest even. Unary math (``exp``, ``tanh``, …) keeps a float operand's dtype and
-gives float32 for an integer or bool one; ``-x`` and ``abs`` keep the dtype.
+explicitly: to an integer it truncates toward zero (a float out of the integer's range
+saturates, NaN gives 0; an integer wraps to the narrower width), to bool it tests ``!= 0``,
+to a float it rounds to nearest even. Unary math (``exp``, ``tanh``, …) keeps a float
+operand's dtype and gives float32 for an integer or bool one; ``-x`` and ``abs`` keep the
+dtype.
 
 Reductions (``te.sum``/``max``/``min``) give the body's dtype (the sum of bools is int32) and
 *accumulate* in :func:`accumulate_dtype`: float32 for float16 and bfloat16 bodies (so a
@@ -93,6 +106,9 @@ DTYPES: dict[str, DType] = {
     d.name: d
     for d in (
         DType("bool", 1, "b", np.dtype(np.bool_)),
+        DType("uint8", 1, "i", np.dtype(np.uint8)),
+        DType("int8", 1, "i", np.dtype(np.int8)),
+        DType("int16", 2, "i", np.dtype(np.int16)),
         DType("int32", 4, "i", np.dtype(np.int32)),
         DType("int64", 8, "i", np.dtype(np.int64)),
         DType("float16", 2, "f", np.dtype(np.float16)),
@@ -107,6 +123,9 @@ DEFAULT_FLOAT = "float32"
 DEFAULT_INT = "int32"
 #: Half-precision floats: reductions over them accumulate in float32 unless told otherwise.
 HALF_DTYPES = ("float16", "bfloat16")
+#: Integers narrower than int32: computed in C's int and wrapped to their width after every
+#: operation (torch's and numpy's arithmetic on them).
+NARROW_INTS = ("uint8", "int8", "int16")
 
 
 def check_dtype(dtype: object, what: str) -> str:
@@ -150,6 +169,8 @@ def promote(a: str, b: str) -> str:
         return a
     if {a, b} == set(HALF_DTYPES):
         return "float32"
+    if {a, b} == {"uint8", "int8"}:  # neither holds the other
+        return "int16"
     return a if da.itemsize > db.itemsize else b
 
 
@@ -161,7 +182,9 @@ def promote_weak(strong: str, weak: str) -> str:
     if dw.rank > ds.rank:
         return weak
     if dw.rank == ds.rank == 1:
-        return promote(strong, weak)
+        # a narrow integer keeps its dtype (torch's: ``x_u8 + 1`` is uint8); te.compute
+        # refuses a number outside its range
+        return strong if strong in NARROW_INTS else promote(strong, weak)
     return strong
 
 
@@ -216,6 +239,9 @@ TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance(rtol=3.2e-2, atol=1e-2),
     "float32": Tolerance(rtol=1e-4, atol=1e-5),
     "float64": Tolerance(rtol=1e-9, atol=1e-12),
+    "uint8": Tolerance(rtol=0.0, atol=0.0),
+    "int8": Tolerance(rtol=0.0, atol=0.0),
+    "int16": Tolerance(rtol=0.0, atol=0.0),
     "int32": Tolerance(rtol=0.0, atol=0.0),
     "int64": Tolerance(rtol=0.0, atol=0.0),
     "bool": Tolerance(rtol=0.0, atol=0.0),

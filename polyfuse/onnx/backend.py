@@ -11,8 +11,8 @@ The ONNX project's runner drives it::
     from polyfuse.onnx.backend import PolyfuseBackend
     globals().update(onnx.backend.test.BackendTest(PolyfuseBackend, __name__).test_cases)
 
-Inputs keep their dtype (float16, bfloat16, float32, float64, int32, int64, bool; int8, int16,
-uint8 and uint16 inputs are passed as int32, uint32 and uint64 as int64); outputs are converted
+Inputs keep their dtype (float16, bfloat16, float32, float64, uint8, int8, int16, int32,
+int64, bool; uint16 inputs are passed as int32, uint32 and uint64 as int64); outputs are converted
 back to the dtypes the model declares.
 """
 
@@ -28,6 +28,7 @@ from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from polyfuse.compiled import CompiledGraph
 from polyfuse.errors import CallError, DeviceError
+from polyfuse.graph import dtypes
 from polyfuse.onnx.importer import InputValueNeeded, OnnxModel, load
 
 __all__ = ["PolyfuseBackend", "PolyfuseRep", "prepare", "run_model", "run_node", "supports_device"]
@@ -44,11 +45,12 @@ def _device(device: str) -> str:
 
 def _feed(a: Any, dtype: str) -> np.ndarray:
     """A graph input as the compiled graph takes it: an integer or boolean array in the te
-    dtype that holds it (int8 → int32, uint32 → int64, exact), an array for a float32 tensor
+    dtype that holds it (uint16 → int32, uint32 → int64, exact), an array for a float32 tensor
     (float32, or an 8/4-bit float) as float32; another floating array as given, so that a
     wrong dtype is the compiled graph's ``CallError`` naming the input."""
     arr = np.asarray(a)
-    if dtype == "float32" or (arr.dtype.kind in "iub" and dtype in ("int32", "int64", "bool")):
+    ints = dtypes.is_int(dtype) or dtype == "bool"
+    if dtype == "float32" or (arr.dtype.kind in "iub" and ints):
         return np.asarray(arr, dtype=np.dtype(dtype), order="C")
     return np.asarray(arr, order="C")
 

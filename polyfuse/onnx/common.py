@@ -87,8 +87,8 @@ class Ctx:
 
     def onnx_dtype(self, name: str, v: Value) -> str:
         """The ONNX dtype name of value ``name``: what type inference says, else a host
-        array's own, else a run-time tensor's storage dtype (a uint8 held in int32 is only
-        known as uint8 from the model's types)."""
+        array's own, else a run-time tensor's storage dtype (a uint16 held in int32 is only
+        known as uint16 from the model's types)."""
         if name in self.types:
             return self.types[name].name
         return v.dtype.name if isinstance(v, np.ndarray) else v.dtype
@@ -101,7 +101,7 @@ class Ctx:
         """A runtime tensor for ``v`` (a host constant becomes a bound placeholder).
 
         A host constant keeps its dtype as :func:`storage_dtype` maps it (float16, bfloat16,
-        float32, float64, int32, int64, bool; int8/int16/uint8/uint16 widen to int32). ``like``
+        float32, float64, uint8, int8, int16, int32, int64, bool; uint16 widens to int32). ``like``
         (a dtype name) stores a float32 constant that the importer itself made (pooling
         divisors, index tables) in the dtype of the data it meets instead.
         """
@@ -134,9 +134,6 @@ class Ctx:
 #: ONNX integer dtypes held in a wider te integer (exact; arithmetic wraps at the te width,
 #: the backend wraps results back to the declared dtype, and ``Cast`` to them wraps at once)
 WIDENED_INTS = {
-    "int8": "int32",
-    "int16": "int32",
-    "uint8": "int32",
     "uint16": "int32",
     "uint32": "int64",
     "uint64": "int64",
@@ -155,8 +152,8 @@ def wrap_int(v: Expr, name: str) -> Expr:
 
 def storage_dtype(dt: Any) -> str:
     """The te dtype that holds an ONNX tensor of numpy dtype ``dt`` at run time: float16,
-    bfloat16, float32, float64, int32, int64 and bool are themselves; int8, int16, uint8 and
-    uint16 are int32 and uint32 is int64 (exact); uint64 is int64 (two's complement: values
+    bfloat16, float32, float64, uint8, int8, int16, int32, int64 and bool are themselves;
+    uint16 is int32 and uint32 is int64 (exact); uint64 is int64 (two's complement: values
     from 2**63 read as negative); the 8- and 4-bit floats and 4/2-bit integers (ml_dtypes)
     are float32, which holds them exactly."""
     d = np.dtype(dt)
@@ -166,7 +163,7 @@ def storage_dtype(dt: Any) -> str:
         return d.name
     if d.kind == "b":
         return "bool"
-    if d.kind in "iu" and d.name in ("int32", "int64"):
+    if d.kind in "iu" and d.name in ("int32", "int64", *dtypes.NARROW_INTS):
         return d.name
     if d.kind in "iu" and d.name in WIDENED_INTS:
         return WIDENED_INTS[d.name]

@@ -7,9 +7,9 @@ graph. A host constant becomes a placeholder bound through ``compile(constants=.
 a runtime op reads it as data; shape arguments (``Reshape`` shapes, ``Slice`` starts, axes
 inputs, ...) stay on the host and become static attributes.
 
-Runtime tensors keep their dtype: float16, bfloat16, float32, float64, int32, int64 and bool
-inputs, initializers and constants become te tensors of that dtype (int8/int16/uint8/uint16
-are held in int32, uint32/uint64 in int64: :func:`~polyfuse.onnx.common.storage_dtype`), and
+Runtime tensors keep their dtype: float16, bfloat16, float32, float64, uint8, int8, int16,
+int32, int64 and bool inputs, initializers and constants become te tensors of that dtype
+(uint16 is held in int32, uint32/uint64 in int64: :func:`~polyfuse.onnx.common.storage_dtype`), and
 an operator's result has the dtype ONNX gives it: te's rules for its operands (a float16 Add
 is float16, an int64 Mul int64 and exact, a comparison bool), integer ``Div``/``Mod`` by ONNX's
 rules (:mod:`~polyfuse.onnx.intmath`), ``Cast`` by ONNX's. float64 compiles as float64 (never
@@ -208,8 +208,8 @@ def _inferred_types(m: onnx.ModelProto) -> dict[str, np.dtype]:
 
 def _output_dtype(vi: onnx.ValueInfoProto, v: Value, types: dict[str, np.dtype]) -> np.dtype:
     """The dtype graph output ``vi`` is returned in: its declared type; undeclared, the
-    value's own (an integer: the type ONNX infers, int32 held for uint8 going back to
-    uint8). It was float32 whatever the value: an int64 ArgMax came back as floats."""
+    value's own (an integer: the type ONNX infers, int32 held for uint16 going back to
+    uint16). It was float32 whatever the value: an int64 ArgMax came back as floats."""
     et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
     if et:
         return np.dtype(helper.tensor_dtype_to_np_dtype(et))
@@ -232,8 +232,8 @@ def _settle(ctx: Ctx, node: onnx.NodeProto, name: str, v: Value, want: np.dtype 
     says bool becomes ``!= 0``, integers of another width convert (two's complement), an
     integer or bool result where ONNX says float converts; an integer value that the handler
     computed in floats is refused (it would be exact only to 2**24). An arithmetic result of
-    an integer type held in a wider one (int8 in int32) wraps to its type's range, as ONNX's
-    int8 arithmetic does, so a later comparison or division sees ONNX's value."""
+    an integer type held in a wider one (uint16 in int32) wraps to its type's range, as ONNX's
+    uint16 arithmetic does, so a later comparison or division sees ONNX's value."""
     if not isinstance(v, Tensor) or want is None:
         return v
     try:

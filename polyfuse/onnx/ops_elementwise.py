@@ -217,13 +217,13 @@ def _cast(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
         return [map_elementwise(ctx, [x], lambda v: te.cast(v, want), "cast")]
     if to == np.bool_:
         return [map_elementwise(ctx, [x], as_bool, "cast")]
-    if to.kind in "iu" and to.name in ("int32", "int64", *WIDENED_INTS):
+    if to.kind in "iu" and to.name in ("int32", "int64", *dtypes.NARROW_INTS, *WIDENED_INTS):
         want = storage_dtype(to)
         narrow = to.name in WIDENED_INTS and to.name not in ("uint64",)
 
         def f(v: Expr) -> Expr:
-            if dtypes.is_float(v.dtype) and narrow:  # through int64: then wrap like an int
-                v = te.cast(v, "int64")
+            if dtypes.is_float(v.dtype) and (narrow or want in dtypes.NARROW_INTS):
+                v = te.cast(v, "int64")  # through int64: then wrap like an int
             v = te.cast(v, want) if v.dtype != want else v
             return wrap_int(v, to.name) if narrow else v
 

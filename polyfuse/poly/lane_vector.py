@@ -38,6 +38,7 @@ from polyfuse.poly.coarsen import VECTOR, Coarsening, prove
 from polyfuse.poly.cost import ReductionStrategy, lanes_over_runs
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.model import PolyModel
+from polyfuse.poly.policy import SCALAR_DTYPES
 from polyfuse.poly.schedule import ScheduledMicrograph
 
 
@@ -64,13 +65,12 @@ def run_length(model: PolyModel) -> int:
     """Elements per run: one 128-bit word of the narrowest global tensor the kernel reads or
     writes with vector words — 8 where that is a 16-bit float (so a 16-bit row moves 128 bits
     per access rather than 64), else :data:`VECTOR` (4 floats; 8-byte dtypes take two words).
-    Bool tensors stay scalar (see :mod:`polyfuse.cuda.codegen.lower`), so they do not count: a run
-    of
-    16 for a bool mask beside a float16 row would need 32-byte words (fuzz seed 720130)."""
+    Tensors of :data:`~polyfuse.poly.policy.SCALAR_DTYPES` stay scalar (see
+    :mod:`polyfuse.cuda.codegen.lower`), so they do not count."""
     sizes = [
         r.itemsize
         for r in model.tensors.values()
-        if r.role in ("input", "output") and r.dtype != "bool"
+        if r.role in ("input", "output") and r.dtype not in SCALAR_DTYPES
     ]
     return 8 if sizes and min(sizes) == 2 else VECTOR
 

@@ -31,8 +31,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from polyfuse.cuda.codegen.lower_dtypes import C_TYPES, STORAGE_DTYPES
-from polyfuse.graph.dtypes import DTYPES, promote
+from polyfuse.graph.dtypes import DTYPES, NARROW_INTS, numpy_dtype, promote
 
 from .generate import GraphSpec, Node, family_kind, interval_binary, interval_unary
 
@@ -49,7 +51,7 @@ __all__ = [
 #: The float dtypes kernels store.
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 #: The integer and bool dtypes a drawn graph may store one tensor in.
-INTEGERS = ("int32", "int64", "bool")
+INTEGERS = ("uint8", "int8", "int16", "int32", "int64", "bool")
 #: Largest magnitude a float16 tensor or cast may hold in a drawn graph.
 HALF_MAX = 3e4
 #: Relative input perturbation (see :func:`polyfuse.testing.run.compare`) per dtype of a graph:
@@ -177,6 +179,9 @@ def _fits(dtype: str, iv: tuple[float, float]) -> bool:
     m = max(abs(iv[0]), abs(iv[1]))
     if dtype == "float16":
         return m <= HALF_MAX
+    if dtype in NARROW_INTS:  # stored without wrapping: the values are the float's
+        lim = np.iinfo(numpy_dtype(dtype))
+        return lim.min <= iv[0] and iv[1] <= lim.max
     if dtype in ("int32", "int64", "bool"):
         return m <= INT_MAX
     return True

@@ -44,6 +44,9 @@ __all__ = [
 OPSET = 20
 #: dtypes a model draws its inputs from (of those named with ``--dtypes``)
 INPUT_DTYPES = ("float32", "float16", "float64", "int32", "int64", "bool")
+#: ... and the narrow integers, drawn on their own stream (so a seed drawn before they were
+#: added draws the same model), each over its whole range
+NARROW_INPUTS = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-300, 300)}
 #: largest magnitude a float value may have (float16 holds 65504; products of two stay finite)
 LIMIT = 200.0
 
@@ -865,6 +868,9 @@ def _input(rng: random.Random, dtype: str, max_elements: int = SMALL_ELEMENTS) -
         return f"{g}.random({shape}) > 0.5"
     if dtype in ("int32", "int64"):
         return f"{g}.integers(-20, 20, {shape}).astype('{dtype}')"
+    if dtype in NARROW_INPUTS:
+        lo, hi = NARROW_INPUTS[dtype]
+        return f"{g}.integers({lo}, {hi}, {shape}).astype('{dtype}')"
     return f"({g}.standard_normal({shape}) * 2).astype('{dtype}')"
 
 
@@ -1152,10 +1158,14 @@ def draw(
 
     rng = random.Random(f"onnx program {seed}")
     pool = [d for d in INPUT_DTYPES if d in (dtypes or ("float32",))] or ["float32"]
+    narrow = [d for d in NARROW_INPUTS if d in (dtypes or ())]
+    side = random.Random(f"narrow input {seed}")  # its own stream: the rest draws as before
     inputs: dict[str, np.ndarray] = {}
     in_src = []
     for k in range(rng.randint(1, 3)):
         src = _input(rng, rng.choice(pool), max_elements)
+        if narrow and side.random() < 0.15:  # this input narrow instead
+            src = _input(side, side.choice(narrow), max_elements)
         in_src.append(f"        'x{k}': {src},")
         inputs[f"x{k}"] = eval(src, {"np": np})  # noqa: S307 - our own generated source
     values: dict[str, np.ndarray] = dict(inputs)

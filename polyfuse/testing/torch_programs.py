@@ -32,6 +32,9 @@ __all__ = ["STEPS", "Program", "TorchOutcome", "check", "draw", "fuzz_torch"]
 
 #: dtypes a program draws its inputs from (of those named with ``--dtypes``)
 INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
+#: ... and the narrow integers, drawn after them (so a seed drawn before they were added
+#: draws the same program), each over its whole range
+NARROW_INPUTS = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-300, 300)}
 #: Largest magnitude a float value may have (float16 holds 65504; products of two stay finite).
 LIMIT = 200.0
 
@@ -224,6 +227,10 @@ def _input(rng: random.Random, name: str, dtype: str, max_elements: int = SMALL_
         return f"    {name} = torch.rand({shape}, generator={g}) > 0.5"
     if dtype in ("int32", "int64"):
         return f"    {name} = torch.randint(-20, 20, {shape}, generator={g}, dtype=torch.{dtype})"
+    if dtype in NARROW_INPUTS:
+        lo, hi = NARROW_INPUTS[dtype]
+        drawn = f"torch.randint({lo}, {hi}, {shape}, generator={g}, dtype=torch.{dtype})"
+        return f"    {name} = {drawn}"
     return f"    {name} = (torch.randn({shape}, generator={g}) * 2).to(torch.{dtype})"
 
 
@@ -240,8 +247,13 @@ def draw(
 
     rng = random.Random(f"torch program {seed}")
     pool = [d for d in INPUT_DTYPES if d in (dtypes or ("float32",))] or ["float32"]
+    narrow = [d for d in NARROW_INPUTS if d in (dtypes or ())]
     n_in = rng.randint(1, 3)
     lines = [_input(rng, f"x{k}", rng.choice(pool), max_elements) for k in range(n_in)]
+    side = random.Random(f"narrow input {seed}")  # its own stream: the rest draws as before
+    if narrow and side.random() < 0.3:  # one input narrow instead
+        k = side.randrange(n_in)
+        lines[k] = _input(side, f"x{k}", side.choice(narrow), max_elements)
     args = ", ".join(f"x{k}" for k in range(n_in))
     head = "def make_inputs():\n" + "\n".join(lines) + f"\n    return ({args},)\n"
     env: dict[str, Any] = {"torch": torch, "F": F}

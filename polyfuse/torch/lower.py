@@ -8,15 +8,15 @@ operator not in the table, a dtype polyfuse lacks, an argument polyfuse does not
 implement — an adaptive pool of uneven windows, ...). :func:`lower_graph` turns a
 whole FX graph of supported nodes into polyfuse tensors.
 
-Dtypes: nodes whose tensors are float16, bfloat16, float32, float64, int32, int64 or bool
-(:data:`STORED_DTYPES`) are taken. The elementwise operators, comparisons, ``where``,
-division, casts and reductions follow torch's type promotion (:mod:`.typed`); each lowered
-node has the dtype of its FX value (``meta["val"]``), and where a float operator's ops give
-another float (``_softmax(half_to_float=True)``, ``sum(dtype=...)``) an explicit ``te.cast``
-makes it so — an integer or bool is never converted after the fact. What polyfuse cannot
-compute exactly (integer division by a constant 0, ``&`` of integers, a float ``div`` with a
-rounding mode) and dtypes it lacks (uint8, int8, int16, complex) stay in PyTorch; the
-backend logs them at WARNING, counted.
+Dtypes: nodes whose tensors are float16, bfloat16, float32, float64, uint8, int8, int16, int32,
+int64 or bool (:data:`STORED_DTYPES`) are taken. The elementwise operators, comparisons,
+``where``, division, casts and reductions follow torch's type promotion (:mod:`.typed`); each
+lowered node has the dtype of its FX value (``meta["val"]``), and where a float operator's ops
+give another float (``_softmax(half_to_float=True)``, ``sum(dtype=...)``) an explicit
+``te.cast`` makes it so — an integer or bool is never converted after the fact. What polyfuse
+cannot compute exactly (integer division by a constant 0, ``&`` of integers, a float ``div``
+with a rounding mode) and dtypes it lacks (uint16 and wider unsigned, complex, float8) stay in
+PyTorch; the backend logs them at WARNING, counted.
 """
 
 from __future__ import annotations
@@ -710,12 +710,10 @@ def _vals(node: torch.fx.Node) -> list[Any]:
 
 
 def _dtype_reason(dtype: torch.dtype) -> str:
-    """Shared by every node of that dtype: polyfuse has no such dtype (uint8, int8, int16,
-    complex, float8; :data:`STORED_DTYPES` lists those it has)."""
-    return (
-        f"dtype {str(dtype).removeprefix('torch.')} (polyfuse stores float16, bfloat16, "
-        "float32, float64, int32, int64 and bool)"
-    )
+    """Shared by every node of that dtype: polyfuse has no such dtype (uint16 and the other
+    unsigned types past uint8, complex, float8; :data:`STORED_DTYPES` lists those it has)."""
+    have = ", ".join(str(d).removeprefix("torch.") for d in STORED_DTYPES)
+    return f"dtype {str(dtype).removeprefix('torch.')} (polyfuse stores {have})"
 
 
 #: Why a node reading or writing a tensor of no elements stays in PyTorch: kernels need one

@@ -89,10 +89,14 @@ def cumsum(x: Tensor, dim: int, *, dtype: Any = None, op: str = "sum") -> Tensor
     return te.compute(x.shape, body, name=op_name(f"cum{op}", None), tag=f"cum{op}")
 
 def any_all(op: str) -> Callable[..., Tensor]:
-    """``aten.any``/``aten.all``: the max/min of the input tested ``!= 0``."""
+    """``aten.any``/``aten.all``: the max/min of the input tested ``!= 0``; of a uint8 input
+    a uint8 0 or 1, as torch gives (its stand-in for bool before bool existed)."""
 
     def lower(x: Tensor, dims: Any = None, keepdim: bool = False) -> Tensor:
-        return reduce(op, x, dims, bool(keepdim), "bool")
+        found = reduce(op, x, dims, bool(keepdim), "bool")
+        if x.dtype != "uint8":
+            return found
+        return elementwise(f"reduce_{op}", lambda v: te.cast(v, "uint8"), [found], "uint8")
 
     return lower
 

@@ -1,11 +1,11 @@
 """ATen lowerings that follow torch's type promotion, for every dtype polyfuse stores.
 
-A region may hold float16, bfloat16, float32, float64, int32, int64 and bool tensors
-(:data:`STORED_DTYPES`). Each lowering here computes the dtype torch computes in — found with
-torch's own rule (``torch._prims_common.elementwise_dtypes``) from the operands' dtypes and
+A region may hold float16, bfloat16, float32, float64, uint8, int8, int16, int32, int64 and bool
+tensors (:data:`STORED_DTYPES`). Each lowering here computes the dtype torch computes in — found
+with torch's own rule (``torch._prims_common.elementwise_dtypes``) from the operands' dtypes and
 dimensions and the Python numbers beside them — converts every tensor operand to it with an
-inline ``te.cast`` and writes each Python number in it, so the result has the dtype of the
-FX value and the values torch computes:
+inline ``te.cast`` and writes each Python number in it, so the result has the dtype of the FX
+value and the values torch computes:
 
 - ``int + float`` is float (the int converted first, as torch does), ``int / int`` is the
   default float (true division), a comparison compares in the promoted dtype and gives bool,
@@ -16,8 +16,8 @@ FX value and the values torch computes:
   remainder's sign is not the divisor's, by a tensor. A zero divisor in a tensor gives 0
   (eager torch raises on the CPU; a kernel cannot), a constant zero stays in PyTorch;
 - bool ``&``/``|``/``^``/``~`` are logical; ``hardtanh`` keeps its input's dtype;
-- integer arithmetic wraps in two's complement (int32 at 32 bits, int64 at 64 bits) as
-  torch's CPU and CUDA kernels do in practice;
+- integer arithmetic wraps in two's complement (uint8, int8 and int16 at their width, int32
+  at 32 bits, int64 at 64 bits) as torch's CPU and CUDA kernels do in practice;
 - a 16-bit float is rounded to its dtype (:func:`stored`) before a comparison or a
   conversion, as eager torch stored it (kernels also hold 16-bit tensors rounded; the
   explicit cast keeps the lowering's meaning independent of that).
@@ -35,6 +35,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -56,12 +57,15 @@ __all__ = [
 aten = torch.ops.aten
 
 #: torch dtype → te dtype of the tensors a region may read and write (code generation
-#: stores all of them; uint8, int8, int16, complex and float8 tensors stay in PyTorch)
+#: stores all of them; uint16, uint32, uint64, complex and float8 tensors stay in PyTorch)
 STORED_DTYPES: dict[torch.dtype, str] = {
     torch.float32: "float32",
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
     torch.float64: "float64",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
     torch.int32: "int32",
     torch.int64: "int64",
     torch.bool: "bool",
@@ -128,11 +132,13 @@ def _number(v: Any, dtype: str, exact: bool = False) -> Any:
     takes their dtype; beside float16/bfloat16 arithmetic keeps it in float32, as torch's
     ``opmath`` does), a constant of ``dtype`` otherwise or with ``exact`` (comparisons:
     torch rounds the number to the compared dtype, ``x_f16 >= 0.1`` compares with float16's
-    0.1)."""
+    0.1, and wraps it into a narrow integer type, ``x_u8 > -3`` with 253)."""
     if dt.is_float(dtype):
         return te.const(float(v), dtype) if exact else float(v)
     if dtype == "bool":
         return te.const(bool(v), "bool")
+    if dtype in dt.NARROW_INTS:  # torch converts the number to the type: it wraps
+        v = np.asarray(int(v), np.int64).astype(dt.numpy_dtype(dtype))  # x_u8 > -3: x > 253
     return te.const(int(v), dtype)
 
 
@@ -400,7 +406,7 @@ def float_math(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
 def scalar_tensor(value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Tensor:
     """``aten.scalar_tensor``: a 0-d constant (``masked_fill``'s fill value)."""
     d = te_dtype(dtype) if dtype is not None else dt.DEFAULT_FLOAT
-    return te.compute((), lambda: te.const(value, d), name=op_name("scalar", None))
+    return te.compute((), lambda: _number(value, d, exact=True), name=op_name("scalar", None))
 
 
 def _fill_dtype(value: Any, dtype: torch.dtype | None) -> str:
@@ -415,13 +421,14 @@ def _fill_dtype(value: Any, dtype: torch.dtype | None) -> str:
 def full(size: Sequence[int], value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Tensor:
     """``aten.full``: a constant tensor of ``size``."""
     d = _fill_dtype(value, dtype)
-    return te.compute(tuple(size), lambda *i: te.const(value, d), name=op_name("full", None))
+    fill = _number(value, d, exact=True)
+    return te.compute(tuple(size), lambda *i: fill, name=op_name("full", None))
 
 
 def full_like(x: Tensor, value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Tensor:
     """``aten.full_like``: a constant tensor of ``x``'s shape (and dtype unless given)."""
     d = te_dtype(dtype) if dtype is not None else x.dtype
-    return te.compute(x.shape, lambda *i: te.const(value, d), name=op_name("full", None))
+    return te.compute(x.shape, lambda *i: _number(value, d, exact=True), name=op_name("full", None))
 
 
 def arange(

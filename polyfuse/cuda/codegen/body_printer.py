@@ -52,7 +52,7 @@ from polyfuse.cuda.codegen.lower_dtypes import (
     HALF_TO_FLOAT,
     is_float_register,
 )
-from polyfuse.graph.dtypes import is_float, numpy_dtype
+from polyfuse.graph.dtypes import NARROW_INTS, is_float, is_int, numpy_dtype
 
 _UNARY = {
     "exp": "expf",
@@ -85,6 +85,15 @@ _UNARY = {
 _BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "-INFINITY", "min": "INFINITY"}
+#: operations whose C result (an ``int`` for uint8/int8/int16 operands) may leave a narrow
+#: integer's range; the others (comparisons, bitwise, the typed ``pf_w_`` helpers) cannot
+_WRAPS = frozenset(("neg", "abs", "bitnot", "add", "sub", "mul", "floordiv"))
+
+
+def narrowed(dtype: str, text: str) -> str:
+    """C expression ``text`` (computed in ``int``) cast back to narrow integer ``dtype``,
+    which wraps it to its width (torch's arithmetic); unchanged for other dtypes."""
+    return f"(({C_TYPES[dtype]}){text})" if dtype in NARROW_INTS else text
 
 
 def _int_floor(op: str, a: str, b: int, dtype: str = "int32", data: bool = False) -> str:
@@ -140,8 +149,8 @@ class ValuePrinter(Visitor[str]):
     def visit_KConst(self, e: KConst) -> str:
         if e.dtype == "bool":
             return "true" if e.value else "false"
-        if e.dtype in ("int32", "int64"):
-            return c_int(int(e.value), e.dtype)
+        if is_int(e.dtype):  # a narrow integer's constant is an int literal too
+            return c_int(int(e.value), "int64" if e.dtype == "int64" else "int32")
         if e.dtype in FLOAT_TO_HALF:  # its value in its dtype, held in a float register
             return c_float(float(numpy_dtype(e.dtype).type(e.value)))
         if e.dtype == "float64":
@@ -149,6 +158,9 @@ class ValuePrinter(Visitor[str]):
         return c_float(e.value)
 
     def visit_KUnary(self, e: KUnary) -> str:
+        return narrowed(e.dtype, self._unary(e)) if e.op in _WRAPS else self._unary(e)
+
+    def _unary(self, e: KUnary) -> str:
         a = self.visit(e.a)
         if e.op == "neg":
             return f"(-{a})"
@@ -167,6 +179,9 @@ class ValuePrinter(Visitor[str]):
         return f"{_UNARY[e.op]}({a})"
 
     def visit_KBinary(self, e: KBinary) -> str:
+        return narrowed(e.dtype, self._binary(e)) if e.op in _WRAPS else self._binary(e)
+
+    def _binary(self, e: KBinary) -> str:
         a, b = self.visit(e.a), self.visit(e.b)
         fl = is_float_register(e.dtype)
         if e.op in ("add", "sub", "mul"):
@@ -182,7 +197,7 @@ class ValuePrinter(Visitor[str]):
         if e.op == "pow":
             if e.dtype == "float64":
                 return f"pow((double){a}, (double){b})"
-            if e.dtype in ("int32", "int64"):  # exact and wrapping, not through a float
+            if is_int(e.dtype):  # exact and wrapping, not through a float
                 t = C_TYPES[e.dtype]
                 return f"pf_w_ipow<{t}>(({t}){a}, ({t}){b})"
             return f"powf({a}, {b})"

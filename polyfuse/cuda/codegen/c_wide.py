@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyfuse.cuda.codegen.literals import c_int
-from polyfuse.graph.dtypes import numpy_dtype
+from polyfuse.graph.dtypes import NARROW_INTS, numpy_dtype
 
 __all__ = [
     "REDUCE_OPS",
@@ -31,7 +31,8 @@ __all__ = [
 ]
 
 #: The C types of the dtypes this module prints.
-_C = {"float64": "double", "int32": "int", "int64": "long long", "bool": "bool"}
+_C = {"float64": "double", "int32": "int", "int64": "long long", "bool": "bool",
+      "uint8": "unsigned char", "int8": "signed char", "int16": "short"}  # fmt: skip
 
 #: Helpers of kernels over float64, int32, int64 and bool tensors (typed by their template
 #: argument), printed only where a kernel calls one (``pf_w_``).
@@ -49,27 +50,28 @@ template <typename T> PF_INLINE T pf_w_mod(T a, T b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 // C's a / b and a % b of integers (toward zero; te.truncdiv/truncmod), defined everywhere:
-// 0 by a zero divisor, INT_MIN / -1 wraps to INT_MIN (-fwrapv on the emulator, as the GPU).
+// 0 by a zero divisor, INT_MIN / -1 wraps to INT_MIN (-fwrapv on the emulator, as the GPU);
+// -1 only of a signed type (T(-1) of unsigned char is 255, an ordinary divisor).
 template <typename T> PF_INLINE T pf_w_tdiv(T a, T b) {
-  return b == 0 ? T(0) : b == T(-1) ? T(0) - a : a / b;
+  return b == 0 ? T(0) : (T(-1) < T(0) && b == T(-1)) ? T(0) - a : a / b;
 }
 template <typename T> PF_INLINE T pf_w_tmod(T a, T b) {
-  return (b == 0 || b == T(-1)) ? T(0) : a % b;
+  return (b == 0 || (T(-1) < T(0) && b == T(-1))) ? T(0) : a % b;
 }
 // te.shift_left / shift_right (logical): through the unsigned type, 0 outside [0, width).
-template <typename T> PF_INLINE T pf_w_shl(T a, T b);
-template <typename T> PF_INLINE T pf_w_shr(T a, T b);
-template <> PF_INLINE int pf_w_shl<int>(int a, int b) {
-  return (b < 0 || b > 31) ? 0 : (int)((unsigned int)a << b);
+template <typename T> struct pf_w_unsigned;
+template <> struct pf_w_unsigned<unsigned char> { typedef unsigned char U; };
+template <> struct pf_w_unsigned<signed char> { typedef unsigned char U; };
+template <> struct pf_w_unsigned<short> { typedef unsigned short U; };
+template <> struct pf_w_unsigned<int> { typedef unsigned int U; };
+template <> struct pf_w_unsigned<long long> { typedef unsigned long long U; };
+template <typename T> PF_INLINE T pf_w_shl(T a, T b) {
+  typedef typename pf_w_unsigned<T>::U U;
+  return (b < 0 || b >= T(8 * sizeof(T))) ? T(0) : (T)(U)((U)a << b);
 }
-template <> PF_INLINE long long pf_w_shl<long long>(long long a, long long b) {
-  return (b < 0 || b > 63) ? 0LL : (long long)((unsigned long long)a << b);
-}
-template <> PF_INLINE int pf_w_shr<int>(int a, int b) {
-  return (b < 0 || b > 31) ? 0 : (int)((unsigned int)a >> b);
-}
-template <> PF_INLINE long long pf_w_shr<long long>(long long a, long long b) {
-  return (b < 0 || b > 63) ? 0LL : (long long)((unsigned long long)a >> b);
+template <typename T> PF_INLINE T pf_w_shr(T a, T b) {
+  typedef typename pf_w_unsigned<T>::U U;
+  return (b < 0 || b >= T(8 * sizeof(T))) ? T(0) : (T)(U)((U)a >> b);
 }
 PF_INLINE double pf_w_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 // a ** b of integers, wrapping like every integer product (numpy's); b < 0 truncates 1 / a**-b.
@@ -146,12 +148,17 @@ def wide_identity(op: str, dtype: str) -> str:
 
 def cast_from_float(src: str, dst: str, a: str) -> str | None:
     """CUDA's saturating, toward-zero conversion of a float or double ``a`` (``src`` a float
-    dtype) to int32/int64 (NaN to 0: a C cast is undefined there), or None for another pair
-    of dtypes."""
-    if dst not in ("int32", "int64") or src not in ("float16", "bfloat16", "float32", "float64"):
+    dtype) to an integer dtype (NaN to 0: a C cast is undefined there; saturated to a narrow
+    integer's range), or None for another pair of dtypes."""
+    if src not in ("float16", "bfloat16", "float32", "float64"):
         return None
     frm = "double" if src == "float64" else "float"
-    return f"__{frm}2{'int' if dst == 'int32' else 'll'}_rz({a})"
+    if dst in ("int32", "int64"):
+        return f"__{frm}2{'int' if dst == 'int32' else 'll'}_rz({a})"
+    if dst not in NARROW_INTS:
+        return None
+    lim = np.iinfo(numpy_dtype(dst))  # through int32, then saturated to the narrow range
+    return f"(({_C[dst]})max({lim.min}, min({lim.max}, __{frm}2int_rz({a}))))"
 
 
 def int_floor(op: str, a: str, b: int, dtype: str) -> str:

@@ -227,14 +227,14 @@ class _Walker(KVisitor[Mix]):
 
     def itemsize(self, tensor: str) -> int:
         """Bytes per element of global buffer ``tensor`` (from its parameter's C type:
-        ``__half``/``__nv_bfloat16`` are 2, ``double``/``long long`` 8, ``bool`` 1; the
-        shared and register copies of 16-bit tensors hold float32)."""
+        ``__half``/``__nv_bfloat16``/``short`` are 2, ``double``/``long long`` 8, ``bool`` and
+        ``char`` 1; the shared and register copies of 16-bit tensors hold float32)."""
         ctype = self.ctypes.get(tensor, "float")
         if "double" in ctype or "long long" in ctype:
             return 8
-        if "bool" in ctype:
+        if "bool" in ctype or "char" in ctype:
             return 1
-        return 2 if "__half" in ctype or "__nv_bfloat16" in ctype else WORD
+        return 2 if any(t in ctype for t in ("__half", "__nv_bfloat16", "short")) else WORD
 
     def store(self, ident: str, stmt: str) -> Mix:
         if (ident, stmt) in self.vector or (ident, stmt) in self.staged:

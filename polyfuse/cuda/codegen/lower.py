@@ -56,7 +56,7 @@ from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
-from polyfuse.poly.policy import gemm_tile_registers, smem_itemsize
+from polyfuse.poly.policy import SCALAR_DTYPES, gemm_tile_registers, smem_itemsize
 from polyfuse.poly.promote import (
     COMMIT,
     SYNC_AFTER,
@@ -168,8 +168,7 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     stmts = model.statements
     writes = {s.name: s.write.get_tuple_name(isl.dim_type.out) for s in stmts}
     written = set(writes.values())
-    # bool tensors stay scalar: one 128-bit word would hold 16 of them (a 16-lane group)
-    proven = {t for t, ok in c.vector.items() if ok and model.tensors[t].dtype != "bool"}
+    proven = {t for t, ok in c.vector.items() if ok and model.tensors[t].dtype not in SCALAR_DTYPES}
     # one plain writer (no accumulator: init, update and final all touch those)
     writers: dict[str, list[str]] = {}
     for s in stmts:

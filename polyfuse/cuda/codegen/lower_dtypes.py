@@ -1,18 +1,19 @@
 """Lowering pass: element types of parameters and allocations, and the dtypes kernels print.
 
-A global buffer holds its tensor's dtype: float32, float16/bfloat16 (``__half``,
-``__nv_bfloat16``), float64 (``double``), int32 (``int``), int64 (``long long``) or bool.
-16-bit arithmetic runs in float32 registers: a 16-bit value is widened when it is loaded and
-rounded to nearest even when it is stored or cast, so the operations of one body round once, at
-its end; a 16-bit tensor kept in a register or shared memory holds its rounded value too
-(``lower_accesses.narrowed``), as the reference rounds every tensor (reductions of 16-bit values
-accumulate in float32, the default of :func:`polyfuse.graph.dtypes.accumulate_dtype`). Every
-other dtype is computed in its own C type (float64 in doubles, int32 arithmetic wrapping in 32
-bits). Shared-memory and register allocations hold :func:`polyfuse.graph.dtypes.register_dtype`
-of their tensor (float32 for the 16-bit floats). Parameters get their C pointer type:
-:mod:`polyfuse.cuda.codegen.lower_buffers` leaves their ``ctype`` as ``"const"`` (read-only) or
-``""``.
-:func:`check_codegen_dtypes` is where a graph the printer cannot emit is refused, at the
+A global buffer holds its tensor's dtype: float32, float16/bfloat16 (``__half``, ``__nv_bfloat16``),
+float64 (``double``), uint8/int8/int16 (``unsigned char``, ``signed char``, ``short``), int32
+(``int``), int64 (``long long``) or bool. 16-bit arithmetic runs in float32 registers: a 16-bit
+value is widened when it is loaded and rounded to nearest even when it is stored or cast, so the
+operations of one body round once, at its end; a 16-bit tensor kept in a register or shared memory
+holds its rounded value too (``lower_accesses.narrowed``), as the reference rounds every tensor
+(reductions of 16-bit values accumulate in float32, the default of
+:func:`polyfuse.graph.dtypes.accumulate_dtype`). Every other dtype is computed in its own C type
+(float64 in doubles, int32 arithmetic wrapping in 32 bits; the narrow integers in C's ``int``, each
+operation's result cast back to its type, which wraps it as torch does). Shared-memory and register
+allocations hold :func:`polyfuse.graph.dtypes.register_dtype` of their tensor (float32 for the
+16-bit floats). Parameters get their C pointer type: :mod:`polyfuse.cuda.codegen.lower_buffers`
+leaves their ``ctype`` as ``"const"`` (read-only) or ``""``. :func:`check_codegen_dtypes` is where a
+graph the printer cannot emit is refused, at the
 start of ``polyfuse.compile``.
 """
 
@@ -33,12 +34,15 @@ C_TYPES = {
     "float16": "__half",
     "bfloat16": "__nv_bfloat16",
     "float64": "double",
+    "uint8": "unsigned char",
+    "int8": "signed char",
+    "int16": "short",
     "int32": "int",
     "int64": "long long",
     "bool": "bool",
 }
 #: Dtypes a global buffer may hold.
-STORAGE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "bool")
+STORAGE_DTYPES = tuple(C_TYPES)
 #: 16-bit storage dtypes: widened to float on load, rounded on store (CUDA's conversions).
 HALF_TO_FLOAT = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
 FLOAT_TO_HALF = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}

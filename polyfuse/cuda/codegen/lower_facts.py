@@ -23,12 +23,13 @@ from polyfuse.cuda.codegen.kernel_ast import (
     Scope,
     map_children,
 )
+from polyfuse.cuda.codegen.lower_dtypes import C_TYPES
+from polyfuse.graph.dtypes import info
 from polyfuse.poly.costs import Work
 from polyfuse.stitch.facts import KernelFacts, SharedArray
 
 #: bytes per element of each buffer dtype (:data:`polyfuse.cuda.codegen.lower_dtypes.C_TYPES`)
-ITEMSIZE = {"float32": 4, "int32": 4, "bool": 1, "float64": 8, "int64": 8, "float16": 2,
-            "bfloat16": 2}
+ITEMSIZE = {d: info(d).itemsize for d in C_TYPES}
 
 
 class _Uses(KVisitor[None]):
