@@ -132,19 +132,32 @@ def test_a_number_outside_a_narrow_dtype_is_a_one_line_error():
     assert y.dtype == "int32"
 
 
-def test_narrow_tensors_move_one_element_per_access():
-    # a uint8 image normalised to float32 at an odd width: the float rows may move in words,
-    # the bytes never do (a float4 read of a uint8 row read 16 bytes from a 4-byte offset:
-    # "misaligned 16-byte read" on the emulator, wrong or faulting on a GPU)
-    img = _full_range("uint8", (8, 3, 33, 35))
+@pytest.mark.parametrize("width", [128, 35])
+def test_narrow_tensors_move_in_words_of_their_run(width):
+    # a uint8 image normalised to float32 and scaled in uint8, an int16 plane added to itself:
+    # at an aligned width each thread's run of 4 lanes moves as one 4-byte (uint8) or 8-byte
+    # (int16) word, each lane shifted out of it and or-ed back in (the bytes used to stay
+    # scalar; before that, a float4 read of a uint8 row read 16 bytes from a 4-byte offset:
+    # "misaligned 16-byte read" on the emulator); at an odd width, element by element
+    img = _full_range("uint8", (16, 3, 64, width))
+    s = _full_range("int16", (512, 8 * width))
     x = te.placeholder(img.shape, "uint8", "img")
     y = te.compute(img.shape, lambda n, c, h, w: te.cast(x[n, c, h, w], "float32") / 255.0 - 0.5,
                    name="y")  # fmt: skip
-    (got,) = _run_checked([x], [y], {"img": img})
-    np.testing.assert_allclose(got, img.astype(np.float32) / 255.0 - 0.5, rtol=1e-6)
-    src = polyfuse.compile([x], [y]).cuda_source
+    z = te.compute(img.shape, lambda n, c, h, w: x[n, c, h, w] * te.const(3, "uint8") + 1,
+                   name="z")  # fmt: skip
+    p = te.placeholder(s.shape, "int16", "p")
+    q = te.compute(s.shape, lambda i, j: p[i, j] + p[i, j], name="q")
+    got = _run_checked([x, p], [y, z, q], {"img": img, "p": s})
+    np.testing.assert_allclose(got[0], img.astype(np.float32) / 255.0 - 0.5, rtol=1e-6)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got[1], img * np.uint8(3) + np.uint8(1))
+        np.testing.assert_array_equal(got[2], s + s)
+    src = polyfuse.compile([x, p], [y, z, q]).cuda_source
     assert "const unsigned char* __restrict__ img" in src
-    assert "reinterpret_cast<const float4*>(&img" not in src
+    words = ("reinterpret_cast<const unsigned*>(&img", "reinterpret_cast<unsigned*>(&z",
+             "reinterpret_cast<const uint2*>(&p", "reinterpret_cast<uint2*>(&q")  # fmt: skip
+    assert all((w in src) == (width % 4 == 0) for w in words), width
 
 
 def test_a_long_int8_sum_split_across_blocks_wraps_as_numpy():

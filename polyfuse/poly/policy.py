@@ -27,15 +27,15 @@ for every kernel, pack and GEMM tile candidate.
 
 from __future__ import annotations
 
-from polyfuse.graph.dtypes import NARROW_INTS, register_dtype
 from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.dtypes import register_dtype
 from polyfuse.poly.device import DeviceSpec
 
 FLOAT_BYTES = 4  # a float32 element; one word of the shared-memory pool
-#: Dtypes whose tensors move one element per access, never in 128-bit words: a word holds 16
-#: of them, a run longer than any lane group (fuzz seed 720130: a bool mask beside a float16
-#: row), and a float4 access of 4 of them reads 16 bytes where 4 are the tensor's.
-SCALAR_DTYPES = frozenset(("bool", *NARROW_INTS))
+#: Dtypes whose tensors move one element per access, never in words: a 128-bit word holds 16
+#: bools, a run longer than any lane group (fuzz seed 720130: a bool mask beside a float16
+#: row). (The narrow integers move in words of their run's bytes: 4, 8 or 16.)
+SCALAR_DTYPES = frozenset(("bool",))
 STATIC_SMEM_LIMIT = 48 * 1024  # bytes of static __shared__ memory per block
 COMBINE_SCRATCH_FLOATS_PER_THREAD = 1  # a reduction's cross-lane combine scratch
 #: Threads per block no CUDA device exceeds (sm_70..sm_90): launches above it are refused.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyfuse.cuda.codegen.literals import c_int
-from polyfuse.graph.dtypes import NARROW_INTS, numpy_dtype
+from polyfuse.graph.dtypes import DTYPES, NARROW_INTS, numpy_dtype
 
 __all__ = [
     "REDUCE_OPS",
@@ -196,3 +196,39 @@ def word_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str
         + ");"
         for j in range(width // per)
     ]
+
+
+#: the word of 4, 8 or 16 bytes a group of narrow-integer lanes moves in, and its 32-bit parts
+_NARROW_WORDS = {4: ("unsigned", ""), 8: ("uint2", "xy"), 16: ("uint4", "xyzw")}
+
+
+def narrow_load(pad: str, ref: str, dtype: str, width: int, q: str) -> tuple[list[str], str]:
+    """The line loading ``width`` lanes of narrow integer ``dtype`` (uint8, int8, int16) at
+    ``ref`` as one word of 4, 8 or 16 bytes, and the initializer of the lane array: each lane
+    shifted out of its 32-bit part (little-endian, as the GPU and x86 store it)."""
+    size = DTYPES[dtype].itemsize
+    word, parts = _NARROW_WORDS[width * size]
+    per, bits = 4 // size, 8 * size
+    line = f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref});"
+    vals = []
+    for k in range(width):
+        part = f"{q}.{parts[k // per]}" if parts else q
+        shift = (k % per) * bits
+        vals.append(f"(({_C[dtype]})({part} >> {shift}))" if shift else f"(({_C[dtype]}){part})")
+    return [line], ", ".join(vals)
+
+
+def narrow_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[str]:
+    """The line storing lane array ``src`` (``width`` lanes of narrow integer ``dtype``) at
+    ``ref`` as one word: each 32-bit part the lanes' bits or-ed into place."""
+    size = DTYPES[dtype].itemsize
+    word, parts = _NARROW_WORDS[width * size]
+    per, bits = 4 // size, 8 * size
+    bare = "unsigned char" if size == 1 else "unsigned short"
+    values = []
+    for p in range(max(1, len(parts))):
+        terms = [f"(unsigned)({bare}){src}[{p * per + j}]" for j in range(per)]
+        terms = [t if j == 0 else f"({t} << {j * bits})" for j, t in enumerate(terms)]
+        values.append(" | ".join(terms))
+    value = values[0] if not parts else f"make_{word}({', '.join(values)})"
+    return [f"{pad}  *reinterpret_cast<{word}*>(&{ref}) = {value};"]

@@ -59,7 +59,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
 from polyfuse.cuda.codegen.lower_dtypes import FLOAT_TO_HALF, HALF_TO_FLOAT
 from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.graph import expr as ex
-from polyfuse.graph.dtypes import register_dtype
+from polyfuse.graph.dtypes import NARROW_INTS, register_dtype
 from polyfuse.poly.model import Statement
 
 
@@ -369,7 +369,8 @@ class Accesses:
                 k = streams.get(a.tensor, 0)
                 streams[a.tensor] = k + 1
                 dtype = target.buffer.dtype
-                words = n.width // WORDS.get(dtype, ("", 4))[1]  # float4s; 16-bit: one
+                # float4s; 16-bit floats and the narrow integers: one
+                words = 1 if dtype in NARROW_INTS else n.width // WORDS.get(dtype, ("", 4))[1]
                 buf = KBuffer(namer.vector(a.tensor, k), register_dtype(dtype),
                               BufferScope.LOCAL, (n.width,))  # fmt: skip
                 lane = KLane(target, buf, tuple(namer.quad(a.tensor, k, j) for j in range(words)))

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from polyfuse.cuda.codegen.body_printer import c_type, c_value
-from polyfuse.cuda.codegen.c_wide import WORDS, word_load, word_store
+from polyfuse.cuda.codegen.c_wide import WORDS, narrow_load, narrow_store, word_load, word_store
 from polyfuse.cuda.codegen.kernel_access import KPairConst, KPairLane, KPairOp, KPairSplat, KVal
 from polyfuse.cuda.codegen.kernel_ast import KNode, KStmt, KVector
 from polyfuse.cuda.codegen.literals import c_float
 from polyfuse.cuda.codegen.lower_dtypes import FLOAT_TO_HALF, HALF_TO_FLOAT
+from polyfuse.graph.dtypes import NARROW_INTS
 
 #: prints a body at a depth (the printer's emitter)
 Emit = Callable[[Sequence[KNode], int], list[str]]
@@ -30,6 +31,8 @@ def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> t
     64-bit) words, and the initializer of the lane array (of the dtype's register type)."""
     if dtype in WORDS:  # int4, double2, longlong2
         return word_load(pad, ref, dtype, qs)
+    if dtype in NARROW_INTS:  # one word of 4, 8 or 16 bytes
+        return narrow_load(pad, ref, dtype, width, qs[0])
     if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
         lines = [
             f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
@@ -54,6 +57,8 @@ def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[
     """Lines storing lane array ``src`` (``width`` lanes) at ``ref`` as whole words."""
     if dtype in WORDS:
         return word_store(pad, ref, dtype, width, src)
+    if dtype in NARROW_INTS:
+        return narrow_store(pad, ref, dtype, width, src)
     if dtype not in FLOAT_TO_HALF:
         return [
             f"{pad}  *reinterpret_cast<float4*>(&{ref}"
