@@ -551,7 +551,7 @@ def test_topk_of_a_small_k_over_a_long_row_takes_rounds_in_onnx_order(dtype):
     largest=0), ties to the lower index, whichever axis; the kernels compile with NVRTC for
     sm_80 and sm_90 and agree in race-check mode."""
     from polyfuse.onnx.backend import prepare
-    from polyfuse.onnx.ops_reduce import TOPK_ROUNDS_MAX_K
+    from polyfuse.ops.sorting import TOPK_ROUNDS_MAX_K
     from polyfuse.testing.onnx_programs import reference_evaluator
 
     x = _topk_rows(dtype, 40)
@@ -562,7 +562,7 @@ def test_topk_of_a_small_k_over_a_long_row_takes_rounds_in_onnx_order(dtype):
         rep = prepare(model, "CPU")
         names = " ".join(p.tensor.name for p in rep.fn.plan.graph.prims.values())
         rounds = k <= TOPK_ROUNDS_MAX_K and 2 * k < x.shape[axis]
-        assert ("topk_round" in names) == rounds and ("topk_rank" in names) != rounds, names
+        assert ("_round" in names) == rounds and ("_rank" in names) != rounds, names
         got, want = rep.run({"x": x}), reference_evaluator(model).run(None, {"x": x})
         np.testing.assert_array_equal(got[1], want[1], err_msg=f"{axis=} {k=} {largest=}")
         np.testing.assert_array_equal(got[0], want[0])

@@ -11,9 +11,19 @@ from the producer's inputs instead of reading it back from global memory.
 from __future__ import annotations
 
 from polyfuse.graph.dtypes import HALF_DTYPES
-from polyfuse.graph.expr import Cast, ComputeOp, Expr, ExprMutator, Read, Tensor, substitute
+from polyfuse.graph.expr import (
+    Cast,
+    ComputeOp,
+    DataIndex,
+    Expr,
+    ExprMutator,
+    Read,
+    Tensor,
+    substitute,
+    walk,
+)
 
-__all__ = ["inline", "stored", "substitute"]
+__all__ = ["inline", "inlinable", "stored", "substitute"]
 
 
 class _Inline(ExprMutator):
@@ -51,3 +61,20 @@ def inline(consumer: Tensor, producer: Tensor) -> Tensor:
     out = Tensor(consumer.shape, consumer.dtype, consumer.name, uid=consumer.uid)
     out.op = ComputeOp(consumer.op.axes, body, consumer.op.tag)
     return out
+
+
+def inlinable(consumer: Tensor, producer: Tensor) -> bool:
+    """Whether :func:`inline` of ``producer`` into ``consumer`` gives subscripts isl can model:
+    a data-dependent subscript (``te.data_index``) must stay a whole subscript. A gather
+    ``c[data_index(k)]`` of a concatenation that reads ``v[i - 5]`` would read
+    ``v[data_index(k) - 5]`` (torch fuzz seed 13436: a topk of a ``torch.cat``)."""
+    assert consumer.op is not None and producer.op is not None
+    if producer.op.reduce is not None:
+        return False
+    body = _Inline(producer).visit(consumer.op.body)
+    return all(
+        isinstance(i, DataIndex) or not any(isinstance(n, DataIndex) for n in walk(i))
+        for r in walk(body)
+        if isinstance(r, Read)
+        for i in r.indices
+    )

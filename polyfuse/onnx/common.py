@@ -3,7 +3,6 @@ registry, broadcasting maps and the reductions/reshapes several operator familie
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,7 +16,7 @@ from polyfuse.errors import ExpressionError, PolyfuseError, UnsupportedOpError
 from polyfuse.graph import dtypes
 from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
-from polyfuse.ops._common import narrow, wide
+from polyfuse.ops._common import highest, lowest, narrow, wide  # noqa: F401  (re-exported)
 
 Value = Tensor | np.ndarray
 
@@ -333,20 +332,6 @@ def reshape_to(ctx: Ctx, v: Value, shape: Sequence[int]) -> Value:
     if not v.shape:
         return ctx.compute(shape, lambda *i: v[()], "reshape")
     return ops.reshape(v, shape, ctx.fresh("reshape"))
-
-
-def lowest(dtype: str) -> Expr:
-    """The smallest value of ``dtype`` (-inf for a float): a max's identity."""
-    if dtypes.is_float(dtype):
-        return te.const(-math.inf, dtype)
-    return te.const(int(np.iinfo(dtypes.numpy_dtype(dtype)).min), dtype)
-
-
-def highest(dtype: str) -> Expr:
-    """The largest value of ``dtype`` (+inf for a float): a min's identity."""
-    if dtypes.is_float(dtype):
-        return te.const(math.inf, dtype)
-    return te.const(int(np.iinfo(dtypes.numpy_dtype(dtype)).max), dtype)
 
 
 def iota64(k: Expr) -> Expr:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,12 +14,10 @@ from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
     Value,
-    highest,
     host_value,
     ints_of,
     iota64,
     is_int_value,
-    lowest,
     map_elementwise,
     norm_axes,
     reduce_op,
@@ -381,142 +378,12 @@ def _cumsum(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) 
     return [ctx.compute(x.shape, body, "cumsum")]
 
 
-#: TopK takes ``k`` rounds of (next value, its first index) when ``k`` is at most this and the
-#: rounds compare fewer pairs than the ranks (2 n k < n n): 2k reductions chained one after the
-#: other compile in seconds, where at n = 32000 and k = 1 the ranks' n * n comparisons took
-#: 25 s of emulator time per row.
-TOPK_ROUNDS_MAX_K = 8
-
-
 @register_op("TopK")
 def _topk(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) -> list[Value]:
-    """The ``k`` first elements along the axis in a total order, and their indices.
-
-    An element comes before another when it is larger (smaller with ``largest=0``) or equal
-    with a lower index; NaN is larger than every number, as in ONNX's reference (a lexsort)
-    and torch. Two lowerings of that order:
-
-    - ranks (any k): each element's rank (how many elements come before it), the index of
-      each rank below k, then the values gathered through those indices; three computes
-      whatever k, n * n comparisons per row;
-    - rounds (small k over long rows, :data:`TOPK_ROUNDS_MAX_K`): round r finds the first
-      element after round r-1's in the order, reading only that one element; 2 n k
-      comparisons per row in 2k chained reductions.
-
-    (k rounds that each excluded every earlier index made 2k reductions reading all earlier
-    rounds: stitching them grew with k squared, and k=105 of 256 compiled for hours, onnx fuzz
-    at larger sizes seed 9147; a NaN found no index, n came back.)"""
+    """The ``k`` first elements along the axis and their indices (:func:`polyfuse.ops.topk`:
+    ties by index, NaN the largest, as ONNX's reference)."""
     x = ctx.tensor(ins[0])
     kk = int(host_value(ctx, node, ins[1], "K").reshape(-1)[0])
-    ax = int(at.get("axis", -1))
-    ax = ax + x.ndim if ax < 0 else ax
     largest = bool(at.get("largest", 1))
-    n = x.shape[ax]
-    if kk > n or kk < 1:
-        raise ExpressionError(f"TopK k={kk} out of range for axis of size {n}")
-    order = _TopKOrder(x, ax, largest)
-    rounds = kk <= TOPK_ROUNDS_MAX_K and 2 * kk < n
-    idx = order.rounds(ctx, kk) if rounds else order.ranks(ctx, kk)
-    values = ctx.compute(
-        idx.shape, lambda *r: x[order.at_axis(r, te.data_index(idx[r]))], "topk_values"
-    )
+    values, idx = ops.topk(x, kk, int(at.get("axis", -1)), largest, name=ctx.fresh("topk"))
     return [values, idx]
-
-
-class _TopKOrder:
-    """TopK's total order along axis ``ax`` of ``x``, and the two lowerings of its first k."""
-
-    def __init__(self, x: Tensor, ax: int, largest: bool) -> None:
-        self.x, self.ax, self.largest, self.n = x, ax, largest, x.shape[ax]
-        self.floating = not is_int_value(x)
-
-    def at_axis(self, i: Sequence[Expr], v: Expr) -> tuple[Expr, ...]:
-        return (*i[: self.ax], v, *i[self.ax + 1 :])
-
-    def before(self, a: Expr, b: Expr, lower: Expr) -> Expr:
-        """``a`` (at a ``lower`` index or not) comes before ``b``."""
-        strict = a > b if self.largest else a < b
-        tie = te.equal(a, b)
-        if self.floating:  # NaN is the largest: first with largest=1, last with largest=0
-            nan_a, nan_b = te.isnan(a), te.isnan(b)
-            strict = strict | (
-                (nan_a & te.equal(b, b)) if self.largest else (nan_b & te.equal(a, a))
-            )
-            tie = tie | (nan_a & nan_b)
-        return strict | (tie & lower)
-
-    def ranks(self, ctx: Ctx, kk: int) -> Tensor:
-        """Indices of the first ``kk`` through every element's rank (n * n comparisons)."""
-        x, n = self.x, self.n
-        one, zero = te.const(1, "int64"), te.const(0, "int64")
-
-        def rank_body(*i: IterVar) -> Expr:
-            j = te.reduce_axis(n, name="kr")
-            first = self.before(x[self.at_axis(i, j)], x[i], j < i[self.ax])
-            return te.sum(te.where(first, one, zero), axis=j)
-
-        rank = ctx.compute(x.shape, rank_body, "topk_rank")
-
-        def idx_body(*r: IterVar) -> Expr:
-            j = te.reduce_axis(n, name="ki")
-            hit = te.equal(rank[self.at_axis(r, j)], iota64(r[self.ax]))
-            return te.sum(te.where(hit, iota64(j), zero), axis=j)
-
-        return ctx.compute(self._shape(kk), idx_body, "topk_idx")
-
-    def rounds(self, ctx: Ctx, kk: int) -> Tensor:
-        """Indices of the first ``kk``, one round each: the extreme value among the elements
-        after the previous round's (NaN-aware), then the first index holding it."""
-        x, n, ax, dtype = self.x, self.n, self.ax, self.x.dtype
-        one_row = self._shape(1)
-        keys: list[Tensor] = []
-        for _ in range(kk):
-            prev = keys[-1] if keys else None
-
-            def after(i: Sequence[Expr], j: Expr, prev: Tensor | None = prev) -> Expr | None:
-                """Element ``j`` of row ``i`` comes after the previous round's element."""
-                if prev is None:
-                    return None
-                p = self._index(prev[self.at_axis(i, as_expr(0))])
-                return self.before(x[self.at_axis(i, te.data_index(p))], x[self.at_axis(i, j)],
-                                   p < iota64(j))  # fmt: skip
-
-            def extreme(*i: IterVar, after=after) -> Expr:  # noqa: ANN001
-                j = te.reduce_axis(n, name="kv")
-                v, cand = x[self.at_axis(i, j)], after(i, j)
-                if self.largest:  # te.max propagates NaN: NaN comes first
-                    return te.max(v if cand is None else te.where(cand, v, lowest(dtype)), axis=j)
-                if self.floating:  # NaN comes last: only when nothing else is left
-                    cand = te.equal(v, v) if cand is None else cand & te.equal(v, v)
-                return te.min(v if cand is None else te.where(cand, v, highest(dtype)), axis=j)
-
-            m = ctx.compute(one_row, extreme, "topk_round_value")
-
-            def first_at(*i: IterVar, after=after, m=m) -> Expr:  # noqa: ANN001
-                """The first candidate index holding ``m``, else n + the first NaN's."""
-                j = te.reduce_axis(n, name="kj")
-                v, cand, jj = x[self.at_axis(i, j)], after(i, j), iota64(j)
-                hit = te.equal(v, m[i])
-                miss = te.const(2 * n, "int64")
-                if self.floating:
-                    miss = te.where(te.isnan(v), jj + n, miss)
-                key = te.where(hit, jj, miss)
-                return te.min(key if cand is None else te.where(cand, key, 2 * n), axis=j)
-
-            keys.append(ctx.compute(one_row, first_at, "topk_round_index"))
-
-        def gathered(*r: IterVar) -> Expr:
-            out: Expr = self._index(keys[-1][self.at_axis(r, as_expr(0))])
-            for q in range(kk - 2, -1, -1):
-                at_q = self._index(keys[q][self.at_axis(r, as_expr(0))])
-                out = te.where(te.equal(r[ax], q), at_q, out)
-            return out
-
-        return ctx.compute(self._shape(kk), gathered, "topk_idx")
-
-    def _index(self, key: Expr) -> Expr:
-        """A round's index from its key (n + j for a NaN at j)."""
-        return te.where(key >= self.n, key - self.n, key)
-
-    def _shape(self, kk: int) -> tuple[int, ...]:
-        return tuple(kk if d == self.ax else s for d, s in enumerate(self.x.shape))

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from polyfuse import te
 from polyfuse.errors import ExpressionError
-from polyfuse.graph.dtypes import HALF_DTYPES
+from polyfuse.graph.dtypes import HALF_DTYPES, is_float, numpy_dtype
 from polyfuse.graph.expr import Expr, Tensor, as_expr
 
 Operand = Tensor | float | int
@@ -27,6 +30,20 @@ def as_operand(op: str, name: str, what: str, t: Any) -> Tensor:
     if not isinstance(t, Tensor):
         raise ExpressionError(f"{op} '{name}': {what} must be a Tensor, got {type(t).__name__}")
     return t
+
+
+def lowest(dtype: str) -> Expr:
+    """The smallest value of ``dtype`` (-inf for a float): a max's identity."""
+    if is_float(dtype):
+        return te.const(-math.inf, dtype)
+    return te.const(int(np.iinfo(numpy_dtype(dtype)).min), dtype)
+
+
+def highest(dtype: str) -> Expr:
+    """The largest value of ``dtype`` (+inf for a float): a min's identity."""
+    if is_float(dtype):
+        return te.const(math.inf, dtype)
+    return te.const(int(np.iinfo(numpy_dtype(dtype)).max), dtype)
 
 
 def compute_op(shape: Sequence[int], fcompute: Callable[..., Any], name: str, tag: str) -> Tensor:

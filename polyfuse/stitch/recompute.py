@@ -25,7 +25,7 @@ import islpy as isl
 from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import RecomputeData
 from polyfuse.graph.graph import Graph
-from polyfuse.graph.inline import inline
+from polyfuse.graph.inline import inlinable, inline
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of
@@ -84,6 +84,7 @@ def recompute_candidates(rk: MappedKernel, placements: dict[str, Placement]) -> 
         return []
     model = rk.scheduled.model
     part_of = {s.name: i for i, p in enumerate(rk.parts) for s in p.model.statements}
+    stmt_tensor = {s.name: s.tensor for s in model.statements}
     out = []
     for name, p in placements.items():
         role = model.tensors[name]
@@ -102,7 +103,8 @@ def recompute_candidates(rk: MappedKernel, placements: dict[str, Placement]) -> 
             if m.get_tuple_name(isl.dim_type.out) == name
         }
         later = [r for r in readers if part_of[r] > part_of[writer]]
-        if inputs_ok and later:
+        readable = all(inlinable(stmt_tensor[r], t) for r in later)
+        if inputs_ok and later and readable:
             out.append(name)
     return out
 

@@ -248,6 +248,26 @@ def _extreme_dim(op: str) -> Callable[..., Any]:
     return lower
 
 
+def _topk(x, k, dim=-1, largest=True, sorted=True):
+    """``aten.topk``: :func:`polyfuse.ops.topk` (sorted, ties by index, NaN the largest; int64
+    indices). ``sorted=False`` leaves the order to the implementation: this one sorts."""
+    if not x.shape:  # a 0-d tensor is its own top 1
+        return x, te.compute((), lambda: te.const(0, "int64"), name=fresh_name("topk_idx", None))
+    return ops.topk(x, int(k), dim, bool(largest))
+
+
+def _sort(x, dim=-1, descending=False, *, stable=None):
+    """``aten.sort`` (``.stable`` too: this sort is stable, NaN last ascending and first
+    descending, as torch's): :func:`polyfuse.ops.sort`, n * n comparisons per row."""
+    if not x.shape:
+        return x, te.compute((), lambda: te.const(0, "int64"), name=fresh_name("sort_idx", None))
+    return ops.sort(x, dim, bool(descending))
+
+
+def _sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return _sort(x, dim, descending)
+
+
 def _flip(x, dims):
     """``aten.flip``: each of ``dims`` read backwards (an affine subscript)."""
     if not x.shape:
@@ -649,6 +669,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.min.default: lambda x: reduce.reduce("min", x, None, False, x.dtype),
     aten.max.dim: _extreme_dim("max"),
     aten.min.dim: _extreme_dim("min"),
+    aten.topk.default: _topk,
+    aten.sort.default: _sort,
+    aten.sort.stable: _sort_stable,
     aten.var_mean.correction: _var_mean,
     aten.flip.default: _flip,
     aten.repeat.default: _repeat,
