@@ -9,29 +9,28 @@ any other indices are read at run time (``te.data_index``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
-from polyfuse import te
+from polyfuse import ops, te
 from polyfuse.errors import ExpressionError, UnsupportedOpError
 from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import (
     Ctx,
     Value,
-    highest,
     host_value,
     iota64,
-    lowest,
     optional_input,
     register_op,
     reshape_to,
     storage_dtype,
     str_attr,
 )
+from polyfuse.ops.scatter import scatter_rows
 
 
 def _operand(ctx: Ctx, v: Value, k: int) -> Expr:
@@ -209,50 +208,15 @@ def _eye_like(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
     return [np.eye(*shape, k=int(at.get("k", 0)), dtype=dtype)]
 
 
-def _scatter(
-    ctx: Ctx,
-    node: onnx.NodeProto,
-    at: dict[str, Any],
-    data: Tensor,
-    extent: int,
-    hit: Callable[[Sequence[Expr], Expr], Expr],
-    update: Callable[[Sequence[Expr], Expr], Expr],
-    guard: Callable[[Sequence[Expr], Expr], Expr],
-    hint: str,
-) -> Tensor:
-    """A scatter into ``data``: per output element ``p``, the updates ``r < extent`` that
-    ``hit(p, r)`` names it (``update(p, r)`` reads one). ``reduction`` none: the last of them
-    replaces the element (a max over ``r``, the update read at run time; ``guard`` keeps
-    ``data`` where no update can reach); add/mul/max/min: all of them combine with it."""
+def _reduction(node: onnx.NodeProto, at: dict[str, Any]) -> str | None:
+    """The node's ``reduction`` as :func:`polyfuse.ops.scatter_rows` takes it."""
     how = str_attr(at, "reduction", "none")
     if how not in ("none", "add", "mul", "max", "min"):
         raise UnsupportedOpError(
             f"{node.op_type} '{node.name or node.output[0]}': reduction '{how}' is not "
             "supported (none, add, mul, max and min are)"
         )
-    if how != "none":
-        neutral = {"add": lambda d: te.const(0, d), "mul": lambda d: te.const(1, d),
-                   "max": lowest, "min": highest}[how](data.dtype)  # fmt: skip
-        red, pick = {"add": (te.sum, lambda a, b: a + b), "mul": (te.prod, lambda a, b: a * b),
-                     "max": (te.max, te.maximum), "min": (te.min, te.minimum)}[how]  # fmt: skip
-
-        def reduced(*p: IterVar) -> Expr:
-            r = te.reduce_axis(extent, name="rs")
-            return pick(data[p], red(te.where(hit(p, r), update(p, r), neutral), axis=r))
-
-        return ctx.compute(data.shape, reduced, hint)
-
-    def last_row(*p: IterVar) -> Expr:
-        r = te.reduce_axis(extent, name="rs")
-        return te.max(te.where(hit(p, r), iota64(r), te.const(-1, "int64")), axis=r)
-
-    last = ctx.compute(data.shape, last_row, f"{hint}_row")
-
-    def body(*p: IterVar) -> Expr:
-        r = te.data_index(te.maximum(last[p], 0))
-        return guard(p, te.where(last[p] >= 0, update(p, r), data[p]))
-
-    return ctx.compute(data.shape, body, hint)
+    return None if how == "none" else how
 
 
 @register_op("ScatterND")
@@ -288,7 +252,8 @@ def _scatter_nd(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, An
     def update(p: Sequence[Expr], j: Expr) -> Expr:
         return upd2[(j, *p[k:])]
 
-    return [_scatter(ctx, node, at, data, rows, hits, update, lambda p, v: v, "scatternd")]
+    name = ctx.fresh("scatternd")
+    return [scatter_rows(data, rows, hits, update, _reduction(node, at), name)]
 
 
 @register_op("ScatterElements", "Scatter")
@@ -308,34 +273,8 @@ def _scatter_elements(
             f"ScatterElements: indices {tuple(idx.shape)} and updates {tuple(upd.shape)} do "
             f"not fit data {data.shape} along axis {ax}"
         )
-    idx = _index_tensor(ctx, idx)
-    upd = ctx.tensor(upd)
-    n, span = data.shape[ax], int(idx.shape[ax])
-
-    def inside(p: Sequence[Expr]) -> Expr | None:
-        """``p`` lies inside the indices' extent on every axis but ``axis`` (affine: it
-        guards the reads of ``indices`` and ``updates`` at ``p``'s coordinates)."""
-        c: Expr | None = None
-        for d, (q, m) in enumerate(zip(idx.shape, data.shape, strict=True)):
-            if d != ax and q < m:
-                c = p[d] < q if c is None else c & (p[d] < q)
-        return c
-
-    def hit(p: Sequence[Expr], r: Expr) -> Expr:
-        """Indices entry ``r`` along ``axis`` of ``p``'s line names ``p``."""
-        v = idx[(*p[:ax], r, *p[ax + 1 :])]
-        h = te.equal(te.where(v < 0, v + n, v), iota64(p[ax]))
-        c = inside(p)
-        return h if c is None else c & h
-
-    def update(p: Sequence[Expr], r: Expr) -> Expr:
-        return upd[(*p[:ax], r, *p[ax + 1 :])]
-
-    def guard(p: Sequence[Expr], value: Expr) -> Expr:
-        c = inside(p)
-        return value if c is None else te.where(c, value, data[tuple(p)])
-
-    return [_scatter(ctx, node, at, data, span, hit, update, guard, "scatter")]
+    idx, upd = _index_tensor(ctx, idx), ctx.tensor(upd)
+    return [ops.scatter(data, ax, idx, upd, _reduction(node, at), ctx.fresh("scatter"))]
 
 
 @register_op("ReverseSequence")

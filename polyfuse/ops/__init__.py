@@ -20,9 +20,9 @@ indices, and ``reshape`` maps indices with ``//`` and ``%`` by constants.
 
 The composites live in modules by concern (:mod:`~polyfuse.ops.elementwise`,
 :mod:`~polyfuse.ops.reductions`, :mod:`~polyfuse.ops.norms`, :mod:`~polyfuse.ops.layout`,
-:mod:`~polyfuse.ops.conv`, :mod:`~polyfuse.ops.sampling`, :mod:`~polyfuse.ops.sorting`); every
-name is imported here, so ``polyfuse.ops.softmax`` is the one spelling users and the front ends
-need.
+:mod:`~polyfuse.ops.conv`, :mod:`~polyfuse.ops.sampling`, :mod:`~polyfuse.ops.sorting`,
+:mod:`~polyfuse.ops.scatter`); every name is imported here, so ``polyfuse.ops.softmax`` is
+the one spelling users and the front ends need.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from polyfuse.ops.reductions import (
     softmax,
 )
 from polyfuse.ops.sampling import grid_sample  # noqa: F401  (public, not in __all__)
+from polyfuse.ops.scatter import index_put, scatter  # noqa: F401  (public, not in __all__)
 from polyfuse.ops.sorting import sort, topk  # noqa: F401  (public, not in __all__)
 
 __all__ = [

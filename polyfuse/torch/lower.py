@@ -35,7 +35,7 @@ from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
 from polyfuse.ops._common import op_name as fresh_name
 
-from . import reduce, typed
+from . import reduce, scatter, typed
 from .typed import STORED_DTYPES, te_dtype
 from .typed import as_dtype as _as_dtype
 
@@ -711,6 +711,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.split_with_sizes.default: _split_with_sizes,
     aten.split.Tensor: _split,
     operator.getitem: lambda xs, i: xs[i],
+    **scatter.LOWERINGS,
 }
 
 #: Multi-output operators of which only output 0 is computed (the others are statistics or
@@ -786,6 +787,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     why = typed.dtype_reason(node)
     if why is not None:
         return why
+    if target in scatter.LOWERINGS:
+        return scatter.unsupported_reason(node)
     if target is aten._to_copy.default:
         src = _vals(args[0])[0] if isinstance(args[0], torch.fx.Node) else None
         dev = kwargs.get("device")
