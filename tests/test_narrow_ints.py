@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_checks import run_checked
 
 import polyfuse
 from polyfuse import reference, te
-from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph import dtypes as dt
 
 RNG = np.random.default_rng(8)
@@ -23,22 +23,6 @@ def _full_range(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     a = RNG.integers(info.min, int(info.max) + 1, shape).astype(dtype)
     a.flat[:3] = [info.min, info.max, 0]
     return a
-
-
-def _run_checked(ins, outs, feed) -> list[np.ndarray]:
-    """The outputs of the compiled graph on ``feed``; the same again race-checked, the CUDA
-    compiled by NVRTC for sm_80 and sm_90 where installed."""
-    fn = polyfuse.compile(ins, outs)
-    args = [feed[t.name] for t in ins]
-    got = fn(*args)
-    got = list(got) if isinstance(got, tuple) else [got]
-    again = fn(*args, device="emulate", race_check=True)
-    for g, a in zip(got, again if isinstance(again, tuple) else (again,), strict=True):
-        np.testing.assert_array_equal(g, a)
-    if "nvrtc" in available_compilers():
-        for arch in ("sm_80", "sm_90"):
-            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
-    return got
 
 
 def test_promotion_of_the_integers_is_numpys_and_torchs():
@@ -68,7 +52,7 @@ def test_arithmetic_wraps_at_every_operation_as_numpy(dtype):
         "pow": lambda i, j: x[i, j] ** 3,
     }
     outs = [te.compute(shape, f, name=k) for k, f in exprs.items()]
-    got = _run_checked([x, y], outs, {"x": a, "y": b})
+    got = run_checked([x, y], outs, {"x": a, "y": b})
     with np.errstate(over="ignore"):
         t = np.dtype(dtype).type
         want = {
@@ -95,7 +79,7 @@ def test_reductions_of_narrow_integers_wrap_as_numpy():
         te.compute((24,), lambda i: te.max(z[i, k] * 3, axis=k), name="m"),
         te.compute((24,), lambda i: te.sum(te.cast(x[i, k], "int32"), axis=k), name="wide"),
     ]
-    got = _run_checked([x, z], outs, {"x": a, "z": c})
+    got = run_checked([x, z], outs, {"x": a, "z": c})
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(got[0], (a * a).sum(axis=1, dtype=np.uint8))
         np.testing.assert_array_equal(got[1], (c * np.int16(3)).max(axis=1))
@@ -110,7 +94,7 @@ def test_casts_to_narrow_integers_wrap_integers_and_saturate_floats():
     outs = [
         te.compute(f.shape, lambda i, d=d: te.cast(x[i], d), name=f"f_{d}") for d in NARROW
     ] + [te.compute(n.shape, lambda i, d=d: te.cast(m[i], d), name=f"i_{d}") for d in NARROW]
-    got = _run_checked([x, m], outs, {"x": f, "m": n})
+    got = run_checked([x, m], outs, {"x": f, "m": n})
     for d, g in zip(NARROW, got[:3], strict=True):
         info = np.iinfo(d)
         want = np.clip(np.trunc(np.nan_to_num(f, nan=0.0)), info.min, info.max).astype(d)
@@ -148,7 +132,7 @@ def test_narrow_tensors_move_in_words_of_their_run(width):
                    name="z")  # fmt: skip
     p = te.placeholder(s.shape, "int16", "p")
     q = te.compute(s.shape, lambda i, j: p[i, j] + p[i, j], name="q")
-    got = _run_checked([x, p], [y, z, q], {"img": img, "p": s})
+    got = run_checked([x, p], [y, z, q], {"img": img, "p": s})
     np.testing.assert_allclose(got[0], img.astype(np.float32) / 255.0 - 0.5, rtol=1e-6)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(got[1], img * np.uint8(3) + np.uint8(1))
@@ -167,7 +151,7 @@ def test_a_long_int8_sum_split_across_blocks_wraps_as_numpy():
     k = te.reduce_axis((0, a.shape[0]), "k")
     s = te.compute((), lambda: te.sum(x[k] * te.const(-3, "int8"), axis=k), name="s")
     m = te.compute((), lambda: te.min(x[k] + 1, axis=k), name="m")
-    got = _run_checked([x], [s, m], {"x": a})
+    got = run_checked([x], [s, m], {"x": a})
     assert "partial" in polyfuse.compile([x], [s, m]).cuda_source  # split across blocks
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(got[0], (a * np.int8(-3)).sum(dtype=np.int8))
@@ -190,7 +174,7 @@ def test_truncated_division_of_uint8_by_255_is_an_ordinary_division():
         te.compute(s.shape, lambda i: te.truncdiv(u[i], v[i]), name="sq"),
         te.compute(s.shape, lambda i: te.truncmod(u[i], v[i]), name="sr"),
     ]
-    got = _run_checked([x, y, u, v], outs, {"x": a, "y": b, "u": s, "v": t})
+    got = run_checked([x, y, u, v], outs, {"x": a, "y": b, "u": s, "v": t})
     np.testing.assert_array_equal(got[0], a // b)
     np.testing.assert_array_equal(got[1], a % b)
     with np.errstate(over="ignore"):  # -128 / -1 wraps to -128, as torch's int8

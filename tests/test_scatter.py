@@ -8,26 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_checks import run_checked, torch_matches_eager
 
-import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.errors import ExpressionError
 
 RNG = np.random.default_rng(9)
-
-
-def _run(ins, outs, feed):
-    fn = polyfuse.compile(ins, outs)
-    got = fn(*feed)
-    got = list(got) if isinstance(got, tuple) else [got]
-    again = fn(*feed, device="emulate", race_check=True)
-    for g, a in zip(got, again if isinstance(again, tuple) else (again,), strict=True):
-        np.testing.assert_array_equal(g, a)
-    if "nvrtc" in available_compilers():
-        for arch in ("sm_80", "sm_90"):
-            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
-    return got
 
 
 def test_scatter_replaces_with_the_last_duplicate_and_adds_all_of_them():
@@ -38,7 +24,7 @@ def test_scatter_replaces_with_the_last_duplicate_and_adds_all_of_them():
                         ((d, "data"), (i, "index"), (s, "src")))  # fmt: skip
     outs = [ops.scatter(data, 0, index, src), ops.scatter(data, 0, index, src, "add"),
             ops.scatter(data, 0, index, src, "max", include_self=False)]  # fmt: skip
-    got = _run([data, index, src], outs, (d, i, s))
+    got = run_checked([data, index, src], outs, (d, i, s))
     put, added, big = d.copy(), d.copy(), np.full_like(d, -np.inf)
     cols = np.arange(5)
     for r in range(4):  # in row order: the last duplicate wins
@@ -65,7 +51,7 @@ def test_index_put_writes_a_kv_cache_step_and_accumulates():
     xt, rt, ct, vt = (te.placeholder(a.shape, str(a.dtype), k) for a, k in
                       ((x, "x"), (rows, "rows"), (cols, "cols"), (v, "v")))  # fmt: skip
     outs = [ops.index_put(c, [None, None, p], n), ops.index_put(xt, [rt, ct], vt, True)]
-    got = _run([c, n, p, xt, rt, ct, vt], outs, (cache, new, pos, x, rows, cols, v))
+    got = run_checked([c, n, p, xt, rt, ct, vt], outs, (cache, new, pos, x, rows, cols, v))
     want = cache.copy()
     want[:, :, pos] = new
     acc = x.copy()
@@ -85,11 +71,6 @@ def test_a_scatter_index_that_does_not_fit_is_a_one_line_error():
 @pytest.mark.extra  # needs PyTorch
 def test_torch_scatters_run_in_polyfuse():
     torch = pytest.importorskip("torch")
-    import polyfuse.torch as pt
-    from polyfuse.torch import last_compiled
-
-    torch._dynamo.reset()
-    pt.reset()
     g = torch.Generator().manual_seed(0)
     x, src = torch.randn(4, 6, generator=g), torch.randn(3, 6, generator=g)
     idx = torch.randint(0, 4, (3, 6), generator=g)
@@ -109,12 +90,22 @@ def test_torch_scatters_run_in_polyfuse():
                 torch.zeros(4, 5).scatter_(1, li[:, None], 1.0),  # one-hot
                 xi.scatter_reduce(0, li[:, None].expand(4, 7), srci, "mean"))  # fmt: skip
 
-    args = (x, idx, src, cache, new, pos, xi, li, srci)
-    with torch.no_grad():
-        want, got = f(*args), torch.compile(f, backend="polyfuse")(*args)
-    for w, o in zip(want, got, strict=True):
-        assert w.dtype == o.dtype and w.shape == o.shape
-        assert torch.equal(w, o) or torch.allclose(w, o), (w, o)
-    report = last_compiled().polyfuse_report
+    report = torch_matches_eager(f, x, idx, src, cache, new, pos, xi, li, srci, atol=1e-6)
     assert report["eager"] == {} and report["eager_for_dtype"] == {}
-    torch._dynamo.reset()
+
+
+@pytest.mark.extra  # needs PyTorch
+def test_a_scatter_of_many_rows_stays_in_pytorch_with_its_reason():
+    # F.fold decomposes into an index_put of every column entry: 8 * 9 * 1600 = 115200 rows
+    # that each output element would compare (quadratic); eager visits each row once
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F  # noqa: N812
+
+    from polyfuse.torch.scatter import SCATTER_MAX_ROWS
+
+    def f(x):
+        return F.fold(F.unfold(x, 3, padding=1) * 2, (40, 40), 3, padding=1)
+
+    report = torch_matches_eager(f, torch.randn(1, 8, 40, 40), atol=1e-5)
+    why = f"a scatter of more than {SCATTER_MAX_ROWS} update rows (each element compares all)"
+    assert report["reasons"] == {"aten.index_put.default": why}

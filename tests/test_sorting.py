@@ -7,25 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_checks import run_checked, torch_matches_eager
 
-import polyfuse
 from polyfuse import ops, te
-from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.errors import ExpressionError
 
 RNG = np.random.default_rng(5)
-
-
-def _run(ins, outs, feed):
-    fn = polyfuse.compile(ins, outs)
-    got = fn(*feed)
-    again = fn(*feed, device="emulate", race_check=True)
-    for g, a in zip(got, again, strict=True):
-        np.testing.assert_array_equal(g, a)
-    if "nvrtc" in available_compilers():
-        for arch in ("sm_80", "sm_90"):
-            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
-    return got
 
 
 def test_sort_is_stable_with_nan_last_as_numpy():
@@ -35,7 +22,7 @@ def test_sort_is_stable_with_nan_last_as_numpy():
     x = te.placeholder(a.shape, "float32", "x")
     values, idx = ops.sort(x, axis=1)
     assert idx.dtype == "int64" and values.dtype == "float32"
-    got_v, got_i = _run([x], [values, idx], (a,))
+    got_v, got_i = run_checked([x], [values, idx], (a,))
     want_i = np.argsort(a, axis=1, kind="stable")
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_array_equal(got_v, np.take_along_axis(a, want_i, 1))
@@ -49,7 +36,7 @@ def test_topk_largest_and_smallest_of_ints_and_floats(k):
     x, y = te.placeholder(a.shape, "int32", "x"), te.placeholder(f.shape, "float32", "y")
     big_v, big_i = ops.topk(x, k, axis=1)
     small_v, small_i = ops.topk(y, k, axis=1, largest=False)
-    got = _run([x, y], [big_v, big_i, small_v, small_i], (a, f))
+    got = run_checked([x, y], [big_v, big_i, small_v, small_i], (a, f))
     want_big = np.argsort(-a.astype(np.int64), axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(got[1], want_big)
     np.testing.assert_array_equal(got[0], np.take_along_axis(a, want_big, 1))
@@ -69,11 +56,6 @@ def test_topk_k_out_of_range_is_a_one_line_error():
 @pytest.mark.extra  # needs PyTorch
 def test_torch_topk_sort_and_argsort_run_in_polyfuse():
     torch = pytest.importorskip("torch")
-    import polyfuse.torch as pt
-    from polyfuse.torch import last_compiled
-
-    torch._dynamo.reset()
-    pt.reset()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 7, 33, generator=g)  # no ties: torch's unstable order is theirs
     x[0, 0, 3] = float("nan")
@@ -86,15 +68,9 @@ def test_torch_topk_sort_and_argsort_run_in_polyfuse():
                 torch.argsort(xi, dim=-1, stable=True),
                 *torch.sort(xi, descending=True, stable=True))  # fmt: skip
 
-    with torch.no_grad():
-        want, got = f(x, xi), torch.compile(f, backend="polyfuse")(x, xi)
-    for w, o in zip(want, got, strict=True):
-        assert w.dtype == o.dtype and w.shape == o.shape
-        assert torch.equal(w, o) or torch.allclose(w, o, equal_nan=True), (w, o)
-    report = last_compiled().polyfuse_report
+    report = torch_matches_eager(f, x, xi)
     assert report["eager"] == {} and report["eager_for_dtype"] == {}
     assert report["polyfuse"]["aten.topk.default"] == 3
-    torch._dynamo.reset()
 
 
 def test_topk_of_a_concatenation_of_a_reduction_compiles():
@@ -108,8 +84,41 @@ def test_topk_of_a_concatenation_of_a_reduction_compiles():
     v = te.compute((5,), lambda i: te.max(x[i, k], axis=k), name="v")
     c = ops.concat([v, ops.mul(v, 2)], axis=0)
     values, idx = ops.topk(c, 2, 0)
-    got_v, got_i = _run([x], [values, idx], (a,))
+    got_v, got_i = run_checked([x], [values, idx], (a,))
     cat = np.concatenate([a.max(1), 2 * a.max(1)])
     want_i = np.argsort(-cat, kind="stable")[:2]
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_array_equal(got_v, cat[want_i])
+
+
+@pytest.mark.extra  # needs PyTorch
+def test_torch_median_and_kthvalue_run_in_polyfuse():
+    # read from the stable sort; a row holding NaN has median NaN at its first NaN's index
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 9, generator=g)
+    x[1, 3] = x[2, 1] = x[2, 5] = float("nan")
+    xi = torch.randperm(33, generator=g).reshape(3, 11).to(torch.int32) - 16  # no ties
+
+    def f(x, xi):
+        return (*torch.median(x, 1), *torch.median(x, 0, keepdim=True), torch.median(x[0]),
+                torch.median(x), *torch.kthvalue(x, 3, 1), *torch.kthvalue(xi, 4, -1, True),
+                torch.median(xi))  # fmt: skip
+
+    assert torch_matches_eager(f, x, xi)["eager"] == {}
+
+
+@pytest.mark.extra  # needs PyTorch
+def test_a_sort_of_long_rows_stays_in_pytorch_while_a_small_topk_runs():
+    # ranking a row of 5000 compares 25M pairs per row (eager sorts in n log n); a topk of 3
+    # takes rounds (2 n k comparisons) whatever the row
+    torch = pytest.importorskip("torch")
+    from polyfuse.torch.lower import SORT_MAX_ROW
+
+    def f(x):
+        return torch.sort(x, 1).values, torch.topk(x, 3).values
+
+    report = torch_matches_eager(f, torch.randn(2, 5000))
+    why = f"a sort of rows longer than {SORT_MAX_ROW} (n * n comparisons per row)"
+    assert report["reasons"] == {"aten.sort.default": why}
+    assert report["polyfuse"]["aten.topk.default"] == 1

@@ -91,9 +91,12 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("topk", "x", "torch.topk({a}, min({k}, {a}.shape[{d}]), {d}).values"),
     ("sort", "x", "torch.sort({a}, {d}, descending=True).values"),
     ("argsort", "x", "torch.argsort({a}, dim={d}, stable=True)"),
+    ("median", "x", "torch.median({a}, {d}).values + torch.kthvalue({a}, 1, {d}).values"),
     ("scatter_add", "x",
      "torch.zeros_like({a}).scatter_add({d}, ({a}.abs() * 3).long() % {a}.shape[{d}], {a})"),
     ("one_hot", "x", "F.one_hot(({a}.abs() * 3).long() % 5, 5)"),
+    ("index_put", "x", "{a}.index_put(((({a}.abs() * 3).long() % {a}.shape[0]).flatten()[:2],), "
+     "{a}[:2], accumulate=True)"),
     ("any", "x", "{a}.any({d})"),
     ("softmax", "f", "torch.softmax({a}, {d})"),
     ("log_softmax", "f", "torch.log_softmax({a}, {d})"),

@@ -8,6 +8,7 @@ torch's CPU kernel does too (``floor_divide``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,10 +115,36 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
 }
 
 
+#: Update rows a scatter may have: each output element compares every row (a reduction over
+#: them), so a KV-cache step (a few rows) or a one-hot (one) is cheap and a scatter as large
+#: as its target (``F.fold``'s ``index_put``, a graph's edges summed into its nodes) is
+#: quadratic; past this it stays in PyTorch, whose kernels visit each row once.
+SCATTER_MAX_ROWS = 4096
+
+
+def _meta_shape(a: Any) -> tuple[int, ...]:
+    v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else ()
+
+
+def _rows(node: torch.fx.Node) -> int:
+    """The update rows each output element of scatter ``node`` compares."""
+    if node.target is aten.index_put.default:
+        shapes = [_meta_shape(i) for i in node.args[1] if i is not None]
+        return math.prod(torch.broadcast_shapes(*shapes)) if shapes else 1
+    if node.target is aten.index_add.default:
+        return math.prod(_meta_shape(node.args[2]))
+    shape = _meta_shape(node.args[2])
+    return shape[node.args[1] % len(shape)] if shape else 1
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
-    """Why a scatter node stays in PyTorch, or None: an ``index_put`` by a bool mask (its
-    rows depend on the data), a reduction other than those of :data:`_REDUCE` (and
-    ``scatter_reduce``'s mean)."""
+    """Why a scatter node stays in PyTorch, or None: more than :data:`SCATTER_MAX_ROWS`
+    update rows, an ``index_put`` by a bool mask (its rows depend on the data), a reduction
+    other than those of :data:`_REDUCE` (and ``scatter_reduce``'s mean)."""
+    rows = _rows(node)
+    if rows > SCATTER_MAX_ROWS:
+        return f"a scatter of more than {SCATTER_MAX_ROWS} update rows (each element compares all)"
     if node.target is aten.index_put.default:
         masks = [
             i for i in node.args[1] if isinstance(i, torch.fx.Node)

@@ -1,0 +1,64 @@
+"""Checks shared by the tests of new operators: run a compiled graph, rerun it race-checked on
+the emulator, compile its CUDA with NVRTC for sm_80 and sm_90 where installed; and a torch
+session with fresh Dynamo and polyfuse caches for the tests that compile with PyTorch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+import polyfuse
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+
+
+def run_checked(ins: Sequence[Any], outs: Sequence[Any], feed: Mapping[str, Any] | Sequence[Any]):
+    """The outputs (a list) of the graph ``ins`` → ``outs`` on ``feed`` (arrays by input name,
+    or in input order); the same again race-checked, the CUDA compiled by NVRTC for sm_80 and
+    sm_90 where installed."""
+    fn = polyfuse.compile(list(ins), list(outs))
+    args = [feed[t.name] for t in ins] if isinstance(feed, Mapping) else list(feed)
+    got = fn(*args)
+    got = list(got) if isinstance(got, tuple) else [got]
+    again = fn(*args, device="emulate", race_check=True)
+    for g, a in zip(got, again if isinstance(again, tuple) else (again,), strict=True):
+        np.testing.assert_array_equal(g, a)
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            assert compile_cuda(fn.cuda_source, arch, compiler="nvrtc").image
+    return got
+
+
+@contextmanager
+def fresh_torch() -> Iterator[Any]:
+    """``torch`` with Dynamo and polyfuse's compile caches reset before and after (a test's
+    ``last_compiled()`` is its own compile)."""
+    import torch
+
+    import polyfuse.torch as pt
+
+    torch._dynamo.reset()
+    pt.reset()
+    try:
+        yield torch
+    finally:
+        torch._dynamo.reset()
+
+
+def torch_matches_eager(fn: Any, *args: Any, atol: float = 1e-8) -> dict[str, Any]:
+    """``fn`` compiled with ``backend="polyfuse"`` gives eager's outputs on ``args``: the same
+    dtypes and shapes, equal values or (floats) close ones, NaN where eager has NaN; returns
+    the compile's ``polyfuse_report``. Dynamo starts and ends fresh."""
+    from polyfuse.torch import last_compiled
+
+    with fresh_torch() as torch, torch.no_grad():
+        want, got = fn(*args), torch.compile(fn, backend="polyfuse")(*args)
+        want = want if isinstance(want, tuple) else (want,)
+        got = got if isinstance(got, tuple) else (got,)
+        for w, o in zip(want, got, strict=True):
+            assert w.dtype == o.dtype and w.shape == o.shape, (w, o)
+            same = torch.equal(w, o) or torch.allclose(w, o, atol=atol, equal_nan=True)
+            assert same, (w, o)
+        return last_compiled().polyfuse_report
