@@ -113,7 +113,7 @@ def test_a_sort_of_long_rows_stays_in_pytorch_while_a_small_topk_runs():
     # ranking a row of 5000 compares 25M pairs per row (eager sorts in n log n); a topk of 3
     # takes rounds (2 n k comparisons) whatever the row
     torch = pytest.importorskip("torch")
-    from polyfuse.torch.lower import SORT_MAX_ROW
+    from polyfuse.torch.order import SORT_MAX_ROW
 
     def f(x):
         return torch.sort(x, 1).values, torch.topk(x, 3).values

@@ -35,7 +35,7 @@ from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
 from polyfuse.ops._common import op_name as fresh_name
 
-from . import reduce, scatter, typed
+from . import order, reduce, scatter, typed
 from .typed import STORED_DTYPES, te_dtype
 from .typed import as_dtype as _as_dtype
 
@@ -246,53 +246,6 @@ def _extreme_dim(op: str) -> Callable[..., Any]:
         return values, reduce.arg_extreme(op)(x, dim, keepdim)
 
     return lower
-
-
-def _topk(x, k, dim=-1, largest=True, sorted=True):
-    """``aten.topk``: :func:`polyfuse.ops.topk` (sorted, ties by index, NaN the largest; int64
-    indices). ``sorted=False`` leaves the order to the implementation: this one sorts."""
-    if not x.shape:  # a 0-d tensor is its own top 1
-        return x, te.compute((), lambda: te.const(0, "int64"), name=fresh_name("topk_idx", None))
-    return ops.topk(x, int(k), dim, bool(largest))
-
-
-def _sort(x, dim=-1, descending=False, *, stable=None):
-    """``aten.sort`` (``.stable`` too: this sort is stable, NaN last ascending and first
-    descending, as torch's): :func:`polyfuse.ops.sort`, n * n comparisons per row."""
-    if not x.shape:
-        return x, te.compute((), lambda: te.const(0, "int64"), name=fresh_name("sort_idx", None))
-    return ops.sort(x, dim, bool(descending))
-
-
-def _sort_stable(x, *, stable=None, dim=-1, descending=False):
-    return _sort(x, dim, descending)
-
-
-#: Longest row a sort ranks (each element compares all n of its row: n * n per row; eager's
-#: sorts are n log n). A topk of few elements takes rounds instead, whatever the row.
-SORT_MAX_ROW = 4096
-#: the sort-like operators, and the position of their ``dim`` argument (None: keyword only;
-#: ``median.default`` ranks all elements)
-_RANKED = {aten.sort.default: 1, aten.sort.stable: None, aten.topk.default: 2,
-           aten.kthvalue.default: 2, aten.median.dim: 1, aten.median.default: None}  # fmt: skip
-
-
-def _ranked_reason(node: torch.fx.Node) -> str | None:
-    """Why a sort-like node stays in PyTorch: a row longer than :data:`SORT_MAX_ROW` that it
-    would rank (or None)."""
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.ndim == 0:
-        return None
-    at = _RANKED[node.target]
-    dim = node.args[at] if at is not None and len(node.args) > at else node.kwargs.get("dim", -1)
-    n = val.numel() if node.target is aten.median.default else val.shape[dim]
-    if node.target is aten.topk.default:
-        k = int(node.args[1])
-        if k <= ops.sorting.TOPK_ROUNDS_MAX_K and 2 * k < n:
-            return None  # rounds: 2 n k comparisons
-    if n > SORT_MAX_ROW:
-        return f"a sort of rows longer than {SORT_MAX_ROW} (n * n comparisons per row)"
-    return None
 
 
 def _flip(x, dims):
@@ -696,12 +649,6 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.min.default: lambda x: reduce.reduce("min", x, None, False, x.dtype),
     aten.max.dim: _extreme_dim("max"),
     aten.min.dim: _extreme_dim("min"),
-    aten.topk.default: _topk,
-    aten.kthvalue.default: reduce.kth,
-    aten.median.dim: reduce.median_dim,
-    aten.median.default: reduce.median,
-    aten.sort.default: _sort,
-    aten.sort.stable: _sort_stable,
     aten.var_mean.correction: _var_mean,
     aten.flip.default: _flip,
     aten.repeat.default: _repeat,
@@ -742,6 +689,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.split.Tensor: _split,
     operator.getitem: lambda xs, i: xs[i],
     **scatter.LOWERINGS,
+    **order.LOWERINGS,
 }
 
 #: Multi-output operators of which only output 0 is computed (the others are statistics or
@@ -819,8 +767,8 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return why
     if target in scatter.LOWERINGS:
         return scatter.unsupported_reason(node)
-    if target in _RANKED:
-        return _ranked_reason(node)
+    if target in order.LOWERINGS:
+        return order.unsupported_reason(node)
     if target is aten._to_copy.default:
         src = _vals(args[0])[0] if isinstance(args[0], torch.fx.Node) else None
         dev = kwargs.get("device")

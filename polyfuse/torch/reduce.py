@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from polyfuse import ops, te
+from polyfuse import te
 from polyfuse.graph import dtypes as dt
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.inline import stored
@@ -196,55 +196,3 @@ def index_select(x: Tensor, dim: int, ids: Tensor) -> Tensor:
     """``aten.index_select``: the rows of dim ``dim`` that the 1-D ``ids`` name."""
     return index(x, [None] * (dim % len(x.shape)) + [ids])
 
-
-def kth(x: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
-    """``aten.kthvalue``: the ``k``-th smallest along ``dim`` and its int64 index, read from
-    :func:`polyfuse.ops.sort` (stable: among equal values the first; NaN the largest)."""
-    if not x.shape:
-        return x, te.compute((), lambda: te.const(0, "int64"), name=op_name("kth_idx", None))
-    ax = dim % x.ndim
-    values, idx = ops.sort(x, ax)
-    return _at_position(values, ax, k - 1, keepdim), _at_position(idx, ax, k - 1, keepdim)
-
-
-def median_dim(x: Tensor, dim: int = -1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
-    """``aten.median.dim``: the lower median along ``dim`` and its index; a row holding NaN
-    gives NaN at its first NaN's index, as torch."""
-    if not x.shape:
-        return kth(x, 1)
-    ax = dim % x.ndim
-    n = x.shape[ax]
-    values, idx = kth(x, (n + 1) // 2, ax, keepdim)
-    if not dt.is_float(x.dtype):
-        return values, idx
-    k = te.reduce_axis(n, name="kn")
-
-    def first_nan(*i: Any) -> Any:
-        at = list(i) if keepdim else [*i[:ax], 0, *i[ax:]]
-        at[ax] = k
-        return te.min(te.where(te.isnan(x[tuple(at)]), te.cast(k, "int64"), n), axis=k)
-
-    nan = te.compute(values.shape, first_nan, name=op_name("median_nan", None))
-    out_v = te.compute(values.shape, lambda *i: te.where(nan[i] < n, math.nan, values[i]),
-                       name=op_name("median", None))  # fmt: skip
-    out_i = te.compute(idx.shape, lambda *i: te.where(nan[i] < n, nan[i], idx[i]),
-                       name=op_name("median_idx", None))  # fmt: skip
-    return out_v, out_i
-
-
-def median(x: Tensor) -> Tensor:
-    """``aten.median.default``: the lower median of all elements (NaN if any is)."""
-    flat = ops.reshape(x, (math.prod(x.shape),)) if x.ndim != 1 else x
-    return median_dim(flat, 0)[0]
-
-
-def _at_position(t: Tensor, ax: int, pos: int, keepdim: bool) -> Tensor:
-    """``t`` at position ``pos`` of axis ``ax`` (kept as a unit dim with ``keepdim``)."""
-    shape = tuple(1 if d == ax else s for d, s in enumerate(t.shape) if keepdim or d != ax)
-
-    def body(*i: Any) -> Any:
-        at = list(i) if keepdim else [*i[:ax], 0, *i[ax:]]
-        at[ax] = pos
-        return t[tuple(at)]
-
-    return te.compute(shape, body, name=op_name(f"{t.name}_at", None))
