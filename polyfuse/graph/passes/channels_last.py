@@ -31,20 +31,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyfuse.graph.expr import (
-    Binary,
-    ComputeOp,
-    Expr,
-    ExprMutator,
-    IterVar,
-    Read,
-    Reduce,
-    Select,
-    Tensor,
-    substitute,
-)
+from polyfuse.graph.expr import Binary, Expr, IterVar, Read, Reduce, Select, Tensor
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
+from polyfuse.graph.passes.relayout import (
+    Permute,
+    has_mma,
+    innermost,
+    permuted,
+    plain_dims,
+    sole_producer,
+    transposed,
+)
 from polyfuse.graph.passes.rewrite import Rewriter, loop_vars, with_body
 
 HALF = ("float16", "bfloat16")
@@ -55,22 +53,11 @@ CHUNK = 8
 SCALAR_PER_ELEMENT, CHUNK_COST = 4.0, 10.0
 
 
-def _has_mma(arch: str) -> bool:
-    """Whether ``arch`` has ``mma.sync`` m16n8k16 (sm_80 and later)."""
-    digits = arch[3:].rstrip("a") if arch.startswith("sm_") else ""
-    return digits.isdigit() and int(digits) >= 80
-
-
 def _factor(e: Expr) -> Read | None:
     """The read of a factor ``read`` or ``where(c, read, 0)``."""
     if isinstance(e, Select):
         e = e.a
     return e if isinstance(e, Read) else None
-
-
-def _plain_dims(r: Read, v: IterVar) -> list[int]:
-    """The dims of ``r`` whose whole subscript is loop variable ``v``."""
-    return [i for i, s in enumerate(r.indices) if isinstance(s, IterVar) and s.uid == v.uid]
 
 
 def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
@@ -92,7 +79,7 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
             continue
         inner = loop_vars(x.indices[-1])
         for c in red.axes:
-            dx, dw = _plain_dims(x, c), _plain_dims(w, c)
+            dx, dw = plain_dims(x, c), plain_dims(w, c)
             if len(dx) != 1 or len(dw) != 1 or dx[0] == x.tensor.ndim - 1:
                 continue
             # a window: the innermost subscript slides with an output dim and a reduction dim
@@ -108,61 +95,11 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
     return None  # no channel dim read plainly by both beside a window (a 1x1 or grouped conv)
 
 
-def _last(n: int, d: int) -> list[int]:
-    """The permutation of ``n`` dims moving dim ``d`` innermost (new dim i is old dim p[i])."""
-    return [i for i in range(n) if i != d] + [d]
-
-
-class _Permute(ExprMutator):
-    """Reads of the tensors in ``perms`` (uid -> (new tensor, permutation)) re-pointed."""
-
-    def __init__(self, perms: dict[int, tuple[Tensor, list[int]]]) -> None:
-        self.perms = perms
-
-    def visit_Read(self, e: Read) -> Expr:
-        if e.tensor.uid not in self.perms:
-            return e
-        new, p = self.perms[e.tensor.uid]
-        return Read(new, tuple(e.indices[i] for i in p))
-
-
-def _transpose(x: Tensor, p: list[int], name: str) -> Tensor:
-    """A primitive ``out[i] = x[j]`` with ``out``'s dim ``k`` being ``x``'s dim ``p[k]``."""
-    axes = tuple(IterVar(f"i{k}", 0, x.shape[d]) for k, d in enumerate(p))
-    idx: list[Expr] = [axes[0]] * x.ndim
-    for k, d in enumerate(p):
-        idx[d] = axes[k]
-    out = Tensor(tuple(x.shape[d] for d in p), x.dtype, name)
-    out.op = ComputeOp(axes, Read(x, tuple(idx)), "channels_last")
-    return out
-
-
-def _producer(graph: Graph, src: Tensor, reader: str) -> str | None:
-    """The primitive computing ``src`` where it can compute channels-last itself: no graph
-    output, read by ``reader`` alone, no reduction (its loop nest permuted is the same
-    computation stored in the other layout)."""
-    name = graph.idents.get(src.uid)
-    if name not in graph.prims or graph.is_output(src) or src.op is None or src.op.reduce:
-        return None
-    return name if graph.consumers(name) == [reader] else None
-
-
-def _permuted(src: Tensor, p: list[int]) -> Tensor:
-    """``src``'s computation in the layout whose dim ``k`` is ``src``'s dim ``p[k]`` (same
-    uid: its readers are re-pointed; its loop variables permuted alike)."""
-    assert src.op is not None
-    axes = tuple(IterVar(a.name, a.lo, a.hi) for a in (src.op.axes[d] for d in p))
-    env: dict[int, Expr] = {src.op.axes[d].uid: axes[k] for k, d in enumerate(p)}
-    out = Tensor(tuple(src.shape[d] for d in p), src.dtype, src.name, uid=src.uid)
-    out.op = ComputeOp(axes, substitute(src.op.body, env), src.op.tag)
-    return out
-
-
 def channels_last(graph: Graph, arch: str) -> Graph:
     """``graph`` with each 16-bit convolution's input and weight read channels-last where
     ``arch`` has tensor cores (see the module doc); each change recorded with its reason."""
     rw = Rewriter(graph, "channels_last")
-    if not _has_mma(arch):
+    if not has_mma(arch):
         return graph
     made: dict[int, Tensor] = {}  # an operand's channels-last copy, shared by its readers
     for name in graph.topo_order():
@@ -177,8 +114,8 @@ def channels_last(graph: Graph, arch: str) -> Graph:
         perms: dict[int, tuple[Tensor, list[int]]] = {}
         moved, copied = [], 0
         for r in (x, w):
-            (d,) = _plain_dims(r, c)
-            p = _last(r.tensor.ndim, d)
+            (d,) = plain_dims(r, c)
+            p = innermost(r.tensor.ndim, d)
             src = r.tensor
             if src.uid not in made:
                 cname = f"{src.name}_cl"
@@ -186,19 +123,19 @@ def channels_last(graph: Graph, arch: str) -> Graph:
                     value = np.transpose(graph.constants[src.uid], p)
                     made[src.uid] = rw.constant(cname, value, src.dtype)
                     moved.append(f"{src.name} (constant, permuted at compile time)")
-                elif (prod := _producer(graph, src, name)) is not None:
-                    made[src.uid] = _permuted(src, p)
+                elif (prod := sole_producer(graph, src, name)) is not None:
+                    made[src.uid] = permuted(src, p)
                     rw.define(made[src.uid])
                     moved.append(f"{src.name} (its producer {prod} stores it channels-last, "
                                  "no copy)")  # fmt: skip
                 else:
-                    made[src.uid] = _transpose(src, p, cname)
+                    made[src.uid] = transposed(src, p, cname, "channels_last")
                     rw.add(made[src.uid], before=t)
                     copied += 2 * src.size * 2
                     moved.append(f"{src.name} (a transposing primitive, {2 * src.size * 2} bytes "
                                  "moved)")  # fmt: skip
             perms[r.tensor.uid] = (made[src.uid], p)
-        rw.define(with_body(t, _Permute(perms).visit(t.op.body)))
+        rw.define(with_body(t, Permute(perms).visit(t.op.body)))
         ext = [a.extent for a in t.op.reduce_axes]
         k = int(np.prod(ext))
         out = int(np.prod(t.shape)) // w.tensor.shape[0]  # the GEMM's columns
