@@ -32,6 +32,7 @@ from gpu_cases import TENSOR_CORE  # noqa: E402
 import polyfuse  # noqa: E402
 from polyfuse.cuda.toolchain.compiler import compile_cuda  # noqa: E402
 from polyfuse.cuda.toolchain.sass import (  # noqa: E402
+    TENSOR_MMA,
     DisassemblerNotFound,
     find_disassembler,
     hmma_loop,
@@ -55,7 +56,7 @@ def measure(name: str, arch: str) -> list[dict[str, Any]]:
     rows = []
     for k in fn.kernels:
         f = listing.get(k.function)
-        if f is None or not any(i.opcode.startswith("HMMA") for b in f.blocks
+        if f is None or not any(i.opcode.startswith(TENSOR_MMA) for b in f.blocks
                                 for i in b.instructions):  # fmt: skip
             continue
         res = binary.resources[k.function]

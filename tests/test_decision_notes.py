@@ -155,7 +155,8 @@ def test_a_tensor_core_refusal_is_a_typed_refusal_about_the_micrograph():
     sm = one(*matmul(32, 48, 40))  # float32 operands: no 16-bit mma
     got = map_tensor_core(sm, H100)
     assert isinstance(got, Refusal) and got.kind is DecisionKind.TENSOR_CORES
-    assert got.subject == (sm.name,) and str(got) == "the operands are not float16 or bfloat16"
+    assert got.subject == (sm.name,)
+    assert str(got) == "the operands are not float16, bfloat16, int8 or uint8"
     rec = got.record
     assert not rec.made and rec.kinds == (DecisionKind.TENSOR_CORES,)
     old = map_tensor_core(sm, V100, tf32=True)  # no mma.sync before sm_80

@@ -14,7 +14,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_TF32, PRELUDE, ldmatrix_layout
+from polyfuse.cuda.codegen.tensor_core import (
+    MMA_BF16,
+    MMA_F16,
+    MMA_INT8,
+    MMA_TF32,
+    PRELUDE,
+    ldmatrix_layout,
+)
 from polyfuse.cuda.emulator import Emulator
 from polyfuse.cuda.runtime.launch import Launch, ScalarArg
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
@@ -133,7 +140,41 @@ extern "C" __global__ void mma_diverged(const unsigned* __restrict__ a, float* _
 """
 )
 
-SOURCE = HEAD + DIRECT
+# m16n8k32 on bytes: k steps of 32, four consecutive k of a row (A) or column (B) per register,
+# the lowest k in the low byte (PTX ISA, "Matrix Fragments for mma.m16n8k32"); int32 sums.
+_DIRECT_I8 = r"""
+extern "C" __global__ void NAME(const TA* __restrict__ A, const TB* __restrict__ B,
+                                int* __restrict__ D, int N, int K) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int m0 = (tile / (N / 8)) * 16, n0 = (tile % (N / 8)) * 8;
+  int acc[4] = {0, 0, 0, 0};
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    unsigned a[4] = {0u, 0u, 0u, 0u}, b[2] = {0u, 0u};
+    for (int r = 0; r < 4; ++r) {
+      const int row = m0 + g + 8 * (r & 1), col = k0 + 4 * t + 16 * (r >> 1);
+      for (int i = 0; i < 4; ++i)
+        a[r] |= (unsigned)(unsigned char)A[row * K + col + i] << (8 * i);
+    }
+    for (int r = 0; r < 2; ++r) {
+      const int k = k0 + 4 * t + 16 * r;
+      for (int i = 0; i < 4; ++i)
+        b[r] |= (unsigned)(unsigned char)B[(k + i) * N + n0 + g] << (8 * i);
+    }
+    MMA(acc, a, b, acc);
+  }
+  for (int i = 0; i < 4; ++i) D[(m0 + g + 8 * (i >> 1)) * N + n0 + 2 * t + (i & 1)] = acc[i];
+}
+"""
+_C_BYTE = {"int8": "signed char", "uint8": "unsigned char"}
+
+
+def _direct_i8(a: str, b: str) -> str:
+    text = _DIRECT_I8.replace("NAME", f"mma_{a}_{b}").replace("MMA", MMA_INT8[a, b].name)
+    return text.replace("TA*", f"{_C_BYTE[a]}*").replace("TB*", f"{_C_BYTE[b]}*")
+
+
+SOURCE = HEAD + DIRECT + "".join(_direct_i8(a, b) for a, b in MMA_INT8)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "racecheck"])
@@ -141,9 +182,10 @@ def module(request):
     return Emulator().load(SOURCE, racecheck=request.param)
 
 
-def _matmul(module, kernel: str, a: np.ndarray, b: np.ndarray, per_block: int) -> np.ndarray:
+def _matmul(module, kernel: str, a: np.ndarray, b: np.ndarray, per_block: int,
+            out=np.float32) -> np.ndarray:  # fmt: skip
     (m, k), n = a.shape, b.shape[1]
-    d = np.zeros((m, n), np.float32)
+    d = np.zeros((m, n), out)
     tiles = (m // 16) * (n // 8)
     assert tiles % per_block == 0
     launch = Launch(
@@ -187,10 +229,28 @@ def test_mma_tf32_rounds_inputs_to_tf32(module):
     assert np.abs(got - full).max() > 1e-4  # tf32 is visibly coarser than float32
 
 
+@pytest.mark.parametrize(("a_dtype", "b_dtype"), sorted(MMA_INT8))
+def test_mma_m16n8k32_byte_products_sum_exactly_in_int32(module, a_dtype, b_dtype):
+    """Every signedness pair of m16n8k32: the bytes as the PTX ISA lays them out, summed
+    exactly (the extremes included: -128 * -128, 255 * 255)."""
+    rng = np.random.default_rng(13)
+    m, n, k = 32, 16, 96
+
+    def draw(dtype, shape):
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+        x.flat[:3] = [info.min, info.max, info.min]
+        return x
+
+    a, b = draw(a_dtype, (m, k)), draw(b_dtype, (k, n))
+    got = _matmul(module, f"mma_{a_dtype}_{b_dtype}", a, b, 2, np.int32)
+    np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+
+
 def test_the_layout_tables_pack_what_the_emulator_multiplies():
     """:mod:`polyfuse.cuda.codegen.tensor_core`'s per-lane tables rebuild every operand exactly
     once."""
-    for mma in (MMA_BF16, MMA_F16, MMA_TF32):
+    for mma in (MMA_BF16, MMA_F16, MMA_TF32, *MMA_INT8.values()):
         for layout, shape in (
             (mma.a_layout, (mma.m, mma.k)),
             (mma.b_layout, (mma.k, mma.n)),
@@ -234,4 +294,5 @@ def test_nvrtc_compiles_the_inline_ptx(arch):
     except CompilerNotFound:
         return  # the SASS check needs NVIDIA's disassembler (pip install polyfuse[sass])
     assert "HMMA.16816.F32.BF16" in sass and "HMMA.1688.F32.TF32" in sass
+    assert "IMMA.16832.U8.S8" in sass and "IMMA.16832.S8.S8" in sass
     assert "LDSM.16.M88.4" in sass and "LDSM.16.MT88.2" in sass

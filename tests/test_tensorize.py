@@ -165,7 +165,7 @@ def test_mixed_operand_dtypes_are_refused_with_the_reason():
     fn = polyfuse.compile([a, w], [mm], check_cuda=False)
     (k,) = fn.kernels
     assert "pf_mma_" not in k.source
-    assert "no tensor cores: the operands are not float16 or bfloat16" in k.notes
+    assert "no tensor cores: the operands are not float16, bfloat16, int8 or uint8" in k.notes
 
 
 @pytest.mark.parametrize("linear", [True, False])

@@ -315,6 +315,18 @@ class Cast(Expr):
         return f"{self.dtype}({self.a!r})"
 
 
+#: the byte dtypes an integer GEMM widens to int32 (``m16n8k32`` tensor cores)
+BYTE_DTYPES = ("int8", "uint8")
+
+
+def widened_byte_read(e: Expr) -> Read | None:
+    """The byte read of ``int32(x[...])`` with ``x`` int8 or uint8 (a factor of an integer
+    GEMM: its products summed exactly in int32), else None."""
+    if isinstance(e, Cast) and e.dtype == "int32" and isinstance(e.a, Read):
+        return e.a if e.a.tensor.dtype in BYTE_DTYPES else None
+    return None
+
+
 @dataclass(eq=False, repr=False)
 class DataIndex(Expr):
     """A subscript read from data at run time (a gather): ``x[te.data_index(idx[i]), j]``.

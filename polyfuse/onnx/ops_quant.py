@@ -14,7 +14,9 @@ the one that applies to each element, so nothing is replicated in memory.
   that type. To float8 (``saturate`` as given) and float4: ``x / scale`` onto their grid
   (:mod:`~polyfuse.onnx.narrow_types`), held in float32.
 - The integer products (``MatMulInteger``, ``ConvInteger`` and the two ``QLinear`` forms)
-  subtract the zero points and sum exactly in int32; ``QLinear*`` then requantize with
+  subtract the zero points and sum exactly in int32 (the byte matmuls as the product of the
+  raw bytes on tensor cores less the zero points times row and column sums:
+  :func:`_integer_matmul`); ``QLinear*`` then requantize with
   ``a_scale * b_scale / y_scale`` (in float64: the reference multiplies an int32 array by it).
 """
 
@@ -35,6 +37,7 @@ from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import Ctx, Value, optional_input, register_op, storage_dtype
 from polyfuse.onnx.narrow_types import FLOAT_FORMATS, round_to_float
 from polyfuse.onnx.ops_nn import conv_node
+from polyfuse.ops._common import bcast
 
 #: the integer types a quantization produces, with their ranges
 _RANGES = {
@@ -189,13 +192,69 @@ def _shifted(ctx: Ctx, v: Value, zp: Value | None, axis: int | None, what: str) 
     return ctx.compute(t.shape, lambda *i: te.cast(t[i], "int32") - te.cast(z(i), "int32"), what)
 
 
+def _is_zero(zp: Value | None) -> bool:
+    """An omitted zero point, or a host constant of zeros (symmetric quantization)."""
+    return zp is None or (not isinstance(zp, Tensor) and not np.asarray(zp).any())
+
+
+def _integer_matmul(ctx: Ctx, av: Value, bv: Value, za: Value | None, zb: Value | None,
+                    hint: str) -> Tensor:  # fmt: skip
+    """``(a - za) @ (b - zb)`` summed exactly in int32. With byte operands of two or more dims
+    as ``a @ b - zb * rowsum(a) - za * colsum(b) + K * za * zb`` (gemmlowp's expansion; the
+    zero points are one per row of ``a`` and one per column of ``b`` at most): the product of
+    the raw bytes is an int8 GEMM on ``m16n8k32`` tensor cores, the sums are cheap rows and
+    columns (a constant weight's columns fold at import), and int32 arithmetic wraps alike in
+    both forms. Otherwise the zero points are subtracted first."""
+    a, b = ctx.tensor(av), ctx.tensor(bv)
+    byte = {a.dtype, b.dtype} <= {"int8", "uint8"}
+    if not byte or a.ndim < 2 or b.ndim < 2:
+        a = _shifted(ctx, av, za, -2 if a.ndim >= 2 else -1, "a")
+        b = _shifted(ctx, bv, zb, -1, "b")
+        return ops.matmul(a, b, name=ctx.fresh(hint))
+    prod = ops.matmul(a, b, name=ctx.fresh(hint), dtype="int32")
+    z_a = None if _is_zero(za) else _per_element(ctx, za, a.shape, -2, 0, "a zero point")
+    z_b = None if _is_zero(zb) else _per_element(ctx, zb, b.shape, -1, 0, "b zero point")
+    if z_a is None and z_b is None:
+        return prod
+    kk = a.shape[-1]
+
+    def row_sums(*i: IterVar) -> Expr:
+        k = te.reduce_axis(kk, name="k")
+        return te.sum(te.cast(a[(*i, k)], "int32"), axis=k)
+
+    def col_sums(*i: IterVar) -> Expr:
+        k = te.reduce_axis(kk, name="k")
+        return te.sum(te.cast(b[(*i[:-1], k, i[-1])], "int32"), axis=k)
+
+    rows = cols = None
+    if z_b is not None:
+        rows = ctx.compute(a.shape[:-1], row_sums, "a_row_sums")
+    if z_a is not None:
+        cols = ctx.compute((*b.shape[:-2], b.shape[-1]), col_sums, "b_col_sums")
+
+    def body(*o: IterVar) -> Expr:
+        *batch, m, n = o
+        ab, bb = bcast(a.shape[:-2], batch), bcast(b.shape[:-2], batch)
+        v: Expr = prod[o]
+        za_ = te.cast(z_a((*ab, m, as_expr(0))), "int32") if z_a is not None else None
+        zb_ = te.cast(z_b((*bb, as_expr(0), n)), "int32") if z_b is not None else None
+        if zb_ is not None and rows is not None:
+            v = v - zb_ * rows[(*ab, m)]
+        if za_ is not None and cols is not None:
+            v = v - za_ * cols[(*bb, n)]
+        if za_ is not None and zb_ is not None:
+            v = v + za_ * zb_ * kk
+        return v
+
+    return ctx.compute(prod.shape, body, f"{hint}_zero_points")
+
+
 @register_op("MatMulInteger")
 def _matmul_integer(
     ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 ) -> list[Value]:
-    a = _shifted(ctx, ins[0], optional_input(ins, 2), -2 if np.ndim(ins[0]) >= 2 else -1, "a")
-    b = _shifted(ctx, ins[1], optional_input(ins, 3), -1, "b")
-    return [ops.matmul(a, b, name=ctx.fresh("matmul_int"))]
+    za, zb = optional_input(ins, 2), optional_input(ins, 3)
+    return [_integer_matmul(ctx, ins[0], ins[1], za, zb, "matmul_int")]
 
 
 def _requant_factor(ctx: Ctx, scales: list[Value], axes: list[int]) -> Reader:
@@ -222,10 +281,8 @@ def _requant_factor(ctx: Ctx, scales: list[Value], axes: list[int]) -> Reader:
 def _qlinear_matmul(
     ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]
 ) -> list[Value]:
-    a = _shifted(ctx, ins[0], ins[2], -2 if np.ndim(ins[0]) >= 2 else -1, "a")
-    b = _shifted(ctx, ins[3], ins[5], -1, "b")
     to = _quant_type(ctx, node, 7, at, ctx.onnx_dtype(node.input[0], ins[0]))
-    acc = ops.matmul(a, b, name=ctx.fresh("qmatmul"))
+    acc = _integer_matmul(ctx, ins[0], ins[3], ins[2], ins[5], "qmatmul")
     rows, cols = acc.ndim - 2, acc.ndim - 1
     factor = _requant_factor(ctx, [ins[1], ins[4], ins[6]], [rows, cols, cols])
     zp = _per_element(ctx, ins[7], acc.shape, -1, 0, "y_zero_point")

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polyfuse.graph import expr
 from polyfuse.poly.tensorize_gather import linear_alignment
 
 HALF_DTYPES = ("float16", "bfloat16")
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+#: byte operands (``m16n8k32``, int32 accumulators), each factor ``int32(x)`` of a byte read
+BYTE_DTYPES = expr.BYTE_DTYPES
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "uint8": 1}
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class MmaOperand:
     #: runs of its innermost dim (:func:`polyfuse.poly.tensorize_gather.chunked_k`: a
     #: channels-last conv input): filled by 16-byte chunks, each one gather
     chunked: bool = False
+    #: a byte operand stored m- or n-innermost whose tile is filled k-innermost element by
+    #: element (``ldmatrix`` has no ``.trans`` of 8-bit elements)
+    transposed_fill: bool = False
 
     @property
     def scalar(self) -> bool:

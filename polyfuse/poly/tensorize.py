@@ -47,13 +47,14 @@ import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind, DecisionNote, Refusal, noted, refused
 from polyfuse.base.decision_data import TensorCoreData
-from polyfuse.graph.expr import Binary
+from polyfuse.graph.expr import Binary, widened_byte_read
 from polyfuse.poly import tensorize_tiling
 from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.mma_operand import (  # noqa: F401 (re-export)
+    BYTE_DTYPES,
     CHUNK,
     HALF_DTYPES,
     ITEMSIZE,
@@ -112,6 +113,17 @@ class TensorCoreKernel(MappedKernel):
     fold: int | None = None
     #: register fragment buffers (2: double-buffered across the k-steps, tensorize_fragments)
     fragment_buffers: int = 1
+    #: B's dtype where it differs from A's (``dtype``): uint8 x int8 on ``m16n8k32``
+    b_dtype: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.b_dtype:
+            object.__setattr__(self, "b_dtype", self.dtype)
+
+    @property
+    def accumulator_dtype(self) -> str:
+        """int32 for byte operands, else float32."""
+        return "int32" if self.dtype in BYTE_DTYPES else "float32"
 
     @property
     def m_dim(self) -> int:
@@ -126,9 +138,9 @@ class TensorCoreKernel(MappedKernel):
         return self.b.outer_dim
 
     def shared_bytes(self) -> int:
-        """Bytes of the two 16-bit shared tiles (one stage each)."""
+        """Bytes of the two shared tiles (one stage each)."""
         assert self.a_layout is not None and self.b_layout is not None
-        return 2 * (self.a_layout.elements + self.b_layout.elements)
+        return ITEMSIZE[self.dtype] * (self.a_layout.elements + self.b_layout.elements)
 
 
 def operand_layouts(
@@ -177,6 +189,8 @@ def stage_problem(
     rate = MMA_FMA_PER_SM_CYCLE.get(device.arch, 512)
     if tk.dtype == "float32":  # tf32: half the 16-bit rate (A100: 156 vs 312 TFLOP/s)
         rate //= 2
+    elif tk.dtype in BYTE_DTYPES:  # int8: twice it (A100: 624 TOPS)
+        rate *= 2
     return StageProblem(
         fma_per_ktile=fma,
         stage_bytes=tk.shared_bytes(),
@@ -236,11 +250,14 @@ def match_mma(
     if len(shape.operands) != 2:
         return "the update does not read exactly two operands"
     dtypes = {model.tensors[n].dtype for n, _ in shape.operands}
-    if len(dtypes) != 1:
+    byte = dtypes <= set(BYTE_DTYPES)  # int8 x uint8 is one of m16n8k32's forms
+    if len(dtypes) != 1 and not byte:
         return f"mixed operand dtypes {sorted(dtypes)}"
-    (dtype,) = dtypes
-    if red.accumulate_dtype != "float32":
-        return f"accumulates in {red.accumulate_dtype}, not float32"
+    if byte and any(widened_byte_read(f) is None for f in (body.a, body.b)):
+        return "a byte factor is not widened to int32 (the products would wrap at 8 bits)"
+    acc = "int32" if byte else "float32"
+    if red.accumulate_dtype != acc:
+        return f"accumulates in {red.accumulate_dtype}, not {acc}"
     guarded = guarded_operands(shape, model, body)
     if isinstance(guarded, str):
         return guarded
@@ -248,15 +265,31 @@ def match_mma(
     for m, n in _dim_pairs(nd):
         got = _pair(shape, model, m, n, guarded)
         if not isinstance(got, str):
-            return shape, dtype, got[0], got[1], None
+            return shape, model.tensors[got[0].tensor].dtype, *_bytes_k_inner(*got, byte), None
         first = first or got
     for d, og in group_splits(shape):  # a grouped conv: a batch of GEMMs per group
         split = split_shape(shape, d, og)
         for m, n in _dim_pairs(nd + 1):
             got = _pair(split, model, m, n, guarded)
             if not isinstance(got, str):
-                return split, dtype, got[0], got[1], (d, og)
+                a, b = _bytes_k_inner(*got, byte)
+                return split, model.tensors[a.tensor].dtype, a, b, (d, og)
     return f"no A/B operand pair: {first}"
+
+
+def _bytes_k_inner(a: MmaOperand, b: MmaOperand, byte: bool) -> tuple[MmaOperand, MmaOperand]:
+    """Byte operands stored m- or n-innermost, filled element by element into k-innermost
+    tiles (``ldmatrix`` has no ``.trans`` of 8-bit elements); others as matched."""
+    if not byte:
+        return a, b
+    return tuple(
+        op
+        if op.k_inner
+        else replace(
+            op, gather=True, k_inner=True, linear=None, chunked=False, transposed_fill=True
+        )
+        for op in (a, b)
+    )  # type: ignore[return-value]
 
 
 def _either(
@@ -365,14 +398,18 @@ def map_tensor_core(
     forces the k-tile pipeline's stage count (refused over the shared budget, noted);
     ``tf32``: a float32 GEMM on ``m16n8k8`` tf32 (the user's ``allow_tf32``) instead of a
     16-bit one; ``block_k`` forces the k-tile (``MappingConfig.mma_block_k``)."""
+    got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES + BYTE_DTYPES)
     shape_name = "m16n8k8" if tf32 else "m16n8k16"
+    if not isinstance(got, str) and got[1] in BYTE_DTYPES:
+        shape_name = "m16n8k32"
     if not device.arch.startswith("sm_") or int(device.arch[3:].rstrip("a")) < 80:
         why = f"no {shape_name} mma.sync on {device.arch} (sm_80 and later)"
         return refused(DecisionKind.TENSOR_CORES, why, sm.name)
-    got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES)
     if isinstance(got, str):
         return refused(DecisionKind.TENSOR_CORES, got, sm.name)
     shape, dtype, a, b, split = got
+    b_dtype = sm.model.tensors[b.tensor].dtype
+    byte = dtype in BYTE_DTYPES
     # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
     lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
     scalar_b = b.scalar or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
@@ -387,7 +424,7 @@ def map_tensor_core(
         lo = 0 if op.k_inner else shape.data[op.outer_dim][0]
         return not fill_alignment(op, lo, 16 // size)
 
-    tiling, why = choose_mma_tiling(shape, device, tf32, mn, fold, (a, b), aligned, block_k)
+    tiling, why = choose_mma_tiling(shape, device, size, mn, fold, (a, b), aligned, block_k)
     shape, a, b, order_note = choose_k_order(
         shape, a, b, (tiling.block_m, tiling.block_n), tiling.block_k, 32 * tiling.warps, aligned
     )
@@ -400,9 +437,12 @@ def map_tensor_core(
     bx = "x4 (two mma tiles)" if tiling.b_step == 2 else "x2"
     la, lb = operand_layouts(a, b, tiling, ITEMSIZE[dtype])
     kind = "tf32 (float32 operands, allow_tf32)" if tf32 else dtype
+    if b_dtype != dtype:
+        kind = f"{dtype} x {b_dtype}"
+    acc = "int32" if byte else "float32"
     tc, gemm = DecisionKind.TENSOR_CORES, shape.update.prim
     notes: list[str] = [
-        f"tensor cores: mma.sync.{shape_name} {kind} -> float32 accumulators; {why}",
+        f"tensor cores: mma.sync.{shape_name} {kind} -> {acc} accumulators; {why}",
         noted(
             tc,
             f"tensor cores: {a.tensor} (A) in shared as {dtype}, {lay} innermost, "
@@ -410,6 +450,19 @@ def map_tensor_core(
             f"{_fragment_load(b, bx, tf32)}",
             a.tensor,
             b.tensor,
+        ),
+        *(
+            [
+                noted(
+                    tc,
+                    f"tensor cores: {op.tensor} is stored {'m' if op is a else 'n'} innermost; "
+                    "its tile is filled element by element k-innermost (ldmatrix has no "
+                    ".trans of 8-bit elements)",
+                    op.tensor,
+                )
+                for op in (a, b)
+                if op.transposed_fill
+            ]
         ),
         noted(
             tc,
@@ -469,7 +522,7 @@ def map_tensor_core(
         notes[0],
         TensorCoreData(
             "tensorize",
-            "m16n8k8.tf32" if tf32 else f"m16n8k16.{dtype}",
+            "m16n8k8.tf32" if tf32 else f"{shape_name}.{kind.replace(' x ', '.')}",
             [tiling.block_m, tiling.block_n, tiling.block_k],
             [tiling.warps_m, tiling.warps_n],
             layouts=[f"{a.tensor}: {la.describe()}", f"{b.tensor}: {lb.describe()}"],
@@ -498,6 +551,7 @@ def map_tensor_core(
         b_layout=lb,
         split=split,
         fold=fold,
+        b_dtype=b_dtype,
     )
     vector, choice = _pipelining(sm, tk, device, stages)
     size = ITEMSIZE[dtype]
@@ -536,7 +590,9 @@ def tensor_core_placements(tk: TensorCoreKernel) -> dict[str, Placement]:
         elif role.role == "input":
             out[name] = Placement(name, "global", "micrograph input (epilogue operand)")
         elif name == acc:
-            out[name] = Placement(name, "register", "mma accumulator fragments (float32)")
+            out[name] = Placement(
+                name, "register", f"mma accumulator fragments ({tk.accumulator_dtype})"
+            )
         elif role.role == "output":
             out[name] = Placement(
                 name, "global", "micrograph output", register_copy=name in read_inside

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import islpy as isl
 
-from polyfuse.graph.expr import Binary, Read, Select
+from polyfuse.graph.expr import Binary, Read, Select, widened_byte_read
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.promote import access_function
 from polyfuse.poly.select_free import select_free_operands
@@ -219,7 +219,10 @@ def _divides_dim(acc: isl.Map, d: int) -> bool:
 
 
 def factor_read(f) -> Read | None:
-    """The read of a factor ``read`` or ``where(c, read, 0)``, else None."""
+    """The read of a factor ``read``, ``where(c, read, 0)`` or ``int32(read)`` of a byte
+    tensor (:func:`polyfuse.graph.expr.widened_byte_read`), else None."""
+    if (w := widened_byte_read(f)) is not None:
+        return w
     if isinstance(f, Select):
         f = f.a if isinstance(f.a, Read) and _is_zero(f.b) else None
     return f if isinstance(f, Read) else None

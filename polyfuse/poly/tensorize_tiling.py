@@ -34,6 +34,10 @@ BLOCK_K = 32
 #: default like torch): k-steps of 8 over k-tiles of 16 (64-byte rows, as many bytes as the
 #: 16-bit k-tile); tf32 keeps float32's exponent and 10 of its 23 mantissa bits
 TF32_MMA_K, TF32_BLOCK_K = 8, 16
+#: the intrinsic's k per operand itemsize (bytes: ``m16n8k32``), and a k-tile's bytes per row
+#: (64: two k-steps of every intrinsic)
+MMA_K_OF = {1: 32, 2: MMA_K, 4: TF32_MMA_K}
+KTILE_BYTES = 64
 #: candidate (block M, block N, warps along M, warps along N), the fallback (where none fills
 #: the SMs) last: warp tiles of 64x64 (4x8 mma tiles), 64x32 and 32x64, 32x32; blocks of 4
 #: or 8 warps (fewer leave a block's fill latency to too few warps)
@@ -127,7 +131,7 @@ def _label(t: MmaTiling) -> str:
 def choose_mma_tiling(
     shape: GemmShape,
     device: DeviceSpec,
-    tf32: bool = False,
+    itemsize: int = 2,
     mn: tuple[int, int] | None = None,
     fold: int | None = None,
     ops: tuple | None = None,
@@ -136,11 +140,12 @@ def choose_mma_tiling(
 ) -> tuple[MmaTiling, str]:
     """The candidate of :data:`TILINGS` with the fewest modelled non-HMMA instructions per
     useful HMMA (:func:`hot_figure`) among those whose blocks fill the SMs and whose
-    registers fit (else the last, the smallest), with the reason; ``mn``: the m and n data
+    registers fit (else the last, the smallest), with the reason; ``itemsize``: the operands'
+    bytes (2: m16n8k16, 4: tf32's m16n8k8, 1: bytes' m16n8k32); ``mn``: the m and n data
     dims (the last two by default), ``fold``: a data dim folded into the columns, ``ops``:
     the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned,
     ``block_k``: a forced k-tile (a multiple of the intrinsic's k; the model's otherwise)."""
-    mma_k = TF32_MMA_K if tf32 else MMA_K
+    mma_k, bk = MMA_K_OF[itemsize], KTILE_BYTES // itemsize
     if block_k is not None and (block_k <= 0 or block_k % mma_k or block_k > 4 * mma_k):
         raise ValueError(
             f"mma_block_k={block_k}: a tensorized k-tile is 1 to 4 k-steps of {mma_k}"
@@ -154,9 +159,7 @@ def choose_mma_tiling(
             batch *= extent(shape, i)
     priced, refused = [], []
     for i, (bm, bn, wm, wn) in enumerate(TILINGS):
-        t = MmaTiling(bm, bn, wm, wn)
-        if tf32:
-            t = MmaTiling(bm, bn, wm, wn, TF32_BLOCK_K, TF32_MMA_K)
+        t = MmaTiling(bm, bn, wm, wn, bk, mma_k)
         if block_k is not None:
             t = replace(t, block_k=block_k)
         blocks = batch * -(-rows // bm) * -(-cols // bn)
@@ -171,7 +174,7 @@ def choose_mma_tiling(
     others = ", ".join(f"{_label(p[2])}: {p[0]:.2f}" for p in fills if p[2] != t)
     data = TensorCoreData(
         "tile",
-        "m16n8k8.tf32" if tf32 else "m16n8k16",
+        {1: "m16n8k32", 2: "m16n8k16", 4: "m16n8k8.tf32"}[itemsize],
         [t.block_m, t.block_n, t.block_k],
         [t.warps_m, t.warps_n],
     )

@@ -37,7 +37,7 @@ import islpy as isl
 from polyfuse.base.decision import DecisionKind, Refusal, noted, refused
 from polyfuse.base.decision_data import GemmTileData
 from polyfuse.base.errors import ScheduleError
-from polyfuse.graph.expr import Binary, Const, Read, Select
+from polyfuse.graph.expr import Binary, Const, Read, Select, widened_byte_read
 from polyfuse.poly.costs import KernelDesc, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
 from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout
@@ -75,8 +75,9 @@ def _factors(e) -> list:
 
 
 def _zero_padded_read(e) -> bool:
-    """A factor that is a read, or ``where(cond, read, 0)`` (conv's padding)."""
-    if isinstance(e, Read):
+    """A factor that is a read, ``where(cond, read, 0)`` (conv's padding), or a byte read
+    widened to int32 (:func:`polyfuse.graph.expr.widened_byte_read`)."""
+    if isinstance(e, Read) or widened_byte_read(e) is not None:
         return True
     return (
         isinstance(e, Select)
@@ -121,7 +122,8 @@ def detect_gemm(
     if red is None or red.op != "sum":
         return no("the reduction is not a sum")
     if any(r.tensor.dtype not in dtypes for r, _ in up.reads if r is not None):
-        return no(f"the operands are not {' or '.join(dtypes)}")
+        listed = ", ".join(dtypes[:-1]) + " or " * (len(dtypes) > 1) + dtypes[-1]
+        return no(f"the operands are not {listed}")
     init = next(s for s in model.statements if s.prim == prim and s.role == "init")
     final = next(s for s in model.statements if s.prim == prim and s.role == "final")
     order = model.micrograph.prims

@@ -606,6 +606,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.hardtanh.default: typed.hardtanh,
     aten.mm.default: ops.matmul,
     aten.bmm.default: ops.matmul,
+    # int8 x int8 summed exactly in int32 (m16n8k32 tensor cores)
+    aten._int_mm.default: lambda a, b: ops.matmul(a, b, dtype="int32"),
     aten.addmm.default: _addmm,
     aten.permute.default: lambda x, dims: ops.transpose(x, [d % len(x.shape) for d in dims]),
     aten.t.default: lambda x: ops.transpose(x, [1, 0]) if len(x.shape) == 2 else x,

@@ -4,7 +4,7 @@
 
 The kernel each block runs, for its block tile of the result (and its batch coordinates)::
 
-    acc[tiles_m][tiles_n][4] = 0                    // mma C fragments, float32
+    acc[tiles_m][tiles_n][4] = 0                    // mma C fragments, float32 (int32: bytes)
     for each k-tile:                                // BLOCK_K deep, S-stage pipelined
         fill the shared tiles of A and B            // 16-bit, zero outside the arrays
         (cp.async, S stages, or scalar copies: :mod:`polyfuse.cuda.codegen.lower_mma_pipeline`)
@@ -66,7 +66,7 @@ from polyfuse.cuda.codegen.lower_mma_pipeline import k_tile_loop
 from polyfuse.cuda.codegen.lower_mma_steps import k_step
 from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.cuda.codegen.printer import kernel_of
-from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_TF32
+from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_INT8, MMA_TF32, Intrinsic
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT
 from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, TensorCoreKernel
@@ -74,6 +74,11 @@ from polyfuse.poly.tensorize_gather import k_extent
 
 #: the intrinsic per operand dtype (float32: tf32, where the user allowed it)
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16, "float32": MMA_TF32}
+
+
+def intrinsic(tk: TensorCoreKernel) -> Intrinsic:
+    """The mma instruction of ``tk``: by its operand dtype, per (A, B) pair for bytes."""
+    return MMA_INT8.get((tk.dtype, tk.b_dtype)) or INTRINSIC[tk.dtype]
 
 
 def lower_mma_kernel(
@@ -96,7 +101,7 @@ def lower_mma_kernel(
     ir = kernel_ir(printed, tk, [], namer)
     ir = alloc_buffers(ir, buffer_placements(tk, as_global), list(model.tensors))
     ir = assign_dtypes(ir, storage_dtypes(model))
-    mma = INTRINSIC[tk.dtype]
+    mma = intrinsic(tk)
     nthreads = 32 * t.warps
     (lm, hm), (ln, hn) = shape.data[tk.m_dim], shape.data[tk.n_dim]
     fold, width = tk.fold, hn - ln + 1
@@ -130,7 +135,7 @@ def lower_mma_kernel(
     # limit; the pool's offsets count 4-byte words)
     tiles = (
         KAlloc(sa, MemSpace.SHARED, tk.dtype, (stages * ea,), 0 if dynamic else None, align=16),
-        KAlloc(sb, MemSpace.SHARED, tk.dtype, (stages * eb,),
+        KAlloc(sb, MemSpace.SHARED, tk.b_dtype, (stages * eb,),
                stages * ea * itemsize // 4 if dynamic else None, align=16),
     )  # fmt: skip
     regs = tuple(x for x in ir.allocs if x.space is MemSpace.REGISTER)
@@ -145,14 +150,14 @@ def lower_mma_kernel(
         KLet("pf_m0", add(lm, mul(gm, t.block_m))),
         KLet("pf_n0", add(ln, mul(gn, t.block_n))),
         *lanes,
-        KRegisters("pf_acc", "float", (tm, tn, 4), "local"),
+        KRegisters("pf_acc", mma.c_type, (tm, tn, 4), "local"),
         _loop("pf_i", tm, [_loop("pf_j", tn, [_loop("pf_x", 4, zero)])]),
     ]
     fills = (
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, KVar("pf_m0"), hm,
                  hk, tuple(batch), nthreads, tk.dtype, kv, red),
         TileFill(b, lb, sb, namer.tensor(b.tensor), t.block_n, t.block_k, KVar("pf_n0"), hn,
-                 hk, tuple(batch), nthreads, tk.dtype, kv, red,
+                 hk, tuple(batch), nthreads, tk.b_dtype, kv, red,
                  () if fold is None else ((fold, div("pf_r", width)),
                                           (tk.n_dim, mod("pf_r", width)))),
     )  # fmt: skip

@@ -62,7 +62,7 @@ from polyfuse.cuda.codegen.lower_mma_pipeline import (
     advance,
     ahead_fills,
     k_tile,
-    pointer_type,
+    pointer_lets,
     prologue,
     stage_pointers,
 )
@@ -179,7 +179,6 @@ def double_buffered_loop(
             *buffered(step, step.mma, last, KInt(bk - mk)),
         ]
 
-    ptype = pointer_type(fills[0])
     main = max(0, full - ahead)  # iterations whose fill lies wholly inside
     return [
         *prologue(fills, ahead, k_tiles, k_lo, bk),
@@ -187,7 +186,7 @@ def double_buffered_loop(
         KBarrier(Scope.BLOCK, "... for every thread"),
         *[replace(r, shape=(2, *r.shape), note="two fragment buffers" if not i else "")
           for i, r in enumerate(step.fragments)],
-        *[KLet(b, v, ptype, const=False) for b, v in pointers],
+        *pointer_lets(fills, bases),
         *first,
         *k_tile(0, main, body(True)),
         *k_tile(main, k_tiles, body(False), True),

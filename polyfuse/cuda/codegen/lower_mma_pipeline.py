@@ -72,6 +72,14 @@ def pointer_type(f: TileFill) -> str:
     return f"const {C_TYPES[f.dtype]}*"
 
 
+def pointer_lets(fills: Sequence[TileFill], bases: Bases) -> list[KLet]:
+    """The declarations of :func:`stage_pointers`, each typed by its tile's dtype (uint8 A
+    beside int8 B)."""
+    types = [pointer_type(f) for f, pairs in zip(fills, bases, strict=True) for _ in pairs]
+    return [KLet(b, v, t, const=False)
+            for (b, v), t in zip(stage_pointers(fills, bases), types, strict=True)]  # fmt: skip
+
+
 def advance(counter: str, stages: int) -> KAssign:
     """``counter`` to the next of ``stages`` stages (wrapping to 0)."""
     c = KVar(counter)
@@ -113,8 +121,7 @@ def k_tile_loop(
     is split where the k-tiles it fills stop lying wholly inside the reduction: the steady
     state fills without a k guard, the tail with one."""
     bk = fills[0].block_k
-    point = [KLet(b, v, pointer_type(fills[0]), const=False)
-             for b, v in stage_pointers(fills, bases)]  # fmt: skip
+    point = pointer_lets(fills, bases)
     full = min(k_tiles, (fills[0].k_hi - k_lo + 1) // bk)  # k-tiles wholly inside
     k0 = KLet("pf_k0", add(k_lo, mul("pf_kt", bk)))
     loaded = KBarrier(Scope.BLOCK, "the previous k-tile's fragments are loaded")

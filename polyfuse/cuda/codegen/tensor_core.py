@@ -1,8 +1,9 @@
 """Tensor-core intrinsics as small computations with their per-lane fragment layouts.
 
 An intrinsic (``mma.sync.aligned.m16n8k16`` on float16/bfloat16, ``m16n8k8`` on tf32, both
-accumulating in float32) computes ``D[m, n] = C[m, n] + sum_k A[m, k] * B[k, n]`` for one warp;
-each lane holds a few elements of every operand in registers. :class:`Intrinsic` records that
+accumulating in float32; ``m16n8k32`` on int8/uint8, accumulating in int32) computes
+``D[m, n] = C[m, n] + sum_k A[m, k] * B[k, n]`` for one warp; each lane holds a few elements
+of every operand in registers. :class:`Intrinsic` records that
 computation and, per operand, which ``(row, col)`` each lane's register element holds (PTX
 ISA, "Matrix Fragments for mma"), so a tensorization pass can match the intrinsic against a
 GEMM's innermost tiles with isl and lay the fragments out, and tests can pack fragments with
@@ -30,30 +31,40 @@ class Intrinsic:
     m: int
     n: int
     k: int
-    in_dtype: str  # "float16" | "bfloat16" | "tfloat32"
-    acc_dtype: str  # "float32"
+    in_dtype: str  # "float16" | "bfloat16" | "tfloat32" | "int8" | "uint8" (A's)
+    acc_dtype: str  # "float32" | "int32"
     a_regs: int  # 32-bit registers per lane
     b_regs: int
     c_regs: int
+    b_dtype: str = ""  # B's element type where it differs from A's (uint8 x int8)
 
     @property
     def elems_per_reg(self) -> int:
-        return 1 if self.in_dtype == "tfloat32" else 2
+        """Elements of A (and B) per 32-bit register: 4 bytes, 2 halves or one tf32."""
+        return {"tfloat32": 1, "int8": 4, "uint8": 4}.get(self.in_dtype, 2)
+
+    @property
+    def c_type(self) -> str:
+        """The C type of the accumulator registers."""
+        return "int" if self.acc_dtype == "int32" else "float"
 
     def a_layout(self, lane: int) -> list[tuple[int, int]]:
-        """(row m, col k) of each A element lane ``lane`` holds, register by register (low
-        half first)."""
+        """(row m, col k) of each A element lane ``lane`` holds, register by register (lowest
+        bits first)."""
         g, t = divmod(lane, 4)
         if self.in_dtype == "tfloat32":  # m16n8k8
             return [(g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)]
-        return [(g + 8 * r, 2 * t + 8 * c + h) for c in (0, 1) for r in (0, 1) for h in (0, 1)]
+        e = self.elems_per_reg  # 2 halves (k16) or 4 bytes (k32) per register
+        return [(g + 8 * r, e * t + 4 * e * c + h)
+                for c in (0, 1) for r in (0, 1) for h in range(e)]  # fmt: skip
 
     def b_layout(self, lane: int) -> list[tuple[int, int]]:
         """(row k, col n) of each B element lane ``lane`` holds."""
         g, t = divmod(lane, 4)
         if self.in_dtype == "tfloat32":
             return [(t, g), (t + 4, g)]
-        return [(2 * t + 8 * r + h, g) for r in (0, 1) for h in (0, 1)]
+        e = self.elems_per_reg
+        return [(e * t + 4 * e * r + h, g) for r in (0, 1) for h in range(e)]
 
     def c_layout(self, lane: int) -> list[tuple[int, int]]:
         """(row m, col n) of each accumulator element (C and D) lane ``lane`` holds."""
@@ -76,7 +87,19 @@ MMA_TF32 = Intrinsic(
     "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
     16, 8, 8, "tfloat32", "float32", 4, 2, 4,
 )  # fmt: skip
-INTRINSICS = (MMA_BF16, MMA_F16, MMA_TF32)
+#: ``m16n8k32`` on bytes, per (A, B) signedness: exact int32 sums of int8/uint8 products
+#: (wrapping past 32 bits, as the instruction without ``.satfinite``)
+_BYTE_PTX = {"int8": "s8", "uint8": "u8"}
+MMA_INT8 = {
+    (a, b): Intrinsic(
+        f"pf_mma_m16n8k32_s32_{_BYTE_PTX[a]}_{_BYTE_PTX[b]}",
+        f"mma.sync.aligned.m16n8k32.row.col.s32.{_BYTE_PTX[a]}.{_BYTE_PTX[b]}.s32",
+        16, 8, 32, a, "int32", 4, 2, 4, b,
+    )
+    for a in _BYTE_PTX
+    for b in _BYTE_PTX
+}  # fmt: skip
+INTRINSICS = (MMA_BF16, MMA_F16, MMA_TF32, *MMA_INT8.values())
 
 
 def ldmatrix_layout(lane: int, matrices: int, trans: bool) -> list[tuple[int, int, int]]:
@@ -92,16 +115,17 @@ def ldmatrix_layout(lane: int, matrices: int, trans: bool) -> list[tuple[int, in
 
 
 def _mma_function(mma: Intrinsic) -> str:
-    d = ", ".join(f'"=f"(d[{i}])' for i in range(mma.c_regs))
+    cc = "r" if mma.acc_dtype == "int32" else "f"  # the accumulators' register class
+    d = ", ".join(f'"={cc}"(d[{i}])' for i in range(mma.c_regs))
     ins = [f'"r"(a[{i}])' for i in range(mma.a_regs)] + [f'"r"(b[{i}])' for i in range(mma.b_regs)]
-    ins += [f'"f"(c[{i}])' for i in range(mma.c_regs)]
+    ins += [f'"{cc}"(c[{i}])' for i in range(mma.c_regs)]
     n = mma.c_regs
     ab = n + mma.a_regs
     groups = [(0, n), (n, mma.a_regs), (ab, mma.b_regs), (ab + mma.b_regs, n)]
     ops = ", ".join("{" + ",".join(f"%{s + i}" for i in range(c)) + "}" for s, c in groups)
     return (
-        f"PF_INLINE void {mma.name}(float* d, const unsigned* a, const unsigned* b, "
-        "const float* c) {\n"
+        f"PF_INLINE void {mma.name}({mma.c_type}* d, const unsigned* a, const unsigned* b, "
+        f"const {mma.c_type}* c) {{\n"
         f'  asm volatile("{mma.ptx} {ops};\\n"\n'
         f"               : {d}\n"
         f"               : {', '.join(ins)});\n"

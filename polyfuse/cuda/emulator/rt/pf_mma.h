@@ -13,6 +13,8 @@
 //   m16n8k16 (f16/bf16 -> f32): A regs (g, 2t..) (g+8, 2t..) (g, 2t+8..) (g+8, 2t+8..);
 //     B regs (k 2t.., n g) (k 2t+8.., n g); C/D (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1).
 //   m16n8k8 (tf32 -> f32): A (g, t) (g+8, t) (g, t+4) (g+8, t+4); B (k t, n g) (k t+4, n g).
+//   m16n8k32 (s8/u8 -> s32; a register holds four bytes, the lowest k in the low byte):
+//     A regs (g, 4t..) (g+8, 4t..) (g, 4t+16..) (g+8, 4t+16..); B (k 4t.., n g) (k 4t+16.., n g).
 //   ldmatrix m8n8 b16: lane 8i + r gives the address of row r of matrix i; lane L receives
 //     from matrix i the elements (L/4, 2(L%4)..); with .trans, (2(L%4).., L/4).
 #pragma once
@@ -127,6 +129,56 @@ inline void pf_mma_m16n8k8_f32_tf32(float* d, const unsigned* a, const unsigned*
     d[i] = (float)s;
   }
 }
+
+// m16n8k32 on bytes (TA, TB: int8_t or uint8_t): A rows g and g+8 over k 0..31 from the lanes
+// of the group, B columns 2t and 2t+1; the products summed exactly and wrapped to 32 bits.
+template <class TA, class TB>
+inline void pf_mma_m16n8k32_i8(int* d, const unsigned* a, const unsigned* b, const int* c,
+                               int line) {
+  pf_tc::whole_warp("mma.sync.m16n8k32", line);
+  const unsigned L = pf_tc::lane(), g = L >> 2, t = L & 3u;
+  long long A[2][32], B[2][32];
+  auto byte = [](unsigned reg, int i, auto type) {
+    return (long long)(decltype(type))(unsigned char)(reg >> (8 * i));
+  };
+  for (unsigned j = 0; j < 4; ++j) {
+    const unsigned src = 4 * g + j;
+    const unsigned long long lo = __shfl_sync(0xffffffffu, pf_tc::pair(a[0], a[1]), (int)src);
+    const unsigned long long hi = __shfl_sync(0xffffffffu, pf_tc::pair(a[2], a[3]), (int)src);
+    for (int i = 0; i < 4; ++i) {
+      A[0][4 * j + i] = byte((unsigned)lo, i, TA());
+      A[1][4 * j + i] = byte((unsigned)(lo >> 32), i, TA());
+      A[0][4 * j + 16 + i] = byte((unsigned)hi, i, TA());
+      A[1][4 * j + 16 + i] = byte((unsigned)(hi >> 32), i, TA());
+    }
+  }
+  for (unsigned col = 0; col < 2; ++col) {
+    for (unsigned j = 0; j < 4; ++j) {
+      const unsigned src = 4 * (2 * t + col) + j;
+      const unsigned long long v =
+          __shfl_sync(0xffffffffu, pf_tc::pair(b[0], b[1]), (int)src);
+      for (int i = 0; i < 4; ++i) {
+        B[col][4 * j + i] = byte((unsigned)v, i, TB());
+        B[col][4 * j + 16 + i] = byte((unsigned)(v >> 32), i, TB());
+      }
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    long long s = c[i];
+    for (int k = 0; k < 32; ++k) s += A[i >> 1][k] * B[i & 1][k];
+    d[i] = (int)(unsigned)(unsigned long long)s;  // two's-complement wrap
+  }
+}
+#define PF_MMA_I8(NAME, TA, TB)                                                      \
+  inline void NAME(int* d, const unsigned* a, const unsigned* b, const int* c,       \
+                   int line = __builtin_LINE()) {                                    \
+    pf_mma_m16n8k32_i8<TA, TB>(d, a, b, c, line);                                     \
+  }
+PF_MMA_I8(pf_mma_m16n8k32_s32_s8_s8, int8_t, int8_t)
+PF_MMA_I8(pf_mma_m16n8k32_s32_s8_u8, int8_t, uint8_t)
+PF_MMA_I8(pf_mma_m16n8k32_s32_u8_s8, uint8_t, int8_t)
+PF_MMA_I8(pf_mma_m16n8k32_s32_u8_u8, uint8_t, uint8_t)
+#undef PF_MMA_I8
 
 // cvt.rna.tf32.f32: to 10 mantissa bits, ties away from zero (the register keeps 32 bits).
 inline unsigned pf_cvt_tf32(float x) {

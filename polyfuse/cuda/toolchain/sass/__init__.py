@@ -16,6 +16,7 @@ results and prints them.
 
 from polyfuse.cuda.toolchain.sass.analyse import DEFAULT_ARCHS, analyse, analyse_function, estimate
 from polyfuse.cuda.toolchain.sass.loops import (
+    TENSOR_MMA,
     HmmaLoop,
     HotLoop,
     Loop,
@@ -73,6 +74,7 @@ __all__ = [
     "find_loops",
     "format_table",
     "hmma_loop",
+    "TENSOR_MMA",
     "hot_loop",
     "parse_listing",
     "vector_check",

@@ -350,11 +350,16 @@ def hot_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HotLoop:
     )
 
 
+#: the warp-level tensor-core mma opcodes (16-bit and tf32; bytes)
+TENSOR_MMA = ("HMMA", "IMMA")
+
+
 @dataclass(frozen=True)
 class HmmaLoop:
     """One iteration of a tensor-core kernel's k-tile loop, every instruction of its blocks
-    counted once (issue 23's "HMMA per non-HMMA" figure): HMMA, LDSM, LDGSTS and the rest
-    (``other``: every non-HMMA instruction, the LDSM and LDGSTS included)."""
+    counted once (issue 23's "HMMA per non-HMMA" figure): HMMA (and IMMA, the byte
+    operands' mma), LDSM, LDGSTS and the rest (``other``: every other instruction, the LDSM
+    and LDGSTS included)."""
 
     hmma: int
     ldsm: int
@@ -373,7 +378,7 @@ def hmma_loop(fn: SassFunction, loops: list[Loop] | None = None) -> HmmaLoop | N
     loops = find_loops(fn) if loops is None else loops
     for lp in sorted(loops, key=lambda lp: min(lp.blocks)):
         ops = [i.opcode for b in lp.blocks for i in fn.blocks[b].instructions]
-        hmma = sum(o.startswith("HMMA") for o in ops)
+        hmma = sum(o.startswith(TENSOR_MMA) for o in ops)
         if hmma:
             ldsm = sum(o.startswith("LDSM") for o in ops)
             ldgsts = sum(o.startswith("LDGSTS") for o in ops)
