@@ -10,7 +10,9 @@ beside them) is compiled for each arch, NVRTC makes the cubin and NVIDIA's disas
 listing (:mod:`polyfuse.cuda.toolchain.sass`); per kernel holding HMMA, its k-tile loop's
 steady state (:func:`polyfuse.cuda.toolchain.sass.hmma_loop`: the first loop holding HMMA,
 every instruction of its blocks once): HMMA, LDSM, LDGSTS, the other instructions and their
-count per HMMA (the issue asks at most 2), registers and spills, and the block tile. A kernel
+count per HMMA (the issue asks at most 2), registers and spills, and the block tile. An int8
+GEMM (``matmul_int8``: uint8 ``x @ W^T`` 4096³ on ``m16n8k32``) is measured beside them, its
+IMMA in the HMMA column. A kernel
 whose k-tile loop was unrolled whole has no such loop and says so. Prints a table and writes
 ``benchmarks/results/tensor_core_sass.json``. Without NVRTC or the disassembler it says so.
 """
@@ -46,10 +48,32 @@ DEFAULT_JSON = HERE / "results" / "tensor_core_sass.json"
 MODEL_CASES = tuple(n for n, c in TENSOR_CORE.items() if c.peers)
 
 
+def _byte_matmul() -> tuple[list[Any], list[Any]]:
+    """uint8 activations times an int8 ``W^T`` (``x @ W^T``, 4096³), summed in int32: the
+    integer GEMM of a quantized linear on ``m16n8k32`` (no GPU-day case: SASS only)."""
+    from polyfuse import te
+
+    x = te.placeholder((4096, 4096), "uint8", name="x")
+    w = te.placeholder((4096, 4096), "int8", name="w")
+    r = te.reduce_axis(4096, name="r")
+    y = te.compute((4096, 4096), lambda i, j: te.sum(
+        te.cast(x[i, r], "int32") * te.cast(w[j, r], "int32"), axis=r), name="y")  # fmt: skip
+    return [x, w], [y]
+
+
+#: SASS-only cases beside the GPU day's
+BYTE_CASES = {"matmul_int8": _byte_matmul}
+
+
 def measure(name: str, arch: str) -> list[dict[str, Any]]:
-    """Per kernel of case ``name`` on ``arch`` that holds HMMA: its k-tile loop's figures."""
-    inputs, outputs, _, _ = _build_case(name, 1)
-    mapping = MappingConfig(**TENSOR_CORE[name].mapping)
+    """Per kernel of case ``name`` on ``arch`` that holds HMMA (or IMMA): its k-tile loop's
+    figures."""
+    if name in BYTE_CASES:
+        inputs, outputs = BYTE_CASES[name]()
+        mapping = MappingConfig()
+    else:
+        inputs, outputs, _, _ = _build_case(name, 1)
+        mapping = MappingConfig(**TENSOR_CORE[name].mapping)
     fn = polyfuse.compile(inputs, outputs, arch=arch, check_cuda=False, mapping=mapping)
     binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
     listing = parse_listing(find_disassembler().disassemble(binary.image), arch)
@@ -98,12 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", action="store_true", help="the forced variants too")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"default {DEFAULT_JSON}")
     a = p.parse_args(argv)
-    names = [n for n in a.only.split(",") if n] or list(
-        TENSOR_CORE if a.variants else MODEL_CASES
-    )
-    unknown = [n for n in names if n not in TENSOR_CORE]
+    names = [n for n in a.only.split(",") if n] or [
+        *(TENSOR_CORE if a.variants else MODEL_CASES),
+        *BYTE_CASES,
+    ]
+    known = [*TENSOR_CORE, *BYTE_CASES]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        p.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(TENSOR_CORE)}")
+        p.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}")
     try:
         find_disassembler()
     except (CompilerNotFound, DisassemblerNotFound) as e:

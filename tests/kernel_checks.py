@@ -1,6 +1,7 @@
 """Checks shared by the tests of new operators: run a compiled graph, rerun it race-checked on
-the emulator, compile its CUDA with NVRTC for sm_80 and sm_90 where installed; and a torch
-session with fresh Dynamo and polyfuse caches for the tests that compile with PyTorch."""
+the emulator, compile its CUDA with NVRTC for sm_80 and sm_90 where installed; a torch
+session with fresh Dynamo and polyfuse caches for the tests that compile with PyTorch; the
+shared-memory bank sites of a tensor-core kernel's cp.async writes and ldmatrix reads."""
 
 from __future__ import annotations
 
@@ -62,3 +63,14 @@ def torch_matches_eager(fn: Any, *args: Any, atol: float = 1e-8) -> dict[str, An
             same = torch.equal(w, o) or torch.allclose(w, o, atol=atol, equal_nan=True)
             assert same, (w, o)
         return last_compiled().polyfuse_report
+
+
+def bank_sites(fn: Any, arrays: Sequence[Any]) -> tuple[Any, list[Any], list[Any]]:
+    """(result, cp.async write sites, ldmatrix read sites) of one emulator run of ``fn`` on
+    ``arrays`` under the shared-memory bank counter (``race_check="banks"``)."""
+    got = fn(*arrays, race_check="banks")
+    lines = fn.cuda_source.splitlines()
+    sites = [s for t in fn.last_traffic for s in t.shared_banks]
+    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
+    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
+    return got, copies, loads

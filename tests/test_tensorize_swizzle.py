@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_checks import bank_sites
 from test_tensorize import CASES, ODD, _matmul
 from test_tensorize_pipeline import MODES, _compile, _run_all_modes, _stage_note
 
@@ -81,16 +82,6 @@ def test_operand_layouts_and_the_padding_fallback():
     )
 
 
-def _banks(fn, arrays):
-    """(result, cp.async write sites, ldmatrix read sites) of a run under the bank counter."""
-    got = fn(*arrays, race_check="banks")
-    lines = fn.cuda_source.splitlines()
-    sites = [s for t in fn.last_traffic for s in t.shared_banks]
-    copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
-    loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
-    return got, copies, loads
-
-
 def _conflicts(monkeypatch, tiling: str, case: str, stages: int = 2):
     """The conflicting cp.async/ldmatrix sites of one swizzled float16 matmul (asserting the
     result and that both kinds of access were seen)."""
@@ -98,7 +89,7 @@ def _conflicts(monkeypatch, tiling: str, case: str, stages: int = 2):
     inputs, out, arrays, want = _matmul("float16", *SIZE, **CASES[case])
     fn = _compile(inputs, out, stages)
     assert "XOR-swizzled 32-byte rows" in fn.kernels[0].notes[2], fn.kernels[0].notes
-    got, copies, loads = _banks(fn, arrays)
+    got, copies, loads = bank_sites(fn, arrays)
     assert tolerance("float16").allclose(got, want.astype(np.float16))
     assert {(s.access, s.width) for s in copies} == {("write", 16)}
     assert {(s.access, s.width) for s in loads} == {("read", 16)}
@@ -156,7 +147,7 @@ def test_scalar_fills_read_swizzled_tiles_and_a_split_row_falls_back_to_padding(
     src = fn.kernels[0].source
     assert "pf_cp_async16" not in src and "pf_ldmatrix_x2_trans" in src
     _run_all_modes(fn, "float16", arrays, want, (False, True))
-    got, copies, loads = _banks(fn, arrays)
+    got, copies, loads = bank_sites(fn, arrays)
     assert copies == [] and len(loads) >= 2
     assert [str(s) for s in loads if s.conflicts] == []
     assert tolerance("float16").allclose(got, want.astype(np.float16))

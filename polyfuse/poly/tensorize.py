@@ -117,6 +117,7 @@ class TensorCoreKernel(MappedKernel):
     b_dtype: str = ""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.b_dtype:
             object.__setattr__(self, "b_dtype", self.dtype)
 

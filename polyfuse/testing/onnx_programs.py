@@ -585,6 +585,29 @@ def _quantize_dequantize(s: Draw) -> list[N] | None:
     return [N("QuantizeLinear", [s.a, sc, z], at), N("DequantizeLinear", ["@0", sc, z], at)]
 
 
+def _matmul_integer(s: Draw) -> list[N] | None:
+    """QuantizeLinear of ``a`` to uint8 or int8, MatMulInteger with a constant byte weight of
+    ``[K, N]`` (zero points per tensor or per column, or none), back to float32: the integer
+    core of a quantized linear (tensor cores where it is large enough)."""
+    from onnx import TensorProto
+
+    if s.va.dtype != np.float32 or s.rank == 0:
+        return None
+    k, n = s.va.shape[-1], s.rng.randint(1, 40)
+    to, wt = s.choice(("uint8", "int8")), s.choice(("uint8", "int8"))
+    lo, hi = (0, 255) if wt == "uint8" else (-128, 127)
+    w = np.array([s.rng.randint(lo, hi) for _ in range(k * n)]).reshape(k, n)
+    scale = s.const(np.array(s.choice((0.02, 0.1, 0.5))), "float32")
+    az = s.const(np.array(s.rng.randint(0, 9)), to)
+    ins = ["@0", s.const(w, wt), az]
+    if s.rng.random() < 0.7:
+        per_col = s.rng.random() < 0.5
+        zp = [s.rng.randint(0, 5) for _ in range(n if per_col else 1)]
+        ins.append(s.const(np.array(zp if per_col else zp[0]), wt))
+    return [N("QuantizeLinear", [s.a, scale, az]), N("MatMulInteger", ins),
+            N("Cast", ["@1"], {"to": int(TensorProto.FLOAT)})]  # fmt: skip
+
+
 def _cast_float8(s: Draw) -> list[N] | None:
     """A round trip through a float8 (saturating or not) or float4."""
     from onnx import TensorProto, helper
@@ -790,6 +813,7 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
     ("GridSample", "f", _grid_sample),
     ("LpPool", "f", _lp_pool),
     ("DFT", "f", _dft),
+    ("MatMulInteger", "f", _matmul_integer),
 )
 
 

@@ -255,9 +255,11 @@ def scalar_fill(
         f.dst(stage, io, ii, False), KRef(f.src, (src,)), guard, f.dtype, "pf_v"
     )
     body = [*head, _let("pf_r", row), _let("pf_k", k), *lets, copy]
-    rolled = f.op.gather and not fixed_k
+    # a byte tile transposed by its fill (k outside in the array): kept rolled too, its 32
+    # or more copies per thread unrolled held a register each and spilled
+    rolled = (f.op.gather and not fixed_k) or f.op.transposed_fill
     if strided:
-        return (_loop("pf_u", n // f.nthreads, body, fixed_k, rolled),)
+        return (_loop("pf_u", n // f.nthreads, body, fixed_k and not rolled, rolled),)
     return (KFor("pf_e", TID, cmp("<", "pf_e", n), f.nthreads, tuple(body), rolled=rolled),)
 
 

@@ -10,8 +10,10 @@ folded into their readers' loads or, as graph outputs, into their producer's sto
 Q, K, V — merged into one over the concatenated weights, each a slice of it) and
 ``dce`` (dead primitives and unread constants); after them, for a target with tensor cores,
 ``channels_last`` (a 16-bit convolution's input and weight read through channels-last copies,
-so the im2col fill takes 16-byte chunks). :func:`run_passes` runs them to a fixed point;
-every pass records what it did (:class:`PassRecord`), and the plan prints the records.
+so the im2col fill takes 16-byte chunks) and ``bytes_k_inner`` (a byte GEMM's constant or
+privately computed operands stored k-innermost, so no fill transposes them).
+:func:`run_passes` runs them to a fixed point; every pass records what it did
+(:class:`PassRecord`), and the plan prints the records.
 """
 
 from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold

@@ -10,8 +10,9 @@ another (a collapsed chain then folds into its convolution), so rounds repeat un
 nothing — at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form
 into a simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting
 it is recorded).
-Refusals repeat every round; each is recorded once. ``channels_last`` (:data:`AFTER_ROUNDS`)
-runs once after the rounds, for the target ``arch``: the layout fold would fold its copies back.
+Refusals repeat every round; each is recorded once. ``channels_last`` and ``bytes_k_inner``
+(:data:`AFTER_ROUNDS`) run once after the rounds, for the target ``arch``: the layout fold
+would fold their copies back.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from functools import partial
 from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.batchnorm_fold import batchnorm_fold
+from polyfuse.graph.passes.bytes_k_inner import bytes_k_inner
 from polyfuse.graph.passes.channels_last import channels_last
 from polyfuse.graph.passes.constant_fold import constant_fold
 from polyfuse.graph.passes.cse import cse
@@ -43,10 +45,16 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "layout_fold",
     "dce",
     "channels_last",
+    "bytes_k_inner",
 )
-#: Passes run once after the rounds, for a target (``arch``): the layout decisions the folds
-#: would undo (:mod:`polyfuse.graph.passes.channels_last`)
-AFTER_ROUNDS = ("channels_last",)
+#: Passes run once after the rounds, for a target (``arch``): the layout decisions for tensor
+#: cores the folds would undo (:mod:`polyfuse.graph.passes.channels_last`,
+#: :mod:`polyfuse.graph.passes.bytes_k_inner`)
+AFTER_ROUNDS = ("channels_last", "bytes_k_inner")
+_AFTER: dict[str, Callable[[Graph, str], Graph]] = {
+    "channels_last": channels_last,
+    "bytes_k_inner": bytes_k_inner,
+}
 #: Passes that evaluate constants at compile time (they need an evaluator).
 EVALUATING = ("constant_fold", "batchnorm_fold")
 MAX_ROUNDS = 8
@@ -105,7 +113,7 @@ def run_passes(
         "dce": dce,
     }
     if not names:  # only the passes after the rounds
-        return channels_last(graph, arch) if arch else graph
+        return _after_rounds(graph, after, arch)
     start = len(graph.pass_records)
     prims0, consts0 = len(graph.prims), len(graph.constants)
     g = graph
@@ -120,8 +128,7 @@ def run_passes(
             break
     else:
         rounds = max_rounds + 1
-    if after and arch:
-        g = channels_last(g, arch)
+    g = _after_rounds(g, after, arch)
     records = list(dict.fromkeys(g.pass_records[start:]))
     bound = f" (stopped at the bound of {max_rounds} rounds)" if rounds > max_rounds else ""
     summary = PassRecord(
@@ -132,3 +139,11 @@ def run_passes(
         f"{len(g.constants)} constants, {min(rounds, max_rounds)} rounds{bound}",
     )
     return replace(g, pass_records=[*graph.pass_records[:start], *records, summary])
+
+
+def _after_rounds(graph: Graph, after: Sequence[str], arch: str | None) -> Graph:
+    """``graph`` after the passes of :data:`AFTER_ROUNDS` in ``after``, for ``arch`` (none
+    without a target)."""
+    for n in after if arch else ():
+        graph = _AFTER[n](graph, arch)
+    return graph
