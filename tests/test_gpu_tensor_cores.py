@@ -126,3 +126,23 @@ def test_tensor_core_attention(seq):
     inputs, out, arrays, want = _attention("bfloat16", seq)
     fn = polyfuse.compile(inputs, [out])
     _on_both(fn, arrays, want, "bfloat16")
+
+
+@pytest.mark.parametrize(("a_dtype", "b_dtype"), [("uint8", "int8"), ("int8", "int8")])
+@pytest.mark.parametrize("case", ["x_wT", "2d"])
+@pytest.mark.parametrize("size", [ODD, (1000, 776, 1056)], ids=["odd", "large"])
+def test_byte_gemms_on_m16n8k32_are_exact_on_the_gpu(a_dtype, b_dtype, case, size):
+    """int8/uint8 GEMMs (m16n8k32, int32 accumulators): the chip's sums equal numpy's int64
+    product wrapped to int32, and the emulator's, exactly (``2d``: ``b`` stored k-outside,
+    read through its transposing primitive)."""
+    from test_tensorize_int8 import CASES as BYTE_CASES
+    from test_tensorize_int8 import _int_matmul
+
+    inputs, out, arrays, want = _int_matmul(*size, a_dtype, b_dtype, **BYTE_CASES[case])
+    fn = _compile(inputs, out)
+    got = fn(*arrays, device="cuda")
+    np.testing.assert_array_equal(got, want)
+    try:
+        np.testing.assert_array_equal(fn(*arrays, device="emulate"), got)
+    except CompilerNotFound:
+        pass

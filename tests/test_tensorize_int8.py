@@ -110,6 +110,10 @@ def test_byte_matmuls_run_on_m16n8k32_and_are_exact(a_dtype, b_dtype, case, size
     outside |= set() if CASES[case].get("trans_b") else {"b"}
     assert {n.split()[2] for n in transposed} == (set() if k_inner else outside), transposed
     assert len(fn.kernels) == 1 + (len(outside) if k_inner else 0)
+    if not outside:  # each tile in its own operand's dtype
+        places = str(fn.plan)
+        assert f"a: shared (mma operand tile in {a_dtype})" in places
+        assert f"b: shared (mma operand tile in {b_dtype})" in places
 
 
 def test_an_aligned_byte_gemm_is_pipelined_by_cp_async():

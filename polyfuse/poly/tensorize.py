@@ -587,7 +587,8 @@ def tensor_core_placements(tk: TensorCoreKernel) -> dict[str, Placement]:
     out: dict[str, Placement] = {}
     for name, role in model.tensors.items():
         if name in (tk.a.tensor, tk.b.tensor):
-            out[name] = Placement(name, "shared", f"mma operand tile in {tk.dtype}")
+            dtype = tk.dtype if name == tk.a.tensor else tk.b_dtype
+            out[name] = Placement(name, "shared", f"mma operand tile in {dtype}")
         elif role.role == "input":
             out[name] = Placement(name, "global", "micrograph input (epilogue operand)")
         elif name == acc:
