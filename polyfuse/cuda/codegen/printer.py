@@ -71,6 +71,7 @@ from polyfuse.cuda.codegen.print_vectors import vector_lines
 from polyfuse.cuda.codegen.tensor_core import CP_ASYNC16, LDMATRIX
 from polyfuse.cuda.codegen.tensor_core import PRELUDE as TENSOR_CORE_PRELUDE
 from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.expr import BYTE_DTYPES
 from polyfuse.poly.model import Statement
 from polyfuse.poly.placement import Placement
 from polyfuse.stitch.facts import KernelFacts
@@ -294,6 +295,8 @@ class _Emitter(KVisitor[list[str]]):
 
     def visit_KGuardedCopy(self, n: KGuardedCopy, pad: str, depth: int) -> list[str]:
         zero = f"{FLOAT_TO_HALF[n.dtype]}(0.0f)" if n.dtype in FLOAT_TO_HALF else "0.0f"
+        if n.dtype in BYTE_DTYPES:  # an integer tile (no float-to-char conversion)
+            zero = "0"
         load = f"{n.temp} = {c_index(n.src)};"
         if n.guard is not None:
             load = f"if ({c_index(n.guard)}) {load}"
