@@ -19,20 +19,10 @@ fill's transposition stays for graphs compiled without the pass.
 
 from __future__ import annotations
 
-import numpy as np
-
 from polyfuse.graph.expr import Binary, IterVar, Read, Tensor, widened_byte_read
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
-from polyfuse.graph.passes.relayout import (
-    Permute,
-    has_mma,
-    innermost,
-    permuted,
-    plain_dims,
-    sole_producer,
-    transposed,
-)
+from polyfuse.graph.passes.relayout import Permute, has_mma, innermost, plain_dims, relaid
 from polyfuse.graph.passes.rewrite import Rewriter, with_body
 
 
@@ -78,19 +68,8 @@ def bytes_k_inner(graph: Graph, arch: str) -> Graph:
             (d,) = plain_dims(r, k)
             p = innermost(src.ndim, d)
             if src.uid not in made:
-                if graph.is_constant(src):
-                    value = np.transpose(graph.constants[src.uid], p)
-                    made[src.uid] = rw.constant(f"{src.name}_kt", value, src.dtype)
-                    moved.append(f"{src.name} (constant, permuted at compile time)")
-                elif (prod := sole_producer(graph, src, name)) is not None:
-                    made[src.uid] = permuted(src, p)
-                    rw.define(made[src.uid])
-                    moved.append(f"{src.name} (its producer {prod} stores it k-innermost)")
-                else:
-                    made[src.uid] = transposed(src, p, f"{src.name}_kt", "bytes_k_inner")
-                    rw.add(made[src.uid], before=t)
-                    moved.append(f"{src.name} (a transposing primitive, {2 * src.size} bytes "
-                                 "moved)")  # fmt: skip
+                made[src.uid], how, _ = relaid(graph, rw, src, p, t, ("kt", "k-innermost"))
+                moved.append(how)
             perms[src.uid] = (made[src.uid], p)
         assert t.op is not None and t.op.reduce is not None
         rw.define(with_body(t, Permute(perms).visit(t.op.body)))

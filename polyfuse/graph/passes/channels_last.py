@@ -34,15 +34,7 @@ import numpy as np
 from polyfuse.graph.expr import Binary, Expr, IterVar, Read, Reduce, Select, Tensor
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
-from polyfuse.graph.passes.relayout import (
-    Permute,
-    has_mma,
-    innermost,
-    permuted,
-    plain_dims,
-    sole_producer,
-    transposed,
-)
+from polyfuse.graph.passes.relayout import Permute, has_mma, innermost, plain_dims, relaid
 from polyfuse.graph.passes.rewrite import Rewriter, loop_vars, with_body
 
 HALF = ("float16", "bfloat16")
@@ -118,22 +110,9 @@ def channels_last(graph: Graph, arch: str) -> Graph:
             p = innermost(r.tensor.ndim, d)
             src = r.tensor
             if src.uid not in made:
-                cname = f"{src.name}_cl"
-                if graph.is_constant(src):
-                    value = np.transpose(graph.constants[src.uid], p)
-                    made[src.uid] = rw.constant(cname, value, src.dtype)
-                    moved.append(f"{src.name} (constant, permuted at compile time)")
-                elif (prod := sole_producer(graph, src, name)) is not None:
-                    made[src.uid] = permuted(src, p)
-                    rw.define(made[src.uid])
-                    moved.append(f"{src.name} (its producer {prod} stores it channels-last, "
-                                 "no copy)")  # fmt: skip
-                else:
-                    made[src.uid] = transposed(src, p, cname, "channels_last")
-                    rw.add(made[src.uid], before=t)
-                    copied += 2 * src.size * 2
-                    moved.append(f"{src.name} (a transposing primitive, {2 * src.size * 2} bytes "
-                                 "moved)")  # fmt: skip
+                made[src.uid], how, bytes_ = relaid(graph, rw, src, p, t, ("cl", "channels-last"))
+                moved.append(how)
+                copied += bytes_
             perms[r.tensor.uid] = (made[src.uid], p)
         rw.define(with_body(t, Permute(perms).visit(t.op.body)))
         ext = [a.extent for a in t.op.reduce_axes]

@@ -6,6 +6,9 @@ cores (:mod:`polyfuse.graph.passes.channels_last`, :mod:`polyfuse.graph.passes.b
 
 from __future__ import annotations
 
+import numpy as np
+
+from polyfuse.graph.dtypes import DTYPES
 from polyfuse.graph.expr import (
     ComputeOp,
     Expr,
@@ -16,6 +19,7 @@ from polyfuse.graph.expr import (
     substitute,
 )
 from polyfuse.graph.graph import Graph
+from polyfuse.graph.passes.rewrite import Rewriter
 
 
 def has_mma(arch: str) -> bool:
@@ -77,3 +81,27 @@ def permuted(src: Tensor, p: list[int]) -> Tensor:
     out = Tensor(tuple(src.shape[d] for d in p), src.dtype, src.name, uid=src.uid)
     out.op = ComputeOp(axes, substitute(src.op.body, env), src.op.tag)
     return out
+
+
+def relaid(
+    graph: Graph, rw: Rewriter, src: Tensor, p: list[int], reader: Tensor, how: tuple[str, str]
+) -> tuple[Tensor, str, int]:
+    """``src`` in the layout of permutation ``p`` for the primitive ``reader`` alone reads it
+    through: a constant permuted at compile time; else its producer's loop nest permuted
+    (:func:`sole_producer`); else a transposing primitive added before ``reader``. With the
+    record's words for it and the bytes a copy moves (one read and one write; 0 otherwise).
+    ``how``: the new tensors' name suffix and tag, and the layout's name for the record."""
+    suffix, layout = how
+    if graph.is_constant(src):
+        value = np.transpose(graph.constants[src.uid], p)
+        new = rw.constant(f"{src.name}_{suffix}", value, src.dtype)
+        return new, f"{src.name} (constant, permuted at compile time)", 0
+    name = graph.idents[reader.uid]
+    if (prod := sole_producer(graph, src, name)) is not None:
+        new = permuted(src, p)
+        rw.define(new)
+        return new, f"{src.name} (its producer {prod} stores it {layout}, no copy)", 0
+    new = transposed(src, p, f"{src.name}_{suffix}", rw.pass_name)
+    rw.add(new, before=reader)
+    moved = 2 * src.size * DTYPES[src.dtype].itemsize
+    return new, f"{src.name} (a transposing primitive, {moved} bytes moved)", moved
