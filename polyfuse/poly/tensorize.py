@@ -1,4 +1,5 @@
-"""Tensorization decision: a 16-bit GEMM-like micrograph on ``mma.sync.aligned.m16n8k16``.
+"""Tensorization decision: a 16-bit GEMM-like micrograph on ``mma.sync.aligned.m16n8k16`` (a
+byte one on ``m16n8k32``, a float32 one on tf32 ``m16n8k8`` where the user allows it).
 
 TensorIR's matching (seeds/003), on this compiler's isl model: the intrinsic computes
 ``D[m, n] += A[m, k] * B[k, n]`` over one 16x8x16 tile per warp. A micrograph matches when
@@ -11,7 +12,11 @@ operands, and the update's access relations are the intrinsic's up to renaming a
   the first other pair ``m`` before ``n`` (``n`` latest) that matches, so a 1x1 stride-1 NCHW
   conv ``out[b, o, y, x] = w[o, c] * x[b, c, y, x]`` is a GEMM with ``m = o``, ``n = x`` over
   the batch ``(b, y)``;
-- exactly two factors, both plain reads of the same 16-bit dtype, accumulated in float32;
+- exactly two factors, both plain reads of the same 16-bit dtype, accumulated in float32; or
+  both int8/uint8 reads widened to int32 (``int32(a) * int32(b)``, any signedness pair),
+  accumulated in int32, on ``m16n8k32`` (an operand stored with k outside is filled
+  k-innermost element by element: ``ldmatrix`` has no ``.trans`` of bytes; the graph pass
+  :mod:`polyfuse.graph.passes.bytes_k_inner` stores such operands k-innermost first);
 - operand ``A`` reads ``m`` and ``k`` with unit coefficients in two distinct array
   dimensions and does not depend on ``n``; ``B`` likewise with ``n``; every other array
   dimension is an affine function of the batch dimensions only (isl: the affine access's
