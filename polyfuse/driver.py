@@ -94,7 +94,7 @@ def _check_constants(
             raise ExpressionError(
                 f"compile: constant '{t.name}' has shape {a.shape}, the placeholder {t.shape}"
             )
-        out[t] = np.ascontiguousarray(a, dtype=dtypes.numpy_dtype(t.dtype))  # the tensor's
+        out[t] = np.asarray(a, dtype=dtypes.numpy_dtype(t.dtype), order="C")  # 0-d stays 0-d
     return out
 
 

@@ -202,6 +202,20 @@ def test_a_folded_scalar_keeps_its_zero_dimensions():
     np.testing.assert_allclose(got[0], xv / 10, rtol=1e-6)
 
 
+def test_a_bound_scalar_constant_keeps_its_zero_dimensions():
+    """A 0-d constant bound by ``compile(constants=...)`` (ONNX's scalar zero points) became
+    shape (1,) in ``compile`` itself (``np.ascontiguousarray`` again), so folding anything that
+    read it failed: "evaluate: input 'c' expects shape (), got (1,)"."""
+    x = te.placeholder((4,), name="x")
+    c = te.placeholder((), name="c")
+    d = te.compute((), lambda: c[()] * 2.0, name="d")
+    y = te.compute((4,), lambda i: x[i] + d[()], name="y")
+    xv = _rand(4)
+    got, fn = _emulated([x], [y], {c: np.array(1.5, np.float32)}, [xv])
+    np.testing.assert_allclose(got[0], xv + 3.0, rtol=1e-6)
+    assert [r for r in fn.plan.graph.pass_records if r.action == PassAction.FOLDED]
+
+
 def test_constant_fold_refusals():
     x = te.placeholder((4, 3), name="x")
     c = te.placeholder((3,), name="c")
