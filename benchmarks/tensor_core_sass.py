@@ -11,8 +11,9 @@ listing (:mod:`polyfuse.cuda.toolchain.sass`); per kernel holding HMMA, its k-ti
 steady state (:func:`polyfuse.cuda.toolchain.sass.hmma_loop`: the first loop holding HMMA,
 every instruction of its blocks once): HMMA, LDSM, LDGSTS, the other instructions and their
 count per HMMA (the issue asks at most 2), registers and spills, and the block tile. An int8
-GEMM (``matmul_int8``: uint8 ``x @ W^T`` 4096³ on ``m16n8k32``) is measured beside them, its
-IMMA in the HMMA column. A kernel
+GEMM (``matmul_int8``: uint8 ``x @ W^T`` 4096³ on ``m16n8k32``) and an int8 conv
+(``conv3x3_int8``: the ResNet conv's shape) are measured beside them, IMMA in the HMMA column. A
+kernel
 whose k-tile loop was unrolled whole has no such loop and says so. Prints a table and writes
 ``benchmarks/results/tensor_core_sass.json``. Without NVRTC or the disassembler it says so.
 """
@@ -61,8 +62,19 @@ def _byte_matmul() -> tuple[list[Any], list[Any]]:
     return [x, w], [y]
 
 
+def _byte_conv() -> tuple[list[Any], list[Any]]:
+    """uint8 activations convolved with int8 weights (the ResNet 3x3 stage conv of the GPU
+    day: batch 32, 64 -> 64 channels, 56x56, padding 1), summed in int32: a quantized conv's
+    implicit GEMM on ``m16n8k32``, both operands channels-last (SASS only)."""
+    from polyfuse import ops, te
+
+    x = te.placeholder((32, 64, 56, 56), "uint8", name="x")
+    w = te.placeholder((64, 64, 3, 3), "int8", name="w")
+    return [x, w], [ops.conv2d(x, w, padding=1, name="y", dtype="int32")]
+
+
 #: SASS-only cases beside the GPU day's
-BYTE_CASES = {"matmul_int8": _byte_matmul}
+BYTE_CASES = {"matmul_int8": _byte_matmul, "conv3x3_int8": _byte_conv}
 
 
 def measure(name: str, arch: str) -> list[dict[str, Any]]:

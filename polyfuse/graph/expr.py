@@ -327,6 +327,17 @@ def widened_byte_read(e: Expr) -> Read | None:
     return None
 
 
+def zero_padded_read(e: Expr) -> Read | None:
+    """The read of a GEMM factor: ``x[..]``, a widened byte read (:func:`widened_byte_read`),
+    or either under a padding select ``where(c, ., 0)`` (a convolution's zero padding); else
+    None."""
+    if isinstance(e, Select):
+        if not (isinstance(e.b, Const) and float(e.b.value) == 0.0):
+            return None
+        e = e.a
+    return e if isinstance(e, Read) else widened_byte_read(e)
+
+
 @dataclass(eq=False, repr=False)
 class DataIndex(Expr):
     """A subscript read from data at run time (a gather): ``x[te.data_index(idx[i]), j]``.

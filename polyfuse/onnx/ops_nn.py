@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -85,22 +85,47 @@ def _conv(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any]) ->
     return [conv_node(ctx, x, w, bias, at)]
 
 
-def conv_node(ctx: Ctx, x: Tensor, w: Tensor, bias: Tensor | None, at: dict[str, Any]) -> Tensor:
-    """The convolution of an ONNX ``Conv``-like node's attributes (pads or auto_pad, strides,
-    dilations, group; ConvInteger and QLinearConv share them)."""
+class ConvGeometry(NamedTuple):
+    """An ONNX convolution's window: kernel, strides, dilations, pads before and after (per
+    spatial dim) and groups."""
+
+    kernel: list[int]
+    strides: list[int]
+    dilations: list[int]
+    lo: list[int]
+    hi: list[int]
+    groups: int
+
+
+def conv_geometry(at: dict[str, Any], x: Tensor, w: Tensor) -> ConvGeometry:
+    """The window of a ``Conv``-like node's attributes (pads or auto_pad, strides, dilations,
+    group) over input ``x`` and weight ``w``."""
     nd = x.ndim - 2
-    k = list(at.get("kernel_shape", w.shape[2:]))
-    s = list(at.get("strides", [1] * nd))
-    d = list(at.get("dilations", [1] * nd))
+    k = [int(v) for v in at.get("kernel_shape", w.shape[2:])]
+    s = [int(v) for v in at.get("strides", [1] * nd)]
+    d = [int(v) for v in at.get("dilations", [1] * nd)]
     lo, hi = _conv_pads(at, x.shape[2:], k, s, d)
-    g = int(at.get("group", 1))
-    if nd != 2:  # N-D (1-D, 3-D, ...): asymmetric pads are guards of the affine window
-        return ops.conv(x, w, bias, s, [*lo, *hi], d, g, name=ctx.fresh("conv"))
+    return ConvGeometry(k, s, d, lo, hi, int(at.get("group", 1)))
+
+
+def conv_node(
+    ctx: Ctx, x: Tensor, w: Tensor, bias: Tensor | None, at: dict[str, Any],
+    dtype: str | None = None,
+) -> Tensor:  # fmt: skip
+    """The convolution of an ONNX ``Conv``-like node's attributes (ConvInteger and QLinearConv
+    share them), the factors converted to ``dtype`` first where one is given. Asymmetric 2-D
+    pads of a plain convolution pad the input; the others are guards of the window (the
+    padding of an integer convolution reads no padded copy: its zero points are summed over
+    the input's own bounds, :mod:`polyfuse.onnx.ops_quant`)."""
+    k, s, d, lo, hi, g = conv_geometry(at, x, w)
+    if x.ndim != 4 or (lo != hi and dtype is not None):
+        return ops.conv(x, w, bias, s, [*lo, *hi], d, g, name=ctx.fresh("conv"), dtype=dtype)
     if lo != hi:
         x = ops.pad(x, [(0, 0), (0, 0), *zip(lo, hi, strict=True)], name=ctx.fresh("cpad"))
         lo = [0, 0]
     return ops.conv2d(
-        x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv")
+        x, w, bias, stride=s, padding=lo, dilation=d, groups=g, name=ctx.fresh("conv"),
+        dtype=dtype,
     )
 
 

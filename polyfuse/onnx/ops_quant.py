@@ -36,8 +36,8 @@ from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Expr, IterVar, Tensor, as_expr
 from polyfuse.onnx.common import Ctx, Value, optional_input, register_op, storage_dtype
 from polyfuse.onnx.narrow_types import FLOAT_FORMATS, round_to_float
-from polyfuse.onnx.ops_nn import conv_node
-from polyfuse.ops._common import bcast
+from polyfuse.onnx.ops_nn import ConvGeometry, conv_geometry, conv_node
+from polyfuse.ops._common import all_of, bcast
 
 #: the integer types a quantization produces, with their ranges
 _RANGES = {
@@ -297,10 +297,128 @@ def _qlinear_matmul(
 def _conv_int(ctx: Ctx, node: onnx.NodeProto, ins: list[Any], at: dict[str, Any],
               x_at: tuple[int, int], w_at: tuple[int, int]) -> Tensor:  # fmt: skip
     """The int32 convolution of ``x - x_zero_point`` and ``w - w_zero_point`` (per output
-    channel); padding reads the zero point, i.e. contributes 0."""
-    x = _shifted(ctx, ins[x_at[0]], optional_input(ins, x_at[1]), 1, "x")
-    w = _shifted(ctx, ins[w_at[0]], optional_input(ins, w_at[1]), 0, "w")
-    return conv_node(ctx, x, w, None, at)
+    channel); padding reads the zero point, i.e. contributes 0. Byte operands as
+    :func:`_integer_conv`; others with the zero points subtracted first."""
+    xv, wv = ins[x_at[0]], ins[w_at[0]]
+    zx, zw = optional_input(ins, x_at[1]), optional_input(ins, w_at[1])
+    x, w = ctx.tensor(xv), ctx.tensor(wv)
+    if {x.dtype, w.dtype} <= {"int8", "uint8"}:
+        return _integer_conv(ctx, xv, wv, zx, zw, conv_geometry(at, x, w))
+    return conv_node(ctx, _shifted(ctx, xv, zx, 1, "x"), _shifted(ctx, wv, zw, 0, "w"), None, at)
+
+
+def _integer_conv(ctx: Ctx, xv: Value, wv: Value, zx: Value | None, zw: Value | None,
+                  geo: ConvGeometry) -> Tensor:  # fmt: skip
+    """``conv(x - zx, w - zw)`` of byte operands as the convolution of the raw bytes (an int8
+    implicit GEMM on ``m16n8k32`` tensor cores) less the zero points' terms, summed over each
+    window's in-bounds offsets ``r`` (padding contributes nothing, as it reads the zero point):
+    ``P - zw[o] * Sx[b, g, y] - zx * sum_r (wsum[o, r] - zw[o] * C_g)``, with ``Sx`` the window
+    sums of the input's per-group channel sums (:func:`_input_window_sums`) and ``wsum`` the
+    weight's channel sums (:func:`_weight_window_sums`). int32 arithmetic wraps alike in both
+    forms."""
+    k, s, d, lo, hi, g = geo
+    x, w = ctx.tensor(xv), ctx.tensor(wv)
+    prod = ops.conv(x, w, None, s, [*lo, *hi], d, g, name=ctx.fresh("conv_int"), dtype="int32")
+    if not _is_zero(zx) and math.prod(ctx.tensor(zx).shape) != 1:
+        raise ExpressionError(f"ConvInteger: x zero point {ctx.tensor(zx).shape} must be one value")
+    z_x = None if _is_zero(zx) else _per_element(ctx, zx, x.shape, 1, 0, "x zero point")
+    z_w = None if _is_zero(zw) else _per_element(ctx, zw, w.shape, 0, 0, "w zero point")
+    if z_x is None and z_w is None:
+        return prod
+    zero = (as_expr(0),) * (len(k) + 1)
+    og = w.shape[0] // g
+    x_sums = None if z_w is None else _input_window_sums(ctx, x, geo, prod.shape[2:])
+    w_sums = (
+        None
+        if z_x is None
+        else _weight_window_sums(ctx, wv, zw, z_w, geo, x.shape[2:], prod.shape[2:])
+    )
+
+    def body(b: IterVar, oc: IterVar, *ys: IterVar) -> Expr:
+        v: Expr = prod[(b, oc, *ys)]
+        if z_w is not None and x_sums is not None:
+            v = v - te.cast(z_w((oc, *zero)), "int32") * x_sums[(b, oc // og, *ys)]
+        if z_x is not None and w_sums is not None:
+            v = v - te.cast(z_x(zero), "int32") * w_sums((oc, *ys))
+        return v
+
+    return ctx.compute(prod.shape, body, "conv_int_zero_points")
+
+
+def _window_sum(ys: tuple[IterVar, ...], geo: ConvGeometry, sp: tuple[int, ...],
+                read: Callable[[list[Expr], list[IterVar]], Expr]) -> Expr:  # fmt: skip
+    """``read(input position, window offset)`` summed over the offsets of output position
+    ``ys``' window that fall inside the input's spatial extent ``sp``."""
+    k, s, d, lo, _, _ = geo
+    rs = [te.reduce_axis(kk, name=f"zr{i}") for i, kk in enumerate(k)]
+    pos = [ys[i] * s[i] + rs[i] * d[i] - lo[i] for i in range(len(k))]
+    cond = all_of([c for i, p in enumerate(pos) for c in (p >= 0, p < sp[i])])
+    assert cond is not None
+    return te.sum(te.where(cond, read(pos, rs), 0), axis=rs)
+
+
+def _input_window_sums(ctx: Ctx, x: Tensor, geo: ConvGeometry, out: tuple[int, ...]) -> Tensor:
+    """``Sx[b, g, y]``: the sum of group ``g``'s input channels over output position ``y``'s
+    window (its in-bounds part), in int32; channel sums first, then the window."""
+    n, c, *sp = x.shape
+    g = geo.groups
+    cg = c // g
+
+    def chan_sums(b: IterVar, gi: IterVar, *p: IterVar) -> Expr:
+        rc = te.reduce_axis(cg, name="zc")
+        return te.sum(te.cast(x[(b, gi * cg + rc, *p)], "int32"), axis=rc)
+
+    cs = ctx.compute((n, g, *sp), chan_sums, "x_chan_sums")
+    return ctx.compute(
+        (n, g, *out),
+        lambda b, gi, *ys: _window_sum(ys, geo, tuple(sp), lambda pos, rs: cs[(b, gi, *pos)]),
+        "x_window_sums",
+    )
+
+
+def _weight_window_sums(
+    ctx: Ctx, wv: Value, zw: Value | None, z_w: Reader | None, geo: ConvGeometry,
+    sp: tuple[int, ...], out: tuple[int, ...],
+) -> Reader:  # fmt: skip
+    """A reader of ``sum_r (sum_c w[o, c, r] - zw[o] * C_g)`` over the in-bounds window
+    offsets ``r`` of output position ``y`` at ``(o, *y)`` (``sp``, ``out``: the input's and
+    the output's spatial shapes). A constant weight's is one int32 table (wrapped) computed at
+    import (a reduction read by the epilogue would keep the epilogue off the GEMM's fragments),
+    with a dim of 1 wherever no window along it leaves the input; else two reductions."""
+    k = geo.kernel
+    w = ctx.tensor(wv)
+    o, cg = w.shape[:2]
+    if isinstance(wv, Tensor) or isinstance(zw, Tensor):
+        def w_chan(oc: IterVar, *r: IterVar) -> Expr:
+            rc = te.reduce_axis(cg, name="zc")
+            v = te.sum(te.cast(w[(oc, rc, *r)], "int32"), axis=rc)
+            zero = (as_expr(0),) * len(k)
+            return v if z_w is None else v - te.cast(z_w((oc, *zero)), "int32") * cg
+
+        wc = ctx.compute((o, *k), w_chan, "w_chan_sums")
+        sums = ctx.compute(
+            (o, *out),
+            lambda oc, *ys: _window_sum(ys, geo, sp, lambda pos, rs: wc[(oc, *rs)]),
+            "w_window_sums",
+        )
+        return lambda i: sums[i]
+    wc64 = np.asarray(wv).astype(np.int64).sum(axis=1)
+    if zw is not None:
+        wc64 -= np.asarray(zw, np.int64).reshape(-1, *([1] * len(k))) * cg
+    table = np.zeros((o, *out), np.int64)
+    for r in np.ndindex(*k):
+        inside = np.ones(out, bool)
+        for i, ri in enumerate(r):
+            pos = np.arange(out[i]) * geo.strides[i] + ri * geo.dilations[i] - geo.lo[i]
+            shape = [1] * len(out)
+            shape[i] = out[i]
+            inside = inside & ((pos >= 0) & (pos < sp[i])).reshape(shape)
+        table += wc64[(slice(None), *r)].reshape(o, *([1] * len(out))) * inside
+    for i in range(len(out)):
+        if np.all(table == table.take([0], axis=1 + i)):
+            table = table.take([0], axis=1 + i)
+    t = ctx.tensor(table.astype(np.int32))
+    return lambda i: t[tuple(v if e > 1 else as_expr(0) for v, e in zip(i, t.shape, strict=True))]
 
 
 @register_op("ConvInteger")

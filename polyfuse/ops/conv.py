@@ -25,6 +25,12 @@ from polyfuse.ops._common import (
 )
 
 
+def _check_dtype(op: str, name: str, dtype: str | None) -> None:
+    """An unknown ``dtype`` of an op's products refused, naming the op."""
+    if dtype is not None and dtype not in dt.DTYPES:
+        raise ExpressionError(f"{op} '{name}': unknown dtype {dtype!r}")
+
+
 def matmul(a: Tensor, b: Tensor, name: str | None = None, dtype: str | None = None) -> Tensor:
     """Matrix product with ``np.matmul`` semantics; one primitive (a sum over ``k``).
 
@@ -38,8 +44,7 @@ def matmul(a: Tensor, b: Tensor, name: str | None = None, dtype: str | None = No
     name = op_name(op, name)
     a = as_operand(op, name, "first operand", a)
     b = as_operand(op, name, "second operand", b)
-    if dtype is not None and dtype not in dt.DTYPES:
-        raise ExpressionError(f"{op} '{name}': unknown dtype {dtype!r}")
+    _check_dtype(op, name, dtype)
     if a.ndim == 0 or b.ndim == 0:
         raise ExpressionError(f"{op} '{name}': operands {desc(a)} and {desc(b)} must be >= 1-D")
     a2 = a.shape if a.ndim >= 2 else (1, *a.shape)
@@ -87,6 +92,17 @@ def _window(
     return i, conds
 
 
+def _product(xv: Expr, wv: Expr, conds: list[Expr], axes: list, dtype: str | None) -> Expr:
+    """A convolution's sum of ``x * w`` over ``axes``, ``x`` zero outside ``conds`` (padding),
+    both factors converted to ``dtype`` first where one is given."""
+    if dtype is not None:
+        xv, wv = te.cast(xv, dtype), te.cast(wv, dtype)
+    cond = all_of(conds)
+    if cond is not None:
+        xv = te.where(cond, xv, 0 if dt.is_int(xv.dtype) else 0.0)  # an int conv stays int
+    return te.sum(xv * wv, axis=axes)
+
+
 def conv2d(
     x: Tensor,
     w: Tensor,
@@ -96,6 +112,7 @@ def conv2d(
     dilation: int | Sequence[int] = 1,
     groups: int = 1,
     name: str | None = None,
+    dtype: str | None = None,
 ) -> Tensor:
     """2-D convolution (cross-correlation) like ``torch.nn.functional.conv2d``.
 
@@ -103,6 +120,9 @@ def conv2d(
     OH, OW)`` with ``OH = (H + 2*ph - dh*(KH-1) - 1) // sh + 1``. Zero padding is a ``te.where``
     guard on the loop variables (subscripts stay affine). One primitive (a sum over input
     channel and kernel window), plus one for the bias add (the conv is then ``f"{name}_conv"``).
+    ``dtype``: both factors converted to it first, the products summed in it (``"int32"`` for
+    int8/uint8 operands: a quantized model's exact integer convolution, on ``m16n8k32`` tensor
+    cores), as :func:`matmul`'s.
     """
     op = "conv2d"
     name = op_name(op, name)
@@ -112,6 +132,7 @@ def conv2d(
         raise ExpressionError(
             f"{op} '{name}': input {desc(x)} must be NCHW and weight {desc(w)} OIHW (4-D)"
         )
+    _check_dtype(op, name, dtype)
     sh, sw = int_pair(op, name, "stride", stride, 1)
     ph, pw = int_pair(op, name, "padding", padding, 0)
     dh, dw = int_pair(op, name, "dilation", dilation, 1)
@@ -149,11 +170,7 @@ def conv2d(
         chan: Expr = (
             rc if groups == 1 else affine_expr(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
         )
-        v: Expr = x[b, chan, ih, iw]
-        cond = all_of(ch + cw)
-        if cond is not None:
-            v = te.where(cond, v, 0 if dt.is_int(x.dtype) else 0.0)  # an int conv stays int
-        return te.sum(v * w[oc, rc, rh, rw], axis=[rc, rh, rw])
+        return _product(x[b, chan, ih, iw], w[oc, rc, rh, rw], ch + cw, [rc, rh, rw], dtype)
 
     shape = (n, o, oh, ow)
     if bias is None:
@@ -197,19 +214,23 @@ def conv(
     dilation: int | Sequence[int] = 1,
     groups: int = 1,
     name: str | None = None,
+    dtype: str | None = None,
 ) -> Tensor:
     """N-D convolution (cross-correlation), ONNX ``Conv`` semantics, any number of spatial dims.
 
     ``x``: ``(N, C, *S)``, ``w``: ``(O, C // groups, *K)``, ``bias``: ``(O,)``. ``pads`` is an
     int or ONNX-style ``[lo_0, .., lo_{d-1}, hi_0, .., hi_{d-1}]`` (negative pads crop). Output
     size per dim: ``(S + lo + hi - dil*(K-1) - 1) // stride + 1``. The input subscript
-    ``o*stride + r*dil - lo`` is affine; padding is a ``te.where`` guard.
+    ``o*stride + r*dil - lo`` is affine; padding is a ``te.where`` guard. ``dtype``: the
+    factors' conversion and the products' sum (``"int32"`` for int8/uint8), as
+    :func:`conv2d`'s.
     """
     op = "conv"
     name = op_name(op, name)
     x, w, nd, st, dl, lo, hi = _conv_args(
         op, name, x, w, "(O, C/groups, *kernel)", stride, dilation, pads
     )
+    _check_dtype(op, name, dtype)
     n, c, *sp = x.shape
     o, cg, *k = w.shape
     if not isinstance(groups, int) or groups < 1 or c % groups or o % groups or cg * groups != c:
@@ -242,11 +263,7 @@ def conv(
         chan: Expr = (
             rc if groups == 1 else affine_expr(oc if og == 1 else oc // og, cg, [(rc, 1)], 0)
         )
-        v: Expr = x[(b, chan, *subs)]
-        cond = all_of(conds)
-        if cond is not None:
-            v = te.where(cond, v, 0 if dt.is_int(x.dtype) else 0.0)  # an int conv stays int
-        return te.sum(v * w[(oc, rc, *rs)], axis=[rc, *rs])
+        return _product(x[(b, chan, *subs)], w[(oc, rc, *rs)], conds, [rc, *rs], dtype)
 
     shape = (n, o, *out)
     if bias is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse.graph.access import affine_condition, axis_names, loop_names
-from polyfuse.graph.expr import Binary, Const, Read, Select
+from polyfuse.graph.expr import Binary, Read, Select, zero_padded_read
 from polyfuse.poly.tiling import GemmShape
 
 
@@ -33,15 +33,9 @@ def _factors(e) -> list:
 
 
 def _zero_select(e) -> Read | None:
-    """The read of a factor ``where(c, read, 0)`` (None for any other factor)."""
-    if (
-        isinstance(e, Select)
-        and isinstance(e.a, Read)
-        and isinstance(e.b, Const)
-        and float(e.b.value) == 0.0
-    ):
-        return e.a
-    return None
+    """The read of a factor ``where(c, read, 0)`` (``read`` may be a widened byte read; None
+    for any other factor)."""
+    return zero_padded_read(e) if isinstance(e, Select) else None
 
 
 def select_free_operands(

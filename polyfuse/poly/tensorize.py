@@ -52,7 +52,7 @@ import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind, DecisionNote, Refusal, noted, refused
 from polyfuse.base.decision_data import TensorCoreData
-from polyfuse.graph.expr import Binary, widened_byte_read
+from polyfuse.graph.expr import Binary, Select, widened_byte_read
 from polyfuse.poly import tensorize_tiling
 from polyfuse.poly.costs.stages import StageChoice, StageProblem, choose_stages
 from polyfuse.poly.device import DeviceSpec
@@ -259,7 +259,7 @@ def match_mma(
     byte = dtypes <= set(BYTE_DTYPES)  # int8 x uint8 is one of m16n8k32's forms
     if len(dtypes) != 1 and not byte:
         return f"mixed operand dtypes {sorted(dtypes)}"
-    if byte and any(widened_byte_read(f) is None for f in (body.a, body.b)):
+    if byte and any(widened_byte_read(_unpadded(f)) is None for f in (body.a, body.b)):
         return "a byte factor is not widened to int32 (the products would wrap at 8 bits)"
     acc = "int32" if byte else "float32"
     if red.accumulate_dtype != acc:
@@ -281,6 +281,11 @@ def match_mma(
                 a, b = _bytes_k_inner(*got, byte)
                 return split, model.tensors[a.tensor].dtype, a, b, (d, og)
     return f"no A/B operand pair: {first}"
+
+
+def _unpadded(f):
+    """A factor without its padding select ``where(c, f, 0)``."""
+    return f.a if isinstance(f, Select) else f
 
 
 def _bytes_k_inner(a: MmaOperand, b: MmaOperand, byte: bool) -> tuple[MmaOperand, MmaOperand]:

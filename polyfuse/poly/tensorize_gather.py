@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import islpy as isl
 
-from polyfuse.graph.expr import Binary, Read, Select, widened_byte_read
+from polyfuse.graph.expr import Binary, Read, Select, zero_padded_read
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.promote import access_function
 from polyfuse.poly.select_free import select_free_operands
@@ -219,23 +219,15 @@ def _divides_dim(acc: isl.Map, d: int) -> bool:
 
 
 def factor_read(f) -> Read | None:
-    """The read of a factor ``read``, ``where(c, read, 0)`` or ``int32(read)`` of a byte
-    tensor (:func:`polyfuse.graph.expr.widened_byte_read`), else None."""
-    if (w := widened_byte_read(f)) is not None:
-        return w
-    if isinstance(f, Select):
-        f = f.a if isinstance(f.a, Read) and _is_zero(f.b) else None
-    return f if isinstance(f, Read) else None
-
-
-def _is_zero(e) -> bool:
-    return getattr(e, "value", None) is not None and float(e.value) == 0.0
+    """The read of a factor ``read``, ``int32(read)`` of a byte tensor, or either under
+    ``where(c, ., 0)`` (:func:`polyfuse.graph.expr.zero_padded_read`), else None."""
+    return zero_padded_read(f)
 
 
 def guarded_operands(shape: GemmShape, model, body: Binary) -> set[str] | str:
     """The operands read under a padding select, each proven by isl to fail only outside its
     array (the fill's zero-fill is the select's 0), or why not."""
-    selects = [f.a for f in (body.a, body.b) if isinstance(f, Select)]
+    selects = [factor_read(f) for f in (body.a, body.b) if isinstance(f, Select)]
     if not selects:
         return set()
     box = list(shape.data) + list(shape.red)

@@ -37,7 +37,7 @@ import islpy as isl
 from polyfuse.base.decision import DecisionKind, Refusal, noted, refused
 from polyfuse.base.decision_data import GemmTileData
 from polyfuse.base.errors import ScheduleError
-from polyfuse.graph.expr import Binary, Const, Read, Select, widened_byte_read
+from polyfuse.graph.expr import Binary, zero_padded_read
 from polyfuse.poly.costs import KernelDesc, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
 from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout
@@ -75,16 +75,9 @@ def _factors(e) -> list:
 
 
 def _zero_padded_read(e) -> bool:
-    """A factor that is a read, ``where(cond, read, 0)`` (conv's padding), or a byte read
-    widened to int32 (:func:`polyfuse.graph.expr.widened_byte_read`)."""
-    if isinstance(e, Read) or widened_byte_read(e) is not None:
-        return True
-    return (
-        isinstance(e, Select)
-        and isinstance(e.a, Read)
-        and isinstance(e.b, Const)
-        and float(e.b.value) == 0.0
-    )
+    """A factor that is a read, a byte read widened to int32, or either under
+    ``where(cond, ., 0)`` (conv's padding): :func:`polyfuse.graph.expr.zero_padded_read`."""
+    return zero_padded_read(e) is not None
 
 
 def _independent_dims(m: isl.Map, ndata: int) -> set[int]:

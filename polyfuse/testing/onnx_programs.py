@@ -608,6 +608,36 @@ def _matmul_integer(s: Draw) -> list[N] | None:
             N("Cast", ["@1"], {"to": int(TensorProto.FLOAT)})]  # fmt: skip
 
 
+def _conv_integer(s: Draw) -> list[N] | None:
+    """QuantizeLinear of a 4-D ``a`` to uint8 or int8, ConvInteger with a constant byte weight
+    (a drawn window and groups; the x zero point per tensor, the weight's per tensor, per
+    output channel or none), back to float32: a quantized conv's integer core (tensor cores
+    where it is large enough)."""
+    from onnx import TensorProto
+
+    if s.va.dtype != np.float32 or s.rank != 4:
+        return None
+    c, h, w = s.va.shape[1:]
+    attrs = _window(s, h, w)
+    groups = s.choice([g for g in (1, 2, c) if c % g == 0])
+    m = groups * s.choice((1, 2, 8))
+    kh, kw = attrs["kernel_shape"]
+    to, wt = s.choice(("uint8", "int8")), s.choice(("uint8", "int8"))
+    lo, hi = (0, 255) if wt == "uint8" else (-128, 127)
+    shape = (m, c // groups, kh, kw)
+    wv = np.array([s.rng.randint(lo, hi) for _ in range(int(np.prod(shape)))]).reshape(shape)
+    scale = s.const(np.array(s.choice((0.02, 0.1, 0.5))), "float32")
+    az = s.const(np.array(s.rng.randint(0, 9)), to)
+    ins = ["@0", s.const(wv, wt), az]
+    if s.rng.random() < 0.7:
+        per_channel = s.rng.random() < 0.5
+        zp = [s.rng.randint(0, 5) for _ in range(m if per_channel else 1)]
+        ins.append(s.const(np.array(zp if per_channel else zp[0]), wt))
+    return [N("QuantizeLinear", [s.a, scale, az]),
+            N("ConvInteger", ins, {**attrs, "group": groups}),
+            N("Cast", ["@1"], {"to": int(TensorProto.FLOAT)})]  # fmt: skip
+
+
 def _cast_float8(s: Draw) -> list[N] | None:
     """A round trip through a float8 (saturating or not) or float4."""
     from onnx import TensorProto, helper
@@ -814,6 +844,7 @@ STEPS: tuple[tuple[str, str, Callable[[Draw], list[N] | None]], ...] = (
     ("LpPool", "f", _lp_pool),
     ("DFT", "f", _dft),
     ("MatMulInteger", "f", _matmul_integer),
+    ("ConvInteger", "f", _conv_integer),
 )
 
 

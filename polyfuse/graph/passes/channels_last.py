@@ -1,4 +1,4 @@
-"""Channels-last operands for 16-bit convolutions on tensor cores (issue 23).
+"""Channels-last operands for 16-bit and byte convolutions on tensor cores (issue 23).
 
 A 16-bit convolution ``out[b, o, y, x] += where(pad, in[b, c, s*y + kh - p, s*x + kw - p], 0)
 * w[o, c, kh, kw]`` runs on tensor cores as an implicit GEMM (:mod:`polyfuse.poly.tensorize`)
@@ -11,60 +11,61 @@ flattened as ``(kh, kw, c)``, every run of 8 consecutive ``k`` is 8 consecutive 
 ``(kh, kw)``: one 16-byte ``cp.async`` (the padding test once per chunk), and the weight's
 ``k`` runs are contiguous, so both tiles take chunks and the k-tile loop is pipelined.
 
-:func:`channels_last` makes that layout decision on the graph, once, after the other passes
-(the layout fold would fold the copies back into the convolution's loads): for each such
-convolution on a target with ``mma.sync`` (sm_80 and later) whose input channels are a
-multiple of 8 (16-byte chunks) and whose input is read through a window along its innermost
-dim (a 1x1 conv's rows are already aligned), the input and the weight are read through
-permuted copies with the channel dim innermost: a constant weight is permuted at compile
-time; an operand computed by a primitive without reduction that only the convolution reads
-(an activation of a graph input) is computed channels-last by that primitive itself (its loop
-nest permuted: no copy); another operand gets a transposing primitive (a kernel of its own,
-one read and one write of the tensor; parallel stitching may pack two side by side). Not
-done: a producer that is itself a contraction (a conv chain's previous conv) keeps its NCHW
-store and the copy follows it. The record gives the reason: the copy's bytes against the fill
-instructions saved (modelled per copied element: ~4 for a scalar gather, ~10 per 8-element
-chunk).
+:func:`channels_last` makes that layout decision on the graph, once, after the other passes (the
+layout fold would fold the copies back into the convolution's loads): for each such convolution
+on a target with ``mma.sync`` (sm_80 and later) whose input channels are a multiple of 8
+(16-byte chunks; 16 for bytes) and whose input is read through a window along its innermost dim
+(a 1x1 conv's rows are already aligned; not a byte one's), the input and the weight are read
+through permuted copies with the channel dim innermost: a constant weight is permuted at compile
+time; an operand computed by a primitive without reduction that only the convolution reads (an
+activation of a graph input) is computed channels-last by that primitive itself (its loop nest
+permuted: no copy); another operand gets a transposing primitive (a kernel of its own, one read
+and one write of the tensor; parallel stitching may pack two side by side). Not done: a producer
+that is itself a contraction (a conv chain's previous conv) keeps its NCHW store and the copy
+follows it. The record gives the reason: the copy's bytes against the fill instructions saved
+(modelled per copied element: ~4 for a scalar gather, ~10 per 8-element chunk).
+
+A byte convolution (``int32(x) * int32(w)`` of int8/uint8, ``m16n8k32``) takes the same layout
+with 16 channels a chunk, and needs it even where no window slides along the innermost dim
+(a 1x1 conv): ``ldmatrix`` has no ``.trans`` of 8-bit elements, so an NCHW input, whose
+columns are the GEMM's ``n``, would be transposed by its fill byte by byte.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from polyfuse.graph.expr import Binary, Expr, IterVar, Read, Reduce, Select, Tensor
+from polyfuse.graph.dtypes import info
+from polyfuse.graph.expr import BYTE_DTYPES, Binary, IterVar, Read, Reduce, Tensor, zero_padded_read
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
 from polyfuse.graph.passes.relayout import Permute, has_mma, innermost, plain_dims, relaid
 from polyfuse.graph.passes.rewrite import Rewriter, loop_vars, with_body
 
 HALF = ("float16", "bfloat16")
-#: elements of a 16-byte chunk of a 16-bit tensor
-CHUNK = 8
 #: modelled SASS instructions per copied element of a scalar gather fill, and per 16-byte
 #: chunk of a channels-last gathered fill (address, padding test, cp.async)
 SCALAR_PER_ELEMENT, CHUNK_COST = 4.0, 10.0
 
 
-def _factor(e: Expr) -> Read | None:
-    """The read of a factor ``read`` or ``where(c, read, 0)``."""
-    if isinstance(e, Select):
-        e = e.a
-    return e if isinstance(e, Read) else None
-
-
 def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
-    """``(input read, weight read, channel axis)`` of a 16-bit convolution worth a
+    """``(input read, weight read, channel axis)`` of a 16-bit or byte convolution worth a
     channels-last layout (see the module doc), why such a convolution is not, or None where
-    ``t`` is no 16-bit sum of products over several reduction dims."""
+    ``t`` is no 16-bit (or widened byte) sum of products over several reduction dims."""
     red = t.op.reduce if t.op is not None else None
     if red is None or red.op != "sum" or len(red.axes) < 2:
         return None
     body = red.body
     if not (isinstance(body, Binary) and body.op == "mul"):
         return None
-    reads = [_factor(body.a), _factor(body.b)]
-    if None in reads or any(r.tensor.dtype not in HALF for r in reads):  # type: ignore[union-attr]
+    reads = [zero_padded_read(body.a), zero_padded_read(body.b)]
+    if None in reads:
         return None
+    dts = {r.tensor.dtype for r in reads}  # type: ignore[union-attr]
+    byte = dts <= set(BYTE_DTYPES)
+    if not (byte or dts <= set(HALF)) or (byte and len(red.axes) < 2):
+        return None
+    chunk = 16 // info(next(iter(dts))).itemsize
     for x, w in (reads, reads[::-1]):
         assert x is not None and w is not None
         if not x.indices:  # a 0-d input (a scalar read as a map): no channels to move
@@ -76,11 +77,12 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
                 continue
             # a window: the innermost subscript slides with an output dim and a reduction dim
             window = [a for a in red.axes if a.uid != c.uid and a.uid in inner and a.extent > 1]
-            if not window or not any(a.uid in inner for a in t.op.axes):
+            slides = window and any(a.uid in inner for a in t.op.axes)
+            if not (slides or byte):  # bytes: ldmatrix needs k innermost, a 1x1 conv too
                 continue
-            if x.tensor.shape[dx[0]] % CHUNK:
+            if x.tensor.shape[dx[0]] % chunk:
                 return (f"{x.tensor.name}'s {x.tensor.shape[dx[0]]} channels are not a multiple "
-                        "of 8 (no aligned 16-byte chunk of channels)")  # fmt: skip
+                        f"of {chunk} (no aligned 16-byte chunk of channels)")  # fmt: skip
             if c.lo or c.extent != x.tensor.shape[dx[0]]:
                 return f"the reduction reads part of {x.tensor.name}'s channels"
             return x, w, c
@@ -118,14 +120,21 @@ def channels_last(graph: Graph, arch: str) -> Graph:
         ext = [a.extent for a in t.op.reduce_axes]
         k = int(np.prod(ext))
         out = int(np.prod(t.shape)) // w.tensor.shape[0]  # the GEMM's columns
-        saved = out * k * (SCALAR_PER_ELEMENT - CHUNK_COST / CHUNK)
+        chunk = 16 // info(x.tensor.dtype).itemsize  # elements of a 16-byte chunk
+        saved = out * k * (SCALAR_PER_ELEMENT - CHUNK_COST / chunk)
+        why = (
+            "k innermost for ldmatrix (no .trans of 8-bit elements) and "
+            if chunk == 16
+            else ""
+        )
         rw.record(
             PassAction.SIMPLIFIED,
             [name],
             f"{name} reads {', '.join(moved)} channels-last: the reduction's {c.name} innermost "
-            f"gives 16-byte cp.async chunks of 8 channels for the im2col fill (its NCHW rows "
-            f"start at the window's offset, unaligned), ~{saved:.3g} fill instructions saved "
-            f"(modelled: {SCALAR_PER_ELEMENT:g} per gathered element against {CHUNK_COST:g} per "
-            f"chunk) for {copied} bytes of copies (one read and one write each)",
+            f"gives {why}16-byte cp.async chunks of {chunk} channels for the im2col fill (its "
+            f"NCHW rows start at the window's offset, unaligned), ~{saved:.3g} fill "
+            f"instructions saved (modelled: {SCALAR_PER_ELEMENT:g} per gathered element "
+            f"against {CHUNK_COST:g} per chunk) for {copied} bytes of copies (one read and one "
+            "write each)",
         )
     return rw.result()
