@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hmma_loops import hmma_loop
 from test_tensorize_conv import CASES, RNG, _banks, _conv, _np_conv, _run_all_modes
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.graph.passes import PassAction
 
@@ -164,3 +166,82 @@ def test_padding_masks_cover_the_filter_positions_that_fit_one_word(kernel, pad,
         assert "(1 << (pf_d1 + (pf_d0 * 5)))" in k.source
     got = fn(*arrays, device="emulate", race_check=True)
     assert tolerance(dtype).allclose(got, want.astype(numpy_dtype(dtype)))
+
+
+def _chain(dtype: str, residual: bool = False):
+    """(inputs, output, constants, x array): three 3x3 convs with bias and ReLU, each reading
+    the last one's activation (with ``residual``, the third's bias output plus the first
+    activation before its ReLU: a ResNet basic block); constant weights."""
+    n, c, h, wd = 2, 16, 9, 11
+    nd = numpy_dtype(dtype)
+    x = te.placeholder((n, c, h, wd), dtype, name="x")
+    consts, act = {}, x
+    first = None
+    for i in range(3):
+        w = te.placeholder((c, c, 3, 3), dtype, name=f"w{i}")
+        b = te.placeholder((c,), dtype, name=f"b{i}")
+        consts[w] = (RNG.standard_normal((c, c, 3, 3)) / 12).astype(nd)
+        consts[b] = RNG.standard_normal(c).astype(nd)
+        y = ops.conv2d(act, w, b, padding=1, name=f"c{i}")
+        if residual and i == 2:
+            y = ops.add(y, first, name="res")
+        act = ops.relu(y, name=f"r{i}")
+        first = first or act
+    return x, act, consts, RNG.standard_normal((n, c, h, wd)).astype(nd)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_conv_chain_stores_each_activation_channels_last_from_its_epilogue(residual):
+    """``relu(conv(x) + b)`` read only by the next conv: the conv, its bias add and its ReLU
+    compute channels-last (loop nests permuted; the conv's GEMM has the output channels as
+    rows and width x height as columns), so each epilogue stays in its conv's kernel and no
+    copy follows it: the input's copy and three convs (the weights permuted at compile time).
+    Before: each activation was a kernel of its own between two convs. A residual add
+    continues the chain along its conv (the other activation read as it is stored). Matches
+    the reference evaluator in both thread orders."""
+    dtype = "bfloat16"
+    x, y, consts, xs = _chain(dtype, residual)
+    fn = polyfuse.compile([x], [y], constants=consts, check_cuda=False)
+    made = _records(fn, PassAction.SIMPLIFIED)
+    assert made[2].startswith("c2_conv reads r1 (its producers r1_, c1_, c1_conv store it "
+                              "channels-last, no copy)"), made  # fmt: skip
+    names = [k.name for k in fn.kernels]
+    if residual:  # r0 is read by c1 and the add: a copy for c1; the add in c2's epilogue
+        assert made[1].startswith("c1_conv reads r0 (a transposing primitive"), made
+        assert names == ["k0_x_cl", "k1_c0_conv", "k2_r0_cl", "k3_c1_conv", "k4_c2_conv"], names
+    else:
+        assert made[1].startswith("c1_conv reads r0 (its producers r0_, c0_, c0_conv store it "
+                                  "channels-last, no copy)"), made  # fmt: skip
+        assert names == ["k0_x_cl", "k1_c0_conv", "k2_c1_conv", "k3_c2_conv"], names
+        assert fn.plan.graph.prims["r0_"].tensor.shape == (2, 9, 11, 16)
+    for k in fn.kernels[-2:-1] if residual else fn.kernels[1:3]:  # the convs stored NHWC
+        assert "tensor cores: the GEMM's rows are data dim 3, its columns data dim 2, " \
+            "the other data dims a batch (one block tile per batch point)" in k.notes
+        assert any("data dim 1 folded into the columns" in n for n in k.notes), k.notes
+    want = polyfuse.reference.evaluate([y], {x: xs, **consts})[0]
+    for race in (False, True):
+        got = fn(xs, device="emulate", race_check=race)
+        assert tolerance(dtype).allclose(got, want)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_a_conv_stored_channels_last_without_spills(arch):
+    """The chain's convs at a ResNet stage's size (64 channels, 28x28, batch 4): the ones
+    storing channels-last (rows: channels; columns: width x height, a folded gathered fill)
+    compile without spills, HMMA in the k-tile loop."""
+    n, c, h, wd = 4, 64, 28, 28
+    x = te.placeholder((n, c, h, wd), "bfloat16", name="x")
+    act, consts = x, {}
+    for i in range(2):
+        w = te.placeholder((c, c, 3, 3), "bfloat16", name=f"w{i}")
+        act = ops.relu(ops.conv2d(act, w, padding=1, name=f"c{i}"), name=f"r{i}")
+        consts[w] = RNG.standard_normal((c, c, 3, 3)).astype(numpy_dtype("bfloat16"))
+    fn = polyfuse.compile([x], [act], constants=consts, arch=arch, check_cuda=False)
+    k = fn.kernels[1]  # the first conv, its ReLU stored NHWC for the second
+    assert "tensor cores: the GEMM's rows are data dim 3, its columns data dim 2, the other " \
+        "data dims a batch (one block tile per batch point)" in k.notes  # fmt: skip
+    binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+    hmma, ldsm, _, _ = hmma_loop(binary, arch, k.function)
+    assert hmma > 0 and ldsm > 0

@@ -242,9 +242,12 @@ def test_sass_has_hmma_in_the_k_tile_loop():
     assert (hmma, ldsm) == (16, 8), counts
 
 
-def test_an_operand_subscript_of_several_terms_is_parenthesized():
-    """``a[t + 1, i, r]``: the batch subscript ``pf_g0 + 1`` times the row-major stride must be
-    parenthesized in the fill's offset (it read ``pf_g0 + 1 * 399``: wrong rows, issue 23)."""
+def test_narrow_rows_swap_with_columns_that_fold_a_batch_dim():
+    """``mm[t, i, j]`` of 3 x 19 x 27 (``a[t + 1, i, r] @ b[r, j]``): rows ``i`` (19) and
+    columns ``j`` (27) pad one 64x64 block tile per batch point to 8x the useful outputs; the
+    swap (rows ``j``, columns ``i`` with ``t`` folded in: 57) pads 2.7x, one block tile in
+    all (a channels-last conv's output width and channels are such a pair). Matches float64
+    in both thread orders."""
     a = te.placeholder((4, 19, 21), "float16", name="a")
     b = te.placeholder((21, 27), "float16", name="b")
     r = te.reduce_axis(21, name="r")
@@ -255,4 +258,27 @@ def test_an_operand_subscript_of_several_terms_is_parenthesized():
     want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
     fn = _check("float16", [a, b], mm, [xs, ws], want)
     _tensorized(fn)
-    assert "a[(((pf_g0 + 1) * 399) + " in fn.kernels[0].source
+    notes = fn.kernels[0].notes
+    assert "tensor cores: the GEMM's rows are data dim 2, its columns data dim 1, the other " \
+        "data dims a batch (one block tile per batch point)" in notes  # fmt: skip
+    assert any(n.startswith("tensor cores: data dim 0 folded into the columns with data dim 1 "
+                            "(3 x 19 = 57 columns") for n in notes), notes  # fmt: skip
+    assert fn.kernels[0].grid == (1, 1, 1)
+
+
+def test_an_operand_subscript_of_several_terms_is_parenthesized():
+    """``a[t + 1, i, r]``: the batch subscript ``pf_g0 + 1`` times the row-major stride must be
+    parenthesized in the fill's offset (it read ``pf_g0 + 1 * 399``: wrong rows, issue 23). 70
+    rows: ``t`` stays a batch dim (beside 19 rows it is folded into the columns of the GEMM
+    with ``i`` and ``j`` swapped, which pads less)."""
+    a = te.placeholder((4, 70, 21), "float16", name="a")
+    b = te.placeholder((21, 27), "float16", name="b")
+    r = te.reduce_axis(21, name="r")
+    mm = te.compute(
+        (3, 70, 27), lambda t, i, j: te.sum(a[t + 1, i, r] * b[r, j], axis=r), name="mm"
+    )
+    xs, ws = _array((4, 70, 21), "float16"), _array((21, 27), "float16")
+    want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
+    fn = _check("float16", [a, b], mm, [xs, ws], want)
+    _tensorized(fn)
+    assert "a[(((pf_g0 + 1) * 1470) + " in fn.kernels[0].source

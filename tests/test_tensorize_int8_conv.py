@@ -277,3 +277,43 @@ def test_weight_window_sums_keep_only_the_dims_the_padding_varies():
     np.testing.assert_array_equal(padded[:, 0, 0], wc[:, 1:, 1:].sum(axis=(1, 2)))
     np.testing.assert_array_equal(padded[:, 2, 3], wc.sum(axis=(1, 2)))
     np.testing.assert_array_equal(padded[:, 4, 5], wc[:, :2, :2].sum(axis=(1, 2)))
+
+
+def test_a_quantized_conv_chain_keeps_each_requantization_in_its_conv():
+    """QLinearConv -> QLinearConv (uint8 activations with zero points, int8 weights, a bias):
+    the first conv, its zero-point and requantizing epilogue store the activation
+    channels-last themselves, so the model is three kernels (the input's copy and two convs)
+    and equals ONNX's reference."""
+    pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from polyfuse.onnx.backend import prepare
+
+    def c(name, v):
+        return numpy_helper.from_array(v, name)
+
+    f32 = np.float32
+    inits = [c("sx", np.array(0.02, f32)), c("zx", np.array(120, np.uint8)),
+             c("w1", _ints("int8", (32, 32, 3, 3))), c("sw", np.array(0.01, f32)),
+             c("zw", np.array(0, np.int8)), c("s1", np.array(0.5, f32)),
+             c("z1", np.array(100, np.uint8)), c("w2", _ints("int8", (32, 32, 3, 3))),
+             c("s2", np.array(0.7, f32)), c("z2", np.array(90, np.uint8)),
+             c("b1", RNG.integers(-500, 500, 32).astype(np.int32))]  # fmt: skip
+    nodes = [
+        helper.make_node("QLinearConv", ["x", "sx", "zx", "w1", "sw", "zw", "s1", "z1", "b1"],
+                         ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("QLinearConv", ["h", "s1", "z1", "w2", "sw", "zw", "s2", "z2"], ["y"],
+                         pads=[1, 1, 1, 1]),
+    ]  # fmt: skip
+    import onnx
+
+    u8 = onnx.TensorProto.UINT8
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", u8, (2, 32, 9, 11))],
+                              [helper.make_tensor_value_info("y", u8, None)], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"x": _ints("uint8", (2, 32, 9, 11))}
+    rep = prepare(model, "CPU")
+    assert len(rep.fn.kernels) == 3
+    assert len([k for k in rep.fn.kernels if "pf_mma_m16n8k32" in k.source]) == 2
+    np.testing.assert_array_equal(rep.run(feeds)[0], ReferenceEvaluator(model).run(None, feeds)[0])

@@ -271,6 +271,9 @@ def match_mma(
     for m, n in _dim_pairs(nd):
         got = _pair(shape, model, m, n, guarded)
         if not isinstance(got, str):
+            swapped = _pair(shape, model, n, m, guarded)
+            if not isinstance(swapped, str) and _padding(shape, swapped) < _padding(shape, got):
+                got = swapped
             return shape, model.tensors[got[0].tensor].dtype, *_bytes_k_inner(*got, byte), None
         first = first or got
     for d, og in group_splits(shape):  # a grouped conv: a batch of GEMMs per group
@@ -326,6 +329,21 @@ def _dim_pairs(nd: int) -> list[tuple[int, int]]:
     """The (m, n) data-dim pairs tried, in order: the last two, then ``n`` from the last dim
     down, ``m`` before it from the nearest down."""
     return [(m, n) for n in range(nd - 1, 0, -1) for m in range(n - 1, -1, -1)]
+
+
+def _padding(shape: GemmShape, ops: tuple[MmaOperand, MmaOperand]) -> float:
+    """The padded over the useful outputs of the smallest block tile on operands ``(A, B)``:
+    rows A's row dim, columns B's with the dim outside folded in (:func:`fold_columns`). A
+    conv stored channels-last matches first with its narrow output width as the rows (the
+    channels innermost are the columns); its weight's rows and the width with the height
+    folded in pad far less."""
+    a, b = ops
+    rows = min(t[0] for t in tensorize_tiling.TILINGS)
+    cols = min(t[1] for t in tensorize_tiling.TILINGS)
+    fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, cols)
+    m = extent(shape, a.outer_dim)
+    n = extent(shape, b.outer_dim) * (1 if fold is None else extent(shape, fold))
+    return (-(-m // rows) * rows * -(-n // cols) * cols) / (m * n)
 
 
 def _pair(
@@ -421,11 +439,12 @@ def map_tensor_core(
     shape, dtype, a, b, split = got
     b_dtype = sm.model.tensors[b.tensor].dtype
     byte = dtype in BYTE_DTYPES
-    # fold where B is gathered anyway or its rows take no 16-byte chunks (scalar fills)
+    # fold where B is gathered anyway (element by element, or by chunks of channels whatever
+    # the reduction's declared order) or its rows take no 16-byte chunks (scalar fills)
     lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
-    scalar_b = b.scalar or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
+    gathered_b = (b.gather and b.linear is None) or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
     narrow = min(t[1] for t in tensorize_tiling.TILINGS)
-    fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow) if scalar_b else None
+    fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow) if gathered_b else None
     if fold is not None:
         b = replace(b, gather=True, linear=None)
     mn = (a.outer_dim, b.outer_dim)

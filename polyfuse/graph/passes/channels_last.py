@@ -39,8 +39,15 @@ from polyfuse.graph.dtypes import info
 from polyfuse.graph.expr import BYTE_DTYPES, Binary, IterVar, Read, Reduce, Tensor, zero_padded_read
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
-from polyfuse.graph.passes.relayout import Permute, has_mma, innermost, plain_dims, relaid
-from polyfuse.graph.passes.rewrite import Rewriter, loop_vars, with_body
+from polyfuse.graph.passes.relayout import (
+    Permute,
+    has_mma,
+    innermost,
+    permuted,
+    plain_dims,
+    relaid,
+)
+from polyfuse.graph.passes.rewrite import Rewriter, is_identity_read, loop_vars, with_body
 
 HALF = ("float16", "bfloat16")
 #: modelled SASS instructions per copied element of a scalar gather fill, and per 16-byte
@@ -89,6 +96,51 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
     return None  # no channel dim read plainly by both beside a window (a 1x1 or grouped conv)
 
 
+def _producer_chain(
+    graph: Graph, rw: Rewriter, t: Tensor, consumer: str, convs: set[int]
+) -> list[Tensor] | None:
+    """The primitives from ``t``'s producer up to a convolution of ``convs`` (as ``rw``
+    defines them so far), each read only by the one before it (``consumer`` reads ``t``)
+    through the same index; None where there is no such chain. A primitive reading several
+    computed tensors alike (a residual add) continues along the one that leads to such a
+    convolution; the others are read as they are stored."""
+    name = graph.idents.get(t.uid)
+    if name not in graph.prims or graph.is_output(t) or graph.consumers(name) != [consumer]:
+        return None
+    cur = rw.current(t)
+    assert cur.op is not None
+    if cur.op.reduce is not None:
+        return [cur] if t.uid in convs else None
+    prims = {q.tensor.uid for q in graph.prims.values()}
+    ups = {r.tensor.uid: r.tensor for r in cur.op.reads()
+           if r.tensor.uid in prims and is_identity_read(r, cur)}  # fmt: skip
+    chains = [c for u in ups.values() if (c := _producer_chain(graph, rw, u, name, convs))]
+    return [cur, *chains[0]] if len(chains) == 1 else None
+
+
+def _with_producers(
+    graph: Graph, rw: Rewriter, src: Tensor, p: list[int], reader: Tensor, convs: set[int]
+) -> tuple[Tensor, str] | None:
+    """``src`` stored channels-last by its producers, where it is the end of a chain of
+    primitives without reduction (bias, activation, residual add, requantization) that starts
+    at a convolution already read channels-last (:func:`_producer_chain`): the convolution and
+    the chain computed in the permuted layout ``p`` (their loop nests permuted), so the
+    epilogue stays on the convolution's fragments and no copy follows it. With the record's
+    words; None where ``src`` has no such chain."""
+    chain = _producer_chain(graph, rw, src, graph.idents[reader.uid], convs)
+    if chain is None:
+        return None
+    prev: dict[int, tuple[Tensor, list[int]]] = {}
+    for cur in reversed(chain):  # the convolution first, then each reader
+        new = permuted(cur, p)
+        assert new.op is not None
+        new = with_body(new, Permute(prev).visit(new.op.body))
+        rw.define(new)
+        prev = {cur.uid: (new, p)}
+    names = ", ".join(graph.idents[c.uid] for c in chain)
+    return new, f"{src.name} (its producers {names} store it channels-last, no copy)"
+
+
 def channels_last(graph: Graph, arch: str) -> Graph:
     """``graph`` with each 16-bit convolution's input and weight read channels-last where
     ``arch`` has tensor cores (see the module doc); each change recorded with its reason."""
@@ -96,6 +148,7 @@ def channels_last(graph: Graph, arch: str) -> Graph:
     if not has_mma(arch):
         return graph
     made: dict[int, Tensor] = {}  # an operand's channels-last copy, shared by its readers
+    convs: set[int] = set()  # the convolutions read channels-last so far
     for name in graph.topo_order():
         t = graph.prims[name].tensor
         got = conv_operands(t)
@@ -111,12 +164,16 @@ def channels_last(graph: Graph, arch: str) -> Graph:
             (d,) = plain_dims(r, c)
             p = innermost(r.tensor.ndim, d)
             src = r.tensor
-            if src.uid not in made:
+            if src.uid not in made and (up := _with_producers(graph, rw, src, p, t, convs)):
+                made[src.uid], how = up
+                moved.append(how)
+            elif src.uid not in made:
                 made[src.uid], how, bytes_ = relaid(graph, rw, src, p, t, ("cl", "channels-last"))
                 moved.append(how)
                 copied += bytes_
             perms[r.tensor.uid] = (made[src.uid], p)
         rw.define(with_body(t, Permute(perms).visit(t.op.body)))
+        convs.add(t.uid)
         ext = [a.extent for a in t.op.reduce_axes]
         k = int(np.prod(ext))
         out = int(np.prod(t.shape)) // w.tensor.shape[0]  # the GEMM's columns

@@ -120,6 +120,10 @@ class Rewriter:
         self._defs[new.uid] = new
         self.touched.add(new.uid)
 
+    def current(self, t: Tensor) -> Tensor:
+        """Primitive ``t`` as this pass defines it so far (``t`` itself where unchanged)."""
+        return self._defs.get(t.uid, t)
+
     def forward(self, old: Tensor, to: Tensor) -> None:
         """``old`` equals ``to`` element for element: its readers read ``to``; ``old`` goes."""
         assert old.shape == to.shape and not self.graph.is_output(old), (old, to)
