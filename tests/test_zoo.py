@@ -91,6 +91,26 @@ def test_tiny_model_compiles_and_matches_numpy(name):
         np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-4)
 
 
+def test_a_tiny_model_in_bfloat16_runs_its_convs_on_tensor_cores():
+    """``zoo.build(..., dtype="bfloat16")``: inputs, weights and sample inputs in bfloat16;
+    the convolutions and the classifier on tensor cores, within bfloat16's rounding of the
+    float64 reference on the same weights; an unknown dtype is a one-line error."""
+    from polyfuse.graph.dtypes import numpy_dtype
+
+    m = zoo.build("mobilenet_v2", "tiny", dtype="bfloat16")
+    assert {t.dtype for t in m.inputs} | {t.dtype for t in m.constants} == {"bfloat16"}
+    assert {a.dtype for a in m.constants.values()} == {numpy_dtype("bfloat16")}
+    fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
+    assert len([k for k in fn.kernels if "pf_mma_m16n8k16" in k.source]) >= 5
+    arrays = m.sample_inputs(seed=1)
+    assert arrays[0].dtype == numpy_dtype("bfloat16")
+    got = fn(*arrays, device="emulate")
+    (want,) = m.reference(*arrays)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=1e-2)
+    with pytest.raises(polyfuse.PolyfuseError, match="zoo: unknown dtype 'int8'; use float32"):
+        zoo.build("mobilenet_v2", "tiny", dtype="int8")
+
+
 def test_graph_hash_is_structural():
     a = zoo.build("deepfm", "tiny", weights="zeros")
     b = zoo.build("deepfm", "tiny", seed=5)  # other weight values, same structure

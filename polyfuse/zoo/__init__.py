@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from polyfuse.errors import PolyfuseError
+from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.graph.expr import Tensor
 from polyfuse.zoo import cnn, recsys, rnn, transformers
-from polyfuse.zoo.backend import NumpyBackend, TeBackend
+from polyfuse.zoo.backend import FLOAT_DTYPES, NumpyBackend, TeBackend
 
 __all__ = ["MODELS", "SIZES", "ModelSpec", "ZooModel", "build"]
 
@@ -71,7 +72,7 @@ class ZooModel:
         return iter((self.inputs, self.outputs, self.constants, self.reference))
 
     def sample_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """One float32 array per input: normal values, causal masks as 0 / -1e9."""
+        """One array per input in its dtype: normal values, causal masks as 0 / -1e9."""
         rng = np.random.default_rng(seed)
         out = []
         for t in self.inputs:
@@ -84,7 +85,7 @@ class ZooModel:
                 a = np.abs(rng.standard_normal(t.shape)).astype(np.float32) + 0.5
             else:
                 a = rng.standard_normal(t.shape).astype(np.float32)
-            out.append(a)
+            out.append(a.astype(numpy_dtype(t.dtype)))
         return out
 
 
@@ -123,12 +124,17 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-def build(name: str, size: str = "full", *, seed: int = 0, weights: str = "random") -> ZooModel:
+def build(
+    name: str, size: str = "full", *, seed: int = 0, weights: str = "random",
+    dtype: str = "float32",
+) -> ZooModel:  # fmt: skip
     """Build zoo model ``name`` at ``size`` ("full" or "tiny").
 
     Returns a :class:`ZooModel` that unpacks as ``(inputs, outputs, constants, reference)``.
     ``weights="zeros"`` allocates the weight arrays lazily (no memory touched) and gives no
-    reference.
+    reference. ``dtype``: the inputs' and weights' dtype, ``"float32"`` or a 16-bit one
+    (``"bfloat16"``, ``"float16"``: the model's GEMMs and convolutions on tensor cores; the
+    reference stays float64 on the same weights).
     """
     if name not in MODELS:
         raise PolyfuseError(f"zoo: unknown model '{name}'; known: {', '.join(MODELS)}")
@@ -136,7 +142,9 @@ def build(name: str, size: str = "full", *, seed: int = 0, weights: str = "rando
         raise PolyfuseError(f"zoo: unknown size '{size}'; use 'full' or 'tiny'")
     spec = MODELS[name]
     cfg = dict(spec.configs[size])
-    tb = TeBackend(seed=seed, weights=weights)
+    if dtype not in FLOAT_DTYPES:
+        raise PolyfuseError(f"zoo: unknown dtype '{dtype}'; use {', '.join(FLOAT_DTYPES)}")
+    tb = TeBackend(seed=seed, weights=weights, dtype=dtype)
     outputs = spec.define(tb, cfg)
     reference = None
     if weights == "random":

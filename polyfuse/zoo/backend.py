@@ -4,7 +4,8 @@ Every zoo model is written once, as a function ``model(b, cfg)`` over a backend 
 
 * :class:`TeBackend` builds the polyfuse graph: ``b.input`` creates a ``te.placeholder`` that
   becomes a call argument, ``b.param`` a placeholder bound to an array in ``constants`` (a
-  weight), and every op is the matching :mod:`polyfuse.ops` composite;
+  weight), both of the backend's dtype (float32, or bfloat16 / float16: the model on tensor
+  cores), and every op is the matching :mod:`polyfuse.ops` composite;
 * :class:`NumpyBackend` evaluates the same definition eagerly in float64 numpy, with its own
   implementation of each op (no polyfuse code), given the input arrays and the very same
   weight arrays. That is the numpy reference the tiny models are checked against.
@@ -24,9 +25,14 @@ from typing import Any
 import numpy as np
 
 from polyfuse import ops, te
+from polyfuse.graph.dtypes import numpy_dtype
 from polyfuse.graph.expr import Tensor
 
-__all__ = ["INPUT_KINDS", "NumpyBackend", "TeBackend"]
+__all__ = ["FLOAT_DTYPES", "INPUT_KINDS", "NumpyBackend", "TeBackend"]
+
+#: the dtypes a zoo model's inputs and weights may take (``build(..., dtype=)``): float32, or
+#: the 16-bit types whose GEMMs and convolutions run on tensor cores
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 #: How :meth:`polyfuse.zoo.ZooModel.sample_inputs` fills an input of each kind.
 INPUT_KINDS = ("normal", "causal_mask", "positive")
@@ -35,11 +41,14 @@ INPUT_KINDS = ("normal", "causal_mask", "positive")
 class TeBackend:
     """Builds the te graph; records inputs (in creation order) and weight constants."""
 
-    def __init__(self, seed: int = 0, weights: str = "random") -> None:
+    def __init__(self, seed: int = 0, weights: str = "random", dtype: str = "float32") -> None:
         if weights not in ("random", "zeros"):
             raise ValueError(f"weights must be 'random' or 'zeros', not {weights!r}")
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, not {dtype!r}")
         self.rng = np.random.default_rng(seed)
         self.weights = weights
+        self.dtype = dtype
         self.inputs: list[Tensor] = []
         self.input_kinds: dict[str, str] = {}
         self.constants: dict[Tensor, np.ndarray] = {}
@@ -50,7 +59,7 @@ class TeBackend:
     def input(self, name: str, shape: Sequence[int], kind: str = "normal") -> Tensor:
         """A graph input (call argument); ``kind`` says how sample inputs are drawn."""
         assert kind in INPUT_KINDS, kind
-        t = te.placeholder(tuple(shape), dtype="float32", name=name)
+        t = te.placeholder(tuple(shape), dtype=self.dtype, name=name)
         self.inputs.append(t)
         self.input_kinds[name] = kind
         return t
@@ -62,9 +71,9 @@ class TeBackend:
         ``"zero"`` (small noise: biases), ``"var"`` (positive: running variances).
         """
         shape = tuple(shape)
-        t = te.placeholder(shape, dtype="float32", name=name)
+        t = te.placeholder(shape, dtype=self.dtype, name=name)
         if self.weights == "zeros":
-            a = np.zeros(shape, np.float32)
+            a = np.zeros(shape, numpy_dtype(self.dtype))
         else:
             fan_in = math.prod(shape[1:]) if len(shape) == 4 else (shape[0] if shape else 1)
             r = self.rng.standard_normal(shape).astype(np.float32)
@@ -76,7 +85,7 @@ class TeBackend:
                 a = 1.0 + 0.5 * np.abs(r)
             else:
                 a = 0.1 * r
-            a = a.astype(np.float32)
+            a = a.astype(numpy_dtype(self.dtype))
         self.constants[t] = a
         self.params[name] = a
         return t
