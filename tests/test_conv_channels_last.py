@@ -197,24 +197,23 @@ def test_a_conv_chain_stores_each_activation_channels_last_from_its_epilogue(res
     rows and width x height as columns), so each epilogue stays in its conv's kernel and no
     copy follows it: the input's copy and three convs (the weights permuted at compile time).
     Before: each activation was a kernel of its own between two convs. A residual add
-    continues the chain along its conv (the other activation read as it is stored). Matches
-    the reference evaluator in both thread orders."""
+    continues the chain along its conv; an activation read by a conv and by a residual add
+    is stored channels-last for both. Matches the reference evaluator in both thread
+    orders."""
     dtype = "bfloat16"
     x, y, consts, xs = _chain(dtype, residual)
     fn = polyfuse.compile([x], [y], constants=consts, check_cuda=False)
     made = _records(fn, PassAction.SIMPLIFIED)
     assert made[2].startswith("c2_conv reads r1 (its producers r1_, c1_, c1_conv store it "
                               "channels-last, no copy)"), made  # fmt: skip
-    names = [k.name for k in fn.kernels]
-    if residual:  # r0 is read by c1 and the add: a copy for c1; the add in c2's epilogue
-        assert made[1].startswith("c1_conv reads r0 (a transposing primitive"), made
-        assert names == ["k0_x_cl", "k1_c0_conv", "k2_r0_cl", "k3_c1_conv", "k4_c2_conv"], names
-    else:
-        assert made[1].startswith("c1_conv reads r0 (its producers r0_, c0_, c0_conv store it "
-                                  "channels-last, no copy)"), made  # fmt: skip
-        assert names == ["k0_x_cl", "k1_c0_conv", "k2_c1_conv", "k3_c2_conv"], names
-        assert fn.plan.graph.prims["r0_"].tensor.shape == (2, 9, 11, 16)
-    for k in fn.kernels[-2:-1] if residual else fn.kernels[1:3]:  # the convs stored NHWC
+    assert made[1].startswith("c1_conv reads r0 (its producers r0_, c0_, c0_conv store it "
+                              "channels-last, no copy)"), made  # fmt: skip
+    # residual: r0 is read by c1 and by the add, which reads it channels-last too; the add
+    # (into the NCHW output) is then a kernel of its own (it was c2's epilogue, after r0's copy)
+    names = ["k0_x_cl", "k1_c0_conv", "k2_c1_conv", "k3_c2_conv"] + ["k4_res"] * residual
+    assert [k.name for k in fn.kernels] == names
+    assert fn.plan.graph.prims["r0_"].tensor.shape == (2, 9, 11, 16)
+    for k in fn.kernels[1:3]:  # the convs stored NHWC
         assert "tensor cores: the GEMM's rows are data dim 3, its columns data dim 2, " \
             "the other data dims a batch (one block tile per batch point)" in k.notes
         assert any("data dim 1 folded into the columns" in n for n in k.notes), k.notes
@@ -227,21 +226,50 @@ def test_a_conv_chain_stores_each_activation_channels_last_from_its_epilogue(res
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_a_conv_stored_channels_last_without_spills(arch):
-    """The chain's convs at a ResNet stage's size (64 channels, 28x28, batch 4): the ones
-    storing channels-last (rows: channels; columns: width x height, a folded gathered fill)
-    compile without spills, HMMA in the k-tile loop."""
+    """A 3x3, 1x1, 3x3 chain at a ResNet stage's size (64 channels, 28x28, batch 4): the
+    convs storing channels-last (rows: channels; columns: width x height folded, a gathered
+    fill by chunks) compile without spills, HMMA in the k-tile loop."""
     n, c, h, wd = 4, 64, 28, 28
     x = te.placeholder((n, c, h, wd), "bfloat16", name="x")
     act, consts = x, {}
-    for i in range(2):
-        w = te.placeholder((c, c, 3, 3), "bfloat16", name=f"w{i}")
-        act = ops.relu(ops.conv2d(act, w, padding=1, name=f"c{i}"), name=f"r{i}")
-        consts[w] = RNG.standard_normal((c, c, 3, 3)).astype(numpy_dtype("bfloat16"))
+    for i, kernel in enumerate((3, 1, 3)):  # a 1x1 conv between: channels-last for free
+        w = te.placeholder((c, c, kernel, kernel), "bfloat16", name=f"w{i}")
+        act = ops.relu(ops.conv2d(act, w, padding=kernel // 2, name=f"c{i}"), name=f"r{i}")
+        consts[w] = RNG.standard_normal(w.shape).astype(numpy_dtype("bfloat16"))
     fn = polyfuse.compile([x], [act], constants=consts, arch=arch, check_cuda=False)
-    k = fn.kernels[1]  # the first conv, its ReLU stored NHWC for the second
-    assert "tensor cores: the GEMM's rows are data dim 3, its columns data dim 2, the other " \
-        "data dims a batch (one block tile per batch point)" in k.notes  # fmt: skip
+    nhwc = fn.kernels[1:3]  # the first two convs, their ReLUs stored NHWC for the next
+    for k in nhwc:
+        assert "tensor cores: the GEMM's rows are data dim 3, its columns data dim 2, the " \
+            "other data dims a batch (one block tile per batch point)" in k.notes  # fmt: skip
+        assert any("data dim 1 folded into the columns" in n for n in k.notes), k.notes
     binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
     assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
-    hmma, ldsm, _, _ = hmma_loop(binary, arch, k.function)
+    hmma, ldsm, _, _ = hmma_loop(binary, arch, nhwc[0].function)  # the 1x1's 2 k-tiles unroll
     assert hmma > 0 and ldsm > 0
+
+
+def test_bottleneck_blocks_keep_their_activations_channels_last():
+    """A small ResNet-50 in bfloat16 (the zoo's definition: 16-channel stem, two stages of two
+    bottleneck blocks, 8 and 16 wide): after the first block each block's 1x1, 3x3 and 1x1
+    convs read the previous activation as their producers store it (conv, batch norm, ReLU,
+    the residual add) and the block's output is read channels-last by the next block's conv
+    and residual add alike: 10 of the 11 convs read channels-last take no copy (the stem's 3
+    channels stay NCHW). Before:
+    20 kernels (the 1x1 convs stayed NCHW, the 3x3 convs' inputs a ReLU kernel of their
+    own). Matches the float64 reference on the same weights in both thread orders."""
+    from polyfuse.zoo import cnn
+    from polyfuse.zoo.backend import NumpyBackend, TeBackend
+
+    cfg = dict(batch=2, image=12, stem=16, blocks=(2, 2), widths=(8, 16), classes=10, tiny=True)
+    tb = TeBackend(seed=0, dtype="bfloat16")
+    (out,) = cnn.resnet50_model(tb, cfg)
+    fn = polyfuse.compile(tb.inputs, [out], constants=tb.constants, check_cuda=False)
+    made = _records(fn, PassAction.SIMPLIFIED)
+    assert len(made) == 11 and sum("store it channels-last, no copy" in r for r in made) == 10
+    assert len(fn.kernels) == 19
+    assert len([k for k in fn.kernels if "pf_mma_m16n8k16" in k.source]) == 14
+    x = RNG.standard_normal(tb.inputs[0].shape).astype(numpy_dtype("bfloat16"))
+    (want,) = cnn.resnet50_model(NumpyBackend({"image": x}, tb.params), cfg)
+    for race in (False, True):
+        got = fn(x, device="emulate", race_check=race)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=1e-2)

@@ -272,7 +272,10 @@ def match_mma(
         got = _pair(shape, model, m, n, guarded)
         if not isinstance(got, str):
             swapped = _pair(shape, model, n, m, guarded)
-            if not isinstance(swapped, str) and _padding(shape, swapped) < _padding(shape, got):
+            size = ITEMSIZE[model.tensors[got[0].tensor].dtype]
+            if not isinstance(swapped, str) and _padding(shape, swapped, size) < _padding(
+                shape, got, size
+            ):
                 got = swapped
             return shape, model.tensors[got[0].tensor].dtype, *_bytes_k_inner(*got, byte), None
         first = first or got
@@ -331,7 +334,27 @@ def _dim_pairs(nd: int) -> list[tuple[int, int]]:
     return [(m, n) for n in range(nd - 1, 0, -1) for m in range(n - 1, -1, -1)]
 
 
-def _padding(shape: GemmShape, ops: tuple[MmaOperand, MmaOperand]) -> float:
+def _chunkable(shape: GemmShape, b: MmaOperand) -> bool:
+    """A plain operand stored k-innermost whose k runs are aligned 16-byte chunks
+    (:func:`chunked_k`: a channels-last 1x1 conv's input): gathered with a folded dim, it
+    keeps its chunks."""
+    return not b.gather and b.k_inner and chunked_k(b.index, b.shape, shape, True)
+
+
+def _may_fold(shape: GemmShape, b: MmaOperand, size: int) -> bool:
+    """Whether B may take a dim folded into its columns (which gathers it): it is gathered
+    anyway (element by element, or by chunks of channels whatever the reduction's declared
+    order), its rows take no 16-byte chunks (scalar fills), or its chunks survive the
+    gather (:func:`_chunkable`)."""
+    lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
+    return (
+        (b.gather and b.linear is None)
+        or bool(fill_alignment(b, lo_b, 16 // size))
+        or _chunkable(shape, b)
+    )
+
+
+def _padding(shape: GemmShape, ops: tuple[MmaOperand, MmaOperand], size: int) -> float:
     """The padded over the useful outputs of the smallest block tile on operands ``(A, B)``:
     rows A's row dim, columns B's with the dim outside folded in (:func:`fold_columns`). A
     conv stored channels-last matches first with its narrow output width as the rows (the
@@ -341,6 +364,7 @@ def _padding(shape: GemmShape, ops: tuple[MmaOperand, MmaOperand]) -> float:
     rows = min(t[0] for t in tensorize_tiling.TILINGS)
     cols = min(t[1] for t in tensorize_tiling.TILINGS)
     fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, cols)
+    fold = fold if _may_fold(shape, b, size) else None
     m = extent(shape, a.outer_dim)
     n = extent(shape, b.outer_dim) * (1 if fold is None else extent(shape, fold))
     return (-(-m // rows) * rows * -(-n // cols) * cols) / (m * n)
@@ -439,14 +463,12 @@ def map_tensor_core(
     shape, dtype, a, b, split = got
     b_dtype = sm.model.tensors[b.tensor].dtype
     byte = dtype in BYTE_DTYPES
-    # fold where B is gathered anyway (element by element, or by chunks of channels whatever
-    # the reduction's declared order) or its rows take no 16-byte chunks (scalar fills)
-    lo_b = k_extent(shape)[0] if b.k_inner else shape.data[b.outer_dim][0]
-    gathered_b = (b.gather and b.linear is None) or fill_alignment(b, lo_b, 16 // ITEMSIZE[dtype])
     narrow = min(t[1] for t in tensorize_tiling.TILINGS)
-    fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow) if gathered_b else None
+    fold = None
+    if _may_fold(shape, b, ITEMSIZE[dtype]):
+        fold = fold_columns(shape, a.outer_dim, b.outer_dim, a.index, narrow)
     if fold is not None:
-        b = replace(b, gather=True, linear=None)
+        b = replace(b, gather=True, linear=None, chunked=b.chunked or _chunkable(shape, b))
     mn = (a.outer_dim, b.outer_dim)
     size = ITEMSIZE[dtype]
 

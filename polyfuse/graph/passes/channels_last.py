@@ -20,10 +20,20 @@ through permuted copies with the channel dim innermost: a constant weight is per
 time; an operand computed by a primitive without reduction that only the convolution reads (an
 activation of a graph input) is computed channels-last by that primitive itself (its loop nest
 permuted: no copy); another operand gets a transposing primitive (a kernel of its own, one read
-and one write of the tensor; parallel stitching may pack two side by side). Not done: a producer
-that is itself a contraction (a conv chain's previous conv) keeps its NCHW store and the copy
-follows it. The record gives the reason: the copy's bytes against the fill instructions saved
-(modelled per copied element: ~4 for a scalar gather, ~10 per 8-element chunk).
+and one write of the tensor; parallel stitching may pack two side by side). The record gives the
+reason: the copy's bytes against the fill instructions saved (modelled per copied element: ~4
+for a scalar gather, ~10 per 8-element chunk).
+
+Conv chains: where the input is the end of a chain of primitives without reduction (bias or
+batch norm, activation, residual add, requantization), each read only by the next through the
+same index, that starts at convolutions this pass already reads channels-last, the
+convolutions and the chain are computed channels-last themselves (their loop nests permuted,
+:func:`_with_producers`): every epilogue stays on its convolution's fragments and no copy
+follows it; the input's other readers (the next residual add) read it permuted. The GEMM of a
+convolution stored channels-last takes the output channels as rows and the width, with the
+height folded in, as columns (:func:`polyfuse.poly.tensorize.match_mma`). A 16-bit 1x1 conv,
+whose NCHW rows are aligned, is read channels-last only when its input comes so at no copy,
+which links the bottleneck blocks of a ResNet into one chain.
 
 A byte convolution (``int32(x) * int32(w)`` of int8/uint8, ``m16n8k32``) takes the same layout
 with 16 channels a chunk, and needs it even where no window slides along the innermost dim
@@ -55,10 +65,21 @@ HALF = ("float16", "bfloat16")
 SCALAR_PER_ELEMENT, CHUNK_COST = 4.0, 10.0
 
 
-def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
-    """``(input read, weight read, channel axis)`` of a 16-bit or byte convolution worth a
-    channels-last layout (see the module doc), why such a convolution is not, or None where
-    ``t`` is no 16-bit (or widened byte) sum of products over several reduction dims."""
+def _channels_inner(r: Read, c: IterVar) -> bool:
+    """Whether ``r`` reads channel axis ``c`` in its array's innermost dim (trailing dims of
+    extent 1 skipped: a 1x1 conv's OIHW weight): already channels-last."""
+    (d,) = plain_dims(r, c)
+    shape = r.tensor.shape
+    last = max((i for i, e in enumerate(shape) if e > 1), default=len(shape) - 1)
+    return d == last
+
+
+def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar, bool] | str | None:
+    """``(input read, weight read, channel axis, window)`` of a 16-bit or byte convolution
+    (``window``: the input is read through a window sliding with an output dim, not a 1x1
+    conv), why such a convolution cannot be read channels-last, or None where ``t`` is no
+    16-bit (or widened byte) sum of products over several reduction dims with a channel dim
+    read plainly by both factors."""
     red = t.op.reduce if t.op is not None else None
     if red is None or red.op != "sum" or len(red.axes) < 2:
         return None
@@ -70,42 +91,54 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar] | str | None:
         return None
     dts = {r.tensor.dtype for r in reads}  # type: ignore[union-attr]
     byte = dts <= set(BYTE_DTYPES)
-    if not (byte or dts <= set(HALF)) or (byte and len(red.axes) < 2):
+    if not (byte or dts <= set(HALF)):
         return None
     chunk = 16 // info(next(iter(dts))).itemsize
+    outs = {a.uid for a in t.op.axes}
     for x, w in (reads, reads[::-1]):
         assert x is not None and w is not None
         if not x.indices:  # a 0-d input (a scalar read as a map): no channels to move
             continue
-        inner = loop_vars(x.indices[-1])
+        x_outs = {u for s in x.indices for u in loop_vars(s) if u in outs}
+        w_outs = {u for s in w.indices for u in loop_vars(s) if u in outs}
+        if len(x_outs) <= len(w_outs):  # the input reads the batch and the spatial dims
+            continue
         for c in red.axes:
             dx, dw = plain_dims(x, c), plain_dims(w, c)
-            if len(dx) != 1 or len(dw) != 1 or dx[0] == x.tensor.ndim - 1:
+            if len(dx) != 1 or len(dw) != 1:
                 continue
-            # a window: the innermost subscript slides with an output dim and a reduction dim
-            window = [a for a in red.axes if a.uid != c.uid and a.uid in inner and a.extent > 1]
-            slides = window and any(a.uid in inner for a in t.op.axes)
-            if not (slides or byte):  # bytes: ldmatrix needs k innermost, a 1x1 conv too
-                continue
+            # a window: a subscript slides with an output dim and another reduction dim
+            window = any(
+                any(u in outs for u in vs)
+                and any(a.uid in vs for a in red.axes if a.uid != c.uid and a.extent > 1)
+                for vs in map(loop_vars, x.indices)
+            )
+            if _channels_inner(x, c):
+                return x, w, c, window
+            if not (window or byte) and x.tensor.shape[dx[0]] % chunk:
+                return None  # a 16-bit 1x1 conv's rows are aligned as they are
             if x.tensor.shape[dx[0]] % chunk:
                 return (f"{x.tensor.name}'s {x.tensor.shape[dx[0]]} channels are not a multiple "
                         f"of {chunk} (no aligned 16-byte chunk of channels)")  # fmt: skip
             if c.lo or c.extent != x.tensor.shape[dx[0]]:
                 return f"the reduction reads part of {x.tensor.name}'s channels"
-            return x, w, c
-    return None  # no channel dim read plainly by both beside a window (a 1x1 or grouped conv)
+            return x, w, c, window
+    return None  # no channel dim read plainly by both (a grouped conv)
 
 
 def _producer_chain(
-    graph: Graph, rw: Rewriter, t: Tensor, consumer: str, convs: set[int]
+    graph: Graph, rw: Rewriter, t: Tensor, consumer: str, convs: set[int], first: bool = False
 ) -> list[Tensor] | None:
-    """The primitives from ``t``'s producer up to a convolution of ``convs`` (as ``rw``
-    defines them so far), each read only by the one before it (``consumer`` reads ``t``)
-    through the same index; None where there is no such chain. A primitive reading several
-    computed tensors alike (a residual add) continues along the one that leads to such a
-    convolution; the others are read as they are stored."""
+    """The primitives from ``t``'s producer up to convolutions of ``convs`` (as ``rw`` defines
+    them so far; producers before their readers), each read only by the one after it
+    (``consumer`` reads ``t``; ``first``: ``t`` may have other readers) through the same
+    index; None where there is no such chain. A primitive reading several computed tensors
+    alike (a residual add) continues along each that leads to such a convolution; the others
+    are read as they are stored."""
     name = graph.idents.get(t.uid)
-    if name not in graph.prims or graph.is_output(t) or graph.consumers(name) != [consumer]:
+    if name not in graph.prims or graph.is_output(t):
+        return None
+    if not first and graph.consumers(name) != [consumer]:
         return None
     cur = rw.current(t)
     assert cur.op is not None
@@ -115,7 +148,7 @@ def _producer_chain(
     ups = {r.tensor.uid: r.tensor for r in cur.op.reads()
            if r.tensor.uid in prims and is_identity_read(r, cur)}  # fmt: skip
     chains = [c for u in ups.values() if (c := _producer_chain(graph, rw, u, name, convs))]
-    return [cur, *chains[0]] if len(chains) == 1 else None
+    return [*(p for c in chains for p in c), cur] if chains else None
 
 
 def _with_producers(
@@ -123,21 +156,28 @@ def _with_producers(
 ) -> tuple[Tensor, str] | None:
     """``src`` stored channels-last by its producers, where it is the end of a chain of
     primitives without reduction (bias, activation, residual add, requantization) that starts
-    at a convolution already read channels-last (:func:`_producer_chain`): the convolution and
-    the chain computed in the permuted layout ``p`` (their loop nests permuted), so the
-    epilogue stays on the convolution's fragments and no copy follows it. With the record's
-    words; None where ``src`` has no such chain."""
-    chain = _producer_chain(graph, rw, src, graph.idents[reader.uid], convs)
+    at convolutions already read channels-last (:func:`_producer_chain`): the convolutions and
+    the chain computed in the permuted layout ``p`` (their loop nests permuted), so each
+    epilogue stays on its convolution's fragments and no copy follows it; ``src``'s other
+    readers read it permuted. With the record's words; None where ``src`` has no such
+    chain."""
+    chain = _producer_chain(graph, rw, src, graph.idents[reader.uid], convs, first=True)
     if chain is None:
         return None
-    prev: dict[int, tuple[Tensor, list[int]]] = {}
-    for cur in reversed(chain):  # the convolution first, then each reader
+    done: dict[int, tuple[Tensor, list[int]]] = {}
+    for cur in chain:  # producers first
         new = permuted(cur, p)
         assert new.op is not None
-        new = with_body(new, Permute(prev).visit(new.op.body))
+        new = with_body(new, Permute(done).visit(new.op.body))
         rw.define(new)
-        prev = {cur.uid: (new, p)}
-    names = ", ".join(graph.idents[c.uid] for c in chain)
+        done[cur.uid] = (new, p)
+    new = done[src.uid][0]
+    for other in graph.consumers(graph.idents[src.uid]):
+        if other != graph.idents[reader.uid]:
+            cur = rw.current(graph.prims[other].tensor)
+            assert cur.op is not None
+            rw.define(with_body(cur, Permute({src.uid: (new, p)}).visit(cur.op.body)))
+    names = ", ".join(graph.idents[c.uid] for c in reversed(chain))
     return new, f"{src.name} (its producers {names} store it channels-last, no copy)"
 
 
@@ -150,17 +190,23 @@ def channels_last(graph: Graph, arch: str) -> Graph:
     made: dict[int, Tensor] = {}  # an operand's channels-last copy, shared by its readers
     convs: set[int] = set()  # the convolutions read channels-last so far
     for name in graph.topo_order():
-        t = graph.prims[name].tensor
+        t = rw.current(graph.prims[name].tensor)  # its reads re-pointed by earlier changes
         got = conv_operands(t)
         if isinstance(got, str):
             rw.record(PassAction.REFUSED, [name], f"{name} stays NCHW: {got}")
         if got is None or isinstance(got, str):
             continue
-        x, w, c = got
+        x, w, c, window = got
         assert t.op is not None and isinstance(t.op.body, Reduce)
+        todo = [r for r in (x, w) if not _channels_inner(r, c)]
+        byte = x.tensor.dtype in BYTE_DTYPES
+        if todo and not (window or byte) and x in todo and x.tensor.uid not in made:
+            # a 16-bit 1x1 conv: channels-last only where its producers store it so for free
+            if _producer_chain(graph, rw, x.tensor, name, convs, first=True) is None:
+                continue
         perms: dict[int, tuple[Tensor, list[int]]] = {}
         moved, copied = [], 0
-        for r in (x, w):
+        for r in todo:
             (d,) = plain_dims(r, c)
             p = innermost(r.tensor.ndim, d)
             src = r.tensor
@@ -172,8 +218,10 @@ def channels_last(graph: Graph, arch: str) -> Graph:
                 moved.append(how)
                 copied += bytes_
             perms[r.tensor.uid] = (made[src.uid], p)
-        rw.define(with_body(t, Permute(perms).visit(t.op.body)))
         convs.add(t.uid)
+        if not todo:
+            continue
+        rw.define(with_body(t, Permute(perms).visit(t.op.body)))
         ext = [a.extent for a in t.op.reduce_axes]
         k = int(np.prod(ext))
         out = int(np.prod(t.shape)) // w.tensor.shape[0]  # the GEMM's columns
