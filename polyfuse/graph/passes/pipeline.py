@@ -5,7 +5,8 @@ One round runs every selected pass once, in :data:`DEFAULT_PASSES` order: simpli
 the batch-norm fold looks for them), CSE, the batch-norm fold, the merge of sibling
 contractions (after the batch-norm fold: a scale folds into a weight before the weight is
 concatenated; before the layout fold: the slices it leaves fold in the same round), the layout
-fold, and dead-code elimination last (it sweeps what the others left behind). A fold can enable
+fold, the split of reduction axes the layout fold left read by ``k // D`` and ``k % D``, and
+dead-code elimination last (it sweeps what the others left behind). A fold can enable
 another (a collapsed chain then folds into its convolution), so rounds repeat until one changes
 nothing — at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form
 into a simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting
@@ -34,6 +35,7 @@ from polyfuse.graph.passes.merge_siblings import merge_siblings
 from polyfuse.graph.passes.record import PassAction, PassRecord
 from polyfuse.graph.passes.rewrite import Evaluator
 from polyfuse.graph.passes.simplify import simplify
+from polyfuse.graph.passes.split_reduction import split_reduction
 
 #: Every pass, in the order a round runs them.
 DEFAULT_PASSES: tuple[str, ...] = (
@@ -43,6 +45,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "batchnorm_fold",
     "merge_siblings",
     "layout_fold",
+    "split_reduction",
     "dce",
     "channels_last",
     "bytes_k_inner",
@@ -110,6 +113,7 @@ def run_passes(
         "batchnorm_fold": partial(batchnorm_fold, evaluate=evaluate),
         "merge_siblings": merge_siblings,
         "layout_fold": layout_fold,
+        "split_reduction": split_reduction,
         "dce": dce,
     }
     if not names:  # only the passes after the rounds
