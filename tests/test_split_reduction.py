@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hmma_loops import hmma_loop
 
 import polyfuse
 from polyfuse import ops, reference, te, zoo
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.graph.graph import build_graph
 from polyfuse.graph.passes.split_reduction import split_reduction
@@ -107,3 +109,21 @@ def test_transformers_in_bfloat16_run_every_gemm_on_tensor_cores(name):
         (want,) = m.reference(*arrays)
         got = fn(*arrays, device="emulate")
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_bert_s_output_projection_without_spills(arch):
+    """BERT-base's output projection in bfloat16 (batch 8, seq 128, 12 heads of 64 merged
+    into 768, times 768 x 768): on tensor cores, no spills, HMMA in the k-tile loop."""
+    pv = te.placeholder((8, 12, 128, 64), "bfloat16", name="pv")
+    w = te.placeholder((768, 768), "bfloat16", name="w")
+    ctx = ops.reshape(ops.transpose(pv, (0, 2, 1, 3)), (8, 128, 768))
+    out = ops.matmul(ctx, w, name="out")
+    fn = polyfuse.compile([pv, w], [out], arch=arch, check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_m16n8k16" in k.source
+    binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    assert all(r.spill_stores == r.spill_loads == 0 for r in binary.resources.values())
+    hmma, ldsm, _, _ = hmma_loop(binary, arch, k.function)
+    assert hmma > 0 and ldsm > 0
