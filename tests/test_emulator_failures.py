@@ -255,3 +255,33 @@ def test_prepass_keeps_lines_and_rewrites_pointers():
     ]
     assert "pf_gptr<const float> x" in body and "pf_gptr<float> y" in body
     assert "__shared__" not in body and "pf_shared(0" in body
+
+
+MISTYPED = r"""
+extern "C" __global__ void mistyped(const signed char* __restrict__ x, int* __restrict__ y) {
+  __shared__ signed char s[64];
+  s[threadIdx.x] = x[threadIdx.x];
+  __syncthreads();
+  const unsigned char* p = s;
+  const unsigned char* q = x;
+  y[threadIdx.x] = p[threadIdx.x] + q[0];
+}
+"""
+
+
+@pytest.mark.parametrize("line", ["p = s", "q = x"])
+def test_a_local_pointer_of_another_pointee_type_fails_the_build(emu, line):
+    """``const unsigned char* p = s`` with ``s`` signed char: NVRTC refuses the conversion;
+    the pre-pass made the declaration ``auto`` (the initialiser may be an instrumented
+    pointer), so the emulator compiled it and read the bytes as signed. Its declared type is
+    kept as a ``static_assert``, on a shared array and on an instrumented global pointer."""
+    other = "p = s" if line == "q = x" else "q = x"
+    src = MISTYPED.replace(f"const unsigned char* {other}", f"const signed char* {other}")
+    with pytest.raises(EmulatorError, match=rf"const unsigned char\* {line[0]}: its initialiser "
+                       "points to another type"):  # fmt: skip
+        emu.load(src)
+    fixed = MISTYPED.replace("const unsigned char*", "const signed char*")
+    x = np.arange(-32, 32, dtype=np.int8)
+    y = np.zeros(64, np.int32)
+    emu.load(fixed).run([Launch("mistyped", (1, 1, 1), (64, 1, 1), ("x", "y"))], {"x": x, "y": y})
+    np.testing.assert_array_equal(y, x.astype(np.int32) - 32)

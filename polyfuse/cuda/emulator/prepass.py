@@ -351,7 +351,9 @@ def _rewrite_shared(s: _Source) -> tuple[list[tuple[str, str]], list[tuple[str, 
 
 def _rewrite_local_pointers(s: _Source) -> None:
     """Step 4: initialised local ``T* p = ...;`` / ``T& r = ...;`` become ``auto``/``auto&&``
-    (the initialiser may be an instrumented global pointer or a reference proxy)."""
+    (the initialiser may be an instrumented global pointer or a reference proxy). A pointer's
+    declared type is kept as a ``static_assert`` (``pf_pointer_fits``): an initialiser of
+    another pointee type, which NVRTC refuses, fails the emulator's build too."""
     mask = s.mask
     for m in _LOCAL_PTR_DECL.finditer(mask):
         words = m.group("type").split()
@@ -372,6 +374,11 @@ def _rewrite_local_pointers(s: _Source) -> None:
         if not s.edited(m.start()):
             s.edit(m.start(), m.start("name"), "auto&& " if m.group("ref") == "&" else "auto ")
             s.pointer_names.add(m.group("name"))
+            if m.group("ref") == "*" and prev != "(":  # not in a for statement's init
+                typ, name = " ".join(words), m.group("name")
+                s.edit(semi + 1, semi + 1, f" static_assert(pf_pointer_fits<{typ}, decltype("
+                       f"{name})>(), \"{typ}* {name}: its initialiser points to another type "
+                       "(NVRTC refuses the conversion)\");")  # fmt: skip
 
 
 def _rewrite_sizeof(s: _Source) -> None:

@@ -398,6 +398,30 @@ struct pf_is_gptr : std::false_type {};
 template <class T>
 struct pf_is_gptr<pf_gptr<T>> : std::true_type {};
 
+// The pointee of a raw or instrumented pointer (void: not a pointer the check knows).
+template <class X>
+struct pf_pointee {
+  using type = void;
+  static constexpr bool known = false;
+};
+template <class U>
+struct pf_pointee<U*> {
+  using type = U;
+  static constexpr bool known = true;
+};
+template <class U>
+struct pf_pointee<pf_gptr<U>> {
+  using type = U;
+  static constexpr bool known = true;
+};
+// Whether a local `T* p = init;` (rewritten `auto p = init;`) would compile as CUDA: init's
+// pointer converts to T*.
+template <class T, class Actual>
+constexpr bool pf_pointer_fits() {
+  using P = pf_pointee<std::decay_t<Actual>>;
+  return !P::known || std::is_convertible<typename P::type*, T*>::value;
+}
+
 // reinterpret_cast<...>(...) in kernel sources is rewritten to this.
 template <class To, class T>
   requires std::is_pointer_v<To>
