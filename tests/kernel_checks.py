@@ -74,3 +74,14 @@ def bank_sites(fn: Any, arrays: Sequence[Any]) -> tuple[Any, list[Any], list[Any
     copies = [s for s in sites if "pf_cp_async16(" in lines[s.line - 1]]
     loads = [s for s in sites if "pf_ldmatrix" in lines[s.line - 1]]
     return got, copies, loads
+
+
+def exact_without_bank_conflicts(fn: Any, arrays: Sequence[Any], want: Any) -> None:
+    """One run of ``fn`` under the bank counter equals ``want`` exactly (integer kernels),
+    with at least two cp.async write sites and two ldmatrix read sites, none conflicting."""
+    import numpy as np
+
+    got, copies, loads = bank_sites(fn, arrays)
+    np.testing.assert_array_equal(got, want)
+    assert len(copies) >= 2 and len(loads) >= 2
+    assert [str(s) for s in copies + loads if s.conflicts] == []

@@ -242,22 +242,29 @@ def test_sass_has_hmma_in_the_k_tile_loop():
     assert (hmma, ldsm) == (16, 8), counts
 
 
+def _offset_batches(rows: int):
+    """``mm[t, i, j] = sum_r a[t + 1, i, r] * b[r, j]`` (3 batches of ``rows`` x 27, k 21) in
+    float16, compiled and checked against float64 in both thread orders, on tensor cores."""
+    a = te.placeholder((4, rows, 21), "float16", name="a")
+    b = te.placeholder((21, 27), "float16", name="b")
+    r = te.reduce_axis(21, name="r")
+    mm = te.compute(
+        (3, rows, 27), lambda t, i, j: te.sum(a[t + 1, i, r] * b[r, j], axis=r), name="mm"
+    )
+    xs, ws = _array((4, rows, 21), "float16"), _array((21, 27), "float16")
+    want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
+    fn = _check("float16", [a, b], mm, [xs, ws], want)
+    _tensorized(fn)
+    return fn
+
+
 def test_narrow_rows_swap_with_columns_that_fold_a_batch_dim():
     """``mm[t, i, j]`` of 3 x 19 x 27 (``a[t + 1, i, r] @ b[r, j]``): rows ``i`` (19) and
     columns ``j`` (27) pad one 64x64 block tile per batch point to 8x the useful outputs; the
     swap (rows ``j``, columns ``i`` with ``t`` folded in: 57) pads 2.7x, one block tile in
     all (a channels-last conv's output width and channels are such a pair). Matches float64
     in both thread orders."""
-    a = te.placeholder((4, 19, 21), "float16", name="a")
-    b = te.placeholder((21, 27), "float16", name="b")
-    r = te.reduce_axis(21, name="r")
-    mm = te.compute(
-        (3, 19, 27), lambda t, i, j: te.sum(a[t + 1, i, r] * b[r, j], axis=r), name="mm"
-    )
-    xs, ws = _array((4, 19, 21), "float16"), _array((21, 27), "float16")
-    want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
-    fn = _check("float16", [a, b], mm, [xs, ws], want)
-    _tensorized(fn)
+    fn = _offset_batches(19)
     notes = fn.kernels[0].notes
     assert "tensor cores: the GEMM's rows are data dim 2, its columns data dim 1, the other " \
         "data dims a batch (one block tile per batch point)" in notes  # fmt: skip
@@ -271,14 +278,5 @@ def test_an_operand_subscript_of_several_terms_is_parenthesized():
     parenthesized in the fill's offset (it read ``pf_g0 + 1 * 399``: wrong rows, issue 23). 70
     rows: ``t`` stays a batch dim (beside 19 rows it is folded into the columns of the GEMM
     with ``i`` and ``j`` swapped, which pads less)."""
-    a = te.placeholder((4, 70, 21), "float16", name="a")
-    b = te.placeholder((21, 27), "float16", name="b")
-    r = te.reduce_axis(21, name="r")
-    mm = te.compute(
-        (3, 70, 27), lambda t, i, j: te.sum(a[t + 1, i, r] * b[r, j], axis=r), name="mm"
-    )
-    xs, ws = _array((4, 70, 21), "float16"), _array((21, 27), "float16")
-    want = xs[1:].astype(np.float64) @ ws.astype(np.float64)
-    fn = _check("float16", [a, b], mm, [xs, ws], want)
-    _tensorized(fn)
+    fn = _offset_batches(70)
     assert "a[(((pf_g0 + 1) * 1470) + " in fn.kernels[0].source

@@ -594,18 +594,26 @@ def _matmul_integer(s: Draw) -> list[N] | None:
     if s.va.dtype != np.float32 or s.rank == 0:
         return None
     k, n = s.va.shape[-1], s.rng.randint(1, 40)
+    quantize, ins = _byte_weight(s, (k, n), n)
+    return [quantize, N("MatMulInteger", ins),
+            N("Cast", ["@1"], {"to": int(TensorProto.FLOAT)})]  # fmt: skip
+
+
+def _byte_weight(s: Draw, shape: tuple[int, ...], per: int) -> tuple[N, list[str]]:
+    """The QuantizeLinear of ``a`` to uint8 or int8 and the integer product's inputs: the
+    quantized ``a``, a constant byte weight of ``shape``, ``a``'s zero point, and the weight's
+    zero point (per tensor, one per ``per`` indices, or none)."""
     to, wt = s.choice(("uint8", "int8")), s.choice(("uint8", "int8"))
     lo, hi = (0, 255) if wt == "uint8" else (-128, 127)
-    w = np.array([s.rng.randint(lo, hi) for _ in range(k * n)]).reshape(k, n)
+    w = np.array([s.rng.randint(lo, hi) for _ in range(int(np.prod(shape)))]).reshape(shape)
     scale = s.const(np.array(s.choice((0.02, 0.1, 0.5))), "float32")
     az = s.const(np.array(s.rng.randint(0, 9)), to)
     ins = ["@0", s.const(w, wt), az]
     if s.rng.random() < 0.7:
-        per_col = s.rng.random() < 0.5
-        zp = [s.rng.randint(0, 5) for _ in range(n if per_col else 1)]
-        ins.append(s.const(np.array(zp if per_col else zp[0]), wt))
-    return [N("QuantizeLinear", [s.a, scale, az]), N("MatMulInteger", ins),
-            N("Cast", ["@1"], {"to": int(TensorProto.FLOAT)})]  # fmt: skip
+        per_index = s.rng.random() < 0.5
+        zp = [s.rng.randint(0, 5) for _ in range(per if per_index else 1)]
+        ins.append(s.const(np.array(zp if per_index else zp[0]), wt))
+    return N("QuantizeLinear", [s.a, scale, az]), ins
 
 
 def _conv_integer(s: Draw) -> list[N] | None:
@@ -622,19 +630,8 @@ def _conv_integer(s: Draw) -> list[N] | None:
     groups = s.choice([g for g in (1, 2, c) if c % g == 0])
     m = groups * s.choice((1, 2, 8))
     kh, kw = attrs["kernel_shape"]
-    to, wt = s.choice(("uint8", "int8")), s.choice(("uint8", "int8"))
-    lo, hi = (0, 255) if wt == "uint8" else (-128, 127)
-    shape = (m, c // groups, kh, kw)
-    wv = np.array([s.rng.randint(lo, hi) for _ in range(int(np.prod(shape)))]).reshape(shape)
-    scale = s.const(np.array(s.choice((0.02, 0.1, 0.5))), "float32")
-    az = s.const(np.array(s.rng.randint(0, 9)), to)
-    ins = ["@0", s.const(wv, wt), az]
-    if s.rng.random() < 0.7:
-        per_channel = s.rng.random() < 0.5
-        zp = [s.rng.randint(0, 5) for _ in range(m if per_channel else 1)]
-        ins.append(s.const(np.array(zp if per_channel else zp[0]), wt))
-    return [N("QuantizeLinear", [s.a, scale, az]),
-            N("ConvInteger", ins, {**attrs, "group": groups}),
+    quantize, ins = _byte_weight(s, (m, c // groups, kh, kw), m)
+    return [quantize, N("ConvInteger", ins, {**attrs, "group": groups}),
             N("Cast", ["@1"], {"to": int(TensorProto.FLOAT)})]  # fmt: skip
 
 
