@@ -273,3 +273,34 @@ def test_bottleneck_blocks_keep_their_activations_channels_last():
     for race in (False, True):
         got = fn(x, device="emulate", race_check=race)
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=1e-2)
+
+
+def test_a_conv_written_channels_last_folds_its_rows_into_the_columns():
+    """A bf16 3x3 conv written NHWC in te with the channels reduced innermost: its input is
+    gathered by 16-byte chunks from the start, and the narrow output width (14) now takes the
+    height folded in as the columns (196 per image: 8 block tiles in all; before, the fold
+    waited for a scalar fill: 28 block tiles of 14 useful columns each). Matches the
+    reference in both thread orders."""
+    n, h, wd, c, o = 2, 14, 14, 32, 32
+    x = te.placeholder((n, h, wd, c), "bfloat16", name="x")
+    w = te.placeholder((o, 3, 3, c), "bfloat16", name="w")
+    rh, rw, rc = (te.reduce_axis(e, name=nm) for e, nm in ((3, "rh"), (3, "rw"), (c, "rc")))
+
+    def body(b, y, xx, oc):
+        ih, iw = y + rh - 1, xx + rw - 1
+        inside = (ih >= 0) & (ih < h) & (iw >= 0) & (iw < wd)
+        return te.sum(te.where(inside, x[b, ih, iw, rc], 0.0) * w[oc, rh, rw, rc],
+                      axis=[rh, rw, rc])  # fmt: skip
+
+    out = te.compute((n, h, wd, o), body, name="cv")
+    fn = polyfuse.compile([x, w], [out], check_cuda=False)
+    (k,) = fn.kernels
+    assert any(nt.startswith("tensor cores: data dim 1 folded into the columns with data dim 2 "
+                             "(14 x 14 = 196 columns") for nt in k.notes), k.notes  # fmt: skip
+    assert k.grid[0] * k.grid[1] * k.grid[2] == 8
+    nd = numpy_dtype("bfloat16")
+    xs = RNG.standard_normal(x.shape).astype(nd)
+    ws = (RNG.standard_normal(w.shape) / 10).astype(nd)
+    want = polyfuse.reference.evaluate([out], {x: xs, w: ws})[0]
+    for race in (False, True):
+        assert tolerance("bfloat16").allclose(fn(xs, ws, device="emulate", race_check=race), want)
