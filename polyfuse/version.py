@@ -17,5 +17,7 @@ __version__ = "0.1.0"
 # by cp.async; 13: a reduction isl skews keeps its original loop order or is split; 14: split
 # partials read the identity in the body's dtype, a product reduction in the prelude; 15: uint8,
 # int8 and int16 stored in their width, shifts through one unsigned-type template; 16: int8/uint8
-# GEMMs on m16n8k32 tensor cores), so kernels and schedules cached by an older compiler miss.
-CODEGEN_REVISION = 16
+# GEMMs on m16n8k32 tensor cores; 17: rows and columns swapped where that pads less, a column
+# fold wherever B is gathered or chunkable), so kernels and schedules cached by an older
+# compiler miss.
+CODEGEN_REVISION = 17

@@ -314,3 +314,16 @@ def test_a_quantized_conv_chain_keeps_each_requantization_in_its_conv():
     assert len(rep.fn.kernels) == 3
     assert len([k for k in rep.fn.kernels if "pf_mma_m16n8k32" in k.source]) == 2
     np.testing.assert_array_equal(rep.run(feeds)[0], ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def test_a_conv_integer_with_a_zero_point_per_input_channel_is_a_one_line_error():
+    """ONNX allows ConvInteger's x zero point as one value only; a vector is refused with
+    the tensor named, not a wrong sum."""
+    from polyfuse.errors import PolyfuseError
+    from polyfuse.onnx.backend import prepare
+
+    model, _ = _onnx_conv("ConvInteger", (1, 16, 5, 5), (8, 16, 3, 3), "uint8", "int8",
+                          [3] * 16, 0, {"pads": [1, 1, 1, 1]})  # fmt: skip
+    with pytest.raises(PolyfuseError, match=r"x zero point \(16,\) must be one value") as e:
+        prepare(model, "CPU")
+    assert "\n" not in str(e.value)

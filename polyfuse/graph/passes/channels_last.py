@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyfuse.graph.dtypes import info
+from polyfuse.graph.dtypes import HALF_DTYPES, info
 from polyfuse.graph.expr import BYTE_DTYPES, Binary, IterVar, Read, Reduce, Tensor, zero_padded_read
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.passes.record import PassAction
@@ -59,7 +59,6 @@ from polyfuse.graph.passes.relayout import (
 )
 from polyfuse.graph.passes.rewrite import Rewriter, is_identity_read, loop_vars, with_body
 
-HALF = ("float16", "bfloat16")
 #: modelled SASS instructions per copied element of a scalar gather fill, and per 16-byte
 #: chunk of a channels-last gathered fill (address, padding test, cp.async)
 SCALAR_PER_ELEMENT, CHUNK_COST = 4.0, 10.0
@@ -91,7 +90,7 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar, bool] | str | None:
         return None
     dts = {r.tensor.dtype for r in reads}  # type: ignore[union-attr]
     byte = dts <= set(BYTE_DTYPES)
-    if not (byte or dts <= set(HALF)):
+    if not (byte or dts <= set(HALF_DTYPES)):
         return None
     chunk = 16 // info(next(iter(dts))).itemsize
     outs = {a.uid for a in t.op.axes}

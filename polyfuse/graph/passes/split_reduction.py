@@ -18,6 +18,7 @@ tensor cores' (:func:`_tensor_core_operands`).
 
 from __future__ import annotations
 
+from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import (
     BYTE_DTYPES,
     Binary,
@@ -35,7 +36,7 @@ from polyfuse.graph.passes.rewrite import Rewriter, with_body
 
 NAME = "split_reduction"
 #: the operand dtypes whose GEMMs the split is for (tensor cores)
-TENSOR_CORE_DTYPES = ("float16", "bfloat16", *BYTE_DTYPES)
+TENSOR_CORE_DTYPES = (*HALF_DTYPES, *BYTE_DTYPES)
 
 
 def _divisor(e: Expr, k: IterVar) -> int | None:
