@@ -8,13 +8,15 @@ nvdisasm (:mod:`polyfuse.cuda.toolchain.sass`, no GPU needed). Printed per arch:
 
 * the compute cases of issue 20 item 2 (matmul 4096³ + bias + GELU, FFN up 8192×768·768×3072,
   conv 3×3 N32 C64→64 56², a 1×1 conv N32 C64→256 56², a stride-2 3×3 conv N32 C128→128
-  56²→28², attention B8 H12 S512 D64): one row per kernel with the hot loop's instructions per
-  iteration (FFMA share, shared loads by width, global traffic, barriers, integer, branches,
-  predicated-off slots), registers, spills, shared bytes, blocks per SM and limiter, and the
-  issue-bound estimate (a model, labelled so); the GEMM-like kernels (a k-tile loop) beside
-  the item's targets: the FFMA share, no spills, (matmul, FFN) operand fragments loaded by
-  64/128-bit shared loads only, the share of multiply-adds on padding (over 5 %: the plan's
-  reason), and each shared tile's copy (float4 or scalar, threads busy of the block's);
+  56²→28², attention B8 H12 S512 D64, and BERT-base's attention output projection reading the
+  heads merged through ``k // 64``, ``k % 64``): one row per kernel with the hot loop's
+  instructions per iteration (FFMA share, shared loads by width, global traffic, barriers,
+  integer, branches, predicated-off slots), registers, spills, shared bytes, blocks per SM and
+  limiter, and the issue-bound estimate (a model, labelled so); the GEMM-like kernels (a
+  k-tile loop) beside the item's targets: the FFMA share, no spills, (matmul, FFN) operand
+  fragments loaded by 64/128-bit shared loads only, the share of multiply-adds on padding
+  (over 5 %: the plan's reason), and each shared tile's copy (float4 or scalar, threads busy
+  of the block's);
 * the twelve memory-bound subgraphs of ``suite.py``: the same table (their kernels have no
   loop: the whole body), then per subgraph the vector accesses the kernel IR holds, the
   vector source lines, how many keep their width in SASS (``LDG.E.128`` / ``STG.E.128`` /
@@ -65,6 +67,15 @@ def conv_relu(n: int, c: int, o: int, hw: int, k: int, stride: int, pad: int):
     return [x, w, b], [y]
 
 
+def merged_heads_projection(b: int, heads: int, s: int, d: int, n: int):
+    """Attention's output projection: ``reshape(transpose(pv, (0, 2, 1, 3)), (b, s, heads *
+    d)) @ w``, its operand read through ``k // d`` and ``k % d`` (float32: no split)."""
+    pv = te.placeholder((b, heads, s, d), name="pv")
+    w = te.placeholder((heads * d, n), name="w")
+    ctx = ops.reshape(ops.transpose(pv, (0, 2, 1, 3)), (b, s, heads * d))
+    return [pv, w], [ops.matmul(ctx, w, name="out_proj")]
+
+
 @dataclass(frozen=True)
 class Case:
     """A compute case: its builder, and the FFMA share item 2 asks of its GEMM-like loops."""
@@ -112,6 +123,12 @@ CASES: dict[str, Case] = {
         _example(examples.attention, batch=8, heads=12, seq=512, dim=64),
         "attention B8 H12 S512 D64 (QK^T, softmax, PV)",
         0.80,
+    ),
+    "attention_out_proj": Case(
+        lambda: merged_heads_projection(8, 12, 128, 64, 768),
+        "attention output projection B8 S128, heads 12x64 merged -> 768",
+        0.80,
+        True,
     ),
 }
 

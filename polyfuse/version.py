@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 # partials read the identity in the body's dtype, a product reduction in the prelude; 15: uint8,
 # int8 and int16 stored in their width, shifts through one unsigned-type template; 16: int8/uint8
 # GEMMs on m16n8k32 tensor cores; 17: rows and columns swapped where that pads less, a column
-# fold wherever B is gathered or chunkable), so kernels and schedules cached by an older
-# compiler miss.
-CODEGEN_REVISION = 17
+# fold wherever B is gathered or chunkable; 18: a reshape's k // D, k % D operand priced per
+# period, so its GEMM takes a real tile), so kernels and schedules cached by an older compiler
+# miss.
+CODEGEN_REVISION = 18

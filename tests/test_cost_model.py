@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -310,8 +311,9 @@ def test_grouped_conv_operand_is_priced_within_bounds_and_tiled():
     shape = detect_gemm(plain.plan.scheduled[0])
     assert not isinstance(shape, str)
     acc = dict(shape.operands)
-    rows, slack = affine_rows(acc["x"])
+    rows, slack, periods = affine_rows(acc["x"])
     assert slack == (0, 15, 0, 0)
+    assert all(p[0] < 0 for p in periods)  # co + ci is bounded, not a reshape's period
     assert rows[1] == ((0, 1, 0, 0, 1, 0, 0), 0)  # co + ci
     assert affine_rows(acc["gw"])[1] == (0, 0, 0, 0)
     ranked = rank_gemm_tiles(shape, A100, stages=2)
@@ -332,6 +334,72 @@ def test_grouped_conv_operand_is_priced_within_bounds_and_tiled():
     ins = [rng.standard_normal(t.shape).astype(np.float32) for t in (xs, ws)]
     (want,) = evaluate([ys], {xs: ins[0], ws: ins[1]})
     np.testing.assert_allclose(small(*ins, device="emulate"), want, rtol=1e-4, atol=1e-4)
+
+
+def _merged_heads(b: int, heads: int, s: int, d: int, n: int):
+    """float32 attention output projection over the heads merged: ``pv[b, k // d, s, k % d]``."""
+    pv = te.placeholder((b, heads, s, d), name="pv")
+    w = te.placeholder((heads * d, n), name="w")
+    ctx = ops.reshape(ops.transpose(pv, (0, 2, 1, 3)), (b, s, heads * d))
+    return pv, w, ops.matmul(ctx, w, name="out")
+
+
+def test_a_reshaped_operand_is_priced_per_period_and_tiled():
+    """BERT's float32 output projection reads ``pv[b, k // 64, s, k % 64]``: no affine
+    function, and no affine bound either, so the estimate priced every tiling's ``pv`` tile as
+    the box of all its dims' extents copied in scalars (128x128: 262144 floats, "does not
+    fit") and chose a 32x16 tile at one FFMA in ten (modelled 436 us on an A100). Within a
+    k-tile inside one period of 64 both subscripts are affine (``k // 64`` fixed, ``k % 64``
+    stepping with k): priced so, the best tile is 64x128 at 86 % FFMA, modelled 87 us, the
+    tile copied as float4 — what isl's own box of the kernel says."""
+    from polyfuse.poly.costs.gemm_code import Operand, TileLayout, loop_code
+    from polyfuse.poly.device import device_for_arch
+    from polyfuse.poly.promote import GemmKernel
+    from polyfuse.poly.tiling import LOOP_FFMA_FLOOR, affine_rows, detect_gemm, loop_share
+
+    pv, w, out = _merged_heads(8, 12, 128, 64, 768)
+    fn = polyfuse.compile([pv, w], [out], "sm_80", check_cuda=False)
+    shape = detect_gemm(fn.plan.scheduled[0])
+    assert not isinstance(shape, str)
+    rows, slack, periods = affine_rows(dict(shape.operands)["pv"])
+    # update dims (b, s, n, k): k // 64 is 0 within a period, k % 64 is k; both period 64
+    assert rows == (((1, 0, 0, 0), 0), ((0, 0, 0, 0), 0), ((0, 1, 0, 0), 0), ((0, 0, 0, 1), 0))
+    assert slack == (0, 0, 0, 0)
+    assert periods == ((-1, 0, 0), (3, 64, 1), (-1, 0, 0), (3, 64, -64))
+    (gk,) = [p for kp in fn.plan.kernel_plans for p in kp.parts if isinstance(p, GemmKernel)]
+    t = gk.tiling
+    assert t.code is not None and loop_share(t.code) >= LOOP_FFMA_FLOOR
+    assert math.prod(t.block) >= 64 * 128 and t.modelled_us < 100  # was 32x16, 436 us
+    (est,) = [c for c in t.code.tiles if c.tensor == "pv"]
+    (real,) = [p for p in gk.promotions if p.tensor == "pv"]
+    assert est.width == 4 and est.floats >= math.prod(real.size)
+    # a k-tile across a period (48 over periods of 64) is priced as before: scalar, whole box
+    op = Operand("pv", pv.shape, rows, slack, periods)
+    wop = Operand("w", w.shape, (((0, 0, 0, 1), 0), ((0, 0, 1, 0), 0)))
+    lay = TileLayout((1, 64, 128), (1, 16, 16), (48,), 2)
+    args = ((op, wop), (8, 128, 768), (768,))
+    across = loop_code(*args, lay, (4, 8), device_for_arch("sm_80"))
+    inside = loop_code(*args, replace(lay, tk=(32,)), (4, 8), device_for_arch("sm_80"))
+    assert [c.width for c in across.tiles] == [1, 4]
+    assert across.tiles[0].floats == 64 * 128 * 48  # every dim's extent
+    assert [c.width for c in inside.tiles] == [4, 4]
+
+
+def test_a_reshaped_operand_tile_computes_the_projection():
+    """The merged-heads projection at odd sizes, GEMM-tiled with the periodic operand's
+    tile: equal to numpy in both thread orders."""
+    from polyfuse.poly.promote import GemmKernel
+
+    pv, w, out = _merged_heads(2, 3, 19, 16, 40)
+    fn = polyfuse.compile([pv, w], [out], "sm_80", check_cuda=False)
+    assert [p for kp in fn.plan.kernel_plans for p in kp.parts if isinstance(p, GemmKernel)]
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(pv.shape).astype(np.float32)
+    b = rng.standard_normal(w.shape).astype(np.float32)
+    want = np.transpose(a.astype(np.float64), (0, 2, 1, 3)).reshape(2, 19, 48) @ b
+    for race in (False, True):
+        got = fn(a, b, device="emulate", race_check=race)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_tilings_below_the_loop_quality_floor_are_not_ranked():

@@ -13,6 +13,7 @@ from polyfuse.poly.device import H100
 from polyfuse.poly.tiling import (
     FORCED_TILE_REASON,
     LOOP_FFMA_FLOOR,
+    NO_PERIOD,
     _independent_dims,
     _tiling,
     affine_rows,
@@ -178,7 +179,7 @@ def test_independent_dims_of_an_access():
 
 def test_affine_rows_of_matmul_and_padded_strided_conv():
     m = isl_map("{ S[d0, d1, r0] -> a[d0, r0] : 0 <= d0 < 8 and 0 <= d1 < 16 and 0 <= r0 < 12 }")
-    assert affine_rows(m) == ((((1, 0, 0), 0), ((0, 0, 1), 0)), (0, 0))
+    assert affine_rows(m) == ((((1, 0, 0), 0), ((0, 0, 1), 0)), (0, 0), (NO_PERIOD,) * 2)
     # the padding guard (a bound of the domain) is no part of the subscripts
     conv = isl_map(
         "{ S[n, co, oh, ow, ci, kh, kw] -> x[n, ci, oh + kh - 1, 2ow + kw - 1] : "
@@ -193,6 +194,7 @@ def test_affine_rows_of_matmul_and_padded_strided_conv():
             ((0, 0, 0, 2, 0, 0, 1), -1),
         ),
         (0, 0, 0, 0),
+        (NO_PERIOD,) * 4,
     )
 
 
@@ -201,19 +203,26 @@ def test_affine_rows_bound_a_division_from_above_with_its_slack():
     grouped = isl_map(
         "{ S[co, ci] -> x[16 * floor(co / 16) + ci] : 0 <= co < 64 and 0 <= ci < 16 }"
     )
-    assert affine_rows(grouped) == ((((1, 1), 0),), (15,))
-    # i mod 3 lies in [2 - 2, 2]
+    assert affine_rows(grouped) == ((((1, 1), 0),), (15,), (NO_PERIOD,))
+    # floor(i / 3) + j: a period with another dim's term is no reshape's; bounded
+    mixed = isl_map("{ S[i, j] -> a[floor(i / 3) + j] : 0 <= i < 8 and 0 <= j < 4 }")
+    assert affine_rows(mixed) == ((), (), ())
+
+
+def test_affine_rows_of_a_reshape_are_periodic():
+    # i mod 3 = i - 3 floor(i / 3): the row i within a tile of i inside one period of 3
     assert affine_rows(isl_map("{ S[i, j] -> a[i mod 3] : 0 <= i < 8 and 0 <= j < 4 }")) == (
-        (((0, 0), 2),),
-        (2,),
+        (((1, 0), 0),),
+        (0,),
+        ((0, 3, -3),),
     )
+    # floor(i / 2): constant within such a tile, one more per period
+    half = isl_map("{ S[i, j] -> a[floor(i / 2), j] : 0 <= i < 8 and 0 <= j < 4 }")
+    assert affine_rows(half) == ((((0, 0), 0), ((0, 1), 0)), (0, 0), ((0, 2, 1), NO_PERIOD))
 
 
 def test_affine_rows_give_up_on_subscripts_with_neither_form():
-    # floor(i / 2) is bounded by 2c <= i <= 2c + 1: no unit coefficient on the subscript
-    half = isl_map("{ S[i, j] -> a[floor(i / 2), j] : 0 <= i < 8 and 0 <= j < 4 }")
-    assert affine_rows(half) == ((), ())
-    assert affine_rows(isl_map("{ S[i] -> a[o] : 0 <= i < 8 and o >= i }")) == ((), ())
+    assert affine_rows(isl_map("{ S[i] -> a[o] : 0 <= i < 8 and o >= i }")) == ((), (), ())
 
 
 # ------------------------------------------------------------------------------ tile sizes

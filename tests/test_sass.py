@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import polyfuse
-from polyfuse import examples
+from polyfuse import examples, ops, te
 from polyfuse.cli import main
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.cuda.toolchain.sass import (
@@ -410,6 +410,28 @@ def test_matmul4096_hot_loop(matmul4096, arch):
     assert k.vector is not None and k.vector.ok  # the float4 epilogue store is STG.E.128
     d = json.loads(json.dumps(k.to_dict()))
     assert d["hot_loop"]["per_iteration"]["classes"]["FFMA"] == 512
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_merged_heads_projection_hot_loop(arch):
+    """BERT-base's float32 attention output projection, its operand read through ``k // 64``
+    and ``k % 64``: the tile estimate priced that operand as a scalar box of every dim's
+    extents and took a 32x16 tile, one FFMA in ten in its loop; priced per period, the chosen
+    tiles' k-tile loops are at least 80 % FFMA (85 % on sm_80), fragments LDS.128, both tiles
+    copied by 128-bit cp.async, no spills."""
+    require_tools()
+    pv = te.placeholder((8, 12, 128, 64), name="pv")
+    w = te.placeholder((768, 768), name="w")
+    ctx = ops.reshape(ops.transpose(pv, (0, 2, 1, 3)), (8, 128, 768))
+    out = ops.matmul(ctx, w, name="out_proj")
+    fn = polyfuse.compile([pv, w], [out], arch, check_cuda=False, name="out_proj")
+    (k,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
+    hot = k.hot
+    assert hot.kind == "k-tile" and hot.inner is None
+    assert hot.mix.ffma_share >= (0.85 if arch == "sm_80" else 0.80), hot.mix.ffma_share
+    assert hot.mix.width("LDS", 32) == 0 and hot.mix.width("LDS", 128) > 0
+    assert hot.mix.width("LDGSTS", 128) > 0 and hot.mix.width("LDGSTS", 32) == 0
+    assert k.resources is not None and k.resources.spill_stores == 0
 
 
 def test_shared_memory_is_counted_once(matmul4096):

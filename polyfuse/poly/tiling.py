@@ -40,7 +40,7 @@ from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.expr import Binary, zero_padded_read
 from polyfuse.poly.costs import KernelDesc, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
-from polyfuse.poly.costs.gemm_code import LoopCode, Operand, TileLayout
+from polyfuse.poly.costs.gemm_code import NO_PERIOD, LoopCode, Operand, TileLayout
 from polyfuse.poly.costs.ops import ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape, GemmTiling, tile_label
@@ -248,15 +248,52 @@ def _bounded_row(m: isl.Map, n_in: int) -> tuple[tuple[int, ...], int, int] | No
     return coef, upper[coef], slack
 
 
-def affine_rows(m: isl.Map) -> tuple[tuple[tuple[tuple[int, ...], int], ...], tuple[int, ...]]:
+def _periodic_row(
+    aff: isl.Aff, n_in: int
+) -> tuple[tuple[int, ...], int, tuple[int, int, int]] | None:
+    """For a one-dim subscript ``a * x_j + c + e * floor(x_j / D)`` of one input dim (a
+    reshape's ``k // D`` or ``k % D``): its form within a tile of ``x_j`` that stays inside
+    one period of ``D`` — coefficients (``a`` on ``x_j``), the constant ``c`` — and the period
+    ``(j, D, e)``; None for any other form."""
+    divs = aff.get_local_space().dim(isl.dim_type.div)
+    if divs != 1:
+        return None
+    div = aff.get_div(0)
+    e = aff.get_coefficient_val(isl.dim_type.div, 0)
+    den = div.get_denominator_val()
+    if not (e.is_int() and den.is_int()) or not div.get_constant_val().is_zero():
+        return None
+    d = den.to_python()
+    on = [j for j in range(n_in) if not div.get_coefficient_val(isl.dim_type.in_, j).is_zero()]
+    if len(on) != 1 or d < 2:
+        return None
+    (j,) = on
+    if div.get_coefficient_val(isl.dim_type.in_, j).inv().to_python() != d:
+        return None  # floor(x_j / D) itself, not floor(m x_j / D)
+    vals = [aff.get_coefficient_val(isl.dim_type.in_, x) for x in range(n_in)]
+    const = aff.get_constant_val()
+    if any(not v.is_zero() for x, v in enumerate(vals) if x != j) or not all(
+        v.is_int() for v in (*vals, const)
+    ):
+        return None
+    coef = tuple(vals[x].to_python() if x == j else 0 for x in range(n_in))
+    return coef, const.to_python(), (j, d, e.to_python())
+
+
+def affine_rows(
+    m: isl.Map,
+) -> tuple[
+    tuple[tuple[tuple[int, ...], int], ...], tuple[int, ...], tuple[tuple[int, int, int], ...]
+]:
     """Per output dim of access ``m``, its subscript as coefficients on the input dims and a
-    constant (the affine hull, without the domain's bounds), and a slack: 0 for an affine
-    subscript; for one that is not (a division), the affine upper bound of
-    :func:`_bounded_row` and how far below it the subscript may fall. ``((), ())`` when some
-    subscript has neither."""
+    constant (the affine hull, without the domain's bounds), a slack and a period: slack and
+    period ``(-1, 0, 0)`` for an affine subscript; for a reshape's ``k // D`` or ``k % D``,
+    its form within a tile inside one period and the period (:func:`_periodic_row`); for
+    another division, the affine upper bound of :func:`_bounded_row` and how far below it the
+    subscript may fall. ``((), (), ())`` when some subscript has none of these."""
     n_in = m.dim(isl.dim_type.in_)
     n_out = m.dim(isl.dim_type.out)
-    rows, slack = [], []
+    rows, slack, periods = [], [], []
     for i in range(n_out):
         one = m.project_out(isl.dim_type.out, i + 1, n_out - i - 1).project_out(
             isl.dim_type.out, 0, i
@@ -270,13 +307,25 @@ def affine_rows(m: isl.Map) -> tuple[tuple[tuple[tuple[int, ...], int], ...], tu
         if got is not None:
             rows.append(got)
             slack.append(0)
+            periods.append(NO_PERIOD)
+            continue
+        periodic = None
+        if one.is_single_valued():
+            pieces = isl.PwMultiAff.from_map(one).get_pw_aff(0).get_pieces()
+            if len(pieces) == 1:
+                periodic = _periodic_row(pieces[0][1], n_in)
+        if periodic is not None:
+            rows.append(periodic[:2])
+            slack.append(0)
+            periods.append(periodic[2])
             continue
         bounded = _bounded_row(one, n_in)
         if bounded is None:
-            return (), ()
+            return (), (), ()
         rows.append(bounded[:2])
         slack.append(bounded[2])
-    return tuple(rows), tuple(slack)
+        periods.append(NO_PERIOD)
+    return tuple(rows), tuple(slack), tuple(periods)
 
 
 def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
@@ -311,8 +360,8 @@ def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
     operands = []
     for name in dict.fromkeys(n for n, _ in shape.operands):
         m = next(m for n, m in shape.operands if n == name)
-        rows, slack = affine_rows(m)
-        operands.append(Operand(name, arrays[name], rows, slack))
+        rows, slack, periods = affine_rows(m)
+        operands.append(Operand(name, arrays[name], rows, slack, periods))
     return GemmProblem(
         data=tuple(ext),
         red=tuple(rext),

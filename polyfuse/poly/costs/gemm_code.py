@@ -62,18 +62,35 @@ from polyfuse.poly.vectorize import VECTOR_WIDTH
 BANKS = 32
 
 
+#: :attr:`Operand.periods` of an affine subscript
+NO_PERIOD = (-1, 0, 0)
+
+
 @dataclass(frozen=True)
 class Operand:
     """One operand the update reads, as the tile estimate sees it: the array's shape and, per
     array dim, its affine subscript over the update's dims (data dims, then reduction dims) as
     coefficients and a constant; ``rows`` empty when a subscript is not affine. ``slack``
     per array dim (empty: all 0): a subscript that is no affine function (a grouped conv's
-    input channel, a division) lies between its row minus the slack and its row."""
+    input channel, a division) lies between its row minus the slack and its row. ``periods``
+    per array dim (empty: none): ``(j, D, e)`` where the subscript is its row plus
+    ``e * floor(x_j / D)`` (a reshape's ``k // D``, ``k % D``): exact in a tile of ``x_j``
+    inside one period; :data:`NO_PERIOD` for the others."""
 
     name: str
     shape: tuple[int, ...]
     rows: tuple[tuple[tuple[int, ...], int], ...] = ()
     slack: tuple[int, ...] = ()
+    periods: tuple[tuple[int, int, int], ...] = ()
+
+    def periodic(self, a: int) -> bool:
+        """Whether array dim ``a``'s subscript is periodic (see the class doc)."""
+        return bool(self.periods) and self.periods[a][0] >= 0
+
+    def within_periods(self, extent: tuple[int, ...]) -> bool:
+        """Whether tiles of ``extent`` (per update dim, from 0) stay inside one period of
+        every periodic subscript, where its row is exact."""
+        return all(j < 0 or d % extent[j] == 0 for j, d, _ in self.periods)
 
 
 @dataclass(frozen=True)
@@ -289,7 +306,13 @@ def loop_code(
     bodies = steps // body_steps
     # 1. shared tiles (one stage each; the stages follow once their size is known)
     # an operand no reduction dim indexes is loaded into registers once, before the loop
-    tiled_ops = tuple(op for op in operands if not op.rows or any(any(c[nd:]) for c, _ in op.rows))
+    tiled_ops = tuple(
+        op
+        for op in operands
+        if not op.rows
+        or any(any(c[nd:]) for c, _ in op.rows)
+        or any(j >= nd for j, _, _ in op.periods)
+    )
     boxes = [
         _box(op, tuple(extent), tuple(padded), tuple(grid), tuple(ktile), nd, threads)
         for op in tiled_ops
@@ -381,7 +404,9 @@ def _box(
 ) -> tuple[TileCopy, _View | None]:
     """``op``'s shared tile for one block tile and k-tile (see the module doc, 1). Memoized
     (pure; the candidates of one GEMM share an operand's box where they share its tile)."""
-    if not op.rows:  # subscripts not affine: the box of its dims' extents, copied in scalars
+    if not op.rows or not op.within_periods(extent):
+        # subscripts not affine (or a tile across a reshape's period): the box of its dims'
+        # extents, copied in scalars
         size = (math.prod(extent),)
         copies = -(-size[0] // threads)
         return TileCopy(op.name, size, size[0], 1, copies, True), None
@@ -398,12 +423,15 @@ def _box(
             lo_a, size[-1] = 0, op.shape[a]
         lo.append(lo_a)
         moving = [c for c, t in zip(coef, tiled, strict=True) if c and t]
+        if op.periodic(a) and tiled[op.periods[a][0]]:
+            moving.append(op.periods[a][2])  # the period's floor steps between tiles
         whole.append(not moving and lo_a == 0 and size[-1] == op.shape[a])
-        full = [_span(c, e) for c, e in zip(coef, padded, strict=True)]
-        if const + sum(s[0] for s in full) - slack < 0:
-            guarded = True
-        if const + sum(s[1] for s in full) >= op.shape[a]:
-            guarded = True
+        if not op.periodic(a):  # a reshape's subscript stays inside the array
+            full = [_span(c, e) for c, e in zip(coef, padded, strict=True)]
+            if const + sum(s[0] for s in full) - slack < 0:
+                guarded = True
+            if const + sum(s[1] for s in full) >= op.shape[a]:
+                guarded = True
         # a subscript that skips values inside its span (a strided conv's input), or one
         # known only within bounds: the footprint is not its box, and the copy stays scalar
         holes = holes or bool(slack)
@@ -425,6 +453,8 @@ def _box(
     coef, const = op.rows[last]
     inner_mult = math.prod(op.shape[a] for a in groups[-1][1:])
     steps = [c * e * inner_mult for c, e, t in zip(coef, extent, tiled, strict=True) if c and t]
+    if op.periodic(last) and tiled[op.periods[last][0]]:  # and by e where the period wraps
+        steps.append(op.periods[last][2] * inner_mult)
     width = 1
     aligned_rows = vshape[-1] % VECTOR_WIDTH == 0
     same_residue = all(s % VECTOR_WIDTH == 0 for s in steps)
