@@ -130,6 +130,11 @@ CASES: dict[str, Case] = {
         0.80,
         True,
     ),
+    "patch_embed": Case(
+        lambda: conv_relu(8, 3, 768, 224, 16, 16, 0),
+        "ViT patch embedding N8 C3->768 16x16 stride 16 at 224^2",
+        0.80,
+    ),
 }
 
 

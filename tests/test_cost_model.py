@@ -402,6 +402,34 @@ def test_a_reshaped_operand_tile_computes_the_projection():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_outer_reduction_dims_are_tiled_by_one_where_whole_they_fit_no_tile():
+    """ViT's patch embedding (a 16x16 stride-16 conv of 3 channels): the longest reduction dim
+    (the window's rows) is k-tiled and the others were kept whole, so every tiling's weight
+    tile held all 3 channels (64 x 3 x 8 x 16 floats at 64 rows) and none fitted: one output
+    element per thread. Where none fits whole, the reduction dims outside the k-tiled one
+    are tiled by 1 (a k-tile loop each): GEMM-tiled, and equal to float64 in both thread
+    orders."""
+    from polyfuse.poly.promote import GemmKernel
+
+    x = te.placeholder((2, 3, 64, 64), name="x")
+    w = te.placeholder((40, 3, 16, 16), name="w")
+    y = ops.conv2d(x, w, stride=16, name="patches")
+    fn = polyfuse.compile([x, w], [y], "sm_80", check_cuda=False)
+    (gk,) = [p for kp in fn.plan.kernel_plans for p in kp.parts if isinstance(p, GemmKernel)]
+    assert gk.tiling.tk[0] == 1 and gk.tiling.tk[2] == 16
+    (k,) = fn.kernels
+    assert any(
+        n.startswith("reduction dims 0 (extent 3) tiled by 1: whole, with the k-tile of dim 1")
+        for n in k.notes
+    )
+    rng = np.random.default_rng(5)
+    ins = [rng.standard_normal(t.shape).astype(np.float32) for t in (x, w)]
+    (want,) = evaluate([y], {x: ins[0].astype(np.float64), w: ins[1].astype(np.float64)})
+    for race in (False, True):
+        got = fn(*ins, device="emulate", race_check=race)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_tilings_below_the_loop_quality_floor_are_not_ranked():
     """On an A100 the model alone cannot tell a 76 % FFMA conv loop from an 83 % one (both
     FP32-pipe bound); the floor keeps the ranking where the instrument agrees (issue 20)."""

@@ -434,6 +434,24 @@ def test_merged_heads_projection_hot_loop(arch):
     assert k.resources is not None and k.resources.spill_stores == 0
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_patch_embedding_hot_loop(arch):
+    """ViT-B/16's patch embedding (N8, 3 -> 768, 16x16 stride 16 at 224^2) ran one output
+    element per thread (no tiling fitted with the 3 channels whole); its channels tiled by
+    1, the k-tile loop is at least 80 % FFMA, fragments LDS.128, no spills."""
+    require_tools()
+    x = te.placeholder((8, 3, 224, 224), name="x")
+    w = te.placeholder((768, 3, 16, 16), name="w")
+    y = ops.conv2d(x, w, stride=16, name="patches")
+    fn = polyfuse.compile([x, w], [y], arch, check_cuda=False, name="patches")
+    (k,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
+    hot = k.hot
+    assert hot.kind == "k-tile"
+    assert hot.mix.ffma_share >= 0.80, hot.mix.ffma_share
+    assert hot.mix.width("LDS", 32) == 0 and hot.mix.width("LDS", 128) > 0
+    assert k.resources is not None and k.resources.spill_stores == 0
+
+
 def test_shared_memory_is_counted_once(matmul4096):
     """A polyfuse kernel's static shared arrays are in its cubin: the launch adds only its
     dynamic bytes (the instrument added the static bytes twice and halved the occupancy)."""

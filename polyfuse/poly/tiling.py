@@ -411,7 +411,8 @@ def rank_gemm_tiles(
             gemm,
         )
     ]
-    # Reduction tiles: the innermost reduction dim by TK, outer ones whole if short.
+    # Reduction tiles: the longest reduction dim by TK, the others whole (outer ones by 1
+    # where no tiling fits with them whole).
     kin = max(range(len(rext)), key=lambda j: rext[j])  # the longest reduction dim is tiled
     problem = gemm_problem(shape, m_dim, kin)
     cands: dict[tuple[int, int, int, int, int], tuple] = {}
@@ -427,26 +428,47 @@ def rank_gemm_tiles(
         space = [tuple(forced)]
         reasons.append(noted(DecisionKind.GEMM_TILE, f"{forced_reason}={tuple(forced)}", gemm))
     budget = gemm_tile_budget(device)
-    for bm, bn, tm, tn, tk in space:
-        thr = (bm // tm) * (bn // tn)
-        if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
-            continue
-        if gemm_tile_registers(tm, tn) > GEMM_REG_BUDGET and forced is None:
-            continue
-        kt = min(tk, rext[kin])
-        if (bm, bn, tm, tn, kt) in cands:
-            continue  # k-tiles past the reduction's extent are the same tiling
-        tiling = _tiling(nd, m_dim, n_dim, kin, rext, (bm, bn, tm, tn, kt))
-        folded = fit_tiling(shape, tiling)  # the column tile over two dims, as built
-        lay = TileLayout(tuple(folded.block), tuple(folded.threads), tuple(folded.tk), stages)
-        code = gemm_loop_code(problem, lay, device)
-        if code.shared_bytes > budget and forced is None:
-            continue
-        desc = gemm_tile_desc(problem, code)
-        m = model_kernel(desc, device)
-        if m.occupancy.blocks_per_sm < 1 and forced is None:
-            continue
-        cands[(bm, bn, tm, tn, kt)] = (m.us, -thr, bm, bn, tm, tn, kt, tiling, code, desc, m)
+
+    def candidates(outer: bool) -> None:
+        """Price every tiling of ``space`` into ``cands`` (``outer``: the reduction dims
+        outside ``kin`` tiled by 1 instead of whole)."""
+        for bm, bn, tm, tn, tk in space:
+            thr = (bm // tm) * (bn // tn)
+            if bm % tm or bn % tn or (forced is None and thr not in (64, 128, 256)):
+                continue
+            if gemm_tile_registers(tm, tn) > GEMM_REG_BUDGET and forced is None:
+                continue
+            kt = min(tk, rext[kin])
+            if (bm, bn, tm, tn, kt) in cands:
+                continue  # k-tiles past the reduction's extent are the same tiling
+            tiling = _tiling(nd, m_dim, n_dim, kin, rext, (bm, bn, tm, tn, kt), outer)
+            folded = fit_tiling(shape, tiling)  # the column tile over two dims, as built
+            lay = TileLayout(tuple(folded.block), tuple(folded.threads), tuple(folded.tk), stages)
+            code = gemm_loop_code(problem, lay, device)
+            if code.shared_bytes > budget and forced is None:
+                continue
+            desc = gemm_tile_desc(problem, code)
+            m = model_kernel(desc, device)
+            if m.occupancy.blocks_per_sm < 1 and forced is None:
+                continue
+            cands[(bm, bn, tm, tn, kt)] = (m.us, -thr, bm, bn, tm, tn, kt, tiling, code, desc, m)
+
+    candidates(False)
+    outer = [j for j in range(kin) if rext[j] > 1]
+    if not cands and outer and forced is None:
+        # whole, the outer reduction dims make every shared tile too large (ViT's patch
+        # embedding: 3 channels x a 16 x 16 window): one k-tile loop per outer dim instead
+        candidates(True)
+        if cands:
+            dims = ", ".join(f"{j} (extent {rext[j]})" for j in outer)
+            reasons.append(
+                noted(
+                    DecisionKind.GEMM_TILE,
+                    f"reduction dims {dims} tiled by 1: whole, with the k-tile of dim {kin}, "
+                    f"no tiling fits {budget} B of shared memory per block",
+                    gemm,
+                )
+            )
     ranked = []
     for c in sorted(cands.values(), key=lambda c: c[:7]):
         if ranked and math.isclose(c[0], ranked[-1][0], rel_tol=1e-9):
@@ -525,14 +547,21 @@ def loop_share(code: LoopCode, worst: bool = True) -> float:
 
 
 def _tiling(
-    nd: int, m_dim: int, n_dim: int, kin: int, rext: list[int], tile: tuple[int, ...]
+    nd: int,
+    m_dim: int,
+    n_dim: int,
+    kin: int,
+    rext: list[int],
+    tile: tuple[int, ...],
+    outer: bool = False,
 ) -> GemmTiling:
-    """The (unfolded) tiling of candidate ``tile`` = (BM, BN, TM, TN, TK)."""
+    """The (unfolded) tiling of candidate ``tile`` = (BM, BN, TM, TN, TK): reduction dim
+    ``kin`` by TK, the others whole (``outer``: those before ``kin`` by 1)."""
     bm, bn, tm, tn, kt = tile
     block, threads = [1] * nd, [1] * nd
     block[m_dim], block[n_dim] = bm, bn
     threads[m_dim], threads[n_dim] = bm // tm, bn // tn
-    tk = list(rext)
+    tk = [1 if outer and j < kin else e for j, e in enumerate(rext)]
     tk[kin] = kt
     return GemmTiling(block, threads, tk, [], 0.0, (bm, bn, tm, tn, kt))
 
