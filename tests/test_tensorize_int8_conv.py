@@ -327,3 +327,51 @@ def test_a_conv_integer_with_a_zero_point_per_input_channel_is_a_one_line_error(
     with pytest.raises(PolyfuseError, match=r"x zero point \(16,\) must be one value") as e:
         prepare(model, "CPU")
     assert "\n" not in str(e.value)
+
+
+def _nhwc_conv(c: int, dtype: str):
+    """A conv written channels-last in te, no padding: ``k = (kh, kw, c)``, c innermost."""
+    x = te.placeholder((2, 9, 9, c), dtype, name="x")
+    w = te.placeholder((16, 3, 3, c), dtype, name="w")
+    kh, kw, kc = te.reduce_axis(3, "kh"), te.reduce_axis(3, "kw"), te.reduce_axis(c, "kc")
+    if dtype in ("int8", "uint8"):
+        y = te.compute((2, 7, 7, 16), lambda n, h, v, o: te.sum(
+            te.cast(x[n, h + kh, v + kw, kc], "int32") * te.cast(w[o, kh, kw, kc], "int32"),
+            axis=[kh, kw, kc]), name="y")  # fmt: skip
+    else:
+        y = te.compute((2, 7, 7, 16), lambda n, h, v, o: te.sum(
+            x[n, h + kh, v + kw, kc] * w[o, kh, kw, kc], axis=[kh, kw, kc],
+            accumulate="float32"), name="y")  # fmt: skip
+    return x, w, y
+
+
+@pytest.mark.parametrize(
+    ("c", "dtype", "chunked"),
+    [(24, "int8", False), (32, "int8", True), (24, "bfloat16", True)],
+)
+def test_a_gathered_operands_chunks_are_16_bytes_of_its_dtype(c, dtype, chunked):
+    """A k-innermost gathered input is filled by 16-byte chunks of consecutive channels:
+    16 of bytes, 8 of 16 bits. The match asked 8 of every dtype, so 24 byte channels passed
+    as chunked (the fill's alignment check then took scalar copies); now they are not, and
+    32 are; 24 bfloat16 channels are three chunks a pixel."""
+    from polyfuse.graph.dtypes import HALF_DTYPES
+    from polyfuse.graph.expr import BYTE_DTYPES
+    from polyfuse.poly.tensorize import match_mma
+
+    x, w, y = _nhwc_conv(c, dtype)
+    fn = polyfuse.compile([x, w], [y], check_cuda=False, passes=False)
+    got = match_mma(fn.plan.scheduled[0], HALF_DTYPES + BYTE_DTYPES)
+    assert not isinstance(got, str), got
+    (op,) = [o for o in got[2:4] if o.tensor == "x"]
+    assert op.gather and op.chunk == (16 if dtype == "int8" else 8)
+    assert op.chunked is chunked
+    if dtype == "int8":  # exact on tensor cores either way
+        a, b = _ints("int8", x.shape), _ints("int8", w.shape)
+        want = np.zeros((2, 7, 7, 16), np.int64)
+        for i in range(3):
+            for j in range(3):
+                want += np.einsum("nhvc,oc->nhvo", a[:, i:i + 7, j:j + 7].astype(np.int64),
+                                  b[:, i, j].astype(np.int64))  # fmt: skip
+        full = polyfuse.compile([x, w], [y], check_cuda=False)
+        assert any("pf_mma_" in k.source for k in full.kernels)
+        np.testing.assert_array_equal(full(a, b, device="emulate"), want.astype(np.int32))

@@ -37,13 +37,16 @@ class MmaOperand:
     #: along its tile's innermost dim (:func:`polyfuse.poly.tensorize_gather.linear_k`):
     #: filled by 16-byte chunks
     linear: tuple[tuple[int, ...], int, int] | None = None
-    #: a gathered operand stored k-innermost whose runs of 8 consecutive k are 16-byte aligned
-    #: runs of its innermost dim (:func:`polyfuse.poly.tensorize_gather.chunked_k`: a
-    #: channels-last conv input): filled by 16-byte chunks, each one gather
+    #: a gathered operand stored k-innermost whose runs of :attr:`chunk` consecutive k are
+    #: 16-byte aligned runs of its innermost dim
+    #: (:func:`polyfuse.poly.tensorize_gather.chunked_k`: a channels-last conv input): filled
+    #: by 16-byte chunks, each one gather
     chunked: bool = False
     #: a byte operand stored m- or n-innermost whose tile is filled k-innermost element by
     #: element (``ldmatrix`` has no ``.trans`` of 8-bit elements)
     transposed_fill: bool = False
+    #: elements per 16-byte chunk: 8 of 16 bits, 16 bytes
+    chunk: int = 8
 
     @property
     def scalar(self) -> bool:

@@ -311,21 +311,24 @@ def _bytes_k_inner(a: MmaOperand, b: MmaOperand, byte: bool) -> tuple[MmaOperand
 
 def _either(
     t: str, acc: isl.Map, arr: tuple[int, ...], shape: GemmShape, mine: int, other: int,
-    guarded: bool,
+    guarded: bool, chunk: int,
 ) -> MmaOperand | str:  # fmt: skip
     """The plain operand where it matches (one reduction dim, no select), else the gathered
-    one (:mod:`polyfuse.poly.tensorize_gather`), or the plain match's reason."""
+    one (:mod:`polyfuse.poly.tensorize_gather`), or the plain match's reason; ``chunk``: its
+    elements per 16-byte chunk."""
     nd = len(shape.data)
     plain = _operand(t, acc, arr, nd, mine, other) if len(shape.red) == 1 else ""
     if isinstance(plain, MmaOperand) and not guarded:
-        return plain
+        return replace(plain, chunk=chunk)
     got = gather_operand(t, acc, arr, nd, mine, other)
     if isinstance(got, str):
         return plain if isinstance(plain, str) and plain else got
     index, k_inner, inner = got
     lin = None if guarded else linear_k(index, arr, shape, mine, k_inner)
-    chunked = lin is None and chunked_k(index, arr, shape, k_inner)
-    return MmaOperand(t, arr, index, mine, k_inner, inner, True, guarded, lin, chunked)
+    chunked = lin is None and chunked_k(index, arr, shape, k_inner, chunk)
+    return MmaOperand(
+        t, arr, index, mine, k_inner, inner, True, guarded, lin, chunked, chunk=chunk
+    )
 
 
 def _dim_pairs(nd: int) -> list[tuple[int, int]]:
@@ -338,7 +341,7 @@ def _chunkable(shape: GemmShape, b: MmaOperand) -> bool:
     """A plain operand stored k-innermost whose k runs are aligned 16-byte chunks
     (:func:`chunked_k`: a channels-last 1x1 conv's input): gathered with a folded dim, it
     keeps its chunks."""
-    return not b.gather and b.k_inner and chunked_k(b.index, b.shape, shape, True)
+    return not b.gather and b.k_inner and chunked_k(b.index, b.shape, shape, True, b.chunk)
 
 
 def _may_fold(shape: GemmShape, b: MmaOperand, size: int) -> bool:
@@ -378,7 +381,10 @@ def _pair(
     ops: list[MmaOperand | str] = []
     for mine, other in ((m, n), (n, m)):
         found = [
-            _either(t, acc, tuple(model.tensors[t].shape), shape, mine, other, t in guarded)
+            _either(
+                t, acc, tuple(model.tensors[t].shape), shape, mine, other, t in guarded,
+                16 // ITEMSIZE[model.tensors[t].dtype],
+            )
             for t, acc in shape.operands
         ]
         ok = [o for o in found if isinstance(o, MmaOperand)]

@@ -60,7 +60,7 @@ def permute_reduction(
         if op.linear is not None or (op.gather and not op.guarded):
             lin = linear_k(index, op.shape, new, op.outer_dim, op.k_inner)
         if op.gather and lin is None:
-            chunked = chunked_k(index, op.shape, new, op.k_inner)
+            chunked = chunked_k(index, op.shape, new, op.k_inner, op.chunk)
         out.append(replace(op, index=index, linear=lin, chunked=chunked))
     return new, out
 
@@ -78,9 +78,9 @@ def fill_cost(op, shape: GemmShape, rows: int, block_k: int, nthreads: int, alig
     per-element costs); ``aligned``: a linear operand's chunks start 16-byte aligned."""
     elems = rows * block_k / nthreads
     if not op.gather or (op.linear is not None and aligned):
-        return elems / 8 * COST_CHUNK
+        return elems / op.chunk * COST_CHUNK
     if op.chunked:
-        return elems / 8 * COST_GATHER_CHUNK + COST_GATHER_KTILE
+        return elems / op.chunk * COST_GATHER_CHUNK + COST_GATHER_KTILE
     if op.k_inner:
         return elems * COST_FIXED_K
     flat = run_is_flat(shape, rows, block_k, nthreads)
