@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 # int8 and int16 stored in their width, shifts through one unsigned-type template; 16: int8/uint8
 # GEMMs on m16n8k32 tensor cores; 17: rows and columns swapped where that pads less, a column
 # fold wherever B is gathered or chunkable; 18: a reshape's k // D, k % D operand priced per
-# period, so its GEMM takes a real tile), so kernels and schedules cached by an older compiler
-# miss.
+# period, so its GEMM takes a real tile; outer reduction dims tiled by 1 where whole they fit
+# no tile; tensor-core chunks of 16 bytes of the dtype; one array as both tensor-core
+# operands), so kernels and schedules cached by an older compiler miss.
 CODEGEN_REVISION = 18

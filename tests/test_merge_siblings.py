@@ -356,10 +356,11 @@ def test_tiny_transformers_merge_their_projections(name, launches_off, launches_
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
-def test_half_precision_attention_keeps_k_apart():
-    """float16 Q, K, V: the scores GEMM runs on the tensor-core path, which stages one shared
-    tile per tensor, so K stays apart (recorded) while Q and V merge; no slice kernel
-    remains, and the emulator matches the reference."""
+def test_half_precision_attention_merges_q_k_and_v():
+    """float16 Q, K, V merge into one projection as float32's do: the scores GEMM runs on
+    tensor cores reading the merged tensor as both operands (B's tile its further access).
+    K was kept apart before ('the tensor-core GEMM stages one shared tile per tensor'). No
+    slice kernel remains, and the emulator matches the reference."""
     x = te.placeholder((B, S, H), name="x", dtype="float16")
     ws = [te.placeholder((H, H), name=f"w{c}", dtype="float16") for c in "qkv"]
     consts = {w: (0.2 * _rand(H, H)).astype(np.float16) for w in ws}
@@ -372,18 +373,15 @@ def test_half_precision_attention_keeps_k_apart():
     ctx = ops.matmul(ops.softmax(scores, -1), heads(v, (0, 2, 1, 3)), name="ctx")
     out = ops.reshape(ops.transpose(ctx, (0, 2, 1, 3)), (B, S, H), name="out")
     g = _passed([x, *ws], [out], consts)
-    refused = _records(g, PassAction.REFUSED)
-    assert refused[0] == (
-        "k_mm not merged with q_mm: scores reads both, and would read the merged float16 "
-        "tensor through two relations (the tensor-core GEMM stages one shared tile per "
-        "tensor: layout_fold would keep a slice kernel)"
-    )
+    assert not any("two relations" in r for r in _records(g, PassAction.REFUSED))
     (line,) = _records(g, PassAction.MERGED)
-    assert line.startswith("q_mm, v_mm read x through the same access")
+    assert line.startswith("q_mm, k_mm, v_mm read x through the same access")
     fn = polyfuse.compile(
         [x], [out], constants=consts, check_cuda=True, name="attn16", pack=UNPACKED
     )
     assert fusion_models.layout_kernels(fn)[0] == []
+    (sk,) = [k for k in fn.kernels if "scores" in k.name]
+    assert "pf_mma_m16n8k16" in sk.source
     xv = (0.5 * _rand(B, S, H)).astype(np.float16)
     want = reference.evaluate([out], {x: xv, **consts})[0].astype(np.float64)
     got = fn(xv, device="emulate").astype(np.float64)

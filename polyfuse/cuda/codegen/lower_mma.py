@@ -120,7 +120,10 @@ def lower_mma_kernel(
             continue
         batch.append(add(f"pf_g{nb}", lo))
         nb += 1
-    sa, sb = namer.shared(a.tensor), namer.shared(b.tensor)
+    # one array read as both operands (attention's Q and K slices of one projection): B's
+    # tile is the array's further access
+    sa = namer.shared(a.tensor)
+    sb = namer.shared(b.tensor if b.tensor != a.tensor else f"{b.tensor}__1")
     la, lb = tk.a_layout, tk.b_layout
     assert la is not None and lb is not None
     ea, eb = la.elements, lb.elements

@@ -31,9 +31,9 @@ would turn opaque and lose a fusion a partition or stitching rule makes, unless 
 itself could not fuse with that reader anyway (rule 4 takes the reader into a reduction
 first). A fold may make a contraction read one tensor through two different relations
 (``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``): the GEMM promotion stages one
-shared tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`), so the
-contraction stays a tiled GEMM. Not for 16-bit tensors: their tensor-core path stages one tile
-per tensor, so that fold is refused (recorded).
+shared tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`), and the
+tensor-core path stages operand B's tile as the array's further access where A reads the same
+array, so the contraction stays a tiled GEMM.
 Every fold and refusal is recorded with the relation or the rule that decided it.
 """
 
@@ -43,7 +43,6 @@ import islpy as isl
 
 from polyfuse.base.errors import ExpressionError
 from polyfuse.graph.access import relation_text
-from polyfuse.graph.dtypes import HALF_DTYPES
 from polyfuse.graph.expr import (
     DataIndex,
     Expr,
@@ -174,7 +173,6 @@ def layout_fold(graph: Graph) -> Graph:
             rw.record(PassAction.REFUSED, (name,), f"{name} stays a kernel: {why}")
             continue
         folded[t.uid] = t
-    _keep_single_access(graph, rw, folded)
     expand = _Expand(folded)
     for name in order:
         p = graph.prims[name]
@@ -328,65 +326,6 @@ def _lost_fusions(graph: Graph, move: Primitive, q: Primitive, kind: OpKind) -> 
         if _fuses(q.kind, b.kind) and not _fuses(kind, b.kind):
             lost.append(f"{q.name} -> {dst}")
     return ", ".join(lost)
-
-
-def _keep_single_access(graph: Graph, rw: Rewriter, folded: dict[int, Tensor]) -> None:
-    """Unfold moves until no contraction would read a 16-bit tensor through two different
-    relations (``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``): the float32 GEMM
-    tiles stage a shared tile per access, but 16-bit operands go to the tensor-core path
-    (poly/tensorize.py), which stages one tile per tensor (operand A and B of one array would
-    declare the same buffer). The last such move read stays a kernel."""
-    changed = True
-    while changed:
-        changed = False
-        for name in graph.topo_order():
-            c = graph.prims[name]
-            if not c.is_reduction or c.tensor.uid in folded:
-                continue
-            direct = [r for r in c.tensor.op.reads() if r.tensor.uid in folded]  # type: ignore[union-attr]
-            if not direct:
-                continue
-            new = with_body(c.tensor, _Expand(folded).visit(c.tensor.op.body))  # type: ignore[union-attr]
-            dup = _read_twice(graph, new)
-            if dup is None:
-                continue
-            culprit = next(
-                (
-                    r.tensor
-                    for r in reversed(direct)
-                    if any(n.tensor.uid == dup.uid for n in _reads(_Expand(folded).visit(r)))
-                ),
-                None,
-            )
-            if culprit is None:  # read twice without any fold: nothing to unfold
-                continue
-            del folded[culprit.uid]
-            mname = graph.ident(culprit)
-            rw.record(
-                PassAction.REFUSED,
-                (mname, name),
-                f"{mname} stays a kernel: folded, {name} would read {graph.ident(dup)} "
-                f"({dup.dtype}) through two different relations (the tensor-core GEMM stages "
-                "one shared tile per tensor)",
-            )
-            changed = True
-
-
-def _read_twice(graph: Graph, t: Tensor) -> Tensor | None:
-    """A 16-bit float tensor compute ``t`` reads through two different isl relations, if any
-    (another dtype is fine: float32 GEMMs stage a shared tile per access, and integers are
-    no GEMM operands: ONNX's ScatterND reads its int64 indices once per column, and that
-    crashed the pass, which looked for a fold to undo among reads of other tensors)."""
-    text, reads = relation_text(t)
-    seen: dict[int, isl.Map] = {}
-    for (m_s, _), r in zip(text.reads, reads, strict=True):
-        if r.tensor.dtype not in HALF_DTYPES:  # (an int64 index table read per column: fine)
-            continue
-        m = isl.Map(m_s, context=graph.ctx)
-        first = seen.setdefault(r.tensor.uid, m)
-        if first is not m and not first.is_equal(m):
-            return r.tensor
-    return None
 
 
 def _gather_tables(body: Expr) -> set[int]:

@@ -41,10 +41,9 @@ poly/ does not tile: tiled GEMMs would become a plain loop nest).
 A contraction that reads two siblings (attention's scores ``q @ k^T``) reads, once the slices
 fold, the merged tensor through two access relations: the GEMM promotion stages one shared
 tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`; isl computes
-each its own footprint box), so it stays a tiled GEMM and attention merges Q, K and V into
-one projection. The merge record names such readers. A 16-bit merged tensor is the exception
-(refused, recorded): its contractions run on the tensor-core path, which stages one shared
-tile per tensor, so 16-bit attention merges Q and V and keeps K apart.
+each its own footprint box; on tensor cores operand B's tile is the array's further access),
+so it stays a tiled GEMM and attention merges Q, K and V into one projection. The merge record
+names such readers.
 """
 
 from __future__ import annotations
@@ -570,15 +569,6 @@ def _take(graph: Graph, rw: Rewriter, group: list[Primitive], matches: dict[str,
                 f"{g.name} not merged: {other[0]} would read its slice of the merged result "
                 "at an offset, as an epilogue of the merged contraction, which the GEMM path "
                 "does not tile (tiled GEMMs would become one plain loop nest)"
-            )
-        elif tail.tensor.dtype != "float32" and (
-            clash := sorted(c for c in readers if c in reached)
-        ):
-            c = clash[0]
-            why = (
-                f"{g.name} not merged with {reached[c][0]}: {c} reads both, and would read the "
-                f"merged {tail.tensor.dtype} tensor through two relations (the tensor-core GEMM "
-                "stages one shared tile per tensor: layout_fold would keep a slice kernel)"
             )
         if why:
             rw.record(PassAction.REFUSED, (g.name, tail.name), why)
