@@ -465,8 +465,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
-  __shared__ __align__(16) unsigned char pf_pool[5152];
+extern "C" __global__ void __launch_bounds__(256, 3) pf_ae7d8c4b4fda61813f2d(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[8224];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
     const int b0 = _b;
@@ -480,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(con
     const int p0c = threadIdx.x;
     float* const s_matmul17 = reinterpret_cast<float*>(pf_pool + 0);
     const int p1c = threadIdx.x;
-    float* const s_block0_attn_o_w = reinterpret_cast<float*>(pf_pool + 1056);
+    float* const s_block0_attn_o_w = reinterpret_cast<float*>(pf_pool + 4128);
     float r_matmul20_acc[4];
     float r_matmul17_frag[1];
     #pragma unroll
@@ -489,58 +489,41 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(con
     }
     {
       const int kt0 = (-1);
-      if (((p0c <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul17[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
+      if (((p0c <= 127) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 516 + (b0 - b0) * 516 + ((kt0 + 1) - (kt0 + 1)) * 516 + ((4 * p0c) - 0)], &matmul17[((4 * p0c) >= 0 && (4 * p0c) < 128) ? b0 * 256 + (kt0 + 1) * 128 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
       }
-      #pragma unroll
-      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      if (((p1c <= 127) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + ((((4 * p1c) + (512 * kt0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[(((4 * p1c) + (512 * kt0)) + 512)], 16);
       }
       __pipeline_commit();
     }
-    {
-      const int kt0 = 0;
-      if (((p0c <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul17[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
+    const float* pf_gp0_matmul17 = &matmul17[((4 * p0c) + (256 * b0) + 128)];
+    const float* pf_gp0_block0_attn_o_w = &block0_attn_o_w[((4 * p1c) + 512)];
+    for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
+      if (((p0c <= 127) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 516 + (b0 - b0) * 516 + ((kt0 + 1) - (kt0 + 1)) * 516 + ((4 * p0c) - 0)], ((4 * p0c) >= 0 && (4 * p0c) < 128) ? &pf_gp0_matmul17[0] : matmul17, 16, ((4 * p0c) >= 0 && (4 * p0c) < 128) ? 0 : 16);
       }
-      #pragma unroll
-      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
+      if (((p1c <= 127) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + ((((4 * p1c) + (512 * kt0)) + 512) - (512 * (kt0 + 1)))], &pf_gp0_block0_attn_o_w[0], 16);
       }
       __pipeline_commit();
       __pipeline_wait_prior(1);
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        r_matmul17_frag[0] = s_matmul17[(kt0 % 2) * 132 + (b0 - b0) * 132 + (((kt0 * 128) + (t1 * 16) + kk0) - (128 * kt0))];
+        r_matmul17_frag[0] = s_matmul17[(kt0 % 2) * 516 + (b0 - b0) * 516 + (kt0 - kt0) * 516 + (((t1 * 16) + kk0) - 0)];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
           r_matmul20_acc[iv] = r_matmul20_acc[iv] + (r_matmul17_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
         }
       }
       __syncthreads();
-    }
-    {
-      const int kt0 = 1;
-      if (((p0c <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_matmul17[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((((4 * p0c) + (128 * kt0)) + 128) - (128 * (kt0 + 1)))], &matmul17[b0 * 256 + (((4 * p0c) + (128 * kt0)) + 128)], 16);
-      }
-      __pipeline_commit();
-      __pipeline_wait_prior(1);
-      __syncthreads();
-      #pragma unroll
-      for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        r_matmul17_frag[0] = s_matmul17[(kt0 % 2) * 132 + (b0 - b0) * 132 + (((kt0 * 128) + (t1 * 16) + kk0) - (128 * kt0))];
-        #pragma unroll
-        for (int iv = 0; (iv <= 3); iv += 1) {
-          r_matmul20_acc[iv] = r_matmul20_acc[iv] + (r_matmul17_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
-        }
-      }
-      __syncthreads();
+      pf_gp0_matmul17 += 128;
+      pf_gp0_block0_attn_o_w += 512;
     }
     #pragma unroll
     for (int iv = 0; (iv <= 3); iv += 1) {
-      s_matmul20[(b0 - s_matmul20_lo0) * 256 + (t1 - s_matmul20_lo1) * 32 + (((4 * t2) + iv) - s_matmul20_lo2)] = r_matmul20_acc[iv];
+      if (t1 <= 7) { s_matmul20[(b0 - s_matmul20_lo0) * 256 + (t1 - s_matmul20_lo1) * 32 + (((4 * t2) + iv) - s_matmul20_lo2)] = r_matmul20_acc[iv]; }
     }
   }
   __syncthreads();  // the row tile is complete before the reduction reads it
@@ -549,27 +532,27 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(con
     const int pf_g0 = pf_g;
     for (int pf_j = 0; pf_j < 4; ++pf_j) {
       const int pf_r = pf_j;
-      if (pf_r < 4) {  // uniform per block
-        const int pf_rb = pf_g0 * 4 + pf_r;
+      if (pf_r < 1) {  // uniform per block
+        const int pf_rb = pf_g0 + pf_r;
           int _b = pf_rb;
-          const int b1 = _b % 4; _b /= 4;
+          const int b1 = _b % 1; _b /= 1;
           const int b0 = _b;
           int _t = threadIdx.x;
           const int l0 = _t % 32; _t /= 32;
           const int r0 = _t;
           float* const s_add21 = reinterpret_cast<float*>(pf_pool + 1024);
           const int s_add21_lo0 = b0;
-          const int s_add21_lo1 = (2 * b1);
+          const int s_add21_lo1 = 0;
           const int s_add21_lo2 = 0;
-          float* const s_layer_norm23_centered = reinterpret_cast<float*>(pf_pool + 1280);
+          float* const s_layer_norm23_centered = reinterpret_cast<float*>(pf_pool + 2048);
           const int s_layer_norm23_centered_lo0 = b0;
-          const int s_layer_norm23_centered_lo1 = (2 * b1);
+          const int s_layer_norm23_centered_lo1 = 0;
           const int s_layer_norm23_centered_lo2 = 0;
           float* const s_matmul20 = reinterpret_cast<float*>(pf_pool + 0);
           const int s_matmul20_lo0 = b0;
           const int s_matmul20_lo1 = 0;
           const int s_matmul20_lo2 = 0;
-          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1536);
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 3072);
           float r_add22;
           float r_layer_norm23_mean;
           float r_layer_norm23_mean_acc;
@@ -583,17 +566,17 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(con
             {
               const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
               float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
-              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
               float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
               float v_add21[4];
               float v_add22[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                v_add21[c0] = (s_matmul20[(b0 - s_matmul20_lo0) * 256 + (((2 * b1) + r0) - s_matmul20_lo1) * 32 + (((4 * l0) + c0) - s_matmul20_lo2)] + v_block0_attn_o_bias[c0]);
+                v_add21[c0] = (s_matmul20[(b0 - s_matmul20_lo0) * 256 + (r0 - s_matmul20_lo1) * 32 + (((4 * l0) + c0) - s_matmul20_lo2)] + v_block0_attn_o_bias[c0]);
                 r_add22 = (v_embeddings[c0] + v_add21[c0]); v_add22[c0] = r_add22;
                 r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
               }
-              *reinterpret_cast<float4*>(&s_add21[(b0 - s_add21_lo0) * 64 + (((2 * b1) + r0) - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]) = make_float4(v_add21[0], v_add21[1], v_add21[2], v_add21[3]);
-              *reinterpret_cast<float4*>(&add22[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add22[0], v_add22[1], v_add22[2], v_add22[3]);
+              *reinterpret_cast<float4*>(&s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]) = make_float4(v_add21[0], v_add21[1], v_add21[2], v_add21[3]);
+              *reinterpret_cast<float4*>(&add22[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_add22[0], v_add22[1], v_add22[2], v_add22[3]);
             }
           }
           r_layer_norm23_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_mean_acc, pf_scratch); r_layer_norm23_mean = r_layer_norm23_mean_acc;
@@ -603,16 +586,16 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(con
           if ((l0 <= 7)) {
             // coarsen:4
             {
-              const float4 q_add210 = *reinterpret_cast<const float4*>(&s_add21[(b0 - s_add21_lo0) * 64 + (((2 * b1) + r0) - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]);
+              const float4 q_add210 = *reinterpret_cast<const float4*>(&s_add21[(b0 - s_add21_lo0) * 256 + (r0 - s_add21_lo1) * 32 + ((4 * l0) - s_add21_lo2)]);
               float v_add21[4] = {q_add210.x, q_add210.y, q_add210.z, q_add210.w};
-              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+              const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
               float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
               float v_layer_norm23_centered[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_layer_norm23_centered[c0] = ((v_embeddings[c0] + v_add21[c0]) - r_layer_norm23_mean);
                 r_layer_norm23_var_acc = r_layer_norm23_var_acc + ((v_layer_norm23_centered[c0] * v_layer_norm23_centered[c0]) * 0.03125f);
               }
-              *reinterpret_cast<float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]) = make_float4(v_layer_norm23_centered[0], v_layer_norm23_centered[1], v_layer_norm23_centered[2], v_layer_norm23_centered[3]);
+              *reinterpret_cast<float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]) = make_float4(v_layer_norm23_centered[0], v_layer_norm23_centered[1], v_layer_norm23_centered[2], v_layer_norm23_centered[3]);
             }
           }
           r_layer_norm23_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm23_var_acc, pf_scratch); r_layer_norm23_var = r_layer_norm23_var_acc;
@@ -626,13 +609,13 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_687003869bee75423c95(con
               float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
               const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
               float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
-              const float4 q_layer_norm23_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]);
+              const float4 q_layer_norm23_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm23_centered[(b0 - s_layer_norm23_centered_lo0) * 256 + (r0 - s_layer_norm23_centered_lo1) * 32 + ((4 * l0) - s_layer_norm23_centered_lo2)]);
               float v_layer_norm23_centered[4] = {q_layer_norm23_centered0.x, q_layer_norm23_centered0.y, q_layer_norm23_centered0.z, q_layer_norm23_centered0.w};
               float v_layer_norm23[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_layer_norm23[c0] = (((v_layer_norm23_centered[c0] * r_layer_norm23_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
               }
-              *reinterpret_cast<float4*>(&layer_norm23[b0 * 256 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm23[0], v_layer_norm23[1], v_layer_norm23[2], v_layer_norm23[3]);
+              *reinterpret_cast<float4*>(&layer_norm23[b0 * 256 + r0 * 32 + (4 * l0)]) = make_float4(v_layer_norm23[0], v_layer_norm23[1], v_layer_norm23[2], v_layer_norm23[3]);
             }
           }
       }

@@ -476,8 +476,8 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_ba17715d6b1e1d4c7dca(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
-  __shared__ __align__(16) unsigned char pf_pool[5152];
+extern "C" __global__ void __launch_bounds__(128, 7) pf_83a042bdbbfb37792e66(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+  __shared__ __align__(16) unsigned char pf_pool[6176];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
     const int b0 = _b;
@@ -491,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(con
     const int p0c = threadIdx.x;
     float* const s_matmul21 = reinterpret_cast<float*>(pf_pool + 0);
     const int p1c = threadIdx.x;
-    float* const s_block0_attn_o_w = reinterpret_cast<float*>(pf_pool + 1056);
+    float* const s_block0_attn_o_w = reinterpret_cast<float*>(pf_pool + 2080);
     float r_matmul24_acc[4];
     float r_matmul21_frag[1];
     #pragma unroll
@@ -500,30 +500,24 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(con
     }
     {
       const int kt0 = (-1);
-      if (((p0c <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((kt0 + 1) - (kt0 + 1)) * 132 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
+      if (((p0c <= 63) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
       }
-      #pragma unroll
-      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
-      }
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + ((((4 * p1c) + (512 * kt0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[(((4 * p1c) + (512 * kt0)) + 512)], 16);
       __pipeline_commit();
     }
     {
       const int kt0 = 0;
-      if (((p0c <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((kt0 + 1) - (kt0 + 1)) * 132 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
+      if (((p0c <= 63) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
       }
-      #pragma unroll
-      for (int kk0 = 0; (kk0 <= 1); kk0 += 1) {
-        __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + (((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[((((4 * p1c) + (512 * kt0)) + (256 * kk0)) + 512)], 16);
-      }
+      __pipeline_memcpy_async(&s_block0_attn_o_w[((kt0 + 1) % 2) * 512 + ((((4 * p1c) + (512 * kt0)) + 512) - (512 * (kt0 + 1)))], &block0_attn_o_w[(((4 * p1c) + (512 * kt0)) + 512)], 16);
       __pipeline_commit();
       __pipeline_wait_prior(1);
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        r_matmul21_frag[0] = s_matmul21[(kt0 % 2) * 132 + (b0 - b0) * 132 + (kt0 - kt0) * 132 + (((t1 * 16) + kk0) - 0)];
+        r_matmul21_frag[0] = s_matmul21[(kt0 % 2) * 260 + (b0 - b0) * 260 + (kt0 - kt0) * 260 + (((t1 * 16) + kk0) - 0)];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
           r_matmul24_acc[iv] = r_matmul24_acc[iv] + (r_matmul21_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
@@ -533,15 +527,15 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(con
     }
     {
       const int kt0 = 1;
-      if (((p0c <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 132 + (b0 - b0) * 132 + ((kt0 + 1) - (kt0 + 1)) * 132 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
+      if (((p0c <= 63) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_matmul21[((kt0 + 1) % 2) * 260 + (b0 - b0) * 260 + ((kt0 + 1) - (kt0 + 1)) * 260 + ((4 * p0c) - 0)], &matmul21[((4 * p0c) >= 0 && (4 * p0c) < 80) ? b0 * 160 + (kt0 + 1) * 80 + (4 * p0c) : 0], 16, ((4 * p0c) >= 0 && (4 * p0c) < 80) ? 0 : 16);
       }
       __pipeline_commit();
       __pipeline_wait_prior(1);
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 15); kk0 += 1) {
-        r_matmul21_frag[0] = s_matmul21[(kt0 % 2) * 132 + (b0 - b0) * 132 + (kt0 - kt0) * 132 + (((t1 * 16) + kk0) - 0)];
+        r_matmul21_frag[0] = s_matmul21[(kt0 % 2) * 260 + (b0 - b0) * 260 + (kt0 - kt0) * 260 + (((t1 * 16) + kk0) - 0)];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
           r_matmul24_acc[iv] = r_matmul24_acc[iv] + (r_matmul21_frag[0] * s_block0_attn_o_w[(kt0 % 2) * 512 + (((16 * kt0) + kk0) * 32 + ((4 * t2) + iv) - (512 * kt0))]);
@@ -560,34 +554,34 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(con
     const int pf_g0 = pf_g;
     for (int pf_j = 0; pf_j < 4; ++pf_j) {
       const int pf_r = pf_j;
-      if (pf_r < 3) {  // uniform per block
-        const int pf_rb = pf_g0 * 3 + pf_r;
+      if (pf_r < 2) {  // uniform per block
+        const int pf_rb = pf_g0 * 2 + pf_r;
           int _b = pf_rb;
-          const int b1 = _b % 3; _b /= 3;
+          const int b1 = _b % 2; _b /= 2;
           const int b0 = _b;
           int _t = threadIdx.x;
           const int l0 = _t % 32; _t /= 32;
           const int r0 = _t;
           float* const s_add25 = reinterpret_cast<float*>(pf_pool + 640);
           const int s_add25_lo0 = b0;
-          const int s_add25_lo1 = (2 * b1);
+          const int s_add25_lo1 = (4 * b1);
           const int s_add25_lo2 = 0;
-          float* const s_layer_norm27_centered = reinterpret_cast<float*>(pf_pool + 896);
+          float* const s_layer_norm27_centered = reinterpret_cast<float*>(pf_pool + 1152);
           const int s_layer_norm27_centered_lo0 = b0;
-          const int s_layer_norm27_centered_lo1 = (2 * b1);
+          const int s_layer_norm27_centered_lo1 = (4 * b1);
           const int s_layer_norm27_centered_lo2 = 0;
           float* const s_matmul24 = reinterpret_cast<float*>(pf_pool + 0);
           const int s_matmul24_lo0 = b0;
           const int s_matmul24_lo1 = 0;
           const int s_matmul24_lo2 = 0;
-          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1152);
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 1664);
           float r_add26;
           float r_layer_norm27_mean;
           float r_layer_norm27_mean_acc;
           float r_layer_norm27_var;
           float r_layer_norm27_var_acc;
           float r_layer_norm27_rstd;
-          if ((((2 * b1) + r0) <= 4)) {
+          if ((((4 * b1) + r0) <= 4)) {
             // part:mg12
             r_layer_norm27_mean_acc = 0.0f;
             if ((l0 <= 7)) {
@@ -595,44 +589,44 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(con
               {
                 const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
                 float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
-                const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+                const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
                 float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
                 float v_add25[4];
                 float v_add26[4];
                 for (int c0 = 0; c0 < 4; c0 += 1) {
-                  v_add25[c0] = (s_matmul24[(b0 - s_matmul24_lo0) * 160 + (((2 * b1) + r0) - s_matmul24_lo1) * 32 + (((4 * l0) + c0) - s_matmul24_lo2)] + v_block0_attn_o_bias[c0]);
+                  v_add25[c0] = (s_matmul24[(b0 - s_matmul24_lo0) * 160 + (((4 * b1) + r0) - s_matmul24_lo1) * 32 + (((4 * l0) + c0) - s_matmul24_lo2)] + v_block0_attn_o_bias[c0]);
                   r_add26 = (v_add4[c0] + v_add25[c0]); v_add26[c0] = r_add26;
                   r_layer_norm27_mean_acc = r_layer_norm27_mean_acc + (r_add26 * 0.03125f);
                 }
-                *reinterpret_cast<float4*>(&s_add25[(b0 - s_add25_lo0) * 64 + (((2 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]) = make_float4(v_add25[0], v_add25[1], v_add25[2], v_add25[3]);
-                *reinterpret_cast<float4*>(&add26[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add26[0], v_add26[1], v_add26[2], v_add26[3]);
+                *reinterpret_cast<float4*>(&s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]) = make_float4(v_add25[0], v_add25[1], v_add25[2], v_add25[3]);
+                *reinterpret_cast<float4*>(&add26[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_add26[0], v_add26[1], v_add26[2], v_add26[3]);
               }
             }
             r_layer_norm27_mean_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_mean_acc, pf_scratch); r_layer_norm27_mean = r_layer_norm27_mean_acc;
           }
           __syncwarp();  // mg13 reads what earlier parts wrote
-          if ((((2 * b1) + r0) <= 4)) {
+          if ((((4 * b1) + r0) <= 4)) {
             // part:mg13
             r_layer_norm27_var_acc = 0.0f;
             if ((l0 <= 7)) {
               // coarsen:4
               {
-                const float4 q_add250 = *reinterpret_cast<const float4*>(&s_add25[(b0 - s_add25_lo0) * 64 + (((2 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]);
+                const float4 q_add250 = *reinterpret_cast<const float4*>(&s_add25[(b0 - s_add25_lo0) * 128 + (((4 * b1) + r0) - s_add25_lo1) * 32 + ((4 * l0) - s_add25_lo2)]);
                 float v_add25[4] = {q_add250.x, q_add250.y, q_add250.z, q_add250.w};
-                const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]);
+                const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
                 float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
                 float v_layer_norm27_centered[4];
                 for (int c0 = 0; c0 < 4; c0 += 1) {
                   v_layer_norm27_centered[c0] = ((v_add4[c0] + v_add25[c0]) - r_layer_norm27_mean);
                   r_layer_norm27_var_acc = r_layer_norm27_var_acc + ((v_layer_norm27_centered[c0] * v_layer_norm27_centered[c0]) * 0.03125f);
                 }
-                *reinterpret_cast<float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]) = make_float4(v_layer_norm27_centered[0], v_layer_norm27_centered[1], v_layer_norm27_centered[2], v_layer_norm27_centered[3]);
+                *reinterpret_cast<float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]) = make_float4(v_layer_norm27_centered[0], v_layer_norm27_centered[1], v_layer_norm27_centered[2], v_layer_norm27_centered[3]);
               }
             }
             r_layer_norm27_var_acc = pf_allreduce_y<pf_sum, 32>(r_layer_norm27_var_acc, pf_scratch); r_layer_norm27_var = r_layer_norm27_var_acc;
           }
           __syncwarp();  // mg14 reads what earlier parts wrote
-          if ((((2 * b1) + r0) <= 4)) {
+          if ((((4 * b1) + r0) <= 4)) {
             // part:mg14
             r_layer_norm27_rstd = rsqrtf((r_layer_norm27_var + 1e-05f));
             if ((l0 <= 7)) {
@@ -642,13 +636,13 @@ extern "C" __global__ void __launch_bounds__(64, 14) pf_72bbe8046be68bcdddb5(con
                 float v_block0_ln2_beta[4] = {q_block0_ln2_beta0.x, q_block0_ln2_beta0.y, q_block0_ln2_beta0.z, q_block0_ln2_beta0.w};
                 const float4 q_block0_ln2_gamma0 = *reinterpret_cast<const float4*>(&block0_ln2_gamma[(4 * l0)]);
                 float v_block0_ln2_gamma[4] = {q_block0_ln2_gamma0.x, q_block0_ln2_gamma0.y, q_block0_ln2_gamma0.z, q_block0_ln2_gamma0.w};
-                const float4 q_layer_norm27_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 64 + (((2 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]);
+                const float4 q_layer_norm27_centered0 = *reinterpret_cast<const float4*>(&s_layer_norm27_centered[(b0 - s_layer_norm27_centered_lo0) * 128 + (((4 * b1) + r0) - s_layer_norm27_centered_lo1) * 32 + ((4 * l0) - s_layer_norm27_centered_lo2)]);
                 float v_layer_norm27_centered[4] = {q_layer_norm27_centered0.x, q_layer_norm27_centered0.y, q_layer_norm27_centered0.z, q_layer_norm27_centered0.w};
                 float v_layer_norm27[4];
                 for (int c0 = 0; c0 < 4; c0 += 1) {
                   v_layer_norm27[c0] = (((v_layer_norm27_centered[c0] * r_layer_norm27_rstd) * v_block0_ln2_gamma[c0]) + v_block0_ln2_beta[c0]);
                 }
-                *reinterpret_cast<float4*>(&layer_norm27[b0 * 160 + ((2 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm27[0], v_layer_norm27[1], v_layer_norm27[2], v_layer_norm27[3]);
+                *reinterpret_cast<float4*>(&layer_norm27[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]) = make_float4(v_layer_norm27[0], v_layer_norm27[1], v_layer_norm27[2], v_layer_norm27[3]);
               }
             }
           }
