@@ -11,6 +11,8 @@ every emulator mode; the NCHW path stays where the pass does not apply (recorded
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hmma_loops import hmma_loop
@@ -250,13 +252,15 @@ def test_nvrtc_compiles_a_conv_stored_channels_last_without_spills(arch):
 
 def test_bottleneck_blocks_keep_their_activations_channels_last():
     """A small ResNet-50 in bfloat16 (the zoo's definition: 16-channel stem, two stages of two
-    bottleneck blocks, 8 and 16 wide): after the first block each block's 1x1, 3x3 and 1x1
-    convs read the previous activation as their producers store it (conv, batch norm, ReLU,
-    the residual add) and the block's output is read channels-last by the next block's conv
-    and residual add alike: 10 of the 11 convs read channels-last take no copy (the stem's 3
-    channels stay NCHW). Before:
-    20 kernels (the 1x1 convs stayed NCHW, the 3x3 convs' inputs a ReLU kernel of their
-    own). Matches the float64 reference on the same weights in both thread orders."""
+    bottleneck blocks, 8 and 16 wide): each block's 1x1, 3x3 and 1x1 convs read the previous
+    activation as their producers store it (conv, batch norm, ReLU, the residual add) and the
+    block's output is read channels-last by the next block's conv and residual add alike. The
+    stem conv reads its 3 channels NCHW but stores its output channels-last, and so does the
+    max pool after it (a window keeping the channels), so the first block reads it so too: all
+    12 convs read channels-last take no copy, 17 kernels. Before: 19 (the first block's 1x1
+    conv and its ReLU NCHW, its residual add a kernel of its own), 20 before that (the 1x1
+    convs stayed NCHW, the 3x3 convs' inputs a ReLU kernel of their own). Matches the float64
+    reference on the same weights in both thread orders."""
     from polyfuse.zoo import cnn
     from polyfuse.zoo.backend import NumpyBackend, TeBackend
 
@@ -265,8 +269,11 @@ def test_bottleneck_blocks_keep_their_activations_channels_last():
     (out,) = cnn.resnet50_model(tb, cfg)
     fn = polyfuse.compile(tb.inputs, [out], constants=tb.constants, check_cuda=False)
     made = _records(fn, PassAction.SIMPLIFIED)
-    assert len(made) == 11 and sum("store it channels-last, no copy" in r for r in made) == 10
-    assert len(fn.kernels) == 19
+    assert len(made) == 12 and sum("store it channels-last, no copy" in r for r in made) == 12
+    stem = (r"conv2d\d+ reads max_pool2d\d+ \(its producers max_pool2d\d+, relu\d+, "
+            r"batch_norm\d+, conv2d\d+ store it")  # fmt: skip
+    assert any(re.match(stem, r) for r in made), made
+    assert len(fn.kernels) == 17
     assert len([k for k in fn.kernels if "pf_mma_m16n8k16" in k.source]) == 14
     x = RNG.standard_normal(tb.inputs[0].shape).astype(numpy_dtype("bfloat16"))
     (want,) = cnn.resnet50_model(NumpyBackend({"image": x}, tb.params), cfg)
@@ -304,3 +311,20 @@ def test_a_conv_written_channels_last_folds_its_rows_into_the_columns():
     want = polyfuse.reference.evaluate([out], {x: xs, w: ws})[0]
     for race in (False, True):
         assert tolerance("bfloat16").allclose(fn(xs, ws, device="emulate", race_check=race), want)
+
+
+def test_a_chain_crosses_a_pool_only_where_it_keeps_the_channels():
+    """The chain from a conv's input back to the convs storing it channels-last crosses a
+    max pool (its window slides over height and width; the channels stay its own axis) but
+    not a mean over the channels (it reads every channel for one output: no permutation of
+    its output gives its input's)."""
+    from polyfuse.graph.graph import build_graph
+    from polyfuse.graph.passes.channels_last import _window_source
+
+    x = te.placeholder((2, 16, 8, 8), "bfloat16", name="x")
+    pool = ops.max_pool2d(ops.relu(x, name="act"), 3, 2, 1, name="pool")
+    mean = ops.reduce_mean(ops.relu(x, name="act2"), axis=1, keepdims=True, name="cmean")
+    g = build_graph([x], [pool, mean])
+    p, m = g.prims["pool"].tensor, g.prims["cmean"].tensor
+    assert _window_source(p, 1) is g.prims["act"].tensor
+    assert _window_source(m, 1) is None

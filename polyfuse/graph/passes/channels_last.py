@@ -26,8 +26,10 @@ for a scalar gather, ~10 per 8-element chunk).
 
 Conv chains: where the input is the end of a chain of primitives without reduction (bias or
 batch norm, activation, residual add, requantization), each read only by the next through the
-same index, that starts at convolutions this pass already reads channels-last, the
-convolutions and the chain are computed channels-last themselves (their loop nests permuted,
+same index, or of a pool whose window keeps the channels (a max pool: :func:`_window_source`),
+that starts at convolutions this pass already reads channels-last or refused (a stem conv of 3
+channels reads NCHW but may store its output channels-last), the convolutions and the chain
+are computed channels-last themselves (their loop nests permuted,
 :func:`_with_producers`): every epilogue stays on its convolution's fragments and no copy
 follows it; the input's other readers (the next residual add) read it permuted. The GEMM of a
 convolution stored channels-last takes the output channels as rows and the width, with the
@@ -125,15 +127,38 @@ def conv_operands(t: Tensor) -> tuple[Read, Read, IterVar, bool] | str | None:
     return None  # no channel dim read plainly by both (a grouped conv)
 
 
+def _window_source(t: Tensor, keep: int) -> Tensor | None:
+    """The one tensor a reduction that is no convolution (a max or average pool) reads, where
+    it keeps dim ``keep`` (the channels): every read of it has ``t``'s rank and reads dim
+    ``keep`` through ``t``'s own axis ``keep``, so both permute alike; else None."""
+    assert t.op is not None
+    reads = list(t.op.reads())
+    if not reads or len({r.tensor.uid for r in reads}) != 1:
+        return None
+    axis = t.op.axes[keep]
+    for r in reads:
+        s = r.indices[keep] if r.tensor.ndim == t.ndim else None
+        if not (isinstance(s, IterVar) and s.uid == axis.uid):
+            return None
+    return reads[0].tensor
+
+
 def _producer_chain(
-    graph: Graph, rw: Rewriter, t: Tensor, consumer: str, convs: set[int], first: bool = False
+    graph: Graph,
+    rw: Rewriter,
+    t: Tensor,
+    consumer: str,
+    convs: set[int],
+    keep: int,
+    first: bool = False,
 ) -> list[Tensor] | None:
     """The primitives from ``t``'s producer up to convolutions of ``convs`` (as ``rw`` defines
     them so far; producers before their readers), each read only by the one after it
     (``consumer`` reads ``t``; ``first``: ``t`` may have other readers) through the same
-    index; None where there is no such chain. A primitive reading several computed tensors
-    alike (a residual add) continues along each that leads to such a convolution; the others
-    are read as they are stored."""
+    index, or a pool's window keeping the channels (dim ``keep``); None where there is no
+    such chain. A primitive reading several computed tensors alike (a residual add)
+    continues along each that leads to such a convolution; the others are read as they are
+    stored."""
     name = graph.idents.get(t.uid)
     if name not in graph.prims or graph.is_output(t):
         return None
@@ -142,11 +167,15 @@ def _producer_chain(
     cur = rw.current(t)
     assert cur.op is not None
     if cur.op.reduce is not None:
-        return [cur] if t.uid in convs else None
+        if t.uid in convs:
+            return [cur]
+        src = _window_source(cur, keep)
+        up = _producer_chain(graph, rw, src, name, convs, keep) if src is not None else None
+        return [*up, cur] if up else None
     prims = {q.tensor.uid for q in graph.prims.values()}
     ups = {r.tensor.uid: r.tensor for r in cur.op.reads()
            if r.tensor.uid in prims and is_identity_read(r, cur)}  # fmt: skip
-    chains = [c for u in ups.values() if (c := _producer_chain(graph, rw, u, name, convs))]
+    chains = [c for u in ups.values() if (c := _producer_chain(graph, rw, u, name, convs, keep))]
     return [*(p for c in chains for p in c), cur] if chains else None
 
 
@@ -160,7 +189,8 @@ def _with_producers(
     epilogue stays on its convolution's fragments and no copy follows it; ``src``'s other
     readers read it permuted. With the record's words; None where ``src`` has no such
     chain."""
-    chain = _producer_chain(graph, rw, src, graph.idents[reader.uid], convs, first=True)
+    reader_name = graph.idents[reader.uid]
+    chain = _producer_chain(graph, rw, src, reader_name, convs, p[-1], first=True)
     if chain is None:
         return None
     done: dict[int, tuple[Tensor, list[int]]] = {}
@@ -187,12 +217,15 @@ def channels_last(graph: Graph, arch: str) -> Graph:
     if not has_mma(arch):
         return graph
     made: dict[int, Tensor] = {}  # an operand's channels-last copy, shared by its readers
-    convs: set[int] = set()  # the convolutions read channels-last so far
+    # the convolutions a chain may start at: read channels-last, or refused (read NCHW, their
+    # output may still be stored channels-last)
+    convs: set[int] = set()
     for name in graph.topo_order():
         t = rw.current(graph.prims[name].tensor)  # its reads re-pointed by earlier changes
         got = conv_operands(t)
         if isinstance(got, str):
             rw.record(PassAction.REFUSED, [name], f"{name} stays NCHW: {got}")
+            convs.add(t.uid)  # read NCHW, it may still store its output channels-last
         if got is None or isinstance(got, str):
             continue
         x, w, c, window = got
@@ -201,7 +234,8 @@ def channels_last(graph: Graph, arch: str) -> Graph:
         byte = x.tensor.dtype in BYTE_DTYPES
         if todo and not (window or byte) and x in todo and x.tensor.uid not in made:
             # a 16-bit 1x1 conv: channels-last only where its producers store it so for free
-            if _producer_chain(graph, rw, x.tensor, name, convs, first=True) is None:
+            (d,) = plain_dims(x, c)
+            if _producer_chain(graph, rw, x.tensor, name, convs, d, first=True) is None:
                 continue
         perms: dict[int, tuple[Tensor, list[int]]] = {}
         moved, copied = [], 0
