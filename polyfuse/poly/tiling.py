@@ -280,6 +280,14 @@ def _periodic_row(
     return coef, const.to_python(), (j, d, e.to_python())
 
 
+def _single_piece(m: isl.Map) -> isl.Aff | None:
+    """The one (quasi-)affine piece of a single-valued one-dim access ``m``, or None."""
+    if not m.is_single_valued():
+        return None
+    pieces = isl.PwMultiAff.from_map(m).get_pw_aff(0).get_pieces()
+    return pieces[0][1] if len(pieces) == 1 else None
+
+
 def affine_rows(
     m: isl.Map,
 ) -> tuple[
@@ -298,22 +306,15 @@ def affine_rows(
         one = m.project_out(isl.dim_type.out, i + 1, n_out - i - 1).project_out(
             isl.dim_type.out, 0, i
         )
-        hull = isl.Map.from_basic_map(one.affine_hull())
-        got = None
-        if hull.is_single_valued():
-            pieces = isl.PwMultiAff.from_map(hull).get_pw_aff(0).get_pieces()
-            if len(pieces) == 1:
-                got = affine_coefficients(pieces[0][1], n_in)
+        hull = _single_piece(isl.Map.from_basic_map(one.affine_hull()))
+        got = affine_coefficients(hull, n_in) if hull is not None else None
         if got is not None:
             rows.append(got)
             slack.append(0)
             periods.append(NO_PERIOD)
             continue
-        periodic = None
-        if one.is_single_valued():
-            pieces = isl.PwMultiAff.from_map(one).get_pw_aff(0).get_pieces()
-            if len(pieces) == 1:
-                periodic = _periodic_row(pieces[0][1], n_in)
+        quasi = _single_piece(one)
+        periodic = _periodic_row(quasi, n_in) if quasi is not None else None
         if periodic is not None:
             rows.append(periodic[:2])
             slack.append(0)
