@@ -375,15 +375,21 @@ def test_sass_conv3x3_k_tile_loop(arch):
     offset and padding mask are computed before the loop and the chunks' shared destinations
     step from one pointer: 64 / 73 others, 1 HMMA per 4.0 / 4.6. The issue's 1 per 2 is NOT
     reached at this tile: 16 HMMA per k-tile against 8 LDSM, 4 LDGSTS, the barrier, the
-    pipeline's waits and the k-tile's split of k into (kh, kw, c)."""
-    hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch)
+    pipeline's waits and the k-tile's split of k into (kh, kw, c).
+
+    Measured at 128 input channels (36 k-tiles): once the fills test no row (the tiles cover
+    the 128 output channels and the 3136 columns exactly) NVVM unrolls the 15 steady-state
+    k-tiles of the 64-channel conv whole on sm_80, leaving no loop to count; at 128 channels
+    the loop stays, 63 / 68 others (the 64-channel loop was 64 / 73 with the row tests)."""
+    size = (2, 128, 128, 56, 56)
+    hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch, size)
     assert (hmma, ldsm, ldgsts, spills) == (16, 8, 4, 0), (hmma, ldsm, ldgsts, other, spills)
-    assert other <= 4.75 * hmma, (hmma, other)
+    assert other <= 4.5 * hmma, (hmma, other)
     assert any(n.startswith("tensor cores: reduction flattened in the order (1, 2, 0)")
                for n in notes), notes  # fmt: skip
     # the NCHW path (the pass off): scalar copies, as before
-    hmma, ldsm, ldgsts, other, spills, _ = _conv_hot_loop(arch, passes=NCHW)
-    assert (hmma, ldsm, ldgsts, spills) == (16, 8, 0, 0) and other > 10 * hmma, (hmma, other)
+    hmma, ldsm, ldgsts, other, spills, _ = _conv_hot_loop(arch, size, passes=NCHW)
+    assert (hmma, ldsm, ldgsts, spills) == (16, 8, 0, 0) and other > 8 * hmma, (hmma, other)
 
 
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
@@ -412,3 +418,31 @@ def test_sass_conv3x3_gpu_day_k_tile_loop(arch, case):
     assert (hmma, ldsm, ldgsts, spills) == (64, 16, 10, 0), (hmma, ldsm, ldgsts, other, spills)
     assert other <= 2 * hmma, (hmma, other)
     assert "block tile 64x256x32 of 4 warps, each 4x8 mma tiles" in notes[0], notes[0]
+
+
+@pytest.mark.parametrize("rows", [7, 9])
+def test_a_strided_1x1_conv_on_channels_last_folds_its_rows_into_the_columns(rows):
+    """``y[n, h, q, o] = sum_c x[n, 2h, 2q, c] w[o, c]`` (a strided projection reading
+    channels-last): x is a linear gather whose k runs are aligned 16-byte chunks, so its
+    output rows fold into the columns (``rows`` x ``rows`` of them) instead of padding a
+    64-row tile for ``rows`` rows (before: the width alone, 7 of 64 rows useful). Exact
+    against float64 in every race-check mode, ``rows`` odd (the columns end mid-tile)."""
+    n, c, o = 2, 24, 40
+    size = 2 * rows
+    x = te.placeholder((n, size, size, c), "bfloat16", name="x")
+    w = te.placeholder((o, c), "bfloat16", name="w")
+    r = te.reduce_axis(c, name="c")
+    y = te.compute(
+        (n, rows, rows, o),
+        lambda i, h, q, j: te.sum(x[i, 2 * h, 2 * q, r] * w[j, r], axis=r),
+        name="proj",
+    )
+    fn = polyfuse.compile([x, w], [y], check_cuda=False)
+    (k,) = fn.kernels
+    assert "pf_mma_" in k.source
+    fold = f"data dim 1 folded into the columns with data dim 2 ({rows} x {rows} = "
+    assert any(fold in note for note in k.notes), k.notes
+    xs = RNG.standard_normal((n, size, size, c)).astype(numpy_dtype("bfloat16"))
+    ws = RNG.standard_normal((o, c)).astype(numpy_dtype("bfloat16"))
+    want = np.einsum("nhqc,oc->nhqo", xs[:, ::2, ::2].astype(np.float64), ws.astype(np.float64))
+    _run_all_modes(fn, "bfloat16", [xs, ws], want)

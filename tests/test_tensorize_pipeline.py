@@ -266,7 +266,9 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
     Then 80 / 86 others (1.25 / 1.34), 128x64 67 (2.09), 64x64 51 (3.19). Now a thread's
     chunks of a k-innermost tile are copied through one shared pointer per k-tile plus a
     constant step (``lower_mma_chunk_dst``): 70 / 76 others (1.09 / 1.19), 128x64 59 (1.84),
-    64x64 48 (3.0)."""
+    64x64 48 (3.0). Without the fills' row tests (both tiles cover their rows exactly) 64x64
+    on sm_90 takes 52 (3.25): 5 SEL fewer, ptxas recomputing the chunk addresses instead (9
+    more IADD3/IMAD), for fewer registers; the others unchanged."""
     hmma, ldsm, ldgsts, other = _hot_loop(4096, 4096, 4096, arch, None)
     # 2 k-steps of 4x8 mma tiles: A 4 ldmatrix.x4, B 4 x4 (two mma tiles each); 2 + 4 chunks
     assert (hmma, ldsm, ldgsts) == (64, 16, 6)
@@ -277,7 +279,7 @@ def test_sass_hot_loop_is_mostly_hmma(arch):
         assert other <= 1.9 * hmma, (hmma, other)
     else:  # not 132: 64x64
         assert (hmma, ldsm, ldgsts) == (16, 8, 4)
-        assert other <= 3 * hmma, (hmma, other)
+        assert other <= 3.25 * hmma, (hmma, other)
 
 
 @pytest.mark.slow

@@ -107,13 +107,19 @@ def cmp(op: str, a: Operand, b: Operand) -> KExpr:
 
 
 def select(c: Operand, a: Operand, b: Operand) -> KExpr:
-    """``c ? a : b``."""
-    return KOp("?:", (e(c), e(a), e(b)))
+    """``c ? a : b`` (a constant ``c`` folded)."""
+    c = e(c)
+    if isinstance(c, KInt):
+        return e(a) if c.value else e(b)
+    return KOp("?:", (c, e(a), e(b)))
 
 
 def all_of(*xs: Operand, op: str = "&&") -> KExpr:
-    """The conjunction of ``xs`` (``op`` ``&``: evaluated whole, one predicate)."""
-    terms = [e(x) for x in xs]
+    """The conjunction of ``xs`` (``op`` ``&``: evaluated whole, one predicate); constant
+    true terms dropped (none left: the constant 1)."""
+    terms = [t for t in map(e, xs) if not (isinstance(t, KInt) and t.value)]
+    if not terms:
+        return KInt(1)
     return terms[0] if len(terms) == 1 else KOp(op, tuple(terms))
 
 

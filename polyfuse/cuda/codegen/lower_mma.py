@@ -158,11 +158,13 @@ def lower_mma_kernel(
     ]
     fills = (
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, KVar("pf_m0"), hm,
-                 hk, tuple(batch), nthreads, tk.dtype, kv, red),
+                 hk, tuple(batch), nthreads, tk.dtype, kv, red,
+                 rows_exact=(hm - lm + 1) % t.block_m == 0),
         TileFill(b, lb, sb, namer.tensor(b.tensor), t.block_n, t.block_k, KVar("pf_n0"), hn,
                  hk, tuple(batch), nthreads, tk.b_dtype, kv, red,
                  () if fold is None else ((fold, div("pf_r", width)),
-                                          (tk.n_dim, mod("pf_r", width)))),
+                                          (tk.n_dim, mod("pf_r", width))),
+                 rows_exact=(hn - ln + 1) % t.block_n == 0),
     )  # fmt: skip
     k_tiles = -(-(hk - lk + 1) // t.block_k)
     bases = step.pointers

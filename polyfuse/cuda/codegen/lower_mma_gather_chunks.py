@@ -91,7 +91,7 @@ def gather_chunk_fill(
     if masked:
         return (_masked_fill(f, stage, [q, *k_part], kc),)
     first, dst = chunk_destination(f, stage)
-    conds = [cmp("<=", "pf_r", f.row_hi), *kc]
+    conds = [f.row_guard(), *kc]
     conds += [in_range(add(rows[i], f"pf_e{i}"), arr[i]) for i in guarded]
     body: list[KNode] = [
         *_chunk_row(f),
@@ -181,7 +181,7 @@ def gather_setup(f: TileFill) -> tuple[KNode, ...]:
         KAssign(KRef(ro, (KVar("pf_u"),)), _weighted(rows, strides)),
         KAssign(mask, KInt(0)),
         nest,
-        KAssign(mask, select(cmp("<=", "pf_r", f.row_hi), mask, 0)),
+        *([] if f.rows_exact else [KAssign(mask, select(f.row_guard(), mask, 0))]),
     ]
     return (
         KRegisters(ro, "int", (n,), note=f"{f.src}: each chunk's row offset"),
