@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 # fold wherever B is gathered or chunkable; 18: a reshape's k // D, k % D operand priced per
 # period, so its GEMM takes a real tile; outer reduction dims tiled by 1 where whole they fit
 # no tile; tensor-core chunks of 16 bytes of the dtype; one array as both tensor-core
-# operands; 19: tensor-core fills test no row of a tile the grid covers exactly), so kernels
-# and schedules cached by an older compiler miss.
-CODEGEN_REVISION = 19
+# operands; 19: tensor-core fills test no row of a tile the grid covers exactly; 20: launch
+# bounds ask no more blocks per SM than the grid gives), so kernels and schedules cached by an
+# older compiler miss.
+CODEGEN_REVISION = 20

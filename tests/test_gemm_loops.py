@@ -97,6 +97,37 @@ def test_launch_bounds_leave_a_margin_above_the_estimate_else_bound_at_it():
     assert (small.min_blocks, small.register_cap) == (3, 80)
 
 
+def test_launch_bounds_ask_no_more_blocks_per_sm_than_the_grid_gives():
+    """DeepFM's deep-tower GEMMs (512 x 400, 104 blocks of 64 threads) were bounded to 8
+    blocks/SM, a 128-register cap for 0.1 waves, and spilled 104 bytes on sm_80 (NVRTC 13.0);
+    a grid that gives an SM at most ``ceil(blocks / SMs)`` blocks asks no more."""
+    assert launch_bound(64, 84, 12800, H100) == (8, 128)
+    assert launch_bound(64, 84, 12800, H100, grid=104) == (0, 0)  # one block an SM: no bound
+    assert launch_bound(64, 84, 12800, H100, grid=3 * H100.sms) == (3, 255)
+    assert launch_bound(64, 84, 12800, H100, grid=3 * H100.sms + 1) == (4, 255)
+    assert launch_bound(64, 84, 12800, H100, grid=100 * H100.sms) == (8, 128)
+    few = plan_gemm_loops("U", [8], (64, 64, 8, 8, 8), 64, 1088, 2, "kt0", [], [], H100, 40)
+    assert (few.min_blocks, few.register_cap) == (0, 0)
+    assert "launch bounds" not in [d.data["what"] for d in few.decisions]
+
+
+def test_deepfm_compiles_without_a_spill():
+    """The whole DeepFM at full size on sm_80 and sm_90: no kernel spills (its two 104-block
+    GEMMs spilled 104 bytes each under ``__launch_bounds__(64, 8)``)."""
+    from polyfuse import zoo
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+
+    if "nvrtc" not in available_compilers():
+        pytest.skip("NVRTC not installed")
+    m = zoo.build("deepfm", "full", weights="zeros")
+    for arch in ("sm_80", "sm_90"):
+        fn = polyfuse.compile(m.inputs, m.outputs, arch, check_cuda=False, constants=m.constants)
+        assert not any("__launch_bounds__(64, 8)" in k.source for k in fn.kernels)
+        binary = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+        spilled = {f: r.spill_stores + r.spill_loads for f, r in binary.resources.items()}
+        assert not any(spilled.values()), (arch, spilled)
+
+
 def test_copy_grid_takes_the_fewest_copies_per_thread():
     # a conv input box 1x8x3x72 (18 vectors a row) over 64 threads: 9 copies each, not 16
     assert thread_extents([1, 8, 3, 72], 4, 64) == [1, 8, 1, 8]
@@ -201,7 +232,9 @@ def test_conv_select_free_folded_tile_correct_in_every_mode(arch):
     fn = polyfuse.compile(ins, outs, arch, check_cuda=False)
     recs = _gemm_records(fn)
     assert [r.data["tensor"] for r in recs["select free"]] == ["x"]
-    assert {"unroll", "unroll copies", "strength reduction", "launch bounds"} <= set(recs)
+    assert {"unroll", "unroll copies", "strength reduction"} <= set(recs)
+    # a grid of a few blocks gives an SM one: no launch bound asks for more (launch_bound)
+    assert "launch bounds" not in recs and fn.kernels[0].grid[0] <= 132
     (k,) = fn.kernels
     update = [ln for ln in k.source.splitlines() if "_acc[" in ln and "_frag[" in ln and "+" in ln]
     assert update and all("?" not in ln for ln in update)  # one FFMA per term
@@ -237,7 +270,8 @@ def test_select_on_elements_inside_the_array_is_kept():
 
 
 def test_matmul_plan_records_every_loop_decision():
-    ins, outs, _ = examples.matmul_bias_gelu(256, 128, 256)
+    # enough blocks that a launch bound asks for more than one per SM
+    ins, outs, _ = examples.matmul_bias_gelu(2048, 256, 2048)
     fn = polyfuse.compile(ins, outs, "sm_90", check_cuda=False)
     recs = _gemm_records(fn)
     assert {"unroll", "peel", "strength reduction", "launch bounds", "padding"} <= set(recs)

@@ -417,8 +417,10 @@ def test_merged_heads_projection_hot_loop(arch):
     """BERT-base's float32 attention output projection, its operand read through ``k // 64``
     and ``k % 64``: the tile estimate priced that operand as a scalar box of every dim's
     extents and took a 32x16 tile, one FFMA in ten in its loop; priced per period, the chosen
-    tiles' k-tile loops are at least 80 % FFMA (85 % on sm_80), fragments LDS.128, both tiles
-    copied by 128-bit cp.async, no spills."""
+    tiles' k-tile loops are at least 80 % FFMA (84 % on sm_80: 85.2 % under a
+    ``__launch_bounds__(256, 2)`` that its 96 blocks never use, 84.6 % without it: ptxas takes
+    80 registers instead of 95 and 3 MOV more), fragments LDS.128, both tiles copied by
+    128-bit cp.async, no spills."""
     require_tools()
     pv = te.placeholder((8, 12, 128, 64), name="pv")
     w = te.placeholder((768, 768), name="w")
@@ -428,7 +430,7 @@ def test_merged_heads_projection_hot_loop(arch):
     (k,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
     hot = k.hot
     assert hot.kind == "k-tile" and hot.inner is None
-    assert hot.mix.ffma_share >= (0.85 if arch == "sm_80" else 0.80), hot.mix.ffma_share
+    assert hot.mix.ffma_share >= (0.84 if arch == "sm_80" else 0.80), hot.mix.ffma_share
     assert hot.mix.width("LDS", 32) == 0 and hot.mix.width("LDS", 128) > 0
     assert hot.mix.width("LDGSTS", 128) > 0 and hot.mix.width("LDGSTS", 32) == 0
     assert k.resources is not None and k.resources.spill_stores == 0

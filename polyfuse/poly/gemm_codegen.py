@@ -78,6 +78,7 @@ def with_codegen(gk: GemmKernel, device: DeviceSpec) -> GemmKernel:
         copies,
         [f"kt{j}" for j, n in enumerate(ktiles) if n > 1],
         device,
+        math.prod(gk.grid_dims),
     )
     # the iteration box the kernel runs: whole block tiles and whole k-tiles
     padded = [

@@ -127,15 +127,21 @@ def kept_unroll_factor(trips: int, inner: int, limit: int = UNROLL_FMA_LIMIT) ->
 
 
 def launch_bound(
-    threads: int, registers: int, shared_bytes: int, device: DeviceSpec
-) -> tuple[int, int]:
+    threads: int, registers: int, shared_bytes: int, device: DeviceSpec,
+    grid: int | None = None,
+) -> tuple[int, int]:  # fmt: skip
     """``(blocks, cap)`` of ``__launch_bounds__(threads, blocks)`` for a block of ``threads``
     threads estimated at ``registers`` each with ``shared_bytes`` of shared memory: the most
     blocks per SM whose registers per thread (the cap) leave :data:`REGISTER_MARGIN` above the
-    estimate, else the most whose cap is at least the estimate; (0, 0) when that is one block
-    (no bound to keep)."""
+    estimate, else the most whose cap is at least the estimate, but no more than a launch of
+    ``grid`` blocks gives an SM (``ceil(grid / SMs)``: residency past that buys nothing and
+    the cap only forces spills, e.g. DeepFM's 104-block GEMMs bounded to 8 blocks/SM spilled
+    104 bytes at 128 registers); (0, 0) when that is one block (no bound to keep)."""
+    most = -(-grid // device.sms) if grid else None
     for need in (registers + REGISTER_MARGIN, registers):
         blocks = occupancy(device, threads, need, shared_bytes).blocks_per_sm
+        if most is not None:
+            blocks = min(blocks, most)
         cap = register_cap(threads, blocks, device) if blocks else 0
         if blocks > 1 and cap >= need:
             return blocks, cap
@@ -203,12 +209,13 @@ def plan_gemm_loops(
     copies: list[CopyLoops],
     ktiles: list[str],
     device: DeviceSpec,
+    grid: int | None = None,
 ) -> GemmLoops:
     """The loop decisions for a GEMM kernel whose update statement ``update`` runs k-tile
     steps ``tk`` per reduction dim, tile ``(BM, BN, TM, TN, TK)``, ``threads`` per block,
     ``shared_floats`` per stage of its shared tiles (filled by ``copies``), ``stages`` of
     them over the k-tile loop ``pipelined``, on ``device``; ``ktiles``: the k-tile loops of
-    more than one k-tile."""
+    more than one k-tile; ``grid``: the launch's blocks (bounds the blocks per SM asked)."""
     _, _, tm, tn, _ = tile
     acc = tm * tn
     decisions: list[Decided] = []
@@ -298,7 +305,7 @@ def plan_gemm_loops(
         )
     regs = tile_registers(tm, tn, stages == 1 and bool(copies))
     smem = FLOAT_BYTES * shared_floats * stages
-    min_blocks, cap = launch_bound(threads, regs, smem, device)
+    min_blocks, cap = launch_bound(threads, regs, smem, device, grid)
     blocks = min_blocks
     if min_blocks:
         decisions.append(

@@ -47,7 +47,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_ef095a7bf48e8b915de1(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
+extern "C" __global__ void __launch_bounds__(128) pf_62d6b1773ece6a055a36(float* __restrict__ matmul24, const float* __restrict__ ba, const float* __restrict__ bb) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

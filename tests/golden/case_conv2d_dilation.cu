@@ -47,7 +47,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_0002d726b4a7bb9297f3(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(128) pf_2405faa0845ff2e9f616(float* __restrict__ conv2d27, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 9; _b /= 9;
   const int b0 = _b;

@@ -47,7 +47,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_643e626646ebda304c18(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
+extern "C" __global__ void __launch_bounds__(128) pf_b2144ec54f11ddabad7b(float* __restrict__ relu26, const float* __restrict__ X, const float* __restrict__ W) {
   int _b = blockIdx.x;
   const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;

@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_0922ed455730c8441b9f(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_1a351c4a5039fd1b8151(float* __restrict__ gelu23, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;

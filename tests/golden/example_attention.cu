@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_603fe909488c6efd9872(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ probs) {
+extern "C" __global__ void __launch_bounds__(128) pf_c3022e1f3e4f97cb96ca(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ probs) {
   __shared__ __align__(16) unsigned char pf_pool[1568];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_603fe909488c6efd9872(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_318c111dc50de3b18bee(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
+extern "C" __global__ void __launch_bounds__(128) pf_a89225fc7b485ebeaab1(float* __restrict__ attn, const float* __restrict__ probs, const float* __restrict__ v) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;

@@ -47,7 +47,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_96fa1e985730fb35782d(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_2ca27286de9b17ee2364(float* __restrict__ relu, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;

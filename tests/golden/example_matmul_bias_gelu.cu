@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_00398c40b9feb21ce151(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_54f559c594341c35a707(float* __restrict__ gelu, const float* __restrict__ a, const float* __restrict__ w, const float* __restrict__ bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 4; _b /= 4;
   const int b0 = _b;

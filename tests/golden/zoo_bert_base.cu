@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_4b5d06e126945314f28c(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(64) pf_9ee2a45e57df599064aa(float* __restrict__ add1_merged, const float* __restrict__ embeddings, const float* __restrict__ layer0_attn_q_w_cat, const float* __restrict__ layer0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_4b5d06e126945314f28c(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_ac96f9643518ae6fcef0(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
+extern "C" __global__ void __launch_bounds__(128) pf_20a6e35699caa8775270(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -326,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_ac96f9643518ae6fcef0(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
+extern "C" __global__ void __launch_bounds__(128) pf_2a2d1f8055d5751e61f0(float* __restrict__ matmul15, const float* __restrict__ softmax14, const float* __restrict__ add1_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -393,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_07330717d9b54e46635e(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_6e454b7e3c4c5deb9560(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[8224];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -548,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_07330717d9b54e46635e(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_0883e63d1632608935b3(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_b82a6055b2ecaf874985(float* __restrict__ gelu24, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ffn_fc1_w, const float* __restrict__ layer0_ffn_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -611,7 +611,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_0883e63d1632608935b3(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_75b0f86237efd4860189(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_efaca8fe216739377c9c(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;

@@ -93,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_49d5cdabb4039c297b17(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_02d238458698c46c411c(float* __restrict__ relu11, const float* __restrict__ embeddings, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_5a31067413e64a8c5f0c(float* __restrict__ relu11, const float* __restrict__ embeddings, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
@@ -142,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_02d238458698c46c411c(flo
   if (t0 <= 3 && t1 <= 7) { relu11[t0 * 8 + t1] = pf_fmaxf(r_add10, 0.0f); }
 }
 
-__device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_85acf02d7c114a66f326_p0(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
@@ -181,7 +181,7 @@ __device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p0(float* __restrict__ r
   }
 }
 
-__device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_85acf02d7c114a66f326_p1(float* __restrict__ reduce_sum0, const float* __restrict__ first_order, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -197,7 +197,7 @@ __device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p1(float* __restrict__ r
   r_reduce_sum0_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum0_acc, pf_scratch); if (l0 == 0) reduce_sum0[r0 + 0] = r_reduce_sum0_acc;
 }
 
-__device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p2(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_85acf02d7c114a66f326_p2(float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -226,14 +226,14 @@ __device__ __forceinline__ void pf_59e6af9f5d9fa7c302d4_p2(float* __restrict__ r
   r_reduce_sum6_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_sum6_acc, pf_scratch); if (l0 == 0) reduce_sum6[r0 + 0] = r_reduce_sum6_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_59e6af9f5d9fa7c302d4(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
+extern "C" __global__ void __launch_bounds__(128) pf_85acf02d7c114a66f326(float* __restrict__ relu14, const float* __restrict__ relu11, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias, float* __restrict__ reduce_sum0, const float* __restrict__ first_order, float* __restrict__ reduce_sum6, const float* __restrict__ reduce_sum1, const float* __restrict__ reduce_sum3) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k5_matmul12: 1 blocks of 128
-    pf_59e6af9f5d9fa7c302d4_p0(relu14, relu11, deep1_w, deep1_bias, pf_b - 0, (int)threadIdx.x);
+    pf_85acf02d7c114a66f326_p0(relu14, relu11, deep1_w, deep1_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k0_reduce_sum0: 1 blocks of 128
-    pf_59e6af9f5d9fa7c302d4_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
+    pf_85acf02d7c114a66f326_p1(reduce_sum0, first_order, pf_b - 1, (int)threadIdx.x);
   } else if (pf_b < 3) {  // k3_mul4: 1 blocks of 128
-    pf_59e6af9f5d9fa7c302d4_p2(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 2, (int)threadIdx.x);
+    pf_85acf02d7c114a66f326_p2(reduce_sum6, reduce_sum1, reduce_sum3, pf_b - 2, (int)threadIdx.x);
   }
 }
 

@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_36d830df383e21279a87(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_4b5d06e126945314f28c(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(64) pf_9ee2a45e57df599064aa(float* __restrict__ add2_merged, const float* __restrict__ layer_norm0, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
@@ -240,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_4b5d06e126945314f28c(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_e2b6733b171aa8907bd9(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(128) pf_d1058d589336eb4e2772(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -398,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_e2b6733b171aa8907bd9(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
+extern "C" __global__ void __launch_bounds__(128) pf_2a2d1f8055d5751e61f0(float* __restrict__ matmul17, const float* __restrict__ softmax16, const float* __restrict__ add2_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -465,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_983a9f394bce8cebe127(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3) pf_ae7d8c4b4fda61813f2d(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_799c7a6b89ae8c58940b(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[8224];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -624,7 +624,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_ae7d8c4b4fda61813f2d(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_6aa3e47c8234c33a977a(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_b150f7e4fafc12019920(float* __restrict__ gelu26, const float* __restrict__ layer_norm23, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -687,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_6aa3e47c8234c33a977a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_15f0bc479520a6e536b7(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_321348967c27fb4a11b4(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -857,7 +857,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_15f0bc479520a6e536b7(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_ca2bf895e0a5034e1378(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_4e3634cf43891660ac78(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;

@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(16) pf_b62adee1fd0c785ea1c2(float* 
   mul13[t0 * 8 + t1] = (r_sigmoid11 * r_tanh12);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_2b260f6c8f9d12b18046(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
+extern "C" __global__ void __launch_bounds__(128) pf_6ed56176ef374018fb3f(float* __restrict__ matmul18, const float* __restrict__ mul13, const float* __restrict__ w_h) {
   int _t = threadIdx.x;
   const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;

@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_6a52c40df2240b931c9d(float* __restrict__ minimum3, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_c4397caa96aa00bb36e7(float* __restrict__ minimum3, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -130,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_0b6e6dc4fb177eb89332(float*
   minimum7[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = pf_fminf(r_relu6, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_77de6d8f9ecaf9f0e2a8(float* __restrict__ add10, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w_batch_norm9, const float* __restrict__ batch_norm9_shift, const float* __restrict__ minimum3) {
+extern "C" __global__ void __launch_bounds__(128) pf_9938ac2126d8ef2f452b(float* __restrict__ add10, const float* __restrict__ minimum7, const float* __restrict__ stage1_block0_project_w_batch_norm9, const float* __restrict__ batch_norm9_shift, const float* __restrict__ minimum3) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_77de6d8f9ecaf9f0e2a8(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_1d6256c91f3dfa87fa60(float* __restrict__ minimum14, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w_batch_norm12, const float* __restrict__ batch_norm12_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_c57ce431b3ebda575ae3(float* __restrict__ minimum14, const float* __restrict__ add10, const float* __restrict__ stage2_block0_expand_w_batch_norm12, const float* __restrict__ batch_norm12_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -289,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_00ef74245075b574e3f2(float*
   minimum18[0 * 256 + t0 * 16 + t1 * 4 + t2] = pf_fminf(r_relu17, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_4ad33e579b4f650c9afe(float* __restrict__ batch_norm20, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_010cdaf06acf4830cc43(float* __restrict__ batch_norm20, const float* __restrict__ minimum18, const float* __restrict__ stage2_block0_project_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -397,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_4ad33e579b4f650c9afe(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_6f8714ff03c7f9e1d39e(float* __restrict__ minimum24, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w_batch_norm22, const float* __restrict__ batch_norm22_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_e334e1fe1385bc0e63d5(float* __restrict__ minimum24, const float* __restrict__ batch_norm20, const float* __restrict__ stage2_block1_expand_w_batch_norm22, const float* __restrict__ batch_norm22_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -534,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(192) pf_4d626d112592f89f0fc4(float*
   minimum28[0 * 384 + ((12 * b0) + t0) * 16 + t1 * 4 + t2] = pf_fminf(r_relu27, 6.0f);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_8a412a9d56988c140c61(float* __restrict__ add31, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w_batch_norm30, const float* __restrict__ batch_norm30_shift, const float* __restrict__ batch_norm20) {
+extern "C" __global__ void __launch_bounds__(128) pf_1e3f6f8918a4afb1c2c7(float* __restrict__ add31, const float* __restrict__ minimum28, const float* __restrict__ stage2_block1_project_w_batch_norm30, const float* __restrict__ batch_norm30_shift, const float* __restrict__ batch_norm20) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 2; _t /= 2;
@@ -647,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_8a412a9d56988c140c61(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_abe46e0363f17e600778(const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift, float* __restrict__ reduce_mean36) {
+extern "C" __global__ void __launch_bounds__(128) pf_a16bac60b1c4232d1f21(const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift, float* __restrict__ reduce_mean36) {
   __shared__ __align__(16) unsigned char pf_pool[3104];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _t = threadIdx.x;

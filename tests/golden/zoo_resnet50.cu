@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_a1c5ec63d9f8beed5fdc(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_7ffa4a1eefbc688a51a2(float* __restrict__ relu2, const float* __restrict__ image, const float* __restrict__ stem_w_batch_norm1, const float* __restrict__ batch_norm1_shift) {
   int _b = blockIdx.x;
   const int b1 = _b;
   int _t = threadIdx.x;
@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_5296424897a65efc9f84(float*
   max_pool2d3[0 * 512 + ((4 * b0) + t0) * 64 + t1 * 8 + t2] = r_max_pool2d3_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_290ab9ce201e6aa73532(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_65c884cddb8dd9de345c(float* __restrict__ relu6, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_a_w_batch_norm5, const float* __restrict__ batch_norm5_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_290ab9ce201e6aa73532(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_24cf23adc0d120df529e(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
+extern "C" __global__ void __launch_bounds__(64) pf_a293d502f53104cc8301(float* __restrict__ relu9, const float* __restrict__ relu6, const float* __restrict__ stage1_block0_b_w_batch_norm8, const float* __restrict__ batch_norm8_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 8; _t /= 8;
@@ -255,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_24cf23adc0d120df529e(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_503ad84b97b97a75fc83(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
+extern "C" __global__ void __launch_bounds__(128) pf_42fd14dc942678f90737(float* __restrict__ conv2d12, const float* __restrict__ max_pool2d3, const float* __restrict__ stage1_block0_proj_w_batch_norm13) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -317,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_503ad84b97b97a75fc83(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 3) pf_6ab5f713d4d01c41fb74(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_197376096b98157430e9(float* __restrict__ relu15, const float* __restrict__ relu9, const float* __restrict__ stage1_block0_c_w_batch_norm11, const float* __restrict__ batch_norm11_shift, const float* __restrict__ conv2d12, const float* __restrict__ batch_norm13_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -389,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) pf_6ab5f713d4d01c41fb74(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) pf_3b6568add11219a91a6a(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_7588e6b84fa8248efc7f(float* __restrict__ relu18, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_a_w_batch_norm17, const float* __restrict__ batch_norm17_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 2; _t /= 2;
   const int t1 = _t % 4; _t /= 4;
@@ -498,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) pf_3b6568add11219a91a6a(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_418b939750dd59737dfc(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
+extern "C" __global__ void __launch_bounds__(128) pf_274ef1a871dda5ae3e06(float* __restrict__ relu21, const float* __restrict__ relu18, const float* __restrict__ stage2_block0_b_w_batch_norm20, const float* __restrict__ batch_norm20_shift) {
   int _t = threadIdx.x;
   const int t2 = _t % 4; _t /= 4;
   const int t1 = _t % 4; _t /= 4;
@@ -553,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_418b939750dd59737dfc(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_c17247f3fba2068f929d(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
+extern "C" __global__ void __launch_bounds__(256) pf_27e976fac75069afc677(float* __restrict__ conv2d24, const float* __restrict__ relu15, const float* __restrict__ stage2_block0_proj_w_batch_norm25) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -608,7 +608,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) pf_c17247f3fba2068f929d(flo
   conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
 }
 
-extern "C" __global__ void __launch_bounds__(64, 10) pf_88ee148325cda3f722cc(const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift, float* __restrict__ reduce_mean28) {
+extern "C" __global__ void __launch_bounds__(64) pf_7046ae02e8f55e7f66d4(const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift, float* __restrict__ reduce_mean28) {
   __shared__ __align__(16) unsigned char pf_pool[1040];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;

@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_095036b24bc0f97af681(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_3ecf23c310b50318a038(float* __restrict__ conv2d0, const float* __restrict__ image, const float* __restrict__ patch_embed_w, const float* __restrict__ patch_embed_bias) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_a52e1c679ba02b49dfa8(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64, 8) pf_7472923e59d3e3192ea3(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
+extern "C" __global__ void __launch_bounds__(64) pf_053ac7d701885f0acc20(float* __restrict__ add7_merged, const float* __restrict__ layer_norm5, const float* __restrict__ block0_attn_q_w_cat, const float* __restrict__ block0_attn_q_bias_cat) {
   int _b = blockIdx.x;
   const int b2 = _b % 3; _b /= 3;
   const int b0 = _b;
@@ -309,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(64, 8) pf_7472923e59d3e3192ea3(floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_2956ea077bc18f594ac6(const float* __restrict__ add7_merged, float* __restrict__ softmax20) {
+extern "C" __global__ void __launch_bounds__(128) pf_9dd859ca53cf3e638d76(const float* __restrict__ add7_merged, float* __restrict__ softmax20) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -436,7 +436,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_2956ea077bc18f594ac6(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_ba17715d6b1e1d4c7dca(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
+extern "C" __global__ void __launch_bounds__(128) pf_c0664c1eb052b924f676(float* __restrict__ matmul21, const float* __restrict__ softmax20, const float* __restrict__ add7_merged) {
   int _b = blockIdx.x;
   const int b1 = _b % 2; _b /= 2;
   const int b0 = _b;
@@ -476,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) pf_ba17715d6b1e1d4c7dca(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_83a042bdbbfb37792e66(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_36a893fc1af24558a339(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[6176];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -652,7 +652,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_83a042bdbbfb37792e66(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 5) pf_4436131e74ffd4fd0ab5(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_6fe112ef25dbed3aaeac(float* __restrict__ gelu30, const float* __restrict__ layer_norm27, const float* __restrict__ block0_mlp_fc1_w, const float* __restrict__ block0_mlp_fc1_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
@@ -715,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(128, 5) pf_4436131e74ffd4fd0ab5(flo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_ef145b289a37785a037a(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_2740288e06fbfe26f0bb(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -891,7 +891,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_ef145b289a37785a037a(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 7) pf_921c743b2d6dc9b62a10(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_8a0085be0e6e14589ca5(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -1063,7 +1063,7 @@ extern "C" __global__ void __launch_bounds__(128, 7) pf_921c743b2d6dc9b62a10(con
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4) pf_f33b5362357f0d56c355(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
+extern "C" __global__ void __launch_bounds__(256) pf_e084ecda7198453de3c2(float* __restrict__ add67, const float* __restrict__ layer_norm63, const float* __restrict__ head_w, const float* __restrict__ head_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;

@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(68) pf_97eeb1c88614b965bc24(float* 
   concat1[t0 * 17 + t1] = ((t1 < 12) ? embeddings[t0 * 12 + pf_fdiv(t1, 4) * 4 + pf_mod(t1, 4)] : dense_features[t0 * 5 + (t1 - 12)]);
 }
 
-__device__ __forceinline__ void pf_64b8a4cd143901cf1f3c_p0(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4cd96409337cbad919a6_p0(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, const int pf_block, const int pf_thread) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;
@@ -181,7 +181,7 @@ __device__ __forceinline__ void pf_64b8a4cd143901cf1f3c_p0(float* __restrict__ r
   }
 }
 
-__device__ __forceinline__ void pf_64b8a4cd143901cf1f3c_p1(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
+__device__ __forceinline__ void pf_4cd96409337cbad919a6_p1(float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w, const int pf_block, const int pf_thread) {
   int _b = pf_block;
   const int b0 = _b;
   int _t = pf_thread;
@@ -194,17 +194,17 @@ __device__ __forceinline__ void pf_64b8a4cd143901cf1f3c_p1(float* __restrict__ m
   matmul10[t0 + 0] = r_matmul10_acc;
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_64b8a4cd143901cf1f3c(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w) {
+extern "C" __global__ void __launch_bounds__(256) pf_4cd96409337cbad919a6(float* __restrict__ relu4, const float* __restrict__ concat1, const float* __restrict__ deep0_w, const float* __restrict__ deep0_bias, float* __restrict__ matmul10, const float* __restrict__ wide_features, const float* __restrict__ wide_w) {
   const int pf_b = blockIdx.x;
   if (pf_b < 1) {  // k1_matmul2: 1 blocks of 256
-    pf_64b8a4cd143901cf1f3c_p0(relu4, concat1, deep0_w, deep0_bias, pf_b - 0, (int)threadIdx.x);
+    pf_4cd96409337cbad919a6_p0(relu4, concat1, deep0_w, deep0_bias, pf_b - 0, (int)threadIdx.x);
   } else if (pf_b < 2) {  // k3_matmul10: 1 blocks of 4
     const int pf_v = (pf_b - 1) * 64 + (int)threadIdx.x / 4;
-    if (pf_v < 1) pf_64b8a4cd143901cf1f3c_p1(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
+    if (pf_v < 1) pf_4cd96409337cbad919a6_p1(matmul10, wide_features, wide_w, pf_v, (int)threadIdx.x % 4);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) pf_e218e4397a4501a9a996(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
+extern "C" __global__ void __launch_bounds__(128) pf_010561126d6be2fc8171(float* __restrict__ relu7, const float* __restrict__ relu4, const float* __restrict__ deep1_w, const float* __restrict__ deep1_bias) {
   int _t = threadIdx.x;
   const int t1 = _t % 16; _t /= 16;
   const int t0 = _t;

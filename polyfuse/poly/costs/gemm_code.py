@@ -340,7 +340,9 @@ def loop_code(
     # 4. registers and launch bounds
     sync = stages == 1 and bool(tiled_ops)
     est = tile_registers(*micro, sync)
-    min_blocks, cap = launch_bound(threads, est, FLOAT_BYTES * floats * stages, device)
+    min_blocks, cap = launch_bound(
+        threads, est, FLOAT_BYTES * floats * stages, device, math.prod(grid)
+    )
     taken = cap if min_blocks else unbounded_registers(*micro, sync)
     useful = math.prod(data) * math.prod(red)
     waste = 1 - useful / math.prod(padded)
