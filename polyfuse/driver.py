@@ -47,7 +47,7 @@ from polyfuse.cuda.codegen.lower_dtypes import check_codegen_dtypes
 from polyfuse.cuda.codegen.printer import prelude_for
 from polyfuse.cuda.toolchain.compiler import SUPPORTED_ARCHS
 from polyfuse.errors import ExpressionError, ScheduleError
-from polyfuse.gemm_rows import generate_gemm_rows
+from polyfuse.gemm_rows import generate_gemm_rows, tensorized_price
 from polyfuse.graph import dtypes
 from polyfuse.graph.expr import Tensor
 from polyfuse.graph.graph import Graph, build_graph
@@ -70,10 +70,11 @@ from polyfuse.poly.schedule import (
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.reference import evaluate
 from polyfuse.stitch.epilogue import EpilogueChoice, epilogue_choices
-from polyfuse.stitch.gemm_rows import GemmRowsGroup, stitch_gemm_rows
+from polyfuse.stitch.gemm_rows import GemmRowsGroup
 from polyfuse.stitch.memory import KernelGroup, StitchDecision, stitch_memory
 from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan, plan_kernel
+from polyfuse.stitch.row_stitch import stitch_gemm_rows
 from polyfuse.version import CODEGEN_REVISION, __version__
 
 MAX_FEEDBACK_ROUNDS = 64
@@ -246,7 +247,8 @@ def _stitch(
         graph, part, scheduled, device, enabled=stitch, cache=cache, salt=salt
     )
     if stitch:
-        groups, row_stitches = stitch_gemm_rows(graph, groups, device, cfg, cache, salt)
+        price = tensorized_price(graph, device)
+        groups, row_stitches = stitch_gemm_rows(graph, groups, device, cfg, cache, salt, price)
         stitches = stitches + row_stitches
     return groups, stitches
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
+from polyfuse.base.decision import Decided, DecisionKind, DecisionNote, Refusal
 from polyfuse.cuda.codegen.astgen import generate_ast, generate_gemm_ast
+from polyfuse.cuda.codegen.gemm_lowering import shared_as_global
+from polyfuse.cuda.codegen.kernel_cost import kernel_modelled
 from polyfuse.cuda.codegen.lower import (
     instantiate_kernel,
     lower_gemm_ir,
@@ -21,11 +23,38 @@ from polyfuse.cuda.codegen.lower import (
     vector_plan,
 )
 from polyfuse.cuda.codegen.lower_gemm_rows import RowBlocks, join_kernels
+from polyfuse.cuda.codegen.lower_mma import lower_mma_ir, lower_mma_kernel
 from polyfuse.errors import ScheduleError
 from polyfuse.poly.footprint import global_footprint
 from polyfuse.poly.placement import Placement
-from polyfuse.stitch.gemm_rows import GemmRowsGroup, plan_rows
+from polyfuse.poly.tensorize import TensorCoreKernel, tensor_core_placements
+from polyfuse.stitch.gemm_rows import GemmRowsGroup, plan_rows, row_grid
+from polyfuse.stitch.mma_rows import Pricer, plan_mma_rows
 from polyfuse.stitch.plan import KernelPlan, global_reads
+from polyfuse.stitch.row_cost import TilePrice
+
+
+def tensorized_price(graph, device) -> Pricer:
+    """The row stitch's pricer of tensorized kernels on ``device``
+    (:data:`polyfuse.stitch.mma_rows.Pricer`): the cost model on the kernel lowered alone
+    (the kernel IR estimate) with the micrograph's global footprint."""
+
+    def price(tk: TensorCoreKernel) -> TilePrice:
+        placements = tensor_core_placements(tk)
+        kernel = lower_mma_kernel(f"price_{tk.scheduled.name}", tk, placements, graph.idents)
+        fp = global_footprint(tk.scheduled.model, shared_as_global(placements))
+        kernel = replace(
+            kernel, bytes_read=sum(fp.reads.values()), bytes_written=sum(fp.writes.values())
+        )
+        m = kernel_modelled(kernel, device)
+        t = tk.tiling
+        assert t is not None
+        blocks = kernel.grid[0] * kernel.grid[1] * kernel.grid[2]
+        sm_outputs = -(-blocks // device.sms) * t.block_m * t.block_n
+        tile = (t.block_m, t.block_n, t.warps_m, t.warps_n, t.block_k)
+        return TilePrice(tile, m.us, m.bound, blocks, m.waves, sm_outputs, tensor_cores=True)
+
+    return price
 
 
 def generate_gemm_rows(
@@ -33,16 +62,27 @@ def generate_gemm_rows(
 ):
     """(kernel, plan, the GEMM's mapped kernel, its isl AST) of the stitched group ``g``."""
     assert g.tile is not None and g.form is not None
-    plan = plan_rows(graph, g.gemm, g.rows, g.tensor, g.tile, g.form, device, cfg)
-    if isinstance(plan, str):  # the stitch stage checked this plan: it cannot fail here
+    if g.tensor_cores:
+        bm, bn, wm, wn, _ = g.tile
+        plan = plan_mma_rows(
+            graph, g.gemm, g.rows, g.tensor, (bm, bn, wm, wn), g.form, device, cfg
+        )
+    else:
+        plan = plan_rows(graph, g.gemm, g.rows, g.tensor, g.tile, g.form, device, cfg)
+    if isinstance(plan, Refusal):  # the stitch stage checked this plan: it cannot fail here
         raise ScheduleError(f"kernel {kname}: the GEMM + row stitch no longer holds: {plan}")
     gk = plan.gemm
-    ast, gbody = generate_gemm_ast(gk)
-    glow = lower_gemm_ir(kname, gk, gbody, plan.gemm_placements, graph.idents, canonical)
+    if isinstance(gk, TensorCoreKernel):
+        ast = None
+        glow = lower_mma_ir(kname, gk, plan.gemm_placements, graph.idents, canonical)
+    else:
+        ast, gbody = generate_gemm_ast(gk)
+        glow = lower_gemm_ir(kname, gk, gbody, plan.gemm_placements, graph.idents, canonical)
     _, rbody = generate_ast(plan.rows)
     rlow = lower_kernel_ir(kname, plan.rows, rbody, plan.rows_placements, graph.idents, canonical)
     tile_bytes = plan.gemm_placements[g.tensor].smem_bytes
-    blocks = RowBlocks(tuple(gk.grid_dims), tuple(plan.rows.grid_dims), plan.repeat)
+    rows_grid = tuple(plan.rows.grid_dims)
+    blocks = RowBlocks(row_grid(gk.grid_dims, len(rows_grid)), rows_grid, plan.repeat)
     kernel = instantiate_kernel(join_kernels(glow, rlow, g.tensor, blocks), canonical, kname)
     # global footprints: promoted operands are read from global memory; the row tile is not
     gpl = {
@@ -70,6 +110,7 @@ def generate_gemm_rows(
         (g.gemm.name, *(p.name for p in g.rows), g.tensor),
     )
     notes = [DecisionNote(decision), *gk.notes, *plan.rows.notes]
+    gemm_layout = [gk.layout] if gk.layout else []
     notes += [n for p in g.rows for n in p.notes]
     kernel = replace(
         kernel,
@@ -90,7 +131,7 @@ def generate_gemm_rows(
         [gk, plan.rows],
         placements,
         recomputes=plan.rows_decisions,
-        layout=[decision, *([gk.layout] if gk.layout else []), *gk.codegen, *rows_layout],
+        layout=[decision, *gemm_layout, *gk.codegen, *rows_layout],
         shared_reads=reads,
     )
     return kernel, kp, gk, ast

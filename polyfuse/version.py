@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 # period, so its GEMM takes a real tile; outer reduction dims tiled by 1 where whole they fit
 # no tile; tensor-core chunks of 16 bytes of the dtype; one array as both tensor-core
 # operands; 19: tensor-core fills test no row of a tile the grid covers exactly; 20: launch
-# bounds ask no more blocks per SM than the grid gives), so kernels and schedules cached by an
+# bounds ask no more blocks per SM than the grid gives; 21: a tensorized GEMM's epilogue may
+# store a whole-row tile to shared memory, after a barrier), so kernels and schedules cached by an
 # older compiler miss.
-CODEGEN_REVISION = 20
+CODEGEN_REVISION = 21

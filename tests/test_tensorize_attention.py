@@ -1,9 +1,11 @@
 """Attention's two products on tensor cores (issue 23 item 4): ``softmax(Q·Kᵀ/√d)·V`` on 16-bit
 ``[batch, heads, S, d]`` operands. The scores product (K read k-innermost: ``x @ W^T``'s
 layout, two batch dims) and the PV product (V n-innermost, ``ldmatrix.trans``) are each matched
-by :func:`polyfuse.poly.tensorize.match_mma` and tensorized; the softmax between them is its own
-row kernel (the CUDA-core GEMM + row stitch is for float32 GEMMs). Correct against float64 numpy
-at S = 128, 512 and odd S in every emulator mode; NVRTC compiles them without spills.
+by :func:`polyfuse.poly.tensorize.match_mma` and tensorized; the softmax between them runs in the
+scores product's kernel where a whole-row tensor-core tile holds its rows in shared memory
+(:mod:`polyfuse.stitch.mma_rows`: S = 77 and 128), else as its own row kernel (S = 512: no tile
+is 512 wide). Correct against float64 numpy at S = 128, 512 and odd S in every emulator mode;
+NVRTC compiles them without spills.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ def _attention(dtype: str, seq: int, batch: int = 1, heads: int = 2):
 
 
 def _products(fn) -> list:
-    """The kernels holding the two products, each asserted tensorized."""
+    """The kernels holding the two products, each asserted tensorized; the softmax in the
+    scores product's kernel where its rows fit one tensor-core tile (S <= 256), else its own."""
     mm = [k for k in fn.kernels if k.name.endswith(("_qk", "_attn"))]
     assert [k.name.split("_", 1)[1] for k in mm] == ["qk", "attn"], [k.name for k in fn.kernels]
+    seq = fn.inputs[0].shape[-2]
+    assert len(fn.kernels) == (2 if seq <= 256 else 3), [k.name for k in fn.kernels]
     for k in mm:
         assert any(n.startswith("tensor cores: mma.sync.m16n8k16") for n in k.notes), k.notes
         assert "pf_mma_m16n8k16_f32_" in k.source and "pf_ldmatrix_x4" in k.source
@@ -63,7 +68,8 @@ def test_attention_products_are_tensorized_and_match_float64(dtype, seq):
     inputs, out, arrays, want = _attention(dtype, seq, heads=heads)
     fn = polyfuse.compile(inputs, [out], check_cuda=False)
     qk, pv = _products(fn)
-    assert "ldmatrix.x4 (two mma tiles)" in qk.notes[1] and ".trans" not in qk.notes[1]
+    (qk_loads,) = [n for n in qk.notes if "(A) in shared" in n]
+    assert "ldmatrix.x4 (two mma tiles)" in qk_loads and ".trans" not in qk_loads
     assert pv.notes[1].endswith(".trans"), pv.notes[1]
     w = want.astype(numpy_dtype(dtype))
     for race in MODES:

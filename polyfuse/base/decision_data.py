@@ -114,8 +114,10 @@ class RowStitchData(DecisionData):
     saved_us: float
     gain_us: float
     shared_bytes: int | None = None  # the joined kernel's shared pool, when stitched
+    #: True: both tiles are tensorized, (BM, BN, warps M, warps N, k-tile) (stitch/mma_rows.py)
+    tensor_cores: bool | None = None
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"shared_bytes"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"shared_bytes", "tensor_cores"})
 
 
 @dataclass(frozen=True, eq=False)

@@ -456,12 +456,15 @@ def map_tensor_core(
     stages: int | None = None,
     tf32: bool = False,
     block_k: int | None = None,
+    tiling: tuple[int, int, int, int] | None = None,
+    tiling_reason: str = "",
 ) -> TensorCoreKernel | Refusal:
     """The tensorized mapping of ``sm`` on ``device``, or why not (a :class:`Refusal` of
     tensor cores about the micrograph); ``stages``
     forces the k-tile pipeline's stage count (refused over the shared budget, noted);
     ``tf32``: a float32 GEMM on ``m16n8k8`` tf32 (the user's ``allow_tf32``) instead of a
-    16-bit one; ``block_k`` forces the k-tile (``MappingConfig.mma_block_k``)."""
+    16-bit one; ``block_k`` forces the k-tile (``MappingConfig.mma_block_k``), ``tiling``
+    the block tile and warp grid (for ``tiling_reason``)."""
     got = match_mma(sm, ("float32",) if tf32 else HALF_DTYPES + BYTE_DTYPES)
     shape_name = "m16n8k8" if tf32 else "m16n8k16"
     if not isinstance(got, str) and got[1] in BYTE_DTYPES:
@@ -487,7 +490,9 @@ def map_tensor_core(
         lo = 0 if op.k_inner else shape.data[op.outer_dim][0]
         return not fill_alignment(op, lo, 16 // size)
 
-    tiling, why = choose_mma_tiling(shape, device, size, mn, fold, (a, b), aligned, block_k)
+    tiling, why = choose_mma_tiling(
+        shape, device, size, mn, fold, (a, b), aligned, block_k, tiling, tiling_reason
+    )
     shape, a, b, order_note = choose_k_order(
         shape, a, b, (tiling.block_m, tiling.block_n), tiling.block_k, 32 * tiling.warps, aligned
     )

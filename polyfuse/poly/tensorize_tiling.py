@@ -137,6 +137,8 @@ def choose_mma_tiling(
     ops: tuple | None = None,
     aligned: Callable[[object], bool] = lambda op: True,
     block_k: int | None = None,
+    forced: tuple[int, int, int, int] | None = None,
+    forced_reason: str = "",
 ) -> tuple[MmaTiling, str]:
     """The candidate of :data:`TILINGS` with the fewest modelled non-HMMA instructions per
     useful HMMA (:func:`hot_figure`) among those whose blocks fill the SMs and whose
@@ -144,7 +146,9 @@ def choose_mma_tiling(
     bytes (2: m16n8k16, 4: tf32's m16n8k8, 1: bytes' m16n8k32); ``mn``: the m and n data
     dims (the last two by default), ``fold``: a data dim folded into the columns, ``ops``:
     the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned,
-    ``block_k``: a forced k-tile (a multiple of the intrinsic's k; the model's otherwise)."""
+    ``block_k``: a forced k-tile (a multiple of the intrinsic's k; the model's otherwise);
+    ``forced``: the one candidate (block M, block N, warps along M and N) priced, for
+    ``forced_reason`` (a whole-row tile, :mod:`polyfuse.stitch.mma_rows`)."""
     mma_k, bk = MMA_K_OF[itemsize], KTILE_BYTES // itemsize
     if block_k is not None and (block_k <= 0 or block_k % mma_k or block_k > 4 * mma_k):
         raise ValueError(
@@ -158,14 +162,15 @@ def choose_mma_tiling(
         if i not in (m, n, fold):
             batch *= extent(shape, i)
     priced, refused = [], []
-    for i, (bm, bn, wm, wn) in enumerate(TILINGS):
+    candidates = TILINGS if forced is None else (forced,)
+    for i, (bm, bn, wm, wn) in enumerate(candidates):
         t = MmaTiling(bm, bn, wm, wn, bk, mma_k)
         if block_k is not None:
             t = replace(t, block_k=block_k)
         blocks = batch * -(-rows // bm) * -(-cols // bn)
-        if t.registers > device.max_regs_per_thread:
+        if t.registers > device.max_regs_per_thread and forced is None:
             refused.append(f"{_label(t)}: {t.registers} registers")
-        elif blocks < device.sms and i < len(TILINGS) - 1:
+        elif blocks < device.sms and i < len(candidates) - 1:
             refused.append(f"{_label(t)}: {blocks} blocks")
         else:
             priced.append((hot_figure(t, shape, ops, rows, cols, aligned), i, t, blocks))
@@ -185,6 +190,7 @@ def choose_mma_tiling(
         f"modelled {figure:.2f} other instructions per useful HMMA"
         + (f", vs {others}" if others else "")
         + (f"; too few blocks or registers: {', '.join(refused)}" if refused else "")
+        + (f"; forced: {forced_reason}" if forced is not None else "")
         + ")",
         shape.update.prim,
         data=data,

@@ -31,7 +31,9 @@ Policy (PPCG style: legality by isl, speed by the one cost model):
    times, blocks, waves and bounds, the bytes and launch saved, the gain — are the decision's
    data).
 
-Every stitch made or refused is a :class:`StitchDecision` (rule ``GEMM_ROWS_RULE``).
+Every stitch made or refused is a :class:`StitchDecision` (rule ``GEMM_ROWS_RULE``), made by
+:func:`polyfuse.stitch.row_stitch.stitch_gemm_rows`; 16-bit GEMMs take the tensorized variant
+of steps 2-4 (:mod:`polyfuse.stitch.mma_rows`).
 """
 
 from __future__ import annotations
@@ -40,13 +42,10 @@ import math
 from dataclasses import dataclass, replace
 
 import islpy as isl
-import networkx as nx
 
 from polyfuse.base.decision import DecisionKind, Refusal, refused
-from polyfuse.base.decision_data import NO_DATA, DecisionData, RowStitchData
+from polyfuse.base.decision_data import NO_DATA, DecisionData
 from polyfuse.graph.graph import Graph
-from polyfuse.graph.kinds import OpKind
-from polyfuse.graph.structure import structural_key
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import maps_of
@@ -68,7 +67,7 @@ from polyfuse.poly.promote import (
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_tiles
-from polyfuse.stitch.memory import KernelGroup, Memo, StitchDecision
+from polyfuse.stitch.memory import KernelGroup
 from polyfuse.stitch.recompute import recompute_spills
 from polyfuse.stitch.row_cost import TilePrice, row_stitch_cost
 
@@ -84,7 +83,7 @@ ROW_THREADS = (64, 128, 256)
 #: lanes per row of the reduction (a warp per row)
 WARP = 32
 #: what the cached decisions' data holds (:mod:`polyfuse.stitch.row_cost`); bumped when it changes
-ROW_COST_REVISION = 2
+ROW_COST_REVISION = 3
 #: the widest row a whole-row tile is tried for (wider rows are refused with this reason)
 MAX_ROW = 4096
 
@@ -96,6 +95,9 @@ class GemmRowsGroup(KernelGroup):
     tensor: str = ""  # the GEMM output the reduction reads (kept in shared memory)
     tile: tuple[int, int, int, int, int] | None = None  # (BM, BN, TM, TN, TK)
     figures: DecisionData = NO_DATA  # the cost model's figures of the decision (RowStitchData)
+    #: the GEMM runs on tensor cores; ``tile`` is then (BM, BN, warps M, warps N, k-tile)
+    #: (:mod:`polyfuse.stitch.mma_rows`)
+    tensor_cores: bool = False
 
     @property
     def gemm(self) -> ScheduledMicrograph:
@@ -238,23 +240,11 @@ def plan_rows(
     if unsound is not None:
         return no(unsound.reason)
     bm, threads = tile[0], tiling.nthreads
-    if threads % WARP or bm % (threads // WARP):
-        return no(f"{threads} threads do not run {bm} rows a warp per row")
-    kept = threads // WARP
-    repeat = bm // kept
-    if memo is None or kept not in memo:
-        strategy = ReductionStrategy(
-            form, kept, WARP, f"the GEMM's whole-row tile: a warp per row, {kept} rows at a time"
-        )
-        rec = recompute_spills(graph, rows, strategy, device, cfg)
-        if memo is not None:
-            memo[kept] = rec
-    else:
-        rec = memo[kept]
+    mapped = map_rows(graph, rows, form, bm, threads, device, cfg, memo)
+    if isinstance(mapped, str):
+        return no(mapped)
+    rec, repeat = mapped
     rm, rpl = rec.mapped, dict(rec.placements)
-    if rm.strategy is None or rm.strategy.threads != threads:
-        got = rm.strategy.threads if rm.strategy is not None else "no"
-        return no(f"the reduction maps to {got} threads, the GEMM tile has {threads}")
     _, _, n = _row_shape(shape)
     row_bytes = FLOAT_BYTES * bm * n
     others = FLOAT_BYTES * sum(p.smem_floats for t, p in rpl.items() if t != tensor)
@@ -272,25 +262,9 @@ def plan_rows(
     if isinstance(tiled, Refusal):
         return no(tiled.reason, tiled.kind)
     gfp, gbox = tiled
-    rfp = reads_footprint(rm, tensor)
-    if rfp is None:
-        return no(f"the reduction does not read {tensor}")
-    rfp = _drop(rfp, rm.thread_params + rm.lane_params)
-    # isl: the reduction blocks a GEMM block runs are its own (block coordinates alike but
-    # the rows', which covers ``repeat`` reduction blocks); each reads only what that GEMM
-    # block stored; and every reduction block runs exactly once
-    corr = block_correspondence(gk, rm, repeat)
-    if isinstance(corr, Refusal):
-        return no(corr.reason, corr.kind)
-    reads = _as_map(rfp, rm.block_params)  # { [rb] -> T[e] }
-    writes = _as_map(gfp, gk.block_params)  # { [gb] -> T[e] }
-    if not reads.is_subset(corr.apply_range(writes)):
-        return no(f"a reduction block reads elements of {tensor} its GEMM block does not store")
-    # the reduction sees the GEMM's tile: its lower bounds, at the GEMM block of its own block
-    seen = corr.apply_range(writes)  # { [rb] -> T[e] }: the tile of its GEMM block
-    rbox = set_box(_as_set(seen, rm.block_params))
-    if rbox is None or [s for _, s in rbox] != [s for _, s in gbox]:
-        return no(f"the shared tiles of {tensor} differ (GEMM vs reduction)")
+    rbox = shared_row_tile(gk, rm, tensor, gfp, gbox, repeat)
+    if isinstance(rbox, Refusal):
+        return no(rbox.reason, rbox.kind)
     # shared memory: the GEMM's stages, the row tile, the reduction's tiles and scratch
     tile_floats = math.prod(s for _, s in gbox)
     promoted = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
@@ -298,17 +272,96 @@ def plan_rows(
     wide = _too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
     if wide is not None:
         return no(wide.reason, wide.kind)
-    why = f"whole-row tile {'x'.join(str(s) for _, s in gbox)} in shared memory"
     gpl = gemm_placements(gk)
-    gpl[tensor] = Placement(tensor, "shared", f"{why} (the GEMM stores it)", box=tuple(gbox))
-    rpl[tensor] = Placement(
+    gpl[tensor], rpl[tensor] = row_tile_placements(tensor, gbox, rbox, rpl)
+    return RowsPlan(gk, gpl, rm, rpl, rec.decisions, total, repeat)
+
+
+def map_rows(
+    graph: Graph,
+    rows: list[ScheduledMicrograph],
+    form,
+    bm: int,
+    threads: int,
+    device: DeviceSpec,
+    cfg: MappingConfig,
+    memo: dict | None,
+):
+    """The reduction half mapped a warp per row on the GEMM block's ``threads`` (its
+    recompute decisions with it) and the reduction blocks per GEMM block of ``bm`` rows; or
+    why not. ``memo`` keeps the mapping per rows at a time."""
+    if threads % WARP or bm % (threads // WARP):
+        return f"{threads} threads do not run {bm} rows a warp per row"
+    kept = threads // WARP
+    if memo is None or kept not in memo:
+        strategy = ReductionStrategy(
+            form, kept, WARP, f"the GEMM's whole-row tile: a warp per row, {kept} rows at a time"
+        )
+        rec = recompute_spills(graph, rows, strategy, device, cfg)
+        if memo is not None:
+            memo[kept] = rec
+    else:
+        rec = memo[kept]
+    rm = rec.mapped
+    if rm.strategy is None or rm.strategy.threads != threads:
+        got = rm.strategy.threads if rm.strategy is not None else "no"
+        return f"the reduction maps to {got} threads, the GEMM tile has {threads}"
+    return rec, bm // kept
+
+
+def shared_row_tile(
+    gk: MappedKernel, rm: MappedKernel, tensor: str, gfp: isl.Set, gbox: list, repeat: int
+) -> list | Refusal:
+    """The box of ``tensor`` the reduction ``rm`` sees in shared memory: the tile ``gfp`` (box
+    ``gbox``) its GEMM block stores, parametric in its own block; or why not (isl: each
+    reduction block runs in one GEMM block, :func:`block_correspondence`, and reads only
+    elements that block stored; both see boxes of one shape). A TILE_MISMATCH refusal."""
+    rfp = reads_footprint(rm, tensor)
+    if rfp is None:
+        return refused(DecisionKind.TILE_MISMATCH, f"the reduction does not read {tensor}", tensor)
+    rfp = _drop(rfp, rm.thread_params + rm.lane_params)
+    corr = block_correspondence(gk, rm, repeat)
+    if isinstance(corr, Refusal):
+        return corr
+    reads = _as_map(rfp, rm.block_params)  # { [rb] -> T[e] }
+    writes = _as_map(gfp, gk.block_params)  # { [gb] -> T[e] }
+    if not reads.is_subset(corr.apply_range(writes)):
+        why = f"a reduction block reads elements of {tensor} its GEMM block does not store"
+        return refused(DecisionKind.TILE_MISMATCH, why, tensor)
+    # the reduction sees the GEMM's tile: its lower bounds, at the GEMM block of its own block
+    seen = corr.apply_range(writes)  # { [rb] -> T[e] }: the tile of its GEMM block
+    rbox = set_box(_as_set(seen, rm.block_params))
+    if rbox is None or [s for _, s in rbox] != [s for _, s in gbox]:
+        why = f"the shared tiles of {tensor} differ (GEMM vs reduction)"
+        return refused(DecisionKind.TILE_MISMATCH, why, tensor)
+    return rbox
+
+
+def row_tile_placements(
+    tensor: str, gbox: list, rbox: list, rpl: dict[str, Placement]
+) -> tuple[Placement, Placement]:
+    """``tensor``'s shared placements in the GEMM half (box ``gbox``) and in the reduction
+    half (``rbox``, after the reduction's own arrays ``rpl``)."""
+    why = f"whole-row tile {'x'.join(str(s) for _, s in gbox)} in shared memory"
+    gp = Placement(tensor, "shared", f"{why} (the GEMM stores it)", box=tuple(gbox))
+    rp = Placement(
         tensor,
         "shared",
         f"{why} (stored by the GEMM before a barrier)",
         box=tuple(rbox),
         smem_offset=sum(p.smem_floats for t, p in rpl.items() if t != tensor),
     )
-    return RowsPlan(gk, gpl, rm, rpl, rec.decisions, total, repeat)
+    return gp, rp
+
+
+def row_grid(gemm_grid: list[int] | tuple[int, ...], rows: int) -> tuple[int, ...]:
+    """The GEMM's block grid as the reduction's blocks correspond to it: without the trailing
+    coordinates of one block past the reduction's ``rows`` coordinates (a tensorized whole-row
+    tile's columns, always block 0)."""
+    grid = tuple(gemm_grid)
+    while len(grid) > rows and grid[-1] == 1:
+        grid = grid[:-1]
+    return grid
 
 
 def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.Map | Refusal:
@@ -320,7 +373,8 @@ def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.M
     subject = (gk.scheduled.name, rm.scheduled.name)
     gp, gg = gk.block_params, gk.grid_dims
     rp, rg = rm.block_params, rm.grid_dims
-    if not rp or len(gp) not in (len(rp), len(rp) - 1):
+    ones = len(gp) - len(row_grid(gg, len(rp)))
+    if not rp or len(gp) - ones not in (len(rp), len(rp) - 1):
         return refused(
             DecisionKind.TILE_MISMATCH,
             f"block grids do not correspond ({gg} GEMM, {rg} reduction)",
@@ -328,12 +382,14 @@ def block_correspondence(gk: GemmKernel, rm: MappedKernel, repeat: int) -> isl.M
         )
     rs = [f"r{i}" for i in range(len(rp))]
     gs = [f"g{i}" for i in range(len(gp))]
+    kept = gs[: len(gs) - ones]
     cons = [f"0 <= {r} < {n}" for r, n in zip(rs, rg, strict=True)]
-    cons += [f"{g} = {r}" for g, r in zip(gs, rs[:-1], strict=False)]
-    if len(gp) == len(rp):
-        cons.append(f"{repeat} * {gs[-1]} <= {rs[-1]} < {repeat} * {gs[-1]} + {repeat}")
+    cons += [f"{g} = {r}" for g, r in zip(kept, rs[:-1], strict=False)]
+    if len(kept) == len(rp):
+        cons.append(f"{repeat} * {kept[-1]} <= {rs[-1]} < {repeat} * {kept[-1]} + {repeat}")
     else:
         cons.append(f"{rs[-1]} < {repeat}")
+    cons += [f"{g} = 0" for g in gs[len(kept) :]]
     cons += [f"0 <= {g} < {n}" for g, n in zip(gs, gg, strict=True)]
     corr = isl.Map(
         f"{{ [{', '.join(rs)}] -> [{', '.join(gs)}] : {' and '.join(cons)} }}",
@@ -456,95 +512,3 @@ def try_gemm_rows(
         f"row of its {ROW_TILES} rows (micro-tiles {MICRO_TILES[0]}..{MICRO_TILES[-1]})"
     )
     return False, f"no whole-row tiling for rows of {n}: {why}", {}
-
-
-def _consumers(graph: Graph, prims: list[str]) -> set[str]:
-    return {c for p in prims for c in graph.consumers(p)}
-
-
-def stitch_gemm_rows(
-    graph: Graph,
-    groups: list[KernelGroup],
-    device: DeviceSpec,
-    cfg: MappingConfig | None = None,
-    cache: Memo | None = None,
-    salt: str = "",
-) -> tuple[list[KernelGroup], list[StitchDecision]]:
-    """Stitch every GEMM group with the y-reduce group that alone reads its output, where
-    :func:`try_gemm_rows` says so; the groups stay in a dependence order."""
-    cfg = cfg or MappingConfig()
-    if not cfg.gemm or not cfg.gemm_rows:
-        return groups, []
-    owner = {
-        p: i for i, g in enumerate(groups) for sm in g.parts for p in sm.model.micrograph.prims
-    }
-    dag = nx.DiGraph()
-    dag.add_nodes_from(range(len(groups)))
-    for a, b in graph.dag.edges:
-        if a in owner and b in owner and owner[a] != owner[b]:
-            dag.add_edge(owner[a], owner[b])
-    decisions: list[StitchDecision] = []
-    merged: dict[int, int] = {}  # GEMM group -> the consumer group it joins
-    out: dict[int, KernelGroup] = {}
-    for i, gp in enumerate(groups):
-        if gp.kind != OpKind.OPAQUE or len(gp.parts) != 1:
-            continue
-        prims = gp.parts[0].model.micrograph.prims
-        readers = {owner[c] for c in _consumers(graph, prims) if c in owner} - {i}
-        if len(readers) != 1:
-            continue
-        (c,) = readers
-        gc = groups[c]
-        if gc.strategy is None or gc.form is None or gc.form.kind != "y" or c in out:
-            continue
-        written = [p for p in prims if any(owner.get(x) == c for x in graph.consumers(p))]
-        if len(written) != 1:
-            continue
-        tensor = written[0]
-        decide = _decider(gp, gc, tensor)
-        if graph.is_output(graph.prims[tensor].tensor):
-            decisions.append(decide(False, f"{tensor} is a graph output", DecisionKind.NO_RULE))
-            continue
-        if any(nx.has_path(dag, s, c) for s in dag.successors(i) if s != c):
-            decisions.append(decide(False, "stitching would create a cycle", DecisionKind.CYCLE))
-            continue
-        all_prims = [p for sm in gp.parts + gc.parts for p in sm.model.micrograph.prims]
-        key = structural_key(graph, all_prims, f"{salt}|gemm-rows {ROW_COST_REVISION}|{cfg}").digest
-        known = cache.get(key, (("ok", "reason", "data"),)) if cache is not None else None
-        if known is None:
-            ok, why, data = try_gemm_rows(graph, gp, gc, tensor, device, cfg)
-            known = {"ok": ok, "reason": why, "data": data}
-            if cache is not None:
-                cache.put(key, known)
-        if known["data"]:
-            kinds: tuple[DecisionKind, ...] = (DecisionKind.COST_MODEL,)
-        elif "shared memory" in known["reason"]:
-            kinds = (DecisionKind.FOOTPRINT,)
-        else:
-            kinds = (DecisionKind.TILE_MISMATCH,)
-        figures = RowStitchData.from_dict(known["data"]) if known["data"] else NO_DATA
-        decisions.append(replace(decide(known["ok"], known["reason"], *kinds), data=figures))
-        if known["ok"]:
-            merged[i] = c
-            out[c] = GemmRowsGroup(
-                [*gp.parts, *gc.parts],
-                gc.kind,
-                gc.form,
-                gc.strategy,
-                tensor=tensor,
-                tile=tuple(known["data"]["tile"]),  # type: ignore[arg-type]
-                figures=figures,
-            )
-    result = [out.get(i, g) for i, g in enumerate(groups) if i not in merged]
-    return result, decisions
-
-
-def _decider(gp: KernelGroup, gc: KernelGroup, tensor: str):
-    def decide(ok: bool, reason: str, *kinds: DecisionKind) -> StitchDecision:
-        if ok:
-            kinds = (DecisionKind.STITCHED, *kinds)
-        return StitchDecision(
-            gp.names, gc.names, GEMM_ROWS_RULE, ok, reason, [tensor], tuple(kinds)
-        )
-
-    return decide

@@ -54,6 +54,8 @@ class TilePrice:
     blocks: int
     waves: float
     sm_outputs: int
+    #: a tensorized tile: (BM, BN, warps along M, warps along N, k-tile)
+    tensor_cores: bool = False
 
     @classmethod
     def of(cls, tiling: GemmTiling, device: DeviceSpec) -> TilePrice:
@@ -67,6 +69,12 @@ class TilePrice:
 
     def label(self) -> str:
         bm, bn, tm, tn, tk = self.tile
+        if self.tensor_cores:
+            return (
+                f"{bm}x{bn} on tensor cores ({tm}x{tn} warps, k-tile {tk}; {self.blocks} "
+                f"blocks, {self.waves:.2f} waves, {self.sm_outputs} outputs on the busiest SM, "
+                f"{self.bound}-bound) modelled {self.us:.2f} us"
+            )
         return (
             f"{bm}x{bn} (micro-tile {tm}x{tn}, k-tile {tk}; {self.blocks} blocks, "
             f"{self.waves:.2f} waves, {self.sm_outputs} outputs on the busiest SM, "
@@ -132,6 +140,7 @@ class RowStitchCost:
             launch_us=round(self.launch_us, 3),
             saved_us=round(self.saved_us, 3),
             gain_us=round(self.gain_us, 3),
+            tensor_cores=True if r.tensor_cores else None,
         )
 
     @property

@@ -36,6 +36,7 @@ from polyfuse.cuda.codegen.kernel_arith import add, all_of, band, cmp, div, mod,
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAssign,
+    KBarrier,
     Kernel,
     KernelIR,
     KExpr,
@@ -49,8 +50,10 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KStmt,
     KVar,
     MemSpace,
+    Scope,
 )
 from polyfuse.cuda.codegen.lower import (
+    Lowered,
     buffer_placements,
     instantiate_kernel,
     kernel_ir,
@@ -72,6 +75,8 @@ from polyfuse.poly.policy import STATIC_SMEM_LIMIT
 from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, TensorCoreKernel
 from polyfuse.poly.tensorize_gather import k_extent
 
+#: the barrier before an epilogue that stores to shared memory
+READ_NOTE = "every warp has read the operand tiles (the result tile may overlay them)"
 #: the intrinsic per operand dtype (float32: tf32, where the user allowed it)
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16, "float32": MMA_TF32}
 
@@ -90,11 +95,29 @@ def lower_mma_kernel(
 ) -> Kernel:
     """The CUDA kernel of a tensorized GEMM (see the module doc), printed through
     ``canonical`` names when given (:func:`polyfuse.cuda.codegen.lower.instantiate_kernel`)."""
+    low = lower_mma_ir(name, tk, placements, idents, canonical)
+    return instantiate_kernel(kernel_of(low.ir, low.facts, low.notes), canonical, name)
+
+
+def lower_mma_ir(
+    name: str,
+    tk: TensorCoreKernel,
+    placements: dict[str, Placement],
+    idents: dict[int, str],
+    canonical: Mapping[str, str] | None = None,
+) -> Lowered:
+    """A tensorized GEMM kernel through the passes (see :func:`lower_mma_kernel`), not printed.
+
+    The operands' shared placements are their tiles (the fills'); any other shared placement
+    (a whole-row result tile, :mod:`polyfuse.stitch.mma_rows`) is an array the epilogue stores
+    to, after a barrier: the joined kernel overlays it on the operand tiles
+    (:mod:`polyfuse.cuda.codegen.lower_gemm_rows`)."""
     model = tk.scheduled.model
     shape, t, a, b = tk.shape, tk.tiling, tk.a, tk.b
     assert shape is not None and t is not None and a is not None and b is not None
+    operands = {a.tensor, b.tensor}
     as_global = {
-        k: Placement(k, "global", p.reason) if p.space == "shared" else p
+        k: Placement(k, "global", p.reason) if p.space == "shared" and k in operands else p
         for k, p in placements.items()
     }
     printed, namer = kernel_namer(name, canonical)
@@ -142,6 +165,7 @@ def lower_mma_kernel(
                stages * ea * itemsize // 4 if dynamic else None, align=16),
     )  # fmt: skip
     regs = tuple(x for x in ir.allocs if x.space is MemSpace.REGISTER)
+    stored = tuple(x for x in ir.allocs if x.space is MemSpace.SHARED)  # a result tile
     tid, warp = KVar("pf_tid"), KVar("pf_warp")
     zero: list[KNode] = [KAssign(KRef("pf_acc", (KVar("pf_i"), KVar("pf_j"), KVar("pf_x"))),
                                  KInt(0))]  # fmt: skip
@@ -176,15 +200,17 @@ def lower_mma_kernel(
         body += k_tile_loop(
             fills, bases, single_buffered(step), stages, tk.vector_fill, lk, k_tiles
         )
+    if stored:
+        body.append(KBarrier(Scope.BLOCK, READ_NOTE))
     body.append(_epilogue(tk, batch, as_global, idents, namer, hm, hn))
     ir = ir.with_(
         body=tuple(body),
-        allocs=(*tiles, *regs),
+        allocs=(*tiles, *stored, *regs),
         dynamic_smem_bytes=shared_bytes if dynamic else 0,
     )
     # the facts from the IR: the static tiles (or the dynamic pool), the barrier, mma and
     # cp.async nodes (none with scalar fills)
-    return instantiate_kernel(kernel_of(ir, kernel_facts(ir)), canonical, name)
+    return Lowered(ir, kernel_facts(ir))
 
 
 def _loop(var: str, trips: int, body: list[KNode]) -> KFor:
