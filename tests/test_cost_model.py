@@ -667,3 +667,72 @@ def test_tile_check_agreement_without_a_ranked_candidate():
            "sass_us": 5.0, "ffma_share": [0.9, 0.9], "hot_loop": "k-tile"}  # fmt: skip
     got = tile_check.agreement([row])
     assert got["candidates"] == 1 and got["first_choice_within_2pct_of_sass_best"] == {}
+
+
+# ------------------------------------------------------------------------------ tensor pipe
+
+
+def test_tensorized_gemms_are_bound_by_the_tensor_pipe_and_near_their_h100_times():
+    """bf16 4096³ on sm_90 (the default: S = 4, fragments double-buffered): the IR estimate
+    counts every mma.sync (4096³ / 2048 multiply-adds per warp instruction), the model bounds
+    it by the tensor pipe at the device's mma rate, never below the tensor-pipe floor, and
+    within the band of the H100's 0.476 ms (2026-11-26). Before, a tensorized kernel had no
+    work estimate and was priced by its bytes alone: 41 us, 11.5x too fast. A single-stage
+    loop waits for its own copies every k-tile (fill latency); tf32 runs at half the rate."""
+    import tensor_model
+
+    from polyfuse.poly.device import MMA_FMA_PER_INSTRUCTION
+
+    times = tensor_model.measured()
+    for name, bound in (
+        ("matmul_bf16", "tensor pipe"),
+        ("matmul_bf16_s1", "fill latency"),
+        ("matmul_tf32_k32_s3", "tensor pipe"),
+    ):
+        r = tensor_model.model_case(name, "sm_90")
+        (k,) = r["kernels"]
+        assert k["bound"] == bound, (name, k)
+        assert k["modelled_us"] >= k["floor_us"] > 0
+        ms, _ = times[name]
+        assert BAND[0] <= ms * 1e3 / r["modelled_us"] <= BAND[1], (name, ms, r)
+        # 512 blocks of 8 warps: every warp's share of the 4096³ multiply-adds
+        per_warp = 4096**3 / MMA_FMA_PER_INSTRUCTION / (512 * 8)
+        assert k["mma_per_thread"] == per_warp * (2 if name.startswith("matmul_tf32") else 1)
+
+
+def test_ir_work_counts_the_tensor_core_nodes():
+    """The IR estimate of a tensorized kernel sees its fills (16-byte cp.async chunks), its
+    ldmatrix loads (4 bytes a register per lane) and its mma; a pipelined loop (S = 3) has no
+    synchronous fill phases, a single-stage one (S = 1) one per k-tile."""
+    from polyfuse.cuda.codegen.kernel_cost import describe_kernel
+
+    a = te.placeholder((256, 512), "bfloat16", name="a")
+    w = te.placeholder((512, 384), "bfloat16", name="w")
+    for stages, phases in ((3, 0), (1, 512 // 32)):
+        fn = polyfuse.compile(
+            [a, w], [ops.matmul(a, w, name="mm")], "sm_80", check_cuda=False,
+            mapping=MappingConfig(gemm_stages=stages),
+        )  # fmt: skip
+        (k,) = fn.kernels
+        d = describe_kernel(k)
+        assert d.source == "kernel IR estimate"
+        warps = k.grid[0] * k.block[0] // 32
+        assert d.mix.mma * warps == 256 * 512 * 384 / 2048
+        # every element of both operands' tiles copied once per block, 16 bytes a chunk
+        assert d.mix.ldgsts * d.threads * d.blocks >= 2 * (256 * 512 + 512 * 384)
+        assert d.mix.lds > 0 and d.sync_phases == phases, (stages, d.sync_phases)
+
+
+@pytest.mark.skipif(not _has_disassembler(), reason="needs NVRTC and nvdisasm (polyfuse[sass])")
+def test_sass_mix_counts_the_mma_instructions():
+    """The SASS path's mix counts HMMA as the tensor pipe's instructions, as the IR does."""
+    from polyfuse.cuda.codegen.kernel_cost import describe_kernel
+    from polyfuse.cuda.toolchain.sass import analyse
+
+    a = te.placeholder((512, 512), "bfloat16", name="a")
+    w = te.placeholder((512, 512), "bfloat16", name="w")
+    for arch in ("sm_80", "sm_90"):
+        fn = polyfuse.compile([a, w], [ops.matmul(a, w, name="mm")], arch, check_cuda=False)
+        (k,) = fn.kernels
+        (ks,) = analyse(fn.cuda_source, (arch,), kernels=fn.kernels).kernels
+        assert describe_kernel(k, ks).mix.mma == describe_kernel(k).mix.mma > 0

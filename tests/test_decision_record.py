@@ -278,7 +278,7 @@ def test_shared_memory_and_register_budget_refusals_are_refusals():
     from polyfuse.poly.device import H100
     from polyfuse.poly.fragments import _refusal
     from polyfuse.stitch.facts import SharedArray
-    from polyfuse.stitch.gemm_rows import _too_wide
+    from polyfuse.stitch.gemm_rows import too_wide
     from polyfuse.stitch.parallel import _fits
 
     tiles = KernelFacts(shared_arrays=(SharedArray(32 * 1024, 16),))
@@ -288,8 +288,8 @@ def test_shared_memory_and_register_budget_refusals_are_refusals():
     assert got.subject == ("r0", "r1") and got.data == SmemData(64 * 1024, 0)
     assert "does not fit 48 KB" in got.reason and got.record.data is got.data
     assert _fits(big[:1], H100) is None
-    assert _too_wide("mm", 1024, 1024, 1024) is None
-    assert _too_wide("mm", 40000, 1024, 10000) == Refusal(
+    assert too_wide("mm", 1024, 1024, 1024) is None
+    assert too_wide("mm", 40000, 1024, 10000) == Refusal(
         DecisionKind.FOOTPRINT,
         "row too wide for shared memory: the 40000 B row tile of mm + 10000 B of the reduction "
         "(or the GEMM's 1024 B operand tiles, which the two overlay) = 50000 B > 49152 B "

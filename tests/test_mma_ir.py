@@ -102,8 +102,11 @@ def test_the_tensor_core_kernel_is_its_ir_printed(monkeypatch):
     (guard,) = [n for n in nodes_of(k.body, KIf) if nodes_of(n.then, KStmt)]
     assert all(s.stores for s in nodes_of(guard.then, KStmt))
     # the facts read from the IR: two static 3-stage tiles of 64x32 bf16 (swizzled, no
-    # padding), the barrier, the mma and the cp.async chunks
-    assert k.facts == kernel_facts(ir)
+    # padding), the barrier, the mma and the cp.async chunks; the cost model's work estimate
+    # (every mma counted) and the tile model's registers
+    assert k.facts == kernel_facts(ir, k.facts.registers, k.facts.work)
+    assert k.facts.work is not None and k.facts.work.mix.mma > 0
+    assert k.facts.registers == fn.plan.mapped[0].tiling.registers
     assert [(a.bytes, a.align) for a in k.facts.shared_arrays] == [(3 * 64 * 32 * 2, 16)] * 2
     assert k.facts.barriers and k.facts.mma and k.facts.async_copies
     assert k.facts.dynamic_shared_bytes == 0

@@ -73,6 +73,16 @@ class DeviceSpec:
     l1_bytes_per_sm: int = 192 * 1024  # L1 + shared memory SRAM per SM (datasheet)
     #: L2 -> SM bandwidth (GB/s) the cost model uses; see each table entry for its source
     l2_gbps: float = 7219.0
+    #: dense 16-bit ``mma.sync`` TFLOP/s of the whole device, the tensor pipe's ceiling (tf32's
+    #: m16n8k8 and int8's m16n8k32 take as long per instruction as m16n8k16): the A100
+    #: datasheet's 312; see the H100 entry for its measured figure
+    mma_tflops: float = 312.0
+
+    @property
+    def mma_per_second(self) -> float:
+        """Warp ``mma.sync`` instructions (:data:`MMA_FMA_PER_INSTRUCTION` multiply-adds each)
+        one SM's tensor cores retire per second, at :attr:`mma_tflops`."""
+        return self.mma_tflops * 1e12 / (2 * MMA_FMA_PER_INSTRUCTION) / self.sms
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -198,7 +208,14 @@ H100 = DeviceSpec(
     # fitted on the H100 day of 2026-11-22 (poly/costs/constants.py): matmul 4096^3 and FFN
     # up with one output per thread stream each block's weight columns from L2 at 8.75 TB/s
     l2_gbps=8750.0,
+    # measured (benchmarks/mma_ceiling.py, 2026-11-26, measured/h100-2026-11-26-mma-ceiling
+    # .json): independent mma.sync.m16n8k16 bf16 chains on every SM, 641 TFLOP/s (cuBLAS's
+    # wgmma 785 in the same run; the datasheet's 989 are wgmma's at boost)
+    mma_tflops=289.0,
 )
+
+#: multiply-adds of one warp ``mma.sync.m16n8k16`` (16 x 8 x 16)
+MMA_FMA_PER_INSTRUCTION = 2048
 
 BY_ARCH = {"sm_70": V100, "sm_75": V100, "sm_80": A100, "sm_86": A100, "sm_89": A100, "sm_90": H100}
 

@@ -167,7 +167,9 @@ def operand_layouts(
 
 
 #: 16-bit elements per 16-byte chunk of a shared-tile fill (one cp.async)
-#: mma.sync m16n8k16 multiply-adds per SM and cycle (dense 16-bit): the datasheets' tensor
+#: mma.sync m16n8k16 multiply-adds per SM and cycle as ALCOP's use time (dense 16-bit; the
+#: loop's rate, below the instruction's ceiling,
+#: :attr:`polyfuse.poly.device.DeviceSpec.mma_tflops`): the datasheets' tensor
 #: rates (A100 312 TFLOP/s at 108 SMs x 1.41 GHz: 1024; GA10x/AD10x half that). Hopper's
 #: 2048 are wgmma's; for mma.sync the figure is measured: on an H100 (2026-11-26,
 #: ``benchmarks/gpu.py``) the 4096^3 bf16 GEMM's 128x256x32 loop ran 0.587 ms at two stages,

@@ -39,6 +39,7 @@ of steps 2-4 (:mod:`polyfuse.stitch.mma_rows`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import islpy as isl
@@ -164,6 +165,25 @@ def gemm_tile_footprint(
     TILE_MISMATCH refusal about ``tensor``)."""
     shape, tiling = gk.shape, gk.tiling
     assert shape is not None and tiling is not None
+    bmap = set(gk.block_params)
+
+    def bounds(ds: list[str]) -> list[str]:
+        cons = []
+        for i, (d, (lo, _), b) in enumerate(zip(ds, shape.data, tiling.block, strict=True)):
+            bb = f"b{i}" if f"b{i}" in bmap else "0"  # promote.py names block dim i b<i>
+            cons.append(f"{lo} + {b} * {bb} <= {d} < {lo} + {b} * {bb} + {b}")
+        return cons
+
+    return epilogue_tile(gk, shape, tensor, bounds)
+
+
+def epilogue_tile(
+    mm: MappedKernel, shape: GemmShape, tensor: str, bounds: Callable[[list[str]], list[str]]
+) -> tuple[isl.Set, list[tuple[isl.PwAff, int]]] | Refusal:
+    """The elements of ``tensor`` one block of ``mm`` stores: the epilogue statement that
+    writes it, on the points of its domain inside ``bounds`` (constraints on the data dims
+    ``d0, d1, ...`` and the block parameters), through its write access; and the box that
+    holds them. Or why not (a TILE_MISMATCH refusal about ``tensor``)."""
     writers = [s for s in shape.epilogue if s.write.get_tuple_name(isl.dim_type.out) == tensor]
     if len(writers) != 1:
         return refused(
@@ -171,15 +191,10 @@ def gemm_tile_footprint(
         )
     (stmt,) = writers
     ds = [f"d{i}" for i in range(len(shape.data))]
-    bmap = set(gk.block_params)
-    cons = []
-    for i, (d, (lo, _), b) in enumerate(zip(ds, shape.data, tiling.block, strict=True)):
-        bb = f"b{i}" if f"b{i}" in bmap else "0"  # promote.py names block dim i b<i>
-        cons.append(f"{lo} + {b} * {bb} <= {d} < {lo} + {b} * {bb} + {b}")
-    params = ", ".join(gk.block_params)
     tile = isl.Set(
-        f"[{params}] -> {{ {stmt.name}[{', '.join(ds)}] : {' and '.join(cons)} }}",
-        context=gk.scheduled.model.ctx,
+        f"[{', '.join(mm.block_params)}] -> {{ {stmt.name}[{', '.join(ds)}] : "
+        f"{' and '.join(bounds(ds))} }}",
+        context=mm.scheduled.model.ctx,
     )
     dom = stmt.domain
     tile = tile.align_params(dom.get_space()).intersect(dom.align_params(tile.get_space()))
@@ -247,10 +262,9 @@ def plan_rows(
     rm, rpl = rec.mapped, dict(rec.placements)
     _, _, n = _row_shape(shape)
     row_bytes = FLOAT_BYTES * bm * n
-    others = FLOAT_BYTES * sum(p.smem_floats for t, p in rpl.items() if t != tensor)
-    others += FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+    others = reduction_bytes(rpl, tensor, threads)
     assert tiling.code is not None
-    wide = _too_wide(tensor, row_bytes, tiling.code.shared_bytes, others)
+    wide = too_wide(tensor, row_bytes, tiling.code.shared_bytes, others)
     if wide is not None:  # the tile model's estimate of the GEMM's tiles, before building it
         return no(wide.reason, wide.kind)
     gk = gemm_kernel_fitting(gemm, shape, tiling, device)
@@ -258,18 +272,15 @@ def plan_rows(
         return no(gk.reason)
     # the epilogue stores to the shared row tile element by element (no global vectors)
     gk = replace(gk, vector_stores={})
-    tiled = gemm_tile_footprint(gk, tensor)
-    if isinstance(tiled, Refusal):
-        return no(tiled.reason, tiled.kind)
-    gfp, gbox = tiled
-    rbox = shared_row_tile(gk, rm, tensor, gfp, gbox, repeat)
-    if isinstance(rbox, Refusal):
-        return no(rbox.reason, rbox.kind)
+    boxes = shared_row_tile(gk, rm, tensor, gemm_tile_footprint(gk, tensor), repeat)
+    if isinstance(boxes, Refusal):
+        return no(boxes.reason, boxes.kind)
+    gbox, rbox = boxes
     # shared memory: the GEMM's stages, the row tile, the reduction's tiles and scratch
     tile_floats = math.prod(s for _, s in gbox)
     promoted = FLOAT_BYTES * sum(p.floats for p in gk.promotions) * gk.stages
     total = shared_pool(FLOAT_BYTES * tile_floats, promoted, others)
-    wide = _too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
+    wide = too_wide(tensor, FLOAT_BYTES * tile_floats, promoted, others)
     if wide is not None:
         return no(wide.reason, wide.kind)
     gpl = gemm_placements(gk)
@@ -310,12 +321,20 @@ def map_rows(
 
 
 def shared_row_tile(
-    gk: MappedKernel, rm: MappedKernel, tensor: str, gfp: isl.Set, gbox: list, repeat: int
-) -> list | Refusal:
-    """The box of ``tensor`` the reduction ``rm`` sees in shared memory: the tile ``gfp`` (box
-    ``gbox``) its GEMM block stores, parametric in its own block; or why not (isl: each
-    reduction block runs in one GEMM block, :func:`block_correspondence`, and reads only
-    elements that block stored; both see boxes of one shape). A TILE_MISMATCH refusal."""
+    gk: MappedKernel,
+    rm: MappedKernel,
+    tensor: str,
+    stored: tuple[isl.Set, list] | Refusal,
+    repeat: int,
+) -> tuple[list, list] | Refusal:
+    """The boxes of ``tensor`` in shared memory: the GEMM block's (``stored``: the tile it
+    stores and its box, :func:`gemm_tile_footprint`, or why not) and the one the reduction
+    ``rm`` sees, the same tile parametric in its own block; or why not (isl: each reduction
+    block runs in one GEMM block, :func:`block_correspondence`, and reads only elements that
+    block stored; both see boxes of one shape). A TILE_MISMATCH refusal."""
+    if isinstance(stored, Refusal):
+        return stored
+    gfp, gbox = stored
     rfp = reads_footprint(rm, tensor)
     if rfp is None:
         return refused(DecisionKind.TILE_MISMATCH, f"the reduction does not read {tensor}", tensor)
@@ -334,7 +353,7 @@ def shared_row_tile(
     if rbox is None or [s for _, s in rbox] != [s for _, s in gbox]:
         why = f"the shared tiles of {tensor} differ (GEMM vs reduction)"
         return refused(DecisionKind.TILE_MISMATCH, why, tensor)
-    return rbox
+    return gbox, rbox
 
 
 def row_tile_placements(
@@ -435,7 +454,14 @@ def shared_pool(row: int, gemm: int, rows: int) -> int:
     return max(gemm, row + rows)
 
 
-def _too_wide(tensor: str, row: int, gemm: int, rows: int) -> Refusal | None:
+def reduction_bytes(rpl: dict[str, Placement], tensor: str, threads: int) -> int:
+    """Shared bytes of the reduction half beside the row tile of ``tensor``: its own arrays
+    (placements ``rpl``) and the combine scratch of ``threads`` threads."""
+    others = FLOAT_BYTES * sum(p.smem_floats for t, p in rpl.items() if t != tensor)
+    return others + FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+
+
+def too_wide(tensor: str, row: int, gemm: int, rows: int) -> Refusal | None:
     """Why the row tile (``row`` bytes), the GEMM's tiles and the reduction's shared memory do
     not fit static shared memory (a FOOTPRINT refusal about ``tensor``), or None."""
     total = shared_pool(row, gemm, rows)

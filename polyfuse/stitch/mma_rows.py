@@ -33,11 +33,7 @@ from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.mapping import MappingConfig
-from polyfuse.poly.placement import set_box
 from polyfuse.poly.policy import (
-    COMBINE_SCRATCH_FLOATS_PER_THREAD,
-    FLOAT_BYTES,
-    STATIC_SMEM_LIMIT,
     smem_itemsize,
 )
 from polyfuse.poly.schedule import ScheduledMicrograph
@@ -46,10 +42,13 @@ from polyfuse.poly.tensorize_fragments import with_fragment_buffers
 from polyfuse.poly.tensorize_tiling import TILINGS
 from polyfuse.stitch.gemm_rows import (
     RowsPlan,
+    epilogue_tile,
     map_rows,
+    reduction_bytes,
     row_tile_placements,
     shared_pool,
     shared_row_tile,
+    too_wide,
 )
 from polyfuse.stitch.memory import KernelGroup
 from polyfuse.stitch.row_cost import TilePrice, row_stitch_cost
@@ -109,34 +108,19 @@ def mma_tile_footprint(tk: TensorCoreKernel, tensor: str) -> tuple[isl.Set, list
     holds them; or why not (TILE_MISMATCH)."""
     shape, t = tk.shape, tk.tiling
     assert shape is not None and t is not None
-    writers = [s for s in shape.epilogue if s.write.get_tuple_name(isl.dim_type.out) == tensor]
-    if len(writers) != 1:
-        why = f"{tensor} is not stored by one epilogue statement"
-        return refused(DecisionKind.TILE_MISMATCH, why, tensor)
-    (stmt,) = writers
-    ds = [f"d{i}" for i in range(len(shape.data))]
-    cons, nb = [], 0
-    for i, (lo, _) in enumerate(shape.data):
-        if i in (tk.m_dim, tk.n_dim):
-            continue
-        cons.append(f"{ds[i]} = {lo} + pf_g{nb}")
-        nb += 1
-    for i, g, size in ((tk.m_dim, nb, t.block_m), (tk.n_dim, nb + 1, t.block_n)):
-        lo = shape.data[i][0]
-        cons.append(f"{lo} + {size} * pf_g{g} <= {ds[i]} < {lo} + {size} * pf_g{g} + {size}")
-    tile = isl.Set(
-        f"[{', '.join(tk.block_params)}] -> {{ {stmt.name}[{', '.join(ds)}] : "
-        f"{' and '.join(cons)} }}",
-        context=tk.scheduled.model.ctx,
-    )
-    dom = stmt.domain
-    tile = tile.align_params(dom.get_space()).intersect(dom.align_params(tile.get_space()))
-    fp = tile.apply(stmt.write.align_params(tile.get_space())).coalesce()
-    box = set_box(fp)
-    if box is None:
-        why = f"no box bounds the GEMM block's tile of {tensor}"
-        return refused(DecisionKind.TILE_MISMATCH, why, tensor)
-    return fp, box
+
+    def bounds(ds: list[str]) -> list[str]:
+        cons, nb = [], 0
+        for i, (lo, _) in enumerate(shape.data):
+            if i not in (tk.m_dim, tk.n_dim):
+                cons.append(f"{ds[i]} = {lo} + pf_g{nb}")
+                nb += 1
+        for i, g, size in ((tk.m_dim, nb, t.block_m), (tk.n_dim, nb + 1, t.block_n)):
+            lo = shape.data[i][0]
+            cons.append(f"{lo} + {size} * pf_g{g} <= {ds[i]} < {lo} + {size} * pf_g{g} + {size}")
+        return cons
+
+    return epilogue_tile(tk, shape, tensor, bounds)
 
 
 def plan_mma_rows(
@@ -175,27 +159,19 @@ def plan_mma_rows(
         return no(mapped)
     rec, repeat = mapped
     rm, rpl = rec.mapped, dict(rec.placements)
-    tiled = mma_tile_footprint(tk, tensor)
-    if isinstance(tiled, Refusal):
-        return no(tiled.reason, tiled.kind)
-    gfp, gbox = tiled
-    rbox = shared_row_tile(tk, rm, tensor, gfp, gbox, repeat)
-    if isinstance(rbox, Refusal):
-        return no(rbox.reason, rbox.kind)
+    boxes = shared_row_tile(tk, rm, tensor, mma_tile_footprint(tk, tensor), repeat)
+    if isinstance(boxes, Refusal):
+        return no(boxes.reason, boxes.kind)
+    gbox, rbox = boxes
     gp, rp = row_tile_placements(tensor, gbox, rbox, rpl)
     itemsize = smem_itemsize(gemm.model.tensors[tensor].dtype)
     gp, rp = replace(gp, itemsize=itemsize), replace(rp, itemsize=itemsize)
-    others = FLOAT_BYTES * sum(p.smem_floats for t, p in rpl.items() if t != tensor)
-    others += FLOAT_BYTES * COMBINE_SCRATCH_FLOATS_PER_THREAD * threads
+    others = reduction_bytes(rpl, tensor, threads)
     operands = tk.stages * tk.shared_bytes()
     total = shared_pool(gp.smem_bytes, operands, others)
-    if total > STATIC_SMEM_LIMIT:
-        why = (
-            f"row too wide for shared memory: the {gp.smem_bytes} B row tile of {tensor} + "
-            f"{others} B of the reduction (or the GEMM's {operands} B operand tiles, which the "
-            f"two overlay) = {total} B > {STATIC_SMEM_LIMIT} B static shared memory per block"
-        )
-        return no(why, DecisionKind.FOOTPRINT)
+    wide = too_wide(tensor, gp.smem_bytes, operands, others)
+    if wide is not None:
+        return no(wide.reason, wide.kind)
     gpl = tensor_core_placements(tk)
     gpl[tensor], rpl[tensor] = gp, rp
     return RowsPlan(tk, gpl, rm, rpl, rec.decisions, total, repeat)

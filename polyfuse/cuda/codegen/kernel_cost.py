@@ -25,8 +25,10 @@ from __future__ import annotations
 from typing import Any
 
 from polyfuse.cuda.codegen.kernel_ast import (
+    KAssign,
     KAsyncCopy,
     KBarrier,
+    KChunkCopy,
     KCombine,
     KCommit,
     KCopy,
@@ -35,11 +37,18 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KernelIR,
     KExpr,
     KFor,
+    KFragmentLoad,
+    KGuardedCopy,
     KIf,
     KInt,
+    KLdmatrix,
+    KLet,
     KMark,
     KMma,
     KOp,
+    KRowBlocks,
+    KScope,
+    KSection,
     KStmt,
     KVar,
     KVector,
@@ -49,6 +58,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     MemSpace,
 )
 from polyfuse.graph import expr as ex
+from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.poly.costs import KernelDesc, Mix, Modelled, Work, model_kernel
 from polyfuse.poly.costs.ops import ADDRESS, ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
@@ -58,6 +68,7 @@ from polyfuse.poly.policy import ASSUMED_REGISTERS
 __all__ = ["describe_kernel", "describe_kernels", "describe_sass", "ir_work", "kernel_modelled"]
 
 WORD = 4  # bytes of a float32 element
+CHUNK = 16  # bytes of one cp.async chunk
 _LOOP = 3  # slots of one iteration of a loop that is not unrolled (add, compare, branch)
 _UNROLL = 4  # iterations of such a loop whose loads the compiler keeps in flight together
 
@@ -76,6 +87,9 @@ class _Walker(KVisitor[Mix]):
         self.notes: list[str] = []
         self.inflight = 0.0
         self.phases = 0.0  # iterations of the loop that fills shared tiles in sync
+        # the loop being walked committed async copies, and then waited for all of them (a
+        # single-stage fill; a pipelined loop waits before it issues the next k-tile's)
+        self.committed = self.drained = False
         self.vector: frozenset[tuple[str, str]] = frozenset()  # (tensor, stmt) as vectors
         self.buffers = {a.name: a.space for a in self.ir.allocs}
         self.tiled = {(t.tensor, s) for t in self.ir.tiles for s in t.stmts}
@@ -106,14 +120,18 @@ class _Walker(KVisitor[Mix]):
             self.notes.append(f"loop {n.var}: bounds not affine, counted once")
         elif varying:
             self.notes.append(f"loop {n.var}: trips depend on the thread (counted at 0)")
+        outer = self.drained, self.committed
+        self.drained = self.committed = False
         inner = self.body(n.body)
+        drained = self.drained
+        self.drained, self.committed = outer
         if n.unroll:  # integer work folds to constants or is hoisted: once for the nest
             hoisted = Mix(slots=-inner.ints, ints=-inner.ints).scaled(trips - 1)
             return inner.scaled(trips) + hoisted
         inner = inner + Mix(slots=_LOOP, ints=_LOOP)
         # NVRTC unrolls a loop of constant trips by up to 4: its loads then overlap
         self.inflight = max(self.inflight, inner.global_read_bytes * min(trips, _UNROLL))
-        if inner.bar and inner.sts and inner.ldg and not inner.ldgsts:
+        if inner.bar and (inner.sts and inner.ldg and not inner.ldgsts or drained):
             self.phases = max(self.phases, float(trips))  # a synchronous tile fill
         return inner.scaled(trips)
 
@@ -159,13 +177,46 @@ class _Walker(KVisitor[Mix]):
         return Mix(slots=1, bar=1)
 
     def visit_KCommit(self, n: KCommit) -> Mix:
+        self.committed = True
         return Mix(slots=1)
 
     def visit_KWait(self, n: KWait) -> Mix:
+        if n.pending == 0 and self.committed:  # the loop waits for the copies it just issued
+            self.drained = True
         return Mix(slots=1)
 
     def visit_KMma(self, n: KMma) -> Mix:
+        return Mix(slots=1, mma=1)
+
+    # the tensor-core kernels' nodes (cuda/codegen/lower_mma.py) and the joined halves of a
+    # GEMM + row-reduction kernel (cuda/codegen/lower_gemm_rows.py)
+    def visit_KScope(self, n: KScope) -> Mix:
+        return self.body(n.body)
+
+    def visit_KSection(self, n: KSection) -> Mix:
+        return self.body(n.body)
+
+    def visit_KRowBlocks(self, n: KRowBlocks) -> Mix:
+        return (self.body(n.body) + Mix(slots=_LOOP + 1, ints=_LOOP, bar=1)).scaled(n.repeat)
+
+    def visit_KLet(self, n: KLet) -> Mix:
+        return Mix(slots=1, ints=1) if n.value is not None else Mix()
+
+    def visit_KAssign(self, n: KAssign) -> Mix:
         return Mix(slots=1)
+
+    def visit_KLdmatrix(self, n: KLdmatrix) -> Mix:
+        return Mix(slots=1, lds=n.count * WORD)  # count 32-bit registers per lane
+
+    def visit_KFragmentLoad(self, n: KFragmentLoad) -> Mix:
+        return Mix(slots=1, lds=WORD)
+
+    def visit_KChunkCopy(self, n: KChunkCopy) -> Mix:
+        return Mix(slots=1 + ADDRESS, ints=ADDRESS, ldgsts=CHUNK)
+
+    def visit_KGuardedCopy(self, n: KGuardedCopy) -> Mix:
+        size = dtype_info(n.dtype).itemsize
+        return Mix(slots=4 + ADDRESS, ints=2 + ADDRESS, ldg=size, sts=size)
 
     def visit_KVector(self, n: KVector) -> Mix:
         """A group of ``width`` lanes whose listed accesses are single vector instructions."""

@@ -62,13 +62,12 @@ from polyfuse.cuda.codegen.lower import (
 from polyfuse.cuda.codegen.lower_accesses import Accesses
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes, storage_dtypes
-from polyfuse.cuda.codegen.lower_facts import kernel_facts
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, fill_setup, k_values
 from polyfuse.cuda.codegen.lower_mma_fragments import double_buffered_loop, single_buffered
 from polyfuse.cuda.codegen.lower_mma_pipeline import k_tile_loop
 from polyfuse.cuda.codegen.lower_mma_steps import k_step
 from polyfuse.cuda.codegen.namer import Namer
-from polyfuse.cuda.codegen.printer import kernel_of
+from polyfuse.cuda.codegen.printer import ir_facts, kernel_of
 from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_INT8, MMA_TF32, Intrinsic
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT
@@ -209,8 +208,9 @@ def lower_mma_ir(
         dynamic_smem_bytes=shared_bytes if dynamic else 0,
     )
     # the facts from the IR: the static tiles (or the dynamic pool), the barrier, mma and
-    # cp.async nodes (none with scalar fills)
-    return Lowered(ir, kernel_facts(ir))
+    # cp.async nodes (none with scalar fills), its work estimate (the cost model's mix) and
+    # the tile model's registers (occupancy, until ptxas says)
+    return Lowered(ir, ir_facts(ir, model.statements, as_global, idents, t.registers))
 
 
 def _loop(var: str, trips: int, body: list[KNode]) -> KFor:

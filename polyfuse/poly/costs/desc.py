@@ -1,11 +1,12 @@
 """The cost model's input: a typed description of one kernel launch (never its CUDA text).
 
 :class:`Mix` counts what one thread executes, by the classes the model prices: issue slots,
-FP32 work (FFMA, FMUL, FADD), special functions, and the bytes one thread moves through each
-memory path (shared loads and stores, global loads, stores and asynchronous copies, local
-spills), barriers and warp shuffles. :class:`KernelDesc` adds the launch (blocks, threads),
-the resources that set occupancy (registers, shared bytes), the DRAM bytes isl counted, the
-bytes the SMs fetch from L2 where known, and where the mix came from (:attr:`KernelDesc.source`):
+FP32 work (FFMA, FMUL, FADD), tensor-core mma instructions, special functions, and the bytes
+one thread moves through each memory path (shared loads and stores, global loads, stores and
+asynchronous copies, local spills), barriers and warp shuffles. :class:`KernelDesc` adds the
+launch (blocks, threads), the resources that set occupancy (registers, shared bytes), the
+DRAM bytes isl counted, the bytes the SMs fetch from L2 where known, and where the mix came
+from (:attr:`KernelDesc.source`):
 
 - ``SASS`` — counted by the SASS instrument from the cubin
   (:func:`polyfuse.cuda.codegen.kernel_cost.describe_sass`);
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 #: Mix fields that count instructions (issue slots or FP32 operations) per thread.
-COUNTS = ("slots", "ints", "ffma", "fmul", "fadd", "mufu", "bar", "shfl")
+COUNTS = ("slots", "ints", "ffma", "fmul", "fadd", "mufu", "bar", "shfl", "mma")
 #: Mix fields that count bytes one thread moves per memory path.
 BYTES = ("lds", "sts", "ldg", "stg", "ldgsts", "local", "l1")
 
@@ -45,6 +46,9 @@ class Mix:
     mufu: float = 0.0  # special-function unit (exp, rsqrt, ...)
     bar: float = 0.0  # block barriers
     shfl: float = 0.0  # warp shuffles / votes
+    #: tensor-core ``mma.sync`` (HMMA/IMMA) instructions, each
+    #: :data:`polyfuse.poly.device.MMA_FMA_PER_INSTRUCTION` 16-bit-rate multiply-adds per warp
+    mma: float = 0.0
     lds: float = 0.0  # bytes loaded from shared memory
     sts: float = 0.0  # bytes stored to shared memory
     ldg: float = 0.0  # bytes loaded from global memory (through L1)
@@ -100,6 +104,8 @@ class Mix:
                 parts.append(f"{name.upper()} {v:.0f} B")
         if self.bar:
             parts.append(f"BAR {self.bar:.0f}")
+        if self.mma:
+            parts.append(f"MMA {self.mma:.0f}")
         return ", ".join(parts)
 
 

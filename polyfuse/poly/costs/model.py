@@ -11,6 +11,9 @@ SM-local resources, on the busiest SM: blocks are spread evenly, so one SM runs
   efficiency the resident warps allow (``min(1, warps per scheduler / issue_warps)``, the
   warps that keep one scheduler busy; occupancy from :func:`polyfuse.poly.device.occupancy`);
 - **FP32 pipe**: FFMA/FMUL/FADD at ``lanes / 32`` warp instructions per clock per SM;
+- **tensor pipe**: ``mma.sync`` instructions at the SM's tensor-core rate
+  (:attr:`polyfuse.poly.device.DeviceSpec.mma_per_second`: the A100 datasheet's, the H100's
+  measured for ``mma.sync``), so no tensorized kernel runs faster than its tensor cores;
 - **shared memory**: the bytes of LDS/STS and of the shared side of cp.async, 128 B (one
   wavefront, no bank conflicts) per clock per SM;
 - **L1**: the bytes global loads, stores and spills request (a warp's 32 lanes x width; a
@@ -54,6 +57,7 @@ from polyfuse.poly.device import DeviceSpec, Occupancy, occupancy
 BOUNDS = (
     "issue",
     "FP32 pipe",
+    "tensor pipe",
     "shared memory",
     "L1",
     "FP32 peak",
@@ -157,8 +161,8 @@ def model_launch(
 def _sm_bounds_s(
     launch: LaunchDesc, occ: Occupancy, device: DeviceSpec, issue_eff: float = 1.0
 ) -> dict[str, float]:
-    """Seconds the busiest SM's issue slots, FP32 pipe, shared memory and L1 need (blocks
-    spread evenly: it runs ``ceil(blocks / SMs)`` of them)."""
+    """Seconds the busiest SM's issue slots, FP32 and tensor pipes, shared memory and L1 need
+    (blocks spread evenly: it runs ``ceil(blocks / SMs)`` of them)."""
     sms, clock = device.sms, device.sustained_clock_mhz * 1e6
     n = launch.grid
     per_sm = -(-n // sms)
@@ -173,6 +177,7 @@ def _sm_bounds_s(
     return {
         "issue": per_sm_sum(lambda m: m.slots) / (device.schedulers_per_sm * issue_eff * clock),
         "FP32 pipe": per_sm_sum(lambda m: m.fp32) / (device.fp32_lanes_per_sm / 32 * clock),
+        "tensor pipe": per_sm_sum(lambda m: m.mma) / device.mma_per_second,
         "shared memory": per_sm_sum(lambda m: m.shared_bytes * 32) / sram,
         "L1": per_sm_sum(lambda m: (m.global_bytes + m.l1) * 32) / sram,
     }
@@ -193,11 +198,13 @@ def _fill_chain_s(
     p: KernelDesc, warps: int, device: DeviceSpec, clock: float, consts: CostConstants
 ) -> float:
     """Seconds one block of ``p`` takes when each of its synchronous fill phases waits a
-    load latency and then computes alone (its warps on at most all schedulers)."""
+    load latency and then computes alone: its warps' issue on at most all schedulers, or its
+    mma instructions on the SM's tensor cores, whichever is longer."""
     if p.sync_phases <= 0:
         return 0.0
-    per_phase = p.mix.slots / p.sync_phases * warps / min(warps, device.schedulers_per_sm)
-    return p.sync_phases * (consts.latency_us * 1e-6 + per_phase / clock)
+    issue = p.mix.slots / p.sync_phases * warps / min(warps, device.schedulers_per_sm) / clock
+    tensor = p.mix.mma / p.sync_phases * warps / device.mma_per_second
+    return p.sync_phases * (consts.latency_us * 1e-6 + max(issue, tensor))
 
 
 def _overlap(times: list[float], p: float) -> float:
@@ -247,9 +254,12 @@ def call_us(launches: list[Modelled], consts: CostConstants = CONSTANTS) -> floa
 
 
 def peak_floor_us(desc: KernelDesc, device: DeviceSpec) -> float:
-    """The time the measured peaks alone allow ``desc``: its FLOPs at the measured FP32 rate
-    and its DRAM bytes at the measured copy bandwidth (the model never goes below it)."""
+    """The time the measured peaks alone allow ``desc``: its FLOPs at the measured FP32 rate,
+    its mma instructions at every SM's tensor-core rate and its DRAM bytes at the measured
+    copy bandwidth (the model never goes below it)."""
+    warps = desc.blocks * -(-desc.threads // 32)
     return 1e6 * max(
         desc.flops / (device.throughput_tflops * 1e12),
+        warps * desc.mix.mma / (device.mma_per_second * device.sms),
         desc.dram_bytes / (device.bandwidth_gbps * 1e9),
     )

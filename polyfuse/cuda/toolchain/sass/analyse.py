@@ -74,13 +74,14 @@ def estimate(
     per_sm = -(-launch.blocks // device.sms)
     # the cost model's SM-local bounds (polyfuse.poly.costs), every warp issuing each clock
     sm = sm_bounds_us(per_thread.cost_mix(), launch.blocks, launch.threads, occ, device)
-    bounds = {k: sm[k] for k in ("issue", "FP32 pipe", "shared memory")}
+    bounds = {k: sm[k] for k in ("issue", "FP32 pipe", "tensor pipe", "shared memory")}
     bound = max(bounds, key=lambda k: bounds[k])
     waves = launch.blocks / (occ.blocks_per_sm * device.sms)
     assumptions = [
         f"{device.name}: {device.sms} SMs, {device.issue_figures}",
         f"issue: {device.schedulers_per_sm} warp instructions per clock per SM; FP32 pipe: "
-        f"{device.fp32_lanes_per_sm // 32} warp FFMA/FMUL/FADD per clock per SM; shared "
+        f"{device.fp32_lanes_per_sm // 32} warp FFMA/FMUL/FADD per clock per SM; tensor pipe: "
+        f"{device.mma_tflops:g} TFLOP/s of mma.sync on the device; shared "
         f"memory: {device.smem_bytes_per_clock} B per clock per SM, no bank conflicts",
         f"blocks spread evenly: the busiest SM runs ceil({launch.blocks}/{device.sms}) = "
         f"{per_sm} blocks of {warps} warps, {per_thread.total:.0f} slots per thread",

@@ -182,6 +182,7 @@ class InstrMix:
             mufu=self["MUFU"],
             bar=self["BAR"],
             shfl=self["warp"],
+            mma=self["HMMA"],
             lds=nbytes("LDS", "LDSM"),
             sts=nbytes("STS"),
             ldg=nbytes("LDG") + nbytes("generic") / 2,

@@ -60,7 +60,7 @@ class Estimate:
     """Issue-bound time of one kernel launch (a model; see the module doc)."""
 
     us: float
-    bound: str  # "issue", "FP32 pipe" or "shared memory"
+    bound: str  # "issue", "FP32 pipe", "tensor pipe" or "shared memory"
     bounds_us: dict[str, float]
     blocks_per_sm_run: int  # blocks the busiest SM runs (ceil(blocks / SMs))
     waves: float  # blocks / (resident blocks per SM x SMs)
