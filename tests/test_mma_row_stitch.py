@@ -28,7 +28,7 @@ from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.poly.tensorize_tiling import TILINGS
 from polyfuse.stitch import mma_rows
 from polyfuse.stitch.gemm_rows import GEMM_ROWS_RULE, row_grid
-from polyfuse.stitch.mma_rows import row_tilings
+from polyfuse.stitch.mma_rows import row_pad, row_tilings, store_wavefronts
 
 MODES = (False, True, "shadow")
 
@@ -167,3 +167,20 @@ def test_row_tilings_and_the_grid_the_rows_correspond_to():
     assert row_grid([12, 2, 1], 2) == (12, 2)
     assert row_grid([12, 2, 1], 3) == (12, 2, 1)
     assert row_grid([1, 4], 1) == (1, 4)
+
+
+def test_row_tile_rows_are_padded_against_the_epilogues_bank_conflicts():
+    """A warp's epilogue store writes 8 rows x 4 even columns of the row tile: rows 128 floats
+    apart all start in bank 0 (8 wavefronts per store); padded by 4 floats, 2 (the fewest any
+    stride gives: 16 even banks for 32 lanes). The emulator's bank counter sees the same."""
+    assert (store_wavefronts(128), row_pad(128), store_wavefronts(132)) == (8, 4, 2)
+    assert min(store_wavefronts(s) for s in range(64, 200)) == 2
+    assert row_pad(197) == 0  # rows not whole 16-byte runs stay as they are
+    ins, out, arrays, want = _scores("bfloat16", 1, 128)
+    fn = polyfuse.compile(ins, [out], check_cuda=False)
+    got = fn(*arrays, race_check="banks")
+    assert tolerance("bfloat16").allclose(got, want.astype(numpy_dtype("bfloat16")))
+    lines = fn.cuda_source.splitlines()
+    sites = [s for t in fn.last_traffic for s in t.shared_banks if s.access == "write"]
+    stores = [s for s in sites if lines[s.line - 1].lstrip().startswith("s_qk[")]
+    assert stores and all(s.degree == 2.0 for s in stores), [str(s) for s in stores]

@@ -123,6 +123,32 @@ def mma_tile_footprint(tk: TensorCoreKernel, tensor: str) -> tuple[isl.Set, list
     return epilogue_tile(tk, shape, tensor, bounds)
 
 
+def store_wavefronts(stride: int) -> int:
+    """Shared-memory wavefronts of one warp's epilogue store to a row tile of 4-byte elements
+    whose rows are ``stride`` elements apart: accumulator element ``x`` of lane ``l`` lies at
+    row ``l / 4``, column ``2 (l % 4) + x``, so a warp writes 8 rows x 4 columns per store; the
+    busiest of the 32 banks takes that many wavefronts."""
+    banks: dict[int, int] = {}
+    for lane in range(32):
+        b = (stride * (lane // 4) + 2 * (lane % 4)) % 32
+        banks[b] = banks.get(b, 0) + 1
+    return max(banks.values())
+
+
+def row_pad(width: int) -> int:
+    """Elements each row of a ``width``-wide row tile is padded by: the fewest (a multiple of
+    4, keeping 16-byte rows for the reduction's vector reads) whose stride gives the epilogue's
+    stores the fewest wavefronts (:func:`store_wavefronts`: a 128-wide row, 8 of them; padded
+    by 4, 2, the fewest any stride gives: the 32 lanes' columns are even)."""
+    best = min(range(0, 32, 4), key=lambda p: (store_wavefronts(width + p), p))
+    return best if width % 4 == 0 else 0
+
+
+def _padded(box: list, stride: int) -> list:
+    """``box`` with its last (row) dim ``stride`` elements long."""
+    return [*box[:-1], (box[-1][0], stride)]
+
+
 def plan_mma_rows(
     graph: Graph,
     gemm: ScheduledMicrograph,
@@ -163,6 +189,9 @@ def plan_mma_rows(
     if isinstance(boxes, Refusal):
         return no(boxes.reason, boxes.kind)
     gbox, rbox = boxes
+    width = gbox[-1][1]
+    stride = width + row_pad(width)
+    gbox, rbox = _padded(gbox, stride), _padded(rbox, stride)
     gp, rp = row_tile_placements(tensor, gbox, rbox, rpl)
     itemsize = smem_itemsize(gemm.model.tensors[tensor].dtype)
     gp, rp = replace(gp, itemsize=itemsize), replace(rp, itemsize=itemsize)
