@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # no tile; tensor-core chunks of 16 bytes of the dtype; one array as both tensor-core
 # operands; 19: tensor-core fills test no row of a tile the grid covers exactly; 20: launch
 # bounds ask no more blocks per SM than the grid gives; 21: a tensorized GEMM's epilogue may
-# store a whole-row tile to shared memory, after a barrier), so kernels and schedules cached by an
+# store a whole-row tile to shared memory, after a barrier; the reduction reads a row tile it
+# does not write as float4 runs), so kernels and schedules cached by an
 # older compiler miss.
 CODEGEN_REVISION = 21

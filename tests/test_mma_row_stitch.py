@@ -172,7 +172,9 @@ def test_row_tilings_and_the_grid_the_rows_correspond_to():
 def test_row_tile_rows_are_padded_against_the_epilogues_bank_conflicts():
     """A warp's epilogue store writes 8 rows x 4 even columns of the row tile: rows 128 floats
     apart all start in bank 0 (8 wavefronts per store); padded by 4 floats, 2 (the fewest any
-    stride gives: 16 even banks for 32 lanes). The emulator's bank counter sees the same."""
+    stride gives: 16 even banks for 32 lanes). The emulator's bank counter sees the same. The
+    softmax reads its runs of the row tile as float4 (before: 4-byte reads, 4 wavefronts
+    each: four lanes 8 elements apart on every bank)."""
     assert (store_wavefronts(128), row_pad(128), store_wavefronts(132)) == (8, 4, 2)
     assert min(store_wavefronts(s) for s in range(64, 200)) == 2
     assert row_pad(197) == 0  # rows not whole 16-byte runs stay as they are
@@ -184,3 +186,6 @@ def test_row_tile_rows_are_padded_against_the_epilogues_bank_conflicts():
     sites = [s for t in fn.last_traffic for s in t.shared_banks if s.access == "write"]
     stores = [s for s in sites if lines[s.line - 1].lstrip().startswith("s_qk[")]
     assert stores and all(s.degree == 2.0 for s in stores), [str(s) for s in stores]
+    reads = [s for t in fn.last_traffic for s in t.shared_banks
+             if s.access == "read" and "&s_qk[" in lines[s.line - 1]]  # fmt: skip
+    assert reads and all(s.width == 16 and s.degree == 2.0 for s in reads), [str(s) for s in reads]

@@ -48,7 +48,7 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_c3022e1f3e4f97cb96ca(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ probs) {
+extern "C" __global__ void __launch_bounds__(128) pf_055002a7e9f995e811ce(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ probs) {
   __shared__ __align__(16) unsigned char pf_pool[1568];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -132,9 +132,11 @@ extern "C" __global__ void __launch_bounds__(128) pf_c3022e1f3e4f97cb96ca(const 
           if ((l0 <= 3)) {
             // coarsen:4
             {
+              const float4 q_qk0 = *reinterpret_cast<const float4*>(&s_qk[(0 - s_qk_lo0) * 256 + (b0 - s_qk_lo1) * 256 + (((4 * b1) + r0) - s_qk_lo2) * 16 + ((4 * l0) - s_qk_lo3)]);
+              float v_qk[4] = {q_qk0.x, q_qk0.y, q_qk0.z, q_qk0.w};
               float v_scores[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                v_scores[c0] = (s_qk[(0 - s_qk_lo0) * 256 + (b0 - s_qk_lo1) * 256 + (((4 * b1) + r0) - s_qk_lo2) * 16 + (((4 * l0) + c0) - s_qk_lo3)] * 0.35355338f);
+                v_scores[c0] = (v_qk[c0] * 0.35355338f);
                 r_probs_max_acc = pf_fmaxf(r_probs_max_acc, v_scores[c0]);
               }
               *reinterpret_cast<float4*>(&s_scores[(0 - s_scores_lo0) * 64 + (b0 - s_scores_lo1) * 64 + (((4 * b1) + r0) - s_scores_lo2) * 16 + ((4 * l0) - s_scores_lo3)]) = make_float4(v_scores[0], v_scores[1], v_scores[2], v_scores[3]);

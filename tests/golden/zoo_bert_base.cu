@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_9ee2a45e57df599064aa(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_20a6e35699caa8775270(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
+extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -279,9 +279,11 @@ extern "C" __global__ void __launch_bounds__(128) pf_20a6e35699caa8775270(const 
           if ((l0 <= 1)) {
             // coarsen:4
             {
+              const float4 q_matmul120 = *reinterpret_cast<const float4*>(&s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((4 * b2) + r0) - s_matmul12_lo2) * 8 + ((4 * l0) - s_matmul12_lo3)]);
+              float v_matmul12[4] = {q_matmul120.x, q_matmul120.y, q_matmul120.z, q_matmul120.w};
               float v_mul13[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                v_mul13[c0] = (s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((4 * b2) + r0) - s_matmul12_lo2) * 8 + (((4 * l0) + c0) - s_matmul12_lo3)] * 0.25f);
+                v_mul13[c0] = (v_matmul12[c0] * 0.25f);
                 r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, v_mul13[c0]);
               }
               *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 32 + (b1 - s_mul13_lo1) * 32 + (((4 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
@@ -393,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_2a2d1f8055d5751e61f0(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_6e454b7e3c4c5deb9560(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_54a5ebadf84a59ab2b7a(const float* __restrict__ matmul15, const float* __restrict__ layer0_attn_o_w, float* __restrict__ layer_norm21, const float* __restrict__ layer0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ layer0_ln1_gamma, const float* __restrict__ layer0_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[8224];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -494,11 +496,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_6e454b7e3c4c5deb9560(const 
             {
               const float4 q_layer0_attn_o_bias0 = *reinterpret_cast<const float4*>(&layer0_attn_o_bias[(4 * l0)]);
               float v_layer0_attn_o_bias[4] = {q_layer0_attn_o_bias0.x, q_layer0_attn_o_bias0.y, q_layer0_attn_o_bias0.z, q_layer0_attn_o_bias0.w};
+              const float4 q_matmul180 = *reinterpret_cast<const float4*>(&s_matmul18[(b0 - s_matmul18_lo0) * 256 + (r0 - s_matmul18_lo1) * 32 + ((4 * l0) - s_matmul18_lo2)]);
+              float v_matmul18[4] = {q_matmul180.x, q_matmul180.y, q_matmul180.z, q_matmul180.w};
               const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
               float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
               float v_add20[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                r_add19 = (s_matmul18[(b0 - s_matmul18_lo0) * 256 + (r0 - s_matmul18_lo1) * 32 + (((4 * l0) + c0) - s_matmul18_lo2)] + v_layer0_attn_o_bias[c0]);
+                r_add19 = (v_matmul18[c0] + v_layer0_attn_o_bias[c0]);
                 v_add20[c0] = (v_embeddings[c0] + r_add19);
                 r_layer_norm21_mean_acc = r_layer_norm21_mean_acc + (v_add20[c0] * 0.03125f);
               }
@@ -611,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_b82a6055b2ecaf874985(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_efaca8fe216739377c9c(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_e262ea0f212ab72e08ac(const float* __restrict__ gelu24, const float* __restrict__ layer0_ffn_fc2_w, float* __restrict__ layer_norm28, const float* __restrict__ layer0_ffn_fc2_bias, const float* __restrict__ layer_norm21, const float* __restrict__ layer0_ln2_gamma, const float* __restrict__ layer0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -723,11 +727,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_efaca8fe216739377c9c(const 
             {
               const float4 q_layer0_ffn_fc2_bias0 = *reinterpret_cast<const float4*>(&layer0_ffn_fc2_bias[(4 * l0)]);
               float v_layer0_ffn_fc2_bias[4] = {q_layer0_ffn_fc2_bias0.x, q_layer0_ffn_fc2_bias0.y, q_layer0_ffn_fc2_bias0.z, q_layer0_ffn_fc2_bias0.w};
+              const float4 q_matmul250 = *reinterpret_cast<const float4*>(&s_matmul25[(b0 - s_matmul25_lo0) * 256 + (((4 * b1) + r0) - s_matmul25_lo1) * 32 + ((4 * l0) - s_matmul25_lo2)]);
+              float v_matmul25[4] = {q_matmul250.x, q_matmul250.y, q_matmul250.z, q_matmul250.w};
               const float4 q_layer_norm210 = *reinterpret_cast<const float4*>(&layer_norm21[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
               float v_layer_norm21[4] = {q_layer_norm210.x, q_layer_norm210.y, q_layer_norm210.z, q_layer_norm210.w};
               float v_add27[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                r_add26 = (s_matmul25[(b0 - s_matmul25_lo0) * 256 + (((4 * b1) + r0) - s_matmul25_lo1) * 32 + (((4 * l0) + c0) - s_matmul25_lo2)] + v_layer0_ffn_fc2_bias[c0]);
+                r_add26 = (v_matmul25[c0] + v_layer0_ffn_fc2_bias[c0]);
                 v_add27[c0] = (v_layer_norm21[c0] + r_add26);
                 r_layer_norm28_mean_acc = r_layer_norm28_mean_acc + (v_add27[c0] * 0.03125f);
               }

@@ -240,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(64) pf_9ee2a45e57df599064aa(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_d1058d589336eb4e2772(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
+extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
   __shared__ __align__(16) unsigned char pf_pool[3072];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -348,11 +348,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_d1058d589336eb4e2772(const 
           if ((l0 <= 1)) {
             // coarsen:4
             {
+              const float4 q_matmul130 = *reinterpret_cast<const float4*>(&s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((4 * b2) + r0) - s_matmul13_lo2) * 8 + ((4 * l0) - s_matmul13_lo3)]);
+              float v_matmul13[4] = {q_matmul130.x, q_matmul130.y, q_matmul130.z, q_matmul130.w};
               const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[((4 * b2) + r0) * 8 + (4 * l0)]);
               float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
               float v_add15[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                r_mul14 = (s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((4 * b2) + r0) - s_matmul13_lo2) * 8 + (((4 * l0) + c0) - s_matmul13_lo3)] * 0.25f);
+                r_mul14 = (v_matmul13[c0] * 0.25f);
                 v_add15[c0] = (r_mul14 + v_causal_mask[c0]);
                 r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, v_add15[c0]);
               }
@@ -465,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_2a2d1f8055d5751e61f0(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(256) pf_799c7a6b89ae8c58940b(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(256) pf_30d51ba1c6809645084b(const float* __restrict__ matmul17, const float* __restrict__ block0_attn_o_w, float* __restrict__ add22, float* __restrict__ layer_norm23, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ embeddings, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[8224];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -566,12 +568,14 @@ extern "C" __global__ void __launch_bounds__(256) pf_799c7a6b89ae8c58940b(const 
             {
               const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
               float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
+              const float4 q_matmul200 = *reinterpret_cast<const float4*>(&s_matmul20[(b0 - s_matmul20_lo0) * 256 + (r0 - s_matmul20_lo1) * 32 + ((4 * l0) - s_matmul20_lo2)]);
+              float v_matmul20[4] = {q_matmul200.x, q_matmul200.y, q_matmul200.z, q_matmul200.w};
               const float4 q_embeddings0 = *reinterpret_cast<const float4*>(&embeddings[b0 * 256 + r0 * 32 + (4 * l0)]);
               float v_embeddings[4] = {q_embeddings0.x, q_embeddings0.y, q_embeddings0.z, q_embeddings0.w};
               float v_add21[4];
               float v_add22[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                v_add21[c0] = (s_matmul20[(b0 - s_matmul20_lo0) * 256 + (r0 - s_matmul20_lo1) * 32 + (((4 * l0) + c0) - s_matmul20_lo2)] + v_block0_attn_o_bias[c0]);
+                v_add21[c0] = (v_matmul20[c0] + v_block0_attn_o_bias[c0]);
                 r_add22 = (v_embeddings[c0] + v_add21[c0]); v_add22[c0] = r_add22;
                 r_layer_norm23_mean_acc = r_layer_norm23_mean_acc + (r_add22 * 0.03125f);
               }
@@ -687,7 +691,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_b150f7e4fafc12019920(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_321348967c27fb4a11b4(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_440d58e716ee39aace30(const float* __restrict__ gelu26, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add29, float* __restrict__ layer_norm30, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add22, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -799,12 +803,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_321348967c27fb4a11b4(const 
             {
               const float4 q_block0_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block0_mlp_fc2_bias[(4 * l0)]);
               float v_block0_mlp_fc2_bias[4] = {q_block0_mlp_fc2_bias0.x, q_block0_mlp_fc2_bias0.y, q_block0_mlp_fc2_bias0.z, q_block0_mlp_fc2_bias0.w};
+              const float4 q_matmul270 = *reinterpret_cast<const float4*>(&s_matmul27[(b0 - s_matmul27_lo0) * 256 + (((4 * b1) + r0) - s_matmul27_lo1) * 32 + ((4 * l0) - s_matmul27_lo2)]);
+              float v_matmul27[4] = {q_matmul270.x, q_matmul270.y, q_matmul270.z, q_matmul270.w};
               const float4 q_add220 = *reinterpret_cast<const float4*>(&add22[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
               float v_add22[4] = {q_add220.x, q_add220.y, q_add220.z, q_add220.w};
               float v_add28[4];
               float v_add29[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                v_add28[c0] = (s_matmul27[(b0 - s_matmul27_lo0) * 256 + (((4 * b1) + r0) - s_matmul27_lo1) * 32 + (((4 * l0) + c0) - s_matmul27_lo2)] + v_block0_mlp_fc2_bias[c0]);
+                v_add28[c0] = (v_matmul27[c0] + v_block0_mlp_fc2_bias[c0]);
                 r_add29 = (v_add22[c0] + v_add28[c0]); v_add29[c0] = r_add29;
                 r_layer_norm30_mean_acc = r_layer_norm30_mean_acc + (r_add29 * 0.03125f);
               }
@@ -857,7 +863,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_321348967c27fb4a11b4(const 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_4e3634cf43891660ac78(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_531b33f83fe64a55f132(const float* __restrict__ gelu56, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm60, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add52, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -969,11 +975,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_4e3634cf43891660ac78(const 
             {
               const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
               float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
+              const float4 q_matmul570 = *reinterpret_cast<const float4*>(&s_matmul57[(b0 - s_matmul57_lo0) * 256 + (((4 * b1) + r0) - s_matmul57_lo1) * 32 + ((4 * l0) - s_matmul57_lo2)]);
+              float v_matmul57[4] = {q_matmul570.x, q_matmul570.y, q_matmul570.z, q_matmul570.w};
               const float4 q_add520 = *reinterpret_cast<const float4*>(&add52[b0 * 256 + ((4 * b1) + r0) * 32 + (4 * l0)]);
               float v_add52[4] = {q_add520.x, q_add520.y, q_add520.z, q_add520.w};
               float v_add59[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
-                r_add58 = (s_matmul57[(b0 - s_matmul57_lo0) * 256 + (((4 * b1) + r0) - s_matmul57_lo1) * 32 + (((4 * l0) + c0) - s_matmul57_lo2)] + v_block1_mlp_fc2_bias[c0]);
+                r_add58 = (v_matmul57[c0] + v_block1_mlp_fc2_bias[c0]);
                 v_add59[c0] = (v_add52[c0] + r_add58);
                 r_layer_norm60_mean_acc = r_layer_norm60_mean_acc + (v_add59[c0] * 0.03125f);
               }

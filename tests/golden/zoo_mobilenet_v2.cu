@@ -647,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_1e3f6f8918a4afb1c2c7(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_a16bac60b1c4232d1f21(const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift, float* __restrict__ reduce_mean36) {
+extern "C" __global__ void __launch_bounds__(128) pf_ab3ed2050b3f6f2e7714(const float* __restrict__ add31, const float* __restrict__ last_w_batch_norm33, const float* __restrict__ batch_norm33_shift, float* __restrict__ reduce_mean36) {
   __shared__ __align__(16) unsigned char pf_pool[3104];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _t = threadIdx.x;
@@ -737,8 +737,12 @@ extern "C" __global__ void __launch_bounds__(128) pf_a16bac60b1c4232d1f21(const 
           r_reduce_mean36_acc = 0.0f;
           if ((l0 <= 3)) {
             // coarsen:4
-            for (int c0 = 0; (c0 <= 3); c0 += 1) {
-              r_reduce_mean36_acc = r_reduce_mean36_acc + (s_minimum35[(0 - s_minimum35_lo0) * 256 + (((4 * b0) + r0) - s_minimum35_lo1) * 16 + (l0 - s_minimum35_lo2) * 4 + (c0 - s_minimum35_lo3)] * 0.0625f);
+            {
+              const float4 q_minimum350 = *reinterpret_cast<const float4*>(&s_minimum35[(0 - s_minimum35_lo0) * 256 + (((4 * b0) + r0) - s_minimum35_lo1) * 16 + (l0 - s_minimum35_lo2) * 4 + (0 - s_minimum35_lo3)]);
+              float v_minimum35[4] = {q_minimum350.x, q_minimum350.y, q_minimum350.z, q_minimum350.w};
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_reduce_mean36_acc = r_reduce_mean36_acc + (v_minimum35[c0] * 0.0625f);
+              }
             }
           }
           r_reduce_mean36_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean36_acc, pf_scratch); if (l0 == 0) reduce_mean36[0 * 16 + ((4 * b0) + r0)] = r_reduce_mean36_acc;

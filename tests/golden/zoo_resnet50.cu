@@ -608,7 +608,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_27e976fac75069afc677(float*
   conv2d24[0 * 512 + ((16 * b0) + t0) * 16 + t1 * 4 + t2] = r_conv2d24_acc[0];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_7046ae02e8f55e7f66d4(const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift, float* __restrict__ reduce_mean28) {
+extern "C" __global__ void __launch_bounds__(64) pf_bab1169ada7b0af41894(const float* __restrict__ relu21, const float* __restrict__ stage2_block0_c_w_batch_norm23, const float* __restrict__ batch_norm23_shift, const float* __restrict__ conv2d24, const float* __restrict__ batch_norm25_shift, float* __restrict__ reduce_mean28) {
   __shared__ __align__(16) unsigned char pf_pool[1040];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -684,8 +684,12 @@ extern "C" __global__ void __launch_bounds__(64) pf_7046ae02e8f55e7f66d4(const f
           r_reduce_mean28_acc = 0.0f;
           if ((l0 <= 3)) {
             // coarsen:4
-            for (int c0 = 0; (c0 <= 3); c0 += 1) {
-              r_reduce_mean28_acc = r_reduce_mean28_acc + (s_relu27[(0 - s_relu27_lo0) * 256 + (((2 * b0) + r0) - s_relu27_lo1) * 16 + (l0 - s_relu27_lo2) * 4 + (c0 - s_relu27_lo3)] * 0.0625f);
+            {
+              const float4 q_relu270 = *reinterpret_cast<const float4*>(&s_relu27[(0 - s_relu27_lo0) * 256 + (((2 * b0) + r0) - s_relu27_lo1) * 16 + (l0 - s_relu27_lo2) * 4 + (0 - s_relu27_lo3)]);
+              float v_relu27[4] = {q_relu270.x, q_relu270.y, q_relu270.z, q_relu270.w};
+              for (int c0 = 0; c0 < 4; c0 += 1) {
+                r_reduce_mean28_acc = r_reduce_mean28_acc + (v_relu27[c0] * 0.0625f);
+              }
             }
           }
           r_reduce_mean28_acc = pf_allreduce_y<pf_sum, 32>(r_reduce_mean28_acc, pf_scratch); if (l0 == 0) reduce_mean28[0 * 32 + ((2 * b0) + r0)] = r_reduce_mean28_acc;

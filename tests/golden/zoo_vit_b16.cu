@@ -476,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_c0664c1eb052b924f676(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_36a893fc1af24558a339(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_7629a63ae0ae30684638(const float* __restrict__ matmul21, const float* __restrict__ block0_attn_o_w, float* __restrict__ add26, float* __restrict__ layer_norm27, const float* __restrict__ block0_attn_o_bias, const float* __restrict__ add4, const float* __restrict__ block0_ln2_gamma, const float* __restrict__ block0_ln2_beta) {
   __shared__ __align__(16) unsigned char pf_pool[6176];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -589,12 +589,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_36a893fc1af24558a339(const 
               {
                 const float4 q_block0_attn_o_bias0 = *reinterpret_cast<const float4*>(&block0_attn_o_bias[(4 * l0)]);
                 float v_block0_attn_o_bias[4] = {q_block0_attn_o_bias0.x, q_block0_attn_o_bias0.y, q_block0_attn_o_bias0.z, q_block0_attn_o_bias0.w};
+                const float4 q_matmul240 = *reinterpret_cast<const float4*>(&s_matmul24[(b0 - s_matmul24_lo0) * 160 + (((4 * b1) + r0) - s_matmul24_lo1) * 32 + ((4 * l0) - s_matmul24_lo2)]);
+                float v_matmul24[4] = {q_matmul240.x, q_matmul240.y, q_matmul240.z, q_matmul240.w};
                 const float4 q_add40 = *reinterpret_cast<const float4*>(&add4[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
                 float v_add4[4] = {q_add40.x, q_add40.y, q_add40.z, q_add40.w};
                 float v_add25[4];
                 float v_add26[4];
                 for (int c0 = 0; c0 < 4; c0 += 1) {
-                  v_add25[c0] = (s_matmul24[(b0 - s_matmul24_lo0) * 160 + (((4 * b1) + r0) - s_matmul24_lo1) * 32 + (((4 * l0) + c0) - s_matmul24_lo2)] + v_block0_attn_o_bias[c0]);
+                  v_add25[c0] = (v_matmul24[c0] + v_block0_attn_o_bias[c0]);
                   r_add26 = (v_add4[c0] + v_add25[c0]); v_add26[c0] = r_add26;
                   r_layer_norm27_mean_acc = r_layer_norm27_mean_acc + (r_add26 * 0.03125f);
                 }
@@ -715,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_6fe112ef25dbed3aaeac(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_2740288e06fbfe26f0bb(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_73bc814c09593047a19d(const float* __restrict__ gelu30, const float* __restrict__ block0_mlp_fc2_w, float* __restrict__ add33, float* __restrict__ layer_norm34, const float* __restrict__ block0_mlp_fc2_bias, const float* __restrict__ add26, const float* __restrict__ block1_ln1_gamma, const float* __restrict__ block1_ln1_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -828,12 +830,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_2740288e06fbfe26f0bb(const 
               {
                 const float4 q_block0_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block0_mlp_fc2_bias[(4 * l0)]);
                 float v_block0_mlp_fc2_bias[4] = {q_block0_mlp_fc2_bias0.x, q_block0_mlp_fc2_bias0.y, q_block0_mlp_fc2_bias0.z, q_block0_mlp_fc2_bias0.w};
+                const float4 q_matmul310 = *reinterpret_cast<const float4*>(&s_matmul31[(b0 - s_matmul31_lo0) * 160 + (((4 * b1) + r0) - s_matmul31_lo1) * 32 + ((4 * l0) - s_matmul31_lo2)]);
+                float v_matmul31[4] = {q_matmul310.x, q_matmul310.y, q_matmul310.z, q_matmul310.w};
                 const float4 q_add260 = *reinterpret_cast<const float4*>(&add26[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
                 float v_add26[4] = {q_add260.x, q_add260.y, q_add260.z, q_add260.w};
                 float v_add32[4];
                 float v_add33[4];
                 for (int c0 = 0; c0 < 4; c0 += 1) {
-                  v_add32[c0] = (s_matmul31[(b0 - s_matmul31_lo0) * 160 + (((4 * b1) + r0) - s_matmul31_lo1) * 32 + (((4 * l0) + c0) - s_matmul31_lo2)] + v_block0_mlp_fc2_bias[c0]);
+                  v_add32[c0] = (v_matmul31[c0] + v_block0_mlp_fc2_bias[c0]);
                   r_add33 = (v_add26[c0] + v_add32[c0]); v_add33[c0] = r_add33;
                   r_layer_norm34_mean_acc = r_layer_norm34_mean_acc + (r_add33 * 0.03125f);
                 }
@@ -891,7 +895,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_2740288e06fbfe26f0bb(const 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_8a0085be0e6e14589ca5(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
+extern "C" __global__ void __launch_bounds__(128) pf_2b92f099e7d3c1eccd01(const float* __restrict__ gelu59, const float* __restrict__ block1_mlp_fc2_w, float* __restrict__ layer_norm63, const float* __restrict__ block1_mlp_fc2_bias, const float* __restrict__ add55, const float* __restrict__ ln_f_gamma, const float* __restrict__ ln_f_beta) {
   __shared__ __align__(16) unsigned char pf_pool[12800];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
@@ -1004,11 +1008,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_8a0085be0e6e14589ca5(const 
               {
                 const float4 q_block1_mlp_fc2_bias0 = *reinterpret_cast<const float4*>(&block1_mlp_fc2_bias[(4 * l0)]);
                 float v_block1_mlp_fc2_bias[4] = {q_block1_mlp_fc2_bias0.x, q_block1_mlp_fc2_bias0.y, q_block1_mlp_fc2_bias0.z, q_block1_mlp_fc2_bias0.w};
+                const float4 q_matmul600 = *reinterpret_cast<const float4*>(&s_matmul60[(b0 - s_matmul60_lo0) * 160 + (((4 * b1) + r0) - s_matmul60_lo1) * 32 + ((4 * l0) - s_matmul60_lo2)]);
+                float v_matmul60[4] = {q_matmul600.x, q_matmul600.y, q_matmul600.z, q_matmul600.w};
                 const float4 q_add550 = *reinterpret_cast<const float4*>(&add55[b0 * 160 + ((4 * b1) + r0) * 32 + (4 * l0)]);
                 float v_add55[4] = {q_add550.x, q_add550.y, q_add550.z, q_add550.w};
                 float v_add62[4];
                 for (int c0 = 0; c0 < 4; c0 += 1) {
-                  r_add61 = (s_matmul60[(b0 - s_matmul60_lo0) * 160 + (((4 * b1) + r0) - s_matmul60_lo1) * 32 + (((4 * l0) + c0) - s_matmul60_lo2)] + v_block1_mlp_fc2_bias[c0]);
+                  r_add61 = (v_matmul60[c0] + v_block1_mlp_fc2_bias[c0]);
                   v_add62[c0] = (v_add55[c0] + r_add61);
                   r_layer_norm63_mean_acc = r_layer_norm63_mean_acc + (v_add62[c0] * 0.03125f);
                 }

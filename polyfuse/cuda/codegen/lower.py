@@ -173,11 +173,13 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
     writers: dict[str, list[str]] = {}
     for s in stmts:
         writers.setdefault(writes[s.name], []).append(s.role)
+    # a row the kernel writes once and reads, or only reads (a GEMM's whole-row tile stored
+    # by the other half of a joined kernel, :mod:`polyfuse.cuda.codegen.lower_gemm_rows`)
     shared = frozenset(
         t
         for t in proven
         if placements[t].space == "shared"
-        and writers.get(t) == ["compute"]
+        and writers.get(t, ["compute"]) == ["compute"]
         and c.uniform.get(t, False)
         and _aligned_rows(tuple(model.tensors[t].shape), placements[t], mm.context)
     )
