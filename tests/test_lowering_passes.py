@@ -157,6 +157,29 @@ def test_a_part_under_nested_lane_guards_gets_one_barrier_before_the_outer_guard
     assert not any(isinstance(n, KBarrier) for n in inner[0].then), inner
 
 
+def test_parts_under_a_guard_nested_in_a_guard_get_their_barriers_outside_both():
+    """isl's guards ``if (l0 <= 1) { part:a; if (l0 == 0) { part:b; part:c } }`` (ONNX fuzz
+    seed 16535: two argmaxes, a tile, a trilu and a transpose of a 1x2 uint8 stitched into one
+    kernel): each part leads its own chain of guards, its barrier before the outermost.
+    Before: c's barrier stood inside ``l0 <= 1`` (62 threads exited while 2 waited)."""
+    red, use = _two_parts()
+    (uses,) = use.body
+    b, c = KMark("part:b", [uses]), KMark("part:c", [uses])
+    t0 = KVar("t0")
+    outer, inner = KOp("<=", (t0, KInt(1))), KOp("==", (t0, KInt(0)))
+    nested = KIf(outer, [use, KIf(inner, [b, c])])
+    tiles = [BufferPlacement("t", MemSpace.SHARED, box=((KInt(0), 8),))]
+    before = alloc_buffers(_ir(reduction=True, body=(red, nested)), tiles, [])
+    after = insert_barriers(before, Scope.BLOCK)
+    kinds = [type(n).__name__ for n in after.body]
+    assert kinds == ["KMark", "KBarrier", "KIf", "KBarrier", "KIf", "KBarrier", "KIf"], kinds
+    assert [n.note for n in after.body if isinstance(n, KBarrier)] == [
+        f"{p} reads what earlier parts wrote" for p in ("use", "b", "c")]
+    for guard, part in zip(after.body[4::2], (b, c), strict=True):
+        assert guard.cond == outer and guard.then == (KIf(inner, [part]),)
+    assert not any(isinstance(n, KBarrier) for g in after.body[2::2] for n in g.then)
+
+
 def test_the_fuzz_graph_of_nested_guards_runs_without_a_divergent_barrier():
     """The graph of fuzz seed 770052, shrunk: correct on the emulator (before: "divergent
     __syncthreads in block (0,0,0)")."""

@@ -639,3 +639,48 @@ def test_topk_of_a_large_k_compiles_in_seconds_and_orders_nan_and_ties_as_onnx()
                          timeout=240, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_fuzz_seed_16535_runs_without_a_divergent_barrier():
+    """ONNX fuzz seed 16535: two ArgMaxes, a Tile, a Trilu and two Transposes of a 1x2 uint8
+    stitched into one kernel whose last parts sat under nested lane guards; a barrier inside
+    ``if (l0 <= 1)`` made the emulator stop ("divergent __syncthreads: 62 thread(s) exited
+    while 2 wait"; a hang on a GPU). Every output now matches the reference."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from polyfuse.onnx.backend import prepare
+    from polyfuse.testing.onnx_programs import reference_evaluator
+
+    nodes = [
+        helper.make_node("Abs", ["x1"], ["v0"]),
+        helper.make_node("CastLike", ["v0", "v0"], ["v1"]),
+        helper.make_node("Greater", ["v0", "c0"], ["t2"]),
+        helper.make_node("Where", ["t2", "v0", "v1"], ["v2"]),
+        helper.make_node("ArgMax", ["v2"], ["v3"], axis=-1, keepdims=1),
+        helper.make_node("Greater", ["v2", "v0"], ["v4"]),
+        helper.make_node("ArgMax", ["v2"], ["v5"], axis=-2, keepdims=1),
+        helper.make_node("Tile", ["v4", "c1"], ["v6"]),
+        helper.make_node("Not", ["v4"], ["v7"]),
+        helper.make_node("Trilu", ["v1", "c2"], ["v8"], upper=0),
+        helper.make_node("Transpose", ["x1"], ["v9"]),
+    ]
+    types = {"v0": (TensorProto.UINT8, [1, 2]), "v1": (TensorProto.UINT8, [1, 2]),
+             "v2": (TensorProto.UINT8, [1, 2]), "v3": (TensorProto.INT64, [1, 1]),
+             "v4": (TensorProto.BOOL, [1, 2]), "v5": (TensorProto.INT64, [1, 2]),
+             "v6": (TensorProto.BOOL, [2, 4]), "v7": (TensorProto.BOOL, [1, 2]),
+             "v8": (TensorProto.UINT8, [1, 2]), "v9": (TensorProto.UINT8, [2, 1])}  # fmt: skip
+    consts = [
+        numpy_helper.from_array(np.array(0, dtype="uint8"), "c0"),
+        numpy_helper.from_array(np.array([2, 2], dtype="int64"), "c1"),
+        numpy_helper.from_array(np.array(-2, dtype="int64"), "c2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "fuzz", [helper.make_tensor_value_info("x1", TensorProto.UINT8, [1, 2])],
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in types.items()], consts,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    feeds = {"x1": np.array([[7, 0]], dtype=np.uint8)}
+    want = reference_evaluator(model).run(None, feeds)
+    got = prepare(model, "CPU").run(feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

@@ -62,10 +62,10 @@ class _PartBarriers(KMutator):
         return out + [KMark(n.name, self.body(n.body))]
 
     def visit_default(self, n: KNode) -> list[KNode]:
-        if isinstance(n, KIf) and not n.orelse and any(_has_part(c) for c in n.then[1:]):
+        if _holds_parts(n):
             # isl hoisted one guard over several parts: one guard per child (the guard reads
             # only loop and thread indices), so each part's barrier can stand outside it
-            return self.body([KIf(n.cond, [c]) for c in n.then])
+            return self.body(_pieces(n))
         out: list[KNode] = []
         lead = _leading_part(n)
         # nested guards lead to the same part: its barrier stands before the outermost
@@ -78,6 +78,25 @@ class _PartBarriers(KMutator):
 
 def _note(mark: KMark) -> str:
     return f"{mark.name[len(PART) :]} reads what earlier parts wrote"
+
+
+def _holds_parts(n: KNode) -> bool:
+    """Whether ``n`` is a guard (no else) over several parts: a part after its first child, or
+    a child that is such a guard itself (``if (l0 <= 1) { A; if (l0 == 0) { B; C } }``)."""
+    return (
+        isinstance(n, KIf)
+        and not n.orelse
+        and (any(_has_part(c) for c in n.then[1:]) or any(_holds_parts(c) for c in n.then))
+    )
+
+
+def _pieces(n: KIf) -> list[KNode]:
+    """``n`` as one copy of its guard per child, the children that are guards over several
+    parts split first: every part then leads its own chain of guards, so its barrier can
+    stand before the outermost."""
+    return [
+        KIf(n.cond, [p]) for c in n.then for p in (_pieces(c) if _holds_parts(c) else [c])
+    ]
 
 
 def _has_part(n: KNode) -> bool:
