@@ -33,9 +33,7 @@ from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.mapping import MappingConfig
-from polyfuse.poly.policy import (
-    smem_itemsize,
-)
+from polyfuse.poly.policy import smem_itemsize
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tensorize import TensorCoreKernel, map_tensor_core, tensor_core_placements
 from polyfuse.poly.tensorize_fragments import with_fragment_buffers

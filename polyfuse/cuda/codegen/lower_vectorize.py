@@ -17,7 +17,8 @@ When the loop's bound is not the constant ``E`` (the band's end cuts a group sho
 vector form runs under the bound evaluated at lane ``E - 1`` (the group is whole) and the
 original scalar loop runs otherwise — the scalar tail.
 
-Shared rows (a tensor kept in shared memory, e.g. layer norm's centred row) proven alike
+Shared rows (a tensor kept in shared memory, e.g. layer norm's centred row, or the whole-row
+tile a GEMM stored for the reduction, :mod:`polyfuse.stitch.gemm_rows`) proven alike
 (``VectorPlan.shared``: isl proved the run 16-byte aligned in the buffer and every statement
 of a run touching the same element) move as ``float4`` too: a run that only reads the row
 loads it before the lanes; a run that writes it keeps the lanes' elements in registers (its
