@@ -189,3 +189,35 @@ def test_row_tile_rows_are_padded_against_the_epilogues_bank_conflicts():
     reads = [s for t in fn.last_traffic for s in t.shared_banks
              if s.access == "read" and "&s_qk[" in lines[s.line - 1]]  # fmt: skip
     assert reads and all(s.width == 16 and s.degree == 2.0 for s in reads), [str(s) for s in reads]
+
+
+def test_float32_scores_with_tf32_allowed_stay_on_tensor_cores():
+    """``allow_tf32``: a float32 scores product runs on ``m16n8k8`` tf32 alone, so its stitch
+    keeps it there (before: the stitch moved it to CUDA-core tiles). Probabilities within tf32's
+    rounding of float64 in every race-check mode; NVRTC compiles it without a spill."""
+    from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+    from polyfuse.poly.mapping import MappingConfig
+
+    q, k = (te.placeholder((1, 2, 77, 64), name=n) for n in "qk")
+    kt = ops.transpose(k, (0, 1, 3, 2), name="k_t")
+    scores = ops.mul(ops.matmul(q, kt, name="qk"), 0.125, name="scores")
+    out = ops.softmax(scores, axis=-1, name="probs")
+    cfg = MappingConfig(allow_tf32=True)
+    fn = polyfuse.compile([q, k], [out], check_cuda=False, mapping=cfg)
+    (d,) = _rows(fn)
+    assert d.stitched and d.data["tensor_cores"] is True and len(fn.kernels) == 1, d.reason
+    (k0,) = fn.kernels
+    assert any("mma.sync.m16n8k8 tf32" in str(n) for n in k0.notes), k0.notes
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((1, 2, 77, 64)).astype(np.float32) for _ in range(2)]
+    s = arrays[0].astype(np.float64) @ np.swapaxes(arrays[1].astype(np.float64), -1, -2) / 8
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = p / p.sum(-1, keepdims=True)
+    for race in MODES:
+        got = fn(*arrays, device="emulate", race_check=race)
+        assert np.abs(got - want).max() < 5e-3, race
+    if "nvrtc" in available_compilers():
+        for arch in ("sm_80", "sm_90"):
+            fa = polyfuse.compile([q, k], [out], arch, check_cuda=False, mapping=cfg)
+            res = compile_cuda(fa.cuda_source, arch, compiler="nvrtc").resources
+            assert all(r.spill_stores == r.spill_loads == 0 for r in res.values()), arch

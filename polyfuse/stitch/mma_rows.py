@@ -3,7 +3,9 @@ rows takes the row reduction after it (rule 9, as :mod:`polyfuse.stitch.gemm_row
 
 Attention's scores product in bfloat16 or float16 (``Q·Kᵀ`` then a scale and softmax over the
 keys) runs on ``mma.sync`` (:mod:`polyfuse.poly.tensorize`), so the float32 tiles of
-:mod:`polyfuse.stitch.gemm_rows` decline it ("the operands are not float32"). Here the
+:mod:`polyfuse.stitch.gemm_rows` decline it ("the operands are not float32"); a float32 one
+does too where the user allowed tf32 (``MappingConfig.allow_tf32``: the stitch keeps the
+kernel on the tensor cores it would run on alone). Here the
 tensorized kernel takes a block tile of :data:`~polyfuse.poly.tensorize_tiling.TILINGS` whose
 columns cover the row (the narrowest such width), its epilogue stores the accumulators to a
 shared row tile instead of global memory (after a barrier: the tile overlays the operand tiles,
@@ -51,6 +53,8 @@ from polyfuse.stitch.gemm_rows import (
 from polyfuse.stitch.memory import KernelGroup
 from polyfuse.stitch.row_cost import TilePrice, row_stitch_cost
 
+#: how a refusal for want of a tensorized mapping starts (the caller then tries CUDA cores)
+NO_TENSOR_CORES = "no tensor cores: "
 #: why the tensorized GEMM takes its tile (the tile note's "forced: ...")
 FORCED = "whole-row tile for the row reduction after it (stitch/mma_rows.py)"
 
@@ -90,10 +94,14 @@ class MmaRows:
 def _tensorize(
     sm: ScheduledMicrograph, device: DeviceSpec, cfg: MappingConfig, tiling: Tiling | None
 ) -> TensorCoreKernel | Refusal:
-    tk = map_tensor_core(
-        sm, device, cfg.gemm_stages, block_k=cfg.mma_block_k, tiling=tiling,
-        tiling_reason=FORCED if tiling else "",
-    )  # fmt: skip
+    """``sm`` on tensor cores as the mapping would put it (tf32 first where the user allowed
+    it, as :func:`polyfuse.poly.kernel_map.map_kernel`), on ``tiling`` where given."""
+    reason = FORCED if tiling else ""
+    tk: TensorCoreKernel | Refusal | None = None
+    if cfg.allow_tf32:
+        tk = map_tensor_core(sm, device, cfg.gemm_stages, True, cfg.mma_block_k, tiling, reason)
+    if not isinstance(tk, TensorCoreKernel):
+        tk = map_tensor_core(sm, device, cfg.gemm_stages, False, cfg.mma_block_k, tiling, reason)
     if isinstance(tk, Refusal):
         return tk
     return with_fragment_buffers(tk, device, cfg.mma_fragment_buffers)
@@ -218,7 +226,7 @@ def try_mma_rows(
     (gemm,) = gp.parts
     best = _tensorize(gemm, device, cfg, None)
     if isinstance(best, Refusal):
-        return False, f"no tensor cores: {best.reason}", {}
+        return False, f"{NO_TENSOR_CORES}{best.reason}", {}
     assert best.shape is not None and best.tiling is not None
     lo, hi = best.shape.data[-1]
     n = hi - lo + 1

@@ -26,7 +26,7 @@ from polyfuse.stitch.gemm_rows import (
     try_gemm_rows,
 )
 from polyfuse.stitch.memory import KernelGroup, Memo, StitchDecision
-from polyfuse.stitch.mma_rows import Pricer, try_mma_rows
+from polyfuse.stitch.mma_rows import NO_TENSOR_CORES, Pricer, try_mma_rows
 
 
 def try_rows(
@@ -38,14 +38,18 @@ def try_rows(
     cfg: MappingConfig,
     price: Pricer | None,
 ) -> tuple[bool, str, dict]:
-    """The GEMM group ``gp`` with the y-reduce group ``gc`` reading ``tensor``: on CUDA-core
-    tiles, or on tensor cores where its operands are 16-bit, priced by ``price``
-    (stitched?, reason, data)."""
+    """The GEMM group ``gp`` with the y-reduce group ``gc`` reading ``tensor``: on tensor
+    cores where its operands are 16-bit, or float32 with tf32 allowed and matched (as the
+    mapping would run it alone), priced by ``price``; else on CUDA-core tiles (stitched?,
+    reason, data)."""
     shape = detect_gemm(gp.parts[0])
-    if isinstance(shape, Refusal) and shape.reason == HALF_OPERANDS:
+    half = isinstance(shape, Refusal) and shape.reason == HALF_OPERANDS
+    if half or (cfg.allow_tf32 and not isinstance(shape, Refusal)):
         if price is None:
             return False, "no pricer for tensorized tiles was given (stitch_gemm_rows)", {}
-        return try_mma_rows(graph, gp, gc, tensor, device, cfg, price)
+        got = try_mma_rows(graph, gp, gc, tensor, device, cfg, price)
+        if half or not got[1].startswith(NO_TENSOR_CORES):
+            return got
     return try_gemm_rows(graph, gp, gc, tensor, device, cfg)
 
 
