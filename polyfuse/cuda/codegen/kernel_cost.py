@@ -45,6 +45,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KLet,
     KMark,
     KMma,
+    KNode,
     KOp,
     KRowBlocks,
     KScope,
@@ -56,9 +57,11 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KVisitor,
     KWait,
     MemSpace,
+    nodes_of,
 )
 from polyfuse.graph import expr as ex
 from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.dtypes import is_float
 from polyfuse.poly.costs import KernelDesc, Mix, Modelled, Work, model_kernel
 from polyfuse.poly.costs.ops import ADDRESS, ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
@@ -71,6 +74,7 @@ WORD = 4  # bytes of a float32 element
 CHUNK = 16  # bytes of one cp.async chunk
 _LOOP = 3  # slots of one iteration of a loop that is not unrolled (add, compare, branch)
 _UNROLL = 4  # iterations of such a loop whose loads the compiler keeps in flight together
+ROUND16 = 2  # slots to round a float32 result to a 16-bit float and widen it back (F2FP, PRMT)
 
 
 class _Walker(KVisitor[Mix]):
@@ -82,8 +86,10 @@ class _Walker(KVisitor[Mix]):
         statements: dict[str, Statement],
         spaces: dict[str, str],  # tensor ident -> "global" | "shared" | "register"
         idents: dict[int, str],
+        skip: frozenset[int] = frozenset(),  # ids of loops counted as no work
     ) -> None:
         self.ir, self.statements, self.spaces, self.idents = ir, statements, spaces, idents
+        self.skip = skip
         self.notes: list[str] = []
         self.inflight = 0.0
         self.phases = 0.0  # iterations of the loop that fills shared tiles in sync
@@ -114,6 +120,8 @@ class _Walker(KVisitor[Mix]):
         return Mix()  # allocations: no instructions
 
     def visit_KFor(self, n: KFor) -> Mix:
+        if id(n) in self.skip:
+            return Mix()
         trips, varying = _trips(n)
         if trips is None:
             trips = 1
@@ -274,6 +282,8 @@ class _Walker(KVisitor[Mix]):
         m = c.mix() + Mix(slots=2 if n.guard is not None else 0)
         if s.role in ("compute", "final"):
             m = m + self.store(ident, s.name)
+            if is_float(t.dtype) and dtype_info(t.dtype).itemsize == 2:
+                m = m + Mix(slots=ROUND16)  # rounded to the 16-bit type and widened back
         return m
 
     def itemsize(self, tensor: str) -> int:
@@ -366,10 +376,30 @@ def ir_work(
     """The per-thread work of lowered kernel ``ir`` (see the module doc). ``spaces``: where
     each tensor the kernel touches lives (``global``, ``shared`` or ``register``; a tensor not
     listed is global)."""
-    w = _Walker(ir, {s.name: s for s in statements}, spaces, idents)
+    by_name = {s.name: s for s in statements}
+    w = _Walker(ir, by_name, spaces, idents)
     mix = w.body(list(ir.body)) + Mix(slots=8)  # block/thread index decomposition
     inflight = w.inflight or mix.global_read_bytes
-    return Work(mix, inflight, tuple(dict.fromkeys(w.notes)), w.phases)
+    tail = None
+    loops = mma_loops(ir.body)
+    if loops and mix.mma:
+        skip = frozenset(id(n) for n in loops)
+        tail = _Walker(ir, by_name, spaces, idents, skip).body(list(ir.body)) + Mix(slots=8)
+    return Work(mix, inflight, tuple(dict.fromkeys(w.notes)), w.phases, tail)
+
+
+def mma_loops(body: tuple[KNode, ...] | list[KNode]) -> list[KFor]:
+    """The loops of ``body`` whose iterations are a tensor-core kernel's k-steps: the
+    innermost loops (not unrolled) that hold ``mma`` instructions. What a block does outside
+    them (fills before, epilogue after) is its tail (:attr:`Work.tail`)."""
+    out: list[KFor] = []
+    for n in nodes_of(body, KFor):
+        if n.unroll or not nodes_of(n.body, KMma):
+            continue
+        inner = [i for i in nodes_of(n.body, KFor) if not i.unroll and nodes_of(i.body, KMma)]
+        if not inner:
+            out.append(n)
+    return out
 
 
 # ------------------------------------------------------------------------ descriptions
@@ -411,7 +441,32 @@ def describe_sass(
         sync_phases=phases,
         spills=(r.spill_stores + r.spill_loads) if r else 0,
         notes=tuple(dict.fromkeys([*ks.notes, *hot.notes])),
+        tail=_sass_tail(ks.loops, mix),
     )
+
+
+def _sass_tail(loops: list[Any], mix: Mix) -> Mix | None:
+    """What a thread runs outside the SASS loops whose iterations are k-steps (the innermost
+    loops holding mma instructions, each at its trip count times its outer loops'): the
+    kernel's tail (:attr:`KernelDesc.tail`; k-steps ptxas unrolled out of the loop stay in
+    it, mma and all); None without such loops."""
+    if not mix.mma:
+        return None
+    costs = [lp.mix.cost_mix() for lp in loops]
+    steps = [
+        i for i, lp in enumerate(loops)
+        if costs[i].mma and not any(costs[c].mma for c in lp.children)
+    ]  # fmt: skip
+    if not steps:
+        return None
+    tail = mix
+    for i in steps:
+        trips, j = 1.0, i
+        while j is not None:
+            trips *= loops[j].trip.iterations or 1
+            j = loops[j].parent
+        tail = tail + costs[i].scaled(-trips)
+    return tail if tail.slots >= 0 and tail.mma >= 0 else None
 
 
 def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
@@ -451,6 +506,7 @@ def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
         spills=(k.spill_stores or 0) + (k.spill_loads or 0),
         parts=facts.parts if facts else 1,
         notes=notes,
+        tail=work.tail,
     )
 
 

@@ -135,6 +135,9 @@ class KernelDesc:
     spills: int = 0  # bytes of spill stores + loads per thread (ptxas)
     parts: int = 1  # kernels one launch runs (a Layer 3 pack)
     notes: tuple[str, ...] = ()
+    #: of ``mix``, what a tensor-core kernel's thread runs outside its k-step loops (the
+    #: first fills, the epilogue): it does not overlap the block's own mma instructions
+    tail: Mix | None = None
 
     @property
     def warps(self) -> int:
@@ -152,6 +155,7 @@ class KernelDesc:
         d = asdict(self)
         d["mix"] = self.mix.to_json()
         d["notes"] = list(self.notes)
+        d["tail"] = self.tail.to_json() if self.tail is not None else None
         return d
 
     @classmethod
@@ -159,6 +163,8 @@ class KernelDesc:
         d = dict(d)
         d["mix"] = Mix.from_json(d["mix"])
         d["notes"] = tuple(d.get("notes", ()))
+        if d.get("tail") is not None:
+            d["tail"] = Mix.from_json(d["tail"])
         return cls(**d)
 
     def with_(self, **kw: Any) -> KernelDesc:
@@ -205,6 +211,7 @@ class Work:
     inflight_bytes: float = 0.0
     notes: tuple[str, ...] = ()
     sync_phases: float = 0.0  # see KernelDesc.sync_phases
+    tail: Mix | None = None  # see KernelDesc.tail
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -212,13 +219,16 @@ class Work:
             "inflight_bytes": round(self.inflight_bytes, 3),
             "notes": list(self.notes),
             "sync_phases": self.sync_phases,
+            "tail": self.tail.to_json() if self.tail is not None else None,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Work:
+        tail = d.get("tail")
         return cls(
             Mix.from_json(d["mix"]),
             d.get("inflight_bytes", 0.0),
             tuple(d.get("notes", ())),
             d.get("sync_phases", 0.0),
+            Mix.from_json(tail) if tail is not None else None,
         )

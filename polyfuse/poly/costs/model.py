@@ -37,7 +37,14 @@ device-wide resources:
   and stores do not overlap (each phase at its own rate, the rounds one after another);
 - **fill latency**: a block whose loop iterations wait at a barrier for their own synchronous
   loads (``sync_phases``: single-stage shared tiles) spends ``latency_us`` plus its own
-  compute per iteration; the SM runs its blocks in rounds of the resident ones.
+  compute per iteration; the SM runs its blocks in rounds of the resident ones;
+- **block phases**: a tensor-core kernel's blocks start together and step through the same
+  phases: the first fill waits ``latency_us``, the k-step loop runs at the longer of its
+  issue and its mma instructions, then the tail (``KernelDesc.tail``: fills and epilogue
+  outside the loop) issues with no mma beside it, or its stores drain at the SM's share of
+  the DRAM rate, whichever is longer — the resident blocks' phases one after another, the
+  SM's rounds too. It refines the tensor pipe's bound, so the norm below counts
+  the two once (the tensor pipe's time leaves it where block phases are priced).
 
 The constants and their sources: :mod:`polyfuse.poly.costs.constants`. A timed call of several
 launches adds ``call_us`` once (:func:`call_us`).
@@ -65,6 +72,7 @@ BOUNDS = (
     "L2",
     "DRAM latency",
     "fill latency",
+    "block phases",
 )
 #: The bounds priced at a measured device figure (where the device was measured).
 MEASURED_BOUNDS = ("FP32 peak", "DRAM")
@@ -144,9 +152,16 @@ def model_launch(
     b["fill latency"] = rounds * max(
         (_fill_chain_s(p, warps, device, clock, consts) for p in launch.parts), default=0.0
     )
+    share = dram / min(n, sms)  # one SM's share of the DRAM rate
+    b["block phases"] = rounds * max(
+        (_phases_s(p, resident, warps, device, issue_eff, share, consts) for p in launch.parts),
+        default=0.0,
+    )
     us = {k: v * 1e6 for k, v in b.items()}
     bound = max(BOUNDS, key=lambda k: us[k])
-    busy = _overlap(list(us.values()), consts.overlap_p)
+    # block phases hold the tensor pipe's time and what cannot overlap it: counted once
+    counted = [v for k, v in us.items() if not (k == "tensor pipe" and us["block phases"])]
+    busy = _overlap(counted, consts.overlap_p)
     waves = n / (occ.blocks_per_sm * sms)
     notes = [prefixed(note, f"{p.name}: ") for p in launch.parts for note in p.notes]
     if issue_eff < 1:  # a modelled figure, no choice: a plain note
@@ -205,6 +220,34 @@ def _fill_chain_s(
     issue = p.mix.slots / p.sync_phases * warps / min(warps, device.schedulers_per_sm) / clock
     tensor = p.mix.mma / p.sync_phases * warps / device.mma_per_second
     return p.sync_phases * (consts.latency_us * 1e-6 + max(issue, tensor))
+
+
+def _phases_s(
+    p: KernelDesc,
+    resident: int,
+    warps: int,
+    device: DeviceSpec,
+    issue_eff: float,
+    share: float,
+    consts: CostConstants,
+) -> float:
+    """Seconds one round of ``resident`` blocks of tensor-core kernel ``p`` takes when they
+    step through its phases together (see the module doc): the tail as long as its issue or
+    the blocks' stores at the SM's ``share`` of the DRAM rate (bytes per second); 0 for a
+    kernel without a tail."""
+    if p.tail is None or p.mix.mma <= 0:
+        return 0.0
+    clock = device.sustained_clock_mhz * 1e6
+    lanes = resident * warps  # warps on the SM, each running the phase
+    issue = device.schedulers_per_sm * issue_eff * clock
+    fp32 = device.fp32_lanes_per_sm / 32 * clock
+    loop = p.mix + p.tail.scaled(-1)
+    # every mma on the tensor pipe in the loop's phase (SASS may leave a few unrolled k-steps
+    # outside the loop: their mma too)
+    step = max(lanes * loop.slots / issue, lanes * p.mix.mma / device.mma_per_second)
+    stores = resident * p.bytes_written / max(1, p.blocks) / share
+    tail = max(lanes * p.tail.slots / issue, lanes * p.tail.fp32 / fp32, stores)
+    return consts.latency_us * 1e-6 + step + tail
 
 
 def _overlap(times: list[float], p: float) -> float:

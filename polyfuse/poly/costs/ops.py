@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from polyfuse.graph import expr as ex
 from polyfuse.graph.dtypes import info as dtype_info
+from polyfuse.graph.dtypes import is_float
 from polyfuse.poly.costs.desc import Mix
 
 #: per special function: (MUFU, FP32 instructions, other slots) of its libdevice expansion
@@ -98,7 +99,7 @@ class _OpCounter(ex.ExprVisitor[None]):
     def visit_Binary(self, e: ex.Binary) -> None:
         self.visit_default(e)
         c = self.c
-        if e.dtype != "float32":
+        if not is_float(e.dtype):  # 16-bit floats compute in float32 registers too
             c.ints += 1
         elif e.op == "mul":
             c.muls += 1
@@ -120,7 +121,7 @@ class _OpCounter(ex.ExprVisitor[None]):
 
     def visit_Compare(self, e: ex.Compare) -> None:
         self.visit_default(e)
-        if e.a.dtype != "float32" and e.b.dtype != "float32":
+        if not (is_float(e.a.dtype) or is_float(e.b.dtype)):
             self.c.ints += 1  # an index comparison (a predicate)
         else:
             self.c.other += 1
