@@ -24,6 +24,9 @@ __version__ = "0.1.0"
 # operands; 19: tensor-core fills test no row of a tile the grid covers exactly; 20: launch
 # bounds ask no more blocks per SM than the grid gives; 21: a tensorized GEMM's epilogue may
 # store a whole-row tile to shared memory, after a barrier; the reduction reads a row tile it
-# does not write as float4 runs), so kernels and schedules cached by an
-# older compiler miss.
-CODEGEN_REVISION = 21
+# does not write as float4 runs; 22: a tensor-core kernel's IR work estimate holds its tail,
+# the work outside its k-step loops; 16-bit float arithmetic is priced as floating point, not
+# integer work; a tensor-core epilogue stores two adjacent columns per access where proven; a
+# vector group's lanes that only its word store reads are rounded once, by that store), so
+# kernels and schedules cached by an older compiler miss.
+CODEGEN_REVISION = 22

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import islpy as isl
 
+from polyfuse.base.decision import DecisionNote
 from polyfuse.base.errors import UnsupportedOpError
 from polyfuse.cuda.codegen.astgen import convert_expr, expr_from
 from polyfuse.cuda.codegen.kernel_ast import Kernel, KernelIR, KNode, KParam, MemSpace
@@ -122,8 +123,17 @@ def instantiate_kernel(kernel: Kernel, canonical: Mapping[str, str] | None, name
         source=print_function(printed, name),
         printed=printed,
         canonical=kernel.printed,
-        notes=[fill(n, real) for n in kernel.notes],
+        notes=[_filled(n, real) for n in kernel.notes],
     )
+
+
+def _filled(note: str, real: Mapping[str, str]) -> str:
+    """A canonical kernel's note under the real names (a decision keeps its record)."""
+    if not isinstance(note, DecisionNote):
+        return fill(note, real)
+    r = note.record
+    subject = tuple(fill(x, real) for x in r.subject)
+    return DecisionNote(replace(r, reason=fill(r.reason, real), subject=subject))
 
 
 def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> list[BufferPlacement]:

@@ -280,6 +280,9 @@ class Accesses:
         self.stmts = {s.name: s for s in statements}
         self.idents = idents
         self.ir = ir
+        #: lane arrays of a vector group that only its whole-word store reads: that store
+        #: rounds each lane to the tensor's dtype, so the lanes hold the float value as is
+        self.rounded_by_store: set[str] = set()
         self.lane_guard: KExpr | None = None
         if ir.reduction and ir.lane_params:
             eqs = tuple(KOp("==", (KVar(p), KInt(0))) for p in ir.lane_params)
@@ -321,7 +324,7 @@ class Accesses:
                     KStore(out.buffer, out.index, rounded(out, reg), guard),
                 ]
             if out.buffer.scope is not BufferScope.GLOBAL:
-                value = held
+                value = value if out.buffer.name in self.rounded_by_store else held
             return [KStore(out.buffer, out.index, rounded(out, value), guard)]
 
         if s.role == "compute":  # a body computed in float registers is wider than 16 bits
@@ -371,15 +374,20 @@ class Accesses:
                 dtype = target.buffer.dtype
                 # float4s; 16-bit floats and the narrow integers: one
                 words = 1 if dtype in NARROW_INTS else n.width // WORDS.get(dtype, ("", 4))[1]
+                words = max(1, words)  # a pair of 2 lanes: one word
                 buf = KBuffer(namer.vector(a.tensor, k), register_dtype(dtype),
                               BufferScope.LOCAL, (n.width,))  # fmt: skip
                 lane = KLane(target, buf, tuple(namer.quad(a.tensor, k, j) for j in range(words)))
                 loads.append(lane)
             lanes.setdefault(a.stmt, {})[a.tensor] = KLoad(lane.lanes, var)
         stores = []
+        read_back = {a.tensor for a in n.local}
+        self.rounded_by_store = set()  # this group's (its statements are lowered next)
         for a in n.stores:
             dtype = register_dtype(self.stmts[a.stmt].tensor.dtype)
             buf = KBuffer(namer.vector(a.tensor, 0), dtype, BufferScope.LOCAL, (n.width,))
+            if a.tensor not in read_back:
+                self.rounded_by_store.add(buf.name)
             lanes.setdefault(a.stmt, {})[a.tensor] = KLoad(buf, var)
             target = self.lane_target(self.stmts[a.stmt], a.tensor, a.args, store=True)
             stores.append(KLane(target, buf))

@@ -12,6 +12,8 @@ The kernel each block runs, for its block tile of the result (and its batch coor
             ldmatrix.x4[.trans] A fragments; ldmatrix.x4[.trans] B fragments of 2 mma tiles
             mma.sync.m16n8k16 on every (A, B) fragment pair
     for each accumulator element (fragment row, col): if inside the result, the epilogue
+        (:mod:`polyfuse.cuda.codegen.lower_mma_epilogue`: two adjacent columns stored as
+        one access where that is proven)
 
 With S >= 2 stages the fragments are double-buffered across the k-steps where the register
 model allows (``fragment_buffers``: :mod:`polyfuse.poly.tensorize_fragments`): the loop above,
@@ -20,34 +22,28 @@ rotated so each k-step's ``ldmatrix`` runs a k-step ahead of the mma, by
 :class:`~polyfuse.cuda.codegen.lower_mma_fragments.KStep`, made by
 :mod:`polyfuse.cuda.codegen.lower_mma_steps`).
 
-Accumulator element ``e`` of lane ``l`` is (``l/4 + 8(e/2)``, ``2(l%4) + e%2``). The
-epilogue statements (final store, bias, activation, ...) are :class:`KStmt` nodes whose stores
-come from :class:`polyfuse.cuda.codegen.lower_accesses.Accesses` over the te expressions, with
-the accumulator element in the reduction's register. Parameters and registers come from the
-buffer and dtype passes; the shared tiles are allocations of the IR (static, or slices of the
-dynamic pool past 48 KB).
+Accumulator element ``e`` of lane ``l`` is (``l/4 + 8(e/2)``, ``2(l%4) + e%2``). Parameters
+and registers come from the buffer and dtype passes; the shared tiles are allocations of the
+IR (static, or slices of the dynamic pool past 48 KB).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from polyfuse.cuda.codegen.kernel_arith import add, all_of, band, cmp, div, mod, mul, shr
+from polyfuse.cuda.codegen.kernel_arith import add, band, cmp, div, mod, mul, shr
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAssign,
     KBarrier,
     Kernel,
-    KernelIR,
     KExpr,
     KFor,
-    KIf,
     KInt,
     KLet,
     KNode,
     KRef,
     KRegisters,
-    KStmt,
     KVar,
     MemSpace,
     Scope,
@@ -59,19 +55,18 @@ from polyfuse.cuda.codegen.lower import (
     kernel_ir,
     kernel_namer,
 )
-from polyfuse.cuda.codegen.lower_accesses import Accesses
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes, storage_dtypes
+from polyfuse.cuda.codegen.lower_mma_epilogue import epilogue
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, fill_setup, k_values
 from polyfuse.cuda.codegen.lower_mma_fragments import double_buffered_loop, single_buffered
 from polyfuse.cuda.codegen.lower_mma_pipeline import k_tile_loop
 from polyfuse.cuda.codegen.lower_mma_steps import k_step
-from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.cuda.codegen.printer import ir_facts, kernel_of
 from polyfuse.cuda.codegen.tensor_core import MMA_BF16, MMA_F16, MMA_INT8, MMA_TF32, Intrinsic
 from polyfuse.poly.placement import Placement
 from polyfuse.poly.policy import STATIC_SMEM_LIMIT
-from polyfuse.poly.tensorize import ITEMSIZE, MMA_M, MMA_N, TensorCoreKernel
+from polyfuse.poly.tensorize import ITEMSIZE, TensorCoreKernel
 from polyfuse.poly.tensorize_gather import k_extent
 
 #: the barrier before an epilogue that stores to shared memory
@@ -201,7 +196,8 @@ def lower_mma_ir(
         )
     if stored:
         body.append(KBarrier(Scope.BLOCK, READ_NOTE))
-    body.append(_epilogue(tk, batch, as_global, idents, namer, hm, hn))
+    nest, note = epilogue(tk, batch, as_global, idents, namer, hm, hn)
+    body.append(nest)
     ir = ir.with_(
         body=tuple(body),
         allocs=(*tiles, *stored, *regs),
@@ -210,50 +206,8 @@ def lower_mma_ir(
     # the facts from the IR: the static tiles (or the dynamic pool), the barrier, mma and
     # cp.async nodes (none with scalar fills), its work estimate (the cost model's mix) and
     # the tile model's registers (occupancy, until ptxas says)
-    return Lowered(ir, ir_facts(ir, model.statements, as_global, idents, t.registers))
+    return Lowered(ir, ir_facts(ir, model.statements, as_global, idents, t.registers), (note,))
 
 
 def _loop(var: str, trips: int, body: list[KNode]) -> KFor:
     return KFor(var, KInt(0), cmp("<", var, trips), 1, tuple(body), unroll=True)
-
-
-def _epilogue(
-    tk: TensorCoreKernel,
-    batch: list[KExpr],
-    placements: dict[str, Placement],
-    idents: dict[int, str],
-    namer: Namer,
-    hm: int,
-    hn: int,
-) -> KNode:
-    """The epilogue, per accumulator element at its fragment (row, col): the statements'
-    stores (:class:`polyfuse.cuda.codegen.lower_accesses.Accesses`) where it lies inside the
-    result."""
-    shape = tk.shape
-    assert shape is not None
-    accesses = Accesses(KernelIR("", (), (), (), (), namer=namer), [], placements, idents)
-    row, col = KVar("pf_row"), KVar("pf_col")
-    args = list(batch)
-    args[tk.m_dim], args[tk.n_dim] = row, col
-    if tk.fold is not None:
-        ln, hn_ = shape.data[tk.n_dim]
-        width = hn_ - ln + 1
-        args[tk.fold], args[tk.n_dim] = div(col, width), mod(col, width)
-    if tk.split:  # the micrograph's dim d is og * group + row in the group
-        d, og = tk.split
-        args[d : d + 2] = [add(mul(args[d], og), args[d + 1])]
-    acc = namer.register(f"{shape.update.prim}_acc")
-    i, j, x, lane = KVar("pf_i"), KVar("pf_j"), KVar("pf_x"), KVar("pf_lane")
-    stmts = [KStmt(s.name, tuple(args), stores=accesses.statement(s, args))
-             for s in shape.epilogue]  # fmt: skip
-    inside = KIf(
-        all_of(cmp("<=", row, hm), cmp("<=", col, hn)),
-        (KAssign(KRef(acc), KRef("pf_acc", (i, j, x))), *stmts),
-    )
-    element = [
-        KLet("pf_row", add("pf_m0", "pf_wm", mul(MMA_M, i), shr(lane, 2), mul(8, shr(x, 1)))),
-        KLet("pf_col", add("pf_n0", "pf_wn", mul(MMA_N, j), mul(2, band(lane, 3)), band(x, 1))),
-        inside,
-    ]
-    return _loop("pf_i", tk.tiling.tiles_m, [_loop("pf_j", tk.tiling.tiles_n,
-                                                   [_loop("pf_x", 4, element)])])  # fmt: skip

@@ -33,6 +33,10 @@ def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> t
         return word_load(pad, ref, dtype, qs)
     if dtype in NARROW_INTS:  # one word of 4, 8 or 16 bytes
         return narrow_load(pad, ref, dtype, width, qs[0])
+    if dtype not in HALF_TO_FLOAT and width == 2:  # a tensor-core epilogue's pair: float2
+        return [f"{pad}  const float2 {qs[0]} = *reinterpret_cast<const float2*>(&{ref});"], (
+            f"{qs[0]}.x, {qs[0]}.y"
+        )
     if dtype not in HALF_TO_FLOAT:  # float32: one float4 per four lanes
         lines = [
             f"{pad}  const float4 {q} = *reinterpret_cast<const float4*>(&{ref}"
@@ -41,13 +45,18 @@ def _vector_load(pad: str, ref: str, dtype: str, width: int, qs: list[str]) -> t
             for j, q in enumerate(qs)
         ]
         return lines, ", ".join(f"{q}.{c}" for q in qs for c in "xyzw")
-    word, comps = ("uint4", "xyzw") if width == 8 else ("uint2", "xy")
     (q,) = qs[:1]
     pair = _half2(dtype)[0]
-    line = f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref});"
+    if width == 2:  # one pair: a 32-bit word
+        line = f"{pad}  const unsigned {q} = *reinterpret_cast<const unsigned*>(&{ref});"
+        words = [f"&{q}"]
+    else:
+        word, comps = ("uint4", "xyzw") if width == 8 else ("uint2", "xy")
+        line = f"{pad}  const {word} {q} = *reinterpret_cast<const {word}*>(&{ref});"
+        words = [f"&{q}.{c}" for c in comps[: width // 2]]
     vals = ", ".join(
-        f"__{half}2float(*reinterpret_cast<const {pair}*>(&{q}.{c}))"
-        for c in comps[: width // 2]
+        f"__{half}2float(*reinterpret_cast<const {pair}*>({w}))"
+        for w in words
         for half in ("low", "high")
     )
     return [line], vals
@@ -60,6 +69,8 @@ def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[
     if dtype in NARROW_INTS:
         return narrow_store(pad, ref, dtype, width, src)
     if dtype not in FLOAT_TO_HALF:
+        if width == 2:  # a tensor-core epilogue's pair of columns
+            return [f"{pad}  *reinterpret_cast<float2*>(&{ref}) = make_float2({src}[0], {src}[1]);"]
         return [
             f"{pad}  *reinterpret_cast<float4*>(&{ref}"
             + (f" + {4 * j}" if j else "")
@@ -75,8 +86,10 @@ def _vector_store(pad: str, ref: str, dtype: str, width: int, src: str) -> list[
 
 def _pair_store(pad: str, ref: str, dtype: str, src: str, values: list[str]) -> list[str]:
     """Lines storing pairs ``values`` (C expressions of the dtype's pair type) at ``ref`` as
-    one 64- or 128-bit word."""
+    one 32-, 64- or 128-bit word."""
     pair = _half2(dtype)[0]
+    if len(values) == 1:
+        return [f"{pad}  *reinterpret_cast<{pair}*>(&{ref}) = {values[0]};"]
     word = "uint4" if len(values) == 4 else "uint2"
     pairs = [f"{src}_h{i}" for i in range(len(values))]
     lines = [f"{pad}  {{"]
