@@ -111,6 +111,34 @@ def test_a_residual_pairs_and_a_row_scale_stays_scalar():
     _check(fn, arrays, [want], ["float16"])
 
 
+@pytest.mark.parametrize(("hw", "paired"), [((9, 8), True), ((11, 9), False)])
+def test_a_conv_whose_rows_fold_into_the_columns_pairs_when_they_are_even(hw, paired):
+    """NCHW 3x3 conv + bias + ReLU (float16, scalar fills): the output rows fold into the
+    GEMM's columns (``col / W``, ``col % W``). Rows of 8 keep a pair inside one row: one
+    word per pair; rows of 9 would straddle: element stores, with the reason. Numbers as
+    float64 in every mode."""
+    from test_tensorize_conv import NCHW, _np_conv
+
+    (h, w), (n, c, o) = hw, (2, 13, 21)
+    x = te.placeholder((n, c, h, w), "float16", name="x")
+    wt = te.placeholder((o, c, 3, 3), "float16", name="wt")
+    b = te.placeholder((o,), "float16", name="b")
+    y = ops.relu(ops.conv2d(x, wt, b, stride=1, padding=1), name="y")
+    fn = polyfuse.compile([x, wt, b], [y], check_cuda=False, passes=NCHW)
+    note = _epilogue_note(fn)
+    if paired:
+        assert note == "epilogue: y stored a pair of adjacent columns per access", note
+        assert "*reinterpret_cast<__half2*>(&y[" in fn.cuda_source
+    else:
+        assert note == (
+            "epilogue: element stores (folded rows of 9 columns: a pair may straddle two)"
+        )
+    rng = np.random.default_rng(11)
+    arrays = [rng.standard_normal(t.shape).astype(np.float16) for t in (x, wt, b)]
+    want = _np_conv(arrays[0], arrays[1], 1, 1) + arrays[2].astype(np.float64)[None, :, None, None]
+    _check(fn, arrays, [np.maximum(want, 0)], ["float16"])
+
+
 def test_an_odd_column_count_keeps_element_stores():
     """65 columns: the last pair would be half outside the result (and odd rows misalign
     the words): element stores, and the note says why; numbers as float64."""

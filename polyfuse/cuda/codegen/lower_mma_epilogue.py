@@ -17,8 +17,10 @@ once per pair — a 32-bit word (``__nv_bfloat162`` / ``__half2``, rounded to ne
 as the scalar path rounds each element) or a ``float2`` — half the store instructions and
 half the guards. The proof, on the epilogue's subscripts:
 
-- the result's column is the stored tensors' innermost subscript (no fold of two dims into
-  the columns, no split), so the two columns are consecutive elements;
+- the result's column is the stored tensors' innermost subscript, and no other subscript
+  depends on it — or, where a conv folds its output rows into the columns (``col / W``,
+  ``col % W``), the rows are ``W`` long with ``W`` even, so a pair never straddles two — so
+  the two columns are consecutive elements;
 - the first column is even (the columns start at an even bound; blocks, warps and fragments
   step by multiples of 8) and every row of each stored tensor has an even number of
   elements, so the pair starts at an even element (the word is aligned);
@@ -51,7 +53,9 @@ from polyfuse.cuda.codegen.kernel_ast import (
     KStmt,
     KVar,
     KVector,
+    substitute,
 )
+from polyfuse.cuda.codegen.kernel_walk import variables
 from polyfuse.cuda.codegen.lower_accesses import Accesses
 from polyfuse.cuda.codegen.namer import Namer
 from polyfuse.graph import expr as ex
@@ -116,7 +120,7 @@ def epilogue(
             DecisionKind.TENSOR_CORES, f"epilogue: element stores ({why})", made=False
         )
     h, v = KVar("pf_h"), KVar("pf_v")
-    at_first = tuple([*args[:-1], KVar("pf_c0")])  # the pair's first element
+    at_first = tuple(substitute(a, "pf_col", KVar("pf_c0")) for a in args)  # the first
     stored = [s for s in shape.epilogue if placements[s.prim].space == "global"]
     inputs = {n: p for n, p in placements.items()
               if n not in {e.prim for e in shape.epilogue} | {shape.update.prim}}  # fmt: skip
@@ -199,8 +203,15 @@ def _unpaired(
     can; the conditions are the module doc's)."""
     shape = tk.shape
     assert shape is not None
-    ln = shape.data[tk.n_dim][0]
-    if tk.fold is not None or args[-1] != KVar("pf_col"):
+    col = KVar("pf_col")
+    ln, width = shape.data[tk.n_dim][0], shape.data[tk.n_dim][1] - shape.data[tk.n_dim][0] + 1
+    inner = col  # the innermost subscript: the column, or its place in a folded row
+    if tk.fold is not None:
+        ln, inner = 0, mod(col, width)
+        if width % 2:
+            return f"folded rows of {width} columns: a pair may straddle two"
+    outer = [a for i, a in enumerate(args[:-1]) if i != tk.fold or tk.fold is None]
+    if args[-1] != inner or any("pf_col" in variables(a) for a in outer):
         return "the columns are not the stored tensors' innermost subscript"
     if ln % 2 or (hn - ln + 1) % 2:
         return f"columns {ln}..{hn}: an odd bound"
