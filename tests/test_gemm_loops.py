@@ -28,6 +28,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
 )
 from polyfuse.cuda.codegen.lower_addresses import linear, strength_reduce
 from polyfuse.cuda.codegen.lower_loops import peel_loop, unroll_loops
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.poly.copy_layout import copies_per_thread, thread_extents
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_loops import (
@@ -35,6 +36,7 @@ from polyfuse.poly.gemm_loops import (
     CopyLoops,
     launch_bound,
     plan_gemm_loops,
+    register_cap,
     unrolled_steps,
 )
 from polyfuse.poly.tile_box import tile_box
@@ -95,6 +97,35 @@ def test_launch_bounds_leave_a_margin_above_the_estimate_else_bound_at_it():
     # 4x4 tile, 256 threads: 64 estimated -> 3 blocks of <= 80 (not 4 of <= 64)
     small = plan_gemm_loops("U", [8], (64, 64, 4, 4, 8), 256, 1088, 2, "kt0", [], [], H100)
     assert (small.min_blocks, small.register_cap) == (3, 80)
+
+
+def test_register_caps_are_what_ptxas_caps_launch_bounds_at():
+    """The register file is split between an SM's four partitions: ``__launch_bounds__(64,
+    5)`` (10 warps, 3 in the fullest partition) caps a thread at 168 registers, not 65536 /
+    320 = 204 (the cap the bound was planned and recorded with)."""
+    for threads, blocks, cap in [(64, 5, 168), (64, 6, 168), (32, 10, 168), (96, 5, 128),
+                                 (128, 3, 168), (64, 8, 128), (256, 2, 128), (64, 4, 255)]:
+        assert register_cap(threads, blocks, H100) == cap, (threads, blocks)
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_ptxas_caps_a_register_hungry_kernel_at_register_cap(arch):
+    """NVRTC: a kernel that wants every register gets exactly :func:`register_cap` under
+    ``__launch_bounds__(threads, blocks)``."""
+    body = (
+        "float acc[256];\n#pragma unroll\nfor (int i = 0; i < 256; i++) acc[i] = in[i * 7 + "
+        "threadIdx.x];\nfor (int k = 0; k < n; k++) {\n#pragma unroll\nfor (int i = 0; i < "
+        "256; i++) acc[i] = acc[i] * acc[(i + 1) % 256] + in[k];\n}\nfloat s = 0;\n#pragma "
+        "unroll\nfor (int i = 0; i < 256; i++) s += acc[i] * (float)i;\nout[threadIdx.x] = s;"
+    )
+    for threads, blocks in [(64, 5), (96, 5), (128, 3), (256, 2)]:
+        src = (
+            f'extern "C" __global__ void __launch_bounds__({threads}, {blocks}) '
+            f"kern(float* out, const float* in, int n) {{\n{body}\n}}"
+        )
+        got = compile_cuda(src, arch, compiler="nvrtc").resources["kern"].registers
+        assert got == register_cap(threads, blocks, H100), (threads, blocks, got)
 
 
 def test_launch_bounds_ask_no_more_blocks_per_sm_than_the_grid_gives():

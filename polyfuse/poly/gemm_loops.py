@@ -167,9 +167,15 @@ def unbounded_registers(tm: int, tn: int, sync_copies: bool) -> int:
 
 
 def register_cap(threads: int, blocks: int, device: DeviceSpec) -> int:
-    """Registers per thread that let ``blocks`` blocks of ``threads`` threads share an SM."""
-    warps = -(-threads // 32)
-    cap = device.regs_per_sm // (blocks * warps * 32)
+    """Registers per thread that let ``blocks`` blocks of ``threads`` threads share an SM: the
+    register file is split between the SM's partitions (one per scheduler) and each warp
+    lives in one, so the fullest partition holds ``ceil(warps / partitions)`` of them — what
+    ptxas caps ``__launch_bounds__(threads, blocks)`` at (NVRTC 13.0, sm_80 and sm_90: 64
+    threads x 5 blocks, 10 warps, are capped at 168 registers, not 65536 / 320 = 204;
+    ``tests/test_gemm_loops.py``)."""
+    warps = -(-threads // 32) * blocks
+    parts = device.schedulers_per_sm
+    cap = device.regs_per_sm // parts // (-(-warps // parts) * 32)
     return min(MAX_REGISTERS, cap // REGISTER_STEP * REGISTER_STEP)
 
 
