@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 # the work outside its k-step loops; 16-bit float arithmetic is priced as floating point, not
 # integer work; a tensor-core epilogue stores two adjacent columns per access where proven; a
 # vector group's lanes that only its word store reads are rounded once, by that store; 23:
-# launch bounds' register caps per SM partition, as ptxas caps them), so kernels and schedules
-# cached by an older compiler miss.
-CODEGEN_REVISION = 23
+# launch bounds' register caps per SM partition, as ptxas caps them; 24: a tensor-core kernel
+# whose k-steps are all unrolled is all tail), so kernels and schedules cached by an older
+# compiler miss.
+CODEGEN_REVISION = 24

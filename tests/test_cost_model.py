@@ -777,6 +777,8 @@ def test_sass_mix_counts_the_mma_instructions():
     """The SASS path's mix counts HMMA as the tensor pipe's instructions, as the IR does."""
     from polyfuse.cuda.codegen.kernel_cost import describe_kernel
     from polyfuse.cuda.toolchain.sass import analyse
+    from polyfuse.poly.costs import model_kernel
+    from polyfuse.poly.device import device_for_arch
 
     a = te.placeholder((512, 512), "bfloat16", name="a")
     w = te.placeholder((512, 512), "bfloat16", name="w")
@@ -789,3 +791,13 @@ def test_sass_mix_counts_the_mma_instructions():
         # the tail: what is left outside the k-step loops (k-steps ptxas peeled off included)
         assert sass.tail is not None and 0 < sass.tail.slots < sass.mix.slots
         assert sass.tail.mma < sass.mix.mma
+    # a 64-deep product: ptxas unrolls both k-tiles, no loop is left: all of it is tail,
+    # priced as one block phase (it was no phase at all: bound by DRAM latency alone)
+    a = te.placeholder((1024, 64), "bfloat16", name="a")
+    w = te.placeholder((64, 1024), "bfloat16", name="w")
+    fn = polyfuse.compile([a, w], [ops.matmul(a, w, name="mm")], "sm_90", check_cuda=False)
+    (k,) = fn.kernels
+    (ks,) = analyse(fn.cuda_source, ("sm_90",), kernels=fn.kernels).kernels
+    d = describe_kernel(k, ks)
+    assert not [lp for lp in ks.loops if lp.mix.cost_mix().mma] and d.tail == d.mix
+    assert model_kernel(d, device_for_arch("sm_90")).bounds_us["block phases"] > 0

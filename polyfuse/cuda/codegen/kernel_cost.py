@@ -381,9 +381,8 @@ def ir_work(
     mix = w.body(list(ir.body)) + Mix(slots=8)  # block/thread index decomposition
     inflight = w.inflight or mix.global_read_bytes
     tail = None
-    loops = mma_loops(ir.body)
-    if loops and mix.mma:
-        skip = frozenset(id(n) for n in loops)
+    if mix.mma:  # no k-step loop (every k-step unrolled): the whole kernel is one phase
+        skip = frozenset(id(n) for n in mma_loops(ir.body))
         tail = _Walker(ir, by_name, spaces, idents, skip).body(list(ir.body)) + Mix(slots=8)
     return Work(mix, inflight, tuple(dict.fromkeys(w.notes)), w.phases, tail)
 
@@ -391,7 +390,8 @@ def ir_work(
 def mma_loops(body: tuple[KNode, ...] | list[KNode]) -> list[KFor]:
     """The loops of ``body`` whose iterations are a tensor-core kernel's k-steps: the
     innermost loops (not unrolled) that hold ``mma`` instructions. What a block does outside
-    them (fills before, epilogue after) is its tail (:attr:`Work.tail`)."""
+    them (fills before, epilogue after; everything, where every k-step is unrolled) is its
+    tail (:attr:`Work.tail`)."""
     out: list[KFor] = []
     for n in nodes_of(body, KFor):
         if n.unroll or not nodes_of(n.body, KMma):
@@ -449,7 +449,7 @@ def _sass_tail(loops: list[Any], mix: Mix) -> Mix | None:
     """What a thread runs outside the SASS loops whose iterations are k-steps (the innermost
     loops holding mma instructions, each at its trip count times its outer loops'): the
     kernel's tail (:attr:`KernelDesc.tail`; k-steps ptxas unrolled out of the loop stay in
-    it, mma and all); None without such loops."""
+    it, mma and all); None for a kernel without mma instructions."""
     if not mix.mma:
         return None
     costs = [lp.mix.cost_mix() for lp in loops]
@@ -457,9 +457,7 @@ def _sass_tail(loops: list[Any], mix: Mix) -> Mix | None:
         i for i, lp in enumerate(loops)
         if costs[i].mma and not any(costs[c].mma for c in lp.children)
     ]  # fmt: skip
-    if not steps:
-        return None
-    tail = mix
+    tail = mix  # no such loop (every k-step unrolled): the whole kernel
     for i in steps:
         trips, j = 1.0, i
         while j is not None:
