@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 # integer work; a tensor-core epilogue stores two adjacent columns per access where proven; a
 # vector group's lanes that only its word store reads are rounded once, by that store; 23:
 # launch bounds' register caps per SM partition, as ptxas caps them; 24: a tensor-core kernel
-# whose k-steps are all unrolled is all tail), so kernels and schedules cached by an older
-# compiler miss.
-CODEGEN_REVISION = 24
+# whose k-steps are all unrolled is all tail; 25: the epilogue stores column pairs to a
+# shared row tile as float2, its rows padded for them), so kernels and schedules cached by an
+# older compiler miss.
+CODEGEN_REVISION = 25

@@ -26,9 +26,15 @@ from polyfuse.cuda.codegen.kernel_ast import KBarrier
 from polyfuse.cuda.codegen.lower_mma import READ_NOTE
 from polyfuse.graph.dtypes import numpy_dtype, tolerance
 from polyfuse.poly.tensorize_tiling import TILINGS
+from polyfuse.reference import evaluate
 from polyfuse.stitch import mma_rows
 from polyfuse.stitch.gemm_rows import GEMM_ROWS_RULE, row_grid
-from polyfuse.stitch.mma_rows import row_pad, row_tilings, store_wavefronts
+from polyfuse.stitch.mma_rows import (
+    pair_store_wavefronts,
+    row_pad,
+    row_tilings,
+    store_wavefronts,
+)
 
 MODES = (False, True, "shadow")
 
@@ -170,22 +176,31 @@ def test_row_tilings_and_the_grid_the_rows_correspond_to():
 
 
 def test_row_tile_rows_are_padded_against_the_epilogues_bank_conflicts():
-    """A warp's epilogue store writes 8 rows x 4 even columns of the row tile: rows 128 floats
-    apart all start in bank 0 (8 wavefronts per store); padded by 4 floats, 2 (the fewest any
-    stride gives: 16 even banks for 32 lanes). The emulator's bank counter sees the same. The
-    softmax reads its runs of the row tile as float4 (before: 4-byte reads, 4 wavefronts
-    each: four lanes 8 elements apart on every bank)."""
-    assert (store_wavefronts(128), row_pad(128), store_wavefronts(132)) == (8, 4, 2)
+    """A warp's epilogue store writes 8 rows x 4 column pairs of the row tile, one ``float2``
+    per lane: rows 128 floats apart all start in bank 0 (8 wavefronts per store, 4 per
+    half-warp phase); padded by 8 floats, 2 — one per phase, conflict-free (element by
+    element, padded by 4, it was 2 per 4-byte store: twice the wavefronts and the
+    instructions). The emulator's bank counter sees the same; the tile holds each score
+    rounded to bfloat16, as the graph says (the probabilities equal the reference's rounded
+    at every tensor: with the pair's lanes unrounded, 77 % did). The softmax reads its runs of
+    the row tile as float4 (before: 4-byte reads, 4 wavefronts each)."""
+    assert (store_wavefronts(128), row_pad(128), store_wavefronts(132)) == (8, 8, 2)
+    assert (pair_store_wavefronts(128), pair_store_wavefronts(136)) == (8, 2)
     assert min(store_wavefronts(s) for s in range(64, 200)) == 2
     assert row_pad(197) == 0  # rows not whole 16-byte runs stay as they are
-    ins, out, arrays, want = _scores("bfloat16", 1, 128)
+    ins, out, arrays, want = _scores("bfloat16", 1, 128, 48)  # 1/√48: rounding shows
     fn = polyfuse.compile(ins, [out], check_cuda=False)
+    assert "s_qk stored a pair of adjacent columns per access" in str(fn.kernels[0].notes)
     got = fn(*arrays, race_check="banks")
     assert tolerance("bfloat16").allclose(got, want.astype(numpy_dtype("bfloat16")))
+    storage = evaluate([out], dict(zip(ins, arrays, strict=True)))[0]
+    assert np.mean(got == storage) > 0.99  # expf vs numpy's exp may differ in an ulp
     lines = fn.cuda_source.splitlines()
     sites = [s for t in fn.last_traffic for s in t.shared_banks if s.access == "write"]
-    stores = [s for s in sites if lines[s.line - 1].lstrip().startswith("s_qk[")]
-    assert stores and all(s.degree == 2.0 for s in stores), [str(s) for s in stores]
+    stores = [s for s in sites if "reinterpret_cast<float2*>(&s_qk[" in lines[s.line - 1]]
+    assert stores and all(s.width == 8 and s.degree == 1.0 for s in stores), [
+        str(s) for s in stores
+    ]
     reads = [s for t in fn.last_traffic for s in t.shared_banks
              if s.access == "read" and "&s_qk[" in lines[s.line - 1]]  # fmt: skip
     assert reads and all(s.width == 16 and s.degree == 2.0 for s in reads), [str(s) for s in reads]

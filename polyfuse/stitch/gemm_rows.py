@@ -84,7 +84,7 @@ ROW_THREADS = (64, 128, 256)
 #: lanes per row of the reduction (a warp per row)
 WARP = 32
 #: what the cached decisions' data holds (:mod:`polyfuse.stitch.row_cost`); bumped when it changes
-ROW_COST_REVISION = 4
+ROW_COST_REVISION = 5
 #: the widest row a whole-row tile is tried for (wider rows are refused with this reason)
 MAX_ROW = 4096
 

@@ -141,13 +141,33 @@ def store_wavefronts(stride: int) -> int:
     return max(banks.values())
 
 
+def pair_store_wavefronts(stride: int) -> int:
+    """Shared-memory wavefronts of one warp's epilogue store of column pairs (one ``float2``
+    per lane: :mod:`polyfuse.cuda.codegen.lower_mma_epilogue`) to a row tile whose rows are
+    ``stride`` floats apart: lane ``l`` writes words ``stride * (l / 4) + 2 (l % 4)`` and the
+    next; 8-byte accesses are served a half-warp (4 rows) per phase, each phase taking as many
+    wavefronts as its busiest bank has words (2 at the least, one per phase)."""
+    total = 0
+    for phase in (range(16), range(16, 32)):
+        banks: dict[int, int] = {}
+        for lane in phase:
+            for w in (0, 1):
+                b = (stride * (lane // 4) + 2 * (lane % 4) + w) % 32
+                banks[b] = banks.get(b, 0) + 1
+        total += max(banks.values())
+    return total
+
+
 def row_pad(width: int) -> int:
     """Elements each row of a ``width``-wide row tile is padded by: the fewest (a multiple of
     4, keeping 16-byte rows for the reduction's vector reads) whose stride gives the epilogue's
-    stores the fewest wavefronts (:func:`store_wavefronts`: a 128-wide row, 8 of them; padded
-    by 4, 2, the fewest any stride gives: the 32 lanes' columns are even)."""
-    best = min(range(0, 32, 4), key=lambda p: (store_wavefronts(width + p), p))
-    return best if width % 4 == 0 else 0
+    stores the fewest wavefronts — pairs of columns as ``float2`` where the rows are even
+    (:func:`pair_store_wavefronts`: a 128-wide row, 8 of them; padded by 8, 2, conflict-free),
+    else element by element (:func:`store_wavefronts`: padded by 4, 2 per 4-byte store)."""
+    if width % 4:
+        return 0
+    cost = pair_store_wavefronts if width % 2 == 0 else store_wavefronts
+    return min(range(0, 32, 4), key=lambda p: (cost(width + p), p))
 
 
 def _padded(box: list, stride: int) -> list:

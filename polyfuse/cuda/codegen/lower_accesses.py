@@ -280,8 +280,9 @@ class Accesses:
         self.stmts = {s.name: s for s in statements}
         self.idents = idents
         self.ir = ir
-        #: lane arrays of a vector group that only its whole-word store reads: that store
-        #: rounds each lane to the tensor's dtype, so the lanes hold the float value as is
+        #: lane arrays of a vector group that only its whole-word store to global memory
+        #: reads: that store rounds each lane to the tensor's dtype, so the lanes hold the
+        #: float value as is (a shared row's lanes hold it rounded, as its readers expect)
         self.rounded_by_store: set[str] = set()
         self.lane_guard: KExpr | None = None
         if ir.reduction and ir.lane_params:
@@ -386,11 +387,12 @@ class Accesses:
         for a in n.stores:
             dtype = register_dtype(self.stmts[a.stmt].tensor.dtype)
             buf = KBuffer(namer.vector(a.tensor, 0), dtype, BufferScope.LOCAL, (n.width,))
-            if a.tensor not in read_back:
-                self.rounded_by_store.add(buf.name)
             lanes.setdefault(a.stmt, {})[a.tensor] = KLoad(buf, var)
             target = self.lane_target(self.stmts[a.stmt], a.tensor, a.args, store=True)
             stores.append(KLane(target, buf))
+            # a global word store rounds each lane; a shared row holds what the lanes hold
+            if a.tensor not in read_back and target.buffer.scope is BufferScope.GLOBAL:
+                self.rounded_by_store.add(buf.name)
         for a in n.local:
             dtype = register_dtype(self.stmts[a.stmt].tensor.dtype)
             buf = KBuffer(namer.vector(a.tensor, 0), dtype, BufferScope.LOCAL, (n.width,))

@@ -26,9 +26,10 @@ half the guards. The proof, on the epilogue's subscripts:
   elements, so the pair starts at an even element (the word is aligned);
 - the result has an even number of columns, so the guard of the first column is the guard
   of both;
-- every stored tensor is float32, float16 or bfloat16 in global memory (a tensor the
-  epilogue stores to shared memory, the row tile of :mod:`polyfuse.stitch.mma_rows`, keeps
-  element stores).
+- every stored tensor is float32, float16 or bfloat16 in global memory, or the whole-row
+  tile of floats :mod:`polyfuse.stitch.mma_rows` keeps in shared memory, whose rows start at
+  even elements (an even stride, an even first column): a ``float2`` per pair, which its
+  padding (:func:`polyfuse.stitch.mma_rows.row_pad`) makes bank-conflict free.
 
 Otherwise the epilogue stores element by element; either way the kernel notes say why.
 """
@@ -36,6 +37,8 @@ Otherwise the epilogue stores element by element; either way the kernel notes sa
 from __future__ import annotations
 
 from dataclasses import replace
+
+import islpy as isl
 
 from polyfuse.base.decision import DecisionKind, DecisionNote, noted
 from polyfuse.cuda.codegen.kernel_arith import add, all_of, band, cmp, div, mod, mul, shr
@@ -121,7 +124,7 @@ def epilogue(
         )
     h, v = KVar("pf_h"), KVar("pf_v")
     at_first = tuple(substitute(a, "pf_col", KVar("pf_c0")) for a in args)  # the first
-    stored = [s for s in shape.epilogue if placements[s.prim].space == "global"]
+    stored = [s for s in shape.epilogue if placements[s.prim].space in ("global", "shared")]
     inputs = {n: p for n, p in placements.items()
               if n not in {e.prim for e in shape.epilogue} | {shape.update.prim}}  # fmt: skip
     loads = [KLaneAccess(t, s.name, at_first) for s in shape.epilogue
@@ -147,7 +150,10 @@ def epilogue(
     ]  # fmt: skip
     nest = _loop("pf_i", tk.tiling.tiles_m, [_loop("pf_j", tk.tiling.tiles_n,
                                                   [_loop("pf_h", 2, pair)])])  # fmt: skip
-    names = [namer.tensor(s.prim) for s in stored]  # canonical slots in a canonical kernel
+    names = [  # canonical slots in a canonical kernel; a shared row tile by its array's name
+        namer.shared(s.prim) if placements[s.prim].space == "shared" else namer.tensor(s.prim)
+        for s in stored
+    ]
     read = sorted({namer.tensor(a.tensor) for a in loads})
     also = f"; {', '.join(read)} read likewise" if read else ""
     return nest, noted(
@@ -217,11 +223,15 @@ def _unpaired(
         return f"columns {ln}..{hn}: an odd bound"
     stored = []
     for s in shape.epilogue:
-        space = placements[s.prim].space
+        p = placements[s.prim]
         name = namer.tensor(s.prim)
-        if space == "shared":
-            return f"{name} is stored to shared memory"
-        if space != "global":
+        if p.space == "shared":  # a whole-row tile of floats: float2 pairs
+            (lo, _), stride = p.box[-1], p.box[-1][1]
+            if stride % 2 or not _even(lo):
+                return f"{name}'s shared rows do not start at even elements"
+            stored.append(s)
+            continue
+        if p.space != "global":
             continue
         t = s.tensor
         if t.dtype not in PAIRED_DTYPES:
@@ -230,8 +240,20 @@ def _unpaired(
             return f"{name}'s rows have an odd length ({t.shape[-1]})"
         stored.append(s)
     if not stored:
-        return "nothing stored to global memory"
+        return "nothing stored to memory"
     return None
+
+
+def _even(bound: isl.PwAff) -> bool:
+    """Whether an affine bound (of the block coordinates) is even wherever it is defined: its
+    constant and every coefficient even, piece by piece."""
+    for _, aff in bound.get_pieces():
+        vals = [aff.get_constant_val()]
+        for kind in (isl.dim_type.param, isl.dim_type.in_):
+            vals += [aff.get_coefficient_val(kind, i) for i in range(aff.dim(kind))]
+        if any(not v.is_int() or v.to_python() % 2 for v in vals):
+            return False
+    return True
 
 
 def _key(e: ex.Expr) -> tuple:
