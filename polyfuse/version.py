@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 # vector group's lanes that only its word store reads are rounded once, by that store; 23:
 # launch bounds' register caps per SM partition, as ptxas caps them; 24: a tensor-core kernel
 # whose k-steps are all unrolled is all tail; 25: the epilogue stores column pairs to a
-# shared row tile as float2, its rows padded for them), so kernels and schedules cached by an
-# older compiler miss.
-CODEGEN_REVISION = 25
+# shared row tile as float2, its rows padded for them; 26: the epilogue tests only the
+# extents its block tiles do not cover exactly), so kernels and schedules cached by an older
+# compiler miss.
+CODEGEN_REVISION = 26

@@ -139,6 +139,22 @@ def test_a_conv_whose_rows_fold_into_the_columns_pairs_when_they_are_even(hw, pa
     _check(fn, arrays, [np.maximum(want, 0)], ["float16"])
 
 
+def test_the_guard_tests_only_the_extents_the_tiles_do_not_cover():
+    """The epilogue's guard tests a result extent only where the block tiles overhang it: 256
+    x 256 in whole tiles runs untested; 96 rows in 64-row tiles test the row alone; numbers
+    as float64 in every mode."""
+    for m, guard in ((256, None), (96, "if ((pf_row <= 95)) {")):
+        ins, outs, arrays, wants = _ffn("bfloat16", m, 64, 256)
+        fn = polyfuse.compile(ins, outs, check_cuda=False)
+        (kern,) = fn.kernels
+        tail = kern.source[kern.source.index("for (int pf_h = 0") :]
+        if guard is None:
+            assert "if (" not in tail, tail[:600]
+        else:
+            assert guard in tail and "pf_c0 <=" not in tail, tail[:600]
+        _check(fn, arrays, wants, ["bfloat16", "bfloat16"])
+
+
 def test_an_odd_column_count_keeps_element_stores():
     """65 columns: the last pair would be half outside the result (and odd rows misalign
     the words): element stores, and the note says why; numbers as float64."""
