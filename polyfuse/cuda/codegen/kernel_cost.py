@@ -373,7 +373,8 @@ def _trips(n: KFor) -> tuple[int | None, bool]:
 def ir_work(
     ir: KernelIR, statements: list[Statement], spaces: dict[str, str], idents: dict[int, str]
 ) -> Work:
-    """The per-thread work of lowered kernel ``ir`` (see the module doc). ``spaces``: where
+    """The per-thread work of lowered kernel ``ir`` (see the module doc), with a tensor-core
+    kernel's tail (what runs outside its k-step loops, :func:`mma_loops`). ``spaces``: where
     each tensor the kernel touches lives (``global``, ``shared`` or ``register``; a tensor not
     listed is global)."""
     by_name = {s.name: s for s in statements}

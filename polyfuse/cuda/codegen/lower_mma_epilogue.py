@@ -31,6 +31,9 @@ half the guards. The proof, on the epilogue's subscripts:
   even elements (an even stride, an even first column): a ``float2`` per pair, which its
   padding (:func:`polyfuse.stitch.mma_rows.row_pad`) makes bank-conflict free.
 
+A kernel input the statements read at the pair's two columns (a bias ``b[col]``, a residual
+``r[row, col]``) is loaded as one word as well (:func:`paired_reads`).
+
 Otherwise the epilogue stores element by element; either way the kernel notes say why. The
 guard tests only the extents the block tiles do not cover exactly (none where both do: the
 FFN's 8192 x 3072 result in 128 x 256 tiles runs its epilogue untested).
