@@ -169,6 +169,9 @@ class CaseResult:
     rerun_identical: bool | None = None
     peer_rel_err: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: each launch's median time, timed apart with CUDA events (what the cost model's
+    #: per-kernel figures are checked against: benchmarks/tensor_model.py)
+    kernel_ms: list[float] = field(default_factory=list)
 
     @property
     def best_peer(self) -> float | None:
@@ -242,6 +245,10 @@ def _run_case(
     again = [_host(g) for g in prog(args, outs)]
     res.rerun_identical = all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     res.polyfuse_ms = bench(lambda: prog(args, outs))
+    try:
+        res.kernel_ms = prog.time_launches(repeats=10)
+    except Exception as e:  # report, keep going: the call's time is what the day needs
+        res.notes.append(f"per-kernel times: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     if "eager" in peers:
         with torch.no_grad():
             out = _peer_outputs(peer(tops, *xs))
