@@ -31,14 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from polyfuse.cuda.codegen.kernel_arith import add, band, cmp, div, mod, mul, shr
+from polyfuse.cuda.codegen.kernel_arith import add, band, div, mod, mul, shr
 from polyfuse.cuda.codegen.kernel_ast import (
     KAlloc,
     KAssign,
     KBarrier,
     Kernel,
     KExpr,
-    KFor,
     KInt,
     KLet,
     KNode,
@@ -57,7 +56,7 @@ from polyfuse.cuda.codegen.lower import (
 )
 from polyfuse.cuda.codegen.lower_buffers import alloc_buffers
 from polyfuse.cuda.codegen.lower_dtypes import assign_dtypes, storage_dtypes
-from polyfuse.cuda.codegen.lower_mma_epilogue import epilogue
+from polyfuse.cuda.codegen.lower_mma_epilogue import epilogue, unrolled_loop
 from polyfuse.cuda.codegen.lower_mma_fills import TileFill, fill_setup, k_values
 from polyfuse.cuda.codegen.lower_mma_fragments import double_buffered_loop, single_buffered
 from polyfuse.cuda.codegen.lower_mma_pipeline import k_tile_loop
@@ -172,7 +171,7 @@ def lower_mma_ir(
         KLet("pf_n0", add(ln, mul(gn, t.block_n))),
         *lanes,
         KRegisters("pf_acc", mma.c_type, (tm, tn, 4), "local"),
-        _loop("pf_i", tm, [_loop("pf_j", tn, [_loop("pf_x", 4, zero)])]),
+        unrolled_loop("pf_i", tm, [unrolled_loop("pf_j", tn, [unrolled_loop("pf_x", 4, zero)])]),
     ]
     fills = (
         TileFill(a, la, sa, namer.tensor(a.tensor), t.block_m, t.block_k, KVar("pf_m0"), hm,
@@ -208,6 +207,3 @@ def lower_mma_ir(
     # the tile model's registers (occupancy, until ptxas says)
     return Lowered(ir, ir_facts(ir, model.statements, as_global, idents, t.registers), (note,))
 
-
-def _loop(var: str, trips: int, body: list[KNode]) -> KFor:
-    return KFor(var, KInt(0), cmp("<", var, trips), 1, tuple(body), unroll=True)

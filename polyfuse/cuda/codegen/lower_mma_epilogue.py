@@ -75,8 +75,16 @@ from polyfuse.poly.tensorize import MMA_M, MMA_N, TensorCoreKernel
 PAIRED_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _loop(var: str, trips: int, body: list[KNode]) -> KFor:
+def unrolled_loop(var: str, trips: int, body: list[KNode]) -> KFor:
+    """``#pragma unroll`` ``for (var = 0; var < trips; var++)`` over ``body`` (the
+    accumulator fragments' loops)."""
     return KFor(var, KInt(0), cmp("<", var, trips), 1, tuple(body), unroll=True)
+
+
+def _per_fragment(tk: TensorCoreKernel, inner: KNode) -> KFor:
+    """``inner`` in every accumulator fragment ``(pf_i, pf_j)`` of a warp's tile."""
+    t = tk.tiling
+    return unrolled_loop("pf_i", t.tiles_m, [unrolled_loop("pf_j", t.tiles_n, [inner])])
 
 
 def epilogue(
@@ -128,8 +136,7 @@ def epilogue(
             KLet("pf_col", add(first, band(x, 1))),
             *inside(col, (KAssign(KRef(acc), KRef("pf_acc", (i, j, x))), *stmts)),
         ]
-        nest = _loop("pf_i", tk.tiling.tiles_m, [_loop("pf_j", tk.tiling.tiles_n,
-                                                      [_loop("pf_x", 4, element)])])  # fmt: skip
+        nest = _per_fragment(tk, unrolled_loop("pf_x", 4, element))
         return nest, noted(
             DecisionKind.TENSOR_CORES, f"epilogue: element stores ({why})", made=False
         )
@@ -158,8 +165,7 @@ def epilogue(
         KLet("pf_c0", first),
         *inside(KVar("pf_c0"), (replace(group, body=body),)),
     ]
-    nest = _loop("pf_i", tk.tiling.tiles_m, [_loop("pf_j", tk.tiling.tiles_n,
-                                                  [_loop("pf_h", 2, pair)])])  # fmt: skip
+    nest = _per_fragment(tk, unrolled_loop("pf_h", 2, pair))
     names = [  # canonical slots in a canonical kernel; a shared row tile by its array's name
         namer.shared(s.prim) if placements[s.prim].space == "shared" else namer.tensor(s.prim)
         for s in stored
