@@ -149,6 +149,9 @@ PEERS: dict[str, Callable[..., Any]] = {
     "matmul_bf16_k64_s2": lambda o, a, w: a @ w,
     "matmul_bf16_k64_s3": lambda o, a, w: a @ w,
     "matmul_bf16_k64_s4": lambda o, a, w: a @ w,
+    "matmul_bf16_t128x128w4": lambda o, a, w: a @ w,
+    "matmul_bf16_t128x128": lambda o, a, w: a @ w,
+    "matmul_bf16_t256x128": lambda o, a, w: a @ w,
     "matmul_tf32": lambda o, a, w: a @ w,
     "matmul_tf32_k32_s3": lambda o, a, w: a @ w,
     "ffn_up_gelu_bf16": lambda o, a, w, bias: _gelu_erf(o, a @ w + bias),
@@ -208,9 +211,17 @@ def _k(block_k: int, stages: int) -> dict[str, int]:
     return {"mma_block_k": block_k, "gemm_stages": stages}
 
 
+def _t(block_m: int, block_n: int, warps_m: int, warps_n: int) -> dict[str, Any]:
+    """A forced block tile and warp grid (``MappingConfig.mma_tile``) timed beside the
+    model's."""
+    return {"mma_tile": (block_m, block_n, warps_m, warps_n)}
+
+
 #: Tensor-core cases: bf16 4096³ at the stage model's S and at S = 1, 3, 4 (pipelined vs one
 #: stage), with single-buffered register fragments (``_f1``), with 64-deep k-tiles at
-#: S = 2..4 (dynamic shared memory past 48 KB), tf32 4096³ (``allow_tf32``; its peers run
+#: S = 2..4 (dynamic shared memory past 48 KB), at other block tiles (``_t``: 128x128 of four
+#: 64x64 warps, two blocks per SM, whose barriers the other block hides; of eight 64x32
+#: warps; 256x128), tf32 4096³ (``allow_tf32``; its peers run
 #: with TF32 on), the BERT-base FFN, a conv and attention in bf16. JAX is not timed for them
 #: (its float32 precision is set globally).
 TENSOR_CORE: dict[str, TensorCase] = {
@@ -224,6 +235,15 @@ TENSOR_CORE: dict[str, TensorCase] = {
     "matmul_bf16_k64_s2": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 2), ()),
     "matmul_bf16_k64_s3": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 3), ()),
     "matmul_bf16_k64_s4": TensorCase("matmul", _MM4096, "bfloat16", "bf16", _k(64, 4), ()),
+    "matmul_bf16_t128x128w4": TensorCase(
+        "matmul", _MM4096, "bfloat16", "bf16", _t(128, 128, 2, 2), ()
+    ),
+    "matmul_bf16_t128x128": TensorCase(
+        "matmul", _MM4096, "bfloat16", "bf16", _t(128, 128, 2, 4), ()
+    ),
+    "matmul_bf16_t256x128": TensorCase(
+        "matmul", _MM4096, "bfloat16", "bf16", _t(256, 128, 4, 2), ()
+    ),
     "matmul_tf32": TensorCase("matmul", _MM4096, "float32", "tf32", {"allow_tf32": True}),
     "matmul_tf32_k32_s3": TensorCase(
         "matmul", _MM4096, "float32", "tf32", {"allow_tf32": True, **_k(32, 3)}, ()

@@ -99,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"case": name, "measured_ms": ms, "commit": commit, "ratio": ratio,
                      "in_band": inside, **r})  # fmt: skip
         bounds = ", ".join(k["bound"] for k in r["kernels"])
-        print(f"{name:26s} {ms or 0:11.3f} {commit:>7s} {r['modelled_us'] / 1e3:11.3f} "
-              f"{ratio or 0:10.2f}{'' if inside else ' *'}  {bounds}")  # fmt: skip
-    n = sum(r["in_band"] for r in rows)
-    print(f"{n}/{len(rows)} inside {BAND[0]}-{BAND[1]} (* outside)")
+        meas = f"{ms:11.3f} {commit:>7s}" if ms else f"{'not yet':>11s} {'':>7s}"
+        fit = f"{ratio:10.2f}{'' if inside else ' *'}" if ratio else f"{'':>10s}"
+        print(f"{name:26s} {meas} {r['modelled_us'] / 1e3:11.3f} {fit}  {bounds}")
+    timed = [r for r in rows if r["ratio"] is not None]
+    n = sum(r["in_band"] for r in timed)
+    print(f"{n}/{len(timed)} measured cases inside {BAND[0]}-{BAND[1]} (* outside); "
+          f"{len(rows) - len(timed)} not yet measured")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"arch": args.arch, "band": BAND, "rows": rows}, indent=1))
     print(f"wrote {args.json}")

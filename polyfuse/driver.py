@@ -68,6 +68,7 @@ from polyfuse.poly.schedule import (
     configure,
 )
 from polyfuse.poly.split import split_long_reductions
+from polyfuse.poly.tensorize_tiling import check_forced_tiling
 from polyfuse.reference import evaluate
 from polyfuse.stitch.epilogue import EpilogueChoice, epilogue_choices
 from polyfuse.stitch.gemm_rows import GemmRowsGroup
@@ -292,6 +293,7 @@ def compile(  # noqa: A001
         raise ExpressionError(
             f"compile: unknown arch '{arch}'; use one of {', '.join(SUPPORTED_ARCHS)}"
         )
+    check_forced_tiling(mapping.mma_tile if mapping else None)
     inputs, outputs = list(inputs), list(outputs)
     consts = _check_constants(constants or {}, inputs)
     selected = check_passes(passes)

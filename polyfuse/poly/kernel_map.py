@@ -58,6 +58,8 @@ from polyfuse.poly.tiling import GemmShape, GemmTiling, detect_gemm, rank_gemm_t
 
 #: kinds of the plan notes on tensor cores and on pipeline stages
 TENSOR_CORES, STAGES = DecisionKind.TENSOR_CORES, DecisionKind.PIPELINE_STAGES
+#: why a tensorized kernel's tiling is the user's (``MappingConfig.mma_tile``)
+FORCED_MMA_TILE = "MappingConfig.mma_tile"
 
 
 def map_kernel(
@@ -83,8 +85,9 @@ def map_kernel(
             )
             parts = [replace(parts[0], notes=[*parts[0].notes, note])]
     (sm,) = parts
-    bk = cfg.mma_block_k
-    tf32 = map_tensor_core(sm, device, cfg.gemm_stages, True, bk) if cfg.allow_tf32 else None
+    bk, tile = cfg.mma_block_k, cfg.mma_tile
+    tc_args = (bk, tile, FORCED_MMA_TILE if tile else "")
+    tf32 = map_tensor_core(sm, device, cfg.gemm_stages, True, *tc_args) if cfg.allow_tf32 else None
     if isinstance(tf32, TensorCoreKernel):
         return with_fragment_buffers(tf32, device, cfg.mma_fragment_buffers)
     gemm = map_gemm(sm, device, cfg) if cfg.gemm else None
@@ -94,7 +97,7 @@ def map_kernel(
             gemm.notes.append(no)
         return gemm
     half = gemm is not None and gemm.reason == HALF_OPERANDS
-    tensorized = map_tensor_core(sm, device, cfg.gemm_stages, block_k=bk) if half else None
+    tensorized = map_tensor_core(sm, device, cfg.gemm_stages, False, *tc_args) if half else None
     if isinstance(tensorized, TensorCoreKernel):
         return with_fragment_buffers(tensorized, device, cfg.mma_fragment_buffers)
     mapped = map_to_gpu(sm, cfg, device)

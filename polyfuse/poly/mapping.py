@@ -54,6 +54,11 @@ class MappingConfig:
     #: tensorized GEMMs: force the k-tile (a multiple of the intrinsic's k: 32 or 64 for
     #: 16-bit operands, 16 or 32 for tf32) instead of the tile model's; None = the model's
     mma_block_k: int | None = None
+    #: tensorized GEMMs: force the block tile and warp grid (block M, block N, warps along M,
+    #: warps along N; whole 16x8 mma tiles per warp, checked by
+    #: ``poly/tensorize_tiling.check_forced_tiling``) instead of the tile model's choice, e.g.
+    #: to time tilings on a GPU; None = the model's (a row-stitched GEMM keeps its row tile)
+    mma_tile: tuple[int, int, int, int] | None = None
     #: False: no GEMM takes the row reduction after it (rule 9, polyfuse.stitch.gemm_rows)
     gemm_rows: bool = True
     # plain kernels: elements per thread (poly/coarsen.py); None = the cost model decides,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from polyfuse.base.decision import DecisionKind, noted
 from polyfuse.base.decision_data import TensorCoreData
+from polyfuse.base.errors import ExpressionError
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
@@ -57,6 +58,10 @@ TILINGS = (
 #: shared addresses): 169 others of the 128x128 3x3 conv's k-tile (sm_80) less its modelled
 #: 128 fill instructions and 12 ldmatrix
 KTILE_OVERHEAD = 29.0
+#: the registers a thread may take on every architecture (a forced tiling past it spills)
+MAX_REGISTERS = 255
+#: the register file one block may take (sm_80, sm_90)
+BLOCK_REGISTERS = 65536
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,38 @@ class MmaTiling:
             + 4 * self.tiles_m
             + 2 * self.tiles_n
             + (GEMM_REG_OVERHEAD)
+        )
+
+
+def check_forced_tiling(tile: tuple[int, int, int, int] | None) -> None:
+    """Refuse a user-forced tiling (``MappingConfig.mma_tile``: block M, block N, warps along
+    M and N) whose warps do not split the block tile into whole 16x8 mma tiles, whose block
+    has more than 1024 threads, or whose modelled registers exceed 255 per thread or the
+    block's register file (it would spill)."""
+    if tile is None:
+        return
+    why = ""
+    if len(tile) != 4 or not all(isinstance(v, int) and v > 0 for v in tile):
+        why = "four positive integers"
+    else:
+        bm, bn, wm, wn = tile
+        t = MmaTiling(bm, bn, wm, wn)
+        if bm % (MMA_M * wm) or bn % (MMA_N * wn):
+            why = f"a block tile split into whole {MMA_M}x{MMA_N} mma tiles per warp"
+        elif t.warps > 32:
+            why = "at most 32 warps (1024 threads) per block"
+        elif t.registers > MAX_REGISTERS:
+            why = f"at most {MAX_REGISTERS} registers per thread (modelled {t.registers})"
+        elif t.registers * 32 * t.warps > BLOCK_REGISTERS:
+            why = (
+                f"at most {BLOCK_REGISTERS} registers per block (modelled {t.registers} x "
+                f"{32 * t.warps} threads)"
+            )
+    if why:
+        raise ExpressionError(
+            f"MappingConfig: mma_tile={tuple(tile)} is not a tensor-core tiling: it needs "
+            f"{why}; e.g. one of the model's candidates {', '.join(map(str, TILINGS[:3]))}, "
+            "or None for the model's choice"
         )
 
 
@@ -151,9 +188,7 @@ def choose_mma_tiling(
     ``forced_reason`` (a whole-row tile, :mod:`polyfuse.stitch.mma_rows`)."""
     mma_k, bk = MMA_K_OF[itemsize], KTILE_BYTES // itemsize
     if block_k is not None and (block_k <= 0 or block_k % mma_k or block_k > 4 * mma_k):
-        raise ValueError(
-            f"mma_block_k={block_k}: a tensorized k-tile is 1 to 4 k-steps of {mma_k}"
-        )
+        raise ValueError(f"mma_block_k={block_k}: a tensorized k-tile is 1 to 4 k-steps of {mma_k}")
     m, n = mn or (len(shape.data) - 2, len(shape.data) - 1)
     rows = extent(shape, m)
     cols = extent(shape, n) * (1 if fold is None else extent(shape, fold))
