@@ -44,7 +44,9 @@ Timing: ``triton.testing.do_bench`` (median, L2 flushed before each repetition) 
 exists, else CUDA events around each repetition after a 256 MB L2 flush, median of the
 repetitions; JAX by host clock around repeated calls with ``block_until_ready`` (its own
 stream; L2 not flushed). TF32 off everywhere. ``floor_ms = max(compulsory bytes / measured
-copy bandwidth, FLOPs / measured cuBLAS FP32 rate)``.
+copy bandwidth, FLOPs / measured cuBLAS FP32 rate)``; ``launch_ms``: a CUDA graph of one
+1-element kernel timed the same way (what every launch costs as timed; the table gives
+polyfuse / (floor + launch) beside polyfuse / floor).
 
 Tested without a GPU (tests/test_gpu_benchmark.py): artifacts prepared at a small
 ``--scale`` run through the runtime on a fake GPU driver (kernels in the CPU emulator) and

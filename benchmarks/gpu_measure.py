@@ -143,11 +143,30 @@ def ceilings() -> dict[str, float]:
     xb, yb = x.bfloat16(), y.bfloat16()
     t_bf16 = bench(lambda: xb @ yb, rep_ms=300)
     return {
+        "launch_ms": launch_ms(),
         "copy_bytes_per_s": 2 * 256 * 1024 * 1024 * 4 / (t_copy * 1e-3),
         "fp32_flops_per_s": 2.0 * n**3 / (t_mm * 1e-3),
         "tf32_flops_per_s": 2.0 * n**3 / (t_tf32 * 1e-3),
         "bf16_flops_per_s": 2.0 * n**3 / (t_bf16 * 1e-3),
     }
+
+
+def launch_ms() -> float:
+    """Median ms of a CUDA graph of one 1-element kernel timed like every case (``bench``):
+    the launch, the first DRAM access and the timing's own cost, which every case and peer
+    pays once per launch and the floor leaves out."""
+    import torch
+
+    tiny = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tiny.add_(1)  # warm-up off the capture stream, as torch.cuda.graphs asks
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tiny.add_(1)
+    return bench(graph.replay)
 
 
 def _floor_ms(case: PreparedCase, ceil: dict[str, float]) -> float:
@@ -165,6 +184,9 @@ class CaseResult:
     inductor_ms: float | None = None
     xla_ms: float | None = None
     floor_ms: float | None = None
+    #: one empty launch timed the same way (:func:`launch_ms`): ``floor_ms + launch_ms`` is
+    #: what a single-kernel case can reach at best
+    launch_ms: float | None = None
     rel_err: float | None = None
     rerun_identical: bool | None = None
     peer_rel_err: dict[str, float] = field(default_factory=dict)
@@ -286,8 +308,14 @@ def _run_case(
             res.notes.append(f"jax: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     if ceil:
         res.floor_ms = _floor_ms(case, ceil)
+        res.launch_ms = ceil.get("launch_ms")
     prog.close()
     return res
+
+
+def over_launch(ms: float | None, floor: float | None, launch: float | None) -> float | None:
+    """``ms`` over the floor plus one empty launch (None where one is unknown)."""
+    return ms / (floor + launch) if ms and floor and launch else None
 
 
 def _fmt(v: float | None, digits: int = 4) -> str:
@@ -297,9 +325,10 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 def print_table(results: Sequence[CaseResult], cases: dict[str, PreparedCase]) -> None:
     print(
         "| case | kernels | polyfuse ms | eager | inductor | xla | floor | polyfuse / best peer "
-        "| polyfuse / floor | rel_err | rerun identical | regs (spill B) |"
+        "| polyfuse / floor | polyfuse / (floor + launch) | rel_err | rerun identical "
+        "| regs (spill B) |"
     )
-    print("|---" * 12 + "|")
+    print("|---" * 13 + "|")
     for r in results:
         best = r.best_peer
         regs = ", ".join(
@@ -310,6 +339,7 @@ def print_table(results: Sequence[CaseResult], cases: dict[str, PreparedCase]) -
             f"{_fmt(r.inductor_ms)} | {_fmt(r.xla_ms)} | {_fmt(r.floor_ms)} | "
             f"{_fmt(r.polyfuse_ms / best if r.polyfuse_ms and best else None, 2)} | "
             f"{_fmt(r.polyfuse_ms / r.floor_ms if r.polyfuse_ms and r.floor_ms else None, 2)} | "
+            f"{_fmt(over_launch(r.polyfuse_ms, r.floor_ms, r.launch_ms), 2)} | "
             f"{r.rel_err:.1e} | {r.rerun_identical} | {regs} |"
         )
         for n in r.notes:
@@ -388,7 +418,8 @@ def run(
     if not fake:
         ceil = ceilings()
         print(
-            f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, cuBLAS FP32 "
+            f"ceilings: empty launch {ceil['launch_ms'] * 1e3:.1f} us, "
+            f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, cuBLAS FP32 "
             f"{ceil['fp32_flops_per_s'] / 1e12:.1f}, TF32 {ceil['tf32_flops_per_s'] / 1e12:.1f}, "
             f"bf16 {ceil['bf16_flops_per_s'] / 1e12:.1f} TFLOP/s",
             flush=True,
