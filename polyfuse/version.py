@@ -31,6 +31,8 @@ __version__ = "0.1.0"
 # launch bounds' register caps per SM partition, as ptxas caps them; 24: a tensor-core kernel
 # whose k-steps are all unrolled is all tail; 25: the epilogue stores column pairs to a
 # shared row tile as float2, its rows padded for them; 26: the epilogue tests only the
-# extents its block tiles do not cover exactly), so kernels and schedules cached by an older
-# compiler miss.
-CODEGEN_REVISION = 26
+# extents its block tiles do not cover exactly; 27: tensor-core tiles priced by the cost
+# model, the fewest others per HMMA within 5 % of its best; __launch_bounds__(threads, 1) on
+# tiles of few registers), so kernels and schedules cached
+# by an older compiler miss.
+CODEGEN_REVISION = 27

@@ -91,7 +91,7 @@ def test_the_tensor_core_kernel_is_its_ir_printed(monkeypatch):
     kernel_of = lower_mma.kernel_of
     monkeypatch.setattr(lower_mma, "kernel_of", spy)
     inputs, out, arrays, want = _matmul("bfloat16", *ODD_ALIGNED)
-    fn = _compile(inputs, out, 3, buffers=2)
+    fn = _compile(inputs, out, 3, buffers=2, tile=(64, 64, 2, 2))  # warps of 2x4 mma tiles
     (k,) = fn.kernels
     (ir,) = seen
     assert list(ir.body) == k.body

@@ -404,12 +404,19 @@ def test_sass_conv3x3_gpu_day_k_tile_loop(arch, case):
     183 / 184 others, 1 HMMA per 2.86 / 2.88, 240 registers. Now each input chunk's row offset
     and padding mask (a bit per filter position) are computed once before the loop, and the
     chunks' shared destinations step from one pointer: 100 / 101 others, 1 HMMA per 1.56 /
-    1.58 (the issue's 1 per 2), 225 / 228 registers, no spill. Stride 2 on sm_80 the same.
-    Stride 2 on sm_90 takes 64x128 (64x256 makes 128 blocks on 132 SMs): 32 HMMA, 86 others,
-    1 per 2.69 (before 3.44): the k-tile's fixed work (the split of k, the stage counters,
-    the barrier and waits) over half the HMMA."""
+    1.58 (the issue's 1 per 2), 225 / 228 registers, no spill. Stride 2 on sm_80 the same
+    until the tile model weighed waves (now 64x64, below). Stride 2 on sm_90 takes 64x128
+    (64x256 makes 128 blocks on 132 SMs): 32 HMMA, 86 others, 1 per 2.69 (before 3.44): the
+    k-tile's fixed work (the split of k, the stage counters, the barrier and waits) over half
+    the HMMA."""
     hmma, ldsm, ldgsts, other, spills, notes = _conv_hot_loop(arch, (32, 64, 64, 56, 56),
                                                              case=case)  # fmt: skip
+    if case == "3x3_stride2_pad1" and arch == "sm_80":
+        # 64x256 makes 128 blocks on 108 SMs, two rounds on 20 of them: the cost model takes
+        # 64x64 (416 blocks, modelled 16.6 against 19.0 us for the next), whose 18 k-tiles
+        # NVVM unrolls but for the guarded last three (the loop found: no fills left)
+        assert "block tile 64x64x32 of 4 warps" in notes[0] and spills == 0, notes[0]
+        return
     if case == "3x3_stride2_pad1" and arch == "sm_90":
         assert (hmma, ldsm, ldgsts, spills) == (32, 12, 6, 0), (hmma, ldsm, ldgsts, other)
         assert other <= 2.75 * hmma, (hmma, other)

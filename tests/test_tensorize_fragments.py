@@ -28,10 +28,12 @@ from polyfuse.poly import tensorize_tiling
 from polyfuse.poly.mapping import MappingConfig
 
 DOUBLE = "tensor cores: fragments double-buffered across the 2 k-steps"
+#: 64x64 blocks of four warps, each 2x4 mma tiles (what the texts below show)
+SMALL = (64, 64, 2, 2)
 
 
-def _compile(inputs, out, stages, buffers, arch="sm_80"):
-    cfg = MappingConfig(gemm_stages=stages, mma_fragment_buffers=buffers)
+def _compile(inputs, out, stages, buffers, arch="sm_80", tile=None):
+    cfg = MappingConfig(gemm_stages=stages, mma_fragment_buffers=buffers, mma_tile=tile)
     return polyfuse.compile(inputs, [out], arch=arch, check_cuda=False, mapping=cfg)
 
 
@@ -108,8 +110,8 @@ def test_the_pass_text_before_and_after():
         "mma(pf_acc, pf_fa[1][0], &pf_fb[1][0], pf_acc);"
     ]
     inputs, out, _, _ = _matmul("bfloat16", *ODD_ALIGNED)
-    before = _compile(inputs, out, 3, 1).kernels[0].source
-    after = _compile(inputs, out, 3, 2).kernels[0].source
+    before = _compile(inputs, out, 3, 1, tile=SMALL).kernels[0].source
+    after = _compile(inputs, out, 3, 2, tile=SMALL).kernels[0].source
     assert "unsigned pf_fa[2][4];" in before  # per k-step, in its loop
     assert "// two fragment buffers" not in before
     assert "__syncthreads();  // ... for every thread; k-tile pf_kt - 1 is read" in before
@@ -209,7 +211,8 @@ def test_a_folded_gathered_conv_keeps_its_fragments_single_buffered_and_does_not
     w = te.placeholder((64, 64, 3, 3), "bfloat16", name="w")
     b = te.placeholder((64,), "bfloat16", name="bias")
     y = ops.relu(ops.conv2d(x, w, b, stride=2, padding=1, name="conv"), name="y")
-    fn = polyfuse.compile([x, w, b], [y], arch="sm_80", check_cuda=False)
+    cfg = MappingConfig(mma_tile=(64, 256, 1, 4))  # the tile of that spill (the model's then)
+    fn = polyfuse.compile([x, w, b], [y], arch="sm_80", check_cuda=False, mapping=cfg)
     (k,) = [k for k in fn.kernels if "pf_mma_" in k.source]
     (why,) = [n for n in k.notes if "fragments" in n and "buffer" in n]
     assert "single-buffered fragments: double buffering refused (the register model)" in why
@@ -222,7 +225,9 @@ def test_a_folded_gathered_conv_keeps_its_fragments_single_buffered_and_does_not
 def _projection(arch: str):
     """ResNet-50's stage-2 projection at full size: a 1x1 stride-2 bf16 conv on a
     channels-last input; the GEMM's rows are the 512 output channels (two block tiles of 256
-    exactly), its columns the 28 x 28 output positions folded (784, in tiles of 128)."""
+    exactly), its columns the 28 x 28 output positions folded (784, in tiles of 128): the
+    256x128 tile of eight warps forced (the model's until it weighed the waves: 200 blocks on
+    108 SMs; 256x64 now)."""
     from polyfuse import te
 
     x = te.placeholder((8, 56, 56, 256), "bfloat16", name="x")
@@ -233,7 +238,8 @@ def _projection(arch: str):
         lambda n, h, q, o: te.sum(x[n, 2 * h, 2 * q, c] * w[o, c], axis=c),
         name="proj",
     )
-    return polyfuse.compile([x, w], [y], arch=arch, check_cuda=False)
+    cfg = MappingConfig(mma_tile=(256, 128, 4, 2))
+    return polyfuse.compile([x, w], [y], arch=arch, check_cuda=False, mapping=cfg)
 
 
 def test_rows_that_tiles_cover_exactly_are_not_guarded():

@@ -18,7 +18,8 @@ the fills cost per element:
 :func:`choose_k_order` prices each order (the identity, and each reduction dim moved
 innermost) by these per-element costs, measured on SASS of the ResNet 3x3 conv (sm_80/sm_90,
 the instructions of a k-tile loop per copied element) and picks the cheapest, the figures in
-its note.
+its note. Whether an order keeps the k-tile loop pipelined (:func:`pipelined`) the tile model
+prices (:mod:`polyfuse.poly.costs.mma`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,22 @@ def price_k_orders(
     return priced
 
 
+def pipelined(a, b, aligned: Callable[[object], bool]) -> bool:
+    """Whether operands ``a`` and ``b`` (in some reduction order) keep the k-tile loop
+    pipelined: one at least filled by 16-byte chunks (both scalar: single-stage fills, every
+    k-tile's loads waited for), every chunked one aligned (``aligned``)."""
+    chunked = [op for op in (a, b) if not op.scalar]
+    return bool(chunked) and all(aligned(op) for op in chunked)
+
+
+def cheapest(
+    priced: list[tuple[float, tuple[int, ...], GemmShape, object, object]],
+) -> tuple[float, tuple[int, ...], GemmShape, object, object]:
+    """The order of :func:`price_k_orders` with the fewest fill instructions (the first of
+    equals)."""
+    return min(priced, key=lambda p: p[0])
+
+
 def choose_k_order(
     shape: GemmShape, a, b, rows: tuple[int, int], block_k: int, nthreads: int,
     aligned: Callable[[object], bool],
@@ -121,7 +138,7 @@ def choose_k_order(
     if len(shape.red) < 2:
         return shape, a, b, ""
     priced = price_k_orders(shape, a, b, rows, block_k, nthreads, aligned)
-    cost, order, s, pa, pb = min(priced, key=lambda p: p[0])
+    cost, order, s, pa, pb = cheapest(priced)
     costs = ", ".join(f"{o}: {c:.0f}" for c, o, *_ in priced)
     note = noted(
         DecisionKind.GEMM_LOOP,

@@ -8,25 +8,35 @@ feeds more HMMA per copied element: what decides the hot loop's HMMA share where
 scalar (an implicit GEMM's im2col gather, ~4 instructions per element) rather than 16-byte
 ``cp.async`` chunks (~6 per 8 elements).
 
-:func:`choose_mma_tiling` prices every candidate of :data:`TILINGS` whose blocks fill the SMs
-and whose registers fit: the modelled non-HMMA instructions per HMMA of one k-tile (the fills
-by :func:`polyfuse.poly.tensorize_order.price_k_orders`, the ``ldmatrix`` of the fragments, a
-fixed loop overhead) over the share of the block tile inside the GEMM (a 128-row tile of a
-64-row GEMM computes half zeros), and takes the cheapest; the figures are in its note.
+:func:`choose_mma_tiling` prices every candidate of :data:`TILINGS` whose registers fit with
+the one cost model, on a description of the kernel it would become
+(:mod:`polyfuse.poly.costs.mma`: its waves and rounds of resident blocks, epilogue, L2
+traffic), among those whose blocks fill the SMs (the model prices a block's mma at the
+pipe's rate however few warps hold it; where none fills them, those of the most blocks), and
+of the candidates within :data:`MODEL_MARGIN` of the model's best takes the one with the fewest
+modelled non-HMMA instructions per useful HMMA of a k-tile (:func:`hot_figure`: the fills by
+:func:`polyfuse.poly.tensorize_order.price_k_orders`, the ``ldmatrix`` of the fragments, a
+fixed loop overhead, over the share of the block tile inside the GEMM — a 128-row tile of a
+64-row GEMM computes half zeros): the model's tensor rate is one loop's, the same for every
+tiling. The figures are in its note.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from polyfuse.base.decision import DecisionKind, noted
 from polyfuse.base.decision_data import TensorCoreData
 from polyfuse.base.errors import ExpressionError
+from polyfuse.poly.costs import KernelDesc, Mix, model_kernel
+from polyfuse.poly.costs.mma import mma_tile_desc
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
-from polyfuse.poly.tensorize_order import price_k_orders
+from polyfuse.poly.tensorize_order import cheapest, pipelined, price_k_orders
+from polyfuse.poly.tiling import epilogue_mix, operand_elements
 
 #: the intrinsic's tile (m16n8k16) and the k-tile a shared buffer holds (two k-steps)
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -54,6 +64,10 @@ TILINGS = (
     (64, 128, 2, 2),
     (64, 64, 2, 2),
 )
+#: candidates modelled within this share of the cost model's best are told apart by their
+#: hot-loop figure (:func:`hot_figure`): the model's tensor rate is one loop's, measured
+#: (the same for every tiling), and its band is 0.67-1.5 of measured times
+MODEL_MARGIN = 0.05
 #: SASS instructions of a k-tile outside its fills and ldmatrix (loop counter, barriers,
 #: shared addresses): 169 others of the 128x128 3x3 conv's k-tile (sm_80) less its modelled
 #: 128 fill instructions and 12 ldmatrix
@@ -141,24 +155,97 @@ def extent(shape: GemmShape, d: int) -> int:
     return hi - lo + 1
 
 
+def fill_slots(
+    t: MmaTiling, shape: GemmShape, ops: tuple | None, aligned: Callable[[object], bool]
+) -> tuple[float, bool]:
+    """Modelled fill instructions per thread of one k-tile of ``t`` in the reduction order
+    the fills will take (:func:`polyfuse.poly.tensorize_order.cheapest`), and whether that
+    order keeps the loop pipelined; plain 16-byte chunks where ``ops`` is None."""
+    threads = 32 * t.warps
+    if ops is None:
+        return (t.block_m + t.block_n) * t.block_k / threads / 8 * 6.0, True
+    priced = price_k_orders(shape, *ops, (t.block_m, t.block_n), t.block_k, threads, aligned)
+    cost, _, _, a, b = cheapest(priced)
+    return cost, pipelined(a, b, aligned)
+
+
 def hot_figure(
     t: MmaTiling, shape: GemmShape, ops: tuple | None, rows: int, cols: int,
-    aligned: Callable[[object], bool],
+    aligned: Callable[[object], bool], fill: float | None = None,
 ) -> float:  # fmt: skip
     """Modelled non-HMMA instructions per useful HMMA of one k-tile of ``t`` (the module
     doc); ``ops``: the (A, B) operands (plain chunked tiles where None), ``rows`` x ``cols``
-    the GEMM's result."""
-    threads = 32 * t.warps
-    if ops is None:
-        fill = (t.block_m + t.block_n) * t.block_k / threads / 8 * 6.0
-    else:
-        priced = price_k_orders(shape, *ops, (t.block_m, t.block_n), t.block_k, threads, aligned)
-        fill = min(p[0] for p in priced)
+    the GEMM's result, ``fill``: :func:`fill_slots` where already known."""
+    if fill is None:
+        fill = fill_slots(t, shape, ops, aligned)[0]
     steps = t.block_k // t.mma_k
     ldsm = (t.tiles_m + t.tiles_n // t.b_step) * steps
     hmma = t.tiles_m * t.tiles_n * steps
     useful = rows / (-(-rows // t.block_m) * t.block_m) * cols / (-(-cols // t.block_n) * t.block_n)
     return (fill + ldsm + KTILE_OVERHEAD) / (hmma * useful)
+
+
+@dataclass(frozen=True)
+class MmaProblem:
+    """What a tensorized GEMM computes, for the cost model: the epilogue's mix per output,
+    the distinct bytes it reads and writes, the reduction's length."""
+
+    epilogue: Mix
+    bytes_read: int
+    bytes_written: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A candidate tiling with its modelled time, its hot-loop figure (:func:`hot_figure`),
+    its place in :data:`TILINGS` and its blocks."""
+
+    us: float
+    figure: float
+    index: int
+    tiling: MmaTiling
+    blocks: int
+
+
+def mma_problem(shape: GemmShape, itemsize: int) -> MmaProblem:
+    """``shape``'s epilogue (:func:`polyfuse.poly.tiling.epilogue_mix`) and bytes at
+    ``itemsize`` bytes per operand element (16-bit results of 16-bit operands; float32 ones
+    of tf32's and bytes')."""
+    out = itemsize if itemsize == 2 else 4
+    data = math.prod(hi - lo + 1 for lo, hi in shape.data)
+    red = math.prod(hi - lo + 1 for lo, hi in shape.red)
+    reads = operand_elements(shape) * itemsize
+    return MmaProblem(epilogue_mix(shape), reads, data * out, red)
+
+
+def tile_desc(
+    t: MmaTiling, problem: MmaProblem, blocks: int, fill: float, itemsize: int,
+    piped: bool = True,
+) -> KernelDesc:  # fmt: skip
+    """The cost model's description of ``problem`` tiled by ``t`` in ``blocks`` blocks, each
+    thread's fills ``fill`` instructions per k-tile, pipelined or (``piped`` False) waited
+    for in every k-tile (:mod:`polyfuse.poly.costs.mma`)."""
+    steps = t.block_k // t.mma_k
+    return mma_tile_desc(
+        name="mma tile",
+        blocks=blocks,
+        warps=t.warps,
+        registers=t.registers,
+        tile_elems=(t.block_m, t.block_n, t.block_k),
+        mma_per_ktile=t.tiles_m * t.tiles_n * steps,
+        ldsm_per_ktile=(t.tiles_m + t.tiles_n // t.b_step) * steps,
+        fill_slots=fill,
+        overhead_slots=KTILE_OVERHEAD,
+        ktiles=-(-problem.k // t.block_k),
+        itemsize=itemsize,
+        out_itemsize=2 if itemsize == 2 else 4,
+        epilogue=problem.epilogue,
+        bytes_read=problem.bytes_read,
+        bytes_written=problem.bytes_written,
+        k=problem.k,
+        pipelined=piped,
+    )
 
 
 def _label(t: MmaTiling) -> str:
@@ -177,15 +264,15 @@ def choose_mma_tiling(
     forced: tuple[int, int, int, int] | None = None,
     forced_reason: str = "",
 ) -> tuple[MmaTiling, str]:
-    """The candidate of :data:`TILINGS` with the fewest modelled non-HMMA instructions per
-    useful HMMA (:func:`hot_figure`) among those whose blocks fill the SMs and whose
-    registers fit (else the last, the smallest), with the reason; ``itemsize``: the operands'
+    """The candidate of :data:`TILINGS` the cost model and the hot-loop figure choose (the
+    module doc), with the reason; ``itemsize``: the operands'
     bytes (2: m16n8k16, 4: tf32's m16n8k8, 1: bytes' m16n8k32); ``mn``: the m and n data
     dims (the last two by default), ``fold``: a data dim folded into the columns, ``ops``:
     the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned,
     ``block_k``: a forced k-tile (a multiple of the intrinsic's k; the model's otherwise);
     ``forced``: the one candidate (block M, block N, warps along M and N) priced, for
-    ``forced_reason`` (a whole-row tile, :mod:`polyfuse.stitch.mma_rows`)."""
+    ``forced_reason`` (a whole-row tile, :mod:`polyfuse.stitch.mma_rows`; the user's
+    ``MappingConfig.mma_tile``)."""
     mma_k, bk = MMA_K_OF[itemsize], KTILE_BYTES // itemsize
     if block_k is not None and (block_k <= 0 or block_k % mma_k or block_k > 4 * mma_k):
         raise ValueError(f"mma_block_k={block_k}: a tensorized k-tile is 1 to 4 k-steps of {mma_k}")
@@ -196,6 +283,7 @@ def choose_mma_tiling(
     for i in range(len(shape.data)):
         if i not in (m, n, fold):
             batch *= extent(shape, i)
+    problem = mma_problem(shape, itemsize)
     priced, refused = [], []
     candidates = TILINGS if forced is None else (forced,)
     for i, (bm, bn, wm, wn) in enumerate(candidates):
@@ -205,13 +293,28 @@ def choose_mma_tiling(
         blocks = batch * -(-rows // bm) * -(-cols // bn)
         if t.registers > device.max_regs_per_thread and forced is None:
             refused.append(f"{_label(t)}: {t.registers} registers")
-        elif blocks < device.sms and i < len(candidates) - 1:
-            refused.append(f"{_label(t)}: {blocks} blocks")
-        else:
-            priced.append((hot_figure(t, shape, ops, rows, cols, aligned), i, t, blocks))
-    fills = [p for p in priced if p[3] >= device.sms] or priced[-1:]
-    figure, _, t, blocks = min(fills, key=lambda p: p[:2])
-    others = ", ".join(f"{_label(p[2])}: {p[0]:.2f}" for p in fills if p[2] != t)
+            continue
+        fill, piped = fill_slots(t, shape, ops, aligned)
+        desc = tile_desc(t, problem, blocks, fill, itemsize, piped)
+        us = model_kernel(desc, device).us
+        figure = hot_figure(t, shape, ops, rows, cols, aligned, fill)
+        priced.append(Priced(us, figure, i, t, blocks))
+    # the model prices a block's mma at the pipe's rate however few warps the SM holds, so
+    # tiles that leave SMs idle are taken only where none fills them: then the most blocks
+    most = max(p.blocks for p in priced)
+    fills = [p for p in priced if p.blocks >= device.sms] or [
+        p for p in priced if p.blocks == most
+    ]
+    best = min(p.us for p in fills)
+    near = [p for p in fills if p.us <= best * (1 + MODEL_MARGIN)]
+    chosen = min(near, key=lambda p: (p.figure, p.index))
+    t, blocks = chosen.tiling, chosen.blocks
+    others = ", ".join(
+        f"{_label(p.tiling)}: {p.us:.1f} us, {p.figure:.2f}"
+        for p in sorted(fills, key=lambda p: (p.us, p.figure, p.index))
+        if p is not chosen
+    )
+    few = [f"{_label(p.tiling)}: {p.blocks} blocks" for p in priced if p not in fills]
     data = TensorCoreData(
         "tile",
         {1: "m16n8k32", 2: "m16n8k16", 4: "m16n8k8.tf32"}[itemsize],
@@ -222,9 +325,16 @@ def choose_mma_tiling(
         (DecisionKind.COST_MODEL, DecisionKind.GEMM_TILE),
         f"block tile {t.block_m}x{t.block_n}x{t.block_k} of {t.warps} warps, each "
         f"{t.tiles_m}x{t.tiles_n} mma tiles of 16x8 ({blocks} blocks on {device.sms} SMs; "
-        f"modelled {figure:.2f} other instructions per useful HMMA"
-        + (f", vs {others}" if others else "")
-        + (f"; too few blocks or registers: {', '.join(refused)}" if refused else "")
+        f"modelled {chosen.us:.1f} us, {chosen.figure:.2f} other instructions per useful HMMA"
+        + (
+            f"; the fewest others within {MODEL_MARGIN:.0%} of the cost model's best, "
+            f"{best:.1f} us"
+            if forced is None
+            else ""
+        )
+        + (f"; vs {others}" if others else "")
+        + (f"; too few blocks: {', '.join(few)}" if few else "")
+        + (f"; too many registers: {', '.join(refused)}" if refused else "")
         + (f"; forced: {forced_reason}" if forced is not None else "")
         + ")",
         shape.update.prim,

@@ -38,7 +38,7 @@ from polyfuse.base.decision import DecisionKind, Refusal, noted, refused
 from polyfuse.base.decision_data import GemmTileData
 from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.expr import Binary, zero_padded_read
-from polyfuse.poly.costs import KernelDesc, model_kernel
+from polyfuse.poly.costs import KernelDesc, Mix, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
 from polyfuse.poly.costs.gemm_code import NO_PERIOD, LoopCode, Operand, TileLayout
 from polyfuse.poly.costs.ops import ExprOps, count_ops, global_read
@@ -341,18 +341,6 @@ def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
         math.prod(hi - lo + 1 for lo, hi in _box(m.intersect_domain(shape.update.domain).range()))
         for _, m in shape.operands
     )
-    written = {st.write.get_tuple_name(isl.dim_type.out) for st in shape.epilogue}
-    ops = ExprOps()
-    for st in shape.epilogue:
-        t = st.tensor
-        if st.role != "compute" or t.op is None:
-            continue
-        inner = {id(r) for r, m in st.reads if m.get_tuple_name(isl.dim_type.out) in written}
-        count_ops(
-            t.op.body,
-            ops,
-            lambda r, c, inner=inner: None if id(r) in inner else global_read(r, c),
-        )
     arrays = {
         m.get_tuple_name(isl.dim_type.out): tuple(r.tensor.shape)
         for r, m in shape.update.reads
@@ -371,8 +359,42 @@ def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
         kin=kin,
         bytes_read=4 * reads,
         bytes_written=4 * math.prod(ext),
-        epilogue=ops.mix(),
+        epilogue=epilogue_mix(shape),
     )
+
+
+def epilogue_mix(shape: GemmShape) -> Mix:
+    """The instructions of ``shape``'s epilogue per output element: its tensor expressions
+    (inputs such as a bias read from global memory, values the kernel computed from
+    registers), without the store."""
+    written = {st.write.get_tuple_name(isl.dim_type.out) for st in shape.epilogue}
+    ops = ExprOps()
+    for st in shape.epilogue:
+        t = st.tensor
+        if st.role != "compute" or t.op is None:
+            continue
+        inner = {id(r) for r, m in st.reads if m.get_tuple_name(isl.dim_type.out) in written}
+        count_ops(
+            t.op.body,
+            ops,
+            lambda r, c, inner=inner: None if id(r) in inner else global_read(r, c),
+        )
+    return ops.mix()
+
+
+def operand_elements(shape: GemmShape) -> int:
+    """The elements ``shape``'s operands read: each access's bounding box over the data and
+    reduction bounds, taken in the access's own domain (a grouped conv's split dims
+    included)."""
+    total = 0
+    for _, m in shape.operands:
+        dom = isl.Set.universe(m.domain().get_space())
+        for i, (lo, hi) in enumerate([*shape.data, *shape.red]):
+            dom = dom.lower_bound_val(isl.dim_type.set, i, lo).upper_bound_val(
+                isl.dim_type.set, i, hi
+            )
+        total += math.prod(hi - lo + 1 for lo, hi in _box(m.intersect_domain(dom).range()))
+    return total
 
 
 def rank_gemm_tiles(

@@ -70,6 +70,12 @@ from polyfuse.poly.tensorize_gather import k_extent
 
 #: the barrier before an epilogue that stores to shared memory
 READ_NOTE = "every warp has read the operand tiles (the result tile may overlay them)"
+#: a tile whose modelled registers leave ptxas this much room is bounded
+#: ``__launch_bounds__(threads, 1)``: without a block count ptxas split a live range across
+#: the k-tile loop of a tf32 64x64 tile at 96 registers (a 4-byte spill, NVRTC 13.0 sm_80);
+#: with it, 106 and none. Larger tiles keep the bare thread bound they were measured with
+#: (ResNet-50's 255-register convs spilled 24 bytes under the block count)
+ROOMY_REGISTERS = 160
 #: the intrinsic per operand dtype (float32: tf32, where the user allowed it)
 INTRINSIC = {"bfloat16": MMA_BF16, "float16": MMA_F16, "float32": MMA_TF32}
 
@@ -201,6 +207,7 @@ def lower_mma_ir(
         body=tuple(body),
         allocs=(*tiles, *stored, *regs),
         dynamic_smem_bytes=shared_bytes if dynamic else 0,
+        min_blocks=1 if t.registers <= ROOMY_REGISTERS else 0,
     )
     # the facts from the IR: the static tiles (or the dynamic pool), the barrier, mma and
     # cp.async nodes (none with scalar fills), its work estimate (the cost model's mix) and

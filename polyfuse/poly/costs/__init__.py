@@ -6,8 +6,9 @@
   issue, FP32, shared-memory, L1, L2, DRAM and latency times of a launch, never faster than
   the measured peaks (:func:`peak_floor_us`), every figure labelled *modelled*;
 - :mod:`.constants` — its constants, each with its source (:data:`CONSTANTS`);
-- descriptions made before a kernel exists: :mod:`.gemm` (a GEMM tiling), :mod:`.stream`
-  (a memory-bound launch shape), with :mod:`.ops` (a tensor expression's instructions).
+- descriptions made before a kernel exists: :mod:`.gemm` (a GEMM tiling), :mod:`.mma` (a
+  tensor-core tiling), :mod:`.stream` (a memory-bound launch shape), with :mod:`.ops` (a
+  tensor expression's instructions).
 
 Descriptions of generated kernels — from their SASS, or from their IR when no disassembler is
 installed — come from :mod:`polyfuse.cuda.codegen.kernel_cost`. The calibration against measured
