@@ -33,6 +33,7 @@ from polyfuse.base.errors import ExpressionError
 from polyfuse.poly.costs import KernelDesc, Mix, model_kernel
 from polyfuse.poly.costs.mma import mma_tile_desc
 from polyfuse.poly.device import DeviceSpec
+from polyfuse.poly.gemm_loops import MAX_REGISTERS
 from polyfuse.poly.gemm_shape import GemmShape
 from polyfuse.poly.policy import GEMM_REG_OVERHEAD
 from polyfuse.poly.tensorize_order import cheapest, pipelined, price_k_orders
@@ -72,8 +73,6 @@ MODEL_MARGIN = 0.05
 #: shared addresses): 169 others of the 128x128 3x3 conv's k-tile (sm_80) less its modelled
 #: 128 fill instructions and 12 ldmatrix
 KTILE_OVERHEAD = 29.0
-#: the registers a thread may take on every architecture (a forced tiling past it spills)
-MAX_REGISTERS = 255
 #: the register file one block may take (sm_80, sm_90)
 BLOCK_REGISTERS = 65536
 

@@ -337,10 +337,7 @@ def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
     from global memory, values computed in the kernel from registers)."""
     ext = [hi - lo + 1 for lo, hi in shape.data]
     rext = [hi - lo + 1 for lo, hi in shape.red]
-    reads = sum(  # each operand's bounding box (its footprint is a box, or nearly)
-        math.prod(hi - lo + 1 for lo, hi in _box(m.intersect_domain(shape.update.domain).range()))
-        for _, m in shape.operands
-    )
+    reads = operand_elements(shape)  # each operand's bounding box (a box, or nearly)
     arrays = {
         m.get_tuple_name(isl.dim_type.out): tuple(r.tensor.shape)
         for r, m in shape.update.reads

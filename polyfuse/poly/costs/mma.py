@@ -8,7 +8,7 @@ through the one cost model on a description of the kernel it would become, per t
   modelled instructions (:func:`polyfuse.poly.tensorize_order.price_k_orders`, their bytes as
   ``cp.async``) and :data:`~polyfuse.poly.tensorize_tiling.KTILE_OVERHEAD` slots;
 - the tail (what runs outside the k-step loop, :attr:`KernelDesc.tail`): the epilogue's
-  expression per accumulator (:func:`polyfuse.poly.tiling.gemm_problem`), one slot to round
+  expression per accumulator (:func:`polyfuse.poly.tiling.epilogue_mix`), one slot to round
   a 16-bit result, a store per pair of columns, the first fills and :data:`PROLOGUE` slots;
 - registers: the tile model's (:attr:`MmaTiling.registers`); shared memory: both tiles in
   :data:`STAGES` buffers; each block streams its rows of A and columns of B from L2;
