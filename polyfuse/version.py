@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 # shared row tile as float2, its rows padded for them; 26: the epilogue tests only the
 # extents its block tiles do not cover exactly; 27: tensor-core tiles priced by the cost
 # model, the fewest others per HMMA within 5 % of its best; __launch_bounds__(threads, 1) on
-# tiles of few registers), so kernels and schedules cached
+# tiles of few registers; 28: an input several stitched parts read is staged in a shared tile
+# where its re-read would miss the L1), so kernels and schedules cached
 # by an older compiler miss.
-CODEGEN_REVISION = 27
+CODEGEN_REVISION = 28

@@ -241,12 +241,16 @@ def stage_problem(gk: GemmKernel) -> StageProblem:
 PLACEMENT_BUDGET = 1_000_000
 
 
-def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
+def place_kernel(
+    mm: MappedKernel, device: DeviceSpec, stage: bool | frozenset[str] = False
+) -> dict[str, Placement]:
     """Where every tensor of the mapped kernel lives, with the reason.
 
     Registers or global memory (:func:`place_tensors`); a parallel reduction layout then moves
-    scratch tensors into shared memory within :func:`reduction_tile_budget` (Layer 2); a GEMM
-    kernel's promoted operands are its shared tiles.
+    scratch tensors into shared memory within :func:`reduction_tile_budget` (Layer 2), first
+    staging inputs that several parts read where ``stage`` (True: as :mod:`polyfuse.poly.stage`
+    decides; a set: those inputs, decided before); a GEMM kernel's promoted operands are its
+    shared tiles.
 
     Placement runs under :data:`PLACEMENT_BUDGET` isl operations. Past it, a kernel of one
     micrograph of several primitives goes back to the partitioner (:class:`Feedback`: the
@@ -268,7 +272,8 @@ def place_kernel(mm: MappedKernel, device: DeviceSpec) -> dict[str, Placement]:
                 for r in mm.scheduled.model.tensors.values()
             )
             budget = reduction_tile_budget(device, mm.strategy.threads, 8 if wide else 4)
-            return place_shared(mm, placements, budget)
+            decided = stage if isinstance(stage, frozenset) else None
+            return place_shared(mm, placements, budget, device if stage else None, decided)
     except isl.Error as e:
         if not over_budget(e):
             raise

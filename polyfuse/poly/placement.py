@@ -20,15 +20,17 @@ reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import PlacementData
+from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.policy import FLOAT_BYTES, smem_itemsize, smem_words
+from polyfuse.poly.stage import plan_staging
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,16 @@ class Placement:
     spill_why: str = ""
     #: shared: bytes of one element of the tile (:func:`polyfuse.poly.policy.smem_itemsize`)
     itemsize: int = 4
+    #: a global input staged in a shared tile (:mod:`polyfuse.poly.stage`): the statement
+    #: that reads it from global memory and stores it there; later parts read the tile
+    stage: str = ""
 
     @property
     def smem_floats(self) -> int:
         n = 1
         for _, size in self.box:
             n *= size
-        return n if self.space == "shared" else 0
+        return n if self.space == "shared" or self.stage else 0
 
     @property
     def smem_bytes(self) -> int:
@@ -150,7 +155,7 @@ def place_tensors(mm: MappedKernel) -> dict[str, Placement]:
     return out
 
 
-def _block_box(
+def block_box(
     acc: isl.UnionMap, dom: isl.UnionSet, context: isl.Set, thread_params: list[str]
 ) -> tuple[tuple[isl.PwAff, int], ...] | None:
     """Bounding box of the elements one block touches: per dim (lower bound in b, size)."""
@@ -179,17 +184,25 @@ def set_box(fp: isl.Set) -> list[tuple[isl.PwAff, int]] | None:
     return box
 
 
-def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict[str, Placement]:
+def place_shared(
+    rk,
+    placements: dict[str, Placement],
+    limit_bytes: int,
+    device: DeviceSpec | None = None,
+    decided: frozenset[str] | None = None,
+) -> dict[str, Placement]:
     """Layer 2 placement: move scratch tensors of a reduction kernel into shared memory.
 
     A tensor qualifies when its per-block footprint (the box isl bounds for one block's
     instances, every thread included) fits what is left of ``limit_bytes``, and every element
     a thread reads it either wrote itself or was written in an earlier part (parts are
     separated by barriers). Candidates are taken smallest first; the rest stay in global
-    memory with the reason.
+    memory with the reason. With ``device``, inputs that several parts read are staged first
+    where :mod:`polyfuse.poly.stage` decides so (``decided``: those inputs, as decided once).
     """
     model = rk.scheduled.model
     dom = rk.domain
+    threads = rk.thread_params + rk.lane_params
     part_of = {s.name: i for i, p in enumerate(rk.parts) for s in p.model.statements}
     writes, reads = model.writes.intersect_domain(dom), model.reads.intersect_domain(dom)
     out = dict(placements)
@@ -203,7 +216,7 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
         rparts = {part_of[m.get_tuple_name(isl.dim_type.in_)] for m in maps_of(r)}
         if not own and not (rparts and min(rparts) > max(wparts)):
             continue
-        box = _block_box(w.union(r), dom, rk.context, rk.thread_params + rk.lane_params)
+        box = block_box(w.union(r), dom, rk.context, threads)
         if box is None:
             continue
         n = 1
@@ -212,8 +225,11 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
         # in 4-byte words of the pool: bytes of the tensor's register dtype (a double 8)
         size = smem_itemsize(model.tensors[name].dtype)
         cands.append((smem_words(n, size), name, box, size))
+    cands.sort(key=lambda c: c[0])
     used = 0
-    for n, name, box, size in sorted(cands, key=lambda c: c[0]):
+    if device is not None:
+        used = _stage_inputs(rk, out, limit_bytes, device, cands, decided)
+    for n, name, box, size in cands:
         if size == 8:
             used += used % 2  # an 8-byte tile starts at an 8-byte boundary
         if (used + n) * 4 > limit_bytes:
@@ -239,6 +255,35 @@ def place_shared(rk, placements: dict[str, Placement], limit_bytes: int) -> dict
         )
         used += n
     return out
+
+
+def _stage_inputs(rk, out: dict[str, Placement], limit_bytes: int, device: DeviceSpec, cands,
+                  decided: frozenset[str] | None):  # fmt: skip
+    """Stage the inputs :func:`polyfuse.poly.stage.plan_staging` picks into ``out`` (the rest
+    keep their global placement, with why not); the 4-byte words their tiles take."""
+    threads = rk.thread_params + rk.lane_params
+
+    def box_of(u: isl.UnionMap):
+        return block_box(u, rk.domain, rk.context, threads)
+
+    used = 0
+    scratch = [(n, size) for n, _, _, size in cands]
+    for st in plan_staging(rk, box_of, device, limit_bytes, scratch, decided):
+        p = out[st.tensor]
+        if not st.staged:
+            out[st.tensor] = replace(p, reason=f"{p.reason}; read again by later parts, not "
+                                     f"staged: {st.why}")  # fmt: skip
+            continue
+        reason = (
+            f"{p.reason}, staged in shared memory by {st.stmt} for {', '.join(st.readers)} "
+            f"(per-block footprint {st.words * 4} B; the re-read would miss the L1)"
+        )
+        out[st.tensor] = replace(
+            p, reason=reason, box=st.box, smem_offset=st.offset, itemsize=st.itemsize,
+            stage=st.stmt, kinds=(*p.kinds, *st.kinds),
+        )  # fmt: skip
+        used = st.offset + st.words
+    return used
 
 
 def _register_fit(

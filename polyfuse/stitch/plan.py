@@ -65,7 +65,7 @@ def plan_kernel(
     graph: Graph, group: KernelGroup, name: str, device: DeviceSpec, cfg: MappingConfig
 ) -> KernelPlan:
     """Map and place kernel ``name`` of ``group``, recomputes decided (a compile-cache miss)."""
-    r = recompute_spills(graph, group.parts, group.strategy, device, cfg)
+    r = recompute_spills(graph, group.parts, group.strategy, device, cfg, stage=True)
     c = r.mapped.coarsening  # elements per thread / runs per lane (coarsen.py, lane_vector.py)
     layout = [r.mapped.layout] if r.mapped.layout is not None else []
     layout += [c.record] if c is not None else []

@@ -32,7 +32,9 @@ from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.kernel_map import map_kernel, place_kernel
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.placement import Placement
+from polyfuse.poly.policy import reduction_tile_budget
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.stage import resident_blocks
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Recomputed:
     mapped: MappedKernel
     placements: dict[str, Placement]
     decisions: list[Decided]  # data: RecomputeData per recomputed tensor
+    #: the inputs its first placement staged in shared memory (:mod:`polyfuse.poly.stage`)
+    staged: frozenset[str] = frozenset()
 
 
 def recompute_spills(
@@ -51,11 +55,60 @@ def recompute_spills(
     strategy: ReductionStrategy | None,
     device: DeviceSpec,
     cfg: MappingConfig | None = None,
+    stage: bool = False,
 ) -> Recomputed:
     """Map and place the kernel of ``parts``, recomputing spilled intermediates in later
-    parts while any qualifies (inlining may expose the next spill)."""
+    parts while any qualifies (inlining may expose the next spill). With ``stage``, inputs
+    several parts read may be staged in shared memory (:mod:`polyfuse.poly.stage`, decided on
+    the first placement); a staging is dropped where the kernel without it keeps a tensor on
+    chip that it spills, or more blocks resident per SM."""
+    r = _recompute(graph, parts, strategy, device, cfg, stage)
+    if not r.staged:
+        return r
+    plain = _recompute(graph, parts, strategy, device, cfg, False)
+    worse = sorted(_spills(r.placements) - _spills(plain.placements))
+    blocks, plain_blocks = _resident(r, device), _resident(plain, device)
+    why = ""
+    if not any(p.stage for p in r.placements.values()):
+        why = "the kernel re-placed after its recomputes stages none"
+    elif worse:
+        why = f"it spills {', '.join(worse)}, which the kernel without it keeps on chip"
+    elif blocks < plain_blocks:
+        why = f"it leaves {_blocks(blocks)} per SM, the kernel without it {plain_blocks}"
+    if not why:
+        return r
+    note = f"{', '.join(sorted(r.staged))}: not staged in shared memory: {why}"
+    return replace(plain, mapped=replace(plain.mapped, notes=[*plain.mapped.notes, note]))
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def _spills(placements: dict[str, Placement]) -> set[str]:
+    return {t for t, p in placements.items() if p.spill_why}
+
+
+def _resident(r: Recomputed, device: DeviceSpec) -> int:
+    """Blocks per SM the kernel's shared memory (its tiles and the combine's scratch) allows."""
+    threads = r.mapped.block
+    smem = sum(p.smem_bytes for p in r.placements.values())
+    return resident_blocks(device, threads, smem + device.smem_per_block_optin
+                           - reduction_tile_budget(device, threads))  # fmt: skip
+
+
+def _recompute(
+    graph: Graph,
+    parts: list[ScheduledMicrograph],
+    strategy: ReductionStrategy | None,
+    device: DeviceSpec,
+    cfg: MappingConfig | None,
+    stage: bool,
+) -> Recomputed:
     mm = map_kernel(graph, parts, strategy, device, cfg)
-    pl = place_kernel(mm, device)
+    pl = place_kernel(mm, device, stage)
+    first = pl
+    staged = frozenset(t for t, p in pl.items() if p.stage)
     view = graph
     notes: list[str] = []
     decisions: list[Decided] = []
@@ -72,10 +125,18 @@ def recompute_spills(
             decisions.append(Decided(kinds, note, data, (t, *readers)))
             notes.append(DecisionNote(decisions[-1]))  # the plan's note is the record
         mm = map_kernel(view, parts, strategy, device, cfg)
-        pl = place_kernel(mm, device)
+        pl = place_kernel(mm, device, staged if stage else False)
     if notes:
         mm = replace(mm, notes=[*mm.notes, *notes])
-    return Recomputed(view, mm, pl, decisions)
+    # the inputs' staging was decided on the first placement: its reasons stand
+    roles = mm.scheduled.model.tensors
+    pl = {
+        t: replace(p, reason=first[t].reason)
+        if t in first and t in roles and roles[t].role == "input" and not p.stage
+        else p
+        for t, p in pl.items()
+    }
+    return Recomputed(view, mm, pl, decisions, staged)
 
 
 def recompute_candidates(rk: MappedKernel, placements: dict[str, Placement]) -> list[str]:

@@ -53,7 +53,6 @@ from polyfuse.cuda.codegen.lower_vector_stores import lower_vector_stores
 from polyfuse.cuda.codegen.lower_vectorize import VectorPlan, vectorize
 from polyfuse.cuda.codegen.namer import CANONICAL_KERNEL, Namer, c_name, fill, slots
 from polyfuse.cuda.codegen.printer import ir_facts, kernel_of
-from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.islutil import maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.placement import Placement
@@ -66,6 +65,7 @@ from polyfuse.poly.promote import (
     WAIT,
     GemmKernel,
 )
+from polyfuse.poly.stage import aligned_rows
 from polyfuse.poly.vectorize import VECTOR_WIDTH
 from polyfuse.stitch.facts import KernelFacts
 
@@ -148,22 +148,11 @@ def buffer_placements(mm: MappedKernel, placements: dict[str, Placement]) -> lis
         size = smem_itemsize(role.dtype) if role is not None else 4
         out.append(
             BufferPlacement(
-                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only, size
-            )
+                ident, MemSpace(p.space), p.register_copy, box, p.smem_offset, read_only, size,
+                p.stage,
+            )  # fmt: skip
         )
     return out
-
-
-def _aligned_rows(role_shape: tuple[int, ...], p: Placement, context: isl.Set) -> bool:
-    """Whether a shared box keeps every 16-byte aligned run of the tensor's rows 16-byte
-    aligned and contiguous: the tensor's rows and the box's rows are multiples of 4 elements
-    (a run never crosses a row; the outer box strides keep the alignment) and isl proves the
-    box's lower bound along the rows a multiple of 4 for every block."""
-    if not p.box or not role_shape or role_shape[-1] % VECTOR or p.box[-1][1] % VECTOR:
-        return False
-    lo = p.box[-1][0]
-    off = lo.mod_val(isl.Val.int_from_si(lo.get_ctx(), VECTOR)).non_zero_set()
-    return off.intersect_params(context).is_empty()
 
 
 def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPlan | None:
@@ -191,7 +180,7 @@ def vector_plan(mm: MappedKernel, placements: dict[str, Placement]) -> VectorPla
         if placements[t].space == "shared"
         and writers.get(t, ["compute"]) == ["compute"]
         and c.uniform.get(t, False)
-        and _aligned_rows(tuple(model.tensors[t].shape), placements[t], mm.context)
+        and aligned_rows(tuple(model.tensors[t].shape), placements[t].box, mm.context)
     )
     reads: dict[str, frozenset[str]] = {}
     read_any: set[str] = set()

@@ -137,13 +137,22 @@ class Resolver:
         p = self.placements[ident]
         if p.space == "register" or (p.register_copy and not store):
             return self.local(reg, held, (), dtype)
-        if p.space == "shared":
-            name, dims = self.namer.shared(ident), [size for _, size in p.box]
-            lo = [KIdx(KVar(Namer.lower_bound(name, d))) for d in range(len(dims))]
-            buf = KBuffer(name, held, BufferScope.SHARED, tuple(dims))
-            return KLoad(buf, (_linear(idx, dims, lo),), dtype)
+        if p.space == "shared" or (p.stage and self.stmt != p.stage):
+            return self.shared(ident, dtype, idx)
         buf = KBuffer(self.namer.tensor(ident), dtype, BufferScope.GLOBAL, tuple(shape))
         return KLoad(buf, (_linear(idx, shape),), dtype)
+
+    def shared(self, ident: str, dtype: str, idx: list[KVal]) -> KLoad:
+        """The element ``ident[idx]`` in its shared tile (a placement's box)."""
+        p = self.placements[ident]
+        name, dims = self.namer.shared(ident), [size for _, size in p.box]
+        lo = [KIdx(KVar(Namer.lower_bound(name, d))) for d in range(len(dims))]
+        buf = KBuffer(name, register_dtype(dtype), BufferScope.SHARED, tuple(dims))
+        return KLoad(buf, (_linear(idx, dims, lo),), dtype)
+
+    def staged_by(self, stmt: str) -> list[str]:
+        """The inputs statement ``stmt`` stages in shared memory (:mod:`polyfuse.poly.stage`)."""
+        return [t for t, p in self.placements.items() if getattr(p, "stage", "") == stmt]
 
     def local(self, name: str, held: str, index: tuple[KVal, ...], dtype: str) -> KLoad:
         """An element of the thread's register ``name`` (held as ``held``)."""
@@ -328,8 +337,10 @@ class Accesses:
                 value = value if out.buffer.name in self.rounded_by_store else held
             return [KStore(out.buffer, out.index, rounded(out, value), guard)]
 
+        staging = self.stage_stores(s, env)
         if s.role == "compute":  # a body computed in float registers is wider than 16 bits
-            return tuple(store(self.values.visit(t.op.body, env), not _exact(t.op.body, t.dtype)))
+            value = self.values.visit(t.op.body, env)
+            return (*staging, *store(value, not _exact(t.op.body, t.dtype)))
         red = t.op.reduce
         assert red is not None
         acc = self.r.access(f"{ident}_acc", t.dtype, t.shape, out_idx)
@@ -345,7 +356,28 @@ class Accesses:
                 return (KStore(acc.buffer, acc.index, combined), *store(acc, wide=True))
             return tuple(store(acc, wide=True))
         v = self.values.visit(red.body, env)
-        return (KStore(acc.buffer, acc.index, KReduce(red.op, acc, v, held)),)
+        return (*staging, KStore(acc.buffer, acc.index, KReduce(red.op, acc, v, held)))
+
+    def stage_stores(self, s: Statement, env: dict[int, KVal]) -> list[KStore]:
+        """The stores of the elements statement ``s`` stages into shared tiles (each element
+        it reads of a staged input, as read: widened); a vector group's lanes are stored by
+        the group (:meth:`vector`)."""
+        out: list[KStore] = []
+        if s.role not in ("compute", "update"):
+            return out
+        staged = set(self.r.staged_by(s.name)) - set(self.r.lanes)
+        assert s.tensor.op is not None
+        for read in s.tensor.op.reads():
+            ident = self.idents.get(read.tensor.uid, "")
+            if ident not in staged:
+                continue
+            idx = [self.values.visit(i, env) for i in read.indices]
+            src = self.r.access(ident, read.tensor.dtype, read.tensor.shape, idx)
+            dst = self.r.shared(ident, read.tensor.dtype, idx)
+            st = KStore(dst.buffer, dst.index, widened(src))
+            if st not in out:
+                out.append(st)
+        return out
 
     def lane_target(self, s: Statement, tensor: str, args: Sequence[KExpr], store: bool) -> KLoad:
         """The element statement ``s`` touches in ``tensor`` at lane 0 of a vector group."""
@@ -359,11 +391,22 @@ class Accesses:
         idx = [self.values.visit(i, env) for i in read.indices]
         return self.r.access(tensor, read.tensor.dtype, read.tensor.shape, idx)
 
+    def stage_target(self, a: Any) -> KLoad:
+        """Lane 0 of vector access ``a`` (a staged input's read) in the input's shared tile."""
+        s = self.stmts[a.stmt]
+        self.r.stmt = s.name
+        assert s.tensor.op is not None
+        env = _env(s, a.args)
+        read = next(r for r in s.tensor.op.reads() if self.idents[r.tensor.uid] == a.tensor)
+        idx = [self.values.visit(i, env) for i in read.indices]
+        return self.r.shared(a.tensor, read.tensor.dtype, idx)
+
     def vector(self, n: KVector) -> tuple[KVector, dict[str, dict[str, KLoad]]]:
         """The group's whole-word loads (one per distinct lane-0 element) and stores, and the
         lanes each statement of its body reads and writes."""
         namer, var = self.r.namer, (KIdx(KVar(n.var)),)
         loads: list[KLane] = []
+        staging: list[tuple[Any, KLane]] = []
         lanes: dict[str, dict[str, KLoad]] = {}
         streams: dict[str, int] = {}
         for a in n.loads:
@@ -381,7 +424,12 @@ class Accesses:
                 lane = KLane(target, buf, tuple(namer.quad(a.tensor, k, j) for j in range(words)))
                 loads.append(lane)
             lanes.setdefault(a.stmt, {})[a.tensor] = KLoad(lane.lanes, var)
+            if a.tensor in self.r.staged_by(a.stmt):
+                staging.append((a, lane))
         stores = []
+        for a, lane in staging:  # the staged inputs' lanes, stored into their tiles
+            if all(x.lanes != lane.lanes for x in stores):
+                stores.append(KLane(self.stage_target(a), lane.lanes))
         read_back = {a.tensor for a in n.local}
         self.rounded_by_store = set()  # this group's (its statements are lowered next)
         for a in n.stores:

@@ -1,8 +1,9 @@
 """Lowering pass: buffers from placements — kernel parameters, shared tiles, registers.
 
-Global tensors become parameters (read-only ones ``const``); shared tiles become ``s_<tensor>``
-allocations with their boxes' lower bounds; register-resident tensors (and register copies of
-global outputs) become scalars ``r_<tensor>``. Policy: shared tiles are static ``__shared__``
+Global tensors become parameters (read-only ones ``const``); shared tiles (and the tiles of
+staged inputs) become ``s_<tensor>`` allocations with their boxes' lower bounds;
+register-resident tensors (and register copies of global outputs) become scalars
+``r_<tensor>``. Policy: shared tiles are static ``__shared__``
 arrays while the kernel's shared memory (tiles plus one float per thread of combine scratch)
 fits the default :data:`polyfuse.poly.policy.STATIC_SMEM_LIMIT`, so ptxas reports them;
 beyond that they are slices of one dynamic buffer at their placement's offset, and the launch
@@ -35,6 +36,8 @@ class BufferPlacement:
     read_only: bool = False
     #: bytes of one element of its shared tile (:func:`polyfuse.poly.policy.smem_itemsize`)
     itemsize: int = 4
+    #: a global input staged in a shared tile by this statement (:mod:`polyfuse.poly.stage`)
+    stage: str = ""
 
     @property
     def in_register(self) -> bool:
@@ -52,7 +55,7 @@ def alloc_buffers(
         for t in tensor_order
         if by_name[t].space is MemSpace.GLOBAL
     )
-    shared = [p for p in placements if p.space is MemSpace.SHARED]
+    shared = [p for p in placements if p.space is MemSpace.SHARED or p.stage]
     elements = [_product(size for _, size in p.box) for p in shared]
     words = [smem_words(n, p.itemsize) for p, n in zip(shared, elements, strict=True)]
     # a combine's scratch may hold doubles: count it at 8 bytes where a tile does (an upper

@@ -158,6 +158,8 @@ def _pair_stores(n: KVector) -> tuple[tuple[KPairStore, ...], list[str]] | str:
         return f"{n.width} lanes do not make pairs"
     if n.local:
         return "the group reads lanes it stores"
+    if {x.lanes.name for x in n.lane_stores} & {x.lanes.name for x in n.lane_loads}:
+        return "the group stores loaded lanes to a staged input's shared tile"
     if not all(isinstance(s, KStmt) and s.guard is None for s in n.body):
         return "its body is not plain statements"
     stored = {x.lanes.name: x.target.buffer.dtype for x in n.lane_stores}

@@ -113,7 +113,12 @@ def vector_lines(n: KVector, depth: int, emit: Emit) -> list[str]:
         lines, vals = _vector_load(pad, ref, dtype, n.width, list(lane.words))
         out += lines
         out.append(f"{pad}  {c_type(lane.lanes.dtype)} {lane.lanes.name}[{n.width}] = {{{vals}}};")
-    out += [f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];" for x in n.lane_stores]
+    loaded = {x.lanes.name for x in n.lane_loads}  # a staged input's lanes: stored as loaded
+    out += [
+        f"{pad}  {c_type(x.lanes.dtype)} {x.lanes.name}[{n.width}];"
+        for x in n.lane_stores
+        if x.lanes.name not in loaded
+    ]
     out.append(f"{pad}  for (int {n.var} = 0; {n.var} < {n.width}; {n.var} += 1) {{")
     out += emit(n.body, depth + 2)
     out.append(f"{pad}  }}")

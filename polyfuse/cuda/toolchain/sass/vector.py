@@ -36,7 +36,8 @@ _MEMORY = ("LDS", "STS", "LDG", "STG", "LDGSTS", "generic")
 
 def vector_sites(body: Sequence[KNode]) -> int:
     """Vector accesses a kernel IR holds: per :class:`KVector`, one per tensor it loads and
-    one per tensor it stores; one per :class:`KVectorStore`."""
+    one per tensor it stores (a staged input's store into its shared tile too); one per
+    :class:`KVectorStore`."""
     count = 0
 
     def walk(nodes: list[KNode]) -> list[KNode]:
@@ -44,6 +45,8 @@ def vector_sites(body: Sequence[KNode]) -> int:
         for n in nodes:
             if isinstance(n, KVector):
                 count += len({a.tensor for a in n.loads}) + len({a.tensor for a in n.stores})
+                loaded = {x.lanes.name for x in n.lane_loads}  # a staged input's tile store
+                count += sum(x.lanes.name in loaded for x in n.lane_stores)
             elif isinstance(n, KVectorStore):
                 count += 1
             elif isinstance(n, KDispatch):  # a Layer 3 pack: each part's IR
