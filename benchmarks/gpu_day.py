@@ -375,3 +375,8 @@ def print_day(day: Day) -> None:
                 f"{_f(m.get('eager_ms'), 2)} | {_f(m.get('inductor_ms'), 2)} | "
                 f"{m.get('rel_err', float('inf')):.1e} | {m.get('error', '')[:60]} |"
             )
+        if any(m.get("kernels_ms") for m in day.models.get("models", [])):
+            import gpu_models  # the costliest kernels, measured beside modelled
+
+            print()
+            gpu_models.print_kernel_table(day.models["models"])

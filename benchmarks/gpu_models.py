@@ -18,7 +18,8 @@ MODELS = ("bert_base", "gpt2_small", "resnet50", "vit_b16")
 
 def _run_model(name: str, size: str, device: Any, peers: Sequence[str]) -> dict[str, Any]:
     """One zoo model: compile, check against float64, time beside its PyTorch twin, and
-    split polyfuse's time by kernel class (per-launch CUDA-event times; the rest is gaps)."""
+    split polyfuse's time by kernel class and by kernel, beside the cost model's (per-launch
+    CUDA-event times; the rest is gaps)."""
     import torch
 
     import polyfuse
@@ -51,16 +52,66 @@ def _run_model(name: str, size: str, device: Any, peers: Sequence[str]) -> dict[
             row["inductor_ms"] = bench(lambda: compiled(*xs))
     prog = fn.device_program("cuda")
     per_launch = prog.time_launches(repeats=5)
-    kind_of = {k.name: kernel_kind(fn, k) for k in fn.kernels}
+    kernels = kernel_table(fn, prog.launches, per_launch, device.arch)
     by_kind: dict[str, float] = {}
-    for launch, ms in zip(prog.launches, per_launch, strict=True):
-        kind = {"stitched": "reductions", "reduction": "reductions"}.get(
-            kind_of[launch.kernel], kind_of[launch.kernel]
-        )
-        by_kind[kind] = by_kind.get(kind, 0.0) + ms
+    for k in kernels:
+        kind = {"stitched": "reductions", "reduction": "reductions"}.get(k["kind"], k["kind"])
+        by_kind[kind] = by_kind.get(kind, 0.0) + k["measured_ms"]
     by_kind["launch gaps"] = max(0.0, row["polyfuse_ms"] - sum(per_launch))
     row["breakdown_ms"] = by_kind
+    row["kernels_ms"] = kernels
     return row
+
+
+def kernel_table(
+    fn: Any, launches: Sequence[Any], per_launch: Sequence[float], arch: str
+) -> list[dict[str, Any]]:
+    """Per kernel of ``fn``: its kind, launches, their measured milliseconds (``per_launch``,
+    one per launch of ``launches``) and the cost model's for them (MODELLED, from the kernel
+    IR's work estimate: the GPU machine has no disassembler), costliest measured first — what
+    a model's measured / modelled gap is made of."""
+    from polyfuse.cuda.codegen.kernel_cost import describe_kernel
+    from polyfuse.poly.costs import model_kernel
+    from polyfuse.poly.device import device_for_arch
+
+    dev = device_for_arch(arch)
+    by_name = {k.name: k for k in fn.kernels}
+    rows: dict[str, dict[str, Any]] = {}
+    for launch, ms in zip(launches, per_launch, strict=True):
+        r = rows.get(launch.kernel)
+        if r is None:
+            k = by_name[launch.kernel]
+            r = rows[launch.kernel] = {
+                "kernel": k.name,
+                "kind": kernel_kind(fn, k),
+                "grid": k.grid[0] * k.grid[1] * k.grid[2],
+                "block": k.block[0] * k.block[1] * k.block[2],
+                "launches": 0,
+                "measured_ms": 0.0,
+                "modelled_ms": 0.0,
+                "_us": model_kernel(describe_kernel(k), dev).us,
+            }
+        r["launches"] += 1
+        r["measured_ms"] += ms
+        r["modelled_ms"] += r["_us"] / 1e3
+    for r in rows.values():
+        del r["_us"]
+    return sorted(rows.values(), key=lambda r: -r["measured_ms"])
+
+
+def print_kernel_table(rows: Sequence[dict[str, Any]], top: int = 6) -> None:
+    """Each model's costliest kernels, measured beside MODELLED."""
+    print("| model | kernel | kind | grid x block | launches | measured ms | modelled ms "
+          "| measured / modelled |")  # fmt: skip
+    print("|---" * 8 + "|")
+    for r in rows:
+        for k in r.get("kernels_ms", [])[:top]:
+            ratio = k["measured_ms"] / k["modelled_ms"] if k["modelled_ms"] else None
+            print(
+                f"| {r['model']} | {k['kernel']} | {k['kind']} | {k['grid']} x {k['block']} | "
+                f"{k['launches']} | {_fmt(k['measured_ms'], 3)} | {_fmt(k['modelled_ms'], 3)} | "
+                f"{_fmt(ratio, 2)} |"
+            )
 
 
 def run_models(size: str, out: Path, names: Sequence[str], peers: Sequence[str]) -> None:
@@ -101,6 +152,7 @@ def run_models(size: str, out: Path, names: Sequence[str], peers: Sequence[str])
         )
         if "error" in r:
             print(f"    error: {r['error']}")
+    print_kernel_table(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps({"device": _device_description(), "models": rows}, indent=1, default=str)

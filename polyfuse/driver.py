@@ -473,6 +473,7 @@ def _lower(
         tensor_bytes={
             t: (fp.reads.get(t, 0), fp.writes.get(t, 0)) for t in sorted({*fp.reads, *fp.writes})
         },
+        reread_bytes=sum(p.reread * fp.reads.get(t, 0) for t, p in pl.items()),
     )
     if (vp := vector_plan(mm, pl)) is not None:  # float4 traffic, for the kernel time model
         vector = sum(fp.reads.get(t, 0) for t in vp.loads)

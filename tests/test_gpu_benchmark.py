@@ -239,3 +239,35 @@ def test_tables_put_each_case_beside_its_floor_plus_one_empty_launch(capsys):
     gpu_day.print_day(day)
     out = capsys.readouterr().out
     assert "one empty launch 0.0045" in out and "| 1.56 | 1.11 |" in out, out
+
+
+def test_models_split_each_kernel_measured_beside_modelled(capsys):
+    """``--models`` keeps each kernel's measured time (its launches timed apart) beside the
+    cost model's, costliest first, and prints each model's costliest kernels: the next GPU
+    day shows which kernels make a model's gap to its model (ViT-B/16: 14.2 ms measured on
+    2026-11-26, 11.0 modelled)."""
+    import gpu_models
+
+    import polyfuse
+    from polyfuse import zoo
+
+    ins, outs, consts, _ = zoo.build("bert_base", "tiny", weights="zeros")
+    fn = polyfuse.compile(ins, outs, constants=consts, arch="sm_90", check_cuda=False)
+    launches = fn.launches
+    per_launch = [0.001 * (i + 1) for i in range(len(launches))]
+    rows = gpu_models.kernel_table(fn, launches, per_launch, "sm_90")
+    assert sorted(r["kernel"] for r in rows) == sorted({lc.kernel for lc in launches})
+    assert sum(r["launches"] for r in rows) == len(launches)
+    assert sum(r["measured_ms"] for r in rows) == pytest.approx(sum(per_launch))
+    times = [r["measured_ms"] for r in rows]
+    assert times == sorted(times, reverse=True)
+    kinds = ("gemm", "reduction", "stitched", "elementwise")
+    assert all(r["modelled_ms"] > 0 and r["kind"] in kinds for r in rows)
+    gpu_models.print_kernel_table([{"model": "bert_base", "kernels_ms": rows}], top=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 and lines[2].startswith(f"| bert_base | {rows[0]['kernel']} |")
+    import gpu_day
+
+    model = {"model": "bert_base", "kernels": len(rows), "polyfuse_ms": 1.0, "kernels_ms": rows}
+    gpu_day.print_day(gpu_day.Day("d", "c", "c", [], models={"models": [model]}))
+    assert f"| bert_base | {rows[0]['kernel']} | {rows[0]['kind']} |" in capsys.readouterr().out

@@ -272,8 +272,7 @@ def place_kernel(
                 for r in mm.scheduled.model.tensors.values()
             )
             budget = reduction_tile_budget(device, mm.strategy.threads, 8 if wide else 4)
-            decided = stage if isinstance(stage, frozenset) else None
-            return place_shared(mm, placements, budget, device if stage else None, decided)
+            return place_shared(mm, placements, budget, device, stage)
     except isl.Error as e:
         if not over_budget(e):
             raise

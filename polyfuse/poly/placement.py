@@ -30,7 +30,7 @@ from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.policy import FLOAT_BYTES, smem_itemsize, smem_words
-from polyfuse.poly.stage import plan_staging
+from polyfuse.poly.stage import plan_staging, rereads
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Placement:
     #: a global input staged in a shared tile (:mod:`polyfuse.poly.stage`): the statement
     #: that reads it from global memory and stores it there; later parts read the tile
     stage: str = ""
+    #: a global input that later parts read again past the L1: how many such parts
+    #: (:func:`polyfuse.poly.stage.rereads`; the cost model's re-read bytes)
+    reread: int = 0
 
     @property
     def smem_floats(self) -> int:
@@ -189,7 +192,7 @@ def place_shared(
     placements: dict[str, Placement],
     limit_bytes: int,
     device: DeviceSpec | None = None,
-    decided: frozenset[str] | None = None,
+    stage: bool | frozenset[str] = False,
 ) -> dict[str, Placement]:
     """Layer 2 placement: move scratch tensors of a reduction kernel into shared memory.
 
@@ -198,7 +201,8 @@ def place_shared(
     a thread reads it either wrote itself or was written in an earlier part (parts are
     separated by barriers). Candidates are taken smallest first; the rest stay in global
     memory with the reason. With ``device``, inputs that several parts read are staged first
-    where :mod:`polyfuse.poly.stage` decides so (``decided``: those inputs, as decided once).
+    where ``stage`` and :mod:`polyfuse.poly.stage` decide so (a set: those inputs, decided
+    once), and the others' re-reads past the L1 are counted (:attr:`Placement.reread`).
     """
     model = rk.scheduled.model
     dom = rk.domain
@@ -227,7 +231,8 @@ def place_shared(
         cands.append((smem_words(n, size), name, box, size))
     cands.sort(key=lambda c: c[0])
     used = 0
-    if device is not None:
+    if device is not None and stage:
+        decided = stage if isinstance(stage, frozenset) else None
         used = _stage_inputs(rk, out, limit_bytes, device, cands, decided)
     for n, name, box, size in cands:
         if size == 8:
@@ -254,6 +259,12 @@ def place_shared(
             itemsize=size,
         )
         used += n
+    if device is not None:
+        fixed = max(0, device.smem_per_block_optin - limit_bytes)  # the combine's scratch
+        box_of = lambda u: block_box(u, dom, rk.context, threads)  # noqa: E731
+        for t, n in rereads(rk, box_of, device, used * 4 + fixed).items():
+            if not out[t].stage:
+                out[t] = replace(out[t], reread=n)
     return out
 
 

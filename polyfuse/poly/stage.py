@@ -103,30 +103,17 @@ def plan_staging(
     smallest first, which the L1 left beside them is judged with. ``decided``: stage these
     inputs (where still legal) without judging the L1 again, and no other (the kernel
     re-placed after recomputing the scratch tensors a first staging displaced)."""
-    model = rk.scheduled.model
     threads = rk.thread_params + rk.lane_params
     fixed = max(0, device.smem_per_block_optin - limit_bytes)  # the combine's scratch
     left = _l1_left(device, rk.block, fixed + fitting(scratch, limit_bytes))
-    part_of = {s.name: i for i, p in enumerate(rk.parts) for s in p.model.statements}
-    reads = model.reads.intersect_domain(rk.domain)
     out: list[Staging] = []
     used = 0
-    for name, role in model.tensors.items():
-        if role.role != "input":
-            continue
-        by_stmt: dict[str, isl.Map] = {}
-        for m in maps_of(reads):
-            if m.get_tuple_name(isl.dim_type.out) == name:
-                s = m.get_tuple_name(isl.dim_type.in_)
-                by_stmt[s] = by_stmt[s].union(m) if s in by_stmt else m
-        parts = {part_of[s] for s in by_stmt}
-        if len(parts) < 2:
-            continue
-        first = min(parts)
-        stagers = [s for s in by_stmt if part_of[s] == first]
-        later = tuple(sorted(s for s in by_stmt if part_of[s] != first))
+    for name, by_stmt, parts in multi_part_inputs(rk):
         if decided is not None and name not in decided:
             continue
+        first = min(parts.values())
+        stagers = [s for s, i in parts.items() if i == first]
+        later = tuple(sorted(s for s, i in parts.items() if i != first))
         l1 = None if decided is not None else left
         st = _staging(rk, name, by_stmt, stagers, later, box_of, l1, threads)
         if st.staged:
@@ -135,6 +122,52 @@ def plan_staging(
             used = st.offset + st.words
         out.append(st)
     return out
+
+
+def multi_part_inputs(rk: MappedKernel) -> list[tuple[str, dict[str, isl.Map], dict[str, int]]]:
+    """The inputs of ``rk`` that statements of several parts read: (name, each reading
+    statement's read relation, each reading statement's part)."""
+    model = rk.scheduled.model
+    part_of = {s.name: i for i, p in enumerate(rk.parts) for s in p.model.statements}
+    reads = model.reads.intersect_domain(rk.domain)
+    out = []
+    for name, role in model.tensors.items():
+        if role.role != "input":
+            continue
+        by_stmt: dict[str, isl.Map] = {}
+        for m in maps_of(reads):
+            if m.get_tuple_name(isl.dim_type.out) == name:
+                s = m.get_tuple_name(isl.dim_type.in_)
+                by_stmt[s] = by_stmt[s].union(m) if s in by_stmt else m
+        parts = {s: part_of[s] for s in by_stmt}
+        if len(set(parts.values())) > 1:
+            out.append((name, by_stmt, parts))
+    return out
+
+
+def rereads(rk: MappedKernel, box_of, device: DeviceSpec, smem_bytes: int) -> dict[str, int]:
+    """Per input of ``rk`` that several parts read from global memory: how many later parts
+    read it again past the L1 — its block footprint larger than the L1 left to each resident
+    block beside ``smem_bytes`` of shared memory — so that it streams from L2 once more per
+    such part (0 where the L1 keeps it); the cost model's ``reread_bytes``."""
+    blocks, left = _l1_left(device, rk.block, smem_bytes)
+    out: dict[str, int] = {}
+    for name, by_stmt, parts in multi_part_inputs(rk):
+        box = box_of(_union(by_stmt))
+        n = 1
+        for _, size in box or ():
+            n *= size
+        if box is not None and n * rk.scheduled.model.tensors[name].itemsize > left:
+            out[name] = len(set(parts.values())) - 1
+    return out
+
+
+def _union(by_stmt: dict[str, isl.Map]) -> isl.UnionMap:
+    maps = [isl.UnionMap.from_map(m) for m in by_stmt.values()]
+    union = maps[0]
+    for m in maps[1:]:
+        union = union.union(m)
+    return union
 
 
 def fitting(scratch: list[tuple[int, int]], limit_bytes: int, used: int = 0) -> int:
@@ -172,11 +205,7 @@ def _staging(rk, name, by_stmt, stagers, later, box_of, l1, threads) -> Staging:
     """Whether input ``name`` can be staged by its one first-part reader (module doc)."""
     model = rk.scheduled.model
     role = model.tensors[name]
-    maps = [isl.UnionMap.from_map(m) for m in by_stmt.values()]
-    union = maps[0]
-    for m in maps[1:]:
-        union = union.union(m)
-    box = box_of(union)
+    box = box_of(_union(by_stmt))
     if box is None:
         return Staging(name, why="its block footprint has no constant box")
     n = 1
@@ -185,10 +214,10 @@ def _staging(rk, name, by_stmt, stagers, later, box_of, l1, threads) -> Staging:
     itemsize = smem_itemsize(role.dtype)
     words = smem_words(n, itemsize)
     blocks, left = l1 if l1 is not None else (0, -1)
-    if words * 4 <= left:
+    if n * role.itemsize <= left:
         why = (
-            f"the later parts' re-read of its {words * 4} B block footprint stays in the "
-            f"L1 ({left} B per block beside the shared tiles of {blocks} resident blocks)"
+            f"the later parts' re-read of its {n * role.itemsize} B block footprint stays in "
+            f"the L1 ({left} B per block beside the shared tiles of {blocks} resident blocks)"
         )
         return Staging(name, why=why)
     if len(stagers) != 1:

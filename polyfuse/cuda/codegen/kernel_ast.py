@@ -147,6 +147,9 @@ class Kernel:
     tensor_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     vector_bytes: int = 0  # of those bytes, moved by 128-bit accesses (isl footprints)
+    #: global bytes later parts read again past the L1 (an input several stitched parts read,
+    #: not staged: :attr:`polyfuse.poly.placement.Placement.reread`), beyond ``bytes_read``
+    reread_bytes: int = 0
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.codegen.dedup`); empty: the function is named ``name``.
     function: str = ""

@@ -413,6 +413,7 @@ def describe_sass(
     vector_bytes: int = 0,
     block_read_bytes: int | None = None,
     name: str | None = None,
+    reread_bytes: int = 0,
 ) -> KernelDesc:
     """The cost model's description of one kernel the SASS instrument analysed (``ks``, a
     :class:`polyfuse.cuda.toolchain.sass.KernelSass` with its launch and ptxas resources), with the
@@ -438,6 +439,7 @@ def describe_sass(
         vector_bytes=vector_bytes,
         inflight_bytes=inflight or mix.global_read_bytes,
         block_read_bytes=block_read_bytes,
+        reread_bytes=reread_bytes,
         barriers=mix.bar > 0,
         sync_phases=phases,
         spills=(r.spill_stores + r.spill_loads) if r else 0,
@@ -473,7 +475,8 @@ def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
     given, else from the IR work estimate its facts carry (a kernel without one — written by
     hand — is described by its bytes alone, one 4-byte access per element, and says so)."""
     if sass is not None:
-        return describe_sass(sass, k.bytes_read, k.bytes_written, k.vector_bytes, name=k.name)
+        return describe_sass(sass, k.bytes_read, k.bytes_written, k.vector_bytes, name=k.name,
+                             reread_bytes=k.reread_bytes)  # fmt: skip
     facts = k.facts
     blocks, threads = k.grid[0] * k.grid[1] * k.grid[2], k.block[0] * k.block[1] * k.block[2]
     regs = k.registers or (facts.registers if facts else None) or ASSUMED_REGISTERS
@@ -499,6 +502,7 @@ def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
         bytes_read=k.bytes_read,
         bytes_written=k.bytes_written,
         vector_bytes=k.vector_bytes,
+        reread_bytes=k.reread_bytes,
         inflight_bytes=work.inflight_bytes,
         barriers=bool(facts and facts.barriers),
         sync_phases=work.sync_phases,

@@ -90,6 +90,7 @@ def pack_kernels(
         tensor_bytes=_summed([k.tensor_bytes for k in parts]),
         notes=notes,
         vector_bytes=sum(k.vector_bytes for k in parts),
+        reread_bytes=sum(k.reread_bytes for k in parts),
     )
 
 

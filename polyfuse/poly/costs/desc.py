@@ -128,6 +128,9 @@ class KernelDesc:
     #: distinct global bytes one block reads (isl), None when unknown: a block whose reads
     #: exceed the L1 streams them from L2 (no reuse between blocks)
     block_read_bytes: int | None = None
+    #: global bytes later parts of a stitched kernel read again past the L1 (an input several
+    #: parts read, not staged in shared memory): read once more, beside ``bytes_read``
+    reread_bytes: int = 0
     barriers: bool = False  # the block waits at barriers (its phases do not overlap)
     #: loop iterations per thread that wait at a barrier for their own synchronous global
     #: loads (a single-stage shared-tile fill): each exposes a load latency to its block

@@ -34,7 +34,9 @@ device-wide resources:
   global load (the mix's) is an L2 fetch — exact for tiled kernels, whose loads are tile fills;
 - **DRAM latency** (Little's law): the resident threads keep ``inflight_bytes`` each in flight
   for ``latency_us``; with one block per SM and barriers between its phases, the SM's loads
-  and stores do not overlap (each phase at its own rate, the rounds one after another);
+  and stores do not overlap (each phase at its own rate, the rounds one after another); the
+  reads include ``reread_bytes``, an input that later parts read again past the L1 (from L2,
+  at the same in-flight-bound rate: a phase of its own);
 - **fill latency**: a block whose loop iterations wait at a barrier for their own synchronous
   loads (``sync_phases``: single-stage shared tiles) spends ``latency_us`` plus its own
   compute per iteration; the SM runs its blocks in rounds of the resident ones;
@@ -273,7 +275,7 @@ def _latency_s(
 ) -> float:
     """Seconds the reads take when only the loads in flight bound them (Little's law)."""
     n, sms = launch.grid, device.sms
-    reads = sum(p.bytes_read for p in launch.parts)
+    reads = sum(p.bytes_read + p.reread_bytes for p in launch.parts)
     writes = sum(p.bytes_written for p in launch.parts)
     inflight = max((p.inflight_bytes for p in launch.parts), default=0.0)
     if not reads or inflight <= 0:
