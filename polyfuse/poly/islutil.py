@@ -93,3 +93,13 @@ def rename_tuples(u: isl.UnionSet | isl.UnionMap, names: dict[str, str]):
     for m in sorted(maps, key=str):
         res = res.union(isl.UnionMap.from_map(m))
     return res
+
+
+def drop_params(s, names: list[str]):
+    """``s`` (a set, union set or map) with those of the parameters ``names`` it has projected
+    out (a block's footprint without its thread ids)."""
+    for p in names:
+        pos = s.get_space().find_dim_by_name(isl.dim_type.param, p)
+        if pos >= 0:
+            s = s.project_out(isl.dim_type.param, pos, 1)
+    return s

@@ -27,7 +27,7 @@ import islpy as isl
 from polyfuse.base.decision import Decided, DecisionKind
 from polyfuse.base.decision_data import PlacementData
 from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.islutil import injective, maps_of, sets_of, zero_deltas
+from polyfuse.poly.islutil import drop_params, injective, maps_of, sets_of, zero_deltas
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.policy import FLOAT_BYTES, smem_itemsize, smem_words
 from polyfuse.poly.stage import plan_staging, rereads
@@ -162,11 +162,7 @@ def block_box(
     acc: isl.UnionMap, dom: isl.UnionSet, context: isl.Set, thread_params: list[str]
 ) -> tuple[tuple[isl.PwAff, int], ...] | None:
     """Bounding box of the elements one block touches: per dim (lower bound in b, size)."""
-    fp_u = acc.intersect_domain(dom).range().intersect_params(context)
-    for p in thread_params:
-        pos = fp_u.get_space().find_dim_by_name(isl.dim_type.param, p)
-        if pos >= 0:
-            fp_u = fp_u.project_out(isl.dim_type.param, pos, 1)
+    fp_u = drop_params(acc.intersect_domain(dom).range().intersect_params(context), thread_params)
     sets = sets_of(fp_u)
     if len(sets) != 1:
         return None

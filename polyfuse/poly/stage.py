@@ -20,7 +20,8 @@ An input whose block footprint fits the L1 left to each resident block beside th
 kept). The staged tiles are placed before the scratch tiles, so a scratch tensor they displace
 is spilled and then recomputed from the staged input (:mod:`polyfuse.stitch.recompute`); the
 stitch stage keeps the placement without staging where that leaves a tensor spilled that it
-keeps on chip, or fewer blocks resident per SM.
+keeps on chip, or fewer blocks resident per SM. An input read again past the L1 and not
+staged is counted for the cost model (:func:`rereads`: one more read phase per such part).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import islpy as isl
 from polyfuse.base.decision import DecisionKind
 from polyfuse.poly.coarsen import VECTOR
 from polyfuse.poly.device import DeviceSpec, occupancy
-from polyfuse.poly.islutil import injective, maps_of
+from polyfuse.poly.islutil import drop_params, injective, maps_of
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.policy import ASSUMED_REGISTERS, smem_itemsize, smem_words
 
@@ -69,14 +70,6 @@ def aligned_rows(shape: tuple[int, ...], box, context: isl.Set) -> bool:
     lo = box[-1][0]
     off = lo.mod_val(isl.Val.int_from_si(lo.get_ctx(), VECTOR)).non_zero_set()
     return off.intersect_params(context).is_empty()
-
-
-def _without_threads(s: isl.Set, params: list[str]) -> isl.Set:
-    for p in params:
-        pos = s.get_space().find_dim_by_name(isl.dim_type.param, p)
-        if pos >= 0:
-            s = s.project_out(isl.dim_type.param, pos, 1)
-    return s
 
 
 def _threads_in(m: isl.Map, params: list[str]) -> isl.Map:
@@ -226,9 +219,9 @@ def _staging(rk, name, by_stmt, stagers, later, box_of, l1, threads) -> Staging:
     m = by_stmt[stager]
     if not injective(isl.UnionMap.from_map(_threads_in(m, threads))):
         return Staging(name, why=f"{stager} reads an element at several threads or instances")
-    mine = _without_threads(m.range(), threads)
+    mine = drop_params(m.range(), threads)
     for s in later:
-        if not _without_threads(by_stmt[s].range(), threads).is_subset(mine):
+        if not drop_params(by_stmt[s].range(), threads).is_subset(mine):
             return Staging(name, why=f"{s} reads elements {stager} does not")
     c = rk.coarsening
     if c is not None and c.factor > 1 and c.vector.get(name):

@@ -49,7 +49,7 @@ from polyfuse.base.decision_data import NO_DATA, DecisionData
 from polyfuse.graph.graph import Graph
 from polyfuse.poly.cost import ReductionStrategy
 from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.islutil import maps_of
+from polyfuse.poly.islutil import drop_params, maps_of
 from polyfuse.poly.kernel_map import gemm_kernel_fitting
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.placement import Placement, set_box
@@ -338,7 +338,7 @@ def shared_row_tile(
     rfp = reads_footprint(rm, tensor)
     if rfp is None:
         return refused(DecisionKind.TILE_MISMATCH, f"the reduction does not read {tensor}", tensor)
-    rfp = _drop(rfp, rm.thread_params + rm.lane_params)
+    rfp = drop_params(rfp, rm.thread_params + rm.lane_params)
     corr = block_correspondence(gk, rm, repeat)
     if isinstance(corr, Refusal):
         return corr
@@ -473,14 +473,6 @@ def too_wide(tensor: str, row: int, gemm: int, rows: int) -> Refusal | None:
         f"> {STATIC_SMEM_LIMIT} B static shared memory per block"
     )
     return refused(DecisionKind.FOOTPRINT, why, tensor)
-
-
-def _drop(fp: isl.Set, names: list[str]) -> isl.Set:
-    for p in names:
-        pos = fp.get_space().find_dim_by_name(isl.dim_type.param, p)
-        if pos >= 0:
-            fp = fp.project_out(isl.dim_type.param, pos, 1)
-    return fp
 
 
 def _best_tiling(shape: GemmShape, device: DeviceSpec) -> GemmTiling | None:
