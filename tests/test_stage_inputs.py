@@ -205,3 +205,24 @@ def test_a_row_the_l1_keeps_is_not_priced_as_a_re_read():
     ins, outs, _ = suite.build("layernorm", 1)
     fn = polyfuse.compile(ins, outs, arch="sm_90", check_cuda=False)
     assert fn.kernels[0].reread_bytes == 0
+
+
+def test_the_fuzzer_draws_long_rows_that_stage_and_pass():
+    """``polyfuse fuzz`` family ``rows``: normalisations of 2-3 rows as long as
+    ``--max-elements`` allows; at 100000 elements the 3-row graphs stage their input on the
+    default A100 (rows of ~33000 floats), the 2-row ones' tiles do not fit."""
+    from polyfuse.testing.build import build
+    from polyfuse.testing.generate import draw
+    from polyfuse.testing.rows import generate_rows
+    from polyfuse.testing.run import check_spec
+
+    assert "rows" in {draw(s).meta["family"] for s in range(200)}
+    staged = {2: 0, 3: 0}
+    for seed in range(6):
+        spec = generate_rows(seed, max_elements=100000, prefix=f"g{seed}_")
+        out = check_spec(spec)
+        assert not out.failed, f"rows seed {seed}: {out.status}: {out.detail}"
+        ins, outs, _ = build(spec)
+        fn = polyfuse.compile(ins, outs, check_cuda=False)
+        staged[spec.size(spec.inputs[0].shape)[0]] += "staged in shared memory" in str(fn.plan)
+    assert staged[3] >= 1 and staged[2] == 0, staged

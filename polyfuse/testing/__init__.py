@@ -7,4 +7,4 @@ to a minimal one (:mod:`.shrink`) and printed as a runnable script (:mod:`.scrip
 torch.compile backend with random PyTorch programs against eager (``polyfuse fuzz --torch``).
 """
 
-from . import adversarial, conv, stencil  # noqa: F401, E402 - register their generator families
+from . import adversarial, conv, rows, stencil  # noqa: F401, E402 - register their families
