@@ -379,8 +379,11 @@ class Accesses:
                 out.append(st)
         return out
 
-    def lane_target(self, s: Statement, tensor: str, args: Sequence[KExpr], store: bool) -> KLoad:
-        """The element statement ``s`` touches in ``tensor`` at lane 0 of a vector group."""
+    def lane_target(
+        self, s: Statement, tensor: str, args: Sequence[KExpr], store: bool, tile: bool = False
+    ) -> KLoad:
+        """The element statement ``s`` touches in ``tensor`` at lane 0 of a vector group
+        (``tile``: the element it reads, in the tensor's shared tile: a staged input's)."""
         self.r.stmt = s.name
         t = s.tensor
         assert t.op is not None
@@ -389,17 +392,9 @@ class Accesses:
             return self.r.access(tensor, t.dtype, t.shape, [env[a.uid] for a in t.op.axes], True)
         read = next(r for r in t.op.reads() if self.idents[r.tensor.uid] == tensor)
         idx = [self.values.visit(i, env) for i in read.indices]
+        if tile:
+            return self.r.shared(tensor, read.tensor.dtype, idx)
         return self.r.access(tensor, read.tensor.dtype, read.tensor.shape, idx)
-
-    def stage_target(self, a: Any) -> KLoad:
-        """Lane 0 of vector access ``a`` (a staged input's read) in the input's shared tile."""
-        s = self.stmts[a.stmt]
-        self.r.stmt = s.name
-        assert s.tensor.op is not None
-        env = _env(s, a.args)
-        read = next(r for r in s.tensor.op.reads() if self.idents[r.tensor.uid] == a.tensor)
-        idx = [self.values.visit(i, env) for i in read.indices]
-        return self.r.shared(a.tensor, read.tensor.dtype, idx)
 
     def vector(self, n: KVector) -> tuple[KVector, dict[str, dict[str, KLoad]]]:
         """The group's whole-word loads (one per distinct lane-0 element) and stores, and the
@@ -429,7 +424,8 @@ class Accesses:
         stores = []
         for a, lane in staging:  # the staged inputs' lanes, stored into their tiles
             if all(x.lanes != lane.lanes for x in stores):
-                stores.append(KLane(self.stage_target(a), lane.lanes))
+                target = self.lane_target(self.stmts[a.stmt], a.tensor, a.args, False, tile=True)
+                stores.append(KLane(target, lane.lanes))
         read_back = {a.tensor for a in n.local}
         self.rounded_by_store = set()  # this group's (its statements are lowered next)
         for a in n.stores:
