@@ -69,6 +69,7 @@ from polyfuse.poly.schedule import (
 )
 from polyfuse.poly.split import split_long_reductions
 from polyfuse.poly.tensorize_tiling import check_forced_tiling
+from polyfuse.poly.tiling import epilogue_split
 from polyfuse.reference import evaluate
 from polyfuse.stitch.epilogue import EpilogueChoice, epilogue_choices
 from polyfuse.stitch.gemm_rows import GemmRowsGroup
@@ -401,7 +402,8 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
             groups = [[back[p] for p in grp] for grp in entry["feedback"]]
             label = f"{mg.name} [{', '.join(mg.prims)}]"
             raise Feedback(label, entry["reason"], groups, entry.get("limit"))
-        return ScheduledMicrograph(model, rename(entry["schedule"], back), notes=entry["notes"])
+        sm = ScheduledMicrograph(model, rename(entry["schedule"], back), notes=entry["notes"])
+        return _gemm_epilogue_kept(sm, mg)
     canon = key.canonical()
     try:
         sm = compute_schedule(model, budget)
@@ -412,7 +414,23 @@ def _schedule(graph, mg, ctx, budget: int, cache: CompileCache, salt: str) -> Sc
         cache.put(key.digest, {"feedback": groups, "reason": fb.reason, "limit": fb.limit})
         raise
     cache.put(key.digest, {"schedule": rename(str(sm.schedule), canon), "notes": list(sm.notes)})
-    return sm
+    return _gemm_epilogue_kept(sm, mg)
+
+
+def _gemm_epilogue_kept(sm: ScheduledMicrograph, mg) -> ScheduledMicrograph:
+    """``sm``, or a :class:`Feedback` splitting off the part of its epilogue that keeps its
+    contraction off the GEMM path (:func:`polyfuse.poly.tiling.epilogue_split`)."""
+    split = epilogue_split(sm)
+    if split is None:
+        return sm
+    label = f"{mg.name} [{', '.join(mg.prims)}]"
+    raise Feedback(
+        label,
+        f"{split[1][0]} reads the contraction's result at other elements, so the GEMM path "
+        "declines the fused micrograph; the contraction and its elementwise epilogue are "
+        "tiled apart from the rest",
+        split,
+    )
 
 
 def _tuned(cache: CompileCache, graph, g, prims: list[str], arch: str) -> dict | None:

@@ -14,10 +14,9 @@ from polyfuse.base.decision import Decided, note_records
 from polyfuse.cuda.codegen.kernel_ast import Kernel
 from polyfuse.graph.graph import Graph
 from polyfuse.graph.partition import Partition
-from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.mapping import MappedKernel
 from polyfuse.poly.schedule import Feedback, ScheduledMicrograph
-from polyfuse.stitch.memory import StitchDecision
+from polyfuse.stitch.memory import StitchDecision, reduction_form
 from polyfuse.stitch.parallel import PackDecision
 from polyfuse.stitch.plan import KernelPlan
 
@@ -84,7 +83,7 @@ class Plan:
         out += [f"  reduction split: {d.reason}" for d in self.splits]
         out.append(f"micrographs ({len(self.partition.micrographs)}):")
         for m, sm in zip(self.partition.micrographs, self.scheduled, strict=True):
-            form = canonical_form(sm) if m.kind.value == "reduction" else None
+            form = reduction_form(sm, m.kind)
             out.append(f"  {m}" + (f"  [canonical form: {form}]" if form else ""))
         out.append("decisions:")
         out += [f"  {d}" for d in self.partition.decisions] or ["  (no edges)"]

@@ -34,7 +34,9 @@ __version__ = "0.1.0"
 # extents its block tiles do not cover exactly; 27: tensor-core tiles priced by the cost
 # model, the fewest others per HMMA within 5 % of its best; __launch_bounds__(threads, 1) on
 # tiles of few registers; 28: an input several stitched parts read is staged in a shared tile
-# where its re-read would miss the L1; 29: a kernel's re-read bytes for the cost model), so
-# kernels and schedules cached
+# where its re-read would miss the L1; 29: a kernel's re-read bytes for the cost model; 30:
+# matrix-vector products on reduction lanes, float32 reduction axes split where no k-tile
+# keeps to their runs, the loop-quality floor's slack, GEMM epilogues split off where they
+# read other elements), so kernels and schedules cached
 # by an older compiler miss.
-CODEGEN_REVISION = 29
+CODEGEN_REVISION = 30

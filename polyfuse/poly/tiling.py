@@ -37,6 +37,7 @@ import islpy as isl
 from polyfuse.base.decision import DecisionKind, Refusal, noted, refused
 from polyfuse.base.decision_data import GemmTileData
 from polyfuse.base.errors import ScheduleError
+from polyfuse.graph.dtypes import DTYPES
 from polyfuse.graph.expr import Binary, zero_padded_read
 from polyfuse.poly.costs import KernelDesc, Mix, model_kernel
 from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc, ktile_mix
@@ -94,18 +95,47 @@ def _independent_dims(m: isl.Map, ndata: int) -> set[int]:
     return out
 
 
+#: the shortest reduction :func:`vector_contraction` puts on lanes: one warp's worth
+VECTOR_REDUCTION_MIN = 32
+
+
+def vector_contraction(sm: ScheduledMicrograph) -> bool:
+    """Whether ``sm`` is a matrix-vector product: one sum reduction, at most one of its data
+    dims longer than 1 (no register tile has anything to reuse, :func:`detect_gemm` declines
+    it), reducing at least :data:`VECTOR_REDUCTION_MIN` elements per output. Its op kind is
+    opaque (the vector's access broadcasts into every row), but its loops are a reduction's:
+    mapped with lanes along the reduced dims, not one serial loop per output (a classifier's
+    logit, 512 x 256 times a vector: 2 blocks of 256 threads each reading a row alone,
+    modelled 47 us on an H100; a warp per row, 3.1 us)."""
+    ups = [s for s in sm.model.statements if s.role == "update"]
+    if len(ups) != 1:
+        return False
+    t = ups[0].tensor
+    red = t.op.reduce if t.op is not None else None
+    if red is None or red.op != "sum":
+        return False
+    assert t.op is not None
+    data = [a for a in t.op.axes if a.extent > 1]
+    return len(data) <= 1 and math.prod(a.extent for a in red.axes) >= VECTOR_REDUCTION_MIN
+
+
 def detect_gemm(
-    sm: ScheduledMicrograph, dtypes: tuple[str, ...] = ("float32",)
+    sm: ScheduledMicrograph,
+    dtypes: tuple[str, ...] = ("float32",),
+    only: frozenset[str] | None = None,
 ) -> GemmShape | Refusal:
     """The micrograph's GEMM structure, or why it is not GEMM-like (a :class:`Refusal` about
     the micrograph); its operands must be of one of ``dtypes`` (the float32 tiles;
-    tensorization asks for 16-bit ones)."""
+    tensorization asks for 16-bit ones). ``only``: the primitives to consider (the others'
+    statements left out: what a micrograph of those alone would be,
+    :func:`epilogue_split`)."""
     model = sm.model
+    statements = [s for s in model.statements if only is None or s.prim in only]
 
     def no(why: str) -> Refusal:
         return refused(DecisionKind.GEMM_TILE, why, sm.name)
 
-    ups = [s for s in model.statements if s.role == "update"]
+    ups = [s for s in statements if s.role == "update"]
     if len(ups) != 1:
         return no("not exactly one reduction")
     up = ups[0]
@@ -117,9 +147,9 @@ def detect_gemm(
     if any(r.tensor.dtype not in dtypes for r, _ in up.reads if r is not None):
         listed = ", ".join(dtypes[:-1]) + " or " * (len(dtypes) > 1) + dtypes[-1]
         return no(f"the operands are not {listed}")
-    init = next(s for s in model.statements if s.prim == prim and s.role == "init")
-    final = next(s for s in model.statements if s.prim == prim and s.role == "final")
-    order = model.micrograph.prims
+    init = next(s for s in statements if s.prim == prim and s.role == "init")
+    final = next(s for s in statements if s.prim == prim and s.role == "final")
+    order = [p for p in model.micrograph.prims if only is None or p in only]
     if order[0] != prim:
         return no("statements run before the reduction (producers in the micrograph)")
     nd = init.dims
@@ -130,7 +160,7 @@ def detect_gemm(
         return no("the domain is not a box")
     data = _box(init.domain)
     redb = _box(up.domain)[nd:]
-    epilogue = [final] + [s for s in model.statements if s.prim != prim]
+    epilogue = [final] + [s for s in statements if s.prim != prim]
     for s in epilogue:
         if s.role not in ("compute", "final") or s.dims != nd or _box(s.domain) != data:
             return no(f"{s.name} is not elementwise on the reduction's domain")
@@ -144,7 +174,7 @@ def detect_gemm(
                 continue
             writer = next(
                 w
-                for w in model.statements
+                for w in statements
                 if w.write.get_tuple_name(isl.dim_type.out) == name and w.dims == nd
             )
             wrote = writer.write.set_tuple_name(isl.dim_type.in_, s.name)
@@ -201,6 +231,25 @@ def detect_gemm(
             return no(f"isl's band is not the data loops of {s.name}")
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
+
+
+def epilogue_split(sm: ScheduledMicrograph) -> list[list[str]] | None:
+    """``[contraction and epilogue, rest]`` where :func:`detect_gemm` declines ``sm`` for its
+    epilogue alone: the contraction with the longest run of its following primitives that is
+    elementwise on its domain is a GEMM (of any dtype), the rest reads it at other elements
+    (an LSTM's gate slices of its gate projection, 32 x 2048: the fused micrograph ran one
+    output per thread, a serial loop over 512 terms each). None where the whole micrograph is
+    GEMM-like, or no prefix of it is."""
+    dtypes = tuple(DTYPES)
+    order = list(sm.model.micrograph.prims)
+    if len(order) < 2 or not isinstance(detect_gemm(sm, dtypes, frozenset(order[:1])), GemmShape):
+        return None  # not a contraction the GEMM path takes alone
+    if not isinstance(detect_gemm(sm, dtypes), Refusal):
+        return None
+    for n in range(len(order) - 1, 0, -1):  # the longest GEMM-like prefix
+        if isinstance(detect_gemm(sm, dtypes, frozenset(order[:n])), GemmShape):
+            return [order[:n], order[n:]]
+    return None
 
 def affine_coefficients(
     aff: isl.Aff | isl.Constraint, n_in: int
@@ -497,8 +546,21 @@ def rank_gemm_tiles(
             continue
         ranked.append(c)
     good = [c for c in ranked if loop_share(c[8]) >= LOOP_FFMA_FLOOR]
-    if good and len(good) < len(ranked):
-        low = [c for c in ranked if loop_share(c[8]) < LOOP_FFMA_FLOOR]
+    low = [c for c in ranked if loop_share(c[8]) < LOOP_FFMA_FLOOR]
+    if good and low and good[0][0] > max(FLOOR_SLACK * low[0][0], low[0][0] + FLOOR_SLACK_US):
+        t0, c0, t1 = low[0][0], low[0][8], good[0][0]
+        reasons.append(
+            noted(
+                DecisionKind.GEMM_TILE,
+                f"tilings below {LOOP_FFMA_FLOOR:.0%} FFMA ranked too: the best of them, "
+                f"{tile_label(*low[0][2:7])} at {loop_share(c0):.0%} FFMA, is modelled "
+                f"{t0:.1f} us, the best at or above the floor {t1:.1f} us (more than "
+                f"{FLOOR_SLACK:g}x and {FLOOR_SLACK_US:g} us: a small GEMM whose larger "
+                "tiles leave SMs idle)",
+                gemm,
+            )
+        )
+    elif good and low:
         t0, c0 = low[0][0], low[0][8]
         reasons.append(
             noted(
@@ -556,6 +618,16 @@ def rank_gemm_tiles(
 #: tell such loops apart: the floor keeps the choice where both the model and the instrument
 #: put it.
 LOOP_FFMA_FLOOR = 0.80
+#: How much slower (modelled) the best tiling at or above :data:`LOOP_FFMA_FLOOR` may be than
+#: the best below it for the floor to hold. The floor separates loops the model prices alike;
+#: where every tiling that meets it is modelled far slower (DeepFM's 512 x 390 x 400 layer:
+#: 64 x 64 tiles, 56 blocks for 132 SMs, 41.7 us; 32 x 32 tiles at 70 % FFMA, 14.1 us), the
+#: idle SMs, which the model does see, decide.
+FLOOR_SLACK = 1.25
+#: ... and by more than this many microseconds: a GEMM of a few microseconds (64 x 64 x 64,
+#: 3.2 against 4.5 us modelled) is launch- and latency-bound whatever its tile, where the model
+#: is least sure, and keeps the floor.
+FLOOR_SLACK_US = 5.0
 
 
 def loop_share(code: LoopCode, worst: bool = True) -> float:

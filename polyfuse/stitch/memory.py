@@ -31,6 +31,7 @@ from polyfuse.poly.compose import CompositionError, map_reduction_kernel
 from polyfuse.poly.cost import ReductionStrategy, choose_reduction_strategy
 from polyfuse.poly.device import DeviceSpec
 from polyfuse.poly.schedule import ScheduledMicrograph
+from polyfuse.poly.tiling import vector_contraction
 
 
 class Memo(Protocol):
@@ -100,6 +101,15 @@ class StitchDecision:
         return f"{'+'.join(self.producer)} -> {'+'.join(self.consumer)}: {verb}{r}: {self.reason}"
 
 
+def reduction_form(sm: ScheduledMicrograph, kind: OpKind) -> CanonicalForm | None:
+    """The canonical form whose reduction layout maps micrograph ``sm`` of op kind ``kind``: a
+    reduction's, and a matrix-vector product's (opaque, :func:`vector_contraction`: its
+    reduced dims on lanes, not one serial loop per output); None for the others."""
+    if kind == OpKind.REDUCTION or (kind == OpKind.OPAQUE and vector_contraction(sm)):
+        return canonical_form(sm)
+    return None
+
+
 def stitch_memory(
     graph: Graph,
     part: Partition,
@@ -122,7 +132,7 @@ def stitch_memory(
     cache = cache if cache is not None else DictMemo()
     groups: dict[int, KernelGroup] = {}
     for i, (mg, sm) in enumerate(zip(part.micrographs, scheduled, strict=True)):
-        form = canonical_form(sm) if mg.kind == OpKind.REDUCTION else None
+        form = reduction_form(sm, mg.kind)
         strategy = choose_reduction_strategy(form, device) if form is not None else None
         groups[i] = KernelGroup([sm], mg.kind, form, strategy)
     decisions: list[StitchDecision] = []

@@ -47,32 +47,110 @@ PF_INLINE T pf_allreduce_x(T v, T* scratch) {
   return scratch[t % KEPT];
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_1bbed6d819fd2f1f38f0(float* __restrict__ slice4, float* __restrict__ slice6, float* __restrict__ slice7, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(128) pf_75ef5d33d5d9dc0d328d(float* __restrict__ add3, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias) {
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_x[516];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_w_x[544];
+  float r_matmul2_acc[4][2][4];
+  float r_matmul2;
+  float r_x_frag[4];
+  float r_w_x_frag[8];
+  float r_add3_v[4];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul2_acc[ii0][ii1][iv] = 0.0f;
+      }
+    }
+  }
+  *reinterpret_cast<float4*>(&s_x[(0 - 0) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[0 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      r_x_frag[ii0] = s_x[(0 - 0) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul2_acc[ii0][ii1][iv] = r_matmul2_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul2 = r_matmul2_acc[ii0][ii1][iv]; }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add3_v[iv] = (r_matmul2 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
+      }
+      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add3[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add3_v[0], r_add3_v[1], r_add3_v[2], r_add3_v[3]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pf_4620e0dc243446a3a94c_p0(float* __restrict__ slice4, const float* __restrict__ add3, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_matmul2;
-  float r_matmul2_acc;
-  float r_add3;
-  r_matmul2_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul2_acc = r_matmul2_acc + (x[0 * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
-  }
-  r_matmul2 = r_matmul2_acc;
-  r_add3 = (r_matmul2 + bias[t1]);
-  if ((t1 >= 24)) {
-    slice7[t0 * 8 + (t1 - 24)] = r_add3;
-  } else {
-    if ((t1 <= 7)) {
-      slice4[t0 * 8 + t1] = r_add3;
-    } else {
-      if ((t1 >= 16)) {
-        slice6[t0 * 8 + (t1 - 16)] = r_add3;
-      }
-    }
+  slice4[t0 * 8 + t1] = add3[t0 * 32 + t1];
+}
+
+__device__ __forceinline__ void pf_4620e0dc243446a3a94c_p1(float* __restrict__ slice6, const float* __restrict__ add3, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  slice6[t0 * 8 + t1] = add3[t0 * 32 + (t1 + 16)];
+}
+
+__device__ __forceinline__ void pf_4620e0dc243446a3a94c_p2(float* __restrict__ slice7, const float* __restrict__ add3, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  slice7[t0 * 8 + t1] = add3[t0 * 32 + (t1 + 24)];
+}
+
+extern "C" __global__ void __launch_bounds__(16) pf_4620e0dc243446a3a94c(float* __restrict__ slice4, const float* __restrict__ add3, float* __restrict__ slice6, float* __restrict__ slice7) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k1_slice4: 1 blocks of 16
+    pf_4620e0dc243446a3a94c_p0(slice4, add3, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k2_slice6: 1 blocks of 16
+    pf_4620e0dc243446a3a94c_p1(slice6, add3, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k3_slice7: 1 blocks of 16
+    pf_4620e0dc243446a3a94c_p2(slice7, add3, pf_b - 2, (int)threadIdx.x);
   }
 }
 
@@ -160,38 +238,126 @@ extern "C" __global__ void __launch_bounds__(128) pf_6ed56176ef374018fb3f(float*
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_d6d2324f72b6419eb176(float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23, float* __restrict__ sigmoid24, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
-  int _b = blockIdx.x;
+extern "C" __global__ void __launch_bounds__(128) pf_812694f5f84c9aee7090(float* __restrict__ add19, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul18) {
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_x[516];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_w_x[544];
+  float r_matmul16_acc[4][2][4];
+  float r_matmul16;
+  float r_add17;
+  float r_x_frag[4];
+  float r_w_x_frag[8];
+  float r_add19_v[4];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul16_acc[ii0][ii1][iv] = 0.0f;
+      }
+    }
+  }
+  *reinterpret_cast<float4*>(&s_x[(1 - 1) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[1 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      r_x_frag[ii0] = s_x[(1 - 1) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul16_acc[ii0][ii1][iv] = r_matmul16_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul16 = r_matmul16_acc[ii0][ii1][iv]; }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add17 = (r_matmul16 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add19_v[iv] = (r_add17 + matmul18[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + iv)]); }
+      }
+      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add19[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add19_v[0], r_add19_v[1], r_add19_v[2], r_add19_v[3]); }
+    }
+  }
+}
+
+__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p0(float* __restrict__ sigmoid24, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
   const int b1 = _b % 1; _b /= 1;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
-  float r_matmul16;
-  float r_matmul16_acc;
-  float r_add17;
-  float r_add19;
   float r_slice20;
-  r_matmul16_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul16_acc = r_matmul16_acc + (x[(0 + 1) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
-  }
-  r_matmul16 = r_matmul16_acc;
-  r_add17 = (r_matmul16 + bias[t1]);
-  r_add19 = (r_add17 + matmul18[t0 * 32 + t1]);
-  if ((t1 >= 24)) {
-    slice23[t0 * 8 + (t1 - 24)] = r_add19;
-  } else {
-    if ((t1 <= 7)) {
-      r_slice20 = r_add19;
-      sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_slice20);
-    } else {
-      if ((t1 >= 16)) {
-        slice22[t0 * 8 + (t1 - 16)] = r_add19;
-      } else {
-        slice21[t0 * 8 + (t1 - 8)] = r_add19;
-      }
-    }
+  r_slice20 = add19[t0 * 32 + t1];
+  sigmoid24[t0 * 8 + t1] = pf_sigmoid(r_slice20);
+}
+
+__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p1(float* __restrict__ slice21, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  slice21[t0 * 8 + t1] = add19[t0 * 32 + (t1 + 8)];
+}
+
+__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p2(float* __restrict__ slice22, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  slice22[t0 * 8 + t1] = add19[t0 * 32 + (t1 + 16)];
+}
+
+__device__ __forceinline__ void pf_e6b16e14a4e06624fbac_p3(float* __restrict__ slice23, const float* __restrict__ add19, const int pf_block, const int pf_thread) {
+  int _b = pf_block;
+  const int b1 = _b % 1; _b /= 1;
+  const int b0 = _b;
+  int _t = threadIdx.x;
+  const int t1 = _t % 8; _t /= 8;
+  const int t0 = _t;
+  slice23[t0 * 8 + t1] = add19[t0 * 32 + (t1 + 24)];
+}
+
+extern "C" __global__ void __launch_bounds__(16) pf_e6b16e14a4e06624fbac(float* __restrict__ sigmoid24, const float* __restrict__ add19, float* __restrict__ slice21, float* __restrict__ slice22, float* __restrict__ slice23) {
+  const int pf_b = blockIdx.x;
+  if (pf_b < 1) {  // k7_slice20: 1 blocks of 16
+    pf_e6b16e14a4e06624fbac_p0(sigmoid24, add19, pf_b - 0, (int)threadIdx.x);
+  } else if (pf_b < 2) {  // k8_slice21: 1 blocks of 16
+    pf_e6b16e14a4e06624fbac_p1(slice21, add19, pf_b - 1, (int)threadIdx.x);
+  } else if (pf_b < 3) {  // k9_slice22: 1 blocks of 16
+    pf_e6b16e14a4e06624fbac_p2(slice22, add19, pf_b - 2, (int)threadIdx.x);
+  } else if (pf_b < 4) {  // k10_slice23: 1 blocks of 16
+    pf_e6b16e14a4e06624fbac_p3(slice23, add19, pf_b - 3, (int)threadIdx.x);
   }
 }
 
@@ -219,72 +385,138 @@ extern "C" __global__ void __launch_bounds__(16) pf_1e729e45cceea537d845(float* 
   mul32[t0 * 8 + t1] = (r_sigmoid30 * r_tanh31);
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_22f89eec8151bae84691(float* __restrict__ slice40, float* __restrict__ slice41, float* __restrict__ slice42, float* __restrict__ sigmoid43, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
+extern "C" __global__ void __launch_bounds__(128) pf_39bb7df2d4d1ac165e0f(float* __restrict__ add38, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul37) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_x[516];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_w_x[544];
+  float r_matmul35_acc[4][2][4];
   float r_matmul35;
-  float r_matmul35_acc;
   float r_add36;
-  float r_add38;
-  float r_slice39;
-  r_matmul35_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul35_acc = r_matmul35_acc + (x[(0 + 2) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
-  }
-  r_matmul35 = r_matmul35_acc;
-  r_add36 = (r_matmul35 + bias[t1]);
-  r_add38 = (r_add36 + matmul37[t0 * 32 + t1]);
-  if ((t1 >= 24)) {
-    slice42[t0 * 8 + (t1 - 24)] = r_add38;
-  } else {
-    if ((t1 <= 7)) {
-      r_slice39 = r_add38;
-      sigmoid43[t0 * 8 + t1] = pf_sigmoid(r_slice39);
-    } else {
-      if ((t1 >= 16)) {
-        slice41[t0 * 8 + (t1 - 16)] = r_add38;
-      } else {
-        slice40[t0 * 8 + (t1 - 8)] = r_add38;
+  float r_x_frag[4];
+  float r_w_x_frag[8];
+  float r_add38_v[4];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul35_acc[ii0][ii1][iv] = 0.0f;
       }
+    }
+  }
+  *reinterpret_cast<float4*>(&s_x[(2 - 2) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[2 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      r_x_frag[ii0] = s_x[(2 - 2) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul35_acc[ii0][ii1][iv] = r_matmul35_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul35 = r_matmul35_acc[ii0][ii1][iv]; }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add36 = (r_matmul35 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add38_v[iv] = (r_add36 + matmul37[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + iv)]); }
+      }
+      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add38[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add38_v[0], r_add38_v[1], r_add38_v[2], r_add38_v[3]); }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(64) pf_f371c1d8ce1c441a6d4d(float* __restrict__ slice59, float* __restrict__ slice60, float* __restrict__ slice61, float* __restrict__ sigmoid62, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
-  int _b = blockIdx.x;
-  const int b1 = _b % 1; _b /= 1;
-  const int b0 = _b;
+extern "C" __global__ void __launch_bounds__(128) pf_0135d029f8f0d7066e9a(float* __restrict__ add57, const float* __restrict__ x, const float* __restrict__ w_x, const float* __restrict__ bias, const float* __restrict__ matmul56) {
   int _t = threadIdx.x;
-  const int t1 = _t % 32; _t /= 32;
+  const int t1 = _t % 8; _t /= 8;
   const int t0 = _t;
+  const int p0c = threadIdx.x;
+  __shared__ __align__(16) float s_x[516];
+  const int p1r = threadIdx.x / 16;
+  const int p1c = threadIdx.x % 16;
+  __shared__ __align__(16) float s_w_x[544];
+  float r_matmul54_acc[4][2][4];
   float r_matmul54;
-  float r_matmul54_acc;
   float r_add55;
-  float r_add57;
-  float r_slice58;
-  r_matmul54_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 7); c0 += 1) {
-    r_matmul54_acc = r_matmul54_acc + (x[(0 + 3) * 16 + t0 * 8 + c0] * w_x[c0 * 32 + t1]);
-  }
-  r_matmul54 = r_matmul54_acc;
-  r_add55 = (r_matmul54 + bias[t1]);
-  r_add57 = (r_add55 + matmul56[t0 * 32 + t1]);
-  if ((t1 >= 24)) {
-    slice61[t0 * 8 + (t1 - 24)] = r_add57;
-  } else {
-    if ((t1 <= 7)) {
-      r_slice58 = r_add57;
-      sigmoid62[t0 * 8 + t1] = pf_sigmoid(r_slice58);
-    } else {
-      if ((t1 >= 16)) {
-        slice60[t0 * 8 + (t1 - 16)] = r_add57;
-      } else {
-        slice59[t0 * 8 + (t1 - 8)] = r_add57;
+  float r_x_frag[4];
+  float r_w_x_frag[8];
+  float r_add57_v[4];
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_matmul54_acc[ii0][ii1][iv] = 0.0f;
       }
+    }
+  }
+  *reinterpret_cast<float4*>(&s_x[(3 - 3) * 516 + ((4 * p0c) - 0)]) = ((4 * p0c) >= 0 && (4 * p0c) < 16) ? *reinterpret_cast<const float4*>(&x[3 * 16 + (4 * p0c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<float4*>(&s_w_x[(p1r - 0) * 68 + ((4 * p1c) - 0)]) = ((4 * p1c) >= 0 && (4 * p1c) < 32) ? *reinterpret_cast<const float4*>(&w_x[p1r * 32 + (4 * p1c)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+  #pragma unroll
+  for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      r_x_frag[ii0] = s_x[(3 - 3) * 516 + ((((t0 + (16 * ii0)) * 8) + kk0) - 0)];
+    }
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        r_w_x_frag[((ii1 * 4) + iv)] = s_w_x[(kk0 - 0) * 68 + ((((4 * t1) + (32 * ii1)) + iv) - 0)];
+      }
+    }
+    #pragma unroll
+    for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+      #pragma unroll
+      for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+        #pragma unroll
+        for (int iv = 0; (iv <= 3); iv += 1) {
+          r_matmul54_acc[ii0][ii1][iv] = r_matmul54_acc[ii0][ii1][iv] + (r_x_frag[ii0] * r_w_x_frag[((ii1 * 4) + iv)]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int ii0 = 0; (ii0 <= 3); ii0 += 1) {
+    #pragma unroll
+    for (int ii1 = 0; (ii1 <= 1); ii1 += 1) {
+      #pragma unroll
+      for (int iv = 0; (iv <= 3); iv += 1) {
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_matmul54 = r_matmul54_acc[ii0][ii1][iv]; }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add55 = (r_matmul54 + bias[(((4 * t1) + (32 * ii1)) + iv)]); }
+        if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + iv) <= 31) { r_add57_v[iv] = (r_add55 + matmul56[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + iv)]); }
+      }
+      if ((t0 + (16 * ii0)) <= 1 && (((4 * t1) + (32 * ii1)) + 0) <= 31) { *reinterpret_cast<float4*>(&add57[(t0 + (16 * ii0)) * 32 + (((4 * t1) + (32 * ii1)) + 0)]) = make_float4(r_add57_v[0], r_add57_v[1], r_add57_v[2], r_add57_v[3]); }
     }
   }
 }

@@ -699,17 +699,20 @@ extern "C" __global__ void __launch_bounds__(64) pf_bab1169ada7b0af41894(const f
   }
 }
 
-extern "C" __global__ void __launch_bounds__(10) pf_56934f85af5c7ccfa86c(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
+extern "C" __global__ void __launch_bounds__(160) pf_4e51fae8b368643ad363(float* __restrict__ add30, const float* __restrict__ reduce_mean28, const float* __restrict__ fc_w, const float* __restrict__ fc_bias) {
   int _b = blockIdx.x;
   const int b0 = _b;
   int _t = threadIdx.x;
-  const int t0 = _t;
+  const int r0 = _t % 10; _t /= 10;
+  const int l0 = _t;
+  __shared__ float pf_scratch[160];
   float r_matmul29;
   float r_matmul29_acc;
+  // part:mg11
   r_matmul29_acc = 0.0f;
-  for (int c0 = 0; (c0 <= 31); c0 += 1) {
-    r_matmul29_acc = r_matmul29_acc + (reduce_mean28[0 * 32 + c0] * fc_w[c0 * 10 + t0]);
+  for (int c0 = 0; (c0 <= 1); c0 += 1) {
+    r_matmul29_acc = r_matmul29_acc + (reduce_mean28[0 * 32 + (l0 + (16 * c0))] * fc_w[(l0 + (16 * c0)) * 10 + r0]);
   }
-  r_matmul29 = r_matmul29_acc;
-  add30[0 * 10 + t0] = (r_matmul29 + fc_bias[t0]);
+  r_matmul29_acc = pf_allreduce_x<pf_sum, 16, 10>(r_matmul29_acc, pf_scratch); r_matmul29 = r_matmul29_acc;
+  if (l0 == 0) add30[0 * 10 + r0] = (r_matmul29 + fc_bias[r0]);
 }

@@ -35,6 +35,10 @@ from polyfuse.graph.passes.record import PassAction
 from polyfuse.graph.passes.rewrite import Rewriter, with_body
 
 NAME = "split_reduction"
+#: the smallest k-tile of the CUDA-core GEMM tiles: a merged axis ``k // D`` with ``D`` a
+#: multiple of it keeps every k-tile inside one ``D`` run (a box; BERT-base's output
+#: projection), other ``D`` are split for float32 too (DeepFM's 39 fields of 10)
+CUDA_CORE_KTILE = 8
 #: the operand dtypes whose GEMMs the split is for (tensor cores)
 TENSOR_CORE_DTYPES = (*HALF_DTYPES, *BYTE_DTYPES)
 
@@ -89,12 +93,13 @@ def split_reduction(graph: Graph) -> Graph:
     for name in graph.topo_order():
         t = graph.prims[name].tensor
         red = t.op.reduce if t.op is not None else None
-        if red is None or not _tensor_core_operands(red):
+        if red is None:
             continue
+        tensor_cores = _tensor_core_operands(red)
         body, axes, notes = red.body, list(red.axes), []
         for k in red.axes:
             d = _split_of(body, k)
-            if d is None:
+            if d is None or (not tensor_cores and d % CUDA_CORE_KTILE == 0):
                 continue
             hi = IterVar(f"{k.name}_hi", 0, k.extent // d, "reduce")
             lo = IterVar(f"{k.name}_lo", 0, d, "reduce")
