@@ -37,6 +37,8 @@ def test_independent_kernels_share_one_launch(name):
     (made,) = [d for d in fn.plan.packs if d.packed]
     assert len(made.kernels) == PACKED[name] and made.name == fn.kernels[0].name
     assert "modelled" in made.reason and made.gain_us > 0
+    # the packed launch's modelled time, each part on its blocks, as the reason gives it
+    assert made.packed_us is not None and f"packed {made.packed_us:.2f} us" in made.reason
     assert [m for ms in made.micrographs for m in ms] == fn.kernels[0].micrographs
     arrays = suite.random_inputs(name, inputs)
     want = ref(*arrays)

@@ -232,7 +232,6 @@ def detect_gemm(
     return GemmShape(init, up, epilogue, data, redb, operands, reuse)
 
 
-
 def epilogue_split(sm: ScheduledMicrograph) -> list[list[str]] | None:
     """``[contraction and epilogue, rest]`` where :func:`detect_gemm` declines ``sm`` for its
     epilogue alone: the contraction with the longest run of its following primitives that is
@@ -250,6 +249,7 @@ def epilogue_split(sm: ScheduledMicrograph) -> list[list[str]] | None:
         if isinstance(detect_gemm(sm, dtypes, frozenset(order[:n])), GemmShape):
             return [order[:n], order[n:]]
     return None
+
 
 def affine_coefficients(
     aff: isl.Aff | isl.Constraint, n_in: int

@@ -120,6 +120,9 @@ class PackDecision:
     kinds: tuple[DecisionKind, ...] = ()  # what the reason says, typed (polyfuse.base.decision)
     #: figures of a refusal (shared memory: SmemData's ``static_bytes``, ``dynamic_bytes``)
     data: DecisionData = NO_DATA
+    #: the modelled time of the packed launch, each part priced on its own blocks (a pack's
+    #: kernel IR is priced as if every block ran its costliest part)
+    packed_us: float | None = None
 
     @property
     def record(self) -> Decided:
@@ -395,7 +398,7 @@ def plan_packs(
                 )
                 names = [parts[i].name for i in sub]
                 cost = (DecisionKind.COST_MODEL,)
-                decisions.append(PackDecision(names, True, why, gain, kinds=cost))
+                decisions.append(PackDecision(names, True, why, gain, kinds=cost, packed_us=packed))
                 visited.update(sub)
                 break
             m += max(k, 1)
