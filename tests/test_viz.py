@@ -220,7 +220,7 @@ def test_segments_between_repeats_fold_too():
     """Where layers repeat, what lies between them folds as well (a column of cards)."""
     from polyfuse import zoo
 
-    m = zoo.build("lstm", "full", weights="zeros")  # 14 time steps of 3 kernels, after 6
+    m = zoo.build("lstm", "full", weights="zeros")  # its time steps repeat, after the first
     fn = polyfuse.compile(m.inputs, m.outputs, constants=m.constants, check_cuda=False)
     g = extract(fn)["groups"]
     assert g["repeats"] and g["collapse_at_load"]

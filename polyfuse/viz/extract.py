@@ -14,9 +14,9 @@ from typing import Any
 
 from polyfuse.base.decision import Decided, DecisionKind, note_records
 from polyfuse.base.decision_data import DecisionData
-from polyfuse.poly.canonical import canonical_form
 from polyfuse.poly.costs import CONSTANTS
 from polyfuse.poly.device import device_for_arch
+from polyfuse.stitch.memory import reduction_form
 from polyfuse.viz.groups import segments
 from polyfuse.viz.layout import layout
 from polyfuse.viz.memory import kernel_memory, memory_line
@@ -394,7 +394,7 @@ def extract(fn) -> dict[str, Any]:
     micrographs = []
     for mg, sm in zip(part.micrographs, plan.scheduled, strict=True):
         model = sm.model
-        form = canonical_form(sm) if mg.kind.value == "reduction" else None
+        form = reduction_form(sm, mg.kind)
         kname, mm = mapped_of.get(mg.name, ("", None))
         fbs = [_s(e) for e in plan.feedback if any(p in mg.prims for g in e.groups for p in g)]
         micrographs.append(

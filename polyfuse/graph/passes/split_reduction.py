@@ -12,8 +12,12 @@ axes ``kh`` (``E / D``) and ``kd`` (``D``) in that order: ``k // D`` becomes ``k
 ``kd``, and every other ``k`` ``kh * D + kd``. The sum runs over the same terms in the same
 order, so the result is the same bit for bit; the GEMM then has two reduction dims, flattened
 into its ``k`` as a convolution's are (the operand ``pv`` gathered by 16-byte chunks of ``kd``,
-``W`` read linearly in the flattened ``k``). Only for 16-bit and byte operands, the
-tensor cores' (:func:`_tensor_core_operands`).
+``W`` read linearly in the flattened ``k``). For 16-bit and byte operands, the tensor cores'
+(:func:`_tensor_core_operands`), always; for float32 ones where ``D`` is no multiple of
+:data:`CUDA_CORE_KTILE`: the CUDA-core tiles read the merged axis through their fills while a
+k-tile stays inside one run of ``D`` (BERT-base's ``D = 64``: its split tiles fit worse), and
+otherwise find no fixed-size box for the operand's tile and run one element per thread
+(DeepFM's embeddings, 39 fields of 10: GEMM-tiled once split).
 """
 
 from __future__ import annotations
@@ -79,9 +83,9 @@ def _split_of(body: Expr, k: IterVar) -> int | None:
 
 def _tensor_core_operands(red: Reduce) -> bool:
     """Whether the reduction sums products of 16-bit or (widened) byte reads, the operands
-    of the tensor-core match. float32 GEMMs keep the merged axis: the CUDA-core tiles read
-    the quasi-affine subscripts through their fills and fit no tile with two reduction dims
-    (BERT-base's output projection: 32x16 tiles merged, one element per thread split)."""
+    of the tensor-core match. float32 GEMMs keep a merged axis whose runs hold whole k-tiles:
+    the CUDA-core tiles read the quasi-affine subscripts through their fills, and split, BERT-
+    base's output projection (12 heads of 64) fit no tile with two reduction dims."""
     reads = [r for r in walk(red.body) if isinstance(r, Read)]
     return bool(reads) and all(r.tensor.dtype in TENSOR_CORE_DTYPES for r in reads)
 
