@@ -8,6 +8,7 @@ import pytest
 
 import polyfuse
 from polyfuse import ops, te
+from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
 from polyfuse.poly.promote import GemmKernel
 from polyfuse.reference import evaluate
 
@@ -68,3 +69,14 @@ def test_an_elementwise_epilogue_on_the_products_domain_is_not_split():
     assert not fn.plan.feedback
     (gk,) = _gemms(fn)
     assert len(fn.kernels) == 1 and {s.prim for s in gk.shape.epilogue} == {"mm", "b", "r"}
+
+
+@pytest.mark.skipif("nvrtc" not in available_compilers(), reason="needs NVRTC")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_split_kernels_compile_without_spills(arch):
+    ins, outs = _gates(32, 512, 512)
+    fn = polyfuse.compile(ins, outs, arch, check_cuda=False)
+    res = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    assert res.image and len(res.resources) == len({k.function or k.name for k in fn.kernels})
+    for r in res.resources.values():
+        assert r.spill_stores == r.spill_loads == 0, r

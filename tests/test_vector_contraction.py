@@ -115,7 +115,8 @@ def test_short_matrix_vector_reductions_keep_one_loop_per_output():
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="needs NVRTC")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_matrix_vector_kernels_compile_without_spills(arch):
-    for ins, outs in (_matvec(512, 256), _vecmat(768, 768, "bfloat16")):
+    for ins, outs in (_matvec(512, 256), _vecmat(768, 768, "bfloat16"),
+                      _embedding_mlp(512, 39, 10, 400)):  # fmt: skip
         fn = polyfuse.compile(ins, outs, arch, check_cuda=False)
         res = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
         assert res.image
