@@ -1,7 +1,9 @@
 """Checks shared by the tests of new operators: run a compiled graph, rerun it race-checked on
-the emulator, compile its CUDA with NVRTC for sm_80 and sm_90 where installed; a torch
-session with fresh Dynamo and polyfuse caches for the tests that compile with PyTorch; the
-shared-memory bank sites of a tensor-core kernel's cp.async writes and ldmatrix reads."""
+the emulator, compile its CUDA with NVRTC for sm_80 and sm_90 where installed (with no
+register spills: :func:`compiles_without_spills`); skip a test without NVRTC and a SASS
+disassembler (:func:`require_sass_tools`); a torch session with fresh Dynamo and polyfuse
+caches for the tests that compile with PyTorch; the shared-memory bank sites of a tensor-core
+kernel's cp.async writes and ldmatrix reads."""
 
 from __future__ import annotations
 
@@ -10,9 +12,31 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import pytest
 
 import polyfuse
 from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, find_disassembler
+
+
+def require_sass_tools() -> None:
+    """Skip unless NVRTC and a SASS disassembler are installed."""
+    if "nvrtc" not in available_compilers():
+        pytest.skip("NVRTC not installed")
+    try:
+        find_disassembler()
+    except DisassemblerNotFound:
+        pytest.skip("no SASS disassembler (pip install 'polyfuse[sass]')")
+
+
+def compiles_without_spills(fn: Any, arch: str) -> Any:
+    """NVRTC's result for compiled graph ``fn``'s CUDA for ``arch``: a cubin, and no kernel
+    spilling registers."""
+    res = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
+    assert res.image
+    for r in res.resources.values():
+        assert r.spill_stores == r.spill_loads == 0, r
+    return res
 
 
 def run_checked(ins: Sequence[Any], outs: Sequence[Any], feed: Mapping[str, Any] | Sequence[Any]):

@@ -24,7 +24,8 @@ from polyfuse.poly.gemm_pipeline import (
     pipeline_shifts,
     pipelined_loop,
 )
-from polyfuse.poly.gemm_promotion import access_groups, copy_schedule, promote_operands
+from polyfuse.poly.gemm_promotion import copy_schedule, promote_operands
+from polyfuse.poly.gemm_shape import access_groups
 from polyfuse.poly.gemm_tile_schedule import tile_frame
 from polyfuse.poly.kernel_map import map_gemm, map_kernel
 from polyfuse.poly.mapping import MappingConfig

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernel_checks import require_sass_tools as require_tools
 
 import polyfuse
-from polyfuse.cuda.toolchain.compiler import available_compilers
-from polyfuse.cuda.toolchain.sass import DisassemblerNotFound, analyse, find_disassembler
+from polyfuse.cuda.toolchain.sass import analyse
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -27,15 +27,6 @@ import sass as bench  # noqa: E402
 
 ARCHS = ("sm_80", "sm_90")
 _RESULTS: dict[tuple[str, str], list[dict]] = {}
-
-
-def require_tools() -> None:
-    if "nvrtc" not in available_compilers():
-        pytest.skip("NVRTC not installed")
-    try:
-        find_disassembler()
-    except DisassemblerNotFound:
-        pytest.skip("no SASS disassembler (pip install 'polyfuse[sass]')")
 
 
 def verdicts(case: str, arch: str) -> list[dict]:

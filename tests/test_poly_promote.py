@@ -12,9 +12,10 @@ from polyfuse import te
 from polyfuse.base.decision import DecisionKind, Refusal
 from polyfuse.poly.device import H100
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE
-from polyfuse.poly.gemm_kernel import access_function, gemm_placements
+from polyfuse.poly.gemm_kernel import gemm_placements
 from polyfuse.poly.gemm_pipeline import COMMIT, WAIT
 from polyfuse.poly.gemm_promotion import invariant_operands
+from polyfuse.poly.gemm_shape import access_function
 from polyfuse.poly.gemm_tile_schedule import padded_reduction_reads
 from polyfuse.poly.gemm_tree import extension_of
 from polyfuse.poly.islutil import maps_of

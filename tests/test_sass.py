@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernel_checks import require_sass_tools as require_tools
 
 import polyfuse
 from polyfuse import examples, ops, te
 from polyfuse.cli import main
-from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import compile_cuda
 from polyfuse.cuda.toolchain.sass import (
     DisassemblerNotFound,
     InstrMix,
@@ -40,16 +41,6 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import suite  # noqa: E402
-
-
-def require_tools() -> None:
-    """Skip unless NVRTC and a disassembler are installed."""
-    if "nvrtc" not in available_compilers():
-        pytest.skip("NVRTC not installed")
-    try:
-        find_disassembler()
-    except DisassemblerNotFound:
-        pytest.skip("no SASS disassembler (pip install 'polyfuse[sass]')")
 
 
 def working_tools() -> list[str]:

@@ -9,12 +9,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from kernel_checks import compiles_without_spills
 
 import polyfuse
 import polyfuse.poly.placement as placement
 import polyfuse.stitch.recompute as recompute
 from polyfuse import ops, te
-from polyfuse.cuda.toolchain.compiler import available_compilers, compile_cuda
+from polyfuse.cuda.toolchain.compiler import available_compilers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import suite  # noqa: E402
@@ -47,10 +48,7 @@ def _run(fn, arrays):
 def _no_spills(fn, arch: str) -> None:
     if "nvrtc" not in available_compilers():
         return
-    res = compile_cuda(fn.cuda_source, arch, compiler="nvrtc")
-    assert res.image
-    for r in res.resources.values():
-        assert r.spill_stores == r.spill_loads == 0, r
+    compiles_without_spills(fn, arch)
 
 
 def _unstaged(monkeypatch):

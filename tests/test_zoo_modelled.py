@@ -29,3 +29,21 @@ def test_table_and_json_price_every_kernel_and_packs_as_layer3_did(tmp_path, cap
                                                         reverse=True)  # fmt: skip
     packs = [k for m in report["models"] for k in m["costliest"] if k["bound"] == "Layer 3 pack"]
     assert packs and all(k["kernel"].startswith("pk") for k in packs)
+
+
+def test_bfloat16_floor_counts_mma_at_the_tensor_core_rate(tmp_path):
+    """A tensorized kernel's floor is its mma instructions at the tensor cores' rate (it was
+    its bytes alone: its FLOPs were counted from FFMA, of which it has none)."""
+    out = tmp_path / "zoo.json"
+    assert zoo_modelled.main(["bert_base", "--size", "tiny", "--dtype", "bfloat16",
+                              "--json", str(out)]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["dtype"] == "bfloat16"
+    (m,) = report["models"]
+    gemms = [k for k in m["costliest"] if "matmul" in k["kernel"] and k["bound"] != "Layer 3 pack"]
+    assert gemms
+    for k in gemms:
+        mma_floor = k["mma_floor_us"]
+        assert mma_floor > 0, k
+        assert k["floor_us"] >= mma_floor
+        assert k["modelled_us"] >= k["floor_us"]

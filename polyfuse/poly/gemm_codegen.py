@@ -11,8 +11,9 @@ from dataclasses import replace
 from polyfuse.base.decision import Decided, DecisionKind, DecisionNote
 from polyfuse.base.decision_data import GemmLoopData
 from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.gemm_kernel import GemmKernel, access_function
+from polyfuse.poly.gemm_kernel import GemmKernel
 from polyfuse.poly.gemm_loops import CopyLoops, plan_gemm_loops
+from polyfuse.poly.gemm_shape import access_function
 from polyfuse.poly.select_free import select_free_operands
 
 #: The share of a GEMM's multiply-adds on padding (whole tiles past the extents) above which

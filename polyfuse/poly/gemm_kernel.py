@@ -31,7 +31,7 @@ from polyfuse.poly.placement import Placement
 class Promotion:
     """One operand access in shared memory: box lower bounds (C text over b, kt), sizes, copy
     layout. ``tensor`` keys the tile (the array's name, or ``<array>__<n>`` for a further
-    access of the same array: :func:`polyfuse.poly.gemm_promotion.access_groups`); ``source``
+    access of the same array: :func:`polyfuse.poly.gemm_shape.access_groups`); ``source``
     is the global array it copies from."""
 
     tensor: str
@@ -103,17 +103,6 @@ class GemmKernel(MappedMicrograph):
         grafted copies' rows included)."""
         assert self.statement_tree is not None
         return flat_map(self.statement_tree)
-
-
-def access_function(acc: isl.Map) -> isl.Map:
-    """The read's subscripts without the domain's bounds, valid on the padded tiles.
-
-    Its affine hull when that is a function (affine subscripts; conv's padding guard is
-    dropped, so out-of-array elements are copied as zeros); otherwise (grouped conv's channel,
-    a floor division) the access gisted by its own domain.
-    """
-    hull = isl.Map.from_basic_map(acc.affine_hull())
-    return hull if hull.is_single_valued() else acc.gist_domain(acc.domain())
 
 
 def gemm_placements(gk: GemmKernel) -> dict[str, Placement]:

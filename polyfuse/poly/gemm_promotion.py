@@ -31,11 +31,10 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.base.decision import DecisionKind, Refusal, refused
-from polyfuse.graph.expr import Read
 from polyfuse.poly.copy_layout import copy_layout
 from polyfuse.poly.fragments import Fragment, hoisted_fragments, invariant_in
-from polyfuse.poly.gemm_kernel import Promotion, access_function
-from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
+from polyfuse.poly.gemm_kernel import Promotion
+from polyfuse.poly.gemm_shape import GemmShape, GemmTiling, access_function, access_groups
 from polyfuse.poly.gemm_tile_schedule import TileFrame, ints, tail
 from polyfuse.poly.gemm_tree import graft_copies
 from polyfuse.poly.tile_box import tile_box
@@ -63,55 +62,6 @@ def invariant_operands(shape: GemmShape, model) -> list[tuple[str, isl.Map, tupl
         if all(a.is_equal(accs[0]) for a in accs) and invariant_in(accs[0], range(nd, nd + nr)):
             out.append((name, accs[0], tuple(model.tensors[name].shape)))
     return out
-
-
-@dataclass(frozen=True)
-class AccessGroup:
-    """The update's reads of one tensor through one access function: one promotion.
-
-    A tensor read through two different relations (``q @ k^T`` of a merged ``qkv``: operand
-    A and operand B of the same array) is two groups, each with its own footprint box and
-    shared tile; the first is keyed by the tensor's name, the others ``<tensor>__<n>``.
-    ``reads`` holds the update's read nodes a multi-access group serves (empty when the
-    tensor has one access: every read of it is the group's)."""
-
-    tensor: str
-    key: str
-    access: isl.Map
-    reads: tuple[Read, ...]
-    reuse: set[int]
-
-
-def access_groups(shape: GemmShape) -> list[AccessGroup]:
-    """The update's operands grouped by (tensor, access function), in read order; isl
-    decides which accesses are equal."""
-    nodes = [r for r, _ in shape.update.reads if r is not None]
-    groups: list[tuple[str, isl.Map, list[Read], set[int]]] = []
-    for node, (name, acc), reuse in zip(nodes, shape.operands, shape.reuse, strict=True):
-        fn = access_function(acc)
-        same = next((g for g in groups if g[0] == name and g[1].is_equal(fn)), None)
-        if same is None:
-            groups.append((name, fn, [node], set(reuse)))
-        else:
-            same[2].append(node)
-    out, seen = [], {}
-    for name, fn, reads, reuse in groups:
-        n = seen[name] = seen.get(name, -1) + 1
-        several = sum(1 for g in groups if g[0] == name) > 1
-        key = name if n == 0 else f"{name}__{n}"
-        out.append(AccessGroup(name, key, fn, tuple(reads) if several else (), reuse))
-    return out
-
-
-def operand_keys(shape: GemmShape) -> list[str]:
-    """Per operand of ``shape`` (in order), the key of its access group (its tile's name)."""
-    nodes = [r for r, _ in shape.update.reads if r is not None]
-    keys = []
-    groups = access_groups(shape)
-    for node, (name, _) in zip(nodes, shape.operands, strict=True):
-        mine = [g for g in groups if g.tensor == name]
-        keys.append(next((g.key for g in mine if node in g.reads), mine[0].key))
-    return keys
 
 
 def hoist_invariant(

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from polyfuse.base.decision import DecisionKind, Refusal, refused
-from polyfuse.poly.gemm_kernel import access_function
-from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
+from polyfuse.poly.gemm_shape import GemmShape, GemmTiling, access_function
 from polyfuse.poly.model import Statement
 from polyfuse.poly.vectorize import VECTOR_WIDTH, prove_vector_copy
 

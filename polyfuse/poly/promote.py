@@ -31,7 +31,7 @@ from polyfuse.base.decision import DecisionKind, DecisionNote, Refusal, note_rec
 from polyfuse.base.decision_data import NO_DATA, FragmentData, GemmLoopData
 from polyfuse.poly.fragments import Fragment, register_fragments
 from polyfuse.poly.gemm_barriers import SYNC_AFTER, SYNC_BEFORE, barrier_tree
-from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, access_function, gemm_placements
+from polyfuse.poly.gemm_kernel import GemmKernel, Promotion, gemm_placements
 from polyfuse.poly.gemm_pipeline import (
     COMMIT,
     CP_ASYNC_ARCHS,
@@ -47,10 +47,9 @@ from polyfuse.poly.gemm_promotion import (
     copy_tree,
     hoist_invariant,
     invariant_operands,
-    operand_keys,
     promote_operands,
 )
-from polyfuse.poly.gemm_shape import GemmShape, GemmTiling
+from polyfuse.poly.gemm_shape import GemmShape, GemmTiling, access_function, operand_keys
 from polyfuse.poly.gemm_tile_schedule import (
     VECTOR_VAR,
     TileFrame,

@@ -44,7 +44,13 @@ from polyfuse.poly.costs.gemm import GemmProblem, gemm_loop_code, gemm_tile_desc
 from polyfuse.poly.costs.gemm_code import NO_PERIOD, LoopCode, Operand, TileLayout
 from polyfuse.poly.costs.ops import ExprOps, count_ops, global_read
 from polyfuse.poly.device import DeviceSpec
-from polyfuse.poly.gemm_shape import GemmShape, GemmTiling, tile_label
+from polyfuse.poly.gemm_shape import (
+    GemmShape,
+    GemmTiling,
+    access_function,
+    access_groups,
+    tile_label,
+)
 from polyfuse.poly.policy import GEMM_REG_BUDGET, gemm_tile_budget, gemm_tile_registers
 from polyfuse.poly.schedule import ScheduledMicrograph
 from polyfuse.poly.tile_fit import fit_tiling
@@ -380,7 +386,9 @@ def affine_rows(
 
 def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
     """What ``shape`` computes, for the cost model: the extents, each operand's subscripts
-    (affine rows, :func:`affine_rows`) and array shape, the matrix plane's rows ``m_dim``,
+    (affine rows, :func:`affine_rows`) and array shape, one per access group (a tensor read
+    through two access functions, ``q @ k^T`` of a merged ``qkv``, is two operands with a
+    tile each, as the kernel copies them), the matrix plane's rows ``m_dim``,
     the tiled reduction dim ``kin``, the distinct bytes (isl footprints of the operands, one
     output) and the epilogue's instructions per output element (inputs such as a bias read
     from global memory, values computed in the kernel from registers)."""
@@ -393,10 +401,12 @@ def gemm_problem(shape: GemmShape, m_dim: int, kin: int) -> GemmProblem:
         if r is not None
     }
     operands = []
-    for name in dict.fromkeys(n for n, _ in shape.operands):
-        m = next(m for n, m in shape.operands if n == name)
+    for g in access_groups(shape):  # q @ k^T of a merged qkv: two operands of one array
+        m = next(
+            m for n, m in shape.operands if n == g.tensor and access_function(m).is_equal(g.access)
+        )
         rows, slack, periods = affine_rows(m)
-        operands.append(Operand(name, arrays[name], rows, slack, periods))
+        operands.append(Operand(g.key, arrays[g.tensor], rows, slack, periods))
     return GemmProblem(
         data=tuple(ext),
         red=tuple(rext),

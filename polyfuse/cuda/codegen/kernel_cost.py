@@ -11,8 +11,10 @@ Two sources for a kernel's per-thread instruction mix:
   (:attr:`polyfuse.stitch.facts.KernelFacts.work`, so the compile cache keeps it): loops at their
   constant trip counts (a bound that depends on the thread counts one trip, with a note),
   the costliest arm of each ``if``, and per statement instance the operations of its tensor
-  expression — each read by where the tensor lives (global, shared tile, register fragment,
-  register), each multiply feeding an add as one FFMA, special functions as MUFU plus the
+  expression as lowered (a select-to-zero around a read of a select-free tile is the bare
+  read: a padded conv's update is one FFMA) — each read by where the tensor lives (global,
+  shared tile, register fragment, register), each multiply feeding an add as one FFMA,
+  special functions as MUFU plus the
   FP32 work NVIDIA's math library spends on them — plus the copies, barriers, vector accesses
   and combines the IR holds.
 
@@ -101,6 +103,9 @@ class _Walker(KVisitor[Mix]):
         self.tiled = {(t.tensor, s) for t in self.ir.tiles for s in t.stmts}
         self.combine: KCombine | None = None  # the combine the statements stand in
         self.fragment = {(f.tensor, s) for f in self.ir.fragments for s in f.stmts}
+        # tiles whose zeros stand in for their readers' selects-to-zero (lowered as bare reads)
+        self.tile_of = {t.tensor: t for t in self.ir.tiles}
+        self.tile_by_read = {id(r): t.tensor for t in self.ir.tiles for r in t.reads}
         self.staged = {(t.tensor, s) for t in self.ir.staged for s in t.stmts}
         self.ctypes = {p.tensor: p.ctype for p in self.ir.params if p.tensor}
 
@@ -262,9 +267,9 @@ class _Walker(KVisitor[Mix]):
                 global_read(r, c)
 
         if s.role == "compute":
-            count_ops(t.op.body, c, on_read)
+            count_ops(self.select_free(t.op.body, s.name), c, on_read)
         elif s.role == "update" and red is not None:
-            count_ops(red.body, c, on_read)
+            count_ops(self.select_free(red.body, s.name), c, on_read)
             if red.op == "sum":
                 c.adds += 1
             elif red.op == "prod":
@@ -285,6 +290,28 @@ class _Walker(KVisitor[Mix]):
             if is_float(t.dtype) and dtype_info(t.dtype).itemsize == 2:
                 m = m + Mix(slots=ROUND16)  # rounded to the 16-bit type and widened back
         return m
+
+    def select_free(self, e: ex.Expr, stmt: str) -> ex.Expr:
+        """``e`` as statement ``stmt`` is lowered: ``where(c, x[..], 0)`` of a select-free
+        tile of ``x`` is the bare read (:class:`KTile.select_free`; a padded convolution's
+        update is one fused multiply-add, not its bounds test and a select)."""
+
+        def bare(n: ex.Expr, kids: tuple[ex.Expr, ...]) -> ex.Expr | None:
+            if not (
+                isinstance(n, ex.Select)
+                and isinstance(n.a, ex.Read)
+                and isinstance(n.b, ex.Const)
+                and float(n.b.value) == 0
+            ):
+                return None
+            r = n.a
+            key = self.tile_by_read.get(id(r)) or self.idents.get(r.tensor.uid, r.tensor.name)
+            t = self.tile_of.get(key)
+            return r if t is not None and t.select_free and stmt in t.stmts else None
+
+        if not any(t.select_free for t in self.tile_of.values()):
+            return e
+        return ex.rewrite(e, bare)
 
     def itemsize(self, tensor: str) -> int:
         """Bytes per element of global buffer ``tensor`` (from its parameter's C type:

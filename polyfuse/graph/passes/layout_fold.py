@@ -31,7 +31,7 @@ would turn opaque and lose a fusion a partition or stitching rule makes, unless 
 itself could not fuse with that reader anyway (rule 4 takes the reader into a reduction
 first). A fold may make a contraction read one tensor through two different relations
 (``q @ transpose(q)`` folded is ``sum_k q[i, k] * q[j, k]``): the GEMM promotion stages one
-shared tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`), and the
+shared tile per access relation (:func:`polyfuse.poly.gemm_shape.access_groups`), and the
 tensor-core path stages operand B's tile as the array's further access where A reads the same
 array, so the contraction stays a tiled GEMM.
 Every fold and refusal is recorded with the relation or the rule that decided it.

@@ -40,7 +40,7 @@ poly/ does not tile: tiled GEMMs would become a plain loop nest).
 
 A contraction that reads two siblings (attention's scores ``q @ k^T``) reads, once the slices
 fold, the merged tensor through two access relations: the GEMM promotion stages one shared
-tile per access relation (:func:`polyfuse.poly.gemm_promotion.access_groups`; isl computes
+tile per access relation (:func:`polyfuse.poly.gemm_shape.access_groups`; isl computes
 each its own footprint box; on tensor cores operand B's tile is the array's further access),
 so it stays a tiled GEMM and attention merges Q, K and V into one projection. The merge record
 names such readers.

@@ -128,6 +128,10 @@ class KernelDesc:
     #: distinct global bytes one block reads (isl), None when unknown: a block whose reads
     #: exceed the L1 streams them from L2 (no reuse between blocks)
     block_read_bytes: int | None = None
+    #: of ``block_read_bytes``, those filled by 16-byte ``cp.async`` (``cp.async.cg``, SASS
+    #: ``LDGSTS.E.BYPASS.128``): they bypass the L1, so every block fetches its own from L2
+    #: even where a block before it on the same SM read the same bytes
+    block_bypass_bytes: int = 0
     #: global bytes later parts of a stitched kernel read again past the L1 (an input several
     #: parts read, not staged in shared memory): read once more, beside ``bytes_read``
     reread_bytes: int = 0

@@ -21,7 +21,9 @@ scalar or float4 store, guarded against the extents where tiles pad them) and th
 (indices, pointers, the accumulators' zeros). Registers: the micro-tile's estimate
 (:func:`polyfuse.poly.policy.gemm_tile_registers`) under the launch bounds the loop pass sets;
 shared memory: the tiles times their stages. A block streams its tiles from L2
-(``block_read_bytes``). Where the instruction mix comes from: ``GEMM tile estimate``.
+(``block_read_bytes``); those copied by 16-byte ``cp.async`` (pipelined float4 tiles) bypass
+the L1 (``block_bypass_bytes``: no block reuses another's from there). Where the instruction
+mix comes from: ``GEMM tile estimate``.
 
 The slot constants were read off the SASS of the generated kernels (NVRTC 13.0, nvdisasm
 13.5, sm_80 and sm_90: matmul, FFN, convs and attention at several tilings each); ``python
@@ -170,6 +172,7 @@ def gemm_tile_desc(p: GemmProblem, code: LoopCode, name: str = "gemm") -> Kernel
         + (p.bytes_written if code.vector_stores else 0),
         inflight_bytes=fill,
         block_read_bytes=code.block_fill_bytes * code.ktiles,
+        block_bypass_bytes=code.block_bypass_bytes * code.ktiles,
         barriers=True,
         sync_phases=float(code.ktiles) if sync else 0.0,
         notes=tuple(notes),

@@ -183,6 +183,15 @@ class LoopCode:
         return FLOAT_BYTES * sum(math.prod(t.size) for t in self.tiles)
 
     @property
+    def block_bypass_bytes(self) -> int:
+        """Of :attr:`block_fill_bytes`, those copied by 16-byte ``cp.async`` (float4 tiles of
+        a pipelined loop: ``__pipeline_memcpy_async`` of 16 bytes is ``cp.async.cg``, SASS
+        ``LDGSTS.E.BYPASS.128``), which bypass the L1."""
+        if self.stages < 2:
+            return 0
+        return FLOAT_BYTES * sum(math.prod(t.size) for t in self.tiles if t.width == VECTOR_WIDTH)
+
+    @property
     def line_waste(self) -> float:
         """L1 bytes per thread and k-tile beyond the copied bytes (partly used lines)."""
         return sum(t.copies * t.line_waste for t in self.tiles) / 32

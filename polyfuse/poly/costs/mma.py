@@ -11,7 +11,8 @@ through the one cost model on a description of the kernel it would become, per t
   expression per accumulator (:func:`polyfuse.poly.tiling.epilogue_mix`), one slot to round
   a 16-bit result, a store per pair of columns, the first fills and :data:`PROLOGUE` slots;
 - registers: the tile model's (:attr:`MmaTiling.registers`); shared memory: both tiles in
-  :data:`STAGES` buffers; each block streams its rows of A and columns of B from L2;
+  :data:`STAGES` buffers; each block streams its rows of A and columns of B from L2 (16-byte
+  ``cp.async.cg`` fills bypass the L1: no block reuses another's from there);
 - where both operands are gathered element by element (no 16-byte chunks: the loop is not
   pipelined), single-stage fills: loads and shared stores, each k-tile waiting for its own
   (``sync_phases``, the model's fill latency).
@@ -101,6 +102,7 @@ def mma_tile_desc(
         vector_bytes=bytes_read,
         inflight_bytes=fill_bytes * max(1, stages - 1),
         block_read_bytes=(bm + bn) * k * itemsize,
+        block_bypass_bytes=(bm + bn) * k * itemsize if pipelined else 0,  # cp.async.cg
         barriers=True,
         sync_phases=0.0 if pipelined else float(ktiles),
         tail=tail,

@@ -30,8 +30,10 @@ device-wide resources:
 - **L2**: the bytes the SMs fetch from L2 at :attr:`DeviceSpec.l2_gbps`: a block whose
   distinct reads (``block_read_bytes``) exceed the L1 left beside its resident blocks' shared
   memory streams them (every block fetches its own); a smaller footprint is reused from L1 by
-  the SM's other blocks, so L2 sees the DRAM bytes; without a footprint, every requested
-  global load (the mix's) is an L2 fetch — exact for tiled kernels, whose loads are tile fills;
+  the SM's other blocks, so L2 sees the DRAM bytes — except the bytes 16-byte ``cp.async``
+  fills (``block_bypass_bytes``: ``cp.async.cg``, which bypasses the L1), which every block
+  fetches from L2 whatever the L1 holds; without a footprint, every requested global load
+  (the mix's) is an L2 fetch — exact for tiled kernels, whose loads are tile fills;
 - **DRAM latency** (Little's law): the resident threads keep ``inflight_bytes`` each in flight
   for ``latency_us``; with one block per SM and barriers between its phases, the SM's loads
   and stores do not overlap (each phase at its own rate, the rounds one after another); the
@@ -264,9 +266,12 @@ def _overlap(times: list[float], p: float) -> float:
 def _l2_bytes(p: KernelDesc, blocks: int, threads: int, l1_free: int) -> float:
     """Bytes the SMs fetch from L2 for ``blocks`` blocks of part ``p`` (see the module doc)."""
     if p.block_read_bytes is not None:
-        if p.block_read_bytes > max(0, l1_free):
+        bypass = min(p.block_bypass_bytes, p.block_read_bytes)
+        cached = p.block_read_bytes - bypass  # through the L1
+        if cached > max(0, l1_free):
             return blocks * p.block_read_bytes
-        return p.bytes_read * blocks / max(1, p.blocks)
+        share = cached / p.block_read_bytes if p.block_read_bytes else 1.0
+        return blocks * bypass + share * p.bytes_read * blocks / max(1, p.blocks)
     return blocks * threads * p.mix.global_read_bytes
 
 
@@ -302,9 +307,15 @@ def peak_floor_us(desc: KernelDesc, device: DeviceSpec) -> float:
     """The time the measured peaks alone allow ``desc``: its FLOPs at the measured FP32 rate,
     its mma instructions at every SM's tensor-core rate and its DRAM bytes at the measured
     copy bandwidth (the model never goes below it)."""
-    warps = desc.blocks * -(-desc.threads // 32)
-    return 1e6 * max(
-        desc.flops / (device.throughput_tflops * 1e12),
-        warps * desc.mix.mma / (device.mma_per_second * device.sms),
-        desc.dram_bytes / (device.bandwidth_gbps * 1e9),
+    return max(
+        1e6 * desc.flops / (device.throughput_tflops * 1e12),
+        mma_floor_us(desc, device),
+        1e6 * desc.dram_bytes / (device.bandwidth_gbps * 1e9),
     )
+
+
+def mma_floor_us(desc: KernelDesc, device: DeviceSpec) -> float:
+    """The time ``desc``'s ``mma.sync`` instructions take at every SM's tensor-core rate (0
+    without tensor cores)."""
+    warps = desc.blocks * -(-desc.threads // 32)
+    return 1e6 * warps * desc.mix.mma / (device.mma_per_second * device.sms)
