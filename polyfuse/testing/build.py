@@ -164,7 +164,11 @@ def _build_compute(
     elif n.kind == "matmul":
         src_shape = spec.size(shapes[0])
         k = te.reduce_axis(src_shape[1], name=f"{n.name}_k")
-        a = lambda i: _cast(n, 0, srcs[0][i, k])  # noqa: E731
+
+        def a(i: Any) -> Any:
+            v = _cast(n, 0, srcs[0][i, k])
+            return _apply_unary(n.pre, v) if n.pre else v
+
         if n.op == "nt":
             f = lambda i, j: te.sum(a(i) * _cast(n, 1, srcs[1][j, k]), axis=k)  # noqa: E731
         else:

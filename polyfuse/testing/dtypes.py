@@ -158,7 +158,10 @@ def _interval(spec: GraphSpec, n: Node, ivs: dict[str, tuple[float, float]]) -> 
         iv = (min(a[1][0], a[2][0]), max(a[1][1], a[2][1]))
     elif n.kind == "matmul":
         k = spec.size(spec.node(n.args[0]).shape)[1]
-        m = max(map(abs, a[0])) * max(map(abs, a[1])) * k
+        ia = a[0]
+        if n.pre and math.isfinite(ia[0] + ia[1]):
+            ia = interval_unary(n.pre, *ia) or (-math.inf, math.inf)
+        m = max(map(abs, ia)) * max(map(abs, a[1])) * k
         iv = (-m, m)
     elif n.kind == "reduce":
         iv = a[0]

@@ -50,6 +50,11 @@ UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", 
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
 #: Reductions: te's three, and the mean (``te.sum(...) / n``: a reduction nested in a body).
 REDUCE = ("sum", "max", "min", "mean")
+#: Unary ops a reduction may apply to its input inside its body
+REDUCE_PRE = ("exp", "abs", "square", "tanh", "neg")
+#: Unary ops a matmul may apply to its first operand inside the contraction's body (``square``
+#: reads it twice per product; a 1x1 micro-tile then still keeps a register fragment)
+MATMUL_PRE = ("abs", "square", "tanh", "neg")
 COMPARE = ("gt", "lt", "ge", "le")
 #: Sizes dimensions are drawn from: 1, primes, and values just around the tile sizes.
 DIM_SIZES = (1, 2, 3, 5, 7, 8, 13, 17, 31, 32, 33, 37, 63, 64, 65, 97, 127, 129, 255, 257)
@@ -68,8 +73,9 @@ class Node:
     kind: "input" (``fill`` says how its values are drawn), "unary" (``op`` on ``args[0]``),
     "binary" (``op`` on ``args[0]`` and ``args[1]`` with numpy broadcasting, or on ``args[0]``
     and ``const`` when there is one argument), "reduce" (``op`` of ``pre(args[0])`` over the
-    source ``axes``; ``pre`` is a unary op or ""), "matmul" (``args[0] @ args[1]``, or
-    ``args[0] @ args[1].T`` when ``op`` is "nt"), "transpose" (2-D), or "where"
+    source ``axes``; ``pre`` is a unary op or ""), "matmul" (``pre(args[0]) @ args[1]``, or
+    ``pre(args[0]) @ args[1].T`` when ``op`` is "nt"; ``pre`` inside the contraction's body,
+    ``square`` reading the operand twice per product), "transpose" (2-D), or "where"
     (``where(args[0] <op> const, args[1], args[2])``, broadcast).
     """
 
@@ -336,6 +342,19 @@ class _Generator:
             part = [ONE] if self.rng.random() < 0.5 else []
         return tuple(part)
 
+    def pre(self, p: float, ops: tuple[str, ...], lo: float, hi: float) -> tuple[str, float, float]:
+        """With probability ``p``, one of ``ops`` to apply to an operand of interval
+        ``(lo, hi)`` ("" where none is drawn or the result's interval is out of bounds), with
+        the interval after it."""
+        if self.rng.random() >= p:
+            return "", lo, hi
+        pre = self.rng.choice(ops)
+        iv = interval_unary(pre, lo, hi)
+        if not self.ok(iv):
+            return "", lo, hi
+        assert iv is not None
+        return pre, *iv
+
     def reduce(self) -> Node | None:
         a = self.pick(lambda n: len(n.shape) >= 1)
         if a is None:
@@ -351,16 +370,7 @@ class _Generator:
         else:
             axes = tuple(sorted(self.rng.sample(range(nd), self.rng.randint(1, nd))))
         op = self.rng.choice(REDUCE)
-        lo, hi = self.ival(a)
-        pre = ""
-        if self.rng.random() < 0.3:
-            pre = self.rng.choice(("exp", "abs", "square", "tanh", "neg"))
-            iv = interval_unary(pre, lo, hi)
-            if not self.ok(iv):
-                pre = ""
-            else:
-                assert iv is not None
-                lo, hi = iv
+        pre, lo, hi = self.pre(0.3, REDUCE_PRE, *self.ival(a))
         n = math.prod(1 if a.shape[d] == ONE else self.dims[a.shape[d]] for d in axes)
         if op == "sum":
             lo, hi = min(lo * n, lo), max(hi * n, hi)
@@ -388,13 +398,18 @@ class _Generator:
         cands = [n for n in self.nodes if n.shape == bshape]
         b = self.rng.choice(cands) if cands and self.rng.random() < 0.3 else self.add_input(bshape)
         k = 1 if kdim == ONE else self.dims[kdim]
-        la, ha = self.ival(a)
+        pre, la, ha = self.pre(0.25, MATMUL_PRE, *self.ival(a))  # inside the body
         lb, hb = self.ival(b)
         m = max(abs(la), abs(ha)) * max(abs(lb), abs(hb)) * k
         if m >= _BIG:
             return None
         node = Node(
-            self.name("m"), "matmul", (a.shape[0], ndim), (a.name, b.name), "nt" if nt else ""
+            self.name("m"),
+            "matmul",
+            (a.shape[0], ndim),
+            (a.name, b.name),
+            "nt" if nt else "",
+            pre=pre,
         )
         return self.add(node, -m, m, self.depth(a, b))
 

@@ -77,6 +77,8 @@ def _node(spec: GraphSpec, n: Node) -> list[str]:
         lines.append(f'{n.name}_k = te.reduce_axis({k}, name="{n.name}_k")')
         b = f"{n.args[1]}[i1, {n.name}_k]" if n.op == "nt" else f"{n.args[1]}[{n.name}_k, i1]"
         a = _cast(n, 0, f"{n.args[0]}[i0, {n.name}_k]")
+        if n.pre:
+            a = _unary(n.pre, a)
         body = f"te.sum({a} * {_cast(n, 1, b)}, axis={n.name}_k)"
     elif n.kind == "reduce":
         src = spec.size(shapes[0])

@@ -109,6 +109,8 @@ def _simpler(n: Node) -> Iterator[Node]:
         yield replace(n, op="add")
     if n.kind == "unary" and n.op not in ("neg", "abs"):
         yield replace(n, op="neg")
+    if n.kind == "matmul" and n.pre:
+        yield replace(n, pre="")
     if n.kind == "matmul" and n.op == "nt":
         pass  # the operand's shape would change: not a one-node edit
 

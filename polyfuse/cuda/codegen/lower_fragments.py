@@ -6,7 +6,8 @@ touches at each of them (kernel-AST expressions over loop variables and block/th
 coordinates). The pass declares the register array ``r_<tensor>_frag`` (one dimension,
 indexed row-major by those variables), loads it from the operand's shared tile
 (:class:`KTile`: buffer, lower bounds, pipeline stage) right before every micro-tile loop nest
-that reads the operand — one unrolled :class:`KCopy` per element — and records a
+that reads the operand (before the reading statement itself where a 1x1 micro-tile leaves no
+loop around it) — one unrolled :class:`KCopy` per element — and records a
 :class:`KFragment` so that those reads print as the register. A k-invariant fragment
 (``s[i]`` in ``sum_k a[i, k] * b[k, j] * s[i]``) is loaded from the global array instead,
 once, before the outermost loop around its readers (zeros outside the array).
@@ -144,10 +145,12 @@ def lower_fragments(
             if isinstance(n, KFor) and n.var in micro and _reads([n], readers):
                 out += [load(f) for f in per_step if _reads([n], f.readers)]
                 out.append(n)
+            elif isinstance(n, KStmt) and n.stmt in readers:
+                # no micro-tile loop around it (a 1x1 micro-tile reading the operand twice,
+                # where(x > 0, x, 0) * w): its fragments load right before it, each step
+                out += [load(f) for f in per_step if n.stmt in f.readers]
+                out.append(n)
             else:
-                # a reader outside every micro-tile loop would read an unloaded fragment
-                assert not (isinstance(n, KStmt) and n.stmt in readers), f"{n} not in a micro-tile"
-
                 out.append(map_children(n, walk))
         return out
 
