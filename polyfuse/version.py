@@ -37,6 +37,10 @@ __version__ = "0.1.0"
 # where its re-read would miss the L1; 29: a kernel's re-read bytes for the cost model; 30:
 # matrix-vector products on reduction lanes, float32 reduction axes split where no k-tile
 # keeps to their runs, the loop-quality floor's slack, GEMM epilogues split off where they
-# read other elements), so kernels and schedules cached
+# read other elements; 31: GEMM tile estimates count each access group of an operand read
+# twice (q @ k^T of a merged qkv) and price 16-byte cp.async fills as bypassing the L1; the
+# IR estimate counts select-free updates as lowered; a 1x1 micro-tile's register fragments
+# load before their statement; short x-reduces filling the GPU run serially per thread), so
+# kernels and schedules cached
 # by an older compiler miss.
-CODEGEN_REVISION = 30
+CODEGEN_REVISION = 31

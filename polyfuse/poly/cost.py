@@ -42,6 +42,10 @@ class ReductionConfig:
     max_threads: int = MAX_THREADS_PER_BLOCK
     block_threads: int = 256
     x_rows: int = 8
+    #: an x reduction of at most this many reduced elements whose kept points alone fill every
+    #: SM's resident threads sums them serially, one thread per kept point (lanes along so
+    #: short a reduced dim would only add a combine through shared memory and a barrier)
+    x_serial: int = 16
     max_serial: int = 256
     all_single_block: int = 65536  # larger all-reduces use many blocks (two stages)
     chunk: int = 16384  # elements per partial reduction of a split all-reduce
@@ -144,6 +148,14 @@ def choose_reduction_strategy(
     n = form.reduced
     inner_kept = form.kept[-1] if form.kept else 1
     if form.kind == "x":
+        wide = next((d for d in (256, 128) if d <= maxt and inner_kept % d == 0), 0)
+        resident = device.sms * device.max_threads_per_sm  # threads of one full wave
+        if wide and n <= cfg.x_serial and form.kept_extent >= resident:
+            why = (
+                f"threads along the kept dimension, each summing its {n} reduced elements "
+                f"alone: {form.kept_extent} kept points fill the SMs without lanes to combine"
+            )
+            return ReductionStrategy(form, wide, 1, why)
         if inner_kept <= 32:
             kt = inner_kept
         else:
