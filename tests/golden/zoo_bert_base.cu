@@ -172,8 +172,8 @@ extern "C" __global__ void __launch_bounds__(64) pf_9ee2a45e57df599064aa(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
-  __shared__ __align__(16) unsigned char pf_pool[3072];
+extern "C" __global__ void __launch_bounds__(64) pf_e315764db1aff89218a1(const float* __restrict__ add1_merged, float* __restrict__ softmax14) {
+  __shared__ __align__(16) unsigned char pf_pool[2048];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
     const int b1 = _b % 2; _b /= 2;
@@ -191,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
     float* const s_add1_merged = reinterpret_cast<float*>(pf_pool + 0);
     const int p1r = threadIdx.x / 2;
     const int p1c = threadIdx.x % 2;
-    float* const s_add1_merged_t1 = reinterpret_cast<float*>(pf_pool + 2048);
+    float* const s_add1_merged_t1 = reinterpret_cast<float*>(pf_pool + 1024);
     float r_matmul12_acc[4];
     float r_add1_merged_frag[1];
     #pragma unroll
@@ -200,8 +200,8 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
     }
     {
       const int kt0 = (-1);
-      if (((p0r <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 768 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add1_merged[(p0r >= 0 && p0r < 8) ? b0 * 768 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
         __pipeline_memcpy_async(&s_add1_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], &add1_merged[(p1r >= 0 && p1r < 8) ? b0 * 768 + p1r * 96 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
@@ -211,8 +211,8 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
     const float* pf_gp0_add1_merged = &add1_merged[((16 * b1) + (4 * p0c) + (96 * p0r) + (768 * b0) + 8)];
     const float* pf_gp1_add1_merged = &add1_merged[((16 * b1) + (4 * p1c) + (96 * p1r) + (768 * b0) + 40)];
     for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-      if (((p0r <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add1_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add1_merged[0] : add1_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
         __pipeline_memcpy_async(&s_add1_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], (p1r >= 0 && p1r < 8) ? &pf_gp1_add1_merged[0] : add1_merged, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
@@ -222,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        r_add1_merged_frag[0] = s_add1_merged[(kt0 % 2) * 256 + (b0 - b0) * 256 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        r_add1_merged_frag[0] = s_add1_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
           r_matmul12_acc[iv] = r_matmul12_acc[iv] + (r_add1_merged_frag[0] * s_add1_merged_t1[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + ((((b1 * 16) + ((8 * kt0) + kk0)) + 32) - (((16 * b1) + (8 * kt0)) + 32))]);
@@ -244,10 +244,10 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
     const int pf_g0 = pf_g;
     for (int pf_j = 0; pf_j < 8; ++pf_j) {
       const int pf_r = pf_j;
-      if (pf_r < 2) {  // uniform per block
-        const int pf_rb = pf_g0 * 4 + pf_g1 * 2 + pf_r;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 8 + pf_g1 * 4 + pf_r;
           int _b = pf_rb;
-          const int b2 = _b % 2; _b /= 2;
+          const int b2 = _b % 4; _b /= 4;
           const int b1 = _b % 2; _b /= 2;
           const int b0 = _b;
           int _t = threadIdx.x;
@@ -256,19 +256,19 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
           float* const s_mul13 = reinterpret_cast<float*>(pf_pool + 256);
           const int s_mul13_lo0 = b0;
           const int s_mul13_lo1 = b1;
-          const int s_mul13_lo2 = (4 * b2);
+          const int s_mul13_lo2 = (2 * b2);
           const int s_mul13_lo3 = 0;
-          float* const s_softmax14_exp = reinterpret_cast<float*>(pf_pool + 384);
+          float* const s_softmax14_exp = reinterpret_cast<float*>(pf_pool + 320);
           const int s_softmax14_exp_lo0 = b0;
           const int s_softmax14_exp_lo1 = b1;
-          const int s_softmax14_exp_lo2 = (4 * b2);
+          const int s_softmax14_exp_lo2 = (2 * b2);
           const int s_softmax14_exp_lo3 = 0;
           float* const s_matmul12 = reinterpret_cast<float*>(pf_pool + 0);
           const int s_matmul12_lo0 = b0;
           const int s_matmul12_lo1 = b1;
           const int s_matmul12_lo2 = 0;
           const int s_matmul12_lo3 = 0;
-          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 512);
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 384);
           float r_softmax14_max;
           float r_softmax14_max_acc;
           float r_softmax14_sub;
@@ -279,14 +279,14 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_matmul120 = *reinterpret_cast<const float4*>(&s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((4 * b2) + r0) - s_matmul12_lo2) * 8 + ((4 * l0) - s_matmul12_lo3)]);
+              const float4 q_matmul120 = *reinterpret_cast<const float4*>(&s_matmul12[(b0 - s_matmul12_lo0) * 64 + (b1 - s_matmul12_lo1) * 64 + (((2 * b2) + r0) - s_matmul12_lo2) * 8 + ((4 * l0) - s_matmul12_lo3)]);
               float v_matmul12[4] = {q_matmul120.x, q_matmul120.y, q_matmul120.z, q_matmul120.w};
               float v_mul13[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_mul13[c0] = (v_matmul12[c0] * 0.25f);
                 r_softmax14_max_acc = pf_fmaxf(r_softmax14_max_acc, v_mul13[c0]);
               }
-              *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 32 + (b1 - s_mul13_lo1) * 32 + (((4 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
+              *reinterpret_cast<float4*>(&s_mul13[(b0 - s_mul13_lo0) * 16 + (b1 - s_mul13_lo1) * 16 + (((2 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]) = make_float4(v_mul13[0], v_mul13[1], v_mul13[2], v_mul13[3]);
             }
           }
           r_softmax14_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax14_max_acc, pf_scratch); r_softmax14_max = r_softmax14_max_acc;
@@ -296,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 32 + (b1 - s_mul13_lo1) * 32 + (((4 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
+              const float4 q_mul130 = *reinterpret_cast<const float4*>(&s_mul13[(b0 - s_mul13_lo0) * 16 + (b1 - s_mul13_lo1) * 16 + (((2 * b2) + r0) - s_mul13_lo2) * 8 + ((4 * l0) - s_mul13_lo3)]);
               float v_mul13[4] = {q_mul130.x, q_mul130.y, q_mul130.z, q_mul130.w};
               float v_softmax14_exp[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
@@ -304,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
                 v_softmax14_exp[c0] = expf(r_softmax14_sub);
                 r_softmax14_sum_acc = r_softmax14_sum_acc + v_softmax14_exp[c0];
               }
-              *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 32 + (b1 - s_softmax14_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
+              *reinterpret_cast<float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 16 + (b1 - s_softmax14_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]) = make_float4(v_softmax14_exp[0], v_softmax14_exp[1], v_softmax14_exp[2], v_softmax14_exp[3]);
             }
           }
           r_softmax14_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax14_sum_acc, pf_scratch); r_softmax14_sum = r_softmax14_sum_acc;
@@ -313,13 +313,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_518b5f7ef2ba3fd03d5f(const 
             // part:mg4
             // coarsen:4
             {
-              const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 32 + (b1 - s_softmax14_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
+              const float4 q_softmax14_exp0 = *reinterpret_cast<const float4*>(&s_softmax14_exp[(b0 - s_softmax14_exp_lo0) * 16 + (b1 - s_softmax14_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax14_exp_lo2) * 8 + ((4 * l0) - s_softmax14_exp_lo3)]);
               float v_softmax14_exp[4] = {q_softmax14_exp0.x, q_softmax14_exp0.y, q_softmax14_exp0.z, q_softmax14_exp0.w};
               float v_softmax14[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_softmax14[c0] = (v_softmax14_exp[c0] / r_softmax14_sum);
               }
-              *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + ((4 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
+              *reinterpret_cast<float4*>(&softmax14[b0 * 128 + b1 * 64 + ((2 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax14[0], v_softmax14[1], v_softmax14[2], v_softmax14[3]);
             }
           }
       }

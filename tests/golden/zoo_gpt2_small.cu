@@ -240,8 +240,8 @@ extern "C" __global__ void __launch_bounds__(64) pf_9ee2a45e57df599064aa(float* 
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
-  __shared__ __align__(16) unsigned char pf_pool[3072];
+extern "C" __global__ void __launch_bounds__(64) pf_b4dd55e8314387b508e6(const float* __restrict__ add2_merged, float* __restrict__ softmax16, const float* __restrict__ causal_mask) {
+  __shared__ __align__(16) unsigned char pf_pool[2048];
   {  // the GEMM: its epilogue stores the row tile to shared memory
     int _b = blockIdx.x;
     const int b1 = _b % 2; _b /= 2;
@@ -259,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
     float* const s_add2_merged = reinterpret_cast<float*>(pf_pool + 0);
     const int p1r = threadIdx.x / 2;
     const int p1c = threadIdx.x % 2;
-    float* const s_add2_merged_t1 = reinterpret_cast<float*>(pf_pool + 2048);
+    float* const s_add2_merged_t1 = reinterpret_cast<float*>(pf_pool + 1024);
     float r_matmul13_acc[4];
     float r_add2_merged_frag[1];
     #pragma unroll
@@ -268,8 +268,8 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
     }
     {
       const int kt0 = (-1);
-      if (((p0r <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 768 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], &add2_merged[(p0r >= 0 && p0r < 8) ? b0 * 768 + p0r * 96 + ((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) : 0], 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
         __pipeline_memcpy_async(&s_add2_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], &add2_merged[(p1r >= 0 && p1r < 8) ? b0 * 768 + p1r * 96 + ((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) : 0], 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
@@ -279,8 +279,8 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
     const float* pf_gp0_add2_merged = &add2_merged[((16 * b1) + (4 * p0c) + (96 * p0r) + (768 * b0) + 8)];
     const float* pf_gp1_add2_merged = &add2_merged[((16 * b1) + (4 * p1c) + (96 * p1r) + (768 * b0) + 40)];
     for (int kt0 = 0; (kt0 <= 1); kt0 += 1) {
-      if (((p0r <= 31) && (kt0 <= 0))) {
-        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 256 + (b0 - b0) * 256 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
+      if (((p0r <= 15) && (kt0 <= 0))) {
+        __pipeline_memcpy_async(&s_add2_merged[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p0r - 0) * 8 + (((((16 * b1) + (4 * p0c)) + (8 * kt0)) + 8) - ((16 * b1) + (8 * (kt0 + 1))))], (p0r >= 0 && p0r < 8) ? &pf_gp0_add2_merged[0] : add2_merged, 16, (p0r >= 0 && p0r < 8) ? 0 : 16);
       }
       if (((p1r <= 15) && (kt0 <= 0))) {
         __pipeline_memcpy_async(&s_add2_merged_t1[((kt0 + 1) % 2) * 128 + (b0 - b0) * 128 + (p1r - 0) * 8 + (((((16 * b1) + (4 * p1c)) + (8 * kt0)) + 40) - (((16 * b1) + (8 * (kt0 + 1))) + 32))], (p1r >= 0 && p1r < 8) ? &pf_gp1_add2_merged[0] : add2_merged, 16, (p1r >= 0 && p1r < 8) ? 0 : 16);
@@ -290,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
       __syncthreads();
       #pragma unroll
       for (int kk0 = 0; (kk0 <= 7); kk0 += 1) {
-        r_add2_merged_frag[0] = s_add2_merged[(kt0 % 2) * 256 + (b0 - b0) * 256 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
+        r_add2_merged_frag[0] = s_add2_merged[(kt0 % 2) * 128 + (b0 - b0) * 128 + (t2 - 0) * 8 + ((((16 * b1) + (8 * kt0)) + kk0) - ((16 * b1) + (8 * kt0)))];
         #pragma unroll
         for (int iv = 0; (iv <= 3); iv += 1) {
           r_matmul13_acc[iv] = r_matmul13_acc[iv] + (r_add2_merged_frag[0] * s_add2_merged_t1[(kt0 % 2) * 128 + (b0 - b0) * 128 + (((4 * t3) + iv) - 0) * 8 + ((((b1 * 16) + ((8 * kt0) + kk0)) + 32) - (((16 * b1) + (8 * kt0)) + 32))]);
@@ -312,10 +312,10 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
     const int pf_g0 = pf_g;
     for (int pf_j = 0; pf_j < 8; ++pf_j) {
       const int pf_r = pf_j;
-      if (pf_r < 2) {  // uniform per block
-        const int pf_rb = pf_g0 * 4 + pf_g1 * 2 + pf_r;
+      if (pf_r < 4) {  // uniform per block
+        const int pf_rb = pf_g0 * 8 + pf_g1 * 4 + pf_r;
           int _b = pf_rb;
-          const int b2 = _b % 2; _b /= 2;
+          const int b2 = _b % 4; _b /= 4;
           const int b1 = _b % 2; _b /= 2;
           const int b0 = _b;
           int _t = threadIdx.x;
@@ -324,19 +324,19 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
           float* const s_add15 = reinterpret_cast<float*>(pf_pool + 256);
           const int s_add15_lo0 = b0;
           const int s_add15_lo1 = b1;
-          const int s_add15_lo2 = (4 * b2);
+          const int s_add15_lo2 = (2 * b2);
           const int s_add15_lo3 = 0;
-          float* const s_softmax16_exp = reinterpret_cast<float*>(pf_pool + 384);
+          float* const s_softmax16_exp = reinterpret_cast<float*>(pf_pool + 320);
           const int s_softmax16_exp_lo0 = b0;
           const int s_softmax16_exp_lo1 = b1;
-          const int s_softmax16_exp_lo2 = (4 * b2);
+          const int s_softmax16_exp_lo2 = (2 * b2);
           const int s_softmax16_exp_lo3 = 0;
           float* const s_matmul13 = reinterpret_cast<float*>(pf_pool + 0);
           const int s_matmul13_lo0 = b0;
           const int s_matmul13_lo1 = b1;
           const int s_matmul13_lo2 = 0;
           const int s_matmul13_lo3 = 0;
-          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 512);
+          float* const pf_scratch = reinterpret_cast<float*>(pf_pool + 384);
           float r_mul14;
           float r_softmax16_max;
           float r_softmax16_max_acc;
@@ -348,9 +348,9 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_matmul130 = *reinterpret_cast<const float4*>(&s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((4 * b2) + r0) - s_matmul13_lo2) * 8 + ((4 * l0) - s_matmul13_lo3)]);
+              const float4 q_matmul130 = *reinterpret_cast<const float4*>(&s_matmul13[(b0 - s_matmul13_lo0) * 64 + (b1 - s_matmul13_lo1) * 64 + (((2 * b2) + r0) - s_matmul13_lo2) * 8 + ((4 * l0) - s_matmul13_lo3)]);
               float v_matmul13[4] = {q_matmul130.x, q_matmul130.y, q_matmul130.z, q_matmul130.w};
-              const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[((4 * b2) + r0) * 8 + (4 * l0)]);
+              const float4 q_causal_mask0 = *reinterpret_cast<const float4*>(&causal_mask[((2 * b2) + r0) * 8 + (4 * l0)]);
               float v_causal_mask[4] = {q_causal_mask0.x, q_causal_mask0.y, q_causal_mask0.z, q_causal_mask0.w};
               float v_add15[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
@@ -358,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
                 v_add15[c0] = (r_mul14 + v_causal_mask[c0]);
                 r_softmax16_max_acc = pf_fmaxf(r_softmax16_max_acc, v_add15[c0]);
               }
-              *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 32 + (b1 - s_add15_lo1) * 32 + (((4 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
+              *reinterpret_cast<float4*>(&s_add15[(b0 - s_add15_lo0) * 16 + (b1 - s_add15_lo1) * 16 + (((2 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]) = make_float4(v_add15[0], v_add15[1], v_add15[2], v_add15[3]);
             }
           }
           r_softmax16_max_acc = pf_allreduce_y<pf_max, 32>(r_softmax16_max_acc, pf_scratch); r_softmax16_max = r_softmax16_max_acc;
@@ -368,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
           if ((l0 <= 1)) {
             // coarsen:4
             {
-              const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 32 + (b1 - s_add15_lo1) * 32 + (((4 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
+              const float4 q_add150 = *reinterpret_cast<const float4*>(&s_add15[(b0 - s_add15_lo0) * 16 + (b1 - s_add15_lo1) * 16 + (((2 * b2) + r0) - s_add15_lo2) * 8 + ((4 * l0) - s_add15_lo3)]);
               float v_add15[4] = {q_add150.x, q_add150.y, q_add150.z, q_add150.w};
               float v_softmax16_exp[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
@@ -376,7 +376,7 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
                 v_softmax16_exp[c0] = expf(r_softmax16_sub);
                 r_softmax16_sum_acc = r_softmax16_sum_acc + v_softmax16_exp[c0];
               }
-              *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 32 + (b1 - s_softmax16_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
+              *reinterpret_cast<float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 16 + (b1 - s_softmax16_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]) = make_float4(v_softmax16_exp[0], v_softmax16_exp[1], v_softmax16_exp[2], v_softmax16_exp[3]);
             }
           }
           r_softmax16_sum_acc = pf_allreduce_y<pf_sum, 32>(r_softmax16_sum_acc, pf_scratch); r_softmax16_sum = r_softmax16_sum_acc;
@@ -385,13 +385,13 @@ extern "C" __global__ void __launch_bounds__(128) pf_970569fadf18b78d71e4(const 
             // part:mg7
             // coarsen:4
             {
-              const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 32 + (b1 - s_softmax16_exp_lo1) * 32 + (((4 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
+              const float4 q_softmax16_exp0 = *reinterpret_cast<const float4*>(&s_softmax16_exp[(b0 - s_softmax16_exp_lo0) * 16 + (b1 - s_softmax16_exp_lo1) * 16 + (((2 * b2) + r0) - s_softmax16_exp_lo2) * 8 + ((4 * l0) - s_softmax16_exp_lo3)]);
               float v_softmax16_exp[4] = {q_softmax16_exp0.x, q_softmax16_exp0.y, q_softmax16_exp0.z, q_softmax16_exp0.w};
               float v_softmax16[4];
               for (int c0 = 0; c0 < 4; c0 += 1) {
                 v_softmax16[c0] = (v_softmax16_exp[c0] / r_softmax16_sum);
               }
-              *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + ((4 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
+              *reinterpret_cast<float4*>(&softmax16[b0 * 128 + b1 * 64 + ((2 * b2) + r0) * 8 + (4 * l0)]) = make_float4(v_softmax16[0], v_softmax16[1], v_softmax16[2], v_softmax16[3]);
             }
           }
       }
