@@ -152,7 +152,7 @@ def choose_reduction_strategy(
         resident = device.sms * device.max_threads_per_sm  # threads of one full wave
         if wide and n <= cfg.x_serial and form.kept_extent >= resident:
             why = (
-                f"threads along the kept dimension, each summing its {n} reduced elements "
+                f"threads along the kept dimension, each reducing its {n} elements "
                 f"alone: {form.kept_extent} kept points fill the SMs without lanes to combine"
             )
             return ReductionStrategy(form, wide, 1, why)

@@ -64,7 +64,7 @@ from polyfuse.cuda.codegen.kernel_ast import (
     MemSpace,
     nodes_of,
 )
-from polyfuse.cuda.codegen.kernel_walk import variables
+from polyfuse.cuda.codegen.kernel_walk import map_children, variables
 from polyfuse.graph import expr as ex
 from polyfuse.graph.dtypes import info as dtype_info
 from polyfuse.graph.dtypes import is_float
@@ -393,41 +393,93 @@ def _affine(e: KExpr) -> dict[str, int] | None:
 REUSE_ITERATIONS = 4096
 
 
+#: an unrolled loop of a nest: (variable, first value, step, trips)
+_Loop = tuple[str, int, int, int]
+
+
+def _unrolled(n: KFor) -> _Loop | None:
+    """``n`` as a fully unrolled loop of constant bounds, or None."""
+    if not n.unroll or n.unroll_by > 1 or n.rolled:
+        return None
+    trips, varying = _trips(n)
+    init = _affine(n.init)
+    if trips is None or varying or init is None or set(init) - {""}:
+        return None
+    return n.var, init.get("", 0), n.step, trips
+
+
+class _NestLoads(KVisitor[None]):
+    """The shared-memory loads into registers of a fully unrolled nest, each with the unrolled
+    loops around it (loads in a loop kept rolled, or under an ``if``, are not collected), and
+    whether anything in the nest may change a word it read (a shared store, an async copy, a
+    barrier)."""
+
+    def __init__(self, buffers: dict[str, MemSpace]) -> None:
+        self.buffers = buffers
+        self.loops: list[_Loop] = []
+        self.loads: list[tuple[KCopy, list[_Loop]]] = []
+        self.collect = True
+        self.hazard = False
+
+    def body(self, nodes: Sequence[KNode]) -> None:
+        for m in nodes:
+            self.visit(m)
+
+    def visit_default(self, n: Any) -> None:
+        map_children(n, self.walk)
+
+    def walk(self, nodes: list[KNode]) -> list[KNode]:
+        self.body(nodes)
+        return nodes
+
+    def visit_KFor(self, n: KFor) -> None:
+        loop = _unrolled(n)
+        outer = self.collect
+        self.collect = outer and loop is not None
+        self.loops += [loop] if loop is not None else []
+        self.body(n.body)
+        self.loops = self.loops[: len(self.loops) - (loop is not None)]
+        self.collect = outer
+
+    def visit_KIf(self, n: KIf) -> None:
+        outer, self.collect = self.collect, False
+        self.body(n.then)
+        self.body(n.orelse)
+        self.collect = outer
+
+    def visit_KCopy(self, n: KCopy) -> None:
+        if self.buffers.get(n.dst) is MemSpace.SHARED:
+            self.hazard = True
+        elif self.collect and self.buffers.get(n.src) is MemSpace.SHARED and n.guard is None:
+            self.loads.append((n, list(self.loops)))
+
+    def visit_KBarrier(self, n: KBarrier) -> None:
+        self.hazard = True
+
+    def visit_KAsyncCopy(self, n: KAsyncCopy) -> None:
+        self.hazard = True
+
+    def visit_KChunkCopy(self, n: KChunkCopy) -> None:
+        self.hazard = True
+
+    def visit_KGuardedCopy(self, n: KGuardedCopy) -> None:
+        self.hazard = True
+
+
 def _reused_loads(nest: KFor, buffers: dict[str, MemSpace]) -> Mix:
     """The shared-memory loads into registers of the fully unrolled ``nest`` that read an
     address an earlier iteration of the nest read: the compiler keeps that value in a register
     and issues no load (a convolution's input window: 3 x 3 filter taps over 2 x 4 outputs read
-    24 distinct words of 72, as its SASS shows). None where the nest stores to shared memory or
-    waits at a barrier; loads under a guard or in a loop the nest keeps rolled count whole."""
-    loads: list[tuple[KCopy, list[tuple[str, int, int, int]]]] = []
-
-    def collect(nodes: Sequence[KNode], loops: list[tuple[str, int, int, int]]) -> bool:
-        for m in nodes:
-            if isinstance(m, KBarrier | KAsyncCopy | KChunkCopy | KGuardedCopy):
-                return False
-            if isinstance(m, KCopy):
-                if buffers.get(m.dst) is MemSpace.SHARED:
-                    return False
-                if buffers.get(m.src) is MemSpace.SHARED and m.guard is None:
-                    loads.append((m, loops))
-            elif isinstance(m, KFor) and m.unroll and m.unroll_by <= 1 and not m.rolled:
-                trips, varying = _trips(m)
-                init = _affine(m.init)
-                if trips is None or varying or init is None or set(init) - {""}:
-                    continue
-                if not collect(m.body, [*loops, (m.var, init.get("", 0), m.step, trips)]):
-                    return False
-        return True
-
-    trips, _ = _trips(nest)
-    init = _affine(nest.init)
-    if trips is None or init is None or set(init) - {""}:
-        return Mix()
-    if not collect(nest.body, [(nest.var, init.get("", 0), nest.step, trips)]):
+    24 distinct words of 72, as its SASS shows). None where the nest stores to shared memory,
+    copies into it asynchronously or waits at a barrier; loads under a guard or an ``if``, or in
+    a loop the nest keeps rolled, count whole."""
+    walker = _NestLoads(buffers)
+    walker.visit(nest)
+    if walker.hazard:
         return Mix()
     seen: set[tuple[object, ...]] = set()
     saved = Mix()
-    for copy, loops in loads:
+    for copy, loops in walker.loads:
         form = _address(copy, {v for v, *_ in loops})
         count = math.prod(t for *_, t in loops)
         if form is None or count > REUSE_ITERATIONS:
