@@ -204,6 +204,7 @@ def kernel_entry(kernel: Kernel, kp: KernelPlan, key: StructuralKey) -> dict[str
         "bytes_written": kernel.bytes_written,
         "vector_bytes": kernel.vector_bytes,
         "reread_bytes": kernel.reread_bytes,
+        "block_read_bytes": kernel.block_read_bytes,
         "tensor_bytes": {rename(t, canon): list(rw) for t, rw in kernel.tensor_bytes.items()},
         "notes": [_note_json(n, canon) for n in kernel.notes],
         "placements": [
@@ -304,6 +305,7 @@ def kernel_from_entry(
         bytes_written=entry["bytes_written"],
         vector_bytes=entry.get("vector_bytes", 0),
         reread_bytes=entry.get("reread_bytes", 0),
+        block_read_bytes=entry.get("block_read_bytes"),
         tensor_bytes={rename(t, back): (r, w) for t, (r, w) in entry["tensor_bytes"].items()},
         notes=[_note_from(n, back) for n in entry["notes"]] + ["generated earlier (compile cache)"],
         printed=printed,

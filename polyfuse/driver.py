@@ -57,7 +57,7 @@ from polyfuse.graph.structure import structural_key
 from polyfuse.plan import Plan
 from polyfuse.poly.cost import ReductionConfig
 from polyfuse.poly.device import DeviceSpec, device_for_arch
-from polyfuse.poly.footprint import global_footprint
+from polyfuse.poly.footprint import block_read_bytes, global_footprint
 from polyfuse.poly.mapping import MappedKernel, MappingConfig
 from polyfuse.poly.model import build_model
 from polyfuse.poly.schedule import (
@@ -482,6 +482,9 @@ def _lower(
         ast, body = generate_ast(mm)
         kernel = lower_kernel(kp.name, mm, body, pl, idents, canonical)
         notes = mm.notes + [n for p in kp.micrograph_parts for n in p.notes]
+        model = mm.scheduled.model
+        block = block_read_bytes(model, mm.domain, mm.context, mm.block_params, pl)
+        kernel = replace(kernel, block_read_bytes=block)
     fp = global_footprint(mm.scheduled.model, pl)
     kernel = replace(
         kernel,

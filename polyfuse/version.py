@@ -43,4 +43,4 @@ __version__ = "0.1.0"
 # load before their statement; short x-reduces filling the GPU run serially per thread), so
 # kernels and schedules cached
 # by an older compiler miss.
-CODEGEN_REVISION = 31
+CODEGEN_REVISION = 32

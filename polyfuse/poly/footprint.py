@@ -137,3 +137,47 @@ def _box_count(s: isl.Set) -> int | None:
         box = box.upper_bound_val(isl.dim_type.set, i, isl.Val.int_from_si(ctx, b))
         count *= max(0, b - a + 1)
     return count if box.is_subset(s) else None
+
+
+def block_read_bytes(
+    model: PolyModel,
+    domain: isl.UnionSet,
+    context: isl.Set,
+    block_params: list[str],
+    placements: dict[str, Placement],
+) -> int | None:
+    """Distinct global bytes one block reads: the cost model's L2 traffic of a kernel whose
+    threads share their reads (a convolution's window, a broadcast bias), which the L1 serves
+    once per block instead of once per thread.
+
+    ``domain`` is the kernel's statement instances, parametric in its block and thread
+    parameters (a mapped schedule's domain); ``context`` their ranges. The block is an interior
+    one: each block parameter at the middle of its range (an edge block of a padded convolution
+    reads fewer rows). None where isl cannot count a footprint within :data:`COUNT_LIMITS`.
+    """
+    fixed = context
+    for b in block_params:
+        i = fixed.find_dim_by_name(isl.dim_type.param, b)
+        if i < 0:
+            continue
+        at = fixed.move_dims(isl.dim_type.set, 0, isl.dim_type.param, i, 1)
+        lo, hi = at.dim_min_val(0), at.dim_max_val(0)
+        if not (lo.is_int() and hi.is_int()):
+            return None
+        mid = (lo.to_python() + hi.to_python()) // 2
+        fixed = fixed.fix_val(isl.dim_type.param, i, isl.Val.int_from_si(fixed.get_ctx(), mid))
+    total = 0
+    for name, p in placements.items():
+        if p.space != "global" or p.register_copy:
+            continue
+        img = _image(model.reads, domain, name)
+        if img is None:
+            continue
+        img = img.intersect_params(fixed.align_params(img.get_space()))
+        img = img.project_out(isl.dim_type.param, 0, img.dim(isl.dim_type.param)).coalesce()
+        n = count_points(img)
+        if n is None:
+            return None
+        t = model.tensors.get(name)
+        total += n * (t.itemsize if t is not None else ITEMSIZE)
+    return total

@@ -150,6 +150,10 @@ class Kernel:
     #: global bytes later parts read again past the L1 (an input several stitched parts read,
     #: not staged: :attr:`polyfuse.poly.placement.Placement.reread`), beyond ``bytes_read``
     reread_bytes: int = 0
+    #: distinct global bytes one (interior) block reads, where its threads share reads (isl:
+    #: :func:`polyfuse.poly.footprint.block_read_bytes`); None: every thread's loads are its own
+    #: (a GEMM's tile fills, a pack)
+    block_read_bytes: int | None = None
     #: The ``__global__`` function that runs this kernel (shared by structurally identical
     #: kernels, see :mod:`polyfuse.cuda.codegen.dedup`); empty: the function is named ``name``.
     function: str = ""

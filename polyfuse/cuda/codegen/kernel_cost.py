@@ -80,6 +80,10 @@ WORD = 4  # bytes of a float32 element
 CHUNK = 16  # bytes of one cp.async chunk
 _LOOP = 3  # slots of one iteration of a loop that is not unrolled (add, compare, branch)
 _UNROLL = 4  # iterations of such a loop whose loads the compiler keeps in flight together
+#: slots (integer work counted once) up to which NVRTC unrolls a loop of constant trips whole,
+#: unasked: LLVM's full-unroll threshold at -O3 (300 instructions); a depthwise conv's 3 x 3
+#: taps are one straight block in its SASS
+AUTO_UNROLL_SLOTS = 300
 ROUND16 = 2  # slots to round a float32 result to a 16-bit float and widen it back (F2FP, PRMT)
 
 
@@ -146,10 +150,15 @@ class _Walker(KVisitor[Mix]):
         self.unrolled -= whole
         drained = self.drained
         self.drained, self.committed = outer
+        hoisted = Mix(slots=-inner.ints, ints=-inner.ints).scaled(trips - 1)
+        unrolled = inner.scaled(trips) + hoisted
         if n.unroll:  # integer work folds to constants or is hoisted: once for the nest
-            hoisted = Mix(slots=-inner.ints, ints=-inner.ints).scaled(trips - 1)
             reused = _reused_loads(n, self.buffers) if whole and not self.unrolled else Mix()
-            return inner.scaled(trips) + hoisted + reused.scaled(-1)
+            return unrolled + reused.scaled(-1)
+        if not n.rolled and not varying and unrolled.slots <= AUTO_UNROLL_SLOTS:
+            # short enough for the compiler to unroll unasked (a filter's taps)
+            self.inflight = max(self.inflight, unrolled.global_read_bytes)
+            return unrolled
         inner = inner + Mix(slots=_LOOP, ints=_LOOP)
         # NVRTC unrolls a loop of constant trips by up to 4: its loads then overlap
         self.inflight = max(self.inflight, inner.global_read_bytes * min(trips, _UNROLL))
@@ -640,7 +649,8 @@ def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
     given, else from the IR work estimate its facts carry (a kernel without one — written by
     hand — is described by its bytes alone, one 4-byte access per element, and says so)."""
     if sass is not None:
-        return describe_sass(sass, k.bytes_read, k.bytes_written, k.vector_bytes, name=k.name,
+        return describe_sass(sass, k.bytes_read, k.bytes_written, k.vector_bytes,
+                             k.block_read_bytes, name=k.name,
                              reread_bytes=k.reread_bytes)  # fmt: skip
     facts = k.facts
     blocks, threads = k.grid[0] * k.grid[1] * k.grid[2], k.block[0] * k.block[1] * k.block[2]
@@ -668,6 +678,7 @@ def describe_kernel(k: Kernel, sass: Any = None) -> KernelDesc:
         bytes_written=k.bytes_written,
         vector_bytes=k.vector_bytes,
         reread_bytes=k.reread_bytes,
+        block_read_bytes=k.block_read_bytes,
         inflight_bytes=work.inflight_bytes,
         barriers=bool(facts and facts.barriers),
         sync_phases=work.sync_phases,
