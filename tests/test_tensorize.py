@@ -121,7 +121,8 @@ def test_half_matmuls_run_on_tensor_cores_and_match_float64(dtype, case, size):
 def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
     """A larger tile where its blocks still give one block per SM (A100: 108): 1000x1700x40
     takes 256x64 of 4 warps, 4x8 mma tiles each (the tiling model's least modelled others per
-    HMMA; before, the fixed list's 128x128), else 64x64; the 8-warp kernel is correct at odd
+    HMMA; before, the fixed list's 128x128); 200x1100x40 makes 72 blocks of 64x64, too few:
+    126 of 32x64 (:data:`SMALL_TILINGS`; 64x64 before); the 8-warp kernel is correct at odd
     sizes too (forced here)."""
     inputs, out, _, _ = _matmul("bfloat16", 1000, 1700, 40)
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
@@ -129,19 +130,21 @@ def test_the_large_block_tile_is_chosen_where_its_blocks_fill_the_sms():
     inputs, out, _, _ = _matmul("bfloat16", 200, 1100, 40)
     fn = polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False)
     assert "block tile 64x64x32 of 4 warps, each 2x4 mma tiles (18" not in fn.kernels[0].notes[0]
-    assert "block tile 64x64x32 of 4 warps" in fn.kernels[0].notes[0]
+    note = fn.kernels[0].notes[0]
+    assert "block tile 32x64x32 of 4 warps, each 1x4 mma tiles of 16x8 (126" in note
     # the plan's layout record carries the choice as typed data (the one decision record)
     from polyfuse.base.decision_data import TensorCoreData
 
     (layout,) = [d for kp in fn.plan.kernel_plans for d in kp.layout]
     assert isinstance(layout.data, TensorCoreData)
     assert (layout.data.intrinsic, layout.data.block, layout.data.warps) == (
-        "m16n8k16.bfloat16", [64, 64, 32], [2, 2]
+        "m16n8k16.bfloat16", [32, 64, 32], [2, 2]
     )
 
 
 def test_the_eight_warp_tile_is_correct_at_odd_sizes(monkeypatch):
     monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 128, 2, 4),))
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     inputs, out, arrays, want = _matmul("float16", *ODD, batch=2, trans_b=True, epilogue=True)
     fn = _check("float16", inputs, out, arrays, want)
     _tensorized(fn)
@@ -258,12 +261,14 @@ def _offset_batches(rows: int):
     return fn
 
 
-def test_narrow_rows_swap_with_columns_that_fold_a_batch_dim():
+def test_narrow_rows_swap_with_columns_that_fold_a_batch_dim(monkeypatch):
     """``mm[t, i, j]`` of 3 x 19 x 27 (``a[t + 1, i, r] @ b[r, j]``): rows ``i`` (19) and
     columns ``j`` (27) pad one 64x64 block tile per batch point to 8x the useful outputs; the
     swap (rows ``j``, columns ``i`` with ``t`` folded in: 57) pads 2.7x, one block tile in
-    all (a channels-last conv's output width and channels are such a pair). Matches float64
-    in both thread orders."""
+    all (a channels-last conv's output width and channels are such a pair; the small tilings,
+    which would split it in two 32x32 tiles, left out). Matches float64 in both thread
+    orders."""
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     fn = _offset_batches(19)
     notes = fn.kernels[0].notes
     assert "tensor cores: the GEMM's rows are data dim 2, its columns data dim 1, the other " \

@@ -166,6 +166,7 @@ def test_the_register_budget_and_the_loop_shape_refuse_with_the_reason(monkeypat
     scalar_in, scalar_out, _, _ = _matmul("float16", *ODD)  # unaligned rows: scalar fills
     assert "one shared stage" in _note(_compile(scalar_in, scalar_out, None, None))
     monkeypatch.setattr(tensorize_tiling, "TILINGS", ((96, 96, 1, 2),))
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     for forced, how in ((None, "the register model"), (2, "forced")):
         fn = _compile(inputs, out, 3, forced)
         assert "block tile 96x96x32 of 2 warps, each 6x6 mma tiles" in fn.kernels[0].notes[0]

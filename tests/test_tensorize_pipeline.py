@@ -169,6 +169,7 @@ def test_cp_async_writes_and_ldmatrix_reads_are_bank_conflict_free(monkeypatch):
         for case in ("trans_b", "2d", "trans_a"):
             inputs, out, arrays, want = _matmul("float16", 96, 80, 112, **CASES[case])
             monkeypatch.setattr(tz, "TILINGS", tilings)
+            monkeypatch.setattr(tz, "SMALL_TILINGS", ())
             fn = _compile(inputs, out, 2)
             got = fn(*arrays, race_check="banks")
             assert tolerance("float16").allclose(got, want.astype(np.float16))
@@ -194,6 +195,7 @@ def test_the_stage_model_chooses_inside_the_shared_budget(monkeypatch):
     import polyfuse.poly.tensorize_tiling as tz
 
     monkeypatch.setattr(tz, "TILINGS", ((128, 128, 2, 4), (64, 64, 2, 2)))
+    monkeypatch.setattr(tz, "SMALL_TILINGS", ())
     # the static 48 KiB budget pinned (the stages may now take the dynamic opt-in maximum,
     # tests/test_tensorize_dynamic_smem.py)
     monkeypatch.setattr(tzm, "tensor_core_tile_budget", lambda device: 49152)

@@ -86,6 +86,7 @@ def _conflicts(monkeypatch, tiling: str, case: str, stages: int = 2):
     """The conflicting cp.async/ldmatrix sites of one swizzled float16 matmul (asserting the
     result and that both kinds of access were seen)."""
     monkeypatch.setattr(tzt, "TILINGS", TILINGS[tiling])
+    monkeypatch.setattr(tzt, "SMALL_TILINGS", ())
     inputs, out, arrays, want = _matmul("float16", *SIZE, **CASES[case])
     fn = _compile(inputs, out, stages)
     assert "XOR-swizzled 32-byte rows" in fn.kernels[0].notes[2], fn.kernels[0].notes
@@ -122,6 +123,7 @@ def test_a_planted_identity_swizzle_is_caught_by_the_conflict_check(monkeypatch)
 def test_swizzled_pipelined_matmuls_match_float64_in_every_mode(monkeypatch, dtype, tiling):
     """Both tilings, batched with a transposed B and an epilogue, 3 stages, odd M."""
     monkeypatch.setattr(tzt, "TILINGS", TILINGS[tiling])
+    monkeypatch.setattr(tzt, "SMALL_TILINGS", ())
     for case in ("batched_trans_b_epilogue", "trans_a"):
         inputs, out, arrays, want = _matmul(dtype, *SIZE, **CASES[case])
         fn = _compile(inputs, out, 3)
@@ -135,6 +137,7 @@ def test_scalar_fills_read_swizzled_tiles_and_a_split_row_falls_back_to_padding(
     padded rows, with the reason noted, and A stays swizzled; all ldmatrix reads are
     conflict-free and the result right in both thread orders."""
     monkeypatch.setattr(tzt, "TILINGS", ((64, 48, 2, 2),))
+    monkeypatch.setattr(tzt, "SMALL_TILINGS", ())
     inputs, out, arrays, want = _matmul("float16", *ODD)
     fn = _compile(inputs, out, None)
     note = fn.kernels[0].notes[2]
@@ -165,6 +168,7 @@ def test_the_swizzled_128_tile_saves_shared_memory_and_buys_a_third_stage(monkey
     it chooses three, which it had to refuse before. (Candidates pinned to 128x128 and 64x64:
     the tiling model takes 256x64 here, test_tensorize_tiling.)"""
     monkeypatch.setattr(tzt, "TILINGS", TILINGS["128x128"] + TILINGS["64x64"])
+    monkeypatch.setattr(tzt, "SMALL_TILINGS", ())
     # the static 48 KiB budget pinned (the stages may now take the dynamic opt-in maximum,
     # tests/test_tensorize_dynamic_smem.py)
     monkeypatch.setattr(tz, "tensor_core_tile_budget", lambda device: 49152)
@@ -199,6 +203,7 @@ def test_nvrtc_compiles_the_three_stage_swizzled_128_tile_without_spills(arch, m
     """The third stage the swizzle buys, on the 8-warp tile: 48 KiB of static shared memory
     accepted by ptxas for both archs, no spills (both operand layouts)."""
     monkeypatch.setattr(tzt, "TILINGS", TILINGS["128x128"])
+    monkeypatch.setattr(tzt, "SMALL_TILINGS", ())
     for case in ("batched_trans_b_epilogue", "trans_a"):
         inputs, out, _, _ = _matmul("bfloat16", *SIZE, **CASES[case])
         fn = _compile(inputs, out, 3, arch)

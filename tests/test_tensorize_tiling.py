@@ -88,6 +88,7 @@ def test_a_tiling_over_the_register_budget_is_refused_with_the_reason(monkeypatc
     """A warp of 8x16 mma tiles (128x128) needs 616 modelled registers (> 255): refused in
     the note, the next candidate taken."""
     monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 256, 1, 2), (64, 64, 2, 2)))
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     inputs, out, _, _ = _matmul("bfloat16", 4096, 4096, 4096, trans_b=True)
     note = _note(polyfuse.compile(inputs, [out], arch="sm_80", check_cuda=False))
     assert "block tile 64x64x32" in note and "too many registers: 128x256 (2 warps): 616" in note
@@ -107,6 +108,7 @@ def test_the_4x8_warp_tiles_are_correct_at_odd_sizes(monkeypatch, dtype, tiling,
     included (forced at a size that has too few blocks for them), batched x @ W^T + epilogue
     at odd sizes, plain and race-checked."""
     monkeypatch.setattr(tensorize_tiling, "TILINGS", (tiling,))
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     inputs, out, arrays, want = _matmul(dtype, *ODD, batch=2, trans_b=True, epilogue=True)
     fn = _check(dtype, inputs, out, arrays, want)
     bm, bn = tiling[:2]
@@ -118,6 +120,7 @@ def test_the_2x8_warp_tile_of_a_gathered_conv_is_correct_in_every_mode(monkeypat
     """64x256 of 8 warps, 2x8 mma tiles each (the GPU-day conv's choice), on a 3x3 pad 1 conv
     at odd sizes: im2col gathered into the 256-column tile, every emulator mode."""
     monkeypatch.setattr(tensorize_tiling, "TILINGS", ((64, 256, 2, 4),))
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     inputs, out, arrays, want = _conv("bfloat16", CONV_ODD, *CONV_CASES["3x3_pad1"])
     fn = polyfuse.compile(inputs, [out], check_cuda=False)
     assert "block tile 64x256x32 of 8 warps, each 2x8 mma tiles" in _note(fn)
@@ -128,6 +131,7 @@ def test_the_4x8_warp_tile_reads_and_writes_shared_without_bank_conflicts(monkey
     """The 128x256 tile's cp.async writes and ldmatrix reads (A k-innermost, B k-innermost:
     x @ W^T) on the emulator's bank counter: no conflict."""
     monkeypatch.setattr(tensorize_tiling, "TILINGS", ((128, 256, 2, 4),))
+    monkeypatch.setattr(tensorize_tiling, "SMALL_TILINGS", ())
     inputs, out, arrays, want = _matmul("float16", 96, 80, 112, trans_b=True)
     fn = polyfuse.compile(inputs, [out], check_cuda=False)
     got = fn(*arrays, race_check="banks")

@@ -12,7 +12,8 @@ scalar (an implicit GEMM's im2col gather, ~4 instructions per element) rather th
 the one cost model, on a description of the kernel it would become
 (:mod:`polyfuse.poly.costs.mma`: its waves and rounds of resident blocks, epilogue, L2
 traffic), among those whose blocks fill the SMs (the model prices a block's mma at the
-pipe's rate however few warps hold it; where none fills them, those of the most blocks), and
+pipe's rate however few warps hold it; where none fills them, those of the most blocks; the
+smaller :data:`SMALL_TILINGS` join where the others leave SMs idle, :data:`FILL_SHARE`), and
 of the candidates within :data:`MODEL_MARGIN` of the model's best takes the one with the fewest
 modelled non-HMMA instructions per useful HMMA of a k-tile (:func:`hot_figure`: the fills by
 :func:`polyfuse.poly.tensorize_order.price_k_orders`, the ``ldmatrix`` of the fragments, a
@@ -52,7 +53,8 @@ MMA_K_OF = {1: 32, 2: MMA_K, 4: TF32_MMA_K}
 KTILE_BYTES = 64
 #: candidate (block M, block N, warps along M, warps along N), the fallback (where none fills
 #: the SMs) last: warp tiles of 64x64 (4x8 mma tiles), 64x32 and 32x64, 32x32; blocks of 4
-#: or 8 warps (fewer leave a block's fill latency to too few warps)
+#: or 8 warps (fewer leave a block's fill latency to too few warps). Their smallest block
+#: sizes decide a match's orientation and column folding (:mod:`polyfuse.poly.tensorize`)
 TILINGS = (
     (128, 256, 2, 4),
     (256, 128, 4, 2),
@@ -65,6 +67,18 @@ TILINGS = (
     (64, 128, 2, 2),
     (64, 64, 2, 2),
 )
+#: for GEMMs too small to fill the SMs with :data:`TILINGS`: four warps of 32x16, 16x32 and
+#: 16x16 (MobileNetV2's 1x1 convs on 7x7 maps: 21 blocks of 64x64, 65 of 32x32)
+SMALL_TILINGS = (
+    (64, 32, 2, 2),
+    (32, 64, 2, 2),
+    (32, 32, 2, 2),
+)
+#: :data:`SMALL_TILINGS` are priced only where every candidate of :data:`TILINGS` leaves more
+#: than this share of the SMs without a block: 64x64 in 21 blocks (of 132 SMs) gives way to
+#: 32x32 in 65, but 64x64 in 128 blocks stays (64x32 in 224, shared-memory-bound, is modelled
+#: slower)
+FILL_SHARE = 0.9
 #: candidates modelled within this share of the cost model's best are told apart by their
 #: hot-loop figure (:func:`hot_figure`): the model's tensor rate is one loop's, measured
 #: (the same for every tiling), and its band is 0.67-1.5 of measured times
@@ -263,8 +277,8 @@ def choose_mma_tiling(
     forced: tuple[int, int, int, int] | None = None,
     forced_reason: str = "",
 ) -> tuple[MmaTiling, str]:
-    """The candidate of :data:`TILINGS` the cost model and the hot-loop figure choose (the
-    module doc), with the reason; ``itemsize``: the operands'
+    """The candidate of :data:`TILINGS` and :data:`SMALL_TILINGS` the cost model and the
+    hot-loop figure choose (the module doc), with the reason; ``itemsize``: the operands'
     bytes (2: m16n8k16, 4: tf32's m16n8k8, 1: bytes' m16n8k32); ``mn``: the m and n data
     dims (the last two by default), ``fold``: a data dim folded into the columns, ``ops``:
     the (A, B) operands, ``aligned``: whether a linear operand's chunks start aligned,
@@ -285,19 +299,27 @@ def choose_mma_tiling(
     problem = mma_problem(shape, itemsize)
     priced, refused = [], []
     candidates = TILINGS if forced is None else (forced,)
-    for i, (bm, bn, wm, wn) in enumerate(candidates):
+
+    def price(i: int, bm: int, bn: int, wm: int, wn: int) -> None:
         t = MmaTiling(bm, bn, wm, wn, bk, mma_k)
         if block_k is not None:
             t = replace(t, block_k=block_k)
         blocks = batch * -(-rows // bm) * -(-cols // bn)
         if t.registers > device.max_regs_per_thread and forced is None:
             refused.append(f"{_label(t)}: {t.registers} registers")
-            continue
+            return
         fill, piped = fill_slots(t, shape, ops, aligned)
         desc = tile_desc(t, problem, blocks, fill, itemsize, piped)
         us = model_kernel(desc, device).us
         figure = hot_figure(t, shape, ops, rows, cols, aligned, fill)
         priced.append(Priced(us, figure, i, t, blocks))
+
+    for i, c in enumerate(candidates):
+        price(i, *c)
+    spread = max((min(p.blocks, device.sms) for p in priced), default=0)
+    if forced is None and spread < FILL_SHARE * device.sms:  # SMs idle: the small tilings too
+        for i, c in enumerate(SMALL_TILINGS, len(candidates)):
+            price(i, *c)
     # the model prices a block's mma at the pipe's rate however few warps the SM holds, so
     # tiles that leave SMs idle are taken only where none fills them: then the most blocks
     most = max(p.blocks for p in priced)
