@@ -252,6 +252,69 @@ def test_two_trip_loop_with_a_toggled_predicate_is_counted():
     assert find_loops(fn)[0].trip.iterations == 1
 
 
+#: Two k-tiles as ptxas 13.0 writes them for sm_90 (MobileNetV2's 1x1 conv of 96 channels,
+#: three k-tiles of 32, the first peeled): the counter R19 is stepped and tested at the top,
+#: its register reused by the FFMA after the test, and set to 1 by the back edge.
+RESTORED = """
+        .section        .text.restored,"ax",@progbits
+        /*0000*/                   HFMA2.MMA R19, -RZ, RZ, 0, 0 ;
+.L_x_0:
+        /*0010*/                   LOP3.LUT R23, R19, 0x1, RZ, 0x3c, !PT ;
+        /*0020*/                   IADD3 R19, R19, 0x1, RZ ;
+        /*0030*/                   ISETP.GE.U32.AND P1, PT, R19, 0x2, PT ;
+        /*0040*/                   LDS.128 R4, [R23] ;
+        /*0050*/                   FFMA R19, R4, R8, R20 ;
+        /*0060*/                   FFMA R20, R19, R9, R20 ;
+        /*0070*/                   MOV R19, 0x1 ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0090*/              @!P1 BRA `(.L_x_0) ;
+        /*00a0*/                   EXIT ;
+"""
+
+#: The same loop for sm_80: the test reads a copy of the counter plus one (R12 = R56 + 1), the
+#: loop leaves by a predicated CALL.REL.NOINC and goes back by an unconditional branch.
+RESTORED_SM80 = """
+        .section        .text.restored80,"ax",@progbits
+        /*0000*/                   HFMA2.MMA R56, -RZ, RZ, 0, 0 ;
+.L_x_1:
+        /*0010*/                   LOP3.LUT R4, R56, 0x1, RZ, 0x3c, !PT ;
+        /*0020*/                   IADD3 R12, R56, 0x1, RZ ;
+        /*0030*/                   ISETP.GE.U32.AND P1, PT, R12, 0x2, PT ;
+        /*0040*/                   LDS.128 R56, [R4] ;
+        /*0050*/                   FFMA R12, R56, R8, R20 ;
+        /*0060*/                   FFMA R20, R12, R9, R20 ;
+        /*0070*/                   MOV R56, 0x1 ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0090*/               @P1 CALL.REL.NOINC `(.L_x_0) ;
+        /*00a0*/                   BRA `(.L_x_1) ;
+.L_x_0:
+        /*00b0*/                   EXIT ;
+"""
+
+
+@pytest.mark.parametrize("text, counter", [(RESTORED, "R19"), (RESTORED_SM80, "R56")])
+def test_two_trip_loop_with_a_restored_counter_is_counted(text, counter):
+    """The counter's register reused after the test and set to a constant before the
+    iteration ends (ptxas knows the loop runs twice): it was 'R19 is not stepped by a
+    constant once per iteration', counted once — a third of that conv's FFMA."""
+    (fn,) = parse_listing(text, "sm_90").values()
+    (lp,) = find_loops(fn)
+    assert lp.trip.iterations == 2, lp.trip
+    assert f"{counter} from 0, set to 1 before the iteration ends" in lp.trip.how
+    assert body_mix(fn, [lp])["FFMA"] == 4
+    # restored to 0: the test never exits (unknown); to 2 on entry: one trip
+    never = text.replace(f"MOV {counter}, 0x1", f"MOV {counter}, RZ")
+    (fn,) = parse_listing(never, "sm_90").values()
+    assert find_loops(fn)[0].trip.iterations is None
+    entry = f"HFMA2.MMA {counter}, -RZ, RZ, 0, 0"
+    (fn,) = parse_listing(text.replace(entry, f"MOV {counter}, 0x2"), "sm_90").values()
+    assert find_loops(fn)[0].trip.iterations == 1
+    # written between the header and the test's addition: not the iteration's value
+    early = text.replace("LOP3.LUT R", f"MOV {counter}, 0x7 ;\n        /*0011*/ LOP3.LUT R", 1)
+    (fn,) = parse_listing(early, "sm_90").values()
+    assert find_loops(fn)[0].trip.iterations is None
+
+
 def test_trip_count_unknown_says_why():
     text = FMA_NVDISASM.replace(
         "ISETP.NE.AND P0, PT, R0, 0x400, PT", "ISETP.NE.AND P0, PT, R0, R7, PT"

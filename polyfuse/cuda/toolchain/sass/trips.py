@@ -8,8 +8,10 @@ dominator of the header outside the loop). The branch is taken back while the co
 (``@P``) or fails (``@!P``); the count is the first iteration after which it is not. A loop of
 two trips may have no counter: its predicate enters as the constant true and is set false in
 the body after the test reads it (``UPLOP3.LUT UP0, UPT, UPT, UPT, UPT, 0x80`` before,
-``0x40`` inside). Anything else (a bound in a register or a kernel parameter) leaves the count
-unknown, with the reason.
+``0x40`` inside); or its counter's register is reused once the test has read it and set to a
+constant before the back edge (``IADD3 R19, R19, 0x1`` and ``ISETP.GE.U32.AND P1, PT, R19,
+0x2`` first, ``MOV R19, 0x1`` by the branch). Anything else (a bound in a register or a
+kernel parameter) leaves the count unknown, with the reason.
 """
 
 from __future__ import annotations
@@ -210,9 +212,12 @@ def trip_count(
     if limit is None:
         return TripCount(None, f"bound {ops[3]} is not a constant")
     incs = [i for i in body if reg in _regs_written(i)]
+    restored = _restored(fn, header, blocks, body, br, cmp_ins, reg, dom)
+    if restored is not None:
+        return _two_values(restored, cmp, limit, back_if, "U32" in mods)
+    start = _entry_value(fn, header, blocks, reg, dom)
     if len(incs) != 1 or (step := _increment(incs[0], reg)) is None:
         return TripCount(None, f"{reg} is not stepped by a constant once per iteration")
-    start = _entry_value(fn, header, blocks, reg, dom)
     if start is None:
         return TripCount(None, f"{reg} does not enter the loop as a constant")
     first = start if incs[0].address < cmp_ins.address else start - step
@@ -223,6 +228,69 @@ def trip_count(
     cond = ("" if back_if else "not ") + f"{cmp} {limit:#x}"
     how = f"{reg} from {start} step {step}, back while {cond}"
     return TripCount(n, how if n is not None else f"{how}: no exit")
+
+
+def _restored(
+    fn: SassFunction,
+    header: int,
+    blocks: frozenset[int],
+    body: list[Instruction],
+    end: Instruction,
+    test: Instruction,
+    reg: str,
+    dom: dict[int, set[int]],
+) -> tuple[int, int, str] | None:
+    """The values a loop's test sees on its first and its later iterations where ptxas
+    reuses the counter's register once the test has read it and sets it to a constant before
+    the iteration ends (a loop it knows runs at most twice): the test reads ``reg = C + step``
+    (``C`` the counter, ``reg`` itself or another register) and nothing writes ``C`` between the
+    header and that addition; ``C`` enters the loop as a constant and its last write in the
+    loop is a constant, in the block of ``end`` (the back edge, or the exit test of a loop whose
+    back edge is unconditional); with how. None for any other shape."""
+    defs = [i for i in body if reg in _regs_written(i) and i.address < test.address]
+    if not defs or defs[-1].base not in ("IADD3", "VIADD", "UIADD3") or defs[-1].guarded:
+        return None
+    add = defs[-1]
+    srcs = [o for o in add.operands[1:] if not _is_pred(o)]
+    regs = [o for o in srcs if _imm(o) is None]
+    if len(regs) != 1 or _regs_written(add) != {reg}:
+        return None
+    counter = regs[0]
+    step = sum(_imm(o) or 0 for o in srcs if o != counter)
+    writes = [i for i in body if counter in _regs_written(i)]
+    if not writes or any(w.address < add.address for w in writes):
+        return None  # the addition does not read the counter as the iteration found it
+    last = writes[-1]
+    value = _constant_value(last)
+    home = fn.block_of(end.address).index
+    if value is None or last.guarded or fn.block_of(last.address).index != home:
+        return None
+    if last.address > end.address or any(w.address > last.address for w in writes):
+        return None
+    start = _entry_value(fn, header, blocks, counter, dom)
+    if start is None:
+        return None
+    how = (
+        f"{counter} from {start}, set to {value} before the iteration ends, tested as "
+        f"{counter} + {step}"
+    )
+    return start + step, value + step, how
+
+
+def _two_values(
+    seen: tuple[int, int, str], cmp: str, limit: int, back_if: bool, unsigned: bool
+) -> TripCount:
+    """Trips of a loop whose test sees ``seen``'s first value once and its second on every
+    later iteration (:func:`_restored`): 1 or 2, or none where the second never exits."""
+    first, later, how = seen
+    if unsigned:
+        first, later, limit = first & 0xFFFFFFFF, later & 0xFFFFFFFF, limit & 0xFFFFFFFF
+    test = _CMP[cmp]
+    if test(first, limit) != back_if:
+        return TripCount(1, how)
+    if test(later, limit) != back_if:
+        return TripCount(2, how)
+    return TripCount(None, f"{how}: no exit")
 
 
 _TRUE = ("PT", "UPT")
