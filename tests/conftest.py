@@ -52,3 +52,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
             f"{item.nodeid} skips for a missing optional extra ({reason}) but is not marked "
             "pytest.mark.extra: mark it, or CI's extras step never runs it"
         )
+
+
+@pytest.fixture
+def main_tilings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensorized GEMMs tiled by :data:`polyfuse.poly.tensorize_tiling.TILINGS` alone: the
+    tests of a mechanism shown at a size whose 64x64 tiles leave SMs idle (where the cost model
+    would take a 32-row or 32-column tile of ``SMALL_TILINGS``)."""
+    import polyfuse.poly.tensorize_tiling as tzt
+
+    monkeypatch.setattr(tzt, "SMALL_TILINGS", ())

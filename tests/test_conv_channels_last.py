@@ -227,6 +227,7 @@ def test_a_conv_chain_stores_each_activation_channels_last_from_its_epilogue(res
 
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.usefixtures("main_tilings")
 def test_nvrtc_compiles_a_conv_stored_channels_last_without_spills(arch):
     """A 3x3, 1x1, 3x3 chain at a ResNet stage's size (64 channels, 28x28, batch 4): the
     convs storing channels-last (rows: channels; columns: width x height folded, a gathered
@@ -282,6 +283,7 @@ def test_bottleneck_blocks_keep_their_activations_channels_last():
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=1e-2)
 
 
+@pytest.mark.usefixtures("main_tilings")
 def test_a_conv_written_channels_last_folds_its_rows_into_the_columns():
     """A bf16 3x3 conv written NHWC in te with the channels reduced innermost: its input is
     gathered by 16-byte chunks from the start, and the narrow output width (14) now takes the

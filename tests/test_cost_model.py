@@ -773,6 +773,7 @@ def test_ir_work_counts_the_tensor_core_nodes():
 
 
 @pytest.mark.skipif(not _has_disassembler(), reason="needs NVRTC and nvdisasm (polyfuse[sass])")
+@pytest.mark.usefixtures("main_tilings")
 def test_sass_mix_counts_the_mma_instructions():
     """The SASS path's mix counts HMMA as the tensor pipe's instructions, as the IR does."""
     from polyfuse.cuda.codegen.kernel_cost import describe_kernel

@@ -139,6 +139,7 @@ def test_a_conv_whose_rows_fold_into_the_columns_pairs_when_they_are_even(hw, pa
     _check(fn, arrays, [np.maximum(want, 0)], ["float16"])
 
 
+@pytest.mark.usefixtures("main_tilings")
 def test_the_guard_tests_only_the_extents_the_tiles_do_not_cover():
     """The epilogue's guard tests a result extent only where the block tiles overhang it: 256
     x 256 in whole tiles runs untested; 96 rows in 64-row tiles test the row alone; numbers

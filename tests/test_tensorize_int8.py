@@ -210,6 +210,7 @@ def test_byte_tiles_are_written_and_read_without_bank_conflicts():
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("case", ["x_wT", "2d", "2d_fill"])
+@pytest.mark.usefixtures("main_tilings")
 def test_nvrtc_compiles_byte_gemms_without_spills_and_imma_fills_the_loop(arch, case):
     """Every signedness pair's kernels (``x_wT``; uint8 x int8 otherwise) compile without
     spills; the k-tile loop holds IMMA (bytes' HMMA), at most 2 other instructions per IMMA

@@ -139,6 +139,7 @@ def test_byte_conv_tiles_are_written_and_read_without_bank_conflicts():
 
 @pytest.mark.skipif("nvrtc" not in available_compilers(), reason="NVRTC not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.usefixtures("main_tilings")
 def test_nvrtc_compiles_byte_convs_without_spills_and_imma_fills_the_loop(arch):
     """A ResNet 3x3 stage conv (64 -> 64 channels, 28x28, batch 4): no spills, IMMA and
     ldmatrix in the k-tile loop."""

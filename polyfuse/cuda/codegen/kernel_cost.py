@@ -82,7 +82,8 @@ _LOOP = 3  # slots of one iteration of a loop that is not unrolled (add, compare
 _UNROLL = 4  # iterations of such a loop whose loads the compiler keeps in flight together
 #: slots (integer work counted once) up to which NVRTC unrolls a loop of constant trips whole,
 #: unasked: LLVM's full-unroll threshold at -O3 (300 instructions); a depthwise conv's 3 x 3
-#: taps are one straight block in its SASS
+#: taps are one straight block in its SASS (loops with barriers, async copies or mma keep
+#: their per-iteration count: their fill phases are the model's)
 AUTO_UNROLL_SLOTS = 300
 ROUND16 = 2  # slots to round a float32 result to a 16-bit float and widen it back (F2FP, PRMT)
 
@@ -155,7 +156,8 @@ class _Walker(KVisitor[Mix]):
         if n.unroll:  # integer work folds to constants or is hoisted: once for the nest
             reused = _reused_loads(n, self.buffers) if whole and not self.unrolled else Mix()
             return unrolled + reused.scaled(-1)
-        if not n.rolled and not varying and unrolled.slots <= AUTO_UNROLL_SLOTS:
+        plain = not (inner.bar or inner.ldgsts or inner.mma)  # no fill phases, no k-steps
+        if plain and not n.rolled and not varying and unrolled.slots <= AUTO_UNROLL_SLOTS:
             # short enough for the compiler to unroll unasked (a filter's taps)
             self.inflight = max(self.inflight, unrolled.global_read_bytes)
             return unrolled
