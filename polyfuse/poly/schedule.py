@@ -29,7 +29,7 @@ from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.guard import Exhausted, Limits, bounded, operation_budget
-from polyfuse.poly.islutil import parallel_depth, rename_tuples
+from polyfuse.poly.islutil import parallel_depth, rename_tuples, top_band
 from polyfuse.poly.model import PolyModel
 
 # isl operations per scheduler call. Every scheduler call of the examples, the suite, the
@@ -71,6 +71,11 @@ WHOLE_COMPONENT_DEADLINE_S = 1.0
 # -> ReLU -> MaxPool1d(4) on 8000 samples ran its 60k operations for 200 s with it, and
 # finishes in 0.2 s without it (the same schedules elsewhere: batch_norm_train_relu).
 WHOLE_COMPONENT_TREAT_COALESCING = False
+# A reduction-free fused schedule whose parallel outer members cover fewer points than this
+# (a quarter of one wave of full occupancy on an H100: 132 SMs x 2048 threads / 4) and fewer
+# than 1/PARALLEL_LOSS of its largest statement's points lost its parallelism to the fusion.
+PARALLEL_POINTS = 65_536
+PARALLEL_LOSS = 8
 
 
 @dataclass
@@ -378,7 +383,40 @@ def compute_schedule(
             f"isl fused the micrograph only without parallel outer loops ({have} < {need})",
             halves(model),
         )
+    lost = _lost_parallelism(model, sched, have) if need and not relax else None
+    if lost is not None and len(mg.prims) > 1:
+        raise Feedback(micrograph_label(mg), lost, halves(model))
     return ScheduledMicrograph(model, sched)
+
+
+def _lost_parallelism(model: PolyModel, sched: isl.Schedule, have: int) -> str | None:
+    """Why the fused schedule of a reduction-free micrograph runs far fewer points in parallel
+    than its statements have, or None. isl may fuse consumers that read a producer at other
+    offsets along a dimension (slices of an LSTM's gates at columns ``j``, ``j + 512``, ...) by
+    shifting them along that dimension: the fusion is legal, but the dimension is no longer
+    parallel, and a kernel that had 32 x 2048 parallel points runs 32 threads each looping
+    over 2048 (a single block). Split when the parallel points are fewer than
+    :data:`PARALLEL_POINTS` and than the largest statement's points by over
+    :data:`PARALLEL_LOSS`."""
+    node = top_band(sched)
+    if node is None:
+        return None
+    points = 1
+    if have:
+        part = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
+        rng = isl.Set.from_union_set(part.intersect_domain(sched.get_domain()).range())
+        for i in range(have):
+            lo, hi = rng.dim_min_val(i), rng.dim_max_val(i)
+            if not (lo.is_int() and hi.is_int()):
+                return None
+            points *= hi.to_python() - lo.to_python() + 1
+    largest = max(math.prod(s.tensor.shape) for s in model.statements)
+    if points >= PARALLEL_POINTS or points * PARALLEL_LOSS >= largest:
+        return None
+    return (
+        f"isl fused the micrograph with {points} parallel points of the {largest} its largest "
+        "statement has (a dimension shifted out of parallel): split instead"
+    )
 
 
 def _whole_component(
