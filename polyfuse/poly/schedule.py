@@ -29,7 +29,7 @@ from polyfuse.base.errors import ScheduleError
 from polyfuse.graph.access import loop_names
 from polyfuse.graph.kinds import OpKind
 from polyfuse.poly.guard import Exhausted, Limits, bounded, operation_budget
-from polyfuse.poly.islutil import parallel_depth, rename_tuples, top_band
+from polyfuse.poly.islutil import maps_of, parallel_depth, rename_tuples, sets_of, top_band
 from polyfuse.poly.model import PolyModel
 
 # isl operations per scheduler call. Every scheduler call of the examples, the suite, the
@@ -395,16 +395,21 @@ def _lost_parallelism(model: PolyModel, sched: isl.Schedule, have: int) -> str |
     offsets along a dimension (slices of an LSTM's gates at columns ``j``, ``j + 512``, ...) by
     shifting them along that dimension: the fusion is legal, but the dimension is no longer
     parallel, and a kernel that had 32 x 2048 parallel points runs 32 threads each looping
-    over 2048 (a single block). Split when the parallel points are fewer than
-    :data:`PARALLEL_POINTS` and than the largest statement's points by over
-    :data:`PARALLEL_LOSS`."""
+    over 2048 (a single block). Split when the top band has a serial member and its parallel
+    members cover fewer points than :data:`PARALLEL_POINTS` and than the largest statement's
+    points by over :data:`PARALLEL_LOSS` (a per-row statement fused with a per-element one
+    keeps the columns in a nested band, parallel: not a loss)."""
     node = top_band(sched)
-    if node is None:
+    if node is None or have == node.band_n_member():
+        return None  # no serial member: the inner loops (nested bands) keep theirs
+    domain = sched.get_domain()
+    part = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
+    part = part.intersect_domain(domain)
+    if not _shifted(model, part, have):
         return None
     points = 1
     if have:
-        part = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule())
-        rng = isl.Set.from_union_set(part.intersect_domain(sched.get_domain()).range())
+        rng = isl.Set.from_union_set(part.range())
         for i in range(have):
             lo, hi = rng.dim_min_val(i), rng.dim_max_val(i)
             if not (lo.is_int() and hi.is_int()):
@@ -417,6 +422,36 @@ def _lost_parallelism(model: PolyModel, sched: isl.Schedule, have: int) -> str |
         f"isl fused the micrograph with {points} parallel points of the {largest} its largest "
         "statement has (a dimension shifted out of parallel): split instead"
     )
+
+
+def _shifted(model: PolyModel, part: isl.UnionMap, member: int) -> bool:
+    """Whether band member ``member`` (of the band ``part`` maps the statements onto) carries
+    a dependence between statements that both run along it: a consumer placed at another
+    position than its producer (the LSTM's shifted slices). A producer the member holds at
+    one position (a per-row statement fused with per-element ones: layer norm's ``rstd``
+    before its columns) only orders the member's first iteration, which the kernel's
+    lowering keeps (a statement per row, computed where every column reads it)."""
+    varying = None
+    for m in maps_of(part):
+        img = m.range()
+        lo, hi = img.dim_min_val(member), img.dim_max_val(member)
+        if lo.is_int() and hi.is_int() and lo.to_python() == hi.to_python():
+            continue  # fixed along the member
+        dom = isl.UnionSet.from_set(m.domain())
+        varying = dom if varying is None else varying.union(dom)
+    if varying is None:
+        return False
+    deps = model.validity.intersect_domain(varying).intersect_range(varying)
+    if deps.is_empty():
+        return False
+    dist = deps.apply_domain(part).apply_range(part).deltas()
+    for s in sets_of(dist):
+        zero = isl.Set.universe(s.get_space()).fix_val(
+            isl.dim_type.set, member, isl.Val.zero(s.get_ctx())
+        )
+        if not s.is_subset(zero):
+            return True
+    return False
 
 
 def _whole_component(
