@@ -29,8 +29,9 @@ device-wide resources:
   32-bit accesses at ``scalar_efficiency`` of it;
 - **L2**: the bytes the SMs fetch from L2 at :attr:`DeviceSpec.l2_gbps`: a block whose
   distinct reads (``block_read_bytes``: a GEMM's tiles, or what isl counts one block of any
-  other kernel reading, :func:`polyfuse.poly.footprint.block_read_bytes`) exceed the L1 left beside its resident blocks' shared
-  memory streams them (every block fetches its own); a smaller footprint is reused from L1 by
+  other kernel reading, :func:`polyfuse.poly.footprint.block_read_bytes`) exceed the L1 left
+  beside its resident blocks' shared memory streams them (every block fetches its own); a
+  smaller footprint is reused from L1 by
   the SM's other blocks, so L2 sees the DRAM bytes — except the bytes 16-byte ``cp.async``
   fills (``block_bypass_bytes``: ``cp.async.cg``, which bypasses the L1), which every block
   fetches from L2 whatever the L1 holds; without a footprint (a lowered GEMM, a pack), every
