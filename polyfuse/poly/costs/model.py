@@ -31,12 +31,11 @@ device-wide resources:
   distinct reads (``block_read_bytes``: a GEMM's tiles, or what isl counts one block of any
   other kernel reading, :func:`polyfuse.poly.footprint.block_read_bytes`) exceed the L1 left
   beside its resident blocks' shared memory streams them (every block fetches its own); a
-  smaller footprint is reused from L1 by
-  the SM's other blocks, so L2 sees the DRAM bytes — except the bytes 16-byte ``cp.async``
-  fills (``block_bypass_bytes``: ``cp.async.cg``, which bypasses the L1), which every block
-  fetches from L2 whatever the L1 holds; without a footprint (a lowered GEMM, a pack), every
-  requested global load (the mix's) is an L2 fetch — exact for tiled kernels, whose loads are
-  tile fills;
+  smaller footprint is reused from L1 by the SM's other blocks, so L2 sees the DRAM bytes —
+  except the bytes 16-byte ``cp.async`` fills (``block_bypass_bytes``: ``cp.async.cg``, which
+  bypasses the L1), which every block fetches from L2 whatever the L1 holds; without a
+  footprint (a lowered GEMM, a pack), every requested global load (the mix's) is an L2
+  fetch — exact for tiled kernels, whose loads are tile fills;
 - **DRAM latency** (Little's law): the resident threads keep ``inflight_bytes`` each in flight
   for ``latency_us``; with one block per SM and barriers between its phases, the SM's loads
   and stores do not overlap (each phase at its own rate, the rounds one after another); the
