@@ -444,7 +444,11 @@ def _shifted(model: PolyModel, part: isl.UnionMap, member: int) -> bool:
     deps = model.validity.intersect_domain(varying).intersect_range(varying)
     if deps.is_empty():
         return False
-    dist = deps.apply_domain(part).apply_range(part).deltas()
+    return _carries(deps.apply_domain(part).apply_range(part).deltas(), member)
+
+
+def _carries(dist: isl.UnionSet, member: int) -> bool:
+    """Whether some dependence distance in ``dist`` is not zero on band member ``member``."""
     for s in sets_of(dist):
         zero = isl.Set.universe(s.get_space()).fix_val(
             isl.dim_type.set, member, isl.Val.zero(s.get_ctx())
@@ -508,14 +512,7 @@ def strict_coincidence(sched: isl.Schedule, deps: isl.UnionMap) -> isl.Schedule:
     dist = deps.apply_domain(part).apply_range(part).deltas() if not deps.is_empty() else None
     ok = True
     for i in range(node.band_n_member()):
-        if dist is not None and ok:
-            lst = dist.get_set_list()
-            for k in range(lst.n_set()):
-                s = lst.get_at(k)
-                zero = isl.Set.universe(s.get_space()).fix_val(
-                    isl.dim_type.set, i, isl.Val.zero(s.get_ctx())
-                )
-                if not s.is_subset(zero):
-                    ok = False
+        if dist is not None and ok and _carries(dist, i):
+            ok = False
         node = node.band_member_set_coincident(i, 1 if ok else 0)
     return node.get_schedule()
