@@ -534,8 +534,8 @@ def test_compile_passes_switch_and_plan_listing():
     y = ops.batch_norm(ops.conv2d(x, w, name="conv"), mean, var, gamma, beta, name="bn")
     fn = polyfuse.compile([x], [y], constants=consts, check_cuda=False)
     text = str(fn.plan)
-    passes = ("simplify, constant_fold, cse, batchnorm_fold, merge_siblings, layout_fold, "
-              "split_reduction, dce")
+    passes = ("simplify, constant_fold, cse, batchnorm_fold, merge_siblings, stack_siblings, "
+              "layout_fold, split_reduction, dce")
     assert f"graph passes ({passes}: 3 -> 2" in text
     assert "batchnorm_fold: folded: bn [batch_norm] scales conv [conv2d]" in text
     off = polyfuse.compile([x], [y], constants=consts, check_cuda=False, passes=False)

@@ -196,8 +196,8 @@ def test_the_plan_lists_what_each_pass_did():
     fn = polyfuse.compile([x], [out], constants=consts, check_cuda=False)
     text = str(fn.plan)
     head, _, _ = text.partition("primitives (")
-    passes = ("simplify, constant_fold, cse, batchnorm_fold, merge_siblings, layout_fold, "
-              "split_reduction, dce")
+    passes = ("simplify, constant_fold, cse, batchnorm_fold, merge_siblings, stack_siblings, "
+              "layout_fold, split_reduction, dce")
     assert f"graph passes ({passes}:" in head
     assert "simplify: forwarded: one [mul] equals x element for element" in head
     assert "constant_fold: folded: ek [exp] reads only constants (k)" in head

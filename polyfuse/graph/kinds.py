@@ -19,6 +19,8 @@ from enum import StrEnum
 
 import islpy as isl
 
+from polyfuse.graph.expr import Binary, IterVar, Read, Select, Tensor, walk
+
 
 class AccessKind(StrEnum):
     ALIGNED = "aligned"
@@ -87,3 +89,29 @@ def op_kind(accesses: list[AccessKind]) -> OpKind:
     if AccessKind.INJECTIVE in s:
         return OpKind.BROADCAST
     return OpKind.ELEMENTWISE
+
+
+def is_contraction(t: Tensor) -> bool:
+    """Whether reduction ``t`` is a sum of products of reads at least two of which each
+    ignore some output axis (matmul, batched matmul, conv): the GEMM-like shape
+    :func:`polyfuse.poly.tiling.detect_gemm` tiles, whose reduction is never split."""
+    assert t.op is not None and t.op.reduce is not None
+    red = t.op.reduce
+    if red.op != "sum":
+        return False
+    factors, stack = [], [red.body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Binary) and e.op == "mul":
+            stack += [e.a, e.b]
+        else:
+            factors.append(e)
+    reads = [f.a if isinstance(f, Select) else f for f in factors]
+    if len(reads) < 2 or not all(isinstance(r, Read) for r in reads):
+        return False
+    axes = {a.uid for a in t.op.axes if a.extent > 1}
+
+    def used(r: Read) -> set[int]:
+        return {n.uid for i in r.indices for n in walk(i) if isinstance(n, IterVar)}
+
+    return sum(1 for r in reads if axes - used(r)) >= 2  # type: ignore[arg-type]

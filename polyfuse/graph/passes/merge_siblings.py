@@ -77,7 +77,7 @@ FORM_MISMATCH = DecisionKind.FORM_MISMATCH  # why two siblings do not merge
 NAME = "merge_siblings"
 
 
-def _form(t: Tensor) -> str:
+def sibling_form(t: Tensor) -> str:
     """The expression tree of ``t`` with every read's tensor and subscripts left out and the
     loop ranges left out: siblings have equal forms."""
     assert t.op is not None
@@ -248,7 +248,7 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | Refusal | None:
                 x == y for n, (x, y) in enumerate(zip(wa.shape, wb.shape, strict=True)) if n != d
             )
             and (va.lo, va.hi, vb.lo, vb.hi) == (0, wa.shape[d], 0, wb.shape[d])
-            and _subscripts(ta, ra[i]) == _subscripts(tb, rb[i])
+            and positional_subscripts(ta, ra[i]) == positional_subscripts(tb, rb[i])
         )
         if not fits:
             return refused(
@@ -263,7 +263,7 @@ def _match(graph: Graph, a: Primitive, b: Primitive) -> _Match | Refusal | None:
     return _Match(axis, cat)
 
 
-def _subscripts(t: Tensor, r: Read) -> list[str]:
+def positional_subscripts(t: Tensor, r: Read) -> list[str]:
     """Read ``r``'s subscripts with compute ``t``'s loop variables named by position."""
     assert t.op is not None
     names = {a.uid: f"d{k}" for k, a in enumerate(t.op.axes)}
@@ -346,7 +346,7 @@ def _steps_agree(graph: Graph, a: Primitive, b: Primitive, axis: int) -> bool:
     """Whether epilogue steps ``a`` and ``b`` (of two siblings) are the same computation but
     for the constants they concatenate: equal forms, the same shared constants."""
     ta, tb = a.tensor, b.tensor
-    if _form(ta) != _form(tb):
+    if sibling_form(ta) != sibling_form(tb):
         return False
     ra, rb = reads_of(ta.op.body), reads_of(tb.op.body)  # type: ignore[union-attr]
     if len(ra) != len(rb):
@@ -361,7 +361,9 @@ def _steps_agree(graph: Graph, a: Primitive, b: Primitive, axis: int) -> bool:
         if i in prev_a:
             continue
         if i not in cat_a:
-            if x.tensor.uid != y.tensor.uid or _subscripts(ta, x) != _subscripts(tb, y):
+            if x.tensor.uid != y.tensor.uid or positional_subscripts(
+                ta, x
+            ) != positional_subscripts(tb, y):
                 return False
             continue
         d = cat_a[i]
@@ -374,7 +376,7 @@ def _steps_agree(graph: Graph, a: Primitive, b: Primitive, axis: int) -> bool:
                 m == n for k, (m, n) in enumerate(zip(wa.shape, wb.shape, strict=True)) if k != d
             )
             and (va.lo, va.hi, vb.lo, vb.hi) == (0, wa.shape[d], 0, wb.shape[d])
-            and _subscripts(ta, x) == _subscripts(tb, y)
+            and positional_subscripts(ta, x) == positional_subscripts(tb, y)
         ):
             return False
     return True
@@ -519,7 +521,7 @@ def merge_siblings(graph: Graph) -> Graph:
     for name in order:
         p = graph.prims[name]
         if _candidate(p.tensor):
-            forms.setdefault(_form(p.tensor), []).append(p)
+            forms.setdefault(sibling_form(p.tensor), []).append(p)
     for members in forms.values():
         todo = list(members)
         while len(todo) > 1:

@@ -4,13 +4,15 @@ One round runs every selected pass once, in :data:`DEFAULT_PASSES` order: simpli
 (so folding sees ``x * 1`` gone), constant folding (so batch-norm scales are constants before
 the batch-norm fold looks for them), CSE, the batch-norm fold, the merge of sibling
 contractions (after the batch-norm fold: a scale folds into a weight before the weight is
-concatenated; before the layout fold: the slices it leaves fold in the same round), the layout
-fold, the split of reduction axes the layout fold left read by ``k // D`` and ``k % D``, and
-dead-code elimination last (it sweeps what the others left behind). A fold can enable
-another (a collapsed chain then folds into its convolution), so rounds repeat until one changes
-nothing — at most :data:`MAX_ROUNDS` (each pass only ever removes primitives or turns one form
-into a simpler one, so a fixed point comes in a few rounds; the bound is a guard, and hitting
-it is recorded).
+concatenated; before the layout fold: the slices it leaves fold in the same round), the stack
+of sibling reductions applying one computation to constant offsets of one input (an RNN's
+per-step input projections: one GEMM; it sees those offsets once the layout fold has folded the
+slices into the reads, so in a later round), the layout fold, the split of reduction axes the
+layout fold left read by ``k // D`` and ``k % D``, and dead-code elimination last (it sweeps
+what the others left behind). A fold can enable another (a collapsed chain then folds into its
+convolution), so rounds repeat until one changes nothing — at most :data:`MAX_ROUNDS` (each
+pass only ever removes primitives or turns one form into a simpler one, so a fixed point comes
+in a few rounds; the bound is a guard, and hitting it is recorded).
 Refusals repeat every round; each is recorded once. ``channels_last`` and ``bytes_k_inner``
 (:data:`AFTER_ROUNDS`) run once after the rounds, for the target ``arch``: the layout fold
 would fold their copies back.
@@ -36,6 +38,7 @@ from polyfuse.graph.passes.record import PassAction, PassRecord
 from polyfuse.graph.passes.rewrite import Evaluator
 from polyfuse.graph.passes.simplify import simplify
 from polyfuse.graph.passes.split_reduction import split_reduction
+from polyfuse.graph.passes.stack_siblings import stack_siblings
 
 #: Every pass, in the order a round runs them.
 DEFAULT_PASSES: tuple[str, ...] = (
@@ -44,6 +47,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "cse",
     "batchnorm_fold",
     "merge_siblings",
+    "stack_siblings",
     "layout_fold",
     "split_reduction",
     "dce",
@@ -112,6 +116,7 @@ def run_passes(
         "cse": cse,
         "batchnorm_fold": partial(batchnorm_fold, evaluate=evaluate),
         "merge_siblings": merge_siblings,
+        "stack_siblings": stack_siblings,
         "layout_fold": layout_fold,
         "split_reduction": split_reduction,
         "dce": dce,
